@@ -1,0 +1,912 @@
+//! The ledger: every namespace, grant, session and waiter, and the decisions over them.
+//!
+//! Each operation takes the daemon clock's `now` and returns the [`Effects`] a backend must make
+//! durable (`changes`) and deliver (`woken`, `cancelled`). The ledger itself never blocks, never
+//! does I/O and never reads a clock.
+//!
+//! Invariants, checked by `Ledger::check_invariants` in tests:
+//! - for every namespace, `granted` is the sum of its grants' units, and every scope counter is the
+//!   sum of the units of the grants of that scope;
+//! - a new grant never makes `granted` exceed the quota nor a scope's units exceed the cap the
+//!   request named;
+//! - `leases` holds exactly one entry per grant with a TTL lease and one per session;
+//! - waiters are in arrival order; `quota_blocked` is true iff some waiter is blocked by the quota
+//!   (not only by a cap), and then no new request is granted ahead of it.
+
+use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};
+
+use crate::names::{NamespaceName, Scope, SessionId, Token};
+
+/// A time on the daemon clock, in milliseconds. The daemon clock is monotonic and survives
+/// restarts (the backend persists it), so a lease keeps the TTL it had left across a restart.
+pub type Millis = u64;
+
+/// The largest quota, cap or number of units: 2^53 - 1, the largest integer every JSON client
+/// reads exactly.
+pub const MAX_UNITS: u64 = (1 << 53) - 1;
+/// The longest TTL of a grant or session: 30 days.
+pub const MAX_TTL_MS: u64 = 30 * 24 * 3600 * 1000;
+
+/// Optional caps per scope [Flyte `ResourceConstraintsSpec`]. `None` means no cap at that level;
+/// `Some(0)` means the scope may hold nothing.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Constraints {
+    pub project: Option<u64>,
+    pub namespace: Option<u64>,
+}
+
+/// Which cap refused a request.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum CapLevel {
+    Project,
+    Namespace,
+}
+
+/// What a new grant's lease should be.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum LeaseRequest {
+    /// Held until released.
+    None,
+    /// Expires `ttl_ms` after the grant or its last keepalive.
+    Ttl { ttl_ms: u64 },
+    /// Lives as long as the session.
+    Session(SessionId),
+}
+
+/// A grant's lease.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Lease {
+    None,
+    Ttl { ttl_ms: u64, deadline: Millis },
+    Session(SessionId),
+}
+
+/// A request for `units` of a namespace's quota under `token`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct AllocateRequest {
+    pub namespace: NamespaceName,
+    pub token: Token,
+    pub units: u64,
+    pub scope: Option<Scope>,
+    pub constraints: Constraints,
+    pub lease: LeaseRequest,
+}
+
+/// A token that is currently allocated.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Grant {
+    pub namespace: NamespaceName,
+    pub token: Token,
+    pub units: u64,
+    pub scope: Option<Scope>,
+    /// Increases with every grant of the namespace, across restarts and re-creations.
+    pub fencing: u64,
+    pub lease: Lease,
+    pub granted_at: Millis,
+}
+
+/// A client's liveness: grants attached to it live while it is kept alive.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Session {
+    pub id: SessionId,
+    pub ttl_ms: u64,
+    pub deadline: Millis,
+    pub grants: BTreeSet<(NamespaceName, Token)>,
+}
+
+/// Identifies one waiting allocate call.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct WaiterId(pub u64);
+
+/// Where a waiter stands: 1-based position and the units wanted by the waiters ahead of it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct QueuePlace {
+    pub position: usize,
+    pub units_ahead: u64,
+}
+
+/// Why a request was not granted.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Refusal {
+    /// The namespace quota is full [Flyte `AllocationStatusExhausted`].
+    Exhausted,
+    /// A cap is full [Flyte `AllocationStatusNamespaceQuotaExceeded`].
+    CapExceeded { level: CapLevel, cap: u64, held: u64 },
+}
+
+/// The answer to an allocate call.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Decision {
+    /// `existing` is true when the token was already granted (an idempotent retry).
+    Granted { grant: Grant, existing: bool },
+    /// Not granted. `place` is set when the request is, or was, in the waiting queue.
+    Refused { refusal: Refusal, place: Option<QueuePlace> },
+    /// The request waits in the queue; it is answered through [`Effects::woken`] or by
+    /// [`Ledger::cancel_waiter`].
+    Queued { waiter: WaiterId, place: QueuePlace, replaced: Option<WaiterId> },
+}
+
+/// A record a backend must make durable, in order.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Change {
+    /// Insert or update a namespace.
+    Namespace { name: NamespaceName, quota: u64, next_fencing: u64 },
+    /// Remove a namespace and all its grants; keep its fencing high-water mark.
+    NamespaceRemoved { name: NamespaceName, next_fencing: u64 },
+    /// Insert or update a grant.
+    Grant(Grant),
+    GrantRemoved { namespace: NamespaceName, token: Token },
+    /// Insert or update a session (its grants are recorded on the grants).
+    Session { id: SessionId, ttl_ms: u64, deadline: Millis },
+    SessionRemoved { id: SessionId },
+}
+
+/// A waiter that was granted.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Woken {
+    pub waiter: WaiterId,
+    pub grant: Grant,
+}
+
+/// What an operation did besides its answer.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Effects {
+    /// Records to make durable before the operation (and the woken waiters) are answered.
+    pub changes: Vec<Change>,
+    /// Waiters granted by this operation.
+    pub woken: Vec<Woken>,
+    /// Waiters that can no longer be granted (their namespace or session is gone), and why.
+    pub cancelled: Vec<(WaiterId, LedgerError)>,
+    /// Grants ended because their lease expired.
+    pub expired: u64,
+}
+
+impl Effects {
+    pub fn is_empty(&self) -> bool {
+        self.changes.is_empty() && self.woken.is_empty() && self.cancelled.is_empty()
+    }
+}
+
+/// A request the ledger refuses to consider.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum LedgerError {
+    #[error("namespace `{0}` does not exist")]
+    NamespaceNotFound(NamespaceName),
+    #[error("token `{token}` is not granted in namespace `{namespace}`")]
+    GrantNotFound { namespace: NamespaceName, token: Token },
+    #[error("session `{0}` does not exist (it was closed or it expired)")]
+    SessionNotFound(SessionId),
+    #[error("fencing number {given} is stale: the grant's fencing number is {current}")]
+    StaleFencing { given: u64, current: u64 },
+    #[error(
+        "token `{token}` is already granted with a different request ({existing}); \
+         release it first or use another token"
+    )]
+    TokenConflict { token: Token, existing: String },
+    #[error("{units} units can never be granted: the quota of namespace `{namespace}` is {quota}")]
+    UnitsExceedQuota { namespace: NamespaceName, units: u64, quota: u64 },
+    #[error("namespace `{namespace}` still has {grants} grants; release them or remove it with force")]
+    NamespaceInUse { namespace: NamespaceName, grants: usize },
+    #[error("{what} must be between {min} and {max}, got {value}")]
+    OutOfRange { what: &'static str, value: u64, min: u64, max: u64 },
+    #[error("caps need a scope: give the holder's project and namespace scope")]
+    CapsWithoutScope,
+}
+
+/// A store whose records do not fit together.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum RestoreError {
+    #[error("grant `{token}` belongs to namespace `{namespace}`, which does not exist")]
+    OrphanGrant { namespace: NamespaceName, token: Token },
+    #[error("grant `{token}` of namespace `{namespace}` is attached to session `{session}`, which does not exist")]
+    MissingSession { namespace: NamespaceName, token: Token, session: SessionId },
+    #[error("namespace `{0}` holds more units than its counters can represent")]
+    Overflow(NamespaceName),
+}
+
+/// Per-namespace counters, for metrics. They count since the daemon started.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct NamespaceStats {
+    pub granted: u64,
+    pub exhausted: u64,
+    pub cap_exceeded: u64,
+    pub released: u64,
+    pub expired: u64,
+}
+
+/// A namespace as seen from outside.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct NamespaceView {
+    pub name: NamespaceName,
+    pub quota: u64,
+    pub granted_units: u64,
+    pub grants: usize,
+    pub waiters: usize,
+    pub waiting_units: u64,
+    pub longest_wait_ms: u64,
+    pub next_fencing: u64,
+    pub stats: NamespaceStats,
+}
+
+/// A waiter as seen from outside.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct WaiterView {
+    pub id: WaiterId,
+    pub place: QueuePlace,
+    pub token: Token,
+    pub units: u64,
+    pub scope: Option<Scope>,
+    pub waited_ms: u64,
+    /// `None` when the waiter is blocked by the namespace quota (or by a waiter ahead of it).
+    pub blocked_by_cap: Option<CapLevel>,
+}
+
+#[derive(Debug, Clone)]
+struct Waiter {
+    id: WaiterId,
+    request: AllocateRequest,
+    since: Millis,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
+enum LeaseKey {
+    Grant(NamespaceName, Token),
+    Session(SessionId),
+}
+
+#[derive(Debug, Clone, Default)]
+struct NamespaceState {
+    quota: u64,
+    granted: u64,
+    next_fencing: u64,
+    grants: HashMap<Token, Grant>,
+    project_units: HashMap<String, u64>,
+    scope_units: HashMap<Scope, u64>,
+    waiters: VecDeque<Waiter>,
+    /// True iff a waiter is blocked by the quota: new requests then queue behind it.
+    quota_blocked: bool,
+    stats: NamespaceStats,
+}
+
+/// All the state of the token quotas, and every decision over it.
+#[derive(Debug, Default)]
+pub struct Ledger {
+    namespaces: BTreeMap<NamespaceName, NamespaceState>,
+    /// Fencing high-water marks of removed namespaces, so a re-created namespace keeps counting up.
+    retired_fencing: HashMap<NamespaceName, u64>,
+    sessions: HashMap<SessionId, Session>,
+    leases: BTreeSet<(Millis, LeaseKey)>,
+    next_waiter: u64,
+}
+
+fn check_range(what: &'static str, value: u64, min: u64, max: u64) -> Result<(), LedgerError> {
+    if value < min || value > max {
+        return Err(LedgerError::OutOfRange { what, value, min, max });
+    }
+    Ok(())
+}
+
+impl NamespaceState {
+    fn cap_refusal(&self, request: &AllocateRequest) -> Option<Refusal> {
+        let Some(scope) = &request.scope else { return None };
+        if let Some(cap) = request.constraints.project {
+            let held = self.project_units.get(&scope.project).copied().unwrap_or(0);
+            if held + request.units > cap {
+                return Some(Refusal::CapExceeded { level: CapLevel::Project, cap, held });
+            }
+        }
+        if let Some(cap) = request.constraints.namespace {
+            let held = self.scope_units.get(scope).copied().unwrap_or(0);
+            if held + request.units > cap {
+                return Some(Refusal::CapExceeded { level: CapLevel::Namespace, cap, held });
+            }
+        }
+        None
+    }
+
+    fn fits_quota(&self, units: u64) -> bool {
+        self.granted + units <= self.quota
+    }
+
+    fn add_units(&mut self, grant: &Grant) {
+        self.granted += grant.units;
+        if let Some(scope) = &grant.scope {
+            *self.project_units.entry(scope.project.clone()).or_insert(0) += grant.units;
+            *self.scope_units.entry(scope.clone()).or_insert(0) += grant.units;
+        }
+    }
+
+    fn remove_units(&mut self, grant: &Grant) {
+        self.granted -= grant.units;
+        let Some(scope) = &grant.scope else { return };
+        // Counters of scopes that hold nothing are dropped, so the maps stay as small as the
+        // set of active scopes.
+        if let Some(units) = self.project_units.get_mut(&scope.project) {
+            *units -= grant.units;
+            if *units == 0 {
+                self.project_units.remove(&scope.project);
+            }
+        }
+        if let Some(units) = self.scope_units.get_mut(scope) {
+            *units -= grant.units;
+            if *units == 0 {
+                self.scope_units.remove(scope);
+            }
+        }
+    }
+
+    fn place_of(&self, index: usize) -> QueuePlace {
+        let units_ahead = self.waiters.iter().take(index).map(|w| w.request.units).sum();
+        QueuePlace { position: index + 1, units_ahead }
+    }
+
+    fn longest_wait(&self, now: Millis) -> u64 {
+        self.waiters.iter().map(|w| now.saturating_sub(w.since)).max().unwrap_or(0)
+    }
+}
+
+impl Ledger {
+    pub fn new() -> Ledger {
+        Ledger::default()
+    }
+
+    /// Rebuilds a ledger from durable records. Waiters are not durable: they start empty.
+    pub fn restore(
+        namespaces: Vec<(NamespaceName, u64, u64)>,
+        retired_fencing: Vec<(NamespaceName, u64)>,
+        sessions: Vec<(SessionId, u64, Millis)>,
+        grants: Vec<Grant>,
+    ) -> Result<Ledger, RestoreError> {
+        let mut ledger = Ledger::new();
+        ledger.retired_fencing = retired_fencing.into_iter().collect();
+        for (name, quota, next_fencing) in namespaces {
+            let state = NamespaceState { quota, next_fencing, ..NamespaceState::default() };
+            ledger.namespaces.insert(name, state);
+        }
+        for (id, ttl_ms, deadline) in sessions {
+            ledger.sessions.insert(id, Session { id, ttl_ms, deadline, grants: BTreeSet::new() });
+            ledger.leases.insert((deadline, LeaseKey::Session(id)));
+        }
+        for grant in grants {
+            let Some(state) = ledger.namespaces.get_mut(&grant.namespace) else {
+                return Err(RestoreError::OrphanGrant { namespace: grant.namespace, token: grant.token });
+            };
+            if grant.units > MAX_UNITS || state.granted + grant.units > u64::MAX / 2 {
+                return Err(RestoreError::Overflow(grant.namespace));
+            }
+            match grant.lease {
+                Lease::None => {}
+                Lease::Ttl { deadline, .. } => {
+                    ledger.leases.insert((deadline, LeaseKey::Grant(grant.namespace.clone(), grant.token.clone())));
+                }
+                Lease::Session(id) => {
+                    let Some(session) = ledger.sessions.get_mut(&id) else {
+                        return Err(RestoreError::MissingSession {
+                            namespace: grant.namespace,
+                            token: grant.token,
+                            session: id,
+                        });
+                    };
+                    session.grants.insert((grant.namespace.clone(), grant.token.clone()));
+                }
+            }
+            state.next_fencing = state.next_fencing.max(grant.fencing + 1);
+            state.add_units(&grant);
+            state.grants.insert(grant.token.clone(), grant);
+        }
+        Ok(ledger)
+    }
+
+    /// Creates a namespace or changes its quota [Flyte `RegisterResourceQuota`]. Raising a quota
+    /// admits waiters at once; lowering it revokes nothing. Returns true if it was created.
+    pub fn put_namespace(&mut self, name: &NamespaceName, quota: u64, now: Millis) -> Result<(bool, Effects), LedgerError> {
+        check_range("quota", quota, 0, MAX_UNITS)?;
+        let mut effects = Effects::default();
+        let created = !self.namespaces.contains_key(name);
+        let state = self.namespaces.entry(name.clone()).or_default();
+        if created {
+            state.next_fencing = self.retired_fencing.remove(name).unwrap_or(1);
+        }
+        state.quota = quota;
+        effects.changes.push(Change::Namespace { name: name.clone(), quota, next_fencing: state.next_fencing });
+        self.admit_at(name, now, &mut effects);
+        Ok((created, effects))
+    }
+
+    /// Removes a namespace. With grants, only when `force` (the grants end with it). Its waiters
+    /// are cancelled.
+    pub fn remove_namespace(&mut self, name: &NamespaceName, force: bool) -> Result<(usize, Effects), LedgerError> {
+        let Some(state) = self.namespaces.get(name) else {
+            return Err(LedgerError::NamespaceNotFound(name.clone()));
+        };
+        if !state.grants.is_empty() && !force {
+            return Err(LedgerError::NamespaceInUse { namespace: name.clone(), grants: state.grants.len() });
+        }
+        let state = self.namespaces.remove(name).expect("checked above");
+        let mut effects = Effects::default();
+        for grant in state.grants.values() {
+            self.forget_lease(grant);
+        }
+        effects.cancelled = state.waiters.iter().map(|w| (w.id, LedgerError::NamespaceNotFound(name.clone()))).collect();
+        effects.changes.push(Change::NamespaceRemoved { name: name.clone(), next_fencing: state.next_fencing });
+        self.retired_fencing.insert(name.clone(), state.next_fencing);
+        Ok((state.grants.len(), effects))
+    }
+
+    /// Allocates `request.units` under `request.token` [Flyte `AllocateResource`].
+    ///
+    /// Allocating a token that is already granted returns the same grant. When the request cannot
+    /// be granted and `wait` is true, it joins the waiting queue (first come, first served).
+    pub fn allocate(&mut self, request: AllocateRequest, now: Millis, wait: bool) -> Result<(Decision, Effects), LedgerError> {
+        check_range("units", request.units, 1, MAX_UNITS)?;
+        if let Some(cap) = request.constraints.project {
+            check_range("project cap", cap, 0, MAX_UNITS)?;
+        }
+        if let Some(cap) = request.constraints.namespace {
+            check_range("namespace cap", cap, 0, MAX_UNITS)?;
+        }
+        let has_caps = request.constraints.project.is_some() || request.constraints.namespace.is_some();
+        if has_caps && request.scope.is_none() {
+            return Err(LedgerError::CapsWithoutScope);
+        }
+        match request.lease {
+            LeaseRequest::None => {}
+            LeaseRequest::Ttl { ttl_ms } => check_range("ttl_ms", ttl_ms, 1, MAX_TTL_MS)?,
+            LeaseRequest::Session(id) => {
+                if !self.sessions.contains_key(&id) {
+                    return Err(LedgerError::SessionNotFound(id));
+                }
+            }
+        }
+        let Some(state) = self.namespaces.get_mut(&request.namespace) else {
+            return Err(LedgerError::NamespaceNotFound(request.namespace));
+        };
+        if let Some(grant) = state.grants.get(&request.token) {
+            if grant.units != request.units || grant.scope != request.scope {
+                return Err(LedgerError::TokenConflict {
+                    token: request.token,
+                    existing: format!("{} units, scope {:?}", grant.units, grant.scope),
+                });
+            }
+            return Ok((Decision::Granted { grant: grant.clone(), existing: true }, Effects::default()));
+        }
+        if request.units > state.quota {
+            return Err(LedgerError::UnitsExceedQuota { namespace: request.namespace, units: request.units, quota: state.quota });
+        }
+        // A cap smaller than the request can never be met: answer at once, even when waiting.
+        if let Some(refusal @ Refusal::CapExceeded { cap, .. }) = state.cap_refusal(&request) {
+            if request.units > cap || !wait {
+                state.stats.cap_exceeded += 1;
+                return Ok((Decision::Refused { refusal, place: None }, Effects::default()));
+            }
+        }
+        // A token already in the queue keeps its place; the new call takes the waiter over.
+        if let Some(index) = state.waiters.iter().position(|w| w.request.token == request.token) {
+            let place = state.place_of(index);
+            if !wait {
+                let refusal = state.cap_refusal(&request).unwrap_or(Refusal::Exhausted);
+                return Ok((Decision::Refused { refusal, place: Some(place) }, Effects::default()));
+            }
+            let waiter = WaiterId(self.next_waiter);
+            self.next_waiter += 1;
+            let old = std::mem::replace(&mut state.waiters[index].id, waiter);
+            state.waiters[index].request = request;
+            return Ok((Decision::Queued { waiter, place, replaced: Some(old) }, Effects::default()));
+        }
+        let refusal = match state.cap_refusal(&request) {
+            Some(refusal) => Some(refusal),
+            None if state.quota_blocked || !state.fits_quota(request.units) => Some(Refusal::Exhausted),
+            None => None,
+        };
+        if let Some(refusal) = refusal {
+            if !wait {
+                match refusal {
+                    Refusal::Exhausted => state.stats.exhausted += 1,
+                    Refusal::CapExceeded { .. } => state.stats.cap_exceeded += 1,
+                }
+                return Ok((Decision::Refused { refusal, place: None }, Effects::default()));
+            }
+            let waiter = WaiterId(self.next_waiter);
+            self.next_waiter += 1;
+            let place = state.place_of(state.waiters.len());
+            if refusal == Refusal::Exhausted {
+                state.quota_blocked = true;
+            }
+            state.waiters.push_back(Waiter { id: waiter, request, since: now });
+            return Ok((Decision::Queued { waiter, place, replaced: None }, Effects::default()));
+        }
+        let mut effects = Effects::default();
+        let grant = self.insert_grant(request, now, &mut effects);
+        Ok((Decision::Granted { grant, existing: false }, effects))
+    }
+
+    /// Takes a waiter out of the queue (its wait timed out or its caller left) and says where it
+    /// stood. `None` if it is no longer waiting: it was granted or cancelled meanwhile.
+    pub fn cancel_waiter(&mut self, namespace: &NamespaceName, waiter: WaiterId, now: Millis) -> Option<(Refusal, QueuePlace, Effects)> {
+        let state = self.namespaces.get_mut(namespace)?;
+        let index = state.waiters.iter().position(|w| w.id == waiter)?;
+        let place = state.place_of(index);
+        let removed = state.waiters.remove(index).expect("index is in range");
+        let refusal = state.cap_refusal(&removed.request).unwrap_or(Refusal::Exhausted);
+        match refusal {
+            Refusal::Exhausted => state.stats.exhausted += 1,
+            Refusal::CapExceeded { .. } => state.stats.cap_exceeded += 1,
+        }
+        let mut effects = Effects::default();
+        // The waiter may have held up the ones behind it.
+        self.admit_at(namespace, now, &mut effects);
+        Some((refusal, place, effects))
+    }
+
+    /// Releases a token [Flyte `ReleaseResource`]. Idempotent: returns the released grant, or
+    /// `None` if the token was not granted. A stale fencing number is refused.
+    pub fn release(&mut self, namespace: &NamespaceName, token: &Token, fencing: Option<u64>, now: Millis) -> Result<(Option<Grant>, Effects), LedgerError> {
+        let Some(state) = self.namespaces.get_mut(namespace) else {
+            return Err(LedgerError::NamespaceNotFound(namespace.clone()));
+        };
+        let Some(grant) = state.grants.get(token) else {
+            return Ok((None, Effects::default()));
+        };
+        if let Some(given) = fencing {
+            if given != grant.fencing {
+                return Err(LedgerError::StaleFencing { given, current: grant.fencing });
+            }
+        }
+        let mut effects = Effects::default();
+        let grant = self.remove_grant(namespace, token, &mut effects).expect("grant exists");
+        self.namespaces.get_mut(namespace).expect("exists").stats.released += 1;
+        self.admit_at(namespace, now, &mut effects);
+        Ok((Some(grant), effects))
+    }
+
+    /// Renews a grant's lease: a TTL lease starts over; a session lease renews the session.
+    pub fn keepalive_grant(&mut self, namespace: &NamespaceName, token: &Token, fencing: Option<u64>, now: Millis) -> Result<(Grant, Effects), LedgerError> {
+        let Some(state) = self.namespaces.get_mut(namespace) else {
+            return Err(LedgerError::NamespaceNotFound(namespace.clone()));
+        };
+        let Some(grant) = state.grants.get_mut(token) else {
+            return Err(LedgerError::GrantNotFound { namespace: namespace.clone(), token: token.clone() });
+        };
+        if let Some(given) = fencing {
+            if given != grant.fencing {
+                return Err(LedgerError::StaleFencing { given, current: grant.fencing });
+            }
+        }
+        let mut effects = Effects::default();
+        match grant.lease {
+            Lease::None => {}
+            Lease::Ttl { ttl_ms, deadline } => {
+                let key = LeaseKey::Grant(namespace.clone(), token.clone());
+                self.leases.remove(&(deadline, key.clone()));
+                grant.lease = Lease::Ttl { ttl_ms, deadline: now + ttl_ms };
+                self.leases.insert((now + ttl_ms, key));
+                effects.changes.push(Change::Grant(grant.clone()));
+            }
+            Lease::Session(id) => {
+                let grant = grant.clone();
+                let (_, session_effects) = self.keepalive_session(id, now)?;
+                return Ok((grant, session_effects));
+            }
+        }
+        Ok((grant.clone(), effects))
+    }
+
+    /// Opens a session with the given TTL.
+    pub fn open_session(&mut self, id: SessionId, ttl_ms: u64, now: Millis) -> Result<(Session, Effects), LedgerError> {
+        check_range("ttl_ms", ttl_ms, 1, MAX_TTL_MS)?;
+        let session = Session { id, ttl_ms, deadline: now + ttl_ms, grants: BTreeSet::new() };
+        if let Some(old) = self.sessions.insert(id, session.clone()) {
+            self.leases.remove(&(old.deadline, LeaseKey::Session(id)));
+        }
+        self.leases.insert((session.deadline, LeaseKey::Session(id)));
+        let change = Change::Session { id, ttl_ms, deadline: session.deadline };
+        Ok((session, Effects { changes: vec![change], ..Effects::default() }))
+    }
+
+    /// Renews a session, and so every grant attached to it.
+    pub fn keepalive_session(&mut self, id: SessionId, now: Millis) -> Result<(Session, Effects), LedgerError> {
+        let Some(session) = self.sessions.get_mut(&id) else {
+            return Err(LedgerError::SessionNotFound(id));
+        };
+        self.leases.remove(&(session.deadline, LeaseKey::Session(id)));
+        session.deadline = now + session.ttl_ms;
+        self.leases.insert((session.deadline, LeaseKey::Session(id)));
+        let change = Change::Session { id, ttl_ms: session.ttl_ms, deadline: session.deadline };
+        Ok((session.clone(), Effects { changes: vec![change], ..Effects::default() }))
+    }
+
+    /// Closes a session and releases its grants.
+    pub fn close_session(&mut self, id: SessionId, now: Millis) -> Result<(Session, Effects), LedgerError> {
+        let Some(session) = self.sessions.get(&id).cloned() else {
+            return Err(LedgerError::SessionNotFound(id));
+        };
+        let mut effects = Effects::default();
+        self.end_session(&session, now, false, &mut effects);
+        Ok((session, effects))
+    }
+
+    /// Ends every lease whose deadline is at or before `now`.
+    pub fn expire(&mut self, now: Millis) -> Effects {
+        let mut effects = Effects::default();
+        while let Some((deadline, key)) = self.leases.first().cloned() {
+            if deadline > now {
+                break;
+            }
+            self.leases.pop_first();
+            match key {
+                LeaseKey::Grant(namespace, token) => {
+                    if self.remove_grant(&namespace, &token, &mut effects).is_some() {
+                        effects.expired += 1;
+                        self.namespaces.get_mut(&namespace).expect("exists").stats.expired += 1;
+                        self.admit_at(&namespace, now, &mut effects);
+                    }
+                }
+                LeaseKey::Session(id) => {
+                    if let Some(session) = self.sessions.get(&id).cloned() {
+                        self.end_session(&session, now, true, &mut effects);
+                    }
+                }
+            }
+        }
+        effects
+    }
+
+    /// The earliest lease deadline, if any lease is running.
+    pub fn next_deadline(&self) -> Option<Millis> {
+        self.leases.first().map(|(deadline, _)| *deadline)
+    }
+
+    pub fn namespaces(&self, now: Millis) -> Vec<NamespaceView> {
+        self.namespaces.iter().map(|(name, state)| view_of(name, state, now)).collect()
+    }
+
+    pub fn namespace(&self, name: &NamespaceName, now: Millis) -> Result<NamespaceView, LedgerError> {
+        match self.namespaces.get(name) {
+            Some(state) => Ok(view_of(name, state, now)),
+            None => Err(LedgerError::NamespaceNotFound(name.clone())),
+        }
+    }
+
+    /// The grants of a namespace, ordered by token.
+    pub fn grants(&self, name: &NamespaceName) -> Result<Vec<Grant>, LedgerError> {
+        let Some(state) = self.namespaces.get(name) else {
+            return Err(LedgerError::NamespaceNotFound(name.clone()));
+        };
+        let mut grants: Vec<Grant> = state.grants.values().cloned().collect();
+        grants.sort_by(|a, b| a.token.cmp(&b.token));
+        Ok(grants)
+    }
+
+    pub fn grant(&self, name: &NamespaceName, token: &Token) -> Result<Grant, LedgerError> {
+        let Some(state) = self.namespaces.get(name) else {
+            return Err(LedgerError::NamespaceNotFound(name.clone()));
+        };
+        match state.grants.get(token) {
+            Some(grant) => Ok(grant.clone()),
+            None => Err(LedgerError::GrantNotFound { namespace: name.clone(), token: token.clone() }),
+        }
+    }
+
+    /// The waiters of a namespace, in queue order.
+    pub fn waiters(&self, name: &NamespaceName, now: Millis) -> Result<Vec<WaiterView>, LedgerError> {
+        let Some(state) = self.namespaces.get(name) else {
+            return Err(LedgerError::NamespaceNotFound(name.clone()));
+        };
+        let mut units_ahead = 0;
+        let mut res = Vec::with_capacity(state.waiters.len());
+        for (index, waiter) in state.waiters.iter().enumerate() {
+            let blocked_by_cap = match state.cap_refusal(&waiter.request) {
+                Some(Refusal::CapExceeded { level, .. }) => Some(level),
+                _ => None,
+            };
+            res.push(WaiterView {
+                id: waiter.id,
+                place: QueuePlace { position: index + 1, units_ahead },
+                token: waiter.request.token.clone(),
+                units: waiter.request.units,
+                scope: waiter.request.scope.clone(),
+                waited_ms: now.saturating_sub(waiter.since),
+                blocked_by_cap,
+            });
+            units_ahead += waiter.request.units;
+        }
+        Ok(res)
+    }
+
+    /// Sessions, ordered by id.
+    pub fn sessions(&self) -> Vec<Session> {
+        let mut sessions: Vec<Session> = self.sessions.values().cloned().collect();
+        sessions.sort_by_key(|s| s.id);
+        sessions
+    }
+
+    pub fn session(&self, id: SessionId) -> Result<Session, LedgerError> {
+        self.sessions.get(&id).cloned().ok_or(LedgerError::SessionNotFound(id))
+    }
+
+    fn insert_grant(&mut self, request: AllocateRequest, now: Millis, effects: &mut Effects) -> Grant {
+        let state = self.namespaces.get_mut(&request.namespace).expect("caller checked the namespace");
+        let lease = match request.lease {
+            LeaseRequest::None => Lease::None,
+            LeaseRequest::Ttl { ttl_ms } => Lease::Ttl { ttl_ms, deadline: now + ttl_ms },
+            LeaseRequest::Session(id) => Lease::Session(id),
+        };
+        let grant = Grant {
+            namespace: request.namespace,
+            token: request.token,
+            units: request.units,
+            scope: request.scope,
+            fencing: state.next_fencing,
+            lease,
+            granted_at: now,
+        };
+        state.next_fencing += 1;
+        state.stats.granted += 1;
+        state.add_units(&grant);
+        state.grants.insert(grant.token.clone(), grant.clone());
+        effects.changes.push(Change::Namespace {
+            name: grant.namespace.clone(),
+            quota: state.quota,
+            next_fencing: state.next_fencing,
+        });
+        match lease {
+            Lease::None => {}
+            Lease::Ttl { deadline, .. } => {
+                self.leases.insert((deadline, LeaseKey::Grant(grant.namespace.clone(), grant.token.clone())));
+            }
+            Lease::Session(id) => {
+                let session = self.sessions.get_mut(&id).expect("caller checked the session");
+                session.grants.insert((grant.namespace.clone(), grant.token.clone()));
+            }
+        }
+        effects.changes.push(Change::Grant(grant.clone()));
+        grant
+    }
+
+    fn remove_grant(&mut self, namespace: &NamespaceName, token: &Token, effects: &mut Effects) -> Option<Grant> {
+        let state = self.namespaces.get_mut(namespace)?;
+        let grant = state.grants.remove(token)?;
+        state.remove_units(&grant);
+        self.forget_lease(&grant);
+        effects.changes.push(Change::GrantRemoved { namespace: namespace.clone(), token: token.clone() });
+        Some(grant)
+    }
+
+    fn forget_lease(&mut self, grant: &Grant) {
+        match grant.lease {
+            Lease::None => {}
+            Lease::Ttl { deadline, .. } => {
+                self.leases.remove(&(deadline, LeaseKey::Grant(grant.namespace.clone(), grant.token.clone())));
+            }
+            Lease::Session(id) => {
+                if let Some(session) = self.sessions.get_mut(&id) {
+                    session.grants.remove(&(grant.namespace.clone(), grant.token.clone()));
+                }
+            }
+        }
+    }
+
+    fn end_session(&mut self, session: &Session, now: Millis, expired: bool, effects: &mut Effects) {
+        let mut touched = BTreeSet::new();
+        for (namespace, token) in &session.grants {
+            if self.remove_grant(namespace, token, effects).is_some() {
+                let stats = &mut self.namespaces.get_mut(namespace).expect("exists").stats;
+                if expired {
+                    stats.expired += 1;
+                    effects.expired += 1;
+                } else {
+                    stats.released += 1;
+                }
+                touched.insert(namespace.clone());
+            }
+        }
+        self.sessions.remove(&session.id);
+        self.leases.remove(&(session.deadline, LeaseKey::Session(session.id)));
+        effects.changes.push(Change::SessionRemoved { id: session.id });
+        for namespace in touched {
+            self.admit_at(&namespace, now, effects);
+        }
+    }
+
+    /// Grants waiters in queue order while they fit. A waiter blocked only by its cap is passed
+    /// over (it holds nothing back); the first waiter blocked by the quota stops the walk.
+    fn admit_at(&mut self, namespace: &NamespaceName, now: Millis, effects: &mut Effects) {
+        // Waiters passed over stay blocked by their caps while others are granted (granting only
+        // raises counters), so the walk never goes back.
+        let mut index = 0;
+        loop {
+            let Some(state) = self.namespaces.get_mut(namespace) else { return };
+            let mut blocked = false;
+            let mut next = None;
+            while index < state.waiters.len() {
+                let request = &state.waiters[index].request;
+                if state.cap_refusal(request).is_some() {
+                    index += 1;
+                    continue;
+                }
+                if !state.fits_quota(request.units) {
+                    blocked = true;
+                } else {
+                    next = Some(index);
+                }
+                break;
+            }
+            let Some(next) = next else {
+                state.quota_blocked = blocked;
+                return;
+            };
+            let waiter = state.waiters.remove(next).expect("index is in range");
+            if let LeaseRequest::Session(id) = waiter.request.lease {
+                if !self.sessions.contains_key(&id) {
+                    // The session ended while the request waited: it can hold nothing.
+                    effects.cancelled.push((waiter.id, LedgerError::SessionNotFound(id)));
+                    continue;
+                }
+            }
+            let grant = self.insert_grant(waiter.request, now, effects);
+            effects.woken.push(Woken { waiter: waiter.id, grant });
+        }
+    }
+
+    /// Checks the invariants in the module docs; for tests.
+    pub fn check_invariants(&self) -> Result<(), String> {
+        let mut ttl_leases = 0;
+        for (name, state) in &self.namespaces {
+            let granted: u64 = state.grants.values().map(|g| g.units).sum();
+            if granted != state.granted {
+                return Err(format!("{name}: granted {} but grants sum to {granted}", state.granted));
+            }
+            let mut projects: HashMap<String, u64> = HashMap::new();
+            let mut scopes: HashMap<Scope, u64> = HashMap::new();
+            for grant in state.grants.values() {
+                if grant.fencing >= state.next_fencing {
+                    return Err(format!("{name}: grant fencing {} >= next {}", grant.fencing, state.next_fencing));
+                }
+                if let Some(scope) = &grant.scope {
+                    *projects.entry(scope.project.clone()).or_default() += grant.units;
+                    *scopes.entry(scope.clone()).or_default() += grant.units;
+                }
+                if matches!(grant.lease, Lease::Ttl { .. }) {
+                    ttl_leases += 1;
+                }
+            }
+            if projects != state.project_units || scopes != state.scope_units {
+                return Err(format!("{name}: scope counters disagree with grants"));
+            }
+            let quota_blocked = state.waiters.iter().any(|w| state.cap_refusal(&w.request).is_none());
+            if quota_blocked != state.quota_blocked {
+                return Err(format!("{name}: quota_blocked is {} but should be {quota_blocked}", state.quota_blocked));
+            }
+            if let Some(waiter) = state.waiters.iter().find(|w| state.cap_refusal(&w.request).is_none() && state.fits_quota(w.request.units) && !blocked_before(state, w.id)) {
+                return Err(format!("{name}: waiter {:?} fits but was not granted", waiter.id));
+            }
+        }
+        if self.leases.len() != ttl_leases + self.sessions.len() {
+            return Err(format!("{} leases for {ttl_leases} TTL grants and {} sessions", self.leases.len(), self.sessions.len()));
+        }
+        Ok(())
+    }
+}
+
+/// True if a waiter ahead of `id` is blocked by the quota (so `id` rightly waits behind it).
+fn blocked_before(state: &NamespaceState, id: WaiterId) -> bool {
+    state
+        .waiters
+        .iter()
+        .take_while(|w| w.id != id)
+        .any(|w| state.cap_refusal(&w.request).is_none() && !state.fits_quota(w.request.units))
+}
+
+fn view_of(name: &NamespaceName, state: &NamespaceState, now: Millis) -> NamespaceView {
+    NamespaceView {
+        name: name.clone(),
+        quota: state.quota,
+        granted_units: state.granted,
+        grants: state.grants.len(),
+        waiters: state.waiters.len(),
+        waiting_units: state.waiters.iter().map(|w| w.request.units).sum(),
+        longest_wait_ms: state.longest_wait(now),
+        next_fencing: state.next_fencing,
+        stats: state.stats,
+    }
+}
