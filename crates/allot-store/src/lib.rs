@@ -1,1 +1,140 @@
+//! The `Store` trait: every operation of the token quotas, as a backend carries it out.
+//!
+//! - `embedded`: the default backend. The decisions are `allot_core::Ledger`'s, in memory; every
+//!   change is made durable in a redb database by one committer thread that group-commits, and an
+//!   operation is answered only once its changes are on disk.
+//! - `records`: the versioned on-disk format of the embedded backend.
+//! - `conformance`: the behaviour every backend must show, as a suite of checks over `&dyn Store`.
+//!
+//! Architecture invariant: an answer that says something was granted, released, renewed or
+//! changed is given only after that change is durable; a change that fails to become durable is
+//! answered with [`StoreError::Unavailable`] and is not visible afterwards.
 
+pub mod conformance;
+pub mod embedded;
+pub mod records;
+
+use std::time::Duration;
+
+use allot_core::{
+    AllocateRequest, Grant, Lease, LedgerError, Millis, NamespaceName, NamespaceView, QueuePlace, Refusal, Session,
+    SessionId, Token, WaiterView,
+};
+use async_trait::async_trait;
+
+pub use embedded::{EmbeddedConfig, EmbeddedStore};
+
+/// The longest an allocate call may wait for room.
+pub const MAX_WAIT: Duration = Duration::from_secs(300);
+
+/// A failed store operation.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum StoreError {
+    /// The request was refused by the rules of the ledger (unknown namespace, stale fencing...).
+    #[error(transparent)]
+    Ledger(#[from] LedgerError),
+    /// The store could not make the change durable; nothing was changed.
+    #[error("the store could not be written ({0}); nothing was changed")]
+    Unavailable(String),
+    /// The daemon is shutting down and takes no new work.
+    #[error("the daemon is shutting down")]
+    ShuttingDown,
+    /// A request the store refuses outright, such as a wait longer than [`MAX_WAIT`].
+    #[error("{0}")]
+    Invalid(String),
+}
+
+/// The answer to an allocate call.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Allocation {
+    /// `existing` is true when the token was already granted (an idempotent retry).
+    Granted { grant: GrantInfo, existing: bool },
+    /// Not granted; `place` says where the request stood in the queue when its wait ended.
+    Refused { refusal: Refusal, place: Option<QueuePlace> },
+}
+
+/// A grant and the time its lease has left.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct GrantInfo {
+    pub grant: Grant,
+    /// Milliseconds until the lease ends without a keepalive; `None` when the grant has no lease.
+    pub expires_in_ms: Option<u64>,
+}
+
+/// A session and the time its lease has left.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SessionInfo {
+    pub session: Session,
+    pub expires_in_ms: u64,
+}
+
+/// Counters of the durable-commit machinery, for metrics.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct CommitStats {
+    /// Write transactions committed.
+    pub commits: u64,
+    /// Operations made durable by those commits.
+    pub operations: u64,
+    /// Total time spent committing, in microseconds.
+    pub commit_micros: u64,
+    /// Commits that failed.
+    pub failures: u64,
+}
+
+/// A backend of the token quotas.
+///
+/// Every mutating call returns only once its effect is durable. `allocate` with a non-zero
+/// `wait` joins the namespace's first-come-first-served queue and returns when granted, when the
+/// wait ends (with the request's place in the queue), or when the store shuts down.
+#[async_trait]
+pub trait Store: Send + Sync + 'static {
+    /// A short name for logs and `/healthz`, e.g. `embedded`.
+    fn backend(&self) -> &'static str;
+
+    /// Creates a namespace or changes its quota; true if it was created.
+    async fn put_namespace(&self, name: NamespaceName, quota: u64) -> Result<(bool, NamespaceView), StoreError>;
+    /// Removes a namespace; with `force`, also when it has grants. Returns how many grants ended.
+    async fn remove_namespace(&self, name: NamespaceName, force: bool) -> Result<usize, StoreError>;
+    async fn namespaces(&self) -> Result<Vec<NamespaceView>, StoreError>;
+    async fn namespace(&self, name: NamespaceName) -> Result<NamespaceView, StoreError>;
+
+    async fn allocate(&self, request: AllocateRequest, wait: Duration) -> Result<Allocation, StoreError>;
+    /// Releases a token; the released grant, or `None` if it was not granted.
+    async fn release(
+        &self,
+        namespace: NamespaceName,
+        token: Token,
+        fencing: Option<u64>,
+    ) -> Result<Option<GrantInfo>, StoreError>;
+    async fn keepalive_grant(
+        &self,
+        namespace: NamespaceName,
+        token: Token,
+        fencing: Option<u64>,
+    ) -> Result<GrantInfo, StoreError>;
+    async fn grants(&self, namespace: NamespaceName) -> Result<Vec<GrantInfo>, StoreError>;
+    async fn grant(&self, namespace: NamespaceName, token: Token) -> Result<GrantInfo, StoreError>;
+    async fn waiters(&self, namespace: NamespaceName) -> Result<Vec<WaiterView>, StoreError>;
+
+    async fn open_session(&self, ttl_ms: u64) -> Result<SessionInfo, StoreError>;
+    async fn keepalive_session(&self, id: SessionId) -> Result<SessionInfo, StoreError>;
+    /// Closes a session and releases its grants.
+    async fn close_session(&self, id: SessionId) -> Result<SessionInfo, StoreError>;
+    async fn sessions(&self) -> Result<Vec<SessionInfo>, StoreError>;
+    async fn session(&self, id: SessionId) -> Result<SessionInfo, StoreError>;
+
+    fn commit_stats(&self) -> CommitStats;
+
+    /// Stops taking work, answers every waiter with its place, makes everything durable and
+    /// stops background tasks. Later calls fail with [`StoreError::ShuttingDown`].
+    async fn shutdown(&self);
+}
+
+/// How long a lease has left at `now`; `session_deadline` looks up a session's deadline.
+pub fn expires_in(lease: Lease, now: Millis, session_deadline: impl Fn(SessionId) -> Option<Millis>) -> Option<u64> {
+    match lease {
+        Lease::None => None,
+        Lease::Ttl { deadline, .. } => Some(deadline.saturating_sub(now)),
+        Lease::Session(id) => session_deadline(id).map(|deadline| deadline.saturating_sub(now)),
+    }
+}

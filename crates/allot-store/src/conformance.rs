@@ -1,0 +1,294 @@
+//! The conformance suite: what every backend of [`Store`] must do, checked over `dyn Store`.
+//!
+//! Each check works in namespaces of its own (prefixed `conformance:`), so the whole suite runs
+//! against one store, empty or not. A backend's tests call [`run`]; a failed check panics with
+//! the name of the check and what differed.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use allot_core::{
+    AllocateRequest, CapLevel, Constraints, Lease, LeaseRequest, LedgerError, NamespaceName, QueuePlace, Refusal, Scope,
+    Token,
+};
+
+use crate::{Allocation, Store, StoreError};
+
+/// Runs every check against `store`.
+pub async fn run(store: Arc<dyn Store>) {
+    namespaces_are_created_changed_and_removed(&*store).await;
+    grants_until_the_quota_is_full(&*store).await;
+    allocate_and_release_are_idempotent(&*store).await;
+    caps_match_scopes_exactly(&*store).await;
+    stale_fencing_is_refused(&*store).await;
+    ttl_leases_are_swept(&*store).await;
+    sessions_hold_and_free_grants(&*store).await;
+    waiters_are_woken_in_order(&*store).await;
+    a_timed_out_wait_reports_its_place(&*store).await;
+    raising_the_quota_admits_a_waiter(&*store).await;
+    concurrent_allocations_never_over_grant(store.clone()).await;
+}
+
+fn ns(name: &str) -> NamespaceName {
+    NamespaceName::new(&format!("conformance:{name}")).unwrap()
+}
+
+fn token(name: &str) -> Token {
+    Token::new(name).unwrap()
+}
+
+fn request(namespace: &NamespaceName, name: &str, units: u64) -> AllocateRequest {
+    AllocateRequest {
+        namespace: namespace.clone(),
+        token: token(name),
+        units,
+        scope: None,
+        constraints: Constraints::default(),
+        lease: LeaseRequest::None,
+    }
+}
+
+#[track_caller]
+fn assert_granted(allocation: &Allocation) -> u64 {
+    match allocation {
+        Allocation::Granted { grant, .. } => grant.grant.fencing,
+        other => panic!("expected a grant, got {other:?}"),
+    }
+}
+
+async fn namespaces_are_created_changed_and_removed(store: &dyn Store) {
+    let name = ns("namespaces");
+    let (created, view) = store.put_namespace(name.clone(), 3).await.unwrap();
+    assert!(created);
+    assert_eq!(view.quota, 3);
+    let (created, view) = store.put_namespace(name.clone(), 5).await.unwrap();
+    assert!(!created);
+    assert_eq!(view.quota, 5);
+    assert!(store.namespaces().await.unwrap().iter().any(|v| v.name == name));
+    assert_eq!(store.namespace(name.clone()).await.unwrap().quota, 5);
+    store.allocate(request(&name, "t", 1), Duration::ZERO).await.unwrap();
+    let in_use = store.remove_namespace(name.clone(), false).await;
+    assert!(matches!(in_use, Err(StoreError::Ledger(LedgerError::NamespaceInUse { grants: 1, .. }))), "{in_use:?}");
+    assert_eq!(store.remove_namespace(name.clone(), true).await.unwrap(), 1);
+    let gone = store.namespace(name.clone()).await;
+    assert!(matches!(gone, Err(StoreError::Ledger(LedgerError::NamespaceNotFound(_)))), "{gone:?}");
+    let gone = store.allocate(request(&name, "t", 1), Duration::ZERO).await;
+    assert!(matches!(gone, Err(StoreError::Ledger(LedgerError::NamespaceNotFound(_)))), "{gone:?}");
+}
+
+async fn grants_until_the_quota_is_full(store: &dyn Store) {
+    let name = ns("quota");
+    store.put_namespace(name.clone(), 3).await.unwrap();
+    assert_granted(&store.allocate(request(&name, "a", 2), Duration::ZERO).await.unwrap());
+    let refused = store.allocate(request(&name, "b", 2), Duration::ZERO).await.unwrap();
+    assert_eq!(refused, Allocation::Refused { refusal: Refusal::Exhausted, place: None });
+    assert_granted(&store.allocate(request(&name, "c", 1), Duration::ZERO).await.unwrap());
+    let view = store.namespace(name.clone()).await.unwrap();
+    assert_eq!((view.granted_units, view.grants), (3, 2));
+    let too_big = store.allocate(request(&name, "d", 4), Duration::ZERO).await;
+    assert!(matches!(too_big, Err(StoreError::Ledger(LedgerError::UnitsExceedQuota { .. }))), "{too_big:?}");
+}
+
+async fn allocate_and_release_are_idempotent(store: &dyn Store) {
+    let name = ns("idempotent");
+    store.put_namespace(name.clone(), 1).await.unwrap();
+    let first = store.allocate(request(&name, "a", 1), Duration::ZERO).await.unwrap();
+    let again = store.allocate(request(&name, "a", 1), Duration::ZERO).await.unwrap();
+    match (&first, &again) {
+        (Allocation::Granted { grant: g1, existing: false }, Allocation::Granted { grant: g2, existing: true }) => {
+            assert_eq!(g1.grant, g2.grant)
+        }
+        other => panic!("{other:?}"),
+    }
+    assert_eq!(store.namespace(name.clone()).await.unwrap().granted_units, 1);
+    assert!(store.release(name.clone(), token("a"), None).await.unwrap().is_some());
+    assert!(store.release(name.clone(), token("a"), None).await.unwrap().is_none());
+    assert!(store.release(name.clone(), token("never"), None).await.unwrap().is_none());
+    assert_eq!(store.namespace(name.clone()).await.unwrap().granted_units, 0);
+}
+
+async fn caps_match_scopes_exactly(store: &dyn Store) {
+    let name = ns("caps");
+    store.put_namespace(name.clone(), 100).await.unwrap();
+    let caps = Constraints { project: Some(1), namespace: None };
+    let scoped = |t: &str, project: &str| AllocateRequest {
+        scope: Some(Scope::new(project, "dev").unwrap()),
+        constraints: caps,
+        ..request(&name, t, 1)
+    };
+    assert_granted(&store.allocate(scoped("a", "proj"), Duration::ZERO).await.unwrap());
+    assert_granted(&store.allocate(scoped("b", "proj2"), Duration::ZERO).await.unwrap());
+    let refused = store.allocate(scoped("c", "proj"), Duration::ZERO).await.unwrap();
+    assert_eq!(
+        refused,
+        Allocation::Refused {
+            refusal: Refusal::CapExceeded { level: CapLevel::Project, cap: 1, held: 1 },
+            place: None
+        }
+    );
+}
+
+async fn stale_fencing_is_refused(store: &dyn Store) {
+    let name = ns("fencing");
+    store.put_namespace(name.clone(), 1).await.unwrap();
+    let f1 = assert_granted(&store.allocate(request(&name, "a", 1), Duration::ZERO).await.unwrap());
+    store.release(name.clone(), token("a"), Some(f1)).await.unwrap();
+    let f2 = assert_granted(&store.allocate(request(&name, "a", 1), Duration::ZERO).await.unwrap());
+    assert!(f2 > f1);
+    let stale = store.release(name.clone(), token("a"), Some(f1)).await;
+    assert!(matches!(stale, Err(StoreError::Ledger(LedgerError::StaleFencing { .. }))), "{stale:?}");
+    let stale = store.keepalive_grant(name.clone(), token("a"), Some(f1)).await;
+    assert!(matches!(stale, Err(StoreError::Ledger(LedgerError::StaleFencing { .. }))), "{stale:?}");
+    assert!(store.release(name.clone(), token("a"), Some(f2)).await.unwrap().is_some());
+}
+
+/// Polls until `check` holds, for at most `limit`.
+async fn eventually(limit: Duration, mut check: impl AsyncFnMut() -> bool) -> bool {
+    let started = Instant::now();
+    while started.elapsed() < limit {
+        if check().await {
+            return true;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    false
+}
+
+async fn ttl_leases_are_swept(store: &dyn Store) {
+    let name = ns("ttl");
+    store.put_namespace(name.clone(), 1).await.unwrap();
+    let mut r = request(&name, "a", 1);
+    r.lease = LeaseRequest::Ttl { ttl_ms: 200 };
+    let granted = store.allocate(r, Duration::ZERO).await.unwrap();
+    let Allocation::Granted { grant, .. } = granted else { panic!("{granted:?}") };
+    assert!(matches!(grant.grant.lease, Lease::Ttl { ttl_ms: 200, .. }));
+    assert!(grant.expires_in_ms.unwrap() <= 200);
+    // A keepalive restarts the lease.
+    tokio::time::sleep(Duration::from_millis(120)).await;
+    let renewed = store.keepalive_grant(name.clone(), token("a"), None).await.unwrap();
+    assert!(renewed.expires_in_ms.unwrap() > 150, "{renewed:?}");
+    tokio::time::sleep(Duration::from_millis(120)).await;
+    assert_eq!(store.namespace(name.clone()).await.unwrap().granted_units, 1, "renewed lease must still hold");
+    // Freed by the sweeper, without any other call, within a second of expiry.
+    let freed = eventually(Duration::from_millis(1200), async || {
+        store.namespace(name.clone()).await.unwrap().granted_units == 0
+    })
+    .await;
+    assert!(freed, "an expired grant was not swept");
+    assert_eq!(store.namespace(name.clone()).await.unwrap().stats.expired, 1);
+}
+
+async fn sessions_hold_and_free_grants(store: &dyn Store) {
+    let name = ns("sessions");
+    store.put_namespace(name.clone(), 2).await.unwrap();
+    let session = store.open_session(300).await.unwrap();
+    let id = session.session.id;
+    for t in ["a", "b"] {
+        let mut r = request(&name, t, 1);
+        r.lease = LeaseRequest::Session(id);
+        assert_granted(&store.allocate(r, Duration::ZERO).await.unwrap());
+    }
+    assert_eq!(store.session(id).await.unwrap().session.grants.len(), 2);
+    for _ in 0..3 {
+        tokio::time::sleep(Duration::from_millis(150)).await;
+        store.keepalive_session(id).await.unwrap();
+    }
+    assert_eq!(store.namespace(name.clone()).await.unwrap().granted_units, 2, "kept-alive session must hold");
+    let freed = eventually(Duration::from_millis(1500), async || {
+        store.namespace(name.clone()).await.unwrap().granted_units == 0
+    })
+    .await;
+    assert!(freed, "an expired session's grants were not freed");
+    let gone = store.keepalive_session(id).await;
+    assert!(matches!(gone, Err(StoreError::Ledger(LedgerError::SessionNotFound(_)))), "{gone:?}");
+
+    let session = store.open_session(10_000).await.unwrap();
+    let mut r = request(&name, "c", 1);
+    r.lease = LeaseRequest::Session(session.session.id);
+    assert_granted(&store.allocate(r, Duration::ZERO).await.unwrap());
+    store.close_session(session.session.id).await.unwrap();
+    assert_eq!(store.namespace(name.clone()).await.unwrap().granted_units, 0);
+}
+
+async fn waiters_are_woken_in_order(store: &dyn Store) {
+    let name = ns("waiters");
+    store.put_namespace(name.clone(), 1).await.unwrap();
+    assert_granted(&store.allocate(request(&name, "holder", 1), Duration::ZERO).await.unwrap());
+    let (first, second, ()) = tokio::join!(
+        store.allocate(request(&name, "w1", 1), Duration::from_secs(10)),
+        async {
+            // Make sure w1 queued first.
+            tokio::time::sleep(Duration::from_millis(50)).await;
+            store.allocate(request(&name, "w2", 1), Duration::from_millis(300)).await
+        },
+        async {
+            tokio::time::sleep(Duration::from_millis(100)).await;
+            let waiters = store.waiters(name.clone()).await.unwrap();
+            assert_eq!(waiters.iter().map(|w| w.token.as_str()).collect::<Vec<_>>(), ["w1", "w2"]);
+            store.release(name.clone(), token("holder"), None).await.unwrap();
+        }
+    );
+    assert_granted(&first.unwrap());
+    let second = second.unwrap();
+    assert_eq!(
+        second,
+        Allocation::Refused { refusal: Refusal::Exhausted, place: Some(QueuePlace { position: 1, units_ahead: 0 }) }
+    );
+}
+
+async fn a_timed_out_wait_reports_its_place(store: &dyn Store) {
+    let name = ns("timeout");
+    store.put_namespace(name.clone(), 2).await.unwrap();
+    assert_granted(&store.allocate(request(&name, "holder", 2), Duration::ZERO).await.unwrap());
+    let (_, late) = tokio::join!(store.allocate(request(&name, "big", 2), Duration::from_millis(400)), async {
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        store.allocate(request(&name, "small", 1), Duration::from_millis(100)).await
+    });
+    assert_eq!(
+        late.unwrap(),
+        Allocation::Refused { refusal: Refusal::Exhausted, place: Some(QueuePlace { position: 2, units_ahead: 2 }) }
+    );
+    assert!(store.waiters(name.clone()).await.unwrap().is_empty());
+}
+
+async fn raising_the_quota_admits_a_waiter(store: &dyn Store) {
+    let name = ns("raise");
+    store.put_namespace(name.clone(), 1).await.unwrap();
+    assert_granted(&store.allocate(request(&name, "holder", 1), Duration::ZERO).await.unwrap());
+    let (woken, _) = tokio::join!(store.allocate(request(&name, "w", 1), Duration::from_secs(10)), async {
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        store.put_namespace(name.clone(), 2).await.unwrap();
+    });
+    assert_granted(&woken.unwrap());
+}
+
+async fn concurrent_allocations_never_over_grant(store: Arc<dyn Store>) {
+    let name = ns("concurrent");
+    store.put_namespace(name.clone(), 5).await.unwrap();
+    let mut tasks = Vec::new();
+    for worker in 0..32 {
+        let store = store.clone();
+        let name = name.clone();
+        tasks.push(tokio::spawn(async move {
+            let mut held = 0;
+            for round in 0..20 {
+                let t = format!("w{worker}-{round}");
+                let wait = if round % 2 == 0 { Duration::ZERO } else { Duration::from_millis(20) };
+                if let Allocation::Granted { .. } = store.allocate(request(&name, &t, 1), wait).await.unwrap() {
+                    held += 1;
+                    let view = store.namespace(name.clone()).await.unwrap();
+                    assert!(view.granted_units <= 5, "over-granted: {view:?}");
+                    store.release(name.clone(), token(&t), None).await.unwrap();
+                }
+            }
+            held
+        }));
+    }
+    let mut total = 0;
+    for task in tasks {
+        total += task.await.unwrap();
+    }
+    assert!(total > 0);
+    let view = store.namespace(name).await.unwrap();
+    assert_eq!((view.granted_units, view.waiters), (0, 0));
+}

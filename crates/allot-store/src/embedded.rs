@@ -1,0 +1,786 @@
+//! The embedded backend: the ledger in memory, its changes group-committed to a redb file.
+//!
+//! How an operation runs:
+//! 1. Under the state lock, the ledger decides, and the resulting changes are queued to the
+//!    committer thread. Queueing under the lock keeps the queue in decision order.
+//! 2. The committer takes everything queued so far, writes it in one redb write transaction with
+//!    immediate durability (one fsync for the whole batch: group commit), then answers every
+//!    operation of the batch and hands woken waiters their grants.
+//! 3. If a commit fails (disk full, I/O error), every operation of the batch is answered with
+//!    `Unavailable`, the database is reopened and the ledger rebuilt from it, so memory again
+//!    equals what is durable. Operations decided on the discarded state (an older epoch) fail too.
+//!
+//! The daemon clock starts, at open, from the clock value of the last commit, so time the daemon
+//! was down does not count against leases. A sweeper task ends expired leases every
+//! [`SWEEP_INTERVAL`] and checkpoints the clock at least once a second.
+
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{mpsc, Arc, Mutex, MutexGuard};
+use std::time::{Duration, Instant};
+
+use allot_core::{
+    AllocateRequest, Change, Decision, Effects, Grant, Ledger, LedgerError, Millis, NamespaceName, NamespaceView,
+    Session, SessionId, Token, WaiterId, WaiterView,
+};
+use async_trait::async_trait;
+use redb::{Database, Durability, ReadableTable, StorageBackend};
+use tokio::sync::{oneshot, watch};
+
+use crate::records::{
+    decode, encode, CorruptRecord, GrantRecord, NamespaceRecord, SessionRecord, FORMAT_VERSION, GRANTS,
+    META, META_CLOCK, META_FORMAT, NAMESPACES, RETIRED_FENCING, SESSIONS,
+};
+use crate::{expires_in, Allocation, CommitStats, GrantInfo, SessionInfo, Store, StoreError, MAX_WAIT};
+
+/// How often the sweeper looks for expired leases.
+pub const SWEEP_INTERVAL: Duration = Duration::from_millis(50);
+/// The longest the daemon clock goes without being made durable.
+const CLOCK_CHECKPOINT_MS: u64 = 1000;
+/// The most operations in one commit.
+const MAX_BATCH: usize = 8192;
+/// The name of the database file in the data directory.
+pub const DB_FILE: &str = "allot.redb";
+
+/// Where the embedded store keeps its data.
+#[derive(Debug, Clone)]
+pub struct EmbeddedConfig {
+    pub data_dir: PathBuf,
+}
+
+/// Why the store could not be opened.
+#[derive(Debug, thiserror::Error)]
+pub enum OpenError {
+    #[error("cannot create the data directory {path}: {source}")]
+    DataDir { path: PathBuf, source: std::io::Error },
+    #[error("cannot open the database {path}: {reason}")]
+    Database { path: PathBuf, reason: String },
+    #[error("cannot read the database: {0}")]
+    Read(String),
+    #[error(transparent)]
+    Corrupt(#[from] CorruptRecord),
+    #[error("the database's records do not fit together: {0}")]
+    Restore(#[from] allot_core::RestoreError),
+    #[error("the database was written in format {found}; this allot reads format {FORMAT_VERSION}")]
+    Format { found: u64 },
+}
+
+/// Opens the database again, after a failed commit left it unusable.
+type Opener = Box<dyn Fn() -> Result<Database, OpenError> + Send>;
+
+/// The token quotas, in memory, made durable in a redb file.
+pub struct EmbeddedStore {
+    shared: Arc<Shared>,
+    committer: Mutex<Option<std::thread::JoinHandle<()>>>,
+    sweeper: Mutex<Option<tokio::task::JoinHandle<()>>>,
+}
+
+/// The daemon clock: milliseconds, monotonic, continuing from the last durable value.
+struct Clock {
+    base: Millis,
+    started: Instant,
+}
+
+impl Clock {
+    fn now(&self) -> Millis {
+        self.base + self.started.elapsed().as_millis() as u64
+    }
+}
+
+struct Shared {
+    state: Mutex<State>,
+    clock: Clock,
+    /// Bumped when a failed commit discards the in-memory state; queued work of older epochs fails.
+    epoch: AtomicU64,
+    /// The daemon clock at the last successful commit.
+    last_commit: AtomicU64,
+    shutting_down: AtomicBool,
+    shutdown: watch::Sender<bool>,
+    commits: AtomicU64,
+    operations: AtomicU64,
+    commit_micros: AtomicU64,
+    failures: AtomicU64,
+}
+
+/// What a waiting allocate call is told.
+enum WaiterAnswer {
+    Granted(Grant),
+    Cancelled(LedgerError),
+    Failed(String),
+}
+
+type Ack = oneshot::Sender<Result<(), StoreError>>;
+
+/// One operation's changes on their way to disk, with whom to tell once they are there.
+struct Pending {
+    epoch: u64,
+    changes: Vec<Change>,
+    ack: Option<Ack>,
+    woken: Vec<(oneshot::Sender<WaiterAnswer>, Grant)>,
+    cancelled: Vec<(oneshot::Sender<WaiterAnswer>, LedgerError)>,
+}
+
+struct State {
+    ledger: Ledger,
+    waiters: HashMap<WaiterId, oneshot::Sender<WaiterAnswer>>,
+    /// `None` once shut down.
+    queue: Option<mpsc::Sender<Pending>>,
+    /// Set while the database cannot be reopened after a failed commit.
+    broken: Option<String>,
+}
+
+impl State {
+    fn usable(&self, shared: &Shared) -> Result<(), StoreError> {
+        if shared.shutting_down.load(Ordering::SeqCst) || self.queue.is_none() {
+            return Err(StoreError::ShuttingDown);
+        }
+        if let Some(reason) = &self.broken {
+            return Err(StoreError::Unavailable(reason.clone()));
+        }
+        Ok(())
+    }
+
+    /// Queues `effects` for commit; the receiver answers once they are durable.
+    fn submit(&mut self, shared: &Shared, effects: Effects) -> oneshot::Receiver<Result<(), StoreError>> {
+        let (ack, rx) = oneshot::channel();
+        let waiters = &mut self.waiters;
+        let woken: Vec<_> =
+            effects.woken.into_iter().filter_map(|w| waiters.remove(&w.waiter).map(|tx| (tx, w.grant))).collect();
+        let cancelled: Vec<_> =
+            effects.cancelled.into_iter().filter_map(|(id, err)| waiters.remove(&id).map(|tx| (tx, err))).collect();
+        let pending = Pending {
+            epoch: shared.epoch.load(Ordering::SeqCst),
+            changes: effects.changes,
+            ack: Some(ack),
+            woken,
+            cancelled,
+        };
+        match &self.queue {
+            // If the committer is gone, the ack is dropped and the caller sees `ShuttingDown`.
+            Some(queue) => {
+                let _ = queue.send(pending);
+            }
+            None => drop(pending),
+        }
+        rx
+    }
+}
+
+fn grant_info(ledger: &Ledger, grant: Grant, now: Millis) -> GrantInfo {
+    let expires_in_ms = expires_in(grant.lease, now, |id| ledger.session(id).ok().map(|s| s.deadline));
+    GrantInfo { grant, expires_in_ms }
+}
+
+fn session_info(session: Session, now: Millis) -> SessionInfo {
+    SessionInfo { expires_in_ms: session.deadline.saturating_sub(now), session }
+}
+
+async fn durable(rx: oneshot::Receiver<Result<(), StoreError>>) -> Result<(), StoreError> {
+    match rx.await {
+        Ok(result) => result,
+        Err(_) => Err(StoreError::ShuttingDown),
+    }
+}
+
+fn redb_error(err: impl Into<redb::Error>) -> String {
+    err.into().to_string()
+}
+
+impl EmbeddedStore {
+    /// Opens (or creates) the store in `config.data_dir`. Must be called inside a tokio runtime:
+    /// it spawns the sweeper.
+    pub fn open(config: &EmbeddedConfig) -> Result<EmbeddedStore, OpenError> {
+        let dir = config.data_dir.clone();
+        std::fs::create_dir_all(&dir).map_err(|source| OpenError::DataDir { path: dir.clone(), source })?;
+        let path = dir.join(DB_FILE);
+        let opener: Opener = Box::new(move || open_file(&path));
+        EmbeddedStore::open_with(opener)
+    }
+
+    /// Opens the store on a redb storage backend; `make_backend` is called again to reopen it
+    /// after a failed commit. For fault-injection tests.
+    pub fn open_with_backend<B: StorageBackend>(
+        make_backend: impl Fn() -> B + Send + 'static,
+    ) -> Result<EmbeddedStore, OpenError> {
+        let opener: Opener = Box::new(move || {
+            redb::Builder::new()
+                .create_with_backend(make_backend())
+                .map_err(|err| OpenError::Database { path: PathBuf::from("<backend>"), reason: redb_error(err) })
+        });
+        EmbeddedStore::open_with(opener)
+    }
+
+    fn open_with(opener: Opener) -> Result<EmbeddedStore, OpenError> {
+        let db = opener()?;
+        let (ledger, clock) = load(&db)?;
+        let (queue, receiver) = mpsc::channel();
+        let (shutdown, _) = watch::channel(false);
+        let shared = Arc::new(Shared {
+            state: Mutex::new(State { ledger, waiters: HashMap::new(), queue: Some(queue), broken: None }),
+            clock: Clock { base: clock, started: Instant::now() },
+            epoch: AtomicU64::new(0),
+            last_commit: AtomicU64::new(clock),
+            shutting_down: AtomicBool::new(false),
+            shutdown,
+            commits: AtomicU64::new(0),
+            operations: AtomicU64::new(0),
+            commit_micros: AtomicU64::new(0),
+            failures: AtomicU64::new(0),
+        });
+        let committer = {
+            let shared = shared.clone();
+            std::thread::Builder::new()
+                .name("allot-committer".into())
+                .spawn(move || run_committer(&shared, Some(db), &opener, &receiver))
+                .expect("spawning a thread")
+        };
+        let sweeper = tokio::spawn(run_sweeper(shared.clone()));
+        tracing::info!(clock_ms = clock, "embedded store opened");
+        Ok(EmbeddedStore { shared, committer: Mutex::new(Some(committer)), sweeper: Mutex::new(Some(sweeper)) })
+    }
+
+    fn lock(&self) -> MutexGuard<'_, State> {
+        lock(&self.shared)
+    }
+
+    /// Runs a ledger operation and waits until its changes are durable.
+    async fn mutate<T>(
+        &self,
+        op: impl FnOnce(&mut Ledger, Millis) -> Result<(T, Effects), LedgerError>,
+    ) -> Result<T, StoreError> {
+        let (value, rx) = {
+            let mut state = self.lock();
+            state.usable(&self.shared)?;
+            let now = self.shared.clock.now();
+            let (value, effects) = op(&mut state.ledger, now)?;
+            (value, state.submit(&self.shared, effects))
+        };
+        durable(rx).await?;
+        Ok(value)
+    }
+
+    /// Runs a read-only query over the ledger.
+    fn read<T>(&self, query: impl FnOnce(&Ledger, Millis) -> Result<T, LedgerError>) -> Result<T, StoreError> {
+        let state = self.lock();
+        if let Some(reason) = &state.broken {
+            return Err(StoreError::Unavailable(reason.clone()));
+        }
+        Ok(query(&state.ledger, self.shared.clock.now())?)
+    }
+
+    /// Waits for a queued allocate call's answer, until `wait` ends or the store shuts down.
+    async fn wait_for(
+        &self,
+        namespace: NamespaceName,
+        waiter: WaiterId,
+        mut answer: oneshot::Receiver<WaiterAnswer>,
+        wait: Duration,
+    ) -> Result<Allocation, StoreError> {
+        let mut guard = WaiterGuard { shared: &self.shared, namespace, waiter, armed: true };
+        let mut shutdown = self.shared.shutdown.subscribe();
+        tokio::select! {
+            res = &mut answer => {
+                guard.armed = false;
+                return self.answer_of(res);
+            }
+            _ = tokio::time::sleep(wait) => {}
+            _ = shutdown.wait_for(|stop| *stop) => {}
+        }
+        guard.armed = false;
+        let cancelled = {
+            let mut state = self.lock();
+            let now = self.shared.clock.now();
+            match state.ledger.cancel_waiter(&guard.namespace, waiter, now) {
+                Some((refusal, place, effects)) => {
+                    state.waiters.remove(&waiter);
+                    Some((refusal, place, state.submit(&self.shared, effects)))
+                }
+                None => None,
+            }
+        };
+        match cancelled {
+            Some((refusal, place, rx)) => {
+                // Those woken by this cancellation are answered by the committer; this caller
+                // only needs its own answer.
+                drop(rx);
+                Ok(Allocation::Refused { refusal, place: Some(place) })
+            }
+            // Granted or cancelled meanwhile: the answer is on its way.
+            None => self.answer_of(answer.await),
+        }
+    }
+
+    fn answer_of(&self, answer: Result<WaiterAnswer, oneshot::error::RecvError>) -> Result<Allocation, StoreError> {
+        match answer {
+            Ok(WaiterAnswer::Granted(grant)) => {
+                let state = self.lock();
+                let info = grant_info(&state.ledger, grant, self.shared.clock.now());
+                Ok(Allocation::Granted { grant: info, existing: false })
+            }
+            Ok(WaiterAnswer::Cancelled(err)) => Err(err.into()),
+            Ok(WaiterAnswer::Failed(reason)) => Err(StoreError::Unavailable(reason)),
+            // A newer call with the same token took this waiter's place.
+            Err(_) => Err(StoreError::Invalid("a newer allocate call with the same token took over this wait".into())),
+        }
+    }
+}
+
+/// Takes a waiter out of the queue if its caller goes away before an answer.
+struct WaiterGuard<'a> {
+    shared: &'a Arc<Shared>,
+    namespace: NamespaceName,
+    waiter: WaiterId,
+    armed: bool,
+}
+
+impl Drop for WaiterGuard<'_> {
+    fn drop(&mut self) {
+        if !self.armed {
+            return;
+        }
+        let mut state = lock(self.shared);
+        let now = self.shared.clock.now();
+        if let Some((_, _, effects)) = state.ledger.cancel_waiter(&self.namespace, self.waiter, now) {
+            state.waiters.remove(&self.waiter);
+            drop(state.submit(self.shared, effects));
+        }
+    }
+}
+
+fn lock(shared: &Shared) -> MutexGuard<'_, State> {
+    // A panic while holding the lock would leave the ledger half-changed; there is no panic
+    // path inside it, and continuing is better than poisoning every later request.
+    shared.state.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+}
+
+fn open_file(path: &Path) -> Result<Database, OpenError> {
+    Database::create(path).map_err(|err| OpenError::Database { path: path.to_owned(), reason: redb_error(err) })
+}
+
+/// Reads every record and rebuilds the ledger; returns it with the durable clock.
+fn load(db: &Database) -> Result<(Ledger, Millis), OpenError> {
+    let read_err = |err: redb::Error| OpenError::Read(err.to_string());
+    // Create the tables (and the format marker) on first open.
+    let txn = db.begin_write().map_err(|e| read_err(e.into()))?;
+    {
+        let mut meta = txn.open_table(META).map_err(|e| read_err(e.into()))?;
+        let format = meta.get(META_FORMAT).map_err(|e| read_err(e.into()))?.map(|v| v.value());
+        match format {
+            None => {
+                meta.insert(META_FORMAT, FORMAT_VERSION).map_err(|e| read_err(e.into()))?;
+            }
+            Some(FORMAT_VERSION) => {}
+            Some(found) => return Err(OpenError::Format { found }),
+        }
+        txn.open_table(NAMESPACES).map_err(|e| read_err(e.into()))?;
+        txn.open_table(RETIRED_FENCING).map_err(|e| read_err(e.into()))?;
+        txn.open_table(GRANTS).map_err(|e| read_err(e.into()))?;
+        txn.open_table(SESSIONS).map_err(|e| read_err(e.into()))?;
+    }
+    txn.commit().map_err(|e| read_err(e.into()))?;
+
+    let txn = db.begin_read().map_err(|e| read_err(e.into()))?;
+    let clock = txn
+        .open_table(META)
+        .and_then(|t| Ok(t.get(META_CLOCK)?.map(|v| v.value())))
+        .map_err(|e| read_err(e.into()))?
+        .unwrap_or(0);
+    let mut namespaces = Vec::new();
+    for entry in txn.open_table(NAMESPACES).map_err(|e| read_err(e.into()))?.iter().map_err(|e| read_err(e.into()))? {
+        let (key, value) = entry.map_err(|e| read_err(e.into()))?;
+        let name = key.value();
+        let record: NamespaceRecord = decode("namespaces", name, value.value())?;
+        let name = NamespaceName::new(name)
+            .map_err(|e| CorruptRecord { table: "namespaces", key: name.to_owned(), reason: e.to_string() })?;
+        namespaces.push((name, record.quota, record.next_fencing));
+    }
+    let mut retired = Vec::new();
+    for entry in
+        txn.open_table(RETIRED_FENCING).map_err(|e| read_err(e.into()))?.iter().map_err(|e| read_err(e.into()))?
+    {
+        let (key, value) = entry.map_err(|e| read_err(e.into()))?;
+        let name = NamespaceName::new(key.value())
+            .map_err(|e| CorruptRecord { table: "retired_fencing", key: key.value().to_owned(), reason: e.to_string() })?;
+        retired.push((name, value.value()));
+    }
+    let mut sessions = Vec::new();
+    for entry in txn.open_table(SESSIONS).map_err(|e| read_err(e.into()))?.iter().map_err(|e| read_err(e.into()))? {
+        let (key, value) = entry.map_err(|e| read_err(e.into()))?;
+        let id = SessionId(key.value());
+        let record: SessionRecord = decode("sessions", &id.to_string(), value.value())?;
+        sessions.push((id, record.ttl_ms, record.deadline));
+    }
+    let mut grants = Vec::new();
+    for entry in txn.open_table(GRANTS).map_err(|e| read_err(e.into()))?.iter().map_err(|e| read_err(e.into()))? {
+        let (key, value) = entry.map_err(|e| read_err(e.into()))?;
+        let (namespace, token) = key.value();
+        let record: GrantRecord = decode("grants", &format!("{namespace}/{token}"), value.value())?;
+        grants.push(record.into_grant(namespace, token)?);
+    }
+    let ledger = Ledger::restore(namespaces, retired, sessions, grants)?;
+    Ok((ledger, clock))
+}
+
+/// Writes every change of `batch` in one durable transaction.
+fn write_batch(db: &Database, batch: &[Pending], now: Millis) -> Result<(), redb::Error> {
+    let mut txn = db.begin_write()?;
+    txn.set_durability(Durability::Immediate);
+    {
+        let mut namespaces = txn.open_table(NAMESPACES)?;
+        let mut retired = txn.open_table(RETIRED_FENCING)?;
+        let mut grants = txn.open_table(GRANTS)?;
+        let mut sessions = txn.open_table(SESSIONS)?;
+        let mut meta = txn.open_table(META)?;
+        for change in batch.iter().flat_map(|p| &p.changes) {
+            match change {
+                Change::Namespace { name, quota, next_fencing } => {
+                    let record = NamespaceRecord { quota: *quota, next_fencing: *next_fencing };
+                    namespaces.insert(name.as_str(), encode(&record).as_slice())?;
+                    retired.remove(name.as_str())?;
+                }
+                Change::NamespaceRemoved { name, next_fencing } => {
+                    namespaces.remove(name.as_str())?;
+                    retired.insert(name.as_str(), next_fencing)?;
+                    let name = name.as_str();
+                    grants.retain_in((name, "")..=(name, "\u{10FFFF}\u{10FFFF}"), |(ns, _), _| ns != name)?;
+                }
+                Change::Grant(grant) => {
+                    let record = GrantRecord::from_grant(grant);
+                    grants.insert((grant.namespace.as_str(), grant.token.as_str()), encode(&record).as_slice())?;
+                }
+                Change::GrantRemoved { namespace, token } => {
+                    grants.remove((namespace.as_str(), token.as_str()))?;
+                }
+                Change::Session { id, ttl_ms, deadline } => {
+                    let record = SessionRecord { ttl_ms: *ttl_ms, deadline: *deadline };
+                    sessions.insert(id.0, encode(&record).as_slice())?;
+                }
+                Change::SessionRemoved { id } => {
+                    sessions.remove(id.0)?;
+                }
+            }
+        }
+        meta.insert(META_CLOCK, now)?;
+    }
+    txn.commit()?;
+    Ok(())
+}
+
+fn run_committer(shared: &Shared, mut db: Option<Database>, opener: &Opener, queue: &mpsc::Receiver<Pending>) {
+    while let Ok(first) = queue.recv() {
+        let mut batch = vec![first];
+        while batch.len() < MAX_BATCH {
+            match queue.try_recv() {
+                Ok(pending) => batch.push(pending),
+                Err(_) => break,
+            }
+        }
+        let epoch = shared.epoch.load(Ordering::SeqCst);
+        let (batch, stale): (Vec<Pending>, Vec<Pending>) = batch.into_iter().partition(|p| p.epoch == epoch);
+        fail(stale, "an earlier change could not be written");
+        let Some(database) = &db else {
+            // A previous failure left the database closed: try to reopen before anything else.
+            fail(batch, "the database is being reopened after a failed write");
+            db = recover(shared, None, opener);
+            continue;
+        };
+        let now = shared.clock.now();
+        let started = Instant::now();
+        match write_batch(database, &batch, now) {
+            Ok(()) => {
+                shared.commits.fetch_add(1, Ordering::Relaxed);
+                shared.operations.fetch_add(batch.len() as u64, Ordering::Relaxed);
+                shared.commit_micros.fetch_add(started.elapsed().as_micros() as u64, Ordering::Relaxed);
+                shared.last_commit.store(now, Ordering::Relaxed);
+                deliver(batch);
+            }
+            Err(err) => {
+                let reason = err.to_string();
+                tracing::error!(error = %reason, operations = batch.len(), "commit failed; rebuilding from the last durable state");
+                shared.failures.fetch_add(1, Ordering::Relaxed);
+                fail(batch, &reason);
+                db = recover(shared, db.take(), opener);
+            }
+        }
+    }
+    tracing::debug!("committer stopped");
+}
+
+fn deliver(batch: Vec<Pending>) {
+    for pending in batch {
+        if let Some(ack) = pending.ack {
+            let _ = ack.send(Ok(()));
+        }
+        for (tx, grant) in pending.woken {
+            let _ = tx.send(WaiterAnswer::Granted(grant));
+        }
+        for (tx, err) in pending.cancelled {
+            let _ = tx.send(WaiterAnswer::Cancelled(err));
+        }
+    }
+}
+
+fn fail(batch: Vec<Pending>, reason: &str) {
+    for pending in batch {
+        if let Some(ack) = pending.ack {
+            let _ = ack.send(Err(StoreError::Unavailable(reason.to_owned())));
+        }
+        for (tx, _) in pending.woken {
+            let _ = tx.send(WaiterAnswer::Failed(reason.to_owned()));
+        }
+        for (tx, _) in pending.cancelled {
+            let _ = tx.send(WaiterAnswer::Failed(reason.to_owned()));
+        }
+    }
+}
+
+/// After a failed commit: discard the in-memory state and rebuild it from the database.
+fn recover(shared: &Shared, old: Option<Database>, opener: &Opener) -> Option<Database> {
+    let mut state = lock(shared);
+    shared.epoch.fetch_add(1, Ordering::SeqCst);
+    drop(old);
+    for (_, tx) in state.waiters.drain() {
+        let _ = tx.send(WaiterAnswer::Failed("the store could not be written; the wait was ended".into()));
+    }
+    let reopened = opener().and_then(|db| load(&db).map(|(ledger, _)| (db, ledger)));
+    match reopened {
+        Ok((db, ledger)) => {
+            state.ledger = ledger;
+            state.broken = None;
+            tracing::info!("store rebuilt from the last durable state");
+            Some(db)
+        }
+        Err(err) => {
+            tracing::error!(error = %err, "cannot reopen the database; retrying");
+            state.broken = Some(format!("the database cannot be reopened: {err}"));
+            None
+        }
+    }
+}
+
+async fn run_sweeper(shared: Arc<Shared>) {
+    let mut shutdown = shared.shutdown.subscribe();
+    loop {
+        tokio::select! {
+            _ = tokio::time::sleep(SWEEP_INTERVAL) => {}
+            _ = shutdown.wait_for(|stop| *stop) => return,
+        }
+        let mut state = lock(&shared);
+        if state.queue.is_none() {
+            return;
+        }
+        let now = shared.clock.now();
+        if state.broken.is_some() {
+            // Wake the committer so it retries reopening the database.
+            drop(state.submit(&shared, Effects::default()));
+            continue;
+        }
+        let effects = state.ledger.expire(now);
+        if effects.expired > 0 {
+            tracing::debug!(expired = effects.expired, "leases expired");
+        }
+        let checkpoint_due = now.saturating_sub(shared.last_commit.load(Ordering::Relaxed)) >= CLOCK_CHECKPOINT_MS;
+        if !effects.changes.is_empty() || !effects.cancelled.is_empty() || checkpoint_due {
+            drop(state.submit(&shared, effects));
+        }
+    }
+}
+
+#[async_trait]
+impl Store for EmbeddedStore {
+    fn backend(&self) -> &'static str {
+        "embedded"
+    }
+
+    async fn put_namespace(&self, name: NamespaceName, quota: u64) -> Result<(bool, NamespaceView), StoreError> {
+        self.mutate(|ledger, now| {
+            let (created, effects) = ledger.put_namespace(&name, quota, now)?;
+            Ok(((created, ledger.namespace(&name, now)?), effects))
+        })
+        .await
+    }
+
+    async fn remove_namespace(&self, name: NamespaceName, force: bool) -> Result<usize, StoreError> {
+        self.mutate(|ledger, _| ledger.remove_namespace(&name, force)).await
+    }
+
+    async fn namespaces(&self) -> Result<Vec<NamespaceView>, StoreError> {
+        self.read(|ledger, now| Ok(ledger.namespaces(now)))
+    }
+
+    async fn namespace(&self, name: NamespaceName) -> Result<NamespaceView, StoreError> {
+        self.read(|ledger, now| ledger.namespace(&name, now))
+    }
+
+    async fn allocate(&self, request: AllocateRequest, wait: Duration) -> Result<Allocation, StoreError> {
+        if wait > MAX_WAIT {
+            return Err(StoreError::Invalid(format!(
+                "a wait of {} ms is too long; the limit is {} ms",
+                wait.as_millis(),
+                MAX_WAIT.as_millis()
+            )));
+        }
+        let namespace = request.namespace.clone();
+        let (decision, rx, answer) = {
+            let mut state = self.lock();
+            state.usable(&self.shared)?;
+            let now = self.shared.clock.now();
+            let (decision, effects) = state.ledger.allocate(request, now, !wait.is_zero())?;
+            let mut answer = None;
+            let decision = match decision {
+                Decision::Queued { waiter, place, replaced } => {
+                    let (tx, rx) = oneshot::channel();
+                    state.waiters.insert(waiter, tx);
+                    if let Some(old) = replaced {
+                        // Dropping the old sender tells the older call it was taken over.
+                        state.waiters.remove(&old);
+                    }
+                    answer = Some(rx);
+                    Decision::Queued { waiter, place, replaced }
+                }
+                refused => refused,
+            };
+            let rx = state.submit(&self.shared, effects);
+            (decision, rx, answer)
+        };
+        match decision {
+            Decision::Granted { grant, existing } => {
+                // An idempotent retry also waits: the grant it repeats may not be durable yet.
+                durable(rx).await?;
+                let info = {
+                    let state = self.lock();
+                    grant_info(&state.ledger, grant, self.shared.clock.now())
+                };
+                Ok(Allocation::Granted { grant: info, existing })
+            }
+            Decision::Refused { refusal, place } => Ok(Allocation::Refused { refusal, place }),
+            Decision::Queued { waiter, .. } => {
+                let answer = answer.expect("set when queued");
+                self.wait_for(namespace, waiter, answer, wait).await
+            }
+        }
+    }
+
+    async fn release(
+        &self,
+        namespace: NamespaceName,
+        token: Token,
+        fencing: Option<u64>,
+    ) -> Result<Option<GrantInfo>, StoreError> {
+        self.mutate(|ledger, now| {
+            let (grant, effects) = ledger.release(&namespace, &token, fencing, now)?;
+            Ok((grant.map(|g| grant_info(ledger, g, now)), effects))
+        })
+        .await
+    }
+
+    async fn keepalive_grant(
+        &self,
+        namespace: NamespaceName,
+        token: Token,
+        fencing: Option<u64>,
+    ) -> Result<GrantInfo, StoreError> {
+        self.mutate(|ledger, now| {
+            let (grant, effects) = ledger.keepalive_grant(&namespace, &token, fencing, now)?;
+            Ok((grant_info(ledger, grant, now), effects))
+        })
+        .await
+    }
+
+    async fn grants(&self, namespace: NamespaceName) -> Result<Vec<GrantInfo>, StoreError> {
+        self.read(|ledger, now| {
+            Ok(ledger.grants(&namespace)?.into_iter().map(|g| grant_info(ledger, g, now)).collect())
+        })
+    }
+
+    async fn grant(&self, namespace: NamespaceName, token: Token) -> Result<GrantInfo, StoreError> {
+        self.read(|ledger, now| Ok(grant_info(ledger, ledger.grant(&namespace, &token)?, now)))
+    }
+
+    async fn waiters(&self, namespace: NamespaceName) -> Result<Vec<WaiterView>, StoreError> {
+        self.read(|ledger, now| ledger.waiters(&namespace, now))
+    }
+
+    async fn open_session(&self, ttl_ms: u64) -> Result<SessionInfo, StoreError> {
+        let id = SessionId(rand::random());
+        self.mutate(|ledger, now| {
+            let (session, effects) = ledger.open_session(id, ttl_ms, now)?;
+            Ok((session_info(session, now), effects))
+        })
+        .await
+    }
+
+    async fn keepalive_session(&self, id: SessionId) -> Result<SessionInfo, StoreError> {
+        self.mutate(|ledger, now| {
+            let (session, effects) = ledger.keepalive_session(id, now)?;
+            Ok((session_info(session, now), effects))
+        })
+        .await
+    }
+
+    async fn close_session(&self, id: SessionId) -> Result<SessionInfo, StoreError> {
+        self.mutate(|ledger, now| {
+            let (session, effects) = ledger.close_session(id, now)?;
+            Ok((session_info(session, now), effects))
+        })
+        .await
+    }
+
+    async fn sessions(&self) -> Result<Vec<SessionInfo>, StoreError> {
+        self.read(|ledger, now| Ok(ledger.sessions().into_iter().map(|s| session_info(s, now)).collect()))
+    }
+
+    async fn session(&self, id: SessionId) -> Result<SessionInfo, StoreError> {
+        self.read(|ledger, now| Ok(session_info(ledger.session(id)?, now)))
+    }
+
+    fn commit_stats(&self) -> CommitStats {
+        CommitStats {
+            commits: self.shared.commits.load(Ordering::Relaxed),
+            operations: self.shared.operations.load(Ordering::Relaxed),
+            commit_micros: self.shared.commit_micros.load(Ordering::Relaxed),
+            failures: self.shared.failures.load(Ordering::Relaxed),
+        }
+    }
+
+    async fn shutdown(&self) {
+        if self.shared.shutting_down.swap(true, Ordering::SeqCst) {
+            return;
+        }
+        // Waiters answer themselves with their place in the queue.
+        self.shared.shutdown.send_replace(true);
+        let deadline = Instant::now() + Duration::from_secs(5);
+        while !self.lock().waiters.is_empty() && Instant::now() < deadline {
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        // A last commit makes the clock durable, so leases resume with the TTL they had left.
+        let flushed = self.lock().submit(&self.shared, Effects::default());
+        if let Err(err) = durable(flushed).await {
+            tracing::warn!(error = %err, "the final flush failed");
+        }
+        // Closing the queue lets the committer write what is left and stop.
+        self.lock().queue = None;
+        let committer = self.committer.lock().unwrap_or_else(|p| p.into_inner()).take();
+        if let Some(committer) = committer {
+            let _ = tokio::task::spawn_blocking(move || committer.join()).await;
+        }
+        let sweeper = self.sweeper.lock().unwrap_or_else(|p| p.into_inner()).take();
+        if let Some(sweeper) = sweeper {
+            let _ = sweeper.await;
+        }
+        tracing::info!("embedded store closed");
+    }
+}
+
+impl Drop for EmbeddedStore {
+    fn drop(&mut self) {
+        // Without a shutdown, still stop the background work so the database file is released.
+        self.shared.shutting_down.store(true, Ordering::SeqCst);
+        self.shared.shutdown.send_replace(true);
+        lock(&self.shared).queue = None;
+        if let Some(committer) = self.committer.lock().unwrap_or_else(|p| p.into_inner()).take() {
+            let _ = committer.join();
+        }
+    }
+}

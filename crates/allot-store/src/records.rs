@@ -1,0 +1,109 @@
+//! The embedded backend's on-disk format (see docs/design.md).
+//!
+//! Tables of one redb file:
+//! - `namespaces`: namespace -> [`NamespaceRecord`]
+//! - `retired_fencing`: namespace -> next fencing number of a removed namespace
+//! - `grants`: (namespace, token) -> [`GrantRecord`]
+//! - `sessions`: session id -> [`SessionRecord`]
+//! - `meta`: `format` -> [`FORMAT_VERSION`], `clock` -> the daemon clock at the last commit
+//!
+//! Values are postcard-encoded. The format version is checked at open: a file written by a newer
+//! format is refused rather than misread.
+
+use allot_core::{Grant, Lease, Millis, NamespaceName, Scope, SessionId, Token};
+use redb::TableDefinition;
+use serde::{Deserialize, Serialize};
+
+pub const FORMAT_VERSION: u64 = 1;
+
+pub const NAMESPACES: TableDefinition<&str, &[u8]> = TableDefinition::new("namespaces");
+pub const RETIRED_FENCING: TableDefinition<&str, u64> = TableDefinition::new("retired_fencing");
+pub const GRANTS: TableDefinition<(&str, &str), &[u8]> = TableDefinition::new("grants");
+pub const SESSIONS: TableDefinition<u128, &[u8]> = TableDefinition::new("sessions");
+pub const META: TableDefinition<&str, u64> = TableDefinition::new("meta");
+
+pub const META_FORMAT: &str = "format";
+pub const META_CLOCK: &str = "clock";
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct NamespaceRecord {
+    pub quota: u64,
+    pub next_fencing: u64,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub enum LeaseRecord {
+    None,
+    Ttl { ttl_ms: u64, deadline: Millis },
+    Session(u128),
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct GrantRecord {
+    pub units: u64,
+    /// (project, namespace scope)
+    pub scope: Option<(String, String)>,
+    pub fencing: u64,
+    pub lease: LeaseRecord,
+    pub granted_at: Millis,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SessionRecord {
+    pub ttl_ms: u64,
+    pub deadline: Millis,
+}
+
+/// A record that does not decode, or decodes to something the core refuses.
+#[derive(Debug, thiserror::Error)]
+#[error("corrupt record in table `{table}` at key `{key}`: {reason}")]
+pub struct CorruptRecord {
+    pub table: &'static str,
+    pub key: String,
+    pub reason: String,
+}
+
+pub fn encode<T: Serialize>(value: &T) -> Vec<u8> {
+    postcard::to_allocvec(value).expect("records always encode")
+}
+
+pub fn decode<'a, T: Deserialize<'a>>(table: &'static str, key: &str, bytes: &'a [u8]) -> Result<T, CorruptRecord> {
+    postcard::from_bytes(bytes).map_err(|err| CorruptRecord { table, key: key.to_owned(), reason: err.to_string() })
+}
+
+impl GrantRecord {
+    pub fn from_grant(grant: &Grant) -> GrantRecord {
+        GrantRecord {
+            units: grant.units,
+            scope: grant.scope.as_ref().map(|s| (s.project.clone(), s.namespace.clone())),
+            fencing: grant.fencing,
+            lease: match grant.lease {
+                Lease::None => LeaseRecord::None,
+                Lease::Ttl { ttl_ms, deadline } => LeaseRecord::Ttl { ttl_ms, deadline },
+                Lease::Session(id) => LeaseRecord::Session(id.0),
+            },
+            granted_at: grant.granted_at,
+        }
+    }
+
+    pub fn into_grant(self, namespace: &str, token: &str) -> Result<Grant, CorruptRecord> {
+        let corrupt = |reason: String| CorruptRecord { table: "grants", key: format!("{namespace}/{token}"), reason };
+        let scope = match self.scope {
+            None => None,
+            Some((project, domain)) => Some(Scope::new(&project, &domain).map_err(|e| corrupt(e.to_string()))?),
+        };
+        Ok(Grant {
+            namespace: NamespaceName::new(namespace).map_err(|e| corrupt(e.to_string()))?,
+            token: Token::new(token).map_err(|e| corrupt(e.to_string()))?,
+            units: self.units,
+            scope,
+            fencing: self.fencing,
+            lease: match self.lease {
+                LeaseRecord::None => Lease::None,
+                LeaseRecord::Ttl { ttl_ms, deadline } => Lease::Ttl { ttl_ms, deadline },
+                LeaseRecord::Session(id) => Lease::Session(SessionId(id)),
+            },
+            granted_at: self.granted_at,
+        })
+    }
+}
