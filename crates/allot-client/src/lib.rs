@@ -1,1 +1,321 @@
+//! An async client for the allot daemon's HTTP API (v1).
+//!
+//! [`Client`] has one method per route; each returns the wire type of `allot-api` that the route
+//! answers with, or a [`ClientError`]. The daemon's refusals (a 4xx or 5xx with an error body) are
+//! [`ClientError::Api`] with the stable error code; an allocate that is not granted
+//! (`Exhausted`, `NamespaceQuotaExceeded`) is not an error but an [`AllocateResponse`] with that
+//! status.
+//!
+//! ```no_run
+//! # async fn example() -> Result<(), allot_client::ClientError> {
+//! use allot_client::{Allocate, Client, Status};
+//!
+//! let client = Client::new("http://127.0.0.1:7070")?;
+//! client.put_namespace("hive:cluster-a", 10).await?;
+//! let answer = client.allocate("hive:cluster-a", "job-1", &Allocate { units: Some(2), ..Allocate::default() }).await?;
+//! if answer.status == Status::Granted {
+//!     client.release("hive:cluster-a", "job-1", None).await?;
+//! }
+//! # Ok(())
+//! # }
+//! ```
 
+mod error;
+mod path;
+
+use std::time::Duration;
+
+pub use allot_api::*;
+use reqwest::{Method, RequestBuilder, Url};
+use serde::de::DeserializeOwned;
+
+pub use crate::error::ClientError;
+use crate::error::{decode_error, snippet};
+use crate::path::segment;
+
+/// How long a connection to the daemon may take to open.
+pub const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
+/// How long a request may take by default, from sending to the end of the answer. An allocate
+/// that waits (`wait_ms`) gets its wait on top of this.
+pub const DEFAULT_REQUEST_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// A client of one allot daemon.
+///
+/// Cheap to clone: clones share one connection pool. There is no timeout on the client as a whole
+/// (so long polls are not cut); every request gets its own, see [`Client::with_request_timeout`].
+#[derive(Debug, Clone)]
+pub struct Client {
+    http: reqwest::Client,
+    /// The base URL without a trailing `/`, e.g. `http://127.0.0.1:7070`.
+    base: String,
+    request_timeout: Duration,
+}
+
+impl Client {
+    /// A client of the daemon at `base_url`, e.g. `http://127.0.0.1:7070`.
+    ///
+    /// A URL without a scheme (`127.0.0.1:7070`) means `http://`. The URL may have a path (a daemon
+    /// behind a reverse proxy under `/allot`), but no query or fragment.
+    pub fn new(base_url: &str) -> Result<Client, ClientError> {
+        let http = reqwest::Client::builder().connect_timeout(CONNECT_TIMEOUT).build()?;
+        Client::with_http_client(base_url, http)
+    }
+
+    /// Like [`Client::new`], with a `reqwest::Client` configured by the caller (proxies, TLS, ...).
+    /// Do not give it a global timeout shorter than the longest wait you will ask for.
+    pub fn with_http_client(base_url: &str, http: reqwest::Client) -> Result<Client, ClientError> {
+        let base = normalize_base(base_url)?;
+        Ok(Client { http, base, request_timeout: DEFAULT_REQUEST_TIMEOUT })
+    }
+
+    /// Sets how long each request may take ([`DEFAULT_REQUEST_TIMEOUT`] by default). An allocate
+    /// that waits gets its `wait_ms` on top of this.
+    #[must_use]
+    pub fn with_request_timeout(mut self, timeout: Duration) -> Client {
+        self.request_timeout = timeout;
+        self
+    }
+
+    /// The daemon's base URL, without a trailing `/`.
+    pub fn base_url(&self) -> &str {
+        &self.base
+    }
+
+    /// `GET /healthz`: whether the daemon is up, its store backend and version.
+    pub async fn health(&self) -> Result<Health, ClientError> {
+        self.json(self.request(Method::GET, "/healthz")?).await
+    }
+
+    /// `GET /metrics`: the daemon's metrics in the Prometheus text format.
+    pub async fn metrics(&self) -> Result<String, ClientError> {
+        let (request, body) = self.send(self.request(Method::GET, "/metrics")?).await?;
+        String::from_utf8(body).map_err(|err| {
+            let body = err.as_bytes().to_vec();
+            decode_error(request, err.utf8_error(), &body)
+        })
+    }
+
+    /// `GET /openapi.json`: the API's OpenAPI 3.1 document.
+    pub async fn openapi(&self) -> Result<serde_json::Value, ClientError> {
+        self.json(self.request(Method::GET, "/openapi.json")?).await
+    }
+
+    /// `GET /v1/namespaces`: every namespace with its quota and use.
+    pub async fn namespaces(&self) -> Result<NamespaceList, ClientError> {
+        self.json(self.request(Method::GET, "/v1/namespaces")?).await
+    }
+
+    /// `GET /v1/namespaces/{namespace}`: one namespace with its quota and use.
+    pub async fn namespace(&self, namespace: &str) -> Result<Namespace, ClientError> {
+        self.json(self.request(Method::GET, &namespace_path(namespace)?)?).await
+    }
+
+    /// `PUT /v1/namespaces/{namespace}`: creates `namespace` with `quota` units, or changes its
+    /// quota. Lowering a quota below the granted units ends no grant; it only stops new ones.
+    pub async fn put_namespace(&self, namespace: &str, quota: u64) -> Result<PutNamespaceResponse, ClientError> {
+        let request = self.request(Method::PUT, &namespace_path(namespace)?)?.json(&PutNamespace { quota });
+        self.json(request).await
+    }
+
+    /// `DELETE /v1/namespaces/{namespace}`: removes a namespace. Without `force` the daemon refuses
+    /// (`namespace_in_use`) while it has grants or waiters; with `force` they end with it.
+    pub async fn remove_namespace(&self, namespace: &str, force: bool) -> Result<RemovedNamespace, ClientError> {
+        let mut path = namespace_path(namespace)?;
+        if force {
+            path.push_str("?force=true");
+        }
+        self.json(self.request(Method::DELETE, &path)?).await
+    }
+
+    /// `PUT /v1/namespaces/{namespace}/grants/{token}`: allocates `token`.
+    ///
+    /// The answer's status says whether it was granted; `Exhausted` and `NamespaceQuotaExceeded`
+    /// are answers, not errors. With `wait_ms` the daemon holds the request until there is room or
+    /// the wait ends, and this request's timeout is the wait plus the usual request timeout.
+    pub async fn allocate(
+        &self,
+        namespace: &str,
+        token: &str,
+        allocate: &Allocate,
+    ) -> Result<AllocateResponse, ClientError> {
+        let mut request = self.request(Method::PUT, &grant_path(namespace, token)?)?.json(allocate);
+        if let Some(wait_ms) = allocate.wait_ms {
+            request = request.timeout(self.request_timeout.saturating_add(Duration::from_millis(wait_ms)));
+        }
+        self.json(request).await
+    }
+
+    /// `DELETE /v1/namespaces/{namespace}/grants/{token}`: releases `token`. Idempotent: releasing
+    /// a token that is not granted answers `released: false`. With `fencing`, the daemon refuses
+    /// (`stale_fencing`) if the grant carries another fencing number.
+    pub async fn release(
+        &self,
+        namespace: &str,
+        token: &str,
+        fencing: Option<u64>,
+    ) -> Result<ReleaseResponse, ClientError> {
+        let mut path = grant_path(namespace, token)?;
+        if let Some(fencing) = fencing {
+            path.push_str(&format!("?fencing={fencing}"));
+        }
+        self.json(self.request(Method::DELETE, &path)?).await
+    }
+
+    /// `POST /v1/namespaces/{namespace}/grants/{token}/keepalive`: renews the grant's lease. With
+    /// `fencing`, the daemon refuses (`stale_fencing`) if the grant carries another fencing number.
+    pub async fn keepalive(&self, namespace: &str, token: &str, fencing: Option<u64>) -> Result<Grant, ClientError> {
+        let path = format!("{}/keepalive", grant_path(namespace, token)?);
+        self.json(self.request(Method::POST, &path)?.json(&Keepalive { fencing })).await
+    }
+
+    /// `GET /v1/namespaces/{namespace}/grants`: the grants of a namespace.
+    pub async fn grants(&self, namespace: &str) -> Result<GrantList, ClientError> {
+        let path = format!("{}/grants", namespace_path(namespace)?);
+        self.json(self.request(Method::GET, &path)?).await
+    }
+
+    /// `GET /v1/namespaces/{namespace}/grants/{token}`: one grant (`grant_not_found` if the token is
+    /// not granted).
+    pub async fn grant(&self, namespace: &str, token: &str) -> Result<Grant, ClientError> {
+        self.json(self.request(Method::GET, &grant_path(namespace, token)?)?).await
+    }
+
+    /// `GET /v1/namespaces/{namespace}/waiters`: the allocate calls waiting for room, head first.
+    pub async fn waiters(&self, namespace: &str) -> Result<WaiterList, ClientError> {
+        let path = format!("{}/waiters", namespace_path(namespace)?);
+        self.json(self.request(Method::GET, &path)?).await
+    }
+
+    /// `POST /v1/sessions`: opens a session that lives `ttl_ms` milliseconds past its last
+    /// keepalive.
+    pub async fn open_session(&self, ttl_ms: u64) -> Result<Session, ClientError> {
+        self.json(self.request(Method::POST, "/v1/sessions")?.json(&OpenSession { ttl_ms })).await
+    }
+
+    /// `POST /v1/sessions/{id}/keepalive`: renews a session's lease.
+    pub async fn keepalive_session(&self, id: &str) -> Result<Session, ClientError> {
+        let path = format!("{}/keepalive", session_path(id)?);
+        self.json(self.request(Method::POST, &path)?).await
+    }
+
+    /// `DELETE /v1/sessions/{id}`: closes a session and releases its grants.
+    pub async fn close_session(&self, id: &str) -> Result<Session, ClientError> {
+        self.json(self.request(Method::DELETE, &session_path(id)?)?).await
+    }
+
+    /// `GET /v1/sessions`: every open session.
+    pub async fn sessions(&self) -> Result<SessionList, ClientError> {
+        self.json(self.request(Method::GET, "/v1/sessions")?).await
+    }
+
+    /// `GET /v1/sessions/{id}`: one session and its grants.
+    pub async fn session(&self, id: &str) -> Result<Session, ClientError> {
+        self.json(self.request(Method::GET, &session_path(id)?)?).await
+    }
+
+    /// A request to `path` (which starts with `/` and is already encoded) with the default timeout.
+    fn request(&self, method: Method, path: &str) -> Result<RequestBuilder, ClientError> {
+        let text = format!("{}{path}", self.base);
+        let url = Url::parse(&text).map_err(|err| ClientError::InvalidUrl(format!("`{text}`: {err}")))?;
+        Ok(self.http.request(method, url).timeout(self.request_timeout))
+    }
+
+    /// Sends `request` and decodes a successful answer's JSON body as `T`.
+    async fn json<T: DeserializeOwned>(&self, request: RequestBuilder) -> Result<T, ClientError> {
+        let (request, body) = self.send(request).await?;
+        serde_json::from_slice(&body).map_err(|err| decode_error(request, err, &body))
+    }
+
+    /// Sends `request`; answers "METHOD path" (for error messages) and the body of a successful
+    /// answer, or the daemon's error.
+    async fn send(&self, request: RequestBuilder) -> Result<(String, Vec<u8>), ClientError> {
+        let request = request.build()?;
+        let what = format!("{} {}", request.method(), request.url().path());
+        let response = self.http.execute(request).await?;
+        let status = response.status();
+        let body = response.bytes().await?.to_vec();
+        if status.is_success() {
+            return Ok((what, body));
+        }
+        Err(match serde_json::from_slice::<ErrorBody>(&body) {
+            Ok(ErrorBody { error }) => {
+                ClientError::Api { status: status.as_u16(), code: error.code, message: error.message }
+            }
+            Err(_) => {
+                let reason = status.canonical_reason().unwrap_or("unexpected status");
+                let text = snippet(&body);
+                let message =
+                    if text.is_empty() { format!("{what}: {reason}") } else { format!("{what}: {reason}: {text}") };
+                ClientError::Api { status: status.as_u16(), code: "unexpected_response".to_owned(), message }
+            }
+        })
+    }
+}
+
+/// Checks a base URL and drops its trailing `/`.
+fn normalize_base(base_url: &str) -> Result<String, ClientError> {
+    let trimmed = base_url.trim();
+    if trimmed.is_empty() {
+        return Err(ClientError::InvalidUrl("the server URL is empty".to_owned()));
+    }
+    let text = if trimmed.contains("://") { trimmed.to_owned() } else { format!("http://{trimmed}") };
+    let url = Url::parse(&text).map_err(|err| ClientError::InvalidUrl(format!("`{base_url}`: {err}")))?;
+    if !matches!(url.scheme(), "http" | "https") {
+        return Err(ClientError::InvalidUrl(format!("`{base_url}`: the scheme must be http or https")));
+    }
+    if url.host_str().unwrap_or_default().is_empty() {
+        return Err(ClientError::InvalidUrl(format!("`{base_url}`: no host")));
+    }
+    if url.query().is_some() || url.fragment().is_some() {
+        return Err(ClientError::InvalidUrl(format!("`{base_url}`: a server URL has no query or fragment")));
+    }
+    Ok(url.as_str().trim_end_matches('/').to_owned())
+}
+
+fn namespace_path(namespace: &str) -> Result<String, ClientError> {
+    Ok(format!("/v1/namespaces/{}", segment("namespace", namespace)?))
+}
+
+fn grant_path(namespace: &str, token: &str) -> Result<String, ClientError> {
+    Ok(format!("{}/grants/{}", namespace_path(namespace)?, segment("token", token)?))
+}
+
+fn session_path(id: &str) -> Result<String, ClientError> {
+    Ok(format!("/v1/sessions/{}", segment("session id", id)?))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn base_urls() {
+        assert_eq!(normalize_base("http://127.0.0.1:7070").unwrap(), "http://127.0.0.1:7070");
+        assert_eq!(normalize_base("http://127.0.0.1:7070/").unwrap(), "http://127.0.0.1:7070");
+        assert_eq!(normalize_base("127.0.0.1:7070").unwrap(), "http://127.0.0.1:7070");
+        assert_eq!(normalize_base("localhost:7070").unwrap(), "http://localhost:7070");
+        assert_eq!(normalize_base("http://proxy/allot/").unwrap(), "http://proxy/allot");
+        assert!(normalize_base("").is_err());
+        assert!(normalize_base("ftp://host").is_err());
+        assert!(normalize_base("http://host/?x=1").is_err());
+        assert!(normalize_base("http://").is_err());
+    }
+
+    #[test]
+    fn paths() {
+        assert_eq!(grant_path("hive:a", "job 1/2").unwrap(), "/v1/namespaces/hive%3Aa/grants/job%201%2F2");
+        assert!(grant_path("hive", "..").is_err());
+    }
+
+    #[test]
+    fn api_error_display() {
+        let err = ClientError::Api {
+            status: 404,
+            code: "namespace_not_found".to_owned(),
+            message: "namespace `x` does not exist".to_owned(),
+        };
+        assert_eq!(err.to_string(), "namespace_not_found: namespace `x` does not exist (HTTP 404)");
+        assert_eq!(err.code(), Some("namespace_not_found"));
+        assert_eq!(err.status(), Some(404));
+    }
+}

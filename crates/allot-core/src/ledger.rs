@@ -179,7 +179,7 @@ pub enum LedgerError {
     #[error("fencing number {given} is stale: the grant's fencing number is {current}")]
     StaleFencing { given: u64, current: u64 },
     #[error(
-        "token `{token}` is already granted with a different request ({existing}); \
+        "token `{token}` is already held or waiting with a different request ({existing}); \
          release it first or use another token"
     )]
     TokenConflict { token: Token, existing: String },
@@ -465,7 +465,7 @@ impl Ledger {
             if grant.units != request.units || grant.scope != request.scope {
                 return Err(LedgerError::TokenConflict {
                     token: request.token,
-                    existing: format!("{} units, scope {:?}", grant.units, grant.scope),
+                    existing: describe(grant.units, grant.scope.as_ref()),
                 });
             }
             return Ok((Decision::Granted { grant: grant.clone(), existing: true }, Effects::default()));
@@ -482,6 +482,13 @@ impl Ledger {
         }
         // A token already in the queue keeps its place; the new call takes the waiter over.
         if let Some(index) = state.waiters.iter().position(|w| w.request.token == request.token) {
+            let waiting = &state.waiters[index].request;
+            if *waiting != request {
+                return Err(LedgerError::TokenConflict {
+                    token: request.token,
+                    existing: format!("waiting for {}", describe(waiting.units, waiting.scope.as_ref())),
+                });
+            }
             let place = state.place_of(index);
             if !wait {
                 let refusal = state.cap_refusal(&request).unwrap_or(Refusal::Exhausted);
@@ -489,8 +496,8 @@ impl Ledger {
             }
             let waiter = WaiterId(self.next_waiter);
             self.next_waiter += 1;
+            // The request is the same, so the queue's blocking state does not change.
             let old = std::mem::replace(&mut state.waiters[index].id, waiter);
-            state.waiters[index].request = request;
             return Ok((Decision::Queued { waiter, place, replaced: Some(old) }, Effects::default()));
         }
         let refusal = match state.cap_refusal(&request) {
@@ -885,6 +892,14 @@ impl Ledger {
             return Err(format!("{} leases for {ttl_leases} TTL grants and {} sessions", self.leases.len(), self.sessions.len()));
         }
         Ok(())
+    }
+}
+
+/// "2 units, scope p/dev" for error messages.
+fn describe(units: u64, scope: Option<&Scope>) -> String {
+    match scope {
+        Some(scope) => format!("{units} units, scope {}/{}", scope.project, scope.namespace),
+        None => format!("{units} units, no scope"),
     }
 }
 

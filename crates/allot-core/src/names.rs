@@ -21,6 +21,8 @@ pub enum NameError {
     ControlCharacter { what: &'static str, code: u32 },
     #[error("{what} `{name}` has an empty segment: segments are joined by `:` and must not be empty")]
     EmptySegment { what: &'static str, name: String },
+    #[error("{what} must not be `.` or `..`")]
+    Dots { what: &'static str },
     #[error("session id `{text}` is not 32 hexadecimal digits")]
     BadSessionId { text: String },
 }
@@ -34,6 +36,10 @@ fn check(what: &'static str, name: &str) -> Result<(), NameError> {
     }
     if let Some(c) = name.chars().find(|c| c.is_control()) {
         return Err(NameError::ControlCharacter { what, code: c as u32 });
+    }
+    // `.` and `..` cannot be addressed as a URL path segment.
+    if name == "." || name == ".." {
+        return Err(NameError::Dots { what });
     }
     Ok(())
 }
@@ -148,6 +154,9 @@ mod tests {
         assert!(matches!(NamespaceName::new("a\nb"), Err(NameError::ControlCharacter { code: 10, .. })));
         assert!(matches!(NamespaceName::new(&"x".repeat(256)), Err(NameError::TooLong { len: 256, .. })));
         assert!(NamespaceName::new(&"x".repeat(255)).is_ok());
+        assert_eq!(NamespaceName::new(".."), Err(NameError::Dots { what: "namespace" }));
+        assert_eq!(Token::new("."), Err(NameError::Dots { what: "token" }));
+        assert!(Token::new("a/.. b").is_ok());
     }
 
     #[test]

@@ -1,1 +1,141 @@
+//! allot's HTTP/JSON API over any [`Store`].
+//!
+//! - [`app`] builds the router (tested in-process); [`run`] serves it on a listener until a
+//!   shutdown signal, then shuts down gracefully: it stops accepting, answers waiters with their
+//!   place in the queue, lets in-flight requests finish and flushes the store.
+//! - `routes`: one handler per route; `convert`: wire types <-> domain types; `extract`:
+//!   extractors whose rejections are JSON errors; `error`: [`ApiError`]; `metrics`: Prometheus.
+//!
+//! Architecture invariant: this crate and `allot-api` are the only ones that know HTTP and JSON.
 
+mod convert;
+mod error;
+mod extract;
+mod metrics;
+mod routes;
+
+use std::future::Future;
+use std::sync::Arc;
+
+use allot_store::Store;
+use axum::extract::DefaultBodyLimit;
+use axum::routing::{get, post, put};
+use axum::{Json, Router};
+use tokio::net::TcpListener;
+use utoipa::OpenApi;
+
+pub use error::ApiError;
+pub use metrics::Metrics;
+
+/// The largest request body: bodies are small JSON objects.
+pub const MAX_BODY_BYTES: usize = 64 * 1024;
+
+/// What every handler shares.
+#[derive(Clone)]
+pub struct AppState {
+    pub store: Arc<dyn Store>,
+    pub metrics: Arc<Metrics>,
+}
+
+impl AppState {
+    pub fn new(store: Arc<dyn Store>) -> AppState {
+        AppState { store, metrics: Arc::new(Metrics::default()) }
+    }
+}
+
+#[derive(OpenApi)]
+#[openapi(
+    info(
+        title = "allot",
+        description = "A resource manager for task executions: token quotas with caps, leases, sessions, \
+fencing numbers and a first-come-first-served waiting queue.\n\n\
+Every error answer has the body `{\"error\": {\"code\": ..., \"message\": ...}}`. Codes: invalid_json, \
+invalid_argument, invalid_name, caps_without_scope (400); namespace_not_found, grant_not_found, \
+session_not_found, not_found (404); method_not_allowed (405); stale_fencing, token_conflict, \
+units_exceed_quota, namespace_in_use (409); payload_too_large (413); store_unavailable, shutting_down (503); \
+internal (500)."
+    ),
+    paths(
+        routes::healthz,
+        routes::list_namespaces,
+        routes::get_namespace,
+        routes::put_namespace,
+        routes::remove_namespace,
+        routes::list_grants,
+        routes::get_grant,
+        routes::allocate,
+        routes::release,
+        routes::keepalive_grant,
+        routes::list_waiters,
+        routes::open_session,
+        routes::list_sessions,
+        routes::get_session,
+        routes::keepalive_session,
+        routes::close_session,
+    )
+)]
+struct ApiDoc;
+
+/// The OpenAPI document of the API.
+pub fn openapi() -> utoipa::openapi::OpenApi {
+    ApiDoc::openapi()
+}
+
+/// The router of the whole API.
+pub fn app(state: AppState) -> Router {
+    let document = Arc::new(openapi());
+    Router::new()
+        .route("/healthz", get(routes::healthz))
+        .route("/metrics", get(metrics::scrape))
+        .route("/openapi.json", get(move || async move { Json(document.as_ref().clone()) }))
+        .route("/v1/namespaces", get(routes::list_namespaces))
+        .route(
+            "/v1/namespaces/{namespace}",
+            get(routes::get_namespace).put(routes::put_namespace).delete(routes::remove_namespace),
+        )
+        .route("/v1/namespaces/{namespace}/grants", get(routes::list_grants))
+        .route(
+            "/v1/namespaces/{namespace}/grants/{token}",
+            put(routes::allocate).get(routes::get_grant).delete(routes::release),
+        )
+        .route("/v1/namespaces/{namespace}/grants/{token}/keepalive", post(routes::keepalive_grant))
+        .route("/v1/namespaces/{namespace}/waiters", get(routes::list_waiters))
+        .route("/v1/sessions", post(routes::open_session).get(routes::list_sessions))
+        .route("/v1/sessions/{id}", get(routes::get_session).delete(routes::close_session))
+        .route("/v1/sessions/{id}/keepalive", post(routes::keepalive_session))
+        .fallback(|| async { ApiError::not_found() })
+        .method_not_allowed_fallback(|| async { ApiError::method_not_allowed() })
+        .layer(DefaultBodyLimit::max(MAX_BODY_BYTES))
+        .route_layer(axum::middleware::from_fn_with_state(state.clone(), metrics::track))
+        .with_state(state)
+}
+
+/// Serves the API on `listener` until `shutdown` completes, then shuts down gracefully and
+/// shuts the store down (answering waiters, flushing).
+pub async fn run(
+    listener: TcpListener,
+    store: Arc<dyn Store>,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> std::io::Result<()> {
+    let state = AppState::new(store.clone());
+    let (closing_tx, closing_rx) = tokio::sync::oneshot::channel();
+    let graceful = {
+        let store = store.clone();
+        async move {
+            shutdown.await;
+            tracing::info!("shutting down: no new connections; answering waiters");
+            // Answer waiters now, so their long polls end and the connections can drain.
+            let closing = tokio::spawn(async move { store.shutdown().await });
+            let _ = closing_tx.send(closing);
+        }
+    };
+    let served = axum::serve(listener, app(state)).with_graceful_shutdown(graceful).await;
+    match closing_rx.await {
+        Ok(closing) => {
+            let _ = closing.await;
+        }
+        Err(_) => store.shutdown().await,
+    }
+    tracing::info!("stopped");
+    served
+}

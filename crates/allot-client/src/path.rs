@@ -1,0 +1,60 @@
+//! Building request paths: every caller-supplied segment (namespace, token, session id) is
+//! percent-encoded, so tokens with `/`, `?`, `#`, `%`, spaces or non-ASCII text stay one segment.
+
+use crate::ClientError;
+
+/// Percent-encodes every byte of `segment` except the unreserved characters of RFC 3986
+/// (`A-Z a-z 0-9 - . _ ~`).
+pub(crate) fn encode_segment(segment: &str) -> String {
+    const HEX: &[u8; 16] = b"0123456789ABCDEF";
+    let mut out = String::with_capacity(segment.len());
+    for &byte in segment.as_bytes() {
+        if byte.is_ascii_alphanumeric() || matches!(byte, b'-' | b'.' | b'_' | b'~') {
+            out.push(char::from(byte));
+        } else {
+            out.push('%');
+            out.push(char::from(HEX[usize::from(byte >> 4)]));
+            out.push(char::from(HEX[usize::from(byte & 0x0f)]));
+        }
+    }
+    out
+}
+
+/// Encodes `value` as one path segment, naming it `what` in errors.
+///
+/// An empty value would name another route, and `.` and `..` cannot be sent at all: URL parsers treat them (even percent-encoded, as `%2E`) as
+/// "this folder" and "the parent folder" and drop them from the path, so the request would reach
+/// another route.
+pub(crate) fn segment(what: &str, value: &str) -> Result<String, ClientError> {
+    if value.is_empty() {
+        return Err(ClientError::InvalidUrl(format!("{what} must not be empty")));
+    }
+    if value == "." || value == ".." {
+        return Err(ClientError::InvalidUrl(format!(
+            "{what} `{value}` cannot be sent in a URL path: `.` and `..` are path navigation"
+        )));
+    }
+    Ok(encode_segment(value))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn encodes_all_but_unreserved() {
+        assert_eq!(encode_segment("hive:cluster-a"), "hive%3Acluster-a");
+        assert_eq!(encode_segment("a/b c?d#e%f"), "a%2Fb%20c%3Fd%23e%25f");
+        assert_eq!(encode_segment("Az09-._~"), "Az09-._~");
+        assert_eq!(encode_segment("é"), "%C3%A9");
+        assert_eq!(encode_segment("+&="), "%2B%26%3D");
+    }
+
+    #[test]
+    fn refuses_dot_segments() {
+        assert!(segment("token", ".").is_err());
+        assert!(segment("token", "..").is_err());
+        assert!(segment("token", "").is_err());
+        assert_eq!(segment("token", "...").unwrap(), "...");
+    }
+}

@@ -1,0 +1,366 @@
+//! Ledger tests: deterministic, with the clock passed in by hand.
+
+use allot_core::*;
+
+fn ns(name: &str) -> NamespaceName {
+    NamespaceName::new(name).unwrap()
+}
+
+fn req(namespace: &str, token: &str, units: u64) -> AllocateRequest {
+    AllocateRequest {
+        namespace: ns(namespace),
+        token: Token::new(token).unwrap(),
+        units,
+        scope: None,
+        constraints: Constraints::default(),
+        lease: LeaseRequest::None,
+    }
+}
+
+fn scoped(namespace: &str, token: &str, project: &str, domain: &str, caps: Constraints) -> AllocateRequest {
+    AllocateRequest { scope: Some(Scope::new(project, domain).unwrap()), constraints: caps, ..req(namespace, token, 1) }
+}
+
+fn ledger_with(namespace: &str, quota: u64) -> Ledger {
+    let mut ledger = Ledger::new();
+    ledger.put_namespace(&ns(namespace), quota, 0).unwrap();
+    ledger
+}
+
+#[track_caller]
+fn granted(decision: &Decision) -> &Grant {
+    match decision {
+        Decision::Granted { grant, .. } => grant,
+        other => panic!("expected a grant, got {other:?}"),
+    }
+}
+
+#[track_caller]
+fn queued(decision: &Decision) -> WaiterId {
+    match decision {
+        Decision::Queued { waiter, .. } => *waiter,
+        other => panic!("expected to be queued, got {other:?}"),
+    }
+}
+
+#[test]
+fn grants_until_the_quota_is_full() {
+    let mut ledger = ledger_with("hive", 2);
+    let (a, effects) = ledger.allocate(req("hive", "a", 1), 0, false).unwrap();
+    assert_eq!(granted(&a).fencing, 1);
+    assert!(effects.changes.iter().any(|c| matches!(c, Change::Grant(_))));
+    let (b, _) = ledger.allocate(req("hive", "b", 1), 0, false).unwrap();
+    assert_eq!(granted(&b).fencing, 2);
+    let (c, effects) = ledger.allocate(req("hive", "c", 1), 0, false).unwrap();
+    assert_eq!(c, Decision::Refused { refusal: Refusal::Exhausted, place: None });
+    assert!(effects.is_empty());
+    ledger.check_invariants().unwrap();
+}
+
+#[test]
+fn allocate_is_idempotent_and_counted_once() {
+    let mut ledger = ledger_with("hive", 1);
+    let (first, _) = ledger.allocate(req("hive", "a", 1), 0, false).unwrap();
+    let (again, effects) = ledger.allocate(req("hive", "a", 1), 5, false).unwrap();
+    assert_eq!(again, Decision::Granted { grant: granted(&first).clone(), existing: true });
+    assert!(effects.changes.is_empty());
+    assert_eq!(ledger.namespace(&ns("hive"), 0).unwrap().granted_units, 1);
+    let conflict = ledger.allocate(req("hive", "a", 2), 0, false);
+    assert!(matches!(conflict, Err(LedgerError::TokenConflict { .. })));
+}
+
+#[test]
+fn release_is_idempotent_and_says_what_it_did() {
+    let mut ledger = ledger_with("hive", 1);
+    ledger.allocate(req("hive", "a", 1), 0, false).unwrap();
+    let (released, _) = ledger.release(&ns("hive"), &Token::new("a").unwrap(), None, 0).unwrap();
+    assert_eq!(released.unwrap().units, 1);
+    let (again, effects) = ledger.release(&ns("hive"), &Token::new("a").unwrap(), None, 0).unwrap();
+    assert_eq!(again, None);
+    assert!(effects.changes.is_empty());
+    assert!(matches!(
+        ledger.release(&ns("nope"), &Token::new("a").unwrap(), None, 0),
+        Err(LedgerError::NamespaceNotFound(_))
+    ));
+}
+
+#[test]
+fn multi_unit_grants_count_their_units() {
+    let mut ledger = ledger_with("gpu", 10);
+    granted(&ledger.allocate(req("gpu", "big", 7), 0, false).unwrap().0);
+    let (small, _) = ledger.allocate(req("gpu", "small", 4), 0, false).unwrap();
+    assert_eq!(small, Decision::Refused { refusal: Refusal::Exhausted, place: None });
+    granted(&ledger.allocate(req("gpu", "small", 3), 0, false).unwrap().0);
+    assert!(matches!(
+        ledger.allocate(req("gpu", "huge", 11), 0, true),
+        Err(LedgerError::UnitsExceedQuota { units: 11, quota: 10, .. })
+    ));
+    assert!(matches!(ledger.allocate(req("gpu", "zero", 0), 0, false), Err(LedgerError::OutOfRange { .. })));
+}
+
+#[test]
+fn caps_match_scopes_exactly_and_name_the_level() {
+    let mut ledger = ledger_with("hive", 100);
+    let caps = Constraints { project: Some(2), namespace: Some(1) };
+    granted(&ledger.allocate(scoped("hive", "p1", "proj", "dev", caps), 0, false).unwrap().0);
+    // Same project and domain: the namespace-scope cap of 1 is full.
+    let (d, _) = ledger.allocate(scoped("hive", "p2", "proj", "dev", caps), 0, false).unwrap();
+    assert_eq!(
+        d,
+        Decision::Refused { refusal: Refusal::CapExceeded { level: CapLevel::Namespace, cap: 1, held: 1 }, place: None }
+    );
+    // `proj:development` is another namespace scope; `proj2` is another project (Flyte's prefix bug).
+    granted(&ledger.allocate(scoped("hive", "p3", "proj", "development", caps), 0, false).unwrap().0);
+    granted(&ledger.allocate(scoped("hive", "p4", "proj2", "dev", caps), 0, false).unwrap().0);
+    // Project `proj` now holds 2: its cap is full whatever the domain.
+    let (d, _) = ledger.allocate(scoped("hive", "p5", "proj", "prod", caps), 0, false).unwrap();
+    assert_eq!(
+        d,
+        Decision::Refused { refusal: Refusal::CapExceeded { level: CapLevel::Project, cap: 2, held: 2 }, place: None }
+    );
+    // A cap of zero lets the scope hold nothing; no caps means no limit.
+    let zero = Constraints { project: Some(0), namespace: None };
+    assert!(matches!(
+        ledger.allocate(scoped("hive", "z", "other", "dev", zero), 0, false).unwrap().0,
+        Decision::Refused { refusal: Refusal::CapExceeded { level: CapLevel::Project, cap: 0, held: 0 }, .. }
+    ));
+    granted(&ledger.allocate(scoped("hive", "free", "proj", "dev", Constraints::default()), 0, false).unwrap().0);
+    let mut no_scope = req("hive", "x", 1);
+    no_scope.constraints.project = Some(1);
+    assert_eq!(ledger.allocate(no_scope, 0, false), Err(LedgerError::CapsWithoutScope));
+    ledger.check_invariants().unwrap();
+}
+
+#[test]
+fn ttl_leases_expire_and_keepalive_renews_them() {
+    let mut ledger = ledger_with("hive", 1);
+    let mut r = req("hive", "a", 1);
+    r.lease = LeaseRequest::Ttl { ttl_ms: 100 };
+    ledger.allocate(r, 0, false).unwrap();
+    assert_eq!(ledger.next_deadline(), Some(100));
+    assert!(ledger.expire(99).is_empty());
+    let (grant, effects) = ledger.keepalive_grant(&ns("hive"), &Token::new("a").unwrap(), Some(1), 50).unwrap();
+    assert_eq!(grant.lease, Lease::Ttl { ttl_ms: 100, deadline: 150 });
+    assert_eq!(effects.changes, vec![Change::Grant(grant.clone())]);
+    assert!(ledger.expire(149).is_empty());
+    let effects = ledger.expire(150);
+    assert_eq!(effects.expired, 1);
+    assert_eq!(ledger.namespace(&ns("hive"), 150).unwrap().granted_units, 0);
+    assert_eq!(ledger.namespace(&ns("hive"), 150).unwrap().stats.expired, 1);
+    assert_eq!(ledger.next_deadline(), None);
+    ledger.check_invariants().unwrap();
+}
+
+#[test]
+fn stale_fencing_numbers_are_refused() {
+    let mut ledger = ledger_with("hive", 1);
+    ledger.allocate(req("hive", "a", 1), 0, false).unwrap();
+    ledger.release(&ns("hive"), &Token::new("a").unwrap(), Some(1), 0).unwrap();
+    let (grant, _) = ledger.allocate(req("hive", "a", 1), 0, false).unwrap();
+    assert_eq!(granted(&grant).fencing, 2);
+    let token = Token::new("a").unwrap();
+    assert_eq!(
+        ledger.release(&ns("hive"), &token, Some(1), 0),
+        Err(LedgerError::StaleFencing { given: 1, current: 2 })
+    );
+    assert!(matches!(ledger.keepalive_grant(&ns("hive"), &token, Some(1), 0), Err(LedgerError::StaleFencing { .. })));
+    assert!(ledger.release(&ns("hive"), &token, Some(2), 0).unwrap().0.is_some());
+}
+
+#[test]
+fn fencing_keeps_increasing_when_a_namespace_is_recreated() {
+    let mut ledger = ledger_with("hive", 1);
+    ledger.allocate(req("hive", "a", 1), 0, false).unwrap();
+    assert!(matches!(ledger.remove_namespace(&ns("hive"), false), Err(LedgerError::NamespaceInUse { grants: 1, .. })));
+    ledger.remove_namespace(&ns("hive"), true).unwrap();
+    ledger.put_namespace(&ns("hive"), 1, 0).unwrap();
+    let (grant, _) = ledger.allocate(req("hive", "b", 1), 0, false).unwrap();
+    assert_eq!(granted(&grant).fencing, 2);
+}
+
+#[test]
+fn sessions_hold_grants_and_free_them_when_they_expire() {
+    let mut ledger = ledger_with("hive", 2);
+    let id = SessionId(7);
+    ledger.open_session(id, 100, 0).unwrap();
+    for token in ["a", "b"] {
+        let mut r = req("hive", token, 1);
+        r.lease = LeaseRequest::Session(id);
+        granted(&ledger.allocate(r, 0, false).unwrap().0);
+    }
+    assert_eq!(ledger.session(id).unwrap().grants.len(), 2);
+    // One keepalive renews every grant of the session.
+    ledger.keepalive_session(id, 80).unwrap();
+    assert!(ledger.expire(150).is_empty());
+    let effects = ledger.expire(180);
+    assert_eq!(effects.expired, 2);
+    assert!(effects.changes.contains(&Change::SessionRemoved { id }));
+    assert_eq!(ledger.namespace(&ns("hive"), 180).unwrap().granted_units, 0);
+    let mut r = req("hive", "c", 1);
+    r.lease = LeaseRequest::Session(id);
+    assert_eq!(ledger.allocate(r, 200, false), Err(LedgerError::SessionNotFound(id)));
+    ledger.check_invariants().unwrap();
+}
+
+#[test]
+fn closing_a_session_releases_its_grants_and_wakes_waiters() {
+    let mut ledger = ledger_with("hive", 1);
+    let id = SessionId(1);
+    ledger.open_session(id, 1000, 0).unwrap();
+    let mut r = req("hive", "a", 1);
+    r.lease = LeaseRequest::Session(id);
+    ledger.allocate(r, 0, false).unwrap();
+    let waiter = queued(&ledger.allocate(req("hive", "b", 1), 1, true).unwrap().0);
+    let (_, effects) = ledger.close_session(id, 2).unwrap();
+    assert_eq!(effects.woken.len(), 1);
+    assert_eq!(effects.woken[0].waiter, waiter);
+    assert_eq!(ledger.namespace(&ns("hive"), 2).unwrap().stats.released, 1);
+}
+
+#[test]
+fn waiters_are_served_first_come_first_served() {
+    let mut ledger = ledger_with("hive", 1);
+    ledger.allocate(req("hive", "holder", 1), 0, false).unwrap();
+    let first = queued(&ledger.allocate(req("hive", "w1", 1), 1, true).unwrap().0);
+    let (second, _) = ledger.allocate(req("hive", "w2", 1), 2, true).unwrap();
+    assert!(matches!(second, Decision::Queued { place: QueuePlace { position: 2, units_ahead: 1 }, .. }));
+    // A newcomer that does not wait does not jump the queue.
+    let (late, _) = ledger.allocate(req("hive", "late", 1), 3, false).unwrap();
+    assert_eq!(late, Decision::Refused { refusal: Refusal::Exhausted, place: None });
+    let (_, effects) = ledger.release(&ns("hive"), &Token::new("holder").unwrap(), None, 4).unwrap();
+    assert_eq!(effects.woken.len(), 1);
+    assert_eq!(effects.woken[0].waiter, first);
+    assert_eq!(effects.woken[0].grant.token.as_str(), "w1");
+    ledger.check_invariants().unwrap();
+}
+
+#[test]
+fn a_large_request_is_not_starved_by_small_ones() {
+    let mut ledger = ledger_with("gpu", 4);
+    for token in ["s1", "s2", "s3"] {
+        ledger.allocate(req("gpu", token, 1), 0, false).unwrap();
+    }
+    let big = queued(&ledger.allocate(req("gpu", "big", 4), 1, true).unwrap().0);
+    // One unit is free, but the big request is ahead: small requests wait behind it.
+    let (small, _) = ledger.allocate(req("gpu", "s4", 1), 2, false).unwrap();
+    assert_eq!(small, Decision::Refused { refusal: Refusal::Exhausted, place: None });
+    let small = queued(&ledger.allocate(req("gpu", "s5", 1), 2, true).unwrap().0);
+    for token in ["s1", "s2"] {
+        let (_, effects) = ledger.release(&ns("gpu"), &Token::new(token).unwrap(), None, 3).unwrap();
+        assert!(effects.woken.is_empty());
+    }
+    let (_, effects) = ledger.release(&ns("gpu"), &Token::new("s3").unwrap(), None, 4).unwrap();
+    assert_eq!(effects.woken.iter().map(|w| w.waiter).collect::<Vec<_>>(), [big]);
+    let (_, effects) = ledger.release(&ns("gpu"), &Token::new("big").unwrap(), None, 5).unwrap();
+    assert_eq!(effects.woken.iter().map(|w| w.waiter).collect::<Vec<_>>(), [small]);
+    ledger.check_invariants().unwrap();
+}
+
+#[test]
+fn a_waiter_blocked_by_its_cap_does_not_hold_others_back() {
+    let mut ledger = ledger_with("hive", 10);
+    let caps = Constraints { project: Some(1), namespace: None };
+    ledger.allocate(scoped("hive", "a1", "a", "dev", caps), 0, false).unwrap();
+    let capped = queued(&ledger.allocate(scoped("hive", "a2", "a", "dev", caps), 1, true).unwrap().0);
+    granted(&ledger.allocate(scoped("hive", "b1", "b", "dev", caps), 2, false).unwrap().0);
+    let waiters = ledger.waiters(&ns("hive"), 3).unwrap();
+    assert_eq!(waiters[0].blocked_by_cap, Some(CapLevel::Project));
+    assert_eq!(waiters[0].waited_ms, 2);
+    let (_, effects) = ledger.release(&ns("hive"), &Token::new("a1").unwrap(), None, 4).unwrap();
+    assert_eq!(effects.woken[0].waiter, capped);
+    ledger.check_invariants().unwrap();
+}
+
+#[test]
+fn a_cancelled_waiter_learns_its_place_and_unblocks_the_queue() {
+    let mut ledger = ledger_with("gpu", 2);
+    ledger.allocate(req("gpu", "h", 1), 0, false).unwrap();
+    // One unit is free and nobody waits: w1 is granted at once.
+    granted(&ledger.allocate(req("gpu", "w1", 1), 0, true).unwrap().0);
+    let big = queued(&ledger.allocate(req("gpu", "big", 2), 0, true).unwrap().0);
+    let w3 = queued(&ledger.allocate(req("gpu", "w3", 1), 0, true).unwrap().0);
+    let view = ledger.waiters(&ns("gpu"), 0).unwrap();
+    assert_eq!(view.len(), 2, "{view:?}");
+    let (refusal, place, effects) = ledger.cancel_waiter(&ns("gpu"), big, 10).unwrap();
+    assert_eq!(refusal, Refusal::Exhausted);
+    assert_eq!(place, QueuePlace { position: 1, units_ahead: 0 });
+    assert!(effects.woken.is_empty(), "quota is full: w3 still waits");
+    assert_eq!(ledger.cancel_waiter(&ns("gpu"), big, 10), None);
+    let (_, effects) = ledger.release(&ns("gpu"), &Token::new("h").unwrap(), None, 11).unwrap();
+    assert_eq!(effects.woken[0].waiter, w3);
+    ledger.check_invariants().unwrap();
+}
+
+#[test]
+fn a_retried_wait_keeps_its_place() {
+    let mut ledger = ledger_with("hive", 1);
+    ledger.allocate(req("hive", "h", 1), 0, false).unwrap();
+    let w1 = queued(&ledger.allocate(req("hive", "w1", 1), 0, true).unwrap().0);
+    queued(&ledger.allocate(req("hive", "w2", 1), 0, true).unwrap().0);
+    let (again, _) = ledger.allocate(req("hive", "w1", 1), 5, true).unwrap();
+    match again {
+        Decision::Queued { place, replaced, .. } => {
+            assert_eq!(place.position, 1);
+            assert_eq!(replaced, Some(w1));
+        }
+        other => panic!("{other:?}"),
+    }
+}
+
+#[test]
+fn raising_a_quota_admits_waiters_and_lowering_revokes_nothing() {
+    let mut ledger = ledger_with("hive", 2);
+    ledger.allocate(req("hive", "a", 1), 0, false).unwrap();
+    ledger.allocate(req("hive", "b", 1), 0, false).unwrap();
+    let w = queued(&ledger.allocate(req("hive", "c", 1), 0, true).unwrap().0);
+    let (created, effects) = ledger.put_namespace(&ns("hive"), 3, 1).unwrap();
+    assert!(!created);
+    assert_eq!(effects.woken[0].waiter, w);
+    let (_, effects) = ledger.put_namespace(&ns("hive"), 1, 2).unwrap();
+    assert!(effects.woken.is_empty());
+    assert_eq!(ledger.namespace(&ns("hive"), 2).unwrap().granted_units, 3);
+    ledger.release(&ns("hive"), &Token::new("a").unwrap(), None, 3).unwrap();
+    let (d, _) = ledger.allocate(req("hive", "d", 1), 3, false).unwrap();
+    assert_eq!(d, Decision::Refused { refusal: Refusal::Exhausted, place: None });
+    ledger.release(&ns("hive"), &Token::new("b").unwrap(), None, 3).unwrap();
+    ledger.release(&ns("hive"), &Token::new("c").unwrap(), None, 3).unwrap();
+    granted(&ledger.allocate(req("hive", "d", 1), 3, false).unwrap().0);
+}
+
+#[test]
+fn removing_a_namespace_cancels_its_waiters() {
+    let mut ledger = ledger_with("hive", 1);
+    ledger.allocate(req("hive", "a", 1), 0, false).unwrap();
+    let w = queued(&ledger.allocate(req("hive", "b", 1), 0, true).unwrap().0);
+    let (grants, effects) = ledger.remove_namespace(&ns("hive"), true).unwrap();
+    assert_eq!(grants, 1);
+    assert_eq!(effects.cancelled, vec![(w, LedgerError::NamespaceNotFound(ns("hive")))]);
+    assert!(matches!(ledger.allocate(req("hive", "c", 1), 0, false), Err(LedgerError::NamespaceNotFound(_))));
+}
+
+#[test]
+fn restore_rebuilds_counters_leases_and_fencing() {
+    let mut ledger = ledger_with("hive", 5);
+    let id = SessionId(3);
+    ledger.open_session(id, 100, 0).unwrap();
+    let mut a = scoped("hive", "a", "p", "d", Constraints::default());
+    a.lease = LeaseRequest::Session(id);
+    let mut b = req("hive", "b", 2);
+    b.lease = LeaseRequest::Ttl { ttl_ms: 50 };
+    ledger.allocate(a, 0, false).unwrap();
+    ledger.allocate(b, 0, false).unwrap();
+    let grants = ledger.grants(&ns("hive")).unwrap();
+    let restored = Ledger::restore(vec![(ns("hive"), 5, 3)], vec![], vec![(id, 100, 100)], grants.clone()).unwrap();
+    restored.check_invariants().unwrap();
+    assert_eq!(restored.grants(&ns("hive")).unwrap(), grants);
+    assert_eq!(restored.namespace(&ns("hive"), 0).unwrap().granted_units, 3);
+    assert_eq!(restored.next_deadline(), Some(50));
+    assert!(matches!(
+        Ledger::restore(vec![], vec![], vec![], grants.clone()),
+        Err(RestoreError::OrphanGrant { .. })
+    ));
+    assert!(matches!(
+        Ledger::restore(vec![(ns("hive"), 5, 3)], vec![], vec![], grants),
+        Err(RestoreError::MissingSession { .. })
+    ));
+}

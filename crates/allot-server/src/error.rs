@@ -1,0 +1,84 @@
+//! `ApiError`: the one error type at the HTTP edge, with a stable machine-readable code.
+
+use allot_api::{ErrorBody, ErrorDetail};
+use allot_core::{LedgerError, NameError};
+use allot_store::StoreError;
+use axum::http::StatusCode;
+use axum::response::{IntoResponse, Response};
+use axum::Json;
+
+/// An error answer: HTTP status, stable code, and a message a person understands.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ApiError {
+    pub status: StatusCode,
+    pub code: &'static str,
+    pub message: String,
+}
+
+impl ApiError {
+    pub fn new(status: StatusCode, code: &'static str, message: impl Into<String>) -> ApiError {
+        ApiError { status, code, message: message.into() }
+    }
+
+    pub fn invalid_argument(message: impl Into<String>) -> ApiError {
+        ApiError::new(StatusCode::BAD_REQUEST, "invalid_argument", message)
+    }
+
+    pub fn invalid_json(message: impl Into<String>) -> ApiError {
+        ApiError::new(StatusCode::BAD_REQUEST, "invalid_json", message)
+    }
+
+    pub fn not_found() -> ApiError {
+        ApiError::new(StatusCode::NOT_FOUND, "not_found", "no such route; see /openapi.json")
+    }
+
+    pub fn method_not_allowed() -> ApiError {
+        ApiError::new(StatusCode::METHOD_NOT_ALLOWED, "method_not_allowed", "this route does not take that method")
+    }
+}
+
+impl From<NameError> for ApiError {
+    fn from(err: NameError) -> ApiError {
+        ApiError::new(StatusCode::BAD_REQUEST, "invalid_name", err.to_string())
+    }
+}
+
+impl From<LedgerError> for ApiError {
+    fn from(err: LedgerError) -> ApiError {
+        let (status, code) = match &err {
+            LedgerError::NamespaceNotFound(_) => (StatusCode::NOT_FOUND, "namespace_not_found"),
+            LedgerError::GrantNotFound { .. } => (StatusCode::NOT_FOUND, "grant_not_found"),
+            LedgerError::SessionNotFound(_) => (StatusCode::NOT_FOUND, "session_not_found"),
+            LedgerError::StaleFencing { .. } => (StatusCode::CONFLICT, "stale_fencing"),
+            LedgerError::TokenConflict { .. } => (StatusCode::CONFLICT, "token_conflict"),
+            LedgerError::UnitsExceedQuota { .. } => (StatusCode::CONFLICT, "units_exceed_quota"),
+            LedgerError::NamespaceInUse { .. } => (StatusCode::CONFLICT, "namespace_in_use"),
+            LedgerError::OutOfRange { .. } => (StatusCode::BAD_REQUEST, "invalid_argument"),
+            LedgerError::CapsWithoutScope => (StatusCode::BAD_REQUEST, "caps_without_scope"),
+        };
+        ApiError::new(status, code, err.to_string())
+    }
+}
+
+impl From<StoreError> for ApiError {
+    fn from(err: StoreError) -> ApiError {
+        match err {
+            StoreError::Ledger(err) => err.into(),
+            StoreError::Unavailable(_) => {
+                ApiError::new(StatusCode::SERVICE_UNAVAILABLE, "store_unavailable", err.to_string())
+            }
+            StoreError::ShuttingDown => ApiError::new(StatusCode::SERVICE_UNAVAILABLE, "shutting_down", err.to_string()),
+            StoreError::Invalid(message) => ApiError::invalid_argument(message),
+        }
+    }
+}
+
+impl IntoResponse for ApiError {
+    fn into_response(self) -> Response {
+        if self.status.is_server_error() {
+            tracing::error!(code = self.code, message = %self.message, "request failed");
+        }
+        let body = ErrorBody { error: ErrorDetail { code: self.code.to_owned(), message: self.message } };
+        (self.status, Json(body)).into_response()
+    }
+}

@@ -1,0 +1,72 @@
+//! Extractors whose rejections are `ApiError`s, so bad input always gets a JSON error with a code.
+
+use axum::body::Bytes;
+use axum::extract::{FromRequest, FromRequestParts, Path, Query, Request};
+use axum::http::request::Parts;
+use axum::http::StatusCode;
+use serde::de::DeserializeOwned;
+
+use crate::error::ApiError;
+
+/// A JSON request body. The content type is not checked (so `curl -d` works), and an empty body
+/// reads as `{}`.
+pub(crate) struct JsonBody<T>(pub T);
+
+impl<S, T> FromRequest<S> for JsonBody<T>
+where
+    S: Send + Sync,
+    T: DeserializeOwned,
+{
+    type Rejection = ApiError;
+
+    async fn from_request(req: Request, state: &S) -> Result<Self, Self::Rejection> {
+        let bytes = Bytes::from_request(req, state).await.map_err(|rejection| {
+            if rejection.status() == StatusCode::PAYLOAD_TOO_LARGE {
+                ApiError::new(StatusCode::PAYLOAD_TOO_LARGE, "payload_too_large", "the request body is too large")
+            } else {
+                ApiError::invalid_json(rejection.body_text())
+            }
+        })?;
+        let text: &[u8] = if bytes.iter().all(u8::is_ascii_whitespace) { b"{}" } else { &bytes };
+        match serde_json::from_slice(text) {
+            Ok(value) => Ok(JsonBody(value)),
+            Err(err) => Err(ApiError::invalid_json(format!("the request body is not valid: {err}"))),
+        }
+    }
+}
+
+/// Path parameters, percent-decoded.
+pub(crate) struct Segments<T>(pub T);
+
+impl<S, T> FromRequestParts<S> for Segments<T>
+where
+    S: Send + Sync,
+    T: DeserializeOwned + Send,
+{
+    type Rejection = ApiError;
+
+    async fn from_request_parts(parts: &mut Parts, state: &S) -> Result<Self, Self::Rejection> {
+        match Path::<T>::from_request_parts(parts, state).await {
+            Ok(Path(value)) => Ok(Segments(value)),
+            Err(rejection) => Err(ApiError::new(StatusCode::BAD_REQUEST, "invalid_name", rejection.body_text())),
+        }
+    }
+}
+
+/// Query parameters.
+pub(crate) struct QueryArgs<T>(pub T);
+
+impl<S, T> FromRequestParts<S> for QueryArgs<T>
+where
+    S: Send + Sync,
+    T: DeserializeOwned,
+{
+    type Rejection = ApiError;
+
+    async fn from_request_parts(parts: &mut Parts, state: &S) -> Result<Self, Self::Rejection> {
+        match Query::<T>::from_request_parts(parts, state).await {
+            Ok(Query(value)) => Ok(QueryArgs(value)),
+            Err(rejection) => Err(ApiError::invalid_argument(rejection.body_text())),
+        }
+    }
+}

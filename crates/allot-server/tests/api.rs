@@ -1,0 +1,203 @@
+//! The API in-process (`app()` with `oneshot`) over a real embedded store in a temporary directory:
+//! every answer shape, and bad input that must get a 4xx with a code and change nothing.
+
+use std::sync::Arc;
+
+use allot_server::{app, AppState};
+use allot_store::{EmbeddedConfig, EmbeddedStore, Store};
+use axum::body::Body;
+use axum::http::{Method, Request, StatusCode};
+use axum::Router;
+use http_body_util::BodyExt;
+use serde_json::{json, Value};
+use tower::ServiceExt;
+
+struct Harness {
+    router: Router,
+    store: Arc<dyn Store>,
+    _dir: tempfile::TempDir,
+}
+
+impl Harness {
+    fn new() -> Harness {
+        let dir = tempfile::tempdir().unwrap();
+        let store: Arc<dyn Store> =
+            Arc::new(EmbeddedStore::open(&EmbeddedConfig { data_dir: dir.path().to_owned() }).unwrap());
+        Harness { router: app(AppState::new(store.clone())), store, _dir: dir }
+    }
+
+    async fn call(&self, method: Method, uri: &str, body: &str) -> (StatusCode, Value) {
+        let request = Request::builder().method(method).uri(uri).body(Body::from(body.to_owned())).unwrap();
+        let response = self.router.clone().oneshot(request).await.unwrap();
+        let status = response.status();
+        let bytes = response.into_body().collect().await.unwrap().to_bytes();
+        let value = if bytes.is_empty() {
+            Value::Null
+        } else {
+            serde_json::from_slice(&bytes).unwrap_or_else(|_| Value::String(String::from_utf8_lossy(&bytes).into()))
+        };
+        (status, value)
+    }
+
+    /// Everything the store holds, to check that a refused request changed nothing.
+    async fn everything(&self) -> String {
+        let mut text = format!("{:?}", self.store.namespaces().await.unwrap());
+        for view in self.store.namespaces().await.unwrap() {
+            text += &format!("{:?}", self.store.grants(view.name).await.unwrap());
+        }
+        text + &format!("{:?}", self.store.sessions().await.unwrap().len())
+    }
+}
+
+#[tokio::test]
+async fn quotas_grants_and_sessions_over_the_api() {
+    let h = Harness::new();
+    let (status, body) = h.call(Method::PUT, "/v1/namespaces/hive:cluster-a", r#"{"quota": 2}"#).await;
+    assert_eq!(status, StatusCode::CREATED, "{body}");
+    assert_eq!(body["namespace"]["quota"], 2);
+    let (status, body) = h.call(Method::PUT, "/v1/namespaces/hive:cluster-a", r#"{"quota": 3}"#).await;
+    assert_eq!((status, body["created"].clone()), (StatusCode::OK, json!(false)));
+
+    let alloc = r#"{"units": 2, "scope": {"project": "p", "namespace": "dev"}, "caps": {"project": 2}}"#;
+    let (status, body) = h.call(Method::PUT, "/v1/namespaces/hive:cluster-a/grants/t1", alloc).await;
+    assert_eq!(status, StatusCode::OK);
+    assert_eq!(body["status"], "Granted", "{body}");
+    assert_eq!(body["grant"]["fencing"], 1);
+    let (_, again) = h.call(Method::PUT, "/v1/namespaces/hive:cluster-a/grants/t1", alloc).await;
+    assert_eq!((again["status"].clone(), again["existing"].clone()), (json!("Granted"), json!(true)));
+    let capped = r#"{"scope": {"project": "p", "namespace": "prod"}, "caps": {"project": 2}}"#;
+    let (_, body) = h.call(Method::PUT, "/v1/namespaces/hive:cluster-a/grants/t2", capped).await;
+    assert_eq!(body["status"], "NamespaceQuotaExceeded", "{body}");
+    assert_eq!(body["cap"], json!({"level": "project", "cap": 2, "held": 2}));
+    let (_, body) = h.call(Method::PUT, "/v1/namespaces/hive:cluster-a/grants/t3", r#"{"units": 2}"#).await;
+    assert_eq!(body["status"], "Exhausted");
+    // An empty body allocates one unit.
+    let (_, body) = h.call(Method::PUT, "/v1/namespaces/hive:cluster-a/grants/t4", "").await;
+    assert_eq!(body["status"], "Granted", "{body}");
+
+    let (_, body) = h.call(Method::GET, "/v1/namespaces/hive:cluster-a/grants", "").await;
+    assert_eq!(body["grants"].as_array().unwrap().len(), 2);
+    let (status, body) = h.call(Method::DELETE, "/v1/namespaces/hive:cluster-a/grants/t1?fencing=1", "").await;
+    assert_eq!((status, body["released"].clone()), (StatusCode::OK, json!(true)));
+    let (_, body) = h.call(Method::DELETE, "/v1/namespaces/hive:cluster-a/grants/t1", "").await;
+    assert_eq!(body["released"], false);
+
+    let (status, session) = h.call(Method::POST, "/v1/sessions", r#"{"ttl_ms": 60000}"#).await;
+    assert_eq!(status, StatusCode::CREATED);
+    let id = session["id"].as_str().unwrap().to_owned();
+    let body = format!(r#"{{"session": "{id}"}}"#);
+    let (_, granted) = h.call(Method::PUT, "/v1/namespaces/hive:cluster-a/grants/in-session", &body).await;
+    assert_eq!(granted["grant"]["session"], json!(id));
+    let (_, kept) = h.call(Method::POST, &format!("/v1/sessions/{id}/keepalive"), "").await;
+    assert_eq!(kept["grants"], json!([{"namespace": "hive:cluster-a", "token": "in-session"}]));
+    let (status, _) = h.call(Method::DELETE, &format!("/v1/sessions/{id}"), "").await;
+    assert_eq!(status, StatusCode::OK);
+    let (status, body) = h.call(Method::GET, "/v1/namespaces/hive:cluster-a/grants/in-session", "").await;
+    assert_eq!((status, body["error"]["code"].clone()), (StatusCode::NOT_FOUND, json!("grant_not_found")));
+
+    let (status, body) = h.call(Method::GET, "/healthz", "").await;
+    assert_eq!((status, body["backend"].clone()), (StatusCode::OK, json!("embedded")));
+    let (status, body) = h.call(Method::GET, "/openapi.json", "").await;
+    assert_eq!(status, StatusCode::OK);
+    assert!(body["paths"]["/v1/namespaces/{namespace}/grants/{token}"]["put"].is_object());
+    let (status, body) = h.call(Method::GET, "/metrics", "").await;
+    assert_eq!(status, StatusCode::OK);
+    let text = body.as_str().unwrap();
+    for metric in [
+        "allot_quota_units{namespace=\"hive:cluster-a\"} 3",
+        "allot_granted_units{namespace=\"hive:cluster-a\"} 1",
+        "allot_allocations_total{namespace=\"hive:cluster-a\",result=\"namespace_quota_exceeded\"} 1",
+        "allot_expirations_total",
+        "allot_waiters",
+        "allot_longest_wait_seconds",
+        "allot_http_request_duration_seconds_bucket",
+        "allot_store_commits_total",
+    ] {
+        assert!(text.contains(metric), "{metric} missing from\n{text}");
+    }
+}
+
+#[tokio::test]
+async fn a_wait_that_times_out_reports_its_place() {
+    let h = Harness::new();
+    h.call(Method::PUT, "/v1/namespaces/gpu", r#"{"quota": 1}"#).await;
+    h.call(Method::PUT, "/v1/namespaces/gpu/grants/holder", "").await;
+    let (status, body) = h.call(Method::PUT, "/v1/namespaces/gpu/grants/w", r#"{"wait_ms": 100}"#).await;
+    assert_eq!(status, StatusCode::OK);
+    assert_eq!(body["status"], "Exhausted");
+    assert_eq!(body["queue"], json!({"position": 1, "units_ahead": 0}));
+}
+
+/// Each case: method, uri, body, expected status, expected code.
+const BAD_INPUT: &[(&str, &str, &str, u16, &str)] = &[
+    ("PUT", "/v1/namespaces/x", "{", 400, "invalid_json"),
+    ("PUT", "/v1/namespaces/x", r#"{"quota": "ten"}"#, 400, "invalid_json"),
+    ("PUT", "/v1/namespaces/x", r#"{"quota": -1}"#, 400, "invalid_json"),
+    ("PUT", "/v1/namespaces/x", r#"{"quota": 1.5}"#, 400, "invalid_json"),
+    ("PUT", "/v1/namespaces/x", r#"{"quota": 18446744073709551616}"#, 400, "invalid_json"),
+    ("PUT", "/v1/namespaces/x", r#"{"quota": 9007199254740992}"#, 400, "invalid_argument"),
+    ("PUT", "/v1/namespaces/x", r#"{"quota": 1, "extra": true}"#, 400, "invalid_json"),
+    ("PUT", "/v1/namespaces/x", r#"[1, 2]"#, 400, "invalid_json"),
+    ("PUT", "/v1/namespaces/x", "", 400, "invalid_json"),
+    ("PUT", "/v1/namespaces/a::b", r#"{"quota": 1}"#, 400, "invalid_name"),
+    ("PUT", "/v1/namespaces/a:", r#"{"quota": 1}"#, 400, "invalid_name"),
+    ("PUT", "/v1/namespaces/a%0Ab", r#"{"quota": 1}"#, 400, "invalid_name"),
+    ("PUT", "/v1/namespaces/%FF", r#"{"quota": 1}"#, 400, "invalid_name"),
+    ("PUT", "/v1/namespaces/hive/grants/t", r#"{"units": 0}"#, 400, "invalid_argument"),
+    ("PUT", "/v1/namespaces/hive/grants/t", r#"{"units": -3}"#, 400, "invalid_json"),
+    ("PUT", "/v1/namespaces/hive/grants/t", r#"{"units": 1e30}"#, 400, "invalid_json"),
+    ("PUT", "/v1/namespaces/hive/grants/t", r#"{"units": 1152921504606846976}"#, 400, "invalid_argument"),
+    ("PUT", "/v1/namespaces/hive/grants/t", r#"{"units": 3}"#, 409, "units_exceed_quota"),
+    ("PUT", "/v1/namespaces/hive/grants/t", r#"{"ttl_ms": 0}"#, 400, "invalid_argument"),
+    ("PUT", "/v1/namespaces/hive/grants/t", r#"{"wait_ms": 86400000}"#, 400, "invalid_argument"),
+    ("PUT", "/v1/namespaces/hive/grants/t", r#"{"caps": {"project": 1}}"#, 400, "caps_without_scope"),
+    ("PUT", "/v1/namespaces/hive/grants/t", r#"{"scope": {"project": "", "namespace": "d"}}"#, 400, "invalid_name"),
+    ("PUT", "/v1/namespaces/hive/grants/t", r#"{"session": "nope"}"#, 400, "invalid_name"),
+    ("PUT", "/v1/namespaces/hive/grants/t", r#"{"session": "00000000000000000000000000000001"}"#, 404, "session_not_found"),
+    ("PUT", "/v1/namespaces/hive/grants/t", r#"{"ttl_ms": 5, "session": "00000000000000000000000000000001"}"#, 400, "invalid_argument"),
+    ("PUT", "/v1/namespaces/hive/grants/held", r#"{"units": 2}"#, 409, "token_conflict"),
+    ("PUT", "/v1/namespaces/nope/grants/t", "{}", 404, "namespace_not_found"),
+    ("DELETE", "/v1/namespaces/hive/grants/held?fencing=99", "", 409, "stale_fencing"),
+    ("DELETE", "/v1/namespaces/hive/grants/held?fencing=abc", "", 400, "invalid_argument"),
+    ("DELETE", "/v1/namespaces/hive", "", 409, "namespace_in_use"),
+    ("DELETE", "/v1/namespaces/nope", "", 404, "namespace_not_found"),
+    ("POST", "/v1/namespaces/hive/grants/missing/keepalive", "", 404, "grant_not_found"),
+    ("POST", "/v1/sessions", r#"{"ttl_ms": 0}"#, 400, "invalid_argument"),
+    ("POST", "/v1/sessions", r#"{"ttl_ms": 99999999999999}"#, 400, "invalid_argument"),
+    ("POST", "/v1/sessions/zz/keepalive", "", 400, "invalid_name"),
+    ("GET", "/v1/sessions/00000000000000000000000000000001", "", 404, "session_not_found"),
+    ("GET", "/v1/nothing-here", "", 404, "not_found"),
+    ("PATCH", "/v1/namespaces/hive", "", 405, "method_not_allowed"),
+];
+
+#[tokio::test]
+async fn bad_input_gets_a_4xx_with_a_code_and_changes_nothing() {
+    let h = Harness::new();
+    h.call(Method::PUT, "/v1/namespaces/hive", r#"{"quota": 2}"#).await;
+    h.call(Method::PUT, "/v1/namespaces/hive/grants/held", "").await;
+    let before = h.everything().await;
+    for (method, uri, body, status, code) in BAD_INPUT {
+        let (got_status, got) = h.call(Method::from_bytes(method.as_bytes()).unwrap(), uri, body).await;
+        assert_eq!(got_status.as_u16(), *status, "{method} {uri} {body}: {got}");
+        assert_eq!(got["error"]["code"], *code, "{method} {uri} {body}: {got}");
+        let message = got["error"]["message"].as_str().unwrap();
+        assert!(!message.is_empty(), "{method} {uri}: empty message");
+    }
+    // Over-long, unicode and empty names.
+    let long = "n".repeat(256);
+    let (status, got) = h.call(Method::PUT, &format!("/v1/namespaces/{long}"), r#"{"quota": 1}"#).await;
+    assert_eq!((status, got["error"]["code"].clone()), (StatusCode::BAD_REQUEST, json!("invalid_name")));
+    let (status, got) = h.call(Method::PUT, &format!("/v1/namespaces/hive/grants/{long}"), "").await;
+    assert_eq!((status, got["error"]["code"].clone()), (StatusCode::BAD_REQUEST, json!("invalid_name")));
+    let huge = format!(r#"{{"quota": 1, "pad": "{}"}}"#, "x".repeat(100_000));
+    let (status, got) = h.call(Method::PUT, "/v1/namespaces/big", &huge).await;
+    assert_eq!((status, got["error"]["code"].clone()), (StatusCode::PAYLOAD_TOO_LARGE, json!("payload_too_large")));
+    assert_eq!(h.everything().await, before, "a refused request changed the store");
+
+    // Unicode is a name like any other.
+    let (status, got) = h.call(Method::PUT, "/v1/namespaces/%E5%90%8D%E5%89%8D:%C3%BC", r#"{"quota": 1}"#).await;
+    assert_eq!(status, StatusCode::CREATED, "{got}");
+    assert_eq!(got["namespace"]["name"], "名前:ü");
+    let (_, got) = h.call(Method::PUT, "/v1/namespaces/%E5%90%8D%E5%89%8D:%C3%BC/grants/a%2Fb%20c", "").await;
+    assert_eq!(got["grant"]["token"], "a/b c", "{got}");
+}

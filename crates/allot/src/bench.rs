@@ -1,0 +1,208 @@
+//! `allot bench`, the load generator built into the binary, and `allot baseline-server`, the server
+//! it measures the daemon against.
+//!
+//! The load is closed-loop allocate+release pairs: N clients, each with one keep-alive HTTP/1.1
+//! connection, each doing `PUT .../grants/{token}` then `DELETE .../grants/{token}` with a fresh
+//! token, as fast as the answers come. Three commands:
+//!
+//! - `allot bench pairs --server URL`: that load against a running daemon.
+//! - `allot bench compare`: starts the baseline server, a fresh daemon (durability on) and, when it
+//!   is installed, Throttle, and runs the same load against each in turn; prints a table with every
+//!   target's pairs/s as a ratio of the baseline's, measured in the same run. On a small machine the
+//!   load generator and the server share the cores, so only such ratios compare across machines.
+//! - `allot bench wake`: how long after a release the next waiter gets its grant.
+//!
+//! Modules: `baseline` (the baseline server), `http` (one client connection and URL parsing),
+//! `load` (the load generator and its measurements), `compare` (the comparison run), `children`
+//! (servers started as child processes), `report` (latency summaries, tables, checks), `wake` (the
+//! wake-latency measurement).
+
+mod baseline;
+mod children;
+mod compare;
+mod http;
+mod load;
+mod report;
+mod wake;
+
+use std::time::Duration;
+
+use anyhow::{bail, Context};
+
+pub(crate) use baseline::{baseline_server, BaselineArgs};
+
+/// Options of `allot bench`.
+#[derive(Debug, clap::Args)]
+pub(crate) struct BenchArgs {
+    #[command(subcommand)]
+    command: BenchCommand,
+}
+
+#[derive(Debug, clap::Subcommand)]
+enum BenchCommand {
+    /// Allocate+release pairs against a running daemon.
+    Pairs(PairsArgs),
+    /// The same pairs against the baseline server, a fresh daemon and Throttle, one after another.
+    Compare(CompareArgs),
+    /// How long after a release the next waiter gets its grant.
+    Wake(WakeArgs),
+}
+
+/// Options shared by every command: how to show progress and results.
+#[derive(Debug, Clone, clap::Args)]
+struct OutputOpts {
+    /// Print the results as JSON on stdout instead of a table.
+    #[arg(long)]
+    json: bool,
+    /// Show no progress bar (it is never shown when stdout or stderr is not a terminal).
+    #[arg(long)]
+    no_progress: bool,
+}
+
+/// Options of the pair load shared by `pairs` and `compare`.
+#[derive(Debug, Clone, clap::Args)]
+struct LoadOpts {
+    /// Run the load this long before measuring (e.g. 1s, 500ms).
+    #[arg(long, default_value = "1s", value_parser = parse_duration)]
+    warmup: Duration,
+    /// A request that takes longer than this is abandoned and counted as an error.
+    #[arg(long, default_value = "10s", value_parser = parse_duration)]
+    timeout: Duration,
+    /// The namespace the pairs use; it is created (or its quota changed) first.
+    #[arg(long, default_value = "bench")]
+    namespace: String,
+    /// The quota the namespace is given (at least the number of clients).
+    #[arg(long, default_value_t = 1_000_000)]
+    quota: u64,
+}
+
+#[derive(Debug, clap::Args)]
+struct PairsArgs {
+    /// The daemon's URL.
+    #[arg(long, env = "ALLOT_SERVER", default_value = "http://127.0.0.1:7070")]
+    server: String,
+    /// How many clients, each with its own connection.
+    #[arg(long, default_value_t = 16)]
+    clients: usize,
+    /// How long to measure (e.g. 10s, 500ms, 1m).
+    #[arg(long, default_value = "10s", value_parser = parse_duration)]
+    duration: Duration,
+    /// Do not create the namespace first (it must exist with room for every client).
+    #[arg(long)]
+    no_setup: bool,
+    #[command(flatten)]
+    load: LoadOpts,
+    #[command(flatten)]
+    output: OutputOpts,
+}
+
+#[derive(Debug, clap::Args)]
+struct CompareArgs {
+    /// The numbers of clients to measure with, comma-separated.
+    #[arg(long, value_delimiter = ',', default_value = "16,64")]
+    clients: Vec<usize>,
+    /// How long to measure each target at each number of clients.
+    #[arg(long, default_value = "5s", value_parser = parse_duration)]
+    duration: Duration,
+    /// The Throttle server binary (`cargo install throttle-server`); by default `throttle` on PATH
+    /// or in ~/.cargo/bin.
+    #[arg(long, conflicts_with = "no_throttle")]
+    throttle: Option<std::path::PathBuf>,
+    /// Do not run Throttle.
+    #[arg(long)]
+    no_throttle: bool,
+    /// Exit with an error when the daemon misses a target (pairs/s ratio, p99 latency).
+    #[arg(long)]
+    check: bool,
+    #[command(flatten)]
+    load: LoadOpts,
+    #[command(flatten)]
+    output: OutputOpts,
+}
+
+#[derive(Debug, clap::Args)]
+struct WakeArgs {
+    /// The daemon's URL; without it a fresh daemon is started (durability on) and stopped after.
+    #[arg(long, env = "ALLOT_SERVER")]
+    server: Option<String>,
+    /// How many wake-ups to measure.
+    #[arg(long, default_value_t = 200)]
+    samples: usize,
+    /// Wake-ups run before measuring.
+    #[arg(long, default_value_t = 10)]
+    warmup_samples: usize,
+    /// The namespace (quota 1) the measurement uses; by default a new one per run, removed after.
+    #[arg(long)]
+    namespace: Option<String>,
+    /// Exit with an error when the p99 wake latency is over the target.
+    #[arg(long)]
+    check: bool,
+    #[command(flatten)]
+    output: OutputOpts,
+}
+
+/// Runs `allot bench`.
+pub(crate) async fn run(args: BenchArgs) -> anyhow::Result<()> {
+    match args.command {
+        BenchCommand::Pairs(args) => pairs(args).await,
+        BenchCommand::Compare(args) => compare::run(args).await,
+        BenchCommand::Wake(args) => wake::run(args).await,
+    }
+}
+
+async fn pairs(args: PairsArgs) -> anyhow::Result<()> {
+    if args.clients == 0 {
+        bail!("--clients must be at least 1");
+    }
+    let endpoint = http::Endpoint::parse(&args.server)?;
+    let target = load::Target::allot("allot", endpoint, &args.load.namespace);
+    if !args.no_setup {
+        load::setup_namespace(&target.endpoint, &args.load.namespace, args.load.quota.max(args.clients as u64))
+            .await
+            .with_context(|| format!("cannot set up namespace `{}` at {}", args.load.namespace, args.server))?;
+    }
+    let spec = load::LoadSpec::new(args.clients, args.duration, &args.load, &args.output);
+    let result = load::run_load(&target, &spec).await?;
+    if args.output.json {
+        println!("{}", serde_json::to_string_pretty(&result)?);
+    } else {
+        print!("{}", report::summary(&result));
+    }
+    Ok(())
+}
+
+/// Parses a duration: a number with a unit `ms`, `s` or `m` (`1.5s`, `500ms`); a plain number is
+/// seconds.
+fn parse_duration(text: &str) -> Result<Duration, String> {
+    let text = text.trim();
+    let (number, scale) = if let Some(n) = text.strip_suffix("ms") {
+        (n, 0.001)
+    } else if let Some(n) = text.strip_suffix('s') {
+        (n, 1.0)
+    } else if let Some(n) = text.strip_suffix('m') {
+        (n, 60.0)
+    } else {
+        (text, 1.0)
+    };
+    let value: f64 = number.trim().parse().map_err(|_| format!("`{text}` is not a duration like 5s, 500ms or 1m"))?;
+    if !value.is_finite() || value < 0.0 {
+        return Err(format!("`{text}` is not a duration like 5s, 500ms or 1m"));
+    }
+    Ok(Duration::from_secs_f64(value * scale))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn durations() {
+        assert_eq!(parse_duration("5s"), Ok(Duration::from_secs(5)));
+        assert_eq!(parse_duration("500ms"), Ok(Duration::from_millis(500)));
+        assert_eq!(parse_duration("1m"), Ok(Duration::from_secs(60)));
+        assert_eq!(parse_duration("2"), Ok(Duration::from_secs(2)));
+        assert_eq!(parse_duration("1.5s"), Ok(Duration::from_millis(1500)));
+        assert!(parse_duration("fast").is_err());
+        assert!(parse_duration("-1s").is_err());
+    }
+}

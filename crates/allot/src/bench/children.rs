@@ -1,0 +1,173 @@
+//! Servers the benchmark starts as child processes: the baseline server and a fresh daemon (this
+//! same binary, `std::env::current_exe()`), and Throttle. Each child's stderr goes to a log file in
+//! a scratch directory, which is removed at the end; children are stopped with SIGTERM, killed if
+//! they linger, and killed when dropped.
+
+use std::ffi::OsString;
+use std::path::{Path, PathBuf};
+use std::process::Stdio;
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, Context};
+use hyper::body::Bytes;
+use hyper::Method;
+use tokio::io::{AsyncBufReadExt, BufReader};
+use tokio::process::{Child, Command};
+
+use super::http::{Conn, Endpoint};
+
+/// How long a child may take to start listening.
+const START_TIMEOUT: Duration = Duration::from_secs(30);
+/// How long a child may take to stop after SIGTERM before it is killed.
+const STOP_TIMEOUT: Duration = Duration::from_secs(5);
+/// The line a server prints on stdout once it listens.
+const LISTENING: &str = "allot listening on ";
+
+/// A temporary directory for data directories, configs and logs; removed when dropped.
+pub(super) struct Scratch {
+    path: PathBuf,
+}
+
+impl Scratch {
+    pub(super) fn new() -> anyhow::Result<Scratch> {
+        let path = std::env::temp_dir().join(format!("allot-bench-{}", super::load::run_id()));
+        std::fs::create_dir_all(&path).with_context(|| format!("cannot create {}", path.display()))?;
+        Ok(Scratch { path })
+    }
+
+    pub(super) fn join(&self, name: &str) -> PathBuf {
+        self.path.join(name)
+    }
+}
+
+impl Drop for Scratch {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.path);
+    }
+}
+
+/// A server running as a child process.
+pub(super) struct Server {
+    pub(super) name: String,
+    pub(super) endpoint: Endpoint,
+    child: Child,
+}
+
+impl Server {
+    /// Stops the child: SIGTERM, then SIGKILL if it has not exited within [`STOP_TIMEOUT`].
+    pub(super) async fn stop(mut self) {
+        if let Some(pid) = self.child.id() {
+            let _ = Command::new("kill").arg("-TERM").arg(pid.to_string()).status().await;
+        }
+        if tokio::time::timeout(STOP_TIMEOUT, self.child.wait()).await.is_err() {
+            eprintln!("{}: still running {STOP_TIMEOUT:?} after SIGTERM; killing it", self.name);
+            let _ = self.child.kill().await;
+        }
+    }
+}
+
+/// Starts `program args` and waits for its `allot listening on http://...` line on stdout.
+pub(super) async fn spawn_listening(
+    name: &str,
+    program: &Path,
+    args: &[OsString],
+    log: PathBuf,
+) -> anyhow::Result<Server> {
+    let log_file = std::fs::File::create(&log).with_context(|| format!("cannot create {}", log.display()))?;
+    let mut child = Command::new(program)
+        .args(args)
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(log_file)
+        .kill_on_drop(true)
+        .spawn()
+        .with_context(|| format!("{name}: cannot start {}", program.display()))?;
+    let stdout = child.stdout.take().context("no stdout")?;
+    let mut lines = BufReader::new(stdout).lines();
+    let url = tokio::time::timeout(START_TIMEOUT, async {
+        while let Some(line) = lines.next_line().await? {
+            if let Some(url) = line.strip_prefix(LISTENING) {
+                return Ok(Some(url.trim().to_owned()));
+            }
+        }
+        Ok::<_, std::io::Error>(None)
+    })
+    .await;
+    let url = match url {
+        Ok(Ok(Some(url))) => url,
+        Ok(Ok(None)) | Ok(Err(_)) => {
+            let status = child.wait().await.map(|s| s.to_string()).unwrap_or_default();
+            bail!("{name} exited before listening ({status}){}", log_tail(&log));
+        }
+        Err(_) => bail!("{name} did not listen within {START_TIMEOUT:?}{}", log_tail(&log)),
+    };
+    // Keep reading stdout so the child never blocks on (or is killed by) a closed pipe.
+    tokio::spawn(async move { while let Ok(Some(_)) = lines.next_line().await {} });
+    Ok(Server { name: name.to_owned(), endpoint: Endpoint::parse(&url)?, child })
+}
+
+/// The Throttle binary: `throttle` on PATH, or in ~/.cargo/bin where `cargo install` puts it.
+pub(super) fn find_throttle() -> Option<PathBuf> {
+    let on_path = std::env::var_os("PATH")
+        .map(|paths| std::env::split_paths(&paths).map(|dir| dir.join("throttle")).collect::<Vec<_>>())
+        .unwrap_or_default();
+    let cargo_home = std::env::var_os("CARGO_HOME")
+        .map(PathBuf::from)
+        .or_else(|| std::env::var_os("HOME").map(|home| PathBuf::from(home).join(".cargo")));
+    on_path.into_iter().chain(cargo_home.map(|home| home.join("bin").join("throttle"))).find(|path| path.is_file())
+}
+
+/// Starts Throttle on a free port with one semaphore of `count`, and waits until it answers.
+pub(super) async fn spawn_throttle(
+    program: &Path,
+    scratch: &Scratch,
+    semaphore: &str,
+    count: u64,
+) -> anyhow::Result<Server> {
+    let config = scratch.join("throttle.toml");
+    std::fs::write(&config, format!("[semaphores]\n\"{semaphore}\" = {count}\n"))?;
+    // Throttle does not tell which port it bound, so pick a free one first.
+    let port = std::net::TcpListener::bind("127.0.0.1:0")?.local_addr()?.port();
+    let log = scratch.join("throttle.log");
+    let log_file = std::fs::File::create(&log)?;
+    let mut child = Command::new(program)
+        .args(["--address", "127.0.0.1", "--port", &port.to_string(), "--configuration"])
+        .arg(&config)
+        .env("THROTTLE_LOG", "WARN")
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(log_file)
+        .kill_on_drop(true)
+        .spawn()
+        .with_context(|| format!("throttle: cannot start {}", program.display()))?;
+    let endpoint = Endpoint::parse(&format!("http://127.0.0.1:{port}"))?;
+    let deadline = Instant::now() + START_TIMEOUT;
+    loop {
+        if let Some(status) = child.try_wait()? {
+            bail!("throttle exited before listening ({status}){}", log_tail(&log));
+        }
+        if let Ok(mut conn) = Conn::connect(&endpoint).await {
+            if let Ok((status, _)) = conn.request(Method::GET, "/health", Bytes::new()).await {
+                if status.is_success() {
+                    break;
+                }
+            }
+        }
+        if Instant::now() > deadline {
+            bail!("throttle did not answer on {} within {START_TIMEOUT:?}{}", endpoint.url(), log_tail(&log));
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    Ok(Server { name: "throttle".to_owned(), endpoint, child })
+}
+
+/// The last lines of a log file, as a suffix for an error message.
+fn log_tail(log: &Path) -> String {
+    let text = std::fs::read_to_string(log).unwrap_or_default();
+    let lines: Vec<&str> = text.lines().collect();
+    if lines.is_empty() {
+        return String::new();
+    }
+    let tail = lines[lines.len().saturating_sub(10)..].join("\n  ");
+    format!("; its last log lines:\n  {tail}")
+}

@@ -1,0 +1,136 @@
+//! One benchmark client's HTTP/1.1 connection: a single keep-alive TCP connection driven by hyper's
+//! low-level client (no pool), plus the parsing of server URLs and percent-encoding of path segments.
+
+use std::fmt::Write as _;
+
+use anyhow::{bail, Context};
+use http_body_util::{BodyExt, Full};
+use hyper::body::Bytes;
+use hyper::client::conn::http1::SendRequest;
+use hyper::header::{CONTENT_TYPE, HOST};
+use hyper::{Method, Request, StatusCode};
+use hyper_util::rt::TokioIo;
+use tokio::net::TcpStream;
+
+/// Where a server listens: `http://host:port` and an optional path prefix.
+#[derive(Debug, Clone)]
+pub(super) struct Endpoint {
+    /// `host:port`, for connecting and for the `Host` header.
+    pub(super) authority: String,
+    /// A path prefix without a trailing `/` (usually empty).
+    pub(super) prefix: String,
+}
+
+impl Endpoint {
+    /// Parses `http://host[:port][/prefix]`; a URL without a scheme is taken as `http://`.
+    pub(super) fn parse(url: &str) -> anyhow::Result<Endpoint> {
+        let url = url.trim();
+        let rest = match url.split_once("://") {
+            Some(("http", rest)) => rest,
+            Some((scheme, _)) => bail!("`{url}`: only http:// URLs are supported, not {scheme}://"),
+            None => url,
+        };
+        let (authority, path) = match rest.find('/') {
+            Some(at) => (&rest[..at], &rest[at..]),
+            None => (rest, ""),
+        };
+        if authority.is_empty() {
+            bail!("`{url}` has no host");
+        }
+        let authority = if authority.rsplit_once(':').is_some_and(|(_, port)| port.parse::<u16>().is_ok()) {
+            authority.to_owned()
+        } else {
+            format!("{authority}:80")
+        };
+        Ok(Endpoint { authority, prefix: path.trim_end_matches('/').to_owned() })
+    }
+
+    /// The endpoint's URL, for people.
+    pub(super) fn url(&self) -> String {
+        format!("http://{}{}", self.authority, self.prefix)
+    }
+}
+
+/// One keep-alive HTTP/1.1 connection; requests on it are sent one at a time.
+pub(super) struct Conn {
+    endpoint: Endpoint,
+    sender: SendRequest<Full<Bytes>>,
+}
+
+impl Conn {
+    /// Opens a connection (TCP_NODELAY on) and starts driving it on the runtime.
+    pub(super) async fn connect(endpoint: &Endpoint) -> anyhow::Result<Conn> {
+        let stream = TcpStream::connect(&endpoint.authority)
+            .await
+            .with_context(|| format!("cannot connect to {}", endpoint.url()))?;
+        stream.set_nodelay(true)?;
+        let (sender, connection) = hyper::client::conn::http1::handshake(TokioIo::new(stream))
+            .await
+            .with_context(|| format!("HTTP handshake with {} failed", endpoint.url()))?;
+        tokio::spawn(async move {
+            // Ends when the server closes the connection or the `Conn` is dropped; a failure shows
+            // up as the error of the request in flight.
+            let _ = connection.await;
+        });
+        Ok(Conn { endpoint: endpoint.clone(), sender })
+    }
+
+    /// Sends one request (`path` below the endpoint's prefix; a JSON `body` if not empty) and reads
+    /// the whole answer.
+    pub(super) async fn request(
+        &mut self,
+        method: Method,
+        path: &str,
+        body: Bytes,
+    ) -> anyhow::Result<(StatusCode, Bytes)> {
+        let mut request = Request::builder()
+            .method(method)
+            .uri(format!("{}{path}", self.endpoint.prefix))
+            .header(HOST, &self.endpoint.authority);
+        if !body.is_empty() {
+            request = request.header(CONTENT_TYPE, "application/json");
+        }
+        let request = request.body(Full::new(body))?;
+        self.sender.ready().await.context("the connection is closed")?;
+        let response = self.sender.send_request(request).await?;
+        let status = response.status();
+        let body = response.into_body().collect().await?.to_bytes();
+        Ok((status, body))
+    }
+}
+
+/// Percent-encodes one path segment: everything but RFC 3986 unreserved characters.
+pub(super) fn encode_segment(segment: &str) -> String {
+    let mut out = String::with_capacity(segment.len());
+    for byte in segment.bytes() {
+        if byte.is_ascii_alphanumeric() || matches!(byte, b'-' | b'.' | b'_' | b'~') {
+            out.push(byte as char);
+        } else {
+            let _ = write!(out, "%{byte:02X}");
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn endpoints() {
+        let e = Endpoint::parse("http://127.0.0.1:7070").unwrap();
+        assert_eq!((e.authority.as_str(), e.prefix.as_str()), ("127.0.0.1:7070", ""));
+        let e = Endpoint::parse("localhost:8000/").unwrap();
+        assert_eq!((e.authority.as_str(), e.prefix.as_str()), ("localhost:8000", ""));
+        let e = Endpoint::parse("http://example.com/allot/").unwrap();
+        assert_eq!((e.authority.as_str(), e.prefix.as_str()), ("example.com:80", "/allot"));
+        assert!(Endpoint::parse("https://example.com").is_err());
+        assert!(Endpoint::parse("http:///x").is_err());
+    }
+
+    #[test]
+    fn segments() {
+        assert_eq!(encode_segment("bench-1.c_2~"), "bench-1.c_2~");
+        assert_eq!(encode_segment("hive:a b/é"), "hive%3Aa%20b%2F%C3%A9");
+    }
+}

@@ -1,0 +1,178 @@
+//! Latency summaries and the text reports of `allot bench`: one run's summary, the comparison
+//! table, the wake-latency summary, and the checks against the issue's targets.
+
+use std::fmt::Write as _;
+
+use serde::Serialize;
+
+use super::load::LoadResult;
+
+/// A latency distribution in milliseconds (nearest-rank percentiles).
+#[derive(Debug, Clone, Copy, Default, Serialize)]
+pub(super) struct Latency {
+    pub(super) count: u64,
+    pub(super) mean: f64,
+    pub(super) p50: f64,
+    pub(super) p90: f64,
+    pub(super) p99: f64,
+    pub(super) max: f64,
+}
+
+impl Latency {
+    /// Summarises samples given in nanoseconds.
+    pub(super) fn from_nanos(mut samples: Vec<u64>) -> Latency {
+        if samples.is_empty() {
+            return Latency::default();
+        }
+        samples.sort_unstable();
+        let ms = |nanos: u64| nanos as f64 / 1e6;
+        let at = |p: f64| {
+            let rank = ((p * samples.len() as f64).ceil() as usize).clamp(1, samples.len());
+            ms(samples[rank - 1])
+        };
+        let sum: u128 = samples.iter().map(|&n| u128::from(n)).sum();
+        Latency {
+            count: samples.len() as u64,
+            mean: sum as f64 / samples.len() as f64 / 1e6,
+            p50: at(0.50),
+            p90: at(0.90),
+            p99: at(0.99),
+            max: ms(samples[samples.len() - 1]),
+        }
+    }
+}
+
+/// One target of the issue, checked against a measurement.
+#[derive(Debug, Clone, Serialize)]
+pub(super) struct Check {
+    pub(super) what: String,
+    /// The measured value; absent when it could not be measured.
+    pub(super) value: Option<f64>,
+    pub(super) limit: f64,
+    pub(super) ok: bool,
+}
+
+impl Check {
+    /// A check that passes when `value` is at least `limit`.
+    pub(super) fn at_least(what: String, value: Option<f64>, limit: f64) -> Check {
+        let ok = value.is_some_and(|v| v >= limit);
+        Check { what, value, limit, ok }
+    }
+
+    /// A check that passes when `value` is at most `limit`.
+    pub(super) fn at_most(what: String, value: Option<f64>, limit: f64) -> Check {
+        let ok = value.is_some_and(|v| v <= limit);
+        Check { what, value, limit, ok }
+    }
+}
+
+/// The checks as lines of text.
+pub(super) fn checks(checks: &[Check]) -> String {
+    let mut out = String::new();
+    for check in checks {
+        let value = check.value.map_or_else(|| "not measured".to_owned(), |v| format!("{v:.3}"));
+        let verdict = if check.ok { "ok" } else { "MISSED" };
+        let _ = writeln!(out, "  {verdict:<6} {}: {value} (limit {})", check.what, check.limit);
+    }
+    out
+}
+
+/// The summary of one `allot bench pairs` run.
+pub(super) fn summary(result: &LoadResult) -> String {
+    let mut out = String::new();
+    let _ = writeln!(
+        out,
+        "{} ({}), {} clients, {:.1}s measured",
+        result.target, result.url, result.clients, result.seconds
+    );
+    let _ = writeln!(out, "  pairs/s     {:>10.0}   ({} pairs)", result.pairs_per_s, result.pairs);
+    let _ = writeln!(out, "  requests/s  {:>10.0}   ({} requests)", result.requests_per_s, result.requests);
+    let _ = writeln!(out, "  latency ms      p50      p90      p99      max     mean");
+    for (name, latency) in [
+        ("request", &result.request_ms),
+        ("allocate", &result.allocate_ms),
+        ("release", &result.release_ms),
+        ("pair", &result.pair_ms),
+    ] {
+        let _ = writeln!(
+            out,
+            "  {name:<10} {:>8.3} {:>8.3} {:>8.3} {:>8.3} {:>8.3}",
+            latency.p50, latency.p90, latency.p99, latency.max, latency.mean
+        );
+    }
+    let _ = writeln!(out, "  errors {}, not granted {}", result.errors, result.not_granted);
+    if let Some(error) = &result.first_error {
+        let _ = writeln!(out, "  first error: {error}");
+    }
+    out
+}
+
+/// The comparison table: one row per target and number of clients, pairs/s as a ratio of the
+/// baseline's at the same number of clients.
+pub(super) fn compare_table(results: &[LoadResult]) -> String {
+    let mut out = String::new();
+    let _ = writeln!(
+        out,
+        "{:<10} {:>7} {:>10} {:>11} {:>8} {:>8} {:>8} {:>9} {:>7}",
+        "target", "clients", "pairs/s", "vs baseline", "p50 ms", "p99 ms", "max ms", "pair p99", "errors"
+    );
+    for result in results {
+        let ratio = ratio_to_baseline(results, result).map_or_else(|| "-".to_owned(), |r| format!("{r:.2}"));
+        let _ = writeln!(
+            out,
+            "{:<10} {:>7} {:>10.0} {:>11} {:>8.3} {:>8.3} {:>8.3} {:>9.3} {:>7}",
+            result.target,
+            result.clients,
+            result.pairs_per_s,
+            ratio,
+            result.request_ms.p50,
+            result.request_ms.p99,
+            result.request_ms.max,
+            result.pair_ms.p99,
+            result.errors + result.not_granted,
+        );
+    }
+    for result in results.iter().filter(|r| r.first_error.is_some()) {
+        let _ = writeln!(
+            out,
+            "{} × {}: first error: {}",
+            result.target,
+            result.clients,
+            result.first_error.as_deref().unwrap_or_default()
+        );
+    }
+    out
+}
+
+/// `result`'s pairs/s divided by the baseline's at the same number of clients.
+pub(super) fn ratio_to_baseline(results: &[LoadResult], result: &LoadResult) -> Option<f64> {
+    let baseline = results.iter().find(|r| r.target == "baseline" && r.clients == result.clients)?;
+    (baseline.pairs_per_s > 0.0).then(|| result.pairs_per_s / baseline.pairs_per_s)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn percentiles() {
+        let latency = Latency::from_nanos((1..=100).map(|ms| ms * 1_000_000).collect());
+        assert_eq!(latency.count, 100);
+        assert_eq!(latency.p50, 50.0);
+        assert_eq!(latency.p90, 90.0);
+        assert_eq!(latency.p99, 99.0);
+        assert_eq!(latency.max, 100.0);
+        assert!((latency.mean - 50.5).abs() < 1e-9);
+        let one = Latency::from_nanos(vec![2_000_000]);
+        assert_eq!((one.p50, one.p99, one.max), (2.0, 2.0, 2.0));
+        assert_eq!(Latency::from_nanos(Vec::new()).count, 0);
+    }
+
+    #[test]
+    fn checks_need_a_value() {
+        assert!(Check::at_least("r".into(), Some(0.9), 0.85).ok);
+        assert!(!Check::at_least("r".into(), Some(0.8), 0.85).ok);
+        assert!(!Check::at_most("p99".into(), None, 5.0).ok);
+        assert!(Check::at_most("p99".into(), Some(5.0), 5.0).ok);
+    }
+}

@@ -1,0 +1,897 @@
+//! The CLI commands: `allot quota`, `allot token` and `allot session` talk to a daemon over HTTP
+//! through `allot-client` and print its answer, as plain text for people or, with `--json`, as the
+//! daemon's JSON for scripts.
+//!
+//! Exit codes (the same with `--json`): [`EXIT_OK`], [`EXIT_ERROR`], [`EXIT_USAGE`] (clap's own),
+//! [`EXIT_EXHAUSTED`], [`EXIT_NAMESPACE_QUOTA_EXCEEDED`].
+
+use std::fmt::Write as _;
+use std::io::Write as _;
+use std::process::ExitCode;
+use std::time::Duration;
+
+use allot_client::{
+    Allocate, AllocateResponse, CapLevel, CapRefusal, Caps, Client, ClientError, Grant, Namespace, QueuePlace, Scope,
+    Session, Status,
+};
+use serde::Serialize;
+
+/// Exit code of success, and of an allocate that was granted.
+pub(crate) const EXIT_OK: u8 = 0;
+/// Exit code of a failed command: the daemon refused it (`error: <code>: <message>` on stderr) or
+/// could not be reached.
+pub(crate) const EXIT_ERROR: u8 = 1;
+/// Exit code of a command line that makes no sense (clap uses it for its own errors too).
+pub(crate) const EXIT_USAGE: u8 = 2;
+/// Exit code of an allocate answered `Exhausted`: the namespace quota is full.
+pub(crate) const EXIT_EXHAUSTED: u8 = 3;
+/// Exit code of an allocate answered `NamespaceQuotaExceeded`: a project or namespace scope cap is
+/// full.
+pub(crate) const EXIT_NAMESPACE_QUOTA_EXCEEDED: u8 = 4;
+
+const ALLOC_EXIT_CODES: &str = "\
+Exit codes (the same with --json):
+  0  granted (also when the token was already granted)
+  1  error: the daemon refused the request (`error: <code>: <message>` on stderr) or cannot be reached
+  2  usage error
+  3  Exhausted: the namespace quota is full (after --wait, if given)
+  4  NamespaceQuotaExceeded: a project or namespace scope cap is full";
+
+/// Options of every command.
+#[derive(Debug, clap::Args)]
+#[command(next_help_heading = "Common options")]
+pub(crate) struct Common {
+    /// The daemon's URL.
+    #[arg(long, value_name = "URL", env = "ALLOT_SERVER", default_value = "http://127.0.0.1:7070")]
+    server: String,
+    /// Print the daemon's answer as pretty JSON, for scripts (exit codes stay the same).
+    #[arg(long)]
+    json: bool,
+}
+
+#[derive(Debug, clap::Subcommand)]
+pub(crate) enum QuotaCommand {
+    /// List the namespaces with their quota and use (GRANTED, FREE and WAITING are units).
+    List {
+        #[command(flatten)]
+        common: Common,
+    },
+    /// Show one namespace: its quota, use, waiters and next fencing number.
+    Get {
+        /// The namespace, e.g. `hive:cluster-a`.
+        namespace: String,
+        #[command(flatten)]
+        common: Common,
+    },
+    /// Create a namespace, or change its quota.
+    Set {
+        /// The namespace, e.g. `hive:cluster-a`.
+        namespace: String,
+        /// How many units the namespace may have granted at once.
+        quota: u64,
+        #[command(flatten)]
+        common: Common,
+    },
+    /// Remove a namespace.
+    Rm {
+        /// The namespace.
+        namespace: String,
+        /// Remove it even if it has grants or waiters: they end with it.
+        #[arg(long)]
+        force: bool,
+        #[command(flatten)]
+        common: Common,
+    },
+    /// List the allocate calls waiting for room in a namespace, head of the queue first.
+    Waiters {
+        /// The namespace.
+        namespace: String,
+        #[command(flatten)]
+        common: Common,
+    },
+}
+
+#[derive(Debug, clap::Subcommand)]
+pub(crate) enum TokenCommand {
+    /// Allocate a token: ask for units of a namespace's quota.
+    #[command(after_help = ALLOC_EXIT_CODES)]
+    Alloc {
+        /// The namespace.
+        namespace: String,
+        /// The token: your idempotency key for this allocation (allocating it again is a no-op).
+        token: String,
+        /// How many units.
+        #[arg(long, value_name = "N", default_value_t = 1)]
+        units: u64,
+        /// The holder's project (its scope, with --scope-namespace).
+        #[arg(long, value_name = "P", requires = "scope_namespace")]
+        project: Option<String>,
+        /// The holder's namespace scope (its scope, with --project).
+        #[arg(long, value_name = "D", requires = "project")]
+        scope_namespace: Option<String>,
+        /// The most units the holder's project may hold in the namespace (needs a scope).
+        #[arg(long, value_name = "N", requires = "project")]
+        project_cap: Option<u64>,
+        /// The most units the holder's namespace scope may hold in the namespace (needs a scope).
+        #[arg(long, value_name = "N", requires = "project")]
+        namespace_cap: Option<u64>,
+        /// End the grant this long after the grant or its last keepalive, e.g. `30s`.
+        #[arg(long, value_name = "DURATION", value_parser = parse_duration)]
+        ttl: Option<Duration>,
+        /// Attach the grant to this session: it lives as long as the session.
+        #[arg(long, value_name = "ID")]
+        session: Option<String>,
+        /// Wait up to this long for room instead of answering at once, e.g. `5m`.
+        #[arg(long, value_name = "DURATION", value_parser = parse_duration)]
+        wait: Option<Duration>,
+        #[command(flatten)]
+        common: Common,
+    },
+    /// Release a token (releasing a token that is not granted is not an error).
+    Release {
+        /// The namespace.
+        namespace: String,
+        /// The token.
+        token: String,
+        /// Refuse unless the grant carries this fencing number.
+        #[arg(long, value_name = "N")]
+        fencing: Option<u64>,
+        #[command(flatten)]
+        common: Common,
+    },
+    /// Renew a grant's lease.
+    Keepalive {
+        /// The namespace.
+        namespace: String,
+        /// The token.
+        token: String,
+        /// Refuse unless the grant carries this fencing number.
+        #[arg(long, value_name = "N")]
+        fencing: Option<u64>,
+        #[command(flatten)]
+        common: Common,
+    },
+    /// List the grants of a namespace.
+    List {
+        /// The namespace.
+        namespace: String,
+        #[command(flatten)]
+        common: Common,
+    },
+    /// Show one grant.
+    Get {
+        /// The namespace.
+        namespace: String,
+        /// The token.
+        token: String,
+        #[command(flatten)]
+        common: Common,
+    },
+}
+
+#[derive(Debug, clap::Subcommand)]
+pub(crate) enum SessionCommand {
+    /// Open a session; grants attached to it live while it is kept alive.
+    Open {
+        /// End the session this long after it is opened or last kept alive, e.g. `30s`.
+        #[arg(long, value_name = "DURATION", value_parser = parse_duration)]
+        ttl: Duration,
+        #[command(flatten)]
+        common: Common,
+    },
+    /// Renew a session's lease.
+    Keepalive {
+        /// The session id.
+        id: String,
+        #[command(flatten)]
+        common: Common,
+    },
+    /// Close a session and release its grants.
+    Close {
+        /// The session id.
+        id: String,
+        #[command(flatten)]
+        common: Common,
+    },
+    /// List the open sessions.
+    List {
+        #[command(flatten)]
+        common: Common,
+    },
+    /// Show one session and its grants.
+    Get {
+        /// The session id.
+        id: String,
+        #[command(flatten)]
+        common: Common,
+    },
+}
+
+/// Runs an `allot quota` command.
+pub(crate) async fn quota(command: QuotaCommand) -> anyhow::Result<ExitCode> {
+    let common = match &command {
+        QuotaCommand::List { common }
+        | QuotaCommand::Get { common, .. }
+        | QuotaCommand::Set { common, .. }
+        | QuotaCommand::Rm { common, .. }
+        | QuotaCommand::Waiters { common, .. } => common,
+    };
+    Ok(finish(common, run_quota(&command).await))
+}
+
+/// Runs an `allot token` command.
+pub(crate) async fn token(command: TokenCommand) -> anyhow::Result<ExitCode> {
+    let common = match &command {
+        TokenCommand::Alloc { common, .. }
+        | TokenCommand::Release { common, .. }
+        | TokenCommand::Keepalive { common, .. }
+        | TokenCommand::List { common, .. }
+        | TokenCommand::Get { common, .. } => common,
+    };
+    Ok(finish(common, run_token(&command).await))
+}
+
+/// Runs an `allot session` command.
+pub(crate) async fn session(command: SessionCommand) -> anyhow::Result<ExitCode> {
+    let common = match &command {
+        SessionCommand::Open { common, .. }
+        | SessionCommand::Keepalive { common, .. }
+        | SessionCommand::Close { common, .. }
+        | SessionCommand::List { common }
+        | SessionCommand::Get { common, .. } => common,
+    };
+    Ok(finish(common, run_session(&command).await))
+}
+
+async fn run_quota(command: &QuotaCommand) -> Result<u8, ClientError> {
+    match command {
+        QuotaCommand::List { common } => {
+            let answer = client(common)?.namespaces().await?;
+            emit(common, &answer, |list| namespace_table(&list.namespaces))
+        }
+        QuotaCommand::Get { namespace, common } => {
+            let answer = client(common)?.namespace(namespace).await?;
+            emit(common, &answer, namespace_details)
+        }
+        QuotaCommand::Set { namespace, quota, common } => {
+            let answer = client(common)?.put_namespace(namespace, *quota).await?;
+            emit(common, &answer, |answer| {
+                let ns = &answer.namespace;
+                if answer.created {
+                    format!("created namespace {} with quota {}\n", show(&ns.name), ns.quota)
+                } else {
+                    format!("set quota of {} to {} ({} granted)\n", show(&ns.name), ns.quota, units(ns.granted_units))
+                }
+            })
+        }
+        QuotaCommand::Rm { namespace, force, common } => {
+            let answer = client(common)?.remove_namespace(namespace, *force).await?;
+            emit(common, &answer, |answer| {
+                let mut line = format!("removed namespace {}", show(&answer.name));
+                if answer.grants_ended > 0 {
+                    let _ = write!(line, " ({} ended)", count(answer.grants_ended, "grant", "grants"));
+                }
+                line + "\n"
+            })
+        }
+        QuotaCommand::Waiters { namespace, common } => {
+            let answer = client(common)?.waiters(namespace).await?;
+            emit(common, &answer, |list| {
+                if list.waiters.is_empty() {
+                    return format!("no waiters in {}\n", show(namespace));
+                }
+                let mut table = Table::new(&[
+                    ("POSITION", Align::Right),
+                    ("TOKEN", Align::Left),
+                    ("UNITS", Align::Right),
+                    ("UNITS AHEAD", Align::Right),
+                    ("WAITED", Align::Right),
+                    ("PROJECT", Align::Left),
+                    ("NAMESPACE SCOPE", Align::Left),
+                    ("BLOCKED BY", Align::Left),
+                ]);
+                for waiter in &list.waiters {
+                    let (project, scope_namespace) = scope_columns(waiter.scope.as_ref());
+                    table.row(vec![
+                        waiter.position.to_string(),
+                        show(&waiter.token),
+                        waiter.units.to_string(),
+                        waiter.units_ahead.to_string(),
+                        format_ms(waiter.waited_ms),
+                        project,
+                        scope_namespace,
+                        match waiter.blocked_by_cap {
+                            None => "quota".to_owned(),
+                            Some(level) => format!("{} cap", cap_level(level)),
+                        },
+                    ]);
+                }
+                table.render()
+            })
+        }
+    }
+}
+
+async fn run_token(command: &TokenCommand) -> Result<u8, ClientError> {
+    match command {
+        TokenCommand::Alloc {
+            namespace,
+            token,
+            units,
+            project,
+            scope_namespace,
+            project_cap,
+            namespace_cap,
+            ttl,
+            session,
+            wait,
+            common,
+        } => {
+            let scope = match (project, scope_namespace) {
+                (Some(project), Some(namespace)) => {
+                    Some(Scope { project: project.clone(), namespace: namespace.clone() })
+                }
+                _ => None,
+            };
+            let caps = (project_cap.is_some() || namespace_cap.is_some())
+                .then_some(Caps { project: *project_cap, namespace: *namespace_cap });
+            let request = Allocate {
+                units: Some(*units),
+                scope,
+                caps,
+                ttl_ms: ttl.map(millis),
+                session: session.clone(),
+                wait_ms: wait.map(millis),
+            };
+            let answer = client(common)?.allocate(namespace, token, &request).await?;
+            emit(common, &answer, allocate_line)?;
+            Ok(match answer.status {
+                Status::Granted => EXIT_OK,
+                Status::Exhausted => EXIT_EXHAUSTED,
+                Status::NamespaceQuotaExceeded => EXIT_NAMESPACE_QUOTA_EXCEEDED,
+            })
+        }
+        TokenCommand::Release { namespace, token, fencing, common } => {
+            let answer = client(common)?.release(namespace, token, *fencing).await?;
+            emit(common, &answer, |answer| match &answer.grant {
+                Some(grant) if answer.released => format!(
+                    "released {} token {} ({}, fencing {})\n",
+                    show(&grant.namespace),
+                    show(&grant.token),
+                    units(grant.units),
+                    grant.fencing
+                ),
+                _ if answer.released => format!("released {} token {}\n", show(namespace), show(token)),
+                _ => format!("{} token {} was not granted: nothing to release\n", show(namespace), show(token)),
+            })
+        }
+        TokenCommand::Keepalive { namespace, token, fencing, common } => {
+            let answer = client(common)?.keepalive(namespace, token, *fencing).await?;
+            emit(common, &answer, |grant| {
+                format!(
+                    "kept alive {} token {} (fencing {}, {})\n",
+                    show(&grant.namespace),
+                    show(&grant.token),
+                    grant.fencing,
+                    lease(grant)
+                )
+            })
+        }
+        TokenCommand::List { namespace, common } => {
+            let answer = client(common)?.grants(namespace).await?;
+            emit(common, &answer, |list| {
+                if list.grants.is_empty() {
+                    return format!("no grants in {}\n", show(namespace));
+                }
+                let mut table = Table::new(&[
+                    ("TOKEN", Align::Left),
+                    ("UNITS", Align::Right),
+                    ("FENCING", Align::Right),
+                    ("PROJECT", Align::Left),
+                    ("NAMESPACE SCOPE", Align::Left),
+                    ("TTL", Align::Right),
+                    ("EXPIRES IN", Align::Right),
+                    ("SESSION", Align::Left),
+                ]);
+                for grant in &list.grants {
+                    let (project, scope_namespace) = scope_columns(grant.scope.as_ref());
+                    table.row(vec![
+                        show(&grant.token),
+                        grant.units.to_string(),
+                        grant.fencing.to_string(),
+                        project,
+                        scope_namespace,
+                        grant.ttl_ms.map_or_else(|| "-".to_owned(), format_ms),
+                        grant.expires_in_ms.map_or_else(|| "-".to_owned(), format_ms),
+                        grant.session.as_deref().map_or_else(|| "-".to_owned(), show),
+                    ]);
+                }
+                table.render()
+            })
+        }
+        TokenCommand::Get { namespace, token, common } => {
+            let answer = client(common)?.grant(namespace, token).await?;
+            emit(common, &answer, grant_details)
+        }
+    }
+}
+
+async fn run_session(command: &SessionCommand) -> Result<u8, ClientError> {
+    match command {
+        SessionCommand::Open { ttl, common } => {
+            let answer = client(common)?.open_session(millis(*ttl)).await?;
+            emit(common, &answer, |session| {
+                format!("opened session {} (ttl {})\n", show(&session.id), format_ms(session.ttl_ms))
+            })
+        }
+        SessionCommand::Keepalive { id, common } => {
+            let answer = client(common)?.keepalive_session(id).await?;
+            emit(common, &answer, |session| {
+                format!("kept alive session {} (expires in {})\n", show(&session.id), format_ms(session.expires_in_ms))
+            })
+        }
+        SessionCommand::Close { id, common } => {
+            let answer = client(common)?.close_session(id).await?;
+            emit(common, &answer, |session| {
+                format!(
+                    "closed session {} ({} released)\n",
+                    show(&session.id),
+                    count(session.grants.len() as u64, "grant", "grants")
+                )
+            })
+        }
+        SessionCommand::List { common } => {
+            let answer = client(common)?.sessions().await?;
+            emit(common, &answer, |list| {
+                if list.sessions.is_empty() {
+                    return "no sessions\n".to_owned();
+                }
+                let mut table = Table::new(&[
+                    ("ID", Align::Left),
+                    ("TTL", Align::Right),
+                    ("EXPIRES IN", Align::Right),
+                    ("GRANTS", Align::Right),
+                ]);
+                for session in &list.sessions {
+                    table.row(vec![
+                        show(&session.id),
+                        format_ms(session.ttl_ms),
+                        format_ms(session.expires_in_ms),
+                        session.grants.len().to_string(),
+                    ]);
+                }
+                table.render()
+            })
+        }
+        SessionCommand::Get { id, common } => {
+            let answer = client(common)?.session(id).await?;
+            emit(common, &answer, session_details)
+        }
+    }
+}
+
+fn client(common: &Common) -> Result<Client, ClientError> {
+    Client::new(&common.server)
+}
+
+/// Prints `value` as JSON or as `human` text; answers [`EXIT_OK`].
+fn emit<T: Serialize>(common: &Common, value: &T, human: impl FnOnce(&T) -> String) -> Result<u8, ClientError> {
+    let text = if common.json {
+        let mut text = serde_json::to_string_pretty(value).map_err(|err| ClientError::Decode(err.to_string()))?;
+        text.push('\n');
+        text
+    } else {
+        human(value)
+    };
+    print_stdout(&text);
+    Ok(EXIT_OK)
+}
+
+/// Writes to stdout; a closed pipe (`allot ... | head -1`) is not an error.
+fn print_stdout(text: &str) {
+    let mut stdout = std::io::stdout().lock();
+    if let Err(err) = stdout.write_all(text.as_bytes()).and_then(|()| stdout.flush()) {
+        if err.kind() != std::io::ErrorKind::BrokenPipe {
+            eprintln!("error: cannot write to stdout: {err}");
+        }
+    }
+}
+
+/// Turns a command's outcome into the process's exit code, reporting errors on stderr.
+fn finish(common: &Common, outcome: Result<u8, ClientError>) -> ExitCode {
+    match outcome {
+        Ok(code) => ExitCode::from(code),
+        Err(ClientError::Api { code, message, .. }) => {
+            eprintln!("error: {code}: {message}");
+            ExitCode::from(EXIT_ERROR)
+        }
+        Err(ClientError::InvalidUrl(message)) => {
+            eprintln!("error: {message}");
+            ExitCode::from(EXIT_USAGE)
+        }
+        Err(err @ ClientError::Http(_)) => {
+            eprintln!("error: {err}");
+            if matches!(&err, ClientError::Http(http) if http.is_connect()) {
+                eprintln!(
+                    "hint: is the daemon running at {}? Set --server or ALLOT_SERVER to reach another one.",
+                    common.server
+                );
+            }
+            ExitCode::from(EXIT_ERROR)
+        }
+        Err(err) => {
+            eprintln!("error: {err}");
+            ExitCode::from(EXIT_ERROR)
+        }
+    }
+}
+
+fn allocate_line(answer: &AllocateResponse) -> String {
+    let queue = answer.queue.map(|QueuePlace { position, units_ahead }| {
+        format!("position {position} in queue, {} ahead", units(units_ahead))
+    });
+    let mut line = match answer.status {
+        Status::Granted => match &answer.grant {
+            Some(grant) => format!(
+                "{} {} token {} ({}, fencing {}, {})",
+                if answer.existing { "already granted" } else { "granted" },
+                show(&grant.namespace),
+                show(&grant.token),
+                units(grant.units),
+                grant.fencing,
+                lease(grant)
+            ),
+            None => "granted".to_owned(),
+        },
+        Status::Exhausted => match queue {
+            Some(queue) => format!("exhausted: namespace quota full ({queue})"),
+            None => "exhausted: namespace quota full".to_owned(),
+        },
+        Status::NamespaceQuotaExceeded => {
+            let (head, mut details) = match &answer.cap {
+                Some(CapRefusal { level, cap, held }) => (
+                    format!("namespace quota exceeded: {} cap {cap} full", cap_level(*level)),
+                    vec![format!("{held} held")],
+                ),
+                None => ("namespace quota exceeded: a cap is full".to_owned(), Vec::new()),
+            };
+            details.extend(queue);
+            if details.is_empty() {
+                head
+            } else {
+                format!("{head} ({})", details.join("; "))
+            }
+        }
+    };
+    line.push('\n');
+    line
+}
+
+fn namespace_table(namespaces: &[Namespace]) -> String {
+    if namespaces.is_empty() {
+        return "no namespaces\n".to_owned();
+    }
+    let mut table = Table::new(&[
+        ("NAMESPACE", Align::Left),
+        ("QUOTA", Align::Right),
+        ("GRANTED", Align::Right),
+        ("FREE", Align::Right),
+        ("GRANTS", Align::Right),
+        ("WAITERS", Align::Right),
+        ("WAITING", Align::Right),
+        ("LONGEST WAIT", Align::Right),
+    ]);
+    for ns in namespaces {
+        table.row(vec![
+            show(&ns.name),
+            ns.quota.to_string(),
+            ns.granted_units.to_string(),
+            ns.quota.saturating_sub(ns.granted_units).to_string(),
+            ns.grants.to_string(),
+            ns.waiters.to_string(),
+            ns.waiting_units.to_string(),
+            if ns.waiters == 0 { "-".to_owned() } else { format_ms(ns.longest_wait_ms) },
+        ]);
+    }
+    table.render()
+}
+
+fn namespace_details(ns: &Namespace) -> String {
+    key_values(&[
+        ("namespace", show(&ns.name)),
+        ("quota", ns.quota.to_string()),
+        ("granted units", ns.granted_units.to_string()),
+        ("free units", ns.quota.saturating_sub(ns.granted_units).to_string()),
+        ("grants", ns.grants.to_string()),
+        ("waiters", ns.waiters.to_string()),
+        ("waiting units", ns.waiting_units.to_string()),
+        ("longest wait", if ns.waiters == 0 { "-".to_owned() } else { format_ms(ns.longest_wait_ms) }),
+        ("next fencing", ns.next_fencing.to_string()),
+    ])
+}
+
+fn grant_details(grant: &Grant) -> String {
+    let (project, scope_namespace) = scope_columns(grant.scope.as_ref());
+    key_values(&[
+        ("namespace", show(&grant.namespace)),
+        ("token", show(&grant.token)),
+        ("units", grant.units.to_string()),
+        ("fencing", grant.fencing.to_string()),
+        ("project", project),
+        ("namespace scope", scope_namespace),
+        ("ttl", grant.ttl_ms.map_or_else(|| "-".to_owned(), format_ms)),
+        ("session", grant.session.as_deref().map_or_else(|| "-".to_owned(), show)),
+        ("expires in", grant.expires_in_ms.map_or_else(|| "never".to_owned(), format_ms)),
+    ])
+}
+
+fn session_details(session: &Session) -> String {
+    let mut text = key_values(&[
+        ("session", show(&session.id)),
+        ("ttl", format_ms(session.ttl_ms)),
+        ("expires in", format_ms(session.expires_in_ms)),
+        ("grants", session.grants.len().to_string()),
+    ]);
+    if !session.grants.is_empty() {
+        let mut table = Table::new(&[("  NAMESPACE", Align::Left), ("TOKEN", Align::Left)]);
+        for grant in &session.grants {
+            table.row(vec![format!("  {}", show(&grant.namespace)), show(&grant.token)]);
+        }
+        text.push_str(&table.render());
+    }
+    text
+}
+
+/// "2 units, fencing 7"-style lease part: "expires in 30s", "session ID", or "no lease".
+fn lease(grant: &Grant) -> String {
+    let mut parts = Vec::new();
+    if let Some(expires_in_ms) = grant.expires_in_ms {
+        parts.push(format!("expires in {}", format_ms(expires_in_ms)));
+    }
+    if let Some(session) = &grant.session {
+        parts.push(format!("session {}", show(session)));
+    }
+    if parts.is_empty() {
+        "no lease".to_owned()
+    } else {
+        parts.join(", ")
+    }
+}
+
+fn scope_columns(scope: Option<&Scope>) -> (String, String) {
+    match scope {
+        Some(scope) => (show(&scope.project), show(&scope.namespace)),
+        None => ("-".to_owned(), "-".to_owned()),
+    }
+}
+
+fn cap_level(level: CapLevel) -> &'static str {
+    match level {
+        CapLevel::Project => "project",
+        CapLevel::Namespace => "namespace scope",
+    }
+}
+
+fn units(n: u64) -> String {
+    count(n, "unit", "units")
+}
+
+fn count(n: u64, one: &str, many: &str) -> String {
+    format!("{n} {}", if n == 1 { one } else { many })
+}
+
+fn millis(duration: Duration) -> u64 {
+    u64::try_from(duration.as_millis()).unwrap_or(u64::MAX)
+}
+
+/// A name as it is printed: quoted (Rust string syntax) when it is empty or holds spaces, quotes
+/// or control characters, so table columns and one-line answers stay readable.
+fn show(name: &str) -> String {
+    if name.is_empty() || name.chars().any(|c| c.is_whitespace() || c.is_control() || c == '"' || c == '\\') {
+        format!("{name:?}")
+    } else {
+        name.to_owned()
+    }
+}
+
+/// Milliseconds for people: `500ms`, `30s`, `29.5s`, `5m`, `1h2m3s`.
+fn format_ms(ms: u64) -> String {
+    if ms < 1_000 {
+        return format!("{ms}ms");
+    }
+    if ms < 60_000 {
+        let tenths = ms % 1_000 / 100;
+        return if tenths == 0 { format!("{}s", ms / 1_000) } else { format!("{}.{tenths}s", ms / 1_000) };
+    }
+    let secs = ms / 1_000;
+    let (days, hours, minutes, seconds) = (secs / 86_400, secs / 3_600 % 24, secs / 60 % 60, secs % 60);
+    let mut text = String::new();
+    for (value, unit) in [(days, "d"), (hours, "h"), (minutes, "m"), (seconds, "s")] {
+        if value > 0 {
+            let _ = write!(text, "{value}{unit}");
+        }
+    }
+    text
+}
+
+/// Parses a duration: a number and a unit (`ms`, `s`, `m`, `h`, `d`), or several (`1m30s`);
+/// numbers may have a fraction (`1.5s`).
+fn parse_duration(text: &str) -> Result<Duration, String> {
+    let text = text.trim();
+    if text.is_empty() {
+        return Err("empty duration; write e.g. `500ms`, `30s`, `5m`".to_owned());
+    }
+    let mut total_ms = 0f64;
+    let mut rest = text;
+    while !rest.is_empty() {
+        let number_len = rest.find(|c: char| !(c.is_ascii_digit() || c == '.')).unwrap_or(rest.len());
+        let (number, after) = rest.split_at(number_len);
+        let unit_len = after.find(|c: char| !c.is_ascii_alphabetic()).unwrap_or(after.len());
+        let (unit, after) = after.split_at(unit_len);
+        let value: f64 =
+            number.parse().map_err(|_| format!("`{text}` is not a duration; write e.g. `500ms`, `30s`, `5m`"))?;
+        let scale = match unit {
+            "ms" => 1.0,
+            "s" => 1_000.0,
+            "m" => 60_000.0,
+            "h" => 3_600_000.0,
+            "d" => 86_400_000.0,
+            "" => return Err(format!("`{text}` has no unit; write e.g. `{number}ms` or `{number}s`")),
+            _ => return Err(format!("`{unit}` is not a unit of time; use ms, s, m, h or d")),
+        };
+        total_ms += value * scale;
+        rest = after;
+    }
+    if !total_ms.is_finite() || total_ms > u64::MAX as f64 / 2.0 {
+        return Err(format!("`{text}` is too long"));
+    }
+    Ok(Duration::from_millis(total_ms.round() as u64))
+}
+
+#[derive(Clone, Copy)]
+enum Align {
+    Left,
+    Right,
+}
+
+/// A plain-text table: a header row, then one row per item, columns two spaces apart.
+struct Table {
+    columns: Vec<(&'static str, Align)>,
+    rows: Vec<Vec<String>>,
+}
+
+impl Table {
+    fn new(columns: &[(&'static str, Align)]) -> Table {
+        Table { columns: columns.to_vec(), rows: Vec::new() }
+    }
+
+    fn row(&mut self, cells: Vec<String>) {
+        debug_assert_eq!(cells.len(), self.columns.len());
+        self.rows.push(cells);
+    }
+
+    fn render(&self) -> String {
+        let width = |text: &str| text.chars().count();
+        let widths: Vec<usize> = self
+            .columns
+            .iter()
+            .enumerate()
+            .map(|(i, (header, _))| {
+                self.rows.iter().map(|row| width(&row[i])).chain([width(header)]).max().unwrap_or(0)
+            })
+            .collect();
+        let mut out = String::new();
+        let header: Vec<String> = self.columns.iter().map(|(header, _)| (*header).to_owned()).collect();
+        for row in std::iter::once(&header).chain(&self.rows) {
+            let mut line = String::new();
+            for (i, cell) in row.iter().enumerate() {
+                if i > 0 {
+                    line.push_str("  ");
+                }
+                let pad = " ".repeat(widths[i] - width(cell));
+                match self.columns[i].1 {
+                    Align::Left => {
+                        line.push_str(cell);
+                        line.push_str(&pad);
+                    }
+                    Align::Right => {
+                        line.push_str(&pad);
+                        line.push_str(cell);
+                    }
+                }
+            }
+            out.push_str(line.trim_end());
+            out.push('\n');
+        }
+        out
+    }
+}
+
+/// `key: value` lines with the values aligned.
+fn key_values(pairs: &[(&str, String)]) -> String {
+    let width = pairs.iter().map(|(key, _)| key.len()).max().unwrap_or(0);
+    let mut out = String::new();
+    for (key, value) in pairs {
+        let _ = writeln!(out, "{:<width$} {value}", format!("{key}:"), width = width + 1);
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn durations() {
+        assert_eq!(parse_duration("500ms"), Ok(Duration::from_millis(500)));
+        assert_eq!(parse_duration("30s"), Ok(Duration::from_secs(30)));
+        assert_eq!(parse_duration("5m"), Ok(Duration::from_secs(300)));
+        assert_eq!(parse_duration("1m30s"), Ok(Duration::from_secs(90)));
+        assert_eq!(parse_duration("1.5s"), Ok(Duration::from_millis(1500)));
+        assert_eq!(parse_duration("2h"), Ok(Duration::from_secs(7200)));
+        assert!(parse_duration("30").is_err());
+        assert!(parse_duration("").is_err());
+        assert!(parse_duration("3 weeks").is_err());
+        assert!(parse_duration("s").is_err());
+        assert!(parse_duration("1.2.3s").is_err());
+    }
+
+    #[test]
+    fn formats_ms() {
+        assert_eq!(format_ms(0), "0ms");
+        assert_eq!(format_ms(500), "500ms");
+        assert_eq!(format_ms(30_000), "30s");
+        assert_eq!(format_ms(29_512), "29.5s");
+        assert_eq!(format_ms(300_000), "5m");
+        assert_eq!(format_ms(3_723_000), "1h2m3s");
+    }
+
+    #[test]
+    fn tables_align() {
+        let mut table = Table::new(&[("NAME", Align::Left), ("N", Align::Right)]);
+        table.row(vec!["a".to_owned(), "10".to_owned()]);
+        table.row(vec!["long-name".to_owned(), "2".to_owned()]);
+        assert_eq!(table.render(), "NAME        N\na          10\nlong-name   2\n");
+    }
+
+    #[test]
+    fn quotes_odd_names() {
+        assert_eq!(show("t1"), "t1");
+        assert_eq!(show("a/b"), "a/b");
+        assert_eq!(show("my token"), "\"my token\"");
+        assert_eq!(show(""), "\"\"");
+    }
+
+    #[test]
+    fn allocate_lines() {
+        let grant = Grant {
+            namespace: "hive:a".to_owned(),
+            token: "t1".to_owned(),
+            units: 2,
+            scope: None,
+            fencing: 7,
+            ttl_ms: Some(30_000),
+            session: None,
+            expires_in_ms: Some(30_000),
+        };
+        let granted =
+            AllocateResponse { status: Status::Granted, grant: Some(grant), existing: false, cap: None, queue: None };
+        assert_eq!(allocate_line(&granted), "granted hive:a token t1 (2 units, fencing 7, expires in 30s)\n");
+        let exhausted = AllocateResponse {
+            status: Status::Exhausted,
+            grant: None,
+            existing: false,
+            cap: None,
+            queue: Some(QueuePlace { position: 2, units_ahead: 3 }),
+        };
+        assert_eq!(allocate_line(&exhausted), "exhausted: namespace quota full (position 2 in queue, 3 units ahead)\n");
+        let capped = AllocateResponse {
+            status: Status::NamespaceQuotaExceeded,
+            grant: None,
+            existing: false,
+            cap: Some(CapRefusal { level: CapLevel::Project, cap: 5, held: 5 }),
+            queue: None,
+        };
+        assert_eq!(allocate_line(&capped), "namespace quota exceeded: project cap 5 full (5 held)\n");
+    }
+}
