@@ -1,0 +1,96 @@
+//! SIGKILL in the middle of concurrent load: every acknowledged grant and release survives, and
+//! leases resume with the TTL they had left.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use allot_client::{Allocate, Status};
+
+use crate::support::{data_dir, Daemon};
+
+/// What the clients were told about a token.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Acked {
+    Granted,
+    Released,
+    /// A request was sent and not answered: either outcome is allowed.
+    InFlight,
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn acknowledged_grants_and_releases_survive_sigkill() {
+    let (_dir, data) = data_dir();
+    let daemon = Daemon::start(&data, &["--quota", "crash=100000"]);
+    let client = daemon.client();
+    let leased = client
+        .allocate("crash", "leased", &Allocate { ttl_ms: Some(6000), ..Allocate::default() })
+        .await
+        .unwrap();
+    assert_eq!(leased.status, Status::Granted);
+    let lease_started = std::time::Instant::now();
+
+    let acked: Arc<Mutex<HashMap<String, Acked>>> = Arc::default();
+    let mut workers = Vec::new();
+    for worker in 0..16 {
+        let client = client.clone();
+        let acked = acked.clone();
+        workers.push(tokio::spawn(async move {
+            for round in 0.. {
+                let token = format!("w{worker}-{round}");
+                acked.lock().unwrap().insert(token.clone(), Acked::InFlight);
+                match client.allocate("crash", &token, &Allocate::default()).await {
+                    Ok(answer) if answer.status == Status::Granted => {
+                        acked.lock().unwrap().insert(token.clone(), Acked::Granted)
+                    }
+                    Ok(answer) => panic!("unexpected answer {answer:?}"),
+                    Err(_) => return,
+                };
+                // Keep one grant in three; release the others.
+                if round % 3 == 0 {
+                    continue;
+                }
+                acked.lock().unwrap().insert(token.clone(), Acked::InFlight);
+                match client.release("crash", &token, None).await {
+                    Ok(answer) => {
+                        assert!(answer.released);
+                        acked.lock().unwrap().insert(token, Acked::Released);
+                    }
+                    Err(_) => return,
+                }
+            }
+        }));
+    }
+    tokio::time::sleep(Duration::from_millis(2000)).await;
+    let killed_after = lease_started.elapsed();
+    tokio::task::spawn_blocking(move || daemon.kill9()).await.unwrap();
+    for worker in workers {
+        worker.await.unwrap();
+    }
+    let acked = acked.lock().unwrap().clone();
+    let n_acked = acked.values().filter(|a| **a != Acked::InFlight).count();
+    assert!(n_acked > 100, "too little load before the kill: {n_acked} acknowledged");
+
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    let daemon = Daemon::start(&data, &[]);
+    let grants = daemon.client().grants("crash").await.unwrap().grants;
+    let held: HashMap<&str, u64> = grants.iter().map(|g| (g.token.as_str(), g.fencing)).collect();
+    for (token, state) in &acked {
+        match state {
+            Acked::Granted => assert!(held.contains_key(token.as_str()), "acknowledged grant {token} was lost"),
+            Acked::Released => assert!(!held.contains_key(token.as_str()), "acknowledged release of {token} was lost"),
+            Acked::InFlight => {}
+        }
+    }
+    let mut fencing: Vec<u64> = held.values().copied().collect();
+    fencing.sort_unstable();
+    fencing.dedup();
+    assert_eq!(fencing.len(), held.len(), "fencing numbers must be unique");
+
+    // The lease had about 6000 - killed_after ms left at the kill; the clock is checkpointed at
+    // least once a second, and the time the daemon was down does not count.
+    let leased = grants.iter().find(|g| g.token == "leased").expect("the leased grant survives");
+    let left = leased.expires_in_ms.unwrap();
+    let had_left = 6000 - killed_after.as_millis() as u64;
+    assert!(left >= had_left.saturating_sub(300) && left <= had_left + 1300, "had {had_left} ms left, resumed with {left}");
+}

@@ -1,0 +1,103 @@
+//! The daemon over a real socket: configuration, health, OpenAPI, metrics, waiting, shutdown.
+
+use std::io::Write;
+use std::time::Duration;
+
+use allot_client::{Allocate, Status};
+
+use crate::support::{data_dir, eventually, Daemon};
+
+#[tokio::test]
+async fn registers_quotas_from_the_config_file_and_flags() {
+    let (dir, data) = data_dir();
+    let config = dir.path().join("allot.toml");
+    std::fs::write(&config, "[quotas]\n\"hive:cluster-a\" = 10\n\"hive:cluster-b\" = 4\n").unwrap();
+    let daemon = Daemon::start(&data, &["--config", config.to_str().unwrap(), "--quota", "hive:cluster-b=6"]);
+    let client = daemon.client();
+    assert_eq!(client.namespace("hive:cluster-a").await.unwrap().quota, 10);
+    assert_eq!(client.namespace("hive:cluster-b").await.unwrap().quota, 6, "a flag wins over the file");
+    let health = client.health().await.unwrap();
+    assert_eq!((health.status.as_str(), health.backend.as_str()), ("ok", "embedded"));
+    let openapi = client.openapi().await.unwrap();
+    assert!(openapi["openapi"].as_str().unwrap().starts_with("3."));
+    assert!(openapi["paths"]["/v1/sessions/{id}/keepalive"]["post"].is_object());
+    client.allocate("hive:cluster-a", "t", &Allocate::default()).await.unwrap();
+    let metrics = client.metrics().await.unwrap();
+    assert!(metrics.contains("allot_granted_units{namespace=\"hive:cluster-a\"} 1"), "{metrics}");
+    assert!(metrics.contains("allot_http_request_duration_seconds_count"), "{metrics}");
+}
+
+#[tokio::test]
+async fn a_bad_config_file_is_a_clear_error() {
+    let (dir, data) = data_dir();
+    let config = dir.path().join("allot.toml");
+    std::fs::write(&config, "[quotas]\n\"a::b\" = 1\n").unwrap();
+    let output = std::process::Command::new(crate::support::ALLOT)
+        .args(["serve", "--listen", "127.0.0.1:0", "--config", config.to_str().unwrap(), "--data-dir"])
+        .arg(&data)
+        .output()
+        .unwrap();
+    assert!(!output.status.success());
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(stderr.contains("empty segment"), "{stderr}");
+}
+
+#[tokio::test]
+async fn a_release_wakes_the_waiter_and_sigterm_answers_waiters() {
+    let (_dir, data) = data_dir();
+    let daemon = Daemon::start(&data, &["--quota", "gpu=1"]);
+    let client = daemon.client();
+    client.allocate("gpu", "holder", &Allocate::default()).await.unwrap();
+    let waiting = {
+        let client = client.clone();
+        tokio::spawn(async move {
+            client.allocate("gpu", "next", &Allocate { wait_ms: Some(20_000), ..Allocate::default() }).await
+        })
+    };
+    assert!(eventually(Duration::from_secs(5), async || client.waiters("gpu").await.unwrap().waiters.len() == 1).await);
+    client.release("gpu", "holder", None).await.unwrap();
+    let woken = waiting.await.unwrap().unwrap();
+    assert_eq!(woken.status, Status::Granted);
+    assert_eq!(woken.grant.unwrap().fencing, 2);
+
+    // A waiter still waiting at SIGTERM is answered with its place, and the daemon exits cleanly.
+    let waiting = {
+        let client = client.clone();
+        tokio::spawn(async move {
+            client.allocate("gpu", "last", &Allocate { wait_ms: Some(60_000), ..Allocate::default() }).await
+        })
+    };
+    assert!(eventually(Duration::from_secs(5), async || client.waiters("gpu").await.unwrap().waiters.len() == 1).await);
+    let status = tokio::task::spawn_blocking(move || daemon.terminate()).await.unwrap();
+    assert!(status.success(), "{status:?}");
+    let answer = waiting.await.unwrap().unwrap();
+    assert_eq!(answer.status, Status::Exhausted);
+    assert_eq!(answer.queue.unwrap().position, 1);
+
+    // Everything acknowledged is still there after the restart.
+    let daemon = Daemon::start(&data, &[]);
+    let grants = daemon.client().grants("gpu").await.unwrap().grants;
+    assert_eq!(grants.iter().map(|g| g.token.as_str()).collect::<Vec<_>>(), ["next"]);
+}
+
+#[tokio::test]
+async fn a_waiter_whose_client_goes_away_leaves_the_queue() {
+    let (_dir, data) = data_dir();
+    let daemon = Daemon::start(&data, &["--quota", "gpu=1"]);
+    let client = daemon.client();
+    client.allocate("gpu", "holder", &Allocate::default()).await.unwrap();
+    let mut stream = std::net::TcpStream::connect(daemon.address()).unwrap();
+    let body = r#"{"wait_ms": 30000}"#;
+    write!(
+        stream,
+        "PUT /v1/namespaces/gpu/grants/gone HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
+        body.len()
+    )
+    .unwrap();
+    assert!(eventually(Duration::from_secs(5), async || client.waiters("gpu").await.unwrap().waiters.len() == 1).await);
+    drop(stream);
+    let left = eventually(Duration::from_secs(5), async || client.waiters("gpu").await.unwrap().waiters.is_empty()).await;
+    assert!(left, "the waiter of a closed connection is still queued");
+    client.release("gpu", "holder", None).await.unwrap();
+    assert!(client.grants("gpu").await.unwrap().grants.is_empty(), "a departed waiter was granted");
+}

@@ -1,0 +1,102 @@
+//! Starting, stopping and killing a real daemon.
+
+use std::io::{BufRead, BufReader};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, ExitStatus, Stdio};
+use std::time::{Duration, Instant};
+
+pub(crate) const ALLOT: &str = env!("CARGO_BIN_EXE_allot");
+
+/// A daemon process; killed when dropped.
+pub(crate) struct Daemon {
+    child: Child,
+    pub(crate) url: String,
+}
+
+impl Daemon {
+    /// Starts `allot serve` on a free loopback port with `data_dir`, plus `args`.
+    pub(crate) fn start(data_dir: &Path, args: &[&str]) -> Daemon {
+        let log = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(data_dir.with_extension("log"))
+            .expect("daemon log file");
+        let mut child = Command::new(ALLOT)
+            .args(["serve", "--listen", "127.0.0.1:0", "--data-dir"])
+            .arg(data_dir)
+            .args(args)
+            .stdout(Stdio::piped())
+            .stderr(log)
+            .spawn()
+            .expect("start allot serve");
+        let stdout = child.stdout.take().expect("piped stdout");
+        let (tx, rx) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            let mut lines = BufReader::new(stdout).lines();
+            let first = lines.next().and_then(Result::ok);
+            let _ = tx.send(first);
+            // Keep reading so the daemon never blocks on a full pipe.
+            for _ in lines {}
+        });
+        let line = rx.recv_timeout(Duration::from_secs(30)).ok().flatten().unwrap_or_else(|| {
+            let log = std::fs::read_to_string(data_dir.with_extension("log")).unwrap_or_default();
+            panic!("the daemon did not report its address; its log:\n{log}")
+        });
+        let url = line.strip_prefix("allot listening on ").expect("the ready line").trim().to_owned();
+        Daemon { child, url }
+    }
+
+    pub(crate) fn client(&self) -> allot_client::Client {
+        allot_client::Client::new(&self.url).unwrap()
+    }
+
+    /// SIGKILL: no chance to flush anything.
+    pub(crate) fn kill9(mut self) {
+        self.child.kill().expect("SIGKILL");
+        self.child.wait().expect("reap");
+    }
+
+    /// SIGTERM, and wait for the exit.
+    pub(crate) fn terminate(mut self) -> ExitStatus {
+        let status = Command::new("kill").args(["-TERM", &self.child.id().to_string()]).status().expect("kill");
+        assert!(status.success());
+        let started = Instant::now();
+        loop {
+            if let Some(status) = self.child.try_wait().expect("wait") {
+                return status;
+            }
+            assert!(started.elapsed() < Duration::from_secs(20), "the daemon did not stop after SIGTERM");
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    pub(crate) fn address(&self) -> String {
+        self.url.trim_start_matches("http://").to_owned()
+    }
+}
+
+impl Drop for Daemon {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// A temporary directory with a `data` path inside for the daemon.
+pub(crate) fn data_dir() -> (tempfile::TempDir, PathBuf) {
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("data");
+    (dir, data)
+}
+
+/// Polls `check` every 20 ms until it holds or `limit` passes.
+pub(crate) async fn eventually(limit: Duration, mut check: impl AsyncFnMut() -> bool) -> bool {
+    let started = Instant::now();
+    while started.elapsed() < limit {
+        if check().await {
+            return true;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    false
+}
