@@ -130,15 +130,31 @@ pub enum Decision {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Change {
     /// Insert or update a namespace.
-    Namespace { name: NamespaceName, quota: u64, next_fencing: u64 },
+    Namespace {
+        name: NamespaceName,
+        quota: u64,
+        next_fencing: u64,
+    },
     /// Remove a namespace and all its grants; keep its fencing high-water mark.
-    NamespaceRemoved { name: NamespaceName, next_fencing: u64 },
+    NamespaceRemoved {
+        name: NamespaceName,
+        next_fencing: u64,
+    },
     /// Insert or update a grant.
     Grant(Grant),
-    GrantRemoved { namespace: NamespaceName, token: Token },
+    GrantRemoved {
+        namespace: NamespaceName,
+        token: Token,
+    },
     /// Insert or update a session (its grants are recorded on the grants).
-    Session { id: SessionId, ttl_ms: u64, deadline: Millis },
-    SessionRemoved { id: SessionId },
+    Session {
+        id: SessionId,
+        ttl_ms: u64,
+        deadline: Millis,
+    },
+    SessionRemoved {
+        id: SessionId,
+    },
 }
 
 /// A waiter that was granted.
@@ -399,7 +415,12 @@ impl Ledger {
 
     /// Creates a namespace or changes its quota [Flyte `RegisterResourceQuota`]. Raising a quota
     /// admits waiters at once; lowering it revokes nothing. Returns true if it was created.
-    pub fn put_namespace(&mut self, name: &NamespaceName, quota: u64, now: Millis) -> Result<(bool, Effects), LedgerError> {
+    pub fn put_namespace(
+        &mut self,
+        name: &NamespaceName,
+        quota: u64,
+        now: Millis,
+    ) -> Result<(bool, Effects), LedgerError> {
         check_range("quota", quota, 0, MAX_UNITS)?;
         let mut effects = Effects::default();
         let created = !self.namespaces.contains_key(name);
@@ -427,7 +448,8 @@ impl Ledger {
         for grant in state.grants.values() {
             self.forget_lease(grant);
         }
-        effects.cancelled = state.waiters.iter().map(|w| (w.id, LedgerError::NamespaceNotFound(name.clone()))).collect();
+        effects.cancelled =
+            state.waiters.iter().map(|w| (w.id, LedgerError::NamespaceNotFound(name.clone()))).collect();
         effects.changes.push(Change::NamespaceRemoved { name: name.clone(), next_fencing: state.next_fencing });
         self.retired_fencing.insert(name.clone(), state.next_fencing);
         Ok((state.grants.len(), effects))
@@ -437,7 +459,12 @@ impl Ledger {
     ///
     /// Allocating a token that is already granted returns the same grant. When the request cannot
     /// be granted and `wait` is true, it joins the waiting queue (first come, first served).
-    pub fn allocate(&mut self, request: AllocateRequest, now: Millis, wait: bool) -> Result<(Decision, Effects), LedgerError> {
+    pub fn allocate(
+        &mut self,
+        request: AllocateRequest,
+        now: Millis,
+        wait: bool,
+    ) -> Result<(Decision, Effects), LedgerError> {
         check_range("units", request.units, 1, MAX_UNITS)?;
         if let Some(cap) = request.constraints.project {
             check_range("project cap", cap, 0, MAX_UNITS)?;
@@ -471,7 +498,11 @@ impl Ledger {
             return Ok((Decision::Granted { grant: grant.clone(), existing: true }, Effects::default()));
         }
         if request.units > state.quota {
-            return Err(LedgerError::UnitsExceedQuota { namespace: request.namespace, units: request.units, quota: state.quota });
+            return Err(LedgerError::UnitsExceedQuota {
+                namespace: request.namespace,
+                units: request.units,
+                quota: state.quota,
+            });
         }
         // A cap smaller than the request can never be met: answer at once, even when waiting.
         if let Some(refusal @ Refusal::CapExceeded { cap, .. }) = state.cap_refusal(&request) {
@@ -529,7 +560,12 @@ impl Ledger {
 
     /// Takes a waiter out of the queue (its wait timed out or its caller left) and says where it
     /// stood. `None` if it is no longer waiting: it was granted or cancelled meanwhile.
-    pub fn cancel_waiter(&mut self, namespace: &NamespaceName, waiter: WaiterId, now: Millis) -> Option<(Refusal, QueuePlace, Effects)> {
+    pub fn cancel_waiter(
+        &mut self,
+        namespace: &NamespaceName,
+        waiter: WaiterId,
+        now: Millis,
+    ) -> Option<(Refusal, QueuePlace, Effects)> {
         let state = self.namespaces.get_mut(namespace)?;
         let index = state.waiters.iter().position(|w| w.id == waiter)?;
         let place = state.place_of(index);
@@ -547,7 +583,13 @@ impl Ledger {
 
     /// Releases a token [Flyte `ReleaseResource`]. Idempotent: returns the released grant, or
     /// `None` if the token was not granted. A stale fencing number is refused.
-    pub fn release(&mut self, namespace: &NamespaceName, token: &Token, fencing: Option<u64>, now: Millis) -> Result<(Option<Grant>, Effects), LedgerError> {
+    pub fn release(
+        &mut self,
+        namespace: &NamespaceName,
+        token: &Token,
+        fencing: Option<u64>,
+        now: Millis,
+    ) -> Result<(Option<Grant>, Effects), LedgerError> {
         let Some(state) = self.namespaces.get_mut(namespace) else {
             return Err(LedgerError::NamespaceNotFound(namespace.clone()));
         };
@@ -567,7 +609,13 @@ impl Ledger {
     }
 
     /// Renews a grant's lease: a TTL lease starts over; a session lease renews the session.
-    pub fn keepalive_grant(&mut self, namespace: &NamespaceName, token: &Token, fencing: Option<u64>, now: Millis) -> Result<(Grant, Effects), LedgerError> {
+    pub fn keepalive_grant(
+        &mut self,
+        namespace: &NamespaceName,
+        token: &Token,
+        fencing: Option<u64>,
+        now: Millis,
+    ) -> Result<(Grant, Effects), LedgerError> {
         let Some(state) = self.namespaces.get_mut(namespace) else {
             return Err(LedgerError::NamespaceNotFound(namespace.clone()));
         };
@@ -884,12 +932,20 @@ impl Ledger {
             if quota_blocked != state.quota_blocked {
                 return Err(format!("{name}: quota_blocked is {} but should be {quota_blocked}", state.quota_blocked));
             }
-            if let Some(waiter) = state.waiters.iter().find(|w| state.cap_refusal(&w.request).is_none() && state.fits_quota(w.request.units) && !blocked_before(state, w.id)) {
+            if let Some(waiter) = state.waiters.iter().find(|w| {
+                state.cap_refusal(&w.request).is_none()
+                    && state.fits_quota(w.request.units)
+                    && !blocked_before(state, w.id)
+            }) {
                 return Err(format!("{name}: waiter {:?} fits but was not granted", waiter.id));
             }
         }
         if self.leases.len() != ttl_leases + self.sessions.len() {
-            return Err(format!("{} leases for {ttl_leases} TTL grants and {} sessions", self.leases.len(), self.sessions.len()));
+            return Err(format!(
+                "{} leases for {ttl_leases} TTL grants and {} sessions",
+                self.leases.len(),
+                self.sessions.len()
+            ));
         }
         Ok(())
     }

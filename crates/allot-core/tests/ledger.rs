@@ -107,7 +107,10 @@ fn caps_match_scopes_exactly_and_name_the_level() {
     let (d, _) = ledger.allocate(scoped("hive", "p2", "proj", "dev", caps), 0, false).unwrap();
     assert_eq!(
         d,
-        Decision::Refused { refusal: Refusal::CapExceeded { level: CapLevel::Namespace, cap: 1, held: 1 }, place: None }
+        Decision::Refused {
+            refusal: Refusal::CapExceeded { level: CapLevel::Namespace, cap: 1, held: 1 },
+            place: None
+        }
     );
     // `proj:development` is another namespace scope; `proj2` is another project (Flyte's prefix bug).
     granted(&ledger.allocate(scoped("hive", "p3", "proj", "development", caps), 0, false).unwrap().0);
@@ -355,10 +358,7 @@ fn restore_rebuilds_counters_leases_and_fencing() {
     assert_eq!(restored.grants(&ns("hive")).unwrap(), grants);
     assert_eq!(restored.namespace(&ns("hive"), 0).unwrap().granted_units, 3);
     assert_eq!(restored.next_deadline(), Some(50));
-    assert!(matches!(
-        Ledger::restore(vec![], vec![], vec![], grants.clone()),
-        Err(RestoreError::OrphanGrant { .. })
-    ));
+    assert!(matches!(Ledger::restore(vec![], vec![], vec![], grants.clone()), Err(RestoreError::OrphanGrant { .. })));
     assert!(matches!(
         Ledger::restore(vec![(ns("hive"), 5, 3)], vec![], vec![], grants),
         Err(RestoreError::MissingSession { .. })

@@ -115,7 +115,8 @@ pub(crate) fn allocation(allocation: Allocation) -> allot_api::AllocateResponse 
             queue: None,
         },
         Allocation::Refused { refusal, place } => {
-            let queue = place.map(|p| allot_api::QueuePlace { position: p.position as u64, units_ahead: p.units_ahead });
+            let queue =
+                place.map(|p| allot_api::QueuePlace { position: p.position as u64, units_ahead: p.units_ahead });
             let (status, cap) = match refusal {
                 Refusal::Exhausted => (allot_api::Status::Exhausted, None),
                 Refusal::CapExceeded { level, cap, held } => (
@@ -149,7 +150,10 @@ pub(crate) fn session(info: SessionInfo) -> allot_api::Session {
             .session
             .grants
             .into_iter()
-            .map(|(namespace, token)| allot_api::GrantRef { namespace: namespace.to_string(), token: token.to_string() })
+            .map(|(namespace, token)| allot_api::GrantRef {
+                namespace: namespace.to_string(),
+                token: token.to_string(),
+            })
             .collect(),
     }
 }

@@ -67,7 +67,9 @@ impl From<StoreError> for ApiError {
             StoreError::Unavailable(_) => {
                 ApiError::new(StatusCode::SERVICE_UNAVAILABLE, "store_unavailable", err.to_string())
             }
-            StoreError::ShuttingDown => ApiError::new(StatusCode::SERVICE_UNAVAILABLE, "shutting_down", err.to_string()),
+            StoreError::ShuttingDown => {
+                ApiError::new(StatusCode::SERVICE_UNAVAILABLE, "shutting_down", err.to_string())
+            }
             StoreError::Invalid(message) => ApiError::invalid_argument(message),
         }
     }

@@ -142,7 +142,12 @@ impl Collector for StoreCollector {
         }
         encode_family(&mut encoder, "allot_allocations", "Allocate decisions by result, since start", &allocations)?;
         encode_family(&mut encoder, "allot_releases", "Grants released, since start", &releases)?;
-        encode_family(&mut encoder, "allot_expirations", "Grants ended by an expired lease, since start", &expirations)?;
+        encode_family(
+            &mut encoder,
+            "allot_expirations",
+            "Grants ended by an expired lease, since start",
+            &expirations,
+        )?;
 
         let commits = snapshot.commits;
         let store_counters: [(&str, &str, u64); 3] = [
@@ -153,7 +158,8 @@ impl Collector for StoreCollector {
         for (name, help, value) in store_counters {
             let counter = Counter::<u64>::default();
             counter.inc_by(value);
-            let metric = encoder.encode_descriptor(name, help, None, prometheus_client::metrics::MetricType::Counter)?;
+            let metric =
+                encoder.encode_descriptor(name, help, None, prometheus_client::metrics::MetricType::Counter)?;
             counter.encode(metric)?;
         }
         let seconds = Counter::<f64, std::sync::atomic::AtomicU64>::default();
@@ -176,8 +182,9 @@ pub(crate) async fn scrape(State(state): State<AppState>) -> Result<Response, Ap
     // The collector locks the snapshot while encoding: the lock must be released before.
     *metrics.snapshot.lock().unwrap_or_else(|p| p.into_inner()) = Snapshot { namespaces, commits };
     let mut text = String::new();
-    prometheus_client::encoding::text::encode(&mut text, &metrics.registry)
-        .map_err(|_| ApiError::new(axum::http::StatusCode::INTERNAL_SERVER_ERROR, "internal", "cannot encode metrics"))?;
+    prometheus_client::encoding::text::encode(&mut text, &metrics.registry).map_err(|_| {
+        ApiError::new(axum::http::StatusCode::INTERNAL_SERVER_ERROR, "internal", "cannot encode metrics")
+    })?;
     Ok(([(CONTENT_TYPE, "application/openmetrics-text; version=1.0.0; charset=utf-8")], text).into_response())
 }
 

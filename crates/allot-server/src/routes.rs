@@ -80,7 +80,10 @@ pub(crate) async fn remove_namespace(
 #[utoipa::path(get, path = "/v1/namespaces/{namespace}/grants", tag = "grants",
     params(("namespace" = String, Path)),
     responses((status = 200, body = api::GrantList), (status = 404, body = api::ErrorBody)))]
-pub(crate) async fn list_grants(State(state): State<AppState>, Segments(name): Segments<String>) -> Answer<api::GrantList> {
+pub(crate) async fn list_grants(
+    State(state): State<AppState>,
+    Segments(name): Segments<String>,
+) -> Answer<api::GrantList> {
     let grants = state.store.grants(convert::namespace_name(&name)?).await?;
     Ok(Json(api::GrantList { grants: grants.into_iter().map(convert::grant).collect() }))
 }
@@ -131,8 +134,7 @@ pub(crate) async fn release(
     Segments((name, token)): Segments<(String, String)>,
     QueryArgs(query): QueryArgs<FencingQuery>,
 ) -> Answer<api::ReleaseResponse> {
-    let released =
-        state.store.release(convert::namespace_name(&name)?, convert::token(&token)?, query.fencing).await?;
+    let released = state.store.release(convert::namespace_name(&name)?, convert::token(&token)?, query.fencing).await?;
     Ok(Json(api::ReleaseResponse { released: released.is_some(), grant: released.map(convert::grant) }))
 }
 

@@ -8,8 +8,8 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use allot_core::{
-    AllocateRequest, CapLevel, Constraints, Lease, LeaseRequest, LedgerError, NamespaceName, QueuePlace, Refusal, Scope,
-    Token,
+    AllocateRequest, CapLevel, Constraints, Lease, LeaseRequest, LedgerError, NamespaceName, QueuePlace, Refusal,
+    Scope, Token,
 };
 
 use crate::{Allocation, Store, StoreError};

@@ -29,8 +29,8 @@ use redb::{Database, Durability, ReadableTable, StorageBackend};
 use tokio::sync::{oneshot, watch};
 
 use crate::records::{
-    decode, encode, CorruptRecord, GrantRecord, NamespaceRecord, SessionRecord, FORMAT_VERSION, GRANTS,
-    META, META_CLOCK, META_FORMAT, NAMESPACES, RETIRED_FENCING, SESSIONS,
+    decode, encode, CorruptRecord, GrantRecord, NamespaceRecord, SessionRecord, FORMAT_VERSION, GRANTS, META,
+    META_CLOCK, META_FORMAT, NAMESPACES, RETIRED_FENCING, SESSIONS,
 };
 use crate::{expires_in, Allocation, CommitStats, GrantInfo, SessionInfo, Store, StoreError, MAX_WAIT};
 
@@ -391,8 +391,11 @@ fn load(db: &Database) -> Result<(Ledger, Millis), OpenError> {
         let (key, value) = entry.map_err(|e| read_err(e.into()))?;
         let name = key.value();
         let record: NamespaceRecord = decode("namespaces", name, value.value())?;
-        let name = NamespaceName::new(name)
-            .map_err(|e| CorruptRecord { table: "namespaces", key: name.to_owned(), reason: e.to_string() })?;
+        let name = NamespaceName::new(name).map_err(|e| CorruptRecord {
+            table: "namespaces",
+            key: name.to_owned(),
+            reason: e.to_string(),
+        })?;
         namespaces.push((name, record.quota, record.next_fencing));
     }
     let mut retired = Vec::new();
@@ -400,8 +403,11 @@ fn load(db: &Database) -> Result<(Ledger, Millis), OpenError> {
         txn.open_table(RETIRED_FENCING).map_err(|e| read_err(e.into()))?.iter().map_err(|e| read_err(e.into()))?
     {
         let (key, value) = entry.map_err(|e| read_err(e.into()))?;
-        let name = NamespaceName::new(key.value())
-            .map_err(|e| CorruptRecord { table: "retired_fencing", key: key.value().to_owned(), reason: e.to_string() })?;
+        let name = NamespaceName::new(key.value()).map_err(|e| CorruptRecord {
+            table: "retired_fencing",
+            key: key.value().to_owned(),
+            reason: e.to_string(),
+        })?;
         retired.push((name, value.value()));
     }
     let mut sessions = Vec::new();

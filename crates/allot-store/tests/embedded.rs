@@ -110,7 +110,8 @@ async fn a_failing_disk_gets_a_clear_error_and_keeps_the_state_whole() {
     let make = {
         let failing = failing.clone();
         move || {
-            let file = std::fs::OpenOptions::new().read(true).write(true).create(true).truncate(false).open(&path).unwrap();
+            let file =
+                std::fs::OpenOptions::new().read(true).write(true).create(true).truncate(false).open(&path).unwrap();
             FlakyDisk { inner: redb::backends::FileBackend::new(file).unwrap(), failing: failing.clone() }
         }
     };

@@ -77,7 +77,8 @@ fn resolve(args: &ServeArgs) -> anyhow::Result<Config> {
         let Some((name, value)) = quota.rsplit_once('=') else {
             bail!("--quota takes NAMESPACE=QUOTA, got `{quota}`");
         };
-        let value: u64 = value.trim().parse().with_context(|| format!("--quota {quota}: the quota must be a whole number"))?;
+        let value: u64 =
+            value.trim().parse().with_context(|| format!("--quota {quota}: the quota must be a whole number"))?;
         quotas.insert(name.to_owned(), value);
     }
     let quotas = quotas
@@ -134,7 +135,10 @@ pub(crate) async fn run(args: ServeArgs) -> anyhow::Result<()> {
         .with_context(|| format!("cannot open the store in {}", config.data_dir.display()))?;
     let store: Arc<dyn Store> = Arc::new(store);
     for (name, quota) in &config.quotas {
-        store.put_namespace(name.clone(), *quota).await.with_context(|| format!("cannot register quota of `{name}`"))?;
+        store
+            .put_namespace(name.clone(), *quota)
+            .await
+            .with_context(|| format!("cannot register quota of `{name}`"))?;
         tracing::info!(namespace = %name, quota, "quota registered");
     }
     let listener = tokio::net::TcpListener::bind(config.listen)

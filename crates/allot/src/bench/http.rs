@@ -2,6 +2,7 @@
 //! low-level client (no pool), plus the parsing of server URLs and percent-encoding of path segments.
 
 use std::fmt::Write as _;
+use std::time::Duration;
 
 use anyhow::{bail, Context};
 use http_body_util::{BodyExt, Full};
@@ -51,17 +52,25 @@ impl Endpoint {
     }
 }
 
+/// How long connecting may take.
+const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
+/// How long a request may take unless [`Conn::with_timeout`] says otherwise.
+const DEFAULT_TIMEOUT: Duration = Duration::from_secs(30);
+
 /// One keep-alive HTTP/1.1 connection; requests on it are sent one at a time.
 pub(super) struct Conn {
     endpoint: Endpoint,
     sender: SendRequest<Full<Bytes>>,
+    timeout: Duration,
 }
 
 impl Conn {
     /// Opens a connection (TCP_NODELAY on) and starts driving it on the runtime.
     pub(super) async fn connect(endpoint: &Endpoint) -> anyhow::Result<Conn> {
-        let stream = TcpStream::connect(&endpoint.authority)
+        let stream = tokio::time::timeout(CONNECT_TIMEOUT, TcpStream::connect(&endpoint.authority))
             .await
+            .map_err(|_| anyhow::anyhow!("no connection within {CONNECT_TIMEOUT:?}"))
+            .and_then(|connected| Ok(connected?))
             .with_context(|| format!("cannot connect to {}", endpoint.url()))?;
         stream.set_nodelay(true)?;
         let (sender, connection) = hyper::client::conn::http1::handshake(TokioIo::new(stream))
@@ -72,17 +81,32 @@ impl Conn {
             // up as the error of the request in flight.
             let _ = connection.await;
         });
-        Ok(Conn { endpoint: endpoint.clone(), sender })
+        Ok(Conn { endpoint: endpoint.clone(), sender, timeout: DEFAULT_TIMEOUT })
+    }
+
+    /// Sets how long a request may take before it fails; the connection is unusable after that.
+    pub(super) fn with_timeout(mut self, timeout: Duration) -> Conn {
+        self.timeout = timeout;
+        self
     }
 
     /// Sends one request (`path` below the endpoint's prefix; a JSON `body` if not empty) and reads
-    /// the whole answer.
+    /// the whole answer, within the connection's timeout.
     pub(super) async fn request(
         &mut self,
         method: Method,
         path: &str,
         body: Bytes,
     ) -> anyhow::Result<(StatusCode, Bytes)> {
+        let timeout = self.timeout;
+        let what = format!("{method} {path}");
+        match tokio::time::timeout(timeout, self.send(method, path, body)).await {
+            Ok(answer) => answer.with_context(|| what),
+            Err(_) => Err(anyhow::anyhow!("{what}: no answer within {timeout:?}")),
+        }
+    }
+
+    async fn send(&mut self, method: Method, path: &str, body: Bytes) -> anyhow::Result<(StatusCode, Bytes)> {
         let mut request = Request::builder()
             .method(method)
             .uri(format!("{}{path}", self.endpoint.prefix))

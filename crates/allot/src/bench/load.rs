@@ -183,7 +183,7 @@ impl Client {
         let conn = match self.conn.take() {
             Some(conn) => conn,
             None => {
-                let mut conn = Conn::connect(&self.target.endpoint).await?;
+                let mut conn = Conn::connect(&self.target.endpoint).await?.with_timeout(self.timeout);
                 if matches!(self.target.protocol, Protocol::Throttle { .. }) && self.peer.is_none() {
                     let body = Bytes::from_static(br#"{"expires_in":"1h"}"#);
                     let (status, answer) = conn.request(Method::POST, "/new_peer", body).await?;
@@ -207,17 +207,14 @@ impl Client {
 
     /// Sends one request and sorts its answer into an outcome.
     async fn call(&mut self, method: Method, path: &str, body: &'static str) -> Outcome {
-        let timeout = self.timeout;
         let conn = match self.connect().await {
             Ok(conn) => conn,
             Err(err) => return Outcome::Failed { message: format!("{err:#}"), reconnect: true },
         };
         let releasing = method == Method::DELETE;
-        let answer = tokio::time::timeout(timeout, conn.request(method, path, Bytes::from_static(body.as_bytes())));
-        let (status, body) = match answer.await {
-            Ok(Ok(answer)) => answer,
-            Ok(Err(err)) => return Outcome::Failed { message: format!("{err:#}"), reconnect: true },
-            Err(_) => return Outcome::Failed { message: format!("no answer within {timeout:?}"), reconnect: true },
+        let (status, body) = match conn.request(method, path, Bytes::from_static(body.as_bytes())).await {
+            Ok(answer) => answer,
+            Err(err) => return Outcome::Failed { message: format!("{err:#}"), reconnect: true },
         };
         let throttle = matches!(self.target.protocol, Protocol::Throttle { .. });
         let unexpected = || Outcome::Failed {
@@ -246,11 +243,7 @@ impl Client {
     /// Ends the client's peer on Throttle (not measured).
     async fn finish(mut self) {
         if let (Some(peer), Some(conn)) = (self.peer, self.conn.as_mut()) {
-            let _ = tokio::time::timeout(
-                Duration::from_secs(2),
-                conn.request(Method::DELETE, &format!("/peers/{peer}"), Bytes::new()),
-            )
-            .await;
+            let _ = conn.request(Method::DELETE, &format!("/peers/{peer}"), Bytes::new()).await;
         }
     }
 }

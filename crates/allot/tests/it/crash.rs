@@ -23,10 +23,8 @@ async fn acknowledged_grants_and_releases_survive_sigkill() {
     let (_dir, data) = data_dir();
     let daemon = Daemon::start(&data, &["--quota", "crash=100000"]);
     let client = daemon.client();
-    let leased = client
-        .allocate("crash", "leased", &Allocate { ttl_ms: Some(6000), ..Allocate::default() })
-        .await
-        .unwrap();
+    let leased =
+        client.allocate("crash", "leased", &Allocate { ttl_ms: Some(6000), ..Allocate::default() }).await.unwrap();
     assert_eq!(leased.status, Status::Granted);
     let lease_started = std::time::Instant::now();
 
@@ -92,5 +90,8 @@ async fn acknowledged_grants_and_releases_survive_sigkill() {
     let leased = grants.iter().find(|g| g.token == "leased").expect("the leased grant survives");
     let left = leased.expires_in_ms.unwrap();
     let had_left = 6000 - killed_after.as_millis() as u64;
-    assert!(left >= had_left.saturating_sub(300) && left <= had_left + 1300, "had {had_left} ms left, resumed with {left}");
+    assert!(
+        left >= had_left.saturating_sub(300) && left <= had_left + 1300,
+        "had {had_left} ms left, resumed with {left}"
+    );
 }

@@ -96,7 +96,8 @@ async fn a_waiter_whose_client_goes_away_leaves_the_queue() {
     .unwrap();
     assert!(eventually(Duration::from_secs(5), async || client.waiters("gpu").await.unwrap().waiters.len() == 1).await);
     drop(stream);
-    let left = eventually(Duration::from_secs(5), async || client.waiters("gpu").await.unwrap().waiters.is_empty()).await;
+    let left =
+        eventually(Duration::from_secs(5), async || client.waiters("gpu").await.unwrap().waiters.is_empty()).await;
     assert!(left, "the waiter of a closed connection is still queued");
     client.release("gpu", "holder", None).await.unwrap();
     assert!(client.grants("gpu").await.unwrap().grants.is_empty(), "a departed waiter was granted");
