@@ -438,7 +438,12 @@ fn write_batch(db: &Database, batch: &[Pending], now: Millis) -> Result<(), redb
         let mut grants = txn.open_table(GRANTS)?;
         let mut sessions = txn.open_table(SESSIONS)?;
         let mut meta = txn.open_table(META)?;
-        for change in batch.iter().flat_map(|p| &p.changes) {
+        let changes: Vec<&Change> = batch.iter().flat_map(|p| &p.changes).collect();
+        let superseded = superseded_upserts(&changes);
+        for (index, change) in changes.into_iter().enumerate() {
+            if superseded[index] {
+                continue;
+            }
             match change {
                 Change::Namespace { name, quota, next_fencing } => {
                     let record = NamespaceRecord { quota: *quota, next_fencing: *next_fencing };
@@ -471,6 +476,37 @@ fn write_batch(db: &Database, batch: &[Pending], now: Millis) -> Result<(), redb
     }
     txn.commit()?;
     Ok(())
+}
+
+/// Marks the upserts that a later change of the same record in the batch makes pointless (every
+/// grant rewrites its namespace's fencing number, so a batch of grants writes it once).
+/// Removals always run: a namespace removal also deletes that namespace's grants.
+fn superseded_upserts(changes: &[&Change]) -> Vec<bool> {
+    #[derive(PartialEq, Eq, Hash)]
+    enum Key<'a> {
+        Namespace(&'a str),
+        Grant(&'a str, &'a str),
+        Session(u128),
+    }
+    // The record a change touches, and whether the change is an upsert.
+    fn key(change: &Change) -> (Key<'_>, bool) {
+        match change {
+            Change::Namespace { name, .. } => (Key::Namespace(name.as_str()), true),
+            Change::NamespaceRemoved { name, .. } => (Key::Namespace(name.as_str()), false),
+            Change::Grant(grant) => (Key::Grant(grant.namespace.as_str(), grant.token.as_str()), true),
+            Change::GrantRemoved { namespace, token } => (Key::Grant(namespace.as_str(), token.as_str()), false),
+            Change::Session { id, .. } => (Key::Session(id.0), true),
+            Change::SessionRemoved { id } => (Key::Session(id.0), false),
+        }
+    }
+    let mut seen = std::collections::HashSet::new();
+    let mut superseded = vec![false; changes.len()];
+    for (index, change) in changes.iter().enumerate().rev() {
+        let (key, upsert) = key(change);
+        let later_exists = !seen.insert(key);
+        superseded[index] = upsert && later_exists;
+    }
+    superseded
 }
 
 fn run_committer(shared: &Shared, mut db: Option<Database>, opener: &Opener, queue: &mpsc::Receiver<Pending>) {

@@ -114,6 +114,10 @@ struct CompareArgs {
     /// Exit with an error when the daemon misses a target (pairs/s ratio, p99 latency).
     #[arg(long)]
     check: bool,
+    /// Where to make the scratch directory (the daemon's data directory, configs, logs); e.g.
+    /// /dev/shm takes the disk out of the measurement. Default: the system's temporary directory.
+    #[arg(long)]
+    tmp_dir: Option<std::path::PathBuf>,
     #[command(flatten)]
     load: LoadOpts,
     #[command(flatten)]
@@ -137,6 +141,9 @@ struct WakeArgs {
     /// Exit with an error when the p99 wake latency is over the target.
     #[arg(long)]
     check: bool,
+    /// Where to make the scratch directory of a started daemon (see `compare --tmp-dir`).
+    #[arg(long)]
+    tmp_dir: Option<std::path::PathBuf>,
     #[command(flatten)]
     output: OutputOpts,
 }

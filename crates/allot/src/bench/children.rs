@@ -29,8 +29,10 @@ pub(super) struct Scratch {
 }
 
 impl Scratch {
-    pub(super) fn new() -> anyhow::Result<Scratch> {
-        let path = std::env::temp_dir().join(format!("allot-bench-{}", super::load::run_id()));
+    /// Makes a new directory in `parent`, or in the system's temporary directory.
+    pub(super) fn new(parent: Option<&Path>) -> anyhow::Result<Scratch> {
+        let parent = parent.map_or_else(std::env::temp_dir, Path::to_path_buf);
+        let path = parent.join(format!("allot-bench-{}", super::load::run_id()));
         std::fs::create_dir_all(&path).with_context(|| format!("cannot create {}", path.display()))?;
         Ok(Scratch { path })
     }

@@ -34,7 +34,7 @@ pub(super) async fn run(args: CompareArgs) -> anyhow::Result<()> {
     }
     let quota = args.load.quota.max(args.clients.iter().copied().max().unwrap_or(1) as u64);
     let namespace = args.load.namespace.clone();
-    let scratch = Scratch::new()?;
+    let scratch = Scratch::new(args.tmp_dir.as_deref())?;
     let exe = std::env::current_exe()?;
     let mut skipped = Vec::new();
     let mut servers: Vec<Server> = Vec::new();
@@ -58,7 +58,7 @@ pub(super) async fn run(args: CompareArgs) -> anyhow::Result<()> {
         let server = match started {
             Ok(server) => server,
             Err(err) => {
-                skip(&mut skipped, format!("{name}: {err:#}"));
+                skip(&mut skipped, format!("{err:#}"));
                 continue;
             }
         };
@@ -80,7 +80,7 @@ pub(super) async fn run(args: CompareArgs) -> anyhow::Result<()> {
                     targets.push(Target::throttle("throttle", server.endpoint.clone(), &namespace));
                     servers.push(server);
                 }
-                Err(err) => skip(&mut skipped, format!("throttle: {err:#}")),
+                Err(err) => skip(&mut skipped, format!("{err:#}")),
             },
         }
     }
@@ -91,7 +91,7 @@ pub(super) async fn run(args: CompareArgs) -> anyhow::Result<()> {
             let spec = LoadSpec::new(clients, args.duration, &args.load, &args.output);
             match load::run_load(target, &spec).await {
                 Ok(result) => {
-                    if !spec.progress && !args.output.json {
+                    if !args.output.json {
                         eprintln!(
                             "{} × {clients}: {:.0} pairs/s, p99 {:.3} ms",
                             target.name, result.pairs_per_s, result.request_ms.p99

@@ -67,11 +67,10 @@ pub(super) struct Conn {
 impl Conn {
     /// Opens a connection (TCP_NODELAY on) and starts driving it on the runtime.
     pub(super) async fn connect(endpoint: &Endpoint) -> anyhow::Result<Conn> {
-        let stream = tokio::time::timeout(CONNECT_TIMEOUT, TcpStream::connect(&endpoint.authority))
-            .await
-            .map_err(|_| anyhow::anyhow!("no connection within {CONNECT_TIMEOUT:?}"))
-            .and_then(|connected| Ok(connected?))
-            .with_context(|| format!("cannot connect to {}", endpoint.url()))?;
+        let stream = match tokio::time::timeout(CONNECT_TIMEOUT, TcpStream::connect(&endpoint.authority)).await {
+            Ok(connected) => connected.with_context(|| format!("cannot connect to {}", endpoint.url()))?,
+            Err(_) => bail!("cannot connect to {} within {CONNECT_TIMEOUT:?}", endpoint.url()),
+        };
         stream.set_nodelay(true)?;
         let (sender, connection) = hyper::client::conn::http1::handshake(TokioIo::new(stream))
             .await

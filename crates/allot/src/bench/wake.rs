@@ -42,7 +42,7 @@ pub(super) async fn run(args: WakeArgs) -> anyhow::Result<()> {
     if args.samples == 0 {
         bail!("--samples must be at least 1");
     }
-    let scratch = Scratch::new()?;
+    let scratch = Scratch::new(args.tmp_dir.as_deref())?;
     let server = match &args.server {
         Some(_) => None,
         None => {
