@@ -24,6 +24,9 @@ pub type Millis = u64;
 /// The largest quota, cap or number of units: 2^53 - 1, the largest integer every JSON client
 /// reads exactly.
 pub const MAX_UNITS: u64 = (1 << 53) - 1;
+/// Fencing numbers are reserved durably in blocks of this size, so a grant does not have to
+/// rewrite its namespace's record; after a restart, numbering continues above the last block.
+pub const FENCING_BLOCK: u64 = 1024;
 /// The longest TTL of a grant or session: 30 days.
 pub const MAX_TTL_MS: u64 = 30 * 24 * 3600 * 1000;
 
@@ -129,7 +132,8 @@ pub enum Decision {
 /// A record a backend must make durable, in order.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Change {
-    /// Insert or update a namespace.
+    /// Insert or update a namespace. `next_fencing` is the durable fencing bound: every fencing
+    /// number handed out is below it, and after a restart numbering continues from it.
     Namespace {
         name: NamespaceName,
         quota: u64,
@@ -275,6 +279,8 @@ struct NamespaceState {
     quota: u64,
     granted: u64,
     next_fencing: u64,
+    /// The durable bound on fencing numbers: `next_fencing <= fencing_bound`.
+    fencing_bound: u64,
     grants: HashMap<Token, Grant>,
     project_units: HashMap<String, u64>,
     scope_units: HashMap<Scope, u64>,
@@ -376,7 +382,8 @@ impl Ledger {
         let mut ledger = Ledger::new();
         ledger.retired_fencing = retired_fencing.into_iter().collect();
         for (name, quota, next_fencing) in namespaces {
-            let state = NamespaceState { quota, next_fencing, ..NamespaceState::default() };
+            let state =
+                NamespaceState { quota, next_fencing, fencing_bound: next_fencing, ..NamespaceState::default() };
             ledger.namespaces.insert(name, state);
         }
         for (id, ttl_ms, deadline) in sessions {
@@ -407,6 +414,7 @@ impl Ledger {
                 }
             }
             state.next_fencing = state.next_fencing.max(grant.fencing + 1);
+            state.fencing_bound = state.fencing_bound.max(state.next_fencing);
             state.add_units(&grant);
             state.grants.insert(grant.token.clone(), grant);
         }
@@ -427,9 +435,10 @@ impl Ledger {
         let state = self.namespaces.entry(name.clone()).or_default();
         if created {
             state.next_fencing = self.retired_fencing.remove(name).unwrap_or(1);
+            state.fencing_bound = state.next_fencing;
         }
         state.quota = quota;
-        effects.changes.push(Change::Namespace { name: name.clone(), quota, next_fencing: state.next_fencing });
+        effects.changes.push(Change::Namespace { name: name.clone(), quota, next_fencing: state.fencing_bound });
         self.admit_at(name, now, &mut effects);
         Ok((created, effects))
     }
@@ -450,8 +459,8 @@ impl Ledger {
         }
         effects.cancelled =
             state.waiters.iter().map(|w| (w.id, LedgerError::NamespaceNotFound(name.clone()))).collect();
-        effects.changes.push(Change::NamespaceRemoved { name: name.clone(), next_fencing: state.next_fencing });
-        self.retired_fencing.insert(name.clone(), state.next_fencing);
+        effects.changes.push(Change::NamespaceRemoved { name: name.clone(), next_fencing: state.fencing_bound });
+        self.retired_fencing.insert(name.clone(), state.fencing_bound);
         Ok((state.grants.len(), effects))
     }
 
@@ -799,11 +808,14 @@ impl Ledger {
         state.stats.granted += 1;
         state.add_units(&grant);
         state.grants.insert(grant.token.clone(), grant.clone());
-        effects.changes.push(Change::Namespace {
-            name: grant.namespace.clone(),
-            quota: state.quota,
-            next_fencing: state.next_fencing,
-        });
+        if state.next_fencing > state.fencing_bound {
+            state.fencing_bound = state.next_fencing + FENCING_BLOCK;
+            effects.changes.push(Change::Namespace {
+                name: grant.namespace.clone(),
+                quota: state.quota,
+                next_fencing: state.fencing_bound,
+            });
+        }
         match lease {
             Lease::None => {}
             Lease::Ttl { deadline, .. } => {
@@ -914,6 +926,12 @@ impl Ledger {
             let mut projects: HashMap<String, u64> = HashMap::new();
             let mut scopes: HashMap<Scope, u64> = HashMap::new();
             for grant in state.grants.values() {
+                if state.next_fencing > state.fencing_bound {
+                    return Err(format!(
+                        "{name}: next fencing {} above its bound {}",
+                        state.next_fencing, state.fencing_bound
+                    ));
+                }
                 if grant.fencing >= state.next_fencing {
                     return Err(format!("{name}: grant fencing {} >= next {}", grant.fencing, state.next_fencing));
                 }

@@ -14,6 +14,6 @@ pub mod names;
 pub use ledger::{
     AllocateRequest, CapLevel, Change, Constraints, Decision, Effects, Grant, Lease, LeaseRequest, Ledger, LedgerError,
     Millis, NamespaceStats, NamespaceView, QueuePlace, Refusal, RestoreError, Session, WaiterId, WaiterView, Woken,
-    MAX_TTL_MS, MAX_UNITS,
+    FENCING_BLOCK, MAX_TTL_MS, MAX_UNITS,
 };
 pub use names::{NameError, NamespaceName, Scope, SessionId, Token, MAX_NAME_BYTES};

@@ -178,7 +178,23 @@ fn fencing_keeps_increasing_when_a_namespace_is_recreated() {
     ledger.remove_namespace(&ns("hive"), true).unwrap();
     ledger.put_namespace(&ns("hive"), 1, 0).unwrap();
     let (grant, _) = ledger.allocate(req("hive", "b", 1), 0, false).unwrap();
-    assert_eq!(granted(&grant).fencing, 2);
+    // Numbering goes on above the durable block reserved by the first incarnation.
+    assert_eq!(granted(&grant).fencing, 2 + FENCING_BLOCK);
+}
+
+#[test]
+fn fencing_numbers_are_made_durable_a_block_at_a_time() {
+    let mut ledger = ledger_with("hive", 10);
+    let (_, effects) = ledger.allocate(req("hive", "a", 1), 0, false).unwrap();
+    let bound = 2 + FENCING_BLOCK;
+    assert!(effects.changes.contains(&Change::Namespace { name: ns("hive"), quota: 10, next_fencing: bound }));
+    let (_, effects) = ledger.allocate(req("hive", "b", 1), 0, false).unwrap();
+    assert!(!effects.changes.iter().any(|c| matches!(c, Change::Namespace { .. })), "{effects:?}");
+    // After a restart from the durable records, numbering continues at the bound.
+    let grants = ledger.grants(&ns("hive")).unwrap();
+    let mut restored = Ledger::restore(vec![(ns("hive"), 10, bound)], vec![], vec![], grants).unwrap();
+    let (grant, _) = restored.allocate(req("hive", "c", 1), 0, false).unwrap();
+    assert_eq!(granted(&grant).fencing, bound);
 }
 
 #[test]

@@ -147,6 +147,9 @@ fn request(
 struct ModelNamespace {
     quota: u64,
     next_fencing: u64,
+    /// Fencing numbers are reserved in blocks of FENCING_BLOCK: a re-created namespace goes on
+    /// from the end of the last block.
+    fencing_bound: u64,
     grants: Vec<Grant>,
     stats: NamespaceStats,
 }
@@ -188,7 +191,8 @@ impl Model {
         let created = !self.namespaces.contains_key(name);
         if created {
             let next_fencing = self.retired_fencing.remove(name).unwrap_or(1);
-            self.namespaces.insert(name.clone(), ModelNamespace { next_fencing, ..ModelNamespace::default() });
+            let fresh = ModelNamespace { next_fencing, fencing_bound: next_fencing, ..ModelNamespace::default() };
+            self.namespaces.insert(name.clone(), fresh);
         }
         self.namespaces.get_mut(name).unwrap().quota = quota;
         created
@@ -202,7 +206,7 @@ impl Model {
             return Err(LedgerError::NamespaceInUse { namespace: name.clone(), grants: state.grants.len() });
         }
         let state = self.namespaces.remove(name).unwrap();
-        self.retired_fencing.insert(name.clone(), state.next_fencing);
+        self.retired_fencing.insert(name.clone(), state.fencing_bound);
         Ok(state.grants.len())
     }
 
@@ -264,6 +268,9 @@ impl Model {
             granted_at: now,
         };
         state.next_fencing += 1;
+        if state.next_fencing > state.fencing_bound {
+            state.fencing_bound = state.next_fencing + FENCING_BLOCK;
+        }
         state.stats.granted += 1;
         state.grants.push(grant.clone());
         Ok(Decision::Granted { grant, existing: false })

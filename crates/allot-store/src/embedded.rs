@@ -38,6 +38,9 @@ use crate::{expires_in, Allocation, CommitStats, GrantInfo, SessionInfo, Store, 
 pub const SWEEP_INTERVAL: Duration = Duration::from_millis(50);
 /// The longest the daemon clock goes without being made durable.
 const CLOCK_CHECKPOINT_MS: u64 = 1000;
+/// Commits closer together than this do not each rewrite the clock (a page less per commit);
+/// a lease may then resume after a crash with up to this much more time than it had.
+const CLOCK_WRITE_MS: u64 = 200;
 /// The most operations in one commit.
 const MAX_BATCH: usize = 8192;
 /// The name of the database file in the data directory.
@@ -93,8 +96,8 @@ struct Shared {
     clock: Clock,
     /// Bumped when a failed commit discards the in-memory state; queued work of older epochs fails.
     epoch: AtomicU64,
-    /// The daemon clock at the last successful commit.
-    last_commit: AtomicU64,
+    /// The daemon clock value last made durable.
+    clock_written: AtomicU64,
     shutting_down: AtomicBool,
     shutdown: watch::Sender<bool>,
     commits: AtomicU64,
@@ -220,7 +223,7 @@ impl EmbeddedStore {
             state: Mutex::new(State { ledger, waiters: HashMap::new(), queue: Some(queue), broken: None }),
             clock: Clock { base: clock, started: Instant::now() },
             epoch: AtomicU64::new(0),
-            last_commit: AtomicU64::new(clock),
+            clock_written: AtomicU64::new(clock),
             shutting_down: AtomicBool::new(false),
             shutdown,
             commits: AtomicU64::new(0),
@@ -429,7 +432,7 @@ fn load(db: &Database) -> Result<(Ledger, Millis), OpenError> {
 }
 
 /// Writes every change of `batch` in one durable transaction.
-fn write_batch(db: &Database, batch: &[Pending], now: Millis) -> Result<(), redb::Error> {
+fn write_batch(db: &Database, batch: &[Pending], clock: Option<Millis>) -> Result<(), redb::Error> {
     let mut txn = db.begin_write()?;
     txn.set_durability(Durability::Immediate);
     {
@@ -472,7 +475,9 @@ fn write_batch(db: &Database, batch: &[Pending], now: Millis) -> Result<(), redb
                 }
             }
         }
-        meta.insert(META_CLOCK, now)?;
+        if let Some(now) = clock {
+            meta.insert(META_CLOCK, now)?;
+        }
     }
     txn.commit()?;
     Ok(())
@@ -528,13 +533,18 @@ fn run_committer(shared: &Shared, mut db: Option<Database>, opener: &Opener, que
             continue;
         };
         let now = shared.clock.now();
+        // A batch with an empty operation is a checkpoint or a flush: it always writes the clock.
+        let write_clock = now.saturating_sub(shared.clock_written.load(Ordering::Relaxed)) >= CLOCK_WRITE_MS
+            || batch.iter().any(|p| p.changes.is_empty());
         let started = Instant::now();
-        match write_batch(database, &batch, now) {
+        match write_batch(database, &batch, write_clock.then_some(now)) {
             Ok(()) => {
                 shared.commits.fetch_add(1, Ordering::Relaxed);
                 shared.operations.fetch_add(batch.len() as u64, Ordering::Relaxed);
                 shared.commit_micros.fetch_add(started.elapsed().as_micros() as u64, Ordering::Relaxed);
-                shared.last_commit.store(now, Ordering::Relaxed);
+                if write_clock {
+                    shared.clock_written.store(now, Ordering::Relaxed);
+                }
                 deliver(batch);
             }
             Err(err) => {
@@ -622,7 +632,7 @@ async fn run_sweeper(shared: Arc<Shared>) {
         if effects.expired > 0 {
             tracing::debug!(expired = effects.expired, "leases expired");
         }
-        let checkpoint_due = now.saturating_sub(shared.last_commit.load(Ordering::Relaxed)) >= CLOCK_CHECKPOINT_MS;
+        let checkpoint_due = now.saturating_sub(shared.clock_written.load(Ordering::Relaxed)) >= CLOCK_CHECKPOINT_MS;
         if !effects.changes.is_empty() || !effects.cancelled.is_empty() || checkpoint_due {
             drop(state.submit(&shared, effects));
         }
