@@ -14,6 +14,7 @@
 //!   (not only by a cap), and then no new request is granted ahead of it.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};
+use std::sync::Arc;
 
 use crate::names::{NamespaceName, Scope, SessionId, Token};
 
@@ -282,7 +283,7 @@ struct NamespaceState {
     /// The durable bound on fencing numbers: `next_fencing <= fencing_bound`.
     fencing_bound: u64,
     grants: HashMap<Token, Grant>,
-    project_units: HashMap<String, u64>,
+    project_units: HashMap<Arc<str>, u64>,
     scope_units: HashMap<Scope, u64>,
     waiters: VecDeque<Waiter>,
     /// True iff a waiter is blocked by the quota: new requests then queue behind it.
@@ -332,9 +333,19 @@ impl NamespaceState {
 
     fn add_units(&mut self, grant: &Grant) {
         self.granted += grant.units;
-        if let Some(scope) = &grant.scope {
-            *self.project_units.entry(scope.project.clone()).or_insert(0) += grant.units;
-            *self.scope_units.entry(scope.clone()).or_insert(0) += grant.units;
+        let Some(scope) = &grant.scope else { return };
+        // Look up before inserting: the keys are cloned only for a scope's first grant.
+        match self.project_units.get_mut(&scope.project) {
+            Some(units) => *units += grant.units,
+            None => {
+                self.project_units.insert(scope.project.clone(), grant.units);
+            }
+        }
+        match self.scope_units.get_mut(scope) {
+            Some(units) => *units += grant.units,
+            None => {
+                self.scope_units.insert(scope.clone(), grant.units);
+            }
         }
     }
 
@@ -923,7 +934,7 @@ impl Ledger {
             if granted != state.granted {
                 return Err(format!("{name}: granted {} but grants sum to {granted}", state.granted));
             }
-            let mut projects: HashMap<String, u64> = HashMap::new();
+            let mut projects: HashMap<Arc<str>, u64> = HashMap::new();
             let mut scopes: HashMap<Scope, u64> = HashMap::new();
             for grant in state.grants.values() {
                 if state.next_fencing > state.fencing_bound {

@@ -4,6 +4,7 @@
 //! not empty, at most [`MAX_NAME_BYTES`] bytes, no control characters.
 
 use std::fmt;
+use std::sync::Arc;
 
 /// The longest name (namespace, token, project, namespace scope) in bytes.
 pub const MAX_NAME_BYTES: usize = 255;
@@ -46,7 +47,8 @@ fn check(what: &'static str, name: &str) -> Result<(), NameError> {
 
 /// A `:`-separated resource path that owns a quota, e.g. `hive:cluster-a` [Flyte `ResourceNamespace`].
 #[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub struct NamespaceName(String);
+// Names are shared, not copied: the ledger keeps each one in several indexes.
+pub struct NamespaceName(Arc<str>);
 
 impl NamespaceName {
     pub fn new(name: &str) -> Result<NamespaceName, NameError> {
@@ -55,12 +57,12 @@ impl NamespaceName {
         if name.split(NAMESPACE_SEPARATOR).any(str::is_empty) {
             return Err(NameError::EmptySegment { what: WHAT, name: name.to_owned() });
         }
-        Ok(NamespaceName(name.to_owned()))
+        Ok(NamespaceName(Arc::from(name)))
     }
 
     /// Joins `segment` below this namespace with `:` [Flyte `CreateSubNamespace`].
     pub fn sub_namespace(&self, segment: &str) -> Result<NamespaceName, NameError> {
-        NamespaceName::new(&format!("{}{NAMESPACE_SEPARATOR}{segment}", self.0))
+        NamespaceName::new(&format!("{}{NAMESPACE_SEPARATOR}{segment}", &*self.0))
     }
 
     pub fn as_str(&self) -> &str {
@@ -80,12 +82,12 @@ impl fmt::Display for NamespaceName {
 
 /// The caller's idempotency key for one allocation [Flyte `allocationToken`].
 #[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub struct Token(String);
+pub struct Token(Arc<str>);
 
 impl Token {
     pub fn new(token: &str) -> Result<Token, NameError> {
         check("token", token)?;
-        Ok(Token(token.to_owned()))
+        Ok(Token(Arc::from(token)))
     }
 
     pub fn as_str(&self) -> &str {
@@ -104,15 +106,15 @@ impl fmt::Display for Token {
 /// Scopes match exactly, component by component: project `proj` never counts grants of `proj2`.
 #[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct Scope {
-    pub project: String,
-    pub namespace: String,
+    pub project: Arc<str>,
+    pub namespace: Arc<str>,
 }
 
 impl Scope {
     pub fn new(project: &str, namespace: &str) -> Result<Scope, NameError> {
         check("project", project)?;
         check("namespace scope", namespace)?;
-        Ok(Scope { project: project.to_owned(), namespace: namespace.to_owned() })
+        Ok(Scope { project: Arc::from(project), namespace: Arc::from(namespace) })
     }
 }
 

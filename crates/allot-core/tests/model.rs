@@ -160,7 +160,7 @@ impl ModelNamespace {
     }
 
     fn project_units(&self, project: &str) -> u64 {
-        self.grants.iter().filter(|g| g.scope.as_ref().is_some_and(|s| s.project == project)).map(|g| g.units).sum()
+        self.grants.iter().filter(|g| g.scope.as_ref().is_some_and(|s| &*s.project == project)).map(|g| g.units).sum()
     }
 
     fn scope_units(&self, scope: &Scope) -> u64 {

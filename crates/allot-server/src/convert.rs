@@ -76,7 +76,7 @@ pub(crate) fn namespace(view: NamespaceView) -> allot_api::Namespace {
 }
 
 fn scope(scope: Option<Scope>) -> Option<allot_api::Scope> {
-    scope.map(|s| allot_api::Scope { project: s.project, namespace: s.namespace })
+    scope.map(|s| allot_api::Scope { project: s.project.to_string(), namespace: s.namespace.to_string() })
 }
 
 fn cap_level(level: allot_core::CapLevel) -> allot_api::CapLevel {

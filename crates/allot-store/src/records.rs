@@ -75,7 +75,7 @@ impl GrantRecord {
     pub fn from_grant(grant: &Grant) -> GrantRecord {
         GrantRecord {
             units: grant.units,
-            scope: grant.scope.as_ref().map(|s| (s.project.clone(), s.namespace.clone())),
+            scope: grant.scope.as_ref().map(|s| (s.project.to_string(), s.namespace.to_string())),
             fencing: grant.fencing,
             lease: match grant.lease {
                 Lease::None => LeaseRecord::None,
