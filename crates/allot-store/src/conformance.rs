@@ -14,19 +14,22 @@ use allot_core::{
 
 use crate::{Allocation, Store, StoreError};
 
-/// Runs every check against `store`.
+/// Runs every check against `store`, concurrently (each works in its own namespaces).
 pub async fn run(store: Arc<dyn Store>) {
-    namespaces_are_created_changed_and_removed(&*store).await;
-    grants_until_the_quota_is_full(&*store).await;
-    allocate_and_release_are_idempotent(&*store).await;
-    caps_match_scopes_exactly(&*store).await;
-    stale_fencing_is_refused(&*store).await;
-    ttl_leases_are_swept(&*store).await;
-    sessions_hold_and_free_grants(&*store).await;
-    waiters_are_woken_in_order(&*store).await;
-    a_timed_out_wait_reports_its_place(&*store).await;
-    raising_the_quota_admits_a_waiter(&*store).await;
-    concurrent_allocations_never_over_grant(store.clone()).await;
+    let store_ref = &*store;
+    tokio::join!(
+        namespaces_are_created_changed_and_removed(store_ref),
+        grants_until_the_quota_is_full(store_ref),
+        allocate_and_release_are_idempotent(store_ref),
+        caps_match_scopes_exactly(store_ref),
+        stale_fencing_is_refused(store_ref),
+        ttl_leases_are_swept(store_ref),
+        sessions_hold_and_free_grants(store_ref),
+        waiters_are_woken_in_order(store_ref),
+        a_timed_out_wait_reports_its_place(store_ref),
+        raising_the_quota_admits_a_waiter(store_ref),
+        concurrent_allocations_never_over_grant(store.clone()),
+    );
 }
 
 fn ns(name: &str) -> NamespaceName {
@@ -158,19 +161,19 @@ async fn ttl_leases_are_swept(store: &dyn Store) {
     let name = ns("ttl");
     store.put_namespace(name.clone(), 1).await.unwrap();
     let mut r = request(&name, "a", 1);
-    r.lease = LeaseRequest::Ttl { ttl_ms: 200 };
+    r.lease = LeaseRequest::Ttl { ttl_ms: 500 };
     let granted = store.allocate(r, Duration::ZERO).await.unwrap();
     let Allocation::Granted { grant, .. } = granted else { panic!("{granted:?}") };
-    assert!(matches!(grant.grant.lease, Lease::Ttl { ttl_ms: 200, .. }));
-    assert!(grant.expires_in_ms.unwrap() <= 200);
+    assert!(matches!(grant.grant.lease, Lease::Ttl { ttl_ms: 500, .. }));
+    assert!(grant.expires_in_ms.unwrap() <= 500);
     // A keepalive restarts the lease.
-    tokio::time::sleep(Duration::from_millis(120)).await;
+    tokio::time::sleep(Duration::from_millis(300)).await;
     let renewed = store.keepalive_grant(name.clone(), token("a"), None).await.unwrap();
-    assert!(renewed.expires_in_ms.unwrap() > 150, "{renewed:?}");
-    tokio::time::sleep(Duration::from_millis(120)).await;
+    assert!(renewed.expires_in_ms.unwrap() > 400, "{renewed:?}");
+    tokio::time::sleep(Duration::from_millis(300)).await;
     assert_eq!(store.namespace(name.clone()).await.unwrap().granted_units, 1, "renewed lease must still hold");
     // Freed by the sweeper, without any other call, within a second of expiry.
-    let freed = eventually(Duration::from_millis(1200), async || {
+    let freed = eventually(Duration::from_millis(1500), async || {
         store.namespace(name.clone()).await.unwrap().granted_units == 0
     })
     .await;
@@ -181,7 +184,7 @@ async fn ttl_leases_are_swept(store: &dyn Store) {
 async fn sessions_hold_and_free_grants(store: &dyn Store) {
     let name = ns("sessions");
     store.put_namespace(name.clone(), 2).await.unwrap();
-    let session = store.open_session(300).await.unwrap();
+    let session = store.open_session(800).await.unwrap();
     let id = session.session.id;
     for t in ["a", "b"] {
         let mut r = request(&name, t, 1);
@@ -190,11 +193,11 @@ async fn sessions_hold_and_free_grants(store: &dyn Store) {
     }
     assert_eq!(store.session(id).await.unwrap().session.grants.len(), 2);
     for _ in 0..3 {
-        tokio::time::sleep(Duration::from_millis(150)).await;
+        tokio::time::sleep(Duration::from_millis(300)).await;
         store.keepalive_session(id).await.unwrap();
     }
     assert_eq!(store.namespace(name.clone()).await.unwrap().granted_units, 2, "kept-alive session must hold");
-    let freed = eventually(Duration::from_millis(1500), async || {
+    let freed = eventually(Duration::from_millis(2000), async || {
         store.namespace(name.clone()).await.unwrap().granted_units == 0
     })
     .await;
@@ -210,6 +213,16 @@ async fn sessions_hold_and_free_grants(store: &dyn Store) {
     assert_eq!(store.namespace(name.clone()).await.unwrap().granted_units, 0);
 }
 
+/// Waits until the namespace's queue holds exactly `tokens`, in that order.
+async fn queue_is(store: &dyn Store, name: &NamespaceName, tokens: &[&str]) {
+    let queued = eventually(Duration::from_secs(5), async || {
+        let waiters = store.waiters(name.clone()).await.unwrap();
+        waiters.iter().map(|w| w.token.as_str()).collect::<Vec<_>>() == tokens
+    })
+    .await;
+    assert!(queued, "the queue of {name} never became {tokens:?}");
+}
+
 async fn waiters_are_woken_in_order(store: &dyn Store) {
     let name = ns("waiters");
     store.put_namespace(name.clone(), 1).await.unwrap();
@@ -217,14 +230,11 @@ async fn waiters_are_woken_in_order(store: &dyn Store) {
     let (first, second, ()) = tokio::join!(
         store.allocate(request(&name, "w1", 1), Duration::from_secs(10)),
         async {
-            // Make sure w1 queued first.
-            tokio::time::sleep(Duration::from_millis(50)).await;
-            store.allocate(request(&name, "w2", 1), Duration::from_millis(300)).await
+            queue_is(store, &name, &["w1"]).await;
+            store.allocate(request(&name, "w2", 1), Duration::from_millis(1000)).await
         },
         async {
-            tokio::time::sleep(Duration::from_millis(100)).await;
-            let waiters = store.waiters(name.clone()).await.unwrap();
-            assert_eq!(waiters.iter().map(|w| w.token.as_str()).collect::<Vec<_>>(), ["w1", "w2"]);
+            queue_is(store, &name, &["w1", "w2"]).await;
             store.release(name.clone(), token("holder"), None).await.unwrap();
         }
     );
@@ -240,9 +250,9 @@ async fn a_timed_out_wait_reports_its_place(store: &dyn Store) {
     let name = ns("timeout");
     store.put_namespace(name.clone(), 2).await.unwrap();
     assert_granted(&store.allocate(request(&name, "holder", 2), Duration::ZERO).await.unwrap());
-    let (_, late) = tokio::join!(store.allocate(request(&name, "big", 2), Duration::from_millis(400)), async {
-        tokio::time::sleep(Duration::from_millis(50)).await;
-        store.allocate(request(&name, "small", 1), Duration::from_millis(100)).await
+    let (_, late) = tokio::join!(store.allocate(request(&name, "big", 2), Duration::from_secs(3)), async {
+        queue_is(store, &name, &["big"]).await;
+        store.allocate(request(&name, "small", 1), Duration::from_millis(200)).await
     });
     assert_eq!(
         late.unwrap(),
@@ -256,7 +266,7 @@ async fn raising_the_quota_admits_a_waiter(store: &dyn Store) {
     store.put_namespace(name.clone(), 1).await.unwrap();
     assert_granted(&store.allocate(request(&name, "holder", 1), Duration::ZERO).await.unwrap());
     let (woken, _) = tokio::join!(store.allocate(request(&name, "w", 1), Duration::from_secs(10)), async {
-        tokio::time::sleep(Duration::from_millis(50)).await;
+        queue_is(store, &name, &["w"]).await;
         store.put_namespace(name.clone(), 2).await.unwrap();
     });
     assert_granted(&woken.unwrap());
