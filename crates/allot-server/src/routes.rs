@@ -31,7 +31,7 @@ pub(crate) async fn list_namespaces(State(state): State<AppState>) -> Answer<api
 
 #[utoipa::path(get, path = "/v1/namespaces/{namespace}", tag = "namespaces",
     params(("namespace" = String, Path, description = "`:`-separated namespace, e.g. `hive:cluster-a`")),
-    responses((status = 200, body = api::Namespace), (status = 404, body = api::ErrorBody)))]
+    responses((status = 400, body = api::ErrorBody, description = "invalid input"), (status = 200, body = api::Namespace), (status = 404, body = api::ErrorBody)))]
 pub(crate) async fn get_namespace(
     State(state): State<AppState>,
     Segments(name): Segments<String>,
@@ -43,7 +43,7 @@ pub(crate) async fn get_namespace(
 #[utoipa::path(put, path = "/v1/namespaces/{namespace}", tag = "namespaces",
     params(("namespace" = String, Path)),
     request_body = api::PutNamespace,
-    responses((status = 201, body = api::PutNamespaceResponse, description = "created"),
+    responses((status = 503, body = api::ErrorBody, description = "store_unavailable or shutting_down"), (status = 201, body = api::PutNamespaceResponse, description = "created"),
         (status = 200, body = api::PutNamespaceResponse, description = "quota changed"),
         (status = 400, body = api::ErrorBody)))]
 pub(crate) async fn put_namespace(
@@ -66,7 +66,7 @@ pub(crate) struct RemoveQuery {
 
 #[utoipa::path(delete, path = "/v1/namespaces/{namespace}", tag = "namespaces",
     params(("namespace" = String, Path), RemoveQuery),
-    responses((status = 200, body = api::RemovedNamespace), (status = 404, body = api::ErrorBody),
+    responses((status = 503, body = api::ErrorBody, description = "store_unavailable or shutting_down"), (status = 400, body = api::ErrorBody, description = "invalid input"), (status = 200, body = api::RemovedNamespace), (status = 404, body = api::ErrorBody),
         (status = 409, body = api::ErrorBody, description = "namespace_in_use")))]
 pub(crate) async fn remove_namespace(
     State(state): State<AppState>,
@@ -79,7 +79,7 @@ pub(crate) async fn remove_namespace(
 
 #[utoipa::path(get, path = "/v1/namespaces/{namespace}/grants", tag = "grants",
     params(("namespace" = String, Path)),
-    responses((status = 200, body = api::GrantList), (status = 404, body = api::ErrorBody)))]
+    responses((status = 400, body = api::ErrorBody, description = "invalid input"), (status = 200, body = api::GrantList), (status = 404, body = api::ErrorBody)))]
 pub(crate) async fn list_grants(
     State(state): State<AppState>,
     Segments(name): Segments<String>,
@@ -90,7 +90,7 @@ pub(crate) async fn list_grants(
 
 #[utoipa::path(get, path = "/v1/namespaces/{namespace}/grants/{token}", tag = "grants",
     params(("namespace" = String, Path), ("token" = String, Path)),
-    responses((status = 200, body = api::Grant), (status = 404, body = api::ErrorBody)))]
+    responses((status = 400, body = api::ErrorBody, description = "invalid input"), (status = 200, body = api::Grant), (status = 404, body = api::ErrorBody)))]
 pub(crate) async fn get_grant(
     State(state): State<AppState>,
     Segments((name, token)): Segments<(String, String)>,
@@ -127,7 +127,7 @@ pub(crate) struct FencingQuery {
 /// Release: idempotent; says whether anything was released.
 #[utoipa::path(delete, path = "/v1/namespaces/{namespace}/grants/{token}", tag = "grants",
     params(("namespace" = String, Path), ("token" = String, Path), FencingQuery),
-    responses((status = 200, body = api::ReleaseResponse), (status = 404, body = api::ErrorBody),
+    responses((status = 503, body = api::ErrorBody, description = "store_unavailable or shutting_down"), (status = 400, body = api::ErrorBody, description = "invalid input"), (status = 200, body = api::ReleaseResponse), (status = 404, body = api::ErrorBody),
         (status = 409, body = api::ErrorBody, description = "stale_fencing")))]
 pub(crate) async fn release(
     State(state): State<AppState>,
@@ -141,7 +141,7 @@ pub(crate) async fn release(
 #[utoipa::path(post, path = "/v1/namespaces/{namespace}/grants/{token}/keepalive", tag = "grants",
     params(("namespace" = String, Path), ("token" = String, Path)),
     request_body = api::Keepalive,
-    responses((status = 200, body = api::Grant), (status = 404, body = api::ErrorBody),
+    responses((status = 503, body = api::ErrorBody, description = "store_unavailable or shutting_down"), (status = 400, body = api::ErrorBody, description = "invalid input"), (status = 200, body = api::Grant), (status = 404, body = api::ErrorBody),
         (status = 409, body = api::ErrorBody, description = "stale_fencing")))]
 pub(crate) async fn keepalive_grant(
     State(state): State<AppState>,
@@ -155,7 +155,7 @@ pub(crate) async fn keepalive_grant(
 
 #[utoipa::path(get, path = "/v1/namespaces/{namespace}/waiters", tag = "grants",
     params(("namespace" = String, Path)),
-    responses((status = 200, body = api::WaiterList), (status = 404, body = api::ErrorBody)))]
+    responses((status = 400, body = api::ErrorBody, description = "invalid input"), (status = 200, body = api::WaiterList), (status = 404, body = api::ErrorBody)))]
 pub(crate) async fn list_waiters(
     State(state): State<AppState>,
     Segments(name): Segments<String>,
@@ -165,7 +165,7 @@ pub(crate) async fn list_waiters(
 }
 
 #[utoipa::path(post, path = "/v1/sessions", tag = "sessions", request_body = api::OpenSession,
-    responses((status = 201, body = api::Session), (status = 400, body = api::ErrorBody)))]
+    responses((status = 503, body = api::ErrorBody, description = "store_unavailable or shutting_down"), (status = 201, body = api::Session), (status = 400, body = api::ErrorBody)))]
 pub(crate) async fn open_session(
     State(state): State<AppState>,
     JsonBody(body): JsonBody<api::OpenSession>,
@@ -181,7 +181,7 @@ pub(crate) async fn list_sessions(State(state): State<AppState>) -> Answer<api::
 }
 
 #[utoipa::path(get, path = "/v1/sessions/{id}", tag = "sessions", params(("id" = String, Path)),
-    responses((status = 200, body = api::Session), (status = 404, body = api::ErrorBody)))]
+    responses((status = 400, body = api::ErrorBody, description = "invalid input"), (status = 200, body = api::Session), (status = 404, body = api::ErrorBody)))]
 pub(crate) async fn get_session(State(state): State<AppState>, Segments(id): Segments<String>) -> Answer<api::Session> {
     let info = state.store.session(convert::session_id(&id)?).await?;
     Ok(Json(convert::session(info)))
@@ -189,7 +189,7 @@ pub(crate) async fn get_session(State(state): State<AppState>, Segments(id): Seg
 
 /// One keepalive renews every grant of the session.
 #[utoipa::path(post, path = "/v1/sessions/{id}/keepalive", tag = "sessions", params(("id" = String, Path)),
-    responses((status = 200, body = api::Session), (status = 404, body = api::ErrorBody)))]
+    responses((status = 503, body = api::ErrorBody, description = "store_unavailable or shutting_down"), (status = 400, body = api::ErrorBody, description = "invalid input"), (status = 200, body = api::Session), (status = 404, body = api::ErrorBody)))]
 pub(crate) async fn keepalive_session(
     State(state): State<AppState>,
     Segments(id): Segments<String>,
@@ -200,7 +200,7 @@ pub(crate) async fn keepalive_session(
 
 /// Closes the session and releases its grants.
 #[utoipa::path(delete, path = "/v1/sessions/{id}", tag = "sessions", params(("id" = String, Path)),
-    responses((status = 200, body = api::Session), (status = 404, body = api::ErrorBody)))]
+    responses((status = 503, body = api::ErrorBody, description = "store_unavailable or shutting_down"), (status = 400, body = api::ErrorBody, description = "invalid input"), (status = 200, body = api::Session), (status = 404, body = api::ErrorBody)))]
 pub(crate) async fn close_session(
     State(state): State<AppState>,
     Segments(id): Segments<String>,
