@@ -432,6 +432,16 @@ impl Ledger {
         Ok(ledger)
     }
 
+    /// Keeps the counters of `previous` (they count since the daemon started) for the
+    /// namespaces both ledgers have; used when a ledger is rebuilt from the store.
+    pub fn carry_stats_from(&mut self, previous: &Ledger) {
+        for (name, state) in &mut self.namespaces {
+            if let Some(old) = previous.namespaces.get(name) {
+                state.stats = old.stats;
+            }
+        }
+    }
+
     /// Creates a namespace or changes its quota [Flyte `RegisterResourceQuota`]. Raising a quota
     /// admits waiters at once; lowering it revokes nothing. Returns true if it was created.
     pub fn put_namespace(

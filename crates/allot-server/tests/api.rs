@@ -213,3 +213,51 @@ async fn bad_input_gets_a_4xx_with_a_code_and_changes_nothing() {
     let (_, got) = h.call(Method::PUT, "/v1/namespaces/%E5%90%8D%E5%89%8D:%C3%BC/grants/a%2Fb%20c", "").await;
     assert_eq!(got["grant"]["token"], "a/b c", "{got}");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_full_disk_is_a_503_with_a_code_and_the_state_stays_whole() {
+    use std::sync::atomic::{AtomicBool, Ordering};
+
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("allot.redb");
+    let failing = Arc::new(AtomicBool::new(false));
+    let make = {
+        let failing = failing.clone();
+        move || allot_store::fault::FlakyDisk::open(&path, failing.clone()).unwrap()
+    };
+    let store: Arc<dyn Store> = Arc::new(EmbeddedStore::open_with_backend(make).unwrap());
+    let h = Harness { router: app(AppState::new(store.clone())), store, _dir: dir };
+    h.call(Method::PUT, "/v1/namespaces/hive", r#"{"quota": 2}"#).await;
+    h.call(Method::PUT, "/v1/namespaces/hive/grants/kept", "").await;
+    let before = h.call(Method::GET, "/v1/namespaces/hive/grants", "").await;
+
+    failing.store(true, Ordering::SeqCst);
+    for (method, uri, body) in [
+        (Method::PUT, "/v1/namespaces/hive/grants/lost", ""),
+        (Method::DELETE, "/v1/namespaces/hive/grants/kept", ""),
+        (Method::PUT, "/v1/namespaces/hive", r#"{"quota": 5}"#),
+        (Method::POST, "/v1/sessions", r#"{"ttl_ms": 1000}"#),
+    ] {
+        let (status, got) = h.call(method.clone(), uri, body).await;
+        assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE, "{method} {uri}: {got}");
+        assert_eq!(got["error"]["code"], "store_unavailable", "{method} {uri}: {got}");
+        let message = got["error"]["message"].as_str().unwrap();
+        assert!(message.contains("no space left on device"), "{message}");
+    }
+
+    failing.store(false, Ordering::SeqCst);
+    // Once the disk has room, the daemon answers again with exactly what was acknowledged.
+    let mut after = (StatusCode::SERVICE_UNAVAILABLE, Value::Null);
+    for _ in 0..100 {
+        after = h.call(Method::GET, "/v1/namespaces/hive/grants", "").await;
+        if after.0 == StatusCode::OK {
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
+    assert_eq!(after, before);
+    let (_, namespace) = h.call(Method::GET, "/v1/namespaces/hive", "").await;
+    assert_eq!((namespace["quota"].clone(), namespace["granted_units"].clone()), (json!(2), json!(1)));
+    let (status, got) = h.call(Method::PUT, "/v1/namespaces/hive/grants/after", "").await;
+    assert_eq!((status, got["status"].clone()), (StatusCode::OK, json!("Granted")));
+}

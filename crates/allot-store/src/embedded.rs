@@ -364,7 +364,29 @@ fn open_file(path: &Path) -> Result<Database, OpenError> {
 /// Reads every record and rebuilds the ledger; returns it with the durable clock.
 fn load(db: &Database) -> Result<(Ledger, Millis), OpenError> {
     let read_err = |err: redb::Error| OpenError::Read(err.to_string());
-    // Create the tables (and the format marker) on first open.
+    let initialized = match db.begin_read().map_err(|e| read_err(e.into()))?.open_table(META) {
+        Ok(_) => true,
+        Err(redb::TableError::TableDoesNotExist(_)) => false,
+        Err(err) => return Err(read_err(err.into())),
+    };
+    if !initialized {
+        init_tables(db)?;
+    }
+    let txn = db.begin_read().map_err(|e| read_err(e.into()))?;
+    let format = txn
+        .open_table(META)
+        .and_then(|t| Ok(t.get(META_FORMAT)?.map(|v| v.value())))
+        .map_err(|e| read_err(e.into()))?;
+    if format != Some(FORMAT_VERSION) {
+        return Err(OpenError::Format { found: format.unwrap_or(0) });
+    }
+    drop(txn);
+    load_records(db)
+}
+
+/// Creates the tables and the format marker of a new database.
+fn init_tables(db: &Database) -> Result<(), OpenError> {
+    let read_err = |err: redb::Error| OpenError::Read(err.to_string());
     let txn = db.begin_write().map_err(|e| read_err(e.into()))?;
     {
         let mut meta = txn.open_table(META).map_err(|e| read_err(e.into()))?;
@@ -382,7 +404,11 @@ fn load(db: &Database) -> Result<(Ledger, Millis), OpenError> {
         txn.open_table(SESSIONS).map_err(|e| read_err(e.into()))?;
     }
     txn.commit().map_err(|e| read_err(e.into()))?;
+    Ok(())
+}
 
+fn load_records(db: &Database) -> Result<(Ledger, Millis), OpenError> {
+    let read_err = |err: redb::Error| OpenError::Read(err.to_string());
     let txn = db.begin_read().map_err(|e| read_err(e.into()))?;
     let clock = txn
         .open_table(META)
@@ -551,8 +577,10 @@ fn run_committer(shared: &Shared, mut db: Option<Database>, opener: &Opener, que
                 let reason = err.to_string();
                 tracing::error!(error = %reason, operations = batch.len(), "commit failed; rebuilding from the last durable state");
                 shared.failures.fetch_add(1, Ordering::Relaxed);
-                fail(batch, &reason);
+                // Rebuild before answering: a caller that acts on this answer must find the
+                // rebuilt state, not the discarded one.
                 db = recover(shared, db.take(), opener);
+                fail(batch, &reason);
             }
         }
     }
@@ -597,7 +625,8 @@ fn recover(shared: &Shared, old: Option<Database>, opener: &Opener) -> Option<Da
     }
     let reopened = opener().and_then(|db| load(&db).map(|(ledger, _)| (db, ledger)));
     match reopened {
-        Ok((db, ledger)) => {
+        Ok((db, mut ledger)) => {
+            ledger.carry_stats_from(&state.ledger);
             state.ledger = ledger;
             state.broken = None;
             tracing::info!("store rebuilt from the last durable state");

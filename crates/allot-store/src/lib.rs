@@ -5,6 +5,7 @@
 //!   operation is answered only once its changes are on disk.
 //! - `records`: the versioned on-disk format of the embedded backend.
 //! - `conformance`: the behaviour every backend must show, as a suite of checks over `&dyn Store`.
+//! - `fault`: a storage backend that fails like a full disk, for fault-injection tests.
 //!
 //! Architecture invariant: an answer that says something was granted, released, renewed or
 //! changed is given only after that change is durable; a change that fails to become durable is
@@ -12,6 +13,7 @@
 
 pub mod conformance;
 pub mod embedded;
+pub mod fault;
 pub mod records;
 
 use std::time::Duration;

@@ -5,6 +5,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use allot_core::{AllocateRequest, Constraints, LeaseRequest, NamespaceName, Token};
+use allot_store::fault::FlakyDisk;
 use allot_store::{conformance, Allocation, EmbeddedConfig, EmbeddedStore, Store, StoreError};
 
 fn ns(name: &str) -> NamespaceName {
@@ -65,43 +66,6 @@ async fn state_survives_a_restart_and_leases_keep_their_remaining_ttl() {
     store.shutdown().await;
 }
 
-/// A file backend whose writes and syncs fail while `failing` is set, like a full disk.
-#[derive(Debug)]
-struct FlakyDisk {
-    inner: redb::backends::FileBackend,
-    failing: Arc<AtomicBool>,
-}
-
-impl FlakyDisk {
-    fn check(&self) -> std::io::Result<()> {
-        if self.failing.load(Ordering::SeqCst) {
-            return Err(std::io::Error::new(std::io::ErrorKind::StorageFull, "no space left on device"));
-        }
-        Ok(())
-    }
-}
-
-impl redb::StorageBackend for FlakyDisk {
-    fn len(&self) -> std::io::Result<u64> {
-        self.inner.len()
-    }
-    fn read(&self, offset: u64, len: usize) -> std::io::Result<Vec<u8>> {
-        self.inner.read(offset, len)
-    }
-    fn set_len(&self, len: u64) -> std::io::Result<()> {
-        self.check()?;
-        self.inner.set_len(len)
-    }
-    fn sync_data(&self, eventual: bool) -> std::io::Result<()> {
-        self.check()?;
-        self.inner.sync_data(eventual)
-    }
-    fn write(&self, offset: u64, data: &[u8]) -> std::io::Result<()> {
-        self.check()?;
-        self.inner.write(offset, data)
-    }
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_failing_disk_gets_a_clear_error_and_keeps_the_state_whole() {
     let dir = tempfile::tempdir().unwrap();
@@ -109,11 +73,7 @@ async fn a_failing_disk_gets_a_clear_error_and_keeps_the_state_whole() {
     let failing = Arc::new(AtomicBool::new(false));
     let make = {
         let failing = failing.clone();
-        move || {
-            let file =
-                std::fs::OpenOptions::new().read(true).write(true).create(true).truncate(false).open(&path).unwrap();
-            FlakyDisk { inner: redb::backends::FileBackend::new(file).unwrap(), failing: failing.clone() }
-        }
+        move || FlakyDisk::open(&path, failing.clone()).unwrap()
     };
     let store = EmbeddedStore::open_with_backend(make).unwrap();
     store.put_namespace(ns("hive"), 2).await.unwrap();
