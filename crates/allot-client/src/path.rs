@@ -1,23 +1,16 @@
 //! Building request paths: every caller-supplied segment (namespace, token, session id) is
 //! percent-encoded, so tokens with `/`, `?`, `#`, `%`, spaces or non-ASCII text stay one segment.
 
+use percent_encoding::{utf8_percent_encode, AsciiSet, NON_ALPHANUMERIC};
+
 use crate::ClientError;
 
-/// Percent-encodes every byte of `segment` except the unreserved characters of RFC 3986
-/// (`A-Z a-z 0-9 - . _ ~`).
+/// Everything but the unreserved characters of RFC 3986 (`A-Z a-z 0-9 - . _ ~`).
+const NOT_UNRESERVED: &AsciiSet = &NON_ALPHANUMERIC.remove(b'-').remove(b'.').remove(b'_').remove(b'~');
+
+/// Percent-encodes every byte of `segment` except the unreserved characters.
 pub(crate) fn encode_segment(segment: &str) -> String {
-    const HEX: &[u8; 16] = b"0123456789ABCDEF";
-    let mut out = String::with_capacity(segment.len());
-    for &byte in segment.as_bytes() {
-        if byte.is_ascii_alphanumeric() || matches!(byte, b'-' | b'.' | b'_' | b'~') {
-            out.push(char::from(byte));
-        } else {
-            out.push('%');
-            out.push(char::from(HEX[usize::from(byte >> 4)]));
-            out.push(char::from(HEX[usize::from(byte & 0x0f)]));
-        }
-    }
-    out
+    utf8_percent_encode(segment, NOT_UNRESERVED).to_string()
 }
 
 /// Encodes `value` as one path segment, naming it `what` in errors.

@@ -63,10 +63,10 @@ struct OutputOpts {
 #[derive(Debug, Clone, clap::Args)]
 struct LoadOpts {
     /// Run the load this long before measuring (e.g. 1s, 500ms).
-    #[arg(long, default_value = "1s", value_parser = parse_duration)]
+    #[arg(long, default_value = "1s", value_parser = crate::duration::parse)]
     warmup: Duration,
     /// A request that takes longer than this is abandoned and counted as an error.
-    #[arg(long, default_value = "10s", value_parser = parse_duration)]
+    #[arg(long, default_value = "10s", value_parser = crate::duration::parse)]
     timeout: Duration,
     /// The namespace the pairs use; it is created (or its quota changed) first.
     #[arg(long, default_value = "bench")]
@@ -85,7 +85,7 @@ struct PairsArgs {
     #[arg(long, default_value_t = 16)]
     clients: usize,
     /// How long to measure (e.g. 10s, 500ms, 1m).
-    #[arg(long, default_value = "10s", value_parser = parse_duration)]
+    #[arg(long, default_value = "10s", value_parser = crate::duration::parse)]
     duration: Duration,
     /// Do not create the namespace first (it must exist with room for every client).
     #[arg(long)]
@@ -102,7 +102,7 @@ struct CompareArgs {
     #[arg(long, value_delimiter = ',', default_value = "16,64")]
     clients: Vec<usize>,
     /// How long to measure each target at each number of clients.
-    #[arg(long, default_value = "5s", value_parser = parse_duration)]
+    #[arg(long, default_value = "5s", value_parser = crate::duration::parse)]
     duration: Duration,
     /// The Throttle server binary (`cargo install throttle-server`); by default `throttle` on PATH
     /// or in ~/.cargo/bin.
@@ -176,40 +176,4 @@ async fn pairs(args: PairsArgs) -> anyhow::Result<()> {
         print!("{}", report::summary(&result));
     }
     Ok(())
-}
-
-/// Parses a duration: a number with a unit `ms`, `s` or `m` (`1.5s`, `500ms`); a plain number is
-/// seconds.
-fn parse_duration(text: &str) -> Result<Duration, String> {
-    let text = text.trim();
-    let (number, scale) = if let Some(n) = text.strip_suffix("ms") {
-        (n, 0.001)
-    } else if let Some(n) = text.strip_suffix('s') {
-        (n, 1.0)
-    } else if let Some(n) = text.strip_suffix('m') {
-        (n, 60.0)
-    } else {
-        (text, 1.0)
-    };
-    let value: f64 = number.trim().parse().map_err(|_| format!("`{text}` is not a duration like 5s, 500ms or 1m"))?;
-    if !value.is_finite() || value < 0.0 {
-        return Err(format!("`{text}` is not a duration like 5s, 500ms or 1m"));
-    }
-    Ok(Duration::from_secs_f64(value * scale))
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn durations() {
-        assert_eq!(parse_duration("5s"), Ok(Duration::from_secs(5)));
-        assert_eq!(parse_duration("500ms"), Ok(Duration::from_millis(500)));
-        assert_eq!(parse_duration("1m"), Ok(Duration::from_secs(60)));
-        assert_eq!(parse_duration("2"), Ok(Duration::from_secs(2)));
-        assert_eq!(parse_duration("1.5s"), Ok(Duration::from_millis(1500)));
-        assert!(parse_duration("fast").is_err());
-        assert!(parse_duration("-1s").is_err());
-    }
 }

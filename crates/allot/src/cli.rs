@@ -116,13 +116,13 @@ pub(crate) enum TokenCommand {
         #[arg(long, value_name = "N", requires = "project")]
         namespace_cap: Option<u64>,
         /// End the grant this long after the grant or its last keepalive, e.g. `30s`.
-        #[arg(long, value_name = "DURATION", value_parser = parse_duration)]
+        #[arg(long, value_name = "DURATION", value_parser = crate::duration::parse)]
         ttl: Option<Duration>,
         /// Attach the grant to this session: it lives as long as the session.
         #[arg(long, value_name = "ID")]
         session: Option<String>,
         /// Wait up to this long for room instead of answering at once, e.g. `5m`.
-        #[arg(long, value_name = "DURATION", value_parser = parse_duration)]
+        #[arg(long, value_name = "DURATION", value_parser = crate::duration::parse)]
         wait: Option<Duration>,
         #[command(flatten)]
         common: Common,
@@ -174,7 +174,7 @@ pub(crate) enum SessionCommand {
     /// Open a session; grants attached to it live while it is kept alive.
     Open {
         /// End the session this long after it is opened or last kept alive, e.g. `30s`.
-        #[arg(long, value_name = "DURATION", value_parser = parse_duration)]
+        #[arg(long, value_name = "DURATION", value_parser = crate::duration::parse)]
         ttl: Duration,
         #[command(flatten)]
         common: Common,
@@ -714,40 +714,6 @@ fn format_ms(ms: u64) -> String {
     text
 }
 
-/// Parses a duration: a number and a unit (`ms`, `s`, `m`, `h`, `d`), or several (`1m30s`);
-/// numbers may have a fraction (`1.5s`).
-fn parse_duration(text: &str) -> Result<Duration, String> {
-    let text = text.trim();
-    if text.is_empty() {
-        return Err("empty duration; write e.g. `500ms`, `30s`, `5m`".to_owned());
-    }
-    let mut total_ms = 0f64;
-    let mut rest = text;
-    while !rest.is_empty() {
-        let number_len = rest.find(|c: char| !(c.is_ascii_digit() || c == '.')).unwrap_or(rest.len());
-        let (number, after) = rest.split_at(number_len);
-        let unit_len = after.find(|c: char| !c.is_ascii_alphabetic()).unwrap_or(after.len());
-        let (unit, after) = after.split_at(unit_len);
-        let value: f64 =
-            number.parse().map_err(|_| format!("`{text}` is not a duration; write e.g. `500ms`, `30s`, `5m`"))?;
-        let scale = match unit {
-            "ms" => 1.0,
-            "s" => 1_000.0,
-            "m" => 60_000.0,
-            "h" => 3_600_000.0,
-            "d" => 86_400_000.0,
-            "" => return Err(format!("`{text}` has no unit; write e.g. `{number}ms` or `{number}s`")),
-            _ => return Err(format!("`{unit}` is not a unit of time; use ms, s, m, h or d")),
-        };
-        total_ms += value * scale;
-        rest = after;
-    }
-    if !total_ms.is_finite() || total_ms > u64::MAX as f64 / 2.0 {
-        return Err(format!("`{text}` is too long"));
-    }
-    Ok(Duration::from_millis(total_ms.round() as u64))
-}
-
 #[derive(Clone, Copy)]
 enum Align {
     Left,
@@ -820,21 +786,6 @@ fn key_values(pairs: &[(&str, String)]) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn durations() {
-        assert_eq!(parse_duration("500ms"), Ok(Duration::from_millis(500)));
-        assert_eq!(parse_duration("30s"), Ok(Duration::from_secs(30)));
-        assert_eq!(parse_duration("5m"), Ok(Duration::from_secs(300)));
-        assert_eq!(parse_duration("1m30s"), Ok(Duration::from_secs(90)));
-        assert_eq!(parse_duration("1.5s"), Ok(Duration::from_millis(1500)));
-        assert_eq!(parse_duration("2h"), Ok(Duration::from_secs(7200)));
-        assert!(parse_duration("30").is_err());
-        assert!(parse_duration("").is_err());
-        assert!(parse_duration("3 weeks").is_err());
-        assert!(parse_duration("s").is_err());
-        assert!(parse_duration("1.2.3s").is_err());
-    }
 
     #[test]
     fn formats_ms() {

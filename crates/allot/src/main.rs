@@ -3,6 +3,7 @@
 
 mod bench;
 mod cli;
+mod duration;
 mod serve;
 
 use std::process::ExitCode;
