@@ -118,6 +118,8 @@ type Ack = oneshot::Sender<Result<(), StoreError>>;
 /// One operation's changes on their way to disk, with whom to tell once they are there.
 struct Pending {
     epoch: u64,
+    /// Make the daemon clock durable with this commit.
+    checkpoint: bool,
     changes: Vec<Change>,
     ack: Option<Ack>,
     woken: Vec<(oneshot::Sender<WaiterAnswer>, Grant)>,
@@ -144,8 +146,22 @@ impl State {
         Ok(())
     }
 
+    /// Queues a commit that makes the daemon clock durable.
+    fn checkpoint(&mut self, shared: &Shared) -> oneshot::Receiver<Result<(), StoreError>> {
+        self.enqueue(shared, Effects::default(), true)
+    }
+
     /// Queues `effects` for commit; the receiver answers once they are durable.
     fn submit(&mut self, shared: &Shared, effects: Effects) -> oneshot::Receiver<Result<(), StoreError>> {
+        self.enqueue(shared, effects, false)
+    }
+
+    fn enqueue(
+        &mut self,
+        shared: &Shared,
+        effects: Effects,
+        checkpoint: bool,
+    ) -> oneshot::Receiver<Result<(), StoreError>> {
         let (ack, rx) = oneshot::channel();
         let waiters = &mut self.waiters;
         let woken: Vec<_> =
@@ -154,6 +170,7 @@ impl State {
             effects.cancelled.into_iter().filter_map(|(id, err)| waiters.remove(&id).map(|tx| (tx, err))).collect();
         let pending = Pending {
             epoch: shared.epoch.load(Ordering::SeqCst),
+            checkpoint,
             changes: effects.changes,
             ack: Some(ack),
             woken,
@@ -559,9 +576,8 @@ fn run_committer(shared: &Shared, mut db: Option<Database>, opener: &Opener, que
             continue;
         };
         let now = shared.clock.now();
-        // A batch with an empty operation is a checkpoint or a flush: it always writes the clock.
         let write_clock = now.saturating_sub(shared.clock_written.load(Ordering::Relaxed)) >= CLOCK_WRITE_MS
-            || batch.iter().any(|p| p.changes.is_empty());
+            || batch.iter().any(|p| p.checkpoint);
         let started = Instant::now();
         match write_batch(database, &batch, write_clock.then_some(now)) {
             Ok(()) => {
@@ -654,7 +670,7 @@ async fn run_sweeper(shared: Arc<Shared>) {
         let now = shared.clock.now();
         if state.broken.is_some() {
             // Wake the committer so it retries reopening the database.
-            drop(state.submit(&shared, Effects::default()));
+            drop(state.checkpoint(&shared));
             continue;
         }
         let effects = state.ledger.expire(now);
@@ -662,8 +678,11 @@ async fn run_sweeper(shared: Arc<Shared>) {
             tracing::debug!(expired = effects.expired, "leases expired");
         }
         let checkpoint_due = now.saturating_sub(shared.clock_written.load(Ordering::Relaxed)) >= CLOCK_CHECKPOINT_MS;
-        if !effects.changes.is_empty() || !effects.cancelled.is_empty() || checkpoint_due {
+        if !effects.changes.is_empty() || !effects.cancelled.is_empty() {
             drop(state.submit(&shared, effects));
+        }
+        if checkpoint_due {
+            drop(state.checkpoint(&shared));
         }
     }
 }
@@ -722,13 +741,17 @@ impl Store for EmbeddedStore {
                 }
                 refused => refused,
             };
-            let rx = state.submit(&self.shared, effects);
+            // A grant waits for its commit (an idempotent retry for the commit of the grant it
+            // repeats); a refusal or a queued request changed nothing and waits for nothing.
+            let rx = match decision {
+                Decision::Granted { .. } => Some(state.submit(&self.shared, effects)),
+                _ => None,
+            };
             (decision, rx, answer)
         };
         match decision {
             Decision::Granted { grant, existing } => {
-                // An idempotent retry also waits: the grant it repeats may not be durable yet.
-                durable(rx).await?;
+                durable(rx.expect("submitted for grants")).await?;
                 let info = {
                     let state = self.lock();
                     grant_info(&state.ledger, grant, self.shared.clock.now())
@@ -836,7 +859,7 @@ impl Store for EmbeddedStore {
             tokio::time::sleep(Duration::from_millis(5)).await;
         }
         // A last commit makes the clock durable, so leases resume with the TTL they had left.
-        let flushed = self.lock().submit(&self.shared, Effects::default());
+        let flushed = self.lock().checkpoint(&self.shared);
         if let Err(err) = durable(flushed).await {
             tracing::warn!(error = %err, "the final flush failed");
         }
