@@ -369,7 +369,7 @@ impl NamespaceState {
     }
 
     fn place_of(&self, index: usize) -> QueuePlace {
-        let units_ahead = self.waiters.iter().take(index).map(|w| w.request.units).sum();
+        let units_ahead = self.waiters.iter().take(index).fold(0u64, |sum, w| sum.saturating_add(w.request.units));
         QueuePlace { position: index + 1, units_ahead }
     }
 
@@ -432,9 +432,11 @@ impl Ledger {
         Ok(ledger)
     }
 
-    /// Keeps the counters of `previous` (they count since the daemon started) for the
-    /// namespaces both ledgers have; used when a ledger is rebuilt from the store.
-    pub fn carry_stats_from(&mut self, previous: &Ledger) {
+    /// Takes over what lives only in memory from `previous` when a ledger is rebuilt from the
+    /// store: the counters (they count since the daemon started) and the waiter ids, so an id
+    /// handed out before the rebuild never names a newer waiter.
+    pub fn carry_over_from(&mut self, previous: &Ledger) {
+        self.next_waiter = self.next_waiter.max(previous.next_waiter);
         for (name, state) in &mut self.namespaces {
             if let Some(old) = previous.namespaces.get(name) {
                 state.stats = old.stats;
@@ -460,6 +462,15 @@ impl Ledger {
         }
         state.quota = quota;
         effects.changes.push(Change::Namespace { name: name.clone(), quota, next_fencing: state.fencing_bound });
+        // A waiter that wants more than the new quota could never be granted.
+        state.waiters.retain(|waiter| {
+            if waiter.request.units <= quota {
+                return true;
+            }
+            let err = LedgerError::UnitsExceedQuota { namespace: name.clone(), units: waiter.request.units, quota };
+            effects.cancelled.push((waiter.id, err));
+            false
+        });
         self.admit_at(name, now, &mut effects);
         Ok((created, effects))
     }
@@ -793,7 +804,7 @@ impl Ledger {
                 waited_ms: now.saturating_sub(waiter.since),
                 blocked_by_cap,
             });
-            units_ahead += waiter.request.units;
+            units_ahead = units_ahead.saturating_add(waiter.request.units);
         }
         Ok(res)
     }
@@ -891,6 +902,20 @@ impl Ledger {
         self.sessions.remove(&session.id);
         self.leases.remove(&(session.deadline, LeaseKey::Session(session.id)));
         effects.changes.push(Change::SessionRemoved { id: session.id });
+        // Requests waiting to join the session can never be granted now.
+        for (name, state) in &mut self.namespaces {
+            let before = state.waiters.len();
+            state.waiters.retain(|waiter| {
+                if waiter.request.lease != LeaseRequest::Session(session.id) {
+                    return true;
+                }
+                effects.cancelled.push((waiter.id, LedgerError::SessionNotFound(session.id)));
+                false
+            });
+            if state.waiters.len() != before {
+                touched.insert(name.clone());
+            }
+        }
         for namespace in touched {
             self.admit_at(&namespace, now, effects);
         }
@@ -1014,7 +1039,7 @@ fn view_of(name: &NamespaceName, state: &NamespaceState, now: Millis) -> Namespa
         granted_units: state.granted,
         grants: state.grants.len(),
         waiters: state.waiters.len(),
-        waiting_units: state.waiters.iter().map(|w| w.request.units).sum(),
+        waiting_units: state.waiters.iter().fold(0u64, |sum, w| sum.saturating_add(w.request.units)),
         longest_wait_ms: state.longest_wait(now),
         next_fencing: state.next_fencing,
         stats: state.stats,

@@ -380,3 +380,59 @@ fn restore_rebuilds_counters_leases_and_fencing() {
         Err(RestoreError::MissingSession { .. })
     ));
 }
+
+#[test]
+fn lowering_the_quota_below_a_waiter_cancels_it() {
+    let mut ledger = ledger_with("gpu", 4);
+    ledger.allocate(req("gpu", "held", 4), 0, false).unwrap();
+    let big = queued(&ledger.allocate(req("gpu", "big", 3), 0, true).unwrap().0);
+    let small = queued(&ledger.allocate(req("gpu", "small", 1), 0, true).unwrap().0);
+    let (_, effects) = ledger.put_namespace(&ns("gpu"), 2, 1).unwrap();
+    assert!(
+        matches!(effects.cancelled.as_slice(), [(id, LedgerError::UnitsExceedQuota { units: 3, quota: 2, .. })] if *id == big)
+    );
+    let (_, effects) = ledger.release(&ns("gpu"), &Token::new("held").unwrap(), None, 2).unwrap();
+    assert_eq!(effects.woken.iter().map(|w| w.waiter).collect::<Vec<_>>(), [small]);
+    ledger.check_invariants().unwrap();
+}
+
+#[test]
+fn ending_a_session_cancels_the_requests_waiting_to_join_it() {
+    let mut ledger = ledger_with("gpu", 2);
+    let id = SessionId(9);
+    ledger.open_session(id, 1000, 0).unwrap();
+    ledger.allocate(req("gpu", "held", 2), 0, false).unwrap();
+    let mut joining = req("gpu", "joining", 2);
+    joining.lease = LeaseRequest::Session(id);
+    let joining = queued(&ledger.allocate(joining, 0, true).unwrap().0);
+    let other = queued(&ledger.allocate(req("gpu", "other", 1), 0, true).unwrap().0);
+    let (_, effects) = ledger.close_session(id, 1).unwrap();
+    assert_eq!(effects.cancelled, vec![(joining, LedgerError::SessionNotFound(id))]);
+    let (_, effects) = ledger.release(&ns("gpu"), &Token::new("held").unwrap(), None, 2).unwrap();
+    assert_eq!(effects.woken.iter().map(|w| w.waiter).collect::<Vec<_>>(), [other]);
+    ledger.check_invariants().unwrap();
+}
+
+#[test]
+fn a_rebuilt_ledger_never_reuses_a_waiter_id() {
+    let mut ledger = ledger_with("gpu", 1);
+    ledger.allocate(req("gpu", "held", 1), 0, false).unwrap();
+    let old = queued(&ledger.allocate(req("gpu", "old", 1), 0, true).unwrap().0);
+    let mut rebuilt =
+        Ledger::restore(vec![(ns("gpu"), 1, 2)], vec![], vec![], ledger.grants(&ns("gpu")).unwrap()).unwrap();
+    rebuilt.carry_over_from(&ledger);
+    let new = queued(&rebuilt.allocate(req("gpu", "new", 1), 1, true).unwrap().0);
+    assert_ne!(old, new);
+    assert_eq!(rebuilt.cancel_waiter(&ns("gpu"), old, 2), None, "a stale id must not cancel the new waiter");
+}
+
+#[test]
+fn huge_queues_saturate_instead_of_overflowing() {
+    let mut ledger = ledger_with("gpu", MAX_UNITS);
+    ledger.allocate(req("gpu", "held", MAX_UNITS), 0, false).unwrap();
+    for n in 0..2100 {
+        queued(&ledger.allocate(req("gpu", &format!("w{n}"), MAX_UNITS), 0, true).unwrap().0);
+    }
+    assert_eq!(ledger.namespace(&ns("gpu"), 0).unwrap().waiting_units, u64::MAX);
+    assert_eq!(ledger.waiters(&ns("gpu"), 0).unwrap().last().unwrap().place.units_ahead, u64::MAX);
+}

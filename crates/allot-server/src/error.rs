@@ -67,6 +67,9 @@ impl From<StoreError> for ApiError {
             StoreError::Unavailable(_) => {
                 ApiError::new(StatusCode::SERVICE_UNAVAILABLE, "store_unavailable", err.to_string())
             }
+            StoreError::OutcomeUnknown(_) => {
+                ApiError::new(StatusCode::SERVICE_UNAVAILABLE, "store_outcome_unknown", err.to_string())
+            }
             StoreError::ShuttingDown => {
                 ApiError::new(StatusCode::SERVICE_UNAVAILABLE, "shutting_down", err.to_string())
             }

@@ -99,15 +99,20 @@ where
     family.encode(metric)
 }
 
+/// A count as a gauge value, clamped to what an i64 gauge can hold.
+fn gauge(count: u64) -> i64 {
+    i64::try_from(count).unwrap_or(i64::MAX)
+}
+
 impl Collector for StoreCollector {
     fn encode(&self, mut encoder: DescriptorEncoder) -> Result<(), std::fmt::Error> {
         let snapshot = self.snapshot.lock().unwrap_or_else(|p| p.into_inner());
         let gauges: [(&str, &str, fn(&NamespaceView) -> i64); 5] = [
-            ("allot_quota_units", "The namespace's quota", |v| v.quota as i64),
-            ("allot_granted_units", "Units granted now", |v| v.granted_units as i64),
-            ("allot_grants", "Grants held now", |v| v.grants as i64),
-            ("allot_waiters", "Allocate calls waiting now", |v| v.waiters as i64),
-            ("allot_waiting_units", "Units wanted by the waiters", |v| v.waiting_units as i64),
+            ("allot_quota_units", "The namespace's quota", |v| gauge(v.quota)),
+            ("allot_granted_units", "Units granted now", |v| gauge(v.granted_units)),
+            ("allot_grants", "Grants held now", |v| gauge(v.grants as u64)),
+            ("allot_waiters", "Allocate calls waiting now", |v| gauge(v.waiters as u64)),
+            ("allot_waiting_units", "Units wanted by the waiters", |v| gauge(v.waiting_units)),
         ];
         for (name, help, value) in gauges {
             let family = Family::<NamespaceLabels, Gauge>::default();

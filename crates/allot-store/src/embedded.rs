@@ -30,7 +30,7 @@ use tokio::sync::{oneshot, watch};
 
 use crate::records::{
     decode, encode, CorruptRecord, GrantRecord, NamespaceRecord, SessionRecord, FORMAT_VERSION, GRANTS, META,
-    META_CLOCK, META_FORMAT, NAMESPACES, RETIRED_FENCING, SESSIONS,
+    META_CLOCK, META_FORMAT, META_SEQ, NAMESPACES, RETIRED_FENCING, SESSIONS,
 };
 use crate::{expires_in, Allocation, CommitStats, GrantInfo, SessionInfo, Store, StoreError, MAX_WAIT};
 
@@ -38,9 +38,6 @@ use crate::{expires_in, Allocation, CommitStats, GrantInfo, SessionInfo, Store, 
 pub const SWEEP_INTERVAL: Duration = Duration::from_millis(50);
 /// The longest the daemon clock goes without being made durable.
 const CLOCK_CHECKPOINT_MS: u64 = 1000;
-/// Commits closer together than this do not each rewrite the clock (a page less per commit);
-/// a lease may then resume after a crash with up to this much more time than it had.
-const CLOCK_WRITE_MS: u64 = 200;
 /// The most operations in one commit.
 const MAX_BATCH: usize = 8192;
 /// The name of the database file in the data directory.
@@ -96,7 +93,7 @@ struct Shared {
     clock: Clock,
     /// Bumped when a failed commit discards the in-memory state; queued work of older epochs fails.
     epoch: AtomicU64,
-    /// The daemon clock value last made durable.
+    /// The daemon clock value of the last commit.
     clock_written: AtomicU64,
     shutting_down: AtomicBool,
     shutdown: watch::Sender<bool>,
@@ -110,7 +107,7 @@ struct Shared {
 enum WaiterAnswer {
     Granted(Grant),
     Cancelled(LedgerError),
-    Failed(String),
+    Failed(StoreError),
 }
 
 type Ack = oneshot::Sender<Result<(), StoreError>>;
@@ -118,8 +115,6 @@ type Ack = oneshot::Sender<Result<(), StoreError>>;
 /// One operation's changes on their way to disk, with whom to tell once they are there.
 struct Pending {
     epoch: u64,
-    /// Make the daemon clock durable with this commit.
-    checkpoint: bool,
     changes: Vec<Change>,
     ack: Option<Ack>,
     woken: Vec<(oneshot::Sender<WaiterAnswer>, Grant)>,
@@ -146,22 +141,13 @@ impl State {
         Ok(())
     }
 
-    /// Queues a commit that makes the daemon clock durable.
+    /// Queues a commit of nothing: every commit makes the daemon clock durable.
     fn checkpoint(&mut self, shared: &Shared) -> oneshot::Receiver<Result<(), StoreError>> {
-        self.enqueue(shared, Effects::default(), true)
+        self.submit(shared, Effects::default())
     }
 
     /// Queues `effects` for commit; the receiver answers once they are durable.
     fn submit(&mut self, shared: &Shared, effects: Effects) -> oneshot::Receiver<Result<(), StoreError>> {
-        self.enqueue(shared, effects, false)
-    }
-
-    fn enqueue(
-        &mut self,
-        shared: &Shared,
-        effects: Effects,
-        checkpoint: bool,
-    ) -> oneshot::Receiver<Result<(), StoreError>> {
         let (ack, rx) = oneshot::channel();
         let waiters = &mut self.waiters;
         let woken: Vec<_> =
@@ -170,18 +156,18 @@ impl State {
             effects.cancelled.into_iter().filter_map(|(id, err)| waiters.remove(&id).map(|tx| (tx, err))).collect();
         let pending = Pending {
             epoch: shared.epoch.load(Ordering::SeqCst),
-            checkpoint,
             changes: effects.changes,
             ack: Some(ack),
             woken,
             cancelled,
         };
         match &self.queue {
-            // If the committer is gone, the ack is dropped and the caller sees `ShuttingDown`.
             Some(queue) => {
-                let _ = queue.send(pending);
+                if let Err(unsent) = queue.send(pending) {
+                    fail(vec![unsent.0], &StoreError::ShuttingDown);
+                }
             }
-            None => drop(pending),
+            None => fail(vec![pending], &StoreError::ShuttingDown),
         }
         rx
     }
@@ -233,7 +219,7 @@ impl EmbeddedStore {
 
     fn open_with(opener: Opener) -> Result<EmbeddedStore, OpenError> {
         let db = opener()?;
-        let (ledger, clock) = load(&db)?;
+        let Loaded { ledger, clock, seq } = load(&db)?;
         let (queue, receiver) = mpsc::channel();
         let (shutdown, _) = watch::channel(false);
         let shared = Arc::new(Shared {
@@ -252,7 +238,7 @@ impl EmbeddedStore {
             let shared = shared.clone();
             std::thread::Builder::new()
                 .name("allot-committer".into())
-                .spawn(move || run_committer(&shared, Some(db), &opener, &receiver))
+                .spawn(move || run_committer(&shared, Some(db), seq, &opener, &receiver))
                 .expect("spawning a thread")
         };
         let sweeper = tokio::spawn(run_sweeper(shared.clone()));
@@ -339,7 +325,7 @@ impl EmbeddedStore {
                 Ok(Allocation::Granted { grant: info, existing: false })
             }
             Ok(WaiterAnswer::Cancelled(err)) => Err(err.into()),
-            Ok(WaiterAnswer::Failed(reason)) => Err(StoreError::Unavailable(reason)),
+            Ok(WaiterAnswer::Failed(err)) => Err(err),
             // A newer call with the same token took this waiter's place.
             Err(_) => Err(StoreError::Invalid("a newer allocate call with the same token took over this wait".into())),
         }
@@ -378,8 +364,17 @@ fn open_file(path: &Path) -> Result<Database, OpenError> {
     Database::create(path).map_err(|err| OpenError::Database { path: path.to_owned(), reason: redb_error(err) })
 }
 
-/// Reads every record and rebuilds the ledger; returns it with the durable clock.
-fn load(db: &Database) -> Result<(Ledger, Millis), OpenError> {
+/// What a database holds, rebuilt.
+struct Loaded {
+    ledger: Ledger,
+    /// The daemon clock at the last commit.
+    clock: Millis,
+    /// The number of the last commit.
+    seq: u64,
+}
+
+/// Reads every record and rebuilds the ledger.
+fn load(db: &Database) -> Result<Loaded, OpenError> {
     let read_err = |err: redb::Error| OpenError::Read(err.to_string());
     let initialized = match db.begin_read().map_err(|e| read_err(e.into()))?.open_table(META) {
         Ok(_) => true,
@@ -424,14 +419,14 @@ fn init_tables(db: &Database) -> Result<(), OpenError> {
     Ok(())
 }
 
-fn load_records(db: &Database) -> Result<(Ledger, Millis), OpenError> {
+fn load_records(db: &Database) -> Result<Loaded, OpenError> {
     let read_err = |err: redb::Error| OpenError::Read(err.to_string());
     let txn = db.begin_read().map_err(|e| read_err(e.into()))?;
-    let clock = txn
-        .open_table(META)
-        .and_then(|t| Ok(t.get(META_CLOCK)?.map(|v| v.value())))
-        .map_err(|e| read_err(e.into()))?
-        .unwrap_or(0);
+    let meta = |key: &str| {
+        txn.open_table(META).and_then(|t| Ok(t.get(key)?.map(|v| v.value()))).map_err(|e| read_err(e.into()))
+    };
+    let clock = meta(META_CLOCK)?.unwrap_or(0);
+    let seq = meta(META_SEQ)?.unwrap_or(0);
     let mut namespaces = Vec::new();
     for entry in txn.open_table(NAMESPACES).map_err(|e| read_err(e.into()))?.iter().map_err(|e| read_err(e.into()))? {
         let (key, value) = entry.map_err(|e| read_err(e.into()))?;
@@ -471,11 +466,11 @@ fn load_records(db: &Database) -> Result<(Ledger, Millis), OpenError> {
         grants.push(record.into_grant(namespace, token)?);
     }
     let ledger = Ledger::restore(namespaces, retired, sessions, grants)?;
-    Ok((ledger, clock))
+    Ok(Loaded { ledger, clock, seq })
 }
 
 /// Writes every change of `batch` in one durable transaction.
-fn write_batch(db: &Database, batch: &[Pending], clock: Option<Millis>) -> Result<(), redb::Error> {
+fn write_batch(db: &Database, batch: &[Pending], seq: u64, now: Millis) -> Result<(), redb::Error> {
     let mut txn = db.begin_write()?;
     txn.set_durability(Durability::Immediate);
     {
@@ -499,8 +494,21 @@ fn write_batch(db: &Database, batch: &[Pending], clock: Option<Millis>) -> Resul
                 Change::NamespaceRemoved { name, next_fencing } => {
                     namespaces.remove(name.as_str())?;
                     retired.insert(name.as_str(), next_fencing)?;
+                    // Every grant of the namespace sorts at or after (name, ""), before any other
+                    // namespace's; tokens may be any text, so there is no fixed upper bound.
                     let name = name.as_str();
-                    grants.retain_in((name, "")..=(name, "\u{10FFFF}\u{10FFFF}"), |(ns, _), _| ns != name)?;
+                    let mut doomed = Vec::new();
+                    for entry in grants.range((name, "")..)? {
+                        let (key, _) = entry?;
+                        let (namespace, token) = key.value();
+                        if namespace != name {
+                            break;
+                        }
+                        doomed.push(token.to_owned());
+                    }
+                    for token in &doomed {
+                        grants.remove((name, token.as_str()))?;
+                    }
                 }
                 Change::Grant(grant) => {
                     let record = GrantRecord::from_grant(grant);
@@ -518,9 +526,8 @@ fn write_batch(db: &Database, batch: &[Pending], clock: Option<Millis>) -> Resul
                 }
             }
         }
-        if let Some(now) = clock {
-            meta.insert(META_CLOCK, now)?;
-        }
+        meta.insert(META_CLOCK, now)?;
+        meta.insert(META_SEQ, seq)?;
     }
     txn.commit()?;
     Ok(())
@@ -557,7 +564,13 @@ fn superseded_upserts(changes: &[&Change]) -> Vec<bool> {
     superseded
 }
 
-fn run_committer(shared: &Shared, mut db: Option<Database>, opener: &Opener, queue: &mpsc::Receiver<Pending>) {
+fn run_committer(
+    shared: &Shared,
+    mut db: Option<Database>,
+    mut seq: u64,
+    opener: &Opener,
+    queue: &mpsc::Receiver<Pending>,
+) {
     while let Ok(first) = queue.recv() {
         let mut batch = vec![first];
         while batch.len() < MAX_BATCH {
@@ -568,35 +581,49 @@ fn run_committer(shared: &Shared, mut db: Option<Database>, opener: &Opener, que
         }
         let epoch = shared.epoch.load(Ordering::SeqCst);
         let (batch, stale): (Vec<Pending>, Vec<Pending>) = batch.into_iter().partition(|p| p.epoch == epoch);
-        fail(stale, "an earlier change could not be written");
+        fail(stale, &StoreError::Unavailable("an earlier change could not be written".into()));
         let Some(database) = &db else {
             // A previous failure left the database closed: try to reopen before anything else.
-            fail(batch, "the database is being reopened after a failed write");
-            db = recover(shared, None, opener);
+            fail(batch, &StoreError::Unavailable("the database is being reopened after a failed write".into()));
+            if let Some((reopened, on_disk)) = recover(shared, None, opener) {
+                db = Some(reopened);
+                seq = on_disk;
+            }
             continue;
         };
         let now = shared.clock.now();
-        let write_clock = now.saturating_sub(shared.clock_written.load(Ordering::Relaxed)) >= CLOCK_WRITE_MS
-            || batch.iter().any(|p| p.checkpoint);
         let started = Instant::now();
-        match write_batch(database, &batch, write_clock.then_some(now)) {
+        match write_batch(database, &batch, seq + 1, now) {
             Ok(()) => {
+                seq += 1;
                 shared.commits.fetch_add(1, Ordering::Relaxed);
                 shared.operations.fetch_add(batch.len() as u64, Ordering::Relaxed);
                 shared.commit_micros.fetch_add(started.elapsed().as_micros() as u64, Ordering::Relaxed);
-                if write_clock {
-                    shared.clock_written.store(now, Ordering::Relaxed);
-                }
+                shared.clock_written.store(now, Ordering::Relaxed);
                 deliver(batch);
             }
             Err(err) => {
                 let reason = err.to_string();
-                tracing::error!(error = %reason, operations = batch.len(), "commit failed; rebuilding from the last durable state");
+                tracing::error!(error = %reason, operations = batch.len(), "commit failed; rebuilding from the database");
                 shared.failures.fetch_add(1, Ordering::Relaxed);
                 // Rebuild before answering: a caller that acts on this answer must find the
                 // rebuilt state, not the discarded one.
-                db = recover(shared, db.take(), opener);
-                fail(batch, &reason);
+                let attempted = seq + 1;
+                let answer = match recover(shared, db.take(), opener) {
+                    Some((reopened, on_disk)) => {
+                        db = Some(reopened);
+                        seq = on_disk;
+                        if on_disk >= attempted {
+                            // The commit failed after its header was written (a failed fsync):
+                            // the batch is in the file and the rebuilt state, maybe not on disk.
+                            StoreError::OutcomeUnknown(reason)
+                        } else {
+                            StoreError::Unavailable(reason)
+                        }
+                    }
+                    None => StoreError::OutcomeUnknown(reason),
+                };
+                fail(batch, &answer);
             }
         }
     }
@@ -617,36 +644,38 @@ fn deliver(batch: Vec<Pending>) {
     }
 }
 
-fn fail(batch: Vec<Pending>, reason: &str) {
+fn fail(batch: Vec<Pending>, err: &StoreError) {
     for pending in batch {
         if let Some(ack) = pending.ack {
-            let _ = ack.send(Err(StoreError::Unavailable(reason.to_owned())));
+            let _ = ack.send(Err(err.clone()));
         }
         for (tx, _) in pending.woken {
-            let _ = tx.send(WaiterAnswer::Failed(reason.to_owned()));
+            let _ = tx.send(WaiterAnswer::Failed(err.clone()));
         }
         for (tx, _) in pending.cancelled {
-            let _ = tx.send(WaiterAnswer::Failed(reason.to_owned()));
+            let _ = tx.send(WaiterAnswer::Failed(err.clone()));
         }
     }
 }
 
-/// After a failed commit: discard the in-memory state and rebuild it from the database.
-fn recover(shared: &Shared, old: Option<Database>, opener: &Opener) -> Option<Database> {
+/// After a failed commit: discard the in-memory state and rebuild it from the database. Returns
+/// the reopened database and the number of its last commit, or `None` if it cannot be reopened.
+fn recover(shared: &Shared, old: Option<Database>, opener: &Opener) -> Option<(Database, u64)> {
     let mut state = lock(shared);
     shared.epoch.fetch_add(1, Ordering::SeqCst);
     drop(old);
     for (_, tx) in state.waiters.drain() {
-        let _ = tx.send(WaiterAnswer::Failed("the store could not be written; the wait was ended".into()));
+        let err = StoreError::Unavailable("the store could not be written; the wait was ended".into());
+        let _ = tx.send(WaiterAnswer::Failed(err));
     }
-    let reopened = opener().and_then(|db| load(&db).map(|(ledger, _)| (db, ledger)));
+    let reopened = opener().and_then(|db| load(&db).map(|loaded| (db, loaded)));
     match reopened {
-        Ok((db, mut ledger)) => {
-            ledger.carry_stats_from(&state.ledger);
+        Ok((db, Loaded { mut ledger, seq, .. })) => {
+            ledger.carry_over_from(&state.ledger);
             state.ledger = ledger;
             state.broken = None;
-            tracing::info!("store rebuilt from the last durable state");
-            Some(db)
+            tracing::info!(seq, "store rebuilt from the database");
+            Some((db, seq))
         }
         Err(err) => {
             tracing::error!(error = %err, "cannot reopen the database; retrying");

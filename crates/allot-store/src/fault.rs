@@ -1,5 +1,5 @@
-//! A redb storage backend that fails on demand, like a full disk: for fault-injection tests of
-//! the embedded store and of everything above it. Not used by the daemon.
+//! A redb storage backend that fails on demand, like a full or failing disk: for fault-injection
+//! tests of the embedded store and of everything above it. Not used by the daemon.
 
 use std::path::Path;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -7,24 +7,32 @@ use std::sync::Arc;
 
 use redb::backends::FileBackend;
 
-/// A file backend whose writes, resizes and syncs fail with "no space left on device" while
-/// `failing` is set. Reads always work.
+/// Which operations fail, switched on and off while the store runs.
+#[derive(Debug, Default)]
+pub struct Faults {
+    /// Writes, resizes and syncs fail: a full disk ("no space left on device").
+    pub fail_writes: AtomicBool,
+    /// Only syncs fail: the data reached the OS but could not be made durable.
+    pub fail_syncs: AtomicBool,
+}
+
+/// A file backend that fails as its [`Faults`] say. Reads always work.
 #[derive(Debug)]
 pub struct FlakyDisk {
     inner: FileBackend,
-    failing: Arc<AtomicBool>,
+    faults: Arc<Faults>,
 }
 
 impl FlakyDisk {
-    /// Opens (or creates) `path`; `failing` switches the failures on and off.
-    pub fn open(path: &Path, failing: Arc<AtomicBool>) -> std::io::Result<FlakyDisk> {
+    /// Opens (or creates) `path`.
+    pub fn open(path: &Path, faults: Arc<Faults>) -> std::io::Result<FlakyDisk> {
         let file = std::fs::OpenOptions::new().read(true).write(true).create(true).truncate(false).open(path)?;
         let inner = FileBackend::new(file).map_err(|err| std::io::Error::other(err.to_string()))?;
-        Ok(FlakyDisk { inner, failing })
+        Ok(FlakyDisk { inner, faults })
     }
 
-    fn check(&self) -> std::io::Result<()> {
-        if self.failing.load(Ordering::SeqCst) {
+    fn check_write(&self) -> std::io::Result<()> {
+        if self.faults.fail_writes.load(Ordering::SeqCst) {
             return Err(std::io::Error::new(std::io::ErrorKind::StorageFull, "no space left on device"));
         }
         Ok(())
@@ -41,17 +49,20 @@ impl redb::StorageBackend for FlakyDisk {
     }
 
     fn set_len(&self, len: u64) -> std::io::Result<()> {
-        self.check()?;
+        self.check_write()?;
         self.inner.set_len(len)
     }
 
     fn sync_data(&self, eventual: bool) -> std::io::Result<()> {
-        self.check()?;
+        self.check_write()?;
+        if self.faults.fail_syncs.load(Ordering::SeqCst) {
+            return Err(std::io::Error::other("fsync failed: input/output error"));
+        }
         self.inner.sync_data(eventual)
     }
 
     fn write(&self, offset: u64, data: &[u8]) -> std::io::Result<()> {
-        self.check()?;
+        self.check_write()?;
         self.inner.write(offset, data)
     }
 }

@@ -38,6 +38,13 @@ pub enum StoreError {
     /// The store could not make the change durable; nothing was changed.
     #[error("the store could not be written ({0}); nothing was changed")]
     Unavailable(String),
+    /// The disk failed while making the change durable, after it was written: it may or may not
+    /// have been applied. Read it back, or retry (allocate and release are idempotent).
+    #[error(
+        "the disk failed while making the change durable ({0}); it may or may not have been applied: \
+         read it back or retry"
+    )]
+    OutcomeUnknown(String),
     /// The daemon is shutting down and takes no new work.
     #[error("the daemon is shutting down")]
     ShuttingDown,

@@ -5,7 +5,8 @@
 //! - `retired_fencing`: namespace -> next fencing number of a removed namespace
 //! - `grants`: (namespace, token) -> [`GrantRecord`]
 //! - `sessions`: session id -> [`SessionRecord`]
-//! - `meta`: `format` -> [`FORMAT_VERSION`], `clock` -> the daemon clock at the last commit
+//! - `meta`: `format` -> [`FORMAT_VERSION`], `clock` -> the daemon clock at the last commit,
+//!   `seq` -> the number of the last commit
 //!
 //! Values are postcard-encoded. The format version is checked at open: a file written by a newer
 //! format is refused rather than misread.
@@ -24,6 +25,7 @@ pub const META: TableDefinition<&str, u64> = TableDefinition::new("meta");
 
 pub const META_FORMAT: &str = "format";
 pub const META_CLOCK: &str = "clock";
+pub const META_SEQ: &str = "seq";
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct NamespaceRecord {

@@ -1,11 +1,11 @@
 //! The embedded backend: the conformance suite, restarts, and a disk that fails.
 
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Duration;
 
 use allot_core::{AllocateRequest, Constraints, LeaseRequest, NamespaceName, Token};
-use allot_store::fault::FlakyDisk;
+use allot_store::fault::{Faults, FlakyDisk};
 use allot_store::{conformance, Allocation, EmbeddedConfig, EmbeddedStore, Store, StoreError};
 
 fn ns(name: &str) -> NamespaceName {
@@ -70,22 +70,27 @@ async fn state_survives_a_restart_and_leases_keep_their_remaining_ttl() {
 async fn a_failing_disk_gets_a_clear_error_and_keeps_the_state_whole() {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("allot.redb");
-    let failing = Arc::new(AtomicBool::new(false));
+    let faults = Arc::new(Faults::default());
     let make = {
-        let failing = failing.clone();
-        move || FlakyDisk::open(&path, failing.clone()).unwrap()
+        let faults = faults.clone();
+        move || FlakyDisk::open(&path, faults.clone()).unwrap()
     };
     let store = EmbeddedStore::open_with_backend(make).unwrap();
     store.put_namespace(ns("hive"), 2).await.unwrap();
     store.allocate(request("hive", "kept", LeaseRequest::None), Duration::ZERO).await.unwrap();
 
-    failing.store(true, Ordering::SeqCst);
+    faults.fail_writes.store(true, Ordering::SeqCst);
     let lost = store.allocate(request("hive", "lost", LeaseRequest::None), Duration::ZERO).await;
-    assert!(matches!(&lost, Err(StoreError::Unavailable(reason)) if reason.contains("no space")), "{lost:?}");
+    // While the disk is full the database cannot even be reopened (reopening repairs it, which
+    // writes), so the outcome of the failed commit is reported as unknown; later calls are refused.
+    assert!(
+        matches!(&lost, Err(StoreError::Unavailable(reason) | StoreError::OutcomeUnknown(reason)) if reason.contains("no space")),
+        "{lost:?}"
+    );
     let release = store.release(ns("hive"), Token::new("kept").unwrap(), None).await;
-    assert!(matches!(release, Err(StoreError::Unavailable(_))), "{release:?}");
+    assert!(matches!(release, Err(StoreError::Unavailable(_) | StoreError::OutcomeUnknown(_))), "{release:?}");
 
-    failing.store(false, Ordering::SeqCst);
+    faults.fail_writes.store(false, Ordering::SeqCst);
     // The state is what was durable: `kept` is still granted, `lost` never was.
     let mut tokens = Vec::new();
     for _ in 0..100 {
@@ -112,4 +117,61 @@ async fn a_read_only_data_directory_is_a_clear_error() {
     std::fs::write(&file, b"x").unwrap();
     let err = EmbeddedStore::open(&EmbeddedConfig { data_dir: file.join("data") }).err().expect("must fail");
     assert!(err.to_string().contains("cannot create the data directory"), "{err}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_failed_fsync_is_an_unknown_outcome_that_matches_what_is_read_back() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("allot.redb");
+    let faults = Arc::new(Faults::default());
+    let make = {
+        let faults = faults.clone();
+        move || FlakyDisk::open(&path, faults.clone()).unwrap()
+    };
+    let store = EmbeddedStore::open_with_backend(make).unwrap();
+    store.put_namespace(ns("hive"), 2).await.unwrap();
+
+    // The data reaches the file, only the fsync fails: the answer must not claim that nothing
+    // changed, and what is read back afterwards is the rebuilt state.
+    faults.fail_syncs.store(true, Ordering::SeqCst);
+    let answer = store.allocate(request("hive", "ghost", LeaseRequest::None), Duration::ZERO).await;
+    assert!(matches!(answer, Err(StoreError::OutcomeUnknown(_))), "{answer:?}");
+    faults.fail_syncs.store(false, Ordering::SeqCst);
+    // The store reopens the database as soon as the disk works again.
+    let mut grants = None;
+    for _ in 0..100 {
+        if let Ok(read) = store.grants(ns("hive")).await {
+            grants = Some(read);
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let grants = grants.expect("the store did not recover");
+    // An idempotent retry settles it either way.
+    let retried = store.allocate(request("hive", "ghost", LeaseRequest::None), Duration::ZERO).await.unwrap();
+    let Allocation::Granted { existing, .. } = retried else { panic!("{retried:?}") };
+    assert_eq!(existing, grants.len() == 1, "the retry must agree with what was read back: {grants:?}");
+    store.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn removing_a_namespace_removes_grants_with_any_token() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = open(dir.path());
+    store.put_namespace(ns("hive"), 5).await.unwrap();
+    store.put_namespace(ns("hive2"), 5).await.unwrap();
+    // Tokens that sort above any fixed bound, and a neighbour namespace that must be untouched.
+    for token in ["\u{10FFFF}\u{10FFFF}\u{10FFFF}", "zzz", "a"] {
+        store.allocate(request("hive", token, LeaseRequest::None), Duration::ZERO).await.unwrap();
+    }
+    store.allocate(request("hive2", "a", LeaseRequest::None), Duration::ZERO).await.unwrap();
+    assert_eq!(store.remove_namespace(ns("hive"), true).await.unwrap(), 3);
+    store.shutdown().await;
+    drop(store);
+    let store = open(dir.path());
+    assert!(store.namespace(ns("hive")).await.is_err());
+    assert_eq!(store.grants(ns("hive2")).await.unwrap().len(), 1);
+    store.put_namespace(ns("hive"), 5).await.unwrap();
+    assert!(store.grants(ns("hive")).await.unwrap().is_empty(), "grants of the removed namespace came back");
+    store.shutdown().await;
 }
