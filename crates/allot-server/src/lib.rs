@@ -52,8 +52,8 @@ fencing numbers and a first-come-first-served waiting queue.\n\n\
 Every error answer has the body `{\"error\": {\"code\": ..., \"message\": ...}}`. Codes: invalid_json, \
 invalid_argument, invalid_name, caps_without_scope (400); namespace_not_found, grant_not_found, \
 session_not_found, not_found (404); method_not_allowed (405); stale_fencing, token_conflict, \
-units_exceed_quota, namespace_in_use (409); payload_too_large (413); store_unavailable, shutting_down (503); \
-internal (500)."
+units_exceed_quota, namespace_in_use (409); payload_too_large (413); store_unavailable, \
+store_outcome_unknown, shutting_down (503); internal (500)."
     ),
     paths(
         routes::healthz,
