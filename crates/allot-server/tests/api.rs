@@ -218,16 +218,9 @@ async fn bad_input_gets_a_4xx_with_a_code_and_changes_nothing() {
 async fn a_full_disk_is_a_503_with_a_code_and_the_state_stays_whole() {
     use std::sync::atomic::Ordering;
 
-    use allot_store::fault::Faults;
-
     let dir = tempfile::tempdir().unwrap();
-    let path = dir.path().join("allot.redb");
-    let faults = Arc::new(Faults::default());
-    let make = {
-        let faults = faults.clone();
-        move || allot_store::fault::FlakyDisk::open(&path, faults.clone()).unwrap()
-    };
-    let store: Arc<dyn Store> = Arc::new(EmbeddedStore::open_with_backend(make).unwrap());
+    let (store, faults) = allot_store::fault::open_flaky_store(dir.path()).unwrap();
+    let store: Arc<dyn Store> = Arc::new(store);
     let h = Harness { router: app(AppState::new(store.clone())), store, _dir: dir };
     h.call(Method::PUT, "/v1/namespaces/hive", r#"{"quota": 2}"#).await;
     h.call(Method::PUT, "/v1/namespaces/hive/grants/kept", "").await;

@@ -66,3 +66,15 @@ impl redb::StorageBackend for FlakyDisk {
         self.inner.write(offset, data)
     }
 }
+
+/// Opens an embedded store in `dir` on a [`FlakyDisk`]; the returned [`Faults`] switch failures
+/// on and off.
+pub fn open_flaky_store(dir: &Path) -> Result<(crate::EmbeddedStore, Arc<Faults>), crate::embedded::OpenError> {
+    let faults = Arc::new(Faults::default());
+    let path = dir.join(crate::embedded::DB_FILE);
+    let make = {
+        let faults = faults.clone();
+        move || FlakyDisk::open(&path, faults.clone()).expect("the test database file opens")
+    };
+    Ok((crate::EmbeddedStore::open_with_backend(make)?, faults))
+}

@@ -5,7 +5,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use allot_core::{AllocateRequest, Constraints, LeaseRequest, NamespaceName, Token};
-use allot_store::fault::{Faults, FlakyDisk};
+use allot_store::fault::open_flaky_store;
 use allot_store::{conformance, Allocation, EmbeddedConfig, EmbeddedStore, Store, StoreError};
 
 fn ns(name: &str) -> NamespaceName {
@@ -69,13 +69,7 @@ async fn state_survives_a_restart_and_leases_keep_their_remaining_ttl() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_failing_disk_gets_a_clear_error_and_keeps_the_state_whole() {
     let dir = tempfile::tempdir().unwrap();
-    let path = dir.path().join("allot.redb");
-    let faults = Arc::new(Faults::default());
-    let make = {
-        let faults = faults.clone();
-        move || FlakyDisk::open(&path, faults.clone()).unwrap()
-    };
-    let store = EmbeddedStore::open_with_backend(make).unwrap();
+    let (store, faults) = open_flaky_store(dir.path()).unwrap();
     store.put_namespace(ns("hive"), 2).await.unwrap();
     store.allocate(request("hive", "kept", LeaseRequest::None), Duration::ZERO).await.unwrap();
 
@@ -122,13 +116,7 @@ async fn a_read_only_data_directory_is_a_clear_error() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_failed_fsync_is_an_unknown_outcome_that_matches_what_is_read_back() {
     let dir = tempfile::tempdir().unwrap();
-    let path = dir.path().join("allot.redb");
-    let faults = Arc::new(Faults::default());
-    let make = {
-        let faults = faults.clone();
-        move || FlakyDisk::open(&path, faults.clone()).unwrap()
-    };
-    let store = EmbeddedStore::open_with_backend(make).unwrap();
+    let (store, faults) = open_flaky_store(dir.path()).unwrap();
     store.put_namespace(ns("hive"), 2).await.unwrap();
 
     // The data reaches the file, only the fsync fails: the answer must not claim that nothing
