@@ -20,6 +20,7 @@ use std::sync::Arc;
 use allot_store::Store;
 use axum::extract::DefaultBodyLimit;
 use axum::routing::{get, post, put};
+use axum::serve::ListenerExt;
 use axum::{Json, Router};
 use tokio::net::TcpListener;
 use utoipa::OpenApi;
@@ -129,6 +130,12 @@ pub async fn run(
             let _ = closing_tx.send(closing);
         }
     };
+    // Answers are small and each one ends a request: send them at once (no Nagle delay).
+    let listener = listener.tap_io(|stream| {
+        if let Err(err) = stream.set_nodelay(true) {
+            tracing::debug!(error = %err, "cannot set TCP_NODELAY");
+        }
+    });
     let served = axum::serve(listener, app(state)).with_graceful_shutdown(graceful).await;
     match closing_rx.await {
         Ok(closing) => {
