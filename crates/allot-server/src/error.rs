@@ -83,7 +83,13 @@ impl IntoResponse for ApiError {
         if self.status.is_server_error() {
             tracing::error!(code = self.code, message = %self.message, "request failed");
         }
+        let unavailable = self.status == StatusCode::SERVICE_UNAVAILABLE;
         let body = ErrorBody { error: ErrorDetail { code: self.code.to_owned(), message: self.message } };
-        (self.status, Json(body)).into_response()
+        let mut response = (self.status, Json(body)).into_response();
+        if unavailable {
+            // The store or the daemon is expected back soon: tell clients when to try again.
+            response.headers_mut().insert(axum::http::header::RETRY_AFTER, axum::http::HeaderValue::from_static("1"));
+        }
+        response
     }
 }

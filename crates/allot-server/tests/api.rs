@@ -30,6 +30,9 @@ impl Harness {
         let request = Request::builder().method(method).uri(uri).body(Body::from(body.to_owned())).unwrap();
         let response = self.router.clone().oneshot(request).await.unwrap();
         let status = response.status();
+        if status == StatusCode::SERVICE_UNAVAILABLE {
+            assert_eq!(response.headers()["retry-after"], "1", "a 503 must say when to retry");
+        }
         let bytes = response.into_body().collect().await.unwrap().to_bytes();
         let value = if bytes.is_empty() {
             Value::Null
