@@ -6,9 +6,11 @@
 //! 2. The committer takes everything queued so far, writes it in one redb write transaction with
 //!    immediate durability (one fsync for the whole batch: group commit), then answers every
 //!    operation of the batch and hands woken waiters their grants.
-//! 3. If a commit fails (disk full, I/O error), every operation of the batch is answered with
-//!    `Unavailable`, the database is reopened and the ledger rebuilt from it, so memory again
-//!    equals what is durable. Operations decided on the discarded state (an older epoch) fail too.
+//! 3. If a commit fails (disk full, I/O error), the database is reopened and the ledger rebuilt
+//!    from it before anyone is answered, so memory again equals the file. The batch's operations
+//!    are answered `Unavailable` if the file does not hold the batch, `OutcomeUnknown` if it does
+//!    (the fsync failed after the header was written) or cannot be reopened. Operations decided
+//!    on the discarded state (an older epoch) fail too.
 //!
 //! The daemon clock starts, at open, from the clock value of the last commit, so time the daemon
 //! was down does not count against leases. A sweeper task ends expired leases every
