@@ -235,6 +235,15 @@ pub struct NamespaceStats {
     pub expired: u64,
 }
 
+impl NamespaceStats {
+    fn count(&mut self, refusal: Refusal) {
+        match refusal {
+            Refusal::Exhausted => self.exhausted += 1,
+            Refusal::CapExceeded { .. } => self.cap_exceeded += 1,
+        }
+    }
+}
+
 /// A namespace as seen from outside.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct NamespaceView {
@@ -300,6 +309,14 @@ pub struct Ledger {
     sessions: HashMap<SessionId, Session>,
     leases: BTreeSet<(Millis, LeaseKey)>,
     next_waiter: u64,
+}
+
+/// Refuses a release or keepalive that names another fencing number than the grant's.
+fn check_fencing(grant: &Grant, fencing: Option<u64>) -> Result<(), LedgerError> {
+    match fencing {
+        Some(given) if given != grant.fencing => Err(LedgerError::StaleFencing { given, current: grant.fencing }),
+        _ => Ok(()),
+    }
 }
 
 fn check_range(what: &'static str, value: u64, min: u64, max: u64) -> Result<(), LedgerError> {
@@ -545,8 +562,10 @@ impl Ledger {
                 quota: state.quota,
             });
         }
+        // The counters do not change until this call decides, so the caps are checked once.
+        let cap_refusal = state.cap_refusal(&request);
         // A cap smaller than the request can never be met: answer at once, even when waiting.
-        if let Some(refusal @ Refusal::CapExceeded { cap, .. }) = state.cap_refusal(&request) {
+        if let Some(refusal @ Refusal::CapExceeded { cap, .. }) = cap_refusal {
             if request.units > cap || !wait {
                 state.stats.cap_exceeded += 1;
                 return Ok((Decision::Refused { refusal, place: None }, Effects::default()));
@@ -563,7 +582,7 @@ impl Ledger {
             }
             let place = state.place_of(index);
             if !wait {
-                let refusal = state.cap_refusal(&request).unwrap_or(Refusal::Exhausted);
+                let refusal = cap_refusal.unwrap_or(Refusal::Exhausted);
                 return Ok((Decision::Refused { refusal, place: Some(place) }, Effects::default()));
             }
             let waiter = WaiterId(self.next_waiter);
@@ -572,17 +591,14 @@ impl Ledger {
             let old = std::mem::replace(&mut state.waiters[index].id, waiter);
             return Ok((Decision::Queued { waiter, place, replaced: Some(old) }, Effects::default()));
         }
-        let refusal = match state.cap_refusal(&request) {
+        let refusal = match cap_refusal {
             Some(refusal) => Some(refusal),
             None if state.quota_blocked || !state.fits_quota(request.units) => Some(Refusal::Exhausted),
             None => None,
         };
         if let Some(refusal) = refusal {
             if !wait {
-                match refusal {
-                    Refusal::Exhausted => state.stats.exhausted += 1,
-                    Refusal::CapExceeded { .. } => state.stats.cap_exceeded += 1,
-                }
+                state.stats.count(refusal);
                 return Ok((Decision::Refused { refusal, place: None }, Effects::default()));
             }
             let waiter = WaiterId(self.next_waiter);
@@ -612,10 +628,7 @@ impl Ledger {
         let place = state.place_of(index);
         let removed = state.waiters.remove(index).expect("index is in range");
         let refusal = state.cap_refusal(&removed.request).unwrap_or(Refusal::Exhausted);
-        match refusal {
-            Refusal::Exhausted => state.stats.exhausted += 1,
-            Refusal::CapExceeded { .. } => state.stats.cap_exceeded += 1,
-        }
+        state.stats.count(refusal);
         let mut effects = Effects::default();
         // The waiter may have held up the ones behind it.
         self.admit_at(namespace, now, &mut effects);
@@ -637,11 +650,7 @@ impl Ledger {
         let Some(grant) = state.grants.get(token) else {
             return Ok((None, Effects::default()));
         };
-        if let Some(given) = fencing {
-            if given != grant.fencing {
-                return Err(LedgerError::StaleFencing { given, current: grant.fencing });
-            }
-        }
+        check_fencing(grant, fencing)?;
         let mut effects = Effects::default();
         let grant = self.remove_grant(namespace, token, &mut effects).expect("grant exists");
         self.namespaces.get_mut(namespace).expect("exists").stats.released += 1;
@@ -663,11 +672,7 @@ impl Ledger {
         let Some(grant) = state.grants.get_mut(token) else {
             return Err(LedgerError::GrantNotFound { namespace: namespace.clone(), token: token.clone() });
         };
-        if let Some(given) = fencing {
-            if given != grant.fencing {
-                return Err(LedgerError::StaleFencing { given, current: grant.fencing });
-            }
-        }
+        check_fencing(grant, fencing)?;
         let mut effects = Effects::default();
         match grant.lease {
             Lease::None => {}
