@@ -319,6 +319,31 @@ fn check_fencing(grant: &Grant, fencing: Option<u64>) -> Result<(), LedgerError>
     }
 }
 
+/// Checks what an allocate request says by itself: units, caps and TTL in range, and a scope
+/// wherever there are caps. Every backend checks this before it looks at any state.
+pub fn check_request(request: &AllocateRequest) -> Result<(), LedgerError> {
+    check_range("units", request.units, 1, MAX_UNITS)?;
+    if let Some(cap) = request.constraints.project {
+        check_range("project cap", cap, 0, MAX_UNITS)?;
+    }
+    if let Some(cap) = request.constraints.namespace {
+        check_range("namespace cap", cap, 0, MAX_UNITS)?;
+    }
+    let has_caps = request.constraints.project.is_some() || request.constraints.namespace.is_some();
+    if has_caps && request.scope.is_none() {
+        return Err(LedgerError::CapsWithoutScope);
+    }
+    if let LeaseRequest::Ttl { ttl_ms } = request.lease {
+        check_range("ttl_ms", ttl_ms, 1, MAX_TTL_MS)?;
+    }
+    Ok(())
+}
+
+/// Checks a session's TTL.
+pub fn check_session_ttl(ttl_ms: u64) -> Result<(), LedgerError> {
+    check_range("ttl_ms", ttl_ms, 1, MAX_TTL_MS)
+}
+
 fn check_range(what: &'static str, value: u64, min: u64, max: u64) -> Result<(), LedgerError> {
     if value < min || value > max {
         return Err(LedgerError::OutOfRange { what, value, min, max });
@@ -523,24 +548,10 @@ impl Ledger {
         now: Millis,
         wait: bool,
     ) -> Result<(Decision, Effects), LedgerError> {
-        check_range("units", request.units, 1, MAX_UNITS)?;
-        if let Some(cap) = request.constraints.project {
-            check_range("project cap", cap, 0, MAX_UNITS)?;
-        }
-        if let Some(cap) = request.constraints.namespace {
-            check_range("namespace cap", cap, 0, MAX_UNITS)?;
-        }
-        let has_caps = request.constraints.project.is_some() || request.constraints.namespace.is_some();
-        if has_caps && request.scope.is_none() {
-            return Err(LedgerError::CapsWithoutScope);
-        }
-        match request.lease {
-            LeaseRequest::None => {}
-            LeaseRequest::Ttl { ttl_ms } => check_range("ttl_ms", ttl_ms, 1, MAX_TTL_MS)?,
-            LeaseRequest::Session(id) => {
-                if !self.sessions.contains_key(&id) {
-                    return Err(LedgerError::SessionNotFound(id));
-                }
+        check_request(&request)?;
+        if let LeaseRequest::Session(id) = request.lease {
+            if !self.sessions.contains_key(&id) {
+                return Err(LedgerError::SessionNotFound(id));
             }
         }
         let Some(state) = self.namespaces.get_mut(&request.namespace) else {
@@ -694,7 +705,7 @@ impl Ledger {
 
     /// Opens a session with the given TTL.
     pub fn open_session(&mut self, id: SessionId, ttl_ms: u64, now: Millis) -> Result<(Session, Effects), LedgerError> {
-        check_range("ttl_ms", ttl_ms, 1, MAX_TTL_MS)?;
+        check_session_ttl(ttl_ms)?;
         let session = Session { id, ttl_ms, deadline: now + ttl_ms, grants: BTreeSet::new() };
         if let Some(old) = self.sessions.insert(id, session.clone()) {
             self.leases.remove(&(old.deadline, LeaseKey::Session(id)));
@@ -1021,7 +1032,8 @@ impl Ledger {
 }
 
 /// "2 units, scope p/dev" for error messages.
-fn describe(units: u64, scope: Option<&Scope>) -> String {
+/// How a held or waiting request is described in a token conflict.
+pub fn describe(units: u64, scope: Option<&Scope>) -> String {
     match scope {
         Some(scope) => format!("{units} units, scope {}/{}", scope.project, scope.namespace),
         None => format!("{units} units, no scope"),

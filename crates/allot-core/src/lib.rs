@@ -12,7 +12,7 @@ pub mod ledger;
 pub mod names;
 
 pub use ledger::{
-    AllocateRequest, CapLevel, Change, Constraints, Decision, Effects, Grant, Lease, LeaseRequest, Ledger, LedgerError,
+    check_request, check_session_ttl, describe, AllocateRequest, CapLevel, Change, Constraints, Decision, Effects, Grant, Lease, LeaseRequest, Ledger, LedgerError,
     Millis, NamespaceStats, NamespaceView, QueuePlace, Refusal, RestoreError, Session, WaiterId, WaiterView, Woken,
     FENCING_BLOCK, MAX_TTL_MS, MAX_UNITS,
 };

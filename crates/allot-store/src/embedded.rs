@@ -732,6 +732,14 @@ impl Store for EmbeddedStore {
         .await
     }
 
+    async fn seed_namespace(&self, name: NamespaceName, quota: u64) -> Result<(bool, NamespaceView), StoreError> {
+        let existing = self.read(|ledger, now| Ok(ledger.namespace(&name, now).ok()))?;
+        match existing {
+            Some(view) => Ok((false, view)),
+            None => self.put_namespace(name, quota).await,
+        }
+    }
+
     async fn remove_namespace(&self, name: NamespaceName, force: bool) -> Result<usize, StoreError> {
         self.mutate(|ledger, _| ledger.remove_namespace(&name, force)).await
     }

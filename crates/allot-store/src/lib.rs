@@ -102,6 +102,10 @@ pub trait Store: Send + Sync + 'static {
 
     /// Creates a namespace or changes its quota; true if it was created.
     async fn put_namespace(&self, name: NamespaceName, quota: u64) -> Result<(bool, NamespaceView), StoreError>;
+    /// Creates a namespace with `quota` only if it does not exist; an existing one keeps its
+    /// quota. This is how the configuration seeds quotas: the store is authoritative. Returns
+    /// true if it was created.
+    async fn seed_namespace(&self, name: NamespaceName, quota: u64) -> Result<(bool, NamespaceView), StoreError>;
     /// Removes a namespace; with `force`, also when it has grants. Returns how many grants ended.
     async fn remove_namespace(&self, name: NamespaceName, force: bool) -> Result<usize, StoreError>;
     async fn namespaces(&self) -> Result<Vec<NamespaceView>, StoreError>;

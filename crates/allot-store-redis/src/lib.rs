@@ -1,0 +1,843 @@
+//! The Redis backend of [`Store`]: several daemons share one Redis or Redis Cluster.
+//!
+//! Every allocate, release, keepalive and sweep is one atomic Lua script on the hash slot of its
+//! namespace (`allot:{<namespace>}:...`), and every script reads the time from Redis (`TIME`),
+//! never from a daemon, so daemons with different clocks agree on every lease. The scripts and
+//! the key layout are in `src/lua/`; `lua/namespace.lua` documents both.
+//!
+//! - Quotas live in Redis: a quota changed through one daemon holds at once for all. The
+//!   configuration file only seeds namespaces that do not exist yet ([`Store::seed_namespace`]).
+//! - Waiters queue in Redis, first come first served across daemons. A script that grants a
+//!   waiter records the answer and publishes the waiter's id on `allot:woken`; the daemon where
+//!   the call waits is subscribed and claims the answer at once. A waiting call also checks every
+//!   [`POLL_INTERVAL`], so a lost message delays an answer but never loses it.
+//! - Sessions share one hash slot (`allot:{allot-sessions}`). A grant held under a session is
+//!   kept in its namespace with a copy of the session's deadline; a session keepalive renews
+//!   those copies namespace by namespace, and each namespace's sweep ends its session grants at
+//!   that deadline on its own.
+//! - Every daemon runs the sweep (idempotent): each namespace every [`SWEEP_INTERVAL`].
+//! - When Redis cannot be reached, calls fail with [`StoreError::Unavailable`] (nothing was
+//!   done) or [`StoreError::OutcomeUnknown`] (the call was sent, its answer was lost), and the
+//!   connection comes back by itself.
+
+mod conn;
+mod reply;
+mod scripts;
+pub mod testing;
+
+use std::collections::{BTreeSet, HashMap};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use allot_core::{
+    check_request, check_session_ttl, AllocateRequest, LeaseRequest, LedgerError, NamespaceName, NamespaceView,
+    QueuePlace, Session, SessionId, Token, WaiterId, WaiterView,
+};
+use allot_store::{Allocation, CommitStats, GrantInfo, SessionInfo, Store, StoreError, MAX_WAIT};
+use async_trait::async_trait;
+use futures_util::{stream, StreamExt};
+use redis::{RedisError, Value};
+use tokio::sync::{watch, Notify};
+use tokio::task::JoinHandle;
+
+use crate::conn::Conn;
+use crate::reply::{corrupt, Reply};
+use crate::scripts::{Lua, Scripts};
+
+/// How often a daemon sweeps every namespace for leases that are due.
+pub const SWEEP_INTERVAL: Duration = Duration::from_millis(100);
+/// How often a waiting call checks its answer even without a message.
+pub const POLL_INTERVAL: Duration = Duration::from_millis(250);
+/// The channel on which scripts publish the waiters they answered.
+const CHANNEL: &str = "allot:woken";
+const REGISTRY: &str = "allot:{allot-registry}:namespaces";
+const SESSIONS: &str = "allot:{allot-sessions}";
+
+/// Where the Redis backend connects.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RedisConfig {
+    /// Server URLs: one standalone server, or seed nodes of a cluster.
+    pub urls: Vec<String>,
+    pub cluster: bool,
+}
+
+/// A `--store` value that is not a Redis address.
+#[derive(Debug, thiserror::Error)]
+#[error(
+    "`{0}` is not a Redis store address: use redis://HOST:PORT (one server) or \
+     redis+cluster://HOST:PORT[,HOST:PORT...] (a Redis Cluster)"
+)]
+pub struct BadAddress(String);
+
+impl RedisConfig {
+    /// Reads `redis://HOST:PORT[/DB]` (also `rediss://`) or
+    /// `redis+cluster://HOST:PORT[,HOST:PORT...]`.
+    pub fn parse(address: &str) -> Result<RedisConfig, BadAddress> {
+        let bad = || BadAddress(address.to_owned());
+        if let Some(nodes) = address.strip_prefix("redis+cluster://") {
+            let urls: Vec<String> =
+                nodes.split(',').filter(|n| !n.trim().is_empty()).map(|n| format!("redis://{}", n.trim())).collect();
+            if urls.is_empty() {
+                return Err(bad());
+            }
+            for url in &urls {
+                redis::Client::open(url.as_str()).map_err(|_| bad())?;
+            }
+            return Ok(RedisConfig { urls, cluster: true });
+        }
+        if !(address.starts_with("redis://") || address.starts_with("rediss://")) {
+            return Err(bad());
+        }
+        redis::Client::open(address).map_err(|_| bad())?;
+        Ok(RedisConfig { urls: vec![address.to_owned()], cluster: false })
+    }
+}
+
+/// The key prefix of a namespace. Its hash tag is the namespace name with `%`, `{` and `}`
+/// escaped, so that every key of the namespace hashes to one slot whatever the name holds.
+fn prefix(namespace: &NamespaceName) -> String {
+    let mut tag = String::with_capacity(namespace.as_str().len());
+    for c in namespace.as_str().chars() {
+        match c {
+            '%' => tag.push_str("%25"),
+            '{' => tag.push_str("%7B"),
+            '}' => tag.push_str("%7D"),
+            c => tag.push(c),
+        }
+    }
+    format!("allot:{{{tag}}}")
+}
+
+/// Maps a failed call. `mutating` calls that were sent but not answered may have taken effect.
+fn redis_error(err: RedisError, mutating: bool) -> StoreError {
+    let sent = err.is_timeout() || err.is_connection_dropped();
+    if mutating && sent {
+        StoreError::OutcomeUnknown(format!("Redis did not answer: {err}"))
+    } else {
+        StoreError::Unavailable(format!("Redis: {err}"))
+    }
+}
+
+/// The request's fields as the scripts take them (see `lua/namespace.lua`).
+struct RequestArgs([String; 10]);
+
+impl RequestArgs {
+    fn new(request: &AllocateRequest, session_deadline: u64) -> RequestArgs {
+        let (project, scope) = match &request.scope {
+            Some(scope) => (scope.project.to_string(), scope.namespace.to_string()),
+            None => (String::new(), String::new()),
+        };
+        let cap = |cap: Option<u64>| cap.map(|c| c.to_string()).unwrap_or_default();
+        let (kind, ttl, session) = match request.lease {
+            LeaseRequest::None => ("n", 0, String::new()),
+            LeaseRequest::Ttl { ttl_ms } => ("t", ttl_ms, String::new()),
+            LeaseRequest::Session(id) => ("s", 0, id.to_string()),
+        };
+        RequestArgs([
+            request.token.as_str().to_owned(),
+            request.units.to_string(),
+            project,
+            scope,
+            cap(request.constraints.project),
+            cap(request.constraints.namespace),
+            kind.to_owned(),
+            ttl.to_string(),
+            session,
+            session_deadline.to_string(),
+        ])
+    }
+}
+
+struct Inner {
+    conn: Conn,
+    scripts: Scripts,
+    /// Waiting calls of this daemon, by namespace prefix and waiter id.
+    waits: Mutex<HashMap<(String, u64), Arc<Notify>>>,
+    shutdown: watch::Sender<bool>,
+    calls: AtomicU64,
+    call_micros: AtomicU64,
+    failures: AtomicU64,
+}
+
+/// The Redis backend. Cheap to share behind an `Arc`; [`Store::shutdown`] stops its tasks.
+pub struct RedisStore {
+    inner: Arc<Inner>,
+    tasks: Mutex<Vec<JoinHandle<()>>>,
+}
+
+impl RedisStore {
+    /// Connects (waiting, with a warning every few seconds, until Redis answers), then starts the
+    /// subscriber of wake-ups and the sweeper.
+    pub async fn open(config: &RedisConfig) -> Result<RedisStore, StoreError> {
+        let conn = Self::connect(config).await;
+        let (shutdown, _) = watch::channel(false);
+        let inner = Arc::new(Inner {
+            conn,
+            scripts: Scripts::new(),
+            waits: Mutex::new(HashMap::new()),
+            shutdown,
+            calls: AtomicU64::new(0),
+            call_micros: AtomicU64::new(0),
+            failures: AtomicU64::new(0),
+        });
+        let subscriber = tokio::spawn(run_subscriber(inner.clone(), config.urls[0].clone()));
+        let sweeper = tokio::spawn(run_sweeper(inner.clone()));
+        tracing::info!(urls = ?config.urls, cluster = config.cluster, "redis store open");
+        Ok(RedisStore { inner, tasks: Mutex::new(vec![subscriber, sweeper]) })
+    }
+
+    async fn connect(config: &RedisConfig) -> Conn {
+        let mut warned = Instant::now() - Duration::from_secs(60);
+        loop {
+            let attempt = async {
+                let conn = Conn::connect(&config.urls, config.cluster).await?;
+                conn.query(&redis::cmd("PING")).await?;
+                Ok::<_, RedisError>(conn)
+            };
+            match attempt.await {
+                Ok(conn) => return conn,
+                Err(err) => {
+                    if warned.elapsed() >= Duration::from_secs(5) {
+                        tracing::warn!(urls = ?config.urls, error = %err, "cannot reach Redis yet; retrying");
+                        warned = Instant::now();
+                    }
+                    tokio::time::sleep(Duration::from_millis(200)).await;
+                }
+            }
+        }
+    }
+
+    fn live(&self) -> Result<(), StoreError> {
+        if *self.inner.shutdown.borrow() {
+            return Err(StoreError::ShuttingDown);
+        }
+        Ok(())
+    }
+}
+
+impl Inner {
+    async fn eval(&self, lua: &Lua, key: &str, args: &[&str], mutating: bool) -> Result<Reply, StoreError> {
+        let started = Instant::now();
+        let res = self.conn.eval(lua, key, args).await;
+        self.calls.fetch_add(1, Ordering::Relaxed);
+        self.call_micros.fetch_add(started.elapsed().as_micros() as u64, Ordering::Relaxed);
+        match res {
+            Ok(value) => Reply::new(value),
+            Err(err) => {
+                self.failures.fetch_add(1, Ordering::Relaxed);
+                tracing::debug!(script = lua.name, error = %err, "redis call failed");
+                Err(redis_error(err, mutating))
+            }
+        }
+    }
+
+    async fn sessions(&self, args: &[&str], mutating: bool) -> Result<Reply, StoreError> {
+        self.eval(&self.scripts.sessions, SESSIONS, args, mutating).await
+    }
+
+    /// Reads `{now, ttl, deadline, namespaces...}` of a live session; `None` if it is not.
+    fn session_reply(id: SessionId, mut reply: Reply) -> Result<Option<(u64, u64, u64, Vec<String>)>, StoreError> {
+        if reply.is_empty() {
+            return Ok(None);
+        }
+        let (now, ttl, deadline) = (reply.uint()?, reply.uint()?, reply.uint()?);
+        let _ = id;
+        Ok(Some((now, ttl, deadline, reply.rest_texts()?)))
+    }
+
+    /// The grants a session holds in `namespaces`.
+    async fn session_info(
+        &self,
+        id: SessionId,
+        now: u64,
+        ttl: u64,
+        deadline: u64,
+        namespaces: &[String],
+    ) -> Result<SessionInfo, StoreError> {
+        let mut grants = BTreeSet::new();
+        let sid = id.to_string();
+        for name in namespaces {
+            let Ok(namespace) = NamespaceName::new(name) else { continue };
+            let mut reply = self.eval(&self.scripts.session_grants, &prefix(&namespace), &[&sid], false).await?;
+            for token in reply.rest_texts()? {
+                grants.insert((namespace.clone(), Token::new(&token).map_err(corrupt)?));
+            }
+        }
+        Ok(SessionInfo {
+            session: Session { id, ttl_ms: ttl, deadline, grants },
+            expires_in_ms: deadline.saturating_sub(now),
+        })
+    }
+
+    /// Runs a session script in each namespace the session touched, a few at a time.
+    async fn fan_out(&self, lua: &Lua, namespaces: &[String], args: &[&str]) -> Result<(), StoreError> {
+        let keys: Vec<String> =
+            namespaces.iter().filter_map(|n| NamespaceName::new(n).ok()).map(|n| prefix(&n)).collect();
+        let mut calls = Vec::with_capacity(keys.len());
+        for chunk in keys.chunks(16) {
+            calls.clear();
+            for key in chunk {
+                calls.push(self.eval(lua, key, args, true));
+            }
+            for result in futures_util::future::join_all(calls.drain(..)).await {
+                result?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Claims the answer of waiter `wid`; with `cancel`, takes it out of the queue if it still
+    /// waits. `None` while it still waits.
+    async fn claim(
+        &self,
+        namespace: &NamespaceName,
+        token: &Token,
+        key: &str,
+        wid: u64,
+        cancel: bool,
+    ) -> Result<Option<Allocation>, StoreError> {
+        let wid_text = wid.to_string();
+        let mut reply =
+            self.eval(&self.scripts.claim, key, &[&wid_text, if cancel { "1" } else { "0" }], true).await?;
+        match reply.text()?.as_str() {
+            "waiting" => Ok(None),
+            "granted" => {
+                let grant = reply::grant_info(&mut reply, namespace, token.as_str())?;
+                Ok(Some(Allocation::Granted { grant, existing: false }))
+            }
+            "refused" => {
+                let refusal = reply::refusal(&mut reply)?;
+                let place = QueuePlace { position: reply.uint()? as usize, units_ahead: reply.uint()? };
+                Ok(Some(Allocation::Refused { refusal, place: Some(place) }))
+            }
+            "error" => Err(reply::error(namespace, Some(token), &mut reply)?),
+            "gone" => Err(StoreError::Invalid(
+                "a newer allocate call with the same token took over this wait, or the grant it won was \
+                 already released"
+                    .into(),
+            )),
+            other => Err(corrupt(format!("claim reply `{other}`"))),
+        }
+    }
+}
+
+/// Takes a waiter out of the queue if its caller goes away before an answer.
+struct WaitGuard {
+    inner: Arc<Inner>,
+    namespace: NamespaceName,
+    token: Token,
+    key: String,
+    wid: u64,
+    armed: bool,
+}
+
+impl Drop for WaitGuard {
+    fn drop(&mut self) {
+        self.inner.waits.lock().unwrap_or_else(|p| p.into_inner()).remove(&(self.key.clone(), self.wid));
+        if !self.armed {
+            return;
+        }
+        let (inner, namespace, token, key, wid) =
+            (self.inner.clone(), self.namespace.clone(), self.token.clone(), self.key.clone(), self.wid);
+        tokio::spawn(async move {
+            if let Err(err) = inner.claim(&namespace, &token, &key, wid, true).await {
+                tracing::debug!(error = %err, "could not withdraw an abandoned waiter; the sweep will");
+            }
+        });
+    }
+}
+
+impl RedisStore {
+    async fn wait_for(
+        &self,
+        namespace: NamespaceName,
+        token: Token,
+        key: String,
+        wid: u64,
+        wait: Duration,
+    ) -> Result<Allocation, StoreError> {
+        let deadline = tokio::time::Instant::now() + wait;
+        let notify = Arc::new(Notify::new());
+        self.inner.waits.lock().unwrap_or_else(|p| p.into_inner()).insert((key.clone(), wid), notify.clone());
+        let mut guard = WaitGuard { inner: self.inner.clone(), namespace, token, key, wid, armed: true };
+        let mut shutdown = self.inner.shutdown.subscribe();
+        // The answer may have come before this call was listening.
+        let mut check = true;
+        loop {
+            if check {
+                match self.inner.claim(&guard.namespace, &guard.token, &guard.key, wid, false).await {
+                    Ok(Some(answer)) => {
+                        guard.armed = false;
+                        return Ok(answer);
+                    }
+                    Ok(None) => {}
+                    // Redis is away for now: keep waiting, the next check may succeed.
+                    Err(StoreError::Unavailable(_) | StoreError::OutcomeUnknown(_)) => {}
+                    Err(err) => {
+                        guard.armed = false;
+                        return Err(err);
+                    }
+                }
+            }
+            let poll = tokio::time::Instant::now() + POLL_INTERVAL;
+            tokio::select! {
+                _ = notify.notified() => check = true,
+                _ = tokio::time::sleep_until(poll.min(deadline)) => check = true,
+                _ = shutdown.wait_for(|stop| *stop) => break,
+            }
+            if tokio::time::Instant::now() >= deadline {
+                break;
+            }
+        }
+        // The wait is over: leave the queue, or take the answer that came meanwhile.
+        let answer = self.inner.claim(&guard.namespace, &guard.token, &guard.key, wid, true).await;
+        if answer.is_ok() {
+            guard.armed = false;
+        }
+        answer?.ok_or_else(|| corrupt("a cancelled waiter still waits"))
+    }
+}
+
+#[async_trait]
+impl Store for RedisStore {
+    fn backend(&self) -> &'static str {
+        "redis"
+    }
+
+    async fn put_namespace(&self, name: NamespaceName, quota: u64) -> Result<(bool, NamespaceView), StoreError> {
+        self.put(name, quota, false).await
+    }
+
+    async fn seed_namespace(&self, name: NamespaceName, quota: u64) -> Result<(bool, NamespaceView), StoreError> {
+        self.put(name, quota, true).await
+    }
+
+    async fn remove_namespace(&self, name: NamespaceName, force: bool) -> Result<usize, StoreError> {
+        self.live()?;
+        let inner = &self.inner;
+        let mut reply =
+            inner.eval(&inner.scripts.remove_namespace, &prefix(&name), &[if force { "1" } else { "0" }], true).await?;
+        match reply.text()?.as_str() {
+            "removed" => {
+                let grants = reply.uint()? as usize;
+                inner.conn.query(redis::cmd("SREM").arg(REGISTRY).arg(name.as_str())).await.map_err(|e| redis_error(e, true))?;
+                Ok(grants)
+            }
+            "err" => Err(reply::error(&name, None, &mut reply)?),
+            other => Err(corrupt(format!("remove reply `{other}`"))),
+        }
+    }
+
+    async fn namespaces(&self) -> Result<Vec<NamespaceView>, StoreError> {
+        let names = self.registry().await?;
+        let views: Vec<Result<NamespaceView, StoreError>> =
+            stream::iter(names).map(|name| self.namespace(name)).buffer_unordered(16).collect().await;
+        let mut res = Vec::new();
+        for view in views {
+            match view {
+                Ok(view) => res.push(view),
+                // Listed but removed meanwhile (or half created by a daemon that died).
+                Err(StoreError::Ledger(LedgerError::NamespaceNotFound(_))) => {}
+                Err(err) => return Err(err),
+            }
+        }
+        res.sort_by(|a, b| a.name.cmp(&b.name));
+        Ok(res)
+    }
+
+    async fn namespace(&self, name: NamespaceName) -> Result<NamespaceView, StoreError> {
+        let inner = &self.inner;
+        let mut reply = inner.eval(&inner.scripts.view, &prefix(&name), &[], false).await?;
+        if reply.len() == 2 {
+            reply.text()?;
+            return Err(reply::error(&name, None, &mut reply)?);
+        }
+        reply::view(&name, &mut reply)
+    }
+
+    async fn allocate(&self, request: AllocateRequest, wait: Duration) -> Result<Allocation, StoreError> {
+        self.live()?;
+        if wait > MAX_WAIT {
+            return Err(StoreError::Invalid(format!(
+                "a wait of {} ms is too long; the limit is {} ms",
+                wait.as_millis(),
+                MAX_WAIT.as_millis()
+            )));
+        }
+        check_request(&request)?;
+        let inner = &self.inner;
+        let key = prefix(&request.namespace);
+        // A session's deadline comes from its own slot; the grant keeps a copy of it.
+        let session_deadline = match request.lease {
+            LeaseRequest::Session(id) => {
+                let sid = id.to_string();
+                let reply = inner.sessions(&["touch", &sid, request.namespace.as_str()], true).await?;
+                match Inner::session_reply(id, reply)? {
+                    Some((_, _, deadline, _)) => deadline,
+                    None => return Err(LedgerError::SessionNotFound(id).into()),
+                }
+            }
+            _ => 0,
+        };
+        let fields = RequestArgs::new(&request, session_deadline);
+        let wait_ms = (wait.as_millis() as u64).to_string();
+        let mut args: Vec<&str> = fields.0.iter().map(String::as_str).collect();
+        args.push(&wait_ms);
+        let mut reply = inner.eval(&inner.scripts.allocate, &key, &args, true).await?;
+        match reply.text()?.as_str() {
+            "granted" => {
+                let existing = reply.int()? == 1;
+                let grant = reply::grant_info(&mut reply, &request.namespace, request.token.as_str())?;
+                Ok(Allocation::Granted { grant, existing })
+            }
+            "refused" => {
+                let refusal = reply::refusal(&mut reply)?;
+                let position = reply.uint()? as usize;
+                let units_ahead = reply.uint()?;
+                let place = (position > 0).then_some(QueuePlace { position, units_ahead });
+                Ok(Allocation::Refused { refusal, place })
+            }
+            "queued" => {
+                let wid = reply.uint()?;
+                self.wait_for(request.namespace, request.token, key, wid, wait).await
+            }
+            "err" => Err(reply::error(&request.namespace, Some(&request.token), &mut reply)?),
+            other => Err(corrupt(format!("allocate reply `{other}`"))),
+        }
+    }
+
+    async fn release(
+        &self,
+        namespace: NamespaceName,
+        token: Token,
+        fencing: Option<u64>,
+    ) -> Result<Option<GrantInfo>, StoreError> {
+        self.live()?;
+        let inner = &self.inner;
+        let fencing = fencing.map(|f| f.to_string()).unwrap_or_default();
+        let mut reply = inner.eval(&inner.scripts.release, &prefix(&namespace), &[token.as_str(), &fencing], true).await?;
+        match reply.text()?.as_str() {
+            "released" => {
+                let grant = reply::grant(&namespace, token.as_str(), &reply.text()?)?;
+                Ok(Some(GrantInfo { grant, expires_in_ms: None }))
+            }
+            "none" => Ok(None),
+            "err" => Err(reply::error(&namespace, Some(&token), &mut reply)?),
+            other => Err(corrupt(format!("release reply `{other}`"))),
+        }
+    }
+
+    async fn keepalive_grant(
+        &self,
+        namespace: NamespaceName,
+        token: Token,
+        fencing: Option<u64>,
+    ) -> Result<GrantInfo, StoreError> {
+        self.live()?;
+        let inner = &self.inner;
+        let fencing = fencing.map(|f| f.to_string()).unwrap_or_default();
+        let mut reply =
+            inner.eval(&inner.scripts.keepalive, &prefix(&namespace), &[token.as_str(), &fencing], true).await?;
+        match reply.text()?.as_str() {
+            "grant" => {
+                let mut info = reply::grant_info(&mut reply, &namespace, token.as_str())?;
+                // A session grant lives as long as its session: renew the session.
+                if let allot_core::Lease::Session(id) = info.grant.lease {
+                    info.expires_in_ms = Some(self.keepalive_session(id).await?.expires_in_ms);
+                }
+                Ok(info)
+            }
+            "err" => Err(reply::error(&namespace, Some(&token), &mut reply)?),
+            other => Err(corrupt(format!("keepalive reply `{other}`"))),
+        }
+    }
+
+    async fn grants(&self, namespace: NamespaceName) -> Result<Vec<GrantInfo>, StoreError> {
+        let mut grants = self.read_grants(&namespace, None).await?;
+        grants.sort_by(|a, b| a.grant.token.cmp(&b.grant.token));
+        Ok(grants)
+    }
+
+    async fn grant(&self, namespace: NamespaceName, token: Token) -> Result<GrantInfo, StoreError> {
+        let mut grants = self.read_grants(&namespace, Some(&token)).await?;
+        grants.pop().ok_or_else(|| corrupt("an empty grant reply"))
+    }
+
+    async fn waiters(&self, namespace: NamespaceName) -> Result<Vec<WaiterView>, StoreError> {
+        let inner = &self.inner;
+        let mut reply = inner.eval(&inner.scripts.waiters, &prefix(&namespace), &[], false).await?;
+        let first = reply.text()?;
+        if first == "err" {
+            return Err(reply::error(&namespace, None, &mut reply)?);
+        }
+        let now: u64 = first.parse().map_err(|_| corrupt("waiters reply"))?;
+        let mut res = Vec::new();
+        let mut units_ahead = 0u64;
+        while !reply.is_empty() {
+            let id = reply.uint()?;
+            let record = reply.text()?;
+            let level = reply::cap_level(&reply.text()?)?;
+            let f: Vec<&str> = record.split('\n').collect();
+            if f.len() != 12 {
+                return Err(corrupt("a waiter record"));
+            }
+            let units: u64 = f[1].parse().map_err(|_| corrupt("waiter units"))?;
+            let since: u64 = f[10].parse().map_err(|_| corrupt("waiter since"))?;
+            res.push(WaiterView {
+                id: WaiterId(id),
+                place: QueuePlace { position: res.len() + 1, units_ahead },
+                token: Token::new(f[0]).map_err(corrupt)?,
+                units,
+                scope: reply::scope(f[2], f[3])?,
+                waited_ms: now.saturating_sub(since),
+                blocked_by_cap: level,
+            });
+            units_ahead = units_ahead.saturating_add(units);
+        }
+        Ok(res)
+    }
+
+    async fn open_session(&self, ttl_ms: u64) -> Result<SessionInfo, StoreError> {
+        self.live()?;
+        check_session_ttl(ttl_ms)?;
+        let id = SessionId(rand::random());
+        let (sid, ttl) = (id.to_string(), ttl_ms.to_string());
+        let mut reply = self.inner.sessions(&["open", &sid, &ttl], true).await?;
+        if reply.len() != 3 {
+            return Err(StoreError::Unavailable("a session id was drawn twice; try again".into()));
+        }
+        let (now, ttl_ms, deadline) = (reply.uint()?, reply.uint()?, reply.uint()?);
+        Ok(SessionInfo {
+            session: Session { id, ttl_ms, deadline, grants: BTreeSet::new() },
+            expires_in_ms: deadline.saturating_sub(now),
+        })
+    }
+
+    async fn keepalive_session(&self, id: SessionId) -> Result<SessionInfo, StoreError> {
+        self.live()?;
+        let sid = id.to_string();
+        let reply = self.inner.sessions(&["keepalive", &sid], true).await?;
+        let Some((now, ttl, deadline, namespaces)) = Inner::session_reply(id, reply)? else {
+            return Err(LedgerError::SessionNotFound(id).into());
+        };
+        let deadline_text = deadline.to_string();
+        self.inner.fan_out(&self.inner.scripts.session_extend, &namespaces, &[&sid, &deadline_text]).await?;
+        self.inner.session_info(id, now, ttl, deadline, &namespaces).await
+    }
+
+    async fn close_session(&self, id: SessionId) -> Result<SessionInfo, StoreError> {
+        self.live()?;
+        let sid = id.to_string();
+        let reply = self.inner.sessions(&["close", &sid], true).await?;
+        let Some((now, ttl, deadline, namespaces)) = Inner::session_reply(id, reply)? else {
+            return Err(LedgerError::SessionNotFound(id).into());
+        };
+        // What the session held, before its grants end.
+        let info = self.inner.session_info(id, now, ttl, deadline, &namespaces).await?;
+        let deadline_text = deadline.to_string();
+        self.inner.fan_out(&self.inner.scripts.session_end, &namespaces, &[&sid, &deadline_text]).await?;
+        Ok(info)
+    }
+
+    async fn sessions(&self) -> Result<Vec<SessionInfo>, StoreError> {
+        let mut reply = self.inner.sessions(&["list", ""], false).await?;
+        let now = reply.uint()?;
+        let mut listed = Vec::new();
+        while !reply.is_empty() {
+            let id = SessionId::parse(&reply.text()?).map_err(corrupt)?;
+            listed.push((id, reply.uint()?, reply.uint()?));
+        }
+        let mut res = Vec::with_capacity(listed.len());
+        for (id, _, _) in listed {
+            // Read each one whole; one that ended meanwhile is left out.
+            match self.session(id).await {
+                Ok(info) => res.push(info),
+                Err(StoreError::Ledger(LedgerError::SessionNotFound(_))) => {}
+                Err(err) => return Err(err),
+            }
+        }
+        let _ = now;
+        res.sort_by_key(|s| s.session.id);
+        Ok(res)
+    }
+
+    async fn session(&self, id: SessionId) -> Result<SessionInfo, StoreError> {
+        let sid = id.to_string();
+        let reply = self.inner.sessions(&["get", &sid], false).await?;
+        let Some((now, ttl, deadline, namespaces)) = Inner::session_reply(id, reply)? else {
+            return Err(LedgerError::SessionNotFound(id).into());
+        };
+        self.inner.session_info(id, now, ttl, deadline, &namespaces).await
+    }
+
+    fn commit_stats(&self) -> CommitStats {
+        let calls = self.inner.calls.load(Ordering::Relaxed);
+        CommitStats {
+            commits: calls,
+            operations: calls,
+            commit_micros: self.inner.call_micros.load(Ordering::Relaxed),
+            failures: self.inner.failures.load(Ordering::Relaxed),
+        }
+    }
+
+    async fn shutdown(&self) {
+        if self.inner.shutdown.send_replace(true) {
+            return;
+        }
+        // Waiting calls leave the queue and answer with their place.
+        let deadline = Instant::now() + Duration::from_secs(5);
+        while !self.inner.waits.lock().unwrap_or_else(|p| p.into_inner()).is_empty() && Instant::now() < deadline {
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        let tasks: Vec<JoinHandle<()>> = std::mem::take(&mut *self.tasks.lock().unwrap_or_else(|p| p.into_inner()));
+        for task in tasks {
+            task.abort();
+            let _ = task.await;
+        }
+        tracing::info!("redis store closed");
+    }
+}
+
+impl RedisStore {
+    async fn put(&self, name: NamespaceName, quota: u64, create_only: bool) -> Result<(bool, NamespaceView), StoreError> {
+        self.live()?;
+        if quota > allot_core::MAX_UNITS {
+            return Err(LedgerError::OutOfRange { what: "quota", value: quota, min: 0, max: allot_core::MAX_UNITS }.into());
+        }
+        let inner = &self.inner;
+        // Listed first: a namespace is never in Redis without being in the registry.
+        inner.conn.query(redis::cmd("SADD").arg(REGISTRY).arg(name.as_str())).await.map_err(|e| redis_error(e, true))?;
+        let quota_text = quota.to_string();
+        let mut reply = inner
+            .eval(&inner.scripts.put_namespace, &prefix(&name), &[&quota_text, if create_only { "1" } else { "0" }], true)
+            .await?;
+        let created = reply.int()? == 1;
+        Ok((created, reply::view(&name, &mut reply)?))
+    }
+
+    async fn registry(&self) -> Result<Vec<NamespaceName>, StoreError> {
+        registry(&self.inner).await
+    }
+
+    async fn read_grants(&self, namespace: &NamespaceName, token: Option<&Token>) -> Result<Vec<GrantInfo>, StoreError> {
+        let inner = &self.inner;
+        let arg = token.map(Token::as_str).unwrap_or("");
+        let mut reply = inner.eval(&inner.scripts.grants, &prefix(namespace), &[arg], false).await?;
+        let first = reply.text()?;
+        if first == "err" {
+            return Err(reply::error(namespace, token, &mut reply)?);
+        }
+        let mut res = Vec::new();
+        while !reply.is_empty() {
+            let token = reply.text()?;
+            res.push(reply::grant_info(&mut reply, namespace, &token)?);
+        }
+        Ok(res)
+    }
+}
+
+async fn registry(inner: &Inner) -> Result<Vec<NamespaceName>, StoreError> {
+    let value = inner.conn.query(redis::cmd("SMEMBERS").arg(REGISTRY)).await.map_err(|e| redis_error(e, false))?;
+    let mut reply = match value {
+        Value::Set(items) | Value::Array(items) => Reply::new(Value::Array(items))?,
+        other => return Err(corrupt(format!("registry reply {other:?}"))),
+    };
+    Ok(reply.rest_texts()?.iter().filter_map(|name| NamespaceName::new(name).ok()).collect())
+}
+
+/// Listens on [`CHANNEL`] and wakes this daemon's waiting calls. After a reconnection every
+/// waiting call checks its answer, as messages may have been missed meanwhile.
+async fn run_subscriber(inner: Arc<Inner>, url: String) {
+    loop {
+        let attempt = async {
+            let client = redis::Client::open(url.as_str())?;
+            let mut pubsub = client.get_async_pubsub().await?;
+            pubsub.subscribe(CHANNEL).await?;
+            Ok::<_, RedisError>(pubsub)
+        };
+        match attempt.await {
+            Ok(pubsub) => {
+                wake_all(&inner);
+                let mut messages = pubsub.into_on_message();
+                while let Some(message) = messages.next().await {
+                    let payload = String::from_utf8_lossy(message.get_payload_bytes());
+                    let Some((key, ids)) = payload.split_once('\n') else { continue };
+                    let waits = inner.waits.lock().unwrap_or_else(|p| p.into_inner());
+                    for id in ids.split(',').filter_map(|id| id.parse::<u64>().ok()) {
+                        if let Some(notify) = waits.get(&(key.to_owned(), id)) {
+                            notify.notify_one();
+                        }
+                    }
+                }
+                tracing::warn!("lost the subscription to wake-ups; reconnecting");
+            }
+            Err(err) => tracing::debug!(error = %err, "cannot subscribe to wake-ups yet"),
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
+fn wake_all(inner: &Inner) {
+    for notify in inner.waits.lock().unwrap_or_else(|p| p.into_inner()).values() {
+        notify.notify_one();
+    }
+}
+
+/// Sweeps the sessions and every namespace each [`SWEEP_INTERVAL`].
+async fn run_sweeper(inner: Arc<Inner>) {
+    let mut names: Vec<NamespaceName> = Vec::new();
+    let mut listed = Instant::now() - Duration::from_secs(60);
+    let mut ticker = tokio::time::interval(SWEEP_INTERVAL);
+    ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        ticker.tick().await;
+        if listed.elapsed() >= Duration::from_secs(1) {
+            match registry(&inner).await {
+                Ok(list) => {
+                    names = list;
+                    listed = Instant::now();
+                }
+                Err(err) => {
+                    tracing::debug!(error = %err, "sweep: cannot list namespaces");
+                    continue;
+                }
+            }
+        }
+        if let Err(err) = inner.sessions(&["sweep", ""], true).await {
+            tracing::debug!(error = %err, "sweep of sessions failed");
+        }
+        let inner = &inner;
+        stream::iter(names.iter())
+            .for_each_concurrent(16, |name| async move {
+                if let Err(err) = inner.eval(&inner.scripts.sweep, &prefix(name), &[], true).await {
+                    tracing::debug!(namespace = %name, error = %err, "sweep failed");
+                }
+            })
+            .await;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn prefixes_keep_one_hash_tag_whatever_the_name() {
+        let p = prefix(&NamespaceName::new("}a{b%").unwrap());
+        assert_eq!(p, "allot:{%7Da%7Bb%25}");
+        assert_eq!(prefix(&NamespaceName::new("hive:cluster-a").unwrap()), "allot:{hive:cluster-a}");
+    }
+
+    #[test]
+    fn store_addresses_are_parsed() {
+        let single = RedisConfig::parse("redis://127.0.0.1:6379").unwrap();
+        assert_eq!((single.urls.len(), single.cluster), (1, false));
+        let cluster = RedisConfig::parse("redis+cluster://127.0.0.1:7000, 127.0.0.1:7001").unwrap();
+        assert_eq!(cluster.urls, vec!["redis://127.0.0.1:7000", "redis://127.0.0.1:7001"]);
+        assert!(cluster.cluster);
+        for bad in ["127.0.0.1:6379", "http://x", "redis+cluster://", "embedded"] {
+            assert!(RedisConfig::parse(bad).is_err(), "{bad}");
+        }
+    }
+}

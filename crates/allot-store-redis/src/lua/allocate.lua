@@ -1,0 +1,80 @@
+-- allocate(request..., wait_ms): grants, refuses or queues a request [Flyte AllocateResource].
+-- Replies: {'granted', existing, record, expires_in, now} | {'refused', level, cap, held, position,
+-- units_ahead} | {'queued', waiter, position, units_ahead} | {'err', code, ...}.
+local now = now_ms()
+if redis.call('EXISTS', K_NS) == 0 then return NOT_FOUND end
+local r = req_from_argv(1)
+local wait_ms = tonumber(ARGV[11])
+local existing = redis.call('HGET', K_GRANTS, r.token)
+if existing then
+  local g = dec_grant(existing)
+  if g.units ~= r.units or g.project ~= r.project or g.scope ~= r.scope then
+    return { 'err', 'token_conflict', 'held', g.units, g.project, g.scope }
+  end
+  return { 'granted', 1, existing, grant_expires_in(g, now), now }
+end
+local quota = ns_num('quota')
+if r.units > quota then return { 'err', 'units_exceed_quota', r.units, quota } end
+if r.kind == 's' and (redis.call('ZSCORE', K_CLOSED, r.session) or session_deadline(r.session, r.sdl) <= now) then
+  return { 'err', 'session_not_found', r.session }
+end
+-- The counters do not change until this call decides, so the caps are checked once.
+local refusal = cap_refusal(r)
+-- A cap smaller than the request can never be met: answer at once, even when waiting.
+if refusal and (r.units > refusal[2] or wait_ms == 0) then
+  count_refusal(refusal)
+  return { 'refused', refusal[1], refusal[2], refusal[3], 0, 0 }
+end
+-- A token already in the queue keeps its place; the new call takes the waiter over.
+local queued = redis.call('HGET', K_WTOK, r.token)
+if queued then
+  local w = dec_req(redis.call('HGET', K_WREQ, queued))
+  if w.units ~= r.units or w.project ~= r.project or w.scope ~= r.scope or w.cap_p ~= r.cap_p
+      or w.cap_n ~= r.cap_n or w.kind ~= r.kind or w.ttl ~= r.ttl or w.session ~= r.session then
+    return { 'err', 'token_conflict', 'waiting', w.units, w.project, w.scope }
+  end
+  local position, units_ahead = place_of(redis.call('ZRANK', K_QUEUE, queued))
+  if wait_ms == 0 then
+    local level, cap, held = 'exhausted', 0, 0
+    if refusal then level, cap, held = refusal[1], refusal[2], refusal[3] end
+    return { 'refused', level, cap, held, position, units_ahead }
+  end
+  local wid = int(redis.call('INCR', K_WSEQ))
+  w.until_ = now + wait_ms
+  w.sdl = math.max(w.sdl, r.sdl)
+  redis.call('ZADD', K_QUEUE, redis.call('ZSCORE', K_QUEUE, queued), wid)
+  redis.call('ZREM', K_QUEUE, queued)
+  redis.call('HDEL', K_WREQ, queued)
+  redis.call('ZREM', K_WDL, queued)
+  redis.call('HSET', K_WREQ, wid, enc_req(w))
+  redis.call('HSET', K_WTOK, r.token, wid)
+  redis.call('ZADD', K_WDL, w.until_, wid)
+  return { 'queued', wid, position, units_ahead }
+end
+if not refusal and (redis.call('HGET', K_NS, 'blocked') == '1' or ns_num('granted') + r.units > quota) then
+  refusal = 'exhausted'
+end
+if refusal then
+  if wait_ms == 0 then
+    if refusal == 'exhausted' then
+      count_refusal(nil)
+      return { 'refused', 'exhausted', 0, 0, 0, 0 }
+    end
+    count_refusal(refusal)
+    return { 'refused', refusal[1], refusal[2], refusal[3], 0, 0 }
+  end
+  local seq = redis.call('INCR', K_WSEQ)
+  local wid = int(seq)
+  local position, units_ahead = place_of(redis.call('ZCARD', K_QUEUE))
+  if refusal == 'exhausted' then redis.call('HSET', K_NS, 'blocked', 1) end
+  r.since = now
+  r.until_ = now + wait_ms
+  redis.call('ZADD', K_QUEUE, seq, wid)
+  redis.call('HSET', K_WREQ, wid, enc_req(r))
+  redis.call('HSET', K_WTOK, r.token, wid)
+  redis.call('ZADD', K_WDL, r.until_, wid)
+  redis.call('HINCRBY', K_NS, 'waiting_units', r.units)
+  return { 'queued', wid, position, units_ahead }
+end
+local record = insert_grant(r, now)
+return { 'granted', 0, record, grant_expires_in(dec_grant(record), now), now }

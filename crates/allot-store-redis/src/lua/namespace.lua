@@ -1,0 +1,253 @@
+-- Shared prelude of every namespace script. KEYS[1] is the namespace's key prefix
+-- `allot:{<namespace>}`; every key the scripts touch starts with it, so all of them share one
+-- hash slot and the scripts run unchanged on a Redis Cluster.
+--
+-- Keys (P = KEYS[1]):
+--   P:ns        hash: quota, granted, blocked, waiting_units and the counters (stat_*);
+--               the namespace exists iff this key does
+--   P:fencing   counter of fencing numbers; kept when the namespace is removed
+--   P:grants    hash token -> grant record
+--   P:proj      hash project -> units held;  P:scope  hash project.."\n"..namespace -> units held
+--   P:leases    zset of running leases: "g\n"..token (a TTL grant) and "s\n"..session (the
+--               grants of a session here), scored by deadline in ms of Redis time
+--   P:sg:<id>   set of the tokens that session <id> holds here
+--   P:closed    zset session -> deadline: sessions closed here, refused until their deadline
+--   P:queue     zset waiter id -> arrival number (first come, first served)
+--   P:wreq      hash waiter id -> request record;  P:wtok  hash token -> waiter id
+--   P:wdl       zset waiter id -> end of its wait (to drop waiters of a daemon that died)
+--   P:woken     hash waiter id -> answer ("g\n"..token, or "x\n"..error...) until claimed
+--   P:wseq      counter of waiter ids and arrival numbers
+--
+-- Records are fields joined by "\n" (names never contain control characters). Numbers are
+-- integers below 2^53, exact in Lua's doubles, and written with %d.
+--
+-- Invariants: `granted` is the sum of the grants' units and never exceeds the quota when a grant
+-- is made; P:proj and P:scope are the sums per scope; `blocked` is 1 iff a waiter is blocked by
+-- the quota, and then no new request is granted ahead of it.
+
+local P = KEYS[1]
+local K_NS, K_FENCING, K_GRANTS = P .. ':ns', P .. ':fencing', P .. ':grants'
+local K_PROJ, K_SCOPE, K_LEASES, K_CLOSED = P .. ':proj', P .. ':scope', P .. ':leases', P .. ':closed'
+local K_QUEUE, K_WREQ, K_WTOK, K_WDL = P .. ':queue', P .. ':wreq', P .. ':wtok', P .. ':wdl'
+local K_WOKEN, K_WSEQ = P .. ':woken', P .. ':wseq'
+local CHANNEL = 'allot:woken'
+-- How long an abandoned waiter or an unclaimed answer is kept after its wait ended.
+local GRACE_MS = 30000
+
+local function int(n) return string.format('%d', n) end
+
+local function now_ms()
+  local t = redis.call('TIME')
+  return tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+end
+
+local function split(s)
+  local fields, i = {}, 1
+  while true do
+    local j = string.find(s, '\n', i, true)
+    if not j then
+      fields[#fields + 1] = string.sub(s, i)
+      return fields
+    end
+    fields[#fields + 1] = string.sub(s, i, j - 1)
+    i = j + 1
+  end
+end
+
+local function num(s) if s == nil or s == '' or s == false then return nil end return tonumber(s) end
+
+-- A grant: units, fencing, granted_at, kind (n|t|s), ttl, deadline, session, project, scope.
+local function enc_grant(g)
+  return table.concat({ int(g.units), int(g.fencing), int(g.granted_at), g.kind, int(g.ttl), int(g.deadline),
+    g.session, g.project, g.scope }, '\n')
+end
+
+local function dec_grant(s)
+  local f = split(s)
+  return { units = tonumber(f[1]), fencing = tonumber(f[2]), granted_at = tonumber(f[3]), kind = f[4],
+    ttl = tonumber(f[5]), deadline = tonumber(f[6]), session = f[7], project = f[8], scope = f[9] }
+end
+
+-- A request: token, units, project, scope, project cap, namespace cap ('' = none), kind, ttl,
+-- session, session deadline; as a waiter also since and wait deadline.
+local function enc_req(r)
+  return table.concat({ r.token, int(r.units), r.project, r.scope, r.cap_p, r.cap_n, r.kind, int(r.ttl), r.session,
+    int(r.sdl), int(r.since or 0), int(r.until_ or 0) }, '\n')
+end
+
+local function dec_req(s)
+  local f = split(s)
+  return { token = f[1], units = tonumber(f[2]), project = f[3], scope = f[4], cap_p = f[5], cap_n = f[6],
+    kind = f[7], ttl = tonumber(f[8]), session = f[9], sdl = tonumber(f[10]), since = tonumber(f[11]),
+    until_ = tonumber(f[12]) }
+end
+
+-- The request given as ARGV[first..first+9].
+local function req_from_argv(first)
+  return { token = ARGV[first], units = tonumber(ARGV[first + 1]), project = ARGV[first + 2],
+    scope = ARGV[first + 3], cap_p = ARGV[first + 4], cap_n = ARGV[first + 5], kind = ARGV[first + 6],
+    ttl = tonumber(ARGV[first + 7]), session = ARGV[first + 8], sdl = tonumber(ARGV[first + 9]) }
+end
+
+local function ns_num(field) return tonumber(redis.call('HGET', K_NS, field) or '0') end
+
+local function scope_key(project, scope) return project .. '\n' .. scope end
+
+-- The refusal a cap gives `r`, as {level, cap, held}, or nil.
+local function cap_refusal(r)
+  if r.project == '' then return nil end
+  local cap = num(r.cap_p)
+  if cap then
+    local held = tonumber(redis.call('HGET', K_PROJ, r.project) or '0')
+    if held + r.units > cap then return { 'project', cap, held } end
+  end
+  cap = num(r.cap_n)
+  if cap then
+    local held = tonumber(redis.call('HGET', K_SCOPE, scope_key(r.project, r.scope)) or '0')
+    if held + r.units > cap then return { 'namespace', cap, held } end
+  end
+  return nil
+end
+
+local function count_refusal(refusal)
+  if refusal then redis.call('HINCRBY', K_NS, 'stat_cap_exceeded', 1)
+  else redis.call('HINCRBY', K_NS, 'stat_exhausted', 1) end
+end
+
+local function add_units(g, sign)
+  local units = sign * g.units
+  redis.call('HINCRBY', K_NS, 'granted', units)
+  if g.project == '' then return end
+  if redis.call('HINCRBY', K_PROJ, g.project, units) == 0 then redis.call('HDEL', K_PROJ, g.project) end
+  local sk = scope_key(g.project, g.scope)
+  if redis.call('HINCRBY', K_SCOPE, sk, units) == 0 then redis.call('HDEL', K_SCOPE, sk) end
+end
+
+-- The deadline a session is known to have here (0 if unknown).
+local function session_deadline(session, given)
+  local here = num(redis.call('ZSCORE', K_LEASES, 's\n' .. session)) or 0
+  return math.max(here, given or 0)
+end
+
+local function insert_grant(r, now)
+  local g = { units = r.units, fencing = redis.call('INCR', K_FENCING), granted_at = now, kind = r.kind,
+    ttl = r.ttl, deadline = 0, session = r.session, project = r.project, scope = r.scope }
+  if g.kind == 't' then
+    g.deadline = now + g.ttl
+    redis.call('ZADD', K_LEASES, g.deadline, 'g\n' .. r.token)
+  elseif g.kind == 's' then
+    redis.call('SADD', P .. ':sg:' .. r.session, r.token)
+    redis.call('ZADD', K_LEASES, 'GT', r.sdl, 's\n' .. r.session)
+  end
+  local record = enc_grant(g)
+  redis.call('HSET', K_GRANTS, r.token, record)
+  add_units(g, 1)
+  redis.call('HINCRBY', K_NS, 'stat_granted', 1)
+  return record
+end
+
+-- Removes a grant; returns its record, or nil.
+local function remove_grant(token)
+  local record = redis.call('HGET', K_GRANTS, token)
+  if not record then return nil end
+  local g = dec_grant(record)
+  redis.call('HDEL', K_GRANTS, token)
+  add_units(g, -1)
+  if g.kind == 't' then
+    redis.call('ZREM', K_LEASES, 'g\n' .. token)
+  elseif g.kind == 's' then
+    local set = P .. ':sg:' .. g.session
+    redis.call('SREM', set, token)
+    if redis.call('SCARD', set) == 0 then redis.call('ZREM', K_LEASES, 's\n' .. g.session) end
+  end
+  return record
+end
+
+local function forget_waiter(wid, r)
+  redis.call('ZREM', K_QUEUE, wid)
+  redis.call('HDEL', K_WREQ, wid)
+  if redis.call('HGET', K_WTOK, r.token) == wid then redis.call('HDEL', K_WTOK, r.token) end
+  redis.call('HINCRBY', K_NS, 'waiting_units', -r.units)
+end
+
+-- Answers a waiter: `answer` is "g\n"..token or "x\n"..error fields.
+local function answer_waiter(wid, answer, woken)
+  redis.call('HSET', K_WOKEN, wid, answer)
+  woken[#woken + 1] = wid
+end
+
+local function publish(woken)
+  if #woken > 0 then redis.call('PUBLISH', CHANNEL, P .. '\n' .. table.concat(woken, ',')) end
+end
+
+-- The 1-based place of the waiter at `rank` and the units wanted by the waiters ahead of it.
+local function place_of(rank)
+  local units_ahead = 0
+  if rank > 0 then
+    for _, wid in ipairs(redis.call('ZRANGE', K_QUEUE, 0, rank - 1)) do
+      local record = redis.call('HGET', K_WREQ, wid)
+      if record then units_ahead = units_ahead + dec_req(record).units end
+    end
+  end
+  return rank + 1, units_ahead
+end
+
+-- Grants waiters in queue order while they fit. A waiter blocked only by its cap is passed over;
+-- the first waiter blocked by the quota stops the walk and marks the queue blocked.
+local function admit(now, woken)
+  local quota, granted = ns_num('quota'), ns_num('granted')
+  local blocked = 0
+  for _, wid in ipairs(redis.call('ZRANGE', K_QUEUE, 0, -1)) do
+    local record = redis.call('HGET', K_WREQ, wid)
+    local r = record and dec_req(record)
+    if not r then
+      redis.call('ZREM', K_QUEUE, wid)
+    elseif not cap_refusal(r) then
+      if granted + r.units > quota then
+        blocked = 1
+        break
+      end
+      forget_waiter(wid, r)
+      if r.kind == 's' and (redis.call('ZSCORE', K_CLOSED, r.session)
+          or session_deadline(r.session, r.sdl) <= now) then
+        answer_waiter(wid, 'x\nsession\n' .. r.session, woken)
+      else
+        insert_grant(r, now)
+        granted = granted + r.units
+        answer_waiter(wid, 'g\n' .. r.token, woken)
+      end
+    end
+  end
+  redis.call('HSET', K_NS, 'blocked', blocked)
+end
+
+local function namespace_view(now)
+  local v = redis.call('HMGET', K_NS, 'quota', 'granted', 'waiting_units', 'stat_granted', 'stat_exhausted',
+    'stat_cap_exceeded', 'stat_released', 'stat_expired')
+  local longest = 0
+  local first = redis.call('ZRANGE', K_QUEUE, 0, 0)
+  if first[1] then
+    local record = redis.call('HGET', K_WREQ, first[1])
+    if record then longest = math.max(0, now - dec_req(record).since) end
+  end
+  local next_fencing = tonumber(redis.call('GET', K_FENCING) or '0') + 1
+  return { tonumber(v[1] or '0'), tonumber(v[2] or '0'), redis.call('HLEN', K_GRANTS),
+    redis.call('ZCARD', K_QUEUE), tonumber(v[3] or '0'), longest, next_fencing, tonumber(v[4] or '0'),
+    tonumber(v[5] or '0'), tonumber(v[6] or '0'), tonumber(v[7] or '0'), tonumber(v[8] or '0') }
+end
+
+-- The time a grant's lease has left, -1 when it has none.
+local function grant_expires_in(g, now)
+  if g.kind == 't' then return math.max(0, g.deadline - now) end
+  if g.kind == 's' then return math.max(0, session_deadline(g.session, 0) - now) end
+  return -1
+end
+
+local function check_fencing(g, given)
+  if given ~= '' and tonumber(given) ~= g.fencing then
+    return { 'err', 'stale_fencing', tonumber(given), g.fencing }
+  end
+  return nil
+end
+
+local NOT_FOUND = { 'err', 'namespace_not_found' }

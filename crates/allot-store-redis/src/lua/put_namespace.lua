@@ -1,0 +1,34 @@
+-- put_namespace(quota, create_only): creates a namespace or changes its quota. Raising a quota
+-- admits waiters; lowering it revokes nothing. With create_only = 1 an existing namespace is left
+-- as it is (the configuration file seeds quotas only where none exist).
+-- Replies {created, view...}.
+local now = now_ms()
+local quota, create_only = tonumber(ARGV[1]), ARGV[2] == '1'
+local created = redis.call('EXISTS', K_NS) == 0
+if not created and create_only then
+  local view = namespace_view(now)
+  table.insert(view, 1, 0)
+  return view
+end
+redis.call('HSET', K_NS, 'quota', int(quota))
+if created then
+  redis.call('HSETNX', K_NS, 'granted', 0)
+  redis.call('PERSIST', K_WOKEN)
+end
+local woken = {}
+-- A waiter that wants more than the new quota could never be granted.
+for _, wid in ipairs(redis.call('ZRANGE', K_QUEUE, 0, -1)) do
+  local record = redis.call('HGET', K_WREQ, wid)
+  if record then
+    local r = dec_req(record)
+    if r.units > quota then
+      forget_waiter(wid, r)
+      answer_waiter(wid, 'x\nunits_exceed_quota\n' .. int(r.units) .. '\n' .. int(quota), woken)
+    end
+  end
+end
+admit(now, woken)
+publish(woken)
+local view = namespace_view(now)
+table.insert(view, 1, created and 1 or 0)
+return view

@@ -1,0 +1,18 @@
+-- remove_namespace(force): removes a namespace, its grants (only with force) and its waiters
+-- (they are answered namespace_not_found). The fencing counter stays, so a re-created namespace
+-- keeps counting up. Replies {'removed', grants} | {'err', ...}.
+if redis.call('EXISTS', K_NS) == 0 then return NOT_FOUND end
+local grants = redis.call('HLEN', K_GRANTS)
+if grants > 0 and ARGV[1] ~= '1' then return { 'err', 'namespace_in_use', grants } end
+local woken = {}
+for _, wid in ipairs(redis.call('ZRANGE', K_QUEUE, 0, -1)) do
+  answer_waiter(wid, 'x\nnamespace_not_found', woken)
+end
+for _, member in ipairs(redis.call('ZRANGE', K_LEASES, 0, -1)) do
+  if string.sub(member, 1, 2) == 's\n' then redis.call('DEL', P .. ':sg:' .. string.sub(member, 3)) end
+end
+redis.call('DEL', K_NS, K_GRANTS, K_PROJ, K_SCOPE, K_LEASES, K_CLOSED, K_QUEUE, K_WREQ, K_WTOK, K_WDL)
+-- The answers stay a while for their callers to claim.
+redis.call('PEXPIRE', K_WOKEN, 2 * GRACE_MS)
+publish(woken)
+return { 'removed', grants }

@@ -1,0 +1,132 @@
+//! Real `redis-server` processes for tests and benchmarks: one server, or a cluster of primaries,
+//! on free loopback ports, in a temporary directory, killed on drop.
+
+use std::net::TcpListener;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+const INSTALL: &str = "redis-server was not found on PATH. The Redis tests need a real server: \
+                       install it with `sudo apt-get install -y redis-server` (Debian/Ubuntu) and run again";
+
+fn redis_server() -> PathBuf {
+    let found = std::env::var_os("PATH")
+        .into_iter()
+        .flat_map(|paths| std::env::split_paths(&paths).collect::<Vec<_>>())
+        .map(|dir| dir.join("redis-server"))
+        .find(|path| path.is_file());
+    found.unwrap_or_else(|| panic!("{INSTALL}"))
+}
+
+fn free_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0").and_then(|l| l.local_addr()).map(|a| a.port()).expect("a free port")
+}
+
+/// Runs `redis-cli -p port args...` and returns what it printed.
+fn cli(port: u16, args: &[&str]) -> Option<String> {
+    let out = Command::new("redis-cli").arg("-p").arg(port.to_string()).args(args).stderr(Stdio::null()).output().ok()?;
+    out.status.success().then(|| String::from_utf8_lossy(&out.stdout).into_owned())
+}
+
+/// One `redis-server` on a free port.
+pub struct RedisServer {
+    pub port: u16,
+    dir: tempfile::TempDir,
+    child: Option<Child>,
+    cluster: bool,
+}
+
+impl RedisServer {
+    /// Starts a server with an append-only file, fsynced every second.
+    pub fn start() -> RedisServer {
+        Self::start_with(false)
+    }
+
+    fn start_with(cluster: bool) -> RedisServer {
+        let dir = tempfile::tempdir().expect("a temporary directory");
+        let mut server = RedisServer { port: free_port(), dir, child: None, cluster };
+        server.restart();
+        server
+    }
+
+    pub fn url(&self) -> String {
+        format!("redis://127.0.0.1:{}", self.port)
+    }
+
+    pub fn dir(&self) -> &Path {
+        self.dir.path()
+    }
+
+    /// Kills the server, as an outage.
+    pub fn stop(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+
+    /// Starts the server again on the same port and data directory; waits until it answers.
+    pub fn restart(&mut self) {
+        self.stop();
+        let mut cmd = Command::new(redis_server());
+        cmd.arg("--port")
+            .arg(self.port.to_string())
+            .arg("--bind")
+            .arg("127.0.0.1")
+            .arg("--dir")
+            .arg(self.dir.path())
+            .args(["--save", "", "--appendonly", "yes", "--appendfsync", "everysec", "--daemonize", "no"])
+            .stdout(Stdio::null())
+            .stderr(Stdio::null());
+        if self.cluster {
+            cmd.args(["--cluster-enabled", "yes", "--cluster-config-file", "nodes.conf", "--cluster-node-timeout", "2000"]);
+        }
+        self.child = Some(cmd.spawn().unwrap_or_else(|err| panic!("cannot start redis-server: {err}. {INSTALL}")));
+        let started = Instant::now();
+        while cli(self.port, &["PING"]).as_deref().map(str::trim) != Some("PONG") {
+            assert!(started.elapsed() < Duration::from_secs(10), "redis-server on port {} did not start", self.port);
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    /// Runs a command with `redis-cli` and returns its output.
+    pub fn cli(&self, args: &[&str]) -> String {
+        cli(self.port, args).unwrap_or_else(|| panic!("redis-cli {args:?} failed"))
+    }
+}
+
+impl Drop for RedisServer {
+    fn drop(&mut self) {
+        self.stop();
+    }
+}
+
+/// A Redis Cluster of primaries (no replicas), all slots assigned.
+pub struct RedisCluster {
+    pub nodes: Vec<RedisServer>,
+}
+
+impl RedisCluster {
+    pub fn start(primaries: usize) -> RedisCluster {
+        let nodes: Vec<RedisServer> = (0..primaries).map(|_| RedisServer::start_with(true)).collect();
+        let addresses: Vec<String> = nodes.iter().map(|n| format!("127.0.0.1:{}", n.port)).collect();
+        let mut args = vec!["--cluster", "create"];
+        args.extend(addresses.iter().map(String::as_str));
+        args.extend(["--cluster-replicas", "0", "--cluster-yes"]);
+        let out = Command::new("redis-cli").args(&args).output().expect("redis-cli --cluster create");
+        assert!(out.status.success(), "cluster create failed: {}", String::from_utf8_lossy(&out.stdout));
+        let started = Instant::now();
+        let all_ok = || nodes.iter().all(|n| cli(n.port, &["CLUSTER", "INFO"]).is_some_and(|i| i.contains("cluster_state:ok")));
+        while !all_ok() {
+            assert!(started.elapsed() < Duration::from_secs(20), "the cluster never became ready");
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        RedisCluster { nodes }
+    }
+
+    /// The `--store` address of the cluster.
+    pub fn address(&self) -> String {
+        let nodes: Vec<String> = self.nodes.iter().map(|n| format!("127.0.0.1:{}", n.port)).collect();
+        format!("redis+cluster://{}", nodes.join(","))
+    }
+}
