@@ -50,6 +50,16 @@ impl ClientError {
         }
     }
 
+    /// True when repeating the same request may succeed: the daemon could not be reached, did
+    /// not answer in time, or answered 503 (its store is unavailable or it is shutting down).
+    pub fn is_retryable(&self) -> bool {
+        match self {
+            ClientError::Api { status, .. } => *status == 503,
+            ClientError::Http(err) => err.is_connect() || err.is_timeout() || err.is_request(),
+            _ => false,
+        }
+    }
+
     /// True when the request timed out (including a long poll whose answer came too late).
     pub fn is_timeout(&self) -> bool {
         matches!(self, ClientError::Http(err) if err.is_timeout())

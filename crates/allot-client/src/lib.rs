@@ -39,6 +39,9 @@ pub const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
 /// that waits (`wait_ms`) gets its wait on top of this.
 pub const DEFAULT_REQUEST_TIMEOUT: Duration = Duration::from_secs(30);
 
+/// How long a release is retried by default while the daemon or its store is unreachable.
+pub const DEFAULT_RELEASE_RETRY: Duration = Duration::from_secs(300);
+
 /// A client of one allot daemon.
 ///
 /// Cheap to clone: clones share one connection pool. There is no timeout on the client as a whole
@@ -49,6 +52,7 @@ pub struct Client {
     /// The base URL without a trailing `/`, e.g. `http://127.0.0.1:7070`.
     base: String,
     request_timeout: Duration,
+    release_retry_for: Duration,
 }
 
 impl Client {
@@ -65,7 +69,7 @@ impl Client {
     /// Do not give it a global timeout shorter than the longest wait you will ask for.
     pub fn with_http_client(base_url: &str, http: reqwest::Client) -> Result<Client, ClientError> {
         let base = normalize_base(base_url)?;
-        Ok(Client { http, base, request_timeout: DEFAULT_REQUEST_TIMEOUT })
+        Ok(Client { http, base, request_timeout: DEFAULT_REQUEST_TIMEOUT, release_retry_for: DEFAULT_RELEASE_RETRY })
     }
 
     /// Sets how long each request may take ([`DEFAULT_REQUEST_TIMEOUT`] by default). An allocate
@@ -73,6 +77,14 @@ impl Client {
     #[must_use]
     pub fn with_request_timeout(mut self, timeout: Duration) -> Client {
         self.request_timeout = timeout;
+        self
+    }
+
+    /// Sets how long [`Client::release`] keeps retrying while the daemon or its store is
+    /// unreachable ([`DEFAULT_RELEASE_RETRY`] by default; zero for a single try).
+    #[must_use]
+    pub fn with_release_retry(mut self, retry_for: Duration) -> Client {
+        self.release_retry_for = retry_for;
         self
     }
 
@@ -158,7 +170,19 @@ impl Client {
         if let Some(fencing) = fencing {
             path.push_str(&format!("?fencing={fencing}"));
         }
-        self.json(self.request(Method::DELETE, &path)?).await
+        // A release is idempotent, so it is safe to repeat until the daemon acknowledges it: a
+        // lost release would hold the units until the lease (if any) ends.
+        let started = std::time::Instant::now();
+        let mut pause = Duration::from_millis(50);
+        loop {
+            match self.json(self.request(Method::DELETE, &path)?).await {
+                Err(err) if err.is_retryable() && started.elapsed() + pause < self.release_retry_for => {
+                    tokio::time::sleep(pause).await;
+                    pause = (pause * 2).min(Duration::from_secs(1));
+                }
+                res => return res,
+            }
+        }
     }
 
     /// `POST /v1/namespaces/{namespace}/grants/{token}/keepalive`: renews the grant's lease. With

@@ -34,17 +34,24 @@ pub struct RedisServer {
     dir: tempfile::TempDir,
     child: Option<Child>,
     cluster: bool,
+    fsync: &'static str,
 }
 
 impl RedisServer {
-    /// Starts a server with an append-only file, fsynced every second.
+    /// Starts a server with an append-only file fsynced every second (Redis's default).
     pub fn start() -> RedisServer {
-        Self::start_with(false)
+        Self::start_with(false, "everysec")
     }
 
-    fn start_with(cluster: bool) -> RedisServer {
+    /// Starts a server that fsyncs its append-only file before every answer, so that a write
+    /// it acknowledged survives `kill -9`.
+    pub fn start_durable() -> RedisServer {
+        Self::start_with(false, "always")
+    }
+
+    fn start_with(cluster: bool, fsync: &'static str) -> RedisServer {
         let dir = tempfile::tempdir().expect("a temporary directory");
-        let mut server = RedisServer { port: free_port(), dir, child: None, cluster };
+        let mut server = RedisServer { port: free_port(), dir, child: None, cluster, fsync };
         server.restart();
         server
     }
@@ -57,7 +64,7 @@ impl RedisServer {
         self.dir.path()
     }
 
-    /// Kills the server, as an outage.
+    /// Kills the server with SIGKILL, as an outage.
     pub fn stop(&mut self) {
         if let Some(mut child) = self.child.take() {
             let _ = child.kill();
@@ -75,7 +82,7 @@ impl RedisServer {
             .arg("127.0.0.1")
             .arg("--dir")
             .arg(self.dir.path())
-            .args(["--save", "", "--appendonly", "yes", "--appendfsync", "everysec", "--daemonize", "no"])
+            .args(["--save", "", "--appendonly", "yes", "--appendfsync", self.fsync, "--daemonize", "no"])
             .stdout(Stdio::null())
             .stderr(Stdio::null());
         if self.cluster {
@@ -108,7 +115,7 @@ pub struct RedisCluster {
 
 impl RedisCluster {
     pub fn start(primaries: usize) -> RedisCluster {
-        let nodes: Vec<RedisServer> = (0..primaries).map(|_| RedisServer::start_with(true)).collect();
+        let nodes: Vec<RedisServer> = (0..primaries).map(|_| RedisServer::start_with(true, "everysec")).collect();
         let addresses: Vec<String> = nodes.iter().map(|n| format!("127.0.0.1:{}", n.port)).collect();
         let mut args = vec!["--cluster", "create"];
         args.extend(addresses.iter().map(String::as_str));

@@ -35,8 +35,8 @@ pub enum StoreError {
     /// The request was refused by the rules of the ledger (unknown namespace, stale fencing...).
     #[error(transparent)]
     Ledger(#[from] LedgerError),
-    /// The store could not make the change durable; nothing was changed.
-    #[error("the store could not be written ({0}); nothing was changed")]
+    /// The store could not be reached or written (a full disk, Redis down); nothing was changed.
+    #[error("the store is unavailable ({0}); nothing was changed")]
     Unavailable(String),
     /// The disk failed while making the change durable, after it was written: it may or may not
     /// have been applied. Read it back, or retry (allocate and release are idempotent).

@@ -471,7 +471,9 @@ async fn run_session(command: &SessionCommand) -> Result<u8, ClientError> {
 }
 
 fn client(common: &Common) -> Result<Client, ClientError> {
-    Client::new(&common.server)
+    // A person at a terminal wants an answer soon; scripts that must not lose a release can
+    // run the command again.
+    Ok(Client::new(&common.server)?.with_release_retry(std::time::Duration::from_secs(10)))
 }
 
 /// Prints `value` as JSON or as `human` text; answers [`EXIT_OK`].

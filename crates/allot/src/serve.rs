@@ -1,5 +1,5 @@
-//! `allot serve`: configuration (flags > environment > TOML file > defaults), logging, the
-//! embedded store, quota registration, and the server until SIGTERM or SIGINT.
+//! `allot serve`: configuration (flags > environment > TOML file > defaults), logging, the store
+//! (embedded by default, or Redis), quota seeding, and the server until SIGTERM or SIGINT.
 
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
@@ -8,6 +8,7 @@ use std::sync::Arc;
 
 use allot_core::NamespaceName;
 use allot_store::{EmbeddedConfig, EmbeddedStore, Store};
+use allot_store_redis::{RedisConfig, RedisStore};
 use anyhow::{bail, Context};
 use serde::Deserialize;
 use tracing_subscriber::EnvFilter;
@@ -25,11 +26,17 @@ pub(crate) struct ServeArgs {
     /// Directory of the embedded store [default: ./allot-data].
     #[arg(long, env = "ALLOT_DATA_DIR")]
     data_dir: Option<PathBuf>,
-    /// TOML configuration file (keys: listen, data_dir, [quotas]).
+    /// Where state lives: `embedded` (the default: a durable store in --data-dir),
+    /// `redis://HOST:PORT` (one Redis shared by several daemons) or
+    /// `redis+cluster://HOST:PORT[,HOST:PORT...]` (a Redis Cluster).
+    #[arg(long, env = "ALLOT_STORE")]
+    store: Option<String>,
+    /// TOML configuration file (keys: listen, data_dir, store, [quotas]).
     #[arg(long, env = "ALLOT_CONFIG")]
     config: Option<PathBuf>,
-    /// Register a namespace quota at start, e.g. `--quota hive:cluster-a=10`. Repeatable; wins
-    /// over the configuration file.
+    /// Seed a namespace quota, e.g. `--quota hive:cluster-a=10`: the namespace is created with
+    /// it if it does not exist yet; an existing one keeps the quota the store has. Repeatable;
+    /// wins over the configuration file.
     #[arg(long = "quota", value_name = "NAMESPACE=QUOTA")]
     quotas: Vec<String>,
     /// Log format on stderr.
@@ -49,7 +56,9 @@ enum LogFormat {
 struct ConfigFile {
     listen: Option<SocketAddr>,
     data_dir: Option<PathBuf>,
-    /// Namespace quotas registered at every start [Flyte `ResourceRegistrar`].
+    store: Option<String>,
+    /// Namespace quotas seeded at start [Flyte `ResourceRegistrar`]: created where they do not
+    /// exist yet; the store is authoritative for the rest.
     #[serde(default)]
     quotas: BTreeMap<String, u64>,
 }
@@ -59,7 +68,23 @@ struct ConfigFile {
 struct Config {
     listen: SocketAddr,
     data_dir: PathBuf,
+    store: StoreChoice,
     quotas: Vec<(NamespaceName, u64)>,
+}
+
+#[derive(Debug)]
+enum StoreChoice {
+    Embedded,
+    Redis(RedisConfig),
+}
+
+fn store_choice(address: Option<&str>) -> anyhow::Result<StoreChoice> {
+    match address.map(str::trim) {
+        None | Some("embedded") => Ok(StoreChoice::Embedded),
+        Some(address) => Ok(StoreChoice::Redis(RedisConfig::parse(address).map_err(|err| {
+            anyhow::anyhow!("{err}, or `embedded` for the default store")
+        })?)),
+    }
 }
 
 fn read_config_file(path: &Path) -> anyhow::Result<ConfigFile> {
@@ -88,6 +113,7 @@ fn resolve(args: &ServeArgs) -> anyhow::Result<Config> {
     Ok(Config {
         listen: args.listen.or(file.listen).unwrap_or_else(|| DEFAULT_LISTEN.parse().expect("valid address")),
         data_dir: args.data_dir.clone().or(file.data_dir).unwrap_or_else(|| PathBuf::from(DEFAULT_DATA_DIR)),
+        store: store_choice(args.store.as_deref().or(file.store.as_deref()))?,
         quotas,
     })
 }
@@ -131,15 +157,28 @@ async fn shutdown_signal() {
 pub(crate) async fn run(args: ServeArgs) -> anyhow::Result<()> {
     init_logging(args.log_format);
     let config = resolve(&args)?;
-    let store = EmbeddedStore::open(&EmbeddedConfig { data_dir: config.data_dir.clone() })
-        .with_context(|| format!("cannot open the store in {}", config.data_dir.display()))?;
-    let store: Arc<dyn Store> = Arc::new(store);
+    let store: Arc<dyn Store> = match &config.store {
+        StoreChoice::Embedded => Arc::new(
+            EmbeddedStore::open(&EmbeddedConfig { data_dir: config.data_dir.clone() })
+                .with_context(|| format!("cannot open the store in {}", config.data_dir.display()))?,
+        ),
+        StoreChoice::Redis(redis) => Arc::new(RedisStore::open(redis).await.context("cannot open the Redis store")?),
+    };
     for (name, quota) in &config.quotas {
-        store
-            .put_namespace(name.clone(), *quota)
+        let (created, view) = store
+            .seed_namespace(name.clone(), *quota)
             .await
             .with_context(|| format!("cannot register quota of `{name}`"))?;
-        tracing::info!(namespace = %name, quota, "quota registered");
+        if created {
+            tracing::info!(namespace = %name, quota, "quota registered");
+        } else if view.quota != *quota {
+            tracing::warn!(
+                namespace = %name,
+                configured = quota,
+                kept = view.quota,
+                "the store already has this namespace and keeps its quota; change it with `allot quota set`"
+            );
+        }
     }
     let listener = tokio::net::TcpListener::bind(config.listen)
         .await

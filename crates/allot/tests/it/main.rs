@@ -4,4 +4,5 @@
 mod cli;
 mod crash;
 mod daemon;
+mod redis;
 mod support;

@@ -1,0 +1,293 @@
+//! Several real daemons on one real `redis-server`: shared quotas, no over-grant under random
+//! concurrent load with caps, first-come-first-served waiting across daemons, and a Redis outage
+//! in the middle of load.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use allot_client::{Allocate, Caps, ClientError, Scope, Status};
+use allot_store_redis::testing::RedisServer;
+
+use crate::support::{data_dir, eventually, Daemon};
+
+fn start_daemon(redis: &RedisServer, extra: &[&str]) -> (tempfile::TempDir, Daemon) {
+    let (dir, data) = data_dir();
+    let url = redis.url();
+    let mut args = vec!["--store", url.as_str()];
+    args.extend_from_slice(extra);
+    let daemon = Daemon::start(&data, &args);
+    (dir, daemon)
+}
+
+/// A small deterministic generator, so a failing run can be replayed.
+struct Rng(u64);
+
+impl Rng {
+    fn below(&mut self, n: u64) -> u64 {
+        self.0 ^= self.0 << 13;
+        self.0 ^= self.0 >> 7;
+        self.0 ^= self.0 << 17;
+        self.0 % n
+    }
+}
+
+const QUOTA: u64 = 10;
+const PROJECT_CAP: u64 = 6;
+const SCOPE_CAP: u64 = 4;
+
+/// Reads the grants of `namespace` straight from Redis (one atomic HGETALL) and checks the
+/// quota and both caps. Returns the tokens granted.
+fn check_redis(conn: &mut redis::Connection, namespace: &str) -> Vec<String> {
+    let key = format!("allot:{{{namespace}}}:grants");
+    let grants: Vec<(String, String)> = redis::cmd("HGETALL").arg(&key).query(conn).expect("HGETALL");
+    let (mut total, mut projects, mut scopes) = (0u64, HashMap::new(), HashMap::new());
+    for (_, record) in &grants {
+        let f: Vec<&str> = record.split('\n').collect();
+        let units: u64 = f[0].parse().unwrap();
+        total += units;
+        *projects.entry(f[7].to_owned()).or_insert(0u64) += units;
+        *scopes.entry((f[7].to_owned(), f[8].to_owned())).or_insert(0u64) += units;
+    }
+    assert!(total <= QUOTA, "over-granted: {total} > {QUOTA}: {grants:?}");
+    for (project, held) in &projects {
+        assert!(*held <= PROJECT_CAP, "project {project} holds {held} > cap {PROJECT_CAP}");
+    }
+    for (scope, held) in &scopes {
+        assert!(*held <= SCOPE_CAP, "scope {scope:?} holds {held} > cap {SCOPE_CAP}");
+    }
+    grants.into_iter().map(|(token, _)| token).collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn three_daemons_share_quotas_and_never_over_grant() {
+    let redis = RedisServer::start();
+    // Different configurations: the first daemon seeds the quota, the others keep it.
+    let (_d1, first) = start_daemon(&redis, &["--quota", &format!("shared={QUOTA}")]);
+    let (_d2, second) = start_daemon(&redis, &["--quota", "shared=99"]);
+    let (_d3, third) = start_daemon(&redis, &[]);
+    let daemons = [first.client(), second.client(), third.client()];
+    for client in &daemons {
+        assert_eq!(client.namespace("shared").await.unwrap().quota, QUOTA, "the first seed holds for all");
+    }
+    // A quota changed through one daemon holds at once for all.
+    daemons[1].put_namespace("shared", 3).await.unwrap();
+    for client in &daemons {
+        assert_eq!(client.namespace("shared").await.unwrap().quota, 3);
+    }
+    daemons[2].put_namespace("shared", QUOTA).await.unwrap();
+
+    let counts: Arc<Mutex<HashMap<&'static str, u64>>> = Arc::default();
+    let mut workers = Vec::new();
+    for worker in 0..12u64 {
+        let daemons = daemons.clone();
+        let counts = counts.clone();
+        let url = redis.url();
+        workers.push(tokio::spawn(async move {
+            let mut conn = redis::Client::open(url.as_str()).unwrap().get_connection().unwrap();
+            let mut rng = Rng(0x9e37_79b9_7f4a_7c15 ^ (worker + 1));
+            let mut held: Vec<String> = Vec::new();
+            for round in 0..40 {
+                let client = &daemons[rng.below(3) as usize];
+                let release = !held.is_empty() && rng.below(2) == 0;
+                if release {
+                    let token = held.swap_remove(rng.below(held.len() as u64) as usize);
+                    let answer = client.release("shared", &token, None).await.unwrap();
+                    assert!(answer.released, "{token} was acknowledged and must still be granted");
+                    *counts.lock().unwrap().entry("released").or_default() += 1;
+                } else {
+                    let token = format!("w{worker}-{round}");
+                    let request = Allocate {
+                        units: Some(1 + rng.below(3)),
+                        scope: Some(Scope {
+                            project: ["p1", "p2"][rng.below(2) as usize].into(),
+                            namespace: ["dev", "prod"][rng.below(2) as usize].into(),
+                        }),
+                        caps: Some(Caps { project: Some(PROJECT_CAP), namespace: Some(SCOPE_CAP) }),
+                        wait_ms: Some(if rng.below(2) == 0 { 0 } else { 30 }),
+                        ..Allocate::default()
+                    };
+                    let answer = client.allocate("shared", &token, &request).await.unwrap();
+                    let outcome = match answer.status {
+                        Status::Granted => {
+                            held.push(token);
+                            "granted"
+                        }
+                        Status::Exhausted => "exhausted",
+                        Status::NamespaceQuotaExceeded => "cap_exceeded",
+                    };
+                    *counts.lock().unwrap().entry(outcome).or_default() += 1;
+                }
+                // After every step: no quota or cap exceeded, and every acknowledged grant is in Redis.
+                let in_redis = check_redis(&mut conn, "shared");
+                for token in &held {
+                    assert!(in_redis.contains(token), "acknowledged grant {token} is not in Redis");
+                }
+            }
+            for token in held {
+                assert!(daemons[0].release("shared", &token, None).await.unwrap().released);
+            }
+        }));
+    }
+    for worker in workers {
+        worker.await.unwrap();
+    }
+    let counts = counts.lock().unwrap().clone();
+    println!("outcomes over three daemons: {counts:?}");
+    for outcome in ["granted", "exhausted", "cap_exceeded", "released"] {
+        assert!(counts.get(outcome).copied().unwrap_or(0) > 0, "no `{outcome}` happened: {counts:?}");
+    }
+    let view = daemons[2].namespace("shared").await.unwrap();
+    assert_eq!((view.granted_units, view.waiters), (0, 0));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn waiters_keep_their_order_across_daemons() {
+    let redis = RedisServer::start();
+    let (_d1, first) = start_daemon(&redis, &["--quota", "fifo=1"]);
+    let (_d2, second) = start_daemon(&redis, &[]);
+    let (_d3, third) = start_daemon(&redis, &[]);
+    let (a, b, c) = (first.client(), second.client(), third.client());
+    assert_eq!(a.allocate("fifo", "holder", &Allocate::default()).await.unwrap().status, Status::Granted);
+
+    let queue_is = |client: allot_client::Client, tokens: &'static [&'static str]| async move {
+        let ok = eventually(Duration::from_secs(5), async || {
+            let waiters = client.waiters("fifo").await.unwrap().waiters;
+            waiters.iter().map(|w| w.token.as_str()).collect::<Vec<_>>() == tokens
+        })
+        .await;
+        assert!(ok, "the queue never became {tokens:?}");
+    };
+    let wait = Allocate { wait_ms: Some(20_000), ..Allocate::default() };
+    // w1 and w3 wait on the second daemon, w2 on the third, in that order.
+    let w1 = tokio::spawn({
+        let (b, wait) = (b.clone(), wait.clone());
+        async move { (b.allocate("fifo", "w1", &wait).await.unwrap(), Instant::now()) }
+    });
+    queue_is(a.clone(), &["w1"]).await;
+    let w2 = tokio::spawn({
+        let (c, wait) = (c.clone(), wait.clone());
+        async move { (c.allocate("fifo", "w2", &wait).await.unwrap(), Instant::now()) }
+    });
+    queue_is(a.clone(), &["w1", "w2"]).await;
+    let w3 = tokio::spawn({
+        let (b, wait) = (b.clone(), wait.clone());
+        async move { (b.allocate("fifo", "w3", &wait).await.unwrap(), Instant::now()) }
+    });
+    queue_is(a.clone(), &["w1", "w2", "w3"]).await;
+
+    // Each release, through another daemon than the waiter's, grants the head of the queue.
+    let mut handoffs = Vec::new();
+    for (releaser, token, next, rest) in [
+        (&a, "holder", w1, &["w2", "w3"][..]),
+        (&c, "w1", w2, &["w3"][..]),
+        (&a, "w2", w3, &[][..]),
+    ] {
+        let released_at = Instant::now();
+        assert!(releaser.release("fifo", token, None).await.unwrap().released);
+        let (answer, granted_at) = next.await.unwrap();
+        assert_eq!(answer.status, Status::Granted, "{answer:?}");
+        handoffs.push(granted_at.saturating_duration_since(released_at));
+        let waiting: Vec<String> = a.waiters("fifo").await.unwrap().waiters.into_iter().map(|w| w.token).collect();
+        assert_eq!(waiting, rest);
+    }
+    println!("release-to-grant across daemons: {handoffs:?}");
+}
+
+/// One request straight over HTTP, to see the status, headers and error body.
+async fn raw_get(url: &str) -> (u16, Option<String>, serde_json::Value) {
+    let response = reqwest::get(url).await.unwrap();
+    let status = response.status().as_u16();
+    let retry_after = response.headers().get("retry-after").map(|v| v.to_str().unwrap().to_owned());
+    (status, retry_after, response.json().await.unwrap_or_default())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_redis_outage_answers_503_and_recovers_without_losing_anything() {
+    let mut redis = RedisServer::start_durable();
+    let (_dir, daemon) = start_daemon(&redis, &["--quota", "outage=1000"]);
+    let client = daemon.client();
+    // Grants held across the outage: all must be there after it.
+    for i in 0..20 {
+        let answer = client.allocate("outage", &format!("held-{i}"), &Allocate::default()).await.unwrap();
+        assert_eq!(answer.status, Status::Granted);
+    }
+    let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let errors: Arc<Mutex<HashMap<String, u64>>> = Arc::default();
+    let mut workers = Vec::new();
+    for worker in 0..4 {
+        let (client, stop, errors) = (client.clone(), stop.clone(), errors.clone());
+        workers.push(tokio::spawn(async move {
+            let mut granted = 0u64;
+            for round in 0.. {
+                if stop.load(std::sync::atomic::Ordering::Relaxed) {
+                    break;
+                }
+                let token = format!("w{worker}-{round}");
+                match client.allocate("outage", &token, &Allocate::default()).await {
+                    Ok(answer) => {
+                        assert_eq!(answer.status, Status::Granted);
+                        granted += 1;
+                    }
+                    Err(err) => {
+                        let code = err.code().unwrap_or("http").to_owned();
+                        *errors.lock().unwrap().entry(code).or_default() += 1;
+                        tokio::time::sleep(Duration::from_millis(20)).await;
+                    }
+                }
+                // Released whatever happened (the outcome of a failed allocate is unknown); the
+                // client retries until the release is acknowledged.
+                let released = client.release("outage", &token, None).await;
+                assert!(released.is_ok(), "a release was lost: {released:?}");
+            }
+            granted
+        }));
+    }
+    tokio::time::sleep(Duration::from_millis(500)).await;
+
+    redis.stop();
+    // Releases issued during the outage complete once Redis is back.
+    let releases: Vec<_> = (0..5)
+        .map(|i| {
+            let client = client.clone();
+            tokio::spawn(async move { client.release("outage", &format!("held-{i}"), None).await })
+        })
+        .collect();
+    let (status, retry_after, body) = raw_get(&format!("{}/v1/namespaces/outage", daemon.url)).await;
+    assert_eq!(status, 503, "{body}");
+    assert_eq!(body["error"]["code"], "store_unavailable", "{body}");
+    assert!(body["error"]["message"].as_str().unwrap().contains("Redis"), "{body}");
+    assert_eq!(retry_after.as_deref(), Some("1"));
+    let failed = client.allocate("outage", "during", &Allocate::default()).await;
+    assert!(matches!(&failed, Err(ClientError::Api { status: 503, .. })), "{failed:?}");
+    // The daemon stays up.
+    assert_eq!(raw_get(&format!("{}/healthz", daemon.url)).await.0, 200);
+    tokio::time::sleep(Duration::from_millis(1000)).await;
+
+    redis.restart();
+    let recovered = eventually(Duration::from_secs(10), async || client.namespace("outage").await.is_ok()).await;
+    assert!(recovered, "the daemon did not recover by itself");
+    for release in releases {
+        let answer = release.await.unwrap().expect("a release during the outage was retried until acknowledged");
+        assert!(answer.released);
+    }
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    let mut granted = 0;
+    for worker in workers {
+        granted += worker.await.unwrap();
+    }
+    let errors = errors.lock().unwrap().clone();
+    println!("grants: {granted}, errors during the outage: {errors:?}");
+    assert!(errors.values().sum::<u64>() > 0, "the outage was not seen");
+    for code in errors.keys() {
+        assert!(code == "store_unavailable" || code == "store_outcome_unknown", "unexpected error {code}");
+    }
+    // Everything acknowledged is there: the 15 held grants, and nothing else.
+    let grants = client.grants("outage").await.unwrap().grants;
+    let mut tokens: Vec<String> = grants.into_iter().map(|g| g.token).collect();
+    tokens.sort();
+    let mut expected: Vec<String> = (5..20).map(|i| format!("held-{i}")).collect();
+    expected.sort();
+    assert_eq!(tokens, expected);
+}
