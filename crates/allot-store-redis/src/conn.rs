@@ -7,7 +7,7 @@ use redis::cluster::ClusterClientBuilder;
 use redis::cluster_async::ClusterConnection;
 use redis::{Cmd, RedisError, Value};
 
-use crate::scripts::Lua;
+use crate::scripts::Function;
 
 /// How long one call may take before it is answered "outcome unknown".
 pub(crate) const RESPONSE_TIMEOUT: Duration = Duration::from_secs(2);
@@ -49,16 +49,29 @@ impl Conn {
         }
     }
 
-    /// Runs `lua` with `key` (which chooses the hash slot) and `args`: by SHA, and whole when the
-    /// server does not know the script yet.
-    pub(crate) async fn eval(&self, lua: &Lua, key: &str, args: &[&str]) -> Result<Value, RedisError> {
-        let mut cmd = redis::cmd("EVALSHA");
-        cmd.arg(&lua.sha).arg(1).arg(key).arg(args);
+    /// Loads the function library (on a cluster, on every primary); loading it again is fine.
+    pub(crate) async fn load_library(&self, library: &str) -> Result<(), RedisError> {
+        match self.query(redis::cmd("FUNCTION").arg("LOAD").arg(library)).await {
+            Err(err) if err.to_string().contains("already exists") => Ok(()),
+            res => res.map(|_| ()),
+        }
+    }
+
+    /// Calls `function` with `key` (which chooses the hash slot) and `args`. A server that does
+    /// not have the library yet (a new or restarted node) gets it, and the call is made again.
+    pub(crate) async fn fcall(
+        &self,
+        library: &str,
+        function: &Function,
+        key: &str,
+        args: &[&str],
+    ) -> Result<Value, RedisError> {
+        let mut cmd = redis::cmd("FCALL");
+        cmd.arg(&function.name).arg(1).arg(key).arg(args);
         match self.query(&cmd).await {
-            Err(err) if err.code() == Some("NOSCRIPT") => {
-                tracing::debug!(script = lua.name, "loading script");
-                let mut cmd = redis::cmd("EVAL");
-                cmd.arg(lua.code).arg(1).arg(key).arg(args);
+            Err(err) if err.to_string().contains("Function not found") => {
+                tracing::info!(function = %function.name, "loading allot's function library");
+                self.load_library(library).await?;
                 self.query(&cmd).await
             }
             res => res,

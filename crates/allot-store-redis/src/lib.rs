@@ -2,8 +2,9 @@
 //!
 //! Every allocate, release, keepalive and sweep is one atomic Lua script on the hash slot of its
 //! namespace (`allot:{<namespace>}:...`), and every script reads the time from Redis (`TIME`),
-//! never from a daemon, so daemons with different clocks agree on every lease. The scripts and
-//! the key layout are in `src/lua/`; `lua/namespace.lua` documents both.
+//! never from a daemon, so daemons with different clocks agree on every lease. The scripts are
+//! Redis functions, loaded once per server; they and the key layout are in `src/lua/`, and
+//! `lua/namespace.lua` documents both.
 //!
 //! - Quotas live in Redis: a quota changed through one daemon holds at once for all. The
 //!   configuration file only seeds namespaces that do not exist yet ([`Store::seed_namespace`]).
@@ -43,7 +44,7 @@ use tokio::task::JoinHandle;
 
 use crate::conn::Conn;
 use crate::reply::{corrupt, Reply};
-use crate::scripts::{Lua, Scripts};
+use crate::scripts::{Function, Scripts};
 
 /// How often a daemon sweeps every namespace for leases that are due.
 pub const SWEEP_INTERVAL: Duration = Duration::from_millis(100);
@@ -192,7 +193,7 @@ impl RedisStore {
         loop {
             let attempt = async {
                 let conn = Conn::connect(&config.urls, config.cluster).await?;
-                conn.query(&redis::cmd("PING")).await?;
+                conn.load_library(&Scripts::new().library).await?;
                 Ok::<_, RedisError>(conn)
             };
             match attempt.await {
@@ -217,16 +218,16 @@ impl RedisStore {
 }
 
 impl Inner {
-    async fn eval(&self, lua: &Lua, key: &str, args: &[&str], mutating: bool) -> Result<Reply, StoreError> {
+    async fn eval(&self, lua: &Function, key: &str, args: &[&str], mutating: bool) -> Result<Reply, StoreError> {
         let started = Instant::now();
-        let res = self.conn.eval(lua, key, args).await;
+        let res = self.conn.fcall(&self.scripts.library, lua, key, args).await;
         self.calls.fetch_add(1, Ordering::Relaxed);
         self.call_micros.fetch_add(started.elapsed().as_micros() as u64, Ordering::Relaxed);
         match res {
             Ok(value) => Reply::new(value),
             Err(err) => {
                 self.failures.fetch_add(1, Ordering::Relaxed);
-                tracing::debug!(script = lua.name, error = %err, "redis call failed");
+                tracing::debug!(function = %lua.name, error = %err, "redis call failed");
                 Err(redis_error(err, mutating))
             }
         }
@@ -271,7 +272,7 @@ impl Inner {
     }
 
     /// Runs a session script in each namespace the session touched, a few at a time.
-    async fn fan_out(&self, lua: &Lua, namespaces: &[String], args: &[&str]) -> Result<(), StoreError> {
+    async fn fan_out(&self, lua: &Function, namespaces: &[String], args: &[&str]) -> Result<(), StoreError> {
         let keys: Vec<String> =
             namespaces.iter().filter_map(|n| NamespaceName::new(n).ok()).map(|n| prefix(&n)).collect();
         let mut calls = Vec::with_capacity(keys.len());
@@ -839,5 +840,36 @@ mod tests {
         for bad in ["127.0.0.1:6379", "http://x", "redis+cluster://", "embedded"] {
             assert!(RedisConfig::parse(bad).is_err(), "{bad}");
         }
+    }
+}
+
+/// The allocate and release scripts called straight from a Rust client, with no daemon and no
+/// HTTP: the ceiling of any Redis-backed design, for `allot bench redis`.
+pub struct DirectScripts {
+    conn: Conn,
+    scripts: Scripts,
+}
+
+impl DirectScripts {
+    pub async fn connect(config: &RedisConfig) -> Result<DirectScripts, StoreError> {
+        let conn = Conn::connect(&config.urls, config.cluster).await.map_err(|e| redis_error(e, false))?;
+        Ok(DirectScripts { conn, scripts: Scripts::new() })
+    }
+
+    /// Allocates without waiting; true if granted.
+    pub async fn allocate(&self, request: &AllocateRequest) -> Result<bool, StoreError> {
+        let fields = RequestArgs::new(request, 0);
+        let mut args: Vec<&str> = fields.0.iter().map(String::as_str).collect();
+        args.push("0");
+        let value = self.conn.fcall(&self.scripts.library, &self.scripts.allocate, &prefix(&request.namespace), &args).await;
+        let mut reply = Reply::new(value.map_err(|e| redis_error(e, true))?)?;
+        Ok(reply.text()? == "granted")
+    }
+
+    /// Releases; true if the token was granted.
+    pub async fn release(&self, namespace: &NamespaceName, token: &Token) -> Result<bool, StoreError> {
+        let value = self.conn.fcall(&self.scripts.library, &self.scripts.release, &prefix(namespace), &[token.as_str(), ""]).await;
+        let mut reply = Reply::new(value.map_err(|e| redis_error(e, true))?)?;
+        Ok(reply.text()? == "released")
     }
 }

@@ -1,64 +1,77 @@
-//! The Lua scripts, each one atomic call on one hash slot.
+//! allot's Redis function library: the prelude `lua/namespace.lua` (key layout, record formats,
+//! admission) and one function per operation, each an atomic call on one hash slot.
 //!
-//! Namespace scripts are the shared prelude (`lua/namespace.lua`: key layout, record formats,
-//! admission) followed by one operation. They are called by SHA (`EVALSHA`) and sent whole
-//! (`EVAL`) only when a server does not know them yet.
+//! The library is loaded once per server (`FUNCTION LOAD`; on a cluster, on every primary) and
+//! called with `FCALL`, so the prelude runs once, not at every call. Its name and its functions'
+//! names carry a hash of its text: daemons of different versions each use their own library, and
+//! a server that lost it (restarted without persistence) gets it again on the first call.
 
 use redis::Script;
 
-macro_rules! namespace_script {
-    ($file:literal) => {
-        concat!(include_str!("lua/namespace.lua"), "\n", include_str!(concat!("lua/", $file)))
+/// The operations, in the order of [`Scripts`]'s fields; each is `lua/<name>.lua`.
+macro_rules! operations {
+    ($($name:ident),* $(,)?) => {
+        /// The function of each operation.
+        pub(crate) struct Scripts {
+            /// The library's source, ready for `FUNCTION LOAD`.
+            pub(crate) library: String,
+            $(pub(crate) $name: Function,)*
+        }
+
+        impl Scripts {
+            pub(crate) fn new() -> Scripts {
+                let bodies: &[(&str, &str)] =
+                    &[$((stringify!($name), include_str!(concat!("lua/", stringify!($name), ".lua"))),)*];
+                let version = version(bodies);
+                Scripts {
+                    library: library(&version, bodies),
+                    $($name: Function { name: format!("allot_{version}_{}", stringify!($name)) },)*
+                }
+            }
+        }
     };
 }
 
-/// A script and its SHA1.
-pub(crate) struct Lua {
-    pub(crate) name: &'static str,
-    pub(crate) code: &'static str,
-    pub(crate) sha: String,
+operations!(
+    allocate,
+    claim,
+    release,
+    keepalive,
+    put_namespace,
+    remove_namespace,
+    view,
+    grants,
+    waiters,
+    sweep,
+    session_extend,
+    session_end,
+    session_grants,
+    sessions,
+);
+
+const PRELUDE: &str = include_str!("lua/namespace.lua");
+
+/// One function of the library.
+pub(crate) struct Function {
+    pub(crate) name: String,
 }
 
-impl Lua {
-    fn new(name: &'static str, code: &'static str) -> Lua {
-        Lua { name, code, sha: Script::new(code).get_hash().to_owned() }
+/// A short hash of the library's text.
+fn version(bodies: &[(&str, &str)]) -> String {
+    let mut text = String::from(PRELUDE);
+    for (name, body) in bodies {
+        text.push_str(name);
+        text.push_str(body);
     }
+    Script::new(&text).get_hash()[..12].to_owned()
 }
 
-pub(crate) struct Scripts {
-    pub(crate) allocate: Lua,
-    pub(crate) claim: Lua,
-    pub(crate) release: Lua,
-    pub(crate) keepalive: Lua,
-    pub(crate) put_namespace: Lua,
-    pub(crate) remove_namespace: Lua,
-    pub(crate) view: Lua,
-    pub(crate) grants: Lua,
-    pub(crate) waiters: Lua,
-    pub(crate) sweep: Lua,
-    pub(crate) session_extend: Lua,
-    pub(crate) session_end: Lua,
-    pub(crate) session_grants: Lua,
-    pub(crate) sessions: Lua,
-}
-
-impl Scripts {
-    pub(crate) fn new() -> Scripts {
-        Scripts {
-            allocate: Lua::new("allocate", namespace_script!("allocate.lua")),
-            claim: Lua::new("claim", namespace_script!("claim.lua")),
-            release: Lua::new("release", namespace_script!("release.lua")),
-            keepalive: Lua::new("keepalive", namespace_script!("keepalive.lua")),
-            put_namespace: Lua::new("put_namespace", namespace_script!("put_namespace.lua")),
-            remove_namespace: Lua::new("remove_namespace", namespace_script!("remove_namespace.lua")),
-            view: Lua::new("view", namespace_script!("view.lua")),
-            grants: Lua::new("grants", namespace_script!("grants.lua")),
-            waiters: Lua::new("waiters", namespace_script!("waiters.lua")),
-            sweep: Lua::new("sweep", namespace_script!("sweep.lua")),
-            session_extend: Lua::new("session_extend", namespace_script!("session_extend.lua")),
-            session_end: Lua::new("session_end", namespace_script!("session_end.lua")),
-            session_grants: Lua::new("session_grants", include_str!("lua/session_grants.lua")),
-            sessions: Lua::new("sessions", include_str!("lua/sessions.lua")),
-        }
+fn library(version: &str, bodies: &[(&str, &str)]) -> String {
+    let mut text = format!("#!lua name=allot_{version}\n{PRELUDE}\n");
+    for (name, body) in bodies {
+        text.push_str(&format!(
+            "redis.register_function('allot_{version}_{name}', function(KEYS, args)\nbind(KEYS, args)\n{body}\nend)\n"
+        ));
     }
+    text
 }

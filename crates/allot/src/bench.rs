@@ -11,6 +11,8 @@
 //!   target's pairs/s as a ratio of the baseline's, measured in the same run. On a small machine the
 //!   load generator and the server share the cores, so only such ratios compare across machines.
 //! - `allot bench wake`: how long after a release the next waiter gets its grant.
+//! - `allot bench redis`: pairs on one Redis, three ways (allot's script called directly, Flyte's
+//!   command sequence, allot through a daemon), with 900 of 1,000 tokens held and caps on.
 //!
 //! Modules: `baseline` (the baseline server), `http` (one client connection and URL parsing),
 //! `load` (the load generator and its measurements), `compare` (the comparison run), `children`
@@ -22,6 +24,7 @@ mod children;
 mod compare;
 mod http;
 mod load;
+mod redis;
 mod report;
 mod wake;
 
@@ -46,6 +49,9 @@ enum BenchCommand {
     Compare(CompareArgs),
     /// How long after a release the next waiter gets its grant.
     Wake(WakeArgs),
+    /// Pairs on one Redis: allot's script called directly, Flyte's command sequence, and allot
+    /// through a daemon, with 900 of 1,000 tokens held and caps on.
+    Redis(RedisBenchArgs),
 }
 
 /// Options shared by every command: how to show progress and results.
@@ -148,12 +154,41 @@ struct WakeArgs {
     output: OutputOpts,
 }
 
+#[derive(Debug, clap::Args)]
+struct RedisBenchArgs {
+    /// The Redis to measure on (e.g. redis://127.0.0.1:6379); by default a `redis-server` from
+    /// PATH is started on a free port and stopped after.
+    #[arg(long)]
+    redis: Option<String>,
+    /// The numbers of clients to measure with, comma-separated (at most 100).
+    #[arg(long, value_delimiter = ',', default_value = "16,64")]
+    clients: Vec<usize>,
+    /// How long to measure each way at each number of clients.
+    #[arg(long, default_value = "5s", value_parser = crate::duration::parse)]
+    duration: Duration,
+    /// The pool's quota.
+    #[arg(long, default_value_t = 1000)]
+    quota: u64,
+    /// Tokens held before measuring.
+    #[arg(long, default_value_t = 900)]
+    held: u64,
+    /// Run the load this long before measuring.
+    #[arg(long, default_value = "1s", value_parser = crate::duration::parse)]
+    warmup: Duration,
+    /// Exit with an error when allot misses a target (vs the direct script, vs Flyte).
+    #[arg(long)]
+    check: bool,
+    #[command(flatten)]
+    output: OutputOpts,
+}
+
 /// Runs `allot bench`.
 pub(crate) async fn run(args: BenchArgs) -> anyhow::Result<()> {
     match args.command {
         BenchCommand::Pairs(args) => pairs(args).await,
         BenchCommand::Compare(args) => compare::run(args).await,
         BenchCommand::Wake(args) => wake::run(args).await,
+        BenchCommand::Redis(args) => redis::run(args).await,
     }
 }
 

@@ -2,7 +2,9 @@
 -- Replies: {'granted', existing, record, expires_in, now} | {'refused', level, cap, held, position,
 -- units_ahead} | {'queued', waiter, position, units_ahead} | {'err', code, ...}.
 local now = now_ms()
-if redis.call('EXISTS', K_NS) == 0 then return NOT_FOUND end
+local ns = redis.call('HMGET', K_NS, 'quota', 'granted', 'blocked')
+if not ns[1] then return NOT_FOUND end
+local quota, granted, blocked = tonumber(ns[1]), tonumber(ns[2] or '0'), ns[3] == '1'
 local r = req_from_argv(1)
 local wait_ms = tonumber(ARGV[11])
 local existing = redis.call('HGET', K_GRANTS, r.token)
@@ -13,7 +15,6 @@ if existing then
   end
   return { 'granted', 1, existing, grant_expires_in(g, now), now }
 end
-local quota = ns_num('quota')
 if r.units > quota then return { 'err', 'units_exceed_quota', r.units, quota } end
 if r.kind == 's' and (redis.call('ZSCORE', K_CLOSED, r.session) or session_deadline(r.session, r.sdl) <= now) then
   return { 'err', 'session_not_found', r.session }
@@ -51,7 +52,7 @@ if queued then
   redis.call('ZADD', K_WDL, w.until_, wid)
   return { 'queued', wid, position, units_ahead }
 end
-if not refusal and (redis.call('HGET', K_NS, 'blocked') == '1' or ns_num('granted') + r.units > quota) then
+if not refusal and (blocked or granted + r.units > quota) then
   refusal = 'exhausted'
 end
 if refusal then
@@ -77,4 +78,6 @@ if refusal then
   return { 'queued', wid, position, units_ahead }
 end
 local record = insert_grant(r, now)
-return { 'granted', 0, record, grant_expires_in(dec_grant(record), now), now }
+local expires_in = -1
+if r.kind == 't' then expires_in = r.ttl elseif r.kind == 's' then expires_in = math.max(0, session_deadline(r.session, r.sdl) - now) end
+return { 'granted', 0, record, expires_in, now }

@@ -1,6 +1,7 @@
--- Shared prelude of every namespace script. KEYS[1] is the namespace's key prefix
--- `allot:{<namespace>}`; every key the scripts touch starts with it, so all of them share one
--- hash slot and the scripts run unchanged on a Redis Cluster.
+-- The allot function library: this prelude, then one function per operation (the other files of
+-- this directory, each wrapped by `scripts.rs`). A namespace function's one key is the
+-- namespace's key prefix `allot:{<namespace>}`; every key it touches starts with it, so all of
+-- them share one hash slot and the functions run unchanged on a Redis Cluster.
 --
 -- Keys (P = KEYS[1]):
 --   P:ns        hash: quota, granted, blocked, waiting_units and the counters (stat_*);
@@ -25,11 +26,19 @@
 -- is made; P:proj and P:scope are the sums per scope; `blocked` is 1 iff a waiter is blocked by
 -- the quota, and then no new request is granted ahead of it.
 
-local P = KEYS[1]
-local K_NS, K_FENCING, K_GRANTS = P .. ':ns', P .. ':fencing', P .. ':grants'
-local K_PROJ, K_SCOPE, K_LEASES, K_CLOSED = P .. ':proj', P .. ':scope', P .. ':leases', P .. ':closed'
-local K_QUEUE, K_WREQ, K_WTOK, K_WDL = P .. ':queue', P .. ':wreq', P .. ':wtok', P .. ':wdl'
-local K_WOKEN, K_WSEQ = P .. ':woken', P .. ':wseq'
+-- Bound to the call's keys and arguments by `bind` at the start of every function.
+local P, K_NS, K_FENCING, K_GRANTS, K_PROJ, K_SCOPE, K_LEASES, K_CLOSED
+local K_QUEUE, K_WREQ, K_WTOK, K_WDL, K_WOKEN, K_WSEQ
+local ARGV
+
+local function bind(keys, args)
+  P, ARGV = keys[1], args
+  K_NS, K_FENCING, K_GRANTS = P .. ':ns', P .. ':fencing', P .. ':grants'
+  K_PROJ, K_SCOPE, K_LEASES, K_CLOSED = P .. ':proj', P .. ':scope', P .. ':leases', P .. ':closed'
+  K_QUEUE, K_WREQ, K_WTOK, K_WDL = P .. ':queue', P .. ':wreq', P .. ':wtok', P .. ':wdl'
+  K_WOKEN, K_WSEQ = P .. ':woken', P .. ':wseq'
+end
+
 local CHANNEL = 'allot:woken'
 -- How long an abandoned waiter or an unclaimed answer is kept after its wait ended.
 local GRACE_MS = 30000
@@ -146,9 +155,9 @@ local function insert_grant(r, now)
   return record
 end
 
--- Removes a grant; returns its record, or nil.
-local function remove_grant(token)
-  local record = redis.call('HGET', K_GRANTS, token)
+-- Removes a grant; returns its record, or nil. `record` may be given when already read.
+local function remove_grant(token, record)
+  record = record or redis.call('HGET', K_GRANTS, token)
   if not record then return nil end
   local g = dec_grant(record)
   redis.call('HDEL', K_GRANTS, token)
@@ -168,6 +177,8 @@ local function forget_waiter(wid, r)
   redis.call('HDEL', K_WREQ, wid)
   if redis.call('HGET', K_WTOK, r.token) == wid then redis.call('HDEL', K_WTOK, r.token) end
   redis.call('HINCRBY', K_NS, 'waiting_units', -r.units)
+  -- An empty queue blocks nothing.
+  if redis.call('ZCARD', K_QUEUE) == 0 then redis.call('HSET', K_NS, 'blocked', 0) end
 end
 
 -- Answers a waiter: `answer` is "g\n"..token or "x\n"..error fields.
@@ -195,9 +206,12 @@ end
 -- Grants waiters in queue order while they fit. A waiter blocked only by its cap is passed over;
 -- the first waiter blocked by the quota stops the walk and marks the queue blocked.
 local function admit(now, woken)
+  local wids = redis.call('ZRANGE', K_QUEUE, 0, -1)
+  -- `blocked` is cleared whenever the queue empties (forget_waiter).
+  if #wids == 0 then return end
   local quota, granted = ns_num('quota'), ns_num('granted')
   local blocked = 0
-  for _, wid in ipairs(redis.call('ZRANGE', K_QUEUE, 0, -1)) do
+  for _, wid in ipairs(wids) do
     local record = redis.call('HGET', K_WREQ, wid)
     local r = record and dec_req(record)
     if not r then

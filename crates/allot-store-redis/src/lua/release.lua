@@ -1,15 +1,18 @@
--- release(token, fencing): idempotent [Flyte ReleaseResource]. Replies {'released', record, now}
+-- release(token, fencing): idempotent [Flyte ReleaseResource]. Replies {'released', record}
 -- | {'none'} | {'err', ...}.
-local now = now_ms()
-if redis.call('EXISTS', K_NS) == 0 then return NOT_FOUND end
 local token, fencing = ARGV[1], ARGV[2]
 local record = redis.call('HGET', K_GRANTS, token)
-if not record then return { 'none' } end
+if not record then
+  if redis.call('EXISTS', K_NS) == 0 then return NOT_FOUND end
+  return { 'none' }
+end
 local stale = check_fencing(dec_grant(record), fencing)
 if stale then return stale end
-remove_grant(token)
+remove_grant(token, record)
 redis.call('HINCRBY', K_NS, 'stat_released', 1)
-local woken = {}
-admit(now, woken)
-publish(woken)
-return { 'released', record, now }
+if redis.call('ZCARD', K_QUEUE) > 0 then
+  local woken = {}
+  admit(now_ms(), woken)
+  publish(woken)
+end
+return { 'released', record }

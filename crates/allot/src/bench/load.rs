@@ -42,13 +42,47 @@ pub(super) struct Target {
     pub(super) name: String,
     pub(super) endpoint: Endpoint,
     protocol: Protocol,
+    /// When set, allocates carry a scope and caps (allot's API only).
+    scoped: Option<ScopedLoad>,
+}
+
+/// Allocates with a scope and caps: client `i` holds in project `load-{i % projects}`, scope
+/// `dev`, under the given project and namespace caps [Flyte's web-API defaults: 100 and 50].
+#[derive(Debug, Clone, Copy)]
+pub(super) struct ScopedLoad {
+    pub(super) projects: usize,
+    pub(super) project_cap: u64,
+    pub(super) namespace_cap: u64,
+}
+
+impl ScopedLoad {
+    /// The scope and caps of client `index`, as the fields of an allocate request.
+    pub(super) fn project(&self, index: usize) -> String {
+        format!("load-{}", index % self.projects.max(1))
+    }
+
+    fn body(&self, index: usize) -> Bytes {
+        let body = format!(
+            r#"{{"scope":{{"project":"{}","namespace":"dev"}},"caps":{{"project":{},"namespace":{}}}}}"#,
+            self.project(index),
+            self.project_cap,
+            self.namespace_cap
+        );
+        Bytes::from(body)
+    }
 }
 
 impl Target {
     /// A server that speaks allot's API (allot itself or the baseline server).
     pub(super) fn allot(name: &str, endpoint: Endpoint, namespace: &str) -> Target {
         let grants = format!("/v1/namespaces/{}/grants/", encode_segment(namespace));
-        Target { name: name.to_owned(), endpoint, protocol: Protocol::Allot { grants } }
+        Target { name: name.to_owned(), endpoint, protocol: Protocol::Allot { grants }, scoped: None }
+    }
+
+    /// Allocates carry a scope and caps.
+    pub(super) fn with_scopes(mut self, scoped: ScopedLoad) -> Target {
+        self.scoped = Some(scoped);
+        self
     }
 
     /// A Throttle server with `semaphore` configured.
@@ -57,6 +91,7 @@ impl Target {
             name: name.to_owned(),
             endpoint,
             protocol: Protocol::Throttle { semaphore: encode_segment(semaphore) },
+            scoped: None,
         }
     }
 }
@@ -169,12 +204,18 @@ struct Client {
     conn: Option<Conn>,
     peer: Option<u64>,
     timeout: Duration,
+    allocate_body: Bytes,
 }
 
 impl Client {
     /// Connects and, for Throttle, creates the client's peer.
-    async fn prepare(target: Arc<Target>, timeout: Duration) -> anyhow::Result<Client> {
-        let mut client = Client { target, conn: None, peer: None, timeout };
+    async fn prepare(target: Arc<Target>, index: usize, timeout: Duration) -> anyhow::Result<Client> {
+        let allocate_body = match (&target.protocol, target.scoped) {
+            (Protocol::Throttle { .. }, _) => Bytes::from_static(b"1"),
+            (Protocol::Allot { .. }, Some(scoped)) => scoped.body(index),
+            (Protocol::Allot { .. }, None) => Bytes::from_static(ALLOCATE_BODY.as_bytes()),
+        };
+        let mut client = Client { target, conn: None, peer: None, timeout, allocate_body };
         client.connect().await?;
         Ok(client)
     }
@@ -206,13 +247,13 @@ impl Client {
     }
 
     /// Sends one request and sorts its answer into an outcome.
-    async fn call(&mut self, method: Method, path: &str, body: &'static str) -> Outcome {
+    async fn call(&mut self, method: Method, path: &str, body: Bytes) -> Outcome {
         let conn = match self.connect().await {
             Ok(conn) => conn,
             Err(err) => return Outcome::Failed { message: format!("{err:#}"), reconnect: true },
         };
         let releasing = method == Method::DELETE;
-        let (status, body) = match conn.request(method, path, Bytes::from_static(body.as_bytes())).await {
+        let (status, body) = match conn.request(method, path, body).await {
             Ok(answer) => answer,
             Err(err) => return Outcome::Failed { message: format!("{err:#}"), reconnect: true },
         };
@@ -317,7 +358,7 @@ async fn client_loop(mut client: Client, index: usize, run: Arc<str>, window: Wi
         seq += 1;
         let token = format!("{run}-{index}-{seq}");
         let path = client.path(&token);
-        let allocated = match client.call(Method::PUT, &path, allocate_body(&client)).await {
+        let allocated = match client.call(Method::PUT, &path, client.allocate_body.clone()).await {
             Outcome::Done => Instant::now(),
             Outcome::NotGranted => {
                 if window.contains(started, Instant::now()) {
@@ -332,7 +373,7 @@ async fn client_loop(mut client: Client, index: usize, run: Arc<str>, window: Wi
                 continue;
             }
         };
-        match client.call(Method::DELETE, &path, "").await {
+        match client.call(Method::DELETE, &path, Bytes::new()).await {
             Outcome::Done | Outcome::NotGranted => {}
             Outcome::Failed { message, reconnect } => {
                 failure(&mut samples, &mut client, started, format!("release: {message}"), reconnect);
@@ -353,13 +394,6 @@ async fn client_loop(mut client: Client, index: usize, run: Arc<str>, window: Wi
     samples
 }
 
-fn allocate_body(client: &Client) -> &'static str {
-    match client.target.protocol {
-        Protocol::Allot { .. } => ALLOCATE_BODY,
-        Protocol::Throttle { .. } => "1",
-    }
-}
-
 fn nanos(duration: Duration) -> u64 {
     u64::try_from(duration.as_nanos()).unwrap_or(u64::MAX)
 }
@@ -368,8 +402,8 @@ fn nanos(duration: Duration) -> u64 {
 pub(super) async fn run_load(target: &Target, spec: &LoadSpec) -> anyhow::Result<LoadResult> {
     let target = Arc::new(target.clone());
     let mut clients = Vec::with_capacity(spec.clients);
-    for _ in 0..spec.clients {
-        let client = Client::prepare(target.clone(), spec.timeout)
+    for index in 0..spec.clients {
+        let client = Client::prepare(target.clone(), index, spec.timeout)
             .await
             .with_context(|| format!("{}: cannot prepare a client", target.name))?;
         clients.push(client);
