@@ -135,6 +135,10 @@ struct WakeArgs {
     /// The daemon's URL; without it a fresh daemon is started (durability on) and stopped after.
     #[arg(long, env = "ALLOT_SERVER")]
     server: Option<String>,
+    /// Release through this daemon instead (one that shares the first daemon's Redis): the wake
+    /// then crosses daemons.
+    #[arg(long, requires = "server")]
+    release_server: Option<String>,
     /// How many wake-ups to measure.
     #[arg(long, default_value_t = 200)]
     samples: usize,
