@@ -2,9 +2,11 @@
 -- Replies: {'granted', existing, record, expires_in, now} | {'refused', level, cap, held, position,
 -- units_ahead} | {'queued', waiter, position, units_ahead} | {'err', code, ...}.
 local now = now_ms()
-local ns = redis.call('HMGET', K_NS, 'quota', 'granted', 'blocked')
+local ns = redis.call('HMGET', K_NS, 'quota', 'granted', 'blocked', 'waiting_units')
 if not ns[1] then return NOT_FOUND end
 local quota, granted, blocked = tonumber(ns[1]), tonumber(ns[2] or '0'), ns[3] == '1'
+-- No units wait, so no waiter: the queue need not be looked at.
+local queue_empty = tonumber(ns[4] or '0') == 0
 local r = req_from_argv(1)
 local wait_ms = tonumber(ARGV[11])
 local existing = redis.call('HGET', K_GRANTS, r.token)
@@ -27,7 +29,7 @@ if refusal and (r.units > refusal[2] or wait_ms == 0) then
   return { 'refused', refusal[1], refusal[2], refusal[3], 0, 0 }
 end
 -- A token already in the queue keeps its place; the new call takes the waiter over.
-local queued = redis.call('HGET', K_WTOK, r.token)
+local queued = not queue_empty and redis.call('HGET', K_WTOK, r.token)
 if queued then
   local w = dec_req(redis.call('HGET', K_WREQ, queued))
   if w.units ~= r.units or w.project ~= r.project or w.scope ~= r.scope or w.cap_p ~= r.cap_p

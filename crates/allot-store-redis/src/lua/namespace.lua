@@ -4,8 +4,12 @@
 -- them share one hash slot and the functions run unchanged on a Redis Cluster.
 --
 -- Keys (P = KEYS[1]):
---   P:ns        hash: quota, granted, blocked, waiting_units and the counters (stat_*);
---               the namespace exists iff this key does
+--   P:ns        hash: quota, granted, blocked, waiting_units, fencing_base (the fencing
+--               counter at creation) and the counters stat_exhausted, stat_cap_exceeded,
+--               stat_expired; the namespace exists iff this key does. Grants made are counted
+--               by the fencing counter (one number per grant) and grants released are the rest:
+--               made = held + released + expired
+--   P:proj, P:scope may keep counters at 0 for a while; the sweep drops them
 --   P:fencing   counter of fencing numbers; kept when the namespace is removed
 --   P:grants    hash token -> grant record
 --   P:proj      hash project -> units held;  P:scope  hash project.."\n"..namespace -> units held
@@ -127,9 +131,8 @@ local function add_units(g, sign)
   local units = sign * g.units
   redis.call('HINCRBY', K_NS, 'granted', units)
   if g.project == '' then return end
-  if redis.call('HINCRBY', K_PROJ, g.project, units) == 0 then redis.call('HDEL', K_PROJ, g.project) end
-  local sk = scope_key(g.project, g.scope)
-  if redis.call('HINCRBY', K_SCOPE, sk, units) == 0 then redis.call('HDEL', K_SCOPE, sk) end
+  redis.call('HINCRBY', K_PROJ, g.project, units)
+  redis.call('HINCRBY', K_SCOPE, scope_key(g.project, g.scope), units)
 end
 
 -- The deadline a session is known to have here (0 if unknown).
@@ -151,7 +154,6 @@ local function insert_grant(r, now)
   local record = enc_grant(g)
   redis.call('HSET', K_GRANTS, r.token, record)
   add_units(g, 1)
-  redis.call('HINCRBY', K_NS, 'stat_granted', 1)
   return record
 end
 
@@ -236,18 +238,20 @@ local function admit(now, woken)
 end
 
 local function namespace_view(now)
-  local v = redis.call('HMGET', K_NS, 'quota', 'granted', 'waiting_units', 'stat_granted', 'stat_exhausted',
-    'stat_cap_exceeded', 'stat_released', 'stat_expired')
+  local v = redis.call('HMGET', K_NS, 'quota', 'granted', 'waiting_units', 'fencing_base', 'stat_exhausted',
+    'stat_cap_exceeded', 'stat_expired')
   local longest = 0
   local first = redis.call('ZRANGE', K_QUEUE, 0, 0)
   if first[1] then
     local record = redis.call('HGET', K_WREQ, first[1])
     if record then longest = math.max(0, now - dec_req(record).since) end
   end
-  local next_fencing = tonumber(redis.call('GET', K_FENCING) or '0') + 1
-  return { tonumber(v[1] or '0'), tonumber(v[2] or '0'), redis.call('HLEN', K_GRANTS),
-    redis.call('ZCARD', K_QUEUE), tonumber(v[3] or '0'), longest, next_fencing, tonumber(v[4] or '0'),
-    tonumber(v[5] or '0'), tonumber(v[6] or '0'), tonumber(v[7] or '0'), tonumber(v[8] or '0') }
+  local fencing = tonumber(redis.call('GET', K_FENCING) or '0')
+  local held = redis.call('HLEN', K_GRANTS)
+  local made, expired = fencing - tonumber(v[4] or '0'), tonumber(v[7] or '0')
+  return { tonumber(v[1] or '0'), tonumber(v[2] or '0'), held, redis.call('ZCARD', K_QUEUE), tonumber(v[3] or '0'),
+    longest, fencing + 1, made, tonumber(v[5] or '0'), tonumber(v[6] or '0'), math.max(0, made - held - expired),
+    expired }
 end
 
 -- The time a grant's lease has left, -1 when it has none.

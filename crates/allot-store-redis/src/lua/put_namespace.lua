@@ -13,6 +13,7 @@ end
 redis.call('HSET', K_NS, 'quota', int(quota))
 if created then
   redis.call('HSETNX', K_NS, 'granted', 0)
+  redis.call('HSET', K_NS, 'fencing_base', redis.call('GET', K_FENCING) or '0')
   redis.call('PERSIST', K_WOKEN)
 end
 local woken = {}

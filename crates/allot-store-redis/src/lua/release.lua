@@ -9,7 +9,6 @@ end
 local stale = check_fencing(dec_grant(record), fencing)
 if stale then return stale end
 remove_grant(token, record)
-redis.call('HINCRBY', K_NS, 'stat_released', 1)
 if redis.call('ZCARD', K_QUEUE) > 0 then
   local woken = {}
   admit(now_ms(), woken)

@@ -11,7 +11,6 @@ for _, token in ipairs(redis.call('SMEMBERS', set)) do
 end
 redis.call('DEL', set)
 redis.call('ZREM', K_LEASES, 's\n' .. session)
-redis.call('HINCRBY', K_NS, 'stat_released', released)
 local woken = {}
 for _, wid in ipairs(redis.call('ZRANGE', K_QUEUE, 0, -1)) do
   local record = redis.call('HGET', K_WREQ, wid)
