@@ -65,8 +65,13 @@ async fn three_daemons_share_quotas_and_never_over_grant() {
     // Different configurations: the first daemon seeds the quota, the others keep it.
     let (_d1, first) = start_daemon(&redis, &["--quota", &format!("shared={QUOTA}")]);
     let (_d2, second) = start_daemon(&redis, &["--quota", "shared=99"]);
-    let (_d3, third) = start_daemon(&redis, &[]);
+    // The third takes its store from the configuration file.
+    let (d3, data) = data_dir();
+    let config = d3.path().join("allot.toml");
+    std::fs::write(&config, format!("store = \"{}\"\n[quotas]\nshared = 7\n", redis.url())).unwrap();
+    let third = Daemon::start(&data, &["--config", config.to_str().unwrap()]);
     let daemons = [first.client(), second.client(), third.client()];
+    assert_eq!(third.client().health().await.unwrap().backend, "redis");
     for client in &daemons {
         assert_eq!(client.namespace("shared").await.unwrap().quota, QUOTA, "the first seed holds for all");
     }
