@@ -1,9 +1,12 @@
 //! `allot bench redis`: allocate+release pairs on one Redis, three ways, in one run.
 //!
-//! - `direct`: allot's own allocate and release scripts called straight from this process (one
-//!   multiplexed connection, no daemon, no HTTP): the ceiling of any Redis-backed design.
+//! - `direct`: allot's own allocate and release functions called straight from this process (one
+//!   multiplexed connection shared by all clients, so calls of different clients are pipelined;
+//!   no daemon, no HTTP): the ceiling of any Redis-backed design.
 //! - `flyte`: Flyte's command sequence against a Redis SET: SISMEMBER, SCARD, SMEMBERS with the
 //!   caps counted by prefix on the client, SADD; SREM to release. Four round trips, not atomic.
+//!   Each client has its own connection, as each of Flyte's workers checks one out of go-redis's
+//!   pool per command.
 //! - `allot`: the same load through `allot serve --store redis://...` over HTTP, with this
 //!   process's load generator.
 //!
@@ -72,7 +75,8 @@ pub(super) async fn run(args: RedisBenchArgs) -> anyhow::Result<()> {
 
     let store = RedisStore::open(&config).await?;
     setup_allot(&store, &namespace, args.quota, args.held).await?;
-    let flyte = redis::Client::open(config.urls[0].as_str())?.get_multiplexed_async_connection().await?;
+    let redis_client = redis::Client::open(config.urls[0].as_str())?;
+    let flyte = redis_client.get_multiplexed_async_connection().await?;
     setup_flyte(&flyte, &flyte_key, args.held).await?;
     let direct = Arc::new(DirectScripts::connect(&config).await?);
 
@@ -110,10 +114,18 @@ pub(super) async fn run(args: RedisBenchArgs) -> anyhow::Result<()> {
         .await;
         report_row(&args, &row);
         rows.push(row);
+        // Flyte's go-redis client checks a pooled connection out per command: no pipelining
+        // between workers. Each client here has a connection of its own, used one command at a
+        // time.
+        let mut connections = Vec::with_capacity(clients);
+        for _ in 0..clients {
+            connections.push(redis_client.get_multiplexed_async_connection().await?);
+        }
+        let connections = Arc::new(connections);
         let row = closed_loop("flyte", clients, &spec, {
-            let (flyte, key, quota) = (flyte.clone(), Arc::<str>::from(flyte_key.as_str()), args.quota);
+            let (key, quota) = (Arc::<str>::from(flyte_key.as_str()), args.quota);
             move |index, token| {
-                let (mut flyte, key) = (flyte.clone(), key.clone());
+                let (mut flyte, key) = (connections[index].clone(), key.clone());
                 async move { flyte_pair(&mut flyte, &key, quota, index, &token).await }
             }
         })
