@@ -12,8 +12,8 @@ pub mod ledger;
 pub mod names;
 
 pub use ledger::{
-    check_request, check_session_ttl, describe, AllocateRequest, CapLevel, Change, Constraints, Decision, Effects, Grant, Lease, LeaseRequest, Ledger, LedgerError,
-    Millis, NamespaceStats, NamespaceView, QueuePlace, Refusal, RestoreError, Session, WaiterId, WaiterView, Woken,
-    FENCING_BLOCK, MAX_TTL_MS, MAX_UNITS,
+    check_request, check_session_ttl, describe, AllocateRequest, CapLevel, Change, Constraints, Decision, Effects,
+    Grant, Lease, LeaseRequest, Ledger, LedgerError, Millis, NamespaceStats, NamespaceView, QueuePlace, Refusal,
+    RestoreError, Session, WaiterId, WaiterView, Woken, FENCING_BLOCK, MAX_TTL_MS, MAX_UNITS,
 };
 pub use names::{NameError, NamespaceName, Scope, SessionId, Token, MAX_NAME_BYTES};

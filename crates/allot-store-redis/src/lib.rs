@@ -35,7 +35,7 @@ use allot_core::{
     check_request, check_session_ttl, AllocateRequest, LeaseRequest, LedgerError, NamespaceName, NamespaceView,
     QueuePlace, Session, SessionId, Token, WaiterId, WaiterView,
 };
-use allot_store::{Allocation, CommitStats, GrantInfo, SessionInfo, Store, StoreError, MAX_WAIT};
+use allot_store::{check_wait, Allocation, CommitStats, GrantInfo, SessionInfo, Store, StoreError};
 use async_trait::async_trait;
 use futures_util::{stream, StreamExt};
 use redis::{RedisError, Value};
@@ -150,6 +150,15 @@ impl RequestArgs {
     }
 }
 
+/// A session as its slot answers: Redis's time, its TTL and deadline, and the namespaces it
+/// touched.
+struct LiveSession {
+    now: u64,
+    ttl: u64,
+    deadline: u64,
+    namespaces: Vec<String>,
+}
+
 struct Inner {
     conn: Conn,
     scripts: Scripts,
@@ -238,13 +247,12 @@ impl Inner {
     }
 
     /// Reads `{now, ttl, deadline, namespaces...}` of a live session; `None` if it is not.
-    fn session_reply(id: SessionId, mut reply: Reply) -> Result<Option<(u64, u64, u64, Vec<String>)>, StoreError> {
+    fn session_reply(mut reply: Reply) -> Result<Option<LiveSession>, StoreError> {
         if reply.is_empty() {
             return Ok(None);
         }
         let (now, ttl, deadline) = (reply.uint()?, reply.uint()?, reply.uint()?);
-        let _ = id;
-        Ok(Some((now, ttl, deadline, reply.rest_texts()?)))
+        Ok(Some(LiveSession { now, ttl, deadline, namespaces: reply.rest_texts()? }))
     }
 
     /// The grants a session holds in `namespaces`.
@@ -299,8 +307,7 @@ impl Inner {
         cancel: bool,
     ) -> Result<Option<Allocation>, StoreError> {
         let wid_text = wid.to_string();
-        let mut reply =
-            self.eval(&self.scripts.claim, key, &[&wid_text, if cancel { "1" } else { "0" }], true).await?;
+        let mut reply = self.eval(&self.scripts.claim, key, &[&wid_text, if cancel { "1" } else { "0" }], true).await?;
         match reply.text()?.as_str() {
             "waiting" => Ok(None),
             "granted" => {
@@ -422,7 +429,11 @@ impl Store for RedisStore {
         match reply.text()?.as_str() {
             "removed" => {
                 let grants = reply.uint()? as usize;
-                inner.conn.query(redis::cmd("SREM").arg(REGISTRY).arg(name.as_str())).await.map_err(|e| redis_error(e, true))?;
+                inner
+                    .conn
+                    .query(redis::cmd("SREM").arg(REGISTRY).arg(name.as_str()))
+                    .await
+                    .map_err(|e| redis_error(e, true))?;
                 Ok(grants)
             }
             "err" => Err(reply::error(&name, None, &mut reply)?),
@@ -459,13 +470,7 @@ impl Store for RedisStore {
 
     async fn allocate(&self, request: AllocateRequest, wait: Duration) -> Result<Allocation, StoreError> {
         self.live()?;
-        if wait > MAX_WAIT {
-            return Err(StoreError::Invalid(format!(
-                "a wait of {} ms is too long; the limit is {} ms",
-                wait.as_millis(),
-                MAX_WAIT.as_millis()
-            )));
-        }
+        check_wait(wait)?;
         check_request(&request)?;
         let inner = &self.inner;
         let key = prefix(&request.namespace);
@@ -474,8 +479,8 @@ impl Store for RedisStore {
             LeaseRequest::Session(id) => {
                 let sid = id.to_string();
                 let reply = inner.sessions(&["touch", &sid, request.namespace.as_str()], true).await?;
-                match Inner::session_reply(id, reply)? {
-                    Some((_, _, deadline, _)) => deadline,
+                match Inner::session_reply(reply)? {
+                    Some(session) => session.deadline,
                     None => return Err(LedgerError::SessionNotFound(id).into()),
                 }
             }
@@ -517,7 +522,8 @@ impl Store for RedisStore {
         self.live()?;
         let inner = &self.inner;
         let fencing = fencing.map(|f| f.to_string()).unwrap_or_default();
-        let mut reply = inner.eval(&inner.scripts.release, &prefix(&namespace), &[token.as_str(), &fencing], true).await?;
+        let mut reply =
+            inner.eval(&inner.scripts.release, &prefix(&namespace), &[token.as_str(), &fencing], true).await?;
         match reply.text()?.as_str() {
             "released" => {
                 let grant = reply::grant(&namespace, token.as_str(), &reply.text()?)?;
@@ -619,7 +625,7 @@ impl Store for RedisStore {
         self.live()?;
         let sid = id.to_string();
         let reply = self.inner.sessions(&["keepalive", &sid], true).await?;
-        let Some((now, ttl, deadline, namespaces)) = Inner::session_reply(id, reply)? else {
+        let Some(LiveSession { now, ttl, deadline, namespaces }) = Inner::session_reply(reply)? else {
             return Err(LedgerError::SessionNotFound(id).into());
         };
         let deadline_text = deadline.to_string();
@@ -631,7 +637,7 @@ impl Store for RedisStore {
         self.live()?;
         let sid = id.to_string();
         let reply = self.inner.sessions(&["close", &sid], true).await?;
-        let Some((now, ttl, deadline, namespaces)) = Inner::session_reply(id, reply)? else {
+        let Some(LiveSession { now, ttl, deadline, namespaces }) = Inner::session_reply(reply)? else {
             return Err(LedgerError::SessionNotFound(id).into());
         };
         // What the session held, before its grants end.
@@ -666,7 +672,7 @@ impl Store for RedisStore {
     async fn session(&self, id: SessionId) -> Result<SessionInfo, StoreError> {
         let sid = id.to_string();
         let reply = self.inner.sessions(&["get", &sid], false).await?;
-        let Some((now, ttl, deadline, namespaces)) = Inner::session_reply(id, reply)? else {
+        let Some(LiveSession { now, ttl, deadline, namespaces }) = Inner::session_reply(reply)? else {
             return Err(LedgerError::SessionNotFound(id).into());
         };
         self.inner.session_info(id, now, ttl, deadline, &namespaces).await
@@ -701,17 +707,33 @@ impl Store for RedisStore {
 }
 
 impl RedisStore {
-    async fn put(&self, name: NamespaceName, quota: u64, create_only: bool) -> Result<(bool, NamespaceView), StoreError> {
+    async fn put(
+        &self,
+        name: NamespaceName,
+        quota: u64,
+        create_only: bool,
+    ) -> Result<(bool, NamespaceView), StoreError> {
         self.live()?;
         if quota > allot_core::MAX_UNITS {
-            return Err(LedgerError::OutOfRange { what: "quota", value: quota, min: 0, max: allot_core::MAX_UNITS }.into());
+            return Err(
+                LedgerError::OutOfRange { what: "quota", value: quota, min: 0, max: allot_core::MAX_UNITS }.into()
+            );
         }
         let inner = &self.inner;
         // Listed first: a namespace is never in Redis without being in the registry.
-        inner.conn.query(redis::cmd("SADD").arg(REGISTRY).arg(name.as_str())).await.map_err(|e| redis_error(e, true))?;
+        inner
+            .conn
+            .query(redis::cmd("SADD").arg(REGISTRY).arg(name.as_str()))
+            .await
+            .map_err(|e| redis_error(e, true))?;
         let quota_text = quota.to_string();
         let mut reply = inner
-            .eval(&inner.scripts.put_namespace, &prefix(&name), &[&quota_text, if create_only { "1" } else { "0" }], true)
+            .eval(
+                &inner.scripts.put_namespace,
+                &prefix(&name),
+                &[&quota_text, if create_only { "1" } else { "0" }],
+                true,
+            )
             .await?;
         let created = reply.int()? == 1;
         Ok((created, reply::view(&name, &mut reply)?))
@@ -721,7 +743,11 @@ impl RedisStore {
         registry(&self.inner).await
     }
 
-    async fn read_grants(&self, namespace: &NamespaceName, token: Option<&Token>) -> Result<Vec<GrantInfo>, StoreError> {
+    async fn read_grants(
+        &self,
+        namespace: &NamespaceName,
+        token: Option<&Token>,
+    ) -> Result<Vec<GrantInfo>, StoreError> {
         let inner = &self.inner;
         let arg = token.map(Token::as_str).unwrap_or("");
         let mut reply = inner.eval(&inner.scripts.grants, &prefix(namespace), &[arg], false).await?;
@@ -819,6 +845,41 @@ async fn run_sweeper(inner: Arc<Inner>) {
     }
 }
 
+/// The allocate and release scripts called straight from a Rust client, with no daemon and no
+/// HTTP: the ceiling of any Redis-backed design, for `allot bench redis`.
+pub struct DirectScripts {
+    conn: Conn,
+    scripts: Scripts,
+}
+
+impl DirectScripts {
+    pub async fn connect(config: &RedisConfig) -> Result<DirectScripts, StoreError> {
+        let conn = Conn::connect(&config.urls, config.cluster).await.map_err(|e| redis_error(e, false))?;
+        Ok(DirectScripts { conn, scripts: Scripts::new() })
+    }
+
+    /// Allocates without waiting; true if granted.
+    pub async fn allocate(&self, request: &AllocateRequest) -> Result<bool, StoreError> {
+        let fields = RequestArgs::new(request, 0);
+        let mut args: Vec<&str> = fields.0.iter().map(String::as_str).collect();
+        args.push("0");
+        let value =
+            self.conn.fcall(&self.scripts.library, &self.scripts.allocate, &prefix(&request.namespace), &args).await;
+        let mut reply = Reply::new(value.map_err(|e| redis_error(e, true))?)?;
+        Ok(reply.text()? == "granted")
+    }
+
+    /// Releases; true if the token was granted.
+    pub async fn release(&self, namespace: &NamespaceName, token: &Token) -> Result<bool, StoreError> {
+        let value = self
+            .conn
+            .fcall(&self.scripts.library, &self.scripts.release, &prefix(namespace), &[token.as_str(), ""])
+            .await;
+        let mut reply = Reply::new(value.map_err(|e| redis_error(e, true))?)?;
+        Ok(reply.text()? == "released")
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -840,36 +901,5 @@ mod tests {
         for bad in ["127.0.0.1:6379", "http://x", "redis+cluster://", "embedded"] {
             assert!(RedisConfig::parse(bad).is_err(), "{bad}");
         }
-    }
-}
-
-/// The allocate and release scripts called straight from a Rust client, with no daemon and no
-/// HTTP: the ceiling of any Redis-backed design, for `allot bench redis`.
-pub struct DirectScripts {
-    conn: Conn,
-    scripts: Scripts,
-}
-
-impl DirectScripts {
-    pub async fn connect(config: &RedisConfig) -> Result<DirectScripts, StoreError> {
-        let conn = Conn::connect(&config.urls, config.cluster).await.map_err(|e| redis_error(e, false))?;
-        Ok(DirectScripts { conn, scripts: Scripts::new() })
-    }
-
-    /// Allocates without waiting; true if granted.
-    pub async fn allocate(&self, request: &AllocateRequest) -> Result<bool, StoreError> {
-        let fields = RequestArgs::new(request, 0);
-        let mut args: Vec<&str> = fields.0.iter().map(String::as_str).collect();
-        args.push("0");
-        let value = self.conn.fcall(&self.scripts.library, &self.scripts.allocate, &prefix(&request.namespace), &args).await;
-        let mut reply = Reply::new(value.map_err(|e| redis_error(e, true))?)?;
-        Ok(reply.text()? == "granted")
-    }
-
-    /// Releases; true if the token was granted.
-    pub async fn release(&self, namespace: &NamespaceName, token: &Token) -> Result<bool, StoreError> {
-        let value = self.conn.fcall(&self.scripts.library, &self.scripts.release, &prefix(namespace), &[token.as_str(), ""]).await;
-        let mut reply = Reply::new(value.map_err(|e| redis_error(e, true))?)?;
-        Ok(reply.text()? == "released")
     }
 }

@@ -5,8 +5,7 @@
 use std::collections::VecDeque;
 
 use allot_core::{
-    CapLevel, Grant, Lease, LedgerError, NamespaceName, NamespaceStats, NamespaceView, Refusal, Scope, SessionId,
-    Token,
+    CapLevel, Grant, Lease, LedgerError, NamespaceName, NamespaceStats, NamespaceView, Refusal, Scope, SessionId, Token,
 };
 use allot_store::{GrantInfo, StoreError};
 use redis::Value;
@@ -104,11 +103,7 @@ pub(crate) fn scope(project: &str, namespace: &str) -> Result<Option<Scope>, Sto
 }
 
 /// Reads `record, expires_in` into a grant.
-pub(crate) fn grant_info(
-    reply: &mut Reply,
-    namespace: &NamespaceName,
-    token: &str,
-) -> Result<GrantInfo, StoreError> {
+pub(crate) fn grant_info(reply: &mut Reply, namespace: &NamespaceName, token: &str) -> Result<GrantInfo, StoreError> {
     let record = reply.text()?;
     let grant = grant(namespace, token, &record)?;
     Ok(GrantInfo { grant, expires_in_ms: reply.expires_in()? })
@@ -171,8 +166,12 @@ pub(crate) fn error(
         "units_exceed_quota" => {
             LedgerError::UnitsExceedQuota { namespace: namespace.clone(), units: reply.uint()?, quota: reply.uint()? }
         }
-        "namespace_in_use" => LedgerError::NamespaceInUse { namespace: namespace.clone(), grants: reply.uint()? as usize },
-        "session_not_found" | "session" => LedgerError::SessionNotFound(SessionId::parse(&reply.text()?).map_err(corrupt)?),
+        "namespace_in_use" => {
+            LedgerError::NamespaceInUse { namespace: namespace.clone(), grants: reply.uint()? as usize }
+        }
+        "session_not_found" | "session" => {
+            LedgerError::SessionNotFound(SessionId::parse(&reply.text()?).map_err(corrupt)?)
+        }
         "token_conflict" => {
             let how = reply.text()?;
             let units = reply.uint()?;

@@ -24,7 +24,8 @@ fn free_port() -> u16 {
 
 /// Runs `redis-cli -p port args...` and returns what it printed.
 fn cli(port: u16, args: &[&str]) -> Option<String> {
-    let out = Command::new("redis-cli").arg("-p").arg(port.to_string()).args(args).stderr(Stdio::null()).output().ok()?;
+    let out =
+        Command::new("redis-cli").arg("-p").arg(port.to_string()).args(args).stderr(Stdio::null()).output().ok()?;
     out.status.success().then(|| String::from_utf8_lossy(&out.stdout).into_owned())
 }
 
@@ -86,7 +87,14 @@ impl RedisServer {
             .stdout(Stdio::null())
             .stderr(Stdio::null());
         if self.cluster {
-            cmd.args(["--cluster-enabled", "yes", "--cluster-config-file", "nodes.conf", "--cluster-node-timeout", "2000"]);
+            cmd.args([
+                "--cluster-enabled",
+                "yes",
+                "--cluster-config-file",
+                "nodes.conf",
+                "--cluster-node-timeout",
+                "2000",
+            ]);
         }
         self.child = Some(cmd.spawn().unwrap_or_else(|err| panic!("cannot start redis-server: {err}. {INSTALL}")));
         let started = Instant::now();
@@ -123,7 +131,8 @@ impl RedisCluster {
         let out = Command::new("redis-cli").args(&args).output().expect("redis-cli --cluster create");
         assert!(out.status.success(), "cluster create failed: {}", String::from_utf8_lossy(&out.stdout));
         let started = Instant::now();
-        let all_ok = || nodes.iter().all(|n| cli(n.port, &["CLUSTER", "INFO"]).is_some_and(|i| i.contains("cluster_state:ok")));
+        let all_ok =
+            || nodes.iter().all(|n| cli(n.port, &["CLUSTER", "INFO"]).is_some_and(|i| i.contains("cluster_state:ok")));
         while !all_ok() {
             assert!(started.elapsed() < Duration::from_secs(20), "the cluster never became ready");
             std::thread::sleep(Duration::from_millis(50));

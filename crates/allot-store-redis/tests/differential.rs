@@ -77,9 +77,10 @@ fn comparable(result: Result<String, StoreError>) -> String {
 
 async fn apply(store: &dyn Store, op: &Op, names: &[NamespaceName], fencing: &mut HashMap<usize, u64>) -> String {
     let result = match op.clone() {
-        Op::Put(ns, quota) => store.put_namespace(names[ns].clone(), quota).await.map(|(created, v)| {
-            format!("created {created}, quota {}, granted {}", v.quota, v.granted_units)
-        }),
+        Op::Put(ns, quota) => store
+            .put_namespace(names[ns].clone(), quota)
+            .await
+            .map(|(created, v)| format!("created {created}, quota {}, granted {}", v.quota, v.granted_units)),
         Op::Remove(ns, force) => store.remove_namespace(names[ns].clone(), force).await.map(|n| format!("removed {n}")),
         Op::Allocate(ns, request) => store.allocate(request, Duration::ZERO).await.map(|answer| match answer {
             Allocation::Granted { grant, existing } => {

@@ -34,7 +34,7 @@ use crate::records::{
     decode, encode, CorruptRecord, GrantRecord, NamespaceRecord, SessionRecord, FORMAT_VERSION, GRANTS, META,
     META_CLOCK, META_FORMAT, META_SEQ, NAMESPACES, RETIRED_FENCING, SESSIONS,
 };
-use crate::{expires_in, Allocation, CommitStats, GrantInfo, SessionInfo, Store, StoreError, MAX_WAIT};
+use crate::{check_wait, expires_in, Allocation, CommitStats, GrantInfo, SessionInfo, Store, StoreError};
 
 /// How often the sweeper looks for expired leases.
 pub const SWEEP_INTERVAL: Duration = Duration::from_millis(50);
@@ -753,13 +753,7 @@ impl Store for EmbeddedStore {
     }
 
     async fn allocate(&self, request: AllocateRequest, wait: Duration) -> Result<Allocation, StoreError> {
-        if wait > MAX_WAIT {
-            return Err(StoreError::Invalid(format!(
-                "a wait of {} ms is too long; the limit is {} ms",
-                wait.as_millis(),
-                MAX_WAIT.as_millis()
-            )));
-        }
+        check_wait(wait)?;
         let namespace = request.namespace.clone();
         let (decision, rx, answer) = {
             let mut state = self.lock();

@@ -29,6 +29,18 @@ pub use embedded::{EmbeddedConfig, EmbeddedStore};
 /// The longest an allocate call may wait for room.
 pub const MAX_WAIT: Duration = Duration::from_secs(300);
 
+/// Refuses a wait longer than [`MAX_WAIT`].
+pub fn check_wait(wait: Duration) -> Result<(), StoreError> {
+    if wait > MAX_WAIT {
+        return Err(StoreError::Invalid(format!(
+            "a wait of {} ms is too long; the limit is {} ms",
+            wait.as_millis(),
+            MAX_WAIT.as_millis()
+        )));
+    }
+    Ok(())
+}
+
 /// A failed store operation.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum StoreError {

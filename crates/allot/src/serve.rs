@@ -81,9 +81,9 @@ enum StoreChoice {
 fn store_choice(address: Option<&str>) -> anyhow::Result<StoreChoice> {
     match address.map(str::trim) {
         None | Some("embedded") => Ok(StoreChoice::Embedded),
-        Some(address) => Ok(StoreChoice::Redis(RedisConfig::parse(address).map_err(|err| {
-            anyhow::anyhow!("{err}, or `embedded` for the default store")
-        })?)),
+        Some(address) => Ok(StoreChoice::Redis(
+            RedisConfig::parse(address).map_err(|err| anyhow::anyhow!("{err}, or `embedded` for the default store"))?,
+        )),
     }
 }
 

@@ -171,7 +171,10 @@ pub(super) async fn run(args: RedisBenchArgs) -> anyhow::Result<()> {
 
 fn report_row(args: &RedisBenchArgs, row: &Row) {
     if !args.output.json {
-        eprintln!("{} × {}: {:.0} pairs/s, pair p99 {:.3} ms", row.target, row.clients, row.pairs_per_s, row.pair_ms.p99);
+        eprintln!(
+            "{} × {}: {:.0} pairs/s, pair p99 {:.3} ms",
+            row.target, row.clients, row.pairs_per_s, row.pair_ms.p99
+        );
     }
 }
 
@@ -350,7 +353,8 @@ fn checks(clients: &[usize], rows: &[Row]) -> Vec<Check> {
         let vs = |base: &str| Some(allot? / rate(rows, base, n)?);
         checks.push(Check::at_least(format!("pairs/s vs direct script at {n} clients"), vs("direct"), MIN_VS_DIRECT));
         checks.push(Check::at_least(format!("pairs/s vs Flyte's sequence at {n} clients"), vs("flyte"), MIN_VS_FLYTE));
-        let errors = rows.iter().find(|r| r.target == "allot" && r.clients == n).map(|r| (r.errors + r.not_granted) as f64);
+        let errors =
+            rows.iter().find(|r| r.target == "allot" && r.clients == n).map(|r| (r.errors + r.not_granted) as f64);
         checks.push(Check::at_most(format!("errors at {n} clients"), errors, 0.0));
     }
     checks
@@ -382,7 +386,13 @@ fn table(rows: &[Row]) -> String {
         );
     }
     for row in rows.iter().filter(|r| r.first_error.is_some()) {
-        let _ = writeln!(out, "{} × {}: first error: {}", row.target, row.clients, row.first_error.as_deref().unwrap_or(""));
+        let _ = writeln!(
+            out,
+            "{} × {}: first error: {}",
+            row.target,
+            row.clients,
+            row.first_error.as_deref().unwrap_or("")
+        );
     }
     out
 }

@@ -183,11 +183,9 @@ async fn waiters_keep_their_order_across_daemons() {
 
     // Each release, through another daemon than the waiter's, grants the head of the queue.
     let mut handoffs = Vec::new();
-    for (releaser, token, next, rest) in [
-        (&a, "holder", w1, &["w2", "w3"][..]),
-        (&c, "w1", w2, &["w3"][..]),
-        (&a, "w2", w3, &[][..]),
-    ] {
+    for (releaser, token, next, rest) in
+        [(&a, "holder", w1, &["w2", "w3"][..]), (&c, "w1", w2, &["w3"][..]), (&a, "w2", w3, &[][..])]
+    {
         let released_at = Instant::now();
         assert!(releaser.release("fifo", token, None).await.unwrap().released);
         let (answer, granted_at) = next.await.unwrap();
