@@ -10,6 +10,8 @@
 
 pub mod ledger;
 pub mod names;
+pub mod pool;
+pub mod resources;
 
 pub use ledger::{
     check_request, check_session_ttl, describe, AllocateRequest, CapLevel, Change, Constraints, Decision, Effects,
@@ -17,3 +19,4 @@ pub use ledger::{
     RestoreError, Session, WaiterId, WaiterView, Woken, FENCING_BLOCK, MAX_TTL_MS, MAX_UNITS,
 };
 pub use names::{NameError, NamespaceName, Scope, SessionId, Token, MAX_NAME_BYTES};
+pub use resources::{ResourceName, Resources, ResourcesError, SizeWeights};

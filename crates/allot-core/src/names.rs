@@ -24,11 +24,15 @@ pub enum NameError {
     EmptySegment { what: &'static str, name: String },
     #[error("{what} must not be `.` or `..`")]
     Dots { what: &'static str },
+    #[error("{what} `{name}` must not contain `/` (it separates the pool from the alloc in `pool/alloc`)")]
+    Slash { what: &'static str, name: String },
+    #[error("alloc id `{text}` is not 16 hexadecimal digits")]
+    BadAllocId { text: String },
     #[error("session id `{text}` is not 32 hexadecimal digits")]
     BadSessionId { text: String },
 }
 
-fn check(what: &'static str, name: &str) -> Result<(), NameError> {
+pub(crate) fn check(what: &'static str, name: &str) -> Result<(), NameError> {
     if name.is_empty() {
         return Err(NameError::Empty { what });
     }

@@ -1,0 +1,613 @@
+//! Leased resource pools [Reflow `pool`]: every pool, its allocs and their leases, and the
+//! decisions over them.
+//!
+//! A pool has a capacity (a [`Resources`] vector). It offers everything that is free as one
+//! offer; accepting the offer with a request (a minimum and an optional maximum) makes an
+//! *alloc*. An alloc holds a lease that its owner renews with keepalives; an alloc whose lease has
+//! lapsed still holds its resources until it is *reclaimed*: by an accept that needs the room (the
+//! most-expired first) or by the sweeper once it has been expired for `reclaim_after_ms`. Until
+//! then a keepalive revives it, as in Reflow. Ended allocs (freed, reclaimed, stopped) stay
+//! readable for `retention_ms` and say why they ended (Reflow's zombies).
+//!
+//! Like the token ledger, every operation takes `now` and returns [`PoolChange`]s for the store
+//! to make durable; nothing here does I/O, reads a clock or draws random numbers (alloc ids come
+//! from the caller).
+//!
+//! Invariants, checked by `Pools::check_invariants` in tests:
+//! - for every pool, the resources of its allocs (expired or not) sum to at most its capacity,
+//!   whatever order accepts, keepalives, frees and sweeps come in (unless the capacity was put
+//!   below what was held: nothing is revoked, and no new alloc is made there);
+//! - `leases` holds exactly one entry per alloc, at its expiry;
+//! - an ended alloc is in `ended` of its pool and nowhere else.
+
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::fmt;
+use std::sync::Arc;
+
+use crate::ledger::Millis;
+use crate::names::{check, NameError};
+use crate::resources::Resources;
+
+/// The id of a pool's one offer [Reflow `offerID`]: an offer is "everything free in the pool",
+/// and accepting it is checked against what is free at that moment.
+pub const OFFER_ID: &str = "1";
+
+/// A pool's name: the first part of a `pool/alloc` URI, so it has no `/`.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct PoolName(Arc<str>);
+
+impl PoolName {
+    pub fn new(name: &str) -> Result<PoolName, NameError> {
+        check("pool", name)?;
+        if name.contains('/') {
+            return Err(NameError::Slash { what: "pool", name: name.to_owned() });
+        }
+        Ok(PoolName(Arc::from(name)))
+    }
+
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+}
+
+impl fmt::Display for PoolName {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+/// An alloc's id: 16 lowercase hex digits, drawn at random by the store [Reflow `newID`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct AllocId(pub u64);
+
+impl AllocId {
+    pub fn parse(text: &str) -> Result<AllocId, NameError> {
+        if text.len() != 16 || !text.bytes().all(|b| b.is_ascii_hexdigit()) {
+            return Err(NameError::BadAllocId { text: text.to_owned() });
+        }
+        u64::from_str_radix(text, 16).map(AllocId).map_err(|_| NameError::BadAllocId { text: text.to_owned() })
+    }
+}
+
+impl fmt::Display for AllocId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{:016x}", self.0)
+    }
+}
+
+/// Lease rules. The defaults are Reflow's: a 2-minute lease at accept, at most 5 minutes per
+/// keepalive.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct LeaseRules {
+    /// The lease an alloc gets when it is made.
+    pub initial_ms: u64,
+    /// The longest lease a keepalive grants.
+    pub max_ms: u64,
+    /// The sweeper reclaims an alloc once its lease has lapsed for this long (an accept that
+    /// needs the room reclaims it at once).
+    pub reclaim_after_ms: u64,
+    /// How long an ended alloc stays readable.
+    pub retention_ms: u64,
+}
+
+impl Default for LeaseRules {
+    fn default() -> LeaseRules {
+        LeaseRules { initial_ms: 120_000, max_ms: 300_000, reclaim_after_ms: 60_000, retention_ms: 3_600_000 }
+    }
+}
+
+/// What an accept asks for [Reflow `AllocMeta`, `Requirements`].
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct AllocRequest {
+    /// The alloc is made only if at least this much is free.
+    pub min: Resources,
+    /// Take up to this much when it is free; `None` means exactly `min`.
+    pub max: Option<Resources>,
+    pub owner: String,
+    pub labels: BTreeMap<String, String>,
+}
+
+/// A live alloc.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Alloc {
+    pub pool: PoolName,
+    pub id: AllocId,
+    pub resources: Resources,
+    pub owner: String,
+    pub labels: BTreeMap<String, String>,
+    pub created: Millis,
+    /// `None` until the first keepalive.
+    pub last_keepalive: Option<Millis>,
+    pub expires: Millis,
+}
+
+/// Why an alloc ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum EndReason {
+    /// Its owner freed it.
+    Freed,
+    /// Its lease had lapsed and its room was needed, or the sweeper collected it.
+    Reclaimed,
+    /// Its pool was stopped as idle.
+    PoolStopped,
+    /// Its pool was removed.
+    PoolRemoved,
+}
+
+/// An alloc that ended, kept for [`LeaseRules::retention_ms`] [Reflow's zombie allocs].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct EndedAlloc {
+    pub alloc: Alloc,
+    pub ended_at: Millis,
+    pub reason: EndReason,
+}
+
+/// What `inspect` finds.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum AllocState {
+    Live(Alloc),
+    Ended(EndedAlloc),
+}
+
+/// A pool's one offer: everything free.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Offer {
+    pub pool: PoolName,
+    pub available: Resources,
+}
+
+/// A record a backend must make durable, in order.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum PoolChange {
+    Pool {
+        name: PoolName,
+        capacity: Resources,
+        stopped: bool,
+    },
+    PoolRemoved {
+        name: PoolName,
+    },
+    /// Insert or update a live alloc.
+    Alloc(Alloc),
+    /// An alloc ended; it is kept as ended until dropped.
+    AllocEnded(EndedAlloc),
+    /// An ended alloc's retention is over.
+    EndedDropped {
+        pool: PoolName,
+        id: AllocId,
+    },
+}
+
+/// Per-pool counters, for metrics. They count since the daemon started.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct PoolStats {
+    pub accepted: u64,
+    pub offer_expired: u64,
+    pub freed: u64,
+    pub reclaimed: u64,
+}
+
+/// A pool as seen from outside.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PoolView {
+    pub name: PoolName,
+    pub capacity: Resources,
+    /// Held by allocs whose lease is running.
+    pub allocated: Resources,
+    /// Held by allocs whose lease has lapsed and that are not reclaimed yet.
+    pub expired: Resources,
+    pub allocs: usize,
+    pub expired_allocs: usize,
+    pub stopped: bool,
+    pub stats: PoolStats,
+}
+
+/// A request the pools refuse.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum PoolError {
+    #[error("pool `{0}` does not exist")]
+    PoolNotFound(PoolName),
+    #[error("pool `{0}` is stopped (it was idle); put it again to use it")]
+    PoolStopped(PoolName),
+    #[error("pool `{pool}` still has {allocs} allocs; free them or remove it with force")]
+    PoolInUse { pool: PoolName, allocs: usize },
+    #[error("the offer of pool `{pool}` has expired: {wanted} is not free (free: {free}); try another offer")]
+    OfferExpired { pool: PoolName, wanted: Resources, free: Resources },
+    #[error("alloc `{pool}/{id}` does not exist")]
+    AllocNotFound { pool: PoolName, id: AllocId },
+    #[error("alloc `{pool}/{id}` has ended ({reason:?}); it cannot be kept alive")]
+    AllocEnded { pool: PoolName, id: AllocId, reason: EndReason },
+    #[error("alloc id `{pool}/{id}` is already taken")]
+    AllocIdTaken { pool: PoolName, id: AllocId },
+    #[error("an alloc request must ask for some resources: `min` is empty")]
+    EmptyRequest,
+    #[error("`max` ({max}) must be at least `min` ({min}) for every resource")]
+    MaxBelowMin { min: Resources, max: Resources },
+    #[error("{what} must be between {min} and {max} ms, got {value}")]
+    OutOfRange { what: &'static str, value: u64, min: u64, max: u64 },
+}
+
+#[derive(Debug, Clone, Default)]
+struct PoolState {
+    capacity: Resources,
+    allocs: HashMap<AllocId, Alloc>,
+    ended: HashMap<AllocId, EndedAlloc>,
+    stopped: bool,
+    /// True once the capacity was set below what the allocs held (for `check_invariants`).
+    capacity_lowered: bool,
+    stats: PoolStats,
+}
+
+impl PoolState {
+    /// The resources of every alloc, expired or not.
+    fn held(&self) -> Resources {
+        self.allocs.values().fold(Resources::new(), |sum, a| sum.checked_add(&a.resources).unwrap_or(sum))
+    }
+
+    /// Split of the held resources into (running leases, lapsed leases).
+    fn held_by_state(&self, now: Millis) -> (Resources, Resources) {
+        let (mut live, mut lapsed) = (Resources::new(), Resources::new());
+        for alloc in self.allocs.values() {
+            let sum = if alloc.expires > now { &mut live } else { &mut lapsed };
+            *sum = sum.checked_add(&alloc.resources).unwrap_or_else(|| sum.clone());
+        }
+        (live, lapsed)
+    }
+}
+
+/// Every pool, and the decisions over them.
+#[derive(Debug, Default)]
+pub struct Pools {
+    rules: LeaseRules,
+    pools: BTreeMap<PoolName, PoolState>,
+    /// Every live alloc by expiry, for the sweeper.
+    leases: BTreeSet<(Millis, PoolName, AllocId)>,
+    /// Ended allocs by end time, for retention.
+    endings: BTreeSet<(Millis, PoolName, AllocId)>,
+}
+
+impl Pools {
+    pub fn new(rules: LeaseRules) -> Pools {
+        Pools { rules, ..Pools::default() }
+    }
+
+    pub fn rules(&self) -> LeaseRules {
+        self.rules
+    }
+
+    /// Creates a pool or changes its capacity; a stopped pool starts again. Lowering the capacity
+    /// ends no alloc; it only stops new ones. Returns true if it was created.
+    pub fn put_pool(&mut self, name: &PoolName, capacity: Resources) -> (bool, Vec<PoolChange>) {
+        let created = !self.pools.contains_key(name);
+        let pool = self.pools.entry(name.clone()).or_default();
+        pool.capacity_lowered |= !capacity.fits(&pool.held());
+        pool.capacity = capacity.clone();
+        pool.stopped = false;
+        (created, vec![PoolChange::Pool { name: name.clone(), capacity, stopped: false }])
+    }
+
+    /// Removes a pool; with allocs only when `force` (they end with it). Returns how many ended.
+    pub fn remove_pool(&mut self, name: &PoolName, force: bool) -> Result<(usize, Vec<PoolChange>), PoolError> {
+        let pool = self.pools.get(name).ok_or_else(|| PoolError::PoolNotFound(name.clone()))?;
+        if !pool.allocs.is_empty() && !force {
+            return Err(PoolError::PoolInUse { pool: name.clone(), allocs: pool.allocs.len() });
+        }
+        let pool = self.pools.remove(name).expect("checked above");
+        for alloc in pool.allocs.values() {
+            self.leases.remove(&(alloc.expires, name.clone(), alloc.id));
+        }
+        for ended in pool.ended.values() {
+            self.endings.remove(&(ended.ended_at, name.clone(), ended.alloc.id));
+        }
+        Ok((pool.allocs.len(), vec![PoolChange::PoolRemoved { name: name.clone() }]))
+    }
+
+    /// The pool's offer: everything not held by an alloc whose lease is running (lapsed allocs
+    /// are offered: an accept reclaims them). `None` when nothing is free or the pool is stopped.
+    pub fn offer(&self, name: &PoolName, now: Millis) -> Result<Option<Offer>, PoolError> {
+        let pool = self.pools.get(name).ok_or_else(|| PoolError::PoolNotFound(name.clone()))?;
+        if pool.stopped {
+            return Ok(None);
+        }
+        let (live, _) = pool.held_by_state(now);
+        let available = pool.capacity.saturating_sub(&live);
+        Ok((!available.is_empty()).then(|| Offer { pool: name.clone(), available }))
+    }
+
+    /// Accepts the pool's offer with `request` [Reflow `ResourcePool.New`]. The alloc gets
+    /// `max` (or `min`) capped by what is free, and never less than `min`. When `min` does not fit,
+    /// lapsed allocs are reclaimed, most-expired first, only as many as needed; if it still does
+    /// not fit, nothing is reclaimed and the answer is [`PoolError::OfferExpired`].
+    pub fn accept(
+        &mut self,
+        name: &PoolName,
+        request: AllocRequest,
+        id: AllocId,
+        now: Millis,
+    ) -> Result<(Alloc, Vec<PoolChange>), PoolError> {
+        if request.min.is_empty() {
+            return Err(PoolError::EmptyRequest);
+        }
+        if let Some(max) = &request.max {
+            if !max.fits(&request.min) {
+                return Err(PoolError::MaxBelowMin { min: request.min, max: max.clone() });
+            }
+        }
+        let rules = self.rules;
+        let pool = self.pools.get_mut(name).ok_or_else(|| PoolError::PoolNotFound(name.clone()))?;
+        if pool.stopped {
+            return Err(PoolError::PoolStopped(name.clone()));
+        }
+        if pool.allocs.contains_key(&id) || pool.ended.contains_key(&id) {
+            return Err(PoolError::AllocIdTaken { pool: name.clone(), id });
+        }
+        let mut held = pool.held();
+        let mut lapsed: Vec<&Alloc> = pool.allocs.values().filter(|a| a.expires <= now).collect();
+        // Most-expired last, so `pop` takes it first.
+        lapsed.sort_by(|a, b| b.expires.cmp(&a.expires).then(b.id.cmp(&a.id)));
+        let mut victims = Vec::new();
+        let mut free = pool.capacity.saturating_sub(&held);
+        while !free.fits(&request.min) {
+            let Some(victim) = lapsed.pop() else { break };
+            held = held.saturating_sub(&victim.resources);
+            free = pool.capacity.saturating_sub(&held);
+            victims.push(victim.id);
+        }
+        if !free.fits(&request.min) {
+            pool.stats.offer_expired += 1;
+            return Err(PoolError::OfferExpired { pool: name.clone(), wanted: request.min, free });
+        }
+        let resources = match &request.max {
+            Some(max) => max.min(&free),
+            None => request.min.clone(),
+        };
+        let alloc = Alloc {
+            pool: name.clone(),
+            id,
+            resources,
+            owner: request.owner,
+            labels: request.labels,
+            created: now,
+            last_keepalive: None,
+            expires: now + rules.initial_ms,
+        };
+        let mut changes = Vec::with_capacity(victims.len() + 1);
+        for victim in victims {
+            self.end_alloc(name, victim, EndReason::Reclaimed, now, &mut changes);
+        }
+        let pool = self.pools.get_mut(name).expect("checked above");
+        pool.stats.accepted += 1;
+        pool.allocs.insert(id, alloc.clone());
+        self.leases.insert((alloc.expires, name.clone(), id));
+        changes.push(PoolChange::Alloc(alloc.clone()));
+        Ok((alloc, changes))
+    }
+
+    /// Renews an alloc's lease for `interval_ms`, capped at [`LeaseRules::max_ms`]; returns the
+    /// interval granted [Reflow `Alloc.Keepalive`]. An alloc whose lease has lapsed but that is
+    /// not reclaimed yet is revived. An ended alloc is [`PoolError::AllocEnded`]: its owner
+    /// should stop trying.
+    pub fn keepalive(
+        &mut self,
+        name: &PoolName,
+        id: AllocId,
+        interval_ms: u64,
+        now: Millis,
+    ) -> Result<(u64, Alloc, Vec<PoolChange>), PoolError> {
+        if interval_ms == 0 {
+            return Err(PoolError::OutOfRange { what: "keepalive interval", value: 0, min: 1, max: self.rules.max_ms });
+        }
+        let granted = interval_ms.min(self.rules.max_ms);
+        let pool = self.pools.get_mut(name).ok_or_else(|| PoolError::PoolNotFound(name.clone()))?;
+        let Some(alloc) = pool.allocs.get_mut(&id) else {
+            return Err(match pool.ended.get(&id) {
+                Some(ended) => PoolError::AllocEnded { pool: name.clone(), id, reason: ended.reason },
+                None => PoolError::AllocNotFound { pool: name.clone(), id },
+            });
+        };
+        self.leases.remove(&(alloc.expires, name.clone(), id));
+        alloc.expires = now + granted;
+        alloc.last_keepalive = Some(now);
+        self.leases.insert((alloc.expires, name.clone(), id));
+        let alloc = alloc.clone();
+        Ok((granted, alloc.clone(), vec![PoolChange::Alloc(alloc)]))
+    }
+
+    /// Frees an alloc. Freeing an alloc that already ended answers its record again.
+    pub fn free(
+        &mut self,
+        name: &PoolName,
+        id: AllocId,
+        now: Millis,
+    ) -> Result<(EndedAlloc, Vec<PoolChange>), PoolError> {
+        let pool = self.pools.get(name).ok_or_else(|| PoolError::PoolNotFound(name.clone()))?;
+        if let Some(ended) = pool.ended.get(&id) {
+            return Ok((ended.clone(), Vec::new()));
+        }
+        if !pool.allocs.contains_key(&id) {
+            return Err(PoolError::AllocNotFound { pool: name.clone(), id });
+        }
+        let mut changes = Vec::new();
+        let ended = self.end_alloc(name, id, EndReason::Freed, now, &mut changes);
+        Ok((ended, changes))
+    }
+
+    pub fn inspect(&self, name: &PoolName, id: AllocId) -> Result<AllocState, PoolError> {
+        let pool = self.pools.get(name).ok_or_else(|| PoolError::PoolNotFound(name.clone()))?;
+        if let Some(alloc) = pool.allocs.get(&id) {
+            return Ok(AllocState::Live(alloc.clone()));
+        }
+        match pool.ended.get(&id) {
+            Some(ended) => Ok(AllocState::Ended(ended.clone())),
+            None => Err(PoolError::AllocNotFound { pool: name.clone(), id }),
+        }
+    }
+
+    /// Stops the pool if every alloc's lease has lapsed at least `idle_ms` ago (a pool with no
+    /// allocs is idle): its allocs end and it makes no more offers until it is put again.
+    /// Returns `(true, 0)` when it stopped, else `(false, ms)` with the time until it would be
+    /// idle if no alloc were kept alive meanwhile [Reflow `StopIfIdleFor`, which returned the time
+    /// until the last lease ends instead].
+    pub fn stop_if_idle_for(
+        &mut self,
+        name: &PoolName,
+        idle_ms: u64,
+        now: Millis,
+    ) -> Result<(bool, u64, Vec<PoolChange>), PoolError> {
+        let pool = self.pools.get(name).ok_or_else(|| PoolError::PoolNotFound(name.clone()))?;
+        let until_idle = pool.allocs.values().map(|a| (a.expires + idle_ms).saturating_sub(now)).max().unwrap_or(0);
+        if until_idle > 0 {
+            return Ok((false, until_idle, Vec::new()));
+        }
+        let ids: Vec<AllocId> = pool.allocs.keys().copied().collect();
+        let mut changes = Vec::new();
+        for id in ids {
+            self.end_alloc(name, id, EndReason::PoolStopped, now, &mut changes);
+        }
+        let pool = self.pools.get_mut(name).expect("checked above");
+        pool.stopped = true;
+        changes.push(PoolChange::Pool { name: name.clone(), capacity: pool.capacity.clone(), stopped: true });
+        Ok((true, 0, changes))
+    }
+
+    /// Reclaims allocs whose lease lapsed at least `reclaim_after_ms` ago and drops ended allocs
+    /// past their retention.
+    pub fn sweep(&mut self, now: Millis) -> Vec<PoolChange> {
+        let mut changes = Vec::new();
+        let cutoff = now.saturating_sub(self.rules.reclaim_after_ms);
+        while let Some((expires, name, id)) = self.leases.first().cloned() {
+            if expires > cutoff {
+                break;
+            }
+            self.end_alloc(&name, id, EndReason::Reclaimed, now, &mut changes);
+        }
+        let cutoff = now.saturating_sub(self.rules.retention_ms);
+        while let Some((ended_at, name, id)) = self.endings.first().cloned() {
+            if ended_at > cutoff {
+                break;
+            }
+            self.endings.pop_first();
+            if let Some(pool) = self.pools.get_mut(&name) {
+                pool.ended.remove(&id);
+            }
+            changes.push(PoolChange::EndedDropped { pool: name, id });
+        }
+        changes
+    }
+
+    /// The earliest time the sweeper has work, if any.
+    pub fn next_deadline(&self) -> Option<Millis> {
+        let reclaim = self.leases.first().map(|(expires, ..)| expires + self.rules.reclaim_after_ms);
+        let drop = self.endings.first().map(|(ended_at, ..)| ended_at + self.rules.retention_ms);
+        reclaim.into_iter().chain(drop).min()
+    }
+
+    pub fn pools(&self, now: Millis) -> Vec<PoolView> {
+        self.pools.iter().map(|(name, pool)| view_of(name, pool, now)).collect()
+    }
+
+    pub fn pool(&self, name: &PoolName, now: Millis) -> Result<PoolView, PoolError> {
+        let pool = self.pools.get(name).ok_or_else(|| PoolError::PoolNotFound(name.clone()))?;
+        Ok(view_of(name, pool, now))
+    }
+
+    /// The live allocs of a pool, ordered by id.
+    pub fn allocs(&self, name: &PoolName) -> Result<Vec<Alloc>, PoolError> {
+        let pool = self.pools.get(name).ok_or_else(|| PoolError::PoolNotFound(name.clone()))?;
+        let mut allocs: Vec<Alloc> = pool.allocs.values().cloned().collect();
+        allocs.sort_by_key(|a| a.id);
+        Ok(allocs)
+    }
+
+    /// Rebuilds the pools from durable records. Leases keep the expiry they had (the store's
+    /// clock continues across restarts), so an alloc comes back with the lease time it had left,
+    /// not already expired [unlike Reflow's restored allocs].
+    pub fn restore(
+        rules: LeaseRules,
+        pools: Vec<(PoolName, Resources, bool)>,
+        allocs: Vec<Alloc>,
+        ended: Vec<EndedAlloc>,
+    ) -> Result<Pools, PoolError> {
+        let mut restored = Pools::new(rules);
+        for (name, capacity, stopped) in pools {
+            restored.pools.insert(name, PoolState { capacity, stopped, ..PoolState::default() });
+        }
+        for alloc in allocs {
+            let pool =
+                restored.pools.get_mut(&alloc.pool).ok_or_else(|| PoolError::PoolNotFound(alloc.pool.clone()))?;
+            restored.leases.insert((alloc.expires, alloc.pool.clone(), alloc.id));
+            pool.allocs.insert(alloc.id, alloc);
+        }
+        for record in ended {
+            let pool = restored
+                .pools
+                .get_mut(&record.alloc.pool)
+                .ok_or_else(|| PoolError::PoolNotFound(record.alloc.pool.clone()))?;
+            restored.endings.insert((record.ended_at, record.alloc.pool.clone(), record.alloc.id));
+            pool.ended.insert(record.alloc.id, record);
+        }
+        Ok(restored)
+    }
+
+    fn end_alloc(
+        &mut self,
+        name: &PoolName,
+        id: AllocId,
+        reason: EndReason,
+        now: Millis,
+        changes: &mut Vec<PoolChange>,
+    ) -> EndedAlloc {
+        let pool = self.pools.get_mut(name).expect("caller checked the pool");
+        let alloc = pool.allocs.remove(&id).expect("caller checked the alloc");
+        self.leases.remove(&(alloc.expires, name.clone(), id));
+        match reason {
+            EndReason::Freed => pool.stats.freed += 1,
+            EndReason::Reclaimed => pool.stats.reclaimed += 1,
+            EndReason::PoolStopped | EndReason::PoolRemoved => {}
+        }
+        let ended = EndedAlloc { alloc, ended_at: now, reason };
+        pool.ended.insert(id, ended.clone());
+        self.endings.insert((now, name.clone(), id));
+        changes.push(PoolChange::AllocEnded(ended.clone()));
+        ended
+    }
+
+    /// Checks the invariants in the module docs; for tests.
+    pub fn check_invariants(&self) -> Result<(), String> {
+        let mut leases = 0;
+        for (name, pool) in &self.pools {
+            // A capacity lowered below what is held is allowed (nothing is revoked); otherwise
+            // the allocs fit in it.
+            if !pool.capacity_lowered && !pool.capacity.fits(&pool.held()) {
+                return Err(format!("{name}: allocs hold {} of a capacity of {}", pool.held(), pool.capacity));
+            }
+            for (id, alloc) in &pool.allocs {
+                if !self.leases.contains(&(alloc.expires, name.clone(), *id)) {
+                    return Err(format!("{name}/{id}: no lease entry"));
+                }
+                if pool.ended.contains_key(id) {
+                    return Err(format!("{name}/{id}: both live and ended"));
+                }
+                leases += 1;
+            }
+        }
+        if leases != self.leases.len() {
+            return Err(format!("{} lease entries for {leases} allocs", self.leases.len()));
+        }
+        Ok(())
+    }
+}
+
+fn view_of(name: &PoolName, pool: &PoolState, now: Millis) -> PoolView {
+    let (allocated, expired) = pool.held_by_state(now);
+    PoolView {
+        name: name.clone(),
+        capacity: pool.capacity.clone(),
+        allocated,
+        expired,
+        allocs: pool.allocs.len(),
+        expired_allocs: pool.allocs.values().filter(|a| a.expires <= now).count(),
+        stopped: pool.stopped,
+        stats: pool.stats,
+    }
+}

@@ -1,0 +1,251 @@
+//! The pool ledger with an injected clock: offers, accepts, leases, reclaim, idle stop, restore.
+
+use allot_core::pool::{
+    AllocId, AllocRequest, AllocState, EndReason, LeaseRules, Offer, PoolChange, PoolError, PoolName, Pools,
+};
+use allot_core::Resources;
+
+fn pool() -> PoolName {
+    PoolName::new("worker-1").unwrap()
+}
+
+fn res(text: &str) -> Resources {
+    text.parse().unwrap()
+}
+
+fn want(min: &str) -> AllocRequest {
+    AllocRequest { min: res(min), owner: "test".into(), ..AllocRequest::default() }
+}
+
+fn between(min: &str, max: &str) -> AllocRequest {
+    AllocRequest { max: Some(res(max)), ..want(min) }
+}
+
+const RULES: LeaseRules =
+    LeaseRules { initial_ms: 120_000, max_ms: 300_000, reclaim_after_ms: 60_000, retention_ms: 600_000 };
+
+fn pools(capacity: &str) -> Pools {
+    let mut pools = Pools::new(RULES);
+    pools.put_pool(&pool(), res(capacity));
+    pools
+}
+
+fn available(pools: &Pools, now: u64) -> Option<Resources> {
+    pools.offer(&pool(), now).unwrap().map(|Offer { available, .. }| available)
+}
+
+#[test]
+fn one_offer_holds_everything_free_and_none_when_full() {
+    let mut pools = pools("cpu=4,mem=16GiB");
+    assert_eq!(available(&pools, 0), Some(res("cpu=4,mem=16GiB")));
+    pools.accept(&pool(), want("cpu=1,mem=4GiB"), AllocId(1), 0).unwrap();
+    assert_eq!(available(&pools, 0), Some(res("cpu=3,mem=12GiB")));
+    pools.accept(&pool(), want("cpu=3,mem=12GiB"), AllocId(2), 0).unwrap();
+    assert_eq!(available(&pools, 0), None);
+    pools.check_invariants().unwrap();
+}
+
+#[test]
+fn an_accept_takes_up_to_max_and_at_least_min() {
+    let mut pools = pools("cpu=4,mem=16GiB");
+    let (alloc, _) = pools.accept(&pool(), between("cpu=1,mem=1GiB", "cpu=8,mem=2GiB"), AllocId(1), 0).unwrap();
+    assert_eq!(alloc.resources, res("cpu=4,mem=2GiB"), "max capped by what is free");
+    let (alloc, _) = pools.accept(&pool(), want("mem=1GiB"), AllocId(2), 0).unwrap();
+    assert_eq!(alloc.resources, res("mem=1GiB"), "exactly min without max");
+    assert_eq!(pools.accept(&pool(), want(""), AllocId(3), 0), Err(PoolError::EmptyRequest));
+    let below = pools.accept(&pool(), between("cpu=2", "cpu=1"), AllocId(3), 0);
+    assert!(matches!(below, Err(PoolError::MaxBelowMin { .. })), "{below:?}");
+    let taken = pools.accept(&pool(), want("mem=1"), AllocId(1), 0);
+    assert!(matches!(taken, Err(PoolError::AllocIdTaken { .. })), "{taken:?}");
+}
+
+#[test]
+fn an_offer_whose_room_is_gone_is_a_distinct_error_and_changes_nothing() {
+    let mut pools = pools("cpu=2");
+    pools.accept(&pool(), want("cpu=1"), AllocId(1), 0).unwrap();
+    let late = pools.accept(&pool(), want("cpu=2"), AllocId(2), 0);
+    assert!(matches!(late, Err(PoolError::OfferExpired { .. })), "{late:?}");
+    assert_eq!(pools.allocs(&pool()).unwrap().len(), 1);
+    assert_eq!(pools.pool(&pool(), 0).unwrap().stats.offer_expired, 1);
+}
+
+#[test]
+fn lapsed_allocs_are_offered_and_reclaimed_most_expired_first_only_as_needed() {
+    let mut pools = pools("cpu=3");
+    for (id, at) in [(1, 0), (2, 10_000), (3, 20_000)] {
+        pools.accept(&pool(), want("cpu=1"), AllocId(id), at).unwrap();
+    }
+    // All three leases (2 minutes) have lapsed at 200 s; their room is offered.
+    let now = 200_000;
+    assert_eq!(available(&pools, now), Some(res("cpu=3")));
+    let (_, changes) = pools.accept(&pool(), want("cpu=2"), AllocId(4), now).unwrap();
+    let reclaimed: Vec<AllocId> = changes
+        .iter()
+        .filter_map(|c| match c {
+            PoolChange::AllocEnded(e) if e.reason == EndReason::Reclaimed => Some(e.alloc.id),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(reclaimed, vec![AllocId(1), AllocId(2)], "the two most expired, no more");
+    assert!(matches!(pools.inspect(&pool(), AllocId(3)).unwrap(), AllocState::Live(_)));
+    match pools.inspect(&pool(), AllocId(1)).unwrap() {
+        AllocState::Ended(ended) => assert_eq!((ended.reason, ended.ended_at), (EndReason::Reclaimed, now)),
+        live => panic!("{live:?}"),
+    }
+    pools.check_invariants().unwrap();
+}
+
+#[test]
+fn keepalive_grants_at_most_the_cap_and_revives_a_lapsed_alloc() {
+    let mut pools = pools("cpu=1");
+    let (alloc, _) = pools.accept(&pool(), want("cpu=1"), AllocId(1), 0).unwrap();
+    assert_eq!(alloc.expires, 120_000, "Reflow's initial lease");
+    let (granted, alloc, _) = pools.keepalive(&pool(), AllocId(1), 3_600_000, 1_000).unwrap();
+    assert_eq!((granted, alloc.expires, alloc.last_keepalive), (300_000, 301_000, Some(1_000)));
+    let (granted, _, _) = pools.keepalive(&pool(), AllocId(1), 1, 2_000).unwrap();
+    assert_eq!(granted, 1, "no lower bound but zero");
+    assert!(matches!(pools.keepalive(&pool(), AllocId(1), 0, 2_000), Err(PoolError::OutOfRange { .. })));
+    // Lapsed but not reclaimed: a keepalive brings it back.
+    let (_, alloc, _) = pools.keepalive(&pool(), AllocId(1), 60_000, 30_000).unwrap();
+    assert_eq!(alloc.expires, 90_000);
+    assert_eq!(available(&pools, 30_000), None);
+}
+
+#[test]
+fn an_ended_alloc_says_why_and_cannot_be_kept_alive() {
+    let mut pools = pools("cpu=1");
+    pools.accept(&pool(), want("cpu=1"), AllocId(1), 0).unwrap();
+    let (ended, changes) = pools.free(&pool(), AllocId(1), 5).unwrap();
+    assert_eq!(ended.reason, EndReason::Freed);
+    assert_eq!(changes.len(), 1);
+    let (again, changes) = pools.free(&pool(), AllocId(1), 6).unwrap();
+    assert_eq!((again, changes.len()), (ended, 0), "freeing twice is harmless");
+    let gone = pools.keepalive(&pool(), AllocId(1), 1000, 7);
+    assert!(matches!(gone, Err(PoolError::AllocEnded { reason: EndReason::Freed, .. })), "{gone:?}");
+    assert!(matches!(pools.free(&pool(), AllocId(9), 7), Err(PoolError::AllocNotFound { .. })));
+    // Readable until its retention ends, then gone.
+    pools.sweep(5 + RULES.retention_ms - 1);
+    assert!(matches!(pools.inspect(&pool(), AllocId(1)), Ok(AllocState::Ended(_))));
+    pools.sweep(5 + RULES.retention_ms);
+    assert!(matches!(pools.inspect(&pool(), AllocId(1)), Err(PoolError::AllocNotFound { .. })));
+}
+
+#[test]
+fn the_sweeper_reclaims_once_a_lease_has_lapsed_long_enough() {
+    let mut pools = pools("cpu=1");
+    pools.accept(&pool(), want("cpu=1"), AllocId(1), 0).unwrap();
+    let lapse = RULES.initial_ms + RULES.reclaim_after_ms;
+    assert_eq!(pools.next_deadline(), Some(lapse));
+    assert!(pools.sweep(lapse - 1).is_empty());
+    assert!(matches!(pools.inspect(&pool(), AllocId(1)), Ok(AllocState::Live(_))));
+    let changes = pools.sweep(lapse);
+    assert!(matches!(&changes[..], [PoolChange::AllocEnded(e)] if e.reason == EndReason::Reclaimed));
+    assert_eq!(pools.pool(&pool(), lapse).unwrap().stats.reclaimed, 1);
+}
+
+#[test]
+fn an_idle_pool_stops_and_otherwise_says_when_it_would_be_idle() {
+    let mut pools = pools("cpu=2");
+    // Reflow's cases: an empty pool stops...
+    let (stopped, _, _) = pools.stop_if_idle_for(&pool(), 1_000, 0).unwrap();
+    assert!(stopped);
+    assert_eq!(available(&pools, 0), None);
+    assert!(matches!(pools.accept(&pool(), want("cpu=1"), AllocId(1), 0), Err(PoolError::PoolStopped(_))));
+    // ...and is started again by putting it.
+    pools.put_pool(&pool(), res("cpu=2"));
+    pools.accept(&pool(), want("cpu=1"), AllocId(1), 0).unwrap();
+    pools.keepalive(&pool(), AllocId(1), 100, 0).unwrap();
+    // The lease ends at 100 ms; idle 1 s after that.
+    let (stopped, until_idle, _) = pools.stop_if_idle_for(&pool(), 1_000, 50).unwrap();
+    assert_eq!((stopped, until_idle), (false, 1_050));
+    pools.accept(&pool(), want("cpu=1"), AllocId(2), 50).unwrap();
+    pools.keepalive(&pool(), AllocId(2), 60_000, 50).unwrap();
+    let (_, until_idle, _) = pools.stop_if_idle_for(&pool(), 1_000, 50).unwrap();
+    assert_eq!(until_idle, 61_000, "the last lease counts");
+    let (stopped, _, changes) = pools.stop_if_idle_for(&pool(), 1_000, 61_050).unwrap();
+    assert!(stopped);
+    let ended = changes.iter().filter(|c| matches!(c, PoolChange::AllocEnded(e) if e.reason == EndReason::PoolStopped));
+    assert_eq!(ended.count(), 2);
+}
+
+#[test]
+fn restored_allocs_keep_the_lease_time_they_had_left() {
+    let mut pools = pools("cpu=2");
+    pools.accept(&pool(), want("cpu=1"), AllocId(7), 1_000).unwrap();
+    let (_, alloc, _) = pools.keepalive(&pool(), AllocId(7), 90_000, 10_000).unwrap();
+    let restored =
+        Pools::restore(RULES, vec![(pool(), res("cpu=2"), false)], pools.allocs(&pool()).unwrap(), Vec::new()).unwrap();
+    match restored.inspect(&pool(), AllocId(7)).unwrap() {
+        AllocState::Live(back) => assert_eq!(back, alloc),
+        ended => panic!("{ended:?}"),
+    }
+    assert_eq!(restored.offer(&pool(), 50_000).unwrap().unwrap().available, res("cpu=1"));
+    restored.check_invariants().unwrap();
+}
+
+#[test]
+fn removing_a_pool_with_allocs_needs_force() {
+    let mut pools = pools("cpu=2");
+    pools.accept(&pool(), want("cpu=1"), AllocId(1), 0).unwrap();
+    assert!(matches!(pools.remove_pool(&pool(), false), Err(PoolError::PoolInUse { allocs: 1, .. })));
+    assert_eq!(pools.remove_pool(&pool(), true).unwrap().0, 1);
+    assert!(matches!(pools.offer(&pool(), 0), Err(PoolError::PoolNotFound(_))));
+    pools.check_invariants().unwrap();
+}
+
+/// Random accepts, keepalives, frees, sweeps and idle stops over three pools: no pool is ever
+/// over-allocated and the indexes stay consistent.
+#[test]
+fn random_operations_never_over_allocate() {
+    struct Rng(u64);
+    impl Rng {
+        fn below(&mut self, n: u64) -> u64 {
+            self.0 ^= self.0 << 13;
+            self.0 ^= self.0 >> 7;
+            self.0 ^= self.0 << 17;
+            self.0 % n
+        }
+    }
+    for seed in 1..=20u64 {
+        let mut rng = Rng(seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1);
+        let names: Vec<PoolName> = (0..3).map(|i| PoolName::new(&format!("p{i}")).unwrap()).collect();
+        let mut pools =
+            Pools::new(LeaseRules { initial_ms: 1_000, max_ms: 5_000, reclaim_after_ms: 500, retention_ms: 2_000 });
+        for name in &names {
+            pools.put_pool(name, res("cpu=4,mem=8GiB,gpu=1"));
+        }
+        let mut now = 0;
+        let mut next_id = 0;
+        for step in 0..400 {
+            now += rng.below(300);
+            let name = &names[rng.below(3) as usize];
+            let id = AllocId(rng.below(next_id + 1));
+            match rng.below(6) {
+                0 | 1 => {
+                    next_id += 1;
+                    let min = format!("cpu={},mem={}GiB", 1 + rng.below(3), rng.below(5));
+                    let request = if rng.below(2) == 0 { want(&min) } else { between(&min, "cpu=4,mem=8GiB,gpu=1") };
+                    let _ = pools.accept(name, request, AllocId(next_id), now);
+                }
+                2 => {
+                    let _ = pools.keepalive(name, id, 1 + rng.below(3_000), now);
+                }
+                3 => {
+                    let _ = pools.free(name, id, now);
+                }
+                4 => {
+                    pools.sweep(now);
+                }
+                _ => {
+                    if rng.below(10) == 0 {
+                        let _ = pools.stop_if_idle_for(name, 200, now);
+                        pools.put_pool(name, res("cpu=4,mem=8GiB,gpu=1"));
+                    }
+                }
+            }
+            if let Err(err) = pools.check_invariants() {
+                panic!("seed {seed}, step {step}: {err}");
+            }
+        }
+    }
+}
