@@ -1,7 +1,8 @@
 //! `ApiError`: the one error type at the HTTP edge, with a stable machine-readable code.
 
 use allot_api::{ErrorBody, ErrorDetail};
-use allot_core::{LedgerError, NameError};
+use allot_core::pool::PoolError;
+use allot_core::{LedgerError, NameError, ResourcesError};
 use allot_store::StoreError;
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
@@ -60,6 +61,32 @@ impl From<LedgerError> for ApiError {
     }
 }
 
+impl From<PoolError> for ApiError {
+    fn from(err: PoolError) -> ApiError {
+        let (status, code) = match &err {
+            PoolError::PoolNotFound(_) => (StatusCode::NOT_FOUND, "pool_not_found"),
+            PoolError::AllocNotFound { .. } => (StatusCode::NOT_FOUND, "alloc_not_found"),
+            PoolError::PoolStopped(_) => (StatusCode::CONFLICT, "pool_stopped"),
+            PoolError::PoolInUse { .. } => (StatusCode::CONFLICT, "pool_in_use"),
+            // The client should try another offer [Reflow `errOfferExpired`].
+            PoolError::OfferExpired { .. } => (StatusCode::CONFLICT, "offer_expired"),
+            // Fatal for a keepalive loop: the alloc will not come back.
+            PoolError::AllocEnded { .. } => (StatusCode::GONE, "alloc_ended"),
+            PoolError::AllocIdTaken { .. } => (StatusCode::CONFLICT, "alloc_id_taken"),
+            PoolError::EmptyRequest | PoolError::MaxBelowMin { .. } | PoolError::OutOfRange { .. } => {
+                (StatusCode::BAD_REQUEST, "invalid_argument")
+            }
+        };
+        ApiError::new(status, code, err.to_string())
+    }
+}
+
+impl From<ResourcesError> for ApiError {
+    fn from(err: ResourcesError) -> ApiError {
+        ApiError::new(StatusCode::BAD_REQUEST, "invalid_resources", err.to_string())
+    }
+}
+
 impl From<StoreError> for ApiError {
     fn from(err: StoreError) -> ApiError {
         match err {
@@ -74,6 +101,8 @@ impl From<StoreError> for ApiError {
                 ApiError::new(StatusCode::SERVICE_UNAVAILABLE, "shutting_down", err.to_string())
             }
             StoreError::Invalid(message) => ApiError::invalid_argument(message),
+            StoreError::Pool(err) => err.into(),
+            StoreError::Unsupported(message) => ApiError::new(StatusCode::NOT_IMPLEMENTED, "not_implemented", message),
         }
     }
 }

@@ -12,6 +12,7 @@ mod convert;
 mod error;
 mod extract;
 mod metrics;
+mod pool_routes;
 mod routes;
 
 use std::future::Future;
@@ -54,7 +55,9 @@ Every error answer has the body `{\"error\": {\"code\": ..., \"message\": ...}}`
 invalid_argument, invalid_name, caps_without_scope (400); namespace_not_found, grant_not_found, \
 session_not_found, not_found (404); method_not_allowed (405); stale_fencing, token_conflict, \
 units_exceed_quota, namespace_in_use (409); payload_too_large (413); store_unavailable, \
-store_outcome_unknown, shutting_down (503); internal (500)."
+store_outcome_unknown, shutting_down (503); internal (500). Pools: invalid_resources (400); pool_not_found, \
+alloc_not_found (404); offer_expired, pool_stopped, pool_in_use (409); alloc_ended (410); \
+not_implemented (501: pools are not in the Redis store yet)."
     ),
     paths(
         routes::healthz,
@@ -73,6 +76,17 @@ store_outcome_unknown, shutting_down (503); internal (500)."
         routes::get_session,
         routes::keepalive_session,
         routes::close_session,
+        pool_routes::list_pools,
+        pool_routes::get_pool,
+        pool_routes::put_pool,
+        pool_routes::remove_pool,
+        pool_routes::list_offers,
+        pool_routes::accept,
+        pool_routes::list_allocs,
+        pool_routes::get_alloc,
+        pool_routes::free_alloc,
+        pool_routes::keepalive_alloc,
+        pool_routes::stop_if_idle,
     )
 )]
 struct ApiDoc;
@@ -104,6 +118,17 @@ pub fn app(state: AppState) -> Router {
         .route("/v1/sessions", post(routes::open_session).get(routes::list_sessions))
         .route("/v1/sessions/{id}", get(routes::get_session).delete(routes::close_session))
         .route("/v1/sessions/{id}/keepalive", post(routes::keepalive_session))
+        .route("/v1/pools", get(pool_routes::list_pools))
+        .route(
+            "/v1/pools/{pool}",
+            get(pool_routes::get_pool).put(pool_routes::put_pool).delete(pool_routes::remove_pool),
+        )
+        .route("/v1/pools/{pool}/offers", get(pool_routes::list_offers))
+        .route("/v1/pools/{pool}/offers/{offer}", post(pool_routes::accept))
+        .route("/v1/pools/{pool}/allocs", get(pool_routes::list_allocs))
+        .route("/v1/pools/{pool}/allocs/{alloc}", get(pool_routes::get_alloc).delete(pool_routes::free_alloc))
+        .route("/v1/pools/{pool}/allocs/{alloc}/keepalive", post(pool_routes::keepalive_alloc))
+        .route("/v1/pools/{pool}/stop-if-idle", post(pool_routes::stop_if_idle))
         .fallback(|| async { ApiError::not_found() })
         .method_not_allowed_fallback(|| async { ApiError::method_not_allowed() })
         .layer(DefaultBodyLimit::max(MAX_BODY_BYTES))

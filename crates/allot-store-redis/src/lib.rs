@@ -31,9 +31,10 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use allot_core::pool::{Alloc, AllocId, AllocRequest, AllocState, EndedAlloc, Offer, PoolName, PoolView};
 use allot_core::{
     check_request, check_session_ttl, AllocateRequest, LeaseRequest, LedgerError, NamespaceName, NamespaceView,
-    QueuePlace, Session, SessionId, Token, WaiterId, WaiterView,
+    QueuePlace, Resources, Session, SessionId, Token, WaiterId, WaiterView,
 };
 use allot_store::{check_wait, Allocation, CommitStats, GrantInfo, SessionInfo, Store, StoreError};
 use async_trait::async_trait;
@@ -108,6 +109,15 @@ fn prefix(namespace: &NamespaceName) -> String {
         }
     }
     format!("allot:{{{tag}}}")
+}
+
+/// Leased resource pools are in the embedded store only, for now.
+fn pools_unsupported() -> StoreError {
+    StoreError::Unsupported(
+        "leased resource pools are not available with the Redis store yet; run the daemon on the embedded store \
+         to use them"
+            .into(),
+    )
 }
 
 /// Maps a failed call. `mutating` calls that were sent but not answered may have taken effect.
@@ -676,6 +686,55 @@ impl Store for RedisStore {
             return Err(LedgerError::SessionNotFound(id).into());
         };
         self.inner.session_info(id, now, ttl, deadline, &namespaces).await
+    }
+
+    async fn put_pool(&self, _: PoolName, _: Resources) -> Result<(bool, PoolView), StoreError> {
+        Err(pools_unsupported())
+    }
+
+    async fn remove_pool(&self, _: PoolName, _: bool) -> Result<usize, StoreError> {
+        Err(pools_unsupported())
+    }
+
+    async fn pools(&self) -> Result<Vec<PoolView>, StoreError> {
+        Err(pools_unsupported())
+    }
+
+    async fn pool(&self, _: PoolName) -> Result<PoolView, StoreError> {
+        Err(pools_unsupported())
+    }
+
+    async fn offer(&self, _: PoolName) -> Result<Option<Offer>, StoreError> {
+        Err(pools_unsupported())
+    }
+
+    async fn accept(&self, _: PoolName, _: AllocRequest) -> Result<Alloc, StoreError> {
+        Err(pools_unsupported())
+    }
+
+    async fn keepalive_alloc(&self, _: PoolName, _: AllocId, _: u64) -> Result<(u64, Alloc), StoreError> {
+        Err(pools_unsupported())
+    }
+
+    async fn free_alloc(&self, _: PoolName, _: AllocId) -> Result<EndedAlloc, StoreError> {
+        Err(pools_unsupported())
+    }
+
+    async fn inspect_alloc(&self, _: PoolName, _: AllocId) -> Result<AllocState, StoreError> {
+        Err(pools_unsupported())
+    }
+
+    async fn allocs(&self, _: PoolName) -> Result<Vec<Alloc>, StoreError> {
+        Err(pools_unsupported())
+    }
+
+    async fn stop_if_idle_for(&self, _: PoolName, _: u64) -> Result<(bool, u64), StoreError> {
+        Err(pools_unsupported())
+    }
+
+    /// The wall clock: pools are not in this backend yet, and nothing else here reads it.
+    fn now(&self) -> allot_core::Millis {
+        std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_millis() as u64)
     }
 
     fn commit_stats(&self) -> CommitStats {

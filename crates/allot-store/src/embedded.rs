@@ -22,17 +22,22 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{mpsc, Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
+use allot_core::pool::{
+    Alloc, AllocId, AllocRequest, AllocState, EndedAlloc, LeaseRules, Offer, PoolChange, PoolError, PoolName, PoolView,
+    Pools,
+};
 use allot_core::{
     AllocateRequest, Change, Decision, Effects, Grant, Ledger, LedgerError, Millis, NamespaceName, NamespaceView,
-    Session, SessionId, Token, WaiterId, WaiterView,
+    Resources, Session, SessionId, Token, WaiterId, WaiterView,
 };
 use async_trait::async_trait;
 use redb::{Database, Durability, ReadableTable, StorageBackend};
 use tokio::sync::{oneshot, watch};
 
 use crate::records::{
-    decode, encode, CorruptRecord, GrantRecord, NamespaceRecord, SessionRecord, FORMAT_VERSION, GRANTS, META,
-    META_CLOCK, META_FORMAT, META_SEQ, NAMESPACES, RETIRED_FENCING, SESSIONS,
+    decode, encode, resources_from, resources_record, AllocRecord, CorruptRecord, GrantRecord, NamespaceRecord,
+    PoolRecord, SessionRecord, ALLOCS, FORMAT_VERSION, GRANTS, META, META_CLOCK, META_FORMAT, META_SEQ, NAMESPACES,
+    POOLS, RETIRED_FENCING, SESSIONS,
 };
 use crate::{check_wait, expires_in, Allocation, CommitStats, GrantInfo, SessionInfo, Store, StoreError};
 
@@ -64,6 +69,8 @@ pub enum OpenError {
     Corrupt(#[from] CorruptRecord),
     #[error("the database's records do not fit together: {0}")]
     Restore(#[from] allot_core::RestoreError),
+    #[error("the database's pool records do not fit together: {0}")]
+    RestorePools(#[from] PoolError),
     #[error("the database was written in format {found}; this allot reads format {FORMAT_VERSION}")]
     Format { found: u64 },
 }
@@ -118,6 +125,7 @@ type Ack = oneshot::Sender<Result<(), StoreError>>;
 struct Pending {
     epoch: u64,
     changes: Vec<Change>,
+    pool_changes: Vec<PoolChange>,
     ack: Option<Ack>,
     woken: Vec<(oneshot::Sender<WaiterAnswer>, Grant)>,
     cancelled: Vec<(oneshot::Sender<WaiterAnswer>, LedgerError)>,
@@ -125,6 +133,7 @@ struct Pending {
 
 struct State {
     ledger: Ledger,
+    pools: Pools,
     waiters: HashMap<WaiterId, oneshot::Sender<WaiterAnswer>>,
     /// `None` once shut down.
     queue: Option<mpsc::Sender<Pending>>,
@@ -150,6 +159,16 @@ impl State {
 
     /// Queues `effects` for commit; the receiver answers once they are durable.
     fn submit(&mut self, shared: &Shared, effects: Effects) -> oneshot::Receiver<Result<(), StoreError>> {
+        self.submit_all(shared, effects, Vec::new())
+    }
+
+    /// Queues ledger effects and pool changes for one commit.
+    fn submit_all(
+        &mut self,
+        shared: &Shared,
+        effects: Effects,
+        pool_changes: Vec<PoolChange>,
+    ) -> oneshot::Receiver<Result<(), StoreError>> {
         let (ack, rx) = oneshot::channel();
         let waiters = &mut self.waiters;
         let woken: Vec<_> =
@@ -159,6 +178,7 @@ impl State {
         let pending = Pending {
             epoch: shared.epoch.load(Ordering::SeqCst),
             changes: effects.changes,
+            pool_changes,
             ack: Some(ack),
             woken,
             cancelled,
@@ -221,11 +241,11 @@ impl EmbeddedStore {
 
     fn open_with(opener: Opener) -> Result<EmbeddedStore, OpenError> {
         let db = opener()?;
-        let Loaded { ledger, clock, seq } = load(&db)?;
+        let Loaded { ledger, pools, clock, seq } = load(&db)?;
         let (queue, receiver) = mpsc::channel();
         let (shutdown, _) = watch::channel(false);
         let shared = Arc::new(Shared {
-            state: Mutex::new(State { ledger, waiters: HashMap::new(), queue: Some(queue), broken: None }),
+            state: Mutex::new(State { ledger, pools, waiters: HashMap::new(), queue: Some(queue), broken: None }),
             clock: Clock { base: clock, started: Instant::now() },
             epoch: AtomicU64::new(0),
             clock_written: AtomicU64::new(clock),
@@ -266,6 +286,34 @@ impl EmbeddedStore {
         };
         durable(rx).await?;
         Ok(value)
+    }
+
+    /// Runs a pool operation and waits until its changes are durable.
+    async fn mutate_pools<T>(
+        &self,
+        op: impl FnOnce(&mut Pools, Millis) -> Result<(T, Vec<PoolChange>), PoolError>,
+    ) -> Result<T, StoreError> {
+        let (value, rx) = {
+            let mut state = self.lock();
+            state.usable(&self.shared)?;
+            let now = self.shared.clock.now();
+            let (value, changes) = op(&mut state.pools, now)?;
+            if changes.is_empty() {
+                return Ok(value);
+            }
+            (value, state.submit_all(&self.shared, Effects::default(), changes))
+        };
+        durable(rx).await?;
+        Ok(value)
+    }
+
+    /// Runs a read-only query over the pools.
+    fn read_pools<T>(&self, query: impl FnOnce(&Pools, Millis) -> Result<T, PoolError>) -> Result<T, StoreError> {
+        let state = self.lock();
+        if let Some(reason) = &state.broken {
+            return Err(StoreError::Unavailable(reason.clone()));
+        }
+        Ok(query(&state.pools, self.shared.clock.now())?)
     }
 
     /// Runs a read-only query over the ledger.
@@ -369,6 +417,7 @@ fn open_file(path: &Path) -> Result<Database, OpenError> {
 /// What a database holds, rebuilt.
 struct Loaded {
     ledger: Ledger,
+    pools: Pools,
     /// The daemon clock at the last commit.
     clock: Millis,
     /// The number of the last commit.
@@ -386,6 +435,7 @@ fn load(db: &Database) -> Result<Loaded, OpenError> {
     if !initialized {
         init_tables(db)?;
     }
+    ensure_pool_tables(db)?;
     let txn = db.begin_read().map_err(|e| read_err(e.into()))?;
     let format = txn
         .open_table(META)
@@ -396,6 +446,26 @@ fn load(db: &Database) -> Result<Loaded, OpenError> {
     }
     drop(txn);
     load_records(db)
+}
+
+/// Creates the pool tables in a database written before pools existed (format 1 gained them
+/// without a new version: they are only added).
+fn ensure_pool_tables(db: &Database) -> Result<(), OpenError> {
+    let read_err = |err: redb::Error| OpenError::Read(err.to_string());
+    let exists = {
+        let txn = db.begin_read().map_err(|e| read_err(e.into()))?;
+        let pools = txn.open_table(POOLS).is_ok();
+        let allocs = txn.open_table(ALLOCS).is_ok();
+        pools && allocs
+    };
+    if exists {
+        return Ok(());
+    }
+    let txn = db.begin_write().map_err(|e| read_err(e.into()))?;
+    txn.open_table(POOLS).map_err(|e| read_err(e.into()))?;
+    txn.open_table(ALLOCS).map_err(|e| read_err(e.into()))?;
+    txn.commit().map_err(|e| read_err(e.into()))?;
+    Ok(())
 }
 
 /// Creates the tables and the format marker of a new database.
@@ -468,7 +538,30 @@ fn load_records(db: &Database) -> Result<Loaded, OpenError> {
         grants.push(record.into_grant(namespace, token)?);
     }
     let ledger = Ledger::restore(namespaces, retired, sessions, grants)?;
-    Ok(Loaded { ledger, clock, seq })
+    let mut pools = Vec::new();
+    for entry in txn.open_table(POOLS).map_err(|e| read_err(e.into()))?.iter().map_err(|e| read_err(e.into()))? {
+        let (key, value) = entry.map_err(|e| read_err(e.into()))?;
+        let name = key.value();
+        let record: PoolRecord = decode("pools", name, value.value())?;
+        let pool = PoolName::new(name).map_err(|e| CorruptRecord {
+            table: "pools",
+            key: name.to_owned(),
+            reason: e.to_string(),
+        })?;
+        pools.push((pool, resources_from(record.capacity, "pools", name)?, record.stopped));
+    }
+    let (mut live, mut ended) = (Vec::new(), Vec::new());
+    for entry in txn.open_table(ALLOCS).map_err(|e| read_err(e.into()))?.iter().map_err(|e| read_err(e.into()))? {
+        let (key, value) = entry.map_err(|e| read_err(e.into()))?;
+        let (pool, id) = key.value();
+        let record: AllocRecord = decode("allocs", &format!("{pool}/{}", AllocId(id)), value.value())?;
+        match record.into_alloc(pool, id)? {
+            (alloc, None) => live.push(alloc),
+            (alloc, Some((ended_at, reason))) => ended.push(EndedAlloc { alloc, ended_at, reason }),
+        }
+    }
+    let pools = Pools::restore(LeaseRules::default(), pools, live, ended)?;
+    Ok(Loaded { ledger, pools, clock, seq })
 }
 
 /// Writes every change of `batch` in one durable transaction.
@@ -525,6 +618,32 @@ fn write_batch(db: &Database, batch: &[Pending], seq: u64, now: Millis) -> Resul
                 }
                 Change::SessionRemoved { id } => {
                     sessions.remove(id.0)?;
+                }
+            }
+        }
+        let mut pools = txn.open_table(POOLS)?;
+        let mut allocs = txn.open_table(ALLOCS)?;
+        for change in batch.iter().flat_map(|p| &p.pool_changes) {
+            match change {
+                PoolChange::Pool { name, capacity, stopped } => {
+                    let record = PoolRecord { capacity: resources_record(capacity), stopped: *stopped };
+                    pools.insert(name.as_str(), encode(&record).as_slice())?;
+                }
+                PoolChange::PoolRemoved { name } => {
+                    pools.remove(name.as_str())?;
+                    let name = name.as_str();
+                    allocs.retain_in((name, 0)..=(name, u64::MAX), |_, _| false)?;
+                }
+                PoolChange::Alloc(alloc) => {
+                    let record = AllocRecord::live(alloc);
+                    allocs.insert((alloc.pool.as_str(), alloc.id.0), encode(&record).as_slice())?;
+                }
+                PoolChange::AllocEnded(ended) => {
+                    let record = AllocRecord::ended(ended);
+                    allocs.insert((ended.alloc.pool.as_str(), ended.alloc.id.0), encode(&record).as_slice())?;
+                }
+                PoolChange::EndedDropped { pool, id } => {
+                    allocs.remove((pool.as_str(), id.0))?;
                 }
             }
         }
@@ -672,9 +791,10 @@ fn recover(shared: &Shared, old: Option<Database>, opener: &Opener) -> Option<(D
     }
     let reopened = opener().and_then(|db| load(&db).map(|loaded| (db, loaded)));
     match reopened {
-        Ok((db, Loaded { mut ledger, seq, .. })) => {
+        Ok((db, Loaded { mut ledger, pools, seq, .. })) => {
             ledger.carry_over_from(&state.ledger);
             state.ledger = ledger;
+            state.pools = pools;
             state.broken = None;
             tracing::info!(seq, "store rebuilt from the database");
             Some((db, seq))
@@ -708,9 +828,10 @@ async fn run_sweeper(shared: Arc<Shared>) {
         if effects.expired > 0 {
             tracing::debug!(expired = effects.expired, "leases expired");
         }
+        let pool_changes = state.pools.sweep(now);
         let checkpoint_due = now.saturating_sub(shared.clock_written.load(Ordering::Relaxed)) >= CLOCK_CHECKPOINT_MS;
-        if !effects.changes.is_empty() || !effects.cancelled.is_empty() {
-            drop(state.submit(&shared, effects));
+        if !effects.changes.is_empty() || !effects.cancelled.is_empty() || !pool_changes.is_empty() {
+            drop(state.submit_all(&shared, effects, pool_changes));
         }
         if checkpoint_due {
             drop(state.checkpoint(&shared));
@@ -870,6 +991,74 @@ impl Store for EmbeddedStore {
 
     async fn session(&self, id: SessionId) -> Result<SessionInfo, StoreError> {
         self.read(|ledger, now| Ok(session_info(ledger.session(id)?, now)))
+    }
+
+    async fn put_pool(&self, name: PoolName, capacity: Resources) -> Result<(bool, PoolView), StoreError> {
+        self.mutate_pools(|pools, now| {
+            let (created, changes) = pools.put_pool(&name, capacity);
+            Ok(((created, pools.pool(&name, now)?), changes))
+        })
+        .await
+    }
+
+    async fn remove_pool(&self, name: PoolName, force: bool) -> Result<usize, StoreError> {
+        self.mutate_pools(|pools, _| pools.remove_pool(&name, force)).await
+    }
+
+    async fn pools(&self) -> Result<Vec<PoolView>, StoreError> {
+        self.read_pools(|pools, now| Ok(pools.pools(now)))
+    }
+
+    async fn pool(&self, name: PoolName) -> Result<PoolView, StoreError> {
+        self.read_pools(|pools, now| pools.pool(&name, now))
+    }
+
+    async fn offer(&self, name: PoolName) -> Result<Option<Offer>, StoreError> {
+        self.read_pools(|pools, now| pools.offer(&name, now))
+    }
+
+    async fn accept(&self, name: PoolName, request: AllocRequest) -> Result<Alloc, StoreError> {
+        // Ids are drawn at random [Reflow `newID`]; a taken one is drawn again.
+        loop {
+            let id = AllocId(rand::random());
+            let request = request.clone();
+            match self.mutate_pools(|pools, now| pools.accept(&name, request, id, now)).await {
+                Err(StoreError::Pool(PoolError::AllocIdTaken { .. })) => continue,
+                res => return res,
+            }
+        }
+    }
+
+    async fn keepalive_alloc(&self, name: PoolName, id: AllocId, interval_ms: u64) -> Result<(u64, Alloc), StoreError> {
+        self.mutate_pools(|pools, now| {
+            let (granted, alloc, changes) = pools.keepalive(&name, id, interval_ms, now)?;
+            Ok(((granted, alloc), changes))
+        })
+        .await
+    }
+
+    async fn free_alloc(&self, name: PoolName, id: AllocId) -> Result<EndedAlloc, StoreError> {
+        self.mutate_pools(|pools, now| pools.free(&name, id, now)).await
+    }
+
+    async fn inspect_alloc(&self, name: PoolName, id: AllocId) -> Result<AllocState, StoreError> {
+        self.read_pools(|pools, _| pools.inspect(&name, id))
+    }
+
+    async fn allocs(&self, name: PoolName) -> Result<Vec<Alloc>, StoreError> {
+        self.read_pools(|pools, _| pools.allocs(&name))
+    }
+
+    async fn stop_if_idle_for(&self, name: PoolName, idle_ms: u64) -> Result<(bool, u64), StoreError> {
+        self.mutate_pools(|pools, now| {
+            let (stopped, until_idle, changes) = pools.stop_if_idle_for(&name, idle_ms, now)?;
+            Ok(((stopped, until_idle), changes))
+        })
+        .await
+    }
+
+    fn now(&self) -> Millis {
+        self.shared.clock.now()
     }
 
     fn commit_stats(&self) -> CommitStats {

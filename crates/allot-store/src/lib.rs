@@ -18,9 +18,10 @@ pub mod records;
 
 use std::time::Duration;
 
+use allot_core::pool::{Alloc, AllocId, AllocRequest, AllocState, EndedAlloc, Offer, PoolError, PoolName, PoolView};
 use allot_core::{
-    AllocateRequest, Grant, Lease, LedgerError, Millis, NamespaceName, NamespaceView, QueuePlace, Refusal, Session,
-    SessionId, Token, WaiterView,
+    AllocateRequest, Grant, Lease, LedgerError, Millis, NamespaceName, NamespaceView, QueuePlace, Refusal, Resources,
+    Session, SessionId, Token, WaiterView,
 };
 use async_trait::async_trait;
 
@@ -63,6 +64,12 @@ pub enum StoreError {
     /// A request the store refuses outright, such as a wait longer than [`MAX_WAIT`].
     #[error("{0}")]
     Invalid(String),
+    /// The request was refused by the rules of the pools (unknown pool, offer expired...).
+    #[error(transparent)]
+    Pool(#[from] PoolError),
+    /// This backend does not carry the operation yet.
+    #[error("{0}")]
+    Unsupported(String),
 }
 
 /// The answer to an allocate call.
@@ -147,6 +154,27 @@ pub trait Store: Send + Sync + 'static {
     async fn close_session(&self, id: SessionId) -> Result<SessionInfo, StoreError>;
     async fn sessions(&self) -> Result<Vec<SessionInfo>, StoreError>;
     async fn session(&self, id: SessionId) -> Result<SessionInfo, StoreError>;
+
+    /// Creates a pool or changes its capacity (a stopped pool starts again); true if created.
+    async fn put_pool(&self, name: PoolName, capacity: Resources) -> Result<(bool, PoolView), StoreError>;
+    /// Removes a pool; with `force`, also when it has allocs. Returns how many allocs ended.
+    async fn remove_pool(&self, name: PoolName, force: bool) -> Result<usize, StoreError>;
+    async fn pools(&self) -> Result<Vec<PoolView>, StoreError>;
+    async fn pool(&self, name: PoolName) -> Result<PoolView, StoreError>;
+    /// The pool's one offer (everything free), or `None` when nothing is free or it is stopped.
+    async fn offer(&self, name: PoolName) -> Result<Option<Offer>, StoreError>;
+    /// Accepts the pool's offer: makes an alloc, or answers [`PoolError::OfferExpired`].
+    async fn accept(&self, name: PoolName, request: AllocRequest) -> Result<Alloc, StoreError>;
+    /// Renews an alloc's lease; returns the interval granted (ms) and the alloc.
+    async fn keepalive_alloc(&self, name: PoolName, id: AllocId, interval_ms: u64) -> Result<(u64, Alloc), StoreError>;
+    async fn free_alloc(&self, name: PoolName, id: AllocId) -> Result<EndedAlloc, StoreError>;
+    async fn inspect_alloc(&self, name: PoolName, id: AllocId) -> Result<AllocState, StoreError>;
+    /// The live allocs of a pool.
+    async fn allocs(&self, name: PoolName) -> Result<Vec<Alloc>, StoreError>;
+    /// Stops the pool if it has been idle for `idle_ms`; else the time (ms) until it would be.
+    async fn stop_if_idle_for(&self, name: PoolName, idle_ms: u64) -> Result<(bool, u64), StoreError>;
+    /// The store's clock now (ms), the time base of allocs' `created`, `expires`...
+    fn now(&self) -> Millis;
 
     fn commit_stats(&self) -> CommitStats;
 

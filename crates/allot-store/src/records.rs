@@ -5,13 +5,18 @@
 //! - `retired_fencing`: namespace -> next fencing number of a removed namespace
 //! - `grants`: (namespace, token) -> [`GrantRecord`]
 //! - `sessions`: session id -> [`SessionRecord`]
+//! - `pools`: pool -> [`PoolRecord`]
+//! - `allocs`: (pool, alloc id) -> [`AllocRecord`] (live allocs and ended ones still retained)
 //! - `meta`: `format` -> [`FORMAT_VERSION`], `clock` -> the daemon clock at the last commit,
 //!   `seq` -> the number of the last commit
 //!
 //! Values are postcard-encoded. The format version is checked at open: a file written by a newer
 //! format is refused rather than misread.
 
-use allot_core::{Grant, Lease, Millis, NamespaceName, Scope, SessionId, Token};
+use std::collections::BTreeMap;
+
+use allot_core::pool::{Alloc, AllocId, EndReason, EndedAlloc, PoolName};
+use allot_core::{Grant, Lease, Millis, NamespaceName, ResourceName, Resources, Scope, SessionId, Token};
 use redb::TableDefinition;
 use serde::{Deserialize, Serialize};
 
@@ -22,6 +27,8 @@ pub const RETIRED_FENCING: TableDefinition<&str, u64> = TableDefinition::new("re
 pub const GRANTS: TableDefinition<(&str, &str), &[u8]> = TableDefinition::new("grants");
 pub const SESSIONS: TableDefinition<u128, &[u8]> = TableDefinition::new("sessions");
 pub const META: TableDefinition<&str, u64> = TableDefinition::new("meta");
+pub const POOLS: TableDefinition<&str, &[u8]> = TableDefinition::new("pools");
+pub const ALLOCS: TableDefinition<(&str, u64), &[u8]> = TableDefinition::new("allocs");
 
 pub const META_FORMAT: &str = "format";
 pub const META_CLOCK: &str = "clock";
@@ -107,5 +114,100 @@ impl GrantRecord {
             },
             granted_at: self.granted_at,
         })
+    }
+}
+
+/// A resource vector: (name, milli-units) pairs.
+pub type ResourcesRecord = Vec<(String, u64)>;
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PoolRecord {
+    pub capacity: ResourcesRecord,
+    pub stopped: bool,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct AllocRecord {
+    pub resources: ResourcesRecord,
+    pub owner: String,
+    pub labels: BTreeMap<String, String>,
+    pub created: Millis,
+    pub last_keepalive: Option<Millis>,
+    pub expires: Millis,
+    /// When and why it ended (0 freed, 1 reclaimed, 2 pool stopped, 3 pool removed).
+    pub ended: Option<(Millis, u8)>,
+}
+
+pub fn resources_record(resources: &Resources) -> ResourcesRecord {
+    resources.iter().map(|(name, milli)| (name.as_str().to_owned(), milli)).collect()
+}
+
+pub fn resources_from(record: ResourcesRecord, table: &'static str, key: &str) -> Result<Resources, CorruptRecord> {
+    let mut resources = Resources::new();
+    for (name, milli) in record {
+        let name = ResourceName::new(&name).map_err(|e| CorruptRecord {
+            table,
+            key: key.to_owned(),
+            reason: e.to_string(),
+        })?;
+        resources.set_milli(name, milli);
+    }
+    Ok(resources)
+}
+
+fn reason_code(reason: EndReason) -> u8 {
+    match reason {
+        EndReason::Freed => 0,
+        EndReason::Reclaimed => 1,
+        EndReason::PoolStopped => 2,
+        EndReason::PoolRemoved => 3,
+    }
+}
+
+impl AllocRecord {
+    pub fn live(alloc: &Alloc) -> AllocRecord {
+        AllocRecord {
+            resources: resources_record(&alloc.resources),
+            owner: alloc.owner.clone(),
+            labels: alloc.labels.clone(),
+            created: alloc.created,
+            last_keepalive: alloc.last_keepalive,
+            expires: alloc.expires,
+            ended: None,
+        }
+    }
+
+    pub fn ended(ended: &EndedAlloc) -> AllocRecord {
+        AllocRecord { ended: Some((ended.ended_at, reason_code(ended.reason))), ..AllocRecord::live(&ended.alloc) }
+    }
+
+    /// The alloc, and when and why it ended if it did.
+    pub fn into_alloc(self, pool: &str, id: u64) -> Result<(Alloc, Option<(Millis, EndReason)>), CorruptRecord> {
+        let key = format!("{pool}/{}", AllocId(id));
+        let corrupt = |reason: String| CorruptRecord { table: "allocs", key: key.clone(), reason };
+        let alloc = Alloc {
+            pool: PoolName::new(pool).map_err(|e| corrupt(e.to_string()))?,
+            id: AllocId(id),
+            resources: resources_from(self.resources, "allocs", &key)?,
+            owner: self.owner,
+            labels: self.labels,
+            created: self.created,
+            last_keepalive: self.last_keepalive,
+            expires: self.expires,
+        };
+        let ended = match self.ended {
+            None => None,
+            Some((at, code)) => Some((
+                at,
+                match code {
+                    0 => EndReason::Freed,
+                    1 => EndReason::Reclaimed,
+                    2 => EndReason::PoolStopped,
+                    3 => EndReason::PoolRemoved,
+                    other => return Err(corrupt(format!("unknown end reason {other}"))),
+                },
+            )),
+        };
+        Ok((alloc, ended))
     }
 }

@@ -1,0 +1,172 @@
+//! The handlers of leased resource pools: one per route, each a thin conversion around one
+//! `Store` call.
+
+use allot_api as api;
+use allot_core::pool::{PoolError, OFFER_ID};
+use axum::extract::State;
+use axum::http::StatusCode;
+use axum::Json;
+use serde::Deserialize;
+
+use crate::convert;
+use crate::error::ApiError;
+use crate::extract::{JsonBody, QueryArgs, Segments};
+use crate::AppState;
+
+type Answer<T> = Result<Json<T>, ApiError>;
+
+#[utoipa::path(get, path = "/v1/pools", tag = "pools", responses((status = 200, body = api::PoolList)))]
+pub(crate) async fn list_pools(State(state): State<AppState>) -> Answer<api::PoolList> {
+    let pools = state.store.pools().await?;
+    Ok(Json(api::PoolList { pools: pools.into_iter().map(convert::pool).collect() }))
+}
+
+#[utoipa::path(get, path = "/v1/pools/{pool}", tag = "pools",
+    params(("pool" = String, Path)),
+    responses((status = 200, body = api::Pool), (status = 404, body = api::ErrorBody, description = "pool_not_found")))]
+pub(crate) async fn get_pool(State(state): State<AppState>, Segments(name): Segments<String>) -> Answer<api::Pool> {
+    Ok(Json(convert::pool(state.store.pool(convert::pool_name(&name)?).await?)))
+}
+
+#[utoipa::path(put, path = "/v1/pools/{pool}", tag = "pools",
+    params(("pool" = String, Path)),
+    request_body = api::PutPool,
+    responses((status = 201, body = api::PutPoolResponse, description = "created"),
+        (status = 200, body = api::PutPoolResponse, description = "capacity changed, or a stopped pool started"),
+        (status = 400, body = api::ErrorBody, description = "invalid_name or invalid_resources")))]
+pub(crate) async fn put_pool(
+    State(state): State<AppState>,
+    Segments(name): Segments<String>,
+    JsonBody(body): JsonBody<api::PutPool>,
+) -> Result<(StatusCode, Json<api::PutPoolResponse>), ApiError> {
+    let capacity = convert::resources(&body.capacity)?;
+    let (created, view) = state.store.put_pool(convert::pool_name(&name)?, capacity).await?;
+    let status = if created { StatusCode::CREATED } else { StatusCode::OK };
+    Ok((status, Json(api::PutPoolResponse { created, pool: convert::pool(view) })))
+}
+
+#[derive(Debug, Deserialize, utoipa::IntoParams)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct RemovePoolQuery {
+    /// Remove the pool even if it has allocs (they end with it).
+    #[serde(default)]
+    force: bool,
+}
+
+#[utoipa::path(delete, path = "/v1/pools/{pool}", tag = "pools",
+    params(("pool" = String, Path), RemovePoolQuery),
+    responses((status = 200, body = api::RemovedPool), (status = 404, body = api::ErrorBody),
+        (status = 409, body = api::ErrorBody, description = "pool_in_use")))]
+pub(crate) async fn remove_pool(
+    State(state): State<AppState>,
+    Segments(name): Segments<String>,
+    QueryArgs(query): QueryArgs<RemovePoolQuery>,
+) -> Answer<api::RemovedPool> {
+    let ended = state.store.remove_pool(convert::pool_name(&name)?, query.force).await?;
+    Ok(Json(api::RemovedPool { name, allocs_ended: ended as u64 }))
+}
+
+/// The pool's offers: one holding everything free, or none.
+#[utoipa::path(get, path = "/v1/pools/{pool}/offers", tag = "pools",
+    params(("pool" = String, Path)),
+    responses((status = 200, body = api::OfferList), (status = 404, body = api::ErrorBody)))]
+pub(crate) async fn list_offers(
+    State(state): State<AppState>,
+    Segments(name): Segments<String>,
+) -> Answer<api::OfferList> {
+    let offer = state.store.offer(convert::pool_name(&name)?).await?;
+    Ok(Json(api::OfferList { offers: offer.into_iter().map(convert::offer).collect() }))
+}
+
+/// Accepts an offer: makes an alloc with at least `min` and at most `max`.
+#[utoipa::path(post, path = "/v1/pools/{pool}/offers/{offer}", tag = "pools",
+    params(("pool" = String, Path), ("offer" = String, Path, description = "the offer's id (`1`)")),
+    request_body = api::Accept,
+    responses((status = 201, body = api::Alloc),
+        (status = 409, body = api::ErrorBody, description = "offer_expired: the room is gone, try another offer; pool_stopped"),
+        (status = 400, body = api::ErrorBody, description = "invalid_resources or invalid_argument"),
+        (status = 404, body = api::ErrorBody, description = "pool_not_found")))]
+pub(crate) async fn accept(
+    State(state): State<AppState>,
+    Segments((name, offer)): Segments<(String, String)>,
+    JsonBody(body): JsonBody<api::Accept>,
+) -> Result<(StatusCode, Json<api::Alloc>), ApiError> {
+    let pool = convert::pool_name(&name)?;
+    let request = convert::alloc_request(body)?;
+    if offer != OFFER_ID {
+        let free = state.store.offer(pool.clone()).await?.map(|o| o.available).unwrap_or_default();
+        return Err(PoolError::OfferExpired { pool, wanted: request.min, free }.into());
+    }
+    let alloc = state.store.accept(pool, request).await?;
+    Ok((StatusCode::CREATED, Json(convert::alloc(alloc, None, state.store.now()))))
+}
+
+#[utoipa::path(get, path = "/v1/pools/{pool}/allocs", tag = "pools",
+    params(("pool" = String, Path)),
+    responses((status = 200, body = api::AllocList), (status = 404, body = api::ErrorBody)))]
+pub(crate) async fn list_allocs(
+    State(state): State<AppState>,
+    Segments(name): Segments<String>,
+) -> Answer<api::AllocList> {
+    let allocs = state.store.allocs(convert::pool_name(&name)?).await?;
+    let now = state.store.now();
+    Ok(Json(api::AllocList { allocs: allocs.into_iter().map(|a| convert::alloc(a, None, now)).collect() }))
+}
+
+/// Inspects an alloc, live or ended (kept for a while after it ends, with the reason).
+#[utoipa::path(get, path = "/v1/pools/{pool}/allocs/{alloc}", tag = "pools",
+    params(("pool" = String, Path), ("alloc" = String, Path, description = "16 hex digits")),
+    responses((status = 200, body = api::Alloc), (status = 404, body = api::ErrorBody, description = "alloc_not_found")))]
+pub(crate) async fn get_alloc(
+    State(state): State<AppState>,
+    Segments((name, id)): Segments<(String, String)>,
+) -> Answer<api::Alloc> {
+    let found = state.store.inspect_alloc(convert::pool_name(&name)?, convert::alloc_id(&id)?).await?;
+    Ok(Json(convert::alloc_state(found, state.store.now())))
+}
+
+/// Frees an alloc; freeing an ended alloc answers its record again.
+#[utoipa::path(delete, path = "/v1/pools/{pool}/allocs/{alloc}", tag = "pools",
+    params(("pool" = String, Path), ("alloc" = String, Path)),
+    responses((status = 200, body = api::Alloc), (status = 404, body = api::ErrorBody)))]
+pub(crate) async fn free_alloc(
+    State(state): State<AppState>,
+    Segments((name, id)): Segments<(String, String)>,
+) -> Answer<api::Alloc> {
+    let ended = state.store.free_alloc(convert::pool_name(&name)?, convert::alloc_id(&id)?).await?;
+    Ok(Json(convert::ended_alloc(ended, state.store.now())))
+}
+
+/// Renews an alloc's lease; answers the interval granted. `alloc_ended` (410) is final.
+#[utoipa::path(post, path = "/v1/pools/{pool}/allocs/{alloc}/keepalive", tag = "pools",
+    params(("pool" = String, Path), ("alloc" = String, Path)),
+    request_body = api::AllocKeepalive,
+    responses((status = 200, body = api::AllocKeepaliveResponse),
+        (status = 410, body = api::ErrorBody, description = "alloc_ended: freed or reclaimed; stop keeping it alive"),
+        (status = 404, body = api::ErrorBody)))]
+pub(crate) async fn keepalive_alloc(
+    State(state): State<AppState>,
+    Segments((name, id)): Segments<(String, String)>,
+    JsonBody(body): JsonBody<api::AllocKeepalive>,
+) -> Answer<api::AllocKeepaliveResponse> {
+    let (granted, alloc) =
+        state.store.keepalive_alloc(convert::pool_name(&name)?, convert::alloc_id(&id)?, body.interval_ms).await?;
+    Ok(Json(api::AllocKeepaliveResponse {
+        interval_ms: granted,
+        alloc: convert::alloc(alloc, None, state.store.now()),
+    }))
+}
+
+/// Stops the pool if every alloc's lease has lapsed for `idle_ms`.
+#[utoipa::path(post, path = "/v1/pools/{pool}/stop-if-idle", tag = "pools",
+    params(("pool" = String, Path)),
+    request_body = api::StopIfIdle,
+    responses((status = 200, body = api::StopIfIdleResponse), (status = 404, body = api::ErrorBody)))]
+pub(crate) async fn stop_if_idle(
+    State(state): State<AppState>,
+    Segments(name): Segments<String>,
+    JsonBody(body): JsonBody<api::StopIfIdle>,
+) -> Answer<api::StopIfIdleResponse> {
+    let (stopped, until_idle_ms) = state.store.stop_if_idle_for(convert::pool_name(&name)?, body.idle_ms).await?;
+    Ok(Json(api::StopIfIdleResponse { stopped, until_idle_ms }))
+}
