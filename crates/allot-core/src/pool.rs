@@ -134,6 +134,17 @@ pub enum EndReason {
     PoolRemoved,
 }
 
+impl fmt::Display for EndReason {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            EndReason::Freed => "freed",
+            EndReason::Reclaimed => "reclaimed after its lease lapsed",
+            EndReason::PoolStopped => "its pool was stopped as idle",
+            EndReason::PoolRemoved => "its pool was removed",
+        })
+    }
+}
+
 /// An alloc that ended, kept for [`LeaseRules::retention_ms`] [Reflow's zombie allocs].
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct EndedAlloc {
@@ -215,7 +226,7 @@ pub enum PoolError {
     OfferExpired { pool: PoolName, wanted: Resources, free: Resources },
     #[error("alloc `{pool}/{id}` does not exist")]
     AllocNotFound { pool: PoolName, id: AllocId },
-    #[error("alloc `{pool}/{id}` has ended ({reason:?}); it cannot be kept alive")]
+    #[error("alloc `{pool}/{id}` has ended ({reason}); it cannot be kept alive")]
     AllocEnded { pool: PoolName, id: AllocId, reason: EndReason },
     #[error("alloc id `{pool}/{id}` is already taken")]
     AllocIdTaken { pool: PoolName, id: AllocId },

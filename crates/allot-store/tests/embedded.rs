@@ -163,3 +163,41 @@ async fn removing_a_namespace_removes_grants_with_any_token() {
     assert!(store.grants(ns("hive")).await.unwrap().is_empty(), "grants of the removed namespace came back");
     store.shutdown().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn pools_and_allocs_survive_a_restart_with_the_lease_time_they_had_left() {
+    use allot_core::pool::{AllocRequest, AllocState, EndReason, PoolName};
+    let dir = tempfile::tempdir().unwrap();
+    let pool = PoolName::new("worker-1").unwrap();
+    let store = open(dir.path());
+    store.put_pool(pool.clone(), "cpu=4,mem=8GiB".parse().unwrap()).await.unwrap();
+    let request = |min: &str| AllocRequest { min: min.parse().unwrap(), owner: "me".into(), ..AllocRequest::default() };
+    let kept = store.accept(pool.clone(), request("cpu=2,mem=4GiB")).await.unwrap();
+    let freed = store.accept(pool.clone(), request("cpu=1")).await.unwrap();
+    store.free_alloc(pool.clone(), freed.id).await.unwrap();
+    let (granted, renewed) = store.keepalive_alloc(pool.clone(), kept.id, 3_000).await.unwrap();
+    assert_eq!(granted, 3_000);
+    tokio::time::sleep(Duration::from_millis(1000)).await;
+    store.shutdown().await;
+    drop(store);
+
+    // Down for 1.5 s: that time does not count against the lease (unlike Reflow, whose restored
+    // allocs came back already expired).
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    let store = open(dir.path());
+    match store.inspect_alloc(pool.clone(), kept.id).await.unwrap() {
+        AllocState::Live(alloc) => {
+            assert_eq!(alloc, renewed);
+            let left = alloc.expires.saturating_sub(store.now());
+            assert!((1500..=2100).contains(&left), "the lease should have about 2000 ms left, has {left}");
+        }
+        ended => panic!("{ended:?}"),
+    }
+    match store.inspect_alloc(pool.clone(), freed.id).await.unwrap() {
+        AllocState::Ended(ended) => assert_eq!(ended.reason, EndReason::Freed),
+        live => panic!("{live:?}"),
+    }
+    let offer = store.offer(pool.clone()).await.unwrap().unwrap();
+    assert_eq!(offer.available, "cpu=2,mem=4GiB".parse().unwrap());
+    store.shutdown().await;
+}

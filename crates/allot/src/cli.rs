@@ -43,10 +43,10 @@ Exit codes (the same with --json):
 pub(crate) struct Common {
     /// The daemon's URL.
     #[arg(long, value_name = "URL", env = "ALLOT_SERVER", default_value = "http://127.0.0.1:7070")]
-    server: String,
+    pub(crate) server: String,
     /// Print the daemon's answer as pretty JSON, for scripts (exit codes stay the same).
     #[arg(long)]
-    json: bool,
+    pub(crate) json: bool,
 }
 
 #[derive(Debug, clap::Subcommand)]
@@ -470,14 +470,18 @@ async fn run_session(command: &SessionCommand) -> Result<u8, ClientError> {
     }
 }
 
-fn client(common: &Common) -> Result<Client, ClientError> {
+pub(crate) fn client(common: &Common) -> Result<Client, ClientError> {
     // A person at a terminal wants an answer soon; scripts that must not lose a release can
     // run the command again.
     Ok(Client::new(&common.server)?.with_release_retry(std::time::Duration::from_secs(10)))
 }
 
 /// Prints `value` as JSON or as `human` text; answers [`EXIT_OK`].
-fn emit<T: Serialize>(common: &Common, value: &T, human: impl FnOnce(&T) -> String) -> Result<u8, ClientError> {
+pub(crate) fn emit<T: Serialize>(
+    common: &Common,
+    value: &T,
+    human: impl FnOnce(&T) -> String,
+) -> Result<u8, ClientError> {
     let text = if common.json {
         let mut text = serde_json::to_string_pretty(value).map_err(|err| ClientError::Decode(err.to_string()))?;
         text.push('\n');
@@ -500,7 +504,7 @@ fn print_stdout(text: &str) {
 }
 
 /// Turns a command's outcome into the process's exit code, reporting errors on stderr.
-fn finish(common: &Common, outcome: Result<u8, ClientError>) -> ExitCode {
+pub(crate) fn finish(common: &Common, outcome: Result<u8, ClientError>) -> ExitCode {
     match outcome {
         Ok(code) => ExitCode::from(code),
         Err(ClientError::Api { code, message, .. }) => {
@@ -688,7 +692,7 @@ fn millis(duration: Duration) -> u64 {
 
 /// A name as it is printed: quoted (Rust string syntax) when it is empty or holds spaces, quotes
 /// or control characters, so table columns and one-line answers stay readable.
-fn show(name: &str) -> String {
+pub(crate) fn show(name: &str) -> String {
     if name.is_empty() || name.chars().any(|c| c.is_whitespace() || c.is_control() || c == '"' || c == '\\') {
         format!("{name:?}")
     } else {
@@ -697,7 +701,7 @@ fn show(name: &str) -> String {
 }
 
 /// Milliseconds for people: `500ms`, `30s`, `29.5s`, `5m`, `1h2m3s`.
-fn format_ms(ms: u64) -> String {
+pub(crate) fn format_ms(ms: u64) -> String {
     if ms < 1_000 {
         return format!("{ms}ms");
     }
@@ -717,28 +721,28 @@ fn format_ms(ms: u64) -> String {
 }
 
 #[derive(Clone, Copy)]
-enum Align {
+pub(crate) enum Align {
     Left,
     Right,
 }
 
 /// A plain-text table: a header row, then one row per item, columns two spaces apart.
-struct Table {
+pub(crate) struct Table {
     columns: Vec<(&'static str, Align)>,
     rows: Vec<Vec<String>>,
 }
 
 impl Table {
-    fn new(columns: &[(&'static str, Align)]) -> Table {
+    pub(crate) fn new(columns: &[(&'static str, Align)]) -> Table {
         Table { columns: columns.to_vec(), rows: Vec::new() }
     }
 
-    fn row(&mut self, cells: Vec<String>) {
+    pub(crate) fn row(&mut self, cells: Vec<String>) {
         debug_assert_eq!(cells.len(), self.columns.len());
         self.rows.push(cells);
     }
 
-    fn render(&self) -> String {
+    pub(crate) fn render(&self) -> String {
         let width = |text: &str| text.chars().count();
         let widths: Vec<usize> = self
             .columns
@@ -776,7 +780,7 @@ impl Table {
 }
 
 /// `key: value` lines with the values aligned.
-fn key_values(pairs: &[(&str, String)]) -> String {
+pub(crate) fn key_values(pairs: &[(&str, String)]) -> String {
     let width = pairs.iter().map(|(key, _)| key.len()).max().unwrap_or(0);
     let mut out = String::new();
     for (key, value) in pairs {

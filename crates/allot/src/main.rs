@@ -3,6 +3,7 @@
 
 mod bench;
 mod cli;
+mod cli_pools;
 mod duration;
 mod serve;
 
@@ -31,6 +32,12 @@ enum Command {
     /// Open, keep alive, close and list sessions.
     #[command(subcommand)]
     Session(cli::SessionCommand),
+    /// Create, change, list, stop and remove leased resource pools; show their offers.
+    #[command(subcommand)]
+    Pool(cli_pools::PoolCommand),
+    /// Accept offers, keep allocs alive, free and inspect them (`pool/alloc`).
+    #[command(subcommand)]
+    Alloc(cli_pools::AllocCommand),
     /// Measure a daemon under load (and compare it with a baseline server).
     Bench(bench::BenchArgs),
     /// The benchmark's baseline: an HTTP server that answers every request at once.
@@ -53,6 +60,8 @@ fn main() -> ExitCode {
             Command::Quota(command) => cli::quota(command).await,
             Command::Token(command) => cli::token(command).await,
             Command::Session(command) => cli::session(command).await,
+            Command::Pool(command) => cli_pools::pool(command).await,
+            Command::Alloc(command) => cli_pools::alloc(command).await,
             Command::Bench(args) => bench::run(args).await.map(|()| ExitCode::SUCCESS),
             Command::BaselineServer(args) => bench::baseline_server(args).await.map(|()| ExitCode::SUCCESS),
         }

@@ -51,3 +51,40 @@ async fn exit_codes_tell_granted_exhausted_cap_and_errors_apart() {
     .await
     .unwrap();
 }
+
+#[tokio::test]
+async fn pools_and_allocs_from_the_command_line() {
+    let (_dir, data) = data_dir();
+    let daemon = tokio::task::spawn_blocking(move || Daemon::start(&data, &[])).await.unwrap();
+    tokio::task::spawn_blocking(move || {
+        let d = &daemon;
+        let text = |output: &Output| String::from_utf8_lossy(&output.stdout).into_owned();
+        let set = allot(d, &["pool", "set", "worker-1", "cpu=4,mem=16GiB"]);
+        assert_eq!((code(&set), text(&set)), (0, "created pool worker-1 with capacity cpu=4,mem=16GiB\n".into()));
+        let offers = allot(d, &["pool", "offers", "worker-1"]);
+        assert_eq!(text(&offers), "worker-1/1: cpu=4,mem=16GiB\n");
+        let accepted = allot(d, &["alloc", "accept", "worker-1", "cpu=1", "--max", "cpu=2,mem=1GiB", "--json"]);
+        assert_eq!(code(&accepted), 0, "{accepted:?}");
+        let alloc: serde_json::Value = serde_json::from_slice(&accepted.stdout).unwrap();
+        assert_eq!(alloc["resources"], "cpu=2,mem=1GiB");
+        let uri = alloc["uri"].as_str().unwrap();
+        let kept = allot(d, &["alloc", "keepalive", uri, "1h"]);
+        assert_eq!(text(&kept), format!("kept alive {uri} for 5m\n"), "the daemon caps the lease");
+        let late = allot(d, &["alloc", "accept", "worker-1", "cpu=3"]);
+        assert_eq!(code(&late), 1);
+        assert!(String::from_utf8_lossy(&late.stderr).contains("offer_expired"), "{late:?}");
+        let freed = allot(d, &["alloc", "free", uri]);
+        assert_eq!(code(&freed), 0, "{freed:?}");
+        let gone = allot(d, &["alloc", "keepalive", uri]);
+        assert!(String::from_utf8_lossy(&gone.stderr).contains("alloc_ended"), "{gone:?}");
+        let list = allot(d, &["pool", "list"]);
+        assert!(text(&list).starts_with("POOL"), "{list:?}");
+        let bad = allot(d, &["pool", "set", "p", "cpu=lots"]);
+        assert_eq!(code(&bad), 1);
+        assert!(String::from_utf8_lossy(&bad.stderr).contains("invalid_resources"), "{bad:?}");
+        let stopped = allot(d, &["pool", "stop-if-idle", "worker-1", "0s"]);
+        assert_eq!(text(&stopped), "stopped pool worker-1\n");
+    })
+    .await
+    .unwrap();
+}

@@ -1,0 +1,314 @@
+//! The CLI commands of leased resource pools: `allot pool ...` and `allot alloc ...`. Resources
+//! are written in their text form, e.g. `cpu=4,mem=16GiB,gpu=1`.
+
+use std::process::ExitCode;
+use std::time::Duration;
+
+use allot_client::{Accept, Alloc, ClientError, Pool};
+
+use crate::cli::{client, emit, finish, format_ms, key_values, show, Align, Common, Table};
+
+/// The id of a pool's one offer.
+const OFFER: &str = "1";
+
+#[derive(Debug, clap::Subcommand)]
+pub(crate) enum PoolCommand {
+    /// List the pools with their capacity and use.
+    List {
+        #[command(flatten)]
+        common: Common,
+    },
+    /// Show one pool.
+    Get {
+        pool: String,
+        #[command(flatten)]
+        common: Common,
+    },
+    /// Create a pool, or change its capacity (a stopped pool starts again).
+    Set {
+        pool: String,
+        /// e.g. `cpu=16,mem=64GiB,disk=1TiB,gpu=2`.
+        capacity: String,
+        #[command(flatten)]
+        common: Common,
+    },
+    /// Remove a pool.
+    Rm {
+        pool: String,
+        /// Also when it has allocs (they end with it).
+        #[arg(long)]
+        force: bool,
+        #[command(flatten)]
+        common: Common,
+    },
+    /// Show the pool's offer: everything free in it.
+    Offers {
+        pool: String,
+        #[command(flatten)]
+        common: Common,
+    },
+    /// Stop the pool if every alloc's lease has lapsed for this long, e.g. `10m`.
+    StopIfIdle {
+        pool: String,
+        #[arg(value_parser = crate::duration::parse)]
+        idle: Duration,
+        #[command(flatten)]
+        common: Common,
+    },
+}
+
+#[derive(Debug, clap::Subcommand)]
+pub(crate) enum AllocCommand {
+    /// Accept a pool's offer: make an alloc of at least MIN (and up to --max).
+    Accept {
+        pool: String,
+        /// The least the alloc needs, e.g. `cpu=2,mem=4GiB`.
+        min: String,
+        /// Take up to this much when it is free.
+        #[arg(long)]
+        max: Option<String>,
+        #[arg(long)]
+        owner: Option<String>,
+        /// A label, `KEY=VALUE`; repeatable.
+        #[arg(long = "label", value_name = "KEY=VALUE")]
+        labels: Vec<String>,
+        #[command(flatten)]
+        common: Common,
+    },
+    /// Show an alloc (`pool/alloc`), live or ended.
+    Get {
+        uri: String,
+        #[command(flatten)]
+        common: Common,
+    },
+    /// Renew an alloc's lease for this long (at most the daemon's maximum), e.g. `2m`.
+    Keepalive {
+        uri: String,
+        #[arg(value_parser = crate::duration::parse, default_value = "2m")]
+        interval: Duration,
+        #[command(flatten)]
+        common: Common,
+    },
+    /// Free an alloc.
+    Free {
+        uri: String,
+        #[command(flatten)]
+        common: Common,
+    },
+    /// List a pool's live allocs.
+    List {
+        pool: String,
+        #[command(flatten)]
+        common: Common,
+    },
+}
+
+pub(crate) async fn pool(command: PoolCommand) -> anyhow::Result<ExitCode> {
+    let common = match &command {
+        PoolCommand::List { common }
+        | PoolCommand::Get { common, .. }
+        | PoolCommand::Set { common, .. }
+        | PoolCommand::Rm { common, .. }
+        | PoolCommand::Offers { common, .. }
+        | PoolCommand::StopIfIdle { common, .. } => common,
+    };
+    Ok(finish(common, run_pool(&command).await))
+}
+
+pub(crate) async fn alloc(command: AllocCommand) -> anyhow::Result<ExitCode> {
+    let common = match &command {
+        AllocCommand::Accept { common, .. }
+        | AllocCommand::Get { common, .. }
+        | AllocCommand::Keepalive { common, .. }
+        | AllocCommand::Free { common, .. }
+        | AllocCommand::List { common, .. } => common,
+    };
+    Ok(finish(common, run_alloc(&command).await))
+}
+
+async fn run_pool(command: &PoolCommand) -> Result<u8, ClientError> {
+    match command {
+        PoolCommand::List { common } => {
+            let answer = client(common)?.pools().await?;
+            emit(common, &answer, |list| pool_table(&list.pools))
+        }
+        PoolCommand::Get { pool, common } => {
+            let answer = client(common)?.pool(pool).await?;
+            emit(common, &answer, pool_details)
+        }
+        PoolCommand::Set { pool, capacity, common } => {
+            let answer = client(common)?.put_pool(pool, capacity).await?;
+            emit(common, &answer, |answer| {
+                let verb = if answer.created { "created" } else { "set" };
+                format!("{verb} pool {} with capacity {}\n", show(&answer.pool.name), answer.pool.capacity)
+            })
+        }
+        PoolCommand::Rm { pool, force, common } => {
+            let answer = client(common)?.remove_pool(pool, *force).await?;
+            emit(common, &answer, |answer| {
+                format!("removed pool {} ({} allocs ended)\n", show(&answer.name), answer.allocs_ended)
+            })
+        }
+        PoolCommand::Offers { pool, common } => {
+            let answer = client(common)?.offers(pool).await?;
+            emit(common, &answer, |list| match list.offers.first() {
+                Some(offer) => format!("{}/{}: {}\n", offer.pool, offer.id, offer.available),
+                None => "no offer: nothing is free\n".to_owned(),
+            })
+        }
+        PoolCommand::StopIfIdle { pool, idle, common } => {
+            let answer = client(common)?.stop_if_idle(pool, *idle).await?;
+            emit(common, &answer, |answer| {
+                if answer.stopped {
+                    format!("stopped pool {}\n", show(pool))
+                } else {
+                    format!("not idle: pool {} would be idle in {}\n", show(pool), format_ms(answer.until_idle_ms))
+                }
+            })
+        }
+    }
+}
+
+async fn run_alloc(command: &AllocCommand) -> Result<u8, ClientError> {
+    match command {
+        AllocCommand::Accept { pool, min, max, owner, labels, common } => {
+            let mut request = Accept { min: min.clone(), max: max.clone(), owner: owner.clone(), ..Accept::default() };
+            for label in labels {
+                let Some((key, value)) = label.split_once('=') else {
+                    return Err(ClientError::InvalidUrl(format!("--label takes KEY=VALUE, got `{label}`")));
+                };
+                request.labels.insert(key.to_owned(), value.to_owned());
+            }
+            let answer = client(common)?.accept(pool, OFFER, &request).await?;
+            emit(common, &answer, |alloc| {
+                format!("accepted {}: {} (lease {})\n", alloc.uri, alloc.resources, lease(alloc))
+            })
+        }
+        AllocCommand::Get { uri, common } => {
+            let (pool, id) = split_uri(uri)?;
+            let answer = client(common)?.alloc(pool, id).await?;
+            emit(common, &answer, alloc_details)
+        }
+        AllocCommand::Keepalive { uri, interval, common } => {
+            let (pool, id) = split_uri(uri)?;
+            let answer = client(common)?.keepalive_alloc(pool, id, *interval).await?;
+            emit(common, &answer, |answer| {
+                format!("kept alive {} for {}\n", answer.alloc.uri, format_ms(answer.interval_ms))
+            })
+        }
+        AllocCommand::Free { uri, common } => {
+            let (pool, id) = split_uri(uri)?;
+            let answer = client(common)?.free_alloc(pool, id).await?;
+            emit(common, &answer, |alloc| format!("freed {}: {}\n", alloc.uri, alloc.resources))
+        }
+        AllocCommand::List { pool, common } => {
+            let answer = client(common)?.allocs(pool).await?;
+            emit(common, &answer, |list| alloc_table(&list.allocs))
+        }
+    }
+}
+
+/// Splits `pool/alloc` at the first `/`.
+fn split_uri(uri: &str) -> Result<(&str, &str), ClientError> {
+    uri.split_once('/').ok_or_else(|| {
+        ClientError::InvalidUrl(format!("`{uri}` is not an alloc URI: use POOL/ALLOC, e.g. worker-1/4f2a9c0d1e3b5a77"))
+    })
+}
+
+fn lease(alloc: &Alloc) -> String {
+    if let Some(reason) = alloc.ended {
+        return format!(
+            "ended: {}",
+            serde_json::to_value(reason).ok().and_then(|v| v.as_str().map(str::to_owned)).unwrap_or_default()
+        );
+    }
+    if alloc.expires_in_ms >= 0 {
+        format!("expires in {}", format_ms(alloc.expires_in_ms as u64))
+    } else {
+        format!("lapsed {} ago", format_ms(alloc.expires_in_ms.unsigned_abs()))
+    }
+}
+
+/// Empty resources print as `-`.
+fn or_dash(resources: &str) -> String {
+    if resources.is_empty() {
+        "-".to_owned()
+    } else {
+        resources.to_owned()
+    }
+}
+
+fn pool_table(pools: &[Pool]) -> String {
+    if pools.is_empty() {
+        return "no pools\n".to_owned();
+    }
+    let mut table = Table::new(&[
+        ("POOL", Align::Left),
+        ("CAPACITY", Align::Left),
+        ("ALLOCATED", Align::Left),
+        ("ALLOCS", Align::Right),
+        ("LAPSED", Align::Right),
+        ("STATE", Align::Left),
+    ]);
+    for pool in pools {
+        table.row(vec![
+            show(&pool.name),
+            pool.capacity.clone(),
+            or_dash(&pool.allocated),
+            pool.allocs.to_string(),
+            pool.expired_allocs.to_string(),
+            if pool.stopped { "stopped".to_owned() } else { "up".to_owned() },
+        ]);
+    }
+    table.render()
+}
+
+fn pool_details(pool: &Pool) -> String {
+    key_values(&[
+        ("pool", show(&pool.name)),
+        ("capacity", pool.capacity.clone()),
+        ("allocated", or_dash(&pool.allocated)),
+        ("lapsed", or_dash(&pool.expired)),
+        ("allocs", pool.allocs.to_string()),
+        ("state", if pool.stopped { "stopped".to_owned() } else { "up".to_owned() }),
+        (
+            "counters",
+            format!(
+                "{} accepted, {} offer expired, {} freed, {} reclaimed",
+                pool.stats.accepted, pool.stats.offer_expired, pool.stats.freed, pool.stats.reclaimed
+            ),
+        ),
+    ])
+}
+
+fn alloc_table(allocs: &[Alloc]) -> String {
+    if allocs.is_empty() {
+        return "no allocs\n".to_owned();
+    }
+    let mut table = Table::new(&[
+        ("ALLOC", Align::Left),
+        ("RESOURCES", Align::Left),
+        ("OWNER", Align::Left),
+        ("LEASE", Align::Left),
+    ]);
+    for alloc in allocs {
+        table.row(vec![alloc.uri.clone(), alloc.resources.clone(), show(&alloc.owner), lease(alloc)]);
+    }
+    table.render()
+}
+
+fn alloc_details(alloc: &Alloc) -> String {
+    let labels: Vec<String> = alloc.labels.iter().map(|(k, v)| format!("{k}={v}")).collect();
+    key_values(&[
+        ("alloc", alloc.uri.clone()),
+        ("resources", alloc.resources.clone()),
+        ("owner", show(&alloc.owner)),
+        ("labels", if labels.is_empty() { "-".to_owned() } else { labels.join(",") }),
+        ("created", format!("{} ago", format_ms(alloc.created_ms_ago))),
+        (
+            "keepalive",
+            alloc.last_keepalive_ms_ago.map_or_else(|| "never".to_owned(), |ms| format!("{} ago", format_ms(ms))),
+        ),
+        ("lease", lease(alloc)),
+    ])
+}
