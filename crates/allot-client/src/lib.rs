@@ -237,6 +237,78 @@ impl Client {
         self.json(self.request(Method::GET, &session_path(id)?)?).await
     }
 
+    /// `GET /v1/pools`: every pool with its capacity and use.
+    pub async fn pools(&self) -> Result<PoolList, ClientError> {
+        self.json(self.request(Method::GET, "/v1/pools")?).await
+    }
+
+    /// `GET /v1/pools/{pool}`.
+    pub async fn pool(&self, pool: &str) -> Result<Pool, ClientError> {
+        self.json(self.request(Method::GET, &pool_path(pool)?)?).await
+    }
+
+    /// `PUT /v1/pools/{pool}`: creates a pool with `capacity` (e.g. `cpu=4,mem=16GiB`) or
+    /// changes it; a stopped pool starts again.
+    pub async fn put_pool(&self, pool: &str, capacity: &str) -> Result<PutPoolResponse, ClientError> {
+        let body = PutPool { capacity: capacity.to_owned() };
+        self.json(self.request(Method::PUT, &pool_path(pool)?)?.json(&body)).await
+    }
+
+    /// `DELETE /v1/pools/{pool}`: removes a pool; with `force` also when it has allocs.
+    pub async fn remove_pool(&self, pool: &str, force: bool) -> Result<RemovedPool, ClientError> {
+        let path = format!("{}?force={force}", pool_path(pool)?);
+        self.json(self.request(Method::DELETE, &path)?).await
+    }
+
+    /// `GET /v1/pools/{pool}/offers`: the pool's offer (everything free), if any.
+    pub async fn offers(&self, pool: &str) -> Result<OfferList, ClientError> {
+        let path = format!("{}/offers", pool_path(pool)?);
+        self.json(self.request(Method::GET, &path)?).await
+    }
+
+    /// `POST /v1/pools/{pool}/offers/{offer}`: accepts an offer. `offer_expired` (409) means the
+    /// room is gone: try another offer.
+    pub async fn accept(&self, pool: &str, offer: &str, request: &Accept) -> Result<Alloc, ClientError> {
+        let path = format!("{}/offers/{}", pool_path(pool)?, segment("offer", offer)?);
+        self.json(self.request(Method::POST, &path)?.json(request)).await
+    }
+
+    /// `GET /v1/pools/{pool}/allocs`: the live allocs of a pool.
+    pub async fn allocs(&self, pool: &str) -> Result<AllocList, ClientError> {
+        let path = format!("{}/allocs", pool_path(pool)?);
+        self.json(self.request(Method::GET, &path)?).await
+    }
+
+    /// `GET /v1/pools/{pool}/allocs/{alloc}`: an alloc, live or ended.
+    pub async fn alloc(&self, pool: &str, alloc: &str) -> Result<Alloc, ClientError> {
+        self.json(self.request(Method::GET, &alloc_path(pool, alloc)?)?).await
+    }
+
+    /// `POST /v1/pools/{pool}/allocs/{alloc}/keepalive`: renews the lease; answers the interval
+    /// granted. `alloc_ended` (410) is final.
+    pub async fn keepalive_alloc(
+        &self,
+        pool: &str,
+        alloc: &str,
+        interval: Duration,
+    ) -> Result<AllocKeepaliveResponse, ClientError> {
+        let path = format!("{}/keepalive", alloc_path(pool, alloc)?);
+        let body = AllocKeepalive { interval_ms: interval.as_millis().min(u128::from(u64::MAX)) as u64 };
+        self.json(self.request(Method::POST, &path)?.json(&body)).await
+    }
+
+    /// `DELETE /v1/pools/{pool}/allocs/{alloc}`: frees an alloc.
+    pub async fn free_alloc(&self, pool: &str, alloc: &str) -> Result<Alloc, ClientError> {
+        self.json(self.request(Method::DELETE, &alloc_path(pool, alloc)?)?).await
+    }
+
+    /// `POST /v1/pools/{pool}/stop-if-idle`: stops the pool if it has been idle for `idle`.
+    pub async fn stop_if_idle(&self, pool: &str, idle: Duration) -> Result<StopIfIdleResponse, ClientError> {
+        let path = format!("{}/stop-if-idle", pool_path(pool)?);
+        let body = StopIfIdle { idle_ms: idle.as_millis().min(u128::from(u64::MAX)) as u64 };
+        self.json(self.request(Method::POST, &path)?.json(&body)).await
+    }
+
     /// A request to `path` (which starts with `/` and is already encoded) with the default timeout.
     fn request(&self, method: Method, path: &str) -> Result<RequestBuilder, ClientError> {
         let text = format!("{}{path}", self.base);
@@ -302,6 +374,14 @@ fn namespace_path(namespace: &str) -> Result<String, ClientError> {
 
 fn grant_path(namespace: &str, token: &str) -> Result<String, ClientError> {
     Ok(format!("{}/grants/{}", namespace_path(namespace)?, segment("token", token)?))
+}
+
+fn pool_path(pool: &str) -> Result<String, ClientError> {
+    Ok(format!("/v1/pools/{}", segment("pool", pool)?))
+}
+
+fn alloc_path(pool: &str, alloc: &str) -> Result<String, ClientError> {
+    Ok(format!("{}/allocs/{}", pool_path(pool)?, segment("alloc", alloc)?))
 }
 
 fn session_path(id: &str) -> Result<String, ClientError> {
