@@ -11,7 +11,8 @@
 use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
-use allot_core::NamespaceView;
+use allot_core::pool::PoolView;
+use allot_core::{NamespaceView, Resources};
 use allot_store::CommitStats;
 use axum::extract::{MatchedPath, Request, State};
 use axum::http::header::CONTENT_TYPE;
@@ -41,6 +42,17 @@ struct NamespaceLabels {
 }
 
 #[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct PoolLabels {
+    pool: String,
+}
+
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct PoolResourceLabels {
+    pool: String,
+    resource: String,
+}
+
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct ResultLabels {
     namespace: String,
     result: &'static str,
@@ -58,7 +70,57 @@ pub struct Metrics {
 #[derive(Debug, Default)]
 struct Snapshot {
     namespaces: Vec<NamespaceView>,
+    pools: Vec<PoolView>,
     commits: CommitStats,
+}
+
+type FloatGauge = Gauge<f64, std::sync::atomic::AtomicU64>;
+
+/// Per pool and resource, in units (a resource the pool lacks is not listed).
+fn resource_family(
+    pools: &[PoolView],
+    value: impl Fn(&PoolView) -> &Resources,
+) -> Family<PoolResourceLabels, FloatGauge> {
+    let family = Family::<PoolResourceLabels, FloatGauge>::default();
+    for view in pools {
+        for (name, milli) in value(view).iter() {
+            let labels = PoolResourceLabels { pool: view.name.to_string(), resource: name.to_string() };
+            family.get_or_create(&labels).set(milli as f64 / 1000.0);
+        }
+    }
+    family
+}
+
+fn encode_pools(encoder: &mut DescriptorEncoder<'_>, pools: &[PoolView]) -> Result<(), std::fmt::Error> {
+    let resources: [(&str, &str, fn(&PoolView) -> &Resources); 3] = [
+        ("allot_pool_capacity", "The pool's capacity, per resource", |v| &v.capacity),
+        ("allot_pool_allocated", "Held by allocs whose lease runs, per resource", |v| &v.allocated),
+        ("allot_pool_expired", "Held by allocs whose lease lapsed (not reclaimed yet), per resource", |v| &v.expired),
+    ];
+    for (name, help, value) in resources {
+        encode_family(encoder, name, help, &resource_family(pools, value))?;
+    }
+    let allocs = Family::<PoolLabels, Gauge>::default();
+    for view in pools {
+        allocs.get_or_create(&PoolLabels { pool: view.name.to_string() }).set(gauge(view.allocs as u64));
+    }
+    encode_family(encoder, "allot_pool_allocs", "Live allocs (lapsed ones included)", &allocs)?;
+    let counters: [(&str, &str, fn(&PoolView) -> u64); 4] = [
+        ("allot_pool_accepts", "Offers accepted, since start", |v| v.stats.accepted),
+        ("allot_pool_offer_expired", "Accepts refused because the room was gone, since start", |v| {
+            v.stats.offer_expired
+        }),
+        ("allot_pool_frees", "Allocs freed, since start", |v| v.stats.freed),
+        ("allot_pool_reclaims", "Allocs reclaimed after their lease lapsed, since start", |v| v.stats.reclaimed),
+    ];
+    for (name, help, value) in counters {
+        let family = Family::<PoolLabels, Counter>::default();
+        for view in pools {
+            family.get_or_create(&PoolLabels { pool: view.name.to_string() }).inc_by(value(view));
+        }
+        encode_family(encoder, name, help, &family)?;
+    }
+    Ok(())
 }
 
 /// Encodes the snapshot; registered as a collector so it shares the registry's output.
@@ -154,6 +216,8 @@ impl Collector for StoreCollector {
             &expirations,
         )?;
 
+        encode_pools(&mut encoder, &snapshot.pools)?;
+
         let commits = snapshot.commits;
         let store_counters: [(&str, &str, u64); 3] = [
             ("allot_store_commits", "Durable write transactions", commits.commits),
@@ -182,10 +246,16 @@ impl Collector for StoreCollector {
 /// `GET /metrics`: the Prometheus text format.
 pub(crate) async fn scrape(State(state): State<AppState>) -> Result<Response, ApiError> {
     let namespaces = state.store.namespaces().await?;
+    let pools = match state.store.pools().await {
+        Ok(pools) => pools,
+        // A backend without pools has none to report.
+        Err(allot_store::StoreError::Unsupported(_)) => Vec::new(),
+        Err(err) => return Err(err.into()),
+    };
     let commits = state.store.commit_stats();
     let metrics = &state.metrics;
     // The collector locks the snapshot while encoding: the lock must be released before.
-    *metrics.snapshot.lock().unwrap_or_else(|p| p.into_inner()) = Snapshot { namespaces, commits };
+    *metrics.snapshot.lock().unwrap_or_else(|p| p.into_inner()) = Snapshot { namespaces, pools, commits };
     let mut text = String::new();
     prometheus_client::encoding::text::encode(&mut text, &metrics.registry).map_err(|_| {
         ApiError::new(axum::http::StatusCode::INTERNAL_SERVER_ERROR, "internal", "cannot encode metrics")

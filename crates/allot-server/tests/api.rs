@@ -295,6 +295,19 @@ async fn pools_offers_and_allocs_over_the_api() {
     let (status, body) = h.call(Method::POST, "/v1/pools/worker-1/offers/1", r#"{"min": "cpu=3"}"#).await;
     assert_eq!((status, body["error"]["code"].clone()), (StatusCode::CONFLICT, json!("offer_expired")), "{body}");
 
+    let (_, body) = h.call(Method::GET, "/metrics", "").await;
+    let text = body.as_str().unwrap();
+    for metric in [
+        "allot_pool_capacity{pool=\"worker-1\",resource=\"gpu\"} 1.0",
+        "allot_pool_allocated{pool=\"worker-1\",resource=\"mem\"} 4294967296.0",
+        "allot_pool_accepts_total{pool=\"worker-1\"} 1",
+        "allot_pool_offer_expired_total{pool=\"worker-1\"} 1",
+        "allot_pool_reclaims_total{pool=\"worker-1\"} 0",
+        "allot_pool_allocs{pool=\"worker-1\"} 1",
+    ] {
+        assert!(text.contains(metric), "{metric} missing from\n{text}");
+    }
+
     let (status, body) = h.call(Method::DELETE, &path, "").await;
     assert_eq!((status, body["ended"].clone()), (StatusCode::OK, json!("freed")), "{body}");
     let (status, body) = h.call(Method::POST, &format!("{path}/keepalive"), r#"{"interval_ms": 1000}"#).await;
