@@ -6,8 +6,9 @@ use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use allot_core::NamespaceName;
-use allot_store::{EmbeddedConfig, EmbeddedStore, Store};
+use allot_core::pool::{PoolError, PoolName};
+use allot_core::{NamespaceName, Resources};
+use allot_store::{EmbeddedConfig, EmbeddedStore, Store, StoreError};
 use allot_store_redis::{RedisConfig, RedisStore};
 use anyhow::{bail, Context};
 use serde::Deserialize;
@@ -39,6 +40,14 @@ pub(crate) struct ServeArgs {
     /// wins over the configuration file.
     #[arg(long = "quota", value_name = "NAMESPACE=QUOTA")]
     quotas: Vec<String>,
+    /// Seed a leased resource pool, e.g. `--pool worker-1=cpu=16,mem=64GiB`: created with this
+    /// capacity if it does not exist yet. Repeatable; wins over the configuration file.
+    #[arg(long = "pool", value_name = "POOL=RESOURCES")]
+    pools: Vec<String>,
+    /// Offer this machine's own resources as a pool of this name (detected cpu, memory less 5 %,
+    /// and the disk of the data directory), e.g. `--local-pool local`.
+    #[arg(long, value_name = "POOL", env = "ALLOT_LOCAL_POOL")]
+    local_pool: Option<String>,
     /// Log format on stderr.
     #[arg(long, env = "ALLOT_LOG_FORMAT", value_enum, default_value = "text")]
     log_format: LogFormat,
@@ -61,6 +70,11 @@ struct ConfigFile {
     /// exist yet; the store is authoritative for the rest.
     #[serde(default)]
     quotas: BTreeMap<String, u64>,
+    /// Leased resource pools seeded at start, e.g. `worker-1 = "cpu=16,mem=64GiB"`.
+    #[serde(default)]
+    pools: BTreeMap<String, String>,
+    /// Offer this machine's resources as a pool of this name.
+    local_pool: Option<String>,
 }
 
 /// The configuration, resolved.
@@ -70,6 +84,7 @@ struct Config {
     data_dir: PathBuf,
     store: StoreChoice,
     quotas: Vec<(NamespaceName, u64)>,
+    pools: Vec<(PoolName, Resources)>,
 }
 
 #[derive(Debug)]
@@ -110,9 +125,31 @@ fn resolve(args: &ServeArgs) -> anyhow::Result<Config> {
         .into_iter()
         .map(|(name, quota)| Ok((NamespaceName::new(&name).with_context(|| format!("quota for `{name}`"))?, quota)))
         .collect::<anyhow::Result<Vec<_>>>()?;
+    let mut pools = file.pools;
+    for pool in &args.pools {
+        let Some((name, capacity)) = pool.split_once('=') else {
+            bail!("--pool takes POOL=RESOURCES, e.g. worker-1=cpu=16,mem=64GiB; got `{pool}`");
+        };
+        pools.insert(name.to_owned(), capacity.to_owned());
+    }
+    let data_dir = args.data_dir.clone().or(file.data_dir).unwrap_or_else(|| PathBuf::from(DEFAULT_DATA_DIR));
+    if let Some(name) = args.local_pool.clone().or(file.local_pool) {
+        let capacity = local_resources(&data_dir).context("cannot detect this machine's resources for --local-pool")?;
+        pools.insert(name, capacity.to_string());
+    }
+    let pools = pools
+        .into_iter()
+        .map(|(name, capacity)| {
+            let pool = PoolName::new(&name).with_context(|| format!("pool `{name}`"))?;
+            let capacity: Resources =
+                capacity.parse().with_context(|| format!("the capacity of pool `{name}`: `{capacity}`"))?;
+            Ok((pool, capacity))
+        })
+        .collect::<anyhow::Result<Vec<_>>>()?;
     Ok(Config {
+        pools,
         listen: args.listen.or(file.listen).unwrap_or_else(|| DEFAULT_LISTEN.parse().expect("valid address")),
-        data_dir: args.data_dir.clone().or(file.data_dir).unwrap_or_else(|| PathBuf::from(DEFAULT_DATA_DIR)),
+        data_dir,
         store: store_choice(args.store.as_deref().or(file.store.as_deref()))?,
         quotas,
     })
@@ -180,6 +217,25 @@ pub(crate) async fn run(args: ServeArgs) -> anyhow::Result<()> {
             );
         }
     }
+    for (name, capacity) in &config.pools {
+        match store.pool(name.clone()).await {
+            Ok(view) if view.capacity != *capacity => tracing::warn!(
+                pool = %name,
+                configured = %capacity,
+                kept = %view.capacity,
+                "the store already has this pool and keeps its capacity; change it with `allot pool set`"
+            ),
+            Ok(_) => {}
+            Err(StoreError::Pool(PoolError::PoolNotFound(_))) => {
+                store
+                    .put_pool(name.clone(), capacity.clone())
+                    .await
+                    .with_context(|| format!("cannot create pool `{name}`"))?;
+                tracing::info!(pool = %name, capacity = %capacity, "pool registered");
+            }
+            Err(err) => return Err(err).with_context(|| format!("cannot register pool `{name}`")),
+        }
+    }
     let listener = tokio::net::TcpListener::bind(config.listen)
         .await
         .with_context(|| format!("cannot listen on {}", config.listen))?;
@@ -188,4 +244,37 @@ pub(crate) async fn run(args: ServeArgs) -> anyhow::Result<()> {
     // The one line on stdout: scripts and tests read the address from it.
     println!("allot listening on http://{address}");
     allot_server::run(listener, store, shutdown_signal()).await.context("server failed")
+}
+
+/// This machine's resources [Reflow's local pool]: cpu from the available parallelism, memory
+/// from /proc/meminfo less 5 % for the system, disk from the filesystem of the data directory.
+fn local_resources(data_dir: &Path) -> anyhow::Result<Resources> {
+    let cpus = std::thread::available_parallelism().map(|n| n.get() as u64).unwrap_or(1);
+    let meminfo = std::fs::read_to_string("/proc/meminfo").context("cannot read /proc/meminfo")?;
+    let mem_kib: u64 = meminfo
+        .lines()
+        .find_map(|line| line.strip_prefix("MemTotal:"))
+        .and_then(|rest| rest.trim().trim_end_matches("kB").trim().parse().ok())
+        .context("/proc/meminfo has no MemTotal")?;
+    let mem = mem_kib * 1024 / 100 * 95;
+    std::fs::create_dir_all(data_dir).with_context(|| format!("cannot create {}", data_dir.display()))?;
+    let disk = disk_bytes(data_dir)?;
+    Ok(Resources::new().with("cpu", cpus).with("mem", mem).with("disk", disk))
+}
+
+/// The size of the filesystem that holds `path`, from `df`.
+fn disk_bytes(path: &Path) -> anyhow::Result<u64> {
+    let output = std::process::Command::new("df")
+        .args(["-P", "-k"])
+        .arg(path)
+        .output()
+        .context("cannot run df to measure the disk")?;
+    let text = String::from_utf8_lossy(&output.stdout);
+    let kib: u64 = text
+        .lines()
+        .nth(1)
+        .and_then(|line| line.split_whitespace().nth(1))
+        .and_then(|size| size.parse().ok())
+        .with_context(|| format!("cannot read the disk size from df: {text}"))?;
+    Ok(kib * 1024)
 }

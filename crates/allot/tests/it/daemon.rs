@@ -102,3 +102,24 @@ async fn a_waiter_whose_client_goes_away_leaves_the_queue() {
     client.release("gpu", "holder", None).await.unwrap();
     assert!(client.grants("gpu").await.unwrap().grants.is_empty(), "a departed waiter was granted");
 }
+
+#[tokio::test]
+async fn seeds_pools_from_the_config_file_flags_and_this_machine() {
+    let (dir, data) = data_dir();
+    let config = dir.path().join("allot.toml");
+    std::fs::write(&config, "local_pool = \"here\"\n[pools]\nworker-1 = \"cpu=2,mem=4GiB\"\nworker-2 = \"cpu=1\"\n").unwrap();
+    let daemon = tokio::task::spawn_blocking(move || {
+        Daemon::start(&data, &["--config", config.to_str().unwrap(), "--pool", "worker-2=cpu=8,gpu=1"])
+    })
+    .await
+    .unwrap();
+    let client = daemon.client();
+    let pools = client.pools().await.unwrap().pools;
+    let capacity = |name: &str| pools.iter().find(|p| p.name == name).map(|p| p.capacity.clone());
+    assert_eq!(capacity("worker-1").as_deref(), Some("cpu=2,mem=4GiB"));
+    assert_eq!(capacity("worker-2").as_deref(), Some("cpu=8,gpu=1"), "the flag wins over the file");
+    let here: allot_core::Resources = capacity("here").expect("the local pool").parse().unwrap();
+    let cpus = std::thread::available_parallelism().unwrap().get() as u64;
+    assert_eq!(here.get_milli("cpu"), cpus * 1000);
+    assert!(here.get_milli("mem") > 0 && here.get_milli("disk") > 0, "{here}");
+}
