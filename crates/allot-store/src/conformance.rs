@@ -7,9 +7,10 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use allot_core::pool::{AllocId, AllocRequest, AllocState, EndReason, PoolError, PoolName};
 use allot_core::{
     AllocateRequest, CapLevel, Constraints, Lease, LeaseRequest, LedgerError, NamespaceName, QueuePlace, Refusal,
-    Scope, Token,
+    Resources, Scope, Token,
 };
 
 use crate::{Allocation, Store, StoreError};
@@ -301,4 +302,164 @@ async fn concurrent_allocations_never_over_grant(store: Arc<dyn Store>) {
     assert!(total > 0);
     let view = store.namespace(name).await.unwrap();
     assert_eq!((view.granted_units, view.waiters), (0, 0));
+}
+
+/// Runs every check of leased resource pools against `store`, concurrently (each in its own
+/// pools, prefixed `conformance-`).
+pub async fn run_pools(store: Arc<dyn Store>) {
+    let store_ref = &*store;
+    tokio::join!(
+        pools_are_created_changed_and_removed(store_ref),
+        one_offer_holds_everything_free(store_ref),
+        allocs_end_and_say_why(store_ref),
+        lapsed_allocs_are_offered_and_reclaimed_when_needed(store_ref),
+        an_idle_pool_stops(store_ref),
+        concurrent_accepts_never_over_allocate(store.clone()),
+    );
+}
+
+fn pool_name(name: &str) -> PoolName {
+    PoolName::new(&format!("conformance-{name}")).unwrap()
+}
+
+fn res(text: &str) -> Resources {
+    text.parse().unwrap()
+}
+
+fn wants(min: &str, max: Option<&str>) -> AllocRequest {
+    AllocRequest { min: res(min), max: max.map(res), owner: "conformance".into(), ..AllocRequest::default() }
+}
+
+async fn pools_are_created_changed_and_removed(store: &dyn Store) {
+    let name = pool_name("pools");
+    let (created, view) = store.put_pool(name.clone(), res("cpu=2")).await.unwrap();
+    assert!(created);
+    assert_eq!(view.capacity, res("cpu=2"));
+    let (created, view) = store.put_pool(name.clone(), res("cpu=4,mem=1GiB")).await.unwrap();
+    assert!(!created);
+    assert_eq!(view.capacity, res("cpu=4,mem=1GiB"));
+    assert!(store.pools().await.unwrap().iter().any(|p| p.name == name));
+    store.accept(name.clone(), wants("cpu=1", None)).await.unwrap();
+    let in_use = store.remove_pool(name.clone(), false).await;
+    assert!(matches!(in_use, Err(StoreError::Pool(PoolError::PoolInUse { allocs: 1, .. }))), "{in_use:?}");
+    assert_eq!(store.remove_pool(name.clone(), true).await.unwrap(), 1);
+    let gone = store.pool(name.clone()).await;
+    assert!(matches!(gone, Err(StoreError::Pool(PoolError::PoolNotFound(_)))), "{gone:?}");
+}
+
+async fn one_offer_holds_everything_free(store: &dyn Store) {
+    let name = pool_name("offers");
+    store.put_pool(name.clone(), res("cpu=4,mem=8GiB,gpu=1")).await.unwrap();
+    assert_eq!(store.offer(name.clone()).await.unwrap().unwrap().available, res("cpu=4,mem=8GiB,gpu=1"));
+    let alloc = store.accept(name.clone(), wants("cpu=1,mem=1GiB", Some("cpu=2,mem=2GiB,gpu=2"))).await.unwrap();
+    assert_eq!(alloc.resources, res("cpu=2,mem=2GiB,gpu=1"), "max, capped by what is free");
+    assert_eq!(store.offer(name.clone()).await.unwrap().unwrap().available, res("cpu=2,mem=6GiB"));
+    let late = store.accept(name.clone(), wants("cpu=3", None)).await;
+    assert!(matches!(late, Err(StoreError::Pool(PoolError::OfferExpired { .. }))), "{late:?}");
+    let exact = store.accept(name.clone(), wants("cpu=2,mem=6GiB", None)).await.unwrap();
+    assert_eq!(exact.resources, res("cpu=2,mem=6GiB"));
+    assert_eq!(store.offer(name.clone()).await.unwrap(), None, "nothing free, no offer");
+    let bad = store.accept(name.clone(), wants("cpu=2", Some("cpu=1"))).await;
+    assert!(matches!(bad, Err(StoreError::Pool(PoolError::MaxBelowMin { .. }))), "{bad:?}");
+    let view = store.pool(name.clone()).await.unwrap();
+    assert_eq!((view.allocs, view.stats.accepted, view.stats.offer_expired), (2, 2, 1));
+}
+
+async fn allocs_end_and_say_why(store: &dyn Store) {
+    let name = pool_name("ending");
+    store.put_pool(name.clone(), res("cpu=1")).await.unwrap();
+    let alloc = store.accept(name.clone(), wants("cpu=1", None)).await.unwrap();
+    let (granted, renewed) = store.keepalive_alloc(name.clone(), alloc.id, 3_600_000).await.unwrap();
+    assert_eq!(granted, 300_000, "capped at the longest lease");
+    assert!(renewed.last_keepalive.is_some());
+    let ended = store.free_alloc(name.clone(), alloc.id).await.unwrap();
+    assert_eq!(ended.reason, EndReason::Freed);
+    let again = store.free_alloc(name.clone(), alloc.id).await.unwrap();
+    assert_eq!(again.reason, EndReason::Freed, "freeing twice answers the same record");
+    let kept = store.keepalive_alloc(name.clone(), alloc.id, 1_000).await;
+    assert!(matches!(kept, Err(StoreError::Pool(PoolError::AllocEnded { .. }))), "{kept:?}");
+    match store.inspect_alloc(name.clone(), alloc.id).await.unwrap() {
+        AllocState::Ended(ended) => assert_eq!((ended.reason, ended.alloc.resources), (EndReason::Freed, res("cpu=1"))),
+        live => panic!("{live:?}"),
+    }
+    let missing = store.inspect_alloc(name.clone(), AllocId(42)).await;
+    assert!(matches!(missing, Err(StoreError::Pool(PoolError::AllocNotFound { .. }))), "{missing:?}");
+}
+
+async fn lapsed_allocs_are_offered_and_reclaimed_when_needed(store: &dyn Store) {
+    let name = pool_name("lapse");
+    store.put_pool(name.clone(), res("cpu=2")).await.unwrap();
+    let first = store.accept(name.clone(), wants("cpu=1", None)).await.unwrap();
+    let second = store.accept(name.clone(), wants("cpu=1", None)).await.unwrap();
+    store.keepalive_alloc(name.clone(), first.id, 100).await.unwrap();
+    store.keepalive_alloc(name.clone(), second.id, 200).await.unwrap();
+    tokio::time::sleep(Duration::from_millis(350)).await;
+    // Lapsed allocs are offered...
+    assert_eq!(store.offer(name.clone()).await.unwrap().unwrap().available, res("cpu=2"));
+    // ...and a keepalive revives one that is not reclaimed yet.
+    store.keepalive_alloc(name.clone(), second.id, 60_000).await.unwrap();
+    assert_eq!(store.offer(name.clone()).await.unwrap().unwrap().available, res("cpu=1"));
+    // An accept that needs the room reclaims the lapsed one.
+    store.accept(name.clone(), wants("cpu=1", None)).await.unwrap();
+    match store.inspect_alloc(name.clone(), first.id).await.unwrap() {
+        AllocState::Ended(ended) => assert_eq!(ended.reason, EndReason::Reclaimed),
+        live => panic!("{live:?}"),
+    }
+    assert!(matches!(store.inspect_alloc(name.clone(), second.id).await.unwrap(), AllocState::Live(_)));
+    assert_eq!(store.pool(name.clone()).await.unwrap().stats.reclaimed, 1);
+}
+
+async fn an_idle_pool_stops(store: &dyn Store) {
+    let name = pool_name("idle");
+    store.put_pool(name.clone(), res("cpu=1")).await.unwrap();
+    let alloc = store.accept(name.clone(), wants("cpu=1", None)).await.unwrap();
+    store.keepalive_alloc(name.clone(), alloc.id, 100).await.unwrap();
+    let (stopped, until_idle) = store.stop_if_idle_for(name.clone(), 200).await.unwrap();
+    assert!(!stopped);
+    assert!((150..=300).contains(&until_idle), "idle in about 300 ms, said {until_idle}");
+    tokio::time::sleep(Duration::from_millis(until_idle + 20)).await;
+    let (stopped, _) = store.stop_if_idle_for(name.clone(), 200).await.unwrap();
+    assert!(stopped);
+    assert_eq!(store.offer(name.clone()).await.unwrap(), None);
+    let refused = store.accept(name.clone(), wants("cpu=1", None)).await;
+    assert!(matches!(refused, Err(StoreError::Pool(PoolError::PoolStopped(_)))), "{refused:?}");
+    match store.inspect_alloc(name.clone(), alloc.id).await.unwrap() {
+        AllocState::Ended(ended) => assert_eq!(ended.reason, EndReason::PoolStopped),
+        live => panic!("{live:?}"),
+    }
+    store.put_pool(name.clone(), res("cpu=1")).await.unwrap();
+    store.accept(name.clone(), wants("cpu=1", None)).await.unwrap();
+}
+
+async fn concurrent_accepts_never_over_allocate(store: Arc<dyn Store>) {
+    let name = pool_name("concurrent");
+    store.put_pool(name.clone(), res("cpu=4,mem=4GiB")).await.unwrap();
+    let mut tasks = Vec::new();
+    for worker in 0..16u64 {
+        let (store, name) = (store.clone(), name.clone());
+        tasks.push(tokio::spawn(async move {
+            let mut made = 0;
+            for round in 0..10u64 {
+                let min = if (worker + round) % 2 == 0 { "cpu=1" } else { "cpu=1,mem=1GiB" };
+                match store.accept(name.clone(), wants(min, None)).await {
+                    Ok(alloc) => {
+                        made += 1;
+                        let view = store.pool(name.clone()).await.unwrap();
+                        assert!(view.capacity.fits(&view.allocated), "over-allocated: {view:?}");
+                        store.free_alloc(name.clone(), alloc.id).await.unwrap();
+                    }
+                    Err(StoreError::Pool(PoolError::OfferExpired { .. })) => {}
+                    Err(err) => panic!("{err}"),
+                }
+            }
+            made
+        }));
+    }
+    let mut made = 0;
+    for task in tasks {
+        made += task.await.unwrap();
+    }
+    assert!(made > 0);
+    let view = store.pool(name).await.unwrap();
+    assert_eq!((view.allocs, view.allocated.is_empty()), (0, true));
 }

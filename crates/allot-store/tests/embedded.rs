@@ -32,6 +32,7 @@ async fn embedded_store_passes_the_conformance_suite() {
     let dir = tempfile::tempdir().unwrap();
     let store: Arc<dyn Store> = Arc::new(open(dir.path()));
     conformance::run(store.clone()).await;
+    conformance::run_pools(store.clone()).await;
     store.shutdown().await;
 }
 
