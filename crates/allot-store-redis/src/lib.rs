@@ -22,6 +22,7 @@
 //!   connection comes back by itself.
 
 mod conn;
+mod pools;
 mod reply;
 mod scripts;
 pub mod testing;
@@ -54,6 +55,7 @@ pub const POLL_INTERVAL: Duration = Duration::from_millis(250);
 /// The channel on which scripts publish the waiters they answered.
 const CHANNEL: &str = "allot:woken";
 const REGISTRY: &str = "allot:{allot-registry}:namespaces";
+const POOL_REGISTRY: &str = "allot:{allot-registry}:pools";
 const SESSIONS: &str = "allot:{allot-sessions}";
 
 /// Where the Redis backend connects.
@@ -111,15 +113,6 @@ fn prefix(namespace: &NamespaceName) -> String {
     format!("allot:{{{tag}}}")
 }
 
-/// Leased resource pools are in the embedded store only, for now.
-fn pools_unsupported() -> StoreError {
-    StoreError::Unsupported(
-        "leased resource pools are not available with the Redis store yet; run the daemon on the embedded store \
-         to use them"
-            .into(),
-    )
-}
-
 /// Maps a failed call. `mutating` calls that were sent but not answered may have taken effect.
 fn redis_error(err: RedisError, mutating: bool) -> StoreError {
     let sent = err.is_timeout() || err.is_connection_dropped();
@@ -170,6 +163,8 @@ struct LiveSession {
 }
 
 struct Inner {
+    /// Redis's clock (ms) at the last pool call, and the local instant it was read.
+    redis_clock: Mutex<Option<(u64, Instant)>>,
     conn: Conn,
     scripts: Scripts,
     /// Waiting calls of this daemon, by namespace prefix and waiter id.
@@ -193,6 +188,7 @@ impl RedisStore {
         let conn = Self::connect(config).await;
         let (shutdown, _) = watch::channel(false);
         let inner = Arc::new(Inner {
+            redis_clock: Mutex::new(None),
             conn,
             scripts: Scripts::new(),
             waits: Mutex::new(HashMap::new()),
@@ -688,53 +684,60 @@ impl Store for RedisStore {
         self.inner.session_info(id, now, ttl, deadline, &namespaces).await
     }
 
-    async fn put_pool(&self, _: PoolName, _: Resources) -> Result<(bool, PoolView), StoreError> {
-        Err(pools_unsupported())
+    async fn put_pool(&self, name: PoolName, capacity: Resources) -> Result<(bool, PoolView), StoreError> {
+        self.live()?;
+        pools::put(&self.inner, name, capacity).await
     }
 
-    async fn remove_pool(&self, _: PoolName, _: bool) -> Result<usize, StoreError> {
-        Err(pools_unsupported())
+    async fn remove_pool(&self, name: PoolName, force: bool) -> Result<usize, StoreError> {
+        self.live()?;
+        pools::remove(&self.inner, name, force).await
     }
 
     async fn pools(&self) -> Result<Vec<PoolView>, StoreError> {
-        Err(pools_unsupported())
+        pools::list(&self.inner).await
     }
 
-    async fn pool(&self, _: PoolName) -> Result<PoolView, StoreError> {
-        Err(pools_unsupported())
+    async fn pool(&self, name: PoolName) -> Result<PoolView, StoreError> {
+        pools::view(&self.inner, &name).await
     }
 
-    async fn offer(&self, _: PoolName) -> Result<Option<Offer>, StoreError> {
-        Err(pools_unsupported())
+    async fn offer(&self, name: PoolName) -> Result<Option<Offer>, StoreError> {
+        pools::offer(&self.inner, name).await
     }
 
-    async fn accept(&self, _: PoolName, _: AllocRequest) -> Result<Alloc, StoreError> {
-        Err(pools_unsupported())
+    async fn accept(&self, name: PoolName, request: AllocRequest) -> Result<Alloc, StoreError> {
+        self.live()?;
+        pools::accept(&self.inner, name, request).await
     }
 
-    async fn keepalive_alloc(&self, _: PoolName, _: AllocId, _: u64) -> Result<(u64, Alloc), StoreError> {
-        Err(pools_unsupported())
+    async fn keepalive_alloc(&self, name: PoolName, id: AllocId, interval_ms: u64) -> Result<(u64, Alloc), StoreError> {
+        self.live()?;
+        pools::keepalive(&self.inner, name, id, interval_ms).await
     }
 
-    async fn free_alloc(&self, _: PoolName, _: AllocId) -> Result<EndedAlloc, StoreError> {
-        Err(pools_unsupported())
+    async fn free_alloc(&self, name: PoolName, id: AllocId) -> Result<EndedAlloc, StoreError> {
+        self.live()?;
+        pools::free(&self.inner, name, id).await
     }
 
-    async fn inspect_alloc(&self, _: PoolName, _: AllocId) -> Result<AllocState, StoreError> {
-        Err(pools_unsupported())
+    async fn inspect_alloc(&self, name: PoolName, id: AllocId) -> Result<AllocState, StoreError> {
+        pools::inspect(&self.inner, name, id).await
     }
 
-    async fn allocs(&self, _: PoolName) -> Result<Vec<Alloc>, StoreError> {
-        Err(pools_unsupported())
+    async fn allocs(&self, name: PoolName) -> Result<Vec<Alloc>, StoreError> {
+        pools::allocs(&self.inner, name).await
     }
 
-    async fn stop_if_idle_for(&self, _: PoolName, _: u64) -> Result<(bool, u64), StoreError> {
-        Err(pools_unsupported())
+    async fn stop_if_idle_for(&self, name: PoolName, idle_ms: u64) -> Result<(bool, u64), StoreError> {
+        self.live()?;
+        pools::stop_if_idle(&self.inner, name, idle_ms).await
     }
 
-    /// The wall clock: pools are not in this backend yet, and nothing else here reads it.
+    /// Redis's clock as last seen by a pool call (allocs' times are in it), or the wall clock
+    /// before any.
     fn now(&self) -> allot_core::Millis {
-        std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_millis() as u64)
+        pools::now(&self.inner)
     }
 
     fn commit_stats(&self) -> CommitStats {
@@ -893,6 +896,7 @@ async fn run_sweeper(inner: Arc<Inner>) {
         if let Err(err) = inner.sessions(&["sweep", ""], true).await {
             tracing::debug!(error = %err, "sweep of sessions failed");
         }
+        pools::sweep_all(&inner).await;
         let inner = &inner;
         stream::iter(names.iter())
             .for_each_concurrent(16, |name| async move {

@@ -47,6 +47,7 @@ operations!(
     session_end,
     session_grants,
     sessions,
+    pool,
 );
 
 const PRELUDE: &str = include_str!("lua/namespace.lua");

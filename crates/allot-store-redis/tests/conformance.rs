@@ -12,6 +12,7 @@ async fn conformance_on_one_redis_server() {
     let server = RedisServer::start();
     let store = Arc::new(RedisStore::open(&RedisConfig::parse(&server.url()).unwrap()).await.unwrap());
     conformance::run(store.clone()).await;
+    conformance::run_pools(store.clone()).await;
     store.shutdown().await;
 }
 
@@ -20,5 +21,6 @@ async fn conformance_on_a_three_primary_cluster() {
     let cluster = RedisCluster::start(3);
     let store = Arc::new(RedisStore::open(&RedisConfig::parse(&cluster.address()).unwrap()).await.unwrap());
     conformance::run(store.clone()).await;
+    conformance::run_pools(store.clone()).await;
     store.shutdown().await;
 }

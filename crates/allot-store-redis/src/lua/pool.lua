@@ -1,0 +1,275 @@
+-- pool(op, args...): leased resource pools [Reflow `pool`], one function for every operation of
+-- one pool. KEYS[1] is the pool's prefix `allot:pool:{<pool>}`:
+--   Q:pool      hash: capacity, stopped (0/1), stat_accepted, stat_offer_expired, stat_freed,
+--               stat_reclaimed; the pool exists iff this key does
+--   Q:allocs    hash alloc id -> live alloc (JSON: r resources, o owner, l labels, c created,
+--               k last keepalive or 0, e expires)
+--   Q:leases    zset alloc id -> expires
+--   Q:ended     hash alloc id -> ended alloc (the same JSON plus ea ended at, er reason)
+--   Q:endings   zset alloc id -> ended at
+-- Resources are `name units frac` items joined by `,` (frac = milli-units below one unit), so
+-- every quantity stays an exact integer in Lua's doubles. Times are ms of Redis's TIME.
+--
+-- Invariant: the resources of the live allocs (lapsed or not) never exceed the capacity when an
+-- alloc is made; lapsed allocs are offered and reclaimed, most-expired first, only as needed.
+local Q = KEYS[1]
+local K_POOL, K_ALLOCS, K_LEASES, K_ENDED, K_ENDINGS = Q .. ':pool', Q .. ':allocs', Q .. ':leases', Q .. ':ended',
+  Q .. ':endings'
+local op = ARGV[1]
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+
+local function parse(text)
+  local r = {}
+  if text == nil or text == '' then return r end
+  for item in string.gmatch(text, '[^,]+') do
+    local name, u, f = string.match(item, '^(%S+) (%d+) (%d+)$')
+    r[name] = { tonumber(u), tonumber(f) }
+  end
+  return r
+end
+
+local function format(r)
+  local names = {}
+  for name, v in pairs(r) do
+    if v[1] > 0 or v[2] > 0 then names[#names + 1] = name end
+  end
+  table.sort(names)
+  local items = {}
+  for _, name in ipairs(names) do
+    items[#items + 1] = name .. ' ' .. string.format('%d', r[name][1]) .. ' ' .. string.format('%d', r[name][2])
+  end
+  return table.concat(items, ',')
+end
+
+local function less(a, b) return a[1] < b[1] or (a[1] == b[1] and a[2] < b[2]) end
+local function get(r, name) return r[name] or { 0, 0 } end
+
+local function add(a, b)
+  local out = {}
+  for name, v in pairs(a) do out[name] = { v[1], v[2] } end
+  for name, v in pairs(b) do
+    local x = get(out, name)
+    local u, f = x[1] + v[1], x[2] + v[2]
+    if f >= 1000 then u, f = u + 1, f - 1000 end
+    out[name] = { u, f }
+  end
+  return out
+end
+
+-- a - b per resource, never below zero.
+local function sub(a, b)
+  local out = {}
+  for name, v in pairs(a) do
+    local y = get(b, name)
+    if less(y, v) then
+      local u, f = v[1] - y[1], v[2] - y[2]
+      if f < 0 then u, f = u - 1, f + 1000 end
+      out[name] = { u, f }
+    end
+  end
+  return out
+end
+
+local function fits(have, want)
+  for name, v in pairs(want) do
+    if less(get(have, name), v) then return false end
+  end
+  return true
+end
+
+-- The per-resource minimum (a resource missing on either side is 0).
+local function min(a, b)
+  local out = {}
+  for name, v in pairs(a) do
+    local y = b[name]
+    if y then out[name] = less(v, y) and { v[1], v[2] } or { y[1], y[2] } end
+  end
+  return out
+end
+
+local function is_empty(r) return format(r) == '' end
+
+local function load_allocs()
+  local allocs = {}
+  local all = redis.call('HGETALL', K_ALLOCS)
+  for i = 1, #all, 2 do
+    local a = cjson.decode(all[i + 1])
+    a.id = all[i]
+    allocs[#allocs + 1] = a
+  end
+  return allocs
+end
+
+local function held(allocs, only_live)
+  local sum = {}
+  for _, a in ipairs(allocs) do
+    if not only_live or a.e > now then sum = add(sum, parse(a.r)) end
+  end
+  return sum
+end
+
+local function encode_alloc(a)
+  return cjson.encode({ r = a.r, o = a.o, l = a.l, c = a.c, k = a.k, e = a.e, ea = a.ea, er = a.er })
+end
+
+local function end_alloc(a, reason)
+  redis.call('HDEL', K_ALLOCS, a.id)
+  redis.call('ZREM', K_LEASES, a.id)
+  a.ea, a.er = now, reason
+  local record = encode_alloc(a)
+  redis.call('HSET', K_ENDED, a.id, record)
+  redis.call('ZADD', K_ENDINGS, now, a.id)
+  if reason == 'freed' then redis.call('HINCRBY', K_POOL, 'stat_freed', 1) end
+  if reason == 'reclaimed' then redis.call('HINCRBY', K_POOL, 'stat_reclaimed', 1) end
+  return record
+end
+
+local function view()
+  local p = redis.call('HMGET', K_POOL, 'capacity', 'stopped', 'stat_accepted', 'stat_offer_expired', 'stat_freed',
+    'stat_reclaimed')
+  local allocs = load_allocs()
+  local live, lapsed, n_lapsed = {}, {}, 0
+  for _, a in ipairs(allocs) do
+    if a.e > now then
+      live = add(live, parse(a.r))
+    else
+      lapsed = add(lapsed, parse(a.r))
+      n_lapsed = n_lapsed + 1
+    end
+  end
+  return { 'pool', p[1], format(live), format(lapsed), #allocs, n_lapsed, tonumber(p[2] or '0'),
+    tonumber(p[3] or '0'), tonumber(p[4] or '0'), tonumber(p[5] or '0'), tonumber(p[6] or '0') }
+end
+
+local NOT_FOUND = { 'err', 'pool_not_found' }
+
+if op == 'put' then
+  -- put(capacity, create_only): creates the pool or changes its capacity; starts a stopped pool.
+  local created = redis.call('EXISTS', K_POOL) == 0
+  if created or ARGV[3] ~= '1' then
+    redis.call('HSET', K_POOL, 'capacity', ARGV[2], 'stopped', 0)
+  end
+  local v = view()
+  v[1] = created and 1 or 0
+  return v
+end
+if redis.call('EXISTS', K_POOL) == 0 then return NOT_FOUND end
+
+if op == 'view' then
+  return view()
+elseif op == 'remove' then
+  local n = redis.call('HLEN', K_ALLOCS)
+  if n > 0 and ARGV[2] ~= '1' then return { 'err', 'pool_in_use', n } end
+  redis.call('DEL', K_POOL, K_ALLOCS, K_LEASES, K_ENDED, K_ENDINGS)
+  return { 'removed', n }
+elseif op == 'offer' then
+  if redis.call('HGET', K_POOL, 'stopped') == '1' then return { 'offer', '' } end
+  local capacity = parse(redis.call('HGET', K_POOL, 'capacity'))
+  return { 'offer', format(sub(capacity, held(load_allocs(), true))) }
+elseif op == 'accept' then
+  -- accept(id, min, max or '', owner, labels JSON, initial lease ms)
+  local id, want_min = ARGV[2], parse(ARGV[3])
+  local want_max = ARGV[4] ~= '' and parse(ARGV[4]) or nil
+  if redis.call('HGET', K_POOL, 'stopped') == '1' then return { 'err', 'pool_stopped' } end
+  if redis.call('HEXISTS', K_ALLOCS, id) == 1 or redis.call('HEXISTS', K_ENDED, id) == 1 then
+    return { 'err', 'alloc_id_taken' }
+  end
+  local capacity = parse(redis.call('HGET', K_POOL, 'capacity'))
+  local allocs = load_allocs()
+  local used = held(allocs, false)
+  local lapsed = {}
+  for _, a in ipairs(allocs) do
+    if a.e <= now then lapsed[#lapsed + 1] = a end
+  end
+  -- Most expired first.
+  table.sort(lapsed, function(x, y) return x.e < y.e or (x.e == y.e and x.id < y.id) end)
+  local victims, free = {}, sub(capacity, used)
+  local i = 1
+  while not fits(free, want_min) and i <= #lapsed do
+    victims[#victims + 1] = lapsed[i]
+    used = sub(used, parse(lapsed[i].r))
+    free = sub(capacity, used)
+    i = i + 1
+  end
+  if not fits(free, want_min) then
+    redis.call('HINCRBY', K_POOL, 'stat_offer_expired', 1)
+    return { 'err', 'offer_expired', ARGV[3], format(free) }
+  end
+  for _, victim in ipairs(victims) do end_alloc(victim, 'reclaimed') end
+  local resources = want_max and min(want_max, free) or want_min
+  local a = { id = id, r = format(resources), o = ARGV[5], l = cjson.decode(ARGV[6]), c = now, k = 0,
+    e = now + tonumber(ARGV[7]) }
+  local record = encode_alloc(a)
+  redis.call('HSET', K_ALLOCS, id, record)
+  redis.call('ZADD', K_LEASES, a.e, id)
+  redis.call('HINCRBY', K_POOL, 'stat_accepted', 1)
+  return { 'alloc', record, now }
+elseif op == 'keepalive' then
+  -- keepalive(id, interval ms, longest lease ms): revives a lapsed alloc not yet reclaimed.
+  local id = ARGV[2]
+  local record = redis.call('HGET', K_ALLOCS, id)
+  if not record then
+    local ended = redis.call('HGET', K_ENDED, id)
+    if ended then return { 'err', 'alloc_ended', cjson.decode(ended).er } end
+    return { 'err', 'alloc_not_found' }
+  end
+  local granted = math.min(tonumber(ARGV[3]), tonumber(ARGV[4]))
+  local a = cjson.decode(record)
+  a.k, a.e = now, now + granted
+  record = encode_alloc(a)
+  redis.call('HSET', K_ALLOCS, id, record)
+  redis.call('ZADD', K_LEASES, a.e, id)
+  return { 'alloc', record, now, granted }
+elseif op == 'free' then
+  local id = ARGV[2]
+  local ended = redis.call('HGET', K_ENDED, id)
+  if ended then return { 'ended', ended, now } end
+  local record = redis.call('HGET', K_ALLOCS, id)
+  if not record then return { 'err', 'alloc_not_found' } end
+  local a = cjson.decode(record)
+  a.id = id
+  return { 'ended', end_alloc(a, 'freed'), now }
+elseif op == 'inspect' then
+  local id = ARGV[2]
+  local record = redis.call('HGET', K_ALLOCS, id)
+  if record then return { 'alloc', record, now } end
+  local ended = redis.call('HGET', K_ENDED, id)
+  if ended then return { 'ended', ended, now } end
+  return { 'err', 'alloc_not_found' }
+elseif op == 'allocs' then
+  local reply = { 'allocs', now }
+  local all = redis.call('HGETALL', K_ALLOCS)
+  for j = 1, #all do reply[#reply + 1] = all[j] end
+  return reply
+elseif op == 'stop' then
+  -- stop(idle ms): stops the pool if every lease lapsed at least that long ago.
+  local idle = tonumber(ARGV[2])
+  local allocs = load_allocs()
+  local until_idle = 0
+  for _, a in ipairs(allocs) do until_idle = math.max(until_idle, a.e + idle - now) end
+  if until_idle > 0 then return { 'stop', 0, until_idle } end
+  for _, a in ipairs(allocs) do end_alloc(a, 'pool_stopped') end
+  redis.call('HSET', K_POOL, 'stopped', 1)
+  return { 'stop', 1, 0 }
+elseif op == 'sweep' then
+  -- sweep(reclaim after ms, retention ms)
+  local due = redis.call('ZRANGEBYSCORE', K_LEASES, '-inf', now - tonumber(ARGV[2]), 'LIMIT', 0, 256)
+  for _, id in ipairs(due) do
+    local record = redis.call('HGET', K_ALLOCS, id)
+    if record then
+      local a = cjson.decode(record)
+      a.id = id
+      end_alloc(a, 'reclaimed')
+    else
+      redis.call('ZREM', K_LEASES, id)
+    end
+  end
+  local old = redis.call('ZRANGEBYSCORE', K_ENDINGS, '-inf', now - tonumber(ARGV[3]), 'LIMIT', 0, 256)
+  for _, id in ipairs(old) do
+    redis.call('HDEL', K_ENDED, id)
+    redis.call('ZREM', K_ENDINGS, id)
+  end
+  return { 'swept', #due, #old }
+end
+return redis.error_reply('unknown pool operation ' .. tostring(op))

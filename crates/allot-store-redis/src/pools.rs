@@ -1,0 +1,357 @@
+//! Leased resource pools on Redis: every operation is one call of the `pool` function
+//! (`lua/pool.lua`) on the pool's hash slot (`allot:pool:{<pool>}`), timed by Redis's clock.
+//! The lease rules are `LeaseRules::default()`, the same as the embedded store's.
+
+use std::collections::BTreeMap;
+use std::time::Instant;
+
+use allot_core::pool::{
+    Alloc, AllocId, AllocRequest, AllocState, EndReason, EndedAlloc, LeaseRules, Offer, PoolError, PoolName, PoolStats,
+    PoolView,
+};
+use allot_core::{Millis, ResourceName, Resources};
+use allot_store::StoreError;
+use futures_util::{stream, StreamExt};
+use redis::Value;
+
+use crate::reply::{corrupt, Reply};
+use crate::{redis_error, Inner, POOL_REGISTRY};
+
+/// The key prefix of a pool; its hash tag is the name with `%`, `{` and `}` escaped.
+fn prefix(pool: &PoolName) -> String {
+    let mut tag = String::with_capacity(pool.as_str().len());
+    for c in pool.as_str().chars() {
+        match c {
+            '%' => tag.push_str("%25"),
+            '{' => tag.push_str("%7B"),
+            '}' => tag.push_str("%7D"),
+            c => tag.push(c),
+        }
+    }
+    format!("allot:pool:{{{tag}}}")
+}
+
+/// `name units frac` items joined by `,`: exact in Lua's doubles (see `lua/pool.lua`).
+fn encode(resources: &Resources) -> String {
+    let items: Vec<String> =
+        resources.iter().map(|(name, milli)| format!("{} {} {}", name, milli / 1000, milli % 1000)).collect();
+    items.join(",")
+}
+
+fn decode(text: &str) -> Result<Resources, StoreError> {
+    let mut resources = Resources::new();
+    for item in text.split(',').filter(|i| !i.is_empty()) {
+        let mut parts = item.split(' ');
+        let (Some(name), Some(units), Some(frac), None) = (parts.next(), parts.next(), parts.next(), parts.next())
+        else {
+            return Err(corrupt(format!("resource item `{item}`")));
+        };
+        let name = ResourceName::new(name).map_err(corrupt)?;
+        let units: u64 = units.parse().map_err(|_| corrupt(format!("resource item `{item}`")))?;
+        let frac: u64 = frac.parse().map_err(|_| corrupt(format!("resource item `{item}`")))?;
+        resources.set_milli(name, units.saturating_mul(1000).saturating_add(frac));
+    }
+    Ok(resources)
+}
+
+/// An alloc as `lua/pool.lua` stores it.
+#[derive(serde::Deserialize)]
+struct Record {
+    r: String,
+    o: String,
+    #[serde(default, deserialize_with = "labels")]
+    l: BTreeMap<String, String>,
+    c: u64,
+    k: u64,
+    e: u64,
+    #[serde(default)]
+    ea: Option<u64>,
+    #[serde(default)]
+    er: Option<String>,
+}
+
+/// Labels: cjson writes an empty table as `{}`, and a table as an object of strings.
+fn labels<'de, D: serde::Deserializer<'de>>(deserializer: D) -> Result<BTreeMap<String, String>, D::Error> {
+    use serde::Deserialize;
+    let value = serde_json::Value::deserialize(deserializer)?;
+    match value {
+        serde_json::Value::Object(map) => {
+            Ok(map.into_iter().filter_map(|(k, v)| v.as_str().map(|v| (k, v.to_owned()))).collect())
+        }
+        _ => Ok(BTreeMap::new()),
+    }
+}
+
+fn reason(text: &str) -> Result<EndReason, StoreError> {
+    match text {
+        "freed" => Ok(EndReason::Freed),
+        "reclaimed" => Ok(EndReason::Reclaimed),
+        "pool_stopped" => Ok(EndReason::PoolStopped),
+        "pool_removed" => Ok(EndReason::PoolRemoved),
+        other => Err(corrupt(format!("end reason `{other}`"))),
+    }
+}
+
+/// Reads an alloc record; with its end when it ended.
+fn record(pool: &PoolName, id: &str, json: &str) -> Result<AllocState, StoreError> {
+    let record: Record = serde_json::from_str(json).map_err(|e| corrupt(format!("alloc record: {e}")))?;
+    let alloc = Alloc {
+        pool: pool.clone(),
+        id: AllocId::parse(id).map_err(corrupt)?,
+        resources: decode(&record.r)?,
+        owner: record.o,
+        labels: record.l,
+        created: record.c,
+        last_keepalive: (record.k > 0).then_some(record.k),
+        expires: record.e,
+    };
+    Ok(match (record.ea, record.er) {
+        (Some(ended_at), Some(why)) => AllocState::Ended(EndedAlloc { alloc, ended_at, reason: reason(&why)? }),
+        _ => AllocState::Live(alloc),
+    })
+}
+
+fn live(state: AllocState) -> Result<Alloc, StoreError> {
+    match state {
+        AllocState::Live(alloc) => Ok(alloc),
+        AllocState::Ended(_) => Err(corrupt("an ended alloc where a live one was expected")),
+    }
+}
+
+fn ended(state: AllocState) -> Result<EndedAlloc, StoreError> {
+    match state {
+        AllocState::Ended(ended) => Ok(ended),
+        AllocState::Live(_) => Err(corrupt("a live alloc where an ended one was expected")),
+    }
+}
+
+/// Remembers Redis's clock, so `Store::now` can relate allocs' times to now.
+fn saw_clock(inner: &Inner, now: u64) {
+    *inner.redis_clock.lock().unwrap_or_else(|p| p.into_inner()) = Some((now, Instant::now()));
+}
+
+pub(crate) fn now(inner: &Inner) -> Millis {
+    match *inner.redis_clock.lock().unwrap_or_else(|p| p.into_inner()) {
+        Some((at, seen)) => at + seen.elapsed().as_millis() as u64,
+        None => std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_millis() as u64),
+    }
+}
+
+async fn call(inner: &Inner, pool: &PoolName, args: &[&str], mutating: bool) -> Result<(String, Reply), StoreError> {
+    let mut reply = inner.eval(&inner.scripts.pool, &prefix(pool), args, mutating).await?;
+    let kind = reply.text()?;
+    if kind == "err" {
+        return Err(error(pool, args, &mut reply)?);
+    }
+    Ok((kind, reply))
+}
+
+fn error(pool: &PoolName, args: &[&str], reply: &mut Reply) -> Result<StoreError, StoreError> {
+    let id = || AllocId::parse(args.get(1).copied().unwrap_or("")).map_err(corrupt);
+    let err = match reply.text()?.as_str() {
+        "pool_not_found" => PoolError::PoolNotFound(pool.clone()),
+        "pool_stopped" => PoolError::PoolStopped(pool.clone()),
+        "pool_in_use" => PoolError::PoolInUse { pool: pool.clone(), allocs: reply.uint()? as usize },
+        "offer_expired" => PoolError::OfferExpired {
+            pool: pool.clone(),
+            wanted: decode(&reply.text()?)?,
+            free: decode(&reply.text()?)?,
+        },
+        "alloc_not_found" => PoolError::AllocNotFound { pool: pool.clone(), id: id()? },
+        "alloc_ended" => PoolError::AllocEnded { pool: pool.clone(), id: id()?, reason: reason(&reply.text()?)? },
+        "alloc_id_taken" => PoolError::AllocIdTaken { pool: pool.clone(), id: id()? },
+        other => return Err(corrupt(format!("pool error `{other}`"))),
+    };
+    Ok(StoreError::Pool(err))
+}
+
+fn view_of(pool: &PoolName, reply: &mut Reply) -> Result<PoolView, StoreError> {
+    Ok(PoolView {
+        name: pool.clone(),
+        capacity: decode(&reply.text()?)?,
+        allocated: decode(&reply.text()?)?,
+        expired: decode(&reply.text()?)?,
+        allocs: reply.uint()? as usize,
+        expired_allocs: reply.uint()? as usize,
+        stopped: reply.uint()? == 1,
+        stats: PoolStats {
+            accepted: reply.uint()?,
+            offer_expired: reply.uint()?,
+            freed: reply.uint()?,
+            reclaimed: reply.uint()?,
+        },
+    })
+}
+
+pub(crate) async fn put(inner: &Inner, pool: PoolName, capacity: Resources) -> Result<(bool, PoolView), StoreError> {
+    // Listed first: a pool is never in Redis without being in the registry.
+    inner
+        .conn
+        .query(redis::cmd("SADD").arg(POOL_REGISTRY).arg(pool.as_str()))
+        .await
+        .map_err(|e| redis_error(e, true))?;
+    let mut reply = inner.eval(&inner.scripts.pool, &prefix(&pool), &["put", &encode(&capacity), "0"], true).await?;
+    let created = reply.int()? == 1;
+    Ok((created, view_of(&pool, &mut reply)?))
+}
+
+pub(crate) async fn remove(inner: &Inner, pool: PoolName, force: bool) -> Result<usize, StoreError> {
+    let (_, mut reply) = call(inner, &pool, &["remove", if force { "1" } else { "0" }], true).await?;
+    let allocs = reply.uint()? as usize;
+    inner
+        .conn
+        .query(redis::cmd("SREM").arg(POOL_REGISTRY).arg(pool.as_str()))
+        .await
+        .map_err(|e| redis_error(e, true))?;
+    Ok(allocs)
+}
+
+pub(crate) async fn view(inner: &Inner, pool: &PoolName) -> Result<PoolView, StoreError> {
+    let (_, mut reply) = call(inner, pool, &["view"], false).await?;
+    view_of(pool, &mut reply)
+}
+
+async fn registry(inner: &Inner) -> Result<Vec<PoolName>, StoreError> {
+    let value = inner.conn.query(redis::cmd("SMEMBERS").arg(POOL_REGISTRY)).await.map_err(|e| redis_error(e, false))?;
+    let mut reply = match value {
+        Value::Set(items) | Value::Array(items) => Reply::new(Value::Array(items))?,
+        other => return Err(corrupt(format!("pool registry reply {other:?}"))),
+    };
+    Ok(reply.rest_texts()?.iter().filter_map(|name| PoolName::new(name).ok()).collect())
+}
+
+pub(crate) async fn list(inner: &Inner) -> Result<Vec<PoolView>, StoreError> {
+    let names = registry(inner).await?;
+    let mut views = Vec::with_capacity(names.len());
+    for chunk in names.chunks(16) {
+        views.extend(futures_util::future::join_all(chunk.iter().map(|name| view(inner, name))).await);
+    }
+    let mut res = Vec::new();
+    for view in views {
+        match view {
+            Ok(view) => res.push(view),
+            Err(StoreError::Pool(PoolError::PoolNotFound(_))) => {}
+            Err(err) => return Err(err),
+        }
+    }
+    res.sort_by(|a, b| a.name.cmp(&b.name));
+    Ok(res)
+}
+
+pub(crate) async fn offer(inner: &Inner, pool: PoolName) -> Result<Option<Offer>, StoreError> {
+    let (_, mut reply) = call(inner, &pool, &["offer"], false).await?;
+    let available = decode(&reply.text()?)?;
+    Ok((!available.is_empty()).then_some(Offer { pool, available }))
+}
+
+pub(crate) async fn accept(inner: &Inner, pool: PoolName, request: AllocRequest) -> Result<Alloc, StoreError> {
+    if request.min.is_empty() {
+        return Err(PoolError::EmptyRequest.into());
+    }
+    if let Some(max) = &request.max {
+        if !max.fits(&request.min) {
+            return Err(PoolError::MaxBelowMin { min: request.min, max: max.clone() }.into());
+        }
+    }
+    let (min, max) = (encode(&request.min), request.max.as_ref().map(encode).unwrap_or_default());
+    let labels = serde_json::to_string(&request.labels).map_err(|e| StoreError::Invalid(e.to_string()))?;
+    let initial = LeaseRules::default().initial_ms.to_string();
+    loop {
+        // Ids are drawn at random [Reflow `newID`]; a taken one is drawn again.
+        let id = AllocId(rand::random()).to_string();
+        let args = ["accept", &id, &min, &max, &request.owner, &labels, &initial];
+        match call(inner, &pool, &args, true).await {
+            Err(StoreError::Pool(PoolError::AllocIdTaken { .. })) => continue,
+            Err(err) => return Err(err),
+            Ok((_, mut reply)) => {
+                let json = reply.text()?;
+                saw_clock(inner, reply.uint()?);
+                return live(record(&pool, &id, &json)?);
+            }
+        }
+    }
+}
+
+pub(crate) async fn keepalive(
+    inner: &Inner,
+    pool: PoolName,
+    id: AllocId,
+    interval_ms: u64,
+) -> Result<(u64, Alloc), StoreError> {
+    let max = LeaseRules::default().max_ms;
+    if interval_ms == 0 {
+        return Err(PoolError::OutOfRange { what: "keepalive interval", value: 0, min: 1, max }.into());
+    }
+    let id_text = id.to_string();
+    let args = ["keepalive", &id_text, &interval_ms.to_string(), &max.to_string()];
+    let (_, mut reply) = call(inner, &pool, &args, true).await?;
+    let json = reply.text()?;
+    saw_clock(inner, reply.uint()?);
+    let granted = reply.uint()?;
+    Ok((granted, live(record(&pool, &id_text, &json)?)?))
+}
+
+pub(crate) async fn free(inner: &Inner, pool: PoolName, id: AllocId) -> Result<EndedAlloc, StoreError> {
+    let id_text = id.to_string();
+    let (_, mut reply) = call(inner, &pool, &["free", &id_text], true).await?;
+    let json = reply.text()?;
+    saw_clock(inner, reply.uint()?);
+    ended(record(&pool, &id_text, &json)?)
+}
+
+pub(crate) async fn inspect(inner: &Inner, pool: PoolName, id: AllocId) -> Result<AllocState, StoreError> {
+    let id_text = id.to_string();
+    let (_, mut reply) = call(inner, &pool, &["inspect", &id_text], false).await?;
+    let json = reply.text()?;
+    saw_clock(inner, reply.uint()?);
+    record(&pool, &id_text, &json)
+}
+
+pub(crate) async fn allocs(inner: &Inner, pool: PoolName) -> Result<Vec<Alloc>, StoreError> {
+    let (_, mut reply) = call(inner, &pool, &["allocs"], false).await?;
+    saw_clock(inner, reply.uint()?);
+    let mut res = Vec::new();
+    while !reply.is_empty() {
+        let id = reply.text()?;
+        let json = reply.text()?;
+        res.push(live(record(&pool, &id, &json)?)?);
+    }
+    res.sort_by_key(|a| a.id);
+    Ok(res)
+}
+
+pub(crate) async fn stop_if_idle(inner: &Inner, pool: PoolName, idle_ms: u64) -> Result<(bool, u64), StoreError> {
+    let (_, mut reply) = call(inner, &pool, &["stop", &idle_ms.to_string()], true).await?;
+    Ok((reply.uint()? == 1, reply.uint()?))
+}
+
+/// One sweep of every pool (run by every daemon; idempotent).
+pub(crate) async fn sweep_all(inner: &Inner) {
+    let Ok(names) = registry(inner).await else { return };
+    let rules = LeaseRules::default();
+    let (reclaim, retention) = (rules.reclaim_after_ms.to_string(), rules.retention_ms.to_string());
+    stream::iter(names.iter())
+        .for_each_concurrent(16, |name| {
+            let (reclaim, retention) = (&reclaim, &retention);
+            async move {
+                if let Err(err) = call(inner, name, &["sweep", reclaim, retention], true).await {
+                    tracing::debug!(pool = %name, error = %err, "pool sweep failed");
+                }
+            }
+        })
+        .await;
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn resources_travel_exactly() {
+        for text in ["cpu=4,mem=16GiB", "cpu=0.5,disk=20TiB,gpu=1", "x=0.001", ""] {
+            let resources: Resources = text.parse().unwrap();
+            assert_eq!(decode(&encode(&resources)).unwrap(), resources, "{text}");
+        }
+        assert_eq!(encode(&"cpu=1.5".parse().unwrap()), "cpu 1 500");
+    }
+}
