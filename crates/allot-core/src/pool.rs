@@ -7,7 +7,8 @@
 //! lapsed still holds its resources until it is *reclaimed*: by an accept that needs the room (the
 //! most-expired first) or by the sweeper once it has been expired for `reclaim_after_ms`. Until
 //! then a keepalive revives it, as in Reflow. Ended allocs (freed, reclaimed, stopped) stay
-//! readable for `retention_ms` and say why they ended (Reflow's zombies).
+//! readable for `retention_ms` (at most [`MAX_ENDED_PER_POOL`] per pool) and say why they ended
+//! (Reflow's zombies).
 //!
 //! Like the token ledger, every operation takes `now` and returns [`PoolChange`]s for the store
 //! to make durable; nothing here does I/O, reads a clock or draws random numbers (alloc ids come
@@ -31,6 +32,9 @@ use crate::resources::Resources;
 /// The id of a pool's one offer [Reflow `offerID`]: an offer is "everything free in the pool",
 /// and accepting it is checked against what is free at that moment.
 pub const OFFER_ID: &str = "1";
+/// At most this many ended allocs are kept per pool (the oldest go first), whatever their
+/// retention, so a pool with a high churn keeps a bounded record.
+pub const MAX_ENDED_PER_POOL: usize = 1024;
 
 /// A pool's name: the first part of a `pool/alloc` URI, so it has no `/`.
 #[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -243,6 +247,8 @@ struct PoolState {
     capacity: Resources,
     allocs: HashMap<AllocId, Alloc>,
     ended: HashMap<AllocId, EndedAlloc>,
+    /// The ended allocs in the order they ended (for [`MAX_ENDED_PER_POOL`]).
+    ended_order: std::collections::VecDeque<AllocId>,
     stopped: bool,
     /// True once the capacity was set below what the allocs held (for `check_invariants`).
     capacity_lowered: bool,
@@ -500,6 +506,12 @@ impl Pools {
             self.endings.pop_first();
             if let Some(pool) = self.pools.get_mut(&name) {
                 pool.ended.remove(&id);
+                // Ended in time order, so it is the oldest one left.
+                if pool.ended_order.front() == Some(&id) {
+                    pool.ended_order.pop_front();
+                } else {
+                    pool.ended_order.retain(|other| *other != id);
+                }
             }
             changes.push(PoolChange::EndedDropped { pool: name, id });
         }
@@ -555,6 +567,7 @@ impl Pools {
                 .get_mut(&record.alloc.pool)
                 .ok_or_else(|| PoolError::PoolNotFound(record.alloc.pool.clone()))?;
             restored.endings.insert((record.ended_at, record.alloc.pool.clone(), record.alloc.id));
+            pool.ended_order.push_back(record.alloc.id);
             pool.ended.insert(record.alloc.id, record);
         }
         Ok(restored)
@@ -578,8 +591,17 @@ impl Pools {
         }
         let ended = EndedAlloc { alloc, ended_at: now, reason };
         pool.ended.insert(id, ended.clone());
+        pool.ended_order.push_back(id);
         self.endings.insert((now, name.clone(), id));
         changes.push(PoolChange::AllocEnded(ended.clone()));
+        if pool.ended_order.len() > MAX_ENDED_PER_POOL {
+            if let Some(oldest) = pool.ended_order.pop_front() {
+                if let Some(dropped) = pool.ended.remove(&oldest) {
+                    self.endings.remove(&(dropped.ended_at, name.clone(), oldest));
+                    changes.push(PoolChange::EndedDropped { pool: name.clone(), id: oldest });
+                }
+            }
+        }
         ended
     }
 

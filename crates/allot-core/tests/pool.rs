@@ -2,6 +2,7 @@
 
 use allot_core::pool::{
     AllocId, AllocRequest, AllocState, EndReason, LeaseRules, Offer, PoolChange, PoolError, PoolName, Pools,
+    MAX_ENDED_PER_POOL,
 };
 use allot_core::Resources;
 
@@ -128,6 +129,18 @@ fn an_ended_alloc_says_why_and_cannot_be_kept_alive() {
     assert!(matches!(pools.inspect(&pool(), AllocId(1)), Ok(AllocState::Ended(_))));
     pools.sweep(5 + RULES.retention_ms);
     assert!(matches!(pools.inspect(&pool(), AllocId(1)), Err(PoolError::AllocNotFound { .. })));
+}
+
+#[test]
+fn a_pool_keeps_a_bounded_number_of_ended_allocs() {
+    let mut pools = pools("cpu=1");
+    for id in 0..(MAX_ENDED_PER_POOL as u64 + 10) {
+        pools.accept(&pool(), want("cpu=1"), AllocId(id), id).unwrap();
+        pools.free(&pool(), AllocId(id), id).unwrap();
+    }
+    assert!(matches!(pools.inspect(&pool(), AllocId(9)), Err(PoolError::AllocNotFound { .. })), "the oldest went");
+    assert!(matches!(pools.inspect(&pool(), AllocId(10)), Ok(AllocState::Ended(_))));
+    pools.check_invariants().unwrap();
 }
 
 #[test]

@@ -638,13 +638,12 @@ fn write_batch(db: &Database, batch: &[Pending], seq: u64, now: Millis) -> Resul
                     let record = AllocRecord::live(alloc);
                     allocs.insert((alloc.pool.as_str(), alloc.id.0), encode(&record).as_slice())?;
                 }
+                // Ended allocs are kept in memory only (readable until the daemon restarts):
+                // writing them would grow the table with every freed alloc.
                 PoolChange::AllocEnded(ended) => {
-                    let record = AllocRecord::ended(ended);
-                    allocs.insert((ended.alloc.pool.as_str(), ended.alloc.id.0), encode(&record).as_slice())?;
+                    allocs.remove((ended.alloc.pool.as_str(), ended.alloc.id.0))?;
                 }
-                PoolChange::EndedDropped { pool, id } => {
-                    allocs.remove((pool.as_str(), id.0))?;
-                }
+                PoolChange::EndedDropped { .. } => {}
             }
         }
         meta.insert(META_CLOCK, now)?;

@@ -120,6 +120,11 @@ local function end_alloc(a, reason)
   local record = encode_alloc(a)
   redis.call('HSET', K_ENDED, a.id, record)
   redis.call('ZADD', K_ENDINGS, now, a.id)
+  -- At most 1,024 ended allocs per pool (MAX_ENDED_PER_POOL), the oldest go first.
+  if redis.call('ZCARD', K_ENDINGS) > 1024 then
+    local oldest = redis.call('ZPOPMIN', K_ENDINGS)
+    if oldest[1] then redis.call('HDEL', K_ENDED, oldest[1]) end
+  end
   if reason == 'freed' then redis.call('HINCRBY', K_POOL, 'stat_freed', 1) end
   if reason == 'reclaimed' then redis.call('HINCRBY', K_POOL, 'stat_reclaimed', 1) end
   return record
