@@ -22,6 +22,7 @@
 
 mod error;
 mod path;
+pub mod pools;
 
 use std::time::Duration;
 

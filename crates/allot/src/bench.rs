@@ -11,6 +11,7 @@
 //!   target's pairs/s as a ratio of the baseline's, measured in the same run. On a small machine the
 //!   load generator and the server share the cores, so only such ratios compare across machines.
 //! - `allot bench wake`: how long after a release the next waiter gets its grant.
+//! - `allot bench pools`: accept+free pairs over 1,000 pools against token pairs, one daemon.
 //! - `allot bench redis`: pairs on one Redis, three ways (allot's script called directly, Flyte's
 //!   command sequence, allot through a daemon), with 900 of 1,000 tokens held and caps on.
 //!
@@ -21,9 +22,11 @@
 
 mod baseline;
 mod children;
+mod closed;
 mod compare;
 mod http;
 mod load;
+mod pools;
 mod redis;
 mod report;
 mod wake;
@@ -52,6 +55,8 @@ enum BenchCommand {
     /// Pairs on one Redis: allot's script called directly, Flyte's command sequence, and allot
     /// through a daemon, with 900 of 1,000 tokens held and caps on.
     Redis(RedisBenchArgs),
+    /// Accept+free pairs over many pools against token pairs, through one fresh daemon.
+    Pools(PoolsBenchArgs),
 }
 
 /// Options shared by every command: how to show progress and results.
@@ -159,6 +164,30 @@ struct WakeArgs {
 }
 
 #[derive(Debug, clap::Args)]
+struct PoolsBenchArgs {
+    /// How many pools.
+    #[arg(long, default_value_t = 1000)]
+    pools: usize,
+    /// How many clients, each with its own connection.
+    #[arg(long, default_value_t = 16)]
+    clients: usize,
+    /// How long to measure each kind of pair.
+    #[arg(long, default_value = "5s", value_parser = crate::duration::parse)]
+    duration: Duration,
+    /// Run the load this long before measuring.
+    #[arg(long, default_value = "1s", value_parser = crate::duration::parse)]
+    warmup: Duration,
+    /// Exit with an error when a target is missed.
+    #[arg(long)]
+    check: bool,
+    /// Where to make the daemon's scratch directory (see `compare --tmp-dir`).
+    #[arg(long)]
+    tmp_dir: Option<std::path::PathBuf>,
+    #[command(flatten)]
+    output: OutputOpts,
+}
+
+#[derive(Debug, clap::Args)]
 struct RedisBenchArgs {
     /// The Redis to measure on (e.g. redis://127.0.0.1:6379); by default a `redis-server` from
     /// PATH is started on a free port and stopped after.
@@ -193,6 +222,7 @@ pub(crate) async fn run(args: BenchArgs) -> anyhow::Result<()> {
         BenchCommand::Compare(args) => compare::run(args).await,
         BenchCommand::Wake(args) => wake::run(args).await,
         BenchCommand::Redis(args) => redis::run(args).await,
+        BenchCommand::Pools(args) => pools::run(args).await,
     }
 }
 

@@ -15,7 +15,7 @@
 
 use std::ffi::OsString;
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use allot_core::{AllocateRequest, Constraints, LeaseRequest, NamespaceName, Scope, Token};
 use allot_store::{Allocation, Store};
@@ -26,8 +26,9 @@ use redis::aio::MultiplexedConnection;
 use serde::Serialize;
 
 use super::children::{self, Scratch};
+use super::closed::{closed_loop, Pair, Row};
 use super::load::{self, LoadSpec, ScopedLoad, Target};
-use super::report::{self, Check, Latency};
+use super::report::{self, Check};
 use super::RedisBenchArgs;
 
 const PROJECT_CAP: u64 = 100;
@@ -38,19 +39,6 @@ const MIN_VS_DIRECT: f64 = 0.5;
 const MIN_VS_FLYTE: f64 = 3.0;
 /// Load clients spread over this many projects, so no cap refuses them.
 const LOAD_PROJECTS: usize = 8;
-
-/// One row of the result table.
-#[derive(Debug, Clone, Serialize)]
-struct Row {
-    target: String,
-    clients: usize,
-    pairs_per_s: f64,
-    pair_ms: Latency,
-    errors: u64,
-    not_granted: u64,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    first_error: Option<String>,
-}
 
 #[derive(Serialize)]
 struct Output {
@@ -222,13 +210,6 @@ async fn setup_flyte(conn: &MultiplexedConnection, key: &str, held: u64) -> anyh
     cmd.query_async::<()>(&mut conn.clone()).await.context("SADD of the held tokens")
 }
 
-/// What one pair did.
-enum Pair {
-    Done,
-    NotGranted,
-    Failed(String),
-}
-
 async fn direct_pair(direct: &DirectScripts, namespace: &NamespaceName, index: usize, token: &str) -> Pair {
     let scope = scope_of(format!("load-{}", index % LOAD_PROJECTS), "dev");
     let request = request(namespace, token, scope);
@@ -271,75 +252,6 @@ async fn flyte_pair(conn: &mut MultiplexedConnection, key: &str, quota: u64, ind
     }
     .await;
     result.unwrap_or_else(|err| Pair::Failed(err.to_string()))
-}
-
-/// `clients` tasks, each doing `pair(index, fresh token)` in a closed loop, measured over the
-/// spec's window after its warm-up.
-async fn closed_loop<F, Fut>(name: &str, clients: usize, spec: &LoadSpec, pair: F) -> Row
-where
-    F: Fn(usize, String) -> Fut + Clone + Send + 'static,
-    Fut: std::future::Future<Output = Pair> + Send,
-{
-    let run = load::run_id();
-    let began = Instant::now();
-    let (start, end) = (began + spec.warmup, began + spec.warmup + spec.duration);
-    let tasks: Vec<_> = (0..clients)
-        .map(|index| {
-            let (pair, run) = (pair.clone(), run.clone());
-            tokio::spawn(async move {
-                let (mut samples, mut errors, mut not_granted, mut first_error) = (Vec::new(), 0u64, 0u64, None);
-                for seq in 0u64.. {
-                    let started = Instant::now();
-                    if started >= end {
-                        break;
-                    }
-                    let outcome = pair(index, format!("{run}-{index}-{seq}")).await;
-                    let finished = Instant::now();
-                    let inside = started >= start && finished <= end;
-                    match outcome {
-                        Pair::Done if inside => samples.push((finished - started).as_nanos() as u64),
-                        Pair::Done => {}
-                        Pair::NotGranted => not_granted += u64::from(inside),
-                        Pair::Failed(message) => {
-                            errors += u64::from(inside);
-                            first_error.get_or_insert(message);
-                            tokio::time::sleep(Duration::from_millis(10)).await;
-                        }
-                    }
-                }
-                (samples, errors, not_granted, first_error)
-            })
-        })
-        .collect();
-    let mut row = Row {
-        target: name.to_owned(),
-        clients,
-        pairs_per_s: 0.0,
-        pair_ms: Latency::default(),
-        errors: 0,
-        not_granted: 0,
-        first_error: None,
-    };
-    let mut all = Vec::new();
-    for task in tasks {
-        match task.await {
-            Ok((samples, errors, not_granted, first_error)) => {
-                all.extend(samples);
-                row.errors += errors;
-                row.not_granted += not_granted;
-                if row.first_error.is_none() {
-                    row.first_error = first_error;
-                }
-            }
-            Err(err) => {
-                row.errors += 1;
-                row.first_error.get_or_insert(err.to_string());
-            }
-        }
-    }
-    row.pairs_per_s = all.len() as f64 / spec.duration.as_secs_f64();
-    row.pair_ms = Latency::from_nanos(all);
-    row
 }
 
 fn rate(rows: &[Row], target: &str, clients: usize) -> Option<f64> {

@@ -107,7 +107,8 @@ async fn a_waiter_whose_client_goes_away_leaves_the_queue() {
 async fn seeds_pools_from_the_config_file_flags_and_this_machine() {
     let (dir, data) = data_dir();
     let config = dir.path().join("allot.toml");
-    std::fs::write(&config, "local_pool = \"here\"\n[pools]\nworker-1 = \"cpu=2,mem=4GiB\"\nworker-2 = \"cpu=1\"\n").unwrap();
+    std::fs::write(&config, "local_pool = \"here\"\n[pools]\nworker-1 = \"cpu=2,mem=4GiB\"\nworker-2 = \"cpu=1\"\n")
+        .unwrap();
     let daemon = tokio::task::spawn_blocking(move || {
         Daemon::start(&data, &["--config", config.to_str().unwrap(), "--pool", "worker-2=cpu=8,gpu=1"])
     })

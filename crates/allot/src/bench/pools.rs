@@ -1,0 +1,182 @@
+//! `allot bench pools`: accept+free pairs through one daemon against token allocate+release
+//! pairs, with the same clients, in one run.
+//!
+//! A fresh daemon (embedded store, durability on) gets `--pools` pools (default 1,000) of
+//! `cpu=64,mem=256GiB`; each client accepts `cpu=1,mem=1GiB` from a random pool and frees it, back
+//! to back, over its own keep-alive HTTP/1.1 connection. Then the same clients run token pairs
+//! (`PUT`/`DELETE .../grants/{token}`) on a namespace with room for all. The target: pool pairs at
+//! least half as many per second as token pairs.
+
+use std::ffi::OsString;
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::bail;
+use hyper::body::Bytes;
+use hyper::{Method, StatusCode};
+use serde::Serialize;
+use tokio::sync::Mutex;
+
+use super::children::{self, Scratch};
+use super::closed::{closed_loop, Pair, Row};
+use super::http::{Conn, Endpoint};
+use super::load::{self, LoadSpec};
+use super::report::{self, Check};
+use super::PoolsBenchArgs;
+
+/// Pool pairs must reach this share of token pairs.
+const MIN_RATIO: f64 = 0.5;
+const CAPACITY: &str = "cpu=64,mem=256GiB";
+const ACCEPT_BODY: &str = r#"{"min":"cpu=1,mem=1GiB","owner":"bench"}"#;
+
+#[derive(Serialize)]
+struct Output {
+    pools: usize,
+    rows: Vec<Row>,
+    checks: Vec<Check>,
+}
+
+pub(super) async fn run(args: PoolsBenchArgs) -> anyhow::Result<()> {
+    if args.clients == 0 || args.pools == 0 {
+        bail!("--clients and --pools must be at least 1");
+    }
+    let scratch = Scratch::new(args.tmp_dir.as_deref())?;
+    let exe = std::env::current_exe()?;
+    let serve: Vec<OsString> = vec![
+        "serve".into(),
+        "--listen".into(),
+        "127.0.0.1:0".into(),
+        "--data-dir".into(),
+        scratch.join("allot-data").into(),
+    ];
+    let daemon = children::spawn_listening("allot", &exe, &serve, scratch.join("allot.log")).await?;
+    let outcome = measure(&args, &daemon.endpoint).await;
+    daemon.stop().await;
+    let (rows, checks) = outcome?;
+    if args.output.json {
+        println!("{}", serde_json::to_string_pretty(&Output { pools: args.pools, rows, checks: checks.clone() })?);
+    } else {
+        println!("{} pools of {CAPACITY}, {} clients, one daemon (embedded store)", args.pools, args.clients);
+        for row in &rows {
+            println!(
+                "  {:<7} {:>9.0} pairs/s   pair p50 {:.3} ms   p99 {:.3} ms   errors {}",
+                row.target,
+                row.pairs_per_s,
+                row.pair_ms.p50,
+                row.pair_ms.p99,
+                row.errors + row.not_granted
+            );
+        }
+        println!("targets:");
+        print!("{}", report::checks(&checks));
+    }
+    if args.check && checks.iter().any(|c| !c.ok) {
+        bail!("a target was missed");
+    }
+    Ok(())
+}
+
+async fn measure(args: &PoolsBenchArgs, endpoint: &Endpoint) -> anyhow::Result<(Vec<Row>, Vec<Check>)> {
+    let mut setup = Conn::connect(endpoint).await?;
+    let run = load::run_id();
+    let body = Bytes::from(format!(r#"{{"capacity":"{CAPACITY}"}}"#));
+    for i in 0..args.pools {
+        let (status, answer) = setup.request(Method::PUT, &format!("/v1/pools/bench-{run}-{i}"), body.clone()).await?;
+        if !status.is_success() {
+            bail!("cannot create pool {i}: {status}: {}", String::from_utf8_lossy(&answer));
+        }
+    }
+    let namespace = format!("bench-{run}");
+    load::setup_namespace(endpoint, &namespace, args.clients as u64 * 2).await?;
+    let spec = LoadSpec {
+        clients: args.clients,
+        warmup: args.warmup,
+        duration: args.duration,
+        timeout: Duration::from_secs(10),
+        progress: load::show_progress(&args.output),
+    };
+    let mut connections = Vec::with_capacity(args.clients);
+    for _ in 0..args.clients {
+        connections.push(Mutex::new(Conn::connect(endpoint).await?));
+    }
+    let connections = Arc::new(connections);
+    let pools = args.pools as u64;
+    let prefix: Arc<str> = format!("/v1/pools/bench-{run}-").into();
+    let pool_row = closed_loop("pools", args.clients, &spec, {
+        let (connections, prefix) = (connections.clone(), prefix.clone());
+        move |index, token| {
+            let (connections, prefix) = (connections.clone(), prefix.clone());
+            async move {
+                let pool = pick(&token, pools);
+                let mut conn = connections[index].lock().await;
+                pool_pair(&mut conn, &format!("{prefix}{pool}")).await
+            }
+        }
+    })
+    .await;
+    let grants: Arc<str> = format!("/v1/namespaces/{namespace}/grants/").into();
+    let token_row = closed_loop("tokens", args.clients, &spec, {
+        let (connections, grants) = (connections.clone(), grants.clone());
+        move |index, token| {
+            let (connections, grants) = (connections.clone(), grants.clone());
+            async move {
+                let mut conn = connections[index].lock().await;
+                token_pair(&mut conn, &format!("{grants}{token}")).await
+            }
+        }
+    })
+    .await;
+    let ratio = (token_row.pairs_per_s > 0.0).then(|| pool_row.pairs_per_s / token_row.pairs_per_s);
+    let checks = vec![
+        Check::at_least("pool pairs/s vs token pairs/s".to_owned(), ratio, MIN_RATIO),
+        Check::at_most("pool pair errors".to_owned(), Some((pool_row.errors + pool_row.not_granted) as f64), 0.0),
+    ];
+    Ok((vec![pool_row, token_row], checks))
+}
+
+/// A pool for the pair named `token`: spread evenly, different for consecutive pairs.
+fn pick(token: &str, pools: u64) -> u64 {
+    let mut hash: u64 = 0xcbf2_9ce4_8422_2325;
+    for byte in token.bytes() {
+        hash = (hash ^ u64::from(byte)).wrapping_mul(0x0100_0000_01b3);
+    }
+    hash % pools
+}
+
+#[derive(serde::Deserialize)]
+struct Accepted {
+    id: String,
+}
+
+async fn pool_pair(conn: &mut Conn, pool: &str) -> Pair {
+    let accepted =
+        conn.request(Method::POST, &format!("{pool}/offers/1"), Bytes::from_static(ACCEPT_BODY.as_bytes())).await;
+    let id = match accepted {
+        Ok((StatusCode::CREATED, body)) => match serde_json::from_slice::<Accepted>(&body) {
+            Ok(alloc) => alloc.id,
+            Err(err) => return Pair::Failed(format!("accept answer: {err}")),
+        },
+        Ok((StatusCode::CONFLICT, _)) => return Pair::NotGranted,
+        Ok((status, body)) => return Pair::Failed(format!("accept: {status}: {}", String::from_utf8_lossy(&body))),
+        Err(err) => return Pair::Failed(format!("accept: {err:#}")),
+    };
+    match conn.request(Method::DELETE, &format!("{pool}/allocs/{id}"), Bytes::new()).await {
+        Ok((StatusCode::OK, _)) => Pair::Done,
+        Ok((status, body)) => Pair::Failed(format!("free: {status}: {}", String::from_utf8_lossy(&body))),
+        Err(err) => Pair::Failed(format!("free: {err:#}")),
+    }
+}
+
+async fn token_pair(conn: &mut Conn, grant: &str) -> Pair {
+    match conn.request(Method::PUT, grant, Bytes::from_static(b"{}")).await {
+        Ok((StatusCode::OK, body)) if body.windows(9).any(|w| w == b"\"Granted\"") => {}
+        Ok((StatusCode::OK, _)) => return Pair::NotGranted,
+        Ok((status, body)) => return Pair::Failed(format!("allocate: {status}: {}", String::from_utf8_lossy(&body))),
+        Err(err) => return Pair::Failed(format!("allocate: {err:#}")),
+    }
+    match conn.request(Method::DELETE, grant, Bytes::new()).await {
+        Ok((StatusCode::OK, _)) => Pair::Done,
+        Ok((status, body)) => Pair::Failed(format!("release: {status}: {}", String::from_utf8_lossy(&body))),
+        Err(err) => Pair::Failed(format!("release: {err:#}")),
+    }
+}
