@@ -77,6 +77,9 @@ struct Snapshot {
 type FloatGauge = Gauge<f64, std::sync::atomic::AtomicU64>;
 /// A metric's name, help and how to read its value from a view.
 type Described<F> = (&'static str, &'static str, F);
+type PoolResources = fn(&PoolView) -> &Resources;
+type PoolCount = fn(&PoolView) -> u64;
+type NamespaceGauge = fn(&NamespaceView) -> i64;
 
 /// Per pool and resource, in units (a resource the pool lacks is not listed).
 fn resource_family(
@@ -94,7 +97,7 @@ fn resource_family(
 }
 
 fn encode_pools(encoder: &mut DescriptorEncoder<'_>, pools: &[PoolView]) -> Result<(), std::fmt::Error> {
-    let resources: [Described<fn(&PoolView) -> &Resources>; 3] = [
+    let resources: [Described<PoolResources>; 3] = [
         ("allot_pool_capacity", "The pool's capacity, per resource", |v| &v.capacity),
         ("allot_pool_allocated", "Held by allocs whose lease runs, per resource", |v| &v.allocated),
         ("allot_pool_expired", "Held by allocs whose lease lapsed (not reclaimed yet), per resource", |v| &v.expired),
@@ -107,7 +110,7 @@ fn encode_pools(encoder: &mut DescriptorEncoder<'_>, pools: &[PoolView]) -> Resu
         allocs.get_or_create(&PoolLabels { pool: view.name.to_string() }).set(gauge(view.allocs as u64));
     }
     encode_family(encoder, "allot_pool_allocs", "Live allocs (lapsed ones included)", &allocs)?;
-    let counters: [Described<fn(&PoolView) -> u64>; 4] = [
+    let counters: [Described<PoolCount>; 4] = [
         ("allot_pool_accepts", "Offers accepted, since start", |v| v.stats.accepted),
         ("allot_pool_offer_expired", "Accepts refused because the room was gone, since start", |v| {
             v.stats.offer_expired
@@ -171,7 +174,7 @@ fn gauge(count: u64) -> i64 {
 impl Collector for StoreCollector {
     fn encode(&self, mut encoder: DescriptorEncoder) -> Result<(), std::fmt::Error> {
         let snapshot = self.snapshot.lock().unwrap_or_else(|p| p.into_inner());
-        let gauges: [Described<fn(&NamespaceView) -> i64>; 5] = [
+        let gauges: [Described<NamespaceGauge>; 5] = [
             ("allot_quota_units", "The namespace's quota", |v| gauge(v.quota)),
             ("allot_granted_units", "Units granted now", |v| gauge(v.granted_units)),
             ("allot_grants", "Grants held now", |v| gauge(v.grants as u64)),
