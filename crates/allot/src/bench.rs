@@ -171,6 +171,12 @@ struct PoolsBenchArgs {
     /// How many clients, each with its own connection.
     #[arg(long, default_value_t = 16)]
     clients: usize,
+    /// Pools (of cpu=2) for the allocate helper under contention.
+    #[arg(long, default_value_t = 20)]
+    contention_pools: usize,
+    /// Clients of the allocate helper under contention (more than the pools' 2 slots each).
+    #[arg(long, default_value_t = 64)]
+    contention_clients: usize,
     /// How long to measure each kind of pair.
     #[arg(long, default_value = "5s", value_parser = crate::duration::parse)]
     duration: Duration,

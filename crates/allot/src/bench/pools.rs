@@ -33,7 +33,21 @@ const ACCEPT_BODY: &str = r#"{"min":"cpu=1,mem=1GiB","owner":"bench"}"#;
 struct Output {
     pools: usize,
     rows: Vec<Row>,
+    helper: HelperResult,
     checks: Vec<Check>,
+}
+
+/// The allocate helper under contention: more clients than room, through a caching mux.
+#[derive(Debug, Clone, Serialize)]
+struct HelperResult {
+    pools: usize,
+    slots: usize,
+    clients: usize,
+    attempts: u64,
+    succeeded: u64,
+    success_rate: f64,
+    allocate_ms: report::Latency,
+    first_error: Option<String>,
 }
 
 pub(super) async fn run(args: PoolsBenchArgs) -> anyhow::Result<()> {
@@ -52,9 +66,10 @@ pub(super) async fn run(args: PoolsBenchArgs) -> anyhow::Result<()> {
     let daemon = children::spawn_listening("allot", &exe, &serve, scratch.join("allot.log")).await?;
     let outcome = measure(&args, &daemon.endpoint).await;
     daemon.stop().await;
-    let (rows, checks) = outcome?;
+    let (rows, helper, checks) = outcome?;
     if args.output.json {
-        println!("{}", serde_json::to_string_pretty(&Output { pools: args.pools, rows, checks: checks.clone() })?);
+        let output = Output { pools: args.pools, rows, helper, checks: checks.clone() };
+        println!("{}", serde_json::to_string_pretty(&output)?);
     } else {
         println!("{} pools of {CAPACITY}, {} clients, one daemon (embedded store)", args.pools, args.clients);
         for row in &rows {
@@ -67,6 +82,19 @@ pub(super) async fn run(args: PoolsBenchArgs) -> anyhow::Result<()> {
                 row.errors + row.not_granted
             );
         }
+        println!(
+            "allocate helper under contention: {} clients, {} pools with {} slots, caching mux: {}/{} succeeded ({:.1} %), \
+             allocate p50 {:.3} ms, p99 {:.3} ms{}",
+            helper.clients,
+            helper.pools,
+            helper.slots,
+            helper.succeeded,
+            helper.attempts,
+            helper.success_rate * 100.0,
+            helper.allocate_ms.p50,
+            helper.allocate_ms.p99,
+            helper.first_error.as_deref().map(|e| format!(" (first failure: {e})")).unwrap_or_default()
+        );
         println!("targets:");
         print!("{}", report::checks(&checks));
     }
@@ -76,7 +104,7 @@ pub(super) async fn run(args: PoolsBenchArgs) -> anyhow::Result<()> {
     Ok(())
 }
 
-async fn measure(args: &PoolsBenchArgs, endpoint: &Endpoint) -> anyhow::Result<(Vec<Row>, Vec<Check>)> {
+async fn measure(args: &PoolsBenchArgs, endpoint: &Endpoint) -> anyhow::Result<(Vec<Row>, HelperResult, Vec<Check>)> {
     let mut setup = Conn::connect(endpoint).await?;
     let run = load::run_id();
     let body = Bytes::from(format!(r#"{{"capacity":"{CAPACITY}"}}"#));
@@ -131,7 +159,66 @@ async fn measure(args: &PoolsBenchArgs, endpoint: &Endpoint) -> anyhow::Result<(
         Check::at_least("pool pairs/s vs token pairs/s".to_owned(), ratio, MIN_RATIO),
         Check::at_most("pool pair errors".to_owned(), Some((pool_row.errors + pool_row.not_granted) as f64), 0.0),
     ];
-    Ok((vec![pool_row, token_row], checks))
+    let helper = contention(args, endpoint, &run).await?;
+    Ok((vec![pool_row, token_row], helper, checks))
+}
+
+/// `--contention-clients` clients share `--contention-pools` pools of `cpu=2` (two slots each):
+/// each takes `cpu=1` with the allocate helper through a caching mux, holds it 20 ms and frees it.
+async fn contention(args: &PoolsBenchArgs, endpoint: &Endpoint, run: &str) -> anyhow::Result<HelperResult> {
+    use allot_client::pools::{allocate, AllocRequest, AllocateOptions, DaemonPool, Mux};
+    let client = allot_client::Client::new(&endpoint.url())?;
+    let mux = Arc::new(Mux::with_caching(Duration::from_secs(1)));
+    for i in 0..args.contention_pools {
+        let name = format!("contended-{run}-{i}");
+        client.put_pool(&name, "cpu=2").await?;
+        mux.add_pool(Arc::new(DaemonPool::new(client.clone(), name)?))?;
+    }
+    let request = Arc::new(AllocRequest::new("cpu=1".parse()?).with_owner("bench"));
+    let deadline = tokio::time::Instant::now() + args.duration;
+    let mut tasks = Vec::new();
+    for _ in 0..args.contention_clients {
+        let (mux, request) = (mux.clone(), request.clone());
+        tasks.push(tokio::spawn(async move {
+            let (mut attempts, mut succeeded, mut latencies, mut first_error) = (0u64, 0u64, Vec::new(), None);
+            while tokio::time::Instant::now() < deadline {
+                let started = std::time::Instant::now();
+                attempts += 1;
+                match allocate(&*mux, &request, &AllocateOptions::default()).await {
+                    Ok(alloc) => {
+                        succeeded += 1;
+                        latencies.push(started.elapsed().as_nanos() as u64);
+                        tokio::time::sleep(Duration::from_millis(20)).await;
+                        let _ = mux.free(&alloc.uri).await;
+                    }
+                    Err(err) => {
+                        first_error.get_or_insert_with(|| err.to_string());
+                    }
+                }
+            }
+            (attempts, succeeded, latencies, first_error)
+        }));
+    }
+    let (mut attempts, mut succeeded, mut latencies, mut first_error) = (0, 0, Vec::new(), None);
+    for task in tasks {
+        let (a, s, l, e) = task.await?;
+        attempts += a;
+        succeeded += s;
+        latencies.extend(l);
+        if first_error.is_none() {
+            first_error = e;
+        }
+    }
+    Ok(HelperResult {
+        pools: args.contention_pools,
+        slots: args.contention_pools * 2,
+        clients: args.contention_clients,
+        attempts,
+        succeeded,
+        success_rate: if attempts == 0 { 0.0 } else { succeeded as f64 / attempts as f64 },
+        allocate_ms: report::Latency::from_nanos(latencies),
+        first_error,
+    })
 }
 
 /// A pool for the pair named `token`: spread evenly, different for consecutive pairs.
