@@ -292,6 +292,11 @@ impl Pools {
         self.rules
     }
 
+    /// Changes the lease rules; running leases keep their expiry.
+    pub fn set_rules(&mut self, rules: LeaseRules) {
+        self.rules = rules;
+    }
+
     /// Creates a pool or changes its capacity; a stopped pool starts again. Lowering the capacity
     /// ends no alloc; it only stops new ones. Returns true if it was created.
     pub fn put_pool(&mut self, name: &PoolName, capacity: Resources) -> (bool, Vec<PoolChange>) {

@@ -163,6 +163,7 @@ struct LiveSession {
 }
 
 struct Inner {
+    pool_rules: Mutex<allot_core::pool::LeaseRules>,
     /// Redis's clock (ms) at the last pool call, and the local instant it was read.
     redis_clock: Mutex<Option<(u64, Instant)>>,
     conn: Conn,
@@ -189,6 +190,7 @@ impl RedisStore {
         let (shutdown, _) = watch::channel(false);
         let inner = Arc::new(Inner {
             redis_clock: Mutex::new(None),
+            pool_rules: Mutex::new(allot_core::pool::LeaseRules::default()),
             conn,
             scripts: Scripts::new(),
             waits: Mutex::new(HashMap::new()),
@@ -222,6 +224,12 @@ impl RedisStore {
                 }
             }
         }
+    }
+
+    /// Sets the lease rules of allocs made through this daemon (default: Reflow's). Daemons that
+    /// share a Redis should use the same rules.
+    pub fn set_pool_rules(&self, rules: allot_core::pool::LeaseRules) {
+        *self.inner.pool_rules.lock().unwrap_or_else(|p| p.into_inner()) = rules;
     }
 
     fn live(&self) -> Result<(), StoreError> {

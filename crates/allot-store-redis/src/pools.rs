@@ -1,6 +1,6 @@
 //! Leased resource pools on Redis: every operation is one call of the `pool` function
 //! (`lua/pool.lua`) on the pool's hash slot (`allot:pool:{<pool>}`), timed by Redis's clock.
-//! The lease rules are `LeaseRules::default()`, the same as the embedded store's.
+//! The lease rules are the daemon's (`RedisStore::set_pool_rules`; Reflow's by default).
 
 use std::collections::BTreeMap;
 use std::time::Instant;
@@ -123,6 +123,10 @@ fn ended(state: AllocState) -> Result<EndedAlloc, StoreError> {
         AllocState::Ended(ended) => Ok(ended),
         AllocState::Live(_) => Err(corrupt("a live alloc where an ended one was expected")),
     }
+}
+
+fn rules(inner: &Inner) -> LeaseRules {
+    *inner.pool_rules.lock().unwrap_or_else(|p| p.into_inner())
 }
 
 /// Remembers Redis's clock, so `Store::now` can relate allocs' times to now.
@@ -255,7 +259,7 @@ pub(crate) async fn accept(inner: &Inner, pool: PoolName, request: AllocRequest)
     }
     let (min, max) = (encode(&request.min), request.max.as_ref().map(encode).unwrap_or_default());
     let labels = serde_json::to_string(&request.labels).map_err(|e| StoreError::Invalid(e.to_string()))?;
-    let initial = LeaseRules::default().initial_ms.to_string();
+    let initial = rules(inner).initial_ms.to_string();
     loop {
         // Ids are drawn at random [Reflow `newID`]; a taken one is drawn again.
         let id = AllocId(rand::random()).to_string();
@@ -278,7 +282,7 @@ pub(crate) async fn keepalive(
     id: AllocId,
     interval_ms: u64,
 ) -> Result<(u64, Alloc), StoreError> {
-    let max = LeaseRules::default().max_ms;
+    let max = rules(inner).max_ms;
     if interval_ms == 0 {
         return Err(PoolError::OutOfRange { what: "keepalive interval", value: 0, min: 1, max }.into());
     }
@@ -328,7 +332,7 @@ pub(crate) async fn stop_if_idle(inner: &Inner, pool: PoolName, idle_ms: u64) ->
 /// One sweep of every pool (run by every daemon; idempotent).
 pub(crate) async fn sweep_all(inner: &Inner) {
     let Ok(names) = registry(inner).await else { return };
-    let rules = LeaseRules::default();
+    let rules = rules(inner);
     let (reclaim, retention) = (rules.reclaim_after_ms.to_string(), rules.retention_ms.to_string());
     stream::iter(names.iter())
         .for_each_concurrent(16, |name| {

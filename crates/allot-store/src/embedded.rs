@@ -272,6 +272,11 @@ impl EmbeddedStore {
         lock(&self.shared)
     }
 
+    /// Sets the lease rules of allocs (default: Reflow's 2 minutes, at most 5 per keepalive).
+    pub fn set_pool_rules(&self, rules: LeaseRules) {
+        self.lock().pools.set_rules(rules);
+    }
+
     /// Runs a ledger operation and waits until its changes are durable.
     async fn mutate<T>(
         &self,
@@ -790,9 +795,10 @@ fn recover(shared: &Shared, old: Option<Database>, opener: &Opener) -> Option<(D
     }
     let reopened = opener().and_then(|db| load(&db).map(|loaded| (db, loaded)));
     match reopened {
-        Ok((db, Loaded { mut ledger, pools, seq, .. })) => {
+        Ok((db, Loaded { mut ledger, mut pools, seq, .. })) => {
             ledger.carry_over_from(&state.ledger);
             state.ledger = ledger;
+            pools.set_rules(state.pools.rules());
             state.pools = pools;
             state.broken = None;
             tracing::info!(seq, "store rebuilt from the database");

@@ -6,7 +6,7 @@ use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use allot_core::pool::{PoolError, PoolName};
+use allot_core::pool::{LeaseRules, PoolError, PoolName};
 use allot_core::{NamespaceName, Resources};
 use allot_store::{EmbeddedConfig, EmbeddedStore, Store, StoreError};
 use allot_store_redis::{RedisConfig, RedisStore};
@@ -48,6 +48,12 @@ pub(crate) struct ServeArgs {
     /// and the disk of the data directory), e.g. `--local-pool local`.
     #[arg(long, value_name = "POOL", env = "ALLOT_LOCAL_POOL")]
     local_pool: Option<String>,
+    /// The lease an alloc gets when it is made [default: 2m].
+    #[arg(long, value_name = "DURATION", value_parser = crate::duration::parse)]
+    alloc_lease: Option<std::time::Duration>,
+    /// The longest lease one keepalive grants [default: 5m].
+    #[arg(long, value_name = "DURATION", value_parser = crate::duration::parse)]
+    alloc_max_lease: Option<std::time::Duration>,
     /// Log format on stderr.
     #[arg(long, env = "ALLOT_LOG_FORMAT", value_enum, default_value = "text")]
     log_format: LogFormat,
@@ -75,6 +81,23 @@ struct ConfigFile {
     pools: BTreeMap<String, String>,
     /// Offer this machine's resources as a pool of this name.
     local_pool: Option<String>,
+    /// Lease rules of allocs.
+    #[serde(default)]
+    alloc_leases: AllocLeases,
+}
+
+/// `[alloc_leases]`: durations such as `2m` or `30s`.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct AllocLeases {
+    /// The lease an alloc gets when it is made (default 2m).
+    initial: Option<String>,
+    /// The longest lease one keepalive grants (default 5m).
+    max: Option<String>,
+    /// How long after its lease lapses the sweeper reclaims an alloc (default 1m).
+    reclaim_after: Option<String>,
+    /// How long an ended alloc stays readable (default 1h).
+    retention: Option<String>,
 }
 
 /// The configuration, resolved.
@@ -85,6 +108,36 @@ struct Config {
     store: StoreChoice,
     quotas: Vec<(NamespaceName, u64)>,
     pools: Vec<(PoolName, Resources)>,
+    pool_rules: LeaseRules,
+}
+
+/// The lease rules from the file's `[alloc_leases]` and the flags (which win).
+fn lease_rules(args: &ServeArgs, file: &AllocLeases) -> anyhow::Result<LeaseRules> {
+    let mut rules = LeaseRules::default();
+    let ms = |what: &str, text: &str| -> anyhow::Result<u64> {
+        let duration = crate::duration::parse(text).map_err(|err| anyhow::anyhow!("[alloc_leases] {what}: {err}"))?;
+        Ok(duration.as_millis().min(u128::from(u64::MAX)) as u64)
+    };
+    for (what, text, field) in [
+        ("initial", &file.initial, &mut rules.initial_ms),
+        ("max", &file.max, &mut rules.max_ms),
+        ("reclaim_after", &file.reclaim_after, &mut rules.reclaim_after_ms),
+        ("retention", &file.retention, &mut rules.retention_ms),
+    ] {
+        if let Some(text) = text {
+            *field = ms(what, text)?;
+        }
+    }
+    if let Some(lease) = args.alloc_lease {
+        rules.initial_ms = lease.as_millis() as u64;
+    }
+    if let Some(max) = args.alloc_max_lease {
+        rules.max_ms = max.as_millis() as u64;
+    }
+    if rules.initial_ms == 0 || rules.max_ms == 0 {
+        bail!("alloc leases must be longer than zero");
+    }
+    Ok(rules)
 }
 
 #[derive(Debug)]
@@ -125,6 +178,7 @@ fn resolve(args: &ServeArgs) -> anyhow::Result<Config> {
         .into_iter()
         .map(|(name, quota)| Ok((NamespaceName::new(&name).with_context(|| format!("quota for `{name}`"))?, quota)))
         .collect::<anyhow::Result<Vec<_>>>()?;
+    let pool_rules = lease_rules(args, &file.alloc_leases)?;
     let mut pools = file.pools;
     for pool in &args.pools {
         let Some((name, capacity)) = pool.split_once('=') else {
@@ -148,6 +202,7 @@ fn resolve(args: &ServeArgs) -> anyhow::Result<Config> {
         .collect::<anyhow::Result<Vec<_>>>()?;
     Ok(Config {
         pools,
+        pool_rules,
         listen: args.listen.or(file.listen).unwrap_or_else(|| DEFAULT_LISTEN.parse().expect("valid address")),
         data_dir,
         store: store_choice(args.store.as_deref().or(file.store.as_deref()))?,
@@ -195,11 +250,17 @@ pub(crate) async fn run(args: ServeArgs) -> anyhow::Result<()> {
     init_logging(args.log_format);
     let config = resolve(&args)?;
     let store: Arc<dyn Store> = match &config.store {
-        StoreChoice::Embedded => Arc::new(
-            EmbeddedStore::open(&EmbeddedConfig { data_dir: config.data_dir.clone() })
-                .with_context(|| format!("cannot open the store in {}", config.data_dir.display()))?,
-        ),
-        StoreChoice::Redis(redis) => Arc::new(RedisStore::open(redis).await.context("cannot open the Redis store")?),
+        StoreChoice::Embedded => {
+            let store = EmbeddedStore::open(&EmbeddedConfig { data_dir: config.data_dir.clone() })
+                .with_context(|| format!("cannot open the store in {}", config.data_dir.display()))?;
+            store.set_pool_rules(config.pool_rules);
+            Arc::new(store)
+        }
+        StoreChoice::Redis(redis) => {
+            let store = RedisStore::open(redis).await.context("cannot open the Redis store")?;
+            store.set_pool_rules(config.pool_rules);
+            Arc::new(store)
+        }
     };
     for (name, quota) in &config.quotas {
         let (created, view) = store

@@ -96,3 +96,39 @@ async fn acknowledged_grants_and_releases_survive_sigkill() {
         "had {had_left} ms left, resumed with {left}"
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn allocs_survive_sigkill_with_the_lease_time_they_had_left() {
+    use allot_client::Accept;
+    let (_dir, data) = data_dir();
+    let args = ["--pool", "worker-1=cpu=4", "--alloc-lease", "8s", "--alloc-max-lease", "20s"];
+    let daemon = Daemon::start(&data, &args);
+    let client = daemon.client();
+    let accept = Accept { min: "cpu=1".into(), owner: Some("me".into()), ..Accept::default() };
+    let short = client.accept("worker-1", "1", &accept).await.unwrap();
+    assert!(short.expires_in_ms <= 8_000 && short.expires_in_ms > 7_000, "the configured lease: {short:?}");
+    let long = client.accept("worker-1", "1", &accept).await.unwrap();
+    let kept = client.keepalive_alloc("worker-1", &long.id, Duration::from_secs(60)).await.unwrap();
+    assert_eq!(kept.interval_ms, 20_000, "capped by the configured maximum");
+    let freed = client.accept("worker-1", "1", &accept).await.unwrap();
+    client.free_alloc("worker-1", &freed.id).await.unwrap();
+    tokio::time::sleep(Duration::from_millis(1000)).await;
+    let killed_at = std::time::Instant::now();
+    tokio::task::spawn_blocking(move || daemon.kill9()).await.unwrap();
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+
+    let daemon = Daemon::start(&data, &args);
+    let client = daemon.client();
+    let allocs = client.allocs("worker-1").await.unwrap().allocs;
+    let mut ids: Vec<&str> = allocs.iter().map(|a| a.id.as_str()).collect();
+    ids.sort();
+    let mut expected = vec![short.id.as_str(), long.id.as_str()];
+    expected.sort();
+    assert_eq!(ids, expected, "acknowledged allocs survive; the freed one does not come back");
+    // The long lease had about 19 s left at the kill: the time the daemon was down does not count
+    // (the clock is checkpointed at least once a second).
+    let left = allocs.iter().find(|a| a.id == long.id).unwrap().expires_in_ms;
+    let had_left = 20_000 - 1_000 - killed_at.elapsed().as_millis() as i64 + 1_500;
+    assert!((had_left - 1_500..=had_left + 1_300).contains(&left), "had about {had_left} ms left, resumed with {left}");
+    assert_eq!(client.offers("worker-1").await.unwrap().offers[0].available, "cpu=2");
+}

@@ -297,3 +297,67 @@ async fn a_redis_outage_answers_503_and_recovers_without_losing_anything() {
     expected.sort();
     assert_eq!(tokens, expected);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn three_daemons_share_pools_and_never_over_allocate() {
+    use allot_client::Accept;
+    let redis = RedisServer::start();
+    let (_d1, first) = start_daemon(&redis, &["--pool", "shared=cpu=4,mem=8GiB"]);
+    let (_d2, second) = start_daemon(&redis, &["--pool", "shared=cpu=64"]);
+    let (_d3, third) = start_daemon(&redis, &[]);
+    let daemons = [first.client(), second.client(), third.client()];
+    for client in &daemons {
+        assert_eq!(client.pool("shared").await.unwrap().capacity, "cpu=4,mem=8GiB", "the first seed holds for all");
+    }
+    let counts: Arc<Mutex<HashMap<&'static str, u64>>> = Arc::default();
+    let mut workers = Vec::new();
+    for worker in 0..12u64 {
+        let (daemons, counts) = (daemons.clone(), counts.clone());
+        workers.push(tokio::spawn(async move {
+            let mut rng = Rng(0x5851_f42d_4c95_7f2d ^ (worker + 1));
+            let mut held: Vec<String> = Vec::new();
+            for _ in 0..30 {
+                let client = &daemons[rng.below(3) as usize];
+                if !held.is_empty() && rng.below(2) == 0 {
+                    let id = held.swap_remove(rng.below(held.len() as u64) as usize);
+                    let freed = client.free_alloc("shared", &id).await.unwrap();
+                    assert_eq!(freed.ended, Some(allot_client::EndReason::Freed));
+                    *counts.lock().unwrap().entry("freed").or_default() += 1;
+                } else {
+                    let min = format!("cpu={},mem={}GiB", 1 + rng.below(2), rng.below(3));
+                    let accept = Accept { min, max: Some("cpu=2,mem=4GiB".into()), ..Accept::default() };
+                    match client.accept("shared", "1", &accept).await {
+                        Ok(alloc) => {
+                            held.push(alloc.id);
+                            *counts.lock().unwrap().entry("accepted").or_default() += 1;
+                        }
+                        Err(err) if err.code() == Some("offer_expired") => {
+                            *counts.lock().unwrap().entry("offer_expired").or_default() += 1;
+                        }
+                        Err(err) => panic!("{err}"),
+                    }
+                }
+                // One atomic read of the pool: what the allocs hold never exceeds the capacity.
+                let pool = client.pool("shared").await.unwrap();
+                let capacity: allot_core::Resources = pool.capacity.parse().unwrap();
+                let allocated: allot_core::Resources = pool.allocated.parse().unwrap();
+                let lapsed: allot_core::Resources = pool.expired.parse().unwrap();
+                let held_all = allocated.checked_add(&lapsed).unwrap();
+                assert!(capacity.fits(&held_all), "over-allocated: {held_all} of {capacity}");
+            }
+            for id in held {
+                daemons[0].free_alloc("shared", &id).await.unwrap();
+            }
+        }));
+    }
+    for worker in workers {
+        worker.await.unwrap();
+    }
+    let counts = counts.lock().unwrap().clone();
+    println!("pool outcomes over three daemons: {counts:?}");
+    for outcome in ["accepted", "offer_expired", "freed"] {
+        assert!(counts.get(outcome).copied().unwrap_or(0) > 0, "no `{outcome}` happened: {counts:?}");
+    }
+    let pool = daemons[2].pool("shared").await.unwrap();
+    assert_eq!((pool.allocs, pool.allocated.as_str()), (0, ""));
+}
