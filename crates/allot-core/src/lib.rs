@@ -12,6 +12,7 @@ pub mod ledger;
 pub mod names;
 pub mod pool;
 pub mod resources;
+pub mod testing;
 
 pub use ledger::{
     check_request, check_session_ttl, describe, AllocateRequest, CapLevel, Change, Constraints, Decision, Effects,

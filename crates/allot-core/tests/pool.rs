@@ -210,17 +210,8 @@ fn removing_a_pool_with_allocs_needs_force() {
 /// over-allocated and the indexes stay consistent.
 #[test]
 fn random_operations_never_over_allocate() {
-    struct Rng(u64);
-    impl Rng {
-        fn below(&mut self, n: u64) -> u64 {
-            self.0 ^= self.0 << 13;
-            self.0 ^= self.0 >> 7;
-            self.0 ^= self.0 << 17;
-            self.0 % n
-        }
-    }
     for seed in 1..=20u64 {
-        let mut rng = Rng(seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1);
+        let mut rng = allot_core::testing::XorShift::new(seed.wrapping_mul(0x9e37_79b9_7f4a_7c15));
         let names: Vec<PoolName> = (0..3).map(|i| PoolName::new(&format!("p{i}")).unwrap()).collect();
         let mut pools =
             Pools::new(LeaseRules { initial_ms: 1_000, max_ms: 5_000, reclaim_after_ms: 500, retention_ms: 2_000 });

@@ -14,19 +14,11 @@ use allot_store::{Allocation, EmbeddedConfig, EmbeddedStore, Store, StoreError};
 use allot_store_redis::testing::RedisServer;
 use allot_store_redis::{RedisConfig, RedisStore};
 
-struct Rng(u64);
+type Rng = allot_core::testing::XorShift;
 
-impl Rng {
-    fn below(&mut self, n: u64) -> u64 {
-        self.0 ^= self.0 << 13;
-        self.0 ^= self.0 >> 7;
-        self.0 ^= self.0 << 17;
-        self.0 % n
-    }
-
-    fn maybe(&mut self, n: u64) -> Option<u64> {
-        (self.below(3) > 0).then(|| self.below(n))
-    }
+/// A number below `n`, two times in three.
+fn maybe(rng: &mut Rng, n: u64) -> Option<u64> {
+    (rng.below(3) > 0).then(|| rng.below(n))
 }
 
 #[derive(Debug, Clone)]
@@ -47,7 +39,7 @@ fn random_op(rng: &mut Rng, names: &[NamespaceName]) -> Op {
                 Scope::new(["p1", "p2", "p10"][rng.below(3) as usize], ["dev", "prod"][rng.below(2) as usize]).unwrap()
             });
             let constraints = match scope {
-                Some(_) => Constraints { project: rng.maybe(7), namespace: rng.maybe(5) },
+                Some(_) => Constraints { project: maybe(rng, 7), namespace: maybe(rng, 5) },
                 None => Constraints::default(),
             };
             Op::Allocate(
@@ -135,7 +127,7 @@ async fn redis_functions_answer_like_the_ledger() {
             redis.put_namespace(name.clone(), 6).await.unwrap();
             embedded.put_namespace(name.clone(), 6).await.unwrap();
         }
-        let mut rng = Rng(0x2545_f491_4f6c_dd1d ^ seed.wrapping_mul(0x9e37_79b9_7f4a_7c15));
+        let mut rng = Rng::new(0x2545_f491_4f6c_dd1d ^ seed.wrapping_mul(0x9e37_79b9_7f4a_7c15));
         let (mut fencing_redis, mut fencing_embedded) = (HashMap::new(), HashMap::new());
         for step in 0..150 {
             let op = random_op(&mut rng, &names);

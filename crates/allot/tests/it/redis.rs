@@ -21,16 +21,7 @@ fn start_daemon(redis: &RedisServer, extra: &[&str]) -> (tempfile::TempDir, Daem
 }
 
 /// A small deterministic generator, so a failing run can be replayed.
-struct Rng(u64);
-
-impl Rng {
-    fn below(&mut self, n: u64) -> u64 {
-        self.0 ^= self.0 << 13;
-        self.0 ^= self.0 >> 7;
-        self.0 ^= self.0 << 17;
-        self.0 % n
-    }
-}
+type Rng = allot_core::testing::XorShift;
 
 const QUOTA: u64 = 10;
 const PROJECT_CAP: u64 = 6;
@@ -90,7 +81,7 @@ async fn three_daemons_share_quotas_and_never_over_grant() {
         let url = redis.url();
         workers.push(tokio::spawn(async move {
             let mut conn = redis::Client::open(url.as_str()).unwrap().get_connection().unwrap();
-            let mut rng = Rng(0x9e37_79b9_7f4a_7c15 ^ (worker + 1));
+            let mut rng = Rng::new(0x9e37_79b9_7f4a_7c15 ^ (worker + 1));
             let mut held: Vec<String> = Vec::new();
             for round in 0..40 {
                 let client = &daemons[rng.below(3) as usize];
@@ -314,7 +305,7 @@ async fn three_daemons_share_pools_and_never_over_allocate() {
     for worker in 0..12u64 {
         let (daemons, counts) = (daemons.clone(), counts.clone());
         workers.push(tokio::spawn(async move {
-            let mut rng = Rng(0x5851_f42d_4c95_7f2d ^ (worker + 1));
+            let mut rng = Rng::new(0x5851_f42d_4c95_7f2d ^ (worker + 1));
             let mut held: Vec<String> = Vec::new();
             for _ in 0..30 {
                 let client = &daemons[rng.below(3) as usize];
