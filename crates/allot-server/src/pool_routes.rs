@@ -15,23 +15,23 @@ use crate::AppState;
 
 type Answer<T> = Result<Json<T>, ApiError>;
 
-#[utoipa::path(get, path = "/v1/pools", tag = "pools", responses((status = 200, body = api::PoolList)))]
+#[utoipa::path(get, path = "/v1/pools", tag = "pools", responses((status = 400, body = api::ErrorBody, description = "invalid_name, invalid_resources, invalid_argument or invalid_json"), (status = 503, body = api::ErrorBody, description = "store_unavailable, store_outcome_unknown or shutting_down"), (status = 200, body = api::PoolList)))]
 pub(crate) async fn list_pools(State(state): State<AppState>) -> Answer<api::PoolList> {
     let pools = state.store.pools().await?;
     Ok(Json(api::PoolList { pools: pools.into_iter().map(convert::pool).collect() }))
 }
 
 #[utoipa::path(get, path = "/v1/pools/{pool}", tag = "pools",
-    params(("pool" = String, Path)),
-    responses((status = 200, body = api::Pool), (status = 404, body = api::ErrorBody, description = "pool_not_found")))]
+    params(("pool" = String, Path, description = "the pool's name: 1 to 255 bytes, no control characters, no `/`")),
+    responses((status = 400, body = api::ErrorBody, description = "invalid_name, invalid_resources, invalid_argument or invalid_json"), (status = 503, body = api::ErrorBody, description = "store_unavailable, store_outcome_unknown or shutting_down"), (status = 200, body = api::Pool), (status = 404, body = api::ErrorBody, description = "pool_not_found")))]
 pub(crate) async fn get_pool(State(state): State<AppState>, Segments(name): Segments<String>) -> Answer<api::Pool> {
     Ok(Json(convert::pool(state.store.pool(convert::pool_name(&name)?).await?)))
 }
 
 #[utoipa::path(put, path = "/v1/pools/{pool}", tag = "pools",
-    params(("pool" = String, Path)),
+    params(("pool" = String, Path, description = "the pool's name: 1 to 255 bytes, no control characters, no `/`")),
     request_body = api::PutPool,
-    responses((status = 201, body = api::PutPoolResponse, description = "created"),
+    responses((status = 503, body = api::ErrorBody, description = "store_unavailable, store_outcome_unknown or shutting_down"), (status = 201, body = api::PutPoolResponse, description = "created"),
         (status = 200, body = api::PutPoolResponse, description = "capacity changed, or a stopped pool started"),
         (status = 400, body = api::ErrorBody, description = "invalid_name or invalid_resources")))]
 pub(crate) async fn put_pool(
@@ -55,7 +55,7 @@ pub(crate) struct RemovePoolQuery {
 
 #[utoipa::path(delete, path = "/v1/pools/{pool}", tag = "pools",
     params(("pool" = String, Path), RemovePoolQuery),
-    responses((status = 200, body = api::RemovedPool), (status = 404, body = api::ErrorBody),
+    responses((status = 400, body = api::ErrorBody, description = "invalid_name, invalid_resources, invalid_argument or invalid_json"), (status = 503, body = api::ErrorBody, description = "store_unavailable, store_outcome_unknown or shutting_down"), (status = 200, body = api::RemovedPool), (status = 404, body = api::ErrorBody),
         (status = 409, body = api::ErrorBody, description = "pool_in_use")))]
 pub(crate) async fn remove_pool(
     State(state): State<AppState>,
@@ -68,8 +68,8 @@ pub(crate) async fn remove_pool(
 
 /// The pool's offers: one holding everything free, or none.
 #[utoipa::path(get, path = "/v1/pools/{pool}/offers", tag = "pools",
-    params(("pool" = String, Path)),
-    responses((status = 200, body = api::OfferList), (status = 404, body = api::ErrorBody)))]
+    params(("pool" = String, Path, description = "the pool's name: 1 to 255 bytes, no control characters, no `/`")),
+    responses((status = 400, body = api::ErrorBody, description = "invalid_name, invalid_resources, invalid_argument or invalid_json"), (status = 503, body = api::ErrorBody, description = "store_unavailable, store_outcome_unknown or shutting_down"), (status = 200, body = api::OfferList), (status = 404, body = api::ErrorBody)))]
 pub(crate) async fn list_offers(
     State(state): State<AppState>,
     Segments(name): Segments<String>,
@@ -82,7 +82,7 @@ pub(crate) async fn list_offers(
 #[utoipa::path(post, path = "/v1/pools/{pool}/offers/{offer}", tag = "pools",
     params(("pool" = String, Path), ("offer" = String, Path, description = "the offer's id (`1`)")),
     request_body = api::Accept,
-    responses((status = 201, body = api::Alloc),
+    responses((status = 503, body = api::ErrorBody, description = "store_unavailable, store_outcome_unknown or shutting_down"), (status = 201, body = api::Alloc),
         (status = 409, body = api::ErrorBody, description = "offer_expired: the room is gone, try another offer; pool_stopped"),
         (status = 400, body = api::ErrorBody, description = "invalid_resources or invalid_argument"),
         (status = 404, body = api::ErrorBody, description = "pool_not_found")))]
@@ -102,8 +102,8 @@ pub(crate) async fn accept(
 }
 
 #[utoipa::path(get, path = "/v1/pools/{pool}/allocs", tag = "pools",
-    params(("pool" = String, Path)),
-    responses((status = 200, body = api::AllocList), (status = 404, body = api::ErrorBody)))]
+    params(("pool" = String, Path, description = "the pool's name: 1 to 255 bytes, no control characters, no `/`")),
+    responses((status = 400, body = api::ErrorBody, description = "invalid_name, invalid_resources, invalid_argument or invalid_json"), (status = 503, body = api::ErrorBody, description = "store_unavailable, store_outcome_unknown or shutting_down"), (status = 200, body = api::AllocList), (status = 404, body = api::ErrorBody)))]
 pub(crate) async fn list_allocs(
     State(state): State<AppState>,
     Segments(name): Segments<String>,
@@ -116,7 +116,7 @@ pub(crate) async fn list_allocs(
 /// Inspects an alloc, live or ended (kept for a while after it ends, with the reason).
 #[utoipa::path(get, path = "/v1/pools/{pool}/allocs/{alloc}", tag = "pools",
     params(("pool" = String, Path), ("alloc" = String, Path, description = "16 hex digits")),
-    responses((status = 200, body = api::Alloc), (status = 404, body = api::ErrorBody, description = "alloc_not_found")))]
+    responses((status = 400, body = api::ErrorBody, description = "invalid_name, invalid_resources, invalid_argument or invalid_json"), (status = 503, body = api::ErrorBody, description = "store_unavailable, store_outcome_unknown or shutting_down"), (status = 200, body = api::Alloc), (status = 404, body = api::ErrorBody, description = "alloc_not_found")))]
 pub(crate) async fn get_alloc(
     State(state): State<AppState>,
     Segments((name, id)): Segments<(String, String)>,
@@ -128,7 +128,7 @@ pub(crate) async fn get_alloc(
 /// Frees an alloc; freeing an ended alloc answers its record again.
 #[utoipa::path(delete, path = "/v1/pools/{pool}/allocs/{alloc}", tag = "pools",
     params(("pool" = String, Path), ("alloc" = String, Path)),
-    responses((status = 200, body = api::Alloc), (status = 404, body = api::ErrorBody)))]
+    responses((status = 400, body = api::ErrorBody, description = "invalid_name, invalid_resources, invalid_argument or invalid_json"), (status = 503, body = api::ErrorBody, description = "store_unavailable, store_outcome_unknown or shutting_down"), (status = 200, body = api::Alloc), (status = 404, body = api::ErrorBody)))]
 pub(crate) async fn free_alloc(
     State(state): State<AppState>,
     Segments((name, id)): Segments<(String, String)>,
@@ -141,7 +141,7 @@ pub(crate) async fn free_alloc(
 #[utoipa::path(post, path = "/v1/pools/{pool}/allocs/{alloc}/keepalive", tag = "pools",
     params(("pool" = String, Path), ("alloc" = String, Path)),
     request_body = api::AllocKeepalive,
-    responses((status = 200, body = api::AllocKeepaliveResponse),
+    responses((status = 400, body = api::ErrorBody, description = "invalid_name, invalid_resources, invalid_argument or invalid_json"), (status = 503, body = api::ErrorBody, description = "store_unavailable, store_outcome_unknown or shutting_down"), (status = 200, body = api::AllocKeepaliveResponse),
         (status = 410, body = api::ErrorBody, description = "alloc_ended: freed or reclaimed; stop keeping it alive"),
         (status = 404, body = api::ErrorBody)))]
 pub(crate) async fn keepalive_alloc(
@@ -159,9 +159,9 @@ pub(crate) async fn keepalive_alloc(
 
 /// Stops the pool if every alloc's lease has lapsed for `idle_ms`.
 #[utoipa::path(post, path = "/v1/pools/{pool}/stop-if-idle", tag = "pools",
-    params(("pool" = String, Path)),
+    params(("pool" = String, Path, description = "the pool's name: 1 to 255 bytes, no control characters, no `/`")),
     request_body = api::StopIfIdle,
-    responses((status = 200, body = api::StopIfIdleResponse), (status = 404, body = api::ErrorBody)))]
+    responses((status = 400, body = api::ErrorBody, description = "invalid_name, invalid_resources, invalid_argument or invalid_json"), (status = 503, body = api::ErrorBody, description = "store_unavailable, store_outcome_unknown or shutting_down"), (status = 200, body = api::StopIfIdleResponse), (status = 404, body = api::ErrorBody)))]
 pub(crate) async fn stop_if_idle(
     State(state): State<AppState>,
     Segments(name): Segments<String>,

@@ -322,6 +322,15 @@ async fn pools_offers_and_allocs_over_the_api() {
     let (status, body) = h.call(Method::POST, "/v1/pools/worker-1/offers/1", r#"{"min": "cpu=1"}"#).await;
     assert_eq!((status, body["error"]["code"].clone()), (StatusCode::CONFLICT, json!("pool_stopped")));
 
+    let (_, document) = h.call(Method::GET, "/openapi.json", "").await;
+    for path in [
+        "/v1/pools/{pool}/offers/{offer}",
+        "/v1/pools/{pool}/allocs/{alloc}/keepalive",
+        "/v1/pools/{pool}/stop-if-idle",
+    ] {
+        assert!(document["paths"][path].is_object(), "{path} missing from the OpenAPI document");
+    }
+
     // Bad input: a clear 4xx with a code.
     for (method, uri, body, status, code) in [
         (Method::PUT, "/v1/pools/p", r#"{"capacity": "cpu=four"}"#, StatusCode::BAD_REQUEST, "invalid_resources"),
