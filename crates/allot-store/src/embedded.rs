@@ -570,6 +570,8 @@ fn load_records(db: &Database) -> Result<Loaded, OpenError> {
 }
 
 /// Writes every change of `batch` in one durable transaction.
+// redb's error is large, but it is returned once per batch, not per operation.
+#[allow(clippy::result_large_err)]
 fn write_batch(db: &Database, batch: &[Pending], seq: u64, now: Millis) -> Result<(), redb::Error> {
     let mut txn = db.begin_write()?;
     txn.set_durability(Durability::Immediate);
