@@ -7,7 +7,7 @@ use std::time::Duration;
 use anyhow::{bail, Context};
 use http_body_util::{BodyExt, Full};
 use hyper::body::Bytes;
-use hyper::client::conn::http1::SendRequest;
+use hyper::client::conn::http1::{Connection, SendRequest};
 use hyper::header::{CONTENT_TYPE, HOST};
 use hyper::{Method, Request, StatusCode};
 use hyper_util::rt::TokioIo;
@@ -61,11 +61,15 @@ const DEFAULT_TIMEOUT: Duration = Duration::from_secs(30);
 pub(super) struct Conn {
     endpoint: Endpoint,
     sender: SendRequest<Full<Bytes>>,
+    /// Driven inside `send`, in the caller's task: no hand-off to another task per request.
+    connection: std::pin::Pin<Box<Connection<TokioIo<TcpStream>, Full<Bytes>>>>,
+    /// Set once the connection has ended; it must not be polled again.
+    closed: bool,
     timeout: Duration,
 }
 
 impl Conn {
-    /// Opens a connection (TCP_NODELAY on) and starts driving it on the runtime.
+    /// Opens a connection (TCP_NODELAY on); it is driven by the requests sent on it.
     pub(super) async fn connect(endpoint: &Endpoint) -> anyhow::Result<Conn> {
         let stream = match tokio::time::timeout(CONNECT_TIMEOUT, TcpStream::connect(&endpoint.authority)).await {
             Ok(connected) => connected.with_context(|| format!("cannot connect to {}", endpoint.url()))?,
@@ -75,15 +79,9 @@ impl Conn {
         let (sender, connection) = hyper::client::conn::http1::handshake(TokioIo::new(stream))
             .await
             .with_context(|| format!("HTTP handshake with {} failed", endpoint.url()))?;
-        tokio::spawn(async move {
-            // Ends when the server closes the connection or the `Conn` is dropped; a failure shows
-            // up as the error of the request in flight.
-            let _ = connection.await;
-        });
-        Ok(Conn { endpoint: endpoint.clone(), sender, timeout: DEFAULT_TIMEOUT })
+        Ok(Conn { endpoint: endpoint.clone(), sender, connection: Box::pin(connection), closed: false, timeout: DEFAULT_TIMEOUT })
     }
 
-    /// Sets how long a request may take before it fails; the connection is unusable after that.
     pub(super) fn with_timeout(mut self, timeout: Duration) -> Conn {
         self.timeout = timeout;
         self
@@ -114,11 +112,27 @@ impl Conn {
             request = request.header(CONTENT_TYPE, "application/json");
         }
         let request = request.body(Full::new(body))?;
-        self.sender.ready().await.context("the connection is closed")?;
-        let response = self.sender.send_request(request).await?;
-        let status = response.status();
-        let body = response.into_body().collect().await?.to_bytes();
-        Ok((status, body))
+        if self.closed {
+            bail!("the connection is closed");
+        }
+        let sender = &mut self.sender;
+        let exchange = async move {
+            sender.ready().await.context("the connection is closed")?;
+            let response = sender.send_request(request).await?;
+            let status = response.status();
+            let body = response.into_body().collect().await?.to_bytes();
+            anyhow::Ok((status, body))
+        };
+        tokio::select! {
+            answer = exchange => answer,
+            ended = self.connection.as_mut() => {
+                self.closed = true;
+                match ended {
+                    Ok(()) => Err(anyhow::anyhow!("the server closed the connection")),
+                    Err(err) => Err(anyhow::Error::new(err).context("the connection failed")),
+                }
+            }
+        }
     }
 }
 
