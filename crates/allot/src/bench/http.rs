@@ -79,7 +79,13 @@ impl Conn {
         let (sender, connection) = hyper::client::conn::http1::handshake(TokioIo::new(stream))
             .await
             .with_context(|| format!("HTTP handshake with {} failed", endpoint.url()))?;
-        Ok(Conn { endpoint: endpoint.clone(), sender, connection: Box::pin(connection), closed: false, timeout: DEFAULT_TIMEOUT })
+        Ok(Conn {
+            endpoint: endpoint.clone(),
+            sender,
+            connection: Box::pin(connection),
+            closed: false,
+            timeout: DEFAULT_TIMEOUT,
+        })
     }
 
     pub(super) fn with_timeout(mut self, timeout: Duration) -> Conn {
