@@ -94,6 +94,17 @@ pub struct LeaseRules {
     pub retention_ms: u64,
 }
 
+impl LeaseRules {
+    /// The lease a keepalive asking for `interval_ms` gets: at most [`LeaseRules::max_ms`]; zero
+    /// is refused.
+    pub fn grant(&self, interval_ms: u64) -> Result<u64, PoolError> {
+        if interval_ms == 0 {
+            return Err(PoolError::OutOfRange { what: "keepalive interval", value: 0, min: 1, max: self.max_ms });
+        }
+        Ok(interval_ms.min(self.max_ms))
+    }
+}
+
 impl Default for LeaseRules {
     fn default() -> LeaseRules {
         LeaseRules { initial_ms: 120_000, max_ms: 300_000, reclaim_after_ms: 60_000, retention_ms: 3_600_000 }
@@ -109,6 +120,22 @@ pub struct AllocRequest {
     pub max: Option<Resources>,
     pub owner: String,
     pub labels: BTreeMap<String, String>,
+}
+
+impl AllocRequest {
+    /// Checks what the request says by itself: some `min`, and a `max` at least `min`. Every
+    /// backend checks this before it looks at any pool.
+    pub fn check(&self) -> Result<(), PoolError> {
+        if self.min.is_empty() {
+            return Err(PoolError::EmptyRequest);
+        }
+        if let Some(max) = &self.max {
+            if !max.fits(&self.min) {
+                return Err(PoolError::MaxBelowMin { min: self.min.clone(), max: max.clone() });
+            }
+        }
+        Ok(())
+    }
 }
 
 /// A live alloc.
@@ -347,14 +374,7 @@ impl Pools {
         id: AllocId,
         now: Millis,
     ) -> Result<(Alloc, Vec<PoolChange>), PoolError> {
-        if request.min.is_empty() {
-            return Err(PoolError::EmptyRequest);
-        }
-        if let Some(max) = &request.max {
-            if !max.fits(&request.min) {
-                return Err(PoolError::MaxBelowMin { min: request.min, max: max.clone() });
-            }
-        }
+        request.check()?;
         let rules = self.rules;
         let pool = self.pools.get_mut(name).ok_or_else(|| PoolError::PoolNotFound(name.clone()))?;
         if pool.stopped {
@@ -416,10 +436,7 @@ impl Pools {
         interval_ms: u64,
         now: Millis,
     ) -> Result<(u64, Alloc, Vec<PoolChange>), PoolError> {
-        if interval_ms == 0 {
-            return Err(PoolError::OutOfRange { what: "keepalive interval", value: 0, min: 1, max: self.rules.max_ms });
-        }
-        let granted = interval_ms.min(self.rules.max_ms);
+        let granted = self.rules.grant(interval_ms)?;
         let pool = self.pools.get_mut(name).ok_or_else(|| PoolError::PoolNotFound(name.clone()))?;
         let Some(alloc) = pool.allocs.get_mut(&id) else {
             return Err(match pool.ended.get(&id) {

@@ -102,7 +102,6 @@ impl From<StoreError> for ApiError {
             }
             StoreError::Invalid(message) => ApiError::invalid_argument(message),
             StoreError::Pool(err) => err.into(),
-            StoreError::Unsupported(message) => ApiError::new(StatusCode::NOT_IMPLEMENTED, "not_implemented", message),
         }
     }
 }

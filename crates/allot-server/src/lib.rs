@@ -56,8 +56,7 @@ invalid_argument, invalid_name, caps_without_scope (400); namespace_not_found, g
 session_not_found, not_found (404); method_not_allowed (405); stale_fencing, token_conflict, \
 units_exceed_quota, namespace_in_use (409); payload_too_large (413); store_unavailable, \
 store_outcome_unknown, shutting_down (503); internal (500). Pools: invalid_resources (400); pool_not_found, \
-alloc_not_found (404); offer_expired, pool_stopped, pool_in_use (409); alloc_ended (410); \
-not_implemented (501: pools are not in the Redis store yet)."
+alloc_not_found (404); offer_expired, pool_stopped, pool_in_use (409); alloc_ended (410)."
     ),
     paths(
         routes::healthz,

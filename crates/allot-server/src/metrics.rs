@@ -251,12 +251,7 @@ impl Collector for StoreCollector {
 /// `GET /metrics`: the Prometheus text format.
 pub(crate) async fn scrape(State(state): State<AppState>) -> Result<Response, ApiError> {
     let namespaces = state.store.namespaces().await?;
-    let pools = match state.store.pools().await {
-        Ok(pools) => pools,
-        // A backend without pools has none to report.
-        Err(allot_store::StoreError::Unsupported(_)) => Vec::new(),
-        Err(err) => return Err(err.into()),
-    };
+    let pools = state.store.pools().await?;
     let commits = state.store.commit_stats();
     let metrics = &state.metrics;
     // The collector locks the snapshot while encoding: the lock must be released before.

@@ -101,8 +101,15 @@ impl RedisConfig {
 /// The key prefix of a namespace. Its hash tag is the namespace name with `%`, `{` and `}`
 /// escaped, so that every key of the namespace hashes to one slot whatever the name holds.
 fn prefix(namespace: &NamespaceName) -> String {
-    let mut tag = String::with_capacity(namespace.as_str().len());
-    for c in namespace.as_str().chars() {
+    format!("allot:{}", hash_tag(namespace.as_str()))
+}
+
+/// `{name}` with `%`, `{` and `}` of the name escaped, so the hash tag is never empty or cut
+/// short: every key that starts with it hashes to one slot.
+fn hash_tag(name: &str) -> String {
+    let mut tag = String::with_capacity(name.len() + 2);
+    tag.push('{');
+    for c in name.chars() {
         match c {
             '%' => tag.push_str("%25"),
             '{' => tag.push_str("%7B"),
@@ -110,7 +117,8 @@ fn prefix(namespace: &NamespaceName) -> String {
             c => tag.push(c),
         }
     }
-    format!("allot:{{{tag}}}")
+    tag.push('}');
+    tag
 }
 
 /// Maps a failed call. `mutating` calls that were sent but not answered may have taken effect.
@@ -694,7 +702,12 @@ impl Store for RedisStore {
 
     async fn put_pool(&self, name: PoolName, capacity: Resources) -> Result<(bool, PoolView), StoreError> {
         self.live()?;
-        pools::put(&self.inner, name, capacity).await
+        pools::put(&self.inner, name, capacity, false).await
+    }
+
+    async fn seed_pool(&self, name: PoolName, capacity: Resources) -> Result<(bool, PoolView), StoreError> {
+        self.live()?;
+        pools::put(&self.inner, name, capacity, true).await
     }
 
     async fn remove_pool(&self, name: PoolName, force: bool) -> Result<usize, StoreError> {
@@ -835,12 +848,17 @@ impl RedisStore {
 }
 
 async fn registry(inner: &Inner) -> Result<Vec<NamespaceName>, StoreError> {
-    let value = inner.conn.query(redis::cmd("SMEMBERS").arg(REGISTRY)).await.map_err(|e| redis_error(e, false))?;
-    let mut reply = match value {
-        Value::Set(items) | Value::Array(items) => Reply::new(Value::Array(items))?,
-        other => return Err(corrupt(format!("registry reply {other:?}"))),
-    };
-    Ok(reply.rest_texts()?.iter().filter_map(|name| NamespaceName::new(name).ok()).collect())
+    let names = registry_members(inner, REGISTRY).await?;
+    Ok(names.iter().filter_map(|name| NamespaceName::new(name).ok()).collect())
+}
+
+/// The names listed in a registry set (namespaces or pools).
+async fn registry_members(inner: &Inner, key: &str) -> Result<Vec<String>, StoreError> {
+    let value = inner.conn.query(redis::cmd("SMEMBERS").arg(key)).await.map_err(|e| redis_error(e, false))?;
+    match value {
+        Value::Set(items) | Value::Array(items) => Reply::new(Value::Array(items))?.rest_texts(),
+        other => Err(corrupt(format!("registry {key}: reply {other:?}"))),
+    }
 }
 
 /// Listens on [`CHANNEL`] and wakes this daemon's waiting calls. After a reconnection every

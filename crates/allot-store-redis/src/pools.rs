@@ -12,23 +12,13 @@ use allot_core::pool::{
 use allot_core::{Millis, ResourceName, Resources};
 use allot_store::StoreError;
 use futures_util::{stream, StreamExt};
-use redis::Value;
 
 use crate::reply::{corrupt, Reply};
-use crate::{redis_error, Inner, POOL_REGISTRY};
+use crate::{hash_tag, redis_error, registry_members, Inner, POOL_REGISTRY};
 
-/// The key prefix of a pool; its hash tag is the name with `%`, `{` and `}` escaped.
+/// The key prefix of a pool: one hash slot per pool.
 fn prefix(pool: &PoolName) -> String {
-    let mut tag = String::with_capacity(pool.as_str().len());
-    for c in pool.as_str().chars() {
-        match c {
-            '%' => tag.push_str("%25"),
-            '{' => tag.push_str("%7B"),
-            '}' => tag.push_str("%7D"),
-            c => tag.push(c),
-        }
-    }
-    format!("allot:pool:{{{tag}}}")
+    format!("allot:pool:{}", hash_tag(pool.as_str()))
 }
 
 /// `name units frac` items joined by `,`: exact in Lua's doubles (see `lua/pool.lua`).
@@ -187,14 +177,28 @@ fn view_of(pool: &PoolName, reply: &mut Reply) -> Result<PoolView, StoreError> {
     })
 }
 
-pub(crate) async fn put(inner: &Inner, pool: PoolName, capacity: Resources) -> Result<(bool, PoolView), StoreError> {
+/// Creates or changes a pool; with `create_only` an existing pool is left as it is (in the same
+/// atomic call).
+pub(crate) async fn put(
+    inner: &Inner,
+    pool: PoolName,
+    capacity: Resources,
+    create_only: bool,
+) -> Result<(bool, PoolView), StoreError> {
     // Listed first: a pool is never in Redis without being in the registry.
     inner
         .conn
         .query(redis::cmd("SADD").arg(POOL_REGISTRY).arg(pool.as_str()))
         .await
         .map_err(|e| redis_error(e, true))?;
-    let mut reply = inner.eval(&inner.scripts.pool, &prefix(&pool), &["put", &encode(&capacity), "0"], true).await?;
+    let mut reply = inner
+        .eval(
+            &inner.scripts.pool,
+            &prefix(&pool),
+            &["put", &encode(&capacity), if create_only { "1" } else { "0" }],
+            true,
+        )
+        .await?;
     let created = reply.int()? == 1;
     Ok((created, view_of(&pool, &mut reply)?))
 }
@@ -216,12 +220,8 @@ pub(crate) async fn view(inner: &Inner, pool: &PoolName) -> Result<PoolView, Sto
 }
 
 async fn registry(inner: &Inner) -> Result<Vec<PoolName>, StoreError> {
-    let value = inner.conn.query(redis::cmd("SMEMBERS").arg(POOL_REGISTRY)).await.map_err(|e| redis_error(e, false))?;
-    let mut reply = match value {
-        Value::Set(items) | Value::Array(items) => Reply::new(Value::Array(items))?,
-        other => return Err(corrupt(format!("pool registry reply {other:?}"))),
-    };
-    Ok(reply.rest_texts()?.iter().filter_map(|name| PoolName::new(name).ok()).collect())
+    let names = registry_members(inner, POOL_REGISTRY).await?;
+    Ok(names.iter().filter_map(|name| PoolName::new(name).ok()).collect())
 }
 
 pub(crate) async fn list(inner: &Inner) -> Result<Vec<PoolView>, StoreError> {
@@ -249,14 +249,7 @@ pub(crate) async fn offer(inner: &Inner, pool: PoolName) -> Result<Option<Offer>
 }
 
 pub(crate) async fn accept(inner: &Inner, pool: PoolName, request: AllocRequest) -> Result<Alloc, StoreError> {
-    if request.min.is_empty() {
-        return Err(PoolError::EmptyRequest.into());
-    }
-    if let Some(max) = &request.max {
-        if !max.fits(&request.min) {
-            return Err(PoolError::MaxBelowMin { min: request.min, max: max.clone() }.into());
-        }
-    }
+    request.check()?;
     let (min, max) = (encode(&request.min), request.max.as_ref().map(encode).unwrap_or_default());
     let labels = serde_json::to_string(&request.labels).map_err(|e| StoreError::Invalid(e.to_string()))?;
     let initial = rules(inner).initial_ms.to_string();
@@ -282,12 +275,9 @@ pub(crate) async fn keepalive(
     id: AllocId,
     interval_ms: u64,
 ) -> Result<(u64, Alloc), StoreError> {
-    let max = rules(inner).max_ms;
-    if interval_ms == 0 {
-        return Err(PoolError::OutOfRange { what: "keepalive interval", value: 0, min: 1, max }.into());
-    }
+    let interval = rules(inner).grant(interval_ms)?;
     let id_text = id.to_string();
-    let args = ["keepalive", &id_text, &interval_ms.to_string(), &max.to_string()];
+    let args = ["keepalive", &id_text, &interval.to_string()];
     let (_, mut reply) = call(inner, &pool, &args, true).await?;
     let json = reply.text()?;
     saw_clock(inner, reply.uint()?);

@@ -67,12 +67,16 @@ fn version(bodies: &[(&str, &str)]) -> String {
     Script::new(&text).get_hash()[..12].to_owned()
 }
 
+/// The functions that work on their own keys (sessions, pools): they take `KEYS` and `ARGV` as
+/// they are and skip `bind`, which builds a namespace's key names.
+const OWN_KEYS: &[&str] = &["session_grants", "sessions", "pool"];
+
 fn library(version: &str, bodies: &[(&str, &str)]) -> String {
     let mut text = format!("#!lua name=allot_{version}\n{PRELUDE}\n");
     for (name, body) in bodies {
-        text.push_str(&format!(
-            "redis.register_function('allot_{version}_{name}', function(KEYS, args)\nbind(KEYS, args)\n{body}\nend)\n"
-        ));
+        let head =
+            if OWN_KEYS.contains(name) { "function(KEYS, ARGV)" } else { "function(KEYS, args)\nbind(KEYS, args)" };
+        text.push_str(&format!("redis.register_function('allot_{version}_{name}', {head}\n{body}\nend)\n"));
     }
     text
 }

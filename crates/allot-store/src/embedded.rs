@@ -277,20 +277,34 @@ impl EmbeddedStore {
         self.lock().pools.set_rules(rules);
     }
 
-    /// Runs a ledger operation and waits until its changes are durable.
-    async fn mutate<T>(
+    /// Runs an operation on the state under the lock, queues its changes, and waits until they
+    /// are durable. An operation that changed nothing still waits for a commit, so it is never
+    /// answered before the changes it saw (an earlier release, say) are on disk.
+    async fn commit<T>(
         &self,
-        op: impl FnOnce(&mut Ledger, Millis) -> Result<(T, Effects), LedgerError>,
+        op: impl FnOnce(&mut State, Millis) -> Result<(T, Effects, Vec<PoolChange>), StoreError>,
     ) -> Result<T, StoreError> {
         let (value, rx) = {
             let mut state = self.lock();
             state.usable(&self.shared)?;
             let now = self.shared.clock.now();
-            let (value, effects) = op(&mut state.ledger, now)?;
-            (value, state.submit(&self.shared, effects))
+            let (value, effects, pool_changes) = op(&mut state, now)?;
+            (value, state.submit_all(&self.shared, effects, pool_changes))
         };
         durable(rx).await?;
         Ok(value)
+    }
+
+    /// Runs a ledger operation and waits until its changes are durable.
+    async fn mutate<T>(
+        &self,
+        op: impl FnOnce(&mut Ledger, Millis) -> Result<(T, Effects), LedgerError>,
+    ) -> Result<T, StoreError> {
+        self.commit(|state, now| {
+            let (value, effects) = op(&mut state.ledger, now)?;
+            Ok((value, effects, Vec::new()))
+        })
+        .await
     }
 
     /// Runs a pool operation and waits until its changes are durable.
@@ -298,36 +312,30 @@ impl EmbeddedStore {
         &self,
         op: impl FnOnce(&mut Pools, Millis) -> Result<(T, Vec<PoolChange>), PoolError>,
     ) -> Result<T, StoreError> {
-        let (value, rx) = {
-            let mut state = self.lock();
-            state.usable(&self.shared)?;
-            let now = self.shared.clock.now();
+        self.commit(|state, now| {
             let (value, changes) = op(&mut state.pools, now)?;
-            if changes.is_empty() {
-                return Ok(value);
-            }
-            (value, state.submit_all(&self.shared, Effects::default(), changes))
-        };
-        durable(rx).await?;
-        Ok(value)
+            Ok((value, Effects::default(), changes))
+        })
+        .await
     }
 
     /// Runs a read-only query over the pools.
     fn read_pools<T>(&self, query: impl FnOnce(&Pools, Millis) -> Result<T, PoolError>) -> Result<T, StoreError> {
-        let state = self.lock();
-        if let Some(reason) = &state.broken {
-            return Err(StoreError::Unavailable(reason.clone()));
-        }
-        Ok(query(&state.pools, self.shared.clock.now())?)
+        self.read_state(|state, now| Ok(query(&state.pools, now)?))
     }
 
     /// Runs a read-only query over the ledger.
     fn read<T>(&self, query: impl FnOnce(&Ledger, Millis) -> Result<T, LedgerError>) -> Result<T, StoreError> {
+        self.read_state(|state, now| Ok(query(&state.ledger, now)?))
+    }
+
+    /// Runs a read-only query over the state, unless the database is being reopened.
+    fn read_state<T>(&self, query: impl FnOnce(&State, Millis) -> Result<T, StoreError>) -> Result<T, StoreError> {
         let state = self.lock();
         if let Some(reason) = &state.broken {
             return Err(StoreError::Unavailable(reason.clone()));
         }
-        Ok(query(&state.ledger, self.shared.clock.now())?)
+        query(&state, self.shared.clock.now())
     }
 
     /// Waits for a queued allocate call's answer, until `wait` ends or the store shuts down.
@@ -861,11 +869,15 @@ impl Store for EmbeddedStore {
     }
 
     async fn seed_namespace(&self, name: NamespaceName, quota: u64) -> Result<(bool, NamespaceView), StoreError> {
-        let existing = self.read(|ledger, now| Ok(ledger.namespace(&name, now).ok()))?;
-        match existing {
-            Some(view) => Ok((false, view)),
-            None => self.put_namespace(name, quota).await,
-        }
+        // Checked and created under one lock: a seed never overwrites a quota.
+        self.mutate(|ledger, now| {
+            if let Ok(view) = ledger.namespace(&name, now) {
+                return Ok(((false, view), Effects::default()));
+            }
+            let (created, effects) = ledger.put_namespace(&name, quota, now)?;
+            Ok(((created, ledger.namespace(&name, now)?), effects))
+        })
+        .await
     }
 
     async fn remove_namespace(&self, name: NamespaceName, force: bool) -> Result<usize, StoreError> {
@@ -1002,6 +1014,17 @@ impl Store for EmbeddedStore {
 
     async fn put_pool(&self, name: PoolName, capacity: Resources) -> Result<(bool, PoolView), StoreError> {
         self.mutate_pools(|pools, now| {
+            let (created, changes) = pools.put_pool(&name, capacity);
+            Ok(((created, pools.pool(&name, now)?), changes))
+        })
+        .await
+    }
+
+    async fn seed_pool(&self, name: PoolName, capacity: Resources) -> Result<(bool, PoolView), StoreError> {
+        self.mutate_pools(|pools, now| {
+            if let Ok(view) = pools.pool(&name, now) {
+                return Ok(((false, view), Vec::new()));
+            }
             let (created, changes) = pools.put_pool(&name, capacity);
             Ok(((created, pools.pool(&name, now)?), changes))
         })

@@ -67,9 +67,6 @@ pub enum StoreError {
     /// The request was refused by the rules of the pools (unknown pool, offer expired...).
     #[error(transparent)]
     Pool(#[from] PoolError),
-    /// This backend does not carry the operation yet.
-    #[error("{0}")]
-    Unsupported(String),
 }
 
 /// The answer to an allocate call.
@@ -157,6 +154,9 @@ pub trait Store: Send + Sync + 'static {
 
     /// Creates a pool or changes its capacity (a stopped pool starts again); true if created.
     async fn put_pool(&self, name: PoolName, capacity: Resources) -> Result<(bool, PoolView), StoreError>;
+    /// Creates a pool with `capacity` only if it does not exist; an existing one keeps its
+    /// capacity (the configuration seeds pools, as it seeds quotas). Returns true if created.
+    async fn seed_pool(&self, name: PoolName, capacity: Resources) -> Result<(bool, PoolView), StoreError>;
     /// Removes a pool; with `force`, also when it has allocs. Returns how many allocs ended.
     async fn remove_pool(&self, name: PoolName, force: bool) -> Result<usize, StoreError>;
     async fn pools(&self) -> Result<Vec<PoolView>, StoreError>;

@@ -70,6 +70,31 @@ struct OutputOpts {
     no_progress: bool,
 }
 
+/// The measurement window of `pools` and `redis`: each kind of load runs `warmup`, then is
+/// measured for `duration`.
+#[derive(Debug, Clone, clap::Args)]
+struct WindowOpts {
+    /// How long to measure each kind of load at each number of clients.
+    #[arg(long, default_value = "5s", value_parser = crate::duration::parse)]
+    duration: Duration,
+    /// Run the load this long before measuring.
+    #[arg(long, default_value = "1s", value_parser = crate::duration::parse)]
+    warmup: Duration,
+}
+
+impl WindowOpts {
+    /// The load of `clients` clients over this window.
+    fn spec(&self, clients: usize, output: &OutputOpts) -> load::LoadSpec {
+        load::LoadSpec {
+            clients,
+            warmup: self.warmup,
+            duration: self.duration,
+            timeout: Duration::from_secs(10),
+            progress: load::show_progress(output),
+        }
+    }
+}
+
 /// Options of the pair load shared by `pairs` and `compare`.
 #[derive(Debug, Clone, clap::Args)]
 struct LoadOpts {
@@ -177,12 +202,8 @@ struct PoolsBenchArgs {
     /// Clients of the allocate helper under contention (more than the pools' 2 slots each).
     #[arg(long, default_value_t = 64)]
     contention_clients: usize,
-    /// How long to measure each kind of pair.
-    #[arg(long, default_value = "5s", value_parser = crate::duration::parse)]
-    duration: Duration,
-    /// Run the load this long before measuring.
-    #[arg(long, default_value = "1s", value_parser = crate::duration::parse)]
-    warmup: Duration,
+    #[command(flatten)]
+    window: WindowOpts,
     /// Exit with an error when a target is missed.
     #[arg(long)]
     check: bool,
@@ -202,18 +223,14 @@ struct RedisBenchArgs {
     /// The numbers of clients to measure with, comma-separated (at most 100).
     #[arg(long, value_delimiter = ',', default_value = "16,64")]
     clients: Vec<usize>,
-    /// How long to measure each way at each number of clients.
-    #[arg(long, default_value = "5s", value_parser = crate::duration::parse)]
-    duration: Duration,
     /// The pool's quota.
     #[arg(long, default_value_t = 1000)]
     quota: u64,
     /// Tokens held before measuring.
     #[arg(long, default_value_t = 900)]
     held: u64,
-    /// Run the load this long before measuring.
-    #[arg(long, default_value = "1s", value_parser = crate::duration::parse)]
-    warmup: Duration,
+    #[command(flatten)]
+    window: WindowOpts,
     /// Exit with an error when allot misses a target (vs the direct script, vs Flyte).
     #[arg(long)]
     check: bool,

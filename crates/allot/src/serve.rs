@@ -6,9 +6,9 @@ use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use allot_core::pool::{LeaseRules, PoolError, PoolName};
+use allot_core::pool::{LeaseRules, PoolName};
 use allot_core::{NamespaceName, Resources};
-use allot_store::{EmbeddedConfig, EmbeddedStore, Store, StoreError};
+use allot_store::{EmbeddedConfig, EmbeddedStore, Store};
 use allot_store_redis::{RedisConfig, RedisStore};
 use anyhow::{bail, Context};
 use serde::Deserialize;
@@ -279,22 +279,19 @@ pub(crate) async fn run(args: ServeArgs) -> anyhow::Result<()> {
         }
     }
     for (name, capacity) in &config.pools {
-        match store.pool(name.clone()).await {
-            Ok(view) if view.capacity != *capacity => tracing::warn!(
+        let (created, view) = store
+            .seed_pool(name.clone(), capacity.clone())
+            .await
+            .with_context(|| format!("cannot register pool `{name}`"))?;
+        if created {
+            tracing::info!(pool = %name, capacity = %capacity, "pool registered");
+        } else if view.capacity != *capacity {
+            tracing::warn!(
                 pool = %name,
                 configured = %capacity,
                 kept = %view.capacity,
                 "the store already has this pool and keeps its capacity; change it with `allot pool set`"
-            ),
-            Ok(_) => {}
-            Err(StoreError::Pool(PoolError::PoolNotFound(_))) => {
-                store
-                    .put_pool(name.clone(), capacity.clone())
-                    .await
-                    .with_context(|| format!("cannot create pool `{name}`"))?;
-                tracing::info!(pool = %name, capacity = %capacity, "pool registered");
-            }
-            Err(err) => return Err(err).with_context(|| format!("cannot register pool `{name}`")),
+            );
         }
     }
     let listener = tokio::net::TcpListener::bind(config.listen)

@@ -16,8 +16,7 @@ local Q = KEYS[1]
 local K_POOL, K_ALLOCS, K_LEASES, K_ENDED, K_ENDINGS = Q .. ':pool', Q .. ':allocs', Q .. ':leases', Q .. ':ended',
   Q .. ':endings'
 local op = ARGV[1]
-local t = redis.call('TIME')
-local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local now = now_ms()
 
 local function parse(text)
   local r = {}
@@ -37,7 +36,7 @@ local function format(r)
   table.sort(names)
   local items = {}
   for _, name in ipairs(names) do
-    items[#items + 1] = name .. ' ' .. string.format('%d', r[name][1]) .. ' ' .. string.format('%d', r[name][2])
+    items[#items + 1] = name .. ' ' .. int(r[name][1]) .. ' ' .. int(r[name][2])
   end
   return table.concat(items, ',')
 end
@@ -211,7 +210,8 @@ elseif op == 'accept' then
   redis.call('HINCRBY', K_POOL, 'stat_accepted', 1)
   return { 'alloc', record, now }
 elseif op == 'keepalive' then
-  -- keepalive(id, interval ms, longest lease ms): revives a lapsed alloc not yet reclaimed.
+  -- keepalive(id, granted ms): the daemon capped the interval by its lease rules. Revives a
+  -- lapsed alloc not yet reclaimed.
   local id = ARGV[2]
   local record = redis.call('HGET', K_ALLOCS, id)
   if not record then
@@ -219,7 +219,7 @@ elseif op == 'keepalive' then
     if ended then return { 'err', 'alloc_ended', cjson.decode(ended).er } end
     return { 'err', 'alloc_not_found' }
   end
-  local granted = math.min(tonumber(ARGV[3]), tonumber(ARGV[4]))
+  local granted = tonumber(ARGV[3])
   local a = cjson.decode(record)
   a.k, a.e = now, now + granted
   record = encode_alloc(a)

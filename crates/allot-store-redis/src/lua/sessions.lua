@@ -5,8 +5,7 @@
 -- ARGV[1] is the operation; a session is alive while its deadline is ahead.
 local S = KEYS[1]
 local K_INDEX = S .. ':index'
-local t = redis.call('TIME')
-local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local now = now_ms()
 local op, id = ARGV[1], ARGV[2]
 local function key(id_) return S .. ':s:' .. id_ end
 local function nskey(id_) return S .. ':n:' .. id_ end
@@ -29,7 +28,7 @@ end
 if op == 'open' then
   local ttl = tonumber(ARGV[3])
   if redis.call('EXISTS', key(id)) == 1 then return { 'exists' } end
-  redis.call('HSET', key(id), 'ttl', ARGV[3], 'deadline', string.format('%d', now + ttl))
+  redis.call('HSET', key(id), 'ttl', ARGV[3], 'deadline', int(now + ttl))
   redis.call('ZADD', K_INDEX, now + ttl, id)
   return { now, ttl, now + ttl }
 elseif op == 'touch' then
@@ -42,7 +41,7 @@ elseif op == 'keepalive' then
   local s = load(id)
   if not s then return {} end
   s[2] = now + s[1]
-  redis.call('HSET', key(id), 'deadline', string.format('%d', s[2]))
+  redis.call('HSET', key(id), 'deadline', int(s[2]))
   redis.call('ZADD', K_INDEX, s[2], id)
   return reply(s)
 elseif op == 'close' then

@@ -20,7 +20,7 @@ use tokio::sync::Mutex;
 use super::children::{self, Scratch};
 use super::closed::{closed_loop, Pair, Row};
 use super::http::{Conn, Endpoint};
-use super::load::{self, LoadSpec};
+use super::load;
 use super::report::{self, Check};
 use super::PoolsBenchArgs;
 
@@ -116,13 +116,7 @@ async fn measure(args: &PoolsBenchArgs, endpoint: &Endpoint) -> anyhow::Result<(
     }
     let namespace = format!("bench-{run}");
     load::setup_namespace(endpoint, &namespace, args.clients as u64 * 2).await?;
-    let spec = LoadSpec {
-        clients: args.clients,
-        warmup: args.warmup,
-        duration: args.duration,
-        timeout: Duration::from_secs(10),
-        progress: load::show_progress(&args.output),
-    };
+    let spec = args.window.spec(args.clients, &args.output);
     let mut connections = Vec::with_capacity(args.clients);
     for _ in 0..args.clients {
         connections.push(Mutex::new(Conn::connect(endpoint).await?));
@@ -175,7 +169,7 @@ async fn contention(args: &PoolsBenchArgs, endpoint: &Endpoint, run: &str) -> an
         mux.add_pool(Arc::new(DaemonPool::new(client.clone(), name)?))?;
     }
     let request = Arc::new(AllocRequest::new("cpu=1".parse()?).with_owner("bench"));
-    let deadline = tokio::time::Instant::now() + args.duration;
+    let deadline = tokio::time::Instant::now() + args.window.duration;
     let mut tasks = Vec::new();
     for _ in 0..args.contention_clients {
         let (mux, request) = (mux.clone(), request.clone());

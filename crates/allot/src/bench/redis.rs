@@ -27,7 +27,7 @@ use serde::Serialize;
 
 use super::children::{self, Scratch};
 use super::closed::{closed_loop, Pair, Row};
-use super::load::{self, LoadSpec, ScopedLoad, Target};
+use super::load::{self, ScopedLoad, Target};
 use super::report::{self, Check};
 use super::RedisBenchArgs;
 
@@ -85,13 +85,7 @@ pub(super) async fn run(args: RedisBenchArgs) -> anyhow::Result<()> {
 
     let mut rows = Vec::new();
     for &clients in &args.clients {
-        let spec = LoadSpec {
-            clients,
-            warmup: args.warmup,
-            duration: args.duration,
-            timeout: Duration::from_secs(10),
-            progress: load::show_progress(&args.output),
-        };
+        let spec = args.window.spec(clients, &args.output);
         let row = closed_loop("direct", clients, &spec, {
             let (direct, namespace) = (direct.clone(), namespace.clone());
             move |index, token| {
