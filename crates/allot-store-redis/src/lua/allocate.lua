@@ -2,12 +2,12 @@
 -- Replies: {'granted', existing, record, expires_in, now} | {'refused', level, cap, held, position,
 -- units_ahead} | {'queued', waiter, position, units_ahead} | {'err', code, ...}.
 local now = now_ms()
+local r = req_from_argv(1)
 local ns = redis.call('HMGET', K_NS, 'quota', 'granted', 'blocked', 'waiting_units')
 if not ns[1] then return NOT_FOUND end
 local quota, granted, blocked = tonumber(ns[1]), tonumber(ns[2] or '0'), ns[3] == '1'
 -- No units wait, so no waiter: the queue need not be looked at.
 local queue_empty = tonumber(ns[4] or '0') == 0
-local r = req_from_argv(1)
 local wait_ms = tonumber(ARGV[11])
 local existing = redis.call('HGET', K_GRANTS, r.token)
 if existing then

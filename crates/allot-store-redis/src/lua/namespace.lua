@@ -4,15 +4,18 @@
 -- them share one hash slot and the functions run unchanged on a Redis Cluster.
 --
 -- Keys (P = KEYS[1]):
---   P:ns        hash: quota, granted, blocked, waiting_units, fencing_base (the fencing
---               counter at creation) and the counters stat_exhausted, stat_cap_exceeded,
---               stat_expired; the namespace exists iff this key does. Grants made are counted
---               by the fencing counter (one number per grant) and grants released are the rest:
---               made = held + released + expired
---   P:proj, P:scope may keep counters at 0 for a while; the sweep drops them
---   P:fencing   counter of fencing numbers; kept when the namespace is removed
+--   P:ns        hash: quota, granted, blocked, waiting_units, fencing (the last fencing number
+--               given), fencing_base (its value at creation) and the counters stat_exhausted,
+--               stat_cap_exceeded, stat_expired; the namespace exists iff this key does. Grants
+--               made are counted by the fencing numbers (one per grant) and grants released are
+--               the rest: made = held + released + expired
+--   P:held:<project>  hash: the units the project holds (field "\n") and the units each of its
+--               namespaces holds (field = the namespace; names hold no control characters).
+--               Removed when the project holds nothing. One small hash per project: a big hash
+--               of every scope would be a listpack that Redis searches field by field.
+--   P:fencing   the fencing counter while the namespace does not exist: written when it is
+--               removed and read when it is created again, so fencing numbers only go up
 --   P:grants    hash token -> grant record
---   P:proj      hash project -> units held;  P:scope  hash project.."\n"..namespace -> units held
 --   P:leases    zset of running leases: "g\n"..token (a TTL grant) and "s\n"..session (the
 --               grants of a session here), scored by deadline in ms of Redis time
 --   P:sg:<id>   set of the tokens that session <id> holds here
@@ -26,19 +29,23 @@
 -- Records are fields joined by "\n" (names never contain control characters). Numbers are
 -- integers below 2^53, exact in Lua's doubles, and written with %d.
 --
+-- Every write of a script is copied to the append-only file, and a write costs Redis several
+-- times a read: the hot paths read what they need first, then write each key once (a grant is
+-- one HSET of P:grants and one HSET of P:ns).
+--
 -- Invariants: `granted` is the sum of the grants' units and never exceeds the quota when a grant
 -- is made; P:proj and P:scope are the sums per scope; `blocked` is 1 iff a waiter is blocked by
 -- the quota, and then no new request is granted ahead of it.
 
 -- Bound to the call's keys and arguments by `bind` at the start of every function.
-local P, K_NS, K_FENCING, K_GRANTS, K_PROJ, K_SCOPE, K_LEASES, K_CLOSED
+local P, K_NS, K_FENCING, K_GRANTS, K_LEASES, K_CLOSED
 local K_QUEUE, K_WREQ, K_WTOK, K_WDL, K_WOKEN, K_WSEQ
 local ARGV
 
 local function bind(keys, args)
   P, ARGV = keys[1], args
   K_NS, K_FENCING, K_GRANTS = P .. ':ns', P .. ':fencing', P .. ':grants'
-  K_PROJ, K_SCOPE, K_LEASES, K_CLOSED = P .. ':proj', P .. ':scope', P .. ':leases', P .. ':closed'
+  K_LEASES, K_CLOSED = P .. ':leases', P .. ':closed'
   K_QUEUE, K_WREQ, K_WTOK, K_WDL = P .. ':queue', P .. ':wreq', P .. ':wtok', P .. ':wdl'
   K_WOKEN, K_WSEQ = P .. ':woken', P .. ':wseq'
 end
@@ -55,17 +62,19 @@ local function now_ms()
 end
 
 local function split(s)
-  local fields, i = {}, 1
-  while true do
-    local j = string.find(s, '\n', i, true)
-    if not j then
-      fields[#fields + 1] = string.sub(s, i)
-      return fields
-    end
-    fields[#fields + 1] = string.sub(s, i, j - 1)
-    i = j + 1
-  end
+  local fields = {}
+  for field in string.gmatch(s .. '\n', '([^\n]*)\n') do fields[#fields + 1] = field end
+  return fields
 end
+
+-- The pattern of a record of `n` fields (one match instead of a loop).
+-- (Built with `..` only: the string library is not reachable while the library loads.)
+local function record_pattern(n)
+  local pattern = '^'
+  for _ = 2, n do pattern = pattern .. '([^\n]*)\n' end
+  return pattern .. '([^\n]*)$'
+end
+local GRANT_FIELDS, REQUEST_FIELDS = record_pattern(9), record_pattern(12)
 
 local function num(s) if s == nil or s == '' or s == false then return nil end return tonumber(s) end
 
@@ -76,9 +85,9 @@ local function enc_grant(g)
 end
 
 local function dec_grant(s)
-  local f = split(s)
-  return { units = tonumber(f[1]), fencing = tonumber(f[2]), granted_at = tonumber(f[3]), kind = f[4],
-    ttl = tonumber(f[5]), deadline = tonumber(f[6]), session = f[7], project = f[8], scope = f[9] }
+  local units, fencing, granted_at, kind, ttl, deadline, session, project, scope = string.match(s, GRANT_FIELDS)
+  return { units = tonumber(units), fencing = tonumber(fencing), granted_at = tonumber(granted_at), kind = kind,
+    ttl = tonumber(ttl), deadline = tonumber(deadline), session = session, project = project, scope = scope }
 end
 
 -- A request: token, units, project, scope, project cap, namespace cap ('' = none), kind, ttl,
@@ -89,7 +98,7 @@ local function enc_req(r)
 end
 
 local function dec_req(s)
-  local f = split(s)
+  local f = { string.match(s, REQUEST_FIELDS) }
   return { token = f[1], units = tonumber(f[2]), project = f[3], scope = f[4], cap_p = f[5], cap_n = f[6],
     kind = f[7], ttl = tonumber(f[8]), session = f[9], sdl = tonumber(f[10]), since = tonumber(f[11]),
     until_ = tonumber(f[12]) }
@@ -104,21 +113,25 @@ end
 
 local function ns_num(field) return tonumber(redis.call('HGET', K_NS, field) or '0') end
 
-local function scope_key(project, scope) return project .. '\n' .. scope end
+local function held_key(project) return P .. ':held:' .. project end
+-- The field of P:held:<project> that counts the whole project.
+local PROJECT_TOTAL = '\n'
+
+-- The units held by `r`'s project and by its scope.
+local function scope_held(r)
+  if r.project == '' then return 0, 0 end
+  local v = redis.call('HMGET', held_key(r.project), PROJECT_TOTAL, r.scope)
+  return tonumber(v[1] or '0'), tonumber(v[2] or '0')
+end
 
 -- The refusal a cap gives `r`, as {level, cap, held}, or nil.
 local function cap_refusal(r)
   if r.project == '' then return nil end
+  local held_p, held_s = scope_held(r)
   local cap = num(r.cap_p)
-  if cap then
-    local held = tonumber(redis.call('HGET', K_PROJ, r.project) or '0')
-    if held + r.units > cap then return { 'project', cap, held } end
-  end
+  if cap and held_p + r.units > cap then return { 'project', cap, held_p } end
   cap = num(r.cap_n)
-  if cap then
-    local held = tonumber(redis.call('HGET', K_SCOPE, scope_key(r.project, r.scope)) or '0')
-    if held + r.units > cap then return { 'namespace', cap, held } end
-  end
+  if cap and held_s + r.units > cap then return { 'namespace', cap, held_s } end
   return nil
 end
 
@@ -127,12 +140,30 @@ local function count_refusal(refusal)
   else redis.call('HINCRBY', K_NS, 'stat_exhausted', 1) end
 end
 
-local function add_units(g, sign)
+-- Adds `sign` × the grant's units to the namespace's, its project's and its scope's counters, and
+-- with `new_fencing` takes the next fencing number, which it returns. One read and one write per
+-- key touched.
+local function add_units(g, sign, new_fencing)
   local units = sign * g.units
-  redis.call('HINCRBY', K_NS, 'granted', units)
-  if g.project == '' then return end
-  redis.call('HINCRBY', K_PROJ, g.project, units)
-  redis.call('HINCRBY', K_SCOPE, scope_key(g.project, g.scope), units)
+  local v = redis.call('HMGET', K_NS, 'granted', 'fencing')
+  local fencing = tonumber(v[2] or '0')
+  if new_fencing then
+    fencing = fencing + 1
+    redis.call('HSET', K_NS, 'granted', int(tonumber(v[1] or '0') + units), 'fencing', int(fencing))
+  else
+    redis.call('HSET', K_NS, 'granted', int(tonumber(v[1] or '0') + units))
+  end
+  if g.project ~= '' then
+    local key = held_key(g.project)
+    local held = redis.call('HMGET', key, PROJECT_TOTAL, g.scope)
+    local total = tonumber(held[1] or '0') + units
+    if total == 0 then
+      redis.call('DEL', key)
+    else
+      redis.call('HSET', key, PROJECT_TOTAL, int(total), g.scope, int(tonumber(held[2] or '0') + units))
+    end
+  end
+  return fencing
 end
 
 -- The deadline a session is known to have here (0 if unknown).
@@ -142,8 +173,9 @@ local function session_deadline(session, given)
 end
 
 local function insert_grant(r, now)
-  local g = { units = r.units, fencing = redis.call('INCR', K_FENCING), granted_at = now, kind = r.kind,
-    ttl = r.ttl, deadline = 0, session = r.session, project = r.project, scope = r.scope }
+  local g = { units = r.units, fencing = 0, granted_at = now, kind = r.kind, ttl = r.ttl, deadline = 0,
+    session = r.session, project = r.project, scope = r.scope }
+  g.fencing = add_units(g, 1, true)
   if g.kind == 't' then
     g.deadline = now + g.ttl
     redis.call('ZADD', K_LEASES, g.deadline, 'g\n' .. r.token)
@@ -153,7 +185,6 @@ local function insert_grant(r, now)
   end
   local record = enc_grant(g)
   redis.call('HSET', K_GRANTS, r.token, record)
-  add_units(g, 1)
   return record
 end
 
@@ -239,14 +270,14 @@ end
 
 local function namespace_view(now)
   local v = redis.call('HMGET', K_NS, 'quota', 'granted', 'waiting_units', 'fencing_base', 'stat_exhausted',
-    'stat_cap_exceeded', 'stat_expired')
+    'stat_cap_exceeded', 'stat_expired', 'fencing')
   local longest = 0
   local first = redis.call('ZRANGE', K_QUEUE, 0, 0)
   if first[1] then
     local record = redis.call('HGET', K_WREQ, first[1])
     if record then longest = math.max(0, now - dec_req(record).since) end
   end
-  local fencing = tonumber(redis.call('GET', K_FENCING) or '0')
+  local fencing = tonumber(v[8] or '0')
   local held = redis.call('HLEN', K_GRANTS)
   local made, expired = fencing - tonumber(v[4] or '0'), tonumber(v[7] or '0')
   return { tonumber(v[1] or '0'), tonumber(v[2] or '0'), held, redis.call('ZCARD', K_QUEUE), tonumber(v[3] or '0'),

@@ -12,8 +12,8 @@ if not created and create_only then
 end
 redis.call('HSET', K_NS, 'quota', int(quota))
 if created then
-  redis.call('HSETNX', K_NS, 'granted', 0)
-  redis.call('HSET', K_NS, 'fencing_base', redis.call('GET', K_FENCING) or '0')
+  local fencing = redis.call('GET', K_FENCING) or '0'
+  redis.call('HSET', K_NS, 'granted', 0, 'fencing', fencing, 'fencing_base', fencing)
   redis.call('PERSIST', K_WOKEN)
 end
 local woken = {}

@@ -32,15 +32,6 @@ for _, wid in ipairs(redis.call('ZRANGEBYSCORE', K_WDL, '-inf', now - GRACE_MS, 
     changed = true
   end
 end
--- Scopes that hold nothing: their counters are dropped here rather than on every release.
-for _, key in ipairs({ K_PROJ, K_SCOPE }) do
-  if redis.call('HLEN', key) > 64 then
-    local all = redis.call('HGETALL', key)
-    for i = 1, #all, 2 do
-      if all[i + 1] == '0' then redis.call('HDEL', key, all[i]) end
-    end
-  end
-end
 local woken = {}
 if changed then admit(now, woken) end
 publish(woken)
