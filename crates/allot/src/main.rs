@@ -47,7 +47,11 @@ enum Command {
 
 fn main() -> ExitCode {
     let args = Args::parse();
-    let runtime = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
+    let mut runtime = tokio::runtime::Builder::new_multi_thread();
+    if let Command::Serve(serve::ServeArgs { threads: Some(threads), .. }) = &args.command {
+        runtime.worker_threads(usize::from(*threads));
+    }
+    let runtime = match runtime.enable_all().build() {
         Ok(runtime) => runtime,
         Err(err) => {
             eprintln!("error: cannot start the async runtime: {err}");

@@ -54,6 +54,10 @@ pub(crate) struct ServeArgs {
     /// The longest lease one keepalive grants [default: 5m].
     #[arg(long, value_name = "DURATION", value_parser = crate::duration::parse)]
     alloc_max_lease: Option<std::time::Duration>,
+    /// Worker threads of the daemon [default: one per CPU]. On a machine it shares with Redis or
+    /// with the workers it serves, fewer threads waste less time handing requests between them.
+    #[arg(long, env = "ALLOT_THREADS", value_parser = clap::value_parser!(u16).range(1..=1024))]
+    pub(crate) threads: Option<u16>,
     /// Log format on stderr.
     #[arg(long, env = "ALLOT_LOG_FORMAT", value_enum, default_value = "text")]
     log_format: LogFormat,

@@ -1,16 +1,19 @@
-//! One benchmark client's HTTP/1.1 connection: a single keep-alive TCP connection driven by hyper's
-//! low-level client (no pool), plus the parsing of server URLs and percent-encoding of path segments.
+//! One benchmark client's HTTP/1.1 connection, plus the parsing of server URLs and
+//! percent-encoding of path segments.
+//!
+//! The client is a plain keep-alive connection that writes each request in one piece and parses
+//! the answer with `httparse`: the load generator shares the machine with the server it measures,
+//! so every microsecond it spends is taken from the server.
 
 use std::fmt::Write as _;
+use std::io::Write as _;
 use std::time::Duration;
 
 use anyhow::{bail, Context};
-use http_body_util::{BodyExt, Full};
+use bytes::{Buf, BytesMut};
 use hyper::body::Bytes;
-use hyper::client::conn::http1::{Connection, SendRequest};
-use hyper::header::{CONTENT_TYPE, HOST};
-use hyper::{Method, Request, StatusCode};
-use hyper_util::rt::TokioIo;
+use hyper::{Method, StatusCode};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 
 /// Where a server listens: `http://host:port` and an optional path prefix.
@@ -56,34 +59,51 @@ impl Endpoint {
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
 /// How long a request may take unless [`Conn::with_timeout`] says otherwise.
 const DEFAULT_TIMEOUT: Duration = Duration::from_secs(30);
+/// The most header lines an answer may have.
+const MAX_HEADERS: usize = 32;
+/// The largest answer head and body the client accepts.
+const MAX_ANSWER_BYTES: usize = 16 << 20;
 
 /// One keep-alive HTTP/1.1 connection; requests on it are sent one at a time.
 pub(super) struct Conn {
     endpoint: Endpoint,
-    sender: SendRequest<Full<Bytes>>,
-    /// Driven inside `send`, in the caller's task: no hand-off to another task per request.
-    connection: std::pin::Pin<Box<Connection<TokioIo<TcpStream>, Full<Bytes>>>>,
-    /// Set once the connection has ended; it must not be polled again.
-    closed: bool,
+    /// `None` once the connection failed or the server closed it.
+    stream: Option<TcpStream>,
+    /// The request being written, kept to reuse its memory.
+    out: Vec<u8>,
+    /// What was read and not yet consumed.
+    input: BytesMut,
     timeout: Duration,
 }
 
+/// The head of an answer: its status, the length of the head and how the body is framed.
+struct Head {
+    status: StatusCode,
+    len: usize,
+    body: Framing,
+    close: bool,
+}
+
+enum Framing {
+    Length(usize),
+    Chunked,
+    /// The body runs until the server closes the connection.
+    UntilClose,
+}
+
 impl Conn {
-    /// Opens a connection (TCP_NODELAY on); it is driven by the requests sent on it.
+    /// Opens a connection (TCP_NODELAY on).
     pub(super) async fn connect(endpoint: &Endpoint) -> anyhow::Result<Conn> {
         let stream = match tokio::time::timeout(CONNECT_TIMEOUT, TcpStream::connect(&endpoint.authority)).await {
             Ok(connected) => connected.with_context(|| format!("cannot connect to {}", endpoint.url()))?,
             Err(_) => bail!("cannot connect to {} within {CONNECT_TIMEOUT:?}", endpoint.url()),
         };
         stream.set_nodelay(true)?;
-        let (sender, connection) = hyper::client::conn::http1::handshake(TokioIo::new(stream))
-            .await
-            .with_context(|| format!("HTTP handshake with {} failed", endpoint.url()))?;
         Ok(Conn {
             endpoint: endpoint.clone(),
-            sender,
-            connection: Box::pin(connection),
-            closed: false,
+            stream: Some(stream),
+            out: Vec::with_capacity(512),
+            input: BytesMut::with_capacity(8192),
             timeout: DEFAULT_TIMEOUT,
         })
     }
@@ -94,7 +114,7 @@ impl Conn {
     }
 
     /// Sends one request (`path` below the endpoint's prefix; a JSON `body` if not empty) and reads
-    /// the whole answer, within the connection's timeout.
+    /// the whole answer, within the connection's timeout. After a failure the connection is closed.
     pub(super) async fn request(
         &mut self,
         method: Method,
@@ -102,43 +122,142 @@ impl Conn {
         body: Bytes,
     ) -> anyhow::Result<(StatusCode, Bytes)> {
         let timeout = self.timeout;
-        let what = format!("{method} {path}");
-        match tokio::time::timeout(timeout, self.send(method, path, body)).await {
-            Ok(answer) => answer.with_context(|| what),
-            Err(_) => Err(anyhow::anyhow!("{what}: no answer within {timeout:?}")),
-        }
+        let answer = match tokio::time::timeout(timeout, self.exchange(&method, path, &body)).await {
+            Ok(answer) => answer,
+            Err(_) => Err(anyhow::anyhow!("no answer within {timeout:?}")),
+        };
+        answer.map_err(|err| {
+            self.stream = None;
+            err.context(format!("{method} {path}"))
+        })
     }
 
-    async fn send(&mut self, method: Method, path: &str, body: Bytes) -> anyhow::Result<(StatusCode, Bytes)> {
-        let mut request = Request::builder()
-            .method(method)
-            .uri(format!("{}{path}", self.endpoint.prefix))
-            .header(HOST, &self.endpoint.authority);
+    async fn exchange(&mut self, method: &Method, path: &str, body: &[u8]) -> anyhow::Result<(StatusCode, Bytes)> {
+        self.out.clear();
+        let _ = write!(
+            self.out,
+            "{method} {}{path} HTTP/1.1\r\nhost: {}\r\ncontent-length: {}\r\n",
+            self.endpoint.prefix,
+            self.endpoint.authority,
+            body.len()
+        );
         if !body.is_empty() {
-            request = request.header(CONTENT_TYPE, "application/json");
+            self.out.extend_from_slice(b"content-type: application/json\r\n");
         }
-        let request = request.body(Full::new(body))?;
-        if self.closed {
-            bail!("the connection is closed");
-        }
-        let sender = &mut self.sender;
-        let exchange = async move {
-            sender.ready().await.context("the connection is closed")?;
-            let response = sender.send_request(request).await?;
-            let status = response.status();
-            let body = response.into_body().collect().await?.to_bytes();
-            anyhow::Ok((status, body))
+        self.out.extend_from_slice(b"\r\n");
+        self.out.extend_from_slice(body);
+        let stream = self.stream.as_mut().context("the connection is closed")?;
+        stream.write_all(&self.out).await.context("cannot send the request")?;
+        let head = loop {
+            if let Some(head) = parse_head(&self.input)? {
+                break head;
+            }
+            read_more(stream, &mut self.input).await?;
         };
-        tokio::select! {
-            answer = exchange => answer,
-            ended = self.connection.as_mut() => {
-                self.closed = true;
-                match ended {
-                    Ok(()) => Err(anyhow::anyhow!("the server closed the connection")),
-                    Err(err) => Err(anyhow::Error::new(err).context("the connection failed")),
+        self.input.advance(head.len);
+        let body = match head.body {
+            Framing::Length(n) => {
+                while self.input.len() < n {
+                    read_more(stream, &mut self.input).await?;
+                }
+                self.input.split_to(n).freeze()
+            }
+            Framing::Chunked => read_chunked(stream, &mut self.input).await?,
+            Framing::UntilClose => {
+                while stream.read_buf(&mut self.input).await.context("cannot read the answer")? > 0 {
+                    if self.input.len() > MAX_ANSWER_BYTES {
+                        bail!("the answer is larger than {MAX_ANSWER_BYTES} bytes");
+                    }
+                }
+                self.stream = None;
+                self.input.split().freeze()
+            }
+        };
+        if head.close {
+            self.stream = None;
+        }
+        Ok((head.status, body))
+    }
+}
+
+/// Reads what the server sent next; the server closing the connection is an error.
+async fn read_more(stream: &mut TcpStream, input: &mut BytesMut) -> anyhow::Result<()> {
+    if input.len() > MAX_ANSWER_BYTES {
+        bail!("the answer is larger than {MAX_ANSWER_BYTES} bytes");
+    }
+    input.reserve(4096);
+    if stream.read_buf(input).await.context("cannot read the answer")? == 0 {
+        bail!("the server closed the connection");
+    }
+    Ok(())
+}
+
+/// The answer's head, if `input` holds all of it.
+fn parse_head(input: &[u8]) -> anyhow::Result<Option<Head>> {
+    let mut headers = [httparse::EMPTY_HEADER; MAX_HEADERS];
+    let mut answer = httparse::Response::new(&mut headers);
+    let len = match answer.parse(input).context("the server's answer is not HTTP/1.1")? {
+        httparse::Status::Complete(len) => len,
+        httparse::Status::Partial => return Ok(None),
+    };
+    let status = StatusCode::from_u16(answer.code.unwrap_or_default()).context("bad status code")?;
+    let (mut length, mut chunked, mut close) = (None, false, false);
+    for header in answer.headers.iter() {
+        let value = std::str::from_utf8(header.value).unwrap_or_default().trim();
+        if header.name.eq_ignore_ascii_case("content-length") {
+            length = Some(value.parse::<usize>().context("bad content-length")?);
+        } else if header.name.eq_ignore_ascii_case("transfer-encoding") {
+            chunked = value.eq_ignore_ascii_case("chunked");
+        } else if header.name.eq_ignore_ascii_case("connection") {
+            close = value.eq_ignore_ascii_case("close");
+        }
+    }
+    let no_body = status.is_informational() || status == StatusCode::NO_CONTENT || status == StatusCode::NOT_MODIFIED;
+    let body = match (no_body, chunked, length) {
+        (true, _, _) => Framing::Length(0),
+        (false, true, _) => Framing::Chunked,
+        (false, false, Some(n)) if n <= MAX_ANSWER_BYTES => Framing::Length(n),
+        (false, false, Some(n)) => bail!("the answer's body of {n} bytes is too large"),
+        (false, false, None) => Framing::UntilClose,
+    };
+    Ok(Some(Head { status, len, body, close }))
+}
+
+/// Reads a chunked body (`size\r\ndata\r\n`... `0\r\n\r\n`, trailers ignored).
+async fn read_chunked(stream: &mut TcpStream, input: &mut BytesMut) -> anyhow::Result<Bytes> {
+    let mut body = BytesMut::new();
+    loop {
+        let line_end = loop {
+            if let Some(at) = input.windows(2).position(|w| w == b"\r\n") {
+                break at;
+            }
+            read_more(stream, input).await?;
+        };
+        let line = std::str::from_utf8(&input[..line_end]).unwrap_or_default();
+        let size =
+            usize::from_str_radix(line.split(';').next().unwrap_or_default().trim(), 16).context("bad chunk size")?;
+        input.advance(line_end + 2);
+        if size == 0 {
+            // Trailers, if any, end with an empty line.
+            loop {
+                if let Some(at) = input.windows(2).position(|w| w == b"\r\n") {
+                    input.advance(at + 2);
+                    if at == 0 {
+                        return Ok(body.freeze());
+                    }
+                } else {
+                    read_more(stream, input).await?;
                 }
             }
         }
+        if body.len() + size > MAX_ANSWER_BYTES {
+            bail!("the answer is larger than {MAX_ANSWER_BYTES} bytes");
+        }
+        while input.len() < size + 2 {
+            read_more(stream, input).await?;
+        }
+        body.extend_from_slice(&input[..size]);
+        input.advance(size + 2);
     }
 }
 
