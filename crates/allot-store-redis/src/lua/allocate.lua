@@ -3,7 +3,7 @@
 -- units_ahead} | {'queued', waiter, position, units_ahead} | {'err', code, ...}.
 local now = now_ms()
 local r = req_from_argv(1)
-local ns = redis.call('HMGET', K_NS, 'quota', 'granted', 'blocked', 'waiting_units')
+local ns = redis.call('HMGET', K_NS, 'quota', 'granted', 'blocked', 'waiting_units', 'fencing')
 if not ns[1] then return NOT_FOUND end
 local quota, granted, blocked = tonumber(ns[1]), tonumber(ns[2] or '0'), ns[3] == '1'
 -- No units wait, so no waiter: the queue need not be looked at.
@@ -21,8 +21,11 @@ if r.units > quota then return { 'err', 'units_exceed_quota', r.units, quota } e
 if r.kind == 's' and (redis.call('ZSCORE', K_CLOSED, r.session) or session_deadline(r.session, r.sdl) <= now) then
   return { 'err', 'session_not_found', r.session }
 end
--- The counters do not change until this call decides, so the caps are checked once.
-local refusal = cap_refusal(r)
+-- The counters do not change until this call decides: the caps are checked once, and the
+-- counters read here are the ones a grant adds to.
+local held_p, held_s = scope_held(r)
+local counts = { granted = granted, fencing = tonumber(ns[5] or '0'), held_p = held_p, held_s = held_s }
+local refusal = cap_refusal(r, counts)
 -- A cap smaller than the request can never be met: answer at once, even when waiting.
 if refusal and (r.units > refusal[2] or wait_ms == 0) then
   count_refusal(refusal)
@@ -79,7 +82,7 @@ if refusal then
   redis.call('HINCRBY', K_NS, 'waiting_units', r.units)
   return { 'queued', wid, position, units_ahead }
 end
-local record = insert_grant(r, now)
+local record = insert_grant(r, now, counts)
 local expires_in = -1
 if r.kind == 't' then expires_in = r.ttl elseif r.kind == 's' then expires_in = math.max(0, session_deadline(r.session, r.sdl) - now) end
 return { 'granted', 0, record, expires_in, now }

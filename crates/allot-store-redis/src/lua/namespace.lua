@@ -124,10 +124,19 @@ local function scope_held(r)
   return tonumber(v[1] or '0'), tonumber(v[2] or '0')
 end
 
--- The refusal a cap gives `r`, as {level, cap, held}, or nil.
-local function cap_refusal(r)
-  if r.project == '' then return nil end
+-- The counters a grant for `r` changes, as read: granted and fencing of the namespace, held_p and
+-- held_s of its project and scope. A call that reads them once passes them on (`counts`).
+local function read_counts(r)
+  local v = redis.call('HMGET', K_NS, 'granted', 'fencing')
   local held_p, held_s = scope_held(r)
+  return { granted = tonumber(v[1] or '0'), fencing = tonumber(v[2] or '0'), held_p = held_p, held_s = held_s }
+end
+
+-- The refusal a cap gives `r`, as {level, cap, held}, or nil.
+local function cap_refusal(r, counts)
+  if r.project == '' then return nil end
+  local held_p, held_s
+  if counts then held_p, held_s = counts.held_p, counts.held_s else held_p, held_s = scope_held(r) end
   local cap = num(r.cap_p)
   if cap and held_p + r.units > cap then return { 'project', cap, held_p } end
   cap = num(r.cap_n)
@@ -141,26 +150,24 @@ local function count_refusal(refusal)
 end
 
 -- Adds `sign` × the grant's units to the namespace's, its project's and its scope's counters, and
--- with `new_fencing` takes the next fencing number, which it returns. One read and one write per
--- key touched.
-local function add_units(g, sign, new_fencing)
+-- with `new_fencing` takes the next fencing number, which it returns. One write per key touched,
+-- after one read unless `counts` (see `read_counts`) are given.
+local function add_units(g, sign, new_fencing, counts)
   local units = sign * g.units
-  local v = redis.call('HMGET', K_NS, 'granted', 'fencing')
-  local fencing = tonumber(v[2] or '0')
+  counts = counts or read_counts(g)
+  local fencing = counts.fencing
   if new_fencing then
     fencing = fencing + 1
-    redis.call('HSET', K_NS, 'granted', int(tonumber(v[1] or '0') + units), 'fencing', int(fencing))
+    redis.call('HSET', K_NS, 'granted', int(counts.granted + units), 'fencing', int(fencing))
   else
-    redis.call('HSET', K_NS, 'granted', int(tonumber(v[1] or '0') + units))
+    redis.call('HSET', K_NS, 'granted', int(counts.granted + units))
   end
   if g.project ~= '' then
-    local key = held_key(g.project)
-    local held = redis.call('HMGET', key, PROJECT_TOTAL, g.scope)
-    local total = tonumber(held[1] or '0') + units
+    local total = counts.held_p + units
     if total == 0 then
-      redis.call('DEL', key)
+      redis.call('DEL', held_key(g.project))
     else
-      redis.call('HSET', key, PROJECT_TOTAL, int(total), g.scope, int(tonumber(held[2] or '0') + units))
+      redis.call('HSET', held_key(g.project), PROJECT_TOTAL, int(total), g.scope, int(counts.held_s + units))
     end
   end
   return fencing
@@ -172,10 +179,10 @@ local function session_deadline(session, given)
   return math.max(here, given or 0)
 end
 
-local function insert_grant(r, now)
+local function insert_grant(r, now, counts)
   local g = { units = r.units, fencing = 0, granted_at = now, kind = r.kind, ttl = r.ttl, deadline = 0,
     session = r.session, project = r.project, scope = r.scope }
-  g.fencing = add_units(g, 1, true)
+  g.fencing = add_units(g, 1, true, counts)
   if g.kind == 't' then
     g.deadline = now + g.ttl
     redis.call('ZADD', K_LEASES, g.deadline, 'g\n' .. r.token)
