@@ -121,6 +121,13 @@ fn hash_tag(name: &str) -> String {
     tag
 }
 
+/// Whether `err` is a server's answer that loading the library again will not change (an unknown
+/// command on Redis 6, a script error), rather than a passing state (loading, failing over).
+fn refuses_library(err: &RedisError) -> bool {
+    let passing = ["LOADING", "BUSY", "TRYAGAIN", "MASTERDOWN", "CLUSTERDOWN", "MOVED", "ASK"];
+    matches!(err.kind(), redis::ErrorKind::Server(_)) && !err.code().is_some_and(|code| passing.contains(&code))
+}
+
 /// Maps a failed call. `mutating` calls that were sent but not answered may have taken effect.
 fn redis_error(err: RedisError, mutating: bool) -> StoreError {
     let sent = err.is_timeout() || err.is_connection_dropped();
@@ -194,7 +201,7 @@ impl RedisStore {
     /// Connects (waiting, with a warning every few seconds, until Redis answers), then starts the
     /// subscriber of wake-ups and the sweeper.
     pub async fn open(config: &RedisConfig) -> Result<RedisStore, StoreError> {
-        let conn = Self::connect(config).await;
+        let conn = Self::connect(config).await?;
         let (shutdown, _) = watch::channel(false);
         let inner = Arc::new(Inner {
             redis_clock: Mutex::new(None),
@@ -213,7 +220,8 @@ impl RedisStore {
         Ok(RedisStore { inner, tasks: Mutex::new(vec![subscriber, sweeper]) })
     }
 
-    async fn connect(config: &RedisConfig) -> Conn {
+    /// Fails at once, without retrying, when a server refuses the function library.
+    async fn connect(config: &RedisConfig) -> Result<Conn, StoreError> {
         let mut warned = Instant::now() - Duration::from_secs(60);
         loop {
             let attempt = async {
@@ -222,7 +230,12 @@ impl RedisStore {
                 Ok::<_, RedisError>(conn)
             };
             match attempt.await {
-                Ok(conn) => return conn,
+                Ok(conn) => return Ok(conn),
+                Err(err) if refuses_library(&err) => {
+                    return Err(StoreError::Invalid(format!(
+                        "Redis refused allot's function library ({err}); allot needs Redis 7.0 or newer, with FUNCTION and FCALL allowed for its user"
+                    )));
+                }
                 Err(err) => {
                     if warned.elapsed() >= Duration::from_secs(5) {
                         tracing::warn!(urls = ?config.urls, error = %err, "cannot reach Redis yet; retrying");

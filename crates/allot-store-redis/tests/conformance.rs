@@ -24,3 +24,19 @@ async fn conformance_on_a_three_primary_cluster() {
     conformance::run_pools(store.clone()).await;
     store.shutdown().await;
 }
+
+/// A server that refuses the function library (here: a user without FUNCTION) is an error at
+/// once, with the reason, not a wait that never ends.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_server_that_refuses_the_library_fails_at_once() {
+    let server = RedisServer::start();
+    server.cli(&["ACL", "SETUSER", "limited", "on", ">secret", "~*", "&*", "+@all", "-function"]);
+    let url = format!("redis://limited:secret@127.0.0.1:{}", server.port);
+    let opened =
+        tokio::time::timeout(std::time::Duration::from_secs(10), RedisStore::open(&RedisConfig::parse(&url).unwrap()))
+            .await
+            .expect("open answers at once");
+    let Err(err) = opened else { panic!("a user without FUNCTION must not open the store") };
+    let message = err.to_string();
+    assert!(message.contains("refused allot's function library") && message.contains("no permissions"), "{message}");
+}
