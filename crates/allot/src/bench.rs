@@ -229,6 +229,10 @@ struct RedisBenchArgs {
     /// Tokens held before measuring.
     #[arg(long, default_value_t = 900)]
     held: u64,
+    /// Worker threads of the daemon under test (`allot serve --threads`); by default its own
+    /// default, one per CPU.
+    #[arg(long, value_name = "N")]
+    daemon_threads: Option<u16>,
     #[command(flatten)]
     window: WindowOpts,
     /// Exit with an error when allot misses a target (vs the direct script, vs Flyte).

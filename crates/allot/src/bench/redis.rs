@@ -45,6 +45,8 @@ struct Output {
     redis: String,
     held: u64,
     quota: u64,
+    /// `allot serve --threads` of the daemon under test (none: its default).
+    daemon_threads: Option<u16>,
     rows: Vec<Row>,
     checks: Vec<Check>,
 }
@@ -70,7 +72,7 @@ pub(super) async fn run(args: RedisBenchArgs) -> anyhow::Result<()> {
 
     let scratch = Scratch::new(None)?;
     let exe = std::env::current_exe()?;
-    let serve_args: Vec<OsString> = vec![
+    let mut serve_args: Vec<OsString> = vec![
         "serve".into(),
         "--listen".into(),
         "127.0.0.1:0".into(),
@@ -79,6 +81,9 @@ pub(super) async fn run(args: RedisBenchArgs) -> anyhow::Result<()> {
         "--data-dir".into(),
         scratch.join("unused").into(),
     ];
+    if let Some(threads) = args.daemon_threads {
+        serve_args.extend(["--threads".into(), threads.to_string().into()]);
+    }
     let daemon = children::spawn_listening("allot", &exe, &serve_args, scratch.join("allot.log")).await?;
     let scoped = ScopedLoad { projects: LOAD_PROJECTS, project_cap: PROJECT_CAP, namespace_cap: NAMESPACE_CAP };
     let target = Target::allot("allot", daemon.endpoint.clone(), namespace.as_str()).with_scopes(scoped);
@@ -134,11 +139,20 @@ pub(super) async fn run(args: RedisBenchArgs) -> anyhow::Result<()> {
 
     let checks = checks(&args.clients, &rows);
     if args.output.json {
-        let output = Output { redis: url, held: args.held, quota: args.quota, rows, checks: checks.clone() };
+        let output = Output {
+            redis: url,
+            held: args.held,
+            quota: args.quota,
+            daemon_threads: args.daemon_threads,
+            rows,
+            checks: checks.clone(),
+        };
         println!("{}", serde_json::to_string_pretty(&output)?);
     } else {
+        let threads = args.daemon_threads.map_or_else(|| "one per CPU".to_owned(), |n| n.to_string());
         println!(
-            "Redis {url}: quota {}, {} held, caps {PROJECT_CAP} per project and {NAMESPACE_CAP} per project+domain",
+            "Redis {url}: quota {}, {} held, caps {PROJECT_CAP} per project and {NAMESPACE_CAP} per project+domain; \
+             daemon threads: {threads}",
             args.quota, args.held
         );
         print!("{}", table(&rows));
