@@ -229,8 +229,8 @@ struct RedisBenchArgs {
     /// Tokens held before measuring.
     #[arg(long, default_value_t = 900)]
     held: u64,
-    /// Worker threads of the daemon under test (`allot serve --threads`); by default its own
-    /// default, one per CPU.
+    /// Worker threads of the daemon under test (`allot serve --threads`); by default the
+    /// daemon's own default.
     #[arg(long, value_name = "N")]
     daemon_threads: Option<u16>,
     #[command(flatten)]

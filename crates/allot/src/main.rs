@@ -48,8 +48,8 @@ enum Command {
 fn main() -> ExitCode {
     let args = Args::parse();
     let mut runtime = tokio::runtime::Builder::new_multi_thread();
-    if let Command::Serve(serve::ServeArgs { threads: Some(threads), .. }) = &args.command {
-        runtime.worker_threads(usize::from(*threads));
+    if let Command::Serve(serve) = &args.command {
+        runtime.worker_threads(serve::worker_threads(serve));
     }
     let runtime = match runtime.enable_all().build() {
         Ok(runtime) => runtime,

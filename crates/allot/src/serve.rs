@@ -54,13 +54,23 @@ pub(crate) struct ServeArgs {
     /// The longest lease one keepalive grants [default: 5m].
     #[arg(long, value_name = "DURATION", value_parser = crate::duration::parse)]
     alloc_max_lease: Option<std::time::Duration>,
-    /// Worker threads of the daemon [default: one per CPU]. On a machine it shares with Redis or
-    /// with the workers it serves, fewer threads waste less time handing requests between them.
+    /// Worker threads of the daemon [default: one per CPU less one, at least one: the store
+    /// (Redis, or the embedded store's commit thread) needs a CPU too].
     #[arg(long, env = "ALLOT_THREADS", value_parser = clap::value_parser!(u16).range(1..=1024))]
     pub(crate) threads: Option<u16>,
     /// Log format on stderr.
     #[arg(long, env = "ALLOT_LOG_FORMAT", value_enum, default_value = "text")]
     log_format: LogFormat,
+}
+
+/// The daemon's worker threads: `--threads`, or one per CPU less one, at least one. On two CPUs
+/// shared with Redis and the clients, one worker beat two in 4 of 5 alternating `bench pairs` runs,
+/// by 7–27 % (docs/benchmarks.md): requests are not handed between threads, and Redis keeps a CPU.
+pub(crate) fn worker_threads(args: &ServeArgs) -> usize {
+    match args.threads {
+        Some(threads) => usize::from(threads),
+        None => std::thread::available_parallelism().map_or(1, |n| n.get().saturating_sub(1).max(1)),
+    }
 }
 
 #[derive(Debug, Clone, Copy, clap::ValueEnum)]

@@ -149,7 +149,7 @@ pub(super) async fn run(args: RedisBenchArgs) -> anyhow::Result<()> {
         };
         println!("{}", serde_json::to_string_pretty(&output)?);
     } else {
-        let threads = args.daemon_threads.map_or_else(|| "one per CPU".to_owned(), |n| n.to_string());
+        let threads = args.daemon_threads.map_or_else(|| "its default".to_owned(), |n| n.to_string());
         println!(
             "Redis {url}: quota {}, {} held, caps {PROJECT_CAP} per project and {NAMESPACE_CAP} per project+domain; \
              daemon threads: {threads}",
