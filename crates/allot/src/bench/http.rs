@@ -295,4 +295,82 @@ mod tests {
         assert_eq!(encode_segment("bench-1.c_2~"), "bench-1.c_2~");
         assert_eq!(encode_segment("hive:a b/é"), "hive%3Aa%20b%2F%C3%A9");
     }
+
+    /// A server on a real socket that reads each request whole and answers with the next of
+    /// `answers`, split in two writes; it returns the requests it read.
+    async fn serve(answers: Vec<&'static [u8]>) -> (Endpoint, tokio::task::JoinHandle<Vec<String>>) {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let endpoint = Endpoint::parse(&format!("http://{}", listener.local_addr().unwrap())).unwrap();
+        let server = tokio::spawn(async move {
+            let (mut socket, _) = listener.accept().await.unwrap();
+            let mut requests = Vec::new();
+            let mut input = BytesMut::new();
+            for answer in answers {
+                let request = loop {
+                    let mut headers = [httparse::EMPTY_HEADER; 16];
+                    let mut parsed = httparse::Request::new(&mut headers);
+                    if let httparse::Status::Complete(len) = parsed.parse(&input).unwrap() {
+                        let length: usize = parsed
+                            .headers
+                            .iter()
+                            .find(|h| h.name == "content-length")
+                            .map_or(0, |h| std::str::from_utf8(h.value).unwrap().parse().unwrap());
+                        if input.len() >= len + length {
+                            break String::from_utf8(input.split_to(len + length).to_vec()).unwrap();
+                        }
+                    }
+                    assert!(socket.read_buf(&mut input).await.unwrap() > 0, "the client hung up");
+                };
+                requests.push(request);
+                let (head, tail) = answer.split_at(answer.len() / 2);
+                socket.write_all(head).await.unwrap();
+                tokio::time::sleep(Duration::from_millis(5)).await;
+                socket.write_all(tail).await.unwrap();
+            }
+            requests
+        });
+        (endpoint, server)
+    }
+
+    #[tokio::test]
+    async fn reads_answers_framed_by_length_and_by_chunks_on_one_connection() {
+        let (endpoint, server) = serve(vec![
+            b"HTTP/1.1 200 OK\r\ncontent-length: 20\r\n\r\n{\"status\":\"Granted\"}",
+            b"HTTP/1.1 404 Not Found\r\nTransfer-Encoding: chunked\r\n\r\n4\r\n{\"a\"\r\n3;x=1\r\n:1}\r\n0\r\n\r\n",
+            b"HTTP/1.1 204 No Content\r\n\r\n",
+        ])
+        .await;
+        let mut conn = Conn::connect(&endpoint).await.unwrap();
+        let body = Bytes::from_static(br#"{"units":1}"#);
+        let (status, answer) = conn.request(Method::PUT, "/v1/namespaces/a/grants/t", body).await.unwrap();
+        assert_eq!((status, &answer[..]), (StatusCode::OK, &br#"{"status":"Granted"}"#[..]));
+        let (status, answer) = conn.request(Method::GET, "/x", Bytes::new()).await.unwrap();
+        assert_eq!((status, &answer[..]), (StatusCode::NOT_FOUND, &br#"{"a":1}"#[..]));
+        let (status, answer) = conn.request(Method::DELETE, "/v1/namespaces/a/grants/t", Bytes::new()).await.unwrap();
+        assert_eq!((status, answer.len()), (StatusCode::NO_CONTENT, 0));
+        let requests = server.await.unwrap();
+        assert!(requests[0].starts_with("PUT /v1/namespaces/a/grants/t HTTP/1.1\r\n"), "{}", requests[0]);
+        assert!(requests[0].contains("content-type: application/json\r\n"));
+        assert!(requests[0].ends_with("\r\n\r\n{\"units\":1}"));
+        assert!(requests[1].starts_with("GET /x HTTP/1.1\r\n") && !requests[1].contains("content-type"));
+    }
+
+    #[tokio::test]
+    async fn a_closed_connection_is_an_error_and_stays_closed() {
+        let (endpoint, server) =
+            serve(vec![b"HTTP/1.1 200 OK\r\nconnection: close\r\ncontent-length: 2\r\n\r\n{}"]).await;
+        let mut conn = Conn::connect(&endpoint).await.unwrap();
+        let (status, _) = conn.request(Method::GET, "/a", Bytes::new()).await.unwrap();
+        assert_eq!(status, StatusCode::OK);
+        server.await.unwrap();
+        let err = conn.request(Method::GET, "/b", Bytes::new()).await.unwrap_err();
+        assert!(format!("{err:#}").contains("the connection is closed"), "{err:#}");
+    }
+
+    #[test]
+    fn refuses_answers_that_are_not_http() {
+        assert!(parse_head(b"SSH-2.0-OpenSSH\r\n\r\n").is_err());
+        assert!(parse_head(b"HTTP/1.1 200 OK\r\ncontent-length: x\r\n\r\n").is_err());
+        assert!(parse_head(b"HTTP/1.1 200 OK\r\ncontent-len").unwrap().is_none());
+    }
 }
