@@ -31,10 +31,10 @@
 --
 -- Every write of a script is copied to the append-only file, and a write costs Redis several
 -- times a read: the hot paths read what they need first, then write each key once (a grant is
--- one HSET of P:grants and one HSET of P:ns).
+-- one HSET each of P:grants, P:ns and its project's P:held:<project>).
 --
 -- Invariants: `granted` is the sum of the grants' units and never exceeds the quota when a grant
--- is made; P:proj and P:scope are the sums per scope; `blocked` is 1 iff a waiter is blocked by
+-- is made; the P:held:<project> fields are the sums per project and per scope; `blocked` is 1 iff a waiter is blocked by
 -- the quota, and then no new request is granted ahead of it.
 
 -- Bound to the call's keys and arguments by `bind` at the start of every function.

@@ -11,11 +11,15 @@ end
 for _, member in ipairs(redis.call('ZRANGE', K_LEASES, 0, -1)) do
   if string.sub(member, 1, 2) == 's\n' then redis.call('DEL', P .. ':sg:' .. string.sub(member, 3)) end
 end
--- The projects that hold something are those of the grants.
+-- The projects that hold something are those of the grants; each counter hash goes once.
+local projects = {}
 local all = redis.call('HGETALL', K_GRANTS)
 for i = 2, #all, 2 do
   local project = dec_grant(all[i]).project
-  if project ~= '' then redis.call('DEL', held_key(project)) end
+  if project ~= '' and not projects[project] then
+    projects[project] = true
+    redis.call('DEL', held_key(project))
+  end
 end
 redis.call('SET', K_FENCING, redis.call('HGET', K_NS, 'fencing') or '0')
 redis.call('DEL', K_NS, K_GRANTS, K_LEASES, K_CLOSED, K_QUEUE, K_WREQ, K_WTOK, K_WDL)

@@ -227,37 +227,37 @@ fn parse_head(input: &[u8]) -> anyhow::Result<Option<Head>> {
 async fn read_chunked(stream: &mut TcpStream, input: &mut BytesMut) -> anyhow::Result<Bytes> {
     let mut body = BytesMut::new();
     loop {
-        let line_end = loop {
-            if let Some(at) = input.windows(2).position(|w| w == b"\r\n") {
-                break at;
+        let (line_len, size) = loop {
+            match httparse::parse_chunk_size(input).map_err(|_| anyhow::anyhow!("bad chunk size"))? {
+                httparse::Status::Complete(found) => break found,
+                httparse::Status::Partial => read_more(stream, input).await?,
             }
-            read_more(stream, input).await?;
         };
-        let line = std::str::from_utf8(&input[..line_end]).unwrap_or_default();
-        let size =
-            usize::from_str_radix(line.split(';').next().unwrap_or_default().trim(), 16).context("bad chunk size")?;
-        input.advance(line_end + 2);
+        input.advance(line_len);
+        let Some(size) = usize::try_from(size).ok().filter(|&size| body.len() + size <= MAX_ANSWER_BYTES) else {
+            bail!("the answer is larger than {MAX_ANSWER_BYTES} bytes");
+        };
         if size == 0 {
             // Trailers, if any, end with an empty line.
-            loop {
-                if let Some(at) = input.windows(2).position(|w| w == b"\r\n") {
-                    input.advance(at + 2);
-                    if at == 0 {
-                        return Ok(body.freeze());
-                    }
-                } else {
-                    read_more(stream, input).await?;
-                }
-            }
-        }
-        if body.len() + size > MAX_ANSWER_BYTES {
-            bail!("the answer is larger than {MAX_ANSWER_BYTES} bytes");
+            while skip_line(stream, input).await? > 0 {}
+            return Ok(body.freeze());
         }
         while input.len() < size + 2 {
             read_more(stream, input).await?;
         }
         body.extend_from_slice(&input[..size]);
         input.advance(size + 2);
+    }
+}
+
+/// Consumes one line ending in `\r\n`; returns its length without them.
+async fn skip_line(stream: &mut TcpStream, input: &mut BytesMut) -> anyhow::Result<usize> {
+    loop {
+        if let Some(at) = input.windows(2).position(|w| w == b"\r\n") {
+            input.advance(at + 2);
+            return Ok(at);
+        }
+        read_more(stream, input).await?;
     }
 }
 
