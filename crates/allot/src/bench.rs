@@ -24,6 +24,7 @@ mod baseline;
 mod children;
 mod closed;
 mod compare;
+mod cpu;
 mod http;
 mod load;
 mod pools;
@@ -233,6 +234,11 @@ struct RedisBenchArgs {
     /// daemon's own default.
     #[arg(long, value_name = "N")]
     daemon_threads: Option<u16>,
+    /// Rounds per number of clients. A round measures the three targets back to back; the
+    /// results are medians over rounds, so a burst of noise on a shared machine spoils one
+    /// round of all three, not one target.
+    #[arg(long, default_value_t = 3, value_parser = clap::value_parser!(u16).range(1..=100))]
+    rounds: u16,
     #[command(flatten)]
     window: WindowOpts,
     /// Exit with an error when allot misses a target (vs the direct script, vs Flyte).

@@ -14,6 +14,7 @@
 //! project+domain, and 900 tokens are held (30 projects × 3 domains × 10) before measuring.
 
 use std::ffi::OsString;
+use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -27,6 +28,7 @@ use serde::Serialize;
 
 use super::children::{self, Scratch};
 use super::closed::{closed_loop, Pair, Row};
+use super::cpu::{CpuShare, CpuTimes};
 use super::load::{self, ScopedLoad, Target};
 use super::report::{self, Check};
 use super::RedisBenchArgs;
@@ -47,8 +49,43 @@ struct Output {
     quota: u64,
     /// `allot serve --threads` of the daemon under test (none: its default).
     daemon_threads: Option<u16>,
-    rows: Vec<Row>,
+    rounds: u16,
+    /// Medians over the rounds.
+    summaries: Vec<Summary>,
+    /// Every measurement.
+    measured: Vec<Measured>,
     checks: Vec<Check>,
+}
+
+/// One target measured in one round.
+#[derive(Serialize)]
+struct Measured {
+    round: u16,
+    #[serde(flatten)]
+    row: Row,
+    /// The machine's CPU over the measurement (warm-up and window).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    cpu: Option<CpuShare>,
+}
+
+/// One target at one number of clients, over all rounds.
+#[derive(Serialize)]
+struct Summary {
+    target: String,
+    clients: usize,
+    /// Median over the rounds, as are the latencies and the steal.
+    pairs_per_s: f64,
+    pair_p50_ms: f64,
+    pair_p99_ms: f64,
+    /// Median of the rounds' ratios of this target's pairs/s to the direct script's.
+    vs_direct: Option<f64>,
+    /// Median of the rounds' ratios to Flyte's sequence.
+    vs_flyte: Option<f64>,
+    /// Errors and pairs not granted, over all rounds.
+    errors: u64,
+    steal_pct: Option<f64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    first_error: Option<String>,
 }
 
 pub(super) async fn run(args: RedisBenchArgs) -> anyhow::Result<()> {
@@ -88,19 +125,9 @@ pub(super) async fn run(args: RedisBenchArgs) -> anyhow::Result<()> {
     let scoped = ScopedLoad { projects: LOAD_PROJECTS, project_cap: PROJECT_CAP, namespace_cap: NAMESPACE_CAP };
     let target = Target::allot("allot", daemon.endpoint.clone(), namespace.as_str()).with_scopes(scoped);
 
-    let mut rows = Vec::new();
+    let mut measured = Vec::new();
     for &clients in &args.clients {
         let spec = args.window.spec(clients, &args.output);
-        let row = closed_loop("direct", clients, &spec, {
-            let (direct, namespace) = (direct.clone(), namespace.clone());
-            move |index, token| {
-                let (direct, namespace) = (direct.clone(), namespace.clone());
-                async move { direct_pair(&direct, &namespace, index, &token).await }
-            }
-        })
-        .await;
-        report_row(&args, &row);
-        rows.push(row);
         // Flyte's go-redis client checks a pooled connection out per command: no pipelining
         // between workers. Each client here has a connection of its own, used one command at a
         // time.
@@ -109,42 +136,67 @@ pub(super) async fn run(args: RedisBenchArgs) -> anyhow::Result<()> {
             connections.push(redis_client.get_multiplexed_async_connection().await?);
         }
         let connections = Arc::new(connections);
-        let row = closed_loop("flyte", clients, &spec, {
-            let (key, quota) = (Arc::<str>::from(flyte_key.as_str()), args.quota);
-            move |index, token| {
-                let (mut flyte, key) = (connections[index].clone(), key.clone());
-                async move { flyte_pair(&mut flyte, &key, quota, index, &token).await }
-            }
-        })
-        .await;
-        report_row(&args, &row);
-        rows.push(row);
-        let result = load::run_load(&target, &spec).await?;
-        let row = Row {
-            target: "allot".into(),
-            clients,
-            pairs_per_s: result.pairs_per_s,
-            pair_ms: result.pair_ms,
-            errors: result.errors,
-            not_granted: result.not_granted,
-            first_error: result.first_error,
-        };
-        report_row(&args, &row);
-        rows.push(row);
+        for round in 1..=args.rounds {
+            let direct = with_cpu(round, async {
+                Ok(closed_loop("direct", clients, &spec, {
+                    let (direct, namespace) = (direct.clone(), namespace.clone());
+                    move |index, token| {
+                        let (direct, namespace) = (direct.clone(), namespace.clone());
+                        async move { direct_pair(&direct, &namespace, index, &token).await }
+                    }
+                })
+                .await)
+            })
+            .await?;
+            report_row(&args, &direct);
+            measured.push(direct);
+            let flyte = with_cpu(round, async {
+                Ok(closed_loop("flyte", clients, &spec, {
+                    let (key, quota, connections) =
+                        (Arc::<str>::from(flyte_key.as_str()), args.quota, connections.clone());
+                    move |index, token| {
+                        let (mut flyte, key) = (connections[index].clone(), key.clone());
+                        async move { flyte_pair(&mut flyte, &key, quota, index, &token).await }
+                    }
+                })
+                .await)
+            })
+            .await?;
+            report_row(&args, &flyte);
+            measured.push(flyte);
+            let allot = with_cpu(round, async {
+                let result = load::run_load(&target, &spec).await?;
+                Ok(Row {
+                    target: "allot".into(),
+                    clients,
+                    pairs_per_s: result.pairs_per_s,
+                    pair_ms: result.pair_ms,
+                    errors: result.errors,
+                    not_granted: result.not_granted,
+                    first_error: result.first_error,
+                })
+            })
+            .await?;
+            report_row(&args, &allot);
+            measured.push(allot);
+        }
     }
     daemon.stop().await;
     store.remove_namespace(namespace, true).await?;
     store.shutdown().await;
     redis::cmd("DEL").arg(&flyte_key).query_async::<()>(&mut flyte.clone()).await?;
 
-    let checks = checks(&args.clients, &rows);
+    let summaries = summarize(&args.clients, &measured);
+    let checks = checks(&summaries);
     if args.output.json {
         let output = Output {
             redis: url,
             held: args.held,
             quota: args.quota,
             daemon_threads: args.daemon_threads,
-            rows,
+            rounds: args.rounds,
+            summaries,
+            measured,
             checks: checks.clone(),
         };
         println!("{}", serde_json::to_string_pretty(&output)?);
@@ -152,11 +204,13 @@ pub(super) async fn run(args: RedisBenchArgs) -> anyhow::Result<()> {
         let threads = args.daemon_threads.map_or_else(|| "its default".to_owned(), |n| n.to_string());
         println!(
             "Redis {url}: quota {}, {} held, caps {PROJECT_CAP} per project and {NAMESPACE_CAP} per project+domain; \
-             daemon threads: {threads}",
-            args.quota, args.held
+             daemon threads: {threads}; medians of {} rounds",
+            args.quota, args.held, args.rounds
         );
-        print!("{}", table(&rows));
-        println!("targets (allot through one daemon):");
+        print!("{}", summary_table(&summaries));
+        println!("rounds:");
+        print!("{}", round_table(&measured));
+        println!("targets (allot through one daemon, medians of the rounds' ratios):");
         print!("{}", report::checks(&checks));
     }
     if args.check && checks.iter().any(|c| !c.ok) {
@@ -165,11 +219,20 @@ pub(super) async fn run(args: RedisBenchArgs) -> anyhow::Result<()> {
     Ok(())
 }
 
-fn report_row(args: &RedisBenchArgs, row: &Row) {
+/// Runs `measure`, with the machine's CPU shares over it.
+async fn with_cpu(round: u16, measure: impl Future<Output = anyhow::Result<Row>>) -> anyhow::Result<Measured> {
+    let before = CpuTimes::now();
+    let row = measure.await?;
+    let cpu = before.zip(CpuTimes::now()).and_then(|(before, after)| before.share_until(&after));
+    Ok(Measured { round, row, cpu })
+}
+
+fn report_row(args: &RedisBenchArgs, m: &Measured) {
     if !args.output.json {
+        let steal = m.cpu.map_or_else(String::new, |cpu| format!(", steal {:.0} %", cpu.steal_pct));
         eprintln!(
-            "{} × {}: {:.0} pairs/s, pair p99 {:.3} ms",
-            row.target, row.clients, row.pairs_per_s, row.pair_ms.p99
+            "round {}: {} × {}: {:.0} pairs/s, pair p99 {:.3} ms{steal}",
+            m.round, m.row.target, m.row.clients, m.row.pairs_per_s, m.row.pair_ms.p99
         );
     }
 }
@@ -262,57 +325,203 @@ async fn flyte_pair(conn: &mut MultiplexedConnection, key: &str, quota: u64, ind
     result.unwrap_or_else(|err| Pair::Failed(err.to_string()))
 }
 
-fn rate(rows: &[Row], target: &str, clients: usize) -> Option<f64> {
-    rows.iter().find(|r| r.target == target && r.clients == clients).map(|r| r.pairs_per_s).filter(|&r| r > 0.0)
+/// The median of `values` (the mean of the middle two for an even count); `None` when empty.
+fn median(mut values: Vec<f64>) -> Option<f64> {
+    values.sort_by(f64::total_cmp);
+    let n = values.len();
+    match n {
+        0 => None,
+        _ if n % 2 == 1 => Some(values[n / 2]),
+        _ => Some((values[n / 2 - 1] + values[n / 2]) / 2.0),
+    }
 }
 
-fn checks(clients: &[usize], rows: &[Row]) -> Vec<Check> {
-    let mut checks = Vec::new();
+/// The pairs/s of `target` at `clients` in `round`, when it made any.
+fn rate(measured: &[Measured], round: u16, target: &str, clients: usize) -> Option<f64> {
+    measured
+        .iter()
+        .find(|m| m.round == round && m.row.target == target && m.row.clients == clients)
+        .map(|m| m.row.pairs_per_s)
+        .filter(|&r| r > 0.0)
+}
+
+/// `target`'s pairs/s over `base`'s in `round`.
+fn round_ratio(measured: &[Measured], round: u16, target: &str, base: &str, clients: usize) -> Option<f64> {
+    Some(rate(measured, round, target, clients)? / rate(measured, round, base, clients)?)
+}
+
+/// Medians over the rounds, per target and number of clients. A ratio is the median of the
+/// rounds' ratios: each compares targets measured seconds apart.
+fn summarize(clients: &[usize], measured: &[Measured]) -> Vec<Summary> {
+    let mut summaries = Vec::new();
     for &n in clients {
-        let allot = rate(rows, "allot", n);
-        let vs = |base: &str| Some(allot? / rate(rows, base, n)?);
-        checks.push(Check::at_least(format!("pairs/s vs direct script at {n} clients"), vs("direct"), MIN_VS_DIRECT));
-        checks.push(Check::at_least(format!("pairs/s vs Flyte's sequence at {n} clients"), vs("flyte"), MIN_VS_FLYTE));
-        let errors =
-            rows.iter().find(|r| r.target == "allot" && r.clients == n).map(|r| (r.errors + r.not_granted) as f64);
-        checks.push(Check::at_most(format!("errors at {n} clients"), errors, 0.0));
+        for target in ["direct", "flyte", "allot"] {
+            let runs: Vec<&Measured> =
+                measured.iter().filter(|m| m.row.target == target && m.row.clients == n).collect();
+            let of = |f: &dyn Fn(&Measured) -> Option<f64>| median(runs.iter().filter_map(|m| f(m)).collect());
+            let vs = |base: &str| of(&|m| round_ratio(measured, m.round, target, base, n));
+            summaries.push(Summary {
+                target: target.to_owned(),
+                clients: n,
+                pairs_per_s: of(&|m| Some(m.row.pairs_per_s)).unwrap_or(0.0),
+                pair_p50_ms: of(&|m| Some(m.row.pair_ms.p50)).unwrap_or(0.0),
+                pair_p99_ms: of(&|m| Some(m.row.pair_ms.p99)).unwrap_or(0.0),
+                vs_direct: vs("direct"),
+                vs_flyte: vs("flyte"),
+                errors: runs.iter().map(|m| m.row.errors + m.row.not_granted).sum(),
+                steal_pct: of(&|m| m.cpu.map(|cpu| cpu.steal_pct)),
+                first_error: runs.iter().find_map(|m| m.row.first_error.clone()),
+            });
+        }
+    }
+    summaries
+}
+
+fn checks(summaries: &[Summary]) -> Vec<Check> {
+    let mut checks = Vec::new();
+    for allot in summaries.iter().filter(|s| s.target == "allot") {
+        let n = allot.clients;
+        checks.push(Check::at_least(
+            format!("pairs/s vs direct script at {n} clients"),
+            allot.vs_direct,
+            MIN_VS_DIRECT,
+        ));
+        checks.push(Check::at_least(
+            format!("pairs/s vs Flyte's sequence at {n} clients"),
+            allot.vs_flyte,
+            MIN_VS_FLYTE,
+        ));
+        checks.push(Check::at_most(format!("errors at {n} clients"), Some(allot.errors as f64), 0.0));
     }
     checks
 }
 
-fn table(rows: &[Row]) -> String {
+fn ratio(value: Option<f64>) -> String {
+    value.map_or_else(|| "-".to_owned(), |v| format!("{v:.2}"))
+}
+
+fn summary_table(summaries: &[Summary]) -> String {
     use std::fmt::Write as _;
     let mut out = String::new();
     let _ = writeln!(
         out,
-        "{:<8} {:>7} {:>10} {:>10} {:>9} {:>11} {:>11} {:>7}",
-        "target", "clients", "pairs/s", "vs direct", "vs flyte", "pair p50 ms", "pair p99 ms", "errors"
+        "{:<8} {:>7} {:>10} {:>10} {:>9} {:>11} {:>11} {:>7} {:>8}",
+        "target", "clients", "pairs/s", "vs direct", "vs flyte", "pair p50 ms", "pair p99 ms", "errors", "steal %"
     );
-    for row in rows {
-        let ratio = |base: &str| {
-            rate(rows, base, row.clients).map_or_else(|| "-".to_owned(), |b| format!("{:.2}", row.pairs_per_s / b))
-        };
+    for s in summaries {
         let _ = writeln!(
             out,
-            "{:<8} {:>7} {:>10.0} {:>10} {:>9} {:>11.3} {:>11.3} {:>7}",
-            row.target,
-            row.clients,
-            row.pairs_per_s,
-            ratio("direct"),
-            ratio("flyte"),
-            row.pair_ms.p50,
-            row.pair_ms.p99,
-            row.errors + row.not_granted
+            "{:<8} {:>7} {:>10.0} {:>10} {:>9} {:>11.3} {:>11.3} {:>7} {:>8}",
+            s.target,
+            s.clients,
+            s.pairs_per_s,
+            ratio(s.vs_direct),
+            ratio(s.vs_flyte),
+            s.pair_p50_ms,
+            s.pair_p99_ms,
+            s.errors,
+            s.steal_pct.map_or_else(|| "-".to_owned(), |v| format!("{v:.0}"))
         );
     }
-    for row in rows.iter().filter(|r| r.first_error.is_some()) {
+    for s in summaries.iter().filter(|s| s.first_error.is_some()) {
+        let _ = writeln!(out, "{} × {}: first error: {}", s.target, s.clients, s.first_error.as_deref().unwrap_or(""));
+    }
+    out
+}
+
+/// Each round's pairs/s, allot's ratios and the steal of its three measurements.
+fn round_table(measured: &[Measured]) -> String {
+    use std::fmt::Write as _;
+    let mut out = String::new();
+    let _ = writeln!(
+        out,
+        "{:>5} {:>7} {:>8} {:>8} {:>8} {:>12} {:>11} {:>17}",
+        "round", "clients", "direct", "flyte", "allot", "allot/direct", "allot/flyte", "steal % d/f/a"
+    );
+    let mut seen = Vec::new();
+    for m in measured {
+        let key = (m.round, m.row.clients);
+        if seen.contains(&key) {
+            continue;
+        }
+        seen.push(key);
+        let (round, n) = key;
+        let of =
+            |target: &str| measured.iter().find(|x| x.round == round && x.row.clients == n && x.row.target == target);
+        let pairs = |target: &str| of(target).map_or_else(|| "-".to_owned(), |x| format!("{:.0}", x.row.pairs_per_s));
+        let steal = |target: &str| {
+            of(target).and_then(|x| x.cpu).map_or_else(|| "-".to_owned(), |cpu| format!("{:.0}", cpu.steal_pct))
+        };
+        let vs = |base: &str| ratio(round_ratio(measured, round, "allot", base, n));
         let _ = writeln!(
             out,
-            "{} × {}: first error: {}",
-            row.target,
-            row.clients,
-            row.first_error.as_deref().unwrap_or("")
+            "{:>5} {:>7} {:>8} {:>8} {:>8} {:>12} {:>11} {:>17}",
+            round,
+            n,
+            pairs("direct"),
+            pairs("flyte"),
+            pairs("allot"),
+            vs("direct"),
+            vs("flyte"),
+            format!("{}/{}/{}", steal("direct"), steal("flyte"), steal("allot"))
         );
     }
     out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn measured(round: u16, target: &str, pairs_per_s: f64, steal_pct: f64) -> Measured {
+        Measured {
+            round,
+            row: Row {
+                target: target.to_owned(),
+                clients: 16,
+                pairs_per_s,
+                pair_ms: Default::default(),
+                errors: 0,
+                not_granted: u64::from(target == "allot" && round == 2),
+                first_error: None,
+            },
+            cpu: Some(CpuShare { busy_pct: 100.0 - steal_pct, idle_pct: 0.0, steal_pct }),
+        }
+    }
+
+    #[test]
+    fn medians_of_odd_and_even_counts() {
+        assert_eq!(median(vec![]), None);
+        assert_eq!(median(vec![3.0, 1.0, 2.0]), Some(2.0));
+        assert_eq!(median(vec![4.0, 1.0, 3.0, 2.0]), Some(2.5));
+    }
+
+    #[test]
+    fn ratios_are_medians_of_each_rounds_ratio() {
+        // Round 2 is slow for every target (noise): its ratios still count like the others.
+        let all = vec![
+            measured(1, "direct", 1000.0, 1.0),
+            measured(1, "flyte", 100.0, 2.0),
+            measured(1, "allot", 400.0, 3.0),
+            measured(2, "direct", 500.0, 30.0),
+            measured(2, "flyte", 50.0, 30.0),
+            measured(2, "allot", 150.0, 30.0),
+            measured(3, "direct", 900.0, 5.0),
+            measured(3, "flyte", 100.0, 5.0),
+            measured(3, "allot", 500.0, 5.0),
+        ];
+        let summaries = summarize(&[16], &all);
+        let allot = summaries.iter().find(|s| s.target == "allot").unwrap();
+        assert_eq!(allot.pairs_per_s, 400.0);
+        // Rounds' allot/flyte: 4, 3, 5; allot/direct: 0.4, 0.3, 0.556.
+        assert_eq!(allot.vs_flyte, Some(4.0));
+        assert_eq!(allot.vs_direct, Some(0.4));
+        assert_eq!(allot.steal_pct, Some(5.0));
+        assert_eq!(allot.errors, 1);
+        let checks = checks(&summaries);
+        assert_eq!(checks.iter().map(|c| c.ok).collect::<Vec<_>>(), [false, true, false]);
+        let table = round_table(&all);
+        assert_eq!(table.lines().count(), 4, "{table}");
+        assert!(table.lines().nth(2).unwrap().contains("0.30"), "{table}");
+    }
 }

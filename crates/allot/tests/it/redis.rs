@@ -352,3 +352,33 @@ async fn three_daemons_share_pools_and_never_over_allocate() {
     let pool = daemons[2].pool("shared").await.unwrap();
     assert_eq!((pool.allocs, pool.allocated.as_str()), (0, ""));
 }
+
+/// `allot bench redis` runs its three targets in every round on a real Redis and a real daemon,
+/// and reports medians of them.
+#[test]
+fn bench_redis_measures_three_targets_each_round() {
+    let redis = RedisServer::start();
+    let output = std::process::Command::new(crate::support::ALLOT)
+        .args(["bench", "redis", "--redis", &redis.url(), "--clients", "2", "--duration", "300ms"])
+        .args(["--warmup", "100ms", "--rounds", "2", "--held", "90", "--quota", "100", "--json"])
+        .output()
+        .expect("run allot bench redis");
+    assert!(output.status.success(), "{}", String::from_utf8_lossy(&output.stderr));
+    let report: serde_json::Value = serde_json::from_slice(&output.stdout).expect("JSON report");
+    let measured = report["measured"].as_array().expect("measured");
+    assert_eq!(measured.len(), 6, "{report:#}");
+    for m in measured {
+        assert!(m["pairs_per_s"].as_f64().unwrap() > 0.0, "{m:#}");
+        assert_eq!(m["errors"], 0, "{m:#}");
+        assert_eq!(m["not_granted"], 0, "{m:#}");
+    }
+    let summaries = report["summaries"].as_array().expect("summaries");
+    let targets: Vec<&str> = summaries.iter().map(|s| s["target"].as_str().unwrap()).collect();
+    assert_eq!(targets, ["direct", "flyte", "allot"]);
+    assert!(summaries[2]["vs_flyte"].as_f64().unwrap() > 0.0, "{report:#}");
+    // The bench cleans up after itself: of its namespace only the fencing counter is left, as of
+    // any removed namespace (fencing numbers never go back).
+    let mut conn = redis::Client::open(redis.url()).unwrap().get_connection().unwrap();
+    let keys: Vec<String> = redis::cmd("KEYS").arg("*bench*").query(&mut conn).unwrap();
+    assert!(keys.len() == 1 && keys[0].ends_with("}:fencing"), "{keys:?}");
+}

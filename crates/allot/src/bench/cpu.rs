@@ -1,0 +1,86 @@
+//! The machine's CPU time over a measurement, from `/proc/stat`: how busy it was, how idle, and
+//! how much time the hypervisor took away (steal). On a shared VM, steal explains most of the
+//! run-to-run noise, so the benchmarks report it next to their numbers.
+
+use serde::Serialize;
+
+/// The counters of the `cpu` line of `/proc/stat`, in clock ticks.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) struct CpuTimes {
+    busy: u64,
+    idle: u64,
+    steal: u64,
+}
+
+/// Shares of the machine's CPU time between two readings, in percent.
+#[derive(Debug, Clone, Copy, Serialize)]
+pub(super) struct CpuShare {
+    pub(super) busy_pct: f64,
+    pub(super) idle_pct: f64,
+    pub(super) steal_pct: f64,
+}
+
+impl CpuTimes {
+    /// The counters now; `None` where `/proc/stat` cannot be read (not Linux).
+    pub(super) fn now() -> Option<CpuTimes> {
+        CpuTimes::parse(&std::fs::read_to_string("/proc/stat").ok()?)
+    }
+
+    /// Parses the first line of `/proc/stat`: `cpu user nice system idle iowait irq softirq
+    /// steal guest guest_nice` (guest time is already counted in user and nice).
+    fn parse(stat: &str) -> Option<CpuTimes> {
+        let line = stat.lines().next()?;
+        let mut fields = line.split_whitespace();
+        if fields.next()? != "cpu" {
+            return None;
+        }
+        let values: Vec<u64> = fields.take(8).map(str::parse).collect::<Result<_, _>>().ok()?;
+        let [user, nice, system, idle, iowait, irq, softirq, steal] = values.try_into().ok()?;
+        Some(CpuTimes { busy: user + nice + system + irq + softirq, idle: idle + iowait, steal })
+    }
+
+    /// The shares of the time from `self` to `later`; `None` when no tick passed.
+    pub(super) fn share_until(&self, later: &CpuTimes) -> Option<CpuShare> {
+        let busy = later.busy.checked_sub(self.busy)?;
+        let idle = later.idle.checked_sub(self.idle)?;
+        let steal = later.steal.checked_sub(self.steal)?;
+        let total = (busy + idle + steal) as f64;
+        (total > 0.0).then(|| CpuShare {
+            busy_pct: 100.0 * busy as f64 / total,
+            idle_pct: 100.0 * idle as f64 / total,
+            steal_pct: 100.0 * steal as f64 / total,
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn shares_come_from_the_cpu_line() {
+        let before = CpuTimes::parse("cpu  100 0 50 800 0 0 0 50 0 0\ncpu0 1 2 3\n").unwrap();
+        let after = CpuTimes::parse("cpu  160 0 70 820 10 5 5 90 0 0\n").unwrap();
+        let share = before.share_until(&after).unwrap();
+        // busy 90, idle 30, steal 40 of 160 ticks.
+        assert!((share.busy_pct - 56.25).abs() < 1e-9);
+        assert!((share.idle_pct - 18.75).abs() < 1e-9);
+        assert!((share.steal_pct - 25.0).abs() < 1e-9);
+        assert!(before.share_until(&before).is_none());
+    }
+
+    #[test]
+    fn other_text_is_not_read_as_counters() {
+        assert_eq!(CpuTimes::parse("intr 1 2 3\n"), None);
+        assert_eq!(CpuTimes::parse("cpu 1 2 x 4 5 6 7 8\n"), None);
+        assert_eq!(CpuTimes::parse("cpu 1 2 3\n"), None);
+        assert_eq!(CpuTimes::parse(""), None);
+    }
+
+    #[test]
+    fn this_machine_can_be_read() {
+        if cfg!(target_os = "linux") {
+            assert!(CpuTimes::now().is_some());
+        }
+    }
+}
