@@ -17,7 +17,7 @@
 //!
 //! Modules: `baseline` (the baseline server), `http` (one client connection and URL parsing),
 //! `load` (the load generator and its measurements), `compare` (the comparison run), `children`
-//! (servers started as child processes), `report` (latency summaries, tables, checks), `wake` (the
+//! (servers started as child processes), `cpu` (the machine's busy, idle and steal time), `report` (latency summaries, tables, checks), `wake` (the
 //! wake-latency measurement).
 
 mod baseline;

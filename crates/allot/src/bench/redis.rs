@@ -12,6 +12,9 @@
 //!
 //! As in Flyte's default web-API pool, the quota is 1,000 with caps of 100 per project and 50 per
 //! project+domain, and 900 tokens are held (30 projects × 3 domains × 10) before measuring.
+//!
+//! Each round measures the three back to back; the report gives medians over the rounds (a ratio
+//! is the median of the rounds' ratios) and the machine's steal during each measurement.
 
 use std::ffi::OsString;
 use std::future::Future;
