@@ -17,8 +17,8 @@
 //!
 //! Modules: `baseline` (the baseline server), `http` (one client connection and URL parsing),
 //! `load` (the load generator and its measurements), `compare` (the comparison run), `children`
-//! (servers started as child processes), `cpu` (the machine's busy, idle and steal time), `report` (latency summaries, tables, checks), `wake` (the
-//! wake-latency measurement).
+//! (servers started as child processes), `cpu` (the machine's busy, idle and steal time),
+//! `report` (latency summaries, tables, checks), `wake` (the wake-latency measurement).
 
 mod baseline;
 mod children;
