@@ -339,13 +339,14 @@ fn median(mut values: Vec<f64>) -> Option<f64> {
     }
 }
 
+/// The measurement of `target` at `clients` in `round`.
+fn find<'a>(measured: &'a [Measured], round: u16, target: &str, clients: usize) -> Option<&'a Measured> {
+    measured.iter().find(|m| m.round == round && m.row.target == target && m.row.clients == clients)
+}
+
 /// The pairs/s of `target` at `clients` in `round`, when it made any.
 fn rate(measured: &[Measured], round: u16, target: &str, clients: usize) -> Option<f64> {
-    measured
-        .iter()
-        .find(|m| m.round == round && m.row.target == target && m.row.clients == clients)
-        .map(|m| m.row.pairs_per_s)
-        .filter(|&r| r > 0.0)
+    find(measured, round, target, clients).map(|m| m.row.pairs_per_s).filter(|&r| r > 0.0)
 }
 
 /// `target`'s pairs/s over `base`'s in `round`.
@@ -399,8 +400,9 @@ fn checks(summaries: &[Summary]) -> Vec<Check> {
     checks
 }
 
-fn ratio(value: Option<f64>) -> String {
-    value.map_or_else(|| "-".to_owned(), |v| format!("{v:.2}"))
+/// `value` with `decimals` decimals, or `-` when there is none.
+fn or_dash(value: Option<f64>, decimals: usize) -> String {
+    value.map_or_else(|| "-".to_owned(), |v| format!("{v:.decimals$}"))
 }
 
 fn summary_table(summaries: &[Summary]) -> String {
@@ -418,12 +420,12 @@ fn summary_table(summaries: &[Summary]) -> String {
             s.target,
             s.clients,
             s.pairs_per_s,
-            ratio(s.vs_direct),
-            ratio(s.vs_flyte),
+            or_dash(s.vs_direct, 2),
+            or_dash(s.vs_flyte, 2),
             s.pair_p50_ms,
             s.pair_p99_ms,
             s.errors,
-            s.steal_pct.map_or_else(|| "-".to_owned(), |v| format!("{v:.0}"))
+            or_dash(s.steal_pct, 0)
         );
     }
     for s in summaries.iter().filter(|s| s.first_error.is_some()) {
@@ -449,13 +451,10 @@ fn round_table(measured: &[Measured]) -> String {
         }
         seen.push(key);
         let (round, n) = key;
-        let of =
-            |target: &str| measured.iter().find(|x| x.round == round && x.row.clients == n && x.row.target == target);
-        let pairs = |target: &str| of(target).map_or_else(|| "-".to_owned(), |x| format!("{:.0}", x.row.pairs_per_s));
-        let steal = |target: &str| {
-            of(target).and_then(|x| x.cpu).map_or_else(|| "-".to_owned(), |cpu| format!("{:.0}", cpu.steal_pct))
-        };
-        let vs = |base: &str| ratio(round_ratio(measured, round, "allot", base, n));
+        let of = |target: &str| find(measured, round, target, n);
+        let pairs = |target: &str| or_dash(of(target).map(|m| m.row.pairs_per_s), 0);
+        let steal = |target: &str| or_dash(of(target).and_then(|m| m.cpu).map(|cpu| cpu.steal_pct), 0);
+        let vs = |base: &str| or_dash(round_ratio(measured, round, "allot", base, n), 2);
         let _ = writeln!(
             out,
             "{:>5} {:>7} {:>8} {:>8} {:>8} {:>12} {:>11} {:>17}",
