@@ -43,9 +43,6 @@ pub struct PoolName(Arc<str>);
 impl PoolName {
     pub fn new(name: &str) -> Result<PoolName, NameError> {
         check("pool", name)?;
-        if name.contains('/') {
-            return Err(NameError::Slash { what: "pool", name: name.to_owned() });
-        }
         Ok(PoolName(Arc::from(name)))
     }
 

@@ -52,7 +52,6 @@ impl From<LedgerError> for ApiError {
             LedgerError::SessionNotFound(_) => (StatusCode::NOT_FOUND, "session_not_found"),
             LedgerError::StaleFencing { .. } => (StatusCode::CONFLICT, "stale_fencing"),
             LedgerError::TokenConflict { .. } => (StatusCode::CONFLICT, "token_conflict"),
-            LedgerError::UnitsExceedQuota { .. } => (StatusCode::CONFLICT, "units_exceed_quota"),
             LedgerError::NamespaceInUse { .. } => (StatusCode::CONFLICT, "namespace_in_use"),
             LedgerError::OutOfRange { .. } => (StatusCode::BAD_REQUEST, "invalid_argument"),
             LedgerError::CapsWithoutScope => (StatusCode::BAD_REQUEST, "caps_without_scope"),
