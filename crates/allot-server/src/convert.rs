@@ -172,7 +172,7 @@ pub(crate) fn alloc_id(id: &str) -> Result<AllocId, ApiError> {
 }
 
 pub(crate) fn resources(text: &str) -> Result<Resources, ApiError> {
-    Ok(text.parse::<Resources>()?)
+    Ok(Resources::parse_api(text)?)
 }
 
 pub(crate) fn alloc_request(body: allot_api::Accept) -> Result<AllocRequest, ApiError> {

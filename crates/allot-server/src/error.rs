@@ -72,7 +72,9 @@ impl From<PoolError> for ApiError {
             // Fatal for a keepalive loop: the alloc will not come back.
             PoolError::AllocEnded { .. } => (StatusCode::GONE, "alloc_ended"),
             PoolError::AllocIdTaken { .. } => (StatusCode::CONFLICT, "alloc_id_taken"),
-            PoolError::EmptyRequest | PoolError::MaxBelowMin { .. } | PoolError::OutOfRange { .. } => {
+            // It can never fit (unless the capacity is raised): try another pool.
+            PoolError::ExceedsCapacity { .. } => (StatusCode::CONFLICT, "exceeds_capacity"),
+            PoolError::EmptyRequest | PoolError::OutOfRange { .. } => {
                 (StatusCode::BAD_REQUEST, "invalid_argument")
             }
         };

@@ -9,6 +9,7 @@
 //! Architecture invariant: this crate and `allot-api` are the only ones that know HTTP and JSON.
 
 mod convert;
+mod document;
 mod error;
 mod extract;
 mod metrics;
@@ -54,9 +55,13 @@ fencing numbers and a first-come-first-served waiting queue.\n\n\
 Every error answer has the body `{\"error\": {\"code\": ..., \"message\": ...}}`. Codes: invalid_json, \
 invalid_argument, invalid_name, caps_without_scope (400); namespace_not_found, grant_not_found, \
 session_not_found, not_found (404); method_not_allowed (405); stale_fencing, token_conflict, \
-units_exceed_quota, namespace_in_use (409); payload_too_large (413); store_unavailable, \
+namespace_in_use (409); payload_too_large (413); store_unavailable, \
 store_outcome_unknown, shutting_down (503); internal (500). Pools: invalid_resources (400); pool_not_found, \
-alloc_not_found (404); offer_expired, pool_stopped, pool_in_use (409); alloc_ended (410)."
+alloc_not_found, offer_not_found (404); offer_expired, exceeds_capacity, pool_stopped, pool_in_use (409); \
+alloc_ended (410).\n\n\
+Names (namespaces, tokens, projects, namespace scopes, pools) follow one rule: 1 to 255 characters, no control \
+characters, no `/`, not `.` or `..`; a namespace's `:`-separated segments are not empty. A name in a path is \
+percent-decoded once (`%2F` is a `/`, refused; a `%` is sent as `%25`)."
     ),
     paths(
         routes::healthz,
@@ -90,9 +95,10 @@ alloc_not_found (404); offer_expired, pool_stopped, pool_in_use (409); alloc_end
 )]
 struct ApiDoc;
 
-/// The OpenAPI document of the API.
-pub fn openapi() -> utoipa::openapi::OpenApi {
-    ApiDoc::openapi()
+/// The OpenAPI document of the API, with the limits the server enforces.
+pub fn openapi() -> serde_json::Value {
+    let derived = serde_json::to_value(ApiDoc::openapi()).expect("the document serializes");
+    document::with_limits(derived)
 }
 
 /// The router of the whole API.

@@ -2,7 +2,7 @@
 //! `Store` call.
 
 use allot_api as api;
-use allot_core::pool::{PoolError, OFFER_ID};
+use allot_core::pool::OFFER_ID;
 use axum::extract::State;
 use axum::http::StatusCode;
 use axum::Json;
@@ -40,12 +40,19 @@ pub(crate) async fn put_pool(
     JsonBody(body): JsonBody<api::PutPool>,
 ) -> Result<(StatusCode, Json<api::PutPoolResponse>), ApiError> {
     let capacity = convert::resources(&body.capacity)?;
+    if capacity.is_empty() {
+        return Err(ApiError::invalid_argument(
+            "a pool's capacity must name some resources above zero, e.g. `cpu=4,mem=16GiB`; \
+             to take a pool out of service use stop-if-idle or DELETE",
+        ));
+    }
     let (created, view) = state.store.put_pool(convert::pool_name(&name)?, capacity).await?;
     let status = if created { StatusCode::CREATED } else { StatusCode::OK };
     Ok((status, Json(api::PutPoolResponse { created, pool: convert::pool(view) })))
 }
 
 #[derive(Debug, Deserialize, utoipa::IntoParams)]
+#[into_params(parameter_in = Query)]
 #[serde(deny_unknown_fields)]
 pub(crate) struct RemovePoolQuery {
     /// Remove the pool even if it has allocs (they end with it).
@@ -94,8 +101,13 @@ pub(crate) async fn accept(
     let pool = convert::pool_name(&name)?;
     let request = convert::alloc_request(body)?;
     if offer != OFFER_ID {
-        let free = state.store.offer(pool.clone()).await?.map(|o| o.available).unwrap_or_default();
-        return Err(PoolError::OfferExpired { pool, wanted: request.min, free }.into());
+        // A pool has one offer, `1`; an unknown pool is still `pool_not_found`.
+        state.store.pool(pool.clone()).await?;
+        return Err(ApiError::new(
+            StatusCode::NOT_FOUND,
+            "offer_not_found",
+            format!("pool `{pool}` has no offer `{offer}`: its one offer is `{OFFER_ID}` (see GET /v1/pools/{{pool}}/offers)"),
+        ));
     }
     let alloc = state.store.accept(pool, request).await?;
     Ok((StatusCode::CREATED, Json(convert::alloc(alloc, None, state.store.now()))))

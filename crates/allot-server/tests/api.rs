@@ -141,6 +141,12 @@ const BAD_INPUT: &[(&str, &str, &str, u16, &str)] = &[
     ("PUT", "/v1/namespaces/x", r#"{"quota": 9007199254740992}"#, 400, "invalid_argument"),
     ("PUT", "/v1/namespaces/x", r#"{"quota": 1, "extra": true}"#, 400, "invalid_json"),
     ("PUT", "/v1/namespaces/x", r#"[1, 2]"#, 400, "invalid_json"),
+    ("PUT", "/v1/namespaces/x", r#"[10]"#, 400, "invalid_json"),
+    ("PUT", "/v1/namespaces/x", r#"10"#, 400, "invalid_json"),
+    ("PUT", "/v1/namespaces/a%2Fb", r#"{"quota": 1}"#, 400, "invalid_name"),
+    ("PUT", "/v1/namespaces/a/b", r#"{"quota": 1}"#, 404, "not_found"),
+    ("PUT", "/v1/namespaces/hive/grants/a%2Fb", "{}", 400, "invalid_name"),
+    ("PUT", "/v1/namespaces/hive/grants/t", r#"[1]"#, 400, "invalid_json"),
     ("PUT", "/v1/namespaces/x", "", 400, "invalid_json"),
     ("PUT", "/v1/namespaces/a::b", r#"{"quota": 1}"#, 400, "invalid_name"),
     ("PUT", "/v1/namespaces/a:", r#"{"quota": 1}"#, 400, "invalid_name"),
@@ -150,7 +156,6 @@ const BAD_INPUT: &[(&str, &str, &str, u16, &str)] = &[
     ("PUT", "/v1/namespaces/hive/grants/t", r#"{"units": -3}"#, 400, "invalid_json"),
     ("PUT", "/v1/namespaces/hive/grants/t", r#"{"units": 1e30}"#, 400, "invalid_json"),
     ("PUT", "/v1/namespaces/hive/grants/t", r#"{"units": 1152921504606846976}"#, 400, "invalid_argument"),
-    ("PUT", "/v1/namespaces/hive/grants/t", r#"{"units": 3}"#, 409, "units_exceed_quota"),
     ("PUT", "/v1/namespaces/hive/grants/t", r#"{"ttl_ms": 0}"#, 400, "invalid_argument"),
     ("PUT", "/v1/namespaces/hive/grants/t", r#"{"wait_ms": 86400000}"#, 400, "invalid_argument"),
     ("PUT", "/v1/namespaces/hive/grants/t", r#"{"caps": {"project": 1}}"#, 400, "caps_without_scope"),
@@ -171,6 +176,7 @@ const BAD_INPUT: &[(&str, &str, &str, u16, &str)] = &[
         "invalid_argument",
     ),
     ("PUT", "/v1/namespaces/hive/grants/held", r#"{"units": 2}"#, 409, "token_conflict"),
+    ("PUT", "/v1/namespaces/hive/grants/held", r#"{"ttl_ms": 1000}"#, 409, "token_conflict"),
     ("PUT", "/v1/namespaces/nope/grants/t", "{}", 404, "namespace_not_found"),
     ("DELETE", "/v1/namespaces/hive/grants/held?fencing=99", "", 409, "stale_fencing"),
     ("DELETE", "/v1/namespaces/hive/grants/held?fencing=abc", "", 400, "invalid_argument"),
@@ -213,8 +219,8 @@ async fn bad_input_gets_a_4xx_with_a_code_and_changes_nothing() {
     let (status, got) = h.call(Method::PUT, "/v1/namespaces/%E5%90%8D%E5%89%8D:%C3%BC", r#"{"quota": 1}"#).await;
     assert_eq!(status, StatusCode::CREATED, "{got}");
     assert_eq!(got["namespace"]["name"], "名前:ü");
-    let (_, got) = h.call(Method::PUT, "/v1/namespaces/%E5%90%8D%E5%89%8D:%C3%BC/grants/a%2Fb%20c", "").await;
-    assert_eq!(got["grant"]["token"], "a/b c", "{got}");
+    let (_, got) = h.call(Method::PUT, "/v1/namespaces/%E5%90%8D%E5%89%8D:%C3%BC/grants/a%25b%20c%3F", "").await;
+    assert_eq!(got["grant"]["token"], "a%b c?", "{got}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -337,14 +343,19 @@ async fn pools_offers_and_allocs_over_the_api() {
         (Method::PUT, "/v1/pools/p", r#"{"capacity": "CPU=4"}"#, StatusCode::BAD_REQUEST, "invalid_resources"),
         (Method::PUT, "/v1/pools/p", r#"{"capacity": 4}"#, StatusCode::BAD_REQUEST, "invalid_json"),
         (Method::PUT, "/v1/pools/a%2Fb", r#"{"capacity": "cpu=1"}"#, StatusCode::BAD_REQUEST, "invalid_name"),
+        (Method::PUT, "/v1/pools/p", r#"{"capacity": ""}"#, StatusCode::BAD_REQUEST, "invalid_argument"),
+        (Method::PUT, "/v1/pools/p", r#"{"capacity": "cpu=0"}"#, StatusCode::BAD_REQUEST, "invalid_argument"),
+        (Method::PUT, "/v1/pools/p", r#"["cpu=1"]"#, StatusCode::BAD_REQUEST, "invalid_json"),
+        (Method::POST, "/v1/pools/worker-1/offers/2", r#"{"min": "cpu=1"}"#, StatusCode::NOT_FOUND, "offer_not_found"),
+        (Method::POST, "/v1/pools/nope/offers/2", r#"{"min": "cpu=1"}"#, StatusCode::NOT_FOUND, "pool_not_found"),
         (Method::GET, "/v1/pools/nope/offers", "", StatusCode::NOT_FOUND, "pool_not_found"),
         (Method::POST, "/v1/pools/worker-1/offers/1", r#"{"min": ""}"#, StatusCode::BAD_REQUEST, "invalid_argument"),
         (
             Method::POST,
             "/v1/pools/worker-1/offers/1",
             r#"{"min": "cpu=2", "max": "cpu=1"}"#,
-            StatusCode::BAD_REQUEST,
-            "invalid_argument",
+            StatusCode::CONFLICT,
+            "pool_stopped",
         ),
         (Method::GET, "/v1/pools/worker-1/allocs/xyz", "", StatusCode::BAD_REQUEST, "invalid_name"),
         (Method::GET, "/v1/pools/worker-1/allocs/00000000000000ff", "", StatusCode::NOT_FOUND, "alloc_not_found"),
@@ -353,4 +364,60 @@ async fn pools_offers_and_allocs_over_the_api() {
         let (got, answer) = h.call(method.clone(), uri, body).await;
         assert_eq!((got, answer["error"]["code"].as_str()), (status, Some(code)), "{method} {uri} {body}: {answer}");
     }
+}
+
+#[tokio::test]
+async fn the_document_states_the_limits_the_server_enforces() {
+    let h = Harness::new();
+    let (_, doc) = h.call(Method::GET, "/openapi.json", "").await;
+    let parameters = |path: &str, method: &str| doc["paths"][path][method]["parameters"].as_array().unwrap().clone();
+    // Optional flags are query parameters, not required path parameters.
+    let release = parameters("/v1/namespaces/{namespace}/grants/{token}", "delete");
+    let fencing = release.iter().find(|p| p["name"] == "fencing").unwrap();
+    assert_eq!((fencing["in"].as_str(), fencing["required"].as_bool()), (Some("query"), Some(false)), "{fencing}");
+    for path in ["/v1/namespaces/{namespace}", "/v1/pools/{pool}"] {
+        let force = parameters(path, "delete").into_iter().find(|p| p["name"] == "force").unwrap();
+        assert_eq!((force["in"].as_str(), force["required"].as_bool()), (Some("query"), Some(false)), "{force}");
+    }
+    // Names, ids and ranges come from the checks' own constants.
+    let allocate = parameters("/v1/namespaces/{namespace}/grants/{token}", "put");
+    assert_eq!(allocate[0]["schema"]["pattern"], allot_core::NAMESPACE_PATTERN);
+    assert_eq!(allocate[1]["schema"]["pattern"], allot_core::NAME_PATTERN);
+    assert_eq!(allocate[1]["schema"]["maxLength"], 255);
+    let session = &parameters("/v1/sessions/{id}", "get")[0]["schema"];
+    assert_eq!(session["pattern"], "^[0-9a-fA-F]{32}$");
+    let schemas = &doc["components"]["schemas"];
+    assert_eq!(schemas["PutNamespace"]["properties"]["quota"]["maximum"], allot_core::MAX_UNITS);
+    assert_eq!(schemas["PutNamespace"]["properties"]["quota"]["minimum"], 0);
+    assert_eq!(schemas["Allocate"]["properties"]["units"]["minimum"], 1);
+    assert_eq!(schemas["Allocate"]["properties"]["wait_ms"]["maximum"], 300_000);
+    assert!(schemas["PutPool"]["properties"]["capacity"]["pattern"].is_string());
+    // The allocate and keepalive bodies are optional (an empty body is `{}`).
+    let put = &doc["paths"]["/v1/namespaces/{namespace}/grants/{token}"]["put"];
+    assert_ne!(put["requestBody"]["required"], true, "{}", put["requestBody"]);
+    let keepalive = &doc["paths"]["/v1/namespaces/{namespace}/grants/{token}/keepalive"]["post"];
+    assert_ne!(keepalive["requestBody"]["required"], true, "{}", keepalive["requestBody"]);
+}
+
+#[tokio::test]
+async fn offers_say_what_happened() {
+    let h = Harness::new();
+    h.call(Method::PUT, "/v1/pools/small", r#"{"capacity": "cpu=2"}"#).await;
+    let (status, body) = h.call(Method::POST, "/v1/pools/small/offers/1", r#"{"min": "cpu=3"}"#).await;
+    assert_eq!((status, body["error"]["code"].as_str()), (StatusCode::CONFLICT, Some("exceeds_capacity")), "{body}");
+    let (status, _) = h.call(Method::POST, "/v1/pools/small/offers/1", r#"{"min": "cpu=2"}"#).await;
+    assert_eq!(status, StatusCode::CREATED);
+    let (status, body) = h.call(Method::POST, "/v1/pools/small/offers/1", r#"{"min": "cpu=1"}"#).await;
+    assert_eq!((status, body["error"]["code"].as_str()), (StatusCode::CONFLICT, Some("offer_expired")), "{body}");
+    let (status, body) = h.call(Method::POST, "/v1/pools/small/offers/7", r#"{"min": "cpu=1"}"#).await;
+    assert_eq!((status, body["error"]["code"].as_str()), (StatusCode::NOT_FOUND, Some("offer_not_found")), "{body}");
+}
+
+#[tokio::test]
+async fn a_paused_namespace_answers_exhausted() {
+    let h = Harness::new();
+    let (status, _) = h.call(Method::PUT, "/v1/namespaces/paused", r#"{"quota": 0}"#).await;
+    assert_eq!(status, StatusCode::CREATED);
+    let (status, body) = h.call(Method::PUT, "/v1/namespaces/paused/grants/t", r#"{"units": 3}"#).await;
+    assert_eq!((status, body["status"].as_str()), (StatusCode::OK, Some("Exhausted")), "{body}");
 }

@@ -414,10 +414,14 @@ async fn one_offer_holds_everything_free(store: &dyn Store) {
     let exact = store.accept(name.clone(), wants("cpu=2,mem=6GiB", None)).await.unwrap();
     assert_eq!(exact.resources, res("cpu=2,mem=6GiB"));
     assert_eq!(store.offer(name.clone()).await.unwrap(), None, "nothing free, no offer");
-    let bad = store.accept(name.clone(), wants("cpu=2", Some("cpu=1"))).await;
-    assert!(matches!(bad, Err(StoreError::Pool(PoolError::MaxBelowMin { .. }))), "{bad:?}");
+    let never = store.accept(name.clone(), wants("cpu=2,gpu=2", None)).await;
+    assert!(matches!(never, Err(StoreError::Pool(PoolError::ExceedsCapacity { .. }))), "{never:?}");
     let view = store.pool(name.clone()).await.unwrap();
     assert_eq!((view.allocs, view.stats.accepted, view.stats.offer_expired), (2, 2, 1));
+    store.free_alloc(name.clone(), exact.id).await.unwrap();
+    // A max below min (or silent on a resource) takes min there.
+    let raised = store.accept(name.clone(), wants("cpu=1,mem=1GiB", Some("cpu=0.5"))).await.unwrap();
+    assert_eq!(raised.resources, res("cpu=1,mem=1GiB"));
 }
 
 async fn allocs_end_and_say_why(store: &dyn Store) {

@@ -1,0 +1,74 @@
+//! The OpenAPI document: utoipa's derivation from the handlers and the wire types, plus the limits
+//! the server enforces (name rules, id formats, number ranges, the resources grammar), stated here
+//! from the same constants the checks use, so that the document and the server cannot drift.
+
+use allot_core::pool::MAX_IDLE_MS;
+use allot_core::resources::resources_pattern;
+use allot_core::{MAX_NAME_CHARS, MAX_TTL_MS, MAX_UNITS, NAMESPACE_PATTERN, NAME_PATTERN};
+use allot_store::MAX_WAIT;
+use serde_json::{json, Value};
+
+/// A session id: 32 hexadecimal digits.
+const SESSION_ID_PATTERN: &str = "^[0-9a-fA-F]{32}$";
+/// An alloc id: 16 hexadecimal digits.
+const ALLOC_ID_PATTERN: &str = "^[0-9a-fA-F]{16}$";
+
+fn name() -> Value {
+    json!({"type": "string", "minLength": 1, "maxLength": MAX_NAME_CHARS, "pattern": NAME_PATTERN,
+        "description": "1 to 255 characters; no control characters, no `/`, not `.` or `..`"})
+}
+
+fn range(min: u64, max: u64) -> Value {
+    json!({"minimum": min, "maximum": max})
+}
+
+/// Adds the server's limits to utoipa's document.
+pub(crate) fn with_limits(mut doc: Value) -> Value {
+    let namespace = json!({"type": "string", "minLength": 1, "maxLength": MAX_NAME_CHARS,
+        "pattern": NAMESPACE_PATTERN,
+        "description": "`:`-separated segments, none empty, e.g. `hive:cluster-a`; \
+            1 to 255 characters, no control characters, no `/`, not `.` or `..`"});
+    let path_params = [
+        ("namespace", namespace),
+        ("token", name()),
+        ("pool", name()),
+        ("id", json!({"type": "string", "pattern": SESSION_ID_PATTERN, "description": "32 hexadecimal digits"})),
+        ("alloc", json!({"type": "string", "pattern": ALLOC_ID_PATTERN, "description": "16 hexadecimal digits"})),
+    ];
+    if let Some(paths) = doc["paths"].as_object_mut() {
+        for operation in paths.values_mut().filter_map(Value::as_object_mut).flat_map(|item| item.values_mut()) {
+            let Some(parameters) = operation.get_mut("parameters").and_then(Value::as_array_mut) else { continue };
+            for parameter in parameters.iter_mut().filter(|p| p["in"] == "path") {
+                if let Some((_, schema)) = path_params.iter().find(|(name, _)| parameter["name"] == *name) {
+                    parameter["schema"] = schema.clone();
+                }
+            }
+        }
+    }
+    let wait_ms = MAX_WAIT.as_millis() as u64;
+    let fields = [
+        ("PutNamespace", "quota", range(0, MAX_UNITS)),
+        ("Allocate", "units", range(1, MAX_UNITS)),
+        ("Allocate", "ttl_ms", range(1, MAX_TTL_MS)),
+        ("Allocate", "wait_ms", range(0, wait_ms)),
+        ("Allocate", "session", json!({"pattern": SESSION_ID_PATTERN})),
+        ("Caps", "project", range(0, MAX_UNITS)),
+        ("Caps", "namespace", range(0, MAX_UNITS)),
+        ("Scope", "project", name()),
+        ("Scope", "namespace", name()),
+        ("OpenSession", "ttl_ms", range(1, MAX_TTL_MS)),
+        ("AllocKeepalive", "interval_ms", json!({"minimum": 1})),
+        ("StopIfIdle", "idle_ms", range(0, MAX_IDLE_MS)),
+        ("PutPool", "capacity", json!({"pattern": resources_pattern(true)})),
+        ("Accept", "min", json!({"pattern": resources_pattern(true)})),
+        ("Accept", "max", json!({"pattern": resources_pattern(false)})),
+    ];
+    for (schema, field, limits) in fields {
+        let property = &mut doc["components"]["schemas"][schema]["properties"][field];
+        assert!(property.is_object(), "the document has no {schema}.{field}");
+        for (key, value) in limits.as_object().expect("limits are objects") {
+            property[key] = value.clone();
+        }
+    }
+    doc
+}
