@@ -325,7 +325,8 @@ impl FromStr for Resources {
 }
 
 impl Resources {
-    /// Parses resources given to the API: the text form, with at most [`max_integer_digits`]
+    /// Parses resources given to the API: the text form (but a name given twice counts once, with
+    /// its largest quantity), with at most [`max_integer_digits`]
     /// significant digits before the point for the quantity's unit (at most 16 for plain units,
     /// 19 in `m`, 13 in `k`/`Ki`, down to 1 in `P`/`Pi`), so that the API's document can state
     /// the limit as a pattern ([`resources_pattern`]).
@@ -354,8 +355,17 @@ fn parse(text: &str, bounded: bool) -> Result<Resources, ResourcesError> {
             item.split_once('=').ok_or_else(|| ResourcesError::MissingEquals { item: item.to_owned() })?;
         let name = ResourceName::new(trim(name))?;
         let milli = parse_quantity(name.as_str(), trim(quantity), bounded)?;
+        // People type the text form (flags, configuration): a name given twice is a mistake. The
+        // API's document states the form as a regular expression, which cannot refuse a repeated
+        // name; there the largest quantity counts, so what the pattern says of quantities above
+        // zero stays true.
         if !seen.insert(name.clone()) {
-            return Err(ResourcesError::Duplicate { name: name.as_str().to_owned() });
+            if !bounded {
+                return Err(ResourcesError::Duplicate { name: name.as_str().to_owned() });
+            }
+            let largest = milli.max(resources.get_milli(name.as_str()));
+            resources.set_milli(name, largest);
+            continue;
         }
         resources.set_milli(name, milli);
     }
@@ -605,11 +615,9 @@ mod tests {
             let any = regex::Regex::new(&resources_pattern(false)).unwrap();
             let nonzero = regex::Regex::new(&resources_pattern(true)).unwrap();
             let parsed = Resources::parse_api(&text);
-            if !matches!(parsed, Err(ResourcesError::Duplicate { .. })) {
-                proptest::prop_assert_eq!(parsed.is_ok(), any.is_match(&text), "{:?}: {:?}", text, parsed);
-                let some = parsed.as_ref().is_ok_and(|r| !r.is_empty());
-                proptest::prop_assert_eq!(some, nonzero.is_match(&text), "{:?} (nonzero): {:?}", text, parsed);
-            }
+            proptest::prop_assert_eq!(parsed.is_ok(), any.is_match(&text), "{:?}: {:?}", text, parsed);
+            let some = parsed.as_ref().is_ok_and(|r| !r.is_empty());
+            proptest::prop_assert_eq!(some, nonzero.is_match(&text), "{:?} (nonzero): {:?}", text, parsed);
         }
     }
 
@@ -626,6 +634,8 @@ mod tests {
         assert!(Resources::parse_api("mem=0009PiB").is_ok());
         assert!(Resources::parse_api("mem=10PiB").is_err());
         assert!("cpu=18446744073709551.615".parse::<Resources>().is_ok(), "the text form still reads every value");
+        assert_eq!(Resources::parse_api("cpu=1,cpu=0"), Ok(Resources::new().with(CPU, 1)), "the largest counts");
+        assert!(matches!("cpu=1,cpu=0".parse::<Resources>(), Err(ResourcesError::Duplicate { .. })));
     }
 
     fn parse(text: &str) -> Result<Resources, ResourcesError> {

@@ -18,6 +18,17 @@ fn name() -> Value {
         "description": "1 to 255 characters; no control characters, no `/`, not `.` or `..`"})
 }
 
+/// A resources text, e.g. `cpu=4,mem=16GiB`; `some`: at least one quantity above zero.
+fn resources(some: bool) -> Value {
+    json!({"pattern": resources_pattern(some), "description": format!(
+        "`name=quantity` items joined by `,`, e.g. `cpu=4,mem=16GiB,gpu=1`{}. A name is a-z first, then a-z, 0-9, \
+         `_`, `-`, `.` (at most 64); a quantity has up to 3 decimals and a unit (`m`, `k`/`K`, `M`, `G`, `T`, `P`, \
+         `Ki`..`Pi`, optionally followed by `B`), with at most 16 digits before the point in plain units (fewer in \
+         larger units). A name given twice counts once, with its largest quantity.",
+        if some { "; at least one quantity above zero" } else { "" }
+    )})
+}
+
 fn range(min: u64, max: u64) -> Value {
     json!({"minimum": min, "maximum": max})
 }
@@ -37,6 +48,17 @@ pub(crate) fn with_limits(mut doc: Value) -> Value {
     ];
     if let Some(paths) = doc["paths"].as_object_mut() {
         for operation in paths.values_mut().filter_map(Value::as_object_mut).flat_map(|item| item.values_mut()) {
+            // An optional body is an absent body, not a `null` one: utoipa writes `Option<T>` as
+            // "null or T" and required; state it as T, not required (an empty body reads as `{}`).
+            if let Some(body) = operation.get_mut("requestBody") {
+                let schema = &mut body["content"]["application/json"]["schema"];
+                if let Some([null, other]) = schema["oneOf"].as_array().map(Vec::as_slice) {
+                    if null["type"] == "null" {
+                        *schema = other.clone();
+                        body["required"] = Value::Bool(false);
+                    }
+                }
+            }
             let Some(parameters) = operation.get_mut("parameters").and_then(Value::as_array_mut) else { continue };
             for parameter in parameters.iter_mut().filter(|p| p["in"] == "path") {
                 if let Some((_, schema)) = path_params.iter().find(|(name, _)| parameter["name"] == *name) {
@@ -59,9 +81,9 @@ pub(crate) fn with_limits(mut doc: Value) -> Value {
         ("OpenSession", "ttl_ms", range(1, MAX_TTL_MS)),
         ("AllocKeepalive", "interval_ms", json!({"minimum": 1})),
         ("StopIfIdle", "idle_ms", range(0, MAX_IDLE_MS)),
-        ("PutPool", "capacity", json!({"pattern": resources_pattern(true)})),
-        ("Accept", "min", json!({"pattern": resources_pattern(true)})),
-        ("Accept", "max", json!({"pattern": resources_pattern(false)})),
+        ("PutPool", "capacity", resources(true)),
+        ("Accept", "min", resources(true)),
+        ("Accept", "max", resources(false)),
     ];
     for (schema, field, limits) in fields {
         let property = &mut doc["components"]["schemas"][schema]["properties"][field];
