@@ -6,6 +6,51 @@
 use serde::{Deserialize, Serialize};
 use utoipa::ToSchema;
 
+/// Nested objects are JSON objects: serde would also read a struct from an array (`[1, 2]` as
+/// `{"project": 1, "namespace": 2}`), which the API's document does not allow.
+pub mod object {
+    use std::fmt;
+    use std::marker::PhantomData;
+
+    use serde::de::value::MapAccessDeserializer;
+    use serde::de::{Deserialize, Deserializer, MapAccess, Visitor};
+
+    struct MapOnly<T>(PhantomData<T>);
+
+    impl<'de, T: Deserialize<'de>> Visitor<'de> for MapOnly<T> {
+        type Value = T;
+        fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+            f.write_str("a JSON object")
+        }
+        fn visit_map<A: MapAccess<'de>>(self, map: A) -> Result<T, A::Error> {
+            T::deserialize(MapAccessDeserializer::new(map))
+        }
+    }
+
+    struct OptionalMap<T>(PhantomData<T>);
+
+    impl<'de, T: Deserialize<'de>> Visitor<'de> for OptionalMap<T> {
+        type Value = Option<T>;
+        fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+            f.write_str("a JSON object or null")
+        }
+        fn visit_none<E>(self) -> Result<Option<T>, E> {
+            Ok(None)
+        }
+        fn visit_unit<E>(self) -> Result<Option<T>, E> {
+            Ok(None)
+        }
+        fn visit_some<D: Deserializer<'de>>(self, deserializer: D) -> Result<Option<T>, D::Error> {
+            deserializer.deserialize_map(MapOnly(PhantomData)).map(Some)
+        }
+    }
+
+    /// For an `Option<T>` field whose `T` is a struct.
+    pub fn optional<'de, D: Deserializer<'de>, T: Deserialize<'de>>(deserializer: D) -> Result<Option<T>, D::Error> {
+        deserializer.deserialize_option(OptionalMap(PhantomData))
+    }
+}
+
 /// Reading integers as JSON Schema defines them: `integer` includes numbers whose fraction is
 /// zero (`10.0`, `1e3`), which serde would refuse for a `u64`. Used on every integer a request
 /// body carries; a fraction, a negative number or one above `u64::MAX` is still refused.
@@ -143,9 +188,9 @@ pub struct Allocate {
     #[serde(default, skip_serializing_if = "Option::is_none", deserialize_with = "integer::optional")]
     pub units: Option<u64>,
     /// The holder's scope; needed when caps are given.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[serde(default, skip_serializing_if = "Option::is_none", deserialize_with = "object::optional")]
     pub scope: Option<Scope>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[serde(default, skip_serializing_if = "Option::is_none", deserialize_with = "object::optional")]
     pub caps: Option<Caps>,
     /// The grant expires this many milliseconds after the grant or its last keepalive.
     #[serde(default, skip_serializing_if = "Option::is_none", deserialize_with = "integer::optional")]

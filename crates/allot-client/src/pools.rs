@@ -1564,7 +1564,7 @@ mod tests {
         assert!(matches!(expired, PoolError::OfferExpired { local: false, .. }) && expired.is_offer_gone());
         assert!(api(409, "pool_stopped").is_offer_gone() && !api(409, "pool_stopped").is_alloc_gone());
         for code in ["alloc_ended", "alloc_not_found", "pool_not_found"] {
-            assert!(api(410, code).is_alloc_gone(), "{code}");
+            assert!(api(409, code).is_alloc_gone(), "{code}");
         }
         assert!(PoolError::UnknownPool { pool: "p".into() }.is_alloc_gone());
         assert!(api(503, "store_unavailable").is_retryable() && !api(503, "store_unavailable").is_alloc_gone());

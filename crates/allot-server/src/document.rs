@@ -5,7 +5,6 @@
 use allot_core::pool::MAX_IDLE_MS;
 use allot_core::resources::resources_pattern;
 use allot_core::{MAX_NAME_CHARS, MAX_TTL_MS, MAX_UNITS, NAMESPACE_PATTERN, NAME_PATTERN};
-use allot_store::MAX_WAIT;
 use serde_json::{json, Value};
 
 /// A session id: 32 hexadecimal digits.
@@ -34,7 +33,7 @@ fn range(min: u64, max: u64) -> Value {
 }
 
 /// Adds the server's limits to utoipa's document.
-pub(crate) fn with_limits(mut doc: Value) -> Value {
+pub(crate) fn with_limits(mut doc: Value, max_wait: std::time::Duration) -> Value {
     let namespace = json!({"type": "string", "minLength": 1, "maxLength": MAX_NAME_CHARS,
         "pattern": NAMESPACE_PATTERN,
         "description": "`:`-separated segments, none empty, e.g. `hive:cluster-a`; \
@@ -67,7 +66,7 @@ pub(crate) fn with_limits(mut doc: Value) -> Value {
             }
         }
     }
-    let wait_ms = MAX_WAIT.as_millis() as u64;
+    let wait_ms = max_wait.as_millis() as u64;
     let fields = [
         ("PutNamespace", "quota", range(0, MAX_UNITS)),
         ("Allocate", "units", range(1, MAX_UNITS)),
@@ -85,6 +84,17 @@ pub(crate) fn with_limits(mut doc: Value) -> Value {
         ("Accept", "min", resources(true)),
         ("Accept", "max", resources(false)),
     ];
+    // A grant's lease is its own TTL or its session's, not both; caps need a scope.
+    let has_caps = json!({"type": "object", "anyOf": [
+        {"required": ["project"], "properties": {"project": {"type": "integer"}}},
+        {"required": ["namespace"], "properties": {"namespace": {"type": "integer"}}},
+    ]});
+    doc["components"]["schemas"]["Allocate"]["allOf"] = json!([
+        {"not": {"required": ["ttl_ms", "session"],
+            "properties": {"ttl_ms": {"type": "integer"}, "session": {"type": "string"}}}},
+        {"not": {"required": ["caps"], "properties": {"caps": has_caps},
+            "not": {"required": ["scope"], "properties": {"scope": {"type": "object"}}}}},
+    ]);
     for (schema, field, limits) in fields {
         let property = &mut doc["components"]["schemas"][schema]["properties"][field];
         assert!(property.is_object(), "the document has no {schema}.{field}");

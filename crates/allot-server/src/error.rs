@@ -70,7 +70,7 @@ impl From<PoolError> for ApiError {
             // The client should try another offer [Reflow `errOfferExpired`].
             PoolError::OfferExpired { .. } => (StatusCode::CONFLICT, "offer_expired"),
             // Fatal for a keepalive loop: the alloc will not come back.
-            PoolError::AllocEnded { .. } => (StatusCode::GONE, "alloc_ended"),
+            PoolError::AllocEnded { .. } => (StatusCode::CONFLICT, "alloc_ended"),
             PoolError::AllocIdTaken { .. } => (StatusCode::CONFLICT, "alloc_id_taken"),
             // It can never fit (unless the capacity is raised): try another pool.
             PoolError::ExceedsCapacity { .. } => (StatusCode::CONFLICT, "exceeds_capacity"),

@@ -18,8 +18,9 @@ mod routes;
 
 use std::future::Future;
 use std::sync::Arc;
+use std::time::Duration;
 
-use allot_store::Store;
+use allot_store::{Store, MAX_WAIT};
 use axum::extract::DefaultBodyLimit;
 use axum::routing::{get, post, put};
 use axum::serve::ListenerExt;
@@ -38,11 +39,19 @@ pub const MAX_BODY_BYTES: usize = 64 * 1024;
 pub struct AppState {
     pub store: Arc<dyn Store>,
     pub metrics: Arc<Metrics>,
+    /// The longest an allocate may wait for room (the document states it): at most [`MAX_WAIT`].
+    pub max_wait: Duration,
 }
 
 impl AppState {
     pub fn new(store: Arc<dyn Store>) -> AppState {
-        AppState { store, metrics: Arc::new(Metrics::default()) }
+        AppState { store, metrics: Arc::new(Metrics::default()), max_wait: MAX_WAIT }
+    }
+
+    /// The same, with allocates waiting at most `max_wait` (capped at [`MAX_WAIT`]).
+    #[must_use]
+    pub fn with_max_wait(self, max_wait: Duration) -> AppState {
+        AppState { max_wait: max_wait.min(MAX_WAIT), ..self }
     }
 }
 
@@ -57,8 +66,8 @@ invalid_argument, invalid_name, caps_without_scope (400); namespace_not_found, g
 session_not_found, not_found (404); method_not_allowed (405); stale_fencing, token_conflict, \
 namespace_in_use (409); payload_too_large (413); store_unavailable, \
 store_outcome_unknown, shutting_down (503); internal (500). Pools: invalid_resources (400); pool_not_found, \
-alloc_not_found, offer_not_found (404); offer_expired, exceeds_capacity, pool_stopped, pool_in_use (409); \
-alloc_ended (410).\n\n\
+alloc_not_found, offer_not_found (404); offer_expired, exceeds_capacity, pool_stopped, pool_in_use, \
+alloc_ended (409). An ended alloc reads as 410 Gone with its record.\n\n\
 Names (namespaces, tokens, projects, namespace scopes, pools) follow one rule: 1 to 255 characters, no control \
 characters, no `/`, not `.` or `..`; a namespace's `:`-separated segments are not empty. A name in a path is \
 percent-decoded once (`%2F` is a `/`, refused; a `%` is sent as `%25`)."
@@ -95,15 +104,16 @@ percent-decoded once (`%2F` is a `/`, refused; a `%` is sent as `%25`)."
 )]
 struct ApiDoc;
 
-/// The OpenAPI document of the API, with the limits the server enforces.
-pub fn openapi() -> serde_json::Value {
+/// The OpenAPI document of the API, with the limits the server enforces (allocates waiting at
+/// most `max_wait`).
+pub fn openapi(max_wait: Duration) -> serde_json::Value {
     let derived = serde_json::to_value(ApiDoc::openapi()).expect("the document serializes");
-    document::with_limits(derived)
+    document::with_limits(derived, max_wait)
 }
 
 /// The router of the whole API.
 pub fn app(state: AppState) -> Router {
-    let document = Arc::new(openapi());
+    let document = Arc::new(openapi(state.max_wait));
     Router::new()
         .route("/healthz", get(routes::healthz))
         .route("/metrics", get(metrics::scrape))
@@ -141,14 +151,14 @@ pub fn app(state: AppState) -> Router {
         .with_state(state)
 }
 
-/// Serves the API on `listener` until `shutdown` completes, then shuts down gracefully and
-/// shuts the store down (answering waiters, flushing).
+/// Serves the API over `state` on `listener` until `shutdown` completes, then shuts down
+/// gracefully and shuts the store down (answering waiters, flushing).
 pub async fn run(
     listener: TcpListener,
-    store: Arc<dyn Store>,
+    state: AppState,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> std::io::Result<()> {
-    let state = AppState::new(store.clone());
+    let store = state.store.clone();
     let (closing_tx, closing_rx) = tokio::sync::oneshot::channel();
     let graceful = {
         let store = store.clone();

@@ -2,7 +2,7 @@
 //! `Store` call.
 
 use allot_api as api;
-use allot_core::pool::OFFER_ID;
+use allot_core::pool::{AllocState, OFFER_ID};
 use axum::extract::State;
 use axum::http::StatusCode;
 use axum::Json;
@@ -125,16 +125,20 @@ pub(crate) async fn list_allocs(
     Ok(Json(api::AllocList { allocs: allocs.into_iter().map(|a| convert::alloc(a, None, now)).collect() }))
 }
 
-/// Inspects an alloc, live or ended (kept for a while after it ends, with the reason).
+/// Inspects an alloc: 200 while it lives; 410 Gone once it has ended, with its record (kept for
+/// a while after it ends, saying why it ended).
 #[utoipa::path(get, path = "/v1/pools/{pool}/allocs/{alloc}", tag = "pools",
     params(("pool" = String, Path), ("alloc" = String, Path, description = "16 hex digits")),
-    responses((status = 400, body = api::ErrorBody, description = "invalid_name, invalid_resources, invalid_argument or invalid_json"), (status = 503, body = api::ErrorBody, description = "store_unavailable, store_outcome_unknown or shutting_down"), (status = 200, body = api::Alloc), (status = 404, body = api::ErrorBody, description = "alloc_not_found")))]
+    responses((status = 400, body = api::ErrorBody, description = "invalid_name, invalid_resources, invalid_argument or invalid_json"), (status = 503, body = api::ErrorBody, description = "store_unavailable, store_outcome_unknown or shutting_down"), (status = 200, body = api::Alloc, description = "a live alloc"),
+        (status = 410, body = api::Alloc, description = "an ended alloc's record: `ended` says why"),
+        (status = 404, body = api::ErrorBody, description = "alloc_not_found")))]
 pub(crate) async fn get_alloc(
     State(state): State<AppState>,
     Segments((name, id)): Segments<(String, String)>,
-) -> Answer<api::Alloc> {
+) -> Result<(StatusCode, Json<api::Alloc>), ApiError> {
     let found = state.store.inspect_alloc(convert::pool_name(&name)?, convert::alloc_id(&id)?).await?;
-    Ok(Json(convert::alloc_state(found, state.store.now())))
+    let status = if matches!(found, AllocState::Live(_)) { StatusCode::OK } else { StatusCode::GONE };
+    Ok((status, Json(convert::alloc_state(found, state.store.now()))))
 }
 
 /// Frees an alloc; freeing an ended alloc answers its record again.
@@ -149,12 +153,12 @@ pub(crate) async fn free_alloc(
     Ok(Json(convert::ended_alloc(ended, state.store.now())))
 }
 
-/// Renews an alloc's lease; answers the interval granted. `alloc_ended` (410) is final.
+/// Renews an alloc's lease; answers the interval granted. `alloc_ended` (409) is final.
 #[utoipa::path(post, path = "/v1/pools/{pool}/allocs/{alloc}/keepalive", tag = "pools",
     params(("pool" = String, Path), ("alloc" = String, Path)),
     request_body = api::AllocKeepalive,
     responses((status = 400, body = api::ErrorBody, description = "invalid_name, invalid_resources, invalid_argument or invalid_json"), (status = 503, body = api::ErrorBody, description = "store_unavailable, store_outcome_unknown or shutting_down"), (status = 200, body = api::AllocKeepaliveResponse),
-        (status = 410, body = api::ErrorBody, description = "alloc_ended: freed or reclaimed; stop keeping it alive"),
+        (status = 409, body = api::ErrorBody, description = "alloc_ended: freed or reclaimed; stop keeping it alive"),
         (status = 404, body = api::ErrorBody)))]
 pub(crate) async fn keepalive_alloc(
     State(state): State<AppState>,

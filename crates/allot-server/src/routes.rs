@@ -113,7 +113,7 @@ pub(crate) async fn allocate(
     Segments((name, token)): Segments<(String, String)>,
     JsonBody(body): JsonBody<api::Allocate>,
 ) -> Answer<api::AllocateResponse> {
-    let (request, wait) = convert::allocate_request(&name, &token, body)?;
+    let (request, wait) = convert::allocate_request(&name, &token, body, state.max_wait)?;
     let allocation = state.store.allocate(request, wait).await?;
     Ok(Json(convert::allocation(allocation)))
 }

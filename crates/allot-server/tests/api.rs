@@ -147,6 +147,9 @@ const BAD_INPUT: &[(&str, &str, &str, u16, &str)] = &[
     ("PUT", "/v1/namespaces/a/b", r#"{"quota": 1}"#, 404, "not_found"),
     ("PUT", "/v1/namespaces/hive/grants/a%2Fb", "{}", 400, "invalid_name"),
     ("PUT", "/v1/namespaces/hive/grants/t", r#"[1]"#, 400, "invalid_json"),
+    ("PUT", "/v1/namespaces/hive/grants/t", r#"{"scope": {"project": "p", "namespace": "d"}, "caps": [1, 2]}"#, 400, "invalid_json"),
+    ("PUT", "/v1/namespaces/hive/grants/t", r#"{"scope": ["p", "d"]}"#, 400, "invalid_json"),
+    ("PUT", "/v1/namespaces/hive/grants/t", r#"{"units": 1.5}"#, 400, "invalid_json"),
     ("PUT", "/v1/namespaces/x", "", 400, "invalid_json"),
     ("PUT", "/v1/namespaces/a::b", r#"{"quota": 1}"#, 400, "invalid_name"),
     ("PUT", "/v1/namespaces/a:", r#"{"quota": 1}"#, 400, "invalid_name"),
@@ -317,8 +320,9 @@ async fn pools_offers_and_allocs_over_the_api() {
     let (status, body) = h.call(Method::DELETE, &path, "").await;
     assert_eq!((status, body["ended"].clone()), (StatusCode::OK, json!("freed")), "{body}");
     let (status, body) = h.call(Method::POST, &format!("{path}/keepalive"), r#"{"interval_ms": 1000}"#).await;
-    assert_eq!((status, body["error"]["code"].clone()), (StatusCode::GONE, json!("alloc_ended")), "{body}");
-    let (_, body) = h.call(Method::GET, &path, "").await;
+    assert_eq!((status, body["error"]["code"].clone()), (StatusCode::CONFLICT, json!("alloc_ended")), "{body}");
+    let (status, body) = h.call(Method::GET, &path, "").await;
+    assert_eq!(status, StatusCode::GONE, "an ended alloc is gone");
     assert_eq!(body["ended"], "freed", "an ended alloc can still be inspected");
 
     let (_, body) = h.call(Method::POST, "/v1/pools/worker-1/stop-if-idle", r#"{"idle_ms": 0}"#).await;

@@ -54,6 +54,10 @@ pub(crate) struct ServeArgs {
     /// The longest lease one keepalive grants [default: 5m].
     #[arg(long, value_name = "DURATION", value_parser = crate::duration::parse)]
     alloc_max_lease: Option<std::time::Duration>,
+    /// The longest an allocate may wait for room (`wait_ms`), at most 5m; keep it below the idle
+    /// timeout of any proxy in front of the daemon [default: 5m].
+    #[arg(long, value_name = "DURATION", env = "ALLOT_MAX_WAIT", value_parser = crate::duration::parse)]
+    max_wait: Option<std::time::Duration>,
     /// Worker threads of the daemon [default: one per CPU less one, at least one: the store
     /// (Redis, or the embedded store's commit thread) needs a CPU too].
     #[arg(long, env = "ALLOT_THREADS", value_parser = clap::value_parser!(u16).range(1..=1024))]
@@ -98,6 +102,8 @@ struct ConfigFile {
     /// Lease rules of allocs.
     #[serde(default)]
     alloc_leases: AllocLeases,
+    /// The longest an allocate may wait, e.g. `60s` (default and most `5m`).
+    max_wait: Option<String>,
 }
 
 /// `[alloc_leases]`: durations such as `2m` or `30s`.
@@ -123,6 +129,7 @@ struct Config {
     quotas: Vec<(NamespaceName, u64)>,
     pools: Vec<(PoolName, Resources)>,
     pool_rules: LeaseRules,
+    max_wait: std::time::Duration,
 }
 
 /// The lease rules from the file's `[alloc_leases]` and the flags (which win).
@@ -214,9 +221,18 @@ fn resolve(args: &ServeArgs) -> anyhow::Result<Config> {
             Ok((pool, capacity))
         })
         .collect::<anyhow::Result<Vec<_>>>()?;
+    let max_wait = match (args.max_wait, &file.max_wait) {
+        (Some(flag), _) => flag,
+        (None, Some(text)) => crate::duration::parse(text).map_err(|err| anyhow::anyhow!("max_wait: {err}"))?,
+        (None, None) => allot_store::MAX_WAIT,
+    };
+    if max_wait > allot_store::MAX_WAIT {
+        bail!("--max-wait (max_wait) is {max_wait:?}; the most is 5m");
+    }
     Ok(Config {
         pools,
         pool_rules,
+        max_wait,
         listen: args.listen.or(file.listen).unwrap_or_else(|| DEFAULT_LISTEN.parse().expect("valid address")),
         data_dir,
         store: store_choice(args.store.as_deref().or(file.store.as_deref()))?,
@@ -315,7 +331,8 @@ pub(crate) async fn run(args: ServeArgs) -> anyhow::Result<()> {
     tracing::info!(%address, data_dir = %config.data_dir.display(), backend = store.backend(), "allot serving");
     // The one line on stdout: scripts and tests read the address from it.
     println!("allot listening on http://{address}");
-    allot_server::run(listener, store, shutdown_signal()).await.context("server failed")
+    let state = allot_server::AppState::new(store).with_max_wait(config.max_wait);
+    allot_server::run(listener, state, shutdown_signal()).await.context("server failed")
 }
 
 /// This machine's resources [Reflow's local pool]: cpu from the available parallelism, memory
