@@ -481,7 +481,8 @@ impl fmt::Display for HumanResources<'_> {
 /// A byte quantity for people: the exact text when it has a unit and at most one fractional
 /// digit, else one fractional digit of the largest binary unit it fills (or whole bytes).
 fn human_bytes(milli: u64) -> String {
-    const UNITS: [(&str, u64); 5] = [("KiB", 1 << 10), ("MiB", 1 << 20), ("GiB", 1 << 30), ("TiB", 1 << 40), ("PiB", 1 << 50)];
+    const UNITS: [(&str, u64); 5] =
+        [("KiB", 1 << 10), ("MiB", 1 << 20), ("GiB", 1 << 30), ("TiB", 1 << 40), ("PiB", 1 << 50)];
     let exact = bytes_text(milli);
     let number = exact.trim_end_matches(|c: char| c.is_ascii_alphabetic());
     let fraction_digits = number.split_once('.').map_or(0, |(_, fraction)| fraction.len());
@@ -490,7 +491,7 @@ fn human_bytes(milli: u64) -> String {
     }
     let bytes = u128::from(milli) / u128::from(MILLI);
     let Some(mut unit) = UNITS.iter().rposition(|&(_, size)| bytes >= u128::from(size)) else {
-        return if milli % MILLI == 0 { format!("{bytes}B") } else { format!("{}B", decimal(milli)) };
+        return format!("{}B", decimal(milli));
     };
     // Tenths of the unit, rounded to nearest; 1023.96KiB rounds up into the next unit.
     let tenths = |unit: usize| (bytes * 10 + u128::from(UNITS[unit].1) / 2) / u128::from(UNITS[unit].1);

@@ -214,7 +214,11 @@ fn a_fencing_checkpoint_makes_the_exact_next_number_durable() {
     let mut restored = Ledger::restore(vec![(ns("hive"), 10, 4)], vec![], vec![], grants).unwrap();
     let (grant, effects) = restored.allocate(req("hive", "d", 1), 0, false).unwrap();
     assert_eq!(granted(&grant).fencing, 4);
-    assert!(effects.changes.contains(&Change::Namespace { name: ns("hive"), quota: 10, next_fencing: 5 + FENCING_BLOCK }));
+    assert!(effects.changes.contains(&Change::Namespace {
+        name: ns("hive"),
+        quota: 10,
+        next_fencing: 5 + FENCING_BLOCK
+    }));
     // The same holds on the ledger that wrote the checkpoint.
     let (grant, effects) = ledger.allocate(req("hive", "e", 1), 0, false).unwrap();
     assert_eq!(granted(&grant).fencing, 4);

@@ -719,9 +719,7 @@ async fn allocate_waiting(
         let (reason, refused) = match &outcome {
             // The daemon's wait starts after `sent`, so a wait that ran its course is never early.
             Ok(answer)
-                if answer.status != Status::Granted
-                    && answer.queue.is_some()
-                    && took < Duration::from_millis(left) =>
+                if answer.status != Status::Granted && answer.queue.is_some() && took < Duration::from_millis(left) =>
             {
                 ("it ended the wait early: it is shutting down".to_owned(), false)
             }

@@ -190,7 +190,11 @@ async fn run_pool(command: &PoolCommand) -> Result<u8, ClientError> {
         PoolCommand::Rm { pool, force, common } => {
             let answer = client(common)?.remove_pool(pool, *force).await?;
             emit(common, &answer, |answer| {
-                format!("removed pool {} ({} ended)\n", show(&answer.name), count(answer.allocs_ended, "alloc", "allocs"))
+                format!(
+                    "removed pool {} ({} ended)\n",
+                    show(&answer.name),
+                    count(answer.allocs_ended, "alloc", "allocs")
+                )
             })
         }
         PoolCommand::Offers { pool, common } => {

@@ -389,7 +389,10 @@ mod tests {
     fn serve_help_lists_every_configuration_key() {
         let top = keys_of::<ConfigFile>("");
         let leases = keys_of::<ConfigFile>("[alloc_leases]\n");
-        assert!(top.contains(&"alloc_leases".to_owned()) && leases.contains(&"retention".to_owned()), "{top:?} {leases:?}");
+        assert!(
+            top.contains(&"alloc_leases".to_owned()) && leases.contains(&"retention".to_owned()),
+            "{top:?} {leases:?}"
+        );
         for key in top.iter().chain(&leases) {
             let listed = SERVE_AFTER_HELP.lines().any(|line| {
                 let line = line.trim_start();
@@ -398,7 +401,12 @@ mod tests {
             assert!(listed, "`{key}` is missing from `allot serve --help`");
         }
         // The example in the help is a valid file.
-        let example: String = SERVE_AFTER_HELP.lines().take_while(|line| !line.starts_with("Flags")).skip(1).map(|line| line.to_owned() + "\n").collect();
+        let example: String = SERVE_AFTER_HELP
+            .lines()
+            .take_while(|line| !line.starts_with("Flags"))
+            .skip(1)
+            .map(|line| line.to_owned() + "\n")
+            .collect();
         let file: ConfigFile = toml::from_str(&example).unwrap_or_else(|err| panic!("{err}\n{example}"));
         assert_eq!(file.alloc_leases.retention.as_deref(), Some("1h"));
     }

@@ -145,7 +145,8 @@ async fn a_waiting_alloc_says_the_daemon_restarted_and_waits_again() {
     let (stdout, stderr) = (String::from_utf8_lossy(&output.stdout), String::from_utf8_lossy(&output.stderr));
     assert_eq!(code(&output), 0, "{stdout}{stderr}");
     assert!(stdout.starts_with("granted gpu token next"), "{stdout}");
-    let notes: Vec<&str> = stderr.lines().filter(|line| line.contains("restarted or went away while waiting")).collect();
+    let notes: Vec<&str> =
+        stderr.lines().filter(|line| line.contains("restarted or went away while waiting")).collect();
     assert_eq!(notes.len(), 2, "one note per restart: {stderr}");
     assert!(notes[0].contains("shutting down") && notes[0].contains("allocate is idempotent"), "{stderr}");
     assert!(!stderr.contains("error"), "{stderr}");
@@ -154,9 +155,10 @@ async fn a_waiting_alloc_says_the_daemon_restarted_and_waits_again() {
 #[tokio::test]
 async fn quiet_prints_only_ids_and_options_go_before_or_after_the_command() {
     let (_dir, data) = data_dir();
-    let daemon = tokio::task::spawn_blocking(move || Daemon::start(&data, &["--pool", "worker-1=cpu=4,mem=24051816857"]))
-        .await
-        .unwrap();
+    let daemon =
+        tokio::task::spawn_blocking(move || Daemon::start(&data, &["--pool", "worker-1=cpu=4,mem=24051816857"]))
+            .await
+            .unwrap();
     tokio::task::spawn_blocking(move || {
         let d = &daemon;
         let text = |output: &Output| String::from_utf8_lossy(&output.stdout).into_owned();
