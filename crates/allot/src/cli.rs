@@ -715,16 +715,19 @@ async fn allocate_waiting(
         let left = millis(deadline.saturating_duration_since(Instant::now()));
         let sent = Instant::now();
         let outcome = client.allocate(namespace, token, &Allocate { wait_ms: Some(left), ..request.clone() }).await;
-        let took = sent.elapsed();
-        let (reason, refused) = match &outcome {
+        // `went_away`: the daemon took the request and then ended it: a new outage begins.
+        let (reason, refused, went_away) = match &outcome {
             // The daemon's wait starts after `sent`, so a wait that ran its course is never early.
             Ok(answer)
-                if answer.status != Status::Granted && answer.queue.is_some() && took < Duration::from_millis(left) =>
+                if answer.status != Status::Granted
+                    && answer.queue.is_some()
+                    && sent.elapsed() < Duration::from_millis(left) =>
             {
-                ("it ended the wait early: it is shutting down".to_owned(), false)
+                ("it ended the wait early: it is shutting down".to_owned(), false, true)
             }
             Err(err) if err.is_retryable() && !err.is_timeout() => {
-                (err.to_string(), matches!(err, ClientError::Http(http) if http.is_connect()))
+                let refused = matches!(err, ClientError::Http(http) if http.is_connect());
+                (err.to_string(), refused, matches!(err, ClientError::Http(_)) && !refused)
             }
             _ => return outcome,
         };
@@ -737,11 +740,7 @@ async fn allocate_waiting(
         if left.is_zero() {
             return outcome;
         }
-        // An attempt the daemon held for a while was waiting again: a failure now is a new outage.
-        if took >= Duration::from_secs(1) {
-            reported = false;
-        }
-        if !reported {
+        if went_away || !reported {
             eprintln!(
                 "note: the daemon at {} restarted or went away while waiting ({reason}); retrying the wait for the \
                  {} left (allocate is idempotent; the place in the queue is not kept)",

@@ -149,7 +149,8 @@ async fn a_waiting_alloc_says_the_daemon_restarted_and_waits_again() {
         stderr.lines().filter(|line| line.contains("restarted or went away while waiting")).collect();
     assert_eq!(notes.len(), 2, "one note per restart: {stderr}");
     assert!(notes[0].contains("shutting down") && notes[0].contains("allocate is idempotent"), "{stderr}");
-    assert!(!stderr.contains("error"), "{stderr}");
+    assert!(notes[1].contains("connection closed"), "{stderr}");
+    assert!(!stderr.lines().any(|line| line.starts_with("error")), "{stderr}");
 }
 
 #[tokio::test]
