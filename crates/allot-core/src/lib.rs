@@ -15,9 +15,10 @@ pub mod resources;
 pub mod testing;
 
 pub use ledger::{
-    check_request, check_session_ttl, grant_conflict, waiter_conflict, Conflict, AllocateRequest, CapLevel, Change, Constraints, Decision, Effects,
-    Grant, Lease, LeaseRequest, Ledger, LedgerError, Millis, NamespaceStats, NamespaceView, QueuePlace, Refusal,
-    RestoreError, Session, WaiterId, WaiterView, Woken, FENCING_BLOCK, MAX_TTL_MS, MAX_UNITS,
+    check_request, check_session_ttl, grant_conflict, waiter_conflict, AllocateRequest, CapLevel, Change, Conflict,
+    Constraints, Decision, Effects, Grant, Lease, LeaseRequest, Ledger, LedgerError, Millis, NamespaceStats,
+    NamespaceView, QueuePlace, Refusal, RestoreError, Session, WaiterId, WaiterView, Woken, FENCING_BLOCK, MAX_TTL_MS,
+    MAX_UNITS,
 };
-pub use names::{NameError, NamespaceName, Scope, SessionId, Token, MAX_NAME_CHARS, NAME_PATTERN, NAMESPACE_PATTERN};
+pub use names::{NameError, NamespaceName, Scope, SessionId, Token, MAX_NAME_CHARS, NAMESPACE_PATTERN, NAME_PATTERN};
 pub use resources::{ResourceName, Resources, ResourcesError, SizeWeights};

@@ -514,7 +514,8 @@ impl Pools {
     ) -> Result<(bool, u64, Vec<PoolChange>), PoolError> {
         check_idle(idle_ms)?;
         let pool = self.pools.get(name).ok_or_else(|| PoolError::PoolNotFound(name.clone()))?;
-        let until_idle = pool.allocs.values().map(|a| a.expires.saturating_add(idle_ms).saturating_sub(now)).max().unwrap_or(0);
+        let until_idle =
+            pool.allocs.values().map(|a| a.expires.saturating_add(idle_ms).saturating_sub(now)).max().unwrap_or(0);
         if until_idle > 0 {
             return Ok((false, until_idle, Vec::new()));
         }

@@ -88,7 +88,10 @@ fn a_retry_must_ask_for_the_lease_it_was_granted() {
     let no_lease = AllocateRequest { lease: LeaseRequest::None, ..with_ttl.clone() };
     assert!(matches!(ledger.allocate(no_lease, 1, false), Err(LedgerError::TokenConflict { field: "ttl_ms", .. })));
     let session = AllocateRequest { lease: LeaseRequest::Session(id), ..with_ttl };
-    assert!(matches!(ledger.allocate(session.clone(), 1, false), Err(LedgerError::TokenConflict { field: "session", .. })));
+    assert!(matches!(
+        ledger.allocate(session.clone(), 1, false),
+        Err(LedgerError::TokenConflict { field: "session", .. })
+    ));
     // A grant of a session retried without it, or with another session, is a conflict too.
     let other = SessionId(2);
     ledger.open_session(other, 60_000, 0).unwrap();
@@ -113,7 +116,9 @@ fn a_retried_wait_must_ask_for_the_same_lease() {
     let other = AllocateRequest { lease: LeaseRequest::Ttl { ttl_ms: 9_000 }, ..waiting };
     let err = ledger.allocate(other, 1, true).unwrap_err();
     assert!(matches!(err, LedgerError::TokenConflict { field: "ttl_ms", waiting: true, .. }), "{err:?}");
-    assert!(err.to_string().contains("already waiting with a different ttl_ms (waiting for: ttl_ms 5000; asked: ttl_ms 9000)"));
+    assert!(err
+        .to_string()
+        .contains("already waiting with a different ttl_ms (waiting for: ttl_ms 5000; asked: ttl_ms 9000)"));
 }
 
 #[test]

@@ -7,6 +7,8 @@ use allot_core::resources::resources_pattern;
 use allot_core::{MAX_NAME_CHARS, MAX_TTL_MS, MAX_UNITS, NAMESPACE_PATTERN, NAME_PATTERN};
 use serde_json::{json, Value};
 
+use crate::convert::MIN_LEASE_MS;
+
 /// A session id: 32 hexadecimal digits.
 const SESSION_ID_PATTERN: &str = "^[0-9a-fA-F]{32}$";
 /// An alloc id: 16 hexadecimal digits.
@@ -70,14 +72,14 @@ pub(crate) fn with_limits(mut doc: Value, max_wait: std::time::Duration) -> Valu
     let fields = [
         ("PutNamespace", "quota", range(0, MAX_UNITS)),
         ("Allocate", "units", range(1, MAX_UNITS)),
-        ("Allocate", "ttl_ms", range(1, MAX_TTL_MS)),
+        ("Allocate", "ttl_ms", range(MIN_LEASE_MS, MAX_TTL_MS)),
         ("Allocate", "wait_ms", range(0, wait_ms)),
         ("Allocate", "session", json!({"pattern": SESSION_ID_PATTERN})),
         ("Caps", "project", range(0, MAX_UNITS)),
         ("Caps", "namespace", range(0, MAX_UNITS)),
         ("Scope", "project", name()),
         ("Scope", "namespace", name()),
-        ("OpenSession", "ttl_ms", range(1, MAX_TTL_MS)),
+        ("OpenSession", "ttl_ms", range(MIN_LEASE_MS, MAX_TTL_MS)),
         ("AllocKeepalive", "interval_ms", json!({"minimum": 1})),
         ("StopIfIdle", "idle_ms", range(0, MAX_IDLE_MS)),
         ("PutPool", "capacity", resources(true)),

@@ -74,9 +74,7 @@ impl From<PoolError> for ApiError {
             PoolError::AllocIdTaken { .. } => (StatusCode::CONFLICT, "alloc_id_taken"),
             // It can never fit (unless the capacity is raised): try another pool.
             PoolError::ExceedsCapacity { .. } => (StatusCode::CONFLICT, "exceeds_capacity"),
-            PoolError::EmptyRequest | PoolError::OutOfRange { .. } => {
-                (StatusCode::BAD_REQUEST, "invalid_argument")
-            }
+            PoolError::EmptyRequest | PoolError::OutOfRange { .. } => (StatusCode::BAD_REQUEST, "invalid_argument"),
         };
         ApiError::new(status, code, err.to_string())
     }

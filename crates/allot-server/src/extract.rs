@@ -31,7 +31,9 @@ where
         let text: &[u8] = match bytes.iter().find(|b| !b.is_ascii_whitespace()) {
             None => b"{}",
             Some(b'{') => &bytes,
-            Some(_) => return Err(ApiError::invalid_json("the request body must be a JSON object, e.g. {\"quota\": 10}")),
+            Some(_) => {
+                return Err(ApiError::invalid_json("the request body must be a JSON object, e.g. {\"quota\": 10}"))
+            }
         };
         match serde_json::from_slice(text) {
             Ok(value) => Ok(JsonBody(value)),

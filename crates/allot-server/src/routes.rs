@@ -172,7 +172,7 @@ pub(crate) async fn open_session(
     State(state): State<AppState>,
     JsonBody(body): JsonBody<api::OpenSession>,
 ) -> Result<(StatusCode, Json<api::Session>), ApiError> {
-    let info = state.store.open_session(body.ttl_ms).await?;
+    let info = state.store.open_session(convert::lease_ttl(body.ttl_ms)?).await?;
     Ok((StatusCode::CREATED, Json(convert::session(info))))
 }
 

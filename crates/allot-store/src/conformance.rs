@@ -143,8 +143,11 @@ async fn a_retry_must_match_the_lease(store: &dyn Store) {
     assert!(matches!(err, StoreError::Ledger(LedgerError::TokenConflict { field: "session", .. })), "{err:?}");
     let unscoped = AllocateRequest { units: 2, ..with_ttl };
     let err = store.allocate(unscoped, Duration::ZERO).await.unwrap_err();
-    assert!(matches!(&err, StoreError::Ledger(LedgerError::TokenConflict { field: "units", held, asked, .. })
-        if held == "1" && asked == "2"), "{err:?}");
+    assert!(
+        matches!(&err, StoreError::Ledger(LedgerError::TokenConflict { field: "units", held, asked, .. })
+        if held == "1" && asked == "2"),
+        "{err:?}"
+    );
     store.close_session(session).await.unwrap();
 }
 
