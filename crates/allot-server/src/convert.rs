@@ -8,7 +8,7 @@ use allot_core::pool::{
 };
 use allot_core::{
     AllocateRequest, Constraints, Lease, LeaseRequest, Millis, NamespaceName, NamespaceView, Refusal, Resources, Scope,
-    SessionId, Token, WaiterView, MAX_TTL_MS,
+    SessionId, Token, WaiterView, MAX_TTL_MS, MAX_UNITS,
 };
 use allot_store::{Allocation, GrantInfo, SessionInfo};
 
@@ -38,6 +38,16 @@ pub(crate) fn lease_ttl(ttl_ms: u64) -> Result<u64, ApiError> {
         )));
     }
     Ok(ttl_ms)
+}
+
+/// Checks a fencing number a release or keepalive names: fencing numbers stay below 2^53.
+pub(crate) fn fencing(fencing: Option<u64>) -> Result<Option<u64>, ApiError> {
+    match fencing {
+        Some(value) if value > MAX_UNITS => Err(ApiError::invalid_argument(format!(
+            "fencing must be at most {MAX_UNITS} (fencing numbers stay below 2^53), got {value}"
+        ))),
+        other => Ok(other),
+    }
 }
 
 /// An allocate body and its path, as a request, with how long it may wait.

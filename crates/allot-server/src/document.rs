@@ -61,9 +61,13 @@ pub(crate) fn with_limits(mut doc: Value, max_wait: std::time::Duration) -> Valu
                 }
             }
             let Some(parameters) = operation.get_mut("parameters").and_then(Value::as_array_mut) else { continue };
-            for parameter in parameters.iter_mut().filter(|p| p["in"] == "path") {
-                if let Some((_, schema)) = path_params.iter().find(|(name, _)| parameter["name"] == *name) {
-                    parameter["schema"] = schema.clone();
+            for parameter in parameters.iter_mut() {
+                if parameter["in"] == "path" {
+                    if let Some((_, schema)) = path_params.iter().find(|(name, _)| parameter["name"] == *name) {
+                        parameter["schema"] = schema.clone();
+                    }
+                } else if parameter["in"] == "query" && parameter["name"] == "fencing" {
+                    parameter["schema"]["maximum"] = json!(MAX_UNITS);
                 }
             }
         }
@@ -80,6 +84,7 @@ pub(crate) fn with_limits(mut doc: Value, max_wait: std::time::Duration) -> Valu
         ("Scope", "project", name()),
         ("Scope", "namespace", name()),
         ("OpenSession", "ttl_ms", range(MIN_LEASE_MS, MAX_TTL_MS)),
+        ("Keepalive", "fencing", range(0, MAX_UNITS)),
         ("AllocKeepalive", "interval_ms", json!({"minimum": 1})),
         ("StopIfIdle", "idle_ms", range(0, MAX_IDLE_MS)),
         ("PutPool", "capacity", resources(true)),

@@ -136,7 +136,10 @@ pub(crate) async fn release(
     Segments((name, token)): Segments<(String, String)>,
     QueryArgs(query): QueryArgs<FencingQuery>,
 ) -> Answer<api::ReleaseResponse> {
-    let released = state.store.release(convert::namespace_name(&name)?, convert::token(&token)?, query.fencing).await?;
+    let released = state
+        .store
+        .release(convert::namespace_name(&name)?, convert::token(&token)?, convert::fencing(query.fencing)?)
+        .await?;
     Ok(Json(api::ReleaseResponse { released: released.is_some(), grant: released.map(convert::grant) }))
 }
 
@@ -150,8 +153,10 @@ pub(crate) async fn keepalive_grant(
     Segments((name, token)): Segments<(String, String)>,
     JsonBody(body): JsonBody<api::Keepalive>,
 ) -> Answer<api::Grant> {
-    let info =
-        state.store.keepalive_grant(convert::namespace_name(&name)?, convert::token(&token)?, body.fencing).await?;
+    let info = state
+        .store
+        .keepalive_grant(convert::namespace_name(&name)?, convert::token(&token)?, convert::fencing(body.fencing)?)
+        .await?;
     Ok(Json(convert::grant(info)))
 }
 

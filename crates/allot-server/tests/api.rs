@@ -189,6 +189,8 @@ const BAD_INPUT: &[(&str, &str, &str, u16, &str)] = &[
     ("PUT", "/v1/namespaces/nope/grants/t", "{}", 404, "namespace_not_found"),
     ("DELETE", "/v1/namespaces/hive/grants/held?fencing=99", "", 409, "stale_fencing"),
     ("DELETE", "/v1/namespaces/hive/grants/held?fencing=abc", "", 400, "invalid_argument"),
+    ("DELETE", "/v1/namespaces/hive/grants/held?fencing=9223372036854775808", "", 400, "invalid_argument"),
+    ("POST", "/v1/namespaces/hive/grants/held/keepalive", r#"{"fencing": 9007199254740992}"#, 400, "invalid_argument"),
     ("DELETE", "/v1/namespaces/hive", "", 409, "namespace_in_use"),
     ("DELETE", "/v1/namespaces/nope", "", 404, "namespace_not_found"),
     ("POST", "/v1/namespaces/hive/grants/missing/keepalive", "", 404, "grant_not_found"),
