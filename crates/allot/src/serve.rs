@@ -12,7 +12,7 @@ use allot_store::{EmbeddedConfig, EmbeddedStore, Store};
 use allot_store_redis::{RedisConfig, RedisStore};
 use anyhow::{bail, Context};
 use serde::Deserialize;
-use tracing_subscriber::EnvFilter;
+use tracing_subscriber::filter::Targets;
 
 /// The default listen address: loopback only.
 pub(crate) const DEFAULT_LISTEN: &str = "127.0.0.1:7070";
@@ -264,16 +264,27 @@ fn resolve(args: &ServeArgs) -> anyhow::Result<Config> {
     })
 }
 
+/// Logs on stderr, filtered by `RUST_LOG`: a level (`info`, the default) and `target=level`
+/// items, comma-separated (e.g. `info,allot_store=debug`).
 fn init_logging(format: LogFormat) {
-    let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info"));
     use std::io::IsTerminal;
-    let builder = tracing_subscriber::fmt()
-        .with_env_filter(filter)
-        .with_writer(std::io::stderr)
-        .with_ansi(std::io::stderr().is_terminal());
+    use tracing_subscriber::layer::SubscriberExt;
+    use tracing_subscriber::util::SubscriberInitExt;
+    let (filter, bad) = match std::env::var("RUST_LOG") {
+        Ok(text) if !text.trim().is_empty() => match text.parse::<Targets>() {
+            Ok(filter) => (filter, None),
+            Err(err) => (Targets::new().with_default(tracing::Level::INFO), Some(format!("`{text}`: {err}"))),
+        },
+        _ => (Targets::new().with_default(tracing::Level::INFO), None),
+    };
+    let ansi = std::io::stderr().is_terminal();
+    let registry = tracing_subscriber::registry().with(filter);
     match format {
-        LogFormat::Text => builder.init(),
-        LogFormat::Json => builder.json().init(),
+        LogFormat::Text => registry.with(tracing_subscriber::fmt::layer().with_writer(std::io::stderr).with_ansi(ansi)).init(),
+        LogFormat::Json => registry.with(tracing_subscriber::fmt::layer().json().with_writer(std::io::stderr)).init(),
+    }
+    if let Some(bad) = bad {
+        tracing::warn!("RUST_LOG is not a filter ({bad}); logging at info");
     }
 }
 
