@@ -24,7 +24,7 @@ pub use resources::{ResourceName, Resources, ResourcesError, SizeWeights};
 
 /// The `limit` smallest items by `key` whose keys come after `after`, in key order: one page of
 /// an unordered collection. O(n) to select, then O(limit log limit) to sort the page.
-pub(crate) fn first_after<T, K: Ord + ?Sized>(
+pub fn first_after<T, K: Ord + ?Sized>(
     items: impl Iterator<Item = T>,
     key: impl Fn(&T) -> &K,
     after: Option<&K>,
