@@ -12,6 +12,8 @@ mod convert;
 mod error;
 mod extract;
 mod metrics;
+mod page;
+pub use page::DEFAULT_PAGE;
 mod pool_routes;
 mod routes;
 
@@ -27,7 +29,7 @@ use tokio::net::TcpListener;
 use utoipa::OpenApi;
 
 pub use error::ApiError;
-pub use metrics::Metrics;
+pub use metrics::{Metrics, MetricsConfig};
 
 /// The largest request body: bodies are small JSON objects.
 pub const MAX_BODY_BYTES: usize = 64 * 1024;
@@ -40,8 +42,15 @@ pub struct AppState {
 }
 
 impl AppState {
+    /// The state over `store`, with metrics that select no namespace or pool (totals only).
     pub fn new(store: Arc<dyn Store>) -> AppState {
         AppState { store, metrics: Arc::new(Metrics::default()) }
+    }
+
+    /// The same, with series of their own at `/metrics` for what `config` selects.
+    #[must_use]
+    pub fn with_metrics(self, config: MetricsConfig) -> AppState {
+        AppState { metrics: Arc::new(Metrics::new(config)), ..self }
     }
 }
 
@@ -52,11 +61,15 @@ impl AppState {
         description = "A resource manager for task executions: token quotas with caps, leases, sessions, \
 fencing numbers and a first-come-first-served waiting queue.\n\n\
 Every error answer has the body `{\"error\": {\"code\": ..., \"message\": ...}}`. Codes: invalid_json, \
-invalid_argument, invalid_name, caps_without_scope (400); namespace_not_found, grant_not_found, \
+invalid_argument, invalid_name, invalid_cursor, caps_without_scope (400); namespace_not_found, grant_not_found, \
 session_not_found, not_found (404); method_not_allowed (405); stale_fencing, token_conflict, \
 units_exceed_quota, namespace_in_use (409); payload_too_large (413); store_unavailable, \
 store_outcome_unknown, shutting_down (503); internal (500). Pools: invalid_resources (400); pool_not_found, \
-alloc_not_found (404); offer_expired, pool_stopped, pool_in_use (409); alloc_ended (410)."
+alloc_not_found (404); offer_expired, pool_stopped, pool_in_use (409); alloc_ended (410).\n\n\
+Lists (namespaces, grants, waiters, sessions, pools, allocs) come in pages: `limit` items (1 to 1000, default 100) \
+from `cursor` (the `next_cursor` of the page before; none for the first page). `next_cursor` is null on the last \
+page. A cursor is opaque and does not expire: a page read after changes neither repeats nor skips an item that \
+stayed listed."
     ),
     paths(
         routes::healthz,
@@ -135,14 +148,14 @@ pub fn app(state: AppState) -> Router {
         .with_state(state)
 }
 
-/// Serves the API on `listener` until `shutdown` completes, then shuts down gracefully and
-/// shuts the store down (answering waiters, flushing).
+/// Serves the API over `state` on `listener` until `shutdown` completes, then shuts down
+/// gracefully and shuts the store down (answering waiters, flushing).
 pub async fn run(
     listener: TcpListener,
-    store: Arc<dyn Store>,
+    state: AppState,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> std::io::Result<()> {
-    let state = AppState::new(store.clone());
+    let store = state.store.clone();
     let (closing_tx, closing_rx) = tokio::sync::oneshot::channel();
     let graceful = {
         let store = store.clone();
