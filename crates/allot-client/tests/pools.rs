@@ -43,7 +43,7 @@ impl Daemon {
             Arc::new(EmbeddedStore::open(&EmbeddedConfig { data_dir: dir.to_owned() }).unwrap());
         let (stop, stopped) = oneshot::channel::<()>();
         let served = tokio::spawn(async move {
-            allot_server::run(listener, store, async move {
+            allot_server::run(listener, allot_server::AppState::new(store), async move {
                 let _ = stopped.await;
             })
             .await
