@@ -8,6 +8,7 @@ use std::sync::Arc;
 
 use allot_core::pool::{LeaseRules, PoolName};
 use allot_core::{NamespaceName, Resources};
+use allot_server::MetricsConfig;
 use allot_store::{EmbeddedConfig, EmbeddedStore, Store};
 use allot_store_redis::{RedisConfig, RedisStore};
 use anyhow::{bail, Context};
@@ -54,6 +55,14 @@ pub(crate) struct ServeArgs {
     /// The longest lease one keepalive grants [default: 5m].
     #[arg(long, value_name = "DURATION", value_parser = crate::duration::parse)]
     alloc_max_lease: Option<std::time::Duration>,
+    /// Give these namespaces series of their own at /metrics (every namespace counts in the
+    /// totals): `NAME` selects NAME and the namespaces under it (`NAME:...`), `PREFIX*` every name
+    /// that starts with PREFIX, `*` all. Repeatable; replaces the file's `metrics_namespaces`.
+    #[arg(long = "metrics-namespaces", value_name = "PATTERN")]
+    metrics_namespaces: Vec<String>,
+    /// The same for pools; replaces the file's `metrics_pools`.
+    #[arg(long = "metrics-pools", value_name = "PATTERN")]
+    metrics_pools: Vec<String>,
     /// Worker threads of the daemon [default: one per CPU less one, at least one: the store
     /// (Redis, or the embedded store's commit thread) needs a CPU too].
     #[arg(long, env = "ALLOT_THREADS", value_parser = clap::value_parser!(u16).range(1..=1024))]
@@ -98,6 +107,11 @@ struct ConfigFile {
     /// Lease rules of allocs.
     #[serde(default)]
     alloc_leases: AllocLeases,
+    /// Namespaces and pools with series of their own at /metrics (patterns, see the flags).
+    #[serde(default)]
+    metrics_namespaces: Vec<String>,
+    #[serde(default)]
+    metrics_pools: Vec<String>,
 }
 
 /// `[alloc_leases]`: durations such as `2m` or `30s`.
@@ -123,6 +137,7 @@ struct Config {
     quotas: Vec<(NamespaceName, u64)>,
     pools: Vec<(PoolName, Resources)>,
     pool_rules: LeaseRules,
+    metrics: MetricsConfig,
 }
 
 /// The lease rules from the file's `[alloc_leases]` and the flags (which win).
@@ -214,9 +229,16 @@ fn resolve(args: &ServeArgs) -> anyhow::Result<Config> {
             Ok((pool, capacity))
         })
         .collect::<anyhow::Result<Vec<_>>>()?;
+    let pick = |flags: &[String], file: Vec<String>| if flags.is_empty() { file } else { flags.to_vec() };
+    let metrics = MetricsConfig {
+        namespaces: pick(&args.metrics_namespaces, file.metrics_namespaces),
+        pools: pick(&args.metrics_pools, file.metrics_pools),
+    };
+    metrics.check().map_err(anyhow::Error::msg)?;
     Ok(Config {
         pools,
         pool_rules,
+        metrics,
         listen: args.listen.or(file.listen).unwrap_or_else(|| DEFAULT_LISTEN.parse().expect("valid address")),
         data_dir,
         store: store_choice(args.store.as_deref().or(file.store.as_deref()))?,
@@ -315,7 +337,8 @@ pub(crate) async fn run(args: ServeArgs) -> anyhow::Result<()> {
     tracing::info!(%address, data_dir = %config.data_dir.display(), backend = store.backend(), "allot serving");
     // The one line on stdout: scripts and tests read the address from it.
     println!("allot listening on http://{address}");
-    allot_server::run(listener, store, shutdown_signal()).await.context("server failed")
+    let state = allot_server::AppState::new(store).with_metrics(config.metrics);
+    allot_server::run(listener, state, shutdown_signal()).await.context("server failed")
 }
 
 /// This machine's resources [Reflow's local pool]: cpu from the available parallelism, memory

@@ -4,5 +4,6 @@
 mod cli;
 mod crash;
 mod daemon;
+mod pages;
 mod redis;
 mod support;
