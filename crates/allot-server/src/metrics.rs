@@ -538,3 +538,29 @@ pub(crate) async fn track(State(state): State<AppState>, request: Request, next:
     state.metrics.requests.get_or_create(&labels).observe(started.elapsed().as_secs_f64());
     response
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn patterns_select_a_name_and_what_is_under_it_or_a_prefix() {
+        let patterns = ["hive".to_owned(), "api:open*".to_owned()];
+        for (name, expected) in [
+            ("hive", true),
+            ("hive:cluster-a", true),
+            ("hive2", false),
+            ("hiv", false),
+            ("api:openai", true),
+            ("api:open", true),
+            ("api:other", false),
+        ] {
+            assert_eq!(selected(&patterns, name), expected, "{name}");
+        }
+        assert!(selected(&["*".to_owned()], "anything"));
+        assert!(!selected(&[], "hive"), "nothing is selected by default");
+        let empty = MetricsConfig { namespaces: vec![String::new()], pools: vec![] };
+        assert!(empty.check().is_err());
+        assert!(MetricsConfig::default().check().is_ok());
+    }
+}
