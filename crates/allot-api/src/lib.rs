@@ -6,6 +6,97 @@
 use serde::{Deserialize, Serialize};
 use utoipa::ToSchema;
 
+/// Nested objects are JSON objects: serde would also read a struct from an array (`[1, 2]` as
+/// `{"project": 1, "namespace": 2}`), which the API's document does not allow.
+pub mod object {
+    use std::fmt;
+    use std::marker::PhantomData;
+
+    use serde::de::value::MapAccessDeserializer;
+    use serde::de::{Deserialize, Deserializer, MapAccess, Visitor};
+
+    struct MapOnly<T>(PhantomData<T>);
+
+    impl<'de, T: Deserialize<'de>> Visitor<'de> for MapOnly<T> {
+        type Value = T;
+        fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+            f.write_str("a JSON object")
+        }
+        fn visit_map<A: MapAccess<'de>>(self, map: A) -> Result<T, A::Error> {
+            T::deserialize(MapAccessDeserializer::new(map))
+        }
+    }
+
+    struct OptionalMap<T>(PhantomData<T>);
+
+    impl<'de, T: Deserialize<'de>> Visitor<'de> for OptionalMap<T> {
+        type Value = Option<T>;
+        fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+            f.write_str("a JSON object or null")
+        }
+        fn visit_none<E>(self) -> Result<Option<T>, E> {
+            Ok(None)
+        }
+        fn visit_unit<E>(self) -> Result<Option<T>, E> {
+            Ok(None)
+        }
+        fn visit_some<D: Deserializer<'de>>(self, deserializer: D) -> Result<Option<T>, D::Error> {
+            deserializer.deserialize_map(MapOnly(PhantomData)).map(Some)
+        }
+    }
+
+    /// For an `Option<T>` field whose `T` is a struct.
+    pub fn optional<'de, D: Deserializer<'de>, T: Deserialize<'de>>(deserializer: D) -> Result<Option<T>, D::Error> {
+        deserializer.deserialize_option(OptionalMap(PhantomData))
+    }
+}
+
+/// Reading integers as JSON Schema defines them: `integer` includes numbers whose fraction is
+/// zero (`10.0`, `1e3`), which serde would refuse for a `u64`. Used on every integer a request
+/// body carries; a fraction, a negative number or one above `u64::MAX` is still refused.
+pub mod integer {
+    use serde::de::{self, Deserialize, Deserializer, Visitor};
+
+    struct Integer(u64);
+
+    impl<'de> Deserialize<'de> for Integer {
+        fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Integer, D::Error> {
+            struct Whole;
+            impl Visitor<'_> for Whole {
+                type Value = Integer;
+                fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                    f.write_str("a whole number, 0 or more")
+                }
+                fn visit_u64<E: de::Error>(self, value: u64) -> Result<Integer, E> {
+                    Ok(Integer(value))
+                }
+                fn visit_i64<E: de::Error>(self, value: i64) -> Result<Integer, E> {
+                    u64::try_from(value).map(Integer).map_err(|_| E::custom(format!("{value} is negative")))
+                }
+                fn visit_f64<E: de::Error>(self, value: f64) -> Result<Integer, E> {
+                    // 2^64 is the first value above u64::MAX that an f64 holds.
+                    if value.fract() == 0.0 && (0.0..18_446_744_073_709_551_616.0).contains(&value) {
+                        Ok(Integer(value as u64))
+                    } else {
+                        Err(E::custom(format!("{value} is not a whole number from 0 to {}", u64::MAX)))
+                    }
+                }
+            }
+            deserializer.deserialize_u64(Whole)
+        }
+    }
+
+    /// For a `u64` field.
+    pub fn required<'de, D: Deserializer<'de>>(deserializer: D) -> Result<u64, D::Error> {
+        Integer::deserialize(deserializer).map(|i| i.0)
+    }
+
+    /// For an `Option<u64>` field (`null` or absent is `None`).
+    pub fn optional<'de, D: Deserializer<'de>>(deserializer: D) -> Result<Option<u64>, D::Error> {
+        Option::<Integer>::deserialize(deserializer).map(|i| i.map(|i| i.0))
+    }
+}
+
 /// The status of an allocate call [Flyte `AllocationStatus`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
 pub enum Status {
@@ -38,9 +129,9 @@ pub struct Scope {
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct Caps {
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[serde(default, skip_serializing_if = "Option::is_none", deserialize_with = "integer::optional")]
     pub project: Option<u64>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[serde(default, skip_serializing_if = "Option::is_none", deserialize_with = "integer::optional")]
     pub namespace: Option<u64>,
 }
 
@@ -49,6 +140,7 @@ pub struct Caps {
 #[serde(deny_unknown_fields)]
 pub struct PutNamespace {
     /// How many units the namespace may have granted at once.
+    #[serde(deserialize_with = "integer::required")]
     pub quota: u64,
 }
 
@@ -97,21 +189,21 @@ pub struct RemovedNamespace {
 #[serde(deny_unknown_fields)]
 pub struct Allocate {
     /// How many units; 1 when absent.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[serde(default, skip_serializing_if = "Option::is_none", deserialize_with = "integer::optional")]
     pub units: Option<u64>,
     /// The holder's scope; needed when caps are given.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[serde(default, skip_serializing_if = "Option::is_none", deserialize_with = "object::optional")]
     pub scope: Option<Scope>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[serde(default, skip_serializing_if = "Option::is_none", deserialize_with = "object::optional")]
     pub caps: Option<Caps>,
     /// The grant expires this many milliseconds after the grant or its last keepalive.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[serde(default, skip_serializing_if = "Option::is_none", deserialize_with = "integer::optional")]
     pub ttl_ms: Option<u64>,
     /// Attach the grant to this session: it lives as long as the session.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub session: Option<String>,
     /// Wait up to this many milliseconds for room instead of answering at once (long poll).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[serde(default, skip_serializing_if = "Option::is_none", deserialize_with = "integer::optional")]
     pub wait_ms: Option<u64>,
 }
 
@@ -185,7 +277,7 @@ pub struct ReleaseResponse {
 #[serde(deny_unknown_fields)]
 pub struct Keepalive {
     /// Refuse the keepalive if the grant's fencing number is not this one.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[serde(default, skip_serializing_if = "Option::is_none", deserialize_with = "integer::optional")]
     pub fencing: Option<u64>,
 }
 
@@ -227,6 +319,7 @@ pub struct WaiterList {
 #[serde(deny_unknown_fields)]
 pub struct OpenSession {
     /// The session ends this many milliseconds after it is opened or last kept alive.
+    #[serde(deserialize_with = "integer::required")]
     pub ttl_ms: u64,
 }
 
@@ -406,6 +499,7 @@ pub struct AllocList {
 #[serde(deny_unknown_fields)]
 pub struct AllocKeepalive {
     /// The lease asked for; the daemon grants at most its maximum (5 minutes by default).
+    #[serde(deserialize_with = "integer::required")]
     pub interval_ms: u64,
 }
 
@@ -420,6 +514,7 @@ pub struct AllocKeepaliveResponse {
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct StopIfIdle {
+    #[serde(deserialize_with = "integer::required")]
     pub idle_ms: u64,
 }
 

@@ -309,13 +309,16 @@ impl Client {
         self.page(&format!("{}/allocs", pool_path(pool)?), page).await
     }
 
-    /// `GET /v1/pools/{pool}/allocs/{alloc}`: an alloc, live or ended.
+    /// `GET /v1/pools/{pool}/allocs/{alloc}`: an alloc, live or ended (the daemon answers an
+    /// ended one with 410 Gone and its record; `ended` says why).
     pub async fn alloc(&self, pool: &str, alloc: &str) -> Result<Alloc, ClientError> {
-        self.json(self.request(Method::GET, &alloc_path(pool, alloc)?)?).await
+        let (request, body) =
+            self.send_accepting(self.request(Method::GET, &alloc_path(pool, alloc)?)?, Some(410)).await?;
+        serde_json::from_slice(&body).map_err(|err| decode_error(request, err, &body))
     }
 
     /// `POST /v1/pools/{pool}/allocs/{alloc}/keepalive`: renews the lease; answers the interval
-    /// granted. `alloc_ended` (410) is final.
+    /// granted. `alloc_ended` (409) is final.
     pub async fn keepalive_alloc(
         &self,
         pool: &str,
@@ -385,12 +388,21 @@ impl Client {
     /// Sends `request`; answers "METHOD path" (for error messages) and the body of a successful
     /// answer, or the daemon's error.
     async fn send(&self, request: RequestBuilder) -> Result<(String, Vec<u8>), ClientError> {
+        self.send_accepting(request, None).await
+    }
+
+    /// [`Client::send`], taking the answer of status `also` as a success too.
+    async fn send_accepting(
+        &self,
+        request: RequestBuilder,
+        also: Option<u16>,
+    ) -> Result<(String, Vec<u8>), ClientError> {
         let request = request.build()?;
         let what = format!("{} {}", request.method(), request.url().path());
         let response = self.http.execute(request).await?;
         let status = response.status();
         let body = response.bytes().await?.to_vec();
-        if status.is_success() {
+        if status.is_success() || Some(status.as_u16()) == also {
             return Ok((what, body));
         }
         Err(match serde_json::from_slice::<ErrorBody>(&body) {

@@ -146,9 +146,10 @@ impl PoolError {
     }
 
     /// True when the offer cannot be accepted any more but another offer may be: the room is
-    /// gone (`offer_expired`), the pool stopped (`pool_stopped`) or is gone (`pool_not_found`).
+    /// gone (`offer_expired`), the pool stopped (`pool_stopped`), is gone (`pool_not_found`) or
+    /// is too small for the request whatever is free (`exceeds_capacity`).
     pub fn is_offer_gone(&self) -> bool {
-        matches!(self.code(), Some("offer_expired" | "pool_stopped" | "pool_not_found"))
+        matches!(self.code(), Some("offer_expired" | "pool_stopped" | "pool_not_found" | "exceeds_capacity"))
     }
 
     /// True when the alloc will not come back: it ended (`alloc_ended`), is unknown
@@ -231,9 +232,13 @@ impl AllocRequest {
         self
     }
 
-    /// `max`, or `min` when there is none.
-    pub fn max_or_min(&self) -> &Resources {
-        self.max.as_ref().unwrap_or(&self.min)
+    /// The most to take, as the daemon reads it: `max` raised to `min` per resource, or `min`
+    /// when there is no `max`.
+    pub fn max_or_min(&self) -> Resources {
+        match &self.max {
+            Some(max) => max.max(&self.min),
+            None => self.min.clone(),
+        }
     }
 
     /// The wire form.
@@ -1288,10 +1293,7 @@ pub async fn allocate<P: PoolSet + ?Sized>(
     if request.min.is_empty() {
         return Err(AllocateError::InvalidRequest("min is empty".to_owned()));
     }
-    let max = request.max_or_min().clone();
-    if !max.fits(&request.min) {
-        return Err(AllocateError::InvalidRequest(format!("max {max} is below min {}", request.min)));
-    }
+    let max = request.max_or_min();
     let mut tries = Vec::new();
     for attempt in 0..options.tries.max(1) {
         if attempt > 0 {
@@ -1562,7 +1564,7 @@ mod tests {
         assert!(matches!(expired, PoolError::OfferExpired { local: false, .. }) && expired.is_offer_gone());
         assert!(api(409, "pool_stopped").is_offer_gone() && !api(409, "pool_stopped").is_alloc_gone());
         for code in ["alloc_ended", "alloc_not_found", "pool_not_found"] {
-            assert!(api(410, code).is_alloc_gone(), "{code}");
+            assert!(api(409, code).is_alloc_gone(), "{code}");
         }
         assert!(PoolError::UnknownPool { pool: "p".into() }.is_alloc_gone());
         assert!(api(503, "store_unavailable").is_retryable() && !api(503, "store_unavailable").is_alloc_gone());

@@ -372,8 +372,11 @@ async fn allocate_takes_the_whole_offer_or_what_it_asks_on_a_daemon() {
     assert!(started.elapsed() < Duration::from_millis(500));
 
     // A bad request is refused before any call.
-    let err = allocate(&roomy, &AllocRequest::new(r("cpu=2")).with_max(r("cpu=1")), &options).await.unwrap_err();
+    let err = allocate(&roomy, &AllocRequest::new(r("")), &options).await.unwrap_err();
     assert!(matches!(err, AllocateError::InvalidRequest(_)), "{err}");
+    // A max below min takes min, as the daemon does.
+    let alloc = allocate(&roomy, &AllocRequest::new(r("cpu=2")).with_max(r("cpu=1")), &options).await.unwrap();
+    assert_eq!(alloc.resources, "cpu=2");
 }
 
 /// Reflow's `TestAllocateScale` and `TestMuxScaleWithCaching` on real daemons: 100 pools on two
@@ -770,7 +773,7 @@ async fn keepalive_keeps_an_alloc_alive_past_several_leases() {
     assert_eq!(source.keepalive_calls(), calls);
 }
 
-/// Someone else frees the alloc: the next keepalive gets 410 `alloc_ended`, the owner is told at
+/// Someone else frees the alloc: the next keepalive gets 409 `alloc_ended`, the owner is told at
 /// once, and no more calls are made.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn keepalive_stops_at_once_when_the_alloc_is_freed_elsewhere() {

@@ -201,19 +201,30 @@ pub enum LedgerError {
     SessionNotFound(SessionId),
     #[error("fencing number {given} is stale: the grant's fencing number is {current}")]
     StaleFencing { given: u64, current: u64 },
+    /// A retried allocate must ask for exactly what its token holds or waits for; `field` is the
+    /// first field (in wire terms: `units`, `scope`, `caps`, `ttl_ms`, `session`) that differs.
     #[error(
-        "token `{token}` is already held or waiting with a different request ({existing}); \
-         release it first or use another token"
+        "token `{token}` is already {} with a different {field} ({}: {held}; asked: {asked}); \
+         release it first or use another token",
+        conflict_state(.waiting).0,
+        conflict_state(.waiting).1
     )]
-    TokenConflict { token: Token, existing: String },
-    #[error("{units} units can never be granted: the quota of namespace `{namespace}` is {quota}")]
-    UnitsExceedQuota { namespace: NamespaceName, units: u64, quota: u64 },
+    TokenConflict { token: Token, waiting: bool, field: &'static str, held: String, asked: String },
     #[error("namespace `{namespace}` still has {grants} grants; release them or remove it with force")]
     NamespaceInUse { namespace: NamespaceName, grants: usize },
     #[error("{what} must be between {min} and {max}, got {value}")]
     OutOfRange { what: &'static str, value: u64, min: u64, max: u64 },
     #[error("caps need a scope: give the holder's project and namespace scope")]
     CapsWithoutScope,
+}
+
+/// How a token conflict names what the token has: granted, or waiting.
+fn conflict_state(waiting: &bool) -> (&'static str, &'static str) {
+    if *waiting {
+        ("waiting", "waiting for")
+    } else {
+        ("granted", "granted")
+    }
 }
 
 /// A store whose records do not fit together.
@@ -494,7 +505,9 @@ impl Ledger {
     }
 
     /// Creates a namespace or changes its quota [Flyte `RegisterResourceQuota`]. Raising a quota
-    /// admits waiters at once; lowering it revokes nothing. Returns true if it was created.
+    /// admits waiters at once; lowering it revokes nothing and cancels no waiter (a waiter larger
+    /// than the new quota waits for it to be raised again, or for its wait to end). A quota of 0
+    /// pauses the namespace. Returns true if it was created.
     pub fn put_namespace(
         &mut self,
         name: &NamespaceName,
@@ -511,15 +524,6 @@ impl Ledger {
         }
         state.quota = quota;
         effects.changes.push(Change::Namespace { name: name.clone(), quota, next_fencing: state.fencing_bound });
-        // A waiter that wants more than the new quota could never be granted.
-        state.waiters.retain(|waiter| {
-            if waiter.request.units <= quota {
-                return true;
-            }
-            let err = LedgerError::UnitsExceedQuota { namespace: name.clone(), units: waiter.request.units, quota };
-            effects.cancelled.push((waiter.id, err));
-            false
-        });
         self.admit_at(name, now, &mut effects);
         Ok((created, effects))
     }
@@ -565,21 +569,13 @@ impl Ledger {
             return Err(LedgerError::NamespaceNotFound(request.namespace));
         };
         if let Some(grant) = state.grants.get(&request.token) {
-            if grant.units != request.units || grant.scope != request.scope {
-                return Err(LedgerError::TokenConflict {
-                    token: request.token,
-                    existing: describe(grant.units, grant.scope.as_ref()),
-                });
+            if let Some(conflict) = grant_conflict(grant, &request) {
+                return Err(conflict.into_error(request.token, false));
             }
             return Ok((Decision::Granted { grant: grant.clone(), existing: true }, Effects::default()));
         }
-        if request.units > state.quota {
-            return Err(LedgerError::UnitsExceedQuota {
-                namespace: request.namespace,
-                units: request.units,
-                quota: state.quota,
-            });
-        }
+        // A request larger than the quota is not refused outright: the quota may be raised (a
+        // quota of 0 is a paused namespace). It is `Exhausted`, or waits, like any other.
         // The counters do not change until this call decides, so the caps are checked once.
         let cap_refusal = state.cap_refusal(&request);
         // A cap smaller than the request can never be met: answer at once, even when waiting.
@@ -591,12 +587,8 @@ impl Ledger {
         }
         // A token already in the queue keeps its place; the new call takes the waiter over.
         if let Some(index) = state.waiters.iter().position(|w| w.request.token == request.token) {
-            let waiting = &state.waiters[index].request;
-            if *waiting != request {
-                return Err(LedgerError::TokenConflict {
-                    token: request.token,
-                    existing: format!("waiting for {}", describe(waiting.units, waiting.scope.as_ref())),
-                });
+            if let Some(conflict) = waiter_conflict(&state.waiters[index].request, &request) {
+                return Err(conflict.into_error(request.token, true));
             }
             let place = state.place_of(index);
             if !wait {
@@ -1079,12 +1071,92 @@ impl Ledger {
 }
 
 /// "2 units, scope p/dev" for error messages.
-/// How a held or waiting request is described in a token conflict.
-pub fn describe(units: u64, scope: Option<&Scope>) -> String {
-    match scope {
-        Some(scope) => format!("{units} units, scope {}/{}", scope.project, scope.namespace),
-        None => format!("{units} units, no scope"),
+/// The first field in which a retried allocate differs from what its token already has, with
+/// both values in words. Every backend words them the same way (the Redis functions too).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Conflict {
+    pub field: &'static str,
+    pub held: String,
+    pub asked: String,
+}
+
+impl Conflict {
+    fn into_error(self, token: Token, waiting: bool) -> LedgerError {
+        LedgerError::TokenConflict { token, waiting, field: self.field, held: self.held, asked: self.asked }
     }
+}
+
+/// How a conflict shows a scope: `project/namespace`, or `none`.
+pub fn describe_scope(scope: Option<&Scope>) -> String {
+    match scope {
+        Some(scope) => format!("{}/{}", scope.project, scope.namespace),
+        None => "none".into(),
+    }
+}
+
+/// How a conflict shows caps: `project 3, namespace none`.
+pub fn describe_caps(caps: Constraints) -> String {
+    let cap = |cap: Option<u64>| cap.map_or_else(|| "none".to_owned(), |cap| cap.to_string());
+    format!("project {}, namespace {}", cap(caps.project), cap(caps.namespace))
+}
+
+/// How a conflict shows a lease: `no lease`, `ttl_ms 30000` or `session <id>`.
+pub fn describe_lease(lease: LeaseRequest) -> String {
+    match lease {
+        LeaseRequest::None => "no lease".into(),
+        LeaseRequest::Ttl { ttl_ms } => format!("ttl_ms {ttl_ms}"),
+        LeaseRequest::Session(id) => format!("session {id}"),
+    }
+}
+
+/// The lease a grant was asked with.
+fn lease_request(lease: Lease) -> LeaseRequest {
+    match lease {
+        Lease::None => LeaseRequest::None,
+        Lease::Ttl { ttl_ms, .. } => LeaseRequest::Ttl { ttl_ms },
+        Lease::Session(id) => LeaseRequest::Session(id),
+    }
+}
+
+fn lease_conflict(held: LeaseRequest, asked: LeaseRequest) -> Option<Conflict> {
+    if held == asked {
+        return None;
+    }
+    // A session on either side names the session; otherwise the TTLs differ.
+    let field = match (held, asked) {
+        (LeaseRequest::Session(_), _) | (_, LeaseRequest::Session(_)) => "session",
+        _ => "ttl_ms",
+    };
+    Some(Conflict { field, held: describe_lease(held), asked: describe_lease(asked) })
+}
+
+/// Why `request` is not a retry of `grant`: units, scope and lease must match (caps only gate
+/// admission, so they need not).
+pub fn grant_conflict(grant: &Grant, request: &AllocateRequest) -> Option<Conflict> {
+    if grant.units != request.units {
+        return Some(Conflict { field: "units", held: grant.units.to_string(), asked: request.units.to_string() });
+    }
+    if grant.scope != request.scope {
+        let (held, asked) = (describe_scope(grant.scope.as_ref()), describe_scope(request.scope.as_ref()));
+        return Some(Conflict { field: "scope", held, asked });
+    }
+    lease_conflict(lease_request(grant.lease), request.lease)
+}
+
+/// Why `request` is not a retry of the `waiting` request of the same token: everything must match.
+pub fn waiter_conflict(waiting: &AllocateRequest, request: &AllocateRequest) -> Option<Conflict> {
+    if waiting.units != request.units {
+        return Some(Conflict { field: "units", held: waiting.units.to_string(), asked: request.units.to_string() });
+    }
+    if waiting.scope != request.scope {
+        let (held, asked) = (describe_scope(waiting.scope.as_ref()), describe_scope(request.scope.as_ref()));
+        return Some(Conflict { field: "scope", held, asked });
+    }
+    if waiting.constraints != request.constraints {
+        let (held, asked) = (describe_caps(waiting.constraints), describe_caps(request.constraints));
+        return Some(Conflict { field: "caps", held, asked });
+    }
+    lease_conflict(waiting.lease, request.lease)
 }
 
 /// True if a waiter ahead of `id` is blocked by the quota (so `id` rightly waits behind it).

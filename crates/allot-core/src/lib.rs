@@ -15,11 +15,12 @@ pub mod resources;
 pub mod testing;
 
 pub use ledger::{
-    check_request, check_session_ttl, describe, AllocateRequest, CapLevel, Change, Constraints, Decision, Effects,
-    Grant, Lease, LeaseRequest, Ledger, LedgerError, Millis, NamespaceStats, NamespaceView, QueuePlace, Refusal,
-    RestoreError, Session, WaiterId, WaiterView, Woken, FENCING_BLOCK, MAX_TTL_MS, MAX_UNITS,
+    check_request, check_session_ttl, grant_conflict, waiter_conflict, AllocateRequest, CapLevel, Change, Conflict,
+    Constraints, Decision, Effects, Grant, Lease, LeaseRequest, Ledger, LedgerError, Millis, NamespaceStats,
+    NamespaceView, QueuePlace, Refusal, RestoreError, Session, WaiterId, WaiterView, Woken, FENCING_BLOCK, MAX_TTL_MS,
+    MAX_UNITS,
 };
-pub use names::{NameError, NamespaceName, Scope, SessionId, Token, MAX_NAME_BYTES};
+pub use names::{NameError, NamespaceName, Scope, SessionId, Token, MAX_NAME_CHARS, NAMESPACE_PATTERN, NAME_PATTERN};
 pub use resources::{ResourceName, Resources, ResourcesError, SizeWeights};
 
 /// The `limit` smallest items by `key` whose keys come after `after`, in key order: one page of

@@ -1,13 +1,25 @@
 //! Validated names: namespaces, tokens, scopes and session ids.
 //!
-//! Every name that enters the core is checked once, here, so the rest of the code can rely on it:
-//! not empty, at most [`MAX_NAME_BYTES`] bytes, no control characters.
+//! Every name that enters the core is checked once, here, so the rest of the code can rely on it.
+//! One rule holds for every name (namespace, token, project, namespace scope, pool): 1 to
+//! [`MAX_NAME_CHARS`] characters, no control characters, no `/`, and not `.` or `..`. A name is
+//! one URL path segment: the server percent-decodes a segment exactly once, so `%2F` is a `/`
+//! (refused) and a literal `%` is sent as `%25`. A namespace's `:`-separated segments must not be
+//! empty. [`NAME_PATTERN`] and [`NAMESPACE_PATTERN`] are the same rules as regular expressions,
+//! for the API's document.
 
 use std::fmt;
 use std::sync::Arc;
 
-/// The longest name (namespace, token, project, namespace scope) in bytes.
-pub const MAX_NAME_BYTES: usize = 255;
+/// The longest name (namespace, token, project, namespace scope, pool) in characters (Unicode
+/// scalar values, as JSON Schema's `maxLength` counts them).
+pub const MAX_NAME_CHARS: usize = 255;
+/// A name as a regular expression (no look-around, so every client generator can use it):
+/// characters other than control characters and `/`, and not `.` or `..`. The length is
+/// limited apart, by [`MAX_NAME_CHARS`].
+pub const NAME_PATTERN: &str = r"^(?:[^./\u0000-\u001f\u007f-\u009f]|\.[^./\u0000-\u001f\u007f-\u009f]|\.\.[^/\u0000-\u001f\u007f-\u009f])[^/\u0000-\u001f\u007f-\u009f]*$";
+/// A namespace name as a regular expression: a name whose `:`-separated segments are not empty.
+pub const NAMESPACE_PATTERN: &str = r"^(?:(?:[^.:/\u0000-\u001f\u007f-\u009f]|\.[^.:/\u0000-\u001f\u007f-\u009f]|\.\.[^:/\u0000-\u001f\u007f-\u009f])[^:/\u0000-\u001f\u007f-\u009f]*|[^:/\u0000-\u001f\u007f-\u009f]+(?::[^:/\u0000-\u001f\u007f-\u009f]+)+)$";
 /// The separator between the segments of a namespace [Flyte `namespaceSeparator`].
 pub const NAMESPACE_SEPARATOR: char = ':';
 
@@ -16,7 +28,7 @@ pub const NAMESPACE_SEPARATOR: char = ':';
 pub enum NameError {
     #[error("{what} must not be empty")]
     Empty { what: &'static str },
-    #[error("{what} is {len} bytes long; the limit is {MAX_NAME_BYTES}")]
+    #[error("{what} is {len} characters long; the limit is {MAX_NAME_CHARS}")]
     TooLong { what: &'static str, len: usize },
     #[error("{what} must not contain control characters (found U+{code:04X})")]
     ControlCharacter { what: &'static str, code: u32 },
@@ -24,7 +36,10 @@ pub enum NameError {
     EmptySegment { what: &'static str, name: String },
     #[error("{what} must not be `.` or `..`")]
     Dots { what: &'static str },
-    #[error("{what} `{name}` must not contain `/` (it separates the pool from the alloc in `pool/alloc`)")]
+    #[error(
+        "{what} `{name}` must not contain `/`: a name is one URL path segment (and `/` separates the pool \
+         from the alloc in `pool/alloc`)"
+    )]
     Slash { what: &'static str, name: String },
     #[error("alloc id `{text}` is not 16 hexadecimal digits")]
     BadAllocId { text: String },
@@ -36,15 +51,19 @@ pub(crate) fn check(what: &'static str, name: &str) -> Result<(), NameError> {
     if name.is_empty() {
         return Err(NameError::Empty { what });
     }
-    if name.len() > MAX_NAME_BYTES {
-        return Err(NameError::TooLong { what, len: name.len() });
+    let len = name.chars().count();
+    if len > MAX_NAME_CHARS {
+        return Err(NameError::TooLong { what, len });
     }
     if let Some(c) = name.chars().find(|c| c.is_control()) {
         return Err(NameError::ControlCharacter { what, code: c as u32 });
     }
-    // `.` and `..` cannot be addressed as a URL path segment.
+    // `.` and `..` cannot be addressed as a URL path segment, nor can a `/` be inside one.
     if name == "." || name == ".." {
         return Err(NameError::Dots { what });
+    }
+    if name.contains('/') {
+        return Err(NameError::Slash { what, name: name.to_owned() });
     }
     Ok(())
 }
@@ -160,9 +179,36 @@ mod tests {
         assert!(matches!(NamespaceName::new("a\nb"), Err(NameError::ControlCharacter { code: 10, .. })));
         assert!(matches!(NamespaceName::new(&"x".repeat(256)), Err(NameError::TooLong { len: 256, .. })));
         assert!(NamespaceName::new(&"x".repeat(255)).is_ok());
+        assert!(NamespaceName::new(&"é".repeat(255)).is_ok(), "the limit counts characters");
         assert_eq!(NamespaceName::new(".."), Err(NameError::Dots { what: "namespace" }));
+        assert!(NamespaceName::new("..:a").is_ok());
         assert_eq!(Token::new("."), Err(NameError::Dots { what: "token" }));
-        assert!(Token::new("a/.. b").is_ok());
+        assert!(Token::new("a.. b%25").is_ok());
+    }
+
+    #[test]
+    fn one_rule_for_slashes_in_every_name() {
+        assert!(matches!(NamespaceName::new("a/b"), Err(NameError::Slash { what: "namespace", .. })));
+        assert!(matches!(Token::new("job/1"), Err(NameError::Slash { what: "token", .. })));
+        assert!(matches!(Scope::new("p/q", "dev"), Err(NameError::Slash { what: "project", .. })));
+        assert!(matches!(Scope::new("p", "dev/x"), Err(NameError::Slash { what: "namespace scope", .. })));
+    }
+
+    proptest::proptest! {
+        /// The patterns the API's document states accept exactly the names the core accepts.
+        #[test]
+        fn patterns_agree_with_the_checks(
+            parts in proptest::collection::vec(
+                proptest::sample::select(vec![".", ":", "/", "a", "é", "%2F", "\u{1}", "\u{7f}", "\u{85}", " "]),
+                0..7,
+            )
+        ) {
+            let name = parts.concat();
+            let name_re = regex::Regex::new(NAME_PATTERN).unwrap();
+            let namespace_re = regex::Regex::new(NAMESPACE_PATTERN).unwrap();
+            proptest::prop_assert_eq!(Token::new(&name).is_ok(), name_re.is_match(&name), "token {:?}", name);
+            proptest::prop_assert_eq!(NamespaceName::new(&name).is_ok(), namespace_re.is_match(&name), "namespace {:?}", name);
+        }
     }
 
     #[test]

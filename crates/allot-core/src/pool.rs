@@ -45,9 +45,6 @@ pub struct PoolName(Arc<str>);
 impl PoolName {
     pub fn new(name: &str) -> Result<PoolName, NameError> {
         check("pool", name)?;
-        if name.contains('/') {
-            return Err(NameError::Slash { what: "pool", name: name.to_owned() });
-        }
         Ok(PoolName(Arc::from(name)))
     }
 
@@ -113,30 +110,47 @@ impl Default for LeaseRules {
     }
 }
 
+/// The longest idle time `stop_if_idle_for` takes: 2^53 - 1 ms, exact in every JSON client (and
+/// in the Redis functions' numbers).
+pub const MAX_IDLE_MS: u64 = (1 << 53) - 1;
+
+/// Checks the idle time of a stop-if-idle; every backend checks it first.
+pub fn check_idle(idle_ms: u64) -> Result<(), PoolError> {
+    if idle_ms > MAX_IDLE_MS {
+        return Err(PoolError::OutOfRange { what: "idle_ms", value: idle_ms, min: 0, max: MAX_IDLE_MS });
+    }
+    Ok(())
+}
+
 /// What an accept asks for [Reflow `AllocMeta`, `Requirements`].
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
 pub struct AllocRequest {
     /// The alloc is made only if at least this much is free.
     pub min: Resources,
-    /// Take up to this much when it is free; `None` means exactly `min`.
+    /// Take up to this much when it is free; `None` means exactly `min`. Where `max` is below
+    /// `min` (or does not name a resource `min` names), `min` counts: see [`AllocRequest::upper`].
     pub max: Option<Resources>,
     pub owner: String,
     pub labels: BTreeMap<String, String>,
 }
 
 impl AllocRequest {
-    /// Checks what the request says by itself: some `min`, and a `max` at least `min`. Every
-    /// backend checks this before it looks at any pool.
+    /// Checks what the request says by itself: some `min`. Every backend checks this before it
+    /// looks at any pool.
     pub fn check(&self) -> Result<(), PoolError> {
         if self.min.is_empty() {
             return Err(PoolError::EmptyRequest);
         }
-        if let Some(max) = &self.max {
-            if !max.fits(&self.min) {
-                return Err(PoolError::MaxBelowMin { min: self.min.clone(), max: max.clone() });
-            }
-        }
         Ok(())
+    }
+
+    /// The most the alloc may take: `max` raised to `min` per resource (so `max cpu=4` with
+    /// `min cpu=2,mem=8GiB` takes up to 4 cpu and 8GiB of memory), or `min` without a `max`.
+    pub fn upper(&self) -> Resources {
+        match &self.max {
+            Some(max) => max.max(&self.min),
+            None => self.min.clone(),
+        }
     }
 }
 
@@ -265,8 +279,9 @@ pub enum PoolError {
     AllocIdTaken { pool: PoolName, id: AllocId },
     #[error("an alloc request must ask for some resources: `min` is empty")]
     EmptyRequest,
-    #[error("`max` ({max}) must be at least `min` ({min}) for every resource")]
-    MaxBelowMin { min: Resources, max: Resources },
+    /// More than the pool's whole capacity: it can never fit (unless the capacity is raised).
+    #[error("pool `{pool}` can never fit {wanted}: its whole capacity is {capacity}")]
+    ExceedsCapacity { pool: PoolName, wanted: Resources, capacity: Resources },
     #[error("{what} must be between {min} and {max} ms, got {value}")]
     OutOfRange { what: &'static str, value: u64, min: u64, max: u64 },
 }
@@ -385,6 +400,13 @@ impl Pools {
         if pool.allocs.contains_key(&id) || pool.ended.contains_key(&id) {
             return Err(PoolError::AllocIdTaken { pool: name.clone(), id });
         }
+        if !pool.capacity.fits(&request.min) {
+            return Err(PoolError::ExceedsCapacity {
+                pool: name.clone(),
+                wanted: request.min,
+                capacity: pool.capacity.clone(),
+            });
+        }
         let mut held = pool.held();
         let mut lapsed: Vec<&Alloc> = pool.allocs.values().filter(|a| a.expires <= now).collect();
         // Most-expired last, so `pop` takes it first.
@@ -401,10 +423,7 @@ impl Pools {
             pool.stats.offer_expired += 1;
             return Err(PoolError::OfferExpired { pool: name.clone(), wanted: request.min, free });
         }
-        let resources = match &request.max {
-            Some(max) => max.min(&free),
-            None => request.min.clone(),
-        };
+        let resources = request.upper().min(&free);
         let alloc = Alloc {
             pool: name.clone(),
             id,
@@ -495,8 +514,10 @@ impl Pools {
         idle_ms: u64,
         now: Millis,
     ) -> Result<(bool, u64, Vec<PoolChange>), PoolError> {
+        check_idle(idle_ms)?;
         let pool = self.pools.get(name).ok_or_else(|| PoolError::PoolNotFound(name.clone()))?;
-        let until_idle = pool.allocs.values().map(|a| (a.expires + idle_ms).saturating_sub(now)).max().unwrap_or(0);
+        let until_idle =
+            pool.allocs.values().map(|a| a.expires.saturating_add(idle_ms).saturating_sub(now)).max().unwrap_or(0);
         if until_idle > 0 {
             return Ok((false, until_idle, Vec::new()));
         }

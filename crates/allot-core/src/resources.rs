@@ -68,6 +68,8 @@ pub enum ResourcesError {
     Inexact { name: String, quantity: String },
     #[error("resource quantity `{quantity}` for `{name}` is too large; the limit is 18446744073709551.615 units")]
     TooLarge { name: String, quantity: String },
+    #[error("resource quantity `{quantity}` for `{name}` is too large: in its unit, at most {digits} digits before the point")]
+    TooManyDigits { name: String, quantity: String, digits: u32 },
 }
 
 /// The name of a resource, e.g. `cpu` or `nvidia.com-a100`.
@@ -302,7 +304,7 @@ fn check_divisor(divisor: f64) {
 
 /// Parses `name=quantity` pairs joined by `,`, e.g. `cpu=4, mem=16GiB, gpu=1`.
 ///
-/// Whitespace around items, names and quantities (and between a number and its unit) is ignored.
+/// Spaces around items, names and quantities (and between a number and its unit) are ignored.
 /// An empty or all-whitespace string is empty `Resources`. A name may appear once; a quantity of 0
 /// is accepted and not stored.
 ///
@@ -318,31 +320,117 @@ impl FromStr for Resources {
     type Err = ResourcesError;
 
     fn from_str(text: &str) -> Result<Resources, ResourcesError> {
-        let mut resources = Resources::new();
-        if text.trim().is_empty() {
-            return Ok(resources);
+        parse(text, false)
+    }
+}
+
+impl Resources {
+    /// Parses resources given to the API: the text form (but a name given twice counts once, with
+    /// its largest quantity), with at most [`max_integer_digits`]
+    /// significant digits before the point for the quantity's unit (at most 16 for plain units,
+    /// 19 in `m`, 13 in `k`/`Ki`, down to 1 in `P`/`Pi`), so that the API's document can state
+    /// the limit as a pattern ([`resources_pattern`]).
+    pub fn parse_api(text: &str) -> Result<Resources, ResourcesError> {
+        parse(text, true)
+    }
+}
+
+/// Spaces the text form ignores (only ASCII spaces: the API's document states them in a pattern).
+fn trim(text: &str) -> &str {
+    text.trim_matches(' ')
+}
+
+fn parse(text: &str, bounded: bool) -> Result<Resources, ResourcesError> {
+    let mut resources = Resources::new();
+    if trim(text).is_empty() {
+        return Ok(resources);
+    }
+    let mut seen = BTreeSet::new();
+    for item in text.split(',') {
+        let item = trim(item);
+        if item.is_empty() {
+            return Err(ResourcesError::EmptyItem { text: text.to_owned() });
         }
-        let mut seen = BTreeSet::new();
-        for item in text.split(',') {
-            let item = item.trim();
-            if item.is_empty() {
-                return Err(ResourcesError::EmptyItem { text: text.to_owned() });
-            }
-            let (name, quantity) =
-                item.split_once('=').ok_or_else(|| ResourcesError::MissingEquals { item: item.to_owned() })?;
-            let name = ResourceName::new(name.trim())?;
-            let milli = parse_quantity(name.as_str(), quantity.trim())?;
-            if !seen.insert(name.clone()) {
+        let (name, quantity) =
+            item.split_once('=').ok_or_else(|| ResourcesError::MissingEquals { item: item.to_owned() })?;
+        let name = ResourceName::new(trim(name))?;
+        let milli = parse_quantity(name.as_str(), trim(quantity), bounded)?;
+        // People type the text form (flags, configuration): a name given twice is a mistake. The
+        // API's document states the form as a regular expression, which cannot refuse a repeated
+        // name; there the largest quantity counts, so what the pattern says of quantities above
+        // zero stays true.
+        if !seen.insert(name.clone()) {
+            if !bounded {
                 return Err(ResourcesError::Duplicate { name: name.as_str().to_owned() });
             }
-            resources.set_milli(name, milli);
+            let largest = milli.max(resources.get_milli(name.as_str()));
+            resources.set_milli(name, largest);
+            continue;
         }
-        Ok(resources)
+        resources.set_milli(name, milli);
+    }
+    Ok(resources)
+}
+
+/// The most significant digits before the point that a quantity given to the API may have in a
+/// unit of `scale` milli-units: the largest `n` with `10^n * scale <= u64::MAX`, so that any such
+/// quantity (with up to 3 fractional digits) fits.
+pub fn max_integer_digits(scale: u64) -> u32 {
+    (u64::MAX / scale).ilog10()
+}
+
+/// Every unit a quantity may have, with its scale in milli-units.
+const UNITS: [&str; 25] = [
+    "m", "", "B", "k", "K", "kB", "KB", "Ki", "KiB", "M", "MB", "Mi", "MiB", "G", "GB", "Gi", "GiB", "T", "TB", "Ti",
+    "TiB", "P", "PB", "Pi", "PiB",
+];
+
+/// The text form that [`Resources::parse_api`] accepts, as a regular expression (no look-around),
+/// but for one rule it cannot state: a name may appear once. With `nonzero`, at least one
+/// quantity must be above zero (an empty list, or only zeros, does not match).
+pub fn resources_pattern(nonzero: bool) -> String {
+    let name = "[a-z][a-z0-9_.-]{0,63}";
+    // Quantities grouped by their digit limit; `m` takes no fraction but zeros (it would be inexact).
+    let mut groups: BTreeMap<u32, Vec<&str>> = BTreeMap::new();
+    for unit in UNITS.iter().filter(|u| **u != "m") {
+        groups.entry(max_integer_digits(unit_milli(unit).expect("a known unit"))).or_default().push(unit);
+    }
+    let quantity = |nonzero: bool| {
+        let frac_nonzero = r"(?:[1-9][0-9]{0,2}|0[1-9][0-9]?|00[1-9])";
+        let number = |n: u32| {
+            if nonzero {
+                format!(r"0*(?:[1-9][0-9]{{0,{}}}(?:\.[0-9]{{1,3}})?|0\.{frac_nonzero})", n - 1)
+            } else {
+                format!(r"0*[0-9]{{1,{n}}}(?:\.[0-9]{{1,3}})?")
+            }
+        };
+        let mut alternatives: Vec<String> = groups
+            .iter()
+            .map(|(n, units)| {
+                let units: Vec<String> = units.iter().map(|u| u.to_string()).collect();
+                format!("{} *(?:{})", number(*n), units.join("|"))
+            })
+            .collect();
+        let m_digits = max_integer_digits(1);
+        alternatives.push(if nonzero {
+            format!(r"0*[1-9][0-9]{{0,{}}}(?:\.0{{1,3}})? *m", m_digits - 1)
+        } else {
+            format!(r"0*[0-9]{{1,{m_digits}}}(?:\.0{{1,3}})? *m")
+        });
+        format!("(?:{})", alternatives.join("|"))
+    };
+    let item = |nonzero: bool| format!(" *{name} *= *{} *", quantity(nonzero));
+    if nonzero {
+        let any = item(false);
+        format!("^(?:{any},)*{}(?:,{any})*$", item(true))
+    } else {
+        let any = item(false);
+        format!("^(?:{any}(?:,{any})*| *)$")
     }
 }
 
 /// Parses one quantity (already trimmed) for resource `name` into milli-units.
-fn parse_quantity(name: &str, quantity: &str) -> Result<u64, ResourcesError> {
+fn parse_quantity(name: &str, quantity: &str, bounded: bool) -> Result<u64, ResourcesError> {
     let owned = || (name.to_owned(), quantity.to_owned());
     if quantity.is_empty() {
         return Err(ResourcesError::EmptyQuantity { name: name.to_owned() });
@@ -368,11 +456,16 @@ fn parse_quantity(name: &str, quantity: &str) -> Result<u64, ResourcesError> {
         let (name, quantity) = owned();
         return Err(ResourcesError::NotANumber { name, quantity });
     }
-    let unit = rest.trim_start();
+    let unit = rest.trim_start_matches(' ');
     let Some(scale) = unit_milli(unit) else {
         let (name, quantity) = owned();
         return Err(ResourcesError::UnknownUnit { name, quantity, unit: unit.to_owned() });
     };
+    let significant = int_digits.trim_start_matches('0').len();
+    if bounded && significant > max_integer_digits(scale) as usize {
+        let (name, quantity) = owned();
+        return Err(ResourcesError::TooManyDigits { name, quantity, digits: max_integer_digits(scale) });
+    }
     if frac_digits.len() > 3 {
         let (name, quantity) = owned();
         return Err(ResourcesError::TooManyFractionalDigits { name, quantity });
@@ -506,6 +599,45 @@ mod tests {
 
     const GIB: u64 = 1 << 30;
 
+    proptest::proptest! {
+        /// The API's patterns accept exactly what `parse_api` accepts, but for repeated names.
+        #[test]
+        fn patterns_agree_with_the_parser(
+            parts in proptest::collection::vec(
+                proptest::sample::select(vec![
+                    "cpu", "mem", "=", ",", " ", "1", "0", ".", "5", "m", "Ki", "B", "G", "P", "iB",
+                    "9999999999999", "99", "00", "-", "X", "\t",
+                ]),
+                0..9,
+            )
+        ) {
+            let text = parts.concat();
+            let any = regex::Regex::new(&resources_pattern(false)).unwrap();
+            let nonzero = regex::Regex::new(&resources_pattern(true)).unwrap();
+            let parsed = Resources::parse_api(&text);
+            proptest::prop_assert_eq!(parsed.is_ok(), any.is_match(&text), "{:?}: {:?}", text, parsed);
+            let some = parsed.as_ref().is_ok_and(|r| !r.is_empty());
+            proptest::prop_assert_eq!(some, nonzero.is_match(&text), "{:?} (nonzero): {:?}", text, parsed);
+        }
+    }
+
+    #[test]
+    fn the_api_bounds_digits_by_unit() {
+        assert_eq!(max_integer_digits(1), 19);
+        assert_eq!(max_integer_digits(MILLI), 16);
+        assert_eq!(max_integer_digits((1 << 50) * MILLI), 1);
+        assert!(Resources::parse_api("cpu=9999999999999999.999").is_ok());
+        assert!(matches!(
+            Resources::parse_api("cpu=10000000000000000"),
+            Err(ResourcesError::TooManyDigits { digits: 16, .. })
+        ));
+        assert!(Resources::parse_api("mem=0009PiB").is_ok());
+        assert!(Resources::parse_api("mem=10PiB").is_err());
+        assert!("cpu=18446744073709551.615".parse::<Resources>().is_ok(), "the text form still reads every value");
+        assert_eq!(Resources::parse_api("cpu=1,cpu=0"), Ok(Resources::new().with(CPU, 1)), "the largest counts");
+        assert!(matches!("cpu=1,cpu=0".parse::<Resources>(), Err(ResourcesError::Duplicate { .. })));
+    }
+
     fn parse(text: &str) -> Result<Resources, ResourcesError> {
         text.parse()
     }
@@ -529,7 +661,8 @@ mod tests {
         assert_eq!(parse("x=0.001"), Ok(Resources::new().with_milli("x", 1)));
         assert_eq!(parse("x=1.0m"), Ok(Resources::new().with_milli("x", 1)));
         assert_eq!(parse(""), Ok(Resources::new()));
-        assert_eq!(parse("  \t "), Ok(Resources::new()));
+        assert_eq!(parse("   "), Ok(Resources::new()));
+        assert!(parse("\t").is_err(), "only spaces are ignored");
         assert_eq!(parse("cpu=0,gpu=0.000"), Ok(Resources::new()));
         assert_eq!(parse("cpu=18446744073709551.615"), Ok(Resources::new().with_milli(CPU, u64::MAX)));
     }

@@ -66,7 +66,59 @@ fn allocate_is_idempotent_and_counted_once() {
     assert!(effects.changes.is_empty());
     assert_eq!(ledger.namespace(&ns("hive"), 0).unwrap().granted_units, 1);
     let conflict = ledger.allocate(req("hive", "a", 2), 0, false);
-    assert!(matches!(conflict, Err(LedgerError::TokenConflict { .. })));
+    assert!(matches!(conflict, Err(LedgerError::TokenConflict { field: "units", .. })));
+}
+
+#[test]
+fn a_retry_must_ask_for_the_lease_it_was_granted() {
+    let mut ledger = ledger_with("hive", 3);
+    let id = SessionId(1);
+    ledger.open_session(id, 60_000, 0).unwrap();
+    let with_ttl = AllocateRequest { lease: LeaseRequest::Ttl { ttl_ms: 30_000 }, ..req("hive", "ttl", 1) };
+    granted(&ledger.allocate(with_ttl.clone(), 0, false).unwrap().0);
+    // The same TTL is a retry; another TTL, no lease or a session is a conflict naming the field.
+    assert!(matches!(ledger.allocate(with_ttl.clone(), 1, false).unwrap().0, Decision::Granted { existing: true, .. }));
+    let other_ttl = AllocateRequest { lease: LeaseRequest::Ttl { ttl_ms: 60_000 }, ..with_ttl.clone() };
+    let err = ledger.allocate(other_ttl, 1, false).unwrap_err();
+    assert_eq!(
+        err.to_string(),
+        "token `ttl` is already granted with a different ttl_ms (granted: ttl_ms 30000; asked: ttl_ms 60000); \
+         release it first or use another token"
+    );
+    let no_lease = AllocateRequest { lease: LeaseRequest::None, ..with_ttl.clone() };
+    assert!(matches!(ledger.allocate(no_lease, 1, false), Err(LedgerError::TokenConflict { field: "ttl_ms", .. })));
+    let session = AllocateRequest { lease: LeaseRequest::Session(id), ..with_ttl };
+    assert!(matches!(
+        ledger.allocate(session.clone(), 1, false),
+        Err(LedgerError::TokenConflict { field: "session", .. })
+    ));
+    // A grant of a session retried without it, or with another session, is a conflict too.
+    let other = SessionId(2);
+    ledger.open_session(other, 60_000, 0).unwrap();
+    let in_session = AllocateRequest { token: Token::new("s").unwrap(), ..session };
+    granted(&ledger.allocate(in_session.clone(), 2, false).unwrap().0);
+    let elsewhere = AllocateRequest { lease: LeaseRequest::Session(other), ..in_session.clone() };
+    assert!(matches!(
+        ledger.allocate(elsewhere, 2, false),
+        Err(LedgerError::TokenConflict { field: "session", waiting: false, .. })
+    ));
+    let alone = AllocateRequest { lease: LeaseRequest::None, ..in_session };
+    assert!(matches!(ledger.allocate(alone, 2, false), Err(LedgerError::TokenConflict { field: "session", .. })));
+    ledger.check_invariants().unwrap();
+}
+
+#[test]
+fn a_retried_wait_must_ask_for_the_same_lease() {
+    let mut ledger = ledger_with("hive", 1);
+    granted(&ledger.allocate(req("hive", "held", 1), 0, false).unwrap().0);
+    let waiting = AllocateRequest { lease: LeaseRequest::Ttl { ttl_ms: 5_000 }, ..req("hive", "w", 1) };
+    queued(&ledger.allocate(waiting.clone(), 0, true).unwrap().0);
+    let other = AllocateRequest { lease: LeaseRequest::Ttl { ttl_ms: 9_000 }, ..waiting };
+    let err = ledger.allocate(other, 1, true).unwrap_err();
+    assert!(matches!(err, LedgerError::TokenConflict { field: "ttl_ms", waiting: true, .. }), "{err:?}");
+    assert!(err
+        .to_string()
+        .contains("already waiting with a different ttl_ms (waiting for: ttl_ms 5000; asked: ttl_ms 9000)"));
 }
 
 #[test]
@@ -91,10 +143,9 @@ fn multi_unit_grants_count_their_units() {
     let (small, _) = ledger.allocate(req("gpu", "small", 4), 0, false).unwrap();
     assert_eq!(small, Decision::Refused { refusal: Refusal::Exhausted, place: None });
     granted(&ledger.allocate(req("gpu", "small", 3), 0, false).unwrap().0);
-    assert!(matches!(
-        ledger.allocate(req("gpu", "huge", 11), 0, true),
-        Err(LedgerError::UnitsExceedQuota { units: 11, quota: 10, .. })
-    ));
+    // More than the whole quota is not an error: the quota may be raised.
+    let (huge, _) = ledger.allocate(req("gpu", "huge", 11), 0, false).unwrap();
+    assert_eq!(huge, Decision::Refused { refusal: Refusal::Exhausted, place: None });
     assert!(matches!(ledger.allocate(req("gpu", "zero", 0), 0, false), Err(LedgerError::OutOfRange { .. })));
 }
 
@@ -382,17 +433,31 @@ fn restore_rebuilds_counters_leases_and_fencing() {
 }
 
 #[test]
-fn lowering_the_quota_below_a_waiter_cancels_it() {
+fn lowering_the_quota_below_a_waiter_keeps_it_waiting() {
     let mut ledger = ledger_with("gpu", 4);
     ledger.allocate(req("gpu", "held", 4), 0, false).unwrap();
     let big = queued(&ledger.allocate(req("gpu", "big", 3), 0, true).unwrap().0);
     let small = queued(&ledger.allocate(req("gpu", "small", 1), 0, true).unwrap().0);
     let (_, effects) = ledger.put_namespace(&ns("gpu"), 2, 1).unwrap();
-    assert!(
-        matches!(effects.cancelled.as_slice(), [(id, LedgerError::UnitsExceedQuota { units: 3, quota: 2, .. })] if *id == big)
-    );
+    assert!(effects.cancelled.is_empty() && effects.woken.is_empty(), "{effects:?}");
+    // The big waiter still heads the queue: a release admits no one behind it.
     let (_, effects) = ledger.release(&ns("gpu"), &Token::new("held").unwrap(), None, 2).unwrap();
-    assert_eq!(effects.woken.iter().map(|w| w.waiter).collect::<Vec<_>>(), [small]);
+    assert!(effects.woken.is_empty(), "{effects:?}");
+    assert_eq!(ledger.waiters(&ns("gpu"), 2).unwrap().iter().map(|w| w.id).collect::<Vec<_>>(), [big, small]);
+    // Raised again before their waits end, both are admitted, in order.
+    let (_, effects) = ledger.put_namespace(&ns("gpu"), 4, 3).unwrap();
+    assert_eq!(effects.woken.iter().map(|w| w.waiter).collect::<Vec<_>>(), [big, small]);
+    ledger.check_invariants().unwrap();
+}
+
+#[test]
+fn a_quota_of_zero_pauses_the_namespace() {
+    let mut ledger = ledger_with("paused", 0);
+    let (now, _) = ledger.allocate(req("paused", "a", 1), 0, false).unwrap();
+    assert_eq!(now, Decision::Refused { refusal: Refusal::Exhausted, place: None });
+    let waiter = queued(&ledger.allocate(req("paused", "a", 1), 0, true).unwrap().0);
+    let (_, effects) = ledger.put_namespace(&ns("paused"), 1, 1).unwrap();
+    assert_eq!(effects.woken.iter().map(|w| w.waiter).collect::<Vec<_>>(), [waiter]);
     ledger.check_invariants().unwrap();
 }
 

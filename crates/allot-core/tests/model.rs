@@ -60,7 +60,8 @@ enum Op {
         ttl: Option<u64>,
     },
     /// Allocates a token again with the units and scope it holds (if it holds any; else one unit,
-    /// no scope), with caps and lease that may differ: an idempotent retry.
+    /// no scope), with caps that may differ (an idempotent retry) and a lease that may differ (a
+    /// token conflict).
     Retry {
         ns: usize,
         token: usize,
@@ -217,23 +218,33 @@ impl Model {
         };
         if let Some(i) = state.find(&request.token) {
             let grant = &state.grants[i];
-            if grant.units != request.units || grant.scope != request.scope {
-                return Err(LedgerError::TokenConflict {
-                    token: request.token,
-                    existing: match &grant.scope {
-                        Some(scope) => format!("{} units, scope {}/{}", grant.units, scope.project, scope.namespace),
-                        None => format!("{} units, no scope", grant.units),
-                    },
-                });
+            let held_lease = match grant.lease {
+                Lease::None => LeaseRequest::None,
+                Lease::Ttl { ttl_ms, .. } => LeaseRequest::Ttl { ttl_ms },
+                Lease::Session(_) => unreachable!("the model has no sessions"),
+            };
+            let words = |lease: LeaseRequest| match lease {
+                LeaseRequest::Ttl { ttl_ms } => format!("ttl_ms {ttl_ms}"),
+                _ => "no lease".to_owned(),
+            };
+            let scope_words = |scope: &Option<Scope>| match scope {
+                Some(scope) => format!("{}/{}", scope.project, scope.namespace),
+                None => "none".to_owned(),
+            };
+            // A retry must match what was granted: units, scope and lease (not the caps).
+            let conflict = if grant.units != request.units {
+                Some(("units", grant.units.to_string(), request.units.to_string()))
+            } else if grant.scope != request.scope {
+                Some(("scope", scope_words(&grant.scope), scope_words(&request.scope)))
+            } else if held_lease != request.lease {
+                Some(("ttl_ms", words(held_lease), words(request.lease)))
+            } else {
+                None
+            };
+            if let Some((field, held, asked)) = conflict {
+                return Err(LedgerError::TokenConflict { token: request.token, waiting: false, field, held, asked });
             }
             return Ok(Decision::Granted { grant: grant.clone(), existing: true });
-        }
-        if request.units > state.quota {
-            return Err(LedgerError::UnitsExceedQuota {
-                namespace: request.namespace,
-                units: request.units,
-                quota: state.quota,
-            });
         }
         if let Some(scope) = &request.scope {
             let caps = [

@@ -54,8 +54,14 @@ fn an_accept_takes_up_to_max_and_at_least_min() {
     let (alloc, _) = pools.accept(&pool(), want("mem=1GiB"), AllocId(2), 0).unwrap();
     assert_eq!(alloc.resources, res("mem=1GiB"), "exactly min without max");
     assert_eq!(pools.accept(&pool(), want(""), AllocId(3), 0), Err(PoolError::EmptyRequest));
-    let below = pools.accept(&pool(), between("cpu=2", "cpu=1"), AllocId(3), 0);
-    assert!(matches!(below, Err(PoolError::MaxBelowMin { .. })), "{below:?}");
+    // A max below min, or silent on a resource, takes min there.
+    let (alloc, _) = pools.accept(&pool(), between("cpu=1,mem=1GiB", "cpu=2"), AllocId(3), 0).unwrap();
+    assert_eq!(alloc.resources, res("cpu=2,mem=1GiB"));
+    let (alloc, _) = pools.accept(&pool(), between("cpu=1", "cpu=0.5"), AllocId(4), 0).unwrap();
+    assert_eq!(alloc.resources, res("cpu=1"));
+    // More than the whole capacity can never fit: a distinct error, not an expired offer.
+    let never = pools.accept(&pool(), want("cpu=5"), AllocId(5), 0);
+    assert!(matches!(never, Err(PoolError::ExceedsCapacity { .. })), "{never:?}");
     let taken = pools.accept(&pool(), want("mem=1"), AllocId(1), 0);
     assert!(matches!(taken, Err(PoolError::AllocIdTaken { .. })), "{taken:?}");
 }

@@ -10,7 +10,7 @@ use allot_core::{
     AllocateRequest, Constraints, Lease, LeaseRequest, Millis, NamespaceName, NamespaceView, Refusal, Resources, Scope,
     SessionId, Token, WaiterView,
 };
-use allot_store::{Allocation, GrantInfo, SessionInfo, MAX_WAIT};
+use allot_store::{Allocation, GrantInfo, SessionInfo};
 
 use crate::error::ApiError;
 
@@ -31,6 +31,7 @@ pub(crate) fn allocate_request(
     namespace: &str,
     token_text: &str,
     body: allot_api::Allocate,
+    max_wait: Duration,
 ) -> Result<(AllocateRequest, Duration), ApiError> {
     let lease = match (body.ttl_ms, &body.session) {
         (Some(_), Some(_)) => {
@@ -43,10 +44,10 @@ pub(crate) fn allocate_request(
         (None, None) => LeaseRequest::None,
     };
     let wait_ms = body.wait_ms.unwrap_or(0);
-    if wait_ms > MAX_WAIT.as_millis() as u64 {
+    let max_wait_ms = max_wait.as_millis() as u64;
+    if wait_ms > max_wait_ms {
         return Err(ApiError::invalid_argument(format!(
-            "wait_ms must be at most {} (5 minutes), got {wait_ms}",
-            MAX_WAIT.as_millis()
+            "wait_ms must be at most {max_wait_ms} (this daemon's --max-wait), got {wait_ms}"
         )));
     }
     let scope = match body.scope {
@@ -172,7 +173,7 @@ pub(crate) fn alloc_id(id: &str) -> Result<AllocId, ApiError> {
 }
 
 pub(crate) fn resources(text: &str) -> Result<Resources, ApiError> {
-    Ok(text.parse::<Resources>()?)
+    Ok(Resources::parse_api(text)?)
 }
 
 pub(crate) fn alloc_request(body: allot_api::Accept) -> Result<AllocRequest, ApiError> {

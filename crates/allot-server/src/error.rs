@@ -52,7 +52,6 @@ impl From<LedgerError> for ApiError {
             LedgerError::SessionNotFound(_) => (StatusCode::NOT_FOUND, "session_not_found"),
             LedgerError::StaleFencing { .. } => (StatusCode::CONFLICT, "stale_fencing"),
             LedgerError::TokenConflict { .. } => (StatusCode::CONFLICT, "token_conflict"),
-            LedgerError::UnitsExceedQuota { .. } => (StatusCode::CONFLICT, "units_exceed_quota"),
             LedgerError::NamespaceInUse { .. } => (StatusCode::CONFLICT, "namespace_in_use"),
             LedgerError::OutOfRange { .. } => (StatusCode::BAD_REQUEST, "invalid_argument"),
             LedgerError::CapsWithoutScope => (StatusCode::BAD_REQUEST, "caps_without_scope"),
@@ -71,11 +70,11 @@ impl From<PoolError> for ApiError {
             // The client should try another offer [Reflow `errOfferExpired`].
             PoolError::OfferExpired { .. } => (StatusCode::CONFLICT, "offer_expired"),
             // Fatal for a keepalive loop: the alloc will not come back.
-            PoolError::AllocEnded { .. } => (StatusCode::GONE, "alloc_ended"),
+            PoolError::AllocEnded { .. } => (StatusCode::CONFLICT, "alloc_ended"),
             PoolError::AllocIdTaken { .. } => (StatusCode::CONFLICT, "alloc_id_taken"),
-            PoolError::EmptyRequest | PoolError::MaxBelowMin { .. } | PoolError::OutOfRange { .. } => {
-                (StatusCode::BAD_REQUEST, "invalid_argument")
-            }
+            // It can never fit (unless the capacity is raised): try another pool.
+            PoolError::ExceedsCapacity { .. } => (StatusCode::CONFLICT, "exceeds_capacity"),
+            PoolError::EmptyRequest | PoolError::OutOfRange { .. } => (StatusCode::BAD_REQUEST, "invalid_argument"),
         };
         ApiError::new(status, code, err.to_string())
     }

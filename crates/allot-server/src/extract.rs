@@ -8,8 +8,9 @@ use serde::de::DeserializeOwned;
 
 use crate::error::ApiError;
 
-/// A JSON request body. The content type is not checked (so `curl -d` works), and an empty body
-/// reads as `{}`.
+/// A JSON request body: one JSON object. The content type is not checked (so `curl -d` works),
+/// and an empty body reads as `{}`. Anything else (an array such as `[10]`, which serde would
+/// otherwise read field by field into a struct, a number, a string) is refused.
 pub(crate) struct JsonBody<T>(pub T);
 
 impl<S, T> FromRequest<S> for JsonBody<T>
@@ -27,7 +28,13 @@ where
                 ApiError::invalid_json(rejection.body_text())
             }
         })?;
-        let text: &[u8] = if bytes.iter().all(u8::is_ascii_whitespace) { b"{}" } else { &bytes };
+        let text: &[u8] = match bytes.iter().find(|b| !b.is_ascii_whitespace()) {
+            None => b"{}",
+            Some(b'{') => &bytes,
+            Some(_) => {
+                return Err(ApiError::invalid_json("the request body must be a JSON object, e.g. {\"quota\": 10}"))
+            }
+        };
         match serde_json::from_slice(text) {
             Ok(value) => Ok(JsonBody(value)),
             Err(err) => Err(ApiError::invalid_json(format!("the request body is not valid: {err}"))),

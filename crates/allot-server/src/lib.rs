@@ -9,6 +9,7 @@
 //! Architecture invariant: this crate and `allot-api` are the only ones that know HTTP and JSON.
 
 mod convert;
+mod document;
 mod error;
 mod extract;
 mod metrics;
@@ -19,8 +20,9 @@ mod routes;
 
 use std::future::Future;
 use std::sync::Arc;
+use std::time::Duration;
 
-use allot_store::Store;
+use allot_store::{Store, MAX_WAIT};
 use axum::extract::DefaultBodyLimit;
 use axum::routing::{get, post, put};
 use axum::serve::ListenerExt;
@@ -39,12 +41,20 @@ pub const MAX_BODY_BYTES: usize = 64 * 1024;
 pub struct AppState {
     pub store: Arc<dyn Store>,
     pub metrics: Arc<Metrics>,
+    /// The longest an allocate may wait for room (the document states it): at most [`MAX_WAIT`].
+    pub max_wait: Duration,
 }
 
 impl AppState {
     /// The state over `store`, with metrics that select no namespace or pool (totals only).
     pub fn new(store: Arc<dyn Store>) -> AppState {
-        AppState { store, metrics: Arc::new(Metrics::default()) }
+        AppState { store, metrics: Arc::new(Metrics::default()), max_wait: MAX_WAIT }
+    }
+
+    /// The same, with allocates waiting at most `max_wait` (capped at [`MAX_WAIT`]).
+    #[must_use]
+    pub fn with_max_wait(self, max_wait: Duration) -> AppState {
+        AppState { max_wait: max_wait.min(MAX_WAIT), ..self }
     }
 
     /// The same, with series of their own at `/metrics` for what `config` selects.
@@ -63,9 +73,13 @@ fencing numbers and a first-come-first-served waiting queue.\n\n\
 Every error answer has the body `{\"error\": {\"code\": ..., \"message\": ...}}`. Codes: invalid_json, \
 invalid_argument, invalid_name, invalid_cursor, caps_without_scope (400); namespace_not_found, grant_not_found, \
 session_not_found, not_found (404); method_not_allowed (405); stale_fencing, token_conflict, \
-units_exceed_quota, namespace_in_use (409); payload_too_large (413); store_unavailable, \
+namespace_in_use (409); payload_too_large (413); store_unavailable, \
 store_outcome_unknown, shutting_down (503); internal (500). Pools: invalid_resources (400); pool_not_found, \
-alloc_not_found (404); offer_expired, pool_stopped, pool_in_use (409); alloc_ended (410).\n\n\
+alloc_not_found, offer_not_found (404); offer_expired, exceeds_capacity, pool_stopped, pool_in_use, \
+alloc_ended (409). An ended alloc reads as 410 Gone with its record.\n\n\
+Names (namespaces, tokens, projects, namespace scopes, pools) follow one rule: 1 to 255 characters, no control \
+characters, no `/`, not `.` or `..`; a namespace's `:`-separated segments are not empty. A name in a path is \
+percent-decoded once (`%2F` is a `/`, refused; a `%` is sent as `%25`).\n\n\
 Lists (namespaces, grants, waiters, sessions, pools, allocs) come in pages: `limit` items (1 to 1000, default 100) \
 from `cursor` (the `next_cursor` of the page before; none for the first page). `next_cursor` is null on the last \
 page. A cursor is opaque and does not expire: a page read after changes neither repeats nor skips an item that \
@@ -103,14 +117,16 @@ stayed listed."
 )]
 struct ApiDoc;
 
-/// The OpenAPI document of the API.
-pub fn openapi() -> utoipa::openapi::OpenApi {
-    ApiDoc::openapi()
+/// The OpenAPI document of the API, with the limits the server enforces (allocates waiting at
+/// most `max_wait`).
+pub fn openapi(max_wait: Duration) -> serde_json::Value {
+    let derived = serde_json::to_value(ApiDoc::openapi()).expect("the document serializes");
+    document::with_limits(derived, max_wait)
 }
 
 /// The router of the whole API.
 pub fn app(state: AppState) -> Router {
-    let document = Arc::new(openapi());
+    let document = Arc::new(openapi(state.max_wait));
     Router::new()
         .route("/healthz", get(routes::healthz))
         .route("/metrics", get(metrics::scrape))

@@ -2,7 +2,7 @@
 //! `Store` call.
 
 use allot_api as api;
-use allot_core::pool::{PoolError, OFFER_ID};
+use allot_core::pool::{AllocState, OFFER_ID};
 use axum::extract::State;
 use axum::http::StatusCode;
 use axum::Json;
@@ -48,12 +48,19 @@ pub(crate) async fn put_pool(
     JsonBody(body): JsonBody<api::PutPool>,
 ) -> Result<(StatusCode, Json<api::PutPoolResponse>), ApiError> {
     let capacity = convert::resources(&body.capacity)?;
+    if capacity.is_empty() {
+        return Err(ApiError::invalid_argument(
+            "a pool's capacity must name some resources above zero, e.g. `cpu=4,mem=16GiB`; \
+             to take a pool out of service use stop-if-idle or DELETE",
+        ));
+    }
     let (created, view) = state.store.put_pool(convert::pool_name(&name)?, capacity).await?;
     let status = if created { StatusCode::CREATED } else { StatusCode::OK };
     Ok((status, Json(api::PutPoolResponse { created, pool: convert::pool(view) })))
 }
 
 #[derive(Debug, Deserialize, utoipa::IntoParams)]
+#[into_params(parameter_in = Query)]
 #[serde(deny_unknown_fields)]
 pub(crate) struct RemovePoolQuery {
     /// Remove the pool even if it has allocs (they end with it).
@@ -102,8 +109,13 @@ pub(crate) async fn accept(
     let pool = convert::pool_name(&name)?;
     let request = convert::alloc_request(body)?;
     if offer != OFFER_ID {
-        let free = state.store.offer(pool.clone()).await?.map(|o| o.available).unwrap_or_default();
-        return Err(PoolError::OfferExpired { pool, wanted: request.min, free }.into());
+        // A pool has one offer, `1`; an unknown pool is still `pool_not_found`.
+        state.store.pool(pool.clone()).await?;
+        return Err(ApiError::new(
+            StatusCode::NOT_FOUND,
+            "offer_not_found",
+            format!("pool `{pool}` has no offer `{offer}`: its one offer is `{OFFER_ID}` (see GET /v1/pools/{{pool}}/offers)"),
+        ));
     }
     let alloc = state.store.accept(pool, request).await?;
     Ok((StatusCode::CREATED, Json(convert::alloc(alloc, None, state.store.now()))))
@@ -126,16 +138,20 @@ pub(crate) async fn list_allocs(
     }))
 }
 
-/// Inspects an alloc, live or ended (kept for a while after it ends, with the reason).
+/// Inspects an alloc: 200 while it lives; 410 Gone once it has ended, with its record (kept for
+/// a while after it ends, saying why it ended).
 #[utoipa::path(get, path = "/v1/pools/{pool}/allocs/{alloc}", tag = "pools",
     params(("pool" = String, Path), ("alloc" = String, Path, description = "16 hex digits")),
-    responses((status = 400, body = api::ErrorBody, description = "invalid_name, invalid_resources, invalid_argument or invalid_json"), (status = 503, body = api::ErrorBody, description = "store_unavailable, store_outcome_unknown or shutting_down"), (status = 200, body = api::Alloc), (status = 404, body = api::ErrorBody, description = "alloc_not_found")))]
+    responses((status = 400, body = api::ErrorBody, description = "invalid_name, invalid_resources, invalid_argument or invalid_json"), (status = 503, body = api::ErrorBody, description = "store_unavailable, store_outcome_unknown or shutting_down"), (status = 200, body = api::Alloc, description = "a live alloc"),
+        (status = 410, body = api::Alloc, description = "an ended alloc's record: `ended` says why"),
+        (status = 404, body = api::ErrorBody, description = "alloc_not_found")))]
 pub(crate) async fn get_alloc(
     State(state): State<AppState>,
     Segments((name, id)): Segments<(String, String)>,
-) -> Answer<api::Alloc> {
+) -> Result<(StatusCode, Json<api::Alloc>), ApiError> {
     let found = state.store.inspect_alloc(convert::pool_name(&name)?, convert::alloc_id(&id)?).await?;
-    Ok(Json(convert::alloc_state(found, state.store.now())))
+    let status = if matches!(found, AllocState::Live(_)) { StatusCode::OK } else { StatusCode::GONE };
+    Ok((status, Json(convert::alloc_state(found, state.store.now()))))
 }
 
 /// Frees an alloc; freeing an ended alloc answers its record again.
@@ -150,12 +166,12 @@ pub(crate) async fn free_alloc(
     Ok(Json(convert::ended_alloc(ended, state.store.now())))
 }
 
-/// Renews an alloc's lease; answers the interval granted. `alloc_ended` (410) is final.
+/// Renews an alloc's lease; answers the interval granted. `alloc_ended` (409) is final.
 #[utoipa::path(post, path = "/v1/pools/{pool}/allocs/{alloc}/keepalive", tag = "pools",
     params(("pool" = String, Path), ("alloc" = String, Path)),
     request_body = api::AllocKeepalive,
     responses((status = 400, body = api::ErrorBody, description = "invalid_name, invalid_resources, invalid_argument or invalid_json"), (status = 503, body = api::ErrorBody, description = "store_unavailable, store_outcome_unknown or shutting_down"), (status = 200, body = api::AllocKeepaliveResponse),
-        (status = 410, body = api::ErrorBody, description = "alloc_ended: freed or reclaimed; stop keeping it alive"),
+        (status = 409, body = api::ErrorBody, description = "alloc_ended: freed or reclaimed; stop keeping it alive"),
         (status = 404, body = api::ErrorBody)))]
 pub(crate) async fn keepalive_alloc(
     State(state): State<AppState>,

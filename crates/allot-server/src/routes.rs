@@ -65,6 +65,7 @@ pub(crate) async fn put_namespace(
 }
 
 #[derive(Debug, Deserialize, utoipa::IntoParams)]
+#[into_params(parameter_in = Query)]
 #[serde(deny_unknown_fields)]
 pub(crate) struct RemoveQuery {
     /// Remove the namespace even if it has grants (they end with it).
@@ -115,7 +116,7 @@ pub(crate) async fn get_grant(
 /// Allocate: idempotent per token. The answer is 200 whatever the status; errors are 4xx/5xx.
 #[utoipa::path(put, path = "/v1/namespaces/{namespace}/grants/{token}", tag = "grants",
     params(("namespace" = String, Path), ("token" = String, Path, description = "the caller's idempotency key")),
-    request_body = api::Allocate,
+    request_body(content = Option<api::Allocate>, description = "optional: an empty body asks for 1 unit, no scope, no lease"),
     responses((status = 200, body = api::AllocateResponse, description = "Granted, Exhausted or NamespaceQuotaExceeded"),
         (status = 400, body = api::ErrorBody), (status = 404, body = api::ErrorBody),
         (status = 409, body = api::ErrorBody, description = "token_conflict or units_exceed_quota"),
@@ -125,12 +126,13 @@ pub(crate) async fn allocate(
     Segments((name, token)): Segments<(String, String)>,
     JsonBody(body): JsonBody<api::Allocate>,
 ) -> Answer<api::AllocateResponse> {
-    let (request, wait) = convert::allocate_request(&name, &token, body)?;
+    let (request, wait) = convert::allocate_request(&name, &token, body, state.max_wait)?;
     let allocation = state.store.allocate(request, wait).await?;
     Ok(Json(convert::allocation(allocation)))
 }
 
 #[derive(Debug, Deserialize, utoipa::IntoParams)]
+#[into_params(parameter_in = Query)]
 #[serde(deny_unknown_fields)]
 pub(crate) struct FencingQuery {
     /// Refuse the release if the grant's fencing number is not this one.
@@ -153,7 +155,7 @@ pub(crate) async fn release(
 
 #[utoipa::path(post, path = "/v1/namespaces/{namespace}/grants/{token}/keepalive", tag = "grants",
     params(("namespace" = String, Path), ("token" = String, Path)),
-    request_body = api::Keepalive,
+    request_body(content = Option<api::Keepalive>, description = "optional: an empty body renews whatever the fencing number"),
     responses((status = 503, body = api::ErrorBody, description = "store_unavailable or shutting_down"), (status = 400, body = api::ErrorBody, description = "invalid input"), (status = 200, body = api::Grant), (status = 404, body = api::ErrorBody),
         (status = 409, body = api::ErrorBody, description = "stale_fencing")))]
 pub(crate) async fn keepalive_grant(

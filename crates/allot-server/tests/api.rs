@@ -154,6 +154,21 @@ const BAD_INPUT: &[(&str, &str, &str, u16, &str)] = &[
     ("PUT", "/v1/namespaces/x", r#"{"quota": 9007199254740992}"#, 400, "invalid_argument"),
     ("PUT", "/v1/namespaces/x", r#"{"quota": 1, "extra": true}"#, 400, "invalid_json"),
     ("PUT", "/v1/namespaces/x", r#"[1, 2]"#, 400, "invalid_json"),
+    ("PUT", "/v1/namespaces/x", r#"[10]"#, 400, "invalid_json"),
+    ("PUT", "/v1/namespaces/x", r#"10"#, 400, "invalid_json"),
+    ("PUT", "/v1/namespaces/a%2Fb", r#"{"quota": 1}"#, 400, "invalid_name"),
+    ("PUT", "/v1/namespaces/a/b", r#"{"quota": 1}"#, 404, "not_found"),
+    ("PUT", "/v1/namespaces/hive/grants/a%2Fb", "{}", 400, "invalid_name"),
+    ("PUT", "/v1/namespaces/hive/grants/t", r#"[1]"#, 400, "invalid_json"),
+    (
+        "PUT",
+        "/v1/namespaces/hive/grants/t",
+        r#"{"scope": {"project": "p", "namespace": "d"}, "caps": [1, 2]}"#,
+        400,
+        "invalid_json",
+    ),
+    ("PUT", "/v1/namespaces/hive/grants/t", r#"{"scope": ["p", "d"]}"#, 400, "invalid_json"),
+    ("PUT", "/v1/namespaces/hive/grants/t", r#"{"units": 1.5}"#, 400, "invalid_json"),
     ("PUT", "/v1/namespaces/x", "", 400, "invalid_json"),
     ("PUT", "/v1/namespaces/a::b", r#"{"quota": 1}"#, 400, "invalid_name"),
     ("PUT", "/v1/namespaces/a:", r#"{"quota": 1}"#, 400, "invalid_name"),
@@ -163,7 +178,6 @@ const BAD_INPUT: &[(&str, &str, &str, u16, &str)] = &[
     ("PUT", "/v1/namespaces/hive/grants/t", r#"{"units": -3}"#, 400, "invalid_json"),
     ("PUT", "/v1/namespaces/hive/grants/t", r#"{"units": 1e30}"#, 400, "invalid_json"),
     ("PUT", "/v1/namespaces/hive/grants/t", r#"{"units": 1152921504606846976}"#, 400, "invalid_argument"),
-    ("PUT", "/v1/namespaces/hive/grants/t", r#"{"units": 3}"#, 409, "units_exceed_quota"),
     ("PUT", "/v1/namespaces/hive/grants/t", r#"{"ttl_ms": 0}"#, 400, "invalid_argument"),
     ("PUT", "/v1/namespaces/hive/grants/t", r#"{"wait_ms": 86400000}"#, 400, "invalid_argument"),
     ("PUT", "/v1/namespaces/hive/grants/t", r#"{"caps": {"project": 1}}"#, 400, "caps_without_scope"),
@@ -184,6 +198,7 @@ const BAD_INPUT: &[(&str, &str, &str, u16, &str)] = &[
         "invalid_argument",
     ),
     ("PUT", "/v1/namespaces/hive/grants/held", r#"{"units": 2}"#, 409, "token_conflict"),
+    ("PUT", "/v1/namespaces/hive/grants/held", r#"{"ttl_ms": 1000}"#, 409, "token_conflict"),
     ("PUT", "/v1/namespaces/nope/grants/t", "{}", 404, "namespace_not_found"),
     ("DELETE", "/v1/namespaces/hive/grants/held?fencing=99", "", 409, "stale_fencing"),
     ("DELETE", "/v1/namespaces/hive/grants/held?fencing=abc", "", 400, "invalid_argument"),
@@ -202,16 +217,18 @@ const BAD_INPUT: &[(&str, &str, &str, u16, &str)] = &[
     ("GET", "/v1/namespaces?page=2", "", 400, "invalid_argument"),
     ("GET", "/v1/namespaces?cursor=", "", 400, "invalid_cursor"),
     ("GET", "/v1/namespaces?cursor=zz", "", 400, "invalid_cursor"),
-    // A cursor of the pools list (`p` + hex of `hive`), given to the namespaces list.
-    ("GET", "/v1/namespaces?cursor=p68697665", "", 400, "invalid_cursor"),
-    ("GET", "/v1/namespaces/hive/grants?cursor=n68697665", "", 400, "invalid_cursor"),
+    // A cursor of the pools list, given to the namespaces list.
+    ("GET", "/v1/namespaces?cursor=phive", "", 400, "invalid_cursor"),
+    ("GET", "/v1/namespaces?cursor=na::b", "", 400, "invalid_cursor"),
+    ("GET", "/v1/namespaces/hive/grants?cursor=nhive", "", 400, "invalid_cursor"),
     ("GET", "/v1/namespaces/hive/grants?limit=100000", "", 400, "invalid_argument"),
     ("GET", "/v1/namespaces/nope/grants?limit=10", "", 404, "namespace_not_found"),
     ("GET", "/v1/namespaces/hive/waiters?cursor=w", "", 400, "invalid_cursor"),
     ("GET", "/v1/namespaces/hive/waiters?limit=0", "", 400, "invalid_argument"),
     ("GET", "/v1/sessions?cursor=s00", "", 400, "invalid_cursor"),
+    ("GET", "/v1/namespaces/hive/waiters?cursor=w-1", "", 400, "invalid_cursor"),
     ("GET", "/v1/pools?limit=0", "", 400, "invalid_argument"),
-    ("GET", "/v1/pools?cursor=n68697665", "", 400, "invalid_cursor"),
+    ("GET", "/v1/pools?cursor=nhive", "", 400, "invalid_cursor"),
     ("GET", "/v1/pools/nope/allocs?cursor=a00", "", 400, "invalid_cursor"),
     ("PATCH", "/v1/namespaces/hive", "", 405, "method_not_allowed"),
 ];
@@ -244,8 +261,8 @@ async fn bad_input_gets_a_4xx_with_a_code_and_changes_nothing() {
     let (status, got) = h.call(Method::PUT, "/v1/namespaces/%E5%90%8D%E5%89%8D:%C3%BC", r#"{"quota": 1}"#).await;
     assert_eq!(status, StatusCode::CREATED, "{got}");
     assert_eq!(got["namespace"]["name"], "名前:ü");
-    let (_, got) = h.call(Method::PUT, "/v1/namespaces/%E5%90%8D%E5%89%8D:%C3%BC/grants/a%2Fb%20c", "").await;
-    assert_eq!(got["grant"]["token"], "a/b c", "{got}");
+    let (_, got) = h.call(Method::PUT, "/v1/namespaces/%E5%90%8D%E5%89%8D:%C3%BC/grants/a%25b%20c%3F", "").await;
+    assert_eq!(got["grant"]["token"], "a%b c?", "{got}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -347,8 +364,9 @@ async fn pools_offers_and_allocs_over_the_api() {
     let (status, body) = h.call(Method::DELETE, &path, "").await;
     assert_eq!((status, body["ended"].clone()), (StatusCode::OK, json!("freed")), "{body}");
     let (status, body) = h.call(Method::POST, &format!("{path}/keepalive"), r#"{"interval_ms": 1000}"#).await;
-    assert_eq!((status, body["error"]["code"].clone()), (StatusCode::GONE, json!("alloc_ended")), "{body}");
-    let (_, body) = h.call(Method::GET, &path, "").await;
+    assert_eq!((status, body["error"]["code"].clone()), (StatusCode::CONFLICT, json!("alloc_ended")), "{body}");
+    let (status, body) = h.call(Method::GET, &path, "").await;
+    assert_eq!(status, StatusCode::GONE, "an ended alloc is gone");
     assert_eq!(body["ended"], "freed", "an ended alloc can still be inspected");
 
     let (_, body) = h.call(Method::POST, "/v1/pools/worker-1/stop-if-idle", r#"{"idle_ms": 0}"#).await;
@@ -373,14 +391,19 @@ async fn pools_offers_and_allocs_over_the_api() {
         (Method::PUT, "/v1/pools/p", r#"{"capacity": "CPU=4"}"#, StatusCode::BAD_REQUEST, "invalid_resources"),
         (Method::PUT, "/v1/pools/p", r#"{"capacity": 4}"#, StatusCode::BAD_REQUEST, "invalid_json"),
         (Method::PUT, "/v1/pools/a%2Fb", r#"{"capacity": "cpu=1"}"#, StatusCode::BAD_REQUEST, "invalid_name"),
+        (Method::PUT, "/v1/pools/p", r#"{"capacity": ""}"#, StatusCode::BAD_REQUEST, "invalid_argument"),
+        (Method::PUT, "/v1/pools/p", r#"{"capacity": "cpu=0"}"#, StatusCode::BAD_REQUEST, "invalid_argument"),
+        (Method::PUT, "/v1/pools/p", r#"["cpu=1"]"#, StatusCode::BAD_REQUEST, "invalid_json"),
+        (Method::POST, "/v1/pools/worker-1/offers/2", r#"{"min": "cpu=1"}"#, StatusCode::NOT_FOUND, "offer_not_found"),
+        (Method::POST, "/v1/pools/nope/offers/2", r#"{"min": "cpu=1"}"#, StatusCode::NOT_FOUND, "pool_not_found"),
         (Method::GET, "/v1/pools/nope/offers", "", StatusCode::NOT_FOUND, "pool_not_found"),
         (Method::POST, "/v1/pools/worker-1/offers/1", r#"{"min": ""}"#, StatusCode::BAD_REQUEST, "invalid_argument"),
         (
             Method::POST,
             "/v1/pools/worker-1/offers/1",
             r#"{"min": "cpu=2", "max": "cpu=1"}"#,
-            StatusCode::BAD_REQUEST,
-            "invalid_argument",
+            StatusCode::CONFLICT,
+            "pool_stopped",
         ),
         (Method::GET, "/v1/pools/worker-1/allocs/xyz", "", StatusCode::BAD_REQUEST, "invalid_name"),
         (Method::GET, "/v1/pools/worker-1/allocs/00000000000000ff", "", StatusCode::NOT_FOUND, "alloc_not_found"),
@@ -521,6 +544,7 @@ async fn the_openapi_document_describes_pages() {
         let param = |name: &str| params.iter().find(|p| p["name"] == name).unwrap_or_else(|| panic!("{path} {name}"));
         assert_eq!(param("limit")["in"], "query", "{path}");
         assert_eq!(param("cursor")["in"], "query", "{path}");
+        assert!(param("cursor")["schema"]["pattern"].as_str().is_some_and(|p| p.starts_with('^')), "{path}");
         let limit = &param("limit")["schema"];
         assert_eq!((limit["minimum"].clone(), limit["maximum"].clone()), (json!(1), json!(1000)), "{path}: {limit}");
         let codes = document["paths"][path]["get"]["responses"]["400"]["description"].as_str().unwrap();
@@ -583,4 +607,60 @@ async fn metrics_stay_small_with_10000_namespaces() {
     let series = |prefix: &str| text.lines().filter(|line| line.starts_with(prefix)).count();
     assert_eq!(series("allot_quota_units{"), 11, "series for the selected namespaces only");
     assert_eq!(series("allot_pool_allocs{"), 10, "series for the selected pools only");
+}
+
+#[tokio::test]
+async fn the_document_states_the_limits_the_server_enforces() {
+    let h = Harness::new();
+    let (_, doc) = h.call(Method::GET, "/openapi.json", "").await;
+    let parameters = |path: &str, method: &str| doc["paths"][path][method]["parameters"].as_array().unwrap().clone();
+    // Optional flags are query parameters, not required path parameters.
+    let release = parameters("/v1/namespaces/{namespace}/grants/{token}", "delete");
+    let fencing = release.iter().find(|p| p["name"] == "fencing").unwrap();
+    assert_eq!((fencing["in"].as_str(), fencing["required"].as_bool()), (Some("query"), Some(false)), "{fencing}");
+    for path in ["/v1/namespaces/{namespace}", "/v1/pools/{pool}"] {
+        let force = parameters(path, "delete").into_iter().find(|p| p["name"] == "force").unwrap();
+        assert_eq!((force["in"].as_str(), force["required"].as_bool()), (Some("query"), Some(false)), "{force}");
+    }
+    // Names, ids and ranges come from the checks' own constants.
+    let allocate = parameters("/v1/namespaces/{namespace}/grants/{token}", "put");
+    assert_eq!(allocate[0]["schema"]["pattern"], allot_core::NAMESPACE_PATTERN);
+    assert_eq!(allocate[1]["schema"]["pattern"], allot_core::NAME_PATTERN);
+    assert_eq!(allocate[1]["schema"]["maxLength"], 255);
+    let session = &parameters("/v1/sessions/{id}", "get")[0]["schema"];
+    assert_eq!(session["pattern"], "^[0-9a-fA-F]{32}$");
+    let schemas = &doc["components"]["schemas"];
+    assert_eq!(schemas["PutNamespace"]["properties"]["quota"]["maximum"], allot_core::MAX_UNITS);
+    assert_eq!(schemas["PutNamespace"]["properties"]["quota"]["minimum"], 0);
+    assert_eq!(schemas["Allocate"]["properties"]["units"]["minimum"], 1);
+    assert_eq!(schemas["Allocate"]["properties"]["wait_ms"]["maximum"], 300_000);
+    assert!(schemas["PutPool"]["properties"]["capacity"]["pattern"].is_string());
+    // The allocate and keepalive bodies are optional (an empty body is `{}`).
+    let put = &doc["paths"]["/v1/namespaces/{namespace}/grants/{token}"]["put"];
+    assert_ne!(put["requestBody"]["required"], true, "{}", put["requestBody"]);
+    let keepalive = &doc["paths"]["/v1/namespaces/{namespace}/grants/{token}/keepalive"]["post"];
+    assert_ne!(keepalive["requestBody"]["required"], true, "{}", keepalive["requestBody"]);
+}
+
+#[tokio::test]
+async fn offers_say_what_happened() {
+    let h = Harness::new();
+    h.call(Method::PUT, "/v1/pools/small", r#"{"capacity": "cpu=2"}"#).await;
+    let (status, body) = h.call(Method::POST, "/v1/pools/small/offers/1", r#"{"min": "cpu=3"}"#).await;
+    assert_eq!((status, body["error"]["code"].as_str()), (StatusCode::CONFLICT, Some("exceeds_capacity")), "{body}");
+    let (status, _) = h.call(Method::POST, "/v1/pools/small/offers/1", r#"{"min": "cpu=2"}"#).await;
+    assert_eq!(status, StatusCode::CREATED);
+    let (status, body) = h.call(Method::POST, "/v1/pools/small/offers/1", r#"{"min": "cpu=1"}"#).await;
+    assert_eq!((status, body["error"]["code"].as_str()), (StatusCode::CONFLICT, Some("offer_expired")), "{body}");
+    let (status, body) = h.call(Method::POST, "/v1/pools/small/offers/7", r#"{"min": "cpu=1"}"#).await;
+    assert_eq!((status, body["error"]["code"].as_str()), (StatusCode::NOT_FOUND, Some("offer_not_found")), "{body}");
+}
+
+#[tokio::test]
+async fn a_paused_namespace_answers_exhausted() {
+    let h = Harness::new();
+    let (status, _) = h.call(Method::PUT, "/v1/namespaces/paused", r#"{"quota": 0}"#).await;
+    assert_eq!(status, StatusCode::CREATED);
+    let (status, body) = h.call(Method::PUT, "/v1/namespaces/paused/grants/t", r#"{"units": 3}"#).await;
+    assert_eq!((status, body["status"].as_str()), (StatusCode::OK, Some("Exhausted")), "{body}");
 }

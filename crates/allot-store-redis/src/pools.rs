@@ -151,6 +151,11 @@ fn error(pool: &PoolName, args: &[&str], reply: &mut Reply) -> Result<StoreError
             wanted: decode(&reply.text()?)?,
             free: decode(&reply.text()?)?,
         },
+        "exceeds_capacity" => PoolError::ExceedsCapacity {
+            pool: pool.clone(),
+            wanted: decode(&reply.text()?)?,
+            capacity: decode(&reply.text()?)?,
+        },
         "alloc_not_found" => PoolError::AllocNotFound { pool: pool.clone(), id: id()? },
         "alloc_ended" => PoolError::AllocEnded { pool: pool.clone(), id: id()?, reason: reason(&reply.text()?)? },
         "alloc_id_taken" => PoolError::AllocIdTaken { pool: pool.clone(), id: id()? },
@@ -247,7 +252,7 @@ pub(crate) async fn offer(inner: &Inner, pool: PoolName) -> Result<Option<Offer>
 
 pub(crate) async fn accept(inner: &Inner, pool: PoolName, request: AllocRequest) -> Result<Alloc, StoreError> {
     request.check()?;
-    let (min, max) = (encode(&request.min), request.max.as_ref().map(encode).unwrap_or_default());
+    let (min, max) = (encode(&request.min), encode(&request.upper()));
     let labels = serde_json::to_string(&request.labels).map_err(|e| StoreError::Invalid(e.to_string()))?;
     let initial = rules(inner).initial_ms.to_string();
     loop {
@@ -323,6 +328,7 @@ pub(crate) async fn allocs(
 }
 
 pub(crate) async fn stop_if_idle(inner: &Inner, pool: PoolName, idle_ms: u64) -> Result<(bool, u64), StoreError> {
+    allot_core::pool::check_idle(idle_ms)?;
     let (_, mut reply) = call(inner, &pool, &["stop", &idle_ms.to_string()], true).await?;
     Ok((reply.uint()? == 1, reply.uint()?))
 }

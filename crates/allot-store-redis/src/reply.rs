@@ -163,9 +163,6 @@ pub(crate) fn error(
             token: token.cloned().ok_or_else(|| corrupt("grant_not_found without a token"))?,
         },
         "stale_fencing" => LedgerError::StaleFencing { given: reply.uint()?, current: reply.uint()? },
-        "units_exceed_quota" => {
-            LedgerError::UnitsExceedQuota { namespace: namespace.clone(), units: reply.uint()?, quota: reply.uint()? }
-        }
         "namespace_in_use" => {
             LedgerError::NamespaceInUse { namespace: namespace.clone(), grants: reply.uint()? as usize }
         }
@@ -173,13 +170,21 @@ pub(crate) fn error(
             LedgerError::SessionNotFound(SessionId::parse(&reply.text()?).map_err(corrupt)?)
         }
         "token_conflict" => {
-            let how = reply.text()?;
-            let units = reply.uint()?;
-            let (project, scope_ns) = (reply.text()?, reply.text()?);
-            let held = allot_core::describe(units, scope(&project, &scope_ns)?.as_ref());
+            let waiting = reply.text()? == "waiting";
+            let field = match reply.text()?.as_str() {
+                "units" => "units",
+                "scope" => "scope",
+                "caps" => "caps",
+                "ttl_ms" => "ttl_ms",
+                "session" => "session",
+                other => return Err(corrupt(format!("token_conflict on field `{other}`"))),
+            };
             LedgerError::TokenConflict {
                 token: token.cloned().ok_or_else(|| corrupt("token_conflict without a token"))?,
-                existing: if how == "waiting" { format!("waiting for {held}") } else { held },
+                waiting,
+                field,
+                held: reply.text()?,
+                asked: reply.text()?,
             }
         }
         other => return Err(corrupt(format!("error code `{other}`"))),

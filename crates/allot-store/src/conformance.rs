@@ -21,6 +21,8 @@ pub async fn run(store: Arc<dyn Store>) {
     tokio::join!(
         namespaces_are_created_changed_and_removed(store_ref),
         grants_until_the_quota_is_full(store_ref),
+        a_quota_of_zero_pauses_and_a_lowered_quota_keeps_waiters(store_ref),
+        a_retry_must_match_the_lease(store_ref),
         allocate_and_release_are_idempotent(store_ref),
         caps_match_scopes_exactly(store_ref),
         stale_fencing_is_refused(store_ref),
@@ -93,8 +95,68 @@ async fn grants_until_the_quota_is_full(store: &dyn Store) {
     assert_granted(&store.allocate(request(&name, "c", 1), Duration::ZERO).await.unwrap());
     let view = store.namespace(name.clone()).await.unwrap();
     assert_eq!((view.granted_units, view.grants), (3, 2));
-    let too_big = store.allocate(request(&name, "d", 4), Duration::ZERO).await;
-    assert!(matches!(too_big, Err(StoreError::Ledger(LedgerError::UnitsExceedQuota { .. }))), "{too_big:?}");
+    // More than the whole quota is exhausted, not an error: the quota may be raised.
+    let too_big = store.allocate(request(&name, "d", 4), Duration::ZERO).await.unwrap();
+    assert_eq!(too_big, Allocation::Refused { refusal: Refusal::Exhausted, place: None });
+}
+
+async fn a_quota_of_zero_pauses_and_a_lowered_quota_keeps_waiters(store: &dyn Store) {
+    let name = ns("paused");
+    store.put_namespace(name.clone(), 0).await.unwrap();
+    let paused = store.allocate(request(&name, "a", 1), Duration::ZERO).await.unwrap();
+    assert_eq!(paused, Allocation::Refused { refusal: Refusal::Exhausted, place: None });
+    // A waiter of a paused namespace is granted when the quota is raised.
+    let (woken, _) = tokio::join!(store.allocate(request(&name, "a", 1), Duration::from_secs(10)), async {
+        queue_is(store, &name, &["a"]).await;
+        store.put_namespace(name.clone(), 2).await.unwrap();
+    });
+    assert_granted(&woken.unwrap());
+    // Lowered below a waiter's units, the quota keeps the waiter; raised again, it admits it.
+    let (big, _) = tokio::join!(store.allocate(request(&name, "big", 2), Duration::from_secs(10)), async {
+        queue_is(store, &name, &["big"]).await;
+        store.put_namespace(name.clone(), 1).await.unwrap();
+        assert_eq!(
+            store.waiters(name.clone(), PageRequest::first(10)).await.unwrap().items.len(),
+            1,
+            "lowering the quota dropped a waiter"
+        );
+        store.release(name.clone(), token("a"), None).await.unwrap();
+        store.put_namespace(name.clone(), 3).await.unwrap();
+    });
+    assert_granted(&big.unwrap());
+}
+
+async fn a_retry_must_match_the_lease(store: &dyn Store) {
+    let name = ns("retry-lease");
+    store.put_namespace(name.clone(), 2).await.unwrap();
+    let with_ttl = AllocateRequest { lease: LeaseRequest::Ttl { ttl_ms: 60_000 }, ..request(&name, "t", 1) };
+    assert_granted(&store.allocate(with_ttl.clone(), Duration::ZERO).await.unwrap());
+    let retried = store.allocate(with_ttl.clone(), Duration::ZERO).await.unwrap();
+    assert!(matches!(retried, Allocation::Granted { existing: true, .. }), "{retried:?}");
+    let other = AllocateRequest { lease: LeaseRequest::Ttl { ttl_ms: 30_000 }, ..with_ttl.clone() };
+    let err = store.allocate(other, Duration::ZERO).await.unwrap_err();
+    assert_eq!(
+        err,
+        StoreError::Ledger(LedgerError::TokenConflict {
+            token: token("t"),
+            waiting: false,
+            field: "ttl_ms",
+            held: "ttl_ms 60000".into(),
+            asked: "ttl_ms 30000".into(),
+        })
+    );
+    let session = store.open_session(60_000).await.unwrap().session.id;
+    let in_session = AllocateRequest { lease: LeaseRequest::Session(session), ..with_ttl.clone() };
+    let err = store.allocate(in_session, Duration::ZERO).await.unwrap_err();
+    assert!(matches!(err, StoreError::Ledger(LedgerError::TokenConflict { field: "session", .. })), "{err:?}");
+    let unscoped = AllocateRequest { units: 2, ..with_ttl };
+    let err = store.allocate(unscoped, Duration::ZERO).await.unwrap_err();
+    assert!(
+        matches!(&err, StoreError::Ledger(LedgerError::TokenConflict { field: "units", held, asked, .. })
+        if held == "1" && asked == "2"),
+        "{err:?}"
+    );
+    store.close_session(session).await.unwrap();
 }
 
 async fn allocate_and_release_are_idempotent(store: &dyn Store) {
@@ -520,10 +582,14 @@ async fn one_offer_holds_everything_free(store: &dyn Store) {
     let exact = store.accept(name.clone(), wants("cpu=2,mem=6GiB", None)).await.unwrap();
     assert_eq!(exact.resources, res("cpu=2,mem=6GiB"));
     assert_eq!(store.offer(name.clone()).await.unwrap(), None, "nothing free, no offer");
-    let bad = store.accept(name.clone(), wants("cpu=2", Some("cpu=1"))).await;
-    assert!(matches!(bad, Err(StoreError::Pool(PoolError::MaxBelowMin { .. }))), "{bad:?}");
+    let never = store.accept(name.clone(), wants("cpu=2,gpu=2", None)).await;
+    assert!(matches!(never, Err(StoreError::Pool(PoolError::ExceedsCapacity { .. }))), "{never:?}");
     let view = store.pool(name.clone()).await.unwrap();
     assert_eq!((view.allocs, view.stats.accepted, view.stats.offer_expired), (2, 2, 1));
+    store.free_alloc(name.clone(), exact.id).await.unwrap();
+    // A max below min (or silent on a resource) takes min there.
+    let raised = store.accept(name.clone(), wants("cpu=1,mem=1GiB", Some("cpu=0.5"))).await.unwrap();
+    assert_eq!(raised.resources, res("cpu=1,mem=1GiB"));
 }
 
 async fn allocs_end_and_say_why(store: &dyn Store) {

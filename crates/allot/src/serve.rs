@@ -55,6 +55,10 @@ pub(crate) struct ServeArgs {
     /// The longest lease one keepalive grants [default: 5m].
     #[arg(long, value_name = "DURATION", value_parser = crate::duration::parse)]
     alloc_max_lease: Option<std::time::Duration>,
+    /// The longest an allocate may wait for room (`wait_ms`), at most 5m; keep it below the idle
+    /// timeout of any proxy in front of the daemon [default: 5m].
+    #[arg(long, value_name = "DURATION", env = "ALLOT_MAX_WAIT", value_parser = crate::duration::parse)]
+    max_wait: Option<std::time::Duration>,
     /// Give these namespaces series of their own at /metrics (every namespace counts in the
     /// totals): `NAME` selects NAME and the namespaces under it (`NAME:...`), `PREFIX*` every name
     /// that starts with PREFIX, `*` all. Repeatable; replaces the file's `metrics_namespaces`.
@@ -107,6 +111,8 @@ struct ConfigFile {
     /// Lease rules of allocs.
     #[serde(default)]
     alloc_leases: AllocLeases,
+    /// The longest an allocate may wait, e.g. `60s` (default and most `5m`).
+    max_wait: Option<String>,
     /// Namespaces and pools with series of their own at /metrics (patterns, see the flags).
     #[serde(default)]
     metrics_namespaces: Vec<String>,
@@ -137,6 +143,7 @@ struct Config {
     quotas: Vec<(NamespaceName, u64)>,
     pools: Vec<(PoolName, Resources)>,
     pool_rules: LeaseRules,
+    max_wait: std::time::Duration,
     metrics: MetricsConfig,
 }
 
@@ -229,6 +236,14 @@ fn resolve(args: &ServeArgs) -> anyhow::Result<Config> {
             Ok((pool, capacity))
         })
         .collect::<anyhow::Result<Vec<_>>>()?;
+    let max_wait = match (args.max_wait, &file.max_wait) {
+        (Some(flag), _) => flag,
+        (None, Some(text)) => crate::duration::parse(text).map_err(|err| anyhow::anyhow!("max_wait: {err}"))?,
+        (None, None) => allot_store::MAX_WAIT,
+    };
+    if max_wait > allot_store::MAX_WAIT {
+        bail!("--max-wait (max_wait) is {max_wait:?}; the most is 5m");
+    }
     let pick = |flags: &[String], file: Vec<String>| if flags.is_empty() { file } else { flags.to_vec() };
     let metrics = MetricsConfig {
         namespaces: pick(&args.metrics_namespaces, file.metrics_namespaces),
@@ -238,6 +253,7 @@ fn resolve(args: &ServeArgs) -> anyhow::Result<Config> {
     Ok(Config {
         pools,
         pool_rules,
+        max_wait,
         metrics,
         listen: args.listen.or(file.listen).unwrap_or_else(|| DEFAULT_LISTEN.parse().expect("valid address")),
         data_dir,
@@ -337,7 +353,7 @@ pub(crate) async fn run(args: ServeArgs) -> anyhow::Result<()> {
     tracing::info!(%address, data_dir = %config.data_dir.display(), backend = store.backend(), "allot serving");
     // The one line on stdout: scripts and tests read the address from it.
     println!("allot listening on http://{address}");
-    let state = allot_server::AppState::new(store).with_metrics(config.metrics);
+    let state = allot_server::AppState::new(store).with_max_wait(config.max_wait).with_metrics(config.metrics);
     allot_server::run(listener, state, shutdown_signal()).await.context("server failed")
 }
 

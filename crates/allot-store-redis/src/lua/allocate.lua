@@ -12,12 +12,12 @@ local wait_ms = tonumber(ARGV[11])
 local existing = redis.call('HGET', K_GRANTS, r.token)
 if existing then
   local g = dec_grant(existing)
-  if g.units ~= r.units or g.project ~= r.project or g.scope ~= r.scope then
-    return { 'err', 'token_conflict', 'held', g.units, g.project, g.scope }
-  end
+  local c = conflict(g, r, false)
+  if c then return { 'err', 'token_conflict', 'held', c[1], c[2], c[3] } end
   return { 'granted', 1, existing, grant_expires_in(g, now), now }
 end
-if r.units > quota then return { 'err', 'units_exceed_quota', r.units, quota } end
+-- A request larger than the quota is not refused outright: the quota may be raised (a quota of
+-- 0 is a paused namespace). It is exhausted, or waits, like any other.
 if r.kind == 's' and (redis.call('ZSCORE', K_CLOSED, r.session) or session_deadline(r.session, r.sdl) <= now) then
   return { 'err', 'session_not_found', r.session }
 end
@@ -35,10 +35,8 @@ end
 local queued = not queue_empty and redis.call('HGET', K_WTOK, r.token)
 if queued then
   local w = dec_req(redis.call('HGET', K_WREQ, queued))
-  if w.units ~= r.units or w.project ~= r.project or w.scope ~= r.scope or w.cap_p ~= r.cap_p
-      or w.cap_n ~= r.cap_n or w.kind ~= r.kind or w.ttl ~= r.ttl or w.session ~= r.session then
-    return { 'err', 'token_conflict', 'waiting', w.units, w.project, w.scope }
-  end
+  local c = conflict(w, r, true)
+  if c then return { 'err', 'token_conflict', 'waiting', c[1], c[2], c[3] } end
   local position, units_ahead = place_of(redis.call('ZRANK', K_QUEUE, queued))
   if wait_ms == 0 then
     local level, cap, held = 'exhausted', 0, 0

@@ -111,6 +111,33 @@ local function req_from_argv(first)
     ttl = tonumber(ARGV[first + 7]), session = ARGV[first + 8], sdl = tonumber(ARGV[first + 9]) }
 end
 
+-- Token conflicts, worded as the ledger words them (`allot_core::grant_conflict`).
+local function describe_scope(x) if x.project == '' then return 'none' end return x.project .. '/' .. x.scope end
+local function describe_cap(cap) if cap == '' then return 'none' end return cap end
+local function describe_lease(x)
+  if x.kind == 't' then return 'ttl_ms ' .. int(x.ttl) elseif x.kind == 's' then return 'session ' .. x.session end
+  return 'no lease'
+end
+
+-- The first field in which request `r` differs from what its token has (`h`: a grant, or the
+-- waiting request when `waiting`), as {field, held, asked}; nil when `r` is a retry. A retry
+-- of a grant must match its units, scope and lease; a retry of a wait, its caps too.
+local function conflict(h, r, waiting)
+  if h.units ~= r.units then return { 'units', int(h.units), int(r.units) } end
+  if h.project ~= r.project or h.scope ~= r.scope then return { 'scope', describe_scope(h), describe_scope(r) } end
+  if waiting and (h.cap_p ~= r.cap_p or h.cap_n ~= r.cap_n) then
+    return { 'caps', 'project ' .. describe_cap(h.cap_p) .. ', namespace ' .. describe_cap(h.cap_n),
+      'project ' .. describe_cap(r.cap_p) .. ', namespace ' .. describe_cap(r.cap_n) }
+  end
+  if h.kind ~= r.kind or (h.kind == 't' and h.ttl ~= r.ttl) or (h.kind == 's' and h.session ~= r.session) then
+    -- A session on either side names the session; otherwise the TTLs differ.
+    local field = 'ttl_ms'
+    if h.kind == 's' or r.kind == 's' then field = 'session' end
+    return { field, describe_lease(h), describe_lease(r) }
+  end
+  return nil
+end
+
 local function ns_num(field) return tonumber(redis.call('HGET', K_NS, field) or '0') end
 
 local function held_key(project) return P .. ':held:' .. project end

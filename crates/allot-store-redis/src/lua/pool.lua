@@ -172,7 +172,7 @@ elseif op == 'offer' then
   local capacity = parse(redis.call('HGET', K_POOL, 'capacity'))
   return { 'offer', format(sub(capacity, held(load_allocs(), true))) }
 elseif op == 'accept' then
-  -- accept(id, min, max or '', owner, labels JSON, initial lease ms)
+  -- accept(id, min, max (at least min: `AllocRequest::upper`), owner, labels JSON, initial lease ms)
   local id, want_min = ARGV[2], parse(ARGV[3])
   local want_max = ARGV[4] ~= '' and parse(ARGV[4]) or nil
   if redis.call('HGET', K_POOL, 'stopped') == '1' then return { 'err', 'pool_stopped' } end
@@ -180,6 +180,7 @@ elseif op == 'accept' then
     return { 'err', 'alloc_id_taken' }
   end
   local capacity = parse(redis.call('HGET', K_POOL, 'capacity'))
+  if not fits(capacity, want_min) then return { 'err', 'exceeds_capacity', ARGV[3], format(capacity) } end
   local allocs = load_allocs()
   local used = held(allocs, false)
   local lapsed = {}

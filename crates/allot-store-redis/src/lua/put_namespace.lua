@@ -1,5 +1,6 @@
 -- put_namespace(quota, create_only): creates a namespace or changes its quota. Raising a quota
--- admits waiters; lowering it revokes nothing. With create_only = 1 an existing namespace is left
+-- admits waiters; lowering it revokes nothing and cancels no waiter (a quota of 0 pauses the
+-- namespace). With create_only = 1 an existing namespace is left
 -- as it is (the configuration file seeds quotas only where none exist).
 -- Replies {created, view...}.
 local now = now_ms()
@@ -17,17 +18,6 @@ if created then
   redis.call('PERSIST', K_WOKEN)
 end
 local woken = {}
--- A waiter that wants more than the new quota could never be granted.
-for _, wid in ipairs(redis.call('ZRANGE', K_QUEUE, 0, -1)) do
-  local record = redis.call('HGET', K_WREQ, wid)
-  if record then
-    local r = dec_req(record)
-    if r.units > quota then
-      forget_waiter(wid, r)
-      answer_waiter(wid, 'x\nunits_exceed_quota\n' .. int(r.units) .. '\n' .. int(quota), woken)
-    end
-  end
-end
 admit(now, woken)
 publish(woken)
 local view = namespace_view(now)

@@ -1,0 +1,117 @@
+//! The OpenAPI document: utoipa's derivation from the handlers and the wire types, plus the limits
+//! the server enforces (name rules, id formats, number ranges, the resources grammar), stated here
+//! from the same constants the checks use, so that the document and the server cannot drift.
+
+use allot_core::pool::MAX_IDLE_MS;
+use allot_core::resources::resources_pattern;
+use allot_core::{MAX_NAME_CHARS, MAX_TTL_MS, MAX_UNITS, NAMESPACE_PATTERN, NAME_PATTERN};
+use serde_json::{json, Value};
+
+/// A session id: 32 hexadecimal digits.
+const SESSION_ID_PATTERN: &str = "^[0-9a-fA-F]{32}$";
+/// An alloc id: 16 hexadecimal digits.
+const ALLOC_ID_PATTERN: &str = "^[0-9a-fA-F]{16}$";
+
+fn name() -> Value {
+    json!({"type": "string", "minLength": 1, "maxLength": MAX_NAME_CHARS, "pattern": NAME_PATTERN,
+        "description": "1 to 255 characters; no control characters, no `/`, not `.` or `..`"})
+}
+
+/// A resources text, e.g. `cpu=4,mem=16GiB`; `some`: at least one quantity above zero.
+fn resources(some: bool) -> Value {
+    json!({"pattern": resources_pattern(some), "description": format!(
+        "`name=quantity` items joined by `,`, e.g. `cpu=4,mem=16GiB,gpu=1`{}. A name is a-z first, then a-z, 0-9, \
+         `_`, `-`, `.` (at most 64); a quantity has up to 3 decimals and a unit (`m`, `k`/`K`, `M`, `G`, `T`, `P`, \
+         `Ki`..`Pi`, optionally followed by `B`), with at most 16 digits before the point in plain units (fewer in \
+         larger units). A name given twice counts once, with its largest quantity.",
+        if some { "; at least one quantity above zero" } else { "" }
+    )})
+}
+
+fn range(min: u64, max: u64) -> Value {
+    json!({"minimum": min, "maximum": max})
+}
+
+/// Adds the server's limits to utoipa's document.
+pub(crate) fn with_limits(mut doc: Value, max_wait: std::time::Duration) -> Value {
+    let namespace = json!({"type": "string", "minLength": 1, "maxLength": MAX_NAME_CHARS,
+        "pattern": NAMESPACE_PATTERN,
+        "description": "`:`-separated segments, none empty, e.g. `hive:cluster-a`; \
+            1 to 255 characters, no control characters, no `/`, not `.` or `..`"});
+    let path_params = [
+        ("namespace", namespace),
+        ("token", name()),
+        ("pool", name()),
+        ("id", json!({"type": "string", "pattern": SESSION_ID_PATTERN, "description": "32 hexadecimal digits"})),
+        ("alloc", json!({"type": "string", "pattern": ALLOC_ID_PATTERN, "description": "16 hexadecimal digits"})),
+    ];
+    if let Some(paths) = doc["paths"].as_object_mut() {
+        for operation in paths.values_mut().filter_map(Value::as_object_mut).flat_map(|item| item.values_mut()) {
+            // An optional body is an absent body, not a `null` one: utoipa writes `Option<T>` as
+            // "null or T" and required; state it as T, not required (an empty body reads as `{}`).
+            if let Some(body) = operation.get_mut("requestBody") {
+                let schema = &mut body["content"]["application/json"]["schema"];
+                if let Some([null, other]) = schema["oneOf"].as_array().map(Vec::as_slice) {
+                    if null["type"] == "null" {
+                        *schema = other.clone();
+                        body["required"] = Value::Bool(false);
+                    }
+                }
+            }
+            let Some(parameters) = operation.get_mut("parameters").and_then(Value::as_array_mut) else { continue };
+            for parameter in parameters.iter_mut().filter(|p| p["in"] == "path") {
+                if let Some((_, schema)) = path_params.iter().find(|(name, _)| parameter["name"] == *name) {
+                    parameter["schema"] = schema.clone();
+                }
+            }
+        }
+    }
+    // A fencing number is any u64 (utoipa writes `int64`, whose bound is 2^63 - 1).
+    let release = &mut doc["paths"]["/v1/namespaces/{namespace}/grants/{token}"]["delete"]["parameters"];
+    if let Some(fencing) = release.as_array_mut().and_then(|ps| ps.iter_mut().find(|p| p["name"] == "fencing")) {
+        fencing["schema"] = json!({"type": "integer", "minimum": 0, "maximum": u64::MAX});
+    }
+    // Each list's cursors, exactly.
+    for (path, schema) in crate::page::cursor_schemas() {
+        let parameters = doc["paths"][path]["get"]["parameters"].as_array_mut().expect("a list route has parameters");
+        let cursor = parameters.iter_mut().find(|p| p["name"] == "cursor").expect("a list route takes a cursor");
+        cursor["schema"] = schema;
+    }
+    let wait_ms = max_wait.as_millis() as u64;
+    let fields = [
+        ("PutNamespace", "quota", range(0, MAX_UNITS)),
+        ("Allocate", "units", range(1, MAX_UNITS)),
+        ("Allocate", "ttl_ms", range(1, MAX_TTL_MS)),
+        ("Allocate", "wait_ms", range(0, wait_ms)),
+        ("Allocate", "session", json!({"pattern": SESSION_ID_PATTERN})),
+        ("Caps", "project", range(0, MAX_UNITS)),
+        ("Caps", "namespace", range(0, MAX_UNITS)),
+        ("Scope", "project", name()),
+        ("Scope", "namespace", name()),
+        ("OpenSession", "ttl_ms", range(1, MAX_TTL_MS)),
+        ("AllocKeepalive", "interval_ms", json!({"minimum": 1})),
+        ("StopIfIdle", "idle_ms", range(0, MAX_IDLE_MS)),
+        ("PutPool", "capacity", resources(true)),
+        ("Accept", "min", resources(true)),
+        ("Accept", "max", resources(false)),
+    ];
+    // A grant's lease is its own TTL or its session's, not both; caps need a scope.
+    let has_caps = json!({"type": "object", "anyOf": [
+        {"required": ["project"], "properties": {"project": {"type": "integer"}}},
+        {"required": ["namespace"], "properties": {"namespace": {"type": "integer"}}},
+    ]});
+    doc["components"]["schemas"]["Allocate"]["allOf"] = json!([
+        {"not": {"required": ["ttl_ms", "session"],
+            "properties": {"ttl_ms": {"type": "integer"}, "session": {"type": "string"}}}},
+        {"not": {"required": ["caps"], "properties": {"caps": has_caps},
+            "not": {"required": ["scope"], "properties": {"scope": {"type": "object"}}}}},
+    ]);
+    for (schema, field, limits) in fields {
+        let property = &mut doc["components"]["schemas"][schema]["properties"][field];
+        assert!(property.is_object(), "the document has no {schema}.{field}");
+        for (key, value) in limits.as_object().expect("limits are objects") {
+            property[key] = value.clone();
+        }
+    }
+    doc
+}

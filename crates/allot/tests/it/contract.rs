@@ -1,0 +1,35 @@
+//! The API's contract, checked by a generated client: schemathesis reads `/openapi.json` of a
+//! real daemon, generates requests that follow the document and requests that break it, and
+//! checks every answer against the document (`--checks all`): schema-valid requests accepted,
+//! schema-violating ones refused with a 4xx, answers shaped as documented, no 5xx. So the
+//! document and the server cannot drift apart.
+
+use std::process::Command;
+
+use crate::support::{data_dir, Daemon};
+
+const INSTALL: &str = "schemathesis (`st`) was not found on PATH. This test runs it against a real daemon: \
+                       install it with `pip install schemathesis` (Python 3.9 or newer) and run again";
+
+#[test]
+fn schemathesis_finds_no_gap_between_the_document_and_the_server() {
+    let st = std::env::var_os("PATH")
+        .and_then(|path| std::env::split_paths(&path).map(|dir| dir.join("st")).find(|p| p.is_file()))
+        .unwrap_or_else(|| panic!("{INSTALL}"));
+    let (_dir, data) = data_dir();
+    // Long polls are bounded (and the document says so): a wait schemathesis asks for ends soon.
+    let daemon = Daemon::start(&data, &["--max-wait", "1s"]);
+    let output = Command::new(st)
+        .args(["--no-color", "run", &format!("{}/openapi.json", daemon.url), "--checks", "all"])
+        // Enough examples per operation to find what a full run finds, in about a minute.
+        .args(["--max-examples", "60", "--workers", "2"])
+        .env("SCHEMATHESIS_TELEMETRY", "false")
+        .output()
+        .expect("run schemathesis");
+    let report = String::from_utf8_lossy(&output.stdout);
+    assert!(
+        output.status.success(),
+        "schemathesis found gaps between /openapi.json and the server:\n{report}\n{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+}
