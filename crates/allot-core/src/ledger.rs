@@ -28,7 +28,8 @@ pub type Millis = u64;
 /// reads exactly.
 pub const MAX_UNITS: u64 = (1 << 53) - 1;
 /// Fencing numbers are reserved durably in blocks of this size, so a grant does not have to
-/// rewrite its namespace's record; after a restart, numbering continues above the last block.
+/// rewrite its namespace's record; after a crash, numbering continues above the last block (a
+/// clean shutdown writes the exact next number: [`Ledger::fencing_checkpoint`]).
 pub const FENCING_BLOCK: u64 = 1024;
 /// The longest TTL of a grant or session: 30 days.
 pub const MAX_TTL_MS: u64 = 30 * 24 * 3600 * 1000;
@@ -544,9 +545,30 @@ impl Ledger {
         }
         effects.cancelled =
             state.waiters.iter().map(|w| (w.id, LedgerError::NamespaceNotFound(name.clone()))).collect();
-        effects.changes.push(Change::NamespaceRemoved { name: name.clone(), next_fencing: state.fencing_bound });
-        self.retired_fencing.insert(name.clone(), state.fencing_bound);
+        // No grant of this name can be made until it is created again, so the exact next number
+        // is a safe bound: a re-created namespace continues without a jump.
+        effects.changes.push(Change::NamespaceRemoved { name: name.clone(), next_fencing: state.next_fencing });
+        self.retired_fencing.insert(name.clone(), state.next_fencing);
         Ok((state.grants.len(), effects))
+    }
+
+    /// The records that make every namespace's exact next fencing number durable, for a clean
+    /// shutdown: after them, numbering continues where it stopped instead of at the reserved
+    /// bound (a jump of up to [`FENCING_BLOCK`], which only a crash leaves). Each durable bound is
+    /// lowered to the next number, so a later grant reserves a new block as usual.
+    pub fn fencing_checkpoint(&mut self) -> Vec<Change> {
+        let mut changes = Vec::new();
+        for (name, state) in &mut self.namespaces {
+            if state.fencing_bound != state.next_fencing {
+                state.fencing_bound = state.next_fencing;
+                changes.push(Change::Namespace {
+                    name: name.clone(),
+                    quota: state.quota,
+                    next_fencing: state.next_fencing,
+                });
+            }
+        }
+        changes
     }
 
     /// Allocates `request.units` under `request.token` [Flyte `AllocateResource`].

@@ -538,6 +538,69 @@ impl fmt::Display for Resources {
     }
 }
 
+impl Resources {
+    /// The quantities as people read them in tables and messages: `mem=22.4GiB` for
+    /// 24,051,816,857 bytes. Byte quantities that the text form already writes with a unit and at
+    /// most one fractional digit stay as they are (`mem=16GiB`, `disk=500GB`); other byte
+    /// quantities are rounded to one fractional digit of the largest binary unit they fill
+    /// (`1.5KiB`, `512B`). Other quantities are written exactly. Lossy: it does not parse back to
+    /// the same value; the text form (`Display`) does.
+    pub fn human(&self) -> HumanResources<'_> {
+        HumanResources(self)
+    }
+}
+
+/// [`Resources::human`]: displays the quantities rounded for people.
+#[derive(Debug, Clone, Copy)]
+pub struct HumanResources<'a>(&'a Resources);
+
+impl fmt::Display for HumanResources<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        for (i, (name, &milli)) in self.0 .0.iter().enumerate() {
+            if i > 0 {
+                f.write_str(",")?;
+            }
+            write!(f, "{name}=")?;
+            if BYTE_NAMES.contains(&name.as_str()) {
+                f.write_str(&human_bytes(milli))?;
+            } else {
+                f.write_str(&decimal(milli))?;
+            }
+        }
+        Ok(())
+    }
+}
+
+/// A byte quantity for people: the exact text when it has a unit and at most one fractional
+/// digit, else one fractional digit of the largest binary unit it fills (or whole bytes).
+fn human_bytes(milli: u64) -> String {
+    const UNITS: [(&str, u64); 5] =
+        [("KiB", 1 << 10), ("MiB", 1 << 20), ("GiB", 1 << 30), ("TiB", 1 << 40), ("PiB", 1 << 50)];
+    let exact = bytes_text(milli);
+    let number = exact.trim_end_matches(|c: char| c.is_ascii_alphabetic());
+    let fraction_digits = number.split_once('.').map_or(0, |(_, fraction)| fraction.len());
+    if number.len() < exact.len() && fraction_digits <= 1 {
+        return exact;
+    }
+    let bytes = u128::from(milli) / u128::from(MILLI);
+    let Some(mut unit) = UNITS.iter().rposition(|&(_, size)| bytes >= u128::from(size)) else {
+        return format!("{}B", decimal(milli));
+    };
+    // Tenths of the unit, rounded to nearest; 1023.96KiB rounds up into the next unit.
+    let tenths = |unit: usize| (bytes * 10 + u128::from(UNITS[unit].1) / 2) / u128::from(UNITS[unit].1);
+    if tenths(unit) >= 10 * 1024 && unit + 1 < UNITS.len() {
+        unit += 1;
+    }
+    let tenths = tenths(unit);
+    let (whole, tenth) = (tenths / 10, tenths % 10);
+    let suffix = UNITS[unit].0;
+    if tenth == 0 {
+        format!("{whole}{suffix}")
+    } else {
+        format!("{whole}.{tenth}{suffix}")
+    }
+}
+
 /// `thousandths / 1000` with up to 3 fractional digits and no trailing zeros.
 fn decimal(thousandths: u64) -> String {
     let whole = thousandths / MILLI;
@@ -636,6 +699,26 @@ mod tests {
         assert!("cpu=18446744073709551.615".parse::<Resources>().is_ok(), "the text form still reads every value");
         assert_eq!(Resources::parse_api("cpu=1,cpu=0"), Ok(Resources::new().with(CPU, 1)), "the largest counts");
         assert!(matches!("cpu=1,cpu=0".parse::<Resources>(), Err(ResourcesError::Duplicate { .. })));
+    }
+
+    #[test]
+    fn human_display_rounds_bytes_and_keeps_the_text_form_exact() {
+        let human = |text: &str| parse(text).unwrap().human().to_string();
+        assert_eq!(human("cpu=4,mem=24051816857"), "cpu=4,mem=22.4GiB");
+        assert_eq!(human("mem=16GiB,disk=500GB,gpu=1"), "disk=500GB,gpu=1,mem=16GiB");
+        assert_eq!(human("mem=1.5MiB"), "mem=1.5MiB");
+        assert_eq!(human("mem=1.25GiB"), "mem=1.3GiB");
+        assert_eq!(human("mem=1536"), "mem=1.5KiB");
+        assert_eq!(human("mem=512"), "mem=512B");
+        assert_eq!(human("mem=0.5"), "mem=0.5B");
+        assert_eq!(human("mem=1048575"), "mem=1MiB", "1023.999KiB rounds into the next unit");
+        assert_eq!(human("disk=18446744073709551"), "disk=16.4PiB");
+        assert_eq!(human("cpu=0.125,x=123456789"), "cpu=0.125,x=123456789");
+        assert_eq!(human(""), "");
+        // The text form is unchanged and still round-trips.
+        let local = parse("mem=24051816857").unwrap();
+        assert_eq!(local.to_string(), "mem=24051816857");
+        assert_eq!(local.to_string().parse::<Resources>().unwrap(), local);
     }
 
     fn parse(text: &str) -> Result<Resources, ResourcesError> {

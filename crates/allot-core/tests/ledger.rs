@@ -229,8 +229,8 @@ fn fencing_keeps_increasing_when_a_namespace_is_recreated() {
     ledger.remove_namespace(&ns("hive"), true).unwrap();
     ledger.put_namespace(&ns("hive"), 1, 0).unwrap();
     let (grant, _) = ledger.allocate(req("hive", "b", 1), 0, false).unwrap();
-    // Numbering goes on above the durable block reserved by the first incarnation.
-    assert_eq!(granted(&grant).fencing, 2 + FENCING_BLOCK);
+    // Numbering goes on exactly where the first incarnation stopped: the removal records it.
+    assert_eq!(granted(&grant).fencing, 2);
 }
 
 #[test]
@@ -246,6 +246,35 @@ fn fencing_numbers_are_made_durable_a_block_at_a_time() {
     let mut restored = Ledger::restore(vec![(ns("hive"), 10, bound)], vec![], vec![], grants).unwrap();
     let (grant, _) = restored.allocate(req("hive", "c", 1), 0, false).unwrap();
     assert_eq!(granted(&grant).fencing, bound);
+}
+
+#[test]
+fn a_fencing_checkpoint_makes_the_exact_next_number_durable() {
+    let mut ledger = ledger_with("hive", 10);
+    ledger.put_namespace(&ns("idle"), 1, 0).unwrap();
+    for token in ["a", "b", "c"] {
+        ledger.allocate(req("hive", token, 1), 0, false).unwrap();
+    }
+    // Only namespaces whose durable bound is ahead of the next number are rewritten.
+    let changes = ledger.fencing_checkpoint();
+    assert_eq!(changes, vec![Change::Namespace { name: ns("hive"), quota: 10, next_fencing: 4 }]);
+    ledger.check_invariants().unwrap();
+    assert!(ledger.fencing_checkpoint().is_empty(), "a second checkpoint has nothing to write");
+    // A restart from those records continues exactly; the next grant reserves a new block.
+    let grants = ledger.grants(&ns("hive")).unwrap();
+    let mut restored = Ledger::restore(vec![(ns("hive"), 10, 4)], vec![], vec![], grants).unwrap();
+    let (grant, effects) = restored.allocate(req("hive", "d", 1), 0, false).unwrap();
+    assert_eq!(granted(&grant).fencing, 4);
+    assert!(effects.changes.contains(&Change::Namespace {
+        name: ns("hive"),
+        quota: 10,
+        next_fencing: 5 + FENCING_BLOCK
+    }));
+    // The same holds on the ledger that wrote the checkpoint.
+    let (grant, effects) = ledger.allocate(req("hive", "e", 1), 0, false).unwrap();
+    assert_eq!(granted(&grant).fencing, 4);
+    assert!(effects.changes.iter().any(|c| matches!(c, Change::Namespace { .. })), "{effects:?}");
+    ledger.check_invariants().unwrap();
 }
 
 #[test]

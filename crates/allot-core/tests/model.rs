@@ -148,8 +148,8 @@ fn request(
 struct ModelNamespace {
     quota: u64,
     next_fencing: u64,
-    /// Fencing numbers are reserved in blocks of FENCING_BLOCK: a re-created namespace goes on
-    /// from the end of the last block.
+    /// Fencing numbers are reserved in blocks of FENCING_BLOCK (a removed namespace records its
+    /// exact next number, so a re-created one goes on from there).
     fencing_bound: u64,
     grants: Vec<Grant>,
     stats: NamespaceStats,
@@ -207,7 +207,7 @@ impl Model {
             return Err(LedgerError::NamespaceInUse { namespace: name.clone(), grants: state.grants.len() });
         }
         let state = self.namespaces.remove(name).unwrap();
-        self.retired_fencing.insert(name.clone(), state.fencing_bound);
+        self.retired_fencing.insert(name.clone(), state.next_fencing);
         Ok(state.grants.len())
     }
 

@@ -8,7 +8,7 @@ use allot_core::pool::{
 };
 use allot_core::{
     AllocateRequest, Constraints, Lease, LeaseRequest, Millis, NamespaceName, NamespaceView, Refusal, Resources, Scope,
-    SessionId, Token, WaiterView,
+    SessionId, Token, WaiterView, MAX_TTL_MS, MAX_UNITS,
 };
 use allot_store::{Allocation, GrantInfo, SessionInfo};
 
@@ -26,6 +26,30 @@ pub(crate) fn session_id(id: &str) -> Result<SessionId, ApiError> {
     Ok(SessionId::parse(id)?)
 }
 
+/// The shortest lease (of a grant or a session) the API takes: a shorter one would end before a
+/// keepalive could reach the daemon. (The core takes any positive TTL; the edge is stricter.)
+pub(crate) const MIN_LEASE_MS: u64 = 1000;
+
+/// Checks a lease's TTL as the API takes it: [`MIN_LEASE_MS`] to [`MAX_TTL_MS`].
+pub(crate) fn lease_ttl(ttl_ms: u64) -> Result<u64, ApiError> {
+    if !(MIN_LEASE_MS..=MAX_TTL_MS).contains(&ttl_ms) {
+        return Err(ApiError::invalid_argument(format!(
+            "ttl_ms must be between {MIN_LEASE_MS} (1 second) and {MAX_TTL_MS} (30 days), got {ttl_ms}"
+        )));
+    }
+    Ok(ttl_ms)
+}
+
+/// Checks a fencing number a release or keepalive names: fencing numbers stay below 2^53.
+pub(crate) fn fencing(fencing: Option<u64>) -> Result<Option<u64>, ApiError> {
+    match fencing {
+        Some(value) if value > MAX_UNITS => Err(ApiError::invalid_argument(format!(
+            "fencing must be at most {MAX_UNITS} (fencing numbers stay below 2^53), got {value}"
+        ))),
+        other => Ok(other),
+    }
+}
+
 /// An allocate body and its path, as a request, with how long it may wait.
 pub(crate) fn allocate_request(
     namespace: &str,
@@ -39,7 +63,7 @@ pub(crate) fn allocate_request(
                 "give either ttl_ms (the grant's own lease) or session (the session's lease), not both",
             ))
         }
-        (Some(ttl_ms), None) => LeaseRequest::Ttl { ttl_ms },
+        (Some(ttl_ms), None) => LeaseRequest::Ttl { ttl_ms: lease_ttl(ttl_ms)? },
         (None, Some(id)) => LeaseRequest::Session(session_id(id)?),
         (None, None) => LeaseRequest::None,
     };

@@ -7,6 +7,8 @@ use allot_core::resources::resources_pattern;
 use allot_core::{MAX_NAME_CHARS, MAX_TTL_MS, MAX_UNITS, NAMESPACE_PATTERN, NAME_PATTERN};
 use serde_json::{json, Value};
 
+use crate::convert::MIN_LEASE_MS;
+
 /// A session id: 32 hexadecimal digits.
 const SESSION_ID_PATTERN: &str = "^[0-9a-fA-F]{32}$";
 /// An alloc id: 16 hexadecimal digits.
@@ -59,17 +61,16 @@ pub(crate) fn with_limits(mut doc: Value, max_wait: std::time::Duration) -> Valu
                 }
             }
             let Some(parameters) = operation.get_mut("parameters").and_then(Value::as_array_mut) else { continue };
-            for parameter in parameters.iter_mut().filter(|p| p["in"] == "path") {
-                if let Some((_, schema)) = path_params.iter().find(|(name, _)| parameter["name"] == *name) {
-                    parameter["schema"] = schema.clone();
+            for parameter in parameters.iter_mut() {
+                if parameter["in"] == "path" {
+                    if let Some((_, schema)) = path_params.iter().find(|(name, _)| parameter["name"] == *name) {
+                        parameter["schema"] = schema.clone();
+                    }
+                } else if parameter["in"] == "query" && parameter["name"] == "fencing" {
+                    parameter["schema"]["maximum"] = json!(MAX_UNITS);
                 }
             }
         }
-    }
-    // A fencing number is any u64 (utoipa writes `int64`, whose bound is 2^63 - 1).
-    let release = &mut doc["paths"]["/v1/namespaces/{namespace}/grants/{token}"]["delete"]["parameters"];
-    if let Some(fencing) = release.as_array_mut().and_then(|ps| ps.iter_mut().find(|p| p["name"] == "fencing")) {
-        fencing["schema"] = json!({"type": "integer", "minimum": 0, "maximum": u64::MAX});
     }
     // Each list's cursors, exactly.
     for (path, schema) in crate::page::cursor_schemas() {
@@ -81,14 +82,15 @@ pub(crate) fn with_limits(mut doc: Value, max_wait: std::time::Duration) -> Valu
     let fields = [
         ("PutNamespace", "quota", range(0, MAX_UNITS)),
         ("Allocate", "units", range(1, MAX_UNITS)),
-        ("Allocate", "ttl_ms", range(1, MAX_TTL_MS)),
+        ("Allocate", "ttl_ms", range(MIN_LEASE_MS, MAX_TTL_MS)),
         ("Allocate", "wait_ms", range(0, wait_ms)),
         ("Allocate", "session", json!({"pattern": SESSION_ID_PATTERN})),
         ("Caps", "project", range(0, MAX_UNITS)),
         ("Caps", "namespace", range(0, MAX_UNITS)),
         ("Scope", "project", name()),
         ("Scope", "namespace", name()),
-        ("OpenSession", "ttl_ms", range(1, MAX_TTL_MS)),
+        ("OpenSession", "ttl_ms", range(MIN_LEASE_MS, MAX_TTL_MS)),
+        ("Keepalive", "fencing", range(0, MAX_UNITS)),
         ("AllocKeepalive", "interval_ms", json!({"minimum": 1})),
         ("StopIfIdle", "idle_ms", range(0, MAX_IDLE_MS)),
         ("PutPool", "capacity", resources(true)),

@@ -149,7 +149,10 @@ pub(crate) async fn release(
     Segments((name, token)): Segments<(String, String)>,
     QueryArgs(query): QueryArgs<FencingQuery>,
 ) -> Answer<api::ReleaseResponse> {
-    let released = state.store.release(convert::namespace_name(&name)?, convert::token(&token)?, query.fencing).await?;
+    let released = state
+        .store
+        .release(convert::namespace_name(&name)?, convert::token(&token)?, convert::fencing(query.fencing)?)
+        .await?;
     Ok(Json(api::ReleaseResponse { released: released.is_some(), grant: released.map(convert::grant) }))
 }
 
@@ -163,8 +166,10 @@ pub(crate) async fn keepalive_grant(
     Segments((name, token)): Segments<(String, String)>,
     JsonBody(body): JsonBody<api::Keepalive>,
 ) -> Answer<api::Grant> {
-    let info =
-        state.store.keepalive_grant(convert::namespace_name(&name)?, convert::token(&token)?, body.fencing).await?;
+    let info = state
+        .store
+        .keepalive_grant(convert::namespace_name(&name)?, convert::token(&token)?, convert::fencing(body.fencing)?)
+        .await?;
     Ok(Json(convert::grant(info)))
 }
 
@@ -192,7 +197,7 @@ pub(crate) async fn open_session(
     State(state): State<AppState>,
     JsonBody(body): JsonBody<api::OpenSession>,
 ) -> Result<(StatusCode, Json<api::Session>), ApiError> {
-    let info = state.store.open_session(body.ttl_ms).await?;
+    let info = state.store.open_session(convert::lease_ttl(body.ttl_ms)?).await?;
     Ok((StatusCode::CREATED, Json(convert::session(info))))
 }
 

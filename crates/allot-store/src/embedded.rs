@@ -1145,8 +1145,14 @@ impl Store for EmbeddedStore {
         while !self.lock().waiters.is_empty() && Instant::now() < deadline {
             tokio::time::sleep(Duration::from_millis(5)).await;
         }
-        // A last commit makes the clock durable, so leases resume with the TTL they had left.
-        let flushed = self.lock().checkpoint(&self.shared);
+        // A last commit makes the clock durable, so leases resume with the TTL they had left,
+        // and the exact next fencing numbers, so numbering resumes without a jump. No grant can
+        // follow it: `usable` refuses every operation once `shutting_down` is set.
+        let flushed = {
+            let mut state = self.lock();
+            let changes = state.ledger.fencing_checkpoint();
+            state.submit(&self.shared, Effects { changes, ..Effects::default() })
+        };
         if let Err(err) = durable(flushed).await {
             tracing::warn!(error = %err, "the final flush failed");
         }

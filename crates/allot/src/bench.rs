@@ -38,6 +38,16 @@ use anyhow::{bail, Context};
 
 pub(crate) use baseline::{baseline_server, BaselineArgs};
 
+/// `allot bench --help` after the options.
+pub(crate) const BENCH_AFTER_HELP: &str = "\
+Publish numbers from the fat-LTO build: `cargo build --profile dist -p allot`, then
+`target/dist/allot bench ...` (docs/benchmarks.md).
+
+Exit codes:
+  0  measured (and every target met, with --check)
+  1  error, or a target missed with --check
+  2  usage error";
+
 /// Options of `allot bench`.
 #[derive(Debug, clap::Args)]
 pub(crate) struct BenchArgs {
@@ -48,15 +58,20 @@ pub(crate) struct BenchArgs {
 #[derive(Debug, clap::Subcommand)]
 enum BenchCommand {
     /// Allocate+release pairs against a running daemon.
+    #[command(after_help = BENCH_AFTER_HELP)]
     Pairs(PairsArgs),
     /// The same pairs against the baseline server, a fresh daemon and Throttle, one after another.
+    #[command(after_help = BENCH_AFTER_HELP)]
     Compare(CompareArgs),
     /// How long after a release the next waiter gets its grant.
+    #[command(after_help = BENCH_AFTER_HELP)]
     Wake(WakeArgs),
     /// Pairs on one Redis: allot's script called directly, Flyte's command sequence, and allot
     /// through a daemon, with 900 of 1,000 tokens held and caps on.
+    #[command(after_help = BENCH_AFTER_HELP)]
     Redis(RedisBenchArgs),
     /// Accept+free pairs over many pools against token pairs, through one fresh daemon.
+    #[command(after_help = BENCH_AFTER_HELP)]
     Pools(PoolsBenchArgs),
 }
 

@@ -8,11 +8,11 @@
 use std::fmt::Write as _;
 use std::io::Write as _;
 use std::process::ExitCode;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use allot_client::{
-    Allocate, AllocateResponse, CapLevel, CapRefusal, Caps, Client, ClientError, Grant, Namespace, QueuePlace, Scope,
-    Session, Status,
+    Allocate, AllocateResponse, CapLevel, CapRefusal, Caps, Client, ClientError, Grant, GrantList, Namespace,
+    NamespaceList, PutNamespaceResponse, QueuePlace, RemovedNamespace, Scope, Session, SessionList, Status, WaiterList,
 };
 use serde::Serialize;
 
@@ -30,33 +30,81 @@ pub(crate) const EXIT_EXHAUSTED: u8 = 3;
 pub(crate) const EXIT_NAMESPACE_QUOTA_EXCEEDED: u8 = 4;
 
 const ALLOC_EXIT_CODES: &str = "\
-Exit codes (the same with --json):
+Exit codes (the same with --json and --quiet):
   0  granted (also when the token was already granted)
   1  error: the daemon refused the request (`error: <code>: <message>` on stderr) or cannot be reached
   2  usage error
   3  Exhausted: the namespace quota is full (after --wait, if given)
-  4  NamespaceQuotaExceeded: a project or namespace scope cap is full";
+  4  NamespaceQuotaExceeded: a project or namespace scope cap is full
 
-/// Options of every command.
-#[derive(Debug, clap::Args)]
+With --wait, a daemon that restarts or goes away during the wait is said so on stderr, and the
+wait is retried for the time left (allocate is idempotent; the place in the queue is not kept).";
+
+/// The exit codes of every CLI command but `token alloc`.
+pub(crate) const EXIT_CODES: &str = "\
+Exit codes (the same with --json and --quiet):
+  0  done
+  1  error: the daemon refused the request (`error: <code>: <message>` on stderr) or cannot be reached
+  2  usage error";
+
+/// The daemon the CLI talks to when neither --server nor ALLOT_SERVER names one.
+pub(crate) const DEFAULT_SERVER: &str = "http://127.0.0.1:7070";
+
+/// Options of every CLI command, accepted before the command (`allot --server URL quota list`)
+/// and after it (`allot quota list --server URL`); after wins.
+#[derive(Debug, Clone, Default, clap::Args)]
 #[command(next_help_heading = "Common options")]
 pub(crate) struct Common {
-    /// The daemon's URL.
-    #[arg(long, value_name = "URL", env = "ALLOT_SERVER", default_value = "http://127.0.0.1:7070")]
-    pub(crate) server: String,
+    /// The daemon's URL [env: ALLOT_SERVER] [default: http://127.0.0.1:7070].
+    #[arg(long, value_name = "URL")]
+    server: Option<String>,
     /// Print the daemon's answer as pretty JSON, for scripts (exit codes stay the same).
     #[arg(long)]
     pub(crate) json: bool,
+    /// Print only the ids the answer names, one per line (namespaces, tokens, session ids, pools,
+    /// alloc URIs), for scripts; nothing when it names none. Errors still go to stderr.
+    #[arg(short, long, conflicts_with = "json")]
+    pub(crate) quiet: bool,
+}
+
+impl Common {
+    /// Fills in what was given before the command and not after it.
+    pub(crate) fn merge(&mut self, before: &Common) -> Result<(), String> {
+        if self.server.is_none() {
+            self.server.clone_from(&before.server);
+        }
+        self.json |= before.json;
+        self.quiet |= before.quiet;
+        if self.json && self.quiet {
+            return Err("--json and --quiet cannot be used together".to_owned());
+        }
+        Ok(())
+    }
+
+    /// True when any option was given.
+    pub(crate) fn is_given(&self) -> bool {
+        self.server.is_some() || self.json || self.quiet
+    }
+
+    /// The daemon's URL: --server, else ALLOT_SERVER (when not empty), else the default.
+    pub(crate) fn server(&self) -> String {
+        self.server
+            .clone()
+            .or_else(|| std::env::var("ALLOT_SERVER").ok().filter(|url| !url.trim().is_empty()))
+            .unwrap_or_else(|| DEFAULT_SERVER.to_owned())
+    }
 }
 
 #[derive(Debug, clap::Subcommand)]
 pub(crate) enum QuotaCommand {
     /// List the namespaces with their quota and use (GRANTED, FREE and WAITING are units).
+    #[command(after_help = EXIT_CODES)]
     List {
         #[command(flatten)]
         common: Common,
     },
     /// Show one namespace: its quota, use, waiters and next fencing number.
+    #[command(after_help = EXIT_CODES)]
     Get {
         /// The namespace, e.g. `hive:cluster-a`.
         namespace: String,
@@ -64,6 +112,7 @@ pub(crate) enum QuotaCommand {
         common: Common,
     },
     /// Create a namespace, or change its quota.
+    #[command(after_help = EXIT_CODES)]
     Set {
         /// The namespace, e.g. `hive:cluster-a`.
         namespace: String,
@@ -73,6 +122,7 @@ pub(crate) enum QuotaCommand {
         common: Common,
     },
     /// Remove a namespace.
+    #[command(after_help = EXIT_CODES)]
     Rm {
         /// The namespace.
         namespace: String,
@@ -83,6 +133,7 @@ pub(crate) enum QuotaCommand {
         common: Common,
     },
     /// List the allocate calls waiting for room in a namespace, head of the queue first.
+    #[command(after_help = EXIT_CODES)]
     Waiters {
         /// The namespace.
         namespace: String,
@@ -128,6 +179,7 @@ pub(crate) enum TokenCommand {
         common: Common,
     },
     /// Release a token (releasing a token that is not granted is not an error).
+    #[command(after_help = EXIT_CODES)]
     Release {
         /// The namespace.
         namespace: String,
@@ -140,6 +192,7 @@ pub(crate) enum TokenCommand {
         common: Common,
     },
     /// Renew a grant's lease.
+    #[command(after_help = EXIT_CODES)]
     Keepalive {
         /// The namespace.
         namespace: String,
@@ -152,6 +205,7 @@ pub(crate) enum TokenCommand {
         common: Common,
     },
     /// List the grants of a namespace.
+    #[command(after_help = EXIT_CODES)]
     List {
         /// The namespace.
         namespace: String,
@@ -159,6 +213,7 @@ pub(crate) enum TokenCommand {
         common: Common,
     },
     /// Show one grant.
+    #[command(after_help = EXIT_CODES)]
     Get {
         /// The namespace.
         namespace: String,
@@ -172,6 +227,7 @@ pub(crate) enum TokenCommand {
 #[derive(Debug, clap::Subcommand)]
 pub(crate) enum SessionCommand {
     /// Open a session; grants attached to it live while it is kept alive.
+    #[command(after_help = EXIT_CODES)]
     Open {
         /// End the session this long after it is opened or last kept alive, e.g. `30s`.
         #[arg(long, value_name = "DURATION", value_parser = crate::duration::parse)]
@@ -180,6 +236,7 @@ pub(crate) enum SessionCommand {
         common: Common,
     },
     /// Renew a session's lease.
+    #[command(after_help = EXIT_CODES)]
     Keepalive {
         /// The session id.
         id: String,
@@ -187,6 +244,7 @@ pub(crate) enum SessionCommand {
         common: Common,
     },
     /// Close a session and release its grants.
+    #[command(after_help = EXIT_CODES)]
     Close {
         /// The session id.
         id: String,
@@ -194,11 +252,13 @@ pub(crate) enum SessionCommand {
         common: Common,
     },
     /// List the open sessions.
+    #[command(after_help = EXIT_CODES)]
     List {
         #[command(flatten)]
         common: Common,
     },
     /// Show one session and its grants.
+    #[command(after_help = EXIT_CODES)]
     Get {
         /// The session id.
         id: String,
@@ -207,40 +267,52 @@ pub(crate) enum SessionCommand {
     },
 }
 
-/// Runs an `allot quota` command.
-pub(crate) async fn quota(command: QuotaCommand) -> anyhow::Result<ExitCode> {
-    let common = match &command {
+/// Runs an `allot quota` command; `before` holds the options given before the command.
+pub(crate) async fn quota(mut command: QuotaCommand, before: &Common) -> anyhow::Result<ExitCode> {
+    let common = match &mut command {
         QuotaCommand::List { common }
         | QuotaCommand::Get { common, .. }
         | QuotaCommand::Set { common, .. }
         | QuotaCommand::Rm { common, .. }
         | QuotaCommand::Waiters { common, .. } => common,
     };
-    Ok(finish(common, run_quota(&command).await))
+    if let Err(usage) = common.merge(before) {
+        return Ok(usage_error(&usage));
+    }
+    let common = common.clone();
+    Ok(finish(&common, run_quota(&command).await))
 }
 
-/// Runs an `allot token` command.
-pub(crate) async fn token(command: TokenCommand) -> anyhow::Result<ExitCode> {
-    let common = match &command {
+/// Runs an `allot token` command; `before` holds the options given before the command.
+pub(crate) async fn token(mut command: TokenCommand, before: &Common) -> anyhow::Result<ExitCode> {
+    let common = match &mut command {
         TokenCommand::Alloc { common, .. }
         | TokenCommand::Release { common, .. }
         | TokenCommand::Keepalive { common, .. }
         | TokenCommand::List { common, .. }
         | TokenCommand::Get { common, .. } => common,
     };
-    Ok(finish(common, run_token(&command).await))
+    if let Err(usage) = common.merge(before) {
+        return Ok(usage_error(&usage));
+    }
+    let common = common.clone();
+    Ok(finish(&common, run_token(&command).await))
 }
 
-/// Runs an `allot session` command.
-pub(crate) async fn session(command: SessionCommand) -> anyhow::Result<ExitCode> {
-    let common = match &command {
+/// Runs an `allot session` command; `before` holds the options given before the command.
+pub(crate) async fn session(mut command: SessionCommand, before: &Common) -> anyhow::Result<ExitCode> {
+    let common = match &mut command {
         SessionCommand::Open { common, .. }
         | SessionCommand::Keepalive { common, .. }
         | SessionCommand::Close { common, .. }
         | SessionCommand::List { common }
         | SessionCommand::Get { common, .. } => common,
     };
-    Ok(finish(common, run_session(&command).await))
+    if let Err(usage) = common.merge(before) {
+        return Ok(usage_error(&usage));
+    }
+    let common = common.clone();
+    Ok(finish(&common, run_session(&command).await))
 }
 
 async fn run_quota(command: &QuotaCommand) -> Result<u8, ClientError> {
@@ -343,7 +415,7 @@ async fn run_token(command: &TokenCommand) -> Result<u8, ClientError> {
                 session: session.clone(),
                 wait_ms: wait.map(millis),
             };
-            let answer = client(common)?.allocate(namespace, token, &request).await?;
+            let answer = allocate_waiting(&client(common)?, namespace, token, &request).await?;
             emit(common, &answer, allocate_line)?;
             Ok(match answer.status {
                 Status::Granted => EXIT_OK,
@@ -353,7 +425,8 @@ async fn run_token(command: &TokenCommand) -> Result<u8, ClientError> {
         }
         TokenCommand::Release { namespace, token, fencing, common } => {
             let answer = client(common)?.release(namespace, token, *fencing).await?;
-            emit(common, &answer, |answer| match &answer.grant {
+            let ids = if answer.released { vec![token.clone()] } else { Vec::new() };
+            emit_ids(common, &answer, ids, |answer| match &answer.grant {
                 Some(grant) if answer.released => format!(
                     "released {} token {} ({}, fencing {})\n",
                     show(&grant.namespace),
@@ -473,24 +546,109 @@ async fn run_session(command: &SessionCommand) -> Result<u8, ClientError> {
 pub(crate) fn client(common: &Common) -> Result<Client, ClientError> {
     // A person at a terminal wants an answer soon; scripts that must not lose a release can
     // run the command again.
-    Ok(Client::new(&common.server)?.with_release_retry(std::time::Duration::from_secs(10)))
+    Ok(Client::new(&common.server())?.with_release_retry(std::time::Duration::from_secs(10)))
 }
 
-/// Prints `value` as JSON or as `human` text; answers [`EXIT_OK`].
-pub(crate) fn emit<T: Serialize>(
+/// Reports a command line that makes no sense (as clap does); answers [`EXIT_USAGE`].
+pub(crate) fn usage_error(message: &str) -> ExitCode {
+    eprintln!("error: {message}");
+    ExitCode::from(EXIT_USAGE)
+}
+
+/// Prints `value` as JSON, as its ids (`--quiet`) or as `human` text; answers [`EXIT_OK`].
+pub(crate) fn emit<T: Serialize + Ids>(
     common: &Common,
     value: &T,
+    human: impl FnOnce(&T) -> String,
+) -> Result<u8, ClientError> {
+    emit_ids(common, value, value.ids(), human)
+}
+
+/// [`emit`] with the ids `--quiet` prints given by the caller.
+pub(crate) fn emit_ids<T: Serialize>(
+    common: &Common,
+    value: &T,
+    ids: Vec<String>,
     human: impl FnOnce(&T) -> String,
 ) -> Result<u8, ClientError> {
     let text = if common.json {
         let mut text = serde_json::to_string_pretty(value).map_err(|err| ClientError::Decode(err.to_string()))?;
         text.push('\n');
         text
+    } else if common.quiet {
+        ids.into_iter().map(|id| id + "\n").collect()
     } else {
         human(value)
     };
     print_stdout(&text);
     Ok(EXIT_OK)
+}
+
+/// What `--quiet` prints of an answer: the ids it names, raw (names never hold control
+/// characters, so one per line is unambiguous).
+pub(crate) trait Ids {
+    fn ids(&self) -> Vec<String>;
+}
+
+impl Ids for Namespace {
+    fn ids(&self) -> Vec<String> {
+        vec![self.name.clone()]
+    }
+}
+
+impl Ids for NamespaceList {
+    fn ids(&self) -> Vec<String> {
+        self.namespaces.iter().map(|ns| ns.name.clone()).collect()
+    }
+}
+
+impl Ids for PutNamespaceResponse {
+    fn ids(&self) -> Vec<String> {
+        self.namespace.ids()
+    }
+}
+
+impl Ids for RemovedNamespace {
+    fn ids(&self) -> Vec<String> {
+        vec![self.name.clone()]
+    }
+}
+
+impl Ids for WaiterList {
+    fn ids(&self) -> Vec<String> {
+        self.waiters.iter().map(|waiter| waiter.token.clone()).collect()
+    }
+}
+
+impl Ids for Grant {
+    fn ids(&self) -> Vec<String> {
+        vec![self.token.clone()]
+    }
+}
+
+impl Ids for GrantList {
+    fn ids(&self) -> Vec<String> {
+        self.grants.iter().map(|grant| grant.token.clone()).collect()
+    }
+}
+
+/// The token when granted; nothing otherwise (the exit code says why).
+impl Ids for AllocateResponse {
+    fn ids(&self) -> Vec<String> {
+        self.grant.iter().map(|grant| grant.token.clone()).collect()
+    }
+}
+
+impl Ids for Session {
+    fn ids(&self) -> Vec<String> {
+        vec![self.id.clone()]
+    }
+}
+
+impl Ids for SessionList {
+    fn ids(&self) -> Vec<String> {
+        self.sessions.iter().map(|session| session.id.clone()).collect()
+    }
 }
 
 /// Writes to stdout; a closed pipe (`allot ... | head -1`) is not an error.
@@ -520,7 +678,7 @@ pub(crate) fn finish(common: &Common, outcome: Result<u8, ClientError>) -> ExitC
             if matches!(&err, ClientError::Http(http) if http.is_connect()) {
                 eprintln!(
                     "hint: is the daemon running at {}? Set --server or ALLOT_SERVER to reach another one.",
-                    common.server
+                    common.server()
                 );
             }
             ExitCode::from(EXIT_ERROR)
@@ -529,6 +687,71 @@ pub(crate) fn finish(common: &Common, outcome: Result<u8, ClientError>) -> ExitC
             eprintln!("error: {err}");
             ExitCode::from(EXIT_ERROR)
         }
+    }
+}
+
+/// Allocates; with a wait, rides out a daemon that restarts or goes away meanwhile.
+///
+/// Once the daemon was reached, a wait is over early when the connection closes or is refused (a
+/// crash or restart), the daemon answers 503, or it ends the wait before `wait_ms` with a place in
+/// the queue (a daemon answers a waiter that way only when it shuts down). Then this says so on
+/// stderr, once per outage, and sends the same allocate again with backoff for the time left:
+/// allocate is idempotent (a grant made meanwhile is answered again), though the place in the
+/// queue is lost. When the time is up, the last answer or error stands.
+async fn allocate_waiting(
+    client: &Client,
+    namespace: &str,
+    token: &str,
+    request: &Allocate,
+) -> Result<AllocateResponse, ClientError> {
+    let Some(wait_ms) = request.wait_ms else {
+        return client.allocate(namespace, token, request).await;
+    };
+    let deadline = Instant::now() + Duration::from_millis(wait_ms);
+    let mut pause = Duration::from_millis(100);
+    // Whether the daemon answered or held a request once; whether this outage was reported.
+    let (mut reached, mut reported) = (false, false);
+    loop {
+        let left = millis(deadline.saturating_duration_since(Instant::now()));
+        let sent = Instant::now();
+        let outcome = client.allocate(namespace, token, &Allocate { wait_ms: Some(left), ..request.clone() }).await;
+        // `went_away`: the daemon took the request and then ended it: a new outage begins.
+        let (reason, refused, went_away) = match &outcome {
+            // The daemon's wait starts after `sent`, so a wait that ran its course is never early.
+            Ok(answer)
+                if answer.status != Status::Granted
+                    && answer.queue.is_some()
+                    && sent.elapsed() < Duration::from_millis(left) =>
+            {
+                ("it ended the wait early: it is shutting down".to_owned(), false, true)
+            }
+            Err(err) if err.is_retryable() && !err.is_timeout() => {
+                let refused = matches!(err, ClientError::Http(http) if http.is_connect());
+                (err.to_string(), refused, matches!(err, ClientError::Http(_)) && !refused)
+            }
+            _ => return outcome,
+        };
+        // A daemon that was never reached is not restarting: the address may be wrong.
+        if refused && !reached {
+            return outcome;
+        }
+        reached = true;
+        let left = deadline.saturating_duration_since(Instant::now());
+        if left.is_zero() {
+            return outcome;
+        }
+        if went_away || !reported {
+            eprintln!(
+                "note: the daemon at {} restarted or went away while waiting ({reason}); retrying the wait for the \
+                 {} left (allocate is idempotent; the place in the queue is not kept)",
+                client.base_url(),
+                format_ms(millis(left))
+            );
+            reported = true;
+            pause = Duration::from_millis(100);
+        }
+        tokio::time::sleep(pause.min(left)).await;
+        pause = (pause * 2).min(Duration::from_secs(1));
     }
 }
 
@@ -682,7 +905,7 @@ fn units(n: u64) -> String {
     count(n, "unit", "units")
 }
 
-fn count(n: u64, one: &str, many: &str) -> String {
+pub(crate) fn count(n: u64, one: &str, many: &str) -> String {
     format!("{n} {}", if n == 1 { one } else { many })
 }
 

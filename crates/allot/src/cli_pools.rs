@@ -1,39 +1,54 @@
 //! The CLI commands of leased resource pools: `allot pool ...` and `allot alloc ...`. Resources
-//! are written in their text form, e.g. `cpu=4,mem=16GiB,gpu=1`.
+//! are given in their text form, e.g. `cpu=4,mem=16GiB,gpu=1`, and shown rounded for people
+//! (`mem=22.4GiB`); `--json` shows the daemon's exact text form.
 
 use std::process::ExitCode;
 use std::time::Duration;
 
-use allot_client::{Accept, Alloc, ClientError, Pool};
+use allot_client::{
+    Accept, Alloc, AllocKeepaliveResponse, AllocList, ClientError, OfferList, Pool, PoolList, PutPoolResponse,
+    RemovedPool,
+};
+use allot_core::Resources;
 
-use crate::cli::{client, emit, finish, format_ms, key_values, show, Align, Common, Table};
+use crate::cli::{
+    client, count, emit, emit_ids, finish, format_ms, key_values, show, usage_error, Align, Common, Ids, Table,
+    EXIT_CODES,
+};
 
 /// The id of a pool's one offer.
 const OFFER: &str = "1";
 
 #[derive(Debug, clap::Subcommand)]
 pub(crate) enum PoolCommand {
-    /// List the pools with their capacity and use.
+    /// List the pools with their capacity and use (quantities rounded; --json is exact).
+    #[command(after_help = EXIT_CODES)]
     List {
         #[command(flatten)]
         common: Common,
     },
     /// Show one pool.
+    #[command(after_help = EXIT_CODES)]
     Get {
+        /// The pool, e.g. `worker-1`.
         pool: String,
         #[command(flatten)]
         common: Common,
     },
     /// Create a pool, or change its capacity (a stopped pool starts again).
+    #[command(after_help = EXIT_CODES)]
     Set {
+        /// The pool, e.g. `worker-1`.
         pool: String,
-        /// e.g. `cpu=16,mem=64GiB,disk=1TiB,gpu=2`.
+        /// The resources it holds, e.g. `cpu=16,mem=64GiB,disk=1TiB,gpu=2`.
         capacity: String,
         #[command(flatten)]
         common: Common,
     },
     /// Remove a pool.
+    #[command(after_help = EXIT_CODES)]
     Rm {
+        /// The pool.
         pool: String,
         /// Also when it has allocs (they end with it).
         #[arg(long)]
@@ -42,14 +57,20 @@ pub(crate) enum PoolCommand {
         common: Common,
     },
     /// Show the pool's offer: everything free in it.
+    #[command(after_help = EXIT_CODES)]
     Offers {
+        /// The pool.
         pool: String,
         #[command(flatten)]
         common: Common,
     },
-    /// Stop the pool if every alloc's lease has lapsed for this long, e.g. `10m`.
+    /// Stop the pool if every alloc's lease has lapsed for this long (--quiet prints the pool if
+    /// it stopped, nothing if not).
+    #[command(after_help = EXIT_CODES)]
     StopIfIdle {
+        /// The pool.
         pool: String,
+        /// How long every lease must have lapsed, e.g. `10m`.
         #[arg(value_parser = crate::duration::parse)]
         idle: Duration,
         #[command(flatten)]
@@ -59,15 +80,19 @@ pub(crate) enum PoolCommand {
 
 #[derive(Debug, clap::Subcommand)]
 pub(crate) enum AllocCommand {
-    /// Accept a pool's offer: make an alloc of at least MIN (and up to --max).
+    /// Accept a pool's offer: make an alloc of at least MIN (and up to --max); prints its
+    /// `pool/alloc` URI.
+    #[command(after_help = EXIT_CODES)]
     Accept {
+        /// The pool whose offer to accept.
         pool: String,
         /// The least the alloc needs, e.g. `cpu=2,mem=4GiB`.
         min: String,
-        /// Take up to this much when it is free.
-        #[arg(long)]
+        /// Take up to this much when it is free, e.g. `cpu=4,mem=16GiB`.
+        #[arg(long, value_name = "RESOURCES")]
         max: Option<String>,
-        #[arg(long)]
+        /// Who holds the alloc, for people reading `alloc list`.
+        #[arg(long, value_name = "NAME")]
         owner: Option<String>,
         /// A label, `KEY=VALUE`; repeatable.
         #[arg(long = "label", value_name = "KEY=VALUE")]
@@ -76,35 +101,45 @@ pub(crate) enum AllocCommand {
         common: Common,
     },
     /// Show an alloc (`pool/alloc`), live or ended.
+    #[command(after_help = EXIT_CODES)]
     Get {
+        /// The alloc's URI, `pool/alloc`.
         uri: String,
         #[command(flatten)]
         common: Common,
     },
-    /// Renew an alloc's lease for this long (at most the daemon's maximum), e.g. `2m`.
+    /// Renew an alloc's lease.
+    #[command(after_help = EXIT_CODES)]
     Keepalive {
+        /// The alloc's URI, `pool/alloc`.
         uri: String,
+        /// How long the lease lasts from now (at most the daemon's maximum), e.g. `2m`.
         #[arg(value_parser = crate::duration::parse, default_value = "2m")]
         interval: Duration,
         #[command(flatten)]
         common: Common,
     },
     /// Free an alloc.
+    #[command(after_help = EXIT_CODES)]
     Free {
+        /// The alloc's URI, `pool/alloc`.
         uri: String,
         #[command(flatten)]
         common: Common,
     },
     /// List a pool's live allocs.
+    #[command(after_help = EXIT_CODES)]
     List {
+        /// The pool.
         pool: String,
         #[command(flatten)]
         common: Common,
     },
 }
 
-pub(crate) async fn pool(command: PoolCommand) -> anyhow::Result<ExitCode> {
-    let common = match &command {
+/// Runs an `allot pool` command; `before` holds the options given before the command.
+pub(crate) async fn pool(mut command: PoolCommand, before: &Common) -> anyhow::Result<ExitCode> {
+    let common = match &mut command {
         PoolCommand::List { common }
         | PoolCommand::Get { common, .. }
         | PoolCommand::Set { common, .. }
@@ -112,18 +147,27 @@ pub(crate) async fn pool(command: PoolCommand) -> anyhow::Result<ExitCode> {
         | PoolCommand::Offers { common, .. }
         | PoolCommand::StopIfIdle { common, .. } => common,
     };
-    Ok(finish(common, run_pool(&command).await))
+    if let Err(usage) = common.merge(before) {
+        return Ok(usage_error(&usage));
+    }
+    let common = common.clone();
+    Ok(finish(&common, run_pool(&command).await))
 }
 
-pub(crate) async fn alloc(command: AllocCommand) -> anyhow::Result<ExitCode> {
-    let common = match &command {
+/// Runs an `allot alloc` command; `before` holds the options given before the command.
+pub(crate) async fn alloc(mut command: AllocCommand, before: &Common) -> anyhow::Result<ExitCode> {
+    let common = match &mut command {
         AllocCommand::Accept { common, .. }
         | AllocCommand::Get { common, .. }
         | AllocCommand::Keepalive { common, .. }
         | AllocCommand::Free { common, .. }
         | AllocCommand::List { common, .. } => common,
     };
-    Ok(finish(common, run_alloc(&command).await))
+    if let Err(usage) = common.merge(before) {
+        return Ok(usage_error(&usage));
+    }
+    let common = common.clone();
+    Ok(finish(&common, run_alloc(&command).await))
 }
 
 async fn run_pool(command: &PoolCommand) -> Result<u8, ClientError> {
@@ -140,25 +184,30 @@ async fn run_pool(command: &PoolCommand) -> Result<u8, ClientError> {
             let answer = client(common)?.put_pool(pool, capacity).await?;
             emit(common, &answer, |answer| {
                 let verb = if answer.created { "created" } else { "set" };
-                format!("{verb} pool {} with capacity {}\n", show(&answer.pool.name), answer.pool.capacity)
+                format!("{verb} pool {} with capacity {}\n", show(&answer.pool.name), human(&answer.pool.capacity))
             })
         }
         PoolCommand::Rm { pool, force, common } => {
             let answer = client(common)?.remove_pool(pool, *force).await?;
             emit(common, &answer, |answer| {
-                format!("removed pool {} ({} allocs ended)\n", show(&answer.name), answer.allocs_ended)
+                format!(
+                    "removed pool {} ({} ended)\n",
+                    show(&answer.name),
+                    count(answer.allocs_ended, "alloc", "allocs")
+                )
             })
         }
         PoolCommand::Offers { pool, common } => {
             let answer = client(common)?.offers(pool).await?;
             emit(common, &answer, |list| match list.offers.first() {
-                Some(offer) => format!("{}/{}: {}\n", offer.pool, offer.id, offer.available),
+                Some(offer) => format!("{}/{}: {}\n", offer.pool, offer.id, human(&offer.available)),
                 None => "no offer: nothing is free\n".to_owned(),
             })
         }
         PoolCommand::StopIfIdle { pool, idle, common } => {
             let answer = client(common)?.stop_if_idle(pool, *idle).await?;
-            emit(common, &answer, |answer| {
+            let ids = if answer.stopped { vec![pool.clone()] } else { Vec::new() };
+            emit_ids(common, &answer, ids, |answer| {
                 if answer.stopped {
                     format!("stopped pool {}\n", show(pool))
                 } else {
@@ -181,7 +230,7 @@ async fn run_alloc(command: &AllocCommand) -> Result<u8, ClientError> {
             }
             let answer = client(common)?.accept(pool, OFFER, &request).await?;
             emit(common, &answer, |alloc| {
-                format!("accepted {}: {} (lease {})\n", alloc.uri, alloc.resources, lease(alloc))
+                format!("accepted {}: {} (lease {})\n", alloc.uri, human(&alloc.resources), lease(alloc))
             })
         }
         AllocCommand::Get { uri, common } => {
@@ -199,7 +248,7 @@ async fn run_alloc(command: &AllocCommand) -> Result<u8, ClientError> {
         AllocCommand::Free { uri, common } => {
             let (pool, id) = split_uri(uri)?;
             let answer = client(common)?.free_alloc(pool, id).await?;
-            emit(common, &answer, |alloc| format!("freed {}: {}\n", alloc.uri, alloc.resources))
+            emit(common, &answer, |alloc| format!("freed {}: {}\n", alloc.uri, human(&alloc.resources)))
         }
         AllocCommand::List { pool, common } => {
             let answer = client(common)?.allocs(pool).await?;
@@ -229,12 +278,21 @@ fn lease(alloc: &Alloc) -> String {
     }
 }
 
-/// Empty resources print as `-`.
+/// Resources from the daemon, rounded for people (`mem=22.4GiB`); text that does not parse is
+/// shown as it came.
+fn human(resources: &str) -> String {
+    match resources.parse::<Resources>() {
+        Ok(parsed) => parsed.human().to_string(),
+        Err(_) => resources.to_owned(),
+    }
+}
+
+/// Empty resources print as `-`, others as [`human`].
 fn or_dash(resources: &str) -> String {
     if resources.is_empty() {
         "-".to_owned()
     } else {
-        resources.to_owned()
+        human(resources)
     }
 }
 
@@ -253,7 +311,7 @@ fn pool_table(pools: &[Pool]) -> String {
     for pool in pools {
         table.row(vec![
             show(&pool.name),
-            pool.capacity.clone(),
+            human(&pool.capacity),
             or_dash(&pool.allocated),
             pool.allocs.to_string(),
             pool.expired_allocs.to_string(),
@@ -266,7 +324,7 @@ fn pool_table(pools: &[Pool]) -> String {
 fn pool_details(pool: &Pool) -> String {
     key_values(&[
         ("pool", show(&pool.name)),
-        ("capacity", pool.capacity.clone()),
+        ("capacity", human(&pool.capacity)),
         ("allocated", or_dash(&pool.allocated)),
         ("lapsed", or_dash(&pool.expired)),
         ("allocs", pool.allocs.to_string()),
@@ -292,7 +350,7 @@ fn alloc_table(allocs: &[Alloc]) -> String {
         ("LEASE", Align::Left),
     ]);
     for alloc in allocs {
-        table.row(vec![alloc.uri.clone(), alloc.resources.clone(), show(&alloc.owner), lease(alloc)]);
+        table.row(vec![alloc.uri.clone(), human(&alloc.resources), show(&alloc.owner), lease(alloc)]);
     }
     table.render()
 }
@@ -301,7 +359,7 @@ fn alloc_details(alloc: &Alloc) -> String {
     let labels: Vec<String> = alloc.labels.iter().map(|(k, v)| format!("{k}={v}")).collect();
     key_values(&[
         ("alloc", alloc.uri.clone()),
-        ("resources", alloc.resources.clone()),
+        ("resources", human(&alloc.resources)),
         ("owner", show(&alloc.owner)),
         ("labels", if labels.is_empty() { "-".to_owned() } else { labels.join(",") }),
         ("created", format!("{} ago", format_ms(alloc.created_ms_ago))),
@@ -311,4 +369,53 @@ fn alloc_details(alloc: &Alloc) -> String {
         ),
         ("lease", lease(alloc)),
     ])
+}
+
+impl Ids for Pool {
+    fn ids(&self) -> Vec<String> {
+        vec![self.name.clone()]
+    }
+}
+
+impl Ids for PoolList {
+    fn ids(&self) -> Vec<String> {
+        self.pools.iter().map(|pool| pool.name.clone()).collect()
+    }
+}
+
+impl Ids for PutPoolResponse {
+    fn ids(&self) -> Vec<String> {
+        self.pool.ids()
+    }
+}
+
+impl Ids for RemovedPool {
+    fn ids(&self) -> Vec<String> {
+        vec![self.name.clone()]
+    }
+}
+
+/// Offers as `pool/offer`.
+impl Ids for OfferList {
+    fn ids(&self) -> Vec<String> {
+        self.offers.iter().map(|offer| format!("{}/{}", offer.pool, offer.id)).collect()
+    }
+}
+
+impl Ids for Alloc {
+    fn ids(&self) -> Vec<String> {
+        vec![self.uri.clone()]
+    }
+}
+
+impl Ids for AllocList {
+    fn ids(&self) -> Vec<String> {
+        self.allocs.iter().map(|alloc| alloc.uri.clone()).collect()
+    }
+}
+
+impl Ids for AllocKeepaliveResponse {
+    fn ids(&self) -> Vec<String> {
+        self.alloc.ids()
+    }
 }

@@ -15,6 +15,9 @@ use clap::{Parser, Subcommand};
 #[derive(Debug, Parser)]
 #[command(name = "allot", version, about, propagate_version = true)]
 struct Args {
+    /// --server, --json and --quiet of the CLI commands, given before the command.
+    #[command(flatten)]
+    before: cli::Common,
     #[command(subcommand)]
     command: Command,
 }
@@ -22,6 +25,7 @@ struct Args {
 #[derive(Debug, Subcommand)]
 enum Command {
     /// Run the daemon.
+    #[command(after_help = serve::SERVE_AFTER_HELP)]
     Serve(serve::ServeArgs),
     /// Create, change, list and remove namespaces and their quotas.
     #[command(subcommand)]
@@ -39,6 +43,7 @@ enum Command {
     #[command(subcommand)]
     Alloc(cli_pools::AllocCommand),
     /// Measure a daemon under load (and compare it with a baseline server).
+    #[command(after_help = bench::BENCH_AFTER_HELP)]
     Bench(bench::BenchArgs),
     /// The benchmark's baseline: an HTTP server that answers every request at once.
     #[command(hide = true)]
@@ -47,6 +52,15 @@ enum Command {
 
 fn main() -> ExitCode {
     let args = Args::parse();
+    if args.before.is_given()
+        && matches!(args.command, Command::Serve(_) | Command::Bench(_) | Command::BaselineServer(_))
+    {
+        return cli::usage_error(
+            "--server, --json and --quiet before the command are options of the CLI commands (quota, token, \
+             session, pool, alloc); `allot serve` listens with --listen, and `allot bench` takes its options \
+             after its command, e.g. `allot bench pairs --server URL --json`",
+        );
+    }
     let mut runtime = tokio::runtime::Builder::new_multi_thread();
     if let Command::Serve(serve) = &args.command {
         runtime.worker_threads(serve::worker_threads(serve));
@@ -61,11 +75,11 @@ fn main() -> ExitCode {
     let result = runtime.block_on(async move {
         match args.command {
             Command::Serve(args) => serve::run(args).await.map(|()| ExitCode::SUCCESS),
-            Command::Quota(command) => cli::quota(command).await,
-            Command::Token(command) => cli::token(command).await,
-            Command::Session(command) => cli::session(command).await,
-            Command::Pool(command) => cli_pools::pool(command).await,
-            Command::Alloc(command) => cli_pools::alloc(command).await,
+            Command::Quota(command) => cli::quota(command, &args.before).await,
+            Command::Token(command) => cli::token(command, &args.before).await,
+            Command::Session(command) => cli::session(command, &args.before).await,
+            Command::Pool(command) => cli_pools::pool(command, &args.before).await,
+            Command::Alloc(command) => cli_pools::alloc(command, &args.before).await,
             Command::Bench(args) => bench::run(args).await.map(|()| ExitCode::SUCCESS),
             Command::BaselineServer(args) => bench::baseline_server(args).await.map(|()| ExitCode::SUCCESS),
         }
@@ -76,5 +90,61 @@ fn main() -> ExitCode {
             eprintln!("error: {err:#}");
             ExitCode::from(cli::EXIT_ERROR)
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use clap::CommandFactory;
+
+    use super::*;
+
+    /// Every command at any depth, with its path.
+    fn commands(command: &clap::Command, path: String, out: &mut Vec<(String, clap::Command)>) {
+        for sub in command.get_subcommands() {
+            let path = format!("{path} {}", sub.get_name());
+            commands(sub, path.clone(), out);
+            out.push((path, sub.clone()));
+        }
+    }
+
+    #[test]
+    fn every_argument_has_help_and_every_command_its_exit_codes() {
+        let top = Args::command();
+        top.clone().debug_assert();
+        let mut all = Vec::new();
+        commands(&top, "allot".to_owned(), &mut all);
+        all.push(("allot".to_owned(), top));
+        for (path, command) in &all {
+            for arg in command.get_arguments() {
+                let id = arg.get_id().as_str();
+                if id != "help" && id != "version" {
+                    assert!(arg.get_help().is_some(), "`{path}`: argument `{id}` has no help text");
+                }
+            }
+            let leaf = command.get_subcommands().next().is_none();
+            if leaf && !command.is_hide_set() {
+                let after = command.get_after_help().map(|text| text.to_string()).unwrap_or_default();
+                assert!(after.contains("Exit codes"), "`{path} --help` does not document its exit codes");
+            }
+        }
+    }
+
+    #[test]
+    fn cli_options_go_before_or_after_the_command() {
+        let parse = |line: &str| Args::try_parse_from(line.split_whitespace()).unwrap();
+        let before = parse("allot --server http://a:1 -q token list hive");
+        let after = parse("allot token list hive --server http://a:1 --quiet");
+        for args in [before, after] {
+            let Command::Token(cli::TokenCommand::List { mut common, .. }) = args.command else { panic!() };
+            common.merge(&args.before).unwrap();
+            assert_eq!((common.server(), common.quiet, common.json), ("http://a:1".to_owned(), true, false));
+        }
+        // After the command wins; --json and --quiet together are refused.
+        let both = parse("allot --server http://a:1 --json quota list --server http://b:2 -q");
+        let Command::Quota(cli::QuotaCommand::List { mut common }) = both.command else { panic!() };
+        assert_eq!(common.merge(&both.before), Err("--json and --quiet cannot be used together".to_owned()));
+        assert_eq!(common.server(), "http://b:2");
+        assert!(Args::try_parse_from(["allot", "quota", "list", "--json", "-q"]).is_err());
     }
 }

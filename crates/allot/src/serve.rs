@@ -20,21 +20,47 @@ pub(crate) const DEFAULT_LISTEN: &str = "127.0.0.1:7070";
 /// The default data directory, relative to the working directory.
 pub(crate) const DEFAULT_DATA_DIR: &str = "allot-data";
 
+/// `allot serve --help` after the options: every key of the configuration file, and the exit
+/// codes. A test checks that every key the file accepts is here.
+pub(crate) const SERVE_AFTER_HELP: &str = r#"Configuration file (--config), with every key:
+  listen = "127.0.0.1:7070"     # --listen
+  data_dir = "allot-data"       # --data-dir
+  store = "embedded"            # --store
+  local_pool = "local"          # --local-pool
+  max_wait = "5m"               # --max-wait: the longest an allocate may wait (at most 5m)
+  metrics_namespaces = ["hive"] # --metrics-namespaces: series of their own at /metrics
+  metrics_pools = ["worker-*"]  # --metrics-pools: the same for pools (else totals only)
+  [quotas]                      # --quota: namespace = quota
+  "hive:cluster-a" = 10
+  [pools]                       # --pool: pool = "resources"
+  worker-1 = "cpu=16,mem=64GiB"
+  [alloc_leases]
+  initial = "2m"                # --alloc-lease: the lease an alloc gets when it is made
+  max = "5m"                    # --alloc-max-lease: the longest lease one keepalive grants
+  reclaim_after = "1m"          # how long after its lease lapses the sweeper reclaims an alloc
+  retention = "1h"              # how long an ended alloc stays readable
+Flags and environment variables win over the file; quotas and pools only seed the store.
+
+Exit codes:
+  0  stopped by SIGTERM or SIGINT after a clean shutdown
+  1  cannot start (configuration, store, address), or the server failed
+  2  usage error"#;
+
 #[derive(Debug, clap::Args)]
 pub(crate) struct ServeArgs {
     /// Address to listen on [default: 127.0.0.1:7070].
-    #[arg(long, env = "ALLOT_LISTEN")]
+    #[arg(long, value_name = "ADDRESS", env = "ALLOT_LISTEN")]
     listen: Option<SocketAddr>,
     /// Directory of the embedded store [default: ./allot-data].
-    #[arg(long, env = "ALLOT_DATA_DIR")]
+    #[arg(long, value_name = "DIR", env = "ALLOT_DATA_DIR")]
     data_dir: Option<PathBuf>,
     /// Where state lives: `embedded` (the default: a durable store in --data-dir),
     /// `redis://HOST:PORT` (one Redis shared by several daemons) or
     /// `redis+cluster://HOST:PORT[,HOST:PORT...]` (a Redis Cluster).
-    #[arg(long, env = "ALLOT_STORE")]
+    #[arg(long, value_name = "STORE", env = "ALLOT_STORE")]
     store: Option<String>,
-    /// TOML configuration file (keys: listen, data_dir, store, [quotas]).
-    #[arg(long, env = "ALLOT_CONFIG")]
+    /// TOML configuration file; its keys are listed below.
+    #[arg(long, value_name = "FILE", env = "ALLOT_CONFIG")]
     config: Option<PathBuf>,
     /// Seed a namespace quota, e.g. `--quota hive:cluster-a=10`: the namespace is created with
     /// it if it does not exist yet; an existing one keeps the quota the store has. Repeatable;
@@ -388,4 +414,42 @@ fn disk_bytes(path: &Path) -> anyhow::Result<u64> {
         .and_then(|size| size.parse().ok())
         .with_context(|| format!("cannot read the disk size from df: {text}"))?;
     Ok(kib * 1024)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The names serde expects in a table, from its error for an unknown key.
+    fn keys_of<T: serde::de::DeserializeOwned + std::fmt::Debug>(table: &str) -> Vec<String> {
+        let err = toml::from_str::<T>(&format!("{table}no_such_key = 1")).unwrap_err().to_string();
+        let expected = err.split("expected").nth(1).unwrap_or_else(|| panic!("no list of keys in: {err}"));
+        expected.split('`').skip(1).step_by(2).map(str::to_owned).collect()
+    }
+
+    #[test]
+    fn serve_help_lists_every_configuration_key() {
+        let top = keys_of::<ConfigFile>("");
+        let leases = keys_of::<ConfigFile>("[alloc_leases]\n");
+        assert!(
+            top.contains(&"alloc_leases".to_owned()) && leases.contains(&"retention".to_owned()),
+            "{top:?} {leases:?}"
+        );
+        for key in top.iter().chain(&leases) {
+            let listed = SERVE_AFTER_HELP.lines().any(|line| {
+                let line = line.trim_start();
+                line.starts_with(&format!("{key} =")) || line.starts_with(&format!("[{key}]"))
+            });
+            assert!(listed, "`{key}` is missing from `allot serve --help`");
+        }
+        // The example in the help is a valid file.
+        let example: String = SERVE_AFTER_HELP
+            .lines()
+            .take_while(|line| !line.starts_with("Flags"))
+            .skip(1)
+            .map(|line| line.to_owned() + "\n")
+            .collect();
+        let file: ConfigFile = toml::from_str(&example).unwrap_or_else(|err| panic!("{err}\n{example}"));
+        assert_eq!(file.alloc_leases.retention.as_deref(), Some("1h"));
+    }
 }

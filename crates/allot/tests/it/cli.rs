@@ -3,7 +3,11 @@
 
 use std::process::{Command, Output};
 
-use crate::support::{data_dir, Daemon, ALLOT};
+use std::time::Duration;
+
+use allot_client::Allocate;
+
+use crate::support::{data_dir, eventually, Daemon, ALLOT};
 
 fn allot(daemon: &Daemon, args: &[&str]) -> Output {
     Command::new(ALLOT).args(args).env("ALLOT_SERVER", &daemon.url).output().unwrap()
@@ -84,6 +88,113 @@ async fn pools_and_allocs_from_the_command_line() {
         assert!(String::from_utf8_lossy(&bad.stderr).contains("invalid_resources"), "{bad:?}");
         let stopped = allot(d, &["pool", "stop-if-idle", "worker-1", "0s"]);
         assert_eq!(text(&stopped), "stopped pool worker-1\n");
+    })
+    .await
+    .unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_waiting_alloc_says_the_daemon_restarted_and_waits_again() {
+    let (_dir, data) = data_dir();
+    let daemon = tokio::task::spawn_blocking({
+        let data = data.clone();
+        move || Daemon::start(&data, &["--quota", "gpu=1"])
+    })
+    .await
+    .unwrap();
+    daemon.client().allocate("gpu", "holder", &Allocate::default()).await.unwrap();
+    let (url, address) = (daemon.url.clone(), daemon.address());
+    let waiting = std::process::Command::new(ALLOT)
+        .args(["token", "alloc", "gpu", "next", "--wait", "60s"])
+        .env("ALLOT_SERVER", &url)
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let queued = async |daemon: &Daemon| {
+        let client = daemon.client();
+        eventually(Duration::from_secs(10), async || {
+            client.waiters("gpu").await.is_ok_and(|list| list.waiters.iter().any(|w| w.token == "next"))
+        })
+        .await
+    };
+    assert!(queued(&daemon).await, "the CLI never waited");
+
+    // A clean restart (SIGTERM answers the waiter early), then a crash (the connection closes):
+    // each time the CLI queues again on the daemon that comes back at the same address.
+    let daemon = tokio::task::spawn_blocking({
+        let (data, address) = (data.clone(), address.clone());
+        move || {
+            assert!(daemon.terminate().success());
+            Daemon::start_on(&address, &data, &[])
+        }
+    })
+    .await
+    .unwrap();
+    assert!(queued(&daemon).await, "the CLI did not wait again after a clean restart");
+    let daemon = tokio::task::spawn_blocking(move || {
+        daemon.kill9();
+        Daemon::start_on(&address, &data, &[])
+    })
+    .await
+    .unwrap();
+    assert!(queued(&daemon).await, "the CLI did not wait again after a crash");
+
+    assert!(daemon.client().release("gpu", "holder", None).await.unwrap().released);
+    let output = tokio::task::spawn_blocking(move || waiting.wait_with_output()).await.unwrap().unwrap();
+    let (stdout, stderr) = (String::from_utf8_lossy(&output.stdout), String::from_utf8_lossy(&output.stderr));
+    assert_eq!(code(&output), 0, "{stdout}{stderr}");
+    assert!(stdout.starts_with("granted gpu token next"), "{stdout}");
+    let notes: Vec<&str> =
+        stderr.lines().filter(|line| line.contains("restarted or went away while waiting")).collect();
+    assert_eq!(notes.len(), 2, "one note per restart: {stderr}");
+    assert!(notes[0].contains("shutting down") && notes[0].contains("allocate is idempotent"), "{stderr}");
+    assert!(notes[1].contains("connection closed"), "{stderr}");
+    assert!(!stderr.lines().any(|line| line.starts_with("error")), "{stderr}");
+}
+
+#[tokio::test]
+async fn quiet_prints_only_ids_and_options_go_before_or_after_the_command() {
+    let (_dir, data) = data_dir();
+    let daemon =
+        tokio::task::spawn_blocking(move || Daemon::start(&data, &["--pool", "worker-1=cpu=4,mem=24051816857"]))
+            .await
+            .unwrap();
+    tokio::task::spawn_blocking(move || {
+        let d = &daemon;
+        let text = |output: &Output| String::from_utf8_lossy(&output.stdout).into_owned();
+        // Without ALLOT_SERVER: --server before the command, then after it.
+        let bare = |args: &[&str]| Command::new(ALLOT).args(args).env_remove("ALLOT_SERVER").output().unwrap();
+        let set = bare(&["--server", &d.url, "-q", "quota", "set", "hive", "3"]);
+        assert_eq!((code(&set), text(&set)), (0, "hive\n".to_owned()), "{set:?}");
+        let alloc = bare(&["token", "alloc", "hive", "t1", "--server", &d.url, "--quiet"]);
+        assert_eq!((code(&alloc), text(&alloc)), (0, "t1\n".to_owned()), "{alloc:?}");
+        let session = allot(d, &["session", "open", "--ttl", "30s", "-q"]);
+        let id = text(&session);
+        assert!(id.trim().len() > 8 && !id.contains(' ') && id.ends_with('\n'), "{session:?}");
+        let listed = allot(d, &["-q", "session", "list"]);
+        assert_eq!(text(&listed), id);
+        let json = allot(d, &["--json", "token", "list", "hive"]);
+        let grants: serde_json::Value = serde_json::from_slice(&json.stdout).unwrap();
+        assert_eq!(grants["grants"][0]["token"], "t1");
+        let accepted = allot(d, &["alloc", "accept", "worker-1", "cpu=1", "-q"]);
+        let uri = text(&accepted);
+        assert!(uri.starts_with("worker-1/") && uri.lines().count() == 1, "{accepted:?}");
+        assert_eq!(text(&allot(d, &["-q", "alloc", "list", "worker-1"])), uri);
+        // Numbers as people write them; --json keeps the exact text form.
+        let pool = allot(d, &["pool", "get", "worker-1"]);
+        assert!(text(&pool).contains("capacity:  cpu=4,mem=22.4GiB"), "{pool:?}");
+        let exact = allot(d, &["pool", "get", "worker-1", "--json"]);
+        let exact: serde_json::Value = serde_json::from_slice(&exact.stdout).unwrap();
+        assert_eq!(exact["capacity"], "cpu=4,mem=24051816857");
+        let removed = allot(d, &["pool", "rm", "worker-1", "--force"]);
+        assert_eq!(text(&removed), "removed pool worker-1 (1 alloc ended)\n");
+        // Bad combinations are usage errors.
+        let both = allot(d, &["--json", "quota", "list", "-q"]);
+        assert_eq!(code(&both), 2, "{both:?}");
+        assert!(String::from_utf8_lossy(&both.stderr).contains("cannot be used together"), "{both:?}");
+        let serve = allot(d, &["--server", &d.url, "serve"]);
+        assert_eq!(code(&serve), 2, "{serve:?}");
     })
     .await
     .unwrap();

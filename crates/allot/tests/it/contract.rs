@@ -21,8 +21,9 @@ fn schemathesis_finds_no_gap_between_the_document_and_the_server() {
     let daemon = Daemon::start(&data, &["--max-wait", "1s"]);
     let output = Command::new(st)
         .args(["--no-color", "run", &format!("{}/openapi.json", daemon.url), "--checks", "all"])
-        // Enough examples per operation to find what a full run finds, in about a minute.
-        .args(["--max-examples", "60", "--workers", "2"])
+        // Enough examples per operation to find what a full run finds, in about a minute. One
+        // worker: schemathesis on CPython 3.11 can fail inside Python with several threads.
+        .args(["--max-examples", "60", "--workers", "1"])
         .env("SCHEMATHESIS_TELEMETRY", "false")
         .output()
         .expect("run schemathesis");

@@ -79,8 +79,14 @@ async fn a_release_wakes_the_waiter_and_sigterm_answers_waiters() {
 
     // Everything acknowledged is still there after the restart.
     let daemon = Daemon::start(&data, &[]);
-    let grants = daemon.client().grants("gpu").await.unwrap().grants;
+    let client = daemon.client();
+    let grants = client.grants("gpu").await.unwrap().grants;
     assert_eq!(grants.iter().map(|g| g.token.as_str()).collect::<Vec<_>>(), ["next"]);
+    // After a clean shutdown, fencing numbers go on one by one.
+    assert_eq!(client.namespace("gpu").await.unwrap().next_fencing, 3);
+    client.release("gpu", "next", None).await.unwrap();
+    let after = client.allocate("gpu", "after", &Allocate::default()).await.unwrap();
+    assert_eq!(after.grant.unwrap().fencing, 3);
 }
 
 #[tokio::test]

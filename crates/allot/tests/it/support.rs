@@ -16,13 +16,19 @@ pub(crate) struct Daemon {
 impl Daemon {
     /// Starts `allot serve` on a free loopback port with `data_dir`, plus `args`.
     pub(crate) fn start(data_dir: &Path, args: &[&str]) -> Daemon {
+        Daemon::start_on("127.0.0.1:0", data_dir, args)
+    }
+
+    /// Starts `allot serve` on `listen` (e.g. the `address()` of a daemon that stopped, to
+    /// restart it where its clients look for it) with `data_dir`, plus `args`.
+    pub(crate) fn start_on(listen: &str, data_dir: &Path, args: &[&str]) -> Daemon {
         let log = std::fs::OpenOptions::new()
             .create(true)
             .append(true)
             .open(data_dir.with_extension("log"))
             .expect("daemon log file");
         let mut child = Command::new(ALLOT)
-            .args(["serve", "--listen", "127.0.0.1:0", "--data-dir"])
+            .args(["serve", "--listen", listen, "--data-dir"])
             .arg(data_dir)
             .args(args)
             .stdout(Stdio::piped())
