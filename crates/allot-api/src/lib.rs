@@ -167,9 +167,13 @@ pub struct PutNamespaceResponse {
     pub namespace: Namespace,
 }
 
+/// A page of the namespaces, ordered by name (`GET /v1/namespaces`).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
 pub struct NamespaceList {
     pub namespaces: Vec<Namespace>,
+    /// Where the next page starts: give it as `cursor`. `null` on the last page.
+    #[serde(default)]
+    pub next_cursor: Option<String>,
 }
 
 /// The answer to `DELETE /v1/namespaces/{namespace}`.
@@ -277,9 +281,13 @@ pub struct Keepalive {
     pub fencing: Option<u64>,
 }
 
+/// A page of a namespace's grants, ordered by token.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
 pub struct GrantList {
     pub grants: Vec<Grant>,
+    /// Where the next page starts: give it as `cursor`. `null` on the last page.
+    #[serde(default)]
+    pub next_cursor: Option<String>,
 }
 
 /// A waiting allocate call.
@@ -297,9 +305,13 @@ pub struct Waiter {
     pub blocked_by_cap: Option<CapLevel>,
 }
 
+/// A page of a namespace's waiters, head first. A cursor continues after the last waiter of its page in arrival order, whatever moved meanwhile; each page gives the places at its read.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
 pub struct WaiterList {
     pub waiters: Vec<Waiter>,
+    /// Where the next page starts: give it as `cursor`. `null` on the last page.
+    #[serde(default)]
+    pub next_cursor: Option<String>,
 }
 
 /// `POST /v1/sessions`: open a session.
@@ -326,9 +338,13 @@ pub struct Session {
     pub grants: Vec<GrantRef>,
 }
 
+/// A page of the open sessions, ordered by id.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
 pub struct SessionList {
     pub sessions: Vec<Session>,
+    /// Where the next page starts: give it as `cursor`. `null` on the last page.
+    #[serde(default)]
+    pub next_cursor: Option<String>,
 }
 
 /// `GET /healthz`.
@@ -392,9 +408,13 @@ pub struct PutPoolResponse {
     pub pool: Pool,
 }
 
+/// A page of the pools, ordered by name.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
 pub struct PoolList {
     pub pools: Vec<Pool>,
+    /// Where the next page starts: give it as `cursor`. `null` on the last page.
+    #[serde(default)]
+    pub next_cursor: Option<String>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
@@ -465,9 +485,13 @@ pub struct Alloc {
     pub ended_ms_ago: Option<u64>,
 }
 
+/// A page of a pool's live allocs, ordered by id.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
 pub struct AllocList {
     pub allocs: Vec<Alloc>,
+    /// Where the next page starts: give it as `cursor`. `null` on the last page.
+    #[serde(default)]
+    pub next_cursor: Option<String>,
 }
 
 /// `POST /v1/pools/{pool}/allocs/{alloc}/keepalive`.

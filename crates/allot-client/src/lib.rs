@@ -113,9 +113,14 @@ impl Client {
         self.json(self.request(Method::GET, "/openapi.json")?).await
     }
 
-    /// `GET /v1/namespaces`: every namespace with its quota and use.
+    /// `GET /v1/namespaces`, every page: every namespace with its quota and use, by name.
     pub async fn namespaces(&self) -> Result<NamespaceList, ClientError> {
-        self.json(self.request(Method::GET, "/v1/namespaces")?).await
+        self.all_pages("/v1/namespaces").await
+    }
+
+    /// `GET /v1/namespaces`: one page of the namespaces, by name.
+    pub async fn namespaces_page(&self, page: &PageArgs) -> Result<NamespaceList, ClientError> {
+        self.page("/v1/namespaces", page).await
     }
 
     /// `GET /v1/namespaces/{namespace}`: one namespace with its quota and use.
@@ -193,10 +198,14 @@ impl Client {
         self.json(self.request(Method::POST, &path)?.json(&Keepalive { fencing })).await
     }
 
-    /// `GET /v1/namespaces/{namespace}/grants`: the grants of a namespace.
+    /// `GET /v1/namespaces/{namespace}/grants`, every page: the grants of a namespace, by token.
     pub async fn grants(&self, namespace: &str) -> Result<GrantList, ClientError> {
-        let path = format!("{}/grants", namespace_path(namespace)?);
-        self.json(self.request(Method::GET, &path)?).await
+        self.all_pages(&format!("{}/grants", namespace_path(namespace)?)).await
+    }
+
+    /// `GET /v1/namespaces/{namespace}/grants`: one page of the grants of a namespace, by token.
+    pub async fn grants_page(&self, namespace: &str, page: &PageArgs) -> Result<GrantList, ClientError> {
+        self.page(&format!("{}/grants", namespace_path(namespace)?), page).await
     }
 
     /// `GET /v1/namespaces/{namespace}/grants/{token}`: one grant (`grant_not_found` if the token is
@@ -205,10 +214,16 @@ impl Client {
         self.json(self.request(Method::GET, &grant_path(namespace, token)?)?).await
     }
 
-    /// `GET /v1/namespaces/{namespace}/waiters`: the allocate calls waiting for room, head first.
+    /// `GET /v1/namespaces/{namespace}/waiters`, every page: the allocate calls waiting for room,
+    /// head first. The queue may move between two pages: each page gives the places at its read.
     pub async fn waiters(&self, namespace: &str) -> Result<WaiterList, ClientError> {
-        let path = format!("{}/waiters", namespace_path(namespace)?);
-        self.json(self.request(Method::GET, &path)?).await
+        self.all_pages(&format!("{}/waiters", namespace_path(namespace)?)).await
+    }
+
+    /// `GET /v1/namespaces/{namespace}/waiters`: one page of the waiters, head first; the next
+    /// page continues after the last waiter of this one in arrival order.
+    pub async fn waiters_page(&self, namespace: &str, page: &PageArgs) -> Result<WaiterList, ClientError> {
+        self.page(&format!("{}/waiters", namespace_path(namespace)?), page).await
     }
 
     /// `POST /v1/sessions`: opens a session that lives `ttl_ms` milliseconds past its last
@@ -228,9 +243,14 @@ impl Client {
         self.json(self.request(Method::DELETE, &session_path(id)?)?).await
     }
 
-    /// `GET /v1/sessions`: every open session.
+    /// `GET /v1/sessions`, every page: every open session, by id.
     pub async fn sessions(&self) -> Result<SessionList, ClientError> {
-        self.json(self.request(Method::GET, "/v1/sessions")?).await
+        self.all_pages("/v1/sessions").await
+    }
+
+    /// `GET /v1/sessions`: one page of the open sessions, by id.
+    pub async fn sessions_page(&self, page: &PageArgs) -> Result<SessionList, ClientError> {
+        self.page("/v1/sessions", page).await
     }
 
     /// `GET /v1/sessions/{id}`: one session and its grants.
@@ -238,9 +258,14 @@ impl Client {
         self.json(self.request(Method::GET, &session_path(id)?)?).await
     }
 
-    /// `GET /v1/pools`: every pool with its capacity and use.
+    /// `GET /v1/pools`, every page: every pool with its capacity and use, by name.
     pub async fn pools(&self) -> Result<PoolList, ClientError> {
-        self.json(self.request(Method::GET, "/v1/pools")?).await
+        self.all_pages("/v1/pools").await
+    }
+
+    /// `GET /v1/pools`: one page of the pools, by name.
+    pub async fn pools_page(&self, page: &PageArgs) -> Result<PoolList, ClientError> {
+        self.page("/v1/pools", page).await
     }
 
     /// `GET /v1/pools/{pool}`.
@@ -274,10 +299,14 @@ impl Client {
         self.json(self.request(Method::POST, &path)?.json(request)).await
     }
 
-    /// `GET /v1/pools/{pool}/allocs`: the live allocs of a pool.
+    /// `GET /v1/pools/{pool}/allocs`, every page: the live allocs of a pool, by id.
     pub async fn allocs(&self, pool: &str) -> Result<AllocList, ClientError> {
-        let path = format!("{}/allocs", pool_path(pool)?);
-        self.json(self.request(Method::GET, &path)?).await
+        self.all_pages(&format!("{}/allocs", pool_path(pool)?)).await
+    }
+
+    /// `GET /v1/pools/{pool}/allocs`: one page of the live allocs of a pool, by id.
+    pub async fn allocs_page(&self, pool: &str, page: &PageArgs) -> Result<AllocList, ClientError> {
+        self.page(&format!("{}/allocs", pool_path(pool)?), page).await
     }
 
     /// `GET /v1/pools/{pool}/allocs/{alloc}`: an alloc, live or ended (the daemon answers an
@@ -311,6 +340,36 @@ impl Client {
         let path = format!("{}/stop-if-idle", pool_path(pool)?);
         let body = StopIfIdle { idle_ms: idle.as_millis().min(u128::from(u64::MAX)) as u64 };
         self.json(self.request(Method::POST, &path)?.json(&body)).await
+    }
+
+    /// One page of the list at `path`.
+    async fn page<L: Paged>(&self, path: &str, page: &PageArgs) -> Result<L, ClientError> {
+        let mut request = self.request(Method::GET, path)?;
+        if let Some(limit) = page.limit {
+            request = request.query(&[("limit", limit)]);
+        }
+        if let Some(cursor) = &page.cursor {
+            request = request.query(&[("cursor", cursor)]);
+        }
+        self.json(request).await
+    }
+
+    /// Every page of the list at `path`, from the first, as one list (`next_cursor` is `None`).
+    async fn all_pages<L: Paged>(&self, path: &str) -> Result<L, ClientError> {
+        let mut args = PageArgs { limit: Some(MAX_PAGE_LIMIT), cursor: None };
+        let mut list: L = self.page(path, &args).await?;
+        while let Some(cursor) = list.take_next_cursor() {
+            if args.cursor.as_deref() == Some(cursor.as_str()) {
+                return Err(ClientError::Api {
+                    status: 200,
+                    code: "unexpected_response".to_owned(),
+                    message: format!("GET {path}: the daemon gave the same cursor twice"),
+                });
+            }
+            args.cursor = Some(cursor);
+            list.append(self.page(path, &args).await?);
+        }
+        Ok(list)
     }
 
     /// A request to `path` (which starts with `/` and is already encoded) with the default timeout.
@@ -360,6 +419,50 @@ impl Client {
         })
     }
 }
+
+/// The most items the daemon answers in one page of a list.
+pub const MAX_PAGE_LIMIT: u32 = 1000;
+
+/// Which page of a list to read: `PageArgs::default()` is the first page, of the daemon's default
+/// size (100).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct PageArgs {
+    /// Items per page, 1 to [`MAX_PAGE_LIMIT`].
+    pub limit: Option<u32>,
+    /// The `next_cursor` of the page before; `None` for the first page.
+    pub cursor: Option<String>,
+}
+
+/// A list body that comes in pages.
+trait Paged: DeserializeOwned {
+    /// Takes the cursor of the next page out of this one.
+    fn take_next_cursor(&mut self) -> Option<String>;
+    /// Appends the items of the next page, and takes its cursor.
+    fn append(&mut self, page: Self);
+}
+
+macro_rules! paged {
+    ($($list:ty => $items:ident),* $(,)?) => {$(
+        impl Paged for $list {
+            fn take_next_cursor(&mut self) -> Option<String> {
+                self.next_cursor.take()
+            }
+            fn append(&mut self, page: Self) {
+                self.$items.extend(page.$items);
+                self.next_cursor = page.next_cursor;
+            }
+        }
+    )*};
+}
+
+paged!(
+    NamespaceList => namespaces,
+    GrantList => grants,
+    WaiterList => waiters,
+    SessionList => sessions,
+    PoolList => pools,
+    AllocList => allocs,
+);
 
 /// Checks a base URL and drops its trailing `/`.
 fn normalize_base(base_url: &str) -> Result<String, ClientError> {

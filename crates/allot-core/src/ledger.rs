@@ -14,8 +14,10 @@
 //!   (not only by a cap), and then no new request is granted ahead of it.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};
+use std::ops::Bound;
 use std::sync::Arc;
 
+use crate::first_after;
 use crate::names::{NamespaceName, Scope, SessionId, Token};
 
 /// A time on the daemon clock, in milliseconds. The daemon clock is monotonic and survives
@@ -274,6 +276,9 @@ pub struct NamespaceView {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct WaiterView {
     pub id: WaiterId,
+    /// The waiter's number in arrival order: it increases along the queue and stays when a retry
+    /// takes the waiter over (the id changes). A page of waiters continues after one.
+    pub arrival: u64,
     pub place: QueuePlace,
     pub token: Token,
     pub units: u64,
@@ -286,6 +291,8 @@ pub struct WaiterView {
 #[derive(Debug, Clone)]
 struct Waiter {
     id: WaiterId,
+    /// Increases along the queue (see [`WaiterView::arrival`]).
+    arrival: u64,
     request: AllocateRequest,
     since: Millis,
 }
@@ -632,7 +639,7 @@ impl Ledger {
             if refusal == Refusal::Exhausted {
                 state.quota_blocked = true;
             }
-            state.waiters.push_back(Waiter { id: waiter, request, since: now });
+            state.waiters.push_back(Waiter { id: waiter, arrival: waiter.0, request, since: now });
             return Ok((Decision::Queued { waiter, place, replaced: None }, Effects::default()));
         }
         let mut effects = Effects::default();
@@ -783,7 +790,17 @@ impl Ledger {
     }
 
     pub fn namespaces(&self, now: Millis) -> Vec<NamespaceView> {
-        self.namespaces.iter().map(|(name, state)| view_of(name, state, now)).collect()
+        self.namespaces_after(None, usize::MAX, now)
+    }
+
+    /// At most `limit` namespaces whose names come after `after`, ordered by name.
+    pub fn namespaces_after(&self, after: Option<&NamespaceName>, limit: usize, now: Millis) -> Vec<NamespaceView> {
+        let from = after.map_or(Bound::Unbounded, Bound::Excluded);
+        self.namespaces
+            .range((from, Bound::Unbounded))
+            .take(limit)
+            .map(|(name, state)| view_of(name, state, now))
+            .collect()
     }
 
     pub fn namespace(&self, name: &NamespaceName, now: Millis) -> Result<NamespaceView, LedgerError> {
@@ -795,12 +812,21 @@ impl Ledger {
 
     /// The grants of a namespace, ordered by token.
     pub fn grants(&self, name: &NamespaceName) -> Result<Vec<Grant>, LedgerError> {
+        self.grants_after(name, None, usize::MAX)
+    }
+
+    /// At most `limit` grants of a namespace whose tokens come after `after`, ordered by token.
+    pub fn grants_after(
+        &self,
+        name: &NamespaceName,
+        after: Option<&Token>,
+        limit: usize,
+    ) -> Result<Vec<Grant>, LedgerError> {
         let Some(state) = self.namespaces.get(name) else {
             return Err(LedgerError::NamespaceNotFound(name.clone()));
         };
-        let mut grants: Vec<Grant> = state.grants.values().cloned().collect();
-        grants.sort_by(|a, b| a.token.cmp(&b.token));
-        Ok(grants)
+        let grants = first_after(state.grants.values(), |g| &g.token, after, limit);
+        Ok(grants.into_iter().cloned().collect())
     }
 
     pub fn grant(&self, name: &NamespaceName, token: &Token) -> Result<Grant, LedgerError> {
@@ -815,18 +841,33 @@ impl Ledger {
 
     /// The waiters of a namespace, in queue order.
     pub fn waiters(&self, name: &NamespaceName, now: Millis) -> Result<Vec<WaiterView>, LedgerError> {
+        self.waiters_after(name, None, usize::MAX, now)
+    }
+
+    /// At most `limit` waiters of a namespace that arrived after arrival number `after`, in
+    /// queue order, with their places now.
+    pub fn waiters_after(
+        &self,
+        name: &NamespaceName,
+        after: Option<u64>,
+        limit: usize,
+        now: Millis,
+    ) -> Result<Vec<WaiterView>, LedgerError> {
         let Some(state) = self.namespaces.get(name) else {
             return Err(LedgerError::NamespaceNotFound(name.clone()));
         };
-        let mut units_ahead = 0;
-        let mut res = Vec::with_capacity(state.waiters.len());
-        for (index, waiter) in state.waiters.iter().enumerate() {
+        // Arrival numbers increase along the queue, so the page starts at a partition point.
+        let start = after.map_or(0, |after| state.waiters.partition_point(|w| w.arrival <= after));
+        let QueuePlace { mut units_ahead, .. } = state.place_of(start);
+        let mut res = Vec::with_capacity(limit.min(state.waiters.len() - start));
+        for (index, waiter) in state.waiters.iter().enumerate().skip(start).take(limit) {
             let blocked_by_cap = match state.cap_refusal(&waiter.request) {
                 Some(Refusal::CapExceeded { level, .. }) => Some(level),
                 _ => None,
             };
             res.push(WaiterView {
                 id: waiter.id,
+                arrival: waiter.arrival,
                 place: QueuePlace { position: index + 1, units_ahead },
                 token: waiter.request.token.clone(),
                 units: waiter.request.units,
@@ -841,9 +882,12 @@ impl Ledger {
 
     /// Sessions, ordered by id.
     pub fn sessions(&self) -> Vec<Session> {
-        let mut sessions: Vec<Session> = self.sessions.values().cloned().collect();
-        sessions.sort_by_key(|s| s.id);
-        sessions
+        self.sessions_after(None, usize::MAX)
+    }
+
+    /// At most `limit` sessions whose ids come after `after`, ordered by id.
+    pub fn sessions_after(&self, after: Option<SessionId>, limit: usize) -> Vec<Session> {
+        first_after(self.sessions.values(), |s| &s.id, after.as_ref(), limit).into_iter().cloned().collect()
     }
 
     pub fn session(&self, id: SessionId) -> Result<Session, LedgerError> {
@@ -995,6 +1039,9 @@ impl Ledger {
     pub fn check_invariants(&self) -> Result<(), String> {
         let mut ttl_leases = 0;
         for (name, state) in &self.namespaces {
+            if state.waiters.iter().zip(state.waiters.iter().skip(1)).any(|(a, b)| a.arrival >= b.arrival) {
+                return Err(format!("{name}: arrival numbers do not increase along the queue"));
+            }
             let granted: u64 = state.grants.values().map(|g| g.units).sum();
             if granted != state.granted {
                 return Err(format!("{name}: granted {} but grants sum to {granted}", state.granted));

@@ -22,3 +22,23 @@ pub use ledger::{
 };
 pub use names::{NameError, NamespaceName, Scope, SessionId, Token, MAX_NAME_CHARS, NAMESPACE_PATTERN, NAME_PATTERN};
 pub use resources::{ResourceName, Resources, ResourcesError, SizeWeights};
+
+/// The `limit` smallest items by `key` whose keys come after `after`, in key order: one page of
+/// an unordered collection. O(n) to select, then O(limit log limit) to sort the page.
+pub fn first_after<T, K: Ord + ?Sized>(
+    items: impl Iterator<Item = T>,
+    key: impl Fn(&T) -> &K,
+    after: Option<&K>,
+    limit: usize,
+) -> Vec<T> {
+    let mut page: Vec<T> = items.filter(|item| !matches!(after, Some(after) if key(item) <= after)).collect();
+    if page.len() > limit {
+        if limit == 0 {
+            return Vec::new();
+        }
+        page.select_nth_unstable_by(limit - 1, |a, b| key(a).cmp(key(b)));
+        page.truncate(limit);
+    }
+    page.sort_unstable_by(|a, b| key(a).cmp(key(b)));
+    page
+}

@@ -23,8 +23,10 @@
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::fmt;
+use std::ops::Bound;
 use std::sync::Arc;
 
+use crate::first_after;
 use crate::ledger::Millis;
 use crate::names::{check, NameError};
 use crate::resources::Resources;
@@ -569,7 +571,13 @@ impl Pools {
     }
 
     pub fn pools(&self, now: Millis) -> Vec<PoolView> {
-        self.pools.iter().map(|(name, pool)| view_of(name, pool, now)).collect()
+        self.pools_after(None, usize::MAX, now)
+    }
+
+    /// At most `limit` pools whose names come after `after`, ordered by name.
+    pub fn pools_after(&self, after: Option<&PoolName>, limit: usize, now: Millis) -> Vec<PoolView> {
+        let from = after.map_or(Bound::Unbounded, Bound::Excluded);
+        self.pools.range((from, Bound::Unbounded)).take(limit).map(|(name, pool)| view_of(name, pool, now)).collect()
     }
 
     pub fn pool(&self, name: &PoolName, now: Millis) -> Result<PoolView, PoolError> {
@@ -579,10 +587,13 @@ impl Pools {
 
     /// The live allocs of a pool, ordered by id.
     pub fn allocs(&self, name: &PoolName) -> Result<Vec<Alloc>, PoolError> {
+        self.allocs_after(name, None, usize::MAX)
+    }
+
+    /// At most `limit` live allocs of a pool whose ids come after `after`, ordered by id.
+    pub fn allocs_after(&self, name: &PoolName, after: Option<AllocId>, limit: usize) -> Result<Vec<Alloc>, PoolError> {
         let pool = self.pools.get(name).ok_or_else(|| PoolError::PoolNotFound(name.clone()))?;
-        let mut allocs: Vec<Alloc> = pool.allocs.values().cloned().collect();
-        allocs.sort_by_key(|a| a.id);
-        Ok(allocs)
+        Ok(first_after(pool.allocs.values(), |a| &a.id, after.as_ref(), limit).into_iter().cloned().collect())
     }
 
     /// Rebuilds the pools from durable records. Leases keep the expiry they had (the store's

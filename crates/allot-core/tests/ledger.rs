@@ -530,3 +530,48 @@ fn huge_queues_saturate_instead_of_overflowing() {
     assert_eq!(ledger.namespace(&ns("gpu"), 0).unwrap().waiting_units, u64::MAX);
     assert_eq!(ledger.waiters(&ns("gpu"), 0).unwrap().last().unwrap().place.units_ahead, u64::MAX);
 }
+
+#[test]
+fn lists_page_in_key_order() {
+    let mut ledger = Ledger::new();
+    for name in ["b", "a:x", "c", "a"] {
+        ledger.put_namespace(&ns(name), 10, 0).unwrap();
+    }
+    let names = |views: Vec<NamespaceView>| views.into_iter().map(|v| v.name.to_string()).collect::<Vec<_>>();
+    assert_eq!(names(ledger.namespaces_after(None, 2, 0)), ["a", "a:x"]);
+    assert_eq!(names(ledger.namespaces_after(Some(&ns("a:x")), 2, 0)), ["b", "c"]);
+    // A key that is not (or no longer) listed still says where the page starts.
+    assert_eq!(names(ledger.namespaces_after(Some(&ns("bb")), 2, 0)), ["c"]);
+    for token in ["t3", "t1", "t4", "t2", "t0"] {
+        ledger.allocate(req("a", token, 1), 0, false).unwrap();
+    }
+    let tokens = |grants: Vec<Grant>| grants.into_iter().map(|g| g.token.to_string()).collect::<Vec<_>>();
+    assert_eq!(tokens(ledger.grants_after(&ns("a"), None, 2).unwrap()), ["t0", "t1"]);
+    assert_eq!(tokens(ledger.grants_after(&ns("a"), Some(&Token::new("t1").unwrap()), 2).unwrap()), ["t2", "t3"]);
+    assert_eq!(tokens(ledger.grants_after(&ns("a"), Some(&Token::new("t3").unwrap()), 2).unwrap()), ["t4"]);
+    assert!(ledger.grants_after(&ns("a"), Some(&Token::new("t4").unwrap()), 2).unwrap().is_empty());
+}
+
+#[test]
+fn a_page_of_waiters_continues_by_arrival_as_the_queue_moves() {
+    let mut ledger = ledger_with("gpu", 1);
+    ledger.allocate(req("gpu", "holder", 1), 0, false).unwrap();
+    for token in ["w1", "w2", "w3", "w4"] {
+        queued(&ledger.allocate(req("gpu", token, 1), 1, true).unwrap().0);
+    }
+    let first = ledger.waiters_after(&ns("gpu"), None, 2, 2).unwrap();
+    assert_eq!(first.iter().map(|w| w.token.as_str()).collect::<Vec<_>>(), ["w1", "w2"]);
+    let cursor = first[1].arrival;
+    // A retry of w2 takes its waiter over: a new id, the same place and arrival number.
+    let taken_over = queued(&ledger.allocate(req("gpu", "w2", 1), 3, true).unwrap().0);
+    assert_ne!(taken_over, first[1].id);
+    // The head is granted: the queue moves, and the next page still starts after w2.
+    ledger.release(&ns("gpu"), &Token::new("holder").unwrap(), None, 4).unwrap();
+    let next = ledger.waiters_after(&ns("gpu"), Some(cursor), 2, 5).unwrap();
+    assert_eq!(next.iter().map(|w| w.token.as_str()).collect::<Vec<_>>(), ["w3", "w4"]);
+    assert_eq!(next[0].place, QueuePlace { position: 2, units_ahead: 1 }, "places are as of this read");
+    let again = ledger.waiters_after(&ns("gpu"), None, 10, 5).unwrap();
+    assert_eq!(again[0].arrival, cursor, "w2 kept its arrival number");
+    assert_eq!(again[0].id, taken_over);
+    ledger.check_invariants().unwrap();
+}

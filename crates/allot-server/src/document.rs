@@ -72,6 +72,12 @@ pub(crate) fn with_limits(mut doc: Value, max_wait: std::time::Duration) -> Valu
             }
         }
     }
+    // Each list's cursors, exactly.
+    for (path, schema) in crate::page::cursor_schemas() {
+        let parameters = doc["paths"][path]["get"]["parameters"].as_array_mut().expect("a list route has parameters");
+        let cursor = parameters.iter_mut().find(|p| p["name"] == "cursor").expect("a list route takes a cursor");
+        cursor["schema"] = schema;
+    }
     let wait_ms = max_wait.as_millis() as u64;
     let fields = [
         ("PutNamespace", "quota", range(0, MAX_UNITS)),

@@ -13,6 +13,8 @@ mod document;
 mod error;
 mod extract;
 mod metrics;
+mod page;
+pub use page::DEFAULT_PAGE;
 mod pool_routes;
 mod routes;
 
@@ -29,7 +31,7 @@ use tokio::net::TcpListener;
 use utoipa::OpenApi;
 
 pub use error::ApiError;
-pub use metrics::Metrics;
+pub use metrics::{Metrics, MetricsConfig};
 
 /// The largest request body: bodies are small JSON objects.
 pub const MAX_BODY_BYTES: usize = 64 * 1024;
@@ -44,6 +46,7 @@ pub struct AppState {
 }
 
 impl AppState {
+    /// The state over `store`, with metrics that select no namespace or pool (totals only).
     pub fn new(store: Arc<dyn Store>) -> AppState {
         AppState { store, metrics: Arc::new(Metrics::default()), max_wait: MAX_WAIT }
     }
@@ -52,6 +55,12 @@ impl AppState {
     #[must_use]
     pub fn with_max_wait(self, max_wait: Duration) -> AppState {
         AppState { max_wait: max_wait.min(MAX_WAIT), ..self }
+    }
+
+    /// The same, with series of their own at `/metrics` for what `config` selects.
+    #[must_use]
+    pub fn with_metrics(self, config: MetricsConfig) -> AppState {
+        AppState { metrics: Arc::new(Metrics::new(config)), ..self }
     }
 }
 
@@ -62,7 +71,7 @@ impl AppState {
         description = "A resource manager for task executions: token quotas with caps, leases, sessions, \
 fencing numbers and a first-come-first-served waiting queue.\n\n\
 Every error answer has the body `{\"error\": {\"code\": ..., \"message\": ...}}`. Codes: invalid_json, \
-invalid_argument, invalid_name, caps_without_scope (400); namespace_not_found, grant_not_found, \
+invalid_argument, invalid_name, invalid_cursor, caps_without_scope (400); namespace_not_found, grant_not_found, \
 session_not_found, not_found (404); method_not_allowed (405); stale_fencing, token_conflict, \
 namespace_in_use (409); payload_too_large (413); store_unavailable, \
 store_outcome_unknown, shutting_down (503); internal (500). Pools: invalid_resources (400); pool_not_found, \
@@ -70,7 +79,11 @@ alloc_not_found, offer_not_found (404); offer_expired, exceeds_capacity, pool_st
 alloc_ended (409). An ended alloc reads as 410 Gone with its record.\n\n\
 Names (namespaces, tokens, projects, namespace scopes, pools) follow one rule: 1 to 255 characters, no control \
 characters, no `/`, not `.` or `..`; a namespace's `:`-separated segments are not empty. A name in a path is \
-percent-decoded once (`%2F` is a `/`, refused; a `%` is sent as `%25`)."
+percent-decoded once (`%2F` is a `/`, refused; a `%` is sent as `%25`).\n\n\
+Lists (namespaces, grants, waiters, sessions, pools, allocs) come in pages: `limit` items (1 to 1000, default 100) \
+from `cursor` (the `next_cursor` of the page before; none for the first page). `next_cursor` is null on the last \
+page. A cursor is opaque and does not expire: a page read after changes neither repeats nor skips an item that \
+stayed listed."
     ),
     paths(
         routes::healthz,

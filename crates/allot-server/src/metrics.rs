@@ -1,19 +1,33 @@
-//! Prometheus metrics: request latency histograms, and per-namespace gauges and counters read from
-//! the store at each scrape (so they are exact, never polled or guessed).
+//! Prometheus metrics: request latency histograms, and gauges and counters of the namespaces and
+//! pools read from the store at each scrape (so they are exact, never polled or guessed).
 //!
-//! Names (all prefixed `allot_`): `quota_units`, `granted_units`, `grants`, `waiters`,
-//! `waiting_units`, `longest_wait_seconds` (gauges, label `namespace`); `allocations_total`
-//! (label `result`: `granted`, `exhausted`, `namespace_quota_exceeded`), `releases_total`,
-//! `expirations_total`; `store_commits_total`, `store_committed_operations_total`,
-//! `store_commit_seconds_total`, `store_commit_failures_total`; and
-//! `http_request_duration_seconds` (labels `method`, `route`, `status`).
+//! A scrape stays small however many namespaces and pools there are: totals over all of them
+//! always, and series of their own only for the namespaces and pools selected by
+//! [`MetricsConfig`] (none by default).
+//!
+//! Names (all prefixed `allot_`). Totals: `namespaces` (how many), `namespaces_quota_units`,
+//! `namespaces_granted_units`, `namespaces_grants`, `namespaces_waiters`,
+//! `namespaces_waiting_units` (sums), `namespaces_longest_wait_seconds` (the longest),
+//! `namespaces_allocations_total` (label `result`), `namespaces_releases_total`,
+//! `namespaces_expirations_total`; `pools`, `pools_capacity`, `pools_allocated`, `pools_expired`
+//! (label `resource`), `pools_allocs`, `pools_accepts_total`, `pools_offer_expired_total`,
+//! `pools_frees_total`, `pools_reclaims_total`. Per selected namespace (label `namespace`):
+//! `quota_units`, `granted_units`, `grants`, `waiters`, `waiting_units`, `longest_wait_seconds`,
+//! `allocations_total` (label `result`: `granted`, `exhausted`, `namespace_quota_exceeded`),
+//! `releases_total`, `expirations_total`. Per selected pool (label `pool`): `pool_capacity`,
+//! `pool_allocated`, `pool_expired` (label `resource`), `pool_allocs`, `pool_accepts_total`,
+//! `pool_offer_expired_total`, `pool_frees_total`, `pool_reclaims_total`. And
+//! `store_commits_total`, `store_committed_operations_total`, `store_commit_seconds_total`,
+//! `store_commit_failures_total`, `http_request_duration_seconds` (labels `method`, `route`,
+//! `status`).
 
+use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
 use allot_core::pool::PoolView;
 use allot_core::{NamespaceView, Resources};
-use allot_store::CommitStats;
+use allot_store::{CommitStats, PageRequest, Store, StoreError, MAX_PAGE};
 use axum::extract::{MatchedPath, Request, State};
 use axum::http::header::CONTENT_TYPE;
 use axum::middleware::Next;
@@ -24,6 +38,7 @@ use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::{exponential_buckets, Histogram};
+use prometheus_client::metrics::MetricType;
 use prometheus_client::registry::Registry;
 
 use crate::error::ApiError;
@@ -53,25 +68,132 @@ struct PoolResourceLabels {
 }
 
 #[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct ResourceLabels {
+    resource: String,
+}
+
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct TotalResultLabels {
+    result: &'static str,
+}
+
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct ResultLabels {
     namespace: String,
     result: &'static str,
 }
 
+/// Which namespaces and pools have series of their own at `/metrics`; all of them count in the
+/// totals. A pattern `NAME` selects NAME and what is under it (`hive` selects `hive` and
+/// `hive:cluster-a`, not `hive2`); `PREFIX*` selects every name that starts with PREFIX (`*`
+/// selects all: one series per namespace, which is large with many namespaces).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct MetricsConfig {
+    pub namespaces: Vec<String>,
+    pub pools: Vec<String>,
+}
+
+impl MetricsConfig {
+    /// Refuses an empty pattern (it would select nothing).
+    pub fn check(&self) -> Result<(), String> {
+        match self.namespaces.iter().chain(&self.pools).any(String::is_empty) {
+            true => Err("a metrics selection pattern is empty; use `*` to select every name".into()),
+            false => Ok(()),
+        }
+    }
+}
+
+/// Whether `name` is selected by one of `patterns` (see [`MetricsConfig`]).
+fn selected(patterns: &[String], name: &str) -> bool {
+    patterns.iter().any(|pattern| match pattern.strip_suffix('*') {
+        Some(prefix) => name.starts_with(prefix),
+        None => name.strip_prefix(pattern.as_str()).is_some_and(|rest| rest.is_empty() || rest.starts_with(':')),
+    })
+}
+
 /// The daemon's metrics.
 #[derive(Debug)]
 pub struct Metrics {
+    config: MetricsConfig,
     registry: Registry,
     requests: Family<RequestLabels, Histogram>,
     snapshot: Arc<Mutex<Snapshot>>,
 }
 
-/// What the store said at the last scrape.
+/// What the store said at the last scrape: the selected views and the totals of all.
 #[derive(Debug, Default)]
 struct Snapshot {
     namespaces: Vec<NamespaceView>,
+    namespace_totals: NamespaceTotals,
     pools: Vec<PoolView>,
+    pool_totals: PoolTotals,
     commits: CommitStats,
+}
+
+/// Sums over every namespace (the longest wait: the longest of all).
+#[derive(Debug, Default)]
+struct NamespaceTotals {
+    namespaces: u64,
+    quota: u64,
+    granted_units: u64,
+    grants: u64,
+    waiters: u64,
+    waiting_units: u64,
+    longest_wait_ms: u64,
+    granted: u64,
+    exhausted: u64,
+    cap_exceeded: u64,
+    released: u64,
+    expired: u64,
+}
+
+impl NamespaceTotals {
+    fn add(&mut self, v: &NamespaceView) {
+        self.namespaces += 1;
+        self.quota = self.quota.saturating_add(v.quota);
+        self.granted_units = self.granted_units.saturating_add(v.granted_units);
+        self.grants = self.grants.saturating_add(v.grants as u64);
+        self.waiters = self.waiters.saturating_add(v.waiters as u64);
+        self.waiting_units = self.waiting_units.saturating_add(v.waiting_units);
+        self.longest_wait_ms = self.longest_wait_ms.max(v.longest_wait_ms);
+        self.granted = self.granted.saturating_add(v.stats.granted);
+        self.exhausted = self.exhausted.saturating_add(v.stats.exhausted);
+        self.cap_exceeded = self.cap_exceeded.saturating_add(v.stats.cap_exceeded);
+        self.released = self.released.saturating_add(v.stats.released);
+        self.expired = self.expired.saturating_add(v.stats.expired);
+    }
+}
+
+/// Sums over every pool; resources in milli-units, per resource name.
+#[derive(Debug, Default)]
+struct PoolTotals {
+    pools: u64,
+    capacity: BTreeMap<String, u128>,
+    allocated: BTreeMap<String, u128>,
+    expired: BTreeMap<String, u128>,
+    allocs: u64,
+    accepted: u64,
+    offer_expired: u64,
+    freed: u64,
+    reclaimed: u64,
+}
+
+impl PoolTotals {
+    fn add(&mut self, v: &PoolView) {
+        self.pools += 1;
+        for (sum, resources) in
+            [(&mut self.capacity, &v.capacity), (&mut self.allocated, &v.allocated), (&mut self.expired, &v.expired)]
+        {
+            for (name, milli) in resources.iter() {
+                *sum.entry(name.to_string()).or_default() += u128::from(milli);
+            }
+        }
+        self.allocs = self.allocs.saturating_add(v.allocs as u64);
+        self.accepted = self.accepted.saturating_add(v.stats.accepted);
+        self.offer_expired = self.offer_expired.saturating_add(v.stats.offer_expired);
+        self.freed = self.freed.saturating_add(v.stats.freed);
+        self.reclaimed = self.reclaimed.saturating_add(v.stats.reclaimed);
+    }
 }
 
 type FloatGauge = Gauge<f64, std::sync::atomic::AtomicU64>;
@@ -128,6 +250,86 @@ fn encode_pools(encoder: &mut DescriptorEncoder<'_>, pools: &[PoolView]) -> Resu
     Ok(())
 }
 
+fn encode_pool_totals(encoder: &mut DescriptorEncoder<'_>, totals: &PoolTotals) -> Result<(), std::fmt::Error> {
+    encode_gauge(encoder, "allot_pools", "Pools", gauge(totals.pools))?;
+    for (name, help, sums) in [
+        ("allot_pools_capacity", "The capacity of all pools, per resource", &totals.capacity),
+        ("allot_pools_allocated", "Held by allocs whose lease runs in all pools, per resource", &totals.allocated),
+        ("allot_pools_expired", "Held by lapsed allocs in all pools, per resource", &totals.expired),
+    ] {
+        let family = Family::<ResourceLabels, FloatGauge>::default();
+        for (resource, milli) in sums {
+            family.get_or_create(&ResourceLabels { resource: resource.clone() }).set(*milli as f64 / 1000.0);
+        }
+        encode_family(encoder, name, help, &family)?;
+    }
+    encode_gauge(encoder, "allot_pools_allocs", "Live allocs of all pools", gauge(totals.allocs))?;
+    for (name, help, value) in [
+        ("allot_pools_accepts", "Offers accepted in all pools, since start", totals.accepted),
+        (
+            "allot_pools_offer_expired",
+            "Accepts refused in all pools because the room was gone, since start",
+            totals.offer_expired,
+        ),
+        ("allot_pools_frees", "Allocs freed in all pools, since start", totals.freed),
+        ("allot_pools_reclaims", "Allocs reclaimed in all pools, since start", totals.reclaimed),
+    ] {
+        encode_counter(encoder, name, help, value)?;
+    }
+    Ok(())
+}
+
+fn encode_namespace_totals(
+    encoder: &mut DescriptorEncoder<'_>,
+    totals: &NamespaceTotals,
+) -> Result<(), std::fmt::Error> {
+    for (name, help, value) in [
+        ("allot_namespaces", "Namespaces", totals.namespaces),
+        ("allot_namespaces_quota_units", "The quotas of all namespaces", totals.quota),
+        ("allot_namespaces_granted_units", "Units granted now in all namespaces", totals.granted_units),
+        ("allot_namespaces_grants", "Grants held now in all namespaces", totals.grants),
+        ("allot_namespaces_waiters", "Allocate calls waiting now in all namespaces", totals.waiters),
+        ("allot_namespaces_waiting_units", "Units wanted by the waiters of all namespaces", totals.waiting_units),
+    ] {
+        encode_gauge(encoder, name, help, gauge(value))?;
+    }
+    let longest = FloatGauge::default();
+    longest.set(totals.longest_wait_ms as f64 / 1000.0);
+    let metric = encoder.encode_descriptor(
+        "allot_namespaces_longest_wait_seconds",
+        "How long the longest waiter of all namespaces has waited",
+        None,
+        MetricType::Gauge,
+    )?;
+    longest.encode(metric)?;
+    let allocations = Family::<TotalResultLabels, Counter>::default();
+    for (result, count) in [
+        ("granted", totals.granted),
+        ("exhausted", totals.exhausted),
+        ("namespace_quota_exceeded", totals.cap_exceeded),
+    ] {
+        allocations.get_or_create(&TotalResultLabels { result }).inc_by(count);
+    }
+    encode_family(
+        encoder,
+        "allot_namespaces_allocations",
+        "Allocate decisions in all namespaces by result, since start",
+        &allocations,
+    )?;
+    encode_counter(
+        encoder,
+        "allot_namespaces_releases",
+        "Grants released in all namespaces, since start",
+        totals.released,
+    )?;
+    encode_counter(
+        encoder,
+        "allot_namespaces_expirations",
+        "Grants ended by an expired lease in all namespaces, since start",
+        totals.expired,
+    )
+}
+
 /// Encodes the snapshot; registered as a collector so it shares the registry's output.
 #[derive(Debug)]
 struct StoreCollector {
@@ -136,6 +338,13 @@ struct StoreCollector {
 
 impl Default for Metrics {
     fn default() -> Metrics {
+        Metrics::new(MetricsConfig::default())
+    }
+}
+
+impl Metrics {
+    /// Metrics with series of their own for the namespaces and pools `config` selects.
+    pub fn new(config: MetricsConfig) -> Metrics {
         let mut registry = Registry::default();
         let requests = Family::<RequestLabels, Histogram>::new_with_constructor(|| {
             // 50 µs to about 1.6 s.
@@ -148,7 +357,7 @@ impl Default for Metrics {
         );
         let snapshot = Arc::new(Mutex::new(Snapshot::default()));
         registry.register_collector(Box::new(StoreCollector { snapshot: snapshot.clone() }));
-        Metrics { registry, requests, snapshot }
+        Metrics { config, registry, requests, snapshot }
     }
 }
 
@@ -166,6 +375,30 @@ where
     family.encode(metric)
 }
 
+/// One gauge without labels.
+fn encode_gauge(
+    encoder: &mut DescriptorEncoder<'_>,
+    name: &str,
+    help: &str,
+    value: i64,
+) -> Result<(), std::fmt::Error> {
+    let gauge = Gauge::<i64>::default();
+    gauge.set(value);
+    gauge.encode(encoder.encode_descriptor(name, help, None, MetricType::Gauge)?)
+}
+
+/// One counter without labels.
+fn encode_counter(
+    encoder: &mut DescriptorEncoder<'_>,
+    name: &str,
+    help: &str,
+    value: u64,
+) -> Result<(), std::fmt::Error> {
+    let counter = Counter::<u64>::default();
+    counter.inc_by(value);
+    counter.encode(encoder.encode_descriptor(name, help, None, MetricType::Counter)?)
+}
+
 /// A count as a gauge value, clamped to what an i64 gauge can hold.
 fn gauge(count: u64) -> i64 {
     i64::try_from(count).unwrap_or(i64::MAX)
@@ -174,6 +407,7 @@ fn gauge(count: u64) -> i64 {
 impl Collector for StoreCollector {
     fn encode(&self, mut encoder: DescriptorEncoder) -> Result<(), std::fmt::Error> {
         let snapshot = self.snapshot.lock().unwrap_or_else(|p| p.into_inner());
+        encode_namespace_totals(&mut encoder, &snapshot.namespace_totals)?;
         let gauges: [Described<NamespaceGauge>; 5] = [
             ("allot_quota_units", "The namespace's quota", |v| gauge(v.quota)),
             ("allot_granted_units", "Units granted now", |v| gauge(v.granted_units)),
@@ -188,7 +422,7 @@ impl Collector for StoreCollector {
             }
             encode_family(&mut encoder, name, help, &family)?;
         }
-        let longest = Family::<NamespaceLabels, Gauge<f64, std::sync::atomic::AtomicU64>>::default();
+        let longest = Family::<NamespaceLabels, FloatGauge>::default();
         for view in &snapshot.namespaces {
             longest
                 .get_or_create(&NamespaceLabels { namespace: view.name.to_string() })
@@ -221,20 +455,16 @@ impl Collector for StoreCollector {
             &expirations,
         )?;
 
+        encode_pool_totals(&mut encoder, &snapshot.pool_totals)?;
         encode_pools(&mut encoder, &snapshot.pools)?;
 
         let commits = snapshot.commits;
-        let store_counters: [(&str, &str, u64); 3] = [
+        for (name, help, value) in [
             ("allot_store_commits", "Durable write transactions", commits.commits),
             ("allot_store_committed_operations", "Operations made durable", commits.operations),
             ("allot_store_commit_failures", "Write transactions that failed", commits.failures),
-        ];
-        for (name, help, value) in store_counters {
-            let counter = Counter::<u64>::default();
-            counter.inc_by(value);
-            let metric =
-                encoder.encode_descriptor(name, help, None, prometheus_client::metrics::MetricType::Counter)?;
-            counter.encode(metric)?;
+        ] {
+            encode_counter(&mut encoder, name, help, value)?;
         }
         let seconds = Counter::<f64, std::sync::atomic::AtomicU64>::default();
         seconds.inc_by(commits.commit_micros as f64 / 1e6);
@@ -242,20 +472,52 @@ impl Collector for StoreCollector {
             "allot_store_commit_seconds",
             "Time spent in durable commits",
             None,
-            prometheus_client::metrics::MetricType::Counter,
+            MetricType::Counter,
         )?;
         seconds.encode(metric)
     }
 }
 
+/// Reads every namespace and pool page by page: totals of all, views of the selected ones.
+async fn snapshot(store: &dyn Store, config: &MetricsConfig) -> Result<Snapshot, StoreError> {
+    let mut snapshot = Snapshot { commits: store.commit_stats(), ..Snapshot::default() };
+    let mut after = None;
+    loop {
+        let page = store.namespaces(PageRequest::new(after, MAX_PAGE)).await?;
+        for view in page.items {
+            snapshot.namespace_totals.add(&view);
+            if selected(&config.namespaces, view.name.as_str()) {
+                snapshot.namespaces.push(view);
+            }
+        }
+        match page.next {
+            Some(next) => after = Some(next),
+            None => break,
+        }
+    }
+    let mut after = None;
+    loop {
+        let page = store.pools(PageRequest::new(after, MAX_PAGE)).await?;
+        for view in page.items {
+            snapshot.pool_totals.add(&view);
+            if selected(&config.pools, view.name.as_str()) {
+                snapshot.pools.push(view);
+            }
+        }
+        match page.next {
+            Some(next) => after = Some(next),
+            None => break,
+        }
+    }
+    Ok(snapshot)
+}
+
 /// `GET /metrics`: the Prometheus text format.
 pub(crate) async fn scrape(State(state): State<AppState>) -> Result<Response, ApiError> {
-    let namespaces = state.store.namespaces().await?;
-    let pools = state.store.pools().await?;
-    let commits = state.store.commit_stats();
     let metrics = &state.metrics;
+    let snapshot = snapshot(state.store.as_ref(), &metrics.config).await?;
     // The collector locks the snapshot while encoding: the lock must be released before.
-    *metrics.snapshot.lock().unwrap_or_else(|p| p.into_inner()) = Snapshot { namespaces, pools, commits };
+    *metrics.snapshot.lock().unwrap_or_else(|p| p.into_inner()) = snapshot;
     let mut text = String::new();
     prometheus_client::encoding::text::encode(&mut text, &metrics.registry).map_err(|_| {
         ApiError::new(axum::http::StatusCode::INTERNAL_SERVER_ERROR, "internal", "cannot encode metrics")
@@ -275,4 +537,30 @@ pub(crate) async fn track(State(state): State<AppState>, request: Request, next:
     let labels = RequestLabels { method, route, status: response.status().as_u16() };
     state.metrics.requests.get_or_create(&labels).observe(started.elapsed().as_secs_f64());
     response
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn patterns_select_a_name_and_what_is_under_it_or_a_prefix() {
+        let patterns = ["hive".to_owned(), "api:open*".to_owned()];
+        for (name, expected) in [
+            ("hive", true),
+            ("hive:cluster-a", true),
+            ("hive2", false),
+            ("hiv", false),
+            ("api:openai", true),
+            ("api:open", true),
+            ("api:other", false),
+        ] {
+            assert_eq!(selected(&patterns, name), expected, "{name}");
+        }
+        assert!(selected(&["*".to_owned()], "anything"));
+        assert!(!selected(&[], "hive"), "nothing is selected by default");
+        let empty = MetricsConfig { namespaces: vec![String::new()], pools: vec![] };
+        assert!(empty.check().is_err());
+        assert!(MetricsConfig::default().check().is_ok());
+    }
 }

@@ -11,14 +11,22 @@ use serde::Deserialize;
 use crate::convert;
 use crate::error::ApiError;
 use crate::extract::{JsonBody, QueryArgs, Segments};
+use crate::page::{cursor, PageQuery};
 use crate::AppState;
 
 type Answer<T> = Result<Json<T>, ApiError>;
 
-#[utoipa::path(get, path = "/v1/pools", tag = "pools", responses((status = 400, body = api::ErrorBody, description = "invalid_name, invalid_resources, invalid_argument or invalid_json"), (status = 503, body = api::ErrorBody, description = "store_unavailable, store_outcome_unknown or shutting_down"), (status = 200, body = api::PoolList)))]
-pub(crate) async fn list_pools(State(state): State<AppState>) -> Answer<api::PoolList> {
-    let pools = state.store.pools().await?;
-    Ok(Json(api::PoolList { pools: pools.into_iter().map(convert::pool).collect() }))
+/// A page of the pools, ordered by name.
+#[utoipa::path(get, path = "/v1/pools", tag = "pools", params(PageQuery), responses((status = 400, body = api::ErrorBody, description = "invalid_argument (limit) or invalid_cursor"), (status = 503, body = api::ErrorBody, description = "store_unavailable, store_outcome_unknown or shutting_down"), (status = 200, body = api::PoolList)))]
+pub(crate) async fn list_pools(
+    State(state): State<AppState>,
+    QueryArgs(query): QueryArgs<PageQuery>,
+) -> Answer<api::PoolList> {
+    let page = state.store.pools(query.request()?).await?;
+    Ok(Json(api::PoolList {
+        pools: page.items.into_iter().map(convert::pool).collect(),
+        next_cursor: cursor(page.next),
+    }))
 }
 
 #[utoipa::path(get, path = "/v1/pools/{pool}", tag = "pools",
@@ -113,16 +121,21 @@ pub(crate) async fn accept(
     Ok((StatusCode::CREATED, Json(convert::alloc(alloc, None, state.store.now()))))
 }
 
+/// A page of the pool's live allocs, ordered by id.
 #[utoipa::path(get, path = "/v1/pools/{pool}/allocs", tag = "pools",
-    params(("pool" = String, Path, description = "the pool's name: 1 to 255 bytes, no control characters, no `/`")),
-    responses((status = 400, body = api::ErrorBody, description = "invalid_name, invalid_resources, invalid_argument or invalid_json"), (status = 503, body = api::ErrorBody, description = "store_unavailable, store_outcome_unknown or shutting_down"), (status = 200, body = api::AllocList), (status = 404, body = api::ErrorBody)))]
+    params(("pool" = String, Path, description = "the pool's name: 1 to 255 bytes, no control characters, no `/`"), PageQuery),
+    responses((status = 400, body = api::ErrorBody, description = "invalid_name, invalid_argument (limit) or invalid_cursor"), (status = 503, body = api::ErrorBody, description = "store_unavailable, store_outcome_unknown or shutting_down"), (status = 200, body = api::AllocList), (status = 404, body = api::ErrorBody)))]
 pub(crate) async fn list_allocs(
     State(state): State<AppState>,
     Segments(name): Segments<String>,
+    QueryArgs(query): QueryArgs<PageQuery>,
 ) -> Answer<api::AllocList> {
-    let allocs = state.store.allocs(convert::pool_name(&name)?).await?;
+    let page = state.store.allocs(convert::pool_name(&name)?, query.request()?).await?;
     let now = state.store.now();
-    Ok(Json(api::AllocList { allocs: allocs.into_iter().map(|a| convert::alloc(a, None, now)).collect() }))
+    Ok(Json(api::AllocList {
+        allocs: page.items.into_iter().map(|a| convert::alloc(a, None, now)).collect(),
+        next_cursor: cursor(page.next),
+    }))
 }
 
 /// Inspects an alloc: 200 while it lives; 410 Gone once it has ended, with its record (kept for

@@ -9,6 +9,7 @@ use serde::Deserialize;
 use crate::convert;
 use crate::error::ApiError;
 use crate::extract::{JsonBody, QueryArgs, Segments};
+use crate::page::{cursor, PageQuery};
 use crate::AppState;
 
 type Answer<T> = Result<Json<T>, ApiError>;
@@ -22,11 +23,18 @@ pub(crate) async fn healthz(State(state): State<AppState>) -> Json<api::Health> 
     })
 }
 
-#[utoipa::path(get, path = "/v1/namespaces", tag = "namespaces",
-    responses((status = 200, body = api::NamespaceList)))]
-pub(crate) async fn list_namespaces(State(state): State<AppState>) -> Answer<api::NamespaceList> {
-    let namespaces = state.store.namespaces().await?;
-    Ok(Json(api::NamespaceList { namespaces: namespaces.into_iter().map(convert::namespace).collect() }))
+/// A page of the namespaces, ordered by name.
+#[utoipa::path(get, path = "/v1/namespaces", tag = "namespaces", params(PageQuery),
+    responses((status = 200, body = api::NamespaceList), (status = 400, body = api::ErrorBody, description = "invalid_argument (limit) or invalid_cursor")))]
+pub(crate) async fn list_namespaces(
+    State(state): State<AppState>,
+    QueryArgs(query): QueryArgs<PageQuery>,
+) -> Answer<api::NamespaceList> {
+    let page = state.store.namespaces(query.request()?).await?;
+    Ok(Json(api::NamespaceList {
+        namespaces: page.items.into_iter().map(convert::namespace).collect(),
+        next_cursor: cursor(page.next),
+    }))
 }
 
 #[utoipa::path(get, path = "/v1/namespaces/{namespace}", tag = "namespaces",
@@ -78,15 +86,20 @@ pub(crate) async fn remove_namespace(
     Ok(Json(api::RemovedNamespace { name, grants_ended: grants_ended as u64 }))
 }
 
+/// A page of the namespace's grants, ordered by token.
 #[utoipa::path(get, path = "/v1/namespaces/{namespace}/grants", tag = "grants",
-    params(("namespace" = String, Path)),
-    responses((status = 400, body = api::ErrorBody, description = "invalid input"), (status = 200, body = api::GrantList), (status = 404, body = api::ErrorBody)))]
+    params(("namespace" = String, Path), PageQuery),
+    responses((status = 400, body = api::ErrorBody, description = "invalid_name, invalid_argument (limit) or invalid_cursor"), (status = 200, body = api::GrantList), (status = 404, body = api::ErrorBody)))]
 pub(crate) async fn list_grants(
     State(state): State<AppState>,
     Segments(name): Segments<String>,
+    QueryArgs(query): QueryArgs<PageQuery>,
 ) -> Answer<api::GrantList> {
-    let grants = state.store.grants(convert::namespace_name(&name)?).await?;
-    Ok(Json(api::GrantList { grants: grants.into_iter().map(convert::grant).collect() }))
+    let page = state.store.grants(convert::namespace_name(&name)?, query.request()?).await?;
+    Ok(Json(api::GrantList {
+        grants: page.items.into_iter().map(convert::grant).collect(),
+        next_cursor: cursor(page.next),
+    }))
 }
 
 #[utoipa::path(get, path = "/v1/namespaces/{namespace}/grants/{token}", tag = "grants",
@@ -160,15 +173,22 @@ pub(crate) async fn keepalive_grant(
     Ok(Json(convert::grant(info)))
 }
 
+/// A page of the namespace's waiters, head first. The queue moves while it is paged: the next
+/// page holds the waiters that arrived after the last one of this page and still wait, with
+/// their places at that read; waiters that arrive meanwhile are at the end.
 #[utoipa::path(get, path = "/v1/namespaces/{namespace}/waiters", tag = "grants",
-    params(("namespace" = String, Path)),
-    responses((status = 400, body = api::ErrorBody, description = "invalid input"), (status = 200, body = api::WaiterList), (status = 404, body = api::ErrorBody)))]
+    params(("namespace" = String, Path), PageQuery),
+    responses((status = 400, body = api::ErrorBody, description = "invalid_name, invalid_argument (limit) or invalid_cursor"), (status = 200, body = api::WaiterList), (status = 404, body = api::ErrorBody)))]
 pub(crate) async fn list_waiters(
     State(state): State<AppState>,
     Segments(name): Segments<String>,
+    QueryArgs(query): QueryArgs<PageQuery>,
 ) -> Answer<api::WaiterList> {
-    let waiters = state.store.waiters(convert::namespace_name(&name)?).await?;
-    Ok(Json(api::WaiterList { waiters: waiters.into_iter().map(convert::waiter).collect() }))
+    let page = state.store.waiters(convert::namespace_name(&name)?, query.request()?).await?;
+    Ok(Json(api::WaiterList {
+        waiters: page.items.into_iter().map(convert::waiter).collect(),
+        next_cursor: cursor(page.next),
+    }))
 }
 
 #[utoipa::path(post, path = "/v1/sessions", tag = "sessions", request_body = api::OpenSession,
@@ -181,10 +201,18 @@ pub(crate) async fn open_session(
     Ok((StatusCode::CREATED, Json(convert::session(info))))
 }
 
-#[utoipa::path(get, path = "/v1/sessions", tag = "sessions", responses((status = 200, body = api::SessionList)))]
-pub(crate) async fn list_sessions(State(state): State<AppState>) -> Answer<api::SessionList> {
-    let sessions = state.store.sessions().await?;
-    Ok(Json(api::SessionList { sessions: sessions.into_iter().map(convert::session).collect() }))
+/// A page of the open sessions, ordered by id.
+#[utoipa::path(get, path = "/v1/sessions", tag = "sessions", params(PageQuery),
+    responses((status = 200, body = api::SessionList), (status = 400, body = api::ErrorBody, description = "invalid_argument (limit) or invalid_cursor")))]
+pub(crate) async fn list_sessions(
+    State(state): State<AppState>,
+    QueryArgs(query): QueryArgs<PageQuery>,
+) -> Answer<api::SessionList> {
+    let page = state.store.sessions(query.request()?).await?;
+    Ok(Json(api::SessionList {
+        sessions: page.items.into_iter().map(convert::session).collect(),
+        next_cursor: cursor(page.next),
+    }))
 }
 
 #[utoipa::path(get, path = "/v1/sessions/{id}", tag = "sessions", params(("id" = String, Path)),

@@ -3,8 +3,8 @@
 
 use std::sync::Arc;
 
-use allot_server::{app, AppState};
-use allot_store::{EmbeddedConfig, EmbeddedStore, Store};
+use allot_server::{app, AppState, MetricsConfig};
+use allot_store::{read_all, EmbeddedConfig, EmbeddedStore, Store};
 use axum::body::Body;
 use axum::http::{Method, Request, StatusCode};
 use axum::Router;
@@ -20,10 +20,15 @@ struct Harness {
 
 impl Harness {
     fn new() -> Harness {
+        Harness::with_metrics(MetricsConfig::default())
+    }
+
+    /// With series of their own at `/metrics` for what `config` selects.
+    fn with_metrics(config: MetricsConfig) -> Harness {
         let dir = tempfile::tempdir().unwrap();
         let store: Arc<dyn Store> =
             Arc::new(EmbeddedStore::open(&EmbeddedConfig { data_dir: dir.path().to_owned() }).unwrap());
-        Harness { router: app(AppState::new(store.clone())), store, _dir: dir }
+        Harness { router: app(AppState::new(store.clone()).with_metrics(config)), store, _dir: dir }
     }
 
     async fn call(&self, method: Method, uri: &str, body: &str) -> (StatusCode, Value) {
@@ -44,17 +49,20 @@ impl Harness {
 
     /// Everything the store holds, to check that a refused request changed nothing.
     async fn everything(&self) -> String {
-        let mut text = format!("{:?}", self.store.namespaces().await.unwrap());
-        for view in self.store.namespaces().await.unwrap() {
-            text += &format!("{:?}", self.store.grants(view.name).await.unwrap());
+        let store = &*self.store;
+        let namespaces = read_all(|page| store.namespaces(page)).await.unwrap();
+        let mut text = format!("{namespaces:?}");
+        for view in namespaces {
+            text += &format!("{:?}", read_all(|page| store.grants(view.name.clone(), page)).await.unwrap());
         }
-        text + &format!("{:?}", self.store.sessions().await.unwrap().len())
+        text + &format!("{:?}", read_all(|page| store.sessions(page)).await.unwrap().len())
     }
 }
 
 #[tokio::test]
 async fn quotas_grants_and_sessions_over_the_api() {
-    let h = Harness::new();
+    let h = Harness::with_metrics(MetricsConfig { namespaces: vec!["hive".into()], pools: vec![] });
+    h.call(Method::PUT, "/v1/namespaces/other", r#"{"quota": 7}"#).await;
     let (status, body) = h.call(Method::PUT, "/v1/namespaces/hive:cluster-a", r#"{"quota": 2}"#).await;
     assert_eq!(status, StatusCode::CREATED, "{body}");
     assert_eq!(body["namespace"]["quota"], 2);
@@ -108,6 +116,10 @@ async fn quotas_grants_and_sessions_over_the_api() {
     let text = body.as_str().unwrap();
     for metric in [
         "allot_quota_units{namespace=\"hive:cluster-a\"} 3",
+        "allot_namespaces 2",
+        "allot_namespaces_quota_units 10",
+        "allot_namespaces_granted_units 1",
+        "allot_namespaces_allocations_total{result=\"namespace_quota_exceeded\"} 1",
         "allot_granted_units{namespace=\"hive:cluster-a\"} 1",
         "allot_allocations_total{namespace=\"hive:cluster-a\",result=\"namespace_quota_exceeded\"} 1",
         "allot_expirations_total",
@@ -118,6 +130,7 @@ async fn quotas_grants_and_sessions_over_the_api() {
     ] {
         assert!(text.contains(metric), "{metric} missing from\n{text}");
     }
+    assert!(!text.contains("namespace=\"other\""), "an unselected namespace has series of its own:\n{text}");
 }
 
 #[tokio::test]
@@ -201,6 +214,26 @@ const BAD_INPUT: &[(&str, &str, &str, u16, &str)] = &[
     ("POST", "/v1/sessions/zz/keepalive", "", 400, "invalid_name"),
     ("GET", "/v1/sessions/00000000000000000000000000000001", "", 404, "session_not_found"),
     ("GET", "/v1/nothing-here", "", 404, "not_found"),
+    ("GET", "/v1/namespaces?limit=0", "", 400, "invalid_argument"),
+    ("GET", "/v1/namespaces?limit=1001", "", 400, "invalid_argument"),
+    ("GET", "/v1/namespaces?limit=-1", "", 400, "invalid_argument"),
+    ("GET", "/v1/namespaces?limit=ten", "", 400, "invalid_argument"),
+    ("GET", "/v1/namespaces?page=2", "", 400, "invalid_argument"),
+    ("GET", "/v1/namespaces?cursor=", "", 400, "invalid_cursor"),
+    ("GET", "/v1/namespaces?cursor=zz", "", 400, "invalid_cursor"),
+    // A cursor of the pools list, given to the namespaces list.
+    ("GET", "/v1/namespaces?cursor=phive", "", 400, "invalid_cursor"),
+    ("GET", "/v1/namespaces?cursor=na::b", "", 400, "invalid_cursor"),
+    ("GET", "/v1/namespaces/hive/grants?cursor=nhive", "", 400, "invalid_cursor"),
+    ("GET", "/v1/namespaces/hive/grants?limit=100000", "", 400, "invalid_argument"),
+    ("GET", "/v1/namespaces/nope/grants?limit=10", "", 404, "namespace_not_found"),
+    ("GET", "/v1/namespaces/hive/waiters?cursor=w", "", 400, "invalid_cursor"),
+    ("GET", "/v1/namespaces/hive/waiters?limit=0", "", 400, "invalid_argument"),
+    ("GET", "/v1/sessions?cursor=s00", "", 400, "invalid_cursor"),
+    ("GET", "/v1/namespaces/hive/waiters?cursor=w-1", "", 400, "invalid_cursor"),
+    ("GET", "/v1/pools?limit=0", "", 400, "invalid_argument"),
+    ("GET", "/v1/pools?cursor=nhive", "", 400, "invalid_cursor"),
+    ("GET", "/v1/pools/nope/allocs?cursor=a00", "", 400, "invalid_cursor"),
     ("PATCH", "/v1/namespaces/hive", "", 405, "method_not_allowed"),
 ];
 
@@ -284,7 +317,8 @@ async fn a_full_disk_is_a_503_with_a_code_and_the_state_stays_whole() {
 
 #[tokio::test]
 async fn pools_offers_and_allocs_over_the_api() {
-    let h = Harness::new();
+    let h = Harness::with_metrics(MetricsConfig { namespaces: vec![], pools: vec!["worker-*".into()] });
+    h.call(Method::PUT, "/v1/pools/other", r#"{"capacity": "cpu=1"}"#).await;
     let (status, body) = h.call(Method::PUT, "/v1/pools/worker-1", r#"{"capacity": "cpu=4,mem=16GiB,gpu=1"}"#).await;
     assert_eq!(status, StatusCode::CREATED, "{body}");
     assert_eq!(body["pool"]["capacity"], "cpu=4,gpu=1,mem=16GiB");
@@ -323,6 +357,10 @@ async fn pools_offers_and_allocs_over_the_api() {
         "allot_pool_offer_expired_total{pool=\"worker-1\"} 1",
         "allot_pool_reclaims_total{pool=\"worker-1\"} 0",
         "allot_pool_allocs{pool=\"worker-1\"} 1",
+        "allot_pools 2",
+        "allot_pools_capacity{resource=\"cpu\"} 5.0",
+        "allot_pools_allocated{resource=\"cpu\"} 2.0",
+        "allot_pools_accepts_total 1",
     ] {
         assert!(text.contains(metric), "{metric} missing from\n{text}");
     }
@@ -378,6 +416,201 @@ async fn pools_offers_and_allocs_over_the_api() {
         let (got, answer) = h.call(method.clone(), uri, body).await;
         assert_eq!((got, answer["error"]["code"].as_str()), (status, Some(code)), "{method} {uri} {body}: {answer}");
     }
+}
+
+impl Harness {
+    /// Follows a list route page by page with `limit`; every page and the items of all of them.
+    async fn pages(&self, uri: &str, field: &str, limit: usize) -> (Vec<Value>, Vec<Value>) {
+        let (mut pages, mut items) = (Vec::new(), Vec::new());
+        let mut cursor: Option<String> = None;
+        loop {
+            let separator = if uri.contains('?') { '&' } else { '?' };
+            let mut page_uri = format!("{uri}{separator}limit={limit}");
+            if let Some(cursor) = &cursor {
+                page_uri += &format!("&cursor={cursor}");
+            }
+            let (status, body) = self.call(Method::GET, &page_uri, "").await;
+            assert_eq!(status, StatusCode::OK, "{page_uri}: {body}");
+            let page = body[field].as_array().unwrap_or_else(|| panic!("{page_uri}: {body}")).clone();
+            assert!(page.len() <= limit, "{page_uri}: {} items", page.len());
+            assert!(body.as_object().unwrap().contains_key("next_cursor"), "{body}");
+            items.extend(page);
+            cursor = body["next_cursor"].as_str().map(str::to_owned);
+            pages.push(body);
+            if cursor.is_none() {
+                return (pages, items);
+            }
+        }
+    }
+}
+
+fn strings(items: &[Value], field: &str) -> Vec<String> {
+    items.iter().map(|item| item[field].as_str().unwrap().to_owned()).collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn lists_come_in_pages_that_say_where_the_next_starts() {
+    let h = Harness::new();
+    let names: Vec<String> = (0..105).map(|i| format!("ns-{i:03}")).collect();
+    for name in &names {
+        h.store.put_namespace(allot_core::NamespaceName::new(name).unwrap(), 30).await.unwrap();
+    }
+    // 100 by default, then the rest, then the end.
+    let (_, first) = h.call(Method::GET, "/v1/namespaces", "").await;
+    assert_eq!(first["namespaces"].as_array().unwrap().len(), allot_server::DEFAULT_PAGE);
+    let cursor = first["next_cursor"].as_str().unwrap();
+    let (_, rest) = h.call(Method::GET, &format!("/v1/namespaces?cursor={cursor}"), "").await;
+    assert_eq!(strings(rest["namespaces"].as_array().unwrap(), "name"), names[100..]);
+    assert_eq!(rest["next_cursor"], Value::Null);
+    let (pages, items) = h.pages("/v1/namespaces", "namespaces", 10).await;
+    assert_eq!((pages.len(), strings(&items, "name")), (11, names.clone()));
+    let (pages, _) = h.pages("/v1/namespaces", "namespaces", 1000).await;
+    assert_eq!(pages.len(), 1);
+
+    // Grants by token; a page read after a release neither repeats nor skips.
+    for i in 0..25 {
+        let (_, body) = h.call(Method::PUT, &format!("/v1/namespaces/ns-000/grants/t{i:02}"), "").await;
+        assert_eq!(body["status"], "Granted");
+    }
+    let (_, first) = h.call(Method::GET, "/v1/namespaces/ns-000/grants?limit=10", "").await;
+    h.call(Method::DELETE, "/v1/namespaces/ns-000/grants/t10", "").await;
+    let cursor = first["next_cursor"].as_str().unwrap();
+    let (_, second) = h.call(Method::GET, &format!("/v1/namespaces/ns-000/grants?limit=10&cursor={cursor}"), "").await;
+    let tokens = strings(second["grants"].as_array().unwrap(), "token");
+    assert_eq!(tokens, (11..21).map(|i| format!("t{i:02}")).collect::<Vec<_>>());
+    let (pages, items) = h.pages("/v1/namespaces/ns-000/grants", "grants", 8).await;
+    assert_eq!((pages.len(), items.len()), (3, 24));
+
+    // Waiters, head first.
+    h.call(Method::PUT, "/v1/namespaces/ns-001", r#"{"quota": 1}"#).await;
+    h.call(Method::PUT, "/v1/namespaces/ns-001/grants/holder", "").await;
+    let mut waiting = Vec::new();
+    for i in 0..3 {
+        let router = h.router.clone();
+        let request = Request::builder()
+            .method(Method::PUT)
+            .uri(format!("/v1/namespaces/ns-001/grants/w{i}"))
+            .body(Body::from(r#"{"wait_ms": 20000}"#))
+            .unwrap();
+        waiting.push(tokio::spawn(router.oneshot(request)));
+        // One at a time, so the queue order is known.
+        for _ in 0..200 {
+            let (_, body) = h.call(Method::GET, "/v1/namespaces/ns-001/waiters", "").await;
+            if body["waiters"].as_array().unwrap().len() == i + 1 {
+                break;
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+        }
+    }
+    let (pages, items) = h.pages("/v1/namespaces/ns-001/waiters", "waiters", 2).await;
+    assert_eq!((pages.len(), strings(&items, "token")), (2, vec!["w0".into(), "w1".into(), "w2".into()]));
+    assert_eq!(items[2]["position"], 3, "{items:?}");
+    h.call(Method::PUT, "/v1/namespaces/ns-001", r#"{"quota": 4}"#).await;
+    for answer in waiting {
+        assert_eq!(answer.await.unwrap().unwrap().status(), StatusCode::OK);
+    }
+
+    // Sessions by id, pools by name, allocs by id.
+    for _ in 0..3 {
+        h.call(Method::POST, "/v1/sessions", r#"{"ttl_ms": 60000}"#).await;
+    }
+    let (pages, items) = h.pages("/v1/sessions", "sessions", 2).await;
+    let ids = strings(&items, "id");
+    assert_eq!((pages.len(), ids.len()), (2, 3));
+    assert!(ids.windows(2).all(|w| w[0] < w[1]), "{ids:?}");
+    for pool in ["p-c", "p-a", "p-b"] {
+        h.call(Method::PUT, &format!("/v1/pools/{pool}"), r#"{"capacity": "cpu=3"}"#).await;
+    }
+    let (pages, items) = h.pages("/v1/pools", "pools", 2).await;
+    assert_eq!((pages.len(), strings(&items, "name")), (2, vec!["p-a".into(), "p-b".into(), "p-c".into()]));
+    for _ in 0..3 {
+        h.call(Method::POST, "/v1/pools/p-a/offers/1", r#"{"min": "cpu=1"}"#).await;
+    }
+    let (pages, items) = h.pages("/v1/pools/p-a/allocs", "allocs", 2).await;
+    let ids = strings(&items, "id");
+    assert_eq!((pages.len(), ids.len()), (2, 3));
+    assert!(ids.windows(2).all(|w| w[0] < w[1]), "{ids:?}");
+}
+
+#[tokio::test]
+async fn the_openapi_document_describes_pages() {
+    let h = Harness::new();
+    let (_, document) = h.call(Method::GET, "/openapi.json", "").await;
+    for path in [
+        "/v1/namespaces",
+        "/v1/namespaces/{namespace}/grants",
+        "/v1/namespaces/{namespace}/waiters",
+        "/v1/sessions",
+        "/v1/pools",
+        "/v1/pools/{pool}/allocs",
+    ] {
+        let params = document["paths"][path]["get"]["parameters"].as_array().unwrap_or_else(|| panic!("{path}"));
+        let param = |name: &str| params.iter().find(|p| p["name"] == name).unwrap_or_else(|| panic!("{path} {name}"));
+        assert_eq!(param("limit")["in"], "query", "{path}");
+        assert_eq!(param("cursor")["in"], "query", "{path}");
+        assert!(param("cursor")["schema"]["pattern"].as_str().is_some_and(|p| p.starts_with('^')), "{path}");
+        let limit = &param("limit")["schema"];
+        assert_eq!((limit["minimum"].clone(), limit["maximum"].clone()), (json!(1), json!(1000)), "{path}: {limit}");
+        let codes = document["paths"][path]["get"]["responses"]["400"]["description"].as_str().unwrap();
+        assert!(codes.contains("invalid_cursor"), "{path}: {codes}");
+    }
+    for schema in ["NamespaceList", "GrantList", "WaiterList", "SessionList", "PoolList", "AllocList"] {
+        let next = &document["components"]["schemas"][schema]["properties"]["next_cursor"];
+        assert!(next.is_object(), "{schema} has no next_cursor");
+    }
+    let description = document["info"]["description"].as_str().unwrap();
+    assert!(description.contains("invalid_cursor") && description.contains("next_cursor"), "{description}");
+}
+
+/// 10,000 namespaces and 300 pools: a scrape has the totals and the selected ones' series only,
+/// so its size does not grow with the number of namespaces.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn metrics_stay_small_with_10000_namespaces() {
+    let h = Harness::with_metrics(MetricsConfig {
+        namespaces: vec!["team-007:ns-00700".into(), "team-008:ns-0080*".into()],
+        pools: vec!["pool-01*".into()],
+    });
+    let name = |i: usize| allot_core::NamespaceName::new(&format!("team-{:03}:ns-{i:05}", i / 100)).unwrap();
+    // Many at once, so the store group-commits them.
+    for chunk in (0..10_000).collect::<Vec<_>>().chunks(1000) {
+        let mut puts = tokio::task::JoinSet::new();
+        for &i in chunk {
+            let store = h.store.clone();
+            puts.spawn(async move { store.put_namespace(name(i), 10).await });
+        }
+        while let Some(put) = puts.join_next().await {
+            put.unwrap().unwrap();
+        }
+    }
+    for i in 0..300 {
+        let pool = allot_core::pool::PoolName::new(&format!("pool-{i:03}")).unwrap();
+        h.store.put_pool(pool, "cpu=2,mem=1GiB".parse().unwrap()).await.unwrap();
+    }
+    h.call(Method::PUT, "/v1/namespaces/team-007:ns-00700/grants/t", r#"{"units": 4}"#).await;
+    let (status, body) = h.call(Method::GET, "/metrics", "").await;
+    assert_eq!(status, StatusCode::OK);
+    let text = body.as_str().unwrap();
+    let lines = text.lines().count();
+    eprintln!("scrape at 10,000 namespaces and 300 pools: {lines} lines, {} bytes", text.len());
+    // Fixed: totals, request histograms, store counters; 11 selected namespaces and 10 pools.
+    assert!(lines < 600, "{lines} lines");
+    assert!(text.len() < 64 * 1024, "{} bytes", text.len());
+    for metric in [
+        "allot_namespaces 10000",
+        "allot_namespaces_quota_units 100000",
+        "allot_namespaces_granted_units 4",
+        "allot_namespaces_allocations_total{result=\"granted\"} 1",
+        "allot_pools 300",
+        "allot_pools_capacity{resource=\"cpu\"} 600.0",
+        "allot_granted_units{namespace=\"team-007:ns-00700\"} 4",
+        "allot_quota_units{namespace=\"team-008:ns-00809\"} 10",
+        "allot_pool_capacity{pool=\"pool-019\",resource=\"cpu\"} 2.0",
+    ] {
+        assert!(text.contains(metric), "{metric} missing from\n{text}");
+    }
+    let series = |prefix: &str| text.lines().filter(|line| line.starts_with(prefix)).count();
+    assert_eq!(series("allot_quota_units{"), 11, "series for the selected namespaces only");
+    assert_eq!(series("allot_pool_allocs{"), 10, "series for the selected pools only");
 }
 
 #[tokio::test]

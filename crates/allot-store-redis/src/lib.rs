@@ -37,7 +37,7 @@ use allot_core::{
     check_request, check_session_ttl, AllocateRequest, LeaseRequest, LedgerError, NamespaceName, NamespaceView,
     QueuePlace, Resources, Session, SessionId, Token, WaiterId, WaiterView,
 };
-use allot_store::{check_wait, Allocation, CommitStats, GrantInfo, SessionInfo, Store, StoreError};
+use allot_store::{check_wait, Allocation, CommitStats, GrantInfo, Page, PageRequest, SessionInfo, Store, StoreError};
 use async_trait::async_trait;
 use futures_util::{stream, StreamExt};
 use redis::{RedisError, Value};
@@ -54,6 +54,8 @@ pub const SWEEP_INTERVAL: Duration = Duration::from_millis(100);
 pub const POLL_INTERVAL: Duration = Duration::from_millis(250);
 /// The channel on which scripts publish the waiters they answered.
 const CHANNEL: &str = "allot:woken";
+/// The slot of the registries of namespaces and pools (`lua/registry.lua`).
+const REGISTRY_SLOT: &str = "allot:{allot-registry}";
 const REGISTRY: &str = "allot:{allot-registry}:namespaces";
 const POOL_REGISTRY: &str = "allot:{allot-registry}:pools";
 const SESSIONS: &str = "allot:{allot-sessions}";
@@ -464,11 +466,7 @@ impl Store for RedisStore {
         match reply.text()?.as_str() {
             "removed" => {
                 let grants = reply.uint()? as usize;
-                inner
-                    .conn
-                    .query(redis::cmd("SREM").arg(REGISTRY).arg(name.as_str()))
-                    .await
-                    .map_err(|e| redis_error(e, true))?;
+                register(inner, "remove", "namespaces", name.as_str()).await?;
                 Ok(grants)
             }
             "err" => Err(reply::error(&name, None, &mut reply)?),
@@ -476,21 +474,28 @@ impl Store for RedisStore {
         }
     }
 
-    async fn namespaces(&self) -> Result<Vec<NamespaceView>, StoreError> {
-        let names = self.registry().await?;
+    async fn namespaces(
+        &self,
+        page: PageRequest<NamespaceName>,
+    ) -> Result<Page<NamespaceView, NamespaceName>, StoreError> {
+        let names = registry_page(&self.inner, "namespaces", page.after().map(NamespaceName::as_str), page.limit())
+            .await?
+            .iter()
+            .filter_map(|name| NamespaceName::new(name).ok())
+            .collect();
+        let Page { items: names, next } = Page::from_read(names, page.limit(), NamespaceName::clone);
         let views: Vec<Result<NamespaceView, StoreError>> =
-            stream::iter(names).map(|name| self.namespace(name)).buffer_unordered(16).collect().await;
-        let mut res = Vec::new();
+            stream::iter(names).map(|name| self.namespace(name)).buffered(16).collect().await;
+        let mut items = Vec::new();
         for view in views {
             match view {
-                Ok(view) => res.push(view),
+                Ok(view) => items.push(view),
                 // Listed but removed meanwhile (or half created by a daemon that died).
                 Err(StoreError::Ledger(LedgerError::NamespaceNotFound(_))) => {}
                 Err(err) => return Err(err),
             }
         }
-        res.sort_by(|a, b| a.name.cmp(&b.name));
-        Ok(res)
+        Ok(Page { items, next })
     }
 
     async fn namespace(&self, name: NamespaceName) -> Result<NamespaceView, StoreError> {
@@ -595,29 +600,49 @@ impl Store for RedisStore {
         }
     }
 
-    async fn grants(&self, namespace: NamespaceName) -> Result<Vec<GrantInfo>, StoreError> {
-        let mut grants = self.read_grants(&namespace, None).await?;
-        grants.sort_by(|a, b| a.grant.token.cmp(&b.grant.token));
-        Ok(grants)
+    async fn grants(
+        &self,
+        namespace: NamespaceName,
+        page: PageRequest<Token>,
+    ) -> Result<Page<GrantInfo, Token>, StoreError> {
+        // Grants live in a hash (one write per grant): the page is picked from its keys here, in
+        // byte order (Lua compares strings by the server's locale), then its grants are read.
+        let key = format!("{}:grants", prefix(&namespace));
+        let tokens = hash_keys(&self.inner, &key).await?;
+        let after = page.after().map(Token::as_str);
+        let tokens = allot_core::first_after(tokens.into_iter(), String::as_str, after, page.limit() + 1);
+        let Page { items: tokens, next } = Page::from_read(tokens, page.limit(), String::clone);
+        let next = next.map(|t| Token::new(&t)).transpose().map_err(corrupt)?;
+        let mut args: Vec<&str> = vec![""];
+        args.extend(tokens.iter().map(String::as_str));
+        let items = self.read_grants(&namespace, &args).await?;
+        Ok(Page { items, next })
     }
 
     async fn grant(&self, namespace: NamespaceName, token: Token) -> Result<GrantInfo, StoreError> {
-        let mut grants = self.read_grants(&namespace, Some(&token)).await?;
+        let mut grants = self.read_grants(&namespace, &[token.as_str()]).await?;
         grants.pop().ok_or_else(|| corrupt("an empty grant reply"))
     }
 
-    async fn waiters(&self, namespace: NamespaceName) -> Result<Vec<WaiterView>, StoreError> {
+    async fn waiters(
+        &self,
+        namespace: NamespaceName,
+        page: PageRequest<u64>,
+    ) -> Result<Page<WaiterView, u64>, StoreError> {
         let inner = &self.inner;
-        let mut reply = inner.eval(&inner.scripts.waiters, &prefix(&namespace), &[], false).await?;
+        let after = page.after().map(u64::to_string).unwrap_or_default();
+        let limit = (page.limit() + 1).to_string();
+        let mut reply = inner.eval(&inner.scripts.waiters, &prefix(&namespace), &[&after, &limit], false).await?;
         let first = reply.text()?;
         if first == "err" {
             return Err(reply::error(&namespace, None, &mut reply)?);
         }
         let now: u64 = first.parse().map_err(|_| corrupt("waiters reply"))?;
+        let (ahead, mut units_ahead) = (reply.uint()? as usize, reply.uint()?);
         let mut res = Vec::new();
-        let mut units_ahead = 0u64;
         while !reply.is_empty() {
             let id = reply.uint()?;
+            let arrival = reply.uint()?;
             let record = reply.text()?;
             let level = reply::cap_level(&reply.text()?)?;
             let f: Vec<&str> = record.split('\n').collect();
@@ -628,7 +653,8 @@ impl Store for RedisStore {
             let since: u64 = f[10].parse().map_err(|_| corrupt("waiter since"))?;
             res.push(WaiterView {
                 id: WaiterId(id),
-                place: QueuePlace { position: res.len() + 1, units_ahead },
+                arrival,
+                place: QueuePlace { position: ahead + res.len() + 1, units_ahead },
                 token: Token::new(f[0]).map_err(corrupt)?,
                 units,
                 scope: reply::scope(f[2], f[3])?,
@@ -637,7 +663,7 @@ impl Store for RedisStore {
             });
             units_ahead = units_ahead.saturating_add(units);
         }
-        Ok(res)
+        Ok(Page::from_read(res, page.limit(), |w| w.arrival))
     }
 
     async fn open_session(&self, ttl_ms: u64) -> Result<SessionInfo, StoreError> {
@@ -682,26 +708,27 @@ impl Store for RedisStore {
         Ok(info)
     }
 
-    async fn sessions(&self) -> Result<Vec<SessionInfo>, StoreError> {
+    async fn sessions(&self, page: PageRequest<SessionId>) -> Result<Page<SessionInfo, SessionId>, StoreError> {
         let mut reply = self.inner.sessions(&["list", ""], false).await?;
-        let now = reply.uint()?;
-        let mut listed = Vec::new();
+        let _now = reply.uint()?;
+        let mut live = Vec::new();
         while !reply.is_empty() {
-            let id = SessionId::parse(&reply.text()?).map_err(corrupt)?;
-            listed.push((id, reply.uint()?, reply.uint()?));
+            live.push(SessionId::parse(&reply.text()?).map_err(corrupt)?);
+            let (_ttl, _deadline) = (reply.uint()?, reply.uint()?);
         }
-        let mut res = Vec::with_capacity(listed.len());
-        for (id, _, _) in listed {
+        // The live sessions are a zset by deadline: the page is picked here, by id.
+        let ids = allot_core::first_after(live.into_iter(), |id| id, page.after(), page.limit() + 1);
+        let Page { items: ids, next } = Page::from_read(ids, page.limit(), |id| *id);
+        let mut items = Vec::with_capacity(ids.len());
+        for id in ids {
             // Read each one whole; one that ended meanwhile is left out.
             match self.session(id).await {
-                Ok(info) => res.push(info),
+                Ok(info) => items.push(info),
                 Err(StoreError::Ledger(LedgerError::SessionNotFound(_))) => {}
                 Err(err) => return Err(err),
             }
         }
-        let _ = now;
-        res.sort_by_key(|s| s.session.id);
-        Ok(res)
+        Ok(Page { items, next })
     }
 
     async fn session(&self, id: SessionId) -> Result<SessionInfo, StoreError> {
@@ -728,8 +755,8 @@ impl Store for RedisStore {
         pools::remove(&self.inner, name, force).await
     }
 
-    async fn pools(&self) -> Result<Vec<PoolView>, StoreError> {
-        pools::list(&self.inner).await
+    async fn pools(&self, page: PageRequest<PoolName>) -> Result<Page<PoolView, PoolName>, StoreError> {
+        pools::list(&self.inner, page).await
     }
 
     async fn pool(&self, name: PoolName) -> Result<PoolView, StoreError> {
@@ -759,8 +786,8 @@ impl Store for RedisStore {
         pools::inspect(&self.inner, name, id).await
     }
 
-    async fn allocs(&self, name: PoolName) -> Result<Vec<Alloc>, StoreError> {
-        pools::allocs(&self.inner, name).await
+    async fn allocs(&self, name: PoolName, page: PageRequest<AllocId>) -> Result<Page<Alloc, AllocId>, StoreError> {
+        pools::allocs(&self.inner, name, page).await
     }
 
     async fn stop_if_idle_for(&self, name: PoolName, idle_ms: u64) -> Result<(bool, u64), StoreError> {
@@ -817,11 +844,7 @@ impl RedisStore {
         }
         let inner = &self.inner;
         // Listed first: a namespace is never in Redis without being in the registry.
-        inner
-            .conn
-            .query(redis::cmd("SADD").arg(REGISTRY).arg(name.as_str()))
-            .await
-            .map_err(|e| redis_error(e, true))?;
+        register(inner, "add", "namespaces", name.as_str()).await?;
         let quota_text = quota.to_string();
         let mut reply = inner
             .eval(
@@ -835,21 +858,14 @@ impl RedisStore {
         Ok((created, reply::view(&name, &mut reply)?))
     }
 
-    async fn registry(&self) -> Result<Vec<NamespaceName>, StoreError> {
-        registry(&self.inner).await
-    }
-
-    async fn read_grants(
-        &self,
-        namespace: &NamespaceName,
-        token: Option<&Token>,
-    ) -> Result<Vec<GrantInfo>, StoreError> {
+    /// Calls the `grants` function with `args`: one token, or `""` and the tokens of a page.
+    async fn read_grants(&self, namespace: &NamespaceName, args: &[&str]) -> Result<Vec<GrantInfo>, StoreError> {
         let inner = &self.inner;
-        let arg = token.map(Token::as_str).unwrap_or("");
-        let mut reply = inner.eval(&inner.scripts.grants, &prefix(namespace), &[arg], false).await?;
+        let mut reply = inner.eval(&inner.scripts.grants, &prefix(namespace), args, false).await?;
         let first = reply.text()?;
         if first == "err" {
-            return Err(reply::error(namespace, token, &mut reply)?);
+            let token = args.first().filter(|t| !t.is_empty()).and_then(|t| Token::new(t).ok());
+            return Err(reply::error(namespace, token.as_ref(), &mut reply)?);
         }
         let mut res = Vec::new();
         while !reply.is_empty() {
@@ -863,6 +879,34 @@ impl RedisStore {
 async fn registry(inner: &Inner) -> Result<Vec<NamespaceName>, StoreError> {
     let names = registry_members(inner, REGISTRY).await?;
     Ok(names.iter().filter_map(|name| NamespaceName::new(name).ok()).collect())
+}
+
+/// Adds a name to a registry (`kind`: `namespaces` or `pools`), or removes it (`op`).
+async fn register(inner: &Inner, op: &str, kind: &str, name: &str) -> Result<(), StoreError> {
+    inner.eval(&inner.scripts.registry, REGISTRY_SLOT, &[op, kind, name], true).await?;
+    Ok(())
+}
+
+/// Up to `limit + 1` names of a registry after `after`, in name order: a page and whether more
+/// follow (see [`Page::from_read`]).
+async fn registry_page(
+    inner: &Inner,
+    kind: &str,
+    after: Option<&str>,
+    limit: usize,
+) -> Result<Vec<String>, StoreError> {
+    let count = (limit + 1).to_string();
+    let args = ["page", kind, after.unwrap_or(""), &count];
+    inner.eval(&inner.scripts.registry, REGISTRY_SLOT, &args, false).await?.rest_texts()
+}
+
+/// The fields of a hash (the tokens of a namespace's grants, the ids of a pool's allocs).
+async fn hash_keys(inner: &Inner, key: &str) -> Result<Vec<String>, StoreError> {
+    let value = inner.conn.query(redis::cmd("HKEYS").arg(key)).await.map_err(|e| redis_error(e, false))?;
+    match value {
+        Value::Array(items) => Reply::new(Value::Array(items))?.rest_texts(),
+        other => Err(corrupt(format!("HKEYS {key}: reply {other:?}"))),
+    }
 }
 
 /// The names listed in a registry set (namespaces or pools).

@@ -10,11 +10,11 @@ use allot_core::pool::{
     PoolView,
 };
 use allot_core::{Millis, ResourceName, Resources};
-use allot_store::StoreError;
+use allot_store::{Page, PageRequest, StoreError};
 use futures_util::{stream, StreamExt};
 
 use crate::reply::{corrupt, Reply};
-use crate::{hash_tag, redis_error, registry_members, Inner, POOL_REGISTRY};
+use crate::{hash_keys, hash_tag, register, registry_members, registry_page, Inner, POOL_REGISTRY};
 
 /// The key prefix of a pool: one hash slot per pool.
 fn prefix(pool: &PoolName) -> String {
@@ -191,11 +191,7 @@ pub(crate) async fn put(
     create_only: bool,
 ) -> Result<(bool, PoolView), StoreError> {
     // Listed first: a pool is never in Redis without being in the registry.
-    inner
-        .conn
-        .query(redis::cmd("SADD").arg(POOL_REGISTRY).arg(pool.as_str()))
-        .await
-        .map_err(|e| redis_error(e, true))?;
+    register(inner, "add", "pools", pool.as_str()).await?;
     let mut reply = inner
         .eval(
             &inner.scripts.pool,
@@ -211,11 +207,7 @@ pub(crate) async fn put(
 pub(crate) async fn remove(inner: &Inner, pool: PoolName, force: bool) -> Result<usize, StoreError> {
     let (_, mut reply) = call(inner, &pool, &["remove", if force { "1" } else { "0" }], true).await?;
     let allocs = reply.uint()? as usize;
-    inner
-        .conn
-        .query(redis::cmd("SREM").arg(POOL_REGISTRY).arg(pool.as_str()))
-        .await
-        .map_err(|e| redis_error(e, true))?;
+    register(inner, "remove", "pools", pool.as_str()).await?;
     Ok(allocs)
 }
 
@@ -229,22 +221,27 @@ async fn registry(inner: &Inner) -> Result<Vec<PoolName>, StoreError> {
     Ok(names.iter().filter_map(|name| PoolName::new(name).ok()).collect())
 }
 
-pub(crate) async fn list(inner: &Inner) -> Result<Vec<PoolView>, StoreError> {
-    let names = registry(inner).await?;
+pub(crate) async fn list(inner: &Inner, page: PageRequest<PoolName>) -> Result<Page<PoolView, PoolName>, StoreError> {
+    let names = registry_page(inner, "pools", page.after().map(PoolName::as_str), page.limit())
+        .await?
+        .iter()
+        .filter_map(|name| PoolName::new(name).ok())
+        .collect();
+    let Page { items: names, next } = Page::from_read(names, page.limit(), PoolName::clone);
     let mut views = Vec::with_capacity(names.len());
     for chunk in names.chunks(16) {
         views.extend(futures_util::future::join_all(chunk.iter().map(|name| view(inner, name))).await);
     }
-    let mut res = Vec::new();
+    let mut items = Vec::new();
     for view in views {
         match view {
-            Ok(view) => res.push(view),
+            Ok(view) => items.push(view),
+            // Listed but removed meanwhile.
             Err(StoreError::Pool(PoolError::PoolNotFound(_))) => {}
             Err(err) => return Err(err),
         }
     }
-    res.sort_by(|a, b| a.name.cmp(&b.name));
-    Ok(res)
+    Ok(Page { items, next })
 }
 
 pub(crate) async fn offer(inner: &Inner, pool: PoolName) -> Result<Option<Offer>, StoreError> {
@@ -306,17 +303,28 @@ pub(crate) async fn inspect(inner: &Inner, pool: PoolName, id: AllocId) -> Resul
     record(&pool, &id_text, &json)
 }
 
-pub(crate) async fn allocs(inner: &Inner, pool: PoolName) -> Result<Vec<Alloc>, StoreError> {
-    let (_, mut reply) = call(inner, &pool, &["allocs"], false).await?;
+pub(crate) async fn allocs(
+    inner: &Inner,
+    pool: PoolName,
+    page: PageRequest<AllocId>,
+) -> Result<Page<Alloc, AllocId>, StoreError> {
+    // Live allocs are a hash: the page is picked from its keys here, then its allocs are read.
+    let ids = hash_keys(inner, &format!("{}:allocs", prefix(&pool))).await?;
+    let ids = ids.iter().map(|id| AllocId::parse(id).map_err(corrupt)).collect::<Result<Vec<_>, _>>()?;
+    let ids = allot_core::first_after(ids.into_iter(), |id| id, page.after(), page.limit() + 1);
+    let Page { items: ids, next } = Page::from_read(ids, page.limit(), |id| *id);
+    let texts: Vec<String> = ids.iter().map(AllocId::to_string).collect();
+    let mut args = vec!["allocs"];
+    args.extend(texts.iter().map(String::as_str));
+    let (_, mut reply) = call(inner, &pool, &args, false).await?;
     saw_clock(inner, reply.uint()?);
-    let mut res = Vec::new();
+    let mut items = Vec::new();
     while !reply.is_empty() {
         let id = reply.text()?;
         let json = reply.text()?;
-        res.push(live(record(&pool, &id, &json)?)?);
+        items.push(live(record(&pool, &id, &json)?)?);
     }
-    res.sort_by_key(|a| a.id);
-    Ok(res)
+    Ok(Page { items, next })
 }
 
 pub(crate) async fn stop_if_idle(inner: &Inner, pool: PoolName, idle_ms: u64) -> Result<(bool, u64), StoreError> {

@@ -48,6 +48,7 @@ operations!(
     session_grants,
     sessions,
     pool,
+    registry,
 );
 
 const PRELUDE: &str = include_str!("lua/namespace.lua");
@@ -69,7 +70,7 @@ fn version(bodies: &[(&str, &str)]) -> String {
 
 /// The functions that work on their own keys (sessions, pools): they take `KEYS` and `ARGV` as
 /// they are and skip `bind`, which builds a namespace's key names.
-const OWN_KEYS: &[&str] = &["session_grants", "sessions", "pool"];
+const OWN_KEYS: &[&str] = &["session_grants", "sessions", "pool", "registry"];
 
 fn library(version: &str, bodies: &[(&str, &str)]) -> String {
     let mut text = format!("#!lua name=allot_{version}\n{PRELUDE}\n");

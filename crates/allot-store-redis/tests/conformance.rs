@@ -40,3 +40,27 @@ async fn a_server_that_refuses_the_library_fails_at_once() {
     let message = err.to_string();
     assert!(message.contains("refused allot's function library") && message.contains("no permissions"), "{message}");
 }
+
+/// Daemons of an earlier version list namespaces and pools only in a set; the ordered index that
+/// pages read is rebuilt from it when the two differ.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn names_listed_only_by_an_earlier_version_are_paged() {
+    use allot_core::pool::PoolName;
+    use allot_core::NamespaceName;
+    use allot_store::{read_all, PageRequest};
+
+    let server = RedisServer::start();
+    let store = RedisStore::open(&RedisConfig::parse(&server.url()).unwrap()).await.unwrap();
+    for name in ["b", "a", "c"] {
+        store.put_namespace(NamespaceName::new(name).unwrap(), 1).await.unwrap();
+        store.put_pool(PoolName::new(name).unwrap(), "cpu=1".parse().unwrap()).await.unwrap();
+    }
+    // As an earlier version leaves them: the sets, no index.
+    server.cli(&["DEL", "allot:{allot-registry}:namespaces:by-name", "allot:{allot-registry}:pools:by-name"]);
+    let page = store.namespaces(PageRequest::first(2)).await.unwrap();
+    let names: Vec<&str> = page.items.iter().map(|v| v.name.as_str()).collect();
+    assert_eq!((names, page.next.as_ref().map(NamespaceName::as_str)), (vec!["a", "b"], Some("b")));
+    let pools = read_all(|page| store.pools(page)).await.unwrap();
+    assert_eq!(pools.iter().map(|p| p.name.as_str()).collect::<Vec<_>>(), ["a", "b", "c"]);
+    store.shutdown().await;
+}

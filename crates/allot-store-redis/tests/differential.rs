@@ -10,7 +10,7 @@ use std::collections::HashMap;
 use std::time::Duration;
 
 use allot_core::{AllocateRequest, Constraints, LeaseRequest, NamespaceName, Scope, Token};
-use allot_store::{Allocation, EmbeddedConfig, EmbeddedStore, Store, StoreError};
+use allot_store::{read_all, Allocation, EmbeddedConfig, EmbeddedStore, Store, StoreError};
 use allot_store_redis::testing::RedisServer;
 use allot_store_redis::{RedisConfig, RedisStore};
 
@@ -104,7 +104,7 @@ async fn state(store: &dyn Store, names: &[NamespaceName]) -> Vec<String> {
             ),
             Err(err) => comparable(Err(err)),
         });
-        if let Ok(grants) = store.grants(name.clone()).await {
+        if let Ok(grants) = read_all(|page| store.grants(name.clone(), page)).await {
             let grants: Vec<_> = grants.into_iter().map(|g| (g.grant.token, g.grant.units, g.grant.scope)).collect();
             out.push(format!("{grants:?}"));
         }

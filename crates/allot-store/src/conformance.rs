@@ -13,7 +13,7 @@ use allot_core::{
     Resources, Scope, Token,
 };
 
-use crate::{Allocation, Store, StoreError};
+use crate::{read_all, Allocation, Page, PageRequest, Store, StoreError, MAX_PAGE};
 
 /// Runs every check against `store`, concurrently (each works in its own namespaces).
 pub async fn run(store: Arc<dyn Store>) {
@@ -32,6 +32,10 @@ pub async fn run(store: Arc<dyn Store>) {
         a_timed_out_wait_reports_its_place(store_ref),
         raising_the_quota_admits_a_waiter(store_ref),
         concurrent_allocations_never_over_grant(store.clone()),
+        namespaces_page_by_name(store_ref),
+        grants_page_by_token(store_ref),
+        waiters_page_in_queue_order(store_ref),
+        sessions_page_by_id(store_ref),
     );
 }
 
@@ -70,7 +74,7 @@ async fn namespaces_are_created_changed_and_removed(store: &dyn Store) {
     let (created, view) = store.put_namespace(name.clone(), 5).await.unwrap();
     assert!(!created);
     assert_eq!(view.quota, 5);
-    assert!(store.namespaces().await.unwrap().iter().any(|v| v.name == name));
+    assert!(read_all(|page| store.namespaces(page)).await.unwrap().iter().any(|v| v.name == name));
     assert_eq!(store.namespace(name.clone()).await.unwrap().quota, 5);
     store.allocate(request(&name, "t", 1), Duration::ZERO).await.unwrap();
     let in_use = store.remove_namespace(name.clone(), false).await;
@@ -111,7 +115,11 @@ async fn a_quota_of_zero_pauses_and_a_lowered_quota_keeps_waiters(store: &dyn St
     let (big, _) = tokio::join!(store.allocate(request(&name, "big", 2), Duration::from_secs(10)), async {
         queue_is(store, &name, &["big"]).await;
         store.put_namespace(name.clone(), 1).await.unwrap();
-        assert_eq!(store.waiters(name.clone()).await.unwrap().len(), 1, "lowering the quota dropped a waiter");
+        assert_eq!(
+            store.waiters(name.clone(), PageRequest::first(10)).await.unwrap().items.len(),
+            1,
+            "lowering the quota dropped a waiter"
+        );
         store.release(name.clone(), token("a"), None).await.unwrap();
         store.put_namespace(name.clone(), 3).await.unwrap();
     });
@@ -275,7 +283,7 @@ async fn sessions_hold_and_free_grants(store: &dyn Store) {
 /// Waits until the namespace's queue holds exactly `tokens`, in that order.
 async fn queue_is(store: &dyn Store, name: &NamespaceName, tokens: &[&str]) {
     let queued = eventually(Duration::from_secs(5), async || {
-        let waiters = store.waiters(name.clone()).await.unwrap();
+        let waiters = store.waiters(name.clone(), PageRequest::first(MAX_PAGE)).await.unwrap().items;
         waiters.iter().map(|w| w.token.as_str()).collect::<Vec<_>>() == tokens
     })
     .await;
@@ -317,7 +325,7 @@ async fn a_timed_out_wait_reports_its_place(store: &dyn Store) {
         late.unwrap(),
         Allocation::Refused { refusal: Refusal::Exhausted, place: Some(QueuePlace { position: 2, units_ahead: 2 }) }
     );
-    assert!(store.waiters(name.clone()).await.unwrap().is_empty());
+    assert!(store.waiters(name.clone(), PageRequest::first(10)).await.unwrap().items.is_empty());
 }
 
 async fn raising_the_quota_admits_a_waiter(store: &dyn Store) {
@@ -362,6 +370,162 @@ async fn concurrent_allocations_never_over_grant(store: Arc<dyn Store>) {
     assert_eq!((view.granted_units, view.waiters), (0, 0));
 }
 
+/// Keys of a page, as text, to compare pages in assertions.
+fn keys<T>(page: &Page<T, impl Clone>, key: impl Fn(&T) -> String) -> Vec<String> {
+    page.items.iter().map(key).collect()
+}
+
+async fn namespaces_page_by_name(store: &dyn Store) {
+    let name = |i: &str| ns(&format!("page:{i}"));
+    for i in 0..25 {
+        store.put_namespace(name(&format!("{i:02}")), 1).await.unwrap();
+    }
+    // Other checks add namespaces of their own meanwhile: start after "conformance:page" and
+    // keep the names of this check.
+    let ours = |page: &Page<allot_core::NamespaceView, NamespaceName>| {
+        keys(page, |v| v.name.to_string())
+            .into_iter()
+            .filter(|n| n.starts_with("conformance:page:"))
+            .collect::<Vec<_>>()
+    };
+    let first = store.namespaces(PageRequest::new(Some(ns("page")), 10)).await.unwrap();
+    let expected: Vec<String> = (0..10).map(|i| name(&format!("{i:02}")).to_string()).collect();
+    assert_eq!(ours(&first), expected);
+    assert_eq!(first.next, Some(name("09")));
+    // Between two pages: the cursor's own namespace and one ahead go away, one is added behind
+    // the cursor (not listed any more) and one ahead (listed).
+    store.remove_namespace(name("09"), false).await.unwrap();
+    store.remove_namespace(name("12"), false).await.unwrap();
+    store.put_namespace(name("05x"), 1).await.unwrap();
+    store.put_namespace(name("15x"), 1).await.unwrap();
+    let second = store.namespaces(PageRequest::new(first.next.clone(), 10)).await.unwrap();
+    assert!(second.items.len() <= 10);
+    assert_eq!(
+        ours(&second),
+        ["10", "11", "13", "14", "15", "15x", "16", "17", "18", "19"].map(|i| name(i).to_string())
+    );
+    let mut rest = Vec::new();
+    let mut after = second.next.clone();
+    while let Some(key) = after.filter(|k| k.as_str().starts_with("conformance:page:")) {
+        let page = store.namespaces(PageRequest::new(Some(key), 2)).await.unwrap();
+        assert!(page.items.len() <= 2, "{page:?}");
+        rest.extend(ours(&page));
+        after = page.next;
+    }
+    assert_eq!(rest, ["20", "21", "22", "23", "24"].map(|i| name(i).to_string()));
+    let all: Vec<String> =
+        read_all(|page| store.namespaces(page)).await.unwrap().into_iter().map(|v| v.name.to_string()).collect();
+    assert!(all.windows(2).all(|w| w[0] < w[1]), "namespaces are listed in name order, once each");
+}
+
+async fn grants_page_by_token(store: &dyn Store) {
+    let name = ns("grant-pages");
+    store.put_namespace(name.clone(), 100).await.unwrap();
+    // Granted out of order: a page is in token order whatever the order of the grants.
+    for i in (0..25).rev() {
+        assert_granted(&store.allocate(request(&name, &format!("t{i:02}"), 1), Duration::ZERO).await.unwrap());
+    }
+    let tokens = |page: &Page<crate::GrantInfo, Token>| keys(page, |g| g.grant.token.to_string());
+    let first = store.grants(name.clone(), PageRequest::first(10)).await.unwrap();
+    assert_eq!(tokens(&first), (0..10).map(|i| format!("t{i:02}")).collect::<Vec<_>>());
+    assert_eq!(first.next, Some(token("t09")));
+    store.release(name.clone(), token("t09"), None).await.unwrap();
+    store.release(name.clone(), token("t12"), None).await.unwrap();
+    assert_granted(&store.allocate(request(&name, "t05x", 1), Duration::ZERO).await.unwrap());
+    assert_granted(&store.allocate(request(&name, "t15x", 1), Duration::ZERO).await.unwrap());
+    let second = store.grants(name.clone(), PageRequest::new(first.next, 10)).await.unwrap();
+    assert_eq!(tokens(&second), ["t10", "t11", "t13", "t14", "t15", "t15x", "t16", "t17", "t18", "t19"]);
+    assert_eq!(second.next, Some(token("t19")));
+    let last = store.grants(name.clone(), PageRequest::new(second.next, 10)).await.unwrap();
+    assert_eq!(tokens(&last), ["t20", "t21", "t22", "t23", "t24"]);
+    assert_eq!(last.next, None, "the last page says so");
+    // A list that fills its pages exactly ends without an empty page.
+    let exact = store.grants(name.clone(), PageRequest::new(Some(token("t19")), 5)).await.unwrap();
+    assert_eq!((exact.items.len(), exact.next), (5, None));
+    let all = read_all(|page| store.grants(name.clone(), page)).await.unwrap();
+    assert_eq!(all.len(), 25);
+    let missing = store.grants(ns("grant-pages-none"), PageRequest::first(10)).await;
+    assert!(matches!(missing, Err(StoreError::Ledger(LedgerError::NamespaceNotFound(_)))), "{missing:?}");
+}
+
+async fn waiters_page_in_queue_order(store: &dyn Store) {
+    let name = ns("waiter-pages");
+    store.put_namespace(name.clone(), 1).await.unwrap();
+    assert_granted(&store.allocate(request(&name, "holder", 1), Duration::ZERO).await.unwrap());
+    let tokens = |page: &Page<allot_core::WaiterView, u64>| keys(page, |w| w.token.to_string());
+    let wait = |t: &'static str| store.allocate(request(&name, t, 1), Duration::from_secs(20));
+    let (a, b, c, d, ()) = tokio::join!(
+        wait("w1"),
+        async {
+            queue_is(store, &name, &["w1"]).await;
+            wait("w2").await
+        },
+        async {
+            queue_is(store, &name, &["w1", "w2"]).await;
+            wait("w3").await
+        },
+        async {
+            queue_is(store, &name, &["w1", "w2", "w3"]).await;
+            wait("w4").await
+        },
+        async {
+            queue_is(store, &name, &["w1", "w2", "w3", "w4"]).await;
+            let first = store.waiters(name.clone(), PageRequest::first(2)).await.unwrap();
+            assert_eq!(tokens(&first), ["w1", "w2"]);
+            let places: Vec<usize> = first.items.iter().map(|w| w.place.position).collect();
+            assert_eq!(places, [1, 2]);
+            assert_eq!(first.next, Some(first.items[1].arrival));
+            // The queue moves between two pages: w1 is granted; the next page still starts
+            // after w2, with the places of that read.
+            store.release(name.clone(), token("holder"), None).await.unwrap();
+            queue_is(store, &name, &["w2", "w3", "w4"]).await;
+            let second = store.waiters(name.clone(), PageRequest::new(first.next, 2)).await.unwrap();
+            assert_eq!(tokens(&second), ["w3", "w4"]);
+            let places: Vec<(usize, u64)> =
+                second.items.iter().map(|w| (w.place.position, w.place.units_ahead)).collect();
+            assert_eq!(places, [(2, 1), (3, 2)]);
+            assert_eq!(second.next, None);
+            store.put_namespace(name.clone(), 4).await.unwrap();
+        }
+    );
+    for answer in [a, b, c, d] {
+        assert_granted(&answer.unwrap());
+    }
+}
+
+async fn sessions_page_by_id(store: &dyn Store) {
+    let mut ours = Vec::new();
+    for _ in 0..5 {
+        ours.push(store.open_session(60_000).await.unwrap().session.id);
+    }
+    ours.sort();
+    // Other checks open and close sessions meanwhile: every page is in id order, and each of
+    // these is listed once.
+    let mut listed = Vec::new();
+    let (mut after, mut closed) = (None, false);
+    loop {
+        let page = store.sessions(PageRequest::new(after, 2)).await.unwrap();
+        assert!(page.items.len() <= 2, "{page:?}");
+        listed.extend(page.items.iter().map(|s| s.session.id));
+        if !closed {
+            // The last of these (never on the first page, four are before it) is closed between
+            // two pages: never listed.
+            store.close_session(ours[4]).await.unwrap();
+            closed = true;
+        }
+        match page.next {
+            Some(next) => after = Some(next),
+            None => break,
+        }
+    }
+    assert!(listed.windows(2).all(|w| w[0] < w[1]), "sessions are listed in id order, once each: {listed:?}");
+    let found: Vec<_> = ours.iter().filter(|id| listed.contains(id)).collect();
+    assert_eq!(found, ours[..4].iter().collect::<Vec<_>>());
+    for id in &ours[..4] {
+        store.close_session(*id).await.unwrap();
+    }
+}
+
 /// Runs every check of leased resource pools against `store`, concurrently (each in its own
 /// pools, prefixed `conformance-`).
 pub async fn run_pools(store: Arc<dyn Store>) {
@@ -373,6 +537,7 @@ pub async fn run_pools(store: Arc<dyn Store>) {
         lapsed_allocs_are_offered_and_reclaimed_when_needed(store_ref),
         an_idle_pool_stops(store_ref),
         concurrent_accepts_never_over_allocate(store.clone()),
+        pools_and_allocs_page_by_name_and_id(store_ref),
     );
 }
 
@@ -396,7 +561,7 @@ async fn pools_are_created_changed_and_removed(store: &dyn Store) {
     let (created, view) = store.put_pool(name.clone(), res("cpu=4,mem=1GiB")).await.unwrap();
     assert!(!created);
     assert_eq!(view.capacity, res("cpu=4,mem=1GiB"));
-    assert!(store.pools().await.unwrap().iter().any(|p| p.name == name));
+    assert!(read_all(|page| store.pools(page)).await.unwrap().iter().any(|p| p.name == name));
     store.accept(name.clone(), wants("cpu=1", None)).await.unwrap();
     let in_use = store.remove_pool(name.clone(), false).await;
     assert!(matches!(in_use, Err(StoreError::Pool(PoolError::PoolInUse { allocs: 1, .. }))), "{in_use:?}");
@@ -524,4 +689,38 @@ async fn concurrent_accepts_never_over_allocate(store: Arc<dyn Store>) {
     assert!(made > 0);
     let view = store.pool(name).await.unwrap();
     assert_eq!((view.allocs, view.allocated.is_empty()), (0, true));
+}
+
+async fn pools_and_allocs_page_by_name_and_id(store: &dyn Store) {
+    let name = |i: usize| pool_name(&format!("page-{i:02}"));
+    for i in 0..12 {
+        store.put_pool(name(i), res("cpu=10")).await.unwrap();
+    }
+    let mut listed = Vec::new();
+    let mut after = Some(pool_name("page"));
+    while let Some(key) = after.filter(|k| k.as_str().starts_with("conformance-page")) {
+        let page = store.pools(PageRequest::new(Some(key), 5)).await.unwrap();
+        assert!(page.items.len() <= 5, "{page:?}");
+        listed
+            .extend(page.items.iter().map(|p| p.name.clone()).filter(|n| n.as_str().starts_with("conformance-page-")));
+        after = page.next;
+    }
+    assert_eq!(listed, (0..12).map(name).collect::<Vec<_>>());
+
+    let pool = name(0);
+    let mut ids = Vec::new();
+    for _ in 0..7 {
+        ids.push(store.accept(pool.clone(), wants("cpu=1", None)).await.unwrap().id);
+    }
+    ids.sort();
+    let first = store.allocs(pool.clone(), PageRequest::first(3)).await.unwrap();
+    assert_eq!(first.items.iter().map(|a| a.id).collect::<Vec<_>>(), ids[..3]);
+    assert_eq!(first.next, Some(ids[2]));
+    // Freed between two pages: not listed.
+    store.free_alloc(pool.clone(), ids[4]).await.unwrap();
+    let second = store.allocs(pool.clone(), PageRequest::new(first.next, 3)).await.unwrap();
+    assert_eq!(second.items.iter().map(|a| a.id).collect::<Vec<_>>(), [ids[3], ids[5], ids[6]]);
+    assert_eq!(second.next, None);
+    let missing = store.allocs(pool_name("page-none"), PageRequest::first(3)).await;
+    assert!(matches!(missing, Err(StoreError::Pool(PoolError::PoolNotFound(_)))), "{missing:?}");
 }

@@ -39,7 +39,9 @@ use crate::records::{
     PoolRecord, SessionRecord, ALLOCS, FORMAT_VERSION, GRANTS, META, META_CLOCK, META_FORMAT, META_SEQ, NAMESPACES,
     POOLS, RETIRED_FENCING, SESSIONS,
 };
-use crate::{check_wait, expires_in, Allocation, CommitStats, GrantInfo, SessionInfo, Store, StoreError};
+use crate::{
+    check_wait, expires_in, Allocation, CommitStats, GrantInfo, Page, PageRequest, SessionInfo, Store, StoreError,
+};
 
 /// How often the sweeper looks for expired leases.
 pub const SWEEP_INTERVAL: Duration = Duration::from_millis(50);
@@ -884,8 +886,15 @@ impl Store for EmbeddedStore {
         self.mutate(|ledger, _| ledger.remove_namespace(&name, force)).await
     }
 
-    async fn namespaces(&self) -> Result<Vec<NamespaceView>, StoreError> {
-        self.read(|ledger, now| Ok(ledger.namespaces(now)))
+    async fn namespaces(
+        &self,
+        page: PageRequest<NamespaceName>,
+    ) -> Result<Page<NamespaceView, NamespaceName>, StoreError> {
+        let limit = page.limit();
+        self.read(|ledger, now| {
+            let views = ledger.namespaces_after(page.after(), limit + 1, now);
+            Ok(Page::from_read(views, limit, |v| v.name.clone()))
+        })
     }
 
     async fn namespace(&self, name: NamespaceName) -> Result<NamespaceView, StoreError> {
@@ -965,9 +974,16 @@ impl Store for EmbeddedStore {
         .await
     }
 
-    async fn grants(&self, namespace: NamespaceName) -> Result<Vec<GrantInfo>, StoreError> {
+    async fn grants(
+        &self,
+        namespace: NamespaceName,
+        page: PageRequest<Token>,
+    ) -> Result<Page<GrantInfo, Token>, StoreError> {
+        let limit = page.limit();
         self.read(|ledger, now| {
-            Ok(ledger.grants(&namespace)?.into_iter().map(|g| grant_info(ledger, g, now)).collect())
+            let grants = ledger.grants_after(&namespace, page.after(), limit + 1)?;
+            let infos = grants.into_iter().map(|g| grant_info(ledger, g, now)).collect();
+            Ok(Page::from_read(infos, limit, |g: &GrantInfo| g.grant.token.clone()))
         })
     }
 
@@ -975,8 +991,16 @@ impl Store for EmbeddedStore {
         self.read(|ledger, now| Ok(grant_info(ledger, ledger.grant(&namespace, &token)?, now)))
     }
 
-    async fn waiters(&self, namespace: NamespaceName) -> Result<Vec<WaiterView>, StoreError> {
-        self.read(|ledger, now| ledger.waiters(&namespace, now))
+    async fn waiters(
+        &self,
+        namespace: NamespaceName,
+        page: PageRequest<u64>,
+    ) -> Result<Page<WaiterView, u64>, StoreError> {
+        let limit = page.limit();
+        self.read(|ledger, now| {
+            let waiters = ledger.waiters_after(&namespace, page.after().copied(), limit + 1, now)?;
+            Ok(Page::from_read(waiters, limit, |w| w.arrival))
+        })
     }
 
     async fn open_session(&self, ttl_ms: u64) -> Result<SessionInfo, StoreError> {
@@ -1004,8 +1028,13 @@ impl Store for EmbeddedStore {
         .await
     }
 
-    async fn sessions(&self) -> Result<Vec<SessionInfo>, StoreError> {
-        self.read(|ledger, now| Ok(ledger.sessions().into_iter().map(|s| session_info(s, now)).collect()))
+    async fn sessions(&self, page: PageRequest<SessionId>) -> Result<Page<SessionInfo, SessionId>, StoreError> {
+        let limit = page.limit();
+        self.read(|ledger, now| {
+            let sessions = ledger.sessions_after(page.after().copied(), limit + 1);
+            let infos = sessions.into_iter().map(|s| session_info(s, now)).collect();
+            Ok(Page::from_read(infos, limit, |s: &SessionInfo| s.session.id))
+        })
     }
 
     async fn session(&self, id: SessionId) -> Result<SessionInfo, StoreError> {
@@ -1035,8 +1064,11 @@ impl Store for EmbeddedStore {
         self.mutate_pools(|pools, _| pools.remove_pool(&name, force)).await
     }
 
-    async fn pools(&self) -> Result<Vec<PoolView>, StoreError> {
-        self.read_pools(|pools, now| Ok(pools.pools(now)))
+    async fn pools(&self, page: PageRequest<PoolName>) -> Result<Page<PoolView, PoolName>, StoreError> {
+        let limit = page.limit();
+        self.read_pools(|pools, now| {
+            Ok(Page::from_read(pools.pools_after(page.after(), limit + 1, now), limit, |p| p.name.clone()))
+        })
     }
 
     async fn pool(&self, name: PoolName) -> Result<PoolView, StoreError> {
@@ -1075,8 +1107,11 @@ impl Store for EmbeddedStore {
         self.read_pools(|pools, _| pools.inspect(&name, id))
     }
 
-    async fn allocs(&self, name: PoolName) -> Result<Vec<Alloc>, StoreError> {
-        self.read_pools(|pools, _| pools.allocs(&name))
+    async fn allocs(&self, name: PoolName, page: PageRequest<AllocId>) -> Result<Page<Alloc, AllocId>, StoreError> {
+        let limit = page.limit();
+        self.read_pools(|pools, _| {
+            Ok(Page::from_read(pools.allocs_after(&name, page.after().copied(), limit + 1)?, limit, |a| a.id))
+        })
     }
 
     async fn stop_if_idle_for(&self, name: PoolName, idle_ms: u64) -> Result<(bool, u64), StoreError> {

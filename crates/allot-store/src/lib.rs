@@ -42,6 +42,85 @@ pub fn check_wait(wait: Duration) -> Result<(), StoreError> {
     Ok(())
 }
 
+/// The most items one page of a list holds.
+pub const MAX_PAGE: usize = 1000;
+
+/// Where a page of a list starts and how many items it may hold. Every list of a [`Store`] is
+/// in a stable order of a key (a name, a token, an id, an arrival number); a page holds the items
+/// whose keys come after `after`, so a page read after changes neither repeats nor skips an item
+/// that stayed listed.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PageRequest<K> {
+    after: Option<K>,
+    limit: usize,
+}
+
+impl<K> PageRequest<K> {
+    /// The page after key `after` (`None`: the first page) of at most `limit` items; the limit is
+    /// clamped into `1..=MAX_PAGE`.
+    pub fn new(after: Option<K>, limit: usize) -> PageRequest<K> {
+        PageRequest { after, limit: limit.clamp(1, MAX_PAGE) }
+    }
+
+    /// The first page of at most `limit` items.
+    pub fn first(limit: usize) -> PageRequest<K> {
+        PageRequest::new(None, limit)
+    }
+
+    /// The key the page starts after, if any.
+    pub fn after(&self) -> Option<&K> {
+        self.after.as_ref()
+    }
+
+    /// At most this many items, between 1 and [`MAX_PAGE`].
+    pub fn limit(&self) -> usize {
+        self.limit
+    }
+}
+
+/// One page of a list, in the list's order.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Page<T, K> {
+    pub items: Vec<T>,
+    /// Where the next page starts (its `after`); `None` on the last page. A page may hold fewer
+    /// items than asked (even none) and still have a next one, when items went away while it
+    /// was read.
+    pub next: Option<K>,
+}
+
+impl<T, K> Page<T, K> {
+    /// The page of `items`, read in order as up to `limit + 1` items: an item beyond `limit`
+    /// only says that more follow.
+    pub fn from_read(mut items: Vec<T>, limit: usize, key: impl Fn(&T) -> K) -> Page<T, K> {
+        let next = if items.len() > limit {
+            items.truncate(limit);
+            items.last().map(key)
+        } else {
+            None
+        };
+        Page { items, next }
+    }
+}
+
+/// Reads a whole list page by page, from the first: `read` is one list call of a [`Store`],
+/// e.g. `read_all(|page| store.namespaces(page))`.
+pub async fn read_all<T, K, F, Fut>(mut read: F) -> Result<Vec<T>, StoreError>
+where
+    F: FnMut(PageRequest<K>) -> Fut,
+    Fut: std::future::Future<Output = Result<Page<T, K>, StoreError>>,
+{
+    let mut all = Vec::new();
+    let mut after = None;
+    loop {
+        let page = read(PageRequest::new(after, MAX_PAGE)).await?;
+        all.extend(page.items);
+        match page.next {
+            Some(next) => after = Some(next),
+            None => return Ok(all),
+        }
+    }
+}
+
 /// A failed store operation.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum StoreError {
@@ -124,7 +203,11 @@ pub trait Store: Send + Sync + 'static {
     async fn seed_namespace(&self, name: NamespaceName, quota: u64) -> Result<(bool, NamespaceView), StoreError>;
     /// Removes a namespace; with `force`, also when it has grants. Returns how many grants ended.
     async fn remove_namespace(&self, name: NamespaceName, force: bool) -> Result<usize, StoreError>;
-    async fn namespaces(&self) -> Result<Vec<NamespaceView>, StoreError>;
+    /// A page of the namespaces, ordered by name.
+    async fn namespaces(
+        &self,
+        page: PageRequest<NamespaceName>,
+    ) -> Result<Page<NamespaceView, NamespaceName>, StoreError>;
     async fn namespace(&self, name: NamespaceName) -> Result<NamespaceView, StoreError>;
 
     async fn allocate(&self, request: AllocateRequest, wait: Duration) -> Result<Allocation, StoreError>;
@@ -141,15 +224,28 @@ pub trait Store: Send + Sync + 'static {
         token: Token,
         fencing: Option<u64>,
     ) -> Result<GrantInfo, StoreError>;
-    async fn grants(&self, namespace: NamespaceName) -> Result<Vec<GrantInfo>, StoreError>;
+    /// A page of a namespace's grants, ordered by token.
+    async fn grants(
+        &self,
+        namespace: NamespaceName,
+        page: PageRequest<Token>,
+    ) -> Result<Page<GrantInfo, Token>, StoreError>;
     async fn grant(&self, namespace: NamespaceName, token: Token) -> Result<GrantInfo, StoreError>;
-    async fn waiters(&self, namespace: NamespaceName) -> Result<Vec<WaiterView>, StoreError>;
+    /// A page of a namespace's waiters in queue order, keyed by arrival number
+    /// ([`WaiterView::arrival`]): the next page holds the waiters that arrived after the last one
+    /// of this page and still wait, with their places at that read.
+    async fn waiters(
+        &self,
+        namespace: NamespaceName,
+        page: PageRequest<u64>,
+    ) -> Result<Page<WaiterView, u64>, StoreError>;
 
     async fn open_session(&self, ttl_ms: u64) -> Result<SessionInfo, StoreError>;
     async fn keepalive_session(&self, id: SessionId) -> Result<SessionInfo, StoreError>;
     /// Closes a session and releases its grants.
     async fn close_session(&self, id: SessionId) -> Result<SessionInfo, StoreError>;
-    async fn sessions(&self) -> Result<Vec<SessionInfo>, StoreError>;
+    /// A page of the live sessions, ordered by id.
+    async fn sessions(&self, page: PageRequest<SessionId>) -> Result<Page<SessionInfo, SessionId>, StoreError>;
     async fn session(&self, id: SessionId) -> Result<SessionInfo, StoreError>;
 
     /// Creates a pool or changes its capacity (a stopped pool starts again); true if created.
@@ -159,7 +255,8 @@ pub trait Store: Send + Sync + 'static {
     async fn seed_pool(&self, name: PoolName, capacity: Resources) -> Result<(bool, PoolView), StoreError>;
     /// Removes a pool; with `force`, also when it has allocs. Returns how many allocs ended.
     async fn remove_pool(&self, name: PoolName, force: bool) -> Result<usize, StoreError>;
-    async fn pools(&self) -> Result<Vec<PoolView>, StoreError>;
+    /// A page of the pools, ordered by name.
+    async fn pools(&self, page: PageRequest<PoolName>) -> Result<Page<PoolView, PoolName>, StoreError>;
     async fn pool(&self, name: PoolName) -> Result<PoolView, StoreError>;
     /// The pool's one offer (everything free), or `None` when nothing is free or it is stopped.
     async fn offer(&self, name: PoolName) -> Result<Option<Offer>, StoreError>;
@@ -169,8 +266,8 @@ pub trait Store: Send + Sync + 'static {
     async fn keepalive_alloc(&self, name: PoolName, id: AllocId, interval_ms: u64) -> Result<(u64, Alloc), StoreError>;
     async fn free_alloc(&self, name: PoolName, id: AllocId) -> Result<EndedAlloc, StoreError>;
     async fn inspect_alloc(&self, name: PoolName, id: AllocId) -> Result<AllocState, StoreError>;
-    /// The live allocs of a pool.
-    async fn allocs(&self, name: PoolName) -> Result<Vec<Alloc>, StoreError>;
+    /// A page of the live allocs of a pool, ordered by id.
+    async fn allocs(&self, name: PoolName, page: PageRequest<AllocId>) -> Result<Page<Alloc, AllocId>, StoreError>;
     /// Stops the pool if it has been idle for `idle_ms`; else the time (ms) until it would be.
     async fn stop_if_idle_for(&self, name: PoolName, idle_ms: u64) -> Result<(bool, u64), StoreError>;
     /// The store's clock now (ms), the time base of allocs' `created`, `expires`...

@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use allot_core::{AllocateRequest, Constraints, LeaseRequest, NamespaceName, Token};
 use allot_store::fault::open_flaky_store;
-use allot_store::{conformance, Allocation, EmbeddedConfig, EmbeddedStore, Store, StoreError};
+use allot_store::{conformance, read_all, Allocation, EmbeddedConfig, EmbeddedStore, Store, StoreError};
 
 fn ns(name: &str) -> NamespaceName {
     NamespaceName::new(name).unwrap()
@@ -53,7 +53,7 @@ async fn state_survives_a_restart_and_leases_keep_their_remaining_ttl() {
     // The time the daemon is down does not count against the leases.
     tokio::time::sleep(Duration::from_millis(1500)).await;
     let store = open(dir.path());
-    let grants = store.grants(ns("hive")).await.unwrap();
+    let grants = read_all(|page| store.grants(ns("hive"), page)).await.unwrap();
     let tokens: Vec<&str> = grants.iter().map(|g| g.grant.token.as_str()).collect();
     assert_eq!(tokens, ["in-session", "leased"]);
     let leased = &grants[1];
@@ -120,7 +120,7 @@ async fn a_failing_disk_gets_a_clear_error_and_keeps_the_state_whole() {
     // The state is what was durable: `kept` is still granted, `lost` never was.
     let mut tokens = Vec::new();
     for _ in 0..100 {
-        match store.grants(ns("hive")).await {
+        match read_all(|page| store.grants(ns("hive"), page)).await {
             Ok(grants) => {
                 tokens = grants.into_iter().map(|g| g.grant.token.as_str().to_owned()).collect();
                 break;
@@ -160,7 +160,7 @@ async fn a_failed_fsync_is_an_unknown_outcome_that_matches_what_is_read_back() {
     // The store reopens the database as soon as the disk works again.
     let mut grants = None;
     for _ in 0..100 {
-        if let Ok(read) = store.grants(ns("hive")).await {
+        if let Ok(read) = read_all(|page| store.grants(ns("hive"), page)).await {
             grants = Some(read);
             break;
         }
@@ -190,9 +190,12 @@ async fn removing_a_namespace_removes_grants_with_any_token() {
     drop(store);
     let store = open(dir.path());
     assert!(store.namespace(ns("hive")).await.is_err());
-    assert_eq!(store.grants(ns("hive2")).await.unwrap().len(), 1);
+    assert_eq!(read_all(|page| store.grants(ns("hive2"), page)).await.unwrap().len(), 1);
     store.put_namespace(ns("hive"), 5).await.unwrap();
-    assert!(store.grants(ns("hive")).await.unwrap().is_empty(), "grants of the removed namespace came back");
+    assert!(
+        read_all(|page| store.grants(ns("hive"), page)).await.unwrap().is_empty(),
+        "grants of the removed namespace came back"
+    );
     store.shutdown().await;
 }
 

@@ -8,6 +8,7 @@ use std::sync::Arc;
 
 use allot_core::pool::{LeaseRules, PoolName};
 use allot_core::{NamespaceName, Resources};
+use allot_server::MetricsConfig;
 use allot_store::{EmbeddedConfig, EmbeddedStore, Store};
 use allot_store_redis::{RedisConfig, RedisStore};
 use anyhow::{bail, Context};
@@ -27,6 +28,8 @@ pub(crate) const SERVE_AFTER_HELP: &str = r#"Configuration file (--config), with
   store = "embedded"            # --store
   local_pool = "local"          # --local-pool
   max_wait = "5m"               # --max-wait: the longest an allocate may wait (at most 5m)
+  metrics_namespaces = ["hive"] # --metrics-namespaces: series of their own at /metrics
+  metrics_pools = ["worker-*"]  # --metrics-pools: the same for pools (else totals only)
   [quotas]                      # --quota: namespace = quota
   "hive:cluster-a" = 10
   [pools]                       # --pool: pool = "resources"
@@ -82,6 +85,14 @@ pub(crate) struct ServeArgs {
     /// timeout of any proxy in front of the daemon [default: 5m].
     #[arg(long, value_name = "DURATION", env = "ALLOT_MAX_WAIT", value_parser = crate::duration::parse)]
     max_wait: Option<std::time::Duration>,
+    /// Give these namespaces series of their own at /metrics (every namespace counts in the
+    /// totals): `NAME` selects NAME and the namespaces under it (`NAME:...`), `PREFIX*` every name
+    /// that starts with PREFIX, `*` all. Repeatable; replaces the file's `metrics_namespaces`.
+    #[arg(long = "metrics-namespaces", value_name = "PATTERN")]
+    metrics_namespaces: Vec<String>,
+    /// The same for pools; replaces the file's `metrics_pools`.
+    #[arg(long = "metrics-pools", value_name = "PATTERN")]
+    metrics_pools: Vec<String>,
     /// Worker threads of the daemon [default: one per CPU less one, at least one: the store
     /// (Redis, or the embedded store's commit thread) needs a CPU too].
     #[arg(long, env = "ALLOT_THREADS", value_parser = clap::value_parser!(u16).range(1..=1024))]
@@ -128,6 +139,11 @@ struct ConfigFile {
     alloc_leases: AllocLeases,
     /// The longest an allocate may wait, e.g. `60s` (default and most `5m`).
     max_wait: Option<String>,
+    /// Namespaces and pools with series of their own at /metrics (patterns, see the flags).
+    #[serde(default)]
+    metrics_namespaces: Vec<String>,
+    #[serde(default)]
+    metrics_pools: Vec<String>,
 }
 
 /// `[alloc_leases]`: durations such as `2m` or `30s`.
@@ -154,6 +170,7 @@ struct Config {
     pools: Vec<(PoolName, Resources)>,
     pool_rules: LeaseRules,
     max_wait: std::time::Duration,
+    metrics: MetricsConfig,
 }
 
 /// The lease rules from the file's `[alloc_leases]` and the flags (which win).
@@ -253,10 +270,17 @@ fn resolve(args: &ServeArgs) -> anyhow::Result<Config> {
     if max_wait > allot_store::MAX_WAIT {
         bail!("--max-wait (max_wait) is {max_wait:?}; the most is 5m");
     }
+    let pick = |flags: &[String], file: Vec<String>| if flags.is_empty() { file } else { flags.to_vec() };
+    let metrics = MetricsConfig {
+        namespaces: pick(&args.metrics_namespaces, file.metrics_namespaces),
+        pools: pick(&args.metrics_pools, file.metrics_pools),
+    };
+    metrics.check().map_err(anyhow::Error::msg)?;
     Ok(Config {
         pools,
         pool_rules,
         max_wait,
+        metrics,
         listen: args.listen.or(file.listen).unwrap_or_else(|| DEFAULT_LISTEN.parse().expect("valid address")),
         data_dir,
         store: store_choice(args.store.as_deref().or(file.store.as_deref()))?,
@@ -366,7 +390,7 @@ pub(crate) async fn run(args: ServeArgs) -> anyhow::Result<()> {
     tracing::info!(%address, data_dir = %config.data_dir.display(), backend = store.backend(), "allot serving");
     // The one line on stdout: scripts and tests read the address from it.
     println!("allot listening on http://{address}");
-    let state = allot_server::AppState::new(store).with_max_wait(config.max_wait);
+    let state = allot_server::AppState::new(store).with_max_wait(config.max_wait).with_metrics(config.metrics);
     allot_server::run(listener, state, shutdown_signal()).await.context("server failed")
 }
 

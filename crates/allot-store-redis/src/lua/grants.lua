@@ -1,4 +1,6 @@
--- grants(token or ''): one grant or all. Replies {now, token, record, expires_in, ...} | {'err', ...}.
+-- grants(token): one grant; grants('', token...): the grants of those tokens that are granted (a
+-- page: the daemon picks the tokens from HKEYS P:grants). Replies {now, token, record,
+-- expires_in, ...} | {'err', ...}.
 local now = now_ms()
 if redis.call('EXISTS', K_NS) == 0 then return NOT_FOUND end
 local reply = { now }
@@ -13,6 +15,8 @@ if ARGV[1] ~= '' then
   add(ARGV[1], record)
   return reply
 end
-local all = redis.call('HGETALL', K_GRANTS)
-for i = 1, #all, 2 do add(all[i], all[i + 1]) end
+for i = 2, #ARGV do
+  local record = redis.call('HGET', K_GRANTS, ARGV[i])
+  if record then add(ARGV[i], record) end
+end
 return reply

@@ -244,9 +244,16 @@ elseif op == 'inspect' then
   if ended then return { 'ended', ended, now } end
   return { 'err', 'alloc_not_found' }
 elseif op == 'allocs' then
+  -- allocs(id...): those of the allocs that are live (a page: the daemon picks the ids from
+  -- HKEYS Q:allocs).
   local reply = { 'allocs', now }
-  local all = redis.call('HGETALL', K_ALLOCS)
-  for j = 1, #all do reply[#reply + 1] = all[j] end
+  for j = 2, #ARGV do
+    local record = redis.call('HGET', K_ALLOCS, ARGV[j])
+    if record then
+      reply[#reply + 1] = ARGV[j]
+      reply[#reply + 1] = record
+    end
+  end
   return reply
 elseif op == 'stop' then
   -- stop(idle ms): stops the pool if every lease lapsed at least that long ago.

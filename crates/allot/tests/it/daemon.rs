@@ -11,7 +11,8 @@ use crate::support::{data_dir, eventually, Daemon};
 async fn registers_quotas_from_the_config_file_and_flags() {
     let (dir, data) = data_dir();
     let config = dir.path().join("allot.toml");
-    std::fs::write(&config, "[quotas]\n\"hive:cluster-a\" = 10\n\"hive:cluster-b\" = 4\n").unwrap();
+    let text = "metrics_namespaces = [\"hive:cluster-a\"]\n[quotas]\n\"hive:cluster-a\" = 10\n\"hive:cluster-b\" = 4\n";
+    std::fs::write(&config, text).unwrap();
     let daemon = Daemon::start(&data, &["--config", config.to_str().unwrap(), "--quota", "hive:cluster-b=6"]);
     let client = daemon.client();
     assert_eq!(client.namespace("hive:cluster-a").await.unwrap().quota, 10);
@@ -24,6 +25,8 @@ async fn registers_quotas_from_the_config_file_and_flags() {
     client.allocate("hive:cluster-a", "t", &Allocate::default()).await.unwrap();
     let metrics = client.metrics().await.unwrap();
     assert!(metrics.contains("allot_granted_units{namespace=\"hive:cluster-a\"} 1"), "{metrics}");
+    assert!(!metrics.contains("namespace=\"hive:cluster-b\""), "not selected: totals only\n{metrics}");
+    assert!(metrics.contains("allot_namespaces_quota_units 16"), "{metrics}");
     assert!(metrics.contains("allot_http_request_duration_seconds_count"), "{metrics}");
 }
 

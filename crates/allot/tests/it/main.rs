@@ -5,5 +5,6 @@ mod cli;
 mod contract;
 mod crash;
 mod daemon;
+mod pages;
 mod redis;
 mod support;

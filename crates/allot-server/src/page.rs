@@ -1,0 +1,242 @@
+//! Pages of lists: the `limit` and `cursor` query parameters, and cursors.
+//!
+//! A cursor is the key the next page starts after (a name, a token, an id, an arrival number),
+//! behind a tag of its list: `n` namespaces, `g` grants, `w` waiters, `s` sessions, `p` pools,
+//! `a` allocs. Clients pass it back as given. It is checked on the way in (a cursor of another
+//! list, or anything else, is `invalid_cursor`; the document states each list's cursors as a
+//! pattern) and never goes stale: the store continues after the key whether or not it is still
+//! listed.
+
+use allot_core::pool::{AllocId, PoolName};
+use allot_core::{NamespaceName, SessionId, Token, MAX_NAME_CHARS, NAMESPACE_PATTERN, NAME_PATTERN};
+use allot_store::{PageRequest, MAX_PAGE};
+use axum::http::StatusCode;
+use serde::Deserialize;
+use serde_json::{json, Value};
+
+use crate::error::ApiError;
+
+/// Items per page when `limit` is not given.
+pub const DEFAULT_PAGE: usize = 100;
+
+// The OpenAPI attributes below spell the maximum out.
+const _: () = assert!(MAX_PAGE == 1000);
+
+/// The query of every list route.
+#[derive(Debug, Deserialize, utoipa::IntoParams)]
+#[serde(deny_unknown_fields)]
+#[into_params(parameter_in = Query)]
+pub(crate) struct PageQuery {
+    /// Items per page: 1 to 1000, 100 when absent.
+    #[param(minimum = 1, maximum = 1000)]
+    limit: Option<u64>,
+    /// Where the page starts: the `next_cursor` of the page before. Absent for the first page.
+    cursor: Option<String>,
+}
+
+impl PageQuery {
+    /// The store's page request, or a 400 for a limit out of range or a cursor this list did not
+    /// give.
+    pub(crate) fn request<K: CursorKey>(&self) -> Result<PageRequest<K>, ApiError> {
+        let limit = match self.limit {
+            None => DEFAULT_PAGE,
+            Some(limit @ 1..=1000) => limit as usize,
+            Some(other) => {
+                return Err(ApiError::invalid_argument(format!("limit must be between 1 and {MAX_PAGE}, got {other}")))
+            }
+        };
+        let after = self.cursor.as_deref().map(decode).transpose()?;
+        Ok(PageRequest::new(after, limit))
+    }
+}
+
+/// A key a list is ordered by, as a cursor holds it.
+pub(crate) trait CursorKey: Sized {
+    /// Tells the cursors of each list apart.
+    const TAG: char;
+    fn text(&self) -> String;
+    /// Exactly the texts [`CursorKey::text`] gives (`parse` takes nothing else).
+    fn parse(text: &str) -> Option<Self>;
+    /// The schema of the texts `parse` takes: a pattern (anchored) and a length in characters.
+    fn schema() -> (String, Option<usize>);
+}
+
+/// A pattern `^...$` for the key behind `tag`.
+fn tagged(tag: char, pattern: &str) -> String {
+    format!("^{tag}{}", pattern.strip_prefix('^').expect("anchored pattern"))
+}
+
+impl CursorKey for NamespaceName {
+    const TAG: char = 'n';
+    fn text(&self) -> String {
+        self.as_str().to_owned()
+    }
+    fn parse(text: &str) -> Option<Self> {
+        NamespaceName::new(text).ok()
+    }
+    fn schema() -> (String, Option<usize>) {
+        (tagged(Self::TAG, NAMESPACE_PATTERN), Some(MAX_NAME_CHARS + 1))
+    }
+}
+
+impl CursorKey for Token {
+    const TAG: char = 'g';
+    fn text(&self) -> String {
+        self.as_str().to_owned()
+    }
+    fn parse(text: &str) -> Option<Self> {
+        Token::new(text).ok()
+    }
+    fn schema() -> (String, Option<usize>) {
+        (tagged(Self::TAG, NAME_PATTERN), Some(MAX_NAME_CHARS + 1))
+    }
+}
+
+/// A waiter's arrival number. Any run of digits is a place in the queue: one beyond the largest
+/// number is after every waiter.
+impl CursorKey for u64 {
+    const TAG: char = 'w';
+    fn text(&self) -> String {
+        self.to_string()
+    }
+    fn parse(text: &str) -> Option<Self> {
+        if text.is_empty() || !text.bytes().all(|b| b.is_ascii_digit()) {
+            return None;
+        }
+        Some(text.parse().unwrap_or(u64::MAX))
+    }
+    fn schema() -> (String, Option<usize>) {
+        ("^w[0-9]+$".into(), None)
+    }
+}
+
+impl CursorKey for SessionId {
+    const TAG: char = 's';
+    fn text(&self) -> String {
+        self.to_string()
+    }
+    fn parse(text: &str) -> Option<Self> {
+        SessionId::parse(text).ok()
+    }
+    fn schema() -> (String, Option<usize>) {
+        ("^s[0-9a-fA-F]{32}$".into(), None)
+    }
+}
+
+impl CursorKey for PoolName {
+    const TAG: char = 'p';
+    fn text(&self) -> String {
+        self.as_str().to_owned()
+    }
+    fn parse(text: &str) -> Option<Self> {
+        PoolName::new(text).ok()
+    }
+    fn schema() -> (String, Option<usize>) {
+        (tagged(Self::TAG, NAME_PATTERN), Some(MAX_NAME_CHARS + 1))
+    }
+}
+
+impl CursorKey for AllocId {
+    const TAG: char = 'a';
+    fn text(&self) -> String {
+        self.to_string()
+    }
+    fn parse(text: &str) -> Option<Self> {
+        AllocId::parse(text).ok()
+    }
+    fn schema() -> (String, Option<usize>) {
+        ("^a[0-9a-fA-F]{16}$".into(), None)
+    }
+}
+
+/// The cursor of the page after `next`, if there is one.
+pub(crate) fn cursor<K: CursorKey>(next: Option<K>) -> Option<String> {
+    next.map(|key| format!("{}{}", K::TAG, key.text()))
+}
+
+fn decode<K: CursorKey>(cursor: &str) -> Result<K, ApiError> {
+    cursor.strip_prefix(K::TAG).and_then(K::parse).ok_or_else(|| {
+        ApiError::new(
+            StatusCode::BAD_REQUEST,
+            "invalid_cursor",
+            "the cursor is not one this list gave: pass the `next_cursor` of the page before as it is, or no \
+             cursor for the first page",
+        )
+    })
+}
+
+/// The schema of the `cursor` parameter of each list route, for the OpenAPI document: exactly the
+/// cursors the route takes.
+pub(crate) fn cursor_schemas() -> [(&'static str, Value); 6] {
+    fn schema<K: CursorKey>() -> Value {
+        let (pattern, max_chars) = K::schema();
+        let mut schema = json!({"type": "string", "pattern": pattern, "minLength": 2});
+        if let Some(max) = max_chars {
+            schema["maxLength"] = json!(max);
+        }
+        schema
+    }
+    [
+        ("/v1/namespaces", schema::<NamespaceName>()),
+        ("/v1/namespaces/{namespace}/grants", schema::<Token>()),
+        ("/v1/namespaces/{namespace}/waiters", schema::<u64>()),
+        ("/v1/sessions", schema::<SessionId>()),
+        ("/v1/pools", schema::<PoolName>()),
+        ("/v1/pools/{pool}/allocs", schema::<AllocId>()),
+    ]
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn cursors_round_trip_and_stay_in_their_list() {
+        let name = NamespaceName::new("hive:cluster-ä").unwrap();
+        let text = cursor(Some(name.clone())).unwrap();
+        assert_eq!(text, "nhive:cluster-ä");
+        assert_eq!(decode::<NamespaceName>(&text).unwrap(), name);
+        assert_eq!(decode::<u64>(&cursor(Some(42u64)).unwrap()).unwrap(), 42);
+        assert_eq!(decode::<u64>("w99999999999999999999999").unwrap(), u64::MAX, "beyond every waiter");
+        assert_eq!(cursor::<Token>(None), None);
+        // A pool's cursor given to the namespaces list, and cursors made up.
+        let pool = cursor(Some(PoolName::new("hive").unwrap())).unwrap();
+        for bad in [pool.as_str(), "n", "na::b", "n/x", "", "hive", "w", "w+1", "w-1", "w1x"] {
+            let err = match bad.starts_with('w') {
+                true => decode::<u64>(bad).map(|_| ()).unwrap_err(),
+                false => decode::<NamespaceName>(bad).map(|_| ()).unwrap_err(),
+            };
+            assert_eq!((err.status, err.code), (StatusCode::BAD_REQUEST, "invalid_cursor"), "{bad}");
+        }
+    }
+
+    /// The document's pattern of each list's cursors says what `decode` takes.
+    #[test]
+    fn cursor_patterns_match_what_is_taken() {
+        let schemas = cursor_schemas();
+        let regex = |path: &str| {
+            let (_, schema) = schemas.iter().find(|(p, _)| *p == path).unwrap();
+            regex::Regex::new(schema["pattern"].as_str().unwrap()).unwrap()
+        };
+        let namespaces = regex("/v1/namespaces");
+        for text in ["nhive", "nhive:cluster-a", "n名前:ü", "na::b", "n.", "n..", "na/b", "phive", "n"] {
+            assert_eq!(namespaces.is_match(text), decode::<NamespaceName>(text).is_ok(), "{text}");
+        }
+        let grants = regex("/v1/namespaces/{namespace}/grants");
+        for text in ["gjob 1", "g...", "g..", "ga:b", "g", "nx"] {
+            assert_eq!(grants.is_match(text), decode::<Token>(text).is_ok(), "{text}");
+        }
+        let waiters = regex("/v1/namespaces/{namespace}/waiters");
+        for text in ["w0", "w123", "w99999999999999999999999", "w", "w+1", "w1.0", "n1"] {
+            assert_eq!(waiters.is_match(text), decode::<u64>(text).is_ok(), "{text}");
+        }
+        let sessions = regex("/v1/sessions");
+        for text in ["s0123456789abcdef0123456789ABCDEF", "s0123", "a0123456789abcdef"] {
+            assert_eq!(sessions.is_match(text), decode::<SessionId>(text).is_ok(), "{text}");
+        }
+        let allocs = regex("/v1/pools/{pool}/allocs");
+        for text in ["a0123456789abcdef", "a0123456789abcdeg", "s0123456789abcdef"] {
+            assert_eq!(allocs.is_match(text), decode::<AllocId>(text).is_ok(), "{text}");
+        }
+    }
+}
