@@ -171,6 +171,16 @@ pub async fn run(
     state: AppState,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> std::io::Result<()> {
+    serve(listener, state, Box::pin(shutdown)).await
+}
+
+/// [`run`], not generic: the server loop is compiled (and optimised) here, in this crate, not in
+/// whichever crate calls `run`.
+async fn serve(
+    listener: TcpListener,
+    state: AppState,
+    shutdown: std::pin::Pin<Box<dyn Future<Output = ()> + Send>>,
+) -> std::io::Result<()> {
     let store = state.store.clone();
     let (closing_tx, closing_rx) = tokio::sync::oneshot::channel();
     let graceful = {
