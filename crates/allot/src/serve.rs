@@ -304,7 +304,9 @@ fn init_logging(format: LogFormat) {
     let ansi = std::io::stderr().is_terminal();
     let registry = tracing_subscriber::registry().with(filter);
     match format {
-        LogFormat::Text => registry.with(tracing_subscriber::fmt::layer().with_writer(std::io::stderr).with_ansi(ansi)).init(),
+        LogFormat::Text => {
+            registry.with(tracing_subscriber::fmt::layer().with_writer(std::io::stderr).with_ansi(ansi)).init()
+        }
         LogFormat::Json => registry.with(tracing_subscriber::fmt::layer().json().with_writer(std::io::stderr)).init(),
     }
     if let Some(bad) = bad {
