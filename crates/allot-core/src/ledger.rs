@@ -1152,27 +1152,32 @@ fn lease_conflict(held: LeaseRequest, asked: LeaseRequest) -> Option<Conflict> {
     Some(Conflict { field, held: describe_lease(held), asked: describe_lease(asked) })
 }
 
+/// The first of units and scope in which `request` differs from what its token has.
+fn units_or_scope_conflict(units: u64, scope: Option<&Scope>, request: &AllocateRequest) -> Option<Conflict> {
+    if units != request.units {
+        return Some(Conflict { field: "units", held: units.to_string(), asked: request.units.to_string() });
+    }
+    if scope != request.scope.as_ref() {
+        return Some(Conflict {
+            field: "scope",
+            held: describe_scope(scope),
+            asked: describe_scope(request.scope.as_ref()),
+        });
+    }
+    None
+}
+
 /// Why `request` is not a retry of `grant`: units, scope and lease must match (caps only gate
 /// admission, so they need not).
 pub fn grant_conflict(grant: &Grant, request: &AllocateRequest) -> Option<Conflict> {
-    if grant.units != request.units {
-        return Some(Conflict { field: "units", held: grant.units.to_string(), asked: request.units.to_string() });
-    }
-    if grant.scope != request.scope {
-        let (held, asked) = (describe_scope(grant.scope.as_ref()), describe_scope(request.scope.as_ref()));
-        return Some(Conflict { field: "scope", held, asked });
-    }
-    lease_conflict(lease_request(grant.lease), request.lease)
+    units_or_scope_conflict(grant.units, grant.scope.as_ref(), request)
+        .or_else(|| lease_conflict(lease_request(grant.lease), request.lease))
 }
 
 /// Why `request` is not a retry of the `waiting` request of the same token: everything must match.
 pub fn waiter_conflict(waiting: &AllocateRequest, request: &AllocateRequest) -> Option<Conflict> {
-    if waiting.units != request.units {
-        return Some(Conflict { field: "units", held: waiting.units.to_string(), asked: request.units.to_string() });
-    }
-    if waiting.scope != request.scope {
-        let (held, asked) = (describe_scope(waiting.scope.as_ref()), describe_scope(request.scope.as_ref()));
-        return Some(Conflict { field: "scope", held, asked });
+    if let Some(conflict) = units_or_scope_conflict(waiting.units, waiting.scope.as_ref(), request) {
+        return Some(conflict);
     }
     if waiting.constraints != request.constraints {
         let (held, asked) = (describe_caps(waiting.constraints), describe_caps(request.constraints));
