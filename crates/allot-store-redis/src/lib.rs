@@ -283,6 +283,11 @@ impl Inner {
         self.eval(&self.scripts.sessions, SESSIONS, args, mutating).await
     }
 
+    /// Ends the sessions whose deadline has passed (up to 256 a call); answers how many.
+    async fn sweep_sessions(&self) -> Result<u64, StoreError> {
+        self.sessions(&["sweep", ""], true).await?.uint()
+    }
+
     /// Reads `{now, ttl, deadline, namespaces...}` of a live session; `None` if it is not.
     fn session_reply(mut reply: Reply) -> Result<Option<LiveSession>, StoreError> {
         if reply.is_empty() {
@@ -976,7 +981,7 @@ async fn run_sweeper(inner: Arc<Inner>) {
                 }
             }
         }
-        if let Err(err) = inner.sessions(&["sweep", ""], true).await {
+        if let Err(err) = inner.sweep_sessions().await {
             tracing::debug!(error = %err, "sweep of sessions failed");
         }
         pools::sweep_all(&inner).await;
@@ -1029,6 +1034,21 @@ impl DirectScripts {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Regression: the session sweep answered a bare integer, which every sweep (each 100 ms)
+    /// read as a corrupt reply.
+    #[tokio::test]
+    async fn the_session_sweep_answers_how_many_sessions_ended() {
+        let server = crate::testing::RedisServer::start();
+        let store = RedisStore::open(&RedisConfig { urls: vec![server.url()], cluster: false }).await.unwrap();
+        store.open_session(1000).await.unwrap();
+        assert_eq!(store.inner.sweep_sessions().await.unwrap(), 0);
+        tokio::time::sleep(Duration::from_millis(1100)).await;
+        // The daemon's own sweeper may have ended it first: 0 or 1, but never an error.
+        assert!(store.inner.sweep_sessions().await.unwrap() <= 1);
+        assert!(store.sessions(allot_store::PageRequest::first(10)).await.unwrap().items.is_empty());
+        store.shutdown().await;
+    }
 
     #[test]
     fn prefixes_keep_one_hash_tag_whatever_the_name() {

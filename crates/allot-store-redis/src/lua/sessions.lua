@@ -69,6 +69,6 @@ elseif op == 'sweep' then
   -- The grants of an expired session end by themselves in each namespace, at the same deadline.
   local due = redis.call('ZRANGEBYSCORE', K_INDEX, '-inf', now, 'LIMIT', 0, 256)
   for _, sid in ipairs(due) do drop(sid) end
-  return #due
+  return { #due }
 end
 return redis.error_reply('unknown session operation ' .. tostring(op))
