@@ -1,6 +1,7 @@
 //! allot's pure decision core.
 //!
 //! - `names`: validated namespaces, tokens, scopes and session ids.
+//! - `app`: the state machines of applications and tasks (one table of transitions each).
 //! - `ledger`: the token-quota state machine: namespaces with quotas, grants with scopes, caps,
 //!   fencing numbers and leases, sessions, and the first-come-first-served waiting queue.
 //!
@@ -8,6 +9,7 @@
 //! in as a `now` argument, so every decision is a plain function of state and input, tested
 //! deterministically and shared by every backend.
 
+pub mod app;
 pub mod ledger;
 pub mod names;
 pub mod pool;
