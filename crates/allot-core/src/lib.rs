@@ -2,6 +2,7 @@
 //!
 //! - `names`: validated namespaces, tokens, scopes and session ids.
 //! - `app`: the state machines of applications and tasks (one table of transitions each).
+//! - `queue`: hierarchical queues with limits, and which limit holds a placement back.
 //! - `ledger`: the token-quota state machine: namespaces with quotas, grants with scopes, caps,
 //!   fencing numbers and leases, sessions, and the first-come-first-served waiting queue.
 //!
@@ -13,6 +14,7 @@ pub mod app;
 pub mod ledger;
 pub mod names;
 pub mod pool;
+pub mod queue;
 pub mod resources;
 pub mod testing;
 

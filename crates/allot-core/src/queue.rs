@@ -1,0 +1,345 @@
+//! Hierarchical queues (YuniKorn's queues): a tree of `root.a.b` paths, each with limits, and the
+//! check a placement makes against every queue from its leaf up to `root`.
+//!
+//! Limits are checked when placing, not when submitting: an application over a limit stays
+//! waiting, and [`Queues::blocked_by`] says which limit of which queue holds it. Changing a limit
+//! takes effect on the next check; lowering one ends nothing.
+//!
+//! Invariants: `root` always exists; a queue's parent exists; applications go to leaf queues
+//! only (a queue with no child).
+
+use std::collections::BTreeMap;
+use std::fmt;
+use std::sync::Arc;
+
+use crate::resources::Resources;
+
+/// The root of every queue tree.
+pub const ROOT: &str = "root";
+/// The longest queue path, in bytes.
+pub const MAX_QUEUE_PATH: usize = 255;
+
+/// Why a queue path or tree change was refused.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum QueueError {
+    #[error(
+        "queue `{0}` is not a queue path: `root`, then `.`-separated segments of a-z, 0-9, `_` and `-` \
+         (e.g. `root.analytics.etl`), at most 255 bytes"
+    )]
+    BadPath(String),
+    #[error("queue `{0}` does not exist")]
+    NotFound(QueuePath),
+    #[error("queue `{queue}` has child queues ({child}...): applications go to leaf queues only")]
+    NotALeaf { queue: QueuePath, child: QueuePath },
+    #[error("queue `{queue}` has child queues; remove them first")]
+    HasChildren { queue: QueuePath },
+    #[error("the root queue cannot be removed")]
+    RemoveRoot,
+}
+
+/// A queue's path, e.g. `root.analytics.etl`.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct QueuePath(Arc<str>);
+
+impl QueuePath {
+    pub fn new(path: &str) -> Result<QueuePath, QueueError> {
+        let segment_ok = |s: &str| {
+            !s.is_empty() && s.bytes().all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'_' || b == b'-')
+        };
+        let mut segments = path.split('.');
+        let valid = path.len() <= MAX_QUEUE_PATH && segments.next() == Some(ROOT) && segments.all(segment_ok);
+        if !valid {
+            return Err(QueueError::BadPath(path.to_owned()));
+        }
+        Ok(QueuePath(Arc::from(path)))
+    }
+
+    pub fn root() -> QueuePath {
+        QueuePath(Arc::from(ROOT))
+    }
+
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+
+    /// The parent queue; `None` for `root`.
+    pub fn parent(&self) -> Option<QueuePath> {
+        self.0.rsplit_once('.').map(|(parent, _)| QueuePath(Arc::from(parent)))
+    }
+
+    /// This queue, then each ancestor up to `root`.
+    pub fn up_to_root(&self) -> impl Iterator<Item = QueuePath> {
+        std::iter::successors(Some(self.clone()), QueuePath::parent)
+    }
+
+    fn is_child_of(&self, parent: &QueuePath) -> bool {
+        self.parent().as_ref() == Some(parent)
+    }
+}
+
+impl fmt::Display for QueuePath {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+/// How a leaf queue orders its applications.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum SortPolicy {
+    /// First submitted, first placed.
+    #[default]
+    Fifo,
+    /// The application using least first.
+    Fair,
+    /// Highest priority first, then first submitted.
+    Priority,
+}
+
+/// A queue's limits. A resource that `max` (or `user_max`) does not name is not limited.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct QueueLimits {
+    /// What the queue is promised: fair share between siblings is by it.
+    pub guaranteed: Resources,
+    pub max: Option<Resources>,
+    /// The most applications running at once in the queue and below.
+    pub max_apps: Option<u64>,
+    /// The most applications one user runs at once in the queue and below.
+    pub user_max_apps: Option<u64>,
+    /// The most one user holds in the queue and below.
+    pub user_max: Option<Resources>,
+    pub sort: SortPolicy,
+}
+
+/// What a queue (with everything below it) holds now, as the scheduler counts it.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct QueueUsage {
+    pub allocated: Resources,
+    pub running_apps: u64,
+    /// Per user: running applications and what they hold.
+    pub users: BTreeMap<String, (u64, Resources)>,
+}
+
+/// The limit that holds a placement back, and where.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Limit {
+    MaxApps {
+        max: u64,
+    },
+    UserMaxApps {
+        user: String,
+        max: u64,
+    },
+    /// `resource` would exceed `max` (milli-units): `used` held, `wanted` more.
+    Max {
+        resource: String,
+        max: u64,
+        used: u64,
+        wanted: u64,
+    },
+    UserMax {
+        user: String,
+        resource: String,
+        max: u64,
+        used: u64,
+        wanted: u64,
+    },
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LimitHit {
+    pub queue: QueuePath,
+    pub limit: Limit,
+}
+
+/// The first resource `max` names for which `used + wanted` goes over it.
+fn over(max: &Resources, used: &Resources, wanted: &Resources) -> Option<(String, u64, u64, u64)> {
+    max.iter().find_map(|(name, limit)| {
+        let (used, wanted) = (used.get_milli(name.as_str()), wanted.get_milli(name.as_str()));
+        (used.saturating_add(wanted) > limit).then(|| (name.as_str().to_owned(), limit, used, wanted))
+    })
+}
+
+/// The queue tree.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Queues {
+    queues: BTreeMap<QueuePath, QueueLimits>,
+}
+
+impl Default for Queues {
+    fn default() -> Queues {
+        Queues { queues: BTreeMap::from([(QueuePath::root(), QueueLimits::default())]) }
+    }
+}
+
+impl Queues {
+    pub fn new() -> Queues {
+        Queues::default()
+    }
+
+    /// Creates a queue (and any missing parent, with no limits) or changes its limits; true if
+    /// it was created. A new limit holds from the next placement check; nothing is evicted.
+    pub fn put(&mut self, path: QueuePath, limits: QueueLimits) -> bool {
+        for ancestor in path.up_to_root().skip(1) {
+            self.queues.entry(ancestor).or_default();
+        }
+        self.queues.insert(path, limits).is_none()
+    }
+
+    /// Removes a queue with no child queue (whoever holds its applications checks they are gone).
+    pub fn remove(&mut self, path: &QueuePath) -> Result<QueueLimits, QueueError> {
+        if path.parent().is_none() {
+            return Err(QueueError::RemoveRoot);
+        }
+        if self.children(path).next().is_some() {
+            return Err(QueueError::HasChildren { queue: path.clone() });
+        }
+        self.queues.remove(path).ok_or_else(|| QueueError::NotFound(path.clone()))
+    }
+
+    pub fn get(&self, path: &QueuePath) -> Option<&QueueLimits> {
+        self.queues.get(path)
+    }
+
+    /// Every queue, parents before children.
+    pub fn iter(&self) -> impl Iterator<Item = (&QueuePath, &QueueLimits)> {
+        self.queues.iter()
+    }
+
+    pub fn children<'a>(&'a self, path: &'a QueuePath) -> impl Iterator<Item = &'a QueuePath> + 'a {
+        self.queues.keys().filter(move |q| q.is_child_of(path))
+    }
+
+    /// Checks that `path` is a leaf queue, where applications go.
+    pub fn leaf(&self, path: &QueuePath) -> Result<&QueueLimits, QueueError> {
+        let limits = self.queues.get(path).ok_or_else(|| QueueError::NotFound(path.clone()))?;
+        match self.children(path).next() {
+            Some(child) => Err(QueueError::NotALeaf { queue: path.clone(), child: child.clone() }),
+            None => Ok(limits),
+        }
+    }
+
+    /// The first limit, from `leaf` up to `root`, that placing `wanted` more for `user` would
+    /// break; `starts_app` when the placement makes the application a running one. `usage`
+    /// gives what each queue holds now.
+    pub fn blocked_by(
+        &self,
+        leaf: &QueuePath,
+        user: &str,
+        wanted: &Resources,
+        starts_app: bool,
+        usage: impl Fn(&QueuePath) -> QueueUsage,
+    ) -> Option<LimitHit> {
+        for queue in leaf.up_to_root() {
+            let Some(limits) = self.queues.get(&queue) else { continue };
+            let used = usage(&queue);
+            let (user_apps, user_held) = used.users.get(user).cloned().unwrap_or_default();
+            let limit = match limits {
+                QueueLimits { max_apps: Some(max), .. } if starts_app && used.running_apps >= *max => {
+                    Some(Limit::MaxApps { max: *max })
+                }
+                QueueLimits { user_max_apps: Some(max), .. } if starts_app && user_apps >= *max => {
+                    Some(Limit::UserMaxApps { user: user.to_owned(), max: *max })
+                }
+                _ => None,
+            };
+            let limit = limit
+                .or_else(|| {
+                    let (resource, max, used, wanted) = over(limits.max.as_ref()?, &used.allocated, wanted)?;
+                    Some(Limit::Max { resource, max, used, wanted })
+                })
+                .or_else(|| {
+                    let (resource, max, used, wanted) = over(limits.user_max.as_ref()?, &user_held, wanted)?;
+                    Some(Limit::UserMax { user: user.to_owned(), resource, max, used, wanted })
+                });
+            if let Some(limit) = limit {
+                return Some(LimitHit { queue, limit });
+            }
+        }
+        None
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn q(path: &str) -> QueuePath {
+        QueuePath::new(path).unwrap()
+    }
+
+    fn res(text: &str) -> Resources {
+        text.parse().unwrap()
+    }
+
+    #[test]
+    fn paths_start_at_root() {
+        assert_eq!(q("root.analytics.etl").parent(), Some(q("root.analytics")));
+        assert_eq!(q("root").parent(), None);
+        assert_eq!(
+            q("root.a.b").up_to_root().map(|p| p.to_string()).collect::<Vec<_>>(),
+            ["root.a.b", "root.a", "root"]
+        );
+        for bad in ["", "a", "root.", "root..a", "rootx", "root.A", "root.a b", "other.a"] {
+            assert!(QueuePath::new(bad).is_err(), "{bad:?}");
+        }
+        assert!(QueuePath::new(&format!("root.{}", "a".repeat(251))).is_err());
+    }
+
+    #[test]
+    fn applications_go_to_leaves_and_parents_are_made() {
+        let mut queues = Queues::new();
+        assert!(queues.put(q("root.analytics.etl"), QueueLimits::default()));
+        assert!(queues.get(&q("root.analytics")).is_some(), "the parent is made");
+        assert!(queues.leaf(&q("root.analytics.etl")).is_ok());
+        assert!(matches!(queues.leaf(&q("root.analytics")), Err(QueueError::NotALeaf { .. })));
+        assert!(matches!(queues.leaf(&q("root.nope")), Err(QueueError::NotFound(_))));
+        assert!(matches!(queues.remove(&q("root.analytics")), Err(QueueError::HasChildren { .. })));
+        assert_eq!(queues.remove(&q("root")), Err(QueueError::RemoveRoot));
+        assert!(queues.remove(&q("root.analytics.etl")).is_ok());
+        assert!(queues.leaf(&q("root.analytics")).is_ok(), "a parent with no child left is a leaf");
+    }
+
+    #[test]
+    fn the_first_limit_from_the_leaf_up_says_what_holds_a_placement() {
+        let mut queues = Queues::new();
+        let etl = q("root.analytics.etl");
+        queues.put(
+            etl.clone(),
+            QueueLimits { max: Some(res("cpu=8")), user_max_apps: Some(1), ..QueueLimits::default() },
+        );
+        queues.put(
+            q("root.analytics"),
+            QueueLimits { max: Some(res("mem=16GiB")), max_apps: Some(2), ..QueueLimits::default() },
+        );
+        // Every queue holds the same here: `cpu` and `apps` running applications, one of them ann's.
+        let used = |cpu: &str, apps: u64| {
+            let usage = QueueUsage {
+                allocated: res(cpu),
+                running_apps: apps,
+                users: BTreeMap::from([("ann".to_owned(), (1, res(cpu)))]),
+            };
+            move |_: &QueuePath| usage.clone()
+        };
+        // Under every limit: nothing holds it. Resources a limit does not name are not limited.
+        assert_eq!(queues.blocked_by(&etl, "bob", &res("cpu=2,gpu=4"), true, used("cpu=4", 1)), None);
+        // The leaf's cpu.
+        let hit = queues.blocked_by(&etl, "bob", &res("cpu=5"), false, used("cpu=4", 1)).unwrap();
+        assert_eq!(
+            hit,
+            LimitHit {
+                queue: etl.clone(),
+                limit: Limit::Max { resource: "cpu".into(), max: 8000, used: 4000, wanted: 5000 }
+            }
+        );
+        // The user's applications in the leaf, only when the placement starts an application.
+        let hit = queues.blocked_by(&etl, "ann", &res("cpu=1"), true, used("cpu=1", 1)).unwrap();
+        assert_eq!(hit.limit, Limit::UserMaxApps { user: "ann".into(), max: 1 });
+        assert_eq!(queues.blocked_by(&etl, "ann", &res("cpu=1"), false, used("cpu=1", 1)), None);
+        // The parent's application count.
+        let hit = queues.blocked_by(&etl, "bob", &res("cpu=1"), true, used("cpu=1", 2)).unwrap();
+        assert_eq!((hit.queue, hit.limit), (q("root.analytics"), Limit::MaxApps { max: 2 }));
+        // Lowering a limit holds the next placement back and ends nothing.
+        queues.put(etl.clone(), QueueLimits { max: Some(res("cpu=2")), ..QueueLimits::default() });
+        assert!(queues.blocked_by(&etl, "bob", &res("cpu=1"), false, used("cpu=4", 1)).is_some());
+    }
+}
