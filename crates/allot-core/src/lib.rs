@@ -24,7 +24,10 @@ pub use ledger::{
     NamespaceView, QueuePlace, Refusal, RestoreError, Session, WaiterId, WaiterView, Woken, FENCING_BLOCK, MAX_TTL_MS,
     MAX_UNITS,
 };
-pub use names::{NameError, NamespaceName, Scope, SessionId, Token, MAX_NAME_CHARS, NAMESPACE_PATTERN, NAME_PATTERN};
+pub use names::{
+    NameError, NamespaceName, Scope, SessionId, Token, MAX_NAME_CHARS, NAMESPACE_PATTERN, NAME_PATTERN,
+    SESSION_ID_PATTERN,
+};
 pub use resources::{ResourceName, Resources, ResourcesError, SizeWeights};
 
 /// The `limit` smallest items by `key` whose keys come after `after`, in key order: one page of

@@ -141,6 +141,9 @@ impl Scope {
     }
 }
 
+/// What [`SessionId::parse`] takes, as a regular expression for the API's document.
+pub const SESSION_ID_PATTERN: &str = "^[0-9a-fA-F]{32}$";
+
 /// A session's id: 32 lowercase hex digits.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct SessionId(pub u128);

@@ -59,6 +59,9 @@ impl fmt::Display for PoolName {
     }
 }
 
+/// What [`AllocId::parse`] takes, as a regular expression for the API's document.
+pub const ALLOC_ID_PATTERN: &str = "^[0-9a-fA-F]{16}$";
+
 /// An alloc's id: 16 lowercase hex digits, drawn at random by the store [Reflow `newID`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct AllocId(pub u64);

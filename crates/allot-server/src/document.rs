@@ -2,17 +2,12 @@
 //! the server enforces (name rules, id formats, number ranges, the resources grammar), stated here
 //! from the same constants the checks use, so that the document and the server cannot drift.
 
-use allot_core::pool::MAX_IDLE_MS;
+use allot_core::pool::{ALLOC_ID_PATTERN, MAX_IDLE_MS};
 use allot_core::resources::resources_pattern;
-use allot_core::{MAX_NAME_CHARS, MAX_TTL_MS, MAX_UNITS, NAMESPACE_PATTERN, NAME_PATTERN};
+use allot_core::{MAX_NAME_CHARS, MAX_TTL_MS, MAX_UNITS, NAMESPACE_PATTERN, NAME_PATTERN, SESSION_ID_PATTERN};
 use serde_json::{json, Value};
 
 use crate::convert::MIN_LEASE_MS;
-
-/// A session id: 32 hexadecimal digits.
-const SESSION_ID_PATTERN: &str = "^[0-9a-fA-F]{32}$";
-/// An alloc id: 16 hexadecimal digits.
-const ALLOC_ID_PATTERN: &str = "^[0-9a-fA-F]{16}$";
 
 fn name() -> Value {
     json!({"type": "string", "minLength": 1, "maxLength": MAX_NAME_CHARS, "pattern": NAME_PATTERN,

@@ -27,7 +27,7 @@ use std::time::Instant;
 
 use allot_core::pool::PoolView;
 use allot_core::{NamespaceView, Resources};
-use allot_store::{CommitStats, PageRequest, Store, StoreError, MAX_PAGE};
+use allot_store::{for_each_page, CommitStats, Store, StoreError};
 use axum::extract::{MatchedPath, Request, State};
 use axum::http::header::CONTENT_TYPE;
 use axum::middleware::Next;
@@ -481,34 +481,26 @@ impl Collector for StoreCollector {
 /// Reads every namespace and pool page by page: totals of all, views of the selected ones.
 async fn snapshot(store: &dyn Store, config: &MetricsConfig) -> Result<Snapshot, StoreError> {
     let mut snapshot = Snapshot { commits: store.commit_stats(), ..Snapshot::default() };
-    let mut after = None;
-    loop {
-        let page = store.namespaces(PageRequest::new(after, MAX_PAGE)).await?;
-        for view in page.items {
+    for_each_page(
+        |page| store.namespaces(page),
+        |view| {
             snapshot.namespace_totals.add(&view);
             if selected(&config.namespaces, view.name.as_str()) {
                 snapshot.namespaces.push(view);
             }
-        }
-        match page.next {
-            Some(next) => after = Some(next),
-            None => break,
-        }
-    }
-    let mut after = None;
-    loop {
-        let page = store.pools(PageRequest::new(after, MAX_PAGE)).await?;
-        for view in page.items {
+        },
+    )
+    .await?;
+    for_each_page(
+        |page| store.pools(page),
+        |view| {
             snapshot.pool_totals.add(&view);
             if selected(&config.pools, view.name.as_str()) {
                 snapshot.pools.push(view);
             }
-        }
-        match page.next {
-            Some(next) => after = Some(next),
-            None => break,
-        }
-    }
+        },
+    )
+    .await?;
     Ok(snapshot)
 }
 

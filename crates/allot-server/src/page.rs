@@ -7,8 +7,10 @@
 //! pattern) and never goes stale: the store continues after the key whether or not it is still
 //! listed.
 
-use allot_core::pool::{AllocId, PoolName};
-use allot_core::{NamespaceName, SessionId, Token, MAX_NAME_CHARS, NAMESPACE_PATTERN, NAME_PATTERN};
+use allot_core::pool::{AllocId, PoolName, ALLOC_ID_PATTERN};
+use allot_core::{
+    NamespaceName, SessionId, Token, MAX_NAME_CHARS, NAMESPACE_PATTERN, NAME_PATTERN, SESSION_ID_PATTERN,
+};
 use allot_store::{PageRequest, MAX_PAGE};
 use axum::http::StatusCode;
 use serde::Deserialize;
@@ -119,7 +121,7 @@ impl CursorKey for SessionId {
         SessionId::parse(text).ok()
     }
     fn schema() -> (String, Option<usize>) {
-        ("^s[0-9a-fA-F]{32}$".into(), None)
+        (tagged(Self::TAG, SESSION_ID_PATTERN), None)
     }
 }
 
@@ -145,7 +147,7 @@ impl CursorKey for AllocId {
         AllocId::parse(text).ok()
     }
     fn schema() -> (String, Option<usize>) {
-        ("^a[0-9a-fA-F]{16}$".into(), None)
+        (tagged(Self::TAG, ALLOC_ID_PATTERN), None)
     }
 }
 

@@ -104,19 +104,30 @@ impl<T, K> Page<T, K> {
 
 /// Reads a whole list page by page, from the first: `read` is one list call of a [`Store`],
 /// e.g. `read_all(|page| store.namespaces(page))`.
-pub async fn read_all<T, K, F, Fut>(mut read: F) -> Result<Vec<T>, StoreError>
+pub async fn read_all<T, K, F, Fut>(read: F) -> Result<Vec<T>, StoreError>
 where
     F: FnMut(PageRequest<K>) -> Fut,
     Fut: std::future::Future<Output = Result<Page<T, K>, StoreError>>,
 {
     let mut all = Vec::new();
+    for_each_page(read, |item| all.push(item)).await?;
+    Ok(all)
+}
+
+/// Reads a whole list page by page, as [`read_all`], handing each item to `each` without keeping
+/// the list.
+pub async fn for_each_page<T, K, F, Fut>(mut read: F, mut each: impl FnMut(T)) -> Result<(), StoreError>
+where
+    F: FnMut(PageRequest<K>) -> Fut,
+    Fut: std::future::Future<Output = Result<Page<T, K>, StoreError>>,
+{
     let mut after = None;
     loop {
         let page = read(PageRequest::new(after, MAX_PAGE)).await?;
-        all.extend(page.items);
+        page.items.into_iter().for_each(&mut each);
         match page.next {
             Some(next) => after = Some(next),
-            None => return Ok(all),
+            None => return Ok(()),
         }
     }
 }
