@@ -14,6 +14,7 @@
 //!   (not only by a cap), and then no new request is granted ahead of it.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};
+use std::fmt;
 use std::ops::Bound;
 use std::sync::Arc;
 
@@ -188,6 +189,39 @@ pub struct Effects {
 impl Effects {
     pub fn is_empty(&self) -> bool {
         self.changes.is_empty() && self.woken.is_empty() && self.cancelled.is_empty()
+    }
+}
+
+/// Why a namespace cannot grant what a placement needs now.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TokenShortage {
+    pub namespace: NamespaceName,
+    /// False if the namespace does not exist (any more).
+    pub exists: bool,
+    pub quota: u64,
+    pub granted: u64,
+    pub wanted: u64,
+    /// Allocate calls waiting in the namespace's queue: a placement comes after all of them.
+    pub waiters: usize,
+}
+
+impl fmt::Display for TokenShortage {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        if !self.exists {
+            return write!(f, "token namespace `{}` does not exist", self.namespace);
+        }
+        write!(
+            f,
+            "token namespace `{}` has {} of {} units free and {} needed",
+            self.namespace,
+            self.quota.saturating_sub(self.granted),
+            self.quota,
+            self.wanted
+        )?;
+        if self.waiters > 0 {
+            write!(f, "; {} waiters are ahead in its queue (this would be number {})", self.waiters, self.waiters + 1)?;
+        }
+        Ok(())
     }
 }
 
@@ -645,6 +679,33 @@ impl Ledger {
         let mut effects = Effects::default();
         let grant = self.insert_grant(request, now, &mut effects);
         Ok((Decision::Granted { grant, existing: false }, effects))
+    }
+
+    /// Whether `units` more of the namespace's quota could be granted now, without waiting and
+    /// without jumping its waiting queue; changes nothing. The scheduler asks this for every
+    /// namespace a placement needs before it takes anything, so it never holds a part.
+    pub fn room_for(&self, name: &NamespaceName, units: u64) -> Result<(), TokenShortage> {
+        let Some(state) = self.namespaces.get(name) else {
+            return Err(TokenShortage {
+                namespace: name.clone(),
+                exists: false,
+                quota: 0,
+                granted: 0,
+                wanted: units,
+                waiters: 0,
+            });
+        };
+        if state.quota_blocked || !state.fits_quota(units) {
+            return Err(TokenShortage {
+                namespace: name.clone(),
+                exists: true,
+                quota: state.quota,
+                granted: state.granted,
+                wanted: units,
+                waiters: state.waiters.len(),
+            });
+        }
+        Ok(())
     }
 
     /// Takes a waiter out of the queue (its wait timed out or its caller left) and says where it

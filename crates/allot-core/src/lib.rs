@@ -3,6 +3,7 @@
 //! - `names`: validated namespaces, tokens, scopes and session ids.
 //! - `app`: the state machines of applications and tasks (one table of transitions each).
 //! - `queue`: hierarchical queues with limits, and which limit holds a placement back.
+//! - `sched`: the scheduler of applications: queues, gangs, placements on pools and tokens.
 //! - `ledger`: the token-quota state machine: namespaces with quotas, grants with scopes, caps,
 //!   fencing numbers and leases, sessions, and the first-come-first-served waiting queue.
 //!
@@ -16,13 +17,14 @@ pub mod names;
 pub mod pool;
 pub mod queue;
 pub mod resources;
+pub mod sched;
 pub mod testing;
 
 pub use ledger::{
     check_request, check_session_ttl, grant_conflict, waiter_conflict, AllocateRequest, CapLevel, Change, Conflict,
     Constraints, Decision, Effects, Grant, Lease, LeaseRequest, Ledger, LedgerError, Millis, NamespaceStats,
-    NamespaceView, QueuePlace, Refusal, RestoreError, Session, WaiterId, WaiterView, Woken, FENCING_BLOCK, MAX_TTL_MS,
-    MAX_UNITS,
+    NamespaceView, QueuePlace, Refusal, RestoreError, Session, TokenShortage, WaiterId, WaiterView, Woken,
+    FENCING_BLOCK, MAX_TTL_MS, MAX_UNITS,
 };
 pub use names::{
     NameError, NamespaceName, Scope, SessionId, Token, MAX_NAME_CHARS, NAMESPACE_PATTERN, NAME_PATTERN,

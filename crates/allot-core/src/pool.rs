@@ -224,6 +224,7 @@ pub enum PoolChange {
         name: PoolName,
         capacity: Resources,
         stopped: bool,
+        labels: Labels,
     },
     PoolRemoved {
         name: PoolName,
@@ -253,6 +254,8 @@ pub struct PoolStats {
 pub struct PoolView {
     pub name: PoolName,
     pub capacity: Resources,
+    /// What the scheduler's selectors match (`zone=eu`, `gpu=a100`).
+    pub labels: Labels,
     /// Held by allocs whose lease is running.
     pub allocated: Resources,
     /// Held by allocs whose lease has lapsed and that are not reclaimed yet.
@@ -287,11 +290,28 @@ pub enum PoolError {
     ExceedsCapacity { pool: PoolName, wanted: Resources, capacity: Resources },
     #[error("{what} must be between {min} and {max} ms, got {value}")]
     OutOfRange { what: &'static str, value: u64, min: u64, max: u64 },
+    /// The alloc holds a placed task of an application: it ends with the task, not by hand.
+    #[error("alloc `{pool}/{id}` is held by the scheduler for `{owner}`; complete or remove the task instead")]
+    HeldByScheduler { pool: PoolName, id: AllocId, owner: String },
 }
+
+/// A pool's labels, or a selector over them: a selector matches a pool that has every one of its
+/// labels with the same value.
+pub type Labels = BTreeMap<String, String>;
+
+/// True if `labels` has every label of `selector`, with the same value.
+pub fn selector_matches(selector: &Labels, labels: &Labels) -> bool {
+    selector.iter().all(|(key, value)| labels.get(key) == Some(value))
+}
+
+/// The expiry of an alloc the scheduler holds for a placed task: it has no lease (allot holds it
+/// until the task ends), so it never lapses and the sweeper never reclaims it.
+pub const HELD: Millis = Millis::MAX;
 
 #[derive(Debug, Clone, Default)]
 struct PoolState {
     capacity: Resources,
+    labels: Labels,
     allocs: HashMap<AllocId, Alloc>,
     ended: HashMap<AllocId, EndedAlloc>,
     /// The ended allocs in the order they ended (for [`MAX_ENDED_PER_POOL`]).
@@ -352,7 +372,25 @@ impl Pools {
         pool.capacity_lowered |= !capacity.fits(&pool.held());
         pool.capacity = capacity.clone();
         pool.stopped = false;
-        (created, vec![PoolChange::Pool { name: name.clone(), capacity, stopped: false }])
+        (created, vec![PoolChange::Pool { name: name.clone(), capacity, stopped: false, labels: pool.labels.clone() }])
+    }
+
+    /// Replaces a pool's labels.
+    pub fn label_pool(
+        &mut self,
+        name: &PoolName,
+        labels: Labels,
+        now: Millis,
+    ) -> Result<(PoolView, Vec<PoolChange>), PoolError> {
+        let pool = self.pools.get_mut(name).ok_or_else(|| PoolError::PoolNotFound(name.clone()))?;
+        pool.labels = labels;
+        let change = PoolChange::Pool {
+            name: name.clone(),
+            capacity: pool.capacity.clone(),
+            stopped: pool.stopped,
+            labels: pool.labels.clone(),
+        };
+        Ok((view_of(name, pool, now), vec![change]))
     }
 
     /// Removes a pool; with allocs only when `force` (they end with it). Returns how many ended.
@@ -394,8 +432,31 @@ impl Pools {
         id: AllocId,
         now: Millis,
     ) -> Result<(Alloc, Vec<PoolChange>), PoolError> {
+        let expires = now + self.rules.initial_ms;
+        self.make_alloc(name, request, id, now, expires)
+    }
+
+    /// Accepts like [`Pools::accept`] for a task the scheduler places: the alloc has no lease
+    /// ([`HELD`]); it ends by [`Pools::end_held`] when the task ends.
+    pub fn accept_held(
+        &mut self,
+        name: &PoolName,
+        request: AllocRequest,
+        id: AllocId,
+        now: Millis,
+    ) -> Result<(Alloc, Vec<PoolChange>), PoolError> {
+        self.make_alloc(name, request, id, now, HELD)
+    }
+
+    fn make_alloc(
+        &mut self,
+        name: &PoolName,
+        request: AllocRequest,
+        id: AllocId,
+        now: Millis,
+        expires: Millis,
+    ) -> Result<(Alloc, Vec<PoolChange>), PoolError> {
         request.check()?;
-        let rules = self.rules;
         let pool = self.pools.get_mut(name).ok_or_else(|| PoolError::PoolNotFound(name.clone()))?;
         if pool.stopped {
             return Err(PoolError::PoolStopped(name.clone()));
@@ -435,7 +496,7 @@ impl Pools {
             labels: request.labels,
             created: now,
             last_keepalive: None,
-            expires: now + rules.initial_ms,
+            expires,
         };
         let mut changes = Vec::with_capacity(victims.len() + 1);
         for victim in victims {
@@ -468,6 +529,10 @@ impl Pools {
                 None => PoolError::AllocNotFound { pool: name.clone(), id },
             });
         };
+        if alloc.expires == HELD {
+            // The scheduler holds it until its task ends: a keepalive changes nothing.
+            return Ok((granted, alloc.clone(), Vec::new()));
+        }
         self.leases.remove(&(alloc.expires, name.clone(), id));
         alloc.expires = now + granted;
         alloc.last_keepalive = Some(now);
@@ -487,12 +552,43 @@ impl Pools {
         if let Some(ended) = pool.ended.get(&id) {
             return Ok((ended.clone(), Vec::new()));
         }
-        if !pool.allocs.contains_key(&id) {
-            return Err(PoolError::AllocNotFound { pool: name.clone(), id });
+        match pool.allocs.get(&id) {
+            None => return Err(PoolError::AllocNotFound { pool: name.clone(), id }),
+            Some(alloc) if alloc.expires == HELD => {
+                return Err(PoolError::HeldByScheduler { pool: name.clone(), id, owner: alloc.owner.clone() })
+            }
+            Some(_) => {}
         }
         let mut changes = Vec::new();
         let ended = self.end_alloc(name, id, EndReason::Freed, now, &mut changes);
         Ok((ended, changes))
+    }
+
+    /// Frees an alloc of the scheduler's (its task ended). Nothing happens if it is gone already
+    /// (its pool was removed with force).
+    pub fn end_held(&mut self, name: &PoolName, id: AllocId, now: Millis) -> Vec<PoolChange> {
+        let mut changes = Vec::new();
+        if self.pools.get(name).is_some_and(|pool| pool.allocs.contains_key(&id)) {
+            self.end_alloc(name, id, EndReason::Freed, now, &mut changes);
+        }
+        changes
+    }
+
+    /// Every pool that takes new allocs, with what is free in it (its capacity less what allocs
+    /// with a running lease hold: an accept reclaims lapsed ones), its capacity and its labels.
+    pub fn spots(&self, now: Millis) -> impl Iterator<Item = (&PoolName, Resources, &Resources, &Labels)> + '_ {
+        self.pools.iter().filter(|(_, pool)| !pool.stopped).map(move |(name, pool)| {
+            let (live, _) = pool.held_by_state(now);
+            (name, pool.capacity.saturating_sub(&live), &pool.capacity, &pool.labels)
+        })
+    }
+
+    /// True if some pool that takes new allocs matches `selector` and could hold `wanted` when
+    /// empty.
+    pub fn could_ever_fit(&self, wanted: &Resources, selector: &Labels) -> bool {
+        self.pools
+            .values()
+            .any(|pool| !pool.stopped && selector_matches(selector, &pool.labels) && pool.capacity.fits(wanted))
     }
 
     pub fn inspect(&self, name: &PoolName, id: AllocId) -> Result<AllocState, PoolError> {
@@ -531,7 +627,12 @@ impl Pools {
         }
         let pool = self.pools.get_mut(name).expect("checked above");
         pool.stopped = true;
-        changes.push(PoolChange::Pool { name: name.clone(), capacity: pool.capacity.clone(), stopped: true });
+        changes.push(PoolChange::Pool {
+            name: name.clone(),
+            capacity: pool.capacity.clone(),
+            stopped: true,
+            labels: pool.labels.clone(),
+        });
         Ok((true, 0, changes))
     }
 
@@ -604,13 +705,13 @@ impl Pools {
     /// not already expired [unlike Reflow's restored allocs].
     pub fn restore(
         rules: LeaseRules,
-        pools: Vec<(PoolName, Resources, bool)>,
+        pools: Vec<(PoolName, Resources, bool, Labels)>,
         allocs: Vec<Alloc>,
         ended: Vec<EndedAlloc>,
     ) -> Result<Pools, PoolError> {
         let mut restored = Pools::new(rules);
-        for (name, capacity, stopped) in pools {
-            restored.pools.insert(name, PoolState { capacity, stopped, ..PoolState::default() });
+        for (name, capacity, stopped, labels) in pools {
+            restored.pools.insert(name, PoolState { capacity, stopped, labels, ..PoolState::default() });
         }
         for alloc in allocs {
             let pool =
@@ -693,6 +794,7 @@ fn view_of(name: &PoolName, pool: &PoolState, now: Millis) -> PoolView {
     PoolView {
         name: name.clone(),
         capacity: pool.capacity.clone(),
+        labels: pool.labels.clone(),
         allocated,
         expired,
         allocs: pool.allocs.len(),

@@ -151,6 +151,63 @@ pub struct LimitHit {
     pub limit: Limit,
 }
 
+impl fmt::Display for LimitHit {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let amount = |resource: &str, milli: u64| Resources::new().with_milli(resource, milli);
+        let queue = &self.queue;
+        match &self.limit {
+            Limit::MaxApps { max } => write!(f, "queue `{queue}` already runs its maximum of {max} applications"),
+            Limit::UserMaxApps { user, max } => {
+                write!(f, "user `{user}` already runs the maximum of {max} applications in queue `{queue}`")
+            }
+            Limit::Max { resource, max, used, wanted } => write!(
+                f,
+                "queue `{queue}` would go over its max of {} ({} used, {} more wanted)",
+                amount(resource, *max),
+                amount(resource, *used),
+                amount(resource, *wanted)
+            ),
+            Limit::UserMax { user, resource, max, used, wanted } => write!(
+                f,
+                "user `{user}` would go over the per-user max of {} in queue `{queue}` ({} used, {} more wanted)",
+                amount(resource, *max),
+                amount(resource, *used),
+                amount(resource, *wanted)
+            ),
+        }
+    }
+}
+
+/// The limit of one queue that `wanted` more (for `user`, starting an application if
+/// `starts_app`) would break, given what the queue uses now.
+pub fn limit_at(
+    limits: &QueueLimits,
+    used: &QueueUsage,
+    user: &str,
+    wanted: &Resources,
+    starts_app: bool,
+) -> Option<Limit> {
+    let user_used = used.users.get(user);
+    let user_apps = user_used.map_or(0, |(apps, _)| *apps);
+    match limits {
+        QueueLimits { max_apps: Some(max), .. } if starts_app && used.running_apps >= *max => {
+            return Some(Limit::MaxApps { max: *max });
+        }
+        QueueLimits { user_max_apps: Some(max), .. } if starts_app && user_apps >= *max => {
+            return Some(Limit::UserMaxApps { user: user.to_owned(), max: *max });
+        }
+        _ => {}
+    }
+    if let Some((resource, max, used, wanted)) = limits.max.as_ref().and_then(|max| over(max, &used.allocated, wanted))
+    {
+        return Some(Limit::Max { resource, max, used, wanted });
+    }
+    let empty = Resources::new();
+    let user_held = user_used.map_or(&empty, |(_, held)| held);
+    let (resource, max, used, wanted) = over(limits.user_max.as_ref()?, user_held, wanted)?;
+    Some(Limit::UserMax { user: user.to_owned(), resource, max, used, wanted })
+}
+
 /// The first resource `max` names for which `used + wanted` goes over it.
 fn over(max: &Resources, used: &Resources, wanted: &Resources) -> Option<(String, u64, u64, u64)> {
     max.iter().find_map(|(name, limit)| {
@@ -231,27 +288,7 @@ impl Queues {
     ) -> Option<LimitHit> {
         for queue in leaf.up_to_root() {
             let Some(limits) = self.queues.get(&queue) else { continue };
-            let used = usage(&queue);
-            let (user_apps, user_held) = used.users.get(user).cloned().unwrap_or_default();
-            let limit = match limits {
-                QueueLimits { max_apps: Some(max), .. } if starts_app && used.running_apps >= *max => {
-                    Some(Limit::MaxApps { max: *max })
-                }
-                QueueLimits { user_max_apps: Some(max), .. } if starts_app && user_apps >= *max => {
-                    Some(Limit::UserMaxApps { user: user.to_owned(), max: *max })
-                }
-                _ => None,
-            };
-            let limit = limit
-                .or_else(|| {
-                    let (resource, max, used, wanted) = over(limits.max.as_ref()?, &used.allocated, wanted)?;
-                    Some(Limit::Max { resource, max, used, wanted })
-                })
-                .or_else(|| {
-                    let (resource, max, used, wanted) = over(limits.user_max.as_ref()?, &user_held, wanted)?;
-                    Some(Limit::UserMax { user: user.to_owned(), resource, max, used, wanted })
-                });
-            if let Some(limit) = limit {
+            if let Some(limit) = limit_at(limits, &usage(&queue), user, wanted, starts_app) {
                 return Some(LimitHit { queue, limit });
             }
         }

@@ -197,8 +197,13 @@ fn restored_allocs_keep_the_lease_time_they_had_left() {
     let mut pools = pools("cpu=2");
     pools.accept(&pool(), want("cpu=1"), AllocId(7), 1_000).unwrap();
     let (_, alloc, _) = pools.keepalive(&pool(), AllocId(7), 90_000, 10_000).unwrap();
-    let restored =
-        Pools::restore(RULES, vec![(pool(), res("cpu=2"), false)], pools.allocs(&pool()).unwrap(), Vec::new()).unwrap();
+    let restored = Pools::restore(
+        RULES,
+        vec![(pool(), res("cpu=2"), false, Default::default())],
+        pools.allocs(&pool()).unwrap(),
+        Vec::new(),
+    )
+    .unwrap();
     match restored.inspect(&pool(), AllocId(7)).unwrap() {
         AllocState::Live(back) => assert_eq!(back, alloc),
         ended => panic!("{ended:?}"),

@@ -2,6 +2,8 @@
 
 use allot_api::{ErrorBody, ErrorDetail};
 use allot_core::pool::PoolError;
+use allot_core::queue::QueueError;
+use allot_core::sched::SchedError;
 use allot_core::{LedgerError, NameError, ResourcesError};
 use allot_store::StoreError;
 use axum::http::StatusCode;
@@ -74,7 +76,36 @@ impl From<PoolError> for ApiError {
             PoolError::AllocIdTaken { .. } => (StatusCode::CONFLICT, "alloc_id_taken"),
             // It can never fit (unless the capacity is raised): try another pool.
             PoolError::ExceedsCapacity { .. } => (StatusCode::CONFLICT, "exceeds_capacity"),
+            // The scheduler frees it when its task ends.
+            PoolError::HeldByScheduler { .. } => (StatusCode::CONFLICT, "held_by_scheduler"),
             PoolError::EmptyRequest | PoolError::OutOfRange { .. } => (StatusCode::BAD_REQUEST, "invalid_argument"),
+        };
+        ApiError::new(status, code, err.to_string())
+    }
+}
+
+impl From<SchedError> for ApiError {
+    fn from(err: SchedError) -> ApiError {
+        let (status, code) = match &err {
+            SchedError::Invalid(_) => (StatusCode::BAD_REQUEST, "invalid_argument"),
+            SchedError::Queue(QueueError::BadPath(_)) => (StatusCode::BAD_REQUEST, "invalid_queue"),
+            SchedError::Queue(QueueError::NotFound(_)) => (StatusCode::NOT_FOUND, "queue_not_found"),
+            SchedError::Queue(QueueError::NotALeaf { .. }) => (StatusCode::BAD_REQUEST, "queue_not_a_leaf"),
+            SchedError::Queue(QueueError::HasChildren { .. } | QueueError::RemoveRoot) => {
+                (StatusCode::CONFLICT, "queue_in_use")
+            }
+            SchedError::QueueInUse { .. } => (StatusCode::CONFLICT, "queue_in_use"),
+            SchedError::AppNotFound(_) => (StatusCode::NOT_FOUND, "app_not_found"),
+            SchedError::TaskNotFound { .. } => (StatusCode::NOT_FOUND, "task_not_found"),
+            SchedError::AppConflict { .. } => (StatusCode::CONFLICT, "app_conflict"),
+            SchedError::TaskConflict { .. } => (StatusCode::CONFLICT, "task_conflict"),
+            SchedError::AppEnded { .. } => (StatusCode::CONFLICT, "app_ended"),
+            SchedError::UnknownGroup { .. } => (StatusCode::BAD_REQUEST, "unknown_task_group"),
+            SchedError::LargerThanGroup { .. } => (StatusCode::BAD_REQUEST, "larger_than_task_group"),
+            SchedError::GroupNeverFits { .. } => (StatusCode::BAD_REQUEST, "gang_never_fits"),
+            SchedError::GangExceedsQueue(_) => (StatusCode::BAD_REQUEST, "gang_exceeds_queue"),
+            SchedError::NamespaceNotFound(_) => (StatusCode::NOT_FOUND, "namespace_not_found"),
+            SchedError::Illegal(_) => (StatusCode::CONFLICT, "illegal_transition"),
         };
         ApiError::new(status, code, err.to_string())
     }
@@ -101,6 +132,8 @@ impl From<StoreError> for ApiError {
             }
             StoreError::Invalid(message) => ApiError::invalid_argument(message),
             StoreError::Pool(err) => err.into(),
+            StoreError::Sched(err) => err.into(),
+            StoreError::Unsupported(_) => ApiError::new(StatusCode::NOT_IMPLEMENTED, "unsupported", err.to_string()),
         }
     }
 }

@@ -21,6 +21,7 @@
 //!   done) or [`StoreError::OutcomeUnknown`] (the call was sent, its answer was lost), and the
 //!   connection comes back by itself.
 
+mod apps;
 mod conn;
 mod pools;
 mod reply;
@@ -32,12 +33,15 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use allot_core::pool::{Alloc, AllocId, AllocRequest, AllocState, EndedAlloc, Offer, PoolName, PoolView};
+use allot_core::pool::{Alloc, AllocId, AllocRequest, AllocState, EndedAlloc, Labels, Offer, PoolName, PoolView};
 use allot_core::{
     check_request, check_session_ttl, AllocateRequest, LeaseRequest, LedgerError, NamespaceName, NamespaceView,
     QueuePlace, Resources, Session, SessionId, Token, WaiterId, WaiterView,
 };
-use allot_store::{check_wait, Allocation, CommitStats, GrantInfo, Page, PageRequest, SessionInfo, Store, StoreError};
+use allot_store::{
+    check_wait, Allocation, CommitStats, GrantInfo, Page, PageRequest, PoolStore, QuotaStore, SessionInfo, Store,
+    StoreError,
+};
 use async_trait::async_trait;
 use futures_util::{stream, StreamExt};
 use redis::{RedisError, Value};
@@ -455,6 +459,42 @@ impl Store for RedisStore {
         "redis"
     }
 
+    /// Redis's clock as last seen by a pool call (allocs' times are in it), or the wall clock
+    /// before any.
+    fn now(&self) -> allot_core::Millis {
+        pools::now(&self.inner)
+    }
+
+    fn commit_stats(&self) -> CommitStats {
+        let calls = self.inner.calls.load(Ordering::Relaxed);
+        CommitStats {
+            commits: calls,
+            operations: calls,
+            commit_micros: self.inner.call_micros.load(Ordering::Relaxed),
+            failures: self.inner.failures.load(Ordering::Relaxed),
+        }
+    }
+
+    async fn shutdown(&self) {
+        if self.inner.shutdown.send_replace(true) {
+            return;
+        }
+        // Waiting calls leave the queue and answer with their place.
+        let deadline = Instant::now() + Duration::from_secs(5);
+        while !self.inner.waits.lock().unwrap_or_else(|p| p.into_inner()).is_empty() && Instant::now() < deadline {
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        let tasks: Vec<JoinHandle<()>> = std::mem::take(&mut *self.tasks.lock().unwrap_or_else(|p| p.into_inner()));
+        for task in tasks {
+            task.abort();
+            let _ = task.await;
+        }
+        tracing::info!("redis store closed");
+    }
+}
+
+#[async_trait]
+impl QuotaStore for RedisStore {
     async fn put_namespace(&self, name: NamespaceName, quota: u64) -> Result<(bool, NamespaceView), StoreError> {
         self.put(name, quota, false).await
     }
@@ -744,7 +784,10 @@ impl Store for RedisStore {
         };
         self.inner.session_info(id, now, ttl, deadline, &namespaces).await
     }
+}
 
+#[async_trait]
+impl PoolStore for RedisStore {
     async fn put_pool(&self, name: PoolName, capacity: Resources) -> Result<(bool, PoolView), StoreError> {
         self.live()?;
         pools::put(&self.inner, name, capacity, false).await
@@ -800,37 +843,9 @@ impl Store for RedisStore {
         pools::stop_if_idle(&self.inner, name, idle_ms).await
     }
 
-    /// Redis's clock as last seen by a pool call (allocs' times are in it), or the wall clock
-    /// before any.
-    fn now(&self) -> allot_core::Millis {
-        pools::now(&self.inner)
-    }
-
-    fn commit_stats(&self) -> CommitStats {
-        let calls = self.inner.calls.load(Ordering::Relaxed);
-        CommitStats {
-            commits: calls,
-            operations: calls,
-            commit_micros: self.inner.call_micros.load(Ordering::Relaxed),
-            failures: self.inner.failures.load(Ordering::Relaxed),
-        }
-    }
-
-    async fn shutdown(&self) {
-        if self.inner.shutdown.send_replace(true) {
-            return;
-        }
-        // Waiting calls leave the queue and answer with their place.
-        let deadline = Instant::now() + Duration::from_secs(5);
-        while !self.inner.waits.lock().unwrap_or_else(|p| p.into_inner()).is_empty() && Instant::now() < deadline {
-            tokio::time::sleep(Duration::from_millis(5)).await;
-        }
-        let tasks: Vec<JoinHandle<()>> = std::mem::take(&mut *self.tasks.lock().unwrap_or_else(|p| p.into_inner()));
-        for task in tasks {
-            task.abort();
-            let _ = task.await;
-        }
-        tracing::info!("redis store closed");
+    async fn label_pool(&self, name: PoolName, labels: Labels) -> Result<PoolView, StoreError> {
+        self.live()?;
+        pools::label(&self.inner, &name, &labels).await
     }
 }
 

@@ -6,8 +6,8 @@ use std::collections::BTreeMap;
 use std::time::Instant;
 
 use allot_core::pool::{
-    Alloc, AllocId, AllocRequest, AllocState, EndReason, EndedAlloc, LeaseRules, Offer, PoolError, PoolName, PoolStats,
-    PoolView,
+    Alloc, AllocId, AllocRequest, AllocState, EndReason, EndedAlloc, Labels, LeaseRules, Offer, PoolError, PoolName,
+    PoolStats, PoolView,
 };
 use allot_core::{Millis, ResourceName, Resources};
 use allot_store::{Page, PageRequest, StoreError};
@@ -179,7 +179,20 @@ fn view_of(pool: &PoolName, reply: &mut Reply) -> Result<PoolView, StoreError> {
             freed: reply.uint()?,
             reclaimed: reply.uint()?,
         },
+        labels: match serde_json::from_str::<serde_json::Value>(&reply.text()?).map_err(corrupt)? {
+            serde_json::Value::Object(map) => {
+                map.into_iter().filter_map(|(k, v)| v.as_str().map(|v| (k, v.to_owned()))).collect()
+            }
+            _ => BTreeMap::new(),
+        },
     })
+}
+
+/// Replaces a pool's labels.
+pub(crate) async fn label(inner: &Inner, pool: &PoolName, labels: &Labels) -> Result<PoolView, StoreError> {
+    let json = serde_json::to_string(labels).expect("labels always encode");
+    let (_, mut reply) = call(inner, pool, &["label", &json], true).await?;
+    view_of(pool, &mut reply)
 }
 
 /// Creates or changes a pool; with `create_only` an existing pool is left as it is (in the same

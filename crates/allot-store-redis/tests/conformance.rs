@@ -1,6 +1,7 @@
 //! The shared conformance suite against a real `redis-server`, and against a real three-primary
 //! Redis Cluster.
 
+use allot_store::prelude::*;
 use std::sync::Arc;
 
 use allot_store::{conformance, Store};

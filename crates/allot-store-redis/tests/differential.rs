@@ -6,6 +6,7 @@
 //! per namespace), not as values: the embedded store reserves them in blocks, so after a
 //! namespace is removed and created again its numbers may jump (but never go back).
 
+use allot_store::prelude::*;
 use std::collections::HashMap;
 use std::time::Duration;
 

@@ -11,20 +11,30 @@
 //! changed is given only after that change is durable; a change that fails to become durable is
 //! answered with [`StoreError::Unavailable`] and is not visible afterwards.
 
+pub mod apps;
 pub mod conformance;
 pub mod embedded;
 pub mod fault;
 pub mod records;
 
+/// The traits whose methods a caller of `dyn Store` uses: `use allot_store::prelude::*;`.
+pub mod prelude {
+    pub use crate::apps::AppStore;
+    pub use crate::{PoolStore, QuotaStore, Store};
+}
+
 use std::time::Duration;
 
-use allot_core::pool::{Alloc, AllocId, AllocRequest, AllocState, EndedAlloc, Offer, PoolError, PoolName, PoolView};
+use allot_core::pool::{
+    Alloc, AllocId, AllocRequest, AllocState, EndedAlloc, Labels, Offer, PoolError, PoolName, PoolView,
+};
 use allot_core::{
     AllocateRequest, Grant, Lease, LedgerError, Millis, NamespaceName, NamespaceView, QueuePlace, Refusal, Resources,
     Session, SessionId, Token, WaiterView,
 };
 use async_trait::async_trait;
 
+pub use apps::{AppInfo, AppStore, TaskInfo};
 pub use embedded::{EmbeddedConfig, EmbeddedStore};
 
 /// The longest an allocate call may wait for room.
@@ -157,6 +167,11 @@ pub enum StoreError {
     /// The request was refused by the rules of the pools (unknown pool, offer expired...).
     #[error(transparent)]
     Pool(#[from] PoolError),
+    #[error(transparent)]
+    Sched(#[from] allot_core::sched::SchedError),
+    /// The backend does not carry this part yet.
+    #[error("{0}")]
+    Unsupported(String),
 }
 
 /// The answer to an allocate call.
@@ -196,16 +211,31 @@ pub struct CommitStats {
     pub failures: u64,
 }
 
-/// A backend of the token quotas.
+/// A backend: the token quotas, the pools and the applications, each a trait of its own
+/// ([`QuotaStore`], [`PoolStore`], [`AppStore`]), and what the backend as a whole does.
 ///
-/// Every mutating call returns only once its effect is durable. `allocate` with a non-zero
-/// `wait` joins the namespace's first-come-first-served queue and returns when granted, when the
-/// wait ends (with the request's place in the queue), or when the store shuts down.
+/// Every mutating call returns only once its effect is durable.
 #[async_trait]
-pub trait Store: Send + Sync + 'static {
+pub trait Store: QuotaStore + PoolStore + AppStore + Send + Sync + 'static {
     /// A short name for logs and `/healthz`, e.g. `embedded`.
     fn backend(&self) -> &'static str;
+    /// The store's clock now (ms), the time base of allocs' `created`, `expires`...
+    fn now(&self) -> Millis;
 
+    fn commit_stats(&self) -> CommitStats;
+
+    /// Stops taking work, answers every waiter with its place, makes everything durable and
+    /// stops background tasks. Later calls fail with [`StoreError::ShuttingDown`].
+    async fn shutdown(&self);
+}
+
+/// The token quotas of a backend.
+///
+/// `allocate` with a non-zero `wait` joins the namespace's first-come-first-served queue and
+/// returns when granted, when the wait ends (with the request's place in the queue), or when the
+/// store shuts down.
+#[async_trait]
+pub trait QuotaStore: Send + Sync {
     /// Creates a namespace or changes its quota; true if it was created.
     async fn put_namespace(&self, name: NamespaceName, quota: u64) -> Result<(bool, NamespaceView), StoreError>;
     /// Creates a namespace with `quota` only if it does not exist; an existing one keeps its
@@ -258,7 +288,11 @@ pub trait Store: Send + Sync + 'static {
     /// A page of the live sessions, ordered by id.
     async fn sessions(&self, page: PageRequest<SessionId>) -> Result<Page<SessionInfo, SessionId>, StoreError>;
     async fn session(&self, id: SessionId) -> Result<SessionInfo, StoreError>;
+}
 
+/// The leased resource pools of a backend.
+#[async_trait]
+pub trait PoolStore: Send + Sync {
     /// Creates a pool or changes its capacity (a stopped pool starts again); true if created.
     async fn put_pool(&self, name: PoolName, capacity: Resources) -> Result<(bool, PoolView), StoreError>;
     /// Creates a pool with `capacity` only if it does not exist; an existing one keeps its
@@ -281,14 +315,8 @@ pub trait Store: Send + Sync + 'static {
     async fn allocs(&self, name: PoolName, page: PageRequest<AllocId>) -> Result<Page<Alloc, AllocId>, StoreError>;
     /// Stops the pool if it has been idle for `idle_ms`; else the time (ms) until it would be.
     async fn stop_if_idle_for(&self, name: PoolName, idle_ms: u64) -> Result<(bool, u64), StoreError>;
-    /// The store's clock now (ms), the time base of allocs' `created`, `expires`...
-    fn now(&self) -> Millis;
-
-    fn commit_stats(&self) -> CommitStats;
-
-    /// Stops taking work, answers every waiter with its place, makes everything durable and
-    /// stops background tasks. Later calls fail with [`StoreError::ShuttingDown`].
-    async fn shutdown(&self);
+    /// Replaces a pool's labels (what the scheduler's selectors match).
+    async fn label_pool(&self, name: PoolName, labels: Labels) -> Result<PoolView, StoreError>;
 }
 
 /// How long a lease has left at `now`; `session_deadline` looks up a session's deadline.

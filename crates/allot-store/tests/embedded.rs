@@ -1,5 +1,6 @@
 //! The embedded backend: the conformance suite, restarts, and a disk that fails.
 
+use allot_store::prelude::*;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Duration;

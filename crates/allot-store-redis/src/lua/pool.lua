@@ -1,7 +1,7 @@
 -- pool(op, args...): leased resource pools [Reflow `pool`], one function for every operation of
 -- one pool. KEYS[1] is the pool's prefix `allot:pool:{<pool>}`:
 --   Q:pool      hash: capacity, stopped (0/1), stat_accepted, stat_offer_expired, stat_freed,
---               stat_reclaimed; the pool exists iff this key does
+--               stat_reclaimed, labels (a JSON object); the pool exists iff this key does
 --   Q:allocs    hash alloc id -> live alloc (JSON: r resources, o owner, l labels, c created,
 --               k last keepalive or 0, e expires)
 --   Q:leases    zset alloc id -> expires
@@ -131,7 +131,7 @@ end
 
 local function view()
   local p = redis.call('HMGET', K_POOL, 'capacity', 'stopped', 'stat_accepted', 'stat_offer_expired', 'stat_freed',
-    'stat_reclaimed')
+    'stat_reclaimed', 'labels')
   local allocs = load_allocs()
   local live, lapsed, n_lapsed = {}, {}, 0
   for _, a in ipairs(allocs) do
@@ -143,7 +143,7 @@ local function view()
     end
   end
   return { 'pool', p[1], format(live), format(lapsed), #allocs, n_lapsed, tonumber(p[2] or '0'),
-    tonumber(p[3] or '0'), tonumber(p[4] or '0'), tonumber(p[5] or '0'), tonumber(p[6] or '0') }
+    tonumber(p[3] or '0'), tonumber(p[4] or '0'), tonumber(p[5] or '0'), tonumber(p[6] or '0'), p[7] or '{}' }
 end
 
 local NOT_FOUND = { 'err', 'pool_not_found' }
@@ -161,6 +161,10 @@ end
 if redis.call('EXISTS', K_POOL) == 0 then return NOT_FOUND end
 
 if op == 'view' then
+  return view()
+elseif op == 'label' then
+  -- label(labels JSON): replaces the pool's labels.
+  redis.call('HSET', K_POOL, 'labels', ARGV[2])
   return view()
 elseif op == 'remove' then
   local n = redis.call('HLEN', K_ALLOCS)

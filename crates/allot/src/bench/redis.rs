@@ -16,6 +16,7 @@
 //! Each round measures the three back to back; the report gives medians over the rounds (a ratio
 //! is the median of the rounds' ratios) and the machine's steal during each measurement.
 
+use allot_store::prelude::*;
 use std::ffi::OsString;
 use std::future::Future;
 use std::sync::Arc;

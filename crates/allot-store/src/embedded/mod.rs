@@ -16,32 +16,30 @@
 //! was down does not count against leases. A sweeper task ends expired leases every
 //! [`SWEEP_INTERVAL`] and checkpoints the clock at least once a second.
 
+mod apps;
+mod pools;
+mod quotas;
+
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{mpsc, Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
-use allot_core::pool::{
-    Alloc, AllocId, AllocRequest, AllocState, EndedAlloc, LeaseRules, Offer, PoolChange, PoolError, PoolName, PoolView,
-    Pools,
-};
-use allot_core::{
-    AllocateRequest, Change, Decision, Effects, Grant, Ledger, LedgerError, Millis, NamespaceName, NamespaceView,
-    Resources, Session, SessionId, Token, WaiterId, WaiterView,
-};
+use allot_core::pool::{AllocId, EndedAlloc, Labels, LeaseRules, PoolChange, PoolError, PoolName, Pools};
+use allot_core::sched::{AppChange, Outcome, Scheduler, World};
+use allot_core::{Change, Effects, Grant, Ledger, LedgerError, Millis, NamespaceName, Session, SessionId, WaiterId};
 use async_trait::async_trait;
 use redb::{Database, Durability, ReadableTable, StorageBackend};
 use tokio::sync::{oneshot, watch};
 
+use crate::records::apps::{APPS, QUEUES, TASKS};
 use crate::records::{
     decode, encode, resources_from, resources_record, AllocRecord, CorruptRecord, GrantRecord, NamespaceRecord,
     PoolRecord, SessionRecord, ALLOCS, FORMAT_VERSION, GRANTS, META, META_CLOCK, META_FORMAT, META_SEQ, NAMESPACES,
-    POOLS, RETIRED_FENCING, SESSIONS,
+    POOLS, POOL_LABELS, RETIRED_FENCING, SESSIONS,
 };
-use crate::{
-    check_wait, expires_in, Allocation, CommitStats, GrantInfo, Page, PageRequest, SessionInfo, Store, StoreError,
-};
+use crate::{expires_in, Allocation, CommitStats, GrantInfo, SessionInfo, Store, StoreError};
 
 /// How often the sweeper looks for expired leases.
 pub const SWEEP_INTERVAL: Duration = Duration::from_millis(50);
@@ -85,6 +83,7 @@ pub struct EmbeddedStore {
     shared: Arc<Shared>,
     committer: Mutex<Option<std::thread::JoinHandle<()>>>,
     sweeper: Mutex<Option<tokio::task::JoinHandle<()>>>,
+    scheduler: Mutex<Option<tokio::task::JoinHandle<()>>>,
 }
 
 /// The daemon clock: milliseconds, monotonic, continuing from the last durable value.
@@ -101,6 +100,10 @@ impl Clock {
 
 struct Shared {
     state: Mutex<State>,
+    /// Wakes the scheduler for a cycle: something it places, or places on, changed.
+    wake_scheduler: tokio::sync::Notify,
+    /// Set by the scheduler when something waits: then a change that frees room or tokens wakes it.
+    sched_waiting: AtomicBool,
     clock: Clock,
     /// Bumped when a failed commit discards the in-memory state; queued work of older epochs fails.
     epoch: AtomicU64,
@@ -128,6 +131,7 @@ struct Pending {
     epoch: u64,
     changes: Vec<Change>,
     pool_changes: Vec<PoolChange>,
+    app_changes: Vec<AppChange>,
     ack: Option<Ack>,
     woken: Vec<(oneshot::Sender<WaiterAnswer>, Grant)>,
     cancelled: Vec<(oneshot::Sender<WaiterAnswer>, LedgerError)>,
@@ -136,6 +140,7 @@ struct Pending {
 struct State {
     ledger: Ledger,
     pools: Pools,
+    sched: Scheduler,
     waiters: HashMap<WaiterId, oneshot::Sender<WaiterAnswer>>,
     /// `None` once shut down.
     queue: Option<mpsc::Sender<Pending>>,
@@ -161,7 +166,12 @@ impl State {
 
     /// Queues `effects` for commit; the receiver answers once they are durable.
     fn submit(&mut self, shared: &Shared, effects: Effects) -> oneshot::Receiver<Result<(), StoreError>> {
-        self.submit_all(shared, effects, Vec::new())
+        self.submit_all(shared, effects, Vec::new(), Vec::new())
+    }
+
+    /// Queues everything an operation of the scheduler changed for one commit.
+    fn submit_outcome(&mut self, shared: &Shared, outcome: Outcome) -> oneshot::Receiver<Result<(), StoreError>> {
+        self.submit_all(shared, outcome.ledger, outcome.pools, outcome.apps)
     }
 
     /// Queues ledger effects and pool changes for one commit.
@@ -170,6 +180,7 @@ impl State {
         shared: &Shared,
         effects: Effects,
         pool_changes: Vec<PoolChange>,
+        app_changes: Vec<AppChange>,
     ) -> oneshot::Receiver<Result<(), StoreError>> {
         let (ack, rx) = oneshot::channel();
         let waiters = &mut self.waiters;
@@ -181,6 +192,7 @@ impl State {
             epoch: shared.epoch.load(Ordering::SeqCst),
             changes: effects.changes,
             pool_changes,
+            app_changes,
             ack: Some(ack),
             woken,
             cancelled,
@@ -243,11 +255,20 @@ impl EmbeddedStore {
 
     fn open_with(opener: Opener) -> Result<EmbeddedStore, OpenError> {
         let db = opener()?;
-        let Loaded { ledger, pools, clock, seq } = load(&db)?;
+        let Loaded { ledger, pools, sched, clock, seq } = load(&db)?;
         let (queue, receiver) = mpsc::channel();
         let (shutdown, _) = watch::channel(false);
         let shared = Arc::new(Shared {
-            state: Mutex::new(State { ledger, pools, waiters: HashMap::new(), queue: Some(queue), broken: None }),
+            state: Mutex::new(State {
+                ledger,
+                pools,
+                sched,
+                waiters: HashMap::new(),
+                queue: Some(queue),
+                broken: None,
+            }),
+            wake_scheduler: tokio::sync::Notify::new(),
+            sched_waiting: AtomicBool::new(true),
             clock: Clock { base: clock, started: Instant::now() },
             epoch: AtomicU64::new(0),
             clock_written: AtomicU64::new(clock),
@@ -266,8 +287,15 @@ impl EmbeddedStore {
                 .expect("spawning a thread")
         };
         let sweeper = tokio::spawn(run_sweeper(shared.clone()));
+        // Everything, placements included, is loaded before the scheduler's first cycle.
+        let scheduler = tokio::spawn(apps::run_scheduler(shared.clone()));
         tracing::info!(clock_ms = clock, "embedded store opened");
-        Ok(EmbeddedStore { shared, committer: Mutex::new(Some(committer)), sweeper: Mutex::new(Some(sweeper)) })
+        Ok(EmbeddedStore {
+            shared,
+            committer: Mutex::new(Some(committer)),
+            sweeper: Mutex::new(Some(sweeper)),
+            scheduler: Mutex::new(Some(scheduler)),
+        })
     }
 
     fn lock(&self) -> MutexGuard<'_, State> {
@@ -291,9 +319,32 @@ impl EmbeddedStore {
             state.usable(&self.shared)?;
             let now = self.shared.clock.now();
             let (value, effects, pool_changes) = op(&mut state, now)?;
-            (value, state.submit_all(&self.shared, effects, pool_changes))
+            (value, state.submit_all(&self.shared, effects, pool_changes, Vec::new()))
         };
         durable(rx).await?;
+        if self.shared.sched_waiting.load(Ordering::Relaxed) {
+            self.shared.wake_scheduler.notify_one();
+        }
+        Ok(value)
+    }
+
+    /// Runs an operation of the scheduler (on the scheduler, the pools and the ledger) and waits
+    /// until everything it changed is durable; the scheduler is woken for a cycle.
+    async fn commit_sched<T>(
+        &self,
+        op: impl FnOnce(&mut Scheduler, World<'_>, Millis) -> Result<(T, Outcome), StoreError>,
+    ) -> Result<T, StoreError> {
+        let (value, rx) = {
+            let mut state = self.lock();
+            state.usable(&self.shared)?;
+            let now = self.shared.clock.now();
+            let state = &mut *state;
+            let world = World { pools: &mut state.pools, ledger: &mut state.ledger };
+            let (value, outcome) = op(&mut state.sched, world, now)?;
+            (value, state.submit_outcome(&self.shared, outcome))
+        };
+        durable(rx).await?;
+        self.shared.wake_scheduler.notify_one();
         Ok(value)
     }
 
@@ -433,6 +484,7 @@ fn open_file(path: &Path) -> Result<Database, OpenError> {
 struct Loaded {
     ledger: Ledger,
     pools: Pools,
+    sched: Scheduler,
     /// The daemon clock at the last commit.
     clock: Millis,
     /// The number of the last commit.
@@ -469,16 +521,19 @@ fn ensure_pool_tables(db: &Database) -> Result<(), OpenError> {
     let read_err = |err: redb::Error| OpenError::Read(err.to_string());
     let exists = {
         let txn = db.begin_read().map_err(|e| read_err(e.into()))?;
-        let pools = txn.open_table(POOLS).is_ok();
-        let allocs = txn.open_table(ALLOCS).is_ok();
-        pools && allocs
+        [POOLS, POOL_LABELS, QUEUES, APPS].iter().all(|table| txn.open_table(*table).is_ok())
+            && txn.open_table(ALLOCS).is_ok()
+            && txn.open_table(TASKS).is_ok()
     };
     if exists {
         return Ok(());
     }
     let txn = db.begin_write().map_err(|e| read_err(e.into()))?;
-    txn.open_table(POOLS).map_err(|e| read_err(e.into()))?;
+    for table in [POOLS, POOL_LABELS, QUEUES, APPS] {
+        txn.open_table(table).map_err(|e| read_err(e.into()))?;
+    }
     txn.open_table(ALLOCS).map_err(|e| read_err(e.into()))?;
+    txn.open_table(TASKS).map_err(|e| read_err(e.into()))?;
     txn.commit().map_err(|e| read_err(e.into()))?;
     Ok(())
 }
@@ -563,7 +618,14 @@ fn load_records(db: &Database) -> Result<Loaded, OpenError> {
             key: name.to_owned(),
             reason: e.to_string(),
         })?;
-        pools.push((pool, resources_from(record.capacity, "pools", name)?, record.stopped));
+        pools.push((pool, resources_from(record.capacity, "pools", name)?, record.stopped, Labels::new()));
+    }
+    for entry in txn.open_table(POOL_LABELS).map_err(|e| read_err(e.into()))?.iter().map_err(|e| read_err(e.into()))? {
+        let (key, value) = entry.map_err(|e| read_err(e.into()))?;
+        let labels: Labels = decode("pool_labels", key.value(), value.value())?;
+        if let Some(pool) = pools.iter_mut().find(|p| p.0.as_str() == key.value()) {
+            pool.3 = labels;
+        }
     }
     let (mut live, mut ended) = (Vec::new(), Vec::new());
     for entry in txn.open_table(ALLOCS).map_err(|e| read_err(e.into()))?.iter().map_err(|e| read_err(e.into()))? {
@@ -576,7 +638,8 @@ fn load_records(db: &Database) -> Result<Loaded, OpenError> {
         }
     }
     let pools = Pools::restore(LeaseRules::default(), pools, live, ended)?;
-    Ok(Loaded { ledger, pools, clock, seq })
+    let sched = apps::load(&txn)?;
+    Ok(Loaded { ledger, pools, sched, clock, seq })
 }
 
 /// Writes every change of `batch` in one durable transaction.
@@ -640,14 +703,21 @@ fn write_batch(db: &Database, batch: &[Pending], seq: u64, now: Millis) -> Resul
         }
         let mut pools = txn.open_table(POOLS)?;
         let mut allocs = txn.open_table(ALLOCS)?;
+        let mut pool_labels = txn.open_table(POOL_LABELS)?;
         for change in batch.iter().flat_map(|p| &p.pool_changes) {
             match change {
-                PoolChange::Pool { name, capacity, stopped } => {
+                PoolChange::Pool { name, capacity, stopped, labels } => {
                     let record = PoolRecord { capacity: resources_record(capacity), stopped: *stopped };
                     pools.insert(name.as_str(), encode(&record).as_slice())?;
+                    if labels.is_empty() {
+                        pool_labels.remove(name.as_str())?;
+                    } else {
+                        pool_labels.insert(name.as_str(), encode(labels).as_slice())?;
+                    }
                 }
                 PoolChange::PoolRemoved { name } => {
                     pools.remove(name.as_str())?;
+                    pool_labels.remove(name.as_str())?;
                     let name = name.as_str();
                     allocs.retain_in((name, 0)..=(name, u64::MAX), |_, _| false)?;
                 }
@@ -663,6 +733,7 @@ fn write_batch(db: &Database, batch: &[Pending], seq: u64, now: Millis) -> Resul
                 PoolChange::EndedDropped { .. } => {}
             }
         }
+        apps::write(&txn, batch.iter().flat_map(|p| &p.app_changes))?;
         meta.insert(META_CLOCK, now)?;
         meta.insert(META_SEQ, seq)?;
     }
@@ -807,11 +878,12 @@ fn recover(shared: &Shared, old: Option<Database>, opener: &Opener) -> Option<(D
     }
     let reopened = opener().and_then(|db| load(&db).map(|loaded| (db, loaded)));
     match reopened {
-        Ok((db, Loaded { mut ledger, mut pools, seq, .. })) => {
+        Ok((db, Loaded { mut ledger, mut pools, sched, seq, .. })) => {
             ledger.carry_over_from(&state.ledger);
             state.ledger = ledger;
             pools.set_rules(state.pools.rules());
             state.pools = pools;
+            state.sched = sched;
             state.broken = None;
             tracing::info!(seq, "store rebuilt from the database");
             Some((db, seq))
@@ -848,7 +920,7 @@ async fn run_sweeper(shared: Arc<Shared>) {
         let pool_changes = state.pools.sweep(now);
         let checkpoint_due = now.saturating_sub(shared.clock_written.load(Ordering::Relaxed)) >= CLOCK_CHECKPOINT_MS;
         if !effects.changes.is_empty() || !effects.cancelled.is_empty() || !pool_changes.is_empty() {
-            drop(state.submit_all(&shared, effects, pool_changes));
+            drop(state.submit_all(&shared, effects, pool_changes, Vec::new()));
         }
         if checkpoint_due {
             drop(state.checkpoint(&shared));
@@ -860,266 +932,6 @@ async fn run_sweeper(shared: Arc<Shared>) {
 impl Store for EmbeddedStore {
     fn backend(&self) -> &'static str {
         "embedded"
-    }
-
-    async fn put_namespace(&self, name: NamespaceName, quota: u64) -> Result<(bool, NamespaceView), StoreError> {
-        self.mutate(|ledger, now| {
-            let (created, effects) = ledger.put_namespace(&name, quota, now)?;
-            Ok(((created, ledger.namespace(&name, now)?), effects))
-        })
-        .await
-    }
-
-    async fn seed_namespace(&self, name: NamespaceName, quota: u64) -> Result<(bool, NamespaceView), StoreError> {
-        // Checked and created under one lock: a seed never overwrites a quota.
-        self.mutate(|ledger, now| {
-            if let Ok(view) = ledger.namespace(&name, now) {
-                return Ok(((false, view), Effects::default()));
-            }
-            let (created, effects) = ledger.put_namespace(&name, quota, now)?;
-            Ok(((created, ledger.namespace(&name, now)?), effects))
-        })
-        .await
-    }
-
-    async fn remove_namespace(&self, name: NamespaceName, force: bool) -> Result<usize, StoreError> {
-        self.mutate(|ledger, _| ledger.remove_namespace(&name, force)).await
-    }
-
-    async fn namespaces(
-        &self,
-        page: PageRequest<NamespaceName>,
-    ) -> Result<Page<NamespaceView, NamespaceName>, StoreError> {
-        let limit = page.limit();
-        self.read(|ledger, now| {
-            let views = ledger.namespaces_after(page.after(), limit + 1, now);
-            Ok(Page::from_read(views, limit, |v| v.name.clone()))
-        })
-    }
-
-    async fn namespace(&self, name: NamespaceName) -> Result<NamespaceView, StoreError> {
-        self.read(|ledger, now| ledger.namespace(&name, now))
-    }
-
-    async fn allocate(&self, request: AllocateRequest, wait: Duration) -> Result<Allocation, StoreError> {
-        check_wait(wait)?;
-        let namespace = request.namespace.clone();
-        let (decision, rx, answer) = {
-            let mut state = self.lock();
-            state.usable(&self.shared)?;
-            let now = self.shared.clock.now();
-            let (decision, effects) = state.ledger.allocate(request, now, !wait.is_zero())?;
-            let mut answer = None;
-            let decision = match decision {
-                Decision::Queued { waiter, place, replaced } => {
-                    let (tx, rx) = oneshot::channel();
-                    state.waiters.insert(waiter, tx);
-                    if let Some(old) = replaced {
-                        // Dropping the old sender tells the older call it was taken over.
-                        state.waiters.remove(&old);
-                    }
-                    answer = Some(rx);
-                    Decision::Queued { waiter, place, replaced }
-                }
-                refused => refused,
-            };
-            // A grant waits for its commit (an idempotent retry for the commit of the grant it
-            // repeats); a refusal or a queued request changed nothing and waits for nothing.
-            let rx = match decision {
-                Decision::Granted { .. } => Some(state.submit(&self.shared, effects)),
-                _ => None,
-            };
-            (decision, rx, answer)
-        };
-        match decision {
-            Decision::Granted { grant, existing } => {
-                durable(rx.expect("submitted for grants")).await?;
-                let info = {
-                    let state = self.lock();
-                    grant_info(&state.ledger, grant, self.shared.clock.now())
-                };
-                Ok(Allocation::Granted { grant: info, existing })
-            }
-            Decision::Refused { refusal, place } => Ok(Allocation::Refused { refusal, place }),
-            Decision::Queued { waiter, .. } => {
-                let answer = answer.expect("set when queued");
-                self.wait_for(namespace, waiter, answer, wait).await
-            }
-        }
-    }
-
-    async fn release(
-        &self,
-        namespace: NamespaceName,
-        token: Token,
-        fencing: Option<u64>,
-    ) -> Result<Option<GrantInfo>, StoreError> {
-        self.mutate(|ledger, now| {
-            let (grant, effects) = ledger.release(&namespace, &token, fencing, now)?;
-            Ok((grant.map(|g| grant_info(ledger, g, now)), effects))
-        })
-        .await
-    }
-
-    async fn keepalive_grant(
-        &self,
-        namespace: NamespaceName,
-        token: Token,
-        fencing: Option<u64>,
-    ) -> Result<GrantInfo, StoreError> {
-        self.mutate(|ledger, now| {
-            let (grant, effects) = ledger.keepalive_grant(&namespace, &token, fencing, now)?;
-            Ok((grant_info(ledger, grant, now), effects))
-        })
-        .await
-    }
-
-    async fn grants(
-        &self,
-        namespace: NamespaceName,
-        page: PageRequest<Token>,
-    ) -> Result<Page<GrantInfo, Token>, StoreError> {
-        let limit = page.limit();
-        self.read(|ledger, now| {
-            let grants = ledger.grants_after(&namespace, page.after(), limit + 1)?;
-            let infos = grants.into_iter().map(|g| grant_info(ledger, g, now)).collect();
-            Ok(Page::from_read(infos, limit, |g: &GrantInfo| g.grant.token.clone()))
-        })
-    }
-
-    async fn grant(&self, namespace: NamespaceName, token: Token) -> Result<GrantInfo, StoreError> {
-        self.read(|ledger, now| Ok(grant_info(ledger, ledger.grant(&namespace, &token)?, now)))
-    }
-
-    async fn waiters(
-        &self,
-        namespace: NamespaceName,
-        page: PageRequest<u64>,
-    ) -> Result<Page<WaiterView, u64>, StoreError> {
-        let limit = page.limit();
-        self.read(|ledger, now| {
-            let waiters = ledger.waiters_after(&namespace, page.after().copied(), limit + 1, now)?;
-            Ok(Page::from_read(waiters, limit, |w| w.arrival))
-        })
-    }
-
-    async fn open_session(&self, ttl_ms: u64) -> Result<SessionInfo, StoreError> {
-        let id = SessionId(rand::random());
-        self.mutate(|ledger, now| {
-            let (session, effects) = ledger.open_session(id, ttl_ms, now)?;
-            Ok((session_info(session, now), effects))
-        })
-        .await
-    }
-
-    async fn keepalive_session(&self, id: SessionId) -> Result<SessionInfo, StoreError> {
-        self.mutate(|ledger, now| {
-            let (session, effects) = ledger.keepalive_session(id, now)?;
-            Ok((session_info(session, now), effects))
-        })
-        .await
-    }
-
-    async fn close_session(&self, id: SessionId) -> Result<SessionInfo, StoreError> {
-        self.mutate(|ledger, now| {
-            let (session, effects) = ledger.close_session(id, now)?;
-            Ok((session_info(session, now), effects))
-        })
-        .await
-    }
-
-    async fn sessions(&self, page: PageRequest<SessionId>) -> Result<Page<SessionInfo, SessionId>, StoreError> {
-        let limit = page.limit();
-        self.read(|ledger, now| {
-            let sessions = ledger.sessions_after(page.after().copied(), limit + 1);
-            let infos = sessions.into_iter().map(|s| session_info(s, now)).collect();
-            Ok(Page::from_read(infos, limit, |s: &SessionInfo| s.session.id))
-        })
-    }
-
-    async fn session(&self, id: SessionId) -> Result<SessionInfo, StoreError> {
-        self.read(|ledger, now| Ok(session_info(ledger.session(id)?, now)))
-    }
-
-    async fn put_pool(&self, name: PoolName, capacity: Resources) -> Result<(bool, PoolView), StoreError> {
-        self.mutate_pools(|pools, now| {
-            let (created, changes) = pools.put_pool(&name, capacity);
-            Ok(((created, pools.pool(&name, now)?), changes))
-        })
-        .await
-    }
-
-    async fn seed_pool(&self, name: PoolName, capacity: Resources) -> Result<(bool, PoolView), StoreError> {
-        self.mutate_pools(|pools, now| {
-            if let Ok(view) = pools.pool(&name, now) {
-                return Ok(((false, view), Vec::new()));
-            }
-            let (created, changes) = pools.put_pool(&name, capacity);
-            Ok(((created, pools.pool(&name, now)?), changes))
-        })
-        .await
-    }
-
-    async fn remove_pool(&self, name: PoolName, force: bool) -> Result<usize, StoreError> {
-        self.mutate_pools(|pools, _| pools.remove_pool(&name, force)).await
-    }
-
-    async fn pools(&self, page: PageRequest<PoolName>) -> Result<Page<PoolView, PoolName>, StoreError> {
-        let limit = page.limit();
-        self.read_pools(|pools, now| {
-            Ok(Page::from_read(pools.pools_after(page.after(), limit + 1, now), limit, |p| p.name.clone()))
-        })
-    }
-
-    async fn pool(&self, name: PoolName) -> Result<PoolView, StoreError> {
-        self.read_pools(|pools, now| pools.pool(&name, now))
-    }
-
-    async fn offer(&self, name: PoolName) -> Result<Option<Offer>, StoreError> {
-        self.read_pools(|pools, now| pools.offer(&name, now))
-    }
-
-    async fn accept(&self, name: PoolName, request: AllocRequest) -> Result<Alloc, StoreError> {
-        // Ids are drawn at random [Reflow `newID`]; a taken one is drawn again.
-        loop {
-            let id = AllocId(rand::random());
-            let request = request.clone();
-            match self.mutate_pools(|pools, now| pools.accept(&name, request, id, now)).await {
-                Err(StoreError::Pool(PoolError::AllocIdTaken { .. })) => continue,
-                res => return res,
-            }
-        }
-    }
-
-    async fn keepalive_alloc(&self, name: PoolName, id: AllocId, interval_ms: u64) -> Result<(u64, Alloc), StoreError> {
-        self.mutate_pools(|pools, now| {
-            let (granted, alloc, changes) = pools.keepalive(&name, id, interval_ms, now)?;
-            Ok(((granted, alloc), changes))
-        })
-        .await
-    }
-
-    async fn free_alloc(&self, name: PoolName, id: AllocId) -> Result<EndedAlloc, StoreError> {
-        self.mutate_pools(|pools, now| pools.free(&name, id, now)).await
-    }
-
-    async fn inspect_alloc(&self, name: PoolName, id: AllocId) -> Result<AllocState, StoreError> {
-        self.read_pools(|pools, _| pools.inspect(&name, id))
-    }
-
-    async fn allocs(&self, name: PoolName, page: PageRequest<AllocId>) -> Result<Page<Alloc, AllocId>, StoreError> {
-        let limit = page.limit();
-        self.read_pools(|pools, _| {
-            Ok(Page::from_read(pools.allocs_after(&name, page.after().copied(), limit + 1)?, limit, |a| a.id))
-        })
-    }
-
-    async fn stop_if_idle_for(&self, name: PoolName, idle_ms: u64) -> Result<(bool, u64), StoreError> {
-        self.mutate_pools(|pools, now| {
-            let (stopped, until_idle, changes) = pools.stop_if_idle_for(&name, idle_ms, now)?;
-            Ok(((stopped, until_idle), changes))
-        })
-        .await
     }
 
     fn now(&self) -> Millis {
@@ -1165,6 +977,10 @@ impl Store for EmbeddedStore {
         let sweeper = self.sweeper.lock().unwrap_or_else(|p| p.into_inner()).take();
         if let Some(sweeper) = sweeper {
             let _ = sweeper.await;
+        }
+        let scheduler = self.scheduler.lock().unwrap_or_else(|p| p.into_inner()).take();
+        if let Some(scheduler) = scheduler {
+            let _ = scheduler.await;
         }
         tracing::info!("embedded store closed");
     }

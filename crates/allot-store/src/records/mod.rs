@@ -7,11 +7,15 @@
 //! - `sessions`: session id -> [`SessionRecord`]
 //! - `pools`: pool -> [`PoolRecord`]
 //! - `allocs`: (pool, alloc id) -> [`AllocRecord`] (live allocs and ended ones still retained)
+//! - `pool_labels`: pool -> labels (a table of its own, so pool records keep their format)
+//! - `queues`, `apps`, `tasks`: the applications part, see [`apps`]
 //! - `meta`: `format` -> [`FORMAT_VERSION`], `clock` -> the daemon clock at the last commit,
 //!   `seq` -> the number of the last commit
 //!
 //! Values are postcard-encoded. The format version is checked at open: a file written by a newer
 //! format is refused rather than misread.
+
+pub mod apps;
 
 use std::collections::BTreeMap;
 
@@ -29,6 +33,7 @@ pub const SESSIONS: TableDefinition<u128, &[u8]> = TableDefinition::new("session
 pub const META: TableDefinition<&str, u64> = TableDefinition::new("meta");
 pub const POOLS: TableDefinition<&str, &[u8]> = TableDefinition::new("pools");
 pub const ALLOCS: TableDefinition<(&str, u64), &[u8]> = TableDefinition::new("allocs");
+pub const POOL_LABELS: TableDefinition<&str, &[u8]> = TableDefinition::new("pool_labels");
 
 pub const META_FORMAT: &str = "format";
 pub const META_CLOCK: &str = "clock";

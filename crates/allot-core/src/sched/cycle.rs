@@ -1,0 +1,646 @@
+//! The scheduling cycle: timers first, then as many placements as fit, queue by queue.
+//!
+//! Order: sibling queues by fair share (what they use over what they are guaranteed, the most
+//! dominant resource; queues with no guarantee after the others, least used first), from the
+//! top of the tree down; inside a leaf queue, applications by its sort policy (`fifo`:
+//! submission order, each application placing all it can before the next; `priority`: the
+//! highest pending task first; `fair`: round robin, least used first); inside an application,
+//! tasks by priority, then order of adding.
+//!
+//! Nothing blocks the line: an application or task that cannot be placed now is skipped for
+//! this cycle with the reason (`Why`), and the ones behind it go on. So a gang waiting for room
+//! never blocks a smaller application behind it; what bounds the gang's own wait is its reserve
+//! timeout.
+//!
+//! Placement: best fit over every resource (the smallest weighted free space that fits, through
+//! an index of pools by free size), then every token need checked with `Ledger::room_for`, and
+//! only then the alloc and the grants taken, in one step. A gang reserves every placeholder of
+//! every group the same way: all are found room first (on a scratch copy of what is free), all
+//! tokens checked, then all taken.
+
+use std::cmp::Reverse;
+use std::collections::hash_map::DefaultHasher;
+use std::collections::{BTreeMap, BTreeSet, BinaryHeap, HashMap};
+use std::hash::{Hash, Hasher};
+use std::ops::Bound;
+
+use super::why::Why;
+use super::{
+    pending_key, release, transition, AppChange, AppId, GangStyle, GroupName, HeldTokens, Outcome, PendingKey,
+    Placement, Scheduler, Slot, TaskId, TokenNeed, World, RESERVATION_TIMEOUT,
+};
+use crate::app::{AppEvent, AppState, TaskEvent, TaskState};
+use crate::ledger::{AllocateRequest, Constraints, Decision, LeaseRequest, Millis};
+use crate::names::Token;
+use crate::pool::{selector_matches, AllocId, AllocRequest, Labels, PoolError, PoolName, Pools};
+use crate::queue::{limit_at, LimitHit, QueuePath, QueueUsage, SortPolicy};
+use crate::resources::{Resources, SizeWeights};
+
+/// What one cycle did.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct CycleReport {
+    /// Tasks placed on a pool of their own.
+    pub placed: usize,
+    /// Gangs reserved (all their placeholders).
+    pub reserved: usize,
+    /// Tasks that took a placeholder over.
+    pub taken_over: usize,
+    /// Applications whose reserve or placeholder timeout ran out.
+    pub timed_out: usize,
+}
+
+/// One pool as the cycle sees it.
+struct Spot {
+    name: PoolName,
+    free: Resources,
+    labels: Labels,
+}
+
+/// What is free in every pool, indexed by weighted size for best fit.
+struct Room {
+    spots: Vec<Spot>,
+    index: BTreeSet<(u64, usize)>,
+    weights: SizeWeights,
+}
+
+/// Sizes are non-negative, so their bit patterns sort like the numbers.
+fn size_key(resources: &Resources, weights: &SizeWeights) -> u64 {
+    resources.size(weights).max(0.0).to_bits()
+}
+
+impl Room {
+    fn new(pools: &Pools, now: Millis, weights: &SizeWeights) -> Room {
+        let spots: Vec<Spot> = pools
+            .spots(now)
+            .map(|(name, free, _, labels)| Spot { name: name.clone(), free, labels: labels.clone() })
+            .collect();
+        let index = spots.iter().enumerate().map(|(i, spot)| (size_key(&spot.free, weights), i)).collect();
+        Room { spots, index, weights: weights.clone() }
+    }
+
+    /// The matching pool with the least free space that fits `wanted` (less what `taken` says
+    /// is already promised in it), or why there is none.
+    fn best_fit(&self, wanted: &Resources, selector: &Labels, taken: &HashMap<usize, Resources>) -> Result<usize, Why> {
+        let size = wanted.size(&self.weights);
+        // A pool that fits has a size at least `size`; allow for rounding of the float sums.
+        let lower = (size - size * 1e-9 - 1e-12).max(0.0).to_bits();
+        for &(_, i) in self.index.range((Bound::Included((lower, 0)), Bound::Unbounded)) {
+            let spot = &self.spots[i];
+            if !selector_matches(selector, &spot.labels) {
+                continue;
+            }
+            let fits = match taken.get(&i) {
+                Some(promised) => spot.free.saturating_sub(promised).fits(wanted),
+                None => spot.free.fits(wanted),
+            };
+            if fits {
+                return Ok(i);
+            }
+        }
+        Err(self.why_not(wanted, selector, taken))
+    }
+
+    fn why_not(&self, wanted: &Resources, selector: &Labels, taken: &HashMap<usize, Resources>) -> Why {
+        let mut closest: Option<(f64, usize, Resources)> = None;
+        for (i, spot) in self.spots.iter().enumerate() {
+            if !selector_matches(selector, &spot.labels) {
+                continue;
+            }
+            let free = match taken.get(&i) {
+                Some(promised) => spot.free.saturating_sub(promised),
+                None => spot.free.clone(),
+            };
+            let lacks = wanted.saturating_sub(&free);
+            let size = lacks.size(&self.weights);
+            if closest.as_ref().is_none_or(|(best, ..)| size < *best) {
+                closest = Some((size, i, lacks));
+            }
+        }
+        match closest {
+            None => Why::NoPoolMatches { selector: selector.clone() },
+            Some((_, i, lacks)) => {
+                Why::NoRoom { wanted: wanted.clone(), closest: Some((self.spots[i].name.clone(), lacks)) }
+            }
+        }
+    }
+
+    fn take(&mut self, i: usize, resources: &Resources) {
+        let spot = &mut self.spots[i];
+        self.index.remove(&(size_key(&spot.free, &self.weights), i));
+        spot.free = spot.free.saturating_sub(resources);
+        self.index.insert((size_key(&spot.free, &self.weights), i));
+    }
+
+    fn give_back(&mut self, i: usize, resources: &Resources) {
+        let spot = &mut self.spots[i];
+        self.index.remove(&(size_key(&spot.free, &self.weights), i));
+        spot.free = spot.free.checked_add(resources).unwrap_or_else(|| spot.free.clone());
+        self.index.insert((size_key(&spot.free, &self.weights), i));
+    }
+}
+
+/// Shapes (resources and selector) that found no room this cycle: room only shrinks during a
+/// cycle, so the same shape is not searched for again.
+#[derive(Default)]
+struct NoRoom(HashMap<u64, Vec<(Resources, Labels, Why)>>);
+
+impl NoRoom {
+    fn hash(wanted: &Resources, selector: &Labels) -> u64 {
+        let mut hasher = DefaultHasher::new();
+        wanted.hash(&mut hasher);
+        selector.hash(&mut hasher);
+        hasher.finish()
+    }
+
+    fn get(&self, wanted: &Resources, selector: &Labels) -> Option<&Why> {
+        let shapes = self.0.get(&NoRoom::hash(wanted, selector))?;
+        shapes.iter().find(|(r, s, _)| r == wanted && s == selector).map(|(.., why)| why)
+    }
+
+    fn insert(&mut self, wanted: &Resources, selector: &Labels, why: Why) {
+        self.0.entry(NoRoom::hash(wanted, selector)).or_default().push((wanted.clone(), selector.clone(), why));
+    }
+}
+
+/// A leaf queue's applications with work in this cycle.
+struct Lane {
+    ancestors: Vec<QueuePath>,
+    apps: Vec<AppId>,
+    at: usize,
+    sort: SortPolicy,
+}
+
+/// What a cycle carries from step to step.
+struct Cycle<'c> {
+    now: Millis,
+    room: Room,
+    cursors: HashMap<AppId, PendingKey>,
+    no_room: NoRoom,
+    ids: &'c mut dyn FnMut() -> u64,
+    out: Outcome,
+    report: CycleReport,
+}
+
+impl Scheduler {
+    /// Runs one scheduling cycle: timers, then every placement that fits now. `ids` draws alloc
+    /// ids (an id already taken is drawn again).
+    pub fn schedule(
+        &mut self,
+        now: Millis,
+        world: &mut World<'_>,
+        ids: &mut dyn FnMut() -> u64,
+    ) -> (CycleReport, Outcome) {
+        let mut out = Outcome::default();
+        let timed_out = self.expire(now, world, &mut out);
+        self.stats.cycles += 1;
+        self.why_app.clear();
+        self.why_task.clear();
+        let mut lanes = self.lanes();
+        let mut cycle = Cycle {
+            now,
+            room: Room::new(world.pools, now, &self.config.weights),
+            cursors: HashMap::new(),
+            no_room: NoRoom::default(),
+            ids,
+            out,
+            report: CycleReport { timed_out, ..CycleReport::default() },
+        };
+        let mut heap: BinaryHeap<Reverse<(Vec<u64>, usize)>> =
+            lanes.iter().enumerate().map(|(i, lane)| Reverse((self.fair_key(&lane.ancestors), i))).collect();
+        while let Some(Reverse((_, i))) = heap.pop() {
+            let lane = &mut lanes[i];
+            let mut progressed = false;
+            while lane.at < lane.apps.len() {
+                let app = lane.apps[lane.at].clone();
+                if self.step_app(&app, world, &mut cycle) {
+                    progressed = true;
+                    if lane.sort == SortPolicy::Fair {
+                        lane.at = (lane.at + 1) % lane.apps.len();
+                    }
+                    break;
+                }
+                lane.apps.remove(lane.at);
+                if lane.at >= lane.apps.len() {
+                    lane.at = 0;
+                }
+            }
+            if progressed {
+                heap.push(Reverse((self.fair_key(&lanes[i].ancestors), i)));
+            }
+        }
+        (cycle.report, cycle.out)
+    }
+
+    /// The leaf queues with applications that have work, each in its sort order.
+    fn lanes(&self) -> Vec<Lane> {
+        let mut leaves: BTreeMap<&QueuePath, Vec<&AppId>> = BTreeMap::new();
+        for (id, app) in &self.apps {
+            let pending = self.pending.get(id).is_some_and(|p| !p.is_empty());
+            let work = match app.state {
+                AppState::Accepted => app.awaits_gang() || pending,
+                AppState::Reserving | AppState::Running | AppState::Resuming => pending,
+                _ => false,
+            };
+            if work {
+                leaves.entry(&app.spec.queue).or_default().push(id);
+            }
+        }
+        leaves
+            .into_iter()
+            .map(|(queue, apps)| {
+                let sort = self.queues.get(queue).map(|l| l.sort).unwrap_or_default();
+                let mut keyed: Vec<((i64, f64, u64), AppId)> = apps
+                    .into_iter()
+                    .map(|id| {
+                        let app = &self.apps[id];
+                        let key = match sort {
+                            SortPolicy::Fifo => (0, 0.0, app.seq),
+                            SortPolicy::Priority => {
+                                let top = self.pending.get(id).and_then(|p| p.first()).map_or(i32::MIN, |k| k.0 .0);
+                                (-(top as i64), 0.0, app.seq)
+                            }
+                            SortPolicy::Fair => (0, self.app_used(id).size(&self.config.weights), app.seq),
+                        };
+                        (key, id.clone())
+                    })
+                    .collect();
+                keyed.sort_by(|a, b| a.0.partial_cmp(&b.0).unwrap_or(std::cmp::Ordering::Equal));
+                let mut ancestors: Vec<QueuePath> = queue.up_to_root().collect();
+                ancestors.reverse();
+                Lane { ancestors, apps: keyed.into_iter().map(|(_, id)| id).collect(), at: 0, sort }
+            })
+            .collect()
+    }
+
+    /// What an application's placements hold.
+    fn app_used(&self, id: &AppId) -> Resources {
+        let slots = self.apps[id].slots.iter().filter(|s| s.task.is_none()).map(|s| &s.placement.resources);
+        let tasks = self.tasks.get(id).into_iter().flat_map(|t| t.values()).filter_map(|t| {
+            matches!(t.state, TaskState::Allocated | TaskState::Running).then_some(t.placement.as_ref()).flatten()
+        });
+        slots.chain(tasks.map(|p| &p.resources)).fold(Resources::new(), |sum, r| sum.checked_add(r).unwrap_or(sum))
+    }
+
+    /// A leaf's fair-share key: each queue's share from the top of the tree down to the leaf.
+    fn fair_key(&self, ancestors: &[QueuePath]) -> Vec<u64> {
+        ancestors
+            .iter()
+            .skip(1)
+            .map(|queue| {
+                let used = self.usage.get(queue).map(|u| &u.allocated);
+                let empty = Resources::new();
+                let used = used.unwrap_or(&empty);
+                let guaranteed = self.queues.get(queue).map(|l| &l.guaranteed);
+                let share = match guaranteed.filter(|g| g.iter().any(|(_, v)| v > 0)) {
+                    Some(guaranteed) => guaranteed
+                        .iter()
+                        .filter(|(_, g)| *g > 0)
+                        .map(|(name, g)| used.get_milli(name.as_str()) as f64 / g as f64)
+                        .fold(0.0, f64::max),
+                    // After every queue with a guarantee, least used first.
+                    None => 1e15 + used.size(&self.config.weights),
+                };
+                share.max(0.0).to_bits()
+            })
+            .collect()
+    }
+
+    /// The first limit, from the application's leaf queue up, that `wanted` more would break.
+    fn limit_hit(&self, app: &AppId, wanted: &Resources, starts_app: bool) -> Option<LimitHit> {
+        let app = &self.apps[app];
+        let nothing = QueueUsage::default();
+        app.spec.queue.up_to_root().find_map(|queue| {
+            let limits = self.queues.get(&queue)?;
+            let used = self.usage.get(&queue).unwrap_or(&nothing);
+            let limit = limit_at(limits, used, &app.spec.user, wanted, starts_app)?;
+            Some(LimitHit { queue, limit })
+        })
+    }
+
+    /// Places the application's next thing that fits (its gang, or one task). False when nothing
+    /// more of it can be placed this cycle.
+    fn step_app(&mut self, app_id: &AppId, world: &mut World<'_>, cycle: &mut Cycle<'_>) -> bool {
+        let app = &self.apps[app_id];
+        if !app.counted {
+            if let Some(hit) = self.limit_hit(app_id, &Resources::new(), true) {
+                self.why_app.insert(app_id.clone(), Why::QueueLimit(hit));
+                return false;
+            }
+        }
+        if app.awaits_gang() {
+            return match self.reserve(app_id, world, cycle) {
+                Ok(()) => true,
+                Err(why) => {
+                    self.why_app.insert(app_id.clone(), why);
+                    false
+                }
+            };
+        }
+        loop {
+            let Some(pending) = self.pending.get(app_id) else { return false };
+            let next = match cycle.cursors.get(app_id) {
+                Some(after) => pending.range((Bound::Excluded(after), Bound::Unbounded)).next(),
+                None => pending.first(),
+            };
+            let Some(key) = next.cloned() else { return false };
+            let task = key.2.clone();
+            cycle.cursors.insert(app_id.clone(), key);
+            match self.place_task(app_id, &task, world, cycle) {
+                Ok(()) => return true,
+                Err(why) => {
+                    self.why_task.insert((app_id.clone(), task), why);
+                }
+            }
+        }
+    }
+
+    /// Places one pending task: on a placeholder of its group if one is free, else (once its
+    /// application runs) on a pool of its own.
+    fn place_task(
+        &mut self,
+        app_id: &AppId,
+        task_id: &TaskId,
+        world: &mut World<'_>,
+        cycle: &mut Cycle<'_>,
+    ) -> Result<(), Why> {
+        let app = &self.apps[app_id];
+        let task = &self.tasks[app_id][task_id];
+        if let Some(group) = &task.spec.group {
+            if let Some(slot) = app.slots.iter().position(|s| s.task.is_none() && &s.group == group) {
+                self.take_over(app_id, task_id, slot, cycle);
+                return Ok(());
+            }
+        }
+        if app.state == AppState::Reserving {
+            return Err(Why::AfterGang);
+        }
+        let group = task.spec.group.as_ref().and_then(|g| app.spec.group(g));
+        let mut selector = group.map(|g| g.selector.clone()).unwrap_or_default();
+        selector.extend(task.spec.selector.iter().map(|(k, v)| (k.clone(), v.clone())));
+        let wanted = task.spec.resources.clone();
+        let needs = task.spec.tokens.clone();
+        if let Some(hit) = self.limit_hit(app_id, &wanted, !app.counted) {
+            return Err(Why::QueueLimit(hit));
+        }
+        if let Some(why) = cycle.no_room.get(&wanted, &selector) {
+            return Err(why.clone());
+        }
+        let spot = match cycle.room.best_fit(&wanted, &selector, &HashMap::new()) {
+            Ok(spot) => spot,
+            Err(why) => {
+                cycle.no_room.insert(&wanted, &selector, why.clone());
+                return Err(why);
+            }
+        };
+        for need in &needs {
+            world.ledger.room_for(&need.namespace, need.units).map_err(Why::Tokens)?;
+        }
+        let owner = format!("{app_id}/{task_id}");
+        let token = format!("{app_id}:{task_id}");
+        let placement = commit(spot, &wanted, owner, &token, &needs, world, cycle)?;
+        let (queue, user) = (app.spec.queue.clone(), app.spec.user.clone());
+        self.charge(&queue, &user, &placement.resources, true);
+        let app = self.apps.get_mut(app_id).expect("checked");
+        let mut app_changed = false;
+        if !app.counted {
+            app.counted = true;
+            app_changed = true;
+            self.count_app(&queue, &user, true);
+        }
+        let app = self.apps.get_mut(app_id).expect("checked");
+        if app.state == AppState::Accepted {
+            transition(app, &[AppEvent::Run]).expect("Accepted takes Run");
+            app_changed = true;
+        }
+        if app_changed {
+            cycle.out.apps.push(AppChange::App(app.clone()));
+        }
+        self.allocate_task(app_id, task_id, placement, None, cycle);
+        self.stats.placements += 1;
+        cycle.report.placed += 1;
+        Ok(())
+    }
+
+    /// Moves a Pending task to Allocated on `placement`.
+    fn allocate_task(
+        &mut self,
+        app_id: &AppId,
+        task_id: &TaskId,
+        placement: Placement,
+        slot: Option<u32>,
+        cycle: &mut Cycle<'_>,
+    ) {
+        let task = self.tasks.get_mut(app_id).and_then(|t| t.get_mut(task_id)).expect("caller checked");
+        if let Some(pending) = self.pending.get_mut(app_id) {
+            pending.remove(&pending_key(task));
+        }
+        task.state = task.state.on(TaskEvent::Schedule).and_then(|s| s.on(TaskEvent::Allocate)).expect("Pending");
+        task.placement = Some(placement);
+        task.slot = slot;
+        cycle.out.apps.push(AppChange::Task(task.clone()));
+    }
+
+    /// A task takes placeholder `slot` of its application over, in place.
+    fn take_over(&mut self, app_id: &AppId, task_id: &TaskId, slot: usize, cycle: &mut Cycle<'_>) {
+        let app = self.apps.get_mut(app_id).expect("caller checked");
+        app.slots[slot].task = Some(task_id.clone());
+        let placement = app.slots[slot].placement.clone();
+        let member = app.slots[slot].member;
+        if app.state == AppState::Reserving && app.free_slots() == 0 {
+            transition(app, &[AppEvent::Run]).expect("Reserving takes Run");
+        }
+        cycle.out.apps.push(AppChange::App(app.clone()));
+        self.allocate_task(app_id, task_id, placement, Some(member), cycle);
+        self.stats.takeovers += 1;
+        cycle.report.taken_over += 1;
+    }
+
+    /// Reserves every placeholder of the application's gang, or none.
+    fn reserve(&mut self, app_id: &AppId, world: &mut World<'_>, cycle: &mut Cycle<'_>) -> Result<(), Why> {
+        let app = &self.apps[app_id];
+        let members: Vec<(GroupName, u32, Resources, Labels, Vec<TokenNeed>)> = app
+            .spec
+            .groups
+            .iter()
+            .flat_map(|g| {
+                (0..g.min_members)
+                    .map(|m| (g.name.clone(), m, g.min_resources.clone(), g.selector.clone(), g.tokens.clone()))
+            })
+            .collect();
+        let total = members.iter().fold(Resources::new(), |sum, m| sum.checked_add(&m.2).unwrap_or(sum));
+        if let Some(hit) = self.limit_hit(app_id, &total, !app.counted) {
+            return Err(Why::GangNotReserved { member: None, cause: Some(Box::new(Why::QueueLimit(hit))) });
+        }
+        // Room for every member first, on a scratch copy of what is free.
+        let mut promised: HashMap<usize, Resources> = HashMap::new();
+        let mut spots = Vec::with_capacity(members.len());
+        for (group, member, wanted, selector, _) in &members {
+            let spot = cycle.room.best_fit(wanted, selector, &promised).map_err(|why| Why::GangNotReserved {
+                member: Some((group.clone(), *member)),
+                cause: Some(Box::new(why)),
+            })?;
+            let sum = promised.entry(spot).or_default();
+            *sum = sum.checked_add(wanted).unwrap_or_else(|| sum.clone());
+            spots.push(spot);
+        }
+        // Then every token, summed per namespace.
+        let mut units: BTreeMap<&crate::names::NamespaceName, u64> = BTreeMap::new();
+        for need in members.iter().flat_map(|m| &m.4) {
+            *units.entry(&need.namespace).or_default() += need.units;
+        }
+        for (namespace, units) in units {
+            world.ledger.room_for(namespace, units).map_err(|shortage| Why::GangNotReserved {
+                member: None,
+                cause: Some(Box::new(Why::Tokens(shortage))),
+            })?;
+        }
+        // Everything is there: take it all.
+        let mut slots: Vec<Slot> = Vec::with_capacity(members.len());
+        for ((group, member, wanted, _, needs), spot) in members.into_iter().zip(spots.iter().copied()) {
+            let owner = format!("{app_id}/{group}#{member}");
+            let token = format!("{app_id}:{group}#{member}");
+            match commit(spot, &wanted, owner, &token, &needs, world, cycle) {
+                Ok(placement) => slots.push(Slot { group, member, placement, task: None }),
+                Err(why) => {
+                    // Not expected (everything was checked): undo what was taken.
+                    for (slot, spot) in slots.iter().zip(spots) {
+                        cycle.room.give_back(spot, &slot.placement.resources);
+                        release(&slot.placement, cycle.now, world, &mut cycle.out);
+                    }
+                    return Err(Why::GangNotReserved { member: None, cause: Some(Box::new(why)) });
+                }
+            }
+        }
+        let app = self.apps.get_mut(app_id).expect("checked");
+        let (queue, user, counted) = (app.spec.queue.clone(), app.spec.user.clone(), app.counted);
+        app.slots = slots;
+        app.reserved_at = Some(cycle.now);
+        app.counted = true;
+        transition(app, &[AppEvent::Reserve]).expect("Accepted takes Reserve");
+        cycle.out.apps.push(AppChange::App(app.clone()));
+        self.charge(&queue, &user, &total, true);
+        if !counted {
+            self.count_app(&queue, &user, true);
+        }
+        self.stats.reservations += 1;
+        cycle.report.reserved += 1;
+        Ok(())
+    }
+
+    /// Runs the timers that are due: reserve timeouts, placeholder timeouts, completing grace.
+    /// Returns how many applications timed out.
+    pub(super) fn expire(&mut self, now: Millis, world: &mut World<'_>, out: &mut Outcome) -> usize {
+        let grace = self.config.completing_grace_ms;
+        let due: Vec<AppId> = self
+            .apps
+            .values()
+            .filter(|app| app_deadline(app, grace).is_some_and(|d| d <= now))
+            .map(|app| app.spec.id.clone())
+            .collect();
+        let mut timed_out = 0;
+        for id in due {
+            let app = &self.apps[&id];
+            let style = app.spec.policy.gang;
+            if app.reserve_deadline().is_some_and(|d| d <= now) {
+                timed_out += 1;
+                self.stats.reserve_timeouts += 1;
+                match style {
+                    GangStyle::Soft => {
+                        let app = self.apps.get_mut(&id).expect("due");
+                        app.gang_given_up = true;
+                        app.reason = Some("its gang was not reserved in time; it runs without one".to_owned());
+                        out.apps.push(AppChange::App(app.clone()));
+                    }
+                    GangStyle::Hard => self.fail_timed_out(&id, now, world, out),
+                }
+            } else if app.placeholder_deadline().is_some_and(|d| d <= now) {
+                timed_out += 1;
+                self.stats.placeholder_timeouts += 1;
+                match style {
+                    GangStyle::Soft => {
+                        self.release_slots(&id, true, now, world, out);
+                        let app = self.apps.get_mut(&id).expect("due");
+                        transition(app, &[AppEvent::Resume, AppEvent::Run]).expect("Reserving takes Resume");
+                        out.apps.push(AppChange::App(app.clone()));
+                    }
+                    GangStyle::Hard => self.fail_timed_out(&id, now, world, out),
+                }
+            } else if app.state == AppState::Completing {
+                self.finish_completing(&id, out);
+            }
+        }
+        timed_out
+    }
+
+    fn fail_timed_out(&mut self, id: &AppId, now: Millis, world: &mut World<'_>, out: &mut Outcome) {
+        self.apps.get_mut(id).expect("due").reason = Some(RESERVATION_TIMEOUT.to_owned());
+        self.end_app(id, Some(AppEvent::Fail), now, world, out);
+    }
+
+    /// The earliest time a timer is due, if any.
+    pub fn next_deadline(&self) -> Option<Millis> {
+        self.apps.values().filter_map(|app| app_deadline(app, self.config.completing_grace_ms)).min()
+    }
+}
+
+fn app_deadline(app: &super::App, grace: u64) -> Option<Millis> {
+    let completing =
+        (app.state == AppState::Completing).then(|| app.completing_since.unwrap_or(0).saturating_add(grace));
+    [app.reserve_deadline(), app.placeholder_deadline(), completing].into_iter().flatten().min()
+}
+
+/// Takes an alloc of `wanted` on `spot` and a grant of every need under `token`, or nothing.
+fn commit(
+    spot: usize,
+    wanted: &Resources,
+    owner: String,
+    token: &str,
+    needs: &[TokenNeed],
+    world: &mut World<'_>,
+    cycle: &mut Cycle<'_>,
+) -> Result<Placement, Why> {
+    let pool = cycle.room.spots[spot].name.clone();
+    let request = AllocRequest { min: wanted.clone(), max: None, owner, labels: Labels::new() };
+    let mut attempts = 0;
+    let (alloc, changes) = loop {
+        let id = AllocId((cycle.ids)());
+        match world.pools.accept_held(&pool, request.clone(), id, cycle.now) {
+            Ok(made) => break made,
+            Err(PoolError::AllocIdTaken { .. }) if attempts < 8 => attempts += 1,
+            Err(_) => return Err(Why::NoRoom { wanted: wanted.clone(), closest: None }),
+        }
+    };
+    cycle.out.pools.extend(changes);
+    cycle.room.take(spot, &alloc.resources);
+    let mut placement =
+        Placement { pool, alloc: alloc.id, resources: alloc.resources, grants: Vec::new(), at: cycle.now };
+    let token = Token::new(token).expect("ids make valid tokens");
+    for need in needs {
+        let request = AllocateRequest {
+            namespace: need.namespace.clone(),
+            token: token.clone(),
+            units: need.units,
+            scope: None,
+            constraints: Constraints::default(),
+            lease: LeaseRequest::None,
+        };
+        match world.ledger.allocate(request, cycle.now, false) {
+            Ok((Decision::Granted { grant, .. }, effects)) => {
+                cycle.out.ledger(effects);
+                placement.grants.push(HeldTokens {
+                    namespace: grant.namespace,
+                    token: grant.token,
+                    units: grant.units,
+                });
+            }
+            _ => {
+                // Not expected (room_for said yes): undo what was taken.
+                cycle.room.give_back(spot, &placement.resources);
+                release(&placement, cycle.now, world, &mut cycle.out);
+                let shortage = world.ledger.room_for(&need.namespace, need.units).err();
+                return Err(shortage.map_or(Why::NoRoom { wanted: wanted.clone(), closest: None }, Why::Tokens));
+            }
+        }
+    }
+    Ok(placement)
+}

@@ -1,0 +1,940 @@
+//! The scheduler of applications (YuniKorn's part): applications of tasks in hierarchical
+//! queues, placed as allocs on the pools and grants of the token quotas, gangs reserved all or
+//! nothing by placeholders.
+//!
+//! [`Scheduler`] holds every queue, application and task, with the one state of each (the
+//! machines of [`crate::app`]). Every operation takes `now` and the pools and ledger it places
+//! on, and returns an [`Outcome`]: the changes of all three for the store to make durable in one
+//! commit. Nothing here does I/O or reads a clock; alloc ids come from the caller.
+//!
+//! Invariants (checked by [`Scheduler::check_invariants`] in tests):
+//! - a task holds a placement (an alloc and its grants) iff it is Allocated or Running; a slot
+//!   (a gang's placeholder) holds one until a task takes it over or it is released;
+//! - nothing is held in part: a placement's alloc and all its grants are taken in one step, and
+//!   a gang's slots all together, after checking that everything can be had;
+//! - the usage of every queue equals the sum of what the placements of its applications hold.
+
+mod cycle;
+pub mod spec;
+pub mod why;
+
+use std::cmp::Reverse;
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+
+pub use cycle::CycleReport;
+pub use spec::{AppId, AppSpec, GangStyle, GroupName, SchedulingPolicy, TaskGroup, TaskId, TaskSpec, TokenNeed};
+pub use why::Why;
+
+use crate::app::{AppEvent, AppState, IllegalTransition, TaskEvent, TaskState};
+use crate::ledger::{Effects, Ledger, Millis};
+use crate::names::{NamespaceName, Token};
+use crate::pool::{AllocId, PoolChange, PoolName, Pools};
+use crate::queue::{limit_at, QueueError, QueueLimits, QueuePath, QueueUsage, Queues};
+use crate::resources::{Resources, SizeWeights};
+
+/// The reason a Hard gang fails with when its placeholders or its reservation time out.
+pub const RESERVATION_TIMEOUT: &str = "ResourceReservationTimeout";
+/// YuniKorn's completing timeout: an application whose tasks have all ended waits this long for
+/// new ones before it is Completed.
+pub const DEFAULT_COMPLETING_GRACE_MS: u64 = 30_000;
+
+/// Why the scheduler refuses a request.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum SchedError {
+    #[error("{0}")]
+    Invalid(String),
+    #[error(transparent)]
+    Queue(#[from] QueueError),
+    #[error("application `{0}` does not exist")]
+    AppNotFound(AppId),
+    #[error("task `{task}` of application `{app}` does not exist")]
+    TaskNotFound { app: AppId, task: TaskId },
+    #[error("application `{id}` already exists with a different {field}; remove it first or use another id")]
+    AppConflict { id: AppId, field: &'static str },
+    #[error("task `{task}` of application `{app}` already exists with a different {field}; remove it first or use another id")]
+    TaskConflict { app: AppId, task: TaskId, field: &'static str },
+    #[error("application `{id}` has ended ({state}); it takes no more tasks")]
+    AppEnded { id: AppId, state: AppState },
+    #[error("task `{task}` names task group `{group}`, which application `{app}` does not have")]
+    UnknownGroup { app: AppId, task: TaskId, group: GroupName },
+    #[error("task `{task}` is larger than a member of task group `{group}`: {what}")]
+    LargerThanGroup { task: TaskId, group: GroupName, what: String },
+    #[error("task group `{group}` can never be placed: no pool {pools} can hold a member ({wanted})")]
+    GroupNeverFits { group: GroupName, wanted: Resources, pools: String },
+    #[error("the gang can never be placed: {0}")]
+    GangExceedsQueue(String),
+    #[error("token namespace `{0}` does not exist")]
+    NamespaceNotFound(NamespaceName),
+    #[error("queue `{queue}` still has {apps} applications that have not ended; remove them first")]
+    QueueInUse { queue: QueuePath, apps: usize },
+    #[error(transparent)]
+    Illegal(#[from] IllegalTransition),
+}
+
+/// Tokens a placement holds in one namespace.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct HeldTokens {
+    pub namespace: NamespaceName,
+    pub token: Token,
+    pub units: u64,
+}
+
+/// Where a task or placeholder is placed: one alloc and its grants, taken together.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Placement {
+    pub pool: PoolName,
+    pub alloc: AllocId,
+    pub resources: Resources,
+    pub grants: Vec<HeldTokens>,
+    pub at: Millis,
+}
+
+/// One placeholder of a reserved gang: a member's placement, until a task of its group takes it
+/// over (in place: same alloc, same grants).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Slot {
+    pub group: GroupName,
+    pub member: u32,
+    pub placement: Placement,
+    pub task: Option<TaskId>,
+}
+
+/// An application and its one state.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct App {
+    pub spec: AppSpec,
+    pub state: AppState,
+    /// Submission order, for FIFO.
+    pub seq: u64,
+    pub submitted: Millis,
+    /// When its gang was reserved: the placeholder timeout runs from here.
+    pub reserved_at: Option<Millis>,
+    /// The placeholders not yet released (taken over or not).
+    pub slots: Vec<Slot>,
+    /// A Soft gang that timed out before reserving runs as an ordinary application.
+    pub gang_given_up: bool,
+    /// Counted in its queues' running applications (from its first placement until it ends).
+    pub counted: bool,
+    /// Since when every task has ended (Completing).
+    pub completing_since: Option<Millis>,
+    /// Why it failed or completed, when not by its tasks.
+    pub reason: Option<String>,
+}
+
+impl App {
+    /// True while it waits to reserve its gang: nothing of it is placed before.
+    pub fn awaits_gang(&self) -> bool {
+        self.state == AppState::Accepted && !self.spec.groups.is_empty() && !self.gang_given_up
+    }
+
+    /// Placeholders no task has taken over.
+    pub fn free_slots(&self) -> usize {
+        self.slots.iter().filter(|s| s.task.is_none()).count()
+    }
+
+    fn reserve_deadline(&self) -> Option<Millis> {
+        let timeout = self.spec.policy.reserve_timeout_ms?;
+        self.awaits_gang().then(|| spec::after(self.submitted, timeout))
+    }
+
+    fn placeholder_deadline(&self) -> Option<Millis> {
+        let reserved = self.reserved_at?;
+        (self.state == AppState::Reserving).then(|| spec::after(reserved, self.spec.policy.placeholder_timeout_ms))
+    }
+}
+
+/// A task and its one state.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Task {
+    pub app: AppId,
+    pub spec: TaskSpec,
+    pub state: TaskState,
+    /// Order of adding, after priority.
+    pub seq: u64,
+    pub added: Millis,
+    /// Where it is placed (kept after it ends, to say where it ran).
+    pub placement: Option<Placement>,
+    /// The member slot of its group it took over, if it did.
+    pub slot: Option<u32>,
+    pub reason: Option<String>,
+}
+
+/// A record the store must make durable, in order, with the pool and ledger changes of the same
+/// operation.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum AppChange {
+    Queue {
+        path: QueuePath,
+        limits: QueueLimits,
+    },
+    QueueRemoved {
+        path: QueuePath,
+    },
+    App(App),
+    /// The application and all its tasks are gone.
+    AppRemoved {
+        id: AppId,
+    },
+    Task(Task),
+    TaskRemoved {
+        app: AppId,
+        task: TaskId,
+    },
+}
+
+/// Everything an operation changed, for one commit.
+#[derive(Debug, Default)]
+pub struct Outcome {
+    pub apps: Vec<AppChange>,
+    pub pools: Vec<PoolChange>,
+    pub ledger: Effects,
+}
+
+impl Outcome {
+    fn ledger(&mut self, effects: Effects) {
+        self.ledger.changes.extend(effects.changes);
+        self.ledger.woken.extend(effects.woken);
+        self.ledger.cancelled.extend(effects.cancelled);
+        self.ledger.expired += effects.expired;
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.apps.is_empty() && self.pools.is_empty() && self.ledger.is_empty()
+    }
+}
+
+/// What the pools and the ledger are, for an operation that places or releases.
+pub struct World<'a> {
+    pub pools: &'a mut Pools,
+    pub ledger: &'a mut Ledger,
+}
+
+/// Counters since the daemon started, for metrics.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct SchedStats {
+    pub cycles: u64,
+    pub placements: u64,
+    pub reservations: u64,
+    pub takeovers: u64,
+    pub placeholder_timeouts: u64,
+    pub reserve_timeouts: u64,
+}
+
+/// Settings of the scheduler.
+#[derive(Debug, Clone)]
+pub struct SchedConfig {
+    pub completing_grace_ms: u64,
+    /// Best fit orders pools by the weighted size of what is free.
+    pub weights: SizeWeights,
+}
+
+impl Default for SchedConfig {
+    fn default() -> SchedConfig {
+        SchedConfig { completing_grace_ms: DEFAULT_COMPLETING_GRACE_MS, weights: SizeWeights::default() }
+    }
+}
+
+/// A pending task's place in its application: higher priority first, then order of adding.
+type PendingKey = (Reverse<i32>, u64, TaskId);
+
+/// A queue with its limits, what it uses and what waits in it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct QueueView {
+    pub path: QueuePath,
+    pub limits: QueueLimits,
+    pub usage: QueueUsage,
+    pub leaf: bool,
+    /// Live applications in it (or under it) that have not ended.
+    pub apps: u64,
+    pub pending_tasks: u64,
+}
+
+/// Every queue, application and task, and the decisions over them.
+#[derive(Debug, Default)]
+pub struct Scheduler {
+    config: SchedConfig,
+    queues: Queues,
+    apps: BTreeMap<AppId, App>,
+    tasks: HashMap<AppId, BTreeMap<TaskId, Task>>,
+    /// The Pending tasks of each application, in the order they are placed.
+    pending: HashMap<AppId, BTreeSet<PendingKey>>,
+    usage: HashMap<QueuePath, QueueUsage>,
+    next_seq: u64,
+    why_app: HashMap<AppId, Why>,
+    why_task: HashMap<(AppId, TaskId), Why>,
+    stats: SchedStats,
+}
+
+fn pending_key(task: &Task) -> PendingKey {
+    (Reverse(task.spec.priority), task.seq, task.spec.id.clone())
+}
+
+fn transition(app: &mut App, events: &[AppEvent]) -> Result<(), IllegalTransition> {
+    for event in events {
+        app.state = app.state.on(*event)?;
+    }
+    Ok(())
+}
+
+impl Scheduler {
+    pub fn new(config: SchedConfig) -> Scheduler {
+        Scheduler { config, ..Scheduler::default() }
+    }
+
+    /// Rebuilds the scheduler from durable records: usage from the placements, the pending sets
+    /// from the tasks' states. Timers go on from the deadlines in the records (the store's clock
+    /// continues across restarts).
+    pub fn restore(
+        config: SchedConfig,
+        queues: Vec<(QueuePath, QueueLimits)>,
+        apps: Vec<App>,
+        tasks: Vec<Task>,
+    ) -> Scheduler {
+        let mut restored = Scheduler::new(config);
+        for (path, limits) in queues {
+            restored.queues.put(path, limits);
+        }
+        for app in apps {
+            restored.next_seq = restored.next_seq.max(app.seq + 1);
+            if app.counted {
+                restored.count_app(&app.spec.queue, &app.spec.user, true);
+            }
+            for slot in app.slots.iter().filter(|s| s.task.is_none()) {
+                restored.charge(&app.spec.queue, &app.spec.user, &slot.placement.resources, true);
+            }
+            restored.apps.insert(app.spec.id.clone(), app);
+        }
+        for task in tasks {
+            restored.next_seq = restored.next_seq.max(task.seq + 1);
+            let Some(app) = restored.apps.get(&task.app) else { continue };
+            let (queue, user) = (app.spec.queue.clone(), app.spec.user.clone());
+            if matches!(task.state, TaskState::Allocated | TaskState::Running) {
+                if let Some(placement) = &task.placement {
+                    restored.charge(&queue, &user, &placement.resources, true);
+                }
+            }
+            if task.state == TaskState::Pending {
+                restored.pending.entry(task.app.clone()).or_default().insert(pending_key(&task));
+            }
+            restored.tasks.entry(task.app.clone()).or_default().insert(task.spec.id.clone(), task);
+        }
+        restored
+    }
+
+    pub fn config(&self) -> &SchedConfig {
+        &self.config
+    }
+
+    pub fn set_config(&mut self, config: SchedConfig) {
+        self.config = config;
+    }
+
+    /// True if some application or task waits to be placed (a cycle may place it once room or
+    /// tokens are freed).
+    pub fn has_waiting(&self) -> bool {
+        self.pending.values().any(|p| !p.is_empty()) || self.apps.values().any(|a| a.awaits_gang())
+    }
+
+    pub fn stats(&self) -> SchedStats {
+        self.stats
+    }
+
+    // ---- queues ----
+
+    /// Creates or changes a queue (its parents are made with no limits). A changed limit counts
+    /// from the next placement; lowering one ends nothing.
+    pub fn put_queue(&mut self, path: QueuePath, limits: QueueLimits) -> (bool, Outcome) {
+        let mut out = Outcome::default();
+        for ancestor in path.up_to_root().skip(1) {
+            if self.queues.get(&ancestor).is_none() {
+                out.apps.push(AppChange::Queue { path: ancestor, limits: QueueLimits::default() });
+            }
+        }
+        let created = self.queues.put(path.clone(), limits.clone());
+        out.apps.push(AppChange::Queue { path, limits });
+        (created, out)
+    }
+
+    /// Removes a leaf queue in which no application lives.
+    pub fn remove_queue(&mut self, path: &QueuePath) -> Result<Outcome, SchedError> {
+        let apps = self.apps.values().filter(|a| &a.spec.queue == path && !a.state.is_terminal()).count();
+        if apps > 0 {
+            return Err(SchedError::QueueInUse { queue: path.clone(), apps });
+        }
+        self.queues.remove(path)?;
+        Ok(Outcome { apps: vec![AppChange::QueueRemoved { path: path.clone() }], ..Outcome::default() })
+    }
+
+    pub fn queue(&self, path: &QueuePath) -> Result<QueueView, SchedError> {
+        let limits = self.queues.get(path).ok_or_else(|| QueueError::NotFound(path.clone()))?;
+        Ok(self.queue_view(path, limits))
+    }
+
+    /// Every queue, in path order.
+    pub fn queues(&self) -> Vec<QueueView> {
+        self.queues.iter().map(|(path, limits)| self.queue_view(path, limits)).collect()
+    }
+
+    fn queue_view(&self, path: &QueuePath, limits: &QueueLimits) -> QueueView {
+        let under = |app: &App| app.spec.queue == *path || app.spec.queue.up_to_root().any(|q| q == *path);
+        let live: Vec<&App> = self.apps.values().filter(|a| !a.state.is_terminal() && under(a)).collect();
+        let pending_tasks = live.iter().map(|a| self.pending.get(&a.spec.id).map_or(0, |p| p.len() as u64)).sum();
+        QueueView {
+            path: path.clone(),
+            limits: limits.clone(),
+            usage: self.usage.get(path).cloned().unwrap_or_default(),
+            leaf: self.queues.children(path).next().is_none(),
+            apps: live.len() as u64,
+            pending_tasks,
+        }
+    }
+
+    // ---- applications ----
+
+    /// Adds an application [YuniKorn `AddApplication`]. The same content again answers the
+    /// application (`false`); other content under the same id is a conflict. A gang that can
+    /// never be placed (a group larger than every matching pool, or larger than its queue's
+    /// maximum) is refused here, not left waiting.
+    pub fn add_app(
+        &mut self,
+        spec: AppSpec,
+        now: Millis,
+        world: &World<'_>,
+    ) -> Result<(App, bool, Outcome), SchedError> {
+        let spec = spec.check()?;
+        if let Some(existing) = self.apps.get(&spec.id) {
+            let field = [
+                ("queue", existing.spec.queue != spec.queue),
+                ("user", existing.spec.user != spec.user),
+                ("tags", existing.spec.tags != spec.tags),
+                ("task groups", existing.spec.groups != spec.groups),
+                ("scheduling policy", existing.spec.policy != spec.policy),
+            ]
+            .into_iter()
+            .find(|(_, differs)| *differs);
+            return match field {
+                Some((field, _)) => Err(SchedError::AppConflict { id: spec.id, field }),
+                None => Ok((existing.clone(), false, Outcome::default())),
+            };
+        }
+        self.queues.leaf(&spec.queue)?;
+        self.check_gang(&spec, world)?;
+        let mut app = App {
+            spec,
+            state: AppState::New,
+            seq: self.next_seq,
+            submitted: now,
+            reserved_at: None,
+            slots: Vec::new(),
+            gang_given_up: false,
+            counted: false,
+            completing_since: None,
+            reason: None,
+        };
+        self.next_seq += 1;
+        transition(&mut app, &[AppEvent::Accept])?;
+        self.apps.insert(app.spec.id.clone(), app.clone());
+        let out = Outcome { apps: vec![AppChange::App(app.clone())], ..Outcome::default() };
+        Ok((app, true, out))
+    }
+
+    fn check_gang(&self, spec: &AppSpec, world: &World<'_>) -> Result<(), SchedError> {
+        let mut total = Resources::new();
+        for group in &spec.groups {
+            if !world.pools.could_ever_fit(&group.min_resources, &group.selector) {
+                let pools = if group.selector.is_empty() {
+                    "that takes allocs".to_owned()
+                } else {
+                    let labels: Vec<String> = group.selector.iter().map(|(k, v)| format!("{k}={v}")).collect();
+                    format!("with the labels {}", labels.join(","))
+                };
+                return Err(SchedError::GroupNeverFits {
+                    group: group.name.clone(),
+                    wanted: group.min_resources.clone(),
+                    pools,
+                });
+            }
+            for need in &group.tokens {
+                if world.ledger.room_for(&need.namespace, 0).is_err_and(|s| !s.exists) {
+                    return Err(SchedError::NamespaceNotFound(need.namespace.clone()));
+                }
+            }
+            for _ in 0..group.min_members {
+                total = total.checked_add(&group.min_resources).unwrap_or(total);
+            }
+        }
+        if spec.groups.is_empty() {
+            return Ok(());
+        }
+        let nothing = QueueUsage::default();
+        for queue in spec.queue.up_to_root() {
+            let Some(limits) = self.queues.get(&queue) else { continue };
+            if let Some(limit) = limit_at(limits, &nothing, &spec.user, &total, false) {
+                let hit = crate::queue::LimitHit { queue, limit };
+                return Err(SchedError::GangExceedsQueue(format!("its placeholders hold {total}, and {hit}")));
+            }
+        }
+        Ok(())
+    }
+
+    pub fn app(&self, id: &AppId) -> Result<&App, SchedError> {
+        self.apps.get(id).ok_or_else(|| SchedError::AppNotFound(id.clone()))
+    }
+
+    /// At most `limit` applications whose ids come after `after`, in id order.
+    pub fn apps_after(&self, after: Option<&AppId>, limit: usize) -> Vec<&App> {
+        let from = after.map_or(std::ops::Bound::Unbounded, std::ops::Bound::Excluded);
+        self.apps.range((from, std::ops::Bound::Unbounded)).take(limit).map(|(_, app)| app).collect()
+    }
+
+    /// How many of the application's tasks are in each state.
+    pub fn task_counts(&self, id: &AppId) -> BTreeMap<TaskState, u64> {
+        let mut counts = BTreeMap::new();
+        for task in self.tasks.get(id).into_iter().flat_map(|t| t.values()) {
+            *counts.entry(task.state).or_default() += 1;
+        }
+        counts
+    }
+
+    /// Why a live application waits, from the last cycle that looked at it.
+    pub fn app_why(&self, id: &AppId) -> Option<Why> {
+        let app = self.apps.get(id)?;
+        if app.state == AppState::Reserving && app.free_slots() > 0 {
+            return Some(Why::GangMissing { missing: app.free_slots() as u32 });
+        }
+        self.why_app.get(id).cloned()
+    }
+
+    /// Removes an application [YuniKorn `RemoveApplication`]: every task ends (Killed), every
+    /// alloc and grant it holds is released, and its records are gone.
+    pub fn remove_app(&mut self, id: &AppId, now: Millis, world: &mut World<'_>) -> Result<(App, Outcome), SchedError> {
+        self.app(id)?;
+        let mut out = Outcome::default();
+        self.end_app(id, None, now, world, &mut out);
+        let app = self.apps.remove(id).expect("checked above");
+        self.tasks.remove(id);
+        self.pending.remove(id);
+        self.why_app.remove(id);
+        self.why_task.retain(|(app_id, _), _| app_id != id);
+        out.apps.push(AppChange::AppRemoved { id: id.clone() });
+        Ok((app, out))
+    }
+
+    /// Reports the application complete [YuniKorn `NotifyApplicationComplete`]: tasks that have
+    /// not ended are Killed, everything is released, and it is Completed.
+    pub fn complete_app(
+        &mut self,
+        id: &AppId,
+        now: Millis,
+        world: &mut World<'_>,
+    ) -> Result<(App, Outcome), SchedError> {
+        let app = self.app(id)?;
+        if app.state.is_terminal() {
+            return Err(SchedError::AppEnded { id: id.clone(), state: app.state });
+        }
+        let mut out = Outcome::default();
+        self.end_app(id, Some(AppEvent::Complete), now, world, &mut out);
+        Ok((self.apps[id].clone(), out))
+    }
+
+    /// Reports the application failed [YuniKorn `NotifyApplicationFail`]: tasks not placed are
+    /// Failed, placed ones Killed, everything is released, and it is Failed with `reason`.
+    pub fn fail_app(
+        &mut self,
+        id: &AppId,
+        reason: &str,
+        now: Millis,
+        world: &mut World<'_>,
+    ) -> Result<(App, Outcome), SchedError> {
+        let app = self.app(id)?;
+        if app.state.is_terminal() {
+            return Err(SchedError::AppEnded { id: id.clone(), state: app.state });
+        }
+        let mut out = Outcome::default();
+        self.apps.get_mut(id).expect("checked").reason = Some(reason.to_owned());
+        self.end_app(id, Some(AppEvent::Fail), now, world, &mut out);
+        Ok((self.apps[id].clone(), out))
+    }
+
+    /// Ends every live task and releases every slot; then takes `event` (Complete or Fail) and
+    /// releases, or (for a removal, `None`) just stops counting the application.
+    fn end_app(&mut self, id: &AppId, event: Option<AppEvent>, now: Millis, world: &mut World<'_>, out: &mut Outcome) {
+        let failing = event == Some(AppEvent::Fail);
+        let task_ids: Vec<TaskId> = self
+            .tasks
+            .get(id)
+            .into_iter()
+            .flat_map(|t| t.values())
+            .filter(|t| !t.state.is_terminal())
+            .map(|t| t.spec.id.clone())
+            .collect();
+        let reason = self.apps[id].reason.clone();
+        for task in task_ids {
+            let state = self.tasks[id][&task].state;
+            let placed = matches!(state, TaskState::Allocated | TaskState::Running);
+            let task_event = if failing && !placed { TaskEvent::Fail } else { TaskEvent::Kill };
+            let _ = self.end_task(id, &task, task_event, reason.clone(), now, world, out, false);
+        }
+        self.release_slots(id, false, now, world, out);
+        let app = self.apps.get_mut(id).expect("caller checked");
+        if let Some(event) = event {
+            let mut events = Vec::new();
+            if app.state != AppState::Completing || event == AppEvent::Fail {
+                events.push(event);
+            }
+            events.push(AppEvent::Release);
+            // Every live state takes Complete or Fail, and then Release.
+            transition(app, &events).expect("a live application can end");
+        }
+        let (queue, user, counted) = (app.spec.queue.clone(), app.spec.user.clone(), app.counted);
+        app.counted = false;
+        let app = app.clone();
+        if counted {
+            self.count_app(&queue, &user, false);
+        }
+        self.why_app.remove(id);
+        out.apps.push(AppChange::App(app));
+    }
+
+    /// Releases the application's slots (all, or only those no task took over when `unused`).
+    fn release_slots(&mut self, id: &AppId, unused_only: bool, now: Millis, world: &mut World<'_>, out: &mut Outcome) {
+        let app = self.apps.get_mut(id).expect("caller checked");
+        let (queue, user) = (app.spec.queue.clone(), app.spec.user.clone());
+        let mut released = Vec::new();
+        app.slots.retain(|slot| {
+            let keep = unused_only && slot.task.is_some();
+            if !keep && slot.task.is_none() {
+                released.push(slot.placement.clone());
+            }
+            keep
+        });
+        for placement in released {
+            self.charge(&queue, &user, &placement.resources, false);
+            release(&placement, now, world, out);
+        }
+    }
+
+    // ---- tasks ----
+
+    /// Adds a task [YuniKorn `AddTask`]: checked against its group (a member may not ask for
+    /// more than its placeholder holds), then Pending. The same content again answers the task.
+    pub fn add_task(
+        &mut self,
+        app_id: &AppId,
+        spec: TaskSpec,
+        now: Millis,
+        ledger: &Ledger,
+    ) -> Result<(Task, bool, Outcome), SchedError> {
+        let app = self.app(app_id)?;
+        if let Some(existing) = self.tasks.get(app_id).and_then(|t| t.get(&spec.id)) {
+            let field = [
+                ("resources", existing.spec.resources != spec.resources),
+                ("tokens", existing.spec.tokens != spec::merge_needs(&spec.tokens).unwrap_or_default()),
+                ("group", existing.spec.group != spec.group),
+                ("priority", existing.spec.priority != spec.priority),
+                ("selector", existing.spec.selector != spec.selector),
+                ("spec", existing.spec.spec != spec.spec),
+            ]
+            .into_iter()
+            .find(|(_, differs)| *differs);
+            return match field {
+                Some((field, _)) => Err(SchedError::TaskConflict { app: app_id.clone(), task: spec.id, field }),
+                None => Ok((existing.clone(), false, Outcome::default())),
+            };
+        }
+        if app.state.is_terminal() {
+            return Err(SchedError::AppEnded { id: app_id.clone(), state: app.state });
+        }
+        let spec = spec.check(&app.spec)?;
+        for need in &spec.tokens {
+            if ledger.room_for(&need.namespace, 0).is_err_and(|s| !s.exists) {
+                return Err(SchedError::NamespaceNotFound(need.namespace.clone()));
+            }
+        }
+        let mut task = Task {
+            app: app_id.clone(),
+            spec,
+            state: TaskState::New,
+            seq: self.next_seq,
+            added: now,
+            placement: None,
+            slot: None,
+            reason: None,
+        };
+        self.next_seq += 1;
+        task.state = task.state.on(TaskEvent::Admit)?;
+        let mut out = Outcome::default();
+        let app = self.apps.get_mut(app_id).expect("checked above");
+        if app.state == AppState::Completing {
+            transition(app, &[AppEvent::Run])?;
+            app.completing_since = None;
+            out.apps.push(AppChange::App(app.clone()));
+        }
+        self.pending.entry(app_id.clone()).or_default().insert(pending_key(&task));
+        self.tasks.entry(app_id.clone()).or_default().insert(task.spec.id.clone(), task.clone());
+        out.apps.push(AppChange::Task(task.clone()));
+        Ok((task, true, out))
+    }
+
+    pub fn task(&self, app: &AppId, task: &TaskId) -> Result<&Task, SchedError> {
+        self.tasks
+            .get(app)
+            .and_then(|t| t.get(task))
+            .ok_or_else(|| SchedError::TaskNotFound { app: app.clone(), task: task.clone() })
+    }
+
+    /// At most `limit` tasks of an application whose ids come after `after`, in id order.
+    pub fn tasks_after(&self, app: &AppId, after: Option<&TaskId>, limit: usize) -> Result<Vec<&Task>, SchedError> {
+        self.app(app)?;
+        let from = after.map_or(std::ops::Bound::Unbounded, std::ops::Bound::Excluded);
+        Ok(self
+            .tasks
+            .get(app)
+            .map(|t| t.range((from, std::ops::Bound::Unbounded)).take(limit).map(|(_, t)| t).collect())
+            .unwrap_or_default())
+    }
+
+    /// Why a Pending task waits: what the last cycle found, or what its application waits for.
+    pub fn task_why(&self, app_id: &AppId, task_id: &TaskId) -> Option<Why> {
+        let task = self.tasks.get(app_id)?.get(task_id)?;
+        if task.state != TaskState::Pending {
+            return None;
+        }
+        if let Some(why) = self.why_task.get(&(app_id.clone(), task_id.clone())) {
+            return Some(why.clone());
+        }
+        let app = self.apps.get(app_id)?;
+        if app.awaits_gang() {
+            return Some(match self.why_app.get(app_id) {
+                Some(why @ Why::GangNotReserved { .. }) => why.clone(),
+                Some(why @ Why::QueueLimit(_)) => why.clone(),
+                _ => Why::AfterGang,
+            });
+        }
+        if app.state == AppState::Reserving {
+            return Some(Why::AfterGang);
+        }
+        self.why_app.get(app_id).cloned()
+    }
+
+    /// Reports a task running (it must be Allocated).
+    pub fn start_task(&mut self, app: &AppId, task: &TaskId) -> Result<(Task, Outcome), SchedError> {
+        let record = self.task_mut(app, task)?;
+        record.state = record.state.on(TaskEvent::Start)?;
+        let record = record.clone();
+        Ok((record.clone(), Outcome { apps: vec![AppChange::Task(record)], ..Outcome::default() }))
+    }
+
+    /// Reports a task completed or failed: its alloc and grants are released, and its application
+    /// completes once every task has ended.
+    pub fn finish_task(
+        &mut self,
+        app: &AppId,
+        task: &TaskId,
+        failed: Option<String>,
+        now: Millis,
+        world: &mut World<'_>,
+    ) -> Result<(Task, Outcome), SchedError> {
+        let event = if failed.is_some() { TaskEvent::Fail } else { TaskEvent::Complete };
+        let mut out = Outcome::default();
+        let record = self.end_task(app, task, event, failed, now, world, &mut out, true)?;
+        Ok((record, out))
+    }
+
+    /// Removes a task [YuniKorn `RemoveTask`]: if it has not ended it is Killed and what it holds
+    /// is released; its record is gone.
+    pub fn remove_task(
+        &mut self,
+        app: &AppId,
+        task: &TaskId,
+        now: Millis,
+        world: &mut World<'_>,
+    ) -> Result<(Task, Outcome), SchedError> {
+        let mut out = Outcome::default();
+        let state = self.task(app, task)?.state;
+        let record = if state.is_terminal() {
+            self.task(app, task)?.clone()
+        } else {
+            self.end_task(app, task, TaskEvent::Kill, None, now, world, &mut out, false)?
+        };
+        self.tasks.get_mut(app).expect("task exists").remove(task);
+        self.why_task.remove(&(app.clone(), task.clone()));
+        out.apps.retain(|c| !matches!(c, AppChange::Task(t) if t.app == *app && t.spec.id == *task));
+        out.apps.push(AppChange::TaskRemoved { app: app.clone(), task: task.clone() });
+        self.settle(app, now, world, &mut out);
+        Ok((record, out))
+    }
+
+    fn task_mut(&mut self, app: &AppId, task: &TaskId) -> Result<&mut Task, SchedError> {
+        self.tasks
+            .get_mut(app)
+            .and_then(|t| t.get_mut(task))
+            .ok_or_else(|| SchedError::TaskNotFound { app: app.clone(), task: task.clone() })
+    }
+
+    /// Takes a terminal `event`, releases what the task holds, and (if `settle`) lets its
+    /// application complete once every task has ended.
+    #[allow(clippy::too_many_arguments)]
+    fn end_task(
+        &mut self,
+        app_id: &AppId,
+        task_id: &TaskId,
+        event: TaskEvent,
+        reason: Option<String>,
+        now: Millis,
+        world: &mut World<'_>,
+        out: &mut Outcome,
+        settle: bool,
+    ) -> Result<Task, SchedError> {
+        let (queue, user) = {
+            let app = self.app(app_id)?;
+            (app.spec.queue.clone(), app.spec.user.clone())
+        };
+        let task = self.task_mut(app_id, task_id)?;
+        let before = task.state;
+        task.state = before.on(event)?;
+        task.reason = reason.or(task.reason.take());
+        let task = task.clone();
+        if before == TaskState::Pending {
+            if let Some(pending) = self.pending.get_mut(app_id) {
+                pending.remove(&pending_key(&task));
+            }
+        }
+        self.why_task.remove(&(app_id.clone(), task_id.clone()));
+        if matches!(before, TaskState::Allocated | TaskState::Running) {
+            if let Some(placement) = &task.placement {
+                self.charge(&queue, &user, &placement.resources, false);
+                release(placement, now, world, out);
+            }
+        }
+        out.apps.push(AppChange::Task(task.clone()));
+        if settle {
+            self.settle(app_id, now, world, out);
+        }
+        Ok(task)
+    }
+
+    /// An application whose tasks have all ended starts Completing: its unused placeholders are
+    /// released, and it is Completed after the grace (unless a task is added meanwhile).
+    fn settle(&mut self, app_id: &AppId, now: Millis, world: &mut World<'_>, out: &mut Outcome) {
+        let Some(app) = self.apps.get(app_id) else { return };
+        let tasks = self.tasks.get(app_id);
+        let has_tasks = tasks.is_some_and(|t| !t.is_empty());
+        let all_ended = tasks.is_none_or(|t| t.values().all(|t| t.state.is_terminal()));
+        let live =
+            matches!(app.state, AppState::Accepted | AppState::Reserving | AppState::Running | AppState::Resuming);
+        if !(has_tasks && all_ended && live) {
+            return;
+        }
+        self.release_slots(app_id, false, now, world, out);
+        let app = self.apps.get_mut(app_id).expect("checked above");
+        transition(app, &[AppEvent::Complete]).expect("a live application can complete");
+        app.completing_since = Some(now);
+        out.apps.push(AppChange::App(app.clone()));
+        if self.config.completing_grace_ms == 0 {
+            self.finish_completing(app_id, out);
+        }
+    }
+
+    fn finish_completing(&mut self, app_id: &AppId, out: &mut Outcome) {
+        let app = self.apps.get_mut(app_id).expect("caller checked");
+        transition(app, &[AppEvent::Release]).expect("Completing takes Release");
+        let (queue, user, counted) = (app.spec.queue.clone(), app.spec.user.clone(), app.counted);
+        app.counted = false;
+        out.apps.push(AppChange::App(app.clone()));
+        if counted {
+            self.count_app(&queue, &user, false);
+        }
+    }
+
+    // ---- usage ----
+
+    fn charge(&mut self, queue: &QueuePath, user: &str, resources: &Resources, add: bool) {
+        for path in queue.up_to_root() {
+            let usage = self.usage.entry(path).or_default();
+            apply(&mut usage.allocated, resources, add);
+            let entry = usage.users.entry(user.to_owned()).or_default();
+            apply(&mut entry.1, resources, add);
+        }
+    }
+
+    fn count_app(&mut self, queue: &QueuePath, user: &str, add: bool) {
+        for path in queue.up_to_root() {
+            let usage = self.usage.entry(path).or_default();
+            let user_apps = &mut usage.users.entry(user.to_owned()).or_default().0;
+            if add {
+                usage.running_apps += 1;
+                *user_apps += 1;
+            } else {
+                usage.running_apps = usage.running_apps.saturating_sub(1);
+                *user_apps = user_apps.saturating_sub(1);
+            }
+        }
+    }
+
+    /// Checks the invariants in the module docs; for tests.
+    pub fn check_invariants(&self, pools: &Pools) -> Result<(), String> {
+        let mut expected: HashMap<QueuePath, Resources> = HashMap::new();
+        let mut add = |queue: &QueuePath, resources: &Resources| {
+            for path in queue.up_to_root() {
+                let sum = expected.entry(path).or_default();
+                *sum = sum.checked_add(resources).unwrap_or_else(|| sum.clone());
+            }
+        };
+        for app in self.apps.values() {
+            if app.state.is_terminal() && !app.slots.is_empty() {
+                return Err(format!("{}: ended ({}) with {} slots", app.spec.id, app.state, app.slots.len()));
+            }
+            for slot in app.slots.iter().filter(|s| s.task.is_none()) {
+                add(&app.spec.queue, &slot.placement.resources);
+                live_alloc(pools, &slot.placement)?;
+            }
+            for task in self.tasks.get(&app.spec.id).into_iter().flat_map(|t| t.values()) {
+                let holds = matches!(task.state, TaskState::Allocated | TaskState::Running);
+                if holds != task.placement.is_some() && holds {
+                    return Err(format!("{}/{}: {} without a placement", app.spec.id, task.spec.id, task.state));
+                }
+                if holds {
+                    let placement = task.placement.as_ref().expect("checked");
+                    add(&app.spec.queue, &placement.resources);
+                    live_alloc(pools, placement)?;
+                }
+                let pending = self.pending.get(&app.spec.id).is_some_and(|p| p.contains(&pending_key(task)));
+                if pending != (task.state == TaskState::Pending) {
+                    return Err(format!("{}/{}: {} but pending={pending}", app.spec.id, task.spec.id, task.state));
+                }
+            }
+        }
+        for (path, usage) in &self.usage {
+            let want = expected.remove(path).unwrap_or_default();
+            if !usage.allocated.fits(&want) || !want.fits(&usage.allocated) {
+                return Err(format!("queue {path}: usage {} but placements hold {want}", usage.allocated));
+            }
+        }
+        if let Some((path, want)) = expected.into_iter().find(|(_, r)| !r.is_empty()) {
+            return Err(format!("queue {path}: no usage but placements hold {want}"));
+        }
+        Ok(())
+    }
+}
+
+fn live_alloc(pools: &Pools, placement: &Placement) -> Result<(), String> {
+    match pools.inspect(&placement.pool, placement.alloc) {
+        Ok(crate::pool::AllocState::Live(_)) => Ok(()),
+        other => Err(format!("{}/{}: held but {other:?}", placement.pool, placement.alloc)),
+    }
+}
+
+fn apply(sum: &mut Resources, resources: &Resources, add: bool) {
+    *sum = if add { sum.checked_add(resources).unwrap_or_else(|| sum.clone()) } else { sum.saturating_sub(resources) };
+}
+
+/// Releases a placement's alloc and grants (whatever is still there).
+fn release(placement: &Placement, now: Millis, world: &mut World<'_>, out: &mut Outcome) {
+    out.pools.extend(world.pools.end_held(&placement.pool, placement.alloc, now));
+    for held in &placement.grants {
+        if let Ok((_, effects)) = world.ledger.release(&held.namespace, &held.token, None, now) {
+            out.ledger(effects);
+        }
+    }
+}

@@ -1,0 +1,282 @@
+//! What users submit: applications with task groups and a scheduling policy, and tasks
+//! [YuniKorn `AddApplicationRequest`, `AddTaskRequest`], and the checks they pass by themselves.
+
+use std::collections::BTreeMap;
+use std::fmt;
+use std::sync::Arc;
+
+use crate::ledger::Millis;
+use crate::names::NamespaceName;
+use crate::pool::Labels;
+use crate::queue::QueuePath;
+use crate::resources::Resources;
+use crate::MAX_UNITS;
+
+use super::SchedError;
+
+/// What an application, task or task group id matches (as in a Kubernetes label value): it is
+/// part of token names (`<app>:<task>`), so it has no `:`.
+pub const ID_PATTERN: &str = "^[A-Za-z0-9][A-Za-z0-9._-]{0,99}$";
+/// The longest id.
+pub const MAX_ID_CHARS: usize = 100;
+/// YuniKorn's default placeholder timeout: 15 minutes.
+pub const DEFAULT_PLACEHOLDER_TIMEOUT_MS: u64 = 15 * 60 * 1000;
+/// Timeouts are between 1 s and 30 days.
+pub const MIN_TIMEOUT_MS: u64 = 1000;
+pub const MAX_TIMEOUT_MS: u64 = 30 * 24 * 3600 * 1000;
+/// The most members a task group may ask for, and the most task groups.
+pub const MAX_MEMBERS: u32 = 10_000;
+pub const MAX_GROUPS: usize = 100;
+/// The largest opaque task spec, in bytes.
+pub const MAX_SPEC_BYTES: usize = 64 * 1024;
+
+fn check_id(what: &'static str, text: &str) -> Result<(), SchedError> {
+    let mut chars = text.chars();
+    let first_ok = chars.next().is_some_and(|c| c.is_ascii_alphanumeric());
+    let rest_ok = text.chars().all(|c| c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '-'));
+    if !first_ok || !rest_ok || text.len() > MAX_ID_CHARS {
+        return Err(SchedError::Invalid(format!(
+            "{what} `{text}` is not an id: 1 to {MAX_ID_CHARS} of A-Z, a-z, 0-9, `.`, `_`, `-`, starting with a \
+             letter or digit"
+        )));
+    }
+    Ok(())
+}
+
+macro_rules! id_type {
+    ($(#[$meta:meta])* $name:ident, $what:literal) => {
+        $(#[$meta])*
+        #[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
+        pub struct $name(Arc<str>);
+
+        impl $name {
+            pub fn new(text: &str) -> Result<$name, SchedError> {
+                check_id($what, text)?;
+                Ok($name(Arc::from(text)))
+            }
+
+            pub fn as_str(&self) -> &str {
+                &self.0
+            }
+        }
+
+        impl fmt::Display for $name {
+            fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str(&self.0)
+            }
+        }
+    };
+}
+
+id_type!(
+    /// An application's id, unique in the daemon.
+    AppId,
+    "application id"
+);
+id_type!(
+    /// A task's id, unique in its application.
+    TaskId,
+    "task id"
+);
+id_type!(
+    /// A task group's name, unique in its application.
+    GroupName,
+    "task group name"
+);
+
+/// Units of a token namespace's quota that a task (or each member of a task group) holds while
+/// it is placed.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
+pub struct TokenNeed {
+    pub namespace: NamespaceName,
+    pub units: u64,
+}
+
+/// Sums the needs per namespace, in namespace order: one grant per namespace per holder.
+pub fn merge_needs(needs: &[TokenNeed]) -> Result<Vec<TokenNeed>, SchedError> {
+    let mut merged: BTreeMap<&NamespaceName, u64> = BTreeMap::new();
+    for need in needs {
+        if need.units == 0 || need.units > MAX_UNITS {
+            return Err(SchedError::Invalid(format!(
+                "tokens of `{}`: units must be between 1 and {MAX_UNITS}, got {}",
+                need.namespace, need.units
+            )));
+        }
+        let sum = merged.entry(&need.namespace).or_default();
+        *sum = sum.saturating_add(need.units);
+    }
+    Ok(merged.into_iter().map(|(namespace, units)| TokenNeed { namespace: namespace.clone(), units }).collect())
+}
+
+/// A task group: `min_members` tasks that start together or not at all [YuniKorn `TaskGroup`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TaskGroup {
+    pub name: GroupName,
+    pub min_members: u32,
+    /// What each member's placeholder holds; a member task may ask for less, never more.
+    pub min_resources: Resources,
+    /// Pools a member may go to: those with every one of these labels.
+    pub selector: Labels,
+    /// The tokens each member's placeholder holds.
+    pub tokens: Vec<TokenNeed>,
+}
+
+/// What happens when a gang's placeholders time out [YuniKorn `gangSchedulingStyle`].
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum GangStyle {
+    /// Release the unused placeholders and go on as an ordinary application.
+    #[default]
+    Soft,
+    /// Fail the application (`ResourceReservationTimeout`).
+    Hard,
+}
+
+impl GangStyle {
+    pub fn name(self) -> &'static str {
+        match self {
+            GangStyle::Soft => "Soft",
+            GangStyle::Hard => "Hard",
+        }
+    }
+}
+
+/// How an application's gang is scheduled [YuniKorn `SchedulingPolicyParameters`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct SchedulingPolicy {
+    /// How long reserved placeholders wait for their real tasks, from the reservation.
+    pub placeholder_timeout_ms: u64,
+    pub gang: GangStyle,
+    /// How long the application may wait, from submission, before any placeholder is reserved.
+    pub reserve_timeout_ms: Option<u64>,
+}
+
+impl Default for SchedulingPolicy {
+    fn default() -> SchedulingPolicy {
+        SchedulingPolicy {
+            placeholder_timeout_ms: DEFAULT_PLACEHOLDER_TIMEOUT_MS,
+            gang: GangStyle::Soft,
+            reserve_timeout_ms: None,
+        }
+    }
+}
+
+/// An application as submitted.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct AppSpec {
+    pub id: AppId,
+    /// A leaf queue.
+    pub queue: QueuePath,
+    pub user: String,
+    pub tags: BTreeMap<String, String>,
+    pub groups: Vec<TaskGroup>,
+    pub policy: SchedulingPolicy,
+}
+
+impl AppSpec {
+    /// The checks an application passes by itself; token needs are merged per namespace.
+    pub fn check(mut self) -> Result<AppSpec, SchedError> {
+        crate::names::check("user", &self.user).map_err(|e| SchedError::Invalid(e.to_string()))?;
+        check_timeout("placeholder_timeout_ms", self.policy.placeholder_timeout_ms)?;
+        if let Some(timeout) = self.policy.reserve_timeout_ms {
+            check_timeout("reserve_timeout_ms", timeout)?;
+        }
+        if self.groups.len() > MAX_GROUPS {
+            return Err(SchedError::Invalid(format!("at most {MAX_GROUPS} task groups, got {}", self.groups.len())));
+        }
+        for index in 0..self.groups.len() {
+            if self.groups[..index].iter().any(|other| other.name == self.groups[index].name) {
+                return Err(SchedError::Invalid(format!("task group `{}` is named twice", self.groups[index].name)));
+            }
+            let group = &mut self.groups[index];
+            let name = &group.name;
+            if !(1..=MAX_MEMBERS).contains(&group.min_members) {
+                return Err(SchedError::Invalid(format!(
+                    "task group `{name}`: min_members must be between 1 and {MAX_MEMBERS}, got {}",
+                    group.min_members
+                )));
+            }
+            if group.min_resources.is_empty() {
+                return Err(SchedError::Invalid(format!("task group `{name}`: min_resources must name some resource")));
+            }
+            group.tokens = merge_needs(&group.tokens)?;
+        }
+        Ok(self)
+    }
+
+    pub fn group(&self, name: &GroupName) -> Option<&TaskGroup> {
+        self.groups.iter().find(|g| &g.name == name)
+    }
+}
+
+fn check_timeout(what: &str, ms: u64) -> Result<(), SchedError> {
+    if !(MIN_TIMEOUT_MS..=MAX_TIMEOUT_MS).contains(&ms) {
+        return Err(SchedError::Invalid(format!(
+            "{what} must be between {MIN_TIMEOUT_MS} and {MAX_TIMEOUT_MS} ms, got {ms}"
+        )));
+    }
+    Ok(())
+}
+
+/// A task as submitted.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TaskSpec {
+    pub id: TaskId,
+    pub resources: Resources,
+    pub tokens: Vec<TokenNeed>,
+    pub group: Option<GroupName>,
+    /// Higher first, in a queue whose sort policy is `priority`, and inside its application.
+    pub priority: i32,
+    pub selector: Labels,
+    /// Opaque to allot: whatever the one who runs the task needs (JSON text at the API).
+    pub spec: String,
+}
+
+impl TaskSpec {
+    /// The checks a task passes against its application; token needs are merged per namespace.
+    pub fn check(mut self, app: &AppSpec) -> Result<TaskSpec, SchedError> {
+        if self.resources.is_empty() {
+            return Err(SchedError::Invalid(format!("task `{}`: resources must name some resource", self.id)));
+        }
+        if self.spec.len() > MAX_SPEC_BYTES {
+            return Err(SchedError::Invalid(format!(
+                "task `{}`: the spec is {} bytes; the limit is {MAX_SPEC_BYTES}",
+                self.id,
+                self.spec.len()
+            )));
+        }
+        self.tokens = merge_needs(&self.tokens)?;
+        let Some(name) = &self.group else { return Ok(self) };
+        let group = app.group(name).ok_or_else(|| SchedError::UnknownGroup {
+            app: app.id.clone(),
+            task: self.id.clone(),
+            group: name.clone(),
+        })?;
+        // A member takes a placeholder over in place: it must fit in what the placeholder holds.
+        if !group.min_resources.fits(&self.resources) {
+            return Err(SchedError::LargerThanGroup {
+                task: self.id.clone(),
+                group: name.clone(),
+                what: format!("resources {} exceed the group's min_resources {}", self.resources, group.min_resources),
+            });
+        }
+        for need in &self.tokens {
+            let held = group.tokens.iter().find(|g| g.namespace == need.namespace).map_or(0, |g| g.units);
+            if need.units > held {
+                return Err(SchedError::LargerThanGroup {
+                    task: self.id.clone(),
+                    group: name.clone(),
+                    what: format!(
+                        "{} units of `{}` exceed the {held} each member's placeholder holds",
+                        need.units, need.namespace
+                    ),
+                });
+            }
+        }
+        Ok(self)
+    }
+}
+
+/// The daemon-clock time `ms` after `from`, saturating.
+pub(crate) fn after(from: Millis, ms: u64) -> Millis {
+    from.saturating_add(ms)
+}

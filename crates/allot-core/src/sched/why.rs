@@ -1,0 +1,76 @@
+//! Why an application or task waits: the answer of the last scheduling cycle that looked at it.
+
+use std::fmt;
+
+use crate::ledger::TokenShortage;
+use crate::pool::{Labels, PoolName};
+use crate::queue::LimitHit;
+use crate::resources::Resources;
+
+use super::spec::GroupName;
+
+/// What holds a waiting application or task back.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Why {
+    /// A queue or user limit, from the leaf up.
+    QueueLimit(LimitHit),
+    /// No pool that takes allocs has the labels of the selector.
+    NoPoolMatches { selector: Labels },
+    /// Pools match, none has the room now; `closest` lacks the least.
+    NoRoom { wanted: Resources, closest: Option<(PoolName, Resources)> },
+    /// A token namespace cannot grant what is needed now.
+    Tokens(TokenShortage),
+    /// The application's gang is not reserved yet (for its tasks), and why (for the application).
+    GangNotReserved { member: Option<(GroupName, u32)>, cause: Option<Box<Why>> },
+    /// A reserved gang still waits for this many real tasks to take its placeholders.
+    GangMissing { missing: u32 },
+    /// The task waits for its application's gang: it is placed once the gang runs.
+    AfterGang,
+}
+
+impl Why {
+    /// A stable machine-readable code for the API and metrics.
+    pub fn code(&self) -> &'static str {
+        match self {
+            Why::QueueLimit(_) => "queue_limit",
+            Why::NoPoolMatches { .. } => "no_pool_matches",
+            Why::NoRoom { .. } => "no_room",
+            Why::Tokens(_) => "tokens",
+            Why::GangNotReserved { .. } => "gang_not_reserved",
+            Why::GangMissing { .. } => "gang_missing_members",
+            Why::AfterGang => "after_gang",
+        }
+    }
+}
+
+impl fmt::Display for Why {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Why::QueueLimit(hit) => write!(f, "{hit}"),
+            Why::NoPoolMatches { selector } if selector.is_empty() => f.write_str("there is no pool that takes allocs"),
+            Why::NoPoolMatches { selector } => {
+                let labels: Vec<String> = selector.iter().map(|(k, v)| format!("{k}={v}")).collect();
+                write!(f, "no pool that takes allocs has the labels {}", labels.join(","))
+            }
+            Why::NoRoom { wanted, closest: Some((pool, lacks)) } => {
+                write!(f, "no matching pool has {wanted} free; the closest, `{pool}`, lacks {lacks}")
+            }
+            Why::NoRoom { wanted, closest: None } => write!(f, "no matching pool has {wanted} free"),
+            Why::Tokens(shortage) => write!(f, "{shortage}"),
+            Why::GangNotReserved { member, cause } => {
+                f.write_str("the gang's placeholders are not reserved yet")?;
+                if let Some((group, index)) = member {
+                    write!(f, ": member {} of task group `{group}`", index + 1)?;
+                }
+                match cause {
+                    Some(cause) => write!(f, ": {cause}"),
+                    None => Ok(()),
+                }
+            }
+            Why::GangMissing { missing } => {
+                write!(f, "the gang is reserved and still misses {missing} real tasks to take its placeholders")
+            }
+            Why::AfterGang => f.write_str("its application places its gang first"),
+        }
+    }
+}

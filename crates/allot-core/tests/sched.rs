@@ -1,0 +1,538 @@
+//! The scheduler: placements on pools and tokens, gangs all or nothing, timeouts, queue limits,
+//! fair share, selectors, and why things wait. Every step checks the invariants of the pools,
+//! the ledger and the scheduler.
+
+use std::collections::BTreeMap;
+
+use allot_core::app::{AppState, TaskState};
+use allot_core::pool::{LeaseRules, PoolName, Pools};
+use allot_core::queue::{QueueLimits, QueuePath, SortPolicy};
+use allot_core::sched::{
+    AppId, AppSpec, GangStyle, GroupName, SchedConfig, SchedError, Scheduler, SchedulingPolicy, TaskGroup, TaskId,
+    TaskSpec, TokenNeed, Why, World, RESERVATION_TIMEOUT,
+};
+use allot_core::{Ledger, Millis, NamespaceName, Resources};
+
+struct Bench {
+    sched: Scheduler,
+    pools: Pools,
+    ledger: Ledger,
+    now: Millis,
+    next_id: u64,
+}
+
+fn res(text: &str) -> Resources {
+    text.parse().unwrap()
+}
+
+fn labels(pairs: &[(&str, &str)]) -> BTreeMap<String, String> {
+    pairs.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect()
+}
+
+fn app_spec(id: &str, queue: &str) -> AppSpec {
+    AppSpec {
+        id: AppId::new(id).unwrap(),
+        queue: QueuePath::new(queue).unwrap(),
+        user: "alice".into(),
+        tags: BTreeMap::new(),
+        groups: Vec::new(),
+        policy: SchedulingPolicy::default(),
+    }
+}
+
+fn group(name: &str, members: u32, resources: &str) -> TaskGroup {
+    TaskGroup {
+        name: GroupName::new(name).unwrap(),
+        min_members: members,
+        min_resources: res(resources),
+        selector: BTreeMap::new(),
+        tokens: Vec::new(),
+    }
+}
+
+fn task(id: &str, resources: &str) -> TaskSpec {
+    TaskSpec {
+        id: TaskId::new(id).unwrap(),
+        resources: res(resources),
+        tokens: Vec::new(),
+        group: None,
+        priority: 0,
+        selector: BTreeMap::new(),
+        spec: String::new(),
+    }
+}
+
+fn member(id: &str, group: &str, resources: &str) -> TaskSpec {
+    TaskSpec { group: Some(GroupName::new(group).unwrap()), ..task(id, resources) }
+}
+
+fn aid(id: &str) -> AppId {
+    AppId::new(id).unwrap()
+}
+
+fn tid(id: &str) -> TaskId {
+    TaskId::new(id).unwrap()
+}
+
+impl Bench {
+    fn new() -> Bench {
+        let config = SchedConfig { completing_grace_ms: 0, ..SchedConfig::default() };
+        Bench {
+            sched: Scheduler::new(config),
+            pools: Pools::new(LeaseRules::default()),
+            ledger: Ledger::new(),
+            now: 1_000,
+            next_id: 1,
+        }
+    }
+
+    fn pool(&mut self, name: &str, capacity: &str, pool_labels: &[(&str, &str)]) {
+        let name = PoolName::new(name).unwrap();
+        self.pools.put_pool(&name, res(capacity));
+        self.pools.label_pool(&name, labels(pool_labels), self.now).unwrap();
+    }
+
+    fn queue(&mut self, path: &str, limits: QueueLimits) {
+        self.sched.put_queue(QueuePath::new(path).unwrap(), limits);
+    }
+
+    fn namespace(&mut self, name: &str, quota: u64) {
+        self.ledger.put_namespace(&NamespaceName::new(name).unwrap(), quota, self.now).unwrap();
+    }
+
+    fn submit(&mut self, spec: AppSpec) -> Result<(), SchedError> {
+        let world = World { pools: &mut self.pools, ledger: &mut self.ledger };
+        self.sched.add_app(spec, self.now, &world).map(|_| ())
+    }
+
+    fn add(&mut self, app: &str, spec: TaskSpec) -> Result<(), SchedError> {
+        self.sched.add_task(&aid(app), spec, self.now, &self.ledger).map(|_| ())
+    }
+
+    fn cycle(&mut self) -> allot_core::sched::CycleReport {
+        let mut next = self.next_id;
+        let now = self.now;
+        let (report, _) = {
+            let mut world = World { pools: &mut self.pools, ledger: &mut self.ledger };
+            self.sched.schedule(now, &mut world, &mut || {
+                next += 1;
+                next
+            })
+        };
+        self.next_id = next;
+        self.check();
+        report
+    }
+
+    fn check(&self) {
+        self.sched.check_invariants(&self.pools).unwrap();
+        self.pools.check_invariants().unwrap();
+        self.ledger.check_invariants().unwrap();
+    }
+
+    fn state(&self, app: &str, task: &str) -> TaskState {
+        self.sched.task(&aid(app), &tid(task)).unwrap().state
+    }
+
+    fn pool_of(&self, app: &str, task: &str) -> String {
+        self.sched.task(&aid(app), &tid(task)).unwrap().placement.as_ref().unwrap().pool.to_string()
+    }
+
+    fn app_state(&self, app: &str) -> AppState {
+        self.sched.app(&aid(app)).unwrap().state
+    }
+
+    fn complete(&mut self, app: &str, task: &str) {
+        let now = self.now;
+        let mut world = World { pools: &mut self.pools, ledger: &mut self.ledger };
+        self.sched.finish_task(&aid(app), &tid(task), None, now, &mut world).unwrap();
+        self.check();
+    }
+}
+
+#[test]
+fn tasks_are_placed_best_fit_and_their_app_runs_then_completes() {
+    let mut b = Bench::new();
+    b.pool("big", "cpu=16,mem=64GiB", &[]);
+    b.pool("small", "cpu=4,mem=16GiB", &[]);
+    b.queue("root.etl", QueueLimits::default());
+    b.submit(app_spec("etl-1", "root.etl")).unwrap();
+    assert_eq!(b.app_state("etl-1"), AppState::Accepted);
+    b.add("etl-1", task("t1", "cpu=2,mem=4GiB")).unwrap();
+    b.add("etl-1", task("t2", "cpu=8,mem=4GiB")).unwrap();
+    let report = b.cycle();
+    assert_eq!(report.placed, 2);
+    assert_eq!(b.pool_of("etl-1", "t1"), "small", "the smallest pool that fits");
+    assert_eq!(b.pool_of("etl-1", "t2"), "big");
+    assert_eq!(b.app_state("etl-1"), AppState::Running);
+    let usage = b.sched.queue(&QueuePath::new("root.etl").unwrap()).unwrap().usage;
+    assert_eq!(usage.allocated, res("cpu=10,mem=8GiB"));
+    assert_eq!(usage.running_apps, 1);
+    b.complete("etl-1", "t1");
+    assert_eq!(b.app_state("etl-1"), AppState::Running, "one task is left");
+    b.complete("etl-1", "t2");
+    assert_eq!(b.app_state("etl-1"), AppState::Completed);
+    let usage = b.sched.queue(&QueuePath::new("root").unwrap()).unwrap().usage;
+    assert!(usage.allocated.is_empty());
+    assert_eq!(usage.running_apps, 0);
+    assert_eq!(b.pools.pool(&PoolName::new("big").unwrap(), b.now).unwrap().allocs, 0, "the alloc was freed");
+}
+
+#[test]
+fn adding_is_idempotent_and_other_content_conflicts() {
+    let mut b = Bench::new();
+    b.pool("p", "cpu=4", &[]);
+    b.queue("root.q", QueueLimits::default());
+    b.submit(app_spec("a", "root.q")).unwrap();
+    b.submit(app_spec("a", "root.q")).unwrap();
+    let mut other = app_spec("a", "root.q");
+    other.user = "bob".into();
+    assert_eq!(b.submit(other), Err(SchedError::AppConflict { id: aid("a"), field: "user" }));
+    b.add("a", task("t", "cpu=1")).unwrap();
+    b.add("a", task("t", "cpu=1")).unwrap();
+    assert!(matches!(b.add("a", task("t", "cpu=2")), Err(SchedError::TaskConflict { field: "resources", .. })));
+    assert!(matches!(b.submit(app_spec("b", "root")), Err(SchedError::Queue(_))), "root has a child: not a leaf");
+    assert!(matches!(b.submit(app_spec("b", "root.nope")), Err(SchedError::Queue(_))));
+}
+
+#[test]
+fn a_task_with_token_needs_holds_nothing_until_both_can_be_had() {
+    let mut b = Bench::new();
+    b.pool("p", "cpu=8", &[]);
+    b.queue("root.q", QueueLimits::default());
+    b.namespace("openai", 2);
+    b.submit(app_spec("a", "root.q")).unwrap();
+    let needs = |units| vec![TokenNeed { namespace: NamespaceName::new("openai").unwrap(), units }];
+    b.add("a", TaskSpec { tokens: needs(2), ..task("t1", "cpu=1") }).unwrap();
+    b.add("a", TaskSpec { tokens: needs(1), ..task("t2", "cpu=1") }).unwrap();
+    b.cycle();
+    assert_eq!(b.state("a", "t1"), TaskState::Allocated);
+    assert_eq!(b.state("a", "t2"), TaskState::Pending);
+    let why = b.sched.task_why(&aid("a"), &tid("t2")).unwrap();
+    assert!(matches!(why, Why::Tokens(_)), "{why:?}");
+    assert_eq!(why.to_string(), "token namespace `openai` has 0 of 2 units free and 1 needed");
+    assert_eq!(b.pools.pool(&PoolName::new("p").unwrap(), b.now).unwrap().allocs, 1, "t2 holds no alloc");
+    b.complete("a", "t1");
+    b.cycle();
+    assert_eq!(b.state("a", "t2"), TaskState::Allocated);
+    let held = &b.sched.task(&aid("a"), &tid("t2")).unwrap().placement.as_ref().unwrap().grants;
+    assert_eq!(held[0].token.as_str(), "a:t2");
+}
+
+#[test]
+fn two_gangs_that_cannot_both_fit_never_hold_halves() {
+    let mut b = Bench::new();
+    b.pool("p1", "cpu=4", &[]);
+    b.pool("p2", "cpu=4", &[]);
+    b.queue("root.q", QueueLimits::default());
+    for id in ["g1", "g2"] {
+        let mut spec = app_spec(id, "root.q");
+        spec.groups = vec![group("workers", 3, "cpu=2")];
+        b.submit(spec).unwrap();
+        for m in 0..3 {
+            b.add(id, member(&format!("w{m}"), "workers", "cpu=2")).unwrap();
+        }
+    }
+    b.cycle();
+    // One gang holds 3 of the 4 places; the other holds nothing at all.
+    assert_eq!(b.app_state("g1"), AppState::Running);
+    assert_eq!(b.app_state("g2"), AppState::Accepted);
+    assert!(b.sched.app(&aid("g2")).unwrap().slots.is_empty());
+    let why = b.sched.app_why(&aid("g2")).unwrap();
+    assert!(matches!(why, Why::GangNotReserved { .. }), "{why:?}");
+    assert!(why.to_string().contains("member 2 of task group `workers`"), "{why}");
+    for m in 0..3 {
+        assert_eq!(b.state("g1", &format!("w{m}")), TaskState::Allocated);
+        assert_eq!(b.state("g2", &format!("w{m}")), TaskState::Pending);
+    }
+    for m in 0..3 {
+        b.complete("g1", &format!("w{m}"));
+    }
+    b.cycle();
+    assert_eq!(b.app_state("g2"), AppState::Running);
+}
+
+#[test]
+fn a_smaller_application_behind_a_waiting_gang_is_placed() {
+    let mut b = Bench::new();
+    b.pool("p", "cpu=4", &[]);
+    b.queue("root.q", QueueLimits::default());
+    let mut gang = app_spec("gang", "root.q");
+    gang.groups = vec![group("g", 1, "cpu=3")];
+    b.submit(app_spec("first", "root.q")).unwrap();
+    b.add("first", task("t", "cpu=2")).unwrap();
+    b.submit(gang).unwrap();
+    b.submit(app_spec("small", "root.q")).unwrap();
+    b.add("small", task("t", "cpu=1")).unwrap();
+    b.cycle();
+    assert_eq!(b.app_state("gang"), AppState::Accepted);
+    assert_eq!(b.state("small", "t"), TaskState::Allocated, "FIFO skips what cannot fit");
+}
+
+#[test]
+fn soft_placeholder_timeout_releases_the_unused_and_runs_on() {
+    let mut b = Bench::new();
+    b.pool("p", "cpu=8", &[]);
+    b.queue("root.q", QueueLimits::default());
+    let mut spec = app_spec("a", "root.q");
+    spec.groups = vec![group("g", 3, "cpu=2")];
+    spec.policy = SchedulingPolicy { placeholder_timeout_ms: 10_000, gang: GangStyle::Soft, reserve_timeout_ms: None };
+    b.submit(spec).unwrap();
+    b.add("a", member("m0", "g", "cpu=1")).unwrap();
+    b.cycle();
+    assert_eq!(b.app_state("a"), AppState::Reserving);
+    assert_eq!(b.state("a", "m0"), TaskState::Allocated);
+    let placeholder = b.sched.app(&aid("a")).unwrap().slots[0].placement.clone();
+    assert_eq!(
+        b.sched.task(&aid("a"), &tid("m0")).unwrap().placement.as_ref(),
+        Some(&placeholder),
+        "taken over in place"
+    );
+    assert_eq!(b.sched.app_why(&aid("a")), Some(Why::GangMissing { missing: 2 }));
+    assert_eq!(b.pools.pool(&PoolName::new("p").unwrap(), b.now).unwrap().allocs, 3);
+    b.now += 9_999;
+    b.cycle();
+    assert_eq!(b.app_state("a"), AppState::Reserving);
+    b.now += 1;
+    let report = b.cycle();
+    assert_eq!(report.timed_out, 1);
+    assert_eq!(b.app_state("a"), AppState::Running);
+    assert_eq!(
+        b.pools.pool(&PoolName::new("p").unwrap(), b.now).unwrap().allocs,
+        1,
+        "two unused placeholders released"
+    );
+    b.add("a", member("m1", "g", "cpu=1")).unwrap();
+    b.cycle();
+    assert_eq!(b.state("a", "m1"), TaskState::Allocated, "placed as an ordinary task");
+}
+
+#[test]
+fn hard_placeholder_timeout_fails_the_application() {
+    let mut b = Bench::new();
+    b.pool("p", "cpu=8", &[]);
+    b.queue("root.q", QueueLimits::default());
+    let mut spec = app_spec("a", "root.q");
+    spec.groups = vec![group("g", 2, "cpu=2")];
+    spec.policy = SchedulingPolicy { placeholder_timeout_ms: 5_000, gang: GangStyle::Hard, reserve_timeout_ms: None };
+    b.submit(spec).unwrap();
+    b.add("a", member("m0", "g", "cpu=2")).unwrap();
+    b.add("a", task("other", "cpu=1")).unwrap();
+    b.cycle();
+    b.now += 5_000;
+    b.cycle();
+    let app = b.sched.app(&aid("a")).unwrap();
+    assert_eq!(app.state, AppState::Failed);
+    assert_eq!(app.reason.as_deref(), Some(RESERVATION_TIMEOUT));
+    assert_eq!(b.state("a", "other"), TaskState::Failed, "unplaced tasks fail");
+    assert_eq!(b.state("a", "m0"), TaskState::Killed);
+    assert_eq!(b.pools.pool(&PoolName::new("p").unwrap(), b.now).unwrap().allocs, 0);
+}
+
+#[test]
+fn a_gang_that_never_reserves_hits_its_reserve_timeout() {
+    for style in [GangStyle::Hard, GangStyle::Soft] {
+        let mut b = Bench::new();
+        b.pool("p", "cpu=4", &[]);
+        b.queue("root.q", QueueLimits::default());
+        b.submit(app_spec("hog", "root.q")).unwrap();
+        b.add("hog", task("t", "cpu=3")).unwrap();
+        let mut spec = app_spec("a", "root.q");
+        spec.groups = vec![group("g", 2, "cpu=1")];
+        spec.policy = SchedulingPolicy { placeholder_timeout_ms: 60_000, gang: style, reserve_timeout_ms: Some(3_000) };
+        b.submit(spec).unwrap();
+        b.add("a", member("m0", "g", "cpu=1")).unwrap();
+        b.cycle();
+        assert_eq!(b.app_state("a"), AppState::Accepted);
+        b.now += 3_000;
+        b.cycle();
+        match style {
+            GangStyle::Hard => {
+                assert_eq!(b.app_state("a"), AppState::Failed);
+                assert_eq!(b.state("a", "m0"), TaskState::Failed);
+            }
+            GangStyle::Soft => {
+                assert_eq!(b.app_state("a"), AppState::Running, "goes on without its gang");
+                assert_eq!(b.state("a", "m0"), TaskState::Allocated);
+            }
+        }
+    }
+}
+
+#[test]
+fn gangs_that_can_never_fit_are_refused_at_submission() {
+    let mut b = Bench::new();
+    b.pool("p", "cpu=4", &[("zone", "eu")]);
+    b.queue("root.q", QueueLimits { max: Some(res("cpu=6")), ..QueueLimits::default() });
+    let mut spec = app_spec("a", "root.q");
+    spec.groups = vec![group("g", 1, "cpu=5")];
+    let err = b.submit(spec).unwrap_err();
+    assert!(matches!(err, SchedError::GroupNeverFits { .. }), "{err}");
+    let mut spec = app_spec("a", "root.q");
+    spec.groups = vec![TaskGroup { selector: labels(&[("zone", "us")]), ..group("g", 1, "cpu=1") }];
+    assert!(matches!(b.submit(spec), Err(SchedError::GroupNeverFits { .. })));
+    let mut spec = app_spec("a", "root.q");
+    spec.groups = vec![group("g", 4, "cpu=2")];
+    let err = b.submit(spec).unwrap_err();
+    assert!(matches!(err, SchedError::GangExceedsQueue(_)), "{err}");
+    assert!(err.to_string().contains("root.q"), "{err}");
+    // A real task larger than its group's placeholder is refused when added.
+    let mut spec = app_spec("a", "root.q");
+    spec.groups = vec![group("g", 1, "cpu=2")];
+    b.submit(spec).unwrap();
+    let err = b.add("a", member("big", "g", "cpu=3")).unwrap_err();
+    assert!(matches!(err, SchedError::LargerThanGroup { .. }), "{err}");
+    assert!(matches!(b.add("a", member("x", "nope", "cpu=1")), Err(SchedError::UnknownGroup { .. })));
+}
+
+#[test]
+fn a_gang_with_token_needs_reserves_its_tokens_with_its_placeholders() {
+    let mut b = Bench::new();
+    b.pool("p", "cpu=8", &[]);
+    b.queue("root.q", QueueLimits::default());
+    b.namespace("llm", 3);
+    let mut spec = app_spec("a", "root.q");
+    spec.groups = vec![TaskGroup {
+        tokens: vec![TokenNeed { namespace: NamespaceName::new("llm").unwrap(), units: 2 }],
+        ..group("g", 2, "cpu=1")
+    }];
+    b.submit(spec).unwrap();
+    b.cycle();
+    let why = b.sched.app_why(&aid("a")).unwrap();
+    assert!(why.to_string().contains("token namespace `llm` has 3 of 3 units free and 4 needed"), "{why}");
+    assert_eq!(b.pools.pool(&PoolName::new("p").unwrap(), b.now).unwrap().allocs, 0, "no placeholder without tokens");
+    b.ledger.put_namespace(&NamespaceName::new("llm").unwrap(), 4, b.now).unwrap();
+    b.cycle();
+    assert_eq!(b.app_state("a"), AppState::Reserving);
+    assert_eq!(b.ledger.namespace(&NamespaceName::new("llm").unwrap(), b.now).unwrap().granted_units, 4);
+    let mut world = World { pools: &mut b.pools, ledger: &mut b.ledger };
+    b.sched.complete_app(&aid("a"), 2_000, &mut world).unwrap();
+    assert_eq!(b.ledger.namespace(&NamespaceName::new("llm").unwrap(), b.now).unwrap().granted_units, 0, "released");
+    b.check();
+}
+
+#[test]
+fn queue_limits_hold_placements_back_and_say_which() {
+    let mut b = Bench::new();
+    b.pool("p", "cpu=64", &[]);
+    b.queue("root.team", QueueLimits { max: Some(res("cpu=4")), ..QueueLimits::default() });
+    b.queue("root.team.etl", QueueLimits { max_apps: Some(1), ..QueueLimits::default() });
+    b.submit(app_spec("a", "root.team.etl")).unwrap();
+    b.submit(app_spec("b", "root.team.etl")).unwrap();
+    b.add("a", task("t1", "cpu=3")).unwrap();
+    b.add("a", task("t2", "cpu=3")).unwrap();
+    b.add("b", task("t1", "cpu=1")).unwrap();
+    b.cycle();
+    assert_eq!(b.state("a", "t1"), TaskState::Allocated);
+    let why = b.sched.task_why(&aid("a"), &tid("t2")).unwrap().to_string();
+    assert_eq!(why, "queue `root.team` would go over its max of cpu=4 (cpu=3 used, cpu=3 more wanted)");
+    let why = b.sched.app_why(&aid("b")).unwrap().to_string();
+    assert_eq!(why, "queue `root.team.etl` already runs its maximum of 1 applications");
+    // Raising the limit takes effect on the next cycle; nothing already placed moves.
+    b.queue("root.team.etl", QueueLimits::default());
+    b.cycle();
+    assert_eq!(b.state("b", "t1"), TaskState::Allocated);
+    // A per-user limit.
+    b.queue("root.solo", QueueLimits { user_max: Some(res("cpu=1")), ..QueueLimits::default() });
+    b.submit(app_spec("c", "root.solo")).unwrap();
+    b.add("c", task("t1", "cpu=1")).unwrap();
+    b.add("c", task("t2", "cpu=1")).unwrap();
+    b.cycle();
+    assert_eq!(b.state("c", "t2"), TaskState::Pending);
+    assert!(b.sched.task_why(&aid("c"), &tid("t2")).unwrap().to_string().starts_with("user `alice` would go over"));
+}
+
+#[test]
+fn sibling_queues_share_by_their_guarantees() {
+    let mut b = Bench::new();
+    b.pool("p", "cpu=30", &[]);
+    b.queue("root.a", QueueLimits { guaranteed: res("cpu=20"), ..QueueLimits::default() });
+    b.queue("root.b", QueueLimits { guaranteed: res("cpu=10"), ..QueueLimits::default() });
+    for (app, queue) in [("a", "root.a"), ("b", "root.b")] {
+        b.submit(app_spec(app, queue)).unwrap();
+        for i in 0..40 {
+            b.add(app, task(&format!("t{i}"), "cpu=1")).unwrap();
+        }
+    }
+    b.cycle();
+    let used = |b: &Bench, q: &str| {
+        b.sched.queue(&QueuePath::new(q).unwrap()).unwrap().usage.allocated.get_milli("cpu") / 1000
+    };
+    assert_eq!((used(&b, "root.a"), used(&b, "root.b")), (20, 10), "2:1 like the guarantees");
+}
+
+#[test]
+fn selectors_pick_pools_by_label_and_priority_orders_a_queue() {
+    let mut b = Bench::new();
+    b.pool("cpu-pool", "cpu=8", &[("kind", "cpu")]);
+    b.pool("gpu-pool", "cpu=8,gpu=1", &[("kind", "gpu")]);
+    b.queue("root.q", QueueLimits { sort: SortPolicy::Priority, ..QueueLimits::default() });
+    b.submit(app_spec("a", "root.q")).unwrap();
+    b.add("a", TaskSpec { selector: labels(&[("kind", "gpu")]), ..task("t", "cpu=1") }).unwrap();
+    b.add("a", TaskSpec { selector: labels(&[("kind", "tpu")]), ..task("u", "cpu=1") }).unwrap();
+    b.cycle();
+    assert_eq!(b.pool_of("a", "t"), "gpu-pool");
+    let why = b.sched.task_why(&aid("a"), &tid("u")).unwrap();
+    assert_eq!(why.to_string(), "no pool that takes allocs has the labels kind=tpu");
+    // Priority: the later, higher-priority application goes first.
+    b.pool("one", "cpu=1", &[("kind", "one")]);
+    b.submit(app_spec("low", "root.q")).unwrap();
+    b.submit(app_spec("high", "root.q")).unwrap();
+    let one = labels(&[("kind", "one")]);
+    b.add("low", TaskSpec { selector: one.clone(), ..task("t", "cpu=1") }).unwrap();
+    b.add("high", TaskSpec { selector: one, priority: 10, ..task("t", "cpu=1") }).unwrap();
+    b.cycle();
+    assert_eq!(b.state("high", "t"), TaskState::Allocated);
+    assert_eq!(b.state("low", "t"), TaskState::Pending);
+    let why = b.sched.task_why(&aid("low"), &tid("t")).unwrap().to_string();
+    assert_eq!(why, "no matching pool has cpu=1 free; the closest, `one`, lacks cpu=1");
+}
+
+#[test]
+fn removing_an_application_releases_everything_it_holds() {
+    let mut b = Bench::new();
+    b.pool("p", "cpu=8", &[]);
+    b.queue("root.q", QueueLimits::default());
+    b.namespace("ns", 5);
+    let mut spec = app_spec("a", "root.q");
+    spec.groups = vec![TaskGroup {
+        tokens: vec![TokenNeed { namespace: NamespaceName::new("ns").unwrap(), units: 1 }],
+        ..group("g", 2, "cpu=1")
+    }];
+    b.submit(spec).unwrap();
+    b.add("a", member("m0", "g", "cpu=1")).unwrap();
+    b.cycle();
+    let now = b.now;
+    let mut world = World { pools: &mut b.pools, ledger: &mut b.ledger };
+    b.sched.remove_app(&aid("a"), now, &mut world).unwrap();
+    b.check();
+    assert_eq!(b.pools.pool(&PoolName::new("p").unwrap(), b.now).unwrap().allocs, 0);
+    assert_eq!(b.ledger.namespace(&NamespaceName::new("ns").unwrap(), b.now).unwrap().granted_units, 0);
+    assert!(matches!(b.sched.app(&aid("a")), Err(SchedError::AppNotFound(_))));
+}
+
+#[test]
+fn restore_brings_back_usage_and_timers() {
+    let mut b = Bench::new();
+    b.pool("p", "cpu=8", &[]);
+    b.queue("root.q", QueueLimits::default());
+    let mut spec = app_spec("a", "root.q");
+    spec.groups = vec![group("g", 2, "cpu=2")];
+    spec.policy.placeholder_timeout_ms = 10_000;
+    b.submit(spec).unwrap();
+    b.add("a", member("m0", "g", "cpu=2")).unwrap();
+    b.add("a", task("later", "cpu=1")).unwrap();
+    b.cycle();
+    b.now += 4_000;
+    // Rebuild from what a store would hold.
+    let queues = b.sched.queues().into_iter().map(|q| (q.path, q.limits)).collect();
+    let apps: Vec<_> = b.sched.apps_after(None, usize::MAX).into_iter().cloned().collect();
+    let tasks: Vec<_> = b.sched.tasks_after(&aid("a"), None, usize::MAX).unwrap().into_iter().cloned().collect();
+    b.sched = Scheduler::restore(b.sched.config().clone(), queues, apps, tasks);
+    b.check();
+    assert_eq!(b.sched.next_deadline(), Some(1_000 + 10_000), "the timer keeps its deadline");
+    b.now = 1_000 + 10_000;
+    b.cycle();
+    assert_eq!(b.app_state("a"), AppState::Running);
+    assert_eq!(b.state("a", "later"), TaskState::Allocated);
+}

@@ -1,0 +1,68 @@
+//! The applications part of a backend: queues, applications and tasks (YuniKorn's
+//! application-management protocol), placed on the pools and the token quotas by the scheduler
+//! of `allot_core::sched`.
+
+use std::collections::BTreeMap;
+
+use allot_core::app::TaskState;
+use allot_core::queue::{QueueLimits, QueuePath};
+use allot_core::sched::{App, AppId, AppSpec, QueueView, SchedStats, Task, TaskId, TaskSpec, Why};
+use async_trait::async_trait;
+
+use crate::{Page, PageRequest, StoreError};
+
+/// An application as the store answers it: its record, its tasks by state, and why it waits.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct AppInfo {
+    pub app: App,
+    pub tasks: BTreeMap<TaskState, u64>,
+    pub why: Option<Why>,
+}
+
+/// A task as the store answers it, and why it waits.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TaskInfo {
+    pub task: Task,
+    pub why: Option<Why>,
+}
+
+/// The applications of a backend. Every change is made durable with the pool and quota changes
+/// it brings (the allocs and grants of placements) in one commit.
+#[async_trait]
+pub trait AppStore: Send + Sync {
+    /// Creates or changes a queue (its parents are made); true if created.
+    async fn put_queue(&self, path: QueuePath, limits: QueueLimits) -> Result<(bool, QueueView), StoreError>;
+    /// Creates a queue only if it does not exist (the configuration seeds queues; the store is
+    /// authoritative); true if created.
+    async fn seed_queue(&self, path: QueuePath, limits: QueueLimits) -> Result<(bool, QueueView), StoreError>;
+    /// Removes a leaf queue that has no live application.
+    async fn remove_queue(&self, path: QueuePath) -> Result<(), StoreError>;
+    /// Every queue, in path order (a tree of queues is small: it is not paged).
+    async fn queues(&self) -> Result<Vec<QueueView>, StoreError>;
+    async fn queue(&self, path: QueuePath) -> Result<QueueView, StoreError>;
+
+    /// Adds an application; true if it is new (the same content again answers it).
+    async fn add_app(&self, spec: AppSpec) -> Result<(AppInfo, bool), StoreError>;
+    async fn app(&self, id: AppId) -> Result<AppInfo, StoreError>;
+    /// A page of the applications, ordered by id.
+    async fn apps(&self, page: PageRequest<AppId>) -> Result<Page<AppInfo, AppId>, StoreError>;
+    /// Removes an application and everything it holds.
+    async fn remove_app(&self, id: AppId) -> Result<AppInfo, StoreError>;
+    async fn complete_app(&self, id: AppId) -> Result<AppInfo, StoreError>;
+    async fn fail_app(&self, id: AppId, reason: String) -> Result<AppInfo, StoreError>;
+
+    /// Adds a task to an application; true if it is new.
+    async fn add_task(&self, app: AppId, spec: TaskSpec) -> Result<(TaskInfo, bool), StoreError>;
+    async fn task(&self, app: AppId, task: TaskId) -> Result<TaskInfo, StoreError>;
+    /// A page of an application's tasks, ordered by id.
+    async fn tasks(&self, app: AppId, page: PageRequest<TaskId>) -> Result<Page<TaskInfo, TaskId>, StoreError>;
+    /// Reports an Allocated task running.
+    async fn start_task(&self, app: AppId, task: TaskId) -> Result<TaskInfo, StoreError>;
+    /// Reports a task completed (`failed` is `None`) or failed: what it holds is released.
+    async fn finish_task(&self, app: AppId, task: TaskId, failed: Option<String>) -> Result<TaskInfo, StoreError>;
+    /// Removes a task; what it holds is released.
+    async fn remove_task(&self, app: AppId, task: TaskId) -> Result<TaskInfo, StoreError>;
+
+    /// The scheduler's counters (on this daemon).
+    fn sched_stats(&self) -> SchedStats;
+}

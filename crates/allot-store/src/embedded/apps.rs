@@ -1,0 +1,288 @@
+//! The applications of the embedded store: every operation is the scheduler's, under the same
+//! lock as the ledger and the pools, and its changes (of all three) go into one group commit.
+//! A scheduler task runs the cycles: when woken by a change, when a timer is due, and every
+//! [`RETRY_INTERVAL`] while something waits (room and tokens are freed by others too).
+
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::time::Duration;
+
+use allot_core::queue::{QueueLimits, QueuePath};
+use allot_core::sched::{
+    AppChange, AppId, AppSpec, QueueView, SchedConfig, SchedError, SchedStats, Scheduler, TaskId, TaskSpec, World,
+};
+use async_trait::async_trait;
+use redb::{ReadTransaction, ReadableTable, WriteTransaction};
+
+use super::{durable, lock, EmbeddedStore, OpenError, Shared};
+use crate::apps::{AppInfo, AppStore, TaskInfo};
+use crate::records::apps::{AppRecord, QueueRecord, TaskRecord, APPS, QUEUES, TASKS};
+use crate::records::{decode, encode};
+use crate::{Page, PageRequest, StoreError};
+
+/// How often the scheduler tries again while something waits for room or tokens.
+pub(super) const RETRY_INTERVAL: Duration = Duration::from_millis(100);
+/// How long the scheduler sleeps when nothing waits and no timer is due.
+const IDLE_INTERVAL: Duration = Duration::from_secs(1);
+
+pub(super) fn app_info(sched: &Scheduler, id: &AppId) -> Result<AppInfo, SchedError> {
+    Ok(AppInfo { app: sched.app(id)?.clone(), tasks: sched.task_counts(id), why: sched.app_why(id) })
+}
+
+pub(super) fn task_info(sched: &Scheduler, app: &AppId, task: &TaskId) -> Result<TaskInfo, SchedError> {
+    Ok(TaskInfo { task: sched.task(app, task)?.clone(), why: sched.task_why(app, task) })
+}
+
+/// Runs scheduling cycles until the store shuts down. Each cycle's changes are durable before
+/// the next cycle starts.
+pub(super) async fn run_scheduler(shared: Arc<Shared>) {
+    let mut shutdown = shared.shutdown.subscribe();
+    loop {
+        let (wait, committed) = {
+            let mut state = lock(&shared);
+            if state.queue.is_none() {
+                return;
+            }
+            if state.broken.is_some() {
+                (RETRY_INTERVAL, None)
+            } else {
+                let now = shared.clock.now();
+                let state = &mut *state;
+                let mut world = World { pools: &mut state.pools, ledger: &mut state.ledger };
+                let (report, outcome) = state.sched.schedule(now, &mut world, &mut rand::random);
+                if report.placed + report.reserved + report.taken_over + report.timed_out > 0 {
+                    tracing::debug!(?report, "scheduling cycle");
+                }
+                let waiting = state.sched.has_waiting();
+                shared.sched_waiting.store(waiting, Ordering::Relaxed);
+                let committed = (!outcome.is_empty()).then(|| state.submit_outcome(&shared, outcome));
+                let mut wait = if waiting { RETRY_INTERVAL } else { IDLE_INTERVAL };
+                if let Some(deadline) = state.sched.next_deadline() {
+                    wait = wait.min(Duration::from_millis(deadline.saturating_sub(now)));
+                }
+                (wait, committed)
+            }
+        };
+        if let Some(committed) = committed {
+            if let Err(err) = durable(committed).await {
+                tracing::warn!(error = %err, "a scheduling cycle could not be made durable");
+            }
+        }
+        tokio::select! {
+            _ = shared.wake_scheduler.notified() => {}
+            _ = tokio::time::sleep(wait) => {}
+            _ = shutdown.wait_for(|stop| *stop) => return,
+        }
+    }
+}
+
+/// Reads the applications part of the file into a scheduler.
+pub(super) fn load(txn: &ReadTransaction) -> Result<Scheduler, OpenError> {
+    let read_err = |err: redb::Error| OpenError::Read(err.to_string());
+    let mut queues = Vec::new();
+    for entry in txn.open_table(QUEUES).map_err(|e| read_err(e.into()))?.iter().map_err(|e| read_err(e.into()))? {
+        let (key, value) = entry.map_err(|e| read_err(e.into()))?;
+        let record: QueueRecord = decode("queues", key.value(), value.value())?;
+        queues.push(record.into_queue(key.value())?);
+    }
+    let mut apps = Vec::new();
+    for entry in txn.open_table(APPS).map_err(|e| read_err(e.into()))?.iter().map_err(|e| read_err(e.into()))? {
+        let (key, value) = entry.map_err(|e| read_err(e.into()))?;
+        let record: AppRecord = decode("apps", key.value(), value.value())?;
+        apps.push(record.into_app(key.value())?);
+    }
+    let mut tasks = Vec::new();
+    for entry in txn.open_table(TASKS).map_err(|e| read_err(e.into()))?.iter().map_err(|e| read_err(e.into()))? {
+        let (key, value) = entry.map_err(|e| read_err(e.into()))?;
+        let (app, task) = key.value();
+        let record: TaskRecord = decode("tasks", &format!("{app}/{task}"), value.value())?;
+        tasks.push(record.into_task(app, task)?);
+    }
+    Ok(Scheduler::restore(SchedConfig::default(), queues, apps, tasks))
+}
+
+/// Writes a batch's application changes, in order.
+pub(super) fn write<'a>(
+    txn: &WriteTransaction,
+    changes: impl Iterator<Item = &'a AppChange>,
+) -> Result<(), redb::Error> {
+    let mut queues = txn.open_table(QUEUES)?;
+    let mut apps = txn.open_table(APPS)?;
+    let mut tasks = txn.open_table(TASKS)?;
+    for change in changes {
+        match change {
+            AppChange::Queue { path, limits } => {
+                queues.insert(path.as_str(), encode(&QueueRecord::of(limits)).as_slice())?;
+            }
+            AppChange::QueueRemoved { path } => {
+                queues.remove(path.as_str())?;
+            }
+            AppChange::App(app) => {
+                apps.insert(app.spec.id.as_str(), encode(&AppRecord::of(app)).as_slice())?;
+            }
+            AppChange::AppRemoved { id } => {
+                apps.remove(id.as_str())?;
+                // Task ids are never empty, so (id, "") sorts before every task of the app.
+                let id = id.as_str();
+                let mut doomed = Vec::new();
+                for entry in tasks.range((id, "")..)? {
+                    let (key, _) = entry?;
+                    let (app, task) = key.value();
+                    if app != id {
+                        break;
+                    }
+                    doomed.push(task.to_owned());
+                }
+                for task in &doomed {
+                    tasks.remove((id, task.as_str()))?;
+                }
+            }
+            AppChange::Task(task) => {
+                let key = (task.app.as_str(), task.spec.id.as_str());
+                tasks.insert(key, encode(&TaskRecord::of(task)).as_slice())?;
+            }
+            AppChange::TaskRemoved { app, task } => {
+                tasks.remove((app.as_str(), task.as_str()))?;
+            }
+        }
+    }
+    Ok(())
+}
+
+impl EmbeddedStore {
+    /// Changes the scheduler's settings (the completing grace, best-fit weights).
+    pub fn set_sched_config(&self, config: SchedConfig) {
+        self.lock().sched.set_config(config);
+    }
+
+    fn read_sched<T>(&self, query: impl FnOnce(&Scheduler) -> Result<T, SchedError>) -> Result<T, StoreError> {
+        self.read_state(|state, _| Ok(query(&state.sched)?))
+    }
+}
+
+#[async_trait]
+impl AppStore for EmbeddedStore {
+    async fn put_queue(&self, path: QueuePath, limits: QueueLimits) -> Result<(bool, QueueView), StoreError> {
+        self.commit_sched(|sched, _, _| {
+            let (created, outcome) = sched.put_queue(path.clone(), limits);
+            Ok(((created, sched.queue(&path)?), outcome))
+        })
+        .await
+    }
+
+    async fn seed_queue(&self, path: QueuePath, limits: QueueLimits) -> Result<(bool, QueueView), StoreError> {
+        self.commit_sched(|sched, _, _| {
+            if let Ok(view) = sched.queue(&path) {
+                return Ok(((false, view), Default::default()));
+            }
+            let (created, outcome) = sched.put_queue(path.clone(), limits);
+            Ok(((created, sched.queue(&path)?), outcome))
+        })
+        .await
+    }
+
+    async fn remove_queue(&self, path: QueuePath) -> Result<(), StoreError> {
+        self.commit_sched(|sched, _, _| Ok(((), sched.remove_queue(&path)?))).await
+    }
+
+    async fn queues(&self) -> Result<Vec<QueueView>, StoreError> {
+        self.read_sched(|sched| Ok(sched.queues()))
+    }
+
+    async fn queue(&self, path: QueuePath) -> Result<QueueView, StoreError> {
+        self.read_sched(|sched| sched.queue(&path))
+    }
+
+    async fn add_app(&self, spec: AppSpec) -> Result<(AppInfo, bool), StoreError> {
+        self.commit_sched(|sched, world, now| {
+            let (app, created, outcome) = sched.add_app(spec, now, &world)?;
+            Ok(((app_info(sched, &app.spec.id)?, created), outcome))
+        })
+        .await
+    }
+
+    async fn app(&self, id: AppId) -> Result<AppInfo, StoreError> {
+        self.read_sched(|sched| app_info(sched, &id))
+    }
+
+    async fn apps(&self, page: PageRequest<AppId>) -> Result<Page<AppInfo, AppId>, StoreError> {
+        self.read_sched(|sched| {
+            let apps = sched.apps_after(page.after(), page.limit() + 1);
+            let infos = apps.into_iter().map(|app| app_info(sched, &app.spec.id)).collect::<Result<Vec<_>, _>>()?;
+            Ok(Page::from_read(infos, page.limit(), |info| info.app.spec.id.clone()))
+        })
+    }
+
+    async fn remove_app(&self, id: AppId) -> Result<AppInfo, StoreError> {
+        self.commit_sched(|sched, mut world, now| {
+            let tasks = sched.task_counts(&id);
+            let (app, outcome) = sched.remove_app(&id, now, &mut world)?;
+            Ok((AppInfo { app, tasks, why: None }, outcome))
+        })
+        .await
+    }
+
+    async fn complete_app(&self, id: AppId) -> Result<AppInfo, StoreError> {
+        self.commit_sched(|sched, mut world, now| {
+            let (_, outcome) = sched.complete_app(&id, now, &mut world)?;
+            Ok((app_info(sched, &id)?, outcome))
+        })
+        .await
+    }
+
+    async fn fail_app(&self, id: AppId, reason: String) -> Result<AppInfo, StoreError> {
+        self.commit_sched(|sched, mut world, now| {
+            let (_, outcome) = sched.fail_app(&id, &reason, now, &mut world)?;
+            Ok((app_info(sched, &id)?, outcome))
+        })
+        .await
+    }
+
+    async fn add_task(&self, app: AppId, spec: TaskSpec) -> Result<(TaskInfo, bool), StoreError> {
+        self.commit_sched(|sched, world, now| {
+            let (task, created, outcome) = sched.add_task(&app, spec, now, world.ledger)?;
+            Ok(((task_info(sched, &app, &task.spec.id)?, created), outcome))
+        })
+        .await
+    }
+
+    async fn task(&self, app: AppId, task: TaskId) -> Result<TaskInfo, StoreError> {
+        self.read_sched(|sched| task_info(sched, &app, &task))
+    }
+
+    async fn tasks(&self, app: AppId, page: PageRequest<TaskId>) -> Result<Page<TaskInfo, TaskId>, StoreError> {
+        self.read_sched(|sched| {
+            let tasks = sched.tasks_after(&app, page.after(), page.limit() + 1)?;
+            let infos = tasks.into_iter().map(|t| task_info(sched, &app, &t.spec.id)).collect::<Result<Vec<_>, _>>()?;
+            Ok(Page::from_read(infos, page.limit(), |info| info.task.spec.id.clone()))
+        })
+    }
+
+    async fn start_task(&self, app: AppId, task: TaskId) -> Result<TaskInfo, StoreError> {
+        self.commit_sched(|sched, _, _| {
+            let (record, outcome) = sched.start_task(&app, &task)?;
+            Ok((TaskInfo { task: record, why: None }, outcome))
+        })
+        .await
+    }
+
+    async fn finish_task(&self, app: AppId, task: TaskId, failed: Option<String>) -> Result<TaskInfo, StoreError> {
+        self.commit_sched(|sched, mut world, now| {
+            let (record, outcome) = sched.finish_task(&app, &task, failed, now, &mut world)?;
+            Ok((TaskInfo { task: record, why: None }, outcome))
+        })
+        .await
+    }
+
+    async fn remove_task(&self, app: AppId, task: TaskId) -> Result<TaskInfo, StoreError> {
+        self.commit_sched(|sched, mut world, now| {
+            let (record, outcome) = sched.remove_task(&app, &task, now, &mut world)?;
+            Ok((TaskInfo { task: record, why: None }, outcome))
+        })
+        .await
+    }
+
+    fn sched_stats(&self) -> SchedStats {
+        self.lock().sched.stats()
+    }
+}

@@ -1,0 +1,98 @@
+//! The pools of the embedded store: each operation is `Pools`', made durable by the committer.
+
+use allot_core::pool::{
+    Alloc, AllocId, AllocRequest, AllocState, EndedAlloc, Labels, Offer, PoolError, PoolName, PoolView,
+};
+use allot_core::Resources;
+use async_trait::async_trait;
+
+use super::EmbeddedStore;
+use crate::{Page, PageRequest, PoolStore, StoreError};
+
+#[async_trait]
+impl PoolStore for EmbeddedStore {
+    async fn put_pool(&self, name: PoolName, capacity: Resources) -> Result<(bool, PoolView), StoreError> {
+        self.mutate_pools(|pools, now| {
+            let (created, changes) = pools.put_pool(&name, capacity);
+            Ok(((created, pools.pool(&name, now)?), changes))
+        })
+        .await
+    }
+
+    async fn seed_pool(&self, name: PoolName, capacity: Resources) -> Result<(bool, PoolView), StoreError> {
+        self.mutate_pools(|pools, now| {
+            if let Ok(view) = pools.pool(&name, now) {
+                return Ok(((false, view), Vec::new()));
+            }
+            let (created, changes) = pools.put_pool(&name, capacity);
+            Ok(((created, pools.pool(&name, now)?), changes))
+        })
+        .await
+    }
+
+    async fn remove_pool(&self, name: PoolName, force: bool) -> Result<usize, StoreError> {
+        self.mutate_pools(|pools, _| pools.remove_pool(&name, force)).await
+    }
+
+    async fn pools(&self, page: PageRequest<PoolName>) -> Result<Page<PoolView, PoolName>, StoreError> {
+        let limit = page.limit();
+        self.read_pools(|pools, now| {
+            Ok(Page::from_read(pools.pools_after(page.after(), limit + 1, now), limit, |p| p.name.clone()))
+        })
+    }
+
+    async fn pool(&self, name: PoolName) -> Result<PoolView, StoreError> {
+        self.read_pools(|pools, now| pools.pool(&name, now))
+    }
+
+    async fn offer(&self, name: PoolName) -> Result<Option<Offer>, StoreError> {
+        self.read_pools(|pools, now| pools.offer(&name, now))
+    }
+
+    async fn accept(&self, name: PoolName, request: AllocRequest) -> Result<Alloc, StoreError> {
+        // Ids are drawn at random [Reflow `newID`]; a taken one is drawn again.
+        loop {
+            let id = AllocId(rand::random());
+            let request = request.clone();
+            match self.mutate_pools(|pools, now| pools.accept(&name, request, id, now)).await {
+                Err(StoreError::Pool(PoolError::AllocIdTaken { .. })) => continue,
+                res => return res,
+            }
+        }
+    }
+
+    async fn keepalive_alloc(&self, name: PoolName, id: AllocId, interval_ms: u64) -> Result<(u64, Alloc), StoreError> {
+        self.mutate_pools(|pools, now| {
+            let (granted, alloc, changes) = pools.keepalive(&name, id, interval_ms, now)?;
+            Ok(((granted, alloc), changes))
+        })
+        .await
+    }
+
+    async fn free_alloc(&self, name: PoolName, id: AllocId) -> Result<EndedAlloc, StoreError> {
+        self.mutate_pools(|pools, now| pools.free(&name, id, now)).await
+    }
+
+    async fn inspect_alloc(&self, name: PoolName, id: AllocId) -> Result<AllocState, StoreError> {
+        self.read_pools(|pools, _| pools.inspect(&name, id))
+    }
+
+    async fn allocs(&self, name: PoolName, page: PageRequest<AllocId>) -> Result<Page<Alloc, AllocId>, StoreError> {
+        let limit = page.limit();
+        self.read_pools(|pools, _| {
+            Ok(Page::from_read(pools.allocs_after(&name, page.after().copied(), limit + 1)?, limit, |a| a.id))
+        })
+    }
+
+    async fn stop_if_idle_for(&self, name: PoolName, idle_ms: u64) -> Result<(bool, u64), StoreError> {
+        self.mutate_pools(|pools, now| {
+            let (stopped, until_idle, changes) = pools.stop_if_idle_for(&name, idle_ms, now)?;
+            Ok(((stopped, until_idle), changes))
+        })
+        .await
+    }
+
+    async fn label_pool(&self, name: PoolName, labels: Labels) -> Result<PoolView, StoreError> {
+        self.mutate_pools(|pools, now| pools.label_pool(&name, labels, now)).await
+    }
+}

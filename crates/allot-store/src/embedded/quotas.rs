@@ -1,0 +1,193 @@
+//! The token quotas of the embedded store: each operation is the ledger's, made durable by the
+//! committer.
+
+use std::time::Duration;
+
+use allot_core::{AllocateRequest, Decision, Effects, NamespaceName, NamespaceView, SessionId, Token, WaiterView};
+use async_trait::async_trait;
+use tokio::sync::oneshot;
+
+use super::{durable, grant_info, session_info, EmbeddedStore};
+use crate::{check_wait, Allocation, GrantInfo, Page, PageRequest, QuotaStore, SessionInfo, StoreError};
+
+#[async_trait]
+impl QuotaStore for EmbeddedStore {
+    async fn put_namespace(&self, name: NamespaceName, quota: u64) -> Result<(bool, NamespaceView), StoreError> {
+        self.mutate(|ledger, now| {
+            let (created, effects) = ledger.put_namespace(&name, quota, now)?;
+            Ok(((created, ledger.namespace(&name, now)?), effects))
+        })
+        .await
+    }
+
+    async fn seed_namespace(&self, name: NamespaceName, quota: u64) -> Result<(bool, NamespaceView), StoreError> {
+        // Checked and created under one lock: a seed never overwrites a quota.
+        self.mutate(|ledger, now| {
+            if let Ok(view) = ledger.namespace(&name, now) {
+                return Ok(((false, view), Effects::default()));
+            }
+            let (created, effects) = ledger.put_namespace(&name, quota, now)?;
+            Ok(((created, ledger.namespace(&name, now)?), effects))
+        })
+        .await
+    }
+
+    async fn remove_namespace(&self, name: NamespaceName, force: bool) -> Result<usize, StoreError> {
+        self.mutate(|ledger, _| ledger.remove_namespace(&name, force)).await
+    }
+
+    async fn namespaces(
+        &self,
+        page: PageRequest<NamespaceName>,
+    ) -> Result<Page<NamespaceView, NamespaceName>, StoreError> {
+        let limit = page.limit();
+        self.read(|ledger, now| {
+            let views = ledger.namespaces_after(page.after(), limit + 1, now);
+            Ok(Page::from_read(views, limit, |v| v.name.clone()))
+        })
+    }
+
+    async fn namespace(&self, name: NamespaceName) -> Result<NamespaceView, StoreError> {
+        self.read(|ledger, now| ledger.namespace(&name, now))
+    }
+
+    async fn allocate(&self, request: AllocateRequest, wait: Duration) -> Result<Allocation, StoreError> {
+        check_wait(wait)?;
+        let namespace = request.namespace.clone();
+        let (decision, rx, answer) = {
+            let mut state = self.lock();
+            state.usable(&self.shared)?;
+            let now = self.shared.clock.now();
+            let (decision, effects) = state.ledger.allocate(request, now, !wait.is_zero())?;
+            let mut answer = None;
+            let decision = match decision {
+                Decision::Queued { waiter, place, replaced } => {
+                    let (tx, rx) = oneshot::channel();
+                    state.waiters.insert(waiter, tx);
+                    if let Some(old) = replaced {
+                        // Dropping the old sender tells the older call it was taken over.
+                        state.waiters.remove(&old);
+                    }
+                    answer = Some(rx);
+                    Decision::Queued { waiter, place, replaced }
+                }
+                refused => refused,
+            };
+            // A grant waits for its commit (an idempotent retry for the commit of the grant it
+            // repeats); a refusal or a queued request changed nothing and waits for nothing.
+            let rx = match decision {
+                Decision::Granted { .. } => Some(state.submit(&self.shared, effects)),
+                _ => None,
+            };
+            (decision, rx, answer)
+        };
+        match decision {
+            Decision::Granted { grant, existing } => {
+                durable(rx.expect("submitted for grants")).await?;
+                let info = {
+                    let state = self.lock();
+                    grant_info(&state.ledger, grant, self.shared.clock.now())
+                };
+                Ok(Allocation::Granted { grant: info, existing })
+            }
+            Decision::Refused { refusal, place } => Ok(Allocation::Refused { refusal, place }),
+            Decision::Queued { waiter, .. } => {
+                let answer = answer.expect("set when queued");
+                self.wait_for(namespace, waiter, answer, wait).await
+            }
+        }
+    }
+
+    async fn release(
+        &self,
+        namespace: NamespaceName,
+        token: Token,
+        fencing: Option<u64>,
+    ) -> Result<Option<GrantInfo>, StoreError> {
+        self.mutate(|ledger, now| {
+            let (grant, effects) = ledger.release(&namespace, &token, fencing, now)?;
+            Ok((grant.map(|g| grant_info(ledger, g, now)), effects))
+        })
+        .await
+    }
+
+    async fn keepalive_grant(
+        &self,
+        namespace: NamespaceName,
+        token: Token,
+        fencing: Option<u64>,
+    ) -> Result<GrantInfo, StoreError> {
+        self.mutate(|ledger, now| {
+            let (grant, effects) = ledger.keepalive_grant(&namespace, &token, fencing, now)?;
+            Ok((grant_info(ledger, grant, now), effects))
+        })
+        .await
+    }
+
+    async fn grants(
+        &self,
+        namespace: NamespaceName,
+        page: PageRequest<Token>,
+    ) -> Result<Page<GrantInfo, Token>, StoreError> {
+        let limit = page.limit();
+        self.read(|ledger, now| {
+            let grants = ledger.grants_after(&namespace, page.after(), limit + 1)?;
+            let infos = grants.into_iter().map(|g| grant_info(ledger, g, now)).collect();
+            Ok(Page::from_read(infos, limit, |g: &GrantInfo| g.grant.token.clone()))
+        })
+    }
+
+    async fn grant(&self, namespace: NamespaceName, token: Token) -> Result<GrantInfo, StoreError> {
+        self.read(|ledger, now| Ok(grant_info(ledger, ledger.grant(&namespace, &token)?, now)))
+    }
+
+    async fn waiters(
+        &self,
+        namespace: NamespaceName,
+        page: PageRequest<u64>,
+    ) -> Result<Page<WaiterView, u64>, StoreError> {
+        let limit = page.limit();
+        self.read(|ledger, now| {
+            let waiters = ledger.waiters_after(&namespace, page.after().copied(), limit + 1, now)?;
+            Ok(Page::from_read(waiters, limit, |w| w.arrival))
+        })
+    }
+
+    async fn open_session(&self, ttl_ms: u64) -> Result<SessionInfo, StoreError> {
+        let id = SessionId(rand::random());
+        self.mutate(|ledger, now| {
+            let (session, effects) = ledger.open_session(id, ttl_ms, now)?;
+            Ok((session_info(session, now), effects))
+        })
+        .await
+    }
+
+    async fn keepalive_session(&self, id: SessionId) -> Result<SessionInfo, StoreError> {
+        self.mutate(|ledger, now| {
+            let (session, effects) = ledger.keepalive_session(id, now)?;
+            Ok((session_info(session, now), effects))
+        })
+        .await
+    }
+
+    async fn close_session(&self, id: SessionId) -> Result<SessionInfo, StoreError> {
+        self.mutate(|ledger, now| {
+            let (session, effects) = ledger.close_session(id, now)?;
+            Ok((session_info(session, now), effects))
+        })
+        .await
+    }
+
+    async fn sessions(&self, page: PageRequest<SessionId>) -> Result<Page<SessionInfo, SessionId>, StoreError> {
+        let limit = page.limit();
+        self.read(|ledger, now| {
+            let sessions = ledger.sessions_after(page.after().copied(), limit + 1);
+            let infos = sessions.into_iter().map(|s| session_info(s, now)).collect();
+            Ok(Page::from_read(infos, limit, |s: &SessionInfo| s.session.id))
+        })
+    }
+
+    async fn session(&self, id: SessionId) -> Result<SessionInfo, StoreError> {
+        self.read(|ledger, now| Ok(session_info(ledger.session(id)?, now)))
+    }
+}

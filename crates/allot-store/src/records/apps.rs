@@ -1,0 +1,342 @@
+//! Records of the applications part:
+//! - `queues`: queue path -> [`QueueRecord`]
+//! - `apps`: application id -> [`AppRecord`]
+//! - `tasks`: (application id, task id) -> [`TaskRecord`]
+//!
+//! States are stored by name, so a reordering of the enums cannot misread a file.
+
+use std::collections::BTreeMap;
+
+use allot_core::app::{AppState, TaskState};
+use allot_core::pool::{AllocId, PoolName};
+use allot_core::queue::{QueueLimits, QueuePath, SortPolicy};
+use allot_core::sched::{
+    App, AppId, AppSpec, GangStyle, GroupName, HeldTokens, Placement, SchedulingPolicy, Slot, Task, TaskGroup, TaskId,
+    TaskSpec, TokenNeed,
+};
+use allot_core::{Millis, NamespaceName, Token};
+use redb::TableDefinition;
+use serde::{Deserialize, Serialize};
+
+use super::{resources_from, resources_record, CorruptRecord, ResourcesRecord};
+
+pub const QUEUES: TableDefinition<&str, &[u8]> = TableDefinition::new("queues");
+pub const APPS: TableDefinition<&str, &[u8]> = TableDefinition::new("apps");
+pub const TASKS: TableDefinition<(&str, &str), &[u8]> = TableDefinition::new("tasks");
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct QueueRecord {
+    pub guaranteed: ResourcesRecord,
+    pub max: Option<ResourcesRecord>,
+    pub max_apps: Option<u64>,
+    pub user_max_apps: Option<u64>,
+    pub user_max: Option<ResourcesRecord>,
+    pub sort: String,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct GroupRecord {
+    pub name: String,
+    pub min_members: u32,
+    pub min_resources: ResourcesRecord,
+    pub selector: BTreeMap<String, String>,
+    pub tokens: Vec<(String, u64)>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PlacementRecord {
+    pub pool: String,
+    pub alloc: u64,
+    pub resources: ResourcesRecord,
+    /// (namespace, token, units)
+    pub grants: Vec<(String, String, u64)>,
+    pub at: Millis,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SlotRecord {
+    pub group: String,
+    pub member: u32,
+    pub placement: PlacementRecord,
+    pub task: Option<String>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct AppRecord {
+    pub queue: String,
+    pub user: String,
+    pub tags: BTreeMap<String, String>,
+    pub groups: Vec<GroupRecord>,
+    pub placeholder_timeout_ms: u64,
+    pub gang: String,
+    pub reserve_timeout_ms: Option<u64>,
+    pub state: String,
+    pub seq: u64,
+    pub submitted: Millis,
+    pub reserved_at: Option<Millis>,
+    pub slots: Vec<SlotRecord>,
+    pub gang_given_up: bool,
+    pub counted: bool,
+    pub completing_since: Option<Millis>,
+    pub reason: Option<String>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct TaskRecord {
+    pub resources: ResourcesRecord,
+    pub tokens: Vec<(String, u64)>,
+    pub group: Option<String>,
+    pub priority: i32,
+    pub selector: BTreeMap<String, String>,
+    pub spec: String,
+    pub state: String,
+    pub seq: u64,
+    pub added: Millis,
+    pub placement: Option<PlacementRecord>,
+    pub slot: Option<u32>,
+    pub reason: Option<String>,
+}
+
+fn sort_name(sort: SortPolicy) -> &'static str {
+    match sort {
+        SortPolicy::Fifo => "fifo",
+        SortPolicy::Fair => "fair",
+        SortPolicy::Priority => "priority",
+    }
+}
+
+/// Turns errors of the core's constructors into [`CorruptRecord`]s of one key.
+struct Reader {
+    table: &'static str,
+    key: String,
+}
+
+impl Reader {
+    fn err(&self, reason: impl ToString) -> CorruptRecord {
+        CorruptRecord { table: self.table, key: self.key.clone(), reason: reason.to_string() }
+    }
+
+    fn resources(&self, record: ResourcesRecord) -> Result<allot_core::Resources, CorruptRecord> {
+        resources_from(record, self.table, &self.key)
+    }
+
+    fn needs(&self, record: Vec<(String, u64)>) -> Result<Vec<TokenNeed>, CorruptRecord> {
+        record
+            .into_iter()
+            .map(|(namespace, units)| {
+                Ok(TokenNeed { namespace: NamespaceName::new(&namespace).map_err(|e| self.err(e))?, units })
+            })
+            .collect()
+    }
+
+    fn placement(&self, record: PlacementRecord) -> Result<Placement, CorruptRecord> {
+        let grants = record
+            .grants
+            .into_iter()
+            .map(|(namespace, token, units)| {
+                Ok(HeldTokens {
+                    namespace: NamespaceName::new(&namespace).map_err(|e| self.err(e))?,
+                    token: Token::new(&token).map_err(|e| self.err(e))?,
+                    units,
+                })
+            })
+            .collect::<Result<_, CorruptRecord>>()?;
+        Ok(Placement {
+            pool: PoolName::new(&record.pool).map_err(|e| self.err(e))?,
+            alloc: AllocId(record.alloc),
+            resources: self.resources(record.resources)?,
+            grants,
+            at: record.at,
+        })
+    }
+
+    fn state<S: Copy>(&self, all: &[S], name: impl Fn(S) -> &'static str, text: &str) -> Result<S, CorruptRecord> {
+        all.iter().copied().find(|s| name(*s) == text).ok_or_else(|| self.err(format!("unknown state `{text}`")))
+    }
+}
+
+fn needs_record(needs: &[TokenNeed]) -> Vec<(String, u64)> {
+    needs.iter().map(|n| (n.namespace.to_string(), n.units)).collect()
+}
+
+fn placement_record(placement: &Placement) -> PlacementRecord {
+    PlacementRecord {
+        pool: placement.pool.to_string(),
+        alloc: placement.alloc.0,
+        resources: resources_record(&placement.resources),
+        grants: placement.grants.iter().map(|g| (g.namespace.to_string(), g.token.to_string(), g.units)).collect(),
+        at: placement.at,
+    }
+}
+
+impl QueueRecord {
+    pub fn of(limits: &QueueLimits) -> QueueRecord {
+        QueueRecord {
+            guaranteed: resources_record(&limits.guaranteed),
+            max: limits.max.as_ref().map(resources_record),
+            max_apps: limits.max_apps,
+            user_max_apps: limits.user_max_apps,
+            user_max: limits.user_max.as_ref().map(resources_record),
+            sort: sort_name(limits.sort).to_owned(),
+        }
+    }
+
+    pub fn into_queue(self, path: &str) -> Result<(QueuePath, QueueLimits), CorruptRecord> {
+        let r = Reader { table: "queues", key: path.to_owned() };
+        let sort = [SortPolicy::Fifo, SortPolicy::Fair, SortPolicy::Priority]
+            .into_iter()
+            .find(|s| sort_name(*s) == self.sort)
+            .ok_or_else(|| r.err(format!("unknown sort policy `{}`", self.sort)))?;
+        let limits = QueueLimits {
+            guaranteed: r.resources(self.guaranteed)?,
+            max: self.max.map(|m| r.resources(m)).transpose()?,
+            max_apps: self.max_apps,
+            user_max_apps: self.user_max_apps,
+            user_max: self.user_max.map(|m| r.resources(m)).transpose()?,
+            sort,
+        };
+        Ok((QueuePath::new(path).map_err(|e| r.err(e))?, limits))
+    }
+}
+
+impl AppRecord {
+    pub fn of(app: &App) -> AppRecord {
+        let spec = &app.spec;
+        AppRecord {
+            queue: spec.queue.to_string(),
+            user: spec.user.clone(),
+            tags: spec.tags.clone(),
+            groups: spec
+                .groups
+                .iter()
+                .map(|g| GroupRecord {
+                    name: g.name.to_string(),
+                    min_members: g.min_members,
+                    min_resources: resources_record(&g.min_resources),
+                    selector: g.selector.clone(),
+                    tokens: needs_record(&g.tokens),
+                })
+                .collect(),
+            placeholder_timeout_ms: spec.policy.placeholder_timeout_ms,
+            gang: spec.policy.gang.name().to_owned(),
+            reserve_timeout_ms: spec.policy.reserve_timeout_ms,
+            state: app.state.name().to_owned(),
+            seq: app.seq,
+            submitted: app.submitted,
+            reserved_at: app.reserved_at,
+            slots: app
+                .slots
+                .iter()
+                .map(|s| SlotRecord {
+                    group: s.group.to_string(),
+                    member: s.member,
+                    placement: placement_record(&s.placement),
+                    task: s.task.as_ref().map(|t| t.to_string()),
+                })
+                .collect(),
+            gang_given_up: app.gang_given_up,
+            counted: app.counted,
+            completing_since: app.completing_since,
+            reason: app.reason.clone(),
+        }
+    }
+
+    pub fn into_app(self, id: &str) -> Result<App, CorruptRecord> {
+        let r = Reader { table: "apps", key: id.to_owned() };
+        let groups = self
+            .groups
+            .into_iter()
+            .map(|g| {
+                Ok(TaskGroup {
+                    name: GroupName::new(&g.name).map_err(|e| r.err(e))?,
+                    min_members: g.min_members,
+                    min_resources: r.resources(g.min_resources)?,
+                    selector: g.selector,
+                    tokens: r.needs(g.tokens)?,
+                })
+            })
+            .collect::<Result<_, CorruptRecord>>()?;
+        let gang = match self.gang.as_str() {
+            "Soft" => GangStyle::Soft,
+            "Hard" => GangStyle::Hard,
+            other => return Err(r.err(format!("unknown gang style `{other}`"))),
+        };
+        let slots = self
+            .slots
+            .into_iter()
+            .map(|s| {
+                Ok(Slot {
+                    group: GroupName::new(&s.group).map_err(|e| r.err(e))?,
+                    member: s.member,
+                    placement: r.placement(s.placement)?,
+                    task: s.task.map(|t| TaskId::new(&t).map_err(|e| r.err(e))).transpose()?,
+                })
+            })
+            .collect::<Result<_, CorruptRecord>>()?;
+        Ok(App {
+            spec: AppSpec {
+                id: AppId::new(id).map_err(|e| r.err(e))?,
+                queue: QueuePath::new(&self.queue).map_err(|e| r.err(e))?,
+                user: self.user,
+                tags: self.tags,
+                groups,
+                policy: SchedulingPolicy {
+                    placeholder_timeout_ms: self.placeholder_timeout_ms,
+                    gang,
+                    reserve_timeout_ms: self.reserve_timeout_ms,
+                },
+            },
+            state: r.state(AppState::ALL, AppState::name, &self.state)?,
+            seq: self.seq,
+            submitted: self.submitted,
+            reserved_at: self.reserved_at,
+            slots,
+            gang_given_up: self.gang_given_up,
+            counted: self.counted,
+            completing_since: self.completing_since,
+            reason: self.reason,
+        })
+    }
+}
+
+impl TaskRecord {
+    pub fn of(task: &Task) -> TaskRecord {
+        let spec = &task.spec;
+        TaskRecord {
+            resources: resources_record(&spec.resources),
+            tokens: needs_record(&spec.tokens),
+            group: spec.group.as_ref().map(|g| g.to_string()),
+            priority: spec.priority,
+            selector: spec.selector.clone(),
+            spec: spec.spec.clone(),
+            state: task.state.name().to_owned(),
+            seq: task.seq,
+            added: task.added,
+            placement: task.placement.as_ref().map(placement_record),
+            slot: task.slot,
+            reason: task.reason.clone(),
+        }
+    }
+
+    pub fn into_task(self, app: &str, id: &str) -> Result<Task, CorruptRecord> {
+        let r = Reader { table: "tasks", key: format!("{app}/{id}") };
+        Ok(Task {
+            app: AppId::new(app).map_err(|e| r.err(e))?,
+            spec: TaskSpec {
+                id: TaskId::new(id).map_err(|e| r.err(e))?,
+                resources: r.resources(self.resources)?,
+                tokens: r.needs(self.tokens)?,
+                group: self.group.map(|g| GroupName::new(&g).map_err(|e| r.err(e))).transpose()?,
+                priority: self.priority,
+                selector: self.selector,
+                spec: self.spec,
+            },
+            state: r.state(TaskState::ALL, TaskState::name, &self.state)?,
+            seq: self.seq,
+            added: self.added,
+            placement: self.placement.map(|p| r.placement(p)).transpose()?,
+            slot: self.slot,
+            reason: self.reason,
+        })
+    }
+}
