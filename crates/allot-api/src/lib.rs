@@ -6,6 +6,9 @@
 use serde::{Deserialize, Serialize};
 use utoipa::ToSchema;
 
+pub mod apps;
+pub use apps::*;
+
 /// Nested objects are JSON objects: serde would also read a struct from an array (`[1, 2]` as
 /// `{"project": 1, "namespace": 2}`), which the API's document does not allow.
 pub mod object {
@@ -376,6 +379,9 @@ pub struct ErrorDetail {
 pub struct PutPool {
     /// e.g. `cpu=16,mem=64GiB,disk=1TiB,gpu=2`.
     pub capacity: String,
+    /// What the scheduler's selectors match, e.g. `{"zone": "eu"}`; not given keeps them.
+    #[serde(default, skip_serializing_if = "Option::is_none", deserialize_with = "object::optional")]
+    pub labels: Option<std::collections::BTreeMap<String, String>>,
 }
 
 /// Counters of a pool since the daemon started.
@@ -400,6 +406,8 @@ pub struct Pool {
     /// A stopped pool (idle) makes no offers until it is put again.
     pub stopped: bool,
     pub stats: PoolStats,
+    #[serde(default)]
+    pub labels: std::collections::BTreeMap<String, String>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]

@@ -224,6 +224,7 @@ pub(crate) fn pool(view: PoolView) -> allot_api::Pool {
             freed: view.stats.freed,
             reclaimed: view.stats.reclaimed,
         },
+        labels: view.labels,
     }
 }
 

@@ -8,6 +8,8 @@
 //!
 //! Architecture invariant: this crate and `allot-api` are the only ones that know HTTP and JSON.
 
+mod app_convert;
+mod app_routes;
 mod convert;
 mod document;
 mod error;
@@ -76,7 +78,10 @@ session_not_found, not_found (404); method_not_allowed (405); stale_fencing, tok
 namespace_in_use (409); payload_too_large (413); store_unavailable, \
 store_outcome_unknown, shutting_down (503); internal (500). Pools: invalid_resources (400); pool_not_found, \
 alloc_not_found, offer_not_found (404); offer_expired, exceeds_capacity, pool_stopped, pool_in_use, \
-alloc_ended (409). An ended alloc reads as 410 Gone with its record.\n\n\
+alloc_ended, held_by_scheduler (409). An ended alloc reads as 410 Gone with its record. Applications: \
+invalid_queue, queue_not_a_leaf, gang_never_fits, gang_exceeds_queue, unknown_task_group, larger_than_task_group \
+(400); queue_not_found, app_not_found, task_not_found (404); queue_in_use, app_conflict, task_conflict, app_ended, \
+illegal_transition (409); unsupported (501).\n\n\
 Names (namespaces, tokens, projects, namespace scopes, pools) follow one rule: 1 to 255 characters, no control \
 characters, no `/`, not `.` or `..`; a namespace's `:`-separated segments are not empty. A name in a path is \
 percent-decoded once (`%2F` is a `/`, refused; a `%` is sent as `%25`).\n\n\
@@ -113,6 +118,23 @@ stayed listed."
         pool_routes::free_alloc,
         pool_routes::keepalive_alloc,
         pool_routes::stop_if_idle,
+        app_routes::list_queues,
+        app_routes::get_queue,
+        app_routes::put_queue,
+        app_routes::remove_queue,
+        app_routes::list_apps,
+        app_routes::submit_app,
+        app_routes::get_app,
+        app_routes::remove_app,
+        app_routes::complete_app,
+        app_routes::fail_app,
+        app_routes::list_tasks,
+        app_routes::add_task,
+        app_routes::get_task,
+        app_routes::remove_task,
+        app_routes::start_task,
+        app_routes::complete_task,
+        app_routes::fail_task,
     )
 )]
 struct ApiDoc;
@@ -157,6 +179,20 @@ pub fn app(state: AppState) -> Router {
         .route("/v1/pools/{pool}/allocs/{alloc}", get(pool_routes::get_alloc).delete(pool_routes::free_alloc))
         .route("/v1/pools/{pool}/allocs/{alloc}/keepalive", post(pool_routes::keepalive_alloc))
         .route("/v1/pools/{pool}/stop-if-idle", post(pool_routes::stop_if_idle))
+        .route("/v1/queues", get(app_routes::list_queues))
+        .route(
+            "/v1/queues/{queue}",
+            get(app_routes::get_queue).put(app_routes::put_queue).delete(app_routes::remove_queue),
+        )
+        .route("/v1/apps", get(app_routes::list_apps).post(app_routes::submit_app))
+        .route("/v1/apps/{app}", get(app_routes::get_app).delete(app_routes::remove_app))
+        .route("/v1/apps/{app}/complete", post(app_routes::complete_app))
+        .route("/v1/apps/{app}/fail", post(app_routes::fail_app))
+        .route("/v1/apps/{app}/tasks", get(app_routes::list_tasks).post(app_routes::add_task))
+        .route("/v1/apps/{app}/tasks/{task}", get(app_routes::get_task).delete(app_routes::remove_task))
+        .route("/v1/apps/{app}/tasks/{task}/start", post(app_routes::start_task))
+        .route("/v1/apps/{app}/tasks/{task}/complete", post(app_routes::complete_task))
+        .route("/v1/apps/{app}/tasks/{task}/fail", post(app_routes::fail_task))
         .fallback(|| async { ApiError::not_found() })
         .method_not_allowed_fallback(|| async { ApiError::method_not_allowed() })
         .layer(DefaultBodyLimit::max(MAX_BODY_BYTES))

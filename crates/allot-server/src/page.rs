@@ -8,6 +8,8 @@
 //! listed.
 
 use allot_core::pool::{AllocId, PoolName, ALLOC_ID_PATTERN};
+use allot_core::sched::spec::ID_PATTERN;
+use allot_core::sched::{AppId, TaskId};
 use allot_core::{
     NamespaceName, SessionId, Token, MAX_NAME_CHARS, NAMESPACE_PATTERN, NAME_PATTERN, SESSION_ID_PATTERN,
 };
@@ -151,6 +153,32 @@ impl CursorKey for AllocId {
     }
 }
 
+impl CursorKey for AppId {
+    const TAG: char = 'x';
+    fn text(&self) -> String {
+        self.as_str().to_owned()
+    }
+    fn parse(text: &str) -> Option<Self> {
+        AppId::new(text).ok()
+    }
+    fn schema() -> (String, Option<usize>) {
+        (tagged(Self::TAG, ID_PATTERN), None)
+    }
+}
+
+impl CursorKey for TaskId {
+    const TAG: char = 't';
+    fn text(&self) -> String {
+        self.as_str().to_owned()
+    }
+    fn parse(text: &str) -> Option<Self> {
+        TaskId::new(text).ok()
+    }
+    fn schema() -> (String, Option<usize>) {
+        (tagged(Self::TAG, ID_PATTERN), None)
+    }
+}
+
 /// The cursor of the page after `next`, if there is one.
 pub(crate) fn cursor<K: CursorKey>(next: Option<K>) -> Option<String> {
     next.map(|key| format!("{}{}", K::TAG, key.text()))
@@ -169,7 +197,7 @@ fn decode<K: CursorKey>(cursor: &str) -> Result<K, ApiError> {
 
 /// The schema of the `cursor` parameter of each list route, for the OpenAPI document: exactly the
 /// cursors the route takes.
-pub(crate) fn cursor_schemas() -> [(&'static str, Value); 6] {
+pub(crate) fn cursor_schemas() -> [(&'static str, Value); 8] {
     fn schema<K: CursorKey>() -> Value {
         let (pattern, max_chars) = K::schema();
         let mut schema = json!({"type": "string", "pattern": pattern, "minLength": 2});
@@ -185,6 +213,8 @@ pub(crate) fn cursor_schemas() -> [(&'static str, Value); 6] {
         ("/v1/sessions", schema::<SessionId>()),
         ("/v1/pools", schema::<PoolName>()),
         ("/v1/pools/{pool}/allocs", schema::<AllocId>()),
+        ("/v1/apps", schema::<AppId>()),
+        ("/v1/apps/{app}/tasks", schema::<TaskId>()),
     ]
 }
 

@@ -54,7 +54,11 @@ pub(crate) async fn put_pool(
              to take a pool out of service use stop-if-idle or DELETE",
         ));
     }
-    let (created, view) = state.store.put_pool(convert::pool_name(&name)?, capacity).await?;
+    let pool = convert::pool_name(&name)?;
+    let (created, mut view) = state.store.put_pool(pool.clone(), capacity).await?;
+    if let Some(labels) = body.labels {
+        view = state.store.label_pool(pool, labels).await?;
+    }
     let status = if created { StatusCode::CREATED } else { StatusCode::OK };
     Ok((status, Json(api::PutPoolResponse { created, pool: convert::pool(view) })))
 }

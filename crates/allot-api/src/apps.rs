@@ -1,0 +1,290 @@
+//! Queues, applications and tasks (YuniKorn's application-management protocol). Resources are
+//! written in their text form (`cpu=4,mem=16GiB`), durations in milliseconds.
+
+use std::collections::BTreeMap;
+
+use serde::{Deserialize, Serialize};
+use utoipa::ToSchema;
+
+use crate::integer;
+
+/// How a leaf queue orders its applications.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+#[serde(rename_all = "lowercase")]
+pub enum SortPolicy {
+    /// Submission order: each application places all it can before the next.
+    #[default]
+    Fifo,
+    /// Round robin, least used first.
+    Fair,
+    /// The application with the highest-priority pending task first.
+    Priority,
+}
+
+/// `PUT /v1/queues/{queue}`: create a queue (and its parents) or change its limits. A limit not
+/// given is no limit.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct PutQueue {
+    /// What the queue is guaranteed, for fair share between sibling queues.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub guaranteed: Option<String>,
+    /// The most its applications may hold together.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max: Option<String>,
+    /// The most applications running in it at once.
+    #[serde(default, skip_serializing_if = "Option::is_none", deserialize_with = "integer::optional")]
+    pub max_apps: Option<u64>,
+    /// The most applications one user runs in it at once.
+    #[serde(default, skip_serializing_if = "Option::is_none", deserialize_with = "integer::optional")]
+    pub user_max_apps: Option<u64>,
+    /// The most one user's applications may hold in it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub user_max: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub sort: Option<SortPolicy>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+pub struct Queue {
+    /// e.g. `root.analytics.etl`.
+    pub path: String,
+    /// Applications go to leaf queues only.
+    pub leaf: bool,
+    pub guaranteed: String,
+    pub max: Option<String>,
+    pub max_apps: Option<u64>,
+    pub user_max_apps: Option<u64>,
+    pub user_max: Option<String>,
+    pub sort: SortPolicy,
+    /// What the placements of its applications hold.
+    pub used: String,
+    pub running_apps: u64,
+    /// Applications in it (or under it) that have not ended.
+    pub apps: u64,
+    pub pending_tasks: u64,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+pub struct PutQueueResponse {
+    pub created: bool,
+    pub queue: Queue,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+pub struct QueueList {
+    pub queues: Vec<Queue>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+pub struct RemovedQueue {
+    pub path: String,
+}
+
+/// Units of a token namespace's quota held while placed.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct TokenNeed {
+    pub namespace: String,
+    #[serde(deserialize_with = "integer::required")]
+    pub units: u64,
+}
+
+/// Tasks that start together or not at all.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct TaskGroup {
+    pub name: String,
+    pub min_members: u32,
+    /// What each member's placeholder holds; a member may ask for less, never more.
+    pub min_resources: String,
+    /// Pools a member may go to: those with all of these labels.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub selector: BTreeMap<String, String>,
+    /// Tokens each member's placeholder holds.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub tokens: Vec<TokenNeed>,
+}
+
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+pub enum GangStyle {
+    /// On timeout, release the unused placeholders and go on without the gang.
+    #[default]
+    Soft,
+    /// On timeout, fail the application (`ResourceReservationTimeout`).
+    Hard,
+}
+
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct SchedulingPolicy {
+    /// How long reserved placeholders wait for their tasks (default 15 minutes).
+    #[serde(default, skip_serializing_if = "Option::is_none", deserialize_with = "integer::optional")]
+    pub placeholder_timeout_ms: Option<u64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub gang: Option<GangStyle>,
+    /// How long to wait, from submission, before any placeholder is reserved (default: no limit).
+    #[serde(default, skip_serializing_if = "Option::is_none", deserialize_with = "integer::optional")]
+    pub reserve_timeout_ms: Option<u64>,
+}
+
+/// A task as added.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct AddTask {
+    pub id: String,
+    pub resources: String,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub tokens: Vec<TokenNeed>,
+    /// Its task group, if it is a gang member.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub group: Option<String>,
+    /// Higher first (default 0).
+    #[serde(default)]
+    pub priority: i32,
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub selector: BTreeMap<String, String>,
+    /// Opaque to allot: whatever runs the task needs.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schema(value_type = Option<Object>)]
+    pub spec: Option<serde_json::Value>,
+}
+
+/// `POST /v1/apps`: submit an application, with its first tasks if any.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct SubmitApp {
+    pub id: String,
+    /// A leaf queue, e.g. `root.analytics.etl`.
+    pub queue: String,
+    #[serde(default = "default_user")]
+    pub user: String,
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub tags: BTreeMap<String, String>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub task_groups: Vec<TaskGroup>,
+    #[serde(default)]
+    pub policy: SchedulingPolicy,
+    /// Tasks added right after the application, in order.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub tasks: Vec<AddTask>,
+}
+
+fn default_user() -> String {
+    "default".to_owned()
+}
+
+/// Why an application or task waits.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+pub struct Waiting {
+    /// queue_limit, no_pool_matches, no_room, tokens, gang_not_reserved, gang_missing_members,
+    /// after_gang.
+    pub code: String,
+    pub message: String,
+}
+
+/// A placeholder of a reserved gang.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+pub struct Placeholder {
+    pub group: String,
+    pub member: u32,
+    pub placement: Placement,
+    /// The task that took it over.
+    pub task: Option<String>,
+}
+
+/// Tokens a placement holds.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+pub struct HeldTokens {
+    pub namespace: String,
+    pub token: String,
+    pub units: u64,
+}
+
+/// Where a task runs: an alloc on a pool and the grants it holds, taken together.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+pub struct Placement {
+    pub pool: String,
+    pub alloc: String,
+    /// `pool/alloc`.
+    pub uri: String,
+    pub resources: String,
+    pub tokens: Vec<HeldTokens>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+pub struct App {
+    pub id: String,
+    pub queue: String,
+    pub user: String,
+    pub tags: BTreeMap<String, String>,
+    /// New, Accepted, Reserving, Running, Resuming, Completing, Completed, Failing, Failed,
+    /// Rejected.
+    pub state: String,
+    pub task_groups: Vec<TaskGroup>,
+    pub policy: SchedulingPolicy,
+    /// Its tasks by state.
+    pub tasks: BTreeMap<String, u64>,
+    pub placeholders: Vec<Placeholder>,
+    /// While Reserving: the time left before the placeholder timeout.
+    pub placeholders_expire_in_ms: Option<u64>,
+    /// Why it waits, while it does.
+    pub waiting: Option<Waiting>,
+    /// Why it ended, when not by its tasks (e.g. `ResourceReservationTimeout`).
+    pub reason: Option<String>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+pub struct SubmitAppResponse {
+    pub created: bool,
+    pub app: App,
+    /// The tasks submitted with it.
+    pub tasks: Vec<Task>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+pub struct AppList {
+    pub apps: Vec<App>,
+    #[serde(default)]
+    pub next_cursor: Option<String>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+pub struct Task {
+    pub app: String,
+    pub id: String,
+    /// New, Pending, Scheduling, Allocated, Running, Completed, Failed, Killed, Rejected.
+    pub state: String,
+    pub resources: String,
+    pub tokens: Vec<TokenNeed>,
+    pub group: Option<String>,
+    pub priority: i32,
+    pub selector: BTreeMap<String, String>,
+    #[schema(value_type = Option<Object>)]
+    pub spec: Option<serde_json::Value>,
+    /// Where it is placed (kept after it ends: where it ran).
+    pub placement: Option<Placement>,
+    pub waiting: Option<Waiting>,
+    pub reason: Option<String>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+pub struct AddTaskResponse {
+    pub created: bool,
+    pub task: Task,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+pub struct TaskList {
+    pub tasks: Vec<Task>,
+    #[serde(default)]
+    pub next_cursor: Option<String>,
+}
+
+/// `POST .../fail`: why it failed.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct Fail {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reason: Option<String>,
+}

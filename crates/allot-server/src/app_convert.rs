@@ -1,0 +1,210 @@
+//! Conversions of queues, applications and tasks between wire types and domain types.
+
+use allot_api as api;
+use allot_core::app::TaskState;
+use allot_core::queue::{QueueLimits, QueuePath, SortPolicy};
+use allot_core::sched::spec::DEFAULT_PLACEHOLDER_TIMEOUT_MS;
+use allot_core::sched::{
+    AppId, AppSpec, GangStyle, GroupName, HeldTokens, Placement, QueueView, SchedulingPolicy, TaskGroup, TaskId,
+    TaskSpec, TokenNeed, Why,
+};
+use allot_core::Millis;
+use allot_store::{AppInfo, TaskInfo};
+
+use crate::convert::{namespace_name, resources};
+use crate::error::ApiError;
+
+pub(crate) fn queue_path(path: &str) -> Result<QueuePath, ApiError> {
+    QueuePath::new(path).map_err(|e| ApiError::from(allot_core::sched::SchedError::from(e)))
+}
+
+pub(crate) fn app_id(id: &str) -> Result<AppId, ApiError> {
+    Ok(AppId::new(id)?)
+}
+
+pub(crate) fn task_id(id: &str) -> Result<TaskId, ApiError> {
+    Ok(TaskId::new(id)?)
+}
+
+fn sort_in(sort: api::SortPolicy) -> SortPolicy {
+    match sort {
+        api::SortPolicy::Fifo => SortPolicy::Fifo,
+        api::SortPolicy::Fair => SortPolicy::Fair,
+        api::SortPolicy::Priority => SortPolicy::Priority,
+    }
+}
+
+fn sort_out(sort: SortPolicy) -> api::SortPolicy {
+    match sort {
+        SortPolicy::Fifo => api::SortPolicy::Fifo,
+        SortPolicy::Fair => api::SortPolicy::Fair,
+        SortPolicy::Priority => api::SortPolicy::Priority,
+    }
+}
+
+pub(crate) fn queue_limits(body: api::PutQueue) -> Result<QueueLimits, ApiError> {
+    Ok(QueueLimits {
+        guaranteed: body.guaranteed.as_deref().map(resources).transpose()?.unwrap_or_default(),
+        max: body.max.as_deref().map(resources).transpose()?,
+        max_apps: body.max_apps,
+        user_max_apps: body.user_max_apps,
+        user_max: body.user_max.as_deref().map(resources).transpose()?,
+        sort: body.sort.map(sort_in).unwrap_or_default(),
+    })
+}
+
+pub(crate) fn queue(view: QueueView) -> api::Queue {
+    let limits = view.limits;
+    api::Queue {
+        path: view.path.to_string(),
+        leaf: view.leaf,
+        guaranteed: limits.guaranteed.to_string(),
+        max: limits.max.map(|m| m.to_string()),
+        max_apps: limits.max_apps,
+        user_max_apps: limits.user_max_apps,
+        user_max: limits.user_max.map(|m| m.to_string()),
+        sort: sort_out(limits.sort),
+        used: view.usage.allocated.to_string(),
+        running_apps: view.usage.running_apps,
+        apps: view.apps,
+        pending_tasks: view.pending_tasks,
+    }
+}
+
+fn needs_in(needs: Vec<api::TokenNeed>) -> Result<Vec<TokenNeed>, ApiError> {
+    needs.into_iter().map(|n| Ok(TokenNeed { namespace: namespace_name(&n.namespace)?, units: n.units })).collect()
+}
+
+fn needs_out(needs: &[TokenNeed]) -> Vec<api::TokenNeed> {
+    needs.iter().map(|n| api::TokenNeed { namespace: n.namespace.to_string(), units: n.units }).collect()
+}
+
+pub(crate) fn app_spec(body: &api::SubmitApp) -> Result<AppSpec, ApiError> {
+    let groups = body
+        .task_groups
+        .iter()
+        .map(|g| {
+            Ok(TaskGroup {
+                name: GroupName::new(&g.name)?,
+                min_members: g.min_members,
+                min_resources: resources(&g.min_resources)?,
+                selector: g.selector.clone(),
+                tokens: needs_in(g.tokens.clone())?,
+            })
+        })
+        .collect::<Result<_, ApiError>>()?;
+    let policy = &body.policy;
+    Ok(AppSpec {
+        id: app_id(&body.id)?,
+        queue: queue_path(&body.queue)?,
+        user: body.user.clone(),
+        tags: body.tags.clone(),
+        groups,
+        policy: SchedulingPolicy {
+            placeholder_timeout_ms: policy.placeholder_timeout_ms.unwrap_or(DEFAULT_PLACEHOLDER_TIMEOUT_MS),
+            gang: match policy.gang.unwrap_or_default() {
+                api::GangStyle::Soft => GangStyle::Soft,
+                api::GangStyle::Hard => GangStyle::Hard,
+            },
+            reserve_timeout_ms: policy.reserve_timeout_ms,
+        },
+    })
+}
+
+pub(crate) fn task_spec(body: api::AddTask) -> Result<TaskSpec, ApiError> {
+    Ok(TaskSpec {
+        id: task_id(&body.id)?,
+        resources: resources(&body.resources)?,
+        tokens: needs_in(body.tokens)?,
+        group: body.group.as_deref().map(GroupName::new).transpose()?,
+        priority: body.priority,
+        selector: body.selector,
+        spec: body.spec.map(|v| v.to_string()).unwrap_or_default(),
+    })
+}
+
+fn waiting(why: Option<Why>) -> Option<api::Waiting> {
+    why.map(|why| api::Waiting { code: why.code().to_owned(), message: why.to_string() })
+}
+
+fn placement(p: &Placement) -> api::Placement {
+    api::Placement {
+        pool: p.pool.to_string(),
+        alloc: p.alloc.to_string(),
+        uri: format!("{}/{}", p.pool, p.alloc),
+        resources: p.resources.to_string(),
+        tokens: p.grants.iter().map(held).collect(),
+    }
+}
+
+fn held(h: &HeldTokens) -> api::HeldTokens {
+    api::HeldTokens { namespace: h.namespace.to_string(), token: h.token.to_string(), units: h.units }
+}
+
+pub(crate) fn app(info: AppInfo, now: Millis) -> api::App {
+    let AppInfo { app, tasks, why } = info;
+    let spec = &app.spec;
+    let expires = app
+        .reserved_at
+        .filter(|_| app.state == allot_core::app::AppState::Reserving)
+        .map(|at| at.saturating_add(spec.policy.placeholder_timeout_ms).saturating_sub(now));
+    api::App {
+        id: spec.id.to_string(),
+        queue: spec.queue.to_string(),
+        user: spec.user.clone(),
+        tags: spec.tags.clone(),
+        state: app.state.name().to_owned(),
+        task_groups: spec
+            .groups
+            .iter()
+            .map(|g| api::TaskGroup {
+                name: g.name.to_string(),
+                min_members: g.min_members,
+                min_resources: g.min_resources.to_string(),
+                selector: g.selector.clone(),
+                tokens: needs_out(&g.tokens),
+            })
+            .collect(),
+        policy: api::SchedulingPolicy {
+            placeholder_timeout_ms: Some(spec.policy.placeholder_timeout_ms),
+            gang: Some(match spec.policy.gang {
+                GangStyle::Soft => api::GangStyle::Soft,
+                GangStyle::Hard => api::GangStyle::Hard,
+            }),
+            reserve_timeout_ms: spec.policy.reserve_timeout_ms,
+        },
+        tasks: tasks.into_iter().map(|(state, n): (TaskState, u64)| (state.name().to_owned(), n)).collect(),
+        placeholders: app
+            .slots
+            .iter()
+            .map(|s| api::Placeholder {
+                group: s.group.to_string(),
+                member: s.member,
+                placement: placement(&s.placement),
+                task: s.task.as_ref().map(|t| t.to_string()),
+            })
+            .collect(),
+        placeholders_expire_in_ms: expires,
+        waiting: waiting(why),
+        reason: app.reason.clone(),
+    }
+}
+
+pub(crate) fn task(info: TaskInfo) -> api::Task {
+    let TaskInfo { task, why } = info;
+    let spec = task.spec;
+    api::Task {
+        app: task.app.to_string(),
+        id: spec.id.to_string(),
+        state: task.state.name().to_owned(),
+        resources: spec.resources.to_string(),
+        tokens: needs_out(&spec.tokens),
+        group: spec.group.map(|g| g.to_string()),
+        priority: spec.priority,
+        selector: spec.selector,
+        spec: (!spec.spec.is_empty()).then(|| serde_json::from_str(&spec.spec).ok()).flatten(),
+        placement: task.placement.as_ref().map(placement),
+        waiting: waiting(why),
+        reason: task.reason,
+    }
+}

@@ -1,0 +1,262 @@
+//! The handlers of queues, applications and tasks: one per route, each a thin conversion around
+//! one `AppStore` call.
+
+use allot_api as api;
+use axum::extract::State;
+use axum::http::StatusCode;
+use axum::Json;
+
+use crate::app_convert::{self as convert, app_id, queue_path, task_id};
+use crate::error::ApiError;
+use crate::extract::{JsonBody, QueryArgs, Segments};
+use crate::page::{cursor, PageQuery};
+use crate::AppState;
+
+type Answer<T> = Result<Json<T>, ApiError>;
+
+const UNAVAILABLE: &str = "store_unavailable, store_outcome_unknown or shutting_down";
+
+/// Every queue, in path order.
+#[utoipa::path(get, path = "/v1/queues", tag = "apps",
+    responses((status = 200, body = api::QueueList), (status = 503, body = api::ErrorBody, description = UNAVAILABLE)))]
+pub(crate) async fn list_queues(State(state): State<AppState>) -> Answer<api::QueueList> {
+    let queues = state.store.queues().await?;
+    Ok(Json(api::QueueList { queues: queues.into_iter().map(convert::queue).collect() }))
+}
+
+#[utoipa::path(get, path = "/v1/queues/{queue}", tag = "apps",
+    params(("queue" = String, Path, description = "e.g. `root.analytics.etl`")),
+    responses((status = 200, body = api::Queue), (status = 400, body = api::ErrorBody, description = "invalid_queue"),
+        (status = 404, body = api::ErrorBody, description = "queue_not_found"), (status = 503, body = api::ErrorBody, description = UNAVAILABLE)))]
+pub(crate) async fn get_queue(State(state): State<AppState>, Segments(path): Segments<String>) -> Answer<api::Queue> {
+    Ok(Json(convert::queue(state.store.queue(queue_path(&path)?).await?)))
+}
+
+/// Creates a queue (and its parents) or changes its limits; a changed limit counts from the next
+/// placement, and lowering one ends nothing.
+#[utoipa::path(put, path = "/v1/queues/{queue}", tag = "apps",
+    params(("queue" = String, Path, description = "e.g. `root.analytics.etl`")),
+    request_body = api::PutQueue,
+    responses((status = 201, body = api::PutQueueResponse, description = "created"), (status = 200, body = api::PutQueueResponse, description = "changed"),
+        (status = 400, body = api::ErrorBody, description = "invalid_queue, invalid_resources, invalid_argument or invalid_json"),
+        (status = 503, body = api::ErrorBody, description = UNAVAILABLE)))]
+pub(crate) async fn put_queue(
+    State(state): State<AppState>,
+    Segments(path): Segments<String>,
+    JsonBody(body): JsonBody<api::PutQueue>,
+) -> Result<(StatusCode, Json<api::PutQueueResponse>), ApiError> {
+    let limits = convert::queue_limits(body)?;
+    let (created, view) = state.store.put_queue(queue_path(&path)?, limits).await?;
+    let status = if created { StatusCode::CREATED } else { StatusCode::OK };
+    Ok((status, Json(api::PutQueueResponse { created, queue: convert::queue(view) })))
+}
+
+/// Removes a leaf queue with no live application.
+#[utoipa::path(delete, path = "/v1/queues/{queue}", tag = "apps",
+    params(("queue" = String, Path, description = "e.g. `root.analytics.etl`")),
+    responses((status = 200, body = api::RemovedQueue), (status = 400, body = api::ErrorBody, description = "invalid_queue"),
+        (status = 404, body = api::ErrorBody, description = "queue_not_found"),
+        (status = 409, body = api::ErrorBody, description = "queue_in_use: it has child queues or live applications, or it is root"),
+        (status = 503, body = api::ErrorBody, description = UNAVAILABLE)))]
+pub(crate) async fn remove_queue(
+    State(state): State<AppState>,
+    Segments(path): Segments<String>,
+) -> Answer<api::RemovedQueue> {
+    state.store.remove_queue(queue_path(&path)?).await?;
+    Ok(Json(api::RemovedQueue { path }))
+}
+
+/// A page of the applications, ordered by id.
+#[utoipa::path(get, path = "/v1/apps", tag = "apps", params(PageQuery),
+    responses((status = 200, body = api::AppList), (status = 400, body = api::ErrorBody, description = "invalid_argument (limit) or invalid_cursor"),
+        (status = 503, body = api::ErrorBody, description = UNAVAILABLE)))]
+pub(crate) async fn list_apps(
+    State(state): State<AppState>,
+    QueryArgs(query): QueryArgs<PageQuery>,
+) -> Answer<api::AppList> {
+    let page = state.store.apps(query.request()?).await?;
+    let now = state.store.now();
+    Ok(Json(api::AppList {
+        apps: page.items.into_iter().map(|info| convert::app(info, now)).collect(),
+        next_cursor: cursor(page.next),
+    }))
+}
+
+/// Submits an application, then adds the tasks it carries, in order. The same application again
+/// is answered as it is (200); other content under its id is `app_conflict`.
+#[utoipa::path(post, path = "/v1/apps", tag = "apps", request_body = api::SubmitApp,
+    responses((status = 201, body = api::SubmitAppResponse, description = "submitted"), (status = 200, body = api::SubmitAppResponse, description = "already submitted with this content"),
+        (status = 400, body = api::ErrorBody, description = "invalid_argument, invalid_queue, queue_not_a_leaf, invalid_resources, gang_never_fits, gang_exceeds_queue, unknown_task_group, larger_than_task_group or invalid_json"),
+        (status = 404, body = api::ErrorBody, description = "queue_not_found or namespace_not_found"),
+        (status = 409, body = api::ErrorBody, description = "app_conflict, task_conflict or app_ended"),
+        (status = 501, body = api::ErrorBody, description = "unsupported: the store does not carry applications"),
+        (status = 503, body = api::ErrorBody, description = UNAVAILABLE)))]
+pub(crate) async fn submit_app(
+    State(state): State<AppState>,
+    JsonBody(body): JsonBody<api::SubmitApp>,
+) -> Result<(StatusCode, Json<api::SubmitAppResponse>), ApiError> {
+    let spec = convert::app_spec(&body)?;
+    let tasks = body.tasks.into_iter().map(convert::task_spec).collect::<Result<Vec<_>, _>>()?;
+    let id = spec.id.clone();
+    let (_, created) = state.store.add_app(spec).await?;
+    let mut added = Vec::with_capacity(tasks.len());
+    for task in tasks {
+        let (info, _) = state.store.add_task(id.clone(), task).await?;
+        added.push(convert::task(info));
+    }
+    let info = state.store.app(id).await?;
+    let status = if created { StatusCode::CREATED } else { StatusCode::OK };
+    Ok((status, Json(api::SubmitAppResponse { created, app: convert::app(info, state.store.now()), tasks: added })))
+}
+
+#[utoipa::path(get, path = "/v1/apps/{app}", tag = "apps",
+    params(("app" = String, Path, description = "the application's id")),
+    responses((status = 200, body = api::App), (status = 400, body = api::ErrorBody, description = "invalid_argument"),
+        (status = 404, body = api::ErrorBody, description = "app_not_found"), (status = 503, body = api::ErrorBody, description = UNAVAILABLE)))]
+pub(crate) async fn get_app(State(state): State<AppState>, Segments(id): Segments<String>) -> Answer<api::App> {
+    let info = state.store.app(app_id(&id)?).await?;
+    Ok(Json(convert::app(info, state.store.now())))
+}
+
+/// Removes an application: its tasks end, and every alloc and grant it holds is released.
+#[utoipa::path(delete, path = "/v1/apps/{app}", tag = "apps",
+    params(("app" = String, Path, description = "the application's id")),
+    responses((status = 200, body = api::App), (status = 400, body = api::ErrorBody, description = "invalid_argument"),
+        (status = 404, body = api::ErrorBody, description = "app_not_found"), (status = 503, body = api::ErrorBody, description = UNAVAILABLE)))]
+pub(crate) async fn remove_app(State(state): State<AppState>, Segments(id): Segments<String>) -> Answer<api::App> {
+    let info = state.store.remove_app(app_id(&id)?).await?;
+    Ok(Json(convert::app(info, state.store.now())))
+}
+
+/// Reports the application complete: tasks that have not ended are killed, everything it holds
+/// is released.
+#[utoipa::path(post, path = "/v1/apps/{app}/complete", tag = "apps",
+    params(("app" = String, Path, description = "the application's id")),
+    responses((status = 200, body = api::App), (status = 400, body = api::ErrorBody, description = "invalid_argument"),
+        (status = 404, body = api::ErrorBody, description = "app_not_found"), (status = 409, body = api::ErrorBody, description = "app_ended"),
+        (status = 503, body = api::ErrorBody, description = UNAVAILABLE)))]
+pub(crate) async fn complete_app(State(state): State<AppState>, Segments(id): Segments<String>) -> Answer<api::App> {
+    let info = state.store.complete_app(app_id(&id)?).await?;
+    Ok(Json(convert::app(info, state.store.now())))
+}
+
+/// Reports the application failed: tasks not placed fail, placed ones are killed, everything it
+/// holds is released.
+#[utoipa::path(post, path = "/v1/apps/{app}/fail", tag = "apps",
+    params(("app" = String, Path, description = "the application's id")), request_body = Option<api::Fail>,
+    responses((status = 200, body = api::App), (status = 400, body = api::ErrorBody, description = "invalid_argument or invalid_json"),
+        (status = 404, body = api::ErrorBody, description = "app_not_found"), (status = 409, body = api::ErrorBody, description = "app_ended"),
+        (status = 503, body = api::ErrorBody, description = UNAVAILABLE)))]
+pub(crate) async fn fail_app(
+    State(state): State<AppState>,
+    Segments(id): Segments<String>,
+    JsonBody(body): JsonBody<api::Fail>,
+) -> Answer<api::App> {
+    let reason = body.reason.unwrap_or_else(|| "reported failed".to_owned());
+    let info = state.store.fail_app(app_id(&id)?, reason).await?;
+    Ok(Json(convert::app(info, state.store.now())))
+}
+
+/// A page of the application's tasks, ordered by id.
+#[utoipa::path(get, path = "/v1/apps/{app}/tasks", tag = "apps",
+    params(("app" = String, Path, description = "the application's id"), PageQuery),
+    responses((status = 200, body = api::TaskList), (status = 400, body = api::ErrorBody, description = "invalid_argument or invalid_cursor"),
+        (status = 404, body = api::ErrorBody, description = "app_not_found"), (status = 503, body = api::ErrorBody, description = UNAVAILABLE)))]
+pub(crate) async fn list_tasks(
+    State(state): State<AppState>,
+    Segments(id): Segments<String>,
+    QueryArgs(query): QueryArgs<PageQuery>,
+) -> Answer<api::TaskList> {
+    let page = state.store.tasks(app_id(&id)?, query.request()?).await?;
+    Ok(Json(api::TaskList {
+        tasks: page.items.into_iter().map(convert::task).collect(),
+        next_cursor: cursor(page.next),
+    }))
+}
+
+/// Adds a task; the same task again is answered as it is (200).
+#[utoipa::path(post, path = "/v1/apps/{app}/tasks", tag = "apps",
+    params(("app" = String, Path, description = "the application's id")), request_body = api::AddTask,
+    responses((status = 201, body = api::AddTaskResponse, description = "added"), (status = 200, body = api::AddTaskResponse, description = "already added with this content"),
+        (status = 400, body = api::ErrorBody, description = "invalid_argument, invalid_resources, unknown_task_group, larger_than_task_group or invalid_json"),
+        (status = 404, body = api::ErrorBody, description = "app_not_found or namespace_not_found"),
+        (status = 409, body = api::ErrorBody, description = "task_conflict or app_ended"), (status = 503, body = api::ErrorBody, description = UNAVAILABLE)))]
+pub(crate) async fn add_task(
+    State(state): State<AppState>,
+    Segments(id): Segments<String>,
+    JsonBody(body): JsonBody<api::AddTask>,
+) -> Result<(StatusCode, Json<api::AddTaskResponse>), ApiError> {
+    let spec = convert::task_spec(body)?;
+    let (info, created) = state.store.add_task(app_id(&id)?, spec).await?;
+    let status = if created { StatusCode::CREATED } else { StatusCode::OK };
+    Ok((status, Json(api::AddTaskResponse { created, task: convert::task(info) })))
+}
+
+/// A task: its state, where it is placed (its alloc and tokens), or why it waits.
+#[utoipa::path(get, path = "/v1/apps/{app}/tasks/{task}", tag = "apps",
+    params(("app" = String, Path, description = "the application's id"), ("task" = String, Path, description = "the task's id")),
+    responses((status = 200, body = api::Task), (status = 400, body = api::ErrorBody, description = "invalid_argument"),
+        (status = 404, body = api::ErrorBody, description = "app_not_found or task_not_found"), (status = 503, body = api::ErrorBody, description = UNAVAILABLE)))]
+pub(crate) async fn get_task(
+    State(state): State<AppState>,
+    Segments((app, task)): Segments<(String, String)>,
+) -> Answer<api::Task> {
+    Ok(Json(convert::task(state.store.task(app_id(&app)?, task_id(&task)?).await?)))
+}
+
+/// Removes a task; what it holds is released.
+#[utoipa::path(delete, path = "/v1/apps/{app}/tasks/{task}", tag = "apps",
+    params(("app" = String, Path, description = "the application's id"), ("task" = String, Path, description = "the task's id")),
+    responses((status = 200, body = api::Task), (status = 400, body = api::ErrorBody, description = "invalid_argument"),
+        (status = 404, body = api::ErrorBody, description = "app_not_found or task_not_found"), (status = 503, body = api::ErrorBody, description = UNAVAILABLE)))]
+pub(crate) async fn remove_task(
+    State(state): State<AppState>,
+    Segments((app, task)): Segments<(String, String)>,
+) -> Answer<api::Task> {
+    Ok(Json(convert::task(state.store.remove_task(app_id(&app)?, task_id(&task)?).await?)))
+}
+
+/// Reports an Allocated task running.
+#[utoipa::path(post, path = "/v1/apps/{app}/tasks/{task}/start", tag = "apps",
+    params(("app" = String, Path, description = "the application's id"), ("task" = String, Path, description = "the task's id")),
+    responses((status = 200, body = api::Task), (status = 400, body = api::ErrorBody, description = "invalid_argument"),
+        (status = 404, body = api::ErrorBody, description = "app_not_found or task_not_found"),
+        (status = 409, body = api::ErrorBody, description = "illegal_transition: the task is not Allocated"),
+        (status = 503, body = api::ErrorBody, description = UNAVAILABLE)))]
+pub(crate) async fn start_task(
+    State(state): State<AppState>,
+    Segments((app, task)): Segments<(String, String)>,
+) -> Answer<api::Task> {
+    Ok(Json(convert::task(state.store.start_task(app_id(&app)?, task_id(&task)?).await?)))
+}
+
+/// Reports a task completed: its alloc and tokens are released.
+#[utoipa::path(post, path = "/v1/apps/{app}/tasks/{task}/complete", tag = "apps",
+    params(("app" = String, Path, description = "the application's id"), ("task" = String, Path, description = "the task's id")),
+    responses((status = 200, body = api::Task), (status = 400, body = api::ErrorBody, description = "invalid_argument"),
+        (status = 404, body = api::ErrorBody, description = "app_not_found or task_not_found"),
+        (status = 409, body = api::ErrorBody, description = "illegal_transition: the task is not placed"),
+        (status = 503, body = api::ErrorBody, description = UNAVAILABLE)))]
+pub(crate) async fn complete_task(
+    State(state): State<AppState>,
+    Segments((app, task)): Segments<(String, String)>,
+) -> Answer<api::Task> {
+    Ok(Json(convert::task(state.store.finish_task(app_id(&app)?, task_id(&task)?, None).await?)))
+}
+
+/// Reports a task failed: what it holds is released.
+#[utoipa::path(post, path = "/v1/apps/{app}/tasks/{task}/fail", tag = "apps",
+    params(("app" = String, Path, description = "the application's id"), ("task" = String, Path, description = "the task's id")),
+    request_body = Option<api::Fail>,
+    responses((status = 200, body = api::Task), (status = 400, body = api::ErrorBody, description = "invalid_argument or invalid_json"),
+        (status = 404, body = api::ErrorBody, description = "app_not_found or task_not_found"),
+        (status = 409, body = api::ErrorBody, description = "illegal_transition: the task has ended"),
+        (status = 503, body = api::ErrorBody, description = UNAVAILABLE)))]
+pub(crate) async fn fail_task(
+    State(state): State<AppState>,
+    Segments((app, task)): Segments<(String, String)>,
+    JsonBody(body): JsonBody<api::Fail>,
+) -> Answer<api::Task> {
+    let reason = body.reason.unwrap_or_else(|| "reported failed".to_owned());
+    Ok(Json(convert::task(state.store.finish_task(app_id(&app)?, task_id(&task)?, Some(reason)).await?)))
+}
