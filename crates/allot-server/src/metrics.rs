@@ -17,6 +17,10 @@
 //! `releases_total`, `expirations_total`. Per selected pool (label `pool`): `pool_capacity`,
 //! `pool_allocated`, `pool_expired` (label `resource`), `pool_allocs`, `pool_accepts_total`,
 //! `pool_offer_expired_total`, `pool_frees_total`, `pool_reclaims_total`. And
+//! Per queue (label `queue`; every queue): `queue_used`, `queue_guaranteed`, `queue_max` (label
+//! `resource`), `queue_running_apps`, `queue_apps`, `queue_pending_apps`, `queue_pending_tasks`;
+//! and the scheduler's `sched_cycles_total`, `sched_placements_total`, `sched_reservations_total`,
+//! `sched_takeovers_total`, `sched_timeouts_total` (label `kind`: `placeholder`, `reserve`). And
 //! `store_commits_total`, `store_committed_operations_total`, `store_commit_seconds_total`,
 //! `store_commit_failures_total`, `http_request_duration_seconds` (labels `method`, `route`,
 //! `status`).
@@ -26,6 +30,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
 use allot_core::pool::PoolView;
+use allot_core::sched::{QueueView, SchedStats};
 use allot_core::{NamespaceView, Resources};
 use allot_store::{for_each_page, CommitStats, Store, StoreError};
 use axum::extract::{MatchedPath, Request, State};
@@ -59,6 +64,22 @@ struct NamespaceLabels {
 #[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct PoolLabels {
     pool: String,
+}
+
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct QueueLabels {
+    queue: String,
+}
+
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct QueueResourceLabels {
+    queue: String,
+    resource: String,
+}
+
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct TimeoutLabels {
+    kind: &'static str,
 }
 
 #[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -128,6 +149,9 @@ struct Snapshot {
     pools: Vec<PoolView>,
     pool_totals: PoolTotals,
     commits: CommitStats,
+    /// Every queue (a queue tree is small: each has series of its own).
+    queues: Vec<QueueView>,
+    sched: SchedStats,
 }
 
 /// Sums over every namespace (the longest wait: the longest of all).
@@ -216,6 +240,60 @@ fn resource_family(
         }
     }
     family
+}
+
+type QueueResources = fn(&QueueView) -> Option<&Resources>;
+type QueueCount = fn(&QueueView) -> u64;
+
+fn encode_queues(encoder: &mut DescriptorEncoder<'_>, queues: &[QueueView]) -> Result<(), std::fmt::Error> {
+    let resources: [Described<QueueResources>; 3] = [
+        ("allot_queue_used", "Held by the placements of the queue's applications, per resource", |v| {
+            Some(&v.usage.allocated)
+        }),
+        ("allot_queue_guaranteed", "The queue's guaranteed resources, per resource", |v| Some(&v.limits.guaranteed)),
+        ("allot_queue_max", "The queue's maximum, per resource (none: no maximum)", |v| v.limits.max.as_ref()),
+    ];
+    for (name, help, value) in resources {
+        let family = Family::<QueueResourceLabels, FloatGauge>::default();
+        for view in queues {
+            for (resource, milli) in value(view).into_iter().flat_map(|r| r.iter()) {
+                let labels = QueueResourceLabels { queue: view.path.to_string(), resource: resource.to_string() };
+                family.get_or_create(&labels).set(milli as f64 / 1000.0);
+            }
+        }
+        encode_family(encoder, name, help, &family)?;
+    }
+    let counts: [Described<QueueCount>; 4] = [
+        ("allot_queue_running_apps", "Applications holding placements in the queue", |v| v.usage.running_apps),
+        ("allot_queue_apps", "Applications in the queue that have not ended", |v| v.apps),
+        ("allot_queue_pending_apps", "Applications in the queue not running yet", |v| {
+            v.apps.saturating_sub(v.usage.running_apps)
+        }),
+        ("allot_queue_pending_tasks", "Tasks in the queue waiting to be placed", |v| v.pending_tasks),
+    ];
+    for (name, help, value) in counts {
+        let family = Family::<QueueLabels, Gauge>::default();
+        for view in queues {
+            family.get_or_create(&QueueLabels { queue: view.path.to_string() }).set(gauge(value(view)));
+        }
+        encode_family(encoder, name, help, &family)?;
+    }
+    Ok(())
+}
+
+fn encode_sched(encoder: &mut DescriptorEncoder<'_>, stats: &SchedStats) -> Result<(), std::fmt::Error> {
+    for (name, help, value) in [
+        ("allot_sched_cycles", "Scheduling cycles, since start", stats.cycles),
+        ("allot_sched_placements", "Tasks placed on a pool of their own, since start", stats.placements),
+        ("allot_sched_reservations", "Gangs reserved (all their placeholders), since start", stats.reservations),
+        ("allot_sched_takeovers", "Tasks that took a placeholder over, since start", stats.takeovers),
+    ] {
+        encode_counter(encoder, name, help, value)?;
+    }
+    let timeouts = Family::<TimeoutLabels, Counter>::default();
+    timeouts.get_or_create(&TimeoutLabels { kind: "placeholder" }).inc_by(stats.placeholder_timeouts);
+    timeouts.get_or_create(&TimeoutLabels { kind: "reserve" }).inc_by(stats.reserve_timeouts);
+    encode_family(encoder, "allot_sched_timeouts", "Gang timeouts by kind, since start", &timeouts)
 }
 
 fn encode_pools(encoder: &mut DescriptorEncoder<'_>, pools: &[PoolView]) -> Result<(), std::fmt::Error> {
@@ -457,6 +535,8 @@ impl Collector for StoreCollector {
 
         encode_pool_totals(&mut encoder, &snapshot.pool_totals)?;
         encode_pools(&mut encoder, &snapshot.pools)?;
+        encode_queues(&mut encoder, &snapshot.queues)?;
+        encode_sched(&mut encoder, &snapshot.sched)?;
 
         let commits = snapshot.commits;
         for (name, help, value) in [
@@ -480,7 +560,13 @@ impl Collector for StoreCollector {
 
 /// Reads every namespace and pool page by page: totals of all, views of the selected ones.
 async fn snapshot(store: &dyn Store, config: &MetricsConfig) -> Result<Snapshot, StoreError> {
-    let mut snapshot = Snapshot { commits: store.commit_stats(), ..Snapshot::default() };
+    let mut snapshot = Snapshot { commits: store.commit_stats(), sched: store.sched_stats(), ..Snapshot::default() };
+    snapshot.queues = match store.queues().await {
+        Ok(queues) => queues,
+        // A store without the applications part has no queue to report.
+        Err(StoreError::Unsupported(_)) => Vec::new(),
+        Err(err) => return Err(err),
+    };
     for_each_page(
         |page| store.namespaces(page),
         |view| {

@@ -34,6 +34,7 @@ async fn embedded_store_passes_the_conformance_suite() {
     let store: Arc<dyn Store> = Arc::new(open(dir.path()));
     conformance::run(store.clone()).await;
     conformance::run_pools(store.clone()).await;
+    conformance::run_apps(store.clone()).await;
     store.shutdown().await;
 }
 

@@ -7,9 +7,11 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use allot_core::pool::{LeaseRules, PoolName};
+use allot_core::queue::{QueueLimits, QueuePath, SortPolicy};
+use allot_core::sched::SchedConfig;
 use allot_core::{NamespaceName, Resources};
 use allot_server::MetricsConfig;
-use allot_store::{EmbeddedConfig, EmbeddedStore, Store};
+use allot_store::{EmbeddedConfig, EmbeddedStore, Store, StoreError};
 use allot_store_redis::{RedisConfig, RedisStore};
 use anyhow::{bail, Context};
 use serde::Deserialize;
@@ -34,12 +36,21 @@ pub(crate) const SERVE_AFTER_HELP: &str = r#"Configuration file (--config), with
   "hive:cluster-a" = 10
   [pools]                       # --pool: pool = "resources"
   worker-1 = "cpu=16,mem=64GiB"
+  [queues."root.analytics"]     # queues seeded at start (parents are made)
+  guaranteed = "cpu=16"         # fair share between sibling queues
+  max = "cpu=64,mem=256GiB"     # the most its applications hold together
+  max_apps = 20                 # the most applications running at once
+  user_max_apps = 5             # the same, per user
+  user_max = "cpu=16"           # the most one user's applications hold
+  sort = "fifo"                 # fifo, fair or priority
+  [scheduler]
+  completing_grace = "30s"      # how long an application whose tasks all ended waits for more
   [alloc_leases]
   initial = "2m"                # --alloc-lease: the lease an alloc gets when it is made
   max = "5m"                    # --alloc-max-lease: the longest lease one keepalive grants
   reclaim_after = "1m"          # how long after its lease lapses the sweeper reclaims an alloc
   retention = "1h"              # how long an ended alloc stays readable
-Flags and environment variables win over the file; quotas and pools only seed the store.
+Flags and environment variables win over the file; quotas, pools and queues only seed the store.
 
 Exit codes:
   0  stopped by SIGTERM or SIGINT after a clean shutdown
@@ -144,6 +155,53 @@ struct ConfigFile {
     metrics_namespaces: Vec<String>,
     #[serde(default)]
     metrics_pools: Vec<String>,
+    /// Queues seeded at start, by path: created where they do not exist yet.
+    #[serde(default)]
+    queues: BTreeMap<String, QueueConfig>,
+    #[serde(default)]
+    scheduler: SchedulerConfig,
+}
+
+/// `[queues."root.a.b"]`: a queue's limits; a limit not given is no limit.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct QueueConfig {
+    guaranteed: Option<String>,
+    max: Option<String>,
+    max_apps: Option<u64>,
+    user_max_apps: Option<u64>,
+    user_max: Option<String>,
+    sort: Option<String>,
+}
+
+/// `[scheduler]`.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct SchedulerConfig {
+    /// How long an application whose tasks have all ended waits for new ones before it is
+    /// Completed (default 30s, YuniKorn's).
+    completing_grace: Option<String>,
+}
+
+/// A queue's limits from the file.
+fn queue_limits(path: &str, queue: QueueConfig) -> anyhow::Result<QueueLimits> {
+    let resources = |what: &str, text: Option<String>| -> anyhow::Result<Option<Resources>> {
+        text.map(|t| t.parse().with_context(|| format!("[queues.\"{path}\"] {what}: `{t}`"))).transpose()
+    };
+    let sort = match queue.sort.as_deref() {
+        None | Some("fifo") => SortPolicy::Fifo,
+        Some("fair") => SortPolicy::Fair,
+        Some("priority") => SortPolicy::Priority,
+        Some(other) => bail!("[queues.\"{path}\"] sort: `{other}` is not fifo, fair or priority"),
+    };
+    Ok(QueueLimits {
+        guaranteed: resources("guaranteed", queue.guaranteed)?.unwrap_or_default(),
+        max: resources("max", queue.max)?,
+        max_apps: queue.max_apps,
+        user_max_apps: queue.user_max_apps,
+        user_max: resources("user_max", queue.user_max)?,
+        sort,
+    })
 }
 
 /// `[alloc_leases]`: durations such as `2m` or `30s`.
@@ -171,6 +229,8 @@ struct Config {
     pool_rules: LeaseRules,
     max_wait: std::time::Duration,
     metrics: MetricsConfig,
+    queues: Vec<(QueuePath, QueueLimits)>,
+    completing_grace_ms: Option<u64>,
 }
 
 /// The lease rules from the file's `[alloc_leases]` and the flags (which win).
@@ -276,7 +336,25 @@ fn resolve(args: &ServeArgs) -> anyhow::Result<Config> {
         pools: pick(&args.metrics_pools, file.metrics_pools),
     };
     metrics.check().map_err(anyhow::Error::msg)?;
+    let queues = file
+        .queues
+        .into_iter()
+        .map(|(path, queue)| {
+            let queue_path = QueuePath::new(&path).with_context(|| format!("[queues.\"{path}\"]"))?;
+            Ok((queue_path, queue_limits(&path, queue)?))
+        })
+        .collect::<anyhow::Result<Vec<_>>>()?;
+    let completing_grace_ms = match &file.scheduler.completing_grace {
+        Some(text) => Some(
+            crate::duration::parse(text)
+                .map_err(|err| anyhow::anyhow!("[scheduler] completing_grace: {err}"))?
+                .as_millis() as u64,
+        ),
+        None => None,
+    };
     Ok(Config {
+        queues,
+        completing_grace_ms,
         pools,
         pool_rules,
         max_wait,
@@ -345,6 +423,9 @@ pub(crate) async fn run(args: ServeArgs) -> anyhow::Result<()> {
             let store = EmbeddedStore::open(&EmbeddedConfig { data_dir: config.data_dir.clone() })
                 .with_context(|| format!("cannot open the store in {}", config.data_dir.display()))?;
             store.set_pool_rules(config.pool_rules);
+            if let Some(grace) = config.completing_grace_ms {
+                store.set_sched_config(SchedConfig { completing_grace_ms: grace, ..SchedConfig::default() });
+            }
             Arc::new(store)
         }
         StoreChoice::Redis(redis) => {
@@ -383,6 +464,18 @@ pub(crate) async fn run(args: ServeArgs) -> anyhow::Result<()> {
                 kept = %view.capacity,
                 "the store already has this pool and keeps its capacity; change it with `allot pool set`"
             );
+        }
+    }
+    for (path, limits) in &config.queues {
+        match store.seed_queue(path.clone(), limits.clone()).await {
+            Ok((true, _)) => tracing::info!(queue = %path, "queue registered"),
+            Ok((false, view)) if view.limits != *limits => tracing::warn!(
+                queue = %path,
+                "the store already has this queue and keeps its limits; change them with `allot queue set`"
+            ),
+            Ok(_) => {}
+            Err(StoreError::Unsupported(reason)) => tracing::warn!(queue = %path, %reason, "queue not registered"),
+            Err(err) => return Err(err).with_context(|| format!("cannot register queue `{path}`")),
         }
     }
     let listener = tokio::net::TcpListener::bind(config.listen)
@@ -444,14 +537,19 @@ mod tests {
     fn serve_help_lists_every_configuration_key() {
         let top = keys_of::<ConfigFile>("");
         let leases = keys_of::<ConfigFile>("[alloc_leases]\n");
+        let queue = keys_of::<ConfigFile>("[queues.\"root.a\"]\n");
+        let scheduler = keys_of::<ConfigFile>("[scheduler]\n");
         assert!(
             top.contains(&"alloc_leases".to_owned()) && leases.contains(&"retention".to_owned()),
             "{top:?} {leases:?}"
         );
-        for key in top.iter().chain(&leases) {
+        assert!(queue.contains(&"user_max".to_owned()) && scheduler.contains(&"completing_grace".to_owned()));
+        for key in top.iter().chain(&leases).chain(&queue).chain(&scheduler) {
             let listed = SERVE_AFTER_HELP.lines().any(|line| {
                 let line = line.trim_start();
-                line.starts_with(&format!("{key} =")) || line.starts_with(&format!("[{key}]"))
+                line.starts_with(&format!("{key} ="))
+                    || line.starts_with(&format!("[{key}]"))
+                    || line.starts_with(&format!("[{key}."))
             });
             assert!(listed, "`{key}` is missing from `allot serve --help`");
         }

@@ -102,6 +102,8 @@ pub(super) fn load(txn: &ReadTransaction) -> Result<Scheduler, OpenError> {
 }
 
 /// Writes a batch's application changes, in order.
+// redb's error is large, but it is returned once per batch, not per operation.
+#[allow(clippy::result_large_err)]
 pub(super) fn write<'a>(
     txn: &WriteTransaction,
     changes: impl Iterator<Item = &'a AppChange>,

@@ -4,8 +4,12 @@
 //! against one store, empty or not. A backend's tests call [`run`]; a failed check panics with
 //! the name of the check and what differed.
 
+mod apps;
+
 use std::sync::Arc;
 use std::time::{Duration, Instant};
+
+pub use apps::run_apps;
 
 use allot_core::pool::{AllocId, AllocRequest, AllocState, EndReason, PoolError, PoolName};
 use allot_core::{

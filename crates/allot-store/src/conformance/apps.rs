@@ -1,0 +1,243 @@
+//! The conformance checks of the applications part: queues, applications and tasks placed on
+//! the pools and the token quotas of the same store. Each check works in queues, pools and
+//! namespaces of its own. The scheduler runs by itself, so a check waits (a few seconds at
+//! most) for what it expects.
+
+use std::future::Future;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use allot_core::app::{AppState, TaskState};
+use allot_core::pool::{AllocState, PoolError, PoolName};
+use allot_core::queue::{QueueLimits, QueuePath};
+use allot_core::sched::{
+    AppId, AppSpec, GroupName, SchedError, SchedulingPolicy, TaskGroup, TaskId, TaskSpec, TokenNeed,
+};
+use allot_core::{NamespaceName, Resources};
+
+use crate::{Store, StoreError, TaskInfo};
+
+/// Runs every check of the applications part against `store`.
+pub async fn run_apps(store: Arc<dyn Store>) {
+    let store = &*store;
+    tokio::join!(
+        queues_are_created_changed_and_removed(store),
+        tasks_are_placed_on_pools_and_release_on_completion(store),
+        a_task_holds_its_alloc_and_tokens_together_or_nothing(store),
+        a_gang_reserves_all_its_placeholders_or_none(store),
+        submission_is_idempotent_and_checked(store),
+    );
+}
+
+fn res(text: &str) -> Resources {
+    text.parse().unwrap()
+}
+
+fn queue(name: &str) -> QueuePath {
+    QueuePath::new(&format!("root.conformance-{name}")).unwrap()
+}
+
+fn pool(name: &str) -> PoolName {
+    PoolName::new(&format!("conformance-apps-{name}")).unwrap()
+}
+
+fn app(id: &str, queue: QueuePath) -> AppSpec {
+    AppSpec {
+        id: AppId::new(&format!("conformance-{id}")).unwrap(),
+        queue,
+        user: "conformance".into(),
+        tags: Default::default(),
+        groups: Vec::new(),
+        policy: SchedulingPolicy::default(),
+    }
+}
+
+/// A task that runs only on `pool` (by its label).
+fn task(id: &str, resources: &str, on: &PoolName) -> TaskSpec {
+    TaskSpec {
+        id: TaskId::new(id).unwrap(),
+        resources: res(resources),
+        tokens: Vec::new(),
+        group: None,
+        priority: 0,
+        selector: [("conformance".to_owned(), on.to_string())].into(),
+        spec: String::new(),
+    }
+}
+
+async fn labelled_pool(store: &dyn Store, name: &PoolName, capacity: &str) {
+    store.put_pool(name.clone(), res(capacity)).await.unwrap();
+    store.label_pool(name.clone(), [("conformance".to_owned(), name.to_string())].into()).await.unwrap();
+}
+
+/// Waits until `check` holds, for at most 10 s.
+async fn eventually<F, Fut>(what: &str, mut check: F)
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = bool>,
+{
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !check().await {
+        assert!(Instant::now() < deadline, "{what}: not so after 10 s");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+async fn task_state(store: &dyn Store, app: &AppId, task: &str) -> TaskInfo {
+    store.task(app.clone(), TaskId::new(task).unwrap()).await.unwrap()
+}
+
+async fn queues_are_created_changed_and_removed(store: &dyn Store) {
+    let path = QueuePath::new("root.conformance-q.leaf").unwrap();
+    let (created, view) =
+        store.put_queue(path.clone(), QueueLimits { max_apps: Some(2), ..Default::default() }).await.unwrap();
+    assert!(created && view.leaf && view.limits.max_apps == Some(2));
+    let parent = store.queue(QueuePath::new("root.conformance-q").unwrap()).await.unwrap();
+    assert!(!parent.leaf, "the parent is made, and is not a leaf");
+    let (created, view) = store.put_queue(path.clone(), QueueLimits::default()).await.unwrap();
+    assert!(!created && view.limits.max_apps.is_none(), "a put changes the limits");
+    let (created, view) =
+        store.seed_queue(path.clone(), QueueLimits { max_apps: Some(9), ..Default::default() }).await.unwrap();
+    assert!(!created && view.limits.max_apps.is_none(), "a seed keeps what the store has");
+    assert!(store.queues().await.unwrap().iter().any(|q| q.path == path));
+    store.remove_queue(path.clone()).await.unwrap();
+    assert!(matches!(store.queue(path).await, Err(StoreError::Sched(SchedError::Queue(_)))));
+}
+
+async fn tasks_are_placed_on_pools_and_release_on_completion(store: &dyn Store) {
+    let (q, p) = (queue("place"), pool("place"));
+    store.put_queue(q.clone(), QueueLimits::default()).await.unwrap();
+    labelled_pool(store, &p, "cpu=4").await;
+    let spec = app("place", q);
+    let id = spec.id.clone();
+    store.add_app(spec).await.unwrap();
+    store.add_task(id.clone(), task("t1", "cpu=3", &p)).await.unwrap();
+    store.add_task(id.clone(), task("t2", "cpu=3", &p)).await.unwrap();
+    eventually("t1 is placed", || async { task_state(store, &id, "t1").await.task.state == TaskState::Allocated })
+        .await;
+    let t1 = task_state(store, &id, "t1").await.task;
+    let placement = t1.placement.clone().unwrap();
+    assert_eq!(placement.pool, p);
+    // The alloc is the scheduler's: it cannot be freed by hand.
+    assert!(matches!(store.inspect_alloc(p.clone(), placement.alloc).await.unwrap(), AllocState::Live(_)));
+    let freed = store.free_alloc(p.clone(), placement.alloc).await;
+    assert!(matches!(freed, Err(StoreError::Pool(PoolError::HeldByScheduler { .. }))), "{freed:?}");
+    // t2 waits, and says why.
+    eventually("t2 says why it waits", || async { task_state(store, &id, "t2").await.why.is_some() }).await;
+    assert_eq!(task_state(store, &id, "t2").await.task.state, TaskState::Pending);
+    store.start_task(id.clone(), TaskId::new("t1").unwrap()).await.unwrap();
+    store.finish_task(id.clone(), TaskId::new("t1").unwrap(), None).await.unwrap();
+    assert!(matches!(store.inspect_alloc(p.clone(), placement.alloc).await.unwrap(), AllocState::Ended(_)));
+    eventually("t2 is placed once t1's room is free", || async {
+        task_state(store, &id, "t2").await.task.state == TaskState::Allocated
+    })
+    .await;
+    let removed = store.remove_app(id.clone()).await.unwrap();
+    assert_eq!(removed.app.spec.id, id);
+    assert_eq!(store.pool(p).await.unwrap().allocs, 0, "removing the application freed its alloc");
+}
+
+async fn a_task_holds_its_alloc_and_tokens_together_or_nothing(store: &dyn Store) {
+    let (q, p) = (queue("tokens"), pool("tokens"));
+    let namespace = NamespaceName::new("conformance:apps-tokens").unwrap();
+    store.put_queue(q.clone(), QueueLimits::default()).await.unwrap();
+    labelled_pool(store, &p, "cpu=8").await;
+    store.put_namespace(namespace.clone(), 1).await.unwrap();
+    let spec = app("tokens", q);
+    let id = spec.id.clone();
+    store.add_app(spec).await.unwrap();
+    for name in ["t1", "t2"] {
+        let need = TokenNeed { namespace: namespace.clone(), units: 1 };
+        store.add_task(id.clone(), TaskSpec { tokens: vec![need], ..task(name, "cpu=1", &p) }).await.unwrap();
+    }
+    eventually("one task is placed", || async {
+        task_state(store, &id, "t1").await.task.state == TaskState::Allocated
+    })
+    .await;
+    eventually("the other waits for the token", || async { task_state(store, &id, "t2").await.why.is_some() }).await;
+    assert_eq!(store.pool(p.clone()).await.unwrap().allocs, 1, "the waiting task holds no alloc");
+    let grants = store.grants(namespace.clone(), crate::PageRequest::first(10)).await.unwrap().items;
+    assert_eq!(grants.len(), 1);
+    assert_eq!(grants[0].grant.token.as_str(), format!("{id}:t1"));
+    store.finish_task(id.clone(), TaskId::new("t1").unwrap(), Some("boom".into())).await.unwrap();
+    eventually("the token goes to the other task", || async {
+        task_state(store, &id, "t2").await.task.state == TaskState::Allocated
+    })
+    .await;
+    store.remove_app(id).await.unwrap();
+    assert_eq!(store.namespace(namespace).await.unwrap().granted_units, 0);
+}
+
+async fn a_gang_reserves_all_its_placeholders_or_none(store: &dyn Store) {
+    let (q, p) = (queue("gang"), pool("gang"));
+    store.put_queue(q.clone(), QueueLimits::default()).await.unwrap();
+    labelled_pool(store, &p, "cpu=4").await;
+    let selector: std::collections::BTreeMap<String, String> = [("conformance".to_owned(), p.to_string())].into();
+    let gang = |name: &str| {
+        let mut spec = app(name, q.clone());
+        spec.groups = vec![TaskGroup {
+            name: GroupName::new("workers").unwrap(),
+            min_members: 3,
+            min_resources: res("cpu=1"),
+            selector: selector.clone(),
+            tokens: Vec::new(),
+        }];
+        spec
+    };
+    let (first, second) = (gang("gang-1"), gang("gang-2"));
+    let (a, b) = (first.id.clone(), second.id.clone());
+    store.add_app(first).await.unwrap();
+    store.add_app(second).await.unwrap();
+    eventually("one gang is reserved", || async {
+        let (x, y) = (store.app(a.clone()).await.unwrap(), store.app(b.clone()).await.unwrap());
+        x.app.state == AppState::Reserving || y.app.state == AppState::Reserving
+    })
+    .await;
+    let (x, y) = (store.app(a.clone()).await.unwrap(), store.app(b.clone()).await.unwrap());
+    let (held, waiting) = if x.app.state == AppState::Reserving { (x, y) } else { (y, x) };
+    assert_eq!(held.app.slots.len(), 3, "all its placeholders");
+    assert!(waiting.app.slots.is_empty(), "the other holds none");
+    assert_eq!(waiting.app.state, AppState::Accepted);
+    let member = TaskSpec { group: Some(GroupName::new("workers").unwrap()), ..task("m0", "cpu=1", &p) };
+    store.add_task(held.app.spec.id.clone(), member).await.unwrap();
+    let held_id = held.app.spec.id.clone();
+    eventually("a member takes a placeholder over", || async {
+        task_state(store, &held_id, "m0").await.task.state == TaskState::Allocated
+    })
+    .await;
+    let m0 = task_state(store, &held_id, "m0").await.task;
+    assert!(held.app.slots.iter().any(|s| Some(&s.placement) == m0.placement.as_ref()), "in place");
+    store.complete_app(held_id.clone()).await.unwrap();
+    let waiting_id = waiting.app.spec.id.clone();
+    eventually("the other gang is reserved once the first is done", || async {
+        store.app(waiting_id.clone()).await.unwrap().app.state == AppState::Reserving
+    })
+    .await;
+    store.remove_app(held_id).await.unwrap();
+    store.remove_app(waiting_id).await.unwrap();
+    assert_eq!(store.pool(p).await.unwrap().allocs, 0);
+}
+
+async fn submission_is_idempotent_and_checked(store: &dyn Store) {
+    let q = queue("submit");
+    let p = pool("submit");
+    store.put_queue(q.clone(), QueueLimits::default()).await.unwrap();
+    labelled_pool(store, &p, "cpu=2").await;
+    let spec = app("submit", q.clone());
+    let id = spec.id.clone();
+    assert!(store.add_app(spec.clone()).await.unwrap().1);
+    assert!(!store.add_app(spec.clone()).await.unwrap().1, "the same content again");
+    let other = AppSpec { user: "someone-else".into(), ..spec };
+    assert!(matches!(store.add_app(other).await, Err(StoreError::Sched(SchedError::AppConflict { .. }))));
+    let mut gang = app("submit-gang", q);
+    gang.groups = vec![TaskGroup {
+        name: GroupName::new("g").unwrap(),
+        min_members: 1,
+        min_resources: res("cpu=3"),
+        selector: [("conformance".to_owned(), p.to_string())].into(),
+        tokens: Vec::new(),
+    }];
+    let refused = store.add_app(gang).await;
+    assert!(matches!(refused, Err(StoreError::Sched(SchedError::GroupNeverFits { .. }))), "{refused:?}");
+    store.remove_app(id).await.unwrap();
+}
