@@ -100,7 +100,11 @@ impl World2 {
                             min_members: members,
                             min_resources: format!("cpu={cpu}").parse().unwrap(),
                             selector: BTreeMap::new(),
-                            tokens: if members == 1 { vec![TokenNeed { namespace: tokens(), units: 1 }] } else { vec![] },
+                            tokens: if members == 1 {
+                                vec![TokenNeed { namespace: tokens(), units: 1 }]
+                            } else {
+                                vec![]
+                            },
                         }]
                     })
                     .unwrap_or_default();
@@ -179,7 +183,11 @@ impl World2 {
             let members: u32 = app.spec.groups.iter().map(|g| g.min_members).sum();
             match app.state {
                 AppState::Reserving if app.slots.len() != members as usize => {
-                    return Err(format!("{}: Reserving with {} of {members} placeholders", app.spec.id, app.slots.len()))
+                    return Err(format!(
+                        "{}: Reserving with {} of {members} placeholders",
+                        app.spec.id,
+                        app.slots.len()
+                    ))
                 }
                 AppState::Accepted | AppState::New if !app.slots.is_empty() => {
                     return Err(format!("{}: {} holds placeholders", app.spec.id, app.state))

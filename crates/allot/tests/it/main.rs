@@ -7,4 +7,5 @@ mod crash;
 mod daemon;
 mod pages;
 mod redis;
+mod sched_crash;
 mod support;
