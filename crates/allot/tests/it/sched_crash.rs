@@ -151,7 +151,8 @@ async fn sigkill_during_gang_reservations_and_takeovers_loses_nothing_and_holds_
         daemon = Daemon::start_on(&address, &data, &args);
         let client = daemon.client();
         check_consistent(&client).await;
-        for (app, task) in completed.lock().unwrap().iter() {
+        let acknowledged = completed.lock().unwrap().clone();
+        for (app, task) in &acknowledged {
             let task = client.task(app, task).await.unwrap();
             assert_eq!(task.state, "Completed", "an acknowledged completion of {app}/{} was lost", task.id);
         }
