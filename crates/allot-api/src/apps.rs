@@ -95,6 +95,7 @@ pub struct TokenNeed {
 #[serde(deny_unknown_fields)]
 pub struct TaskGroup {
     pub name: String,
+    #[serde(deserialize_with = "integer::required_u32")]
     pub min_members: u32,
     /// What each member's placeholder holds; a member may ask for less, never more.
     pub min_resources: String,
@@ -140,7 +141,7 @@ pub struct AddTask {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub group: Option<String>,
     /// Higher first (default 0).
-    #[serde(default)]
+    #[serde(default, deserialize_with = "integer::signed")]
     pub priority: i32,
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub selector: BTreeMap<String, String>,

@@ -98,6 +98,37 @@ pub mod integer {
     pub fn optional<'de, D: Deserializer<'de>>(deserializer: D) -> Result<Option<u64>, D::Error> {
         Option::<Integer>::deserialize(deserializer).map(|i| i.map(|i| i.0))
     }
+
+    /// For a `u32` field.
+    pub fn required_u32<'de, D: Deserializer<'de>>(deserializer: D) -> Result<u32, D::Error> {
+        let value = Integer::deserialize(deserializer)?.0;
+        u32::try_from(value).map_err(|_| de::Error::custom(format!("{value} is above {}", u32::MAX)))
+    }
+
+    /// For an `i32` field (such as a priority).
+    pub fn signed<'de, D: Deserializer<'de>>(deserializer: D) -> Result<i32, D::Error> {
+        struct Signed;
+        impl Visitor<'_> for Signed {
+            type Value = i32;
+            fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                write!(f, "a whole number from {} to {}", i32::MIN, i32::MAX)
+            }
+            fn visit_u64<E: de::Error>(self, value: u64) -> Result<i32, E> {
+                i32::try_from(value).map_err(|_| E::custom(format!("{value} is above {}", i32::MAX)))
+            }
+            fn visit_i64<E: de::Error>(self, value: i64) -> Result<i32, E> {
+                i32::try_from(value).map_err(|_| E::custom(format!("{value} is not from {} to {}", i32::MIN, i32::MAX)))
+            }
+            fn visit_f64<E: de::Error>(self, value: f64) -> Result<i32, E> {
+                if value.fract() == 0.0 && (f64::from(i32::MIN)..=f64::from(i32::MAX)).contains(&value) {
+                    Ok(value as i32)
+                } else {
+                    Err(E::custom(format!("{value} is not a whole number from {} to {}", i32::MIN, i32::MAX)))
+                }
+            }
+        }
+        deserializer.deserialize_i64(Signed)
+    }
 }
 
 /// The status of an allocate call [Flyte `AllocationStatus`].

@@ -18,6 +18,9 @@ use crate::resources::Resources;
 pub const ROOT: &str = "root";
 /// The longest queue path, in bytes.
 pub const MAX_QUEUE_PATH: usize = 255;
+/// What [`QueuePath::new`] takes, as a regular expression for the API's document (with
+/// [`MAX_QUEUE_PATH`] as the longest).
+pub const QUEUE_PATH_PATTERN: &str = "^root(\\.[a-z0-9_-]+)*$";
 
 /// Why a queue path or tree change was refused.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]

@@ -8,7 +8,7 @@ use allot_core::sched::{
     AppId, AppSpec, GangStyle, GroupName, HeldTokens, Placement, QueueView, SchedulingPolicy, TaskGroup, TaskId,
     TaskSpec, TokenNeed, Why,
 };
-use allot_core::Millis;
+use allot_core::{Millis, MAX_UNITS};
 use allot_store::{AppInfo, TaskInfo};
 
 use crate::convert::{namespace_name, resources};
@@ -43,6 +43,11 @@ fn sort_out(sort: SortPolicy) -> api::SortPolicy {
 }
 
 pub(crate) fn queue_limits(body: api::PutQueue) -> Result<QueueLimits, ApiError> {
+    for (what, value) in [("max_apps", body.max_apps), ("user_max_apps", body.user_max_apps)] {
+        if value.is_some_and(|v| v > MAX_UNITS) {
+            return Err(ApiError::invalid_argument(format!("{what} must be at most {MAX_UNITS}")));
+        }
+    }
     Ok(QueueLimits {
         guaranteed: body.guaranteed.as_deref().map(resources).transpose()?.unwrap_or_default(),
         max: body.max.as_deref().map(resources).transpose()?,

@@ -36,7 +36,7 @@ pub(crate) async fn get_queue(State(state): State<AppState>, Segments(path): Seg
 /// placement, and lowering one ends nothing.
 #[utoipa::path(put, path = "/v1/queues/{queue}", tag = "apps",
     params(("queue" = String, Path, description = "e.g. `root.analytics.etl`")),
-    request_body = api::PutQueue,
+    request_body = Option<api::PutQueue>,
     responses((status = 201, body = api::PutQueueResponse, description = "created"), (status = 200, body = api::PutQueueResponse, description = "changed"),
         (status = 400, body = api::ErrorBody, description = "invalid_queue, invalid_resources, invalid_argument or invalid_json"),
         (status = 503, body = api::ErrorBody, description = UNAVAILABLE)))]
@@ -86,9 +86,9 @@ pub(crate) async fn list_apps(
 /// is answered as it is (200); other content under its id is `app_conflict`.
 #[utoipa::path(post, path = "/v1/apps", tag = "apps", request_body = api::SubmitApp,
     responses((status = 201, body = api::SubmitAppResponse, description = "submitted"), (status = 200, body = api::SubmitAppResponse, description = "already submitted with this content"),
-        (status = 400, body = api::ErrorBody, description = "invalid_argument, invalid_queue, queue_not_a_leaf, invalid_resources, gang_never_fits, gang_exceeds_queue, unknown_task_group, larger_than_task_group or invalid_json"),
-        (status = 404, body = api::ErrorBody, description = "queue_not_found or namespace_not_found"),
-        (status = 409, body = api::ErrorBody, description = "app_conflict, task_conflict or app_ended"),
+        (status = 400, body = api::ErrorBody, description = "invalid_argument, invalid_queue, invalid_resources or invalid_json"),
+        (status = 404, body = api::ErrorBody, description = "queue_not_found, namespace_not_found or unknown_task_group"),
+        (status = 409, body = api::ErrorBody, description = "app_conflict, task_conflict, app_ended, queue_not_a_leaf, gang_never_fits (no pool can ever hold a member), gang_exceeds_queue or larger_than_task_group"),
         (status = 501, body = api::ErrorBody, description = "unsupported: the store does not carry applications"),
         (status = 503, body = api::ErrorBody, description = UNAVAILABLE)))]
 pub(crate) async fn submit_app(
@@ -178,9 +178,9 @@ pub(crate) async fn list_tasks(
 #[utoipa::path(post, path = "/v1/apps/{app}/tasks", tag = "apps",
     params(("app" = String, Path, description = "the application's id")), request_body = api::AddTask,
     responses((status = 201, body = api::AddTaskResponse, description = "added"), (status = 200, body = api::AddTaskResponse, description = "already added with this content"),
-        (status = 400, body = api::ErrorBody, description = "invalid_argument, invalid_resources, unknown_task_group, larger_than_task_group or invalid_json"),
-        (status = 404, body = api::ErrorBody, description = "app_not_found or namespace_not_found"),
-        (status = 409, body = api::ErrorBody, description = "task_conflict or app_ended"), (status = 503, body = api::ErrorBody, description = UNAVAILABLE)))]
+        (status = 400, body = api::ErrorBody, description = "invalid_argument, invalid_resources or invalid_json"),
+        (status = 404, body = api::ErrorBody, description = "app_not_found, namespace_not_found or unknown_task_group"),
+        (status = 409, body = api::ErrorBody, description = "task_conflict, app_ended or larger_than_task_group"), (status = 503, body = api::ErrorBody, description = UNAVAILABLE)))]
 pub(crate) async fn add_task(
     State(state): State<AppState>,
     Segments(id): Segments<String>,

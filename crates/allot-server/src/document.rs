@@ -7,7 +7,21 @@ use allot_core::resources::resources_pattern;
 use allot_core::{MAX_NAME_CHARS, MAX_TTL_MS, MAX_UNITS, NAMESPACE_PATTERN, NAME_PATTERN, SESSION_ID_PATTERN};
 use serde_json::{json, Value};
 
+use allot_core::queue::{MAX_QUEUE_PATH, QUEUE_PATH_PATTERN};
+use allot_core::sched::spec::{ID_PATTERN, MAX_GROUPS, MAX_MEMBERS, MAX_TIMEOUT_MS, MIN_TIMEOUT_MS};
+
 use crate::convert::MIN_LEASE_MS;
+
+/// An application, task or task group id.
+fn id() -> Value {
+    json!({"type": "string", "pattern": ID_PATTERN,
+        "description": "1 to 100 of A-Z, a-z, 0-9, `.`, `_`, `-`, starting with a letter or digit"})
+}
+
+fn queue_path() -> Value {
+    json!({"type": "string", "pattern": QUEUE_PATH_PATTERN, "maxLength": MAX_QUEUE_PATH,
+        "description": "`root`, then `.`-separated segments of a-z, 0-9, `_`, `-`, e.g. `root.analytics.etl`"})
+}
 
 fn name() -> Value {
     json!({"type": "string", "minLength": 1, "maxLength": MAX_NAME_CHARS, "pattern": NAME_PATTERN,
@@ -36,11 +50,14 @@ pub(crate) fn with_limits(mut doc: Value, max_wait: std::time::Duration) -> Valu
         "description": "`:`-separated segments, none empty, e.g. `hive:cluster-a`; \
             1 to 255 characters, no control characters, no `/`, not `.` or `..`"});
     let path_params = [
-        ("namespace", namespace),
+        ("namespace", namespace.clone()),
         ("token", name()),
         ("pool", name()),
         ("id", json!({"type": "string", "pattern": SESSION_ID_PATTERN, "description": "32 hexadecimal digits"})),
         ("alloc", json!({"type": "string", "pattern": ALLOC_ID_PATTERN, "description": "16 hexadecimal digits"})),
+        ("queue", queue_path()),
+        ("app", id()),
+        ("task", id()),
     ];
     if let Some(paths) = doc["paths"].as_object_mut() {
         for operation in paths.values_mut().filter_map(Value::as_object_mut).flat_map(|item| item.values_mut()) {
@@ -91,6 +108,25 @@ pub(crate) fn with_limits(mut doc: Value, max_wait: std::time::Duration) -> Valu
         ("PutPool", "capacity", resources(true)),
         ("Accept", "min", resources(true)),
         ("Accept", "max", resources(false)),
+        ("PutQueue", "guaranteed", resources(false)),
+        ("PutQueue", "max", resources(false)),
+        ("PutQueue", "user_max", resources(false)),
+        ("PutQueue", "max_apps", range(0, MAX_UNITS)),
+        ("PutQueue", "user_max_apps", range(0, MAX_UNITS)),
+        ("SubmitApp", "id", id()),
+        ("SubmitApp", "queue", queue_path()),
+        ("SubmitApp", "user", name()),
+        ("SubmitApp", "task_groups", json!({"maxItems": MAX_GROUPS})),
+        ("TaskGroup", "name", id()),
+        ("TaskGroup", "min_members", range(1, u64::from(MAX_MEMBERS))),
+        ("TaskGroup", "min_resources", resources(true)),
+        ("SchedulingPolicy", "placeholder_timeout_ms", range(MIN_TIMEOUT_MS, MAX_TIMEOUT_MS)),
+        ("SchedulingPolicy", "reserve_timeout_ms", range(MIN_TIMEOUT_MS, MAX_TIMEOUT_MS)),
+        ("TokenNeed", "namespace", namespace.clone()),
+        ("TokenNeed", "units", range(1, MAX_UNITS)),
+        ("AddTask", "id", id()),
+        ("AddTask", "resources", resources(true)),
+        ("AddTask", "group", json!({"pattern": ID_PATTERN})),
     ];
     // A grant's lease is its own TTL or its session's, not both; caps need a scope.
     let has_caps = json!({"type": "object", "anyOf": [

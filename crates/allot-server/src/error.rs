@@ -90,7 +90,9 @@ impl From<SchedError> for ApiError {
             SchedError::Invalid(_) => (StatusCode::BAD_REQUEST, "invalid_argument"),
             SchedError::Queue(QueueError::BadPath(_)) => (StatusCode::BAD_REQUEST, "invalid_queue"),
             SchedError::Queue(QueueError::NotFound(_)) => (StatusCode::NOT_FOUND, "queue_not_found"),
-            SchedError::Queue(QueueError::NotALeaf { .. }) => (StatusCode::BAD_REQUEST, "queue_not_a_leaf"),
+            // Refusals that depend on what the store holds (child queues, pools, limits, the
+            // application's groups) are conflicts; 400 is for what a request says by itself.
+            SchedError::Queue(QueueError::NotALeaf { .. }) => (StatusCode::CONFLICT, "queue_not_a_leaf"),
             SchedError::Queue(QueueError::HasChildren { .. } | QueueError::RemoveRoot) => {
                 (StatusCode::CONFLICT, "queue_in_use")
             }
@@ -100,10 +102,10 @@ impl From<SchedError> for ApiError {
             SchedError::AppConflict { .. } => (StatusCode::CONFLICT, "app_conflict"),
             SchedError::TaskConflict { .. } => (StatusCode::CONFLICT, "task_conflict"),
             SchedError::AppEnded { .. } => (StatusCode::CONFLICT, "app_ended"),
-            SchedError::UnknownGroup { .. } => (StatusCode::BAD_REQUEST, "unknown_task_group"),
-            SchedError::LargerThanGroup { .. } => (StatusCode::BAD_REQUEST, "larger_than_task_group"),
-            SchedError::GroupNeverFits { .. } => (StatusCode::BAD_REQUEST, "gang_never_fits"),
-            SchedError::GangExceedsQueue(_) => (StatusCode::BAD_REQUEST, "gang_exceeds_queue"),
+            SchedError::UnknownGroup { .. } => (StatusCode::NOT_FOUND, "unknown_task_group"),
+            SchedError::LargerThanGroup { .. } => (StatusCode::CONFLICT, "larger_than_task_group"),
+            SchedError::GroupNeverFits { .. } => (StatusCode::CONFLICT, "gang_never_fits"),
+            SchedError::GangExceedsQueue(_) => (StatusCode::CONFLICT, "gang_exceeds_queue"),
             SchedError::NamespaceNotFound(_) => (StatusCode::NOT_FOUND, "namespace_not_found"),
             SchedError::Illegal(_) => (StatusCode::CONFLICT, "illegal_transition"),
         };

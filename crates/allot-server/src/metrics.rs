@@ -18,7 +18,7 @@
 //! `pool_allocated`, `pool_expired` (label `resource`), `pool_allocs`, `pool_accepts_total`,
 //! `pool_offer_expired_total`, `pool_frees_total`, `pool_reclaims_total`. And
 //! Per queue (label `queue`; every queue): `queue_used`, `queue_guaranteed`, `queue_max` (label
-//! `resource`), `queue_running_apps`, `queue_apps`, `queue_pending_apps`, `queue_pending_tasks`;
+//! `resource`), `queue_running_apps`, `queue_apps`, `queue_pending_apps`, `queue_pending_tasks`, `queue_waiting` (label `reason`: what holds them);
 //! and the scheduler's `sched_cycles_total`, `sched_placements_total`, `sched_reservations_total`,
 //! `sched_takeovers_total`, `sched_timeouts_total` (label `kind`: `placeholder`, `reserve`). And
 //! `store_commits_total`, `store_committed_operations_total`, `store_commit_seconds_total`,
@@ -75,6 +75,12 @@ struct QueueLabels {
 struct QueueResourceLabels {
     queue: String,
     resource: String,
+}
+
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct QueueReasonLabels {
+    queue: String,
+    reason: &'static str,
 }
 
 #[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -278,7 +284,19 @@ fn encode_queues(encoder: &mut DescriptorEncoder<'_>, queues: &[QueueView]) -> R
         }
         encode_family(encoder, name, help, &family)?;
     }
-    Ok(())
+    let waiting = Family::<QueueReasonLabels, Gauge>::default();
+    for view in queues {
+        for (reason, count) in &view.waiting {
+            waiting.get_or_create(&QueueReasonLabels { queue: view.path.to_string(), reason }).set(gauge(*count));
+        }
+    }
+    encode_family(
+        encoder,
+        "allot_queue_waiting",
+        "Applications and tasks waiting in the queue, by what holds them (reason: queue_limit, no_pool_matches, \
+         no_room, tokens, gang_not_reserved, gang_missing_members, after_gang)",
+        &waiting,
+    )
 }
 
 fn encode_sched(encoder: &mut DescriptorEncoder<'_>, stats: &SchedStats) -> Result<(), std::fmt::Error> {

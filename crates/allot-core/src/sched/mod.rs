@@ -247,6 +247,9 @@ pub struct QueueView {
     /// Live applications in it (or under it) that have not ended.
     pub apps: u64,
     pub pending_tasks: u64,
+    /// Waiting applications and tasks by what holds them (`Why::code`; a task's own reason, or
+    /// its application's).
+    pub waiting: BTreeMap<&'static str, u64>,
 }
 
 /// Every queue, application and task, and the decisions over them.
@@ -379,6 +382,18 @@ impl Scheduler {
         let under = |app: &App| app.spec.queue == *path || app.spec.queue.up_to_root().any(|q| q == *path);
         let live: Vec<&App> = self.apps.values().filter(|a| !a.state.is_terminal() && under(a)).collect();
         let pending_tasks = live.iter().map(|a| self.pending.get(&a.spec.id).map_or(0, |p| p.len() as u64)).sum();
+        let mut waiting = BTreeMap::new();
+        for app in &live {
+            let id = &app.spec.id;
+            if let Some(why) = self.app_why(id) {
+                *waiting.entry(why.code()).or_default() += 1;
+            }
+            for key in self.pending.get(id).into_iter().flatten() {
+                if let Some(why) = self.task_why(id, &key.2) {
+                    *waiting.entry(why.code()).or_default() += 1;
+                }
+            }
+        }
         QueueView {
             path: path.clone(),
             limits: limits.clone(),
@@ -386,6 +401,7 @@ impl Scheduler {
             leaf: self.queues.children(path).next().is_none(),
             apps: live.len() as u64,
             pending_tasks,
+            waiting,
         }
     }
 
@@ -677,6 +693,7 @@ impl Scheduler {
     }
 
     pub fn task(&self, app: &AppId, task: &TaskId) -> Result<&Task, SchedError> {
+        self.app(app)?;
         self.tasks
             .get(app)
             .and_then(|t| t.get(task))
@@ -766,6 +783,7 @@ impl Scheduler {
     }
 
     fn task_mut(&mut self, app: &AppId, task: &TaskId) -> Result<&mut Task, SchedError> {
+        self.app(app)?;
         self.tasks
             .get_mut(app)
             .and_then(|t| t.get_mut(task))

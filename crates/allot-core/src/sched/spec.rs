@@ -183,10 +183,22 @@ impl AppSpec {
         if self.groups.len() > MAX_GROUPS {
             return Err(SchedError::Invalid(format!("at most {MAX_GROUPS} task groups, got {}", self.groups.len())));
         }
-        for index in 0..self.groups.len() {
-            if self.groups[..index].iter().any(|other| other.name == self.groups[index].name) {
-                return Err(SchedError::Invalid(format!("task group `{}` is named twice", self.groups[index].name)));
+        // A group listed twice with the same content is one group; with other content, an error.
+        let mut unique: Vec<TaskGroup> = Vec::with_capacity(self.groups.len());
+        for group in std::mem::take(&mut self.groups) {
+            match unique.iter().find(|other| other.name == group.name) {
+                Some(other) if *other == group => {}
+                Some(_) => {
+                    return Err(SchedError::Invalid(format!(
+                        "task group `{}` is given twice, with different content",
+                        group.name
+                    )))
+                }
+                None => unique.push(group),
             }
+        }
+        self.groups = unique;
+        for index in 0..self.groups.len() {
             let group = &mut self.groups[index];
             let name = &group.name;
             if !(1..=MAX_MEMBERS).contains(&group.min_members) {
