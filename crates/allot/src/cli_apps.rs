@@ -533,12 +533,14 @@ fn parse_app(text: &str, format: Format) -> Result<SubmitApp, String> {
             let path = err.path().to_string();
             let inner = err.into_inner();
             let field = if path == "." { String::new() } else { format!("{path}: ") };
+            // A syntax error's message has lines of its own ("invalid table header\nexpected ...").
+            let message = inner.message().trim().replace('\n', "; ");
             match inner.span() {
                 Some(span) => {
                     let (line, column) = line_column(text, span.start);
-                    format!("{line}:{column}: {field}{}", inner.message())
+                    format!("{line}:{column}: {field}{message}")
                 }
-                None => format!(" {field}{}", inner.message()),
+                None => format!(" {field}{message}"),
             }
         }),
     }
@@ -1042,6 +1044,8 @@ mod tests {
         let toml = "id = \"a\"\nqueue = \"root.q\"\npolicy = { gang = \"Medium\" }\n";
         let err = parse_app(toml, Format::Toml).unwrap_err();
         assert!(err.starts_with("3:19: policy.gang: unknown variant `Medium`"), "{err}");
+        let err = parse_app("id = \"a\"\n[[tasks]\n", Format::Toml).unwrap_err();
+        assert_eq!(err, "2:8: invalid table header; expected `.`, `]]`");
     }
 
     #[test]
