@@ -62,7 +62,8 @@ pub(crate) struct Common {
     #[arg(long)]
     pub(crate) json: bool,
     /// Print only the ids the answer names, one per line (namespaces, tokens, session ids, pools,
-    /// alloc URIs), for scripts; nothing when it names none. Errors still go to stderr.
+    /// alloc URIs, queues, application and task ids), for scripts; nothing when it names none.
+    /// Errors still go to stderr.
     #[arg(short, long, conflicts_with = "json")]
     pub(crate) quiet: bool,
 }

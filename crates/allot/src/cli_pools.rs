@@ -35,13 +35,20 @@ pub(crate) enum PoolCommand {
         #[command(flatten)]
         common: Common,
     },
-    /// Create a pool, or change its capacity (a stopped pool starts again).
+    /// Create a pool, or change its capacity (a stopped pool starts again) and its labels.
     #[command(after_help = EXIT_CODES)]
     Set {
         /// The pool, e.g. `worker-1`.
         pool: String,
         /// The resources it holds, e.g. `cpu=16,mem=64GiB,disk=1TiB,gpu=2`.
         capacity: String,
+        /// A label, `KEY=VALUE`, that task and task group selectors match; repeatable. Given,
+        /// the labels replace the pool's; not given, the pool keeps the labels it has.
+        #[arg(long = "label", value_name = "KEY=VALUE", value_parser = crate::cli_apps::key_value)]
+        labels: Vec<(String, String)>,
+        /// Remove every label of the pool.
+        #[arg(long, conflicts_with = "labels")]
+        clear_labels: bool,
         #[command(flatten)]
         common: Common,
     },
@@ -180,11 +187,21 @@ async fn run_pool(command: &PoolCommand) -> Result<u8, ClientError> {
             let answer = client(common)?.pool(pool).await?;
             emit(common, &answer, pool_details)
         }
-        PoolCommand::Set { pool, capacity, common } => {
-            let answer = client(common)?.put_pool(pool, capacity).await?;
+        PoolCommand::Set { pool, capacity, labels, clear_labels, common } => {
+            let client = client(common)?;
+            let answer = if labels.is_empty() && !clear_labels {
+                client.put_pool(pool, capacity).await?
+            } else {
+                client.put_pool_with_labels(pool, capacity, labels.iter().cloned().collect()).await?
+            };
             emit(common, &answer, |answer| {
                 let verb = if answer.created { "created" } else { "set" };
-                format!("{verb} pool {} with capacity {}\n", show(&answer.pool.name), human(&answer.pool.capacity))
+                let mut line =
+                    format!("{verb} pool {} with capacity {}", show(&answer.pool.name), human(&answer.pool.capacity));
+                if !answer.pool.labels.is_empty() {
+                    line = format!("{line}, labels {}", labels_text(&answer.pool.labels));
+                }
+                line + "\n"
             })
         }
         PoolCommand::Rm { pool, force, common } => {
@@ -280,7 +297,7 @@ fn lease(alloc: &Alloc) -> String {
 
 /// Resources from the daemon, rounded for people (`mem=22.4GiB`); text that does not parse is
 /// shown as it came.
-fn human(resources: &str) -> String {
+pub(crate) fn human(resources: &str) -> String {
     match resources.parse::<Resources>() {
         Ok(parsed) => parsed.human().to_string(),
         Err(_) => resources.to_owned(),
@@ -288,12 +305,20 @@ fn human(resources: &str) -> String {
 }
 
 /// Empty resources print as `-`, others as [`human`].
-fn or_dash(resources: &str) -> String {
+pub(crate) fn or_dash(resources: &str) -> String {
     if resources.is_empty() {
         "-".to_owned()
     } else {
         human(resources)
     }
+}
+
+/// Labels as `k=v,k2=v2`; none is `-`.
+fn labels_text(labels: &std::collections::BTreeMap<String, String>) -> String {
+    if labels.is_empty() {
+        return "-".to_owned();
+    }
+    labels.iter().map(|(k, v)| format!("{k}={v}")).collect::<Vec<_>>().join(",")
 }
 
 fn pool_table(pools: &[Pool]) -> String {
@@ -307,6 +332,7 @@ fn pool_table(pools: &[Pool]) -> String {
         ("ALLOCS", Align::Right),
         ("LAPSED", Align::Right),
         ("STATE", Align::Left),
+        ("LABELS", Align::Left),
     ]);
     for pool in pools {
         table.row(vec![
@@ -316,6 +342,7 @@ fn pool_table(pools: &[Pool]) -> String {
             pool.allocs.to_string(),
             pool.expired_allocs.to_string(),
             if pool.stopped { "stopped".to_owned() } else { "up".to_owned() },
+            labels_text(&pool.labels),
         ]);
     }
     table.render()
@@ -329,6 +356,7 @@ fn pool_details(pool: &Pool) -> String {
         ("lapsed", or_dash(&pool.expired)),
         ("allocs", pool.allocs.to_string()),
         ("state", if pool.stopped { "stopped".to_owned() } else { "up".to_owned() }),
+        ("labels", labels_text(&pool.labels)),
         (
             "counters",
             format!(

@@ -3,6 +3,7 @@
 
 mod bench;
 mod cli;
+mod cli_apps;
 mod cli_pools;
 mod duration;
 mod serve;
@@ -42,6 +43,16 @@ enum Command {
     /// Accept offers, keep allocs alive, free and inspect them (`pool/alloc`).
     #[command(subcommand)]
     Alloc(cli_pools::AllocCommand),
+    /// Create, change, list and remove queues (`root.a.b`) and their limits.
+    #[command(subcommand)]
+    Queue(cli_apps::QueueCommand),
+    /// Submit applications (from YAML or TOML), list, show, complete, fail and remove them.
+    #[command(subcommand)]
+    App(cli_apps::AppCommand),
+    /// Add tasks to applications, show them, report them started, completed or failed, remove
+    /// them.
+    #[command(subcommand)]
+    Task(cli_apps::TaskCommand),
     /// Measure a daemon under load (and compare it with a baseline server).
     #[command(after_help = bench::BENCH_AFTER_HELP)]
     Bench(bench::BenchArgs),
@@ -57,7 +68,7 @@ fn main() -> ExitCode {
     {
         return cli::usage_error(
             "--server, --json and --quiet before the command are options of the CLI commands (quota, token, \
-             session, pool, alloc); `allot serve` listens with --listen, and `allot bench` takes its options \
+             session, pool, alloc, queue, app, task); `allot serve` listens with --listen, and `allot bench` takes its options \
              after its command, e.g. `allot bench pairs --server URL --json`",
         );
     }
@@ -80,6 +91,9 @@ fn main() -> ExitCode {
             Command::Session(command) => cli::session(command, &args.before).await,
             Command::Pool(command) => cli_pools::pool(command, &args.before).await,
             Command::Alloc(command) => cli_pools::alloc(command, &args.before).await,
+            Command::Queue(command) => cli_apps::queue(command, &args.before).await,
+            Command::App(command) => cli_apps::app(command, &args.before).await,
+            Command::Task(command) => cli_apps::task(command, &args.before).await,
             Command::Bench(args) => bench::run(args).await.map(|()| ExitCode::SUCCESS),
             Command::BaselineServer(args) => bench::baseline_server(args).await.map(|()| ExitCode::SUCCESS),
         }

@@ -9,12 +9,12 @@ use allot_client::Allocate;
 
 use crate::support::{data_dir, eventually, Daemon, ALLOT};
 
-fn allot(daemon: &Daemon, args: &[&str]) -> Output {
+pub(crate) fn allot(daemon: &Daemon, args: &[&str]) -> Output {
     Command::new(ALLOT).args(args).env("ALLOT_SERVER", &daemon.url).output().unwrap()
 }
 
 #[track_caller]
-fn code(output: &Output) -> i32 {
+pub(crate) fn code(output: &Output) -> i32 {
     output.status.code().expect("exit code")
 }
 
