@@ -2,6 +2,7 @@
 //! one `AppStore` call.
 
 use allot_api as api;
+use allot_store::Store;
 use axum::extract::State;
 use axum::http::StatusCode;
 use axum::Json;
@@ -95,18 +96,25 @@ pub(crate) async fn submit_app(
     State(state): State<AppState>,
     JsonBody(body): JsonBody<api::SubmitApp>,
 ) -> Result<(StatusCode, Json<api::SubmitAppResponse>), ApiError> {
+    let answer = submit(state.store.as_ref(), body).await?;
+    let status = if answer.created { StatusCode::CREATED } else { StatusCode::OK };
+    Ok((status, Json(answer)))
+}
+
+/// Submits an application and then the tasks it carries, in order, as `POST /v1/apps` does:
+/// every source of applications (the API, the directory source) submits through here.
+pub async fn submit(store: &dyn Store, body: api::SubmitApp) -> Result<api::SubmitAppResponse, ApiError> {
     let spec = convert::app_spec(&body)?;
     let tasks = body.tasks.into_iter().map(convert::task_spec).collect::<Result<Vec<_>, _>>()?;
     let id = spec.id.clone();
-    let (_, created) = state.store.add_app(spec).await?;
+    let (_, created) = store.add_app(spec).await?;
     let mut added = Vec::with_capacity(tasks.len());
     for task in tasks {
-        let (info, _) = state.store.add_task(id.clone(), task).await?;
+        let (info, _) = store.add_task(id.clone(), task).await?;
         added.push(convert::task(info));
     }
-    let info = state.store.app(id).await?;
-    let status = if created { StatusCode::CREATED } else { StatusCode::OK };
-    Ok((status, Json(api::SubmitAppResponse { created, app: convert::app(info, state.store.now()), tasks: added })))
+    let info = store.app(id).await?;
+    Ok(api::SubmitAppResponse { created, app: convert::app(info, store.now()), tasks: added })
 }
 
 #[utoipa::path(get, path = "/v1/apps/{app}", tag = "apps",

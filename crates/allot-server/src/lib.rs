@@ -32,6 +32,7 @@ use axum::{Json, Router};
 use tokio::net::TcpListener;
 use utoipa::OpenApi;
 
+pub use app_routes::submit;
 pub use error::ApiError;
 pub use metrics::{Metrics, MetricsConfig};
 

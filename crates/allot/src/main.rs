@@ -1,12 +1,14 @@
 //! The `allot` binary: `allot serve` runs the daemon; every other command is the CLI, which talks
 //! to a daemon over HTTP through `allot-client`; `allot bench` is the load generator.
 
+mod appfile;
 mod bench;
 mod cli;
 mod cli_apps;
 mod cli_pools;
 mod duration;
 mod serve;
+mod sources;
 
 use std::process::ExitCode;
 

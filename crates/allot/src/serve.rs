@@ -17,6 +17,8 @@ use anyhow::{bail, Context};
 use serde::Deserialize;
 use tracing_subscriber::filter::Targets;
 
+use crate::sources::{AppManager, DirectorySource, HttpApi};
+
 /// The default listen address: loopback only.
 pub(crate) const DEFAULT_LISTEN: &str = "127.0.0.1:7070";
 /// The default data directory, relative to the working directory.
@@ -32,6 +34,7 @@ pub(crate) const SERVE_AFTER_HELP: &str = r#"Configuration file (--config), with
   max_wait = "5m"               # --max-wait: the longest an allocate may wait (at most 5m)
   metrics_namespaces = ["hive"] # --metrics-namespaces: series of their own at /metrics
   metrics_pools = ["worker-*"]  # --metrics-pools: the same for pools (else totals only)
+  apps_dir = "apps"             # --apps-dir: application files the daemon watches
   [quotas]                      # --quota: namespace = quota
   "hive:cluster-a" = 10
   [pools]                       # --pool: pool = "resources"
@@ -108,6 +111,10 @@ pub(crate) struct ServeArgs {
     /// (Redis, or the embedded store's commit thread) needs a CPU too].
     #[arg(long, env = "ALLOT_THREADS", value_parser = clap::value_parser!(u16).range(1..=1024))]
     pub(crate) threads: Option<u16>,
+    /// Watch this directory for application files (`.yaml`, `.yml`, `.toml`, as `allot app
+    /// submit` takes): a new file submits its application, a removed one removes it.
+    #[arg(long, value_name = "DIR", env = "ALLOT_APPS_DIR")]
+    apps_dir: Option<PathBuf>,
     /// Log format on stderr.
     #[arg(long, env = "ALLOT_LOG_FORMAT", value_enum, default_value = "text")]
     log_format: LogFormat,
@@ -155,6 +162,8 @@ struct ConfigFile {
     metrics_namespaces: Vec<String>,
     #[serde(default)]
     metrics_pools: Vec<String>,
+    /// A directory of application files the daemon watches.
+    apps_dir: Option<PathBuf>,
     /// Queues seeded at start, by path: created where they do not exist yet.
     #[serde(default)]
     queues: BTreeMap<String, QueueConfig>,
@@ -231,6 +240,7 @@ struct Config {
     metrics: MetricsConfig,
     queues: Vec<(QueuePath, QueueLimits)>,
     completing_grace_ms: Option<u64>,
+    apps_dir: Option<PathBuf>,
 }
 
 /// The lease rules from the file's `[alloc_leases]` and the flags (which win).
@@ -353,6 +363,7 @@ fn resolve(args: &ServeArgs) -> anyhow::Result<Config> {
         None => None,
     };
     Ok(Config {
+        apps_dir: args.apps_dir.clone().or(file.apps_dir),
         queues,
         completing_grace_ms,
         pools,
@@ -485,8 +496,34 @@ pub(crate) async fn run(args: ServeArgs) -> anyhow::Result<()> {
     tracing::info!(%address, data_dir = %config.data_dir.display(), backend = store.backend(), "allot serving");
     // The one line on stdout: scripts and tests read the address from it.
     println!("allot listening on http://{address}");
-    let state = allot_server::AppState::new(store).with_max_wait(config.max_wait).with_metrics(config.metrics);
-    allot_server::run(listener, state, shutdown_signal()).await.context("server failed")
+    let state = allot_server::AppState::new(store.clone()).with_max_wait(config.max_wait).with_metrics(config.metrics);
+    // The sources of applications: the API, and the directory of application files if one is set.
+    let mut http = HttpApi::new(listener, state);
+    let mut directory = config.apps_dir.map(|dir| DirectorySource::new(dir, store.clone()));
+    if let Some(directory) = &mut directory {
+        directory.init().await.context("the applications directory")?;
+    }
+    http.init().await?;
+    http.start().await?;
+    if let Some(directory) = &mut directory {
+        directory.start().await?;
+    }
+    let names: Vec<&str> = std::iter::once(http.name()).chain(directory.as_ref().map(|d| d.name())).collect();
+    tracing::info!(sources = ?names, "taking applications in");
+    let failed = tokio::select! {
+        _ = shutdown_signal() => None,
+        result = http.failed() => Some(result),
+    };
+    if let Some(directory) = &mut directory {
+        directory.stop().await;
+    }
+    match failed {
+        Some(result) => result.context("server failed"),
+        None => {
+            http.stop().await;
+            Ok(())
+        }
+    }
 }
 
 /// This machine's resources [Reflow's local pool]: cpu from the available parallelism, memory

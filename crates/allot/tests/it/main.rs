@@ -9,4 +9,5 @@ mod daemon;
 mod pages;
 mod redis;
 mod sched_crash;
+mod sources;
 mod support;

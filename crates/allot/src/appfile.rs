@@ -1,0 +1,181 @@
+//! Application files: one application, in YAML or TOML, with the fields of the API's `SubmitApp`
+//! (docs/examples/etl.yaml). Read by `allot app submit` and by the daemon's directory source;
+//! every error names the file, the place (line and column) when the parser gives it, and the
+//! field.
+
+use std::collections::BTreeMap;
+use std::io::Read as _;
+use std::path::Path;
+
+use allot_client::{SubmitApp, TokenNeed};
+use allot_core::queue::QueuePath;
+use allot_core::sched::{AppId, AppSpec, GangStyle, GroupName, SchedulingPolicy, TaskGroup, TaskId, TaskSpec};
+use allot_core::{NamespaceName, Resources};
+
+/// The format a file's name tells, if any.
+pub(crate) fn format_of(path: &Path) -> Option<Format> {
+    match path.extension().and_then(|e| e.to_str()).map(str::to_ascii_lowercase).as_deref() {
+        Some("yaml" | "yml") => Some(Format::Yaml),
+        Some("toml") => Some(Format::Toml),
+        _ => None,
+    }
+}
+
+/// An application file that cannot be used; `usage` when its name tells no format.
+#[derive(Debug)]
+pub(crate) struct FileError {
+    pub(crate) usage: bool,
+    pub(crate) message: String,
+}
+
+impl FileError {
+    fn invalid(message: String) -> FileError {
+        FileError { usage: false, message }
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Format {
+    Yaml,
+    Toml,
+}
+
+/// Reads an application from `file` (`-`: YAML on stdin), parses it and checks what can be
+/// checked without the daemon. Every message starts with the file's name, then the line and
+/// column when the parser gives them, then the field.
+pub(crate) fn read_app(file: &str) -> Result<SubmitApp, FileError> {
+    let (name, text, format) = if file == "-" {
+        let mut text = String::new();
+        std::io::stdin()
+            .read_to_string(&mut text)
+            .map_err(|err| FileError::invalid(format!("cannot read the application from stdin: {err}")))?;
+        ("<stdin>", text, Format::Yaml)
+    } else {
+        let extension = Path::new(file).extension().and_then(|e| e.to_str()).map(str::to_ascii_lowercase);
+        let format = match extension.as_deref() {
+            Some("yaml" | "yml") => Format::Yaml,
+            Some("toml") => Format::Toml,
+            _ => {
+                return Err(FileError {
+                    usage: true,
+                    message: format!(
+                        "{file}: the name tells the format: end it in .yaml, .yml or .toml, or give - to read YAML \
+                         from stdin"
+                    ),
+                })
+            }
+        };
+        let text = std::fs::read_to_string(file).map_err(|err| FileError::invalid(format!("{file}: {err}")))?;
+        (file, text, format)
+    };
+    let submit = parse_app(&text, format).map_err(|err| FileError::invalid(format!("{name}:{err}")))?;
+    check_app(&submit).map_err(|err| FileError::invalid(format!("{name}: {err}")))?;
+    Ok(submit)
+}
+
+/// Parses an application; an error reads `LINE:COLUMN: FIELD: message` (or ` FIELD: message`
+/// when the parser gives no place), to follow the file's name and a `:`.
+pub(crate) fn parse_app(text: &str, format: Format) -> Result<SubmitApp, String> {
+    match format {
+        // serde_norway names the field itself (`tasks[2].resources: ...`) and ends the message
+        // with the place, which goes to the front.
+        Format::Yaml => serde_norway::from_str(text).map_err(|err| {
+            let message = err.to_string();
+            match err.location() {
+                Some(at) => {
+                    let suffix = format!(" at line {} column {}", at.line(), at.column());
+                    let message = message.strip_suffix(&suffix).unwrap_or(&message);
+                    format!("{}:{}: {message}", at.line(), at.column())
+                }
+                None => format!(" {message}"),
+            }
+        }),
+        // toml gives the place (a byte span) and the message, serde_path_to_error the field.
+        Format::Toml => serde_path_to_error::deserialize(toml::Deserializer::new(text)).map_err(|err| {
+            let path = err.path().to_string();
+            let inner = err.into_inner();
+            let field = if path == "." { String::new() } else { format!("{path}: ") };
+            // A syntax error's message has lines of its own ("invalid table header\nexpected ...").
+            let message = inner.message().trim().replace('\n', "; ");
+            match inner.span() {
+                Some(span) => {
+                    let (line, column) = line_column(text, span.start);
+                    format!("{line}:{column}: {field}{message}")
+                }
+                None => format!(" {field}{message}"),
+            }
+        }),
+    }
+}
+
+/// The 1-based line and column (in characters) of a byte offset.
+fn line_column(text: &str, offset: usize) -> (usize, usize) {
+    let before = text.get(..offset).unwrap_or(text);
+    let line_start = before.rfind('\n').map_or(0, |i| i + 1);
+    (before.matches('\n').count() + 1, before[line_start..].chars().count() + 1)
+}
+
+/// The checks the daemon makes of an application by itself (ids, queue path, resources, token
+/// namespaces, task groups, timeouts), each error naming its field: `tasks[2].resources: ...`.
+pub(crate) fn check_app(submit: &SubmitApp) -> Result<(), String> {
+    fn at<T, E: std::fmt::Display>(field: &str, result: Result<T, E>) -> Result<T, String> {
+        result.map_err(|err| format!("{field}: {err}"))
+    }
+    fn needs(field: &str, needs: &[TokenNeed]) -> Result<Vec<allot_core::sched::TokenNeed>, String> {
+        needs
+            .iter()
+            .enumerate()
+            .map(|(i, need)| {
+                let namespace = at(&format!("{field}[{i}].namespace"), NamespaceName::new(&need.namespace))?;
+                Ok(allot_core::sched::TokenNeed { namespace, units: need.units })
+            })
+            .collect()
+    }
+    let mut groups = Vec::new();
+    for (i, group) in submit.task_groups.iter().enumerate() {
+        let field = format!("task_groups[{i}]");
+        groups.push(TaskGroup {
+            name: at(&format!("{field}.name"), GroupName::new(&group.name))?,
+            min_members: group.min_members,
+            min_resources: at(&format!("{field}.min_resources"), group.min_resources.parse::<Resources>())?,
+            selector: group.selector.clone(),
+            tokens: needs(&format!("{field}.tokens"), &group.tokens)?,
+        });
+    }
+    let defaults = SchedulingPolicy::default();
+    let spec = AppSpec {
+        id: at("id", AppId::new(&submit.id))?,
+        queue: at("queue", QueuePath::new(&submit.queue))?,
+        user: submit.user.clone(),
+        tags: submit.tags.clone(),
+        groups,
+        policy: SchedulingPolicy {
+            placeholder_timeout_ms: submit.policy.placeholder_timeout_ms.unwrap_or(defaults.placeholder_timeout_ms),
+            gang: match submit.policy.gang.unwrap_or_default() {
+                allot_client::GangStyle::Soft => GangStyle::Soft,
+                allot_client::GangStyle::Hard => GangStyle::Hard,
+            },
+            reserve_timeout_ms: submit.policy.reserve_timeout_ms,
+        },
+    };
+    let spec = spec.check().map_err(|err| err.to_string())?;
+    let mut ids: BTreeMap<&str, usize> = BTreeMap::new();
+    for (i, task) in submit.tasks.iter().enumerate() {
+        let field = format!("tasks[{i}]");
+        if let Some(first) = ids.insert(&task.id, i) {
+            return Err(format!("{field}.id: `{}` is the id of tasks[{first}] already", task.id));
+        }
+        let spec_text = task.spec.as_ref().map(serde_json::Value::to_string).unwrap_or_default();
+        let task_spec = TaskSpec {
+            id: at(&format!("{field}.id"), TaskId::new(&task.id))?,
+            resources: at(&format!("{field}.resources"), task.resources.parse::<Resources>())?,
+            tokens: needs(&format!("{field}.tokens"), &task.tokens)?,
+            group: task.group.as_deref().map(GroupName::new).transpose().map_err(|e| format!("{field}.group: {e}"))?,
+            priority: task.priority,
+            selector: task.selector.clone(),
+            spec: spec_text,
+        };
+        at(&field, task_spec.check(&spec))?;
+    }
+    Ok(())
+}
