@@ -536,3 +536,24 @@ fn restore_brings_back_usage_and_timers() {
     assert_eq!(b.app_state("a"), AppState::Running);
     assert_eq!(b.state("a", "later"), TaskState::Allocated);
 }
+
+#[test]
+fn an_ended_application_is_forgotten_after_its_retention() {
+    let mut b = Bench::new();
+    b.sched.set_config(SchedConfig { completing_grace_ms: 0, retention_ms: 10_000, ..SchedConfig::default() });
+    b.pool("p", "cpu=4", &[]);
+    b.queue("root.q", QueueLimits::default());
+    b.submit(app_spec("a", "root.q")).unwrap();
+    b.add("a", task("t", "cpu=1")).unwrap();
+    b.cycle();
+    b.complete("a", "t");
+    assert_eq!(b.app_state("a"), AppState::Completed);
+    assert_eq!(b.sched.next_deadline(), Some(b.now + 10_000));
+    b.now += 9_999;
+    b.cycle();
+    assert!(b.sched.app(&aid("a")).is_ok(), "still readable");
+    b.now += 1;
+    b.cycle();
+    assert!(matches!(b.sched.app(&aid("a")), Err(SchedError::AppNotFound(_))), "forgotten");
+    assert!(matches!(b.sched.task(&aid("a"), &tid("t")), Err(SchedError::AppNotFound(_))));
+}

@@ -48,6 +48,7 @@ pub(crate) const SERVE_AFTER_HELP: &str = r#"Configuration file (--config), with
   sort = "fifo"                 # fifo, fair or priority
   [scheduler]
   completing_grace = "30s"      # how long an application whose tasks all ended waits for more
+  app_retention = "1h"          # how long an ended application stays readable
   [alloc_leases]
   initial = "2m"                # --alloc-lease: the lease an alloc gets when it is made
   max = "5m"                    # --alloc-max-lease: the longest lease one keepalive grants
@@ -190,6 +191,8 @@ struct SchedulerConfig {
     /// How long an application whose tasks have all ended waits for new ones before it is
     /// Completed (default 30s, YuniKorn's).
     completing_grace: Option<String>,
+    /// How long an ended application stays readable (default 1h).
+    app_retention: Option<String>,
 }
 
 /// A queue's limits from the file.
@@ -239,7 +242,7 @@ struct Config {
     max_wait: std::time::Duration,
     metrics: MetricsConfig,
     queues: Vec<(QueuePath, QueueLimits)>,
-    completing_grace_ms: Option<u64>,
+    sched: SchedConfig,
     apps_dir: Option<PathBuf>,
 }
 
@@ -354,18 +357,26 @@ fn resolve(args: &ServeArgs) -> anyhow::Result<Config> {
             Ok((queue_path, queue_limits(&path, queue)?))
         })
         .collect::<anyhow::Result<Vec<_>>>()?;
-    let completing_grace_ms = match &file.scheduler.completing_grace {
-        Some(text) => Some(
-            crate::duration::parse(text)
-                .map_err(|err| anyhow::anyhow!("[scheduler] completing_grace: {err}"))?
-                .as_millis() as u64,
-        ),
-        None => None,
+    let ms = |key: &str, text: &Option<String>| -> anyhow::Result<Option<u64>> {
+        text.as_deref()
+            .map(|text| {
+                let duration =
+                    crate::duration::parse(text).map_err(|err| anyhow::anyhow!("[scheduler] {key}: {err}"))?;
+                Ok(duration.as_millis() as u64)
+            })
+            .transpose()
+    };
+    let defaults = SchedConfig::default();
+    let sched = SchedConfig {
+        completing_grace_ms: ms("completing_grace", &file.scheduler.completing_grace)?
+            .unwrap_or(defaults.completing_grace_ms),
+        retention_ms: ms("app_retention", &file.scheduler.app_retention)?.unwrap_or(defaults.retention_ms),
+        ..defaults
     };
     Ok(Config {
         apps_dir: args.apps_dir.clone().or(file.apps_dir),
         queues,
-        completing_grace_ms,
+        sched,
         pools,
         pool_rules,
         max_wait,
@@ -434,9 +445,7 @@ pub(crate) async fn run(args: ServeArgs) -> anyhow::Result<()> {
             let store = EmbeddedStore::open(&EmbeddedConfig { data_dir: config.data_dir.clone() })
                 .with_context(|| format!("cannot open the store in {}", config.data_dir.display()))?;
             store.set_pool_rules(config.pool_rules);
-            if let Some(grace) = config.completing_grace_ms {
-                store.set_sched_config(SchedConfig { completing_grace_ms: grace, ..SchedConfig::default() });
-            }
+            store.set_sched_config(config.sched.clone());
             Arc::new(store)
         }
         StoreChoice::Redis(redis) => {

@@ -530,11 +530,10 @@ impl Scheduler {
     /// Runs the timers that are due: reserve timeouts, placeholder timeouts, completing grace.
     /// Returns how many applications timed out.
     pub(super) fn expire(&mut self, now: Millis, world: &mut World<'_>, out: &mut Outcome) -> usize {
-        let grace = self.config.completing_grace_ms;
         let due: Vec<AppId> = self
             .apps
             .values()
-            .filter(|app| app_deadline(app, grace).is_some_and(|d| d <= now))
+            .filter(|app| app_deadline(app, &self.config).is_some_and(|d| d <= now))
             .map(|app| app.spec.id.clone())
             .collect();
         let mut timed_out = 0;
@@ -566,7 +565,9 @@ impl Scheduler {
                     GangStyle::Hard => self.fail_timed_out(&id, now, world, out),
                 }
             } else if app.state == AppState::Completing {
-                self.finish_completing(&id, out);
+                self.finish_completing(&id, now, out);
+            } else if app.state.is_terminal() {
+                self.forget(&id, out);
             }
         }
         timed_out
@@ -579,14 +580,15 @@ impl Scheduler {
 
     /// The earliest time a timer is due, if any.
     pub fn next_deadline(&self) -> Option<Millis> {
-        self.apps.values().filter_map(|app| app_deadline(app, self.config.completing_grace_ms)).min()
+        self.apps.values().filter_map(|app| app_deadline(app, &self.config)).min()
     }
 }
 
-fn app_deadline(app: &super::App, grace: u64) -> Option<Millis> {
-    let completing =
-        (app.state == AppState::Completing).then(|| app.completing_since.unwrap_or(0).saturating_add(grace));
-    [app.reserve_deadline(), app.placeholder_deadline(), completing].into_iter().flatten().min()
+fn app_deadline(app: &super::App, config: &super::SchedConfig) -> Option<Millis> {
+    let completing = (app.state == AppState::Completing)
+        .then(|| app.completing_since.unwrap_or(0).saturating_add(config.completing_grace_ms));
+    let forget = app.ended_at.filter(|_| app.state.is_terminal()).map(|at| at.saturating_add(config.retention_ms));
+    [app.reserve_deadline(), app.placeholder_deadline(), completing, forget].into_iter().flatten().min()
 }
 
 /// Takes an alloc of `wanted` on `spot` and a grant of every need under `token`, or nothing.

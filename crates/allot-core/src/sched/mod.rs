@@ -37,6 +37,8 @@ pub const RESERVATION_TIMEOUT: &str = "ResourceReservationTimeout";
 /// YuniKorn's completing timeout: an application whose tasks have all ended waits this long for
 /// new ones before it is Completed.
 pub const DEFAULT_COMPLETING_GRACE_MS: u64 = 30_000;
+/// How long an ended application stays readable by default: an hour.
+pub const DEFAULT_RETENTION_MS: u64 = 3_600_000;
 
 /// Why the scheduler refuses a request.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -119,6 +121,8 @@ pub struct App {
     pub completing_since: Option<Millis>,
     /// Why it failed or completed, when not by its tasks.
     pub reason: Option<String>,
+    /// When it ended: it is forgotten [`SchedConfig::retention_ms`] later.
+    pub ended_at: Option<Millis>,
 }
 
 impl App {
@@ -224,13 +228,19 @@ pub struct SchedStats {
 #[derive(Debug, Clone)]
 pub struct SchedConfig {
     pub completing_grace_ms: u64,
+    /// How long an ended application (and its tasks) stays readable before it is forgotten.
+    pub retention_ms: u64,
     /// Best fit orders pools by the weighted size of what is free.
     pub weights: SizeWeights,
 }
 
 impl Default for SchedConfig {
     fn default() -> SchedConfig {
-        SchedConfig { completing_grace_ms: DEFAULT_COMPLETING_GRACE_MS, weights: SizeWeights::default() }
+        SchedConfig {
+            completing_grace_ms: DEFAULT_COMPLETING_GRACE_MS,
+            retention_ms: DEFAULT_RETENTION_MS,
+            weights: SizeWeights::default(),
+        }
     }
 }
 
@@ -446,6 +456,7 @@ impl Scheduler {
             counted: false,
             completing_since: None,
             reason: None,
+            ended_at: None,
         };
         self.next_seq += 1;
         transition(&mut app, &[AppEvent::Accept])?;
@@ -601,6 +612,7 @@ impl Scheduler {
             events.push(AppEvent::Release);
             // Every live state takes Complete or Fail, and then Release.
             transition(app, &events).expect("a live application can end");
+            app.ended_at = Some(now);
         }
         let (queue, user, counted) = (app.spec.queue.clone(), app.spec.user.clone(), app.counted);
         app.counted = false;
@@ -850,19 +862,30 @@ impl Scheduler {
         app.completing_since = Some(now);
         out.apps.push(AppChange::App(app.clone()));
         if self.config.completing_grace_ms == 0 {
-            self.finish_completing(app_id, out);
+            self.finish_completing(app_id, now, out);
         }
     }
 
-    fn finish_completing(&mut self, app_id: &AppId, out: &mut Outcome) {
+    fn finish_completing(&mut self, app_id: &AppId, now: Millis, out: &mut Outcome) {
         let app = self.apps.get_mut(app_id).expect("caller checked");
         transition(app, &[AppEvent::Release]).expect("Completing takes Release");
+        app.ended_at = Some(now);
         let (queue, user, counted) = (app.spec.queue.clone(), app.spec.user.clone(), app.counted);
         app.counted = false;
         out.apps.push(AppChange::App(app.clone()));
         if counted {
             self.count_app(&queue, &user, false);
         }
+    }
+
+    /// Forgets an ended application and its tasks (its retention is over): it holds nothing.
+    fn forget(&mut self, id: &AppId, out: &mut Outcome) {
+        self.apps.remove(id);
+        self.tasks.remove(id);
+        self.pending.remove(id);
+        self.why_app.remove(id);
+        self.why_task.retain(|(app, _), _| app != id);
+        out.apps.push(AppChange::AppRemoved { id: id.clone() });
     }
 
     // ---- usage ----

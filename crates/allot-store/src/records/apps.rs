@@ -79,6 +79,7 @@ pub struct AppRecord {
     pub counted: bool,
     pub completing_since: Option<Millis>,
     pub reason: Option<String>,
+    pub ended_at: Option<Millis>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -238,6 +239,7 @@ impl AppRecord {
             counted: app.counted,
             completing_since: app.completing_since,
             reason: app.reason.clone(),
+            ended_at: app.ended_at,
         }
     }
 
@@ -295,6 +297,7 @@ impl AppRecord {
             counted: self.counted,
             completing_since: self.completing_since,
             reason: self.reason,
+            ended_at: self.ended_at,
         })
     }
 }
