@@ -557,3 +557,36 @@ fn an_ended_application_is_forgotten_after_its_retention() {
     assert!(matches!(b.sched.app(&aid("a")), Err(SchedError::AppNotFound(_))), "forgotten");
     assert!(matches!(b.sched.task(&aid("a"), &tid("t")), Err(SchedError::AppNotFound(_))));
 }
+
+#[test]
+fn removing_a_pool_fails_its_tasks_and_ends_the_gangs_held_there() {
+    let mut b = Bench::new();
+    b.pool("p", "cpu=8", &[]);
+    b.queue("root.q", QueueLimits::default());
+    b.namespace("ns", 2);
+    b.submit(app_spec("a", "root.q")).unwrap();
+    let need = vec![TokenNeed { namespace: NamespaceName::new("ns").unwrap(), units: 1 }];
+    b.add("a", TaskSpec { tokens: need, ..task("t", "cpu=1") }).unwrap();
+    let mut hard = app_spec("hard", "root.q");
+    hard.groups = vec![group("g", 2, "cpu=1")];
+    hard.policy.gang = GangStyle::Hard;
+    b.submit(hard).unwrap();
+    let mut soft = app_spec("soft", "root.q");
+    soft.groups = vec![group("g", 2, "cpu=1")];
+    b.submit(soft).unwrap();
+    b.cycle();
+    assert_eq!(b.app_state("hard"), AppState::Reserving);
+    assert_eq!(b.app_state("soft"), AppState::Reserving);
+    let pool = PoolName::new("p").unwrap();
+    b.pools.remove_pool(&pool, true).unwrap();
+    let now = b.now;
+    let mut world = World { pools: &mut b.pools, ledger: &mut b.ledger };
+    b.sched.pool_removed(&pool, now, &mut world);
+    let t = b.sched.task(&aid("a"), &tid("t")).unwrap();
+    assert_eq!(t.state, TaskState::Failed);
+    assert_eq!(t.reason.as_deref(), Some("its pool `p` was removed"));
+    assert_eq!(b.ledger.namespace(&NamespaceName::new("ns").unwrap(), b.now).unwrap().granted_units, 0);
+    assert_eq!(b.app_state("hard"), AppState::Failed);
+    assert_eq!(b.app_state("soft"), AppState::Running);
+    b.check();
+}

@@ -888,6 +888,48 @@ impl Scheduler {
         out.apps.push(AppChange::AppRemoved { id: id.clone() });
     }
 
+    /// A pool was removed (with force): its allocs are gone. Tasks placed on it fail; a gang
+    /// with placeholders on it loses its reservation, as if its placeholder timeout ran out
+    /// (Soft: the other placeholders are released and it goes on; Hard: it fails).
+    pub fn pool_removed(&mut self, pool: &PoolName, now: Millis, world: &mut World<'_>) -> Outcome {
+        let mut out = Outcome::default();
+        let reason = format!("its pool `{pool}` was removed");
+        let placed: Vec<(AppId, TaskId)> = self
+            .tasks
+            .values()
+            .flat_map(|tasks| tasks.values())
+            .filter(|t| matches!(t.state, TaskState::Allocated | TaskState::Running))
+            .filter(|t| t.placement.as_ref().is_some_and(|p| &p.pool == pool))
+            .map(|t| (t.app.clone(), t.spec.id.clone()))
+            .collect();
+        for (app, task) in placed {
+            let _ = self.end_task(&app, &task, TaskEvent::Fail, Some(reason.clone()), now, world, &mut out, true);
+        }
+        let gangs: Vec<AppId> = self
+            .apps
+            .values()
+            .filter(|a| a.state == AppState::Reserving)
+            .filter(|a| a.slots.iter().any(|s| s.task.is_none() && &s.placement.pool == pool))
+            .map(|a| a.spec.id.clone())
+            .collect();
+        for id in gangs {
+            match self.apps[&id].spec.policy.gang {
+                GangStyle::Soft => {
+                    self.release_slots(&id, true, now, world, &mut out);
+                    let app = self.apps.get_mut(&id).expect("listed");
+                    transition(app, &[AppEvent::Resume, AppEvent::Run]).expect("Reserving takes Resume");
+                    app.reason = Some(format!("placeholders lost: {reason}"));
+                    out.apps.push(AppChange::App(app.clone()));
+                }
+                GangStyle::Hard => {
+                    self.apps.get_mut(&id).expect("listed").reason = Some(format!("placeholders lost: {reason}"));
+                    self.end_app(&id, Some(AppEvent::Fail), now, world, &mut out);
+                }
+            }
+        }
+        out
+    }
+
     // ---- usage ----
 
     fn charge(&mut self, queue: &QueuePath, user: &str, resources: &Resources, add: bool) {

@@ -30,8 +30,16 @@ impl PoolStore for EmbeddedStore {
         .await
     }
 
+    /// With `force`, tasks placed on the pool fail and gangs holding placeholders there lose
+    /// their reservation, in the same commit.
     async fn remove_pool(&self, name: PoolName, force: bool) -> Result<usize, StoreError> {
-        self.mutate_pools(|pools, _| pools.remove_pool(&name, force)).await
+        self.commit_sched(|sched, mut world, now| {
+            let (ended, changes) = world.pools.remove_pool(&name, force)?;
+            let mut outcome = sched.pool_removed(&name, now, &mut world);
+            outcome.pools.splice(0..0, changes);
+            Ok((ended, outcome))
+        })
+        .await
     }
 
     async fn pools(&self, page: PageRequest<PoolName>) -> Result<Page<PoolView, PoolName>, StoreError> {
