@@ -25,6 +25,7 @@ mod apps;
 mod conn;
 mod pools;
 mod reply;
+pub mod sched_lease;
 mod scripts;
 pub mod testing;
 

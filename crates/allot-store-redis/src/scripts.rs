@@ -49,6 +49,7 @@ operations!(
     sessions,
     pool,
     registry,
+    sched_lease,
 );
 
 const PRELUDE: &str = include_str!("lua/namespace.lua");
@@ -70,7 +71,7 @@ fn version(bodies: &[(&str, &str)]) -> String {
 
 /// The functions that work on their own keys (sessions, pools): they take `KEYS` and `ARGV` as
 /// they are and skip `bind`, which builds a namespace's key names.
-const OWN_KEYS: &[&str] = &["session_grants", "sessions", "pool", "registry"];
+const OWN_KEYS: &[&str] = &["session_grants", "sessions", "pool", "registry", "sched_lease"];
 
 fn library(version: &str, bodies: &[(&str, &str)]) -> String {
     let mut text = format!("#!lua name=allot_{version}\n{PRELUDE}\n");

@@ -1,0 +1,24 @@
+-- sched_lease(op, holder, ttl ms): the lease that elects the one daemon that schedules
+-- applications. KEYS[1] is `allot:{allot-apps}:lease`, a hash: holder, expires (ms on Redis's
+-- clock) and fencing, which goes up at every new term (a holder taking a lease that was not its
+-- own running lease) and never down. Every write of the scheduler carries its fencing number;
+-- one that is not the lease's current number is refused.
+--   acquire: take the lease if it is free, lapsed or already ours (renewing it): answers
+--            { 'mine', holder, fencing, ttl } or { 'held', holder, fencing, ms left }.
+--   release: end our lease at once (a clean shutdown hands over without waiting for the TTL).
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local op, me, ttl = ARGV[1], ARGV[2], tonumber(ARGV[3])
+local l = redis.call('HMGET', KEYS[1], 'holder', 'expires', 'fencing')
+local holder, expires, fencing = l[1], tonumber(l[2] or '0'), tonumber(l[3] or '0')
+local running = holder ~= false and expires > now
+if op == 'acquire' then
+  if running and holder ~= me then return { 'held', holder, fencing, expires - now } end
+  if not running then fencing = fencing + 1 end
+  redis.call('HSET', KEYS[1], 'holder', me, 'expires', now + ttl, 'fencing', fencing)
+  return { 'mine', me, fencing, ttl }
+elseif op == 'release' then
+  if running and holder == me then redis.call('HSET', KEYS[1], 'expires', 0) end
+  return { 'released', me, fencing, 0 }
+end
+return redis.error_reply('unknown lease operation ' .. tostring(op))

@@ -1,0 +1,46 @@
+//! The scheduler's lease on Redis (`lua/sched_lease.lua`): it elects the one daemon that
+//! schedules applications; its fencing number goes up at every new term, so the writes of a
+//! deposed scheduler can be told from the current one's.
+
+use std::time::Duration;
+
+use allot_store::StoreError;
+
+use crate::reply::corrupt;
+use crate::RedisStore;
+
+/// The lease's key: in the applications' hash slot.
+pub const LEASE_KEY: &str = "allot:{allot-apps}:lease";
+
+/// What an acquire found.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum LeaseState {
+    /// This daemon holds the lease, in the term `fencing`, for `ttl`.
+    Mine { fencing: u64, ttl: Duration },
+    /// Another daemon holds it, for `left` more unless it renews.
+    Held { holder: String, fencing: u64, left: Duration },
+}
+
+impl RedisStore {
+    /// Takes the scheduler's lease for `holder`, or renews it; answers who holds it.
+    pub async fn acquire_sched_lease(&self, holder: &str, ttl: Duration) -> Result<LeaseState, StoreError> {
+        let ttl_ms = ttl.as_millis().max(1).to_string();
+        let mut reply =
+            self.inner.eval(&self.inner.scripts.sched_lease, LEASE_KEY, &["acquire", holder, &ttl_ms], true).await?;
+        let kind = reply.text()?;
+        let who = reply.text()?;
+        let fencing = reply.uint()?;
+        let ms = Duration::from_millis(reply.uint()?);
+        match kind.as_str() {
+            "mine" => Ok(LeaseState::Mine { fencing, ttl: ms }),
+            "held" => Ok(LeaseState::Held { holder: who, fencing, left: ms }),
+            other => Err(corrupt(format!("lease answer `{other}`"))),
+        }
+    }
+
+    /// Ends `holder`'s lease now, if it holds it (a clean shutdown hands the scheduling over).
+    pub async fn release_sched_lease(&self, holder: &str) -> Result<(), StoreError> {
+        self.inner.eval(&self.inner.scripts.sched_lease, LEASE_KEY, &["release", holder, "0"], true).await?;
+        Ok(())
+    }
+}
