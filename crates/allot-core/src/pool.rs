@@ -312,6 +312,8 @@ pub const HELD: Millis = Millis::MAX;
 struct PoolState {
     capacity: Resources,
     labels: Labels,
+    /// The sum of `allocs`' resources (lapsed or not), kept with every insert and removal.
+    held_sum: Resources,
     allocs: HashMap<AllocId, Alloc>,
     ended: HashMap<AllocId, EndedAlloc>,
     /// The ended allocs in the order they ended (for [`MAX_ENDED_PER_POOL`]).
@@ -325,7 +327,23 @@ struct PoolState {
 impl PoolState {
     /// The resources of every alloc, expired or not.
     fn held(&self) -> Resources {
+        self.held_sum.clone()
+    }
+
+    /// The sum of the allocs' resources, counted again (for `check_invariants`).
+    fn held_counted(&self) -> Resources {
         self.allocs.values().fold(Resources::new(), |sum, a| sum.checked_add(&a.resources).unwrap_or(sum))
+    }
+
+    fn insert_alloc(&mut self, alloc: Alloc) {
+        self.held_sum = self.held_sum.checked_add(&alloc.resources).unwrap_or_else(|| self.held_sum.clone());
+        self.allocs.insert(alloc.id, alloc);
+    }
+
+    fn remove_alloc(&mut self, id: AllocId) -> Option<Alloc> {
+        let alloc = self.allocs.remove(&id)?;
+        self.held_sum = self.held_sum.saturating_sub(&alloc.resources);
+        Some(alloc)
     }
 
     /// Split of the held resources into (running leases, lapsed leases).
@@ -504,7 +522,7 @@ impl Pools {
         }
         let pool = self.pools.get_mut(name).expect("checked above");
         pool.stats.accepted += 1;
-        pool.allocs.insert(id, alloc.clone());
+        pool.insert_alloc(alloc.clone());
         self.leases.insert((alloc.expires, name.clone(), id));
         changes.push(PoolChange::Alloc(alloc.clone()));
         Ok((alloc, changes))
@@ -576,9 +594,22 @@ impl Pools {
 
     /// Every pool that takes new allocs, with what is free in it (its capacity less what allocs
     /// with a running lease hold: an accept reclaims lapsed ones), its capacity and its labels.
+    ///
+    /// O(pools + lapsed allocs): what allocs hold is kept as a sum, and the lapsed ones are read
+    /// from the lease index, so a cycle of the scheduler does not walk every alloc.
     pub fn spots(&self, now: Millis) -> impl Iterator<Item = (&PoolName, Resources, &Resources, &Labels)> + '_ {
+        let mut lapsed: HashMap<&PoolName, Resources> = HashMap::new();
+        for (_, name, id) in self.leases.range(..(now.saturating_add(1), PoolName(Arc::from("")), AllocId(0))) {
+            if let Some(alloc) = self.pools.get(name).and_then(|pool| pool.allocs.get(id)) {
+                let sum = lapsed.entry(name).or_default();
+                *sum = sum.checked_add(&alloc.resources).unwrap_or_else(|| sum.clone());
+            }
+        }
         self.pools.iter().filter(|(_, pool)| !pool.stopped).map(move |(name, pool)| {
-            let (live, _) = pool.held_by_state(now);
+            let live = match lapsed.get(name) {
+                Some(lapsed) => pool.held_sum.saturating_sub(lapsed),
+                None => pool.held_sum.clone(),
+            };
             (name, pool.capacity.saturating_sub(&live), &pool.capacity, &pool.labels)
         })
     }
@@ -717,7 +748,7 @@ impl Pools {
             let pool =
                 restored.pools.get_mut(&alloc.pool).ok_or_else(|| PoolError::PoolNotFound(alloc.pool.clone()))?;
             restored.leases.insert((alloc.expires, alloc.pool.clone(), alloc.id));
-            pool.allocs.insert(alloc.id, alloc);
+            pool.insert_alloc(alloc);
         }
         for record in ended {
             let pool = restored
@@ -740,7 +771,7 @@ impl Pools {
         changes: &mut Vec<PoolChange>,
     ) -> EndedAlloc {
         let pool = self.pools.get_mut(name).expect("caller checked the pool");
-        let alloc = pool.allocs.remove(&id).expect("caller checked the alloc");
+        let alloc = pool.remove_alloc(id).expect("caller checked the alloc");
         self.leases.remove(&(alloc.expires, name.clone(), id));
         match reason {
             EndReason::Freed => pool.stats.freed += 1,
@@ -769,6 +800,10 @@ impl Pools {
         for (name, pool) in &self.pools {
             // A capacity lowered below what is held is allowed (nothing is revoked); otherwise
             // the allocs fit in it.
+            let counted = pool.held_counted();
+            if counted != pool.held_sum {
+                return Err(format!("{name}: the held sum is {} but the allocs hold {counted}", pool.held_sum));
+            }
             if !pool.capacity_lowered && !pool.capacity.fits(&pool.held()) {
                 return Err(format!("{name}: allocs hold {} of a capacity of {}", pool.held(), pool.capacity));
             }

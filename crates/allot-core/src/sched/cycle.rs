@@ -196,6 +196,9 @@ impl Scheduler {
         self.why_app.clear();
         self.why_task.clear();
         let mut lanes = self.lanes();
+        if lanes.is_empty() {
+            return (CycleReport { timed_out, ..CycleReport::default() }, out);
+        }
         let mut cycle = Cycle {
             now,
             room: Room::new(world.pools, now, &self.config.weights),
