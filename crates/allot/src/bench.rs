@@ -14,22 +14,32 @@
 //! - `allot bench pools`: accept+free pairs over 1,000 pools against token pairs, one daemon.
 //! - `allot bench redis`: pairs on one Redis, three ways (allot's script called directly, Flyte's
 //!   command sequence, allot through a daemon), with 900 of 1,000 tokens held and caps on.
+//! - `allot bench sched`: the scheduler's cycles in process, YuniKorn's `BenchmarkScheduling`
+//!   (10,000 tasks over 500 and 1,000 pools).
+//! - `allot bench apps`: one application's 5,000 tasks added over HTTP to a fresh daemon, until
+//!   every one is Allocated.
+//! - `allot bench gangs`: 100 gangs of 10 through a fresh daemon with room for 5 at a time, each
+//!   task run for a fixed time; all or nothing checked at every poll.
 //!
 //! Modules: `baseline` (the baseline server), `http` (one client connection and URL parsing),
 //! `load` (the load generator and its measurements), `compare` (the comparison run), `children`
 //! (servers started as child processes), `cpu` (the machine's busy, idle and steal time),
-//! `report` (latency summaries, tables, checks), `wake` (the wake-latency measurement).
+//! `report` (latency summaries, tables, checks), `wake` (the wake-latency measurement), `sched`,
+//! `apps` and `gangs` (the scheduler's benchmarks).
 
+mod apps;
 mod baseline;
 mod children;
 mod closed;
 mod compare;
 mod cpu;
+mod gangs;
 mod http;
 mod load;
 mod pools;
 mod redis;
 mod report;
+mod sched;
 mod wake;
 
 use std::time::Duration;
@@ -73,6 +83,17 @@ enum BenchCommand {
     /// Accept+free pairs over many pools against token pairs, through one fresh daemon.
     #[command(after_help = BENCH_AFTER_HELP)]
     Pools(PoolsBenchArgs),
+    /// The scheduler's cycles in process: YuniKorn's BenchmarkScheduling (10,000 tasks over 500
+    /// and 1,000 pools), placements/s.
+    #[command(after_help = BENCH_AFTER_HELP)]
+    Sched(SchedBenchArgs),
+    /// One application's tasks added over HTTP to a fresh daemon, until every one is Allocated.
+    #[command(after_help = BENCH_AFTER_HELP)]
+    Apps(AppsBenchArgs),
+    /// Gangs of tasks competing for room through a fresh daemon, each task run for a fixed time;
+    /// checks all or nothing at every poll.
+    #[command(after_help = BENCH_AFTER_HELP)]
+    Gangs(GangsBenchArgs),
 }
 
 /// Options shared by every command: how to show progress and results.
@@ -263,6 +284,88 @@ struct RedisBenchArgs {
     output: OutputOpts,
 }
 
+#[derive(Debug, Clone, clap::Args)]
+struct SchedBenchArgs {
+    /// The numbers of pools to place on, comma-separated.
+    #[arg(long, value_delimiter = ',', default_value = "500,1000")]
+    pools: Vec<usize>,
+    /// How many tasks (of cpu=1,mem=10), half in each of the two applications.
+    #[arg(long, default_value_t = 10_000)]
+    tasks: usize,
+    /// Each pool's capacity; by default room for tasks / pools + 1 tasks, as YuniKorn sizes its
+    /// nodes (cpu=21,mem=210 for 500 pools). The targets are checked only with the default.
+    #[arg(long)]
+    capacity: Option<String>,
+    /// Rounds; each places every task once per number of pools. The report gives medians.
+    #[arg(long, default_value_t = 5, value_parser = clap::value_parser!(u16).range(1..=1000))]
+    rounds: u16,
+    /// Exit with an error when a target is missed.
+    #[arg(long)]
+    check: bool,
+    #[command(flatten)]
+    output: OutputOpts,
+}
+
+#[derive(Debug, Clone, clap::Args)]
+struct AppsBenchArgs {
+    /// How many tasks the application gets (of cpu=1,mem=10).
+    #[arg(long, default_value_t = 5000)]
+    tasks: usize,
+    /// How many pools; each holds tasks / pools + 1 tasks.
+    #[arg(long, default_value_t = 500)]
+    pools: usize,
+    /// How many adds in flight at once, each on its own connection.
+    #[arg(long, default_value_t = 32)]
+    in_flight: usize,
+    /// How often to read the application's task counts.
+    #[arg(long, default_value = "5ms", value_parser = crate::duration::parse)]
+    poll: Duration,
+    /// Rounds, each on a fresh daemon. The report gives medians.
+    #[arg(long, default_value_t = 3, value_parser = clap::value_parser!(u16).range(1..=100))]
+    rounds: u16,
+    /// Exit with an error when a target is missed.
+    #[arg(long)]
+    check: bool,
+    /// Where to make the daemon's scratch directory (see `compare --tmp-dir`).
+    #[arg(long)]
+    tmp_dir: Option<std::path::PathBuf>,
+    #[command(flatten)]
+    output: OutputOpts,
+}
+
+#[derive(Debug, Clone, clap::Args)]
+struct GangsBenchArgs {
+    /// How many applications, each with one task group.
+    #[arg(long, default_value_t = 100)]
+    apps: usize,
+    /// Members of each application's task group (and its tasks).
+    #[arg(long, default_value_t = 10)]
+    members: u32,
+    /// How many members (of cpu=1) the pools hold at once.
+    #[arg(long, default_value_t = 50)]
+    room: u32,
+    /// How many pools share that room.
+    #[arg(long, default_value_t = 5)]
+    pools: u32,
+    /// How long each task runs, from when the bench sees it Allocated to its completion.
+    #[arg(long, default_value = "20ms", value_parser = crate::duration::parse)]
+    run: Duration,
+    /// How often to read every application (and check all or nothing).
+    #[arg(long, default_value = "5ms", value_parser = crate::duration::parse)]
+    poll: Duration,
+    /// Give up when the gangs have not all completed within this long.
+    #[arg(long, default_value = "120s", value_parser = crate::duration::parse)]
+    timeout: Duration,
+    /// Exit with an error when a check fails.
+    #[arg(long)]
+    check: bool,
+    /// Where to make the daemon's scratch directory (see `compare --tmp-dir`).
+    #[arg(long)]
+    tmp_dir: Option<std::path::PathBuf>,
+    #[command(flatten)]
+    output: OutputOpts,
+}
+
 /// Runs `allot bench`.
 pub(crate) async fn run(args: BenchArgs) -> anyhow::Result<()> {
     match args.command {
@@ -271,6 +374,9 @@ pub(crate) async fn run(args: BenchArgs) -> anyhow::Result<()> {
         BenchCommand::Wake(args) => wake::run(args).await,
         BenchCommand::Redis(args) => redis::run(args).await,
         BenchCommand::Pools(args) => pools::run(args).await,
+        BenchCommand::Sched(args) => sched::run(args).await,
+        BenchCommand::Apps(args) => apps::run(args).await,
+        BenchCommand::Gangs(args) => gangs::run(args).await,
     }
 }
 

@@ -34,7 +34,7 @@ use super::children::{self, Scratch};
 use super::closed::{closed_loop, Pair, Row};
 use super::cpu::{CpuShare, CpuTimes};
 use super::load::{self, ScopedLoad, Target};
-use super::report::{self, Check};
+use super::report::{self, median, Check};
 use super::RedisBenchArgs;
 
 const PROJECT_CAP: u64 = 100;
@@ -329,17 +329,6 @@ async fn flyte_pair(conn: &mut MultiplexedConnection, key: &str, quota: u64, ind
     result.unwrap_or_else(|err| Pair::Failed(err.to_string()))
 }
 
-/// The median of `values` (the mean of the middle two for an even count); `None` when empty.
-fn median(mut values: Vec<f64>) -> Option<f64> {
-    values.sort_by(f64::total_cmp);
-    let n = values.len();
-    match n {
-        0 => None,
-        _ if n % 2 == 1 => Some(values[n / 2]),
-        _ => Some((values[n / 2 - 1] + values[n / 2]) / 2.0),
-    }
-}
-
 /// The measurement of `target` at `clients` in `round`.
 fn find<'a>(measured: &'a [Measured], round: u16, target: &str, clients: usize) -> Option<&'a Measured> {
     measured.iter().find(|m| m.round == round && m.row.target == target && m.row.clients == clients)
@@ -490,13 +479,6 @@ mod tests {
             },
             cpu: Some(CpuShare { busy_pct: 100.0 - steal_pct, idle_pct: 0.0, steal_pct }),
         }
-    }
-
-    #[test]
-    fn medians_of_odd_and_even_counts() {
-        assert_eq!(median(vec![]), None);
-        assert_eq!(median(vec![3.0, 1.0, 2.0]), Some(2.0));
-        assert_eq!(median(vec![4.0, 1.0, 3.0, 2.0]), Some(2.5));
     }
 
     #[test]

@@ -42,6 +42,17 @@ impl Latency {
     }
 }
 
+/// The median of `values` (the mean of the middle two for an even count); `None` when empty.
+pub(super) fn median(mut values: Vec<f64>) -> Option<f64> {
+    values.sort_by(f64::total_cmp);
+    let n = values.len();
+    match n {
+        0 => None,
+        _ if n % 2 == 1 => Some(values[n / 2]),
+        _ => Some((values[n / 2 - 1] + values[n / 2]) / 2.0),
+    }
+}
+
 /// One target of the issue, checked against a measurement.
 #[derive(Debug, Clone, Serialize)]
 pub(super) struct Check {
@@ -166,6 +177,13 @@ mod tests {
         let one = Latency::from_nanos(vec![2_000_000]);
         assert_eq!((one.p50, one.p99, one.max), (2.0, 2.0, 2.0));
         assert_eq!(Latency::from_nanos(Vec::new()).count, 0);
+    }
+
+    #[test]
+    fn medians_of_odd_and_even_counts() {
+        assert_eq!(median(vec![]), None);
+        assert_eq!(median(vec![3.0, 1.0, 2.0]), Some(2.0));
+        assert_eq!(median(vec![4.0, 1.0, 3.0, 2.0]), Some(2.5));
     }
 
     #[test]

@@ -1,0 +1,92 @@
+//! One scheduling cycle placing 10,000 pending tasks of `cpu=1,mem=10` (two applications in
+//! `root.a` and `root.b`) over 500 pools of `cpu=21,mem=210`: YuniKorn's `BenchmarkScheduling`
+//! set-up, as `allot bench sched` runs it. The set-up (pools, applications, tasks) is untimed;
+//! the timed routine is one `Scheduler::schedule`, and its answer is dropped untimed.
+//!
+//! Run: `cargo bench -p allot-core --bench sched -- --warm-up-time 1 --measurement-time 10`
+
+use std::collections::BTreeMap;
+
+use allot_core::pool::{LeaseRules, PoolName, Pools};
+use allot_core::queue::{QueueLimits, QueuePath};
+use allot_core::sched::{AppId, AppSpec, SchedConfig, Scheduler, SchedulingPolicy, TaskId, TaskSpec, World};
+use allot_core::{Ledger, Resources};
+use criterion::{criterion_group, criterion_main, BatchSize, Criterion, Throughput};
+
+const TASKS: usize = 10_000;
+const POOLS: usize = 500;
+
+fn res(text: &str) -> Resources {
+    text.parse().unwrap()
+}
+
+/// The scheduler with every task pending, its pools and its ledger.
+fn setup() -> (Scheduler, Pools, Ledger) {
+    let mut sched = Scheduler::new(SchedConfig::default());
+    let mut pools = Pools::new(LeaseRules::default());
+    let mut ledger = Ledger::new();
+    let per_pool = (TASKS / POOLS + 1) as u64;
+    let capacity = res(&format!("cpu={per_pool},mem={}", per_pool * 10));
+    for i in 0..POOLS {
+        pools.put_pool(&PoolName::new(&format!("node-{i}")).unwrap(), capacity.clone());
+    }
+    let mut apps = Vec::new();
+    for (i, (queue, guaranteed)) in
+        [("root.a", "cpu=10000,mem=100000"), ("root.b", "cpu=10000,mem=1000000")].into_iter().enumerate()
+    {
+        let path = QueuePath::new(queue).unwrap();
+        sched.put_queue(path.clone(), QueueLimits { guaranteed: res(guaranteed), ..QueueLimits::default() });
+        let id = AppId::new(&format!("app-{}", i + 1)).unwrap();
+        let spec = AppSpec {
+            id: id.clone(),
+            queue: path,
+            user: "bench".to_owned(),
+            tags: BTreeMap::new(),
+            groups: Vec::new(),
+            policy: SchedulingPolicy::default(),
+        };
+        sched.add_app(spec, 1, &World { pools: &mut pools, ledger: &mut ledger }).unwrap();
+        apps.push(id);
+    }
+    let task = res("cpu=1,mem=10");
+    for i in 0..TASKS {
+        let spec = TaskSpec {
+            id: TaskId::new(&format!("task-{i}")).unwrap(),
+            resources: task.clone(),
+            tokens: Vec::new(),
+            group: None,
+            priority: 0,
+            selector: BTreeMap::new(),
+            spec: String::new(),
+        };
+        sched.add_task(&apps[usize::from(i >= TASKS / 2)], spec, 1, &ledger).unwrap();
+    }
+    (sched, pools, ledger)
+}
+
+fn bench_cycle(c: &mut Criterion) {
+    let mut group = c.benchmark_group("schedule");
+    group.throughput(Throughput::Elements(TASKS as u64));
+    group.sample_size(10);
+    group.bench_function("10000_tasks_500_pools", |b| {
+        b.iter_batched(
+            setup,
+            |(mut sched, mut pools, mut ledger)| {
+                let mut next = 0u64;
+                let mut world = World { pools: &mut pools, ledger: &mut ledger };
+                let (report, outcome) = sched.schedule(2, &mut world, &mut || {
+                    next += 1;
+                    next
+                });
+                assert_eq!(report.placed, TASKS);
+                // Everything is returned, so it is dropped after the clock stops.
+                (sched, pools, ledger, outcome)
+            },
+            BatchSize::PerIteration,
+        );
+    });
+    group.finish();
+}
+
+criterion_group!(benches, bench_cycle);
+criterion_main!(benches);

@@ -1,0 +1,255 @@
+//! `allot bench apps`: one application's tasks placed end to end, through a fresh daemon.
+//!
+//! Each round starts a daemon (embedded store, durability on) with `--pools` pools (default 500),
+//! each with room for `tasks / pools + 1` tasks of `cpu=1,mem=10`, and a queue `root.bench`. The
+//! clock starts at the application's submission (`POST /v1/apps`); then `--in-flight` clients
+//! (default 32), each on its own keep-alive connection, add the `--tasks` tasks (default 5,000)
+//! with `POST /v1/apps/{app}/tasks`, while one more connection reads the application every
+//! `--poll` (`GET /v1/apps/{app}`, its tasks by state). The clock stops at the first reading
+//! that has every task Allocated. Connections are opened and pools made before the clock starts.
+//!
+//! YuniKorn on KWOK published 833 pods/s; the target is 4,200 tasks/s.
+
+use std::ffi::OsString;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, Context};
+use hyper::body::Bytes;
+use hyper::{Method, StatusCode};
+use serde::Serialize;
+
+use super::children::{self, Scratch};
+use super::cpu::{CpuShare, CpuTimes};
+use super::http::{Conn, Endpoint};
+use super::report::{self, median, Check};
+use super::AppsBenchArgs;
+
+const TASK: &str = "cpu=1,mem=10";
+const QUEUE: &str = "root.bench";
+const APP: &str = "bench-app";
+/// YuniKorn's published rate on KWOK, and the target.
+const YUNIKORN_PER_S: f64 = 833.0;
+const MIN_PER_S: f64 = 4_200.0;
+
+#[derive(Serialize)]
+struct Output {
+    tasks: usize,
+    pools: usize,
+    in_flight: usize,
+    rounds: Vec<Round>,
+    median_tasks_per_s: Option<f64>,
+    checks: Vec<Check>,
+}
+
+/// One round on a fresh daemon.
+#[derive(Debug, Clone, Serialize)]
+struct Round {
+    round: u16,
+    /// From the submission until a reading had every task Allocated.
+    seconds: f64,
+    tasks_per_s: f64,
+    /// From the submission until the last add was answered.
+    added_seconds: f64,
+    /// From the last add's answer to the reading with every task Allocated.
+    lag_ms: f64,
+    submit_ms: f64,
+    add_ms: report::Latency,
+    polls: u64,
+    cpu: Option<CpuShare>,
+}
+
+pub(super) async fn run(args: AppsBenchArgs) -> anyhow::Result<()> {
+    if args.tasks == 0 || args.pools == 0 || args.in_flight == 0 {
+        bail!("--tasks, --pools and --in-flight must be at least 1");
+    }
+    let capacity = {
+        let per_pool = (args.tasks / args.pools + 1) as u64;
+        format!("cpu={per_pool},mem={}", per_pool * 10)
+    };
+    let mut rounds = Vec::new();
+    for round in 1..=args.rounds {
+        let scratch = Scratch::new(args.tmp_dir.as_deref())?;
+        let exe = std::env::current_exe()?;
+        let serve: Vec<OsString> = vec![
+            "serve".into(),
+            "--listen".into(),
+            "127.0.0.1:0".into(),
+            "--data-dir".into(),
+            scratch.join("allot-data").into(),
+        ];
+        let daemon = children::spawn_listening("allot", &exe, &serve, scratch.join("allot.log")).await?;
+        let outcome = measure(&args, &daemon.endpoint, &capacity, round).await;
+        daemon.stop().await;
+        rounds.push(outcome?);
+    }
+    let median_tasks_per_s = median(rounds.iter().map(|r| r.tasks_per_s).collect());
+    let checks =
+        vec![Check::at_least("tasks/s, submission to all Allocated".to_owned(), median_tasks_per_s, MIN_PER_S)];
+    if args.output.json {
+        let output = Output {
+            tasks: args.tasks,
+            pools: args.pools,
+            in_flight: args.in_flight,
+            rounds,
+            median_tasks_per_s,
+            checks: checks.clone(),
+        };
+        println!("{}", serde_json::to_string_pretty(&output)?);
+    } else {
+        println!(
+            "one application, {} tasks of {TASK} added over HTTP ({} in flight), {} pools of {capacity}, one daemon \
+             (embedded store); YuniKorn on KWOK: {YUNIKORN_PER_S} pods/s",
+            args.tasks, args.in_flight, args.pools
+        );
+        for r in &rounds {
+            let steal = r.cpu.map_or_else(|| "-".to_owned(), |c| format!("{:.1}%", c.steal_pct));
+            println!(
+                "  round {}: {:>7.0} tasks/s  all Allocated after {:.3} s (adds answered after {:.3} s, then {:.1} ms)  \
+                 add p50 {:.2} ms p99 {:.2} ms  submit {:.2} ms  {} polls  steal {steal}",
+                r.round,
+                r.tasks_per_s,
+                r.seconds,
+                r.added_seconds,
+                r.lag_ms,
+                r.add_ms.p50,
+                r.add_ms.p99,
+                r.submit_ms,
+                r.polls
+            );
+        }
+        if let Some(rate) = median_tasks_per_s {
+            println!("median {rate:.0} tasks/s ({:.1}x YuniKorn)", rate / YUNIKORN_PER_S);
+        }
+        println!("targets:");
+        print!("{}", report::checks(&checks));
+    }
+    if args.check && checks.iter().any(|c| !c.ok) {
+        bail!("a target was missed");
+    }
+    Ok(())
+}
+
+/// Sends one request and answers its body; an answer other than 2xx is an error.
+pub(super) async fn call(conn: &mut Conn, method: Method, path: &str, body: Vec<u8>) -> anyhow::Result<Bytes> {
+    let (status, answer) = conn.request(method.clone(), path, Bytes::from(body)).await?;
+    if !status.is_success() {
+        bail!("{method} {path}: {status}: {}", String::from_utf8_lossy(&answer));
+    }
+    Ok(answer)
+}
+
+async fn measure(args: &AppsBenchArgs, endpoint: &Endpoint, capacity: &str, round: u16) -> anyhow::Result<Round> {
+    let mut conns = Vec::with_capacity(args.in_flight);
+    for _ in 0..args.in_flight {
+        conns.push(Conn::connect(endpoint).await?);
+    }
+    // Pools, through every connection at once (each is a durable commit).
+    let body = serde_json::to_vec(&serde_json::json!({ "capacity": capacity }))?;
+    let next = Arc::new(AtomicUsize::new(0));
+    let mut makers = Vec::new();
+    for mut conn in conns {
+        let (next, body, pools) = (next.clone(), body.clone(), args.pools);
+        makers.push(tokio::spawn(async move {
+            loop {
+                let i = next.fetch_add(1, Ordering::Relaxed);
+                if i >= pools {
+                    return Ok::<_, anyhow::Error>(conn);
+                }
+                call(&mut conn, Method::PUT, &format!("/v1/pools/node-{i}"), body.clone()).await?;
+            }
+        }));
+    }
+    let mut conns = Vec::with_capacity(args.in_flight);
+    for maker in makers {
+        conns.push(maker.await??);
+    }
+    let mut setup = Conn::connect(endpoint).await?;
+    call(&mut setup, Method::PUT, &format!("/v1/queues/{QUEUE}"), b"{}".to_vec()).await?;
+    let mut poller = Conn::connect(endpoint).await?;
+    let submit = serde_json::to_vec(&allot_api::SubmitApp {
+        id: APP.to_owned(),
+        queue: QUEUE.to_owned(),
+        user: "bench".to_owned(),
+        tags: Default::default(),
+        task_groups: Vec::new(),
+        policy: Default::default(),
+        tasks: Vec::new(),
+    })?;
+    let bodies: Arc<Vec<Vec<u8>>> = Arc::new(
+        (0..args.tasks)
+            .map(|i| {
+                serde_json::to_vec(&allot_api::AddTask {
+                    id: format!("task-{i}"),
+                    resources: TASK.to_owned(),
+                    tokens: Vec::new(),
+                    group: None,
+                    priority: 0,
+                    selector: Default::default(),
+                    spec: None,
+                })
+            })
+            .collect::<Result<_, _>>()?,
+    );
+    let tasks_path: Arc<str> = format!("/v1/apps/{APP}/tasks").into();
+
+    let cpu_before = CpuTimes::now();
+    let started = Instant::now();
+    call(&mut setup, Method::POST, "/v1/apps", submit).await.context("cannot submit the application")?;
+    let submit_ms = started.elapsed().as_secs_f64() * 1000.0;
+    let next = Arc::new(AtomicUsize::new(0));
+    let mut adders = Vec::new();
+    for mut conn in conns {
+        let (next, bodies, path) = (next.clone(), bodies.clone(), tasks_path.clone());
+        adders.push(tokio::spawn(async move {
+            let mut latencies = Vec::new();
+            loop {
+                let i = next.fetch_add(1, Ordering::Relaxed);
+                let Some(body) = bodies.get(i) else { return Ok::<_, anyhow::Error>((latencies, Instant::now())) };
+                let sent = Instant::now();
+                let (status, answer) = conn.request(Method::POST, &path, Bytes::from(body.clone())).await?;
+                if status != StatusCode::CREATED {
+                    bail!("adding task-{i}: {status}: {}", String::from_utf8_lossy(&answer));
+                }
+                latencies.push(sent.elapsed().as_nanos() as u64);
+            }
+        }));
+    }
+    let want = args.tasks as u64;
+    let poll_path = format!("/v1/apps/{APP}");
+    let mut polls = 0u64;
+    let deadline = started + Duration::from_secs(120);
+    let done = loop {
+        let answer = call(&mut poller, Method::GET, &poll_path, Vec::new()).await?;
+        polls += 1;
+        let app: allot_api::App = serde_json::from_slice(&answer).context("the application's answer")?;
+        if app.tasks.get("Allocated").copied().unwrap_or(0) >= want {
+            break Instant::now();
+        }
+        if Instant::now() > deadline {
+            bail!("not every task was Allocated within 120 s: {:?}", app.tasks);
+        }
+        tokio::time::sleep(args.poll).await;
+    };
+    let cpu = CpuTimes::now().zip(cpu_before).and_then(|(after, before)| before.share_until(&after));
+    let mut latencies = Vec::with_capacity(args.tasks);
+    let mut last_added = started;
+    for adder in adders {
+        let (l, finished) = adder.await??;
+        latencies.extend(l);
+        last_added = last_added.max(finished);
+    }
+    let seconds = done.duration_since(started).as_secs_f64();
+    Ok(Round {
+        round,
+        seconds,
+        tasks_per_s: args.tasks as f64 / seconds,
+        added_seconds: last_added.duration_since(started).as_secs_f64(),
+        lag_ms: done.saturating_duration_since(last_added).as_secs_f64() * 1000.0,
+        submit_ms,
+        add_ms: report::Latency::from_nanos(latencies),
+        polls,
+        cpu,
+    })
+}
