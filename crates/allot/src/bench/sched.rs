@@ -9,8 +9,11 @@
 //! `cpu=11,mem=110` for 1,000 (`--capacity` sets another). The applications, tasks and pools are
 //! made first, untimed; then `Scheduler::schedule` is called until nothing is pending, and only
 //! those calls are timed (the changes each cycle answers are dropped after the clock stops: the
-//! store writes them in the daemon). Rounds alternate the numbers of pools, so noise on a shared
-//! machine spoils a round of each, not one of them.
+//! store writes them in the daemon). One untimed run of each number of pools comes first; then
+//! rounds alternate the numbers of pools, so noise on a shared machine spoils a round of each,
+//! not one of them. After each run, cycles that place one task each (added just before, every
+//! other task placed) are timed too: the daemon's scheduler runs a cycle each time a task is
+//! added, so their fixed cost bounds how fast tasks added one by one are placed.
 //!
 //! YuniKorn published 359.5 placements/s at 500 nodes and 177.6 at 1,000; the targets are 50
 //! times that, and a rate at 1,000 pools at least 0.7 of the rate at 500.
@@ -32,6 +35,8 @@ use super::SchedBenchArgs;
 
 /// What every task asks for (YuniKorn: `memory` 10, `vcore` 1).
 const TASK: &str = "cpu=1,mem=10";
+/// Cycles of one task each measured after the run.
+const ONE_TASK_CYCLES: usize = 50;
 /// YuniKorn's published placements/s at 500 and 1,000 nodes.
 const YUNIKORN_500: f64 = 359.5;
 const YUNIKORN_1000: f64 = 177.6;
@@ -66,6 +71,9 @@ struct Measured {
     placements_per_s: f64,
     /// The slowest cycle.
     max_cycle_ms: f64,
+    /// The median time of a cycle that places one task added just before, with every other task
+    /// placed (as the daemon's cycles, woken by each task added); none without spare room.
+    one_task_cycle_us: Option<f64>,
     /// Set-up (pools, applications, tasks), untimed in the rate.
     setup_seconds: f64,
     cpu: Option<CpuShare>,
@@ -83,6 +91,8 @@ struct Summary {
     spread_pct: f64,
     median_seconds: f64,
     cycles: usize,
+    /// Median over the rounds of the median one-task cycle.
+    one_task_cycle_us: Option<f64>,
     /// YuniKorn's published rate at as many nodes, when there is one.
     yunikorn_per_s: Option<f64>,
 }
@@ -130,12 +140,21 @@ pub(super) async fn run(args: SchedBenchArgs) -> anyhow::Result<()> {
             args.tasks, args.rounds
         );
         println!(
-            "{:>6} {:<16} {:>7} {:>14} {:>10} {:>10} {:>7} {:>10} {:>11}",
-            "pools", "pool capacity", "cycles", "placements/s", "min", "max", "spread", "median ms", "YuniKorn/s"
+            "{:>6} {:<16} {:>7} {:>14} {:>10} {:>10} {:>7} {:>10} {:>11} {:>13}",
+            "pools",
+            "pool capacity",
+            "cycles",
+            "placements/s",
+            "min",
+            "max",
+            "spread",
+            "median ms",
+            "YuniKorn/s",
+            "1-task cycle"
         );
         for s in &summaries {
             println!(
-                "{:>6} {:<16} {:>7} {:>14.0} {:>10.0} {:>10.0} {:>6.1}% {:>10.1} {:>11}",
+                "{:>6} {:<16} {:>7} {:>14.0} {:>10.0} {:>10.0} {:>6.1}% {:>10.1} {:>11} {:>13}",
                 s.pools,
                 s.capacity,
                 s.cycles,
@@ -145,8 +164,13 @@ pub(super) async fn run(args: SchedBenchArgs) -> anyhow::Result<()> {
                 s.spread_pct,
                 s.median_seconds * 1000.0,
                 s.yunikorn_per_s.map_or_else(|| "-".to_owned(), |y| format!("{y}")),
+                s.one_task_cycle_us.map_or_else(|| "-".to_owned(), |us| format!("{us:.0} µs")),
             );
         }
+        println!(
+            "(1-task cycle: the median cycle placing one task added just before, with every other task placed, \
+             as the daemon runs a cycle per wake-up)"
+        );
         if let Some(scaling) = scaling {
             println!("rate(1000 pools) / rate(500 pools): {scaling:.3} (median of the rounds' ratios)");
         }
@@ -177,6 +201,11 @@ pub(super) async fn run(args: SchedBenchArgs) -> anyhow::Result<()> {
 }
 
 fn measure_all(args: &SchedBenchArgs, capacity: Option<&Resources>) -> anyhow::Result<Vec<Measured>> {
+    // One untimed run of each first: the first run in a process is slower (the allocator grows
+    // its heap).
+    for &pools in &args.pools {
+        measure(args.tasks, pools, capacity)?;
+    }
     let mut measured = Vec::new();
     for round in 1..=args.rounds {
         for &pools in &args.pools {
@@ -285,6 +314,34 @@ fn measure(tasks: usize, pools: usize, capacity: Option<&Resources>) -> anyhow::
              cycles); every task should fit"
         );
     }
+    // Then cycles as the daemon runs them, woken by each task added: one task each, with every
+    // other task placed.
+    let task: Resources = TASK.parse()?;
+    let mut one_task = Vec::new();
+    for j in 0..ONE_TASK_CYCLES {
+        let now = 2 + (cycles + j) as u64;
+        let spec = TaskSpec {
+            id: TaskId::new(&format!("one-more-{j}"))?,
+            resources: task.clone(),
+            tokens: Vec::new(),
+            group: None,
+            priority: 0,
+            selector: BTreeMap::new(),
+            spec: String::new(),
+        };
+        sched.add_task(&apps[0], spec, now, &ledger)?;
+        let mut world = World { pools: &mut pool_state, ledger: &mut ledger };
+        let start = Instant::now();
+        let (report, outcome) = sched.schedule(now, &mut world, &mut ids);
+        let took = start.elapsed();
+        drop(outcome);
+        if report.placed != 1 {
+            // No room left (a --capacity without spare room): not measured.
+            one_task.clear();
+            break;
+        }
+        one_task.push(took.as_secs_f64() * 1e6);
+    }
     let seconds = spent.as_secs_f64();
     Ok(Measured {
         round: 0,
@@ -295,6 +352,7 @@ fn measure(tasks: usize, pools: usize, capacity: Option<&Resources>) -> anyhow::
         seconds,
         placements_per_s: placed as f64 / seconds,
         max_cycle_ms: slowest.as_secs_f64() * 1000.0,
+        one_task_cycle_us: median(one_task),
         setup_seconds,
         cpu,
     })
@@ -318,6 +376,7 @@ fn summarise(pools: &[usize], measured: &[Measured]) -> Vec<Summary> {
                 spread_pct: if median_per_s > 0.0 { 100.0 * (max_per_s - min_per_s) / median_per_s } else { 0.0 },
                 median_seconds: median(runs.iter().map(|m| m.seconds).collect()).unwrap_or(0.0),
                 cycles: runs.iter().map(|m| m.cycles).max().unwrap_or(0),
+                one_task_cycle_us: median(runs.iter().filter_map(|m| m.one_task_cycle_us).collect()),
                 yunikorn_per_s: match n {
                     500 => Some(YUNIKORN_500),
                     1000 => Some(YUNIKORN_1000),
