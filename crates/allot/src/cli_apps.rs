@@ -780,71 +780,31 @@ fn task_line(verb: &str, task: &Task) -> String {
     line + "\n"
 }
 
-impl Ids for Queue {
-    fn ids(&self) -> Vec<String> {
-        vec![self.path.clone()]
-    }
+/// What `-q` prints for each answer: the ids it names.
+macro_rules! ids {
+    ($($answer:ty => |$it:ident| $ids:expr),* $(,)?) => {$(
+        impl Ids for $answer {
+            fn ids(&self) -> Vec<String> {
+                let $it = self;
+                $ids
+            }
+        }
+    )*};
 }
 
-impl Ids for QueueList {
-    fn ids(&self) -> Vec<String> {
-        self.queues.iter().map(|queue| queue.path.clone()).collect()
-    }
-}
-
-impl Ids for PutQueueResponse {
-    fn ids(&self) -> Vec<String> {
-        self.queue.ids()
-    }
-}
-
-impl Ids for RemovedQueue {
-    fn ids(&self) -> Vec<String> {
-        vec![self.path.clone()]
-    }
-}
-
-impl Ids for App {
-    fn ids(&self) -> Vec<String> {
-        vec![self.id.clone()]
-    }
-}
-
-impl Ids for AppList {
-    fn ids(&self) -> Vec<String> {
-        self.apps.iter().map(|app| app.id.clone()).collect()
-    }
-}
-
-impl Ids for SubmitAppResponse {
-    fn ids(&self) -> Vec<String> {
-        self.app.ids()
-    }
-}
-
-impl Ids for AppDetails {
-    fn ids(&self) -> Vec<String> {
-        self.app.ids()
-    }
-}
-
-impl Ids for Task {
-    fn ids(&self) -> Vec<String> {
-        vec![self.id.clone()]
-    }
-}
-
-impl Ids for TaskList {
-    fn ids(&self) -> Vec<String> {
-        self.tasks.iter().map(|task| task.id.clone()).collect()
-    }
-}
-
-impl Ids for AddTaskResponse {
-    fn ids(&self) -> Vec<String> {
-        self.task.ids()
-    }
-}
+ids!(
+    Queue => |it| vec![it.path.clone()],
+    QueueList => |it| it.queues.iter().map(|queue| queue.path.clone()).collect(),
+    PutQueueResponse => |it| it.queue.ids(),
+    RemovedQueue => |it| vec![it.path.clone()],
+    App => |it| vec![it.id.clone()],
+    AppList => |it| it.apps.iter().map(|app| app.id.clone()).collect(),
+    SubmitAppResponse => |it| it.app.ids(),
+    AppDetails => |it| it.app.ids(),
+    Task => |it| vec![it.id.clone()],
+    TaskList => |it| it.tasks.iter().map(|task| task.id.clone()).collect(),
+    AddTaskResponse => |it| it.task.ids(),
+);
 
 #[cfg(test)]
 mod tests {

@@ -10,7 +10,6 @@
 //!
 //! YuniKorn on KWOK published 833 pods/s; the target is 4,200 tasks/s.
 
-use std::ffi::OsString;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -71,15 +70,7 @@ pub(super) async fn run(args: AppsBenchArgs) -> anyhow::Result<()> {
     let mut rounds = Vec::new();
     for round in 1..=args.rounds {
         let scratch = Scratch::new(args.tmp_dir.as_deref())?;
-        let exe = std::env::current_exe()?;
-        let serve: Vec<OsString> = vec![
-            "serve".into(),
-            "--listen".into(),
-            "127.0.0.1:0".into(),
-            "--data-dir".into(),
-            scratch.join("allot-data").into(),
-        ];
-        let daemon = children::spawn_listening("allot", &exe, &serve, scratch.join("allot.log")).await?;
+        let daemon = children::spawn_daemon(&scratch).await?;
         let outcome = measure(&args, &daemon.endpoint, &capacity, round).await;
         daemon.stop().await;
         rounds.push(outcome?);

@@ -68,6 +68,20 @@ impl Server {
     }
 }
 
+/// Starts this binary's daemon (`allot serve`) on a free loopback port, with its embedded store
+/// and its log in `scratch`.
+pub(super) async fn spawn_daemon(scratch: &Scratch) -> anyhow::Result<Server> {
+    let exe = std::env::current_exe()?;
+    let serve: Vec<std::ffi::OsString> = vec![
+        "serve".into(),
+        "--listen".into(),
+        "127.0.0.1:0".into(),
+        "--data-dir".into(),
+        scratch.join("allot-data").into(),
+    ];
+    spawn_listening("allot", &exe, &serve, scratch.join("allot.log")).await
+}
+
 /// Starts `program args` and waits for its `allot listening on http://...` line on stdout.
 pub(super) async fn spawn_listening(
     name: &str,

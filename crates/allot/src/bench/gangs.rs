@@ -19,7 +19,6 @@
 //! first members have finished holds less, so a new gang may start beside it before it ends.
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::ffi::OsString;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -71,15 +70,7 @@ pub(super) async fn run(args: GangsBenchArgs) -> anyhow::Result<()> {
         bail!("--room must be a multiple of --pools (each pool holds room / pools members)");
     }
     let scratch = Scratch::new(args.tmp_dir.as_deref())?;
-    let exe = std::env::current_exe()?;
-    let serve: Vec<OsString> = vec![
-        "serve".into(),
-        "--listen".into(),
-        "127.0.0.1:0".into(),
-        "--data-dir".into(),
-        scratch.join("allot-data").into(),
-    ];
-    let daemon = children::spawn_listening("allot", &exe, &serve, scratch.join("allot.log")).await?;
+    let daemon = children::spawn_daemon(&scratch).await?;
     let outcome = measure(&args, &daemon.endpoint.url()).await;
     daemon.stop().await;
     let output = outcome?;

@@ -7,7 +7,6 @@
 //! (`PUT`/`DELETE .../grants/{token}`) on a namespace with room for all. The target: pool pairs at
 //! least half as many per second as token pairs.
 
-use std::ffi::OsString;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -55,15 +54,7 @@ pub(super) async fn run(args: PoolsBenchArgs) -> anyhow::Result<()> {
         bail!("--clients and --pools must be at least 1");
     }
     let scratch = Scratch::new(args.tmp_dir.as_deref())?;
-    let exe = std::env::current_exe()?;
-    let serve: Vec<OsString> = vec![
-        "serve".into(),
-        "--listen".into(),
-        "127.0.0.1:0".into(),
-        "--data-dir".into(),
-        scratch.join("allot-data").into(),
-    ];
-    let daemon = children::spawn_listening("allot", &exe, &serve, scratch.join("allot.log")).await?;
+    let daemon = children::spawn_daemon(&scratch).await?;
     let outcome = measure(&args, &daemon.endpoint).await;
     daemon.stop().await;
     let (rows, helper, checks) = outcome?;
