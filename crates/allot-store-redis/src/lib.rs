@@ -21,6 +21,7 @@
 //!   done) or [`StoreError::OutcomeUnknown`] (the call was sent, its answer was lost), and the
 //!   connection comes back by itself.
 
+pub mod app_records;
 mod apps;
 mod conn;
 mod pools;

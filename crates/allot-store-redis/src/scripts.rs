@@ -50,6 +50,7 @@ operations!(
     pool,
     registry,
     sched_lease,
+    apps,
 );
 
 const PRELUDE: &str = include_str!("lua/namespace.lua");
@@ -71,7 +72,7 @@ fn version(bodies: &[(&str, &str)]) -> String {
 
 /// The functions that work on their own keys (sessions, pools): they take `KEYS` and `ARGV` as
 /// they are and skip `bind`, which builds a namespace's key names.
-const OWN_KEYS: &[&str] = &["session_grants", "sessions", "pool", "registry", "sched_lease"];
+const OWN_KEYS: &[&str] = &["session_grants", "sessions", "pool", "registry", "sched_lease", "apps"];
 
 fn library(version: &str, bodies: &[(&str, &str)]) -> String {
     let mut text = format!("#!lua name=allot_{version}\n{PRELUDE}\n");

@@ -1,0 +1,109 @@
+//! The applications' records on a real `redis-server`: the scheduler holding the lease writes
+//! them, a scheduler that takes the lease over loads exactly what was written, and a deposed
+//! scheduler's writes are refused.
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use allot_core::pool::{LeaseRules, PoolName, Pools};
+use allot_core::queue::{QueueLimits, QueuePath};
+use allot_core::sched::{
+    AppChange, AppId, AppSpec, GroupName, SchedConfig, Scheduler, SchedulingPolicy, TaskGroup, TaskId, TaskSpec, World,
+};
+use allot_core::Ledger;
+use allot_store_redis::app_records::WriteError;
+use allot_store_redis::sched_lease::LeaseState;
+use allot_store_redis::testing::RedisServer;
+use allot_store_redis::{RedisConfig, RedisStore};
+
+fn everything(sched: &Scheduler) -> String {
+    let apps: Vec<_> = sched.apps_after(None, usize::MAX).into_iter().cloned().collect();
+    let tasks: Vec<_> = apps
+        .iter()
+        .flat_map(|a| sched.tasks_after(&a.spec.id, None, usize::MAX).unwrap().into_iter().cloned().collect::<Vec<_>>())
+        .collect();
+    format!("{:?}\n{apps:?}\n{tasks:?}", sched.queues().into_iter().map(|q| (q.path, q.limits)).collect::<Vec<_>>())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_new_scheduler_loads_what_the_old_one_wrote_and_a_deposed_one_writes_nothing() {
+    let server = RedisServer::start();
+    let config = RedisConfig::parse(&server.url()).unwrap();
+    let (a, b) = (RedisStore::open(&config).await.unwrap(), RedisStore::open(&config).await.unwrap());
+    let LeaseState::Mine { fencing, .. } = a.acquire_sched_lease("a", Duration::from_millis(300)).await.unwrap() else {
+        panic!("the lease is free")
+    };
+
+    // Scheduler a: a queue, a gang reserved and taken over, an ordinary task placed.
+    let mut pools = Pools::new(LeaseRules::default());
+    pools.put_pool(&PoolName::new("p").unwrap(), "cpu=8".parse().unwrap());
+    let mut ledger = Ledger::new();
+    let mut sched = Scheduler::new(SchedConfig::default());
+    let mut changes: Vec<AppChange> = Vec::new();
+    let (_, out) =
+        sched.put_queue(QueuePath::new("root.q").unwrap(), QueueLimits { max_apps: Some(3), ..Default::default() });
+    changes.extend(out.apps);
+    let spec = AppSpec {
+        id: AppId::new("gang").unwrap(),
+        queue: QueuePath::new("root.q").unwrap(),
+        user: "u".into(),
+        tags: BTreeMap::from([("team".to_owned(), "data".to_owned())]),
+        groups: vec![TaskGroup {
+            name: GroupName::new("g").unwrap(),
+            min_members: 2,
+            min_resources: "cpu=2".parse().unwrap(),
+            selector: BTreeMap::new(),
+            tokens: Vec::new(),
+        }],
+        policy: SchedulingPolicy::default(),
+    };
+    let world = World { pools: &mut pools, ledger: &mut ledger };
+    changes.extend(sched.add_app(spec, 10, &world).unwrap().2.apps);
+    for (id, group) in [("m0", Some("g")), ("other", None)] {
+        let task = TaskSpec {
+            id: TaskId::new(id).unwrap(),
+            resources: "cpu=1".parse().unwrap(),
+            tokens: Vec::new(),
+            group: group.map(|g| GroupName::new(g).unwrap()),
+            priority: 0,
+            selector: BTreeMap::new(),
+            spec: "{\"image\":\"x\"}".into(),
+        };
+        changes.extend(sched.add_task(&AppId::new("gang").unwrap(), task, 11, &ledger).unwrap().2.apps);
+    }
+    let mut world = World { pools: &mut pools, ledger: &mut ledger };
+    let mut id = 0;
+    changes.extend(
+        sched
+            .schedule(12, &mut world, &mut || {
+                id += 1;
+                id
+            })
+            .1
+            .apps,
+    );
+    assert_eq!(a.write_app_records("a", fencing, &changes).await.unwrap(), changes.len());
+
+    // Scheduler b takes over once a's lease lapses, and loads exactly what a wrote.
+    tokio::time::sleep(Duration::from_millis(400)).await;
+    let LeaseState::Mine { fencing: next, .. } = b.acquire_sched_lease("b", Duration::from_secs(5)).await.unwrap()
+    else {
+        panic!("the lease lapsed")
+    };
+    assert_eq!(next, fencing + 1);
+    let loaded = b.load_app_records(SchedConfig::default()).await.unwrap();
+    assert_eq!(everything(&loaded), everything(&sched));
+
+    // a is deposed: its writes are refused, whatever term it names.
+    let removal = [AppChange::AppRemoved { id: AppId::new("gang").unwrap() }];
+    for term in [fencing, next] {
+        let refused = a.write_app_records("a", term, &removal).await;
+        assert!(matches!(refused, Err(WriteError::Deposed { current }) if current == next), "{refused:?}");
+    }
+    assert_eq!(everything(&b.load_app_records(SchedConfig::default()).await.unwrap()), everything(&sched));
+    // b's own removal goes through, tasks included.
+    b.write_app_records("b", next, &removal).await.unwrap();
+    let emptied = b.load_app_records(SchedConfig::default()).await.unwrap();
+    assert!(emptied.apps_after(None, 10).is_empty());
+    assert_eq!(emptied.queues().len(), 2, "root and root.q stay");
+}
