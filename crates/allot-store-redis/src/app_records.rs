@@ -109,4 +109,23 @@ impl RedisStore {
         }
         Ok(Scheduler::restore(config, queues, apps, tasks))
     }
+
+    /// Accepts a pool's offer for a task the scheduler places: the alloc has no lease until
+    /// [`RedisStore::end_held_alloc`]; a keepalive changes nothing and a free by hand is refused.
+    pub async fn accept_held_alloc(
+        &self,
+        pool: allot_core::pool::PoolName,
+        request: allot_core::pool::AllocRequest,
+    ) -> Result<allot_core::pool::Alloc, StoreError> {
+        crate::pools::accept_held(&self.inner, pool, request).await
+    }
+
+    /// Ends an alloc the scheduler holds (its task ended).
+    pub async fn end_held_alloc(
+        &self,
+        pool: allot_core::pool::PoolName,
+        id: allot_core::pool::AllocId,
+    ) -> Result<(), StoreError> {
+        crate::pools::end_held(&self.inner, pool, id).await
+    }
 }

@@ -7,7 +7,7 @@ use std::time::Instant;
 
 use allot_core::pool::{
     Alloc, AllocId, AllocRequest, AllocState, EndReason, EndedAlloc, Labels, LeaseRules, Offer, PoolError, PoolName,
-    PoolStats, PoolView,
+    PoolStats, PoolView, HELD,
 };
 use allot_core::{Millis, ResourceName, Resources};
 use allot_store::{Page, PageRequest, StoreError};
@@ -58,6 +58,9 @@ struct Record {
     ea: Option<u64>,
     #[serde(default)]
     er: Option<String>,
+    /// 1 for an alloc the scheduler holds (no lease).
+    #[serde(default)]
+    h: Option<u8>,
 }
 
 /// Labels: cjson writes an empty table as `{}`, and a table as an object of strings.
@@ -93,7 +96,7 @@ fn record(pool: &PoolName, id: &str, json: &str) -> Result<AllocState, StoreErro
         labels: record.l,
         created: record.c,
         last_keepalive: (record.k > 0).then_some(record.k),
-        expires: record.e,
+        expires: if record.h == Some(1) { HELD } else { record.e },
     };
     Ok(match (record.ea, record.er) {
         (Some(ended_at), Some(why)) => AllocState::Ended(EndedAlloc { alloc, ended_at, reason: reason(&why)? }),
@@ -159,6 +162,7 @@ fn error(pool: &PoolName, args: &[&str], reply: &mut Reply) -> Result<StoreError
         "alloc_not_found" => PoolError::AllocNotFound { pool: pool.clone(), id: id()? },
         "alloc_ended" => PoolError::AllocEnded { pool: pool.clone(), id: id()?, reason: reason(&reply.text()?)? },
         "alloc_id_taken" => PoolError::AllocIdTaken { pool: pool.clone(), id: id()? },
+        "held_by_scheduler" => PoolError::HeldByScheduler { pool: pool.clone(), id: id()?, owner: reply.text()? },
         other => return Err(corrupt(format!("pool error `{other}`"))),
     };
     Ok(StoreError::Pool(err))
@@ -264,6 +268,24 @@ pub(crate) async fn offer(inner: &Inner, pool: PoolName) -> Result<Option<Offer>
 }
 
 pub(crate) async fn accept(inner: &Inner, pool: PoolName, request: AllocRequest) -> Result<Alloc, StoreError> {
+    accept_as(inner, pool, request, false).await
+}
+
+/// Accepts for a task the scheduler places: the alloc has no lease ([`HELD`]) until
+/// [`end_held`].
+pub(crate) async fn accept_held(inner: &Inner, pool: PoolName, request: AllocRequest) -> Result<Alloc, StoreError> {
+    accept_as(inner, pool, request, true).await
+}
+
+/// Ends an alloc the scheduler holds (its task ended); one that is gone already is no error.
+pub(crate) async fn end_held(inner: &Inner, pool: PoolName, id: AllocId) -> Result<(), StoreError> {
+    match call(inner, &pool, &["free", &id.to_string(), "held"], true).await {
+        Ok(_) | Err(StoreError::Pool(PoolError::PoolNotFound(_) | PoolError::AllocNotFound { .. })) => Ok(()),
+        Err(err) => Err(err),
+    }
+}
+
+async fn accept_as(inner: &Inner, pool: PoolName, request: AllocRequest, held: bool) -> Result<Alloc, StoreError> {
     request.check()?;
     let (min, max) = (encode(&request.min), encode(&request.upper()));
     let labels = serde_json::to_string(&request.labels).map_err(|e| StoreError::Invalid(e.to_string()))?;
@@ -271,7 +293,7 @@ pub(crate) async fn accept(inner: &Inner, pool: PoolName, request: AllocRequest)
     loop {
         // Ids are drawn at random [Reflow `newID`]; a taken one is drawn again.
         let id = AllocId(rand::random()).to_string();
-        let args = ["accept", &id, &min, &max, &request.owner, &labels, &initial];
+        let args = ["accept", &id, &min, &max, &request.owner, &labels, &initial, if held { "1" } else { "0" }];
         match call(inner, &pool, &args, true).await {
             Err(StoreError::Pool(PoolError::AllocIdTaken { .. })) => continue,
             Err(err) => return Err(err),

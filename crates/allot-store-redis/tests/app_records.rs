@@ -107,3 +107,31 @@ async fn a_new_scheduler_loads_what_the_old_one_wrote_and_a_deposed_one_writes_n
     assert!(emptied.apps_after(None, 10).is_empty());
     assert_eq!(emptied.queues().len(), 2, "root and root.q stay");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn allocs_the_scheduler_holds_have_no_lease_and_cannot_be_freed_by_hand() {
+    use allot_core::pool::{AllocRequest, AllocState, PoolError, HELD};
+    use allot_store::prelude::*;
+    use allot_store::StoreError;
+
+    let server = RedisServer::start();
+    let store = RedisStore::open(&RedisConfig::parse(&server.url()).unwrap()).await.unwrap();
+    let pool = PoolName::new("held").unwrap();
+    store.put_pool(pool.clone(), "cpu=4".parse().unwrap()).await.unwrap();
+    let request = AllocRequest { min: "cpu=3".parse().unwrap(), owner: "app/t1".into(), ..AllocRequest::default() };
+    let alloc = store.accept_held_alloc(pool.clone(), request).await.unwrap();
+    assert_eq!(alloc.expires, HELD);
+    let (_, kept) = store.keepalive_alloc(pool.clone(), alloc.id, 1000).await.unwrap();
+    assert_eq!(kept.expires, HELD, "a keepalive changes nothing");
+    let freed = store.free_alloc(pool.clone(), alloc.id).await;
+    assert!(
+        matches!(&freed, Err(StoreError::Pool(PoolError::HeldByScheduler { owner, .. })) if owner == "app/t1"),
+        "{freed:?}"
+    );
+    let (stopped, _) = store.stop_if_idle_for(pool.clone(), 0).await.unwrap();
+    assert!(!stopped, "a pool with a held alloc is never idle");
+    store.end_held_alloc(pool.clone(), alloc.id).await.unwrap();
+    assert!(matches!(store.inspect_alloc(pool.clone(), alloc.id).await.unwrap(), AllocState::Ended(_)));
+    store.end_held_alloc(pool.clone(), alloc.id).await.unwrap();
+    assert_eq!(store.pool(pool).await.unwrap().allocs, 0);
+}

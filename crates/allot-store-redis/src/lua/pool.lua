@@ -109,7 +109,7 @@ local function held(allocs, only_live)
 end
 
 local function encode_alloc(a)
-  return cjson.encode({ r = a.r, o = a.o, l = a.l, c = a.c, k = a.k, e = a.e, ea = a.ea, er = a.er })
+  return cjson.encode({ r = a.r, o = a.o, l = a.l, c = a.c, k = a.k, e = a.e, ea = a.ea, er = a.er, h = a.h })
 end
 
 local function end_alloc(a, reason)
@@ -147,6 +147,9 @@ local function view()
 end
 
 local NOT_FOUND = { 'err', 'pool_not_found' }
+-- The expiry of a held alloc: past any time (the year 5138), and 14 digits, so cjson writes it
+-- as a whole number (the daemon reads `h` and takes it as `HELD`).
+local HELD = 99999999999999
 
 if op == 'put' then
   -- put(capacity, create_only): creates the pool or changes its capacity; starts a stopped pool.
@@ -176,7 +179,9 @@ elseif op == 'offer' then
   local capacity = parse(redis.call('HGET', K_POOL, 'capacity'))
   return { 'offer', format(sub(capacity, held(load_allocs(), true))) }
 elseif op == 'accept' then
-  -- accept(id, min, max (at least min: `AllocRequest::upper`), owner, labels JSON, initial lease ms)
+  -- accept(id, min, max (at least min: `AllocRequest::upper`), owner, labels JSON, initial lease ms,
+  -- held): with held = '1', an alloc the scheduler holds for a task: no lease (`h`, and an expiry
+  -- past any time, so the sweeper never reaches it) until the task ends (`end_held`).
   local id, want_min = ARGV[2], parse(ARGV[3])
   local want_max = ARGV[4] ~= '' and parse(ARGV[4]) or nil
   if redis.call('HGET', K_POOL, 'stopped') == '1' then return { 'err', 'pool_stopped' } end
@@ -209,6 +214,7 @@ elseif op == 'accept' then
   local resources = want_max and min(want_max, free) or want_min
   local a = { id = id, r = format(resources), o = ARGV[5], l = cjson.decode(ARGV[6]), c = now, k = 0,
     e = now + tonumber(ARGV[7]) }
+  if ARGV[8] == '1' then a.e, a.h = HELD, 1 end
   local record = encode_alloc(a)
   redis.call('HSET', K_ALLOCS, id, record)
   redis.call('ZADD', K_LEASES, a.e, id)
@@ -226,6 +232,8 @@ elseif op == 'keepalive' then
   end
   local granted = tonumber(ARGV[3])
   local a = cjson.decode(record)
+  -- The scheduler holds it until its task ends: a keepalive changes nothing.
+  if a.h == 1 then return { 'alloc', record, now, granted } end
   a.k, a.e = now, now + granted
   record = encode_alloc(a)
   redis.call('HSET', K_ALLOCS, id, record)
@@ -239,6 +247,7 @@ elseif op == 'free' then
   if not record then return { 'err', 'alloc_not_found' } end
   local a = cjson.decode(record)
   a.id = id
+  if a.h == 1 and ARGV[3] ~= 'held' then return { 'err', 'held_by_scheduler', a.o } end
   return { 'ended', end_alloc(a, 'freed'), now }
 elseif op == 'inspect' then
   local id = ARGV[2]
