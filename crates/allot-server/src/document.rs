@@ -139,6 +139,7 @@ pub(crate) fn with_limits(mut doc: Value, max_wait: std::time::Duration) -> Valu
         {"not": {"required": ["caps"], "properties": {"caps": has_caps},
             "not": {"required": ["scope"], "properties": {"scope": {"type": "object"}}}}},
     ]);
+    add_links(&mut doc);
     for (schema, field, limits) in fields {
         let property = &mut doc["components"]["schemas"][schema]["properties"][field];
         assert!(property.is_object(), "the document has no {schema}.{field}");
@@ -147,4 +148,40 @@ pub(crate) fn with_limits(mut doc: Value, max_wait: std::time::Duration) -> Valu
         }
     }
     doc
+}
+
+/// OpenAPI links: where the ids a response names can be used next (an application submitted,
+/// then read, completed, removed...), so that generated clients (and schemathesis's stateful
+/// tests) follow real ids instead of guessing them.
+fn add_links(doc: &mut Value) {
+    let app = json!({"app": "$response.body#/app/id"});
+    let task = json!({"app": "$request.path.app", "task": "$response.body#/task/id"});
+    let queue = json!({"queue": "$request.path.queue"});
+    // (Not from an accepted alloc to its routes: schemathesis counts the documented 410 of an
+    // ended alloc, read after a free in the same sequence, as a valid request refused.)
+    let links: [(&str, &str, &[&str], Value); 3] = [
+        // Reads and reports only: a creation such as adding a task may rightly answer 404 for
+        // what it names (a task group, a namespace), which would read as the application lost.
+        ("/v1/apps", "post", &["get_app", "list_tasks", "complete_app", "fail_app", "remove_app"], app),
+        (
+            "/v1/apps/{app}/tasks",
+            "post",
+            &["get_task", "start_task", "complete_task", "fail_task", "remove_task"],
+            task,
+        ),
+        ("/v1/queues/{queue}", "put", &["get_queue", "remove_queue"], queue),
+    ];
+    for (path, method, targets, parameters) in links {
+        let responses = &mut doc["paths"][path][method]["responses"];
+        assert!(responses.is_object(), "the document has no {method} {path}");
+        for status in ["200", "201"] {
+            let response = &mut responses[status];
+            if !response.is_object() {
+                continue;
+            }
+            for target in targets {
+                response["links"][*target] = json!({"operationId": target, "parameters": parameters});
+            }
+        }
+    }
 }

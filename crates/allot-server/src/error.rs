@@ -103,6 +103,8 @@ impl From<SchedError> for ApiError {
             SchedError::TaskConflict { .. } => (StatusCode::CONFLICT, "task_conflict"),
             SchedError::AppEnded { .. } => (StatusCode::CONFLICT, "app_ended"),
             SchedError::UnknownGroup { .. } => (StatusCode::NOT_FOUND, "unknown_task_group"),
+            // Like two tasks of one id with different content (`task_conflict`).
+            SchedError::GroupConflict { .. } => (StatusCode::CONFLICT, "task_group_conflict"),
             SchedError::LargerThanGroup { .. } => (StatusCode::CONFLICT, "larger_than_task_group"),
             SchedError::GroupNeverFits { .. } => (StatusCode::CONFLICT, "gang_never_fits"),
             SchedError::GangExceedsQueue(_) => (StatusCode::CONFLICT, "gang_exceeds_queue"),

@@ -57,6 +57,8 @@ pub enum SchedError {
     TaskConflict { app: AppId, task: TaskId, field: &'static str },
     #[error("application `{id}` has ended ({state}); it takes no more tasks")]
     AppEnded { id: AppId, state: AppState },
+    #[error("task group `{group}` is given twice, with different content")]
+    GroupConflict { group: GroupName },
     #[error("task `{task}` names task group `{group}`, which application `{app}` does not have")]
     UnknownGroup { app: AppId, task: TaskId, group: GroupName },
     #[error("task `{task}` is larger than a member of task group `{group}`: {what}")]

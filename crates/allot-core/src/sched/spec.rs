@@ -188,12 +188,7 @@ impl AppSpec {
         for group in std::mem::take(&mut self.groups) {
             match unique.iter().find(|other| other.name == group.name) {
                 Some(other) if *other == group => {}
-                Some(_) => {
-                    return Err(SchedError::Invalid(format!(
-                        "task group `{}` is given twice, with different content",
-                        group.name
-                    )))
-                }
+                Some(_) => return Err(SchedError::GroupConflict { group: group.name }),
                 None => unique.push(group),
             }
         }
