@@ -590,3 +590,22 @@ fn removing_a_pool_fails_its_tasks_and_ends_the_gangs_held_there() {
     assert_eq!(b.app_state("soft"), AppState::Running);
     b.check();
 }
+
+#[test]
+fn a_fair_queue_shares_between_its_applications_and_a_fifo_one_does_not() {
+    for (sort, expected) in [(SortPolicy::Fair, (5, 5)), (SortPolicy::Fifo, (10, 0))] {
+        let mut b = Bench::new();
+        b.pool("p", "cpu=10", &[]);
+        b.queue("root.q", QueueLimits { sort, ..QueueLimits::default() });
+        for app in ["first", "second"] {
+            b.submit(app_spec(app, "root.q")).unwrap();
+            for i in 0..10 {
+                b.add(app, task(&format!("t{i}"), "cpu=1")).unwrap();
+            }
+        }
+        b.cycle();
+        let placed =
+            |b: &Bench, app: &str| (0..10).filter(|i| b.state(app, &format!("t{i}")) == TaskState::Allocated).count();
+        assert_eq!((placed(&b, "first"), placed(&b, "second")), expected, "{sort:?}");
+    }
+}
