@@ -71,14 +71,20 @@ impl Server {
 /// Starts this binary's daemon (`allot serve`) on a free loopback port, with its embedded store
 /// and its log in `scratch`.
 pub(super) async fn spawn_daemon(scratch: &Scratch) -> anyhow::Result<Server> {
+    spawn_daemon_with(scratch, &[]).await
+}
+
+/// [`spawn_daemon`] with more arguments for `allot serve`.
+pub(super) async fn spawn_daemon_with(scratch: &Scratch, more: &[std::ffi::OsString]) -> anyhow::Result<Server> {
     let exe = std::env::current_exe()?;
-    let serve: Vec<std::ffi::OsString> = vec![
+    let mut serve: Vec<std::ffi::OsString> = vec![
         "serve".into(),
         "--listen".into(),
         "127.0.0.1:0".into(),
         "--data-dir".into(),
         scratch.join("allot-data").into(),
     ];
+    serve.extend(more.iter().cloned());
     spawn_listening("allot", &exe, &serve, scratch.join("allot.log")).await
 }
 

@@ -70,7 +70,10 @@ pub(super) async fn run(args: GangsBenchArgs) -> anyhow::Result<()> {
         bail!("--room must be a multiple of --pools (each pool holds room / pools members)");
     }
     let scratch = Scratch::new(args.tmp_dir.as_deref())?;
-    let daemon = children::spawn_daemon(&scratch).await?;
+    // An application whose tasks have all completed is Completed at once (no completing grace).
+    let config = scratch.join("allot.toml");
+    std::fs::write(&config, "[scheduler]\ncompleting_grace = \"0s\"\n")?;
+    let daemon = children::spawn_daemon_with(&scratch, &["--config".into(), config.into()]).await?;
     let outcome = measure(&args, &daemon.endpoint.url()).await;
     daemon.stop().await;
     let output = outcome?;
