@@ -437,10 +437,13 @@ impl Scheduler {
         if let Some(pending) = self.pending.get_mut(app_id) {
             pending.remove(&pending_key(task));
         }
+        let before = task.state;
         task.state = task.state.on(TaskEvent::Schedule).and_then(|s| s.on(TaskEvent::Allocate)).expect("Pending");
         task.placement = Some(placement);
         task.slot = slot;
+        let after = task.state;
         cycle.out.apps.push(AppChange::Task(task.clone()));
+        self.count(app_id, Some(before), Some(after));
     }
 
     /// A task takes placeholder `slot` of its application over, in place.

@@ -273,6 +273,8 @@ pub struct Scheduler {
     tasks: HashMap<AppId, BTreeMap<TaskId, Task>>,
     /// The Pending tasks of each application, in the order they are placed.
     pending: HashMap<AppId, BTreeSet<PendingKey>>,
+    /// Each application's tasks by state, kept with every change (reads do not walk the tasks).
+    counts: HashMap<AppId, BTreeMap<TaskState, u64>>,
     usage: HashMap<QueuePath, QueueUsage>,
     next_seq: u64,
     why_app: HashMap<AppId, Why>,
@@ -331,6 +333,7 @@ impl Scheduler {
             if task.state == TaskState::Pending {
                 restored.pending.entry(task.app.clone()).or_default().insert(pending_key(&task));
             }
+            restored.count(&task.app, None, Some(task.state));
             restored.tasks.entry(task.app.clone()).or_default().insert(task.spec.id.clone(), task);
         }
         restored
@@ -518,11 +521,24 @@ impl Scheduler {
 
     /// How many of the application's tasks are in each state.
     pub fn task_counts(&self, id: &AppId) -> BTreeMap<TaskState, u64> {
-        let mut counts = BTreeMap::new();
-        for task in self.tasks.get(id).into_iter().flat_map(|t| t.values()) {
-            *counts.entry(task.state).or_default() += 1;
+        self.counts.get(id).cloned().unwrap_or_default()
+    }
+
+    /// Moves one of the application's tasks from one state (or none: added) to another (or none:
+    /// removed) in the counts.
+    fn count(&mut self, app: &AppId, from: Option<TaskState>, to: Option<TaskState>) {
+        let counts = self.counts.entry(app.clone()).or_default();
+        if let Some(from) = from {
+            if let Some(n) = counts.get_mut(&from) {
+                *n -= 1;
+                if *n == 0 {
+                    counts.remove(&from);
+                }
+            }
         }
-        counts
+        if let Some(to) = to {
+            *counts.entry(to).or_default() += 1;
+        }
     }
 
     /// Why a live application waits, from the last cycle that looked at it.
@@ -542,6 +558,7 @@ impl Scheduler {
         self.end_app(id, None, now, world, &mut out);
         let app = self.apps.remove(id).expect("checked above");
         self.tasks.remove(id);
+        self.counts.remove(id);
         self.pending.remove(id);
         self.why_app.remove(id);
         self.why_task.retain(|(app_id, _), _| app_id != id);
@@ -702,6 +719,7 @@ impl Scheduler {
         }
         self.pending.entry(app_id.clone()).or_default().insert(pending_key(&task));
         self.tasks.entry(app_id.clone()).or_default().insert(task.spec.id.clone(), task.clone());
+        self.count(app_id, None, Some(task.state));
         out.apps.push(AppChange::Task(task.clone()));
         Ok((task, true, out))
     }
@@ -751,8 +769,10 @@ impl Scheduler {
     /// Reports a task running (it must be Allocated).
     pub fn start_task(&mut self, app: &AppId, task: &TaskId) -> Result<(Task, Outcome), SchedError> {
         let record = self.task_mut(app, task)?;
+        let before = record.state;
         record.state = record.state.on(TaskEvent::Start)?;
         let record = record.clone();
+        self.count(app, Some(before), Some(record.state));
         Ok((record.clone(), Outcome { apps: vec![AppChange::Task(record)], ..Outcome::default() }))
     }
 
@@ -789,6 +809,7 @@ impl Scheduler {
             self.end_task(app, task, TaskEvent::Kill, None, now, world, &mut out, false)?
         };
         self.tasks.get_mut(app).expect("task exists").remove(task);
+        self.count(app, Some(record.state), None);
         self.why_task.remove(&(app.clone(), task.clone()));
         out.apps.retain(|c| !matches!(c, AppChange::Task(t) if t.app == *app && t.spec.id == *task));
         out.apps.push(AppChange::TaskRemoved { app: app.clone(), task: task.clone() });
@@ -827,6 +848,7 @@ impl Scheduler {
         task.state = before.on(event)?;
         task.reason = reason.or(task.reason.take());
         let task = task.clone();
+        self.count(app_id, Some(before), Some(task.state));
         if before == TaskState::Pending {
             if let Some(pending) = self.pending.get_mut(app_id) {
                 pending.remove(&pending_key(&task));
@@ -884,6 +906,7 @@ impl Scheduler {
     fn forget(&mut self, id: &AppId, out: &mut Outcome) {
         self.apps.remove(id);
         self.tasks.remove(id);
+        self.counts.remove(id);
         self.pending.remove(id);
         self.why_app.remove(id);
         self.why_task.retain(|(app, _), _| app != id);
@@ -974,6 +997,7 @@ impl Scheduler {
                 add(&app.spec.queue, &slot.placement.resources);
                 live_alloc(pools, &slot.placement)?;
             }
+            let mut counted: BTreeMap<TaskState, u64> = BTreeMap::new();
             for task in self.tasks.get(&app.spec.id).into_iter().flat_map(|t| t.values()) {
                 let holds = matches!(task.state, TaskState::Allocated | TaskState::Running);
                 if holds != task.placement.is_some() && holds {
@@ -984,10 +1008,18 @@ impl Scheduler {
                     add(&app.spec.queue, &placement.resources);
                     live_alloc(pools, placement)?;
                 }
+                *counted.entry(task.state).or_default() += 1;
                 let pending = self.pending.get(&app.spec.id).is_some_and(|p| p.contains(&pending_key(task)));
                 if pending != (task.state == TaskState::Pending) {
                     return Err(format!("{}/{}: {} but pending={pending}", app.spec.id, task.spec.id, task.state));
                 }
+            }
+            if counted != self.task_counts(&app.spec.id) {
+                return Err(format!(
+                    "{}: counts {:?} but tasks {counted:?}",
+                    app.spec.id,
+                    self.task_counts(&app.spec.id)
+                ));
             }
         }
         for (path, usage) in &self.usage {
