@@ -330,6 +330,16 @@ impl PoolState {
         self.held_sum.clone()
     }
 
+    /// The record of the pool itself (not its allocs) for the store.
+    fn change(&self, name: &PoolName) -> PoolChange {
+        PoolChange::Pool {
+            name: name.clone(),
+            capacity: self.capacity.clone(),
+            stopped: self.stopped,
+            labels: self.labels.clone(),
+        }
+    }
+
     /// The sum of the allocs' resources, counted again (for `check_invariants`).
     fn held_counted(&self) -> Resources {
         self.allocs.values().fold(Resources::new(), |sum, a| sum.checked_add(&a.resources).unwrap_or(sum))
@@ -388,9 +398,9 @@ impl Pools {
         let created = !self.pools.contains_key(name);
         let pool = self.pools.entry(name.clone()).or_default();
         pool.capacity_lowered |= !capacity.fits(&pool.held());
-        pool.capacity = capacity.clone();
+        pool.capacity = capacity;
         pool.stopped = false;
-        (created, vec![PoolChange::Pool { name: name.clone(), capacity, stopped: false, labels: pool.labels.clone() }])
+        (created, vec![pool.change(name)])
     }
 
     /// Replaces a pool's labels.
@@ -402,12 +412,7 @@ impl Pools {
     ) -> Result<(PoolView, Vec<PoolChange>), PoolError> {
         let pool = self.pools.get_mut(name).ok_or_else(|| PoolError::PoolNotFound(name.clone()))?;
         pool.labels = labels;
-        let change = PoolChange::Pool {
-            name: name.clone(),
-            capacity: pool.capacity.clone(),
-            stopped: pool.stopped,
-            labels: pool.labels.clone(),
-        };
+        let change = pool.change(name);
         Ok((view_of(name, pool, now), vec![change]))
     }
 
@@ -658,12 +663,7 @@ impl Pools {
         }
         let pool = self.pools.get_mut(name).expect("checked above");
         pool.stopped = true;
-        changes.push(PoolChange::Pool {
-            name: name.clone(),
-            capacity: pool.capacity.clone(),
-            stopped: true,
-            labels: pool.labels.clone(),
-        });
+        changes.push(pool.change(name));
         Ok((true, 0, changes))
     }
 

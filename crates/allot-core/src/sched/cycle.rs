@@ -125,16 +125,18 @@ impl Room {
     }
 
     fn take(&mut self, i: usize, resources: &Resources) {
-        let spot = &mut self.spots[i];
-        self.index.remove(&(size_key(&spot.free, &self.weights), i));
-        spot.free = spot.free.saturating_sub(resources);
-        self.index.insert((size_key(&spot.free, &self.weights), i));
+        self.set_free(i, |free| free.saturating_sub(resources));
     }
 
     fn give_back(&mut self, i: usize, resources: &Resources) {
+        self.set_free(i, |free| free.checked_add(resources).unwrap_or_else(|| free.clone()));
+    }
+
+    /// Changes what is free in spot `i`, and its place in the index with it.
+    fn set_free(&mut self, i: usize, change: impl FnOnce(&Resources) -> Resources) {
         let spot = &mut self.spots[i];
         self.index.remove(&(size_key(&spot.free, &self.weights), i));
-        spot.free = spot.free.checked_add(resources).unwrap_or_else(|| spot.free.clone());
+        spot.free = change(&spot.free);
         self.index.insert((size_key(&spot.free, &self.weights), i));
     }
 }
@@ -556,20 +558,12 @@ impl Scheduler {
                         app.reason = Some("its gang was not reserved in time; it runs without one".to_owned());
                         out.apps.push(AppChange::App(app.clone()));
                     }
-                    GangStyle::Hard => self.fail_timed_out(&id, now, world, out),
+                    GangStyle::Hard => self.fail_with(&id, RESERVATION_TIMEOUT, now, world, out),
                 }
             } else if app.placeholder_deadline().is_some_and(|d| d <= now) {
                 timed_out += 1;
                 self.stats.placeholder_timeouts += 1;
-                match style {
-                    GangStyle::Soft => {
-                        self.release_slots(&id, true, now, world, out);
-                        let app = self.apps.get_mut(&id).expect("due");
-                        transition(app, &[AppEvent::Resume, AppEvent::Run]).expect("Reserving takes Resume");
-                        out.apps.push(AppChange::App(app.clone()));
-                    }
-                    GangStyle::Hard => self.fail_timed_out(&id, now, world, out),
-                }
+                self.lose_reservation(&id, None, RESERVATION_TIMEOUT, now, world, out);
             } else if app.state == AppState::Completing {
                 self.finish_completing(&id, now, out);
             } else if app.state.is_terminal() {
@@ -577,11 +571,6 @@ impl Scheduler {
             }
         }
         timed_out
-    }
-
-    fn fail_timed_out(&mut self, id: &AppId, now: Millis, world: &mut World<'_>, out: &mut Outcome) {
-        self.apps.get_mut(id).expect("due").reason = Some(RESERVATION_TIMEOUT.to_owned());
-        self.end_app(id, Some(AppEvent::Fail), now, world, out);
     }
 
     /// The earliest time a timer is due, if any.

@@ -556,13 +556,8 @@ impl Scheduler {
         self.app(id)?;
         let mut out = Outcome::default();
         self.end_app(id, None, now, world, &mut out);
-        let app = self.apps.remove(id).expect("checked above");
-        self.tasks.remove(id);
-        self.counts.remove(id);
-        self.pending.remove(id);
-        self.why_app.remove(id);
-        self.why_task.retain(|(app_id, _), _| app_id != id);
-        out.apps.push(AppChange::AppRemoved { id: id.clone() });
+        let app = self.apps[id].clone();
+        self.forget(id, &mut out);
         Ok((app, out))
     }
 
@@ -597,9 +592,40 @@ impl Scheduler {
             return Err(SchedError::AppEnded { id: id.clone(), state: app.state });
         }
         let mut out = Outcome::default();
-        self.apps.get_mut(id).expect("checked").reason = Some(reason.to_owned());
-        self.end_app(id, Some(AppEvent::Fail), now, world, &mut out);
+        self.fail_with(id, reason, now, world, &mut out);
         Ok((self.apps[id].clone(), out))
+    }
+
+    /// Fails a live application with `reason`: see [`Scheduler::fail_app`].
+    fn fail_with(&mut self, id: &AppId, reason: &str, now: Millis, world: &mut World<'_>, out: &mut Outcome) {
+        self.apps.get_mut(id).expect("caller checked").reason = Some(reason.to_owned());
+        self.end_app(id, Some(AppEvent::Fail), now, world, out);
+    }
+
+    /// A reserved gang loses its reservation (its placeholder timeout ran out, or a pool that
+    /// held placeholders went): Soft releases the unused placeholders and goes on as an ordinary
+    /// application (with `soft_note` as its reason, if any); Hard fails with `hard_reason`.
+    fn lose_reservation(
+        &mut self,
+        id: &AppId,
+        soft_note: Option<String>,
+        hard_reason: &str,
+        now: Millis,
+        world: &mut World<'_>,
+        out: &mut Outcome,
+    ) {
+        match self.apps[id].spec.policy.gang {
+            GangStyle::Soft => {
+                self.release_slots(id, true, now, world, out);
+                let app = self.apps.get_mut(id).expect("caller checked");
+                transition(app, &[AppEvent::Resume, AppEvent::Run]).expect("Reserving takes Resume");
+                if soft_note.is_some() {
+                    app.reason = soft_note;
+                }
+                out.apps.push(AppChange::App(app.clone()));
+            }
+            GangStyle::Hard => self.fail_with(id, hard_reason, now, world, out),
+        }
     }
 
     /// Ends every live task and releases every slot; then takes `event` (Complete or Fail) and
@@ -937,20 +963,9 @@ impl Scheduler {
             .filter(|a| a.slots.iter().any(|s| s.task.is_none() && &s.placement.pool == pool))
             .map(|a| a.spec.id.clone())
             .collect();
+        let lost = format!("placeholders lost: {reason}");
         for id in gangs {
-            match self.apps[&id].spec.policy.gang {
-                GangStyle::Soft => {
-                    self.release_slots(&id, true, now, world, &mut out);
-                    let app = self.apps.get_mut(&id).expect("listed");
-                    transition(app, &[AppEvent::Resume, AppEvent::Run]).expect("Reserving takes Resume");
-                    app.reason = Some(format!("placeholders lost: {reason}"));
-                    out.apps.push(AppChange::App(app.clone()));
-                }
-                GangStyle::Hard => {
-                    self.apps.get_mut(&id).expect("listed").reason = Some(format!("placeholders lost: {reason}"));
-                    self.end_app(&id, Some(AppEvent::Fail), now, world, &mut out);
-                }
-            }
+            self.lose_reservation(&id, Some(lost.clone()), &lost, now, world, &mut out);
         }
         out
     }
