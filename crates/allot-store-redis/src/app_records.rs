@@ -53,16 +53,18 @@ fn encode(changes: &[AppChange]) -> Vec<String> {
 
 impl RedisStore {
     /// Writes the scheduler's changes, in order, in one atomic call, if `holder` holds the
-    /// scheduler's lease in term `fencing`.
+    /// scheduler's lease in term `fencing`. `intents` replaces what the scheduler is carrying out
+    /// in the pools and namespaces (`None` keeps it, `Some("")` clears it).
     pub async fn write_app_records(
         &self,
         holder: &str,
         fencing: u64,
+        intents: Option<&str>,
         changes: &[AppChange],
     ) -> Result<usize, WriteError> {
         let fencing_text = fencing.to_string();
         let encoded = encode(changes);
-        let mut args: Vec<&str> = vec!["write", holder, &fencing_text];
+        let mut args: Vec<&str> = vec!["write", holder, &fencing_text, intents.unwrap_or("=")];
         args.extend(encoded.iter().map(String::as_str));
         let mut reply = self.inner.eval(&self.inner.scripts.apps, APPS_PREFIX, &args, true).await?;
         match reply.text()?.as_str() {
@@ -77,7 +79,16 @@ impl RedisStore {
 
     /// Every record, as a scheduler that takes the lease loads them.
     pub async fn load_app_records(&self, config: SchedConfig) -> Result<Scheduler, StoreError> {
+        Ok(self.load_app_records_and_intents(config).await?.0)
+    }
+
+    /// Every record, and the intents the last scheduler left (see `sched.rs`).
+    pub(crate) async fn load_app_records_and_intents(
+        &self,
+        config: SchedConfig,
+    ) -> Result<(Scheduler, String), StoreError> {
         let mut reply = self.inner.eval(&self.inner.scripts.apps, APPS_PREFIX, &["load"], false).await?;
+        let intents = reply.text()?;
         let decode = |table: &'static str, key: &str, text: &str| -> Result<_, StoreError> {
             serde_json::from_str::<serde_json::Value>(text).map_err(|e| corrupt(format!("{table} `{key}`: {e}")))
         };
@@ -107,25 +118,29 @@ impl RedisStore {
                 serde_json::from_value(decode("tasks", &task, &reply.text()?)?).map_err(corrupt)?;
             tasks.push(record.into_task(&app, &task).map_err(corrupt)?);
         }
-        Ok(Scheduler::restore(config, queues, apps, tasks))
+        Ok((Scheduler::restore(config, queues, apps, tasks), intents))
     }
 
-    /// Accepts a pool's offer for a task the scheduler places: the alloc has no lease until
-    /// [`RedisStore::end_held_alloc`]; a keepalive changes nothing and a free by hand is refused.
+    /// Accepts a pool's offer for a task the scheduler places, under the id it chose, in the
+    /// scheduler's term `fencing`: the alloc has no lease until [`RedisStore::end_held_alloc`]; a
+    /// keepalive changes nothing and a free by hand is refused.
     pub async fn accept_held_alloc(
         &self,
         pool: allot_core::pool::PoolName,
         request: allot_core::pool::AllocRequest,
+        id: allot_core::pool::AllocId,
+        fencing: u64,
     ) -> Result<allot_core::pool::Alloc, StoreError> {
-        crate::pools::accept_held(&self.inner, pool, request).await
+        crate::pools::accept_held(&self.inner, pool, request, id, fencing).await
     }
 
-    /// Ends an alloc the scheduler holds (its task ended).
+    /// Ends an alloc the scheduler holds (its task ended), in the scheduler's term `fencing`.
     pub async fn end_held_alloc(
         &self,
         pool: allot_core::pool::PoolName,
         id: allot_core::pool::AllocId,
+        fencing: u64,
     ) -> Result<(), StoreError> {
-        crate::pools::end_held(&self.inner, pool, id).await
+        crate::pools::end_held(&self.inner, pool, id, fencing).await
     }
 }

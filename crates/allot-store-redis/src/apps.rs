@@ -1,93 +1,175 @@
-//! The applications part on Redis: not carried yet. Every call answers
-//! [`StoreError::Unsupported`] (HTTP 501), so a daemon on Redis serves quotas and pools and says
-//! plainly that applications need the embedded store for now.
+//! The applications part on Redis: every call is served by the scheduler of the daemon that
+//! holds the lease (`sched.rs`); on another daemon the HTTP edge forwards it there
+//! ([`AppStore::apps_home`]), and a call that reaches a daemon that does not schedule answers
+//! `Unavailable` (retry).
 
 use allot_core::queue::{QueueLimits, QueuePath};
-use allot_core::sched::{AppId, AppSpec, QueueView, SchedStats, TaskId, TaskSpec};
-use allot_store::{AppInfo, AppStore, Page, PageRequest, StoreError, TaskInfo};
+use allot_core::queue::QueueUsage;
+use allot_core::NamespaceName;
+use allot_core::sched::{AppId, AppSpec, QueueView, SchedError, SchedStats, Scheduler, TaskId, TaskSpec};
+use allot_store::{AppInfo, AppStore, AppsHome, Page, PageRequest, StoreError, TaskInfo};
 use async_trait::async_trait;
 
 use crate::RedisStore;
 
-fn unsupported<T>() -> Result<T, StoreError> {
-    Err(StoreError::Unsupported(
-        "applications, queues and tasks are not carried by the Redis store yet; run the daemon on its embedded store \
-         for them"
-            .to_owned(),
-    ))
+fn app_info(sched: &Scheduler, id: &AppId) -> Result<AppInfo, SchedError> {
+    Ok(AppInfo { app: sched.app(id)?.clone(), tasks: sched.task_counts(id), why: sched.app_why(id) })
+}
+
+fn task_info(sched: &Scheduler, app: &AppId, task: &TaskId) -> Result<TaskInfo, SchedError> {
+    Ok(TaskInfo { task: sched.task(app, task)?.clone(), why: sched.task_why(app, task) })
 }
 
 #[async_trait]
 impl AppStore for RedisStore {
-    async fn put_queue(&self, _: QueuePath, _: QueueLimits) -> Result<(bool, QueueView), StoreError> {
-        unsupported()
+    async fn put_queue(&self, path: QueuePath, limits: QueueLimits) -> Result<(bool, QueueView), StoreError> {
+        self.commit_sched(None, |sched, _, _| {
+            let (created, outcome) = sched.put_queue(path.clone(), limits);
+            Ok(((created, sched.queue(&path)?), outcome))
+        })
+        .await
     }
 
-    async fn seed_queue(&self, _: QueuePath, _: QueueLimits) -> Result<(bool, QueueView), StoreError> {
-        unsupported()
+    /// Registered by this daemon when it schedules (now, if it does), unless it exists by then.
+    async fn seed_queue(&self, path: QueuePath, limits: QueueLimits) -> Result<(bool, QueueView), StoreError> {
+        let seeded = self
+            .commit_sched(None, |sched, _, _| {
+                if let Ok(view) = sched.queue(&path) {
+                    return Ok(((false, view), Default::default()));
+                }
+                let (created, outcome) = sched.put_queue(path.clone(), limits.clone());
+                Ok(((created, sched.queue(&path)?), outcome))
+            })
+            .await;
+        match seeded {
+            Err(StoreError::Unavailable(_)) => {
+                self.seed_queue_later(path.clone(), limits.clone()).await;
+                let view = QueueView {
+                    path,
+                    limits,
+                    usage: QueueUsage::default(),
+                    leaf: true,
+                    apps: 0,
+                    pending_tasks: 0,
+                    waiting: Default::default(),
+                };
+                Ok((false, view))
+            }
+            other => other,
+        }
     }
 
-    async fn remove_queue(&self, _: QueuePath) -> Result<(), StoreError> {
-        unsupported()
+    async fn remove_queue(&self, path: QueuePath) -> Result<(), StoreError> {
+        self.commit_sched(None, |sched, _, _| Ok(((), sched.remove_queue(&path)?))).await
     }
 
     async fn queues(&self) -> Result<Vec<QueueView>, StoreError> {
-        unsupported()
+        self.read_sched(|sched| Ok(sched.queues())).await
     }
 
-    async fn queue(&self, _: QueuePath) -> Result<QueueView, StoreError> {
-        unsupported()
+    async fn queue(&self, path: QueuePath) -> Result<QueueView, StoreError> {
+        self.read_sched(|sched| sched.queue(&path)).await
     }
 
-    async fn add_app(&self, _: AppSpec) -> Result<(AppInfo, bool), StoreError> {
-        unsupported()
+    async fn add_app(&self, spec: AppSpec) -> Result<(AppInfo, bool), StoreError> {
+        let named: Vec<NamespaceName> =
+            spec.groups.iter().flat_map(|g| g.tokens.iter().map(|n| n.namespace.clone())).collect();
+        self.commit_sched(Some(&named), |sched, world, now| {
+            let (app, created, outcome) = sched.add_app(spec, now, &world)?;
+            Ok(((app_info(sched, &app.spec.id)?, created), outcome))
+        })
+        .await
     }
 
-    async fn app(&self, _: AppId) -> Result<AppInfo, StoreError> {
-        unsupported()
+    async fn app(&self, id: AppId) -> Result<AppInfo, StoreError> {
+        self.read_sched(|sched| app_info(sched, &id)).await
     }
 
-    async fn apps(&self, _: PageRequest<AppId>) -> Result<Page<AppInfo, AppId>, StoreError> {
-        unsupported()
+    async fn apps(&self, page: PageRequest<AppId>) -> Result<Page<AppInfo, AppId>, StoreError> {
+        self.read_sched(|sched| {
+            let apps = sched.apps_after(page.after(), page.limit() + 1);
+            let infos = apps.into_iter().map(|app| app_info(sched, &app.spec.id)).collect::<Result<Vec<_>, _>>()?;
+            Ok(Page::from_read(infos, page.limit(), |info| info.app.spec.id.clone()))
+        })
+        .await
     }
 
-    async fn remove_app(&self, _: AppId) -> Result<AppInfo, StoreError> {
-        unsupported()
+    async fn remove_app(&self, id: AppId) -> Result<AppInfo, StoreError> {
+        self.commit_sched(None, |sched, mut world, now| {
+            let tasks = sched.task_counts(&id);
+            let (app, outcome) = sched.remove_app(&id, now, &mut world)?;
+            Ok((AppInfo { app, tasks, why: None }, outcome))
+        })
+        .await
     }
 
-    async fn complete_app(&self, _: AppId) -> Result<AppInfo, StoreError> {
-        unsupported()
+    async fn complete_app(&self, id: AppId) -> Result<AppInfo, StoreError> {
+        self.commit_sched(None, |sched, mut world, now| {
+            let (_, outcome) = sched.complete_app(&id, now, &mut world)?;
+            Ok((app_info(sched, &id)?, outcome))
+        })
+        .await
     }
 
-    async fn fail_app(&self, _: AppId, _: String) -> Result<AppInfo, StoreError> {
-        unsupported()
+    async fn fail_app(&self, id: AppId, reason: String) -> Result<AppInfo, StoreError> {
+        self.commit_sched(None, |sched, mut world, now| {
+            let (_, outcome) = sched.fail_app(&id, &reason, now, &mut world)?;
+            Ok((app_info(sched, &id)?, outcome))
+        })
+        .await
     }
 
-    async fn add_task(&self, _: AppId, _: TaskSpec) -> Result<(TaskInfo, bool), StoreError> {
-        unsupported()
+    async fn add_task(&self, app: AppId, spec: TaskSpec) -> Result<(TaskInfo, bool), StoreError> {
+        let named: Vec<NamespaceName> = spec.tokens.iter().map(|n| n.namespace.clone()).collect();
+        self.commit_sched(Some(&named), |sched, world, now| {
+            let (task, created, outcome) = sched.add_task(&app, spec, now, world.ledger)?;
+            Ok(((task_info(sched, &app, &task.spec.id)?, created), outcome))
+        })
+        .await
     }
 
-    async fn task(&self, _: AppId, _: TaskId) -> Result<TaskInfo, StoreError> {
-        unsupported()
+    async fn task(&self, app: AppId, task: TaskId) -> Result<TaskInfo, StoreError> {
+        self.read_sched(|sched| task_info(sched, &app, &task)).await
     }
 
-    async fn tasks(&self, _: AppId, _: PageRequest<TaskId>) -> Result<Page<TaskInfo, TaskId>, StoreError> {
-        unsupported()
+    async fn tasks(&self, app: AppId, page: PageRequest<TaskId>) -> Result<Page<TaskInfo, TaskId>, StoreError> {
+        self.read_sched(|sched| {
+            let tasks = sched.tasks_after(&app, page.after(), page.limit() + 1)?;
+            let infos = tasks.into_iter().map(|t| task_info(sched, &app, &t.spec.id)).collect::<Result<Vec<_>, _>>()?;
+            Ok(Page::from_read(infos, page.limit(), |info| info.task.spec.id.clone()))
+        })
+        .await
     }
 
-    async fn start_task(&self, _: AppId, _: TaskId) -> Result<TaskInfo, StoreError> {
-        unsupported()
+    async fn start_task(&self, app: AppId, task: TaskId) -> Result<TaskInfo, StoreError> {
+        self.commit_sched(None, |sched, _, _| {
+            let (record, outcome) = sched.start_task(&app, &task)?;
+            Ok((TaskInfo { task: record, why: None }, outcome))
+        })
+        .await
     }
 
-    async fn finish_task(&self, _: AppId, _: TaskId, _: Option<String>) -> Result<TaskInfo, StoreError> {
-        unsupported()
+    async fn finish_task(&self, app: AppId, task: TaskId, failed: Option<String>) -> Result<TaskInfo, StoreError> {
+        self.commit_sched(None, |sched, mut world, now| {
+            let (record, outcome) = sched.finish_task(&app, &task, failed, now, &mut world)?;
+            Ok((TaskInfo { task: record, why: None }, outcome))
+        })
+        .await
     }
 
-    async fn remove_task(&self, _: AppId, _: TaskId) -> Result<TaskInfo, StoreError> {
-        unsupported()
+    async fn remove_task(&self, app: AppId, task: TaskId) -> Result<TaskInfo, StoreError> {
+        self.commit_sched(None, |sched, mut world, now| {
+            let (record, outcome) = sched.remove_task(&app, &task, now, &mut world)?;
+            Ok((TaskInfo { task: record, why: None }, outcome))
+        })
+        .await
     }
 
     fn sched_stats(&self) -> SchedStats {
-        SchedStats::default()
+        self.inner.apps.stats()
+    }
+
+    fn apps_home(&self) -> AppsHome {
+        self.inner.apps.home()
     }
 }

@@ -27,6 +27,7 @@ mod conn;
 mod pools;
 mod reply;
 pub mod sched_lease;
+mod sched;
 mod scripts;
 pub mod testing;
 
@@ -197,6 +198,8 @@ struct Inner {
     calls: AtomicU64,
     call_micros: AtomicU64,
     failures: AtomicU64,
+    /// The applications part: who schedules, and the scheduler if it is this daemon.
+    apps: sched::Apps,
 }
 
 /// The Redis backend. Cheap to share behind an `Arc`; [`Store::shutdown`] stops its tasks.
@@ -221,6 +224,7 @@ impl RedisStore {
             calls: AtomicU64::new(0),
             call_micros: AtomicU64::new(0),
             failures: AtomicU64::new(0),
+            apps: sched::Apps::new(),
         });
         let subscriber = tokio::spawn(run_subscriber(inner.clone(), config.urls[0].clone()));
         let sweeper = tokio::spawn(run_sweeper(inner.clone()));
@@ -490,6 +494,12 @@ impl Store for RedisStore {
         for task in tasks {
             task.abort();
             let _ = task.await;
+        }
+        // Hand the scheduling over at once rather than after the lease's TTL.
+        if let Some(holder) = self.inner.apps.holder() {
+            if let Err(err) = self.release_sched_lease(&holder).await {
+                tracing::warn!(error = %err, "could not hand the scheduler's lease over");
+            }
         }
         tracing::info!("redis store closed");
     }

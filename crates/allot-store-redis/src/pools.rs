@@ -118,7 +118,7 @@ fn ended(state: AllocState) -> Result<EndedAlloc, StoreError> {
     }
 }
 
-fn rules(inner: &Inner) -> LeaseRules {
+pub(crate) fn rules(inner: &Inner) -> LeaseRules {
     *inner.pool_rules.lock().unwrap_or_else(|p| p.into_inner())
 }
 
@@ -162,6 +162,12 @@ fn error(pool: &PoolName, args: &[&str], reply: &mut Reply) -> Result<StoreError
         "alloc_not_found" => PoolError::AllocNotFound { pool: pool.clone(), id: id()? },
         "alloc_ended" => PoolError::AllocEnded { pool: pool.clone(), id: id()?, reason: reason(&reply.text()?)? },
         "alloc_id_taken" => PoolError::AllocIdTaken { pool: pool.clone(), id: id()? },
+        "deposed" => {
+            return Ok(StoreError::Unavailable(format!(
+                "a newer scheduler (term {}) has taken over pool `{pool}`",
+                reply.uint()?
+            )))
+        }
         "held_by_scheduler" => PoolError::HeldByScheduler { pool: pool.clone(), id: id()?, owner: reply.text()? },
         other => return Err(corrupt(format!("pool error `{other}`"))),
     };
@@ -268,24 +274,38 @@ pub(crate) async fn offer(inner: &Inner, pool: PoolName) -> Result<Option<Offer>
 }
 
 pub(crate) async fn accept(inner: &Inner, pool: PoolName, request: AllocRequest) -> Result<Alloc, StoreError> {
-    accept_as(inner, pool, request, false).await
+    accept_as(inner, pool, request).await
 }
 
-/// Accepts for a task the scheduler places: the alloc has no lease ([`HELD`]) until
-/// [`end_held`].
-pub(crate) async fn accept_held(inner: &Inner, pool: PoolName, request: AllocRequest) -> Result<Alloc, StoreError> {
-    accept_as(inner, pool, request, true).await
+/// Accepts for a task the scheduler places, under the id it chose: the alloc has no lease
+/// ([`HELD`]) until [`end_held`]. Idempotent; refused in a term older than the pool has seen.
+pub(crate) async fn accept_held(
+    inner: &Inner,
+    pool: PoolName,
+    request: AllocRequest,
+    id: AllocId,
+    fencing: u64,
+) -> Result<Alloc, StoreError> {
+    request.check()?;
+    let (min, max) = (encode(&request.min), encode(&request.upper()));
+    let labels = serde_json::to_string(&request.labels).map_err(|e| StoreError::Invalid(e.to_string()))?;
+    let (id, fencing) = (id.to_string(), fencing.to_string());
+    let args = ["accept", &id, &min, &max, &request.owner, &labels, "0", "1", &fencing];
+    let (_, mut reply) = call(inner, &pool, &args, true).await?;
+    let json = reply.text()?;
+    saw_clock(inner, reply.uint()?);
+    live(record(&pool, &id, &json)?)
 }
 
 /// Ends an alloc the scheduler holds (its task ended); one that is gone already is no error.
-pub(crate) async fn end_held(inner: &Inner, pool: PoolName, id: AllocId) -> Result<(), StoreError> {
-    match call(inner, &pool, &["free", &id.to_string(), "held"], true).await {
+pub(crate) async fn end_held(inner: &Inner, pool: PoolName, id: AllocId, fencing: u64) -> Result<(), StoreError> {
+    match call(inner, &pool, &["free", &id.to_string(), "held", &fencing.to_string()], true).await {
         Ok(_) | Err(StoreError::Pool(PoolError::PoolNotFound(_) | PoolError::AllocNotFound { .. })) => Ok(()),
         Err(err) => Err(err),
     }
 }
 
-async fn accept_as(inner: &Inner, pool: PoolName, request: AllocRequest, held: bool) -> Result<Alloc, StoreError> {
+async fn accept_as(inner: &Inner, pool: PoolName, request: AllocRequest) -> Result<Alloc, StoreError> {
     request.check()?;
     let (min, max) = (encode(&request.min), encode(&request.upper()));
     let labels = serde_json::to_string(&request.labels).map_err(|e| StoreError::Invalid(e.to_string()))?;
@@ -293,7 +313,7 @@ async fn accept_as(inner: &Inner, pool: PoolName, request: AllocRequest, held: b
     loop {
         // Ids are drawn at random [Reflow `newID`]; a taken one is drawn again.
         let id = AllocId(rand::random()).to_string();
-        let args = ["accept", &id, &min, &max, &request.owner, &labels, &initial, if held { "1" } else { "0" }];
+        let args = ["accept", &id, &min, &max, &request.owner, &labels, &initial, "0"];
         match call(inner, &pool, &args, true).await {
             Err(StoreError::Pool(PoolError::AllocIdTaken { .. })) => continue,
             Err(err) => return Err(err),

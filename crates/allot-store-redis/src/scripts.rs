@@ -51,6 +51,7 @@ operations!(
     registry,
     sched_lease,
     apps,
+    sched_grant,
 );
 
 const PRELUDE: &str = include_str!("lua/namespace.lua");

@@ -82,7 +82,7 @@ async fn a_new_scheduler_loads_what_the_old_one_wrote_and_a_deposed_one_writes_n
             .1
             .apps,
     );
-    assert_eq!(a.write_app_records("a", fencing, &changes).await.unwrap(), changes.len());
+    assert_eq!(a.write_app_records("a", fencing, None, &changes).await.unwrap(), changes.len());
 
     // Scheduler b takes over once a's lease lapses, and loads exactly what a wrote.
     tokio::time::sleep(Duration::from_millis(400)).await;
@@ -97,20 +97,20 @@ async fn a_new_scheduler_loads_what_the_old_one_wrote_and_a_deposed_one_writes_n
     // a is deposed: its writes are refused, whatever term it names.
     let removal = [AppChange::AppRemoved { id: AppId::new("gang").unwrap() }];
     for term in [fencing, next] {
-        let refused = a.write_app_records("a", term, &removal).await;
+        let refused = a.write_app_records("a", term, None, &removal).await;
         assert!(matches!(refused, Err(WriteError::Deposed { current }) if current == next), "{refused:?}");
     }
     assert_eq!(everything(&b.load_app_records(SchedConfig::default()).await.unwrap()), everything(&sched));
     // b's own removal goes through, tasks included.
-    b.write_app_records("b", next, &removal).await.unwrap();
+    b.write_app_records("b", next, None, &removal).await.unwrap();
     let emptied = b.load_app_records(SchedConfig::default()).await.unwrap();
     assert!(emptied.apps_after(None, 10).is_empty());
     assert_eq!(emptied.queues().len(), 2, "root and root.q stay");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn allocs_the_scheduler_holds_have_no_lease_and_cannot_be_freed_by_hand() {
-    use allot_core::pool::{AllocRequest, AllocState, PoolError, HELD};
+async fn allocs_the_scheduler_holds_have_no_lease_cannot_be_freed_by_hand_and_refuse_an_older_term() {
+    use allot_core::pool::{AllocId, AllocRequest, AllocState, PoolError, HELD};
     use allot_store::prelude::*;
     use allot_store::StoreError;
 
@@ -119,8 +119,16 @@ async fn allocs_the_scheduler_holds_have_no_lease_and_cannot_be_freed_by_hand() 
     let pool = PoolName::new("held").unwrap();
     store.put_pool(pool.clone(), "cpu=4".parse().unwrap()).await.unwrap();
     let request = AllocRequest { min: "cpu=3".parse().unwrap(), owner: "app/t1".into(), ..AllocRequest::default() };
-    let alloc = store.accept_held_alloc(pool.clone(), request).await.unwrap();
-    assert_eq!(alloc.expires, HELD);
+    let alloc = store.accept_held_alloc(pool.clone(), request.clone(), AllocId(7), 2).await.unwrap();
+    assert_eq!((alloc.id, alloc.expires), (AllocId(7), HELD));
+    let retried = store.accept_held_alloc(pool.clone(), request.clone(), AllocId(7), 2).await.unwrap();
+    assert_eq!(retried, alloc, "a retry finds the alloc it made");
+    let deposed = store.accept_held_alloc(pool.clone(), request, AllocId(8), 1).await;
+    assert!(matches!(deposed, Err(StoreError::Unavailable(_))), "an older term is refused: {deposed:?}");
+    assert!(
+        matches!(store.end_held_alloc(pool.clone(), alloc.id, 1).await, Err(StoreError::Unavailable(_))),
+        "an older term cannot end it either"
+    );
     let (_, kept) = store.keepalive_alloc(pool.clone(), alloc.id, 1000).await.unwrap();
     assert_eq!(kept.expires, HELD, "a keepalive changes nothing");
     let freed = store.free_alloc(pool.clone(), alloc.id).await;
@@ -130,8 +138,8 @@ async fn allocs_the_scheduler_holds_have_no_lease_and_cannot_be_freed_by_hand() 
     );
     let (stopped, _) = store.stop_if_idle_for(pool.clone(), 0).await.unwrap();
     assert!(!stopped, "a pool with a held alloc is never idle");
-    store.end_held_alloc(pool.clone(), alloc.id).await.unwrap();
+    store.end_held_alloc(pool.clone(), alloc.id, 2).await.unwrap();
     assert!(matches!(store.inspect_alloc(pool.clone(), alloc.id).await.unwrap(), AllocState::Ended(_)));
-    store.end_held_alloc(pool.clone(), alloc.id).await.unwrap();
+    store.end_held_alloc(pool.clone(), alloc.id, 3).await.unwrap();
     assert_eq!(store.pool(pool).await.unwrap().allocs, 0);
 }

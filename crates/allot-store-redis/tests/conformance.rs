@@ -8,12 +8,24 @@ use allot_store::{conformance, Store};
 use allot_store_redis::testing::{RedisCluster, RedisServer};
 use allot_store_redis::{RedisConfig, RedisStore};
 
+/// Takes part in the scheduler's election, alone, and waits until this store schedules.
+async fn schedule_here(store: &RedisStore) {
+    store.start_scheduling("http://127.0.0.1:9");
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    while store.apps_home() != allot_store::AppsHome::Here {
+        assert!(std::time::Instant::now() < deadline, "the only daemon never became the scheduler");
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn conformance_on_one_redis_server() {
     let server = RedisServer::start();
     let store = Arc::new(RedisStore::open(&RedisConfig::parse(&server.url()).unwrap()).await.unwrap());
     conformance::run(store.clone()).await;
     conformance::run_pools(store.clone()).await;
+    schedule_here(&store).await;
+    conformance::run_apps(store.clone()).await;
     store.shutdown().await;
 }
 
@@ -23,6 +35,8 @@ async fn conformance_on_a_three_primary_cluster() {
     let store = Arc::new(RedisStore::open(&RedisConfig::parse(&cluster.address()).unwrap()).await.unwrap());
     conformance::run(store.clone()).await;
     conformance::run_pools(store.clone()).await;
+    schedule_here(&store).await;
+    conformance::run_apps(store.clone()).await;
     store.shutdown().await;
 }
 

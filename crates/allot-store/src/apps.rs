@@ -65,4 +65,21 @@ pub trait AppStore: Send + Sync {
 
     /// The scheduler's counters (on this daemon).
     fn sched_stats(&self) -> SchedStats;
+
+    /// Which daemon serves the applications part: this one (the default), or, on a store that
+    /// several daemons share, the one that holds the scheduler's lease.
+    fn apps_home(&self) -> AppsHome {
+        AppsHome::Here
+    }
+}
+
+/// Where the calls of the applications part are served.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum AppsHome {
+    /// On this daemon.
+    Here,
+    /// On the daemon at this base URL (`http://HOST:PORT`), which schedules.
+    At(String),
+    /// No daemon schedules right now (one is taking over): retry shortly.
+    Unknown,
 }

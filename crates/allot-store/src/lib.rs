@@ -34,7 +34,7 @@ use allot_core::{
 };
 use async_trait::async_trait;
 
-pub use apps::{AppInfo, AppStore, TaskInfo};
+pub use apps::{AppInfo, AppStore, AppsHome, TaskInfo};
 pub use embedded::{EmbeddedConfig, EmbeddedStore};
 
 /// The longest an allocate call may wait for room.

@@ -184,6 +184,15 @@ struct Cycle<'c> {
 }
 
 impl Scheduler {
+    /// Runs the timers that are due (placeholder and reserve timeouts) and nothing else: a store
+    /// that carries out placements elsewhere (Redis) frees what they release before a cycle
+    /// places into the room.
+    pub fn run_timers(&mut self, now: Millis, world: &mut World<'_>) -> (usize, Outcome) {
+        let mut out = Outcome::default();
+        let timed_out = self.expire(now, world, &mut out);
+        (timed_out, out)
+    }
+
     /// Runs one scheduling cycle: timers, then every placement that fits now. `ids` draws alloc
     /// ids (an id already taken is drawn again).
     pub fn schedule(

@@ -265,7 +265,7 @@ pub struct QueueView {
 }
 
 /// Every queue, application and task, and the decisions over them.
-#[derive(Debug, Default)]
+#[derive(Debug, Default, Clone)]
 pub struct Scheduler {
     config: SchedConfig,
     queues: Queues,
@@ -355,6 +355,31 @@ impl Scheduler {
 
     pub fn stats(&self) -> SchedStats {
         self.stats
+    }
+
+    /// Every token namespace that an application's groups or a task not ended names: the ones
+    /// whose room a cycle may ask about.
+    pub fn namespaces_named(&self) -> BTreeSet<NamespaceName> {
+        let groups = self.apps.values().filter(|a| !a.state.is_terminal()).flat_map(|a| a.spec.groups.iter());
+        let tasks = self.tasks.values().flat_map(|t| t.values()).filter(|t| !t.state.is_terminal());
+        groups
+            .flat_map(|g| g.tokens.iter())
+            .chain(tasks.flat_map(|t| t.spec.tokens.iter()))
+            .map(|need| need.namespace.clone())
+            .collect()
+    }
+
+    /// Every live placement: of the placed (Allocated or Running) tasks and of the unused
+    /// placeholders, one per alloc. This is all the scheduler holds in the pools and the token
+    /// namespaces; a store that carries them out elsewhere (Redis) rebuilds its view from it.
+    pub fn live_placements(&self) -> Vec<&Placement> {
+        let slots = self.apps.values().flat_map(|app| app.slots.iter().filter(|s| s.task.is_none()));
+        let tasks = self
+            .tasks
+            .values()
+            .flat_map(|tasks| tasks.values())
+            .filter(|t| matches!(t.state, TaskState::Allocated | TaskState::Running));
+        slots.map(|s| &s.placement).chain(tasks.filter_map(|t| t.placement.as_ref())).collect()
     }
 
     // ---- queues ----

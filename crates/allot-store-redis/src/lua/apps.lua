@@ -4,13 +4,16 @@
 --   P:queues       hash: queue path -> record (JSON)
 --   P:apps         hash: application id -> record (JSON)
 --   P:tasks:<app>  hash: task id -> record (JSON)
+--   P:intents      what the scheduler is carrying out in the pools and namespaces (JSON, see
+--                  `sched.rs`): a successor finishes or undoes it before its first cycle
 -- Only the scheduler writes them, and only while its lease runs in the term it names:
---   write(holder, fencing, kind, k1, k2, value, ...): applies the changes in order (kind
+--   write(holder, fencing, intents, kind, k1, k2, value, ...): sets the intents (`=` keeps them,
+--     `` removes them) and applies the changes in order (kind
 --     `queue` / `queue-` (k1 the path), `app` / `app-` (k1 the id; removing an application
 --     removes its tasks), `task` / `task-` (k1 the application, k2 the task)); a holder whose
 --     lease is not running in that term is refused with { 'err', 'deposed', current fencing }.
---   load(): every record, for a scheduler that takes the lease: { queues..., '', apps...,
---     '', app, task, record, ... } as flat lists.
+--   load(): every record, for a scheduler that takes the lease: { intents, queues..., '',
+--     apps..., '', app, task, record, ... } as flat lists.
 local P = KEYS[1]
 local op = ARGV[1]
 if op == 'write' then
@@ -21,8 +24,10 @@ if op == 'write' then
   if l[1] ~= ARGV[2] or tonumber(l[2] or '0') <= now or fencing ~= tonumber(ARGV[3]) then
     return { 'err', 'deposed', fencing }
   end
+  if ARGV[4] == '' then redis.call('DEL', P .. ':intents')
+  elseif ARGV[4] ~= '=' then redis.call('SET', P .. ':intents', ARGV[4]) end
   local n = 0
-  for i = 4, #ARGV, 4 do
+  for i = 5, #ARGV, 4 do
     local kind, k1, k2, value = ARGV[i], ARGV[i + 1], ARGV[i + 2], ARGV[i + 3]
     if kind == 'queue' then redis.call('HSET', P .. ':queues', k1, value)
     elseif kind == 'queue-' then redis.call('HDEL', P .. ':queues', k1)
@@ -37,7 +42,8 @@ if op == 'write' then
   end
   return { 'written', n }
 elseif op == 'load' then
-  local out = redis.call('HGETALL', P .. ':queues')
+  local out = { redis.call('GET', P .. ':intents') or '' }
+  for _, v in ipairs(redis.call('HGETALL', P .. ':queues')) do out[#out + 1] = v end
   out[#out + 1] = ''
   local apps = redis.call('HGETALL', P .. ':apps')
   for _, v in ipairs(apps) do out[#out + 1] = v end

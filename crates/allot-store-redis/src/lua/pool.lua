@@ -147,6 +147,17 @@ local function view()
 end
 
 local NOT_FOUND = { 'err', 'pool_not_found' }
+
+-- The scheduler's fencing number on this pool (Q:pool `sched_fence`, the highest seen): a held
+-- alloc made or ended in an older term is refused, so a deposed scheduler changes nothing here
+-- once its successor has touched the pool. Answers the refusal, or nil (and raises the mark).
+local function sched_fence(given)
+  local fencing = tonumber(given or '0')
+  local seen = tonumber(redis.call('HGET', K_POOL, 'sched_fence') or '0')
+  if fencing < seen then return { 'err', 'deposed', seen } end
+  if fencing > seen then redis.call('HSET', K_POOL, 'sched_fence', fencing) end
+  return nil
+end
 -- The expiry of a held alloc: past any time (the year 5138), and 14 digits, so cjson writes it
 -- as a whole number (the daemon reads `h` and takes it as `HELD`).
 local HELD = 99999999999999
@@ -182,8 +193,16 @@ elseif op == 'accept' then
   -- accept(id, min, max (at least min: `AllocRequest::upper`), owner, labels JSON, initial lease ms,
   -- held): with held = '1', an alloc the scheduler holds for a task: no lease (`h`, and an expiry
   -- past any time, so the sweeper never reaches it) until the task ends (`end_held`).
+  -- A held accept carries the scheduler's fencing number (ARGV[9]); it is idempotent (the
+  -- scheduler names the id, and a retry finds its alloc).
   local id, want_min = ARGV[2], parse(ARGV[3])
   local want_max = ARGV[4] ~= '' and parse(ARGV[4]) or nil
+  if ARGV[8] == '1' then
+    local deposed = sched_fence(ARGV[9])
+    if deposed then return deposed end
+    local mine = redis.call('HGET', K_ALLOCS, id)
+    if mine and cjson.decode(mine).h == 1 then return { 'alloc', mine, now } end
+  end
   if redis.call('HGET', K_POOL, 'stopped') == '1' then return { 'err', 'pool_stopped' } end
   if redis.call('HEXISTS', K_ALLOCS, id) == 1 or redis.call('HEXISTS', K_ENDED, id) == 1 then
     return { 'err', 'alloc_id_taken' }
@@ -240,7 +259,12 @@ elseif op == 'keepalive' then
   redis.call('ZADD', K_LEASES, a.e, id)
   return { 'alloc', record, now, granted }
 elseif op == 'free' then
+  -- free(id, 'held', fencing): the scheduler ends an alloc it holds.
   local id = ARGV[2]
+  if ARGV[3] == 'held' then
+    local deposed = sched_fence(ARGV[4])
+    if deposed then return deposed end
+  end
   local ended = redis.call('HGET', K_ENDED, id)
   if ended then return { 'ended', ended, now } end
   local record = redis.call('HGET', K_ALLOCS, id)

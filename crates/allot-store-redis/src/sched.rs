@@ -1,0 +1,661 @@
+//! The scheduler on Redis: applications, queues and tasks live in Redis (`app_records.rs`), and
+//! one daemon at a time schedules them, elected by the scheduler's lease (`sched_lease.rs`).
+//!
+//! - The daemon that holds the lease keeps `allot_core::sched::Scheduler` in memory, loaded from
+//!   the records when it takes the lease, and serves every call of the applications part; the
+//!   other daemons' HTTP edge forwards those calls to it ([`AppsHome`]). It is the one writer of
+//!   the records, and every write names its term (the fencing number): a deposed scheduler's
+//!   writes are refused.
+//! - Pools and token namespaces live in other hash slots, so a placement cannot be one atomic
+//!   call. Each operation runs the core over a view of the pools and namespaces read from Redis
+//!   (the *mirror*), then carries out its outcome in steps, each carrying the fencing number,
+//!   which a pool or namespace refuses once it has seen a newer one:
+//!   1. the allocs and grants to make are written as *intents* (fenced), then made, under the ids
+//!      the core chose (a retry finds what it made). If one is refused (another client took the
+//!      room since the mirror was read), those made are undone, the scheduler goes back to its
+//!      state before the cycle, and the next cycle decides again on a fresh mirror;
+//!   2. the records are written, with the allocs and grants to end as the new intents;
+//!   3. those are ended (idempotent).
+//! - A scheduler that takes over loads the records and the intents its predecessor left: made
+//!   allocs and grants that no record holds are undone, ends are carried out again, each under
+//!   the new fencing number (so the predecessor, if it still runs, is refused there from then
+//!   on). Nothing is placed before that.
+
+use std::collections::{HashMap, HashSet};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use allot_core::pool::{Alloc, AllocId, AllocRequest, Labels, PoolChange, PoolName, Pools, HELD};
+use allot_core::queue::{QueueLimits, QueuePath};
+use allot_core::sched::{Outcome, SchedConfig, SchedError, SchedStats, Scheduler, World};
+use allot_core::{Change, Grant, Lease, Ledger, Millis, NamespaceName, Resources, Token};
+use allot_store::{AppsHome, PageRequest, PoolStore, QuotaStore, Store, StoreError};
+use serde::{Deserialize, Serialize};
+use tokio::sync::Notify;
+
+use crate::app_records::WriteError;
+use crate::sched_lease::LeaseState;
+use crate::reply::corrupt;
+use crate::{prefix, Inner, RedisStore};
+
+/// How long the scheduler's lease runs without a renewal.
+pub(crate) const LEASE_TTL: Duration = Duration::from_secs(3);
+/// How often the holder renews it (and the others try to take it).
+const RENEW_EVERY: Duration = Duration::from_millis(500);
+/// The holder stops scheduling this long before its lease would lapse unrenewed.
+const LEASE_MARGIN: Duration = Duration::from_millis(500);
+/// How often the scheduler tries again while something waits for room or tokens.
+const RETRY_INTERVAL: Duration = Duration::from_millis(100);
+
+/// One step of carrying out an outcome in the pools and namespaces.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "k", rename_all = "snake_case")]
+enum Step {
+    /// Make a held alloc.
+    Accept { pool: String, id: String, resources: String, owner: String },
+    /// Grant a placement's tokens.
+    Take { namespace: String, token: String, units: u64 },
+    /// End a held alloc.
+    End { pool: String, id: String },
+    /// Release a placement's tokens.
+    Drop { namespace: String, token: String },
+}
+
+/// The makes and the ends of an outcome.
+fn steps(outcome: &Outcome) -> (Vec<Step>, Vec<Step>) {
+    let (mut makes, mut ends) = (Vec::new(), Vec::new());
+    for change in &outcome.pools {
+        match change {
+            PoolChange::Alloc(alloc) if alloc.expires == HELD => makes.push(Step::Accept {
+                pool: alloc.pool.to_string(),
+                id: alloc.id.to_string(),
+                resources: alloc.resources.to_string(),
+                owner: alloc.owner.clone(),
+            }),
+            PoolChange::AllocEnded(ended) if ended.alloc.expires == HELD => {
+                ends.push(Step::End { pool: ended.alloc.pool.to_string(), id: ended.alloc.id.to_string() })
+            }
+            _ => {}
+        }
+    }
+    for change in &outcome.ledger.changes {
+        match change {
+            Change::Grant(grant) if grant.token.as_str() != OTHERS => makes.push(Step::Take {
+                namespace: grant.namespace.to_string(),
+                token: grant.token.to_string(),
+                units: grant.units,
+            }),
+            Change::GrantRemoved { namespace, token } if token.as_str() != OTHERS => {
+                ends.push(Step::Drop { namespace: namespace.to_string(), token: token.to_string() })
+            }
+            _ => {}
+        }
+    }
+    (makes, ends)
+}
+
+/// The mirror's one grant per namespace, and one alloc per pool, for what others hold there (no
+/// scheduler token has this name: theirs are `<app>:<task>`).
+const OTHERS: &str = "others";
+const OTHERS_ALLOC: AllocId = AllocId(0);
+
+fn encode_steps(steps: &[Step]) -> String {
+    if steps.is_empty() {
+        return String::new();
+    }
+    serde_json::to_string(steps).expect("steps always encode")
+}
+
+/// The schedulers's state on the daemon that holds the lease.
+struct Leader {
+    fencing: u64,
+    sched: Scheduler,
+    /// The pools and namespaces as last read from Redis, with the scheduler's changes since.
+    pools: Pools,
+    ledger: Ledger,
+    /// Ends that failed (Redis unreachable): carried in the intents and tried again.
+    unfinished: Vec<Step>,
+}
+
+/// The applications part of a Redis store: who schedules, and the scheduler if it is this daemon.
+pub(crate) struct Apps {
+    /// This daemon's name in the lease: its base URL, a space, and a nonce.
+    holder: Mutex<Option<String>>,
+    leader: tokio::sync::Mutex<Option<Leader>>,
+    /// This daemon's lease, as last renewed: its term, and until when it surely runs.
+    lease: Mutex<Option<(u64, Instant)>>,
+    home: Mutex<AppsHome>,
+    config: Mutex<SchedConfig>,
+    /// Queues of the configuration file, registered by this daemon when it schedules.
+    seeds: Mutex<Vec<(QueuePath, QueueLimits)>>,
+    stats: Mutex<SchedStats>,
+    pub(crate) wake: Notify,
+}
+
+impl Apps {
+    pub(crate) fn new() -> Apps {
+        Apps {
+            holder: Mutex::new(None),
+            leader: tokio::sync::Mutex::new(None),
+            lease: Mutex::new(None),
+            home: Mutex::new(AppsHome::Unknown),
+            config: Mutex::new(SchedConfig::default()),
+            seeds: Mutex::new(Vec::new()),
+            stats: Mutex::new(SchedStats::default()),
+            wake: Notify::new(),
+        }
+    }
+
+    pub(crate) fn home(&self) -> AppsHome {
+        self.home.lock().unwrap_or_else(|p| p.into_inner()).clone()
+    }
+
+    pub(crate) fn stats(&self) -> SchedStats {
+        *self.stats.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// The term of this daemon's running lease, if it holds one.
+    fn term(&self) -> Option<u64> {
+        let lease = *self.lease.lock().unwrap_or_else(|p| p.into_inner());
+        lease.filter(|(_, until)| *until > Instant::now()).map(|(fencing, _)| fencing)
+    }
+
+    /// The leader's state, if this daemon holds the lease in its term.
+    fn current<'a>(&self, leader: &'a mut Option<Leader>) -> Option<&'a mut Leader> {
+        let term = self.term();
+        leader.as_mut().filter(|l| Some(l.fencing) == term)
+    }
+
+    fn set_home(&self, home: AppsHome) {
+        *self.home.lock().unwrap_or_else(|p| p.into_inner()) = home;
+    }
+
+    pub(crate) fn holder(&self) -> Option<String> {
+        self.holder.lock().unwrap_or_else(|p| p.into_inner()).clone()
+    }
+}
+
+fn not_here() -> StoreError {
+    StoreError::Unavailable(
+        "this daemon does not schedule applications right now (another one holds the scheduler's lease, or none \
+         does yet); retry"
+            .to_owned(),
+    )
+}
+
+fn deposed(err: WriteError) -> StoreError {
+    match err {
+        WriteError::Deposed { current } => StoreError::Unavailable(format!(
+            "this daemon's term as scheduler ended (the lease is in term {current}); retry"
+        )),
+        WriteError::Store(err) => err,
+    }
+}
+
+impl RedisStore {
+    /// Starts taking part in the election of the scheduler, as `advertise` (this daemon's base
+    /// URL, where the others forward the applications part while it schedules).
+    pub fn start_scheduling(&self, advertise: &str) {
+        let holder = format!("{advertise} {:016x}", rand::random::<u64>());
+        *self.inner.apps.holder.lock().unwrap_or_else(|p| p.into_inner()) = Some(holder.clone());
+        let lease = tokio::spawn(run_lease(self.inner.clone(), holder));
+        let rounds = tokio::spawn(run(self.inner.clone()));
+        self.tasks.lock().unwrap_or_else(|p| p.into_inner()).extend([lease, rounds]);
+    }
+
+    /// The scheduler's settings, used from the next time this daemon takes the lease.
+    pub fn set_sched_config(&self, config: SchedConfig) {
+        *self.inner.apps.config.lock().unwrap_or_else(|p| p.into_inner()) = config;
+    }
+
+    /// A queue of the configuration file: registered if it does not exist, by this daemon as soon
+    /// as it schedules (the records have one writer).
+    pub(crate) async fn seed_queue_later(&self, path: QueuePath, limits: QueueLimits) {
+        self.inner.apps.seeds.lock().unwrap_or_else(|p| p.into_inner()).push((path, limits));
+        self.inner.apps.wake.notify_one();
+    }
+
+    /// Runs `query` on the scheduler, if this daemon holds the lease.
+    pub(crate) async fn read_sched<T>(
+        &self,
+        query: impl FnOnce(&Scheduler) -> Result<T, SchedError>,
+    ) -> Result<T, StoreError> {
+        self.live()?;
+        let mut leader = self.inner.apps.leader.lock().await;
+        match self.inner.apps.current(&mut leader) {
+            Some(l) => Ok(query(&l.sched)?),
+            None => Err(not_here()),
+        }
+    }
+
+    /// Runs an operation of the scheduler and carries out its outcome: the records, then what it
+    /// ends in the pools and namespaces. An operation that fails changes nothing. With `fresh`,
+    /// the mirror is read again first, with those namespaces too (a submission is checked against
+    /// the pools and namespaces as they are).
+    pub(crate) async fn commit_sched<T>(
+        &self,
+        fresh: Option<&[NamespaceName]>,
+        op: impl FnOnce(&mut Scheduler, World<'_>, Millis) -> Result<(T, Outcome), SchedError>,
+    ) -> Result<T, StoreError> {
+        self.live()?;
+        let holder = self.inner.apps.holder().ok_or_else(not_here)?;
+        let mut guard = self.inner.apps.leader.lock().await;
+        let Some(l) = self.inner.apps.current(&mut guard) else { return Err(not_here()) };
+        if let Some(also) = fresh {
+            (l.pools, l.ledger) = self.read_mirror(&l.sched, also).await?;
+        }
+        let now = self.now();
+        let (answer, outcome) =
+            op(&mut l.sched, World { pools: &mut l.pools, ledger: &mut l.ledger }, now)?;
+        match self.carry_out(&holder, l, &outcome).await {
+            Ok(()) => {
+                self.inner.apps.wake.notify_one();
+                Ok(answer)
+            }
+            Err(err) => {
+                // The records may be behind the scheduler in memory: load them again.
+                *guard = None;
+                Err(err.into())
+            }
+        }
+    }
+
+    /// Carries out an outcome: makes (undone if one is refused: `Refused`), records, ends.
+    async fn carry_out(&self, holder: &str, l: &mut Leader, outcome: &Outcome) -> Result<(), Carry> {
+        let (makes, mut ends) = steps(outcome);
+        if !makes.is_empty() {
+            let mut intents = makes.clone();
+            intents.extend(l.unfinished.iter().cloned());
+            self.write_app_records(holder, l.fencing, Some(&encode_steps(&intents)), &[]).await.map_err(deposed)?;
+            for (done, step) in makes.iter().enumerate() {
+                if let Err(err) = self.step(step, l.fencing).await {
+                    tracing::debug!(error = %err, ?step, "a placement could not be carried out; undoing it");
+                    for made in makes[..done].iter().rev() {
+                        if let Some(undo) = undo(made) {
+                            if let Err(err) = self.step(&undo, l.fencing).await {
+                                tracing::warn!(error = %err, "could not undo a step; the next scheduler will");
+                                return Err(Carry::Failed(err));
+                            }
+                        }
+                    }
+                    return Err(Carry::Refused(err));
+                }
+            }
+        }
+        ends.append(&mut l.unfinished);
+        self.write_app_records(holder, l.fencing, Some(&encode_steps(&ends)), &outcome.apps)
+            .await
+            .map_err(deposed)?;
+        for step in ends {
+            if let Err(err) = self.step(&step, l.fencing).await {
+                tracing::warn!(error = %err, ?step, "could not end an alloc or grant; trying again later");
+                l.unfinished.push(step);
+            }
+        }
+        Ok(())
+    }
+
+    /// Carries out one step, in term `fencing`.
+    async fn step(&self, step: &Step, fencing: u64) -> Result<(), StoreError> {
+        let pool_name = |name: &str| PoolName::new(name).map_err(corrupt);
+        let alloc_id = |id: &str| AllocId::parse(id).map_err(corrupt);
+        match step {
+            Step::Accept { pool, id, resources, owner } => {
+                let min: Resources = resources.parse().map_err(corrupt)?;
+                let request = AllocRequest { min, max: None, owner: owner.clone(), labels: Labels::new() };
+                self.accept_held_alloc(pool_name(pool)?, request, alloc_id(id)?, fencing).await.map(|_| ())
+            }
+            Step::End { pool, id } => self.end_held_alloc(pool_name(pool)?, alloc_id(id)?, fencing).await,
+            Step::Take { namespace, token, units } => {
+                match self.sched_grant(namespace, "take", fencing, token, *units).await?.as_str() {
+                    "granted" => Ok(()),
+                    _ => Err(StoreError::Unavailable(format!("namespace `{namespace}` has no room for {units} now"))),
+                }
+            }
+            Step::Drop { namespace, token } => {
+                match self.sched_grant(namespace, "drop", fencing, token, 0).await {
+                    Ok(_) => Ok(()),
+                    Err(StoreError::Ledger(allot_core::LedgerError::NamespaceNotFound(_))) => Ok(()),
+                    Err(err) => Err(err),
+                }
+            }
+        }
+    }
+
+    /// Calls `lua/sched_grant.lua`; answers the reply's kind.
+    async fn sched_grant(
+        &self,
+        namespace: &str,
+        op: &str,
+        fencing: u64,
+        token: &str,
+        units: u64,
+    ) -> Result<String, StoreError> {
+        let name = NamespaceName::new(namespace).map_err(corrupt)?;
+        let (fencing, units) = (fencing.to_string(), units.to_string());
+        let mut reply = self
+            .inner
+            .eval(&self.inner.scripts.sched_grant, &prefix(&name), &[op, &fencing, token, &units], true)
+            .await?;
+        let kind = reply.text()?;
+        if kind != "err" {
+            return Ok(kind);
+        }
+        Err(match reply.text()?.as_str() {
+            "namespace_not_found" => allot_core::LedgerError::NamespaceNotFound(name).into(),
+            "deposed" => StoreError::Unavailable(format!(
+                "a newer scheduler (term {}) has taken over namespace `{namespace}`",
+                reply.uint()?
+            )),
+            other => corrupt(format!("sched_grant error `{other}`")),
+        })
+    }
+
+    /// Reads the pools and namespaces from Redis into the leader's mirror: the scheduler's own
+    /// allocs and grants as they are, and what others hold as one lump per pool and per
+    /// namespace (lapsed allocs count as held: the mirror never counts on reclaiming them).
+    /// Namespaces are read only when the scheduler names them, or `also` does.
+    async fn read_mirror(&self, sched: &Scheduler, also: &[NamespaceName]) -> Result<(Pools, Ledger), StoreError> {
+        let placements = sched.live_placements();
+        let mut own_allocs: HashMap<&PoolName, Vec<Alloc>> = HashMap::new();
+        for p in &placements {
+            own_allocs.entry(&p.pool).or_default().push(Alloc {
+                pool: p.pool.clone(),
+                id: p.alloc,
+                resources: p.resources.clone(),
+                owner: String::new(),
+                labels: Labels::new(),
+                created: p.at,
+                last_keepalive: None,
+                expires: HELD,
+            });
+        }
+        let mut pools = Vec::new();
+        let mut allocs: Vec<Alloc> = Vec::new();
+        let mut after = None;
+        loop {
+            let page = self.pools(PageRequest::new(after, 1000)).await?;
+            for view in page.items {
+                let mine = own_allocs.remove(&view.name).unwrap_or_default();
+                let mut others = view.allocated.checked_add(&view.expired).unwrap_or_else(|| view.capacity.clone());
+                for alloc in &mine {
+                    others = others.saturating_sub(&alloc.resources);
+                }
+                if !others.is_empty() {
+                    allocs.push(Alloc {
+                        pool: view.name.clone(),
+                        id: OTHERS_ALLOC,
+                        resources: others,
+                        owner: OTHERS.to_owned(),
+                        labels: Labels::new(),
+                        created: 0,
+                        last_keepalive: None,
+                        expires: HELD - 1,
+                    });
+                }
+                allocs.extend(mine.into_iter().filter(|a| a.id != OTHERS_ALLOC));
+                pools.push((view.name, view.capacity, view.stopped, view.labels));
+            }
+            after = page.next;
+            if after.is_none() {
+                break;
+            }
+        }
+        let pools = Pools::restore(crate::pools::rules(&self.inner), pools, allocs, Vec::new()).map_err(corrupt)?;
+        let mut own: HashMap<NamespaceName, Vec<(Token, u64)>> = HashMap::new();
+        for placement in &placements {
+            for held in &placement.grants {
+                own.entry(held.namespace.clone()).or_default().push((held.token.clone(), held.units));
+            }
+        }
+        let mut wanted = sched.namespaces_named();
+        wanted.extend(own.keys().cloned());
+        wanted.extend(also.iter().cloned());
+        let mut namespaces = Vec::new();
+        let mut grants = Vec::new();
+        for name in wanted {
+            let view = match self.namespace(name).await {
+                Ok(view) => view,
+                Err(StoreError::Ledger(allot_core::LedgerError::NamespaceNotFound(_))) => continue,
+                Err(err) => return Err(err),
+            };
+            let mine = own.remove(&view.name).unwrap_or_default();
+            let mine_units: u64 = mine.iter().map(|(_, units)| units).sum();
+            // A namespace with waiters takes no one ahead of them: it looks full.
+            let others = if view.waiters > 0 {
+                view.quota.max(view.granted_units).saturating_sub(mine_units)
+            } else {
+                view.granted_units.saturating_sub(mine_units)
+            };
+            let grant = |token: Token, units: u64| Grant {
+                namespace: view.name.clone(),
+                token,
+                units,
+                scope: None,
+                fencing: 0,
+                lease: Lease::None,
+                granted_at: 0,
+            };
+            if others > 0 {
+                grants.push(grant(Token::new(OTHERS).expect("a valid token"), others));
+            }
+            grants.extend(mine.into_iter().map(|(token, units)| grant(token, units)));
+            namespaces.push((view.name, view.quota.max(view.granted_units), 1));
+        }
+        let ledger = Ledger::restore(namespaces, Vec::new(), Vec::new(), grants).map_err(corrupt)?;
+        Ok((pools, ledger))
+    }
+
+    /// Takes the scheduling over in term `fencing`: loads the records, settles what the last
+    /// scheduler left half done, and reads the mirror.
+    async fn take_over(&self, holder: &str, fencing: u64) -> Result<Leader, StoreError> {
+        let config = self.inner.apps.config.lock().unwrap_or_else(|p| p.into_inner()).clone();
+        let (mut sched, intents) = self.load_app_records_and_intents(config).await?;
+        let intents: Vec<Step> = if intents.is_empty() {
+            Vec::new()
+        } else {
+            serde_json::from_str(&intents).map_err(|e| corrupt(format!("scheduler intents: {e}")))?
+        };
+        let (mut held, mut granted) = (HashSet::new(), HashSet::new());
+        for placement in sched.live_placements() {
+            held.insert(placement.alloc.to_string());
+            for tokens in &placement.grants {
+                granted.insert((tokens.namespace.to_string(), tokens.token.to_string()));
+            }
+        }
+        let mut settled = 0;
+        for step in &intents {
+            let todo = match step {
+                Step::Accept { id, .. } if held.contains(id) => None,
+                Step::Take { namespace, token, .. } if granted.contains(&(namespace.clone(), token.clone())) => None,
+                Step::Accept { .. } | Step::Take { .. } => undo(step),
+                Step::End { .. } | Step::Drop { .. } => Some(step.clone()),
+            };
+            if let Some(todo) = todo {
+                self.step(&todo, fencing).await?;
+                settled += 1;
+            }
+        }
+        self.write_app_records(holder, fencing, Some(""), &[]).await.map_err(deposed)?;
+        let (pools, ledger) = self.read_mirror(&sched, &[]).await?;
+        let mut leader = Leader { fencing, sched: Scheduler::default(), pools, ledger, unfinished: Vec::new() };
+        // Placements on pools removed meanwhile (with force) are gone.
+        let gone: HashSet<PoolName> = sched
+            .live_placements()
+            .into_iter()
+            .filter(|p| leader.pools.allocs(&p.pool).is_err())
+            .map(|p| p.pool.clone())
+            .collect();
+        let mut outcome = Outcome::default();
+        let now = self.now();
+        for pool in gone {
+            let mut world = World { pools: &mut leader.pools, ledger: &mut leader.ledger };
+            let lost = sched.pool_removed(&pool, now, &mut world);
+            outcome.apps.extend(lost.apps);
+            outcome.ledger.changes.extend(lost.ledger.changes);
+        }
+        let seeds = std::mem::take(&mut *self.inner.apps.seeds.lock().unwrap_or_else(|p| p.into_inner()));
+        for (path, limits) in seeds {
+            if sched.queue(&path).is_err() {
+                outcome.apps.extend(sched.put_queue(path, limits).1.apps);
+            }
+        }
+        leader.sched = sched;
+        self.carry_out(holder, &mut leader, &outcome).await?;
+        *self.inner.apps.stats.lock().unwrap_or_else(|p| p.into_inner()) = leader.sched.stats();
+        tracing::info!(fencing, settled, "this daemon schedules applications");
+        Ok(leader)
+    }
+
+    /// One round of the scheduler: timers, then a cycle, each carried out. Answers how long to
+    /// wait before the next round.
+    async fn round(&self, holder: &str, l: &mut Leader) -> Result<Duration, StoreError> {
+        let now = self.now();
+        let due = l.sched.next_deadline().is_some_and(|d| d <= now);
+        if !due && !l.sched.has_waiting() {
+            return Ok(self.idle_wait(l, now));
+        }
+        let (pools, ledger) = self.read_mirror(&l.sched, &[]).await?;
+        (l.pools, l.ledger) = (pools, ledger);
+        if due {
+            let (_, outcome) = l.sched.run_timers(now, &mut World { pools: &mut l.pools, ledger: &mut l.ledger });
+            self.carry_out(holder, l, &outcome).await.map_err(StoreError::from)?;
+        }
+        let before = l.sched.clone();
+        let (report, outcome) =
+            l.sched.schedule(now, &mut World { pools: &mut l.pools, ledger: &mut l.ledger }, &mut rand::random);
+        if report.placed + report.reserved + report.taken_over > 0 {
+            tracing::debug!(?report, "scheduling cycle");
+        }
+        match self.carry_out(holder, l, &outcome).await {
+            Ok(()) => {}
+            Err(Carry::Refused(err)) => {
+                // Nothing of the cycle was kept: decide again on a fresh mirror.
+                tracing::debug!(error = %err, "a cycle's placements were refused; deciding again");
+                l.sched = before;
+            }
+            Err(Carry::Failed(err)) => return Err(err),
+        }
+        *self.inner.apps.stats.lock().unwrap_or_else(|p| p.into_inner()) = l.sched.stats();
+        Ok(self.idle_wait(l, now))
+    }
+
+    fn idle_wait(&self, l: &Leader, now: Millis) -> Duration {
+        let mut wait = if l.sched.has_waiting() { RETRY_INTERVAL } else { RENEW_EVERY };
+        if let Some(deadline) = l.sched.next_deadline() {
+            wait = wait.min(Duration::from_millis(deadline.saturating_sub(now)));
+        }
+        wait
+    }
+}
+
+/// Why an outcome was not carried out.
+#[derive(Debug)]
+enum Carry {
+    /// A placement could not be made (another client took the room or the tokens since the
+    /// mirror was read): what was made is undone, nothing was recorded.
+    Refused(StoreError),
+    /// Redis failed, or the lease moved on: the records may be behind the scheduler in memory.
+    Failed(StoreError),
+}
+
+impl From<StoreError> for Carry {
+    fn from(err: StoreError) -> Carry {
+        Carry::Failed(err)
+    }
+}
+
+impl From<Carry> for StoreError {
+    fn from(carry: Carry) -> StoreError {
+        match carry {
+            Carry::Refused(err) | Carry::Failed(err) => err,
+        }
+    }
+}
+
+/// The step that undoes a make.
+fn undo(step: &Step) -> Option<Step> {
+    match step {
+        Step::Accept { pool, id, .. } => Some(Step::End { pool: pool.clone(), id: id.clone() }),
+        Step::Take { namespace, token, .. } => Some(Step::Drop { namespace: namespace.clone(), token: token.clone() }),
+        _ => None,
+    }
+}
+
+/// The election: takes or renews the lease every [`RENEW_EVERY`], and says who schedules.
+async fn run_lease(inner: Arc<Inner>, holder: String) {
+    let store = RedisStore { inner: inner.clone(), tasks: Mutex::new(Vec::new()) };
+    loop {
+        let asked = Instant::now();
+        let lease = store.acquire_sched_lease(&holder, LEASE_TTL).await;
+        let mine = match lease {
+            Ok(LeaseState::Mine { fencing, .. }) => Some((fencing, asked + LEASE_TTL - LEASE_MARGIN)),
+            Ok(LeaseState::Held { holder: other, .. }) => {
+                let url = other.split_whitespace().next().unwrap_or_default().to_owned();
+                inner.apps.set_home(AppsHome::At(url));
+                None
+            }
+            Err(err) => {
+                tracing::warn!(error = %err, "cannot reach the scheduler's lease");
+                // Ours runs on until its time, unless renewed.
+                let kept = *inner.apps.lease.lock().unwrap_or_else(|p| p.into_inner());
+                if kept.is_none() {
+                    inner.apps.set_home(AppsHome::Unknown);
+                }
+                kept
+            }
+        };
+        let changed = {
+            let mut lease = inner.apps.lease.lock().unwrap_or_else(|p| p.into_inner());
+            let changed = lease.map(|(f, _)| f) != mine.map(|(f, _)| f);
+            *lease = mine;
+            changed
+        };
+        if changed {
+            inner.apps.wake.notify_one();
+        }
+        tokio::time::sleep(RENEW_EVERY.saturating_sub(asked.elapsed())).await;
+    }
+}
+
+/// The scheduling rounds, while this daemon holds the lease; a new term loads the records first.
+async fn run(inner: Arc<Inner>) {
+    let store = RedisStore { inner: inner.clone(), tasks: Mutex::new(Vec::new()) };
+    let Some(holder) = inner.apps.holder() else { return };
+    let mut shutdown = inner.shutdown.subscribe();
+    loop {
+        let wait = {
+            let mut guard = inner.apps.leader.lock().await;
+            let term = inner.apps.term();
+            if guard.as_ref().map(|l| l.fencing) != term {
+                *guard = None;
+                if let Some(fencing) = term {
+                    match store.take_over(&holder, fencing).await {
+                        Ok(l) => *guard = Some(l),
+                        Err(err) => tracing::warn!(error = %err, "could not take the scheduling over; retrying"),
+                    }
+                }
+            }
+            if term.is_some() {
+                inner.apps.set_home(if guard.is_some() { AppsHome::Here } else { AppsHome::Unknown });
+            }
+            match guard.as_mut() {
+                Some(l) => match store.round(&holder, l).await {
+                    Ok(wait) => wait,
+                    Err(err) => {
+                        tracing::warn!(error = %err, "a scheduling round failed; loading the records again");
+                        *guard = None;
+                        RETRY_INTERVAL
+                    }
+                },
+                None if term.is_some() => RETRY_INTERVAL,
+                None => RENEW_EVERY,
+            }
+        };
+        tokio::select! {
+            _ = inner.apps.wake.notified() => {}
+            _ = tokio::time::sleep(wait) => {}
+            _ = shutdown.wait_for(|stop| *stop) => return,
+        }
+    }
+}
