@@ -14,6 +14,7 @@ mod convert;
 mod document;
 mod error;
 mod extract;
+mod forward;
 mod metrics;
 mod page;
 pub use page::DEFAULT_PAGE;
@@ -46,12 +47,18 @@ pub struct AppState {
     pub metrics: Arc<Metrics>,
     /// The longest an allocate may wait for room (the document states it): at most [`MAX_WAIT`].
     pub max_wait: Duration,
+    /// Forwards the applications part to the daemon that schedules, on a shared store.
+    pub forwarder: reqwest::Client,
 }
 
 impl AppState {
     /// The state over `store`, with metrics that select no namespace or pool (totals only).
     pub fn new(store: Arc<dyn Store>) -> AppState {
-        AppState { store, metrics: Arc::new(Metrics::default()), max_wait: MAX_WAIT }
+        let forwarder = reqwest::Client::builder()
+            .timeout(MAX_WAIT + Duration::from_secs(30))
+            .build()
+            .expect("an HTTP client with a timeout builds");
+        AppState { store, metrics: Arc::new(Metrics::default()), max_wait: MAX_WAIT, forwarder }
     }
 
     /// The same, with allocates waiting at most `max_wait` (capped at [`MAX_WAIT`]).
@@ -198,6 +205,7 @@ pub fn app(state: AppState) -> Router {
         .method_not_allowed_fallback(|| async { ApiError::method_not_allowed() })
         .layer(DefaultBodyLimit::max(MAX_BODY_BYTES))
         .route_layer(axum::middleware::from_fn_with_state(state.clone(), metrics::track))
+        .layer(axum::middleware::from_fn_with_state(state.clone(), forward::to_scheduler))
         .with_state(state)
 }
 

@@ -3,10 +3,10 @@
 //! ([`AppStore::apps_home`]), and a call that reaches a daemon that does not schedule answers
 //! `Unavailable` (retry).
 
-use allot_core::queue::{QueueLimits, QueuePath};
 use allot_core::queue::QueueUsage;
-use allot_core::NamespaceName;
+use allot_core::queue::{QueueLimits, QueuePath};
 use allot_core::sched::{AppId, AppSpec, QueueView, SchedError, SchedStats, Scheduler, TaskId, TaskSpec};
+use allot_core::NamespaceName;
 use allot_store::{AppInfo, AppStore, AppsHome, Page, PageRequest, StoreError, TaskInfo};
 use async_trait::async_trait;
 

@@ -26,8 +26,8 @@ mod apps;
 mod conn;
 mod pools;
 mod reply;
-pub mod sched_lease;
 mod sched;
+pub mod sched_lease;
 mod scripts;
 pub mod testing;
 

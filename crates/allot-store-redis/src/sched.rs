@@ -34,8 +34,8 @@ use serde::{Deserialize, Serialize};
 use tokio::sync::Notify;
 
 use crate::app_records::WriteError;
-use crate::sched_lease::LeaseState;
 use crate::reply::corrupt;
+use crate::sched_lease::LeaseState;
 use crate::{prefix, Inner, RedisStore};
 
 /// How long the scheduler's lease runs without a renewal.
@@ -245,8 +245,7 @@ impl RedisStore {
             (l.pools, l.ledger) = self.read_mirror(&l.sched, also).await?;
         }
         let now = self.now();
-        let (answer, outcome) =
-            op(&mut l.sched, World { pools: &mut l.pools, ledger: &mut l.ledger }, now)?;
+        let (answer, outcome) = op(&mut l.sched, World { pools: &mut l.pools, ledger: &mut l.ledger }, now)?;
         match self.carry_out(&holder, l, &outcome).await {
             Ok(()) => {
                 self.inner.apps.wake.notify_one();
@@ -283,9 +282,7 @@ impl RedisStore {
             }
         }
         ends.append(&mut l.unfinished);
-        self.write_app_records(holder, l.fencing, Some(&encode_steps(&ends)), &outcome.apps)
-            .await
-            .map_err(deposed)?;
+        self.write_app_records(holder, l.fencing, Some(&encode_steps(&ends)), &outcome.apps).await.map_err(deposed)?;
         for step in ends {
             if let Err(err) = self.step(&step, l.fencing).await {
                 tracing::warn!(error = %err, ?step, "could not end an alloc or grant; trying again later");
@@ -312,13 +309,11 @@ impl RedisStore {
                     _ => Err(StoreError::Unavailable(format!("namespace `{namespace}` has no room for {units} now"))),
                 }
             }
-            Step::Drop { namespace, token } => {
-                match self.sched_grant(namespace, "drop", fencing, token, 0).await {
-                    Ok(_) => Ok(()),
-                    Err(StoreError::Ledger(allot_core::LedgerError::NamespaceNotFound(_))) => Ok(()),
-                    Err(err) => Err(err),
-                }
-            }
+            Step::Drop { namespace, token } => match self.sched_grant(namespace, "drop", fencing, token, 0).await {
+                Ok(_) => Ok(()),
+                Err(StoreError::Ledger(allot_core::LedgerError::NamespaceNotFound(_))) => Ok(()),
+                Err(err) => Err(err),
+            },
         }
     }
 

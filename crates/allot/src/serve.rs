@@ -116,6 +116,11 @@ pub(crate) struct ServeArgs {
     /// submit` takes): a new file submits its application, a removed one removes it.
     #[arg(long, value_name = "DIR", env = "ALLOT_APPS_DIR")]
     apps_dir: Option<PathBuf>,
+    /// On a Redis store, the base URL at which the other daemons reach this one while it
+    /// schedules applications (they forward the applications part to it) [default:
+    /// http://ADDRESS with the address it listens on; give it when listening on 0.0.0.0].
+    #[arg(long, value_name = "URL", env = "ALLOT_ADVERTISE")]
+    advertise: Option<String>,
     /// Log format on stderr.
     #[arg(long, env = "ALLOT_LOG_FORMAT", value_enum, default_value = "text")]
     log_format: LogFormat,
@@ -440,6 +445,11 @@ async fn shutdown_signal() {
 pub(crate) async fn run(args: ServeArgs) -> anyhow::Result<()> {
     init_logging(args.log_format);
     let config = resolve(&args)?;
+    // Listening first: on Redis, the other daemons reach this one at its address if it schedules.
+    let listener = tokio::net::TcpListener::bind(config.listen)
+        .await
+        .with_context(|| format!("cannot listen on {}", config.listen))?;
+    let address = listener.local_addr()?;
     let store: Arc<dyn Store> = match &config.store {
         StoreChoice::Embedded => {
             let store = EmbeddedStore::open(&EmbeddedConfig { data_dir: config.data_dir.clone() })
@@ -451,6 +461,20 @@ pub(crate) async fn run(args: ServeArgs) -> anyhow::Result<()> {
         StoreChoice::Redis(redis) => {
             let store = RedisStore::open(redis).await.context("cannot open the Redis store")?;
             store.set_pool_rules(config.pool_rules);
+            store.set_sched_config(config.sched.clone());
+            let advertise = match &args.advertise {
+                Some(url) => url.trim_end_matches('/').to_owned(),
+                None if address.ip().is_unspecified() => {
+                    tracing::warn!(
+                        %address,
+                        "listening on every interface: give --advertise so that the other daemons reach this one \
+                         when it schedules; using 127.0.0.1 meanwhile"
+                    );
+                    format!("http://127.0.0.1:{}", address.port())
+                }
+                None => format!("http://{address}"),
+            };
+            store.start_scheduling(&advertise);
             Arc::new(store)
         }
     };
@@ -498,10 +522,6 @@ pub(crate) async fn run(args: ServeArgs) -> anyhow::Result<()> {
             Err(err) => return Err(err).with_context(|| format!("cannot register queue `{path}`")),
         }
     }
-    let listener = tokio::net::TcpListener::bind(config.listen)
-        .await
-        .with_context(|| format!("cannot listen on {}", config.listen))?;
-    let address = listener.local_addr()?;
     tracing::info!(%address, data_dir = %config.data_dir.display(), backend = store.backend(), "allot serving");
     // The one line on stdout: scripts and tests read the address from it.
     println!("allot listening on http://{address}");

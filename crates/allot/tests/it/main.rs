@@ -8,6 +8,7 @@ mod crash;
 mod daemon;
 mod pages;
 mod redis;
+mod redis_apps;
 mod sched_crash;
 mod sources;
 mod support;

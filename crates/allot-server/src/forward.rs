@@ -1,0 +1,72 @@
+//! On a store that several daemons share (Redis), one daemon at a time schedules applications
+//! and serves the applications part; the others forward those calls to it, as they came, and
+//! answer what it answered. A call that finds no scheduler (one is taking over) is a 503 to retry.
+
+use axum::body::Body;
+use axum::extract::{Request, State};
+use axum::http::{header, HeaderName, HeaderValue, StatusCode};
+use axum::middleware::Next;
+use axum::response::{IntoResponse, Response};
+
+use allot_store::AppsHome;
+
+use crate::error::ApiError;
+use crate::{AppState, MAX_BODY_BYTES};
+
+/// Set on a forwarded call: a daemon never forwards a call twice (two daemons that each think
+/// the other schedules, for the moment of a takeover, answer 503 rather than loop).
+const FORWARDED: HeaderName = HeaderName::from_static("x-allot-forwarded");
+
+fn is_apps_part(path: &str) -> bool {
+    ["/v1/apps", "/v1/queues"].iter().any(|root| path == *root || path.starts_with(&format!("{root}/")))
+}
+
+fn unavailable(message: String) -> Response {
+    ApiError::new(StatusCode::SERVICE_UNAVAILABLE, "store_unavailable", message).into_response()
+}
+
+/// Serves the applications part here, or forwards it to the daemon that schedules.
+pub(crate) async fn to_scheduler(State(state): State<AppState>, request: Request, next: Next) -> Response {
+    if !is_apps_part(request.uri().path()) {
+        return next.run(request).await;
+    }
+    match state.store.apps_home() {
+        AppsHome::Here => next.run(request).await,
+        AppsHome::Unknown => unavailable(
+            "no daemon schedules applications right now (one is taking the scheduling over); retry".to_owned(),
+        ),
+        AppsHome::At(_) if request.headers().contains_key(&FORWARDED) => {
+            unavailable("the scheduling of applications is moving between daemons; retry".to_owned())
+        }
+        AppsHome::At(base) => forward(&state.forwarder, &base, request).await.unwrap_or_else(|message| {
+            unavailable(format!("the daemon that schedules applications ({base}) did not answer: {message}; retry"))
+        }),
+    }
+}
+
+async fn forward(client: &reqwest::Client, base: &str, request: Request) -> Result<Response, String> {
+    let (parts, body) = request.into_parts();
+    let path = parts.uri.path_and_query().map_or("/", |p| p.as_str());
+    let body = axum::body::to_bytes(body, MAX_BODY_BYTES).await.map_err(|e| e.to_string())?;
+    let mut outgoing = client.request(parts.method, format!("{base}{path}")).header(FORWARDED, "1").body(body);
+    for name in [header::CONTENT_TYPE, header::ACCEPT] {
+        if let Some(value) = parts.headers.get(&name) {
+            outgoing = outgoing.header(name, value);
+        }
+    }
+    let answer = outgoing.send().await.map_err(|e| e.to_string())?;
+    let status = answer.status();
+    let mut headers = Vec::new();
+    for name in [header::CONTENT_TYPE, header::RETRY_AFTER, header::LOCATION] {
+        if let Some(value) = answer.headers().get(&name) {
+            headers.push((name, value.clone()));
+        }
+    }
+    let bytes = answer.bytes().await.map_err(|e| e.to_string())?;
+    let mut response = Response::new(Body::from(bytes));
+    *response.status_mut() = status;
+    for (name, value) in headers {
+        response.headers_mut().insert(name, HeaderValue::from(value));
+    }
+    Ok(response)
+}
