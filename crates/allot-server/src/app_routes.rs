@@ -90,7 +90,6 @@ pub(crate) async fn list_apps(
         (status = 400, body = api::ErrorBody, description = "invalid_argument, invalid_queue, invalid_resources or invalid_json"),
         (status = 404, body = api::ErrorBody, description = "queue_not_found, namespace_not_found or unknown_task_group"),
         (status = 409, body = api::ErrorBody, description = "app_conflict, task_conflict, task_group_conflict (a group given twice with different content), app_ended, queue_not_a_leaf, gang_never_fits (no pool can ever hold a member), gang_exceeds_queue or larger_than_task_group"),
-        (status = 501, body = api::ErrorBody, description = "unsupported: the store does not carry applications"),
         (status = 503, body = api::ErrorBody, description = UNAVAILABLE)))]
 pub(crate) async fn submit_app(
     State(state): State<AppState>,

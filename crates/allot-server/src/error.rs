@@ -137,7 +137,6 @@ impl From<StoreError> for ApiError {
             StoreError::Invalid(message) => ApiError::invalid_argument(message),
             StoreError::Pool(err) => err.into(),
             StoreError::Sched(err) => err.into(),
-            StoreError::Unsupported(_) => ApiError::new(StatusCode::NOT_IMPLEMENTED, "unsupported", err.to_string()),
         }
     }
 }

@@ -4,7 +4,7 @@
 
 use axum::body::Body;
 use axum::extract::{Request, State};
-use axum::http::{header, HeaderName, HeaderValue, StatusCode};
+use axum::http::{header, HeaderName, StatusCode};
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 
@@ -66,7 +66,7 @@ async fn forward(client: &reqwest::Client, base: &str, request: Request) -> Resu
     let mut response = Response::new(Body::from(bytes));
     *response.status_mut() = status;
     for (name, value) in headers {
-        response.headers_mut().insert(name, HeaderValue::from(value));
+        response.headers_mut().insert(name, value);
     }
     Ok(response)
 }

@@ -89,7 +89,7 @@ alloc_not_found, offer_not_found (404); offer_expired, exceeds_capacity, pool_st
 alloc_ended, held_by_scheduler (409). An ended alloc reads as 410 Gone with its record. Applications: \
 invalid_queue (400); queue_not_found, app_not_found, task_not_found, unknown_task_group (404); queue_in_use, \
 queue_not_a_leaf, app_conflict, task_conflict, task_group_conflict, app_ended, gang_never_fits, gang_exceeds_queue, \
-larger_than_task_group, illegal_transition (409); unsupported (501).\n\n\
+larger_than_task_group, illegal_transition (409).\n\n\
 Names (namespaces, tokens, projects, namespace scopes, pools) follow one rule: 1 to 255 characters, no control \
 characters, no `/`, not `.` or `..`; a namespace's `:`-separated segments are not empty. A name in a path is \
 percent-decoded once (`%2F` is a `/`, refused; a `%` is sent as `%25`).\n\n\

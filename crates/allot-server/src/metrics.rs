@@ -579,12 +579,10 @@ impl Collector for StoreCollector {
 /// Reads every namespace and pool page by page: totals of all, views of the selected ones.
 async fn snapshot(store: &dyn Store, config: &MetricsConfig) -> Result<Snapshot, StoreError> {
     let mut snapshot = Snapshot { commits: store.commit_stats(), sched: store.sched_stats(), ..Snapshot::default() };
-    snapshot.queues = match store.queues().await {
-        Ok(queues) => queues,
-        // A store without the applications part has no queue to report.
-        Err(StoreError::Unsupported(_)) => Vec::new(),
-        Err(err) => return Err(err),
-    };
+    // On a shared store, the daemon that schedules reports the queues (once, not once per daemon).
+    if store.apps_home() == allot_store::AppsHome::Here {
+        snapshot.queues = store.queues().await?;
+    }
     for_each_page(
         |page| store.namespaces(page),
         |view| {

@@ -169,9 +169,6 @@ pub enum StoreError {
     Pool(#[from] PoolError),
     #[error(transparent)]
     Sched(#[from] allot_core::sched::SchedError),
-    /// The backend does not carry this part yet.
-    #[error("{0}")]
-    Unsupported(String),
 }
 
 /// The answer to an allocate call.

@@ -11,7 +11,7 @@ use allot_core::queue::{QueueLimits, QueuePath, SortPolicy};
 use allot_core::sched::SchedConfig;
 use allot_core::{NamespaceName, Resources};
 use allot_server::MetricsConfig;
-use allot_store::{EmbeddedConfig, EmbeddedStore, Store, StoreError};
+use allot_store::{EmbeddedConfig, EmbeddedStore, Store};
 use allot_store_redis::{RedisConfig, RedisStore};
 use anyhow::{bail, Context};
 use serde::Deserialize;
@@ -459,6 +459,13 @@ pub(crate) async fn run(args: ServeArgs) -> anyhow::Result<()> {
             Arc::new(store)
         }
         StoreChoice::Redis(redis) => {
+            // Each daemon would watch its own directory, and only the one that schedules can
+            // submit: the source would follow the lease around. Not carried yet.
+            anyhow::ensure!(
+                config.apps_dir.is_none(),
+                "--apps-dir needs the embedded store: on Redis, submit applications through the API \
+                 (`allot app submit FILE` to any daemon)"
+            );
             let store = RedisStore::open(redis).await.context("cannot open the Redis store")?;
             store.set_pool_rules(config.pool_rules);
             store.set_sched_config(config.sched.clone());
@@ -518,7 +525,6 @@ pub(crate) async fn run(args: ServeArgs) -> anyhow::Result<()> {
                 "the store already has this queue and keeps its limits; change them with `allot queue set`"
             ),
             Ok(_) => {}
-            Err(StoreError::Unsupported(reason)) => tracing::warn!(queue = %path, %reason, "queue not registered"),
             Err(err) => return Err(err).with_context(|| format!("cannot register queue `{path}`")),
         }
     }

@@ -134,7 +134,6 @@ impl AppManager for DirectorySource {
         let store = self.store.as_ref();
         let apps = match read_all(|page| store.apps(page)).await {
             Ok(apps) => apps,
-            Err(StoreError::Unsupported(reason)) => anyhow::bail!("--apps-dir: {reason}"),
             Err(err) => return Err(err).context("cannot list the applications"),
         };
         let tag = source_tag(&self.dir);
