@@ -302,6 +302,16 @@ local function admit(now, woken)
   redis.call('HSET', K_NS, 'blocked', blocked)
 end
 
+-- Releases a granted token (its record read already), then admits the waiters it made room for.
+local function release_grant(token, record)
+  remove_grant(token, record)
+  if redis.call('ZCARD', K_QUEUE) > 0 then
+    local woken = {}
+    admit(now_ms(), woken)
+    publish(woken)
+  end
+end
+
 local function namespace_view(now)
   local v = redis.call('HMGET', K_NS, 'quota', 'granted', 'waiting_units', 'fencing_base', 'stat_exhausted',
     'stat_cap_exceeded', 'stat_expired', 'fencing')

@@ -8,10 +8,5 @@ if not record then
 end
 local stale = check_fencing(dec_grant(record), fencing)
 if stale then return stale end
-remove_grant(token, record)
-if redis.call('ZCARD', K_QUEUE) > 0 then
-  local woken = {}
-  admit(now_ms(), woken)
-  publish(woken)
-end
+release_grant(token, record)
 return { 'released', record }

@@ -22,12 +22,7 @@ if op == 'take' then
 elseif op == 'drop' then
   local record = redis.call('HGET', K_GRANTS, token)
   if not record then return { 'none' } end
-  remove_grant(token, record)
-  if redis.call('ZCARD', K_QUEUE) > 0 then
-    local woken = {}
-    admit(now_ms(), woken)
-    publish(woken)
-  end
+  release_grant(token, record)
   return { 'released' }
 end
 return redis.error_reply('unknown sched_grant operation ' .. tostring(op))

@@ -6,6 +6,7 @@ mod cli;
 mod contract;
 mod crash;
 mod daemon;
+mod gangs;
 mod pages;
 mod redis;
 mod redis_apps;

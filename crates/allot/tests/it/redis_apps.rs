@@ -5,63 +5,15 @@
 //! every alloc and grant in Redis belongs to exactly one placement, acknowledged completions
 //! stay, and the work then finishes.
 
-use std::collections::{BTreeMap, BTreeSet};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use allot_client::{AddTask, Client, SubmitApp, TaskGroup, TokenNeed};
 use allot_store_redis::testing::RedisServer;
 
+use crate::gangs::{check_consistent, gang, retry, POOLS};
 use crate::support::{data_dir, eventually, Daemon};
 
-const POOLS: usize = 3;
-const MEMBERS: u32 = 4;
 const NAMESPACE: &str = "seats";
-
-fn gang(id: &str) -> SubmitApp {
-    let tokens = vec![TokenNeed { namespace: NAMESPACE.to_owned(), units: 1 }];
-    SubmitApp {
-        id: id.to_owned(),
-        queue: "root.crash".to_owned(),
-        user: "crash".to_owned(),
-        tags: BTreeMap::new(),
-        task_groups: vec![TaskGroup {
-            name: "workers".to_owned(),
-            min_members: MEMBERS,
-            min_resources: "cpu=1".to_owned(),
-            selector: BTreeMap::new(),
-            tokens: tokens.clone(),
-        }],
-        policy: Default::default(),
-        tasks: (0..MEMBERS)
-            .map(|m| AddTask {
-                id: format!("m{m}"),
-                resources: "cpu=1".to_owned(),
-                tokens: tokens.clone(),
-                group: Some("workers".to_owned()),
-                priority: 0,
-                selector: BTreeMap::new(),
-                spec: None,
-            })
-            .collect(),
-    }
-}
-
-/// Retries a call that may meet the moment of a takeover (503) until it answers.
-macro_rules! retry {
-    ($call:expr) => {{
-        let started = Instant::now();
-        loop {
-            match $call.await {
-                Ok(answer) => break answer,
-                Err(err) => {
-                    assert!(started.elapsed() < Duration::from_secs(30), "no answer in 30 s: {err}");
-                    tokio::time::sleep(Duration::from_millis(50)).await;
-                }
-            }
-        }
-    }};
-}
 
 fn url(daemon: &Daemon) -> String {
     format!("http://{}", daemon.address())
@@ -71,79 +23,6 @@ fn url(daemon: &Daemon) -> String {
 fn scheduler(redis: &RedisServer) -> String {
     let holder = redis.cli(&["HGET", "allot:{allot-apps}:lease", "holder"]);
     holder.split_whitespace().next().unwrap_or_default().to_owned()
-}
-
-/// What the daemons say: every application's state and unused placeholders, the placements of
-/// placed tasks, and every live alloc and grant (as Redis has them).
-#[derive(Debug, PartialEq, Eq)]
-struct Snapshot {
-    apps: Vec<(String, String, usize)>,
-    /// (owner, alloc uri, tokens) of unused placeholders and placed tasks.
-    placements: Vec<(String, String, Vec<String>)>,
-    allocs: BTreeSet<String>,
-    grants: BTreeSet<String>,
-}
-
-async fn snapshot(client: &Client) -> Snapshot {
-    let mut apps = Vec::new();
-    let mut placements = Vec::new();
-    let tokens = |p: &allot_client::Placement| p.tokens.iter().map(|t| t.token.clone()).collect::<Vec<_>>();
-    for app in retry!(client.apps()).apps {
-        apps.push((app.id.clone(), app.state.clone(), app.placeholders.len()));
-        for slot in app.placeholders.iter().filter(|s| s.task.is_none()) {
-            placements.push((
-                format!("{}#{}", app.id, slot.member),
-                slot.placement.uri.clone(),
-                tokens(&slot.placement),
-            ));
-        }
-        for task in retry!(client.tasks(&app.id)).tasks {
-            if matches!(task.state.as_str(), "Allocated" | "Running") {
-                let placement = task.placement.expect("a placed task has a placement");
-                placements.push((format!("{}/{}", app.id, task.id), placement.uri.clone(), tokens(&placement)));
-            }
-        }
-    }
-    let mut allocs = BTreeSet::new();
-    for pool in 0..POOLS {
-        for alloc in retry!(client.allocs(&format!("p{pool}"))).allocs {
-            allocs.insert(alloc.uri);
-        }
-    }
-    let grants = retry!(client.grants(NAMESPACE)).grants.into_iter().map(|g| g.token).collect();
-    placements.sort();
-    Snapshot { apps, placements, allocs, grants }
-}
-
-/// Checks what must hold whatever moment the scheduler was killed at, on a snapshot that two
-/// reads in a row agree on.
-async fn check_consistent(client: &Client) {
-    let mut last = snapshot(client).await;
-    for _ in 0..100 {
-        let next = snapshot(client).await;
-        if next == last {
-            break;
-        }
-        last = next;
-    }
-    for (app, state, placeholders) in &last.apps {
-        match state.as_str() {
-            "Reserving" => assert_eq!(*placeholders, MEMBERS as usize, "{app}: a gang held in part"),
-            "Accepted" => assert_eq!(*placeholders, 0, "{app}: placeholders before its gang"),
-            _ => {}
-        }
-    }
-    let mut placed = BTreeSet::new();
-    let mut granted = BTreeSet::new();
-    for (owner, uri, tokens) in &last.placements {
-        assert!(placed.insert(uri.clone()), "{owner}: alloc {uri} placed twice");
-        assert_eq!(tokens.len(), 1, "{owner}: holds its alloc and its seat together");
-        for token in tokens {
-            assert!(granted.insert(token.clone()), "{owner}: token {token} granted twice");
-        }
-    }
-    assert_eq!(last.allocs, placed, "every live alloc belongs to exactly one placement, and every placement's lives");
-    assert_eq!(last.grants, granted, "every grant belongs to exactly one placement, and every placement's is held");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -186,7 +65,7 @@ async fn three_daemons_on_redis_the_scheduler_killed_mid_gangs_another_takes_ove
         for _ in 0..8 {
             let id = format!("gang-{submitted}");
             submitted += 1;
-            submitter.submit_app(&gang(&id)).await.unwrap();
+            submitter.submit_app(&gang(&id, Some(NAMESPACE))).await.unwrap();
         }
         let worker = {
             let (client, completed) = (daemons[b].2.client(), completed.clone());
@@ -220,8 +99,8 @@ async fn three_daemons_on_redis_the_scheduler_killed_mid_gangs_another_takes_ove
         assert!(took_over, "no daemon took the scheduling over within 10 s");
         eprintln!("round {round}: {} took over in {takeover:?}", scheduler(&redis));
         let _ = worker.await;
-        check_consistent(&daemons[0].2.client()).await;
-        check_consistent(&daemons[1].2.client()).await;
+        check_consistent(&daemons[0].2.client(), Some(NAMESPACE)).await;
+        check_consistent(&daemons[1].2.client(), Some(NAMESPACE)).await;
         let acknowledged = completed.lock().unwrap().clone();
         let client = daemons[0].2.client();
         for (app, task) in &acknowledged {
@@ -240,7 +119,7 @@ async fn three_daemons_on_redis_the_scheduler_killed_mid_gangs_another_takes_ove
                 let _ = client.complete_task(&app.id, &task.id).await;
             }
         }
-        check_consistent(&client).await;
+        check_consistent(&client, Some(NAMESPACE)).await;
         apps.iter().all(|a| a.state == "Completed")
     })
     .await;

@@ -2,106 +2,11 @@
 //! no gang is held in part, every live alloc belongs to exactly one placement (no task placed
 //! twice, no alloc left behind), acknowledged completions stay, and the work then finishes.
 
-use std::collections::{BTreeMap, HashSet};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use allot_client::{AddTask, Client, SubmitApp, TaskGroup};
-
+use crate::gangs::{check_consistent, gang, POOLS};
 use crate::support::{data_dir, eventually, Daemon};
-
-const POOLS: usize = 3;
-const MEMBERS: u32 = 4;
-
-fn gang(id: &str) -> SubmitApp {
-    SubmitApp {
-        id: id.to_owned(),
-        queue: "root.crash".to_owned(),
-        user: "crash".to_owned(),
-        tags: BTreeMap::new(),
-        task_groups: vec![TaskGroup {
-            name: "workers".to_owned(),
-            min_members: MEMBERS,
-            min_resources: "cpu=1".to_owned(),
-            selector: BTreeMap::new(),
-            tokens: Vec::new(),
-        }],
-        policy: Default::default(),
-        tasks: (0..MEMBERS)
-            .map(|m| AddTask {
-                id: format!("m{m}"),
-                resources: "cpu=1".to_owned(),
-                tokens: Vec::new(),
-                group: Some("workers".to_owned()),
-                priority: 0,
-                selector: BTreeMap::new(),
-                spec: None,
-            })
-            .collect(),
-    }
-}
-
-/// What the daemon says: every application's state and placeholders, the placements of its
-/// placed tasks, and every live alloc.
-#[derive(Debug, PartialEq, Eq)]
-struct Snapshot {
-    apps: Vec<(String, String, usize)>,
-    /// (owner, alloc uri) of unused placeholders and placed tasks.
-    placements: Vec<(String, String)>,
-    live: HashSet<String>,
-}
-
-async fn snapshot(client: &Client) -> Snapshot {
-    let mut apps = Vec::new();
-    let mut placements = Vec::new();
-    for app in client.apps().await.unwrap().apps {
-        apps.push((app.id.clone(), app.state.clone(), app.placeholders.len()));
-        for slot in app.placeholders.iter().filter(|s| s.task.is_none()) {
-            placements.push((format!("{}#{}", app.id, slot.member), slot.placement.uri.clone()));
-        }
-        for task in client.tasks(&app.id).await.unwrap().tasks {
-            if matches!(task.state.as_str(), "Allocated" | "Running") {
-                let uri = task.placement.expect("a placed task has a placement").uri;
-                placements.push((format!("{}/{}", app.id, task.id), uri));
-            }
-        }
-    }
-    let mut live = HashSet::new();
-    for pool in 0..POOLS {
-        for alloc in client.allocs(&format!("p{pool}")).await.unwrap().allocs {
-            live.insert(alloc.uri);
-        }
-    }
-    Snapshot { apps, placements, live }
-}
-
-/// Checks what must hold whatever moment the daemon was killed at, on a snapshot that two reads
-/// in a row agree on (the scheduler may place between the reads of one snapshot).
-async fn check_consistent(client: &Client) {
-    let mut last = snapshot(client).await;
-    for _ in 0..100 {
-        let next = snapshot(client).await;
-        if next == last {
-            break;
-        }
-        last = next;
-    }
-    for (app, state, placeholders) in &last.apps {
-        match state.as_str() {
-            "Reserving" => assert_eq!(*placeholders, MEMBERS as usize, "{app}: a gang held in part"),
-            "Accepted" => assert_eq!(*placeholders, 0, "{app}: placeholders before its gang"),
-            _ => {}
-        }
-    }
-    let mut placed = HashSet::new();
-    for (owner, uri) in &last.placements {
-        assert!(placed.insert(uri.clone()), "{owner}: alloc {uri} placed twice");
-    }
-    assert_eq!(
-        last.live, placed,
-        "every live alloc belongs to exactly one placement, and every placement's alloc lives"
-    );
-}
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sigkill_during_gang_reservations_and_takeovers_loses_nothing_and_holds_no_half_gang() {
@@ -123,7 +28,7 @@ async fn sigkill_during_gang_reservations_and_takeovers_loses_nothing_and_holds_
         for _ in 0..8 {
             let id = format!("gang-{submitted}");
             submitted += 1;
-            client.submit_app(&gang(&id)).await.unwrap();
+            client.submit_app(&gang(&id, None)).await.unwrap();
         }
         // A worker completes placed tasks as they come: completions free room, and the next
         // gangs are reserved while the daemon is killed.
@@ -150,7 +55,7 @@ async fn sigkill_during_gang_reservations_and_takeovers_loses_nothing_and_holds_
         let _ = worker.await;
         daemon = Daemon::start_on(&address, &data, &args);
         let client = daemon.client();
-        check_consistent(&client).await;
+        check_consistent(&client, None).await;
         let acknowledged = completed.lock().unwrap().clone();
         for (app, task) in &acknowledged {
             let task = client.task(app, task).await.unwrap();
@@ -166,7 +71,7 @@ async fn sigkill_during_gang_reservations_and_takeovers_loses_nothing_and_holds_
                 client.complete_task(&app.id, &task.id).await.unwrap();
             }
         }
-        check_consistent(&client).await;
+        check_consistent(&client, None).await;
         apps.iter().all(|a| a.state == "Completed")
     })
     .await;
