@@ -46,6 +46,8 @@ const RENEW_EVERY: Duration = Duration::from_millis(500);
 const LEASE_MARGIN: Duration = Duration::from_millis(500);
 /// How often the scheduler tries again while something waits for room or tokens.
 const RETRY_INTERVAL: Duration = Duration::from_millis(100);
+/// How often an idle scheduler reads the pools (to find those removed under its placements).
+const IDLE_LOOK: Duration = Duration::from_secs(2);
 
 /// One step of carrying out an outcome in the pools and namespaces.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -115,6 +117,8 @@ struct Leader {
     ledger: Ledger,
     /// Ends that failed (Redis unreachable): carried in the intents and tried again.
     unfinished: Vec<Step>,
+    /// When the mirror was last read.
+    mirror_read: Instant,
 }
 
 /// The applications part of a Redis store: who schedules, and the scheduler if it is this daemon.
@@ -243,6 +247,7 @@ impl RedisStore {
         let Some(l) = self.inner.apps.current(&mut guard) else { return Err(not_here()) };
         if let Some(also) = fresh {
             (l.pools, l.ledger) = self.read_mirror(&l.sched, also).await?;
+            l.mirror_read = Instant::now();
         }
         let now = self.now();
         let (answer, outcome) = op(&mut l.sched, World { pools: &mut l.pools, ledger: &mut l.ledger }, now)?;
@@ -473,22 +478,16 @@ impl RedisStore {
         }
         self.write_app_records(holder, fencing, Some(""), &[]).await.map_err(deposed)?;
         let (pools, ledger) = self.read_mirror(&sched, &[]).await?;
-        let mut leader = Leader { fencing, sched: Scheduler::default(), pools, ledger, unfinished: Vec::new() };
-        // Placements on pools removed meanwhile (with force) are gone.
-        let gone: HashSet<PoolName> = sched
-            .live_placements()
-            .into_iter()
-            .filter(|p| leader.pools.allocs(&p.pool).is_err())
-            .map(|p| p.pool.clone())
-            .collect();
-        let mut outcome = Outcome::default();
+        let mut leader = Leader {
+            fencing,
+            sched: Scheduler::default(),
+            pools,
+            ledger,
+            unfinished: Vec::new(),
+            mirror_read: Instant::now(),
+        };
         let now = self.now();
-        for pool in gone {
-            let mut world = World { pools: &mut leader.pools, ledger: &mut leader.ledger };
-            let lost = sched.pool_removed(&pool, now, &mut world);
-            outcome.apps.extend(lost.apps);
-            outcome.ledger.changes.extend(lost.ledger.changes);
-        }
+        let mut outcome = pools_gone(&mut sched, &mut leader, now);
         let seeds = std::mem::take(&mut *self.inner.apps.seeds.lock().unwrap_or_else(|p| p.into_inner()));
         for (path, limits) in seeds {
             if sched.queue(&path).is_err() {
@@ -507,11 +506,19 @@ impl RedisStore {
     async fn round(&self, holder: &str, l: &mut Leader) -> Result<Duration, StoreError> {
         let now = self.now();
         let due = l.sched.next_deadline().is_some_and(|d| d <= now);
-        if !due && !l.sched.has_waiting() {
+        // With nothing to place and no timer due, the pools are still looked at now and then: a
+        // pool removed with force fails the tasks placed on it.
+        if !due && !l.sched.has_waiting() && l.mirror_read.elapsed() < IDLE_LOOK {
             return Ok(self.idle_wait(l, now));
         }
-        let (pools, ledger) = self.read_mirror(&l.sched, &[]).await?;
-        (l.pools, l.ledger) = (pools, ledger);
+        (l.pools, l.ledger) = self.read_mirror(&l.sched, &[]).await?;
+        l.mirror_read = Instant::now();
+        let mut sched = std::mem::take(&mut l.sched);
+        let gone = pools_gone(&mut sched, l, now);
+        l.sched = sched;
+        if !gone.is_empty() {
+            self.carry_out(holder, l, &gone).await.map_err(StoreError::from)?;
+        }
         if due {
             let (_, outcome) = l.sched.run_timers(now, &mut World { pools: &mut l.pools, ledger: &mut l.ledger });
             self.carry_out(holder, l, &outcome).await.map_err(StoreError::from)?;
@@ -566,6 +573,25 @@ impl From<Carry> for StoreError {
             Carry::Refused(err) | Carry::Failed(err) => err,
         }
     }
+}
+
+/// Fails the placements on pools that are gone (removed with force, by any daemon): their
+/// tasks fail, and gangs lose their reservations (`Scheduler::pool_removed`).
+fn pools_gone(sched: &mut Scheduler, l: &mut Leader, now: Millis) -> Outcome {
+    let gone: HashSet<PoolName> = sched
+        .live_placements()
+        .into_iter()
+        .filter(|p| l.pools.allocs(&p.pool).is_err())
+        .map(|p| p.pool.clone())
+        .collect();
+    let mut outcome = Outcome::default();
+    for pool in gone {
+        let lost = sched.pool_removed(&pool, now, &mut World { pools: &mut l.pools, ledger: &mut l.ledger });
+        outcome.apps.extend(lost.apps);
+        outcome.pools.extend(lost.pools);
+        outcome.ledger.changes.extend(lost.ledger.changes);
+    }
+    outcome
 }
 
 /// The step that undoes a make.

@@ -26,6 +26,7 @@ pub async fn run_apps(store: Arc<dyn Store>) {
         a_task_holds_its_alloc_and_tokens_together_or_nothing(store),
         a_gang_reserves_all_its_placeholders_or_none(store),
         submission_is_idempotent_and_checked(store),
+        a_pool_removed_with_force_fails_the_tasks_placed_on_it(store),
     );
 }
 
@@ -135,6 +136,28 @@ async fn tasks_are_placed_on_pools_and_release_on_completion(store: &dyn Store) 
     let removed = store.remove_app(id.clone()).await.unwrap();
     assert_eq!(removed.app.spec.id, id);
     assert_eq!(store.pool(p).await.unwrap().allocs, 0, "removing the application freed its alloc");
+}
+
+async fn a_pool_removed_with_force_fails_the_tasks_placed_on_it(store: &dyn Store) {
+    let (q, p) = (queue("removed"), pool("removed"));
+    store.put_queue(q.clone(), QueueLimits::default()).await.unwrap();
+    labelled_pool(store, &p, "cpu=2").await;
+    let spec = app("removed", q);
+    let id = spec.id.clone();
+    store.add_app(spec).await.unwrap();
+    store.add_task(id.clone(), task("t1", "cpu=1", &p)).await.unwrap();
+    eventually("t1 is placed", || async { task_state(store, &id, "t1").await.task.state == TaskState::Allocated })
+        .await;
+    let refused = store.remove_pool(p.clone(), false).await;
+    assert!(matches!(refused, Err(StoreError::Pool(PoolError::PoolInUse { .. }))), "{refused:?}");
+    store.remove_pool(p.clone(), true).await.unwrap();
+    eventually("t1 fails with its pool", || async {
+        task_state(store, &id, "t1").await.task.state == TaskState::Failed
+    })
+    .await;
+    let reason = task_state(store, &id, "t1").await.task.reason.unwrap_or_default();
+    assert!(reason.contains(p.as_str()), "the reason names the pool: {reason}");
+    store.remove_app(id).await.unwrap();
 }
 
 async fn a_task_holds_its_alloc_and_tokens_together_or_nothing(store: &dyn Store) {
