@@ -10,6 +10,7 @@ use allot_core::NamespaceName;
 use allot_store::{AppInfo, AppStore, AppsHome, Page, PageRequest, StoreError, TaskInfo};
 use async_trait::async_trait;
 
+use crate::sched::Fresh;
 use crate::RedisStore;
 
 fn app_info(sched: &Scheduler, id: &AppId) -> Result<AppInfo, SchedError> {
@@ -23,7 +24,7 @@ fn task_info(sched: &Scheduler, app: &AppId, task: &TaskId) -> Result<TaskInfo, 
 #[async_trait]
 impl AppStore for RedisStore {
     async fn put_queue(&self, path: QueuePath, limits: QueueLimits) -> Result<(bool, QueueView), StoreError> {
-        self.commit_sched(None, |sched, _, _| {
+        self.commit_sched(Fresh::No, |sched, _, _| {
             let (created, outcome) = sched.put_queue(path.clone(), limits);
             Ok(((created, sched.queue(&path)?), outcome))
         })
@@ -33,7 +34,7 @@ impl AppStore for RedisStore {
     /// Registered by this daemon when it schedules (now, if it does), unless it exists by then.
     async fn seed_queue(&self, path: QueuePath, limits: QueueLimits) -> Result<(bool, QueueView), StoreError> {
         let seeded = self
-            .commit_sched(None, |sched, _, _| {
+            .commit_sched(Fresh::No, |sched, _, _| {
                 if let Ok(view) = sched.queue(&path) {
                     return Ok(((false, view), Default::default()));
                 }
@@ -60,7 +61,7 @@ impl AppStore for RedisStore {
     }
 
     async fn remove_queue(&self, path: QueuePath) -> Result<(), StoreError> {
-        self.commit_sched(None, |sched, _, _| Ok(((), sched.remove_queue(&path)?))).await
+        self.commit_sched(Fresh::No, |sched, _, _| Ok(((), sched.remove_queue(&path)?))).await
     }
 
     async fn queues(&self) -> Result<Vec<QueueView>, StoreError> {
@@ -74,7 +75,7 @@ impl AppStore for RedisStore {
     async fn add_app(&self, spec: AppSpec) -> Result<(AppInfo, bool), StoreError> {
         let named: Vec<NamespaceName> =
             spec.groups.iter().flat_map(|g| g.tokens.iter().map(|n| n.namespace.clone())).collect();
-        self.commit_sched(Some(&named), |sched, world, now| {
+        self.commit_sched(Fresh::All(&named), |sched, world, now| {
             let (app, created, outcome) = sched.add_app(spec, now, &world)?;
             Ok(((app_info(sched, &app.spec.id)?, created), outcome))
         })
@@ -95,7 +96,7 @@ impl AppStore for RedisStore {
     }
 
     async fn remove_app(&self, id: AppId) -> Result<AppInfo, StoreError> {
-        self.commit_sched(None, |sched, mut world, now| {
+        self.commit_sched(Fresh::No, |sched, mut world, now| {
             let tasks = sched.task_counts(&id);
             let (app, outcome) = sched.remove_app(&id, now, &mut world)?;
             Ok((AppInfo { app, tasks, why: None }, outcome))
@@ -104,7 +105,7 @@ impl AppStore for RedisStore {
     }
 
     async fn complete_app(&self, id: AppId) -> Result<AppInfo, StoreError> {
-        self.commit_sched(None, |sched, mut world, now| {
+        self.commit_sched(Fresh::No, |sched, mut world, now| {
             let (_, outcome) = sched.complete_app(&id, now, &mut world)?;
             Ok((app_info(sched, &id)?, outcome))
         })
@@ -112,7 +113,7 @@ impl AppStore for RedisStore {
     }
 
     async fn fail_app(&self, id: AppId, reason: String) -> Result<AppInfo, StoreError> {
-        self.commit_sched(None, |sched, mut world, now| {
+        self.commit_sched(Fresh::No, |sched, mut world, now| {
             let (_, outcome) = sched.fail_app(&id, &reason, now, &mut world)?;
             Ok((app_info(sched, &id)?, outcome))
         })
@@ -121,7 +122,7 @@ impl AppStore for RedisStore {
 
     async fn add_task(&self, app: AppId, spec: TaskSpec) -> Result<(TaskInfo, bool), StoreError> {
         let named: Vec<NamespaceName> = spec.tokens.iter().map(|n| n.namespace.clone()).collect();
-        self.commit_sched(Some(&named), |sched, world, now| {
+        self.commit_sched(Fresh::Namespaces(&named), |sched, world, now| {
             let (task, created, outcome) = sched.add_task(&app, spec, now, world.ledger)?;
             Ok(((task_info(sched, &app, &task.spec.id)?, created), outcome))
         })
@@ -142,7 +143,7 @@ impl AppStore for RedisStore {
     }
 
     async fn start_task(&self, app: AppId, task: TaskId) -> Result<TaskInfo, StoreError> {
-        self.commit_sched(None, |sched, _, _| {
+        self.commit_sched(Fresh::No, |sched, _, _| {
             let (record, outcome) = sched.start_task(&app, &task)?;
             Ok((TaskInfo { task: record, why: None }, outcome))
         })
@@ -150,7 +151,7 @@ impl AppStore for RedisStore {
     }
 
     async fn finish_task(&self, app: AppId, task: TaskId, failed: Option<String>) -> Result<TaskInfo, StoreError> {
-        self.commit_sched(None, |sched, mut world, now| {
+        self.commit_sched(Fresh::No, |sched, mut world, now| {
             let (record, outcome) = sched.finish_task(&app, &task, failed, now, &mut world)?;
             Ok((TaskInfo { task: record, why: None }, outcome))
         })
@@ -158,7 +159,7 @@ impl AppStore for RedisStore {
     }
 
     async fn remove_task(&self, app: AppId, task: TaskId) -> Result<TaskInfo, StoreError> {
-        self.commit_sched(None, |sched, mut world, now| {
+        self.commit_sched(Fresh::No, |sched, mut world, now| {
             let (record, outcome) = sched.remove_task(&app, &task, now, &mut world)?;
             Ok((TaskInfo { task: record, why: None }, outcome))
         })

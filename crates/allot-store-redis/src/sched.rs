@@ -46,6 +46,12 @@ const RENEW_EVERY: Duration = Duration::from_millis(500);
 const LEASE_MARGIN: Duration = Duration::from_millis(500);
 /// How often the scheduler tries again while something waits for room or tokens.
 const RETRY_INTERVAL: Duration = Duration::from_millis(100);
+/// The pause between a call that wakes the scheduler and its round.
+const ROUND_GAP: Duration = Duration::from_millis(2);
+/// How many steps of an outcome are sent to Redis at once.
+const STEPS_AT_ONCE: usize = 64;
+/// How old the mirror may grow while something waits (others free room and tokens too).
+const MIRROR_MAX_AGE: Duration = Duration::from_secs(1);
 /// How often an idle scheduler reads the pools (to find those removed under its placements).
 const IDLE_LOOK: Duration = Duration::from_secs(2);
 
@@ -108,7 +114,16 @@ fn encode_steps(steps: &[Step]) -> String {
     serde_json::to_string(steps).expect("steps always encode")
 }
 
-/// The schedulers's state on the daemon that holds the lease.
+/// What of the mirror an operation reads again before it runs.
+pub(crate) enum Fresh<'a> {
+    No,
+    /// The namespaces, with these too.
+    Namespaces(&'a [NamespaceName]),
+    /// The pools and the namespaces, with these too.
+    All(&'a [NamespaceName]),
+}
+
+/// The scheduler's state on the daemon that holds the lease.
 struct Leader {
     fencing: u64,
     sched: Scheduler,
@@ -117,8 +132,8 @@ struct Leader {
     ledger: Ledger,
     /// Ends that failed (Redis unreachable): carried in the intents and tried again.
     unfinished: Vec<Step>,
-    /// When the mirror was last read.
-    mirror_read: Instant,
+    /// When the mirror was last read; `None` when it must be read before the next cycle.
+    mirror_read: Option<Instant>,
 }
 
 /// The applications part of a Redis store: who schedules, and the scheduler if it is this daemon.
@@ -233,21 +248,27 @@ impl RedisStore {
     }
 
     /// Runs an operation of the scheduler and carries out its outcome: the records, then what it
-    /// ends in the pools and namespaces. An operation that fails changes nothing. With `fresh`,
-    /// the mirror is read again first, with those namespaces too (a submission is checked against
-    /// the pools and namespaces as they are).
+    /// ends in the pools and namespaces. An operation that fails changes nothing. `fresh` says
+    /// what of the mirror to read again first (a submission is checked against the pools and
+    /// namespaces as they are).
     pub(crate) async fn commit_sched<T>(
         &self,
-        fresh: Option<&[NamespaceName]>,
+        fresh: Fresh<'_>,
         op: impl FnOnce(&mut Scheduler, World<'_>, Millis) -> Result<(T, Outcome), SchedError>,
     ) -> Result<T, StoreError> {
         self.live()?;
         let holder = self.inner.apps.holder().ok_or_else(not_here)?;
         let mut guard = self.inner.apps.leader.lock().await;
         let Some(l) = self.inner.apps.current(&mut guard) else { return Err(not_here()) };
-        if let Some(also) = fresh {
-            (l.pools, l.ledger) = self.read_mirror(&l.sched, also).await?;
-            l.mirror_read = Instant::now();
+        match fresh {
+            Fresh::No => {}
+            // Nothing to check against: the mirror's namespaces are recent enough.
+            Fresh::Namespaces([]) => {}
+            Fresh::Namespaces(also) => l.ledger = self.read_ledger(&l.sched, also).await?,
+            Fresh::All(also) => {
+                (l.pools, l.ledger) = self.read_mirror(&l.sched, also).await?;
+                l.mirror_read = Some(Instant::now());
+            }
         }
         let now = self.now();
         let (answer, outcome) = op(&mut l.sched, World { pools: &mut l.pools, ledger: &mut l.ledger }, now)?;
@@ -271,30 +292,38 @@ impl RedisStore {
             let mut intents = makes.clone();
             intents.extend(l.unfinished.iter().cloned());
             self.write_app_records(holder, l.fencing, Some(&encode_steps(&intents)), &[]).await.map_err(deposed)?;
-            for (done, step) in makes.iter().enumerate() {
-                if let Err(err) = self.step(step, l.fencing).await {
-                    tracing::debug!(error = %err, ?step, "a placement could not be carried out; undoing it");
-                    for made in makes[..done].iter().rev() {
-                        if let Some(undo) = undo(made) {
-                            if let Err(err) = self.step(&undo, l.fencing).await {
-                                tracing::warn!(error = %err, "could not undo a step; the next scheduler will");
-                                return Err(Carry::Failed(err));
-                            }
-                        }
-                    }
-                    return Err(Carry::Refused(err));
+            let results = self.steps(&makes, l.fencing).await;
+            if let Some(err) = results.iter().find_map(|r| r.as_ref().err()) {
+                let err = err.clone();
+                tracing::debug!(error = %err, "a placement could not be carried out; undoing the cycle's");
+                let made: Vec<Step> =
+                    makes.iter().zip(&results).filter(|(_, r)| r.is_ok()).filter_map(|(s, _)| undo(s)).collect();
+                if let Some(Err(err)) = self.steps(&made, l.fencing).await.into_iter().find(Result::is_err) {
+                    tracing::warn!(error = %err, "could not undo a step; the next scheduler will");
+                    return Err(Carry::Failed(err));
                 }
+                return Err(Carry::Refused(err));
             }
         }
         ends.append(&mut l.unfinished);
         self.write_app_records(holder, l.fencing, Some(&encode_steps(&ends)), &outcome.apps).await.map_err(deposed)?;
-        for step in ends {
-            if let Err(err) = self.step(&step, l.fencing).await {
+        let results = self.steps(&ends, l.fencing).await;
+        for (step, result) in ends.into_iter().zip(results) {
+            if let Err(err) = result {
                 tracing::warn!(error = %err, ?step, "could not end an alloc or grant; trying again later");
                 l.unfinished.push(step);
             }
         }
         Ok(())
+    }
+
+    /// Carries out steps that do not depend on each other, many at once.
+    async fn steps(&self, steps: &[Step], fencing: u64) -> Vec<Result<(), StoreError>> {
+        let mut results = Vec::with_capacity(steps.len());
+        for chunk in steps.chunks(STEPS_AT_ONCE) {
+            results.extend(futures_util::future::join_all(chunk.iter().map(|step| self.step(step, fencing))).await);
+        }
+        results
     }
 
     /// Carries out one step, in term `fencing`.
@@ -356,6 +385,11 @@ impl RedisStore {
     /// namespace (lapsed allocs count as held: the mirror never counts on reclaiming them).
     /// Namespaces are read only when the scheduler names them, or `also` does.
     async fn read_mirror(&self, sched: &Scheduler, also: &[NamespaceName]) -> Result<(Pools, Ledger), StoreError> {
+        Ok((self.read_pools(sched).await?, self.read_ledger(sched, also).await?))
+    }
+
+    /// The pools part of the mirror.
+    async fn read_pools(&self, sched: &Scheduler) -> Result<Pools, StoreError> {
         let placements = sched.live_placements();
         let mut own_allocs: HashMap<&PoolName, Vec<Alloc>> = HashMap::new();
         for p in &placements {
@@ -401,9 +435,13 @@ impl RedisStore {
                 break;
             }
         }
-        let pools = Pools::restore(crate::pools::rules(&self.inner), pools, allocs, Vec::new()).map_err(corrupt)?;
+        Pools::restore(crate::pools::rules(&self.inner), pools, allocs, Vec::new()).map_err(corrupt)
+    }
+
+    /// The namespaces part of the mirror: those the scheduler names, and `also`.
+    async fn read_ledger(&self, sched: &Scheduler, also: &[NamespaceName]) -> Result<Ledger, StoreError> {
         let mut own: HashMap<NamespaceName, Vec<(Token, u64)>> = HashMap::new();
-        for placement in &placements {
+        for placement in sched.live_placements() {
             for held in &placement.grants {
                 own.entry(held.namespace.clone()).or_default().push((held.token.clone(), held.units));
             }
@@ -442,8 +480,7 @@ impl RedisStore {
             grants.extend(mine.into_iter().map(|(token, units)| grant(token, units)));
             namespaces.push((view.name, view.quota.max(view.granted_units), 1));
         }
-        let ledger = Ledger::restore(namespaces, Vec::new(), Vec::new(), grants).map_err(corrupt)?;
-        Ok((pools, ledger))
+        Ledger::restore(namespaces, Vec::new(), Vec::new(), grants).map_err(corrupt)
     }
 
     /// Takes the scheduling over in term `fencing`: loads the records, settles what the last
@@ -484,7 +521,7 @@ impl RedisStore {
             pools,
             ledger,
             unfinished: Vec::new(),
-            mirror_read: Instant::now(),
+            mirror_read: Some(Instant::now()),
         };
         let now = self.now();
         let mut outcome = pools_gone(&mut sched, &mut leader, now);
@@ -506,13 +543,19 @@ impl RedisStore {
     async fn round(&self, holder: &str, l: &mut Leader) -> Result<Duration, StoreError> {
         let now = self.now();
         let due = l.sched.next_deadline().is_some_and(|d| d <= now);
-        // With nothing to place and no timer due, the pools are still looked at now and then: a
-        // pool removed with force fails the tasks placed on it.
-        if !due && !l.sched.has_waiting() && l.mirror_read.elapsed() < IDLE_LOOK {
+        // The mirror is read again at most every MIRROR_MAX_AGE while something waits: what the
+        // scheduler changes it changes in the mirror too, and a placement the mirror allowed but
+        // Redis refuses makes it read at once. With nothing to place and no timer due, the pools
+        // are still looked at now and then: a pool removed with force fails the tasks on it.
+        let idle = !due && !l.sched.has_waiting();
+        let age = l.mirror_read.map(|at| at.elapsed());
+        if idle && age.is_some_and(|age| age < IDLE_LOOK) {
             return Ok(self.idle_wait(l, now));
         }
-        (l.pools, l.ledger) = self.read_mirror(&l.sched, &[]).await?;
-        l.mirror_read = Instant::now();
+        if idle || age.is_none_or(|age| age >= MIRROR_MAX_AGE) {
+            (l.pools, l.ledger) = self.read_mirror(&l.sched, &[]).await?;
+            l.mirror_read = Some(Instant::now());
+        }
         let mut sched = std::mem::take(&mut l.sched);
         let gone = pools_gone(&mut sched, l, now);
         l.sched = sched;
@@ -523,7 +566,6 @@ impl RedisStore {
             let (_, outcome) = l.sched.run_timers(now, &mut World { pools: &mut l.pools, ledger: &mut l.ledger });
             self.carry_out(holder, l, &outcome).await.map_err(StoreError::from)?;
         }
-        let before = l.sched.clone();
         let (report, outcome) =
             l.sched.schedule(now, &mut World { pools: &mut l.pools, ledger: &mut l.ledger }, &mut rand::random);
         if report.placed + report.reserved + report.taken_over > 0 {
@@ -532,9 +574,13 @@ impl RedisStore {
         match self.carry_out(holder, l, &outcome).await {
             Ok(()) => {}
             Err(Carry::Refused(err)) => {
-                // Nothing of the cycle was kept: decide again on a fresh mirror.
+                // Nothing of the cycle was kept: the records are as before it. Load them and
+                // decide again on a fresh mirror.
                 tracing::debug!(error = %err, "a cycle's placements were refused; deciding again");
-                l.sched = before;
+                let (mut sched, _) = self.load_app_records_and_intents(l.sched.config().clone()).await?;
+                sched.carry_stats(l.sched.stats());
+                l.sched = sched;
+                l.mirror_read = None;
             }
             Err(Carry::Failed(err)) => return Err(err),
         }
@@ -673,10 +719,14 @@ async fn run(inner: Arc<Inner>) {
                 None => RENEW_EVERY,
             }
         };
-        tokio::select! {
-            _ = inner.apps.wake.notified() => {}
-            _ = tokio::time::sleep(wait) => {}
+        let woken = tokio::select! {
+            _ = inner.apps.wake.notified() => true,
+            _ = tokio::time::sleep(wait) => false,
             _ = shutdown.wait_for(|stop| *stop) => return,
+        };
+        if woken {
+            // A short pause lets the calls that follow join the same round.
+            tokio::time::sleep(ROUND_GAP).await;
         }
     }
 }

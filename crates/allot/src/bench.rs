@@ -329,6 +329,10 @@ struct AppsBenchArgs {
     /// Where to make the daemon's scratch directory (see `compare --tmp-dir`).
     #[arg(long)]
     tmp_dir: Option<std::path::PathBuf>,
+    /// Run the daemon on a Redis store (a `redis-server` started for each round) instead of the
+    /// embedded one. The target is the embedded store's.
+    #[arg(long)]
+    redis: bool,
     #[command(flatten)]
     output: OutputOpts,
 }

@@ -357,6 +357,12 @@ impl Scheduler {
         self.stats
     }
 
+    /// Takes over the counters of a scheduler this one was rebuilt from (they count since the
+    /// daemon started; the records do not keep them).
+    pub fn carry_stats(&mut self, stats: SchedStats) {
+        self.stats = stats;
+    }
+
     /// Every token namespace that an application's groups or a task not ended names: the ones
     /// whose room a cycle may ask about.
     pub fn namespaces_named(&self) -> BTreeSet<NamespaceName> {

@@ -70,7 +70,15 @@ pub(super) async fn run(args: AppsBenchArgs) -> anyhow::Result<()> {
     let mut rounds = Vec::new();
     for round in 1..=args.rounds {
         let scratch = Scratch::new(args.tmp_dir.as_deref())?;
-        let daemon = children::spawn_daemon(&scratch).await?;
+        let redis = args.redis.then(allot_store_redis::testing::RedisServer::start);
+        let daemon = match &redis {
+            Some(redis) => {
+                let daemon = children::spawn_daemon_with(&scratch, &["--store".into(), redis.url().into()]).await?;
+                scheduling(&daemon.endpoint).await?;
+                daemon
+            }
+            None => children::spawn_daemon(&scratch).await?,
+        };
         let outcome = measure(&args, &daemon.endpoint, &capacity, round).await;
         daemon.stop().await;
         rounds.push(outcome?);
@@ -91,8 +99,11 @@ pub(super) async fn run(args: AppsBenchArgs) -> anyhow::Result<()> {
     } else {
         println!(
             "one application, {} tasks of {TASK} added over HTTP ({} in flight), {} pools of {capacity}, one daemon \
-             (embedded store); YuniKorn on KWOK: {YUNIKORN_PER_S} pods/s",
-            args.tasks, args.in_flight, args.pools
+             ({} store); YuniKorn on KWOK: {YUNIKORN_PER_S} pods/s",
+            args.tasks,
+            args.in_flight,
+            args.pools,
+            if args.redis { "Redis" } else { "embedded" }
         );
         for r in &rounds {
             let steal = r.cpu.map_or_else(|| "-".to_owned(), |c| format!("{:.1}%", c.steal_pct));
@@ -118,6 +129,19 @@ pub(super) async fn run(args: AppsBenchArgs) -> anyhow::Result<()> {
     }
     if args.check && checks.iter().any(|c| !c.ok) {
         bail!("a target was missed");
+    }
+    Ok(())
+}
+
+/// Waits until a daemon on Redis schedules (it answers the applications part).
+async fn scheduling(endpoint: &Endpoint) -> anyhow::Result<()> {
+    let mut conn = Conn::connect(endpoint).await?;
+    let started = Instant::now();
+    while conn.request(Method::GET, "/v1/queues", Bytes::new()).await?.0 != StatusCode::OK {
+        if started.elapsed() > Duration::from_secs(15) {
+            bail!("the daemon on Redis did not start scheduling within 15 s");
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
     }
     Ok(())
 }

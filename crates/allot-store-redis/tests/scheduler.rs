@@ -1,0 +1,135 @@
+//! The scheduler on Redis, where a placement is carried out in steps over slots that other
+//! clients change too:
+//! - a scheduler that dies between carrying out a placement and recording it leaves an alloc and
+//!   a grant that no record holds, named in its intents; the daemon that takes the scheduling
+//!   over undoes them before anything else, in its own term, after which the dead scheduler's
+//!   late steps are refused;
+//! - a placement that Redis refuses (another client took the room since the scheduler last read
+//!   the pools) is undone with its whole cycle and decided again.
+
+use std::time::{Duration, Instant};
+
+use allot_core::app::TaskState;
+use allot_core::pool::{AllocId, AllocRequest, AllocState, PoolName};
+use allot_core::queue::{QueueLimits, QueuePath};
+use allot_core::sched::{AppId, AppSpec, SchedulingPolicy, TaskId, TaskSpec};
+use allot_core::{AllocateRequest, Constraints, LeaseRequest, NamespaceName, Token};
+use allot_store::prelude::*;
+use allot_store::{AppsHome, StoreError};
+use allot_store_redis::sched_lease::LeaseState;
+use allot_store_redis::testing::RedisServer;
+use allot_store_redis::{RedisConfig, RedisStore};
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_successor_undoes_what_a_dead_scheduler_made_but_never_recorded() {
+    let server = RedisServer::start();
+    let config = RedisConfig::parse(&server.url()).unwrap();
+    let dead = RedisStore::open(&config).await.unwrap();
+    let (pool, namespace) = (PoolName::new("p").unwrap(), NamespaceName::new("seats").unwrap());
+    dead.put_pool(pool.clone(), "cpu=4".parse().unwrap()).await.unwrap();
+    dead.put_namespace(namespace.clone(), 2).await.unwrap();
+
+    // The dead scheduler's term: it names an alloc and a grant in its intents, makes them, and
+    // dies before writing the records that would hold them.
+    let LeaseState::Mine { fencing, .. } = dead.acquire_sched_lease("dead", Duration::from_millis(300)).await.unwrap()
+    else {
+        panic!("the lease is free")
+    };
+    let intents = r#"[{"k":"accept","pool":"p","id":"00000000000000aa","resources":"cpu=3","owner":"gone:t1"},
+        {"k":"take","namespace":"seats","token":"gone:t1","units":2}]"#;
+    dead.write_app_records("dead", fencing, Some(intents), &[]).await.unwrap();
+    let request = AllocRequest { min: "cpu=3".parse().unwrap(), owner: "gone:t1".into(), ..AllocRequest::default() };
+    let orphan = dead.accept_held_alloc(pool.clone(), request.clone(), AllocId(0xaa), fencing).await.unwrap();
+    let grant = AllocateRequest {
+        namespace: namespace.clone(),
+        token: Token::new("gone:t1").unwrap(),
+        units: 2,
+        scope: None,
+        constraints: Constraints::default(),
+        lease: LeaseRequest::None,
+    };
+    dead.allocate(grant, Duration::ZERO).await.unwrap();
+    assert_eq!(dead.pool(pool.clone()).await.unwrap().allocs, 1);
+
+    // Another daemon takes the scheduling over once the lease lapses.
+    let next = RedisStore::open(&config).await.unwrap();
+    next.start_scheduling("http://127.0.0.1:9");
+    let started = Instant::now();
+    while next.apps_home() != AppsHome::Here {
+        assert!(started.elapsed() < Duration::from_secs(10), "the successor never took over");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert!(
+        matches!(next.inspect_alloc(pool.clone(), orphan.id).await.unwrap(), AllocState::Ended(_)),
+        "the alloc no record holds is ended"
+    );
+    assert_eq!(next.namespace(namespace.clone()).await.unwrap().granted_units, 0, "and the grant released");
+    // The dead scheduler, if it still ran, changes nothing any more: not in the pool it left...
+    let late = dead.accept_held_alloc(pool.clone(), request, AllocId(0xbb), fencing).await;
+    assert!(matches!(late, Err(StoreError::Unavailable(_))), "{late:?}");
+    assert_eq!(next.pool(pool).await.unwrap().allocs, 0);
+    // ...nor in the records.
+    assert!(dead.write_app_records("dead", fencing, Some(""), &[]).await.is_err());
+    next.shutdown().await;
+}
+
+async fn until(what: &str, mut check: impl AsyncFnMut() -> bool) {
+    let started = Instant::now();
+    while !check().await {
+        assert!(started.elapsed() < Duration::from_secs(10), "{what}: not so after 10 s");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_placement_redis_refuses_is_undone_and_decided_again() {
+    let server = RedisServer::start();
+    let config = RedisConfig::parse(&server.url()).unwrap();
+    let store = RedisStore::open(&config).await.unwrap();
+    let other = RedisStore::open(&config).await.unwrap();
+    let pool = PoolName::new("p").unwrap();
+    store.put_pool(pool.clone(), "cpu=4".parse().unwrap()).await.unwrap();
+    store.start_scheduling("http://127.0.0.1:9");
+    until("this daemon schedules", async || store.apps_home() == AppsHome::Here).await;
+    let queue = QueuePath::new("root.q").unwrap();
+    store.put_queue(queue.clone(), QueueLimits::default()).await.unwrap();
+    let app = AppId::new("a").unwrap();
+    let spec = AppSpec {
+        id: app.clone(),
+        queue,
+        user: "u".into(),
+        tags: Default::default(),
+        groups: Vec::new(),
+        policy: SchedulingPolicy::default(),
+    };
+    store.add_app(spec).await.unwrap();
+    let task = |id: &str, cpu: &str| TaskSpec {
+        id: TaskId::new(id).unwrap(),
+        resources: cpu.parse().unwrap(),
+        tokens: Vec::new(),
+        group: None,
+        priority: 0,
+        selector: Default::default(),
+        spec: String::new(),
+    };
+    let state = async |id: &str| store.task(app.clone(), TaskId::new(id).unwrap()).await.unwrap().task.state;
+    store.add_task(app.clone(), task("t1", "cpu=1")).await.unwrap();
+    until("t1 is placed", async || state("t1").await == TaskState::Allocated).await;
+    // Another client takes the rest of the pool; the scheduler's view of the pools is younger
+    // than a second, so it still sees room for t2, and Redis refuses the placement.
+    let request = AllocRequest { min: "cpu=3".parse().unwrap(), owner: "someone".into(), ..AllocRequest::default() };
+    let theirs = other.accept(pool.clone(), request).await.unwrap();
+    store.add_task(app.clone(), task("t2", "cpu=2")).await.unwrap();
+    until("t2 says why it waits", async || {
+        store.task(app.clone(), TaskId::new("t2").unwrap()).await.unwrap().why.is_some()
+    })
+    .await;
+    for _ in 0..20 {
+        assert_eq!(state("t2").await, TaskState::Pending, "t2 is never placed while the room is taken");
+        assert_eq!(store.pool(pool.clone()).await.unwrap().allocs, 2, "no alloc of the refused cycle is left");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    other.free_alloc(pool.clone(), theirs.id).await.unwrap();
+    until("t2 is placed once the room is free", async || state("t2").await == TaskState::Allocated).await;
+    store.shutdown().await;
+}
