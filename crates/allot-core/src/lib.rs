@@ -4,6 +4,7 @@
 //! - `app`: the state machines of applications and tasks (one table of transitions each).
 //! - `queue`: hierarchical queues with limits, and which limit holds a placement back.
 //! - `sched`: the scheduler of applications: queues, gangs, placements on pools and tokens.
+//! - `exec`: the run of a placed task by its plugin: phases, transitions, retries, events.
 //! - `ledger`: the token-quota state machine: namespaces with quotas, grants with scopes, caps,
 //!   fencing numbers and leases, sessions, and the first-come-first-served waiting queue.
 //!
@@ -12,6 +13,7 @@
 //! deterministically and shared by every backend.
 
 pub mod app;
+pub mod exec;
 pub mod ledger;
 pub mod names;
 pub mod pool;

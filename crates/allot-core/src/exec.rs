@@ -1,0 +1,489 @@
+//! The run of a placed task by its plugin, round by round [Flyte's plugin machinery]: the phases a
+//! plugin reports, the record of a run that the store keeps, and the decisions over it. The
+//! executor calls the plugin and stores what these functions decide; they do no I/O.
+//!
+//! Where allot differs from Flyte, on purpose:
+//! - the plugin state a round writes is kept whether or not the phase changed, and `reset`
+//!   clears it (Flyte dropped the state of a round that repeated its phase and version,
+//!   flyte#5195, and its `Reset` did nothing);
+//! - a Barrier transition is recorded before it is acted on, and a round run again after a crash
+//!   gets the recorded transition instead of calling the plugin again;
+//! - user and system failures have budgets of their own;
+//! - every attempt that ends is finalized (after success, after failure, after abort), and the
+//!   tokens the task took are released then, whatever the path.
+
+use std::fmt;
+
+use crate::ledger::Millis;
+use crate::names::{NamespaceName, Token};
+
+/// Where a plugin says a task is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum Phase {
+    /// Not started: something it needs is not ready yet.
+    NotReady,
+    /// Waiting for tokens of a quota; it does not count against the application's parallelism.
+    WaitingForResources,
+    /// Accepted by whatever runs it, not started yet.
+    Queued,
+    Initializing,
+    Running,
+    Success,
+    /// Failed, and may run again (a new attempt), within its retry budget.
+    RetryableFailure,
+    /// Failed for good.
+    PermanentFailure,
+}
+
+impl Phase {
+    pub const ALL: [Phase; 8] = [
+        Phase::NotReady,
+        Phase::WaitingForResources,
+        Phase::Queued,
+        Phase::Initializing,
+        Phase::Running,
+        Phase::Success,
+        Phase::RetryableFailure,
+        Phase::PermanentFailure,
+    ];
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Phase::NotReady => "NotReady",
+            Phase::WaitingForResources => "WaitingForResources",
+            Phase::Queued => "Queued",
+            Phase::Initializing => "Initializing",
+            Phase::Running => "Running",
+            Phase::Success => "Success",
+            Phase::RetryableFailure => "RetryableFailure",
+            Phase::PermanentFailure => "PermanentFailure",
+        }
+    }
+
+    pub fn parse(name: &str) -> Option<Phase> {
+        Phase::ALL.into_iter().find(|p| p.name() == name)
+    }
+
+    /// The attempt is over (it succeeded or failed).
+    pub fn ends_attempt(self) -> bool {
+        matches!(self, Phase::Success | Phase::RetryableFailure | Phase::PermanentFailure)
+    }
+}
+
+impl fmt::Display for Phase {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+/// Whose fault a failure is: each has its own retry budget.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum ErrorKind {
+    /// The task's own: its command failed, its input was wrong.
+    User,
+    /// The system's: a daemon died, a service was unreachable, a plugin failed.
+    System,
+}
+
+impl ErrorKind {
+    pub fn name(self) -> &'static str {
+        match self {
+            ErrorKind::User => "user",
+            ErrorKind::System => "system",
+        }
+    }
+}
+
+/// Why an attempt failed.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ExecError {
+    pub kind: ErrorKind,
+    /// Stable and machine-readable (`exit_code_1`, `plugin_error`, `alloc_lost`...).
+    pub code: String,
+    pub message: String,
+}
+
+impl ExecError {
+    pub fn user(code: &str, message: impl Into<String>) -> ExecError {
+        ExecError { kind: ErrorKind::User, code: code.to_owned(), message: message.into() }
+    }
+
+    pub fn system(code: &str, message: impl Into<String>) -> ExecError {
+        ExecError { kind: ErrorKind::System, code: code.to_owned(), message: message.into() }
+    }
+}
+
+impl fmt::Display for ExecError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{} error {}: {}", self.kind.name(), self.code, self.message)
+    }
+}
+
+/// A link to where a task's logs or progress can be seen.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LogLink {
+    pub name: String,
+    pub uri: String,
+}
+
+/// What a plugin reports of a task in a round: its phase, and a version the plugin raises when
+/// something new is worth an event within the same phase (progress, a new log link).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PhaseInfo {
+    pub phase: Phase,
+    pub version: u32,
+    pub reason: String,
+    pub logs: Vec<LogLink>,
+    /// Set for the failure phases.
+    pub error: Option<ExecError>,
+}
+
+impl PhaseInfo {
+    pub fn new(phase: Phase, version: u32, reason: impl Into<String>) -> PhaseInfo {
+        PhaseInfo { phase, version, reason: reason.into(), logs: Vec::new(), error: None }
+    }
+
+    pub fn not_ready(reason: impl Into<String>) -> PhaseInfo {
+        PhaseInfo::new(Phase::NotReady, 0, reason)
+    }
+
+    pub fn waiting_for_resources(reason: impl Into<String>) -> PhaseInfo {
+        PhaseInfo::new(Phase::WaitingForResources, 0, reason)
+    }
+
+    pub fn queued(reason: impl Into<String>) -> PhaseInfo {
+        PhaseInfo::new(Phase::Queued, 0, reason)
+    }
+
+    pub fn running(version: u32, reason: impl Into<String>) -> PhaseInfo {
+        PhaseInfo::new(Phase::Running, version, reason)
+    }
+
+    pub fn success(reason: impl Into<String>) -> PhaseInfo {
+        PhaseInfo::new(Phase::Success, 0, reason)
+    }
+
+    /// A failure that a new attempt may cure (within the budget of its kind).
+    pub fn retryable(error: ExecError) -> PhaseInfo {
+        PhaseInfo { error: Some(error.clone()), ..PhaseInfo::new(Phase::RetryableFailure, 0, error.message) }
+    }
+
+    /// A failure no new attempt can cure.
+    pub fn permanent(error: ExecError) -> PhaseInfo {
+        PhaseInfo { error: Some(error.clone()), ..PhaseInfo::new(Phase::PermanentFailure, 0, error.message) }
+    }
+
+    #[must_use]
+    pub fn with_logs(self, logs: Vec<LogLink>) -> PhaseInfo {
+        PhaseInfo { logs, ..self }
+    }
+}
+
+/// How a round's result is kept.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum TransitionKind {
+    /// Stored with the round, like every result.
+    Ephemeral,
+    /// Recorded before anything is done with it: if the daemon dies before the round is over,
+    /// the round is run again with the recorded result, without calling the plugin (for rounds
+    /// whose side effect must not happen twice).
+    Barrier,
+}
+
+/// What a round of a plugin answers.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Transition {
+    pub kind: TransitionKind,
+    pub info: PhaseInfo,
+}
+
+impl Transition {
+    pub fn ephemeral(info: PhaseInfo) -> Transition {
+        Transition { kind: TransitionKind::Ephemeral, info }
+    }
+
+    pub fn barrier(info: PhaseInfo) -> Transition {
+        Transition { kind: TransitionKind::Barrier, info }
+    }
+}
+
+/// The plugin's own state for a task, kept between rounds. Its version is the plugin's schema
+/// version, so a plugin can tell a state written by an older release of itself.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PluginState {
+    pub version: u8,
+    pub bytes: Vec<u8>,
+}
+
+/// What a round did to the plugin's state.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub enum StateWrite {
+    #[default]
+    Unchanged,
+    Put(PluginState),
+    Reset,
+}
+
+/// A change of a task's run, for its timeline: one per (attempt, phase, version).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Event {
+    pub attempt: u32,
+    pub phase: Phase,
+    pub version: u32,
+    pub reason: String,
+    pub logs: Vec<LogLink>,
+    pub error: Option<ExecError>,
+    pub at: Millis,
+}
+
+/// How many times a task may run again.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RetryPolicy {
+    /// Attempts that may end in a user failure, the first included (at least 1).
+    pub user_attempts: u32,
+    /// New attempts after system failures, beyond the user attempts.
+    pub system_retries: u32,
+}
+
+impl Default for RetryPolicy {
+    /// Flyte's defaults: a user failure ends the task, three system failures are retried.
+    fn default() -> RetryPolicy {
+        RetryPolicy { user_attempts: 1, system_retries: 3 }
+    }
+}
+
+/// A grant a task took through the resource manager: released when its attempt ends.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
+pub struct TakenToken {
+    pub namespace: NamespaceName,
+    pub token: Token,
+}
+
+/// How a run ended.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Ending {
+    Succeeded,
+    Failed(ExecError),
+    /// Stopped from outside (the task or its application removed, failed or completed).
+    Aborted(String),
+}
+
+/// Where a run is.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Stage {
+    /// Rounds of `handle` go on.
+    Handling,
+    /// The attempt is over: the plugin is asked to abort it (unless it ended by itself), then to
+    /// finalize it, then the tokens it took are released; then `then` follows.
+    Ending { abort: bool, then: AfterAttempt },
+    /// The run is over; the scheduler is told.
+    Ended(Ending),
+}
+
+/// What follows an attempt once it is finalized.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum AfterAttempt {
+    /// A new attempt, its state reset.
+    Retry,
+    End(Ending),
+}
+
+/// What the executor does next for a run.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Next {
+    /// Another round of `handle` (at once when woken, or after a pause the executor picks by
+    /// phase).
+    Handle,
+    /// Abort the attempt if `abort`, then finalize it, release its tokens, then call
+    /// [`Run::attempt_finalized`].
+    EndAttempt { abort: bool },
+    /// The run is over: tell the scheduler how.
+    Report(Ending),
+}
+
+/// One task's run, as the store keeps it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Run {
+    /// 1 for the first attempt.
+    pub attempt: u32,
+    pub user_failures: u32,
+    pub system_failures: u32,
+    pub phase: Phase,
+    pub version: u32,
+    pub state: Option<PluginState>,
+    /// Rounds handled so far (a Barrier's record names its round).
+    pub round: u64,
+    pub barrier: Option<(u64, Transition)>,
+    pub events: Vec<Event>,
+    pub stage: Stage,
+    /// Taken in this attempt, not released yet.
+    pub tokens: Vec<TakenToken>,
+    pub started: Millis,
+}
+
+impl Run {
+    /// A run's first attempt, not ready yet.
+    pub fn new(now: Millis) -> Run {
+        let mut run = Run {
+            attempt: 1,
+            user_failures: 0,
+            system_failures: 0,
+            phase: Phase::NotReady,
+            version: 0,
+            state: None,
+            round: 0,
+            barrier: None,
+            events: Vec::new(),
+            stage: Stage::Handling,
+            tokens: Vec::new(),
+            started: now,
+        };
+        run.record(&PhaseInfo::not_ready("placed; starting"), now);
+        run
+    }
+
+    /// What to do next.
+    pub fn next(&self) -> Next {
+        match &self.stage {
+            Stage::Handling => Next::Handle,
+            Stage::Ending { abort, .. } => Next::EndAttempt { abort: *abort },
+            Stage::Ended(ending) => Next::Report(ending.clone()),
+        }
+    }
+
+    /// The transition a Barrier recorded for the round about to run, if this round ran before
+    /// (the daemon died after recording it): use it instead of calling the plugin.
+    pub fn recorded(&self) -> Option<&Transition> {
+        self.barrier.as_ref().filter(|(round, _)| *round == self.round).map(|(_, t)| t)
+    }
+
+    /// Records a Barrier transition for the current round, before it is acted on (the store
+    /// keeps the run with it before [`Run::after_round`]).
+    pub fn record_barrier(&mut self, transition: &Transition) {
+        self.barrier = Some((self.round, transition.clone()));
+    }
+
+    /// Takes a round's result: the plugin's transition and what it wrote of its state, or the
+    /// error the round failed with (a system failure). The state write is kept whatever the
+    /// phase; a new (phase, version) is an event.
+    pub fn after_round(
+        &mut self,
+        result: Result<(Transition, StateWrite), ExecError>,
+        policy: RetryPolicy,
+        now: Millis,
+    ) -> Next {
+        if self.stage != Stage::Handling {
+            return self.next();
+        }
+        self.round += 1;
+        let info = match result {
+            Ok((transition, write)) => {
+                match write {
+                    StateWrite::Unchanged => {}
+                    StateWrite::Put(state) => self.state = Some(state),
+                    StateWrite::Reset => self.state = None,
+                }
+                transition.info
+            }
+            Err(error) => PhaseInfo::retryable(error),
+        };
+        self.record(&info, now);
+        match info.phase {
+            Phase::Success => self.end_attempt(false, AfterAttempt::End(Ending::Succeeded)),
+            Phase::RetryableFailure | Phase::PermanentFailure => {
+                let error = info.error.unwrap_or_else(|| ExecError::user("failed", info.reason.clone()));
+                let retry = info.phase == Phase::RetryableFailure && self.count_failure(&error, policy);
+                let then = if retry { AfterAttempt::Retry } else { AfterAttempt::End(Ending::Failed(error)) };
+                // A failed attempt may have left something running: it is aborted first.
+                self.end_attempt(true, then)
+            }
+            _ => {}
+        }
+        self.next()
+    }
+
+    /// Stops the run from outside (its task removed or its application ended): the attempt is
+    /// aborted and finalized, then the run ends as aborted. Nothing happens to a run that is
+    /// ending already, unless it was about to retry.
+    pub fn abort(&mut self, reason: &str, now: Millis) -> Next {
+        let ending = Ending::Aborted(reason.to_owned());
+        match &mut self.stage {
+            Stage::Handling => {
+                self.record(&PhaseInfo::permanent(ExecError::system("aborted", reason)), now);
+                self.end_attempt(true, AfterAttempt::End(ending));
+            }
+            Stage::Ending { then, .. } if *then == AfterAttempt::Retry => *then = AfterAttempt::End(ending),
+            Stage::Ending { .. } | Stage::Ended(_) => {}
+        }
+        self.next()
+    }
+
+    /// The attempt was aborted (if asked) and finalized, and its tokens released: a new attempt
+    /// starts (state, phase and tokens reset), or the run ends.
+    pub fn attempt_finalized(&mut self, now: Millis) -> Next {
+        let Stage::Ending { then, .. } = &self.stage else { return self.next() };
+        self.tokens.clear();
+        match then.clone() {
+            AfterAttempt::Retry => {
+                self.attempt += 1;
+                self.state = None;
+                self.barrier = None;
+                self.stage = Stage::Handling;
+                self.phase = Phase::NotReady;
+                self.version = 0;
+                self.record(&PhaseInfo::not_ready(format!("attempt {}", self.attempt)), now);
+            }
+            AfterAttempt::End(ending) => self.stage = Stage::Ended(ending),
+        }
+        self.next()
+    }
+
+    /// Notes a token taken through the resource manager (released when the attempt ends).
+    pub fn took(&mut self, token: TakenToken) {
+        if !self.tokens.contains(&token) {
+            self.tokens.push(token);
+        }
+    }
+
+    /// Notes a token released by the plugin itself.
+    pub fn released(&mut self, token: &TakenToken) {
+        self.tokens.retain(|t| t != token);
+    }
+
+    /// Counts a failure against its budget; true if a new attempt may follow.
+    fn count_failure(&mut self, error: &ExecError, policy: RetryPolicy) -> bool {
+        match error.kind {
+            ErrorKind::User => {
+                self.user_failures += 1;
+                self.user_failures < policy.user_attempts.max(1)
+            }
+            ErrorKind::System => {
+                self.system_failures += 1;
+                self.system_failures <= policy.system_retries
+            }
+        }
+    }
+
+    fn end_attempt(&mut self, abort: bool, then: AfterAttempt) {
+        self.stage = Stage::Ending { abort, then };
+    }
+
+    /// Takes the phase; a new (phase, version) in this attempt is an event.
+    fn record(&mut self, info: &PhaseInfo, now: Millis) {
+        let seen =
+            self.events.iter().any(|e| e.attempt == self.attempt && e.phase == info.phase && e.version == info.version);
+        self.phase = info.phase;
+        self.version = info.version;
+        if !seen {
+            self.events.push(Event {
+                attempt: self.attempt,
+                phase: info.phase,
+                version: info.version,
+                reason: info.reason.clone(),
+                logs: info.logs.clone(),
+                error: info.error.clone(),
+                at: now,
+            });
+        }
+    }
+}

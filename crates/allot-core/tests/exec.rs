@@ -1,0 +1,203 @@
+//! The run of a task by its plugin: every phase path, the retry budgets, abort then finalize, the
+//! plugin state kept when a round repeats its phase (flyte#5195), a Barrier replayed after a
+//! crash, and random rounds that always end.
+
+use allot_core::exec::{
+    Ending, ExecError, Next, Phase, PhaseInfo, PluginState, RetryPolicy, Run, StateWrite, TakenToken, Transition,
+};
+use allot_core::{NamespaceName, Token};
+use proptest::prelude::*;
+
+fn round(run: &mut Run, info: PhaseInfo, write: StateWrite, policy: RetryPolicy) -> Next {
+    run.after_round(Ok((Transition::ephemeral(info), write)), policy, 1_000 + run.round)
+}
+
+fn state(bytes: &[u8]) -> PluginState {
+    PluginState { version: 1, bytes: bytes.to_vec() }
+}
+
+fn phases(run: &Run) -> Vec<(u32, Phase, u32)> {
+    run.events.iter().map(|e| (e.attempt, e.phase, e.version)).collect()
+}
+
+#[test]
+fn a_run_that_succeeds_is_finalized_then_reported() {
+    let policy = RetryPolicy::default();
+    let mut run = Run::new(0);
+    assert_eq!(round(&mut run, PhaseInfo::queued("created"), StateWrite::Unchanged, policy), Next::Handle);
+    assert_eq!(round(&mut run, PhaseInfo::running(0, "started"), StateWrite::Unchanged, policy), Next::Handle);
+    assert_eq!(round(&mut run, PhaseInfo::running(0, "still"), StateWrite::Unchanged, policy), Next::Handle);
+    assert_eq!(round(&mut run, PhaseInfo::running(1, "50 %"), StateWrite::Unchanged, policy), Next::Handle);
+    let next = round(&mut run, PhaseInfo::success("done"), StateWrite::Unchanged, policy);
+    assert_eq!(next, Next::EndAttempt { abort: false }, "success is finalized, not aborted");
+    assert_eq!(run.attempt_finalized(2_000), Next::Report(Ending::Succeeded));
+    assert_eq!(
+        phases(&run),
+        [
+            (1, Phase::NotReady, 0),
+            (1, Phase::Queued, 0),
+            (1, Phase::Running, 0),
+            (1, Phase::Running, 1),
+            (1, Phase::Success, 0)
+        ],
+        "one event per (phase, version)"
+    );
+}
+
+#[test]
+fn the_state_a_round_writes_is_kept_when_the_phase_repeats() {
+    // flyte#5195: the round that took a token repeated its phase; Flyte dropped its state, and the
+    // task waited forever holding the token.
+    let policy = RetryPolicy::default();
+    let mut run = Run::new(0);
+    round(&mut run, PhaseInfo::waiting_for_resources("no token"), StateWrite::Put(state(b"not-started")), policy);
+    round(&mut run, PhaseInfo::waiting_for_resources("no token"), StateWrite::Put(state(b"token-taken")), policy);
+    assert_eq!(run.state, Some(state(b"token-taken")));
+    round(&mut run, PhaseInfo::waiting_for_resources("no token"), StateWrite::Unchanged, policy);
+    assert_eq!(run.state, Some(state(b"token-taken")), "a round that writes nothing keeps the state");
+    round(&mut run, PhaseInfo::waiting_for_resources("no token"), StateWrite::Reset, policy);
+    assert_eq!(run.state, None, "reset clears it");
+    assert_eq!(run.events.iter().filter(|e| e.phase == Phase::WaitingForResources).count(), 1);
+}
+
+#[test]
+fn user_and_system_failures_have_budgets_of_their_own() {
+    let policy = RetryPolicy { user_attempts: 2, system_retries: 1 };
+    let mut run = Run::new(0);
+    run.took(TakenToken { namespace: NamespaceName::new("api").unwrap(), token: Token::new("a:t").unwrap() });
+    // A user failure: one more attempt allowed.
+    let next =
+        round(&mut run, PhaseInfo::retryable(ExecError::user("exit_1", "exit 1")), StateWrite::Unchanged, policy);
+    assert_eq!(next, Next::EndAttempt { abort: true }, "a failed attempt is aborted, then finalized");
+    assert_eq!(run.attempt_finalized(10), Next::Handle);
+    assert_eq!((run.attempt, run.state.clone(), run.tokens.len()), (2, None, 0), "new attempt, clean slate");
+    // A failing round is a system failure: its own budget.
+    let next = run.after_round(Err(ExecError::system("plugin_error", "boom")), policy, 20);
+    assert_eq!(next, Next::EndAttempt { abort: true });
+    assert_eq!(run.attempt_finalized(30), Next::Handle);
+    assert_eq!((run.attempt, run.user_failures, run.system_failures), (3, 1, 1));
+    // The second user failure exhausts the user budget.
+    let error = ExecError::user("exit_1", "exit 1 again");
+    round(&mut run, PhaseInfo::retryable(error.clone()), StateWrite::Unchanged, policy);
+    assert_eq!(run.attempt_finalized(40), Next::Report(Ending::Failed(error)));
+    assert_eq!(run.events.iter().filter(|e| e.phase == Phase::RetryableFailure).count(), 3);
+}
+
+#[test]
+fn a_permanent_failure_is_not_retried() {
+    let policy = RetryPolicy { user_attempts: 5, system_retries: 5 };
+    let mut run = Run::new(0);
+    let error = ExecError::system("bad_spec", "no such image");
+    round(&mut run, PhaseInfo::permanent(error.clone()), StateWrite::Unchanged, policy);
+    assert_eq!(run.attempt_finalized(1), Next::Report(Ending::Failed(error)));
+    assert_eq!(run.attempt, 1);
+}
+
+#[test]
+fn abort_is_always_followed_by_finalize_and_the_tokens_go() {
+    let policy = RetryPolicy::default();
+    let mut run = Run::new(0);
+    round(&mut run, PhaseInfo::running(0, "up"), StateWrite::Unchanged, policy);
+    run.took(TakenToken { namespace: NamespaceName::new("api").unwrap(), token: Token::new("a:t").unwrap() });
+    assert_eq!(run.abort("application removed", 5), Next::EndAttempt { abort: true });
+    assert_eq!(run.next(), Next::EndAttempt { abort: true }, "until finalized, the executor is told again");
+    assert_eq!(run.attempt_finalized(6), Next::Report(Ending::Aborted("application removed".into())));
+    assert!(run.tokens.is_empty());
+    // An abort while a retry is pending ends the run instead.
+    let mut run = Run::new(0);
+    round(&mut run, PhaseInfo::retryable(ExecError::system("lost", "alloc lost")), StateWrite::Unchanged, policy);
+    run.abort("removed", 7);
+    assert_eq!(run.attempt_finalized(8), Next::Report(Ending::Aborted("removed".into())));
+}
+
+#[test]
+fn a_barrier_is_replayed_after_a_crash_instead_of_calling_the_plugin() {
+    let policy = RetryPolicy::default();
+    let mut run = Run::new(0);
+    let launched = Transition::barrier(PhaseInfo::queued("job 17 created"));
+    run.record_barrier(&launched);
+    // The daemon dies here; the stored run has the barrier for this round.
+    let stored = run.clone();
+    assert_eq!(stored.recorded(), Some(&launched), "the round runs again with the recorded result");
+    let mut run = stored;
+    let replay = run.recorded().cloned().unwrap();
+    run.after_round(Ok((replay, StateWrite::Unchanged)), policy, 1);
+    assert_eq!(run.phase, Phase::Queued);
+    assert_eq!(run.recorded(), None, "the next round calls the plugin");
+}
+
+#[derive(Debug, Clone)]
+enum Step {
+    Round(u8, u32),
+    Fail(bool, bool),
+    Crash,
+    Abort,
+}
+
+fn step() -> impl Strategy<Value = Step> {
+    prop_oneof![
+        (0u8..5, 0u32..3).prop_map(|(p, v)| Step::Round(p, v)),
+        (any::<bool>(), any::<bool>()).prop_map(|(user, retryable)| Step::Fail(user, retryable)),
+        Just(Step::Crash),
+        Just(Step::Abort),
+    ]
+}
+
+proptest! {
+    /// Whatever the rounds answer: one event per (attempt, phase, version), attempts within the
+    /// budgets, every ended attempt finalized with its tokens released, and a run that keeps
+    /// failing ends.
+    #[test]
+    fn random_rounds_keep_the_invariants_and_failing_runs_end(steps in proptest::collection::vec(step(), 1..60)) {
+        let policy = RetryPolicy { user_attempts: 2, system_retries: 2 };
+        let mut run = Run::new(0);
+        let mut now = 0;
+        let mut ended = None;
+        for step in steps {
+            now += 1;
+            if ended.is_some() { break; }
+            let next = match step {
+                Step::Round(p, v) => {
+                    let phase = [Phase::NotReady, Phase::WaitingForResources, Phase::Queued, Phase::Initializing, Phase::Running][p as usize];
+                    run.took(TakenToken { namespace: NamespaceName::new("n").unwrap(), token: Token::new("a:t").unwrap() });
+                    run.after_round(Ok((Transition::ephemeral(PhaseInfo::new(phase, v, "")), StateWrite::Unchanged)), policy, now)
+                }
+                Step::Fail(user, retryable) => {
+                    let error = if user { ExecError::user("u", "u") } else { ExecError::system("s", "s") };
+                    let info = if retryable { PhaseInfo::retryable(error) } else { PhaseInfo::permanent(error) };
+                    run.after_round(Ok((Transition::ephemeral(info), StateWrite::Unchanged)), policy, now)
+                }
+                Step::Crash => run.after_round(Err(ExecError::system("crash", "daemon died")), policy, now),
+                Step::Abort => run.abort("stop", now),
+            };
+            match next {
+                Next::Handle => {}
+                Next::EndAttempt { .. } => {
+                    if let Next::Report(ending) = run.attempt_finalized(now) {
+                        prop_assert!(run.tokens.is_empty(), "tokens released when the run ends");
+                        ended = Some(ending);
+                    } else {
+                        prop_assert!(run.tokens.is_empty(), "tokens released before a new attempt");
+                    }
+                }
+                Next::Report(ending) => ended = Some(ending),
+            }
+            prop_assert!(run.attempt <= 1 + (policy.user_attempts - 1) + policy.system_retries);
+            prop_assert!(run.user_failures <= policy.user_attempts && run.system_failures <= policy.system_retries + 1);
+        }
+        let mut seen = std::collections::HashSet::new();
+        for e in &run.events {
+            prop_assert!(seen.insert((e.attempt, e.phase, e.version)), "duplicate event {:?}", e);
+        }
+        // Failing rounds only: the run ends within the budgets.
+        let mut failing = run.clone();
+        for i in 0..20 {
+            match failing.after_round(Err(ExecError::system("s", "s")), policy, 1_000 + i) {
+                Next::EndAttempt { .. } => { if let Next::Report(_) = failing.attempt_finalized(1_000 + i) { break; } }
+                Next::Report(_) => break,
+                Next::Handle => {}
+            }
+        }
+        prop_assert!(matches!(failing.next(), Next::Report(_)), "a run that keeps failing ends: {:?}", failing.stage);
+    }
+}
