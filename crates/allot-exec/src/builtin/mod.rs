@@ -1,0 +1,11 @@
+//! The plugins that come with allot.
+
+mod noop;
+mod sleep;
+
+use crate::plugin::PluginEntry;
+
+/// Every built-in plugin's entry.
+pub fn entries() -> Vec<PluginEntry> {
+    vec![noop::entry(), sleep::entry()]
+}

@@ -1,0 +1,417 @@
+//! What a plugin is given [Flyte `SetupContext` and `TaskExecutionContext`]: at start, a
+//! registrar of its token quotas, its secrets and a waker; for each round, the task, its state,
+//! the resource manager (allot's own token quotas) and the rest.
+
+use std::collections::{BTreeMap, HashMap};
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use allot_core::exec::{ExecError, PluginState, StateWrite, TakenToken};
+use allot_core::sched::{AppId, TaskId};
+use allot_core::{AllocateRequest, Constraints, LeaseRequest, NamespaceName, Token};
+use allot_store::{Allocation, Store, StoreError};
+
+/// A task's run, as the executor names it.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct RunKey {
+    pub app: AppId,
+    pub task: TaskId,
+}
+
+impl std::fmt::Display for RunKey {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}/{}", self.app, self.task)
+    }
+}
+
+/// Wakes a task's run: its next round comes at once, not after the executor's pause.
+#[derive(Clone)]
+pub struct Waker(Arc<dyn Fn(&RunKey) + Send + Sync>);
+
+impl Waker {
+    pub fn new(wake: impl Fn(&RunKey) + Send + Sync + 'static) -> Waker {
+        Waker(Arc::new(wake))
+    }
+
+    pub fn wake(&self, run: &RunKey) {
+        (self.0)(run)
+    }
+}
+
+impl std::fmt::Debug for Waker {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Waker")
+    }
+}
+
+/// Secrets by name, from the daemon's configuration; a plugin reads only its own.
+#[derive(Debug, Clone, Default)]
+pub struct Secrets(Arc<BTreeMap<String, String>>);
+
+impl Secrets {
+    pub fn new(secrets: BTreeMap<String, String>) -> Secrets {
+        Secrets(Arc::new(secrets))
+    }
+
+    pub fn get(&self, name: &str) -> Option<&str> {
+        self.0.get(name).map(String::as_str)
+    }
+}
+
+/// The namespace of a plugin's quota `name`: `<plugin>:<name>`, as Flyte names them.
+pub fn quota_namespace(plugin: &str, name: &str) -> Result<NamespaceName, ExecError> {
+    NamespaceName::new(&format!("{plugin}:{name}"))
+        .map_err(|e| ExecError::system("bad_quota_name", format!("quota `{name}` of plugin `{plugin}`: {e}")))
+}
+
+fn store_error(err: StoreError) -> ExecError {
+    ExecError::system("store", err.to_string())
+}
+
+/// What a plugin gets at start [Flyte `SetupContext`].
+#[derive(Clone)]
+pub struct SetupContext {
+    pub(crate) plugin: String,
+    pub(crate) store: Arc<dyn Store>,
+    pub(crate) secrets: Secrets,
+    pub(crate) waker: Waker,
+}
+
+impl SetupContext {
+    pub fn new(plugin: &str, store: Arc<dyn Store>, secrets: Secrets, waker: Waker) -> SetupContext {
+        SetupContext { plugin: plugin.to_owned(), store, secrets, waker }
+    }
+
+    /// Registers a token quota of this plugin [Flyte `ResourceRegistrar`]: the namespace
+    /// `<plugin>:<name>` is created with `quota` if it does not exist (an existing one keeps the
+    /// quota it has: it may have been changed since).
+    pub async fn register_quota(&self, name: &str, quota: u64) -> Result<NamespaceName, ExecError> {
+        let namespace = quota_namespace(&self.plugin, name)?;
+        self.store.seed_namespace(namespace.clone(), quota).await.map_err(store_error)?;
+        Ok(namespace)
+    }
+
+    pub fn secrets(&self) -> &Secrets {
+        &self.secrets
+    }
+
+    /// Wakes a task when an outside event arrives (a callback, a message).
+    pub fn waker(&self) -> Waker {
+        self.waker.clone()
+    }
+
+    pub fn plugin(&self) -> &str {
+        &self.plugin
+    }
+}
+
+/// Where a token a task asked for stands.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum TokenStatus {
+    Granted,
+    /// In the namespace's queue: the task is woken when it is granted (no polling).
+    Waiting,
+}
+
+#[derive(Debug, Clone)]
+enum Ask {
+    Waiting,
+    Granted,
+    Failed(ExecError),
+}
+
+/// The waits for tokens of every run on this daemon. A wait is one allocate call that waits in
+/// the namespace's queue (renewed until granted: the token keeps its place); when it is granted
+/// the run is woken.
+#[derive(Clone, Default)]
+pub struct TokenWaits {
+    asks: Arc<Mutex<HashMap<(NamespaceName, Token), Ask>>>,
+}
+
+impl TokenWaits {
+    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<(NamespaceName, Token), Ask>> {
+        self.asks.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Whether `request` is granted; the first call for it starts its wait.
+    async fn take(
+        &self,
+        store: &Arc<dyn Store>,
+        request: AllocateRequest,
+        run: RunKey,
+        waker: Waker,
+    ) -> Result<TokenStatus, ExecError> {
+        let key = (request.namespace.clone(), request.token.clone());
+        let ask = self.lock().get(&key).cloned();
+        match ask {
+            Some(Ask::Granted) => {
+                self.lock().remove(&key);
+                return Ok(TokenStatus::Granted);
+            }
+            Some(Ask::Waiting) => return Ok(TokenStatus::Waiting),
+            Some(Ask::Failed(err)) => {
+                self.lock().remove(&key);
+                return Err(err);
+            }
+            None => {}
+        }
+        // Without waiting first: granted at once if there is room and no one waits ahead.
+        match store.allocate(request.clone(), Duration::ZERO).await.map_err(store_error)? {
+            Allocation::Granted { .. } => return Ok(TokenStatus::Granted),
+            Allocation::Refused { .. } => {}
+        }
+        self.lock().insert(key.clone(), Ask::Waiting);
+        let (asks, store) = (self.clone(), store.clone());
+        tokio::spawn(async move {
+            let answer = loop {
+                match store.allocate(request.clone(), allot_store::MAX_WAIT).await {
+                    Ok(Allocation::Granted { .. }) => break Ask::Granted,
+                    // The wait ended without a grant: wait again (the token keeps its place).
+                    Ok(Allocation::Refused { .. }) => {}
+                    Err(StoreError::Unavailable(_) | StoreError::OutcomeUnknown(_)) => {
+                        tokio::time::sleep(Duration::from_secs(1)).await;
+                    }
+                    Err(err) => break Ask::Failed(store_error(err)),
+                }
+                if !asks.lock().contains_key(&key) {
+                    return;
+                }
+            };
+            let granted = matches!(answer, Ask::Granted);
+            let forgotten = {
+                let mut map = asks.lock();
+                let forgotten = !map.contains_key(&key);
+                if !forgotten {
+                    map.insert(key.clone(), answer);
+                }
+                forgotten
+            };
+            if !forgotten {
+                waker.wake(&run);
+            } else if granted {
+                // Its run ended while it waited: nobody holds it.
+                let _ = store.release(key.0, key.1, None).await;
+            }
+        });
+        Ok(TokenStatus::Waiting)
+    }
+
+    /// Forgets a wait (its run ended); a grant that comes later is released by the caller.
+    fn forget(&self, namespace: &NamespaceName, token: &Token) {
+        self.lock().remove(&(namespace.clone(), token.clone()));
+    }
+}
+
+/// The resource manager a task's rounds use [Flyte `ResourceManager`]: the plugin's token quotas,
+/// in allot's own store. Every token taken is noted on the run and released when its attempt
+/// ends, whatever the path.
+pub struct Tokens {
+    pub(crate) store: Arc<dyn Store>,
+    pub(crate) plugin: String,
+    pub(crate) run: RunKey,
+    pub(crate) attempt: u32,
+    pub(crate) waits: TokenWaits,
+    pub(crate) waker: Waker,
+    /// Taken in this attempt (the run's list, given back to it after the round).
+    pub(crate) taken: Vec<TakenToken>,
+}
+
+impl Tokens {
+    /// The resource manager of `run`'s attempt, for `plugin`, holding `taken` already.
+    pub fn new(
+        store: Arc<dyn Store>,
+        plugin: &str,
+        run: RunKey,
+        attempt: u32,
+        waits: TokenWaits,
+        waker: Waker,
+        taken: Vec<TakenToken>,
+    ) -> Tokens {
+        Tokens { store, plugin: plugin.to_owned(), run, attempt, waits, waker, taken }
+    }
+
+    /// What this attempt holds.
+    pub fn taken(&self) -> &[TakenToken] {
+        &self.taken
+    }
+
+    /// The token this task's attempt holds in a namespace.
+    fn token(&self) -> Result<Token, ExecError> {
+        Token::new(&format!("{}:{}:{}", self.run.app, self.run.task, self.attempt))
+            .map_err(|e| ExecError::system("bad_token", e.to_string()))
+    }
+
+    /// Asks for `units` of the plugin's quota `name`: granted now, or waiting in its queue (the
+    /// round answers WaitingForResources, and the task is woken when it is granted).
+    pub async fn take(&mut self, name: &str, units: u64) -> Result<TokenStatus, ExecError> {
+        let namespace = quota_namespace(&self.plugin, name)?;
+        let token = self.token()?;
+        let taken = TakenToken { namespace: namespace.clone(), token: token.clone() };
+        if self.taken.contains(&taken) {
+            return Ok(TokenStatus::Granted);
+        }
+        let request = AllocateRequest {
+            namespace,
+            token,
+            units,
+            scope: None,
+            constraints: Constraints::default(),
+            lease: LeaseRequest::None,
+        };
+        let status = self.waits.take(&self.store, request, self.run.clone(), self.waker.clone()).await?;
+        if status == TokenStatus::Granted {
+            self.taken.push(taken);
+        }
+        Ok(status)
+    }
+
+    /// Releases what this attempt holds of quota `name` (idempotent).
+    pub async fn release(&mut self, name: &str) -> Result<(), ExecError> {
+        let namespace = quota_namespace(&self.plugin, name)?;
+        let token = self.token()?;
+        release(&self.store, &self.waits, &namespace, &token).await?;
+        self.taken.retain(|t| !(t.namespace == namespace && t.token == token));
+        Ok(())
+    }
+}
+
+/// Releases a token, and forgets its wait if it had one.
+pub(crate) async fn release(
+    store: &Arc<dyn Store>,
+    waits: &TokenWaits,
+    namespace: &NamespaceName,
+    token: &Token,
+) -> Result<(), ExecError> {
+    waits.forget(namespace, token);
+    match store.release(namespace.clone(), token.clone(), None).await {
+        Ok(_) => Ok(()),
+        Err(StoreError::Ledger(allot_core::LedgerError::NamespaceNotFound(_))) => Ok(()),
+        Err(err) => Err(store_error(err)),
+    }
+}
+
+/// What the executor knows of a task when a round runs [Flyte `TaskExecutionMetadata`].
+#[derive(Debug, Clone, Default)]
+pub struct Metadata {
+    pub queue: String,
+    pub user: String,
+    /// The application's tags.
+    pub labels: BTreeMap<String, String>,
+    /// Where it was placed: `pool/alloc`, and the alloc's resources.
+    pub alloc: String,
+    pub resources: String,
+    /// The task may be stopped at any time (and retried elsewhere) without it being a failure.
+    pub interruptible: bool,
+}
+
+/// What a plugin gets for a round [Flyte `TaskExecutionContext`].
+pub struct TaskContext {
+    pub run: RunKey,
+    pub attempt: u32,
+    pub task_type: String,
+    /// The task's spec for its plugin (its JSON `spec`).
+    pub spec: serde_json::Value,
+    pub inputs: serde_json::Value,
+    pub metadata: Metadata,
+    /// The task's own directory (logs, scratch, outputs), kept across attempts.
+    pub dir: PathBuf,
+    pub max_output_bytes: usize,
+    pub secrets: Secrets,
+    pub tokens: Tokens,
+    pub(crate) state: Option<PluginState>,
+    pub(crate) write: StateWrite,
+    pub(crate) outputs: Option<serde_json::Value>,
+    pub(crate) waker: Waker,
+}
+
+/// What a round leaves for the executor to store.
+#[derive(Debug, Clone, PartialEq)]
+pub struct RoundOutput {
+    pub write: StateWrite,
+    pub outputs: Option<serde_json::Value>,
+    pub taken: Vec<TakenToken>,
+}
+
+impl TaskContext {
+    /// A round's context: `state` as the last round left it; the rest is set through the pub
+    /// fields.
+    pub fn new(
+        run: RunKey,
+        attempt: u32,
+        task_type: &str,
+        tokens: Tokens,
+        state: Option<PluginState>,
+        waker: Waker,
+    ) -> TaskContext {
+        TaskContext {
+            run,
+            attempt,
+            task_type: task_type.to_owned(),
+            spec: serde_json::Value::Null,
+            inputs: serde_json::Value::Null,
+            metadata: Metadata::default(),
+            dir: PathBuf::new(),
+            max_output_bytes: 1 << 20,
+            secrets: Secrets::default(),
+            tokens,
+            state,
+            write: StateWrite::Unchanged,
+            outputs: None,
+            waker,
+        }
+    }
+
+    /// Ends the round: what it wrote of the state, its outputs, and the tokens the attempt holds.
+    pub fn finish(self) -> RoundOutput {
+        RoundOutput { write: self.write, outputs: self.outputs, taken: self.tokens.taken }
+    }
+
+    /// The plugin's state as the last round left it, if any [Flyte `PluginStateReader`].
+    pub fn state(&self) -> Option<&PluginState> {
+        match &self.write {
+            StateWrite::Put(state) => Some(state),
+            StateWrite::Reset => None,
+            StateWrite::Unchanged => self.state.as_ref(),
+        }
+    }
+
+    /// The state as JSON of the plugin's schema `version`: `None` if there is none or it was
+    /// written by another version.
+    pub fn state_json<T: serde::de::DeserializeOwned>(&self, version: u8) -> Option<T> {
+        self.state().filter(|s| s.version == version).and_then(|s| serde_json::from_slice(&s.bytes).ok())
+    }
+
+    /// Keeps `bytes` as the plugin's state, whatever the phase the round answers
+    /// [Flyte `PluginStateWriter.Put`, without flyte#5195].
+    pub fn put_state(&mut self, version: u8, bytes: Vec<u8>) {
+        self.write = StateWrite::Put(PluginState { version, bytes });
+    }
+
+    pub fn put_state_json<T: serde::Serialize>(&mut self, version: u8, value: &T) {
+        self.put_state(version, serde_json::to_vec(value).expect("plugin state encodes"));
+    }
+
+    /// Clears the plugin's state.
+    pub fn reset_state(&mut self) {
+        self.write = StateWrite::Reset;
+    }
+
+    /// Records the task's outputs (JSON), at most `max_output_bytes` encoded.
+    pub fn set_outputs(&mut self, outputs: serde_json::Value) -> Result<(), ExecError> {
+        let size = serde_json::to_vec(&outputs).map_or(usize::MAX, |b| b.len());
+        if size > self.max_output_bytes {
+            return Err(ExecError::user(
+                "outputs_too_large",
+                format!("the outputs take {size} bytes, more than the {} allowed", self.max_output_bytes),
+            ));
+        }
+        self.outputs = Some(outputs);
+        Ok(())
+    }
+
+    /// Wakes this task's run later, from outside the round (a callback arrived).
+    pub fn waker(&self) -> Waker {
+        self.waker.clone()
+    }
+}

@@ -1,0 +1,21 @@
+//! allot's task plugins and their executor [Flyte's plugin machinery].
+//!
+//! - `plugin`: the [`Plugin`] trait and its [`PluginEntry`];
+//! - `registry`: which plugin runs a task, loaded once at start;
+//! - `context`: what a plugin is given at start and for each round, with the resource manager
+//!   (allot's own token quotas, woken on release rather than polled);
+//! - `builtin`: the plugins that come with allot.
+//!
+//! The decisions over a run (phases, retries, events, abort then finalize) are pure, in
+//! `allot_core::exec`.
+
+pub mod builtin;
+pub mod context;
+pub mod plugin;
+pub mod registry;
+
+pub use context::{
+    Metadata, RoundOutput, RunKey, Secrets, SetupContext, TaskContext, TokenStatus, TokenWaits, Tokens, Waker,
+};
+pub use plugin::{LoadResult, Plugin, PluginEntry, PluginLoader, PluginProperties};
+pub use registry::{Registry, RegistryError, ResolveError};
