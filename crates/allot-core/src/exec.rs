@@ -319,6 +319,8 @@ pub struct Run {
     /// Taken in this attempt, not released yet.
     pub tokens: Vec<TakenToken>,
     pub started: Millis,
+    /// The task's outputs (JSON text), recorded once, by the round that succeeded.
+    pub outputs: Option<String>,
 }
 
 impl Run {
@@ -337,6 +339,7 @@ impl Run {
             stage: Stage::Handling,
             tokens: Vec::new(),
             started: now,
+            outputs: None,
         };
         run.record(&PhaseInfo::not_ready("placed; starting"), now);
         run

@@ -26,6 +26,7 @@ mod apps;
 mod conn;
 mod pools;
 mod reply;
+mod runs;
 mod sched;
 pub mod sched_lease;
 mod scripts;

@@ -26,6 +26,7 @@ async fn conformance_on_one_redis_server() {
     conformance::run_pools(store.clone()).await;
     schedule_here(&store).await;
     conformance::run_apps(store.clone()).await;
+    conformance::run_runs(store.clone()).await;
     store.shutdown().await;
 }
 
@@ -37,6 +38,7 @@ async fn conformance_on_a_three_primary_cluster() {
     conformance::run_pools(store.clone()).await;
     schedule_here(&store).await;
     conformance::run_apps(store.clone()).await;
+    conformance::run_runs(store.clone()).await;
     store.shutdown().await;
 }
 

@@ -16,10 +16,12 @@ pub mod conformance;
 pub mod embedded;
 pub mod fault;
 pub mod records;
+pub mod runs;
 
 /// The traits whose methods a caller of `dyn Store` uses: `use allot_store::prelude::*;`.
 pub mod prelude {
     pub use crate::apps::AppStore;
+    pub use crate::runs::RunStore;
     pub use crate::{PoolStore, QuotaStore, Store};
 }
 
@@ -36,6 +38,7 @@ use async_trait::async_trait;
 
 pub use apps::{AppInfo, AppStore, AppsHome, TaskInfo};
 pub use embedded::{EmbeddedConfig, EmbeddedStore};
+pub use runs::{RunChange, RunStore};
 
 /// The longest an allocate call may wait for room.
 pub const MAX_WAIT: Duration = Duration::from_secs(300);
@@ -213,7 +216,7 @@ pub struct CommitStats {
 ///
 /// Every mutating call returns only once its effect is durable.
 #[async_trait]
-pub trait Store: QuotaStore + PoolStore + AppStore + Send + Sync + 'static {
+pub trait Store: QuotaStore + PoolStore + AppStore + RunStore + Send + Sync + 'static {
     /// A short name for logs and `/healthz`, e.g. `embedded`.
     fn backend(&self) -> &'static str;
     /// The store's clock now (ms), the time base of allocs' `created`, `expires`...

@@ -35,6 +35,7 @@ async fn embedded_store_passes_the_conformance_suite() {
     conformance::run(store.clone()).await;
     conformance::run_pools(store.clone()).await;
     conformance::run_apps(store.clone()).await;
+    conformance::run_runs(store.clone()).await;
     store.shutdown().await;
 }
 
@@ -292,5 +293,26 @@ async fn a_reserved_gang_keeps_its_placements_and_the_time_its_placeholders_had_
     }
     assert!(started.elapsed() >= Duration::from_millis(1200), "it ran early: {:?}", started.elapsed());
     assert_eq!(store.pool(pool).await.unwrap().allocs, 0, "the unused placeholders were released");
+    store.shutdown().await;
+}
+
+/// A task's run is on disk when `put_run` answers, and comes back whole after a restart.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn runs_survive_a_restart() {
+    use allot_core::sched::{AppId, TaskId};
+    use allot_store::RunStore;
+
+    let dir = tempfile::tempdir().unwrap();
+    let (app, task) = (AppId::new("etl").unwrap(), TaskId::new("t1").unwrap());
+    let run = conformance::sample_run();
+    {
+        let store = open(dir.path());
+        store.put_run(app.clone(), task.clone(), run.clone()).await.unwrap();
+        store.put_run(app.clone(), TaskId::new("gone").unwrap(), run.clone()).await.unwrap();
+        store.remove_run(app.clone(), TaskId::new("gone").unwrap()).await.unwrap();
+        store.shutdown().await;
+    }
+    let store = open(dir.path());
+    assert_eq!(store.runs().await.unwrap(), [(app, task, run)]);
     store.shutdown().await;
 }

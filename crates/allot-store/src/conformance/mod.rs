@@ -5,11 +5,13 @@
 //! the name of the check and what differed.
 
 mod apps;
+mod runs;
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 pub use apps::run_apps;
+pub use runs::{run_runs, sample_run};
 
 use allot_core::pool::{AllocId, AllocRequest, AllocState, EndReason, PoolError, PoolName};
 use allot_core::{

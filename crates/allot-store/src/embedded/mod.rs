@@ -19,6 +19,7 @@
 mod apps;
 mod pools;
 mod quotas;
+mod runs;
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
@@ -34,11 +35,13 @@ use redb::{Database, Durability, ReadableTable, StorageBackend};
 use tokio::sync::{oneshot, watch};
 
 use crate::records::apps::{APPS, QUEUES, TASKS};
+use crate::records::runs::RUNS;
 use crate::records::{
     decode, encode, resources_from, resources_record, AllocRecord, CorruptRecord, GrantRecord, NamespaceRecord,
     PoolRecord, SessionRecord, ALLOCS, FORMAT_VERSION, GRANTS, META, META_CLOCK, META_FORMAT, META_SEQ, NAMESPACES,
     POOLS, POOL_LABELS, RETIRED_FENCING, SESSIONS,
 };
+use crate::runs::RunChange;
 use crate::{expires_in, Allocation, CommitStats, GrantInfo, SessionInfo, Store, StoreError};
 
 /// How often the sweeper looks for expired leases.
@@ -132,6 +135,7 @@ struct Pending {
     changes: Vec<Change>,
     pool_changes: Vec<PoolChange>,
     app_changes: Vec<AppChange>,
+    run_changes: Vec<RunChange>,
     ack: Option<Ack>,
     woken: Vec<(oneshot::Sender<WaiterAnswer>, Grant)>,
     cancelled: Vec<(oneshot::Sender<WaiterAnswer>, LedgerError)>,
@@ -141,6 +145,7 @@ struct State {
     ledger: Ledger,
     pools: Pools,
     sched: Scheduler,
+    runs: runs::Runs,
     waiters: HashMap<WaiterId, oneshot::Sender<WaiterAnswer>>,
     /// `None` once shut down.
     queue: Option<mpsc::Sender<Pending>>,
@@ -174,6 +179,23 @@ impl State {
         self.submit_all(shared, outcome.ledger, outcome.pools, outcome.apps)
     }
 
+    /// Queues a change of the kept runs for commit.
+    fn submit_runs(&mut self, shared: &Shared, change: RunChange) -> oneshot::Receiver<Result<(), StoreError>> {
+        let (ack, rx) = oneshot::channel();
+        let pending = Pending {
+            epoch: shared.epoch.load(Ordering::SeqCst),
+            changes: Vec::new(),
+            pool_changes: Vec::new(),
+            app_changes: Vec::new(),
+            run_changes: vec![change],
+            ack: Some(ack),
+            woken: Vec::new(),
+            cancelled: Vec::new(),
+        };
+        self.send(pending);
+        rx
+    }
+
     /// Queues ledger effects and pool changes for one commit.
     fn submit_all(
         &mut self,
@@ -193,10 +215,16 @@ impl State {
             changes: effects.changes,
             pool_changes,
             app_changes,
+            run_changes: Vec::new(),
             ack: Some(ack),
             woken,
             cancelled,
         };
+        self.send(pending);
+        rx
+    }
+
+    fn send(&self, pending: Pending) {
         match &self.queue {
             Some(queue) => {
                 if let Err(unsent) = queue.send(pending) {
@@ -205,7 +233,6 @@ impl State {
             }
             None => fail(vec![pending], &StoreError::ShuttingDown),
         }
-        rx
     }
 }
 
@@ -255,7 +282,7 @@ impl EmbeddedStore {
 
     fn open_with(opener: Opener) -> Result<EmbeddedStore, OpenError> {
         let db = opener()?;
-        let Loaded { ledger, pools, sched, clock, seq } = load(&db)?;
+        let Loaded { ledger, pools, sched, runs, clock, seq } = load(&db)?;
         let (queue, receiver) = mpsc::channel();
         let (shutdown, _) = watch::channel(false);
         let shared = Arc::new(Shared {
@@ -263,6 +290,7 @@ impl EmbeddedStore {
                 ledger,
                 pools,
                 sched,
+                runs,
                 waiters: HashMap::new(),
                 queue: Some(queue),
                 broken: None,
@@ -485,6 +513,7 @@ struct Loaded {
     ledger: Ledger,
     pools: Pools,
     sched: Scheduler,
+    runs: runs::Runs,
     /// The daemon clock at the last commit.
     clock: Millis,
     /// The number of the last commit.
@@ -502,7 +531,7 @@ fn load(db: &Database) -> Result<Loaded, OpenError> {
     if !initialized {
         init_tables(db)?;
     }
-    ensure_pool_tables(db)?;
+    ensure_part_tables(db)?;
     let txn = db.begin_read().map_err(|e| read_err(e.into()))?;
     let format = txn
         .open_table(META)
@@ -515,15 +544,16 @@ fn load(db: &Database) -> Result<Loaded, OpenError> {
     load_records(db)
 }
 
-/// Creates the pool tables in a database written before pools existed (format 1 gained them
-/// without a new version: they are only added).
-fn ensure_pool_tables(db: &Database) -> Result<(), OpenError> {
+/// Creates the tables of the parts added since format 1 (pools, applications, runs) in a database
+/// written before them: they are only added, so the format keeps its version.
+fn ensure_part_tables(db: &Database) -> Result<(), OpenError> {
     let read_err = |err: redb::Error| OpenError::Read(err.to_string());
     let exists = {
         let txn = db.begin_read().map_err(|e| read_err(e.into()))?;
         [POOLS, POOL_LABELS, QUEUES, APPS].iter().all(|table| txn.open_table(*table).is_ok())
             && txn.open_table(ALLOCS).is_ok()
             && txn.open_table(TASKS).is_ok()
+            && txn.open_table(RUNS).is_ok()
     };
     if exists {
         return Ok(());
@@ -534,6 +564,7 @@ fn ensure_pool_tables(db: &Database) -> Result<(), OpenError> {
     }
     txn.open_table(ALLOCS).map_err(|e| read_err(e.into()))?;
     txn.open_table(TASKS).map_err(|e| read_err(e.into()))?;
+    txn.open_table(RUNS).map_err(|e| read_err(e.into()))?;
     txn.commit().map_err(|e| read_err(e.into()))?;
     Ok(())
 }
@@ -639,7 +670,8 @@ fn load_records(db: &Database) -> Result<Loaded, OpenError> {
     }
     let pools = Pools::restore(LeaseRules::default(), pools, live, ended)?;
     let sched = apps::load(&txn)?;
-    Ok(Loaded { ledger, pools, sched, clock, seq })
+    let runs = runs::load(&txn)?;
+    Ok(Loaded { ledger, pools, sched, runs, clock, seq })
 }
 
 /// Writes every change of `batch` in one durable transaction.
@@ -734,6 +766,7 @@ fn write_batch(db: &Database, batch: &[Pending], seq: u64, now: Millis) -> Resul
             }
         }
         apps::write(&txn, batch.iter().flat_map(|p| &p.app_changes))?;
+        runs::write(&txn, batch.iter().flat_map(|p| &p.run_changes))?;
         meta.insert(META_CLOCK, now)?;
         meta.insert(META_SEQ, seq)?;
     }
@@ -878,12 +911,13 @@ fn recover(shared: &Shared, old: Option<Database>, opener: &Opener) -> Option<(D
     }
     let reopened = opener().and_then(|db| load(&db).map(|loaded| (db, loaded)));
     match reopened {
-        Ok((db, Loaded { mut ledger, mut pools, sched, seq, .. })) => {
+        Ok((db, Loaded { mut ledger, mut pools, sched, runs, seq, .. })) => {
             ledger.carry_over_from(&state.ledger);
             state.ledger = ledger;
             pools.set_rules(state.pools.rules());
             state.pools = pools;
             state.sched = sched;
+            state.runs = runs;
             state.broken = None;
             tracing::info!(seq, "store rebuilt from the database");
             Some((db, seq))

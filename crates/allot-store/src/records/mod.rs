@@ -16,6 +16,7 @@
 //! format is refused rather than misread.
 
 pub mod apps;
+pub mod runs;
 
 use std::collections::BTreeMap;
 

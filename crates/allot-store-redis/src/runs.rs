@@ -1,0 +1,71 @@
+//! The runs of tasks on Redis: one hash in the `{allot-runs}` slot, field `<app>/<task>`, the
+//! embedded store's record JSON-encoded. A run is written by the daemon that executes its task.
+
+use allot_core::exec::Run;
+use allot_core::sched::{AppId, TaskId};
+use allot_store::records::runs::RunRecord;
+use allot_store::{RunStore, StoreError};
+use async_trait::async_trait;
+use redis::Value;
+
+use crate::reply::corrupt;
+use crate::{redis_error, RedisStore};
+
+const RUNS: &str = "allot:{allot-runs}:runs";
+
+fn field(app: &AppId, task: &TaskId) -> String {
+    format!("{app}/{task}")
+}
+
+fn decode(field: &str, json: &[u8]) -> Result<Run, StoreError> {
+    let record: RunRecord = serde_json::from_slice(json).map_err(|e| corrupt(format!("run `{field}`: {e}")))?;
+    record.into_run(field).map_err(corrupt)
+}
+
+#[async_trait]
+impl RunStore for RedisStore {
+    async fn put_run(&self, app: AppId, task: TaskId, run: Run) -> Result<(), StoreError> {
+        self.live()?;
+        let json = serde_json::to_string(&RunRecord::of(&run)).expect("records always encode");
+        let cmd = redis::cmd("HSET").arg(RUNS).arg(field(&app, &task)).arg(json).clone();
+        self.inner.conn.query(&cmd).await.map_err(|e| redis_error(e, true))?;
+        Ok(())
+    }
+
+    async fn run(&self, app: AppId, task: TaskId) -> Result<Option<Run>, StoreError> {
+        let name = field(&app, &task);
+        let cmd = redis::cmd("HGET").arg(RUNS).arg(&name).clone();
+        match self.inner.conn.query(&cmd).await.map_err(|e| redis_error(e, false))? {
+            Value::Nil => Ok(None),
+            Value::BulkString(json) => Ok(Some(decode(&name, &json)?)),
+            other => Err(corrupt(format!("run `{name}`: {other:?}"))),
+        }
+    }
+
+    async fn runs(&self) -> Result<Vec<(AppId, TaskId, Run)>, StoreError> {
+        let cmd = redis::cmd("HGETALL").arg(RUNS).clone();
+        let Value::Array(items) = self.inner.conn.query(&cmd).await.map_err(|e| redis_error(e, false))? else {
+            return Err(corrupt("runs: not a list"));
+        };
+        let mut runs = Vec::with_capacity(items.len() / 2);
+        for pair in items.chunks(2) {
+            let [Value::BulkString(name), Value::BulkString(json)] = pair else {
+                return Err(corrupt("runs: not field and value"));
+            };
+            let name = String::from_utf8_lossy(name).into_owned();
+            let (app, task) = name.split_once('/').ok_or_else(|| corrupt(format!("run field `{name}`")))?;
+            let app = AppId::new(app).map_err(corrupt)?;
+            let task = TaskId::new(task).map_err(corrupt)?;
+            runs.push((app, task, decode(&name, json)?));
+        }
+        runs.sort_by(|a, b| (&a.0, &a.1).cmp(&(&b.0, &b.1)));
+        Ok(runs)
+    }
+
+    async fn remove_run(&self, app: AppId, task: TaskId) -> Result<(), StoreError> {
+        self.live()?;
+        let cmd = redis::cmd("HDEL").arg(RUNS).arg(field(&app, &task)).clone();
+        self.inner.conn.query(&cmd).await.map_err(|e| redis_error(e, true))?;
+        Ok(())
+    }
+}

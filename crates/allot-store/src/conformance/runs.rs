@@ -1,0 +1,54 @@
+//! The conformance of the runs part: a run is kept whole (state, events, barrier, stage, tokens,
+//! outputs), replaced, listed in order and removed.
+
+use std::sync::Arc;
+
+use allot_core::exec::{ExecError, PhaseInfo, PluginState, RetryPolicy, Run, StateWrite, TakenToken, Transition};
+use allot_core::sched::{AppId, TaskId};
+use allot_core::{NamespaceName, Token};
+
+use crate::Store;
+
+/// A run with something in every field.
+pub fn sample_run() -> Run {
+    let mut run = Run::new(1_000);
+    let put = StateWrite::Put(PluginState { version: 3, bytes: vec![0, 1, 2, 255] });
+    run.after_round(Ok((Transition::ephemeral(PhaseInfo::queued("created")), put)), RetryPolicy::default(), 1_001);
+    run.record_barrier(&Transition::barrier(PhaseInfo::running(2, "launched")));
+    run.took(TakenToken { namespace: NamespaceName::new("web:api").unwrap(), token: Token::new("a:t:1").unwrap() });
+    let error = ExecError::user("exit_2", "exit status 2");
+    let failure = Transition::ephemeral(PhaseInfo::retryable(error));
+    run.after_round(Ok((failure, StateWrite::Unchanged)), RetryPolicy { user_attempts: 3, system_retries: 0 }, 1_002);
+    run.outputs = Some(r#"{"rows":3}"#.to_owned());
+    run
+}
+
+pub async fn run_runs(store: Arc<dyn Store>) {
+    let store = &*store;
+    let (app, other) = (AppId::new("conformance-runs").unwrap(), AppId::new("conformance-runs-2").unwrap());
+    let (t1, t2) = (TaskId::new("t1").unwrap(), TaskId::new("t2").unwrap());
+    assert_eq!(store.run(app.clone(), t1.clone()).await.unwrap(), None);
+    let run = sample_run();
+    store.put_run(app.clone(), t1.clone(), run.clone()).await.unwrap();
+    assert_eq!(store.run(app.clone(), t1.clone()).await.unwrap(), Some(run.clone()), "kept whole");
+    let mut next = run.clone();
+    next.attempt_finalized(1_003);
+    store.put_run(app.clone(), t1.clone(), next.clone()).await.unwrap();
+    assert_eq!(store.run(app.clone(), t1.clone()).await.unwrap(), Some(next.clone()), "replaced");
+    store.put_run(other.clone(), t1.clone(), Run::new(5)).await.unwrap();
+    store.put_run(app.clone(), t2.clone(), Run::new(6)).await.unwrap();
+    let listed: Vec<(AppId, TaskId)> = store
+        .runs()
+        .await
+        .unwrap()
+        .into_iter()
+        .filter(|(a, ..)| a.as_str().starts_with("conformance-runs"))
+        .map(|(a, t, _)| (a, t))
+        .collect();
+    assert_eq!(listed, [(app.clone(), t1.clone()), (app.clone(), t2.clone()), (other.clone(), t1.clone())]);
+    store.remove_run(app.clone(), t1.clone()).await.unwrap();
+    store.remove_run(app.clone(), t1.clone()).await.unwrap();
+    assert_eq!(store.run(app.clone(), t1).await.unwrap(), None);
+    store.remove_run(app, t2).await.unwrap();
+    store.remove_run(other, TaskId::new("t1").unwrap()).await.unwrap();
+}

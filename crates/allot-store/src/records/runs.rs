@@ -1,0 +1,236 @@
+//! Records of task runs (`allot_core::exec::Run`): `runs`: (application id, task id) ->
+//! [`RunRecord`]. Phases, kinds and stages are stored by name, so a reordering of the enums
+//! cannot misread a file.
+
+use allot_core::exec::{
+    AfterAttempt, Ending, ErrorKind, Event, ExecError, LogLink, Phase, PhaseInfo, PluginState, Run, Stage, TakenToken,
+    Transition, TransitionKind,
+};
+use allot_core::{NamespaceName, Token};
+use redb::TableDefinition;
+use serde::{Deserialize, Serialize};
+
+use super::CorruptRecord;
+
+pub const RUNS: TableDefinition<(&str, &str), &[u8]> = TableDefinition::new("runs");
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ErrorRecord {
+    pub kind: String,
+    pub code: String,
+    pub message: String,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PhaseInfoRecord {
+    pub phase: String,
+    pub version: u32,
+    pub reason: String,
+    pub logs: Vec<(String, String)>,
+    pub error: Option<ErrorRecord>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct EventRecord {
+    pub attempt: u32,
+    pub info: PhaseInfoRecord,
+    pub at: u64,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub enum EndingRecord {
+    Succeeded,
+    Failed(ErrorRecord),
+    Aborted(String),
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub enum StageRecord {
+    Handling,
+    /// `then`: `None` for a new attempt.
+    Ending {
+        abort: bool,
+        then: Option<EndingRecord>,
+    },
+    Ended(EndingRecord),
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RunRecord {
+    pub attempt: u32,
+    pub user_failures: u32,
+    pub system_failures: u32,
+    pub phase: String,
+    pub version: u32,
+    pub state: Option<(u8, Vec<u8>)>,
+    pub round: u64,
+    /// (round, barrier?, phase info) of the recorded transition.
+    pub barrier: Option<(u64, bool, PhaseInfoRecord)>,
+    pub events: Vec<EventRecord>,
+    pub stage: StageRecord,
+    pub tokens: Vec<(String, String)>,
+    pub started: u64,
+    pub outputs: Option<String>,
+}
+
+fn error_record(e: &ExecError) -> ErrorRecord {
+    ErrorRecord { kind: e.kind.name().to_owned(), code: e.code.clone(), message: e.message.clone() }
+}
+
+fn error_from(r: ErrorRecord) -> Result<ExecError, String> {
+    let kind = match r.kind.as_str() {
+        "user" => ErrorKind::User,
+        "system" => ErrorKind::System,
+        other => return Err(format!("error kind `{other}`")),
+    };
+    Ok(ExecError { kind, code: r.code, message: r.message })
+}
+
+fn phase_from(name: &str) -> Result<Phase, String> {
+    Phase::parse(name).ok_or_else(|| format!("phase `{name}`"))
+}
+
+fn info_record(info: &PhaseInfo) -> PhaseInfoRecord {
+    PhaseInfoRecord {
+        phase: info.phase.name().to_owned(),
+        version: info.version,
+        reason: info.reason.clone(),
+        logs: info.logs.iter().map(|l| (l.name.clone(), l.uri.clone())).collect(),
+        error: info.error.as_ref().map(error_record),
+    }
+}
+
+fn info_from(r: PhaseInfoRecord) -> Result<PhaseInfo, String> {
+    Ok(PhaseInfo {
+        phase: phase_from(&r.phase)?,
+        version: r.version,
+        reason: r.reason,
+        logs: r.logs.into_iter().map(|(name, uri)| LogLink { name, uri }).collect(),
+        error: r.error.map(error_from).transpose()?,
+    })
+}
+
+fn ending_record(ending: &Ending) -> EndingRecord {
+    match ending {
+        Ending::Succeeded => EndingRecord::Succeeded,
+        Ending::Failed(e) => EndingRecord::Failed(error_record(e)),
+        Ending::Aborted(reason) => EndingRecord::Aborted(reason.clone()),
+    }
+}
+
+fn ending_from(r: EndingRecord) -> Result<Ending, String> {
+    Ok(match r {
+        EndingRecord::Succeeded => Ending::Succeeded,
+        EndingRecord::Failed(e) => Ending::Failed(error_from(e)?),
+        EndingRecord::Aborted(reason) => Ending::Aborted(reason),
+    })
+}
+
+impl RunRecord {
+    pub fn of(run: &Run) -> RunRecord {
+        RunRecord {
+            attempt: run.attempt,
+            user_failures: run.user_failures,
+            system_failures: run.system_failures,
+            phase: run.phase.name().to_owned(),
+            version: run.version,
+            state: run.state.as_ref().map(|s| (s.version, s.bytes.clone())),
+            round: run.round,
+            barrier: run
+                .barrier
+                .as_ref()
+                .map(|(round, t)| (*round, t.kind == TransitionKind::Barrier, info_record(&t.info))),
+            events: run
+                .events
+                .iter()
+                .map(|e| EventRecord {
+                    attempt: e.attempt,
+                    info: info_record(&PhaseInfo {
+                        phase: e.phase,
+                        version: e.version,
+                        reason: e.reason.clone(),
+                        logs: e.logs.clone(),
+                        error: e.error.clone(),
+                    }),
+                    at: e.at,
+                })
+                .collect(),
+            stage: match &run.stage {
+                Stage::Handling => StageRecord::Handling,
+                Stage::Ending { abort, then } => StageRecord::Ending {
+                    abort: *abort,
+                    then: match then {
+                        AfterAttempt::Retry => None,
+                        AfterAttempt::End(ending) => Some(ending_record(ending)),
+                    },
+                },
+                Stage::Ended(ending) => StageRecord::Ended(ending_record(ending)),
+            },
+            tokens: run.tokens.iter().map(|t| (t.namespace.to_string(), t.token.to_string())).collect(),
+            started: run.started,
+            outputs: run.outputs.clone(),
+        }
+    }
+
+    pub fn into_run(self, key: &str) -> Result<Run, CorruptRecord> {
+        let corrupt = |reason: String| CorruptRecord { table: "runs", key: key.to_owned(), reason };
+        let convert = || -> Result<Run, String> {
+            Ok(Run {
+                attempt: self.attempt,
+                user_failures: self.user_failures,
+                system_failures: self.system_failures,
+                phase: phase_from(&self.phase)?,
+                version: self.version,
+                state: self.state.map(|(version, bytes)| PluginState { version, bytes }),
+                round: self.round,
+                barrier: self
+                    .barrier
+                    .map(|(round, barrier, info)| {
+                        let kind = if barrier { TransitionKind::Barrier } else { TransitionKind::Ephemeral };
+                        Ok::<_, String>((round, Transition { kind, info: info_from(info)? }))
+                    })
+                    .transpose()?,
+                events: self
+                    .events
+                    .into_iter()
+                    .map(|e| {
+                        let info = info_from(e.info)?;
+                        Ok(Event {
+                            attempt: e.attempt,
+                            phase: info.phase,
+                            version: info.version,
+                            reason: info.reason,
+                            logs: info.logs,
+                            error: info.error,
+                            at: e.at,
+                        })
+                    })
+                    .collect::<Result<_, String>>()?,
+                stage: match self.stage {
+                    StageRecord::Handling => Stage::Handling,
+                    StageRecord::Ending { abort, then } => Stage::Ending {
+                        abort,
+                        then: match then {
+                            None => AfterAttempt::Retry,
+                            Some(ending) => AfterAttempt::End(ending_from(ending)?),
+                        },
+                    },
+                    StageRecord::Ended(ending) => Stage::Ended(ending_from(ending)?),
+                },
+                tokens: self
+                    .tokens
+                    .into_iter()
+                    .map(|(namespace, token)| {
+                        Ok(TakenToken {
+                            namespace: NamespaceName::new(&namespace).map_err(|e| e.to_string())?,
+                            token: Token::new(&token).map_err(|e| e.to_string())?,
+                        })
+                    })
+                    .collect::<Result<_, String>>()?,
+                started: self.started,
+                outputs: self.outputs,
+            })
+        };
+        convert().map_err(corrupt)
+    }
+}
