@@ -11,11 +11,13 @@
 
 pub mod builtin;
 pub mod context;
+pub mod executor;
 pub mod plugin;
 pub mod registry;
 
 pub use context::{
     Metadata, RoundOutput, RunKey, Secrets, SetupContext, TaskContext, TokenStatus, TokenWaits, Tokens, Waker,
 };
+pub use executor::{Executor, ExecutorConfig};
 pub use plugin::{LoadResult, Plugin, PluginEntry, PluginLoader, PluginProperties};
 pub use registry::{Registry, RegistryError, ResolveError};

@@ -1,0 +1,412 @@
+//! The executor: drives every task placed on the pools this daemon serves, round by round, with
+//! its plugin, until the task ends; keeps each run in the store after every step, so a restart
+//! resumes every task where it was.
+//!
+//! A run's steps (decided by `allot_core::exec::Run`):
+//! - `handle` rounds: a Barrier transition is stored before it is acted on, and a round run again
+//!   after a crash takes the stored one instead of calling the plugin; the state a round writes
+//!   is stored whatever the phase; between rounds the run waits to be woken (a token granted, a
+//!   plugin's own timer or callback), or [`ExecutorConfig::pause`] at most;
+//! - an attempt that ends is aborted (if it failed or was stopped), then finalized, then the
+//!   tokens it took are released: on every path;
+//! - the scheduler is told how the task ended (`finish_task`), which frees its alloc and grants.
+//!
+//! A task is stopped from outside when it is removed or ended through the API: its attempt is
+//! aborted and finalized.
+
+use std::collections::{HashMap, HashSet};
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use allot_core::app::TaskState;
+use allot_core::exec::{Ending, ExecError, Next, PhaseInfo, RetryPolicy, Run, StateWrite, Transition, TransitionKind};
+use allot_core::pool::PoolName;
+use allot_core::sched::{SchedError, Task};
+use allot_store::{read_all, Store, StoreError};
+use tokio::sync::{watch, Notify};
+
+use crate::context::{release, Metadata, RunKey, Secrets, TaskContext, TokenWaits, Tokens, Waker};
+use crate::registry::Registry;
+
+/// How an executor runs.
+#[derive(Debug, Clone)]
+pub struct ExecutorConfig {
+    /// The pools whose tasks this daemon runs.
+    pub pools: HashSet<PoolName>,
+    pub retry: RetryPolicy,
+    /// Where each task gets its directory (`<dir>/<app>/<task>`).
+    pub data_dir: PathBuf,
+    pub max_output_bytes: usize,
+    /// The longest a run waits between rounds when nothing wakes it.
+    pub pause: Duration,
+    /// How often the executor looks for newly placed tasks when nothing wakes it.
+    pub scan: Duration,
+    pub secrets: Secrets,
+}
+
+impl ExecutorConfig {
+    pub fn new(pools: HashSet<PoolName>, data_dir: PathBuf) -> ExecutorConfig {
+        ExecutorConfig {
+            pools,
+            retry: RetryPolicy::default(),
+            data_dir,
+            max_output_bytes: 1 << 20,
+            pause: Duration::from_secs(1),
+            scan: Duration::from_millis(200),
+            secrets: Secrets::default(),
+        }
+    }
+}
+
+/// What a task's spec says of how to run it: `{"type": ..., "plugin": ..., "inputs": ...}`, the
+/// rest for the plugin.
+struct RunSpec {
+    task_type: String,
+    plugin: Option<String>,
+    spec: serde_json::Value,
+    inputs: serde_json::Value,
+}
+
+fn run_spec(task: &Task) -> Result<RunSpec, ExecError> {
+    let bad = |why: &str| ExecError::user("bad_spec", format!("the task's spec {why}"));
+    let spec: serde_json::Value = if task.spec.spec.trim().is_empty() {
+        return Err(bad("is empty: it names no task type (`{\"type\": \"shell\", ...}`)"));
+    } else {
+        serde_json::from_str(&task.spec.spec).map_err(|e| bad(&format!("is not JSON: {e}")))?
+    };
+    let task_type = spec.get("type").and_then(|t| t.as_str()).ok_or_else(|| bad("has no string `type`"))?.to_owned();
+    let plugin = match spec.get("plugin") {
+        None => None,
+        Some(p) => Some(p.as_str().ok_or_else(|| bad("has a `plugin` that is not a string"))?.to_owned()),
+    };
+    let inputs = spec.get("inputs").cloned().unwrap_or(serde_json::Value::Null);
+    Ok(RunSpec { task_type, plugin, spec, inputs })
+}
+
+fn now_ms() -> u64 {
+    SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_millis() as u64)
+}
+
+type Active = Arc<Mutex<HashMap<RunKey, Arc<Notify>>>>;
+
+/// How many rounds in a row a run gets at once while its phase keeps changing (then it waits to
+/// be woken, like a run whose phase stays).
+const STREAK: u32 = 8;
+
+/// The executor of one daemon.
+pub struct Executor {
+    store: Arc<dyn Store>,
+    registry: Arc<Registry>,
+    config: ExecutorConfig,
+    waits: TokenWaits,
+    /// The runs being driven, each with what wakes it.
+    active: Active,
+    /// Wakes the scan for new tasks.
+    scan: Notify,
+}
+
+impl Executor {
+    pub fn new(store: Arc<dyn Store>, registry: Arc<Registry>, config: ExecutorConfig) -> Arc<Executor> {
+        Arc::new(Executor {
+            store,
+            registry,
+            config,
+            waits: TokenWaits::default(),
+            active: Arc::default(),
+            scan: Notify::new(),
+        })
+    }
+
+    /// Wakes the scan for newly placed tasks (a daemon calls it when the scheduler places).
+    pub fn look_now(&self) {
+        self.scan.notify_one();
+    }
+
+    /// How many runs are being driven now.
+    pub fn active(&self) -> usize {
+        self.active.lock().unwrap_or_else(|p| p.into_inner()).len()
+    }
+
+    /// Looks for tasks to run until `shutdown` is true; each found task is driven by a task of
+    /// its own until it ends.
+    pub async fn run(self: Arc<Executor>, mut shutdown: watch::Receiver<bool>) {
+        loop {
+            match self.placed_here().await {
+                Ok(found) => {
+                    for key in found {
+                        let notify = Arc::new(Notify::new());
+                        let fresh = {
+                            let mut active = self.active.lock().unwrap_or_else(|p| p.into_inner());
+                            if active.contains_key(&key) {
+                                false
+                            } else {
+                                active.insert(key.clone(), notify.clone());
+                                true
+                            }
+                        };
+                        if fresh {
+                            let (executor, shutdown) = (self.clone(), shutdown.clone());
+                            tokio::spawn(async move { executor.drive(key, notify, shutdown).await });
+                        }
+                    }
+                }
+                Err(err) => tracing::warn!(error = %err, "cannot list the tasks to run"),
+            }
+            tokio::select! {
+                _ = self.scan.notified() => {}
+                _ = tokio::time::sleep(self.config.scan) => {}
+                _ = shutdown.wait_for(|stop| *stop) => return,
+            }
+        }
+    }
+
+    /// The placed tasks on this daemon's pools (Allocated or Running).
+    async fn placed_here(&self) -> Result<Vec<RunKey>, StoreError> {
+        let store = &*self.store;
+        let mut found = Vec::new();
+        for info in read_all(|page| store.apps(page)).await? {
+            if info.app.state.is_terminal() {
+                continue;
+            }
+            let placed = info.tasks.get(&TaskState::Allocated).copied().unwrap_or(0)
+                + info.tasks.get(&TaskState::Running).copied().unwrap_or(0);
+            if placed == 0 {
+                continue;
+            }
+            let app = info.app.spec.id.clone();
+            for task in read_all(|page| store.tasks(app.clone(), page)).await? {
+                let task = task.task;
+                let here = task.placement.as_ref().is_some_and(|p| self.config.pools.contains(&p.pool));
+                if here && matches!(task.state, TaskState::Allocated | TaskState::Running) {
+                    found.push(RunKey { app: app.clone(), task: task.spec.id.clone() });
+                }
+            }
+        }
+        Ok(found)
+    }
+
+    /// Drives one run until its task ends (or the daemon stops: the run resumes at the next
+    /// start from what is stored).
+    async fn drive(self: Arc<Executor>, key: RunKey, notify: Arc<Notify>, mut shutdown: watch::Receiver<bool>) {
+        let result = self.drive_until_done(&key, &notify, &mut shutdown).await;
+        if let Err(err) = result {
+            tracing::warn!(run = %key, error = %err, "a run stopped; it resumes at the next scan");
+        }
+        self.active.lock().unwrap_or_else(|p| p.into_inner()).remove(&key);
+    }
+
+    async fn drive_until_done(
+        &self,
+        key: &RunKey,
+        notify: &Notify,
+        shutdown: &mut watch::Receiver<bool>,
+    ) -> Result<(), StoreError> {
+        let store = &*self.store;
+        let mut run = match store.run(key.app.clone(), key.task.clone()).await? {
+            Some(run) => run,
+            None => {
+                let run = Run::new(now_ms());
+                store.put_run(key.app.clone(), key.task.clone(), run.clone()).await?;
+                run
+            }
+        };
+        let mut streak = 0;
+        // The task as last read: a task removed from outside is still aborted and finalized by
+        // its plugin, which needs its spec.
+        let mut last: Option<Task> = None;
+        loop {
+            if *shutdown.borrow() {
+                return Ok(());
+            }
+            // The task as the scheduler has it now: removed or ended from outside stops the run.
+            let task = match store.task(key.app.clone(), key.task.clone()).await {
+                Ok(info) => Some(info.task),
+                Err(StoreError::Sched(SchedError::TaskNotFound { .. } | SchedError::AppNotFound(_))) => None,
+                Err(err) => return Err(err),
+            };
+            if let Some(task) = &task {
+                last = Some(task.clone());
+            }
+            let stopped = match &task {
+                None => Some("the task was removed".to_owned()),
+                Some(t) if t.state.is_terminal() => Some(format!("the task was ended from outside ({:?})", t.state)),
+                Some(_) => None,
+            };
+            if let Some(reason) = &stopped {
+                if !matches!(run.next(), Next::Report(_)) {
+                    run.abort(reason, now_ms());
+                }
+            }
+            let next = run.next();
+            match next {
+                Next::Handle => {
+                    let task = task.expect("a task that stands");
+                    if task.state == TaskState::Allocated {
+                        match store.start_task(key.app.clone(), key.task.clone()).await {
+                            Ok(_) | Err(StoreError::Sched(SchedError::Illegal(_))) => {}
+                            Err(err) => return Err(err),
+                        }
+                    }
+                    let before = (run.phase, run.version);
+                    self.round(key, &task, &mut run).await?;
+                    let moved = (run.phase, run.version) != before;
+                    if moved && streak < STREAK {
+                        streak += 1;
+                    } else if run.next() == Next::Handle {
+                        streak = 0;
+                        tokio::select! {
+                            _ = notify.notified() => {}
+                            _ = tokio::time::sleep(self.config.pause) => {}
+                            _ = shutdown.wait_for(|stop| *stop) => return Ok(()),
+                        }
+                    }
+                }
+                Next::EndAttempt { abort } => {
+                    self.end_attempt(key, task.as_ref().or(last.as_ref()), &mut run, abort).await?;
+                }
+                Next::Report(ending) => {
+                    if stopped.is_none() {
+                        let failed = match &ending {
+                            Ending::Succeeded => None,
+                            Ending::Failed(error) => Some(error.to_string()),
+                            Ending::Aborted(reason) => Some(format!("aborted: {reason}")),
+                        };
+                        match store.finish_task(key.app.clone(), key.task.clone(), failed).await {
+                            Ok(_) | Err(StoreError::Sched(SchedError::Illegal(_))) => {}
+                            Err(StoreError::Sched(SchedError::TaskNotFound { .. } | SchedError::AppNotFound(_))) => {}
+                            Err(err) => return Err(err),
+                        }
+                    }
+                    return Ok(());
+                }
+            }
+        }
+    }
+
+    /// A round's context for `task`'s current attempt.
+    fn context(&self, key: &RunKey, task: Option<&Task>, run: &Run, plugin: &str, spec: &RunSpec) -> TaskContext {
+        let tokens = Tokens::new(
+            self.store.clone(),
+            plugin,
+            key.clone(),
+            run.attempt,
+            self.waits.clone(),
+            self.waker_for(),
+            run.tokens.clone(),
+        );
+        let mut ctx =
+            TaskContext::new(key.clone(), run.attempt, &spec.task_type, tokens, run.state.clone(), self.waker_for());
+        ctx.spec = spec.spec.clone();
+        ctx.inputs = spec.inputs.clone();
+        ctx.dir = self.config.data_dir.join(key.app.as_str()).join(key.task.as_str());
+        ctx.max_output_bytes = self.config.max_output_bytes;
+        ctx.secrets = self.config.secrets.clone();
+        if let Some(placement) = task.and_then(|t| t.placement.as_ref()) {
+            ctx.metadata = Metadata {
+                alloc: format!("{}/{}", placement.pool, placement.alloc),
+                resources: placement.resources.to_string(),
+                ..Metadata::default()
+            };
+        }
+        ctx
+    }
+
+    /// Wakes the runs this executor drives (given to plugins and token waits).
+    fn waker_for(&self) -> Waker {
+        let active = self.active.clone();
+        Waker::new(move |run| {
+            if let Some(notify) = active.lock().unwrap_or_else(|p| p.into_inner()).get(run) {
+                notify.notify_one();
+            }
+        })
+    }
+
+    /// One `handle` round, stored.
+    async fn round(&self, key: &RunKey, task: &Task, run: &mut Run) -> Result<(), StoreError> {
+        let now = now_ms();
+        let spec = match run_spec(task) {
+            Ok(spec) => spec,
+            Err(error) => {
+                let failed = Transition::ephemeral(PhaseInfo::permanent(error));
+                run.after_round(Ok((failed, StateWrite::Unchanged)), self.config.retry, now);
+                return self.store.put_run(key.app.clone(), key.task.clone(), run.clone()).await;
+            }
+        };
+        let plugin = match self.registry.resolve(&spec.task_type, spec.plugin.as_deref()) {
+            Ok(plugin) => plugin,
+            Err(err) => {
+                let failed = Transition::ephemeral(PhaseInfo::permanent(ExecError::user("no_plugin", err.to_string())));
+                run.after_round(Ok((failed, StateWrite::Unchanged)), self.config.retry, now);
+                return self.store.put_run(key.app.clone(), key.task.clone(), run.clone()).await;
+            }
+        };
+        let result = match run.recorded().cloned() {
+            Some(recorded) => Ok((recorded, StateWrite::Unchanged)),
+            None => {
+                let mut ctx = self.context(key, Some(task), run, plugin.id(), &spec);
+                let answer = plugin.handle(&mut ctx).await;
+                let out = ctx.finish();
+                for token in out.taken {
+                    run.took(token);
+                }
+                match answer {
+                    Ok(transition) => {
+                        if transition.info.phase == allot_core::exec::Phase::Success {
+                            if let Some(outputs) = &out.outputs {
+                                run.outputs = Some(outputs.to_string());
+                            }
+                        }
+                        if transition.kind == TransitionKind::Barrier {
+                            // Stored before it is acted on: a crash from here on replays it.
+                            run.record_barrier(&transition);
+                            if let StateWrite::Put(state) = &out.write {
+                                run.state = Some(state.clone());
+                            }
+                            self.store.put_run(key.app.clone(), key.task.clone(), run.clone()).await?;
+                        }
+                        Ok((transition, out.write))
+                    }
+                    Err(error) => Err(error),
+                }
+            }
+        };
+        run.after_round(result, self.config.retry, now_ms());
+        self.store.put_run(key.app.clone(), key.task.clone(), run.clone()).await
+    }
+
+    /// Aborts (if asked) and finalizes the attempt, releases its tokens, stores the run.
+    async fn end_attempt(
+        &self,
+        key: &RunKey,
+        task: Option<&Task>,
+        run: &mut Run,
+        abort: bool,
+    ) -> Result<(), StoreError> {
+        let spec = task.map(run_spec).and_then(Result::ok);
+        let plugin = spec.as_ref().and_then(|s| self.registry.resolve(&s.task_type, s.plugin.as_deref()).ok());
+        if let (Some(spec), Some(plugin)) = (&spec, &plugin) {
+            let mut ctx = self.context(key, task, run, plugin.id(), spec);
+            if abort {
+                if let Err(err) = plugin.abort(&mut ctx).await {
+                    tracing::warn!(run = %key, error = %err, "abort failed; finalizing anyway");
+                }
+            }
+            if let Err(err) = plugin.finalize(&mut ctx).await {
+                tracing::warn!(run = %key, error = %err, "finalize failed");
+            }
+            for token in ctx.finish().taken {
+                run.took(token);
+            }
+        }
+        for token in std::mem::take(&mut run.tokens) {
+            if let Err(err) = release(&self.store, &self.waits, &token.namespace, &token.token).await {
+                run.tokens.push(token);
+                self.store.put_run(key.app.clone(), key.task.clone(), run.clone()).await?;
+                return Err(StoreError::Unavailable(format!("a token could not be released: {err}")));
+            }
+        }
+        run.attempt_finalized(now_ms());
+        self.store.put_run(key.app.clone(), key.task.clone(), run.clone()).await
+    }
+}

@@ -1,0 +1,260 @@
+//! The executor on a real embedded store: placed tasks run with their plugins and end; a failed
+//! attempt is aborted, finalized and retried within its budget; a task removed from outside is
+//! aborted and finalized and its tokens released; a restarted executor resumes a run where it was.
+
+use std::collections::{BTreeMap, HashSet};
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use allot_core::app::TaskState;
+use allot_core::exec::{ExecError, Phase, PhaseInfo, RetryPolicy, Transition};
+use allot_core::pool::PoolName;
+use allot_core::queue::{QueueLimits, QueuePath};
+use allot_core::sched::{AppId, AppSpec, SchedulingPolicy, TaskId, TaskSpec};
+use allot_exec::{
+    builtin, Executor, ExecutorConfig, Plugin, PluginEntry, Registry, Secrets, SetupContext, TaskContext, TokenStatus,
+    Waker,
+};
+use allot_store::{EmbeddedConfig, EmbeddedStore, Store};
+use async_trait::async_trait;
+use tokio::sync::watch;
+
+/// Counts what the executor asks of it. `fail_first`: the first attempt fails (user error);
+/// `hold`: takes a token of its quota `seats`, then runs until stopped.
+#[derive(Default)]
+struct Probe {
+    handled: AtomicU32,
+    aborted: AtomicU32,
+    finalized: AtomicU32,
+}
+
+struct ProbePlugin(Arc<Probe>);
+
+#[async_trait]
+impl Plugin for ProbePlugin {
+    fn id(&self) -> &str {
+        "probe"
+    }
+
+    async fn handle(&self, ctx: &mut TaskContext) -> Result<Transition, ExecError> {
+        self.0.handled.fetch_add(1, Ordering::SeqCst);
+        match ctx.spec.get("mode").and_then(|m| m.as_str()) {
+            Some("fail_first") if ctx.attempt == 1 => {
+                Ok(Transition::ephemeral(PhaseInfo::retryable(ExecError::user("exit_1", "first attempt fails"))))
+            }
+            Some("hold") => match ctx.tokens.take("seats", 1).await? {
+                TokenStatus::Granted => Ok(Transition::ephemeral(PhaseInfo::running(0, "holding a seat"))),
+                TokenStatus::Waiting => Ok(Transition::ephemeral(PhaseInfo::waiting_for_resources("no seat"))),
+            },
+            _ => Ok(Transition::ephemeral(PhaseInfo::success("done"))),
+        }
+    }
+
+    async fn abort(&self, _: &mut TaskContext) -> Result<(), ExecError> {
+        self.0.aborted.fetch_add(1, Ordering::SeqCst);
+        Ok(())
+    }
+
+    async fn finalize(&self, _: &mut TaskContext) -> Result<(), ExecError> {
+        self.0.finalized.fetch_add(1, Ordering::SeqCst);
+        Ok(())
+    }
+}
+
+struct Setup {
+    _dir: tempfile::TempDir,
+    store: Arc<dyn Store>,
+    probe: Arc<Probe>,
+    stop: watch::Sender<bool>,
+}
+
+async fn start(store: Arc<dyn Store>, dir: &std::path::Path, probe: Arc<Probe>) -> watch::Sender<bool> {
+    let entry = {
+        let probe = probe.clone();
+        PluginEntry::new("probe", &["probe"], false, move |setup: SetupContext| {
+            let probe = probe.clone();
+            async move {
+                setup.register_quota("seats", 1).await.map_err(|e| e.to_string())?;
+                Ok(Arc::new(ProbePlugin(probe)) as Arc<dyn Plugin>)
+            }
+        })
+    };
+    let mut entries = builtin::entries();
+    entries.push(entry);
+    let registry = Registry::load(entries, &BTreeMap::new(), |id| {
+        SetupContext::new(id, store.clone(), Secrets::default(), Waker::new(|_| {}))
+    })
+    .await
+    .unwrap();
+    let mut config = ExecutorConfig::new(HashSet::from([PoolName::new("local").unwrap()]), dir.join("tasks"));
+    config.retry = RetryPolicy { user_attempts: 2, system_retries: 1 };
+    let executor = Executor::new(store, Arc::new(registry), config);
+    let (stop, stopped) = watch::channel(false);
+    tokio::spawn(executor.run(stopped));
+    stop
+}
+
+async fn setup() -> Setup {
+    let dir = tempfile::tempdir().unwrap();
+    let store: Arc<dyn Store> =
+        Arc::new(EmbeddedStore::open(&EmbeddedConfig { data_dir: dir.path().join("data") }).unwrap());
+    store.put_pool(PoolName::new("local").unwrap(), "cpu=8".parse().unwrap()).await.unwrap();
+    store.put_queue(QueuePath::new("root.q").unwrap(), QueueLimits::default()).await.unwrap();
+    let probe = Arc::new(Probe::default());
+    let stop = start(store.clone(), dir.path(), probe.clone()).await;
+    Setup { _dir: dir, store, probe, stop }
+}
+
+async fn submit(store: &dyn Store, app: &str, tasks: &[(&str, serde_json::Value)]) -> AppId {
+    let id = AppId::new(app).unwrap();
+    let spec = AppSpec {
+        id: id.clone(),
+        queue: QueuePath::new("root.q").unwrap(),
+        user: "u".into(),
+        tags: Default::default(),
+        groups: Vec::new(),
+        policy: SchedulingPolicy::default(),
+    };
+    store.add_app(spec).await.unwrap();
+    for (task, spec) in tasks {
+        let task = TaskSpec {
+            id: TaskId::new(task).unwrap(),
+            resources: "cpu=1".parse().unwrap(),
+            tokens: Vec::new(),
+            group: None,
+            priority: 0,
+            selector: Default::default(),
+            spec: spec.to_string(),
+        };
+        store.add_task(id.clone(), task).await.unwrap();
+    }
+    id
+}
+
+async fn state(store: &dyn Store, app: &AppId, task: &str) -> TaskState {
+    store.task(app.clone(), TaskId::new(task).unwrap()).await.unwrap().task.state
+}
+
+async fn until(what: &str, mut check: impl AsyncFnMut() -> bool) {
+    let started = Instant::now();
+    while !check().await {
+        assert!(started.elapsed() < Duration::from_secs(10), "{what}: not so after 10 s");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn placed_tasks_run_with_their_plugins_and_end() {
+    let s = setup().await;
+    let store = &*s.store;
+    let app = submit(
+        store,
+        "a",
+        &[
+            ("quick", serde_json::json!({ "type": "noop", "inputs": { "rows": 3 } })),
+            ("nap", serde_json::json!({ "type": "sleep", "seconds": 0.3 })),
+            ("broken", serde_json::json!({ "kind": "noop" })),
+            ("unknown", serde_json::json!({ "type": "teleport" })),
+        ],
+    )
+    .await;
+    for task in ["quick", "nap"] {
+        until(task, async || state(store, &app, task).await == TaskState::Completed).await;
+    }
+    for task in ["broken", "unknown"] {
+        until(task, async || state(store, &app, task).await == TaskState::Failed).await;
+    }
+    let reason = store.task(app.clone(), TaskId::new("broken").unwrap()).await.unwrap().task.reason.unwrap();
+    assert!(reason.contains("bad_spec") && reason.contains("`type`"), "{reason}");
+    let quick = store.run(app.clone(), TaskId::new("quick").unwrap()).await.unwrap().unwrap();
+    assert_eq!(quick.outputs.as_deref(), Some(r#"{"rows":3}"#), "the outputs are recorded");
+    let nap = store.run(app.clone(), TaskId::new("nap").unwrap()).await.unwrap().unwrap();
+    let timeline: Vec<Phase> = nap.events.iter().map(|e| e.phase).collect();
+    assert_eq!(timeline, [Phase::NotReady, Phase::Running, Phase::Success]);
+    assert_eq!(store.pool(PoolName::new("local").unwrap()).await.unwrap().allocs, 0, "allocs freed as tasks end");
+    s.stop.send_replace(true);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_failed_attempt_is_aborted_finalized_and_retried_within_its_budget() {
+    let s = setup().await;
+    let store = &*s.store;
+    let app = submit(store, "b", &[("flaky", serde_json::json!({ "type": "probe", "mode": "fail_first" }))]).await;
+    until("flaky completes", async || state(store, &app, "flaky").await == TaskState::Completed).await;
+    let run = store.run(app.clone(), TaskId::new("flaky").unwrap()).await.unwrap().unwrap();
+    assert_eq!((run.attempt, run.user_failures), (2, 1));
+    assert_eq!(s.probe.aborted.load(Ordering::SeqCst), 1, "the failed attempt was aborted");
+    assert_eq!(s.probe.finalized.load(Ordering::SeqCst), 2, "both attempts were finalized");
+    s.stop.send_replace(true);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_task_removed_from_outside_is_aborted_finalized_and_its_tokens_released() {
+    let s = setup().await;
+    let store = &*s.store;
+    let app = submit(
+        store,
+        "c",
+        &[
+            ("first", serde_json::json!({ "type": "probe", "mode": "hold" })),
+            ("second", serde_json::json!({ "type": "probe", "mode": "hold" })),
+        ],
+    )
+    .await;
+    let seats = allot_core::NamespaceName::new("probe:seats").unwrap();
+    until("one holds the seat", async || store.namespace(seats.clone()).await.unwrap().granted_units == 1).await;
+    let holder = if store
+        .run(app.clone(), TaskId::new("first").unwrap())
+        .await
+        .unwrap()
+        .is_some_and(|r| r.phase == Phase::Running)
+    {
+        "first"
+    } else {
+        "second"
+    };
+    let waiter = if holder == "first" { "second" } else { "first" };
+    until("the other waits for it", async || {
+        store
+            .run(app.clone(), TaskId::new(waiter).unwrap())
+            .await
+            .unwrap()
+            .is_some_and(|r| r.phase == Phase::WaitingForResources)
+    })
+    .await;
+    store.remove_task(app.clone(), TaskId::new(holder).unwrap()).await.unwrap();
+    // The holder's attempt is aborted and finalized and its seat released; the waiter is woken
+    // by the release and takes it.
+    until("the waiter holds the seat", async || {
+        store.run(app.clone(), TaskId::new(waiter).unwrap()).await.unwrap().is_some_and(|r| r.phase == Phase::Running)
+    })
+    .await;
+    assert_eq!(s.probe.aborted.load(Ordering::SeqCst), 1);
+    assert_eq!(s.probe.finalized.load(Ordering::SeqCst), 1);
+    store.remove_app(app.clone()).await.unwrap();
+    until("no seat is held", async || store.namespace(seats.clone()).await.unwrap().granted_units == 0).await;
+    until("both finalized", async || s.probe.finalized.load(Ordering::SeqCst) == 2).await;
+    s.stop.send_replace(true);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_restarted_executor_resumes_a_run_where_it_was() {
+    let s = setup().await;
+    let store = s.store.clone();
+    let app = submit(&*store, "d", &[("nap", serde_json::json!({ "type": "sleep", "seconds": 1.0 }))]).await;
+    let started = Instant::now();
+    until("the nap runs", async || {
+        store.run(app.clone(), TaskId::new("nap").unwrap()).await.unwrap().is_some_and(|r| r.phase == Phase::Running)
+    })
+    .await;
+    s.stop.send_replace(true);
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let stop = start(store.clone(), s._dir.path(), Arc::new(Probe::default())).await;
+    until("the nap completes", async || state(&*store, &app, "nap").await == TaskState::Completed).await;
+    let took = started.elapsed();
+    assert!(took < Duration::from_millis(1_900), "the sleep went on from where it was, not from the start: {took:?}");
+    let run = store.run(app.clone(), TaskId::new("nap").unwrap()).await.unwrap().unwrap();
+    assert_eq!(run.events.iter().filter(|e| e.phase == Phase::Running).count(), 1);
+    stop.send_replace(true);
+}
