@@ -118,9 +118,12 @@ impl Executor {
         })
     }
 
-    /// Wakes the scan for newly placed tasks (a daemon calls it when the scheduler places).
-    pub fn look_now(&self) {
-        self.scan.notify_one();
+    /// Wakes a run (its next round comes at once), or the scan for new tasks if it is not driven.
+    pub fn wake(&self, run: &RunKey) {
+        match self.active.lock().unwrap_or_else(|p| p.into_inner()).get(run) {
+            Some(notify) => notify.notify_one(),
+            None => self.scan.notify_one(),
+        }
     }
 
     /// How many runs are being driven now.

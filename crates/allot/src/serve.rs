@@ -30,7 +30,8 @@ pub(crate) const SERVE_AFTER_HELP: &str = r#"Configuration file (--config), with
   listen = "127.0.0.1:7070"     # --listen
   data_dir = "allot-data"       # --data-dir
   store = "embedded"            # --store
-  local_pool = "local"          # --local-pool
+  local_pool = "local"          # --local-pool (its tasks are run here)
+  run_pools = ["worker-1"]      # --run-pool: run the tasks placed on these pools here
   max_wait = "5m"               # --max-wait: the longest an allocate may wait (at most 5m)
   metrics_namespaces = ["hive"] # --metrics-namespaces: series of their own at /metrics
   metrics_pools = ["worker-*"]  # --metrics-pools: the same for pools (else totals only)
@@ -86,6 +87,10 @@ pub(crate) struct ServeArgs {
     /// capacity if it does not exist yet. Repeatable; wins over the configuration file.
     #[arg(long = "pool", value_name = "POOL=RESOURCES")]
     pools: Vec<String>,
+    /// Run here the tasks the scheduler places on this pool (with their plugins). Repeatable; the
+    /// local pool is run here too.
+    #[arg(long = "run-pool", value_name = "POOL")]
+    run_pools: Vec<String>,
     /// Offer this machine's own resources as a pool of this name (detected cpu, memory less 5 %,
     /// and the disk of the data directory), e.g. `--local-pool local`.
     #[arg(long, value_name = "POOL", env = "ALLOT_LOCAL_POOL")]
@@ -158,6 +163,9 @@ struct ConfigFile {
     pools: BTreeMap<String, String>,
     /// Offer this machine's resources as a pool of this name.
     local_pool: Option<String>,
+    /// Pools whose tasks this daemon runs.
+    #[serde(default)]
+    run_pools: Vec<String>,
     /// Lease rules of allocs.
     #[serde(default)]
     alloc_leases: AllocLeases,
@@ -249,6 +257,7 @@ struct Config {
     queues: Vec<(QueuePath, QueueLimits)>,
     sched: SchedConfig,
     apps_dir: Option<PathBuf>,
+    run_pools: Vec<PoolName>,
 }
 
 /// The lease rules from the file's `[alloc_leases]` and the flags (which win).
@@ -327,10 +336,16 @@ fn resolve(args: &ServeArgs) -> anyhow::Result<Config> {
         pools.insert(name.to_owned(), capacity.to_owned());
     }
     let data_dir = args.data_dir.clone().or(file.data_dir).unwrap_or_else(|| PathBuf::from(DEFAULT_DATA_DIR));
+    let mut run_pools = if args.run_pools.is_empty() { file.run_pools } else { args.run_pools.clone() };
     if let Some(name) = args.local_pool.clone().or(file.local_pool) {
         let capacity = local_resources(&data_dir).context("cannot detect this machine's resources for --local-pool")?;
-        pools.insert(name, capacity.to_string());
+        pools.insert(name.clone(), capacity.to_string());
+        run_pools.push(name);
     }
+    let run_pools = run_pools
+        .iter()
+        .map(|name| PoolName::new(name).with_context(|| format!("--run-pool `{name}`")))
+        .collect::<anyhow::Result<Vec<_>>>()?;
     let pools = pools
         .into_iter()
         .map(|(name, capacity)| {
@@ -379,6 +394,7 @@ fn resolve(args: &ServeArgs) -> anyhow::Result<Config> {
         ..defaults
     };
     Ok(Config {
+        run_pools,
         apps_dir: args.apps_dir.clone().or(file.apps_dir),
         queues,
         sched,
@@ -532,6 +548,11 @@ pub(crate) async fn run(args: ServeArgs) -> anyhow::Result<()> {
     // The one line on stdout: scripts and tests read the address from it.
     println!("allot listening on http://{address}");
     let state = allot_server::AppState::new(store.clone()).with_max_wait(config.max_wait).with_metrics(config.metrics);
+    let (stop_executor, executor_stopped) = tokio::sync::watch::channel(false);
+    if !config.run_pools.is_empty() {
+        let executor = start_executor(&store, &config.run_pools, &config.data_dir).await?;
+        tokio::spawn(executor.run(executor_stopped));
+    }
     // The sources of applications: the API, and the directory of application files if one is set.
     let mut http = HttpApi::new(listener, state);
     let mut directory = config.apps_dir.map(|dir| DirectorySource::new(dir, store.clone()));
@@ -549,6 +570,7 @@ pub(crate) async fn run(args: ServeArgs) -> anyhow::Result<()> {
         _ = shutdown_signal() => None,
         result = http.failed() => Some(result),
     };
+    stop_executor.send_replace(true);
     if let Some(directory) = &mut directory {
         directory.stop().await;
     }
@@ -559,6 +581,38 @@ pub(crate) async fn run(args: ServeArgs) -> anyhow::Result<()> {
             Ok(())
         }
     }
+}
+
+/// Loads the plugins (a failing one stops the start) and makes the executor of the tasks placed
+/// on `pools`.
+async fn start_executor(
+    store: &Arc<dyn Store>,
+    pools: &[PoolName],
+    data_dir: &Path,
+) -> anyhow::Result<Arc<allot_exec::Executor>> {
+    use allot_exec::{builtin, Executor, ExecutorConfig, Registry, Secrets, SetupContext, Waker};
+
+    // Plugins wake their tasks through the executor, which exists once they are loaded: the
+    // waker forwards to it.
+    let executor: Arc<std::sync::OnceLock<Arc<Executor>>> = Arc::default();
+    let forward = {
+        let executor = executor.clone();
+        Waker::new(move |run| {
+            if let Some(executor) = executor.get() {
+                executor.wake(run);
+            }
+        })
+    };
+    let registry = Registry::load(builtin::entries(), &BTreeMap::new(), |id| {
+        SetupContext::new(id, store.clone(), Secrets::default(), forward.clone())
+    })
+    .await
+    .context("cannot load the task plugins")?;
+    let config = ExecutorConfig::new(pools.iter().cloned().collect(), data_dir.join("tasks"));
+    let made = Executor::new(store.clone(), Arc::new(registry), config);
+    let _ = executor.set(made.clone());
+    tracing::info!(pools = ?pools, "running the tasks placed on these pools");
+    Ok(made)
 }
 
 /// This machine's resources [Reflow's local pool]: cpu from the available parallelism, memory

@@ -6,6 +6,7 @@ mod cli;
 mod contract;
 mod crash;
 mod daemon;
+mod exec;
 mod gangs;
 mod pages;
 mod redis;

@@ -1,0 +1,61 @@
+//! A daemon that runs the tasks placed on its pool: submitted tasks run with their plugins
+//! (`noop`, `sleep`) and are reported Completed; a task whose type no plugin runs fails, with
+//! the reason.
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use allot_client::{AddTask, SubmitApp};
+
+use crate::support::{data_dir, eventually, Daemon};
+
+fn task(id: &str, spec: serde_json::Value) -> AddTask {
+    AddTask {
+        id: id.to_owned(),
+        resources: "cpu=1".to_owned(),
+        tokens: Vec::new(),
+        group: None,
+        priority: 0,
+        selector: BTreeMap::new(),
+        spec: Some(spec),
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_daemon_runs_the_tasks_placed_on_its_pool() {
+    let (_dir, data) = data_dir();
+    let daemon = Daemon::start(&data, &["--pool", "w=cpu=2", "--run-pool", "w"]);
+    let client = daemon.client();
+    client.put_queue("root.run", &Default::default()).await.unwrap();
+    let app = SubmitApp {
+        id: "run-1".to_owned(),
+        queue: "root.run".to_owned(),
+        user: "me".to_owned(),
+        tags: BTreeMap::new(),
+        task_groups: Vec::new(),
+        policy: Default::default(),
+        tasks: vec![
+            task("quick", serde_json::json!({ "type": "noop" })),
+            task("nap", serde_json::json!({ "type": "sleep", "seconds": 0.3 })),
+            task("later", serde_json::json!({ "type": "sleep", "seconds": 0.1 })),
+            task("odd", serde_json::json!({ "type": "teleport" })),
+        ],
+    };
+    client.submit_app(&app).await.unwrap();
+    // Room for two at a time: the others run as the first ones end and free their allocs.
+    let ended = eventually(Duration::from_secs(20), async || {
+        let tasks = client.tasks("run-1").await.unwrap().tasks;
+        tasks.iter().all(|t| t.state == "Completed" || t.state == "Failed")
+    })
+    .await;
+    let tasks = client.tasks("run-1").await.unwrap().tasks;
+    assert!(ended, "every task ended: {tasks:?}");
+    let states: BTreeMap<&str, &str> = tasks.iter().map(|t| (t.id.as_str(), t.state.as_str())).collect();
+    assert_eq!(
+        states,
+        BTreeMap::from([("later", "Completed"), ("nap", "Completed"), ("odd", "Failed"), ("quick", "Completed")])
+    );
+    let odd = tasks.iter().find(|t| t.id == "odd").unwrap();
+    let reason = odd.reason.clone().unwrap_or_default();
+    assert!(reason.contains("no plugin runs task type `teleport`"), "{reason}");
+}
