@@ -258,3 +258,75 @@ async fn a_restarted_executor_resumes_a_run_where_it_was() {
     assert_eq!(run.events.iter().filter(|e| e.phase == Phase::Running).count(), 1);
     stop.send_replace(true);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn shell_tasks_run_their_command_and_map_its_exit_status() {
+    let s = setup().await;
+    let store = &*s.store;
+    let app = submit(
+        store,
+        "e",
+        &[
+            ("ok", serde_json::json!({ "type": "shell", "command": "echo hello; echo '{\"n\": 7}' > \"$ALLOT_OUTPUTS\"" })),
+            ("fails", serde_json::json!({ "type": "shell", "command": "echo oops >&2; exit 3" })),
+            ("missing", serde_json::json!({ "type": "shell", "command": "no-such-command-here" })),
+            ("env", serde_json::json!({ "type": "shell", "command": "test \"$ALLOT_RESOURCES\" = cpu=1 && test \"$GREETING\" = hi", "env": { "GREETING": "hi" } })),
+        ],
+    )
+    .await;
+    for task in ["ok", "env"] {
+        until(task, async || state(store, &app, task).await == TaskState::Completed).await;
+    }
+    for task in ["fails", "missing"] {
+        until(task, async || state(store, &app, task).await == TaskState::Failed).await;
+    }
+    let dir = s._dir.path().join("tasks").join("e");
+    assert_eq!(std::fs::read_to_string(dir.join("ok/attempt-1/stdout.log")).unwrap(), "hello\n");
+    let ok = store.run(app.clone(), TaskId::new("ok").unwrap()).await.unwrap().unwrap();
+    assert_eq!(ok.outputs.as_deref(), Some(r#"{"n":7}"#));
+    // Exit status 3 is retryable: two attempts (the budget), each with its own logs.
+    let fails = store.run(app.clone(), TaskId::new("fails").unwrap()).await.unwrap().unwrap();
+    assert_eq!((fails.attempt, fails.user_failures), (2, 2));
+    assert_eq!(std::fs::read_to_string(dir.join("fails/attempt-2/stderr.log")).unwrap(), "oops\n");
+    let reason = store.task(app.clone(), TaskId::new("fails").unwrap()).await.unwrap().task.reason.unwrap();
+    assert!(reason.contains("exit_3"), "{reason}");
+    // 127 (not found) is permanent: one attempt.
+    let missing = store.run(app.clone(), TaskId::new("missing").unwrap()).await.unwrap().unwrap();
+    assert_eq!(missing.attempt, 1);
+    s.stop.send_replace(true);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_shell_task_outlives_its_executor_and_is_not_started_twice() {
+    let s = setup().await;
+    let store = s.store.clone();
+    let count = s._dir.path().join("count");
+    let command = format!("echo started >> {}; sleep 1", count.display());
+    let app = submit(&*store, "f", &[("long", serde_json::json!({ "type": "shell", "command": command }))]).await;
+    until("the command runs", async || count.exists()).await;
+    // The executor stops (as a daemon that restarts); the command goes on.
+    s.stop.send_replace(true);
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let stop = start(store.clone(), s._dir.path(), Arc::new(Probe::default())).await;
+    until("the task completes", async || state(&*store, &app, "long").await == TaskState::Completed).await;
+    assert_eq!(std::fs::read_to_string(&count).unwrap(), "started\n", "the command ran once");
+    stop.send_replace(true);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_shell_task_removed_from_outside_has_its_command_stopped() {
+    let s = setup().await;
+    let store = &*s.store;
+    let app = submit(store, "g", &[("forever", serde_json::json!({ "type": "shell", "command": "sleep 60" }))]).await;
+    let pid_file = s._dir.path().join("tasks/g/forever/attempt-1/pid");
+    until("the command runs", async || pid_file.exists()).await;
+    let pid: i64 = std::fs::read_to_string(&pid_file).unwrap().trim().parse().unwrap();
+    let alive = |pid: i64| {
+        std::fs::read_to_string(format!("/proc/{pid}/stat"))
+            .is_ok_and(|stat| stat.rsplit_once(')').is_some_and(|(_, rest)| !rest.trim_start().starts_with('Z')))
+    };
+    assert!(alive(pid));
+    store.remove_task(app.clone(), TaskId::new("forever").unwrap()).await.unwrap();
+    until("the command is stopped", async || !alive(pid)).await;
+    s.stop.send_replace(true);
+}
