@@ -289,3 +289,59 @@ pub struct Fail {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub reason: Option<String>,
 }
+
+/// Why an attempt of a task failed.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+pub struct RunError {
+    /// `user` or `system`: each has its own retry budget.
+    pub kind: String,
+    /// Stable and machine-readable (`exit_3`, `bad_spec`, `process_vanished`...).
+    pub code: String,
+    pub message: String,
+}
+
+/// A link to a task's logs.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+pub struct RunLog {
+    pub name: String,
+    pub uri: String,
+}
+
+/// A change of a task's run: one per attempt, phase and version.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+pub struct RunEvent {
+    pub attempt: u32,
+    /// NotReady, WaitingForResources, Queued, Initializing, Running, Success, RetryableFailure
+    /// or PermanentFailure.
+    pub phase: String,
+    pub version: u32,
+    pub reason: String,
+    /// When, in ms since the epoch.
+    pub at_ms: u64,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub error: Option<RunError>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub logs: Vec<RunLog>,
+}
+
+/// How a task is being run by its plugin, and its phase timeline.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+pub struct TaskRun {
+    pub app: String,
+    pub task: String,
+    /// 1 for the first attempt.
+    pub attempt: u32,
+    pub phase: String,
+    pub user_failures: u32,
+    pub system_failures: u32,
+    /// `running`, `ending` (its attempt is being aborted or finalized) or `ended`.
+    pub stage: String,
+    /// How it ended: `succeeded`, `failed: ...` or `aborted: ...`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ending: Option<String>,
+    /// What the task gave as outputs, once it succeeded.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schema(value_type = Option<Object>)]
+    pub outputs: Option<serde_json::Value>,
+    pub events: Vec<RunEvent>,
+}

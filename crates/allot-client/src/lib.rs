@@ -368,6 +368,11 @@ impl Client {
         self.json(self.request(Method::GET, &task_path(app, task)?)?).await
     }
 
+    /// `GET /v1/apps/{app}/tasks/{task}/run`: how the task is being run, and its phase timeline.
+    pub async fn task_run(&self, app: &str, task: &str) -> Result<TaskRun, ClientError> {
+        self.json(self.request(Method::GET, &format!("{}/run", task_path(app, task)?))?).await
+    }
+
     /// `DELETE /v1/apps/{app}/tasks/{task}`: removes it and releases what it holds.
     pub async fn remove_task(&self, app: &str, task: &str) -> Result<Task, ClientError> {
         self.json(self.request(Method::DELETE, &task_path(app, task)?)?).await

@@ -195,6 +195,50 @@ pub(crate) fn app(info: AppInfo, now: Millis) -> api::App {
     }
 }
 
+/// A task's run, as the API shows it.
+pub(crate) fn task_run(app: &str, task: &str, run: allot_core::exec::Run) -> api::TaskRun {
+    use allot_core::exec::{Ending, Stage};
+    let error = |e: &allot_core::exec::ExecError| api::RunError {
+        kind: e.kind.name().to_owned(),
+        code: e.code.clone(),
+        message: e.message.clone(),
+    };
+    let ending = |ending: &Ending| match ending {
+        Ending::Succeeded => "succeeded".to_owned(),
+        Ending::Failed(e) => format!("failed: {}", e.message),
+        Ending::Aborted(reason) => format!("aborted: {reason}"),
+    };
+    let (stage, ended) = match &run.stage {
+        Stage::Handling => ("running", None),
+        Stage::Ending { .. } => ("ending", None),
+        Stage::Ended(how) => ("ended", Some(ending(how))),
+    };
+    api::TaskRun {
+        app: app.to_owned(),
+        task: task.to_owned(),
+        attempt: run.attempt,
+        phase: run.phase.name().to_owned(),
+        user_failures: run.user_failures,
+        system_failures: run.system_failures,
+        stage: stage.to_owned(),
+        ending: ended,
+        outputs: run.outputs.as_deref().and_then(|text| serde_json::from_str(text).ok()),
+        events: run
+            .events
+            .iter()
+            .map(|e| api::RunEvent {
+                attempt: e.attempt,
+                phase: e.phase.name().to_owned(),
+                version: e.version,
+                reason: e.reason.clone(),
+                at_ms: e.at,
+                error: e.error.as_ref().map(error),
+                logs: e.logs.iter().map(|l| api::RunLog { name: l.name.clone(), uri: l.uri.clone() }).collect(),
+            })
+            .collect(),
+    }
+}
+
 pub(crate) fn task(info: TaskInfo) -> api::Task {
     let TaskInfo { task, why } = info;
     let spec = task.spec;

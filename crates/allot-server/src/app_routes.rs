@@ -211,6 +211,32 @@ pub(crate) async fn get_task(
     Ok(Json(convert::task(state.store.task(app_id(&app)?, task_id(&task)?).await?)))
 }
 
+/// How a task is being run by its plugin (on a daemon that runs its pool), and its phase
+/// timeline: one event per attempt, phase and version.
+#[utoipa::path(get, path = "/v1/apps/{app}/tasks/{task}/run", tag = "apps",
+    params(("app" = String, Path, description = "the application's id"), ("task" = String, Path, description = "the task's id")),
+    responses((status = 200, body = api::TaskRun), (status = 400, body = api::ErrorBody, description = "invalid_argument"),
+        (status = 404, body = api::ErrorBody, description = "app_not_found, task_not_found, or run_not_found (the task has not been run)"),
+        (status = 503, body = api::ErrorBody, description = UNAVAILABLE)))]
+pub(crate) async fn get_task_run(
+    State(state): State<AppState>,
+    Segments((app, task)): Segments<(String, String)>,
+) -> Answer<api::TaskRun> {
+    let (app_id, task_id) = (app_id(&app)?, task_id(&task)?);
+    match state.store.run(app_id.clone(), task_id.clone()).await? {
+        Some(run) => Ok(Json(convert::task_run(&app, &task, run))),
+        None => {
+            // The task's own 404 if it does not exist.
+            state.store.task(app_id, task_id).await?;
+            Err(ApiError::new(
+                StatusCode::NOT_FOUND,
+                "run_not_found",
+                format!("task `{task}` of application `{app}` has not been run: no daemon runs its pool, or it is not placed yet"),
+            ))
+        }
+    }
+}
+
 /// Removes a task; what it holds is released.
 #[utoipa::path(delete, path = "/v1/apps/{app}/tasks/{task}", tag = "apps",
     params(("app" = String, Path, description = "the application's id"), ("task" = String, Path, description = "the task's id")),

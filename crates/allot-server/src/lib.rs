@@ -87,7 +87,7 @@ namespace_in_use (409); payload_too_large (413); store_unavailable, \
 store_outcome_unknown, shutting_down (503); internal (500). Pools: invalid_resources (400); pool_not_found, \
 alloc_not_found, offer_not_found (404); offer_expired, exceeds_capacity, pool_stopped, pool_in_use, \
 alloc_ended, held_by_scheduler (409). An ended alloc reads as 410 Gone with its record. Applications: \
-invalid_queue (400); queue_not_found, app_not_found, task_not_found, unknown_task_group (404); queue_in_use, \
+invalid_queue (400); queue_not_found, app_not_found, task_not_found, unknown_task_group, run_not_found (404); queue_in_use, \
 queue_not_a_leaf, app_conflict, task_conflict, task_group_conflict, app_ended, gang_never_fits, gang_exceeds_queue, \
 larger_than_task_group, illegal_transition (409).\n\n\
 Names (namespaces, tokens, projects, namespace scopes, pools) follow one rule: 1 to 255 characters, no control \
@@ -139,6 +139,7 @@ stayed listed."
         app_routes::list_tasks,
         app_routes::add_task,
         app_routes::get_task,
+        app_routes::get_task_run,
         app_routes::remove_task,
         app_routes::start_task,
         app_routes::complete_task,
@@ -198,6 +199,7 @@ pub fn app(state: AppState) -> Router {
         .route("/v1/apps/{app}/fail", post(app_routes::fail_app))
         .route("/v1/apps/{app}/tasks", get(app_routes::list_tasks).post(app_routes::add_task))
         .route("/v1/apps/{app}/tasks/{task}", get(app_routes::get_task).delete(app_routes::remove_task))
+        .route("/v1/apps/{app}/tasks/{task}/run", get(app_routes::get_task_run))
         .route("/v1/apps/{app}/tasks/{task}/start", post(app_routes::start_task))
         .route("/v1/apps/{app}/tasks/{task}/complete", post(app_routes::complete_task))
         .route("/v1/apps/{app}/tasks/{task}/fail", post(app_routes::fail_task))

@@ -9,7 +9,7 @@ use std::process::ExitCode;
 
 use allot_client::{
     AddTask, AddTaskResponse, App, AppList, ClientError, Placeholder, PutQueue, PutQueueResponse, Queue, QueueList,
-    RemovedQueue, SortPolicy, SubmitAppResponse, Task, TaskList, TokenNeed, Waiting,
+    RemovedQueue, SortPolicy, SubmitAppResponse, Task, TaskList, TaskRun, TokenNeed, Waiting,
 };
 use serde::Serialize;
 
@@ -219,6 +219,17 @@ pub(crate) enum TaskCommand {
         #[command(flatten)]
         common: Common,
     },
+    /// Show how a task is being run by its plugin: attempt, phase, and the phase timeline (one
+    /// event per attempt, phase and version).
+    #[command(after_help = EXIT_CODES)]
+    Events {
+        /// The application's id.
+        app: String,
+        /// The task's id.
+        task: String,
+        #[command(flatten)]
+        common: Common,
+    },
     /// Report an Allocated task running.
     #[command(after_help = EXIT_CODES)]
     Start {
@@ -319,6 +330,7 @@ pub(crate) async fn task(mut command: TaskCommand, before: &Common) -> anyhow::R
         TaskCommand::Add { common, .. }
         | TaskCommand::List { common, .. }
         | TaskCommand::Show { common, .. }
+        | TaskCommand::Events { common, .. }
         | TaskCommand::Start { common, .. }
         | TaskCommand::Complete { common, .. }
         | TaskCommand::Fail { common, .. }
@@ -435,6 +447,10 @@ async fn run_task(command: &TaskCommand) -> Result<u8, ClientError> {
         TaskCommand::Show { app, task, common } => {
             let answer = client(common)?.task(app, task).await?;
             emit(common, &answer, task_details)
+        }
+        TaskCommand::Events { app, task, common } => {
+            let answer = client(common)?.task_run(app, task).await?;
+            emit(common, &answer, run_timeline)
         }
         TaskCommand::Start { app, task, common } => {
             let answer = client(common)?.start_task(app, task).await?;
@@ -707,6 +723,46 @@ fn task_state(task: &Task) -> String {
     }
 }
 
+/// A run's summary, then its timeline.
+fn run_timeline(run: &TaskRun) -> String {
+    let failures = format!("{} user, {} system", run.user_failures, run.system_failures);
+    let mut out = key_values(&[
+        ("app", show(&run.app)),
+        ("task", show(&run.task)),
+        ("attempt", run.attempt.to_string()),
+        ("phase", run.phase.clone()),
+        ("stage", run.stage.clone()),
+        ("ending", run.ending.clone().unwrap_or_else(|| "-".to_owned())),
+        ("failures", failures),
+        ("outputs", run.outputs.as_ref().map_or_else(|| "-".to_owned(), serde_json::Value::to_string)),
+    ]);
+    out.push('\n');
+    let mut table = Table::new(&[
+        ("ATTEMPT", Align::Right),
+        ("PHASE", Align::Left),
+        ("VERSION", Align::Right),
+        ("AT (UTC)", Align::Left),
+        ("REASON", Align::Left),
+    ]);
+    for event in &run.events {
+        let at =
+            humantime::format_rfc3339_millis(std::time::UNIX_EPOCH + std::time::Duration::from_millis(event.at_ms));
+        let reason = match &event.error {
+            Some(error) => format!("{} ({} error {})", event.reason, error.kind, error.code),
+            None => event.reason.clone(),
+        };
+        table.row(vec![
+            event.attempt.to_string(),
+            event.phase.clone(),
+            event.version.to_string(),
+            at.to_string(),
+            reason,
+        ]);
+    }
+    out.push_str(&table.render());
+    out
+}
+
 fn task_table(tasks: &[Task]) -> String {
     if tasks.is_empty() {
         return "no tasks\n".to_owned();
@@ -804,6 +860,7 @@ ids!(
     Task => |it| vec![it.id.clone()],
     TaskList => |it| it.tasks.iter().map(|task| task.id.clone()).collect(),
     AddTaskResponse => |it| it.task.ids(),
+    TaskRun => |it| vec![it.task.clone()],
 );
 
 #[cfg(test)]

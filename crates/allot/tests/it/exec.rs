@@ -58,4 +58,19 @@ async fn a_daemon_runs_the_tasks_placed_on_its_pool() {
     let odd = tasks.iter().find(|t| t.id == "odd").unwrap();
     let reason = odd.reason.clone().unwrap_or_default();
     assert!(reason.contains("no plugin runs task type `teleport`"), "{reason}");
+    // The runs, over the API and the CLI: the phase timeline of each task.
+    let nap = client.task_run("run-1", "nap").await.unwrap();
+    let phases: Vec<&str> = nap.events.iter().map(|e| e.phase.as_str()).collect();
+    assert_eq!(phases, ["NotReady", "Running", "Success"]);
+    assert_eq!((nap.stage.as_str(), nap.ending.as_deref()), ("ended", Some("succeeded")));
+    let odd = client.task_run("run-1", "odd").await.unwrap();
+    assert_eq!(odd.events.last().and_then(|e| e.error.as_ref()).map(|e| e.code.as_str()), Some("no_plugin"));
+    let missing = client.task_run("run-1", "nope").await.unwrap_err();
+    assert!(missing.to_string().contains("task_not_found"), "{missing}");
+    let output = std::process::Command::new(crate::support::ALLOT)
+        .args(["--server", &format!("http://{}", daemon.address()), "task", "events", "run-1", "nap"])
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&output.stdout);
+    assert!(output.status.success() && text.contains("Success") && text.contains("succeeded"), "{text}");
 }
