@@ -46,11 +46,12 @@ pub struct ExecutorConfig {
 }
 
 impl ExecutorConfig {
+    /// `data_dir` is made absolute: tasks' commands run elsewhere and are given paths into it.
     pub fn new(pools: HashSet<PoolName>, data_dir: PathBuf) -> ExecutorConfig {
         ExecutorConfig {
             pools,
             retry: RetryPolicy::default(),
-            data_dir,
+            data_dir: std::path::absolute(&data_dir).unwrap_or(data_dir),
             max_output_bytes: 1 << 20,
             pause: Duration::from_secs(1),
             scan: Duration::from_millis(200),

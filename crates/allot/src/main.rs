@@ -6,6 +6,7 @@ mod bench;
 mod cli;
 mod cli_apps;
 mod cli_pools;
+mod cli_run;
 mod duration;
 mod serve;
 mod sources;
@@ -55,6 +56,10 @@ enum Command {
     /// them.
     #[command(subcommand)]
     Task(cli_apps::TaskCommand),
+    /// Submit an application from a file and follow it to its end: progress per task group,
+    /// then a summary; exits non-zero if a task did not complete.
+    #[command(after_help = cli::EXIT_CODES)]
+    Run(cli_run::RunArgs),
     /// Measure a daemon under load (and compare it with a baseline server).
     #[command(after_help = bench::BENCH_AFTER_HELP)]
     Bench(bench::BenchArgs),
@@ -96,6 +101,7 @@ fn main() -> ExitCode {
             Command::Queue(command) => cli_apps::queue(command, &args.before).await,
             Command::App(command) => cli_apps::app(command, &args.before).await,
             Command::Task(command) => cli_apps::task(command, &args.before).await,
+            Command::Run(command) => cli_run::run(command, &args.before).await,
             Command::Bench(args) => bench::run(args).await.map(|()| ExitCode::SUCCESS),
             Command::BaselineServer(args) => bench::baseline_server(args).await.map(|()| ExitCode::SUCCESS),
         }

@@ -30,8 +30,10 @@ pub(super) fn entry() -> PluginEntry {
 /// it, before it takes the start as failed.
 const PID_GRACE: Duration = Duration::from_secs(5);
 
+/// The attempt's directory, absolute (the command runs in it, and is given paths into it).
 fn attempt_dir(ctx: &TaskContext) -> PathBuf {
-    ctx.dir.join(format!("attempt-{}", ctx.attempt))
+    let dir = ctx.dir.join(format!("attempt-{}", ctx.attempt));
+    std::path::absolute(&dir).unwrap_or(dir)
 }
 
 fn system(code: &str, err: impl std::fmt::Display) -> ExecError {

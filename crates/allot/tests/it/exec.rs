@@ -74,3 +74,43 @@ async fn a_daemon_runs_the_tasks_placed_on_its_pool() {
     let text = String::from_utf8_lossy(&output.stdout);
     assert!(output.status.success() && text.contains("Success") && text.contains("succeeded"), "{text}");
 }
+
+const EXAMPLES: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/../../examples");
+
+/// `allot run` on the examples: it submits, follows the application to its end and prints a
+/// summary; a task that fails makes it exit non-zero.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn allot_run_takes_the_examples_to_their_end() {
+    let (_dir, data) = data_dir();
+    let config = format!("{EXAMPLES}/allot.toml");
+    let daemon = Daemon::start(&data, &["--config", &config, "--pool", "worker=cpu=4", "--run-pool", "worker"]);
+    let server = format!("http://{}", daemon.address());
+    let run = |file: &str| {
+        std::process::Command::new(crate::support::ALLOT)
+            .args(["run", file, "--server", &server, "--poll", "50ms"])
+            .output()
+            .unwrap()
+    };
+    let output = run(&format!("{EXAMPLES}/hello.yaml"));
+    let text = String::from_utf8_lossy(&output.stdout);
+    assert!(output.status.success(), "{text}\n{}", String::from_utf8_lossy(&output.stderr));
+    assert!(text.contains("app hello: Completed"), "{text}");
+    for task in ["greet", "think", "nothing"] {
+        assert!(text.lines().any(|l| l.starts_with(task) && l.contains("Completed")), "{task}: {text}");
+    }
+    let client = daemon.client();
+    assert_eq!(client.app("hello").await.unwrap().state, "Completed");
+    let greet = client.task_run("hello", "greet").await.unwrap();
+    assert_eq!(greet.outputs, Some(serde_json::json!({ "greeted": true })));
+    // A task that fails: the application fails, and so does `allot run`.
+    let failing = data.parent().unwrap().join("failing.yaml");
+    std::fs::write(
+        &failing,
+        "id: failing\nqueue: root.examples\nuser: me\ntasks:\n  - id: bad\n    resources: cpu=1\n    spec: {type: shell, command: 'exit 4'}\n",
+    )
+    .unwrap();
+    let output = run(failing.to_str().unwrap());
+    let text = String::from_utf8_lossy(&output.stdout);
+    assert_eq!(output.status.code(), Some(1), "{text}");
+    assert!(text.contains("app failing: Failed") && text.contains("exit_4"), "{text}");
+}
