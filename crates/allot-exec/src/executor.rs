@@ -27,6 +27,7 @@ use allot_store::{read_all, Store, StoreError};
 use tokio::sync::{watch, Notify};
 
 use crate::context::{release, Metadata, RunKey, Secrets, TaskContext, TokenWaits, Tokens, Waker};
+use crate::plugin::Plugin;
 use crate::registry::Registry;
 
 /// How an executor runs.
@@ -290,17 +291,17 @@ impl Executor {
 
     /// A round's context for `task`'s current attempt.
     fn context(&self, key: &RunKey, task: Option<&Task>, run: &Run, plugin: &str, spec: &RunSpec) -> TaskContext {
+        let waker = self.waker_for();
         let tokens = Tokens::new(
             self.store.clone(),
             plugin,
             key.clone(),
             run.attempt,
             self.waits.clone(),
-            self.waker_for(),
+            waker.clone(),
             run.tokens.clone(),
         );
-        let mut ctx =
-            TaskContext::new(key.clone(), run.attempt, &spec.task_type, tokens, run.state.clone(), self.waker_for());
+        let mut ctx = TaskContext::new(key.clone(), run.attempt, &spec.task_type, tokens, run.state.clone(), waker);
         ctx.spec = spec.spec.clone();
         ctx.inputs = spec.inputs.clone();
         ctx.dir = self.config.data_dir.join(key.app.as_str()).join(key.task.as_str());
@@ -326,21 +327,24 @@ impl Executor {
         })
     }
 
+    /// What the task's spec says of how to run it, and the plugin that runs it.
+    fn plugin_for(&self, task: &Task) -> Result<(RunSpec, Arc<dyn Plugin>), ExecError> {
+        let spec = run_spec(task)?;
+        let plugin = self
+            .registry
+            .resolve(&spec.task_type, spec.plugin.as_deref())
+            .map_err(|err| ExecError::user("no_plugin", err.to_string()))?;
+        Ok((spec, plugin))
+    }
+
     /// One `handle` round, stored.
     async fn round(&self, key: &RunKey, task: &Task, run: &mut Run) -> Result<(), StoreError> {
         let now = now_ms();
-        let spec = match run_spec(task) {
-            Ok(spec) => spec,
+        let (spec, plugin) = match self.plugin_for(task) {
+            Ok(found) => found,
             Err(error) => {
+                // A task no plugin can run fails for good.
                 let failed = Transition::ephemeral(PhaseInfo::permanent(error));
-                run.after_round(Ok((failed, StateWrite::Unchanged)), self.config.retry, now);
-                return self.store.put_run(key.app.clone(), key.task.clone(), run.clone()).await;
-            }
-        };
-        let plugin = match self.registry.resolve(&spec.task_type, spec.plugin.as_deref()) {
-            Ok(plugin) => plugin,
-            Err(err) => {
-                let failed = Transition::ephemeral(PhaseInfo::permanent(ExecError::user("no_plugin", err.to_string())));
                 run.after_round(Ok((failed, StateWrite::Unchanged)), self.config.retry, now);
                 return self.store.put_run(key.app.clone(), key.task.clone(), run.clone()).await;
             }
@@ -387,10 +391,8 @@ impl Executor {
         run: &mut Run,
         abort: bool,
     ) -> Result<(), StoreError> {
-        let spec = task.map(run_spec).and_then(Result::ok);
-        let plugin = spec.as_ref().and_then(|s| self.registry.resolve(&s.task_type, s.plugin.as_deref()).ok());
-        if let (Some(spec), Some(plugin)) = (&spec, &plugin) {
-            let mut ctx = self.context(key, task, run, plugin.id(), spec);
+        if let Some((spec, plugin)) = task.and_then(|t| self.plugin_for(t).ok()) {
+            let mut ctx = self.context(key, task, run, plugin.id(), &spec);
             if abort {
                 if let Err(err) = plugin.abort(&mut ctx).await {
                     tracing::warn!(run = %key, error = %err, "abort failed; finalizing anyway");

@@ -487,7 +487,7 @@ impl RedisStore {
     /// scheduler left half done, and reads the mirror.
     async fn take_over(&self, holder: &str, fencing: u64) -> Result<Leader, StoreError> {
         let config = self.inner.apps.config.lock().unwrap_or_else(|p| p.into_inner()).clone();
-        let (mut sched, intents) = self.load_app_records_and_intents(config).await?;
+        let (sched, intents) = self.load_app_records_and_intents(config).await?;
         let intents: Vec<Step> = if intents.is_empty() {
             Vec::new()
         } else {
@@ -515,23 +515,15 @@ impl RedisStore {
         }
         self.write_app_records(holder, fencing, Some(""), &[]).await.map_err(deposed)?;
         let (pools, ledger) = self.read_mirror(&sched, &[]).await?;
-        let mut leader = Leader {
-            fencing,
-            sched: Scheduler::default(),
-            pools,
-            ledger,
-            unfinished: Vec::new(),
-            mirror_read: Some(Instant::now()),
-        };
-        let now = self.now();
-        let mut outcome = pools_gone(&mut sched, &mut leader, now);
+        let mut leader =
+            Leader { fencing, sched, pools, ledger, unfinished: Vec::new(), mirror_read: Some(Instant::now()) };
+        let mut outcome = pools_gone(&mut leader, self.now());
         let seeds = std::mem::take(&mut *self.inner.apps.seeds.lock().unwrap_or_else(|p| p.into_inner()));
         for (path, limits) in seeds {
-            if sched.queue(&path).is_err() {
-                outcome.apps.extend(sched.put_queue(path, limits).1.apps);
+            if leader.sched.queue(&path).is_err() {
+                outcome.apps.extend(leader.sched.put_queue(path, limits).1.apps);
             }
         }
-        leader.sched = sched;
         self.carry_out(holder, &mut leader, &outcome).await?;
         *self.inner.apps.stats.lock().unwrap_or_else(|p| p.into_inner()) = leader.sched.stats();
         tracing::info!(fencing, settled, "this daemon schedules applications");
@@ -556,9 +548,7 @@ impl RedisStore {
             (l.pools, l.ledger) = self.read_mirror(&l.sched, &[]).await?;
             l.mirror_read = Some(Instant::now());
         }
-        let mut sched = std::mem::take(&mut l.sched);
-        let gone = pools_gone(&mut sched, l, now);
-        l.sched = sched;
+        let gone = pools_gone(l, now);
         if !gone.is_empty() {
             self.carry_out(holder, l, &gone).await.map_err(StoreError::from)?;
         }
@@ -623,8 +613,9 @@ impl From<Carry> for StoreError {
 
 /// Fails the placements on pools that are gone (removed with force, by any daemon): their
 /// tasks fail, and gangs lose their reservations (`Scheduler::pool_removed`).
-fn pools_gone(sched: &mut Scheduler, l: &mut Leader, now: Millis) -> Outcome {
-    let gone: HashSet<PoolName> = sched
+fn pools_gone(l: &mut Leader, now: Millis) -> Outcome {
+    let gone: HashSet<PoolName> = l
+        .sched
         .live_placements()
         .into_iter()
         .filter(|p| l.pools.allocs(&p.pool).is_err())
@@ -632,7 +623,7 @@ fn pools_gone(sched: &mut Scheduler, l: &mut Leader, now: Millis) -> Outcome {
         .collect();
     let mut outcome = Outcome::default();
     for pool in gone {
-        let lost = sched.pool_removed(&pool, now, &mut World { pools: &mut l.pools, ledger: &mut l.ledger });
+        let lost = l.sched.pool_removed(&pool, now, &mut World { pools: &mut l.pools, ledger: &mut l.ledger });
         outcome.apps.extend(lost.apps);
         outcome.pools.extend(lost.pools);
         outcome.ledger.changes.extend(lost.ledger.changes);

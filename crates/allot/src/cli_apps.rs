@@ -483,7 +483,7 @@ const TASK_STATES: [&str; 9] =
     ["New", "Pending", "Scheduling", "Allocated", "Running", "Completed", "Failed", "Killed", "Rejected"];
 
 /// Tasks by state, in the order of their life: `2 Running, 1 Pending`; `no tasks`.
-fn tasks_by_state(tasks: &BTreeMap<String, u64>) -> String {
+pub(crate) fn tasks_by_state(tasks: &BTreeMap<String, u64>) -> String {
     let rank = |state: &str| TASK_STATES.iter().position(|s| *s == state).unwrap_or(TASK_STATES.len());
     let mut states: Vec<(&String, &u64)> = tasks.iter().filter(|(_, n)| **n > 0).collect();
     // Live states first (the ones a person looks for), ended ones after.
@@ -707,7 +707,7 @@ fn placeholder_table(placeholders: &[Placeholder]) -> String {
 }
 
 /// True for the states a task ended in.
-fn ended(task: &Task) -> bool {
+pub(crate) fn ended(task: &Task) -> bool {
     matches!(task.state.as_str(), "Completed" | "Failed" | "Killed" | "Rejected")
 }
 

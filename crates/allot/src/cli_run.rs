@@ -13,6 +13,7 @@ use indicatif::{MultiProgress, ProgressBar, ProgressDrawTarget, ProgressStyle};
 
 use crate::appfile::read_app;
 use crate::cli::{client, finish, usage_error, Align, Common, Table, EXIT_ERROR, EXIT_OK, EXIT_USAGE};
+use crate::cli_apps::{ended, tasks_by_state};
 
 #[derive(Debug, clap::Args)]
 pub(crate) struct RunArgs {
@@ -28,19 +29,13 @@ pub(crate) struct RunArgs {
     common: Common,
 }
 
-const ENDED: [&str; 4] = ["Completed", "Failed", "Killed", "Rejected"];
-
-fn ended(task: &Task) -> bool {
-    ENDED.contains(&task.state.as_str())
-}
-
-/// `3 Completed, 1 Running`.
+/// `3 Completed, 1 Running` (live states first, as `allot app list` shows them).
 fn states_line<'a>(tasks: impl Iterator<Item = &'a Task>) -> String {
-    let mut counts: BTreeMap<&str, usize> = BTreeMap::new();
+    let mut counts: BTreeMap<String, u64> = BTreeMap::new();
     for task in tasks {
-        *counts.entry(task.state.as_str()).or_default() += 1;
+        *counts.entry(task.state.clone()).or_default() += 1;
     }
-    counts.iter().map(|(state, n)| format!("{n} {state}")).collect::<Vec<_>>().join(", ")
+    tasks_by_state(&counts)
 }
 
 /// Runs `allot run`; `before` holds the options given before the command.
