@@ -203,26 +203,21 @@ async fn a_task_removed_from_outside_is_aborted_finalized_and_its_tokens_release
     )
     .await;
     let seats = allot_core::NamespaceName::new("probe:seats").unwrap();
-    until("one holds the seat", async || store.namespace(seats.clone()).await.unwrap().granted_units == 1).await;
-    let holder = if store
-        .run(app.clone(), TaskId::new("first").unwrap())
-        .await
-        .unwrap()
-        .is_some_and(|r| r.phase == Phase::Running)
-    {
-        "first"
-    } else {
-        "second"
-    };
-    let waiter = if holder == "first" { "second" } else { "first" };
-    until("the other waits for it", async || {
-        store
-            .run(app.clone(), TaskId::new(waiter).unwrap())
-            .await
-            .unwrap()
-            .is_some_and(|r| r.phase == Phase::WaitingForResources)
+    // The seat is granted inside a round and the run stored after it: wait for both runs to
+    // show it, then tell the holder from the waiter.
+    let phase = async |task: &str| store.run(app.clone(), TaskId::new(task).unwrap()).await.unwrap().map(|r| r.phase);
+    until("one holds the seat and the other waits for it", async || {
+        let both = (phase("first").await, phase("second").await);
+        matches!(
+            both,
+            (Some(Phase::Running), Some(Phase::WaitingForResources))
+                | (Some(Phase::WaitingForResources), Some(Phase::Running))
+        )
     })
     .await;
+    assert_eq!(store.namespace(seats.clone()).await.unwrap().granted_units, 1);
+    let (holder, waiter) =
+        if phase("first").await == Some(Phase::Running) { ("first", "second") } else { ("second", "first") };
     store.remove_task(app.clone(), TaskId::new(holder).unwrap()).await.unwrap();
     // The holder's attempt is aborted and finalized and its seat released; the waiter is woken
     // by the release and takes it.
