@@ -316,7 +316,7 @@ pub struct Run {
     pub barrier: Option<(u64, Transition)>,
     pub events: Vec<Event>,
     pub stage: Stage,
-    /// Taken in this attempt, not released yet.
+    /// Taken (or asked for, and waiting) in this attempt, not released yet.
     pub tokens: Vec<TakenToken>,
     pub started: Millis,
     /// The task's outputs (JSON text), recorded once, by the round that succeeded.

@@ -231,7 +231,7 @@ impl Tokens {
         Tokens { store, plugin: plugin.to_owned(), run, attempt, waits, waker, taken }
     }
 
-    /// What this attempt holds.
+    /// What this attempt holds or waits for.
     pub fn taken(&self) -> &[TakenToken] {
         &self.taken
     }
@@ -248,9 +248,6 @@ impl Tokens {
         let namespace = quota_namespace(&self.plugin, name)?;
         let token = self.token()?;
         let taken = TakenToken { namespace: namespace.clone(), token: token.clone() };
-        if self.taken.contains(&taken) {
-            return Ok(TokenStatus::Granted);
-        }
         let request = AllocateRequest {
             namespace,
             token,
@@ -259,8 +256,12 @@ impl Tokens {
             constraints: Constraints::default(),
             lease: LeaseRequest::None,
         };
+        // Asked again every round (an allocate of a token already held is granted as it is):
+        // after a restart, a wait that was in flight is found again this way.
         let status = self.waits.take(&self.store, request, self.run.clone(), self.waker.clone()).await?;
-        if status == TokenStatus::Granted {
+        // Noted while it waits too: an attempt that ends then releases it, whether the grant
+        // came before the end (released here) or after (released by the wait itself).
+        if !self.taken.contains(&taken) {
             self.taken.push(taken);
         }
         Ok(status)

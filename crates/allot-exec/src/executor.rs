@@ -355,9 +355,8 @@ impl Executor {
                 let mut ctx = self.context(key, Some(task), run, plugin.id(), &spec);
                 let answer = plugin.handle(&mut ctx).await;
                 let out = ctx.finish();
-                for token in out.taken {
-                    run.took(token);
-                }
+                // What the attempt holds now: taken before, taken in the round, less released.
+                run.tokens = out.taken;
                 match answer {
                     Ok(transition) => {
                         if transition.info.phase == allot_core::exec::Phase::Success {
