@@ -345,3 +345,26 @@ pub struct TaskRun {
     pub outputs: Option<serde_json::Value>,
     pub events: Vec<RunEvent>,
 }
+
+/// A piece of a task's log, from `offset` (bytes): read again from `next_offset` to follow it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+pub struct TaskLogs {
+    pub app: String,
+    pub task: String,
+    pub attempt: u32,
+    /// The log's name, e.g. `stdout` or `stderr`.
+    pub stream: String,
+    pub offset: u64,
+    pub next_offset: u64,
+    /// The log's text from `offset` (at most 256 KiB at once; invalid UTF-8 is replaced).
+    pub text: String,
+    /// True once nothing more will be written: the attempt is over.
+    pub ended: bool,
+}
+
+/// Where a wake-up went.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+pub struct Woken {
+    pub app: String,
+    pub task: String,
+}

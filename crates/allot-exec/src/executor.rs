@@ -128,6 +128,17 @@ impl Executor {
         }
     }
 
+    /// Wakes a run if this executor drives it now; false if it does not.
+    pub fn wake_driven(&self, run: &RunKey) -> bool {
+        match self.active.lock().unwrap_or_else(|p| p.into_inner()).get(run) {
+            Some(notify) => {
+                notify.notify_one();
+                true
+            }
+            None => false,
+        }
+    }
+
     /// How many runs are being driven now.
     pub fn active(&self) -> usize {
         self.active.lock().unwrap_or_else(|p| p.into_inner()).len()

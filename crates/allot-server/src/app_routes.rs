@@ -293,3 +293,108 @@ pub(crate) async fn fail_task(
     let reason = body.reason.unwrap_or_else(|| "reported failed".to_owned());
     Ok(Json(convert::task(state.store.finish_task(app_id(&app)?, task_id(&task)?, Some(reason)).await?)))
 }
+
+/// The query of a task's logs.
+#[derive(Debug, serde::Deserialize, utoipa::IntoParams)]
+#[serde(deny_unknown_fields)]
+#[into_params(parameter_in = Query)]
+pub(crate) struct LogsQuery {
+    /// The log's name: `stdout` (the default) or `stderr` for shell tasks; a plugin names its own.
+    stream: Option<String>,
+    /// The attempt; the current one when absent.
+    #[param(minimum = 1)]
+    attempt: Option<u32>,
+    /// Where to start, in bytes: the `next_offset` of the piece before.
+    #[param(minimum = 0)]
+    offset: Option<u64>,
+}
+
+/// The most of a log one answer carries.
+const LOG_PIECE: u64 = 256 * 1024;
+
+/// A piece of a task's log, read on the daemon that runs it (logs are files on its machine, named
+/// by the run's log links). Follow a log by reading again from `next_offset` until `ended`.
+#[utoipa::path(get, path = "/v1/apps/{app}/tasks/{task}/logs", tag = "apps",
+    params(("app" = String, Path, description = "the application's id"), ("task" = String, Path, description = "the task's id"), LogsQuery),
+    responses((status = 200, body = api::TaskLogs), (status = 400, body = api::ErrorBody, description = "invalid_argument"),
+        (status = 404, body = api::ErrorBody, description = "app_not_found, task_not_found, run_not_found, or logs_not_found (no such log in that attempt, or it is on the machine of another daemon)"),
+        (status = 503, body = api::ErrorBody, description = UNAVAILABLE)))]
+pub(crate) async fn get_task_logs(
+    State(state): State<AppState>,
+    Segments((app, task)): Segments<(String, String)>,
+    QueryArgs(query): QueryArgs<LogsQuery>,
+) -> Answer<api::TaskLogs> {
+    let (app_id, task_id) = (app_id(&app)?, task_id(&task)?);
+    let Some(run) = state.store.run(app_id.clone(), task_id.clone()).await? else {
+        state.store.task(app_id, task_id).await?;
+        return Err(ApiError::new(StatusCode::NOT_FOUND, "run_not_found", format!("task `{task}` has not been run")));
+    };
+    let stream = query.stream.unwrap_or_else(|| "stdout".to_owned());
+    let attempt = query.attempt.unwrap_or(run.attempt);
+    let not_found = |why: String| ApiError::new(StatusCode::NOT_FOUND, "logs_not_found", why);
+    // The attempt's latest link of that name to a file.
+    let path = run
+        .events
+        .iter()
+        .rev()
+        .filter(|e| e.attempt == attempt)
+        .flat_map(|e| e.logs.iter())
+        .find(|l| l.name == stream)
+        .and_then(|l| l.uri.strip_prefix("file://"))
+        .map(std::path::PathBuf::from)
+        .ok_or_else(|| not_found(format!("attempt {attempt} of task `{task}` has no `{stream}` log")))?;
+    let offset = query.offset.unwrap_or(0);
+    let piece = read_piece(&path, offset).await.map_err(|e| {
+        not_found(format!(
+            "the `{stream}` log of task `{task}` is not on this daemon's machine ({e}): ask the daemon that runs its pool"
+        ))
+    })?;
+    let ended = attempt < run.attempt || matches!(run.next(), allot_core::exec::Next::Report(_));
+    let next_offset = offset + piece.len() as u64;
+    Ok(Json(api::TaskLogs {
+        app,
+        task,
+        attempt,
+        stream,
+        offset,
+        next_offset,
+        text: String::from_utf8_lossy(&piece).into_owned(),
+        ended,
+    }))
+}
+
+/// Up to [`LOG_PIECE`] bytes of `path` from `offset`, cut before a character split at the end.
+async fn read_piece(path: &std::path::Path, offset: u64) -> std::io::Result<Vec<u8>> {
+    use tokio::io::{AsyncReadExt, AsyncSeekExt};
+    let mut file = tokio::fs::File::open(path).await?;
+    file.seek(std::io::SeekFrom::Start(offset)).await?;
+    let mut piece = Vec::new();
+    file.take(LOG_PIECE).read_to_end(&mut piece).await?;
+    if let Err(err) = std::str::from_utf8(&piece) {
+        if err.error_len().is_none() && piece.len() as u64 == LOG_PIECE {
+            piece.truncate(err.valid_up_to());
+        }
+    }
+    Ok(piece)
+}
+
+/// Wakes a task's run on the daemon that runs it: its plugin's next round comes at once (an
+/// outside service calls this when a job it runs for the task ends).
+#[utoipa::path(post, path = "/v1/apps/{app}/tasks/{task}/wake", tag = "apps",
+    params(("app" = String, Path, description = "the application's id"), ("task" = String, Path, description = "the task's id")),
+    responses((status = 202, body = api::Woken), (status = 400, body = api::ErrorBody, description = "invalid_argument"),
+        (status = 404, body = api::ErrorBody, description = "run_not_here: this daemon does not run the task now")))]
+pub(crate) async fn wake_task(
+    State(state): State<AppState>,
+    Segments((app, task)): Segments<(String, String)>,
+) -> Result<(StatusCode, Json<api::Woken>), ApiError> {
+    let key = allot_exec::RunKey { app: app_id(&app)?, task: task_id(&task)? };
+    match &state.executor {
+        Some(executor) if executor.wake_driven(&key) => Ok((StatusCode::ACCEPTED, Json(api::Woken { app, task }))),
+        _ => Err(ApiError::new(
+            StatusCode::NOT_FOUND,
+            "run_not_here",
+            format!("this daemon does not run task `{task}` of application `{app}` now"),
+        )),
+    }
+}

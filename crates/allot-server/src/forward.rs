@@ -17,8 +17,11 @@ use crate::{AppState, MAX_BODY_BYTES};
 /// the other schedules, for the moment of a takeover, answer 503 rather than loop).
 const FORWARDED: HeaderName = HeaderName::from_static("x-allot-forwarded");
 
+/// The applications part, less what the daemon that runs a task serves itself (its logs, on its
+/// machine, and its wake-ups).
 fn is_apps_part(path: &str) -> bool {
-    ["/v1/apps", "/v1/queues"].iter().any(|root| path == *root || path.starts_with(&format!("{root}/")))
+    let served_here = path.starts_with("/v1/apps/") && (path.ends_with("/logs") || path.ends_with("/wake"));
+    !served_here && ["/v1/apps", "/v1/queues"].iter().any(|root| path == *root || path.starts_with(&format!("{root}/")))
 }
 
 fn unavailable(message: String) -> Response {

@@ -49,6 +49,8 @@ pub struct AppState {
     pub max_wait: Duration,
     /// Forwards the applications part to the daemon that schedules, on a shared store.
     pub forwarder: reqwest::Client,
+    /// The executor of the tasks this daemon runs, if it runs any.
+    pub executor: Option<Arc<allot_exec::Executor>>,
 }
 
 impl AppState {
@@ -58,13 +60,20 @@ impl AppState {
             .timeout(MAX_WAIT + Duration::from_secs(30))
             .build()
             .expect("an HTTP client with a timeout builds");
-        AppState { store, metrics: Arc::new(Metrics::default()), max_wait: MAX_WAIT, forwarder }
+        AppState { store, metrics: Arc::new(Metrics::default()), max_wait: MAX_WAIT, forwarder, executor: None }
     }
 
     /// The same, with allocates waiting at most `max_wait` (capped at [`MAX_WAIT`]).
     #[must_use]
     pub fn with_max_wait(self, max_wait: Duration) -> AppState {
         AppState { max_wait: max_wait.min(MAX_WAIT), ..self }
+    }
+
+    /// The same, with the executor of the tasks this daemon runs (their logs and wake-ups are
+    /// served here).
+    #[must_use]
+    pub fn with_executor(self, executor: Arc<allot_exec::Executor>) -> AppState {
+        AppState { executor: Some(executor), ..self }
     }
 
     /// The same, with series of their own at `/metrics` for what `config` selects.
@@ -87,7 +96,7 @@ namespace_in_use (409); payload_too_large (413); store_unavailable, \
 store_outcome_unknown, shutting_down (503); internal (500). Pools: invalid_resources (400); pool_not_found, \
 alloc_not_found, offer_not_found (404); offer_expired, exceeds_capacity, pool_stopped, pool_in_use, \
 alloc_ended, held_by_scheduler (409). An ended alloc reads as 410 Gone with its record. Applications: \
-invalid_queue (400); queue_not_found, app_not_found, task_not_found, unknown_task_group, run_not_found (404); queue_in_use, \
+invalid_queue (400); queue_not_found, app_not_found, task_not_found, unknown_task_group, run_not_found, logs_not_found, run_not_here (404); queue_in_use, \
 queue_not_a_leaf, app_conflict, task_conflict, task_group_conflict, app_ended, gang_never_fits, gang_exceeds_queue, \
 larger_than_task_group, illegal_transition (409).\n\n\
 Names (namespaces, tokens, projects, namespace scopes, pools) follow one rule: 1 to 255 characters, no control \
@@ -140,6 +149,8 @@ stayed listed."
         app_routes::add_task,
         app_routes::get_task,
         app_routes::get_task_run,
+        app_routes::get_task_logs,
+        app_routes::wake_task,
         app_routes::remove_task,
         app_routes::start_task,
         app_routes::complete_task,
@@ -200,6 +211,8 @@ pub fn app(state: AppState) -> Router {
         .route("/v1/apps/{app}/tasks", get(app_routes::list_tasks).post(app_routes::add_task))
         .route("/v1/apps/{app}/tasks/{task}", get(app_routes::get_task).delete(app_routes::remove_task))
         .route("/v1/apps/{app}/tasks/{task}/run", get(app_routes::get_task_run))
+        .route("/v1/apps/{app}/tasks/{task}/logs", get(app_routes::get_task_logs))
+        .route("/v1/apps/{app}/tasks/{task}/wake", post(app_routes::wake_task))
         .route("/v1/apps/{app}/tasks/{task}/start", post(app_routes::start_task))
         .route("/v1/apps/{app}/tasks/{task}/complete", post(app_routes::complete_task))
         .route("/v1/apps/{app}/tasks/{task}/fail", post(app_routes::fail_task))

@@ -230,6 +230,26 @@ pub(crate) enum TaskCommand {
         #[command(flatten)]
         common: Common,
     },
+    /// Print a task's log (stdout by default), read on the daemon that runs it; `--follow`
+    /// goes on printing what is written until the attempt ends.
+    #[command(after_help = EXIT_CODES)]
+    Logs {
+        /// The application's id.
+        app: String,
+        /// The task's id.
+        task: String,
+        /// The log: `stdout` or `stderr` for shell tasks; a plugin may name others.
+        #[arg(long, default_value = "stdout")]
+        stream: String,
+        /// The attempt (1 for the first); the current one when absent.
+        #[arg(long)]
+        attempt: Option<u32>,
+        /// Keep printing what is written until the attempt ends.
+        #[arg(long, short = 'f')]
+        follow: bool,
+        #[command(flatten)]
+        common: Common,
+    },
     /// Report an Allocated task running.
     #[command(after_help = EXIT_CODES)]
     Start {
@@ -331,6 +351,7 @@ pub(crate) async fn task(mut command: TaskCommand, before: &Common) -> anyhow::R
         | TaskCommand::List { common, .. }
         | TaskCommand::Show { common, .. }
         | TaskCommand::Events { common, .. }
+        | TaskCommand::Logs { common, .. }
         | TaskCommand::Start { common, .. }
         | TaskCommand::Complete { common, .. }
         | TaskCommand::Fail { common, .. }
@@ -452,6 +473,10 @@ async fn run_task(command: &TaskCommand) -> Result<u8, ClientError> {
             let answer = client(common)?.task_run(app, task).await?;
             emit(common, &answer, run_timeline)
         }
+        TaskCommand::Logs { app, task, stream, attempt, follow, common } => {
+            follow_logs(&client(common)?, app, task, stream, *attempt, *follow).await?;
+            Ok(0)
+        }
         TaskCommand::Start { app, task, common } => {
             let answer = client(common)?.start_task(app, task).await?;
             emit(common, &answer, |task| task_line("started", task))
@@ -468,6 +493,39 @@ async fn run_task(command: &TaskCommand) -> Result<u8, ClientError> {
             let answer = client(common)?.remove_task(app, task).await?;
             emit(common, &answer, |task| task_line("removed", task))
         }
+    }
+}
+
+/// How often `task logs --follow` reads again when nothing new was written.
+const FOLLOW_EVERY: std::time::Duration = std::time::Duration::from_millis(250);
+
+/// Prints a task's log as it is read; with `follow`, until its attempt ends (the attempt is
+/// fixed at the first read, so a retry's log is not mixed in).
+async fn follow_logs(
+    client: &allot_client::Client,
+    app: &str,
+    task: &str,
+    stream: &str,
+    mut attempt: Option<u32>,
+    follow: bool,
+) -> Result<(), allot_client::ClientError> {
+    use std::io::Write;
+    let mut offset = 0;
+    loop {
+        let piece = client.task_logs(app, task, Some(stream), attempt, offset).await?;
+        attempt = Some(piece.attempt);
+        let mut out = std::io::stdout().lock();
+        let _ = out.write_all(piece.text.as_bytes());
+        let _ = out.flush();
+        let more = piece.next_offset > offset;
+        offset = piece.next_offset;
+        if more {
+            continue;
+        }
+        if !follow || piece.ended {
+            return Ok(());
+        }
+        tokio::time::sleep(FOLLOW_EVERY).await;
     }
 }
 

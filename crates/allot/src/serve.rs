@@ -50,6 +50,16 @@ pub(crate) const SERVE_AFTER_HELP: &str = r#"Configuration file (--config), with
   [scheduler]
   completing_grace = "30s"      # how long an application whose tasks all ended waits for more
   app_retention = "1h"          # how long an ended application stays readable
+  [plugins]
+  http_jobs = 10                # the http plugin's jobs at once (its quota `http:jobs`)
+  [plugins.task_types]          # the plugin of a task type that several plugins register
+  sql = "warehouse"
+  [plugins.external.warehouse]  # a plugin served by another process (create, get, delete)
+  url = "http://127.0.0.1:8000/tasks"
+  task_types = ["sql"]
+  jobs_quota = 4                # optional: its jobs at once (its quota `warehouse:jobs`)
+  [secrets]                     # given to plugins: a value, or read from env: or file:
+  warehouse-token = "env:WAREHOUSE_TOKEN"
   [alloc_leases]
   initial = "2m"                # --alloc-lease: the lease an alloc gets when it is made
   max = "5m"                    # --alloc-max-lease: the longest lease one keepalive grants
@@ -183,6 +193,72 @@ struct ConfigFile {
     queues: BTreeMap<String, QueueConfig>,
     #[serde(default)]
     scheduler: SchedulerConfig,
+    #[serde(default)]
+    plugins: PluginsConfig,
+    /// Secrets given to plugins, by name: a value, `env:VAR` or `file:PATH`.
+    #[serde(default)]
+    secrets: BTreeMap<String, String>,
+}
+
+/// `[plugins]`.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct PluginsConfig {
+    http_jobs: Option<u64>,
+    #[serde(default)]
+    task_types: BTreeMap<String, String>,
+    #[serde(default)]
+    external: BTreeMap<String, ExternalConfig>,
+}
+
+/// `[plugins.external.<id>]`.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct ExternalConfig {
+    url: String,
+    task_types: Vec<String>,
+    jobs_quota: Option<u64>,
+}
+
+/// The plugins' settings, resolved.
+#[derive(Debug, Default)]
+struct Plugins {
+    builtin: allot_exec::builtin::BuiltinConfig,
+    task_types: BTreeMap<String, String>,
+    secrets: BTreeMap<String, String>,
+}
+
+/// Reads a secret's value: `env:VAR`, `file:PATH` (its content, trailing newline cut) or the
+/// value itself.
+fn secret_value(name: &str, text: &str) -> anyhow::Result<String> {
+    if let Some(var) = text.strip_prefix("env:") {
+        std::env::var(var).with_context(|| format!("[secrets] {name}: environment variable {var} is not set"))
+    } else if let Some(path) = text.strip_prefix("file:") {
+        let value = std::fs::read_to_string(path).with_context(|| format!("[secrets] {name}: cannot read {path}"))?;
+        Ok(value.trim_end_matches(['\n', '\r']).to_owned())
+    } else {
+        Ok(text.to_owned())
+    }
+}
+
+fn plugins(file: PluginsConfig, secrets: BTreeMap<String, String>) -> anyhow::Result<Plugins> {
+    let mut builtin = allot_exec::builtin::BuiltinConfig::default();
+    if let Some(jobs) = file.http_jobs {
+        builtin.http_jobs = jobs;
+    }
+    for (id, external) in file.external {
+        builtin.external.push(allot_exec::builtin::ExternalPlugin {
+            id,
+            url: external.url,
+            task_types: external.task_types,
+            jobs_quota: external.jobs_quota,
+        });
+    }
+    let secrets = secrets
+        .iter()
+        .map(|(name, text)| Ok((name.clone(), secret_value(name, text)?)))
+        .collect::<anyhow::Result<_>>()?;
+    Ok(Plugins { builtin, task_types: file.task_types, secrets })
 }
 
 /// `[queues."root.a.b"]`: a queue's limits; a limit not given is no limit.
@@ -258,6 +334,7 @@ struct Config {
     sched: SchedConfig,
     apps_dir: Option<PathBuf>,
     run_pools: Vec<PoolName>,
+    plugins: Plugins,
 }
 
 /// The lease rules from the file's `[alloc_leases]` and the flags (which win).
@@ -394,6 +471,7 @@ fn resolve(args: &ServeArgs) -> anyhow::Result<Config> {
         ..defaults
     };
     Ok(Config {
+        plugins: plugins(file.plugins, file.secrets)?,
         run_pools,
         apps_dir: args.apps_dir.clone().or(file.apps_dir),
         queues,
@@ -547,10 +625,12 @@ pub(crate) async fn run(args: ServeArgs) -> anyhow::Result<()> {
     tracing::info!(%address, data_dir = %config.data_dir.display(), backend = store.backend(), "allot serving");
     // The one line on stdout: scripts and tests read the address from it.
     println!("allot listening on http://{address}");
-    let state = allot_server::AppState::new(store.clone()).with_max_wait(config.max_wait).with_metrics(config.metrics);
+    let mut state =
+        allot_server::AppState::new(store.clone()).with_max_wait(config.max_wait).with_metrics(config.metrics);
     let (stop_executor, executor_stopped) = tokio::sync::watch::channel(false);
     if !config.run_pools.is_empty() {
-        let executor = start_executor(&store, &config.run_pools, &config.data_dir).await?;
+        let executor = start_executor(&store, &config.run_pools, &config.data_dir, &config.plugins).await?;
+        state = state.with_executor(executor.clone());
         tokio::spawn(executor.run(executor_stopped));
     }
     // The sources of applications: the API, and the directory of application files if one is set.
@@ -589,6 +669,7 @@ async fn start_executor(
     store: &Arc<dyn Store>,
     pools: &[PoolName],
     data_dir: &Path,
+    plugins: &Plugins,
 ) -> anyhow::Result<Arc<allot_exec::Executor>> {
     use allot_exec::{builtin, Executor, ExecutorConfig, Registry, Secrets, SetupContext, Waker};
 
@@ -603,12 +684,14 @@ async fn start_executor(
             }
         })
     };
-    let registry = Registry::load(builtin::entries(), &BTreeMap::new(), |id| {
-        SetupContext::new(id, store.clone(), Secrets::default(), forward.clone())
+    let secrets = Secrets::new(plugins.secrets.clone());
+    let registry = Registry::load(builtin::configured(&plugins.builtin), &plugins.task_types, |id| {
+        SetupContext::new(id, store.clone(), secrets.clone(), forward.clone())
     })
     .await
     .context("cannot load the task plugins")?;
-    let config = ExecutorConfig::new(pools.iter().cloned().collect(), data_dir.join("tasks"));
+    let mut config = ExecutorConfig::new(pools.iter().cloned().collect(), data_dir.join("tasks"));
+    config.secrets = secrets;
     let made = Executor::new(store.clone(), Arc::new(registry), config);
     let _ = executor.set(made.clone());
     tracing::info!(pools = ?pools, "running the tasks placed on these pools");
@@ -665,17 +748,22 @@ mod tests {
         let leases = keys_of::<ConfigFile>("[alloc_leases]\n");
         let queue = keys_of::<ConfigFile>("[queues.\"root.a\"]\n");
         let scheduler = keys_of::<ConfigFile>("[scheduler]\n");
+        let plugins = keys_of::<ConfigFile>("[plugins]\n");
+        let external = keys_of::<ConfigFile>("[plugins.external.x]\nurl = \"http://a\"\ntask_types = []\n");
         assert!(
             top.contains(&"alloc_leases".to_owned()) && leases.contains(&"retention".to_owned()),
             "{top:?} {leases:?}"
         );
         assert!(queue.contains(&"user_max".to_owned()) && scheduler.contains(&"completing_grace".to_owned()));
-        for key in top.iter().chain(&leases).chain(&queue).chain(&scheduler) {
+        assert!(plugins.contains(&"task_types".to_owned()) && external.contains(&"jobs_quota".to_owned()));
+        for key in top.iter().chain(&leases).chain(&queue).chain(&scheduler).chain(&plugins).chain(&external) {
             let listed = SERVE_AFTER_HELP.lines().any(|line| {
                 let line = line.trim_start();
                 line.starts_with(&format!("{key} ="))
                     || line.starts_with(&format!("[{key}]"))
                     || line.starts_with(&format!("[{key}."))
+                    || (line.starts_with('[')
+                        && (line.contains(&format!(".{key}.")) || line.contains(&format!(".{key}]"))))
             });
             assert!(listed, "`{key}` is missing from `allot serve --help`");
         }
@@ -688,5 +776,6 @@ mod tests {
             .collect();
         let file: ConfigFile = toml::from_str(&example).unwrap_or_else(|err| panic!("{err}\n{example}"));
         assert_eq!(file.alloc_leases.retention.as_deref(), Some("1h"));
+        assert_eq!(file.plugins.external["warehouse"].jobs_quota, Some(4));
     }
 }

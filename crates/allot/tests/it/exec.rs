@@ -114,3 +114,99 @@ async fn allot_run_takes_the_examples_to_their_end() {
     assert_eq!(output.status.code(), Some(1), "{text}");
     assert!(text.contains("app failing: Failed") && text.contains("exit_4"), "{text}");
 }
+
+/// The Python agent of `examples/agent`, on a free port; killed when dropped.
+struct Agent {
+    child: std::process::Child,
+    url: String,
+}
+
+impl Agent {
+    fn start() -> Agent {
+        use std::io::BufRead;
+        let mut child = std::process::Command::new("python3")
+            .args([&format!("{EXAMPLES}/agent/agent.py"), "--port", "0"])
+            .stdout(std::process::Stdio::piped())
+            .spawn()
+            .expect("python3 runs the example agent (install Python 3: apt-get install python3)");
+        let mut line = String::new();
+        std::io::BufReader::new(child.stdout.take().unwrap()).read_line(&mut line).unwrap();
+        let url = line.trim().strip_prefix("listening on ").expect("the agent says where it listens").to_owned();
+        Agent { child, url }
+    }
+}
+
+impl Drop for Agent {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// A plugin written in Python, served by another process (`external`): `allot run` takes the
+/// example application to its end, with the outputs the agent computed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_external_plugin_written_in_python_runs_its_tasks() {
+    let agent = Agent::start();
+    let (_dir, data) = data_dir();
+    let example = std::fs::read_to_string(format!("{EXAMPLES}/agent/allot.toml")).unwrap();
+    let config = data.parent().unwrap().join("allot.toml");
+    std::fs::write(&config, example.replace("http://127.0.0.1:8000", &agent.url)).unwrap();
+    let daemon =
+        Daemon::start(&data, &["--config", config.to_str().unwrap(), "--pool", "worker=cpu=4", "--run-pool", "worker"]);
+    let output = std::process::Command::new(crate::support::ALLOT)
+        .args(["run", &format!("{EXAMPLES}/agent/wordcount.yaml"), "--server", &daemon.url, "--poll", "50ms"])
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&output.stdout);
+    assert!(output.status.success(), "{text}\n{}", String::from_utf8_lossy(&output.stderr));
+    let client = daemon.client();
+    for (task, words) in [("short", 4), ("longer", 8), ("third", 3)] {
+        let run = client.task_run("wordcount", task).await.unwrap();
+        assert_eq!(run.outputs, Some(serde_json::json!({ "words": words })), "{task}");
+    }
+    let quota = client.namespace("wordcount:jobs").await.unwrap();
+    assert_eq!((quota.quota, quota.granted_units), (2, 0), "the agent's quota is made, and nothing is left held");
+}
+
+/// `allot task logs --follow` prints a shell task's output as it is written and stops when the
+/// attempt ends; without `--follow` it prints what there is.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn task_logs_follow_a_running_shell_task_to_its_end() {
+    let (_dir, data) = data_dir();
+    let daemon = Daemon::start(&data, &["--pool", "w=cpu=2", "--run-pool", "w"]);
+    let client = daemon.client();
+    client.put_queue("root.logs", &Default::default()).await.unwrap();
+    let command = "for i in 1 2 3 4 5; do echo line $i; sleep 0.2; done; echo oops >&2";
+    let app = SubmitApp {
+        id: "logs".to_owned(),
+        queue: "root.logs".to_owned(),
+        user: "me".to_owned(),
+        tags: BTreeMap::new(),
+        task_groups: Vec::new(),
+        policy: Default::default(),
+        tasks: vec![task("talk", serde_json::json!({ "type": "shell", "command": command }))],
+    };
+    client.submit_app(&app).await.unwrap();
+    let logs = |args: &[&str]| {
+        let mut all = vec!["--server", &daemon.url, "task", "logs", "logs", "talk"];
+        all.extend_from_slice(args);
+        std::process::Command::new(crate::support::ALLOT).args(all).output().unwrap()
+    };
+    let running = eventually(Duration::from_secs(10), async || {
+        client.task_run("logs", "talk").await.is_ok_and(|r| r.phase == "Running")
+    })
+    .await;
+    assert!(running, "the task runs");
+    let started = std::time::Instant::now();
+    let followed = logs(&["--follow"]);
+    let text = String::from_utf8_lossy(&followed.stdout);
+    assert!(followed.status.success(), "{text}\n{}", String::from_utf8_lossy(&followed.stderr));
+    assert_eq!(text, "line 1\nline 2\nline 3\nline 4\nline 5\n", "every line, once, in order");
+    assert!(started.elapsed() < Duration::from_secs(8), "it stopped when the attempt ended");
+    let stderr = logs(&["--stream", "stderr"]);
+    assert_eq!(String::from_utf8_lossy(&stderr.stdout), "oops\n");
+    let missing = logs(&["--stream", "nope"]);
+    assert!(!missing.status.success());
+    assert!(String::from_utf8_lossy(&missing.stderr).contains("logs_not_found"));
+}
