@@ -127,6 +127,10 @@ pub struct SchedulingPolicy {
     /// How long to wait, from submission, before any placeholder is reserved (default: no limit).
     #[serde(default, skip_serializing_if = "Option::is_none", deserialize_with = "integer::optional")]
     pub reserve_timeout_ms: Option<u64>,
+    /// The most of its tasks the executors run at once; a task waiting for a token does not
+    /// count (default: no limit).
+    #[serde(default, skip_serializing_if = "Option::is_none", deserialize_with = "integer::optional")]
+    pub max_parallelism: Option<u64>,
 }
 
 /// A task as added.

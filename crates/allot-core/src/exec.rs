@@ -68,6 +68,12 @@ impl Phase {
     pub fn ends_attempt(self) -> bool {
         matches!(self, Phase::Success | Phase::RetryableFailure | Phase::PermanentFailure)
     }
+
+    /// Whether a task in this phase waits to begin (not ready yet, or waiting for a token): it
+    /// does not count against its application's parallelism.
+    pub fn waits(self) -> bool {
+        matches!(self, Phase::NotReady | Phase::WaitingForResources)
+    }
 }
 
 impl fmt::Display for Phase {
@@ -403,6 +409,14 @@ impl Run {
             _ => {}
         }
         self.next()
+    }
+
+    /// The executor holds the run back before its next round (its application's parallelism is
+    /// used up): the phase is recorded, no round is counted.
+    pub fn hold(&mut self, info: &PhaseInfo, now: Millis) {
+        if self.stage == Stage::Handling {
+            self.record(info, now);
+        }
     }
 
     /// Stops the run from outside (its task removed or its application ended): the attempt is

@@ -276,7 +276,12 @@ fn soft_placeholder_timeout_releases_the_unused_and_runs_on() {
     b.queue("root.q", QueueLimits::default());
     let mut spec = app_spec("a", "root.q");
     spec.groups = vec![group("g", 3, "cpu=2")];
-    spec.policy = SchedulingPolicy { placeholder_timeout_ms: 10_000, gang: GangStyle::Soft, reserve_timeout_ms: None };
+    spec.policy = SchedulingPolicy {
+        placeholder_timeout_ms: 10_000,
+        gang: GangStyle::Soft,
+        reserve_timeout_ms: None,
+        max_parallelism: None,
+    };
     b.submit(spec).unwrap();
     b.add("a", member("m0", "g", "cpu=1")).unwrap();
     b.cycle();
@@ -314,7 +319,12 @@ fn hard_placeholder_timeout_fails_the_application() {
     b.queue("root.q", QueueLimits::default());
     let mut spec = app_spec("a", "root.q");
     spec.groups = vec![group("g", 2, "cpu=2")];
-    spec.policy = SchedulingPolicy { placeholder_timeout_ms: 5_000, gang: GangStyle::Hard, reserve_timeout_ms: None };
+    spec.policy = SchedulingPolicy {
+        placeholder_timeout_ms: 5_000,
+        gang: GangStyle::Hard,
+        reserve_timeout_ms: None,
+        max_parallelism: None,
+    };
     b.submit(spec).unwrap();
     b.add("a", member("m0", "g", "cpu=2")).unwrap();
     b.add("a", task("other", "cpu=1")).unwrap();
@@ -339,7 +349,12 @@ fn a_gang_that_never_reserves_hits_its_reserve_timeout() {
         b.add("hog", task("t", "cpu=3")).unwrap();
         let mut spec = app_spec("a", "root.q");
         spec.groups = vec![group("g", 2, "cpu=1")];
-        spec.policy = SchedulingPolicy { placeholder_timeout_ms: 60_000, gang: style, reserve_timeout_ms: Some(3_000) };
+        spec.policy = SchedulingPolicy {
+            placeholder_timeout_ms: 60_000,
+            gang: style,
+            reserve_timeout_ms: Some(3_000),
+            max_parallelism: None,
+        };
         b.submit(spec).unwrap();
         b.add("a", member("m0", "g", "cpu=1")).unwrap();
         b.cycle();

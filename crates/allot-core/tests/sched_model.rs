@@ -119,6 +119,7 @@ impl World2 {
                         placeholder_timeout_ms: 2_000,
                         gang: if hard { GangStyle::Hard } else { GangStyle::Soft },
                         reserve_timeout_ms: Some(4_000),
+                        max_parallelism: None,
                     },
                 };
                 let (sched, world) = self.world();

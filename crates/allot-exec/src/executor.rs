@@ -20,11 +20,13 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use allot_core::app::TaskState;
-use allot_core::exec::{Ending, ExecError, Next, PhaseInfo, RetryPolicy, Run, StateWrite, Transition, TransitionKind};
+use allot_core::exec::{
+    Ending, ExecError, Next, Phase, PhaseInfo, RetryPolicy, Run, StateWrite, Transition, TransitionKind,
+};
 use allot_core::pool::PoolName;
-use allot_core::sched::{SchedError, Task};
+use allot_core::sched::{AppId, SchedError, Task};
 use allot_store::{read_all, Store, StoreError};
-use tokio::sync::{watch, Notify};
+use tokio::sync::{watch, Notify, OwnedSemaphorePermit, Semaphore};
 
 use crate::context::{release, Metadata, RunKey, Secrets, TaskContext, TokenWaits, Tokens, Waker};
 use crate::plugin::Plugin;
@@ -92,6 +94,32 @@ fn now_ms() -> u64 {
 
 type Active = Arc<Mutex<HashMap<RunKey, Arc<Notify>>>>;
 
+/// The parallelism of the applications whose tasks this executor runs: a semaphore per
+/// application with a `max_parallelism`, whose permits the runs past waiting to begin hold
+/// (first come, first served).
+#[derive(Default)]
+struct Parallelism {
+    apps: Mutex<HashMap<AppId, Arc<Semaphore>>>,
+}
+
+impl Parallelism {
+    fn of(&self, app: &AppId, max: u32) -> Arc<Semaphore> {
+        let mut apps = self.apps.lock().unwrap_or_else(|p| p.into_inner());
+        apps.entry(app.clone()).or_insert_with(|| Arc::new(Semaphore::new(max as usize))).clone()
+    }
+
+    /// Forgets an application's semaphore once no run uses it.
+    fn forget_unused(&self, app: &AppId) {
+        let mut apps = self.apps.lock().unwrap_or_else(|p| p.into_inner());
+        if apps.get(app).is_some_and(|s| Arc::strong_count(s) == 1) {
+            apps.remove(app);
+        }
+    }
+}
+
+/// The version of the NotReady phase of a run held back by its application's parallelism.
+const HELD_BACK: u32 = 1;
+
 /// How many rounds in a row a run gets at once while its phase keeps changing (then it waits to
 /// be woken, like a run whose phase stays).
 const STREAK: u32 = 8;
@@ -106,6 +134,7 @@ pub struct Executor {
     active: Active,
     /// Wakes the scan for new tasks.
     scan: Notify,
+    parallelism: Parallelism,
 }
 
 impl Executor {
@@ -117,6 +146,7 @@ impl Executor {
             waits: TokenWaits::default(),
             active: Arc::default(),
             scan: Notify::new(),
+            parallelism: Parallelism::default(),
         })
     }
 
@@ -206,6 +236,7 @@ impl Executor {
     /// start from what is stored).
     async fn drive(self: Arc<Executor>, key: RunKey, notify: Arc<Notify>, mut shutdown: watch::Receiver<bool>) {
         let result = self.drive_until_done(&key, &notify, &mut shutdown).await;
+        self.parallelism.forget_unused(&key.app);
         if let Err(err) = result {
             tracing::warn!(run = %key, error = %err, "a run stopped; it resumes at the next scan");
         }
@@ -228,6 +259,14 @@ impl Executor {
             }
         };
         let mut streak = 0;
+        // The application's parallelism: a run holds a slot while it is past waiting to begin.
+        let max_parallelism = match store.app(key.app.clone()).await {
+            Ok(info) => info.app.spec.policy.max_parallelism,
+            Err(StoreError::Sched(SchedError::AppNotFound(_))) => None,
+            Err(err) => return Err(err),
+        };
+        let parallelism = max_parallelism.map(|max| self.parallelism.of(&key.app, max));
+        let mut slot: Option<OwnedSemaphorePermit> = None;
         // The task as last read: a task removed from outside is still aborted and finalized by
         // its plugin, which needs its spec.
         let mut last: Option<Task> = None;
@@ -258,6 +297,26 @@ impl Executor {
             match next {
                 Next::Handle => {
                     let task = task.expect("a task that stands");
+                    if let (Some(semaphore), None) = (&parallelism, &slot) {
+                        match semaphore.clone().try_acquire_owned() {
+                            Ok(permit) => slot = Some(permit),
+                            Err(_) => {
+                                let max = max_parallelism.unwrap_or_default();
+                                let reason = format!("its application runs {max} tasks at once (max_parallelism)");
+                                if run.phase != Phase::NotReady || run.version != HELD_BACK {
+                                    run.hold(&PhaseInfo::new(Phase::NotReady, HELD_BACK, reason), now_ms());
+                                    store.put_run(key.app.clone(), key.task.clone(), run.clone()).await?;
+                                }
+                                // Woken by a permit, or after the pause to see if the task still stands.
+                                tokio::select! {
+                                    permit = semaphore.clone().acquire_owned() => slot = permit.ok(),
+                                    _ = tokio::time::sleep(self.config.pause) => {}
+                                    _ = shutdown.wait_for(|stop| *stop) => return Ok(()),
+                                }
+                                continue;
+                            }
+                        }
+                    }
                     if task.state == TaskState::Allocated {
                         match store.start_task(key.app.clone(), key.task.clone()).await {
                             Ok(_) | Err(StoreError::Sched(SchedError::Illegal(_))) => {}
@@ -266,6 +325,10 @@ impl Executor {
                     }
                     let before = (run.phase, run.version);
                     self.round(key, &task, &mut run).await?;
+                    if run.phase.waits() || run.next() != Next::Handle {
+                        // Waiting to begin (for a token) does not count against the parallelism.
+                        slot = None;
+                    }
                     let moved = (run.phase, run.version) != before;
                     if moved && streak < STREAK {
                         streak += 1;

@@ -107,6 +107,15 @@ async fn setup() -> Setup {
 }
 
 async fn submit(store: &dyn Store, app: &str, tasks: &[(&str, serde_json::Value)]) -> AppId {
+    submit_with(store, app, SchedulingPolicy::default(), tasks).await
+}
+
+async fn submit_with(
+    store: &dyn Store,
+    app: &str,
+    policy: SchedulingPolicy,
+    tasks: &[(&str, serde_json::Value)],
+) -> AppId {
     let id = AppId::new(app).unwrap();
     let spec = AppSpec {
         id: id.clone(),
@@ -114,7 +123,7 @@ async fn submit(store: &dyn Store, app: &str, tasks: &[(&str, serde_json::Value)
         user: "u".into(),
         tags: Default::default(),
         groups: Vec::new(),
-        policy: SchedulingPolicy::default(),
+        policy,
     };
     store.add_app(spec).await.unwrap();
     for (task, spec) in tasks {
@@ -445,5 +454,40 @@ async fn http_jobs_of_a_removed_application_are_deleted_and_their_tokens_release
     tokio::time::sleep(Duration::from_millis(300)).await;
     assert_eq!(service.created.load(Ordering::SeqCst), 3);
     assert_eq!(store.namespace(jobs).await.unwrap().granted_units, 0);
+    s.stop.send_replace(true);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_task_waiting_for_a_token_does_not_use_up_its_applications_parallelism() {
+    let s = setup().await;
+    let store = &*s.store;
+    // Two at once: one task holds the only seat for good, another waits for it; the three
+    // sleeps still run, one at a time, in the second slot.
+    let policy = SchedulingPolicy { max_parallelism: Some(2), ..SchedulingPolicy::default() };
+    let hold = serde_json::json!({ "type": "probe", "mode": "hold" });
+    let nap = serde_json::json!({ "type": "sleep", "seconds": 0.2 });
+    let tasks = [("holder", hold.clone()), ("waiter", hold), ("s1", nap.clone()), ("s2", nap.clone()), ("s3", nap)];
+    let app = submit_with(store, "p", policy, &tasks).await;
+    for task in ["s1", "s2", "s3"] {
+        until(task, async || state(store, &app, task).await == TaskState::Completed).await;
+    }
+    let phases = async |task: &str| store.run(app.clone(), TaskId::new(task).unwrap()).await.unwrap().unwrap();
+    let (first, second) = (phases("holder").await.phase, phases("waiter").await.phase);
+    let mut both = [first, second];
+    both.sort_by_key(|p| p.name());
+    assert_eq!(both, [Phase::Running, Phase::WaitingForResources], "one holds the seat, the other waits");
+    // The sleeps ran one after another: never two at once beside the seat's holder.
+    let mut spans = Vec::new();
+    let mut held_back = 0;
+    for task in ["s1", "s2", "s3"] {
+        let run = phases(task).await;
+        let at = |phase: Phase| run.events.iter().find(|e| e.phase == phase).unwrap().at;
+        spans.push((at(Phase::Running), at(Phase::Success)));
+        held_back += usize::from(run.events.iter().any(|e| e.phase == Phase::NotReady && e.version == 1));
+    }
+    spans.sort();
+    assert!(spans.windows(2).all(|w| w[1].0 >= w[0].1), "one sleep at a time: {spans:?}");
+    assert!(held_back >= 1, "a sleep was held back, and its timeline says so");
+    store.remove_app(app.clone()).await.unwrap();
     s.stop.send_replace(true);
 }

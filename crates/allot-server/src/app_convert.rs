@@ -112,6 +112,14 @@ pub(crate) fn app_spec(body: &api::SubmitApp) -> Result<AppSpec, ApiError> {
                 api::GangStyle::Hard => GangStyle::Hard,
             },
             reserve_timeout_ms: policy.reserve_timeout_ms,
+            max_parallelism: policy
+                .max_parallelism
+                .map(|n| {
+                    u32::try_from(n).map_err(|_| {
+                        ApiError::invalid_argument(format!("policy.max_parallelism: {n} is more than {}", u32::MAX))
+                    })
+                })
+                .transpose()?,
         },
     })
 }
@@ -177,6 +185,7 @@ pub(crate) fn app(info: AppInfo, now: Millis) -> api::App {
                 GangStyle::Hard => api::GangStyle::Hard,
             }),
             reserve_timeout_ms: spec.policy.reserve_timeout_ms,
+            max_parallelism: spec.policy.max_parallelism.map(u64::from),
         },
         tasks: tasks.into_iter().map(|(state, n): (TaskState, u64)| (state.name().to_owned(), n)).collect(),
         placeholders: app

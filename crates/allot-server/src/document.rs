@@ -122,6 +122,7 @@ pub(crate) fn with_limits(mut doc: Value, max_wait: std::time::Duration) -> Valu
         ("TaskGroup", "min_resources", resources(true)),
         ("SchedulingPolicy", "placeholder_timeout_ms", range(MIN_TIMEOUT_MS, MAX_TIMEOUT_MS)),
         ("SchedulingPolicy", "reserve_timeout_ms", range(MIN_TIMEOUT_MS, MAX_TIMEOUT_MS)),
+        ("SchedulingPolicy", "max_parallelism", range(1, u64::from(u32::MAX))),
         ("TokenNeed", "namespace", namespace.clone()),
         ("TokenNeed", "units", range(1, MAX_UNITS)),
         ("AddTask", "id", id()),

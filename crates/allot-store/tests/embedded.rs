@@ -263,7 +263,12 @@ async fn a_reserved_gang_keeps_its_placements_and_the_time_its_placeholders_had_
             selector: Default::default(),
             tokens: Vec::new(),
         }],
-        policy: SchedulingPolicy { placeholder_timeout_ms: 3000, gang: GangStyle::Soft, reserve_timeout_ms: None },
+        policy: SchedulingPolicy {
+            placeholder_timeout_ms: 3000,
+            gang: GangStyle::Soft,
+            reserve_timeout_ms: None,
+            max_parallelism: None,
+        },
     };
     store.add_app(spec).await.unwrap();
     let started = std::time::Instant::now();

@@ -156,6 +156,11 @@ pub(crate) fn check_app(submit: &SubmitApp) -> Result<(), String> {
                 allot_client::GangStyle::Hard => GangStyle::Hard,
             },
             reserve_timeout_ms: submit.policy.reserve_timeout_ms,
+            max_parallelism: submit
+                .policy
+                .max_parallelism
+                .map(|n| at("policy.max_parallelism", u32::try_from(n).map_err(|_| "more than 4294967295")))
+                .transpose()?,
         },
     };
     let spec = spec.check().map_err(|err| err.to_string())?;

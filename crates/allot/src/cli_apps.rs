@@ -28,7 +28,7 @@ The file holds one application, with the fields of the API's SubmitApp:
   user         who submits it (default: default)
   tags         names to text, for people and tools
   task_groups  gangs, started all or nothing: name, min_members, min_resources, selector, tokens
-  policy       placeholder_timeout_ms, gang (Soft or Hard), reserve_timeout_ms
+  policy       placeholder_timeout_ms, gang (Soft or Hard), reserve_timeout_ms, max_parallelism
   tasks        id, resources, tokens (namespace, units), group, priority, selector, spec
 A field it does not know is refused. Examples: docs/examples/etl.yaml and docs/examples/etl.toml.
 

@@ -148,6 +148,9 @@ pub struct SchedulingPolicy {
     pub gang: GangStyle,
     /// How long the application may wait, from submission, before any placeholder is reserved.
     pub reserve_timeout_ms: Option<u64>,
+    /// The most of its tasks the executors run at once (a task waiting for a token does not
+    /// count); no limit when absent.
+    pub max_parallelism: Option<u32>,
 }
 
 impl Default for SchedulingPolicy {
@@ -156,6 +159,7 @@ impl Default for SchedulingPolicy {
             placeholder_timeout_ms: DEFAULT_PLACEHOLDER_TIMEOUT_MS,
             gang: GangStyle::Soft,
             reserve_timeout_ms: None,
+            max_parallelism: None,
         }
     }
 }
@@ -179,6 +183,9 @@ impl AppSpec {
         check_timeout("placeholder_timeout_ms", self.policy.placeholder_timeout_ms)?;
         if let Some(timeout) = self.policy.reserve_timeout_ms {
             check_timeout("reserve_timeout_ms", timeout)?;
+        }
+        if self.policy.max_parallelism == Some(0) {
+            return Err(SchedError::Invalid("max_parallelism must be at least 1".to_owned()));
         }
         if self.groups.len() > MAX_GROUPS {
             return Err(SchedError::Invalid(format!("at most {MAX_GROUPS} task groups, got {}", self.groups.len())));

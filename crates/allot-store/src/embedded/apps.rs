@@ -88,7 +88,7 @@ pub(super) fn load(txn: &ReadTransaction) -> Result<Scheduler, OpenError> {
     let mut apps = Vec::new();
     for entry in txn.open_table(APPS).map_err(|e| read_err(e.into()))?.iter().map_err(|e| read_err(e.into()))? {
         let (key, value) = entry.map_err(|e| read_err(e.into()))?;
-        let record: AppRecord = decode("apps", key.value(), value.value())?;
+        let record = crate::records::apps::decode_app(key.value(), value.value())?;
         apps.push(record.into_app(key.value())?);
     }
     let mut tasks = Vec::new();

@@ -80,6 +80,9 @@ pub struct AppRecord {
     pub completing_since: Option<Millis>,
     pub reason: Option<String>,
     pub ended_at: Option<Millis>,
+    /// Last: a record written before it existed ends where it starts (see [`decode_app`]).
+    #[serde(default)]
+    pub max_parallelism: Option<u32>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -240,6 +243,7 @@ impl AppRecord {
             completing_since: app.completing_since,
             reason: app.reason.clone(),
             ended_at: app.ended_at,
+            max_parallelism: spec.policy.max_parallelism,
         }
     }
 
@@ -286,6 +290,7 @@ impl AppRecord {
                     placeholder_timeout_ms: self.placeholder_timeout_ms,
                     gang,
                     reserve_timeout_ms: self.reserve_timeout_ms,
+                    max_parallelism: self.max_parallelism,
                 },
             },
             state: r.state(AppState::ALL, AppState::name, &self.state)?,
@@ -341,5 +346,52 @@ impl TaskRecord {
             slot: self.slot,
             reason: self.reason,
         })
+    }
+}
+
+/// Decodes an application record (postcard); one written before `max_parallelism` existed lacks
+/// its last field, and reads as if it were absent (an `Option`'s `None` is one zero byte).
+pub fn decode_app(key: &str, bytes: &[u8]) -> Result<AppRecord, CorruptRecord> {
+    super::decode::<AppRecord>("apps", key, bytes).or_else(|err| {
+        let mut older = bytes.to_vec();
+        older.push(0);
+        super::decode::<AppRecord>("apps", key, &older).map_err(|_| err)
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A record written before `max_parallelism` existed (its bytes end where the field starts)
+    /// reads as one without a limit; a new one reads as written.
+    #[test]
+    fn an_application_record_of_the_older_format_reads_without_a_parallelism() {
+        let record = AppRecord {
+            queue: "root.q".into(),
+            user: "u".into(),
+            tags: BTreeMap::new(),
+            groups: Vec::new(),
+            placeholder_timeout_ms: 1_000,
+            gang: "Soft".into(),
+            reserve_timeout_ms: None,
+            state: "New".into(),
+            seq: 1,
+            submitted: 5,
+            reserved_at: None,
+            slots: Vec::new(),
+            gang_given_up: false,
+            counted: false,
+            completing_since: None,
+            reason: None,
+            ended_at: None,
+            max_parallelism: Some(3),
+        };
+        let bytes = crate::records::encode(&record);
+        assert_eq!(decode_app("a", &bytes).unwrap(), record);
+        let older = crate::records::encode(&AppRecord { max_parallelism: None, ..record.clone() });
+        let older = &older[..older.len() - 1];
+        assert_eq!(decode_app("a", older).unwrap().max_parallelism, None);
+        assert!(decode_app("a", &older[..older.len() - 2]).is_err(), "a record cut shorter is still corrupt");
     }
 }
