@@ -16,6 +16,7 @@
 
 use std::collections::{HashMap, HashSet};
 use std::path::PathBuf;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
@@ -70,6 +71,25 @@ struct RunSpec {
     plugin: Option<String>,
     spec: serde_json::Value,
     inputs: serde_json::Value,
+    /// `cache_version`: the task's outputs are kept for reuse, and reused, under its type, this
+    /// version and its inputs (unless `"cache": false`).
+    cache_version: Option<String>,
+    cache: bool,
+}
+
+impl RunSpec {
+    /// The key of its outputs in the catalog, if it may be cached by `plugin`: a digest of type,
+    /// version and inputs (JSON with sorted keys, so equal inputs give equal keys).
+    fn cache_key(&self, plugin: &dyn Plugin) -> Option<String> {
+        use sha2::{Digest, Sha256};
+        let version = self.cache_version.as_ref().filter(|_| self.cache && plugin.properties().caching)?;
+        let mut digest = Sha256::new();
+        for part in [self.task_type.as_bytes(), version.as_bytes(), self.inputs.to_string().as_bytes()] {
+            digest.update((part.len() as u64).to_be_bytes());
+            digest.update(part);
+        }
+        Some(digest.finalize().iter().map(|b| format!("{b:02x}")).collect())
+    }
 }
 
 fn run_spec(task: &Task) -> Result<RunSpec, ExecError> {
@@ -85,7 +105,17 @@ fn run_spec(task: &Task) -> Result<RunSpec, ExecError> {
         Some(p) => Some(p.as_str().ok_or_else(|| bad("has a `plugin` that is not a string"))?.to_owned()),
     };
     let inputs = spec.get("inputs").cloned().unwrap_or(serde_json::Value::Null);
-    Ok(RunSpec { task_type, plugin, spec, inputs })
+    let cache_version = match spec.get("cache_version") {
+        None => None,
+        Some(serde_json::Value::String(v)) => Some(v.clone()),
+        Some(_) => return Err(bad("has a `cache_version` that is not a string")),
+    };
+    let cache = match spec.get("cache") {
+        None => true,
+        Some(serde_json::Value::Bool(on)) => *on,
+        Some(_) => return Err(bad("has a `cache` that is not true or false")),
+    };
+    Ok(RunSpec { task_type, plugin, spec, inputs, cache_version, cache })
 }
 
 fn now_ms() -> u64 {
@@ -117,6 +147,24 @@ impl Parallelism {
     }
 }
 
+/// What the executor did since it started, for the metrics.
+#[derive(Debug, Default)]
+pub struct ExecStats {
+    pub rounds: AtomicU64,
+    pub succeeded: AtomicU64,
+    pub failed: AtomicU64,
+    pub aborted: AtomicU64,
+    /// Attempts that failed and were followed by another.
+    pub retried: AtomicU64,
+    pub cache_hits: AtomicU64,
+    pub cache_misses: AtomicU64,
+    /// Times a run was held back by its application's parallelism.
+    pub held_back: AtomicU64,
+}
+
+/// The version of the NotReady phase of a cacheable task whose outputs were not in the catalog.
+const CACHE_MISS: u32 = 2;
+
 /// The version of the NotReady phase of a run held back by its application's parallelism.
 const HELD_BACK: u32 = 1;
 
@@ -135,6 +183,7 @@ pub struct Executor {
     /// Wakes the scan for new tasks.
     scan: Notify,
     parallelism: Parallelism,
+    stats: ExecStats,
 }
 
 impl Executor {
@@ -147,6 +196,7 @@ impl Executor {
             active: Arc::default(),
             scan: Notify::new(),
             parallelism: Parallelism::default(),
+            stats: ExecStats::default(),
         })
     }
 
@@ -167,6 +217,11 @@ impl Executor {
             }
             None => false,
         }
+    }
+
+    /// What it did since it started.
+    pub fn stats(&self) -> &ExecStats {
+        &self.stats
     }
 
     /// How many runs are being driven now.
@@ -303,6 +358,7 @@ impl Executor {
                             Err(_) => {
                                 let max = max_parallelism.unwrap_or_default();
                                 let reason = format!("its application runs {max} tasks at once (max_parallelism)");
+                                self.stats.held_back.fetch_add(1, Ordering::Relaxed);
                                 if run.phase != Phase::NotReady || run.version != HELD_BACK {
                                     run.hold(&PhaseInfo::new(Phase::NotReady, HELD_BACK, reason), now_ms());
                                     store.put_run(key.app.clone(), key.task.clone(), run.clone()).await?;
@@ -345,6 +401,15 @@ impl Executor {
                     self.end_attempt(key, task.as_ref().or(last.as_ref()), &mut run, abort).await?;
                 }
                 Next::Report(ending) => {
+                    let counter = match &ending {
+                        Ending::Succeeded => &self.stats.succeeded,
+                        Ending::Failed(_) => &self.stats.failed,
+                        Ending::Aborted(_) => &self.stats.aborted,
+                    };
+                    counter.fetch_add(1, Ordering::Relaxed);
+                    if ending == Ending::Succeeded {
+                        self.keep_outputs(key, last.as_ref(), &run).await?;
+                    }
                     if stopped.is_none() {
                         let failed = match &ending {
                             Ending::Succeeded => None,
@@ -423,6 +488,26 @@ impl Executor {
                 return self.store.put_run(key.app.clone(), key.task.clone(), run.clone()).await;
             }
         };
+        self.stats.rounds.fetch_add(1, Ordering::Relaxed);
+        // The first round of a cacheable task looks in the catalog first.
+        let cache_key = (run.round == 0 && run.attempt == 1).then(|| spec.cache_key(&*plugin)).flatten();
+        if let Some(cache_key) = cache_key {
+            match self.store.cached_outputs(&cache_key).await? {
+                Some(cached) => {
+                    self.stats.cache_hits.fetch_add(1, Ordering::Relaxed);
+                    let reason = format!("cache hit: the outputs of {}/{}", cached.app, cached.task);
+                    run.outputs = Some(cached.outputs);
+                    let hit = Transition::ephemeral(PhaseInfo::success(reason));
+                    run.after_round(Ok((hit, StateWrite::Unchanged)), self.config.retry, now);
+                    return self.store.put_run(key.app.clone(), key.task.clone(), run.clone()).await;
+                }
+                None => {
+                    self.stats.cache_misses.fetch_add(1, Ordering::Relaxed);
+                    let miss = PhaseInfo::new(Phase::NotReady, CACHE_MISS, "cache miss: runs, and keeps its outputs");
+                    run.hold(&miss, now);
+                }
+            }
+        }
         let result = match run.recorded().cloned() {
             Some(recorded) => Ok((recorded, StateWrite::Unchanged)),
             None => {
@@ -456,6 +541,20 @@ impl Executor {
         self.store.put_run(key.app.clone(), key.task.clone(), run.clone()).await
     }
 
+    /// Keeps a succeeded cacheable task's outputs in the catalog (the first kept stays, so a
+    /// task that reused them, or a report repeated after a crash, changes nothing).
+    async fn keep_outputs(&self, key: &RunKey, task: Option<&Task>, run: &Run) -> Result<(), StoreError> {
+        let Some((spec, plugin)) = task.and_then(|t| self.plugin_for(t).ok()) else { return Ok(()) };
+        let Some(cache_key) = spec.cache_key(&*plugin) else { return Ok(()) };
+        let entry = allot_store::CachedOutputs {
+            outputs: run.outputs.clone().unwrap_or_else(|| "null".to_owned()),
+            app: key.app.clone(),
+            task: key.task.clone(),
+            at: now_ms(),
+        };
+        self.store.put_cached_outputs(cache_key, entry).await
+    }
+
     /// Aborts (if asked) and finalizes the attempt, releases its tokens, stores the run.
     async fn end_attempt(
         &self,
@@ -485,7 +584,9 @@ impl Executor {
                 return Err(StoreError::Unavailable(format!("a token could not be released: {err}")));
             }
         }
-        run.attempt_finalized(now_ms());
+        if run.attempt_finalized(now_ms()) == Next::Handle {
+            self.stats.retried.fetch_add(1, Ordering::Relaxed);
+        }
         self.store.put_run(key.app.clone(), key.task.clone(), run.clone()).await
     }
 }

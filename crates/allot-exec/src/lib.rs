@@ -18,6 +18,6 @@ pub mod registry;
 pub use context::{
     Metadata, RoundOutput, RunKey, Secrets, SetupContext, TaskContext, TokenStatus, TokenWaits, Tokens, Waker,
 };
-pub use executor::{Executor, ExecutorConfig};
+pub use executor::{ExecStats, Executor, ExecutorConfig};
 pub use plugin::{LoadResult, Plugin, PluginEntry, PluginLoader, PluginProperties};
 pub use registry::{Registry, RegistryError, ResolveError};

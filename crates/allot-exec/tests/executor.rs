@@ -491,3 +491,47 @@ async fn a_task_waiting_for_a_token_does_not_use_up_its_applications_parallelism
     store.remove_app(app.clone()).await.unwrap();
     s.stop.send_replace(true);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_task_run_before_with_the_same_type_version_and_inputs_reuses_its_outputs() {
+    let s = setup().await;
+    let store = &*s.store;
+    let count = s._dir.path().join("count");
+    let command = format!(
+        "echo ran >> {}; echo \"{{\\\"n\\\": $(wc -l < {})}}\" > \"$ALLOT_OUTPUTS\"",
+        count.display(),
+        count.display()
+    );
+    let task = |inputs: serde_json::Value, extra: serde_json::Value| {
+        let mut spec =
+            serde_json::json!({ "type": "shell", "command": command, "cache_version": "1", "inputs": inputs });
+        spec.as_object_mut().unwrap().extend(extra.as_object().unwrap().clone());
+        spec
+    };
+    let same = serde_json::json!({ "day": "2026-11-23", "rows": [1, 2] });
+    // Keys in another order are the same inputs.
+    let same_reordered = serde_json::json!({ "rows": [1, 2], "day": "2026-11-23" });
+    let runs = [
+        ("first", task(same.clone(), serde_json::json!({}))),
+        ("again", task(same_reordered, serde_json::json!({}))),
+        ("other", task(serde_json::json!({ "day": "2026-11-24" }), serde_json::json!({}))),
+        ("nocache", task(same.clone(), serde_json::json!({ "cache": false }))),
+        ("newer", task(same, serde_json::json!({ "cache_version": "2" }))),
+    ];
+    let mut outputs = BTreeMap::new();
+    for (i, (name, spec)) in runs.iter().enumerate() {
+        // One application each, one after the other.
+        let app = submit(store, &format!("c{i}"), &[(name, spec.clone())]).await;
+        until(name, async || state(store, &app, name).await == TaskState::Completed).await;
+        let run = store.run(app.clone(), TaskId::new(name).unwrap()).await.unwrap().unwrap();
+        let reasons: Vec<String> = run.events.iter().map(|e| e.reason.clone()).collect();
+        outputs.insert(*name, (run.outputs.clone().unwrap(), reasons));
+    }
+    assert_eq!(std::fs::read_to_string(&count).unwrap().lines().count(), 4, "every task ran but `again`");
+    assert_eq!(outputs["again"].0, outputs["first"].0, "the outputs are reused");
+    assert_eq!(outputs["first"].0, r#"{"n":1}"#);
+    assert!(outputs["again"].1.iter().any(|r| r == "cache hit: the outputs of c0/first"), "{:?}", outputs["again"].1);
+    assert!(outputs["first"].1.iter().any(|r| r.starts_with("cache miss")), "{:?}", outputs["first"].1);
+    assert!(!outputs["nocache"].1.iter().any(|r| r.starts_with("cache")), "{:?}", outputs["nocache"].1);
+    s.stop.send_replace(true);
+}

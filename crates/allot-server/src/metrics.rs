@@ -21,7 +21,10 @@
 //! `resource`), `queue_running_apps`, `queue_apps`, `queue_pending_apps`, `queue_pending_tasks`, `queue_waiting` (label `reason`: what holds them);
 //! and the scheduler's `sched_cycles_total`, `sched_placements_total`, `sched_reservations_total`,
 //! `sched_takeovers_total`, `sched_timeouts_total` (label `kind`: `placeholder`, `reserve`). And
-//! `store_commits_total`, `store_committed_operations_total`, `store_commit_seconds_total`,
+//! On a daemon that runs tasks, its executor's `exec_runs_active`, `exec_rounds_total`,
+//! `exec_retries_total`, `exec_held_back_total`, `exec_runs_ended_total` (label `result`:
+//! `succeeded`, `failed`, `aborted`) and `exec_cache_lookups_total` (label `result`: `hit`,
+//! `miss`). And `store_commits_total`, `store_committed_operations_total`, `store_commit_seconds_total`,
 //! `store_commit_failures_total`, `http_request_duration_seconds` (labels `method`, `route`,
 //! `status`).
 
@@ -158,6 +161,69 @@ struct Snapshot {
     /// Every queue (a queue tree is small: each has series of its own).
     queues: Vec<QueueView>,
     sched: SchedStats,
+    /// The executor's counters, on a daemon that runs tasks.
+    exec: Option<ExecSnapshot>,
+}
+
+/// The executor's counters at the scrape.
+#[derive(Debug, Default, Clone)]
+struct ExecSnapshot {
+    active: u64,
+    rounds: u64,
+    succeeded: u64,
+    failed: u64,
+    aborted: u64,
+    retried: u64,
+    cache_hits: u64,
+    cache_misses: u64,
+    held_back: u64,
+}
+
+impl ExecSnapshot {
+    fn of(executor: &allot_exec::Executor) -> ExecSnapshot {
+        let stats = executor.stats();
+        let read = |counter: &std::sync::atomic::AtomicU64| counter.load(std::sync::atomic::Ordering::Relaxed);
+        ExecSnapshot {
+            active: executor.active() as u64,
+            rounds: read(&stats.rounds),
+            succeeded: read(&stats.succeeded),
+            failed: read(&stats.failed),
+            aborted: read(&stats.aborted),
+            retried: read(&stats.retried),
+            cache_hits: read(&stats.cache_hits),
+            cache_misses: read(&stats.cache_misses),
+            held_back: read(&stats.held_back),
+        }
+    }
+}
+
+fn encode_exec(encoder: &mut DescriptorEncoder<'_>, exec: &ExecSnapshot) -> Result<(), std::fmt::Error> {
+    let active = Gauge::<i64>::default();
+    active.set(gauge(exec.active));
+    let metric = encoder.encode_descriptor(
+        "allot_exec_runs_active",
+        "Task runs this daemon's executor drives now",
+        None,
+        MetricType::Gauge,
+    )?;
+    active.encode(metric)?;
+    encode_counter(encoder, "allot_exec_rounds", "Plugin rounds, since start", exec.rounds)?;
+    encode_counter(encoder, "allot_exec_retries", "Failed attempts followed by another, since start", exec.retried)?;
+    encode_counter(
+        encoder,
+        "allot_exec_held_back",
+        "Times a run was held back by its application's max_parallelism, since start",
+        exec.held_back,
+    )?;
+    let ended = Family::<TotalResultLabels, Counter>::default();
+    for (result, count) in [("succeeded", exec.succeeded), ("failed", exec.failed), ("aborted", exec.aborted)] {
+        ended.get_or_create(&TotalResultLabels { result }).inc_by(count);
+    }
+    encode_family(encoder, "allot_exec_runs_ended", "Task runs ended, by result, since start", &ended)?;
+    let cache = Family::<TotalResultLabels, Counter>::default();
+    cache.get_or_create(&TotalResultLabels { result: "hit" }).inc_by(exec.cache_hits);
+    cache.get_or_create(&TotalResultLabels { result: "miss" }).inc_by(exec.cache_misses);
+    encode_family(encoder, "allot_exec_cache_lookups", "Output cache lookups, by result, since start", &cache)
 }
 
 /// Sums over every namespace (the longest wait: the longest of all).
@@ -555,6 +621,9 @@ impl Collector for StoreCollector {
         encode_pools(&mut encoder, &snapshot.pools)?;
         encode_queues(&mut encoder, &snapshot.queues)?;
         encode_sched(&mut encoder, &snapshot.sched)?;
+        if let Some(exec) = &snapshot.exec {
+            encode_exec(&mut encoder, exec)?;
+        }
 
         let commits = snapshot.commits;
         for (name, help, value) in [
@@ -609,7 +678,8 @@ async fn snapshot(store: &dyn Store, config: &MetricsConfig) -> Result<Snapshot,
 /// `GET /metrics`: the Prometheus text format.
 pub(crate) async fn scrape(State(state): State<AppState>) -> Result<Response, ApiError> {
     let metrics = &state.metrics;
-    let snapshot = snapshot(state.store.as_ref(), &metrics.config).await?;
+    let mut snapshot = snapshot(state.store.as_ref(), &metrics.config).await?;
+    snapshot.exec = state.executor.as_deref().map(ExecSnapshot::of);
     // The collector locks the snapshot while encoding: the lock must be released before.
     *metrics.snapshot.lock().unwrap_or_else(|p| p.into_inner()) = snapshot;
     let mut text = String::new();

@@ -1,10 +1,12 @@
 //! The runs of tasks on Redis: one hash in the `{allot-runs}` slot, field `<app>/<task>`, the
 //! embedded store's record JSON-encoded. A run is written by the daemon that executes its task.
+//! The catalog of outputs kept for reuse is another hash there, field the cache key, written
+//! once (`HSETNX`).
 
 use allot_core::exec::Run;
 use allot_core::sched::{AppId, TaskId};
-use allot_store::records::runs::RunRecord;
-use allot_store::{RunStore, StoreError};
+use allot_store::records::runs::{CachedRecord, RunRecord};
+use allot_store::{CachedOutputs, RunStore, StoreError};
 use async_trait::async_trait;
 use redis::Value;
 
@@ -12,6 +14,7 @@ use crate::reply::corrupt;
 use crate::{redis_error, RedisStore};
 
 const RUNS: &str = "allot:{allot-runs}:runs";
+const CATALOG: &str = "allot:{allot-runs}:catalog";
 
 fn field(app: &AppId, task: &TaskId) -> String {
     format!("{app}/{task}")
@@ -65,6 +68,27 @@ impl RunStore for RedisStore {
     async fn remove_run(&self, app: AppId, task: TaskId) -> Result<(), StoreError> {
         self.live()?;
         let cmd = redis::cmd("HDEL").arg(RUNS).arg(field(&app, &task)).clone();
+        self.inner.conn.query(&cmd).await.map_err(|e| redis_error(e, true))?;
+        Ok(())
+    }
+
+    async fn cached_outputs(&self, key: &str) -> Result<Option<CachedOutputs>, StoreError> {
+        let cmd = redis::cmd("HGET").arg(CATALOG).arg(key).clone();
+        match self.inner.conn.query(&cmd).await.map_err(|e| redis_error(e, false))? {
+            Value::Nil => Ok(None),
+            Value::BulkString(json) => {
+                let record: CachedRecord =
+                    serde_json::from_slice(&json).map_err(|e| corrupt(format!("catalog `{key}`: {e}")))?;
+                Ok(Some(record.into_entry(key).map_err(corrupt)?))
+            }
+            other => Err(corrupt(format!("catalog `{key}`: {other:?}"))),
+        }
+    }
+
+    async fn put_cached_outputs(&self, key: String, entry: CachedOutputs) -> Result<(), StoreError> {
+        self.live()?;
+        let json = serde_json::to_string(&CachedRecord::of(&entry)).expect("records always encode");
+        let cmd = redis::cmd("HSETNX").arg(CATALOG).arg(key).arg(json).clone();
         self.inner.conn.query(&cmd).await.map_err(|e| redis_error(e, true))?;
         Ok(())
     }

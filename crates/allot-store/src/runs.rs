@@ -3,15 +3,30 @@
 
 use allot_core::exec::Run;
 use allot_core::sched::{AppId, TaskId};
+use allot_core::Millis;
 use async_trait::async_trait;
 
 use crate::StoreError;
+
+/// The outputs of a task that succeeded, kept for a task of the same type, cache version and
+/// inputs to reuse instead of running [Flyte's catalog]. Keyed by
+/// `allot_core::exec::cache_key`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CachedOutputs {
+    /// JSON text.
+    pub outputs: String,
+    /// The task whose run recorded them.
+    pub app: AppId,
+    pub task: TaskId,
+    pub at: Millis,
+}
 
 /// A change of the kept runs, in the order it was made.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum RunChange {
     Put { app: AppId, task: TaskId, run: Box<Run> },
     Removed { app: AppId, task: TaskId },
+    Cached { key: String, entry: CachedOutputs },
 }
 
 /// The runs of a backend. A write is durable when it answers.
@@ -24,4 +39,8 @@ pub trait RunStore {
     async fn runs(&self) -> Result<Vec<(AppId, TaskId, Run)>, StoreError>;
     /// Forgets a task's run (idempotent).
     async fn remove_run(&self, app: AppId, task: TaskId) -> Result<(), StoreError>;
+    /// The outputs kept under a cache key, if any.
+    async fn cached_outputs(&self, key: &str) -> Result<Option<CachedOutputs>, StoreError>;
+    /// Keeps outputs under a cache key; the first kept stays (a later put is a no-op).
+    async fn put_cached_outputs(&self, key: String, entry: CachedOutputs) -> Result<(), StoreError>;
 }

@@ -130,13 +130,15 @@ async fn follow(client: &Client, app: &str, args: &RunArgs) -> Result<Vec<Task>,
     }
 }
 
-/// Every task: state, attempts, time from its first event to its last, and why it failed.
+/// Every task: state, attempts, time from its first event to its last, whether its outputs came
+/// from the cache, and why it failed.
 fn summary(tasks: &[Task], runs: &BTreeMap<String, TaskRun>) -> String {
     let mut table = Table::new(&[
         ("TASK", Align::Left),
         ("STATE", Align::Left),
         ("ATTEMPTS", Align::Right),
         ("TIME", Align::Right),
+        ("CACHE", Align::Left),
         ("REASON", Align::Left),
     ]);
     for task in tasks {
@@ -146,7 +148,17 @@ fn summary(tasks: &[Task], runs: &BTreeMap<String, TaskRun>) -> String {
             .and_then(|r| Some(r.events.last()?.at_ms.saturating_sub(r.events.first()?.at_ms)))
             .map_or_else(|| "-".to_owned(), |ms| format!("{:.2} s", ms as f64 / 1000.0));
         let reason = task.reason.clone().unwrap_or_else(|| "-".to_owned());
-        table.row(vec![task.id.clone(), task.state.clone(), attempts, time, reason]);
+        let cache = run
+            .and_then(|r| {
+                let said = |what: &str| r.events.iter().any(|e| e.reason.starts_with(what));
+                if said("cache hit") {
+                    Some("hit")
+                } else {
+                    said("cache miss").then_some("miss")
+                }
+            })
+            .unwrap_or("-");
+        table.row(vec![task.id.clone(), task.state.clone(), attempts, time, cache.to_owned(), reason]);
     }
     table.render()
 }

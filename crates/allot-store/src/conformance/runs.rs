@@ -49,6 +49,14 @@ pub async fn run_runs(store: Arc<dyn Store>) {
     store.remove_run(app.clone(), t1.clone()).await.unwrap();
     store.remove_run(app.clone(), t1.clone()).await.unwrap();
     assert_eq!(store.run(app.clone(), t1).await.unwrap(), None);
-    store.remove_run(app, t2).await.unwrap();
+    store.remove_run(app.clone(), t2.clone()).await.unwrap();
     store.remove_run(other, TaskId::new("t1").unwrap()).await.unwrap();
+    // The catalog: outputs kept under a key, the first kept stays.
+    let key = format!("conformance-{}", std::process::id());
+    assert_eq!(store.cached_outputs(&key).await.unwrap(), None);
+    let first = crate::CachedOutputs { outputs: r#"{"n":1}"#.into(), app: app.clone(), task: t2, at: 7 };
+    store.put_cached_outputs(key.clone(), first.clone()).await.unwrap();
+    let later = crate::CachedOutputs { outputs: r#"{"n":2}"#.into(), app, task: TaskId::new("t1").unwrap(), at: 9 };
+    store.put_cached_outputs(key.clone(), later).await.unwrap();
+    assert_eq!(store.cached_outputs(&key).await.unwrap(), Some(first), "the first kept stays");
 }

@@ -35,7 +35,7 @@ use redb::{Database, Durability, ReadableTable, StorageBackend};
 use tokio::sync::{oneshot, watch};
 
 use crate::records::apps::{APPS, QUEUES, TASKS};
-use crate::records::runs::RUNS;
+use crate::records::runs::{CATALOG, RUNS};
 use crate::records::{
     decode, encode, resources_from, resources_record, AllocRecord, CorruptRecord, GrantRecord, NamespaceRecord,
     PoolRecord, SessionRecord, ALLOCS, FORMAT_VERSION, GRANTS, META, META_CLOCK, META_FORMAT, META_SEQ, NAMESPACES,
@@ -554,6 +554,7 @@ fn ensure_part_tables(db: &Database) -> Result<(), OpenError> {
             && txn.open_table(ALLOCS).is_ok()
             && txn.open_table(TASKS).is_ok()
             && txn.open_table(RUNS).is_ok()
+            && txn.open_table(CATALOG).is_ok()
     };
     if exists {
         return Ok(());
@@ -565,6 +566,7 @@ fn ensure_part_tables(db: &Database) -> Result<(), OpenError> {
     txn.open_table(ALLOCS).map_err(|e| read_err(e.into()))?;
     txn.open_table(TASKS).map_err(|e| read_err(e.into()))?;
     txn.open_table(RUNS).map_err(|e| read_err(e.into()))?;
+    txn.open_table(CATALOG).map_err(|e| read_err(e.into()))?;
     txn.commit().map_err(|e| read_err(e.into()))?;
     Ok(())
 }

@@ -1,5 +1,5 @@
-//! The runs of the embedded store: in memory, and written through the same group commit as
-//! everything else.
+//! The runs of the embedded store, and the catalog of outputs kept for reuse: in memory, and
+//! written through the same group commit as everything else.
 
 use std::collections::BTreeMap;
 
@@ -9,16 +9,20 @@ use async_trait::async_trait;
 use redb::{ReadTransaction, ReadableTable, WriteTransaction};
 
 use super::{durable, EmbeddedStore, OpenError};
-use crate::records::runs::{RunRecord, RUNS};
+use crate::records::runs::{CachedRecord, RunRecord, CATALOG, RUNS};
 use crate::records::{decode, encode};
-use crate::runs::{RunChange, RunStore};
+use crate::runs::{CachedOutputs, RunChange, RunStore};
 use crate::StoreError;
 
-pub(super) type Runs = BTreeMap<(AppId, TaskId), Run>;
+#[derive(Debug, Default)]
+pub(super) struct Runs {
+    runs: BTreeMap<(AppId, TaskId), Run>,
+    catalog: BTreeMap<String, CachedOutputs>,
+}
 
 pub(super) fn load(txn: &ReadTransaction) -> Result<Runs, OpenError> {
     let read_err = |err: redb::Error| OpenError::Read(err.to_string());
-    let mut runs = Runs::new();
+    let mut runs = Runs::default();
     for entry in txn.open_table(RUNS).map_err(|e| read_err(e.into()))?.iter().map_err(|e| read_err(e.into()))? {
         let (key, value) = entry.map_err(|e| read_err(e.into()))?;
         let (app, task) = key.value();
@@ -27,7 +31,12 @@ pub(super) fn load(txn: &ReadTransaction) -> Result<Runs, OpenError> {
         let corrupt = |reason: String| crate::records::CorruptRecord { table: "runs", key: name.clone(), reason };
         let app = AppId::new(app).map_err(|e| corrupt(e.to_string()))?;
         let task = TaskId::new(task).map_err(|e| corrupt(e.to_string()))?;
-        runs.insert((app, task), record.into_run(&name)?);
+        runs.runs.insert((app, task), record.into_run(&name)?);
+    }
+    for entry in txn.open_table(CATALOG).map_err(|e| read_err(e.into()))?.iter().map_err(|e| read_err(e.into()))? {
+        let (key, value) = entry.map_err(|e| read_err(e.into()))?;
+        let record: CachedRecord = decode("catalog", key.value(), value.value())?;
+        runs.catalog.insert(key.value().to_owned(), record.into_entry(key.value())?);
     }
     Ok(runs)
 }
@@ -39,6 +48,7 @@ pub(super) fn write<'a>(
     changes: impl Iterator<Item = &'a RunChange>,
 ) -> Result<(), redb::Error> {
     let mut table = txn.open_table(RUNS)?;
+    let mut catalog = txn.open_table(CATALOG)?;
     for change in changes {
         match change {
             RunChange::Put { app, task, run } => {
@@ -46,6 +56,9 @@ pub(super) fn write<'a>(
             }
             RunChange::Removed { app, task } => {
                 table.remove((app.as_str(), task.as_str()))?;
+            }
+            RunChange::Cached { key, entry } => {
+                catalog.insert(key.as_str(), encode(&CachedRecord::of(entry)).as_slice())?;
             }
         }
     }
@@ -57,10 +70,21 @@ impl EmbeddedStore {
         let rx = {
             let mut state = self.lock();
             state.usable(&self.shared)?;
+            let runs = &mut state.runs;
             match &change {
-                RunChange::Put { app, task, run } => state.runs.insert((app.clone(), task.clone()), (**run).clone()),
-                RunChange::Removed { app, task } => state.runs.remove(&(app.clone(), task.clone())),
-            };
+                RunChange::Put { app, task, run } => {
+                    runs.runs.insert((app.clone(), task.clone()), (**run).clone());
+                }
+                RunChange::Removed { app, task } => {
+                    runs.runs.remove(&(app.clone(), task.clone()));
+                }
+                RunChange::Cached { key, entry } => {
+                    if runs.catalog.contains_key(key) {
+                        return Ok(());
+                    }
+                    runs.catalog.insert(key.clone(), entry.clone());
+                }
+            }
             state.submit_runs(&self.shared, change)
         };
         durable(rx).await
@@ -74,16 +98,24 @@ impl RunStore for EmbeddedStore {
     }
 
     async fn run(&self, app: AppId, task: TaskId) -> Result<Option<Run>, StoreError> {
-        self.read_state(|state, _| Ok(state.runs.get(&(app, task)).cloned()))
+        self.read_state(|state, _| Ok(state.runs.runs.get(&(app, task)).cloned()))
     }
 
     async fn runs(&self) -> Result<Vec<(AppId, TaskId, Run)>, StoreError> {
         self.read_state(|state, _| {
-            Ok(state.runs.iter().map(|((app, task), run)| (app.clone(), task.clone(), run.clone())).collect())
+            Ok(state.runs.runs.iter().map(|((app, task), run)| (app.clone(), task.clone(), run.clone())).collect())
         })
     }
 
     async fn remove_run(&self, app: AppId, task: TaskId) -> Result<(), StoreError> {
         self.change_runs(RunChange::Removed { app, task }).await
+    }
+
+    async fn cached_outputs(&self, key: &str) -> Result<Option<CachedOutputs>, StoreError> {
+        self.read_state(|state, _| Ok(state.runs.catalog.get(key).cloned()))
+    }
+
+    async fn put_cached_outputs(&self, key: String, entry: CachedOutputs) -> Result<(), StoreError> {
+        self.change_runs(RunChange::Cached { key, entry }).await
     }
 }

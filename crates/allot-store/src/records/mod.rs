@@ -9,6 +9,7 @@
 //! - `allocs`: (pool, alloc id) -> [`AllocRecord`] (live allocs and ended ones still retained)
 //! - `pool_labels`: pool -> labels (a table of its own, so pool records keep their format)
 //! - `queues`, `apps`, `tasks`: the applications part, see [`apps`]
+//! - `runs`, `catalog`: the runs of tasks and the outputs kept for reuse, see [`runs`]
 //! - `meta`: `format` -> [`FORMAT_VERSION`], `clock` -> the daemon clock at the last commit,
 //!   `seq` -> the number of the last commit
 //!

@@ -13,6 +13,38 @@ use serde::{Deserialize, Serialize};
 use super::CorruptRecord;
 
 pub const RUNS: TableDefinition<(&str, &str), &[u8]> = TableDefinition::new("runs");
+/// Cache key -> [`CachedRecord`].
+pub const CATALOG: TableDefinition<&str, &[u8]> = TableDefinition::new("catalog");
+
+/// Outputs kept for reuse (`crate::runs::CachedOutputs`).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct CachedRecord {
+    pub outputs: String,
+    pub app: String,
+    pub task: String,
+    pub at: u64,
+}
+
+impl CachedRecord {
+    pub fn of(entry: &crate::runs::CachedOutputs) -> CachedRecord {
+        CachedRecord {
+            outputs: entry.outputs.clone(),
+            app: entry.app.to_string(),
+            task: entry.task.to_string(),
+            at: entry.at,
+        }
+    }
+
+    pub fn into_entry(self, key: &str) -> Result<crate::runs::CachedOutputs, CorruptRecord> {
+        let corrupt = |reason: String| CorruptRecord { table: "catalog", key: key.to_owned(), reason };
+        Ok(crate::runs::CachedOutputs {
+            outputs: self.outputs,
+            app: allot_core::sched::AppId::new(&self.app).map_err(|e| corrupt(e.to_string()))?,
+            task: allot_core::sched::TaskId::new(&self.task).map_err(|e| corrupt(e.to_string()))?,
+            at: self.at,
+        })
+    }
+}
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct ErrorRecord {

@@ -65,6 +65,14 @@ async fn a_daemon_runs_the_tasks_placed_on_its_pool() {
     assert_eq!((nap.stage.as_str(), nap.ending.as_deref()), ("ended", Some("succeeded")));
     let odd = client.task_run("run-1", "odd").await.unwrap();
     assert_eq!(odd.events.last().and_then(|e| e.error.as_ref()).map(|e| e.code.as_str()), Some("no_plugin"));
+    let metrics = client.metrics().await.unwrap();
+    for line in [
+        "allot_exec_runs_ended_total{result=\"succeeded\"} 3",
+        "allot_exec_runs_ended_total{result=\"failed\"} 1",
+        "allot_exec_runs_active 0",
+    ] {
+        assert!(metrics.contains(line), "{line}\n{metrics}");
+    }
     let missing = client.task_run("run-1", "nope").await.unwrap_err();
     assert!(missing.to_string().contains("task_not_found"), "{missing}");
     let output = std::process::Command::new(crate::support::ALLOT)
@@ -98,6 +106,8 @@ async fn allot_run_takes_the_examples_to_their_end() {
     for task in ["greet", "think", "nothing"] {
         assert!(text.lines().any(|l| l.starts_with(task) && l.contains("Completed")), "{task}: {text}");
     }
+    let nothing = text.lines().find(|l| l.starts_with("nothing")).unwrap();
+    assert!(nothing.contains("miss"), "its outputs are kept for reuse: {nothing}");
     let client = daemon.client();
     assert_eq!(client.app("hello").await.unwrap().state, "Completed");
     let greet = client.task_run("hello", "greet").await.unwrap();
