@@ -178,6 +178,9 @@ named_enum! {
         Fail,
         /// Removed, or ended with its application.
         Kill,
+        /// Its placement was lost (the daemon that runs its pool stopped): back to waiting,
+        /// holding nothing, to be placed again elsewhere.
+        Lose,
     }
 }
 
@@ -216,9 +219,11 @@ pub const TASK_TRANSITIONS: &[(TaskState, TaskEvent, TaskState)] = {
         (S::Allocated, E::Complete, S::Completed),
         (S::Allocated, E::Fail, S::Failed),
         (S::Allocated, E::Kill, S::Killed),
+        (S::Allocated, E::Lose, S::Pending),
         (S::Running, E::Complete, S::Completed),
         (S::Running, E::Fail, S::Failed),
         (S::Running, E::Kill, S::Killed),
+        (S::Running, E::Lose, S::Pending),
     ]
 };
 

@@ -624,3 +624,44 @@ fn a_fair_queue_shares_between_its_applications_and_a_fifo_one_does_not() {
         assert_eq!((placed(&b, "first"), placed(&b, "second")), expected, "{sort:?}");
     }
 }
+
+#[test]
+fn tasks_on_a_lost_pool_go_back_to_waiting_and_are_placed_elsewhere_until_it_is_back() {
+    let mut b = Bench::new();
+    b.pool("a", "cpu=2", &[]);
+    b.queue("root.q", QueueLimits::default());
+    b.namespace("ns", 5);
+    b.submit(app_spec("x", "root.q")).unwrap();
+    let needs = |id: &str| TaskSpec {
+        tokens: vec![TokenNeed { namespace: NamespaceName::new("ns").unwrap(), units: 1 }],
+        ..task(id, "cpu=1")
+    };
+    b.add("x", needs("t1")).unwrap();
+    b.add("x", needs("t2")).unwrap();
+    b.cycle();
+    assert_eq!((b.pool_of("x", "t1"), b.pool_of("x", "t2")), ("a".to_owned(), "a".to_owned()));
+    let now = b.now;
+    let (a, spare) = (PoolName::new("a").unwrap(), PoolName::new("b").unwrap());
+    let mut world = World { pools: &mut b.pools, ledger: &mut b.ledger };
+    b.sched.pool_lost(&a, "the executor of pool `a` stopped", now, &mut world);
+    b.check();
+    for t in ["t1", "t2"] {
+        let task = b.sched.task(&aid("x"), &tid(t)).unwrap();
+        assert_eq!((task.state, task.placement.is_none()), (TaskState::Pending, true), "{t}");
+        assert!(task.reason.as_deref().unwrap().contains("the executor of pool `a` stopped"));
+    }
+    assert_eq!(b.ledger.namespace(&NamespaceName::new("ns").unwrap(), b.now).unwrap().granted_units, 0);
+    assert_eq!(b.pools.pool(&a, b.now).unwrap().allocs, 0, "its allocs are ended");
+    // Nothing goes back on the lost pool; another pool takes them.
+    b.cycle();
+    assert_eq!(b.state("x", "t1"), TaskState::Pending);
+    b.pool("b", "cpu=1", &[]);
+    b.cycle();
+    let placed: Vec<TaskState> = ["t1", "t2"].iter().map(|t| b.state("x", t)).collect();
+    assert_eq!(placed.iter().filter(|s| **s == TaskState::Allocated).count(), 1, "one fits on `b`");
+    assert!(b.sched.down_pools().contains(&a) && !b.sched.down_pools().contains(&spare));
+    // Back: the other goes there.
+    assert!(b.sched.pool_back(&a));
+    b.cycle();
+    assert_eq!((b.state("x", "t1"), b.state("x", "t2")), (TaskState::Allocated, TaskState::Allocated));
+}

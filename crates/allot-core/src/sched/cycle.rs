@@ -69,9 +69,11 @@ fn size_key(resources: &Resources, weights: &SizeWeights) -> u64 {
 }
 
 impl Room {
-    fn new(pools: &Pools, now: Millis, weights: &SizeWeights) -> Room {
+    /// The room of every pool but the `down` ones (their executors stopped).
+    fn new(pools: &Pools, now: Millis, weights: &SizeWeights, down: &BTreeSet<PoolName>) -> Room {
         let spots: Vec<Spot> = pools
             .spots(now)
+            .filter(|(name, ..)| !down.contains(*name))
             .map(|(name, free, _, labels)| Spot { name: name.clone(), free, labels: labels.clone() })
             .collect();
         let index = spots.iter().enumerate().map(|(i, spot)| (size_key(&spot.free, weights), i)).collect();
@@ -212,7 +214,7 @@ impl Scheduler {
         }
         let mut cycle = Cycle {
             now,
-            room: Room::new(world.pools, now, &self.config.weights),
+            room: Room::new(world.pools, now, &self.config.weights, &self.down),
             cursors: HashMap::new(),
             no_room: NoRoom::default(),
             ids,

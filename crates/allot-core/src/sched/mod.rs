@@ -280,6 +280,9 @@ pub struct Scheduler {
     why_app: HashMap<AppId, Why>,
     why_task: HashMap<(AppId, TaskId), Why>,
     stats: SchedStats,
+    /// Pools whose executors stopped: nothing is placed on them until they are back. Not
+    /// recorded: whoever schedules learns it again from the executors' leases.
+    down: BTreeSet<PoolName>,
 }
 
 fn pending_key(task: &Task) -> PendingKey {
@@ -968,6 +971,83 @@ impl Scheduler {
         self.why_app.remove(id);
         self.why_task.retain(|(app, _), _| app != id);
         out.apps.push(AppChange::AppRemoved { id: id.clone() });
+    }
+
+    /// The pools nothing is placed on, their executors stopped.
+    pub fn down_pools(&self) -> &BTreeSet<PoolName> {
+        &self.down
+    }
+
+    /// The executors that run `pool`'s tasks stopped (their leases lapsed): nothing is placed on
+    /// it until [`Scheduler::pool_back`], and what was placed there is lost. A task placed there
+    /// goes back to waiting, its alloc and tokens released, to be placed elsewhere (whoever runs
+    /// it counts the lost attempt); a gang member fails (a gang starts all or nothing, not one
+    /// member again); a gang reserving there loses its reservation, as when a pool is removed.
+    pub fn pool_lost(&mut self, pool: &PoolName, reason: &str, now: Millis, world: &mut World<'_>) -> Outcome {
+        let mut out = Outcome::default();
+        self.down.insert(pool.clone());
+        let placed: Vec<(AppId, TaskId, bool)> = self
+            .tasks
+            .values()
+            .flat_map(|tasks| tasks.values())
+            .filter(|t| matches!(t.state, TaskState::Allocated | TaskState::Running))
+            .filter(|t| t.placement.as_ref().is_some_and(|p| &p.pool == pool))
+            .map(|t| (t.app.clone(), t.spec.id.clone(), t.slot.is_some() || t.spec.group.is_some()))
+            .collect();
+        for (app, task, gang) in placed {
+            if gang {
+                let _ = self.end_task(&app, &task, TaskEvent::Fail, Some(reason.to_owned()), now, world, &mut out, true);
+            } else {
+                let _ = self.requeue(&app, &task, reason, now, world, &mut out);
+            }
+        }
+        let gangs: Vec<AppId> = self
+            .apps
+            .values()
+            .filter(|a| a.state == AppState::Reserving)
+            .filter(|a| a.slots.iter().any(|s| s.task.is_none() && &s.placement.pool == pool))
+            .map(|a| a.spec.id.clone())
+            .collect();
+        let lost = format!("placeholders lost: {reason}");
+        for id in gangs {
+            self.lose_reservation(&id, Some(lost.clone()), &lost, now, world, &mut out);
+        }
+        out
+    }
+
+    /// An executor runs `pool`'s tasks again: it takes placements again.
+    pub fn pool_back(&mut self, pool: &PoolName) -> bool {
+        self.down.remove(pool)
+    }
+
+    /// A placed task goes back to waiting (its placement lost), holding nothing.
+    fn requeue(
+        &mut self,
+        app_id: &AppId,
+        task_id: &TaskId,
+        reason: &str,
+        now: Millis,
+        world: &mut World<'_>,
+        out: &mut Outcome,
+    ) -> Result<(), SchedError> {
+        let (queue, user) = {
+            let app = self.app(app_id)?;
+            (app.spec.queue.clone(), app.spec.user.clone())
+        };
+        let task = self.task_mut(app_id, task_id)?;
+        let before = task.state;
+        task.state = before.on(TaskEvent::Lose)?;
+        task.reason = Some(format!("placed again: {reason}"));
+        let placement = task.placement.take();
+        let task = task.clone();
+        self.count(app_id, Some(before), Some(task.state));
+        if let Some(placement) = &placement {
+            self.charge(&queue, &user, &placement.resources, false);
+            release(placement, now, world, out);
+        }
+        self.pending.entry(app_id.clone()).or_default().insert(pending_key(&task));
+        out.apps.push(AppChange::Task(task));
+        Ok(())
     }
 
     /// A pool was removed (with force): its allocs are gone. Tasks placed on it fail; a gang
