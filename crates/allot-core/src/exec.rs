@@ -307,6 +307,9 @@ pub enum Next {
     Report(Ending),
 }
 
+/// The error code of an attempt lost with its placement.
+pub const PLACEMENT_LOST: &str = "placement_lost";
+
 /// One task's run, as the store keeps it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Run {
@@ -327,6 +330,9 @@ pub struct Run {
     pub started: Millis,
     /// The task's outputs (JSON text), recorded once, by the round that succeeded.
     pub outputs: Option<String>,
+    /// The placement (`pool/alloc`) the current attempt runs on: a task placed again elsewhere
+    /// (its pool lost) finds another here, and its attempt is counted lost.
+    pub alloc: Option<String>,
 }
 
 impl Run {
@@ -346,6 +352,7 @@ impl Run {
             tokens: Vec::new(),
             started: now,
             outputs: None,
+            alloc: None,
         };
         run.record(&PhaseInfo::not_ready("placed; starting"), now);
         run
@@ -417,6 +424,43 @@ impl Run {
         if self.stage == Stage::Handling {
             self.record(info, now);
         }
+    }
+
+    /// The task was placed again (`alloc`) after the placement of this attempt was lost: the
+    /// attempt failed with a system error where it ran, and cannot be aborted or finalized from
+    /// here. Answers whether a lost attempt ends now (its tokens to release, then
+    /// [`Run::attempt_finalized`]); a run that had ended already keeps its end (it is reported
+    /// again, its outputs not recorded twice).
+    pub fn placement_lost(&mut self, alloc: &str, policy: RetryPolicy, now: Millis) -> bool {
+        let lost = self.alloc.as_deref().is_some_and(|was| was != alloc);
+        self.alloc = Some(alloc.to_owned());
+        if !lost || matches!(self.stage, Stage::Ended(_)) {
+            return false;
+        }
+        let error = ExecError::system(PLACEMENT_LOST, "the daemon that ran it stopped; placed again");
+        let then = match &self.stage {
+            // Already ending: it ends as it was going to.
+            Stage::Handling => {
+                self.record(&PhaseInfo::retryable(error.clone()), now);
+                if self.count_failure(&error, policy) {
+                    AfterAttempt::Retry
+                } else {
+                    AfterAttempt::End(Ending::Failed(error))
+                }
+            }
+            Stage::Ending { then, .. } => then.clone(),
+            Stage::Ended(_) => unreachable!("checked above"),
+        };
+        self.end_attempt(false, then);
+        true
+    }
+
+    /// Whether the current attempt was lost with its placement (see [`Run::placement_lost`]):
+    /// it is ended without calling its plugin, which ran elsewhere.
+    pub fn attempt_lost(&self) -> bool {
+        self.events.last().is_some_and(|e| {
+            e.attempt == self.attempt && e.error.as_ref().is_some_and(|err| err.code == PLACEMENT_LOST)
+        })
     }
 
     /// Stops the run from outside (its task removed or its application ended): the attempt is

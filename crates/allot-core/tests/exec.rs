@@ -201,3 +201,30 @@ proptest! {
         prop_assert!(matches!(failing.next(), Next::Report(_)), "a run that keeps failing ends: {:?}", failing.stage);
     }
 }
+
+#[test]
+fn an_attempt_whose_placement_was_lost_counts_a_system_failure_and_a_new_one_follows() {
+    let policy = RetryPolicy { user_attempts: 1, system_retries: 1 };
+    let mut run = Run::new(0);
+    assert!(!run.placement_lost("a/1", policy, 1), "the first placement is noted, nothing is lost");
+    assert!(!run.placement_lost("a/1", policy, 2), "the same placement again: nothing is lost");
+    run.after_round(Ok((Transition::ephemeral(PhaseInfo::running(0, "working")), StateWrite::Unchanged)), policy, 3);
+    assert!(run.placement_lost("b/7", policy, 4), "placed again elsewhere: the attempt is lost");
+    assert_eq!(run.next(), Next::EndAttempt { abort: false }, "not aborted: it cannot be reached");
+    assert!(run.attempt_lost());
+    assert_eq!(run.system_failures, 1);
+    assert_eq!(run.events.last().unwrap().error.as_ref().unwrap().code, "placement_lost");
+    assert_eq!(run.attempt_finalized(5), Next::Handle);
+    assert_eq!((run.attempt, run.alloc.as_deref()), (2, Some("b/7")));
+    // Lost again: the system budget (1 retry) is spent, the run fails.
+    assert!(run.placement_lost("c/9", policy, 6));
+    run.attempt_finalized(7);
+    assert!(matches!(run.next(), Next::Report(Ending::Failed(e)) if e.code == "placement_lost"));
+    // A run that had ended keeps its end: it is reported again, nothing runs twice.
+    let mut done = Run::new(0);
+    done.placement_lost("a/1", policy, 1);
+    done.after_round(Ok((Transition::ephemeral(PhaseInfo::success("done")), StateWrite::Unchanged)), policy, 2);
+    done.attempt_finalized(3);
+    assert!(!done.placement_lost("b/2", policy, 4));
+    assert_eq!(done.next(), Next::Report(Ending::Succeeded));
+}

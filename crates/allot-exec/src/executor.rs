@@ -25,10 +25,11 @@ use allot_core::exec::{
     Ending, ExecError, Next, Phase, PhaseInfo, RetryPolicy, Run, StateWrite, Transition, TransitionKind,
 };
 use allot_core::pool::PoolName;
-use allot_core::sched::{AppId, SchedError, Task};
-use allot_store::{read_all, Store, StoreError};
+use allot_core::sched::AppId;
+use allot_store::{Store, StoreError};
 use tokio::sync::{watch, Notify, OwnedSemaphorePermit, Semaphore};
 
+use crate::apps::{AppsAccess, PlacedTask};
 use crate::context::{release, Metadata, RunKey, Secrets, TaskContext, TokenWaits, Tokens, Waker};
 use crate::plugin::Plugin;
 use crate::registry::Registry;
@@ -47,6 +48,8 @@ pub struct ExecutorConfig {
     /// How often the executor looks for newly placed tasks when nothing wakes it.
     pub scan: Duration,
     pub secrets: Secrets,
+    /// This daemon, by the URL others reach it at: the name of its executor's lease.
+    pub node: String,
 }
 
 impl ExecutorConfig {
@@ -60,6 +63,7 @@ impl ExecutorConfig {
             pause: Duration::from_secs(1),
             scan: Duration::from_millis(200),
             secrets: Secrets::default(),
+            node: "local".to_owned(),
         }
     }
 }
@@ -92,12 +96,12 @@ impl RunSpec {
     }
 }
 
-fn run_spec(task: &Task) -> Result<RunSpec, ExecError> {
+fn run_spec(task: &PlacedTask) -> Result<RunSpec, ExecError> {
     let bad = |why: &str| ExecError::user("bad_spec", format!("the task's spec {why}"));
-    let spec: serde_json::Value = if task.spec.spec.trim().is_empty() {
+    let spec: serde_json::Value = if task.spec.trim().is_empty() {
         return Err(bad("is empty: it names no task type (`{\"type\": \"shell\", ...}`)"));
     } else {
-        serde_json::from_str(&task.spec.spec).map_err(|e| bad(&format!("is not JSON: {e}")))?
+        serde_json::from_str(&task.spec).map_err(|e| bad(&format!("is not JSON: {e}")))?
     };
     let task_type = spec.get("type").and_then(|t| t.as_str()).ok_or_else(|| bad("has no string `type`"))?.to_owned();
     let plugin = match spec.get("plugin") {
@@ -162,6 +166,12 @@ pub struct ExecStats {
     pub held_back: AtomicU64,
 }
 
+/// How long an executor's lease runs: the pools of an executor that has not renewed it for this
+/// long are taken as lost, and their tasks placed elsewhere.
+pub const EXECUTOR_LEASE: Duration = Duration::from_secs(5);
+/// How often an executor renews its lease.
+const RENEW_EVERY: Duration = Duration::from_secs(1);
+
 /// The version of the NotReady phase of a cacheable task whose outputs were not in the catalog.
 const CACHE_MISS: u32 = 2;
 
@@ -178,6 +188,7 @@ pub struct Executor {
     registry: Arc<Registry>,
     config: ExecutorConfig,
     waits: TokenWaits,
+    apps: AppsAccess,
     /// The runs being driven, each with what wakes it.
     active: Active,
     /// Wakes the scan for new tasks.
@@ -189,6 +200,7 @@ pub struct Executor {
 impl Executor {
     pub fn new(store: Arc<dyn Store>, registry: Arc<Registry>, config: ExecutorConfig) -> Arc<Executor> {
         Arc::new(Executor {
+            apps: AppsAccess::new(store.clone()),
             store,
             registry,
             config,
@@ -232,6 +244,7 @@ impl Executor {
     /// Looks for tasks to run until `shutdown` is true; each found task is driven by a task of
     /// its own until it ends.
     pub async fn run(self: Arc<Executor>, mut shutdown: watch::Receiver<bool>) {
+        tokio::spawn(self.clone().renew_lease(shutdown.clone()));
         loop {
             match self.placed_here().await {
                 Ok(found) => {
@@ -262,29 +275,35 @@ impl Executor {
         }
     }
 
-    /// The placed tasks on this daemon's pools (Allocated or Running).
-    async fn placed_here(&self) -> Result<Vec<RunKey>, StoreError> {
-        let store = &*self.store;
-        let mut found = Vec::new();
-        for info in read_all(|page| store.apps(page)).await? {
-            if info.app.state.is_terminal() {
-                continue;
-            }
-            let placed = info.tasks.get(&TaskState::Allocated).copied().unwrap_or(0)
-                + info.tasks.get(&TaskState::Running).copied().unwrap_or(0);
-            if placed == 0 {
-                continue;
-            }
-            let app = info.app.spec.id.clone();
-            for task in read_all(|page| store.tasks(app.clone(), page)).await? {
-                let task = task.task;
-                let here = task.placement.as_ref().is_some_and(|p| self.config.pools.contains(&p.pool));
-                if here && matches!(task.state, TaskState::Allocated | TaskState::Running) {
-                    found.push(RunKey { app: app.clone(), task: task.spec.id.clone() });
+    /// Keeps this executor's lease while it runs: whoever schedules takes its pools as lost if
+    /// the lease lapses (the daemon died, or lost the store).
+    async fn renew_lease(self: Arc<Executor>, mut shutdown: watch::Receiver<bool>) {
+        let pools: Vec<PoolName> = self.config.pools.iter().cloned().collect();
+        let mut failing = false;
+        loop {
+            match self.store.renew_executor(&self.config.node, &pools, EXECUTOR_LEASE).await {
+                Ok(()) if failing => {
+                    failing = false;
+                    tracing::info!("the executor's lease is renewed again");
                 }
+                Ok(()) => {}
+                Err(err) if !failing => {
+                    failing = true;
+                    tracing::warn!(error = %err, "cannot renew the executor's lease");
+                }
+                Err(_) => {}
+            }
+            tokio::select! {
+                _ = tokio::time::sleep(RENEW_EVERY) => {}
+                _ = shutdown.wait_for(|stop| *stop) => return,
             }
         }
-        Ok(found)
+    }
+
+    /// The placed tasks on this daemon's pools (Allocated or Running).
+    async fn placed_here(&self) -> Result<Vec<RunKey>, StoreError> {
+        let found = self.apps.placed_on(&self.config.pools).await?;
+        Ok(found.into_iter().map(|(app, task)| RunKey { app, task }).collect())
     }
 
     /// Drives one run until its task ends (or the daemon stops: the run resumes at the next
@@ -315,26 +334,18 @@ impl Executor {
         };
         let mut streak = 0;
         // The application's parallelism: a run holds a slot while it is past waiting to begin.
-        let max_parallelism = match store.app(key.app.clone()).await {
-            Ok(info) => info.app.spec.policy.max_parallelism,
-            Err(StoreError::Sched(SchedError::AppNotFound(_))) => None,
-            Err(err) => return Err(err),
-        };
+        let max_parallelism = self.apps.max_parallelism(&key.app).await?;
         let parallelism = max_parallelism.map(|max| self.parallelism.of(&key.app, max));
         let mut slot: Option<OwnedSemaphorePermit> = None;
         // The task as last read: a task removed from outside is still aborted and finalized by
         // its plugin, which needs its spec.
-        let mut last: Option<Task> = None;
+        let mut last: Option<PlacedTask> = None;
         loop {
             if *shutdown.borrow() {
                 return Ok(());
             }
             // The task as the scheduler has it now: removed or ended from outside stops the run.
-            let task = match store.task(key.app.clone(), key.task.clone()).await {
-                Ok(info) => Some(info.task),
-                Err(StoreError::Sched(SchedError::TaskNotFound { .. } | SchedError::AppNotFound(_))) => None,
-                Err(err) => return Err(err),
-            };
+            let task = self.apps.task(&key.app, &key.task).await?;
             if let Some(task) = &task {
                 last = Some(task.clone());
             }
@@ -343,6 +354,26 @@ impl Executor {
                 Some(t) if t.state.is_terminal() => Some(format!("the task was ended from outside ({:?})", t.state)),
                 Some(_) => None,
             };
+            if let (Some(t), None) = (&task, &stopped) {
+                let here = t
+                    .placement
+                    .as_ref()
+                    .filter(|p| self.config.pools.contains(&p.pool))
+                    .filter(|_| matches!(t.state, TaskState::Allocated | TaskState::Running));
+                let Some(placement) = here else {
+                    // Waiting to be placed again, or placed elsewhere (its pool was taken as
+                    // lost): whoever runs it now takes the run over.
+                    tracing::info!(run = %key, "the task is not placed on this daemon's pools now: not run here");
+                    return Ok(());
+                };
+                let alloc = placement.uri();
+                if run.alloc.as_deref() != Some(alloc.as_str()) {
+                    if run.placement_lost(&alloc, self.config.retry, now_ms()) {
+                        tracing::warn!(run = %key, "placed again after its placement was lost: a new attempt");
+                    }
+                    store.put_run(key.app.clone(), key.task.clone(), run.clone()).await?;
+                }
+            }
             if let Some(reason) = &stopped {
                 if !matches!(run.next(), Next::Report(_)) {
                     run.abort(reason, now_ms());
@@ -374,10 +405,7 @@ impl Executor {
                         }
                     }
                     if task.state == TaskState::Allocated {
-                        match store.start_task(key.app.clone(), key.task.clone()).await {
-                            Ok(_) | Err(StoreError::Sched(SchedError::Illegal(_))) => {}
-                            Err(err) => return Err(err),
-                        }
+                        self.apps.start(&key.app, &key.task).await?;
                     }
                     let before = (run.phase, run.version);
                     self.round(key, &task, &mut run).await?;
@@ -416,11 +444,7 @@ impl Executor {
                             Ending::Failed(error) => Some(error.to_string()),
                             Ending::Aborted(reason) => Some(format!("aborted: {reason}")),
                         };
-                        match store.finish_task(key.app.clone(), key.task.clone(), failed).await {
-                            Ok(_) | Err(StoreError::Sched(SchedError::Illegal(_))) => {}
-                            Err(StoreError::Sched(SchedError::TaskNotFound { .. } | SchedError::AppNotFound(_))) => {}
-                            Err(err) => return Err(err),
-                        }
+                        self.apps.finish(&key.app, &key.task, failed).await?;
                     }
                     return Ok(());
                 }
@@ -429,7 +453,7 @@ impl Executor {
     }
 
     /// A round's context for `task`'s current attempt.
-    fn context(&self, key: &RunKey, task: Option<&Task>, run: &Run, plugin: &str, spec: &RunSpec) -> TaskContext {
+    fn context(&self, key: &RunKey, task: Option<&PlacedTask>, run: &Run, plugin: &str, spec: &RunSpec) -> TaskContext {
         let waker = self.waker_for();
         let tokens = Tokens::new(
             self.store.clone(),
@@ -467,7 +491,7 @@ impl Executor {
     }
 
     /// What the task's spec says of how to run it, and the plugin that runs it.
-    fn plugin_for(&self, task: &Task) -> Result<(RunSpec, Arc<dyn Plugin>), ExecError> {
+    fn plugin_for(&self, task: &PlacedTask) -> Result<(RunSpec, Arc<dyn Plugin>), ExecError> {
         let spec = run_spec(task)?;
         let plugin = self
             .registry
@@ -477,7 +501,7 @@ impl Executor {
     }
 
     /// One `handle` round, stored.
-    async fn round(&self, key: &RunKey, task: &Task, run: &mut Run) -> Result<(), StoreError> {
+    async fn round(&self, key: &RunKey, task: &PlacedTask, run: &mut Run) -> Result<(), StoreError> {
         let now = now_ms();
         let (spec, plugin) = match self.plugin_for(task) {
             Ok(found) => found,
@@ -543,7 +567,7 @@ impl Executor {
 
     /// Keeps a succeeded cacheable task's outputs in the catalog (the first kept stays, so a
     /// task that reused them, or a report repeated after a crash, changes nothing).
-    async fn keep_outputs(&self, key: &RunKey, task: Option<&Task>, run: &Run) -> Result<(), StoreError> {
+    async fn keep_outputs(&self, key: &RunKey, task: Option<&PlacedTask>, run: &Run) -> Result<(), StoreError> {
         let Some((spec, plugin)) = task.and_then(|t| self.plugin_for(t).ok()) else { return Ok(()) };
         let Some(cache_key) = spec.cache_key(&*plugin) else { return Ok(()) };
         let entry = allot_store::CachedOutputs {
@@ -559,10 +583,12 @@ impl Executor {
     async fn end_attempt(
         &self,
         key: &RunKey,
-        task: Option<&Task>,
+        task: Option<&PlacedTask>,
         run: &mut Run,
         abort: bool,
     ) -> Result<(), StoreError> {
+        // An attempt lost with its placement ran elsewhere: its plugin is not called here.
+        let task = task.filter(|_| !run.attempt_lost());
         if let Some((spec, plugin)) = task.and_then(|t| self.plugin_for(t).ok()) {
             let mut ctx = self.context(key, task, run, plugin.id(), &spec);
             if abort {

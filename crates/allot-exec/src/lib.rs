@@ -9,6 +9,7 @@
 //! The decisions over a run (phases, retries, events, abort then finalize) are pure, in
 //! `allot_core::exec`.
 
+pub mod apps;
 pub mod builtin;
 pub mod context;
 pub mod executor;
@@ -18,6 +19,6 @@ pub mod registry;
 pub use context::{
     Metadata, RoundOutput, RunKey, Secrets, SetupContext, TaskContext, TokenStatus, TokenWaits, Tokens, Waker,
 };
-pub use executor::{ExecStats, Executor, ExecutorConfig};
+pub use executor::{ExecStats, Executor, ExecutorConfig, EXECUTOR_LEASE};
 pub use plugin::{LoadResult, Plugin, PluginEntry, PluginLoader, PluginProperties};
 pub use registry::{Registry, RegistryError, ResolveError};

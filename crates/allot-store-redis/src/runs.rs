@@ -1,12 +1,14 @@
 //! The runs of tasks on Redis: one hash in the `{allot-runs}` slot, field `<app>/<task>`, the
 //! embedded store's record JSON-encoded. A run is written by the daemon that executes its task.
 //! The catalog of outputs kept for reuse is another hash there, field the cache key, written
-//! once (`HSETNX`).
+//! once (`HSETNX`). Executors' leases: a hash of node -> pools (JSON), and a key per node that
+//! lives while the executor renews it (`SET ... PX`).
 
 use allot_core::exec::Run;
+use allot_core::pool::PoolName;
 use allot_core::sched::{AppId, TaskId};
 use allot_store::records::runs::{CachedRecord, RunRecord};
-use allot_store::{CachedOutputs, RunStore, StoreError};
+use allot_store::{CachedOutputs, ExecutorLease, RunStore, StoreError};
 use async_trait::async_trait;
 use redis::Value;
 
@@ -15,6 +17,11 @@ use crate::{redis_error, RedisStore};
 
 const RUNS: &str = "allot:{allot-runs}:runs";
 const CATALOG: &str = "allot:{allot-runs}:catalog";
+const EXECUTORS: &str = "allot:{allot-runs}:executors";
+
+fn executor_key(node: &str) -> String {
+    format!("allot:{{allot-runs}}:executor:{node}")
+}
 
 fn field(app: &AppId, task: &TaskId) -> String {
     format!("{app}/{task}")
@@ -91,5 +98,42 @@ impl RunStore for RedisStore {
         let cmd = redis::cmd("HSETNX").arg(CATALOG).arg(key).arg(json).clone();
         self.inner.conn.query(&cmd).await.map_err(|e| redis_error(e, true))?;
         Ok(())
+    }
+
+    async fn renew_executor(&self, node: &str, pools: &[PoolName], ttl: std::time::Duration) -> Result<(), StoreError> {
+        self.live()?;
+        let names: Vec<&str> = pools.iter().map(PoolName::as_str).collect();
+        let json = serde_json::to_string(&names).expect("names encode");
+        // The pools first, then the lease: a lease is never live without its pools.
+        let pools = redis::cmd("HSET").arg(EXECUTORS).arg(node).arg(json).clone();
+        self.inner.conn.query(&pools).await.map_err(|e| redis_error(e, true))?;
+        let ms = ttl.as_millis().clamp(1, u128::from(u64::MAX)) as u64;
+        let lease = redis::cmd("SET").arg(executor_key(node)).arg(1).arg("PX").arg(ms).clone();
+        self.inner.conn.query(&lease).await.map_err(|e| redis_error(e, true))?;
+        Ok(())
+    }
+
+    async fn executors(&self) -> Result<Vec<ExecutorLease>, StoreError> {
+        let cmd = redis::cmd("HGETALL").arg(EXECUTORS).clone();
+        let Value::Array(items) = self.inner.conn.query(&cmd).await.map_err(|e| redis_error(e, false))? else {
+            return Err(corrupt("executors: not a list"));
+        };
+        let mut leases = Vec::with_capacity(items.len() / 2);
+        for pair in items.chunks(2) {
+            let [Value::BulkString(node), Value::BulkString(json)] = pair else {
+                return Err(corrupt("executors: not field and value"));
+            };
+            let node = String::from_utf8_lossy(node).into_owned();
+            let names: Vec<String> =
+                serde_json::from_slice(json).map_err(|e| corrupt(format!("executor `{node}`: {e}")))?;
+            let pools = names.iter().map(|n| PoolName::new(n).map_err(corrupt)).collect::<Result<_, _>>()?;
+            leases.push(ExecutorLease { node, pools, live: false });
+        }
+        for lease in &mut leases {
+            let cmd = redis::cmd("EXISTS").arg(executor_key(&lease.node)).clone();
+            let exists = self.inner.conn.query(&cmd).await.map_err(|e| redis_error(e, false))?;
+            lease.live = matches!(exists, Value::Int(n) if n > 0);
+        }
+        Ok(leases)
     }
 }

@@ -54,6 +54,8 @@ const STEPS_AT_ONCE: usize = 64;
 const MIRROR_MAX_AGE: Duration = Duration::from_secs(1);
 /// How often an idle scheduler reads the pools (to find those removed under its placements).
 const IDLE_LOOK: Duration = Duration::from_secs(2);
+/// How often the scheduler reads the executors' leases (a pool whose executors stopped is lost).
+const EXECUTORS_EVERY: Duration = Duration::from_secs(1);
 
 /// One step of carrying out an outcome in the pools and namespaces.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -134,6 +136,8 @@ struct Leader {
     unfinished: Vec<Step>,
     /// When the mirror was last read; `None` when it must be read before the next cycle.
     mirror_read: Option<Instant>,
+    /// When the executors' leases were last read.
+    executors_read: Option<Instant>,
 }
 
 /// The applications part of a Redis store: who schedules, and the scheduler if it is this daemon.
@@ -515,8 +519,15 @@ impl RedisStore {
         }
         self.write_app_records(holder, fencing, Some(""), &[]).await.map_err(deposed)?;
         let (pools, ledger) = self.read_mirror(&sched, &[]).await?;
-        let mut leader =
-            Leader { fencing, sched, pools, ledger, unfinished: Vec::new(), mirror_read: Some(Instant::now()) };
+        let mut leader = Leader {
+            fencing,
+            sched,
+            pools,
+            ledger,
+            unfinished: Vec::new(),
+            mirror_read: Some(Instant::now()),
+            executors_read: None,
+        };
         let mut outcome = pools_gone(&mut leader, self.now());
         let seeds = std::mem::take(&mut *self.inner.apps.seeds.lock().unwrap_or_else(|p| p.into_inner()));
         for (path, limits) in seeds {
@@ -534,6 +545,14 @@ impl RedisStore {
     /// wait before the next round.
     async fn round(&self, holder: &str, l: &mut Leader) -> Result<Duration, StoreError> {
         let now = self.now();
+        if l.executors_read.is_none_or(|at| at.elapsed() >= EXECUTORS_EVERY) {
+            let leases = allot_store::RunStore::executors(self).await?;
+            l.executors_read = Some(Instant::now());
+            let changed = executors_changed(l, &leases, now);
+            if !changed.is_empty() {
+                self.carry_out(holder, l, &changed).await.map_err(StoreError::from)?;
+            }
+        }
         let due = l.sched.next_deadline().is_some_and(|d| d <= now);
         // The mirror is read again at most every MIRROR_MAX_AGE while something waits: what the
         // scheduler changes it changes in the mirror too, and a placement the mirror allowed but
@@ -627,6 +646,33 @@ fn pools_gone(l: &mut Leader, now: Millis) -> Outcome {
         outcome.apps.extend(lost.apps);
         outcome.pools.extend(lost.pools);
         outcome.ledger.changes.extend(lost.ledger.changes);
+    }
+    outcome
+}
+
+/// Takes the pools of executors whose leases lapsed as lost (their placed tasks go back to
+/// waiting, to be placed elsewhere), unless a live executor runs them too; a lost pool that a live
+/// executor runs again is back.
+fn executors_changed(l: &mut Leader, leases: &[allot_store::ExecutorLease], now: Millis) -> Outcome {
+    let live: HashSet<&PoolName> = leases.iter().filter(|e| e.live).flat_map(|e| &e.pools).collect();
+    let back: Vec<PoolName> = l.sched.down_pools().iter().filter(|p| live.contains(p)).cloned().collect();
+    for pool in back {
+        tracing::info!(%pool, "an executor runs this pool again: it takes placements");
+        l.sched.pool_back(&pool);
+    }
+    let mut outcome = Outcome::default();
+    for lease in leases.iter().filter(|e| !e.live) {
+        for pool in &lease.pools {
+            if live.contains(pool) || l.sched.down_pools().contains(pool) {
+                continue;
+            }
+            let reason = format!("the daemon that runs pool `{pool}` ({}) stopped", lease.node);
+            tracing::warn!(%pool, node = %lease.node, "the executor of this pool stopped: its tasks are placed again");
+            let lost = l.sched.pool_lost(pool, &reason, now, &mut World { pools: &mut l.pools, ledger: &mut l.ledger });
+            outcome.apps.extend(lost.apps);
+            outcome.pools.extend(lost.pools);
+            outcome.ledger.changes.extend(lost.ledger.changes);
+        }
     }
     outcome
 }

@@ -38,7 +38,7 @@ use async_trait::async_trait;
 
 pub use apps::{AppInfo, AppStore, AppsHome, TaskInfo};
 pub use embedded::{EmbeddedConfig, EmbeddedStore};
-pub use runs::{CachedOutputs, RunChange, RunStore};
+pub use runs::{CachedOutputs, ExecutorLease, RunChange, RunStore};
 
 /// The longest an allocate call may wait for room.
 pub const MAX_WAIT: Duration = Duration::from_secs(300);

@@ -1,7 +1,10 @@
 //! The runs part of a backend: each placed task's run by its plugin (`allot_core::exec::Run`),
 //! kept so that an executor that restarts resumes every task where it was.
 
+use std::time::Duration;
+
 use allot_core::exec::Run;
+use allot_core::pool::PoolName;
 use allot_core::sched::{AppId, TaskId};
 use allot_core::Millis;
 use async_trait::async_trait;
@@ -19,6 +22,17 @@ pub struct CachedOutputs {
     pub app: AppId,
     pub task: TaskId,
     pub at: Millis,
+}
+
+/// A daemon's executor and the pools whose tasks it runs, as its lease says: `live` while it
+/// renews the lease. Whoever schedules takes the pools of executors that stopped as lost
+/// (`Scheduler::pool_lost`), unless a live executor runs them too.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ExecutorLease {
+    /// The daemon, by the URL others reach it at.
+    pub node: String,
+    pub pools: Vec<PoolName>,
+    pub live: bool,
 }
 
 /// A change of the kept runs, in the order it was made.
@@ -43,4 +57,8 @@ pub trait RunStore {
     async fn cached_outputs(&self, key: &str) -> Result<Option<CachedOutputs>, StoreError>;
     /// Keeps outputs under a cache key; the first kept stays (a later put is a no-op).
     async fn put_cached_outputs(&self, key: String, entry: CachedOutputs) -> Result<(), StoreError>;
+    /// Renews (or takes) the lease of `node`'s executor, running `pools`, for `ttl`.
+    async fn renew_executor(&self, node: &str, pools: &[PoolName], ttl: Duration) -> Result<(), StoreError>;
+    /// Every executor that ever took a lease, live or not, by node.
+    async fn executors(&self) -> Result<Vec<ExecutorLease>, StoreError>;
 }

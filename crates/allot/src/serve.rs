@@ -579,6 +579,11 @@ pub(crate) async fn run(args: ServeArgs) -> anyhow::Result<()> {
             Arc::new(store)
         }
     };
+    // This daemon's executor is named by the URL others reach it at.
+    let node = match &args.advertise {
+        Some(url) => url.trim_end_matches('/').to_owned(),
+        None => format!("http://{address}"),
+    };
     for (name, quota) in &config.quotas {
         let (created, view) = store
             .seed_namespace(name.clone(), *quota)
@@ -629,7 +634,7 @@ pub(crate) async fn run(args: ServeArgs) -> anyhow::Result<()> {
         allot_server::AppState::new(store.clone()).with_max_wait(config.max_wait).with_metrics(config.metrics);
     let (stop_executor, executor_stopped) = tokio::sync::watch::channel(false);
     if !config.run_pools.is_empty() {
-        let executor = start_executor(&store, &config.run_pools, &config.data_dir, &config.plugins).await?;
+        let executor = start_executor(&store, &config.run_pools, &config.data_dir, &config.plugins, node).await?;
         state = state.with_executor(executor.clone());
         tokio::spawn(executor.run(executor_stopped));
     }
@@ -670,6 +675,7 @@ async fn start_executor(
     pools: &[PoolName],
     data_dir: &Path,
     plugins: &Plugins,
+    node: String,
 ) -> anyhow::Result<Arc<allot_exec::Executor>> {
     use allot_exec::{builtin, Executor, ExecutorConfig, Registry, Secrets, SetupContext, Waker};
 
@@ -692,6 +698,7 @@ async fn start_executor(
     .context("cannot load the task plugins")?;
     let mut config = ExecutorConfig::new(pools.iter().cloned().collect(), data_dir.join("tasks"));
     config.secrets = secrets;
+    config.node = node;
     let made = Executor::new(store.clone(), Arc::new(registry), config);
     let _ = executor.set(made.clone());
     tracing::info!(pools = ?pools, "running the tasks placed on these pools");

@@ -996,7 +996,8 @@ impl Scheduler {
             .collect();
         for (app, task, gang) in placed {
             if gang {
-                let _ = self.end_task(&app, &task, TaskEvent::Fail, Some(reason.to_owned()), now, world, &mut out, true);
+                let _ =
+                    self.end_task(&app, &task, TaskEvent::Fail, Some(reason.to_owned()), now, world, &mut out, true);
             } else {
                 let _ = self.requeue(&app, &task, reason, now, world, &mut out);
             }

@@ -20,6 +20,7 @@ pub fn sample_run() -> Run {
     let failure = Transition::ephemeral(PhaseInfo::retryable(error));
     run.after_round(Ok((failure, StateWrite::Unchanged)), RetryPolicy { user_attempts: 3, system_retries: 0 }, 1_002);
     run.outputs = Some(r#"{"rows":3}"#.to_owned());
+    run.alloc = Some("worker-1/00000000000000a1".to_owned());
     run
 }
 
@@ -59,4 +60,15 @@ pub async fn run_runs(store: Arc<dyn Store>) {
     let later = crate::CachedOutputs { outputs: r#"{"n":2}"#.into(), app, task: TaskId::new("t1").unwrap(), at: 9 };
     store.put_cached_outputs(key.clone(), later).await.unwrap();
     assert_eq!(store.cached_outputs(&key).await.unwrap(), Some(first), "the first kept stays");
+    // Executors' leases: live while renewed, kept (not live) after, with their pools.
+    let pools = [allot_core::pool::PoolName::new("conformance-w1").unwrap()];
+    let node = "http://conformance-node";
+    store.renew_executor(node, &pools, std::time::Duration::from_millis(300)).await.unwrap();
+    let lease = |leases: Vec<crate::ExecutorLease>| leases.into_iter().find(|l| l.node == node).unwrap();
+    let live = lease(store.executors().await.unwrap());
+    assert_eq!((live.live, live.pools.as_slice()), (true, pools.as_slice()));
+    tokio::time::sleep(std::time::Duration::from_millis(450)).await;
+    assert!(!lease(store.executors().await.unwrap()).live, "lapsed");
+    store.renew_executor(node, &pools, std::time::Duration::from_secs(5)).await.unwrap();
+    assert!(lease(store.executors().await.unwrap()).live, "renewed");
 }

@@ -2,8 +2,10 @@
 //! written through the same group commit as everything else.
 
 use std::collections::BTreeMap;
+use std::time::{Duration, Instant};
 
 use allot_core::exec::Run;
+use allot_core::pool::PoolName;
 use allot_core::sched::{AppId, TaskId};
 use async_trait::async_trait;
 use redb::{ReadTransaction, ReadableTable, WriteTransaction};
@@ -11,13 +13,16 @@ use redb::{ReadTransaction, ReadableTable, WriteTransaction};
 use super::{durable, EmbeddedStore, OpenError};
 use crate::records::runs::{CachedRecord, RunRecord, CATALOG, RUNS};
 use crate::records::{decode, encode};
-use crate::runs::{CachedOutputs, RunChange, RunStore};
+use crate::runs::{CachedOutputs, ExecutorLease, RunChange, RunStore};
 use crate::StoreError;
 
 #[derive(Debug, Default)]
 pub(super) struct Runs {
     runs: BTreeMap<(AppId, TaskId), Run>,
     catalog: BTreeMap<String, CachedOutputs>,
+    /// Executors' leases, by node: in memory only (one daemon uses an embedded store, and its
+    /// executor lives and dies with it).
+    executors: BTreeMap<String, (Vec<PoolName>, Instant)>,
 }
 
 pub(super) fn load(txn: &ReadTransaction) -> Result<Runs, OpenError> {
@@ -27,7 +32,7 @@ pub(super) fn load(txn: &ReadTransaction) -> Result<Runs, OpenError> {
         let (key, value) = entry.map_err(|e| read_err(e.into()))?;
         let (app, task) = key.value();
         let name = format!("{app}/{task}");
-        let record: RunRecord = decode("runs", &name, value.value())?;
+        let record: RunRecord = crate::records::decode_grown("runs", &name, value.value(), 1)?;
         let corrupt = |reason: String| crate::records::CorruptRecord { table: "runs", key: name.clone(), reason };
         let app = AppId::new(app).map_err(|e| corrupt(e.to_string()))?;
         let task = TaskId::new(task).map_err(|e| corrupt(e.to_string()))?;
@@ -117,5 +122,28 @@ impl RunStore for EmbeddedStore {
 
     async fn put_cached_outputs(&self, key: String, entry: CachedOutputs) -> Result<(), StoreError> {
         self.change_runs(RunChange::Cached { key, entry }).await
+    }
+
+    async fn renew_executor(&self, node: &str, pools: &[PoolName], ttl: Duration) -> Result<(), StoreError> {
+        let mut state = self.lock();
+        state.usable(&self.shared)?;
+        state.runs.executors.insert(node.to_owned(), (pools.to_vec(), Instant::now() + ttl));
+        Ok(())
+    }
+
+    async fn executors(&self) -> Result<Vec<ExecutorLease>, StoreError> {
+        self.read_state(|state, _| {
+            let now = Instant::now();
+            Ok(state
+                .runs
+                .executors
+                .iter()
+                .map(|(node, (pools, until))| ExecutorLease {
+                    node: node.clone(),
+                    pools: pools.clone(),
+                    live: *until > now,
+                })
+                .collect())
+        })
     }
 }

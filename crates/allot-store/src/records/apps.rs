@@ -349,14 +349,9 @@ impl TaskRecord {
     }
 }
 
-/// Decodes an application record (postcard); one written before `max_parallelism` existed lacks
-/// its last field, and reads as if it were absent (an `Option`'s `None` is one zero byte).
+/// Decodes an application record, one written before `max_parallelism` too.
 pub fn decode_app(key: &str, bytes: &[u8]) -> Result<AppRecord, CorruptRecord> {
-    super::decode::<AppRecord>("apps", key, bytes).or_else(|err| {
-        let mut older = bytes.to_vec();
-        older.push(0);
-        super::decode::<AppRecord>("apps", key, &older).map_err(|_| err)
-    })
+    super::decode_grown("apps", key, bytes, 1)
 }
 
 #[cfg(test)]

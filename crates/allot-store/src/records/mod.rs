@@ -87,6 +87,26 @@ pub fn decode<'a, T: Deserialize<'a>>(table: &'static str, key: &str, bytes: &'a
     postcard::from_bytes(bytes).map_err(|err| CorruptRecord { table, key: key.to_owned(), reason: err.to_string() })
 }
 
+/// Decodes a record whose type gained `added` optional fields at its end since the format
+/// began: one written before ends where they start, and reads as if they were absent (an
+/// `Option`'s `None` is one zero byte in postcard).
+pub fn decode_grown<T: serde::de::DeserializeOwned>(
+    table: &'static str,
+    key: &str,
+    bytes: &[u8],
+    added: usize,
+) -> Result<T, CorruptRecord> {
+    decode::<T>(table, key, bytes).or_else(|err| {
+        (1..=added)
+            .find_map(|missing| {
+                let mut older = bytes.to_vec();
+                older.resize(bytes.len() + missing, 0);
+                decode::<T>(table, key, &older).ok()
+            })
+            .ok_or(err)
+    })
+}
+
 impl GrantRecord {
     pub fn from_grant(grant: &Grant) -> GrantRecord {
         GrantRecord {

@@ -103,6 +103,9 @@ pub struct RunRecord {
     pub tokens: Vec<(String, String)>,
     pub started: u64,
     pub outputs: Option<String>,
+    /// Added after the format began (see [`crate::records::decode_grown`]).
+    #[serde(default)]
+    pub alloc: Option<String>,
 }
 
 fn error_record(e: &ExecError) -> ErrorRecord {
@@ -201,6 +204,7 @@ impl RunRecord {
             tokens: run.tokens.iter().map(|t| (t.namespace.to_string(), t.token.to_string())).collect(),
             started: run.started,
             outputs: run.outputs.clone(),
+            alloc: run.alloc.clone(),
         }
     }
 
@@ -261,6 +265,7 @@ impl RunRecord {
                     .collect::<Result<_, String>>()?,
                 started: self.started,
                 outputs: self.outputs,
+                alloc: self.alloc,
             })
         };
         convert().map_err(corrupt)

@@ -11,6 +11,7 @@ mod gangs;
 mod pages;
 mod redis;
 mod redis_apps;
+mod redis_exec;
 mod sched_crash;
 mod sources;
 mod support;
