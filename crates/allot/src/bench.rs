@@ -333,6 +333,10 @@ struct AppsBenchArgs {
     /// embedded one. The target is the embedded store's.
     #[arg(long)]
     redis: bool,
+    /// The daemon also runs the tasks (`noop`, with its executor on every pool): the clock stops
+    /// when every task is Completed, not Allocated. The target is then 10,000 tasks/s.
+    #[arg(long)]
+    run: bool,
     #[command(flatten)]
     output: OutputOpts,
 }
