@@ -5,7 +5,8 @@
 //! A run's steps (decided by `allot_core::exec::Run`):
 //! - `handle` rounds: a Barrier transition is stored before it is acted on, and a round run again
 //!   after a crash takes the stored one instead of calling the plugin; the state a round writes
-//!   is stored whatever the phase; between rounds the run waits to be woken (a token granted, a
+//!   is stored whatever the phase (a round that ends its attempt is stored with the ending);
+//!   between rounds the run waits to be woken (a token granted, a
 //!   plugin's own timer or callback), or [`ExecutorConfig::pause`] at most;
 //! - an attempt that ends is aborted (if it failed or was stopped), then finalized, then the
 //!   tokens it took are released: on every path;
@@ -324,13 +325,10 @@ impl Executor {
         shutdown: &mut watch::Receiver<bool>,
     ) -> Result<(), StoreError> {
         let store = &*self.store;
+        // A new run is first stored with the placement it runs on (below).
         let mut run = match store.run(key.app.clone(), key.task.clone()).await? {
             Some(run) => run,
-            None => {
-                let run = Run::new(now_ms());
-                store.put_run(key.app.clone(), key.task.clone(), run.clone()).await?;
-                run
-            }
+            None => Run::new(now_ms()),
         };
         let mut streak = 0;
         // The application's parallelism: a run holds a slot while it is past waiting to begin.
@@ -404,11 +402,13 @@ impl Executor {
                             }
                         }
                     }
-                    if task.state == TaskState::Allocated {
-                        self.apps.start(&key.app, &key.task).await?;
-                    }
                     let before = (run.phase, run.version);
                     self.round(key, &task, &mut run).await?;
+                    // Reported running once a round leaves it running: a task whose first round
+                    // ends it goes from Allocated to its end in one report.
+                    if task.state == TaskState::Allocated && run.next() == Next::Handle {
+                        self.apps.start(&key.app, &key.task).await?;
+                    }
                     if run.phase.waits() || run.next() != Next::Handle {
                         // Waiting to begin (for a token) does not count against the parallelism.
                         slot = None;
@@ -509,7 +509,7 @@ impl Executor {
                 // A task no plugin can run fails for good.
                 let failed = Transition::ephemeral(PhaseInfo::permanent(error));
                 run.after_round(Ok((failed, StateWrite::Unchanged)), self.config.retry, now);
-                return self.store.put_run(key.app.clone(), key.task.clone(), run.clone()).await;
+                return self.store_round(key, run).await;
             }
         };
         self.stats.rounds.fetch_add(1, Ordering::Relaxed);
@@ -523,7 +523,7 @@ impl Executor {
                     run.outputs = Some(cached.outputs);
                     let hit = Transition::ephemeral(PhaseInfo::success(reason));
                     run.after_round(Ok((hit, StateWrite::Unchanged)), self.config.retry, now);
-                    return self.store.put_run(key.app.clone(), key.task.clone(), run.clone()).await;
+                    return self.store_round(key, run).await;
                 }
                 None => {
                     self.stats.cache_misses.fetch_add(1, Ordering::Relaxed);
@@ -562,7 +562,17 @@ impl Executor {
             }
         };
         run.after_round(result, self.config.retry, now_ms());
-        self.store.put_run(key.app.clone(), key.task.clone(), run.clone()).await
+        self.store_round(key, run).await
+    }
+
+    /// Stores a run after a round; a round that ends its attempt is stored with the ending (one
+    /// write less: a crash before it replays the round, which `handle` allows).
+    async fn store_round(&self, key: &RunKey, run: &Run) -> Result<(), StoreError> {
+        if run.next() == Next::Handle {
+            self.store.put_run(key.app.clone(), key.task.clone(), run.clone()).await
+        } else {
+            Ok(())
+        }
     }
 
     /// Keeps a succeeded cacheable task's outputs in the catalog (the first kept stays, so a

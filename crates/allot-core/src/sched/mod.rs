@@ -932,9 +932,10 @@ impl Scheduler {
     /// released, and it is Completed after the grace (unless a task is added meanwhile).
     fn settle(&mut self, app_id: &AppId, now: Millis, world: &mut World<'_>, out: &mut Outcome) {
         let Some(app) = self.apps.get(app_id) else { return };
-        let tasks = self.tasks.get(app_id);
-        let has_tasks = tasks.is_some_and(|t| !t.is_empty());
-        let all_ended = tasks.is_none_or(|t| t.values().all(|t| t.state.is_terminal()));
+        // From the counts by state, kept with every change: not a walk over the tasks.
+        let counts = self.counts.get(app_id);
+        let has_tasks = counts.is_some_and(|c| c.values().any(|n| *n > 0));
+        let all_ended = counts.is_none_or(|c| c.iter().all(|(state, n)| *n == 0 || state.is_terminal()));
         let live =
             matches!(app.state, AppState::Accepted | AppState::Reserving | AppState::Running | AppState::Resuming);
         if !(has_tasks && all_ended && live) {
