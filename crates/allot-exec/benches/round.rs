@@ -48,13 +48,27 @@ impl Plugin for Poll {
 }
 
 /// One round, as the executor makes it, on `run`.
-async fn round(registry: &Registry, store: &Arc<dyn Store>, waits: &TokenWaits, key: &RunKey, spec: &str, run: &mut Run) {
+async fn round(
+    registry: &Registry,
+    store: &Arc<dyn Store>,
+    waits: &TokenWaits,
+    key: &RunKey,
+    spec: &str,
+    run: &mut Run,
+) {
     let spec: serde_json::Value = serde_json::from_str(spec).unwrap();
     let task_type = spec["type"].as_str().unwrap();
     let plugin = registry.resolve(task_type, None).unwrap();
     let waker = Waker::new(|_| {});
-    let tokens =
-        Tokens::new(store.clone(), plugin.id(), key.clone(), run.attempt, waits.clone(), waker.clone(), run.tokens.clone());
+    let tokens = Tokens::new(
+        store.clone(),
+        plugin.id(),
+        key.clone(),
+        run.attempt,
+        waits.clone(),
+        waker.clone(),
+        run.tokens.clone(),
+    );
     let mut ctx = TaskContext::new(key.clone(), run.attempt, task_type, tokens, run.state.clone(), waker);
     ctx.inputs = spec.get("inputs").cloned().unwrap_or_default();
     ctx.spec = spec;
@@ -71,8 +85,9 @@ async fn round(registry: &Registry, store: &Arc<dyn Store>, waits: &TokenWaits, 
 fn rounds(c: &mut Criterion) {
     let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
     let dir = tempfile::tempdir().unwrap();
-    let store: Arc<dyn Store> =
-        Arc::new(EmbeddedStore::open(&EmbeddedConfig { data_dir: dir.path().join("data") }).unwrap());
+    let store: Arc<dyn Store> = runtime.block_on(async {
+        Arc::new(EmbeddedStore::open(&EmbeddedConfig { data_dir: dir.path().join("data") }).unwrap()) as Arc<dyn Store>
+    });
     let mut entries = builtin::entries();
     entries.push(PluginEntry::new("poll", &["poll"], false, |_| async { Ok(Arc::new(Poll) as Arc<dyn Plugin>) }));
     let registry = runtime

@@ -210,8 +210,11 @@ impl AppsAccess {
                     }
                     let app = info.app.spec.id.clone();
                     for task in read_all(|page| store.tasks(app.clone(), page)).await? {
-                        if placed_here(&PlacedTask::from(&task.task)) {
-                            found.push((app.clone(), task.task.spec.id.clone()));
+                        let task = &task.task;
+                        let here = matches!(task.state, TaskState::Allocated | TaskState::Running)
+                            && task.placement.as_ref().is_some_and(|p| pools.contains(&p.pool));
+                        if here {
+                            found.push((app.clone(), task.spec.id.clone()));
                         }
                     }
                 }
