@@ -307,6 +307,10 @@ pub enum Next {
     Report(Ending),
 }
 
+/// The most events a run keeps of those its plugin reports ([`Run::note`]); phase changes are
+/// always kept.
+pub const MAX_EVENTS: usize = 1_000;
+
 /// The error code of an attempt lost with its placement.
 pub const PLACEMENT_LOST: &str = "placement_lost";
 
@@ -453,6 +457,22 @@ impl Run {
         };
         self.end_attempt(false, then);
         true
+    }
+
+    /// Records an event the plugin reported in a round (progress, something it saw) in the
+    /// timeline, under the current phase and version; at most [`MAX_EVENTS`] events are kept.
+    pub fn note(&mut self, reason: &str, now: Millis) {
+        if self.events.len() < MAX_EVENTS {
+            self.events.push(Event {
+                attempt: self.attempt,
+                phase: self.phase,
+                version: self.version,
+                reason: reason.to_owned(),
+                logs: Vec::new(),
+                error: None,
+                at: now,
+            });
+        }
     }
 
     /// Whether the current attempt was lost with its placement (see [`Run::placement_lost`]):

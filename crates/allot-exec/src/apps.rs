@@ -19,6 +19,15 @@ pub struct PlacedTask {
     pub spec: String,
 }
 
+/// What a run needs of its application.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct AppMeta {
+    pub queue: String,
+    pub user: String,
+    pub labels: std::collections::BTreeMap<String, String>,
+    pub max_parallelism: Option<u32>,
+}
+
 /// Where a task is placed.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct TaskPlacement {
@@ -141,17 +150,30 @@ impl AppsAccess {
         }
     }
 
-    /// The application's `max_parallelism` (`None` if it has none, or it is gone).
-    pub(crate) async fn max_parallelism(&self, app: &AppId) -> Result<Option<u32>, StoreError> {
+    /// What a run needs of its application (default if it is gone).
+    pub(crate) async fn app_meta(&self, app: &AppId) -> Result<AppMeta, StoreError> {
         let found = match self.home()? {
-            Home::Here => self.store.app(app.clone()).await.map(|info| info.app.spec.policy.max_parallelism),
+            Home::Here => self.store.app(app.clone()).await.map(|info| {
+                let spec = info.app.spec;
+                AppMeta {
+                    queue: spec.queue.to_string(),
+                    user: spec.user,
+                    labels: spec.tags,
+                    max_parallelism: spec.policy.max_parallelism,
+                }
+            }),
             Home::At(client) => match client.app(app.as_str()).await {
-                Ok(wire) => Ok(wire.policy.max_parallelism.map(|n| u32::try_from(n).unwrap_or(u32::MAX))),
+                Ok(wire) => Ok(AppMeta {
+                    queue: wire.queue,
+                    user: wire.user,
+                    labels: wire.tags,
+                    max_parallelism: wire.policy.max_parallelism.map(|n| u32::try_from(n).unwrap_or(u32::MAX)),
+                }),
                 Err(err) => Err(client_error(err)),
             },
         };
         match found {
-            Err(err) if is_gone(&err) => Ok(None),
+            Err(err) if is_gone(&err) => Ok(AppMeta::default()),
             other => other,
         }
     }

@@ -69,6 +69,37 @@ fn store_error(err: StoreError) -> ExecError {
     ExecError::system("store", err.to_string())
 }
 
+/// Counters plugins keep, by plugin and name; the daemon exports them at /metrics
+/// (`allot_plugin_counter_total{plugin, counter}`).
+#[derive(Debug, Clone, Default)]
+pub struct PluginCounters(Arc<Mutex<BTreeMap<(String, String), u64>>>);
+
+impl PluginCounters {
+    /// Every counter: (plugin, name) and its value.
+    pub fn snapshot(&self) -> Vec<((String, String), u64)> {
+        self.0.lock().unwrap_or_else(|p| p.into_inner()).iter().map(|(k, v)| (k.clone(), *v)).collect()
+    }
+}
+
+/// A plugin's metrics scope [Flyte `MetricsScope`]: counters named under the plugin.
+#[derive(Debug, Clone)]
+pub struct MetricsScope {
+    plugin: String,
+    counters: PluginCounters,
+}
+
+impl MetricsScope {
+    /// Adds `n` to the plugin's counter `name`.
+    pub fn add(&self, name: &str, n: u64) {
+        let mut counters = self.counters.0.lock().unwrap_or_else(|p| p.into_inner());
+        *counters.entry((self.plugin.clone(), name.to_owned())).or_default() += n;
+    }
+
+    pub fn inc(&self, name: &str) {
+        self.add(name, 1);
+    }
+}
+
 /// What a plugin gets at start [Flyte `SetupContext`].
 #[derive(Clone)]
 pub struct SetupContext {
@@ -76,11 +107,23 @@ pub struct SetupContext {
     pub(crate) store: Arc<dyn Store>,
     pub(crate) secrets: Secrets,
     pub(crate) waker: Waker,
+    pub(crate) counters: PluginCounters,
 }
 
 impl SetupContext {
     pub fn new(plugin: &str, store: Arc<dyn Store>, secrets: Secrets, waker: Waker) -> SetupContext {
-        SetupContext { plugin: plugin.to_owned(), store, secrets, waker }
+        SetupContext { plugin: plugin.to_owned(), store, secrets, waker, counters: PluginCounters::default() }
+    }
+
+    /// The same, its metrics kept in `counters` (shared with the daemon's /metrics).
+    #[must_use]
+    pub fn with_counters(self, counters: PluginCounters) -> SetupContext {
+        SetupContext { counters, ..self }
+    }
+
+    /// The plugin's metrics scope.
+    pub fn metrics(&self) -> MetricsScope {
+        MetricsScope { plugin: self.plugin.clone(), counters: self.counters.clone() }
     }
 
     /// Registers a token quota of this plugin [Flyte `ResourceRegistrar`]: the namespace
@@ -299,6 +342,10 @@ pub struct Metadata {
     pub user: String,
     /// The application's tags.
     pub labels: BTreeMap<String, String>,
+    /// The task's `annotations` (its spec's): notes for plugins and tools.
+    pub annotations: BTreeMap<String, String>,
+    /// The task's `overrides` (its spec's): settings a plugin takes over its defaults.
+    pub overrides: serde_json::Value,
     /// Where it was placed: `pool/alloc`, and the alloc's resources.
     pub alloc: String,
     pub resources: String,
@@ -324,6 +371,7 @@ pub struct TaskContext {
     pub(crate) write: StateWrite,
     pub(crate) outputs: Option<serde_json::Value>,
     pub(crate) waker: Waker,
+    pub(crate) events: Vec<String>,
 }
 
 /// What a round leaves for the executor to store.
@@ -332,6 +380,8 @@ pub struct RoundOutput {
     pub write: StateWrite,
     pub outputs: Option<serde_json::Value>,
     pub taken: Vec<TakenToken>,
+    /// Events the plugin recorded, in order.
+    pub events: Vec<String>,
 }
 
 impl TaskContext {
@@ -360,12 +410,13 @@ impl TaskContext {
             write: StateWrite::Unchanged,
             outputs: None,
             waker,
+            events: Vec::new(),
         }
     }
 
     /// Ends the round: what it wrote of the state, its outputs, and the tokens the attempt holds.
     pub fn finish(self) -> RoundOutput {
-        RoundOutput { write: self.write, outputs: self.outputs, taken: self.tokens.taken }
+        RoundOutput { write: self.write, outputs: self.outputs, taken: self.tokens.taken, events: self.events }
     }
 
     /// The plugin's state as the last round left it, if any [Flyte `PluginStateReader`].
@@ -409,6 +460,12 @@ impl TaskContext {
         }
         self.outputs = Some(outputs);
         Ok(())
+    }
+
+    /// Records an event in the task's timeline (progress, something the plugin saw), under the
+    /// phase the round answers [Flyte `EventsRecorder`].
+    pub fn record_event(&mut self, reason: impl Into<String>) {
+        self.events.push(reason.into());
     }
 
     /// Wakes this task's run later, from outside the round (a callback arrived).

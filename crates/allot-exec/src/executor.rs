@@ -30,7 +30,7 @@ use allot_core::sched::AppId;
 use allot_store::{Store, StoreError};
 use tokio::sync::{watch, Notify, OwnedSemaphorePermit, Semaphore};
 
-use crate::apps::{AppsAccess, PlacedTask};
+use crate::apps::{AppMeta, AppsAccess, PlacedTask};
 use crate::context::{release, Metadata, RunKey, Secrets, TaskContext, TokenWaits, Tokens, Waker};
 use crate::plugin::Plugin;
 use crate::registry::Registry;
@@ -51,6 +51,8 @@ pub struct ExecutorConfig {
     pub secrets: Secrets,
     /// This daemon, by the URL others reach it at: the name of its executor's lease.
     pub node: String,
+    /// The plugins' counters (give the same to their `SetupContext`s).
+    pub counters: crate::context::PluginCounters,
 }
 
 impl ExecutorConfig {
@@ -65,6 +67,7 @@ impl ExecutorConfig {
             scan: Duration::from_millis(200),
             secrets: Secrets::default(),
             node: "local".to_owned(),
+            counters: crate::context::PluginCounters::default(),
         }
     }
 }
@@ -237,6 +240,11 @@ impl Executor {
         &self.stats
     }
 
+    /// The plugins' counters.
+    pub fn plugin_counters(&self) -> &crate::context::PluginCounters {
+        &self.config.counters
+    }
+
     /// How many runs are being driven now.
     pub fn active(&self) -> usize {
         self.active.lock().unwrap_or_else(|p| p.into_inner()).len()
@@ -332,7 +340,8 @@ impl Executor {
         };
         let mut streak = 0;
         // The application's parallelism: a run holds a slot while it is past waiting to begin.
-        let max_parallelism = self.apps.max_parallelism(&key.app).await?;
+        let meta = self.apps.app_meta(&key.app).await?;
+        let max_parallelism = meta.max_parallelism;
         let parallelism = max_parallelism.map(|max| self.parallelism.of(&key.app, max));
         let mut slot: Option<OwnedSemaphorePermit> = None;
         // The task as last read: a task removed from outside is still aborted and finalized by
@@ -403,7 +412,7 @@ impl Executor {
                         }
                     }
                     let before = (run.phase, run.version);
-                    self.round(key, &task, &mut run).await?;
+                    self.round(key, &meta, &task, &mut run).await?;
                     // Reported running once a round leaves it running: a task whose first round
                     // ends it goes from Allocated to its end in one report.
                     if task.state == TaskState::Allocated && run.next() == Next::Handle {
@@ -426,7 +435,7 @@ impl Executor {
                     }
                 }
                 Next::EndAttempt { abort } => {
-                    self.end_attempt(key, task.as_ref().or(last.as_ref()), &mut run, abort).await?;
+                    self.end_attempt(key, &meta, task.as_ref().or(last.as_ref()), &mut run, abort).await?;
                 }
                 Next::Report(ending) => {
                     let counter = match &ending {
@@ -453,7 +462,15 @@ impl Executor {
     }
 
     /// A round's context for `task`'s current attempt.
-    fn context(&self, key: &RunKey, task: Option<&PlacedTask>, run: &Run, plugin: &str, spec: &RunSpec) -> TaskContext {
+    fn context(
+        &self,
+        key: &RunKey,
+        meta: &AppMeta,
+        task: Option<&PlacedTask>,
+        run: &Run,
+        plugin: &str,
+        spec: &RunSpec,
+    ) -> TaskContext {
         let waker = self.waker_for();
         let tokens = Tokens::new(
             self.store.clone(),
@@ -470,13 +487,23 @@ impl Executor {
         ctx.dir = self.config.data_dir.join(key.app.as_str()).join(key.task.as_str());
         ctx.max_output_bytes = self.config.max_output_bytes;
         ctx.secrets = self.config.secrets.clone();
-        if let Some(placement) = task.and_then(|t| t.placement.as_ref()) {
-            ctx.metadata = Metadata {
-                alloc: format!("{}/{}", placement.pool, placement.alloc),
-                resources: placement.resources.to_string(),
-                ..Metadata::default()
-            };
-        }
+        let placement = task.and_then(|t| t.placement.as_ref());
+        let text = |value: &serde_json::Value| value.as_str().map_or_else(|| value.to_string(), str::to_owned);
+        ctx.metadata = Metadata {
+            queue: meta.queue.clone(),
+            user: meta.user.clone(),
+            labels: meta.labels.clone(),
+            annotations: spec
+                .spec
+                .get("annotations")
+                .and_then(|a| a.as_object())
+                .map(|a| a.iter().map(|(k, v)| (k.clone(), text(v))).collect())
+                .unwrap_or_default(),
+            overrides: spec.spec.get("overrides").cloned().unwrap_or_default(),
+            alloc: placement.map(|p| p.uri()).unwrap_or_default(),
+            resources: placement.map(|p| p.resources.clone()).unwrap_or_default(),
+            interruptible: spec.spec.get("interruptible").and_then(|i| i.as_bool()).unwrap_or(false),
+        };
         ctx
     }
 
@@ -501,7 +528,7 @@ impl Executor {
     }
 
     /// One `handle` round, stored.
-    async fn round(&self, key: &RunKey, task: &PlacedTask, run: &mut Run) -> Result<(), StoreError> {
+    async fn round(&self, key: &RunKey, meta: &AppMeta, task: &PlacedTask, run: &mut Run) -> Result<(), StoreError> {
         let now = now_ms();
         let (spec, plugin) = match self.plugin_for(task) {
             Ok(found) => found,
@@ -535,9 +562,12 @@ impl Executor {
         let result = match run.recorded().cloned() {
             Some(recorded) => Ok((recorded, StateWrite::Unchanged)),
             None => {
-                let mut ctx = self.context(key, Some(task), run, plugin.id(), &spec);
+                let mut ctx = self.context(key, meta, Some(task), run, plugin.id(), &spec);
                 let answer = plugin.handle(&mut ctx).await;
                 let out = ctx.finish();
+                for reason in &out.events {
+                    run.note(reason, now);
+                }
                 // What the attempt holds now: taken before, taken in the round, less released.
                 run.tokens = out.taken;
                 match answer {
@@ -593,6 +623,7 @@ impl Executor {
     async fn end_attempt(
         &self,
         key: &RunKey,
+        meta: &AppMeta,
         task: Option<&PlacedTask>,
         run: &mut Run,
         abort: bool,
@@ -600,7 +631,7 @@ impl Executor {
         // An attempt lost with its placement ran elsewhere: its plugin is not called here.
         let task = task.filter(|_| !run.attempt_lost());
         if let Some((spec, plugin)) = task.and_then(|t| self.plugin_for(t).ok()) {
-            let mut ctx = self.context(key, task, run, plugin.id(), &spec);
+            let mut ctx = self.context(key, meta, task, run, plugin.id(), &spec);
             if abort {
                 if let Err(err) = plugin.abort(&mut ctx).await {
                     tracing::warn!(run = %key, error = %err, "abort failed; finalizing anyway");

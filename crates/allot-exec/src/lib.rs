@@ -17,7 +17,8 @@ pub mod plugin;
 pub mod registry;
 
 pub use context::{
-    Metadata, RoundOutput, RunKey, Secrets, SetupContext, TaskContext, TokenStatus, TokenWaits, Tokens, Waker,
+    Metadata, MetricsScope, PluginCounters, RoundOutput, RunKey, Secrets, SetupContext, TaskContext, TokenStatus,
+    TokenWaits, Tokens, Waker,
 };
 pub use executor::{ExecStats, Executor, ExecutorConfig, EXECUTOR_LEASE};
 pub use plugin::{LoadResult, Plugin, PluginEntry, PluginLoader, PluginProperties};

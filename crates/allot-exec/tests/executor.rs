@@ -13,8 +13,8 @@ use allot_core::pool::PoolName;
 use allot_core::queue::{QueueLimits, QueuePath};
 use allot_core::sched::{AppId, AppSpec, SchedulingPolicy, TaskId, TaskSpec};
 use allot_exec::{
-    builtin, Executor, ExecutorConfig, Plugin, PluginEntry, Registry, Secrets, SetupContext, TaskContext, TokenStatus,
-    Waker,
+    builtin, Executor, ExecutorConfig, Plugin, PluginCounters, PluginEntry, Registry, Secrets, SetupContext,
+    TaskContext, TokenStatus, Waker,
 };
 use allot_store::{EmbeddedConfig, EmbeddedStore, Store};
 use async_trait::async_trait;
@@ -43,6 +43,16 @@ impl Plugin for ProbePlugin {
             Some("fail_first") if ctx.attempt == 1 => {
                 Ok(Transition::ephemeral(PhaseInfo::retryable(ExecError::user("exit_1", "first attempt fails"))))
             }
+            Some("observe") => {
+                ctx.record_event("looked around");
+                let m = &ctx.metadata;
+                let seen = serde_json::json!({
+                    "queue": m.queue, "user": m.user, "labels": m.labels, "annotations": m.annotations,
+                    "overrides": m.overrides, "interruptible": m.interruptible, "alloc_set": !m.alloc.is_empty(),
+                });
+                ctx.set_outputs(seen)?;
+                Ok(Transition::ephemeral(PhaseInfo::success("observed")))
+            }
             Some("hold") => match ctx.tokens.take("seats", 1).await? {
                 TokenStatus::Granted => Ok(Transition::ephemeral(PhaseInfo::running(0, "holding a seat"))),
                 TokenStatus::Waiting => Ok(Transition::ephemeral(PhaseInfo::waiting_for_resources("no seat"))),
@@ -70,12 +80,22 @@ struct Setup {
 }
 
 async fn start(store: Arc<dyn Store>, dir: &std::path::Path, probe: Arc<Probe>) -> watch::Sender<bool> {
+    start_counting(store, dir, probe, PluginCounters::default()).await
+}
+
+async fn start_counting(
+    store: Arc<dyn Store>,
+    dir: &std::path::Path,
+    probe: Arc<Probe>,
+    counters: PluginCounters,
+) -> watch::Sender<bool> {
     let entry = {
         let probe = probe.clone();
         PluginEntry::new("probe", &["probe"], false, move |setup: SetupContext| {
             let probe = probe.clone();
             async move {
                 setup.register_quota("seats", 1).await.map_err(|e| e.to_string())?;
+                setup.metrics().inc("loaded");
                 Ok(Arc::new(ProbePlugin(probe)) as Arc<dyn Plugin>)
             }
         })
@@ -83,11 +103,12 @@ async fn start(store: Arc<dyn Store>, dir: &std::path::Path, probe: Arc<Probe>) 
     let mut entries = builtin::entries();
     entries.push(entry);
     let registry = Registry::load(entries, &BTreeMap::new(), |id| {
-        SetupContext::new(id, store.clone(), Secrets::default(), Waker::new(|_| {}))
+        SetupContext::new(id, store.clone(), Secrets::default(), Waker::new(|_| {})).with_counters(counters.clone())
     })
     .await
     .unwrap();
     let mut config = ExecutorConfig::new(HashSet::from([PoolName::new("local").unwrap()]), dir.join("tasks"));
+    config.counters = counters;
     config.retry = RetryPolicy { user_attempts: 2, system_retries: 1 };
     let executor = Executor::new(store, Arc::new(registry), config);
     let (stop, stopped) = watch::channel(false);
@@ -534,4 +555,53 @@ async fn a_task_run_before_with_the_same_type_version_and_inputs_reuses_its_outp
     assert!(outputs["first"].1.iter().any(|r| r.starts_with("cache miss")), "{:?}", outputs["first"].1);
     assert!(!outputs["nocache"].1.iter().any(|r| r.starts_with("cache")), "{:?}", outputs["nocache"].1);
     s.stop.send_replace(true);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_plugin_sees_the_tasks_metadata_records_events_and_keeps_counters() {
+    let dir = tempfile::tempdir().unwrap();
+    let store: Arc<dyn Store> =
+        Arc::new(EmbeddedStore::open(&EmbeddedConfig { data_dir: dir.path().join("data") }).unwrap());
+    store.put_pool(PoolName::new("local").unwrap(), "cpu=8".parse().unwrap()).await.unwrap();
+    store.put_queue(QueuePath::new("root.q").unwrap(), QueueLimits::default()).await.unwrap();
+    let counters = PluginCounters::default();
+    let stop = start_counting(store.clone(), dir.path(), Arc::new(Probe::default()), counters.clone()).await;
+    let id = AppId::new("m").unwrap();
+    let spec = AppSpec {
+        id: id.clone(),
+        queue: QueuePath::new("root.q").unwrap(),
+        user: "ana".into(),
+        tags: BTreeMap::from([("team".to_owned(), "etl".to_owned())]),
+        groups: Vec::new(),
+        policy: SchedulingPolicy::default(),
+    };
+    store.add_app(spec).await.unwrap();
+    let task = serde_json::json!({
+        "type": "probe", "mode": "observe", "annotations": {"owner": "ana", "tries": 2},
+        "overrides": {"timeout": "1h"}, "interruptible": true,
+    });
+    let task = TaskSpec {
+        id: TaskId::new("look").unwrap(),
+        resources: "cpu=1".parse().unwrap(),
+        tokens: Vec::new(),
+        group: None,
+        priority: 0,
+        selector: Default::default(),
+        spec: task.to_string(),
+    };
+    store.add_task(id.clone(), task).await.unwrap();
+    until("observed", async || state(&*store, &id, "look").await == TaskState::Completed).await;
+    let run = store.run(id.clone(), TaskId::new("look").unwrap()).await.unwrap().unwrap();
+    let seen: serde_json::Value = serde_json::from_str(run.outputs.as_deref().unwrap()).unwrap();
+    assert_eq!(
+        seen,
+        serde_json::json!({
+            "queue": "root.q", "user": "ana", "labels": {"team": "etl"},
+            "annotations": {"owner": "ana", "tries": "2"}, "overrides": {"timeout": "1h"},
+            "interruptible": true, "alloc_set": true,
+        })
+    );
+    assert!(run.events.iter().any(|e| e.reason == "looked around"), "the plugin's event is in the timeline");
+    assert_eq!(counters.snapshot(), [(("probe".to_owned(), "loaded".to_owned()), 1)]);
+    stop.send_replace(true);
 }

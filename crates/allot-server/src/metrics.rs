@@ -24,7 +24,8 @@
 //! On a daemon that runs tasks, its executor's `exec_runs_active`, `exec_rounds_total`,
 //! `exec_retries_total`, `exec_held_back_total`, `exec_runs_ended_total` (label `result`:
 //! `succeeded`, `failed`, `aborted`) and `exec_cache_lookups_total` (label `result`: `hit`,
-//! `miss`). And `store_commits_total`, `store_committed_operations_total`, `store_commit_seconds_total`,
+//! `miss`), and the plugins' own `plugin_counter_total` (labels `plugin`, `counter`). And
+//! `store_commits_total`, `store_committed_operations_total`, `store_commit_seconds_total`,
 //! `store_commit_failures_total`, `http_request_duration_seconds` (labels `method`, `route`,
 //! `status`).
 
@@ -177,6 +178,8 @@ struct ExecSnapshot {
     cache_hits: u64,
     cache_misses: u64,
     held_back: u64,
+    /// The plugins' own counters: (plugin, name) and value.
+    plugins: Vec<((String, String), u64)>,
 }
 
 impl ExecSnapshot {
@@ -193,6 +196,7 @@ impl ExecSnapshot {
             cache_hits: read(&stats.cache_hits),
             cache_misses: read(&stats.cache_misses),
             held_back: read(&stats.held_back),
+            plugins: executor.plugin_counters().snapshot(),
         }
     }
 }
@@ -223,7 +227,23 @@ fn encode_exec(encoder: &mut DescriptorEncoder<'_>, exec: &ExecSnapshot) -> Resu
     let cache = Family::<TotalResultLabels, Counter>::default();
     cache.get_or_create(&TotalResultLabels { result: "hit" }).inc_by(exec.cache_hits);
     cache.get_or_create(&TotalResultLabels { result: "miss" }).inc_by(exec.cache_misses);
-    encode_family(encoder, "allot_exec_cache_lookups", "Output cache lookups, by result, since start", &cache)
+    encode_family(encoder, "allot_exec_cache_lookups", "Output cache lookups, by result, since start", &cache)?;
+    let plugins = Family::<PluginCounterLabels, Counter>::default();
+    for ((plugin, counter), value) in &exec.plugins {
+        plugins.get_or_create(&PluginCounterLabels { plugin: plugin.clone(), counter: counter.clone() }).inc_by(*value);
+    }
+    encode_family(
+        encoder,
+        "allot_plugin_counter",
+        "Counters the plugins keep (their metrics scope), since start",
+        &plugins,
+    )
+}
+
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct PluginCounterLabels {
+    plugin: String,
+    counter: String,
 }
 
 /// Sums over every namespace (the longest wait: the longest of all).

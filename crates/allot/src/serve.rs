@@ -691,13 +691,15 @@ async fn start_executor(
         })
     };
     let secrets = Secrets::new(plugins.secrets.clone());
+    let counters = allot_exec::PluginCounters::default();
     let registry = Registry::load(builtin::configured(&plugins.builtin), &plugins.task_types, |id| {
-        SetupContext::new(id, store.clone(), secrets.clone(), forward.clone())
+        SetupContext::new(id, store.clone(), secrets.clone(), forward.clone()).with_counters(counters.clone())
     })
     .await
     .context("cannot load the task plugins")?;
     let mut config = ExecutorConfig::new(pools.iter().cloned().collect(), data_dir.join("tasks"));
     config.secrets = secrets;
+    config.counters = counters;
     config.node = node;
     let made = Executor::new(store.clone(), Arc::new(registry), config);
     let _ = executor.set(made.clone());

@@ -26,7 +26,7 @@ use allot_core::exec::{ExecError, LogLink, PhaseInfo, Transition};
 use async_trait::async_trait;
 use serde::{Deserialize, Serialize};
 
-use crate::context::{SetupContext, TaskContext, TokenStatus};
+use crate::context::{MetricsScope, SetupContext, TaskContext, TokenStatus};
 use crate::plugin::{Plugin, PluginEntry};
 
 /// The plugin state's schema version.
@@ -52,6 +52,8 @@ struct JobPlugin {
     /// Each job holds a token of the plugin's `jobs` quota while it runs.
     quota: bool,
     client: reqwest::Client,
+    /// Counts `jobs_created`, `jobs_deleted`.
+    metrics: MetricsScope,
 }
 
 /// `http`: the service is the task's `spec.url`; its jobs hold a token of `http:jobs` (`quota`
@@ -59,7 +61,7 @@ struct JobPlugin {
 pub(super) fn http_entry(quota: u64) -> PluginEntry {
     PluginEntry::new("http", &["http"], false, move |setup: SetupContext| async move {
         setup.register_quota(JOBS_QUOTA, quota).await.map_err(|e| e.to_string())?;
-        Ok(Arc::new(JobPlugin::new("http", Endpoint::FromSpec, true)?) as Arc<dyn Plugin>)
+        Ok(Arc::new(JobPlugin::new("http", Endpoint::FromSpec, true, setup.metrics())?) as Arc<dyn Plugin>)
     })
 }
 
@@ -78,7 +80,8 @@ pub(super) fn external_entry(id: &str, url: &str, task_types: &[&str], quota: Op
             if let Some(quota) = quota {
                 setup.register_quota(JOBS_QUOTA, quota).await.map_err(|e| e.to_string())?;
             }
-            Ok(Arc::new(JobPlugin::new(&id, Endpoint::Fixed(url), quota.is_some())?) as Arc<dyn Plugin>)
+            let plugin = JobPlugin::new(&id, Endpoint::Fixed(url), quota.is_some(), setup.metrics())?;
+            Ok(Arc::new(plugin) as Arc<dyn Plugin>)
         }
     })
 }
@@ -146,9 +149,9 @@ fn job_url(base: &str, job: &str) -> Result<reqwest::Url, ExecError> {
 }
 
 impl JobPlugin {
-    fn new(id: &str, endpoint: Endpoint, quota: bool) -> Result<JobPlugin, String> {
+    fn new(id: &str, endpoint: Endpoint, quota: bool, metrics: MetricsScope) -> Result<JobPlugin, String> {
         let client = reqwest::Client::builder().timeout(CALL_TIMEOUT).build().map_err(|e| e.to_string())?;
-        Ok(JobPlugin { id: id.to_owned(), endpoint, quota, client })
+        Ok(JobPlugin { id: id.to_owned(), endpoint, quota, client, metrics })
     }
 
     fn url(&self, ctx: &TaskContext) -> Result<String, ExecError> {
@@ -246,6 +249,7 @@ impl Plugin for JobPlugin {
                     return Ok(Transition::ephemeral(PhaseInfo::waiting_for_resources(reason)));
                 }
                 let job = self.create(ctx, &url).await?;
+                self.metrics.inc("jobs_created");
                 ctx.put_state_json(STATE_VERSION, &State { job: job.clone() });
                 Self::poll_later(ctx);
                 // Stored before anything else happens: a round replayed after a crash polls
@@ -286,6 +290,7 @@ impl Plugin for JobPlugin {
         let response = self.authorize(ctx, request)?.send().await.map_err(|e| system("service_unreachable", e))?;
         let status = response.status();
         if status.is_success() || status == reqwest::StatusCode::NOT_FOUND {
+            self.metrics.inc("jobs_deleted");
             Ok(())
         } else {
             Err(system("service_failed", format!("deleting job `{}` answered {status}", state.job)))
