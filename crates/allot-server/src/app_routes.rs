@@ -226,12 +226,25 @@ pub(crate) async fn get_task_run(
     match state.store.run(app_id.clone(), task_id.clone()).await? {
         Some(run) => Ok(Json(convert::task_run(&app, &task, run))),
         None => {
-            // The task's own 404 if it does not exist.
-            state.store.task(app_id, task_id).await?;
+            // The task's own 404 if it does not exist; else where it waits.
+            let info = state.store.task(app_id, task_id).await?;
+            let why = match &info.task.placement {
+                None => "it is not placed yet".to_owned(),
+                Some(placement) => {
+                    let pool = &placement.pool;
+                    let leases = state.store.executors().await?;
+                    match leases.iter().find(|l| l.live && l.pools.contains(pool)) {
+                        Some(lease) => format!("it is placed on pool `{pool}`, run by {}, and starts soon", lease.node),
+                        None => format!(
+                            "it is placed on pool `{pool}`, which no daemon runs now (start one with --run-pool {pool})"
+                        ),
+                    }
+                }
+            };
             Err(ApiError::new(
                 StatusCode::NOT_FOUND,
                 "run_not_found",
-                format!("task `{task}` of application `{app}` has not been run: no daemon runs its pool, or it is not placed yet"),
+                format!("task `{task}` of application `{app}` has not been run: {why}"),
             ))
         }
     }

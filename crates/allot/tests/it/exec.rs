@@ -220,3 +220,34 @@ async fn task_logs_follow_a_running_shell_task_to_its_end() {
     assert!(!missing.status.success());
     assert!(String::from_utf8_lossy(&missing.stderr).contains("logs_not_found"));
 }
+
+/// A task placed on a pool that no daemon runs says so while it waits.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_task_placed_on_a_pool_no_daemon_runs_says_so() {
+    let (_dir, data) = data_dir();
+    let daemon = Daemon::start(&data, &["--pool", "idle=cpu=1", "--pool", "w=cpu=1", "--run-pool", "w"]);
+    let client = daemon.client();
+    client.put_queue("root.wait", &Default::default()).await.unwrap();
+    let mut selector = BTreeMap::new();
+    selector.insert("pool".to_owned(), "idle".to_owned());
+    client.put_pool_with_labels("idle", "cpu=1", selector.clone()).await.unwrap();
+    let mut waiting = task("waits", serde_json::json!({ "type": "noop" }));
+    waiting.selector = selector;
+    let app = SubmitApp {
+        id: "elsewhere".to_owned(),
+        queue: "root.wait".to_owned(),
+        user: "me".to_owned(),
+        tags: BTreeMap::new(),
+        task_groups: Vec::new(),
+        policy: Default::default(),
+        tasks: vec![waiting],
+    };
+    client.submit_app(&app).await.unwrap();
+    let placed = eventually(Duration::from_secs(10), async || {
+        client.task("elsewhere", "waits").await.is_ok_and(|t| t.state == "Allocated")
+    })
+    .await;
+    assert!(placed, "placed on `idle`");
+    let err = client.task_run("elsewhere", "waits").await.unwrap_err().to_string();
+    assert!(err.contains("run_not_found") && err.contains("pool `idle`, which no daemon runs now"), "{err}");
+}
