@@ -642,6 +642,9 @@ fn tasks_on_a_lost_pool_go_back_to_waiting_and_are_placed_elsewhere_until_it_is_
     assert_eq!((b.pool_of("x", "t1"), b.pool_of("x", "t2")), ("a".to_owned(), "a".to_owned()));
     let now = b.now;
     let (a, spare) = (PoolName::new("a").unwrap(), PoolName::new("b").unwrap());
+    let on = |pool: &PoolName| std::collections::HashSet::from([pool.clone()]);
+    assert_eq!(b.sched.placed_on(&on(&a)), [(aid("x"), tid("t1")), (aid("x"), tid("t2"))], "what `a`'s executor runs");
+    assert!(b.sched.placed_on(&on(&spare)).is_empty());
     let mut world = World { pools: &mut b.pools, ledger: &mut b.ledger };
     b.sched.pool_lost(&a, "the executor of pool `a` stopped", now, &mut world);
     b.check();

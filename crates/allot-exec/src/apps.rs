@@ -8,7 +8,7 @@ use std::sync::{Arc, Mutex};
 use allot_core::app::TaskState;
 use allot_core::pool::PoolName;
 use allot_core::sched::{AppId, SchedError, Task, TaskId};
-use allot_store::{read_all, AppsHome, Store, StoreError};
+use allot_store::{AppsHome, Store, StoreError};
 
 /// A task as the executor needs it.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -220,27 +220,7 @@ impl AppsAccess {
         };
         let mut found = Vec::new();
         match self.home()? {
-            Home::Here => {
-                let store = &*self.store;
-                for info in read_all(|page| store.apps(page)).await? {
-                    let placed = [TaskState::Allocated, TaskState::Running]
-                        .iter()
-                        .map(|s| info.tasks.get(s).copied().unwrap_or(0))
-                        .sum::<u64>();
-                    if info.app.state.is_terminal() || placed == 0 {
-                        continue;
-                    }
-                    let app = info.app.spec.id.clone();
-                    for task in read_all(|page| store.tasks(app.clone(), page)).await? {
-                        let task = &task.task;
-                        let here = matches!(task.state, TaskState::Allocated | TaskState::Running)
-                            && task.placement.as_ref().is_some_and(|p| pools.contains(&p.pool));
-                        if here {
-                            found.push((app.clone(), task.spec.id.clone()));
-                        }
-                    }
-                }
-            }
+            Home::Here => found = self.store.placed_on(pools).await?,
             Home::At(client) => {
                 for app in client.apps().await.map_err(client_error)?.apps {
                     let placed = ["Allocated", "Running"].iter().map(|s| app.tasks.get(*s).copied().unwrap_or(0));

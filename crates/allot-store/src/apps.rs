@@ -54,6 +54,11 @@ pub trait AppStore: Send + Sync {
     /// Adds a task to an application; true if it is new.
     async fn add_task(&self, app: AppId, spec: TaskSpec) -> Result<(TaskInfo, bool), StoreError>;
     async fn task(&self, app: AppId, task: TaskId) -> Result<TaskInfo, StoreError>;
+    /// The tasks placed (Allocated or Running) on one of `pools`: what their executors run.
+    async fn placed_on(
+        &self,
+        pools: &std::collections::HashSet<allot_core::pool::PoolName>,
+    ) -> Result<Vec<(AppId, TaskId)>, StoreError>;
     /// A page of an application's tasks, ordered by id.
     async fn tasks(&self, app: AppId, page: PageRequest<TaskId>) -> Result<Page<TaskInfo, TaskId>, StoreError>;
     /// Reports an Allocated task running.

@@ -19,7 +19,7 @@ pub mod spec;
 pub mod why;
 
 use std::cmp::Reverse;
-use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 
 pub use cycle::CycleReport;
 pub use spec::{AppId, AppSpec, GangStyle, GroupName, SchedulingPolicy, TaskGroup, TaskId, TaskSpec, TokenNeed};
@@ -972,6 +972,27 @@ impl Scheduler {
         self.why_app.remove(id);
         self.why_task.retain(|(app, _), _| app != id);
         out.apps.push(AppChange::AppRemoved { id: id.clone() });
+    }
+
+    /// The tasks placed (Allocated or Running) on one of `pools`, by application and task: what
+    /// the executors of those pools run.
+    pub fn placed_on(&self, pools: &HashSet<PoolName>) -> Vec<(AppId, TaskId)> {
+        let mut found = Vec::new();
+        for (app, counts) in &self.counts {
+            let placed = [TaskState::Allocated, TaskState::Running].iter().filter_map(|s| counts.get(s)).sum::<u64>();
+            if placed == 0 {
+                continue;
+            }
+            for task in self.tasks.get(app).into_iter().flat_map(|tasks| tasks.values()) {
+                let here = matches!(task.state, TaskState::Allocated | TaskState::Running)
+                    && task.placement.as_ref().is_some_and(|p| pools.contains(&p.pool));
+                if here {
+                    found.push((app.clone(), task.spec.id.clone()));
+                }
+            }
+        }
+        found.sort();
+        found
     }
 
     /// The pools nothing is placed on, their executors stopped.

@@ -252,6 +252,13 @@ impl AppStore for EmbeddedStore {
         self.read_sched(|sched| task_info(sched, &app, &task))
     }
 
+    async fn placed_on(
+        &self,
+        pools: &std::collections::HashSet<allot_core::pool::PoolName>,
+    ) -> Result<Vec<(AppId, TaskId)>, StoreError> {
+        self.read_sched(|sched| Ok(sched.placed_on(pools)))
+    }
+
     async fn tasks(&self, app: AppId, page: PageRequest<TaskId>) -> Result<Page<TaskInfo, TaskId>, StoreError> {
         self.read_sched(|sched| {
             let tasks = sched.tasks_after(&app, page.after(), page.limit() + 1)?;
