@@ -11,7 +11,7 @@ use axum::response::{IntoResponse, Response};
 use allot_store::AppsHome;
 
 use crate::error::ApiError;
-use crate::{AppState, MAX_BODY_BYTES};
+use crate::{AppState, MAX_SUBMIT_BODY_BYTES};
 
 /// Set on a forwarded call: a daemon never forwards a call twice (two daemons that each think
 /// the other schedules, for the moment of a takeover, answer 503 rather than loop).
@@ -50,7 +50,7 @@ pub(crate) async fn to_scheduler(State(state): State<AppState>, request: Request
 async fn forward(client: &reqwest::Client, base: &str, request: Request) -> Result<Response, String> {
     let (parts, body) = request.into_parts();
     let path = parts.uri.path_and_query().map_or("/", |p| p.as_str());
-    let body = axum::body::to_bytes(body, MAX_BODY_BYTES).await.map_err(|e| e.to_string())?;
+    let body = axum::body::to_bytes(body, MAX_SUBMIT_BODY_BYTES).await.map_err(|e| e.to_string())?;
     let mut outgoing = client.request(parts.method, format!("{base}{path}")).header(FORWARDED, "1").body(body);
     for name in [header::CONTENT_TYPE, header::ACCEPT] {
         if let Some(value) = parts.headers.get(&name) {

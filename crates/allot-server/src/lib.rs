@@ -39,6 +39,9 @@ pub use metrics::{Metrics, MetricsConfig};
 
 /// The largest request body: bodies are small JSON objects.
 pub const MAX_BODY_BYTES: usize = 64 * 1024;
+/// The largest body of an application submitted with its tasks (`POST /v1/apps`): about 50,000
+/// tasks.
+pub const MAX_SUBMIT_BODY_BYTES: usize = 16 * 1024 * 1024;
 
 /// What every handler shares.
 #[derive(Clone)]
@@ -204,7 +207,10 @@ pub fn app(state: AppState) -> Router {
             "/v1/queues/{queue}",
             get(app_routes::get_queue).put(app_routes::put_queue).delete(app_routes::remove_queue),
         )
-        .route("/v1/apps", get(app_routes::list_apps).post(app_routes::submit_app))
+        .route(
+            "/v1/apps",
+            get(app_routes::list_apps).post(app_routes::submit_app).layer(DefaultBodyLimit::max(MAX_SUBMIT_BODY_BYTES)),
+        )
         .route("/v1/apps/{app}", get(app_routes::get_app).delete(app_routes::remove_app))
         .route("/v1/apps/{app}/complete", post(app_routes::complete_app))
         .route("/v1/apps/{app}/fail", post(app_routes::fail_app))

@@ -807,3 +807,27 @@ async fn bad_applications_get_a_code_and_change_nothing() {
     let (status, body) = h.call(Method::GET, "/v1/apps/nope/tasks/x", "").await;
     assert_eq!((status, body["error"]["code"].clone()), (StatusCode::NOT_FOUND, json!("app_not_found")));
 }
+
+#[tokio::test]
+async fn a_large_application_is_submitted_with_its_tasks_in_one_call() {
+    let h = Harness::new();
+    let (status, _) = h.call(Method::PUT, "/v1/pools/big", r#"{"capacity": "cpu=5000"}"#).await;
+    assert_eq!(status, StatusCode::CREATED);
+    let (status, _) = h.call(Method::PUT, "/v1/queues/root.big", "").await;
+    assert_eq!(status, StatusCode::CREATED);
+    // 3,000 tasks: a body of about 300 KB, larger than other calls may send (64 KiB).
+    let tasks: Vec<Value> = (0..3000)
+        .map(|i| json!({"id": format!("task-{i:05}"), "resources": "cpu=1", "spec": {"type": "noop", "n": i}}))
+        .collect();
+    let body = json!({"id": "big", "queue": "root.big", "user": "u", "tasks": tasks}).to_string();
+    assert!(body.len() > 200_000);
+    let (status, got) = h.call(Method::POST, "/v1/apps", &body).await;
+    assert_eq!(status, StatusCode::CREATED, "{got}");
+    assert_eq!(got["tasks"].as_array().unwrap().len(), 3000);
+    let app = until(&h, "/v1/apps/big", |app| app["tasks"]["Allocated"] == json!(3000)).await;
+    assert_eq!(app["tasks"].as_object().unwrap().len(), 1, "every task placed: {app}");
+    // Other calls keep their limit.
+    let huge = format!(r#"{{"quota": 1, "pad": "{}"}}"#, "x".repeat(100_000));
+    let (status, _) = h.call(Method::PUT, "/v1/namespaces/big", &huge).await;
+    assert_eq!(status, StatusCode::PAYLOAD_TOO_LARGE);
+}

@@ -129,6 +129,31 @@ impl AppStore for RedisStore {
         .await
     }
 
+    async fn add_tasks(&self, app: AppId, specs: Vec<TaskSpec>) -> Result<Vec<(TaskInfo, bool)>, StoreError> {
+        let named: Vec<NamespaceName> =
+            specs.iter().flat_map(|s| s.tokens.iter().map(|n| n.namespace.clone())).collect();
+        let (added, refused) = self
+            .commit_sched(Fresh::Namespaces(&named), |sched, world, now| {
+                let (mut added, mut all) = (Vec::with_capacity(specs.len()), allot_core::sched::Outcome::default());
+                for spec in specs.clone() {
+                    match sched.add_task(&app, spec, now, world.ledger) {
+                        Ok((task, created, outcome)) => {
+                            added.push((task_info(sched, &app, &task.spec.id)?, created));
+                            all.absorb(outcome);
+                        }
+                        // What was added before stays, committed with the rest.
+                        Err(err) => return Ok(((added, Some(err)), all)),
+                    }
+                }
+                Ok(((added, None), all))
+            })
+            .await?;
+        match refused {
+            Some(err) => Err(err.into()),
+            None => Ok(added),
+        }
+    }
+
     async fn task(&self, app: AppId, task: TaskId) -> Result<TaskInfo, StoreError> {
         self.read_sched(|sched| task_info(sched, &app, &task)).await
     }

@@ -53,6 +53,9 @@ pub trait AppStore: Send + Sync {
 
     /// Adds a task to an application; true if it is new.
     async fn add_task(&self, app: AppId, spec: TaskSpec) -> Result<(TaskInfo, bool), StoreError>;
+    /// Adds tasks in order, in one commit: as many `add_task`s. At the first task refused, the
+    /// ones before it stay added and the error is answered.
+    async fn add_tasks(&self, app: AppId, specs: Vec<TaskSpec>) -> Result<Vec<(TaskInfo, bool)>, StoreError>;
     async fn task(&self, app: AppId, task: TaskId) -> Result<TaskInfo, StoreError>;
     /// The tasks placed (Allocated or Running) on one of `pools`: what their executors run.
     async fn placed_on(

@@ -337,6 +337,10 @@ struct AppsBenchArgs {
     /// when every task is Completed, not Allocated. The target is then 10,000 tasks/s.
     #[arg(long)]
     run: bool,
+    /// Submit the application with all its tasks in one call (as `allot run` does), instead of
+    /// adding them one by one with `--in-flight` clients.
+    #[arg(long)]
+    one_call: bool,
     #[command(flatten)]
     output: OutputOpts,
 }

@@ -197,6 +197,13 @@ pub struct Outcome {
 }
 
 impl Outcome {
+    /// Takes `other`'s changes after its own (two operations committed as one).
+    pub fn absorb(&mut self, other: Outcome) {
+        self.apps.extend(other.apps);
+        self.pools.extend(other.pools);
+        self.ledger(other.ledger);
+    }
+
     fn ledger(&mut self, effects: Effects) {
         self.ledger.changes.extend(effects.changes);
         self.ledger.woken.extend(effects.woken);

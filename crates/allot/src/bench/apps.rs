@@ -10,6 +10,9 @@
 //!
 //! YuniKorn on KWOK published 833 pods/s; the target is 4,200 tasks/s.
 //!
+//! With `--one-call`, the application is submitted with all its tasks in one call, as `allot run`
+//! does (one commit for every task), and the clock starts before that call.
+//!
 //! With `--run`, the daemon runs every pool's tasks (`--run-pool` for each), the tasks are
 //! `noop`, and the clock stops at the first reading with every task Completed: placed, started,
 //! run by the plugin round by round with every step durable, and reported. Dask's distributed
@@ -210,6 +213,17 @@ async fn measure(args: &AppsBenchArgs, endpoint: &Endpoint, capacity: &str, roun
     let mut setup = Conn::connect(endpoint).await?;
     call(&mut setup, Method::PUT, &format!("/v1/queues/{QUEUE}"), b"{}".to_vec()).await?;
     let mut poller = Conn::connect(endpoint).await?;
+    let tasks: Vec<allot_api::AddTask> = (0..args.tasks)
+        .map(|i| allot_api::AddTask {
+            id: format!("task-{i}"),
+            resources: TASK.to_owned(),
+            tokens: Vec::new(),
+            group: None,
+            priority: 0,
+            selector: Default::default(),
+            spec: args.run.then(|| serde_json::json!({ "type": "noop" })),
+        })
+        .collect();
     let submit = serde_json::to_vec(&allot_api::SubmitApp {
         id: APP.to_owned(),
         queue: QUEUE.to_owned(),
@@ -217,23 +231,12 @@ async fn measure(args: &AppsBenchArgs, endpoint: &Endpoint, capacity: &str, roun
         tags: Default::default(),
         task_groups: Vec::new(),
         policy: Default::default(),
-        tasks: Vec::new(),
+        tasks: if args.one_call { tasks.clone() } else { Vec::new() },
     })?;
-    let bodies: Arc<Vec<Vec<u8>>> = Arc::new(
-        (0..args.tasks)
-            .map(|i| {
-                serde_json::to_vec(&allot_api::AddTask {
-                    id: format!("task-{i}"),
-                    resources: TASK.to_owned(),
-                    tokens: Vec::new(),
-                    group: None,
-                    priority: 0,
-                    selector: Default::default(),
-                    spec: args.run.then(|| serde_json::json!({ "type": "noop" })),
-                })
-            })
-            .collect::<Result<_, _>>()?,
-    );
+    let bodies: Arc<Vec<Vec<u8>>> = Arc::new(match args.one_call {
+        true => Vec::new(),
+        false => tasks.iter().map(serde_json::to_vec).collect::<Result<_, _>>()?,
+    });
     let tasks_path: Arc<str> = format!("/v1/apps/{APP}/tasks").into();
 
     let cpu_before = CpuTimes::now();
