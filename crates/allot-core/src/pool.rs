@@ -495,11 +495,16 @@ impl Pools {
             });
         }
         let mut held = pool.held();
-        let mut lapsed: Vec<&Alloc> = pool.allocs.values().filter(|a| a.expires <= now).collect();
-        // Most-expired last, so `pop` takes it first.
-        lapsed.sort_by(|a, b| b.expires.cmp(&a.expires).then(b.id.cmp(&a.id)));
         let mut victims = Vec::new();
         let mut free = pool.capacity.saturating_sub(&held);
+        // The lapsed allocs are looked at only when the live ones leave no room (a walk over the
+        // pool's allocs: not on every accept of a large pool).
+        let mut lapsed: Vec<&Alloc> = Vec::new();
+        if !free.fits(&request.min) {
+            lapsed = pool.allocs.values().filter(|a| a.expires <= now).collect();
+            // Most-expired last, so `pop` takes it first.
+            lapsed.sort_by(|a, b| b.expires.cmp(&a.expires).then(b.id.cmp(&a.id)));
+        }
         while !free.fits(&request.min) {
             let Some(victim) = lapsed.pop() else { break };
             held = held.saturating_sub(&victim.resources);

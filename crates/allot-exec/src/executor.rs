@@ -347,12 +347,19 @@ impl Executor {
         // The task as last read: a task removed from outside is still aborted and finalized by
         // its plugin, which needs its spec.
         let mut last: Option<PlacedTask> = None;
+        let mut reread = true;
         loop {
             if *shutdown.borrow() {
                 return Ok(());
             }
             // The task as the scheduler has it now: removed or ended from outside stops the run.
-            let task = self.apps.task(&key.app, &key.task).await?;
+            // It is read again after every wait; steps that follow each other at once use the
+            // last reading (what happened meanwhile is seen at the next wait).
+            let task = match (&last, reread) {
+                (Some(task), false) => Some(task.clone()),
+                _ => self.apps.task(&key.app, &key.task).await?,
+            };
+            reread = false;
             if let Some(task) = &task {
                 last = Some(task.clone());
             }
@@ -374,11 +381,12 @@ impl Executor {
                     return Ok(());
                 };
                 let alloc = placement.uri();
-                if run.alloc.as_deref() != Some(alloc.as_str()) {
-                    if run.placement_lost(&alloc, self.config.retry, now_ms()) {
-                        tracing::warn!(run = %key, "placed again after its placement was lost: a new attempt");
-                    }
-                    store.put_run(key.app.clone(), key.task.clone(), run.clone()).await?;
+                // Noted in the run, stored with its next write: a crash before leaves the run as it
+                // was, and the same is decided again.
+                if run.alloc.as_deref() != Some(alloc.as_str())
+                    && run.placement_lost(&alloc, self.config.retry, now_ms())
+                {
+                    tracing::warn!(run = %key, "placed again after its placement was lost: a new attempt");
                 }
             }
             if let Some(reason) = &stopped {
@@ -407,6 +415,7 @@ impl Executor {
                                     _ = tokio::time::sleep(self.config.pause) => {}
                                     _ = shutdown.wait_for(|stop| *stop) => return Ok(()),
                                 }
+                                reread = true;
                                 continue;
                             }
                         }
@@ -417,6 +426,9 @@ impl Executor {
                     // ends it goes from Allocated to its end in one report.
                     if task.state == TaskState::Allocated && run.next() == Next::Handle {
                         self.apps.start(&key.app, &key.task).await?;
+                        if let Some(last) = &mut last {
+                            last.state = TaskState::Running;
+                        }
                     }
                     if run.phase.waits() || run.next() != Next::Handle {
                         // Waiting to begin (for a token) does not count against the parallelism.
@@ -432,6 +444,7 @@ impl Executor {
                             _ = tokio::time::sleep(self.config.pause) => {}
                             _ = shutdown.wait_for(|stop| *stop) => return Ok(()),
                         }
+                        reread = true;
                     }
                 }
                 Next::EndAttempt { abort } => {
