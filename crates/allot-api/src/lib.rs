@@ -563,3 +563,25 @@ pub struct StopIfIdleResponse {
     /// When not stopped: how long until the pool would be idle, if no alloc is kept alive.
     pub until_idle_ms: u64,
 }
+
+#[cfg(test)]
+mod tests {
+    #[derive(Debug, serde::Deserialize)]
+    struct Units {
+        #[serde(deserialize_with = "crate::integer::required")]
+        units: u64,
+    }
+
+    /// A whole number spelled with a fraction of zero is read exactly, up to 2^53: JSON numbers
+    /// are parsed to the nearest float (serde_json's `float_roundtrip`), not one step off.
+    #[test]
+    fn whole_floats_are_read_exactly() {
+        for (text, want) in
+            [("4081970639192801.0", 4_081_970_639_192_801), ("1e3", 1000), ("9007199254740991.0", (1 << 53) - 1)]
+        {
+            let read: Units = serde_json::from_str(&format!(r#"{{"units": {text}}}"#)).unwrap();
+            assert_eq!(read.units, want, "{text}");
+        }
+        assert!(serde_json::from_str::<Units>(r#"{"units": 2.5}"#).is_err());
+    }
+}

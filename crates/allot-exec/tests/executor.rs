@@ -605,3 +605,36 @@ async fn a_plugin_sees_the_tasks_metadata_records_events_and_keeps_counters() {
     assert_eq!(counters.snapshot(), [(("probe".to_owned(), "loaded".to_owned()), 1)]);
     stop.send_replace(true);
 }
+
+/// A daemon that died after storing a Barrier transition, before acting on it: the executor that
+/// comes back takes the recorded transition for that round instead of calling the plugin again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_barrier_round_is_replayed_from_the_store_after_a_crash_not_run_twice() {
+    let dir = tempfile::tempdir().unwrap();
+    let store: Arc<dyn Store> =
+        Arc::new(EmbeddedStore::open(&EmbeddedConfig { data_dir: dir.path().join("data") }).unwrap());
+    store.put_pool(PoolName::new("local").unwrap(), "cpu=8".parse().unwrap()).await.unwrap();
+    store.put_queue(QueuePath::new("root.q").unwrap(), QueueLimits::default()).await.unwrap();
+    let app = submit(&*store, "r", &[("launch", serde_json::json!({ "type": "probe" }))]).await;
+    until("placed", async || state(&*store, &app, "launch").await == TaskState::Allocated).await;
+    // What the dead daemon left: round 0's Barrier recorded, not acted on.
+    let mut run = allot_core::exec::Run::new(0);
+    run.record_barrier(&Transition::barrier(PhaseInfo::running(1, "launched the job")));
+    store.put_run(app.clone(), TaskId::new("launch").unwrap(), run).await.unwrap();
+    let probe = Arc::new(Probe::default());
+    let stop = start(store.clone(), dir.path(), probe.clone()).await;
+    until("completed", async || state(&*store, &app, "launch").await == TaskState::Completed).await;
+    assert_eq!(probe.handled.load(Ordering::SeqCst), 1, "the replayed round did not call the plugin");
+    let run = store.run(app.clone(), TaskId::new("launch").unwrap()).await.unwrap().unwrap();
+    let timeline: Vec<(Phase, u32, &str)> =
+        run.events.iter().map(|e| (e.phase, e.version, e.reason.as_str())).collect();
+    assert_eq!(
+        timeline,
+        [
+            (Phase::NotReady, 0, "placed; starting"),
+            (Phase::Running, 1, "launched the job"),
+            (Phase::Success, 0, "done")
+        ]
+    );
+    stop.send_replace(true);
+}
