@@ -134,18 +134,13 @@ impl AppStore for RedisStore {
             specs.iter().flat_map(|s| s.tokens.iter().map(|n| n.namespace.clone())).collect();
         let (added, refused) = self
             .commit_sched(Fresh::Namespaces(&named), |sched, world, now| {
-                let (mut added, mut all) = (Vec::with_capacity(specs.len()), allot_core::sched::Outcome::default());
-                for spec in specs.clone() {
-                    match sched.add_task(&app, spec, now, world.ledger) {
-                        Ok((task, created, outcome)) => {
-                            added.push((task_info(sched, &app, &task.spec.id)?, created));
-                            all.absorb(outcome);
-                        }
-                        // What was added before stays, committed with the rest.
-                        Err(err) => return Ok(((added, Some(err)), all)),
-                    }
-                }
-                Ok(((added, None), all))
+                let (added, refused, outcome) = sched.add_tasks(&app, specs.clone(), now, world.ledger);
+                // What was added before a refused task stays, committed with the rest.
+                let added = added
+                    .iter()
+                    .map(|(task, created)| Ok((task_info(sched, &app, &task.spec.id)?, *created)))
+                    .collect::<Result<Vec<_>, SchedError>>()?;
+                Ok(((added, refused), outcome))
             })
             .await?;
         match refused {

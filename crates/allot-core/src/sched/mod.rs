@@ -1031,17 +1031,7 @@ impl Scheduler {
                 let _ = self.requeue(&app, &task, reason, now, world, &mut out);
             }
         }
-        let gangs: Vec<AppId> = self
-            .apps
-            .values()
-            .filter(|a| a.state == AppState::Reserving)
-            .filter(|a| a.slots.iter().any(|s| s.task.is_none() && &s.placement.pool == pool))
-            .map(|a| a.spec.id.clone())
-            .collect();
-        let lost = format!("placeholders lost: {reason}");
-        for id in gangs {
-            self.lose_reservation(&id, Some(lost.clone()), &lost, now, world, &mut out);
-        }
+        self.lose_gangs_on(pool, reason, now, world, &mut out);
         out
     }
 
@@ -1097,6 +1087,13 @@ impl Scheduler {
         for (app, task) in placed {
             let _ = self.end_task(&app, &task, TaskEvent::Fail, Some(reason.clone()), now, world, &mut out, true);
         }
+        self.lose_gangs_on(pool, &reason, now, world, &mut out);
+        out
+    }
+
+    /// Gangs reserving with a free placeholder on `pool` lose their reservation, as if their
+    /// placeholder timeout ran out (Soft: they go on without; Hard: they fail).
+    fn lose_gangs_on(&mut self, pool: &PoolName, reason: &str, now: Millis, world: &mut World<'_>, out: &mut Outcome) {
         let gangs: Vec<AppId> = self
             .apps
             .values()
@@ -1106,9 +1103,30 @@ impl Scheduler {
             .collect();
         let lost = format!("placeholders lost: {reason}");
         for id in gangs {
-            self.lose_reservation(&id, Some(lost.clone()), &lost, now, world, &mut out);
+            self.lose_reservation(&id, Some(lost.clone()), &lost, now, world, out);
         }
-        out
+    }
+
+    /// Adds tasks in order, as many [`Scheduler::add_task`]s, their changes in one outcome. At
+    /// the first refused, the ones before it stay added: the refusal is answered beside them.
+    pub fn add_tasks(
+        &mut self,
+        app: &AppId,
+        specs: Vec<TaskSpec>,
+        now: Millis,
+        ledger: &Ledger,
+    ) -> (Vec<(Task, bool)>, Option<SchedError>, Outcome) {
+        let (mut added, mut all) = (Vec::with_capacity(specs.len()), Outcome::default());
+        for spec in specs {
+            match self.add_task(app, spec, now, ledger) {
+                Ok((task, created, outcome)) => {
+                    added.push((task, created));
+                    all.absorb(outcome);
+                }
+                Err(err) => return (added, Some(err), all),
+            }
+        }
+        (added, None, all)
     }
 
     // ---- usage ----

@@ -20,7 +20,7 @@ fn url(daemon: &Daemon) -> String {
 }
 
 /// The base URL of the daemon that holds the scheduler's lease, read from Redis.
-fn scheduler(redis: &RedisServer) -> String {
+pub(crate) fn scheduler(redis: &RedisServer) -> String {
     let holder = redis.cli(&["HGET", "allot:{allot-apps}:lease", "holder"]);
     holder.split_whitespace().next().unwrap_or_default().to_owned()
 }

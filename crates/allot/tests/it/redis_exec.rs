@@ -11,12 +11,8 @@ use std::time::Duration;
 use allot_client::{AddTask, SubmitApp};
 use allot_store_redis::testing::RedisServer;
 
+use crate::redis_apps::scheduler;
 use crate::support::{data_dir, eventually, Daemon};
-
-fn scheduler(redis: &RedisServer) -> String {
-    let holder = redis.cli(&["HGET", "allot:{allot-apps}:lease", "holder"]);
-    holder.split_whitespace().next().unwrap_or_default().to_owned()
-}
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_daemon_killed_mid_run_has_its_tasks_run_again_on_the_others_and_the_application_completes() {
