@@ -240,6 +240,11 @@ impl Executor {
         &self.stats
     }
 
+    /// This daemon's name in the executors' leases (its URL).
+    pub fn node(&self) -> &str {
+        &self.config.node
+    }
+
     /// The plugins' counters.
     pub fn plugin_counters(&self) -> &crate::context::PluginCounters {
         &self.config.counters

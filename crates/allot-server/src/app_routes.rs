@@ -336,12 +336,18 @@ pub(crate) async fn get_task_logs(
     State(state): State<AppState>,
     Segments((app, task)): Segments<(String, String)>,
     QueryArgs(query): QueryArgs<LogsQuery>,
+    headers: axum::http::HeaderMap,
 ) -> Answer<api::TaskLogs> {
     let (app_id, task_id) = (app_id(&app)?, task_id(&task)?);
     let Some(run) = state.store.run(app_id.clone(), task_id.clone()).await? else {
-        state.store.task(app_id, task_id).await?;
         return Err(ApiError::new(StatusCode::NOT_FOUND, "run_not_found", format!("task `{task}` has not been run")));
     };
+    // Logs are files on the machine that runs the task: another daemon's are read from it.
+    if !headers.contains_key(&crate::forward::FORWARDED) {
+        if let Some(node) = runs_elsewhere(&state, &run).await? {
+            return logs_from(&state, &node, &app, &task, &query).await;
+        }
+    }
     let stream = query.stream.unwrap_or_else(|| "stdout".to_owned());
     let attempt = query.attempt.unwrap_or(run.attempt);
     let not_found = |why: String| ApiError::new(StatusCode::NOT_FOUND, "logs_not_found", why);
@@ -374,6 +380,52 @@ pub(crate) async fn get_task_logs(
         text: String::from_utf8_lossy(&piece).into_owned(),
         ended,
     }))
+}
+
+/// The daemon that runs the run's current placement, if it is another one (by the executors'
+/// leases).
+async fn runs_elsewhere(state: &AppState, run: &allot_core::exec::Run) -> Result<Option<String>, ApiError> {
+    let Some(pool) = run.alloc.as_deref().and_then(|alloc| alloc.split_once('/')).map(|(pool, _)| pool) else {
+        return Ok(None);
+    };
+    let here = state.executor.as_ref().map(|e| e.node().to_owned());
+    let leases = state.store.executors().await?;
+    let runner = leases.iter().find(|l| l.live && l.pools.iter().any(|p| p.as_str() == pool));
+    Ok(runner.map(|l| l.node.clone()).filter(|node| Some(node) != here.as_ref()))
+}
+
+/// The same call, answered by the daemon at `node`.
+async fn logs_from(state: &AppState, node: &str, app: &str, task: &str, query: &LogsQuery) -> Answer<api::TaskLogs> {
+    let unavailable = |why: String| ApiError::new(StatusCode::SERVICE_UNAVAILABLE, "store_unavailable", why);
+    let mut url = reqwest::Url::parse(node).map_err(|e| unavailable(format!("the daemon `{node}`: {e}")))?;
+    url.path_segments_mut()
+        .map_err(|()| unavailable(format!("the daemon `{node}` has no usable URL")))?
+        .extend(["v1", "apps", app, "tasks", task, "logs"]);
+    let mut request = state.forwarder.get(url).header(crate::forward::FORWARDED, "1");
+    if let Some(stream) = &query.stream {
+        request = request.query(&[("stream", stream)]);
+    }
+    if let Some(attempt) = query.attempt {
+        request = request.query(&[("attempt", attempt)]);
+    }
+    if let Some(offset) = query.offset {
+        request = request.query(&[("offset", offset)]);
+    }
+    let answer = request
+        .send()
+        .await
+        .map_err(|e| unavailable(format!("the daemon that runs the task ({node}) did not answer: {e}")))?;
+    let status = answer.status();
+    let bytes = answer.bytes().await.map_err(|e| unavailable(format!("{node}: {e}")))?;
+    if status.is_success() {
+        return serde_json::from_slice(&bytes).map(Json).map_err(|e| unavailable(format!("{node} answered: {e}")));
+    }
+    match serde_json::from_slice::<api::ErrorBody>(&bytes) {
+        Ok(body) if status == StatusCode::NOT_FOUND => {
+            Err(ApiError::new(StatusCode::NOT_FOUND, "logs_not_found", format!("{node}: {}", body.error.message)))
+        }
+        _ => Err(unavailable(format!("the daemon that runs the task ({node}) answered {status}"))),
+    }
 }
 
 /// Up to [`LOG_PIECE`] bytes of `path` from `offset`, cut before a character split at the end.

@@ -15,7 +15,7 @@ use crate::{AppState, MAX_SUBMIT_BODY_BYTES};
 
 /// Set on a forwarded call: a daemon never forwards a call twice (two daemons that each think
 /// the other schedules, for the moment of a takeover, answer 503 rather than loop).
-const FORWARDED: HeaderName = HeaderName::from_static("x-allot-forwarded");
+pub(crate) const FORWARDED: HeaderName = HeaderName::from_static("x-allot-forwarded");
 
 /// The applications part, less what the daemon that runs a task serves itself (its logs, on its
 /// machine, and its wake-ups).

@@ -35,7 +35,7 @@ async fn a_daemon_killed_mid_run_has_its_tasks_run_again_on_the_others_and_the_a
     assert!(eventually(Duration::from_secs(10), async || urls.contains(&scheduler(&redis))).await, "one schedules");
     // Six tasks, room for two on each pool: they spread over the three.
     let command =
-        "sleep 2; echo \"{\\\"attempt\\\": $ALLOT_ATTEMPT, \\\"alloc\\\": \\\"$ALLOT_ALLOC\\\"}\" > \"$ALLOT_OUTPUTS\"";
+        "echo hello-from-$ALLOT_TASK; sleep 2; echo \"{\\\"attempt\\\": $ALLOT_ATTEMPT, \\\"alloc\\\": \\\"$ALLOT_ALLOC\\\"}\" > \"$ALLOT_OUTPUTS\"";
     let tasks = (0..6)
         .map(|i| AddTask {
             id: format!("t{i}"),
@@ -114,4 +114,13 @@ async fn a_daemon_killed_mid_run_has_its_tasks_run_again_on_the_others_and_the_a
     }
     let pool = client.pool(&lost_pool).await.unwrap();
     assert_eq!(pool.allocs, 0, "the lost pool's allocs are ended");
+    // A task's log, asked of a daemon that does not run it: read from the one that does.
+    let asked = &daemons[0].1;
+    let own_pool = format!("w{}", urls.iter().position(|u| *u == asked.url).unwrap());
+    let elsewhere = tasks
+        .iter()
+        .find(|t| t.placement.as_ref().is_some_and(|p| p.pool != own_pool))
+        .expect("a task run by another daemon");
+    let logs = asked.client().task_logs("spread", &elsewhere.id, None, None, 0).await.unwrap();
+    assert_eq!(logs.text, format!("hello-from-{}\n", elsewhere.id));
 }
