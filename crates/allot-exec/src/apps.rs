@@ -88,29 +88,55 @@ enum Home {
     At(allot_client::Client),
 }
 
-fn client_error(err: allot_client::ClientError) -> StoreError {
-    match &err {
-        allot_client::ClientError::Api { code, message, .. } => match code.as_str() {
-            "task_not_found" | "app_not_found" => StoreError::Sched(SchedError::TaskNotFound {
-                app: AppId::new("unknown").expect("a valid id"),
-                task: TaskId::new("unknown").expect("a valid id"),
-            }),
-            "illegal_transition" => StoreError::Unavailable(format!("illegal: {message}")),
-            _ => StoreError::Unavailable(err.to_string()),
-        },
-        _ => StoreError::Unavailable(format!("the daemon that schedules did not answer: {err}")),
+/// How a call to the applications part failed, the same from the store and over HTTP.
+enum Refusal {
+    /// The task or its application is gone.
+    Gone,
+    /// The report is illegal in the task's state (it ended meanwhile).
+    Illegal,
+    Failed(StoreError),
+}
+
+impl From<StoreError> for Refusal {
+    fn from(err: StoreError) -> Refusal {
+        match err {
+            StoreError::Sched(SchedError::TaskNotFound { .. } | SchedError::AppNotFound(_)) => Refusal::Gone,
+            StoreError::Sched(SchedError::Illegal(_)) => Refusal::Illegal,
+            err => Refusal::Failed(err),
+        }
     }
 }
 
-/// Whether an error says the task or its application is gone.
-pub(crate) fn is_gone(err: &StoreError) -> bool {
-    matches!(err, StoreError::Sched(SchedError::TaskNotFound { .. } | SchedError::AppNotFound(_)))
+impl From<allot_client::ClientError> for Refusal {
+    fn from(err: allot_client::ClientError) -> Refusal {
+        match err.code() {
+            Some("task_not_found" | "app_not_found") => Refusal::Gone,
+            Some("illegal_transition") => Refusal::Illegal,
+            Some(_) => Refusal::Failed(StoreError::Unavailable(err.to_string())),
+            None => {
+                Refusal::Failed(StoreError::Unavailable(format!("the daemon that schedules did not answer: {err}")))
+            }
+        }
+    }
 }
 
-/// Whether an error says the report was illegal in the task's state (it ended meanwhile).
-fn is_illegal(err: &StoreError) -> bool {
-    matches!(err, StoreError::Sched(SchedError::Illegal(_)))
-        || matches!(err, StoreError::Unavailable(m) if m.starts_with("illegal: "))
+impl Refusal {
+    /// The error of a call for which nothing but success is an answer.
+    fn into_error(self) -> StoreError {
+        match self {
+            Refusal::Gone => StoreError::Unavailable("the task or its application went meanwhile".into()),
+            Refusal::Illegal => StoreError::Unavailable("the call was refused in the task's state".into()),
+            Refusal::Failed(err) => err,
+        }
+    }
+}
+
+/// A report the task has moved on from (it ended, or went) is not an error.
+fn ignore_moved_on(done: Result<(), Refusal>) -> Result<(), StoreError> {
+    match done {
+        Ok(()) | Err(Refusal::Gone | Refusal::Illegal) => Ok(()),
+        Err(Refusal::Failed(err)) => Err(err),
+    }
 }
 
 impl AppsAccess {
@@ -127,7 +153,7 @@ impl AppsAccess {
                 if let Some(client) = clients.get(&url) {
                     return Ok(Home::At(client.clone()));
                 }
-                let client = allot_client::Client::new(&url).map_err(client_error)?;
+                let client = allot_client::Client::new(&url).map_err(|e| Refusal::from(e).into_error())?;
                 clients.insert(url, client.clone());
                 Ok(Home::At(client))
             }
@@ -136,24 +162,27 @@ impl AppsAccess {
 
     /// The task, or `None` if it (or its application) is gone.
     pub(crate) async fn task(&self, app: &AppId, task: &TaskId) -> Result<Option<PlacedTask>, StoreError> {
-        let found = match self.home()? {
-            Home::Here => self.store.task(app.clone(), task.clone()).await.map(|info| PlacedTask::from(&info.task)),
+        let found: Result<PlacedTask, Refusal> = match self.home()? {
+            Home::Here => match self.store.task(app.clone(), task.clone()).await {
+                Ok(info) => Ok(PlacedTask::from(&info.task)),
+                Err(err) => Err(err.into()),
+            },
             Home::At(client) => match client.task(app.as_str(), task.as_str()).await {
-                Ok(wire) => from_wire(&wire),
-                Err(err) => Err(client_error(err)),
+                Ok(wire) => from_wire(&wire).map_err(Refusal::Failed),
+                Err(err) => Err(err.into()),
             },
         };
         match found {
             Ok(task) => Ok(Some(task)),
-            Err(err) if is_gone(&err) => Ok(None),
-            Err(err) => Err(err),
+            Err(Refusal::Gone) => Ok(None),
+            Err(refusal) => Err(refusal.into_error()),
         }
     }
 
     /// What a run needs of its application (default if it is gone).
     pub(crate) async fn app_meta(&self, app: &AppId) -> Result<AppMeta, StoreError> {
-        let found = match self.home()? {
-            Home::Here => self.store.app(app.clone()).await.map(|info| {
+        let found: Result<AppMeta, Refusal> = match self.home()? {
+            Home::Here => self.store.app(app.clone()).await.map_err(Refusal::from).map(|info| {
                 let spec = info.app.spec;
                 AppMeta {
                     queue: spec.queue.to_string(),
@@ -169,44 +198,41 @@ impl AppsAccess {
                     labels: wire.tags,
                     max_parallelism: wire.policy.max_parallelism.map(|n| u32::try_from(n).unwrap_or(u32::MAX)),
                 }),
-                Err(err) => Err(client_error(err)),
+                Err(err) => Err(err.into()),
             },
         };
         match found {
-            Err(err) if is_gone(&err) => Ok(AppMeta::default()),
-            other => other,
+            Ok(meta) => Ok(meta),
+            Err(Refusal::Gone) => Ok(AppMeta::default()),
+            Err(refusal) => Err(refusal.into_error()),
         }
     }
 
     /// Reports the task running (an illegal report, the task having moved on, is ignored).
     pub(crate) async fn start(&self, app: &AppId, task: &TaskId) -> Result<(), StoreError> {
-        let done = match self.home()? {
-            Home::Here => self.store.start_task(app.clone(), task.clone()).await.map(|_| ()),
-            Home::At(client) => client.start_task(app.as_str(), task.as_str()).await.map(|_| ()).map_err(client_error),
+        let done: Result<(), Refusal> = match self.home()? {
+            Home::Here => self.store.start_task(app.clone(), task.clone()).await.map(|_| ()).map_err(Refusal::from),
+            Home::At(client) => client.start_task(app.as_str(), task.as_str()).await.map(|_| ()).map_err(Refusal::from),
         };
-        match done {
-            Err(err) if is_illegal(&err) || is_gone(&err) => Ok(()),
-            other => other,
-        }
+        ignore_moved_on(done)
     }
 
     /// Reports how the task ended: completed, or failed with a reason (ignored if it ended or
     /// went meanwhile).
     pub(crate) async fn finish(&self, app: &AppId, task: &TaskId, failed: Option<String>) -> Result<(), StoreError> {
-        let done = match self.home()? {
-            Home::Here => self.store.finish_task(app.clone(), task.clone(), failed).await.map(|_| ()),
+        let done: Result<(), Refusal> = match self.home()? {
+            Home::Here => {
+                self.store.finish_task(app.clone(), task.clone(), failed).await.map(|_| ()).map_err(Refusal::from)
+            }
             Home::At(client) => {
                 let answer = match failed {
                     None => client.complete_task(app.as_str(), task.as_str()).await,
                     Some(reason) => client.fail_task(app.as_str(), task.as_str(), Some(&reason)).await,
                 };
-                answer.map(|_| ()).map_err(client_error)
+                answer.map(|_| ()).map_err(Refusal::from)
             }
         };
-        match done {
-            Err(err) if is_illegal(&err) || is_gone(&err) => Ok(()),
-            other => other,
-        }
+        ignore_moved_on(done)
     }
 
     /// The tasks placed (Allocated or Running) on `pools`, in applications that have not ended.
@@ -222,13 +248,14 @@ impl AppsAccess {
         match self.home()? {
             Home::Here => found = self.store.placed_on(pools).await?,
             Home::At(client) => {
-                for app in client.apps().await.map_err(client_error)?.apps {
+                let refused = |e: allot_client::ClientError| Refusal::from(e).into_error();
+                for app in client.apps().await.map_err(refused)?.apps {
                     let placed = ["Allocated", "Running"].iter().map(|s| app.tasks.get(*s).copied().unwrap_or(0));
                     if placed.sum::<u64>() == 0 {
                         continue;
                     }
                     let Ok(id) = AppId::new(&app.id) else { continue };
-                    for task in client.tasks(&app.id).await.map_err(client_error)?.tasks {
+                    for task in client.tasks(&app.id).await.map_err(refused)?.tasks {
                         if placed_here(&from_wire(&task)?) {
                             if let Ok(task_id) = TaskId::new(&task.id) {
                                 found.push((id.clone(), task_id));

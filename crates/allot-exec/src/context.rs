@@ -166,7 +166,8 @@ enum Ask {
 
 /// The waits for tokens of every run on this daemon. A wait is one allocate call that waits in
 /// the namespace's queue (renewed until granted: the token keeps its place); when it is granted
-/// the run is woken.
+/// the run is woken. A token known granted stays noted until it is released, so that asking for
+/// it again each round costs no call to the store.
 #[derive(Clone, Default)]
 pub struct TokenWaits {
     asks: Arc<Mutex<HashMap<(NamespaceName, Token), Ask>>>,
@@ -188,10 +189,7 @@ impl TokenWaits {
         let key = (request.namespace.clone(), request.token.clone());
         let ask = self.lock().get(&key).cloned();
         match ask {
-            Some(Ask::Granted) => {
-                self.lock().remove(&key);
-                return Ok(TokenStatus::Granted);
-            }
+            Some(Ask::Granted) => return Ok(TokenStatus::Granted),
             Some(Ask::Waiting) => return Ok(TokenStatus::Waiting),
             Some(Ask::Failed(err)) => {
                 self.lock().remove(&key);
@@ -201,7 +199,10 @@ impl TokenWaits {
         }
         // Without waiting first: granted at once if there is room and no one waits ahead.
         match store.allocate(request.clone(), Duration::ZERO).await.map_err(store_error)? {
-            Allocation::Granted { .. } => return Ok(TokenStatus::Granted),
+            Allocation::Granted { .. } => {
+                self.lock().insert(key, Ask::Granted);
+                return Ok(TokenStatus::Granted);
+            }
             Allocation::Refused { .. } => {}
         }
         self.lock().insert(key.clone(), Ask::Waiting);
@@ -240,7 +241,8 @@ impl TokenWaits {
         Ok(TokenStatus::Waiting)
     }
 
-    /// Forgets a wait (its run ended); a grant that comes later is released by the caller.
+    /// Forgets a token (released, or its run ended); a grant that comes later is released by the
+    /// wait itself.
     fn forget(&self, namespace: &NamespaceName, token: &Token) {
         self.lock().remove(&(namespace.clone(), token.clone()));
     }
@@ -299,8 +301,9 @@ impl Tokens {
             constraints: Constraints::default(),
             lease: LeaseRequest::None,
         };
-        // Asked again every round (an allocate of a token already held is granted as it is):
-        // after a restart, a wait that was in flight is found again this way.
+        // Asked again every round: answered from what this daemon knows, else from the store (an
+        // allocate of a token already held is granted as it is), so after a restart a wait that
+        // was in flight is found again.
         let status = self.waits.take(&self.store, request, self.run.clone(), self.waker.clone()).await?;
         // Noted while it waits too: an attempt that ends then releases it, whether the grant
         // came before the end (released here) or after (released by the wait itself).

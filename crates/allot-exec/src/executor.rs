@@ -158,16 +158,45 @@ impl Parallelism {
 /// What the executor did since it started, for the metrics.
 #[derive(Debug, Default)]
 pub struct ExecStats {
-    pub rounds: AtomicU64,
-    pub succeeded: AtomicU64,
-    pub failed: AtomicU64,
-    pub aborted: AtomicU64,
+    rounds: AtomicU64,
+    succeeded: AtomicU64,
+    failed: AtomicU64,
+    aborted: AtomicU64,
+    retried: AtomicU64,
+    cache_hits: AtomicU64,
+    cache_misses: AtomicU64,
+    held_back: AtomicU64,
+}
+
+/// [`ExecStats`] as read at one moment.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct ExecCounts {
+    pub rounds: u64,
+    pub succeeded: u64,
+    pub failed: u64,
+    pub aborted: u64,
     /// Attempts that failed and were followed by another.
-    pub retried: AtomicU64,
-    pub cache_hits: AtomicU64,
-    pub cache_misses: AtomicU64,
+    pub retried: u64,
+    pub cache_hits: u64,
+    pub cache_misses: u64,
     /// Times a run was held back by its application's parallelism.
-    pub held_back: AtomicU64,
+    pub held_back: u64,
+}
+
+impl ExecStats {
+    pub fn counts(&self) -> ExecCounts {
+        let read = |counter: &AtomicU64| counter.load(Ordering::Relaxed);
+        ExecCounts {
+            rounds: read(&self.rounds),
+            succeeded: read(&self.succeeded),
+            failed: read(&self.failed),
+            aborted: read(&self.aborted),
+            retried: read(&self.retried),
+            cache_hits: read(&self.cache_hits),
+            cache_misses: read(&self.cache_misses),
+            held_back: read(&self.held_back),
+        }
+    }
 }
 
 /// How long an executor's lease runs: the pools of an executor that has not renewed it for this
@@ -218,9 +247,8 @@ impl Executor {
 
     /// Wakes a run (its next round comes at once), or the scan for new tasks if it is not driven.
     pub fn wake(&self, run: &RunKey) {
-        match self.active.lock().unwrap_or_else(|p| p.into_inner()).get(run) {
-            Some(notify) => notify.notify_one(),
-            None => self.scan.notify_one(),
+        if !self.wake_driven(run) {
+            self.scan.notify_one();
         }
     }
 

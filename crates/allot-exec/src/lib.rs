@@ -20,6 +20,6 @@ pub use context::{
     Metadata, MetricsScope, PluginCounters, RoundOutput, RunKey, Secrets, SetupContext, TaskContext, TokenStatus,
     TokenWaits, Tokens, Waker,
 };
-pub use executor::{ExecStats, Executor, ExecutorConfig, EXECUTOR_LEASE};
+pub use executor::{ExecCounts, ExecStats, Executor, ExecutorConfig, EXECUTOR_LEASE};
 pub use plugin::{LoadResult, Plugin, PluginEntry, PluginLoader, PluginProperties};
 pub use registry::{Registry, RegistryError, ResolveError};

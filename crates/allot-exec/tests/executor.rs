@@ -116,12 +116,23 @@ async fn start_counting(
     stop
 }
 
-async fn setup() -> Setup {
+/// An embedded store with the pool `local` (cpu=8) and the queue `root.q`.
+async fn new_store() -> (tempfile::TempDir, Arc<dyn Store>) {
     let dir = tempfile::tempdir().unwrap();
     let store: Arc<dyn Store> =
         Arc::new(EmbeddedStore::open(&EmbeddedConfig { data_dir: dir.path().join("data") }).unwrap());
     store.put_pool(PoolName::new("local").unwrap(), "cpu=8".parse().unwrap()).await.unwrap();
     store.put_queue(QueuePath::new("root.q").unwrap(), QueueLimits::default()).await.unwrap();
+    (dir, store)
+}
+
+async fn setup() -> Setup {
+    let (dir, store) = new_store().await;
+    started(dir, store).await
+}
+
+/// The executor started on `store`.
+async fn started(dir: tempfile::TempDir, store: Arc<dyn Store>) -> Setup {
     let probe = Arc::new(Probe::default());
     let stop = start(store.clone(), dir.path(), probe.clone()).await;
     Setup { _dir: dir, store, probe, stop }
@@ -415,15 +426,9 @@ async fn job_service(millis: u64) -> (Arc<JobService>, String) {
 
 /// Makes the `http` plugin's quota 3 before the executor starts (its loader keeps it).
 async fn setup_with_http_quota() -> Setup {
-    let dir = tempfile::tempdir().unwrap();
-    let store: Arc<dyn Store> =
-        Arc::new(EmbeddedStore::open(&EmbeddedConfig { data_dir: dir.path().join("data") }).unwrap());
-    store.put_pool(PoolName::new("local").unwrap(), "cpu=8".parse().unwrap()).await.unwrap();
-    store.put_queue(QueuePath::new("root.q").unwrap(), QueueLimits::default()).await.unwrap();
+    let (dir, store) = new_store().await;
     store.seed_namespace(allot_core::NamespaceName::new("http:jobs").unwrap(), 3).await.unwrap();
-    let probe = Arc::new(Probe::default());
-    let stop = start(store.clone(), dir.path(), probe.clone()).await;
-    Setup { _dir: dir, store, probe, stop }
+    started(dir, store).await
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -559,11 +564,7 @@ async fn a_task_run_before_with_the_same_type_version_and_inputs_reuses_its_outp
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_plugin_sees_the_tasks_metadata_records_events_and_keeps_counters() {
-    let dir = tempfile::tempdir().unwrap();
-    let store: Arc<dyn Store> =
-        Arc::new(EmbeddedStore::open(&EmbeddedConfig { data_dir: dir.path().join("data") }).unwrap());
-    store.put_pool(PoolName::new("local").unwrap(), "cpu=8".parse().unwrap()).await.unwrap();
-    store.put_queue(QueuePath::new("root.q").unwrap(), QueueLimits::default()).await.unwrap();
+    let (dir, store) = new_store().await;
     let counters = PluginCounters::default();
     let stop = start_counting(store.clone(), dir.path(), Arc::new(Probe::default()), counters.clone()).await;
     let id = AppId::new("m").unwrap();
@@ -610,11 +611,7 @@ async fn a_plugin_sees_the_tasks_metadata_records_events_and_keeps_counters() {
 /// comes back takes the recorded transition for that round instead of calling the plugin again.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_barrier_round_is_replayed_from_the_store_after_a_crash_not_run_twice() {
-    let dir = tempfile::tempdir().unwrap();
-    let store: Arc<dyn Store> =
-        Arc::new(EmbeddedStore::open(&EmbeddedConfig { data_dir: dir.path().join("data") }).unwrap());
-    store.put_pool(PoolName::new("local").unwrap(), "cpu=8".parse().unwrap()).await.unwrap();
-    store.put_queue(QueuePath::new("root.q").unwrap(), QueueLimits::default()).await.unwrap();
+    let (dir, store) = new_store().await;
     let app = submit(&*store, "r", &[("launch", serde_json::json!({ "type": "probe" }))]).await;
     until("placed", async || state(&*store, &app, "launch").await == TaskState::Allocated).await;
     // What the dead daemon left: round 0's Barrier recorded, not acted on.

@@ -170,32 +170,16 @@ struct Snapshot {
 #[derive(Debug, Default, Clone)]
 struct ExecSnapshot {
     active: u64,
-    rounds: u64,
-    succeeded: u64,
-    failed: u64,
-    aborted: u64,
-    retried: u64,
-    cache_hits: u64,
-    cache_misses: u64,
-    held_back: u64,
+    counts: allot_exec::ExecCounts,
     /// The plugins' own counters: (plugin, name) and value.
     plugins: Vec<((String, String), u64)>,
 }
 
 impl ExecSnapshot {
     fn of(executor: &allot_exec::Executor) -> ExecSnapshot {
-        let stats = executor.stats();
-        let read = |counter: &std::sync::atomic::AtomicU64| counter.load(std::sync::atomic::Ordering::Relaxed);
         ExecSnapshot {
             active: executor.active() as u64,
-            rounds: read(&stats.rounds),
-            succeeded: read(&stats.succeeded),
-            failed: read(&stats.failed),
-            aborted: read(&stats.aborted),
-            retried: read(&stats.retried),
-            cache_hits: read(&stats.cache_hits),
-            cache_misses: read(&stats.cache_misses),
-            held_back: read(&stats.held_back),
+            counts: executor.stats().counts(),
             plugins: executor.plugin_counters().snapshot(),
         }
     }
@@ -211,22 +195,29 @@ fn encode_exec(encoder: &mut DescriptorEncoder<'_>, exec: &ExecSnapshot) -> Resu
         MetricType::Gauge,
     )?;
     active.encode(metric)?;
-    encode_counter(encoder, "allot_exec_rounds", "Plugin rounds, since start", exec.rounds)?;
-    encode_counter(encoder, "allot_exec_retries", "Failed attempts followed by another, since start", exec.retried)?;
+    encode_counter(encoder, "allot_exec_rounds", "Plugin rounds, since start", exec.counts.rounds)?;
+    encode_counter(
+        encoder,
+        "allot_exec_retries",
+        "Failed attempts followed by another, since start",
+        exec.counts.retried,
+    )?;
     encode_counter(
         encoder,
         "allot_exec_held_back",
         "Times a run was held back by its application's max_parallelism, since start",
-        exec.held_back,
+        exec.counts.held_back,
     )?;
     let ended = Family::<TotalResultLabels, Counter>::default();
-    for (result, count) in [("succeeded", exec.succeeded), ("failed", exec.failed), ("aborted", exec.aborted)] {
+    for (result, count) in
+        [("succeeded", exec.counts.succeeded), ("failed", exec.counts.failed), ("aborted", exec.counts.aborted)]
+    {
         ended.get_or_create(&TotalResultLabels { result }).inc_by(count);
     }
     encode_family(encoder, "allot_exec_runs_ended", "Task runs ended, by result, since start", &ended)?;
     let cache = Family::<TotalResultLabels, Counter>::default();
-    cache.get_or_create(&TotalResultLabels { result: "hit" }).inc_by(exec.cache_hits);
-    cache.get_or_create(&TotalResultLabels { result: "miss" }).inc_by(exec.cache_misses);
+    cache.get_or_create(&TotalResultLabels { result: "hit" }).inc_by(exec.counts.cache_hits);
+    cache.get_or_create(&TotalResultLabels { result: "miss" }).inc_by(exec.counts.cache_misses);
     encode_family(encoder, "allot_exec_cache_lookups", "Output cache lookups, by result, since start", &cache)?;
     let plugins = Family::<PluginCounterLabels, Counter>::default();
     for ((plugin, counter), value) in &exec.plugins {

@@ -129,10 +129,19 @@ impl RunStore for RedisStore {
             let pools = names.iter().map(|n| PoolName::new(n).map_err(corrupt)).collect::<Result<_, _>>()?;
             leases.push(ExecutorLease { node, pools, live: false });
         }
-        for lease in &mut leases {
-            let cmd = redis::cmd("EXISTS").arg(executor_key(&lease.node)).clone();
-            let exists = self.inner.conn.query(&cmd).await.map_err(|e| redis_error(e, false))?;
-            lease.live = matches!(exists, Value::Int(n) if n > 0);
+        if leases.is_empty() {
+            return Ok(leases);
+        }
+        // One call for every lease key (they share the `{allot-runs}` slot).
+        let mut cmd = redis::cmd("MGET");
+        for lease in &leases {
+            cmd.arg(executor_key(&lease.node));
+        }
+        let Value::Array(values) = self.inner.conn.query(&cmd).await.map_err(|e| redis_error(e, false))? else {
+            return Err(corrupt("executor leases: not a list"));
+        };
+        for (lease, value) in leases.iter_mut().zip(values) {
+            lease.live = !matches!(value, Value::Nil);
         }
         Ok(leases)
     }

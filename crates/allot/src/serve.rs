@@ -544,6 +544,13 @@ pub(crate) async fn run(args: ServeArgs) -> anyhow::Result<()> {
         .await
         .with_context(|| format!("cannot listen on {}", config.listen))?;
     let address = listener.local_addr()?;
+    // The URL the other daemons reach this one at: it names this daemon in the scheduler's lease
+    // and in its executor's.
+    let advertise = match &args.advertise {
+        Some(url) => url.trim_end_matches('/').to_owned(),
+        None if address.ip().is_unspecified() => format!("http://127.0.0.1:{}", address.port()),
+        None => format!("http://{address}"),
+    };
     let store: Arc<dyn Store> = match &config.store {
         StoreChoice::Embedded => {
             let store = EmbeddedStore::open(&EmbeddedConfig { data_dir: config.data_dir.clone() })
@@ -563,26 +570,16 @@ pub(crate) async fn run(args: ServeArgs) -> anyhow::Result<()> {
             let store = RedisStore::open(redis).await.context("cannot open the Redis store")?;
             store.set_pool_rules(config.pool_rules);
             store.set_sched_config(config.sched.clone());
-            let advertise = match &args.advertise {
-                Some(url) => url.trim_end_matches('/').to_owned(),
-                None if address.ip().is_unspecified() => {
-                    tracing::warn!(
-                        %address,
-                        "listening on every interface: give --advertise so that the other daemons reach this one \
-                         when it schedules; using 127.0.0.1 meanwhile"
-                    );
-                    format!("http://127.0.0.1:{}", address.port())
-                }
-                None => format!("http://{address}"),
-            };
+            if args.advertise.is_none() && address.ip().is_unspecified() {
+                tracing::warn!(
+                    %address,
+                    "listening on every interface: give --advertise so that the other daemons reach this one \
+                     when it schedules; using 127.0.0.1 meanwhile"
+                );
+            }
             store.start_scheduling(&advertise);
             Arc::new(store)
         }
-    };
-    // This daemon's executor is named by the URL others reach it at.
-    let node = match &args.advertise {
-        Some(url) => url.trim_end_matches('/').to_owned(),
-        None => format!("http://{address}"),
     };
     for (name, quota) in &config.quotas {
         let (created, view) = store
@@ -634,7 +631,8 @@ pub(crate) async fn run(args: ServeArgs) -> anyhow::Result<()> {
         allot_server::AppState::new(store.clone()).with_max_wait(config.max_wait).with_metrics(config.metrics);
     let (stop_executor, executor_stopped) = tokio::sync::watch::channel(false);
     if !config.run_pools.is_empty() {
-        let executor = start_executor(&store, &config.run_pools, &config.data_dir, &config.plugins, node).await?;
+        let executor =
+            start_executor(&store, &config.run_pools, &config.data_dir, &config.plugins, advertise.clone()).await?;
         state = state.with_executor(executor.clone());
         tokio::spawn(executor.run(executor_stopped));
     }
