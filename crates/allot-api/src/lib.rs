@@ -386,6 +386,11 @@ pub struct SessionList {
 pub struct Health {
     pub status: String,
     pub backend: String,
+    /// What an acknowledged change survives: `disk` (a power loss) or `process` (a crash of the
+    /// daemon, not a power loss) on the embedded store; `redis` on Redis (what its persistence
+    /// settings keep).
+    #[serde(default)]
+    pub durability: String,
     pub version: String,
 }
 

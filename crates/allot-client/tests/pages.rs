@@ -10,7 +10,7 @@ use allot_store::{EmbeddedConfig, EmbeddedStore, Store};
 /// A store with `namespaces` namespaces and, in the first, `grants` grants; served until the
 /// test ends.
 async fn daemon(dir: &std::path::Path, namespaces: usize, grants: usize) -> Client {
-    let store: Arc<dyn Store> = Arc::new(EmbeddedStore::open(&EmbeddedConfig { data_dir: dir.to_owned() }).unwrap());
+    let store: Arc<dyn Store> = Arc::new(EmbeddedStore::open(&EmbeddedConfig::new(dir.to_owned())).unwrap());
     let name = |i: usize| NamespaceName::new(&format!("ns-{i:05}")).unwrap();
     // Many at once, so the store group-commits them.
     let mut puts = tokio::task::JoinSet::new();

@@ -39,8 +39,7 @@ impl Daemon {
     async fn start_at(dir: &Path, addr: SocketAddr) -> Daemon {
         let listener = tokio::net::TcpListener::bind(addr).await.unwrap();
         let addr = listener.local_addr().unwrap();
-        let store: Arc<dyn Store> =
-            Arc::new(EmbeddedStore::open(&EmbeddedConfig { data_dir: dir.to_owned() }).unwrap());
+        let store: Arc<dyn Store> = Arc::new(EmbeddedStore::open(&EmbeddedConfig::new(dir.to_owned())).unwrap());
         let (stop, stopped) = oneshot::channel::<()>();
         let served = tokio::spawn(async move {
             allot_server::run(listener, allot_server::AppState::new(store), async move {

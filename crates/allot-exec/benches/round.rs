@@ -86,7 +86,7 @@ fn rounds(c: &mut Criterion) {
     let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
     let dir = tempfile::tempdir().unwrap();
     let store: Arc<dyn Store> = runtime.block_on(async {
-        Arc::new(EmbeddedStore::open(&EmbeddedConfig { data_dir: dir.path().join("data") }).unwrap()) as Arc<dyn Store>
+        Arc::new(EmbeddedStore::open(&EmbeddedConfig::new(dir.path().join("data"))).unwrap()) as Arc<dyn Store>
     });
     let mut entries = builtin::entries();
     entries.push(PluginEntry::new("poll", &["poll"], false, |_| async { Ok(Arc::new(Poll) as Arc<dyn Plugin>) }));

@@ -119,8 +119,7 @@ async fn start_counting(
 /// An embedded store with the pool `local` (cpu=8) and the queue `root.q`.
 async fn new_store() -> (tempfile::TempDir, Arc<dyn Store>) {
     let dir = tempfile::tempdir().unwrap();
-    let store: Arc<dyn Store> =
-        Arc::new(EmbeddedStore::open(&EmbeddedConfig { data_dir: dir.path().join("data") }).unwrap());
+    let store: Arc<dyn Store> = Arc::new(EmbeddedStore::open(&EmbeddedConfig::new(dir.path().join("data"))).unwrap());
     store.put_pool(PoolName::new("local").unwrap(), "cpu=8".parse().unwrap()).await.unwrap();
     store.put_queue(QueuePath::new("root.q").unwrap(), QueueLimits::default()).await.unwrap();
     (dir, store)

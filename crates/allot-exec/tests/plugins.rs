@@ -38,7 +38,7 @@ fn entry(id: &'static str, types: &[&str], default: bool) -> PluginEntry {
 
 fn store() -> (tempfile::TempDir, Arc<dyn Store>) {
     let dir = tempfile::tempdir().unwrap();
-    let store = EmbeddedStore::open(&EmbeddedConfig { data_dir: dir.path().join("data") }).unwrap();
+    let store = EmbeddedStore::open(&EmbeddedConfig::new(dir.path().join("data"))).unwrap();
     (dir, Arc::new(store))
 }
 

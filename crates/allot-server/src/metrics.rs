@@ -26,7 +26,9 @@
 //! `succeeded`, `failed`, `aborted`) and `exec_cache_lookups_total` (label `result`: `hit`,
 //! `miss`), and the plugins' own `plugin_counter_total` (labels `plugin`, `counter`). And
 //! `store_commits_total`, `store_committed_operations_total`, `store_commit_seconds_total`,
-//! `store_commit_failures_total`, `http_request_duration_seconds` (labels `method`, `route`,
+//! `store_commit_failures_total`, `store_commit_duration_seconds` (a histogram),
+//! `store_commit_max_seconds`, `store_durability` (label `level`: `disk`, `process`, `redis`),
+//! `http_request_duration_seconds` (labels `method`, `route`,
 //! `status`).
 
 use std::collections::BTreeMap;
@@ -159,6 +161,7 @@ struct Snapshot {
     pools: Vec<PoolView>,
     pool_totals: PoolTotals,
     commits: CommitStats,
+    durability: &'static str,
     /// Every queue (a queue tree is small: each has series of its own).
     queues: Vec<QueueView>,
     sched: SchedStats,
@@ -572,6 +575,55 @@ fn encode_counter(
     counter.encode(encoder.encode_descriptor(name, help, None, MetricType::Counter)?)
 }
 
+/// The commit-time histogram: a sync of the log at the disk level, an append at the process level.
+fn encode_commit_durations(encoder: &mut DescriptorEncoder<'_>, commits: &CommitStats) -> Result<(), std::fmt::Error> {
+    let mut buckets: Vec<(f64, u64)> = allot_store::COMMIT_BUCKETS_MICROS
+        .iter()
+        .zip(commits.buckets)
+        .map(|(&bound, count)| (bound as f64 / 1e6, count))
+        .collect();
+    buckets.push((f64::INFINITY, commits.buckets[allot_store::COMMIT_BUCKETS_MICROS.len()]));
+    let count = commits.buckets.iter().sum();
+    let metric = encoder.encode_descriptor(
+        "allot_store_commit_duration_seconds",
+        "Commits by time taken: a sync of the log (disk durability) or an append (process durability)",
+        None,
+        MetricType::Histogram,
+    )?;
+    let mut metric = metric;
+    metric.encode_histogram::<prometheus_client::encoding::NoLabelSet>(
+        commits.commit_micros as f64 / 1e6,
+        count,
+        &buckets,
+        None,
+    )?;
+    let max = Gauge::<f64, std::sync::atomic::AtomicU64>::default();
+    max.set(commits.max_micros as f64 / 1e6);
+    max.encode(encoder.encode_descriptor(
+        "allot_store_commit_max_seconds",
+        "The slowest commit since the daemon started",
+        None,
+        MetricType::Gauge,
+    )?)
+}
+
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct LevelLabel {
+    level: String,
+}
+
+/// What an acknowledged change survives, as a label of a gauge of 1 (`disk`, `process`, `redis`).
+fn encode_durability(encoder: &mut DescriptorEncoder<'_>, level: &str) -> Result<(), std::fmt::Error> {
+    let family = Family::<LevelLabel, Gauge>::default();
+    family.get_or_create(&LevelLabel { level: level.to_owned() }).set(1);
+    family.encode(encoder.encode_descriptor(
+        "allot_store_durability",
+        "What an acknowledged change survives: disk (a power loss), process (a crash of the daemon), redis",
+        None,
+        MetricType::Gauge,
+    )?)
+}
+
 /// A count as a gauge value, clamped to what an i64 gauge can hold.
 fn gauge(count: u64) -> i64 {
     i64::try_from(count).unwrap_or(i64::MAX)
@@ -652,13 +704,20 @@ impl Collector for StoreCollector {
             None,
             MetricType::Counter,
         )?;
-        seconds.encode(metric)
+        seconds.encode(metric)?;
+        encode_commit_durations(&mut encoder, &commits)?;
+        encode_durability(&mut encoder, snapshot.durability)
     }
 }
 
 /// Reads every namespace and pool page by page: totals of all, views of the selected ones.
 async fn snapshot(store: &dyn Store, config: &MetricsConfig) -> Result<Snapshot, StoreError> {
-    let mut snapshot = Snapshot { commits: store.commit_stats(), sched: store.sched_stats(), ..Snapshot::default() };
+    let mut snapshot = Snapshot {
+        commits: store.commit_stats(),
+        durability: store.durability(),
+        sched: store.sched_stats(),
+        ..Snapshot::default()
+    };
     // On a shared store, the daemon that schedules reports the queues (once, not once per daemon).
     if store.apps_home() == allot_store::AppsHome::Here {
         snapshot.queues = store.queues().await?;

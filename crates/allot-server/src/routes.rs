@@ -19,6 +19,7 @@ pub(crate) async fn healthz(State(state): State<AppState>) -> Json<api::Health> 
     Json(api::Health {
         status: "ok".into(),
         backend: state.store.backend().into(),
+        durability: state.store.durability().into(),
         version: env!("CARGO_PKG_VERSION").into(),
     })
 }

@@ -26,8 +26,7 @@ impl Harness {
     /// With series of their own at `/metrics` for what `config` selects.
     fn with_metrics(config: MetricsConfig) -> Harness {
         let dir = tempfile::tempdir().unwrap();
-        let store: Arc<dyn Store> =
-            Arc::new(EmbeddedStore::open(&EmbeddedConfig { data_dir: dir.path().to_owned() }).unwrap());
+        let store: Arc<dyn Store> = Arc::new(EmbeddedStore::open(&EmbeddedConfig::new(dir.path().to_owned())).unwrap());
         Harness { router: app(AppState::new(store.clone()).with_metrics(config)), store, _dir: dir }
     }
 

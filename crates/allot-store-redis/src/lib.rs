@@ -466,6 +466,10 @@ impl Store for RedisStore {
         "redis"
     }
 
+    fn durability(&self) -> &'static str {
+        "redis"
+    }
+
     /// Redis's clock as last seen by a pool call (allocs' times are in it), or the wall clock
     /// before any.
     fn now(&self) -> allot_core::Millis {
@@ -479,6 +483,7 @@ impl Store for RedisStore {
             operations: calls,
             commit_micros: self.inner.call_micros.load(Ordering::Relaxed),
             failures: self.inner.failures.load(Ordering::Relaxed),
+            ..CommitStats::default()
         }
     }
 

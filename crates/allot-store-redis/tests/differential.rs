@@ -118,7 +118,7 @@ async fn redis_functions_answer_like_the_ledger() {
     let server = RedisServer::start();
     let redis = RedisStore::open(&RedisConfig::parse(&server.url()).unwrap()).await.unwrap();
     let dir = tempfile::tempdir().unwrap();
-    let embedded = EmbeddedStore::open(&EmbeddedConfig { data_dir: dir.path().join("data") }).unwrap();
+    let embedded = EmbeddedStore::open(&EmbeddedConfig::new(dir.path().join("data"))).unwrap();
     let mut steps = 0;
     for seed in 1..=12u64 {
         // Fresh namespaces per sequence, so sequences do not see each other.

@@ -1,11 +1,15 @@
-//! A redb storage backend that fails on demand, like a full or failing disk: for fault-injection
-//! tests of the embedded store and of everything above it. Not used by the daemon.
+//! A redb storage backend and write-ahead log files that fail on demand, like a full or failing
+//! disk: for fault-injection tests of the embedded store and of everything above it. Not used by
+//! the daemon.
 
 use std::path::Path;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
 use redb::backends::FileBackend;
+
+use crate::embedded::wal::{DirLog, LogFiles, Segment};
+use crate::embedded::Durability;
 
 /// Which operations fail, switched on and off while the store runs.
 #[derive(Debug, Default)]
@@ -67,14 +71,83 @@ impl redb::StorageBackend for FlakyDisk {
     }
 }
 
-/// Opens an embedded store in `dir` on a [`FlakyDisk`]; the returned [`Faults`] switch failures
-/// on and off.
+/// The write-ahead log's files in a directory, failing as their [`Faults`] say. Reads always work.
+pub struct FlakyLog {
+    inner: DirLog,
+    faults: Arc<Faults>,
+}
+
+struct FlakySegment {
+    inner: Arc<dyn Segment>,
+    faults: Arc<Faults>,
+}
+
+fn full_disk(faults: &Faults) -> std::io::Result<()> {
+    if faults.fail_writes.load(Ordering::SeqCst) {
+        return Err(std::io::Error::new(std::io::ErrorKind::StorageFull, "no space left on device"));
+    }
+    Ok(())
+}
+
+impl LogFiles for FlakyLog {
+    fn create(&self, number: u64) -> std::io::Result<Arc<dyn Segment>> {
+        full_disk(&self.faults)?;
+        Ok(Arc::new(FlakySegment { inner: self.inner.create(number)?, faults: self.faults.clone() }))
+    }
+
+    fn list(&self) -> std::io::Result<Vec<u64>> {
+        self.inner.list()
+    }
+
+    fn read(&self, number: u64) -> std::io::Result<Vec<u8>> {
+        self.inner.read(number)
+    }
+
+    fn remove(&self, number: u64) -> std::io::Result<()> {
+        self.inner.remove(number)
+    }
+}
+
+impl Segment for FlakySegment {
+    fn append(&self, bytes: &[u8]) -> std::io::Result<()> {
+        full_disk(&self.faults)?;
+        self.inner.append(bytes)
+    }
+
+    fn sync(&self) -> std::io::Result<()> {
+        full_disk(&self.faults)?;
+        if self.faults.fail_syncs.load(Ordering::SeqCst) {
+            return Err(std::io::Error::other("fsync failed: input/output error"));
+        }
+        self.inner.sync()
+    }
+
+    fn truncate(&self, len: u64) -> std::io::Result<()> {
+        full_disk(&self.faults)?;
+        self.inner.truncate(len)
+    }
+}
+
+/// Opens an embedded store in `dir` on a [`FlakyDisk`] and a [`FlakyLog`], at the disk level of
+/// durability; the returned [`Faults`] switch failures on and off.
 pub fn open_flaky_store(dir: &Path) -> Result<(crate::EmbeddedStore, Arc<Faults>), crate::embedded::OpenError> {
+    open_flaky_store_at(dir, Durability::Disk)
+}
+
+/// [`open_flaky_store`] at any level of durability.
+pub fn open_flaky_store_at(
+    dir: &Path,
+    durability: Durability,
+) -> Result<(crate::EmbeddedStore, Arc<Faults>), crate::embedded::OpenError> {
     let faults = Arc::new(Faults::default());
     let path = dir.join(crate::embedded::DB_FILE);
     let make = {
         let faults = faults.clone();
         move || FlakyDisk::open(&path, faults.clone()).expect("the test database file opens")
     };
-    Ok((crate::EmbeddedStore::open_with_backend(make)?, faults))
+    let log_dir = dir.join(crate::embedded::wal::WAL_DIR);
+    let inner = DirLog::open(log_dir.clone())
+        .map_err(|source| crate::embedded::OpenError::DataDir { path: log_dir, source })?;
+    let log = Box::new(FlakyLog { inner, faults: faults.clone() });
+    Ok((crate::EmbeddedStore::open_with_backend(make, log, durability)?, faults))
 }

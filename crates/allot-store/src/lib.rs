@@ -1,15 +1,17 @@
 //! The `Store` trait: every operation of the token quotas, as a backend carries it out.
 //!
-//! - `embedded`: the default backend. The decisions are `allot_core::Ledger`'s, in memory; every
-//!   change is made durable in a redb database by one committer thread that group-commits, and an
-//!   operation is answered only once its changes are on disk.
+//! - `embedded`: the default backend. The decisions are the core's, in memory; every change is
+//!   appended to a write-ahead log, checkpointed into a redb database, and an operation is
+//!   answered only once its changes are durable at the chosen [`Durability`] (on disk, or handed
+//!   to the operating system).
 //! - `records`: the versioned on-disk format of the embedded backend.
 //! - `conformance`: the behaviour every backend must show, as a suite of checks over `&dyn Store`.
 //! - `fault`: a storage backend that fails like a full disk, for fault-injection tests.
 //!
 //! Architecture invariant: an answer that says something was granted, released, renewed or
 //! changed is given only after that change is durable; a change that fails to become durable is
-//! answered with [`StoreError::Unavailable`] and is not visible afterwards.
+//! answered with [`StoreError::Unavailable`] and is not visible afterwards (or, when it may have
+//! been applied, [`StoreError::OutcomeUnknown`] and is visible exactly if it was).
 
 pub mod apps;
 pub mod conformance;
@@ -37,7 +39,7 @@ use allot_core::{
 use async_trait::async_trait;
 
 pub use apps::{AppInfo, AppStore, AppsHome, TaskInfo};
-pub use embedded::{EmbeddedConfig, EmbeddedStore};
+pub use embedded::{Durability, EmbeddedConfig, EmbeddedStore};
 pub use runs::{CachedOutputs, ExecutorLease, RunChange, RunStore};
 
 /// The longest an allocate call may wait for room.
@@ -198,10 +200,15 @@ pub struct SessionInfo {
     pub expires_in_ms: u64,
 }
 
+/// The upper bounds (µs) of the buckets of the commit-time histogram; a last bucket holds the rest.
+pub const COMMIT_BUCKETS_MICROS: [u64; 15] =
+    [25, 50, 100, 250, 500, 1_000, 2_500, 5_000, 10_000, 25_000, 50_000, 100_000, 250_000, 500_000, 1_000_000];
+
 /// Counters of the durable-commit machinery, for metrics.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct CommitStats {
-    /// Write transactions committed.
+    /// Commits: syncs of the log at the disk level (each covering a group of operations), appends
+    /// at the process level, calls on Redis.
     pub commits: u64,
     /// Operations made durable by those commits.
     pub operations: u64,
@@ -209,6 +216,11 @@ pub struct CommitStats {
     pub commit_micros: u64,
     /// Commits that failed.
     pub failures: u64,
+    /// Commits by time taken: `buckets[i]` counts those of at most `COMMIT_BUCKETS_MICROS[i]` µs
+    /// (and more than the bound before); the last one counts the slower.
+    pub buckets: [u64; COMMIT_BUCKETS_MICROS.len() + 1],
+    /// The slowest commit (µs).
+    pub max_micros: u64,
 }
 
 /// A backend: the token quotas, the pools and the applications, each a trait of its own
@@ -219,6 +231,9 @@ pub struct CommitStats {
 pub trait Store: QuotaStore + PoolStore + AppStore + RunStore + Send + Sync + 'static {
     /// A short name for logs and `/healthz`, e.g. `embedded`.
     fn backend(&self) -> &'static str;
+    /// What an acknowledged change survives, for `/healthz` and metrics: `disk` or `process` on
+    /// the embedded store, `redis` (what Redis's own persistence settings keep) on Redis.
+    fn durability(&self) -> &'static str;
     /// The store's clock now (ms), the time base of allocs' `created`, `expires`...
     fn now(&self) -> Millis;
 

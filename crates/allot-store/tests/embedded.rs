@@ -25,7 +25,7 @@ fn request(namespace: &str, token: &str, lease: LeaseRequest) -> AllocateRequest
 }
 
 fn open(dir: &std::path::Path) -> EmbeddedStore {
-    EmbeddedStore::open(&EmbeddedConfig { data_dir: dir.to_owned() }).unwrap()
+    EmbeddedStore::open(&EmbeddedConfig::new(dir.to_owned())).unwrap()
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -144,7 +144,7 @@ async fn a_read_only_data_directory_is_a_clear_error() {
     let dir = tempfile::tempdir().unwrap();
     let file = dir.path().join("not-a-dir");
     std::fs::write(&file, b"x").unwrap();
-    let err = EmbeddedStore::open(&EmbeddedConfig { data_dir: file.join("data") }).err().expect("must fail");
+    let err = EmbeddedStore::open(&EmbeddedConfig::new(file.join("data"))).err().expect("must fail");
     assert!(err.to_string().contains("cannot create the data directory"), "{err}");
 }
 

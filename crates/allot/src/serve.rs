@@ -11,7 +11,7 @@ use allot_core::queue::{QueueLimits, QueuePath, SortPolicy};
 use allot_core::sched::SchedConfig;
 use allot_core::{NamespaceName, Resources};
 use allot_server::MetricsConfig;
-use allot_store::{EmbeddedConfig, EmbeddedStore, Store};
+use allot_store::{Durability, EmbeddedConfig, EmbeddedStore, Store};
 use allot_store_redis::{RedisConfig, RedisStore};
 use anyhow::{bail, Context};
 use serde::Deserialize;
@@ -29,6 +29,7 @@ pub(crate) const DEFAULT_DATA_DIR: &str = "allot-data";
 pub(crate) const SERVE_AFTER_HELP: &str = r#"Configuration file (--config), with every key:
   listen = "127.0.0.1:7070"     # --listen
   data_dir = "allot-data"       # --data-dir
+  durability = "disk"           # --durability: disk or process (the embedded store)
   store = "embedded"            # --store
   local_pool = "local"          # --local-pool (its tasks are run here)
   run_pools = ["worker-1"]      # --run-pool: run the tasks placed on these pools here
@@ -80,6 +81,12 @@ pub(crate) struct ServeArgs {
     /// Directory of the embedded store [default: ./allot-data].
     #[arg(long, value_name = "DIR", env = "ALLOT_DATA_DIR")]
     data_dir: Option<PathBuf>,
+    /// What an acknowledged change of the embedded store survives: `disk` (the default: flushed
+    /// to disk before the answer, survives a power loss) or `process` (handed to the operating
+    /// system before the answer: survives a crash or kill -9 of the daemon; a power loss may lose
+    /// the last second).
+    #[arg(long, value_name = "LEVEL", env = "ALLOT_DURABILITY")]
+    durability: Option<Durability>,
     /// Where state lives: `embedded` (the default: a durable store in --data-dir),
     /// `redis://HOST:PORT` (one Redis shared by several daemons) or
     /// `redis+cluster://HOST:PORT[,HOST:PORT...]` (a Redis Cluster).
@@ -163,6 +170,7 @@ enum LogFormat {
 struct ConfigFile {
     listen: Option<SocketAddr>,
     data_dir: Option<PathBuf>,
+    durability: Option<String>,
     store: Option<String>,
     /// Namespace quotas seeded at start [Flyte `ResourceRegistrar`]: created where they do not
     /// exist yet; the store is authoritative for the rest.
@@ -324,6 +332,7 @@ struct AllocLeases {
 struct Config {
     listen: SocketAddr,
     data_dir: PathBuf,
+    durability: Durability,
     store: StoreChoice,
     quotas: Vec<(NamespaceName, u64)>,
     pools: Vec<(PoolName, Resources)>,
@@ -413,6 +422,19 @@ fn resolve(args: &ServeArgs) -> anyhow::Result<Config> {
         pools.insert(name.to_owned(), capacity.to_owned());
     }
     let data_dir = args.data_dir.clone().or(file.data_dir).unwrap_or_else(|| PathBuf::from(DEFAULT_DATA_DIR));
+    let store = store_choice(args.store.as_deref().or(file.store.as_deref()))?;
+    let durability = match (args.durability, file.durability.as_deref()) {
+        (Some(level), _) => Some(level),
+        (None, Some(text)) => Some(text.parse().map_err(|err: String| anyhow::anyhow!("durability: {err}"))?),
+        (None, None) => None,
+    };
+    if durability.is_some() && !matches!(store, StoreChoice::Embedded) {
+        bail!(
+            "--durability applies to the embedded store; on Redis an answer is as durable as Redis's own \
+             persistence settings (appendonly, appendfsync) make it"
+        );
+    }
+    let durability = durability.unwrap_or_default();
     let mut run_pools = if args.run_pools.is_empty() { file.run_pools } else { args.run_pools.clone() };
     if let Some(name) = args.local_pool.clone().or(file.local_pool) {
         let capacity = local_resources(&data_dir).context("cannot detect this machine's resources for --local-pool")?;
@@ -482,7 +504,8 @@ fn resolve(args: &ServeArgs) -> anyhow::Result<Config> {
         metrics,
         listen: args.listen.or(file.listen).unwrap_or_else(|| DEFAULT_LISTEN.parse().expect("valid address")),
         data_dir,
-        store: store_choice(args.store.as_deref().or(file.store.as_deref()))?,
+        durability,
+        store,
         quotas,
     })
 }
@@ -553,8 +576,9 @@ pub(crate) async fn run(args: ServeArgs) -> anyhow::Result<()> {
     };
     let store: Arc<dyn Store> = match &config.store {
         StoreChoice::Embedded => {
-            let store = EmbeddedStore::open(&EmbeddedConfig { data_dir: config.data_dir.clone() })
-                .with_context(|| format!("cannot open the store in {}", config.data_dir.display()))?;
+            let store =
+                EmbeddedStore::open(&EmbeddedConfig::new(config.data_dir.clone()).with_durability(config.durability))
+                    .with_context(|| format!("cannot open the store in {}", config.data_dir.display()))?;
             store.set_pool_rules(config.pool_rules);
             store.set_sched_config(config.sched.clone());
             Arc::new(store)
@@ -624,7 +648,7 @@ pub(crate) async fn run(args: ServeArgs) -> anyhow::Result<()> {
             Err(err) => return Err(err).with_context(|| format!("cannot register queue `{path}`")),
         }
     }
-    tracing::info!(%address, data_dir = %config.data_dir.display(), backend = store.backend(), "allot serving");
+    tracing::info!(%address, data_dir = %config.data_dir.display(), backend = store.backend(), durability = store.durability(), "allot serving");
     // The one line on stdout: scripts and tests read the address from it.
     println!("allot listening on http://{address}");
     let mut state =

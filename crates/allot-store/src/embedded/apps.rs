@@ -12,8 +12,9 @@ use allot_core::sched::{
     AppChange, AppId, AppSpec, QueueView, SchedConfig, SchedError, SchedStats, Scheduler, TaskId, TaskSpec, World,
 };
 use async_trait::async_trait;
-use redb::{ReadTransaction, ReadableTable, WriteTransaction};
+use redb::{ReadTransaction, ReadableTable};
 
+use super::ops::{Op, Table};
 use super::{durable, lock, EmbeddedStore, OpenError, Shared};
 use crate::apps::{AppInfo, AppStore, TaskInfo};
 use crate::records::apps::{AppRecord, QueueRecord, TaskRecord, APPS, QUEUES, TASKS};
@@ -40,7 +41,7 @@ pub(super) async fn run_scheduler(shared: Arc<Shared>) {
     loop {
         let (wait, committed) = {
             let mut state = lock(&shared);
-            if state.queue.is_none() {
+            if state.closed {
                 return;
             }
             if state.broken.is_some() {
@@ -101,54 +102,30 @@ pub(super) fn load(txn: &ReadTransaction) -> Result<Scheduler, OpenError> {
     Ok(Scheduler::restore(SchedConfig::default(), queues, apps, tasks))
 }
 
-/// Writes a batch's application changes, in order.
-// redb's error is large, but it is returned once per batch, not per operation.
-#[allow(clippy::result_large_err)]
-pub(super) fn write<'a>(
-    txn: &WriteTransaction,
-    changes: impl Iterator<Item = &'a AppChange>,
-) -> Result<(), redb::Error> {
-    let mut queues = txn.open_table(QUEUES)?;
-    let mut apps = txn.open_table(APPS)?;
-    let mut tasks = txn.open_table(TASKS)?;
+/// The writes of application changes.
+pub(super) fn ops<'a>(changes: impl Iterator<Item = &'a AppChange>, out: &mut Vec<Op>) {
     for change in changes {
         match change {
             AppChange::Queue { path, limits } => {
-                queues.insert(path.as_str(), encode(&QueueRecord::of(limits)).as_slice())?;
+                out.push(Op::put(Table::Queues, Op::name(path.as_str()), encode(&QueueRecord::of(limits))));
             }
-            AppChange::QueueRemoved { path } => {
-                queues.remove(path.as_str())?;
-            }
+            AppChange::QueueRemoved { path } => out.push(Op::Remove(Table::Queues, Op::name(path.as_str()))),
             AppChange::App(app) => {
-                apps.insert(app.spec.id.as_str(), encode(&AppRecord::of(app)).as_slice())?;
+                out.push(Op::put(Table::Apps, Op::name(app.spec.id.as_str()), encode(&AppRecord::of(app))));
             }
             AppChange::AppRemoved { id } => {
-                apps.remove(id.as_str())?;
-                // Task ids are never empty, so (id, "") sorts before every task of the app.
-                let id = id.as_str();
-                let mut doomed = Vec::new();
-                for entry in tasks.range((id, "")..)? {
-                    let (key, _) = entry?;
-                    let (app, task) = key.value();
-                    if app != id {
-                        break;
-                    }
-                    doomed.push(task.to_owned());
-                }
-                for task in &doomed {
-                    tasks.remove((id, task.as_str()))?;
-                }
+                out.push(Op::Remove(Table::Apps, Op::name(id.as_str())));
+                out.push(Op::RemoveUnder(Table::Tasks, id.as_str().to_owned()));
             }
             AppChange::Task(task) => {
-                let key = (task.app.as_str(), task.spec.id.as_str());
-                tasks.insert(key, encode(&TaskRecord::of(task)).as_slice())?;
+                let key = Op::pair(task.app.as_str(), task.spec.id.as_str());
+                out.push(Op::put(Table::Tasks, key, encode(&TaskRecord::of(task))));
             }
             AppChange::TaskRemoved { app, task } => {
-                tasks.remove((app.as_str(), task.as_str()))?;
+                out.push(Op::Remove(Table::Tasks, Op::pair(app.as_str(), task.as_str())));
             }
         }
     }
-    Ok(())
 }
 
 impl EmbeddedStore {

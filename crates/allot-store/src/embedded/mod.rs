@@ -1,62 +1,127 @@
-//! The embedded backend: the ledger in memory, its changes group-committed to a redb file.
+//! The embedded backend: the ledger, the pools, the applications and the runs in memory, their
+//! changes in a write-ahead log, checkpointed into a redb file.
 //!
 //! How an operation runs:
-//! 1. Under the state lock, the ledger decides, and the resulting changes are queued to the
-//!    committer thread. Queueing under the lock keeps the queue in decision order.
-//! 2. The committer takes everything queued so far, writes it in one redb write transaction with
-//!    immediate durability (one fsync for the whole batch: group commit), then answers every
-//!    operation of the batch and hands woken waiters their grants.
-//! 3. If a commit fails (disk full, I/O error), the database is reopened and the ledger rebuilt
-//!    from it before anyone is answered, so memory again equals the file. The batch's operations
-//!    are answered `Unavailable` if the file does not hold the batch, `OutcomeUnknown` if it does
-//!    (the fsync failed after the header was written) or cannot be reopened. Operations decided
-//!    on the discarded state (an older epoch) fail too.
+//! 1. Under the state lock, the core decides, and the resulting changes are appended to the log
+//!    as one record (see [`wal`]): when the append returns, the record has reached the operating
+//!    system. Appending under the lock keeps the log in decision order.
+//! 2. At [`Durability::Process`] the operation is answered at once. At [`Durability::Disk`] it
+//!    is handed to the syncer thread, which makes everything appended so far durable with one
+//!    fdatasync (group commit), then answers every operation it covered and hands woken waiters
+//!    their grants. At the process level the syncer flushes the log every [`FLUSH_INTERVAL`].
+//! 3. The checkpointer thread seals the log's segment every [`CHECKPOINT_INTERVAL`], writes the
+//!    sealed records into the database in one durable transaction and deletes them. At open, the
+//!    log is replayed into the database the same way before anything is loaded.
+//! 4. If an append or a sync fails (disk full, I/O error), the log is folded into the database
+//!    and the state rebuilt from it before anyone is answered, so memory again equals what the
+//!    store brings back. An operation whose record is not in the log is answered `Unavailable`;
+//!    one whose record may be (a failed sync, a failed cut of a failed append), `OutcomeUnknown`.
+//!    Until the rebuild succeeds, the store refuses work and the sweeper retries it.
 //!
-//! The daemon clock starts, at open, from the clock value of the last commit, so time the daemon
-//! was down does not count against leases. A sweeper task ends expired leases every
-//! [`SWEEP_INTERVAL`] and checkpoints the clock at least once a second.
+//! The daemon clock starts, at open, from the clock of the last record, so time the daemon was
+//! down does not count against leases. A sweeper task ends expired leases every
+//! [`SWEEP_INTERVAL`] and logs the clock at least once a second.
 
 mod apps;
+mod ops;
 mod pools;
 mod quotas;
 mod runs;
+pub mod wal;
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{mpsc, Arc, Mutex, MutexGuard};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
 use allot_core::pool::{AllocId, EndedAlloc, Labels, LeaseRules, PoolChange, PoolError, PoolName, Pools};
 use allot_core::sched::{AppChange, Outcome, Scheduler, World};
-use allot_core::{Change, Effects, Grant, Ledger, LedgerError, Millis, NamespaceName, Session, SessionId, WaiterId};
+use allot_core::{Effects, Grant, Ledger, LedgerError, Millis, NamespaceName, Session, SessionId, WaiterId};
 use async_trait::async_trait;
-use redb::{Database, Durability, ReadableTable, StorageBackend};
+use redb::{Database, ReadableTable, StorageBackend};
 use tokio::sync::{oneshot, watch};
 
+use self::ops::Op;
+use self::wal::{DirLog, LogFiles, Segment, WalRecord};
 use crate::records::apps::{APPS, QUEUES, TASKS};
 use crate::records::runs::{CATALOG, RUNS};
 use crate::records::{
-    decode, encode, resources_from, resources_record, AllocRecord, CorruptRecord, GrantRecord, NamespaceRecord,
-    PoolRecord, SessionRecord, ALLOCS, FORMAT_VERSION, GRANTS, META, META_CLOCK, META_FORMAT, META_SEQ, NAMESPACES,
-    POOLS, POOL_LABELS, RETIRED_FENCING, SESSIONS,
+    decode, resources_from, AllocRecord, CorruptRecord, GrantRecord, NamespaceRecord, PoolRecord, SessionRecord,
+    ALLOCS, FORMAT_VERSION, GRANTS, META, META_CLOCK, META_FORMAT, META_SEQ, NAMESPACES, POOLS, POOL_LABELS,
+    RETIRED_FENCING, SESSIONS,
 };
 use crate::runs::RunChange;
-use crate::{expires_in, Allocation, CommitStats, GrantInfo, SessionInfo, Store, StoreError};
+use crate::{expires_in, Allocation, CommitStats, GrantInfo, SessionInfo, Store, StoreError, COMMIT_BUCKETS_MICROS};
 
 /// How often the sweeper looks for expired leases.
 pub const SWEEP_INTERVAL: Duration = Duration::from_millis(50);
-/// The longest the daemon clock goes without being made durable.
+/// The longest the daemon clock goes without being logged.
 const CLOCK_CHECKPOINT_MS: u64 = 1000;
-/// The most operations in one commit.
-const MAX_BATCH: usize = 8192;
+/// How often the log is written into the database.
+pub const CHECKPOINT_INTERVAL: Duration = Duration::from_secs(1);
+/// At the process level, how often the log is flushed to disk (at most a second, as promised).
+pub const FLUSH_INTERVAL: Duration = Duration::from_millis(500);
 /// The name of the database file in the data directory.
 pub const DB_FILE: &str = "allot.redb";
 
-/// Where the embedded store keeps its data.
+/// What an acknowledged change survives.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash)]
+pub enum Durability {
+    /// Flushed to disk (fdatasync) before the answer: survives a power loss.
+    #[default]
+    Disk,
+    /// Handed to the operating system (write) before the answer: survives a crash or `kill -9`
+    /// of the daemon; a power loss or kernel crash may lose what was acknowledged in the last
+    /// second, as the log is flushed to disk at least once a second.
+    Process,
+}
+
+impl Durability {
+    pub const ALL: [Durability; 2] = [Durability::Disk, Durability::Process];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Durability::Disk => "disk",
+            Durability::Process => "process",
+        }
+    }
+}
+
+impl std::fmt::Display for Durability {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+impl std::str::FromStr for Durability {
+    type Err = String;
+
+    fn from_str(text: &str) -> Result<Durability, String> {
+        Durability::ALL
+            .into_iter()
+            .find(|level| level.as_str() == text)
+            .ok_or_else(|| format!("unknown durability `{text}`: expected `disk` or `process`"))
+    }
+}
+
+/// Where the embedded store keeps its data, and how durable an answer is.
 #[derive(Debug, Clone)]
 pub struct EmbeddedConfig {
     pub data_dir: PathBuf,
+    pub durability: Durability,
+}
+
+impl EmbeddedConfig {
+    /// The store in `data_dir`, at the default durability ([`Durability::Disk`]).
+    pub fn new(data_dir: impl Into<PathBuf>) -> EmbeddedConfig {
+        EmbeddedConfig { data_dir: data_dir.into(), durability: Durability::default() }
+    }
+
+    pub fn with_durability(mut self, durability: Durability) -> EmbeddedConfig {
+        self.durability = durability;
+        self
+    }
 }
 
 /// Why the store could not be opened.
@@ -68,6 +133,8 @@ pub enum OpenError {
     Database { path: PathBuf, reason: String },
     #[error("cannot read the database: {0}")]
     Read(String),
+    #[error("cannot replay the write-ahead log: {0}")]
+    Log(String),
     #[error(transparent)]
     Corrupt(#[from] CorruptRecord),
     #[error("the database's records do not fit together: {0}")]
@@ -78,13 +145,13 @@ pub enum OpenError {
     Format { found: u64 },
 }
 
-/// Opens the database again, after a failed commit left it unusable.
-type Opener = Box<dyn Fn() -> Result<Database, OpenError> + Send>;
+/// Opens the database again, after a failed checkpoint left it unusable.
+type Opener = Box<dyn Fn() -> Result<Database, OpenError> + Send + Sync>;
 
-/// The token quotas, in memory, made durable in a redb file.
+/// Everything the embedded store holds, in memory, logged and checkpointed on disk.
 pub struct EmbeddedStore {
     shared: Arc<Shared>,
-    committer: Mutex<Option<std::thread::JoinHandle<()>>>,
+    threads: Mutex<Vec<std::thread::JoinHandle<()>>>,
     sweeper: Mutex<Option<tokio::task::JoinHandle<()>>>,
     scheduler: Mutex<Option<tokio::task::JoinHandle<()>>>,
 }
@@ -103,21 +170,64 @@ impl Clock {
 
 struct Shared {
     state: Mutex<State>,
+    durability: Durability,
+    /// The log's segment files.
+    files: Box<dyn LogFiles>,
+    /// The checkpoints' database; `None` after a failed checkpoint, until reopened.
+    db: Mutex<Option<Database>>,
+    opener: Opener,
+    /// Operations waiting for the syncer (disk level), in log order.
+    syncs: Mutex<Vec<Pending>>,
+    sync_wanted: Condvar,
+    /// Set to stop the syncer and the checkpointer (after a last checkpoint).
+    stop: Mutex<bool>,
+    stop_changed: Condvar,
     /// Wakes the scheduler for a cycle: something it places, or places on, changed.
     wake_scheduler: tokio::sync::Notify,
     /// Set by the scheduler when something waits: then a change that frees room or tokens wakes it.
     sched_waiting: AtomicBool,
     clock: Clock,
-    /// Bumped when a failed commit discards the in-memory state; queued work of older epochs fails.
-    epoch: AtomicU64,
-    /// The daemon clock value of the last commit.
+    /// The daemon clock value of the last record.
     clock_written: AtomicU64,
     shutting_down: AtomicBool,
     shutdown: watch::Sender<bool>,
+    stats: Stats,
+}
+
+/// Counters behind [`CommitStats`].
+#[derive(Default)]
+struct Stats {
     commits: AtomicU64,
     operations: AtomicU64,
     commit_micros: AtomicU64,
     failures: AtomicU64,
+    buckets: [AtomicU64; COMMIT_BUCKETS_MICROS.len() + 1],
+    max_micros: AtomicU64,
+}
+
+impl Stats {
+    /// Counts one commit (a sync at the disk level, an append at the process level).
+    fn commit(&self, operations: usize, took: Duration) {
+        let micros = took.as_micros() as u64;
+        self.commits.fetch_add(1, Ordering::Relaxed);
+        self.operations.fetch_add(operations as u64, Ordering::Relaxed);
+        self.commit_micros.fetch_add(micros, Ordering::Relaxed);
+        let bucket =
+            COMMIT_BUCKETS_MICROS.iter().position(|&bound| micros <= bound).unwrap_or(COMMIT_BUCKETS_MICROS.len());
+        self.buckets[bucket].fetch_add(1, Ordering::Relaxed);
+        self.max_micros.fetch_max(micros, Ordering::Relaxed);
+    }
+
+    fn read(&self) -> CommitStats {
+        CommitStats {
+            commits: self.commits.load(Ordering::Relaxed),
+            operations: self.operations.load(Ordering::Relaxed),
+            commit_micros: self.commit_micros.load(Ordering::Relaxed),
+            failures: self.failures.load(Ordering::Relaxed),
+            buckets: std::array::from_fn(|i| self.buckets[i].load(Ordering::Relaxed)),
+            max_micros: self.max_micros.load(Ordering::Relaxed),
+        }
+    }
 }
 
 /// What a waiting allocate call is told.
@@ -129,16 +239,26 @@ enum WaiterAnswer {
 
 type Ack = oneshot::Sender<Result<(), StoreError>>;
 
-/// One operation's changes on their way to disk, with whom to tell once they are there.
+/// One operation, logged, with whom to tell once it is durable.
 struct Pending {
-    epoch: u64,
-    changes: Vec<Change>,
-    pool_changes: Vec<PoolChange>,
-    app_changes: Vec<AppChange>,
-    run_changes: Vec<RunChange>,
+    /// The segment its record went to (or the current one, for an operation that changed
+    /// nothing: it must not be answered before what it saw is durable).
+    segment: Arc<dyn Segment>,
     ack: Option<Ack>,
     woken: Vec<(oneshot::Sender<WaiterAnswer>, Grant)>,
     cancelled: Vec<(oneshot::Sender<WaiterAnswer>, LedgerError)>,
+}
+
+/// The log as the deciding threads append to it (under the state lock).
+struct LogWriter {
+    segment: Arc<dyn Segment>,
+    /// The segment's number and length.
+    number: u64,
+    len: u64,
+    /// The number of the last record appended.
+    seq: u64,
+    /// The next segment's number.
+    next_number: u64,
 }
 
 struct State {
@@ -147,15 +267,16 @@ struct State {
     sched: Scheduler,
     runs: runs::Runs,
     waiters: HashMap<WaiterId, oneshot::Sender<WaiterAnswer>>,
-    /// `None` once shut down.
-    queue: Option<mpsc::Sender<Pending>>,
-    /// Set while the database cannot be reopened after a failed commit.
+    log: LogWriter,
+    /// Set once shut down.
+    closed: bool,
+    /// Set while the state cannot be rebuilt after a failed write.
     broken: Option<String>,
 }
 
 impl State {
     fn usable(&self, shared: &Shared) -> Result<(), StoreError> {
-        if shared.shutting_down.load(Ordering::SeqCst) || self.queue.is_none() {
+        if shared.shutting_down.load(Ordering::SeqCst) || self.closed {
             return Err(StoreError::ShuttingDown);
         }
         if let Some(reason) = &self.broken {
@@ -164,39 +285,31 @@ impl State {
         Ok(())
     }
 
-    /// Queues a commit of nothing: every commit makes the daemon clock durable.
-    fn checkpoint(&mut self, shared: &Shared) -> oneshot::Receiver<Result<(), StoreError>> {
-        self.submit(shared, Effects::default())
+    /// Logs the daemon clock, so leases keep their remaining time across a restart.
+    fn checkpoint_clock(&mut self, shared: &Shared) {
+        if self.append(shared, Vec::new()).is_err() {
+            tracing::warn!("the daemon clock could not be logged");
+        }
     }
 
-    /// Queues `effects` for commit; the receiver answers once they are durable.
+    /// Logs `effects`; the receiver answers once they are durable.
     fn submit(&mut self, shared: &Shared, effects: Effects) -> oneshot::Receiver<Result<(), StoreError>> {
         self.submit_all(shared, effects, Vec::new(), Vec::new())
     }
 
-    /// Queues everything an operation of the scheduler changed for one commit.
+    /// Logs everything an operation of the scheduler changed, as one record.
     fn submit_outcome(&mut self, shared: &Shared, outcome: Outcome) -> oneshot::Receiver<Result<(), StoreError>> {
         self.submit_all(shared, outcome.ledger, outcome.pools, outcome.apps)
     }
 
-    /// Queues a change of the kept runs for commit.
+    /// Logs a change of the kept runs.
     fn submit_runs(&mut self, shared: &Shared, change: RunChange) -> oneshot::Receiver<Result<(), StoreError>> {
-        let (ack, rx) = oneshot::channel();
-        let pending = Pending {
-            epoch: shared.epoch.load(Ordering::SeqCst),
-            changes: Vec::new(),
-            pool_changes: Vec::new(),
-            app_changes: Vec::new(),
-            run_changes: vec![change],
-            ack: Some(ack),
-            woken: Vec::new(),
-            cancelled: Vec::new(),
-        };
-        self.send(pending);
-        rx
+        let mut ops = Vec::new();
+        runs::ops(std::iter::once(&change), &mut ops);
+        self.log_and_answer(shared, ops, Vec::new(), Vec::new())
     }
 
-    /// Queues ledger effects and pool changes for one commit.
+    /// Logs ledger effects, pool and application changes as one record.
     fn submit_all(
         &mut self,
         shared: &Shared,
@@ -204,34 +317,68 @@ impl State {
         pool_changes: Vec<PoolChange>,
         app_changes: Vec<AppChange>,
     ) -> oneshot::Receiver<Result<(), StoreError>> {
-        let (ack, rx) = oneshot::channel();
         let waiters = &mut self.waiters;
         let woken: Vec<_> =
             effects.woken.into_iter().filter_map(|w| waiters.remove(&w.waiter).map(|tx| (tx, w.grant))).collect();
         let cancelled: Vec<_> =
             effects.cancelled.into_iter().filter_map(|(id, err)| waiters.remove(&id).map(|tx| (tx, err))).collect();
-        let pending = Pending {
-            epoch: shared.epoch.load(Ordering::SeqCst),
-            changes: effects.changes,
-            pool_changes,
-            app_changes,
-            run_changes: Vec::new(),
-            ack: Some(ack),
-            woken,
-            cancelled,
-        };
-        self.send(pending);
+        let mut ops = Vec::new();
+        quotas::ops(effects.changes.iter(), &mut ops);
+        pools::ops(pool_changes.iter(), &mut ops);
+        apps::ops(app_changes.iter(), &mut ops);
+        self.log_and_answer(shared, ops, woken, cancelled)
+    }
+
+    /// Appends `ops` (if any) and answers the operation once they are durable.
+    fn log_and_answer(
+        &mut self,
+        shared: &Shared,
+        ops: Vec<Op>,
+        woken: Vec<(oneshot::Sender<WaiterAnswer>, Grant)>,
+        cancelled: Vec<(oneshot::Sender<WaiterAnswer>, LedgerError)>,
+    ) -> oneshot::Receiver<Result<(), StoreError>> {
+        let (ack, rx) = oneshot::channel();
+        let appended = if ops.is_empty() { Ok(()) } else { self.append(shared, ops) };
+        let pending = Pending { segment: self.log.segment.clone(), ack: Some(ack), woken, cancelled };
+        match appended {
+            Err(err) => fail(vec![pending], &err),
+            Ok(()) => match shared.durability {
+                Durability::Process => deliver(vec![pending]),
+                Durability::Disk => {
+                    lock_plain(&shared.syncs).push(pending);
+                    shared.sync_wanted.notify_one();
+                }
+            },
+        }
         rx
     }
 
-    fn send(&self, pending: Pending) {
-        match &self.queue {
-            Some(queue) => {
-                if let Err(unsent) = queue.send(pending) {
-                    fail(vec![unsent.0], &StoreError::ShuttingDown);
+    /// Appends one record. On failure the state is rebuilt from the store before this returns.
+    fn append(&mut self, shared: &Shared, ops: Vec<Op>) -> Result<(), StoreError> {
+        let now = shared.clock.now();
+        let operations = usize::from(!ops.is_empty());
+        let record = WalRecord { seq: self.log.seq + 1, clock: now, ops };
+        let bytes = record.frame();
+        let started = Instant::now();
+        match self.log.segment.append(&bytes) {
+            Ok(()) => {
+                self.log.seq += 1;
+                self.log.len += bytes.len() as u64;
+                shared.clock_written.store(now, Ordering::Relaxed);
+                if shared.durability == Durability::Process {
+                    shared.stats.commit(operations, started.elapsed());
                 }
+                Ok(())
             }
-            None => fail(vec![pending], &StoreError::ShuttingDown),
+            Err(err) => {
+                let reason = format!("cannot write the log: {err}");
+                tracing::error!(error = %reason, "append failed; rebuilding from the store");
+                shared.stats.failures.fetch_add(1, Ordering::Relaxed);
+                // Cut the torn record off, so later records follow good ones.
+                let cut = self.log.segment.truncate(self.log.len).is_ok();
+                recover(shared, self);
+                Err(if cut { StoreError::Unavailable(reason) } else { StoreError::OutcomeUnknown(reason) })
+            }
         }
     }
 }
@@ -256,6 +403,10 @@ fn redb_error(err: impl Into<redb::Error>) -> String {
     err.into().to_string()
 }
 
+fn lock_plain<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
+    mutex.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+}
+
 impl EmbeddedStore {
     /// Opens (or creates) the store in `config.data_dir`. Must be called inside a tokio runtime:
     /// it spawns the sweeper.
@@ -264,26 +415,31 @@ impl EmbeddedStore {
         std::fs::create_dir_all(&dir).map_err(|source| OpenError::DataDir { path: dir.clone(), source })?;
         let path = dir.join(DB_FILE);
         let opener: Opener = Box::new(move || open_file(&path));
-        EmbeddedStore::open_with(opener)
+        let log_dir = dir.join(wal::WAL_DIR);
+        let files = DirLog::open(log_dir.clone()).map_err(|source| OpenError::DataDir { path: log_dir, source })?;
+        EmbeddedStore::open_with(opener, Box::new(files), config.durability)
     }
 
-    /// Opens the store on a redb storage backend; `make_backend` is called again to reopen it
-    /// after a failed commit. For fault-injection tests.
+    /// Opens the store on a redb storage backend and log files of the caller's; `make_backend`
+    /// is called again to reopen the database after a failed checkpoint. For fault-injection tests.
     pub fn open_with_backend<B: StorageBackend>(
-        make_backend: impl Fn() -> B + Send + 'static,
+        make_backend: impl Fn() -> B + Send + Sync + 'static,
+        files: Box<dyn LogFiles>,
+        durability: Durability,
     ) -> Result<EmbeddedStore, OpenError> {
         let opener: Opener = Box::new(move || {
             redb::Builder::new()
                 .create_with_backend(make_backend())
                 .map_err(|err| OpenError::Database { path: PathBuf::from("<backend>"), reason: redb_error(err) })
         });
-        EmbeddedStore::open_with(opener)
+        EmbeddedStore::open_with(opener, files, durability)
     }
 
-    fn open_with(opener: Opener) -> Result<EmbeddedStore, OpenError> {
+    fn open_with(opener: Opener, files: Box<dyn LogFiles>, durability: Durability) -> Result<EmbeddedStore, OpenError> {
         let db = opener()?;
-        let Loaded { ledger, pools, sched, runs, clock, seq } = load(&db)?;
-        let (queue, receiver) = mpsc::channel();
+        let (Loaded { ledger, pools, sched, runs, clock, seq }, last_segment) = load(&db, files.as_ref(), None)?;
+        let number = last_segment + 1;
+        let segment = files.create(number).map_err(|err| OpenError::Log(format!("cannot start a segment: {err}")))?;
         let (shutdown, _) = watch::channel(false);
         let shared = Arc::new(Shared {
             state: Mutex::new(State {
@@ -292,35 +448,38 @@ impl EmbeddedStore {
                 sched,
                 runs,
                 waiters: HashMap::new(),
-                queue: Some(queue),
+                log: LogWriter { segment, number, len: 0, seq, next_number: number + 1 },
+                closed: false,
                 broken: None,
             }),
+            durability,
+            files,
+            db: Mutex::new(Some(db)),
+            opener,
+            syncs: Mutex::new(Vec::new()),
+            sync_wanted: Condvar::new(),
+            stop: Mutex::new(false),
+            stop_changed: Condvar::new(),
             wake_scheduler: tokio::sync::Notify::new(),
             sched_waiting: AtomicBool::new(true),
             clock: Clock { base: clock, started: Instant::now() },
-            epoch: AtomicU64::new(0),
             clock_written: AtomicU64::new(clock),
             shutting_down: AtomicBool::new(false),
             shutdown,
-            commits: AtomicU64::new(0),
-            operations: AtomicU64::new(0),
-            commit_micros: AtomicU64::new(0),
-            failures: AtomicU64::new(0),
+            stats: Stats::default(),
         });
-        let committer = {
+        let spawn = |name: &str, run: fn(&Shared)| {
             let shared = shared.clone();
-            std::thread::Builder::new()
-                .name("allot-committer".into())
-                .spawn(move || run_committer(&shared, Some(db), seq, &opener, &receiver))
-                .expect("spawning a thread")
+            std::thread::Builder::new().name(name.into()).spawn(move || run(&shared)).expect("spawning a thread")
         };
+        let threads = vec![spawn("allot-syncer", run_syncer), spawn("allot-checkpointer", run_checkpointer)];
         let sweeper = tokio::spawn(run_sweeper(shared.clone()));
         // Everything, placements included, is loaded before the scheduler's first cycle.
         let scheduler = tokio::spawn(apps::run_scheduler(shared.clone()));
-        tracing::info!(clock_ms = clock, "embedded store opened");
+        tracing::info!(clock_ms = clock, seq, %durability, "embedded store opened");
         Ok(EmbeddedStore {
             shared,
-            committer: Mutex::new(Some(committer)),
+            threads: Mutex::new(threads),
             sweeper: Mutex::new(Some(sweeper)),
             scheduler: Mutex::new(Some(scheduler)),
         })
@@ -520,8 +679,8 @@ struct Loaded {
     seq: u64,
 }
 
-/// Reads every record and rebuilds the ledger.
-fn load(db: &Database) -> Result<Loaded, OpenError> {
+/// Creates the tables of a new database, and checks the format of an existing one.
+fn prepare(db: &Database) -> Result<(), OpenError> {
     let read_err = |err: redb::Error| OpenError::Read(err.to_string());
     let initialized = match db.begin_read().map_err(|e| read_err(e.into()))?.open_table(META) {
         Ok(_) => true,
@@ -540,8 +699,7 @@ fn load(db: &Database) -> Result<Loaded, OpenError> {
     if format != Some(FORMAT_VERSION) {
         return Err(OpenError::Format { found: format.unwrap_or(0) });
     }
-    drop(txn);
-    load_records(db)
+    Ok(())
 }
 
 /// Creates the tables of the parts added since format 1 (pools, applications, runs) in a database
@@ -676,201 +834,196 @@ fn load_records(db: &Database) -> Result<Loaded, OpenError> {
     Ok(Loaded { ledger, pools, sched, runs, clock, seq })
 }
 
-/// Writes every change of `batch` in one durable transaction.
-// redb's error is large, but it is returned once per batch, not per operation.
-#[allow(clippy::result_large_err)]
-fn write_batch(db: &Database, batch: &[Pending], seq: u64, now: Millis) -> Result<(), redb::Error> {
-    let mut txn = db.begin_write()?;
-    txn.set_durability(Durability::Immediate);
-    {
-        let mut namespaces = txn.open_table(NAMESPACES)?;
-        let mut retired = txn.open_table(RETIRED_FENCING)?;
-        let mut grants = txn.open_table(GRANTS)?;
-        let mut sessions = txn.open_table(SESSIONS)?;
-        let mut meta = txn.open_table(META)?;
-        let changes: Vec<&Change> = batch.iter().flat_map(|p| &p.changes).collect();
-        let superseded = superseded_upserts(&changes);
-        for (index, change) in changes.into_iter().enumerate() {
-            if superseded[index] {
+/// Reads the database, first writing into it what the log holds: every segment at open, or those
+/// numbered up to `upto` (the current one, when rebuilding). Returns what was read and the
+/// number of the last segment folded (0 if none).
+fn load(db: &Database, files: &dyn LogFiles, upto: Option<u64>) -> Result<(Loaded, u64), OpenError> {
+    prepare(db)?;
+    let listed = files.list().map_err(|err| OpenError::Log(format!("cannot list the log's segments: {err}")))?;
+    let numbers: Vec<u64> = listed.into_iter().filter(|n| upto.is_none_or(|upto| *n <= upto)).collect();
+    fold_into(db, files, &numbers).map_err(OpenError::Log)?;
+    for &number in &numbers {
+        files.remove(number).map_err(|err| OpenError::Log(format!("cannot remove a folded segment: {err}")))?;
+    }
+    Ok((load_records(db)?, numbers.last().copied().unwrap_or(0)))
+}
+
+/// Writes the records of segments `numbers` that the database does not hold yet into it, in one
+/// durable transaction; the database's `meta.seq` is the last record it holds.
+fn fold_into(db: &Database, files: &dyn LogFiles, numbers: &[u64]) -> Result<(), String> {
+    let txn = db.begin_write().map_err(redb_error)?;
+    let mut meta = txn.open_table(META).map_err(redb_error)?;
+    let mut applied = meta.get(META_SEQ).map_err(redb_error)?.map(|v| v.value()).unwrap_or(0);
+    let mut clock = meta.get(META_CLOCK).map_err(redb_error)?.map(|v| v.value()).unwrap_or(0);
+    let mut folded = 0;
+    'segments: for &number in numbers {
+        let bytes = match files.read(number) {
+            Ok(bytes) => bytes,
+            // Folded and removed meanwhile, by a rebuild.
+            Err(err) if err.kind() == std::io::ErrorKind::NotFound => continue,
+            Err(err) => return Err(format!("cannot read log segment {number}: {err}")),
+        };
+        let (records, clean) = wal::records(&bytes);
+        for record in records {
+            if record.seq <= applied {
                 continue;
             }
-            match change {
-                Change::Namespace { name, quota, next_fencing } => {
-                    let record = NamespaceRecord { quota: *quota, next_fencing: *next_fencing };
-                    namespaces.insert(name.as_str(), encode(&record).as_slice())?;
-                    retired.remove(name.as_str())?;
-                }
-                Change::NamespaceRemoved { name, next_fencing } => {
-                    namespaces.remove(name.as_str())?;
-                    retired.insert(name.as_str(), next_fencing)?;
-                    // Every grant of the namespace sorts at or after (name, ""), before any other
-                    // namespace's; tokens may be any text, so there is no fixed upper bound.
-                    let name = name.as_str();
-                    let mut doomed = Vec::new();
-                    for entry in grants.range((name, "")..)? {
-                        let (key, _) = entry?;
-                        let (namespace, token) = key.value();
-                        if namespace != name {
-                            break;
-                        }
-                        doomed.push(token.to_owned());
-                    }
-                    for token in &doomed {
-                        grants.remove((name, token.as_str()))?;
-                    }
-                }
-                Change::Grant(grant) => {
-                    let record = GrantRecord::from_grant(grant);
-                    grants.insert((grant.namespace.as_str(), grant.token.as_str()), encode(&record).as_slice())?;
-                }
-                Change::GrantRemoved { namespace, token } => {
-                    grants.remove((namespace.as_str(), token.as_str()))?;
-                }
-                Change::Session { id, ttl_ms, deadline } => {
-                    let record = SessionRecord { ttl_ms: *ttl_ms, deadline: *deadline };
-                    sessions.insert(id.0, encode(&record).as_slice())?;
-                }
-                Change::SessionRemoved { id } => {
-                    sessions.remove(id.0)?;
-                }
+            if record.seq != applied + 1 {
+                // A record before this one was lost (torn by a power loss): nothing after it was
+                // acknowledged at the disk level, and the process level promises no more.
+                tracing::warn!(
+                    segment = number,
+                    seq = record.seq,
+                    applied,
+                    "the log has a gap; what follows it is discarded"
+                );
+                break 'segments;
             }
+            ops::apply(&txn, &record.ops).map_err(|err| err.to_string())?;
+            applied = record.seq;
+            clock = clock.max(record.clock);
+            folded += 1;
         }
-        let mut pools = txn.open_table(POOLS)?;
-        let mut allocs = txn.open_table(ALLOCS)?;
-        let mut pool_labels = txn.open_table(POOL_LABELS)?;
-        for change in batch.iter().flat_map(|p| &p.pool_changes) {
-            match change {
-                PoolChange::Pool { name, capacity, stopped, labels } => {
-                    let record = PoolRecord { capacity: resources_record(capacity), stopped: *stopped };
-                    pools.insert(name.as_str(), encode(&record).as_slice())?;
-                    if labels.is_empty() {
-                        pool_labels.remove(name.as_str())?;
-                    } else {
-                        pool_labels.insert(name.as_str(), encode(labels).as_slice())?;
-                    }
-                }
-                PoolChange::PoolRemoved { name } => {
-                    pools.remove(name.as_str())?;
-                    pool_labels.remove(name.as_str())?;
-                    let name = name.as_str();
-                    allocs.retain_in((name, 0)..=(name, u64::MAX), |_, _| false)?;
-                }
-                PoolChange::Alloc(alloc) => {
-                    let record = AllocRecord::live(alloc);
-                    allocs.insert((alloc.pool.as_str(), alloc.id.0), encode(&record).as_slice())?;
-                }
-                // Ended allocs are kept in memory only (readable until the daemon restarts):
-                // writing them would grow the table with every freed alloc.
-                PoolChange::AllocEnded(ended) => {
-                    allocs.remove((ended.alloc.pool.as_str(), ended.alloc.id.0))?;
-                }
-                PoolChange::EndedDropped { .. } => {}
-            }
+        if !clean {
+            tracing::warn!(
+                segment = number,
+                "a log segment ends in a torn record (a crash during an append); it is discarded"
+            );
         }
-        apps::write(&txn, batch.iter().flat_map(|p| &p.app_changes))?;
-        runs::write(&txn, batch.iter().flat_map(|p| &p.run_changes))?;
-        meta.insert(META_CLOCK, now)?;
-        meta.insert(META_SEQ, seq)?;
     }
-    txn.commit()?;
+    if folded == 0 {
+        return Ok(());
+    }
+    meta.insert(META_SEQ, applied).map_err(redb_error)?;
+    meta.insert(META_CLOCK, clock).map_err(redb_error)?;
+    drop(meta);
+    txn.commit().map_err(redb_error)?;
     Ok(())
 }
 
-/// Marks the upserts that a later change of the same record in the batch makes pointless (every
-/// grant rewrites its namespace's fencing number, so a batch of grants writes it once).
-/// Removals always run: a namespace removal also deletes that namespace's grants.
-fn superseded_upserts(changes: &[&Change]) -> Vec<bool> {
-    #[derive(PartialEq, Eq, Hash)]
-    enum Key<'a> {
-        Namespace(&'a str),
-        Grant(&'a str, &'a str),
-        Session(u128),
-    }
-    // The record a change touches, and whether the change is an upsert.
-    fn key(change: &Change) -> (Key<'_>, bool) {
-        match change {
-            Change::Namespace { name, .. } => (Key::Namespace(name.as_str()), true),
-            Change::NamespaceRemoved { name, .. } => (Key::Namespace(name.as_str()), false),
-            Change::Grant(grant) => (Key::Grant(grant.namespace.as_str(), grant.token.as_str()), true),
-            Change::GrantRemoved { namespace, token } => (Key::Grant(namespace.as_str(), token.as_str()), false),
-            Change::Session { id, .. } => (Key::Session(id.0), true),
-            Change::SessionRemoved { id } => (Key::Session(id.0), false),
-        }
-    }
-    let mut seen = std::collections::HashSet::new();
-    let mut superseded = vec![false; changes.len()];
-    for (index, change) in changes.iter().enumerate().rev() {
-        let (key, upsert) = key(change);
-        let later_exists = !seen.insert(key);
-        superseded[index] = upsert && later_exists;
-    }
-    superseded
-}
-
-fn run_committer(
-    shared: &Shared,
-    mut db: Option<Database>,
-    mut seq: u64,
-    opener: &Opener,
-    queue: &mpsc::Receiver<Pending>,
-) {
-    while let Ok(first) = queue.recv() {
-        let mut batch = vec![first];
-        while batch.len() < MAX_BATCH {
-            match queue.try_recv() {
-                Ok(pending) => batch.push(pending),
-                Err(_) => break,
+/// Makes operations durable at the disk level (group commit: one fdatasync for every operation
+/// queued meanwhile), and flushes the log every [`FLUSH_INTERVAL`] at the process level.
+fn run_syncer(shared: &Shared) {
+    loop {
+        let batch = {
+            let syncs = lock_plain(&shared.syncs);
+            let (mut syncs, _) = shared
+                .sync_wanted
+                .wait_timeout_while(syncs, FLUSH_INTERVAL, |syncs| syncs.is_empty() && !*lock_plain(&shared.stop))
+                .unwrap_or_else(|poisoned| poisoned.into_inner());
+            std::mem::take(&mut *syncs)
+        };
+        if batch.is_empty() {
+            let segment = lock(shared).log.segment.clone();
+            if let Err(err) = segment.sync() {
+                tracing::warn!(error = %err, "cannot flush the log to disk");
             }
-        }
-        let epoch = shared.epoch.load(Ordering::SeqCst);
-        let (batch, stale): (Vec<Pending>, Vec<Pending>) = batch.into_iter().partition(|p| p.epoch == epoch);
-        fail(stale, &StoreError::Unavailable("an earlier change could not be written".into()));
-        let Some(database) = &db else {
-            // A previous failure left the database closed: try to reopen before anything else.
-            fail(batch, &StoreError::Unavailable("the database is being reopened after a failed write".into()));
-            if let Some((reopened, on_disk)) = recover(shared, None, opener) {
-                db = Some(reopened);
-                seq = on_disk;
+            if *lock_plain(&shared.stop) {
+                return;
             }
             continue;
-        };
-        let now = shared.clock.now();
+        }
+        let mut segments: Vec<&Arc<dyn Segment>> = Vec::new();
+        for pending in &batch {
+            if !segments.iter().any(|s| Arc::ptr_eq(s, &pending.segment)) {
+                segments.push(&pending.segment);
+            }
+        }
         let started = Instant::now();
-        match write_batch(database, &batch, seq + 1, now) {
+        let synced = segments.iter().try_for_each(|segment| segment.sync());
+        match synced {
             Ok(()) => {
-                seq += 1;
-                shared.commits.fetch_add(1, Ordering::Relaxed);
-                shared.operations.fetch_add(batch.len() as u64, Ordering::Relaxed);
-                shared.commit_micros.fetch_add(started.elapsed().as_micros() as u64, Ordering::Relaxed);
-                shared.clock_written.store(now, Ordering::Relaxed);
+                shared.stats.commit(batch.len(), started.elapsed());
                 deliver(batch);
             }
             Err(err) => {
-                let reason = err.to_string();
-                tracing::error!(error = %reason, operations = batch.len(), "commit failed; rebuilding from the database");
-                shared.failures.fetch_add(1, Ordering::Relaxed);
-                // Rebuild before answering: a caller that acts on this answer must find the
-                // rebuilt state, not the discarded one.
-                let attempted = seq + 1;
-                let answer = match recover(shared, db.take(), opener) {
-                    Some((reopened, on_disk)) => {
-                        db = Some(reopened);
-                        seq = on_disk;
-                        if on_disk >= attempted {
-                            // The commit failed after its header was written (a failed fsync):
-                            // the batch is in the file and the rebuilt state, maybe not on disk.
-                            StoreError::OutcomeUnknown(reason)
-                        } else {
-                            StoreError::Unavailable(reason)
-                        }
-                    }
-                    None => StoreError::OutcomeUnknown(reason),
-                };
-                fail(batch, &answer);
+                let reason = format!("cannot flush the log to disk: {err}");
+                tracing::error!(error = %reason, operations = batch.len(), "sync failed; rebuilding from the store");
+                shared.stats.failures.fetch_add(1, Ordering::Relaxed);
+                // After a failed fdatasync the kernel may drop the pages it could not write: the
+                // log is written into the database (from what the OS holds) before anything
+                // later is acknowledged.
+                let mut state = lock(shared);
+                let later = std::mem::take(&mut *lock_plain(&shared.syncs));
+                recover(shared, &mut state);
+                drop(state);
+                let err = StoreError::OutcomeUnknown(reason);
+                fail(batch, &err);
+                fail(later, &err);
             }
         }
     }
-    tracing::debug!("committer stopped");
+}
+
+/// Writes the log into the database every [`CHECKPOINT_INTERVAL`], and once more when stopped.
+fn run_checkpointer(shared: &Shared) {
+    loop {
+        let stop = {
+            let stop = lock_plain(&shared.stop);
+            let (stop, _) = shared
+                .stop_changed
+                .wait_timeout_while(stop, CHECKPOINT_INTERVAL, |stop| !*stop)
+                .unwrap_or_else(|poisoned| poisoned.into_inner());
+            *stop
+        };
+        if let Err(err) = checkpoint(shared) {
+            tracing::warn!(error = %err, "checkpoint failed; the log keeps everything until the next one");
+        }
+        if stop {
+            return;
+        }
+    }
+}
+
+/// Seals the current segment (if it holds anything) and writes every sealed one into the
+/// database, then deletes them.
+fn checkpoint(shared: &Shared) -> Result<(), String> {
+    let reserved = {
+        let mut state = lock(shared);
+        (state.broken.is_none() && state.log.len > 0).then(|| {
+            state.log.next_number += 1;
+            state.log.next_number - 1
+        })
+    };
+    if let Some(number) = reserved {
+        // Created outside the lock: creating syncs the directory.
+        let segment = shared.files.create(number).map_err(|err| format!("cannot start a log segment: {err}"))?;
+        let sealed = {
+            let mut state = lock(shared);
+            // A rebuild meanwhile started a newer segment: keep it.
+            (state.broken.is_none() && state.log.number < number).then(|| {
+                state.log.number = number;
+                state.log.len = 0;
+                std::mem::replace(&mut state.log.segment, segment)
+            })
+        };
+        match sealed {
+            Some(sealed) => sealed.sync().map_err(|err| format!("cannot flush the log to disk: {err}"))?,
+            None => shared.files.remove(number).map_err(|err| err.to_string())?,
+        }
+    }
+    let current = lock(shared).log.number;
+    let listed = shared.files.list().map_err(|err| format!("cannot list the log's segments: {err}"))?;
+    let sealed: Vec<u64> = listed.into_iter().filter(|n| *n < current).collect();
+    if sealed.is_empty() {
+        return Ok(());
+    }
+    {
+        let mut db = lock_plain(&shared.db);
+        if db.is_none() {
+            *db = Some((shared.opener)().map_err(|err| err.to_string())?);
+        }
+        let database = db.as_ref().expect("opened above");
+        if let Err(err) = fold_into(database, shared.files.as_ref(), &sealed) {
+            // Reopened before the next use: a failed commit can leave redb unusable.
+            *db = None;
+            return Err(err);
+        }
+    }
+    for number in sealed {
+        shared.files.remove(number).map_err(|err| format!("cannot remove a folded segment: {err}"))?;
+    }
+    Ok(())
 }
 
 fn deliver(batch: Vec<Pending>) {
@@ -901,35 +1054,57 @@ fn fail(batch: Vec<Pending>, err: &StoreError) {
     }
 }
 
-/// After a failed commit: discard the in-memory state and rebuild it from the database. Returns
-/// the reopened database and the number of its last commit, or `None` if it cannot be reopened.
-fn recover(shared: &Shared, old: Option<Database>, opener: &Opener) -> Option<(Database, u64)> {
-    let mut state = lock(shared);
-    shared.epoch.fetch_add(1, Ordering::SeqCst);
-    drop(old);
+/// After a failed append or sync, under the state lock: writes the whole log into the database
+/// and rebuilds the state from it, then starts a new segment. If that fails, the store is marked
+/// broken (refusing work) and the sweeper tries again.
+fn recover(shared: &Shared, state: &mut State) {
     for (_, tx) in state.waiters.drain() {
         let err = StoreError::Unavailable("the store could not be written; the wait was ended".into());
         let _ = tx.send(WaiterAnswer::Failed(err));
     }
-    let reopened = opener().and_then(|db| load(&db).map(|loaded| (db, loaded)));
-    match reopened {
-        Ok((db, Loaded { mut ledger, mut pools, sched, runs, seq, .. })) => {
-            ledger.carry_over_from(&state.ledger);
-            state.ledger = ledger;
-            pools.set_rules(state.pools.rules());
-            state.pools = pools;
-            state.sched = sched;
-            state.runs = runs;
-            state.broken = None;
-            tracing::info!(seq, "store rebuilt from the database");
-            Some((db, seq))
+    let current = state.log.number;
+    let rebuilt = {
+        let mut db = lock_plain(&shared.db);
+        let reopened = match db.take() {
+            Some(database) => Ok(database),
+            None => (shared.opener)(),
+        };
+        reopened.and_then(|database| {
+            let loaded = load(&database, shared.files.as_ref(), Some(current));
+            if loaded.is_ok() {
+                *db = Some(database);
+            }
+            loaded
+        })
+    };
+    let (loaded, number) = match rebuilt {
+        Ok((loaded, _)) => {
+            let number = state.log.next_number;
+            match shared.files.create(number) {
+                Ok(segment) => (loaded, (number, segment)),
+                Err(err) => {
+                    state.broken = Some(format!("cannot start a log segment: {err}"));
+                    return;
+                }
+            }
         }
         Err(err) => {
-            tracing::error!(error = %err, "cannot reopen the database; retrying");
-            state.broken = Some(format!("the database cannot be reopened: {err}"));
-            None
+            tracing::error!(error = %err, "cannot rebuild the store; retrying");
+            state.broken = Some(format!("the store cannot be rebuilt: {err}"));
+            return;
         }
-    }
+    };
+    let Loaded { mut ledger, mut pools, sched, runs, seq, .. } = loaded;
+    let (number, segment) = number;
+    ledger.carry_over_from(&state.ledger);
+    state.ledger = ledger;
+    pools.set_rules(state.pools.rules());
+    state.pools = pools;
+    state.sched = sched;
+    state.runs = runs;
+    state.log = LogWriter { segment, number, len: 0, seq, next_number: number + 1 };
+    state.broken = None;
+    tracing::info!(seq, "store rebuilt from the database");
 }
 
 async fn run_sweeper(shared: Arc<Shared>) {
@@ -940,13 +1115,12 @@ async fn run_sweeper(shared: Arc<Shared>) {
             _ = shutdown.wait_for(|stop| *stop) => return,
         }
         let mut state = lock(&shared);
-        if state.queue.is_none() {
+        if state.closed {
             return;
         }
         let now = shared.clock.now();
         if state.broken.is_some() {
-            // Wake the committer so it retries reopening the database.
-            drop(state.checkpoint(&shared));
+            recover(&shared, &mut state);
             continue;
         }
         let effects = state.ledger.expire(now);
@@ -954,12 +1128,10 @@ async fn run_sweeper(shared: Arc<Shared>) {
             tracing::debug!(expired = effects.expired, "leases expired");
         }
         let pool_changes = state.pools.sweep(now);
-        let checkpoint_due = now.saturating_sub(shared.clock_written.load(Ordering::Relaxed)) >= CLOCK_CHECKPOINT_MS;
         if !effects.changes.is_empty() || !effects.cancelled.is_empty() || !pool_changes.is_empty() {
             drop(state.submit_all(&shared, effects, pool_changes, Vec::new()));
-        }
-        if checkpoint_due {
-            drop(state.checkpoint(&shared));
+        } else if now.saturating_sub(shared.clock_written.load(Ordering::Relaxed)) >= CLOCK_CHECKPOINT_MS {
+            state.checkpoint_clock(&shared);
         }
     }
 }
@@ -970,17 +1142,16 @@ impl Store for EmbeddedStore {
         "embedded"
     }
 
+    fn durability(&self) -> &'static str {
+        self.shared.durability.as_str()
+    }
+
     fn now(&self) -> Millis {
         self.shared.clock.now()
     }
 
     fn commit_stats(&self) -> CommitStats {
-        CommitStats {
-            commits: self.shared.commits.load(Ordering::Relaxed),
-            operations: self.shared.operations.load(Ordering::Relaxed),
-            commit_micros: self.shared.commit_micros.load(Ordering::Relaxed),
-            failures: self.shared.failures.load(Ordering::Relaxed),
-        }
+        self.shared.stats.read()
     }
 
     async fn shutdown(&self) {
@@ -993,23 +1164,22 @@ impl Store for EmbeddedStore {
         while !self.lock().waiters.is_empty() && Instant::now() < deadline {
             tokio::time::sleep(Duration::from_millis(5)).await;
         }
-        // A last commit makes the clock durable, so leases resume with the TTL they had left,
-        // and the exact next fencing numbers, so numbering resumes without a jump. No grant can
-        // follow it: `usable` refuses every operation once `shutting_down` is set.
+        // A last record holds the clock, so leases resume with the TTL they had left, and the
+        // exact next fencing numbers, so numbering resumes without a jump. No grant can follow
+        // it: `usable` refuses every operation once `shutting_down` is set.
         let flushed = {
             let mut state = self.lock();
             let changes = state.ledger.fencing_checkpoint();
+            state.checkpoint_clock(&self.shared);
             state.submit(&self.shared, Effects { changes, ..Effects::default() })
         };
         if let Err(err) = durable(flushed).await {
             tracing::warn!(error = %err, "the final flush failed");
         }
-        // Closing the queue lets the committer write what is left and stop.
-        self.lock().queue = None;
-        let committer = self.committer.lock().unwrap_or_else(|p| p.into_inner()).take();
-        if let Some(committer) = committer {
-            let _ = tokio::task::spawn_blocking(move || committer.join()).await;
-        }
+        self.lock().closed = true;
+        // The checkpointer writes everything into the database before it stops.
+        let threads = stop_threads(&self.shared, &self.threads);
+        let _ = tokio::task::spawn_blocking(move || threads.into_iter().for_each(|t| drop(t.join()))).await;
         let sweeper = self.sweeper.lock().unwrap_or_else(|p| p.into_inner()).take();
         if let Some(sweeper) = sweeper {
             let _ = sweeper.await;
@@ -1022,14 +1192,28 @@ impl Store for EmbeddedStore {
     }
 }
 
+/// Tells the syncer and the checkpointer to finish and stop; returns them to join.
+fn stop_threads(
+    shared: &Shared,
+    threads: &Mutex<Vec<std::thread::JoinHandle<()>>>,
+) -> Vec<std::thread::JoinHandle<()>> {
+    *lock_plain(&shared.stop) = true;
+    shared.stop_changed.notify_all();
+    {
+        let _syncs = lock_plain(&shared.syncs);
+        shared.sync_wanted.notify_all();
+    }
+    std::mem::take(&mut *lock_plain(threads))
+}
+
 impl Drop for EmbeddedStore {
     fn drop(&mut self) {
-        // Without a shutdown, still stop the background work so the database file is released.
+        // Without a shutdown, still stop the background work so the files are released.
         self.shared.shutting_down.store(true, Ordering::SeqCst);
         self.shared.shutdown.send_replace(true);
-        lock(&self.shared).queue = None;
-        if let Some(committer) = self.committer.lock().unwrap_or_else(|p| p.into_inner()).take() {
-            let _ = committer.join();
+        lock(&self.shared).closed = true;
+        for thread in stop_threads(&self.shared, &self.threads) {
+            let _ = thread.join();
         }
     }
 }

@@ -1,13 +1,49 @@
-//! The pools of the embedded store: each operation is `Pools`', made durable by the committer.
+//! The pools of the embedded store: each operation is `Pools`', made durable through the
+//! write-ahead log.
 
 use allot_core::pool::{
-    Alloc, AllocId, AllocRequest, AllocState, EndedAlloc, Labels, Offer, PoolError, PoolName, PoolView,
+    Alloc, AllocId, AllocRequest, AllocState, EndedAlloc, Labels, Offer, PoolChange, PoolError, PoolName, PoolView,
 };
 use allot_core::Resources;
 use async_trait::async_trait;
 
+use super::ops::{Key, Op, Table};
 use super::EmbeddedStore;
+use crate::records::{encode, resources_record, AllocRecord, PoolRecord};
 use crate::{Page, PageRequest, PoolStore, StoreError};
+
+/// The writes of pool changes.
+pub(super) fn ops<'a>(changes: impl Iterator<Item = &'a PoolChange>, out: &mut Vec<Op>) {
+    for change in changes {
+        match change {
+            PoolChange::Pool { name, capacity, stopped, labels } => {
+                let record = PoolRecord { capacity: resources_record(capacity), stopped: *stopped };
+                out.push(Op::put(Table::Pools, Op::name(name.as_str()), encode(&record)));
+                out.push(if labels.is_empty() {
+                    Op::Remove(Table::PoolLabels, Op::name(name.as_str()))
+                } else {
+                    Op::put(Table::PoolLabels, Op::name(name.as_str()), encode(labels))
+                });
+            }
+            PoolChange::PoolRemoved { name } => {
+                out.push(Op::Remove(Table::Pools, Op::name(name.as_str())));
+                out.push(Op::Remove(Table::PoolLabels, Op::name(name.as_str())));
+                out.push(Op::RemoveUnder(Table::Allocs, name.as_str().to_owned()));
+            }
+            PoolChange::Alloc(alloc) => {
+                let key = Key::Numbered(alloc.pool.as_str().to_owned(), alloc.id.0);
+                out.push(Op::put(Table::Allocs, key, encode(&AllocRecord::live(alloc))));
+            }
+            // Ended allocs are kept in memory only (readable until the daemon restarts): writing
+            // them would grow the table with every freed alloc.
+            PoolChange::AllocEnded(ended) => {
+                let key = Key::Numbered(ended.alloc.pool.as_str().to_owned(), ended.alloc.id.0);
+                out.push(Op::Remove(Table::Allocs, key));
+            }
+            PoolChange::EndedDropped { .. } => {}
+        }
+    }
+}
 
 #[async_trait]
 impl PoolStore for EmbeddedStore {

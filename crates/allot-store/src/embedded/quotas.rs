@@ -1,14 +1,49 @@
-//! The token quotas of the embedded store: each operation is the ledger's, made durable by the
-//! committer.
+//! The token quotas of the embedded store: each operation is the ledger's, made durable through
+//! the write-ahead log.
 
 use std::time::Duration;
 
-use allot_core::{AllocateRequest, Decision, Effects, NamespaceName, NamespaceView, SessionId, Token, WaiterView};
+use allot_core::{
+    AllocateRequest, Change, Decision, Effects, NamespaceName, NamespaceView, SessionId, Token, WaiterView,
+};
 use async_trait::async_trait;
 use tokio::sync::oneshot;
 
+use super::ops::{Key, Op, Table};
 use super::{durable, grant_info, session_info, EmbeddedStore};
+use crate::records::{encode, GrantRecord, NamespaceRecord, SessionRecord};
 use crate::{check_wait, Allocation, GrantInfo, Page, PageRequest, QuotaStore, SessionInfo, StoreError};
+
+/// The writes of ledger changes.
+pub(super) fn ops<'a>(changes: impl Iterator<Item = &'a Change>, out: &mut Vec<Op>) {
+    for change in changes {
+        match change {
+            Change::Namespace { name, quota, next_fencing } => {
+                let record = NamespaceRecord { quota: *quota, next_fencing: *next_fencing };
+                out.push(Op::put(Table::Namespaces, Op::name(name.as_str()), encode(&record)));
+                out.push(Op::Remove(Table::RetiredFencing, Op::name(name.as_str())));
+            }
+            Change::NamespaceRemoved { name, next_fencing } => {
+                out.push(Op::Remove(Table::Namespaces, Op::name(name.as_str())));
+                let fencing = next_fencing.to_le_bytes().to_vec();
+                out.push(Op::put(Table::RetiredFencing, Op::name(name.as_str()), fencing));
+                out.push(Op::RemoveUnder(Table::Grants, name.as_str().to_owned()));
+            }
+            Change::Grant(grant) => {
+                let key = Op::pair(grant.namespace.as_str(), grant.token.as_str());
+                out.push(Op::put(Table::Grants, key, encode(&GrantRecord::from_grant(grant))));
+            }
+            Change::GrantRemoved { namespace, token } => {
+                out.push(Op::Remove(Table::Grants, Op::pair(namespace.as_str(), token.as_str())));
+            }
+            Change::Session { id, ttl_ms, deadline } => {
+                let record = SessionRecord { ttl_ms: *ttl_ms, deadline: *deadline };
+                out.push(Op::put(Table::Sessions, Key::Id(id.0), encode(&record)));
+            }
+            Change::SessionRemoved { id } => out.push(Op::Remove(Table::Sessions, Key::Id(id.0))),
+        }
+    }
+}
 
 #[async_trait]
 impl QuotaStore for EmbeddedStore {

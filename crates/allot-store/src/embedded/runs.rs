@@ -8,8 +8,9 @@ use allot_core::exec::Run;
 use allot_core::pool::PoolName;
 use allot_core::sched::{AppId, TaskId};
 use async_trait::async_trait;
-use redb::{ReadTransaction, ReadableTable, WriteTransaction};
+use redb::{ReadTransaction, ReadableTable};
 
+use super::ops::{Op, Table};
 use super::{durable, EmbeddedStore, OpenError};
 use crate::records::runs::{CachedRecord, RunRecord, CATALOG, RUNS};
 use crate::records::{decode, encode};
@@ -46,28 +47,21 @@ pub(super) fn load(txn: &ReadTransaction) -> Result<Runs, OpenError> {
     Ok(runs)
 }
 
-// redb's error is large, but it is returned once per batch, not per operation.
-#[allow(clippy::result_large_err)]
-pub(super) fn write<'a>(
-    txn: &WriteTransaction,
-    changes: impl Iterator<Item = &'a RunChange>,
-) -> Result<(), redb::Error> {
-    let mut table = txn.open_table(RUNS)?;
-    let mut catalog = txn.open_table(CATALOG)?;
+/// The writes of run changes.
+pub(super) fn ops<'a>(changes: impl Iterator<Item = &'a RunChange>, out: &mut Vec<Op>) {
     for change in changes {
         match change {
             RunChange::Put { app, task, run } => {
-                table.insert((app.as_str(), task.as_str()), encode(&RunRecord::of(run)).as_slice())?;
+                out.push(Op::put(Table::Runs, Op::pair(app.as_str(), task.as_str()), encode(&RunRecord::of(run))));
             }
             RunChange::Removed { app, task } => {
-                table.remove((app.as_str(), task.as_str()))?;
+                out.push(Op::Remove(Table::Runs, Op::pair(app.as_str(), task.as_str())));
             }
             RunChange::Cached { key, entry } => {
-                catalog.insert(key.as_str(), encode(&CachedRecord::of(entry)).as_slice())?;
+                out.push(Op::put(Table::Catalog, Op::name(key), encode(&CachedRecord::of(entry))));
             }
         }
     }
-    Ok(())
 }
 
 impl EmbeddedStore {
