@@ -172,11 +172,21 @@ struct PairsArgs {
 #[derive(Debug, clap::Args)]
 struct CompareArgs {
     /// The numbers of clients to measure with, comma-separated.
-    #[arg(long, value_delimiter = ',', default_value = "16,64")]
+    #[arg(long, value_delimiter = ',', default_value = "16,64,256")]
     clients: Vec<usize>,
-    /// How long to measure each target at each number of clients.
+    /// How long to measure each target at each number of clients, per round.
     #[arg(long, default_value = "5s", value_parser = crate::duration::parse)]
     duration: Duration,
+    /// How many rounds (every target at every number of clients, in turn); the table shows
+    /// the medians.
+    #[arg(long, default_value_t = 3)]
+    rounds: usize,
+    /// The etcd server binary (`apt-get install etcd-server`); by default `etcd` on PATH.
+    #[arg(long, conflicts_with = "no_etcd")]
+    etcd: Option<std::path::PathBuf>,
+    /// Do not run etcd.
+    #[arg(long)]
+    no_etcd: bool,
     /// The Throttle server binary (`cargo install throttle-server`); by default `throttle` on PATH
     /// or in ~/.cargo/bin.
     #[arg(long, conflicts_with = "no_throttle")]
@@ -184,7 +194,8 @@ struct CompareArgs {
     /// Do not run Throttle.
     #[arg(long)]
     no_throttle: bool,
-    /// Exit with an error when the daemon misses a target (pairs/s ratio, p99 latency).
+    /// Exit with an error when the daemon misses a target (pairs/s ratios, CPU per pair, p99
+    /// latency).
     #[arg(long)]
     check: bool,
     /// Where to make the scratch directory (the daemon's data directory, configs, logs); e.g.

@@ -1,5 +1,5 @@
-//! Servers the benchmark starts as child processes: the baseline server and a fresh daemon (this
-//! same binary, `std::env::current_exe()`), and Throttle. Each child's stderr goes to a log file in
+//! Servers the benchmark starts as child processes: the baseline server and fresh daemons (this
+//! same binary, `std::env::current_exe()`), Throttle and etcd. Each child's stderr goes to a log file in
 //! a scratch directory, which is removed at the end; children are stopped with SIGTERM, killed if
 //! they linger, and killed when dropped.
 
@@ -56,6 +56,11 @@ pub(super) struct Server {
 }
 
 impl Server {
+    /// The child's process id (until it is stopped).
+    pub(super) fn pid(&self) -> Option<u32> {
+        self.child.id()
+    }
+
     /// Stops the child: SIGTERM, then SIGKILL if it has not exited within [`STOP_TIMEOUT`].
     pub(super) async fn stop(mut self) {
         if let Some(pid) = self.child.id() {
@@ -137,6 +142,54 @@ pub(super) fn find_throttle() -> Option<PathBuf> {
         .map(PathBuf::from)
         .or_else(|| std::env::var_os("HOME").map(|home| PathBuf::from(home).join(".cargo")));
     on_path.into_iter().chain(cargo_home.map(|home| home.join("bin").join("throttle"))).find(|path| path.is_file())
+}
+
+/// `name` on PATH.
+pub(super) fn find_program(name: &str) -> Option<PathBuf> {
+    let paths = std::env::var_os("PATH")?;
+    std::env::split_paths(&paths).map(|dir| dir.join(name)).find(|path| path.is_file())
+}
+
+/// Starts a one-member etcd on free ports, its data in `scratch` (fsync on every commit, as etcd
+/// always does), and waits until its JSON gateway answers.
+pub(super) async fn spawn_etcd(program: &Path, scratch: &Scratch) -> anyhow::Result<Server> {
+    let free = || -> anyhow::Result<u16> { Ok(std::net::TcpListener::bind("127.0.0.1:0")?.local_addr()?.port()) };
+    let (client, peer) = (free()?, free()?);
+    let client_url = format!("http://127.0.0.1:{client}");
+    let peer_url = format!("http://127.0.0.1:{peer}");
+    let log = scratch.join("etcd.log");
+    let mut child = Command::new(program)
+        .arg("--data-dir")
+        .arg(scratch.join("etcd-data"))
+        .args(["--listen-client-urls", &client_url, "--advertise-client-urls", &client_url])
+        .args(["--listen-peer-urls", &peer_url, "--initial-advertise-peer-urls", &peer_url])
+        .args(["--initial-cluster", &format!("default={peer_url}"), "--log-level", "warn"])
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(std::fs::File::create(&log)?)
+        .kill_on_drop(true)
+        .spawn()
+        .with_context(|| format!("etcd: cannot start {}", program.display()))?;
+    let endpoint = Endpoint::parse(&client_url)?;
+    let deadline = Instant::now() + START_TIMEOUT;
+    loop {
+        if let Some(status) = child.try_wait()? {
+            bail!("etcd exited before listening ({status}){}", log_tail(&log));
+        }
+        if let Ok(mut conn) = Conn::connect(&endpoint).await {
+            let probe = Bytes::from_static(br#"{"key":"AA=="}"#);
+            if let Ok((status, _)) = conn.request(Method::POST, "/v3/kv/range", probe).await {
+                if status.is_success() {
+                    break;
+                }
+            }
+        }
+        if Instant::now() > deadline {
+            bail!("etcd did not answer on {client_url} within {START_TIMEOUT:?}{}", log_tail(&log));
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    Ok(Server { name: "etcd".to_owned(), endpoint, child })
 }
 
 /// Starts Throttle on a free port with one semaphore of `count`, and waits until it answers.

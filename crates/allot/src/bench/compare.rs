@@ -1,6 +1,7 @@
-//! `allot bench compare`: the same pair load, one target at a time, against the baseline server, a
-//! fresh daemon with durability on, and Throttle when it is installed; then a table with every
-//! target's pairs/s as a ratio of the baseline's and the checks against the targets.
+//! `allot bench compare`: the same pair load, one target at a time, in rounds: the baseline
+//! server, a fresh daemon at each durability level, Throttle when it is installed and etcd when it
+//! is installed; then a table of every target's medians over the rounds (pairs/s as a ratio of the
+//! baseline's, latency, the server's CPU time per pair) and the checks against the targets.
 
 use std::ffi::OsString;
 
@@ -9,19 +10,34 @@ use serde::Serialize;
 
 use super::children::{self, Scratch, Server};
 use super::load::{self, LoadResult, LoadSpec, Target};
-use super::report::{self, Check};
+use super::report::{self, Check, Summary};
 use super::CompareArgs;
 
-/// The daemon must serve at least this share of the baseline's pairs/s.
-const MIN_RATIO: f64 = 0.85;
-/// The daemon's p99 request latency at [`P99_CLIENTS`] clients must be at most this (ms).
-const MAX_P99_MS: f64 = 5.0;
-const P99_CLIENTS: usize = 16;
+/// At the process level, pairs/s at least Throttle's, at every number of clients.
+const PROCESS_VS_THROTTLE: f64 = 1.0;
+/// At the process level, server CPU per pair at most this multiple of Throttle's.
+const PROCESS_CPU_VS_THROTTLE: f64 = 1.2;
+/// At the disk level, pairs/s at least this share of the baseline's, at [`DISK_BASELINE_CLIENTS`].
+const DISK_VS_BASELINE: f64 = 0.5;
+const DISK_BASELINE_CLIENTS: [usize; 2] = [64, 256];
+/// At the disk level, pairs/s at least this multiple of etcd's, at [`DISK_ETCD_CLIENTS`].
+const DISK_VS_ETCD: f64 = 5.0;
+const DISK_ETCD_CLIENTS: [usize; 2] = [16, 64];
+/// Both levels: p99 request latency at most this (ms) at [`P99_CLIENTS`], in every round.
+const MAX_P99_MS: f64 = 10.0;
+const P99_CLIENTS: usize = 64;
+
+/// The daemon's rows, one per durability level.
+const DISK: &str = "allot-disk";
+const PROCESS: &str = "allot-process";
 
 /// The JSON output of `allot bench compare --json`.
 #[derive(Serialize)]
 struct CompareOutput {
+    /// Every round's measurements.
     results: Vec<LoadResult>,
+    /// Medians over the rounds, per target and number of clients.
+    summaries: Vec<Summary>,
     checks: Vec<Check>,
     /// Targets that could not be measured, and why.
     skipped: Vec<String>,
@@ -32,6 +48,9 @@ pub(super) async fn run(args: CompareArgs) -> anyhow::Result<()> {
     if args.clients.is_empty() || args.clients.contains(&0) {
         bail!("--clients must list numbers of clients of at least 1, e.g. 16,64");
     }
+    if args.rounds == 0 {
+        bail!("--rounds must be at least 1");
+    }
     let quota = args.load.quota.max(args.clients.iter().copied().max().unwrap_or(1) as u64);
     let namespace = args.load.namespace.clone();
     let scratch = Scratch::new(args.tmp_dir.as_deref())?;
@@ -40,18 +59,18 @@ pub(super) async fn run(args: CompareArgs) -> anyhow::Result<()> {
     let mut servers: Vec<Server> = Vec::new();
     let mut targets: Vec<Target> = Vec::new();
 
-    let spawns: [(&str, Vec<OsString>); 2] = [
+    let serve = |level: &str| -> Vec<OsString> {
+        let data = scratch.join(&format!("allot-{level}-data"));
+        ["serve", "--listen", "127.0.0.1:0", "--durability", level]
+            .into_iter()
+            .map(OsString::from)
+            .chain(["--data-dir".into(), data.into_os_string()])
+            .collect()
+    };
+    let spawns: [(&str, Vec<OsString>); 3] = [
         ("baseline", vec!["baseline-server".into(), "--listen".into(), "127.0.0.1:0".into()]),
-        (
-            "allot",
-            vec![
-                "serve".into(),
-                "--listen".into(),
-                "127.0.0.1:0".into(),
-                "--data-dir".into(),
-                scratch.join("allot-data").into(),
-            ],
-        ),
+        (DISK, serve("disk")),
+        (PROCESS, serve("process")),
     ];
     for (name, child_args) in spawns {
         let started = children::spawn_listening(name, &exe, &child_args, scratch.join(&format!("{name}.log"))).await;
@@ -63,7 +82,7 @@ pub(super) async fn run(args: CompareArgs) -> anyhow::Result<()> {
             }
         };
         match load::setup_namespace(&server.endpoint, &namespace, quota).await {
-            Ok(()) => targets.push(Target::allot(name, server.endpoint.clone(), &namespace)),
+            Ok(()) => targets.push(Target::allot(name, server.endpoint.clone(), &namespace).with_pid(server.pid())),
             Err(err) => skip(&mut skipped, format!("{name}: cannot set up namespace `{namespace}`: {err:#}")),
         }
         servers.push(server);
@@ -77,7 +96,23 @@ pub(super) async fn run(args: CompareArgs) -> anyhow::Result<()> {
             ),
             Some(program) => match children::spawn_throttle(&program, &scratch, &namespace, quota).await {
                 Ok(server) => {
-                    targets.push(Target::throttle("throttle", server.endpoint.clone(), &namespace));
+                    targets
+                        .push(Target::throttle("throttle", server.endpoint.clone(), &namespace).with_pid(server.pid()));
+                    servers.push(server);
+                }
+                Err(err) => skip(&mut skipped, format!("{err:#}")),
+            },
+        }
+    }
+    if !args.no_etcd {
+        match args.etcd.clone().or_else(|| children::find_program("etcd")) {
+            None => skip(
+                &mut skipped,
+                "etcd: not installed (`apt-get install etcd-server`, or pass --etcd PATH)".to_owned(),
+            ),
+            Some(program) => match children::spawn_etcd(&program, &scratch).await {
+                Ok(server) => {
+                    targets.push(Target::etcd("etcd", server.endpoint.clone(), &namespace).with_pid(server.pid()));
                     servers.push(server);
                 }
                 Err(err) => skip(&mut skipped, format!("{err:#}")),
@@ -85,21 +120,27 @@ pub(super) async fn run(args: CompareArgs) -> anyhow::Result<()> {
         }
     }
 
+    // Rounds outermost, so a slow spell of the machine hits every target alike.
     let mut results = Vec::new();
-    for &clients in &args.clients {
-        for target in &targets {
-            let spec = LoadSpec::new(clients, args.duration, &args.load, &args.output);
-            match load::run_load(target, &spec).await {
-                Ok(result) => {
-                    if !args.output.json {
-                        eprintln!(
-                            "{} × {clients}: {:.0} pairs/s, p99 {:.3} ms",
-                            target.name, result.pairs_per_s, result.request_ms.p99
-                        );
+    for round in 1..=args.rounds {
+        for &clients in &args.clients {
+            for target in &targets {
+                let spec = LoadSpec::new(clients, args.duration, &args.load, &args.output);
+                match load::run_load(target, &spec).await {
+                    Ok(result) => {
+                        if !args.output.json {
+                            eprintln!(
+                                "round {round}: {} × {clients}: {:.0} pairs/s, p99 {:.3} ms, {} µs CPU/pair",
+                                target.name,
+                                result.pairs_per_s,
+                                result.request_ms.p99,
+                                result.server_cpu_us_per_pair.map_or_else(|| "-".to_owned(), |c| format!("{c:.1}")),
+                            );
+                        }
+                        results.push(result);
                     }
-                    results.push(result);
+                    Err(err) => skip(&mut skipped, format!("round {round}: {} × {clients}: {err:#}", target.name)),
                 }
-                Err(err) => skip(&mut skipped, format!("{} × {clients}: {err:#}", target.name)),
             }
         }
     }
@@ -107,13 +148,15 @@ pub(super) async fn run(args: CompareArgs) -> anyhow::Result<()> {
         server.stop().await;
     }
 
-    let checks = checks(&args.clients, &results);
+    let summaries = report::summaries(&results);
+    let checks = checks(&args.clients, &summaries);
     if args.output.json {
-        let output = CompareOutput { results, checks: checks.clone(), skipped };
+        let output = CompareOutput { results, summaries, checks: checks.clone(), skipped };
         println!("{}", serde_json::to_string_pretty(&output)?);
     } else {
-        print!("{}", report::compare_table(&results));
-        println!("targets (allot, durability on):");
+        println!("medians of {} round(s) of {:?} each", args.rounds, args.duration);
+        print!("{}", report::summary_table(&summaries));
+        println!("targets:");
         print!("{}", report::checks(&checks));
     }
     if args.check && checks.iter().any(|check| !check.ok) {
@@ -128,20 +171,57 @@ fn skip(skipped: &mut Vec<String>, reason: String) {
     skipped.push(reason);
 }
 
-/// The targets for the daemon: pairs/s ratio to the baseline at every number of clients,
-/// p99 request latency at 16 clients, no errors.
-fn checks(clients: &[usize], results: &[LoadResult]) -> Vec<Check> {
+/// The targets of each durability level, on the medians of the rounds.
+fn checks(clients: &[usize], summaries: &[Summary]) -> Vec<Check> {
+    let find = |target: &str, n: usize| summaries.iter().find(|s| s.target == target && s.clients == n);
+    let ratio = |target: &str, other: &str, n: usize| {
+        let (a, b) = (find(target, n)?, find(other, n)?);
+        (b.pairs_per_s > 0.0).then(|| a.pairs_per_s / b.pairs_per_s)
+    };
     let mut checks = Vec::new();
     for &n in clients {
-        let allot = results.iter().find(|r| r.target == "allot" && r.clients == n);
-        let ratio = allot.and_then(|allot| report::ratio_to_baseline(results, allot));
-        checks.push(Check::at_least(format!("pairs/s vs baseline at {n} clients"), ratio, MIN_RATIO));
-        if n == P99_CLIENTS {
-            let p99 = allot.map(|allot| allot.request_ms.p99);
-            checks.push(Check::at_most(format!("p99 request latency (ms) at {n} clients"), p99, MAX_P99_MS));
+        checks.push(Check::at_least(
+            format!("{PROCESS}: pairs/s vs throttle at {n} clients"),
+            ratio(PROCESS, "throttle", n),
+            PROCESS_VS_THROTTLE,
+        ));
+        let cpu = find(PROCESS, n)
+            .and_then(|p| p.server_cpu_us_per_pair)
+            .zip(find("throttle", n).and_then(|t| t.server_cpu_us_per_pair))
+            .map(|(p, t)| p / t);
+        checks.push(Check::at_most(
+            format!("{PROCESS}: server CPU per pair vs throttle at {n} clients"),
+            cpu,
+            PROCESS_CPU_VS_THROTTLE,
+        ));
+        if DISK_BASELINE_CLIENTS.contains(&n) {
+            checks.push(Check::at_least(
+                format!("{DISK}: pairs/s vs baseline at {n} clients"),
+                ratio(DISK, "baseline", n),
+                DISK_VS_BASELINE,
+            ));
         }
-        let errors = allot.map(|allot| (allot.errors + allot.not_granted) as f64);
-        checks.push(Check::at_most(format!("errors at {n} clients"), errors, 0.0));
+        if DISK_ETCD_CLIENTS.contains(&n) {
+            checks.push(Check::at_least(
+                format!("{DISK}: pairs/s vs etcd at {n} clients"),
+                ratio(DISK, "etcd", n),
+                DISK_VS_ETCD,
+            ));
+        }
+        for level in [DISK, PROCESS] {
+            if n == P99_CLIENTS {
+                checks.push(Check::at_most(
+                    format!("{level}: p99 request latency (ms) at {n} clients, worst round"),
+                    find(level, n).map(|s| s.p99_ms_worst),
+                    MAX_P99_MS,
+                ));
+            }
+            checks.push(Check::at_most(
+                format!("{level}: errors at {n} clients, all rounds"),
+                find(level, n).map(|s| s.errors as f64),
+                0.0,
+            ));
+        }
     }
     checks
 }

@@ -33,6 +33,9 @@ enum Protocol {
     Allot { grants: String },
     /// Throttle's API: one peer per client, `PUT`/`DELETE /peers/{peer}/{semaphore}` with body `1`.
     Throttle { semaphore: String },
+    /// etcd's JSON gateway: a transaction that puts `{prefix}/{token}` if it does not exist, then
+    /// a delete of that key.
+    Etcd { prefix: String },
 }
 
 /// A server under load.
@@ -44,6 +47,8 @@ pub(super) struct Target {
     protocol: Protocol,
     /// When set, allocates carry a scope and caps (allot's API only).
     scoped: Option<ScopedLoad>,
+    /// The server's process, when known: its CPU time over the window is measured.
+    pub(super) pid: Option<u32>,
 }
 
 /// Allocates with a scope and caps: client `i` holds in project `load-{i % projects}`, scope
@@ -76,7 +81,24 @@ impl Target {
     /// A server that speaks allot's API (allot itself or the baseline server).
     pub(super) fn allot(name: &str, endpoint: Endpoint, namespace: &str) -> Target {
         let grants = format!("/v1/namespaces/{}/grants/", encode_segment(namespace));
-        Target { name: name.to_owned(), endpoint, protocol: Protocol::Allot { grants }, scoped: None }
+        Target { name: name.to_owned(), endpoint, protocol: Protocol::Allot { grants }, scoped: None, pid: None }
+    }
+
+    /// An etcd server: a token is a key under `prefix/`.
+    pub(super) fn etcd(name: &str, endpoint: Endpoint, prefix: &str) -> Target {
+        Target {
+            name: name.to_owned(),
+            endpoint,
+            protocol: Protocol::Etcd { prefix: prefix.to_owned() },
+            scoped: None,
+            pid: None,
+        }
+    }
+
+    /// Measures the CPU time of process `pid` (the server) over the window.
+    pub(super) fn with_pid(mut self, pid: Option<u32>) -> Target {
+        self.pid = pid;
+        self
     }
 
     /// Allocates carry a scope and caps.
@@ -92,6 +114,7 @@ impl Target {
             endpoint,
             protocol: Protocol::Throttle { semaphore: encode_segment(semaphore) },
             scoped: None,
+            pid: None,
         }
     }
 }
@@ -141,9 +164,28 @@ pub(super) struct LoadResult {
     pub(super) pair_ms: Latency,
     pub(super) allocate_ms: Latency,
     pub(super) release_ms: Latency,
+    /// The server process's CPU time (user and system, every thread) per pair in the window,
+    /// in µs, when its process is known.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub(super) server_cpu_us_per_pair: Option<f64>,
+    /// The server's CPU time over the window, in CPUs (1.0 = one core busy all along).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub(super) server_cpus: Option<f64>,
     /// The first error seen, for diagnosis.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub(super) first_error: Option<String>,
+}
+
+/// The CPU time (user and system, all threads) process `pid` has used, in seconds, from
+/// `/proc/<pid>/stat` (fields 14 and 15, in clock ticks of 1/100 s: Linux's USER_HZ).
+pub(super) fn process_cpu_seconds(pid: u32) -> Option<f64> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    // The command name (field 2) is in parentheses and may hold spaces: count after it.
+    let rest = &stat[stat.rfind(')')? + 2..];
+    let fields: Vec<&str> = rest.split_whitespace().collect();
+    let utime: u64 = fields.get(11)?.parse().ok()?;
+    let stime: u64 = fields.get(12)?.parse().ok()?;
+    Some((utime + stime) as f64 / 100.0)
 }
 
 /// A short id that makes this run's tokens differ from every earlier run's.
@@ -212,6 +254,7 @@ impl Client {
     async fn prepare(target: Arc<Target>, index: usize, timeout: Duration) -> anyhow::Result<Client> {
         let allocate_body = match (&target.protocol, target.scoped) {
             (Protocol::Throttle { .. }, _) => Bytes::from_static(b"1"),
+            (Protocol::Etcd { .. }, _) => Bytes::new(),
             (Protocol::Allot { .. }, Some(scoped)) => scoped.body(index),
             (Protocol::Allot { .. }, None) => Bytes::from_static(ALLOCATE_BODY.as_bytes()),
         };
@@ -239,29 +282,64 @@ impl Client {
         Ok(self.conn.insert(conn))
     }
 
-    fn path(&self, token: &str) -> String {
-        match &self.target.protocol {
-            Protocol::Allot { grants } => format!("{grants}{token}"),
-            Protocol::Throttle { semaphore } => format!("/peers/{}/{semaphore}", self.peer.unwrap_or_default()),
+    /// The allocate (or, `releasing`, the release) of `token`: method, path and body.
+    fn request(&self, token: &str, releasing: bool) -> (Method, String, Bytes) {
+        match (&self.target.protocol, releasing) {
+            (Protocol::Allot { grants }, false) => {
+                (Method::PUT, format!("{grants}{token}"), self.allocate_body.clone())
+            }
+            (Protocol::Allot { grants }, true) => (Method::DELETE, format!("{grants}{token}"), Bytes::new()),
+            (Protocol::Throttle { semaphore }, releasing) => {
+                let path = format!("/peers/{}/{semaphore}", self.peer.unwrap_or_default());
+                if releasing {
+                    (Method::DELETE, path, Bytes::new())
+                } else {
+                    (Method::PUT, path, self.allocate_body.clone())
+                }
+            }
+            (Protocol::Etcd { prefix }, releasing) => {
+                use base64::Engine as _;
+                let key = base64::engine::general_purpose::STANDARD.encode(format!("{prefix}/{token}"));
+                if releasing {
+                    (Method::POST, "/v3/kv/deleterange".to_owned(), Bytes::from(format!(r#"{{"key":"{key}"}}"#)))
+                } else {
+                    let body = format!(
+                        r#"{{"compare":[{{"key":"{key}","target":"CREATE","create_revision":"0"}}],"success":[{{"request_put":{{"key":"{key}","value":"MQ=="}}}}]}}"#
+                    );
+                    (Method::POST, "/v3/kv/txn".to_owned(), Bytes::from(body))
+                }
+            }
         }
     }
 
     /// Sends one request and sorts its answer into an outcome.
-    async fn call(&mut self, method: Method, path: &str, body: Bytes) -> Outcome {
+    async fn call(&mut self, token: &str, releasing: bool) -> Outcome {
+        let (method, path, body) = self.request(token, releasing);
+        let path = path.as_str();
         let conn = match self.connect().await {
             Ok(conn) => conn,
             Err(err) => return Outcome::Failed { message: format!("{err:#}"), reconnect: true },
         };
-        let releasing = method == Method::DELETE;
         let (status, body) = match conn.request(method, path, body).await {
             Ok(answer) => answer,
             Err(err) => return Outcome::Failed { message: format!("{err:#}"), reconnect: true },
         };
-        let throttle = matches!(self.target.protocol, Protocol::Throttle { .. });
         let unexpected = || Outcome::Failed {
             message: format!("{status}: {}", String::from_utf8_lossy(&body[..body.len().min(200)])),
             reconnect: false,
         };
+        if let Protocol::Etcd { .. } = self.target.protocol {
+            let text = String::from_utf8_lossy(&body);
+            return match releasing {
+                _ if status != StatusCode::OK => unexpected(),
+                // A transaction whose comparison failed leaves `succeeded` out.
+                false if text.contains(r#""succeeded":true"#) => Outcome::Done,
+                false => Outcome::NotGranted,
+                true if text.contains(r#""deleted":"1""#) => Outcome::Done,
+                true => Outcome::Failed { message: "the release released nothing".into(), reconnect: false },
+            };
+        }
+        let throttle = matches!(self.target.protocol, Protocol::Throttle { .. });
         match (throttle, releasing) {
             // Throttle answers 200 once the lock is acquired and 202 while it is pending.
             (true, false) if status == StatusCode::ACCEPTED => Outcome::NotGranted,
@@ -357,8 +435,7 @@ async fn client_loop(mut client: Client, index: usize, run: Arc<str>, window: Wi
         }
         seq += 1;
         let token = format!("{run}-{index}-{seq}");
-        let path = client.path(&token);
-        let allocated = match client.call(Method::PUT, &path, client.allocate_body.clone()).await {
+        let allocated = match client.call(&token, false).await {
             Outcome::Done => Instant::now(),
             Outcome::NotGranted => {
                 if window.contains(started, Instant::now()) {
@@ -373,7 +450,7 @@ async fn client_loop(mut client: Client, index: usize, run: Arc<str>, window: Wi
                 continue;
             }
         };
-        match client.call(Method::DELETE, &path, Bytes::new()).await {
+        match client.call(&token, true).await {
             Outcome::Done | Outcome::NotGranted => {}
             Outcome::Failed { message, reconnect } => {
                 failure(&mut samples, &mut client, started, format!("release: {message}"), reconnect);
@@ -418,6 +495,15 @@ pub(super) async fn run_load(target: &Target, spec: &LoadSpec) -> anyhow::Result
         .map(|(index, client)| tokio::spawn(client_loop(client, index, run.clone(), window, live.clone())))
         .collect();
 
+    // The server's CPU time at the window's start and end.
+    let cpu = target.pid.map(|pid| {
+        tokio::spawn(async move {
+            tokio::time::sleep_until(window.start.into()).await;
+            let start = process_cpu_seconds(pid);
+            tokio::time::sleep_until(window.end.into()).await;
+            start.zip(process_cpu_seconds(pid)).map(|(start, end)| end - start)
+        })
+    });
     let bar = progress_bar(spec, &format!("{} × {}", target.name, spec.clients));
     let ticker = tokio::spawn(tick(bar.clone(), began, window, live.clone()));
     let mut samples = Samples::default();
@@ -429,6 +515,10 @@ pub(super) async fn run_load(target: &Target, spec: &LoadSpec) -> anyhow::Result
 
     let seconds = spec.duration.as_secs_f64();
     let pairs = samples.pair.len() as u64;
+    let server_cpu = match cpu {
+        Some(task) => task.await.ok().flatten(),
+        None => None,
+    };
     let mut requests_ns = samples.allocate.clone();
     requests_ns.extend_from_slice(&samples.release);
     Ok(LoadResult {
@@ -446,6 +536,8 @@ pub(super) async fn run_load(target: &Target, spec: &LoadSpec) -> anyhow::Result
         pair_ms: Latency::from_nanos(samples.pair),
         allocate_ms: Latency::from_nanos(samples.allocate),
         release_ms: Latency::from_nanos(samples.release),
+        server_cpu_us_per_pair: server_cpu.filter(|_| pairs > 0).map(|cpu| cpu * 1e6 / pairs as f64),
+        server_cpus: server_cpu.map(|cpu| cpu / seconds),
         first_error: samples.first_error,
     })
 }

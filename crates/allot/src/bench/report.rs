@@ -118,47 +118,83 @@ pub(super) fn summary(result: &LoadResult) -> String {
     out
 }
 
-/// The comparison table: one row per target and number of clients, pairs/s as a ratio of the
-/// baseline's at the same number of clients.
-pub(super) fn compare_table(results: &[LoadResult]) -> String {
+/// One target at one number of clients, over the rounds of a run.
+#[derive(Debug, Clone, Serialize)]
+pub(super) struct Summary {
+    pub(super) target: String,
+    pub(super) clients: usize,
+    pub(super) rounds: usize,
+    /// Medians over the rounds.
+    pub(super) pairs_per_s: f64,
+    pub(super) p50_ms: f64,
+    pub(super) p99_ms: f64,
+    pub(super) server_cpu_us_per_pair: Option<f64>,
+    /// The worst round's p99 and max.
+    pub(super) p99_ms_worst: f64,
+    pub(super) max_ms: f64,
+    /// Errors and refusals of every round.
+    pub(super) errors: u64,
+}
+
+/// The rounds of each target and number of clients, summarised, in first-seen order.
+pub(super) fn summaries(results: &[LoadResult]) -> Vec<Summary> {
+    let mut keys: Vec<(&str, usize)> = Vec::new();
+    for result in results {
+        if !keys.contains(&(result.target.as_str(), result.clients)) {
+            keys.push((result.target.as_str(), result.clients));
+        }
+    }
+    keys.into_iter()
+        .map(|(target, clients)| {
+            let rounds: Vec<&LoadResult> =
+                results.iter().filter(|r| r.target == target && r.clients == clients).collect();
+            let of = |f: fn(&LoadResult) -> f64| median(rounds.iter().map(|r| f(r)).collect()).unwrap_or(0.0);
+            let worst = |f: fn(&LoadResult) -> f64| rounds.iter().map(|r| f(r)).fold(0.0, f64::max);
+            Summary {
+                target: target.to_owned(),
+                clients,
+                rounds: rounds.len(),
+                pairs_per_s: of(|r| r.pairs_per_s),
+                p50_ms: of(|r| r.request_ms.p50),
+                p99_ms: of(|r| r.request_ms.p99),
+                server_cpu_us_per_pair: median(rounds.iter().filter_map(|r| r.server_cpu_us_per_pair).collect()),
+                p99_ms_worst: worst(|r| r.request_ms.p99),
+                max_ms: worst(|r| r.request_ms.max),
+                errors: rounds.iter().map(|r| r.errors + r.not_granted).sum(),
+            }
+        })
+        .collect()
+}
+
+/// The summaries as a table, with pairs/s as a ratio of the baseline's at the same clients.
+pub(super) fn summary_table(summaries: &[Summary]) -> String {
     let mut out = String::new();
     let _ = writeln!(
         out,
-        "{:<10} {:>7} {:>10} {:>11} {:>8} {:>8} {:>8} {:>9} {:>7}",
-        "target", "clients", "pairs/s", "vs baseline", "p50 ms", "p99 ms", "max ms", "pair p99", "errors"
+        "{:<14} {:>7} {:>9} {:>8} {:>7} {:>7} {:>9} {:>7} {:>11} {:>6}",
+        "target", "clients", "pairs/s", "vs base", "p50 ms", "p99 ms", "worst p99", "max ms", "cpu µs/pair", "errors"
     );
-    for result in results {
-        let ratio = ratio_to_baseline(results, result).map_or_else(|| "-".to_owned(), |r| format!("{r:.2}"));
+    for summary in summaries {
+        let baseline = summaries.iter().find(|s| s.target == "baseline" && s.clients == summary.clients);
+        let ratio = baseline
+            .filter(|b| b.pairs_per_s > 0.0)
+            .map_or_else(|| "-".to_owned(), |b| format!("{:.2}", summary.pairs_per_s / b.pairs_per_s));
         let _ = writeln!(
             out,
-            "{:<10} {:>7} {:>10.0} {:>11} {:>8.3} {:>8.3} {:>8.3} {:>9.3} {:>7}",
-            result.target,
-            result.clients,
-            result.pairs_per_s,
+            "{:<14} {:>7} {:>9.0} {:>8} {:>7.3} {:>7.3} {:>9.3} {:>7.2} {:>11} {:>6}",
+            summary.target,
+            summary.clients,
+            summary.pairs_per_s,
             ratio,
-            result.request_ms.p50,
-            result.request_ms.p99,
-            result.request_ms.max,
-            result.pair_ms.p99,
-            result.errors + result.not_granted,
-        );
-    }
-    for result in results.iter().filter(|r| r.first_error.is_some()) {
-        let _ = writeln!(
-            out,
-            "{} × {}: first error: {}",
-            result.target,
-            result.clients,
-            result.first_error.as_deref().unwrap_or_default()
+            summary.p50_ms,
+            summary.p99_ms,
+            summary.p99_ms_worst,
+            summary.max_ms,
+            summary.server_cpu_us_per_pair.map_or_else(|| "-".to_owned(), |cpu| format!("{cpu:.1}")),
+            summary.errors,
         );
     }
     out
-}
-
-/// `result`'s pairs/s divided by the baseline's at the same number of clients.
-pub(super) fn ratio_to_baseline(results: &[LoadResult], result: &LoadResult) -> Option<f64> {
-    let baseline = results.iter().find(|r| r.target == "baseline" && r.clients == result.clients)?;
-    (baseline.pairs_per_s > 0.0).then(|| result.pairs_per_s / baseline.pairs_per_s)
 }
 
 #[cfg(test)]
