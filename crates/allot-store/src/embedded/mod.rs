@@ -855,6 +855,7 @@ fn fold_into(db: &Database, files: &dyn LogFiles, numbers: &[u64]) -> Result<(),
     let mut meta = txn.open_table(META).map_err(redb_error)?;
     let mut applied = meta.get(META_SEQ).map_err(redb_error)?.map(|v| v.value()).unwrap_or(0);
     let mut clock = meta.get(META_CLOCK).map_err(redb_error)?.map(|v| v.value()).unwrap_or(0);
+    let mut net = ops::Net::default();
     let mut folded = 0;
     'segments: for &number in numbers {
         let bytes = match files.read(number) {
@@ -871,28 +872,26 @@ fn fold_into(db: &Database, files: &dyn LogFiles, numbers: &[u64]) -> Result<(),
             if record.seq != applied + 1 {
                 // A record before this one was lost (torn by a power loss): nothing after it was
                 // acknowledged at the disk level, and the process level promises no more.
-                tracing::warn!(
-                    segment = number,
-                    seq = record.seq,
-                    applied,
-                    "the log has a gap; what follows it is discarded"
-                );
+                tracing::warn!(segment = number, seq = record.seq, applied, "the log has a gap; what follows it is discarded");
                 break 'segments;
             }
-            ops::apply(&txn, &record.ops).map_err(|err| err.to_string())?;
+            record.ops.into_iter().for_each(|op| net.add(op));
             applied = record.seq;
             clock = clock.max(record.clock);
             folded += 1;
         }
         if !clean {
-            tracing::warn!(
-                segment = number,
-                "a log segment ends in a torn record (a crash during an append); it is discarded"
-            );
+            tracing::warn!(segment = number, "a log segment ends in a torn record (a crash during an append); it is discarded");
         }
     }
     if folded == 0 {
         return Ok(());
+    }
+    {
+        let mut tables = ops::Tables::open(&txn).map_err(|err| err.to_string())?;
+        for op in net.ops() {
+            tables.apply(&op).map_err(|err| err.to_string())?;
+        }
     }
     meta.insert(META_SEQ, applied).map_err(redb_error)?;
     meta.insert(META_CLOCK, clock).map_err(redb_error)?;

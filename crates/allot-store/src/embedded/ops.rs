@@ -5,6 +5,8 @@
 //! Applying the same ops twice leaves the same tables: replaying a log whose records were already
 //! checkpointed is harmless.
 
+use std::collections::HashMap;
+
 use redb::{ReadableTable, WriteTransaction};
 use serde::{Deserialize, Serialize};
 
@@ -13,7 +15,7 @@ use crate::records::runs::{CATALOG, RUNS};
 use crate::records::{ALLOCS, GRANTS, NAMESPACES, POOLS, POOL_LABELS, RETIRED_FENCING, SESSIONS};
 
 /// A table of the database (see [`crate::records`]).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
 pub(crate) enum Table {
     Namespaces,
     RetiredFencing,
@@ -30,7 +32,7 @@ pub(crate) enum Table {
 }
 
 /// A key of one of the tables, by its shape.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize)]
 pub(crate) enum Key {
     /// `namespaces`, `retired_fencing`, `pools`, `pool_labels`, `queues`, `apps`, `catalog`.
     Name(String),
@@ -80,77 +82,146 @@ fn db(err: impl Into<redb::Error>) -> ApplyError {
     ApplyError::Db(err.into().to_string())
 }
 
-/// Writes `ops`, in order, in `txn`.
-pub(crate) fn apply<'a>(txn: &WriteTransaction, ops: impl IntoIterator<Item = &'a Op>) -> Result<(), ApplyError> {
-    let mut namespaces = txn.open_table(NAMESPACES).map_err(db)?;
-    let mut retired = txn.open_table(RETIRED_FENCING).map_err(db)?;
-    let mut grants = txn.open_table(GRANTS).map_err(db)?;
-    let mut sessions = txn.open_table(SESSIONS).map_err(db)?;
-    let mut pools = txn.open_table(POOLS).map_err(db)?;
-    let mut allocs = txn.open_table(ALLOCS).map_err(db)?;
-    let mut pool_labels = txn.open_table(POOL_LABELS).map_err(db)?;
-    let mut queues = txn.open_table(QUEUES).map_err(db)?;
-    let mut apps = txn.open_table(APPS).map_err(db)?;
-    let mut tasks = txn.open_table(TASKS).map_err(db)?;
-    let mut runs = txn.open_table(RUNS).map_err(db)?;
-    let mut catalog = txn.open_table(CATALOG).map_err(db)?;
-    let shape = |op: &Op| ApplyError::Shape(format!("{op:?}"));
-    for op in ops {
+/// The tables of a write transaction, opened once for all the ops written in it.
+pub(crate) struct Tables<'txn> {
+    namespaces: redb::Table<'txn, &'static str, &'static [u8]>,
+    retired: redb::Table<'txn, &'static str, u64>,
+    grants: redb::Table<'txn, (&'static str, &'static str), &'static [u8]>,
+    sessions: redb::Table<'txn, u128, &'static [u8]>,
+    pools: redb::Table<'txn, &'static str, &'static [u8]>,
+    allocs: redb::Table<'txn, (&'static str, u64), &'static [u8]>,
+    pool_labels: redb::Table<'txn, &'static str, &'static [u8]>,
+    queues: redb::Table<'txn, &'static str, &'static [u8]>,
+    apps: redb::Table<'txn, &'static str, &'static [u8]>,
+    tasks: redb::Table<'txn, (&'static str, &'static str), &'static [u8]>,
+    runs: redb::Table<'txn, (&'static str, &'static str), &'static [u8]>,
+    catalog: redb::Table<'txn, &'static str, &'static [u8]>,
+}
+
+impl<'txn> Tables<'txn> {
+    pub(crate) fn open(txn: &'txn WriteTransaction) -> Result<Tables<'txn>, ApplyError> {
+        Ok(Tables {
+            namespaces: txn.open_table(NAMESPACES).map_err(db)?,
+            retired: txn.open_table(RETIRED_FENCING).map_err(db)?,
+            grants: txn.open_table(GRANTS).map_err(db)?,
+            sessions: txn.open_table(SESSIONS).map_err(db)?,
+            pools: txn.open_table(POOLS).map_err(db)?,
+            allocs: txn.open_table(ALLOCS).map_err(db)?,
+            pool_labels: txn.open_table(POOL_LABELS).map_err(db)?,
+            queues: txn.open_table(QUEUES).map_err(db)?,
+            apps: txn.open_table(APPS).map_err(db)?,
+            tasks: txn.open_table(TASKS).map_err(db)?,
+            runs: txn.open_table(RUNS).map_err(db)?,
+            catalog: txn.open_table(CATALOG).map_err(db)?,
+        })
+    }
+
+    /// Writes one op.
+    pub(crate) fn apply(&mut self, op: &Op) -> Result<(), ApplyError> {
+        let shape = || ApplyError::Shape(format!("{op:?}"));
         match op {
             Op::Put(table, key, value) => {
                 let value = value.as_slice();
                 match (table, key) {
-                    (Table::Namespaces, Key::Name(k)) => namespaces.insert(k.as_str(), value).map(drop),
+                    (Table::Namespaces, Key::Name(k)) => self.namespaces.insert(k.as_str(), value).map(drop),
                     (Table::RetiredFencing, Key::Name(k)) => {
-                        let bytes: [u8; 8] = value.try_into().map_err(|_| shape(op))?;
-                        retired.insert(k.as_str(), u64::from_le_bytes(bytes)).map(drop)
+                        let bytes: [u8; 8] = value.try_into().map_err(|_| shape())?;
+                        self.retired.insert(k.as_str(), u64::from_le_bytes(bytes)).map(drop)
                     }
-                    (Table::Grants, Key::Pair(a, b)) => grants.insert((a.as_str(), b.as_str()), value).map(drop),
-                    (Table::Sessions, Key::Id(id)) => sessions.insert(*id, value).map(drop),
-                    (Table::Pools, Key::Name(k)) => pools.insert(k.as_str(), value).map(drop),
-                    (Table::Allocs, Key::Numbered(p, id)) => allocs.insert((p.as_str(), *id), value).map(drop),
-                    (Table::PoolLabels, Key::Name(k)) => pool_labels.insert(k.as_str(), value).map(drop),
-                    (Table::Queues, Key::Name(k)) => queues.insert(k.as_str(), value).map(drop),
-                    (Table::Apps, Key::Name(k)) => apps.insert(k.as_str(), value).map(drop),
-                    (Table::Tasks, Key::Pair(a, b)) => tasks.insert((a.as_str(), b.as_str()), value).map(drop),
-                    (Table::Runs, Key::Pair(a, b)) => runs.insert((a.as_str(), b.as_str()), value).map(drop),
-                    (Table::Catalog, Key::Name(k)) => catalog.insert(k.as_str(), value).map(drop),
-                    _ => return Err(shape(op)),
+                    (Table::Grants, Key::Pair(a, b)) => self.grants.insert((a.as_str(), b.as_str()), value).map(drop),
+                    (Table::Sessions, Key::Id(id)) => self.sessions.insert(*id, value).map(drop),
+                    (Table::Pools, Key::Name(k)) => self.pools.insert(k.as_str(), value).map(drop),
+                    (Table::Allocs, Key::Numbered(p, id)) => self.allocs.insert((p.as_str(), *id), value).map(drop),
+                    (Table::PoolLabels, Key::Name(k)) => self.pool_labels.insert(k.as_str(), value).map(drop),
+                    (Table::Queues, Key::Name(k)) => self.queues.insert(k.as_str(), value).map(drop),
+                    (Table::Apps, Key::Name(k)) => self.apps.insert(k.as_str(), value).map(drop),
+                    (Table::Tasks, Key::Pair(a, b)) => self.tasks.insert((a.as_str(), b.as_str()), value).map(drop),
+                    (Table::Runs, Key::Pair(a, b)) => self.runs.insert((a.as_str(), b.as_str()), value).map(drop),
+                    (Table::Catalog, Key::Name(k)) => self.catalog.insert(k.as_str(), value).map(drop),
+                    _ => return Err(shape()),
                 }
-                .map_err(db)?;
+                .map_err(db)
             }
             Op::Remove(table, key) => match (table, key) {
-                (Table::Namespaces, Key::Name(k)) => namespaces.remove(k.as_str()).map(drop),
-                (Table::RetiredFencing, Key::Name(k)) => retired.remove(k.as_str()).map(drop),
-                (Table::Grants, Key::Pair(a, b)) => grants.remove((a.as_str(), b.as_str())).map(drop),
-                (Table::Sessions, Key::Id(id)) => sessions.remove(*id).map(drop),
-                (Table::Pools, Key::Name(k)) => pools.remove(k.as_str()).map(drop),
-                (Table::Allocs, Key::Numbered(p, id)) => allocs.remove((p.as_str(), *id)).map(drop),
-                (Table::PoolLabels, Key::Name(k)) => pool_labels.remove(k.as_str()).map(drop),
-                (Table::Queues, Key::Name(k)) => queues.remove(k.as_str()).map(drop),
-                (Table::Apps, Key::Name(k)) => apps.remove(k.as_str()).map(drop),
-                (Table::Tasks, Key::Pair(a, b)) => tasks.remove((a.as_str(), b.as_str())).map(drop),
-                (Table::Runs, Key::Pair(a, b)) => runs.remove((a.as_str(), b.as_str())).map(drop),
-                (Table::Catalog, Key::Name(k)) => catalog.remove(k.as_str()).map(drop),
-                _ => return Err(shape(op)),
+                (Table::Namespaces, Key::Name(k)) => self.namespaces.remove(k.as_str()).map(drop),
+                (Table::RetiredFencing, Key::Name(k)) => self.retired.remove(k.as_str()).map(drop),
+                (Table::Grants, Key::Pair(a, b)) => self.grants.remove((a.as_str(), b.as_str())).map(drop),
+                (Table::Sessions, Key::Id(id)) => self.sessions.remove(*id).map(drop),
+                (Table::Pools, Key::Name(k)) => self.pools.remove(k.as_str()).map(drop),
+                (Table::Allocs, Key::Numbered(p, id)) => self.allocs.remove((p.as_str(), *id)).map(drop),
+                (Table::PoolLabels, Key::Name(k)) => self.pool_labels.remove(k.as_str()).map(drop),
+                (Table::Queues, Key::Name(k)) => self.queues.remove(k.as_str()).map(drop),
+                (Table::Apps, Key::Name(k)) => self.apps.remove(k.as_str()).map(drop),
+                (Table::Tasks, Key::Pair(a, b)) => self.tasks.remove((a.as_str(), b.as_str())).map(drop),
+                (Table::Runs, Key::Pair(a, b)) => self.runs.remove((a.as_str(), b.as_str())).map(drop),
+                (Table::Catalog, Key::Name(k)) => self.catalog.remove(k.as_str()).map(drop),
+                _ => return Err(shape()),
             }
-            .map_err(db)?,
+            .map_err(db),
             Op::RemoveUnder(table, first) => {
                 let first = first.as_str();
                 match table {
                     // Tokens and task ids may be any text, so there is no fixed upper bound:
                     // every key of `first` sorts at or after (first, ""), before any other's.
-                    Table::Grants => remove_pairs_under(&mut grants, first).map_err(db)?,
-                    Table::Tasks => remove_pairs_under(&mut tasks, first).map_err(db)?,
+                    Table::Grants => remove_pairs_under(&mut self.grants, first).map_err(db),
+                    Table::Tasks => remove_pairs_under(&mut self.tasks, first).map_err(db),
                     Table::Allocs => {
-                        allocs.retain_in((first, 0)..=(first, u64::MAX), |_, _| false).map_err(db)?;
+                        self.allocs.retain_in((first, 0)..=(first, u64::MAX), |_, _| false).map_err(db)
                     }
-                    _ => return Err(shape(op)),
+                    _ => Err(shape()),
                 }
             }
         }
     }
-    Ok(())
+}
+
+/// The net effect of a run of ops, for writing fewer: the last write of each record, and the
+/// removals by prefix, which [`Net::ops`] puts first (a write of a record under a prefix is kept
+/// only if it came after the prefix's last removal). A grant put and released within one
+/// checkpoint comes down to one removal.
+#[derive(Debug, Default)]
+pub(crate) struct Net {
+    under: Vec<(Table, String)>,
+    last: HashMap<(Table, Key), Option<Vec<u8>>>,
+}
+
+impl Net {
+    pub(crate) fn add(&mut self, op: Op) {
+        match op {
+            Op::Put(table, key, value) => {
+                self.last.insert((table, key), Some(value));
+            }
+            Op::Remove(table, key) => {
+                self.last.insert((table, key), None);
+            }
+            Op::RemoveUnder(table, first) => {
+                self.last.retain(|(t, key), _| !(*t == table && key.first() == Some(first.as_str())));
+                if !self.under.contains(&(table, first.clone())) {
+                    self.under.push((table, first));
+                }
+            }
+        }
+    }
+
+    /// Ops with the same effect as everything added, in an order that keeps it.
+    pub(crate) fn ops(self) -> impl Iterator<Item = Op> {
+        let under = self.under.into_iter().map(|(table, first)| Op::RemoveUnder(table, first));
+        let last = self.last.into_iter().map(|((table, key), value)| match value {
+            Some(value) => Op::Put(table, key, value),
+            None => Op::Remove(table, key),
+        });
+        under.chain(last)
+    }
+}
+
+impl Key {
+    /// The first part of a two-part key.
+    fn first(&self) -> Option<&str> {
+        match self {
+            Key::Pair(first, _) | Key::Numbered(first, _) => Some(first),
+            Key::Name(_) | Key::Id(_) => None,
+        }
+    }
 }
 
 fn remove_pairs_under(
