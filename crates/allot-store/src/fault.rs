@@ -90,9 +90,9 @@ fn full_disk(faults: &Faults) -> std::io::Result<()> {
 }
 
 impl LogFiles for FlakyLog {
-    fn create(&self, number: u64) -> std::io::Result<Arc<dyn Segment>> {
+    fn create(&self, number: u64, bytes: u64) -> std::io::Result<Arc<dyn Segment>> {
         full_disk(&self.faults)?;
-        Ok(Arc::new(FlakySegment { inner: self.inner.create(number)?, faults: self.faults.clone() }))
+        Ok(Arc::new(FlakySegment { inner: self.inner.create(number, bytes)?, faults: self.faults.clone() }))
     }
 
     fn list(&self) -> std::io::Result<Vec<u64>> {
@@ -109,9 +109,9 @@ impl LogFiles for FlakyLog {
 }
 
 impl Segment for FlakySegment {
-    fn append(&self, bytes: &[u8]) -> std::io::Result<()> {
+    fn append(&self, offset: u64, bytes: &[u8]) -> std::io::Result<()> {
         full_disk(&self.faults)?;
-        self.inner.append(bytes)
+        self.inner.append(offset, bytes)
     }
 
     fn sync(&self) -> std::io::Result<()> {
@@ -122,9 +122,13 @@ impl Segment for FlakySegment {
         self.inner.sync()
     }
 
-    fn truncate(&self, len: u64) -> std::io::Result<()> {
+    fn cut(&self, offset: u64) -> std::io::Result<()> {
         full_disk(&self.faults)?;
-        self.inner.truncate(len)
+        self.inner.cut(offset)
+    }
+
+    fn capacity(&self) -> u64 {
+        self.inner.capacity()
     }
 }
 

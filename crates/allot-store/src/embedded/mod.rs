@@ -358,12 +358,16 @@ impl State {
         let now = shared.clock.now();
         let operations = usize::from(!ops.is_empty());
         let record = WalRecord { seq: self.log.seq + 1, clock: now, ops };
-        let bytes = record.frame();
+        let frame = record.frame();
         let started = Instant::now();
-        match self.log.segment.append(&bytes) {
+        let appended = match self.room_for(shared, frame.len() as u64) {
+            Ok(()) => self.log.segment.append(self.log.len, &frame),
+            Err(err) => Err(err),
+        };
+        match appended {
             Ok(()) => {
                 self.log.seq += 1;
-                self.log.len += bytes.len() as u64;
+                self.log.len += (frame.len() - wal::TRAILER) as u64;
                 shared.clock_written.store(now, Ordering::Relaxed);
                 if shared.durability == Durability::Process {
                     shared.stats.commit(operations, started.elapsed());
@@ -374,12 +378,28 @@ impl State {
                 let reason = format!("cannot write the log: {err}");
                 tracing::error!(error = %reason, "append failed; rebuilding from the store");
                 shared.stats.failures.fetch_add(1, Ordering::Relaxed);
-                // Cut the torn record off, so later records follow good ones.
-                let cut = self.log.segment.truncate(self.log.len).is_ok();
+                // End the records before the torn one, so later records follow good ones.
+                let cut = self.log.segment.cut(self.log.len).is_ok();
                 recover(shared, self);
                 Err(if cut { StoreError::Unavailable(reason) } else { StoreError::OutcomeUnknown(reason) })
             }
         }
+    }
+
+    /// Moves to a new segment when the current one has no room for `bytes` more (rare: the
+    /// checkpointer seals the segment every second, long before it fills up).
+    fn room_for(&mut self, shared: &Shared, bytes: u64) -> std::io::Result<()> {
+        if self.log.len + bytes <= self.log.segment.capacity() {
+            return Ok(());
+        }
+        let number = self.log.next_number;
+        let segment = shared.files.create(number, wal::SEGMENT_BYTES.max(bytes))?;
+        self.log.segment.sync()?;
+        self.log.next_number += 1;
+        self.log.number = number;
+        self.log.len = 0;
+        self.log.segment = segment;
+        Ok(())
     }
 }
 
@@ -439,7 +459,9 @@ impl EmbeddedStore {
         let db = opener()?;
         let (Loaded { ledger, pools, sched, runs, clock, seq }, last_segment) = load(&db, files.as_ref(), None)?;
         let number = last_segment + 1;
-        let segment = files.create(number).map_err(|err| OpenError::Log(format!("cannot start a segment: {err}")))?;
+        let segment = files
+            .create(number, wal::SEGMENT_BYTES)
+            .map_err(|err| OpenError::Log(format!("cannot start a segment: {err}")))?;
         let (shutdown, _) = watch::channel(false);
         let shared = Arc::new(Shared {
             state: Mutex::new(State {
@@ -872,7 +894,12 @@ fn fold_into(db: &Database, files: &dyn LogFiles, numbers: &[u64]) -> Result<(),
             if record.seq != applied + 1 {
                 // A record before this one was lost (torn by a power loss): nothing after it was
                 // acknowledged at the disk level, and the process level promises no more.
-                tracing::warn!(segment = number, seq = record.seq, applied, "the log has a gap; what follows it is discarded");
+                tracing::warn!(
+                    segment = number,
+                    seq = record.seq,
+                    applied,
+                    "the log has a gap; what follows it is discarded"
+                );
                 break 'segments;
             }
             record.ops.into_iter().for_each(|op| net.add(op));
@@ -881,7 +908,10 @@ fn fold_into(db: &Database, files: &dyn LogFiles, numbers: &[u64]) -> Result<(),
             folded += 1;
         }
         if !clean {
-            tracing::warn!(segment = number, "a log segment ends in a torn record (a crash during an append); it is discarded");
+            tracing::warn!(
+                segment = number,
+                "a log segment ends in a torn record (a crash during an append); it is discarded"
+            );
         }
     }
     if folded == 0 {
@@ -986,7 +1016,10 @@ fn checkpoint(shared: &Shared) -> Result<(), String> {
     };
     if let Some(number) = reserved {
         // Created outside the lock: creating syncs the directory.
-        let segment = shared.files.create(number).map_err(|err| format!("cannot start a log segment: {err}"))?;
+        let segment = shared
+            .files
+            .create(number, wal::SEGMENT_BYTES)
+            .map_err(|err| format!("cannot start a log segment: {err}"))?;
         let sealed = {
             let mut state = lock(shared);
             // A rebuild meanwhile started a newer segment: keep it.
@@ -1079,7 +1112,7 @@ fn recover(shared: &Shared, state: &mut State) {
     let (loaded, number) = match rebuilt {
         Ok((loaded, _)) => {
             let number = state.log.next_number;
-            match shared.files.create(number) {
+            match shared.files.create(number, wal::SEGMENT_BYTES) {
                 Ok(segment) => (loaded, (number, segment)),
                 Err(err) => {
                     state.broken = Some(format!("cannot start a log segment: {err}"));

@@ -165,9 +165,7 @@ impl<'txn> Tables<'txn> {
                     // every key of `first` sorts at or after (first, ""), before any other's.
                     Table::Grants => remove_pairs_under(&mut self.grants, first).map_err(db),
                     Table::Tasks => remove_pairs_under(&mut self.tasks, first).map_err(db),
-                    Table::Allocs => {
-                        self.allocs.retain_in((first, 0)..=(first, u64::MAX), |_, _| false).map_err(db)
-                    }
+                    Table::Allocs => self.allocs.retain_in((first, 0)..=(first, u64::MAX), |_, _| false).map_err(db),
                     _ => Err(shape()),
                 }
             }
@@ -241,4 +239,74 @@ fn remove_pairs_under(
         table.remove((first, second.as_str()))?;
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use rand::{Rng, SeedableRng};
+
+    use super::*;
+
+    fn database() -> redb::Database {
+        redb::Builder::new().create_with_backend(redb::backends::InMemoryBackend::new()).unwrap()
+    }
+
+    /// Every record of the tables the random ops touch.
+    fn contents(db: &redb::Database) -> Vec<(String, Vec<u8>)> {
+        let txn = db.begin_read().unwrap();
+        let mut out = Vec::new();
+        for entry in txn.open_table(GRANTS).unwrap().iter().unwrap() {
+            let (key, value) = entry.unwrap();
+            out.push((format!("grant {:?}", key.value()), value.value().to_vec()));
+        }
+        for entry in txn.open_table(NAMESPACES).unwrap().iter().unwrap() {
+            let (key, value) = entry.unwrap();
+            out.push((format!("namespace {}", key.value()), value.value().to_vec()));
+        }
+        out
+    }
+
+    fn write(db: &redb::Database, ops: impl IntoIterator<Item = Op>) {
+        let txn = db.begin_write().unwrap();
+        {
+            let mut tables = Tables::open(&txn).unwrap();
+            for op in ops {
+                tables.apply(&op).unwrap();
+            }
+        }
+        txn.commit().unwrap();
+    }
+
+    #[test]
+    fn the_net_effect_of_ops_equals_writing_them_one_by_one() {
+        let mut rng = rand::rngs::StdRng::seed_from_u64(7);
+        let (one_by_one, net_db) = (database(), database());
+        // Each round on namespaces of its own.
+        for round in 0..200 {
+            let names = [format!("a{round}"), format!("b{round}")];
+            // Some records exist before the checkpoint.
+            let before: Vec<Op> = (0..rng.gen_range(0..6))
+                .map(|i| Op::put(Table::Grants, Op::pair(&names[i % 2], &format!("t{i}")), vec![i as u8]))
+                .collect();
+            write(&one_by_one, before.clone());
+            write(&net_db, before);
+            let ops: Vec<Op> = (0..rng.gen_range(1..30))
+                .map(|_| {
+                    let namespace = names[rng.gen_range(0..2)].as_str();
+                    let key = Op::pair(namespace, &format!("t{}", rng.gen_range(0..6)));
+                    match rng.gen_range(0..10) {
+                        0..=4 => Op::put(Table::Grants, key, vec![rng.gen()]),
+                        5..=7 => Op::Remove(Table::Grants, key),
+                        8 => Op::put(Table::Namespaces, Op::name(namespace), vec![rng.gen()]),
+                        _ => Op::RemoveUnder(Table::Grants, namespace.to_owned()),
+                    }
+                })
+                .collect();
+            write(&one_by_one, ops.clone());
+            let mut net = Net::default();
+            ops.clone().into_iter().for_each(|op| net.add(op));
+            write(&net_db, net.ops());
+            assert_eq!(contents(&one_by_one), contents(&net_db), "round {round}: {ops:?}");
+        }
+    }
 }

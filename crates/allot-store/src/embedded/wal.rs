@@ -1,6 +1,12 @@
 //! The write-ahead log of the embedded store: numbered segment files in `<data dir>/wal/`, each a
 //! sequence of records `[length u32 LE][crc32 u32 LE][postcard WalRecord]`.
 //!
+//! Segments are made at their full size ([`SEGMENT_BYTES`], zero-filled) and reused once
+//! checkpointed, so an append overwrites blocks the file already has: syncing it flushes data
+//! only, never the file system's journal (which would also wait for the database's writes). A
+//! zero header ends a segment's records; a reused segment may hold older records after the new
+//! ones, which replay skips by their numbers.
+//!
 //! Records are appended, in decision order, by the thread that decided (under the state lock).
 //! A checkpoint seals the current segment (starting a new one), writes the sealed segments' ops
 //! into the database in one durable transaction, then deletes them. At open, every segment is
@@ -9,7 +15,8 @@
 //! not check out (what a crash in the middle of an append leaves), discarding everything after it.
 
 use std::fs::{File, OpenOptions};
-use std::io::{self, Write as _};
+use std::io;
+use std::os::unix::fs::FileExt as _;
 use std::path::PathBuf;
 use std::sync::Arc;
 
@@ -20,13 +27,19 @@ use super::ops::Op;
 
 /// The directory of the log, in the data directory.
 pub const WAL_DIR: &str = "wal";
+/// The size a segment is made at (a larger record gets a segment of its own size).
+pub const SEGMENT_BYTES: u64 = 16 << 20;
+/// How many checkpointed segments are kept for reuse.
+const SPARES: usize = 2;
 /// Record header: length and checksum.
 const HEADER: usize = 8;
+/// The zero header after the last record of a frame.
+pub(crate) const TRAILER: usize = HEADER;
 /// A record larger than this is not one (a corrupt length).
 const MAX_RECORD: usize = 1 << 30;
 
 /// One logged commit: the ops of one operation (or of a few, in a batch), in order.
-#[derive(Debug, Clone, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub(crate) struct WalRecord {
     /// Numbers increase by one per record; the database's `meta.seq` is the last one it holds.
     pub(crate) seq: u64,
@@ -36,13 +49,15 @@ pub(crate) struct WalRecord {
 }
 
 impl WalRecord {
-    /// The record's bytes, header included.
+    /// The record's bytes, header included, followed by a zero header ([`TRAILER`] bytes): that
+    /// ends the segment's records until the next append overwrites it.
     pub(crate) fn frame(&self) -> Vec<u8> {
         let mut bytes = postcard::to_extend(self, vec![0; HEADER]).expect("records always encode");
         let len = (bytes.len() - HEADER) as u32;
         let crc = crc32fast::hash(&bytes[HEADER..]);
         bytes[..4].copy_from_slice(&len.to_le_bytes());
         bytes[4..HEADER].copy_from_slice(&crc.to_le_bytes());
+        bytes.extend_from_slice(&[0; TRAILER]);
         bytes
     }
 }
@@ -56,6 +71,10 @@ pub(crate) fn records(bytes: &[u8]) -> (Vec<WalRecord>, bool) {
         let Some(header) = bytes.get(at..at + HEADER) else { return (out, false) };
         let len = u32::from_le_bytes(header[..4].try_into().expect("4 bytes")) as usize;
         let crc = u32::from_le_bytes(header[4..].try_into().expect("4 bytes"));
+        if len == 0 && crc == 0 {
+            // The zeros a segment is made with: the end of its records.
+            return (out, true);
+        }
         if len > MAX_RECORD {
             return (out, false);
         }
@@ -74,22 +93,27 @@ pub(crate) fn records(bytes: &[u8]) -> (Vec<WalRecord>, bool) {
 
 /// A segment being appended to.
 pub trait Segment: Send + Sync {
-    /// Appends `bytes` at the end: when this returns, they have reached the operating system.
-    fn append(&self, bytes: &[u8]) -> io::Result<()>;
+    /// Writes `bytes` at `offset` (the end of the records so far): when this returns, they have
+    /// reached the operating system.
+    fn append(&self, offset: u64, bytes: &[u8]) -> io::Result<()>;
     /// Makes everything appended durable (fdatasync).
     fn sync(&self) -> io::Result<()>;
-    /// Cuts the segment back to `len` bytes (after a failed append).
-    fn truncate(&self, len: u64) -> io::Result<()>;
+    /// Ends the records at `offset` (after a failed append), with a zero header.
+    fn cut(&self, offset: u64) -> io::Result<()>;
+    /// How many bytes the segment holds.
+    fn capacity(&self) -> u64;
 }
 
 /// The segment files of a log; the fault-injection tests wrap them.
 pub trait LogFiles: Send + Sync {
-    /// Creates segment `number`, empty, with its directory entry durable.
-    fn create(&self, number: u64) -> io::Result<Arc<dyn Segment>>;
+    /// Makes segment `number` of at least `bytes` (a checkpointed one reused, or a new one
+    /// zero-filled), with its blocks and its directory entry durable.
+    fn create(&self, number: u64, bytes: u64) -> io::Result<Arc<dyn Segment>>;
     /// The numbers of the segments there are, in increasing order.
     fn list(&self) -> io::Result<Vec<u64>>;
     /// Everything segment `number` holds.
     fn read(&self, number: u64) -> io::Result<Vec<u8>>;
+    /// Removes a checkpointed segment (keeping it for reuse while there are few spares).
     fn remove(&self, number: u64) -> io::Result<()>;
 }
 
@@ -110,12 +134,54 @@ impl DirLog {
     }
 }
 
+impl DirLog {
+    fn spares(&self) -> io::Result<Vec<PathBuf>> {
+        let mut spares = Vec::new();
+        for entry in std::fs::read_dir(&self.dir)? {
+            let entry = entry?;
+            if entry.file_name().to_string_lossy().ends_with(".spare") {
+                spares.push(entry.path());
+            }
+        }
+        Ok(spares)
+    }
+
+    fn sync_dir(&self) -> io::Result<()> {
+        File::open(&self.dir)?.sync_all()
+    }
+}
+
 impl LogFiles for DirLog {
-    fn create(&self, number: u64) -> io::Result<Arc<dyn Segment>> {
-        let file = OpenOptions::new().append(true).create(true).truncate(false).open(self.path(number))?;
-        // The new file's directory entry must be durable before a record in it is acknowledged.
-        File::open(&self.dir)?.sync_all()?;
-        Ok(Arc::new(FileSegment { file }))
+    fn create(&self, number: u64, bytes: u64) -> io::Result<Arc<dyn Segment>> {
+        let path = self.path(number);
+        let mut reused = false;
+        for spare in self.spares()? {
+            if std::fs::metadata(&spare)?.len() >= bytes {
+                std::fs::rename(&spare, &path)?;
+                reused = true;
+                break;
+            }
+        }
+        let file = OpenOptions::new().read(true).write(true).create(true).truncate(false).open(&path)?;
+        if !reused {
+            // Zero-filled, so that later appends overwrite blocks the file already has.
+            let zeros = vec![0u8; 1 << 20];
+            let mut written = 0;
+            while written < bytes {
+                let chunk = (bytes - written).min(zeros.len() as u64) as usize;
+                file.write_all_at(&zeros[..chunk], written)?;
+                written += chunk as u64;
+            }
+            file.sync_all()?;
+        }
+        // The segment's directory entry must be durable before a record in it is acknowledged.
+        self.sync_dir()?;
+        let capacity = file.metadata()?.len();
+        let segment = FileSegment { file, capacity };
+        // A reused segment starts with older records: end them before anything is appended.
+        segment.cut(0)?;
+        segment.sync()?;
+        Ok(Arc::new(segment))
     }
 
     fn list(&self) -> io::Result<Vec<u64>> {
@@ -136,7 +202,13 @@ impl LogFiles for DirLog {
     }
 
     fn remove(&self, number: u64) -> io::Result<()> {
-        match std::fs::remove_file(self.path(number)) {
+        let path = self.path(number);
+        let result = if self.spares()?.len() < SPARES {
+            std::fs::rename(&path, self.dir.join(format!("{number:016x}.spare")))
+        } else {
+            std::fs::remove_file(&path)
+        };
+        match result {
             Err(err) if err.kind() == io::ErrorKind::NotFound => Ok(()),
             other => other,
         }
@@ -145,19 +217,27 @@ impl LogFiles for DirLog {
 
 struct FileSegment {
     file: File,
+    capacity: u64,
 }
 
 impl Segment for FileSegment {
-    fn append(&self, bytes: &[u8]) -> io::Result<()> {
-        (&self.file).write_all(bytes)
+    fn append(&self, offset: u64, bytes: &[u8]) -> io::Result<()> {
+        self.file.write_all_at(bytes, offset)
     }
 
     fn sync(&self) -> io::Result<()> {
         self.file.sync_data()
     }
 
-    fn truncate(&self, len: u64) -> io::Result<()> {
-        self.file.set_len(len)
+    fn cut(&self, offset: u64) -> io::Result<()> {
+        if offset + HEADER as u64 <= self.capacity {
+            self.file.write_all_at(&[0; HEADER], offset)?;
+        }
+        Ok(())
+    }
+
+    fn capacity(&self) -> u64 {
+        self.capacity
     }
 }
 
@@ -170,18 +250,30 @@ mod tests {
         WalRecord { seq, clock: seq * 10, ops: vec![Op::Put(Table::Pools, Key::Name(format!("p{seq}")), vec![1, 2])] }
     }
 
+    /// A record's bytes as a segment ends up holding them when another follows.
+    fn bare(seq: u64) -> Vec<u8> {
+        let mut bytes = record(seq).frame();
+        bytes.truncate(bytes.len() - TRAILER);
+        bytes
+    }
+
     #[test]
     fn records_read_back_up_to_a_torn_tail() {
         let mut bytes = Vec::new();
         for seq in 1..=3 {
-            bytes.extend(record(seq).frame());
+            bytes.extend(bare(seq));
         }
         let (read, clean) = records(&bytes);
         assert!(clean);
         assert_eq!(read.iter().map(|r| r.seq).collect::<Vec<_>>(), [1, 2, 3]);
         assert_eq!(read[2].ops, record(3).ops);
+        // The trailer of the last frame ends the records cleanly, whatever follows it.
+        let mut trailed = bytes.clone();
+        trailed.extend([0; TRAILER]);
+        trailed.extend(bare(9));
+        assert_eq!(records(&trailed), (read.clone(), true));
         // Every cut inside the last record loses that record only.
-        let last = record(3).frame().len();
+        let last = bare(3).len();
         for cut in 1..last {
             let (read, clean) = records(&bytes[..bytes.len() - cut]);
             assert!(!clean);
@@ -189,7 +281,7 @@ mod tests {
         }
         // A flipped bit in a record stops the replay there.
         let mut flipped = bytes.clone();
-        let second = record(1).frame().len() + HEADER + 1;
+        let second = bare(1).len() + HEADER + 1;
         flipped[second] ^= 1;
         let (read, clean) = records(&flipped);
         assert!(!clean);
@@ -201,8 +293,8 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let log = DirLog::open(dir.path().join(WAL_DIR)).unwrap();
         for number in [3, 1, 17] {
-            let segment = log.create(number).unwrap();
-            segment.append(&record(number).frame()).unwrap();
+            let segment = log.create(number, 4096).unwrap();
+            segment.append(0, &record(number).frame()).unwrap();
             segment.sync().unwrap();
         }
         std::fs::write(dir.path().join(WAL_DIR).join("notes.txt"), b"not a segment").unwrap();
@@ -213,5 +305,13 @@ mod tests {
         log.remove(3).unwrap();
         log.remove(3).unwrap();
         assert_eq!(log.list().unwrap(), [1, 17]);
+        // Segment 3 is reused as 20: what it held before is cut off.
+        let reused = log.create(20, 4096).unwrap();
+        assert_eq!(log.list().unwrap(), [1, 17, 20]);
+        assert_eq!(records(&log.read(20).unwrap()), (Vec::new(), true));
+        reused.append(0, &record(21).frame()).unwrap();
+        let (read, clean) = records(&log.read(20).unwrap());
+        assert!(clean);
+        assert_eq!(read.iter().map(|r| r.seq).collect::<Vec<_>>(), [21]);
     }
 }

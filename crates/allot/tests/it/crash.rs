@@ -34,8 +34,10 @@ async fn acknowledged_changes_survive_sigkill_at_the_process_level() {
 /// and the counters equal what is held.
 async fn changes_survive_sigkill_under_load(durability: &str) {
     let (_dir, data) = data_dir();
-    let daemon =
-        Daemon::start(&data, &["--quota", "crash=100000", "--pool", "crash-pool=cpu=100000", "--durability", durability]);
+    let daemon = Daemon::start(
+        &data,
+        &["--quota", "crash=100000", "--pool", "crash-pool=cpu=100000", "--durability", durability],
+    );
     assert_eq!(daemon.client().health().await.unwrap().durability, durability);
     // A release to a killed daemon is not retried here: the test records it as in flight.
     let client = daemon.client().with_release_retry(Duration::ZERO);
