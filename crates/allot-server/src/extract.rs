@@ -28,7 +28,9 @@ where
                 ApiError::invalid_json(rejection.body_text())
             }
         })?;
-        let text: &[u8] = match bytes.iter().find(|b| !b.is_ascii_whitespace()) {
+        // JSON's whitespace only (not `is_ascii_whitespace`, which also takes a form feed): a body
+        // of nothing else is an empty object.
+        let text: &[u8] = match bytes.iter().find(|b| !matches!(b, b' ' | b'\t' | b'\n' | b'\r')) {
             None => b"{}",
             Some(b'{') => &bytes,
             Some(_) => {
