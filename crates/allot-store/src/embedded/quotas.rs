@@ -89,7 +89,7 @@ impl QuotaStore for EmbeddedStore {
     async fn allocate(&self, request: AllocateRequest, wait: Duration) -> Result<Allocation, StoreError> {
         check_wait(wait)?;
         let namespace = request.namespace.clone();
-        let (decision, rx, answer) = {
+        let (decision, rx, answer, info, decided_at) = {
             let mut state = self.lock();
             state.usable(&self.shared)?;
             let now = self.shared.clock.now();
@@ -110,19 +110,23 @@ impl QuotaStore for EmbeddedStore {
             };
             // A grant waits for its commit (an idempotent retry for the commit of the grant it
             // repeats); a refusal or a queued request changed nothing and waits for nothing.
-            let rx = match decision {
-                Decision::Granted { .. } => Some(state.submit(&self.shared, effects)),
-                _ => None,
+            // The grant's lease as of the decision (read under this lock, not another one after).
+            let (rx, info) = match &decision {
+                Decision::Granted { grant, .. } => {
+                    let info = grant_info(&state.ledger, grant.clone(), now);
+                    (Some(state.submit(&self.shared, effects)), Some(info))
+                }
+                _ => (None, None),
             };
-            (decision, rx, answer)
+            (decision, rx, answer, info, now)
         };
         match decision {
-            Decision::Granted { grant, existing } => {
+            Decision::Granted { existing, .. } => {
                 durable(rx.expect("submitted for grants")).await?;
-                let info = {
-                    let state = self.lock();
-                    grant_info(&state.ledger, grant, self.shared.clock.now())
-                };
+                let mut info = info.expect("set for grants");
+                // The time the commit took counts against the lease.
+                let waited = self.shared.clock.now().saturating_sub(decided_at);
+                info.expires_in_ms = info.expires_in_ms.map(|left| left.saturating_sub(waited));
                 Ok(Allocation::Granted { grant: info, existing })
             }
             Decision::Refused { refusal, place } => Ok(Allocation::Refused { refusal, place }),

@@ -18,9 +18,10 @@ use std::fs::{File, OpenOptions};
 use std::io;
 use std::os::unix::fs::FileExt as _;
 use std::path::PathBuf;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 
 use allot_core::Millis;
+use memmap2::MmapMut;
 use serde::{Deserialize, Serialize};
 
 use super::ops::Op;
@@ -176,8 +177,7 @@ impl LogFiles for DirLog {
         }
         // The segment's directory entry must be durable before a record in it is acknowledged.
         self.sync_dir()?;
-        let capacity = file.metadata()?.len();
-        let segment = FileSegment { file, capacity };
+        let segment = FileSegment::new(file)?;
         // A reused segment starts with older records: end them before anything is appended.
         segment.cut(0)?;
         segment.sync()?;
@@ -215,23 +215,49 @@ impl LogFiles for DirLog {
     }
 }
 
+/// A segment file, written through a shared memory map: an append is a copy into the operating
+/// system's page cache (no system call), which a crash of the process does not lose; `sync`
+/// flushes it like any write. The blocks exist (the file is zero-filled when made), so a write
+/// into the map never needs new room on a file system that overwrites in place.
 struct FileSegment {
     file: File,
+    map: Mutex<MmapMut>,
     capacity: u64,
+}
+
+impl FileSegment {
+    fn new(file: File) -> io::Result<FileSegment> {
+        let capacity = file.metadata()?.len();
+        // SAFETY: the file is this store's own, in its data directory; it is never truncated
+        // while mapped (segments keep their size for life, and are only renamed or removed).
+        let map = unsafe { MmapMut::map_mut(&file)? };
+        Ok(FileSegment { file, map: Mutex::new(map), capacity })
+    }
+
+    fn write_at(&self, offset: u64, bytes: &[u8]) -> io::Result<()> {
+        let start = usize::try_from(offset).map_err(io::Error::other)?;
+        let mut map = self.map.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+        let Some(target) = map.get_mut(start..start + bytes.len()) else {
+            return Err(io::Error::other("a log record past the end of its segment"));
+        };
+        target.copy_from_slice(bytes);
+        Ok(())
+    }
 }
 
 impl Segment for FileSegment {
     fn append(&self, offset: u64, bytes: &[u8]) -> io::Result<()> {
-        self.file.write_all_at(bytes, offset)
+        self.write_at(offset, bytes)
     }
 
     fn sync(&self) -> io::Result<()> {
+        // Writes back the pages written through the map too.
         self.file.sync_data()
     }
 
     fn cut(&self, offset: u64) -> io::Result<()> {
         if offset + HEADER as u64 <= self.capacity {
-            self.file.write_all_at(&[0; HEADER], offset)?;
+            self.write_at(offset, &[0; HEADER])?;
         }
         Ok(())
     }
