@@ -71,7 +71,7 @@ pub enum Durability {
     /// Flushed to disk (fdatasync) before the answer: survives a power loss.
     #[default]
     Disk,
-    /// Handed to the operating system (write) before the answer: survives a crash or `kill -9`
+    /// In the operating system's page cache before the answer: survives a crash or `kill -9`
     /// of the daemon; a power loss or kernel crash may lose what was acknowledged in the last
     /// second, as the log is flushed to disk at least once a second.
     Process,
