@@ -5,21 +5,13 @@
 
 use allot_core::queue::QueueUsage;
 use allot_core::queue::{QueueLimits, QueuePath};
-use allot_core::sched::{AppId, AppSpec, QueueView, SchedError, SchedStats, Scheduler, TaskId, TaskSpec};
+use allot_core::sched::{AppId, AppSpec, QueueView, SchedStats, TaskId, TaskSpec};
 use allot_core::NamespaceName;
 use allot_store::{AppInfo, AppStore, AppsHome, Page, PageRequest, StoreError, TaskInfo};
 use async_trait::async_trait;
 
 use crate::sched::Fresh;
 use crate::RedisStore;
-
-fn app_info(sched: &Scheduler, id: &AppId) -> Result<AppInfo, SchedError> {
-    Ok(AppInfo { app: sched.app(id)?.clone(), tasks: sched.task_counts(id), why: sched.app_why(id) })
-}
-
-fn task_info(sched: &Scheduler, app: &AppId, task: &TaskId) -> Result<TaskInfo, SchedError> {
-    Ok(TaskInfo { task: sched.task(app, task)?.clone(), why: sched.task_why(app, task) })
-}
 
 #[async_trait]
 impl AppStore for RedisStore {
@@ -77,19 +69,19 @@ impl AppStore for RedisStore {
             spec.groups.iter().flat_map(|g| g.tokens.iter().map(|n| n.namespace.clone())).collect();
         self.commit_sched(Fresh::All(&named), |sched, world, now| {
             let (app, created, outcome) = sched.add_app(spec, now, &world)?;
-            Ok(((app_info(sched, &app.spec.id)?, created), outcome))
+            Ok(((AppInfo::of(sched, &app.spec.id)?, created), outcome))
         })
         .await
     }
 
     async fn app(&self, id: AppId) -> Result<AppInfo, StoreError> {
-        self.read_sched(|sched| app_info(sched, &id)).await
+        self.read_sched(|sched| AppInfo::of(sched, &id)).await
     }
 
     async fn apps(&self, page: PageRequest<AppId>) -> Result<Page<AppInfo, AppId>, StoreError> {
         self.read_sched(|sched| {
             let apps = sched.apps_after(page.after(), page.limit() + 1);
-            let infos = apps.into_iter().map(|app| app_info(sched, &app.spec.id)).collect::<Result<Vec<_>, _>>()?;
+            let infos = apps.into_iter().map(|app| AppInfo::of(sched, &app.spec.id)).collect::<Result<Vec<_>, _>>()?;
             Ok(Page::from_read(infos, page.limit(), |info| info.app.spec.id.clone()))
         })
         .await
@@ -107,7 +99,7 @@ impl AppStore for RedisStore {
     async fn complete_app(&self, id: AppId) -> Result<AppInfo, StoreError> {
         self.commit_sched(Fresh::No, |sched, mut world, now| {
             let (_, outcome) = sched.complete_app(&id, now, &mut world)?;
-            Ok((app_info(sched, &id)?, outcome))
+            Ok((AppInfo::of(sched, &id)?, outcome))
         })
         .await
     }
@@ -115,7 +107,7 @@ impl AppStore for RedisStore {
     async fn fail_app(&self, id: AppId, reason: String) -> Result<AppInfo, StoreError> {
         self.commit_sched(Fresh::No, |sched, mut world, now| {
             let (_, outcome) = sched.fail_app(&id, &reason, now, &mut world)?;
-            Ok((app_info(sched, &id)?, outcome))
+            Ok((AppInfo::of(sched, &id)?, outcome))
         })
         .await
     }
@@ -124,7 +116,7 @@ impl AppStore for RedisStore {
         let named: Vec<NamespaceName> = spec.tokens.iter().map(|n| n.namespace.clone()).collect();
         self.commit_sched(Fresh::Namespaces(&named), |sched, world, now| {
             let (task, created, outcome) = sched.add_task(&app, spec, now, world.ledger)?;
-            Ok(((task_info(sched, &app, &task.spec.id)?, created), outcome))
+            Ok(((TaskInfo::of(sched, &app, &task.spec.id)?, created), outcome))
         })
         .await
     }
@@ -136,10 +128,7 @@ impl AppStore for RedisStore {
             .commit_sched(Fresh::Namespaces(&named), |sched, world, now| {
                 let (added, refused, outcome) = sched.add_tasks(&app, specs.clone(), now, world.ledger);
                 // What was added before a refused task stays, committed with the rest.
-                let added = added
-                    .iter()
-                    .map(|(task, created)| Ok((task_info(sched, &app, &task.spec.id)?, *created)))
-                    .collect::<Result<Vec<_>, SchedError>>()?;
+                let added = TaskInfo::of_added(sched, &app, &added)?;
                 Ok(((added, refused), outcome))
             })
             .await?;
@@ -150,7 +139,7 @@ impl AppStore for RedisStore {
     }
 
     async fn task(&self, app: AppId, task: TaskId) -> Result<TaskInfo, StoreError> {
-        self.read_sched(|sched| task_info(sched, &app, &task)).await
+        self.read_sched(|sched| TaskInfo::of(sched, &app, &task)).await
     }
 
     async fn placed_on(
@@ -163,7 +152,8 @@ impl AppStore for RedisStore {
     async fn tasks(&self, app: AppId, page: PageRequest<TaskId>) -> Result<Page<TaskInfo, TaskId>, StoreError> {
         self.read_sched(|sched| {
             let tasks = sched.tasks_after(&app, page.after(), page.limit() + 1)?;
-            let infos = tasks.into_iter().map(|t| task_info(sched, &app, &t.spec.id)).collect::<Result<Vec<_>, _>>()?;
+            let infos =
+                tasks.into_iter().map(|t| TaskInfo::of(sched, &app, &t.spec.id)).collect::<Result<Vec<_>, _>>()?;
             Ok(Page::from_read(infos, page.limit(), |info| info.task.spec.id.clone()))
         })
         .await

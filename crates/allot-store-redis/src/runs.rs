@@ -32,6 +32,25 @@ fn decode(field: &str, json: &[u8]) -> Result<Run, StoreError> {
     record.into_run(field).map_err(corrupt)
 }
 
+impl RedisStore {
+    /// Every field of hash `key` (`what` it holds, for errors), names as text.
+    async fn hash(&self, what: &str, key: &str) -> Result<Vec<(String, Vec<u8>)>, StoreError> {
+        let cmd = redis::cmd("HGETALL").arg(key).clone();
+        let Value::Array(items) = self.inner.conn.query(&cmd).await.map_err(|e| redis_error(e, false))? else {
+            return Err(corrupt(format!("{what}: not a list")));
+        };
+        let mut fields = Vec::with_capacity(items.len() / 2);
+        let mut items = items.into_iter();
+        while let Some(name) = items.next() {
+            let (Value::BulkString(name), Some(Value::BulkString(value))) = (name, items.next()) else {
+                return Err(corrupt(format!("{what}: not field and value")));
+            };
+            fields.push((String::from_utf8_lossy(&name).into_owned(), value));
+        }
+        Ok(fields)
+    }
+}
+
 #[async_trait]
 impl RunStore for RedisStore {
     async fn put_run(&self, app: AppId, task: TaskId, run: Run) -> Result<(), StoreError> {
@@ -53,20 +72,13 @@ impl RunStore for RedisStore {
     }
 
     async fn runs(&self) -> Result<Vec<(AppId, TaskId, Run)>, StoreError> {
-        let cmd = redis::cmd("HGETALL").arg(RUNS).clone();
-        let Value::Array(items) = self.inner.conn.query(&cmd).await.map_err(|e| redis_error(e, false))? else {
-            return Err(corrupt("runs: not a list"));
-        };
-        let mut runs = Vec::with_capacity(items.len() / 2);
-        for pair in items.chunks(2) {
-            let [Value::BulkString(name), Value::BulkString(json)] = pair else {
-                return Err(corrupt("runs: not field and value"));
-            };
-            let name = String::from_utf8_lossy(name).into_owned();
+        let fields = self.hash("runs", RUNS).await?;
+        let mut runs = Vec::with_capacity(fields.len());
+        for (name, json) in &fields {
             let (app, task) = name.split_once('/').ok_or_else(|| corrupt(format!("run field `{name}`")))?;
             let app = AppId::new(app).map_err(corrupt)?;
             let task = TaskId::new(task).map_err(corrupt)?;
-            runs.push((app, task, decode(&name, json)?));
+            runs.push((app, task, decode(name, json)?));
         }
         runs.sort_by(|a, b| (&a.0, &a.1).cmp(&(&b.0, &b.1)));
         Ok(runs)
@@ -114,18 +126,11 @@ impl RunStore for RedisStore {
     }
 
     async fn executors(&self) -> Result<Vec<ExecutorLease>, StoreError> {
-        let cmd = redis::cmd("HGETALL").arg(EXECUTORS).clone();
-        let Value::Array(items) = self.inner.conn.query(&cmd).await.map_err(|e| redis_error(e, false))? else {
-            return Err(corrupt("executors: not a list"));
-        };
-        let mut leases = Vec::with_capacity(items.len() / 2);
-        for pair in items.chunks(2) {
-            let [Value::BulkString(node), Value::BulkString(json)] = pair else {
-                return Err(corrupt("executors: not field and value"));
-            };
-            let node = String::from_utf8_lossy(node).into_owned();
+        let fields = self.hash("executors", EXECUTORS).await?;
+        let mut leases = Vec::with_capacity(fields.len());
+        for (node, json) in fields {
             let names: Vec<String> =
-                serde_json::from_slice(json).map_err(|e| corrupt(format!("executor `{node}`: {e}")))?;
+                serde_json::from_slice(&json).map_err(|e| corrupt(format!("executor `{node}`: {e}")))?;
             let pools = names.iter().map(|n| PoolName::new(n).map_err(corrupt)).collect::<Result<_, _>>()?;
             leases.push(ExecutorLease { node, pools, live: false });
         }

@@ -6,7 +6,9 @@ use std::collections::BTreeMap;
 
 use allot_core::app::TaskState;
 use allot_core::queue::{QueueLimits, QueuePath};
-use allot_core::sched::{App, AppId, AppSpec, QueueView, SchedStats, Task, TaskId, TaskSpec, Why};
+use allot_core::sched::{
+    App, AppId, AppSpec, QueueView, SchedError, SchedStats, Scheduler, Task, TaskId, TaskSpec, Why,
+};
 use async_trait::async_trait;
 
 use crate::{Page, PageRequest, StoreError};
@@ -19,11 +21,34 @@ pub struct AppInfo {
     pub why: Option<Why>,
 }
 
+impl AppInfo {
+    /// Application `id` as `sched` holds it now.
+    pub fn of(sched: &Scheduler, id: &AppId) -> Result<AppInfo, SchedError> {
+        Ok(AppInfo { app: sched.app(id)?.clone(), tasks: sched.task_counts(id), why: sched.app_why(id) })
+    }
+}
+
 /// A task as the store answers it, and why it waits.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct TaskInfo {
     pub task: Task,
     pub why: Option<Why>,
+}
+
+impl TaskInfo {
+    /// Task `task` of `app` as `sched` holds it now.
+    pub fn of(sched: &Scheduler, app: &AppId, task: &TaskId) -> Result<TaskInfo, SchedError> {
+        Ok(TaskInfo { task: sched.task(app, task)?.clone(), why: sched.task_why(app, task) })
+    }
+
+    /// The tasks `Scheduler::add_tasks` added to `app` (with whether each is new), as answered.
+    pub fn of_added(
+        sched: &Scheduler,
+        app: &AppId,
+        added: &[(Task, bool)],
+    ) -> Result<Vec<(TaskInfo, bool)>, SchedError> {
+        added.iter().map(|(task, created)| Ok((TaskInfo::of(sched, app, &task.spec.id)?, *created))).collect()
+    }
 }
 
 /// The applications of a backend. Every change is made durable with the pool and quota changes

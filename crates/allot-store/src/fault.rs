@@ -99,7 +99,7 @@ impl LogFiles for FlakyLog {
         self.inner.list()
     }
 
-    fn read(&self, number: u64) -> std::io::Result<Vec<u8>> {
+    fn read(&self, number: u64) -> std::io::Result<memmap2::Mmap> {
         self.inner.read(number)
     }
 

@@ -26,14 +26,6 @@ pub(super) const RETRY_INTERVAL: Duration = Duration::from_millis(100);
 /// How long the scheduler sleeps when nothing waits and no timer is due.
 const IDLE_INTERVAL: Duration = Duration::from_secs(1);
 
-pub(super) fn app_info(sched: &Scheduler, id: &AppId) -> Result<AppInfo, SchedError> {
-    Ok(AppInfo { app: sched.app(id)?.clone(), tasks: sched.task_counts(id), why: sched.app_why(id) })
-}
-
-pub(super) fn task_info(sched: &Scheduler, app: &AppId, task: &TaskId) -> Result<TaskInfo, SchedError> {
-    Ok(TaskInfo { task: sched.task(app, task)?.clone(), why: sched.task_why(app, task) })
-}
-
 /// Runs scheduling cycles until the store shuts down. Each cycle's changes are durable before
 /// the next cycle starts.
 pub(super) async fn run_scheduler(shared: Arc<Shared>) {
@@ -175,19 +167,19 @@ impl AppStore for EmbeddedStore {
     async fn add_app(&self, spec: AppSpec) -> Result<(AppInfo, bool), StoreError> {
         self.commit_sched(|sched, world, now| {
             let (app, created, outcome) = sched.add_app(spec, now, &world)?;
-            Ok(((app_info(sched, &app.spec.id)?, created), outcome))
+            Ok(((AppInfo::of(sched, &app.spec.id)?, created), outcome))
         })
         .await
     }
 
     async fn app(&self, id: AppId) -> Result<AppInfo, StoreError> {
-        self.read_sched(|sched| app_info(sched, &id))
+        self.read_sched(|sched| AppInfo::of(sched, &id))
     }
 
     async fn apps(&self, page: PageRequest<AppId>) -> Result<Page<AppInfo, AppId>, StoreError> {
         self.read_sched(|sched| {
             let apps = sched.apps_after(page.after(), page.limit() + 1);
-            let infos = apps.into_iter().map(|app| app_info(sched, &app.spec.id)).collect::<Result<Vec<_>, _>>()?;
+            let infos = apps.into_iter().map(|app| AppInfo::of(sched, &app.spec.id)).collect::<Result<Vec<_>, _>>()?;
             Ok(Page::from_read(infos, page.limit(), |info| info.app.spec.id.clone()))
         })
     }
@@ -204,7 +196,7 @@ impl AppStore for EmbeddedStore {
     async fn complete_app(&self, id: AppId) -> Result<AppInfo, StoreError> {
         self.commit_sched(|sched, mut world, now| {
             let (_, outcome) = sched.complete_app(&id, now, &mut world)?;
-            Ok((app_info(sched, &id)?, outcome))
+            Ok((AppInfo::of(sched, &id)?, outcome))
         })
         .await
     }
@@ -212,7 +204,7 @@ impl AppStore for EmbeddedStore {
     async fn fail_app(&self, id: AppId, reason: String) -> Result<AppInfo, StoreError> {
         self.commit_sched(|sched, mut world, now| {
             let (_, outcome) = sched.fail_app(&id, &reason, now, &mut world)?;
-            Ok((app_info(sched, &id)?, outcome))
+            Ok((AppInfo::of(sched, &id)?, outcome))
         })
         .await
     }
@@ -220,7 +212,7 @@ impl AppStore for EmbeddedStore {
     async fn add_task(&self, app: AppId, spec: TaskSpec) -> Result<(TaskInfo, bool), StoreError> {
         self.commit_sched(|sched, world, now| {
             let (task, created, outcome) = sched.add_task(&app, spec, now, world.ledger)?;
-            Ok(((task_info(sched, &app, &task.spec.id)?, created), outcome))
+            Ok(((TaskInfo::of(sched, &app, &task.spec.id)?, created), outcome))
         })
         .await
     }
@@ -230,10 +222,7 @@ impl AppStore for EmbeddedStore {
             .commit_sched(|sched, world, now| {
                 let (added, refused, outcome) = sched.add_tasks(&app, specs, now, world.ledger);
                 // What was added before a refused task stays, committed with the rest.
-                let added = added
-                    .iter()
-                    .map(|(task, created)| Ok((task_info(sched, &app, &task.spec.id)?, *created)))
-                    .collect::<Result<Vec<_>, SchedError>>()?;
+                let added = TaskInfo::of_added(sched, &app, &added)?;
                 Ok(((added, refused), outcome))
             })
             .await?;
@@ -244,7 +233,7 @@ impl AppStore for EmbeddedStore {
     }
 
     async fn task(&self, app: AppId, task: TaskId) -> Result<TaskInfo, StoreError> {
-        self.read_sched(|sched| task_info(sched, &app, &task))
+        self.read_sched(|sched| TaskInfo::of(sched, &app, &task))
     }
 
     async fn placed_on(
@@ -257,7 +246,8 @@ impl AppStore for EmbeddedStore {
     async fn tasks(&self, app: AppId, page: PageRequest<TaskId>) -> Result<Page<TaskInfo, TaskId>, StoreError> {
         self.read_sched(|sched| {
             let tasks = sched.tasks_after(&app, page.after(), page.limit() + 1)?;
-            let infos = tasks.into_iter().map(|t| task_info(sched, &app, &t.spec.id)).collect::<Result<Vec<_>, _>>()?;
+            let infos =
+                tasks.into_iter().map(|t| TaskInfo::of(sched, &app, &t.spec.id)).collect::<Result<Vec<_>, _>>()?;
             Ok(Page::from_read(infos, page.limit(), |info| info.task.spec.id.clone()))
         })
     }

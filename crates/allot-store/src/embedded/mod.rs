@@ -239,14 +239,18 @@ enum WaiterAnswer {
 
 type Ack = oneshot::Sender<Result<(), StoreError>>;
 
-/// One operation, logged, with whom to tell once it is durable.
-struct Pending {
-    /// The segment its record went to (or the current one, for an operation that changed
-    /// nothing: it must not be answered before what it saw is durable).
-    segment: Arc<dyn Segment>,
-    ack: Option<Ack>,
+/// Whom to tell once an operation is durable.
+struct Answer {
+    ack: Ack,
     woken: Vec<(oneshot::Sender<WaiterAnswer>, Grant)>,
     cancelled: Vec<(oneshot::Sender<WaiterAnswer>, LedgerError)>,
+}
+
+/// An operation waiting for the syncer: the segment its record went to (or the current one, for
+/// an operation that changed nothing: it must not be answered before what it saw is durable).
+struct Pending {
+    segment: Arc<dyn Segment>,
+    answer: Answer,
 }
 
 /// The log as the deciding threads append to it (under the state lock).
@@ -259,6 +263,21 @@ struct LogWriter {
     seq: u64,
     /// The next segment's number.
     next_number: u64,
+}
+
+impl LogWriter {
+    /// Appends to `segment`, numbered `number`, after record `seq`.
+    fn new(segment: Arc<dyn Segment>, number: u64, seq: u64) -> LogWriter {
+        LogWriter { segment, number, len: 0, seq, next_number: number + 1 }
+    }
+
+    /// Goes on in `segment`, numbered `number` (reserved from `next_number`); returns the one
+    /// sealed.
+    fn switch(&mut self, number: u64, segment: Arc<dyn Segment>) -> Arc<dyn Segment> {
+        self.number = number;
+        self.len = 0;
+        std::mem::replace(&mut self.segment, segment)
+    }
 }
 
 struct State {
@@ -339,13 +358,13 @@ impl State {
     ) -> oneshot::Receiver<Result<(), StoreError>> {
         let (ack, rx) = oneshot::channel();
         let appended = if ops.is_empty() { Ok(()) } else { self.append(shared, ops) };
-        let pending = Pending { segment: self.log.segment.clone(), ack: Some(ack), woken, cancelled };
+        let answer = Answer { ack, woken, cancelled };
         match appended {
-            Err(err) => fail(vec![pending], &err),
+            Err(err) => answer.fail(&err),
             Ok(()) => match shared.durability {
-                Durability::Process => deliver(vec![pending]),
+                Durability::Process => answer.deliver(),
                 Durability::Disk => {
-                    lock_plain(&shared.syncs).push(pending);
+                    lock_plain(&shared.syncs).push(Pending { segment: self.log.segment.clone(), answer });
                     shared.sync_wanted.notify_one();
                 }
             },
@@ -396,9 +415,7 @@ impl State {
         let segment = shared.files.create(number, wal::SEGMENT_BYTES.max(bytes))?;
         self.log.segment.sync()?;
         self.log.next_number += 1;
-        self.log.number = number;
-        self.log.len = 0;
-        self.log.segment = segment;
+        self.log.switch(number, segment);
         Ok(())
     }
 }
@@ -470,7 +487,7 @@ impl EmbeddedStore {
                 sched,
                 runs,
                 waiters: HashMap::new(),
-                log: LogWriter { segment, number, len: 0, seq, next_number: number + 1 },
+                log: LogWriter::new(segment, number, seq),
                 closed: false,
                 broken: None,
             }),
@@ -963,7 +980,7 @@ fn run_syncer(shared: &Shared) {
         match synced {
             Ok(()) => {
                 shared.stats.commit(batch.len(), started.elapsed());
-                deliver(batch);
+                batch.into_iter().for_each(|pending| pending.answer.deliver());
             }
             Err(err) => {
                 let reason = format!("cannot flush the log to disk: {err}");
@@ -977,8 +994,7 @@ fn run_syncer(shared: &Shared) {
                 recover(shared, &mut state);
                 drop(state);
                 let err = StoreError::OutcomeUnknown(reason);
-                fail(batch, &err);
-                fail(later, &err);
+                batch.into_iter().chain(later).for_each(|pending| pending.answer.fail(&err));
             }
         }
     }
@@ -1023,11 +1039,7 @@ fn checkpoint(shared: &Shared) -> Result<(), String> {
         let sealed = {
             let mut state = lock(shared);
             // A rebuild meanwhile started a newer segment: keep it.
-            (state.broken.is_none() && state.log.number < number).then(|| {
-                state.log.number = number;
-                state.log.len = 0;
-                std::mem::replace(&mut state.log.segment, segment)
-            })
+            (state.broken.is_none() && state.log.number < number).then(|| state.log.switch(number, segment))
         };
         match sealed {
             Some(sealed) => sealed.sync().map_err(|err| format!("cannot flush the log to disk: {err}"))?,
@@ -1058,29 +1070,24 @@ fn checkpoint(shared: &Shared) -> Result<(), String> {
     Ok(())
 }
 
-fn deliver(batch: Vec<Pending>) {
-    for pending in batch {
-        if let Some(ack) = pending.ack {
-            let _ = ack.send(Ok(()));
-        }
-        for (tx, grant) in pending.woken {
+impl Answer {
+    /// The operation is durable: tell its caller, and hand the waiters it woke their grants.
+    fn deliver(self) {
+        let _ = self.ack.send(Ok(()));
+        for (tx, grant) in self.woken {
             let _ = tx.send(WaiterAnswer::Granted(grant));
         }
-        for (tx, err) in pending.cancelled {
+        for (tx, err) in self.cancelled {
             let _ = tx.send(WaiterAnswer::Cancelled(err));
         }
     }
-}
 
-fn fail(batch: Vec<Pending>, err: &StoreError) {
-    for pending in batch {
-        if let Some(ack) = pending.ack {
-            let _ = ack.send(Err(err.clone()));
-        }
-        for (tx, _) in pending.woken {
+    fn fail(self, err: &StoreError) {
+        let _ = self.ack.send(Err(err.clone()));
+        for (tx, _) in self.woken {
             let _ = tx.send(WaiterAnswer::Failed(err.clone()));
         }
-        for (tx, _) in pending.cancelled {
+        for (tx, _) in self.cancelled {
             let _ = tx.send(WaiterAnswer::Failed(err.clone()));
         }
     }
@@ -1109,32 +1116,30 @@ fn recover(shared: &Shared, state: &mut State) {
             loaded
         })
     };
-    let (loaded, number) = match rebuilt {
-        Ok((loaded, _)) => {
-            let number = state.log.next_number;
-            match shared.files.create(number, wal::SEGMENT_BYTES) {
-                Ok(segment) => (loaded, (number, segment)),
-                Err(err) => {
-                    state.broken = Some(format!("cannot start a log segment: {err}"));
-                    return;
-                }
-            }
-        }
+    let loaded = match rebuilt {
+        Ok((loaded, _)) => loaded,
         Err(err) => {
             tracing::error!(error = %err, "cannot rebuild the store; retrying");
             state.broken = Some(format!("the store cannot be rebuilt: {err}"));
             return;
         }
     };
+    let number = state.log.next_number;
+    let segment = match shared.files.create(number, wal::SEGMENT_BYTES) {
+        Ok(segment) => segment,
+        Err(err) => {
+            state.broken = Some(format!("cannot start a log segment: {err}"));
+            return;
+        }
+    };
     let Loaded { mut ledger, mut pools, sched, runs, seq, .. } = loaded;
-    let (number, segment) = number;
     ledger.carry_over_from(&state.ledger);
     state.ledger = ledger;
     pools.set_rules(state.pools.rules());
     state.pools = pools;
     state.sched = sched;
     state.runs = runs;
-    state.log = LogWriter { segment, number, len: 0, seq, next_number: number + 1 };
+    state.log = LogWriter::new(segment, number, seq);
     state.broken = None;
     tracing::info!(seq, "store rebuilt from the database");
 }

@@ -4,13 +4,14 @@
 use std::time::Duration;
 
 use allot_core::{
-    AllocateRequest, Change, Decision, Effects, NamespaceName, NamespaceView, SessionId, Token, WaiterView,
+    AllocateRequest, Change, Decision, Effects, Millis, NamespaceName, NamespaceView, SessionId, Token, WaiterId,
+    WaiterView,
 };
 use async_trait::async_trait;
 use tokio::sync::oneshot;
 
 use super::ops::{Key, Op, Table};
-use super::{durable, grant_info, session_info, EmbeddedStore};
+use super::{durable, grant_info, session_info, EmbeddedStore, WaiterAnswer};
 use crate::records::{encode, GrantRecord, NamespaceRecord, SessionRecord};
 use crate::{check_wait, Allocation, GrantInfo, Page, PageRequest, QuotaStore, SessionInfo, StoreError};
 
@@ -89,51 +90,55 @@ impl QuotaStore for EmbeddedStore {
     async fn allocate(&self, request: AllocateRequest, wait: Duration) -> Result<Allocation, StoreError> {
         check_wait(wait)?;
         let namespace = request.namespace.clone();
-        let (decision, rx, answer, info, decided_at) = {
+        /// What the call does once the lock is released.
+        enum Then {
+            /// Waits for the grant's commit (an idempotent retry for the commit of the grant it
+            /// repeats), then answers it with its lease as of the decision.
+            Commit {
+                rx: oneshot::Receiver<Result<(), StoreError>>,
+                info: GrantInfo,
+                existing: bool,
+                at: Millis,
+            },
+            /// A refusal changed nothing and waits for nothing.
+            Answer(Allocation),
+            Wait {
+                waiter: WaiterId,
+                answer: oneshot::Receiver<WaiterAnswer>,
+            },
+        }
+        let then = {
             let mut state = self.lock();
             state.usable(&self.shared)?;
             let now = self.shared.clock.now();
             let (decision, effects) = state.ledger.allocate(request, now, !wait.is_zero())?;
-            let mut answer = None;
-            let decision = match decision {
-                Decision::Queued { waiter, place, replaced } => {
-                    let (tx, rx) = oneshot::channel();
+            match decision {
+                Decision::Granted { grant, existing } => {
+                    let info = grant_info(&state.ledger, grant, now);
+                    Then::Commit { rx: state.submit(&self.shared, effects), info, existing, at: now }
+                }
+                Decision::Refused { refusal, place } => Then::Answer(Allocation::Refused { refusal, place }),
+                Decision::Queued { waiter, replaced, .. } => {
+                    let (tx, answer) = oneshot::channel();
                     state.waiters.insert(waiter, tx);
                     if let Some(old) = replaced {
                         // Dropping the old sender tells the older call it was taken over.
                         state.waiters.remove(&old);
                     }
-                    answer = Some(rx);
-                    Decision::Queued { waiter, place, replaced }
+                    Then::Wait { waiter, answer }
                 }
-                refused => refused,
-            };
-            // A grant waits for its commit (an idempotent retry for the commit of the grant it
-            // repeats); a refusal or a queued request changed nothing and waits for nothing.
-            // The grant's lease as of the decision (read under this lock, not another one after).
-            let (rx, info) = match &decision {
-                Decision::Granted { grant, .. } => {
-                    let info = grant_info(&state.ledger, grant.clone(), now);
-                    (Some(state.submit(&self.shared, effects)), Some(info))
-                }
-                _ => (None, None),
-            };
-            (decision, rx, answer, info, now)
+            }
         };
-        match decision {
-            Decision::Granted { existing, .. } => {
-                durable(rx.expect("submitted for grants")).await?;
-                let mut info = info.expect("set for grants");
+        match then {
+            Then::Commit { rx, mut info, existing, at } => {
+                durable(rx).await?;
                 // The time the commit took counts against the lease.
-                let waited = self.shared.clock.now().saturating_sub(decided_at);
+                let waited = self.shared.clock.now().saturating_sub(at);
                 info.expires_in_ms = info.expires_in_ms.map(|left| left.saturating_sub(waited));
                 Ok(Allocation::Granted { grant: info, existing })
             }
-            Decision::Refused { refusal, place } => Ok(Allocation::Refused { refusal, place }),
-            Decision::Queued { waiter, .. } => {
-                let answer = answer.expect("set when queued");
-                self.wait_for(namespace, waiter, answer, wait).await
-            }
+            Then::Answer(allocation) => Ok(allocation),
+            Then::Wait { waiter, answer } => self.wait_for(namespace, waiter, answer, wait).await,
         }
     }
 

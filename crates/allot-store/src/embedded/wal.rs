@@ -21,7 +21,7 @@ use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 
 use allot_core::Millis;
-use memmap2::MmapMut;
+use memmap2::{Mmap, MmapMut};
 use serde::{Deserialize, Serialize};
 
 use super::ops::Op;
@@ -112,8 +112,9 @@ pub trait LogFiles: Send + Sync {
     fn create(&self, number: u64, bytes: u64) -> io::Result<Arc<dyn Segment>>;
     /// The numbers of the segments there are, in increasing order.
     fn list(&self) -> io::Result<Vec<u64>>;
-    /// Everything segment `number` holds.
-    fn read(&self, number: u64) -> io::Result<Vec<u8>>;
+    /// Everything segment `number` holds, mapped: reading its records touches only their pages,
+    /// not the rest of the segment.
+    fn read(&self, number: u64) -> io::Result<Mmap>;
     /// Removes a checkpointed segment (keeping it for reuse while there are few spares).
     fn remove(&self, number: u64) -> io::Result<()>;
 }
@@ -197,8 +198,11 @@ impl LogFiles for DirLog {
         Ok(numbers)
     }
 
-    fn read(&self, number: u64) -> io::Result<Vec<u8>> {
-        std::fs::read(self.path(number))
+    fn read(&self, number: u64) -> io::Result<Mmap> {
+        let file = File::open(self.path(number))?;
+        // SAFETY: as for `FileSegment::new`; a segment being read is sealed (nothing appends to
+        // it) or read under the state lock (nothing can).
+        unsafe { Mmap::map(&file) }
     }
 
     fn remove(&self, number: u64) -> io::Result<()> {

@@ -135,13 +135,11 @@ pub(super) async fn spawn_listening(
 
 /// The Throttle binary: `throttle` on PATH, or in ~/.cargo/bin where `cargo install` puts it.
 pub(super) fn find_throttle() -> Option<PathBuf> {
-    let on_path = std::env::var_os("PATH")
-        .map(|paths| std::env::split_paths(&paths).map(|dir| dir.join("throttle")).collect::<Vec<_>>())
-        .unwrap_or_default();
     let cargo_home = std::env::var_os("CARGO_HOME")
         .map(PathBuf::from)
         .or_else(|| std::env::var_os("HOME").map(|home| PathBuf::from(home).join(".cargo")));
-    on_path.into_iter().chain(cargo_home.map(|home| home.join("bin").join("throttle"))).find(|path| path.is_file())
+    find_program("throttle")
+        .or_else(|| cargo_home.map(|home| home.join("bin").join("throttle")).filter(|p| p.is_file()))
 }
 
 /// `name` on PATH.

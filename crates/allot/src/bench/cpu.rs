@@ -1,6 +1,7 @@
-//! The machine's CPU time over a measurement, from `/proc/stat`: how busy it was, how idle, and
-//! how much time the hypervisor took away (steal). On a shared VM, steal explains most of the
-//! run-to-run noise, so the benchmarks report it next to their numbers.
+//! CPU time over a measurement. The machine's, from `/proc/stat`: how busy it was, how idle, and
+//! how much time the hypervisor took away (steal); on a shared VM, steal explains most of the
+//! run-to-run noise, so the benchmarks report it next to their numbers. And a server process's,
+//! from `/proc/<pid>/stat`, for its CPU time per pair.
 
 use serde::Serialize;
 
@@ -51,6 +52,18 @@ impl CpuTimes {
             steal_pct: 100.0 * steal as f64 / total,
         })
     }
+}
+
+/// The CPU time (user and system, all threads) process `pid` has used, in seconds, from
+/// `/proc/<pid>/stat` (fields 14 and 15, in clock ticks of 1/100 s: Linux's USER_HZ).
+pub(super) fn process_cpu_seconds(pid: u32) -> Option<f64> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    // The command name (field 2) is in parentheses and may hold spaces: count after it.
+    let rest = &stat[stat.rfind(')')? + 2..];
+    let fields: Vec<&str> = rest.split_whitespace().collect();
+    let utime: u64 = fields.get(11)?.parse().ok()?;
+    let stime: u64 = fields.get(12)?.parse().ok()?;
+    Some((utime + stime) as f64 / 100.0)
 }
 
 #[cfg(test)]

@@ -176,18 +176,6 @@ pub(super) struct LoadResult {
     pub(super) first_error: Option<String>,
 }
 
-/// The CPU time (user and system, all threads) process `pid` has used, in seconds, from
-/// `/proc/<pid>/stat` (fields 14 and 15, in clock ticks of 1/100 s: Linux's USER_HZ).
-pub(super) fn process_cpu_seconds(pid: u32) -> Option<f64> {
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
-    // The command name (field 2) is in parentheses and may hold spaces: count after it.
-    let rest = &stat[stat.rfind(')')? + 2..];
-    let fields: Vec<&str> = rest.split_whitespace().collect();
-    let utime: u64 = fields.get(11)?.parse().ok()?;
-    let stime: u64 = fields.get(12)?.parse().ok()?;
-    Some((utime + stime) as f64 / 100.0)
-}
-
 /// A short id that makes this run's tokens differ from every earlier run's.
 pub(super) fn run_id() -> String {
     let millis = SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_millis());
@@ -499,9 +487,9 @@ pub(super) async fn run_load(target: &Target, spec: &LoadSpec) -> anyhow::Result
     let cpu = target.pid.map(|pid| {
         tokio::spawn(async move {
             tokio::time::sleep_until(window.start.into()).await;
-            let start = process_cpu_seconds(pid);
+            let start = super::cpu::process_cpu_seconds(pid);
             tokio::time::sleep_until(window.end.into()).await;
-            start.zip(process_cpu_seconds(pid)).map(|(start, end)| end - start)
+            start.zip(super::cpu::process_cpu_seconds(pid)).map(|(start, end)| end - start)
         })
     });
     let bar = progress_bar(spec, &format!("{} × {}", target.name, spec.clients));
