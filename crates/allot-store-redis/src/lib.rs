@@ -138,14 +138,24 @@ fn refuses_library(err: &RedisError) -> bool {
     matches!(err.kind(), redis::ErrorKind::Server(_)) && !err.code().is_some_and(|code| passing.contains(&code))
 }
 
-/// Maps a failed call. `mutating` calls that were sent but not answered may have taken effect.
+/// Maps a failed call. Only a `mutating` call that may have reached Redis and was not answered
+/// may have taken effect; a call refused before it was sent (no server listening, no connection
+/// to the slot's node) or refused by Redis changed nothing.
 fn redis_error(err: RedisError, mutating: bool) -> StoreError {
-    let sent = err.is_timeout() || err.is_connection_dropped();
-    if mutating && sent {
-        StoreError::OutcomeUnknown(format!("Redis did not answer: {err}"))
+    if mutating && maybe_sent(&err) {
+        StoreError::OutcomeUnknown(format!("Redis did not answer a call it may have received ({err})"))
     } else {
         StoreError::Unavailable(format!("Redis: {err}"))
     }
+}
+
+/// Whether a failed call may have reached Redis: its connection broke or timed out while it was
+/// in flight. A refused connection, no connection to the slot's node, and an error answered by
+/// Redis mean it did not (or did nothing).
+fn maybe_sent(err: &RedisError) -> bool {
+    !err.is_connection_refusal()
+        && err.kind() != redis::ErrorKind::ClusterConnectionNotFound
+        && (err.is_timeout() || err.is_connection_dropped())
 }
 
 /// The request's fields as the scripts take them (see `lua/namespace.lua`).

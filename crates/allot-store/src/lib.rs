@@ -156,12 +156,11 @@ pub enum StoreError {
     /// The store could not be reached or written (a full disk, Redis down); nothing was changed.
     #[error("the store is unavailable ({0}); nothing was changed")]
     Unavailable(String),
-    /// The disk failed while making the change durable, after it was written: it may or may not
-    /// have been applied. Read it back, or retry (allocate and release are idempotent).
-    #[error(
-        "the disk failed while making the change durable ({0}); it may or may not have been applied: \
-         read it back or retry"
-    )]
+    /// The change was written or sent, and then its answer was lost: the disk failed while making
+    /// it durable, or Redis did not answer a call it was sent. It may or may not have been
+    /// applied. Read it back, or retry (allocate and release are idempotent). The reason names
+    /// what failed.
+    #[error("{0}; the change may or may not have been applied: read it back or retry")]
     OutcomeUnknown(String),
     /// The daemon is shutting down and takes no new work.
     #[error("the daemon is shutting down")]

@@ -394,7 +394,7 @@ impl State {
                 Ok(())
             }
             Err(err) => {
-                let reason = format!("cannot write the log: {err}");
+                let reason = format!("the disk failed while writing the log: {err}");
                 tracing::error!(error = %reason, "append failed; rebuilding from the store");
                 shared.stats.failures.fetch_add(1, Ordering::Relaxed);
                 // End the records before the torn one, so later records follow good ones.
@@ -983,7 +983,7 @@ fn run_syncer(shared: &Shared) {
                 batch.into_iter().for_each(|pending| pending.answer.deliver());
             }
             Err(err) => {
-                let reason = format!("cannot flush the log to disk: {err}");
+                let reason = format!("the disk failed while making the change durable: {err}");
                 tracing::error!(error = %reason, operations = batch.len(), "sync failed; rebuilding from the store");
                 shared.stats.failures.fetch_add(1, Ordering::Relaxed);
                 // After a failed fdatasync the kernel may drop the pages it could not write: the

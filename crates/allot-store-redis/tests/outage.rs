@@ -1,0 +1,81 @@
+//! What a call answers when Redis goes away: a call that never reached Redis changed nothing
+//! (`Unavailable`); only a call that Redis may have received and never answered is
+//! `OutcomeUnknown`. Both messages name Redis, not a disk.
+
+use allot_store::prelude::*;
+use std::time::{Duration, Instant};
+
+use allot_core::{AllocateRequest, Constraints, LeaseRequest, NamespaceName, Token};
+use allot_store::StoreError;
+use allot_store_redis::testing::RedisServer;
+use allot_store_redis::{RedisConfig, RedisStore};
+
+fn request(token: &str) -> AllocateRequest {
+    AllocateRequest {
+        namespace: NamespaceName::new("outage").unwrap(),
+        token: Token::new(token).unwrap(),
+        units: 1,
+        scope: None,
+        constraints: Constraints::default(),
+        lease: LeaseRequest::None,
+    }
+}
+
+async fn open(server: &RedisServer) -> RedisStore {
+    let store = RedisStore::open(&RedisConfig::parse(&server.url()).unwrap()).await.unwrap();
+    store.put_namespace(NamespaceName::new("outage").unwrap(), 100).await.unwrap();
+    store.allocate(request("before"), Duration::ZERO).await.unwrap();
+    store
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn calls_to_a_killed_server_are_unavailable_and_name_redis() {
+    let mut server = RedisServer::start();
+    let store = open(&server).await;
+    server.stop();
+    let mut unknown = 0;
+    let mut refused = Vec::new();
+    for i in 0..20 {
+        match store.allocate(request(&format!("after-{i}")), Duration::ZERO).await {
+            Err(StoreError::OutcomeUnknown(reason)) => {
+                // Only the call that finds the connection broken may not know whether it left.
+                unknown += 1;
+                assert!(reason.contains("Redis"), "{reason}");
+            }
+            Err(err @ StoreError::Unavailable(_)) => refused.push(err.to_string()),
+            other => panic!("a call to a killed server answered {other:?}"),
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert!(unknown <= 1, "{unknown} calls that were never sent answered outcome unknown");
+    assert!(refused.len() >= 19, "{refused:?}");
+    for message in &refused {
+        assert!(message.contains("Redis") && message.contains("nothing was changed"), "{message}");
+        assert!(!message.contains("disk"), "{message}");
+    }
+    assert!(refused.iter().any(|m| m.to_lowercase().contains("refused")), "{refused:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_call_in_flight_when_the_server_dies_has_an_unknown_outcome() {
+    let mut server = RedisServer::start();
+    let store = std::sync::Arc::new(open(&server).await);
+    // Writes wait while clients are paused: the call below is sent and held unanswered.
+    server.cli(&["CLIENT", "PAUSE", "10000", "WRITE"]);
+    let call = tokio::spawn({
+        let store = store.clone();
+        async move { store.allocate(request("in-flight"), Duration::ZERO).await }
+    });
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert!(!call.is_finished(), "the call waits for the paused server");
+    let killed = Instant::now();
+    server.stop();
+    let answer = call.await.unwrap();
+    let Err(err @ StoreError::OutcomeUnknown(_)) = answer else {
+        panic!("a call sent and never answered must be an unknown outcome, not {answer:?}")
+    };
+    let message = err.to_string();
+    assert!(message.contains("Redis did not answer") && message.contains("may or may not have been applied"), "{message}");
+    assert!(!message.contains("disk"), "{message}");
+    assert!(killed.elapsed() < Duration::from_secs(3), "answered {:?} after the kill", killed.elapsed());
+}
