@@ -52,7 +52,7 @@ use redis::{RedisError, Value};
 use tokio::sync::{watch, Notify};
 use tokio::task::JoinHandle;
 
-use crate::conn::Conn;
+use crate::conn::{Conn, WriteError};
 use crate::reply::{corrupt, Reply};
 use crate::scripts::{Function, Scripts};
 
@@ -74,6 +74,9 @@ pub struct RedisConfig {
     /// Server URLs: one standalone server, or seed nodes of a cluster.
     pub urls: Vec<String>,
     pub cluster: bool,
+    /// How many replicas must have a change before it is acknowledged (`WAIT`); 0, the
+    /// default, acknowledges once the primary applied it.
+    pub min_replicas: u32,
 }
 
 /// A `--store` value that is not a Redis address.
@@ -98,13 +101,18 @@ impl RedisConfig {
             for url in &urls {
                 redis::Client::open(url.as_str()).map_err(|_| bad())?;
             }
-            return Ok(RedisConfig { urls, cluster: true });
+            return Ok(RedisConfig { urls, cluster: true, min_replicas: 0 });
         }
         if !(address.starts_with("redis://") || address.starts_with("rediss://")) {
             return Err(bad());
         }
         redis::Client::open(address).map_err(|_| bad())?;
-        Ok(RedisConfig { urls: vec![address.to_owned()], cluster: false })
+        Ok(RedisConfig { urls: vec![address.to_owned()], cluster: false, min_replicas: 0 })
+    }
+
+    /// Acknowledges a change only once `replicas` replicas have it.
+    pub fn with_min_replicas(self, replicas: u32) -> RedisConfig {
+        RedisConfig { min_replicas: replicas, ..self }
     }
 }
 
@@ -146,6 +154,18 @@ fn redis_error(err: RedisError, mutating: bool) -> StoreError {
         StoreError::OutcomeUnknown(format!("Redis did not answer a call it may have received ({err})"))
     } else {
         StoreError::Unavailable(format!("Redis: {err}"))
+    }
+}
+
+/// Maps a failed call made through [`Conn::write`] or [`Conn::fcall`].
+fn call_error(err: WriteError, mutating: bool) -> StoreError {
+    match err {
+        WriteError::Redis(err) => redis_error(err, mutating),
+        WriteError::Unreplicated { acked, wanted } => StoreError::OutcomeUnknown(format!(
+            "Redis applied the change on its primary, and only {acked} of the {wanted} replicas required \
+             (--redis-min-replicas) had it within {} ms: a failover now could lose it",
+            conn::REPLICA_TIMEOUT.as_millis()
+        )),
     }
 }
 
@@ -248,7 +268,7 @@ impl RedisStore {
         let mut warned = Instant::now() - Duration::from_secs(60);
         loop {
             let attempt = async {
-                let conn = Conn::connect(&config.urls, config.cluster).await?;
+                let conn = Conn::connect(&config.urls, config.cluster, config.min_replicas).await?;
                 conn.load_library(&Scripts::new().library).await?;
                 Ok::<_, RedisError>(conn)
             };
@@ -287,15 +307,15 @@ impl RedisStore {
 impl Inner {
     async fn eval(&self, lua: &Function, key: &str, args: &[&str], mutating: bool) -> Result<Reply, StoreError> {
         let started = Instant::now();
-        let res = self.conn.fcall(&self.scripts.library, lua, key, args).await;
+        let res = self.conn.fcall(&self.scripts.library, lua, key, args, mutating).await;
         self.calls.fetch_add(1, Ordering::Relaxed);
         self.call_micros.fetch_add(started.elapsed().as_micros() as u64, Ordering::Relaxed);
         match res {
             Ok(value) => Reply::new(value),
             Err(err) => {
                 self.failures.fetch_add(1, Ordering::Relaxed);
-                tracing::debug!(function = %lua.name, error = %err, "redis call failed");
-                Err(redis_error(err, mutating))
+                tracing::debug!(function = %lua.name, error = ?err, "redis call failed");
+                Err(call_error(err, mutating))
             }
         }
     }
@@ -1048,7 +1068,9 @@ pub struct DirectScripts {
 
 impl DirectScripts {
     pub async fn connect(config: &RedisConfig) -> Result<DirectScripts, StoreError> {
-        let conn = Conn::connect(&config.urls, config.cluster).await.map_err(|e| redis_error(e, false))?;
+        let conn = Conn::connect(&config.urls, config.cluster, config.min_replicas)
+            .await
+            .map_err(|e| redis_error(e, false))?;
         Ok(DirectScripts { conn, scripts: Scripts::new() })
     }
 
@@ -1057,9 +1079,11 @@ impl DirectScripts {
         let fields = RequestArgs::new(request, 0);
         let mut args: Vec<&str> = fields.0.iter().map(String::as_str).collect();
         args.push("0");
-        let value =
-            self.conn.fcall(&self.scripts.library, &self.scripts.allocate, &prefix(&request.namespace), &args).await;
-        let mut reply = Reply::new(value.map_err(|e| redis_error(e, true))?)?;
+        let value = self
+            .conn
+            .fcall(&self.scripts.library, &self.scripts.allocate, &prefix(&request.namespace), &args, true)
+            .await;
+        let mut reply = Reply::new(value.map_err(|e| call_error(e, true))?)?;
         Ok(reply.text()? == "granted")
     }
 
@@ -1067,9 +1091,9 @@ impl DirectScripts {
     pub async fn release(&self, namespace: &NamespaceName, token: &Token) -> Result<bool, StoreError> {
         let value = self
             .conn
-            .fcall(&self.scripts.library, &self.scripts.release, &prefix(namespace), &[token.as_str(), ""])
+            .fcall(&self.scripts.library, &self.scripts.release, &prefix(namespace), &[token.as_str(), ""], true)
             .await;
-        let mut reply = Reply::new(value.map_err(|e| redis_error(e, true))?)?;
+        let mut reply = Reply::new(value.map_err(|e| call_error(e, true))?)?;
         Ok(reply.text()? == "released")
     }
 }
@@ -1083,7 +1107,7 @@ mod tests {
     #[tokio::test]
     async fn the_session_sweep_answers_how_many_sessions_ended() {
         let server = crate::testing::RedisServer::start();
-        let store = RedisStore::open(&RedisConfig { urls: vec![server.url()], cluster: false }).await.unwrap();
+        let store = RedisStore::open(&RedisConfig::parse(&server.url()).unwrap()).await.unwrap();
         store.open_session(1000).await.unwrap();
         assert_eq!(store.inner.sweep_sessions().await.unwrap(), 0);
         tokio::time::sleep(Duration::from_millis(1100)).await;

@@ -13,7 +13,7 @@ use async_trait::async_trait;
 use redis::Value;
 
 use crate::reply::corrupt;
-use crate::{redis_error, RedisStore};
+use crate::{call_error, redis_error, RedisStore};
 
 const RUNS: &str = "allot:{allot-runs}:runs";
 const CATALOG: &str = "allot:{allot-runs}:catalog";
@@ -57,7 +57,7 @@ impl RunStore for RedisStore {
         self.live()?;
         let json = serde_json::to_string(&RunRecord::of(&run)).expect("records always encode");
         let cmd = redis::cmd("HSET").arg(RUNS).arg(field(&app, &task)).arg(json).clone();
-        self.inner.conn.query(&cmd).await.map_err(|e| redis_error(e, true))?;
+        self.inner.conn.write(&cmd).await.map_err(|e| call_error(e, true))?;
         Ok(())
     }
 
@@ -87,7 +87,7 @@ impl RunStore for RedisStore {
     async fn remove_run(&self, app: AppId, task: TaskId) -> Result<(), StoreError> {
         self.live()?;
         let cmd = redis::cmd("HDEL").arg(RUNS).arg(field(&app, &task)).clone();
-        self.inner.conn.query(&cmd).await.map_err(|e| redis_error(e, true))?;
+        self.inner.conn.write(&cmd).await.map_err(|e| call_error(e, true))?;
         Ok(())
     }
 
@@ -108,7 +108,7 @@ impl RunStore for RedisStore {
         self.live()?;
         let json = serde_json::to_string(&CachedRecord::of(&entry)).expect("records always encode");
         let cmd = redis::cmd("HSETNX").arg(CATALOG).arg(key).arg(json).clone();
-        self.inner.conn.query(&cmd).await.map_err(|e| redis_error(e, true))?;
+        self.inner.conn.write(&cmd).await.map_err(|e| call_error(e, true))?;
         Ok(())
     }
 
@@ -118,10 +118,10 @@ impl RunStore for RedisStore {
         let json = serde_json::to_string(&names).expect("names encode");
         // The pools first, then the lease: a lease is never live without its pools.
         let pools = redis::cmd("HSET").arg(EXECUTORS).arg(node).arg(json).clone();
-        self.inner.conn.query(&pools).await.map_err(|e| redis_error(e, true))?;
+        self.inner.conn.write(&pools).await.map_err(|e| call_error(e, true))?;
         let ms = ttl.as_millis().clamp(1, u128::from(u64::MAX)) as u64;
         let lease = redis::cmd("SET").arg(executor_key(node)).arg(1).arg("PX").arg(ms).clone();
-        self.inner.conn.query(&lease).await.map_err(|e| redis_error(e, true))?;
+        self.inner.conn.write(&lease).await.map_err(|e| call_error(e, true))?;
         Ok(())
     }
 

@@ -75,7 +75,10 @@ async fn a_call_in_flight_when_the_server_dies_has_an_unknown_outcome() {
         panic!("a call sent and never answered must be an unknown outcome, not {answer:?}")
     };
     let message = err.to_string();
-    assert!(message.contains("Redis did not answer") && message.contains("may or may not have been applied"), "{message}");
+    assert!(
+        message.contains("Redis did not answer") && message.contains("may or may not have been applied"),
+        "{message}"
+    );
     assert!(!message.contains("disk"), "{message}");
     assert!(killed.elapsed() < Duration::from_secs(3), "answered {:?} after the kill", killed.elapsed());
 }

@@ -31,6 +31,7 @@ pub(crate) const SERVE_AFTER_HELP: &str = r#"Configuration file (--config), with
   data_dir = "allot-data"       # --data-dir
   durability = "disk"           # --durability: disk or process (the embedded store)
   store = "embedded"            # --store
+  redis_min_replicas = 1        # --redis-min-replicas: replicas a change reaches before its answer
   local_pool = "local"          # --local-pool (its tasks are run here)
   run_pools = ["worker-1"]      # --run-pool: run the tasks placed on these pools here
   max_wait = "5m"               # --max-wait: the longest an allocate may wait (at most 5m)
@@ -92,6 +93,11 @@ pub(crate) struct ServeArgs {
     /// `redis+cluster://HOST:PORT[,HOST:PORT...]` (a Redis Cluster).
     #[arg(long, value_name = "STORE", env = "ALLOT_STORE")]
     store: Option<String>,
+    /// On Redis: answer a change only once this many replicas have it (`WAIT`), so that a
+    /// failover does not lose what was acknowledged [default: 0, the primary's answer]. A change
+    /// the replicas do not confirm within 1 s answers `store_outcome_unknown`.
+    #[arg(long, value_name = "N", env = "ALLOT_REDIS_MIN_REPLICAS")]
+    redis_min_replicas: Option<u32>,
     /// TOML configuration file; its keys are listed below.
     #[arg(long, value_name = "FILE", env = "ALLOT_CONFIG")]
     config: Option<PathBuf>,
@@ -177,6 +183,7 @@ struct ConfigFile {
     data_dir: Option<PathBuf>,
     durability: Option<String>,
     store: Option<String>,
+    redis_min_replicas: Option<u32>,
     /// Namespace quotas seeded at start [Flyte `ResourceRegistrar`]: created where they do not
     /// exist yet; the store is authoritative for the rest.
     #[serde(default)]
@@ -428,6 +435,14 @@ fn resolve(args: &ServeArgs) -> anyhow::Result<Config> {
     }
     let data_dir = args.data_dir.clone().or(file.data_dir).unwrap_or_else(|| PathBuf::from(DEFAULT_DATA_DIR));
     let store = store_choice(args.store.as_deref().or(file.store.as_deref()))?;
+    let store = match (store, args.redis_min_replicas.or(file.redis_min_replicas)) {
+        (StoreChoice::Redis(redis), Some(replicas)) => StoreChoice::Redis(redis.with_min_replicas(replicas)),
+        (StoreChoice::Embedded, Some(_)) => bail!(
+            "--redis-min-replicas applies to a Redis store (--store redis://...); the embedded store's \
+             guarantee is set with --durability"
+        ),
+        (store, None) => store,
+    };
     let durability = match (args.durability, file.durability.as_deref()) {
         (Some(level), _) => Some(level),
         (None, Some(text)) => Some(text.parse().map_err(|err: String| anyhow::anyhow!("durability: {err}"))?),
