@@ -116,18 +116,48 @@ impl Drop for RedisServer {
     }
 }
 
-/// A Redis Cluster of primaries (no replicas), all slots assigned.
+/// A Redis Cluster, all slots assigned.
 pub struct RedisCluster {
     pub nodes: Vec<RedisServer>,
 }
 
 impl RedisCluster {
+    /// Primaries only, their append-only files fsynced every second.
     pub fn start(primaries: usize) -> RedisCluster {
-        let nodes: Vec<RedisServer> = (0..primaries).map(|_| RedisServer::start_with(true, "everysec")).collect();
+        Self::start_with(primaries, 0, "everysec")
+    }
+
+    /// `primaries` primaries with one replica each, every node fsyncing its append-only file
+    /// before it answers (`appendfsync always`), as an operator runs it for failover.
+    pub fn start_with_replicas(primaries: usize) -> RedisCluster {
+        let cluster = Self::start_with(primaries, 1, "always");
+        let started = Instant::now();
+        let synced = || {
+            cluster.nodes.iter().all(|n| {
+                cli(n.port, &["INFO", "replication"]).is_some_and(|i| {
+                    i.contains("role:master") && i.contains("state=online") || i.contains("master_link_status:up")
+                })
+            })
+        };
+        while !synced() {
+            assert!(started.elapsed() < Duration::from_secs(30), "the replicas never caught up");
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        cluster
+    }
+
+    fn start_with(primaries: usize, replicas: usize, fsync: &'static str) -> RedisCluster {
+        let count = primaries * (1 + replicas);
+        let nodes: Vec<RedisServer> = (0..count).map(|_| RedisServer::start_with(true, fsync)).collect();
+        for node in &nodes {
+            // Redis waits 5 s by default before a replica's first copy, for others to join.
+            node.cli(&["CONFIG", "SET", "repl-diskless-sync-delay", "0"]);
+        }
         let addresses: Vec<String> = nodes.iter().map(|n| format!("127.0.0.1:{}", n.port)).collect();
+        let replicas = replicas.to_string();
         let mut args = vec!["--cluster", "create"];
         args.extend(addresses.iter().map(String::as_str));
-        args.extend(["--cluster-replicas", "0", "--cluster-yes"]);
+        args.extend(["--cluster-replicas", replicas.as_str(), "--cluster-yes"]);
         let out = Command::new("redis-cli").args(&args).output().expect("redis-cli --cluster create");
         assert!(out.status.success(), "cluster create failed: {}", String::from_utf8_lossy(&out.stdout));
         let started = Instant::now();
@@ -138,6 +168,22 @@ impl RedisCluster {
             std::thread::sleep(Duration::from_millis(50));
         }
         RedisCluster { nodes }
+    }
+
+    /// The index of the node that replicates node `primary`, if one does.
+    pub fn replica_of(&self, primary: usize) -> Option<usize> {
+        let id = self.nodes[primary].cli(&["CLUSTER", "MYID"]).trim().to_owned();
+        self.nodes.iter().position(|n| {
+            n.port != self.nodes[primary].port
+                && cli(n.port, &["INFO", "replication"]).is_some_and(|i| i.contains("role:slave"))
+                && cli(n.port, &["CLUSTER", "NODES"])
+                    .is_some_and(|nodes| nodes.lines().any(|l| l.contains("myself") && l.contains(&id)))
+        })
+    }
+
+    /// Whether node `index` is a primary now.
+    pub fn is_primary(&self, index: usize) -> bool {
+        cli(self.nodes[index].port, &["INFO", "replication"]).is_some_and(|i| i.contains("role:master"))
     }
 
     /// The `--store` address of the cluster.

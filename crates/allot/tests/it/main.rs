@@ -12,6 +12,7 @@ mod pages;
 mod redis;
 mod redis_apps;
 mod redis_exec;
+mod redis_failover;
 mod sched_crash;
 mod sources;
 mod support;
