@@ -141,10 +141,15 @@ impl From<StoreError> for ApiError {
     }
 }
 
+/// Failed requests of an outage are logged as a few lines, not one per request.
+static FAILURES: allot_store::quiet::Quiet = allot_store::quiet::Quiet::new();
+
 impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
         if self.status.is_server_error() {
-            tracing::error!(code = self.code, message = %self.message, "request failed");
+            if let Some(held_back) = FAILURES.admit() {
+                tracing::error!(code = self.code, message = %self.message, more_since_last = held_back, "request failed");
+            }
         }
         let unavailable = self.status == StatusCode::SERVICE_UNAVAILABLE;
         let body = ErrorBody { error: ErrorDetail { code: self.code.to_owned(), message: self.message } };

@@ -1,12 +1,12 @@
 //! One connection to Redis, standalone or cluster, that reconnects by itself.
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use redis::aio::{ConnectionManager, ConnectionManagerConfig};
-use redis::cluster::ClusterClientBuilder;
-use redis::cluster_async::ClusterConnection;
 use redis::{Cmd, RedisError, Value};
 
+use crate::cluster::ClusterLink;
 use crate::scripts::Function;
 
 /// How long one call may take before it is answered "outcome unknown".
@@ -14,19 +14,23 @@ pub(crate) const RESPONSE_TIMEOUT: Duration = Duration::from_secs(2);
 /// How long a change waits for its replicas (`WAIT`) with `--redis-min-replicas`; within
 /// [`RESPONSE_TIMEOUT`], so a late replica is told apart from a lost answer.
 pub(crate) const REPLICA_TIMEOUT: Duration = Duration::from_secs(1);
-const CONNECTION_TIMEOUT: Duration = Duration::from_secs(1);
+pub(crate) const CONNECTION_TIMEOUT: Duration = Duration::from_secs(1);
 
 #[derive(Clone)]
 pub(crate) struct Conn {
     link: Link,
     /// How many replicas must have a change before it is acknowledged (0: the primary's answer).
     min_replicas: u32,
+    /// With a minimum of replicas, the connections for changes: `WAIT` holds its connection
+    /// until the replicas answer, and reads must not queue behind it.
+    replicated: Option<Link>,
 }
 
 #[derive(Clone)]
 enum Link {
     Single(ConnectionManager),
-    Cluster(ClusterConnection),
+    /// A cluster, and which of its connections ([`ClusterLink::conn`]).
+    Cluster(Arc<ClusterLink>, usize),
 }
 
 /// A failed call that changes something.
@@ -50,23 +54,40 @@ impl Conn {
     /// Connects to `urls`: one URL is a standalone server, several are the seed nodes of a
     /// cluster. Fails if no server answers. Changes wait for `min_replicas` replicas.
     pub(crate) async fn connect(urls: &[String], cluster: bool, min_replicas: u32) -> Result<Conn, RedisError> {
-        let link = Link::connect(urls, cluster).await?;
-        Ok(Conn { link, min_replicas })
+        if cluster {
+            let link = ClusterLink::connect(urls, if min_replicas > 0 { 2 } else { 1 }).await?;
+            let replicated = (min_replicas > 0).then(|| Link::Cluster(link.clone(), 1));
+            return Ok(Conn { link: Link::Cluster(link, 0), min_replicas, replicated });
+        }
+        let link = Link::single(urls).await?;
+        let replicated = match min_replicas {
+            0 => None,
+            _ => Some(Link::single(urls).await?),
+        };
+        Ok(Conn { link, min_replicas, replicated })
     }
 
     pub(crate) async fn query(&self, cmd: &Cmd) -> Result<Value, RedisError> {
         self.link.query(cmd).await
     }
 
+    /// The cluster this connects to, if it is one.
+    pub(crate) fn cluster(&self) -> Option<Arc<ClusterLink>> {
+        match &self.link {
+            Link::Cluster(link, _) => Some(link.clone()),
+            Link::Single(_) => None,
+        }
+    }
+
     /// Sends a command that changes something. With a minimum of replicas, it is followed on the
     /// same connection (to the same node) by `WAIT`, and answered only once they have it.
     pub(crate) async fn write(&self, cmd: &Cmd) -> Result<Value, WriteError> {
-        if self.min_replicas == 0 {
+        let Some(replicated) = &self.replicated else {
             return Ok(self.link.query(cmd).await?);
-        }
+        };
         let mut pipe = redis::pipe();
         pipe.add_command(cmd.clone()).cmd("WAIT").arg(self.min_replicas).arg(REPLICA_TIMEOUT.as_millis() as u64);
-        let answers: Vec<Value> = self.link.query_pipeline(&pipe).await?;
+        let answers: Vec<Value> = replicated.query_pipeline(&pipe).await?;
         let [value, Value::Int(acked)] = <[Value; 2]>::try_from(answers).map_err(|answers| {
             RedisError::from((redis::ErrorKind::UnexpectedReturnType, "pipeline", format!("{answers:?}")))
         })?
@@ -83,15 +104,7 @@ impl Conn {
 }
 
 impl Link {
-    async fn connect(urls: &[String], cluster: bool) -> Result<Link, RedisError> {
-        if cluster {
-            let client = ClusterClientBuilder::new(urls.to_vec())
-                .connection_timeout(CONNECTION_TIMEOUT)
-                .response_timeout(RESPONSE_TIMEOUT)
-                .retries(2)
-                .build()?;
-            return Ok(Link::Cluster(client.get_async_connection().await?));
-        }
+    async fn single(urls: &[String]) -> Result<Link, RedisError> {
         // Nagle's algorithm stays on (redis-rs's default): with TCP_NODELAY the daemon used
         // 5-20 % more CPU per request under `allot bench pairs` for the same pairs/s, as each
         // call of the shared connection went out in a packet of its own.
@@ -109,14 +122,22 @@ impl Link {
     async fn query(&self, cmd: &Cmd) -> Result<Value, RedisError> {
         match self {
             Link::Single(conn) => cmd.query_async(&mut conn.clone()).await,
-            Link::Cluster(conn) => cmd.query_async(&mut conn.clone()).await,
+            Link::Cluster(link, lane) => {
+                let result = cmd.query_async(&mut link.conn(*lane)).await;
+                link.note(&result);
+                result
+            }
         }
     }
 
     async fn query_pipeline(&self, pipe: &redis::Pipeline) -> Result<Vec<Value>, RedisError> {
         match self {
             Link::Single(conn) => pipe.query_async(&mut conn.clone()).await,
-            Link::Cluster(conn) => pipe.query_async(&mut conn.clone()).await,
+            Link::Cluster(link, lane) => {
+                let result = pipe.query_async(&mut link.conn(*lane)).await;
+                link.note(&result);
+                result
+            }
         }
     }
 }

@@ -23,6 +23,7 @@
 
 pub mod app_records;
 mod apps;
+mod cluster;
 mod conn;
 mod pools;
 mod reply;
@@ -225,6 +226,9 @@ struct Inner {
     scripts: Scripts,
     /// Waiting calls of this daemon, by namespace prefix and waiter id.
     waits: Mutex<HashMap<(String, u64), Arc<Notify>>>,
+    /// Told when a call starts waiting: on a cluster, the subscriber subscribes to its
+    /// namespace's channel.
+    wait_started: Notify,
     shutdown: watch::Sender<bool>,
     calls: AtomicU64,
     call_micros: AtomicU64,
@@ -249,15 +253,19 @@ impl RedisStore {
             redis_clock: Mutex::new(None),
             pool_rules: Mutex::new(allot_core::pool::LeaseRules::default()),
             conn,
-            scripts: Scripts::new(),
+            scripts: Scripts::new(config.cluster),
             waits: Mutex::new(HashMap::new()),
+            wait_started: Notify::new(),
             shutdown,
             calls: AtomicU64::new(0),
             call_micros: AtomicU64::new(0),
             failures: AtomicU64::new(0),
             apps: sched::Apps::new(),
         });
-        let subscriber = tokio::spawn(run_subscriber(inner.clone(), config.urls[0].clone()));
+        let subscriber = match inner.conn.cluster() {
+            Some(link) => tokio::spawn(run_sharded_subscriber(inner.clone(), link)),
+            None => tokio::spawn(run_subscriber(inner.clone(), config.urls[0].clone())),
+        };
         let sweeper = tokio::spawn(run_sweeper(inner.clone()));
         tracing::info!(urls = ?config.urls, cluster = config.cluster, "redis store open");
         Ok(RedisStore { inner, tasks: Mutex::new(vec![subscriber, sweeper]) })
@@ -269,7 +277,7 @@ impl RedisStore {
         loop {
             let attempt = async {
                 let conn = Conn::connect(&config.urls, config.cluster, config.min_replicas).await?;
-                conn.load_library(&Scripts::new().library).await?;
+                conn.load_library(&Scripts::new(config.cluster).library).await?;
                 Ok::<_, RedisError>(conn)
             };
             match attempt.await {
@@ -451,6 +459,7 @@ impl RedisStore {
         let deadline = tokio::time::Instant::now() + wait;
         let notify = Arc::new(Notify::new());
         self.inner.waits.lock().unwrap_or_else(|p| p.into_inner()).insert((key.clone(), wid), notify.clone());
+        self.inner.wait_started.notify_one();
         let mut guard = WaitGuard { inner: self.inner.clone(), namespace, token, key, wid, armed: true };
         let mut shutdown = self.inner.shutdown.subscribe();
         // The answer may have come before this call was listening.
@@ -1001,20 +1010,95 @@ async fn run_subscriber(inner: Arc<Inner>, url: String) {
                 wake_all(&inner);
                 let mut messages = pubsub.into_on_message();
                 while let Some(message) = messages.next().await {
-                    let payload = String::from_utf8_lossy(message.get_payload_bytes());
-                    let Some((key, ids)) = payload.split_once('\n') else { continue };
-                    let waits = inner.waits.lock().unwrap_or_else(|p| p.into_inner());
-                    for id in ids.split(',').filter_map(|id| id.parse::<u64>().ok()) {
-                        if let Some(notify) = waits.get(&(key.to_owned(), id)) {
-                            notify.notify_one();
-                        }
-                    }
+                    wake_listed(&inner, &String::from_utf8_lossy(message.get_payload_bytes()));
                 }
                 tracing::warn!("lost the subscription to wake-ups; reconnecting");
             }
             Err(err) => tracing::debug!(error = %err, "cannot subscribe to wake-ups yet"),
         }
         tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
+/// On a Redis Cluster: subscribes (`SSUBSCRIBE`) to the channel of every namespace a call of this
+/// daemon waits in, on the node that serves its slot, and wakes those calls. Each message stays
+/// on its slot's node, so losing any one node loses only the wake-ups of its slots until its
+/// replica takes over; when the slot map changes, the subscriptions are made again on the new
+/// primaries and every waiting call checks its answer. Channels stay subscribed once used (one
+/// per namespace at most).
+async fn run_sharded_subscriber(inner: Arc<Inner>, link: Arc<cluster::ClusterLink>) {
+    let mut generations = link.generations();
+    let mut shutdown = inner.shutdown.subscribe();
+    loop {
+        generations.borrow_and_update();
+        let (pushes, mut received) = tokio::sync::mpsc::unbounded_channel();
+        let conn = match cluster::subscriber(&link.addresses(), pushes) {
+            Ok(client) => client.get_async_connection().await,
+            Err(err) => Err(err),
+        };
+        match conn {
+            Ok(mut conn) => {
+                wake_all(&inner);
+                let mut subscribed: std::collections::HashSet<String> = std::collections::HashSet::new();
+                'connected: loop {
+                    let wanted: Vec<String> = {
+                        let waits = inner.waits.lock().unwrap_or_else(|p| p.into_inner());
+                        let prefixes: BTreeSet<&String> = waits.keys().map(|(prefix, _)| prefix).collect();
+                        prefixes.into_iter().filter(|p| !subscribed.contains(*p)).cloned().collect()
+                    };
+                    for prefix in wanted {
+                        if let Err(err) = conn.ssubscribe(format!("{prefix}:wake")).await {
+                            tracing::debug!(error = %err, %prefix, "cannot subscribe to a namespace's wake-ups yet");
+                            tokio::time::sleep(Duration::from_millis(100)).await;
+                            break 'connected;
+                        }
+                        subscribed.insert(prefix.clone());
+                        wake_prefix(&inner, &prefix);
+                    }
+                    tokio::select! {
+                        push = received.recv() => match push {
+                            Some(push) if push.kind == redis::PushKind::SMessage => {
+                                if let Some(Value::BulkString(payload)) = push.data.get(1) {
+                                    wake_listed(&inner, &String::from_utf8_lossy(payload));
+                                }
+                            }
+                            Some(_) => {}
+                            None => break 'connected,
+                        },
+                        _ = inner.wait_started.notified() => {}
+                        _ = generations.changed() => break 'connected,
+                        _ = shutdown.changed() => return,
+                    }
+                }
+            }
+            Err(err) => {
+                tracing::debug!(error = %err, "cannot subscribe to wake-ups yet");
+                tokio::time::sleep(Duration::from_millis(200)).await;
+            }
+        }
+        if *inner.shutdown.borrow() {
+            return;
+        }
+    }
+}
+
+/// Wakes the calls named by a message `<namespace prefix>\n<waiter id>,<waiter id>...`.
+fn wake_listed(inner: &Inner, payload: &str) {
+    let Some((key, ids)) = payload.split_once('\n') else { return };
+    let waits = inner.waits.lock().unwrap_or_else(|p| p.into_inner());
+    for id in ids.split(',').filter_map(|id| id.parse::<u64>().ok()) {
+        if let Some(notify) = waits.get(&(key.to_owned(), id)) {
+            notify.notify_one();
+        }
+    }
+}
+
+/// Wakes every call waiting in the namespace of `prefix`: each checks its answer.
+fn wake_prefix(inner: &Inner, prefix: &str) {
+    for ((key, _), notify) in inner.waits.lock().unwrap_or_else(|p| p.into_inner()).iter() {
+        if key == prefix {
+            notify.notify_one();
+        }
     }
 }
 
@@ -1071,7 +1155,7 @@ impl DirectScripts {
         let conn = Conn::connect(&config.urls, config.cluster, config.min_replicas)
             .await
             .map_err(|e| redis_error(e, false))?;
-        Ok(DirectScripts { conn, scripts: Scripts::new() })
+        Ok(DirectScripts { conn, scripts: Scripts::new(config.cluster) })
     }
 
     /// Allocates without waiting; true if granted.

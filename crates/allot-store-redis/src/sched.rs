@@ -29,6 +29,7 @@ use allot_core::pool::{Alloc, AllocId, AllocRequest, Labels, PoolChange, PoolNam
 use allot_core::queue::{QueueLimits, QueuePath};
 use allot_core::sched::{Outcome, SchedConfig, SchedError, SchedStats, Scheduler, World};
 use allot_core::{Change, Grant, Lease, Ledger, Millis, NamespaceName, Resources, Token};
+use allot_store::quiet::Quiet;
 use allot_store::{AppsHome, PageRequest, PoolStore, QuotaStore, Store, StoreError};
 use serde::{Deserialize, Serialize};
 use tokio::sync::Notify;
@@ -700,7 +701,9 @@ async fn run_lease(inner: Arc<Inner>, holder: String) {
                 None
             }
             Err(err) => {
-                tracing::warn!(error = %err, "cannot reach the scheduler's lease");
+                if let Some(held_back) = LEASE_UNREACHABLE.admit() {
+                    tracing::warn!(error = %err, more_since_last = held_back, "cannot reach the scheduler's lease");
+                }
                 // Ours runs on until its time, unless renewed.
                 let kept = *inner.apps.lease.lock().unwrap_or_else(|p| p.into_inner());
                 if kept.is_none() {
@@ -722,6 +725,11 @@ async fn run_lease(inner: Arc<Inner>, holder: String) {
     }
 }
 
+// Repeated warnings of an outage, written a few times rather than at every retry.
+static LEASE_UNREACHABLE: Quiet = Quiet::new();
+static TAKEOVER_FAILED: Quiet = Quiet::new();
+static ROUND_FAILED: Quiet = Quiet::new();
+
 /// The scheduling rounds, while this daemon holds the lease; a new term loads the records first.
 async fn run(inner: Arc<Inner>) {
     let store = RedisStore { inner: inner.clone(), tasks: Mutex::new(Vec::new()) };
@@ -736,7 +744,11 @@ async fn run(inner: Arc<Inner>) {
                 if let Some(fencing) = term {
                     match store.take_over(&holder, fencing).await {
                         Ok(l) => *guard = Some(l),
-                        Err(err) => tracing::warn!(error = %err, "could not take the scheduling over; retrying"),
+                        Err(err) => {
+                            if let Some(held_back) = TAKEOVER_FAILED.admit() {
+                                tracing::warn!(error = %err, more_since_last = held_back, "could not take the scheduling over; retrying");
+                            }
+                        }
                     }
                 }
             }
@@ -747,7 +759,9 @@ async fn run(inner: Arc<Inner>) {
                 Some(l) => match store.round(&holder, l).await {
                     Ok(wait) => wait,
                     Err(err) => {
-                        tracing::warn!(error = %err, "a scheduling round failed; loading the records again");
+                        if let Some(held_back) = ROUND_FAILED.admit() {
+                            tracing::warn!(error = %err, more_since_last = held_back, "a scheduling round failed; loading the records again");
+                        }
                         *guard = None;
                         RETRY_INTERVAL
                     }

@@ -19,12 +19,15 @@ macro_rules! operations {
         }
 
         impl Scripts {
-            pub(crate) fn new() -> Scripts {
+            /// The library for one Redis (`sharded` false: wake-ups on one channel) or a
+            /// Redis Cluster (`sharded`: on each namespace's own channel, in its slot).
+            pub(crate) fn new(sharded: bool) -> Scripts {
                 let bodies: &[(&str, &str)] =
                     &[$((stringify!($name), include_str!(concat!("lua/", stringify!($name), ".lua"))),)*];
-                let version = version(bodies);
+                let prelude = format!("local SHARDED = {sharded}\n{PRELUDE}");
+                let version = version(&prelude, bodies);
                 Scripts {
-                    library: library(&version, bodies),
+                    library: library(&version, &prelude, bodies),
                     $($name: Function { name: format!("allot_{version}_{}", stringify!($name)) },)*
                 }
             }
@@ -62,8 +65,8 @@ pub(crate) struct Function {
 }
 
 /// A short hash of the library's text.
-fn version(bodies: &[(&str, &str)]) -> String {
-    let mut text = String::from(PRELUDE);
+fn version(prelude: &str, bodies: &[(&str, &str)]) -> String {
+    let mut text = String::from(prelude);
     for (name, body) in bodies {
         text.push_str(name);
         text.push_str(body);
@@ -75,8 +78,8 @@ fn version(bodies: &[(&str, &str)]) -> String {
 /// they are and skip `bind`, which builds a namespace's key names.
 const OWN_KEYS: &[&str] = &["session_grants", "sessions", "pool", "registry", "sched_lease", "apps"];
 
-fn library(version: &str, bodies: &[(&str, &str)]) -> String {
-    let mut text = format!("#!lua name=allot_{version}\n{PRELUDE}\n");
+fn library(version: &str, prelude: &str, bodies: &[(&str, &str)]) -> String {
+    let mut text = format!("#!lua name=allot_{version}\n{prelude}\n");
     for (name, body) in bodies {
         let head =
             if OWN_KEYS.contains(name) { "function(KEYS, ARGV)" } else { "function(KEYS, args)\nbind(KEYS, args)" };

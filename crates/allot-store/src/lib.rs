@@ -17,6 +17,7 @@ pub mod apps;
 pub mod conformance;
 pub mod embedded;
 pub mod fault;
+pub mod quiet;
 pub mod records;
 pub mod runs;
 

@@ -254,8 +254,17 @@ local function answer_waiter(wid, answer, woken)
   woken[#woken + 1] = wid
 end
 
+-- Tells the daemons where the woken waiters wait. On a cluster the message goes to the
+-- namespace's own channel in its slot (sharded pub/sub: it stays on the slot's node and its
+-- replicas, and follows the slot in a failover); on one Redis to the one channel.
 local function publish(woken)
-  if #woken > 0 then redis.call('PUBLISH', CHANNEL, P .. '\n' .. table.concat(woken, ',')) end
+  if #woken == 0 then return end
+  local message = P .. '\n' .. table.concat(woken, ',')
+  if SHARDED then
+    redis.call('SPUBLISH', P .. ':wake', message)
+  else
+    redis.call('PUBLISH', CHANNEL, message)
+  end
 end
 
 -- The 1-based place of the waiter at `rank` and the units wanted by the waiters ahead of it.
