@@ -364,8 +364,15 @@ impl State {
             Ok(()) => match shared.durability {
                 Durability::Process => answer.deliver(),
                 Durability::Disk => {
-                    lock_plain(&shared.syncs).push(Pending { segment: self.log.segment.clone(), answer });
-                    shared.sync_wanted.notify_one();
+                    let mut syncs = lock_plain(&shared.syncs);
+                    let idle = syncs.is_empty();
+                    syncs.push(Pending { segment: self.log.segment.clone(), answer });
+                    drop(syncs);
+                    // The syncer waits only while the queue is empty: one wake-up (a system
+                    // call) per batch, not per operation.
+                    if idle {
+                        shared.sync_wanted.notify_one();
+                    }
                 }
             },
         }
