@@ -239,7 +239,7 @@ fn p99(times: &[Duration]) -> Duration {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn wake_ups_cross_daemons_while_the_first_node_listed_is_down() {
+async fn wake_ups_cross_daemons_while_a_node_is_down_the_first_listed_or_a_replica() {
     let mut cluster = RedisCluster::start_with_replicas(3);
     // The first node of --store: the one the wake-ups used to hang on.
     assert!(cluster.is_primary(0), "redis-cli makes the first nodes primaries");
@@ -283,4 +283,19 @@ async fn wake_ups_cross_daemons_while_the_first_node_listed_is_down() {
         down.last().unwrap(),
     );
     assert!(p99(&down) <= Duration::from_millis(100), "wake p99 {:?} with the first node down", p99(&down));
+
+    // Back as a replica; then a replica down instead (of another primary).
+    cluster.nodes[0].restart();
+    let other = (1..cluster.nodes.len()).find(|&i| cluster.is_primary(i)).expect("another primary");
+    let replica = cluster.replica_of(other).expect("it has a replica");
+    cluster.nodes[replica].stop();
+    let replica_down = wake_times(&holder, &waiter, 2).await;
+    eprintln!(
+        "with a replica down ({} wakes) p50 {:?} p99 {:?} max {:?}",
+        replica_down.len(),
+        replica_down[replica_down.len() / 2],
+        p99(&replica_down),
+        replica_down.last().unwrap(),
+    );
+    assert!(p99(&replica_down) <= Duration::from_millis(100), "wake p99 {:?} with a replica down", p99(&replica_down));
 }
