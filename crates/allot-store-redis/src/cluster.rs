@@ -12,7 +12,6 @@
 //! moved where, how long reconnecting took), calls succeed again (after how long, how many
 //! failed).
 
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, RwLock, Weak};
 use std::time::{Duration, Instant};
 
@@ -36,17 +35,21 @@ const PROBE_TIMEOUT: Duration = Duration::from_millis(250);
 /// Slot ranges and the address (`host:port`) of the primary that serves each, in slot order.
 pub(crate) type SlotMap = Vec<(u16, u16, String)>;
 
+/// Calls failing, from the first failure to the last.
+struct Episode {
+    first: Instant,
+    last: Instant,
+    failed_calls: u64,
+}
+
 pub(crate) struct ClusterLink {
     /// The connections calls are sent on, made and replaced together: more than one when some
     /// calls must not queue behind others (`WAIT` holds its connection).
     current: RwLock<Vec<ClusterConnection>>,
     seeds: Vec<String>,
     map: Mutex<SlotMap>,
-    /// Set from a failed call until [`QUIET`] passes without one.
-    troubled: AtomicBool,
-    /// The first and the last failure of the current episode.
-    trouble: Mutex<Option<(Instant, Instant)>>,
-    failed_calls: AtomicU64,
+    /// From a failed call until [`QUIET`] passes without one.
+    trouble: Mutex<Option<Episode>>,
     /// Bumped at every new connection: the subscriber subscribes again.
     generation: watch::Sender<u64>,
 }
@@ -61,9 +64,7 @@ impl ClusterLink {
             current: RwLock::new(conns),
             seeds: seeds.to_vec(),
             map: Mutex::new(map),
-            troubled: AtomicBool::new(false),
             trouble: Mutex::new(None),
-            failed_calls: AtomicU64::new(0),
             generation: watch::channel(0).0,
         });
         tokio::spawn(watch_map(Arc::downgrade(&link)));
@@ -92,33 +93,34 @@ impl ClusterLink {
         if !followable(err) {
             return;
         }
-        self.failed_calls.fetch_add(1, Ordering::Relaxed);
-        self.troubled.store(true, Ordering::Relaxed);
         let now = Instant::now();
         let mut trouble = self.trouble.lock().unwrap_or_else(|p| p.into_inner());
         match &mut *trouble {
-            Some((_, last)) => *last = now,
+            Some(episode) => {
+                episode.last = now;
+                episode.failed_calls += 1;
+            }
             None => {
-                *trouble = Some((now, now));
+                *trouble = Some(Episode { first: now, last: now, failed_calls: 1 });
                 tracing::warn!(error = %err, "Redis Cluster calls fail; reading the slot map every 50 ms until they stop");
             }
         }
     }
 
-    /// Ends the episode of failures once [`QUIET`] passed without one.
-    fn settle(&self) {
+    /// Ends the episode of failures once [`QUIET`] passed without one; whether one goes on.
+    fn settle(&self) -> bool {
         let mut trouble = self.trouble.lock().unwrap_or_else(|p| p.into_inner());
-        let Some((first, last)) = *trouble else { return };
-        if last.elapsed() < QUIET {
-            return;
+        let Some(episode) = &*trouble else { return false };
+        if episode.last.elapsed() < QUIET {
+            return true;
         }
-        *trouble = None;
-        self.troubled.store(false, Ordering::Relaxed);
         tracing::info!(
-            failing_ms = last.duration_since(first).as_millis() as u64,
-            failed_calls = self.failed_calls.swap(0, Ordering::Relaxed),
+            failing_ms = episode.last.duration_since(episode.first).as_millis() as u64,
+            failed_calls = episode.failed_calls,
             "Redis Cluster calls succeed again"
         );
+        *trouble = None;
+        false
     }
 }
 
@@ -138,32 +140,24 @@ pub(crate) fn subscriber(
     seeds: &[String],
     pushes: tokio::sync::mpsc::UnboundedSender<redis::PushInfo>,
 ) -> Result<ClusterClient, RedisError> {
-    ClusterClientBuilder::new(seeds.to_vec())
-        .connection_timeout(CONNECTION_TIMEOUT)
-        .response_timeout(RESPONSE_TIMEOUT)
-        .min_retry_wait(10)
-        .max_retry_wait(100)
-        .use_protocol(redis::ProtocolVersion::RESP3)
-        .push_sender(pushes)
-        .build()
+    builder(seeds).use_protocol(redis::ProtocolVersion::RESP3).push_sender(pushes).build()
 }
 
-/// The client of calls. A retry waits 10-100 ms (the client's default, at least 1.28 s, held a
-/// call that began before a promotion for seconds after it): following the cluster is the
-/// watcher's job, a retry only covers a redirection or a connection being replaced.
-fn client(seeds: &[String]) -> Result<ClusterClient, RedisError> {
+/// A retry waits 10-100 ms (the client's default, at least 1.28 s, held a call that began
+/// before a promotion for seconds after it): following the cluster is the watcher's job, a
+/// retry only covers a redirection or a connection being replaced.
+fn builder(seeds: &[String]) -> ClusterClientBuilder {
     ClusterClientBuilder::new(seeds.to_vec())
         .connection_timeout(CONNECTION_TIMEOUT)
         .response_timeout(RESPONSE_TIMEOUT)
         .retries(2)
         .min_retry_wait(10)
         .max_retry_wait(100)
-        .build()
 }
 
 /// `lanes` connections to the cluster through `seeds`.
 async fn connect_lanes(seeds: &[String], lanes: usize) -> Result<Vec<ClusterConnection>, RedisError> {
-    let client = client(seeds)?;
+    let client = builder(seeds).build()?;
     let mut conns = Vec::with_capacity(lanes);
     for _ in 0..lanes {
         conns.push(client.get_async_connection().await?);
@@ -191,8 +185,7 @@ async fn watch_map(link: Weak<ClusterLink>) {
         tokio::time::sleep(TROUBLE_POLL).await;
         paused += TROUBLE_POLL;
         let Some(link) = link.upgrade() else { return };
-        link.settle();
-        if !link.troubled.load(Ordering::Relaxed) && paused < CALM_POLL {
+        if !link.settle() && paused < CALM_POLL {
             continue;
         }
         paused = Duration::ZERO;

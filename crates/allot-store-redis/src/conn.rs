@@ -19,11 +19,10 @@ pub(crate) const CONNECTION_TIMEOUT: Duration = Duration::from_secs(1);
 #[derive(Clone)]
 pub(crate) struct Conn {
     link: Link,
-    /// How many replicas must have a change before it is acknowledged (0: the primary's answer).
-    min_replicas: u32,
-    /// With a minimum of replicas, the connections for changes: `WAIT` holds its connection
-    /// until the replicas answer, and reads must not queue behind it.
-    replicated: Option<Link>,
+    /// With `--redis-min-replicas`, how many replicas must have a change before it is
+    /// acknowledged, and the connections for changes: `WAIT` holds its connection until the
+    /// replicas answer, and reads must not queue behind it. Without, changes go on `link`.
+    replicated: Option<(u32, Link)>,
 }
 
 #[derive(Clone)]
@@ -56,15 +55,15 @@ impl Conn {
     pub(crate) async fn connect(urls: &[String], cluster: bool, min_replicas: u32) -> Result<Conn, RedisError> {
         if cluster {
             let link = ClusterLink::connect(urls, if min_replicas > 0 { 2 } else { 1 }).await?;
-            let replicated = (min_replicas > 0).then(|| Link::Cluster(link.clone(), 1));
-            return Ok(Conn { link: Link::Cluster(link, 0), min_replicas, replicated });
+            let replicated = (min_replicas > 0).then(|| (min_replicas, Link::Cluster(link.clone(), 1)));
+            return Ok(Conn { link: Link::Cluster(link, 0), replicated });
         }
         let link = Link::single(urls).await?;
         let replicated = match min_replicas {
             0 => None,
-            _ => Some(Link::single(urls).await?),
+            _ => Some((min_replicas, Link::single(urls).await?)),
         };
-        Ok(Conn { link, min_replicas, replicated })
+        Ok(Conn { link, replicated })
     }
 
     pub(crate) async fn query(&self, cmd: &Cmd) -> Result<Value, RedisError> {
@@ -82,11 +81,11 @@ impl Conn {
     /// Sends a command that changes something. With a minimum of replicas, it is followed on the
     /// same connection (to the same node) by `WAIT`, and answered only once they have it.
     pub(crate) async fn write(&self, cmd: &Cmd) -> Result<Value, WriteError> {
-        let Some(replicated) = &self.replicated else {
+        let Some((wanted, replicated)) = &self.replicated else {
             return Ok(self.link.query(cmd).await?);
         };
         let mut pipe = redis::pipe();
-        pipe.add_command(cmd.clone()).cmd("WAIT").arg(self.min_replicas).arg(REPLICA_TIMEOUT.as_millis() as u64);
+        pipe.add_command(cmd.clone()).cmd("WAIT").arg(*wanted).arg(REPLICA_TIMEOUT.as_millis() as u64);
         let answers: Vec<Value> = replicated.query_pipeline(&pipe).await?;
         let [value, Value::Int(acked)] = <[Value; 2]>::try_from(answers).map_err(|answers| {
             RedisError::from((redis::ErrorKind::UnexpectedReturnType, "pipeline", format!("{answers:?}")))
@@ -96,8 +95,8 @@ impl Conn {
                 RedisError::from((redis::ErrorKind::UnexpectedReturnType, "WAIT did not answer a count")).into()
             );
         };
-        if acked < i64::from(self.min_replicas) {
-            return Err(WriteError::Unreplicated { acked, wanted: self.min_replicas });
+        if acked < i64::from(*wanted) {
+            return Err(WriteError::Unreplicated { acked, wanted: *wanted });
         }
         Ok(value)
     }

@@ -1038,14 +1038,19 @@ async fn run_sharded_subscriber(inner: Arc<Inner>, link: Arc<cluster::ClusterLin
         };
         match conn {
             Ok(mut conn) => {
-                wake_all(&inner);
                 let mut subscribed: std::collections::HashSet<String> = std::collections::HashSet::new();
+                // The waiting calls are looked at when one starts, not at every message.
+                let mut calls_started = true;
                 'connected: loop {
-                    let wanted: Vec<String> = {
+                    let wanted: Vec<String> = if std::mem::take(&mut calls_started) {
                         let waits = inner.waits.lock().unwrap_or_else(|p| p.into_inner());
                         let prefixes: BTreeSet<&String> = waits.keys().map(|(prefix, _)| prefix).collect();
                         prefixes.into_iter().filter(|p| !subscribed.contains(*p)).cloned().collect()
+                    } else {
+                        Vec::new()
                     };
+                    // Each call of a newly subscribed namespace checks its answer, in case the
+                    // message came before the subscription (after a reconnection: all of them).
                     for prefix in wanted {
                         if let Err(err) = conn.ssubscribe(format!("{prefix}:wake")).await {
                             tracing::debug!(error = %err, %prefix, "cannot subscribe to a namespace's wake-ups yet");
@@ -1065,7 +1070,7 @@ async fn run_sharded_subscriber(inner: Arc<Inner>, link: Arc<cluster::ClusterLin
                             Some(_) => {}
                             None => break 'connected,
                         },
-                        _ = inner.wait_started.notified() => {}
+                        _ = inner.wait_started.notified() => calls_started = true,
                         _ = generations.changed() => break 'connected,
                         _ = shutdown.changed() => return,
                     }

@@ -32,22 +32,32 @@ struct Log {
     released: u64,
 }
 
-async fn failover(min_replicas: bool) {
-    let cluster = RedisCluster::start_with_replicas(3);
-    let victim = (0..cluster.nodes.len()).find(|&i| cluster.is_primary(i)).expect("a primary");
-    let successor = cluster.replica_of(victim).expect("the primary has a replica");
+/// Two daemons on `cluster` (plus `extra` flags), with namespaces `<prefix>-0..` of `quota`:
+/// their temporary directories, data directories (the logs are beside them) and the daemons.
+fn two_daemons(
+    cluster: &RedisCluster,
+    prefix: &str,
+    quota: u64,
+    extra: &[&str],
+) -> ([tempfile::TempDir; 2], [std::path::PathBuf; 2], [Daemon; 2]) {
     let address = cluster.address();
-    let quotas: Vec<String> = (0..NAMESPACES).map(|n| format!("ns-{n}={QUOTA}")).collect();
+    let quotas: Vec<String> = (0..NAMESPACES).map(|n| format!("{prefix}-{n}={quota}")).collect();
     let mut args = vec!["--store", address.as_str()];
     for quota in &quotas {
         args.extend(["--quota", quota.as_str()]);
     }
-    if min_replicas {
-        args.extend(["--redis-min-replicas", "1"]);
-    }
-    let (_d1, data1) = data_dir();
-    let (_d2, data2) = data_dir();
+    args.extend(extra);
+    let ((d1, data1), (d2, data2)) = (data_dir(), data_dir());
     let daemons = [Daemon::start(&data1, &args), Daemon::start(&data2, &args)];
+    ([d1, d2], [data1, data2], daemons)
+}
+
+async fn failover(min_replicas: bool) {
+    let cluster = RedisCluster::start_with_replicas(3);
+    let victim = (0..cluster.nodes.len()).find(|&i| cluster.is_primary(i)).expect("a primary");
+    let successor = cluster.replica_of(victim).expect("the primary has a replica");
+    let extra: &[&str] = if min_replicas { &["--redis-min-replicas", "1"] } else { &[] };
+    let (_dirs, [data1, data2], daemons) = two_daemons(&cluster, "ns", QUOTA, extra);
 
     let log: Arc<Mutex<Log>> = Arc::default();
     let stop = Arc::new(AtomicBool::new(false));
@@ -244,15 +254,7 @@ async fn wake_ups_cross_daemons_while_a_node_is_down_the_first_listed_or_a_repli
     // The first node of --store: the one the wake-ups used to hang on.
     assert!(cluster.is_primary(0), "redis-cli makes the first nodes primaries");
     let successor = cluster.replica_of(0).expect("the first node has a replica");
-    let address = cluster.address();
-    let quotas: Vec<String> = (0..NAMESPACES).map(|n| format!("wake-{n}=1")).collect();
-    let mut args = vec!["--store", address.as_str()];
-    for quota in &quotas {
-        args.extend(["--quota", quota.as_str()]);
-    }
-    let (_d1, data1) = data_dir();
-    let (_d2, data2) = data_dir();
-    let daemons = [Daemon::start(&data1, &args), Daemon::start(&data2, &args)];
+    let (_dirs, _, daemons) = two_daemons(&cluster, "wake", 1, &[]);
     let (holder, waiter) = (daemons[0].client(), daemons[1].client());
     let before = wake_times(&holder, &waiter, 2).await;
 
