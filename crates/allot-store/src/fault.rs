@@ -150,7 +150,7 @@ pub fn open_flaky_store_at(
         move || FlakyDisk::open(&path, faults.clone()).expect("the test database file opens")
     };
     let log_dir = dir.join(crate::embedded::wal::WAL_DIR);
-    let inner = DirLog::open(log_dir.clone())
+    let inner = DirLog::open(log_dir.clone(), durability)
         .map_err(|source| crate::embedded::OpenError::DataDir { path: log_dir, source })?;
     let log = Box::new(FlakyLog { inner, faults: faults.clone() });
     Ok((crate::EmbeddedStore::open_with_backend(make, log, durability)?, faults))
