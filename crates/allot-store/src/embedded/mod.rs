@@ -965,7 +965,8 @@ fn fold_into(db: &Database, files: &dyn LogFiles, numbers: &[u64]) -> Result<(),
 }
 
 /// Makes operations durable at the disk level (group commit: one sync for every operation queued
-/// meanwhile, spaced by [`SYNC_SPACING`] under load), and flushes the log every [`FLUSH_INTERVAL`] at the process level.
+/// meanwhile, spaced by [`SYNC_SPACING`] under load), and flushes the log every
+/// [`FLUSH_INTERVAL`] at the process level.
 fn run_syncer(shared: &Shared) {
     let mut last_sync: Option<Instant> = None;
     loop {
