@@ -64,11 +64,11 @@ const CLOCK_CHECKPOINT_MS: u64 = 1000;
 pub const CHECKPOINT_INTERVAL: Duration = Duration::from_secs(1);
 /// At the process level, how often the log is flushed to disk (at most a second, as promised).
 pub const FLUSH_INTERVAL: Duration = Duration::from_millis(500);
-/// At the disk level, while more than one operation waits, a sync starts at least this long after
-/// the one before. A sync costs about 60 µs of CPU on a virtual machine, whatever it carries:
-/// spaced like this, syncing takes at most ~10 % of one CPU however many operations arrive,
-/// batches grow with the load, and an operation waits at most this much longer. A lone
-/// operation is synced at once. (Measured in `docs/benchmarks.md`: without the spacing, syncs
+/// At the disk level, under load (more than one operation waiting, or in the last sync), a sync
+/// starts at least this long after the one before. A sync costs about 60 µs of CPU on a virtual
+/// machine, whatever it carries: spaced like this, syncing takes at most ~10 % of one CPU however
+/// many operations arrive, batches grow with the load, and an operation waits at most this much
+/// longer. A lone caller's operations are synced at once. (Measured in `docs/benchmarks.md`: without the spacing, syncs
 /// of a handful of operations each took a quarter of a CPU at 64 clients.)
 pub const SYNC_SPACING: Duration = Duration::from_micros(600);
 /// The name of the database file in the data directory.
@@ -969,6 +969,7 @@ fn fold_into(db: &Database, files: &dyn LogFiles, numbers: &[u64]) -> Result<(),
 /// [`FLUSH_INTERVAL`] at the process level.
 fn run_syncer(shared: &Shared) {
     let mut last_sync: Option<Instant> = None;
+    let mut last_batch = 0;
     loop {
         let batch = {
             let syncs = lock_plain(&shared.syncs);
@@ -977,7 +978,9 @@ fn run_syncer(shared: &Shared) {
                 .wait_timeout_while(syncs, FLUSH_INTERVAL, |syncs| syncs.is_empty() && !*lock_plain(&shared.stop))
                 .unwrap_or_else(|poisoned| poisoned.into_inner());
             let spacing = last_sync.map_or(Duration::ZERO, |last| SYNC_SPACING.saturating_sub(last.elapsed()));
-            if syncs.len() > 1 && !spacing.is_zero() {
+            // Under load (several waiting now, or in the last batch) even one waiting operation
+            // waits for the spacing: syncing it at once would start a run of small batches.
+            if (syncs.len() > 1 || last_batch > 1) && !spacing.is_zero() {
                 drop(syncs);
                 std::thread::sleep(spacing);
                 syncs = lock_plain(&shared.syncs);
@@ -1002,6 +1005,7 @@ fn run_syncer(shared: &Shared) {
         }
         let started = Instant::now();
         last_sync = Some(started);
+        last_batch = batch.len();
         let synced = segments.iter().try_for_each(|segment| segment.sync());
         match synced {
             Ok(()) => {
