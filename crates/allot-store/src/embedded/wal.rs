@@ -102,7 +102,12 @@ pub trait Segment: Send + Sync {
     /// Makes everything appended durable.
     fn sync(&self) -> io::Result<()>;
     /// Ends the records at `offset` (after a failed append), with a zero header.
-    fn cut(&self, offset: u64) -> io::Result<()>;
+    fn cut(&self, offset: u64) -> io::Result<()> {
+        if offset + HEADER as u64 <= self.capacity() {
+            self.append(offset, &[0; HEADER])?;
+        }
+        Ok(())
+    }
     /// How many bytes the segment holds.
     fn capacity(&self) -> u64;
 }
@@ -271,13 +276,6 @@ impl Segment for FileSegment {
         self.file.sync_data()
     }
 
-    fn cut(&self, offset: u64) -> io::Result<()> {
-        if offset + HEADER as u64 <= self.capacity {
-            self.write_at(offset, &[0; HEADER])?;
-        }
-        Ok(())
-    }
-
     fn capacity(&self) -> u64 {
         self.capacity
     }
@@ -363,13 +361,6 @@ impl Segment for DirectSegment {
         let mut tail = self.tail.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
         tail.bytes.drain(..keep);
         tail.base += keep as u64;
-        Ok(())
-    }
-
-    fn cut(&self, offset: u64) -> io::Result<()> {
-        if offset + HEADER as u64 <= self.capacity {
-            self.append(offset, &[0; HEADER])?;
-        }
         Ok(())
     }
 
