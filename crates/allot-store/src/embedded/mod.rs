@@ -1070,29 +1070,26 @@ fn checkpoint(shared: &Shared) -> Result<(), String> {
             .files
             .create(number, wal::SEGMENT_BYTES)
             .map_err(|err| format!("cannot start a log segment: {err}"))?;
-        let sealed = {
-            let mut state = lock(shared);
+        let mut state = lock(shared);
+        if state.broken.is_some() || state.log.number >= number {
             // A rebuild meanwhile started a newer segment: keep it.
-            let sealed =
-                (state.broken.is_none() && state.log.number < number).then(|| state.log.switch(number, segment));
-            match sealed {
-                // At the disk level the sealed segment is durable before anything is appended to
-                // the next one: otherwise a record of it (the clock, which nobody waits for)
-                // could be lost while later ones are synced, and replay ends at such a gap.
-                Some(sealed) if shared.durability == Durability::Disk => match sealed.sync() {
-                    Ok(()) => Some(sealed),
-                    Err(err) => {
-                        let reason = format!("the disk failed while sealing a log segment: {err}");
-                        fail_syncs(shared, state, &reason, Vec::new());
-                        return Err(reason);
-                    }
-                },
-                other => other,
+            drop(state);
+            shared.files.remove(number).map_err(|err| err.to_string())?;
+        } else {
+            let sealed = state.log.switch(number, segment);
+            if shared.durability == Durability::Disk {
+                // The sealed segment is durable before anything is appended to the next one:
+                // otherwise a record of it (the clock, which nobody waits for) could be lost
+                // while later ones are synced, and replay ends at such a gap.
+                if let Err(err) = sealed.sync() {
+                    let reason = format!("the disk failed while sealing a log segment: {err}");
+                    fail_syncs(shared, state, &reason, Vec::new());
+                    return Err(reason);
+                }
+            } else {
+                drop(state);
+                sealed.sync().map_err(|err| format!("cannot flush the log to disk: {err}"))?;
             }
-        };
-        match sealed {
-            Some(sealed) => sealed.sync().map_err(|err| format!("cannot flush the log to disk: {err}"))?,
-            None => shared.files.remove(number).map_err(|err| err.to_string())?,
         }
     }
     let current = lock(shared).log.number;

@@ -254,8 +254,10 @@ impl FileSegment {
         let map = unsafe { MmapMut::map_mut(&file)? };
         Ok(FileSegment { file, map: Mutex::new(map), capacity })
     }
+}
 
-    fn write_at(&self, offset: u64, bytes: &[u8]) -> io::Result<()> {
+impl Segment for FileSegment {
+    fn append(&self, offset: u64, bytes: &[u8]) -> io::Result<()> {
         let start = usize::try_from(offset).map_err(io::Error::other)?;
         let mut map = self.map.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
         let Some(target) = map.get_mut(start..start + bytes.len()) else {
@@ -263,12 +265,6 @@ impl FileSegment {
         };
         target.copy_from_slice(bytes);
         Ok(())
-    }
-}
-
-impl Segment for FileSegment {
-    fn append(&self, offset: u64, bytes: &[u8]) -> io::Result<()> {
-        self.write_at(offset, bytes)
     }
 
     fn sync(&self) -> io::Result<()> {
@@ -342,7 +338,7 @@ impl Segment for DirectSegment {
     fn sync(&self) -> io::Result<()> {
         let mut buffer = self.writes.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
         // Syncs are serialized (by `writes`), so only this one moves `base`.
-        let (base, len) = {
+        let (base, len, blocks) = {
             let tail = self.tail.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
             let len = tail.bytes.len();
             let blocks = len.div_ceil(BLOCK) * BLOCK;
@@ -351,9 +347,8 @@ impl Segment for DirectSegment {
             }
             buffer[..len].copy_from_slice(&tail.bytes);
             buffer[len..blocks].fill(0);
-            (tail.base, len)
+            (tail.base, len, blocks)
         };
-        let blocks = len.div_ceil(BLOCK) * BLOCK;
         self.file.write_all_at(&buffer[..blocks], base)?;
         // Appends go at or after the end of the records, so the blocks before the one that end
         // is in stay as written: the next sync starts at that block.
