@@ -20,6 +20,7 @@ mod page;
 pub use page::DEFAULT_PAGE;
 mod pool_routes;
 mod routes;
+mod threads;
 
 use std::future::Future;
 use std::sync::Arc;
@@ -237,7 +238,21 @@ pub async fn run(
     state: AppState,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> std::io::Result<()> {
-    serve(listener, state, Box::pin(shutdown)).await
+    serve(listener, state, Box::pin(shutdown), 0).await
+}
+
+/// [`run`], with connections served on `threads` serving threads of their own, each with a
+/// single-threaded runtime, instead of on the caller's runtime (which still accepts them and runs
+/// the shutdown). 0 serves them on the caller's runtime, as [`run`] does. For a store whose calls
+/// need no task of the caller's runtime: the embedded store (its log is written by its own
+/// threads), not Redis (its connections are driven by tasks of the runtime that opened them).
+pub async fn run_with_threads(
+    listener: TcpListener,
+    state: AppState,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+    threads: usize,
+) -> std::io::Result<()> {
+    serve(listener, state, Box::pin(shutdown), threads).await
 }
 
 /// [`run`], not generic: the server loop is compiled (and optimised) here, in this crate, not in
@@ -246,6 +261,7 @@ async fn serve(
     listener: TcpListener,
     state: AppState,
     shutdown: std::pin::Pin<Box<dyn Future<Output = ()> + Send>>,
+    threads: usize,
 ) -> std::io::Result<()> {
     let store = state.store.clone();
     let (closing_tx, closing_rx) = tokio::sync::oneshot::channel();
@@ -265,7 +281,10 @@ async fn serve(
             tracing::debug!(error = %err, "cannot set TCP_NODELAY");
         }
     });
-    let served = axum::serve(listener, app(state)).with_graceful_shutdown(graceful).await;
+    let served = match threads {
+        0 => axum::serve(listener, app(state)).with_graceful_shutdown(graceful).await,
+        threads => threads::serve(listener, app(state), threads, graceful).await,
+    };
     match closing_rx.await {
         Ok(closing) => {
             let _ = closing.await;

@@ -13,6 +13,12 @@ mod sources;
 
 use std::process::ExitCode;
 
+/// mimalloc instead of the C library's allocator: a request allocates and frees dozens of small
+/// objects across worker threads, which glibc's malloc serves at several times the cost
+/// (docs/benchmarks.md).
+#[global_allocator]
+static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 use clap::{Parser, Subcommand};
 
 /// allot: a resource manager for task executions.

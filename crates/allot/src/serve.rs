@@ -136,7 +136,7 @@ pub(crate) struct ServeArgs {
     /// The same for pools; replaces the file's `metrics_pools`.
     #[arg(long = "metrics-pools", value_name = "PATTERN")]
     metrics_pools: Vec<String>,
-    /// Worker threads of the daemon [default: one per CPU on the embedded store; one per CPU
+    /// Threads that serve requests [default: one per CPU on the embedded store; one per CPU
     /// less one, at least one, on Redis, which needs a CPU too].
     #[arg(long, env = "ALLOT_THREADS", value_parser = clap::value_parser!(u16).range(1..=1024))]
     pub(crate) threads: Option<u16>,
@@ -154,18 +154,44 @@ pub(crate) struct ServeArgs {
     log_format: LogFormat,
 }
 
-/// The daemon's worker threads: `--threads`; else, on Redis, one per CPU less one, at least one
-/// (on two CPUs shared with Redis and the clients, one worker beat two in 4 of 5 alternating
-/// `bench pairs` runs, by 7–27 %, docs/benchmarks.md: Redis keeps a CPU); on the embedded store,
-/// one per CPU (its log is written by the workers themselves: with two workers on two CPUs the
-/// daemon served 12,500 pairs/s at 64 clients against 9,400–10,200 with one).
-pub(crate) fn worker_threads(args: &ServeArgs) -> usize {
+/// The threads that serve requests: `--threads`; else, on Redis, one per CPU less one, at least
+/// one (on two CPUs shared with Redis and the clients, one beat two in 4 of 5 alternating `bench
+/// pairs` runs, by 7–27 %, docs/benchmarks.md: Redis keeps a CPU); on the embedded store, one per
+/// CPU (its log is written by the serving threads themselves).
+fn request_threads(args: &ServeArgs) -> usize {
     let cpus = std::thread::available_parallelism().map_or(1, |n| n.get());
-    let on_redis = args.store.as_deref().is_some_and(|store| store.starts_with("redis"));
     match args.threads {
         Some(threads) => usize::from(threads),
-        None if on_redis => cpus.saturating_sub(1).max(1),
+        None if on_redis(args) => cpus.saturating_sub(1).max(1),
         None => cpus,
+    }
+}
+
+fn on_redis(args: &ServeArgs) -> bool {
+    args.store.as_deref().is_some_and(|store| store.starts_with("redis"))
+}
+
+/// The worker threads of the daemon's runtime. On Redis they serve the requests (the store's
+/// connections are driven by tasks of this runtime). On the embedded store the requests have
+/// serving threads of their own ([`serving_threads`]) and one worker runs the rest: accepting
+/// connections, expiring leases, the scheduler, the executor.
+pub(crate) fn worker_threads(args: &ServeArgs) -> usize {
+    if on_redis(args) {
+        request_threads(args)
+    } else {
+        1
+    }
+}
+
+/// The serving threads, each with a single-threaded runtime of its own, that serve the
+/// connections from start to end: none on Redis; on the embedded store, one per request thread
+/// (with two on two CPUs shared with the clients, it served more pairs/s at 64 clients than two
+/// workers of one runtime, docs/benchmarks.md).
+fn serving_threads(args: &ServeArgs) -> usize {
+    if on_redis(args) {
+        0
+    } else {
+        request_threads(args)
     }
 }
 
@@ -681,7 +707,7 @@ pub(crate) async fn run(args: ServeArgs) -> anyhow::Result<()> {
         tokio::spawn(executor.run(executor_stopped));
     }
     // The sources of applications: the API, and the directory of application files if one is set.
-    let mut http = HttpApi::new(listener, state);
+    let mut http = HttpApi::new(listener, state, serving_threads(&args));
     let mut directory = config.apps_dir.map(|dir| DirectorySource::new(dir, store.clone()));
     if let Some(directory) = &mut directory {
         directory.init().await.context("the applications directory")?;

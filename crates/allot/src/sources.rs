@@ -34,13 +34,25 @@ pub(crate) trait AppManager: Send {
 pub(crate) struct HttpApi {
     listener: Option<tokio::net::TcpListener>,
     state: Option<allot_server::AppState>,
+    /// Serving threads of their own (0: connections are served on the daemon's runtime).
+    serving_threads: usize,
     stop: watch::Sender<bool>,
     server: Option<JoinHandle<std::io::Result<()>>>,
 }
 
 impl HttpApi {
-    pub(crate) fn new(listener: tokio::net::TcpListener, state: allot_server::AppState) -> HttpApi {
-        HttpApi { listener: Some(listener), state: Some(state), stop: watch::channel(false).0, server: None }
+    pub(crate) fn new(
+        listener: tokio::net::TcpListener,
+        state: allot_server::AppState,
+        serving_threads: usize,
+    ) -> HttpApi {
+        HttpApi {
+            listener: Some(listener),
+            state: Some(state),
+            serving_threads,
+            stop: watch::channel(false).0,
+            server: None,
+        }
     }
 
     /// Waits until the server ends by itself (it failed) and answers how.
@@ -72,7 +84,8 @@ impl AppManager for HttpApi {
         let shutdown = async move {
             let _ = stop.wait_for(|stop| *stop).await;
         };
-        self.server = Some(tokio::spawn(allot_server::run(listener, state, shutdown)));
+        self.server =
+            Some(tokio::spawn(allot_server::run_with_threads(listener, state, shutdown, self.serving_threads)));
         Ok(())
     }
 

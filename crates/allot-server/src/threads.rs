@@ -1,0 +1,121 @@
+//! Serving threads: connections are accepted on the caller's runtime and handed, round-robin, to
+//! a fixed set of threads, each running a single-threaded runtime of its own. A connection is
+//! read, handled and answered on one thread from start to end.
+//!
+//! Why: on tokio's work-stealing runtime a request often wakes one worker to read it and is
+//! answered from another, so every request pays thread wake-ups (futex calls, reschedule
+//! interrupts) besides its socket calls. One thread per connection cuts them; on two CPUs shared
+//! with the clients it served more pairs/s at 64 clients (docs/benchmarks.md).
+//!
+//! Invariants: the router is the same on every thread (handlers share the store through
+//! `AppState`); a connection handed to a thread never moves; on shutdown the acceptor stops first,
+//! then every thread stops accepting, lets its connections finish their requests and ends.
+
+use std::future::Future;
+use std::io;
+use std::net::SocketAddr;
+
+use axum::serve::Listener;
+use axum::Router;
+use tokio::net::TcpStream;
+use tokio::sync::{mpsc, watch};
+
+/// Serves `router` on `threads` serving threads (at least one) with the connections `listener`
+/// accepts, until `shutdown` completes; then shuts down gracefully and returns once every thread
+/// has ended.
+pub(crate) async fn serve<L>(
+    mut listener: L,
+    router: Router,
+    threads: usize,
+    shutdown: impl Future<Output = ()>,
+) -> io::Result<()>
+where
+    L: Listener<Io = TcpStream, Addr = SocketAddr>,
+{
+    let local = listener.local_addr()?;
+    let (stop_tx, stop_rx) = watch::channel(false);
+    let mut hand_to = Vec::with_capacity(threads.max(1));
+    let mut joins = Vec::with_capacity(threads.max(1));
+    for index in 0..threads.max(1) {
+        let (tx, rx) = mpsc::unbounded_channel();
+        let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
+        let router = router.clone();
+        let mut stop = stop_rx.clone();
+        let join = std::thread::Builder::new().name(format!("allot-serve-{index}")).spawn(move || {
+            runtime.block_on(async move {
+                let stopped = async move {
+                    let _ = stop.wait_for(|stop| *stop).await;
+                };
+                axum::serve(Handed { rx, local }, router).with_graceful_shutdown(stopped).await
+            })
+        })?;
+        hand_to.push(tx);
+        joins.push(join);
+    }
+
+    let mut shutdown = std::pin::pin!(shutdown);
+    let mut next = 0;
+    loop {
+        tokio::select! {
+            () = &mut shutdown => break,
+            (stream, peer) = listener.accept() => {
+                // Handed over as a standard socket: it is registered again with the runtime of
+                // the thread that serves it.
+                match stream.into_std() {
+                    Ok(stream) => {
+                        // A send fails only if that thread has ended, which it does only once
+                        // told to stop.
+                        let _ = hand_to[next].send(stream);
+                        next = (next + 1) % hand_to.len();
+                    }
+                    Err(err) => tracing::debug!(error = %err, %peer, "cannot hand over a connection"),
+                }
+            }
+        }
+    }
+    drop(listener);
+    let _ = stop_tx.send(true);
+    drop(hand_to);
+    let ended = tokio::task::spawn_blocking(move || joins.into_iter().map(|join| join.join()).collect::<Vec<_>>())
+        .await
+        .map_err(io::Error::other)?;
+    for thread in ended {
+        match thread {
+            Ok(served) => served?,
+            Err(_) => return Err(io::Error::other("a serving thread panicked")),
+        }
+    }
+    Ok(())
+}
+
+/// The connections handed to one serving thread, as a listener.
+struct Handed {
+    rx: mpsc::UnboundedReceiver<std::net::TcpStream>,
+    local: SocketAddr,
+}
+
+impl Listener for Handed {
+    type Io = TcpStream;
+    type Addr = SocketAddr;
+
+    async fn accept(&mut self) -> (TcpStream, SocketAddr) {
+        loop {
+            let Some(stream) = self.rx.recv().await else {
+                // The acceptor has stopped: so has this thread's server, which stops accepting.
+                std::future::pending::<()>().await;
+                continue;
+            };
+            match TcpStream::from_std(stream) {
+                Ok(stream) => {
+                    let peer = stream.peer_addr().unwrap_or(self.local);
+                    return (stream, peer);
+                }
+                Err(err) => tracing::debug!(error = %err, "cannot serve a handed-over connection"),
+            }
+        }
+    }
+
+    fn local_addr(&self) -> io::Result<SocketAddr> {
+        Ok(self.local)
+    }
+}
