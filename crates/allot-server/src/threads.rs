@@ -5,7 +5,8 @@
 //! Why: on tokio's work-stealing runtime a request often wakes one worker to read it and is
 //! answered from another, so every request pays thread wake-ups (futex calls, reschedule
 //! interrupts) besides its socket calls. One thread per connection cuts them; on two CPUs shared
-//! with the clients it served more pairs/s at 64 clients (docs/benchmarks.md).
+//! with the clients the disk level served about a quarter more pairs/s at 64 clients. The cost: a
+//! connection waits while its thread waits for a CPU (docs/benchmarks.md).
 //!
 //! Invariants: the router is the same on every thread (handlers share the store through
 //! `AppState`); a connection handed to a thread never moves; on shutdown the acceptor stops first,

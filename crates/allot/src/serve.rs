@@ -185,8 +185,9 @@ pub(crate) fn worker_threads(args: &ServeArgs) -> usize {
 
 /// The serving threads, each with a single-threaded runtime of its own, that serve the
 /// connections from start to end: none on Redis; on the embedded store, one per request thread
-/// (with two on two CPUs shared with the clients, it served more pairs/s at 64 clients than two
-/// workers of one runtime, docs/benchmarks.md).
+/// (with two on two CPUs shared with the clients, the disk level served about a quarter more
+/// pairs/s at 64 clients than on two workers of one runtime, the process level as many; the tail
+/// at 16 clients is longer, docs/benchmarks.md).
 fn serving_threads(args: &ServeArgs) -> usize {
     if on_redis(args) {
         0
