@@ -29,8 +29,8 @@ async fn connections_on_different_threads_share_the_store_and_shut_down_together
     let clients: Vec<Client> = (0..6).map(|_| Client::new(&base).unwrap()).collect();
     clients[0].put_namespace("gpu", 4).await.unwrap();
 
-    // Six clients, four units: every allocate either gets one or is refused, and at no moment
-    // are more than four granted.
+    // Six clients, four units: every allocate is answered (granted or refused) and every grant
+    // is released.
     let mut rounds = tokio::task::JoinSet::new();
     for (index, client) in clients.iter().enumerate() {
         let client = client.clone();

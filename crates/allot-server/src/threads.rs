@@ -21,9 +21,9 @@ use axum::Router;
 use tokio::net::TcpStream;
 use tokio::sync::{mpsc, watch};
 
-/// Serves `router` on `threads` serving threads (at least one) with the connections `listener`
-/// accepts, until `shutdown` completes; then shuts down gracefully and returns once every thread
-/// has ended.
+/// Serves `router` on `threads` serving threads (at least one is started) with the connections
+/// `listener` accepts, until `shutdown` completes; then shuts down gracefully and returns once
+/// every thread has ended.
 pub(crate) async fn serve<L>(
     mut listener: L,
     router: Router,
@@ -33,11 +33,12 @@ pub(crate) async fn serve<L>(
 where
     L: Listener<Io = TcpStream, Addr = SocketAddr>,
 {
+    let threads = threads.max(1);
     let local = listener.local_addr()?;
     let (stop_tx, stop_rx) = watch::channel(false);
-    let mut hand_to = Vec::with_capacity(threads.max(1));
-    let mut joins = Vec::with_capacity(threads.max(1));
-    for index in 0..threads.max(1) {
+    let mut hand_to = Vec::with_capacity(threads);
+    let mut joins = Vec::with_capacity(threads);
+    for index in 0..threads {
         let (tx, rx) = mpsc::unbounded_channel();
         let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
         let router = router.clone();
@@ -67,7 +68,7 @@ where
                         // A send fails only if that thread has ended, which it does only once
                         // told to stop.
                         let _ = hand_to[next].send(stream);
-                        next = (next + 1) % hand_to.len();
+                        next = (next + 1) % threads;
                     }
                     Err(err) => tracing::debug!(error = %err, %peer, "cannot hand over a connection"),
                 }
@@ -103,8 +104,7 @@ impl Listener for Handed {
         loop {
             let Some(stream) = self.rx.recv().await else {
                 // The acceptor has stopped: so has this thread's server, which stops accepting.
-                std::future::pending::<()>().await;
-                continue;
+                return std::future::pending().await;
             };
             match TcpStream::from_std(stream) {
                 Ok(stream) => {

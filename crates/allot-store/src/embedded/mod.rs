@@ -68,8 +68,9 @@ pub const FLUSH_INTERVAL: Duration = Duration::from_millis(500);
 /// starts at least this long after the one before. A sync costs about 60 µs of CPU on a virtual
 /// machine, whatever it carries: spaced like this, syncing takes at most ~10 % of one CPU however
 /// many operations arrive, batches grow with the load, and an operation waits at most this much
-/// longer. A lone caller's operations are synced at once. (Measured in `docs/benchmarks.md`: without the spacing, syncs
-/// of a handful of operations each took a quarter of a CPU at 64 clients.)
+/// longer. A lone caller's operations are synced at once. (Measured in `docs/benchmarks.md`:
+/// without the spacing, syncs of a handful of operations each took a quarter of a CPU at 64
+/// clients.)
 pub const SYNC_SPACING: Duration = Duration::from_micros(600);
 /// The name of the database file in the data directory.
 pub const DB_FILE: &str = "allot.redb";
