@@ -149,8 +149,11 @@ pub enum Change {
         name: NamespaceName,
         next_fencing: u64,
     },
-    /// Insert or update a grant.
+    /// Update a grant (a renewed lease).
     Grant(Grant),
+    /// Insert a grant that did not exist: no record of its namespace and token is kept before
+    /// this change (a store may drop both it and a removal that follows it).
+    GrantAdded(Grant),
     GrantRemoved {
         namespace: NamespaceName,
         token: Token,
@@ -974,7 +977,9 @@ impl Ledger {
         state.next_fencing += 1;
         state.stats.granted += 1;
         state.add_units(&grant);
-        state.grants.insert(grant.token.clone(), grant.clone());
+        let replaced = state.grants.insert(grant.token.clone(), grant.clone());
+        // `Change::GrantAdded` promises stores that no record of this token exists.
+        debug_assert!(replaced.is_none(), "a grant is inserted only for a token that holds none");
         if state.next_fencing > state.fencing_bound {
             state.fencing_bound = state.next_fencing + FENCING_BLOCK;
             effects.changes.push(Change::Namespace {
@@ -993,7 +998,7 @@ impl Ledger {
                 session.grants.insert((grant.namespace.clone(), grant.token.clone()));
             }
         }
-        effects.changes.push(Change::Grant(grant.clone()));
+        effects.changes.push(Change::GrantAdded(grant.clone()));
         grant
     }
 

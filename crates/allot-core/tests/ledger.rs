@@ -48,7 +48,7 @@ fn grants_until_the_quota_is_full() {
     let mut ledger = ledger_with("hive", 2);
     let (a, effects) = ledger.allocate(req("hive", "a", 1), 0, false).unwrap();
     assert_eq!(granted(&a).fencing, 1);
-    assert!(effects.changes.iter().any(|c| matches!(c, Change::Grant(_))));
+    assert!(effects.changes.iter().any(|c| matches!(c, Change::GrantAdded(_))));
     let (b, _) = ledger.allocate(req("hive", "b", 1), 0, false).unwrap();
     assert_eq!(granted(&b).fencing, 2);
     let (c, effects) = ledger.allocate(req("hive", "c", 1), 0, false).unwrap();

@@ -21,7 +21,10 @@ pub(crate) const FORWARDED: HeaderName = HeaderName::from_static("x-allot-forwar
 /// machine, and its wake-ups).
 fn is_apps_part(path: &str) -> bool {
     let served_here = path.starts_with("/v1/apps/") && (path.ends_with("/logs") || path.ends_with("/wake"));
-    !served_here && ["/v1/apps", "/v1/queues"].iter().any(|root| path == *root || path.starts_with(&format!("{root}/")))
+    !served_here
+        && ["/v1/apps", "/v1/queues"]
+            .iter()
+            .any(|root| path.strip_prefix(root).is_some_and(|rest| rest.is_empty() || rest.starts_with('/')))
 }
 
 fn unavailable(message: String) -> Response {
@@ -72,4 +75,26 @@ async fn forward(client: &reqwest::Client, base: &str, request: Request) -> Resu
         response.headers_mut().insert(name, value);
     }
     Ok(response)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::is_apps_part;
+
+    #[test]
+    fn the_applications_part_is_under_apps_and_queues() {
+        for (path, expected) in [
+            ("/v1/apps", true),
+            ("/v1/apps/a", true),
+            ("/v1/queues", true),
+            ("/v1/queues/root.a", true),
+            ("/v1/apps/a/tasks/t/logs", false),
+            ("/v1/apps/a/tasks/t/wake", false),
+            ("/v1/appsx", false),
+            ("/v1/queuesx/a", false),
+            ("/v1/namespaces/a/grants/t", false),
+        ] {
+            assert_eq!(is_apps_part(path), expected, "{path}");
+        }
+    }
 }

@@ -44,9 +44,15 @@ pub const MAX_BODY_BYTES: usize = 64 * 1024;
 /// tasks.
 pub const MAX_SUBMIT_BODY_BYTES: usize = 16 * 1024 * 1024;
 
-/// What every handler shares.
+/// What every handler shares: one reference-counted [`Shared`], so that the clones axum makes
+/// for every request (the route's service, each middleware's state, the handler's) count one
+/// reference, not one per field.
 #[derive(Clone)]
-pub struct AppState {
+pub struct AppState(Arc<Shared>);
+
+/// The fields of [`AppState`].
+#[derive(Clone)]
+pub struct Shared {
     pub store: Arc<dyn Store>,
     pub metrics: Arc<Metrics>,
     /// The longest an allocate may wait for room (the document states it): at most [`MAX_WAIT`].
@@ -57,6 +63,14 @@ pub struct AppState {
     pub executor: Option<Arc<allot_exec::Executor>>,
 }
 
+impl std::ops::Deref for AppState {
+    type Target = Shared;
+
+    fn deref(&self) -> &Shared {
+        &self.0
+    }
+}
+
 impl AppState {
     /// The state over `store`, with metrics that select no namespace or pool (totals only).
     pub fn new(store: Arc<dyn Store>) -> AppState {
@@ -64,26 +78,44 @@ impl AppState {
             .timeout(MAX_WAIT + Duration::from_secs(30))
             .build()
             .expect("an HTTP client with a timeout builds");
-        AppState { store, metrics: Arc::new(Metrics::default()), max_wait: MAX_WAIT, forwarder, executor: None }
+        AppState(Arc::new(Shared {
+            store,
+            metrics: Arc::new(Metrics::default()),
+            max_wait: MAX_WAIT,
+            forwarder,
+            executor: None,
+        }))
+    }
+
+    fn with(self, change: impl FnOnce(&mut Shared)) -> AppState {
+        let mut shared = Arc::unwrap_or_clone(self.0);
+        change(&mut shared);
+        AppState(Arc::new(shared))
     }
 
     /// The same, with allocates waiting at most `max_wait` (capped at [`MAX_WAIT`]).
     #[must_use]
     pub fn with_max_wait(self, max_wait: Duration) -> AppState {
-        AppState { max_wait: max_wait.min(MAX_WAIT), ..self }
+        self.with(|shared| shared.max_wait = max_wait.min(MAX_WAIT))
     }
 
     /// The same, with the executor of the tasks this daemon runs (their logs and wake-ups are
     /// served here).
     #[must_use]
     pub fn with_executor(self, executor: Arc<allot_exec::Executor>) -> AppState {
-        AppState { executor: Some(executor), ..self }
+        self.with(|shared| shared.executor = Some(executor))
     }
 
     /// The same, with series of their own at `/metrics` for what `config` selects.
     #[must_use]
     pub fn with_metrics(self, config: MetricsConfig) -> AppState {
-        AppState { metrics: Arc::new(Metrics::new(config)), ..self }
+        self.with(|shared| shared.metrics = Arc::new(Metrics::new(config)))
+    }
+
+    /// The same state under a reference count of its own, for one serving thread: the clones
+    /// of its requests then write a counter that no other thread writes.
+    fn for_one_thread(&self) -> AppState {
+        AppState(Arc::new(Shared::clone(&self.0)))
     }
 }
 
@@ -283,7 +315,7 @@ async fn serve(
     });
     let served = match threads {
         0 => axum::serve(listener, app(state)).with_graceful_shutdown(graceful).await,
-        threads => threads::serve(listener, app(state), threads, graceful).await,
+        threads => threads::serve(listener, || app(state.for_one_thread()), threads, graceful).await,
     };
     match closing_rx.await {
         Ok(closing) => {

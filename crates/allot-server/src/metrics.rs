@@ -31,9 +31,11 @@
 //! `http_request_duration_seconds` (labels `method`, `route`,
 //! `status`).
 
-use std::collections::BTreeMap;
+use std::cell::RefCell;
+use std::collections::{BTreeMap, HashMap};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use allot_core::pool::PoolView;
 use allot_core::sched::{QueueView, SchedStats};
@@ -41,6 +43,7 @@ use allot_core::{NamespaceView, Resources};
 use allot_store::{for_each_page, CommitStats, Store, StoreError};
 use axum::extract::{MatchedPath, Request, State};
 use axum::http::header::CONTENT_TYPE;
+use axum::http::Method;
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 use prometheus_client::collector::Collector;
@@ -147,6 +150,8 @@ fn selected(patterns: &[String], name: &str) -> bool {
 /// The daemon's metrics.
 #[derive(Debug)]
 pub struct Metrics {
+    /// Tells these metrics apart in the threads' caches of request histograms.
+    id: u64,
     config: MetricsConfig,
     registry: Registry,
     requests: Family<RequestLabels, Histogram>,
@@ -533,7 +538,37 @@ impl Metrics {
         );
         let snapshot = Arc::new(Mutex::new(Snapshot::default()));
         registry.register_collector(Box::new(StoreCollector { snapshot: snapshot.clone() }));
-        Metrics { config, registry, requests, snapshot }
+        static NEXT_ID: AtomicU64 = AtomicU64::new(0);
+        let id = NEXT_ID.fetch_add(1, Ordering::Relaxed);
+        Metrics { id, config, registry, requests, snapshot }
+    }
+
+    /// Times a request into `allot_http_request_duration_seconds`. The histogram is looked up
+    /// once per thread, route, method and status; after that, without a lock or an allocation.
+    fn observe_request(&self, method: &Method, route: &str, status: u16, took: Duration) {
+        thread_local! {
+            /// This thread's handles on request histograms: by metrics, then route, then method
+            /// and status.
+            static HISTOGRAMS: RefCell<HashMap<u64, HashMap<Box<str>, Vec<(Method, u16, Histogram)>>>> =
+                RefCell::new(HashMap::new());
+        }
+        HISTOGRAMS.with_borrow_mut(|histograms| {
+            let by_route = histograms.entry(self.id).or_default();
+            if !by_route.contains_key(route) {
+                by_route.insert(route.into(), Vec::new());
+            }
+            let kinds = by_route.get_mut(route).expect("inserted above");
+            let histogram = match kinds.iter().find(|(m, s, _)| m == method && *s == status) {
+                Some((_, _, histogram)) => histogram,
+                None => {
+                    let labels = RequestLabels { method: method.to_string(), route: route.to_owned(), status };
+                    let histogram = self.requests.get_or_create(&labels).clone();
+                    kinds.push((method.clone(), status, histogram));
+                    &kinds.last().expect("pushed above").2
+                }
+            };
+            histogram.observe(took.as_secs_f64());
+        });
     }
 }
 
@@ -762,14 +797,11 @@ pub(crate) async fn scrape(State(state): State<AppState>) -> Result<Response, Ap
 /// Middleware: times every request into `allot_http_request_duration_seconds`.
 pub(crate) async fn track(State(state): State<AppState>, request: Request, next: Next) -> Response {
     let started = Instant::now();
-    let method = request.method().as_str().to_owned();
-    let route = match request.extensions().get::<MatchedPath>() {
-        Some(path) => path.as_str().to_owned(),
-        None => "unmatched".to_owned(),
-    };
+    let method = request.method().clone();
+    let route = request.extensions().get::<MatchedPath>().cloned();
     let response = next.run(request).await;
-    let labels = RequestLabels { method, route, status: response.status().as_u16() };
-    state.metrics.requests.get_or_create(&labels).observe(started.elapsed().as_secs_f64());
+    let route = route.as_ref().map_or("unmatched", MatchedPath::as_str);
+    state.metrics.observe_request(&method, route, response.status().as_u16(), started.elapsed());
     response
 }
 

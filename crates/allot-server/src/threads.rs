@@ -8,7 +8,7 @@
 //! with the clients the disk level served about a quarter more pairs/s at 64 clients. The cost: a
 //! connection waits while its thread waits for a CPU (docs/benchmarks.md).
 //!
-//! Invariants: the router is the same on every thread (handlers share the store through
+//! Invariants: every thread has a router of its own, alike (handlers share the store through
 //! `AppState`); a connection handed to a thread never moves; on shutdown the acceptor stops first,
 //! then every thread stops accepting, lets its connections finish their requests and ends.
 
@@ -21,12 +21,12 @@ use axum::Router;
 use tokio::net::TcpStream;
 use tokio::sync::{mpsc, watch};
 
-/// Serves `router` on `threads` serving threads (at least one is started) with the connections
-/// `listener` accepts, until `shutdown` completes; then shuts down gracefully and returns once
-/// every thread has ended.
+/// Serves, on `threads` serving threads (at least one is started), each with the router that
+/// `router` makes for it, the connections `listener` accepts, until `shutdown` completes; then
+/// shuts down gracefully and returns once every thread has ended.
 pub(crate) async fn serve<L>(
     mut listener: L,
-    router: Router,
+    router: impl Fn() -> Router,
     threads: usize,
     shutdown: impl Future<Output = ()>,
 ) -> io::Result<()>
@@ -41,7 +41,7 @@ where
     for index in 0..threads {
         let (tx, rx) = mpsc::unbounded_channel();
         let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
-        let router = router.clone();
+        let router = router();
         let mut stop = stop_rx.clone();
         let join = std::thread::Builder::new().name(format!("allot-serve-{index}")).spawn(move || {
             runtime.block_on(async move {

@@ -91,11 +91,13 @@ fn steps(outcome: &Outcome) -> (Vec<Step>, Vec<Step>) {
     }
     for change in &outcome.ledger.changes {
         match change {
-            Change::Grant(grant) if grant.token.as_str() != OTHERS => makes.push(Step::Take {
-                namespace: grant.namespace.to_string(),
-                token: grant.token.to_string(),
-                units: grant.units,
-            }),
+            Change::Grant(grant) | Change::GrantAdded(grant) if grant.token.as_str() != OTHERS => {
+                makes.push(Step::Take {
+                    namespace: grant.namespace.to_string(),
+                    token: grant.token.to_string(),
+                    units: grant.units,
+                })
+            }
             Change::GrantRemoved { namespace, token } if token.as_str() != OTHERS => {
                 ends.push(Step::Drop { namespace: namespace.to_string(), token: token.to_string() })
             }

@@ -5,6 +5,7 @@
 //! Applying the same ops twice leaves the same tables: replaying a log whose records were already
 //! checkpointed is harmless.
 
+use std::collections::hash_map::Entry;
 use std::collections::HashMap;
 
 use redb::{ReadableTable, WriteTransaction};
@@ -53,6 +54,10 @@ pub(crate) enum Op {
     /// Removes every record whose key starts with `first`: a removed namespace's grants, a
     /// removed pool's allocs, a removed application's tasks.
     RemoveUnder(Table, String),
+    /// Inserts a record whose key holds none (a new grant): as [`Op::Put`] in the database, but
+    /// a removal of it within the same checkpoint cancels both. (Last in the enum: the logged
+    /// variants keep their numbers.)
+    Create(Table, Key, Vec<u8>),
 }
 
 impl Op {
@@ -120,7 +125,7 @@ impl<'txn> Tables<'txn> {
     pub(crate) fn apply(&mut self, op: &Op) -> Result<(), ApplyError> {
         let shape = || ApplyError::Shape(format!("{op:?}"));
         match op {
-            Op::Put(table, key, value) => {
+            Op::Put(table, key, value) | Op::Create(table, key, value) => {
                 let value = value.as_slice();
                 match (table, key) {
                     (Table::Namespaces, Key::Name(k)) => self.namespaces.insert(k.as_str(), value).map(drop),
@@ -175,23 +180,37 @@ impl<'txn> Tables<'txn> {
 
 /// The net effect of a run of ops, for writing fewer: the last write of each record, and the
 /// removals by prefix, which [`Net::ops`] puts first (a write of a record under a prefix is kept
-/// only if it came after the prefix's last removal). A grant put and released within one
-/// checkpoint comes down to one removal.
+/// only if it came after the prefix's last removal). A grant created and released within one
+/// checkpoint comes to nothing: its key held no record before the run, and holds none after.
 #[derive(Debug, Default)]
 pub(crate) struct Net {
     under: Vec<(Table, String)>,
-    last: HashMap<(Table, Key), Option<Vec<u8>>>,
+    last: HashMap<(Table, Key), Last>,
+}
+
+/// The last write of a record in the run, and whether the run created it.
+#[derive(Debug)]
+struct Last {
+    value: Option<Vec<u8>>,
+    /// The record's first op in the run was an [`Op::Create`]: the database holds no record of
+    /// the key from before the run.
+    created: bool,
 }
 
 impl Net {
     pub(crate) fn add(&mut self, op: Op) {
         match op {
-            Op::Put(table, key, value) => {
-                self.last.insert((table, key), Some(value));
-            }
-            Op::Remove(table, key) => {
-                self.last.insert((table, key), None);
-            }
+            Op::Put(table, key, value) => self.write(table, key, value, false),
+            Op::Create(table, key, value) => self.write(table, key, value, true),
+            Op::Remove(table, key) => match self.last.entry((table, key)) {
+                Entry::Occupied(entry) if entry.get().created => {
+                    entry.remove();
+                }
+                Entry::Occupied(mut entry) => entry.get_mut().value = None,
+                Entry::Vacant(entry) => {
+                    entry.insert(Last { value: None, created: false });
+                }
+            },
             Op::RemoveUnder(table, first) => {
                 self.last.retain(|(t, key), _| !(*t == table && key.first() == Some(first.as_str())));
                 if !self.under.contains(&(table, first.clone())) {
@@ -201,10 +220,19 @@ impl Net {
         }
     }
 
+    fn write(&mut self, table: Table, key: Key, value: Vec<u8>, created: bool) {
+        match self.last.entry((table, key)) {
+            Entry::Occupied(mut entry) => entry.get_mut().value = Some(value),
+            Entry::Vacant(entry) => {
+                entry.insert(Last { value: Some(value), created });
+            }
+        }
+    }
+
     /// Ops with the same effect as everything added, in an order that keeps it.
     pub(crate) fn ops(self) -> impl Iterator<Item = Op> {
         let under = self.under.into_iter().map(|(table, first)| Op::RemoveUnder(table, first));
-        let last = self.last.into_iter().map(|((table, key), value)| match value {
+        let last = self.last.into_iter().map(|((table, key), last)| match last.value {
             Some(value) => Op::Put(table, key, value),
             None => Op::Remove(table, key),
         });
@@ -288,17 +316,35 @@ mod tests {
             let before: Vec<Op> = (0..rng.gen_range(0..6))
                 .map(|i| Op::put(Table::Grants, Op::pair(&names[i % 2], &format!("t{i}")), vec![i as u8]))
                 .collect();
+            // The grants that exist, as the ledger knows them: a new one is created, an
+            // existing one put again (a renewed lease).
+            let mut present: std::collections::HashSet<(String, String)> = before
+                .iter()
+                .filter_map(|op| match op {
+                    Op::Put(_, Key::Pair(a, b), _) => Some((a.clone(), b.clone())),
+                    _ => None,
+                })
+                .collect();
             write(&one_by_one, before.clone());
             write(&net_db, before);
             let ops: Vec<Op> = (0..rng.gen_range(1..30))
                 .map(|_| {
                     let namespace = names[rng.gen_range(0..2)].as_str();
-                    let key = Op::pair(namespace, &format!("t{}", rng.gen_range(0..6)));
+                    let token = format!("t{}", rng.gen_range(0..6));
+                    let key = Op::pair(namespace, &token);
+                    let pair = (namespace.to_owned(), token);
                     match rng.gen_range(0..10) {
+                        0..=4 if present.insert(pair.clone()) => Op::Create(Table::Grants, key, vec![rng.gen()]),
                         0..=4 => Op::put(Table::Grants, key, vec![rng.gen()]),
-                        5..=7 => Op::Remove(Table::Grants, key),
+                        5..=7 => {
+                            present.remove(&pair);
+                            Op::Remove(Table::Grants, key)
+                        }
                         8 => Op::put(Table::Namespaces, Op::name(namespace), vec![rng.gen()]),
-                        _ => Op::RemoveUnder(Table::Grants, namespace.to_owned()),
+                        _ => {
+                            present.retain(|(a, _)| a != namespace);
+                            Op::RemoveUnder(Table::Grants, namespace.to_owned())
+                        }
                     }
                 })
                 .collect();
@@ -308,5 +354,21 @@ mod tests {
             write(&net_db, net.ops());
             assert_eq!(contents(&one_by_one), contents(&net_db), "round {round}: {ops:?}");
         }
+    }
+
+    #[test]
+    fn a_grant_created_and_removed_in_one_run_writes_nothing() {
+        let mut net = Net::default();
+        let key = || Op::pair("hive", "t1");
+        net.add(Op::Create(Table::Grants, key(), vec![1]));
+        net.add(Op::put(Table::Grants, key(), vec![2]));
+        net.add(Op::Remove(Table::Grants, key()));
+        assert_eq!(net.ops().count(), 0);
+
+        // A record that may exist from before the run is still removed.
+        let mut net = Net::default();
+        net.add(Op::put(Table::Grants, key(), vec![2]));
+        net.add(Op::Remove(Table::Grants, key()));
+        assert_eq!(net.ops().collect::<Vec<_>>(), vec![Op::Remove(Table::Grants, key())]);
     }
 }

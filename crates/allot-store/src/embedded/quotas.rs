@@ -34,6 +34,10 @@ pub(super) fn ops<'a>(changes: impl Iterator<Item = &'a Change>, out: &mut Vec<O
                 let key = Op::pair(grant.namespace.as_str(), grant.token.as_str());
                 out.push(Op::put(Table::Grants, key, encode(&GrantRecord::from_grant(grant))));
             }
+            Change::GrantAdded(grant) => {
+                let key = Op::pair(grant.namespace.as_str(), grant.token.as_str());
+                out.push(Op::Create(Table::Grants, key, encode(&GrantRecord::from_grant(grant))));
+            }
             Change::GrantRemoved { namespace, token } => {
                 out.push(Op::Remove(Table::Grants, Op::pair(namespace.as_str(), token.as_str())));
             }
