@@ -147,6 +147,10 @@ fn selected(patterns: &[String], name: &str) -> bool {
     })
 }
 
+/// A thread's handles on the request histograms of one [`Metrics`]: by route, then method and
+/// status.
+type ByRoute = HashMap<Box<str>, Vec<(Method, u16, Histogram)>>;
+
 /// The daemon's metrics.
 #[derive(Debug)]
 pub struct Metrics {
@@ -547,10 +551,8 @@ impl Metrics {
     /// once per thread, route, method and status; after that, without a lock or an allocation.
     fn observe_request(&self, method: &Method, route: &str, status: u16, took: Duration) {
         thread_local! {
-            /// This thread's handles on request histograms: by metrics, then route, then method
-            /// and status.
-            static HISTOGRAMS: RefCell<HashMap<u64, HashMap<Box<str>, Vec<(Method, u16, Histogram)>>>> =
-                RefCell::new(HashMap::new());
+            /// This thread's handles on request histograms, by metrics.
+            static HISTOGRAMS: RefCell<HashMap<u64, ByRoute>> = RefCell::new(HashMap::new());
         }
         HISTOGRAMS.with_borrow_mut(|histograms| {
             let by_route = histograms.entry(self.id).or_default();
