@@ -129,6 +129,9 @@ async fn quotas_grants_and_sessions_over_the_api() {
         "allot_waiters",
         "allot_longest_wait_seconds",
         "allot_http_request_duration_seconds_bucket",
+        // Each request in the series of its method, route and status.
+        "allot_http_request_duration_seconds_count{method=\"DELETE\",route=\"/v1/namespaces/{namespace}/grants/{token}\",status=\"200\"} 2",
+        "allot_http_request_duration_seconds_count{method=\"GET\",route=\"/v1/namespaces/{namespace}/grants/{token}\",status=\"404\"} 1",
         "allot_store_commits_total",
     ] {
         assert!(text.contains(metric), "{metric} missing from\n{text}");
