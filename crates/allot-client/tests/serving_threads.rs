@@ -23,7 +23,8 @@ async fn connections_on_different_threads_share_the_store_and_shut_down_together
         async move {
             let _ = stopped.await;
         },
-        3,
+        // Pinned where the machine has three CPUs or more; on fewer, unpinned.
+        allot_server::ServingThreads { count: 3, pin: true },
     ));
     // Each client has connections of its own; they are handed round-robin to the threads.
     let clients: Vec<Client> = (0..6).map(|_| Client::new(&base).unwrap()).collect();

@@ -21,6 +21,7 @@ pub use page::DEFAULT_PAGE;
 mod pool_routes;
 mod routes;
 mod threads;
+pub use threads::ServingThreads;
 
 use std::future::Future;
 use std::sync::Arc;
@@ -270,19 +271,20 @@ pub async fn run(
     state: AppState,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> std::io::Result<()> {
-    serve(listener, state, Box::pin(shutdown), 0).await
+    serve(listener, state, Box::pin(shutdown), ServingThreads { count: 0, pin: false }).await
 }
 
-/// [`run`], with connections served on `threads` serving threads of their own, each with a
+/// [`run`], with connections served on `threads.count` serving threads of their own, each with a
 /// single-threaded runtime, instead of on the caller's runtime (which still accepts them and runs
-/// the shutdown). 0 serves them on the caller's runtime, as [`run`] does. For a store whose calls
+/// the shutdown), pinned to CPUs of their own if `threads.pin`. A count of 0 serves them on the
+/// caller's runtime, as [`run`] does. For a store whose calls
 /// need no task of the caller's runtime: the embedded store (its log is written by its own
 /// threads), not Redis (its connections are driven by tasks of the runtime that opened them).
 pub async fn run_with_threads(
     listener: TcpListener,
     state: AppState,
     shutdown: impl Future<Output = ()> + Send + 'static,
-    threads: usize,
+    threads: ServingThreads,
 ) -> std::io::Result<()> {
     serve(listener, state, Box::pin(shutdown), threads).await
 }
@@ -293,7 +295,7 @@ async fn serve(
     listener: TcpListener,
     state: AppState,
     shutdown: std::pin::Pin<Box<dyn Future<Output = ()> + Send>>,
-    threads: usize,
+    threads: ServingThreads,
 ) -> std::io::Result<()> {
     let store = state.store.clone();
     let (closing_tx, closing_rx) = tokio::sync::oneshot::channel();
@@ -313,9 +315,9 @@ async fn serve(
             tracing::debug!(error = %err, "cannot set TCP_NODELAY");
         }
     });
-    let served = match threads {
+    let served = match threads.count {
         0 => axum::serve(listener, app(state)).with_graceful_shutdown(graceful).await,
-        threads => threads::serve(listener, || app(state.for_one_thread()), threads, graceful).await,
+        _ => threads::serve(listener, || app(state.for_one_thread()), threads, graceful).await,
     };
     match closing_rx.await {
         Ok(closing) => {

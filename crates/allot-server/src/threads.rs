@@ -21,19 +21,40 @@ use axum::Router;
 use tokio::net::TcpStream;
 use tokio::sync::{mpsc, watch};
 
-/// Serves, on `threads` serving threads (at least one is started), each with the router that
-/// `router` makes for it, the connections `listener` accepts, until `shutdown` completes; then
-/// shuts down gracefully and returns once every thread has ended.
+/// How connections are served: on the caller's runtime, or on serving threads of their own.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ServingThreads {
+    /// How many serving threads; 0 serves on the caller's runtime.
+    pub count: usize,
+    /// Pin each serving thread to a CPU of its own, when there are no more threads than CPUs
+    /// the process may run on. Unpinned, the kernel balances the CPUs by load and may put two
+    /// busy serving threads on one CPU, where they take turns of a scheduler tick (4 ms) while
+    /// the clients run on the other; pinned, each keeps its CPU (docs/benchmarks.md).
+    pub pin: bool,
+}
+
+/// Serves, on `threads.count` serving threads (at least one is started), each with the router
+/// that `router` makes for it, the connections `listener` accepts, until `shutdown` completes;
+/// then shuts down gracefully and returns once every thread has ended.
 pub(crate) async fn serve<L>(
     mut listener: L,
     router: impl Fn() -> Router,
-    threads: usize,
+    threads: ServingThreads,
     shutdown: impl Future<Output = ()>,
 ) -> io::Result<()>
 where
     L: Listener<Io = TcpStream, Addr = SocketAddr>,
 {
-    let threads = threads.max(1);
+    let cpus = if threads.pin { affinity::allowed_cpus() } else { Vec::new() };
+    let pin_to = |index: usize| cpus.get(index).copied().filter(|_| threads.count <= cpus.len());
+    if threads.pin && threads.count > cpus.len() {
+        tracing::info!(
+            threads = threads.count,
+            cpus = cpus.len(),
+            "serving threads not pinned: more threads than CPUs to pin them to"
+        );
+    }
+    let threads = threads.count.max(1);
     let local = listener.local_addr()?;
     let (stop_tx, stop_rx) = watch::channel(false);
     let mut hand_to = Vec::with_capacity(threads);
@@ -43,7 +64,13 @@ where
         let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
         let router = router();
         let mut stop = stop_rx.clone();
+        let cpu = pin_to(index);
         let join = std::thread::Builder::new().name(format!("allot-serve-{index}")).spawn(move || {
+            if let Some(cpu) = cpu {
+                if let Err(err) = affinity::pin_current_thread(cpu) {
+                    tracing::warn!(error = %err, cpu, "cannot pin a serving thread to its CPU; it runs unpinned");
+                }
+            }
             runtime.block_on(async move {
                 let stopped = async move {
                     let _ = stop.wait_for(|stop| *stop).await;
@@ -118,5 +145,65 @@ impl Listener for Handed {
 
     fn local_addr(&self) -> io::Result<SocketAddr> {
         Ok(self.local)
+    }
+}
+
+/// CPU affinity, on Linux; elsewhere nothing is pinned.
+mod affinity {
+    use std::io;
+
+    /// The CPUs the calling thread may run on, in increasing order (empty if unknown).
+    #[cfg(target_os = "linux")]
+    pub(super) fn allowed_cpus() -> Vec<usize> {
+        // SAFETY: a zeroed cpu_set_t is an empty set; sched_getaffinity writes at most its size.
+        let mut set: libc::cpu_set_t = unsafe { std::mem::zeroed() };
+        if unsafe { libc::sched_getaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &mut set) } != 0 {
+            return Vec::new();
+        }
+        // SAFETY: every index is below CPU_SETSIZE, the set's capacity.
+        (0..libc::CPU_SETSIZE as usize).filter(|&cpu| unsafe { libc::CPU_ISSET(cpu, &set) }).collect()
+    }
+
+    /// Lets the calling thread run on `cpu` only.
+    #[cfg(target_os = "linux")]
+    pub(super) fn pin_current_thread(cpu: usize) -> io::Result<()> {
+        // SAFETY: as above; `cpu` comes from `allowed_cpus`, so it is below CPU_SETSIZE.
+        let mut set: libc::cpu_set_t = unsafe { std::mem::zeroed() };
+        unsafe { libc::CPU_SET(cpu, &mut set) };
+        match unsafe { libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &set) } {
+            0 => Ok(()),
+            _ => Err(io::Error::last_os_error()),
+        }
+    }
+
+    #[cfg(not(target_os = "linux"))]
+    pub(super) fn allowed_cpus() -> Vec<usize> {
+        Vec::new()
+    }
+
+    #[cfg(not(target_os = "linux"))]
+    pub(super) fn pin_current_thread(_cpu: usize) -> io::Result<()> {
+        Err(io::Error::new(io::ErrorKind::Unsupported, "pinning threads to CPUs is implemented on Linux only"))
+    }
+}
+
+#[cfg(all(test, target_os = "linux"))]
+mod tests {
+    use super::affinity;
+
+    #[test]
+    fn a_pinned_thread_runs_on_its_cpu_only() {
+        let cpus = affinity::allowed_cpus();
+        assert!(!cpus.is_empty(), "the process may run on some CPU");
+        let last = *cpus.last().unwrap();
+        let seen = std::thread::spawn(move || {
+            affinity::pin_current_thread(last).unwrap();
+            affinity::allowed_cpus()
+        })
+        .join()
+        .unwrap();
+        assert_eq!(seen, vec![last]);
+        // The pin is the spawned thread's, not the process's.
+        assert_eq!(affinity::allowed_cpus(), cpus);
     }
 }

@@ -34,8 +34,8 @@ pub(crate) trait AppManager: Send {
 pub(crate) struct HttpApi {
     listener: Option<tokio::net::TcpListener>,
     state: Option<allot_server::AppState>,
-    /// Serving threads of their own (0: connections are served on the daemon's runtime).
-    serving_threads: usize,
+    /// Serving threads of their own (none: connections are served on the daemon's runtime).
+    serving_threads: allot_server::ServingThreads,
     stop: watch::Sender<bool>,
     server: Option<JoinHandle<std::io::Result<()>>>,
 }
@@ -44,7 +44,7 @@ impl HttpApi {
     pub(crate) fn new(
         listener: tokio::net::TcpListener,
         state: allot_server::AppState,
-        serving_threads: usize,
+        serving_threads: allot_server::ServingThreads,
     ) -> HttpApi {
         HttpApi {
             listener: Some(listener),
