@@ -29,7 +29,8 @@ pub struct ServingThreads {
     /// Pin each serving thread to a CPU of its own, when there are no more threads than CPUs
     /// the process may run on. Unpinned, the kernel balances the CPUs by load and may put two
     /// busy serving threads on one CPU, where they take turns of a scheduler tick (4 ms) while
-    /// the clients run on the other; pinned, each keeps its CPU (docs/benchmarks.md).
+    /// other processes run on the other CPU; pinned, each keeps its CPU, for a shorter tail, but
+    /// shares it with whatever else runs there, for more CPU per request (docs/benchmarks.md).
     pub pin: bool,
 }
 

@@ -3,8 +3,9 @@
 //! the daemon.
 
 use std::path::Path;
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
 
 use redb::backends::FileBackend;
 
@@ -18,6 +19,28 @@ pub struct Faults {
     pub fail_writes: AtomicBool,
     /// Only syncs fail: the data reached the OS but could not be made durable.
     pub fail_syncs: AtomicBool,
+    /// Every sync of the log waits this long before it starts: a slow disk.
+    pub sync_delay: Mutex<Duration>,
+    /// What the log's segments were asked to do, in order.
+    pub log_events: Mutex<Vec<LogEvent>>,
+}
+
+/// One thing a log segment was asked to do (see [`Faults::log_events`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum LogEvent {
+    /// Segment `segment`'s `n`th append (from 1) is written.
+    Append { segment: u64, n: u64 },
+    /// A sync of `segment` starts.
+    SyncStart { segment: u64 },
+    /// A sync of `segment` ended: the segment's first `covers` appends, written before it started,
+    /// are durable.
+    SyncEnd { segment: u64, covers: u64 },
+}
+
+impl Faults {
+    fn record(&self, event: LogEvent) {
+        self.log_events.lock().unwrap_or_else(|poisoned| poisoned.into_inner()).push(event);
+    }
 }
 
 /// A file backend that fails as its [`Faults`] say. Reads always work.
@@ -78,8 +101,10 @@ pub struct FlakyLog {
 }
 
 struct FlakySegment {
+    number: u64,
     inner: Arc<dyn Segment>,
     faults: Arc<Faults>,
+    appends: AtomicU64,
 }
 
 fn full_disk(faults: &Faults) -> std::io::Result<()> {
@@ -92,7 +117,12 @@ fn full_disk(faults: &Faults) -> std::io::Result<()> {
 impl LogFiles for FlakyLog {
     fn create(&self, number: u64, bytes: u64) -> std::io::Result<Arc<dyn Segment>> {
         full_disk(&self.faults)?;
-        Ok(Arc::new(FlakySegment { inner: self.inner.create(number, bytes)?, faults: self.faults.clone() }))
+        Ok(Arc::new(FlakySegment {
+            number,
+            inner: self.inner.create(number, bytes)?,
+            faults: self.faults.clone(),
+            appends: AtomicU64::new(0),
+        }))
     }
 
     fn list(&self) -> std::io::Result<Vec<u64>> {
@@ -111,7 +141,10 @@ impl LogFiles for FlakyLog {
 impl Segment for FlakySegment {
     fn append(&self, offset: u64, bytes: &[u8]) -> std::io::Result<()> {
         full_disk(&self.faults)?;
-        self.inner.append(offset, bytes)
+        self.inner.append(offset, bytes)?;
+        let n = self.appends.fetch_add(1, Ordering::SeqCst) + 1;
+        self.faults.record(LogEvent::Append { segment: self.number, n });
+        Ok(())
     }
 
     fn sync(&self) -> std::io::Result<()> {
@@ -119,7 +152,15 @@ impl Segment for FlakySegment {
         if self.faults.fail_syncs.load(Ordering::SeqCst) {
             return Err(std::io::Error::other("fsync failed: input/output error"));
         }
-        self.inner.sync()
+        self.faults.record(LogEvent::SyncStart { segment: self.number });
+        let covers = self.appends.load(Ordering::SeqCst);
+        let delay = *self.faults.sync_delay.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+        if !delay.is_zero() {
+            std::thread::sleep(delay);
+        }
+        self.inner.sync()?;
+        self.faults.record(LogEvent::SyncEnd { segment: self.number, covers });
+        Ok(())
     }
 
     fn cut(&self, offset: u64) -> std::io::Result<()> {

@@ -321,3 +321,80 @@ async fn runs_survive_a_restart() {
     assert_eq!(store.runs().await.unwrap(), [(app, task, run)]);
     store.shutdown().await;
 }
+
+/// At the disk level a later log segment is never synced while an earlier one holds appends that
+/// no finished sync covered: a power loss could then keep the later records and lose the earlier
+/// ones, and replay, which ends at a gap in the numbers, would drop acknowledged records. The
+/// append nobody waits for is the daemon clock's, logged on an idle store; then a checkpoint seals
+/// its segment while an allocate is appended to the next one. Syncs are slowed down so that the
+/// sealed segment's sync would overlap the allocate's if the store let them run side by side.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_later_log_segment_is_never_synced_before_an_earlier_one() {
+    use allot_store::fault::LogEvent;
+    use std::collections::BTreeMap;
+
+    let dir = tempfile::tempdir().unwrap();
+    let (store, faults) = open_flaky_store(dir.path()).unwrap();
+    let store = Arc::new(store);
+    store.put_namespace(ns("hive"), 10).await.unwrap();
+    // Idle for over a second: the sweeper logs the daemon clock, and nothing waits for its sync.
+    let unsynced = |events: &[LogEvent]| {
+        let mut appended: BTreeMap<u64, u64> = BTreeMap::new();
+        let mut durable: BTreeMap<u64, u64> = BTreeMap::new();
+        for event in events {
+            match *event {
+                LogEvent::Append { segment, n } => drop(appended.insert(segment, n)),
+                LogEvent::SyncEnd { segment, covers } => {
+                    let count = durable.entry(segment).or_default();
+                    *count = (*count).max(covers);
+                }
+                LogEvent::SyncStart { .. } => {}
+            }
+        }
+        appended.iter().any(|(segment, n)| durable.get(segment).copied().unwrap_or(0) < *n)
+    };
+    let mut waited = Duration::ZERO;
+    while !unsynced(&faults.log_events.lock().unwrap()) {
+        assert!(waited < Duration::from_secs(10), "the idle store never logged its clock");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        waited += Duration::from_millis(50);
+    }
+    *faults.sync_delay.lock().unwrap() = Duration::from_millis(200);
+    let checkpoint = {
+        let store = store.clone();
+        tokio::task::spawn_blocking(move || store.checkpoint_now())
+    };
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    let granted = store.allocate(request("hive", "after-the-seal", LeaseRequest::None), Duration::ZERO).await.unwrap();
+    assert!(matches!(granted, Allocation::Granted { .. }), "{granted:?}");
+    checkpoint.await.unwrap().unwrap();
+
+    let events = faults.log_events.lock().unwrap().clone();
+    let mut appended: BTreeMap<u64, u64> = BTreeMap::new();
+    let mut durable: BTreeMap<u64, u64> = BTreeMap::new();
+    for (at, event) in events.iter().enumerate() {
+        match *event {
+            LogEvent::Append { segment, n } => {
+                let count = appended.entry(segment).or_default();
+                *count = (*count).max(n);
+            }
+            LogEvent::SyncStart { segment } => {
+                for (&earlier, &count) in appended.range(..segment) {
+                    let synced = durable.get(&earlier).copied().unwrap_or(0);
+                    assert!(
+                        synced >= count,
+                        "event {at}: segment {segment} is synced while segment {earlier} has {} of its {count} \
+                         appends not yet durable: {events:?}",
+                        count - synced
+                    );
+                }
+            }
+            LogEvent::SyncEnd { segment, covers } => {
+                let count = durable.entry(segment).or_default();
+                *count = (*count).max(covers);
+            }
+        }
+    }
+    assert!(appended.len() >= 2, "the allocate went to the segment after the sealed one: {events:?}");
+    store.shutdown().await;
+}

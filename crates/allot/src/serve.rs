@@ -141,9 +141,10 @@ pub(crate) struct ServeArgs {
     #[arg(long, env = "ALLOT_THREADS", value_parser = clap::value_parser!(u16).range(1..=1024))]
     pub(crate) threads: Option<u16>,
     /// On the embedded store, pin each thread that serves requests to a CPU of its own (when
-    /// there are no more of them than CPUs this process may use). `false` lets the kernel move
-    /// them, as on a machine where other busy processes share the CPUs.
-    #[arg(long, env = "ALLOT_PIN_THREADS", value_name = "BOOL", default_value_t = true, action = clap::ArgAction::Set)]
+    /// there are no more of them than CPUs this process may use): a shorter tail where other busy
+    /// processes share the CPUs (the kernel cannot stack two serving threads on one CPU), for
+    /// more CPU per request (docs/benchmarks.md).
+    #[arg(long, env = "ALLOT_PIN_THREADS", value_name = "BOOL", default_value_t = false, action = clap::ArgAction::Set)]
     pin_threads: bool,
     /// Watch this directory for application files (`.yaml`, `.yml`, `.toml`, as `allot app
     /// submit` takes): a new file submits its application, a removed one removes it.
@@ -192,7 +193,7 @@ pub(crate) fn worker_threads(args: &ServeArgs) -> usize {
 /// connections from start to end: none on Redis; on the embedded store, one per request thread
 /// (with two on two CPUs shared with the clients, the disk level served about a quarter more
 /// pairs/s at 64 clients than on two workers of one runtime, the process level as many), pinned
-/// to CPUs of their own unless `--pin-threads false` (docs/benchmarks.md).
+/// to CPUs of their own with `--pin-threads true` (docs/benchmarks.md).
 fn serving_threads(args: &ServeArgs) -> allot_server::ServingThreads {
     let count = if on_redis(args) { 0 } else { request_threads(args) };
     allot_server::ServingThreads { count, pin: args.pin_threads }

@@ -551,6 +551,12 @@ impl EmbeddedStore {
         self.lock().pools.set_rules(rules);
     }
 
+    /// Checkpoints now, as the checkpointer does every [`CHECKPOINT_INTERVAL`]: seals the log's
+    /// current segment and writes the sealed ones into the database. Blocks on disk I/O.
+    pub fn checkpoint_now(&self) -> Result<(), StoreError> {
+        checkpoint(&self.shared).map_err(StoreError::Unavailable)
+    }
+
     /// Runs an operation on the state under the lock, queues its changes, and waits until they
     /// are durable. An operation that changed nothing still waits for a commit, so it is never
     /// answered before the changes it saw (an earlier release, say) are on disk.
