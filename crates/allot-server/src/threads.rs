@@ -46,14 +46,15 @@ pub(crate) async fn serve<L>(
 where
     L: Listener<Io = TcpStream, Addr = SocketAddr>,
 {
-    let cpus = if threads.pin { affinity::allowed_cpus() } else { Vec::new() };
-    let pin_to = |index: usize| cpus.get(index).copied().filter(|_| threads.count <= cpus.len());
+    // Thread `i` is pinned to `cpus[i]`; no thread is pinned if there are too few CPUs.
+    let mut cpus = if threads.pin { affinity::allowed_cpus() } else { Vec::new() };
     if threads.pin && threads.count > cpus.len() {
         tracing::info!(
             threads = threads.count,
             cpus = cpus.len(),
             "serving threads not pinned: more threads than CPUs to pin them to"
         );
+        cpus.clear();
     }
     let threads = threads.count.max(1);
     let local = listener.local_addr()?;
@@ -65,7 +66,7 @@ where
         let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
         let router = router();
         let mut stop = stop_rx.clone();
-        let cpu = pin_to(index);
+        let cpu = cpus.get(index).copied();
         let join = std::thread::Builder::new().name(format!("allot-serve-{index}")).spawn(move || {
             if let Some(cpu) = cpu {
                 if let Err(err) = affinity::pin_current_thread(cpu) {

@@ -322,6 +322,33 @@ async fn runs_survive_a_restart() {
     store.shutdown().await;
 }
 
+/// What a log's recorded events say is durable: per segment, how many appends were written and
+/// how many of them a finished sync covered.
+#[derive(Default)]
+struct LogDurability {
+    appended: std::collections::BTreeMap<u64, u64>,
+    durable: std::collections::BTreeMap<u64, u64>,
+}
+
+impl LogDurability {
+    fn see(&mut self, event: allot_store::fault::LogEvent) {
+        use allot_store::fault::LogEvent;
+        let (counts, segment, count) = match event {
+            LogEvent::Append { segment, n } => (&mut self.appended, segment, n),
+            LogEvent::SyncEnd { segment, covers } => (&mut self.durable, segment, covers),
+            LogEvent::SyncStart { .. } => return,
+        };
+        let seen = counts.entry(segment).or_default();
+        *seen = (*seen).max(count);
+    }
+
+    /// How many appends of `segment` are not durable yet.
+    fn unsynced(&self, segment: u64) -> u64 {
+        let appended = self.appended.get(&segment).copied().unwrap_or(0);
+        appended - self.durable.get(&segment).copied().unwrap_or(0).min(appended)
+    }
+}
+
 /// At the disk level a later log segment is never synced while an earlier one holds appends that
 /// no finished sync covered: a power loss could then keep the later records and lose the earlier
 /// ones, and replay, which ends at a gap in the numbers, would drop acknowledged records. The
@@ -331,7 +358,6 @@ async fn runs_survive_a_restart() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_later_log_segment_is_never_synced_before_an_earlier_one() {
     use allot_store::fault::LogEvent;
-    use std::collections::BTreeMap;
 
     let dir = tempfile::tempdir().unwrap();
     let (store, faults) = open_flaky_store(dir.path()).unwrap();
@@ -339,19 +365,9 @@ async fn a_later_log_segment_is_never_synced_before_an_earlier_one() {
     store.put_namespace(ns("hive"), 10).await.unwrap();
     // Idle for over a second: the sweeper logs the daemon clock, and nothing waits for its sync.
     let unsynced = |events: &[LogEvent]| {
-        let mut appended: BTreeMap<u64, u64> = BTreeMap::new();
-        let mut durable: BTreeMap<u64, u64> = BTreeMap::new();
-        for event in events {
-            match *event {
-                LogEvent::Append { segment, n } => drop(appended.insert(segment, n)),
-                LogEvent::SyncEnd { segment, covers } => {
-                    let count = durable.entry(segment).or_default();
-                    *count = (*count).max(covers);
-                }
-                LogEvent::SyncStart { .. } => {}
-            }
-        }
-        appended.iter().any(|(segment, n)| durable.get(segment).copied().unwrap_or(0) < *n)
+        let mut log = LogDurability::default();
+        events.iter().for_each(|event| log.see(*event));
+        log.appended.keys().any(|segment| log.unsynced(*segment) > 0)
     };
     let mut waited = Duration::ZERO;
     while !unsynced(&faults.log_events.lock().unwrap()) {
@@ -370,31 +386,21 @@ async fn a_later_log_segment_is_never_synced_before_an_earlier_one() {
     checkpoint.await.unwrap().unwrap();
 
     let events = faults.log_events.lock().unwrap().clone();
-    let mut appended: BTreeMap<u64, u64> = BTreeMap::new();
-    let mut durable: BTreeMap<u64, u64> = BTreeMap::new();
+    let mut log = LogDurability::default();
     for (at, event) in events.iter().enumerate() {
-        match *event {
-            LogEvent::Append { segment, n } => {
-                let count = appended.entry(segment).or_default();
-                *count = (*count).max(n);
-            }
-            LogEvent::SyncStart { segment } => {
-                for (&earlier, &count) in appended.range(..segment) {
-                    let synced = durable.get(&earlier).copied().unwrap_or(0);
-                    assert!(
-                        synced >= count,
-                        "event {at}: segment {segment} is synced while segment {earlier} has {} of its {count} \
-                         appends not yet durable: {events:?}",
-                        count - synced
-                    );
-                }
-            }
-            LogEvent::SyncEnd { segment, covers } => {
-                let count = durable.entry(segment).or_default();
-                *count = (*count).max(covers);
+        if let LogEvent::SyncStart { segment } = *event {
+            for &earlier in log.appended.keys().filter(|earlier| **earlier < segment) {
+                let unsynced = log.unsynced(earlier);
+                assert!(
+                    unsynced == 0,
+                    "event {at}: segment {segment} is synced while segment {earlier} has {unsynced} of its {} \
+                     appends not yet durable: {events:?}",
+                    log.appended[&earlier]
+                );
             }
         }
+        log.see(*event);
     }
-    assert!(appended.len() >= 2, "the allocate went to the segment after the sealed one: {events:?}");
+    assert!(log.appended.len() >= 2, "the allocate went to the segment after the sealed one: {events:?}");
     store.shutdown().await;
 }
