@@ -8,6 +8,7 @@
 //!
 //! Architecture invariant: this crate and `allot-api` are the only ones that know HTTP and JSON.
 
+pub mod affinity;
 mod app_convert;
 mod app_routes;
 mod convert;

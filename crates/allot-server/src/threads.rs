@@ -21,6 +21,8 @@ use axum::Router;
 use tokio::net::TcpStream;
 use tokio::sync::{mpsc, watch};
 
+use crate::affinity;
+
 /// How connections are served: on the caller's runtime, or on serving threads of their own.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct ServingThreads {
@@ -147,65 +149,5 @@ impl Listener for Handed {
 
     fn local_addr(&self) -> io::Result<SocketAddr> {
         Ok(self.local)
-    }
-}
-
-/// CPU affinity, on Linux; elsewhere nothing is pinned.
-mod affinity {
-    use std::io;
-
-    /// The CPUs the calling thread may run on, in increasing order (empty if unknown).
-    #[cfg(target_os = "linux")]
-    pub(super) fn allowed_cpus() -> Vec<usize> {
-        // SAFETY: a zeroed cpu_set_t is an empty set; sched_getaffinity writes at most its size.
-        let mut set: libc::cpu_set_t = unsafe { std::mem::zeroed() };
-        if unsafe { libc::sched_getaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &mut set) } != 0 {
-            return Vec::new();
-        }
-        // SAFETY: every index is below CPU_SETSIZE, the set's capacity.
-        (0..libc::CPU_SETSIZE as usize).filter(|&cpu| unsafe { libc::CPU_ISSET(cpu, &set) }).collect()
-    }
-
-    /// Lets the calling thread run on `cpu` only.
-    #[cfg(target_os = "linux")]
-    pub(super) fn pin_current_thread(cpu: usize) -> io::Result<()> {
-        // SAFETY: as above; `cpu` comes from `allowed_cpus`, so it is below CPU_SETSIZE.
-        let mut set: libc::cpu_set_t = unsafe { std::mem::zeroed() };
-        unsafe { libc::CPU_SET(cpu, &mut set) };
-        match unsafe { libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &set) } {
-            0 => Ok(()),
-            _ => Err(io::Error::last_os_error()),
-        }
-    }
-
-    #[cfg(not(target_os = "linux"))]
-    pub(super) fn allowed_cpus() -> Vec<usize> {
-        Vec::new()
-    }
-
-    #[cfg(not(target_os = "linux"))]
-    pub(super) fn pin_current_thread(_cpu: usize) -> io::Result<()> {
-        Err(io::Error::new(io::ErrorKind::Unsupported, "pinning threads to CPUs is implemented on Linux only"))
-    }
-}
-
-#[cfg(all(test, target_os = "linux"))]
-mod tests {
-    use super::affinity;
-
-    #[test]
-    fn a_pinned_thread_runs_on_its_cpu_only() {
-        let cpus = affinity::allowed_cpus();
-        assert!(!cpus.is_empty(), "the process may run on some CPU");
-        let last = *cpus.last().unwrap();
-        let seen = std::thread::spawn(move || {
-            affinity::pin_current_thread(last).unwrap();
-            affinity::allowed_cpus()
-        })
-        .join()
-        .unwrap();
-        assert_eq!(seen, vec![last]);
-        // The pin is the spawned thread's, not the process's.
-        assert_eq!(affinity::allowed_cpus(), cpus);
     }
 }

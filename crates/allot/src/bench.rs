@@ -202,6 +202,12 @@ struct CompareArgs {
     /// /dev/shm takes the disk out of the measurement. Default: the system's temporary directory.
     #[arg(long)]
     tmp_dir: Option<std::path::PathBuf>,
+    /// Run the servers on the first half of the CPUs this process may use and the load generator
+    /// on the other half, as `taskset` would (each server then sizes its threads for its half).
+    /// Without it the kernel places them, and where it puts the threads moves the results from
+    /// run to run when the clients share the machine. Needs at least 2 CPUs.
+    #[arg(long)]
+    pin: bool,
     #[command(flatten)]
     load: LoadOpts,
     #[command(flatten)]

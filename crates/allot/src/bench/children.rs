@@ -90,18 +90,33 @@ pub(super) async fn spawn_daemon_with(scratch: &Scratch, more: &[std::ffi::OsStr
         scratch.join("allot-data").into(),
     ];
     serve.extend(more.iter().cloned());
-    spawn_listening("allot", &exe, &serve, scratch.join("allot.log")).await
+    spawn_listening("allot", &exe, &serve, scratch.join("allot.log"), None).await
 }
 
-/// Starts `program args` and waits for its `allot listening on http://...` line on stdout.
+/// Lets the process `command` starts run on `cpus` only, when given (its threads inherit that).
+fn restrict<'c>(command: &'c mut Command, cpus: Option<&[usize]>) -> &'c mut Command {
+    if let Some(cpus) = cpus {
+        let cpus = cpus.to_vec();
+        // SAFETY: the closure runs in the child between fork and exec; it allocates nothing and
+        // makes one system call.
+        unsafe {
+            command.pre_exec(move || allot_server::affinity::restrict_thread(0, &cpus));
+        }
+    }
+    command
+}
+
+/// Starts `program args` (on `cpus` only, when given) and waits for its `allot listening on
+/// http://...` line on stdout.
 pub(super) async fn spawn_listening(
     name: &str,
     program: &Path,
     args: &[OsString],
     log: PathBuf,
+    cpus: Option<&[usize]>,
 ) -> anyhow::Result<Server> {
     let log_file = std::fs::File::create(&log).with_context(|| format!("cannot create {}", log.display()))?;
-    let mut child = Command::new(program)
+    let mut child = restrict(&mut Command::new(program), cpus)
         .args(args)
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
@@ -150,13 +165,13 @@ pub(super) fn find_program(name: &str) -> Option<PathBuf> {
 
 /// Starts a one-member etcd on free ports, its data in `scratch` (fsync on every commit, as etcd
 /// always does), and waits until its JSON gateway answers.
-pub(super) async fn spawn_etcd(program: &Path, scratch: &Scratch) -> anyhow::Result<Server> {
+pub(super) async fn spawn_etcd(program: &Path, scratch: &Scratch, cpus: Option<&[usize]>) -> anyhow::Result<Server> {
     let free = || -> anyhow::Result<u16> { Ok(std::net::TcpListener::bind("127.0.0.1:0")?.local_addr()?.port()) };
     let (client, peer) = (free()?, free()?);
     let client_url = format!("http://127.0.0.1:{client}");
     let peer_url = format!("http://127.0.0.1:{peer}");
     let log = scratch.join("etcd.log");
-    let mut child = Command::new(program)
+    let mut child = restrict(&mut Command::new(program), cpus)
         .arg("--data-dir")
         .arg(scratch.join("etcd-data"))
         .args(["--listen-client-urls", &client_url, "--advertise-client-urls", &client_url])
@@ -196,6 +211,7 @@ pub(super) async fn spawn_throttle(
     scratch: &Scratch,
     semaphore: &str,
     count: u64,
+    cpus: Option<&[usize]>,
 ) -> anyhow::Result<Server> {
     let config = scratch.join("throttle.toml");
     std::fs::write(&config, format!("[semaphores]\n\"{semaphore}\" = {count}\n"))?;
@@ -203,7 +219,7 @@ pub(super) async fn spawn_throttle(
     let port = std::net::TcpListener::bind("127.0.0.1:0")?.local_addr()?.port();
     let log = scratch.join("throttle.log");
     let log_file = std::fs::File::create(&log)?;
-    let mut child = Command::new(program)
+    let mut child = restrict(&mut Command::new(program), cpus)
         .args(["--address", "127.0.0.1", "--port", &port.to_string(), "--configuration"])
         .arg(&config)
         .env("THROTTLE_LOG", "WARN")

@@ -41,6 +41,31 @@ struct CompareOutput {
     checks: Vec<Check>,
     /// Targets that could not be measured, and why.
     skipped: Vec<String>,
+    /// The CPUs of the servers and of the load generator, with `--pin`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    placement: Option<Placement>,
+}
+
+/// Which CPUs the servers and the load generator run on (`--pin`).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+struct Placement {
+    servers: Vec<usize>,
+    load: Vec<usize>,
+    /// What the kernel says each process may run on (`Cpus_allowed_list` of `/proc/<pid>/status`),
+    /// by server name, and `load` for this process: how the pinning came out.
+    #[serde(skip_serializing_if = "std::collections::BTreeMap::is_empty")]
+    allowed: std::collections::BTreeMap<String, String>,
+}
+
+impl Placement {
+    /// The first half of `cpus` (rounded down) for the servers, the rest for the load generator;
+    /// `None` with fewer than 2 CPUs.
+    fn split(cpus: &[usize]) -> Option<Placement> {
+        (cpus.len() >= 2).then(|| {
+            let (servers, load) = cpus.split_at(cpus.len() / 2);
+            Placement { servers: servers.to_vec(), load: load.to_vec(), allowed: Default::default() }
+        })
+    }
 }
 
 /// Runs `allot bench compare`.
@@ -55,6 +80,16 @@ pub(super) async fn run(args: CompareArgs) -> anyhow::Result<()> {
     let namespace = args.load.namespace.clone();
     let scratch = Scratch::new(args.tmp_dir.as_deref())?;
     let exe = std::env::current_exe()?;
+    let placement = if args.pin {
+        let cpus = allot_server::affinity::allowed_cpus();
+        let Some(placement) = Placement::split(&cpus) else {
+            bail!("--pin needs at least 2 CPUs to split between the servers and the load generator; this process may use {}", cpus.len());
+        };
+        Some(placement)
+    } else {
+        None
+    };
+    let server_cpus = placement.as_ref().map(|p| p.servers.as_slice());
     let mut skipped = Vec::new();
     let mut servers: Vec<Server> = Vec::new();
     let mut targets: Vec<Target> = Vec::new();
@@ -73,7 +108,8 @@ pub(super) async fn run(args: CompareArgs) -> anyhow::Result<()> {
         (PROCESS, serve("process")),
     ];
     for (name, child_args) in spawns {
-        let started = children::spawn_listening(name, &exe, &child_args, scratch.join(&format!("{name}.log"))).await;
+        let started =
+            children::spawn_listening(name, &exe, &child_args, scratch.join(&format!("{name}.log")), server_cpus).await;
         let server = match started {
             Ok(server) => server,
             Err(err) => {
@@ -94,7 +130,7 @@ pub(super) async fn run(args: CompareArgs) -> anyhow::Result<()> {
                 &mut skipped,
                 "throttle: not installed (`cargo install throttle-server`, or pass --throttle PATH)".to_owned(),
             ),
-            Some(program) => match children::spawn_throttle(&program, &scratch, &namespace, quota).await {
+            Some(program) => match children::spawn_throttle(&program, &scratch, &namespace, quota, server_cpus).await {
                 Ok(server) => {
                     targets
                         .push(Target::throttle("throttle", server.endpoint.clone(), &namespace).with_pid(server.pid()));
@@ -110,13 +146,33 @@ pub(super) async fn run(args: CompareArgs) -> anyhow::Result<()> {
                 &mut skipped,
                 "etcd: not installed (`apt-get install etcd-server`, or pass --etcd PATH)".to_owned(),
             ),
-            Some(program) => match children::spawn_etcd(&program, &scratch).await {
+            Some(program) => match children::spawn_etcd(&program, &scratch, server_cpus).await {
                 Ok(server) => {
                     targets.push(Target::etcd("etcd", server.endpoint.clone(), &namespace).with_pid(server.pid()));
                     servers.push(server);
                 }
                 Err(err) => skip(&mut skipped, format!("{err:#}")),
             },
+        }
+    }
+
+    let mut placement = placement;
+    if let Some(placement) = &mut placement {
+        // Every thread of this process is the load generator's (the children keep their CPUs).
+        allot_server::affinity::restrict_process(&placement.load).map_err(|err| {
+            anyhow::anyhow!("--pin: cannot move the load generator to CPUs {:?}: {err}", placement.load)
+        })?;
+        let pids = servers.iter().map(|server| (server.name.clone(), server.pid()));
+        for (name, pid) in pids.chain([("load".to_owned(), Some(std::process::id()))]) {
+            if let Some(cpus) = pid.and_then(allowed_cpus_of) {
+                placement.allowed.insert(name, cpus);
+            }
+        }
+        if !args.output.json {
+            eprintln!(
+                "pinned: the servers on CPUs {:?}, the load generator on CPUs {:?}",
+                placement.servers, placement.load
+            );
         }
     }
 
@@ -130,11 +186,12 @@ pub(super) async fn run(args: CompareArgs) -> anyhow::Result<()> {
                     Ok(result) => {
                         if !args.output.json {
                             eprintln!(
-                                "round {round}: {} × {clients}: {:.0} pairs/s, p99 {:.3} ms, {} µs CPU/pair",
+                                "round {round}: {} × {clients}: {:.0} pairs/s, p99 {:.3} ms, {} µs CPU/pair, steal {}",
                                 target.name,
                                 result.pairs_per_s,
                                 result.request_ms.p99,
                                 result.server_cpu_us_per_pair.map_or_else(|| "-".to_owned(), |c| format!("{c:.1}")),
+                                result.steal_pct.map_or_else(|| "-".to_owned(), |s| format!("{s:.1}%")),
                             );
                         }
                         results.push(result);
@@ -151,7 +208,7 @@ pub(super) async fn run(args: CompareArgs) -> anyhow::Result<()> {
     let summaries = report::summaries(&results);
     let checks = checks(&args.clients, &summaries);
     if args.output.json {
-        let output = CompareOutput { results, summaries, checks: checks.clone(), skipped };
+        let output = CompareOutput { results, summaries, checks: checks.clone(), skipped, placement };
         println!("{}", serde_json::to_string_pretty(&output)?);
     } else {
         println!("medians of {} round(s) of {:?} each", args.rounds, args.duration);
@@ -163,6 +220,13 @@ pub(super) async fn run(args: CompareArgs) -> anyhow::Result<()> {
         bail!("the daemon missed a target");
     }
     Ok(())
+}
+
+/// The CPUs process `pid` may run on, as `/proc/<pid>/status` lists them (`0-1`, `3`); `None`
+/// where that cannot be read.
+fn allowed_cpus_of(pid: u32) -> Option<String> {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+    status.lines().find_map(|line| line.strip_prefix("Cpus_allowed_list:")).map(|list| list.trim().to_owned())
 }
 
 /// Says on stderr that something is not measured, and remembers it for the JSON output.
@@ -224,4 +288,22 @@ fn checks(clients: &[usize], summaries: &[Summary]) -> Vec<Check> {
         }
     }
     checks
+}
+
+#[cfg(test)]
+mod tests {
+    use super::Placement;
+
+    fn placement(servers: &[usize], load: &[usize]) -> Placement {
+        Placement { servers: servers.to_vec(), load: load.to_vec(), allowed: Default::default() }
+    }
+
+    #[test]
+    fn pinning_splits_the_cpus_in_two_halves() {
+        assert_eq!(Placement::split(&[0, 1]), Some(placement(&[0], &[1])));
+        assert_eq!(Placement::split(&[0, 2, 5]), Some(placement(&[0], &[2, 5])));
+        assert_eq!(Placement::split(&[0, 1, 2, 3]), Some(placement(&[0, 1], &[2, 3])));
+        assert_eq!(Placement::split(&[3]), None, "one CPU cannot be split");
+        assert_eq!(Placement::split(&[]), None);
+    }
 }

@@ -171,6 +171,10 @@ pub(super) struct LoadResult {
     /// The server's CPU time over the window, in CPUs (1.0 = one core busy all along).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub(super) server_cpus: Option<f64>,
+    /// The share of the machine's CPU time the hypervisor took away (steal) over the window, in
+    /// percent: a slow spell of a shared VM shows here.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub(super) steal_pct: Option<f64>,
     /// The first error seen, for diagnosis.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub(super) first_error: Option<String>,
@@ -483,14 +487,16 @@ pub(super) async fn run_load(target: &Target, spec: &LoadSpec) -> anyhow::Result
         .map(|(index, client)| tokio::spawn(client_loop(client, index, run.clone(), window, live.clone())))
         .collect();
 
-    // The server's CPU time at the window's start and end.
-    let cpu = target.pid.map(|pid| {
-        tokio::spawn(async move {
-            tokio::time::sleep_until(window.start.into()).await;
-            let start = super::cpu::process_cpu_seconds(pid);
-            tokio::time::sleep_until(window.end.into()).await;
-            start.zip(super::cpu::process_cpu_seconds(pid)).map(|(start, end)| end - start)
-        })
+    // The server's CPU time and the machine's steal at the window's start and end.
+    let server = target.pid;
+    let cpu = tokio::spawn(async move {
+        tokio::time::sleep_until(window.start.into()).await;
+        let start = server.and_then(super::cpu::process_cpu_seconds);
+        let machine = super::cpu::CpuTimes::now();
+        tokio::time::sleep_until(window.end.into()).await;
+        let used = start.zip(server.and_then(super::cpu::process_cpu_seconds)).map(|(start, end)| end - start);
+        let share = machine.zip(super::cpu::CpuTimes::now()).and_then(|(start, end)| start.share_until(&end));
+        (used, share.map(|share| share.steal_pct))
     });
     let bar = progress_bar(spec, &format!("{} × {}", target.name, spec.clients));
     let ticker = tokio::spawn(tick(bar.clone(), began, window, live.clone()));
@@ -503,10 +509,7 @@ pub(super) async fn run_load(target: &Target, spec: &LoadSpec) -> anyhow::Result
 
     let seconds = spec.duration.as_secs_f64();
     let pairs = samples.pair.len() as u64;
-    let server_cpu = match cpu {
-        Some(task) => task.await.ok().flatten(),
-        None => None,
-    };
+    let (server_cpu, steal_pct) = cpu.await.unwrap_or_default();
     let mut requests_ns = samples.allocate.clone();
     requests_ns.extend_from_slice(&samples.release);
     Ok(LoadResult {
@@ -526,6 +529,7 @@ pub(super) async fn run_load(target: &Target, spec: &LoadSpec) -> anyhow::Result
         release_ms: Latency::from_nanos(samples.release),
         server_cpu_us_per_pair: server_cpu.filter(|_| pairs > 0).map(|cpu| cpu * 1e6 / pairs as f64),
         server_cpus: server_cpu.map(|cpu| cpu / seconds),
+        steal_pct,
         first_error: samples.first_error,
     })
 }

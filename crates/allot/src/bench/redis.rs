@@ -125,7 +125,7 @@ pub(super) async fn run(args: RedisBenchArgs) -> anyhow::Result<()> {
     if let Some(threads) = args.daemon_threads {
         serve_args.extend(["--threads".into(), threads.to_string().into()]);
     }
-    let daemon = children::spawn_listening("allot", &exe, &serve_args, scratch.join("allot.log")).await?;
+    let daemon = children::spawn_listening("allot", &exe, &serve_args, scratch.join("allot.log"), None).await?;
     let scoped = ScopedLoad { projects: LOAD_PROJECTS, project_cap: PROJECT_CAP, namespace_cap: NAMESPACE_CAP };
     let target = Target::allot("allot", daemon.endpoint.clone(), namespace.as_str()).with_scopes(scoped);
 

@@ -51,7 +51,7 @@ pub(super) async fn run(args: WakeArgs) -> anyhow::Result<()> {
             let exe = std::env::current_exe()?;
             let data_dir = scratch.join("allot-data").into_os_string();
             let serve_args = ["serve".into(), "--listen".into(), "127.0.0.1:0".into(), "--data-dir".into(), data_dir];
-            Some(children::spawn_listening("allot", &exe, &serve_args, scratch.join("allot.log")).await?)
+            Some(children::spawn_listening("allot", &exe, &serve_args, scratch.join("allot.log"), None).await?)
         }
     };
     let outcome = measure(&args, server.as_ref()).await;

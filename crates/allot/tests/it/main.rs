@@ -2,6 +2,7 @@
 //! talked to through `allot-client`, raw TCP and the CLI.
 
 mod apps;
+mod bench;
 mod cli;
 mod contract;
 mod crash;

@@ -1,0 +1,56 @@
+//! `allot bench compare` against real servers it starts itself (the baseline server and fresh
+//! daemons of this binary).
+
+use std::process::Command;
+
+use crate::support::ALLOT;
+
+/// The CPUs of a kernel CPU list such as `0-2,5`.
+fn cpu_list(list: &str) -> Vec<u64> {
+    list.split(',')
+        .flat_map(|part| match part.split_once('-') {
+            Some((first, last)) => (first.parse().unwrap()..=last.parse().unwrap()).collect::<Vec<u64>>(),
+            None => vec![part.parse().unwrap()],
+        })
+        .collect()
+}
+
+/// With `--pin`, every server runs on the first half of the CPUs and the load generator on the
+/// other half, as the kernel reports their affinity; every round is measured, with its steal time.
+#[test]
+fn bench_compare_pins_the_servers_and_the_load_generator_apart() {
+    let output = Command::new(ALLOT)
+        .args(["bench", "compare", "--pin", "--no-throttle", "--no-etcd", "--clients", "2", "--rounds", "1"])
+        .args(["--duration", "300ms", "--warmup", "100ms", "--json"])
+        .output()
+        .expect("run allot bench compare");
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    if std::thread::available_parallelism().map_or(1, |n| n.get()) < 2 {
+        assert!(!output.status.success() && stderr.contains("--pin needs at least 2 CPUs"), "{stderr}");
+        return;
+    }
+    assert!(output.status.success(), "{stderr}");
+    let report: serde_json::Value = serde_json::from_slice(&output.stdout).expect("JSON report");
+    let placement = &report["placement"];
+    let numbers = |value: &serde_json::Value| -> Vec<u64> {
+        value.as_array().expect("a list of CPUs").iter().map(|cpu| cpu.as_u64().unwrap()).collect()
+    };
+    let (servers, load) = (numbers(&placement["servers"]), numbers(&placement["load"]));
+    assert!(!servers.is_empty() && !load.is_empty(), "{report:#}");
+    assert!(servers.iter().all(|cpu| !load.contains(cpu)), "{report:#}");
+    let allowed = placement["allowed"].as_object().expect("what the kernel allows each process");
+    for name in ["baseline", "allot-disk", "allot-process"] {
+        assert_eq!(cpu_list(allowed[name].as_str().unwrap()), servers, "{name}: {report:#}");
+    }
+    assert_eq!(cpu_list(allowed["load"].as_str().unwrap()), load, "{report:#}");
+
+    let results = report["results"].as_array().expect("results");
+    let targets: Vec<&str> = results.iter().map(|r| r["target"].as_str().unwrap()).collect();
+    assert_eq!(targets, ["baseline", "allot-disk", "allot-process"]);
+    for result in results {
+        assert!(result["pairs_per_s"].as_f64().unwrap() > 0.0, "{result:#}");
+        assert_eq!(result["errors"], 0, "{result:#}");
+        assert!(result["server_cpu_us_per_pair"].as_f64().unwrap() > 0.0, "{result:#}");
+        assert!((0.0..=100.0).contains(&result["steal_pct"].as_f64().unwrap()), "{result:#}");
+    }
+}
