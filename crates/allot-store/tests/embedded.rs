@@ -139,6 +139,54 @@ async fn a_failing_disk_gets_a_clear_error_and_keeps_the_state_whole() {
     store.shutdown().await;
 }
 
+/// A log record as the log frames it: length, checksum, then the record (`seq`, `clock` and a
+/// list of ops, here given already encoded), in postcard's encoding.
+fn framed_record(seq: u8, ops: &[u8]) -> Vec<u8> {
+    // postcard writes integers below 128 as one byte.
+    let mut body = vec![seq, 0];
+    body.extend_from_slice(ops);
+    let mut frame = (body.len() as u32).to_le_bytes().to_vec();
+    frame.extend(crc32fast::hash(&body).to_le_bytes());
+    frame.extend(body);
+    frame
+}
+
+/// A log written by a newer allot (a record whose kind of op this version does not know, whole
+/// and with a good checksum) stops the store from opening, with a clear error, instead of being
+/// taken for a torn tail and dropped with everything after it; nothing is changed on disk.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_log_from_a_newer_version_is_refused_not_dropped() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = open(dir.path());
+    store.put_namespace(ns("hive"), 3).await.unwrap();
+    store.allocate(request("hive", "kept", LeaseRequest::None), Duration::ZERO).await.unwrap();
+    store.shutdown().await;
+    drop(store);
+
+    // A segment after every other: a record with no ops, one with an op of kind 100 (past every
+    // kind this version has), then one more record.
+    let mut segment = framed_record(100, &[0]);
+    segment.extend(framed_record(101, &[1, 100, 0]));
+    segment.extend(framed_record(102, &[0]));
+    segment.resize(4096, 0);
+    let path = dir.path().join("wal").join(format!("{:016x}.wal", u32::MAX));
+    std::fs::write(&path, &segment).unwrap();
+
+    for _ in 0..2 {
+        let err = EmbeddedStore::open(&EmbeddedConfig::new(dir.path().to_owned())).err().expect("must refuse");
+        let message = err.to_string();
+        assert!(message.contains("cannot replay the write-ahead log"), "{message}");
+        assert!(message.contains("cannot read") && message.contains("newer version"), "{message}");
+        assert_eq!(std::fs::read(&path).unwrap(), segment, "the segment is left as it was");
+    }
+    // Without that segment, the store opens with what it held.
+    std::fs::remove_file(&path).unwrap();
+    let store = open(dir.path());
+    let grants = read_all(|page| store.grants(ns("hive"), page)).await.unwrap();
+    assert_eq!(grants.iter().map(|g| g.grant.token.as_str()).collect::<Vec<_>>(), ["kept"]);
+    store.shutdown().await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_read_only_data_directory_is_a_clear_error() {
     let dir = tempfile::tempdir().unwrap();

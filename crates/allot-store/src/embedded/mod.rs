@@ -927,7 +927,16 @@ fn fold_into(db: &Database, files: &dyn LogFiles, numbers: &[u64]) -> Result<(),
             Err(err) if err.kind() == std::io::ErrorKind::NotFound => continue,
             Err(err) => return Err(format!("cannot read log segment {number}: {err}")),
         };
-        let (records, clean) = wal::records(&bytes);
+        let (records, end) = wal::records(&bytes);
+        if let wal::End::Unreadable { offset } = end {
+            // Nothing is written: the database and the log stay as they are for the version
+            // that wrote the record.
+            return Err(format!(
+                "log segment {number} holds a record at byte {offset} that this version of allot cannot read \
+                 (written by a newer version?); refusing to start rather than drop it and what follows: \
+                 start the version that wrote it"
+            ));
+        }
         for record in records {
             if record.seq <= applied {
                 continue;
@@ -948,7 +957,7 @@ fn fold_into(db: &Database, files: &dyn LogFiles, numbers: &[u64]) -> Result<(),
             clock = clock.max(record.clock);
             folded += 1;
         }
-        if !clean {
+        if end == wal::End::Torn {
             tracing::warn!(
                 segment = number,
                 "a log segment ends in a torn record (a crash during an append); it is discarded"

@@ -13,6 +13,8 @@
 //! replayed into the database the same way before anything is loaded: a record whose number the
 //! database already holds is skipped, and replay stops at the first record that is torn or does
 //! not check out (what a crash in the middle of an append leaves), discarding everything after it.
+//! A whole record with a good checksum that does not decode is a newer version's: the open fails
+//! and nothing is discarded.
 
 use std::fs::{File, OpenOptions};
 use std::io;
@@ -64,33 +66,47 @@ impl WalRecord {
     }
 }
 
-/// Reads the records of a segment's bytes, in order, up to the first that is torn or corrupt.
-/// Returns them and whether the bytes ended cleanly.
-pub(crate) fn records(bytes: &[u8]) -> (Vec<WalRecord>, bool) {
+/// How a segment's records end.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum End {
+    /// At the zero header after the last record, or at the end of the bytes.
+    Clean,
+    /// At a record cut short or failing its checksum: what a crash in the middle of an append
+    /// leaves. Nothing from there on was acknowledged at the disk level.
+    Torn,
+    /// At a record whose checksum holds but that this version cannot decode, at byte `offset`:
+    /// written whole by a newer version of allot (a kind of operation this one does not know).
+    /// Dropping it and what follows would lose acknowledged changes.
+    Unreadable { offset: usize },
+}
+
+/// Reads the records of a segment's bytes, in order, up to the first that is torn or that this
+/// version cannot read; returns them and how they end.
+pub(crate) fn records(bytes: &[u8]) -> (Vec<WalRecord>, End) {
     let mut out = Vec::new();
     let mut at = 0;
     while at < bytes.len() {
-        let Some(header) = bytes.get(at..at + HEADER) else { return (out, false) };
+        let Some(header) = bytes.get(at..at + HEADER) else { return (out, End::Torn) };
         let len = u32::from_le_bytes(header[..4].try_into().expect("4 bytes")) as usize;
         let crc = u32::from_le_bytes(header[4..].try_into().expect("4 bytes"));
         if len == 0 && crc == 0 {
             // The zeros a segment is made with: the end of its records.
-            return (out, true);
+            return (out, End::Clean);
         }
         if len > MAX_RECORD {
-            return (out, false);
+            return (out, End::Torn);
         }
-        let Some(body) = bytes.get(at + HEADER..at + HEADER + len) else { return (out, false) };
+        let Some(body) = bytes.get(at + HEADER..at + HEADER + len) else { return (out, End::Torn) };
         if crc32fast::hash(body) != crc {
-            return (out, false);
+            return (out, End::Torn);
         }
         match postcard::from_bytes::<WalRecord>(body) {
             Ok(record) => out.push(record),
-            Err(_) => return (out, false),
+            Err(_) => return (out, End::Unreadable { offset: at }),
         }
         at += HEADER + len;
     }
-    (out, true)
+    (out, End::Clean)
 }
 
 /// A segment being appended to.
@@ -386,29 +402,54 @@ mod tests {
         for seq in 1..=3 {
             bytes.extend(bare(seq));
         }
-        let (read, clean) = records(&bytes);
-        assert!(clean);
+        let (read, end) = records(&bytes);
+        assert_eq!(end, End::Clean);
         assert_eq!(read.iter().map(|r| r.seq).collect::<Vec<_>>(), [1, 2, 3]);
         assert_eq!(read[2].ops, record(3).ops);
         // The trailer of the last frame ends the records cleanly, whatever follows it.
         let mut trailed = bytes.clone();
         trailed.extend([0; TRAILER]);
         trailed.extend(bare(9));
-        assert_eq!(records(&trailed), (read.clone(), true));
+        assert_eq!(records(&trailed), (read.clone(), End::Clean));
         // Every cut inside the last record loses that record only.
         let last = bare(3).len();
         for cut in 1..last {
-            let (read, clean) = records(&bytes[..bytes.len() - cut]);
-            assert!(!clean);
+            let (read, end) = records(&bytes[..bytes.len() - cut]);
+            assert_eq!(end, End::Torn);
             assert_eq!(read.len(), 2, "cut {cut}");
         }
         // A flipped bit in a record stops the replay there.
         let mut flipped = bytes.clone();
         let second = bare(1).len() + HEADER + 1;
         flipped[second] ^= 1;
-        let (read, clean) = records(&flipped);
-        assert!(!clean);
+        let (read, end) = records(&flipped);
+        assert_eq!(end, End::Torn);
         assert_eq!(read.len(), 1);
+    }
+
+    /// A record with a good checksum that does not decode, as a newer version's would.
+    fn from_a_newer_version(seq: u64) -> Vec<u8> {
+        // A record whose one op is of a kind past every kind this version knows.
+        let mut body = postcard::to_stdvec(&(seq, 0u64, 1u8)).unwrap();
+        body.push(100);
+        let mut bytes = (body.len() as u32).to_le_bytes().to_vec();
+        bytes.extend(crc32fast::hash(&body).to_le_bytes());
+        bytes.extend(body);
+        bytes
+    }
+
+    #[test]
+    fn a_whole_record_this_version_cannot_decode_is_not_taken_for_a_torn_one() {
+        let mut bytes = bare(1);
+        let offset = bytes.len();
+        bytes.extend(from_a_newer_version(2));
+        bytes.extend(bare(3));
+        let (read, end) = records(&bytes);
+        assert_eq!(read.iter().map(|r| r.seq).collect::<Vec<_>>(), [1]);
+        assert_eq!(end, End::Unreadable { offset });
+        // Cut short, the same record is torn.
+        let (_, end) = records(&bytes[..offset + 6]);
+        assert_eq!(end, End::Torn);
     }
 
     #[test]
@@ -423,8 +464,8 @@ mod tests {
             }
             std::fs::write(dir.path().join(WAL_DIR).join("notes.txt"), b"not a segment").unwrap();
             assert_eq!(log.list().unwrap(), [1, 3, 17]);
-            let (read, clean) = records(&log.read(17).unwrap());
-            assert!(clean);
+            let (read, end) = records(&log.read(17).unwrap());
+            assert_eq!(end, End::Clean);
             assert_eq!(read[0].seq, 17);
             log.remove(3).unwrap();
             log.remove(3).unwrap();
@@ -432,11 +473,11 @@ mod tests {
             // Segment 3 is reused as 20: what it held before is cut off.
             let reused = log.create(20, 4096).unwrap();
             assert_eq!(log.list().unwrap(), [1, 17, 20]);
-            assert_eq!(records(&log.read(20).unwrap()), (Vec::new(), true));
+            assert_eq!(records(&log.read(20).unwrap()), (Vec::new(), End::Clean));
             reused.append(0, &record(21).frame()).unwrap();
             reused.sync().unwrap();
-            let (read, clean) = records(&log.read(20).unwrap());
-            assert!(clean, "{durability}");
+            let (read, end) = records(&log.read(20).unwrap());
+            assert_eq!(end, End::Clean, "{durability}");
             assert_eq!(read.iter().map(|r| r.seq).collect::<Vec<_>>(), [21]);
         }
     }
@@ -464,8 +505,8 @@ mod tests {
                 len += (frame.len() - TRAILER) as u64;
             }
             segment.sync().unwrap();
-            let (read, clean) = records(&log.read(1).unwrap());
-            assert!(clean, "round {round}");
+            let (read, end) = records(&log.read(1).unwrap());
+            assert_eq!(end, End::Clean, "round {round}");
             assert_eq!(read.len() as u64, seq, "round {round}");
             assert!(read.iter().zip(1..).all(|(record, n)| record.seq == n && record.clock == n));
         }
