@@ -80,7 +80,7 @@ pub(super) async fn run(args: CompareArgs) -> anyhow::Result<()> {
     let namespace = args.load.namespace.clone();
     let scratch = Scratch::new(args.tmp_dir.as_deref())?;
     let exe = std::env::current_exe()?;
-    let placement = if args.pin {
+    let mut placement = if args.pin {
         let cpus = allot_server::affinity::allowed_cpus();
         let Some(placement) = Placement::split(&cpus) else {
             bail!("--pin needs at least 2 CPUs to split between the servers and the load generator; this process may use {}", cpus.len());
@@ -89,7 +89,8 @@ pub(super) async fn run(args: CompareArgs) -> anyhow::Result<()> {
     } else {
         None
     };
-    let server_cpus = placement.as_ref().map(|p| p.servers.as_slice());
+    let server_cpus = placement.as_ref().map(|p| p.servers.clone());
+    let server_cpus = server_cpus.as_deref();
     let mut skipped = Vec::new();
     let mut servers: Vec<Server> = Vec::new();
     let mut targets: Vec<Target> = Vec::new();
@@ -156,7 +157,6 @@ pub(super) async fn run(args: CompareArgs) -> anyhow::Result<()> {
         }
     }
 
-    let mut placement = placement;
     if let Some(placement) = &mut placement {
         // Every thread of this process is the load generator's (the children keep their CPUs).
         allot_server::affinity::restrict_process(&placement.load).map_err(|err| {
