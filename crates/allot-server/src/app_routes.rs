@@ -88,8 +88,8 @@ pub(crate) async fn list_apps(
 #[utoipa::path(post, path = "/v1/apps", tag = "apps", request_body = api::SubmitApp,
     responses((status = 201, body = api::SubmitAppResponse, description = "submitted"), (status = 200, body = api::SubmitAppResponse, description = "already submitted with this content"),
         (status = 400, body = api::ErrorBody, description = "invalid_argument, invalid_queue, invalid_resources or invalid_json"),
-        (status = 404, body = api::ErrorBody, description = "queue_not_found, namespace_not_found or unknown_task_group"),
-        (status = 409, body = api::ErrorBody, description = "app_conflict, task_conflict, task_group_conflict (a group given twice with different content), app_ended, queue_not_a_leaf, gang_never_fits (no pool can ever hold a member), gang_exceeds_queue or larger_than_task_group"),
+        (status = 404, body = api::ErrorBody, description = "queue_not_found"),
+        (status = 409, body = api::ErrorBody, description = "namespace_not_found (a token namespace the application names does not exist), unknown_task_group, app_conflict, task_conflict, task_group_conflict (a group given twice with different content), app_ended, queue_not_a_leaf, gang_never_fits (no pool can ever hold a member), gang_exceeds_queue or larger_than_task_group"),
         (status = 503, body = api::ErrorBody, description = UNAVAILABLE)))]
 pub(crate) async fn submit_app(
     State(state): State<AppState>,
@@ -186,8 +186,8 @@ pub(crate) async fn list_tasks(
     params(("app" = String, Path, description = "the application's id")), request_body = api::AddTask,
     responses((status = 201, body = api::AddTaskResponse, description = "added"), (status = 200, body = api::AddTaskResponse, description = "already added with this content"),
         (status = 400, body = api::ErrorBody, description = "invalid_argument, invalid_resources or invalid_json"),
-        (status = 404, body = api::ErrorBody, description = "app_not_found, namespace_not_found or unknown_task_group"),
-        (status = 409, body = api::ErrorBody, description = "task_conflict, app_ended or larger_than_task_group"), (status = 503, body = api::ErrorBody, description = UNAVAILABLE)))]
+        (status = 404, body = api::ErrorBody, description = "app_not_found"),
+        (status = 409, body = api::ErrorBody, description = "namespace_not_found (a token namespace the task names does not exist), unknown_task_group, task_conflict, app_ended or larger_than_task_group"), (status = 503, body = api::ErrorBody, description = UNAVAILABLE)))]
 pub(crate) async fn add_task(
     State(state): State<AppState>,
     Segments(id): Segments<String>,

@@ -102,13 +102,14 @@ impl From<SchedError> for ApiError {
             SchedError::AppConflict { .. } => (StatusCode::CONFLICT, "app_conflict"),
             SchedError::TaskConflict { .. } => (StatusCode::CONFLICT, "task_conflict"),
             SchedError::AppEnded { .. } => (StatusCode::CONFLICT, "app_ended"),
-            SchedError::UnknownGroup { .. } => (StatusCode::NOT_FOUND, "unknown_task_group"),
+            // What the body names does not exist; the path's application does (so not 404).
+            SchedError::UnknownGroup { .. } => (StatusCode::CONFLICT, "unknown_task_group"),
             // Like two tasks of one id with different content (`task_conflict`).
             SchedError::GroupConflict { .. } => (StatusCode::CONFLICT, "task_group_conflict"),
             SchedError::LargerThanGroup { .. } => (StatusCode::CONFLICT, "larger_than_task_group"),
             SchedError::GroupNeverFits { .. } => (StatusCode::CONFLICT, "gang_never_fits"),
             SchedError::GangExceedsQueue(_) => (StatusCode::CONFLICT, "gang_exceeds_queue"),
-            SchedError::NamespaceNotFound(_) => (StatusCode::NOT_FOUND, "namespace_not_found"),
+            SchedError::NamespaceNotFound(_) => (StatusCode::CONFLICT, "namespace_not_found"),
             SchedError::Illegal(_) => (StatusCode::CONFLICT, "illegal_transition"),
         };
         ApiError::new(status, code, err.to_string())

@@ -781,7 +781,9 @@ async fn bad_applications_get_a_code_and_change_nothing() {
         ),
         (
             r#"{"id": "a", "queue": "root.q", "tasks": [{"id": "t", "resources": "cpu=1", "tokens": [{"namespace": "none", "units": 1}]}]}"#,
-            StatusCode::NOT_FOUND,
+            // The body names what does not exist, not the path: 409, so that a client never
+            // reads it as "the application is gone".
+            StatusCode::CONFLICT,
             "namespace_not_found",
         ),
         (
@@ -810,6 +812,14 @@ async fn bad_applications_get_a_code_and_change_nothing() {
     h.call(Method::POST, "/v1/apps", r#"{"id": "gang", "queue": "root.q", "task_groups": [{"name": "g", "min_members": 1, "min_resources": "cpu=2"}]}"#).await;
     let (status, body) = h.call(Method::POST, "/v1/apps/gang/tasks", larger).await;
     assert_eq!((status, body["error"]["code"].clone()), (StatusCode::CONFLICT, json!("larger_than_task_group")));
+    // A task that names what does not exist, on an application that does: 409, never 404.
+    for (task, code) in [
+        (r#"{"id": "t", "resources": "cpu=1", "tokens": [{"namespace": "none", "units": 1}]}"#, "namespace_not_found"),
+        (r#"{"id": "t", "resources": "cpu=1", "group": "nope"}"#, "unknown_task_group"),
+    ] {
+        let (status, body) = h.call(Method::POST, "/v1/apps/gang/tasks", task).await;
+        assert_eq!((status, body["error"]["code"].clone()), (StatusCode::CONFLICT, json!(code)), "{task}");
+    }
     let (status, body) = h.call(Method::GET, "/v1/apps/nope/tasks/x", "").await;
     assert_eq!((status, body["error"]["code"].clone()), (StatusCode::NOT_FOUND, json!("app_not_found")));
 }
