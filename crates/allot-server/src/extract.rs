@@ -28,20 +28,20 @@ where
                 ApiError::invalid_json(rejection.body_text())
             }
         })?;
-        // JSON's whitespace only (not `is_ascii_whitespace`, which also takes a form feed): a body
-        // of nothing else is an empty object.
-        let text: &[u8] = match bytes.iter().find(|b| !matches!(b, b' ' | b'\t' | b'\n' | b'\r')) {
-            None => b"{}",
-            Some(b'{') => &bytes,
-            Some(_) => {
-                return Err(ApiError::invalid_json("the request body must be a JSON object, e.g. {\"quota\": 10}"))
-            }
-        };
-        match serde_json::from_slice(text) {
-            Ok(value) => Ok(JsonBody(value)),
-            Err(err) => Err(ApiError::invalid_json(format!("the request body is not valid: {err}"))),
-        }
+        json_object(&bytes).map(JsonBody)
     }
+}
+
+/// A request body read as [`JsonBody`] reads it.
+pub(crate) fn json_object<T: DeserializeOwned>(bytes: &[u8]) -> Result<T, ApiError> {
+    // JSON's whitespace only (not `is_ascii_whitespace`, which also takes a form feed): a body of
+    // nothing else is an empty object.
+    let text: &[u8] = match bytes.iter().find(|b| !matches!(b, b' ' | b'\t' | b'\n' | b'\r')) {
+        None => b"{}",
+        Some(b'{') => bytes,
+        Some(_) => return Err(ApiError::invalid_json("the request body must be a JSON object, e.g. {\"quota\": 10}")),
+    };
+    serde_json::from_slice(text).map_err(|err| ApiError::invalid_json(format!("the request body is not valid: {err}")))
 }
 
 /// Path parameters, percent-decoded.

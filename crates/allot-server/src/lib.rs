@@ -16,6 +16,7 @@ mod document;
 mod error;
 mod extract;
 mod forward;
+mod hot;
 mod metrics;
 mod page;
 pub use page::DEFAULT_PAGE;
@@ -32,12 +33,13 @@ use allot_store::{Store, MAX_WAIT};
 use axum::extract::DefaultBodyLimit;
 use axum::routing::{get, post, put};
 use axum::serve::ListenerExt;
-use axum::{Json, Router};
+use axum::{Json, Router, ServiceExt as _};
 use tokio::net::TcpListener;
 use utoipa::OpenApi;
 
 pub use app_routes::submit;
 pub use error::ApiError;
+pub use hot::Api;
 pub use metrics::{Metrics, MetricsConfig};
 
 /// The largest request body: bodies are small JSON objects.
@@ -205,8 +207,13 @@ pub fn openapi(max_wait: Duration) -> serde_json::Value {
     document::with_limits(derived, max_wait)
 }
 
+/// The whole API: the hot path ([`hot`]: allocate and release), then the router.
+pub fn app(state: AppState) -> Api {
+    Api::new(router(state.clone()), state)
+}
+
 /// The router of the whole API.
-pub fn app(state: AppState) -> Router {
+fn router(state: AppState) -> Router {
     let document = Arc::new(openapi(state.max_wait));
     Router::new()
         .route("/healthz", get(routes::healthz))
@@ -318,7 +325,7 @@ async fn serve(
         }
     });
     let served = match threads.count {
-        0 => axum::serve(listener, app(state)).with_graceful_shutdown(graceful).await,
+        0 => axum::serve(listener, app(state).into_make_service()).with_graceful_shutdown(graceful).await,
         _ => threads::serve(listener, || app(state.for_one_thread()), threads, graceful).await,
     };
     match closing_rx.await {

@@ -549,7 +549,7 @@ impl Metrics {
 
     /// Times a request into `allot_http_request_duration_seconds`. The histogram is looked up
     /// once per thread, route, method and status; after that, without a lock or an allocation.
-    fn observe_request(&self, method: &Method, route: &str, status: u16, took: Duration) {
+    pub(crate) fn observe_request(&self, method: &Method, route: &str, status: u16, took: Duration) {
         thread_local! {
             /// This thread's handles on request histograms, by metrics.
             static HISTOGRAMS: RefCell<HashMap<u64, ByRoute>> = RefCell::new(HashMap::new());

@@ -127,7 +127,17 @@ pub(crate) async fn allocate(
     Segments((name, token)): Segments<(String, String)>,
     JsonBody(body): JsonBody<api::Allocate>,
 ) -> Answer<api::AllocateResponse> {
-    let (request, wait) = convert::allocate_request(&name, &token, body, state.max_wait)?;
+    allocate_grant(&state, &name, &token, body).await
+}
+
+/// What [`allocate`] does, once its path and body are read (the hot path calls it too).
+pub(crate) async fn allocate_grant(
+    state: &AppState,
+    name: &str,
+    token: &str,
+    body: api::Allocate,
+) -> Answer<api::AllocateResponse> {
+    let (request, wait) = convert::allocate_request(name, token, body, state.max_wait)?;
     let allocation = state.store.allocate(request, wait).await?;
     Ok(Json(convert::allocation(allocation)))
 }
@@ -137,7 +147,7 @@ pub(crate) async fn allocate(
 #[serde(deny_unknown_fields)]
 pub(crate) struct FencingQuery {
     /// Refuse the release if the grant's fencing number is not this one.
-    fencing: Option<u64>,
+    pub(crate) fencing: Option<u64>,
 }
 
 /// Release: idempotent; says whether anything was released.
@@ -150,10 +160,18 @@ pub(crate) async fn release(
     Segments((name, token)): Segments<(String, String)>,
     QueryArgs(query): QueryArgs<FencingQuery>,
 ) -> Answer<api::ReleaseResponse> {
-    let released = state
-        .store
-        .release(convert::namespace_name(&name)?, convert::token(&token)?, convert::fencing(query.fencing)?)
-        .await?;
+    release_grant(&state, &name, &token, query.fencing).await
+}
+
+/// What [`release`] does, once its path and query are read (the hot path calls it too).
+pub(crate) async fn release_grant(
+    state: &AppState,
+    name: &str,
+    token: &str,
+    fencing: Option<u64>,
+) -> Answer<api::ReleaseResponse> {
+    let released =
+        state.store.release(convert::namespace_name(name)?, convert::token(token)?, convert::fencing(fencing)?).await?;
     Ok(Json(api::ReleaseResponse { released: released.is_some(), grant: released.map(convert::grant) }))
 }
 

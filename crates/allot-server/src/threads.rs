@@ -8,7 +8,7 @@
 //! with the clients the disk level served about a quarter more pairs/s at 64 clients. The cost: a
 //! connection waits while its thread waits for a CPU (docs/benchmarks.md).
 //!
-//! Invariants: every thread has a router of its own, alike (handlers share the store through
+//! Invariants: every thread has an API (router) of its own, alike (handlers share the store through
 //! `AppState`); a connection handed to a thread never moves; on shutdown the acceptor stops first,
 //! then every thread stops accepting, lets its connections finish their requests and ends.
 
@@ -17,11 +17,11 @@ use std::io;
 use std::net::SocketAddr;
 
 use axum::serve::Listener;
-use axum::Router;
+use axum::ServiceExt as _;
 use tokio::net::TcpStream;
 use tokio::sync::{mpsc, watch};
 
-use crate::affinity;
+use crate::{affinity, Api};
 
 /// How connections are served: on the caller's runtime, or on serving threads of their own.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -36,12 +36,12 @@ pub struct ServingThreads {
     pub pin: bool,
 }
 
-/// Serves, on `threads.count` serving threads (at least one is started), each with the router
-/// that `router` makes for it, the connections `listener` accepts, until `shutdown` completes;
+/// Serves, on `threads.count` serving threads (at least one is started), each with the API
+/// that `api` makes for it, the connections `listener` accepts, until `shutdown` completes;
 /// then shuts down gracefully and returns once every thread has ended.
 pub(crate) async fn serve<L>(
     mut listener: L,
-    router: impl Fn() -> Router,
+    api: impl Fn() -> Api,
     threads: ServingThreads,
     shutdown: impl Future<Output = ()>,
 ) -> io::Result<()>
@@ -66,7 +66,7 @@ where
     for index in 0..threads {
         let (tx, rx) = mpsc::unbounded_channel();
         let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
-        let router = router();
+        let api = api();
         let mut stop = stop_rx.clone();
         let cpu = cpus.get(index).copied();
         let join = std::thread::Builder::new().name(format!("allot-serve-{index}")).spawn(move || {
@@ -79,7 +79,7 @@ where
                 let stopped = async move {
                     let _ = stop.wait_for(|stop| *stop).await;
                 };
-                axum::serve(Handed { rx, local }, router).with_graceful_shutdown(stopped).await
+                axum::serve(Handed { rx, local }, api.into_make_service()).with_graceful_shutdown(stopped).await
             })
         })?;
         hand_to.push(tx);

@@ -3,17 +3,16 @@
 
 use std::sync::Arc;
 
-use allot_server::{app, AppState, MetricsConfig};
+use allot_server::{app, Api, AppState, MetricsConfig};
 use allot_store::{read_all, EmbeddedConfig, EmbeddedStore, Store};
 use axum::body::Body;
 use axum::http::{Method, Request, StatusCode};
-use axum::Router;
 use http_body_util::BodyExt;
 use serde_json::{json, Value};
 use tower::ServiceExt;
 
 struct Harness {
-    router: Router,
+    router: Api,
     store: Arc<dyn Store>,
     _dir: tempfile::TempDir,
 }

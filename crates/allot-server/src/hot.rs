@@ -1,0 +1,206 @@
+//! The hot path: allocate and release (`PUT` and `DELETE /v1/namespaces/{namespace}/grants/{token}`),
+//! the two calls every worker makes for every task, answered before the router.
+//!
+//! Why: through the router a call pays its route lookup, its path parameters copied into the
+//! request, a clone of the route's boxed service and two boxed middleware futures, about as much
+//! CPU as the ledger and the log together (docs/benchmarks.md, sixth pass). Here a call is
+//! recognised from its path and answered by the same functions the routes call.
+//!
+//! Invariants: a call is answered here only when the router would answer it the same way, with
+//! the same metrics; anything else (a percent-encoded segment, a query other than `fencing`, a
+//! body without a length or over the limit, every other route) goes to the router unchanged.
+
+use std::convert::Infallible;
+use std::future::Future;
+use std::pin::Pin;
+use std::task::{Context, Poll};
+use std::time::Instant;
+
+use axum::body::HttpBody as _;
+use axum::extract::{Query, Request};
+use axum::http::Method;
+use axum::response::{IntoResponse, Response};
+use axum::routing::future::RouteFuture;
+use axum::Router;
+use futures_util::future::Either;
+use tower::Service;
+
+use crate::error::ApiError;
+use crate::extract::json_object;
+use crate::routes::{allocate_grant, release_grant, FencingQuery};
+use crate::{AppState, MAX_BODY_BYTES};
+
+/// The route allocate and release are counted under in the metrics, as the router names it.
+pub(crate) const GRANT_ROUTE: &str = "/v1/namespaces/{namespace}/grants/{token}";
+
+/// The whole API as one service: the hot path, then the router.
+#[derive(Clone)]
+pub struct Api {
+    router: Router,
+    state: AppState,
+}
+
+impl Api {
+    pub(crate) fn new(router: Router, state: AppState) -> Api {
+        Api { router, state }
+    }
+}
+
+/// A call the hot path answers.
+enum Hot {
+    Allocate,
+    Release { fencing: Option<u64> },
+}
+
+type HotFuture = Pin<Box<dyn Future<Output = Result<Response, Infallible>> + Send>>;
+
+impl Service<Request> for Api {
+    type Response = Response;
+    type Error = Infallible;
+    type Future = Either<HotFuture, RouteFuture<Infallible>>;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Infallible>> {
+        Service::<Request>::poll_ready(&mut self.router, cx)
+    }
+
+    fn call(&mut self, request: Request) -> Self::Future {
+        match recognise(&request) {
+            Some(hot) => Either::Left(Box::pin(answer(self.state.clone(), hot, request))),
+            None => Either::Right(self.router.call(request)),
+        }
+    }
+}
+
+/// The namespace and token of a grant's path, if they need no decoding.
+fn grant_path(path: &str) -> Option<(&str, &str)> {
+    let (namespace, token) = path.strip_prefix("/v1/namespaces/")?.split_once("/grants/")?;
+    let plain = |segment: &str| !segment.is_empty() && !segment.contains(['/', '%']);
+    (plain(namespace) && plain(token)).then_some((namespace, token))
+}
+
+/// The call, if the hot path answers it as the router would.
+fn recognise(request: &Request) -> Option<Hot> {
+    grant_path(request.uri().path())?;
+    match *request.method() {
+        // The router reads a body of any length up to the limit; here only one whose length is
+        // known (from its `Content-Length`) and within it, so reading it cannot fail on its size.
+        Method::PUT => {
+            let length = request.body().size_hint().upper()?;
+            (length <= MAX_BODY_BYTES as u64).then_some(Hot::Allocate)
+        }
+        Method::DELETE => match request.uri().query() {
+            None => Some(Hot::Release { fencing: None }),
+            Some(_) => {
+                let Query(query) = Query::<FencingQuery>::try_from_uri(request.uri()).ok()?;
+                Some(Hot::Release { fencing: query.fencing })
+            }
+        },
+        _ => None,
+    }
+}
+
+/// Answers `hot`, and counts it as the router's metrics layer would.
+async fn answer(state: AppState, hot: Hot, request: Request) -> Result<Response, Infallible> {
+    let started = Instant::now();
+    let (parts, body) = request.into_parts();
+    let (namespace, token) = grant_path(parts.uri.path()).expect("recognised as a grant's path");
+    let response = match hot {
+        Hot::Allocate => match axum::body::to_bytes(body, MAX_BODY_BYTES).await {
+            Ok(bytes) => match json_object(&bytes) {
+                Ok(body) => allocate_grant(&state, namespace, token, body).await.into_response(),
+                Err(err) => err.into_response(),
+            },
+            Err(err) => ApiError::invalid_json(format!("cannot read the request body: {err}")).into_response(),
+        },
+        Hot::Release { fencing } => release_grant(&state, namespace, token, fencing).await.into_response(),
+    };
+    state.metrics.observe_request(&parts.method, GRANT_ROUTE, response.status().as_u16(), started.elapsed());
+    Ok(response)
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+
+    use allot_store::{EmbeddedConfig, EmbeddedStore};
+    use axum::body::Body;
+    use axum::http::header;
+    use tower::ServiceExt as _;
+
+    use super::*;
+
+    fn request(method: Method, uri: &str, body: &str) -> Request {
+        Request::builder().method(method).uri(uri).body(Body::from(body.to_owned())).unwrap()
+    }
+
+    #[test]
+    fn only_plain_grant_calls_are_recognised() {
+        let grant = "/v1/namespaces/hive/grants/task-1";
+        for (method, uri, hot) in [
+            (Method::PUT, grant, true),
+            (Method::DELETE, grant, true),
+            (Method::DELETE, "/v1/namespaces/hive/grants/task-1?fencing=3", true),
+            (Method::DELETE, "/v1/namespaces/hive/grants/task-1?fencing=x", false),
+            (Method::DELETE, "/v1/namespaces/hive/grants/task-1?other=1", false),
+            (Method::GET, grant, false),
+            (Method::POST, grant, false),
+            (Method::PUT, "/v1/namespaces/hive/grants/task%2D1", false),
+            (Method::PUT, "/v1/namespaces/hive/grants/task-1/", false),
+            (Method::POST, "/v1/namespaces/hive/grants/task-1/keepalive", false),
+            (Method::PUT, "/v1/namespaces//grants/task-1", false),
+            (Method::PUT, "/v1/namespaces/hive/grants/", false),
+            (Method::PUT, "/v1/namespaces/hive", false),
+        ] {
+            assert_eq!(recognise(&request(method.clone(), uri, "")).is_some(), hot, "{method} {uri}");
+        }
+        let stream = futures_util::stream::empty::<Result<axum::body::Bytes, Infallible>>();
+        let streamed = Request::builder().method(Method::PUT).uri(grant).body(Body::from_stream(stream)).unwrap();
+        assert!(recognise(&streamed).is_none(), "a body of unknown length goes to the router");
+    }
+
+    /// The same calls through the hot path and through the router alone, each over a store of
+    /// its own: the same answers, byte for byte.
+    #[tokio::test]
+    async fn the_hot_path_answers_as_the_router_does() {
+        let dirs = [tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap()];
+        let state = |dir: &tempfile::TempDir| {
+            AppState::new(Arc::new(EmbeddedStore::open(&EmbeddedConfig::new(dir.path())).unwrap()))
+        };
+        let hot = crate::app(state(&dirs[0]));
+        let routed = crate::router(state(&dirs[1]));
+        let grant = "/v1/namespaces/hive/grants";
+        let calls = [
+            (Method::PUT, "/v1/namespaces/hive".to_owned(), r#"{"quota": 2}"#),
+            (Method::PUT, format!("{grant}/t1"), ""),
+            (Method::PUT, format!("{grant}/t1"), r#"{"units": 1}"#),
+            (Method::PUT, format!("{grant}/t1"), r#"{"units": 2}"#),
+            (Method::PUT, format!("{grant}/t2"), r#"{"units": 5}"#),
+            (Method::PUT, format!("{grant}/t2"), r#"{"units": 2}"#),
+            (Method::PUT, format!("{grant}/t3"), "[1]"),
+            (Method::PUT, format!("{grant}/t3"), r#"{"units": "one"}"#),
+            (Method::PUT, format!("{grant}/t3"), r#"{"wait_ms": 999999999}"#),
+            (Method::PUT, format!("{grant}/t3"), r#"{"ttl_ms": 0}"#),
+            (Method::PUT, format!("{grant}/T!"), ""),
+            (Method::PUT, "/v1/namespaces/missing/grants/t1".to_owned(), ""),
+            (Method::DELETE, format!("{grant}/t1?fencing=999"), ""),
+            (Method::DELETE, format!("{grant}/t1?fencing=one"), ""),
+            (Method::DELETE, format!("{grant}/t1?units=1"), ""),
+            (Method::DELETE, format!("{grant}/t1?fencing=1"), ""),
+            (Method::DELETE, format!("{grant}/t1"), ""),
+            (Method::DELETE, "/v1/namespaces/missing/grants/t1".to_owned(), ""),
+            (Method::GET, "/v1/namespaces/hive".to_owned(), ""),
+        ];
+        for (method, uri, body) in calls {
+            let mut answers = Vec::new();
+            for response in [
+                hot.clone().oneshot(request(method.clone(), &uri, body)).await.unwrap(),
+                routed.clone().oneshot(request(method.clone(), &uri, body)).await.unwrap(),
+            ] {
+                let (parts, body) = response.into_parts();
+                let bytes = axum::body::to_bytes(body, usize::MAX).await.unwrap();
+                answers.push((parts.status, parts.headers.get(header::CONTENT_TYPE).cloned(), bytes));
+            }
+            assert_eq!(answers[0], answers[1], "{method} {uri} {body}");
+        }
+    }
+}
