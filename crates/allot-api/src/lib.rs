@@ -394,6 +394,28 @@ pub struct Health {
     pub version: String,
 }
 
+/// `GET /readyz`: whether this daemon can serve every part of the API now (200), or not yet (503).
+/// `/healthz` only says that the process answers.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+pub struct Readiness {
+    /// `ready` or `not_ready`.
+    pub status: String,
+    pub backend: String,
+    /// One per part the daemon serves, in a fixed order: `store` (quotas, pools and runs) and
+    /// `applications` (queues, applications and tasks).
+    pub checks: Vec<ReadinessCheck>,
+}
+
+/// Whether one part of the API can be served now, and why not.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+pub struct ReadinessCheck {
+    pub name: String,
+    pub ready: bool,
+    /// Why it is not ready (or, when ready, where it is served, e.g. by another daemon).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub message: Option<String>,
+}
+
 /// Every error answer: a stable machine-readable `code` and a message for people.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
 pub struct ErrorBody {

@@ -144,10 +144,18 @@ impl From<StoreError> for ApiError {
 
 /// Failed requests of an outage are logged as a few lines, not one per request.
 static FAILURES: allot_store::quiet::Quiet = allot_store::quiet::Quiet::new();
+/// The same, for requests answered 503.
+static UNAVAILABLE: allot_store::quiet::Quiet = allot_store::quiet::Quiet::new();
 
 impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
-        if self.status.is_server_error() {
+        // A 503 is an expected, documented state (a scheduler being elected, the store briefly
+        // unreachable, a shutdown) that clients retry: a warning. Other 5xx are errors.
+        if self.status == StatusCode::SERVICE_UNAVAILABLE {
+            if let Some(held_back) = UNAVAILABLE.admit() {
+                tracing::warn!(code = self.code, message = %self.message, more_since_last = held_back, "request answered 503; the client may retry");
+            }
+        } else if self.status.is_server_error() {
             if let Some(held_back) = FAILURES.admit() {
                 tracing::error!(code = self.code, message = %self.message, more_since_last = held_back, "request failed");
             }

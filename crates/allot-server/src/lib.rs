@@ -150,6 +150,7 @@ stayed listed."
     ),
     paths(
         routes::healthz,
+        routes::readyz,
         routes::list_namespaces,
         routes::get_namespace,
         routes::put_namespace,
@@ -217,6 +218,7 @@ fn router(state: AppState) -> Router {
     let document = Arc::new(openapi(state.max_wait));
     Router::new()
         .route("/healthz", get(routes::healthz))
+        .route("/readyz", get(routes::readyz))
         .route("/metrics", get(metrics::scrape))
         .route("/openapi.json", get(move || async move { Json(document.as_ref().clone()) }))
         .route("/v1/namespaces", get(routes::list_namespaces))

@@ -138,6 +138,30 @@ async fn quotas_grants_and_sessions_over_the_api() {
     assert!(!text.contains("namespace=\"other\""), "an unselected namespace has series of its own:\n{text}");
 }
 
+/// `/readyz` says whether every part can be served: on the embedded store, from the open to the
+/// shutdown; `/healthz` only says that the process answers.
+#[tokio::test]
+async fn readiness_is_apart_from_liveness() {
+    let h = Harness::new();
+    let (status, body) = h.call(Method::GET, "/readyz", "").await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    assert_eq!(
+        body,
+        json!({"status": "ready", "backend": "embedded", "checks": [
+            {"name": "store", "ready": true}, {"name": "applications", "ready": true}]})
+    );
+    h.store.shutdown().await;
+    let (status, body) = h.call(Method::GET, "/readyz", "").await;
+    assert_eq!((status, body["status"].clone()), (StatusCode::SERVICE_UNAVAILABLE, json!("not_ready")), "{body}");
+    assert_eq!(body["checks"][0]["ready"], false, "{body}");
+    assert!(body["checks"][0]["message"].as_str().unwrap().contains("shutting down"), "{body}");
+    let (status, body) = h.call(Method::GET, "/healthz", "").await;
+    assert_eq!((status, body["status"].clone()), (StatusCode::OK, json!("ok")));
+    let (_, document) = h.call(Method::GET, "/openapi.json", "").await;
+    let responses = &document["paths"]["/readyz"]["get"]["responses"];
+    assert!(responses["200"].is_object() && responses["503"].is_object(), "{responses}");
+}
+
 #[tokio::test]
 async fn a_wait_that_times_out_reports_its_place() {
     let h = Harness::new();

@@ -526,6 +526,20 @@ impl Store for RedisStore {
         }
     }
 
+    /// Redis answers a `PING` within [`conn::RESPONSE_TIMEOUT`].
+    async fn check_ready(&self) -> Result<(), StoreError> {
+        self.live()?;
+        let ping = redis::cmd("PING");
+        match tokio::time::timeout(conn::RESPONSE_TIMEOUT, self.inner.conn.query(&ping)).await {
+            Ok(Ok(_)) => Ok(()),
+            Ok(Err(err)) => Err(redis_error(err, false)),
+            Err(_) => Err(StoreError::Unavailable(format!(
+                "Redis did not answer a PING within {} ms",
+                conn::RESPONSE_TIMEOUT.as_millis()
+            ))),
+        }
+    }
+
     async fn shutdown(&self) {
         if self.inner.shutdown.send_replace(true) {
             return;

@@ -239,6 +239,13 @@ pub trait Store: QuotaStore + PoolStore + AppStore + RunStore + Send + Sync + 's
 
     fn commit_stats(&self) -> CommitStats;
 
+    /// Whether the store serves calls now, for `/readyz`: an error says why not (the store is
+    /// shutting down or broken, Redis does not answer). Where the applications part is served is
+    /// [`AppStore::apps_home`].
+    async fn check_ready(&self) -> Result<(), StoreError> {
+        Ok(())
+    }
+
     /// Stops taking work, answers every waiter with its place, makes everything durable and
     /// stops background tasks. Later calls fail with [`StoreError::ShuttingDown`].
     async fn shutdown(&self);

@@ -1253,6 +1253,10 @@ impl Store for EmbeddedStore {
         self.shared.stats.read()
     }
 
+    async fn check_ready(&self) -> Result<(), StoreError> {
+        self.lock().usable(&self.shared)
+    }
+
     async fn shutdown(&self) {
         if self.shared.shutting_down.swap(true, Ordering::SeqCst) {
             return;
