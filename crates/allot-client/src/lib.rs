@@ -43,6 +43,14 @@ pub const DEFAULT_REQUEST_TIMEOUT: Duration = Duration::from_secs(30);
 /// How long a release is retried by default while the daemon or its store is unreachable.
 pub const DEFAULT_RELEASE_RETRY: Duration = Duration::from_secs(300);
 
+/// How many times by default a call answered 503 `store_unavailable` with `Retry-After` is sent
+/// again (nothing was changed by it), see [`Client::with_unavailable_retry`].
+pub const DEFAULT_UNAVAILABLE_RETRIES: u32 = 5;
+/// Within how long, from the first try, those retries are made by default.
+pub const DEFAULT_UNAVAILABLE_RETRY_FOR: Duration = Duration::from_secs(10);
+/// The longest pause before a retry, whatever `Retry-After` asks.
+const MAX_RETRY_AFTER: Duration = Duration::from_secs(5);
+
 /// A client of one allot daemon.
 ///
 /// Cheap to clone: clones share one connection pool. There is no timeout on the client as a whole
@@ -54,6 +62,9 @@ pub struct Client {
     base: String,
     request_timeout: Duration,
     release_retry_for: Duration,
+    /// Retries of a call answered 503 `store_unavailable`, and within how long.
+    unavailable_retries: u32,
+    unavailable_retry_for: Duration,
 }
 
 impl Client {
@@ -70,7 +81,14 @@ impl Client {
     /// Do not give it a global timeout shorter than the longest wait you will ask for.
     pub fn with_http_client(base_url: &str, http: reqwest::Client) -> Result<Client, ClientError> {
         let base = normalize_base(base_url)?;
-        Ok(Client { http, base, request_timeout: DEFAULT_REQUEST_TIMEOUT, release_retry_for: DEFAULT_RELEASE_RETRY })
+        Ok(Client {
+            http,
+            base,
+            request_timeout: DEFAULT_REQUEST_TIMEOUT,
+            release_retry_for: DEFAULT_RELEASE_RETRY,
+            unavailable_retries: DEFAULT_UNAVAILABLE_RETRIES,
+            unavailable_retry_for: DEFAULT_UNAVAILABLE_RETRY_FOR,
+        })
     }
 
     /// Sets how long each request may take ([`DEFAULT_REQUEST_TIMEOUT`] by default). An allocate
@@ -87,6 +105,28 @@ impl Client {
     pub fn with_release_retry(mut self, retry_for: Duration) -> Client {
         self.release_retry_for = retry_for;
         self
+    }
+
+    /// Sets how a call answered 503 `store_unavailable` with a `Retry-After` header is retried:
+    /// up to `retries` more times, each after the pause the header asks (at most 5 s), as long as
+    /// the next try starts within `within` of the first. Such an answer means nothing was changed
+    /// (the daemon's store could not be reached, or, on Redis, a scheduler is being elected), so
+    /// any call is safe to send again. Defaults: [`DEFAULT_UNAVAILABLE_RETRIES`] within
+    /// [`DEFAULT_UNAVAILABLE_RETRY_FOR`]; `0` retries answers the first 503 as an error. Other
+    /// 503s (`store_outcome_unknown`, `shutting_down`) are never retried here.
+    #[must_use]
+    pub fn with_unavailable_retry(mut self, retries: u32, within: Duration) -> Client {
+        self.unavailable_retries = retries;
+        self.unavailable_retry_for = within;
+        self
+    }
+
+    /// `GET /readyz`: whether the daemon can serve every part of the API now, and if not, why.
+    /// A daemon that is not ready answers 503 with the same body: that is an answer here, not an
+    /// error.
+    pub async fn ready(&self) -> Result<Readiness, ClientError> {
+        let (request, body) = self.send_accepting(self.request(Method::GET, "/readyz")?, Some(503)).await?;
+        serde_json::from_slice(&body).map_err(|err| decode_error(request, err, &body))
     }
 
     /// The daemon's base URL, without a trailing `/`.
@@ -533,31 +573,64 @@ impl Client {
     }
 
     /// [`Client::send`], taking the answer of status `also` as a success too.
+    ///
+    /// A 503 `store_unavailable` with `Retry-After` is sent again, as
+    /// [`Client::with_unavailable_retry`] says.
     async fn send_accepting(
         &self,
         request: RequestBuilder,
         also: Option<u16>,
     ) -> Result<(String, Vec<u8>), ClientError> {
-        let request = request.build()?;
+        let mut request = request.build()?;
         let what = format!("{} {}", request.method(), request.url().path());
-        let response = self.http.execute(request).await?;
-        let status = response.status();
-        let body = response.bytes().await?.to_vec();
-        if status.is_success() || Some(status.as_u16()) == also {
-            return Ok((what, body));
+        let started = std::time::Instant::now();
+        let mut retries = 0;
+        loop {
+            // A body that cannot be cloned (none of this client's) is sent once.
+            let again = if retries < self.unavailable_retries { request.try_clone() } else { None };
+            let response = self.http.execute(request).await?;
+            let status = response.status();
+            let pause = retry_after(response.headers());
+            let body = response.bytes().await?.to_vec();
+            if status.is_success() || Some(status.as_u16()) == also {
+                return Ok((what, body));
+            }
+            let err = api_error(&what, status, &body);
+            match (again, pause) {
+                (Some(next), Some(pause))
+                    if err.code() == Some("store_unavailable")
+                        && started.elapsed() + pause <= self.unavailable_retry_for =>
+                {
+                    tokio::time::sleep(pause).await;
+                    request = next;
+                    retries += 1;
+                }
+                _ => return Err(err),
+            }
         }
-        Err(match serde_json::from_slice::<ErrorBody>(&body) {
-            Ok(ErrorBody { error }) => {
-                ClientError::Api { status: status.as_u16(), code: error.code, message: error.message }
-            }
-            Err(_) => {
-                let reason = status.canonical_reason().unwrap_or("unexpected status");
-                let text = snippet(&body);
-                let message =
-                    if text.is_empty() { format!("{what}: {reason}") } else { format!("{what}: {reason}: {text}") };
-                ClientError::Api { status: status.as_u16(), code: "unexpected_response".to_owned(), message }
-            }
-        })
+    }
+}
+
+/// The pause a `Retry-After` header asks for, in seconds (its date form is not used), at most
+/// [`MAX_RETRY_AFTER`].
+fn retry_after(headers: &reqwest::header::HeaderMap) -> Option<Duration> {
+    let seconds: u64 = headers.get(reqwest::header::RETRY_AFTER)?.to_str().ok()?.trim().parse().ok()?;
+    Some(Duration::from_secs(seconds).min(MAX_RETRY_AFTER))
+}
+
+/// The error of an answer with status `status` and `body` to the request `what`.
+fn api_error(what: &str, status: reqwest::StatusCode, body: &[u8]) -> ClientError {
+    match serde_json::from_slice::<ErrorBody>(body) {
+        Ok(ErrorBody { error }) => {
+            ClientError::Api { status: status.as_u16(), code: error.code, message: error.message }
+        }
+        Err(_) => {
+            let reason = status.canonical_reason().unwrap_or("unexpected status");
+            let text = snippet(body);
+            let message =
+                if text.is_empty() { format!("{what}: {reason}") } else { format!("{what}: {reason}: {text}") };
+            ClientError::Api { status: status.as_u16(), code: "unexpected_response".to_owned(), message }
+        }
     }
 }
 
@@ -680,6 +753,20 @@ mod tests {
     fn paths() {
         assert_eq!(grant_path("hive:a", "job 1/2").unwrap(), "/v1/namespaces/hive%3Aa/grants/job%201%2F2");
         assert!(grant_path("hive", "..").is_err());
+    }
+
+    #[test]
+    fn retry_after_is_read_in_seconds_and_capped() {
+        let headers = |value: &str| {
+            let mut headers = reqwest::header::HeaderMap::new();
+            headers.insert(reqwest::header::RETRY_AFTER, value.parse().unwrap());
+            headers
+        };
+        assert_eq!(retry_after(&headers("1")), Some(Duration::from_secs(1)));
+        assert_eq!(retry_after(&headers(" 0 ")), Some(Duration::ZERO));
+        assert_eq!(retry_after(&headers("3600")), Some(MAX_RETRY_AFTER));
+        assert_eq!(retry_after(&headers("Wed, 21 Oct 2015 07:28:00 GMT")), None);
+        assert_eq!(retry_after(&reqwest::header::HeaderMap::new()), None);
     }
 
     #[test]
