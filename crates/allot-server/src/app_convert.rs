@@ -136,6 +136,14 @@ pub(crate) fn task_spec(body: api::AddTask) -> Result<TaskSpec, ApiError> {
     })
 }
 
+/// Why a placed task waits when no daemon runs its pool (`pool_not_run`).
+pub(crate) fn pool_not_run(pool: &str) -> api::Waiting {
+    api::Waiting {
+        code: "pool_not_run".to_owned(),
+        message: format!("placed on pool `{pool}`, which no daemon runs (start one with --run-pool {pool})"),
+    }
+}
+
 fn waiting(why: Option<Why>) -> Option<api::Waiting> {
     why.map(|why| api::Waiting { code: why.code().to_owned(), message: why.to_string() })
 }

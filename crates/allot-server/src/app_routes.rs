@@ -2,7 +2,8 @@
 //! one `AppStore` call.
 
 use allot_api as api;
-use allot_store::Store;
+use allot_core::app::TaskState;
+use allot_store::{ExecutorLease, Store};
 use axum::extract::State;
 use axum::http::StatusCode;
 use axum::Json;
@@ -175,10 +176,9 @@ pub(crate) async fn list_tasks(
     QueryArgs(query): QueryArgs<PageQuery>,
 ) -> Answer<api::TaskList> {
     let page = state.store.tasks(app_id(&id)?, query.request()?).await?;
-    Ok(Json(api::TaskList {
-        tasks: page.items.into_iter().map(convert::task).collect(),
-        next_cursor: cursor(page.next),
-    }))
+    let mut tasks: Vec<api::Task> = page.items.into_iter().map(convert::task).collect();
+    note_unrun_pools(&state, &mut tasks).await;
+    Ok(Json(api::TaskList { tasks, next_cursor: cursor(page.next) }))
 }
 
 /// Adds a task; the same task again is answered as it is (200).
@@ -208,7 +208,38 @@ pub(crate) async fn get_task(
     State(state): State<AppState>,
     Segments((app, task)): Segments<(String, String)>,
 ) -> Answer<api::Task> {
-    Ok(Json(convert::task(state.store.task(app_id(&app)?, task_id(&task)?).await?)))
+    let mut task = convert::task(state.store.task(app_id(&app)?, task_id(&task)?).await?);
+    note_unrun_pools(&state, std::slice::from_mut(&mut task)).await;
+    Ok(Json(task))
+}
+
+/// A placed task that nothing has started waits for a daemon that runs its pool: when no
+/// executor's lease names the pool, its `waiting` says so (the scheduler placed it, and it waits
+/// there until a daemon runs the pool or whoever runs it reports it started). A hint: when the
+/// leases cannot be read, nothing is added.
+async fn note_unrun_pools(state: &AppState, tasks: &mut [api::Task]) {
+    let placed = |t: &api::Task| t.state == TaskState::Allocated.name() && t.waiting.is_none();
+    if !tasks.iter().any(|t| placed(t) && t.placement.is_some()) {
+        return;
+    }
+    let leases = match state.store.executors().await {
+        Ok(leases) => leases,
+        Err(err) => {
+            tracing::debug!(error = %err, "cannot read the executors' leases");
+            return;
+        }
+    };
+    for task in tasks.iter_mut().filter(|t| placed(t)) {
+        let Some(pool) = task.placement.as_ref().map(|p| p.pool.clone()) else { continue };
+        if runner(&leases, &pool).is_none() {
+            task.waiting = Some(convert::pool_not_run(&pool));
+        }
+    }
+}
+
+/// The live executor that runs `pool`, if any.
+fn runner<'a>(leases: &'a [ExecutorLease], pool: &str) -> Option<&'a ExecutorLease> {
+    leases.iter().find(|l| l.live && l.pools.iter().any(|p| p.as_str() == pool))
 }
 
 /// How a task is being run by its plugin (on a daemon that runs its pool), and its phase
@@ -231,13 +262,11 @@ pub(crate) async fn get_task_run(
             let why = match &info.task.placement {
                 None => "it is not placed yet".to_owned(),
                 Some(placement) => {
-                    let pool = &placement.pool;
+                    let pool = placement.pool.as_str();
                     let leases = state.store.executors().await?;
-                    match leases.iter().find(|l| l.live && l.pools.contains(pool)) {
+                    match runner(&leases, pool) {
                         Some(lease) => format!("it is placed on pool `{pool}`, run by {}, and starts soon", lease.node),
-                        None => format!(
-                            "it is placed on pool `{pool}`, which no daemon runs now (start one with --run-pool {pool})"
-                        ),
+                        None => format!("it is {}", convert::pool_not_run(pool).message),
                     }
                 }
             };
@@ -390,8 +419,7 @@ async fn runs_elsewhere(state: &AppState, run: &allot_core::exec::Run) -> Result
     };
     let here = state.executor.as_ref().map(|e| e.node().to_owned());
     let leases = state.store.executors().await?;
-    let runner = leases.iter().find(|l| l.live && l.pools.iter().any(|p| p.as_str() == pool));
-    Ok(runner.map(|l| l.node.clone()).filter(|node| Some(node) != here.as_ref()))
+    Ok(runner(&leases, pool).map(|l| l.node.clone()).filter(|node| Some(node) != here.as_ref()))
 }
 
 /// The same call, answered by the daemon at `node`.

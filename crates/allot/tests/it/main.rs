@@ -10,6 +10,7 @@ mod daemon;
 mod exec;
 mod gangs;
 mod pages;
+mod readiness;
 mod redis;
 mod redis_apps;
 mod redis_exec;

@@ -1,0 +1,87 @@
+//! Readiness apart from liveness, on Redis: two daemons share one real `redis-server`; the one
+//! that does not schedule is ready while it reaches the one that does. The scheduler is killed
+//! with SIGKILL: until the other takes the scheduling over, it is alive (`/healthz`) and not ready
+//! (`/readyz` says why), its applications calls answer 503 `store_unavailable` (logged as a
+//! warning, not an error), and a client with its default retries gets its answer anyway.
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use allot_client::{AddTask, ClientError, SubmitApp};
+use allot_store_redis::testing::RedisServer;
+
+use crate::redis_apps::scheduler;
+use crate::support::{data_dir, eventually, Daemon};
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn on_redis_a_daemon_is_ready_while_it_reaches_the_scheduler_and_clients_ride_out_an_election() {
+    let redis = RedisServer::start();
+    let store = redis.url();
+    let args = ["--store", store.as_str(), "--pool", "idle=cpu=1"];
+    let ((_d1, data1), (_d2, data2)) = (data_dir(), data_dir());
+    let first = Daemon::start(&data1, &args);
+    assert!(eventually(Duration::from_secs(10), async || scheduler(&redis) == first.url).await, "the first schedules");
+    let second = Daemon::start(&data2, &args);
+    let client = second.client();
+    let ready = eventually(Duration::from_secs(10), async || client.ready().await.is_ok_and(|r| r.status == "ready"));
+    assert!(ready.await, "{:?}", client.ready().await);
+    let readiness = client.ready().await.unwrap();
+    let served_at = format!("served by the daemon that schedules, at {}", first.url);
+    assert_eq!(readiness.checks[1].message.as_deref(), Some(served_at.as_str()), "{readiness:?}");
+
+    // A task placed on a pool that no daemon runs says so, through the daemon that forwards.
+    client.put_queue("root.wait", &Default::default()).await.unwrap();
+    let task = AddTask {
+        id: "stuck".to_owned(),
+        resources: "cpu=1".to_owned(),
+        tokens: Vec::new(),
+        group: None,
+        priority: 0,
+        selector: BTreeMap::new(),
+        spec: Some(serde_json::json!({ "type": "noop" })),
+    };
+    let app = SubmitApp {
+        id: "idle".to_owned(),
+        queue: "root.wait".to_owned(),
+        user: "me".to_owned(),
+        tags: BTreeMap::new(),
+        task_groups: Vec::new(),
+        policy: Default::default(),
+        tasks: vec![task],
+    };
+    client.submit_app(&app).await.unwrap();
+    let placed = eventually(Duration::from_secs(10), async || {
+        client.task("idle", "stuck").await.is_ok_and(|t| t.state == "Allocated")
+    });
+    assert!(placed.await, "placed on `idle`");
+    let waiting = client.task("idle", "stuck").await.unwrap().waiting.expect("it says why it waits");
+    assert_eq!(waiting.code, "pool_not_run");
+    assert_eq!(waiting.message, "placed on pool `idle`, which no daemon runs (start one with --run-pool idle)");
+
+    // The scheduler dies; its lease holds the scheduling for up to 3 s more.
+    let first_url = first.url.clone();
+    first.kill9();
+    let readiness = client.ready().await.unwrap();
+    assert_eq!(readiness.status, "not_ready", "{readiness:?}");
+    let [store_check, apps_check] = &readiness.checks[..] else { panic!("two checks: {readiness:?}") };
+    assert!(store_check.ready && !apps_check.ready, "{readiness:?}");
+    let why = apps_check.message.clone().unwrap_or_default();
+    assert!(why.contains(&first_url) && why.contains("does not answer"), "{why}");
+    assert_eq!(client.health().await.unwrap().status, "ok", "alive all along");
+    let once = client.clone().with_unavailable_retry(0, Duration::ZERO).apps().await;
+    assert!(
+        matches!(&once, Err(ClientError::Api { status: 503, code, .. }) if code == "store_unavailable"),
+        "{once:?}"
+    );
+    // The client's own retries ride the election out.
+    let retried = client.apps().await;
+    assert!(retried.is_ok_and(|list| list.apps.iter().any(|a| a.id == "idle")), "retried through the election");
+    let readiness = client.ready().await.unwrap();
+    assert_eq!(readiness.status, "ready", "{readiness:?}");
+    assert_eq!(scheduler(&redis), second.url, "the second took the scheduling over");
+
+    // The 503s of the election are an expected state: warnings, not errors.
+    let log = std::fs::read_to_string(data2.with_extension("log")).unwrap();
+    assert!(log.lines().any(|l| l.contains("WARN") && l.contains("request answered 503")), "{log}");
+    assert!(!log.lines().any(|l| l.contains("ERROR")), "{log}");
+}
