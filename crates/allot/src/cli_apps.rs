@@ -774,7 +774,7 @@ fn runs_on(task: &Task) -> String {
     task.placement.as_ref().map_or_else(|| "-".to_owned(), |p| p.uri.clone())
 }
 
-fn task_state(task: &Task) -> String {
+pub(crate) fn task_state(task: &Task) -> String {
     match (&task.placement, ended(task)) {
         (Some(p), false) => format!("{} on {}", task.state, p.uri),
         _ => task.state.clone(),

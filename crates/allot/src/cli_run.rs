@@ -1,19 +1,44 @@
-//! `allot run FILE`: submits an application and follows it to its end. Progress is shown a line
-//! per task group (ungrouped tasks on a line of their own) while tasks move, then a summary of
-//! every task (its state, attempts, time and why it failed). When every task has ended the
-//! application is ended too: completed if every task completed, failed otherwise. The exit
-//! status says which.
+//! `allot run FILE`: submits an application and follows it to its end. Progress is shown a bar
+//! per task group (ungrouped tasks on a bar of their own) on a terminal, else a line per task
+//! state change (`follow`); a task that waits long says why; a daemon that restarts meanwhile is
+//! waited for. Then a summary of every task (its state, attempts, time and why it failed). When
+//! every task has ended the application is ended too: completed if every task completed, failed
+//! otherwise. The exit status says which.
 
 use std::collections::BTreeMap;
 use std::process::ExitCode;
 use std::time::{Duration, Instant};
 
 use allot_client::{Client, ClientError, Task, TaskRun};
-use indicatif::{MultiProgress, ProgressBar, ProgressDrawTarget, ProgressStyle};
 
 use crate::appfile::read_app;
-use crate::cli::{client, finish, usage_error, Align, Common, Table, EXIT_ERROR, EXIT_OK, EXIT_USAGE};
-use crate::cli_apps::{ended, tasks_by_state};
+use crate::cli::{client, count, finish, usage_error, Align, Common, Table, EXIT_ERROR, EXIT_OK, EXIT_USAGE};
+use crate::cli_apps::ended;
+use crate::follow::{states_line, Outages, Progress, Style, STILL_LINE_AFTER, WAIT_NOTE_AFTER};
+
+/// `allot run --help`'s epilogue: what it shows, and its exit codes.
+pub(crate) fn after_help() -> String {
+    format!(
+        "\
+Progress: on a terminal, a bar per task group. Otherwise (a CI log, a file, a pipe) or with
+--no-progress, a line per task state change, and a line every {still} s while none changes.
+A task that stays {wait} s in one state says why it waits (its `waiting` reason, e.g. a pool
+that no daemon runs) on stderr.
+
+A daemon that restarts or goes away meanwhile (connection refused or cut, 503) is said so on
+stderr (`note:`) and asked again until it is back or --timeout ends (submitting, reading and
+ending the application are safe to repeat).
+
+Exit codes (the same with --json and --quiet):
+  0  every task completed; the application is Completed
+  1  a task did not complete (the application is Failed; the summary says which and why), or
+     an error: the daemon refused a request (`error: <code>: <message>` on stderr) or could not
+     be reached (at the start, or for longer than --timeout)
+  2  usage error, or a file whose name tells no format",
+        still = STILL_LINE_AFTER.as_secs(),
+        wait = WAIT_NOTE_AFTER.as_secs()
+    )
+}
 
 #[derive(Debug, clap::Args)]
 pub(crate) struct RunArgs {
@@ -22,20 +47,16 @@ pub(crate) struct RunArgs {
     /// How often to read the application's progress.
     #[arg(long, value_name = "DURATION", default_value = "250ms", value_parser = crate::duration::parse)]
     poll: Duration,
-    /// Show no progress bars (they are never shown when stderr is not a terminal).
+    /// How long to keep asking a daemon that cannot serve (it restarts, its store or scheduler is
+    /// unavailable: connection refused, 503) before giving up, per outage.
+    #[arg(long, value_name = "DURATION", default_value = "5m", value_parser = crate::duration::parse)]
+    timeout: Duration,
+    /// Show a line per task state change instead of progress bars (bars are never shown when
+    /// stderr is not a terminal).
     #[arg(long)]
     no_progress: bool,
     #[command(flatten)]
     common: Common,
-}
-
-/// `3 Completed, 1 Running` (live states first, as `allot app list` shows them).
-fn states_line<'a>(tasks: impl Iterator<Item = &'a Task>) -> String {
-    let mut counts: BTreeMap<String, u64> = BTreeMap::new();
-    for task in tasks {
-        *counts.entry(task.state.clone()).or_default() += 1;
-    }
-    tasks_by_state(&counts)
 }
 
 /// Runs `allot run`; `before` holds the options given before the command.
@@ -51,28 +72,40 @@ pub(crate) async fn run(mut args: RunArgs, before: &Common) -> anyhow::Result<Ex
         }
     };
     let common = args.common.clone();
+    let mut progress = Progress::new(Style::pick(args.no_progress, common.json, common.quiet));
     let outcome = async {
-        let client = client(&common)?;
-        let submitted = client.submit_app(&submit).await?;
+        // Outages are ridden out here, with notes, rather than by the client's own few retries.
+        let client = client(&common)?.with_unavailable_retry(0, Duration::ZERO);
+        let mut outages = Outages::new(client.base_url(), args.timeout, progress.stderr());
+        let submitted = outages.call(async || client.submit_app(&submit).await).await?;
         let app = submitted.app.id.clone();
-        eprintln!("submitted app {app} to queue {} ({} tasks)", submitted.app.queue, submit.tasks.len());
+        let tasks = count(submit.tasks.len() as u64, "task", "tasks");
+        eprintln!("submitted app {app} to queue {} ({tasks})", submitted.app.queue);
         let started = Instant::now();
-        let tasks = follow(&client, &app, &args).await?;
+        let tasks = follow(&client, &app, args.poll, &mut progress, &mut outages).await?;
         let failed: Vec<&Task> = tasks.iter().filter(|t| t.state != "Completed").collect();
-        let end = if failed.is_empty() {
-            client.complete_app(&app).await
-        } else {
-            let names: Vec<&str> = failed.iter().map(|t| t.id.as_str()).collect();
-            client.fail_app(&app, Some(&format!("tasks that did not complete: {}", names.join(", ")))).await
-        };
-        // An application ended meanwhile (by hand, or by its timeout) is answered as it is.
+        let end = outages
+            .call(async || {
+                if failed.is_empty() {
+                    client.complete_app(&app).await
+                } else {
+                    let names: Vec<&str> = failed.iter().map(|t| t.id.as_str()).collect();
+                    client.fail_app(&app, Some(&format!("tasks that did not complete: {}", names.join(", ")))).await
+                }
+            })
+            .await;
+        // An application ended meanwhile (by hand, by its timeout, or by the try before a
+        // restart) is answered as it is.
         let state = match end {
             Ok(app) => app.state,
-            Err(_) => client.app(&app).await?.state,
+            Err(ClientError::Api { status, .. }) if status != 503 => {
+                outages.call(async || client.app(&app).await).await?.state
+            }
+            Err(err) => return Err(err),
         };
         let mut runs = BTreeMap::new();
         for task in &tasks {
-            if let Ok(run) = client.task_run(&app, &task.id).await {
+            if let Ok(run) = outages.call(async || client.task_run(&app, &task.id).await).await {
                 runs.insert(task.id.clone(), run);
             }
         }
@@ -93,40 +126,22 @@ pub(crate) async fn run(mut args: RunArgs, before: &Common) -> anyhow::Result<Ex
     Ok(finish(&common, outcome))
 }
 
-/// Reads the application's tasks until every one has ended, showing a bar per task group.
-async fn follow(client: &Client, app: &str, args: &RunArgs) -> Result<Vec<Task>, ClientError> {
-    let progress = MultiProgress::new();
-    if args.no_progress || args.common.json || args.common.quiet {
-        progress.set_draw_target(ProgressDrawTarget::hidden());
-    }
-    let style = ProgressStyle::with_template("{prefix:>12} [{bar:30}] {pos}/{len} {msg}")
-        .expect("a valid template")
-        .progress_chars("=> ");
-    let mut bars: BTreeMap<String, ProgressBar> = BTreeMap::new();
+/// Reads the application's tasks until every one has ended, showing their progress.
+async fn follow(
+    client: &Client,
+    app: &str,
+    poll: Duration,
+    progress: &mut Progress,
+    outages: &mut Outages,
+) -> Result<Vec<Task>, ClientError> {
     loop {
-        let tasks = client.tasks(app).await?.tasks;
-        let mut groups: BTreeMap<String, Vec<&Task>> = BTreeMap::new();
-        for task in &tasks {
-            groups.entry(task.group.clone().unwrap_or_else(|| "tasks".to_owned())).or_default().push(task);
-        }
-        for (group, members) in &groups {
-            let bar = bars.entry(group.clone()).or_insert_with(|| {
-                let bar = progress.add(ProgressBar::new(members.len() as u64));
-                bar.set_style(style.clone());
-                bar.set_prefix(group.clone());
-                bar
-            });
-            bar.set_length(members.len() as u64);
-            bar.set_position(members.iter().filter(|t| ended(t)).count() as u64);
-            bar.set_message(states_line(members.iter().copied()));
-        }
+        let tasks = outages.call(async || client.tasks(app).await).await?.tasks;
+        progress.update(&tasks);
         if !tasks.is_empty() && tasks.iter().all(ended) {
-            for bar in bars.values() {
-                bar.finish();
-            }
+            progress.finish();
             return Ok(tasks);
         }
-        tokio::time::sleep(args.poll).await;
+        tokio::time::sleep(poll).await;
     }
 }
 

@@ -8,6 +8,7 @@ mod cli_apps;
 mod cli_pools;
 mod cli_run;
 mod duration;
+mod follow;
 mod serve;
 mod sources;
 
@@ -64,7 +65,7 @@ enum Command {
     Task(cli_apps::TaskCommand),
     /// Submit an application from a file and follow it to its end: progress per task group,
     /// then a summary; exits non-zero if a task did not complete.
-    #[command(after_help = cli::EXIT_CODES)]
+    #[command(after_help = cli_run::after_help())]
     Run(cli_run::RunArgs),
     /// Measure a daemon under load (and compare it with a baseline server).
     #[command(after_help = bench::BENCH_AFTER_HELP)]

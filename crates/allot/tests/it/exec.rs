@@ -249,5 +249,9 @@ async fn a_task_placed_on_a_pool_no_daemon_runs_says_so() {
     .await;
     assert!(placed, "placed on `idle`");
     let err = client.task_run("elsewhere", "waits").await.unwrap_err().to_string();
-    assert!(err.contains("run_not_found") && err.contains("pool `idle`, which no daemon runs now"), "{err}");
+    assert!(
+        err.contains("run_not_found")
+            && err.contains("pool `idle`, which no daemon runs (start one with --run-pool idle)"),
+        "{err}"
+    );
 }

@@ -15,6 +15,7 @@ mod redis;
 mod redis_apps;
 mod redis_exec;
 mod redis_failover;
+mod run;
 mod sched_crash;
 mod sources;
 mod support;

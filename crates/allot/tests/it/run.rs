@@ -1,0 +1,158 @@
+//! `allot run` as a user in CI meets it (its stderr is a pipe, not a terminal): a line per task
+//! state change, a daemon killed with SIGKILL and restarted under it ridden out, and a task
+//! that waits long says why, e.g. a pool that no daemon runs.
+
+use std::io::Read;
+use std::process::{Child, Command, ExitStatus, Stdio};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use crate::support::{data_dir, eventually, Daemon, ALLOT};
+
+const EXAMPLES: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/../../examples");
+
+/// `allot run` as a child process, its output collected as it is written.
+struct Run {
+    child: Child,
+    stdout: Arc<Mutex<String>>,
+    stderr: Arc<Mutex<String>>,
+}
+
+impl Run {
+    fn start(args: &[&str]) -> Run {
+        let mut child = Command::new(ALLOT)
+            .arg("run")
+            .args(args)
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("start allot run");
+        let collect = |mut pipe: Box<dyn Read + Send>| {
+            let text: Arc<Mutex<String>> = Arc::default();
+            let into = text.clone();
+            std::thread::spawn(move || {
+                let mut buffer = [0u8; 4096];
+                while let Ok(n @ 1..) = pipe.read(&mut buffer) {
+                    into.lock().unwrap().push_str(&String::from_utf8_lossy(&buffer[..n]));
+                }
+            });
+            text
+        };
+        let stdout = collect(Box::new(child.stdout.take().unwrap()));
+        let stderr = collect(Box::new(child.stderr.take().unwrap()));
+        Run { child, stdout, stderr }
+    }
+
+    fn stderr(&self) -> String {
+        self.stderr.lock().unwrap().clone()
+    }
+
+    /// Whether stderr says `text` within `limit`.
+    async fn says(&self, text: &str, limit: Duration) -> bool {
+        eventually(limit, async || self.stderr().contains(text)).await
+    }
+
+    /// Its exit status within `limit` (killed if it has not ended by then), stdout and stderr.
+    async fn end(mut self, limit: Duration) -> (Option<ExitStatus>, String, String) {
+        let started = Instant::now();
+        let status = loop {
+            if let Some(status) = self.child.try_wait().unwrap() {
+                break Some(status);
+            }
+            if started.elapsed() > limit {
+                let _ = self.child.kill();
+                let _ = self.child.wait();
+                break None;
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        };
+        // The readers end with the pipes.
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        let stdout = self.stdout.lock().unwrap().clone();
+        (status, stdout, self.stderr())
+    }
+}
+
+impl Drop for Run {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// The daemon is killed with SIGKILL while `allot run` follows its application, and restarted on
+/// the same data and address: `allot run` says so, waits, and takes the application to
+/// Completed; its progress is a line per task state change.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn allot_run_outlives_a_daemon_restart() {
+    let (dir, data) = data_dir();
+    let config = format!("{EXAMPLES}/allot.toml");
+    let args = ["--config", config.as_str(), "--pool", "worker=cpu=4", "--run-pool", "worker"];
+    let daemon = Daemon::start(&data, &args);
+    let file = dir.path().join("restart.yaml");
+    std::fs::write(
+        &file,
+        "id: restart\nqueue: root.examples\nuser: me\ntasks:\n  - id: nap\n    resources: cpu=1\n    \
+         spec: {type: sleep, seconds: 3}\n  - id: quick\n    resources: cpu=1\n    spec: {type: noop}\n",
+    )
+    .unwrap();
+    let run = Run::start(&[file.to_str().unwrap(), "--server", &daemon.url, "--poll", "100ms", "--timeout", "60s"]);
+    let client = daemon.client();
+    let running = eventually(Duration::from_secs(20), async || {
+        client.task("restart", "nap").await.is_ok_and(|t| t.state == "Running")
+    });
+    assert!(running.await, "the task runs: {}", run.stderr());
+    let address = daemon.address();
+    daemon.kill9();
+    assert!(run.says("note: the daemon at", Duration::from_secs(10)).await, "{}", run.stderr());
+    let daemon = Daemon::start_on(&address, &data, &args);
+    let (status, stdout, stderr) = run.end(Duration::from_secs(60)).await;
+    assert_eq!(status.and_then(|s| s.code()), Some(0), "{stdout}\n{stderr}");
+    assert!(stdout.contains("app restart: Completed"), "{stdout}\n{stderr}");
+    assert!(stderr.contains("answers again after"), "{stderr}");
+    for line in ["nap: Running on worker/", "nap: Completed", "quick: Completed"] {
+        assert!(stderr.lines().any(|l| l.starts_with('[') && l.contains(line)), "`{line}`: {stderr}");
+    }
+    assert_eq!(daemon.client().app("restart").await.unwrap().state, "Completed");
+}
+
+/// A task placed on a pool that no daemon runs waits there: the API, `allot app show` and
+/// `allot run` (once it has waited a few seconds) say why.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn allot_run_says_why_a_task_waits() {
+    let (dir, data) = data_dir();
+    let config = format!("{EXAMPLES}/allot.toml");
+    let daemon = Daemon::start(&data, &["--config", &config, "--pool", "idle=cpu=2"]);
+    let file = dir.path().join("lonely.yaml");
+    std::fs::write(
+        &file,
+        "id: lonely\nqueue: root.examples\nuser: me\ntasks:\n  - id: alone\n    resources: cpu=1\n    \
+         spec: {type: noop}\n",
+    )
+    .unwrap();
+    let run = Run::start(&[file.to_str().unwrap(), "--server", &daemon.url, "--poll", "100ms"]);
+    let reason = "placed on pool `idle`, which no daemon runs (start one with --run-pool idle)";
+    assert!(run.says(reason, Duration::from_secs(20)).await, "{}", run.stderr());
+    let stderr = run.stderr();
+    let note = stderr.lines().find(|l| l.contains(reason)).unwrap();
+    assert!(note.starts_with("note: task alone waits (waiting "), "{note}");
+    assert!(stderr.lines().any(|l| l.starts_with('[') && l.contains("alone: Allocated on idle/")), "{stderr}");
+    let task = daemon.client().task("lonely", "alone").await.unwrap();
+    let waiting = task.waiting.expect("the task says why it waits");
+    assert_eq!((waiting.code.as_str(), waiting.message.as_str()), ("pool_not_run", reason));
+    let show = Command::new(ALLOT).args(["app", "show", "lonely", "--server", &daemon.url]).output().unwrap();
+    assert!(String::from_utf8_lossy(&show.stdout).contains(reason), "{}", String::from_utf8_lossy(&show.stdout));
+    let (status, _, _) = run.end(Duration::ZERO).await;
+    assert_eq!(status, None, "it still waits");
+}
+
+/// `allot run --help` gives the exit codes, and the default of `--timeout`.
+#[test]
+fn allot_run_help_gives_its_exit_codes() {
+    let help = Command::new(ALLOT).args(["run", "--help"]).output().unwrap();
+    let text = String::from_utf8_lossy(&help.stdout);
+    assert!(help.status.success(), "{text}");
+    for part in ["Exit codes", "1  a task did not complete", "--timeout <DURATION>", "[default: 5m]"] {
+        assert!(text.contains(part), "`{part}`: {text}");
+    }
+}
