@@ -52,6 +52,12 @@ fn two_daemons(
     ([d1, d2], [data1, data2], daemons)
 }
 
+/// A client that answers the daemon's 503s as given, without its own retries: the test counts
+/// them and times the unavailability by them.
+fn answers_as_given(daemon: &Daemon) -> allot_client::Client {
+    daemon.client().with_unavailable_retry(0, Duration::ZERO)
+}
+
 async fn failover(min_replicas: bool) {
     let cluster = RedisCluster::start_with_replicas(3);
     let victim = (0..cluster.nodes.len()).find(|&i| cluster.is_primary(i)).expect("a primary");
@@ -64,7 +70,7 @@ async fn failover(min_replicas: bool) {
     let over_grants = Arc::new(AtomicU64::new(0));
     let mut workers = Vec::new();
     for worker in 0..WORKERS {
-        let (client, log, stop) = (daemons[worker % 2].client(), log.clone(), stop.clone());
+        let (client, log, stop) = (answers_as_given(&daemons[worker % 2]), log.clone(), stop.clone());
         workers.push(tokio::spawn(async move {
             let mut round = 0;
             while !stop.load(Ordering::Relaxed) {
@@ -106,7 +112,7 @@ async fn failover(min_replicas: bool) {
     let probes: Arc<Mutex<Probes>> = Arc::default();
     let prober = {
         let (client, stop, over_grants, probes) =
-            (daemons[0].client(), stop.clone(), over_grants.clone(), probes.clone());
+            (answers_as_given(&daemons[0]), stop.clone(), over_grants.clone(), probes.clone());
         tokio::spawn(async move {
             while !stop.load(Ordering::Relaxed) {
                 let mut reads = tokio::task::JoinSet::new();
