@@ -2,7 +2,8 @@
 //! that does not schedule is ready while it reaches the one that does. The scheduler is killed
 //! with SIGKILL: until the other takes the scheduling over, it is alive (`/healthz`) and not ready
 //! (`/readyz` says why), its applications calls answer 503 `store_unavailable` (logged as a
-//! warning, not an error), and a client with its default retries gets its answer anyway.
+//! warning, not an error), and a client with its default retries, and the CLI, get their answer
+//! anyway.
 
 use std::collections::BTreeMap;
 use std::time::Duration;
@@ -73,9 +74,19 @@ async fn on_redis_a_daemon_is_ready_while_it_reaches_the_scheduler_and_clients_r
         matches!(&once, Err(ClientError::Api { status: 503, code, .. }) if code == "store_unavailable"),
         "{once:?}"
     );
-    // The client's own retries ride the election out.
+    // The client's own retries ride the election out, and so does the CLI's.
+    let server = second.url.clone();
+    let cli = tokio::task::spawn_blocking(move || {
+        std::process::Command::new(crate::support::ALLOT)
+            .args(["app", "list", "-q", "--server", &server])
+            .output()
+            .unwrap()
+    });
     let retried = client.apps().await;
     assert!(retried.is_ok_and(|list| list.apps.iter().any(|a| a.id == "idle")), "retried through the election");
+    let cli = cli.await.unwrap();
+    assert!(cli.status.success(), "{}", String::from_utf8_lossy(&cli.stderr));
+    assert_eq!(String::from_utf8_lossy(&cli.stdout), "idle\n");
     let readiness = client.ready().await.unwrap();
     assert_eq!(readiness.status, "ready", "{readiness:?}");
     assert_eq!(scheduler(&redis), second.url, "the second took the scheduling over");
