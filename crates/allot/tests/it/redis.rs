@@ -256,13 +256,18 @@ async fn a_redis_outage_answers_503_and_recovers_without_losing_anything() {
     let once = client.clone().with_unavailable_retry(0, Duration::ZERO);
     let failed = once.allocate("outage", "during", &Allocate::default()).await;
     assert!(matches!(&failed, Err(ClientError::Api { status: 503, .. })), "{failed:?}");
-    // The daemon stays up.
+    // The daemon stays up, and is not ready: its store does not answer.
     assert_eq!(raw_get(&format!("{}/healthz", daemon.url)).await.0, 200);
+    let (status, _, readiness) = raw_get(&format!("{}/readyz", daemon.url)).await;
+    assert_eq!((status, readiness["checks"][0]["ready"].clone()), (503, serde_json::json!(false)), "{readiness}");
+    assert!(readiness["checks"][0]["message"].as_str().unwrap().contains("Redis"), "{readiness}");
     tokio::time::sleep(Duration::from_millis(1000)).await;
 
     redis.restart();
     let recovered = eventually(Duration::from_secs(10), async || client.namespace("outage").await.is_ok()).await;
     assert!(recovered, "the daemon did not recover by itself");
+    let ready = eventually(Duration::from_secs(10), async || client.ready().await.is_ok_and(|r| r.status == "ready"));
+    assert!(ready.await, "ready again: {:?}", client.ready().await);
     let after = client.allocate("outage", "after", &Allocate::default()).await.unwrap();
     assert_eq!(after.status, Status::Granted);
     assert!(client.release("outage", "after", None).await.unwrap().released);
