@@ -128,14 +128,21 @@ pub struct App {
 }
 
 impl App {
-    /// True while it waits to reserve its gang: nothing of it is placed before.
+    /// True while it waits for its gang to be reserved (Reserving): nothing of it is placed
+    /// before.
     pub fn awaits_gang(&self) -> bool {
-        self.state == AppState::Accepted && !self.spec.groups.is_empty() && !self.gang_given_up
+        self.state == AppState::Reserving && !self.spec.groups.is_empty() && !self.gang_given_up
     }
 
     /// Placeholders no task has taken over.
     pub fn free_slots(&self) -> usize {
         self.slots.iter().filter(|s| s.task.is_none()).count()
+    }
+
+    /// True while its gang is reserved and some placeholder waits for a task to take it over:
+    /// the placeholder timeout runs.
+    pub fn holds_free_slots(&self) -> bool {
+        self.reserved_at.is_some() && !self.state.is_terminal() && self.free_slots() > 0
     }
 
     fn reserve_deadline(&self) -> Option<Millis> {
@@ -145,7 +152,7 @@ impl App {
 
     fn placeholder_deadline(&self) -> Option<Millis> {
         let reserved = self.reserved_at?;
-        (self.state == AppState::Reserving).then(|| spec::after(reserved, self.spec.policy.placeholder_timeout_ms))
+        self.holds_free_slots().then(|| spec::after(reserved, self.spec.policy.placeholder_timeout_ms))
     }
 }
 
@@ -321,7 +328,8 @@ impl Scheduler {
         for (path, limits) in queues {
             restored.queues.put(path, limits);
         }
-        for app in apps {
+        for mut app in apps {
+            app.state = current_state(&app);
             restored.next_seq = restored.next_seq.max(app.seq + 1);
             if app.counted {
                 restored.count_app(&app.spec.queue, &app.spec.user, true);
@@ -506,6 +514,9 @@ impl Scheduler {
         };
         self.next_seq += 1;
         transition(&mut app, &[AppEvent::Accept])?;
+        if !app.spec.groups.is_empty() {
+            transition(&mut app, &[AppEvent::Reserve])?;
+        }
         self.apps.insert(app.spec.id.clone(), app.clone());
         let out = Outcome { apps: vec![AppChange::App(app.clone())], ..Outcome::default() };
         Ok((app, true, out))
@@ -585,7 +596,7 @@ impl Scheduler {
     /// Why a live application waits, from the last cycle that looked at it.
     pub fn app_why(&self, id: &AppId) -> Option<Why> {
         let app = self.apps.get(id)?;
-        if app.state == AppState::Reserving && app.free_slots() > 0 {
+        if app.holds_free_slots() {
             return Some(Why::GangMissing { missing: app.free_slots() as u32 });
         }
         self.why_app.get(id).cloned()
@@ -659,7 +670,7 @@ impl Scheduler {
             GangStyle::Soft => {
                 self.release_slots(id, true, now, world, out);
                 let app = self.apps.get_mut(id).expect("caller checked");
-                transition(app, &[AppEvent::Resume, AppEvent::Run]).expect("Reserving takes Resume");
+                transition(app, &[AppEvent::Resume, AppEvent::Run]).expect("a reserved gang runs and takes Resume");
                 if soft_note.is_some() {
                     app.reason = soft_note;
                 }
@@ -826,9 +837,6 @@ impl Scheduler {
                 Some(why @ Why::QueueLimit(_)) => why.clone(),
                 _ => Why::AfterGang,
             });
-        }
-        if app.state == AppState::Reserving {
-            return Some(Why::AfterGang);
         }
         self.why_app.get(app_id).cloned()
     }
@@ -1097,7 +1105,7 @@ impl Scheduler {
         let gangs: Vec<AppId> = self
             .apps
             .values()
-            .filter(|a| a.state == AppState::Reserving)
+            .filter(|a| a.holds_free_slots())
             .filter(|a| a.slots.iter().any(|s| s.task.is_none() && &s.placement.pool == pool))
             .map(|a| a.spec.id.clone())
             .collect();
@@ -1206,6 +1214,19 @@ impl Scheduler {
             return Err(format!("queue {path}: no usage but placements hold {want}"));
         }
         Ok(())
+    }
+}
+
+/// The state of an application record in today's meaning: a record of a version before gangs
+/// were shown as YuniKorn shows them says `Accepted` for a gang waiting to be reserved (now
+/// `Reserving`) and `Reserving` for a reserved one (now `Running`).
+fn current_state(app: &App) -> AppState {
+    match app.state {
+        AppState::Accepted if !app.spec.groups.is_empty() && !app.gang_given_up && app.reserved_at.is_none() => {
+            AppState::Reserving
+        }
+        AppState::Reserving if app.reserved_at.is_some() => AppState::Running,
+        state => state,
     }
 }
 
