@@ -26,7 +26,12 @@ pub struct AppInfo {
 impl AppInfo {
     /// Application `id` as `sched` holds it now.
     pub fn of(sched: &Scheduler, id: &AppId) -> Result<AppInfo, SchedError> {
-        Ok(AppInfo { app: sched.app(id)?.clone(), tasks: sched.task_counts(id), why: sched.app_why(id), released: None })
+        Ok(AppInfo {
+            app: sched.app(id)?.clone(),
+            tasks: sched.task_counts(id),
+            why: sched.app_why(id),
+            released: None,
+        })
     }
 
     /// The answer to a removal: what the application became, and what was released.

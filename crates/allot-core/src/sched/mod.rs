@@ -716,7 +716,12 @@ impl Scheduler {
     /// Killed, every alloc and grant it holds is released, and its records are gone. The answer
     /// is what it became: an application that had not ended ends (Completed if it was completing,
     /// else Failed with the reason `removed`), with its tasks' end states and what was released.
-    pub fn remove_app(&mut self, id: &AppId, now: Millis, world: &mut World<'_>) -> Result<(Removed, Outcome), SchedError> {
+    pub fn remove_app(
+        &mut self,
+        id: &AppId,
+        now: Millis,
+        world: &mut World<'_>,
+    ) -> Result<(Removed, Outcome), SchedError> {
         let app = self.app(id)?;
         let released = self.held_by(id);
         let event = match app.state {

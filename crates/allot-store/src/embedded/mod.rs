@@ -50,8 +50,8 @@ use crate::records::apps::{APPS, QUEUES, TASKS};
 use crate::records::runs::{CATALOG, RUNS};
 use crate::records::{
     decode, resources_from, AllocRecord, CorruptRecord, GrantRecord, NamespaceRecord, PoolRecord, SessionRecord,
-    ALLOCS, FORMAT_VERSION, GRANTS, META, META_CLOCK, META_FORMAT, META_SEQ, META_WALL_OFFSET, NAMESPACES, POOLS, POOL_LABELS,
-    RETIRED_FENCING, SESSIONS,
+    ALLOCS, FORMAT_VERSION, GRANTS, META, META_CLOCK, META_FORMAT, META_SEQ, META_WALL_OFFSET, NAMESPACES, POOLS,
+    POOL_LABELS, RETIRED_FENCING, SESSIONS,
 };
 use crate::runs::RunChange;
 use crate::{expires_in, Allocation, CommitStats, GrantInfo, SessionInfo, Store, StoreError, COMMIT_BUCKETS_MICROS};
