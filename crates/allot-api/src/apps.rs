@@ -224,20 +224,37 @@ pub struct App {
     pub queue: String,
     pub user: String,
     pub tags: BTreeMap<String, String>,
-    /// New, Accepted, Reserving, Running, Resuming, Completing, Completed, Failing, Failed,
-    /// Rejected.
+    /// New, Accepted (nothing placed yet), Reserving (waiting for its gang to be reserved),
+    /// Running (something placed, or its gang reserved), Resuming, Completing, Completed,
+    /// Failing, Failed, Rejected.
     pub state: String,
     pub task_groups: Vec<TaskGroup>,
     pub policy: SchedulingPolicy,
     /// Its tasks by state.
     pub tasks: BTreeMap<String, u64>,
     pub placeholders: Vec<Placeholder>,
-    /// While Reserving: the time left before the placeholder timeout.
+    /// While a placeholder waits for a task to take it over: the time left before the
+    /// placeholder timeout.
     pub placeholders_expire_in_ms: Option<u64>,
     /// Why it waits, while it does.
     pub waiting: Option<Waiting>,
-    /// Why it ended, when not by its tasks (e.g. `ResourceReservationTimeout`).
+    /// Why it ended, when not by its tasks (e.g. `ResourceReservationTimeout`, `removed`).
     pub reason: Option<String>,
+    /// Only in the answer to its removal: what the removal ended.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub released: Option<Released>,
+}
+
+/// What removing an application ended.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+pub struct Released {
+    /// The tasks that had not ended, now Killed.
+    pub tasks_killed: Vec<String>,
+    /// The placements released: the allocs of its placed tasks and unused placeholders, with
+    /// their tokens.
+    pub placements: Vec<Placement>,
+    /// The resources of those allocs, summed.
+    pub resources: String,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]

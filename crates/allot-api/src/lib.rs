@@ -543,7 +543,12 @@ pub struct Alloc {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub last_keepalive_ms_ago: Option<u64>,
     /// Negative once the lease has lapsed (the alloc may still be revived until reclaimed).
-    pub expires_in_ms: i64,
+    /// Absent (`null`) for an alloc held by the scheduler for a task: it has no lease, and lives
+    /// until the task ends (`held_by`).
+    pub expires_in_ms: Option<i64>,
+    /// Who holds an alloc that has no lease: `scheduler` (for the task its `owner` names).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub held_by: Option<String>,
     /// Set once the alloc has ended.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub ended: Option<EndReason>,

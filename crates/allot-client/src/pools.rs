@@ -1467,7 +1467,7 @@ pub fn spawn_keepalive<P: PoolSet + ?Sized + 'static>(
     alloc: &api::Alloc,
     options: KeepaliveOptions,
 ) -> KeepaliveHandle {
-    let lease_ends = later(Instant::now(), Duration::from_millis(alloc.expires_in_ms.max(0) as u64));
+    let lease_ends = later(Instant::now(), Duration::from_millis(alloc.expires_in_ms.unwrap_or(0).max(0) as u64));
     let (sender, status) =
         watch::channel(KeepaliveStatus { lease_ends: Some(lease_ends), ..KeepaliveStatus::default() });
     let uri = alloc.uri.clone();

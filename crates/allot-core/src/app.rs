@@ -50,14 +50,17 @@ named_enum! {
     AppState {
         /// Submitted, not yet admitted to its queue.
         New,
-        /// Admitted: its tasks may be placed.
+        /// Admitted, nothing of it placed yet (an application without task groups).
         Accepted,
-        /// Reserving its gang: the placeholders of every task group, all together or none.
+        /// Waiting for its gang to be reserved: the placeholders of every task group, all
+        /// together or none. Nothing of it is placed meanwhile.
         Reserving,
-        /// Placing and running its tasks.
+        /// Placing and running its tasks: something of it is placed, or its gang is reserved
+        /// (every placeholder held, as YuniKorn reports a gang once its placeholders are
+        /// allocated).
         Running,
-        /// Its gang's placeholder timeout ran out (Soft): the unused placeholders are being
-        /// released, then it goes on as an ordinary application.
+        /// Its gang gave up (Soft): its reserve timeout ran out, or its placeholder timeout did
+        /// and the unused placeholders are released; it goes on as an ordinary application.
         Resuming,
         /// Every task has ended (or it was reported complete): releasing what it holds.
         Completing,
@@ -73,16 +76,17 @@ named_enum! {
 named_enum! {
     /// What happens to an application.
     AppEvent {
-        /// Admission passed.
+        /// Admission passed; or a Soft gang that gave up before it was reserved waits as an
+        /// ordinary application.
         Accept,
         /// Admission refused.
         Reject,
-        /// It has task groups: start reserving its gang.
+        /// It has task groups: wait for its gang to be reserved.
         Reserve,
-        /// Run: no gang, or the gang is reserved, or resuming is done, or a task was added while
-        /// completing.
+        /// Run: its first placement (no gang), or its gang is reserved, or resuming is done, or
+        /// a task was added while completing.
         Run,
-        /// A Soft gang's placeholder timeout ran out.
+        /// A Soft gang's reserve or placeholder timeout ran out.
         Resume,
         /// Every task has ended, or the application was reported complete.
         Complete,
@@ -124,8 +128,10 @@ pub const APP_TRANSITIONS: &[(AppState, AppEvent, AppState)] = {
         (S::Reserving, E::Resume, S::Resuming),
         (S::Reserving, E::Complete, S::Completing),
         (S::Reserving, E::Fail, S::Failing),
+        (S::Running, E::Resume, S::Resuming),
         (S::Running, E::Complete, S::Completing),
         (S::Running, E::Fail, S::Failing),
+        (S::Resuming, E::Accept, S::Accepted),
         (S::Resuming, E::Run, S::Running),
         (S::Resuming, E::Complete, S::Completing),
         (S::Resuming, E::Fail, S::Failing),

@@ -156,7 +156,16 @@ pub struct LimitHit {
 
 impl fmt::Display for LimitHit {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let amount = |resource: &str, milli: u64| Resources::new().with_milli(resource, milli);
+        // A quantity of zero is not held by a vector: it is written out.
+        let amount = |resource: &str, milli: u64| match milli {
+            0 => format!("{resource}=0"),
+            milli => Resources::new().with_milli(resource, milli).to_string(),
+        };
+        // What is held so far, in words when it is nothing.
+        let held = |resource: &str, used: u64| match used {
+            0 => "nothing used yet".to_owned(),
+            used => format!("{} used", amount(resource, used)),
+        };
         let queue = &self.queue;
         match &self.limit {
             Limit::MaxApps { max } => write!(f, "queue `{queue}` already runs its maximum of {max} applications"),
@@ -165,16 +174,16 @@ impl fmt::Display for LimitHit {
             }
             Limit::Max { resource, max, used, wanted } => write!(
                 f,
-                "queue `{queue}` would go over its max of {} ({} used, {} more wanted)",
+                "queue `{queue}` would go over its max of {} ({}, {} more wanted)",
                 amount(resource, *max),
-                amount(resource, *used),
+                held(resource, *used),
                 amount(resource, *wanted)
             ),
             Limit::UserMax { user, resource, max, used, wanted } => write!(
                 f,
-                "user `{user}` would go over the per-user max of {} in queue `{queue}` ({} used, {} more wanted)",
+                "user `{user}` would go over the per-user max of {} in queue `{queue}` ({}, {} more wanted)",
                 amount(resource, *max),
-                amount(resource, *used),
+                held(resource, *used),
                 amount(resource, *wanted)
             ),
         }

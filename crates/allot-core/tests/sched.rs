@@ -235,8 +235,8 @@ fn two_gangs_that_cannot_both_fit_never_hold_halves() {
     }
     b.cycle();
     // One gang holds 3 of the 4 places; the other holds nothing at all.
-    assert_eq!(b.app_state("g1"), AppState::Running);
-    assert_eq!(b.app_state("g2"), AppState::Accepted);
+    assert_eq!(b.app_state("g1"), AppState::Running, "a gang wholly reserved runs");
+    assert_eq!(b.app_state("g2"), AppState::Reserving, "a gang waiting to be reserved");
     assert!(b.sched.app(&aid("g2")).unwrap().slots.is_empty());
     let why = b.sched.app_why(&aid("g2")).unwrap();
     assert!(matches!(why, Why::GangNotReserved { .. }), "{why:?}");
@@ -265,7 +265,7 @@ fn a_smaller_application_behind_a_waiting_gang_is_placed() {
     b.submit(app_spec("small", "root.q")).unwrap();
     b.add("small", task("t", "cpu=1")).unwrap();
     b.cycle();
-    assert_eq!(b.app_state("gang"), AppState::Accepted);
+    assert_eq!(b.app_state("gang"), AppState::Reserving);
     assert_eq!(b.state("small", "t"), TaskState::Allocated, "FIFO skips what cannot fit");
 }
 
@@ -284,8 +284,9 @@ fn soft_placeholder_timeout_releases_the_unused_and_runs_on() {
     };
     b.submit(spec).unwrap();
     b.add("a", member("m0", "g", "cpu=1")).unwrap();
+    assert_eq!(b.app_state("a"), AppState::Reserving, "waits for its gang");
     b.cycle();
-    assert_eq!(b.app_state("a"), AppState::Reserving);
+    assert_eq!(b.app_state("a"), AppState::Running, "every placeholder is held");
     assert_eq!(b.state("a", "m0"), TaskState::Allocated);
     let placeholder = b.sched.app(&aid("a")).unwrap().slots[0].placement.clone();
     assert_eq!(
@@ -297,7 +298,8 @@ fn soft_placeholder_timeout_releases_the_unused_and_runs_on() {
     assert_eq!(b.pools.pool(&PoolName::new("p").unwrap(), b.now).unwrap().allocs, 3);
     b.now += 9_999;
     b.cycle();
-    assert_eq!(b.app_state("a"), AppState::Reserving);
+    assert_eq!(b.app_state("a"), AppState::Running);
+    assert_eq!(b.pools.pool(&PoolName::new("p").unwrap(), b.now).unwrap().allocs, 3, "not timed out yet");
     b.now += 1;
     let report = b.cycle();
     assert_eq!(report.timed_out, 1);
@@ -327,7 +329,8 @@ fn hard_placeholder_timeout_fails_the_application() {
     };
     b.submit(spec).unwrap();
     b.add("a", member("m0", "g", "cpu=2")).unwrap();
-    b.add("a", task("other", "cpu=1")).unwrap();
+    // Larger than what the placeholders leave free: it waits.
+    b.add("a", task("other", "cpu=5")).unwrap();
     b.cycle();
     b.now += 5_000;
     b.cycle();
@@ -358,7 +361,7 @@ fn a_gang_that_never_reserves_hits_its_reserve_timeout() {
         b.submit(spec).unwrap();
         b.add("a", member("m0", "g", "cpu=1")).unwrap();
         b.cycle();
-        assert_eq!(b.app_state("a"), AppState::Accepted);
+        assert_eq!(b.app_state("a"), AppState::Reserving);
         b.now += 3_000;
         b.cycle();
         match style {
@@ -418,7 +421,7 @@ fn a_gang_with_token_needs_reserves_its_tokens_with_its_placeholders() {
     assert_eq!(b.pools.pool(&PoolName::new("p").unwrap(), b.now).unwrap().allocs, 0, "no placeholder without tokens");
     b.ledger.put_namespace(&NamespaceName::new("llm").unwrap(), 4, b.now).unwrap();
     b.cycle();
-    assert_eq!(b.app_state("a"), AppState::Reserving);
+    assert_eq!(b.app_state("a"), AppState::Running);
     assert_eq!(b.ledger.namespace(&NamespaceName::new("llm").unwrap(), b.now).unwrap().granted_units, 4);
     let mut world = World { pools: &mut b.pools, ledger: &mut b.ledger };
     b.sched.complete_app(&aid("a"), 2_000, &mut world).unwrap();
@@ -590,8 +593,8 @@ fn removing_a_pool_fails_its_tasks_and_ends_the_gangs_held_there() {
     soft.groups = vec![group("g", 2, "cpu=1")];
     b.submit(soft).unwrap();
     b.cycle();
-    assert_eq!(b.app_state("hard"), AppState::Reserving);
-    assert_eq!(b.app_state("soft"), AppState::Reserving);
+    assert_eq!(b.app_state("hard"), AppState::Running);
+    assert_eq!(b.app_state("soft"), AppState::Running);
     let pool = PoolName::new("p").unwrap();
     b.pools.remove_pool(&pool, true).unwrap();
     let now = b.now;
@@ -667,4 +670,74 @@ fn tasks_on_a_lost_pool_go_back_to_waiting_and_are_placed_elsewhere_until_it_is_
     assert!(b.sched.pool_back(&a));
     b.cycle();
     assert_eq!((b.state("x", "t1"), b.state("x", "t2")), (TaskState::Allocated, TaskState::Allocated));
+}
+
+#[test]
+fn a_gang_is_reserving_while_it_waits_and_running_once_every_placeholder_is_held() {
+    let mut b = Bench::new();
+    b.pool("p", "cpu=4", &[]);
+    b.queue("root.q", QueueLimits::default());
+    b.submit(app_spec("hog", "root.q")).unwrap();
+    b.add("hog", task("t", "cpu=3")).unwrap();
+    let mut spec = app_spec("a", "root.q");
+    spec.groups = vec![group("g", 2, "cpu=1")];
+    b.submit(spec).unwrap();
+    b.add("a", member("m0", "g", "cpu=1")).unwrap();
+    b.add("a", task("solo", "cpu=1")).unwrap();
+    b.cycle();
+    assert_eq!(b.app_state("a"), AppState::Reserving, "waiting for its gang");
+    assert!(matches!(b.sched.app_why(&aid("a")), Some(Why::GangNotReserved { .. })));
+    let why = b.sched.task_why(&aid("a"), &tid("solo")).unwrap();
+    assert_eq!(why.code(), "gang_not_reserved", "nothing is placed before the gang: {why}");
+    b.complete("hog", "t");
+    b.cycle();
+    // Every placeholder held: Running, as YuniKorn reports it; a task outside the groups is placed
+    // as any other, and the application says what its gang still misses.
+    assert_eq!(b.app_state("a"), AppState::Running);
+    assert_eq!(b.state("a", "m0"), TaskState::Allocated);
+    assert_eq!(b.state("a", "solo"), TaskState::Allocated);
+    assert_eq!(b.sched.app_why(&aid("a")), Some(Why::GangMissing { missing: 1 }));
+    b.check();
+}
+
+#[test]
+fn records_of_the_older_gang_states_are_read_in_todays_meaning() {
+    let mut b = Bench::new();
+    b.pool("p", "cpu=1", &[]);
+    b.queue("root.q", QueueLimits::default());
+    for id in ["reserved", "waiting"] {
+        let mut spec = app_spec(id, "root.q");
+        spec.groups = vec![group("g", 1, "cpu=1")];
+        b.submit(spec).unwrap();
+        b.cycle();
+    }
+    assert_eq!(b.app_state("reserved"), AppState::Running);
+    assert_eq!(b.app_state("waiting"), AppState::Reserving);
+    let queues = b.sched.queues().into_iter().map(|q| (q.path, q.limits)).collect();
+    let mut apps: Vec<_> = b.sched.apps_after(None, usize::MAX).into_iter().cloned().collect();
+    for app in &mut apps {
+        // What the older version wrote: a waiting gang Accepted, a reserved one Reserving.
+        app.state = if app.reserved_at.is_some() { AppState::Reserving } else { AppState::Accepted };
+    }
+    let restored = Scheduler::restore(b.sched.config().clone(), queues, apps, Vec::new());
+    assert_eq!(restored.app(&aid("reserved")).unwrap().state, AppState::Running);
+    assert_eq!(restored.app(&aid("waiting")).unwrap().state, AppState::Reserving);
+    assert!(restored.has_waiting(), "the waiting gang still waits");
+}
+
+#[test]
+fn an_application_says_when_a_queue_max_holds_its_tasks_and_says_nothing_used_in_words() {
+    let mut b = Bench::new();
+    b.pool("p", "cpu=64", &[]);
+    b.queue("root.small", QueueLimits { max: Some(res("cpu=2")), ..QueueLimits::default() });
+    b.submit(app_spec("a", "root.small")).unwrap();
+    b.add("a", task("big", "cpu=3")).unwrap();
+    b.cycle();
+    let want = "queue `root.small` would go over its max of cpu=2 (nothing used yet, cpu=3 more wanted)";
+    assert_eq!(b.sched.task_why(&aid("a"), &tid("big")).unwrap().to_string(), want);
+    let why = b.sched.app_why(&aid("a")).expect("the application says why it waits");
+    assert_eq!(why.code(), "queue_limit");
+    assert_eq!(why.to_string(), want);
+    let view = b.sched.queue(&QueuePath::new("root.small").unwrap()).unwrap();
+    assert!(view.waiting.get("queue_limit").is_some_and(|n| *n >= 1), "{:?}", view.waiting);
 }

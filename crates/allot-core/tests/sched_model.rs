@@ -183,17 +183,18 @@ impl World2 {
         for app in self.sched.apps_after(None, usize::MAX) {
             let members: u32 = app.spec.groups.iter().map(|g| g.min_members).sum();
             match app.state {
-                AppState::Reserving if app.slots.len() != members as usize => {
-                    return Err(format!(
-                        "{}: Reserving with {} of {members} placeholders",
-                        app.spec.id,
-                        app.slots.len()
-                    ))
-                }
-                AppState::Accepted | AppState::New if !app.slots.is_empty() => {
+                // Waiting for its gang, or never had one: no placeholder is held.
+                AppState::Reserving | AppState::Accepted | AppState::New if !app.slots.is_empty() => {
                     return Err(format!("{}: {} holds placeholders", app.spec.id, app.state))
                 }
+                // A gang reserved: all its placeholders, until one is taken over or released.
+                AppState::Running if app.reserved_at.is_some() && app.slots.len() > members as usize => {
+                    return Err(format!("{}: {} of {members} placeholders", app.spec.id, app.slots.len()))
+                }
                 _ => {}
+            }
+            if app.awaits_gang() && app.reserved_at.is_some() {
+                return Err(format!("{}: waits for its gang after it was reserved", app.spec.id));
             }
         }
         Ok(())

@@ -163,11 +163,11 @@ fn held(h: &HeldTokens) -> api::HeldTokens {
 }
 
 pub(crate) fn app(info: AppInfo, now: Millis) -> api::App {
-    let AppInfo { app, tasks, why } = info;
+    let AppInfo { app, tasks, why, released } = info;
     let spec = &app.spec;
     let expires = app
         .reserved_at
-        .filter(|_| app.state == allot_core::app::AppState::Reserving)
+        .filter(|_| app.holds_free_slots())
         .map(|at| at.saturating_add(spec.policy.placeholder_timeout_ms).saturating_sub(now));
     api::App {
         id: spec.id.to_string(),
@@ -209,6 +209,17 @@ pub(crate) fn app(info: AppInfo, now: Millis) -> api::App {
         placeholders_expire_in_ms: expires,
         waiting: waiting(why),
         reason: app.reason.clone(),
+        released: released.map(|released| {
+            let resources = released
+                .placements
+                .iter()
+                .fold(allot_core::Resources::new(), |sum, p| sum.checked_add(&p.resources).unwrap_or(sum));
+            api::Released {
+                tasks_killed: released.tasks_killed.iter().map(|t| t.to_string()).collect(),
+                placements: released.placements.iter().map(placement).collect(),
+                resources: resources.to_string(),
+            }
+        }),
     }
 }
 

@@ -84,8 +84,9 @@ pub(crate) async fn list_apps(
     }))
 }
 
-/// Submits an application, then adds the tasks it carries, in order. The same application again
-/// is answered as it is (200); other content under its id is `app_conflict`.
+/// Submits an application with the tasks it carries, all or nothing: a refusal (4xx) leaves
+/// nothing behind. The same application again is answered as it is (200), with any new tasks
+/// added; other content under its id is `app_conflict`.
 #[utoipa::path(post, path = "/v1/apps", tag = "apps", request_body = api::SubmitApp,
     responses((status = 201, body = api::SubmitAppResponse, description = "submitted"), (status = 200, body = api::SubmitAppResponse, description = "already submitted with this content"),
         (status = 400, body = api::ErrorBody, description = "invalid_argument, invalid_queue, invalid_resources or invalid_json"),
@@ -106,15 +107,11 @@ pub(crate) async fn submit_app(
 pub async fn submit(store: &dyn Store, body: api::SubmitApp) -> Result<api::SubmitAppResponse, ApiError> {
     let spec = convert::app_spec(&body)?;
     let tasks = body.tasks.into_iter().map(convert::task_spec).collect::<Result<Vec<_>, _>>()?;
-    let id = spec.id.clone();
-    let (_, created) = store.add_app(spec).await?;
-    // The tasks in one commit: a large application is submitted at the speed of one write.
-    let added: Vec<api::Task> = match tasks.is_empty() {
-        true => Vec::new(),
-        false => store.add_tasks(id.clone(), tasks).await?.into_iter().map(|(info, _)| convert::task(info)).collect(),
-    };
-    let info = store.app(id).await?;
-    Ok(api::SubmitAppResponse { created, app: convert::app(info, store.now()), tasks: added })
+    // One commit, all or nothing: a refused task leaves no application behind, and a large
+    // application is submitted at the speed of one write.
+    let (info, created, added) = store.submit_app(spec, tasks).await?;
+    let tasks = added.into_iter().map(|(info, _)| convert::task(info)).collect();
+    Ok(api::SubmitAppResponse { created, app: convert::app(info, store.now()), tasks })
 }
 
 #[utoipa::path(get, path = "/v1/apps/{app}", tag = "apps",

@@ -4,7 +4,7 @@
 use std::time::Duration;
 
 use allot_core::pool::{
-    Alloc, AllocId, AllocRequest, AllocState, EndReason, EndedAlloc, Offer, PoolName, PoolView, OFFER_ID,
+    Alloc, AllocId, AllocRequest, AllocState, EndReason, EndedAlloc, Offer, PoolName, PoolView, HELD, OFFER_ID,
 };
 use allot_core::{
     AllocateRequest, Constraints, Lease, LeaseRequest, Millis, NamespaceName, NamespaceView, Refusal, Resources, Scope,
@@ -232,6 +232,9 @@ pub(crate) fn offer(offer: Offer) -> allot_api::Offer {
     allot_api::Offer { id: OFFER_ID.into(), pool: offer.pool.to_string(), available: offer.available.to_string() }
 }
 
+/// Who holds an alloc made for a task: it has no lease.
+const HELD_BY_SCHEDULER: &str = "scheduler";
+
 /// An alloc as the wire shows it, with times relative to `now`.
 pub(crate) fn alloc(alloc: Alloc, ended: Option<(Millis, EndReason)>, now: Millis) -> allot_api::Alloc {
     let reason = |reason: EndReason| match reason {
@@ -249,7 +252,8 @@ pub(crate) fn alloc(alloc: Alloc, ended: Option<(Millis, EndReason)>, now: Milli
         labels: alloc.labels,
         created_ms_ago: now.saturating_sub(alloc.created),
         last_keepalive_ms_ago: alloc.last_keepalive.map(|at| now.saturating_sub(at)),
-        expires_in_ms: alloc.expires as i64 - now as i64,
+        expires_in_ms: (alloc.expires != HELD).then(|| alloc.expires as i64 - now as i64),
+        held_by: (alloc.expires == HELD).then(|| HELD_BY_SCHEDULER.to_owned()),
         ended: ended.map(|(_, why)| reason(why)),
         ended_ms_ago: ended.map(|(at, _)| now.saturating_sub(at)),
     }

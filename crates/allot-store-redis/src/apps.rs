@@ -7,7 +7,7 @@ use allot_core::queue::QueueUsage;
 use allot_core::queue::{QueueLimits, QueuePath};
 use allot_core::sched::{AppId, AppSpec, QueueView, SchedStats, TaskId, TaskSpec};
 use allot_core::NamespaceName;
-use allot_store::{AppInfo, AppStore, AppsHome, Page, PageRequest, StoreError, TaskInfo};
+use allot_store::{AppInfo, AppStore, AppsHome, Page, PageRequest, StoreError, Submitted, TaskInfo};
 use async_trait::async_trait;
 
 use crate::sched::Fresh;
@@ -74,6 +74,18 @@ impl AppStore for RedisStore {
         .await
     }
 
+    async fn submit_app(&self, spec: AppSpec, tasks: Vec<TaskSpec>) -> Result<Submitted, StoreError> {
+        let groups = spec.groups.iter().flat_map(|g| g.tokens.iter());
+        let named: Vec<NamespaceName> =
+            groups.chain(tasks.iter().flat_map(|t| t.tokens.iter())).map(|n| n.namespace.clone()).collect();
+        self.commit_sched(Fresh::All(&named), |sched, world, now| {
+            let (app, created, tasks, outcome) = sched.submit(spec, tasks, now, &world)?;
+            let tasks = TaskInfo::of_added(sched, &app.spec.id, &tasks)?;
+            Ok(((AppInfo::of(sched, &app.spec.id)?, created, tasks), outcome))
+        })
+        .await
+    }
+
     async fn app(&self, id: AppId) -> Result<AppInfo, StoreError> {
         self.read_sched(|sched| AppInfo::of(sched, &id)).await
     }
@@ -89,9 +101,8 @@ impl AppStore for RedisStore {
 
     async fn remove_app(&self, id: AppId) -> Result<AppInfo, StoreError> {
         self.commit_sched(Fresh::No, |sched, mut world, now| {
-            let tasks = sched.task_counts(&id);
-            let (app, outcome) = sched.remove_app(&id, now, &mut world)?;
-            Ok((AppInfo { app, tasks, why: None }, outcome))
+            let (removed, outcome) = sched.remove_app(&id, now, &mut world)?;
+            Ok((AppInfo::removed(removed), outcome))
         })
         .await
     }

@@ -63,6 +63,10 @@ pub const SWEEP_INTERVAL: Duration = Duration::from_millis(100);
 pub const POLL_INTERVAL: Duration = Duration::from_millis(250);
 /// The channel on which scripts publish the waiters they answered.
 const CHANNEL: &str = "allot:woken";
+/// The channel on which a daemon says it made room that may admit a waiting application (a
+/// quota or a pool put): whoever schedules reads the pools and namespaces again and runs a
+/// cycle at once. A plain channel: on a cluster every node forwards it to every subscriber.
+const SCHED_CHANNEL: &str = "allot:sched";
 /// The slot of the registries of namespaces and pools (`lua/registry.lua`).
 const REGISTRY_SLOT: &str = "allot:{allot-registry}";
 const REGISTRY: &str = "allot:{allot-registry}:namespaces";
@@ -861,12 +865,16 @@ impl QuotaStore for RedisStore {
 impl PoolStore for RedisStore {
     async fn put_pool(&self, name: PoolName, capacity: Resources) -> Result<(bool, PoolView), StoreError> {
         self.live()?;
-        pools::put(&self.inner, name, capacity, false).await
+        let put = pools::put(&self.inner, name, capacity, false).await?;
+        nudge_scheduler(&self.inner).await;
+        Ok(put)
     }
 
     async fn seed_pool(&self, name: PoolName, capacity: Resources) -> Result<(bool, PoolView), StoreError> {
         self.live()?;
-        pools::put(&self.inner, name, capacity, true).await
+        let put = pools::put(&self.inner, name, capacity, true).await?;
+        nudge_scheduler(&self.inner).await;
+        Ok(put)
     }
 
     async fn remove_pool(&self, name: PoolName, force: bool) -> Result<usize, StoreError> {
@@ -946,7 +954,9 @@ impl RedisStore {
             )
             .await?;
         let created = reply.int()? == 1;
-        Ok((created, reply::view(&name, &mut reply)?))
+        let view = reply::view(&name, &mut reply)?;
+        nudge_scheduler(inner).await;
+        Ok((created, view))
     }
 
     /// Calls the `grants` function with `args`: one token, or `""` and the tokens of a page.
@@ -1009,21 +1019,36 @@ async fn registry_members(inner: &Inner, key: &str) -> Result<Vec<String>, Store
     }
 }
 
-/// Listens on [`CHANNEL`] and wakes this daemon's waiting calls. After a reconnection every
-/// waiting call checks its answer, as messages may have been missed meanwhile.
+/// Says on [`SCHED_CHANNEL`] that room was made. Best effort: a message lost is made up for by
+/// the scheduler's own reading of the pools and namespaces, at most a second later.
+async fn nudge_scheduler(inner: &Inner) {
+    let publish = redis::cmd("PUBLISH").arg(SCHED_CHANNEL).arg("room").to_owned();
+    if let Err(err) = inner.conn.query(&publish).await {
+        tracing::debug!(error = %err, "could not tell the scheduler about new room");
+    }
+}
+
+/// Listens on [`CHANNEL`] and wakes this daemon's waiting calls, and on [`SCHED_CHANNEL`] and
+/// wakes its scheduler. After a reconnection every waiting call checks its answer, as messages
+/// may have been missed meanwhile.
 async fn run_subscriber(inner: Arc<Inner>, url: String) {
     loop {
         let attempt = async {
             let client = redis::Client::open(url.as_str())?;
             let mut pubsub = client.get_async_pubsub().await?;
-            pubsub.subscribe(CHANNEL).await?;
+            pubsub.subscribe(&[CHANNEL, SCHED_CHANNEL]).await?;
             Ok::<_, RedisError>(pubsub)
         };
         match attempt.await {
             Ok(pubsub) => {
                 wake_all(&inner);
+                inner.apps.room_made();
                 let mut messages = pubsub.into_on_message();
                 while let Some(message) = messages.next().await {
+                    if message.get_channel_name() == SCHED_CHANNEL {
+                        inner.apps.room_made();
+                        continue;
+                    }
                     wake_listed(&inner, &String::from_utf8_lossy(message.get_payload_bytes()));
                 }
                 tracing::warn!("lost the subscription to wake-ups; reconnecting");
@@ -1052,6 +1077,12 @@ async fn run_sharded_subscriber(inner: Arc<Inner>, link: Arc<cluster::ClusterLin
         };
         match conn {
             Ok(mut conn) => {
+                if let Err(err) = conn.subscribe(SCHED_CHANNEL).await {
+                    tracing::debug!(error = %err, "cannot subscribe to the scheduler's channel yet");
+                    tokio::time::sleep(Duration::from_millis(200)).await;
+                    continue;
+                }
+                inner.apps.room_made();
                 let mut subscribed: std::collections::HashSet<String> = std::collections::HashSet::new();
                 // The waiting calls are looked at when one starts, not at every message.
                 let mut calls_started = true;
@@ -1081,6 +1112,7 @@ async fn run_sharded_subscriber(inner: Arc<Inner>, link: Arc<cluster::ClusterLin
                                     wake_listed(&inner, &String::from_utf8_lossy(payload));
                                 }
                             }
+                            Some(push) if push.kind == redis::PushKind::Message => inner.apps.room_made(),
                             Some(_) => {}
                             None => break 'connected,
                         },

@@ -22,6 +22,7 @@
 //!   on). Nothing is placed before that.
 
 use std::collections::{HashMap, HashSet};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -156,6 +157,9 @@ pub(crate) struct Apps {
     seeds: Mutex<Vec<(QueuePath, QueueLimits)>>,
     stats: Mutex<SchedStats>,
     pub(crate) wake: Notify,
+    /// Set when a daemon made room (a quota or a pool put): the mirror is read again before the
+    /// next cycle, which runs at once.
+    room_made: AtomicBool,
 }
 
 impl Apps {
@@ -169,7 +173,15 @@ impl Apps {
             seeds: Mutex::new(Vec::new()),
             stats: Mutex::new(SchedStats::default()),
             wake: Notify::new(),
+            room_made: AtomicBool::new(false),
         }
+    }
+
+    /// A daemon made room that may admit a waiting application: if this daemon schedules, it
+    /// reads the pools and namespaces again and runs a cycle at once.
+    pub(crate) fn room_made(&self) {
+        self.room_made.store(true, Ordering::SeqCst);
+        self.wake.notify_one();
     }
 
     pub(crate) fn home(&self) -> AppsHome {
@@ -562,6 +574,11 @@ impl RedisStore {
         // Redis refuses makes it read at once. With nothing to place and no timer due, the pools
         // are still looked at now and then: a pool removed with force fails the tasks on it.
         let idle = !due && !l.sched.has_waiting();
+        // Room was made by some daemon: what waits is looked at again on the pools and
+        // namespaces as they are now, not up to MIRROR_MAX_AGE later.
+        if self.inner.apps.room_made.swap(false, Ordering::SeqCst) && !idle {
+            l.mirror_read = None;
+        }
         let age = l.mirror_read.map(|at| at.elapsed());
         if idle && age.is_some_and(|age| age < IDLE_LOOK) {
             return Ok(self.idle_wait(l, now));

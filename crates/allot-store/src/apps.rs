@@ -7,7 +7,7 @@ use std::collections::BTreeMap;
 use allot_core::app::TaskState;
 use allot_core::queue::{QueueLimits, QueuePath};
 use allot_core::sched::{
-    App, AppId, AppSpec, QueueView, SchedError, SchedStats, Scheduler, Task, TaskId, TaskSpec, Why,
+    App, AppId, AppSpec, QueueView, Released, Removed, SchedError, SchedStats, Scheduler, Task, TaskId, TaskSpec, Why,
 };
 use async_trait::async_trait;
 
@@ -19,12 +19,24 @@ pub struct AppInfo {
     pub app: App,
     pub tasks: BTreeMap<TaskState, u64>,
     pub why: Option<Why>,
+    /// Set in the answer to its removal: what the removal ended.
+    pub released: Option<Released>,
 }
 
 impl AppInfo {
     /// Application `id` as `sched` holds it now.
     pub fn of(sched: &Scheduler, id: &AppId) -> Result<AppInfo, SchedError> {
-        Ok(AppInfo { app: sched.app(id)?.clone(), tasks: sched.task_counts(id), why: sched.app_why(id) })
+        Ok(AppInfo {
+            app: sched.app(id)?.clone(),
+            tasks: sched.task_counts(id),
+            why: sched.app_why(id),
+            released: None,
+        })
+    }
+
+    /// The answer to a removal: what the application became, and what was released.
+    pub fn removed(removed: Removed) -> AppInfo {
+        AppInfo { app: removed.app, tasks: removed.tasks, why: None, released: Some(removed.released) }
     }
 }
 
@@ -51,6 +63,10 @@ impl TaskInfo {
     }
 }
 
+/// What a submission answers: the application, whether it is new, and its tasks, each with
+/// whether it is new.
+pub type Submitted = (AppInfo, bool, Vec<(TaskInfo, bool)>);
+
 /// The applications of a backend. Every change is made durable with the pool and quota changes
 /// it brings (the allocs and grants of placements) in one commit.
 #[async_trait]
@@ -68,10 +84,15 @@ pub trait AppStore: Send + Sync {
 
     /// Adds an application; true if it is new (the same content again answers it).
     async fn add_app(&self, spec: AppSpec) -> Result<(AppInfo, bool), StoreError>;
+    /// Submits an application with its tasks in one commit, all or nothing
+    /// (`Scheduler::submit`): a refusal leaves nothing behind. Answers the application, whether
+    /// it is new, and each task with whether it is new.
+    async fn submit_app(&self, spec: AppSpec, tasks: Vec<TaskSpec>) -> Result<Submitted, StoreError>;
     async fn app(&self, id: AppId) -> Result<AppInfo, StoreError>;
     /// A page of the applications, ordered by id.
     async fn apps(&self, page: PageRequest<AppId>) -> Result<Page<AppInfo, AppId>, StoreError>;
-    /// Removes an application and everything it holds.
+    /// Removes an application and everything it holds; answers what it became (its end state)
+    /// and what was released.
     async fn remove_app(&self, id: AppId) -> Result<AppInfo, StoreError>;
     async fn complete_app(&self, id: AppId) -> Result<AppInfo, StoreError>;
     async fn fail_app(&self, id: AppId, reason: String) -> Result<AppInfo, StoreError>;

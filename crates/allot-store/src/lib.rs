@@ -39,7 +39,7 @@ use allot_core::{
 };
 use async_trait::async_trait;
 
-pub use apps::{AppInfo, AppStore, AppsHome, TaskInfo};
+pub use apps::{AppInfo, AppStore, AppsHome, Submitted, TaskInfo};
 pub use embedded::{Durability, EmbeddedConfig, EmbeddedStore};
 pub use runs::{CachedOutputs, ExecutorLease, RunChange, RunStore};
 

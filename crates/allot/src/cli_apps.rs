@@ -882,6 +882,13 @@ fn app_line(verb: &str, app: &App) -> String {
     if let Some(reason) = &app.reason {
         let _ = write!(line, " ({reason})");
     }
+    if let Some(released) = &app.released {
+        let killed = released.tasks_killed.len();
+        let _ = match released.placements.len() {
+            0 => write!(line, "; {killed} tasks killed, nothing was held"),
+            n => write!(line, "; {killed} tasks killed, released {n} allocs ({})", released.resources),
+        };
+    }
     line + "\n"
 }
 

@@ -288,10 +288,13 @@ fn lease(alloc: &Alloc) -> String {
             serde_json::to_value(reason).ok().and_then(|v| v.as_str().map(str::to_owned)).unwrap_or_default()
         );
     }
-    if alloc.expires_in_ms >= 0 {
-        format!("expires in {}", format_ms(alloc.expires_in_ms as u64))
+    let Some(expires_in_ms) = alloc.expires_in_ms else {
+        return format!("held by the {}", alloc.held_by.as_deref().unwrap_or("scheduler"));
+    };
+    if expires_in_ms >= 0 {
+        format!("expires in {}", format_ms(expires_in_ms as u64))
     } else {
-        format!("lapsed {} ago", format_ms(alloc.expires_in_ms.unsigned_abs()))
+        format!("lapsed {} ago", format_ms(expires_in_ms.unsigned_abs()))
     }
 }
 

@@ -253,8 +253,8 @@ impl Scheduler {
         for (id, app) in &self.apps {
             let pending = self.pending.get(id).is_some_and(|p| !p.is_empty());
             let work = match app.state {
-                AppState::Accepted => app.awaits_gang() || pending,
-                AppState::Reserving | AppState::Running | AppState::Resuming => pending,
+                AppState::Reserving => app.awaits_gang() || pending,
+                AppState::Accepted | AppState::Running | AppState::Resuming => pending,
                 _ => false,
             };
             if work {
@@ -364,6 +364,10 @@ impl Scheduler {
             match self.place_task(app_id, &task, world, cycle) {
                 Ok(()) => return true,
                 Err(why) => {
+                    // A queue's limit holds the application back, not only this task: it says so.
+                    if matches!(why, Why::QueueLimit(_)) {
+                        self.why_app.entry(app_id.clone()).or_insert_with(|| why.clone());
+                    }
                     self.why_task.insert((app_id.clone(), task), why);
                 }
             }
@@ -387,7 +391,7 @@ impl Scheduler {
                 return Ok(());
             }
         }
-        if app.state == AppState::Reserving {
+        if app.awaits_gang() {
             return Err(Why::AfterGang);
         }
         let group = task.spec.group.as_ref().and_then(|g| app.spec.group(g));
@@ -465,9 +469,6 @@ impl Scheduler {
         app.slots[slot].task = Some(task_id.clone());
         let placement = app.slots[slot].placement.clone();
         let member = app.slots[slot].member;
-        if app.state == AppState::Reserving && app.free_slots() == 0 {
-            transition(app, &[AppEvent::Run]).expect("Reserving takes Run");
-        }
         cycle.out.apps.push(AppChange::App(app.clone()));
         self.allocate_task(app_id, task_id, placement, Some(member), cycle);
         self.stats.takeovers += 1;
@@ -535,7 +536,7 @@ impl Scheduler {
         app.slots = slots;
         app.reserved_at = Some(cycle.now);
         app.counted = true;
-        transition(app, &[AppEvent::Reserve]).expect("Accepted takes Reserve");
+        transition(app, &[AppEvent::Run]).expect("Reserving takes Run");
         cycle.out.apps.push(AppChange::App(app.clone()));
         self.charge(&queue, &user, &total, true);
         if !counted {
@@ -566,6 +567,8 @@ impl Scheduler {
                     GangStyle::Soft => {
                         let app = self.apps.get_mut(&id).expect("due");
                         app.gang_given_up = true;
+                        // Nothing of it is placed: it waits as an ordinary application.
+                        transition(app, &[AppEvent::Resume, AppEvent::Accept]).expect("Reserving takes Resume");
                         app.reason = Some("its gang was not reserved in time; it runs without one".to_owned());
                         out.apps.push(AppChange::App(app.clone()));
                     }

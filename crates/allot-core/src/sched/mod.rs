@@ -128,14 +128,21 @@ pub struct App {
 }
 
 impl App {
-    /// True while it waits to reserve its gang: nothing of it is placed before.
+    /// True while it waits for its gang to be reserved (Reserving): nothing of it is placed
+    /// before.
     pub fn awaits_gang(&self) -> bool {
-        self.state == AppState::Accepted && !self.spec.groups.is_empty() && !self.gang_given_up
+        self.state == AppState::Reserving && !self.spec.groups.is_empty() && !self.gang_given_up
     }
 
     /// Placeholders no task has taken over.
     pub fn free_slots(&self) -> usize {
         self.slots.iter().filter(|s| s.task.is_none()).count()
+    }
+
+    /// True while its gang is reserved and some placeholder waits for a task to take it over:
+    /// the placeholder timeout runs.
+    pub fn holds_free_slots(&self) -> bool {
+        self.reserved_at.is_some() && !self.state.is_terminal() && self.free_slots() > 0
     }
 
     fn reserve_deadline(&self) -> Option<Millis> {
@@ -145,7 +152,7 @@ impl App {
 
     fn placeholder_deadline(&self) -> Option<Millis> {
         let reserved = self.reserved_at?;
-        (self.state == AppState::Reserving).then(|| spec::after(reserved, self.spec.policy.placeholder_timeout_ms))
+        self.holds_free_slots().then(|| spec::after(reserved, self.spec.policy.placeholder_timeout_ms))
     }
 }
 
@@ -163,6 +170,26 @@ pub struct Task {
     /// The member slot of its group it took over, if it did.
     pub slot: Option<u32>,
     pub reason: Option<String>,
+}
+
+/// The reason an application or task ended by its removal carries.
+pub const REMOVED: &str = "removed";
+
+/// What a removed application became: its last record, its tasks by end state, and what its
+/// removal ended.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Removed {
+    pub app: App,
+    pub tasks: BTreeMap<TaskState, u64>,
+    pub released: Released,
+}
+
+/// What removing an application ended: the tasks it killed, and the placements (allocs with
+/// their grants) it released.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Released {
+    pub tasks_killed: Vec<TaskId>,
+    pub placements: Vec<Placement>,
 }
 
 /// A record the store must make durable, in order, with the pool and ledger changes of the same
@@ -321,7 +348,8 @@ impl Scheduler {
         for (path, limits) in queues {
             restored.queues.put(path, limits);
         }
-        for app in apps {
+        for mut app in apps {
+            app.state = current_state(&app);
             restored.next_seq = restored.next_seq.max(app.seq + 1);
             if app.counted {
                 restored.count_app(&app.spec.queue, &app.spec.user, true);
@@ -347,6 +375,27 @@ impl Scheduler {
             restored.tasks.entry(task.app.clone()).or_default().insert(task.spec.id.clone(), task);
         }
         restored
+    }
+
+    /// The daemon was down for `down` ms that its clock did not count (the embedded store's
+    /// clock resumes where it stopped): the timers of applications (reserve and placeholder
+    /// timeouts, the completing grace, the retention) count wall-clock time, so they count that
+    /// time too, as YuniKorn's do. Moves their starting points back by `down`; answers the
+    /// records that changed.
+    pub fn count_downtime(&mut self, down: Millis) -> Outcome {
+        let mut out = Outcome::default();
+        if down == 0 {
+            return out;
+        }
+        let back = |at: &mut Millis| *at = at.saturating_sub(down);
+        for app in self.apps.values_mut() {
+            back(&mut app.submitted);
+            app.reserved_at.as_mut().map(back);
+            app.completing_since.as_mut().map(back);
+            app.ended_at.as_mut().map(back);
+            out.apps.push(AppChange::App(app.clone()));
+        }
+        out
     }
 
     pub fn config(&self) -> &SchedConfig {
@@ -473,6 +522,71 @@ impl Scheduler {
         now: Millis,
         world: &World<'_>,
     ) -> Result<(App, bool, Outcome), SchedError> {
+        Ok(match self.admit_app(spec, now, world)? {
+            (app, false) => (app, false, Outcome::default()),
+            (app, true) => {
+                let out = self.insert_app(app.clone());
+                (app, true, out)
+            }
+        })
+    }
+
+    /// Submits an application with its tasks, all or nothing: everything is checked before
+    /// anything changes, so a refused submission (of the application or of any of its tasks)
+    /// leaves nothing behind. The same submission again answers what exists (`false`); new
+    /// tasks of an existing application are added.
+    #[allow(clippy::type_complexity)]
+    pub fn submit(
+        &mut self,
+        spec: AppSpec,
+        tasks: Vec<TaskSpec>,
+        now: Millis,
+        world: &World<'_>,
+    ) -> Result<(App, bool, Vec<(Task, bool)>, Outcome), SchedError> {
+        let (app, created) = self.admit_app(spec, now, world)?;
+        let mut checked: Vec<(TaskSpec, Option<Task>)> = Vec::with_capacity(tasks.len());
+        let mut in_batch: HashMap<TaskId, usize> = HashMap::new();
+        for spec in tasks {
+            // A task given twice in one submission: the second is the first again, or a conflict.
+            if let Some(&first) = in_batch.get(&spec.id) {
+                let field = task_conflict(&checked[first].0, &spec);
+                if let Some(field) = field {
+                    return Err(SchedError::TaskConflict { app: app.spec.id.clone(), task: spec.id, field });
+                }
+                continue;
+            }
+            let existing = if created { None } else { self.tasks.get(&app.spec.id).and_then(|t| t.get(&spec.id)) };
+            let admitted = match existing {
+                Some(existing) => match task_conflict(&existing.spec, &spec) {
+                    Some(field) => {
+                        return Err(SchedError::TaskConflict { app: app.spec.id.clone(), task: spec.id, field })
+                    }
+                    None => (existing.spec.clone(), Some(existing.clone())),
+                },
+                None => (self.check_new_task(&app, spec, world.ledger)?, None),
+            };
+            in_batch.insert(admitted.0.id.clone(), checked.len());
+            checked.push(admitted);
+        }
+        let app_id = app.spec.id.clone();
+        let mut out = if created { self.insert_app(app) } else { Outcome::default() };
+        let mut added = Vec::with_capacity(checked.len());
+        for (spec, existing) in checked {
+            match existing {
+                Some(task) => added.push((task, false)),
+                None => {
+                    let (task, changes) = self.insert_task(&app_id, spec, now);
+                    out.absorb(changes);
+                    added.push((task, true));
+                }
+            }
+        }
+        Ok((self.apps[&app_id].clone(), created, added, out))
+    }
+
+    /// Checks an application as [`Scheduler::add_app`] does and makes its record (Accepted, or
+    /// Reserving with a gang) without adding it; or answers the existing one (`false`).
+    fn admit_app(&self, spec: AppSpec, now: Millis, world: &World<'_>) -> Result<(App, bool), SchedError> {
         let spec = spec.check()?;
         if let Some(existing) = self.apps.get(&spec.id) {
             let field = [
@@ -486,7 +600,7 @@ impl Scheduler {
             .find(|(_, differs)| *differs);
             return match field {
                 Some((field, _)) => Err(SchedError::AppConflict { id: spec.id, field }),
-                None => Ok((existing.clone(), false, Outcome::default())),
+                None => Ok((existing.clone(), false)),
             };
         }
         self.queues.leaf(&spec.queue)?;
@@ -504,11 +618,18 @@ impl Scheduler {
             reason: None,
             ended_at: None,
         };
-        self.next_seq += 1;
         transition(&mut app, &[AppEvent::Accept])?;
+        if !app.spec.groups.is_empty() {
+            transition(&mut app, &[AppEvent::Reserve])?;
+        }
+        Ok((app, true))
+    }
+
+    /// Adds an application [`Scheduler::admit_app`] made.
+    fn insert_app(&mut self, app: App) -> Outcome {
+        self.next_seq = self.next_seq.max(app.seq + 1);
         self.apps.insert(app.spec.id.clone(), app.clone());
-        let out = Outcome { apps: vec![AppChange::App(app.clone())], ..Outcome::default() };
-        Ok((app, true, out))
+        Outcome { apps: vec![AppChange::App(app)], ..Outcome::default() }
     }
 
     fn check_gang(&self, spec: &AppSpec, world: &World<'_>) -> Result<(), SchedError> {
@@ -585,21 +706,58 @@ impl Scheduler {
     /// Why a live application waits, from the last cycle that looked at it.
     pub fn app_why(&self, id: &AppId) -> Option<Why> {
         let app = self.apps.get(id)?;
-        if app.state == AppState::Reserving && app.free_slots() > 0 {
+        if app.holds_free_slots() {
             return Some(Why::GangMissing { missing: app.free_slots() as u32 });
         }
         self.why_app.get(id).cloned()
     }
 
-    /// Removes an application [YuniKorn `RemoveApplication`]: every task ends (Killed), every
-    /// alloc and grant it holds is released, and its records are gone.
-    pub fn remove_app(&mut self, id: &AppId, now: Millis, world: &mut World<'_>) -> Result<(App, Outcome), SchedError> {
-        self.app(id)?;
+    /// Removes an application [YuniKorn `RemoveApplication`]: every task that has not ended is
+    /// Killed, every alloc and grant it holds is released, and its records are gone. The answer
+    /// is what it became: an application that had not ended ends (Completed if it was completing,
+    /// else Failed with the reason `removed`), with its tasks' end states and what was released.
+    pub fn remove_app(
+        &mut self,
+        id: &AppId,
+        now: Millis,
+        world: &mut World<'_>,
+    ) -> Result<(Removed, Outcome), SchedError> {
+        let app = self.app(id)?;
+        let released = self.held_by(id);
+        let event = match app.state {
+            state if state.is_terminal() => None,
+            AppState::Completing => Some(AppEvent::Complete),
+            _ => Some(AppEvent::Fail),
+        };
         let mut out = Outcome::default();
-        self.end_app(id, None, now, world, &mut out);
-        let app = self.apps[id].clone();
+        let live: Vec<TaskId> = self
+            .tasks
+            .get(id)
+            .into_iter()
+            .flat_map(|t| t.values())
+            .filter(|t| !t.state.is_terminal())
+            .map(|t| t.spec.id.clone())
+            .collect();
+        for task in &live {
+            let _ = self.end_task(id, task, TaskEvent::Kill, Some(REMOVED.to_owned()), now, world, &mut out, false);
+        }
+        if event == Some(AppEvent::Fail) {
+            self.apps.get_mut(id).expect("checked").reason.get_or_insert_with(|| REMOVED.to_owned());
+        }
+        self.end_app(id, event, now, world, &mut out);
+        let released = Released { tasks_killed: live, placements: released };
+        let removed = Removed { app: self.apps[id].clone(), tasks: self.task_counts(id), released };
         self.forget(id, &mut out);
-        Ok((app, out))
+        Ok((removed, out))
+    }
+
+    /// Everything an application holds: its unused placeholders and its placed tasks'
+    /// placements.
+    fn held_by(&self, id: &AppId) -> Vec<Placement> {
+        let slots = self.apps.get(id).into_iter().flat_map(|a| a.slots.iter().filter(|s| s.task.is_none()));
+        let tasks = self.tasks.get(id).into_iter().flat_map(|t| t.values());
+        let placed = tasks.filter(|t| matches!(t.state, TaskState::Allocated | TaskState::Running));
+        slots.map(|s| s.placement.clone()).chain(placed.filter_map(|t| t.placement.clone())).collect()
     }
 
     /// Reports the application complete [YuniKorn `NotifyApplicationComplete`]: tasks that have
@@ -659,7 +817,7 @@ impl Scheduler {
             GangStyle::Soft => {
                 self.release_slots(id, true, now, world, out);
                 let app = self.apps.get_mut(id).expect("caller checked");
-                transition(app, &[AppEvent::Resume, AppEvent::Run]).expect("Reserving takes Resume");
+                transition(app, &[AppEvent::Resume, AppEvent::Run]).expect("a reserved gang runs and takes Resume");
                 if soft_note.is_some() {
                     app.reason = soft_note;
                 }
@@ -741,23 +899,21 @@ impl Scheduler {
     ) -> Result<(Task, bool, Outcome), SchedError> {
         let app = self.app(app_id)?;
         if let Some(existing) = self.tasks.get(app_id).and_then(|t| t.get(&spec.id)) {
-            let field = [
-                ("resources", existing.spec.resources != spec.resources),
-                ("tokens", existing.spec.tokens != spec::merge_needs(&spec.tokens).unwrap_or_default()),
-                ("group", existing.spec.group != spec.group),
-                ("priority", existing.spec.priority != spec.priority),
-                ("selector", existing.spec.selector != spec.selector),
-                ("spec", existing.spec.spec != spec.spec),
-            ]
-            .into_iter()
-            .find(|(_, differs)| *differs);
-            return match field {
-                Some((field, _)) => Err(SchedError::TaskConflict { app: app_id.clone(), task: spec.id, field }),
+            return match task_conflict(&existing.spec, &spec) {
+                Some(field) => Err(SchedError::TaskConflict { app: app_id.clone(), task: spec.id, field }),
                 None => Ok((existing.clone(), false, Outcome::default())),
             };
         }
+        let spec = self.check_new_task(app, spec, ledger)?;
+        let (task, out) = self.insert_task(app_id, spec, now);
+        Ok((task, true, out))
+    }
+
+    /// Checks a task that `app` does not have yet, as [`Scheduler::add_task`] does; answers its
+    /// checked spec.
+    fn check_new_task(&self, app: &App, spec: TaskSpec, ledger: &Ledger) -> Result<TaskSpec, SchedError> {
         if app.state.is_terminal() {
-            return Err(SchedError::AppEnded { id: app_id.clone(), state: app.state });
+            return Err(SchedError::AppEnded { id: app.spec.id.clone(), state: app.state });
         }
         let spec = spec.check(&app.spec)?;
         for need in &spec.tokens {
@@ -765,6 +921,11 @@ impl Scheduler {
                 return Err(SchedError::NamespaceNotFound(need.namespace.clone()));
             }
         }
+        Ok(spec)
+    }
+
+    /// Adds a checked task to an application that has it not: Pending.
+    fn insert_task(&mut self, app_id: &AppId, spec: TaskSpec, now: Millis) -> (Task, Outcome) {
         let mut task = Task {
             app: app_id.clone(),
             spec,
@@ -776,11 +937,11 @@ impl Scheduler {
             reason: None,
         };
         self.next_seq += 1;
-        task.state = task.state.on(TaskEvent::Admit)?;
+        task.state = task.state.on(TaskEvent::Admit).expect("New takes Admit");
         let mut out = Outcome::default();
-        let app = self.apps.get_mut(app_id).expect("checked above");
+        let app = self.apps.get_mut(app_id).expect("caller checked");
         if app.state == AppState::Completing {
-            transition(app, &[AppEvent::Run])?;
+            transition(app, &[AppEvent::Run]).expect("Completing takes Run");
             app.completing_since = None;
             out.apps.push(AppChange::App(app.clone()));
         }
@@ -788,7 +949,7 @@ impl Scheduler {
         self.tasks.entry(app_id.clone()).or_default().insert(task.spec.id.clone(), task.clone());
         self.count(app_id, None, Some(task.state));
         out.apps.push(AppChange::Task(task.clone()));
-        Ok((task, true, out))
+        (task, out)
     }
 
     pub fn task(&self, app: &AppId, task: &TaskId) -> Result<&Task, SchedError> {
@@ -826,9 +987,6 @@ impl Scheduler {
                 Some(why @ Why::QueueLimit(_)) => why.clone(),
                 _ => Why::AfterGang,
             });
-        }
-        if app.state == AppState::Reserving {
-            return Some(Why::AfterGang);
         }
         self.why_app.get(app_id).cloned()
     }
@@ -1097,7 +1255,7 @@ impl Scheduler {
         let gangs: Vec<AppId> = self
             .apps
             .values()
-            .filter(|a| a.state == AppState::Reserving)
+            .filter(|a| a.holds_free_slots())
             .filter(|a| a.slots.iter().any(|s| s.task.is_none() && &s.placement.pool == pool))
             .map(|a| a.spec.id.clone())
             .collect();
@@ -1206,6 +1364,34 @@ impl Scheduler {
             return Err(format!("queue {path}: no usage but placements hold {want}"));
         }
         Ok(())
+    }
+}
+
+/// The first field in which `new` differs from an existing task's spec, if any: the same task
+/// again is answered as it is, another under its id is a conflict.
+fn task_conflict(existing: &TaskSpec, new: &TaskSpec) -> Option<&'static str> {
+    [
+        ("resources", existing.resources != new.resources),
+        ("tokens", existing.tokens != spec::merge_needs(&new.tokens).unwrap_or_default()),
+        ("group", existing.group != new.group),
+        ("priority", existing.priority != new.priority),
+        ("selector", existing.selector != new.selector),
+        ("spec", existing.spec != new.spec),
+    ]
+    .into_iter()
+    .find_map(|(field, differs)| differs.then_some(field))
+}
+
+/// The state of an application record in today's meaning: a record of a version before gangs
+/// were shown as YuniKorn shows them says `Accepted` for a gang waiting to be reserved (now
+/// `Reserving`) and `Reserving` for a reserved one (now `Running`).
+fn current_state(app: &App) -> AppState {
+    match app.state {
+        AppState::Accepted if !app.spec.groups.is_empty() && !app.gang_given_up && app.reserved_at.is_none() => {
+            AppState::Reserving
+        }
+        AppState::Reserving if app.reserved_at.is_some() => AppState::Running,
+        state => state,
     }
 }
 

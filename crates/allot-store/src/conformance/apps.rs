@@ -27,6 +27,7 @@ pub async fn run_apps(store: Arc<dyn Store>) {
         a_gang_reserves_all_its_placeholders_or_none(store),
         submission_is_idempotent_and_checked(store),
         a_pool_removed_with_force_fails_the_tasks_placed_on_it(store),
+        a_refused_submission_leaves_nothing_behind(store),
     );
 }
 
@@ -133,9 +134,19 @@ async fn tasks_are_placed_on_pools_and_release_on_completion(store: &dyn Store) 
         task_state(store, &id, "t2").await.task.state == TaskState::Allocated
     })
     .await;
+    let t2 = task_state(store, &id, "t2").await.task;
     let removed = store.remove_app(id.clone()).await.unwrap();
     assert_eq!(removed.app.spec.id, id);
+    // The answer is what it became, and what was released.
+    assert_eq!(removed.app.state, AppState::Failed, "a live application removed ends");
+    assert_eq!(removed.app.reason.as_deref(), Some(allot_core::sched::REMOVED));
+    assert_eq!(removed.tasks.get(&TaskState::Killed), Some(&1), "{:?}", removed.tasks);
+    assert_eq!(removed.tasks.get(&TaskState::Completed), Some(&1), "{:?}", removed.tasks);
+    let released = removed.released.expect("a removal says what it released");
+    assert_eq!(released.tasks_killed, vec![TaskId::new("t2").unwrap()]);
+    assert_eq!(released.placements.iter().map(|p| p.alloc).collect::<Vec<_>>(), vec![t2.placement.unwrap().alloc]);
     assert_eq!(store.pool(p).await.unwrap().allocs, 0, "removing the application freed its alloc");
+    assert!(matches!(store.app(id).await, Err(StoreError::Sched(SchedError::AppNotFound(_)))));
 }
 
 async fn a_pool_removed_with_force_fails_the_tasks_placed_on_it(store: &dyn Store) {
@@ -213,14 +224,14 @@ async fn a_gang_reserves_all_its_placeholders_or_none(store: &dyn Store) {
     store.add_app(second).await.unwrap();
     eventually("one gang is reserved", || async {
         let (x, y) = (store.app(a.clone()).await.unwrap(), store.app(b.clone()).await.unwrap());
-        x.app.state == AppState::Reserving || y.app.state == AppState::Reserving
+        x.app.state == AppState::Running || y.app.state == AppState::Running
     })
     .await;
     let (x, y) = (store.app(a.clone()).await.unwrap(), store.app(b.clone()).await.unwrap());
-    let (held, waiting) = if x.app.state == AppState::Reserving { (x, y) } else { (y, x) };
+    let (held, waiting) = if x.app.state == AppState::Running { (x, y) } else { (y, x) };
     assert_eq!(held.app.slots.len(), 3, "all its placeholders");
     assert!(waiting.app.slots.is_empty(), "the other holds none");
-    assert_eq!(waiting.app.state, AppState::Accepted);
+    assert_eq!(waiting.app.state, AppState::Reserving, "it waits for its gang to be reserved");
     let member = TaskSpec { group: Some(GroupName::new("workers").unwrap()), ..task("m0", "cpu=1", &p) };
     store.add_task(held.app.spec.id.clone(), member).await.unwrap();
     let held_id = held.app.spec.id.clone();
@@ -233,7 +244,7 @@ async fn a_gang_reserves_all_its_placeholders_or_none(store: &dyn Store) {
     store.complete_app(held_id.clone()).await.unwrap();
     let waiting_id = waiting.app.spec.id.clone();
     eventually("the other gang is reserved once the first is done", || async {
-        store.app(waiting_id.clone()).await.unwrap().app.state == AppState::Reserving
+        store.app(waiting_id.clone()).await.unwrap().app.state == AppState::Running
     })
     .await;
     store.remove_app(held_id).await.unwrap();
@@ -263,4 +274,58 @@ async fn submission_is_idempotent_and_checked(store: &dyn Store) {
     let refused = store.add_app(gang).await;
     assert!(matches!(refused, Err(StoreError::Sched(SchedError::GroupNeverFits { .. }))), "{refused:?}");
     store.remove_app(id).await.unwrap();
+}
+
+async fn a_refused_submission_leaves_nothing_behind(store: &dyn Store) {
+    let (q, p) = (queue("atomic"), pool("atomic"));
+    store.put_queue(q.clone(), QueueLimits::default()).await.unwrap();
+    labelled_pool(store, &p, "cpu=4").await;
+    let mut spec = app("atomic", q.clone());
+    spec.groups = vec![TaskGroup {
+        name: GroupName::new("g").unwrap(),
+        min_members: 1,
+        min_resources: res("cpu=1"),
+        selector: [("conformance".to_owned(), p.to_string())].into(),
+        tokens: Vec::new(),
+    }];
+    let id = spec.id.clone();
+    let member = |name: &str, resources: &str| TaskSpec {
+        group: Some(GroupName::new("g").unwrap()),
+        ..task(name, resources, &p)
+    };
+    let missing = NamespaceName::new("conformance:no-such-namespace").unwrap();
+    let refusals = [
+        // The second task is larger than its group's placeholder.
+        (vec![member("m0", "cpu=1"), member("m1", "cpu=2")], "larger_than_task_group"),
+        // A task names a token namespace that does not exist.
+        (
+            vec![TaskSpec { tokens: vec![TokenNeed { namespace: missing, units: 1 }], ..task("t", "cpu=1", &p) }],
+            "namespace_not_found",
+        ),
+        // One task given twice with different content.
+        (vec![task("t", "cpu=1", &p), task("t", "cpu=2", &p)], "task_conflict"),
+    ];
+    for (tasks, what) in refusals {
+        let refused = store.submit_app(spec.clone(), tasks).await;
+        assert!(refused.is_err(), "{what}: {refused:?}");
+        assert!(
+            matches!(store.app(id.clone()).await, Err(StoreError::Sched(SchedError::AppNotFound(_)))),
+            "{what}: a refused submission left its application behind"
+        );
+    }
+    // Nothing was reserved for it meanwhile, and the same submission, corrected, goes through.
+    tokio::time::sleep(std::time::Duration::from_millis(300)).await;
+    assert_eq!(store.pool(p.clone()).await.unwrap().allocs, 0, "no placeholder held for a refused application");
+    let (info, created, tasks) = store.submit_app(spec.clone(), vec![member("m0", "cpu=1")]).await.unwrap();
+    assert!(created && info.app.spec.id == id && tasks.len() == 1 && tasks[0].1);
+    // Adding to an existing application is all or nothing too.
+    let refused = store.submit_app(spec.clone(), vec![member("m1", "cpu=1"), member("m2", "cpu=9")]).await;
+    assert!(refused.is_err(), "{refused:?}");
+    let page = store.tasks(id.clone(), crate::PageRequest::first(10)).await.unwrap();
+    assert_eq!(page.items.len(), 1, "the refused submission added no task");
+    let (_, created, tasks) = store.submit_app(spec, vec![member("m0", "cpu=1"), member("m1", "cpu=1")]).await.unwrap();
+    assert!(!created);
+    assert_eq!(tasks.iter().map(|(_, new)| *new).collect::<Vec<_>>(), vec![false, true]);
+    store.remove_app(id).await.unwrap();
+    assert_eq!(store.pool(p).await.unwrap().allocs, 0);
 }

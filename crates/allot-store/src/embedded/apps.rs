@@ -16,7 +16,7 @@ use redb::{ReadTransaction, ReadableTable};
 
 use super::ops::{Op, Table};
 use super::{durable, lock, EmbeddedStore, OpenError, Shared};
-use crate::apps::{AppInfo, AppStore, TaskInfo};
+use crate::apps::{AppInfo, AppStore, Submitted, TaskInfo};
 use crate::records::apps::{AppRecord, QueueRecord, TaskRecord, APPS, QUEUES, TASKS};
 use crate::records::{decode, encode};
 use crate::{Page, PageRequest, StoreError};
@@ -172,6 +172,15 @@ impl AppStore for EmbeddedStore {
         .await
     }
 
+    async fn submit_app(&self, spec: AppSpec, tasks: Vec<TaskSpec>) -> Result<Submitted, StoreError> {
+        self.commit_sched(|sched, world, now| {
+            let (app, created, tasks, outcome) = sched.submit(spec, tasks, now, &world)?;
+            let tasks = TaskInfo::of_added(sched, &app.spec.id, &tasks)?;
+            Ok(((AppInfo::of(sched, &app.spec.id)?, created, tasks), outcome))
+        })
+        .await
+    }
+
     async fn app(&self, id: AppId) -> Result<AppInfo, StoreError> {
         self.read_sched(|sched| AppInfo::of(sched, &id))
     }
@@ -186,9 +195,8 @@ impl AppStore for EmbeddedStore {
 
     async fn remove_app(&self, id: AppId) -> Result<AppInfo, StoreError> {
         self.commit_sched(|sched, mut world, now| {
-            let tasks = sched.task_counts(&id);
-            let (app, outcome) = sched.remove_app(&id, now, &mut world)?;
-            Ok((AppInfo { app, tasks, why: None }, outcome))
+            let (removed, outcome) = sched.remove_app(&id, now, &mut world)?;
+            Ok((AppInfo::removed(removed), outcome))
         })
         .await
     }

@@ -50,8 +50,8 @@ use crate::records::apps::{APPS, QUEUES, TASKS};
 use crate::records::runs::{CATALOG, RUNS};
 use crate::records::{
     decode, resources_from, AllocRecord, CorruptRecord, GrantRecord, NamespaceRecord, PoolRecord, SessionRecord,
-    ALLOCS, FORMAT_VERSION, GRANTS, META, META_CLOCK, META_FORMAT, META_SEQ, NAMESPACES, POOLS, POOL_LABELS,
-    RETIRED_FENCING, SESSIONS,
+    ALLOCS, FORMAT_VERSION, GRANTS, META, META_CLOCK, META_FORMAT, META_SEQ, META_WALL_OFFSET, NAMESPACES, POOLS,
+    POOL_LABELS, RETIRED_FENCING, SESSIONS,
 };
 use crate::runs::RunChange;
 use crate::{expires_in, Allocation, CommitStats, GrantInfo, SessionInfo, Store, StoreError, COMMIT_BUCKETS_MICROS};
@@ -492,7 +492,8 @@ impl EmbeddedStore {
 
     fn open_with(opener: Opener, files: Box<dyn LogFiles>, durability: Durability) -> Result<EmbeddedStore, OpenError> {
         let db = opener()?;
-        let (Loaded { ledger, pools, sched, runs, clock, seq }, last_segment) = load(&db, files.as_ref(), None)?;
+        let (Loaded { ledger, pools, mut sched, runs, clock, seq }, last_segment) = load(&db, files.as_ref(), None)?;
+        let clock = count_downtime(&db, &mut sched, clock)?;
         let number = last_segment + 1;
         let segment = files
             .create(number, wal::SEGMENT_BYTES)
@@ -743,6 +744,43 @@ struct Loaded {
 }
 
 /// Creates the tables of a new database, and checks the format of an existing one.
+/// Counts the time the daemon was down in the applications' timers, which are wall-clock
+/// (`Scheduler::count_downtime`), and notes this daemon's wall-clock offset for the next open;
+/// durable before anything is served. Answers the daemon clock to start from: where the last
+/// record left it, or, for a new store, the wall clock (so that timers are never moved back
+/// past the clock's start).
+fn count_downtime(db: &Database, sched: &mut Scheduler, clock: Millis) -> Result<Millis, OpenError> {
+    let write_err = |err: String| OpenError::Read(format!("cannot note the wall clock: {err}"));
+    let wall = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX));
+    let txn = db.begin_write().map_err(|e| write_err(redb_error(e)))?;
+    let clock = {
+        let mut meta = txn.open_table(META).map_err(|e| write_err(redb_error(e)))?;
+        let offset = meta.get(META_WALL_OFFSET).map_err(|e| write_err(redb_error(e)))?.map(|v| v.value());
+        let fresh = meta.get(META_CLOCK).map_err(|e| write_err(redb_error(e)))?.is_none() && clock == 0;
+        let clock = if fresh { wall } else { clock };
+        if let Some(offset) = offset {
+            let down = wall.saturating_sub(clock.saturating_add(offset));
+            let outcome = sched.count_downtime(down);
+            if !outcome.apps.is_empty() {
+                tracing::info!(down_ms = down, "the daemon was down: the applications' timers count that time");
+                let mut writes = Vec::new();
+                apps::ops(outcome.apps.iter(), &mut writes);
+                let mut tables = ops::Tables::open(&txn).map_err(|e| write_err(e.to_string()))?;
+                for op in &writes {
+                    tables.apply(op).map_err(|e| write_err(e.to_string()))?;
+                }
+            }
+        }
+        meta.insert(META_CLOCK, clock).map_err(|e| write_err(redb_error(e)))?;
+        meta.insert(META_WALL_OFFSET, wall.saturating_sub(clock)).map_err(|e| write_err(redb_error(e)))?;
+        clock
+    };
+    txn.commit().map_err(|e| write_err(redb_error(e)))?;
+    Ok(clock)
+}
+
 fn prepare(db: &Database) -> Result<(), OpenError> {
     let read_err = |err: redb::Error| OpenError::Read(err.to_string());
     let initialized = match db.begin_read().map_err(|e| read_err(e.into()))?.open_table(META) {

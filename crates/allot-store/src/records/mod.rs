@@ -40,6 +40,9 @@ pub const POOL_LABELS: TableDefinition<&str, &[u8]> = TableDefinition::new("pool
 pub const META_FORMAT: &str = "format";
 pub const META_CLOCK: &str = "clock";
 pub const META_SEQ: &str = "seq";
+/// The wall clock (Unix ms) less the daemon clock, as the daemon that last opened the store had
+/// them: with the daemon clock of the last record, when that daemon stopped.
+pub const META_WALL_OFFSET: &str = "wall_offset";
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct NamespaceRecord {

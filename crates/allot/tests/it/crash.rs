@@ -179,7 +179,8 @@ async fn allocs_survive_sigkill_with_the_lease_time_they_had_left(durability: &s
     let client = daemon.client();
     let accept = Accept { min: "cpu=1".into(), owner: Some("me".into()), ..Accept::default() };
     let short = client.accept("worker-1", "1", &accept).await.unwrap();
-    assert!(short.expires_in_ms <= 8_000 && short.expires_in_ms > 7_000, "the configured lease: {short:?}");
+    let short_left = short.expires_in_ms.unwrap();
+    assert!(short_left <= 8_000 && short_left > 7_000, "the configured lease: {short:?}");
     let long = client.accept("worker-1", "1", &accept).await.unwrap();
     let kept = client.keepalive_alloc("worker-1", &long.id, Duration::from_secs(60)).await.unwrap();
     assert_eq!(kept.interval_ms, 20_000, "capped by the configured maximum");
@@ -200,7 +201,7 @@ async fn allocs_survive_sigkill_with_the_lease_time_they_had_left(durability: &s
     assert_eq!(ids, expected, "acknowledged allocs survive; the freed one does not come back");
     // The long lease had about 19 s left at the kill: the time the daemon was down does not count
     // (the clock is checkpointed at least once a second).
-    let left = allocs.iter().find(|a| a.id == long.id).unwrap().expires_in_ms;
+    let left = allocs.iter().find(|a| a.id == long.id).unwrap().expires_in_ms.unwrap();
     let had_left = 20_000 - 1_000 - killed_at.elapsed().as_millis() as i64 + 1_500;
     assert!((had_left - 1_500..=had_left + 1_300).contains(&left), "had about {had_left} ms left, resumed with {left}");
     assert_eq!(client.offers("worker-1").await.unwrap().offers[0].available, "cpu=2");
