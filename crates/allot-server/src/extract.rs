@@ -41,7 +41,8 @@ pub(crate) fn json_object<T: DeserializeOwned>(bytes: &[u8]) -> Result<T, ApiErr
         Some(b'{') => bytes,
         Some(_) => return Err(ApiError::invalid_json("the request body must be a JSON object, e.g. {\"quota\": 10}")),
     };
-    serde_json::from_slice(text).map_err(|err| ApiError::invalid_json(format!("the request body is not valid: {err}")))
+    crate::objects::from_slice(text)
+        .map_err(|err| ApiError::invalid_json(format!("the request body is not valid: {err}")))
 }
 
 /// Path parameters, percent-decoded.

@@ -18,6 +18,7 @@ mod extract;
 mod forward;
 mod hot;
 mod metrics;
+mod objects;
 mod page;
 pub use page::DEFAULT_PAGE;
 mod pool_routes;

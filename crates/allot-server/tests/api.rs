@@ -743,13 +743,16 @@ async fn queues_applications_and_tasks_over_the_api() {
     let eval = until(&h, "/v1/apps/train-1/tasks/eval", |b| !b["waiting"].is_null()).await;
     assert_eq!(eval["waiting"]["code"], "queue_limit", "{eval}");
     assert!(eval["waiting"]["message"].as_str().unwrap().contains("root.ml"), "{eval}");
+    let app = until(&h, "/v1/apps/train-1", |b| !b["waiting"].is_null()).await;
+    assert_eq!(app["waiting"], eval["waiting"], "the application says what holds its task back");
     let metrics = h.call(Method::GET, "/metrics", "").await.1;
     let metrics = metrics.as_str().unwrap();
     for line in [
         "allot_queue_used{queue=\"root.ml\",resource=\"cpu\"} 4",
         "allot_queue_max{queue=\"root.ml\",resource=\"cpu\"} 6",
         "allot_queue_pending_tasks{queue=\"root.ml\"} 1",
-        "allot_queue_waiting{queue=\"root.ml\",reason=\"queue_limit\"} 1",
+        // The task, and its application, which says what holds its tasks back.
+        "allot_queue_waiting{queue=\"root.ml\",reason=\"queue_limit\"} 2",
         "allot_sched_reservations_total 1",
         "allot_sched_takeovers_total 2",
     ] {
@@ -815,6 +818,14 @@ async fn bad_applications_get_a_code_and_change_nothing() {
             "invalid_argument",
         ),
         (r#"{"id": "a", "queue": "root.q", "surprise": 1}"#, StatusCode::BAD_REQUEST, "invalid_json"),
+        // An object is an object: an array of its fields in order is refused, at any depth.
+        (r#"{"id": "a", "queue": "root.q", "policy": [null, null]}"#, StatusCode::BAD_REQUEST, "invalid_json"),
+        (
+            r#"{"id": "a", "queue": "root.q", "task_groups": [["g", 1, "cpu=1"]]}"#,
+            StatusCode::BAD_REQUEST,
+            "invalid_json",
+        ),
+        (r#"{"id": "a", "queue": "root.q", "tasks": [["t", "cpu=1"]]}"#, StatusCode::BAD_REQUEST, "invalid_json"),
         (
             r#"{"id": "a", "queue": "root.q", "tasks": [{"id": "t", "resources": "cpu=lots"}]}"#,
             StatusCode::BAD_REQUEST,
@@ -825,12 +836,9 @@ async fn bad_applications_get_a_code_and_change_nothing() {
         let (got, answer) = h.call(Method::POST, "/v1/apps", body).await;
         assert_eq!((got, answer["error"]["code"].as_str()), (status, Some(code)), "{body}: {answer}");
     }
-    // Only the application of the token case may exist (its task was refused after it was added).
+    // A refused submission leaves nothing behind, whichever part of it was refused.
     let (_, list) = h.call(Method::GET, "/v1/apps", "").await;
-    let ids: Vec<&str> = list["apps"].as_array().unwrap().iter().map(|a| a["id"].as_str().unwrap()).collect();
-    assert!(ids.iter().all(|id| *id == "a"), "{ids:?}");
-    let (_, app) = h.call(Method::GET, "/v1/apps/a", "").await;
-    assert_eq!(app["tasks"], json!({}), "no task was added: {app}");
+    assert_eq!(list["apps"], json!([]), "{list}");
     let larger = r#"{"id": "big", "resources": "cpu=3", "group": "g"}"#;
     h.call(Method::POST, "/v1/apps", r#"{"id": "gang", "queue": "root.q", "task_groups": [{"name": "g", "min_members": 1, "min_resources": "cpu=2"}]}"#).await;
     let (status, body) = h.call(Method::POST, "/v1/apps/gang/tasks", larger).await;
