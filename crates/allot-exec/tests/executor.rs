@@ -55,7 +55,7 @@ impl Plugin for ProbePlugin {
             }
             Some("hold") => match ctx.tokens.take("seats", 1).await? {
                 TokenStatus::Granted => Ok(Transition::ephemeral(PhaseInfo::running(0, "holding a seat"))),
-                TokenStatus::Waiting => Ok(Transition::ephemeral(PhaseInfo::waiting_for_resources("no seat"))),
+                TokenStatus::Waiting(_) => Ok(Transition::ephemeral(PhaseInfo::waiting_for_resources("no seat"))),
             },
             _ => Ok(Transition::ephemeral(PhaseInfo::success("done"))),
         }
@@ -89,18 +89,32 @@ async fn start_counting(
     probe: Arc<Probe>,
     counters: PluginCounters,
 ) -> watch::Sender<bool> {
+    start_with(store, dir, probe, counters, &builtin::BuiltinConfig::default(), |_| {}).await
+}
+
+/// The executor with the built-in plugins set by `builtin`, the probe, and `config` changed by
+/// `change`.
+async fn start_with(
+    store: Arc<dyn Store>,
+    dir: &std::path::Path,
+    probe: Arc<Probe>,
+    counters: PluginCounters,
+    builtin: &builtin::BuiltinConfig,
+    change: impl FnOnce(&mut ExecutorConfig),
+) -> watch::Sender<bool> {
     let entry = {
         let probe = probe.clone();
         PluginEntry::new("probe", &["probe"], false, move |setup: SetupContext| {
             let probe = probe.clone();
             async move {
                 setup.register_quota("seats", 1).await.map_err(|e| e.to_string())?;
+                setup.register_quota("desks", 5).await.map_err(|e| e.to_string())?;
                 setup.metrics().inc("loaded");
                 Ok(Arc::new(ProbePlugin(probe)) as Arc<dyn Plugin>)
             }
         })
     };
-    let mut entries = builtin::entries();
+    let mut entries = builtin::configured(builtin);
     entries.push(entry);
     let registry = Registry::load(entries, &BTreeMap::new(), |id| {
         SetupContext::new(id, store.clone(), Secrets::default(), Waker::new(|_| {})).with_counters(counters.clone())
@@ -110,6 +124,7 @@ async fn start_counting(
     let mut config = ExecutorConfig::new(HashSet::from([PoolName::new("local").unwrap()]), dir.join("tasks"));
     config.counters = counters;
     config.retry = RetryPolicy { user_attempts: 2, system_retries: 1 };
+    change(&mut config);
     let executor = Executor::new(store, Arc::new(registry), config);
     let (stop, stopped) = watch::channel(false);
     tokio::spawn(executor.run(stopped));
@@ -423,11 +438,13 @@ async fn job_service(millis: u64) -> (Arc<JobService>, String) {
     (service, url)
 }
 
-/// Makes the `http` plugin's quota 3 before the executor starts (its loader keeps it).
+/// The `http` plugin's quota configured to 3.
 async fn setup_with_http_quota() -> Setup {
     let (dir, store) = new_store().await;
-    store.seed_namespace(allot_core::NamespaceName::new("http:jobs").unwrap(), 3).await.unwrap();
-    started(dir, store).await
+    let probe = Arc::new(Probe::default());
+    let builtin = builtin::BuiltinConfig { http_jobs: 3, ..Default::default() };
+    let stop = start_with(store.clone(), dir.path(), probe.clone(), PluginCounters::default(), &builtin, |_| {}).await;
+    Setup { _dir: dir, store, probe, stop }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -555,7 +572,8 @@ async fn a_task_run_before_with_the_same_type_version_and_inputs_reuses_its_outp
     assert_eq!(std::fs::read_to_string(&count).unwrap().lines().count(), 4, "every task ran but `again`");
     assert_eq!(outputs["again"].0, outputs["first"].0, "the outputs are reused");
     assert_eq!(outputs["first"].0, r#"{"n":1}"#);
-    assert!(outputs["again"].1.iter().any(|r| r == "cache hit: the outputs of c0/first"), "{:?}", outputs["again"].1);
+    let hit = outputs["again"].1.iter().any(|r| r.starts_with("cache hit: the outputs of c0/first (key "));
+    assert!(hit, "{:?}", outputs["again"].1);
     assert!(outputs["first"].1.iter().any(|r| r.starts_with("cache miss")), "{:?}", outputs["first"].1);
     assert!(!outputs["nocache"].1.iter().any(|r| r.starts_with("cache")), "{:?}", outputs["nocache"].1);
     s.stop.send_replace(true);

@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use allot_core::exec::{ExecError, Phase, PhaseInfo, StateWrite, Transition};
 use allot_core::sched::{AppId, TaskId};
-use allot_core::NamespaceName;
+use allot_core::{NamespaceName, Refusal};
 use allot_exec::{
     builtin, Plugin, PluginEntry, Registry, RegistryError, ResolveError, RunKey, Secrets, SetupContext, TaskContext,
     TokenStatus, TokenWaits, Tokens, Waker,
@@ -114,8 +114,8 @@ async fn a_task_waiting_for_a_token_is_woken_by_the_release_not_by_polling() {
     let mut first = Tokens::new(store.clone(), "web", run("t1"), 1, waits.clone(), waker.clone(), Vec::new());
     let mut second = Tokens::new(store.clone(), "web", run("t2"), 1, waits.clone(), waker.clone(), Vec::new());
     assert_eq!(first.take("api", 1).await.unwrap(), TokenStatus::Granted);
-    assert_eq!(second.take("api", 1).await.unwrap(), TokenStatus::Waiting);
-    assert_eq!(second.take("api", 1).await.unwrap(), TokenStatus::Waiting, "asking again keeps its place");
+    assert_eq!(second.take("api", 1).await.unwrap(), TokenStatus::Waiting(Refusal::Exhausted));
+    assert_eq!(second.take("api", 1).await.unwrap(), TokenStatus::Waiting(Refusal::Exhausted), "asking again keeps its place");
     tokio::time::sleep(Duration::from_millis(200)).await;
     assert!(woken.lock().unwrap().is_empty(), "no wake while the token is held");
     first.release("api").await.unwrap();

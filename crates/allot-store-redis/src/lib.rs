@@ -268,7 +268,9 @@ impl RedisStore {
         };
         let sweeper = tokio::spawn(run_sweeper(inner.clone()));
         tracing::info!(urls = ?config.urls, cluster = config.cluster, "redis store open");
-        Ok(RedisStore { inner, tasks: Mutex::new(vec![subscriber, sweeper]) })
+        let store = RedisStore { inner, tasks: Mutex::new(vec![subscriber, sweeper]) };
+        store.index_runs().await?;
+        Ok(store)
     }
 
     /// Fails at once, without retrying, when a server refuses the function library.
