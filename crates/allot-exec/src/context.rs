@@ -186,7 +186,9 @@ impl TokenStatus {
     pub fn why(&self, namespace: &str) -> String {
         match self {
             TokenStatus::Granted => format!("granted a token of `{namespace}`"),
-            TokenStatus::Waiting(Refusal::Exhausted) => format!("waiting for a token of `{namespace}`: its quota is full"),
+            TokenStatus::Waiting(Refusal::Exhausted) => {
+                format!("waiting for a token of `{namespace}`: its quota is full")
+            }
             TokenStatus::Waiting(Refusal::CapExceeded { level, cap, held }) => {
                 let scope = match level {
                     CapLevel::Project => "its project",

@@ -587,7 +587,9 @@ impl Executor {
             tracing::info!(run = %key, "the kept run is of an earlier task of the same id: the task runs afresh");
             for token in &stale.tokens {
                 if let Err(err) = release(&self.store, &self.waits, &token.namespace, &token.token).await {
-                    return Err(StoreError::Unavailable(format!("a token of the earlier run could not be released: {err}")));
+                    return Err(StoreError::Unavailable(format!(
+                        "a token of the earlier run could not be released: {err}"
+                    )));
                 }
             }
         }
@@ -596,7 +598,10 @@ impl Executor {
             Ok(()) => {}
             Err(err) if err.kind() == std::io::ErrorKind::NotFound => {}
             Err(err) => {
-                return Err(StoreError::Unavailable(format!("cannot empty the task's directory {}: {err}", dir.display())))
+                return Err(StoreError::Unavailable(format!(
+                    "cannot empty the task's directory {}: {err}",
+                    dir.display()
+                )))
             }
         }
         let mut run = Run::new(now_ms());

@@ -182,3 +182,20 @@ impl RunStore for RedisStore {
         Ok(leases)
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A run kept by an earlier version, without the fields added since, reads back.
+    #[test]
+    fn a_run_kept_by_an_earlier_version_reads_back() {
+        let mut run = allot_store::conformance::sample_run();
+        let mut json: serde_json::Value = serde_json::to_value(RunRecord::of(&run)).unwrap();
+        for field in ["alloc", "task_seq", "cache"] {
+            json.as_object_mut().unwrap().remove(field);
+        }
+        (run.alloc, run.task_seq, run.cache) = (None, None, None);
+        assert_eq!(decode("a/t", json.to_string().as_bytes()).unwrap(), run);
+    }
+}
