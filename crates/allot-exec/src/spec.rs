@@ -33,10 +33,14 @@ pub(crate) struct RunSpec {
 }
 
 /// Reads a spec's `retries`: `None` when absent; an error when it is not a whole number from 0
-/// to [`MAX_RETRIES`]. The API and application files check it when a task is added.
+/// to [`MAX_RETRIES`] (`2.0` is one, as JSON Schema's integers). The API and application files
+/// check it when a task is added.
 pub fn retries(spec: &serde_json::Value) -> Result<Option<u32>, String> {
     let Some(value) = spec.get("retries") else { return Ok(None) };
-    match value.as_u64() {
+    let whole = value.as_u64().or_else(|| {
+        value.as_f64().filter(|n| n.fract() == 0.0 && (0.0..=f64::from(MAX_RETRIES)).contains(n)).map(|n| n as u64)
+    });
+    match whole {
         Some(n) if n <= u64::from(MAX_RETRIES) => Ok(Some(n as u32)),
         _ => Err(format!("retries must be a whole number from 0 to {MAX_RETRIES}, got {value}")),
     }
@@ -180,7 +184,8 @@ mod tests {
         assert_eq!(of(r#"{"type": "shell"}"#), Ok(None));
         assert_eq!(of(r#"{"retries": 0}"#), Ok(Some(0)));
         assert_eq!(of(r#"{"retries": 100}"#), Ok(Some(100)));
-        for bad in [r#"{"retries": 101}"#, r#"{"retries": -1}"#, r#"{"retries": 1.5}"#, r#"{"retries": "2"}"#] {
+        assert_eq!(of(r#"{"retries": 91.0}"#), Ok(Some(91)), "a whole number, as JSON Schema counts them");
+        for bad in [r#"{"retries": 101}"#, r#"{"retries": -1}"#, r#"{"retries": 1.5}"#, r#"{"retries": 1e300}"#, r#"{"retries": "2"}"#] {
             assert!(of(bad).unwrap_err().contains("from 0 to 100"), "{bad}");
         }
     }
