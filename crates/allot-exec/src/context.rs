@@ -248,7 +248,7 @@ impl TokenWaits {
             }
             Allocation::Refused { refusal, .. } => refusal,
         };
-        self.lock().insert(key.clone(), Ask::Waiting(refusal.clone()));
+        self.lock().insert(key.clone(), Ask::Waiting(refusal));
         let (asks, store) = (self.clone(), store.clone());
         tokio::spawn(async move {
             let answer = loop {

@@ -185,7 +185,13 @@ mod tests {
         assert_eq!(of(r#"{"retries": 0}"#), Ok(Some(0)));
         assert_eq!(of(r#"{"retries": 100}"#), Ok(Some(100)));
         assert_eq!(of(r#"{"retries": 91.0}"#), Ok(Some(91)), "a whole number, as JSON Schema counts them");
-        for bad in [r#"{"retries": 101}"#, r#"{"retries": -1}"#, r#"{"retries": 1.5}"#, r#"{"retries": 1e300}"#, r#"{"retries": "2"}"#] {
+        for bad in [
+            r#"{"retries": 101}"#,
+            r#"{"retries": -1}"#,
+            r#"{"retries": 1.5}"#,
+            r#"{"retries": 1e300}"#,
+            r#"{"retries": "2"}"#,
+        ] {
             assert!(of(bad).unwrap_err().contains("from 0 to 100"), "{bad}");
         }
     }

@@ -130,9 +130,13 @@ pub(crate) fn with_limits(mut doc: Value, max_wait: std::time::Duration) -> Valu
         ("AddTask", "resources", resources(true)),
         ("AddTask", "group", json!({"pattern": ID_PATTERN})),
         // What the executor reads of a task's spec, checked when the task is added.
-        ("AddTask", "spec", json!({"properties": {"retries": {"type": "integer", "minimum": 0,
+        (
+            "AddTask",
+            "spec",
+            json!({"properties": {"retries": {"type": "integer", "minimum": 0,
             "maximum": MAX_RETRIES, "description": "new attempts after user failures (retryable ones); the \
-            daemon's default when absent"}}})),
+            daemon's default when absent"}}}),
+        ),
     ];
     // A grant's lease is its own TTL or its session's, not both; caps need a scope.
     let has_caps = json!({"type": "object", "anyOf": [

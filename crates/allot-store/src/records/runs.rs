@@ -3,8 +3,8 @@
 //! cannot misread a file.
 
 use allot_core::exec::{
-    AfterAttempt, CacheLookup, Ending, ErrorKind, Event, ExecError, LogLink, Phase, PhaseInfo, PluginState, Run, Stage, TakenToken,
-    Transition, TransitionKind,
+    AfterAttempt, CacheLookup, Ending, ErrorKind, Event, ExecError, LogLink, Phase, PhaseInfo, PluginState, Run, Stage,
+    TakenToken, Transition, TransitionKind,
 };
 use allot_core::{NamespaceName, Token};
 use redb::TableDefinition;
