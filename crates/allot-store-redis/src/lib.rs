@@ -269,7 +269,9 @@ impl RedisStore {
         let sweeper = tokio::spawn(run_sweeper(inner.clone()));
         tracing::info!(urls = ?config.urls, cluster = config.cluster, "redis store open");
         let store = RedisStore { inner, tasks: Mutex::new(vec![subscriber, sweeper]) };
-        store.index_runs().await?;
+        if let Err(err) = store.index_runs().await {
+            tracing::warn!(error = %err, "cannot index the runs kept by an earlier version now; the next start will");
+        }
         Ok(store)
     }
 

@@ -37,15 +37,18 @@ fn decode(field: &str, json: &[u8]) -> Result<Run, StoreError> {
 }
 
 impl RedisStore {
-    /// Calls `lua/runs.lua`; answers its number.
+    /// Calls `lua/runs.lua`; answers its number. A change waits for the replicas
+    /// (`--redis-min-replicas`).
     async fn runs_call(&self, args: &[&str]) -> Result<u64, StoreError> {
         self.inner.eval(&self.inner.scripts.runs, RUNS_PREFIX, args, true).await?.uint()
     }
 
     /// Puts every run kept by a version without the sets of runs by application in its
-    /// application's set (once: a flag says it was done).
+    /// application's set (once: a flag says it was done). It does not wait for the replicas: the
+    /// sets are derived from the runs, and one lost in a failover with its flag is made again at
+    /// the next open.
     pub(crate) async fn index_runs(&self) -> Result<(), StoreError> {
-        let added = self.runs_call(&["index"]).await?;
+        let added = self.inner.eval(&self.inner.scripts.runs, RUNS_PREFIX, &["index"], false).await?.uint()?;
         if added > 0 {
             tracing::info!(runs = added, "runs indexed by application");
         }
