@@ -547,6 +547,12 @@ impl Executor {
                     self.end_attempt(key, &meta, last.as_ref(), &mut run, abort, keep).await?;
                 }
                 Next::Report(ending) => {
+                    let counter = match &ending {
+                        Ending::Succeeded => &self.stats.succeeded,
+                        Ending::Failed(_) => &self.stats.failed,
+                        Ending::Aborted(_) => &self.stats.aborted,
+                    };
+                    counter.fetch_add(1, Ordering::Relaxed);
                     if replaced {
                         return Ok(());
                     }
@@ -554,12 +560,6 @@ impl Executor {
                         // Stopped, finalized, its tokens released: the run goes with its task.
                         return self.forget_run(key).await;
                     }
-                    let counter = match &ending {
-                        Ending::Succeeded => &self.stats.succeeded,
-                        Ending::Failed(_) => &self.stats.failed,
-                        Ending::Aborted(_) => &self.stats.aborted,
-                    };
-                    counter.fetch_add(1, Ordering::Relaxed);
                     if ending == Ending::Succeeded {
                         self.keep_outputs(key, &run).await?;
                     }
