@@ -519,16 +519,31 @@ async fn a_task_waiting_for_a_token_does_not_use_up_its_applications_parallelism
     let policy = SchedulingPolicy { max_parallelism: Some(2), ..SchedulingPolicy::default() };
     let hold = serde_json::json!({ "type": "probe", "mode": "hold" });
     let nap = serde_json::json!({ "type": "sleep", "seconds": 0.2 });
-    let tasks = [("holder", hold.clone()), ("waiter", hold), ("s1", nap.clone()), ("s2", nap.clone()), ("s3", nap)];
-    let app = submit_with(store, "p", policy, &tasks).await;
+    let app = submit_with(store, "p", policy, &[("holder", hold.clone()), ("waiter", hold)]).await;
+    let phase = async |task: &str| store.run(app.clone(), TaskId::new(task).unwrap()).await.unwrap().map(|r| r.phase);
+    until("one holds the seat, the other waits for it", async || {
+        let mut both = [phase("holder").await, phase("waiter").await];
+        both.sort_by_key(|p| p.map(Phase::name));
+        both == [Some(Phase::Running), Some(Phase::WaitingForResources)]
+    })
+    .await;
+    // Then the sleeps (added together, they would race the seat's holder for the slots).
+    for task in ["s1", "s2", "s3"] {
+        let spec = TaskSpec {
+            id: TaskId::new(task).unwrap(),
+            resources: "cpu=1".parse().unwrap(),
+            tokens: Vec::new(),
+            group: None,
+            priority: 0,
+            selector: Default::default(),
+            spec: nap.to_string(),
+        };
+        store.add_task(app.clone(), spec).await.unwrap();
+    }
     for task in ["s1", "s2", "s3"] {
         until(task, async || state(store, &app, task).await == TaskState::Completed).await;
     }
     let phases = async |task: &str| store.run(app.clone(), TaskId::new(task).unwrap()).await.unwrap().unwrap();
-    let (first, second) = (phases("holder").await.phase, phases("waiter").await.phase);
-    let mut both = [first, second];
-    both.sort_by_key(|p| p.name());
-    assert_eq!(both, [Phase::Running, Phase::WaitingForResources], "one holds the seat, the other waits");
     // The sleeps ran one after another: never two at once beside the seat's holder.
     let mut spans = Vec::new();
     let mut held_back = 0;
