@@ -680,35 +680,53 @@ async fn a_barrier_round_is_replayed_from_the_store_after_a_crash_not_run_twice(
 }
 
 /// The application file's user story: an application removed, then submitted again under the
-/// same id, runs its tasks afresh (the runs went with it; nothing of the first is adopted, not
-/// even the shell command's files); and the directories of removed tasks go.
+/// same id, runs its tasks afresh: the runs went with it, and nothing of the first is adopted,
+/// not even the shell command's files.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_task_removed_and_added_again_under_its_id_runs_afresh() {
-    let (dir, store) = new_store().await;
-    let probe = Arc::new(Probe::default());
-    let fast_sweep = |config: &mut ExecutorConfig| config.sweep = Duration::from_millis(100);
-    let stop =
-        start_with(store.clone(), dir.path(), probe, PluginCounters::default(), &Default::default(), fast_sweep).await;
-    let count = dir.path().join("count");
+    let s = setup().await;
+    let store = &*s.store;
+    let count = s._dir.path().join("count");
     let command = format!("echo ran >> {}", count.display());
     let spec = serde_json::json!({ "type": "shell", "command": command });
-    let app = submit(&*store, "again", &[("greet", spec.clone())]).await;
-    until("the first completes", async || state(&*store, &app, "greet").await == TaskState::Completed).await;
+    let app = submit(store, "again", &[("greet", spec.clone())]).await;
+    until("the first completes", async || state(store, &app, "greet").await == TaskState::Completed).await;
     let greet = TaskId::new("greet").unwrap();
     let first = store.run(app.clone(), greet.clone()).await.unwrap().unwrap();
-    let task_dir = dir.path().join("tasks/again/greet");
-    assert!(task_dir.join("attempt-1/started").exists());
+    assert!(s._dir.path().join("tasks/again/greet/attempt-1/started").exists());
     store.remove_app(app.clone()).await.unwrap();
     assert_eq!(store.run(app.clone(), greet.clone()).await.unwrap(), None, "the run went with its application");
-    until("the removed task's directory goes", async || !task_dir.exists()).await;
     let removed_at = now_ms();
-    let app = submit(&*store, "again", &[("greet", spec)]).await;
-    until("the second completes", async || state(&*store, &app, "greet").await == TaskState::Completed).await;
+    let app = submit(store, "again", &[("greet", spec)]).await;
+    until("the second completes", async || state(store, &app, "greet").await == TaskState::Completed).await;
     assert_eq!(std::fs::read_to_string(&count).unwrap(), "ran\nran\n", "the command ran again");
     let second = store.run(app.clone(), greet).await.unwrap().unwrap();
     assert_eq!(second.attempt, 1);
     assert!(second.events.iter().all(|e| e.at >= removed_at), "every event is new: {:?}", second.events);
     assert_ne!(second.task_seq, first.task_seq, "the run of another task");
+    s.stop.send_replace(true);
+}
+
+/// The directory of a task whose run went (its task removed) goes too.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_directories_of_removed_tasks_are_swept() {
+    let (dir, store) = new_store().await;
+    let fast_sweep = |config: &mut ExecutorConfig| config.sweep = Duration::from_millis(100);
+    let probe = Arc::new(Probe::default());
+    let stop =
+        start_with(store.clone(), dir.path(), probe, PluginCounters::default(), &Default::default(), fast_sweep).await;
+    let spec = serde_json::json!({ "type": "shell", "command": "true" });
+    let app = submit(&*store, "swept", &[("t", spec.clone()), ("kept", spec)]).await;
+    for task in ["t", "kept"] {
+        until(task, async || state(&*store, &app, task).await == TaskState::Completed).await;
+    }
+    let tasks = dir.path().join("tasks/swept");
+    store.remove_task(app.clone(), TaskId::new("t").unwrap()).await.unwrap();
+    until("the removed task's directory goes", async || !tasks.join("t").exists()).await;
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert!(tasks.join("kept/attempt-1/stdout.log").exists(), "a task still there keeps its directory");
+    store.remove_app(app).await.unwrap();
+    until("the application's directory goes", async || !tasks.exists()).await;
     stop.send_replace(true);
 }
 
@@ -726,9 +744,10 @@ async fn a_running_task_removed_and_added_again_is_stopped_and_runs_afresh() {
     let spec = serde_json::json!({ "type": "shell", "command": "sleep 60" });
     let app = submit(store, "twice", &[("forever", spec.clone())]).await;
     let pid_file = s._dir.path().join("tasks/twice/forever/attempt-1/pid");
-    until("the command runs", async || pid_file.exists()).await;
-    let pid = |text: String| text.trim().parse::<i64>().unwrap();
-    let first = pid(std::fs::read_to_string(&pid_file).unwrap());
+    // Written by the command's wrapper as it starts.
+    let read_pid = || std::fs::read_to_string(&pid_file).ok().and_then(|text| text.trim().parse::<i64>().ok());
+    until("the command runs", async || read_pid().is_some()).await;
+    let first = read_pid().unwrap();
     let alive = |pid: i64| {
         std::fs::read_to_string(format!("/proc/{pid}/stat"))
             .is_ok_and(|stat| stat.rsplit_once(')').is_some_and(|(_, rest)| !rest.trim_start().starts_with('Z')))
@@ -738,10 +757,7 @@ async fn a_running_task_removed_and_added_again_is_stopped_and_runs_afresh() {
     assert!(kept.is_some_and(|r| !r.ended()), "a run that has not ended stays for its executor to stop");
     let app = submit(store, "twice", &[("forever", spec)]).await;
     until("the first command is stopped", async || !alive(first)).await;
-    until("the new task's command runs", async || {
-        std::fs::read_to_string(&pid_file).is_ok_and(|text| !text.trim().is_empty() && pid(text) != first)
-    })
-    .await;
+    until("the new task's command runs", async || read_pid().is_some_and(|pid| pid != first)).await;
     let run = store.run(app.clone(), TaskId::new("forever").unwrap()).await.unwrap().unwrap();
     assert_eq!((run.attempt, run.user_failures, run.system_failures), (1, 0, 0), "{:?}", run.events);
     assert_eq!(run.phase, Phase::Running);

@@ -283,6 +283,8 @@ pub(crate) async fn a_removed_application_takes_its_runs_and_runs_afresh_when_su
     assert!(output.status.success() && text.contains("app hello: Completed"), "{text}");
     let second = client.task_run("hello", "greet").await.unwrap();
     assert!(second.events.iter().all(|e| e.at_ms >= removed_at), "new events only: {second:?}\nbefore: {first:?}");
+    // Started anew, not the first command's end read again from its files.
+    assert!(second.events.iter().any(|e| e.phase == "Running" && e.reason == "started"), "{second:?}");
     assert_eq!((second.attempt, second.outputs.clone()), (1, Some(serde_json::json!({ "greeted": true }))));
     let logs = client.task_logs("hello", "greet", None, None, 0).await.unwrap();
     assert_eq!(logs.text.lines().count(), 1, "the command ran again, into a log of its own: {:?}", logs.text);
