@@ -184,18 +184,22 @@ async fn submit_with(
     };
     store.add_app(spec).await.unwrap();
     for (task, spec) in tasks {
-        let task = TaskSpec {
-            id: TaskId::new(task).unwrap(),
-            resources: "cpu=1".parse().unwrap(),
-            tokens: Vec::new(),
-            group: None,
-            priority: 0,
-            selector: Default::default(),
-            spec: spec.to_string(),
-        };
-        store.add_task(id.clone(), task).await.unwrap();
+        store.add_task(id.clone(), task_spec(task, spec)).await.unwrap();
     }
     id
+}
+
+/// Task `id` (cpu=1) with `spec`.
+fn task_spec(id: &str, spec: &serde_json::Value) -> TaskSpec {
+    TaskSpec {
+        id: TaskId::new(id).unwrap(),
+        resources: "cpu=1".parse().unwrap(),
+        tokens: Vec::new(),
+        group: None,
+        priority: 0,
+        selector: Default::default(),
+        spec: spec.to_string(),
+    }
 }
 
 async fn state(store: &dyn Store, app: &AppId, task: &str) -> TaskState {
@@ -529,16 +533,7 @@ async fn a_task_waiting_for_a_token_does_not_use_up_its_applications_parallelism
     .await;
     // Then the sleeps (added together, they would race the seat's holder for the slots).
     for task in ["s1", "s2", "s3"] {
-        let spec = TaskSpec {
-            id: TaskId::new(task).unwrap(),
-            resources: "cpu=1".parse().unwrap(),
-            tokens: Vec::new(),
-            group: None,
-            priority: 0,
-            selector: Default::default(),
-            spec: nap.to_string(),
-        };
-        store.add_task(app.clone(), spec).await.unwrap();
+        store.add_task(app.clone(), task_spec(task, &nap)).await.unwrap();
     }
     for task in ["s1", "s2", "s3"] {
         until(task, async || state(store, &app, task).await == TaskState::Completed).await;
@@ -624,15 +619,7 @@ async fn a_plugin_sees_the_tasks_metadata_records_events_and_keeps_counters() {
         "type": "probe", "mode": "observe", "annotations": {"owner": "ana", "tries": 2},
         "overrides": {"timeout": "1h"}, "interruptible": true,
     });
-    let task = TaskSpec {
-        id: TaskId::new("look").unwrap(),
-        resources: "cpu=1".parse().unwrap(),
-        tokens: Vec::new(),
-        group: None,
-        priority: 0,
-        selector: Default::default(),
-        spec: task.to_string(),
-    };
+    let task = task_spec("look", &task);
     store.add_task(id.clone(), task).await.unwrap();
     until("observed", async || state(&*store, &id, "look").await == TaskState::Completed).await;
     let run = store.run(id.clone(), TaskId::new("look").unwrap()).await.unwrap().unwrap();
@@ -920,15 +907,7 @@ async fn a_plugins_tokens_carry_the_tasks_scope_and_its_caps() {
             policy: SchedulingPolicy::default(),
         };
         store.add_app(spec).await.unwrap();
-        let task = TaskSpec {
-            id: TaskId::new("desk").unwrap(),
-            resources: "cpu=1".parse().unwrap(),
-            tokens: Vec::new(),
-            group: None,
-            priority: 0,
-            selector: Default::default(),
-            spec: serde_json::json!({ "type": "probe", "mode": "capped" }).to_string(),
-        };
+        let task = task_spec("desk", &serde_json::json!({ "type": "probe", "mode": "capped" }));
         store.add_task(id.clone(), task).await.unwrap();
         id
     };
