@@ -276,6 +276,10 @@ pub struct AppList {
 pub struct Task {
     pub app: String,
     pub id: String,
+    /// The number the scheduler gave the task when it was added, in the order tasks are added:
+    /// a task removed and added again under the same id has another (its run starts afresh).
+    #[serde(default)]
+    pub seq: u64,
     /// New, Pending, Scheduling, Allocated, Running, Completed, Failed, Killed, Rejected.
     pub state: String,
     pub resources: String,
@@ -365,7 +369,31 @@ pub struct TaskRun {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schema(value_type = Option<Object>)]
     pub outputs: Option<serde_json::Value>,
+    /// What the output cache looked up, for a task with a `cache_version`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cache: Option<RunCache>,
     pub events: Vec<RunEvent>,
+}
+
+/// The output cache's key for a task and its parts [Flyte's catalog key]: two tasks share
+/// outputs only when every part is the same.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+pub struct RunCache {
+    /// The key in the catalog: SHA-256 (hex) of the parts below.
+    pub key: String,
+    pub task_type: String,
+    /// The plugin that runs it.
+    pub plugin: String,
+    pub cache_version: String,
+    /// SHA-256 (hex) of the task's spec as its plugin receives it (JSON with sorted keys),
+    /// without its `inputs` and the executor's own `retries` and `cache`: for `shell`, the
+    /// command and its environment; for `http`, the job's body.
+    pub spec_digest: String,
+    /// SHA-256 (hex) of its `inputs` (JSON with sorted keys).
+    pub inputs_digest: String,
+    /// For a hit, the task whose outputs it took (`app/task`); absent for a miss.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub hit: Option<String>,
 }
 
 /// A piece of a task's log, from `offset` (bytes): read again from `next_offset` to follow it.

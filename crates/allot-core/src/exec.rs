@@ -242,7 +242,8 @@ pub struct Event {
     pub at: Millis,
 }
 
-/// How many times a task may run again.
+/// How many times a task may run again [Flyte's `RetryStrategy` and
+/// `max-node-retries-system-failures`]. A permanent failure is never retried.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct RetryPolicy {
     /// Attempts that may end in a user failure, the first included (at least 1).
@@ -251,11 +252,46 @@ pub struct RetryPolicy {
     pub system_retries: u32,
 }
 
+/// The most retries a task, or the daemon's default, may ask for (of each kind).
+pub const MAX_RETRIES: u32 = 100;
+
+impl RetryPolicy {
+    /// `retries` new attempts after user failures (retryable ones), `system_retries` after
+    /// system failures, as Flyte counts them: `retries: 2` is three attempts in all.
+    pub fn new(retries: u32, system_retries: u32) -> RetryPolicy {
+        RetryPolicy { user_attempts: retries.saturating_add(1), system_retries }
+    }
+
+    /// The new attempts after user failures.
+    pub fn retries(&self) -> u32 {
+        self.user_attempts.saturating_sub(1)
+    }
+}
+
 impl Default for RetryPolicy {
     /// Flyte's defaults: a user failure ends the task, three system failures are retried.
     fn default() -> RetryPolicy {
-        RetryPolicy { user_attempts: 1, system_retries: 3 }
+        RetryPolicy::new(0, 3)
     }
+}
+
+/// What the output cache looked up for a run's task [Flyte's catalog key], kept with the run so
+/// that a user can see why a hit happened: the key is a digest of every part.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CacheLookup {
+    /// The key in the catalog (hex SHA-256 of the parts).
+    pub key: String,
+    pub task_type: String,
+    /// The plugin that runs it (resolved).
+    pub plugin: String,
+    pub cache_version: String,
+    /// Hex SHA-256 of the task's spec as its plugin receives it (JSON with sorted keys), its
+    /// `inputs` and the executor's own settings (`retries`, `cache`) left out.
+    pub spec_digest: String,
+    /// Hex SHA-256 of its `inputs` (JSON with sorted keys).
+    pub inputs_digest: String,
+    /// A hit: the task whose outputs it took (`app/task`); `None` for a miss.
+    pub hit: Option<String>,
 }
 
 /// A grant a task took through the resource manager: released when its attempt ends.
@@ -337,6 +373,12 @@ pub struct Run {
     /// The placement (`pool/alloc`) the current attempt runs on: a task placed again elsewhere
     /// (its pool lost) finds another here, and its attempt is counted lost.
     pub alloc: Option<String>,
+    /// The task it runs, by the number the scheduler gave it when it was added (`Task::seq`): a
+    /// task removed and added again under the same id has another, and its run starts afresh.
+    /// `None` in a run kept before the number was (it is taken as the task's).
+    pub task_seq: Option<u64>,
+    /// What the output cache looked up, for a cacheable task.
+    pub cache: Option<CacheLookup>,
 }
 
 impl Run {
@@ -357,9 +399,22 @@ impl Run {
             started: now,
             outputs: None,
             alloc: None,
+            task_seq: None,
+            cache: None,
         };
         run.record(&PhaseInfo::not_ready("placed; starting"), now);
         run
+    }
+
+    /// Whether the run is over (nothing of it runs or holds anything).
+    pub fn ended(&self) -> bool {
+        matches!(self.stage, Stage::Ended(_))
+    }
+
+    /// Whether it is the run of the task numbered `seq` (a run kept without a number is taken as
+    /// the task's).
+    pub fn belongs_to(&self, seq: u64) -> bool {
+        self.task_seq.is_none_or(|own| own == seq)
     }
 
     /// What to do next.

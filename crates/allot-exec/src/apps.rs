@@ -13,6 +13,9 @@ use allot_store::{AppsHome, Store, StoreError};
 /// A task as the executor needs it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct PlacedTask {
+    /// The number the scheduler gave the task when it was added: a task removed and added again
+    /// under the same id has another.
+    pub seq: u64,
     pub state: TaskState,
     pub placement: Option<TaskPlacement>,
     /// The task's spec, JSON text (empty if it has none).
@@ -46,6 +49,7 @@ impl TaskPlacement {
 impl From<&Task> for PlacedTask {
     fn from(task: &Task) -> PlacedTask {
         PlacedTask {
+            seq: task.seq,
             state: task.state,
             placement: task.placement.as_ref().map(|p| TaskPlacement {
                 pool: p.pool.clone(),
@@ -72,7 +76,8 @@ fn from_wire(task: &allot_client::Task) -> Result<PlacedTask, StoreError> {
             resources: p.resources.clone(),
         }),
     };
-    Ok(PlacedTask { state, placement, spec: task.spec.as_ref().map(|s| s.to_string()).unwrap_or_default() })
+    let spec = task.spec.as_ref().map(|s| s.to_string()).unwrap_or_default();
+    Ok(PlacedTask { seq: task.seq, state, placement, spec })
 }
 
 /// Where the executor reads and reports tasks.

@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use allot_core::exec::{ExecError, PluginState, StateWrite, TakenToken};
 use allot_core::sched::{AppId, TaskId};
-use allot_core::{AllocateRequest, Constraints, LeaseRequest, NamespaceName, Token};
+use allot_core::{AllocateRequest, CapLevel, Constraints, LeaseRequest, NamespaceName, Refusal, Scope, Token};
 use allot_store::{Allocation, Store, StoreError};
 
 /// A task's run, as the executor names it.
@@ -67,6 +67,15 @@ pub fn quota_namespace(plugin: &str, name: &str) -> Result<NamespaceName, ExecEr
 
 fn store_error(err: StoreError) -> ExecError {
     ExecError::system("store", err.to_string())
+}
+
+/// A request the ledger refuses as it is (a cap out of range, a token asked for again with
+/// other units or caps) is the plugin's doing, a user failure; the rest are the store's.
+fn ledger_error(err: StoreError) -> ExecError {
+    match err {
+        StoreError::Ledger(err) => ExecError::user("token_refused", err.to_string()),
+        err => store_error(err),
+    }
 }
 
 /// Counters plugins keep, by plugin and name; the daemon exports them at /metrics
@@ -127,11 +136,24 @@ impl SetupContext {
     }
 
     /// Registers a token quota of this plugin [Flyte `ResourceRegistrar`]: the namespace
-    /// `<plugin>:<name>` is created with `quota` if it does not exist (an existing one keeps the
-    /// quota it has: it may have been changed since).
+    /// `<plugin>:<name>` gets `quota`, created if it does not exist. A plugin's quota is the
+    /// daemon's configuration (as in Flyte, where it is read from the configuration at every
+    /// start): a quota the store has from before, changed by the file or at runtime, takes
+    /// `quota` again, and the change is logged with both values.
     pub async fn register_quota(&self, name: &str, quota: u64) -> Result<NamespaceName, ExecError> {
         let namespace = quota_namespace(&self.plugin, name)?;
-        self.store.seed_namespace(namespace.clone(), quota).await.map_err(store_error)?;
+        let (created, view) = self.store.seed_namespace(namespace.clone(), quota).await.map_err(store_error)?;
+        if created {
+            tracing::info!(namespace = %namespace, quota, "plugin quota registered");
+        } else if view.quota != quota {
+            self.store.put_namespace(namespace.clone(), quota).await.map_err(store_error)?;
+            tracing::info!(
+                namespace = %namespace,
+                was = view.quota,
+                quota,
+                "plugin quota changed to the configured value (a plugin's quota is the daemon's configuration)"
+            );
+        }
         Ok(namespace)
     }
 
@@ -153,13 +175,34 @@ impl SetupContext {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum TokenStatus {
     Granted,
-    /// In the namespace's queue: the task is woken when it is granted (no polling).
-    Waiting,
+    /// In the namespace's queue: the task is woken when it is granted (no polling). What held it
+    /// back when it was first asked for: the quota (`Exhausted`) or a cap of its scope
+    /// (`CapExceeded`, Flyte's `NamespaceQuotaExceeded`).
+    Waiting(Refusal),
+}
+
+impl TokenStatus {
+    /// Why a waiting token waits, in words (for a WaitingForResources phase).
+    pub fn why(&self, namespace: &str) -> String {
+        match self {
+            TokenStatus::Granted => format!("granted a token of `{namespace}`"),
+            TokenStatus::Waiting(Refusal::Exhausted) => {
+                format!("waiting for a token of `{namespace}`: its quota is full")
+            }
+            TokenStatus::Waiting(Refusal::CapExceeded { level, cap, held }) => {
+                let scope = match level {
+                    CapLevel::Project => "its project",
+                    CapLevel::Namespace => "its project's namespace scope",
+                };
+                format!("waiting for a token of `{namespace}`: {scope} holds {held} of its cap of {cap}")
+            }
+        }
+    }
 }
 
 #[derive(Debug, Clone)]
 enum Ask {
-    Waiting,
+    Waiting(Refusal),
     Granted,
     Failed(ExecError),
 }
@@ -190,7 +233,7 @@ impl TokenWaits {
         let ask = self.lock().get(&key).cloned();
         match ask {
             Some(Ask::Granted) => return Ok(TokenStatus::Granted),
-            Some(Ask::Waiting) => return Ok(TokenStatus::Waiting),
+            Some(Ask::Waiting(refusal)) => return Ok(TokenStatus::Waiting(refusal)),
             Some(Ask::Failed(err)) => {
                 self.lock().remove(&key);
                 return Err(err);
@@ -198,14 +241,14 @@ impl TokenWaits {
             None => {}
         }
         // Without waiting first: granted at once if there is room and no one waits ahead.
-        match store.allocate(request.clone(), Duration::ZERO).await.map_err(store_error)? {
+        let refusal = match store.allocate(request.clone(), Duration::ZERO).await.map_err(ledger_error)? {
             Allocation::Granted { .. } => {
                 self.lock().insert(key, Ask::Granted);
                 return Ok(TokenStatus::Granted);
             }
-            Allocation::Refused { .. } => {}
-        }
-        self.lock().insert(key.clone(), Ask::Waiting);
+            Allocation::Refused { refusal, .. } => refusal,
+        };
+        self.lock().insert(key.clone(), Ask::Waiting(refusal));
         let (asks, store) = (self.clone(), store.clone());
         tokio::spawn(async move {
             let answer = loop {
@@ -238,7 +281,7 @@ impl TokenWaits {
                 let _ = store.release(key.0, key.1, None).await;
             }
         });
-        Ok(TokenStatus::Waiting)
+        Ok(TokenStatus::Waiting(refusal))
     }
 
     /// Forgets a token (released, or its run ended); a grant that comes later is released by the
@@ -256,6 +299,9 @@ pub struct Tokens {
     pub(crate) plugin: String,
     pub(crate) run: RunKey,
     pub(crate) attempt: u32,
+    /// Who holds the tokens: the scope from the task's execution metadata ([`scope_of`]), or
+    /// why its application's tags name none that is valid.
+    pub(crate) scope: Result<Option<Scope>, String>,
     pub(crate) waits: TokenWaits,
     pub(crate) waker: Waker,
     /// Taken in this attempt (the run's list, given back to it after the round).
@@ -273,7 +319,18 @@ impl Tokens {
         waker: Waker,
         taken: Vec<TakenToken>,
     ) -> Tokens {
-        Tokens { store, plugin: plugin.to_owned(), run, attempt, waits, waker, taken }
+        Tokens { store, plugin: plugin.to_owned(), run, attempt, scope: Ok(None), waits, waker, taken }
+    }
+
+    /// The same, its tokens held by `scope` (see [`scope_of`]).
+    #[must_use]
+    pub fn with_scope(self, scope: Result<Option<Scope>, String>) -> Tokens {
+        Tokens { scope, ..self }
+    }
+
+    /// The scope its tokens are held by, if any.
+    pub fn scope(&self) -> Option<&Scope> {
+        self.scope.as_ref().ok().and_then(Option::as_ref)
     }
 
     /// What this attempt holds or waits for.
@@ -288,19 +345,23 @@ impl Tokens {
     }
 
     /// Asks for `units` of the plugin's quota `name`: granted now, or waiting in its queue (the
-    /// round answers WaitingForResources, and the task is woken when it is granted).
+    /// round answers WaitingForResources, and the task is woken when it is granted). The token
+    /// is held by the task's scope (its application's `project` and `domain` tags), if any.
     pub async fn take(&mut self, name: &str, units: u64) -> Result<TokenStatus, ExecError> {
+        self.take_capped(name, units, Constraints::default()).await
+    }
+
+    /// As [`Tokens::take`], within `caps` [Flyte `ResourceConstraintsSpec`]: the units the task's
+    /// project, and its project's namespace scope, may hold of the quota at once (a request over
+    /// a cap waits, [`TokenStatus::Waiting`] with `CapExceeded`, while it holds back no one
+    /// else). A task whose application names no project is in no scope: caps do not apply to it.
+    pub async fn take_capped(&mut self, name: &str, units: u64, caps: Constraints) -> Result<TokenStatus, ExecError> {
         let namespace = quota_namespace(&self.plugin, name)?;
         let token = self.token()?;
         let taken = TakenToken { namespace: namespace.clone(), token: token.clone() };
-        let request = AllocateRequest {
-            namespace,
-            token,
-            units,
-            scope: None,
-            constraints: Constraints::default(),
-            lease: LeaseRequest::None,
-        };
+        let scope = self.scope.clone().map_err(|why| ExecError::user("bad_scope", why))?;
+        let constraints = if scope.is_some() { caps } else { Constraints::default() };
+        let request = AllocateRequest { namespace, token, units, scope, constraints, lease: LeaseRequest::None };
         // Asked again every round: answered from what this daemon knows, else from the store (an
         // allocate of a token already held is granted as it is), so after a restart a wait that
         // was in flight is found again.
@@ -336,6 +397,25 @@ pub(crate) async fn release(
         Err(StoreError::Ledger(allot_core::LedgerError::NamespaceNotFound(_))) => Ok(()),
         Err(err) => Err(store_error(err)),
     }
+}
+
+/// The application tag that names a task's project [Flyte's execution project].
+pub const PROJECT_TAG: &str = "project";
+/// The application tag that names a task's domain within its project, its namespace scope
+/// [Flyte's execution domain]; `default` when the application names a project but no domain.
+pub const DOMAIN_TAG: &str = "domain";
+/// The domain of a task whose application names a project but no domain.
+pub const DEFAULT_DOMAIN: &str = "default";
+
+/// The scope a task's tokens are held by, from its application's tags: `project`, and `domain`
+/// as the namespace scope (`default` when absent); none without a `project` tag. A tag that is
+/// not a valid name is an error that names it.
+pub fn scope_of(tags: &BTreeMap<String, String>) -> Result<Option<Scope>, String> {
+    let Some(project) = tags.get(PROJECT_TAG) else { return Ok(None) };
+    let domain = tags.get(DOMAIN_TAG).map_or(DEFAULT_DOMAIN, String::as_str);
+    Scope::new(project, domain)
+        .map(Some)
+        .map_err(|err| format!("the application's `{PROJECT_TAG}` and `{DOMAIN_TAG}` tags are not a scope: {err}"))
 }
 
 /// What the executor knows of a task when a round runs [Flyte `TaskExecutionMetadata`].

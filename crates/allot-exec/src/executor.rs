@@ -26,7 +26,7 @@ use allot_core::exec::{
     Ending, ExecError, Next, Phase, PhaseInfo, RetryPolicy, Run, StateWrite, Transition, TransitionKind,
 };
 use allot_core::pool::PoolName;
-use allot_core::sched::AppId;
+use allot_core::sched::{AppId, TaskId};
 use allot_store::{Store, StoreError};
 use tokio::sync::{watch, Notify, OwnedSemaphorePermit, Semaphore};
 
@@ -34,12 +34,14 @@ use crate::apps::{AppMeta, AppsAccess, PlacedTask};
 use crate::context::{release, Metadata, RunKey, Secrets, TaskContext, TokenWaits, Tokens, Waker};
 use crate::plugin::Plugin;
 use crate::registry::Registry;
+use crate::spec::RunSpec;
 
 /// How an executor runs.
 #[derive(Debug, Clone)]
 pub struct ExecutorConfig {
     /// The pools whose tasks this daemon runs.
     pub pools: HashSet<PoolName>,
+    /// The retries of a task whose spec names none, and the system budget of every task.
     pub retry: RetryPolicy,
     /// Where each task gets its directory (`<dir>/<app>/<task>`).
     pub data_dir: PathBuf,
@@ -48,6 +50,8 @@ pub struct ExecutorConfig {
     pub pause: Duration,
     /// How often the executor looks for newly placed tasks when nothing wakes it.
     pub scan: Duration,
+    /// How often the directories of removed tasks are removed.
+    pub sweep: Duration,
     pub secrets: Secrets,
     /// This daemon, by the URL others reach it at: the name of its executor's lease.
     pub node: String,
@@ -65,65 +69,12 @@ impl ExecutorConfig {
             max_output_bytes: 1 << 20,
             pause: Duration::from_secs(1),
             scan: Duration::from_millis(200),
+            sweep: Duration::from_secs(60),
             secrets: Secrets::default(),
             node: "local".to_owned(),
             counters: crate::context::PluginCounters::default(),
         }
     }
-}
-
-/// What a task's spec says of how to run it: `{"type": ..., "plugin": ..., "inputs": ...}`, the
-/// rest for the plugin.
-struct RunSpec {
-    task_type: String,
-    plugin: Option<String>,
-    spec: serde_json::Value,
-    inputs: serde_json::Value,
-    /// `cache_version`: the task's outputs are kept for reuse, and reused, under its type, this
-    /// version and its inputs (unless `"cache": false`).
-    cache_version: Option<String>,
-    cache: bool,
-}
-
-impl RunSpec {
-    /// The key of its outputs in the catalog, if it may be cached by `plugin`: a digest of type,
-    /// version and inputs (JSON with sorted keys, so equal inputs give equal keys).
-    fn cache_key(&self, plugin: &dyn Plugin) -> Option<String> {
-        use sha2::{Digest, Sha256};
-        let version = self.cache_version.as_ref().filter(|_| self.cache && plugin.properties().caching)?;
-        let mut digest = Sha256::new();
-        for part in [self.task_type.as_bytes(), version.as_bytes(), self.inputs.to_string().as_bytes()] {
-            digest.update((part.len() as u64).to_be_bytes());
-            digest.update(part);
-        }
-        Some(digest.finalize().iter().map(|b| format!("{b:02x}")).collect())
-    }
-}
-
-fn run_spec(task: &PlacedTask) -> Result<RunSpec, ExecError> {
-    let bad = |why: &str| ExecError::user("bad_spec", format!("the task's spec {why}"));
-    let spec: serde_json::Value = if task.spec.trim().is_empty() {
-        return Err(bad("is empty: it names no task type (`{\"type\": \"shell\", ...}`)"));
-    } else {
-        serde_json::from_str(&task.spec).map_err(|e| bad(&format!("is not JSON: {e}")))?
-    };
-    let task_type = spec.get("type").and_then(|t| t.as_str()).ok_or_else(|| bad("has no string `type`"))?.to_owned();
-    let plugin = match spec.get("plugin") {
-        None => None,
-        Some(p) => Some(p.as_str().ok_or_else(|| bad("has a `plugin` that is not a string"))?.to_owned()),
-    };
-    let inputs = spec.get("inputs").cloned().unwrap_or(serde_json::Value::Null);
-    let cache_version = match spec.get("cache_version") {
-        None => None,
-        Some(serde_json::Value::String(v)) => Some(v.clone()),
-        Some(_) => return Err(bad("has a `cache_version` that is not a string")),
-    };
-    let cache = match spec.get("cache") {
-        None => true,
-        Some(serde_json::Value::Bool(on)) => *on,
-        Some(_) => return Err(bad("has a `cache` that is not true or false")),
-    };
-    Ok(RunSpec { task_type, plugin, spec, inputs, cache_version, cache })
 }
 
 fn now_ms() -> u64 {
@@ -215,6 +166,20 @@ const HELD_BACK: u32 = 1;
 /// be woken, like a run whose phase stays).
 const STREAK: u32 = 8;
 
+/// What a step of a run writes to the store.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Keep {
+    /// The run, as usual.
+    Run,
+    /// Nothing: the kept run is another task's now (removed and added again under the same id).
+    Nothing,
+}
+
+/// The first characters of a cache key, enough to tell keys apart in a timeline.
+fn short_key(key: &str) -> &str {
+    key.get(..12).unwrap_or(key)
+}
+
 /// The executor of one daemon.
 pub struct Executor {
     store: Arc<dyn Store>,
@@ -287,24 +252,27 @@ impl Executor {
     /// its own until it ends.
     pub async fn run(self: Arc<Executor>, mut shutdown: watch::Receiver<bool>) {
         tokio::spawn(self.clone().renew_lease(shutdown.clone()));
+        tokio::spawn(self.clone().sweep_directories(shutdown.clone()));
+        // Runs of this daemon's pools whose task went while no executor drove them (a crash
+        // between a removal and the end of its run): stopped here, then removed. Looked for once
+        // per start, until it can be read.
+        let mut orphans_looked_for = false;
         loop {
+            if !orphans_looked_for {
+                match self.orphans().await {
+                    Ok(orphans) => {
+                        orphans_looked_for = true;
+                        for key in orphans {
+                            self.start_driving(key, &shutdown);
+                        }
+                    }
+                    Err(err) => tracing::debug!(error = %err, "cannot look for the runs of removed tasks yet"),
+                }
+            }
             match self.placed_here().await {
                 Ok(found) => {
                     for key in found {
-                        let notify = Arc::new(Notify::new());
-                        let fresh = {
-                            let mut active = self.active.lock().unwrap_or_else(|p| p.into_inner());
-                            if active.contains_key(&key) {
-                                false
-                            } else {
-                                active.insert(key.clone(), notify.clone());
-                                true
-                            }
-                        };
-                        if fresh {
-                            let (executor, shutdown) = (self.clone(), shutdown.clone());
-                            tokio::spawn(async move { executor.drive(key, notify, shutdown).await });
-                        }
+                        self.start_driving(key, &shutdown);
                     }
                 }
                 Err(err) => tracing::warn!(error = %err, "cannot list the tasks to run"),
@@ -315,6 +283,81 @@ impl Executor {
                 _ = shutdown.wait_for(|stop| *stop) => return,
             }
         }
+    }
+
+    /// Drives a run by a task of its own, unless it is driven already.
+    fn start_driving(self: &Arc<Executor>, key: RunKey, shutdown: &watch::Receiver<bool>) {
+        let notify = Arc::new(Notify::new());
+        {
+            let mut active = self.active.lock().unwrap_or_else(|p| p.into_inner());
+            if active.contains_key(&key) {
+                return;
+            }
+            active.insert(key.clone(), notify.clone());
+        }
+        let (executor, shutdown) = (self.clone(), shutdown.clone());
+        tokio::spawn(async move { executor.drive(key, notify, shutdown).await });
+    }
+
+    /// The kept runs of this daemon's pools whose task is gone (an ended one is removed here).
+    async fn orphans(&self) -> Result<Vec<RunKey>, StoreError> {
+        let mut orphans = Vec::new();
+        for (app, task, run) in self.store.runs().await? {
+            let pool = run.alloc.as_deref().and_then(|alloc| alloc.split_once('/')).map(|(pool, _)| pool);
+            if !pool.is_some_and(|pool| self.config.pools.iter().any(|p| p.as_str() == pool)) {
+                continue;
+            }
+            if self.apps.task(&app, &task).await?.is_some() {
+                continue;
+            }
+            let key = RunKey { app, task };
+            if run.ended() {
+                self.forget_run(&key).await?;
+            } else {
+                orphans.push(key);
+            }
+        }
+        Ok(orphans)
+    }
+
+    /// Removes, every [`ExecutorConfig::sweep`], the task directories of this daemon whose run
+    /// is gone (their task was removed): nothing reads them any more.
+    async fn sweep_directories(self: Arc<Executor>, mut shutdown: watch::Receiver<bool>) {
+        loop {
+            if let Err(err) = self.sweep_once().await {
+                tracing::debug!(error = %err, "cannot sweep the task directories now");
+            }
+            tokio::select! {
+                _ = tokio::time::sleep(self.config.sweep) => {}
+                _ = shutdown.wait_for(|stop| *stop) => return,
+            }
+        }
+    }
+
+    async fn sweep_once(&self) -> Result<(), StoreError> {
+        let Ok(apps) = std::fs::read_dir(&self.config.data_dir) else { return Ok(()) };
+        for app_dir in apps.flatten() {
+            let Some(app) = app_dir.file_name().to_str().and_then(|name| AppId::new(name).ok()) else { continue };
+            let Ok(tasks) = std::fs::read_dir(app_dir.path()) else { continue };
+            for task_dir in tasks.flatten() {
+                let Some(task) = task_dir.file_name().to_str().and_then(|name| TaskId::new(name).ok()) else {
+                    continue;
+                };
+                let key = RunKey { app: app.clone(), task };
+                // A run being driven may not be stored yet (its directory is emptied first).
+                if self.active.lock().unwrap_or_else(|p| p.into_inner()).contains_key(&key) {
+                    continue;
+                }
+                if self.store.run(key.app.clone(), key.task.clone()).await?.is_none() {
+                    if let Err(err) = std::fs::remove_dir_all(task_dir.path()) {
+                        tracing::warn!(run = %key, error = %err, "cannot remove the directory of a removed task");
+                    }
+                }
+            }
+            // Only an empty one goes.
+            let _ = std::fs::remove_dir(app_dir.path());
+        }
+        Ok(())
     }
 
     /// Keeps this executor's lease while it runs: whoever schedules takes its pools as lost if
@@ -366,10 +409,21 @@ impl Executor {
         shutdown: &mut watch::Receiver<bool>,
     ) -> Result<(), StoreError> {
         let store = &*self.store;
-        // A new run is first stored with the placement it runs on (below).
-        let mut run = match store.run(key.app.clone(), key.task.clone()).await? {
-            Some(run) => run,
-            None => Run::new(now_ms()),
+        let stored = store.run(key.app.clone(), key.task.clone()).await?;
+        // The task as last read: a task removed from outside is still aborted and finalized by
+        // its plugin, which needs its spec. Only a reading of the task this run belongs to.
+        let mut last: Option<PlacedTask> = self.apps.task(&key.app, &key.task).await?;
+        let mut run = match (stored, &last) {
+            // Gone before it was run: nothing to do.
+            (None, None) => return Ok(()),
+            (Some(mut run), Some(task)) if run.belongs_to(task.seq) => {
+                // A run kept before runs were numbered is its task's from now on.
+                run.task_seq = Some(task.seq);
+                run
+            }
+            // A run whose task is gone: stopped below, then removed.
+            (Some(run), None) => run,
+            (stale, Some(task)) => self.fresh_run(key, task, stale).await?,
         };
         let mut streak = 0;
         // The application's parallelism: a run holds a slot while it is past waiting to begin.
@@ -377,10 +431,12 @@ impl Executor {
         let max_parallelism = meta.max_parallelism;
         let parallelism = max_parallelism.map(|max| self.parallelism.of(&key.app, max));
         let mut slot: Option<OwnedSemaphorePermit> = None;
-        // The task as last read: a task removed from outside is still aborted and finalized by
-        // its plugin, which needs its spec.
-        let mut last: Option<PlacedTask> = None;
-        let mut reread = true;
+        let mut reread = false;
+        // The task was removed: once its attempt is stopped, the run goes too.
+        let mut gone = false;
+        // The task was removed and another added under its id: the attempt is stopped without
+        // writing anything (the kept run is the new task's to write), and the run is left to it.
+        let mut replaced = false;
         loop {
             if *shutdown.borrow() {
                 return Ok(());
@@ -393,13 +449,19 @@ impl Executor {
                 _ => self.apps.task(&key.app, &key.task).await?,
             };
             reread = false;
-            if let Some(task) = &task {
-                last = Some(task.clone());
+            match &task {
+                Some(t) if run.belongs_to(t.seq) => last = Some(t.clone()),
+                Some(_) => replaced = true,
+                None => gone = true,
             }
-            let stopped = match &task {
-                None => Some("the task was removed".to_owned()),
-                Some(t) if t.state.is_terminal() => Some(format!("the task was ended from outside ({:?})", t.state)),
-                Some(_) => None,
+            let stopped = if replaced {
+                Some("the task was removed and another added under its id".to_owned())
+            } else if gone {
+                Some("the task was removed".to_owned())
+            } else {
+                task.as_ref()
+                    .filter(|t| t.state.is_terminal())
+                    .map(|t| format!("the task was ended from outside ({:?})", t.state))
             };
             if let (Some(t), None) = (&task, &stopped) {
                 let here = t
@@ -417,7 +479,7 @@ impl Executor {
                 // Noted in the run, stored with its next write: a crash before leaves the run as it
                 // was, and the same is decided again.
                 if run.alloc.as_deref() != Some(alloc.as_str())
-                    && run.placement_lost(&alloc, self.config.retry, now_ms())
+                    && run.placement_lost(&alloc, self.policy_of(t), now_ms())
                 {
                     tracing::warn!(run = %key, "placed again after its placement was lost: a new attempt");
                 }
@@ -481,7 +543,8 @@ impl Executor {
                     }
                 }
                 Next::EndAttempt { abort } => {
-                    self.end_attempt(key, &meta, task.as_ref().or(last.as_ref()), &mut run, abort).await?;
+                    let keep = if replaced { Keep::Nothing } else { Keep::Run };
+                    self.end_attempt(key, &meta, last.as_ref(), &mut run, abort, keep).await?;
                 }
                 Next::Report(ending) => {
                     let counter = match &ending {
@@ -490,8 +553,15 @@ impl Executor {
                         Ending::Aborted(_) => &self.stats.aborted,
                     };
                     counter.fetch_add(1, Ordering::Relaxed);
+                    if replaced {
+                        return Ok(());
+                    }
+                    if gone {
+                        // Stopped, finalized, its tokens released: the run goes with its task.
+                        return self.forget_run(key).await;
+                    }
                     if ending == Ending::Succeeded {
-                        self.keep_outputs(key, last.as_ref(), &run).await?;
+                        self.keep_outputs(key, &run).await?;
                     }
                     if stopped.is_none() {
                         let failed = match &ending {
@@ -505,6 +575,60 @@ impl Executor {
                 }
             }
         }
+    }
+
+    /// The first run of `task`: its directory emptied (a task removed and added again under the
+    /// same id starts from nothing: a shell command's marker there would be taken for its own),
+    /// then stored before any round (a restart resumes it, and does not empty its directory
+    /// again). A `stale` run of an earlier task of the same id, whose executor stopped before it
+    /// could remove it, has its tokens released.
+    async fn fresh_run(&self, key: &RunKey, task: &PlacedTask, stale: Option<Run>) -> Result<Run, StoreError> {
+        if let Some(stale) = stale {
+            tracing::info!(run = %key, "the kept run is of an earlier task of the same id: the task runs afresh");
+            for token in &stale.tokens {
+                if let Err(err) = release(&self.store, &self.waits, &token.namespace, &token.token).await {
+                    return Err(StoreError::Unavailable(format!(
+                        "a token of the earlier run could not be released: {err}"
+                    )));
+                }
+            }
+        }
+        let dir = self.task_dir(key);
+        match std::fs::remove_dir_all(&dir) {
+            Ok(()) => {}
+            Err(err) if err.kind() == std::io::ErrorKind::NotFound => {}
+            Err(err) => {
+                return Err(StoreError::Unavailable(format!(
+                    "cannot empty the task's directory {}: {err}",
+                    dir.display()
+                )))
+            }
+        }
+        let mut run = Run::new(now_ms());
+        run.task_seq = Some(task.seq);
+        self.store.put_run(key.app.clone(), key.task.clone(), run.clone()).await?;
+        Ok(run)
+    }
+
+    /// Removes a run whose task is gone, and the task's directory.
+    async fn forget_run(&self, key: &RunKey) -> Result<(), StoreError> {
+        self.store.remove_run(key.app.clone(), key.task.clone()).await?;
+        if let Err(err) = std::fs::remove_dir_all(self.task_dir(key)) {
+            if err.kind() != std::io::ErrorKind::NotFound {
+                tracing::warn!(run = %key, error = %err, "cannot remove the directory of a removed task");
+            }
+        }
+        Ok(())
+    }
+
+    /// The task's own directory (logs, scratch, outputs), kept across attempts.
+    fn task_dir(&self, key: &RunKey) -> std::path::PathBuf {
+        self.config.data_dir.join(key.app.as_str()).join(key.task.as_str())
+    }
+
+    /// The retry policy of `task`: its spec's `retries`, else the daemon's.
+    fn policy_of(&self, task: &PlacedTask) -> RetryPolicy {
+        crate::spec::parse(&task.spec).map_or(self.config.retry, |spec| spec.policy(self.config.retry))
     }
 
     /// A round's context for `task`'s current attempt.
@@ -526,11 +650,12 @@ impl Executor {
             self.waits.clone(),
             waker.clone(),
             run.tokens.clone(),
-        );
+        )
+        .with_scope(crate::context::scope_of(&meta.labels));
         let mut ctx = TaskContext::new(key.clone(), run.attempt, &spec.task_type, tokens, run.state.clone(), waker);
         ctx.spec = spec.spec.clone();
         ctx.inputs = spec.inputs.clone();
-        ctx.dir = self.config.data_dir.join(key.app.as_str()).join(key.task.as_str());
+        ctx.dir = self.task_dir(key);
         ctx.max_output_bytes = self.config.max_output_bytes;
         ctx.secrets = self.config.secrets.clone();
         let placement = task.and_then(|t| t.placement.as_ref());
@@ -565,7 +690,7 @@ impl Executor {
 
     /// What the task's spec says of how to run it, and the plugin that runs it.
     fn plugin_for(&self, task: &PlacedTask) -> Result<(RunSpec, Arc<dyn Plugin>), ExecError> {
-        let spec = run_spec(task)?;
+        let spec = crate::spec::parse(&task.spec)?;
         let plugin = self
             .registry
             .resolve(&spec.task_type, spec.plugin.as_deref())
@@ -586,22 +711,27 @@ impl Executor {
             }
         };
         self.stats.rounds.fetch_add(1, Ordering::Relaxed);
+        let policy = spec.policy(self.config.retry);
         // The first round of a cacheable task looks in the catalog first.
-        let cache_key = (run.round == 0 && run.attempt == 1).then(|| spec.cache_key(&*plugin)).flatten();
-        if let Some(cache_key) = cache_key {
-            match self.store.cached_outputs(&cache_key).await? {
+        let lookup = (run.round == 0 && run.attempt == 1).then(|| spec.cache_lookup(&*plugin)).flatten();
+        if let Some(mut lookup) = lookup {
+            match self.store.cached_outputs(&lookup.key).await? {
                 Some(cached) => {
                     self.stats.cache_hits.fetch_add(1, Ordering::Relaxed);
-                    let reason = format!("cache hit: the outputs of {}/{}", cached.app, cached.task);
+                    let from = format!("{}/{}", cached.app, cached.task);
+                    let reason = format!("cache hit: the outputs of {from} (key {})", short_key(&lookup.key));
+                    lookup.hit = Some(from);
+                    run.cache = Some(lookup);
                     run.outputs = Some(cached.outputs);
                     let hit = Transition::ephemeral(PhaseInfo::success(reason));
-                    run.after_round(Ok((hit, StateWrite::Unchanged)), self.config.retry, now);
+                    run.after_round(Ok((hit, StateWrite::Unchanged)), policy, now);
                     return self.store_round(key, run).await;
                 }
                 None => {
                     self.stats.cache_misses.fetch_add(1, Ordering::Relaxed);
-                    let miss = PhaseInfo::new(Phase::NotReady, CACHE_MISS, "cache miss: runs, and keeps its outputs");
-                    run.hold(&miss, now);
+                    let reason = format!("cache miss (key {}): runs, and keeps its outputs", short_key(&lookup.key));
+                    run.cache = Some(lookup);
+                    run.hold(&PhaseInfo::new(Phase::NotReady, CACHE_MISS, reason), now);
                 }
             }
         }
@@ -637,7 +767,7 @@ impl Executor {
                 }
             }
         };
-        run.after_round(result, self.config.retry, now_ms());
+        run.after_round(result, policy, now_ms());
         self.store_round(key, run).await
     }
 
@@ -651,11 +781,12 @@ impl Executor {
         }
     }
 
-    /// Keeps a succeeded cacheable task's outputs in the catalog (the first kept stays, so a
-    /// task that reused them, or a report repeated after a crash, changes nothing).
-    async fn keep_outputs(&self, key: &RunKey, task: Option<&PlacedTask>, run: &Run) -> Result<(), StoreError> {
-        let Some((spec, plugin)) = task.and_then(|t| self.plugin_for(t).ok()) else { return Ok(()) };
-        let Some(cache_key) = spec.cache_key(&*plugin) else { return Ok(()) };
+    /// Keeps a succeeded cacheable task's outputs in the catalog under the key its lookup missed
+    /// (the first kept stays, so a report repeated after a crash changes nothing).
+    async fn keep_outputs(&self, key: &RunKey, run: &Run) -> Result<(), StoreError> {
+        let Some(cache_key) = run.cache.as_ref().filter(|lookup| lookup.hit.is_none()).map(|l| l.key.clone()) else {
+            return Ok(());
+        };
         let entry = allot_store::CachedOutputs {
             outputs: run.outputs.clone().unwrap_or_else(|| "null".to_owned()),
             app: key.app.clone(),
@@ -665,7 +796,8 @@ impl Executor {
         self.store.put_cached_outputs(cache_key, entry).await
     }
 
-    /// Aborts (if asked) and finalizes the attempt, releases its tokens, stores the run.
+    /// Aborts (if asked) and finalizes the attempt, releases its tokens, stores the run (unless
+    /// `keep` says it is another's to write).
     async fn end_attempt(
         &self,
         key: &RunKey,
@@ -673,6 +805,7 @@ impl Executor {
         task: Option<&PlacedTask>,
         run: &mut Run,
         abort: bool,
+        keep: Keep,
     ) -> Result<(), StoreError> {
         // An attempt lost with its placement ran elsewhere: its plugin is not called here.
         let task = task.filter(|_| !run.attempt_lost());
@@ -693,13 +826,18 @@ impl Executor {
         for token in std::mem::take(&mut run.tokens) {
             if let Err(err) = release(&self.store, &self.waits, &token.namespace, &token.token).await {
                 run.tokens.push(token);
-                self.store.put_run(key.app.clone(), key.task.clone(), run.clone()).await?;
+                if keep == Keep::Run {
+                    self.store.put_run(key.app.clone(), key.task.clone(), run.clone()).await?;
+                }
                 return Err(StoreError::Unavailable(format!("a token could not be released: {err}")));
             }
         }
         if run.attempt_finalized(now_ms()) == Next::Handle {
             self.stats.retried.fetch_add(1, Ordering::Relaxed);
         }
-        self.store.put_run(key.app.clone(), key.task.clone(), run.clone()).await
+        match keep {
+            Keep::Run => self.store.put_run(key.app.clone(), key.task.clone(), run.clone()).await,
+            Keep::Nothing => Ok(()),
+        }
     }
 }

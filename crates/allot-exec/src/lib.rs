@@ -4,6 +4,7 @@
 //! - `registry`: which plugin runs a task, loaded once at start;
 //! - `context`: what a plugin is given at start and for each round, with the resource manager
 //!   (allot's own token quotas, woken on release rather than polled);
+//! - `spec`: what a task's spec says to the executor (its type, plugin, retries, cache key);
 //! - `builtin`: the plugins that come with allot.
 //!
 //! The decisions over a run (phases, retries, events, abort then finalize) are pure, in
@@ -15,6 +16,7 @@ pub mod context;
 pub mod executor;
 pub mod plugin;
 pub mod registry;
+pub mod spec;
 
 pub use context::{
     Metadata, MetricsScope, PluginCounters, RoundOutput, RunKey, Secrets, SetupContext, TaskContext, TokenStatus,

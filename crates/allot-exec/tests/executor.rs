@@ -55,8 +55,19 @@ impl Plugin for ProbePlugin {
             }
             Some("hold") => match ctx.tokens.take("seats", 1).await? {
                 TokenStatus::Granted => Ok(Transition::ephemeral(PhaseInfo::running(0, "holding a seat"))),
-                TokenStatus::Waiting => Ok(Transition::ephemeral(PhaseInfo::waiting_for_resources("no seat"))),
+                TokenStatus::Waiting(_) => Ok(Transition::ephemeral(PhaseInfo::waiting_for_resources("no seat"))),
             },
+            // A desk, one per project at most.
+            Some("capped") => {
+                let caps = allot_core::Constraints { project: Some(1), namespace: None };
+                match ctx.tokens.take_capped("desks", 1, caps).await? {
+                    TokenStatus::Granted => Ok(Transition::ephemeral(PhaseInfo::running(0, "holding a desk"))),
+                    waiting => Ok(Transition::ephemeral(PhaseInfo::waiting_for_resources(waiting.why("probe:desks")))),
+                }
+            }
+            Some("system_fail") => {
+                Ok(Transition::ephemeral(PhaseInfo::retryable(ExecError::system("lost", "the service went away"))))
+            }
             _ => Ok(Transition::ephemeral(PhaseInfo::success("done"))),
         }
     }
@@ -89,18 +100,32 @@ async fn start_counting(
     probe: Arc<Probe>,
     counters: PluginCounters,
 ) -> watch::Sender<bool> {
+    start_with(store, dir, probe, counters, &builtin::BuiltinConfig::default(), |_| {}).await
+}
+
+/// The executor with the built-in plugins set by `builtin`, the probe, and `config` changed by
+/// `change`.
+async fn start_with(
+    store: Arc<dyn Store>,
+    dir: &std::path::Path,
+    probe: Arc<Probe>,
+    counters: PluginCounters,
+    builtin: &builtin::BuiltinConfig,
+    change: impl FnOnce(&mut ExecutorConfig),
+) -> watch::Sender<bool> {
     let entry = {
         let probe = probe.clone();
         PluginEntry::new("probe", &["probe"], false, move |setup: SetupContext| {
             let probe = probe.clone();
             async move {
                 setup.register_quota("seats", 1).await.map_err(|e| e.to_string())?;
+                setup.register_quota("desks", 5).await.map_err(|e| e.to_string())?;
                 setup.metrics().inc("loaded");
                 Ok(Arc::new(ProbePlugin(probe)) as Arc<dyn Plugin>)
             }
         })
     };
-    let mut entries = builtin::entries();
+    let mut entries = builtin::configured(builtin);
     entries.push(entry);
     let registry = Registry::load(entries, &BTreeMap::new(), |id| {
         SetupContext::new(id, store.clone(), Secrets::default(), Waker::new(|_| {})).with_counters(counters.clone())
@@ -110,6 +135,7 @@ async fn start_counting(
     let mut config = ExecutorConfig::new(HashSet::from([PoolName::new("local").unwrap()]), dir.join("tasks"));
     config.counters = counters;
     config.retry = RetryPolicy { user_attempts: 2, system_retries: 1 };
+    change(&mut config);
     let executor = Executor::new(store, Arc::new(registry), config);
     let (stop, stopped) = watch::channel(false);
     tokio::spawn(executor.run(stopped));
@@ -158,18 +184,22 @@ async fn submit_with(
     };
     store.add_app(spec).await.unwrap();
     for (task, spec) in tasks {
-        let task = TaskSpec {
-            id: TaskId::new(task).unwrap(),
-            resources: "cpu=1".parse().unwrap(),
-            tokens: Vec::new(),
-            group: None,
-            priority: 0,
-            selector: Default::default(),
-            spec: spec.to_string(),
-        };
-        store.add_task(id.clone(), task).await.unwrap();
+        store.add_task(id.clone(), task_spec(task, spec)).await.unwrap();
     }
     id
+}
+
+/// Task `id` (cpu=1) with `spec`.
+fn task_spec(id: &str, spec: &serde_json::Value) -> TaskSpec {
+    TaskSpec {
+        id: TaskId::new(id).unwrap(),
+        resources: "cpu=1".parse().unwrap(),
+        tokens: Vec::new(),
+        group: None,
+        priority: 0,
+        selector: Default::default(),
+        spec: spec.to_string(),
+    }
 }
 
 async fn state(store: &dyn Store, app: &AppId, task: &str) -> TaskState {
@@ -423,11 +453,13 @@ async fn job_service(millis: u64) -> (Arc<JobService>, String) {
     (service, url)
 }
 
-/// Makes the `http` plugin's quota 3 before the executor starts (its loader keeps it).
+/// The `http` plugin's quota configured to 3.
 async fn setup_with_http_quota() -> Setup {
     let (dir, store) = new_store().await;
-    store.seed_namespace(allot_core::NamespaceName::new("http:jobs").unwrap(), 3).await.unwrap();
-    started(dir, store).await
+    let probe = Arc::new(Probe::default());
+    let builtin = builtin::BuiltinConfig { http_jobs: 3, ..Default::default() };
+    let stop = start_with(store.clone(), dir.path(), probe.clone(), PluginCounters::default(), &builtin, |_| {}).await;
+    Setup { _dir: dir, store, probe, stop }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -491,16 +523,22 @@ async fn a_task_waiting_for_a_token_does_not_use_up_its_applications_parallelism
     let policy = SchedulingPolicy { max_parallelism: Some(2), ..SchedulingPolicy::default() };
     let hold = serde_json::json!({ "type": "probe", "mode": "hold" });
     let nap = serde_json::json!({ "type": "sleep", "seconds": 0.2 });
-    let tasks = [("holder", hold.clone()), ("waiter", hold), ("s1", nap.clone()), ("s2", nap.clone()), ("s3", nap)];
-    let app = submit_with(store, "p", policy, &tasks).await;
+    let app = submit_with(store, "p", policy, &[("holder", hold.clone()), ("waiter", hold)]).await;
+    let phase = async |task: &str| store.run(app.clone(), TaskId::new(task).unwrap()).await.unwrap().map(|r| r.phase);
+    until("one holds the seat, the other waits for it", async || {
+        let mut both = [phase("holder").await, phase("waiter").await];
+        both.sort_by_key(|p| p.map(Phase::name));
+        both == [Some(Phase::Running), Some(Phase::WaitingForResources)]
+    })
+    .await;
+    // Then the sleeps (added together, they would race the seat's holder for the slots).
+    for task in ["s1", "s2", "s3"] {
+        store.add_task(app.clone(), task_spec(task, &nap)).await.unwrap();
+    }
     for task in ["s1", "s2", "s3"] {
         until(task, async || state(store, &app, task).await == TaskState::Completed).await;
     }
     let phases = async |task: &str| store.run(app.clone(), TaskId::new(task).unwrap()).await.unwrap().unwrap();
-    let (first, second) = (phases("holder").await.phase, phases("waiter").await.phase);
-    let mut both = [first, second];
-    both.sort_by_key(|p| p.name());
-    assert_eq!(both, [Phase::Running, Phase::WaitingForResources], "one holds the seat, the other waits");
     // The sleeps ran one after another: never two at once beside the seat's holder.
     let mut spans = Vec::new();
     let mut held_back = 0;
@@ -555,7 +593,8 @@ async fn a_task_run_before_with_the_same_type_version_and_inputs_reuses_its_outp
     assert_eq!(std::fs::read_to_string(&count).unwrap().lines().count(), 4, "every task ran but `again`");
     assert_eq!(outputs["again"].0, outputs["first"].0, "the outputs are reused");
     assert_eq!(outputs["first"].0, r#"{"n":1}"#);
-    assert!(outputs["again"].1.iter().any(|r| r == "cache hit: the outputs of c0/first"), "{:?}", outputs["again"].1);
+    let hit = outputs["again"].1.iter().any(|r| r.starts_with("cache hit: the outputs of c0/first (key "));
+    assert!(hit, "{:?}", outputs["again"].1);
     assert!(outputs["first"].1.iter().any(|r| r.starts_with("cache miss")), "{:?}", outputs["first"].1);
     assert!(!outputs["nocache"].1.iter().any(|r| r.starts_with("cache")), "{:?}", outputs["nocache"].1);
     s.stop.send_replace(true);
@@ -580,15 +619,7 @@ async fn a_plugin_sees_the_tasks_metadata_records_events_and_keeps_counters() {
         "type": "probe", "mode": "observe", "annotations": {"owner": "ana", "tries": 2},
         "overrides": {"timeout": "1h"}, "interruptible": true,
     });
-    let task = TaskSpec {
-        id: TaskId::new("look").unwrap(),
-        resources: "cpu=1".parse().unwrap(),
-        tokens: Vec::new(),
-        group: None,
-        priority: 0,
-        selector: Default::default(),
-        spec: task.to_string(),
-    };
+    let task = task_spec("look", &task);
     store.add_task(id.clone(), task).await.unwrap();
     until("observed", async || state(&*store, &id, "look").await == TaskState::Completed).await;
     let run = store.run(id.clone(), TaskId::new("look").unwrap()).await.unwrap().unwrap();
@@ -633,4 +664,284 @@ async fn a_barrier_round_is_replayed_from_the_store_after_a_crash_not_run_twice(
         ]
     );
     stop.send_replace(true);
+}
+
+/// The application file's user story: an application removed, then submitted again under the
+/// same id, runs its tasks afresh: the runs went with it, and nothing of the first is adopted,
+/// not even the shell command's files.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_task_removed_and_added_again_under_its_id_runs_afresh() {
+    let s = setup().await;
+    let store = &*s.store;
+    let count = s._dir.path().join("count");
+    let command = format!("echo ran >> {}", count.display());
+    let spec = serde_json::json!({ "type": "shell", "command": command });
+    let app = submit(store, "again", &[("greet", spec.clone())]).await;
+    until("the first completes", async || state(store, &app, "greet").await == TaskState::Completed).await;
+    let greet = TaskId::new("greet").unwrap();
+    let first = store.run(app.clone(), greet.clone()).await.unwrap().unwrap();
+    assert!(s._dir.path().join("tasks/again/greet/attempt-1/started").exists());
+    store.remove_app(app.clone()).await.unwrap();
+    assert_eq!(store.run(app.clone(), greet.clone()).await.unwrap(), None, "the run went with its application");
+    let removed_at = now_ms();
+    let app = submit(store, "again", &[("greet", spec)]).await;
+    until("the second completes", async || state(store, &app, "greet").await == TaskState::Completed).await;
+    assert_eq!(std::fs::read_to_string(&count).unwrap(), "ran\nran\n", "the command ran again");
+    let second = store.run(app.clone(), greet).await.unwrap().unwrap();
+    assert_eq!(second.attempt, 1);
+    assert!(second.events.iter().all(|e| e.at >= removed_at), "every event is new: {:?}", second.events);
+    assert_ne!(second.task_seq, first.task_seq, "the run of another task");
+    s.stop.send_replace(true);
+}
+
+/// The directory of a task whose run went (its task removed) goes too.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_directories_of_removed_tasks_are_swept() {
+    let (dir, store) = new_store().await;
+    let fast_sweep = |config: &mut ExecutorConfig| config.sweep = Duration::from_millis(100);
+    let probe = Arc::new(Probe::default());
+    let stop =
+        start_with(store.clone(), dir.path(), probe, PluginCounters::default(), &Default::default(), fast_sweep).await;
+    let spec = serde_json::json!({ "type": "shell", "command": "true" });
+    let app = submit(&*store, "swept", &[("t", spec.clone()), ("kept", spec)]).await;
+    for task in ["t", "kept"] {
+        until(task, async || state(&*store, &app, task).await == TaskState::Completed).await;
+    }
+    let tasks = dir.path().join("tasks/swept");
+    store.remove_task(app.clone(), TaskId::new("t").unwrap()).await.unwrap();
+    until("the removed task's directory goes", async || !tasks.join("t").exists()).await;
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert!(tasks.join("kept/attempt-1/stdout.log").exists(), "a task still there keeps its directory");
+    store.remove_app(app).await.unwrap();
+    until("the application's directory goes", async || !tasks.exists()).await;
+    stop.send_replace(true);
+}
+
+fn now_ms() -> u64 {
+    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_millis() as u64
+}
+
+/// A run that has not ended when its task goes is stopped by its executor (abort, finalize, its
+/// tokens released), then removed; a task added again meanwhile under the same id starts its own
+/// run, and the first one's command is stopped, not adopted.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_running_task_removed_and_added_again_is_stopped_and_runs_afresh() {
+    let s = setup().await;
+    let store = &*s.store;
+    let spec = serde_json::json!({ "type": "shell", "command": "sleep 60" });
+    let app = submit(store, "twice", &[("forever", spec.clone())]).await;
+    let pid_file = s._dir.path().join("tasks/twice/forever/attempt-1/pid");
+    // Written by the command's wrapper as it starts.
+    let read_pid = || std::fs::read_to_string(&pid_file).ok().and_then(|text| text.trim().parse::<i64>().ok());
+    until("the command runs", async || read_pid().is_some()).await;
+    let first = read_pid().unwrap();
+    let alive = |pid: i64| {
+        std::fs::read_to_string(format!("/proc/{pid}/stat"))
+            .is_ok_and(|stat| stat.rsplit_once(')').is_some_and(|(_, rest)| !rest.trim_start().starts_with('Z')))
+    };
+    store.remove_app(app.clone()).await.unwrap();
+    let kept = store.run(app.clone(), TaskId::new("forever").unwrap()).await.unwrap();
+    assert!(kept.is_some_and(|r| !r.ended()), "a run that has not ended stays for its executor to stop");
+    let app = submit(store, "twice", &[("forever", spec)]).await;
+    until("the first command is stopped", async || !alive(first)).await;
+    until("the new task's command runs", async || read_pid().is_some_and(|pid| pid != first)).await;
+    let run = store.run(app.clone(), TaskId::new("forever").unwrap()).await.unwrap().unwrap();
+    assert_eq!((run.attempt, run.user_failures, run.system_failures), (1, 0, 0), "{:?}", run.events);
+    assert_eq!(run.phase, Phase::Running);
+    // Removed for good: stopped, then the run goes.
+    store.remove_app(app.clone()).await.unwrap();
+    until("the run goes once stopped", async || {
+        store.run(app.clone(), TaskId::new("forever").unwrap()).await.unwrap().is_none()
+    })
+    .await;
+    s.stop.send_replace(true);
+}
+
+/// A run left by a daemon that stopped between its task's removal and the run's end: the
+/// executor that starts on its pool releases what it held and removes it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_run_whose_task_went_while_no_executor_ran_is_cleaned_up_at_start() {
+    let (dir, store) = new_store().await;
+    let seats = allot_core::NamespaceName::new("probe:seats").unwrap();
+    store.put_namespace(seats.clone(), 1).await.unwrap();
+    let token = allot_core::Token::new("gone:t:1").unwrap();
+    let request = allot_core::AllocateRequest {
+        namespace: seats.clone(),
+        token: token.clone(),
+        units: 1,
+        scope: None,
+        constraints: Default::default(),
+        lease: allot_core::LeaseRequest::None,
+    };
+    store.allocate(request, Duration::ZERO).await.unwrap();
+    let mut run = allot_core::exec::Run::new(0);
+    run.alloc = Some("local/00000000000000a1".to_owned());
+    run.took(allot_core::exec::TakenToken { namespace: seats.clone(), token });
+    let (app, task) = (AppId::new("gone").unwrap(), TaskId::new("t").unwrap());
+    store.put_run(app.clone(), task.clone(), run).await.unwrap();
+    // And one of another daemon's pool: not this executor's to clean.
+    let mut elsewhere = allot_core::exec::Run::new(0);
+    elsewhere.alloc = Some("other/00000000000000a2".to_owned());
+    store.put_run(app.clone(), TaskId::new("there").unwrap(), elsewhere).await.unwrap();
+    let stop = start(store.clone(), dir.path(), Arc::new(Probe::default())).await;
+    until("the run is removed", async || store.run(app.clone(), task.clone()).await.unwrap().is_none()).await;
+    assert_eq!(store.namespace(seats).await.unwrap().granted_units, 0, "its token is released");
+    assert!(store.run(app.clone(), TaskId::new("there").unwrap()).await.unwrap().is_some());
+    stop.send_replace(true);
+}
+
+/// `retries` in a task's spec is its own budget of user failures [Flyte's `retries`]; without
+/// it, the daemon's default; system failures have the daemon's budget; a permanent failure is
+/// never retried.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_tasks_retries_are_its_own_and_a_permanent_failure_is_never_retried() {
+    let (dir, store) = new_store().await;
+    let probe = Arc::new(Probe::default());
+    // No user retries by default, two after system failures.
+    let budgets = |config: &mut ExecutorConfig| config.retry = RetryPolicy::new(0, 2);
+    let stop =
+        start_with(store.clone(), dir.path(), probe, PluginCounters::default(), &Default::default(), budgets).await;
+    let shell = |command: &str, retries: Option<u32>| {
+        let mut spec = serde_json::json!({ "type": "shell", "command": command });
+        if let Some(retries) = retries {
+            spec["retries"] = retries.into();
+        }
+        spec
+    };
+    let app = submit(
+        &*store,
+        "retries",
+        &[
+            ("three", shell("exit 3", Some(3))),
+            ("default", shell("exit 3", None)),
+            ("permanent", shell("exit 127", Some(3))),
+            ("system", serde_json::json!({ "type": "probe", "mode": "system_fail", "retries": 5 })),
+        ],
+    )
+    .await;
+    for task in ["three", "default", "permanent", "system"] {
+        until(task, async || state(&*store, &app, task).await == TaskState::Failed).await;
+    }
+    let run = async |task: &str| store.run(app.clone(), TaskId::new(task).unwrap()).await.unwrap().unwrap();
+    let attempts = async |task: &str| {
+        let run = run(task).await;
+        (run.attempt, run.user_failures, run.system_failures)
+    };
+    assert_eq!(attempts("three").await, (4, 4, 0), "retries: 3 is four attempts");
+    assert_eq!(attempts("default").await, (1, 1, 0), "the daemon's default: no retry");
+    assert_eq!(attempts("permanent").await, (1, 0, 0), "a permanent failure is not retried");
+    assert_eq!(attempts("system").await, (3, 0, 3), "the system budget is the daemon's, not `retries`");
+    let three = run("three").await;
+    let ends: Vec<(u32, Phase)> =
+        three.events.iter().filter(|e| e.phase.ends_attempt()).map(|e| (e.attempt, e.phase)).collect();
+    let each = (1..=4).map(|a| (a, Phase::RetryableFailure)).collect::<Vec<_>>();
+    assert_eq!(ends, each, "the timeline shows each attempt");
+    stop.send_replace(true);
+}
+
+/// The output cache never hands a task another task's outputs: its key covers the whole spec
+/// (the command and its environment), not only the type, version and inputs; the executor's
+/// own settings (`retries`) are not part of it. The run says what was looked up.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tasks_that_do_different_things_never_share_cached_outputs() {
+    let s = setup().await;
+    let store = &*s.store;
+    let shell = |command: &str, extra: serde_json::Value| {
+        let mut spec = serde_json::json!({ "type": "shell", "command": command, "cache_version": "1" });
+        spec.as_object_mut().unwrap().extend(extra.as_object().unwrap().clone());
+        spec
+    };
+    let write = |text: &str| format!("echo '{{\"said\": \"{text}\"}}' > \"$ALLOT_OUTPUTS\"");
+    let env_write = "echo \"{\\\"said\\\": \\\"$WORD\\\"}\" > \"$ALLOT_OUTPUTS\"";
+    let tasks = [
+        ("hello", shell(&write("hello"), serde_json::json!({}))),
+        ("bye", shell(&write("bye"), serde_json::json!({}))),
+        ("env-a", shell(env_write, serde_json::json!({ "env": { "WORD": "a" } }))),
+        ("env-b", shell(env_write, serde_json::json!({ "env": { "WORD": "b" } }))),
+        ("hello-again", shell(&write("hello"), serde_json::json!({ "retries": 2 }))),
+    ];
+    let mut runs = BTreeMap::new();
+    for (i, (name, spec)) in tasks.iter().enumerate() {
+        let app = submit(store, &format!("k{i}"), &[(name, spec.clone())]).await;
+        until(name, async || state(store, &app, name).await == TaskState::Completed).await;
+        runs.insert(*name, store.run(app.clone(), TaskId::new(name).unwrap()).await.unwrap().unwrap());
+    }
+    let said = |name: &str| {
+        let outputs: serde_json::Value = serde_json::from_str(runs[name].outputs.as_deref().unwrap()).unwrap();
+        outputs["said"].as_str().unwrap().to_owned()
+    };
+    assert_eq!([said("hello"), said("bye"), said("env-a"), said("env-b")], ["hello", "bye", "a", "b"]);
+    let cache = |name: &str| runs[name].cache.clone().expect("looked up");
+    for name in ["hello", "bye", "env-a", "env-b"] {
+        assert_eq!(cache(name).hit, None, "{name} ran");
+    }
+    assert_eq!(cache("hello-again").hit.as_deref(), Some("k0/hello"), "the same command: the outputs reused");
+    assert_eq!(said("hello-again"), "hello");
+    assert_eq!(cache("hello-again").key, cache("hello").key);
+    assert_ne!(cache("bye").spec_digest, cache("hello").spec_digest);
+    assert_eq!(cache("bye").inputs_digest, cache("hello").inputs_digest, "no inputs either way");
+    assert_ne!(cache("env-a").key, cache("env-b").key);
+    let parts = cache("hello");
+    assert_eq!(
+        (parts.task_type.as_str(), parts.plugin.as_str(), parts.cache_version.as_str()),
+        ("shell", "shell", "1")
+    );
+    s.stop.send_replace(true);
+}
+
+/// The tokens a plugin takes are held by the task's scope, from its application's `project`
+/// and `domain` tags, and a cap the plugin passes refuses a project over it
+/// (`NamespaceQuotaExceeded`) while other projects, and tasks of no project, go on.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_plugins_tokens_carry_the_tasks_scope_and_its_caps() {
+    let s = setup().await;
+    let store = &*s.store;
+    let tagged = async |app: &str, tags: &[(&str, &str)]| {
+        let id = AppId::new(app).unwrap();
+        let spec = AppSpec {
+            id: id.clone(),
+            queue: QueuePath::new("root.q").unwrap(),
+            user: "u".into(),
+            tags: tags.iter().map(|(k, v)| ((*k).to_owned(), (*v).to_owned())).collect(),
+            groups: Vec::new(),
+            policy: SchedulingPolicy::default(),
+        };
+        store.add_app(spec).await.unwrap();
+        let task = task_spec("desk", &serde_json::json!({ "type": "probe", "mode": "capped" }));
+        store.add_task(id.clone(), task).await.unwrap();
+        id
+    };
+    let phase =
+        async |app: &AppId| store.run(app.clone(), TaskId::new("desk").unwrap()).await.unwrap().map(|r| r.phase);
+    let first = tagged("alpha-1", &[("project", "alpha"), ("domain", "dev")]).await;
+    until("alpha's first holds a desk", async || phase(&first).await == Some(Phase::Running)).await;
+    let second = tagged("alpha-2", &[("project", "alpha")]).await;
+    let beta = tagged("beta-1", &[("project", "beta"), ("domain", "prod")]).await;
+    let none = tagged("untagged", &[]).await;
+    for app in [&beta, &none] {
+        until("another project, or none, holds a desk", async || phase(app).await == Some(Phase::Running)).await;
+    }
+    until("alpha's second waits for its project's cap", async || {
+        phase(&second).await == Some(Phase::WaitingForResources)
+    })
+    .await;
+    let run = store.run(second.clone(), TaskId::new("desk").unwrap()).await.unwrap().unwrap();
+    let why = &run.events.iter().find(|e| e.phase == Phase::WaitingForResources).unwrap().reason;
+    assert_eq!(why, "waiting for a token of `probe:desks`: its project holds 1 of its cap of 1");
+    let desks = allot_core::NamespaceName::new("probe:desks").unwrap();
+    let grants = allot_store::read_all(|page| store.grants(desks.clone(), page)).await.unwrap();
+    let mut scopes: Vec<Option<(String, String)>> = grants
+        .iter()
+        .map(|g| g.grant.scope.as_ref().map(|s| (s.project.to_string(), s.namespace.to_string())))
+        .collect();
+    scopes.sort();
+    let scope = |p: &str, n: &str| Some((p.to_owned(), n.to_owned()));
+    assert_eq!(scopes, [None, scope("alpha", "dev"), scope("beta", "prod")]);
+    // The project's desk freed, its second task takes one, in the project's default domain.
+    store.remove_app(first).await.unwrap();
+    until("alpha's second holds a desk", async || phase(&second).await == Some(Phase::Running)).await;
+    let grants = allot_store::read_all(|page| store.grants(desks.clone(), page)).await.unwrap();
+    let alpha = grants.iter().find(|g| g.grant.scope.as_ref().is_some_and(|s| &*s.project == "alpha")).unwrap();
+    assert_eq!(alpha.grant.scope.as_ref().map(|s| s.namespace.to_string()).as_deref(), Some("default"));
+    s.stop.send_replace(true);
 }

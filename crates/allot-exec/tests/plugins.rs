@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use allot_core::exec::{ExecError, Phase, PhaseInfo, StateWrite, Transition};
 use allot_core::sched::{AppId, TaskId};
-use allot_core::NamespaceName;
+use allot_core::{NamespaceName, Refusal};
 use allot_exec::{
     builtin, Plugin, PluginEntry, Registry, RegistryError, ResolveError, RunKey, Secrets, SetupContext, TaskContext,
     TokenStatus, TokenWaits, Tokens, Waker,
@@ -114,8 +114,12 @@ async fn a_task_waiting_for_a_token_is_woken_by_the_release_not_by_polling() {
     let mut first = Tokens::new(store.clone(), "web", run("t1"), 1, waits.clone(), waker.clone(), Vec::new());
     let mut second = Tokens::new(store.clone(), "web", run("t2"), 1, waits.clone(), waker.clone(), Vec::new());
     assert_eq!(first.take("api", 1).await.unwrap(), TokenStatus::Granted);
-    assert_eq!(second.take("api", 1).await.unwrap(), TokenStatus::Waiting);
-    assert_eq!(second.take("api", 1).await.unwrap(), TokenStatus::Waiting, "asking again keeps its place");
+    assert_eq!(second.take("api", 1).await.unwrap(), TokenStatus::Waiting(Refusal::Exhausted));
+    assert_eq!(
+        second.take("api", 1).await.unwrap(),
+        TokenStatus::Waiting(Refusal::Exhausted),
+        "asking again keeps its place"
+    );
     tokio::time::sleep(Duration::from_millis(200)).await;
     assert!(woken.lock().unwrap().is_empty(), "no wake while the token is held");
     first.release("api").await.unwrap();
@@ -158,4 +162,19 @@ async fn the_sleep_plugin_keeps_its_end_in_its_state_and_succeeds_after_it() {
     ctx.inputs = serde_json::json!({ "x": 1 });
     assert_eq!(noop.handle(&mut ctx).await.unwrap().info.phase, Phase::Success);
     assert_eq!(ctx.finish().outputs, Some(serde_json::json!({ "x": 1 })));
+}
+
+/// A plugin's quota is the daemon's configuration: registered again with another value (the
+/// daemon restarted with another file), the quota takes it, whatever the store had.
+#[tokio::test]
+async fn a_plugins_quota_takes_the_configured_value_at_every_registration() {
+    let (_dir, store) = store();
+    let setup = SetupContext::new("web", store.clone(), Secrets::default(), no_wake());
+    let namespace = setup.register_quota("api", 2).await.unwrap();
+    assert_eq!(store.namespace(namespace.clone()).await.unwrap().quota, 2);
+    setup.register_quota("api", 5).await.unwrap();
+    assert_eq!(store.namespace(namespace.clone()).await.unwrap().quota, 5, "the new configuration holds");
+    store.put_namespace(namespace.clone(), 7).await.unwrap();
+    setup.register_quota("api", 5).await.unwrap();
+    assert_eq!(store.namespace(namespace).await.unwrap().quota, 5, "a change at runtime lasts until the next start");
 }

@@ -125,6 +125,11 @@ pub(crate) fn app_spec(body: &api::SubmitApp) -> Result<AppSpec, ApiError> {
 }
 
 pub(crate) fn task_spec(body: api::AddTask) -> Result<TaskSpec, ApiError> {
+    // What the executor reads of the spec is checked now, not when the task runs.
+    if let Some(spec) = &body.spec {
+        allot_exec::spec::retries(spec)
+            .map_err(|why| ApiError::invalid_argument(format!("task `{}`: spec: {why}", body.id)))?;
+    }
     Ok(TaskSpec {
         id: task_id(&body.id)?,
         resources: resources(&body.resources)?,
@@ -251,6 +256,15 @@ pub(crate) fn task_run(app: &str, task: &str, run: allot_core::exec::Run) -> api
         stage: stage.to_owned(),
         ending: ended,
         outputs: run.outputs.as_deref().and_then(|text| serde_json::from_str(text).ok()),
+        cache: run.cache.as_ref().map(|c| api::RunCache {
+            key: c.key.clone(),
+            task_type: c.task_type.clone(),
+            plugin: c.plugin.clone(),
+            cache_version: c.cache_version.clone(),
+            spec_digest: c.spec_digest.clone(),
+            inputs_digest: c.inputs_digest.clone(),
+            hit: c.hit.clone(),
+        }),
         events: run
             .events
             .iter()
@@ -273,6 +287,7 @@ pub(crate) fn task(info: TaskInfo) -> api::Task {
     api::Task {
         app: task.app.to_string(),
         id: spec.id.to_string(),
+        seq: task.seq,
         state: task.state.name().to_owned(),
         resources: spec.resources.to_string(),
         tokens: needs_out(&spec.tokens),

@@ -2,6 +2,7 @@
 //! the server enforces (name rules, id formats, number ranges, the resources grammar), stated here
 //! from the same constants the checks use, so that the document and the server cannot drift.
 
+use allot_core::exec::MAX_RETRIES;
 use allot_core::pool::{ALLOC_ID_PATTERN, MAX_IDLE_MS};
 use allot_core::resources::resources_pattern;
 use allot_core::{MAX_NAME_CHARS, MAX_TTL_MS, MAX_UNITS, NAMESPACE_PATTERN, NAME_PATTERN, SESSION_ID_PATTERN};
@@ -128,6 +129,14 @@ pub(crate) fn with_limits(mut doc: Value, max_wait: std::time::Duration) -> Valu
         ("AddTask", "id", id()),
         ("AddTask", "resources", resources(true)),
         ("AddTask", "group", json!({"pattern": ID_PATTERN})),
+        // What the executor reads of a task's spec, checked when the task is added.
+        (
+            "AddTask",
+            "spec",
+            json!({"properties": {"retries": {"type": "integer", "minimum": 0,
+            "maximum": MAX_RETRIES, "description": "new attempts after user failures (retryable ones); the \
+            daemon's default when absent"}}}),
+        ),
     ];
     // A grant's lease is its own TTL or its session's, not both; caps need a scope.
     let has_caps = json!({"type": "object", "anyOf": [

@@ -272,7 +272,11 @@ impl RedisStore {
         };
         let sweeper = tokio::spawn(run_sweeper(inner.clone()));
         tracing::info!(urls = ?config.urls, cluster = config.cluster, "redis store open");
-        Ok(RedisStore { inner, tasks: Mutex::new(vec![subscriber, sweeper]) })
+        let store = RedisStore { inner, tasks: Mutex::new(vec![subscriber, sweeper]) };
+        if let Err(err) = store.index_runs().await {
+            tracing::warn!(error = %err, "cannot index the runs kept by an earlier version now; the next start will");
+        }
+        Ok(store)
     }
 
     /// Fails at once, without retrying, when a server refuses the function library.

@@ -1,12 +1,14 @@
 //! The runs of tasks on Redis: one hash in the `{allot-runs}` slot, field `<app>/<task>`, the
-//! embedded store's record JSON-encoded. A run is written by the daemon that executes its task.
+//! embedded store's record JSON-encoded, and a set per application of its tasks that have a run
+//! (`lua/runs.lua`). A run is written by the daemon that executes its task; the runs that ended
+//! of a removed task or application are forgotten by the scheduler once its records are written.
 //! The catalog of outputs kept for reuse is another hash there, field the cache key, written
 //! once (`HSETNX`). Executors' leases: a hash of node -> pools (JSON), and a key per node that
 //! lives while the executor renews it (`SET ... PX`).
 
 use allot_core::exec::Run;
 use allot_core::pool::PoolName;
-use allot_core::sched::{AppId, TaskId};
+use allot_core::sched::{AppChange, AppId, TaskId};
 use allot_store::records::runs::{CachedRecord, RunRecord};
 use allot_store::{CachedOutputs, ExecutorLease, RunStore, StoreError};
 use async_trait::async_trait;
@@ -15,6 +17,8 @@ use redis::Value;
 use crate::reply::corrupt;
 use crate::{call_error, redis_error, RedisStore};
 
+/// The runs' key prefix: one hash slot.
+const RUNS_PREFIX: &str = "allot:{allot-runs}";
 const RUNS: &str = "allot:{allot-runs}:runs";
 const CATALOG: &str = "allot:{allot-runs}:catalog";
 const EXECUTORS: &str = "allot:{allot-runs}:executors";
@@ -33,6 +37,40 @@ fn decode(field: &str, json: &[u8]) -> Result<Run, StoreError> {
 }
 
 impl RedisStore {
+    /// Calls `lua/runs.lua`; answers its number. A change waits for the replicas
+    /// (`--redis-min-replicas`).
+    async fn runs_call(&self, args: &[&str]) -> Result<u64, StoreError> {
+        self.inner.eval(&self.inner.scripts.runs, RUNS_PREFIX, args, true).await?.uint()
+    }
+
+    /// Puts every run kept by a version without the sets of runs by application in its
+    /// application's set (once: a flag says it was done). It does not wait for the replicas: the
+    /// sets are derived from the runs, and one lost in a failover with its flag is made again at
+    /// the next open.
+    pub(crate) async fn index_runs(&self) -> Result<(), StoreError> {
+        let added = self.inner.eval(&self.inner.scripts.runs, RUNS_PREFIX, &["index"], false).await?.uint()?;
+        if added > 0 {
+            tracing::info!(runs = added, "runs indexed by application");
+        }
+        Ok(())
+    }
+
+    /// Forgets the runs that ended of the tasks `changes` remove (an application removed, or
+    /// dropped after its retention): they go with their task. A run that has not ended stays
+    /// for its executor, which stops it and then removes it.
+    pub(crate) async fn forget_ended_runs(&self, changes: &[AppChange]) -> Result<(), StoreError> {
+        for change in changes {
+            match change {
+                AppChange::AppRemoved { id } => self.runs_call(&["forget_ended", id.as_str()]).await?,
+                AppChange::TaskRemoved { app, task } => {
+                    self.runs_call(&["forget_ended", app.as_str(), task.as_str()]).await?
+                }
+                _ => continue,
+            };
+        }
+        Ok(())
+    }
+
     /// Every field of hash `key` (`what` it holds, for errors), names as text.
     async fn hash(&self, what: &str, key: &str) -> Result<Vec<(String, Vec<u8>)>, StoreError> {
         let cmd = redis::cmd("HGETALL").arg(key).clone();
@@ -56,9 +94,7 @@ impl RunStore for RedisStore {
     async fn put_run(&self, app: AppId, task: TaskId, run: Run) -> Result<(), StoreError> {
         self.live()?;
         let json = serde_json::to_string(&RunRecord::of(&run)).expect("records always encode");
-        let cmd = redis::cmd("HSET").arg(RUNS).arg(field(&app, &task)).arg(json).clone();
-        self.inner.conn.write(&cmd).await.map_err(|e| call_error(e, true))?;
-        Ok(())
+        self.runs_call(&["put", app.as_str(), task.as_str(), &json]).await.map(drop)
     }
 
     async fn run(&self, app: AppId, task: TaskId) -> Result<Option<Run>, StoreError> {
@@ -86,9 +122,7 @@ impl RunStore for RedisStore {
 
     async fn remove_run(&self, app: AppId, task: TaskId) -> Result<(), StoreError> {
         self.live()?;
-        let cmd = redis::cmd("HDEL").arg(RUNS).arg(field(&app, &task)).clone();
-        self.inner.conn.write(&cmd).await.map_err(|e| call_error(e, true))?;
-        Ok(())
+        self.runs_call(&["remove", app.as_str(), task.as_str()]).await.map(drop)
     }
 
     async fn cached_outputs(&self, key: &str) -> Result<Option<CachedOutputs>, StoreError> {
@@ -149,5 +183,22 @@ impl RunStore for RedisStore {
             lease.live = !matches!(value, Value::Nil);
         }
         Ok(leases)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A run kept by an earlier version, without the fields added since, reads back.
+    #[test]
+    fn a_run_kept_by_an_earlier_version_reads_back() {
+        let mut run = allot_store::conformance::sample_run();
+        let mut json: serde_json::Value = serde_json::to_value(RunRecord::of(&run)).unwrap();
+        for field in ["alloc", "task_seq", "cache"] {
+            json.as_object_mut().unwrap().remove(field);
+        }
+        (run.alloc, run.task_seq, run.cache) = (None, None, None);
+        assert_eq!(decode("a/t", json.to_string().as_bytes()).unwrap(), run);
     }
 }

@@ -326,6 +326,11 @@ impl RedisStore {
         }
         ends.append(&mut l.unfinished);
         self.write_app_records(holder, l.fencing, Some(&encode_steps(&ends)), &outcome.apps).await.map_err(deposed)?;
+        // The runs go with their tasks; one left by a failure here is forgotten by an executor
+        // that finds its task gone.
+        if let Err(err) = self.forget_ended_runs(&outcome.apps).await {
+            tracing::warn!(error = %err, "could not forget the runs of removed tasks");
+        }
         let results = self.steps(&ends, l.fencing).await;
         for (step, result) in ends.into_iter().zip(results) {
             if let Err(err) = result {

@@ -55,6 +55,7 @@ operations!(
     sched_lease,
     apps,
     sched_grant,
+    runs,
 );
 
 const PRELUDE: &str = include_str!("lua/namespace.lua");
@@ -76,7 +77,7 @@ fn version(prelude: &str, bodies: &[(&str, &str)]) -> String {
 
 /// The functions that work on their own keys (sessions, pools): they take `KEYS` and `ARGV` as
 /// they are and skip `bind`, which builds a namespace's key names.
-const OWN_KEYS: &[&str] = &["session_grants", "sessions", "pool", "registry", "sched_lease", "apps"];
+const OWN_KEYS: &[&str] = &["session_grants", "sessions", "pool", "registry", "sched_lease", "apps", "runs"];
 
 fn library(version: &str, prelude: &str, bodies: &[(&str, &str)]) -> String {
     let mut text = format!("#!lua name=allot_{version}\n{prelude}\n");

@@ -81,3 +81,51 @@ async fn names_listed_only_by_an_earlier_version_are_paged() {
     assert_eq!(pools.iter().map(|p| p.name.as_str()).collect::<Vec<_>>(), ["a", "b", "c"]);
     store.shutdown().await;
 }
+
+/// Runs kept by an earlier version are in the runs' hash only: the sets of runs by application
+/// are built from it when a daemon opens the store, so that they too go with their application.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn runs_kept_by_an_earlier_version_go_with_their_application() {
+    use allot_core::exec::{PhaseInfo, RetryPolicy, Run, StateWrite, Transition};
+    use allot_core::queue::{QueueLimits, QueuePath};
+    use allot_core::sched::{AppId, AppSpec, SchedulingPolicy, TaskId, TaskSpec};
+    use allot_store::records::runs::RunRecord;
+
+    let server = RedisServer::start();
+    let mut ended = Run::new(1);
+    let done = Transition::ephemeral(PhaseInfo::success("done"));
+    ended.after_round(Ok((done, StateWrite::Unchanged)), RetryPolicy::default(), 2);
+    ended.attempt_finalized(3);
+    // As an earlier version left it: the hash, no set, no flag.
+    let json = serde_json::to_string(&RunRecord::of(&ended)).unwrap();
+    server.cli(&["HSET", "allot:{allot-runs}:runs", "old-app/t1", &json]);
+    let store = RedisStore::open(&RedisConfig::parse(&server.url()).unwrap()).await.unwrap();
+    schedule_here(&store).await;
+    let queue = QueuePath::new("root.old").unwrap();
+    store.put_queue(queue.clone(), QueueLimits::default()).await.unwrap();
+    let app = AppId::new("old-app").unwrap();
+    let spec = AppSpec {
+        id: app.clone(),
+        queue,
+        user: "u".into(),
+        tags: Default::default(),
+        groups: Vec::new(),
+        policy: SchedulingPolicy::default(),
+    };
+    store.add_app(spec).await.unwrap();
+    let task = TaskSpec {
+        id: TaskId::new("t1").unwrap(),
+        resources: "cpu=1".parse().unwrap(),
+        tokens: Vec::new(),
+        group: None,
+        priority: 0,
+        selector: [("nowhere".to_owned(), "x".to_owned())].into(),
+        spec: String::new(),
+    };
+    store.add_task(app.clone(), task).await.unwrap();
+    let t1 = TaskId::new("t1").unwrap();
+    assert!(store.run(app.clone(), t1.clone()).await.unwrap().is_some());
+    store.remove_app(app.clone()).await.unwrap();
+    assert_eq!(store.run(app, t1).await.unwrap(), None, "the earlier version's run went with its application");
+    store.shutdown().await;
+}

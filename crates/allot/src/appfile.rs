@@ -170,6 +170,9 @@ pub(crate) fn check_app(submit: &SubmitApp) -> Result<(), String> {
         if let Some(first) = ids.insert(&task.id, i) {
             return Err(format!("{field}.id: `{}` is the id of tasks[{first}] already", task.id));
         }
+        if let Some(spec) = &task.spec {
+            allot_exec::spec::retries(spec).map_err(|why| format!("{field}.spec.{why}"))?;
+        }
         let spec_text = task.spec.as_ref().map(serde_json::Value::to_string).unwrap_or_default();
         let task_spec = TaskSpec {
             id: at(&format!("{field}.id"), TaskId::new(&task.id))?,

@@ -466,8 +466,11 @@ async fn run_task(command: &TaskCommand) -> Result<u8, ClientError> {
             emit(common, &answer, |list| task_table(&list.tasks))
         }
         TaskCommand::Show { app, task, common } => {
-            let answer = client(common)?.task(app, task).await?;
-            emit(common, &answer, task_details)
+            let client = client(common)?;
+            let answer = client.task(app, task).await?;
+            // Its run too, for the text (a task not run yet has none).
+            let run = if common.json || common.quiet { None } else { client.task_run(app, task).await.ok() };
+            emit(common, &answer, |answer| task_details(answer, run.as_ref()))
         }
         TaskCommand::Events { app, task, common } => {
             let answer = client(common)?.task_run(app, task).await?;
@@ -784,7 +787,7 @@ pub(crate) fn task_state(task: &Task) -> String {
 /// A run's summary, then its timeline.
 fn run_timeline(run: &TaskRun) -> String {
     let failures = format!("{} user, {} system", run.user_failures, run.system_failures);
-    let mut out = key_values(&[
+    let mut pairs = vec![
         ("app", show(&run.app)),
         ("task", show(&run.task)),
         ("attempt", run.attempt.to_string()),
@@ -793,7 +796,9 @@ fn run_timeline(run: &TaskRun) -> String {
         ("ending", run.ending.clone().unwrap_or_else(|| "-".to_owned())),
         ("failures", failures),
         ("outputs", run.outputs.as_ref().map_or_else(|| "-".to_owned(), serde_json::Value::to_string)),
-    ]);
+    ];
+    pairs.extend(cache_pairs(run));
+    let mut out = key_values(&pairs);
     out.push('\n');
     let mut table = Table::new(&[
         ("ATTEMPT", Align::Right),
@@ -846,7 +851,26 @@ fn task_table(tasks: &[Task]) -> String {
     table.render()
 }
 
-fn task_details(task: &Task) -> String {
+/// What the output cache looked up for a run: whether it hit, the key and its parts (two tasks
+/// share outputs only when every part is the same).
+fn cache_pairs(run: &TaskRun) -> Vec<(&'static str, String)> {
+    let Some(cache) = &run.cache else { return Vec::new() };
+    let outcome = match &cache.hit {
+        Some(from) => format!("hit: the outputs of {}", show(from)),
+        None => "miss: it runs, and its outputs are kept".to_owned(),
+    };
+    let parts = format!(
+        "type {}, plugin {}, cache_version {}, spec sha256:{}, inputs sha256:{}",
+        show(&cache.task_type),
+        show(&cache.plugin),
+        show(&cache.cache_version),
+        cache.spec_digest,
+        cache.inputs_digest
+    );
+    vec![("cache", outcome), ("cache key", cache.key.clone()), ("key parts", parts)]
+}
+
+fn task_details(task: &Task, run: Option<&TaskRun>) -> String {
     let placement = task.placement.as_ref();
     let held = placement
         .filter(|p| !p.tokens.is_empty())
@@ -858,7 +882,7 @@ fn task_details(task: &Task) -> String {
                 .join(", ")
         })
         .unwrap_or_else(|| "-".to_owned());
-    key_values(&[
+    let mut pairs = vec![
         ("app", show(&task.app)),
         ("task", show(&task.id)),
         ("state", task.state.clone()),
@@ -873,7 +897,12 @@ fn task_details(task: &Task) -> String {
         ("waiting", waiting_text(task.waiting.as_ref())),
         ("reason", task.reason.clone().unwrap_or_else(|| "-".to_owned())),
         ("spec", task.spec.as_ref().map_or_else(|| "-".to_owned(), serde_json::Value::to_string)),
-    ])
+    ];
+    if let Some(run) = run {
+        pairs.push(("attempt", format!("{} ({})", run.attempt, run.phase)));
+        pairs.extend(cache_pairs(run));
+    }
+    key_values(&pairs)
 }
 
 /// `completed app etl-nightly: Completed`.
@@ -977,6 +1006,11 @@ mod tests {
         app.tasks[2].id = app.tasks[0].id.clone();
         assert!(check_app(&app).unwrap_err().starts_with("tasks[2].id: "));
         app.tasks[2].id = "fine".to_owned();
+        app.tasks[1].spec = Some(serde_json::json!({ "type": "shell", "command": "make", "retries": 101 }));
+        let err = check_app(&app).unwrap_err();
+        assert_eq!(err, "tasks[1].spec.retries must be a whole number from 0 to 100, got 101");
+        app.tasks[1].spec = Some(serde_json::json!({ "type": "shell", "command": "make", "retries": 2 }));
+        check_app(&app).unwrap();
         app.queue = "analytics".to_owned();
         assert!(check_app(&app).unwrap_err().starts_with("queue: queue `analytics` is not a queue path"));
     }

@@ -146,7 +146,7 @@ async fn follow(
 }
 
 /// Every task: state, attempts, time from its first event to its last, whether its outputs came
-/// from the cache, and why it failed.
+/// from the cache, and why it failed; then how each attempt ended, for tasks run more than once.
 fn summary(tasks: &[Task], runs: &BTreeMap<String, TaskRun>) -> String {
     let mut table = Table::new(&[
         ("TASK", Align::Left),
@@ -175,5 +175,23 @@ fn summary(tasks: &[Task], runs: &BTreeMap<String, TaskRun>) -> String {
             .unwrap_or("-");
         table.row(vec![task.id.clone(), task.state.clone(), attempts, time, cache.to_owned(), reason]);
     }
-    table.render()
+    let mut text = table.render();
+    for (task, run) in runs.iter().filter(|(_, run)| run.attempt > 1) {
+        text.push_str(&format!("{task}: {}\n", attempts_line(run)));
+    }
+    text
+}
+
+/// How each attempt of a run ended (or where it is): `attempt 1: RetryableFailure (user error
+/// exit_3), attempt 2: Success`.
+fn attempts_line(run: &TaskRun) -> String {
+    let attempts = (1..=run.attempt).filter_map(|attempt| {
+        let last = run.events.iter().rev().find(|e| e.attempt == attempt)?;
+        let how = match &last.error {
+            Some(error) => format!("{} ({} error {})", last.phase, error.kind, error.code),
+            None => last.phase.clone(),
+        };
+        Some(format!("attempt {attempt}: {how}"))
+    });
+    attempts.collect::<Vec<_>>().join(", ")
 }

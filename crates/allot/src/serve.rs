@@ -52,7 +52,10 @@ pub(crate) const SERVE_AFTER_HELP: &str = r#"Configuration file (--config), with
   [scheduler]
   completing_grace = "30s"      # how long an application whose tasks all ended waits for more
   app_retention = "1h"          # how long an ended application stays readable
-  [plugins]
+  [executor]                    # how the tasks run here are retried (Flyte's budgets)
+  retries = 0                   # new attempts after user failures, for a task whose spec names none
+  system_retries = 3            # new attempts after system failures (a daemon lost, a service down)
+  [plugins]                     # a plugin's quota is this file's value at every start
   http_jobs = 10                # the http plugin's jobs at once (its quota `http:jobs`)
   [plugins.task_types]          # the plugin of a task type that several plugins register
   sql = "warehouse"
@@ -244,10 +247,37 @@ struct ConfigFile {
     #[serde(default)]
     scheduler: SchedulerConfig,
     #[serde(default)]
+    executor: ExecutorFileConfig,
+    #[serde(default)]
     plugins: PluginsConfig,
     /// Secrets given to plugins, by name: a value, `env:VAR` or `file:PATH`.
     #[serde(default)]
     secrets: BTreeMap<String, String>,
+}
+
+/// `[executor]`: the retry budgets of the tasks this daemon runs [Flyte's `RetryStrategy`
+/// default and `max-node-retries-system-failures`].
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct ExecutorFileConfig {
+    /// New attempts after user failures, for a task whose spec names no `retries` (default 0).
+    retries: Option<u32>,
+    /// New attempts after system failures, for every task (default 3).
+    system_retries: Option<u32>,
+}
+
+/// The retry policy from `[executor]`.
+fn retry_policy(file: &ExecutorFileConfig) -> anyhow::Result<allot_core::exec::RetryPolicy> {
+    use allot_core::exec::{RetryPolicy, MAX_RETRIES};
+    let defaults = RetryPolicy::default();
+    let (retries, system_retries) =
+        (file.retries.unwrap_or(defaults.retries()), file.system_retries.unwrap_or(defaults.system_retries));
+    for (key, value) in [("retries", retries), ("system_retries", system_retries)] {
+        if value > MAX_RETRIES {
+            bail!("[executor] {key} is {value}; the most is {MAX_RETRIES}");
+        }
+    }
+    Ok(RetryPolicy::new(retries, system_retries))
 }
 
 /// `[plugins]`.
@@ -385,6 +415,7 @@ struct Config {
     sched: SchedConfig,
     apps_dir: Option<PathBuf>,
     run_pools: Vec<PoolName>,
+    retry: allot_core::exec::RetryPolicy,
     plugins: Plugins,
 }
 
@@ -543,6 +574,7 @@ fn resolve(args: &ServeArgs) -> anyhow::Result<Config> {
         ..defaults
     };
     Ok(Config {
+        retry: retry_policy(&file.executor)?,
         plugins: plugins(file.plugins, file.secrets)?,
         run_pools,
         apps_dir: args.apps_dir.clone().or(file.apps_dir),
@@ -705,8 +737,15 @@ pub(crate) async fn run(args: ServeArgs) -> anyhow::Result<()> {
         allot_server::AppState::new(store.clone()).with_max_wait(config.max_wait).with_metrics(config.metrics);
     let (stop_executor, executor_stopped) = tokio::sync::watch::channel(false);
     if !config.run_pools.is_empty() {
-        let executor =
-            start_executor(&store, &config.run_pools, &config.data_dir, &config.plugins, advertise.clone()).await?;
+        let executor = start_executor(
+            &store,
+            &config.run_pools,
+            &config.data_dir,
+            &config.plugins,
+            config.retry,
+            advertise.clone(),
+        )
+        .await?;
         state = state.with_executor(executor.clone());
         tokio::spawn(executor.run(executor_stopped));
     }
@@ -747,6 +786,7 @@ async fn start_executor(
     pools: &[PoolName],
     data_dir: &Path,
     plugins: &Plugins,
+    retry: allot_core::exec::RetryPolicy,
     node: String,
 ) -> anyhow::Result<Arc<allot_exec::Executor>> {
     use allot_exec::{builtin, Executor, ExecutorConfig, Registry, Secrets, SetupContext, Waker};
@@ -773,6 +813,7 @@ async fn start_executor(
     config.secrets = secrets;
     config.counters = counters;
     config.node = node;
+    config.retry = retry;
     let made = Executor::new(store.clone(), Arc::new(registry), config);
     let _ = executor.set(made.clone());
     tracing::info!(pools = ?pools, "running the tasks placed on these pools");
@@ -830,6 +871,7 @@ mod tests {
         let queue = keys_of::<ConfigFile>("[queues.\"root.a\"]\n");
         let scheduler = keys_of::<ConfigFile>("[scheduler]\n");
         let plugins = keys_of::<ConfigFile>("[plugins]\n");
+        let executor = keys_of::<ConfigFile>("[executor]\n");
         let external = keys_of::<ConfigFile>("[plugins.external.x]\nurl = \"http://a\"\ntask_types = []\n");
         assert!(
             top.contains(&"alloc_leases".to_owned()) && leases.contains(&"retention".to_owned()),
@@ -837,7 +879,9 @@ mod tests {
         );
         assert!(queue.contains(&"user_max".to_owned()) && scheduler.contains(&"completing_grace".to_owned()));
         assert!(plugins.contains(&"task_types".to_owned()) && external.contains(&"jobs_quota".to_owned()));
-        for key in top.iter().chain(&leases).chain(&queue).chain(&scheduler).chain(&plugins).chain(&external) {
+        assert!(executor.contains(&"system_retries".to_owned()), "{executor:?}");
+        let tables = [&leases, &queue, &scheduler, &plugins, &external, &executor];
+        for key in top.iter().chain(tables.into_iter().flatten()) {
             let listed = SERVE_AFTER_HELP.lines().any(|line| {
                 let line = line.trim_start();
                 line.starts_with(&format!("{key} ="))
@@ -858,5 +902,16 @@ mod tests {
         let file: ConfigFile = toml::from_str(&example).unwrap_or_else(|err| panic!("{err}\n{example}"));
         assert_eq!(file.alloc_leases.retention.as_deref(), Some("1h"));
         assert_eq!(file.plugins.external["warehouse"].jobs_quota, Some(4));
+        assert_eq!(retry_policy(&file.executor).unwrap(), allot_core::exec::RetryPolicy::new(0, 3));
+    }
+
+    #[test]
+    fn retry_budgets_come_from_the_file_within_bounds() {
+        let file: ConfigFile = toml::from_str("[executor]\nretries = 2\nsystem_retries = 5\n").unwrap();
+        let policy = retry_policy(&file.executor).unwrap();
+        assert_eq!((policy.user_attempts, policy.system_retries), (3, 5), "2 retries: 3 attempts in all");
+        let file: ConfigFile = toml::from_str("[executor]\nsystem_retries = 101\n").unwrap();
+        let err = retry_policy(&file.executor).unwrap_err().to_string();
+        assert_eq!(err, "[executor] system_retries is 101; the most is 100");
     }
 }

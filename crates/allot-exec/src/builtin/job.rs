@@ -244,9 +244,12 @@ impl Plugin for JobPlugin {
         let job = match ctx.state_json::<State>(STATE_VERSION) {
             Some(state) => state.job,
             None => {
-                if self.quota && ctx.tokens.take(JOBS_QUOTA, 1).await? == TokenStatus::Waiting {
-                    let reason = format!("waiting for a token of `{}:{JOBS_QUOTA}`", self.id);
-                    return Ok(Transition::ephemeral(PhaseInfo::waiting_for_resources(reason)));
+                if self.quota {
+                    let status = ctx.tokens.take(JOBS_QUOTA, 1).await?;
+                    if let TokenStatus::Waiting(_) = status {
+                        let reason = status.why(&format!("{}:{JOBS_QUOTA}", self.id));
+                        return Ok(Transition::ephemeral(PhaseInfo::waiting_for_resources(reason)));
+                    }
                 }
                 let job = self.create(ctx, &url).await?;
                 self.metrics.inc("jobs_created");

@@ -1,10 +1,14 @@
 //! The conformance of the runs part: a run is kept whole (state, events, barrier, stage, tokens,
-//! outputs), replaced, listed in order and removed.
+//! outputs, cache lookup, task number), replaced, listed in order and removed; the runs that
+//! ended go with their task or application, those that have not stay for their executor.
 
 use std::sync::Arc;
 
-use allot_core::exec::{ExecError, PhaseInfo, PluginState, RetryPolicy, Run, StateWrite, TakenToken, Transition};
-use allot_core::sched::{AppId, TaskId};
+use allot_core::exec::{
+    CacheLookup, ExecError, PhaseInfo, PluginState, RetryPolicy, Run, StateWrite, TakenToken, Transition,
+};
+use allot_core::queue::{QueueLimits, QueuePath};
+use allot_core::sched::{AppId, AppSpec, SchedulingPolicy, TaskId, TaskSpec};
 use allot_core::{NamespaceName, Token};
 
 use crate::Store;
@@ -21,11 +25,77 @@ pub fn sample_run() -> Run {
     run.after_round(Ok((failure, StateWrite::Unchanged)), RetryPolicy { user_attempts: 3, system_retries: 0 }, 1_002);
     run.outputs = Some(r#"{"rows":3}"#.to_owned());
     run.alloc = Some("worker-1/00000000000000a1".to_owned());
+    run.task_seq = Some(42);
+    run.cache = Some(CacheLookup {
+        key: "k".repeat(64),
+        task_type: "shell".to_owned(),
+        plugin: "shell".to_owned(),
+        cache_version: "1".to_owned(),
+        spec_digest: "s".repeat(64),
+        inputs_digest: "i".repeat(64),
+        hit: Some("other/task".to_owned()),
+    });
     run
+}
+
+/// A run that ended (succeeded after one round).
+fn ended_run() -> Run {
+    let mut run = Run::new(1);
+    let policy = RetryPolicy::default();
+    run.after_round(Ok((Transition::ephemeral(PhaseInfo::success("done")), StateWrite::Unchanged)), policy, 2);
+    run.attempt_finalized(3);
+    assert!(run.ended());
+    run
+}
+
+/// The runs that ended go with their task, and with their application (removed, or dropped after
+/// its retention: the same change); one that has not ended stays for its executor, which stops
+/// it and then removes it.
+async fn runs_go_with_their_task(store: &dyn Store) {
+    let queue = QueuePath::new("root.conformance-runs").unwrap();
+    store.put_queue(queue.clone(), QueueLimits::default()).await.unwrap();
+    let app = AppId::new("conformance-runs-go").unwrap();
+    let spec = AppSpec {
+        id: app.clone(),
+        queue,
+        user: "conformance".into(),
+        tags: Default::default(),
+        groups: Vec::new(),
+        policy: SchedulingPolicy::default(),
+    };
+    store.add_app(spec).await.unwrap();
+    let tasks = ["ended", "ended-too", "running"].map(|t| TaskId::new(t).unwrap());
+    for task in &tasks {
+        let spec = TaskSpec {
+            id: task.clone(),
+            resources: "cpu=1".parse().unwrap(),
+            tokens: Vec::new(),
+            group: None,
+            priority: 0,
+            // Placed nowhere: no pool has this label.
+            selector: [("conformance".to_owned(), "nowhere".to_owned())].into(),
+            spec: String::new(),
+        };
+        store.add_task(app.clone(), spec).await.unwrap();
+    }
+    let [ended, ended_too, running] = tasks;
+    store.put_run(app.clone(), ended.clone(), ended_run()).await.unwrap();
+    store.put_run(app.clone(), ended_too.clone(), ended_run()).await.unwrap();
+    store.put_run(app.clone(), running.clone(), Run::new(1)).await.unwrap();
+    store.remove_task(app.clone(), ended.clone()).await.unwrap();
+    assert_eq!(store.run(app.clone(), ended).await.unwrap(), None, "an ended run goes with its task");
+    assert!(store.run(app.clone(), ended_too.clone()).await.unwrap().is_some(), "the others stay");
+    store.remove_app(app.clone()).await.unwrap();
+    assert_eq!(store.run(app.clone(), ended_too).await.unwrap(), None, "and with its application");
+    let kept = store.run(app.clone(), running.clone()).await.unwrap();
+    assert_eq!(kept, Some(Run::new(1)), "a run that has not ended stays for its executor");
+    store.remove_run(app.clone(), running.clone()).await.unwrap();
+    assert_eq!(store.run(app, running).await.unwrap(), None);
 }
 
 pub async fn run_runs(store: Arc<dyn Store>) {
     let store = &*store;
+    runs_go_with_their_task(store).await;
     let (app, other) = (AppId::new("conformance-runs").unwrap(), AppId::new("conformance-runs-2").unwrap());
     let (t1, t2) = (TaskId::new("t1").unwrap(), TaskId::new("t2").unwrap());
     assert_eq!(store.run(app.clone(), t1.clone()).await.unwrap(), None);

@@ -355,6 +355,7 @@ impl State {
         quotas::ops(effects.changes.iter(), &mut ops);
         pools::ops(pool_changes.iter(), &mut ops);
         apps::ops(app_changes.iter(), &mut ops);
+        runs::forget_ended(&mut self.runs, &app_changes, &mut ops);
         self.log_and_answer(shared, ops, woken, cancelled)
     }
 

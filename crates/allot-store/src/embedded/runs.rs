@@ -6,20 +6,21 @@ use std::time::{Duration, Instant};
 
 use allot_core::exec::Run;
 use allot_core::pool::PoolName;
-use allot_core::sched::{AppId, TaskId};
+use allot_core::sched::{AppChange, AppId, TaskId};
 use async_trait::async_trait;
 use redb::{ReadTransaction, ReadableTable};
 
 use super::ops::{Op, Table};
 use super::{durable, EmbeddedStore, OpenError};
-use crate::records::runs::{CachedRecord, RunRecord, CATALOG, RUNS};
+use crate::records::runs::{CachedRecord, RunRecord, CATALOG, RUNS, RUN_FIELDS_ADDED};
 use crate::records::{decode, encode};
 use crate::runs::{CachedOutputs, ExecutorLease, RunChange, RunStore};
 use crate::StoreError;
 
 #[derive(Debug, Default)]
 pub(super) struct Runs {
-    runs: BTreeMap<(AppId, TaskId), Run>,
+    /// By application, then task: an application's runs are found without a walk over all.
+    runs: BTreeMap<AppId, BTreeMap<TaskId, Run>>,
     catalog: BTreeMap<String, CachedOutputs>,
     /// Executors' leases, by node: in memory only (one daemon uses an embedded store, and its
     /// executor lives and dies with it).
@@ -33,11 +34,11 @@ pub(super) fn load(txn: &ReadTransaction) -> Result<Runs, OpenError> {
         let (key, value) = entry.map_err(|e| read_err(e.into()))?;
         let (app, task) = key.value();
         let name = format!("{app}/{task}");
-        let record: RunRecord = crate::records::decode_grown("runs", &name, value.value(), 1)?;
+        let record: RunRecord = crate::records::decode_grown("runs", &name, value.value(), RUN_FIELDS_ADDED)?;
         let corrupt = |reason: String| crate::records::CorruptRecord { table: "runs", key: name.clone(), reason };
         let app = AppId::new(app).map_err(|e| corrupt(e.to_string()))?;
         let task = TaskId::new(task).map_err(|e| corrupt(e.to_string()))?;
-        runs.runs.insert((app, task), record.into_run(&name)?);
+        runs.runs.entry(app).or_default().insert(task, record.into_run(&name)?);
     }
     for entry in txn.open_table(CATALOG).map_err(|e| read_err(e.into()))?.iter().map_err(|e| read_err(e.into()))? {
         let (key, value) = entry.map_err(|e| read_err(e.into()))?;
@@ -45,6 +46,33 @@ pub(super) fn load(txn: &ReadTransaction) -> Result<Runs, OpenError> {
         runs.catalog.insert(key.value().to_owned(), record.into_entry(key.value())?);
     }
     Ok(runs)
+}
+
+/// Forgets the runs that ended of the tasks `changes` remove (an application removed, or dropped
+/// after its retention, removes its tasks), with their writes: they go with their task. A run
+/// that has not ended stays for its executor, which stops it (abort, finalize, its tokens
+/// released) and then removes it.
+pub(super) fn forget_ended(runs: &mut Runs, changes: &[AppChange], out: &mut Vec<Op>) {
+    for change in changes {
+        let (app, only) = match change {
+            AppChange::AppRemoved { id } => (id, None),
+            AppChange::TaskRemoved { app, task } => (app, Some(task)),
+            _ => continue,
+        };
+        let Some(tasks) = runs.runs.get_mut(app) else { continue };
+        let gone: Vec<TaskId> = tasks
+            .iter()
+            .filter(|(task, run)| only.is_none_or(|only| only == *task) && run.ended())
+            .map(|(task, _)| task.clone())
+            .collect();
+        for task in gone {
+            out.push(Op::Remove(Table::Runs, Op::pair(app.as_str(), task.as_str())));
+            tasks.remove(&task);
+        }
+        if tasks.is_empty() {
+            runs.runs.remove(app);
+        }
+    }
 }
 
 /// The writes of run changes.
@@ -72,10 +100,15 @@ impl EmbeddedStore {
             let runs = &mut state.runs;
             match &change {
                 RunChange::Put { app, task, run } => {
-                    runs.runs.insert((app.clone(), task.clone()), (**run).clone());
+                    runs.runs.entry(app.clone()).or_default().insert(task.clone(), (**run).clone());
                 }
                 RunChange::Removed { app, task } => {
-                    runs.runs.remove(&(app.clone(), task.clone()));
+                    if let Some(tasks) = runs.runs.get_mut(app) {
+                        tasks.remove(task);
+                        if tasks.is_empty() {
+                            runs.runs.remove(app);
+                        }
+                    }
                 }
                 RunChange::Cached { key, entry } => {
                     if runs.catalog.contains_key(key) {
@@ -97,12 +130,17 @@ impl RunStore for EmbeddedStore {
     }
 
     async fn run(&self, app: AppId, task: TaskId) -> Result<Option<Run>, StoreError> {
-        self.read_state(|state, _| Ok(state.runs.runs.get(&(app, task)).cloned()))
+        self.read_state(|state, _| Ok(state.runs.runs.get(&app).and_then(|tasks| tasks.get(&task)).cloned()))
     }
 
     async fn runs(&self) -> Result<Vec<(AppId, TaskId, Run)>, StoreError> {
         self.read_state(|state, _| {
-            Ok(state.runs.runs.iter().map(|((app, task), run)| (app.clone(), task.clone(), run.clone())).collect())
+            Ok(state
+                .runs
+                .runs
+                .iter()
+                .flat_map(|(app, tasks)| tasks.iter().map(|(task, run)| (app.clone(), task.clone(), run.clone())))
+                .collect())
         })
     }
 

@@ -3,8 +3,8 @@
 //! cannot misread a file.
 
 use allot_core::exec::{
-    AfterAttempt, Ending, ErrorKind, Event, ExecError, LogLink, Phase, PhaseInfo, PluginState, Run, Stage, TakenToken,
-    Transition, TransitionKind,
+    AfterAttempt, CacheLookup, Ending, ErrorKind, Event, ExecError, LogLink, Phase, PhaseInfo, PluginState, Run, Stage,
+    TakenToken, Transition, TransitionKind,
 };
 use allot_core::{NamespaceName, Token};
 use redb::TableDefinition;
@@ -103,9 +103,55 @@ pub struct RunRecord {
     pub tokens: Vec<(String, String)>,
     pub started: u64,
     pub outputs: Option<String>,
-    /// Added after the format began (see [`crate::records::decode_grown`]).
+    /// Added after the format began (see [`crate::records::decode_grown`]), as the two after it.
     #[serde(default)]
     pub alloc: Option<String>,
+    #[serde(default)]
+    pub task_seq: Option<u64>,
+    #[serde(default)]
+    pub cache: Option<CacheRecord>,
+}
+
+/// The fields [`RunRecord`] gained after the format began: a record written before ends where
+/// they start.
+pub const RUN_FIELDS_ADDED: usize = 3;
+
+/// What the output cache looked up (`CacheLookup`).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct CacheRecord {
+    pub key: String,
+    pub task_type: String,
+    pub plugin: String,
+    pub cache_version: String,
+    pub spec_digest: String,
+    pub inputs_digest: String,
+    pub hit: Option<String>,
+}
+
+impl CacheRecord {
+    fn of(lookup: &CacheLookup) -> CacheRecord {
+        CacheRecord {
+            key: lookup.key.clone(),
+            task_type: lookup.task_type.clone(),
+            plugin: lookup.plugin.clone(),
+            cache_version: lookup.cache_version.clone(),
+            spec_digest: lookup.spec_digest.clone(),
+            inputs_digest: lookup.inputs_digest.clone(),
+            hit: lookup.hit.clone(),
+        }
+    }
+
+    fn into_lookup(self) -> CacheLookup {
+        CacheLookup {
+            key: self.key,
+            task_type: self.task_type,
+            plugin: self.plugin,
+            cache_version: self.cache_version,
+            spec_digest: self.spec_digest,
+            inputs_digest: self.inputs_digest,
+            hit: self.hit,
+        }
+    }
 }
 
 fn error_record(e: &ExecError) -> ErrorRecord {
@@ -205,6 +251,8 @@ impl RunRecord {
             started: run.started,
             outputs: run.outputs.clone(),
             alloc: run.alloc.clone(),
+            task_seq: run.task_seq,
+            cache: run.cache.as_ref().map(CacheRecord::of),
         }
     }
 
@@ -266,8 +314,36 @@ impl RunRecord {
                 started: self.started,
                 outputs: self.outputs,
                 alloc: self.alloc,
+                task_seq: self.task_seq,
+                cache: self.cache.map(CacheRecord::into_lookup),
             })
         };
         convert().map_err(corrupt)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::records::{decode_grown, encode};
+
+    /// A run kept by an earlier version (without the fields added since) reads back, the new
+    /// fields absent (Redis's JSON: `allot-store-redis`'s runs).
+    #[test]
+    fn a_run_kept_by_an_earlier_version_reads_back() {
+        let mut run = crate::conformance::sample_run();
+        run.task_seq = None;
+        run.cache = None;
+        let bytes = encode(&RunRecord::of(&run));
+        // Each `None` is one zero byte at the end: without `task_seq` and `cache`, then without
+        // `alloc` too.
+        for (missing, alloc) in [(2, run.alloc.clone()), (3, None)] {
+            run.alloc = alloc;
+            let bytes = encode(&RunRecord::of(&run));
+            let older = &bytes[..bytes.len() - missing];
+            let record: RunRecord = decode_grown("runs", "a/t", older, RUN_FIELDS_ADDED).unwrap();
+            assert_eq!(record.into_run("a/t").unwrap(), run);
+        }
+        assert!(!bytes.is_empty());
     }
 }

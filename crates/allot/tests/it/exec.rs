@@ -255,3 +255,136 @@ async fn a_task_placed_on_a_pool_no_daemon_runs_says_so() {
         "{err}"
     );
 }
+
+/// Runs `allot ARGS... --server URL`.
+fn allot(server: &str, args: &[&str]) -> std::process::Output {
+    std::process::Command::new(crate::support::ALLOT).args(args).args(["--server", server]).output().unwrap()
+}
+
+fn now_ms() -> u64 {
+    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_millis() as u64
+}
+
+/// The user's story, on the daemon at `server`: `allot run examples/hello.yaml`, `allot app
+/// remove hello`, `allot run examples/hello.yaml` again: the runs went with the application, and
+/// the second runs its tasks afresh (new events, the command run again, its log its own); the
+/// cache key's parts are in `allot task show`. Then the application, dropped after
+/// `app_retention`, takes its runs too.
+pub(crate) async fn a_removed_application_takes_its_runs_and_runs_afresh_when_submitted_again(server: &str) {
+    let client = allot_client::Client::new(server).unwrap();
+    let hello = format!("{EXAMPLES}/hello.yaml");
+    let run = || allot(server, &["run", &hello, "--poll", "50ms"]);
+    let output = run();
+    assert!(output.status.success(), "{}", String::from_utf8_lossy(&output.stderr));
+    let first = client.task_run("hello", "greet").await.unwrap();
+    let output = allot(server, &["app", "remove", "hello"]);
+    assert!(output.status.success(), "{}", String::from_utf8_lossy(&output.stderr));
+    let removed_at = now_ms();
+    let gone = client.task_run("hello", "greet").await.unwrap_err().to_string();
+    assert!(gone.contains("app_not_found"), "the run went with its application: {gone}");
+    let output = run();
+    let text = String::from_utf8_lossy(&output.stdout);
+    assert!(output.status.success() && text.contains("app hello: Completed"), "{text}");
+    let second = client.task_run("hello", "greet").await.unwrap();
+    assert!(second.events.iter().all(|e| e.at_ms >= removed_at), "new events only: {second:?}\nbefore: {first:?}");
+    // Started anew, not the first command's end read again from its files.
+    assert!(second.events.iter().any(|e| e.phase == "Running" && e.reason == "started"), "{second:?}");
+    assert_eq!((second.attempt, second.outputs.clone()), (1, Some(serde_json::json!({ "greeted": true }))));
+    let logs = client.task_logs("hello", "greet", None, None, 0).await.unwrap();
+    assert_eq!(logs.text.lines().count(), 1, "the command ran again, into a log of its own: {:?}", logs.text);
+    // The cached task reuses the outputs the first `nothing` kept (the catalog outlives runs),
+    // and says why.
+    let output = allot(server, &["task", "show", "hello", "nothing"]);
+    let text = String::from_utf8_lossy(&output.stdout);
+    assert!(text.contains("hit: the outputs of hello/nothing"), "{text}");
+    assert!(text.contains("type noop, plugin noop, cache_version 1, spec sha256:"), "{text}");
+    // Dropped after its retention: its runs go too.
+    let dropped = eventually(Duration::from_secs(15), async || {
+        client.app("hello").await.is_err_and(|e| e.to_string().contains("app_not_found"))
+    })
+    .await;
+    assert!(dropped, "the ended application is dropped after app_retention");
+    let gone = client.task_run("hello", "greet").await.unwrap_err().to_string();
+    assert!(gone.contains("app_not_found"), "its runs went with it: {gone}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_removed_application_takes_its_runs_on_the_embedded_store() {
+    let (dir, data) = data_dir();
+    let config = dir.path().join("allot.toml");
+    std::fs::write(
+        &config,
+        "[queues.\"root.examples\"]\n[scheduler]\ncompleting_grace = \"1s\"\napp_retention = \"4s\"\n",
+    )
+    .unwrap();
+    let daemon =
+        Daemon::start(&data, &["--config", config.to_str().unwrap(), "--pool", "worker=cpu=4", "--run-pool", "worker"]);
+    a_removed_application_takes_its_runs_and_runs_afresh_when_submitted_again(&daemon.url).await;
+}
+
+/// `retries` in a task's spec gives it new attempts after user failures; the daemon's file sets
+/// the default; `allot run` shows each attempt; a value out of bounds is refused when submitted.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn retries_are_configurable_and_each_attempt_shows() {
+    let (dir, data) = data_dir();
+    let config = dir.path().join("allot.toml");
+    std::fs::write(&config, "[queues.\"root.r\"]\n[executor]\nretries = 1\nsystem_retries = 2\n").unwrap();
+    let daemon = Daemon::start(&data, &["--config", config.to_str().unwrap(), "--pool", "w=cpu=2", "--run-pool", "w"]);
+    // Fails twice, then succeeds (the count is kept beside the attempts' directories).
+    let flaky = "n=$(cat ../tries 2>/dev/null || echo 0); n=$((n+1)); echo $n > ../tries; test $n -ge 3";
+    let file = dir.path().join("retries.yaml");
+    let yaml = format!(
+        "id: retries\nqueue: root.r\ntasks:\n  - id: flaky\n    resources: cpu=1\n    spec: {{type: shell, retries: 2, command: '{flaky}'}}\n  - id: always\n    resources: cpu=1\n    spec: {{type: shell, command: 'exit 5'}}\n"
+    );
+    std::fs::write(&file, yaml).unwrap();
+    let output = allot(&daemon.url, &["run", file.to_str().unwrap(), "--poll", "50ms"]);
+    let text = String::from_utf8_lossy(&output.stdout);
+    assert_eq!(output.status.code(), Some(1), "`always` fails: {text}");
+    assert!(
+        text.contains(
+            "flaky: attempt 1: RetryableFailure (user error exit_1), attempt 2: RetryableFailure (user error \
+             exit_1), attempt 3: Success"
+        ),
+        "{text}"
+    );
+    assert!(
+        text.contains("always: attempt 1: RetryableFailure (user error exit_5), attempt 2: RetryableFailure"),
+        "{text}"
+    );
+    let client = daemon.client();
+    assert_eq!(client.task("retries", "flaky").await.unwrap().state, "Completed");
+    assert_eq!(client.task_run("retries", "always").await.unwrap().attempt, 2, "the file's default: one retry");
+    // Out of bounds: refused by the file's check and by the API, with the field.
+    let bad = dir.path().join("bad.yaml");
+    std::fs::write(&bad, "id: bad\nqueue: root.r\ntasks:\n  - id: t\n    resources: cpu=1\n    spec: {type: shell, command: 'true', retries: 101}\n").unwrap();
+    let output = allot(&daemon.url, &["app", "submit", bad.to_str().unwrap()]);
+    let err = String::from_utf8_lossy(&output.stderr);
+    assert!(
+        !output.status.success() && err.contains("tasks[0].spec.retries must be a whole number from 0 to 100"),
+        "{err}"
+    );
+    let task = task("t", serde_json::json!({ "type": "shell", "command": "true", "retries": -1 }));
+    let refused = client.add_task("retries", &task).await.unwrap_err();
+    assert_eq!(refused.code(), Some("invalid_argument"), "{refused}");
+    assert!(refused.to_string().contains("retries must be a whole number from 0 to 100"), "{refused}");
+}
+
+/// A plugin's quota is the daemon's configuration: changed in the file, it holds after a
+/// restart, and the change is logged.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_plugins_quota_follows_the_daemons_file_across_a_restart() {
+    let (dir, data) = data_dir();
+    let config = dir.path().join("allot.toml");
+    let start = |jobs: u64| {
+        std::fs::write(&config, format!("[plugins]\nhttp_jobs = {jobs}\n")).unwrap();
+        Daemon::start(&data, &["--config", config.to_str().unwrap(), "--pool", "w=cpu=1", "--run-pool", "w"])
+    };
+    let daemon = start(2);
+    assert_eq!(daemon.client().namespace("http:jobs").await.unwrap().quota, 2);
+    assert!(daemon.terminate().success());
+    let daemon = start(5);
+    assert_eq!(daemon.client().namespace("http:jobs").await.unwrap().quota, 5, "the file's new value holds");
+    let log = std::fs::read_to_string(data.with_extension("log")).unwrap();
+    let line = log.lines().find(|l| l.contains("plugin quota changed")).unwrap_or_else(|| panic!("{log}"));
+    assert!(line.contains("was=2") && line.contains("quota=5"), "{line}");
+}

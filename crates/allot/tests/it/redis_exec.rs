@@ -124,3 +124,37 @@ async fn a_daemon_killed_mid_run_has_its_tasks_run_again_on_the_others_and_the_a
     let logs = asked.client().task_logs("spread", &elsewhere.id, None, None, 0).await.unwrap();
     assert_eq!(logs.text, format!("hello-from-{}\n", elsewhere.id));
 }
+
+/// The user's story on Redis: an application removed takes its runs, one submitted again under
+/// its id runs afresh, one dropped after its retention takes its runs; and a plugin's quota
+/// follows the file of the daemon that starts last.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_removed_application_takes_its_runs_on_redis() {
+    let redis = RedisServer::start();
+    let (dir, data) = data_dir();
+    let config = |name: &str, jobs: u64| {
+        let path = dir.path().join(name);
+        let text = format!(
+            "store = \"{}\"\n[queues.\"root.examples\"]\n[scheduler]\ncompleting_grace = \"1s\"\napp_retention = \"4s\"\n\
+             [plugins]\nhttp_jobs = {jobs}\n",
+            redis.url()
+        );
+        std::fs::write(&path, text).unwrap();
+        path
+    };
+    let first = config("first.toml", 2);
+    let daemon =
+        Daemon::start(&data, &["--config", first.to_str().unwrap(), "--pool", "worker=cpu=4", "--run-pool", "worker"]);
+    assert!(eventually(Duration::from_secs(10), async || scheduler(&redis) == daemon.url).await, "it schedules");
+    assert_eq!(daemon.client().namespace("http:jobs").await.unwrap().quota, 2);
+    crate::exec::a_removed_application_takes_its_runs_and_runs_afresh_when_submitted_again(&daemon.url).await;
+    let (_other_dir, other_data) = data_dir();
+    let second = config("second.toml", 5);
+    let other =
+        Daemon::start(&other_data, &["--config", second.to_str().unwrap(), "--pool", "w2=cpu=1", "--run-pool", "w2"]);
+    assert_eq!(
+        other.client().namespace("http:jobs").await.unwrap().quota,
+        5,
+        "the file of the daemon that started last"
+    );
+}
