@@ -730,14 +730,7 @@ impl Scheduler {
             _ => Some(AppEvent::Fail),
         };
         let mut out = Outcome::default();
-        let live: Vec<TaskId> = self
-            .tasks
-            .get(id)
-            .into_iter()
-            .flat_map(|t| t.values())
-            .filter(|t| !t.state.is_terminal())
-            .map(|t| t.spec.id.clone())
-            .collect();
+        let live = self.live_tasks(id);
         for task in &live {
             let _ = self.end_task(id, task, TaskEvent::Kill, Some(REMOVED.to_owned()), now, world, &mut out, false);
         }
@@ -749,6 +742,12 @@ impl Scheduler {
         let removed = Removed { app: self.apps[id].clone(), tasks: self.task_counts(id), released };
         self.forget(id, &mut out);
         Ok((removed, out))
+    }
+
+    /// The application's tasks that have not ended.
+    fn live_tasks(&self, id: &AppId) -> Vec<TaskId> {
+        let tasks = self.tasks.get(id).into_iter().flat_map(|t| t.values());
+        tasks.filter(|t| !t.state.is_terminal()).map(|t| t.spec.id.clone()).collect()
     }
 
     /// Everything an application holds: its unused placeholders and its placed tasks'
@@ -831,14 +830,7 @@ impl Scheduler {
     /// releases, or (for a removal, `None`) just stops counting the application.
     fn end_app(&mut self, id: &AppId, event: Option<AppEvent>, now: Millis, world: &mut World<'_>, out: &mut Outcome) {
         let failing = event == Some(AppEvent::Fail);
-        let task_ids: Vec<TaskId> = self
-            .tasks
-            .get(id)
-            .into_iter()
-            .flat_map(|t| t.values())
-            .filter(|t| !t.state.is_terminal())
-            .map(|t| t.spec.id.clone())
-            .collect();
+        let task_ids = self.live_tasks(id);
         let reason = self.apps[id].reason.clone();
         for task in task_ids {
             let state = self.tasks[id][&task].state;
