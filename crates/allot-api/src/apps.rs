@@ -153,6 +153,10 @@ pub struct AddTask {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schema(value_type = Option<Object>)]
     pub spec: Option<serde_json::Value>,
+    /// New attempts after user failures (retryable ones), as Flyte's task `retries`: the same
+    /// as `retries` in `spec`, where it is kept (give either, or both alike). Needs a `spec`.
+    #[serde(default, skip_serializing_if = "Option::is_none", deserialize_with = "integer::optional")]
+    pub retries: Option<u64>,
 }
 
 /// `POST /v1/apps`: submit an application, with its first tasks if any.

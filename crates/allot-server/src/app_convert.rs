@@ -124,11 +124,13 @@ pub(crate) fn app_spec(body: &api::SubmitApp) -> Result<AppSpec, ApiError> {
     })
 }
 
-pub(crate) fn task_spec(body: api::AddTask) -> Result<TaskSpec, ApiError> {
-    // What the executor reads of the spec is checked now, not when the task runs.
-    if let Some(spec) = &body.spec {
-        allot_exec::spec::retries(spec)
-            .map_err(|why| ApiError::invalid_argument(format!("task `{}`: spec: {why}", body.id)))?;
+pub(crate) fn task_spec(mut body: api::AddTask) -> Result<TaskSpec, ApiError> {
+    // What the executor reads of the spec is checked now, not when the task runs; retries given
+    // beside the spec are kept in it.
+    let invalid = |why: String| ApiError::invalid_argument(format!("task `{}`: {why}", body.id));
+    let spec = allot_exec::spec::with_retries(body.spec.take(), body.retries).map_err(invalid)?;
+    if let Some(spec) = &spec {
+        allot_exec::spec::retries(spec).map_err(|why| invalid(format!("spec: {why}")))?;
     }
     Ok(TaskSpec {
         id: task_id(&body.id)?,
@@ -137,7 +139,7 @@ pub(crate) fn task_spec(body: api::AddTask) -> Result<TaskSpec, ApiError> {
         group: body.group.as_deref().map(GroupName::new).transpose()?,
         priority: body.priority,
         selector: body.selector,
-        spec: body.spec.map(|v| v.to_string()).unwrap_or_default(),
+        spec: spec.map(|v| v.to_string()).unwrap_or_default(),
     })
 }
 

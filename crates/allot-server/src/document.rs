@@ -129,6 +129,7 @@ pub(crate) fn with_limits(mut doc: Value, max_wait: std::time::Duration) -> Valu
         ("AddTask", "id", id()),
         ("AddTask", "resources", resources(true)),
         ("AddTask", "group", json!({"pattern": ID_PATTERN})),
+        ("AddTask", "retries", range(0, u64::from(MAX_RETRIES))),
         // What the executor reads of a task's spec, checked when the task is added.
         (
             "AddTask",

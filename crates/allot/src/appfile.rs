@@ -170,10 +170,12 @@ pub(crate) fn check_app(submit: &SubmitApp) -> Result<(), String> {
         if let Some(first) = ids.insert(&task.id, i) {
             return Err(format!("{field}.id: `{}` is the id of tasks[{first}] already", task.id));
         }
-        if let Some(spec) = &task.spec {
-            allot_exec::spec::retries(spec).map_err(|why| format!("{field}.spec.{why}"))?;
+        let run_spec =
+            allot_exec::spec::with_retries(task.spec.clone(), task.retries).map_err(|why| format!("{field}.{why}"))?;
+        if let Some(run_spec) = &run_spec {
+            allot_exec::spec::retries(run_spec).map_err(|why| format!("{field}.spec.{why}"))?;
         }
-        let spec_text = task.spec.as_ref().map(serde_json::Value::to_string).unwrap_or_default();
+        let spec_text = run_spec.as_ref().map(serde_json::Value::to_string).unwrap_or_default();
         let task_spec = TaskSpec {
             id: at(&format!("{field}.id"), TaskId::new(&task.id))?,
             resources: at(&format!("{field}.resources"), task.resources.parse::<Resources>())?,

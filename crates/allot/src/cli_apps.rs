@@ -198,6 +198,9 @@ pub(crate) enum TaskCommand {
         /// Whatever runs the task needs, as JSON (opaque to allot).
         #[arg(long, value_name = "JSON", value_parser = json_value)]
         spec: Option<serde_json::Value>,
+        /// New attempts after user failures, for the plugin that runs its spec (kept in the spec).
+        #[arg(long, value_name = "N")]
+        retries: Option<u64>,
         #[command(flatten)]
         common: Common,
     },
@@ -444,7 +447,7 @@ async fn run_app(command: &AppCommand) -> Result<u8, ClientError> {
 
 async fn run_task(command: &TaskCommand) -> Result<u8, ClientError> {
     match command {
-        TaskCommand::Add { app, id, resources, group, priority, tokens, selector, spec, common } => {
+        TaskCommand::Add { app, id, resources, group, priority, tokens, selector, spec, retries, common } => {
             let request = AddTask {
                 id: id.clone(),
                 resources: resources.clone(),
@@ -453,6 +456,7 @@ async fn run_task(command: &TaskCommand) -> Result<u8, ClientError> {
                 priority: *priority,
                 selector: selector.iter().cloned().collect(),
                 spec: spec.clone(),
+                retries: *retries,
             };
             let answer = client(common)?.add_task(app, &request).await?;
             emit(common, &answer, |answer| {

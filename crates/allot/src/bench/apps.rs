@@ -222,6 +222,7 @@ async fn measure(args: &AppsBenchArgs, endpoint: &Endpoint, capacity: &str, roun
             priority: 0,
             selector: Default::default(),
             spec: args.run.then(|| serde_json::json!({ "type": "noop" })),
+            retries: None,
         })
         .collect();
     let submit = serde_json::to_vec(&allot_api::SubmitApp {

@@ -137,6 +137,7 @@ fn submission(i: usize, members: u32) -> SubmitApp {
                 priority: 0,
                 selector: BTreeMap::new(),
                 spec: None,
+                retries: None,
             })
             .collect(),
     }

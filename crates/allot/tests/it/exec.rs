@@ -18,6 +18,7 @@ fn task(id: &str, spec: serde_json::Value) -> AddTask {
         priority: 0,
         selector: BTreeMap::new(),
         spec: Some(spec),
+        retries: None,
     }
 }
 
@@ -322,8 +323,9 @@ async fn a_removed_application_takes_its_runs_on_the_embedded_store() {
     a_removed_application_takes_its_runs_and_runs_afresh_when_submitted_again(&daemon.url).await;
 }
 
-/// `retries` in a task's spec gives it new attempts after user failures; the daemon's file sets
-/// the default; `allot run` shows each attempt; a value out of bounds is refused when submitted.
+/// `retries` of a task (beside its spec, as Flyte's task metadata has them, or in it) give it new
+/// attempts after user failures; the daemon's file sets the default; `allot run` shows each
+/// attempt; a value out of bounds, or two different ones, are refused when submitted.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn retries_are_configurable_and_each_attempt_shows() {
     let (dir, data) = data_dir();
@@ -334,7 +336,7 @@ async fn retries_are_configurable_and_each_attempt_shows() {
     let flaky = "n=$(cat ../tries 2>/dev/null || echo 0); n=$((n+1)); echo $n > ../tries; test $n -ge 3";
     let file = dir.path().join("retries.yaml");
     let yaml = format!(
-        "id: retries\nqueue: root.r\ntasks:\n  - id: flaky\n    resources: cpu=1\n    spec: {{type: shell, retries: 2, command: '{flaky}'}}\n  - id: always\n    resources: cpu=1\n    spec: {{type: shell, command: 'exit 5'}}\n"
+        "id: retries\nqueue: root.r\ntasks:\n  - id: flaky\n    resources: cpu=1\n    retries: 2\n    spec: {{type: shell, command: '{flaky}'}}\n  - id: always\n    resources: cpu=1\n    spec: {{type: shell, command: 'exit 5'}}\n"
     );
     std::fs::write(&file, yaml).unwrap();
     let output = allot(&daemon.url, &["run", file.to_str().unwrap(), "--poll", "50ms"]);
@@ -363,10 +365,29 @@ async fn retries_are_configurable_and_each_attempt_shows() {
         !output.status.success() && err.contains("tasks[0].spec.retries must be a whole number from 0 to 100"),
         "{err}"
     );
-    let task = task("t", serde_json::json!({ "type": "shell", "command": "true", "retries": -1 }));
-    let refused = client.add_task("retries", &task).await.unwrap_err();
+    let negative = task("t", serde_json::json!({ "type": "shell", "command": "true", "retries": -1 }));
+    let refused = client.add_task("retries", &negative).await.unwrap_err();
     assert_eq!(refused.code(), Some("invalid_argument"), "{refused}");
     assert!(refused.to_string().contains("retries must be a whole number from 0 to 100"), "{refused}");
+    // Beside the spec: kept in it; the same number in both is fine, two different ones or no
+    // spec are refused.
+    let app: allot_api::SubmitApp =
+        serde_json::from_value(serde_json::json!({"id": "beside", "queue": "root.r"})).unwrap();
+    client.submit_app(&app).await.unwrap();
+    let spec = serde_json::json!({ "type": "shell", "command": "true", "retries": 3 });
+    let mut beside = task("same", spec.clone());
+    beside.retries = Some(3);
+    let added = client.add_task("beside", &beside).await.unwrap();
+    assert_eq!(added.task.spec.as_ref().unwrap()["retries"], 3, "{added:?}");
+    let mut twice = task("twice", spec);
+    twice.retries = Some(4);
+    let refused = client.add_task("beside", &twice).await.unwrap_err();
+    assert_eq!(refused.code(), Some("invalid_argument"), "{refused}");
+    assert!(refused.to_string().contains("retries are given twice: 4 beside the spec, 3 in it"), "{refused}");
+    let mut bare = task("bare", serde_json::json!({}));
+    (bare.spec, bare.retries) = (None, Some(1));
+    let refused = client.add_task("beside", &bare).await.unwrap_err();
+    assert_eq!(refused.code(), Some("invalid_argument"), "{refused}");
 }
 
 /// A plugin's quota is the daemon's configuration: changed in the file, it holds after a

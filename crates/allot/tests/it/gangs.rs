@@ -36,6 +36,7 @@ pub(crate) fn gang(id: &str, seats: Option<&str>) -> SubmitApp {
                 priority: 0,
                 selector: BTreeMap::new(),
                 spec: None,
+                retries: None,
             })
             .collect(),
     }

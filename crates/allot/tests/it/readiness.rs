@@ -40,6 +40,7 @@ async fn on_redis_a_daemon_is_ready_while_it_reaches_the_scheduler_and_clients_r
         priority: 0,
         selector: BTreeMap::new(),
         spec: Some(serde_json::json!({ "type": "noop" })),
+        retries: None,
     };
     let app = SubmitApp {
         id: "idle".to_owned(),

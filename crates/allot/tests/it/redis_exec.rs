@@ -45,6 +45,7 @@ async fn a_daemon_killed_mid_run_has_its_tasks_run_again_on_the_others_and_the_a
             priority: 0,
             selector: BTreeMap::new(),
             spec: Some(serde_json::json!({ "type": "shell", "command": command })),
+            retries: None,
         })
         .collect();
     let app = SubmitApp {
