@@ -404,15 +404,27 @@ pub const PROJECT_TAG: &str = "project";
 /// The application tag that names a task's domain within its project, its namespace scope
 /// [Flyte's execution domain]; `default` when the application names a project but no domain.
 pub const DOMAIN_TAG: &str = "domain";
+/// The same in allot's word (the namespace scope); either tag may be given, or both alike.
+pub const NAMESPACE_TAG: &str = "namespace";
 /// The domain of a task whose application names a project but no domain.
 pub const DEFAULT_DOMAIN: &str = "default";
 
-/// The scope a task's tokens are held by, from its application's tags: `project`, and `domain`
-/// as the namespace scope (`default` when absent); none without a `project` tag. A tag that is
-/// not a valid name is an error that names it.
+/// The scope a task's tokens are held by, from its application's tags: `project`, and
+/// `namespace` (or Flyte's `domain`) as the namespace scope (`default` when absent); none without
+/// a `project` tag. A tag that is not a valid name, or two different namespace scopes, is an
+/// error that names them.
 pub fn scope_of(tags: &BTreeMap<String, String>) -> Result<Option<Scope>, String> {
     let Some(project) = tags.get(PROJECT_TAG) else { return Ok(None) };
-    let domain = tags.get(DOMAIN_TAG).map_or(DEFAULT_DOMAIN, String::as_str);
+    let domain = match (tags.get(NAMESPACE_TAG), tags.get(DOMAIN_TAG)) {
+        (Some(namespace), Some(domain)) if namespace != domain => {
+            return Err(format!(
+                "the application's `{NAMESPACE_TAG}` ({namespace}) and `{DOMAIN_TAG}` ({domain}) tags name two \
+                 namespace scopes; give one"
+            ))
+        }
+        (Some(scope), _) | (None, Some(scope)) => scope.as_str(),
+        (None, None) => DEFAULT_DOMAIN,
+    };
     Scope::new(project, domain)
         .map(Some)
         .map_err(|err| format!("the application's `{PROJECT_TAG}` and `{DOMAIN_TAG}` tags are not a scope: {err}"))
@@ -554,5 +566,31 @@ impl TaskContext {
     /// Wakes this task's run later, from outside the round (a callback arrived).
     pub fn waker(&self) -> Waker {
         self.waker.clone()
+    }
+}
+
+#[cfg(test)]
+mod scope_tests {
+    use std::collections::BTreeMap;
+
+    use super::scope_of;
+
+    fn tags(pairs: &[(&str, &str)]) -> BTreeMap<String, String> {
+        pairs.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect()
+    }
+
+    #[test]
+    fn the_scope_comes_from_the_project_and_namespace_or_domain_tags() {
+        let scope = |pairs: &[(&str, &str)]| {
+            scope_of(&tags(pairs)).map(|s| s.map(|s| (s.project.to_string(), s.namespace.to_string())))
+        };
+        assert_eq!(scope(&[]), Ok(None), "no project, no scope");
+        assert_eq!(scope(&[("project", "p")]), Ok(Some(("p".into(), "default".into()))));
+        assert_eq!(scope(&[("project", "p"), ("domain", "dev")]), Ok(Some(("p".into(), "dev".into()))));
+        assert_eq!(scope(&[("project", "p"), ("namespace", "dev")]), Ok(Some(("p".into(), "dev".into()))));
+        let both = [("project", "p"), ("namespace", "dev"), ("domain", "dev")];
+        assert_eq!(scope(&both), Ok(Some(("p".into(), "dev".into()))), "both alike");
+        let err = scope(&[("project", "p"), ("namespace", "dev"), ("domain", "prod")]).unwrap_err();
+        assert!(err.contains("two namespace scopes"), "{err}");
     }
 }
