@@ -153,8 +153,9 @@ pub struct AddTask {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schema(value_type = Option<Object>)]
     pub spec: Option<serde_json::Value>,
-    /// New attempts after user failures (retryable ones), as Flyte's task `retries`: the same
-    /// as `retries` in `spec`, where it is kept (give either, or both alike). Needs a `spec`.
+    /// New attempts after user failures (retryable ones), as Flyte's task `retries`: written
+    /// into `spec` as its `retries` (in the place of any it names), where the executor reads
+    /// them.
     #[serde(default, skip_serializing_if = "Option::is_none", deserialize_with = "integer::optional")]
     pub retries: Option<u64>,
 }

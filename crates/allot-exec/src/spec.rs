@@ -33,25 +33,21 @@ pub(crate) struct RunSpec {
 }
 
 /// A spec with a task's own `retries` (given beside its spec, as Flyte's task metadata has
-/// them) written into it, where the executor reads them: the same number in both is fine, two
-/// different ones or retries without a spec are refused. The number is checked as [`retries`]
-/// checks it.
+/// them) written into it, where the executor reads them: they take the place of any `retries`
+/// in the spec; a task without a spec gets one that holds only them. The number is checked as
+/// [`retries`] checks it.
 pub fn with_retries(
     spec: Option<serde_json::Value>,
     task_retries: Option<u64>,
 ) -> Result<Option<serde_json::Value>, String> {
     let Some(n) = task_retries else { return Ok(spec) };
-    let Some(serde_json::Value::Object(mut fields)) = spec else {
-        return Err(format!(
-            "retries ({n}) are given, but no spec for a plugin to run (retries count the attempts of a task's spec;              give `spec`, e.g. {{\"type\": \"shell\", \"command\": \"...\"}})"
-        ));
-    };
     let number = serde_json::Value::from(n);
-    let inside = retries(&serde_json::Value::Object(fields.clone()))?;
-    let beside = retries(&serde_json::json!({ "retries": number }))?;
-    if inside.is_some_and(|inside| Some(inside) != beside) {
-        return Err(format!("retries are given twice: {n} beside the spec, {} in it", inside.unwrap_or_default()));
-    }
+    retries(&serde_json::json!({ "retries": number }))?;
+    let mut fields = match spec {
+        Some(serde_json::Value::Object(fields)) => fields,
+        None | Some(serde_json::Value::Null) => serde_json::Map::new(),
+        Some(other) => return Err(format!("retries are given beside a spec that is not an object: {other}")),
+    };
     fields.insert("retries".to_owned(), number);
     Ok(Some(serde_json::Value::Object(fields)))
 }
@@ -228,17 +224,16 @@ mod retries_beside_the_spec {
     use super::with_retries;
 
     #[test]
-    fn are_kept_in_it_once() {
+    fn are_kept_in_it() {
         let spec = json!({ "type": "shell", "command": "true" });
         let kept = with_retries(Some(spec.clone()), Some(2)).unwrap().unwrap();
         assert_eq!(kept["retries"], 2);
         assert_eq!(with_retries(Some(spec.clone()), None).unwrap(), Some(spec));
         assert_eq!(with_retries(None, None).unwrap(), None);
-        let same = json!({ "type": "shell", "retries": 2.0 });
-        assert_eq!(with_retries(Some(same), Some(2)).unwrap().unwrap()["retries"], 2);
-        let err = with_retries(Some(json!({ "type": "shell", "retries": 1 })), Some(2)).unwrap_err();
-        assert_eq!(err, "retries are given twice: 2 beside the spec, 1 in it");
-        assert!(with_retries(None, Some(1)).unwrap_err().contains("no spec"));
+        let inside = json!({ "type": "shell", "retries": 1 });
+        assert_eq!(with_retries(Some(inside), Some(2)).unwrap().unwrap()["retries"], 2, "beside the spec wins");
+        assert_eq!(with_retries(None, Some(1)).unwrap(), Some(json!({ "retries": 1 })));
         assert!(with_retries(Some(json!({ "type": "noop" })), Some(101)).is_err(), "out of bounds");
+        assert!(with_retries(Some(json!("shell")), Some(1)).is_err(), "not an object");
     }
 }

@@ -198,7 +198,7 @@ pub(crate) enum TaskCommand {
         /// Whatever runs the task needs, as JSON (opaque to allot).
         #[arg(long, value_name = "JSON", value_parser = json_value)]
         spec: Option<serde_json::Value>,
-        /// New attempts after user failures, for the plugin that runs its spec (kept in the spec).
+        /// New attempts after user failures (kept in its spec, where the executor reads them).
         #[arg(long, value_name = "N")]
         retries: Option<u64>,
         #[command(flatten)]

@@ -369,8 +369,7 @@ async fn retries_are_configurable_and_each_attempt_shows() {
     let refused = client.add_task("retries", &negative).await.unwrap_err();
     assert_eq!(refused.code(), Some("invalid_argument"), "{refused}");
     assert!(refused.to_string().contains("retries must be a whole number from 0 to 100"), "{refused}");
-    // Beside the spec: kept in it; the same number in both is fine, two different ones or no
-    // spec are refused.
+    // Beside the spec: kept in it, in the place of any the spec names.
     let app: allot_api::SubmitApp =
         serde_json::from_value(serde_json::json!({"id": "beside", "queue": "root.r"})).unwrap();
     client.submit_app(&app).await.unwrap();
@@ -381,12 +380,11 @@ async fn retries_are_configurable_and_each_attempt_shows() {
     assert_eq!(added.task.spec.as_ref().unwrap()["retries"], 3, "{added:?}");
     let mut twice = task("twice", spec);
     twice.retries = Some(4);
-    let refused = client.add_task("beside", &twice).await.unwrap_err();
-    assert_eq!(refused.code(), Some("invalid_argument"), "{refused}");
-    assert!(refused.to_string().contains("retries are given twice: 4 beside the spec, 3 in it"), "{refused}");
-    let mut bare = task("bare", serde_json::json!({}));
-    (bare.spec, bare.retries) = (None, Some(1));
-    let refused = client.add_task("beside", &bare).await.unwrap_err();
+    let added = client.add_task("beside", &twice).await.unwrap();
+    assert_eq!(added.task.spec.as_ref().unwrap()["retries"], 4, "beside the spec wins: {added:?}");
+    let mut over = task("over", serde_json::json!({ "type": "shell", "command": "true" }));
+    over.retries = Some(101);
+    let refused = client.add_task("beside", &over).await.unwrap_err();
     assert_eq!(refused.code(), Some("invalid_argument"), "{refused}");
 }
 
