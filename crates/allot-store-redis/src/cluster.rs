@@ -145,7 +145,8 @@ pub(crate) fn subscriber(
 
 /// A retry waits 10-100 ms (the client's default, at least 1.28 s, held a call that began
 /// before a promotion for seconds after it): following the cluster is the watcher's job, a
-/// retry only covers a redirection or a connection being replaced.
+/// retry only covers a redirection or a connection being replaced. Only calls that change
+/// nothing are retried by the client ([`READ_LANE`]).
 fn builder(seeds: &[String]) -> ClusterClientBuilder {
     ClusterClientBuilder::new(seeds.to_vec())
         .connection_timeout(CONNECTION_TIMEOUT)
@@ -155,11 +156,20 @@ fn builder(seeds: &[String]) -> ClusterClientBuilder {
         .max_retry_wait(100)
 }
 
-/// `lanes` connections to the cluster through `seeds`.
+/// The lane of calls that change nothing: the client retries them (a redirection, a connection
+/// replaced). Every other lane carries changes, which the client never sends twice: after a
+/// change was sent, a connection that broke would be retried on a new one, and its final error
+/// ("connection refused" from a node that died) would hide that the first send may have been
+/// applied. Without retries, the error a change gets is the one of its only send.
+pub(crate) const READ_LANE: usize = 0;
+
+/// `lanes` connections to the cluster through `seeds`: [`READ_LANE`], then lanes for changes.
 async fn connect_lanes(seeds: &[String], lanes: usize) -> Result<Vec<ClusterConnection>, RedisError> {
-    let client = builder(seeds).build()?;
+    let reads = builder(seeds).build()?;
+    let changes = builder(seeds).retries(0).build()?;
     let mut conns = Vec::with_capacity(lanes);
-    for _ in 0..lanes {
+    for lane in 0..lanes {
+        let client = if lane == READ_LANE { &reads } else { &changes };
         conns.push(client.get_async_connection().await?);
     }
     Ok(conns)

@@ -6,7 +6,7 @@ use std::time::Duration;
 use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 use redis::{Cmd, RedisError, Value};
 
-use crate::cluster::ClusterLink;
+use crate::cluster::{ClusterLink, READ_LANE};
 use crate::scripts::Function;
 
 /// How long one call may take before it is answered "outcome unknown".
@@ -18,11 +18,16 @@ pub(crate) const CONNECTION_TIMEOUT: Duration = Duration::from_secs(1);
 
 #[derive(Clone)]
 pub(crate) struct Conn {
+    /// Calls that change nothing.
     link: Link,
+    /// Calls that change something: never sent twice by the client library (on a cluster a lane
+    /// without retries; a standalone connection does not resend), so a failed change's error
+    /// tells whether it may have been applied. With `--redis-min-replicas` its own connection,
+    /// as `WAIT` holds it until the replicas answer and reads must not queue behind it.
+    writes: Link,
     /// With `--redis-min-replicas`, how many replicas must have a change before it is
-    /// acknowledged, and the connections for changes: `WAIT` holds its connection until the
-    /// replicas answer, and reads must not queue behind it. Without, changes go on `link`.
-    replicated: Option<(u32, Link)>,
+    /// acknowledged (`WAIT` after each change).
+    min_replicas: u32,
 }
 
 #[derive(Clone)]
@@ -54,16 +59,16 @@ impl Conn {
     /// cluster. Fails if no server answers. Changes wait for `min_replicas` replicas.
     pub(crate) async fn connect(urls: &[String], cluster: bool, min_replicas: u32) -> Result<Conn, RedisError> {
         if cluster {
-            let link = ClusterLink::connect(urls, if min_replicas > 0 { 2 } else { 1 }).await?;
-            let replicated = (min_replicas > 0).then(|| (min_replicas, Link::Cluster(link.clone(), 1)));
-            return Ok(Conn { link: Link::Cluster(link, 0), replicated });
+            let link = ClusterLink::connect(urls, 2).await?;
+            let writes = Link::Cluster(link.clone(), 1);
+            return Ok(Conn { link: Link::Cluster(link, READ_LANE), writes, min_replicas });
         }
         let link = Link::single(urls).await?;
-        let replicated = match min_replicas {
-            0 => None,
-            _ => Some((min_replicas, Link::single(urls).await?)),
+        let writes = match min_replicas {
+            0 => link.clone(),
+            _ => Link::single(urls).await?,
         };
-        Ok(Conn { link, replicated })
+        Ok(Conn { link, writes, min_replicas })
     }
 
     pub(crate) async fn query(&self, cmd: &Cmd) -> Result<Value, RedisError> {
@@ -81,12 +86,13 @@ impl Conn {
     /// Sends a command that changes something. With a minimum of replicas, it is followed on the
     /// same connection (to the same node) by `WAIT`, and answered only once they have it.
     pub(crate) async fn write(&self, cmd: &Cmd) -> Result<Value, WriteError> {
-        let Some((wanted, replicated)) = &self.replicated else {
-            return Ok(self.link.query(cmd).await?);
-        };
+        let wanted = &self.min_replicas;
+        if *wanted == 0 {
+            return Ok(self.writes.query(cmd).await?);
+        }
         let mut pipe = redis::pipe();
         pipe.add_command(cmd.clone()).cmd("WAIT").arg(*wanted).arg(REPLICA_TIMEOUT.as_millis() as u64);
-        let answers: Vec<Value> = replicated.query_pipeline(&pipe).await?;
+        let answers: Vec<Value> = self.writes.query_pipeline(&pipe).await?;
         let [value, Value::Int(acked)] = <[Value; 2]>::try_from(answers).map_err(|answers| {
             RedisError::from((redis::ErrorKind::UnexpectedReturnType, "pipeline", format!("{answers:?}")))
         })?

@@ -156,9 +156,36 @@ fn refuses_library(err: &RedisError) -> bool {
 /// to the slot's node) or refused by Redis changed nothing.
 fn redis_error(err: RedisError, mutating: bool) -> StoreError {
     if mutating && maybe_sent(&err) {
-        StoreError::OutcomeUnknown(format!("Redis did not answer a call it may have received ({err})"))
+        StoreError::OutcomeUnknown(format!(
+            "Redis did not answer a change it may have received: {} (the node that holds it may be failing over)",
+            short_cause(&err)
+        ))
+    } else if failing_over(&err) {
+        StoreError::Unavailable(
+            "the Redis node that holds this failed or is handing its slots over, and a replica is taking its \
+             place; retry in about a second"
+                .to_owned(),
+        )
     } else {
         StoreError::Unavailable(format!("Redis: {err}"))
+    }
+}
+
+/// Whether an error that changed nothing comes from a node failing over or a slot moving: a
+/// redirection (`MOVED`, `ASK`), a cluster or node not ready (`CLUSTERDOWN`, `TRYAGAIN`,
+/// `MASTERDOWN`, `READONLY` from a demoted primary, `LOADING`), or no connection to the node.
+fn failing_over(err: &RedisError) -> bool {
+    err.is_cluster_error()
+        || err.kind() == redis::ErrorKind::ClusterConnectionNotFound
+        || matches!(err.code(), Some("MASTERDOWN" | "READONLY" | "LOADING"))
+}
+
+/// What went wrong with a call that may have been received, in words.
+fn short_cause(err: &RedisError) -> &'static str {
+    if err.is_timeout() {
+        "no answer within the timeout"
+    } else {
+        "the connection broke"
     }
 }
 
@@ -1272,6 +1299,30 @@ mod tests {
         assert!(cluster.cluster);
         for bad in ["127.0.0.1:6379", "http://x", "redis+cluster://", "embedded"] {
             assert!(RedisConfig::parse(bad).is_err(), "{bad}");
+        }
+    }
+}
+
+#[cfg(test)]
+mod error_tests {
+    use super::*;
+
+    /// The error Redis answers `reply` with (e.g. `-MOVED 3999 127.0.0.1:7001`).
+    fn answered(reply: &str) -> RedisError {
+        let value = redis::parse_redis_value(format!("{reply}\r\n").as_bytes()).unwrap();
+        value.extract_error().unwrap_err()
+    }
+
+    #[test]
+    fn a_failover_is_said_in_words_and_changed_nothing() {
+        for reply in
+            ["-MOVED 3999 127.0.0.1:7001", "-CLUSTERDOWN The cluster is down", "-TRYAGAIN later", "-READONLY no"]
+        {
+            let err = redis_error(answered(reply), true);
+            let StoreError::Unavailable(message) = &err else { panic!("{reply}: {err:?}") };
+            assert!(message.contains("a replica is taking its place; retry in about a second"), "{reply}: {message}");
+            assert!(!message.contains("MOVED") && !message.contains("Moved"), "{reply}: {message}");
+            assert!(err.to_string().ends_with("nothing was changed"), "{err}");
         }
     }
 }

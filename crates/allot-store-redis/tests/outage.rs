@@ -82,3 +82,34 @@ async fn a_call_in_flight_when_the_server_dies_has_an_unknown_outcome() {
     assert!(!message.contains("disk"), "{message}");
     assert!(killed.elapsed() < Duration::from_secs(3), "answered {:?} after the kill", killed.elapsed());
 }
+
+/// On a Redis Cluster, a change sent to a node that dies before it answers may have been
+/// applied: it is `OutcomeUnknown`, never "nothing was changed", whatever the client library
+/// would do after (it used to send the change again on a new connection, and its last error,
+/// "connection refused" from the dead node, read as "never sent").
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_change_in_flight_when_its_cluster_node_dies_has_an_unknown_outcome() {
+    let mut cluster = allot_store_redis::testing::RedisCluster::start(3);
+    let store = std::sync::Arc::new(RedisStore::open(&RedisConfig::parse(&cluster.address()).unwrap()).await.unwrap());
+    store.put_namespace(NamespaceName::new("outage").unwrap(), 100).await.unwrap();
+    store.allocate(request("before"), Duration::ZERO).await.unwrap();
+    // Every node holds its writes: the call below is sent to the namespace's node and waits.
+    for node in &cluster.nodes {
+        node.cli(&["CLIENT", "PAUSE", "10000", "WRITE"]);
+    }
+    let call = tokio::spawn({
+        let store = store.clone();
+        async move { store.allocate(request("in-flight"), Duration::ZERO).await }
+    });
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert!(!call.is_finished(), "the call waits for the paused node");
+    for node in &mut cluster.nodes {
+        node.stop();
+    }
+    let answer = call.await.unwrap();
+    let Err(err @ StoreError::OutcomeUnknown(_)) = answer else {
+        panic!("a change sent and never answered must be an unknown outcome, not {answer:?}")
+    };
+    let message = err.to_string();
+    assert!(message.contains("may or may not have been applied") && message.contains("Redis"), "{message}");
+}

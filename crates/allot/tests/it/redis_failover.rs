@@ -267,7 +267,9 @@ async fn wake_ups_cross_daemons_while_a_node_is_down_the_first_listed_or_a_repli
     cluster.nodes[0].stop();
     let promoted = eventually(Duration::from_secs(20), async || cluster.is_primary(successor)).await;
     assert!(promoted, "the replica was never promoted");
-    let following = eventually(Duration::from_secs(5), async || {
+    // Bounded loosely: on a busy machine (the whole suite at once) following took over 5 s once;
+    // the time it takes is measured in the failover test above, not asserted here.
+    let following = eventually(Duration::from_secs(15), async || {
         let mut all = true;
         for n in 0..NAMESPACES {
             all &= holder.namespace(&format!("wake-{n}")).await.is_ok();
