@@ -256,7 +256,9 @@ impl TokenWaits {
                     Ok(Allocation::Granted { .. }) => break Ask::Granted,
                     // The wait ended without a grant: wait again (the token keeps its place).
                     Ok(Allocation::Refused { .. }) => {}
-                    Err(StoreError::Unavailable(_) | StoreError::OutcomeUnknown(_)) => {
+                    Err(
+                        StoreError::Unavailable(_) | StoreError::OutcomeUnknown(_) | StoreError::NotEnoughReplicas(_),
+                    ) => {
                         tokio::time::sleep(Duration::from_secs(1)).await;
                     }
                     Err(err) => break Ask::Failed(store_error(err)),

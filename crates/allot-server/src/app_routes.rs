@@ -16,7 +16,7 @@ use crate::AppState;
 
 type Answer<T> = Result<Json<T>, ApiError>;
 
-const UNAVAILABLE: &str = "store_unavailable, store_outcome_unknown or shutting_down";
+const UNAVAILABLE: &str = "store_unavailable, store_outcome_unknown, not_enough_replicas or shutting_down";
 
 /// Every queue, in path order.
 #[utoipa::path(get, path = "/v1/queues", tag = "apps",

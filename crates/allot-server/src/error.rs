@@ -132,6 +132,9 @@ impl From<StoreError> for ApiError {
             StoreError::OutcomeUnknown(_) => {
                 ApiError::new(StatusCode::SERVICE_UNAVAILABLE, "store_outcome_unknown", err.to_string())
             }
+            StoreError::NotEnoughReplicas(_) => {
+                ApiError::new(StatusCode::SERVICE_UNAVAILABLE, "not_enough_replicas", err.to_string())
+            }
             StoreError::ShuttingDown => {
                 ApiError::new(StatusCode::SERVICE_UNAVAILABLE, "shutting_down", err.to_string())
             }

@@ -134,7 +134,7 @@ Every error answer has the body `{\"error\": {\"code\": ..., \"message\": ...}}`
 invalid_argument, invalid_name, invalid_cursor, caps_without_scope (400); namespace_not_found, grant_not_found, \
 session_not_found, not_found (404); method_not_allowed (405); stale_fencing, token_conflict, \
 namespace_in_use (409); payload_too_large (413); store_unavailable, \
-store_outcome_unknown, shutting_down (503); internal (500). Pools: invalid_resources (400); pool_not_found, \
+store_outcome_unknown, not_enough_replicas, shutting_down (503); internal (500). Pools: invalid_resources (400); pool_not_found, \
 alloc_not_found, offer_not_found (404); offer_expired, exceeds_capacity, pool_stopped, pool_in_use, \
 alloc_ended, held_by_scheduler (409). An ended alloc reads as 410 Gone with its record. Applications: \
 invalid_queue (400); queue_not_found, app_not_found, task_not_found, run_not_found, logs_not_found, run_not_here (404); queue_in_use, \

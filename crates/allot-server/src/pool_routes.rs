@@ -17,7 +17,7 @@ use crate::AppState;
 type Answer<T> = Result<Json<T>, ApiError>;
 
 /// A page of the pools, ordered by name.
-#[utoipa::path(get, path = "/v1/pools", tag = "pools", params(PageQuery), responses((status = 400, body = api::ErrorBody, description = "invalid_argument (limit) or invalid_cursor"), (status = 503, body = api::ErrorBody, description = "store_unavailable, store_outcome_unknown or shutting_down"), (status = 200, body = api::PoolList)))]
+#[utoipa::path(get, path = "/v1/pools", tag = "pools", params(PageQuery), responses((status = 400, body = api::ErrorBody, description = "invalid_argument (limit) or invalid_cursor"), (status = 503, body = api::ErrorBody, description = "store_unavailable, store_outcome_unknown, not_enough_replicas or shutting_down"), (status = 200, body = api::PoolList)))]
 pub(crate) async fn list_pools(
     State(state): State<AppState>,
     QueryArgs(query): QueryArgs<PageQuery>,
@@ -31,7 +31,7 @@ pub(crate) async fn list_pools(
 
 #[utoipa::path(get, path = "/v1/pools/{pool}", tag = "pools",
     params(("pool" = String, Path, description = "the pool's name: 1 to 255 bytes, no control characters, no `/`")),
-    responses((status = 400, body = api::ErrorBody, description = "invalid_name, invalid_resources, invalid_argument or invalid_json"), (status = 503, body = api::ErrorBody, description = "store_unavailable, store_outcome_unknown or shutting_down"), (status = 200, body = api::Pool), (status = 404, body = api::ErrorBody, description = "pool_not_found")))]
+    responses((status = 400, body = api::ErrorBody, description = "invalid_name, invalid_resources, invalid_argument or invalid_json"), (status = 503, body = api::ErrorBody, description = "store_unavailable, store_outcome_unknown, not_enough_replicas or shutting_down"), (status = 200, body = api::Pool), (status = 404, body = api::ErrorBody, description = "pool_not_found")))]
 pub(crate) async fn get_pool(State(state): State<AppState>, Segments(name): Segments<String>) -> Answer<api::Pool> {
     Ok(Json(convert::pool(state.store.pool(convert::pool_name(&name)?).await?)))
 }
@@ -39,7 +39,7 @@ pub(crate) async fn get_pool(State(state): State<AppState>, Segments(name): Segm
 #[utoipa::path(put, path = "/v1/pools/{pool}", tag = "pools",
     params(("pool" = String, Path, description = "the pool's name: 1 to 255 bytes, no control characters, no `/`")),
     request_body = api::PutPool,
-    responses((status = 503, body = api::ErrorBody, description = "store_unavailable, store_outcome_unknown or shutting_down"), (status = 201, body = api::PutPoolResponse, description = "created"),
+    responses((status = 503, body = api::ErrorBody, description = "store_unavailable, store_outcome_unknown, not_enough_replicas or shutting_down"), (status = 201, body = api::PutPoolResponse, description = "created"),
         (status = 200, body = api::PutPoolResponse, description = "capacity changed, or a stopped pool started"),
         (status = 400, body = api::ErrorBody, description = "invalid_name or invalid_resources")))]
 pub(crate) async fn put_pool(
@@ -74,7 +74,7 @@ pub(crate) struct RemovePoolQuery {
 
 #[utoipa::path(delete, path = "/v1/pools/{pool}", tag = "pools",
     params(("pool" = String, Path), RemovePoolQuery),
-    responses((status = 400, body = api::ErrorBody, description = "invalid_name, invalid_resources, invalid_argument or invalid_json"), (status = 503, body = api::ErrorBody, description = "store_unavailable, store_outcome_unknown or shutting_down"), (status = 200, body = api::RemovedPool), (status = 404, body = api::ErrorBody),
+    responses((status = 400, body = api::ErrorBody, description = "invalid_name, invalid_resources, invalid_argument or invalid_json"), (status = 503, body = api::ErrorBody, description = "store_unavailable, store_outcome_unknown, not_enough_replicas or shutting_down"), (status = 200, body = api::RemovedPool), (status = 404, body = api::ErrorBody),
         (status = 409, body = api::ErrorBody, description = "pool_in_use")))]
 pub(crate) async fn remove_pool(
     State(state): State<AppState>,
@@ -88,7 +88,7 @@ pub(crate) async fn remove_pool(
 /// The pool's offers: one holding everything free, or none.
 #[utoipa::path(get, path = "/v1/pools/{pool}/offers", tag = "pools",
     params(("pool" = String, Path, description = "the pool's name: 1 to 255 bytes, no control characters, no `/`")),
-    responses((status = 400, body = api::ErrorBody, description = "invalid_name, invalid_resources, invalid_argument or invalid_json"), (status = 503, body = api::ErrorBody, description = "store_unavailable, store_outcome_unknown or shutting_down"), (status = 200, body = api::OfferList), (status = 404, body = api::ErrorBody)))]
+    responses((status = 400, body = api::ErrorBody, description = "invalid_name, invalid_resources, invalid_argument or invalid_json"), (status = 503, body = api::ErrorBody, description = "store_unavailable, store_outcome_unknown, not_enough_replicas or shutting_down"), (status = 200, body = api::OfferList), (status = 404, body = api::ErrorBody)))]
 pub(crate) async fn list_offers(
     State(state): State<AppState>,
     Segments(name): Segments<String>,
@@ -101,7 +101,7 @@ pub(crate) async fn list_offers(
 #[utoipa::path(post, path = "/v1/pools/{pool}/offers/{offer}", tag = "pools",
     params(("pool" = String, Path), ("offer" = String, Path, description = "the offer's id (`1`)")),
     request_body = api::Accept,
-    responses((status = 503, body = api::ErrorBody, description = "store_unavailable, store_outcome_unknown or shutting_down"), (status = 201, body = api::Alloc),
+    responses((status = 503, body = api::ErrorBody, description = "store_unavailable, store_outcome_unknown, not_enough_replicas or shutting_down"), (status = 201, body = api::Alloc),
         (status = 409, body = api::ErrorBody, description = "offer_expired: the room is gone, try another offer; pool_stopped"),
         (status = 400, body = api::ErrorBody, description = "invalid_resources or invalid_argument"),
         (status = 404, body = api::ErrorBody, description = "pool_not_found")))]
@@ -128,7 +128,7 @@ pub(crate) async fn accept(
 /// A page of the pool's live allocs, ordered by id.
 #[utoipa::path(get, path = "/v1/pools/{pool}/allocs", tag = "pools",
     params(("pool" = String, Path, description = "the pool's name: 1 to 255 bytes, no control characters, no `/`"), PageQuery),
-    responses((status = 400, body = api::ErrorBody, description = "invalid_name, invalid_argument (limit) or invalid_cursor"), (status = 503, body = api::ErrorBody, description = "store_unavailable, store_outcome_unknown or shutting_down"), (status = 200, body = api::AllocList), (status = 404, body = api::ErrorBody)))]
+    responses((status = 400, body = api::ErrorBody, description = "invalid_name, invalid_argument (limit) or invalid_cursor"), (status = 503, body = api::ErrorBody, description = "store_unavailable, store_outcome_unknown, not_enough_replicas or shutting_down"), (status = 200, body = api::AllocList), (status = 404, body = api::ErrorBody)))]
 pub(crate) async fn list_allocs(
     State(state): State<AppState>,
     Segments(name): Segments<String>,
@@ -146,7 +146,7 @@ pub(crate) async fn list_allocs(
 /// a while after it ends, saying why it ended).
 #[utoipa::path(get, path = "/v1/pools/{pool}/allocs/{alloc}", tag = "pools",
     params(("pool" = String, Path), ("alloc" = String, Path, description = "16 hex digits")),
-    responses((status = 400, body = api::ErrorBody, description = "invalid_name, invalid_resources, invalid_argument or invalid_json"), (status = 503, body = api::ErrorBody, description = "store_unavailable, store_outcome_unknown or shutting_down"), (status = 200, body = api::Alloc, description = "a live alloc"),
+    responses((status = 400, body = api::ErrorBody, description = "invalid_name, invalid_resources, invalid_argument or invalid_json"), (status = 503, body = api::ErrorBody, description = "store_unavailable, store_outcome_unknown, not_enough_replicas or shutting_down"), (status = 200, body = api::Alloc, description = "a live alloc"),
         (status = 410, body = api::Alloc, description = "an ended alloc's record: `ended` says why"),
         (status = 404, body = api::ErrorBody, description = "alloc_not_found")))]
 pub(crate) async fn get_alloc(
@@ -161,7 +161,7 @@ pub(crate) async fn get_alloc(
 /// Frees an alloc; freeing an ended alloc answers its record again.
 #[utoipa::path(delete, path = "/v1/pools/{pool}/allocs/{alloc}", tag = "pools",
     params(("pool" = String, Path), ("alloc" = String, Path)),
-    responses((status = 400, body = api::ErrorBody, description = "invalid_name, invalid_resources, invalid_argument or invalid_json"), (status = 503, body = api::ErrorBody, description = "store_unavailable, store_outcome_unknown or shutting_down"), (status = 200, body = api::Alloc), (status = 404, body = api::ErrorBody)))]
+    responses((status = 400, body = api::ErrorBody, description = "invalid_name, invalid_resources, invalid_argument or invalid_json"), (status = 503, body = api::ErrorBody, description = "store_unavailable, store_outcome_unknown, not_enough_replicas or shutting_down"), (status = 200, body = api::Alloc), (status = 404, body = api::ErrorBody)))]
 pub(crate) async fn free_alloc(
     State(state): State<AppState>,
     Segments((name, id)): Segments<(String, String)>,
@@ -174,7 +174,7 @@ pub(crate) async fn free_alloc(
 #[utoipa::path(post, path = "/v1/pools/{pool}/allocs/{alloc}/keepalive", tag = "pools",
     params(("pool" = String, Path), ("alloc" = String, Path)),
     request_body = api::AllocKeepalive,
-    responses((status = 400, body = api::ErrorBody, description = "invalid_name, invalid_resources, invalid_argument or invalid_json"), (status = 503, body = api::ErrorBody, description = "store_unavailable, store_outcome_unknown or shutting_down"), (status = 200, body = api::AllocKeepaliveResponse),
+    responses((status = 400, body = api::ErrorBody, description = "invalid_name, invalid_resources, invalid_argument or invalid_json"), (status = 503, body = api::ErrorBody, description = "store_unavailable, store_outcome_unknown, not_enough_replicas or shutting_down"), (status = 200, body = api::AllocKeepaliveResponse),
         (status = 409, body = api::ErrorBody, description = "alloc_ended: freed or reclaimed; stop keeping it alive"),
         (status = 404, body = api::ErrorBody)))]
 pub(crate) async fn keepalive_alloc(
@@ -194,7 +194,7 @@ pub(crate) async fn keepalive_alloc(
 #[utoipa::path(post, path = "/v1/pools/{pool}/stop-if-idle", tag = "pools",
     params(("pool" = String, Path, description = "the pool's name: 1 to 255 bytes, no control characters, no `/`")),
     request_body = api::StopIfIdle,
-    responses((status = 400, body = api::ErrorBody, description = "invalid_name, invalid_resources, invalid_argument or invalid_json"), (status = 503, body = api::ErrorBody, description = "store_unavailable, store_outcome_unknown or shutting_down"), (status = 200, body = api::StopIfIdleResponse), (status = 404, body = api::ErrorBody)))]
+    responses((status = 400, body = api::ErrorBody, description = "invalid_name, invalid_resources, invalid_argument or invalid_json"), (status = 503, body = api::ErrorBody, description = "store_unavailable, store_outcome_unknown, not_enough_replicas or shutting_down"), (status = 200, body = api::StopIfIdleResponse), (status = 404, body = api::ErrorBody)))]
 pub(crate) async fn stop_if_idle(
     State(state): State<AppState>,
     Segments(name): Segments<String>,

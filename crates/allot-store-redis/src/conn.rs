@@ -4,6 +4,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use redis::aio::{ConnectionManager, ConnectionManagerConfig};
+use redis::cluster_routing::{Route, RoutingInfo, SingleNodeRoutingInfo, SlotAddr};
 use redis::{Cmd, RedisError, Value};
 
 use crate::cluster::{ClusterLink, READ_LANE};
@@ -83,26 +84,19 @@ impl Conn {
         }
     }
 
-    /// Sends a command that changes something. With a minimum of replicas, it is followed on the
-    /// same connection (to the same node) by `WAIT`, and answered only once they have it.
-    pub(crate) async fn write(&self, cmd: &Cmd) -> Result<Value, WriteError> {
-        let wanted = &self.min_replicas;
-        if *wanted == 0 {
-            return Ok(self.writes.query(cmd).await?);
+    /// Sends a command that changes something, on `key`'s node. With a minimum of replicas, a
+    /// change that was made is then followed on the same connection by `WAIT`, and answered only
+    /// once they have it; one the function's check refused (too few replicas attached) answers
+    /// at once.
+    pub(crate) async fn write(&self, cmd: &Cmd, key: &str) -> Result<Value, WriteError> {
+        let value = self.writes.query(cmd).await?;
+        let wanted = self.min_replicas;
+        if wanted == 0 {
+            return Ok(value);
         }
-        let mut pipe = redis::pipe();
-        pipe.add_command(cmd.clone()).cmd("WAIT").arg(*wanted).arg(REPLICA_TIMEOUT.as_millis() as u64);
-        let answers: Vec<Value> = self.writes.query_pipeline(&pipe).await?;
-        let [value, Value::Int(acked)] = <[Value; 2]>::try_from(answers).map_err(|answers| {
-            RedisError::from((redis::ErrorKind::UnexpectedReturnType, "pipeline", format!("{answers:?}")))
-        })?
-        else {
-            return Err(
-                RedisError::from((redis::ErrorKind::UnexpectedReturnType, "WAIT did not answer a count")).into()
-            );
-        };
-        if acked < i64::from(*wanted) {
-            return Err(WriteError::Unreplicated { acked, wanted: *wanted });
+        let acked = self.writes.wait(key, wanted).await?;
+        if acked < i64::from(wanted) {
+            return Err(WriteError::Unreplicated { acked, wanted });
         }
         Ok(value)
     }
@@ -135,14 +129,28 @@ impl Link {
         }
     }
 
-    async fn query_pipeline(&self, pipe: &redis::Pipeline) -> Result<Vec<Value>, RedisError> {
-        match self {
-            Link::Single(conn) => pipe.query_async(&mut conn.clone()).await,
+    /// `WAIT` for `wanted` replicas of the writes made so far on this link's connection to
+    /// `key`'s node: how many acknowledged within [`REPLICA_TIMEOUT`].
+    async fn wait(&self, key: &str, wanted: u32) -> Result<i64, RedisError> {
+        let mut wait = redis::cmd("WAIT");
+        wait.arg(wanted).arg(REPLICA_TIMEOUT.as_millis() as u64);
+        let answer = match self {
+            Link::Single(conn) => wait.query_async(&mut conn.clone()).await,
             Link::Cluster(link, lane) => {
-                let result = pipe.query_async(&mut link.conn(*lane)).await;
+                let node = Route::with_key(key, SlotAddr::Master);
+                let routing = RoutingInfo::SingleNode(SingleNodeRoutingInfo::SpecificNode(node));
+                let result = link.conn(*lane).route_command(wait, routing).await;
                 link.note(&result);
                 result
             }
+        }?;
+        match answer {
+            Value::Int(acked) => Ok(acked),
+            other => Err(RedisError::from((
+                redis::ErrorKind::UnexpectedReturnType,
+                "WAIT did not answer a count",
+                format!("{other:?}"),
+            ))),
         }
     }
 }
@@ -168,10 +176,11 @@ impl Conn {
         mutating: bool,
     ) -> Result<Value, WriteError> {
         let mut cmd = redis::cmd("FCALL");
-        cmd.arg(&function.name).arg(1).arg(key).arg(args);
+        let name = if mutating { &function.checked } else { &function.name };
+        cmd.arg(name).arg(1).arg(key).arg(args);
         let call = || async {
             if mutating {
-                self.write(&cmd).await
+                self.write(&cmd, key).await
             } else {
                 Ok(self.query(&cmd).await?)
             }

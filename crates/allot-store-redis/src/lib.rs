@@ -155,6 +155,9 @@ fn refuses_library(err: &RedisError) -> bool {
 /// may have taken effect; a call refused before it was sent (no server listening, no connection
 /// to the slot's node) or refused by Redis changed nothing.
 fn redis_error(err: RedisError, mutating: bool) -> StoreError {
+    if let Some(refusal) = replicas_refusal(&err) {
+        return refusal;
+    }
     if mutating && maybe_sent(&err) {
         StoreError::OutcomeUnknown(format!(
             "Redis did not answer a change it may have received: {} (the node that holds it may be failing over)",
@@ -169,6 +172,21 @@ fn redis_error(err: RedisError, mutating: bool) -> StoreError {
     } else {
         StoreError::Unavailable(format!("Redis: {err}"))
     }
+}
+
+/// The refusal of a change by a primary with too few replicas (`ALLOT_NOREPLICAS <attached>
+/// <required> <port>`, from the function's check before it writes), in words.
+fn replicas_refusal(err: &RedisError) -> Option<StoreError> {
+    // Alone, or the first answer of a change followed by `WAIT`.
+    let errors = err.clone().into_server_errors()?;
+    let (_, refusal) = errors.iter().find(|(_, e)| e.code() == "ALLOT_NOREPLICAS")?;
+    let mut words = refusal.details().unwrap_or_default().split_whitespace();
+    let (attached, required, port) = (words.next()?, words.next()?, words.next().unwrap_or("?"));
+    Some(StoreError::NotEnoughReplicas(format!(
+        "the Redis primary that holds this (port {port}) has {attached} of the {required} replicas \
+         --redis-min-replicas requires attached (a failover left it none, or they fell behind), so it refused \
+         the change before applying it; retry once a replica is attached"
+    )))
 }
 
 /// Whether an error that changed nothing comes from a node failing over or a slot moving: a
@@ -284,7 +302,7 @@ impl RedisStore {
             redis_clock: Mutex::new(None),
             pool_rules: Mutex::new(allot_core::pool::LeaseRules::default()),
             conn,
-            scripts: Scripts::new(config.cluster),
+            scripts: Scripts::new(config.cluster, config.min_replicas),
             waits: Mutex::new(HashMap::new()),
             wait_started: Notify::new(),
             shutdown,
@@ -312,7 +330,7 @@ impl RedisStore {
         loop {
             let attempt = async {
                 let conn = Conn::connect(&config.urls, config.cluster, config.min_replicas).await?;
-                conn.load_library(&Scripts::new(config.cluster).library).await?;
+                conn.load_library(&Scripts::new(config.cluster, config.min_replicas).library).await?;
                 Ok::<_, RedisError>(conn)
             };
             match attempt.await {
@@ -1237,7 +1255,7 @@ impl DirectScripts {
         let conn = Conn::connect(&config.urls, config.cluster, config.min_replicas)
             .await
             .map_err(|e| redis_error(e, false))?;
-        Ok(DirectScripts { conn, scripts: Scripts::new(config.cluster) })
+        Ok(DirectScripts { conn, scripts: Scripts::new(config.cluster, config.min_replicas) })
     }
 
     /// Allocates without waiting; true if granted.
@@ -1311,6 +1329,14 @@ mod error_tests {
     fn answered(reply: &str) -> RedisError {
         let value = redis::parse_redis_value(format!("{reply}\r\n").as_bytes()).unwrap();
         value.extract_error().unwrap_err()
+    }
+
+    #[test]
+    fn a_primary_short_of_replicas_refuses_in_words() {
+        let err = redis_error(answered("-ALLOT_NOREPLICAS 0 1 7004"), true);
+        let StoreError::NotEnoughReplicas(message) = &err else { panic!("{err:?}") };
+        assert!(message.contains("(port 7004) has 0 of the 1 replicas"), "{message}");
+        assert!(err.to_string().ends_with("nothing was changed"), "{err}");
     }
 
     #[test]

@@ -142,7 +142,7 @@ impl RunStore for RedisStore {
         self.live()?;
         let json = serde_json::to_string(&CachedRecord::of(&entry)).expect("records always encode");
         let cmd = redis::cmd("HSETNX").arg(CATALOG).arg(key).arg(json).clone();
-        self.inner.conn.write(&cmd).await.map_err(|e| call_error(e, true))?;
+        self.inner.conn.write(&cmd, CATALOG).await.map_err(|e| call_error(e, true))?;
         Ok(())
     }
 
@@ -152,10 +152,11 @@ impl RunStore for RedisStore {
         let json = serde_json::to_string(&names).expect("names encode");
         // The pools first, then the lease: a lease is never live without its pools.
         let pools = redis::cmd("HSET").arg(EXECUTORS).arg(node).arg(json).clone();
-        self.inner.conn.write(&pools).await.map_err(|e| call_error(e, true))?;
+        self.inner.conn.write(&pools, EXECUTORS).await.map_err(|e| call_error(e, true))?;
         let ms = ttl.as_millis().clamp(1, u128::from(u64::MAX)) as u64;
-        let lease = redis::cmd("SET").arg(executor_key(node)).arg(1).arg("PX").arg(ms).clone();
-        self.inner.conn.write(&lease).await.map_err(|e| call_error(e, true))?;
+        let key = executor_key(node);
+        let lease = redis::cmd("SET").arg(&key).arg(1).arg("PX").arg(ms).clone();
+        self.inner.conn.write(&lease, &key).await.map_err(|e| call_error(e, true))?;
         Ok(())
     }
 

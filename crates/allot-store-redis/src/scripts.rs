@@ -20,15 +20,22 @@ macro_rules! operations {
 
         impl Scripts {
             /// The library for one Redis (`sharded` false: wake-ups on one channel) or a
-            /// Redis Cluster (`sharded`: on each namespace's own channel, in its slot).
-            pub(crate) fn new(sharded: bool) -> Scripts {
+            /// Redis Cluster (`sharded`: on each namespace's own channel, in its slot). With
+            /// `min_replicas`, each function has a twin for changes that first checks the
+            /// primary has that many replicas attached, and refuses before it writes.
+            pub(crate) fn new(sharded: bool, min_replicas: u32) -> Scripts {
                 let bodies: &[(&str, &str)] =
                     &[$((stringify!($name), include_str!(concat!("lua/", stringify!($name), ".lua"))),)*];
-                let prelude = format!("local SHARDED = {sharded}\n{PRELUDE}");
+                let mut prelude = format!("local SHARDED = {sharded}\n{PRELUDE}");
+                if min_replicas > 0 {
+                    prelude.push_str(&format!("local MIN_REPLICAS = {min_replicas}\n{REPLICAS_CHECK}"));
+                }
                 let version = version(&prelude, bodies);
+                let name = |op: &str| format!("allot_{version}_{op}");
+                let checked = |op: &str| if min_replicas > 0 { format!("allot_{version}_{op}{CHECKED}") } else { name(op) };
                 Scripts {
-                    library: library(&version, &prelude, bodies),
-                    $($name: Function { name: format!("allot_{version}_{}", stringify!($name)) },)*
+                    library: library(&version, &prelude, bodies, min_replicas > 0),
+                    $($name: Function { name: name(stringify!($name)), checked: checked(stringify!($name)) },)*
                 }
             }
         }
@@ -63,7 +70,30 @@ const PRELUDE: &str = include_str!("lua/namespace.lua");
 /// One function of the library.
 pub(crate) struct Function {
     pub(crate) name: String,
+    /// The function for a call that changes something: with `--redis-min-replicas`, the twin
+    /// that checks the replicas first; else the function itself.
+    pub(crate) checked: String,
 }
+
+/// The suffix of a function's twin that checks the replicas.
+const CHECKED: &str = "_checked";
+
+/// With `--redis-min-replicas`: the refusal of a change on a primary with fewer replicas
+/// attached (online, and acknowledging within 10 s, Redis's `min-replicas-max-lag`) than
+/// required, made before anything is written: `ALLOT_NOREPLICAS <attached> <required> <port>`.
+const REPLICAS_CHECK: &str = r#"
+local function replicas_refusal()
+  local info = redis.call('INFO', 'replication')
+  local good = 0
+  for line in string.gmatch(info, 'slave%d+:[^\r\n]*') do
+    local lag = tonumber(string.match(line, 'lag=(%d+)'))
+    if string.find(line, 'state=online', 1, true) and lag and lag <= 10 then good = good + 1 end
+  end
+  if good >= MIN_REPLICAS then return nil end
+  local port = string.match(redis.call('INFO', 'server'), 'tcp_port:(%d+)') or '?'
+  return redis.error_reply('ALLOT_NOREPLICAS ' .. good .. ' ' .. MIN_REPLICAS .. ' ' .. port)
+end
+"#;
 
 /// A short hash of the library's text.
 fn version(prelude: &str, bodies: &[(&str, &str)]) -> String {
@@ -79,12 +109,20 @@ fn version(prelude: &str, bodies: &[(&str, &str)]) -> String {
 /// they are and skip `bind`, which builds a namespace's key names.
 const OWN_KEYS: &[&str] = &["session_grants", "sessions", "pool", "registry", "sched_lease", "apps", "runs"];
 
-fn library(version: &str, prelude: &str, bodies: &[(&str, &str)]) -> String {
+fn library(version: &str, prelude: &str, bodies: &[(&str, &str)], checked: bool) -> String {
     let mut text = format!("#!lua name=allot_{version}\n{prelude}\n");
     for (name, body) in bodies {
         let head =
             if OWN_KEYS.contains(name) { "function(KEYS, ARGV)" } else { "function(KEYS, args)\nbind(KEYS, args)" };
-        text.push_str(&format!("redis.register_function('allot_{version}_{name}', {head}\n{body}\nend)\n"));
+        text.push_str(&format!("local op_{name} = {head}\n{body}\nend\n"));
+        text.push_str(&format!("redis.register_function('allot_{version}_{name}', op_{name})\n"));
+        if checked {
+            text.push_str(&format!(
+                "redis.register_function('allot_{version}_{name}{CHECKED}', function(KEYS, ARGV)\n\
+                 local refusal = replicas_refusal()\nif refusal then return refusal end\n\
+                 return op_{name}(KEYS, ARGV)\nend)\n"
+            ));
+        }
     }
     text
 }

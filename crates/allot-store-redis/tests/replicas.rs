@@ -1,6 +1,7 @@
 //! `--redis-min-replicas`: a change is acknowledged only once that many replicas have it
 //! (`WAIT`); when they do not confirm it in time, the answer is an unknown outcome, never a
-//! success.
+//! success; on a primary with fewer replicas attached, a change is refused before it is applied,
+//! at once (`NotEnoughReplicas`), and other primaries are not slowed.
 
 use allot_store::prelude::*;
 use std::time::{Duration, Instant};
@@ -54,22 +55,41 @@ async fn a_change_is_acknowledged_once_its_replicas_have_it_and_unknown_when_the
         assert_eq!(held.trim(), "1", "grant {token} acknowledged before the replica had it");
     }
 
-    // One replica fewer than required: the change is applied on the primary, but not confirmed.
+    // One replica fewer attached than required: refused at once, before anything is written.
     let two = open(&primary, 2).await;
     let started = Instant::now();
     let answer = two.allocate(request("needs-two"), Duration::ZERO).await;
-    let Err(err @ StoreError::OutcomeUnknown(_)) = &answer else {
-        panic!("a change two replicas did not confirm answered {answer:?}")
+    let Err(err @ StoreError::NotEnoughReplicas(_)) = &answer else {
+        panic!("a change on a primary with 1 of 2 replicas answered {answer:?}")
     };
     let message = err.to_string();
-    assert!(message.contains("1 of the 2 replicas") && message.contains("--redis-min-replicas"), "{message}");
+    assert!(message.contains("has 1 of the 2 replicas") && message.contains("nothing was changed"), "{message}");
+    assert!(started.elapsed() < Duration::from_millis(900), "it waited for WAIT: {:?}", started.elapsed());
+    let held = primary.cli(&["HEXISTS", "allot:{replicated}:grants", "needs-two"]);
+    assert_eq!(held.trim(), "0", "a refused change was applied");
+
+    // Attached, but not confirming in time (its process stopped): applied on the primary, and
+    // unknown.
+    let info = replica.cli(&["INFO", "server"]);
+    let pid = info.lines().find_map(|l| l.strip_prefix("process_id:")).unwrap().trim().to_owned();
+    let signal = |sig: &str| assert!(std::process::Command::new("kill").args([sig, &pid]).status().unwrap().success());
+    signal("-STOP");
+    let started = Instant::now();
+    let answer = store.allocate(request("late"), Duration::ZERO).await;
+    signal("-CONT");
+    let Err(err @ StoreError::OutcomeUnknown(_)) = &answer else {
+        panic!("a change its replica did not confirm answered {answer:?}")
+    };
+    let message = err.to_string();
+    assert!(message.contains("0 of the 1 replicas") && message.contains("--redis-min-replicas"), "{message}");
     assert!(started.elapsed() >= Duration::from_millis(900), "WAIT gave up after {:?}", started.elapsed());
 
-    // The replica gone: nothing is acknowledged. (`WAIT` holds its connection until it returns,
-    // so a call may time out behind the sweeper's own `WAIT`s: unknown either way.)
+    // The replica gone: refused before it is applied.
     replica.stop();
     let answer = store.allocate(request("alone"), Duration::ZERO).await;
-    assert!(matches!(answer, Err(StoreError::OutcomeUnknown(_))), "{answer:?}");
+    assert!(matches!(answer, Err(StoreError::NotEnoughReplicas(_))), "{answer:?}");
+    let held = primary.cli(&["HEXISTS", "allot:{replicated}:grants", "alone"]);
+    assert_eq!(held.trim(), "0", "a refused change was applied");
 
     // Without the option, the primary's answer is enough.
     let unreplicated = open(&primary, 0).await;
@@ -77,4 +97,44 @@ async fn a_change_is_acknowledged_once_its_replicas_have_it_and_unknown_when_the
     store.shutdown().await;
     two.shutdown().await;
     unreplicated.shutdown().await;
+}
+
+/// On a Redis Cluster, a primary whose replica is gone refuses the changes of its slots at once,
+/// before applying them; the other primaries go on.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_shard_without_its_replica_refuses_changes_at_once_and_the_others_go_on() {
+    let mut cluster = allot_store_redis::testing::RedisCluster::start_with_replicas(3);
+    let victim = (0..cluster.nodes.len()).find(|&i| cluster.is_primary(i)).expect("a primary");
+    let replica = cluster.replica_of(victim).expect("it has a replica");
+    let config = RedisConfig::parse(&cluster.address()).unwrap().with_min_replicas(1);
+    let store = RedisStore::open(&config).await.unwrap();
+    let namespaces: Vec<NamespaceName> = (0..12).map(|n| NamespaceName::new(&format!("shard-{n}")).unwrap()).collect();
+    for namespace in &namespaces {
+        store.put_namespace(namespace.clone(), 10).await.unwrap();
+    }
+    cluster.nodes[replica].stop();
+    let primary = &cluster.nodes[victim];
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while primary.cli(&["INFO", "replication"]).contains("state=online") {
+        assert!(Instant::now() < deadline, "the primary still counts its replica");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let (mut refused, mut granted) = (0, 0);
+    for namespace in &namespaces {
+        let request = AllocateRequest { namespace: namespace.clone(), ..request("after") };
+        let started = Instant::now();
+        match store.allocate(request, Duration::ZERO).await {
+            Ok(_) => granted += 1,
+            Err(err @ StoreError::NotEnoughReplicas(_)) => {
+                refused += 1;
+                assert!(started.elapsed() < Duration::from_millis(900), "refused after {:?}", started.elapsed());
+                assert!(err.to_string().contains(&format!("port {}", primary.port)), "{err}");
+                let key = format!("allot:{{{namespace}}}:grants");
+                assert_eq!(primary.cli(&["HEXISTS", &key, "after"]).trim(), "0", "{namespace}: refused, yet applied");
+            }
+            Err(other) => panic!("{namespace}: {other:?}"),
+        }
+    }
+    assert!(refused > 0 && granted > 0, "{refused} refused, {granted} granted");
+    store.shutdown().await;
 }

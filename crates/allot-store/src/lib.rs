@@ -163,6 +163,11 @@ pub enum StoreError {
     /// what failed.
     #[error("{0}; the change may or may not have been applied: read it back or retry")]
     OutcomeUnknown(String),
+    /// A change refused before it was applied: the Redis primary that holds it has fewer
+    /// replicas attached than `--redis-min-replicas` requires (a failover left it none, or they
+    /// fell behind). Nothing was changed; retry once a replica is attached.
+    #[error("{0}; nothing was changed")]
+    NotEnoughReplicas(String),
     /// The daemon is shutting down and takes no new work.
     #[error("the daemon is shutting down")]
     ShuttingDown,
