@@ -138,3 +138,61 @@ async fn a_shard_without_its_replica_refuses_changes_at_once_and_the_others_go_o
     assert!(refused > 0 && granted > 0, "{refused} refused, {granted} granted");
     store.shutdown().await;
 }
+
+/// The fencing number a store gave `token`, if granted.
+async fn fencing_of(store: &RedisStore, token: &str) -> u64 {
+    match store.allocate(request(token), Duration::ZERO).await.unwrap() {
+        allot_store::Allocation::Granted { grant, .. } => grant.grant.fencing,
+        other => panic!("{token}: {other:?}"),
+    }
+}
+
+/// Without `--redis-min-replicas`, a replica promoted without the primary's last writes has lost
+/// them (Redis's documented caveat), but the fencing numbers it gives continue above any its
+/// predecessor gave: none is handed out twice.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn fencing_numbers_never_go_back_when_a_promoted_replica_lost_the_last_writes() {
+    let mut primary = RedisServer::start();
+    let replica = replica_of(&primary);
+    let store = open(&primary, 0).await;
+    store.put_namespace(NamespaceName::new("replicated").unwrap(), 100).await.unwrap();
+    for i in 0..5 {
+        fencing_of(&store, &format!("kept-{i}")).await;
+    }
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while replica.cli(&["HEXISTS", "allot:{replicated}:grants", "kept-4"]).trim() != "1" {
+        assert!(Instant::now() < deadline, "the replica never got the first grants");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    // The replication link cut (the replica's process stopped), writes go on, the primary dies.
+    let info = replica.cli(&["INFO", "server"]);
+    let pid = info.lines().find_map(|l| l.strip_prefix("process_id:")).unwrap().trim().to_owned();
+    let signal = |sig: &str| assert!(std::process::Command::new("kill").args([sig, &pid]).status().unwrap().success());
+    signal("-STOP");
+    primary.cli(&["CLIENT", "KILL", "TYPE", "replica"]);
+    let mut given = Vec::new();
+    for i in 0..10 {
+        given.push(fencing_of(&store, &format!("lost-{i}")).await);
+    }
+    store.shutdown().await;
+    primary.stop();
+    signal("-CONT");
+    replica.cli(&["REPLICAOF", "NO", "ONE"]);
+    assert_eq!(
+        replica.cli(&["HEXISTS", "allot:{replicated}:grants", "lost-9"]).trim(),
+        "0",
+        "the last writes are lost"
+    );
+    let promoted = open(&replica, 0).await;
+    let after = fencing_of(&promoted, "after").await;
+    let highest = *given.iter().max().unwrap();
+    assert!(
+        after > highest,
+        "fencing number {after} given again after a failover (the lost primary gave up to {highest})"
+    );
+    let next = fencing_of(&promoted, "next").await;
+    assert_eq!(next, after + 1, "then one by one");
+    let view = promoted.namespace(NamespaceName::new("replicated").unwrap()).await.unwrap();
+    assert_eq!(view.stats.granted, 7, "grants made, the numbers passed over not counted: {view:?}");
+    promoted.shutdown().await;
+}

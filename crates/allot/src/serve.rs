@@ -688,10 +688,9 @@ pub(crate) async fn run(args: ServeArgs) -> anyhow::Result<()> {
         }
     };
     for (name, quota) in &config.quotas {
-        let (created, view) = store
-            .seed_namespace(name.clone(), *quota)
-            .await
-            .with_context(|| format!("cannot register quota of `{name}`"))?;
+        let (created, view) =
+            seeded(&format!("cannot register quota of `{name}`"), || store.seed_namespace(name.clone(), *quota))
+                .await?;
         if created {
             tracing::info!(namespace = %name, quota, "quota registered");
         } else if view.quota != *quota {
@@ -704,10 +703,9 @@ pub(crate) async fn run(args: ServeArgs) -> anyhow::Result<()> {
         }
     }
     for (name, capacity) in &config.pools {
-        let (created, view) = store
-            .seed_pool(name.clone(), capacity.clone())
-            .await
-            .with_context(|| format!("cannot register pool `{name}`"))?;
+        let (created, view) =
+            seeded(&format!("cannot register pool `{name}`"), || store.seed_pool(name.clone(), capacity.clone()))
+                .await?;
         if created {
             tracing::info!(pool = %name, capacity = %capacity, "pool registered");
         } else if view.capacity != *capacity {
@@ -851,6 +849,36 @@ fn disk_bytes(path: &Path) -> anyhow::Result<u64> {
         .and_then(|size| size.parse().ok())
         .with_context(|| format!("cannot read the disk size from df: {text}"))?;
     Ok(kib * 1024)
+}
+
+/// How long the daemon's start waits for a store that is not ready yet (a Redis still loading, a
+/// shard whose replicas are not attached yet) before it gives up.
+const SEED_PATIENCE: std::time::Duration = std::time::Duration::from_secs(30);
+
+/// Runs a call of the start's seeding (idempotent: it creates only what does not exist) again
+/// while the store answers that it is not ready, for [`SEED_PATIENCE`] at most; `what` names it
+/// in the error.
+async fn seeded<T, Call, Answer>(what: &str, mut call: Call) -> anyhow::Result<T>
+where
+    Call: FnMut() -> Answer,
+    Answer: std::future::Future<Output = Result<T, allot_store::StoreError>>,
+{
+    use allot_store::StoreError;
+    let started = std::time::Instant::now();
+    let mut warned = false;
+    loop {
+        match call().await {
+            Err(
+                err @ (StoreError::Unavailable(_) | StoreError::OutcomeUnknown(_) | StoreError::NotEnoughReplicas(_)),
+            ) if started.elapsed() < SEED_PATIENCE => {
+                if !std::mem::replace(&mut warned, true) {
+                    tracing::warn!(error = %err, "{what} yet: the store is not ready; trying again for up to 30 s");
+                }
+                tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+            }
+            other => return other.with_context(|| what.to_owned()),
+        }
+    }
 }
 
 #[cfg(test)]

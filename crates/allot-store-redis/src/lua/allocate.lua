@@ -3,7 +3,8 @@
 -- units_ahead} | {'queued', waiter, position, units_ahead} | {'err', code, ...}.
 local now = now_ms()
 local r = req_from_argv(1)
-local ns = redis.call('HMGET', K_NS, 'quota', 'granted', 'blocked', 'waiting_units', 'fencing')
+local ns = redis.call('HMGET', K_NS, 'quota', 'granted', 'blocked', 'waiting_units', 'fencing', 'fencing_by',
+  'fencing_skipped')
 if not ns[1] then return NOT_FOUND end
 local quota, granted, blocked = tonumber(ns[1]), tonumber(ns[2] or '0'), ns[3] == '1'
 -- No units wait, so no waiter: the queue need not be looked at.
@@ -24,7 +25,8 @@ end
 -- The counters do not change until this call decides: the caps are checked once, and the
 -- counters read here are the ones a grant adds to.
 local held_p, held_s = scope_held(r)
-local counts = { granted = granted, fencing = tonumber(ns[5] or '0'), held_p = held_p, held_s = held_s }
+local counts = { granted = granted, fencing = tonumber(ns[5] or '0'), fencing_by = ns[6],
+  skipped = tonumber(ns[7] or '0'), held_p = held_p, held_s = held_s }
 local refusal = cap_refusal(r, counts)
 -- A cap smaller than the request can never be met: answer at once, even when waiting.
 if refusal and (r.units > refusal[2] or wait_ms == 0) then

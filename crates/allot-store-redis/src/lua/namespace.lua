@@ -5,7 +5,9 @@
 --
 -- Keys (P = KEYS[1]):
 --   P:ns        hash: quota, granted, blocked, waiting_units, fencing (the last fencing number
---               given), fencing_base (its value at creation) and the counters stat_exhausted,
+--               given), fencing_by (the replication ID of the primary that gave it),
+--               fencing_skipped (numbers passed over after a failover), fencing_base (its value
+--               at creation) and the counters stat_exhausted,
 --               stat_cap_exceeded, stat_expired; the namespace exists iff this key does. Grants
 --               made are counted by the fencing numbers (one per grant) and grants released are
 --               the rest: made = held + released + expired
@@ -151,12 +153,25 @@ local function scope_held(r)
   return tonumber(v[1] or '0'), tonumber(v[2] or '0')
 end
 
--- The counters a grant for `r` changes, as read: granted and fencing of the namespace, held_p and
--- held_s of its project and scope. A call that reads them once passes them on (`counts`).
+-- The counters a grant for `r` changes, as read: granted and fencing of the namespace (and the
+-- replication ID of the primary that gave its last fencing number), held_p and held_s of its
+-- project and scope. A call that reads them once passes them on (`counts`).
 local function read_counts(r)
-  local v = redis.call('HMGET', K_NS, 'granted', 'fencing')
+  local v = redis.call('HMGET', K_NS, 'granted', 'fencing', 'fencing_by', 'fencing_skipped')
   local held_p, held_s = scope_held(r)
-  return { granted = tonumber(v[1] or '0'), fencing = tonumber(v[2] or '0'), held_p = held_p, held_s = held_s }
+  return { granted = tonumber(v[1] or '0'), fencing = tonumber(v[2] or '0'), fencing_by = v[3],
+    skipped = tonumber(v[4] or '0'), held_p = held_p, held_s = held_s }
+end
+
+-- Fencing numbers never go back, even when a failover loses the last writes: a namespace notes
+-- the replication ID of the primary that gave its last number (`fencing_by`). A primary with
+-- another one (a replica promoted in its place, which may lack the last numbers its predecessor
+-- gave; or the primary restarted) first moves the numbers up to the next multiple of 2^32, above
+-- anything the one before could have given; `fencing_skipped` counts the numbers passed over.
+local FENCING_EPOCH = 4294967296
+
+local function replication_id()
+  return string.match(redis.call('INFO', 'replication'), 'master_replid:(%w+)') or ''
 end
 
 -- The refusal a cap gives `r`, as {level, cap, held}, or nil.
@@ -184,8 +199,14 @@ local function add_units(g, sign, new_fencing, counts)
   counts = counts or read_counts(g)
   local fencing = counts.fencing
   if new_fencing then
+    local by, skipped = replication_id(), counts.skipped
+    if counts.fencing_by and counts.fencing_by ~= by then
+      local jumped = (math.floor(fencing / FENCING_EPOCH) + 1) * FENCING_EPOCH
+      skipped, fencing = skipped + jumped - fencing, jumped
+    end
     fencing = fencing + 1
-    redis.call('HSET', K_NS, 'granted', int(counts.granted + units), 'fencing', int(fencing))
+    redis.call('HSET', K_NS, 'granted', int(counts.granted + units), 'fencing', int(fencing), 'fencing_by', by,
+      'fencing_skipped', int(skipped))
   else
     redis.call('HSET', K_NS, 'granted', int(counts.granted + units))
   end
@@ -323,7 +344,7 @@ end
 
 local function namespace_view(now)
   local v = redis.call('HMGET', K_NS, 'quota', 'granted', 'waiting_units', 'fencing_base', 'stat_exhausted',
-    'stat_cap_exceeded', 'stat_expired', 'fencing')
+    'stat_cap_exceeded', 'stat_expired', 'fencing', 'fencing_skipped')
   local longest = 0
   local first = redis.call('ZRANGE', K_QUEUE, 0, 0)
   if first[1] then
@@ -332,7 +353,7 @@ local function namespace_view(now)
   end
   local fencing = tonumber(v[8] or '0')
   local held = redis.call('HLEN', K_GRANTS)
-  local made, expired = fencing - tonumber(v[4] or '0'), tonumber(v[7] or '0')
+  local made, expired = fencing - tonumber(v[4] or '0') - tonumber(v[9] or '0'), tonumber(v[7] or '0')
   return { tonumber(v[1] or '0'), tonumber(v[2] or '0'), held, redis.call('ZCARD', K_QUEUE), tonumber(v[3] or '0'),
     longest, fencing + 1, made, tonumber(v[5] or '0'), tonumber(v[6] or '0'), math.max(0, made - held - expired),
     expired }
