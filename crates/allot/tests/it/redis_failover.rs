@@ -1,9 +1,13 @@
 //! A Redis Cluster failover under load: 3 primaries with a replica each (`appendfsync always`,
-//! `cluster-node-timeout 2000`), two daemons, allocate/release through both, one primary killed
-//! with SIGKILL, its replica promoted, the killed node back as a replica. Then every acknowledged
-//! grant is there, every acknowledged release is not, no namespace ever held more than its quota,
-//! and the window in which the affected namespaces were unavailable is printed beside Redis's own
-//! failure detection. Run with and without `--redis-min-replicas 1`.
+//! `cluster-node-timeout 2000`), two daemons, allocate/release through both, the replication
+//! link of one primary cut (its replica's process stopped, `CLIENT KILL TYPE replica`) half a
+//! second before that primary is killed with SIGKILL, its replica promoted, the killed node back
+//! as a replica. From every answer: no change answered "nothing was changed" is found made by its
+//! retry, no fencing number is given twice; then every acknowledged grant is there and every
+//! acknowledged release is not (without `--redis-min-replicas`, except changes acknowledged after
+//! the cut: Redis's documented loss), no namespace ever held more than its quota, and the window
+//! in which the affected namespaces were unavailable is printed beside Redis's own failure
+//! detection. Run with and without `--redis-min-replicas 1`.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -30,6 +34,35 @@ struct Log {
     /// Grants acknowledged and kept to the end, per namespace.
     kept: BTreeMap<String, BTreeSet<String>>,
     released: u64,
+    /// Per namespace, every fencing number answered and the token it was given to.
+    fencing: BTreeMap<String, BTreeMap<u64, String>>,
+    /// Fencing numbers answered for two tokens.
+    given_twice: Vec<(String, u64, String, String)>,
+    /// Changes answered "nothing was changed" that their retry found made.
+    untrue: Vec<String>,
+    /// When each change was acknowledged: a kept grant, or a release (by token).
+    acked: BTreeMap<String, Instant>,
+}
+
+impl Log {
+    /// Notes a granted answer's fencing number.
+    fn granted(&mut self, namespace: &str, token: &str, answer: &allot_client::AllocateResponse) {
+        let Some(grant) = &answer.grant else { return };
+        let given = self.fencing.entry(namespace.to_owned()).or_default();
+        match given.get(&grant.fencing) {
+            Some(other) if other != token => {
+                self.given_twice.push((namespace.to_owned(), grant.fencing, other.clone(), token.to_owned()))
+            }
+            _ => {
+                given.insert(grant.fencing, token.to_owned());
+            }
+        }
+    }
+}
+
+/// Whether an answer says the change was not made.
+fn nothing_changed(err: &allot_client::ClientError) -> bool {
+    matches!(err.code(), Some("store_unavailable" | "not_enough_replicas"))
 }
 
 /// Two daemons on `cluster` (plus `extra` flags), with namespaces `<prefix>-0..` of `quota`:
@@ -87,32 +120,55 @@ async fn failover(min_replicas: bool) {
                 round += 1;
                 let namespace = format!("ns-{}", (worker * 7 + round) % NAMESPACES);
                 let token = format!("w{worker}-{round}");
-                let answer = client.allocate(&namespace, &token, &Allocate::default()).await;
-                match answer {
-                    Ok(answer) => {
-                        if answer.status != Status::Granted {
-                            continue;
-                        }
-                        let mut log = log.lock().unwrap();
-                        let kept = log.kept.entry(namespace.clone()).or_default();
-                        if round % 10 == 0 && kept.len() < KEPT {
-                            kept.insert(token);
-                            continue;
+                let mut answer = client.allocate(&namespace, &token, &Allocate::default()).await;
+                // "Nothing was changed" must be true: the same call again does not find it made.
+                let mut granted_surely = true;
+                let started = Instant::now();
+                while let Err(err) = &answer {
+                    count(&log, err, min_replicas);
+                    if !nothing_changed(err) {
+                        granted_surely = false;
+                        break;
+                    }
+                    tokio::time::sleep(Duration::from_millis(20)).await;
+                    answer = client.allocate(&namespace, &token, &Allocate::default()).await;
+                    if let Ok(again) = &answer {
+                        if again.existing {
+                            log.lock().unwrap().untrue.push(format!("allocate {namespace}/{token}"));
                         }
                     }
-                    Err(err) => {
-                        count(&log, &err, min_replicas);
-                        tokio::time::sleep(Duration::from_millis(10)).await;
+                    assert!(started.elapsed() < Duration::from_secs(30), "{namespace}/{token} never answered");
+                }
+                if let Ok(answer) = &answer {
+                    if answer.status != Status::Granted {
+                        continue;
+                    }
+                    let mut log = log.lock().unwrap();
+                    log.granted(&namespace, &token, answer);
+                    let kept = log.kept.entry(namespace.clone()).or_default();
+                    if round % 10 == 0 && kept.len() < KEPT {
+                        kept.insert(token.clone());
+                        log.acked.insert(token, Instant::now());
+                        continue;
                     }
                 }
                 // Granted, or unknown: released until the release is acknowledged (a shard
                 // short of replicas refuses it until one is attached again).
                 let started = Instant::now();
+                let mut said_nothing_changed = false;
                 loop {
                     match client.release(&namespace, &token, None).await {
-                        Ok(_) => break,
+                        Ok(released) => {
+                            let mut log = log.lock().unwrap();
+                            if said_nothing_changed && granted_surely && !released.released {
+                                log.untrue.push(format!("release {namespace}/{token}"));
+                            }
+                            log.acked.insert(token.clone(), Instant::now());
+                            break;
+                        }
                         Err(err) if started.elapsed() < Duration::from_secs(30) => {
                             count(&log, &err, min_replicas);
+                            said_nothing_changed = nothing_changed(&err);
                             tokio::time::sleep(Duration::from_millis(50)).await;
                         }
                         Err(err) => panic!("a release was never acknowledged: {err}"),
@@ -159,8 +215,20 @@ async fn failover(min_replicas: bool) {
         .iter()
         .map(|data| std::fs::read_to_string(data.with_extension("log")).unwrap_or_default().lines().count())
         .collect();
+    // The replication link cut half a second before the kill, as a failover that loses the last
+    // writes: the replica's process stopped, the primary drops it, writes go on, the primary
+    // dies, the replica goes on. (With `--redis-min-replicas 1` the primary refuses changes from
+    // the cut on.)
+    let info = cluster.nodes[successor].cli(&["INFO", "server"]);
+    let pid = info.lines().find_map(|l| l.strip_prefix("process_id:")).expect("a process id").trim().to_owned();
+    let signal = |sig: &str| assert!(std::process::Command::new("kill").args([sig, &pid]).status().unwrap().success());
+    signal("-STOP");
+    cluster.nodes[victim].cli(&["CLIENT", "KILL", "TYPE", "replica"]);
+    let cut = Instant::now();
+    tokio::time::sleep(Duration::from_millis(500)).await;
     cluster.nodes[victim].stop();
     let killed = Instant::now();
+    signal("-CONT");
     let promoted = eventually(Duration::from_secs(20), async || cluster.is_primary(successor)).await;
     assert!(promoted, "the replica was never promoted");
     let detection = killed.elapsed();
@@ -202,15 +270,30 @@ async fn failover(min_replicas: bool) {
         "the namespaces came back {:?} after the promotion",
         worst.saturating_sub(detection)
     );
-    // Every acknowledged grant kept is there; every acknowledged release is gone.
+    // No change answered "nothing was changed" was made; no fencing number was given twice.
+    assert!(log.untrue.is_empty(), "answered \"nothing was changed\" and made: {:?}", log.untrue);
+    assert!(log.given_twice.is_empty(), "fencing numbers given twice: {:?}", log.given_twice);
+    // Every acknowledged grant kept is there; every acknowledged release is gone. Without
+    // replicas required, what the README promises: only changes acknowledged in the last moment
+    // before the primary died (here, after the link was cut) may be lost.
     let client = daemons[1].client();
+    let mut lost = Vec::new();
     for n in 0..NAMESPACES {
         let namespace = format!("ns-{n}");
         let grants = client.grants(&namespace).await.unwrap().grants;
         let held: BTreeSet<String> = grants.into_iter().map(|g| g.token).collect();
         let kept = log.kept.get(&namespace).cloned().unwrap_or_default();
-        assert_eq!(held, kept, "{namespace}: the grants after the failover are not the acknowledged ones");
+        for token in held.symmetric_difference(&kept) {
+            let at = log.acked.get(token).copied();
+            let late = at.is_some_and(|at| at >= cut && at <= killed);
+            assert!(
+                !min_replicas && late,
+                "{namespace}/{token}: an acknowledged change was lost (acknowledged {at:?})"
+            );
+            lost.push(format!("{namespace}/{token}"));
+        }
     }
+    eprintln!("changes acknowledged after the cut and lost with the primary: {lost:?}");
     assert!(!windows.is_empty(), "the kill affected no namespace");
     // Each daemon logs the failover as a few lines, not one per failed call.
     for (data, before) in [&data1, &data2].into_iter().zip(lines_before) {
