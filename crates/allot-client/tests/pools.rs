@@ -207,6 +207,7 @@ fn offers_of(resources: &[Resources]) -> Vec<PoolOffer> {
 #[test]
 fn pick_n_orders_offers_like_reflow() {
     let weights = SizeWeights::default();
+    // A table of cases: its type says what each column is, once.
     #[allow(clippy::type_complexity)]
     let cases: Vec<(Resources, Resources, Vec<Resources>, Vec<(usize, Vec<Resources>)>)> = vec![
         (large(1.0), large(1.2), vec![medium(1.0), medium(1.2)], vec![(2, vec![])]),

@@ -172,6 +172,10 @@ pub struct Task {
     pub reason: Option<String>,
 }
 
+/// What a submission answers: the application, whether it is new, each task with whether it is
+/// new, and the changes to commit.
+pub type Submission = (App, bool, Vec<(Task, bool)>, Outcome);
+
 /// The reason an application or task ended by its removal carries.
 pub const REMOVED: &str = "removed";
 
@@ -535,14 +539,13 @@ impl Scheduler {
     /// anything changes, so a refused submission (of the application or of any of its tasks)
     /// leaves nothing behind. The same submission again answers what exists (`false`); new
     /// tasks of an existing application are added.
-    #[allow(clippy::type_complexity)]
     pub fn submit(
         &mut self,
         spec: AppSpec,
         tasks: Vec<TaskSpec>,
         now: Millis,
         world: &World<'_>,
-    ) -> Result<(App, bool, Vec<(Task, bool)>, Outcome), SchedError> {
+    ) -> Result<Submission, SchedError> {
         let (app, created) = self.admit_app(spec, now, world)?;
         let mut checked: Vec<(TaskSpec, Option<Task>)> = Vec::with_capacity(tasks.len());
         let mut in_batch: HashMap<TaskId, usize> = HashMap::new();
@@ -1044,6 +1047,8 @@ impl Scheduler {
 
     /// Takes a terminal `event`, releases what the task holds, and (if `settle`) lets its
     /// application complete once every task has ended.
+    // Each argument is a part of the decision (which task, how it ends, why, when, on what, into
+    // which outcome, and whether its application settles): a struct would only rename them.
     #[allow(clippy::too_many_arguments)]
     fn end_task(
         &mut self,

@@ -36,6 +36,8 @@ fn schemathesis_finds_no_gap_between_the_document_and_the_server() {
         // worker: schemathesis on CPython 3.11 can fail inside Python with several threads.
         .args(["--max-examples", "60", "--workers", "1"])
         .env("SCHEMATHESIS_TELEMETRY", "false")
+        // Its cache (`.schemathesis/`) goes to the test's temporary directory, not the tree.
+        .current_dir(&data)
         .output()
         .expect("run schemathesis");
     let report = String::from_utf8_lossy(&output.stdout);
