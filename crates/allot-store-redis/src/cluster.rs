@@ -21,7 +21,7 @@ use redis::cluster_async::ClusterConnection;
 use redis::{AsyncConnectionConfig, RedisError, Value};
 use tokio::sync::watch;
 
-use crate::conn::{CONNECTION_TIMEOUT, RESPONSE_TIMEOUT};
+use crate::timeouts::{CONNECTION_TIMEOUT, RESPONSE_TIMEOUT};
 
 /// How often the slot map is read while calls fail.
 pub(crate) const TROUBLE_POLL: Duration = Duration::from_millis(50);

@@ -10,12 +10,7 @@ use redis::{Cmd, RedisError, Value};
 use crate::cluster::{ClusterLink, READ_LANE};
 use crate::scripts::Function;
 
-/// How long one call may take before it is answered "outcome unknown".
-pub(crate) const RESPONSE_TIMEOUT: Duration = Duration::from_secs(2);
-/// How long a change waits for its replicas (`WAIT`) with `--redis-min-replicas`; within
-/// [`RESPONSE_TIMEOUT`], so a late replica is told apart from a lost answer.
-pub(crate) const REPLICA_TIMEOUT: Duration = Duration::from_secs(1);
-pub(crate) const CONNECTION_TIMEOUT: Duration = Duration::from_secs(1);
+pub(crate) use crate::timeouts::{CONNECTION_TIMEOUT, REPLICA_TIMEOUT, RESPONSE_TIMEOUT};
 
 #[derive(Clone)]
 pub(crate) struct Conn {

@@ -32,6 +32,7 @@ mod sched;
 pub mod sched_lease;
 mod scripts;
 pub mod testing;
+mod timeouts;
 
 use std::collections::{BTreeSet, HashMap};
 use std::sync::atomic::{AtomicU64, Ordering};

@@ -35,6 +35,7 @@ mod compare;
 mod cpu;
 mod gangs;
 mod http;
+mod latency;
 mod load;
 mod pools;
 mod redis;

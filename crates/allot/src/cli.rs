@@ -1013,6 +1013,30 @@ pub(crate) fn key_values(pairs: &[(&str, String)]) -> String {
     out
 }
 
+/// `KEY=VALUE`, split at the first `=`.
+pub(crate) fn key_value(text: &str) -> Result<(String, String), String> {
+    let (key, value) = text.split_once('=').ok_or("use KEY=VALUE, e.g. zone=eu-1")?;
+    Ok((key.to_owned(), value.to_owned()))
+}
+
+/// Resources from the daemon, rounded for people (`mem=22.4GiB`); text that does not parse is
+/// shown as it came.
+pub(crate) fn human(resources: &str) -> String {
+    match resources.parse::<allot_core::Resources>() {
+        Ok(parsed) => parsed.human().to_string(),
+        Err(_) => resources.to_owned(),
+    }
+}
+
+/// Empty resources print as `-`, others as [`human`].
+pub(crate) fn or_dash(resources: &str) -> String {
+    if resources.is_empty() {
+        "-".to_owned()
+    } else {
+        human(resources)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -15,10 +15,9 @@ use serde::Serialize;
 
 use crate::appfile::read_app;
 use crate::cli::{
-    client, count, emit, finish, format_ms, key_values, show, usage_error, Align, Common, Ids, Table, EXIT_CODES,
-    EXIT_ERROR, EXIT_USAGE,
+    client, count, emit, finish, format_ms, human, key_value, key_values, or_dash, show, usage_error, Align, Common,
+    Ids, Table, EXIT_CODES, EXIT_ERROR, EXIT_USAGE,
 };
-use crate::cli_pools::{human, or_dash};
 
 /// `allot app submit`'s help after the options: the file's fields and the exit codes.
 const SUBMIT_AFTER_HELP: &str = "\
@@ -303,12 +302,6 @@ fn token_need(text: &str) -> Result<TokenNeed, String> {
     let (namespace, units) = text.rsplit_once('=').ok_or("use NAMESPACE=UNITS, e.g. hive:cluster-a=1")?;
     let units = units.parse().map_err(|_| format!("`{units}` is not a number of units"))?;
     Ok(TokenNeed { namespace: namespace.to_owned(), units })
-}
-
-/// `KEY=VALUE`, split at the first `=`.
-pub(crate) fn key_value(text: &str) -> Result<(String, String), String> {
-    let (key, value) = text.split_once('=').ok_or("use KEY=VALUE, e.g. zone=eu-1")?;
-    Ok((key.to_owned(), value.to_owned()))
 }
 
 fn json_value(text: &str) -> Result<serde_json::Value, String> {

@@ -9,11 +9,10 @@ use allot_client::{
     Accept, Alloc, AllocKeepaliveResponse, AllocList, ClientError, OfferList, Pool, PoolList, PutPoolResponse,
     RemovedPool,
 };
-use allot_core::Resources;
 
 use crate::cli::{
-    client, count, emit, emit_ids, finish, format_ms, key_values, show, usage_error, Align, Common, Ids, Table,
-    EXIT_CODES,
+    client, count, emit, emit_ids, finish, format_ms, human, key_values, or_dash, show, usage_error, Align, Common,
+    Ids, Table, EXIT_CODES,
 };
 
 /// The id of a pool's one offer.
@@ -44,7 +43,7 @@ pub(crate) enum PoolCommand {
         capacity: String,
         /// A label, `KEY=VALUE`, that task and task group selectors match; repeatable. Given,
         /// the labels replace the pool's; not given, the pool keeps the labels it has.
-        #[arg(long = "label", value_name = "KEY=VALUE", value_parser = crate::cli_apps::key_value)]
+        #[arg(long = "label", value_name = "KEY=VALUE", value_parser = crate::cli::key_value)]
         labels: Vec<(String, String)>,
         /// Remove every label of the pool.
         #[arg(long, conflicts_with = "labels")]
@@ -295,24 +294,6 @@ fn lease(alloc: &Alloc) -> String {
         format!("expires in {}", format_ms(expires_in_ms as u64))
     } else {
         format!("lapsed {} ago", format_ms(expires_in_ms.unsigned_abs()))
-    }
-}
-
-/// Resources from the daemon, rounded for people (`mem=22.4GiB`); text that does not parse is
-/// shown as it came.
-pub(crate) fn human(resources: &str) -> String {
-    match resources.parse::<Resources>() {
-        Ok(parsed) => parsed.human().to_string(),
-        Err(_) => resources.to_owned(),
-    }
-}
-
-/// Empty resources print as `-`, others as [`human`].
-pub(crate) fn or_dash(resources: &str) -> String {
-    if resources.is_empty() {
-        "-".to_owned()
-    } else {
-        human(resources)
     }
 }
 

@@ -30,6 +30,7 @@ use serde::Serialize;
 use super::children::{self, Scratch};
 use super::cpu::{CpuShare, CpuTimes};
 use super::http::{Conn, Endpoint};
+use super::latency::Latency;
 use super::report::{self, median, Check};
 use super::AppsBenchArgs;
 
@@ -65,7 +66,7 @@ struct Round {
     /// From the last add's answer to the reading with every task Allocated.
     lag_ms: f64,
     submit_ms: f64,
-    add_ms: report::Latency,
+    add_ms: Latency,
     polls: u64,
     cpu: Option<CpuShare>,
 }
@@ -295,7 +296,7 @@ async fn measure(args: &AppsBenchArgs, endpoint: &Endpoint, capacity: &str, roun
         added_seconds: last_added.duration_since(started).as_secs_f64(),
         lag_ms: done.saturating_duration_since(last_added).as_secs_f64() * 1000.0,
         submit_ms,
-        add_ms: report::Latency::from_nanos(latencies),
+        add_ms: Latency::from_nanos(latencies),
         polls,
         cpu,
     })

@@ -18,7 +18,7 @@ use indicatif::{ProgressBar, ProgressStyle};
 use serde::{Deserialize, Serialize};
 
 use super::http::{encode_segment, Conn, Endpoint};
-use super::report::Latency;
+use super::latency::Latency;
 use super::{LoadOpts, OutputOpts};
 
 /// The body of every allocate: one unit, no lease, no wait.

@@ -19,6 +19,7 @@ use tokio::sync::Mutex;
 use super::children::{self, Scratch};
 use super::closed::{closed_loop, Pair, Row};
 use super::http::{Conn, Endpoint};
+use super::latency::Latency;
 use super::load;
 use super::report::{self, Check};
 use super::PoolsBenchArgs;
@@ -45,7 +46,7 @@ struct HelperResult {
     attempts: u64,
     succeeded: u64,
     success_rate: f64,
-    allocate_ms: report::Latency,
+    allocate_ms: Latency,
     first_error: Option<String>,
 }
 
@@ -201,7 +202,7 @@ async fn contention(args: &PoolsBenchArgs, endpoint: &Endpoint, run: &str) -> an
         attempts,
         succeeded,
         success_rate: if attempts == 0 { 0.0 } else { succeeded as f64 / attempts as f64 },
-        allocate_ms: report::Latency::from_nanos(latencies),
+        allocate_ms: Latency::from_nanos(latencies),
         first_error,
     })
 }

@@ -14,8 +14,9 @@ use serde::Serialize;
 
 use super::children::{self, Scratch, Server};
 use super::http::{encode_segment, Conn, Endpoint};
+use super::latency::Latency;
 use super::load::{self, progress_bar_len, show_progress};
-use super::report::{self, Check, Latency};
+use super::report::{self, Check};
 use super::WakeArgs;
 
 /// How long the waiter asks to wait; far longer than any sample should take.
