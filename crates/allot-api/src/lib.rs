@@ -7,6 +7,7 @@ use serde::{Deserialize, Serialize};
 use utoipa::ToSchema;
 
 pub mod apps;
+pub mod spec;
 pub use apps::*;
 
 /// Nested objects are JSON objects: serde would also read a struct from an array (`[1, 2]` as

@@ -128,9 +128,9 @@ pub(crate) fn task_spec(mut body: api::AddTask) -> Result<TaskSpec, ApiError> {
     // What the executor reads of the spec is checked now, not when the task runs; retries given
     // beside the spec are kept in it.
     let invalid = |why: String| ApiError::invalid_argument(format!("task `{}`: {why}", body.id));
-    let spec = allot_exec::spec::with_retries(body.spec.take(), body.retries).map_err(invalid)?;
+    let spec = allot_api::spec::with_retries(body.spec.take(), body.retries).map_err(invalid)?;
     if let Some(spec) = &spec {
-        allot_exec::spec::retries(spec).map_err(|why| invalid(format!("spec: {why}")))?;
+        allot_api::spec::retries(spec).map_err(|why| invalid(format!("spec: {why}")))?;
     }
     Ok(TaskSpec {
         id: task_id(&body.id)?,
@@ -300,5 +300,15 @@ pub(crate) fn task(info: TaskInfo) -> api::Task {
         placement: task.placement.as_ref().map(placement),
         waiting: waiting(why),
         reason: task.reason,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    /// The bound the API checks a spec's `retries` against is the one the core's retry policy
+    /// and the document state.
+    #[test]
+    fn the_retries_bound_is_one() {
+        assert_eq!(allot_api::spec::MAX_RETRIES, allot_core::exec::MAX_RETRIES);
     }
 }

@@ -478,9 +478,11 @@ pub(crate) async fn wake_task(
     State(state): State<AppState>,
     Segments((app, task)): Segments<(String, String)>,
 ) -> Result<(StatusCode, Json<api::Woken>), ApiError> {
-    let key = allot_exec::RunKey { app: app_id(&app)?, task: task_id(&task)? };
+    let (app_key, task_key) = (app_id(&app)?, task_id(&task)?);
     match &state.executor {
-        Some(executor) if executor.wake_driven(&key) => Ok((StatusCode::ACCEPTED, Json(api::Woken { app, task }))),
+        Some(executor) if executor.wake(&app_key, &task_key) => {
+            Ok((StatusCode::ACCEPTED, Json(api::Woken { app, task })))
+        }
         _ => Err(ApiError::new(
             StatusCode::NOT_FOUND,
             "run_not_here",

@@ -23,7 +23,9 @@ mod page;
 pub use page::DEFAULT_PAGE;
 mod pool_routes;
 mod routes;
+mod runs_here;
 mod threads;
+pub use runs_here::{RunCounters, RunsHere};
 pub use threads::ServingThreads;
 
 use std::future::Future;
@@ -65,7 +67,7 @@ pub struct Shared {
     /// Forwards the applications part to the daemon that schedules, on a shared store.
     pub forwarder: reqwest::Client,
     /// The executor of the tasks this daemon runs, if it runs any.
-    pub executor: Option<Arc<allot_exec::Executor>>,
+    pub executor: Option<Arc<dyn RunsHere>>,
 }
 
 impl std::ops::Deref for AppState {
@@ -107,7 +109,7 @@ impl AppState {
     /// The same, with the executor of the tasks this daemon runs (their logs and wake-ups are
     /// served here).
     #[must_use]
-    pub fn with_executor(self, executor: Arc<allot_exec::Executor>) -> AppState {
+    pub fn with_executor(self, executor: Arc<dyn RunsHere>) -> AppState {
         self.with(|shared| shared.executor = Some(executor))
     }
 

@@ -41,6 +41,8 @@ use allot_core::pool::PoolView;
 use allot_core::sched::{QueueView, SchedStats};
 use allot_core::{NamespaceView, Resources};
 use allot_store::{for_each_page, CommitStats, Store, StoreError};
+
+use crate::runs_here::RunCounters;
 use axum::extract::{MatchedPath, Request, State};
 use axum::http::header::CONTENT_TYPE;
 use axum::http::Method;
@@ -175,29 +177,10 @@ struct Snapshot {
     queues: Vec<QueueView>,
     sched: SchedStats,
     /// The executor's counters, on a daemon that runs tasks.
-    exec: Option<ExecSnapshot>,
+    exec: Option<RunCounters>,
 }
 
-/// The executor's counters at the scrape.
-#[derive(Debug, Default, Clone)]
-struct ExecSnapshot {
-    active: u64,
-    counts: allot_exec::ExecCounts,
-    /// The plugins' own counters: (plugin, name) and value.
-    plugins: Vec<((String, String), u64)>,
-}
-
-impl ExecSnapshot {
-    fn of(executor: &allot_exec::Executor) -> ExecSnapshot {
-        ExecSnapshot {
-            active: executor.active() as u64,
-            counts: executor.stats().counts(),
-            plugins: executor.plugin_counters().snapshot(),
-        }
-    }
-}
-
-fn encode_exec(encoder: &mut DescriptorEncoder<'_>, exec: &ExecSnapshot) -> Result<(), std::fmt::Error> {
+fn encode_exec(encoder: &mut DescriptorEncoder<'_>, exec: &RunCounters) -> Result<(), std::fmt::Error> {
     let active = Gauge::<i64>::default();
     active.set(gauge(exec.active));
     let metric = encoder.encode_descriptor(
@@ -207,29 +190,22 @@ fn encode_exec(encoder: &mut DescriptorEncoder<'_>, exec: &ExecSnapshot) -> Resu
         MetricType::Gauge,
     )?;
     active.encode(metric)?;
-    encode_counter(encoder, "allot_exec_rounds", "Plugin rounds, since start", exec.counts.rounds)?;
-    encode_counter(
-        encoder,
-        "allot_exec_retries",
-        "Failed attempts followed by another, since start",
-        exec.counts.retried,
-    )?;
+    encode_counter(encoder, "allot_exec_rounds", "Plugin rounds, since start", exec.rounds)?;
+    encode_counter(encoder, "allot_exec_retries", "Failed attempts followed by another, since start", exec.retried)?;
     encode_counter(
         encoder,
         "allot_exec_held_back",
         "Times a run was held back by its application's max_parallelism, since start",
-        exec.counts.held_back,
+        exec.held_back,
     )?;
     let ended = Family::<TotalResultLabels, Counter>::default();
-    for (result, count) in
-        [("succeeded", exec.counts.succeeded), ("failed", exec.counts.failed), ("aborted", exec.counts.aborted)]
-    {
+    for (result, count) in [("succeeded", exec.succeeded), ("failed", exec.failed), ("aborted", exec.aborted)] {
         ended.get_or_create(&TotalResultLabels { result }).inc_by(count);
     }
     encode_family(encoder, "allot_exec_runs_ended", "Task runs ended, by result, since start", &ended)?;
     let cache = Family::<TotalResultLabels, Counter>::default();
-    cache.get_or_create(&TotalResultLabels { result: "hit" }).inc_by(exec.counts.cache_hits);
-    cache.get_or_create(&TotalResultLabels { result: "miss" }).inc_by(exec.counts.cache_misses);
+    cache.get_or_create(&TotalResultLabels { result: "hit" }).inc_by(exec.cache_hits);
+    cache.get_or_create(&TotalResultLabels { result: "miss" }).inc_by(exec.cache_misses);
     encode_family(encoder, "allot_exec_cache_lookups", "Output cache lookups, by result, since start", &cache)?;
     let plugins = Family::<PluginCounterLabels, Counter>::default();
     for ((plugin, counter), value) in &exec.plugins {
@@ -786,7 +762,7 @@ async fn snapshot(store: &dyn Store, config: &MetricsConfig) -> Result<Snapshot,
 pub(crate) async fn scrape(State(state): State<AppState>) -> Result<Response, ApiError> {
     let metrics = &state.metrics;
     let mut snapshot = snapshot(state.store.as_ref(), &metrics.config).await?;
-    snapshot.exec = state.executor.as_deref().map(ExecSnapshot::of);
+    snapshot.exec = state.executor.as_deref().map(|executor| executor.counters());
     // The collector locks the snapshot while encoding: the lock must be released before.
     *metrics.snapshot.lock().unwrap_or_else(|p| p.into_inner()) = snapshot;
     let mut text = String::new();

@@ -171,9 +171,9 @@ pub(crate) fn check_app(submit: &SubmitApp) -> Result<(), String> {
             return Err(format!("{field}.id: `{}` is the id of tasks[{first}] already", task.id));
         }
         let run_spec =
-            allot_exec::spec::with_retries(task.spec.clone(), task.retries).map_err(|why| format!("{field}.{why}"))?;
+            allot_api::spec::with_retries(task.spec.clone(), task.retries).map_err(|why| format!("{field}.{why}"))?;
         if let Some(run_spec) = &run_spec {
-            allot_exec::spec::retries(run_spec).map_err(|why| format!("{field}.spec.{why}"))?;
+            allot_api::spec::retries(run_spec).map_err(|why| format!("{field}.spec.{why}"))?;
         }
         let spec_text = run_spec.as_ref().map(serde_json::Value::to_string).unwrap_or_default();
         let task_spec = TaskSpec {

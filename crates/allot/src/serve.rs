@@ -744,7 +744,7 @@ pub(crate) async fn run(args: ServeArgs) -> anyhow::Result<()> {
             advertise.clone(),
         )
         .await?;
-        state = state.with_executor(executor.clone());
+        state = state.with_executor(Arc::new(RunsHere(executor.clone())));
         tokio::spawn(executor.run(executor_stopped));
     }
     // The sources of applications: the API, and the directory of application files if one is set.
@@ -849,6 +849,36 @@ fn disk_bytes(path: &Path) -> anyhow::Result<u64> {
         .and_then(|size| size.parse().ok())
         .with_context(|| format!("cannot read the disk size from df: {text}"))?;
     Ok(kib * 1024)
+}
+
+/// The executor as the HTTP edge sees it (`allot_server::RunsHere`): the server does not depend
+/// on the executor; the binary joins them.
+struct RunsHere(Arc<allot_exec::Executor>);
+
+impl allot_server::RunsHere for RunsHere {
+    fn node(&self) -> &str {
+        self.0.node()
+    }
+
+    fn wake(&self, app: &allot_core::sched::AppId, task: &allot_core::sched::TaskId) -> bool {
+        self.0.wake_driven(&allot_exec::RunKey { app: app.clone(), task: task.clone() })
+    }
+
+    fn counters(&self) -> allot_server::RunCounters {
+        let counts = self.0.stats().counts();
+        allot_server::RunCounters {
+            active: self.0.active() as u64,
+            rounds: counts.rounds,
+            succeeded: counts.succeeded,
+            failed: counts.failed,
+            aborted: counts.aborted,
+            retried: counts.retried,
+            cache_hits: counts.cache_hits,
+            cache_misses: counts.cache_misses,
+            held_back: counts.held_back,
+            plugins: self.0.plugin_counters().snapshot(),
+        }
+    }
 }
 
 /// How long the daemon's start waits for a store that is not ready yet (a Redis still loading, a

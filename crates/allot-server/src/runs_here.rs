@@ -1,0 +1,34 @@
+//! What the HTTP edge needs of the executor of the tasks this daemon runs (their wake-ups, where
+//! their logs are, their counters at `/metrics`). The binary wires the executor in through
+//! [`RunsHere`], so the server builds without the executor and its plugins.
+
+use allot_core::sched::{AppId, TaskId};
+
+/// The executor of the tasks this daemon runs, as the edge sees it.
+pub trait RunsHere: Send + Sync {
+    /// This daemon's name in the executors' leases (its URL).
+    fn node(&self) -> &str;
+    /// Wakes the run of `task` of `app` for a round now, if this daemon drives it; false if not.
+    fn wake(&self, app: &AppId, task: &TaskId) -> bool;
+    /// Its counters now.
+    fn counters(&self) -> RunCounters;
+}
+
+/// The executor's counters, since the daemon started (`active`: now).
+#[derive(Debug, Default, Clone, PartialEq, Eq)]
+pub struct RunCounters {
+    /// Runs being driven now.
+    pub active: u64,
+    pub rounds: u64,
+    pub succeeded: u64,
+    pub failed: u64,
+    pub aborted: u64,
+    /// Attempts that failed and were followed by another.
+    pub retried: u64,
+    pub cache_hits: u64,
+    pub cache_misses: u64,
+    /// Times a run was held back by its application's parallelism.
+    pub held_back: u64,
+    /// The plugins' own counters: (plugin, name) and value.
+    pub plugins: Vec<((String, String), u64)>,
+}
