@@ -2,6 +2,8 @@
 //! its plugin, until the task ends; keeps each run in the store after every step, so a restart
 //! resumes every task where it was.
 //!
+//! At length, as one thing: the life of a run, from its placement to its end, in one place.
+//!
 //! A run's steps (decided by `allot_core::exec::Run`):
 //! - `handle` rounds: a Barrier transition is stored before it is acted on, and a round run again
 //!   after a crash takes the stored one instead of calling the plugin; the state a round writes

@@ -127,12 +127,16 @@ impl ClusterLink {
 /// Whether a failed call may succeed elsewhere once the client follows the cluster: the node did
 /// not answer, or answered that the slot moved or the cluster is down.
 fn followable(err: &RedisError) -> bool {
-    err.is_io_error()
-        || err.is_timeout()
-        || err.is_cluster_error()
+    err.is_io_error() || err.is_timeout() || slot_not_served(err)
+}
+
+/// Whether a node answered that it does not serve the slot now, or no connection to the slot's
+/// node exists: a redirection (`MOVED`, `ASK`), the cluster not ready (`CLUSTERDOWN`,
+/// `TRYAGAIN`), a primary down or demoted (`MASTERDOWN`, `READONLY`). Redis ran nothing.
+pub(crate) fn slot_not_served(err: &RedisError) -> bool {
+    err.is_cluster_error()
         || err.kind() == redis::ErrorKind::ClusterConnectionNotFound
-        || err.code() == Some("MASTERDOWN")
-        || err.code() == Some("READONLY")
+        || matches!(err.code(), Some("MASTERDOWN" | "READONLY"))
 }
 
 /// A client for subscriptions (RESP3): messages and other pushes go to `pushes`.

@@ -190,13 +190,10 @@ fn replicas_refusal(err: &RedisError) -> Option<StoreError> {
     )))
 }
 
-/// Whether an error that changed nothing comes from a node failing over or a slot moving: a
-/// redirection (`MOVED`, `ASK`), a cluster or node not ready (`CLUSTERDOWN`, `TRYAGAIN`,
-/// `MASTERDOWN`, `READONLY` from a demoted primary, `LOADING`), or no connection to the node.
+/// Whether an error that changed nothing comes from a node failing over or a slot moving
+/// ([`cluster::slot_not_served`]), or a node still loading its data after a restart.
 fn failing_over(err: &RedisError) -> bool {
-    err.is_cluster_error()
-        || err.kind() == redis::ErrorKind::ClusterConnectionNotFound
-        || matches!(err.code(), Some("MASTERDOWN" | "READONLY" | "LOADING"))
+    cluster::slot_not_served(err) || err.code() == Some("LOADING")
 }
 
 /// What went wrong with a call that may have been received, in words.

@@ -1,6 +1,9 @@
 //! The scheduler on Redis: applications, queues and tasks live in Redis (`app_records.rs`), and
 //! one daemon at a time schedules them, elected by the scheduler's lease (`sched_lease.rs`).
 //!
+//! At length, as one thing: the one writer of the scheduler's records and how it carries an
+//! outcome out across hash slots.
+//!
 //! - The daemon that holds the lease keeps `allot_core::sched::Scheduler` in memory, loaded from
 //!   the records when it takes the lease, and serves every call of the applications part; the
 //!   other daemons' HTTP edge forwards those calls to it ([`AppsHome`]). It is the one writer of

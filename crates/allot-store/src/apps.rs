@@ -53,7 +53,7 @@ impl TaskInfo {
         Ok(TaskInfo { task: sched.task(app, task)?.clone(), why: sched.task_why(app, task) })
     }
 
-    /// The tasks `Scheduler::add_tasks` added to `app` (with whether each is new), as answered.
+    /// The tasks `Scheduler::submit` answered for `app` (with whether each is new), as answered.
     pub fn of_added(
         sched: &Scheduler,
         app: &AppId,
@@ -99,9 +99,6 @@ pub trait AppStore: Send + Sync {
 
     /// Adds a task to an application; true if it is new.
     async fn add_task(&self, app: AppId, spec: TaskSpec) -> Result<(TaskInfo, bool), StoreError>;
-    /// Adds tasks in order, in one commit: as many `add_task`s. At the first task refused, the
-    /// ones before it stay added and the error is answered.
-    async fn add_tasks(&self, app: AppId, specs: Vec<TaskSpec>) -> Result<Vec<(TaskInfo, bool)>, StoreError>;
     async fn task(&self, app: AppId, task: TaskId) -> Result<TaskInfo, StoreError>;
     /// The tasks placed (Allocated or Running) on one of `pools`: what their executors run.
     async fn placed_on(

@@ -2,6 +2,8 @@
 //! An application is submitted from a file, YAML or TOML, that holds the fields of the API's
 //! `SubmitApp` (docs/examples/etl.yaml); a task is added with flags. Resources are shown rounded
 //! for people; `--json` shows the daemon's exact text form.
+//!
+//! At length, as one thing: the commands of the applications part and how each prints.
 
 use std::collections::BTreeMap;
 use std::fmt::Write as _;

@@ -29,7 +29,7 @@ use super::{
     pending_key, release, transition, AppChange, AppId, GangStyle, GroupName, HeldTokens, Outcome, PendingKey,
     Placement, Scheduler, Slot, TaskId, TokenNeed, World, RESERVATION_TIMEOUT,
 };
-use crate::app::{AppEvent, AppState, TaskEvent, TaskState};
+use crate::app::{AppEvent, AppState, TaskEvent};
 use crate::ledger::{AllocateRequest, Constraints, Decision, LeaseRequest, Millis};
 use crate::names::Token;
 use crate::pool::{selector_matches, AllocId, AllocRequest, Labels, PoolError, PoolName, Pools};
@@ -290,11 +290,7 @@ impl Scheduler {
 
     /// What an application's placements hold.
     fn app_used(&self, id: &AppId) -> Resources {
-        let slots = self.apps[id].slots.iter().filter(|s| s.task.is_none()).map(|s| &s.placement.resources);
-        let tasks = self.tasks.get(id).into_iter().flat_map(|t| t.values()).filter_map(|t| {
-            matches!(t.state, TaskState::Allocated | TaskState::Running).then_some(t.placement.as_ref()).flatten()
-        });
-        slots.chain(tasks.map(|p| &p.resources)).fold(Resources::new(), |sum, r| sum.checked_add(r).unwrap_or(sum))
+        self.placements_of(id).map(|p| &p.resources).fold(Resources::new(), |sum, r| sum.checked_add(r).unwrap_or(sum))
     }
 
     /// A leaf's fair-share key: each queue's share from the top of the tree down to the leaf.

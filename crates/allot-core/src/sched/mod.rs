@@ -7,6 +7,10 @@
 //! on, and returns an [`Outcome`]: the changes of all three for the store to make durable in one
 //! commit. Nothing here does I/O or reads a clock; alloc ids come from the caller.
 //!
+//! At length, as one thing: the operations that change the scheduler's state and keep its
+//! counts, pending sets and usage true together; the cycle, the checks of what is submitted and
+//! why something waits are modules of their own.
+//!
 //! Invariants (checked by [`Scheduler::check_invariants`] in tests):
 //! - a task holds a placement (an alloc and its grants) iff it is Allocated or Running; a slot
 //!   (a gang's placeholder) holds one until a task takes it over or it is released;
@@ -756,10 +760,16 @@ impl Scheduler {
     /// Everything an application holds: its unused placeholders and its placed tasks'
     /// placements.
     fn held_by(&self, id: &AppId) -> Vec<Placement> {
+        self.placements_of(id).cloned().collect()
+    }
+
+    /// The placements an application holds: its unused placeholders, then its placed (Allocated
+    /// or Running) tasks'.
+    fn placements_of<'a>(&'a self, id: &AppId) -> impl Iterator<Item = &'a Placement> + 'a {
         let slots = self.apps.get(id).into_iter().flat_map(|a| a.slots.iter().filter(|s| s.task.is_none()));
         let tasks = self.tasks.get(id).into_iter().flat_map(|t| t.values());
         let placed = tasks.filter(|t| matches!(t.state, TaskState::Allocated | TaskState::Running));
-        slots.map(|s| s.placement.clone()).chain(placed.filter_map(|t| t.placement.clone())).collect()
+        slots.map(|s| &s.placement).chain(placed.filter_map(|t| t.placement.as_ref()))
     }
 
     /// Reports the application complete [YuniKorn `NotifyApplicationComplete`]: tasks that have
@@ -1260,28 +1270,6 @@ impl Scheduler {
         for id in gangs {
             self.lose_reservation(&id, Some(lost.clone()), &lost, now, world, out);
         }
-    }
-
-    /// Adds tasks in order, as many [`Scheduler::add_task`]s, their changes in one outcome. At
-    /// the first refused, the ones before it stay added: the refusal is answered beside them.
-    pub fn add_tasks(
-        &mut self,
-        app: &AppId,
-        specs: Vec<TaskSpec>,
-        now: Millis,
-        ledger: &Ledger,
-    ) -> (Vec<(Task, bool)>, Option<SchedError>, Outcome) {
-        let (mut added, mut all) = (Vec::with_capacity(specs.len()), Outcome::default());
-        for spec in specs {
-            match self.add_task(app, spec, now, ledger) {
-                Ok((task, created, outcome)) => {
-                    added.push((task, created));
-                    all.absorb(outcome);
-                }
-                Err(err) => return (added, Some(err), all),
-            }
-        }
-        (added, None, all)
     }
 
     // ---- usage ----

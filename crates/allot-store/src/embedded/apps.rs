@@ -225,21 +225,6 @@ impl AppStore for EmbeddedStore {
         .await
     }
 
-    async fn add_tasks(&self, app: AppId, specs: Vec<TaskSpec>) -> Result<Vec<(TaskInfo, bool)>, StoreError> {
-        let (added, refused) = self
-            .commit_sched(|sched, world, now| {
-                let (added, refused, outcome) = sched.add_tasks(&app, specs, now, world.ledger);
-                // What was added before a refused task stays, committed with the rest.
-                let added = TaskInfo::of_added(sched, &app, &added)?;
-                Ok(((added, refused), outcome))
-            })
-            .await?;
-        match refused {
-            Some(err) => Err(err.into()),
-            None => Ok(added),
-        }
-    }
-
     async fn task(&self, app: AppId, task: TaskId) -> Result<TaskInfo, StoreError> {
         self.read_sched(|sched| TaskInfo::of(sched, &app, &task))
     }
