@@ -1,7 +1,7 @@
 //! What allot itself reads of a task's `spec` (otherwise opaque to it: the plugin's), checked
 //! where a task comes in (the API, application files) and read where it runs (the executor).
 
-/// The most retries a task may have: as the core's `allot_core::exec::MAX_RETRIES` (a test of
+/// The most retries a task may have: as the core's `allot_core::runs::MAX_RETRIES` (a test of
 /// the server holds the two together).
 pub const MAX_RETRIES: u32 = 100;
 

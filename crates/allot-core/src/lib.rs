@@ -1,36 +1,36 @@
 //! allot's pure decision core.
 //!
-//! - `names`: validated namespaces, tokens, scopes and session ids.
-//! - `app`: the state machines of applications and tasks (one table of transitions each).
-//! - `queue`: hierarchical queues with limits, and which limit holds a placement back.
-//! - `sched`: the scheduler of applications: queues, gangs, placements on pools and tokens.
-//! - `exec`: the run of a placed task by its plugin: phases, transitions, retries, events.
-//! - `ledger`: the token-quota state machine: namespaces with quotas, grants with scopes, caps,
-//!   fencing numbers and leases, sessions, and the first-come-first-served waiting queue.
+//! One module per part of allot, and what they share:
+//! - `quotas`: the token-quota state machine (the [`Ledger`]): namespaces with quotas, grants with
+//!   scopes, caps, fencing numbers and leases, sessions, and the first-come-first-served waiters.
+//! - `pools`: pools of resources, their offers and leased allocs, and the mux over them.
+//! - `apps`: the scheduler of applications: hierarchical queues (`apps::queues`), the state
+//!   machines of applications and tasks (`apps::states`), gangs, placements on pools and tokens.
+//! - `runs`: the run of a placed task by its plugin: phases, transitions, retries, events.
+//! - `names`, `resources`: validated names and resource vectors, shared by all four.
+//! - `testing`: a deterministic random generator for tests and load generators.
 //!
 //! Architecture invariant: this crate does no I/O, reads no clock and spawns nothing. Time comes
 //! in as a `now` argument, so every decision is a plain function of state and input, tested
 //! deterministically and shared by every backend.
 
-pub mod app;
-pub mod exec;
-pub mod ledger;
+pub mod apps;
 pub mod names;
-pub mod pool;
-pub mod queue;
+pub mod pools;
+pub mod quotas;
 pub mod resources;
-pub mod sched;
+pub mod runs;
 pub mod testing;
 
-pub use ledger::{
+pub use names::{
+    NameError, NamespaceName, Scope, SessionId, Token, MAX_NAME_CHARS, NAMESPACE_PATTERN, NAME_PATTERN,
+    SESSION_ID_PATTERN,
+};
+pub use quotas::{
     check_request, check_session_ttl, grant_conflict, waiter_conflict, AllocateRequest, CapLevel, Change, Conflict,
     Constraints, Decision, Effects, Grant, Lease, LeaseRequest, Ledger, LedgerError, Millis, NamespaceStats,
     NamespaceView, QueuePlace, Refusal, RestoreError, Session, TokenShortage, WaiterId, WaiterView, Woken,
     FENCING_BLOCK, MAX_TTL_MS, MAX_UNITS,
-};
-pub use names::{
-    NameError, NamespaceName, Scope, SessionId, Token, MAX_NAME_CHARS, NAMESPACE_PATTERN, NAME_PATTERN,
-    SESSION_ID_PATTERN,
 };
 pub use resources::{ResourceName, Resources, ResourcesError, SizeWeights};
 

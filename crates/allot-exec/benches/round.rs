@@ -14,8 +14,8 @@
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
-use allot_core::exec::{ExecError, PhaseInfo, RetryPolicy, Run, Transition};
-use allot_core::sched::{AppId, TaskId};
+use allot_core::apps::{AppId, TaskId};
+use allot_core::runs::{ExecError, PhaseInfo, RetryPolicy, Run, Transition};
 use allot_exec::{
     builtin, Plugin, PluginEntry, Registry, RunKey, Secrets, SetupContext, TaskContext, TokenWaits, Tokens, Waker,
 };

@@ -5,9 +5,9 @@
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 
-use allot_core::app::TaskState;
-use allot_core::pool::PoolName;
-use allot_core::sched::{AppId, SchedError, Task, TaskId};
+use allot_core::apps::states::TaskState;
+use allot_core::apps::{AppId, SchedError, Task, TaskId};
+use allot_core::pools::PoolName;
 use allot_store::{AppsHome, Store, StoreError};
 
 /// A task as the executor needs it.

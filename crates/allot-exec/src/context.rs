@@ -7,8 +7,8 @@ use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use allot_core::exec::{ExecError, PluginState, StateWrite, TakenToken};
-use allot_core::sched::{AppId, TaskId};
+use allot_core::apps::{AppId, TaskId};
+use allot_core::runs::{ExecError, PluginState, StateWrite, TakenToken};
 use allot_core::{AllocateRequest, CapLevel, Constraints, LeaseRequest, NamespaceName, Refusal, Scope, Token};
 use allot_store::{Allocation, Store, StoreError};
 

@@ -4,7 +4,7 @@
 //!
 //! At length, as one thing: the life of a run, from its placement to its end, in one place.
 //!
-//! A run's steps (decided by `allot_core::exec::Run`):
+//! A run's steps (decided by `allot_core::runs::Run`):
 //! - `handle` rounds: a Barrier transition is stored before it is acted on, and a round run again
 //!   after a crash takes the stored one instead of calling the plugin; the state a round writes
 //!   is stored whatever the phase (a round that ends its attempt is stored with the ending);
@@ -23,12 +23,12 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use allot_core::app::TaskState;
-use allot_core::exec::{
+use allot_core::apps::states::TaskState;
+use allot_core::apps::{AppId, TaskId};
+use allot_core::pools::PoolName;
+use allot_core::runs::{
     Ending, ExecError, Next, Phase, PhaseInfo, RetryPolicy, Run, StateWrite, Transition, TransitionKind,
 };
-use allot_core::pool::PoolName;
-use allot_core::sched::{AppId, TaskId};
 use allot_store::{Store, StoreError};
 use tokio::sync::{watch, Notify, OwnedSemaphorePermit, Semaphore};
 
@@ -750,7 +750,7 @@ impl Executor {
                 run.tokens = out.taken;
                 match answer {
                     Ok(transition) => {
-                        if transition.info.phase == allot_core::exec::Phase::Success {
+                        if transition.info.phase == allot_core::runs::Phase::Success {
                             if let Some(outputs) = &out.outputs {
                                 run.outputs = Some(outputs.to_string());
                             }

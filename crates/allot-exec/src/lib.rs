@@ -8,7 +8,7 @@
 //! - `builtin`: the plugins that come with allot.
 //!
 //! The decisions over a run (phases, retries, events, abort then finalize) are pure, in
-//! `allot_core::exec`.
+//! `allot_core::runs`.
 
 pub mod apps;
 pub mod builtin;

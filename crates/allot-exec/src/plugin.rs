@@ -5,7 +5,7 @@ use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
 
-use allot_core::exec::{ExecError, Transition};
+use allot_core::runs::{ExecError, Transition};
 use async_trait::async_trait;
 
 use crate::context::{SetupContext, TaskContext};

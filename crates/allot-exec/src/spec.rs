@@ -3,7 +3,7 @@
 //! its outputs in the catalog [Flyte's catalog key: the task's identity, version, interface and
 //! inputs], which covers everything in the spec that decides what the task does.
 
-use allot_core::exec::{CacheLookup, ExecError, RetryPolicy};
+use allot_core::runs::{CacheLookup, ExecError, RetryPolicy};
 use sha2::{Digest, Sha256};
 
 use crate::plugin::Plugin;

@@ -7,11 +7,11 @@ use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use allot_core::app::TaskState;
-use allot_core::exec::{ExecError, Phase, PhaseInfo, RetryPolicy, Transition};
-use allot_core::pool::PoolName;
-use allot_core::queue::{QueueLimits, QueuePath};
-use allot_core::sched::{AppId, AppSpec, SchedulingPolicy, TaskId, TaskSpec};
+use allot_core::apps::queues::{QueueLimits, QueuePath};
+use allot_core::apps::states::TaskState;
+use allot_core::apps::{AppId, AppSpec, SchedulingPolicy, TaskId, TaskSpec};
+use allot_core::pools::PoolName;
+use allot_core::runs::{ExecError, Phase, PhaseInfo, RetryPolicy, Transition};
 use allot_exec::{
     builtin, Executor, ExecutorConfig, Plugin, PluginCounters, PluginEntry, Registry, Secrets, SetupContext,
     TaskContext, TokenStatus, Waker,
@@ -645,7 +645,7 @@ async fn a_barrier_round_is_replayed_from_the_store_after_a_crash_not_run_twice(
     let app = submit(&*store, "r", &[("launch", serde_json::json!({ "type": "probe" }))]).await;
     until("placed", async || state(&*store, &app, "launch").await == TaskState::Allocated).await;
     // What the dead daemon left: round 0's Barrier recorded, not acted on.
-    let mut run = allot_core::exec::Run::new(0);
+    let mut run = allot_core::runs::Run::new(0);
     run.record_barrier(&Transition::barrier(PhaseInfo::running(1, "launched the job")));
     store.put_run(app.clone(), TaskId::new("launch").unwrap(), run).await.unwrap();
     let probe = Arc::new(Probe::default());
@@ -774,13 +774,13 @@ async fn a_run_whose_task_went_while_no_executor_ran_is_cleaned_up_at_start() {
         lease: allot_core::LeaseRequest::None,
     };
     store.allocate(request, Duration::ZERO).await.unwrap();
-    let mut run = allot_core::exec::Run::new(0);
+    let mut run = allot_core::runs::Run::new(0);
     run.alloc = Some("local/00000000000000a1".to_owned());
-    run.took(allot_core::exec::TakenToken { namespace: seats.clone(), token });
+    run.took(allot_core::runs::TakenToken { namespace: seats.clone(), token });
     let (app, task) = (AppId::new("gone").unwrap(), TaskId::new("t").unwrap());
     store.put_run(app.clone(), task.clone(), run).await.unwrap();
     // And one of another daemon's pool: not this executor's to clean.
-    let mut elsewhere = allot_core::exec::Run::new(0);
+    let mut elsewhere = allot_core::runs::Run::new(0);
     elsewhere.alloc = Some("other/00000000000000a2".to_owned());
     store.put_run(app.clone(), TaskId::new("there").unwrap(), elsewhere).await.unwrap();
     let stop = start(store.clone(), dir.path(), Arc::new(Probe::default())).await;

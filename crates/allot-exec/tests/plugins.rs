@@ -4,8 +4,8 @@ use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use allot_core::exec::{ExecError, Phase, PhaseInfo, StateWrite, Transition};
-use allot_core::sched::{AppId, TaskId};
+use allot_core::apps::{AppId, TaskId};
+use allot_core::runs::{ExecError, Phase, PhaseInfo, StateWrite, Transition};
 use allot_core::{NamespaceName, Refusal};
 use allot_exec::{
     builtin, Plugin, PluginEntry, Registry, RegistryError, ResolveError, RunKey, Secrets, SetupContext, TaskContext,

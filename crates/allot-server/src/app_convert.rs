@@ -1,10 +1,10 @@
 //! Conversions of queues, applications and tasks between wire types and domain types.
 
 use allot_api as api;
-use allot_core::app::TaskState;
-use allot_core::queue::{QueueLimits, QueuePath, SortPolicy};
-use allot_core::sched::spec::DEFAULT_PLACEHOLDER_TIMEOUT_MS;
-use allot_core::sched::{
+use allot_core::apps::queues::{QueueLimits, QueuePath, SortPolicy};
+use allot_core::apps::spec::DEFAULT_PLACEHOLDER_TIMEOUT_MS;
+use allot_core::apps::states::TaskState;
+use allot_core::apps::{
     AppId, AppSpec, GangStyle, GroupName, HeldTokens, Placement, QueueView, SchedulingPolicy, TaskGroup, TaskId,
     TaskSpec, TokenNeed, Why,
 };
@@ -15,7 +15,7 @@ use crate::convert::{namespace_name, resources};
 use crate::error::ApiError;
 
 pub(crate) fn queue_path(path: &str) -> Result<QueuePath, ApiError> {
-    QueuePath::new(path).map_err(|e| ApiError::from(allot_core::sched::SchedError::from(e)))
+    QueuePath::new(path).map_err(|e| ApiError::from(allot_core::apps::SchedError::from(e)))
 }
 
 pub(crate) fn app_id(id: &str) -> Result<AppId, ApiError> {
@@ -231,9 +231,9 @@ pub(crate) fn app(info: AppInfo, now: Millis) -> api::App {
 }
 
 /// A task's run, as the API shows it.
-pub(crate) fn task_run(app: &str, task: &str, run: allot_core::exec::Run) -> api::TaskRun {
-    use allot_core::exec::{Ending, Stage};
-    let error = |e: &allot_core::exec::ExecError| api::RunError {
+pub(crate) fn task_run(app: &str, task: &str, run: allot_core::runs::Run) -> api::TaskRun {
+    use allot_core::runs::{Ending, Stage};
+    let error = |e: &allot_core::runs::ExecError| api::RunError {
         kind: e.kind.name().to_owned(),
         code: e.code.clone(),
         message: e.message.clone(),
@@ -309,6 +309,6 @@ mod tests {
     /// and the document state.
     #[test]
     fn the_retries_bound_is_one() {
-        assert_eq!(allot_api::spec::MAX_RETRIES, allot_core::exec::MAX_RETRIES);
+        assert_eq!(allot_api::spec::MAX_RETRIES, allot_core::runs::MAX_RETRIES);
     }
 }

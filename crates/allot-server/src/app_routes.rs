@@ -2,7 +2,7 @@
 //! one `AppStore` call.
 
 use allot_api as api;
-use allot_core::app::TaskState;
+use allot_core::apps::states::TaskState;
 use allot_store::{ExecutorLease, Store};
 use axum::extract::State;
 use axum::http::StatusCode;
@@ -394,7 +394,7 @@ pub(crate) async fn get_task_logs(
             "the `{stream}` log of task `{task}` is not on this daemon's machine ({e}): ask the daemon that runs its pool"
         ))
     })?;
-    let ended = attempt < run.attempt || matches!(run.next(), allot_core::exec::Next::Report(_));
+    let ended = attempt < run.attempt || matches!(run.next(), allot_core::runs::Next::Report(_));
     let next_offset = offset + piece.len() as u64;
     Ok(Json(api::TaskLogs {
         app,
@@ -410,7 +410,7 @@ pub(crate) async fn get_task_logs(
 
 /// The daemon that runs the run's current placement, if it is another one (by the executors'
 /// leases).
-async fn runs_elsewhere(state: &AppState, run: &allot_core::exec::Run) -> Result<Option<String>, ApiError> {
+async fn runs_elsewhere(state: &AppState, run: &allot_core::runs::Run) -> Result<Option<String>, ApiError> {
     let Some(pool) = run.alloc.as_deref().and_then(|alloc| alloc.split_once('/')).map(|(pool, _)| pool) else {
         return Ok(None);
     };

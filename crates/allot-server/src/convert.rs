@@ -3,7 +3,7 @@
 
 use std::time::Duration;
 
-use allot_core::pool::{
+use allot_core::pools::{
     Alloc, AllocId, AllocRequest, AllocState, EndReason, EndedAlloc, Offer, PoolName, PoolView, HELD, OFFER_ID,
 };
 use allot_core::{

@@ -2,14 +2,14 @@
 //! the server enforces (name rules, id formats, number ranges, the resources grammar), stated here
 //! from the same constants the checks use, so that the document and the server cannot drift.
 
-use allot_core::exec::MAX_RETRIES;
-use allot_core::pool::{ALLOC_ID_PATTERN, MAX_IDLE_MS};
+use allot_core::pools::{ALLOC_ID_PATTERN, MAX_IDLE_MS};
 use allot_core::resources::resources_pattern;
+use allot_core::runs::MAX_RETRIES;
 use allot_core::{MAX_NAME_CHARS, MAX_TTL_MS, MAX_UNITS, NAMESPACE_PATTERN, NAME_PATTERN, SESSION_ID_PATTERN};
 use serde_json::{json, Value};
 
-use allot_core::queue::{MAX_QUEUE_PATH, QUEUE_PATH_PATTERN};
-use allot_core::sched::spec::{ID_PATTERN, MAX_GROUPS, MAX_MEMBERS, MAX_TIMEOUT_MS, MIN_TIMEOUT_MS};
+use allot_core::apps::queues::{MAX_QUEUE_PATH, QUEUE_PATH_PATTERN};
+use allot_core::apps::spec::{ID_PATTERN, MAX_GROUPS, MAX_MEMBERS, MAX_TIMEOUT_MS, MIN_TIMEOUT_MS};
 
 use crate::convert::MIN_LEASE_MS;
 

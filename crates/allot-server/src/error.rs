@@ -1,9 +1,9 @@
 //! `ApiError`: the one error type at the HTTP edge, with a stable machine-readable code.
 
 use allot_api::{ErrorBody, ErrorDetail};
-use allot_core::pool::PoolError;
-use allot_core::queue::QueueError;
-use allot_core::sched::SchedError;
+use allot_core::apps::queues::QueueError;
+use allot_core::apps::SchedError;
+use allot_core::pools::PoolError;
 use allot_core::{LedgerError, NameError, ResourcesError};
 use allot_store::StoreError;
 use axum::http::StatusCode;

@@ -37,8 +37,8 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use allot_core::pool::PoolView;
-use allot_core::sched::{QueueView, SchedStats};
+use allot_core::apps::{QueueView, SchedStats};
+use allot_core::pools::PoolView;
 use allot_core::{NamespaceView, Resources};
 use allot_store::{for_each_page, CommitStats, Store, StoreError};
 

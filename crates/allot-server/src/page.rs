@@ -7,9 +7,9 @@
 //! pattern) and never goes stale: the store continues after the key whether or not it is still
 //! listed.
 
-use allot_core::pool::{AllocId, PoolName, ALLOC_ID_PATTERN};
-use allot_core::sched::spec::ID_PATTERN;
-use allot_core::sched::{AppId, TaskId};
+use allot_core::apps::spec::ID_PATTERN;
+use allot_core::apps::{AppId, TaskId};
+use allot_core::pools::{AllocId, PoolName, ALLOC_ID_PATTERN};
 use allot_core::{
     NamespaceName, SessionId, Token, MAX_NAME_CHARS, NAMESPACE_PATTERN, NAME_PATTERN, SESSION_ID_PATTERN,
 };

@@ -2,7 +2,7 @@
 //! `Store` call.
 
 use allot_api as api;
-use allot_core::pool::{AllocState, OFFER_ID};
+use allot_core::pools::{AllocState, OFFER_ID};
 use axum::extract::State;
 use axum::http::StatusCode;
 use axum::Json;

@@ -2,7 +2,7 @@
 //! their logs are, their counters at `/metrics`). The binary wires the executor in through
 //! [`RunsHere`], so the server builds without the executor and its plugins.
 
-use allot_core::sched::{AppId, TaskId};
+use allot_core::apps::{AppId, TaskId};
 
 /// The executor of the tasks this daemon runs, as the edge sees it.
 pub trait RunsHere: Send + Sync {

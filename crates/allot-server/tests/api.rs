@@ -612,7 +612,7 @@ async fn metrics_stay_small_with_10000_namespaces() {
         }
     }
     for i in 0..300 {
-        let pool = allot_core::pool::PoolName::new(&format!("pool-{i:03}")).unwrap();
+        let pool = allot_core::pools::PoolName::new(&format!("pool-{i:03}")).unwrap();
         h.store.put_pool(pool, "cpu=2,mem=1GiB".parse().unwrap()).await.unwrap();
     }
     h.call(Method::PUT, "/v1/namespaces/team-007:ns-00700/grants/t", r#"{"units": 4}"#).await;

@@ -6,7 +6,7 @@
 //! This is the storage of applications on Redis (issue 11, point 8); the scheduler that uses it
 //! is not wired yet, so a daemon on Redis still answers the applications routes `unsupported`.
 
-use allot_core::sched::{AppChange, SchedConfig, Scheduler};
+use allot_core::apps::{AppChange, SchedConfig, Scheduler};
 use allot_store::records::apps::{AppRecord, QueueRecord, TaskRecord};
 use allot_store::StoreError;
 
@@ -126,19 +126,19 @@ impl RedisStore {
     /// keepalive changes nothing and a free by hand is refused.
     pub async fn accept_held_alloc(
         &self,
-        pool: allot_core::pool::PoolName,
-        request: allot_core::pool::AllocRequest,
-        id: allot_core::pool::AllocId,
+        pool: allot_core::pools::PoolName,
+        request: allot_core::pools::AllocRequest,
+        id: allot_core::pools::AllocId,
         fencing: u64,
-    ) -> Result<allot_core::pool::Alloc, StoreError> {
+    ) -> Result<allot_core::pools::Alloc, StoreError> {
         crate::pools::accept_held(&self.inner, pool, request, id, fencing).await
     }
 
     /// Ends an alloc the scheduler holds (its task ended), in the scheduler's term `fencing`.
     pub async fn end_held_alloc(
         &self,
-        pool: allot_core::pool::PoolName,
-        id: allot_core::pool::AllocId,
+        pool: allot_core::pools::PoolName,
+        id: allot_core::pools::AllocId,
         fencing: u64,
     ) -> Result<(), StoreError> {
         crate::pools::end_held(&self.inner, pool, id, fencing).await

@@ -3,9 +3,9 @@
 //! ([`AppStore::apps_home`]), and a call that reaches a daemon that does not schedule answers
 //! `Unavailable` (retry).
 
-use allot_core::queue::QueueUsage;
-use allot_core::queue::{QueueLimits, QueuePath};
-use allot_core::sched::{AppId, AppSpec, QueueView, SchedStats, TaskId, TaskSpec};
+use allot_core::apps::queues::QueueUsage;
+use allot_core::apps::queues::{QueueLimits, QueuePath};
+use allot_core::apps::{AppId, AppSpec, QueueView, SchedStats, TaskId, TaskSpec};
 use allot_core::NamespaceName;
 use allot_store::{AppInfo, AppStore, AppsHome, Page, PageRequest, StoreError, Submitted, TaskInfo};
 use async_trait::async_trait;
@@ -138,7 +138,7 @@ impl AppStore for RedisStore {
 
     async fn placed_on(
         &self,
-        pools: &std::collections::HashSet<allot_core::pool::PoolName>,
+        pools: &std::collections::HashSet<allot_core::pools::PoolName>,
     ) -> Result<Vec<(AppId, TaskId)>, StoreError> {
         self.read_sched(|sched| Ok(sched.placed_on(pools))).await
     }

@@ -39,7 +39,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use allot_core::pool::{Alloc, AllocId, AllocRequest, AllocState, EndedAlloc, Labels, Offer, PoolName, PoolView};
+use allot_core::pools::{Alloc, AllocId, AllocRequest, AllocState, EndedAlloc, Labels, Offer, PoolName, PoolView};
 use allot_core::{
     check_request, check_session_ttl, AllocateRequest, LeaseRequest, LedgerError, NamespaceName, NamespaceView,
     QueuePlace, Resources, Session, SessionId, Token, WaiterId, WaiterView,
@@ -266,7 +266,7 @@ struct LiveSession {
 }
 
 struct Inner {
-    pool_rules: Mutex<allot_core::pool::LeaseRules>,
+    pool_rules: Mutex<allot_core::pools::LeaseRules>,
     /// Redis's clock (ms) at the last pool call, and the local instant it was read.
     redis_clock: Mutex<Option<(u64, Instant)>>,
     conn: Conn,
@@ -298,7 +298,7 @@ impl RedisStore {
         let (shutdown, _) = watch::channel(false);
         let inner = Arc::new(Inner {
             redis_clock: Mutex::new(None),
-            pool_rules: Mutex::new(allot_core::pool::LeaseRules::default()),
+            pool_rules: Mutex::new(allot_core::pools::LeaseRules::default()),
             conn,
             scripts: Scripts::new(config.cluster, config.min_replicas),
             waits: Mutex::new(HashMap::new()),
@@ -351,7 +351,7 @@ impl RedisStore {
 
     /// Sets the lease rules of allocs made through this daemon (default: Reflow's). Daemons that
     /// share a Redis should use the same rules.
-    pub fn set_pool_rules(&self, rules: allot_core::pool::LeaseRules) {
+    pub fn set_pool_rules(&self, rules: allot_core::pools::LeaseRules) {
         *self.inner.pool_rules.lock().unwrap_or_else(|p| p.into_inner()) = rules;
     }
 

@@ -5,7 +5,7 @@
 use std::collections::BTreeMap;
 use std::time::Instant;
 
-use allot_core::pool::{
+use allot_core::pools::{
     Alloc, AllocId, AllocRequest, AllocState, EndReason, EndedAlloc, Labels, LeaseRules, Offer, PoolError, PoolName,
     PoolStats, PoolView, HELD,
 };
@@ -383,7 +383,7 @@ pub(crate) async fn allocs(
 }
 
 pub(crate) async fn stop_if_idle(inner: &Inner, pool: PoolName, idle_ms: u64) -> Result<(bool, u64), StoreError> {
-    allot_core::pool::check_idle(idle_ms)?;
+    allot_core::pools::check_idle(idle_ms)?;
     let (_, mut reply) = call(inner, &pool, &["stop", &idle_ms.to_string()], true).await?;
     Ok((reply.uint()? == 1, reply.uint()?))
 }

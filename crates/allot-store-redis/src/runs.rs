@@ -6,9 +6,9 @@
 //! once (`HSETNX`). Executors' leases: a hash of node -> pools (JSON), and a key per node that
 //! lives while the executor renews it (`SET ... PX`).
 
-use allot_core::exec::Run;
-use allot_core::pool::PoolName;
-use allot_core::sched::{AppChange, AppId, TaskId};
+use allot_core::apps::{AppChange, AppId, TaskId};
+use allot_core::pools::PoolName;
+use allot_core::runs::Run;
 use allot_store::records::runs::{CachedRecord, RunRecord};
 use allot_store::{CachedOutputs, ExecutorLease, RunStore, StoreError};
 use async_trait::async_trait;

@@ -4,7 +4,7 @@
 //! At length, as one thing: the one writer of the scheduler's records and how it carries an
 //! outcome out across hash slots.
 //!
-//! - The daemon that holds the lease keeps `allot_core::sched::Scheduler` in memory, loaded from
+//! - The daemon that holds the lease keeps `allot_core::apps::Scheduler` in memory, loaded from
 //!   the records when it takes the lease, and serves every call of the applications part; the
 //!   other daemons' HTTP edge forwards those calls to it ([`AppsHome`]). It is the one writer of
 //!   the records, and every write names its term (the fencing number): a deposed scheduler's
@@ -29,9 +29,9 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use allot_core::pool::{Alloc, AllocId, AllocRequest, Labels, PoolChange, PoolName, Pools, HELD};
-use allot_core::queue::{QueueLimits, QueuePath};
-use allot_core::sched::{Outcome, SchedConfig, SchedError, SchedStats, Scheduler, World};
+use allot_core::apps::queues::{QueueLimits, QueuePath};
+use allot_core::apps::{Outcome, SchedConfig, SchedError, SchedStats, Scheduler, World};
+use allot_core::pools::{Alloc, AllocId, AllocRequest, Labels, PoolChange, PoolName, Pools, HELD};
 use allot_core::{Change, Grant, Lease, Ledger, Millis, NamespaceName, Resources, Token};
 use allot_store::quiet::Quiet;
 use allot_store::{AppsHome, PageRequest, PoolStore, QuotaStore, Store, StoreError};

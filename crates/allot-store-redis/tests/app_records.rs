@@ -5,11 +5,11 @@
 use std::collections::BTreeMap;
 use std::time::Duration;
 
-use allot_core::pool::{LeaseRules, PoolName, Pools};
-use allot_core::queue::{QueueLimits, QueuePath};
-use allot_core::sched::{
+use allot_core::apps::queues::{QueueLimits, QueuePath};
+use allot_core::apps::{
     AppChange, AppId, AppSpec, GroupName, SchedConfig, Scheduler, SchedulingPolicy, TaskGroup, TaskId, TaskSpec, World,
 };
+use allot_core::pools::{LeaseRules, PoolName, Pools};
 use allot_core::Ledger;
 use allot_store_redis::app_records::WriteError;
 use allot_store_redis::sched_lease::LeaseState;
@@ -110,7 +110,7 @@ async fn a_new_scheduler_loads_what_the_old_one_wrote_and_a_deposed_one_writes_n
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn allocs_the_scheduler_holds_have_no_lease_cannot_be_freed_by_hand_and_refuse_an_older_term() {
-    use allot_core::pool::{AllocId, AllocRequest, AllocState, PoolError, HELD};
+    use allot_core::pools::{AllocId, AllocRequest, AllocState, PoolError, HELD};
     use allot_store::prelude::*;
     use allot_store::StoreError;
 

@@ -62,7 +62,7 @@ async fn a_server_that_refuses_the_library_fails_at_once() {
 /// pages read is rebuilt from it when the two differ.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn names_listed_only_by_an_earlier_version_are_paged() {
-    use allot_core::pool::PoolName;
+    use allot_core::pools::PoolName;
     use allot_core::NamespaceName;
     use allot_store::{read_all, PageRequest};
 
@@ -86,9 +86,9 @@ async fn names_listed_only_by_an_earlier_version_are_paged() {
 /// are built from it when a daemon opens the store, so that they too go with their application.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn runs_kept_by_an_earlier_version_go_with_their_application() {
-    use allot_core::exec::{PhaseInfo, RetryPolicy, Run, StateWrite, Transition};
-    use allot_core::queue::{QueueLimits, QueuePath};
-    use allot_core::sched::{AppId, AppSpec, SchedulingPolicy, TaskId, TaskSpec};
+    use allot_core::apps::queues::{QueueLimits, QueuePath};
+    use allot_core::apps::{AppId, AppSpec, SchedulingPolicy, TaskId, TaskSpec};
+    use allot_core::runs::{PhaseInfo, RetryPolicy, Run, StateWrite, Transition};
     use allot_store::records::runs::RunRecord;
 
     let server = RedisServer::start();

@@ -9,10 +9,10 @@
 
 use std::time::{Duration, Instant};
 
-use allot_core::app::TaskState;
-use allot_core::pool::{AllocId, AllocRequest, AllocState, PoolName};
-use allot_core::queue::{QueueLimits, QueuePath};
-use allot_core::sched::{AppId, AppSpec, SchedulingPolicy, TaskId, TaskSpec};
+use allot_core::apps::queues::{QueueLimits, QueuePath};
+use allot_core::apps::states::TaskState;
+use allot_core::apps::{AppId, AppSpec, SchedulingPolicy, TaskId, TaskSpec};
+use allot_core::pools::{AllocId, AllocRequest, AllocState, PoolName};
 use allot_core::{AllocateRequest, Constraints, LeaseRequest, NamespaceName, Token};
 use allot_store::prelude::*;
 use allot_store::{AppsHome, StoreError};

@@ -1,12 +1,12 @@
 //! The applications part of a backend: queues, applications and tasks (YuniKorn's
 //! application-management protocol), placed on the pools and the token quotas by the scheduler
-//! of `allot_core::sched`.
+//! of `allot_core::apps`.
 
 use std::collections::BTreeMap;
 
-use allot_core::app::TaskState;
-use allot_core::queue::{QueueLimits, QueuePath};
-use allot_core::sched::{
+use allot_core::apps::queues::{QueueLimits, QueuePath};
+use allot_core::apps::states::TaskState;
+use allot_core::apps::{
     App, AppId, AppSpec, QueueView, Released, Removed, SchedError, SchedStats, Scheduler, Task, TaskId, TaskSpec, Why,
 };
 use async_trait::async_trait;
@@ -24,7 +24,7 @@ pub struct AppInfo {
 }
 
 impl AppInfo {
-    /// Application `id` as `sched` holds it now.
+    /// Application `id` as the scheduler holds it now.
     pub fn of(sched: &Scheduler, id: &AppId) -> Result<AppInfo, SchedError> {
         Ok(AppInfo {
             app: sched.app(id)?.clone(),
@@ -48,7 +48,7 @@ pub struct TaskInfo {
 }
 
 impl TaskInfo {
-    /// Task `task` of `app` as `sched` holds it now.
+    /// Task `task` of `app` as the scheduler holds it now.
     pub fn of(sched: &Scheduler, app: &AppId, task: &TaskId) -> Result<TaskInfo, SchedError> {
         Ok(TaskInfo { task: sched.task(app, task)?.clone(), why: sched.task_why(app, task) })
     }
@@ -103,7 +103,7 @@ pub trait AppStore: Send + Sync {
     /// The tasks placed (Allocated or Running) on one of `pools`: what their executors run.
     async fn placed_on(
         &self,
-        pools: &std::collections::HashSet<allot_core::pool::PoolName>,
+        pools: &std::collections::HashSet<allot_core::pools::PoolName>,
     ) -> Result<Vec<(AppId, TaskId)>, StoreError>;
     /// A page of an application's tasks, ordered by id.
     async fn tasks(&self, app: AppId, page: PageRequest<TaskId>) -> Result<Page<TaskInfo, TaskId>, StoreError>;

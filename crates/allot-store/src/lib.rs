@@ -30,7 +30,7 @@ pub mod prelude {
 
 use std::time::Duration;
 
-use allot_core::pool::{
+use allot_core::pools::{
     Alloc, AllocId, AllocRequest, AllocState, EndedAlloc, Labels, Offer, PoolError, PoolName, PoolView,
 };
 use allot_core::{
@@ -178,7 +178,7 @@ pub enum StoreError {
     #[error(transparent)]
     Pool(#[from] PoolError),
     #[error(transparent)]
-    Sched(#[from] allot_core::sched::SchedError),
+    Sched(#[from] allot_core::apps::SchedError),
 }
 
 /// The answer to an allocate call.

@@ -1,11 +1,11 @@
-//! The runs part of a backend: each placed task's run by its plugin (`allot_core::exec::Run`),
+//! The runs part of a backend: each placed task's run by its plugin (`allot_core::runs::Run`),
 //! kept so that an executor that restarts resumes every task where it was.
 
 use std::time::Duration;
 
-use allot_core::exec::Run;
-use allot_core::pool::PoolName;
-use allot_core::sched::{AppId, TaskId};
+use allot_core::apps::{AppId, TaskId};
+use allot_core::pools::PoolName;
+use allot_core::runs::Run;
 use allot_core::Millis;
 use async_trait::async_trait;
 
@@ -13,7 +13,7 @@ use crate::StoreError;
 
 /// The outputs of a task that succeeded, kept for a task of the same type, cache version and
 /// inputs to reuse instead of running [Flyte's catalog]. Keyed by
-/// `allot_core::exec::cache_key`.
+/// `allot_core::runs::cache_key`.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct CachedOutputs {
     /// JSON text.

@@ -252,7 +252,7 @@ async fn removing_a_namespace_removes_grants_with_any_token() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn pools_and_allocs_survive_a_restart_with_the_lease_time_they_had_left() {
-    use allot_core::pool::{AllocRequest, AllocState, PoolName};
+    use allot_core::pools::{AllocRequest, AllocState, PoolName};
     let dir = tempfile::tempdir().unwrap();
     let pool = PoolName::new("worker-1").unwrap();
     let store = open(dir.path());
@@ -281,7 +281,7 @@ async fn pools_and_allocs_survive_a_restart_with_the_lease_time_they_had_left() 
     }
     // Ended allocs are kept in memory only: after a restart they are gone.
     let gone = store.inspect_alloc(pool.clone(), freed.id).await;
-    assert!(matches!(gone, Err(StoreError::Pool(allot_core::pool::PoolError::AllocNotFound { .. }))), "{gone:?}");
+    assert!(matches!(gone, Err(StoreError::Pool(allot_core::pools::PoolError::AllocNotFound { .. }))), "{gone:?}");
     let offer = store.offer(pool.clone()).await.unwrap().unwrap();
     assert_eq!(offer.available, "cpu=2,mem=4GiB".parse().unwrap());
     store.shutdown().await;
@@ -289,14 +289,14 @@ async fn pools_and_allocs_survive_a_restart_with_the_lease_time_they_had_left() 
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_reserved_gang_keeps_its_placements_and_its_placeholder_timeout_counts_the_time_the_daemon_was_down() {
-    use allot_core::app::AppState;
-    use allot_core::queue::{QueueLimits, QueuePath};
-    use allot_core::sched::{AppId, AppSpec, GangStyle, GroupName, SchedulingPolicy, TaskGroup};
+    use allot_core::apps::queues::{QueueLimits, QueuePath};
+    use allot_core::apps::states::AppState;
+    use allot_core::apps::{AppId, AppSpec, GangStyle, GroupName, SchedulingPolicy, TaskGroup};
 
     let dir = tempfile::tempdir().unwrap();
     let store = open(dir.path());
     let id = AppId::new("gang").unwrap();
-    let pool = allot_core::pool::PoolName::new("p").unwrap();
+    let pool = allot_core::pools::PoolName::new("p").unwrap();
     store.put_pool(pool.clone(), "cpu=8".parse().unwrap()).await.unwrap();
     store.put_queue(QueuePath::new("root.q").unwrap(), QueueLimits::default()).await.unwrap();
     let spec = AppSpec {
@@ -356,7 +356,7 @@ async fn a_reserved_gang_keeps_its_placements_and_its_placeholder_timeout_counts
 /// A task's run is on disk when `put_run` answers, and comes back whole after a restart.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn runs_survive_a_restart() {
-    use allot_core::sched::{AppId, TaskId};
+    use allot_core::apps::{AppId, TaskId};
     use allot_store::RunStore;
 
     let dir = tempfile::tempdir().unwrap();

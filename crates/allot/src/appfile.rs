@@ -8,8 +8,8 @@ use std::io::Read as _;
 use std::path::Path;
 
 use allot_client::{SubmitApp, TokenNeed};
-use allot_core::queue::QueuePath;
-use allot_core::sched::{AppId, AppSpec, GangStyle, GroupName, SchedulingPolicy, TaskGroup, TaskId, TaskSpec};
+use allot_core::apps::queues::QueuePath;
+use allot_core::apps::{AppId, AppSpec, GangStyle, GroupName, SchedulingPolicy, TaskGroup, TaskId, TaskSpec};
 use allot_core::{NamespaceName, Resources};
 
 /// The format a file's name tells, if any.
@@ -121,13 +121,13 @@ pub(crate) fn check_app(submit: &SubmitApp) -> Result<(), String> {
     fn at<T, E: std::fmt::Display>(field: &str, result: Result<T, E>) -> Result<T, String> {
         result.map_err(|err| format!("{field}: {err}"))
     }
-    fn needs(field: &str, needs: &[TokenNeed]) -> Result<Vec<allot_core::sched::TokenNeed>, String> {
+    fn needs(field: &str, needs: &[TokenNeed]) -> Result<Vec<allot_core::apps::TokenNeed>, String> {
         needs
             .iter()
             .enumerate()
             .map(|(i, need)| {
                 let namespace = at(&format!("{field}[{i}].namespace"), NamespaceName::new(&need.namespace))?;
-                Ok(allot_core::sched::TokenNeed { namespace, units: need.units })
+                Ok(allot_core::apps::TokenNeed { namespace, units: need.units })
             })
             .collect()
     }

@@ -6,9 +6,9 @@ use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use allot_core::pool::{LeaseRules, PoolName};
-use allot_core::queue::{QueueLimits, QueuePath, SortPolicy};
-use allot_core::sched::SchedConfig;
+use allot_core::apps::queues::{QueueLimits, QueuePath, SortPolicy};
+use allot_core::apps::SchedConfig;
+use allot_core::pools::{LeaseRules, PoolName};
 use allot_core::{NamespaceName, Resources};
 use allot_server::MetricsConfig;
 use allot_store::{Durability, EmbeddedConfig, EmbeddedStore, Store};
@@ -267,8 +267,8 @@ struct ExecutorFileConfig {
 }
 
 /// The retry policy from `[executor]`.
-fn retry_policy(file: &ExecutorFileConfig) -> anyhow::Result<allot_core::exec::RetryPolicy> {
-    use allot_core::exec::{RetryPolicy, MAX_RETRIES};
+fn retry_policy(file: &ExecutorFileConfig) -> anyhow::Result<allot_core::runs::RetryPolicy> {
+    use allot_core::runs::{RetryPolicy, MAX_RETRIES};
     let defaults = RetryPolicy::default();
     let (retries, system_retries) =
         (file.retries.unwrap_or(defaults.retries()), file.system_retries.unwrap_or(defaults.system_retries));
@@ -415,7 +415,7 @@ struct Config {
     sched: SchedConfig,
     apps_dir: Option<PathBuf>,
     run_pools: Vec<PoolName>,
-    retry: allot_core::exec::RetryPolicy,
+    retry: allot_core::runs::RetryPolicy,
     plugins: Plugins,
 }
 
@@ -784,7 +784,7 @@ async fn start_executor(
     pools: &[PoolName],
     data_dir: &Path,
     plugins: &Plugins,
-    retry: allot_core::exec::RetryPolicy,
+    retry: allot_core::runs::RetryPolicy,
     node: String,
 ) -> anyhow::Result<Arc<allot_exec::Executor>> {
     use allot_exec::{builtin, Executor, ExecutorConfig, Registry, Secrets, SetupContext, Waker};
@@ -860,7 +860,7 @@ impl allot_server::RunsHere for RunsHere {
         self.0.node()
     }
 
-    fn wake(&self, app: &allot_core::sched::AppId, task: &allot_core::sched::TaskId) -> bool {
+    fn wake(&self, app: &allot_core::apps::AppId, task: &allot_core::apps::TaskId) -> bool {
         self.0.wake_driven(&allot_exec::RunKey { app: app.clone(), task: task.clone() })
     }
 
@@ -960,7 +960,7 @@ mod tests {
         let file: ConfigFile = toml::from_str(&example).unwrap_or_else(|err| panic!("{err}\n{example}"));
         assert_eq!(file.alloc_leases.retention.as_deref(), Some("1h"));
         assert_eq!(file.plugins.external["warehouse"].jobs_quota, Some(4));
-        assert_eq!(retry_policy(&file.executor).unwrap(), allot_core::exec::RetryPolicy::new(0, 3));
+        assert_eq!(retry_policy(&file.executor).unwrap(), allot_core::runs::RetryPolicy::new(0, 3));
     }
 
     #[test]

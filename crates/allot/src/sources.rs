@@ -11,7 +11,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
-use allot_core::sched::AppId;
+use allot_core::apps::AppId;
 use allot_store::{read_all, Store, StoreError};
 use anyhow::Context;
 use async_trait::async_trait;
@@ -262,7 +262,7 @@ async fn submit_file(dir: &Path, name: &str, store: &dyn Store) -> Option<AppId>
 async fn remove(store: &dyn Store, app: &AppId, why: &str) {
     match store.remove_app(app.clone()).await {
         Ok(_) => tracing::info!(app = %app, "removed: {why}"),
-        Err(StoreError::Sched(allot_core::sched::SchedError::AppNotFound(_))) => {}
+        Err(StoreError::Sched(allot_core::apps::SchedError::AppNotFound(_))) => {}
         Err(err) => tracing::warn!(app = %app, error = %err, "cannot remove the application of a removed file"),
     }
 }

@@ -22,7 +22,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use allot_core::exec::{ExecError, LogLink, PhaseInfo, Transition};
+use allot_core::runs::{ExecError, LogLink, PhaseInfo, Transition};
 use async_trait::async_trait;
 use serde::{Deserialize, Serialize};
 

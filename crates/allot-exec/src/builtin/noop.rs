@@ -2,7 +2,7 @@
 
 use std::sync::Arc;
 
-use allot_core::exec::{ExecError, PhaseInfo, Transition};
+use allot_core::runs::{ExecError, PhaseInfo, Transition};
 use async_trait::async_trait;
 
 use crate::context::TaskContext;

@@ -14,7 +14,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
-use allot_core::exec::{ExecError, LogLink, PhaseInfo, Transition};
+use allot_core::runs::{ExecError, LogLink, PhaseInfo, Transition};
 use async_trait::async_trait;
 
 use crate::context::TaskContext;

@@ -5,7 +5,7 @@
 use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use allot_core::exec::{ExecError, PhaseInfo, Transition};
+use allot_core::runs::{ExecError, PhaseInfo, Transition};
 use async_trait::async_trait;
 use serde::{Deserialize, Serialize};
 

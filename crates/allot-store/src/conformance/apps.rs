@@ -7,12 +7,12 @@ use std::future::Future;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use allot_core::app::{AppState, TaskState};
-use allot_core::pool::{AllocState, PoolError, PoolName};
-use allot_core::queue::{QueueLimits, QueuePath};
-use allot_core::sched::{
+use allot_core::apps::queues::{QueueLimits, QueuePath};
+use allot_core::apps::states::{AppState, TaskState};
+use allot_core::apps::{
     AppId, AppSpec, GroupName, SchedError, SchedulingPolicy, TaskGroup, TaskId, TaskSpec, TokenNeed,
 };
+use allot_core::pools::{AllocState, PoolError, PoolName};
 use allot_core::{NamespaceName, Resources};
 
 use crate::{Store, StoreError, TaskInfo};
@@ -139,7 +139,7 @@ async fn tasks_are_placed_on_pools_and_release_on_completion(store: &dyn Store) 
     assert_eq!(removed.app.spec.id, id);
     // The answer is what it became, and what was released.
     assert_eq!(removed.app.state, AppState::Failed, "a live application removed ends");
-    assert_eq!(removed.app.reason.as_deref(), Some(allot_core::sched::REMOVED));
+    assert_eq!(removed.app.reason.as_deref(), Some(allot_core::apps::REMOVED));
     assert_eq!(removed.tasks.get(&TaskState::Killed), Some(&1), "{:?}", removed.tasks);
     assert_eq!(removed.tasks.get(&TaskState::Completed), Some(&1), "{:?}", removed.tasks);
     let released = removed.released.expect("a removal says what it released");

@@ -13,7 +13,7 @@ use std::time::{Duration, Instant};
 pub use apps::run_apps;
 pub use runs::{run_runs, sample_run};
 
-use allot_core::pool::{AllocId, AllocRequest, AllocState, EndReason, PoolError, PoolName};
+use allot_core::pools::{AllocId, AllocRequest, AllocState, EndReason, PoolError, PoolName};
 use allot_core::{
     AllocateRequest, CapLevel, Constraints, Lease, LeaseRequest, LedgerError, NamespaceName, QueuePlace, Refusal,
     Resources, Scope, Token,

@@ -4,11 +4,11 @@
 
 use std::sync::Arc;
 
-use allot_core::exec::{
+use allot_core::apps::queues::{QueueLimits, QueuePath};
+use allot_core::apps::{AppId, AppSpec, SchedulingPolicy, TaskId, TaskSpec};
+use allot_core::runs::{
     CacheLookup, ExecError, PhaseInfo, PluginState, RetryPolicy, Run, StateWrite, TakenToken, Transition,
 };
-use allot_core::queue::{QueueLimits, QueuePath};
-use allot_core::sched::{AppId, AppSpec, SchedulingPolicy, TaskId, TaskSpec};
 use allot_core::{NamespaceName, Token};
 
 use crate::Store;
@@ -131,7 +131,7 @@ pub async fn run_runs(store: Arc<dyn Store>) {
     store.put_cached_outputs(key.clone(), later).await.unwrap();
     assert_eq!(store.cached_outputs(&key).await.unwrap(), Some(first), "the first kept stays");
     // Executors' leases: live while renewed, kept (not live) after, with their pools.
-    let pools = [allot_core::pool::PoolName::new("conformance-w1").unwrap()];
+    let pools = [allot_core::pools::PoolName::new("conformance-w1").unwrap()];
     let node = "http://conformance-node";
     store.renew_executor(node, &pools, std::time::Duration::from_millis(300)).await.unwrap();
     let lease = |leases: Vec<crate::ExecutorLease>| leases.into_iter().find(|l| l.node == node).unwrap();

@@ -7,8 +7,8 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Duration;
 
-use allot_core::queue::{QueueLimits, QueuePath};
-use allot_core::sched::{
+use allot_core::apps::queues::{QueueLimits, QueuePath};
+use allot_core::apps::{
     AppChange, AppId, AppSpec, QueueView, SchedConfig, SchedError, SchedStats, Scheduler, TaskId, TaskSpec, World,
 };
 use async_trait::async_trait;
@@ -231,7 +231,7 @@ impl AppStore for EmbeddedStore {
 
     async fn placed_on(
         &self,
-        pools: &std::collections::HashSet<allot_core::pool::PoolName>,
+        pools: &std::collections::HashSet<allot_core::pools::PoolName>,
     ) -> Result<Vec<(AppId, TaskId)>, StoreError> {
         self.read_sched(|sched| Ok(sched.placed_on(pools)))
     }

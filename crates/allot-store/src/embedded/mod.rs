@@ -37,8 +37,8 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
-use allot_core::pool::{AllocId, EndedAlloc, Labels, LeaseRules, PoolChange, PoolError, PoolName, Pools};
-use allot_core::sched::{AppChange, Outcome, Scheduler, World};
+use allot_core::apps::{AppChange, Outcome, Scheduler, World};
+use allot_core::pools::{AllocId, EndedAlloc, Labels, LeaseRules, PoolChange, PoolError, PoolName, Pools};
 use allot_core::{Effects, Grant, Ledger, LedgerError, Millis, NamespaceName, Session, SessionId, WaiterId};
 use async_trait::async_trait;
 use redb::{Database, ReadableTable, StorageBackend};

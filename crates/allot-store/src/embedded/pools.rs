@@ -1,7 +1,7 @@
 //! The pools of the embedded store: each operation is `Pools`', made durable through the
 //! write-ahead log.
 
-use allot_core::pool::{
+use allot_core::pools::{
     Alloc, AllocId, AllocRequest, AllocState, EndedAlloc, Labels, Offer, PoolChange, PoolError, PoolName, PoolView,
 };
 use allot_core::Resources;

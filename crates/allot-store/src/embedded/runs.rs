@@ -4,9 +4,9 @@
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
-use allot_core::exec::Run;
-use allot_core::pool::PoolName;
-use allot_core::sched::{AppChange, AppId, TaskId};
+use allot_core::apps::{AppChange, AppId, TaskId};
+use allot_core::pools::PoolName;
+use allot_core::runs::Run;
 use async_trait::async_trait;
 use redb::{ReadTransaction, ReadableTable};
 

@@ -7,13 +7,13 @@
 
 use std::collections::BTreeMap;
 
-use allot_core::app::{AppState, TaskState};
-use allot_core::pool::{AllocId, PoolName};
-use allot_core::queue::{QueueLimits, QueuePath, SortPolicy};
-use allot_core::sched::{
+use allot_core::apps::queues::{QueueLimits, QueuePath, SortPolicy};
+use allot_core::apps::states::{AppState, TaskState};
+use allot_core::apps::{
     App, AppId, AppSpec, GangStyle, GroupName, HeldTokens, Placement, SchedulingPolicy, Slot, Task, TaskGroup, TaskId,
     TaskSpec, TokenNeed,
 };
+use allot_core::pools::{AllocId, PoolName};
 use allot_core::{Millis, NamespaceName, Token};
 use redb::TableDefinition;
 use serde::{Deserialize, Serialize};

@@ -21,7 +21,7 @@ pub mod runs;
 
 use std::collections::BTreeMap;
 
-use allot_core::pool::{Alloc, AllocId, EndReason, EndedAlloc, PoolName};
+use allot_core::pools::{Alloc, AllocId, EndReason, EndedAlloc, PoolName};
 use allot_core::{Grant, Lease, Millis, NamespaceName, ResourceName, Resources, Scope, SessionId, Token};
 use redb::TableDefinition;
 use serde::{Deserialize, Serialize};

@@ -1,8 +1,8 @@
-//! Records of task runs (`allot_core::exec::Run`): `runs`: (application id, task id) ->
+//! Records of task runs (`allot_core::runs::Run`): `runs`: (application id, task id) ->
 //! [`RunRecord`]. Phases, kinds and stages are stored by name, so a reordering of the enums
 //! cannot misread a file.
 
-use allot_core::exec::{
+use allot_core::runs::{
     AfterAttempt, CacheLookup, Ending, ErrorKind, Event, ExecError, LogLink, Phase, PhaseInfo, PluginState, Run, Stage,
     TakenToken, Transition, TransitionKind,
 };
@@ -39,8 +39,8 @@ impl CachedRecord {
         let corrupt = |reason: String| CorruptRecord { table: "catalog", key: key.to_owned(), reason };
         Ok(crate::runs::CachedOutputs {
             outputs: self.outputs,
-            app: allot_core::sched::AppId::new(&self.app).map_err(|e| corrupt(e.to_string()))?,
-            task: allot_core::sched::TaskId::new(&self.task).map_err(|e| corrupt(e.to_string()))?,
+            app: allot_core::apps::AppId::new(&self.app).map_err(|e| corrupt(e.to_string()))?,
+            task: allot_core::apps::TaskId::new(&self.task).map_err(|e| corrupt(e.to_string()))?,
             at: self.at,
         })
     }

@@ -21,10 +21,10 @@
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
-use allot_core::app::TaskState;
-use allot_core::pool::{LeaseRules, PoolName, Pools};
-use allot_core::queue::{QueueLimits, QueuePath};
-use allot_core::sched::{AppId, AppSpec, SchedConfig, Scheduler, SchedulingPolicy, TaskId, TaskSpec, World};
+use allot_core::apps::queues::{QueueLimits, QueuePath};
+use allot_core::apps::states::TaskState;
+use allot_core::apps::{AppId, AppSpec, SchedConfig, Scheduler, SchedulingPolicy, TaskId, TaskSpec, World};
+use allot_core::pools::{LeaseRules, PoolName, Pools};
 use allot_core::{Ledger, Resources};
 use anyhow::{bail, Context};
 use serde::Serialize;

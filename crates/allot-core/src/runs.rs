@@ -14,8 +14,8 @@
 
 use std::fmt;
 
-use crate::ledger::Millis;
 use crate::names::{NamespaceName, Token};
+use crate::quotas::Millis;
 
 /// Where a plugin says a task is.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]

@@ -3,13 +3,13 @@
 //! set-up, as `allot bench sched` runs it. The set-up (pools, applications, tasks) is untimed;
 //! the timed routine is one `Scheduler::schedule`, and its answer is dropped untimed.
 //!
-//! Run: `cargo bench -p allot-core --bench sched -- --warm-up-time 1 --measurement-time 10`
+//! Run: `cargo bench -p allot-core --bench apps -- --warm-up-time 1 --measurement-time 10`
 
 use std::collections::BTreeMap;
 
-use allot_core::pool::{LeaseRules, PoolName, Pools};
-use allot_core::queue::{QueueLimits, QueuePath};
-use allot_core::sched::{AppId, AppSpec, SchedConfig, Scheduler, SchedulingPolicy, TaskId, TaskSpec, World};
+use allot_core::apps::queues::{QueueLimits, QueuePath};
+use allot_core::apps::{AppId, AppSpec, SchedConfig, Scheduler, SchedulingPolicy, TaskId, TaskSpec, World};
+use allot_core::pools::{LeaseRules, PoolName, Pools};
 use allot_core::{Ledger, Resources};
 use criterion::{criterion_group, criterion_main, BatchSize, Criterion, Throughput};
 

@@ -2,9 +2,9 @@
 
 use std::fmt;
 
-use crate::ledger::TokenShortage;
-use crate::pool::{Labels, PoolName};
-use crate::queue::LimitHit;
+use crate::apps::queues::LimitHit;
+use crate::pools::{Labels, PoolName};
+use crate::quotas::TokenShortage;
 use crate::resources::Resources;
 
 use super::spec::GroupName;

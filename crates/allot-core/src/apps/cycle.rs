@@ -29,11 +29,11 @@ use super::{
     pending_key, release, transition, AppChange, AppId, GangStyle, GroupName, HeldTokens, Outcome, PendingKey,
     Placement, Scheduler, Slot, TaskId, TokenNeed, World, RESERVATION_TIMEOUT,
 };
-use crate::app::{AppEvent, AppState, TaskEvent};
-use crate::ledger::{AllocateRequest, Constraints, Decision, LeaseRequest, Millis};
+use crate::apps::queues::{limit_at, LimitHit, QueuePath, QueueUsage, SortPolicy};
+use crate::apps::states::{AppEvent, AppState, TaskEvent};
 use crate::names::Token;
-use crate::pool::{selector_matches, AllocId, AllocRequest, Labels, PoolError, PoolName, Pools};
-use crate::queue::{limit_at, LimitHit, QueuePath, QueueUsage, SortPolicy};
+use crate::pools::{selector_matches, AllocId, AllocRequest, Labels, PoolError, PoolName, Pools};
+use crate::quotas::{AllocateRequest, Constraints, Decision, LeaseRequest, Millis};
 use crate::resources::{Resources, SizeWeights};
 
 /// What one cycle did.

@@ -4,13 +4,13 @@
 
 use std::collections::BTreeMap;
 
-use allot_core::app::{AppState, TaskState};
-use allot_core::pool::{LeaseRules, PoolName, Pools};
-use allot_core::queue::{QueueLimits, QueuePath, SortPolicy};
-use allot_core::sched::{
+use allot_core::apps::queues::{QueueLimits, QueuePath, SortPolicy};
+use allot_core::apps::states::{AppState, TaskState};
+use allot_core::apps::{
     AppId, AppSpec, GangStyle, GroupName, SchedConfig, SchedError, Scheduler, SchedulingPolicy, TaskGroup, TaskId,
     TaskSpec, TokenNeed, Why, World, RESERVATION_TIMEOUT,
 };
+use allot_core::pools::{LeaseRules, PoolName, Pools};
 use allot_core::{Ledger, Millis, NamespaceName, Resources};
 
 struct Bench {
@@ -109,7 +109,7 @@ impl Bench {
         self.sched.add_task(&aid(app), spec, self.now, &self.ledger).map(|_| ())
     }
 
-    fn cycle(&mut self) -> allot_core::sched::CycleReport {
+    fn cycle(&mut self) -> allot_core::apps::CycleReport {
         let mut next = self.next_id;
         let now = self.now;
         let (report, _) = {

@@ -7,13 +7,13 @@
 
 use std::collections::BTreeMap;
 
-use allot_core::app::{AppState, TaskState};
-use allot_core::pool::{LeaseRules, PoolName, Pools};
-use allot_core::queue::{QueueLimits, QueuePath};
-use allot_core::sched::{
+use allot_core::apps::queues::{QueueLimits, QueuePath};
+use allot_core::apps::states::{AppState, TaskState};
+use allot_core::apps::{
     AppId, AppSpec, GangStyle, GroupName, SchedConfig, SchedError, Scheduler, SchedulingPolicy, TaskGroup, TaskId,
     TaskSpec, TokenNeed, World,
 };
+use allot_core::pools::{LeaseRules, PoolName, Pools};
 use allot_core::{Ledger, Millis, NamespaceName};
 use proptest::prelude::*;
 
@@ -207,7 +207,7 @@ fn reachable(from: AppState, to: AppState) -> bool {
     let mut seen = vec![from];
     let mut i = 0;
     while i < seen.len() {
-        for (state, _, next) in allot_core::app::APP_TRANSITIONS {
+        for (state, _, next) in allot_core::apps::states::APP_TRANSITIONS {
             if *state == seen[i] && !seen.contains(next) {
                 seen.push(*next);
             }

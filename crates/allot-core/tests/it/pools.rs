@@ -1,6 +1,6 @@
 //! The pool ledger with an injected clock: offers, accepts, leases, reclaim, idle stop, restore.
 
-use allot_core::pool::{
+use allot_core::pools::{
     AllocId, AllocRequest, AllocState, EndReason, LeaseRules, Offer, PoolChange, PoolError, PoolName, Pools,
     MAX_ENDED_PER_POOL,
 };

@@ -3,7 +3,7 @@
 //! nothing by placeholders.
 //!
 //! [`Scheduler`] holds every queue, application and task, with the one state of each (the
-//! machines of [`crate::app`]). Every operation takes `now` and the pools and ledger it places
+//! machines of [`crate::apps::states`]). Every operation takes `now` and the pools and ledger it places
 //! on, and returns an [`Outcome`]: the changes of all three for the store to make durable in one
 //! commit. Nothing here does I/O or reads a clock; alloc ids come from the caller.
 //!
@@ -19,7 +19,9 @@
 //! - the usage of every queue equals the sum of what the placements of its applications hold.
 
 mod cycle;
+pub mod queues;
 pub mod spec;
+pub mod states;
 pub mod why;
 
 use std::cmp::Reverse;
@@ -29,11 +31,11 @@ pub use cycle::CycleReport;
 pub use spec::{AppId, AppSpec, GangStyle, GroupName, SchedulingPolicy, TaskGroup, TaskId, TaskSpec, TokenNeed};
 pub use why::Why;
 
-use crate::app::{AppEvent, AppState, IllegalTransition, TaskEvent, TaskState};
-use crate::ledger::{Effects, Ledger, Millis};
+use crate::apps::queues::{limit_at, QueueError, QueueLimits, QueuePath, QueueUsage, Queues};
+use crate::apps::states::{AppEvent, AppState, IllegalTransition, TaskEvent, TaskState};
 use crate::names::{NamespaceName, Token};
-use crate::pool::{AllocId, PoolChange, PoolName, Pools};
-use crate::queue::{limit_at, QueueError, QueueLimits, QueuePath, QueueUsage, Queues};
+use crate::pools::{AllocId, PoolChange, PoolName, Pools};
+use crate::quotas::{Effects, Ledger, Millis};
 use crate::resources::{Resources, SizeWeights};
 
 /// The reason a Hard gang fails with when its placeholders or its reservation time out.
@@ -671,7 +673,7 @@ impl Scheduler {
         for queue in spec.queue.up_to_root() {
             let Some(limits) = self.queues.get(&queue) else { continue };
             if let Some(limit) = limit_at(limits, &nothing, &spec.user, &total, false) {
-                let hit = crate::queue::LimitHit { queue, limit };
+                let hit = crate::apps::queues::LimitHit { queue, limit };
                 return Err(SchedError::GangExceedsQueue(format!("its placeholders hold {total}, and {hit}")));
             }
         }
@@ -1382,7 +1384,7 @@ fn current_state(app: &App) -> AppState {
 
 fn live_alloc(pools: &Pools, placement: &Placement) -> Result<(), String> {
     match pools.inspect(&placement.pool, placement.alloc) {
-        Ok(crate::pool::AllocState::Live(_)) => Ok(()),
+        Ok(crate::pools::AllocState::Live(_)) => Ok(()),
         other => Err(format!("{}/{}: held but {other:?}", placement.pool, placement.alloc)),
     }
 }

@@ -30,8 +30,8 @@ use std::ops::Bound;
 use std::sync::Arc;
 
 use crate::first_after;
-use crate::ledger::Millis;
 use crate::names::{check, NameError};
+use crate::quotas::Millis;
 use crate::resources::Resources;
 
 /// The id of a pool's one offer [Reflow `offerID`]: an offer is "everything free in the pool",

@@ -5,10 +5,10 @@ use std::collections::BTreeMap;
 use std::fmt;
 use std::sync::Arc;
 
-use crate::ledger::Millis;
+use crate::apps::queues::QueuePath;
 use crate::names::NamespaceName;
-use crate::pool::Labels;
-use crate::queue::QueuePath;
+use crate::pools::Labels;
+use crate::quotas::Millis;
 use crate::resources::Resources;
 use crate::MAX_UNITS;
 

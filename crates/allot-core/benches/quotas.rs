@@ -1,7 +1,7 @@
 //! Ledger throughput: one allocate + one release of the same token, on a namespace with a large
 //! quota that holds a steady population of grants.
 //!
-//! Run: `cargo bench -p allot-core --bench ledger -- --warm-up-time 1 --measurement-time 3`
+//! Run: `cargo bench -p allot-core --bench quotas -- --warm-up-time 1 --measurement-time 3`
 
 use std::cell::Cell;
 

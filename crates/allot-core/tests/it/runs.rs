@@ -2,7 +2,7 @@
 //! plugin state kept when a round repeats its phase (flyte#5195), a Barrier replayed after a
 //! crash, and random rounds that always end.
 
-use allot_core::exec::{
+use allot_core::runs::{
     Ending, ExecError, Next, Phase, PhaseInfo, PluginState, RetryPolicy, Run, StateWrite, TakenToken, Transition,
 };
 use allot_core::{NamespaceName, Token};

@@ -1,0 +1,9 @@
+//! allot-core's integration tests, one binary: each part's decisions, and the models each part is
+//! compared with step by step.
+
+mod apps;
+mod apps_model;
+mod pools;
+mod quotas;
+mod quotas_model;
+mod runs;
