@@ -46,7 +46,7 @@ async fn daemon(dir: &std::path::Path, namespaces: usize, grants: usize) -> Clie
     }
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
-    tokio::spawn(allot_server::run(listener, allot_server::AppState::new(store), std::future::pending()));
+    tokio::spawn(allot_server::run(listener, allot_server::ServerState::new(store), std::future::pending()));
     Client::new(&format!("http://{addr}")).unwrap()
 }
 

@@ -42,7 +42,7 @@ impl Daemon {
         let store: Arc<dyn Store> = Arc::new(EmbeddedStore::open(&EmbeddedConfig::new(dir.to_owned())).unwrap());
         let (stop, stopped) = oneshot::channel::<()>();
         let served = tokio::spawn(async move {
-            allot_server::run(listener, allot_server::AppState::new(store), async move {
+            allot_server::run(listener, allot_server::ServerState::new(store), async move {
                 let _ = stopped.await;
             })
             .await

@@ -19,7 +19,7 @@ async fn connections_on_different_threads_share_the_store_and_shut_down_together
     let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
     let server = tokio::spawn(allot_server::run_with_threads(
         listener,
-        allot_server::AppState::new(store),
+        allot_server::ServerState::new(store),
         async move {
             let _ = stopped.await;
         },

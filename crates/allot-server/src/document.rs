@@ -11,7 +11,7 @@ use serde_json::{json, Value};
 use allot_core::apps::queues::{MAX_QUEUE_PATH, QUEUE_PATH_PATTERN};
 use allot_core::apps::spec::{ID_PATTERN, MAX_GROUPS, MAX_MEMBERS, MAX_TIMEOUT_MS, MIN_TIMEOUT_MS};
 
-use crate::convert::MIN_LEASE_MS;
+use crate::convert::quotas::MIN_LEASE_MS;
 
 /// An application, task or task group id.
 fn id() -> Value {

@@ -11,7 +11,7 @@ use axum::response::{IntoResponse, Response};
 use allot_store::AppsHome;
 
 use crate::error::ApiError;
-use crate::{AppState, MAX_SUBMIT_BODY_BYTES};
+use crate::{ServerState, MAX_SUBMIT_BODY_BYTES};
 
 /// Set on a forwarded call: a daemon never forwards a call twice (two daemons that each think
 /// the other schedules, for the moment of a takeover, answer 503 rather than loop).
@@ -32,7 +32,7 @@ fn unavailable(message: String) -> Response {
 }
 
 /// Serves the applications part here, or forwards it to the daemon that schedules.
-pub(crate) async fn to_scheduler(State(state): State<AppState>, request: Request, next: Next) -> Response {
+pub(crate) async fn to_scheduler(State(state): State<ServerState>, request: Request, next: Next) -> Response {
     if !is_apps_part(request.uri().path()) {
         return next.run(request).await;
     }

@@ -27,8 +27,8 @@ use tower::Service;
 
 use crate::error::ApiError;
 use crate::extract::json_object;
-use crate::routes::{allocate_grant, release_grant, FencingQuery};
-use crate::{AppState, MAX_BODY_BYTES};
+use crate::routes::quotas::{allocate_grant, release_grant, FencingQuery};
+use crate::{ServerState, MAX_BODY_BYTES};
 
 /// The route allocate and release are counted under in the metrics, as the router names it.
 const GRANT_ROUTE: &str = "/v1/namespaces/{namespace}/grants/{token}";
@@ -37,11 +37,11 @@ const GRANT_ROUTE: &str = "/v1/namespaces/{namespace}/grants/{token}";
 #[derive(Clone)]
 pub struct Api {
     router: Router,
-    state: AppState,
+    state: ServerState,
 }
 
 impl Api {
-    pub(crate) fn new(router: Router, state: AppState) -> Api {
+    pub(crate) fn new(router: Router, state: ServerState) -> Api {
         Api { router, state }
     }
 }
@@ -102,7 +102,7 @@ fn recognise(request: &Request) -> Option<Hot> {
 }
 
 /// Answers `hot`, and counts it as the router's metrics layer would.
-async fn answer(state: AppState, hot: Hot, request: Request) -> Result<Response, Infallible> {
+async fn answer(state: ServerState, hot: Hot, request: Request) -> Result<Response, Infallible> {
     let started = Instant::now();
     let (parts, body) = request.into_parts();
     let (namespace, token) = grant_path(parts.uri.path()).expect("recognised as a grant's path");
@@ -168,10 +168,10 @@ mod tests {
     async fn the_hot_path_answers_as_the_router_does() {
         let dirs = [tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap()];
         let state = |dir: &tempfile::TempDir| {
-            AppState::new(Arc::new(EmbeddedStore::open(&EmbeddedConfig::new(dir.path())).unwrap()))
+            ServerState::new(Arc::new(EmbeddedStore::open(&EmbeddedConfig::new(dir.path())).unwrap()))
         };
-        let hot = crate::app(state(&dirs[0]));
-        let routed = crate::router(state(&dirs[1]));
+        let hot = crate::api(state(&dirs[0]));
+        let routed = crate::routes::router(state(&dirs[1]));
         let grant = "/v1/namespaces/hive/grants";
         let calls = [
             (Method::PUT, "/v1/namespaces/hive".to_owned(), r#"{"quota": 2}"#),

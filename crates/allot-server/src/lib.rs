@@ -1,16 +1,21 @@
 //! allot's HTTP/JSON API over any [`Store`].
 //!
-//! - [`app`] builds the router (tested in-process); [`run`] serves it on a listener until a
-//!   shutdown signal, then shuts down gracefully: it stops accepting, answers waiters with their
-//!   place in the queue, lets in-flight requests finish and flushes the store.
-//! - `routes`: one handler per route; `convert`: wire types <-> domain types; `extract`:
-//!   extractors whose rejections are JSON errors; `error`: [`ApiError`]; `metrics`: Prometheus.
+//! - [`api`] builds the whole API over a [`ServerState`] (tested in-process); [`run`] serves it on
+//!   a listener until a shutdown signal, then shuts down gracefully: it stops accepting, answers
+//!   waiters with their place in the queue, lets in-flight requests finish and flushes the store.
+//! - `routes`: the router, and one handler per route in a module per part (`quotas`, `pools`,
+//!   `apps`, `runs`, and `daemon` for health); `convert`: wire types <-> domain types, a module
+//!   per part; `hot`: allocate and release served before the router.
+//! - `extract`: extractors whose rejections are JSON errors; `objects`: request bodies read so
+//!   that a struct comes only from a JSON object; `page`: cursors of lists; `error`: [`ApiError`].
+//! - `forward`: the applications part forwarded to the daemon that schedules, on a shared store;
+//!   `runs_here`: what the server asks of the executor of this daemon ([`RunsHere`]).
+//! - `metrics`: Prometheus; `document`: the OpenAPI document's limits; `threads`, `affinity`:
+//!   serving threads pinned to CPUs.
 //!
 //! Architecture invariant: this crate and `allot-api` are the only ones that know HTTP and JSON.
 
 pub mod affinity;
-mod app_convert;
-mod app_routes;
 mod convert;
 mod document;
 mod error;
@@ -21,7 +26,6 @@ mod metrics;
 mod objects;
 mod page;
 pub use page::DEFAULT_PAGE;
-mod pool_routes;
 mod routes;
 mod runs_here;
 mod threads;
@@ -33,17 +37,15 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use allot_store::{Store, MAX_WAIT};
-use axum::extract::DefaultBodyLimit;
-use axum::routing::{get, post, put};
 use axum::serve::ListenerExt;
-use axum::{Json, Router, ServiceExt as _};
+use axum::ServiceExt as _;
 use tokio::net::TcpListener;
 use utoipa::OpenApi;
 
-pub use app_routes::submit;
 pub use error::ApiError;
 pub use hot::Api;
 pub use metrics::{Metrics, MetricsConfig};
+pub use routes::apps::submit;
 
 /// The largest request body: bodies are small JSON objects.
 pub const MAX_BODY_BYTES: usize = 64 * 1024;
@@ -55,9 +57,9 @@ pub const MAX_SUBMIT_BODY_BYTES: usize = 16 * 1024 * 1024;
 /// for every request (the route's service, each middleware's state, the handler's) count one
 /// reference, not one per field.
 #[derive(Clone)]
-pub struct AppState(Arc<Shared>);
+pub struct ServerState(Arc<Shared>);
 
-/// The fields of [`AppState`].
+/// The fields of [`ServerState`].
 #[derive(Clone)]
 pub struct Shared {
     pub store: Arc<dyn Store>,
@@ -70,7 +72,7 @@ pub struct Shared {
     pub executor: Option<Arc<dyn RunsHere>>,
 }
 
-impl std::ops::Deref for AppState {
+impl std::ops::Deref for ServerState {
     type Target = Shared;
 
     fn deref(&self) -> &Shared {
@@ -78,14 +80,14 @@ impl std::ops::Deref for AppState {
     }
 }
 
-impl AppState {
+impl ServerState {
     /// The state over `store`, with metrics that select no namespace or pool (totals only).
-    pub fn new(store: Arc<dyn Store>) -> AppState {
+    pub fn new(store: Arc<dyn Store>) -> ServerState {
         let forwarder = reqwest::Client::builder()
             .timeout(MAX_WAIT + Duration::from_secs(30))
             .build()
             .expect("an HTTP client with a timeout builds");
-        AppState(Arc::new(Shared {
+        ServerState(Arc::new(Shared {
             store,
             metrics: Arc::new(Metrics::default()),
             max_wait: MAX_WAIT,
@@ -94,35 +96,35 @@ impl AppState {
         }))
     }
 
-    fn with(self, change: impl FnOnce(&mut Shared)) -> AppState {
+    fn with(self, change: impl FnOnce(&mut Shared)) -> ServerState {
         let mut shared = Arc::unwrap_or_clone(self.0);
         change(&mut shared);
-        AppState(Arc::new(shared))
+        ServerState(Arc::new(shared))
     }
 
     /// The same, with allocates waiting at most `max_wait` (capped at [`MAX_WAIT`]).
     #[must_use]
-    pub fn with_max_wait(self, max_wait: Duration) -> AppState {
+    pub fn with_max_wait(self, max_wait: Duration) -> ServerState {
         self.with(|shared| shared.max_wait = max_wait.min(MAX_WAIT))
     }
 
     /// The same, with the executor of the tasks this daemon runs (their logs and wake-ups are
     /// served here).
     #[must_use]
-    pub fn with_executor(self, executor: Arc<dyn RunsHere>) -> AppState {
+    pub fn with_executor(self, executor: Arc<dyn RunsHere>) -> ServerState {
         self.with(|shared| shared.executor = Some(executor))
     }
 
     /// The same, with series of their own at `/metrics` for what `config` selects.
     #[must_use]
-    pub fn with_metrics(self, config: MetricsConfig) -> AppState {
+    pub fn with_metrics(self, config: MetricsConfig) -> ServerState {
         self.with(|shared| shared.metrics = Arc::new(Metrics::new(config)))
     }
 
     /// The same state under a reference count of its own, for one serving thread: the clones
     /// of its requests then write a counter that no other thread writes.
-    fn for_one_thread(&self) -> AppState {
-        AppState(Arc::new(Shared::clone(&self.0)))
+    fn for_one_thread(&self) -> ServerState {
+        ServerState(Arc::new(Shared::clone(&self.0)))
     }
 }
 
@@ -152,54 +154,54 @@ page. A cursor is opaque and does not expire: a page read after changes neither 
 stayed listed."
     ),
     paths(
-        routes::healthz,
-        routes::readyz,
-        routes::list_namespaces,
-        routes::get_namespace,
-        routes::put_namespace,
-        routes::remove_namespace,
-        routes::list_grants,
-        routes::get_grant,
-        routes::allocate,
-        routes::release,
-        routes::keepalive_grant,
-        routes::list_waiters,
-        routes::open_session,
-        routes::list_sessions,
-        routes::get_session,
-        routes::keepalive_session,
-        routes::close_session,
-        pool_routes::list_pools,
-        pool_routes::get_pool,
-        pool_routes::put_pool,
-        pool_routes::remove_pool,
-        pool_routes::list_offers,
-        pool_routes::accept,
-        pool_routes::list_allocs,
-        pool_routes::get_alloc,
-        pool_routes::free_alloc,
-        pool_routes::keepalive_alloc,
-        pool_routes::stop_if_idle,
-        app_routes::list_queues,
-        app_routes::get_queue,
-        app_routes::put_queue,
-        app_routes::remove_queue,
-        app_routes::list_apps,
-        app_routes::submit_app,
-        app_routes::get_app,
-        app_routes::remove_app,
-        app_routes::complete_app,
-        app_routes::fail_app,
-        app_routes::list_tasks,
-        app_routes::add_task,
-        app_routes::get_task,
-        app_routes::get_task_run,
-        app_routes::get_task_logs,
-        app_routes::wake_task,
-        app_routes::remove_task,
-        app_routes::start_task,
-        app_routes::complete_task,
-        app_routes::fail_task,
+        routes::daemon::healthz,
+        routes::daemon::readyz,
+        routes::quotas::list_namespaces,
+        routes::quotas::get_namespace,
+        routes::quotas::put_namespace,
+        routes::quotas::remove_namespace,
+        routes::quotas::list_grants,
+        routes::quotas::get_grant,
+        routes::quotas::allocate,
+        routes::quotas::release,
+        routes::quotas::keepalive_grant,
+        routes::quotas::list_waiters,
+        routes::quotas::open_session,
+        routes::quotas::list_sessions,
+        routes::quotas::get_session,
+        routes::quotas::keepalive_session,
+        routes::quotas::close_session,
+        routes::pools::list_pools,
+        routes::pools::get_pool,
+        routes::pools::put_pool,
+        routes::pools::remove_pool,
+        routes::pools::list_offers,
+        routes::pools::accept,
+        routes::pools::list_allocs,
+        routes::pools::get_alloc,
+        routes::pools::free_alloc,
+        routes::pools::keepalive_alloc,
+        routes::pools::stop_if_idle,
+        routes::apps::list_queues,
+        routes::apps::get_queue,
+        routes::apps::put_queue,
+        routes::apps::remove_queue,
+        routes::apps::list_apps,
+        routes::apps::submit_app,
+        routes::apps::get_app,
+        routes::apps::remove_app,
+        routes::apps::complete_app,
+        routes::apps::fail_app,
+        routes::apps::list_tasks,
+        routes::apps::add_task,
+        routes::apps::get_task,
+        routes::runs::get_task_run,
+        routes::runs::get_task_logs,
+        routes::runs::wake_task,
+        routes::apps::remove_task,
+        routes::apps::start_task,
+        routes::apps::complete_task,
+        routes::apps::fail_task,
     )
 )]
 struct ApiDoc;
@@ -212,77 +214,15 @@ pub fn openapi(max_wait: Duration) -> serde_json::Value {
 }
 
 /// The whole API: the hot path ([`hot`]: allocate and release), then the router.
-pub fn app(state: AppState) -> Api {
-    Api::new(router(state.clone()), state)
-}
-
-/// The router of the whole API.
-fn router(state: AppState) -> Router {
-    let document = Arc::new(openapi(state.max_wait));
-    Router::new()
-        .route("/healthz", get(routes::healthz))
-        .route("/readyz", get(routes::readyz))
-        .route("/metrics", get(metrics::scrape))
-        .route("/openapi.json", get(move || async move { Json(document.as_ref().clone()) }))
-        .route("/v1/namespaces", get(routes::list_namespaces))
-        .route(
-            "/v1/namespaces/{namespace}",
-            get(routes::get_namespace).put(routes::put_namespace).delete(routes::remove_namespace),
-        )
-        .route("/v1/namespaces/{namespace}/grants", get(routes::list_grants))
-        .route(
-            "/v1/namespaces/{namespace}/grants/{token}",
-            put(routes::allocate).get(routes::get_grant).delete(routes::release),
-        )
-        .route("/v1/namespaces/{namespace}/grants/{token}/keepalive", post(routes::keepalive_grant))
-        .route("/v1/namespaces/{namespace}/waiters", get(routes::list_waiters))
-        .route("/v1/sessions", post(routes::open_session).get(routes::list_sessions))
-        .route("/v1/sessions/{id}", get(routes::get_session).delete(routes::close_session))
-        .route("/v1/sessions/{id}/keepalive", post(routes::keepalive_session))
-        .route("/v1/pools", get(pool_routes::list_pools))
-        .route(
-            "/v1/pools/{pool}",
-            get(pool_routes::get_pool).put(pool_routes::put_pool).delete(pool_routes::remove_pool),
-        )
-        .route("/v1/pools/{pool}/offers", get(pool_routes::list_offers))
-        .route("/v1/pools/{pool}/offers/{offer}", post(pool_routes::accept))
-        .route("/v1/pools/{pool}/allocs", get(pool_routes::list_allocs))
-        .route("/v1/pools/{pool}/allocs/{alloc}", get(pool_routes::get_alloc).delete(pool_routes::free_alloc))
-        .route("/v1/pools/{pool}/allocs/{alloc}/keepalive", post(pool_routes::keepalive_alloc))
-        .route("/v1/pools/{pool}/stop-if-idle", post(pool_routes::stop_if_idle))
-        .route("/v1/queues", get(app_routes::list_queues))
-        .route(
-            "/v1/queues/{queue}",
-            get(app_routes::get_queue).put(app_routes::put_queue).delete(app_routes::remove_queue),
-        )
-        .route(
-            "/v1/apps",
-            get(app_routes::list_apps).post(app_routes::submit_app).layer(DefaultBodyLimit::max(MAX_SUBMIT_BODY_BYTES)),
-        )
-        .route("/v1/apps/{app}", get(app_routes::get_app).delete(app_routes::remove_app))
-        .route("/v1/apps/{app}/complete", post(app_routes::complete_app))
-        .route("/v1/apps/{app}/fail", post(app_routes::fail_app))
-        .route("/v1/apps/{app}/tasks", get(app_routes::list_tasks).post(app_routes::add_task))
-        .route("/v1/apps/{app}/tasks/{task}", get(app_routes::get_task).delete(app_routes::remove_task))
-        .route("/v1/apps/{app}/tasks/{task}/run", get(app_routes::get_task_run))
-        .route("/v1/apps/{app}/tasks/{task}/logs", get(app_routes::get_task_logs))
-        .route("/v1/apps/{app}/tasks/{task}/wake", post(app_routes::wake_task))
-        .route("/v1/apps/{app}/tasks/{task}/start", post(app_routes::start_task))
-        .route("/v1/apps/{app}/tasks/{task}/complete", post(app_routes::complete_task))
-        .route("/v1/apps/{app}/tasks/{task}/fail", post(app_routes::fail_task))
-        .fallback(|| async { ApiError::not_found() })
-        .method_not_allowed_fallback(|| async { ApiError::method_not_allowed() })
-        .layer(DefaultBodyLimit::max(MAX_BODY_BYTES))
-        .route_layer(axum::middleware::from_fn_with_state(state.clone(), metrics::track))
-        .layer(axum::middleware::from_fn_with_state(state.clone(), forward::to_scheduler))
-        .with_state(state)
+pub fn api(state: ServerState) -> Api {
+    Api::new(routes::router(state.clone()), state)
 }
 
 /// Serves the API over `state` on `listener` until `shutdown` completes, then shuts down
 /// gracefully and shuts the store down (answering waiters, flushing).
 pub async fn run(
     listener: TcpListener,
-    state: AppState,
+    state: ServerState,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> std::io::Result<()> {
     serve(listener, state, Box::pin(shutdown), ServingThreads { count: 0, pin: false }).await
@@ -296,7 +236,7 @@ pub async fn run(
 /// threads), not Redis (its connections are driven by tasks of the runtime that opened them).
 pub async fn run_with_threads(
     listener: TcpListener,
-    state: AppState,
+    state: ServerState,
     shutdown: impl Future<Output = ()> + Send + 'static,
     threads: ServingThreads,
 ) -> std::io::Result<()> {
@@ -307,7 +247,7 @@ pub async fn run_with_threads(
 /// whichever crate calls `run`.
 async fn serve(
     listener: TcpListener,
-    state: AppState,
+    state: ServerState,
     shutdown: std::pin::Pin<Box<dyn Future<Output = ()> + Send>>,
     threads: ServingThreads,
 ) -> std::io::Result<()> {
@@ -330,8 +270,8 @@ async fn serve(
         }
     });
     let served = match threads.count {
-        0 => axum::serve(listener, app(state).into_make_service()).with_graceful_shutdown(graceful).await,
-        _ => threads::serve(listener, || app(state.for_one_thread()), threads, graceful).await,
+        0 => axum::serve(listener, api(state).into_make_service()).with_graceful_shutdown(graceful).await,
+        _ => threads::serve(listener, || api(state.for_one_thread()), threads, graceful).await,
     };
     match closing_rx.await {
         Ok(closing) => {

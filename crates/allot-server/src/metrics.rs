@@ -58,7 +58,7 @@ use prometheus_client::metrics::MetricType;
 use prometheus_client::registry::Registry;
 
 use crate::error::ApiError;
-use crate::AppState;
+use crate::ServerState;
 
 #[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct RequestLabels {
@@ -759,7 +759,7 @@ async fn snapshot(store: &dyn Store, config: &MetricsConfig) -> Result<Snapshot,
 }
 
 /// `GET /metrics`: the Prometheus text format.
-pub(crate) async fn scrape(State(state): State<AppState>) -> Result<Response, ApiError> {
+pub(crate) async fn scrape(State(state): State<ServerState>) -> Result<Response, ApiError> {
     let metrics = &state.metrics;
     let mut snapshot = snapshot(state.store.as_ref(), &metrics.config).await?;
     snapshot.exec = state.executor.as_deref().map(|executor| executor.counters());
@@ -773,7 +773,7 @@ pub(crate) async fn scrape(State(state): State<AppState>) -> Result<Response, Ap
 }
 
 /// Middleware: times every request into `allot_http_request_duration_seconds`.
-pub(crate) async fn track(State(state): State<AppState>, request: Request, next: Next) -> Response {
+pub(crate) async fn track(State(state): State<ServerState>, request: Request, next: Next) -> Response {
     let started = Instant::now();
     let method = request.method().clone();
     let route = request.extensions().get::<MatchedPath>().cloned();

@@ -9,7 +9,7 @@
 //! connection waits while its thread waits for a CPU (docs/benchmarks.md).
 //!
 //! Invariants: every thread has an API (router) of its own, alike (handlers share the store through
-//! `AppState`); a connection handed to a thread never moves; on shutdown the acceptor stops first,
+//! `ServerState`); a connection handed to a thread never moves; on shutdown the acceptor stops first,
 //! then every thread stops accepting, lets its connections finish their requests and ends.
 
 use std::future::Future;

@@ -1,9 +1,9 @@
-//! The API in-process (`app()` with `oneshot`) over a real embedded store in a temporary directory:
+//! The API in-process (`api()` with `oneshot`) over a real embedded store in a temporary directory:
 //! every answer shape, and bad input that must get a 4xx with a code and change nothing.
 
 use std::sync::Arc;
 
-use allot_server::{app, Api, AppState, MetricsConfig};
+use allot_server::{api, Api, MetricsConfig, ServerState};
 use allot_store::{read_all, EmbeddedConfig, EmbeddedStore, Store};
 use axum::body::Body;
 use axum::http::{Method, Request, StatusCode};
@@ -26,7 +26,7 @@ impl Harness {
     fn with_metrics(config: MetricsConfig) -> Harness {
         let dir = tempfile::tempdir().unwrap();
         let store: Arc<dyn Store> = Arc::new(EmbeddedStore::open(&EmbeddedConfig::new(dir.path().to_owned())).unwrap());
-        Harness { router: app(AppState::new(store.clone()).with_metrics(config)), store, _dir: dir }
+        Harness { router: api(ServerState::new(store.clone()).with_metrics(config)), store, _dir: dir }
     }
 
     async fn call(&self, method: Method, uri: &str, body: &str) -> (StatusCode, Value) {
@@ -305,7 +305,7 @@ async fn a_full_disk_is_a_503_with_a_code_and_the_state_stays_whole() {
     let dir = tempfile::tempdir().unwrap();
     let (store, faults) = allot_store::fault::open_flaky_store(dir.path()).unwrap();
     let store: Arc<dyn Store> = Arc::new(store);
-    let h = Harness { router: app(AppState::new(store.clone())), store, _dir: dir };
+    let h = Harness { router: api(ServerState::new(store.clone())), store, _dir: dir };
     h.call(Method::PUT, "/v1/namespaces/hive", r#"{"quota": 2}"#).await;
     h.call(Method::PUT, "/v1/namespaces/hive/grants/kept", "").await;
     let before = h.call(Method::GET, "/v1/namespaces/hive/grants", "").await;

@@ -732,7 +732,7 @@ pub(crate) async fn run(args: ServeArgs) -> anyhow::Result<()> {
     // The one line on stdout: scripts and tests read the address from it.
     println!("allot listening on http://{address}");
     let mut state =
-        allot_server::AppState::new(store.clone()).with_max_wait(config.max_wait).with_metrics(config.metrics);
+        allot_server::ServerState::new(store.clone()).with_max_wait(config.max_wait).with_metrics(config.metrics);
     let (stop_executor, executor_stopped) = tokio::sync::watch::channel(false);
     if !config.run_pools.is_empty() {
         let executor = start_executor(

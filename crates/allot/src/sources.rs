@@ -33,7 +33,7 @@ pub(crate) trait AppManager: Send {
 /// The HTTP API: `allot_server::run` on a listener, until stopped.
 pub(crate) struct HttpApi {
     listener: Option<tokio::net::TcpListener>,
-    state: Option<allot_server::AppState>,
+    state: Option<allot_server::ServerState>,
     /// Serving threads of their own (none: connections are served on the daemon's runtime).
     serving_threads: allot_server::ServingThreads,
     stop: watch::Sender<bool>,
@@ -43,7 +43,7 @@ pub(crate) struct HttpApi {
 impl HttpApi {
     pub(crate) fn new(
         listener: tokio::net::TcpListener,
-        state: allot_server::AppState,
+        state: allot_server::ServerState,
         serving_threads: allot_server::ServingThreads,
     ) -> HttpApi {
         HttpApi {

@@ -2,26 +2,23 @@
 //! one `AppStore` call.
 
 use allot_api as api;
-use allot_core::apps::states::TaskState;
-use allot_store::{ExecutorLease, Store};
+use allot_store::Store;
 use axum::extract::State;
 use axum::http::StatusCode;
 use axum::Json;
 
-use crate::app_convert::{self as convert, app_id, queue_path, task_id};
+use super::runs::note_unrun_pools;
+use super::{Answer, UNAVAILABLE};
+use crate::convert::apps::{self as convert, app_id, queue_path, task_id};
 use crate::error::ApiError;
 use crate::extract::{JsonBody, QueryArgs, Segments};
 use crate::page::{cursor, PageQuery};
-use crate::AppState;
-
-type Answer<T> = Result<Json<T>, ApiError>;
-
-const UNAVAILABLE: &str = "store_unavailable, store_outcome_unknown, not_enough_replicas or shutting_down";
+use crate::ServerState;
 
 /// Every queue, in path order.
 #[utoipa::path(get, path = "/v1/queues", tag = "apps",
     responses((status = 200, body = api::QueueList), (status = 503, body = api::ErrorBody, description = UNAVAILABLE)))]
-pub(crate) async fn list_queues(State(state): State<AppState>) -> Answer<api::QueueList> {
+pub(crate) async fn list_queues(State(state): State<ServerState>) -> Answer<api::QueueList> {
     let queues = state.store.queues().await?;
     Ok(Json(api::QueueList { queues: queues.into_iter().map(convert::queue).collect() }))
 }
@@ -30,7 +27,10 @@ pub(crate) async fn list_queues(State(state): State<AppState>) -> Answer<api::Qu
     params(("queue" = String, Path, description = "e.g. `root.analytics.etl`")),
     responses((status = 200, body = api::Queue), (status = 400, body = api::ErrorBody, description = "invalid_queue"),
         (status = 404, body = api::ErrorBody, description = "queue_not_found"), (status = 503, body = api::ErrorBody, description = UNAVAILABLE)))]
-pub(crate) async fn get_queue(State(state): State<AppState>, Segments(path): Segments<String>) -> Answer<api::Queue> {
+pub(crate) async fn get_queue(
+    State(state): State<ServerState>,
+    Segments(path): Segments<String>,
+) -> Answer<api::Queue> {
     Ok(Json(convert::queue(state.store.queue(queue_path(&path)?).await?)))
 }
 
@@ -43,7 +43,7 @@ pub(crate) async fn get_queue(State(state): State<AppState>, Segments(path): Seg
         (status = 400, body = api::ErrorBody, description = "invalid_queue, invalid_resources, invalid_argument or invalid_json"),
         (status = 503, body = api::ErrorBody, description = UNAVAILABLE)))]
 pub(crate) async fn put_queue(
-    State(state): State<AppState>,
+    State(state): State<ServerState>,
     Segments(path): Segments<String>,
     JsonBody(body): JsonBody<api::PutQueue>,
 ) -> Result<(StatusCode, Json<api::PutQueueResponse>), ApiError> {
@@ -61,7 +61,7 @@ pub(crate) async fn put_queue(
         (status = 409, body = api::ErrorBody, description = "queue_in_use: it has child queues or live applications, or it is root"),
         (status = 503, body = api::ErrorBody, description = UNAVAILABLE)))]
 pub(crate) async fn remove_queue(
-    State(state): State<AppState>,
+    State(state): State<ServerState>,
     Segments(path): Segments<String>,
 ) -> Answer<api::RemovedQueue> {
     state.store.remove_queue(queue_path(&path)?).await?;
@@ -73,7 +73,7 @@ pub(crate) async fn remove_queue(
     responses((status = 200, body = api::AppList), (status = 400, body = api::ErrorBody, description = "invalid_argument (limit) or invalid_cursor"),
         (status = 503, body = api::ErrorBody, description = UNAVAILABLE)))]
 pub(crate) async fn list_apps(
-    State(state): State<AppState>,
+    State(state): State<ServerState>,
     QueryArgs(query): QueryArgs<PageQuery>,
 ) -> Answer<api::AppList> {
     let page = state.store.apps(query.request()?).await?;
@@ -94,7 +94,7 @@ pub(crate) async fn list_apps(
         (status = 409, body = api::ErrorBody, description = "namespace_not_found (a token namespace the application names does not exist), unknown_task_group, app_conflict, task_conflict, task_group_conflict (a group given twice with different content), app_ended, queue_not_a_leaf, gang_never_fits (no pool can ever hold a member), gang_exceeds_queue or larger_than_task_group"),
         (status = 503, body = api::ErrorBody, description = UNAVAILABLE)))]
 pub(crate) async fn submit_app(
-    State(state): State<AppState>,
+    State(state): State<ServerState>,
     JsonBody(body): JsonBody<api::SubmitApp>,
 ) -> Result<(StatusCode, Json<api::SubmitAppResponse>), ApiError> {
     let answer = submit(state.store.as_ref(), body).await?;
@@ -118,7 +118,7 @@ pub async fn submit(store: &dyn Store, body: api::SubmitApp) -> Result<api::Subm
     params(("app" = String, Path, description = "the application's id")),
     responses((status = 200, body = api::App), (status = 400, body = api::ErrorBody, description = "invalid_argument"),
         (status = 404, body = api::ErrorBody, description = "app_not_found"), (status = 503, body = api::ErrorBody, description = UNAVAILABLE)))]
-pub(crate) async fn get_app(State(state): State<AppState>, Segments(id): Segments<String>) -> Answer<api::App> {
+pub(crate) async fn get_app(State(state): State<ServerState>, Segments(id): Segments<String>) -> Answer<api::App> {
     let info = state.store.app(app_id(&id)?).await?;
     Ok(Json(convert::app(info, state.store.now())))
 }
@@ -128,7 +128,7 @@ pub(crate) async fn get_app(State(state): State<AppState>, Segments(id): Segment
     params(("app" = String, Path, description = "the application's id")),
     responses((status = 200, body = api::App), (status = 400, body = api::ErrorBody, description = "invalid_argument"),
         (status = 404, body = api::ErrorBody, description = "app_not_found"), (status = 503, body = api::ErrorBody, description = UNAVAILABLE)))]
-pub(crate) async fn remove_app(State(state): State<AppState>, Segments(id): Segments<String>) -> Answer<api::App> {
+pub(crate) async fn remove_app(State(state): State<ServerState>, Segments(id): Segments<String>) -> Answer<api::App> {
     let info = state.store.remove_app(app_id(&id)?).await?;
     Ok(Json(convert::app(info, state.store.now())))
 }
@@ -140,7 +140,7 @@ pub(crate) async fn remove_app(State(state): State<AppState>, Segments(id): Segm
     responses((status = 200, body = api::App), (status = 400, body = api::ErrorBody, description = "invalid_argument"),
         (status = 404, body = api::ErrorBody, description = "app_not_found"), (status = 409, body = api::ErrorBody, description = "app_ended"),
         (status = 503, body = api::ErrorBody, description = UNAVAILABLE)))]
-pub(crate) async fn complete_app(State(state): State<AppState>, Segments(id): Segments<String>) -> Answer<api::App> {
+pub(crate) async fn complete_app(State(state): State<ServerState>, Segments(id): Segments<String>) -> Answer<api::App> {
     let info = state.store.complete_app(app_id(&id)?).await?;
     Ok(Json(convert::app(info, state.store.now())))
 }
@@ -153,7 +153,7 @@ pub(crate) async fn complete_app(State(state): State<AppState>, Segments(id): Se
         (status = 404, body = api::ErrorBody, description = "app_not_found"), (status = 409, body = api::ErrorBody, description = "app_ended"),
         (status = 503, body = api::ErrorBody, description = UNAVAILABLE)))]
 pub(crate) async fn fail_app(
-    State(state): State<AppState>,
+    State(state): State<ServerState>,
     Segments(id): Segments<String>,
     JsonBody(body): JsonBody<api::Fail>,
 ) -> Answer<api::App> {
@@ -168,7 +168,7 @@ pub(crate) async fn fail_app(
     responses((status = 200, body = api::TaskList), (status = 400, body = api::ErrorBody, description = "invalid_argument or invalid_cursor"),
         (status = 404, body = api::ErrorBody, description = "app_not_found"), (status = 503, body = api::ErrorBody, description = UNAVAILABLE)))]
 pub(crate) async fn list_tasks(
-    State(state): State<AppState>,
+    State(state): State<ServerState>,
     Segments(id): Segments<String>,
     QueryArgs(query): QueryArgs<PageQuery>,
 ) -> Answer<api::TaskList> {
@@ -186,7 +186,7 @@ pub(crate) async fn list_tasks(
         (status = 404, body = api::ErrorBody, description = "app_not_found"),
         (status = 409, body = api::ErrorBody, description = "namespace_not_found (a token namespace the task names does not exist), unknown_task_group, task_conflict, app_ended or larger_than_task_group"), (status = 503, body = api::ErrorBody, description = UNAVAILABLE)))]
 pub(crate) async fn add_task(
-    State(state): State<AppState>,
+    State(state): State<ServerState>,
     Segments(id): Segments<String>,
     JsonBody(body): JsonBody<api::AddTask>,
 ) -> Result<(StatusCode, Json<api::AddTaskResponse>), ApiError> {
@@ -202,78 +202,12 @@ pub(crate) async fn add_task(
     responses((status = 200, body = api::Task), (status = 400, body = api::ErrorBody, description = "invalid_argument"),
         (status = 404, body = api::ErrorBody, description = "app_not_found or task_not_found"), (status = 503, body = api::ErrorBody, description = UNAVAILABLE)))]
 pub(crate) async fn get_task(
-    State(state): State<AppState>,
+    State(state): State<ServerState>,
     Segments((app, task)): Segments<(String, String)>,
 ) -> Answer<api::Task> {
     let mut task = convert::task(state.store.task(app_id(&app)?, task_id(&task)?).await?);
     note_unrun_pools(&state, std::slice::from_mut(&mut task)).await;
     Ok(Json(task))
-}
-
-/// A placed task that nothing has started waits for a daemon that runs its pool: when no
-/// executor's lease names the pool, its `waiting` says so (the scheduler placed it, and it waits
-/// there until a daemon runs the pool or whoever runs it reports it started). A hint: when the
-/// leases cannot be read, nothing is added.
-async fn note_unrun_pools(state: &AppState, tasks: &mut [api::Task]) {
-    let placed = |t: &api::Task| t.state == TaskState::Allocated.name() && t.waiting.is_none();
-    if !tasks.iter().any(|t| placed(t) && t.placement.is_some()) {
-        return;
-    }
-    let leases = match state.store.executors().await {
-        Ok(leases) => leases,
-        Err(err) => {
-            tracing::debug!(error = %err, "cannot read the executors' leases");
-            return;
-        }
-    };
-    for task in tasks.iter_mut().filter(|t| placed(t)) {
-        let Some(pool) = task.placement.as_ref().map(|p| p.pool.clone()) else { continue };
-        if runner(&leases, &pool).is_none() {
-            task.waiting = Some(convert::pool_not_run(&pool));
-        }
-    }
-}
-
-/// The live executor that runs `pool`, if any.
-fn runner<'a>(leases: &'a [ExecutorLease], pool: &str) -> Option<&'a ExecutorLease> {
-    leases.iter().find(|l| l.live && l.pools.iter().any(|p| p.as_str() == pool))
-}
-
-/// How a task is being run by its plugin (on a daemon that runs its pool), and its phase
-/// timeline: one event per attempt, phase and version.
-#[utoipa::path(get, path = "/v1/apps/{app}/tasks/{task}/run", tag = "apps",
-    params(("app" = String, Path, description = "the application's id"), ("task" = String, Path, description = "the task's id")),
-    responses((status = 200, body = api::TaskRun), (status = 400, body = api::ErrorBody, description = "invalid_argument"),
-        (status = 404, body = api::ErrorBody, description = "app_not_found, task_not_found, or run_not_found (the task has not been run)"),
-        (status = 503, body = api::ErrorBody, description = UNAVAILABLE)))]
-pub(crate) async fn get_task_run(
-    State(state): State<AppState>,
-    Segments((app, task)): Segments<(String, String)>,
-) -> Answer<api::TaskRun> {
-    let (app_id, task_id) = (app_id(&app)?, task_id(&task)?);
-    match state.store.run(app_id.clone(), task_id.clone()).await? {
-        Some(run) => Ok(Json(convert::task_run(&app, &task, run))),
-        None => {
-            // The task's own 404 if it does not exist; else where it waits.
-            let info = state.store.task(app_id, task_id).await?;
-            let why = match &info.task.placement {
-                None => "it is not placed yet".to_owned(),
-                Some(placement) => {
-                    let pool = placement.pool.as_str();
-                    let leases = state.store.executors().await?;
-                    match runner(&leases, pool) {
-                        Some(lease) => format!("it is placed on pool `{pool}`, run by {}, and starts soon", lease.node),
-                        None => format!("it is {}", convert::pool_not_run(pool).message),
-                    }
-                }
-            };
-            Err(ApiError::new(
-                StatusCode::NOT_FOUND,
-                "run_not_found",
-                format!("task `{task}` of application `{app}` has not been run: {why}"),
-            ))
-        }
-    }
 }
 
 /// Removes a task; what it holds is released.
@@ -282,7 +216,7 @@ pub(crate) async fn get_task_run(
     responses((status = 200, body = api::Task), (status = 400, body = api::ErrorBody, description = "invalid_argument"),
         (status = 404, body = api::ErrorBody, description = "app_not_found or task_not_found"), (status = 503, body = api::ErrorBody, description = UNAVAILABLE)))]
 pub(crate) async fn remove_task(
-    State(state): State<AppState>,
+    State(state): State<ServerState>,
     Segments((app, task)): Segments<(String, String)>,
 ) -> Answer<api::Task> {
     Ok(Json(convert::task(state.store.remove_task(app_id(&app)?, task_id(&task)?).await?)))
@@ -296,7 +230,7 @@ pub(crate) async fn remove_task(
         (status = 409, body = api::ErrorBody, description = "illegal_transition: the task is not Allocated"),
         (status = 503, body = api::ErrorBody, description = UNAVAILABLE)))]
 pub(crate) async fn start_task(
-    State(state): State<AppState>,
+    State(state): State<ServerState>,
     Segments((app, task)): Segments<(String, String)>,
 ) -> Answer<api::Task> {
     Ok(Json(convert::task(state.store.start_task(app_id(&app)?, task_id(&task)?).await?)))
@@ -310,7 +244,7 @@ pub(crate) async fn start_task(
         (status = 409, body = api::ErrorBody, description = "illegal_transition: the task is not placed"),
         (status = 503, body = api::ErrorBody, description = UNAVAILABLE)))]
 pub(crate) async fn complete_task(
-    State(state): State<AppState>,
+    State(state): State<ServerState>,
     Segments((app, task)): Segments<(String, String)>,
 ) -> Answer<api::Task> {
     Ok(Json(convert::task(state.store.finish_task(app_id(&app)?, task_id(&task)?, None).await?)))
@@ -325,168 +259,10 @@ pub(crate) async fn complete_task(
         (status = 409, body = api::ErrorBody, description = "illegal_transition: the task has ended"),
         (status = 503, body = api::ErrorBody, description = UNAVAILABLE)))]
 pub(crate) async fn fail_task(
-    State(state): State<AppState>,
+    State(state): State<ServerState>,
     Segments((app, task)): Segments<(String, String)>,
     JsonBody(body): JsonBody<api::Fail>,
 ) -> Answer<api::Task> {
     let reason = body.reason.unwrap_or_else(|| "reported failed".to_owned());
     Ok(Json(convert::task(state.store.finish_task(app_id(&app)?, task_id(&task)?, Some(reason)).await?)))
-}
-
-/// The query of a task's logs.
-#[derive(Debug, serde::Deserialize, utoipa::IntoParams)]
-#[serde(deny_unknown_fields)]
-#[into_params(parameter_in = Query)]
-pub(crate) struct LogsQuery {
-    /// The log's name: `stdout` (the default) or `stderr` for shell tasks; a plugin names its own.
-    stream: Option<String>,
-    /// The attempt; the current one when absent.
-    #[param(minimum = 1)]
-    attempt: Option<u32>,
-    /// Where to start, in bytes: the `next_offset` of the piece before.
-    #[param(minimum = 0)]
-    offset: Option<u64>,
-}
-
-/// The most of a log one answer carries.
-const LOG_PIECE: u64 = 256 * 1024;
-
-/// A piece of a task's log, read on the daemon that runs it (logs are files on its machine, named
-/// by the run's log links). Follow a log by reading again from `next_offset` until `ended`.
-#[utoipa::path(get, path = "/v1/apps/{app}/tasks/{task}/logs", tag = "apps",
-    params(("app" = String, Path, description = "the application's id"), ("task" = String, Path, description = "the task's id"), LogsQuery),
-    responses((status = 200, body = api::TaskLogs), (status = 400, body = api::ErrorBody, description = "invalid_argument"),
-        (status = 404, body = api::ErrorBody, description = "app_not_found, task_not_found, run_not_found, or logs_not_found (no such log in that attempt, or it is on the machine of another daemon)"),
-        (status = 503, body = api::ErrorBody, description = UNAVAILABLE)))]
-pub(crate) async fn get_task_logs(
-    State(state): State<AppState>,
-    Segments((app, task)): Segments<(String, String)>,
-    QueryArgs(query): QueryArgs<LogsQuery>,
-    headers: axum::http::HeaderMap,
-) -> Answer<api::TaskLogs> {
-    let (app_id, task_id) = (app_id(&app)?, task_id(&task)?);
-    let Some(run) = state.store.run(app_id.clone(), task_id.clone()).await? else {
-        return Err(ApiError::new(StatusCode::NOT_FOUND, "run_not_found", format!("task `{task}` has not been run")));
-    };
-    // Logs are files on the machine that runs the task: another daemon's are read from it.
-    if !headers.contains_key(&crate::forward::FORWARDED) {
-        if let Some(node) = runs_elsewhere(&state, &run).await? {
-            return logs_from(&state, &node, &app, &task, &query).await;
-        }
-    }
-    let stream = query.stream.unwrap_or_else(|| "stdout".to_owned());
-    let attempt = query.attempt.unwrap_or(run.attempt);
-    let not_found = |why: String| ApiError::new(StatusCode::NOT_FOUND, "logs_not_found", why);
-    // The attempt's latest link of that name to a file.
-    let path = run
-        .events
-        .iter()
-        .rev()
-        .filter(|e| e.attempt == attempt)
-        .flat_map(|e| e.logs.iter())
-        .find(|l| l.name == stream)
-        .and_then(|l| l.uri.strip_prefix("file://"))
-        .map(std::path::PathBuf::from)
-        .ok_or_else(|| not_found(format!("attempt {attempt} of task `{task}` has no `{stream}` log")))?;
-    let offset = query.offset.unwrap_or(0);
-    let piece = read_piece(&path, offset).await.map_err(|e| {
-        not_found(format!(
-            "the `{stream}` log of task `{task}` is not on this daemon's machine ({e}): ask the daemon that runs its pool"
-        ))
-    })?;
-    let ended = attempt < run.attempt || matches!(run.next(), allot_core::runs::Next::Report(_));
-    let next_offset = offset + piece.len() as u64;
-    Ok(Json(api::TaskLogs {
-        app,
-        task,
-        attempt,
-        stream,
-        offset,
-        next_offset,
-        text: String::from_utf8_lossy(&piece).into_owned(),
-        ended,
-    }))
-}
-
-/// The daemon that runs the run's current placement, if it is another one (by the executors'
-/// leases).
-async fn runs_elsewhere(state: &AppState, run: &allot_core::runs::Run) -> Result<Option<String>, ApiError> {
-    let Some(pool) = run.alloc.as_deref().and_then(|alloc| alloc.split_once('/')).map(|(pool, _)| pool) else {
-        return Ok(None);
-    };
-    let here = state.executor.as_ref().map(|e| e.node().to_owned());
-    let leases = state.store.executors().await?;
-    Ok(runner(&leases, pool).map(|l| l.node.clone()).filter(|node| Some(node) != here.as_ref()))
-}
-
-/// The same call, answered by the daemon at `node`.
-async fn logs_from(state: &AppState, node: &str, app: &str, task: &str, query: &LogsQuery) -> Answer<api::TaskLogs> {
-    let unavailable = |why: String| ApiError::new(StatusCode::SERVICE_UNAVAILABLE, "store_unavailable", why);
-    let mut url = reqwest::Url::parse(node).map_err(|e| unavailable(format!("the daemon `{node}`: {e}")))?;
-    url.path_segments_mut()
-        .map_err(|()| unavailable(format!("the daemon `{node}` has no usable URL")))?
-        .extend(["v1", "apps", app, "tasks", task, "logs"]);
-    let mut request = state.forwarder.get(url).header(crate::forward::FORWARDED, "1");
-    if let Some(stream) = &query.stream {
-        request = request.query(&[("stream", stream)]);
-    }
-    if let Some(attempt) = query.attempt {
-        request = request.query(&[("attempt", attempt)]);
-    }
-    if let Some(offset) = query.offset {
-        request = request.query(&[("offset", offset)]);
-    }
-    let answer = request
-        .send()
-        .await
-        .map_err(|e| unavailable(format!("the daemon that runs the task ({node}) did not answer: {e}")))?;
-    let status = answer.status();
-    let bytes = answer.bytes().await.map_err(|e| unavailable(format!("{node}: {e}")))?;
-    if status.is_success() {
-        return serde_json::from_slice(&bytes).map(Json).map_err(|e| unavailable(format!("{node} answered: {e}")));
-    }
-    match serde_json::from_slice::<api::ErrorBody>(&bytes) {
-        Ok(body) if status == StatusCode::NOT_FOUND => {
-            Err(ApiError::new(StatusCode::NOT_FOUND, "logs_not_found", format!("{node}: {}", body.error.message)))
-        }
-        _ => Err(unavailable(format!("the daemon that runs the task ({node}) answered {status}"))),
-    }
-}
-
-/// Up to [`LOG_PIECE`] bytes of `path` from `offset`, cut before a character split at the end.
-async fn read_piece(path: &std::path::Path, offset: u64) -> std::io::Result<Vec<u8>> {
-    use tokio::io::{AsyncReadExt, AsyncSeekExt};
-    let mut file = tokio::fs::File::open(path).await?;
-    file.seek(std::io::SeekFrom::Start(offset)).await?;
-    let mut piece = Vec::new();
-    file.take(LOG_PIECE).read_to_end(&mut piece).await?;
-    if let Err(err) = std::str::from_utf8(&piece) {
-        if err.error_len().is_none() && piece.len() as u64 == LOG_PIECE {
-            piece.truncate(err.valid_up_to());
-        }
-    }
-    Ok(piece)
-}
-
-/// Wakes a task's run on the daemon that runs it: its plugin's next round comes at once (an
-/// outside service calls this when a job it runs for the task ends).
-#[utoipa::path(post, path = "/v1/apps/{app}/tasks/{task}/wake", tag = "apps",
-    params(("app" = String, Path, description = "the application's id"), ("task" = String, Path, description = "the task's id")),
-    responses((status = 202, body = api::Woken), (status = 400, body = api::ErrorBody, description = "invalid_argument"),
-        (status = 404, body = api::ErrorBody, description = "run_not_here: this daemon does not run the task now")))]
-pub(crate) async fn wake_task(
-    State(state): State<AppState>,
-    Segments((app, task)): Segments<(String, String)>,
-) -> Result<(StatusCode, Json<api::Woken>), ApiError> {
-    let (app_key, task_key) = (app_id(&app)?, task_id(&task)?);
-    match &state.executor {
-        Some(executor) if executor.wake(&app_key, &task_key) => {
-            Ok((StatusCode::ACCEPTED, Json(api::Woken { app, task })))
-        }
-        _ => Err(ApiError::new(
-            StatusCode::NOT_FOUND,
-            "run_not_here",
-            format!("this daemon does not run task `{task}` of application `{app}` now"),
-        )),
-    }
 }

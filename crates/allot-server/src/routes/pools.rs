@@ -8,18 +8,17 @@ use axum::http::StatusCode;
 use axum::Json;
 use serde::Deserialize;
 
-use crate::convert;
+use super::Answer;
+use crate::convert::pools as convert;
 use crate::error::ApiError;
 use crate::extract::{JsonBody, QueryArgs, Segments};
 use crate::page::{cursor, PageQuery};
-use crate::AppState;
-
-type Answer<T> = Result<Json<T>, ApiError>;
+use crate::ServerState;
 
 /// A page of the pools, ordered by name.
 #[utoipa::path(get, path = "/v1/pools", tag = "pools", params(PageQuery), responses((status = 400, body = api::ErrorBody, description = "invalid_argument (limit) or invalid_cursor"), (status = 503, body = api::ErrorBody, description = "store_unavailable, store_outcome_unknown, not_enough_replicas or shutting_down"), (status = 200, body = api::PoolList)))]
 pub(crate) async fn list_pools(
-    State(state): State<AppState>,
+    State(state): State<ServerState>,
     QueryArgs(query): QueryArgs<PageQuery>,
 ) -> Answer<api::PoolList> {
     let page = state.store.pools(query.request()?).await?;
@@ -32,7 +31,7 @@ pub(crate) async fn list_pools(
 #[utoipa::path(get, path = "/v1/pools/{pool}", tag = "pools",
     params(("pool" = String, Path, description = "the pool's name: 1 to 255 bytes, no control characters, no `/`")),
     responses((status = 400, body = api::ErrorBody, description = "invalid_name, invalid_resources, invalid_argument or invalid_json"), (status = 503, body = api::ErrorBody, description = "store_unavailable, store_outcome_unknown, not_enough_replicas or shutting_down"), (status = 200, body = api::Pool), (status = 404, body = api::ErrorBody, description = "pool_not_found")))]
-pub(crate) async fn get_pool(State(state): State<AppState>, Segments(name): Segments<String>) -> Answer<api::Pool> {
+pub(crate) async fn get_pool(State(state): State<ServerState>, Segments(name): Segments<String>) -> Answer<api::Pool> {
     Ok(Json(convert::pool(state.store.pool(convert::pool_name(&name)?).await?)))
 }
 
@@ -43,7 +42,7 @@ pub(crate) async fn get_pool(State(state): State<AppState>, Segments(name): Segm
         (status = 200, body = api::PutPoolResponse, description = "capacity changed, or a stopped pool started"),
         (status = 400, body = api::ErrorBody, description = "invalid_name or invalid_resources")))]
 pub(crate) async fn put_pool(
-    State(state): State<AppState>,
+    State(state): State<ServerState>,
     Segments(name): Segments<String>,
     JsonBody(body): JsonBody<api::PutPool>,
 ) -> Result<(StatusCode, Json<api::PutPoolResponse>), ApiError> {
@@ -77,7 +76,7 @@ pub(crate) struct RemovePoolQuery {
     responses((status = 400, body = api::ErrorBody, description = "invalid_name, invalid_resources, invalid_argument or invalid_json"), (status = 503, body = api::ErrorBody, description = "store_unavailable, store_outcome_unknown, not_enough_replicas or shutting_down"), (status = 200, body = api::RemovedPool), (status = 404, body = api::ErrorBody),
         (status = 409, body = api::ErrorBody, description = "pool_in_use")))]
 pub(crate) async fn remove_pool(
-    State(state): State<AppState>,
+    State(state): State<ServerState>,
     Segments(name): Segments<String>,
     QueryArgs(query): QueryArgs<RemovePoolQuery>,
 ) -> Answer<api::RemovedPool> {
@@ -90,7 +89,7 @@ pub(crate) async fn remove_pool(
     params(("pool" = String, Path, description = "the pool's name: 1 to 255 bytes, no control characters, no `/`")),
     responses((status = 400, body = api::ErrorBody, description = "invalid_name, invalid_resources, invalid_argument or invalid_json"), (status = 503, body = api::ErrorBody, description = "store_unavailable, store_outcome_unknown, not_enough_replicas or shutting_down"), (status = 200, body = api::OfferList), (status = 404, body = api::ErrorBody)))]
 pub(crate) async fn list_offers(
-    State(state): State<AppState>,
+    State(state): State<ServerState>,
     Segments(name): Segments<String>,
 ) -> Answer<api::OfferList> {
     let offer = state.store.offer(convert::pool_name(&name)?).await?;
@@ -106,7 +105,7 @@ pub(crate) async fn list_offers(
         (status = 400, body = api::ErrorBody, description = "invalid_resources or invalid_argument"),
         (status = 404, body = api::ErrorBody, description = "pool_not_found")))]
 pub(crate) async fn accept(
-    State(state): State<AppState>,
+    State(state): State<ServerState>,
     Segments((name, offer)): Segments<(String, String)>,
     JsonBody(body): JsonBody<api::Accept>,
 ) -> Result<(StatusCode, Json<api::Alloc>), ApiError> {
@@ -130,7 +129,7 @@ pub(crate) async fn accept(
     params(("pool" = String, Path, description = "the pool's name: 1 to 255 bytes, no control characters, no `/`"), PageQuery),
     responses((status = 400, body = api::ErrorBody, description = "invalid_name, invalid_argument (limit) or invalid_cursor"), (status = 503, body = api::ErrorBody, description = "store_unavailable, store_outcome_unknown, not_enough_replicas or shutting_down"), (status = 200, body = api::AllocList), (status = 404, body = api::ErrorBody)))]
 pub(crate) async fn list_allocs(
-    State(state): State<AppState>,
+    State(state): State<ServerState>,
     Segments(name): Segments<String>,
     QueryArgs(query): QueryArgs<PageQuery>,
 ) -> Answer<api::AllocList> {
@@ -150,7 +149,7 @@ pub(crate) async fn list_allocs(
         (status = 410, body = api::Alloc, description = "an ended alloc's record: `ended` says why"),
         (status = 404, body = api::ErrorBody, description = "alloc_not_found")))]
 pub(crate) async fn get_alloc(
-    State(state): State<AppState>,
+    State(state): State<ServerState>,
     Segments((name, id)): Segments<(String, String)>,
 ) -> Result<(StatusCode, Json<api::Alloc>), ApiError> {
     let found = state.store.inspect_alloc(convert::pool_name(&name)?, convert::alloc_id(&id)?).await?;
@@ -163,7 +162,7 @@ pub(crate) async fn get_alloc(
     params(("pool" = String, Path), ("alloc" = String, Path)),
     responses((status = 400, body = api::ErrorBody, description = "invalid_name, invalid_resources, invalid_argument or invalid_json"), (status = 503, body = api::ErrorBody, description = "store_unavailable, store_outcome_unknown, not_enough_replicas or shutting_down"), (status = 200, body = api::Alloc), (status = 404, body = api::ErrorBody)))]
 pub(crate) async fn free_alloc(
-    State(state): State<AppState>,
+    State(state): State<ServerState>,
     Segments((name, id)): Segments<(String, String)>,
 ) -> Answer<api::Alloc> {
     let ended = state.store.free_alloc(convert::pool_name(&name)?, convert::alloc_id(&id)?).await?;
@@ -178,7 +177,7 @@ pub(crate) async fn free_alloc(
         (status = 409, body = api::ErrorBody, description = "alloc_ended: freed or reclaimed; stop keeping it alive"),
         (status = 404, body = api::ErrorBody)))]
 pub(crate) async fn keepalive_alloc(
-    State(state): State<AppState>,
+    State(state): State<ServerState>,
     Segments((name, id)): Segments<(String, String)>,
     JsonBody(body): JsonBody<api::AllocKeepalive>,
 ) -> Answer<api::AllocKeepaliveResponse> {
@@ -196,7 +195,7 @@ pub(crate) async fn keepalive_alloc(
     request_body = api::StopIfIdle,
     responses((status = 400, body = api::ErrorBody, description = "invalid_name, invalid_resources, invalid_argument or invalid_json"), (status = 503, body = api::ErrorBody, description = "store_unavailable, store_outcome_unknown, not_enough_replicas or shutting_down"), (status = 200, body = api::StopIfIdleResponse), (status = 404, body = api::ErrorBody)))]
 pub(crate) async fn stop_if_idle(
-    State(state): State<AppState>,
+    State(state): State<ServerState>,
     Segments(name): Segments<String>,
     JsonBody(body): JsonBody<api::StopIfIdle>,
 ) -> Answer<api::StopIfIdleResponse> {

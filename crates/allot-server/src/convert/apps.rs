@@ -11,7 +11,8 @@ use allot_core::apps::{
 use allot_core::{Millis, MAX_UNITS};
 use allot_store::{AppInfo, TaskInfo};
 
-use crate::convert::{namespace_name, resources};
+use crate::convert::pools::resources;
+use crate::convert::quotas::namespace_name;
 use crate::error::ApiError;
 
 pub(crate) fn queue_path(path: &str) -> Result<QueuePath, ApiError> {
@@ -143,14 +144,6 @@ pub(crate) fn task_spec(mut body: api::AddTask) -> Result<TaskSpec, ApiError> {
     })
 }
 
-/// Why a placed task waits when no daemon runs its pool (`pool_not_run`).
-pub(crate) fn pool_not_run(pool: &str) -> api::Waiting {
-    api::Waiting {
-        code: "pool_not_run".to_owned(),
-        message: format!("placed on pool `{pool}`, which no daemon runs (start one with --run-pool {pool})"),
-    }
-}
-
 fn waiting(why: Option<Why>) -> Option<api::Waiting> {
     why.map(|why| api::Waiting { code: why.code().to_owned(), message: why.to_string() })
 }
@@ -227,59 +220,6 @@ pub(crate) fn app(info: AppInfo, now: Millis) -> api::App {
                 resources: resources.to_string(),
             }
         }),
-    }
-}
-
-/// A task's run, as the API shows it.
-pub(crate) fn task_run(app: &str, task: &str, run: allot_core::runs::Run) -> api::TaskRun {
-    use allot_core::runs::{Ending, Stage};
-    let error = |e: &allot_core::runs::ExecError| api::RunError {
-        kind: e.kind.name().to_owned(),
-        code: e.code.clone(),
-        message: e.message.clone(),
-    };
-    let ending = |ending: &Ending| match ending {
-        Ending::Succeeded => "succeeded".to_owned(),
-        Ending::Failed(e) => format!("failed: {}", e.message),
-        Ending::Aborted(reason) => format!("aborted: {reason}"),
-    };
-    let (stage, ended) = match &run.stage {
-        Stage::Handling => ("running", None),
-        Stage::Ending { .. } => ("ending", None),
-        Stage::Ended(how) => ("ended", Some(ending(how))),
-    };
-    api::TaskRun {
-        app: app.to_owned(),
-        task: task.to_owned(),
-        attempt: run.attempt,
-        phase: run.phase.name().to_owned(),
-        user_failures: run.user_failures,
-        system_failures: run.system_failures,
-        stage: stage.to_owned(),
-        ending: ended,
-        outputs: run.outputs.as_deref().and_then(|text| serde_json::from_str(text).ok()),
-        cache: run.cache.as_ref().map(|c| api::RunCache {
-            key: c.key.clone(),
-            task_type: c.task_type.clone(),
-            plugin: c.plugin.clone(),
-            cache_version: c.cache_version.clone(),
-            spec_digest: c.spec_digest.clone(),
-            inputs_digest: c.inputs_digest.clone(),
-            hit: c.hit.clone(),
-        }),
-        events: run
-            .events
-            .iter()
-            .map(|e| api::RunEvent {
-                attempt: e.attempt,
-                phase: e.phase.name().to_owned(),
-                version: e.version,
-                reason: e.reason.clone(),
-                at_ms: e.at,
-                error: e.error.as_ref().map(error),
-                logs: e.logs.iter().map(|l| api::RunLog { name: l.name.clone(), uri: l.uri.clone() }).collect(),
-            })
-            .collect(),
     }
 }
 

@@ -1,96 +1,24 @@
-//! The handlers: one per route, each a thin conversion around one `Store` call.
+//! The handlers of the token quotas: namespaces, grants, waiters and sessions; one per route,
+//! each a thin conversion around one `QuotaStore` call.
 
 use allot_api as api;
-use allot_store::AppsHome;
 use axum::extract::State;
 use axum::http::StatusCode;
-use axum::response::IntoResponse;
 use axum::Json;
 use serde::Deserialize;
 
-use crate::convert;
+use super::Answer;
+use crate::convert::quotas as convert;
 use crate::error::ApiError;
 use crate::extract::{JsonBody, QueryArgs, Segments};
 use crate::page::{cursor, PageQuery};
-use crate::AppState;
-
-type Answer<T> = Result<Json<T>, ApiError>;
-
-#[utoipa::path(get, path = "/healthz", tag = "daemon", responses((status = 200, body = api::Health)))]
-pub(crate) async fn healthz(State(state): State<AppState>) -> Json<api::Health> {
-    Json(api::Health {
-        status: "ok".into(),
-        backend: state.store.backend().into(),
-        durability: state.store.durability().into(),
-        version: env!("CARGO_PKG_VERSION").into(),
-    })
-}
-
-/// How long `/readyz` waits for the daemon that schedules applications to answer.
-const REACH_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(1);
-
-/// Whether this daemon can serve every part of the API now: its store answers, and the
-/// applications part is served here or by a daemon this one reaches (on Redis, the one elected to
-/// schedule). `/healthz` only says that the process answers.
-#[utoipa::path(get, path = "/readyz", tag = "daemon",
-    responses((status = 200, body = api::Readiness, description = "ready: every check passes"),
-        (status = 503, body = api::Readiness, description = "not ready (starting, a scheduler being elected, the store unreachable, shutting down): the failed checks say why")))]
-pub(crate) async fn readyz(State(state): State<AppState>) -> axum::response::Response {
-    let check = |name: &str, ready: bool, message: Option<String>| api::ReadinessCheck {
-        name: name.to_owned(),
-        ready,
-        message,
-    };
-    let store = match state.store.check_ready().await {
-        Ok(()) => check("store", true, None),
-        Err(err) => check("store", false, Some(err.to_string())),
-    };
-    let apps = match state.store.apps_home() {
-        AppsHome::Here => check("applications", true, None),
-        AppsHome::Unknown => check(
-            "applications",
-            false,
-            Some("no daemon schedules applications yet (one is being elected, within about 3 s)".to_owned()),
-        ),
-        AppsHome::At(base) => match reach(&state.forwarder, &base).await {
-            Ok(()) => check("applications", true, Some(format!("served by the daemon that schedules, at {base}"))),
-            Err(why) => check(
-                "applications",
-                false,
-                Some(format!("the daemon that schedules applications, at {base}, does not answer: {why}")),
-            ),
-        },
-    };
-    let checks = vec![store, apps];
-    let ready = checks.iter().all(|c| c.ready);
-    let body = api::Readiness {
-        status: if ready { "ready" } else { "not_ready" }.to_owned(),
-        backend: state.store.backend().to_owned(),
-        checks,
-    };
-    if ready {
-        return (StatusCode::OK, Json(body)).into_response();
-    }
-    // Expected soon, as every 503 of the API says.
-    let retry = [(axum::http::header::RETRY_AFTER, "1")];
-    (StatusCode::SERVICE_UNAVAILABLE, retry, Json(body)).into_response()
-}
-
-/// Whether the daemon at `base` answers its `/healthz` within [`REACH_TIMEOUT`].
-async fn reach(client: &reqwest::Client, base: &str) -> Result<(), String> {
-    let answer =
-        client.get(format!("{base}/healthz")).timeout(REACH_TIMEOUT).send().await.map_err(|e| e.to_string())?;
-    match answer.status() {
-        status if status.is_success() => Ok(()),
-        status => Err(format!("it answered {status}")),
-    }
-}
+use crate::ServerState;
 
 /// A page of the namespaces, ordered by name.
 #[utoipa::path(get, path = "/v1/namespaces", tag = "namespaces", params(PageQuery),
     responses((status = 200, body = api::NamespaceList), (status = 400, body = api::ErrorBody, description = "invalid_argument (limit) or invalid_cursor")))]
 pub(crate) async fn list_namespaces(
-    State(state): State<AppState>,
+    State(state): State<ServerState>,
     QueryArgs(query): QueryArgs<PageQuery>,
 ) -> Answer<api::NamespaceList> {
     let page = state.store.namespaces(query.request()?).await?;
@@ -104,7 +32,7 @@ pub(crate) async fn list_namespaces(
     params(("namespace" = String, Path, description = "`:`-separated namespace, e.g. `hive:cluster-a`")),
     responses((status = 400, body = api::ErrorBody, description = "invalid input"), (status = 200, body = api::Namespace), (status = 404, body = api::ErrorBody)))]
 pub(crate) async fn get_namespace(
-    State(state): State<AppState>,
+    State(state): State<ServerState>,
     Segments(name): Segments<String>,
 ) -> Answer<api::Namespace> {
     let view = state.store.namespace(convert::namespace_name(&name)?).await?;
@@ -118,7 +46,7 @@ pub(crate) async fn get_namespace(
         (status = 200, body = api::PutNamespaceResponse, description = "quota changed"),
         (status = 400, body = api::ErrorBody)))]
 pub(crate) async fn put_namespace(
-    State(state): State<AppState>,
+    State(state): State<ServerState>,
     Segments(name): Segments<String>,
     JsonBody(body): JsonBody<api::PutNamespace>,
 ) -> Result<(StatusCode, Json<api::PutNamespaceResponse>), ApiError> {
@@ -141,7 +69,7 @@ pub(crate) struct RemoveQuery {
     responses((status = 503, body = api::ErrorBody, description = "store_unavailable or shutting_down"), (status = 400, body = api::ErrorBody, description = "invalid input"), (status = 200, body = api::RemovedNamespace), (status = 404, body = api::ErrorBody),
         (status = 409, body = api::ErrorBody, description = "namespace_in_use")))]
 pub(crate) async fn remove_namespace(
-    State(state): State<AppState>,
+    State(state): State<ServerState>,
     Segments(name): Segments<String>,
     QueryArgs(query): QueryArgs<RemoveQuery>,
 ) -> Answer<api::RemovedNamespace> {
@@ -154,7 +82,7 @@ pub(crate) async fn remove_namespace(
     params(("namespace" = String, Path), PageQuery),
     responses((status = 400, body = api::ErrorBody, description = "invalid_name, invalid_argument (limit) or invalid_cursor"), (status = 200, body = api::GrantList), (status = 404, body = api::ErrorBody)))]
 pub(crate) async fn list_grants(
-    State(state): State<AppState>,
+    State(state): State<ServerState>,
     Segments(name): Segments<String>,
     QueryArgs(query): QueryArgs<PageQuery>,
 ) -> Answer<api::GrantList> {
@@ -169,7 +97,7 @@ pub(crate) async fn list_grants(
     params(("namespace" = String, Path), ("token" = String, Path)),
     responses((status = 400, body = api::ErrorBody, description = "invalid input"), (status = 200, body = api::Grant), (status = 404, body = api::ErrorBody)))]
 pub(crate) async fn get_grant(
-    State(state): State<AppState>,
+    State(state): State<ServerState>,
     Segments((name, token)): Segments<(String, String)>,
 ) -> Answer<api::Grant> {
     let info = state.store.grant(convert::namespace_name(&name)?, convert::token(&token)?).await?;
@@ -185,7 +113,7 @@ pub(crate) async fn get_grant(
         (status = 409, body = api::ErrorBody, description = "token_conflict or units_exceed_quota"),
         (status = 503, body = api::ErrorBody)))]
 pub(crate) async fn allocate(
-    State(state): State<AppState>,
+    State(state): State<ServerState>,
     Segments((name, token)): Segments<(String, String)>,
     JsonBody(body): JsonBody<api::Allocate>,
 ) -> Answer<api::AllocateResponse> {
@@ -194,7 +122,7 @@ pub(crate) async fn allocate(
 
 /// What [`allocate`] does, once its path and body are read (the hot path calls it too).
 pub(crate) async fn allocate_grant(
-    state: &AppState,
+    state: &ServerState,
     name: &str,
     token: &str,
     body: api::Allocate,
@@ -218,7 +146,7 @@ pub(crate) struct FencingQuery {
     responses((status = 503, body = api::ErrorBody, description = "store_unavailable or shutting_down"), (status = 400, body = api::ErrorBody, description = "invalid input"), (status = 200, body = api::ReleaseResponse), (status = 404, body = api::ErrorBody),
         (status = 409, body = api::ErrorBody, description = "stale_fencing")))]
 pub(crate) async fn release(
-    State(state): State<AppState>,
+    State(state): State<ServerState>,
     Segments((name, token)): Segments<(String, String)>,
     QueryArgs(query): QueryArgs<FencingQuery>,
 ) -> Answer<api::ReleaseResponse> {
@@ -227,7 +155,7 @@ pub(crate) async fn release(
 
 /// What [`release`] does, once its path and query are read (the hot path calls it too).
 pub(crate) async fn release_grant(
-    state: &AppState,
+    state: &ServerState,
     name: &str,
     token: &str,
     fencing: Option<u64>,
@@ -243,7 +171,7 @@ pub(crate) async fn release_grant(
     responses((status = 503, body = api::ErrorBody, description = "store_unavailable or shutting_down"), (status = 400, body = api::ErrorBody, description = "invalid input"), (status = 200, body = api::Grant), (status = 404, body = api::ErrorBody),
         (status = 409, body = api::ErrorBody, description = "stale_fencing")))]
 pub(crate) async fn keepalive_grant(
-    State(state): State<AppState>,
+    State(state): State<ServerState>,
     Segments((name, token)): Segments<(String, String)>,
     JsonBody(body): JsonBody<api::Keepalive>,
 ) -> Answer<api::Grant> {
@@ -261,7 +189,7 @@ pub(crate) async fn keepalive_grant(
     params(("namespace" = String, Path), PageQuery),
     responses((status = 400, body = api::ErrorBody, description = "invalid_name, invalid_argument (limit) or invalid_cursor"), (status = 200, body = api::WaiterList), (status = 404, body = api::ErrorBody)))]
 pub(crate) async fn list_waiters(
-    State(state): State<AppState>,
+    State(state): State<ServerState>,
     Segments(name): Segments<String>,
     QueryArgs(query): QueryArgs<PageQuery>,
 ) -> Answer<api::WaiterList> {
@@ -275,7 +203,7 @@ pub(crate) async fn list_waiters(
 #[utoipa::path(post, path = "/v1/sessions", tag = "sessions", request_body = api::OpenSession,
     responses((status = 503, body = api::ErrorBody, description = "store_unavailable or shutting_down"), (status = 201, body = api::Session), (status = 400, body = api::ErrorBody)))]
 pub(crate) async fn open_session(
-    State(state): State<AppState>,
+    State(state): State<ServerState>,
     JsonBody(body): JsonBody<api::OpenSession>,
 ) -> Result<(StatusCode, Json<api::Session>), ApiError> {
     let info = state.store.open_session(convert::lease_ttl(body.ttl_ms)?).await?;
@@ -286,7 +214,7 @@ pub(crate) async fn open_session(
 #[utoipa::path(get, path = "/v1/sessions", tag = "sessions", params(PageQuery),
     responses((status = 200, body = api::SessionList), (status = 400, body = api::ErrorBody, description = "invalid_argument (limit) or invalid_cursor")))]
 pub(crate) async fn list_sessions(
-    State(state): State<AppState>,
+    State(state): State<ServerState>,
     QueryArgs(query): QueryArgs<PageQuery>,
 ) -> Answer<api::SessionList> {
     let page = state.store.sessions(query.request()?).await?;
@@ -298,7 +226,10 @@ pub(crate) async fn list_sessions(
 
 #[utoipa::path(get, path = "/v1/sessions/{id}", tag = "sessions", params(("id" = String, Path)),
     responses((status = 400, body = api::ErrorBody, description = "invalid input"), (status = 200, body = api::Session), (status = 404, body = api::ErrorBody)))]
-pub(crate) async fn get_session(State(state): State<AppState>, Segments(id): Segments<String>) -> Answer<api::Session> {
+pub(crate) async fn get_session(
+    State(state): State<ServerState>,
+    Segments(id): Segments<String>,
+) -> Answer<api::Session> {
     let info = state.store.session(convert::session_id(&id)?).await?;
     Ok(Json(convert::session(info)))
 }
@@ -307,7 +238,7 @@ pub(crate) async fn get_session(State(state): State<AppState>, Segments(id): Seg
 #[utoipa::path(post, path = "/v1/sessions/{id}/keepalive", tag = "sessions", params(("id" = String, Path)),
     responses((status = 503, body = api::ErrorBody, description = "store_unavailable or shutting_down"), (status = 400, body = api::ErrorBody, description = "invalid input"), (status = 200, body = api::Session), (status = 404, body = api::ErrorBody)))]
 pub(crate) async fn keepalive_session(
-    State(state): State<AppState>,
+    State(state): State<ServerState>,
     Segments(id): Segments<String>,
 ) -> Answer<api::Session> {
     let info = state.store.keepalive_session(convert::session_id(&id)?).await?;
@@ -318,7 +249,7 @@ pub(crate) async fn keepalive_session(
 #[utoipa::path(delete, path = "/v1/sessions/{id}", tag = "sessions", params(("id" = String, Path)),
     responses((status = 503, body = api::ErrorBody, description = "store_unavailable or shutting_down"), (status = 400, body = api::ErrorBody, description = "invalid input"), (status = 200, body = api::Session), (status = 404, body = api::ErrorBody)))]
 pub(crate) async fn close_session(
-    State(state): State<AppState>,
+    State(state): State<ServerState>,
     Segments(id): Segments<String>,
 ) -> Answer<api::Session> {
     let info = state.store.close_session(convert::session_id(&id)?).await?;

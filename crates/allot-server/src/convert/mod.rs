@@ -1,0 +1,7 @@
+//! Conversions between wire types (`allot_api`) and domain types (`allot_core`, `allot_store`),
+//! one module per part. Input is validated here, once, on its way in.
+
+pub(crate) mod apps;
+pub(crate) mod pools;
+pub(crate) mod quotas;
+pub(crate) mod runs;

@@ -1,0 +1,90 @@
+//! Conversions of pools, offers and allocs between wire types and domain types.
+
+use allot_core::pools::{
+    Alloc, AllocId, AllocRequest, AllocState, EndReason, EndedAlloc, Offer, PoolName, PoolView, HELD, OFFER_ID,
+};
+use allot_core::{Millis, Resources};
+
+use crate::error::ApiError;
+
+pub(crate) fn pool_name(name: &str) -> Result<PoolName, ApiError> {
+    Ok(PoolName::new(name)?)
+}
+
+pub(crate) fn alloc_id(id: &str) -> Result<AllocId, ApiError> {
+    Ok(AllocId::parse(id)?)
+}
+
+pub(crate) fn resources(text: &str) -> Result<Resources, ApiError> {
+    Ok(Resources::parse_api(text)?)
+}
+
+pub(crate) fn alloc_request(body: allot_api::Accept) -> Result<AllocRequest, ApiError> {
+    Ok(AllocRequest {
+        min: resources(&body.min)?,
+        max: body.max.as_deref().map(resources).transpose()?,
+        owner: body.owner.unwrap_or_default(),
+        labels: body.labels,
+    })
+}
+
+pub(crate) fn pool(view: PoolView) -> allot_api::Pool {
+    allot_api::Pool {
+        name: view.name.to_string(),
+        capacity: view.capacity.to_string(),
+        allocated: view.allocated.to_string(),
+        expired: view.expired.to_string(),
+        allocs: view.allocs as u64,
+        expired_allocs: view.expired_allocs as u64,
+        stopped: view.stopped,
+        stats: allot_api::PoolStats {
+            accepted: view.stats.accepted,
+            offer_expired: view.stats.offer_expired,
+            freed: view.stats.freed,
+            reclaimed: view.stats.reclaimed,
+        },
+        labels: view.labels,
+    }
+}
+
+pub(crate) fn offer(offer: Offer) -> allot_api::Offer {
+    allot_api::Offer { id: OFFER_ID.into(), pool: offer.pool.to_string(), available: offer.available.to_string() }
+}
+
+/// Who holds an alloc made for a task: it has no lease.
+const HELD_BY_SCHEDULER: &str = "scheduler";
+
+/// An alloc as the wire shows it, with times relative to `now`.
+pub(crate) fn alloc(alloc: Alloc, ended: Option<(Millis, EndReason)>, now: Millis) -> allot_api::Alloc {
+    let reason = |reason: EndReason| match reason {
+        EndReason::Freed => allot_api::EndReason::Freed,
+        EndReason::Reclaimed => allot_api::EndReason::Reclaimed,
+        EndReason::PoolStopped => allot_api::EndReason::PoolStopped,
+        EndReason::PoolRemoved => allot_api::EndReason::PoolRemoved,
+    };
+    allot_api::Alloc {
+        uri: format!("{}/{}", alloc.pool, alloc.id),
+        pool: alloc.pool.to_string(),
+        id: alloc.id.to_string(),
+        resources: alloc.resources.to_string(),
+        owner: alloc.owner,
+        labels: alloc.labels,
+        created_ms_ago: now.saturating_sub(alloc.created),
+        last_keepalive_ms_ago: alloc.last_keepalive.map(|at| now.saturating_sub(at)),
+        expires_in_ms: (alloc.expires != HELD).then(|| alloc.expires as i64 - now as i64),
+        held_by: (alloc.expires == HELD).then(|| HELD_BY_SCHEDULER.to_owned()),
+        ended: ended.map(|(_, why)| reason(why)),
+        ended_ms_ago: ended.map(|(at, _)| now.saturating_sub(at)),
+    }
+}
+
+pub(crate) fn alloc_state(state: AllocState, now: Millis) -> allot_api::Alloc {
+    match state {
+        AllocState::Live(live) => alloc(live, None, now),
+        AllocState::Ended(ended) => ended_alloc(ended, now),
+    }
+}
+
+pub(crate) fn ended_alloc(ended: EndedAlloc, now: Millis) -> allot_api::Alloc {
+    alloc(ended.alloc, Some((ended.ended_at, ended.reason)), now)
+}
