@@ -30,6 +30,38 @@ pub(crate) fn segment(what: &str, value: &str) -> Result<String, ClientError> {
     Ok(encode_segment(value))
 }
 
+pub(crate) fn namespace_path(namespace: &str) -> Result<String, ClientError> {
+    Ok(format!("/v1/namespaces/{}", segment("namespace", namespace)?))
+}
+
+pub(crate) fn grant_path(namespace: &str, token: &str) -> Result<String, ClientError> {
+    Ok(format!("{}/grants/{}", namespace_path(namespace)?, segment("token", token)?))
+}
+
+pub(crate) fn pool_path(pool: &str) -> Result<String, ClientError> {
+    Ok(format!("/v1/pools/{}", segment("pool", pool)?))
+}
+
+pub(crate) fn alloc_path(pool: &str, alloc: &str) -> Result<String, ClientError> {
+    Ok(format!("{}/allocs/{}", pool_path(pool)?, segment("alloc", alloc)?))
+}
+
+pub(crate) fn queue_path(queue: &str) -> Result<String, ClientError> {
+    Ok(format!("/v1/queues/{}", segment("queue", queue)?))
+}
+
+pub(crate) fn app_path(app: &str) -> Result<String, ClientError> {
+    Ok(format!("/v1/apps/{}", segment("application", app)?))
+}
+
+pub(crate) fn task_path(app: &str, task: &str) -> Result<String, ClientError> {
+    Ok(format!("{}/tasks/{}", app_path(app)?, segment("task", task)?))
+}
+
+pub(crate) fn session_path(id: &str) -> Result<String, ClientError> {
+    Ok(format!("/v1/sessions/{}", segment("session id", id)?))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -152,7 +152,7 @@ async fn measure(args: &PoolsBenchArgs, endpoint: &Endpoint) -> anyhow::Result<(
 /// `--contention-clients` clients share `--contention-pools` pools of `cpu=2` (two slots each):
 /// each takes `cpu=1` with the allocate helper through a caching mux, holds it 20 ms and frees it.
 async fn contention(args: &PoolsBenchArgs, endpoint: &Endpoint, run: &str) -> anyhow::Result<HelperResult> {
-    use allot_client::pools::{allocate, AllocRequest, AllocateOptions, DaemonPool, Mux};
+    use allot_client::pools::{allocate, AllocNeed, AllocateOptions, DaemonPool, Mux};
     let client = allot_client::Client::new(&endpoint.url())?;
     let mux = Arc::new(Mux::with_caching(Duration::from_secs(1)));
     for i in 0..args.contention_pools {
@@ -160,7 +160,7 @@ async fn contention(args: &PoolsBenchArgs, endpoint: &Endpoint, run: &str) -> an
         client.put_pool(&name, "cpu=2").await?;
         mux.add_pool(Arc::new(DaemonPool::new(client.clone(), name)?))?;
     }
-    let request = Arc::new(AllocRequest::new("cpu=1".parse()?).with_owner("bench"));
+    let request = Arc::new(AllocNeed::new("cpu=1".parse()?).with_owner("bench"));
     let deadline = tokio::time::Instant::now() + args.window.duration;
     let mut tasks = Vec::new();
     for _ in 0..args.contention_clients {

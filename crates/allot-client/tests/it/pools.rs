@@ -9,8 +9,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use allot_client::pools::{
-    allocate, amount_to_take, pick_n, spawn_keepalive, AllocRequest, AllocateError, AllocateOptions, Backoff,
-    CachingPool, DaemonPool, KeepaliveOptions, LostReason, Mux, PoolError, PoolOffer, PoolSet, PoolSource, Resources,
+    allocate, amount_to_take, pick_n, spawn_keepalive, AllocNeed, AllocateError, AllocateOptions, Backoff, CachingPool,
+    DaemonPool, KeepaliveOptions, LostReason, Mux, PoolCallError, PoolOffer, PoolSet, PoolSource, Resources,
     SizeWeights,
 };
 use allot_client::{Alloc, AllocKeepaliveResponse, Client};
@@ -141,26 +141,26 @@ impl PoolSource for Counted {
         self.pool.name()
     }
 
-    async fn offers(&self) -> Result<Vec<PoolOffer>, PoolError> {
+    async fn offers(&self) -> Result<Vec<PoolOffer>, PoolCallError> {
         self.offers.fetch_add(1, Ordering::SeqCst);
         self.pool.offers().await
     }
 
-    async fn accept(&self, offer: &str, request: &AllocRequest) -> Result<Alloc, PoolError> {
+    async fn accept(&self, offer: &str, request: &AllocNeed) -> Result<Alloc, PoolCallError> {
         self.accepts.fetch_add(1, Ordering::SeqCst);
         self.pool.accept(offer, request).await
     }
 
-    async fn alloc(&self, alloc: &str) -> Result<Alloc, PoolError> {
+    async fn alloc(&self, alloc: &str) -> Result<Alloc, PoolCallError> {
         self.pool.alloc(alloc).await
     }
 
-    async fn keepalive(&self, alloc: &str, interval: Duration) -> Result<AllocKeepaliveResponse, PoolError> {
+    async fn keepalive(&self, alloc: &str, interval: Duration) -> Result<AllocKeepaliveResponse, PoolCallError> {
         self.keepalives.fetch_add(1, Ordering::SeqCst);
         self.pool.keepalive(alloc, interval).await
     }
 
-    async fn free(&self, alloc: &str) -> Result<Alloc, PoolError> {
+    async fn free(&self, alloc: &str) -> Result<Alloc, PoolCallError> {
         self.pool.free(alloc).await
     }
 }
@@ -347,19 +347,19 @@ async fn allocate_takes_the_whole_offer_or_what_it_asks_on_a_daemon() {
     daemon.client.put_pool("roomy", "cpu=8,mem=32GiB").await.unwrap();
 
     let tight = daemon.pool("tight");
-    let request = AllocRequest::new(r("cpu=2,mem=4GiB")).with_max(r("cpu=4,mem=7GiB")).with_owner("me");
+    let request = AllocNeed::new(r("cpu=2,mem=4GiB")).with_max(r("cpu=4,mem=7GiB")).with_owner("me");
     let alloc = allocate(&tight, &request, &quick_options()).await.unwrap();
     assert_eq!(alloc.resources, "cpu=4,mem=8GiB", "no cpu would be left: the whole offer");
     assert_eq!(alloc.owner, "me");
 
     let roomy = daemon.pool("roomy");
-    let alloc = allocate(&roomy, &AllocRequest::new(r("cpu=2,mem=4GiB")), &quick_options()).await.unwrap();
+    let alloc = allocate(&roomy, &AllocNeed::new(r("cpu=2,mem=4GiB")), &quick_options()).await.unwrap();
     assert_eq!(alloc.resources, "cpu=2,mem=4GiB");
     assert_eq!(alloc.uri, format!("roomy/{}", alloc.id));
 
     // Nothing fits: an error that says how many tries and why.
     let options = AllocateOptions { tries: 3, ..quick_options() };
-    let err = allocate(&roomy, &AllocRequest::new(r("cpu=64")), &options).await.unwrap_err();
+    let err = allocate(&roomy, &AllocNeed::new(r("cpu=64")), &options).await.unwrap_err();
     assert!(err.is_unavailable(), "{err}");
     let text = err.to_string();
     assert!(text.contains("after 3 tries") && text.contains("1 offers, 0 fit"), "{text}");
@@ -367,15 +367,15 @@ async fn allocate_takes_the_whole_offer_or_what_it_asks_on_a_daemon() {
     // A pool the daemon does not have: at once, not after 6 tries.
     let started = Instant::now();
     let err =
-        allocate(&daemon.pool("nope"), &AllocRequest::new(r("cpu=1")), &AllocateOptions::default()).await.unwrap_err();
+        allocate(&daemon.pool("nope"), &AllocNeed::new(r("cpu=1")), &AllocateOptions::default()).await.unwrap_err();
     assert!(matches!(&err, AllocateError::Offers { failed } if failed[0].error.is_pool_not_found()), "{err}");
     assert!(started.elapsed() < Duration::from_millis(500));
 
     // A bad request is refused before any call.
-    let err = allocate(&roomy, &AllocRequest::new(r("")), &options).await.unwrap_err();
+    let err = allocate(&roomy, &AllocNeed::new(r("")), &options).await.unwrap_err();
     assert!(matches!(err, AllocateError::InvalidRequest(_)), "{err}");
     // A max below min takes min, as the daemon does.
-    let alloc = allocate(&roomy, &AllocRequest::new(r("cpu=2")).with_max(r("cpu=1")), &options).await.unwrap();
+    let alloc = allocate(&roomy, &AllocNeed::new(r("cpu=2")).with_max(r("cpu=1")), &options).await.unwrap();
     assert_eq!(alloc.resources, "cpu=2");
 }
 
@@ -405,7 +405,7 @@ async fn allocate_at_scale_through_a_caching_mux_asks_each_pool_once_per_cache_p
         for i in 0..ALLOCS {
             let mux = mux.clone();
             tasks.push(tokio::spawn(async move {
-                let request = AllocRequest::new(r("cpu=1,mem=1GiB")).with_owner(format!("job-{i}"));
+                let request = AllocNeed::new(r("cpu=1,mem=1GiB")).with_owner(format!("job-{i}"));
                 allocate(&*mux, &request, &AllocateOptions::default()).await
             }));
         }
@@ -492,14 +492,14 @@ async fn tracked_offer_sends_only_what_fits_and_frees_give_it_back() {
     let accepts: Vec<_> = (0..10)
         .map(|_| {
             let cache = cache.clone();
-            tokio::spawn(async move { cache.accept("1", &AllocRequest::new(r("cpu=1,mem=1GiB"))).await })
+            tokio::spawn(async move { cache.accept("1", &AllocNeed::new(r("cpu=1,mem=1GiB"))).await })
         })
         .collect();
     let mut allocs = Vec::new();
     for accept in accepts {
         match accept.await.unwrap() {
             Ok(alloc) => allocs.push(alloc),
-            Err(err) => assert!(matches!(err, PoolError::OfferExpired { local: true, .. }), "{err}"),
+            Err(err) => assert!(matches!(err, PoolCallError::OfferExpired { local: true, .. }), "{err}"),
         }
     }
     assert_eq!((allocs.len(), source.accept_calls()), (2, 2), "exactly two accepts reach the daemon");
@@ -531,23 +531,23 @@ async fn stale_offer_is_marked_outdated_and_the_next_offers_refreshes() {
     assert_eq!(cache.offers().await.unwrap()[0].available, r("cpu=4,mem=4GiB"));
 
     let other = daemon.pool("w");
-    other.accept("1", &AllocRequest::new(r("cpu=1,mem=1GiB"))).await.unwrap();
+    other.accept("1", &AllocNeed::new(r("cpu=1,mem=1GiB"))).await.unwrap();
 
-    let err = cache.accept("1", &AllocRequest::new(r("cpu=4,mem=4GiB"))).await.unwrap_err();
-    assert!(matches!(err, PoolError::OfferExpired { local: false, .. }), "{err}");
+    let err = cache.accept("1", &AllocNeed::new(r("cpu=4,mem=4GiB"))).await.unwrap_err();
+    assert!(matches!(err, PoolCallError::OfferExpired { local: false, .. }), "{err}");
     assert_eq!(source.accept_calls(), 1);
     let snapshot = cache.snapshot();
     assert!(snapshot.offers[0].outdated && !snapshot.fresh);
     assert_eq!(snapshot.offers[0].available, r("cpu=4,mem=4GiB"), "the reservation was given back");
 
     // An outdated offer is refused locally until the refresh.
-    let err = cache.accept("1", &AllocRequest::new(r("cpu=1"))).await.unwrap_err();
-    assert!(matches!(err, PoolError::OfferExpired { local: true, .. }), "{err}");
+    let err = cache.accept("1", &AllocNeed::new(r("cpu=1"))).await.unwrap_err();
+    assert!(matches!(err, PoolCallError::OfferExpired { local: true, .. }), "{err}");
     assert_eq!(source.accept_calls(), 1);
 
     assert_eq!(cache.offers().await.unwrap()[0].available, r("cpu=3,mem=3GiB"));
     assert_eq!(source.offers_calls(), 2, "refreshed once");
-    let alloc = cache.accept("1", &AllocRequest::new(r("cpu=3,mem=3GiB"))).await.unwrap();
+    let alloc = cache.accept("1", &AllocNeed::new(r("cpu=3,mem=3GiB"))).await.unwrap();
     assert_eq!(alloc.resources, "cpu=3,mem=3GiB");
     assert_eq!(source.offers_calls(), 2);
 }
@@ -565,7 +565,7 @@ async fn transient_error_does_not_invalidate_the_cache() {
     cache.offers().await.unwrap();
     daemon.shutdown().await;
 
-    let err = cache.accept("1", &AllocRequest::new(r("cpu=1"))).await.unwrap_err();
+    let err = cache.accept("1", &AllocNeed::new(r("cpu=1"))).await.unwrap_err();
     assert!(err.is_retryable() && !err.is_offer_expired(), "{err}");
     let snapshot = cache.snapshot();
     assert!(snapshot.fresh && !snapshot.offers[0].outdated);
@@ -574,7 +574,7 @@ async fn transient_error_does_not_invalidate_the_cache() {
     assert_eq!(source.offers_calls(), 1, "served from the cache");
 
     let _daemon = daemon.restart().await;
-    let alloc = cache.accept("1", &AllocRequest::new(r("cpu=1"))).await.unwrap();
+    let alloc = cache.accept("1", &AllocNeed::new(r("cpu=1"))).await.unwrap();
     assert_eq!(alloc.resources, "cpu=1");
     assert_eq!(cache.snapshot().offers[0].available, r("cpu=3,mem=4GiB"));
     assert_eq!(source.offers_calls(), 1);
@@ -614,7 +614,7 @@ async fn ttl_expiry_refreshes_even_a_non_empty_cache() {
     assert_eq!(cache.offers().await.unwrap()[0].available, r("cpu=4"));
 
     let other = daemon.pool("w");
-    let taken = other.accept("1", &AllocRequest::new(r("cpu=4"))).await.unwrap();
+    let taken = other.accept("1", &AllocNeed::new(r("cpu=4"))).await.unwrap();
     assert_eq!(cache.offers().await.unwrap()[0].available, r("cpu=4"), "cached");
     assert_eq!(source.offers_calls(), 1);
 
@@ -653,7 +653,7 @@ async fn mux_routes_by_uri_and_reports_failing_and_slow_pools() {
     mux.add_pool(Arc::new(DaemonPool::new(client_of(silent.local_addr().unwrap()), "silent").unwrap())).unwrap();
     assert_eq!(mux.pool_names(), ["a1", "a2", "b1", "dead", "silent"]);
     let err = mux.add_pool(Arc::new(b.pool("a1"))).unwrap_err();
-    assert!(matches!(err, PoolError::DuplicatePool { .. }), "{err}");
+    assert!(matches!(err, PoolCallError::DuplicatePool { .. }), "{err}");
 
     let started = Instant::now();
     let report = mux.offers(Duration::from_millis(300)).await;
@@ -671,13 +671,13 @@ async fn mux_routes_by_uri_and_reports_failing_and_slow_pools() {
     assert!(!report.is_complete());
 
     // Allocation works around the broken pools.
-    let request = AllocRequest::new(r("cpu=3")).with_max(r("cpu=3"));
+    let request = AllocNeed::new(r("cpu=3")).with_max(r("cpu=3"));
     let options = AllocateOptions { offers_timeout: Duration::from_millis(300), ..quick_options() };
     let alloc = allocate(&*mux, &request, &options).await.unwrap();
     assert_eq!((alloc.pool.as_str(), alloc.resources.as_str()), ("a2", "cpu=3"), "a2 is the tightest fit");
 
     // URI routing.
-    let on_b = mux.accept(&PoolOffer::new("b1", "1", r("cpu=8")), &AllocRequest::new(r("cpu=1"))).await.unwrap();
+    let on_b = mux.accept(&PoolOffer::new("b1", "1", r("cpu=8")), &AllocNeed::new(r("cpu=1"))).await.unwrap();
     assert_eq!(on_b.uri, format!("b1/{}", on_b.id));
     assert_eq!(mux.alloc(&on_b.uri).await.unwrap().id, on_b.id);
     assert_eq!(mux.alloc(&alloc.uri).await.unwrap().resources, "cpu=3");
@@ -688,9 +688,9 @@ async fn mux_routes_by_uri_and_reports_failing_and_slow_pools() {
     assert_eq!(a.client.pool("a2").await.unwrap().allocs, 1);
 
     let err = mux.alloc("no-slash").await.unwrap_err();
-    assert!(matches!(err, PoolError::InvalidUri { .. }) && !err.is_pool_not_found(), "{err}");
+    assert!(matches!(err, PoolCallError::InvalidUri { .. }) && !err.is_pool_not_found(), "{err}");
     let err = mux.free("zz/00000000000000ff").await.unwrap_err();
-    assert!(matches!(err, PoolError::UnknownPool { .. }) && err.is_pool_not_found(), "{err}");
+    assert!(matches!(err, PoolCallError::UnknownPool { .. }) && err.is_pool_not_found(), "{err}");
     // A pool the mux knows but whose daemon does not know the alloc.
     let err = mux.alloc("a1/00000000000000ff").await.unwrap_err();
     assert_eq!(err.code(), Some("alloc_not_found"), "{err}");
@@ -743,7 +743,7 @@ async fn keepalive_keeps_an_alloc_alive_past_several_leases() {
     let source = Counted::new(daemon.pool("w"));
     let mux = Arc::new(Mux::new());
     mux.add_pool(source.clone()).unwrap();
-    let alloc = mux.accept(&PoolOffer::new("w", "1", r("cpu=4")), &AllocRequest::new(r("cpu=1"))).await.unwrap();
+    let alloc = mux.accept(&PoolOffer::new("w", "1", r("cpu=4")), &AllocNeed::new(r("cpu=1"))).await.unwrap();
 
     let handle = spawn_keepalive(mux.clone(), &alloc, fast_keepalive(300, 150));
     tokio::time::sleep(Duration::from_millis(1500)).await;
@@ -781,7 +781,7 @@ async fn keepalive_stops_at_once_when_the_alloc_is_freed_elsewhere() {
     let daemon = Daemon::start(dir.path()).await;
     daemon.client.put_pool("w", "cpu=4").await.unwrap();
     let source = Counted::new(daemon.pool("w"));
-    let alloc = source.accept("1", &AllocRequest::new(r("cpu=1"))).await.unwrap();
+    let alloc = source.accept("1", &AllocNeed::new(r("cpu=1"))).await.unwrap();
     let handle = spawn_keepalive(source.clone(), &alloc, fast_keepalive(300, 100));
     tokio::time::sleep(Duration::from_millis(50)).await;
     assert_eq!(handle.status().renewals, 1);
@@ -814,7 +814,7 @@ async fn keepalive_never_busy_loops_when_the_lease_is_shorter_than_the_offset() 
     let daemon = Daemon::start(dir.path()).await;
     daemon.client.put_pool("w", "cpu=4").await.unwrap();
     let source = Counted::new(daemon.pool("w"));
-    let alloc = source.accept("1", &AllocRequest::new(r("cpu=1"))).await.unwrap();
+    let alloc = source.accept("1", &AllocNeed::new(r("cpu=1"))).await.unwrap();
     let handle = spawn_keepalive(source.clone(), &alloc, fast_keepalive(200, 300));
     tokio::time::sleep(Duration::from_secs(1)).await;
     let calls = source.keepalive_calls();
@@ -833,8 +833,8 @@ async fn keepalive_retries_transient_errors_within_the_lease() {
     let mut daemon = Daemon::start(dir.path()).await;
     daemon.client.put_pool("w", "cpu=4").await.unwrap();
     let source = Counted::new(daemon.pool("w"));
-    let short = source.accept("1", &AllocRequest::new(r("cpu=1"))).await.unwrap();
-    let long = source.accept("1", &AllocRequest::new(r("cpu=1"))).await.unwrap();
+    let short = source.accept("1", &AllocNeed::new(r("cpu=1"))).await.unwrap();
+    let long = source.accept("1", &AllocNeed::new(r("cpu=1"))).await.unwrap();
     let options = KeepaliveOptions { retries: 20, ..fast_keepalive(600, 200) };
     let short = spawn_keepalive(source.clone(), &short, options);
     // Renewed after 0.5 s; with 10 ms retries, six tries take about 0.25 s.
@@ -872,7 +872,7 @@ async fn a_single_pool_is_a_pool_set() {
     let pool = daemon.pool("w");
     let report = pool.offers_within(Duration::from_secs(1)).await;
     assert_eq!((report.asked, report.offers.len()), (1, 1));
-    let alloc = allocate(&pool, &AllocRequest::new(r("cpu=1")), &quick_options()).await.unwrap();
+    let alloc = allocate(&pool, &AllocNeed::new(r("cpu=1")), &quick_options()).await.unwrap();
     assert_eq!(pool.alloc_by_uri(&alloc.uri).await.unwrap().id, alloc.id);
     let err = pool.free_by_uri(&format!("other/{}", alloc.id)).await.unwrap_err();
     assert!(err.is_pool_not_found(), "{err}");

@@ -1,0 +1,108 @@
+//! The runs' bodies: how a task is being run by its plugin (attempts, phases, events, cache),
+//! its logs and its wake-up.
+
+use serde::{Deserialize, Serialize};
+use utoipa::ToSchema;
+
+/// Why an attempt of a task failed.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+pub struct RunError {
+    /// `user` or `system`: each has its own retry budget.
+    pub kind: String,
+    /// Stable and machine-readable (`exit_3`, `bad_spec`, `process_vanished`...).
+    pub code: String,
+    pub message: String,
+}
+
+/// A link to a task's logs.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+pub struct RunLog {
+    pub name: String,
+    pub uri: String,
+}
+
+/// A change of a task's run: one per attempt, phase and version.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+pub struct RunEvent {
+    pub attempt: u32,
+    /// NotReady, WaitingForResources, Queued, Initializing, Running, Success, RetryableFailure
+    /// or PermanentFailure.
+    pub phase: String,
+    pub version: u32,
+    pub reason: String,
+    /// When, in ms since the epoch.
+    pub at_ms: u64,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub error: Option<RunError>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub logs: Vec<RunLog>,
+}
+
+/// How a task is being run by its plugin, and its phase timeline.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+pub struct TaskRun {
+    pub app: String,
+    pub task: String,
+    /// 1 for the first attempt.
+    pub attempt: u32,
+    pub phase: String,
+    pub user_failures: u32,
+    pub system_failures: u32,
+    /// `running`, `ending` (its attempt is being aborted or finalized) or `ended`.
+    pub stage: String,
+    /// How it ended: `succeeded`, `failed: ...` or `aborted: ...`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ending: Option<String>,
+    /// What the task gave as outputs, once it succeeded.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schema(value_type = Option<Object>)]
+    pub outputs: Option<serde_json::Value>,
+    /// What the output cache looked up, for a task with a `cache_version`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cache: Option<RunCache>,
+    pub events: Vec<RunEvent>,
+}
+
+/// The output cache's key for a task and its parts [Flyte's catalog key]: two tasks share
+/// outputs only when every part is the same.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+pub struct RunCache {
+    /// The key in the catalog: SHA-256 (hex) of the parts below.
+    pub key: String,
+    pub task_type: String,
+    /// The plugin that runs it.
+    pub plugin: String,
+    pub cache_version: String,
+    /// SHA-256 (hex) of the task's spec as its plugin receives it (JSON with sorted keys),
+    /// without its `inputs` and the executor's own `retries` and `cache`: for `shell`, the
+    /// command and its environment; for `http`, the job's body.
+    pub spec_digest: String,
+    /// SHA-256 (hex) of its `inputs` (JSON with sorted keys).
+    pub inputs_digest: String,
+    /// For a hit, the task whose outputs it took (`app/task`); absent for a miss.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub hit: Option<String>,
+}
+
+/// A piece of a task's log, from `offset` (bytes): read again from `next_offset` to follow it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+pub struct TaskLogs {
+    pub app: String,
+    pub task: String,
+    pub attempt: u32,
+    /// The log's name, e.g. `stdout` or `stderr`.
+    pub stream: String,
+    pub offset: u64,
+    pub next_offset: u64,
+    /// The log's text from `offset` (at most 256 KiB at once; invalid UTF-8 is replaced).
+    pub text: String,
+    /// True once nothing more will be written: the attempt is over.
+    pub ended: bool,
+}
+
+/// Where a wake-up went.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+pub struct Woken {
+    pub app: String,
+    pub task: String,
+}

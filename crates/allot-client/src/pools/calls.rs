@@ -1,0 +1,107 @@
+//! The pools' routes: pools, offers, allocs (accept, keepalive, free) and stop-if-idle. The
+//! machinery over them (mux, caching, allocate, keepalive) is in the modules beside this one.
+
+use std::time::Duration;
+
+use reqwest::Method;
+
+use crate::path::*;
+use crate::*;
+
+impl Client {
+    /// `GET /v1/pools`, every page: every pool with its capacity and use, by name.
+    pub async fn pools(&self) -> Result<PoolList, ClientError> {
+        self.all_pages("/v1/pools").await
+    }
+
+    /// `GET /v1/pools`: one page of the pools, by name.
+    pub async fn pools_page(&self, page: &PageArgs) -> Result<PoolList, ClientError> {
+        self.page("/v1/pools", page).await
+    }
+
+    /// `GET /v1/pools/{pool}`.
+    pub async fn pool(&self, pool: &str) -> Result<Pool, ClientError> {
+        self.json(self.request(Method::GET, &pool_path(pool)?)?).await
+    }
+
+    /// `PUT /v1/pools/{pool}`: creates a pool with `capacity` (e.g. `cpu=4,mem=16GiB`) or
+    /// changes it; a stopped pool starts again.
+    pub async fn put_pool(&self, pool: &str, capacity: &str) -> Result<PutPoolResponse, ClientError> {
+        let body = PutPool { capacity: capacity.to_owned(), labels: None };
+        self.json(self.request(Method::PUT, &pool_path(pool)?)?.json(&body)).await
+    }
+
+    /// `PUT /v1/pools/{pool}` with labels: creates or changes a pool and replaces its labels
+    /// (what the scheduler's selectors match).
+    pub async fn put_pool_with_labels(
+        &self,
+        pool: &str,
+        capacity: &str,
+        labels: std::collections::BTreeMap<String, String>,
+    ) -> Result<PutPoolResponse, ClientError> {
+        let body = PutPool { capacity: capacity.to_owned(), labels: Some(labels) };
+        self.json(self.request(Method::PUT, &pool_path(pool)?)?.json(&body)).await
+    }
+
+    /// `DELETE /v1/pools/{pool}`: removes a pool; with `force` also when it has allocs.
+    pub async fn remove_pool(&self, pool: &str, force: bool) -> Result<RemovedPool, ClientError> {
+        let path = format!("{}?force={force}", pool_path(pool)?);
+        self.json(self.request(Method::DELETE, &path)?).await
+    }
+
+    /// `GET /v1/pools/{pool}/offers`: the pool's offer (everything free), if any.
+    pub async fn offers(&self, pool: &str) -> Result<OfferList, ClientError> {
+        let path = format!("{}/offers", pool_path(pool)?);
+        self.json(self.request(Method::GET, &path)?).await
+    }
+
+    /// `POST /v1/pools/{pool}/offers/{offer}`: accepts an offer. `offer_expired` (409) means the
+    /// room is gone: try another offer.
+    pub async fn accept(&self, pool: &str, offer: &str, request: &Accept) -> Result<Alloc, ClientError> {
+        let path = format!("{}/offers/{}", pool_path(pool)?, segment("offer", offer)?);
+        self.json(self.request(Method::POST, &path)?.json(request)).await
+    }
+
+    /// `GET /v1/pools/{pool}/allocs`, every page: the live allocs of a pool, by id.
+    pub async fn allocs(&self, pool: &str) -> Result<AllocList, ClientError> {
+        self.all_pages(&format!("{}/allocs", pool_path(pool)?)).await
+    }
+
+    /// `GET /v1/pools/{pool}/allocs`: one page of the live allocs of a pool, by id.
+    pub async fn allocs_page(&self, pool: &str, page: &PageArgs) -> Result<AllocList, ClientError> {
+        self.page(&format!("{}/allocs", pool_path(pool)?), page).await
+    }
+
+    /// `GET /v1/pools/{pool}/allocs/{alloc}`: an alloc, live or ended (the daemon answers an
+    /// ended one with 410 Gone and its record; `ended` says why).
+    pub async fn alloc(&self, pool: &str, alloc: &str) -> Result<Alloc, ClientError> {
+        let (request, body) =
+            self.send_accepting(self.request(Method::GET, &alloc_path(pool, alloc)?)?, Some(410)).await?;
+        serde_json::from_slice(&body).map_err(|err| decode_error(request, err, &body))
+    }
+
+    /// `POST /v1/pools/{pool}/allocs/{alloc}/keepalive`: renews the lease; answers the interval
+    /// granted. `alloc_ended` (409) is final.
+    pub async fn keepalive_alloc(
+        &self,
+        pool: &str,
+        alloc: &str,
+        interval: Duration,
+    ) -> Result<AllocKeepaliveResponse, ClientError> {
+        let path = format!("{}/keepalive", alloc_path(pool, alloc)?);
+        let body = AllocKeepalive { interval_ms: interval.as_millis().min(u128::from(u64::MAX)) as u64 };
+        self.json(self.request(Method::POST, &path)?.json(&body)).await
+    }
+
+    /// `DELETE /v1/pools/{pool}/allocs/{alloc}`: frees an alloc.
+    pub async fn free_alloc(&self, pool: &str, alloc: &str) -> Result<Alloc, ClientError> {
+        self.json(self.request(Method::DELETE, &alloc_path(pool, alloc)?)?).await
+    }
+
+    /// `POST /v1/pools/{pool}/stop-if-idle`: stops the pool if it has been idle for `idle`.
+    pub async fn stop_if_idle(&self, pool: &str, idle: Duration) -> Result<StopIfIdleResponse, ClientError> {
+        let path = format!("{}/stop-if-idle", pool_path(pool)?);
+        let body = StopIfIdle { idle_ms: idle.as_millis().min(u128::from(u64::MAX)) as u64 };
+        self.json(self.request(Method::POST, &path)?.json(&body)).await
+    }
+}

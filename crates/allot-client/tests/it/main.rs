@@ -1,0 +1,6 @@
+//! allot-client against a real daemon in-process (`allot_server::run` over an embedded store in a
+//! temporary directory): pages of lists, the pool machinery, serving threads.
+
+mod pages;
+mod pools;
+mod serving_threads;

@@ -1,0 +1,3 @@
+//! allot-server in-process (`api()` with `oneshot`) over a real embedded store.
+
+mod api;
