@@ -1,0 +1,87 @@
+//! The checkpointer thread: the log's sealed segments written into the database.
+
+use super::open::fold_into;
+use super::recover::fail_syncs;
+use super::*;
+
+/// Writes the log into the database every [`CHECKPOINT_INTERVAL`], and once more when stopped.
+pub(super) fn run_checkpointer(shared: &Shared) {
+    loop {
+        let stop = {
+            let stop = lock_plain(&shared.stop);
+            let (stop, _) = shared
+                .stop_changed
+                .wait_timeout_while(stop, CHECKPOINT_INTERVAL, |stop| !*stop)
+                .unwrap_or_else(|poisoned| poisoned.into_inner());
+            *stop
+        };
+        if let Err(err) = checkpoint(shared) {
+            tracing::warn!(error = %err, "checkpoint failed; the log keeps everything until the next one");
+        }
+        if stop {
+            return;
+        }
+    }
+}
+
+/// Seals the current segment (if it holds anything) and writes every sealed one into the
+/// database, then deletes them.
+pub(super) fn checkpoint(shared: &Shared) -> Result<(), String> {
+    let reserved = {
+        let mut state = lock(shared);
+        (state.broken.is_none() && state.log.len > 0).then(|| {
+            state.log.next_number += 1;
+            state.log.next_number - 1
+        })
+    };
+    if let Some(number) = reserved {
+        // Created outside the lock: creating syncs the directory.
+        let segment = shared
+            .files
+            .create(number, wal::SEGMENT_BYTES)
+            .map_err(|err| format!("cannot start a log segment: {err}"))?;
+        let mut state = lock(shared);
+        if state.broken.is_some() || state.log.number >= number {
+            // A rebuild meanwhile started a newer segment: keep it.
+            drop(state);
+            shared.files.remove(number).map_err(|err| err.to_string())?;
+        } else {
+            let sealed = state.log.switch(number, segment);
+            if shared.durability == Durability::Disk {
+                // The sealed segment is durable before anything is appended to the next one:
+                // otherwise a record of it (the clock, which nobody waits for) could be lost
+                // while later ones are synced, and replay ends at such a gap.
+                if let Err(err) = sealed.sync() {
+                    let reason = format!("the disk failed while sealing a log segment: {err}");
+                    fail_syncs(shared, state, &reason, Vec::new());
+                    return Err(reason);
+                }
+            } else {
+                drop(state);
+                sealed.sync().map_err(|err| format!("cannot flush the log to disk: {err}"))?;
+            }
+        }
+    }
+    let current = lock(shared).log.number;
+    let listed = shared.files.list().map_err(|err| format!("cannot list the log's segments: {err}"))?;
+    let sealed: Vec<u64> = listed.into_iter().filter(|n| *n < current).collect();
+    if sealed.is_empty() {
+        return Ok(());
+    }
+    {
+        let mut db = lock_plain(&shared.db);
+        if db.is_none() {
+            *db = Some((shared.opener)().map_err(|err| err.to_string())?);
+        }
+        let database = db.as_ref().expect("opened above");
+        if let Err(err) = fold_into(database, shared.files.as_ref(), &sealed) {
+            // Reopened before the next use: a failed commit can leave redb unusable.
+            *db = None;
+            return Err(err);
+        }
+    }
+    for number in sealed {
+        shared.files.remove(number).map_err(|err| format!("cannot remove a folded segment: {err}"))?;
+    }
+    Ok(())
+}

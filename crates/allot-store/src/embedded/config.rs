@@ -1,0 +1,87 @@
+//! How an embedded store is opened: its directory, its durability, and why opening fails.
+
+use std::path::PathBuf;
+
+use allot_core::pools::PoolError;
+
+use crate::records::{CorruptRecord, FORMAT_VERSION};
+
+/// What an acknowledged change survives.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash)]
+pub enum Durability {
+    /// Flushed to disk (fdatasync) before the answer: survives a power loss.
+    #[default]
+    Disk,
+    /// In the operating system's page cache before the answer: survives a crash or `kill -9`
+    /// of the daemon; a power loss or kernel crash may lose what was acknowledged in the last
+    /// second, as the log is flushed to disk at least once a second.
+    Process,
+}
+
+impl Durability {
+    pub const ALL: [Durability; 2] = [Durability::Disk, Durability::Process];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Durability::Disk => "disk",
+            Durability::Process => "process",
+        }
+    }
+}
+
+impl std::fmt::Display for Durability {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+impl std::str::FromStr for Durability {
+    type Err = String;
+
+    fn from_str(text: &str) -> Result<Durability, String> {
+        Durability::ALL
+            .into_iter()
+            .find(|level| level.as_str() == text)
+            .ok_or_else(|| format!("unknown durability `{text}`: expected `disk` or `process`"))
+    }
+}
+
+/// Where the embedded store keeps its data, and how durable an answer is.
+#[derive(Debug, Clone)]
+pub struct EmbeddedConfig {
+    pub data_dir: PathBuf,
+    pub durability: Durability,
+}
+
+impl EmbeddedConfig {
+    /// The store in `data_dir`, at the default durability ([`Durability::Disk`]).
+    pub fn new(data_dir: impl Into<PathBuf>) -> EmbeddedConfig {
+        EmbeddedConfig { data_dir: data_dir.into(), durability: Durability::default() }
+    }
+
+    pub fn with_durability(mut self, durability: Durability) -> EmbeddedConfig {
+        self.durability = durability;
+        self
+    }
+}
+
+/// Why the store could not be opened.
+#[derive(Debug, thiserror::Error)]
+pub enum OpenError {
+    #[error("cannot create the data directory {path}: {source}")]
+    DataDir { path: PathBuf, source: std::io::Error },
+    #[error("cannot open the database {path}: {reason}")]
+    Database { path: PathBuf, reason: String },
+    #[error("cannot read the database: {0}")]
+    Read(String),
+    #[error("cannot replay the write-ahead log: {0}")]
+    Log(String),
+    #[error(transparent)]
+    Corrupt(#[from] CorruptRecord),
+    #[error("the database's records do not fit together: {0}")]
+    Restore(#[from] allot_core::RestoreError),
+    #[error("the database's pool records do not fit together: {0}")]
+    RestorePools(#[from] PoolError),
+    #[error("the database was written in format {found}; this allot reads format {FORMAT_VERSION}")]
+    Format { found: u64 },
+}

@@ -1,0 +1,311 @@
+//! Opening: the database's tables and format, the records loaded into memory, the log replayed
+//! into the database, and the time the daemon was down counted in the applications' timers.
+
+use std::path::Path;
+
+use allot_core::apps::Scheduler;
+use allot_core::pools::{AllocId, EndedAlloc, Labels, LeaseRules, PoolName, Pools};
+use allot_core::{Ledger, Millis, NamespaceName, SessionId};
+use redb::{Database, ReadableTable};
+
+use super::wal::LogFiles;
+use crate::records::apps::{APPS, QUEUES, TASKS};
+use crate::records::runs::{CATALOG, RUNS};
+use crate::records::{
+    decode, resources_from, AllocRecord, CorruptRecord, GrantRecord, NamespaceRecord, PoolRecord, SessionRecord,
+    ALLOCS, FORMAT_VERSION, GRANTS, META, META_CLOCK, META_FORMAT, META_SEQ, META_WALL_OFFSET, NAMESPACES, POOLS,
+    POOL_LABELS, RETIRED_FENCING, SESSIONS,
+};
+
+use super::*;
+
+pub(super) fn open_file(path: &Path) -> Result<Database, OpenError> {
+    Database::create(path).map_err(|err| OpenError::Database { path: path.to_owned(), reason: redb_error(err) })
+}
+
+/// What a database holds, rebuilt.
+pub(super) struct Loaded {
+    pub(super) ledger: Ledger,
+    pub(super) pools: Pools,
+    pub(super) sched: Scheduler,
+    pub(super) runs: runs::Runs,
+    /// The daemon clock at the last commit.
+    pub(super) clock: Millis,
+    /// The number of the last commit.
+    pub(super) seq: u64,
+}
+
+/// Creates the tables of a new database, and checks the format of an existing one.
+/// Counts the time the daemon was down in the applications' timers, which are wall-clock
+/// (`Scheduler::count_downtime`), and notes this daemon's wall-clock offset for the next open;
+/// durable before anything is served. Answers the daemon clock to start from: where the last
+/// record left it, or, for a new store, the wall clock (so that timers are never moved back
+/// past the clock's start).
+pub(super) fn count_downtime(db: &Database, sched: &mut Scheduler, clock: Millis) -> Result<Millis, OpenError> {
+    let write_err = |err: String| OpenError::Read(format!("cannot note the wall clock: {err}"));
+    let wall = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX));
+    let txn = db.begin_write().map_err(|e| write_err(redb_error(e)))?;
+    let clock = {
+        let mut meta = txn.open_table(META).map_err(|e| write_err(redb_error(e)))?;
+        let offset = meta.get(META_WALL_OFFSET).map_err(|e| write_err(redb_error(e)))?.map(|v| v.value());
+        let fresh = meta.get(META_CLOCK).map_err(|e| write_err(redb_error(e)))?.is_none() && clock == 0;
+        let clock = if fresh { wall } else { clock };
+        if let Some(offset) = offset {
+            let down = wall.saturating_sub(clock.saturating_add(offset));
+            let outcome = sched.count_downtime(down);
+            if !outcome.apps.is_empty() {
+                tracing::info!(down_ms = down, "the daemon was down: the applications' timers count that time");
+                let mut writes = Vec::new();
+                apps::ops(outcome.apps.iter(), &mut writes);
+                let mut tables = ops::Tables::open(&txn).map_err(|e| write_err(e.to_string()))?;
+                for op in &writes {
+                    tables.apply(op).map_err(|e| write_err(e.to_string()))?;
+                }
+            }
+        }
+        meta.insert(META_CLOCK, clock).map_err(|e| write_err(redb_error(e)))?;
+        meta.insert(META_WALL_OFFSET, wall.saturating_sub(clock)).map_err(|e| write_err(redb_error(e)))?;
+        clock
+    };
+    txn.commit().map_err(|e| write_err(redb_error(e)))?;
+    Ok(clock)
+}
+
+fn prepare(db: &Database) -> Result<(), OpenError> {
+    let read_err = |err: redb::Error| OpenError::Read(err.to_string());
+    let initialized = match db.begin_read().map_err(|e| read_err(e.into()))?.open_table(META) {
+        Ok(_) => true,
+        Err(redb::TableError::TableDoesNotExist(_)) => false,
+        Err(err) => return Err(read_err(err.into())),
+    };
+    if !initialized {
+        init_tables(db)?;
+    }
+    ensure_part_tables(db)?;
+    let txn = db.begin_read().map_err(|e| read_err(e.into()))?;
+    let format = txn
+        .open_table(META)
+        .and_then(|t| Ok(t.get(META_FORMAT)?.map(|v| v.value())))
+        .map_err(|e| read_err(e.into()))?;
+    if format != Some(FORMAT_VERSION) {
+        return Err(OpenError::Format { found: format.unwrap_or(0) });
+    }
+    Ok(())
+}
+
+/// Creates the tables of the parts added since format 1 (pools, applications, runs) in a database
+/// written before them: they are only added, so the format keeps its version.
+fn ensure_part_tables(db: &Database) -> Result<(), OpenError> {
+    let read_err = |err: redb::Error| OpenError::Read(err.to_string());
+    let exists = {
+        let txn = db.begin_read().map_err(|e| read_err(e.into()))?;
+        [POOLS, POOL_LABELS, QUEUES, APPS].iter().all(|table| txn.open_table(*table).is_ok())
+            && txn.open_table(ALLOCS).is_ok()
+            && txn.open_table(TASKS).is_ok()
+            && txn.open_table(RUNS).is_ok()
+            && txn.open_table(CATALOG).is_ok()
+    };
+    if exists {
+        return Ok(());
+    }
+    let txn = db.begin_write().map_err(|e| read_err(e.into()))?;
+    for table in [POOLS, POOL_LABELS, QUEUES, APPS] {
+        txn.open_table(table).map_err(|e| read_err(e.into()))?;
+    }
+    txn.open_table(ALLOCS).map_err(|e| read_err(e.into()))?;
+    txn.open_table(TASKS).map_err(|e| read_err(e.into()))?;
+    txn.open_table(RUNS).map_err(|e| read_err(e.into()))?;
+    txn.open_table(CATALOG).map_err(|e| read_err(e.into()))?;
+    txn.commit().map_err(|e| read_err(e.into()))?;
+    Ok(())
+}
+
+/// Creates the tables and the format marker of a new database.
+fn init_tables(db: &Database) -> Result<(), OpenError> {
+    let read_err = |err: redb::Error| OpenError::Read(err.to_string());
+    let txn = db.begin_write().map_err(|e| read_err(e.into()))?;
+    {
+        let mut meta = txn.open_table(META).map_err(|e| read_err(e.into()))?;
+        let format = meta.get(META_FORMAT).map_err(|e| read_err(e.into()))?.map(|v| v.value());
+        match format {
+            None => {
+                meta.insert(META_FORMAT, FORMAT_VERSION).map_err(|e| read_err(e.into()))?;
+            }
+            Some(FORMAT_VERSION) => {}
+            Some(found) => return Err(OpenError::Format { found }),
+        }
+        txn.open_table(NAMESPACES).map_err(|e| read_err(e.into()))?;
+        txn.open_table(RETIRED_FENCING).map_err(|e| read_err(e.into()))?;
+        txn.open_table(GRANTS).map_err(|e| read_err(e.into()))?;
+        txn.open_table(SESSIONS).map_err(|e| read_err(e.into()))?;
+    }
+    txn.commit().map_err(|e| read_err(e.into()))?;
+    Ok(())
+}
+
+fn load_records(db: &Database) -> Result<Loaded, OpenError> {
+    let read_err = |err: redb::Error| OpenError::Read(err.to_string());
+    let txn = db.begin_read().map_err(|e| read_err(e.into()))?;
+    let meta = |key: &str| {
+        txn.open_table(META).and_then(|t| Ok(t.get(key)?.map(|v| v.value()))).map_err(|e| read_err(e.into()))
+    };
+    let clock = meta(META_CLOCK)?.unwrap_or(0);
+    let seq = meta(META_SEQ)?.unwrap_or(0);
+    let mut namespaces = Vec::new();
+    for entry in txn.open_table(NAMESPACES).map_err(|e| read_err(e.into()))?.iter().map_err(|e| read_err(e.into()))? {
+        let (key, value) = entry.map_err(|e| read_err(e.into()))?;
+        let name = key.value();
+        let record: NamespaceRecord = decode("namespaces", name, value.value())?;
+        let name = NamespaceName::new(name).map_err(|e| CorruptRecord {
+            table: "namespaces",
+            key: name.to_owned(),
+            reason: e.to_string(),
+        })?;
+        namespaces.push((name, record.quota, record.next_fencing));
+    }
+    let mut retired = Vec::new();
+    for entry in
+        txn.open_table(RETIRED_FENCING).map_err(|e| read_err(e.into()))?.iter().map_err(|e| read_err(e.into()))?
+    {
+        let (key, value) = entry.map_err(|e| read_err(e.into()))?;
+        let name = NamespaceName::new(key.value()).map_err(|e| CorruptRecord {
+            table: "retired_fencing",
+            key: key.value().to_owned(),
+            reason: e.to_string(),
+        })?;
+        retired.push((name, value.value()));
+    }
+    let mut sessions = Vec::new();
+    for entry in txn.open_table(SESSIONS).map_err(|e| read_err(e.into()))?.iter().map_err(|e| read_err(e.into()))? {
+        let (key, value) = entry.map_err(|e| read_err(e.into()))?;
+        let id = SessionId(key.value());
+        let record: SessionRecord = decode("sessions", &id.to_string(), value.value())?;
+        sessions.push((id, record.ttl_ms, record.deadline));
+    }
+    let mut grants = Vec::new();
+    for entry in txn.open_table(GRANTS).map_err(|e| read_err(e.into()))?.iter().map_err(|e| read_err(e.into()))? {
+        let (key, value) = entry.map_err(|e| read_err(e.into()))?;
+        let (namespace, token) = key.value();
+        let record: GrantRecord = decode("grants", &format!("{namespace}/{token}"), value.value())?;
+        grants.push(record.into_grant(namespace, token)?);
+    }
+    let ledger = Ledger::restore(namespaces, retired, sessions, grants)?;
+    let mut pools = Vec::new();
+    for entry in txn.open_table(POOLS).map_err(|e| read_err(e.into()))?.iter().map_err(|e| read_err(e.into()))? {
+        let (key, value) = entry.map_err(|e| read_err(e.into()))?;
+        let name = key.value();
+        let record: PoolRecord = decode("pools", name, value.value())?;
+        let pool = PoolName::new(name).map_err(|e| CorruptRecord {
+            table: "pools",
+            key: name.to_owned(),
+            reason: e.to_string(),
+        })?;
+        pools.push((pool, resources_from(record.capacity, "pools", name)?, record.stopped, Labels::new()));
+    }
+    for entry in txn.open_table(POOL_LABELS).map_err(|e| read_err(e.into()))?.iter().map_err(|e| read_err(e.into()))? {
+        let (key, value) = entry.map_err(|e| read_err(e.into()))?;
+        let labels: Labels = decode("pool_labels", key.value(), value.value())?;
+        if let Some(pool) = pools.iter_mut().find(|p| p.0.as_str() == key.value()) {
+            pool.3 = labels;
+        }
+    }
+    let (mut live, mut ended) = (Vec::new(), Vec::new());
+    for entry in txn.open_table(ALLOCS).map_err(|e| read_err(e.into()))?.iter().map_err(|e| read_err(e.into()))? {
+        let (key, value) = entry.map_err(|e| read_err(e.into()))?;
+        let (pool, id) = key.value();
+        let record: AllocRecord = decode("allocs", &format!("{pool}/{}", AllocId(id)), value.value())?;
+        match record.into_alloc(pool, id)? {
+            (alloc, None) => live.push(alloc),
+            (alloc, Some((ended_at, reason))) => ended.push(EndedAlloc { alloc, ended_at, reason }),
+        }
+    }
+    let pools = Pools::restore(LeaseRules::default(), pools, live, ended)?;
+    let sched = apps::load(&txn)?;
+    let runs = runs::load(&txn)?;
+    Ok(Loaded { ledger, pools, sched, runs, clock, seq })
+}
+
+/// Reads the database, first writing into it what the log holds: every segment at open, or those
+/// numbered up to `upto` (the current one, when rebuilding). Returns what was read and the
+/// number of the last segment folded (0 if none).
+pub(super) fn load(db: &Database, files: &dyn LogFiles, upto: Option<u64>) -> Result<(Loaded, u64), OpenError> {
+    prepare(db)?;
+    let listed = files.list().map_err(|err| OpenError::Log(format!("cannot list the log's segments: {err}")))?;
+    let numbers: Vec<u64> = listed.into_iter().filter(|n| upto.is_none_or(|upto| *n <= upto)).collect();
+    fold_into(db, files, &numbers).map_err(OpenError::Log)?;
+    for &number in &numbers {
+        files.remove(number).map_err(|err| OpenError::Log(format!("cannot remove a folded segment: {err}")))?;
+    }
+    Ok((load_records(db)?, numbers.last().copied().unwrap_or(0)))
+}
+
+/// Writes the records of segments `numbers` that the database does not hold yet into it, in one
+/// durable transaction; the database's `meta.seq` is the last record it holds.
+pub(super) fn fold_into(db: &Database, files: &dyn LogFiles, numbers: &[u64]) -> Result<(), String> {
+    let txn = db.begin_write().map_err(redb_error)?;
+    let mut meta = txn.open_table(META).map_err(redb_error)?;
+    let mut applied = meta.get(META_SEQ).map_err(redb_error)?.map(|v| v.value()).unwrap_or(0);
+    let mut clock = meta.get(META_CLOCK).map_err(redb_error)?.map(|v| v.value()).unwrap_or(0);
+    let mut net = ops::Net::default();
+    let mut folded = 0;
+    'segments: for &number in numbers {
+        let bytes = match files.read(number) {
+            Ok(bytes) => bytes,
+            // Folded and removed meanwhile, by a rebuild.
+            Err(err) if err.kind() == std::io::ErrorKind::NotFound => continue,
+            Err(err) => return Err(format!("cannot read log segment {number}: {err}")),
+        };
+        let (records, end) = wal::records(&bytes);
+        if let wal::End::Unreadable { offset } = end {
+            // Nothing is written: the database and the log stay as they are for the version
+            // that wrote the record.
+            return Err(format!(
+                "log segment {number} holds a record at byte {offset} that this version of allot cannot read \
+                 (written by a newer version?); refusing to start rather than drop it and what follows: \
+                 start the version that wrote it"
+            ));
+        }
+        for record in records {
+            if record.seq <= applied {
+                continue;
+            }
+            if record.seq != applied + 1 {
+                // A record before this one was lost (torn by a power loss): nothing after it was
+                // acknowledged at the disk level, and the process level promises no more.
+                tracing::warn!(
+                    segment = number,
+                    seq = record.seq,
+                    applied,
+                    "the log has a gap; what follows it is discarded"
+                );
+                break 'segments;
+            }
+            record.ops.into_iter().for_each(|op| net.add(op));
+            applied = record.seq;
+            clock = clock.max(record.clock);
+            folded += 1;
+        }
+        if end == wal::End::Torn {
+            tracing::warn!(
+                segment = number,
+                "a log segment ends in a torn record (a crash during an append); it is discarded"
+            );
+        }
+    }
+    if folded == 0 {
+        return Ok(());
+    }
+    {
+        let mut tables = ops::Tables::open(&txn).map_err(|err| err.to_string())?;
+        for op in net.ops() {
+            tables.apply(&op).map_err(|err| err.to_string())?;
+        }
+    }
+    meta.insert(META_SEQ, applied).map_err(redb_error)?;
+    meta.insert(META_CLOCK, clock).map_err(redb_error)?;
+    drop(meta);
+    txn.commit().map_err(redb_error)?;
+    Ok(())
+}

@@ -1,0 +1,74 @@
+//! Recovery after a failed append or sync: the operations waiting are failed, the log is folded
+//! into the database and the state rebuilt from it.
+
+use std::sync::atomic::Ordering;
+use std::sync::MutexGuard;
+
+use crate::StoreError;
+
+use super::open::{load, Loaded};
+use super::*;
+
+/// After a failed sync: the log is written into the database (from what the disk holds: after a
+/// failed fdatasync the kernel may drop the pages it could not write) and the state rebuilt from
+/// it; then `failed` and every other operation waiting for a sync are answered `OutcomeUnknown`,
+/// before anything later is acknowledged.
+pub(super) fn fail_syncs(shared: &Shared, mut state: MutexGuard<'_, State>, reason: &str, failed: Vec<Pending>) {
+    shared.stats.failures.fetch_add(1, Ordering::Relaxed);
+    let later = std::mem::take(&mut *lock_plain(&shared.syncs));
+    recover(shared, &mut state);
+    drop(state);
+    let err = StoreError::OutcomeUnknown(reason.to_owned());
+    failed.into_iter().chain(later).for_each(|pending| pending.answer.fail(&err));
+}
+
+/// After a failed append or sync, under the state lock: writes the whole log into the database
+/// and rebuilds the state from it, then starts a new segment. If that fails, the store is marked
+/// broken (refusing work) and the sweeper tries again.
+pub(super) fn recover(shared: &Shared, state: &mut State) {
+    for (_, tx) in state.waiters.drain() {
+        let err = StoreError::Unavailable("the store could not be written; the wait was ended".into());
+        let _ = tx.send(WaiterAnswer::Failed(err));
+    }
+    let current = state.log.number;
+    let rebuilt = {
+        let mut db = lock_plain(&shared.db);
+        let reopened = match db.take() {
+            Some(database) => Ok(database),
+            None => (shared.opener)(),
+        };
+        reopened.and_then(|database| {
+            let loaded = load(&database, shared.files.as_ref(), Some(current));
+            if loaded.is_ok() {
+                *db = Some(database);
+            }
+            loaded
+        })
+    };
+    let loaded = match rebuilt {
+        Ok((loaded, _)) => loaded,
+        Err(err) => {
+            tracing::error!(error = %err, "cannot rebuild the store; retrying");
+            state.broken = Some(format!("the store cannot be rebuilt: {err}"));
+            return;
+        }
+    };
+    let number = state.log.next_number;
+    let segment = match shared.files.create(number, wal::SEGMENT_BYTES) {
+        Ok(segment) => segment,
+        Err(err) => {
+            state.broken = Some(format!("cannot start a log segment: {err}"));
+            return;
+        }
+    };
+    let Loaded { mut ledger, mut pools, sched, runs, seq, .. } = loaded;
+    ledger.carry_over_from(&state.ledger);
+    state.ledger = ledger;
+    pools.set_rules(state.pools.rules());
+    state.pools = pools;
+    state.sched = sched;
+    state.runs = runs;
+    state.log = LogWriter::new(segment, number, seq);
+    state.broken = None;
+    tracing::info!(seq, "store rebuilt from the database");
+}
