@@ -22,11 +22,11 @@ async fn schedule_here(store: &RedisStore) {
 async fn conformance_on_one_redis_server() {
     let server = RedisServer::start();
     let store = Arc::new(RedisStore::open(&RedisConfig::parse(&server.url()).unwrap()).await.unwrap());
-    conformance::run(store.clone()).await;
-    conformance::run_pools(store.clone()).await;
+    conformance::run(store.clone(), &conformance::WaitedTime).await;
+    conformance::run_pools(store.clone(), &conformance::WaitedTime).await;
     schedule_here(&store).await;
-    conformance::run_apps(store.clone()).await;
-    conformance::run_runs(store.clone()).await;
+    conformance::run_apps(store.clone(), &conformance::WaitedTime).await;
+    conformance::run_runs(store.clone(), &conformance::WaitedTime).await;
     store.shutdown().await;
 }
 
@@ -34,11 +34,11 @@ async fn conformance_on_one_redis_server() {
 async fn conformance_on_a_three_primary_cluster() {
     let cluster = RedisCluster::start(3);
     let store = Arc::new(RedisStore::open(&RedisConfig::parse(&cluster.address()).unwrap()).await.unwrap());
-    conformance::run(store.clone()).await;
-    conformance::run_pools(store.clone()).await;
+    conformance::run(store.clone(), &conformance::WaitedTime).await;
+    conformance::run_pools(store.clone(), &conformance::WaitedTime).await;
     schedule_here(&store).await;
-    conformance::run_apps(store.clone()).await;
-    conformance::run_runs(store.clone()).await;
+    conformance::run_apps(store.clone(), &conformance::WaitedTime).await;
+    conformance::run_runs(store.clone(), &conformance::WaitedTime).await;
     store.shutdown().await;
 }
 

@@ -176,13 +176,14 @@ impl Segment for FlakySegment {
 /// Opens an embedded store in `dir` on a [`FlakyDisk`] and a [`FlakyLog`], at the disk level of
 /// durability; the returned [`Faults`] switch failures on and off.
 pub fn open_flaky_store(dir: &Path) -> Result<(crate::EmbeddedStore, Arc<Faults>), crate::embedded::OpenError> {
-    open_flaky_store_at(dir, Durability::Disk)
+    open_flaky_store_with(dir, Durability::Disk, Arc::new(crate::clock::SystemTime))
 }
 
-/// [`open_flaky_store`] at any level of durability.
-pub fn open_flaky_store_at(
+/// [`open_flaky_store`] at any level of durability, reading the time from `time`.
+pub fn open_flaky_store_with(
     dir: &Path,
     durability: Durability,
+    time: Arc<dyn crate::clock::TimeSource>,
 ) -> Result<(crate::EmbeddedStore, Arc<Faults>), crate::embedded::OpenError> {
     let faults = Arc::new(Faults::default());
     let path = dir.join(crate::embedded::DB_FILE);
@@ -194,5 +195,5 @@ pub fn open_flaky_store_at(
     let inner = DirLog::open(log_dir.clone(), durability)
         .map_err(|source| crate::embedded::OpenError::DataDir { path: log_dir, source })?;
     let log = Box::new(FlakyLog { inner, faults: faults.clone() });
-    Ok((crate::EmbeddedStore::open_with_backend(make, log, durability)?, faults))
+    Ok((crate::EmbeddedStore::open_with_backend(make, log, durability, time)?, faults))
 }

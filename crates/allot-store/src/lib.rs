@@ -14,8 +14,11 @@
 //! been applied, [`StoreError::OutcomeUnknown`] and is visible exactly if it was).
 
 pub mod apps;
+pub mod clock;
+#[cfg(feature = "testing")]
 pub mod conformance;
 pub mod embedded;
+#[cfg(feature = "testing")]
 pub mod fault;
 pub mod quiet;
 pub mod records;

@@ -15,10 +15,11 @@ use allot_core::apps::{
 use allot_core::pools::{AllocState, PoolError, PoolName};
 use allot_core::{NamespaceName, Resources};
 
+use super::Time;
 use crate::{Store, StoreError, TaskInfo};
 
 /// Runs every check of the applications part against `store`.
-pub async fn run_apps(store: Arc<dyn Store>) {
+pub async fn run_apps(store: Arc<dyn Store>, time: &dyn Time) {
     let store = &*store;
     tokio::join!(
         queues_are_created_changed_and_removed(store),
@@ -27,8 +28,8 @@ pub async fn run_apps(store: Arc<dyn Store>) {
         a_gang_reserves_all_its_placeholders_or_none(store),
         submission_is_idempotent_and_checked(store),
         a_pool_removed_with_force_fails_the_tasks_placed_on_it(store),
-        a_refused_submission_leaves_nothing_behind(store),
     );
+    a_refused_submission_leaves_nothing_behind(store, time).await;
 }
 
 fn res(text: &str) -> Resources {
@@ -276,7 +277,7 @@ async fn submission_is_idempotent_and_checked(store: &dyn Store) {
     store.remove_app(id).await.unwrap();
 }
 
-async fn a_refused_submission_leaves_nothing_behind(store: &dyn Store) {
+async fn a_refused_submission_leaves_nothing_behind(store: &dyn Store, time: &dyn Time) {
     let (q, p) = (queue("atomic"), pool("atomic"));
     store.put_queue(q.clone(), QueueLimits::default()).await.unwrap();
     labelled_pool(store, &p, "cpu=4").await;
@@ -314,7 +315,7 @@ async fn a_refused_submission_leaves_nothing_behind(store: &dyn Store) {
         );
     }
     // Nothing was reserved for it meanwhile, and the same submission, corrected, goes through.
-    tokio::time::sleep(std::time::Duration::from_millis(300)).await;
+    time.advance(Duration::from_millis(300)).await;
     assert_eq!(store.pool(p.clone()).await.unwrap().allocs, 0, "no placeholder held for a refused application");
     let (info, created, tasks) = store.submit_app(spec.clone(), vec![member("m0", "cpu=1")]).await.unwrap();
     assert!(created && info.app.spec.id == id && tasks.len() == 1 && tasks[0].1);

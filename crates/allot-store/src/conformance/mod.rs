@@ -1,8 +1,13 @@
 //! The conformance suite: what every backend of [`Store`] must do, checked over `dyn Store`.
 //!
 //! Each check works in namespaces of its own (prefixed `conformance:`), so the whole suite runs
-//! against one store, empty or not. A backend's tests call [`run`]; a failed check panics with
-//! the name of the check and what differed.
+//! against one store, empty or not. A backend's tests call [`run`], [`run_pools`], [`run_apps`]
+//! and [`run_runs`]; a failed check panics with the name of the check and what differed.
+//!
+//! Time is moved on through [`Time`], not slept through: the embedded store's clock is moved by
+//! hand ([`MovedTime`]); only a backend whose clock cannot be moved (Redis reads the Redis
+//! server's) waits it out ([`WaitedTime`]). The checks that move time run one after another,
+//! after the others (which run concurrently), so no check sees another's time pass.
 
 mod apps;
 mod runs;
@@ -13,6 +18,8 @@ use std::time::{Duration, Instant};
 pub use apps::run_apps;
 pub use runs::{run_runs, sample_run};
 
+use async_trait::async_trait;
+
 use allot_core::pools::{AllocId, AllocRequest, AllocState, EndReason, PoolError, PoolName};
 use allot_core::{
     AllocateRequest, CapLevel, Constraints, Lease, LeaseRequest, LedgerError, NamespaceName, QueuePlace, Refusal,
@@ -21,8 +28,42 @@ use allot_core::{
 
 use crate::{read_all, Allocation, Page, PageRequest, Store, StoreError, MAX_PAGE};
 
-/// Runs every check against `store`, concurrently (each works in its own namespaces).
-pub async fn run(store: Arc<dyn Store>) {
+/// How the checks move a backend's time on.
+#[async_trait]
+pub trait Time: Send + Sync {
+    /// Moves the backend's clock on by `by`, then lets its background work (the sweeper, the
+    /// scheduler) act at the new time before it returns.
+    async fn advance(&self, by: Duration);
+}
+
+/// For a backend whose clock cannot be moved: the time is waited out.
+pub struct WaitedTime;
+
+#[async_trait]
+impl Time for WaitedTime {
+    async fn advance(&self, by: Duration) {
+        tokio::time::sleep(by).await;
+    }
+}
+
+/// The embedded store on a [`ManualClock`](crate::clock::ManualClock): the clock is moved, then
+/// the store sweeps and schedules at once.
+pub struct MovedTime {
+    pub clock: crate::clock::ManualClock,
+    pub store: Arc<crate::EmbeddedStore>,
+}
+
+#[async_trait]
+impl Time for MovedTime {
+    async fn advance(&self, by: Duration) {
+        self.clock.advance(by);
+        self.store.tick().await.expect("the store sweeps and schedules");
+    }
+}
+
+/// Runs every check of the token quotas against `store`: those that do not move time
+/// concurrently (each works in its own namespaces), then those that do, one by one.
+pub async fn run(store: Arc<dyn Store>, time: &dyn Time) {
     let store_ref = &*store;
     tokio::join!(
         namespaces_are_created_changed_and_removed(store_ref),
@@ -32,8 +73,6 @@ pub async fn run(store: Arc<dyn Store>) {
         allocate_and_release_are_idempotent(store_ref),
         caps_match_scopes_exactly(store_ref),
         stale_fencing_is_refused(store_ref),
-        ttl_leases_are_swept(store_ref),
-        sessions_hold_and_free_grants(store_ref),
         waiters_are_woken_in_order(store_ref),
         a_timed_out_wait_reports_its_place(store_ref),
         raising_the_quota_admits_a_waiter(store_ref),
@@ -43,6 +82,8 @@ pub async fn run(store: Arc<dyn Store>) {
         waiters_page_in_queue_order(store_ref),
         sessions_page_by_id(store_ref),
     );
+    ttl_leases_are_swept(store_ref, time).await;
+    sessions_hold_and_free_grants(store_ref, time).await;
 }
 
 fn ns(name: &str) -> NamespaceName {
@@ -230,7 +271,7 @@ async fn eventually(limit: Duration, mut check: impl AsyncFnMut() -> bool) -> bo
     false
 }
 
-async fn ttl_leases_are_swept(store: &dyn Store) {
+async fn ttl_leases_are_swept(store: &dyn Store, time: &dyn Time) {
     let name = ns("ttl");
     store.put_namespace(name.clone(), 1).await.unwrap();
     let mut r = request(&name, "a", 1);
@@ -240,12 +281,13 @@ async fn ttl_leases_are_swept(store: &dyn Store) {
     assert!(matches!(grant.grant.lease, Lease::Ttl { ttl_ms: 500, .. }));
     assert!(grant.expires_in_ms.unwrap() <= 500);
     // A keepalive restarts the lease.
-    tokio::time::sleep(Duration::from_millis(300)).await;
+    time.advance(Duration::from_millis(300)).await;
     let renewed = store.keepalive_grant(name.clone(), token("a"), None).await.unwrap();
     assert!(renewed.expires_in_ms.unwrap() > 400, "{renewed:?}");
-    tokio::time::sleep(Duration::from_millis(300)).await;
+    time.advance(Duration::from_millis(300)).await;
     assert_eq!(store.namespace(name.clone()).await.unwrap().granted_units, 1, "renewed lease must still hold");
-    // Freed by the sweeper, without any other call, within a second of expiry.
+    // Past its expiry, it is freed by the sweeper, without any other call, within a second.
+    time.advance(Duration::from_millis(250)).await;
     let freed = eventually(Duration::from_millis(1500), async || {
         store.namespace(name.clone()).await.unwrap().granted_units == 0
     })
@@ -254,7 +296,7 @@ async fn ttl_leases_are_swept(store: &dyn Store) {
     assert_eq!(store.namespace(name.clone()).await.unwrap().stats.expired, 1);
 }
 
-async fn sessions_hold_and_free_grants(store: &dyn Store) {
+async fn sessions_hold_and_free_grants(store: &dyn Store, time: &dyn Time) {
     let name = ns("sessions");
     store.put_namespace(name.clone(), 2).await.unwrap();
     let session = store.open_session(800).await.unwrap();
@@ -266,10 +308,11 @@ async fn sessions_hold_and_free_grants(store: &dyn Store) {
     }
     assert_eq!(store.session(id).await.unwrap().session.grants.len(), 2);
     for _ in 0..3 {
-        tokio::time::sleep(Duration::from_millis(300)).await;
+        time.advance(Duration::from_millis(300)).await;
         store.keepalive_session(id).await.unwrap();
     }
     assert_eq!(store.namespace(name.clone()).await.unwrap().granted_units, 2, "kept-alive session must hold");
+    time.advance(Duration::from_millis(850)).await;
     let freed = eventually(Duration::from_millis(2000), async || {
         store.namespace(name.clone()).await.unwrap().granted_units == 0
     })
@@ -534,17 +577,17 @@ async fn sessions_page_by_id(store: &dyn Store) {
 
 /// Runs every check of leased resource pools against `store`, concurrently (each in its own
 /// pools, prefixed `conformance-`).
-pub async fn run_pools(store: Arc<dyn Store>) {
+pub async fn run_pools(store: Arc<dyn Store>, time: &dyn Time) {
     let store_ref = &*store;
     tokio::join!(
         pools_are_created_changed_and_removed(store_ref),
         one_offer_holds_everything_free(store_ref),
         allocs_end_and_say_why(store_ref),
-        lapsed_allocs_are_offered_and_reclaimed_when_needed(store_ref),
-        an_idle_pool_stops(store_ref),
         concurrent_accepts_never_over_allocate(store.clone()),
         pools_and_allocs_page_by_name_and_id(store_ref),
     );
+    lapsed_allocs_are_offered_and_reclaimed_when_needed(store_ref, time).await;
+    an_idle_pool_stops(store_ref, time).await;
 }
 
 fn pool_name(name: &str) -> PoolName {
@@ -619,14 +662,14 @@ async fn allocs_end_and_say_why(store: &dyn Store) {
     assert!(matches!(missing, Err(StoreError::Pool(PoolError::AllocNotFound { .. }))), "{missing:?}");
 }
 
-async fn lapsed_allocs_are_offered_and_reclaimed_when_needed(store: &dyn Store) {
+async fn lapsed_allocs_are_offered_and_reclaimed_when_needed(store: &dyn Store, time: &dyn Time) {
     let name = pool_name("lapse");
     store.put_pool(name.clone(), res("cpu=2")).await.unwrap();
     let first = store.accept(name.clone(), wants("cpu=1", None)).await.unwrap();
     let second = store.accept(name.clone(), wants("cpu=1", None)).await.unwrap();
     store.keepalive_alloc(name.clone(), first.id, 100).await.unwrap();
     store.keepalive_alloc(name.clone(), second.id, 200).await.unwrap();
-    tokio::time::sleep(Duration::from_millis(350)).await;
+    time.advance(Duration::from_millis(350)).await;
     // Lapsed allocs are offered...
     assert_eq!(store.offer(name.clone()).await.unwrap().unwrap().available, res("cpu=2"));
     // ...and a keepalive revives one that is not reclaimed yet.
@@ -642,7 +685,7 @@ async fn lapsed_allocs_are_offered_and_reclaimed_when_needed(store: &dyn Store) 
     assert_eq!(store.pool(name.clone()).await.unwrap().stats.reclaimed, 1);
 }
 
-async fn an_idle_pool_stops(store: &dyn Store) {
+async fn an_idle_pool_stops(store: &dyn Store, time: &dyn Time) {
     let name = pool_name("idle");
     store.put_pool(name.clone(), res("cpu=1")).await.unwrap();
     let alloc = store.accept(name.clone(), wants("cpu=1", None)).await.unwrap();
@@ -650,7 +693,7 @@ async fn an_idle_pool_stops(store: &dyn Store) {
     let (stopped, until_idle) = store.stop_if_idle_for(name.clone(), 200).await.unwrap();
     assert!(!stopped);
     assert!((150..=300).contains(&until_idle), "idle in about 300 ms, said {until_idle}");
-    tokio::time::sleep(Duration::from_millis(until_idle + 20)).await;
+    time.advance(Duration::from_millis(until_idle + 20)).await;
     let (stopped, _) = store.stop_if_idle_for(name.clone(), 200).await.unwrap();
     assert!(stopped);
     assert_eq!(store.offer(name.clone()).await.unwrap(), None);

@@ -11,6 +11,7 @@ use allot_core::runs::{
 };
 use allot_core::{NamespaceName, Token};
 
+use super::Time;
 use crate::Store;
 
 /// A run with something in every field.
@@ -93,7 +94,7 @@ async fn runs_go_with_their_task(store: &dyn Store) {
     assert_eq!(store.run(app, running).await.unwrap(), None);
 }
 
-pub async fn run_runs(store: Arc<dyn Store>) {
+pub async fn run_runs(store: Arc<dyn Store>, time: &dyn Time) {
     let store = &*store;
     runs_go_with_their_task(store).await;
     let (app, other) = (AppId::new("conformance-runs").unwrap(), AppId::new("conformance-runs-2").unwrap());
@@ -137,7 +138,7 @@ pub async fn run_runs(store: Arc<dyn Store>) {
     let lease = |leases: Vec<crate::ExecutorLease>| leases.into_iter().find(|l| l.node == node).unwrap();
     let live = lease(store.executors().await.unwrap());
     assert_eq!((live.live, live.pools.as_slice()), (true, pools.as_slice()));
-    tokio::time::sleep(std::time::Duration::from_millis(450)).await;
+    time.advance(std::time::Duration::from_millis(450)).await;
     assert!(!lease(store.executors().await.unwrap()).live, "lapsed");
     store.renew_executor(node, &pools, std::time::Duration::from_secs(5)).await.unwrap();
     assert!(lease(store.executors().await.unwrap()).live, "renewed");

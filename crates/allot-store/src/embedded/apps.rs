@@ -15,7 +15,7 @@ use async_trait::async_trait;
 use redb::{ReadTransaction, ReadableTable};
 
 use super::ops::{Op, Table};
-use super::{durable, lock, EmbeddedStore, OpenError, Shared};
+use super::{durable, lock, Commit, EmbeddedStore, OpenError, Shared};
 use crate::apps::{AppInfo, AppStore, Submitted, TaskInfo};
 use crate::records::apps::{AppRecord, QueueRecord, TaskRecord, APPS, QUEUES, TASKS};
 use crate::records::{decode, encode};
@@ -31,31 +31,7 @@ const IDLE_INTERVAL: Duration = Duration::from_secs(1);
 pub(super) async fn run_scheduler(shared: Arc<Shared>) {
     let mut shutdown = shared.shutdown.subscribe();
     loop {
-        let (wait, committed) = {
-            let mut state = lock(&shared);
-            if state.closed {
-                return;
-            }
-            if state.broken.is_some() {
-                (RETRY_INTERVAL, None)
-            } else {
-                let now = shared.clock.now();
-                let state = &mut *state;
-                let mut world = World { pools: &mut state.pools, ledger: &mut state.ledger };
-                let (report, outcome) = state.sched.schedule(now, &mut world, &mut rand::random);
-                if report.placed + report.reserved + report.taken_over + report.timed_out > 0 {
-                    tracing::debug!(?report, "scheduling cycle");
-                }
-                let waiting = state.sched.has_waiting();
-                shared.sched_waiting.store(waiting, Ordering::Relaxed);
-                let committed = (!outcome.is_empty()).then(|| state.submit_outcome(&shared, outcome));
-                let mut wait = if waiting { RETRY_INTERVAL } else { IDLE_INTERVAL };
-                if let Some(deadline) = state.sched.next_deadline() {
-                    wait = wait.min(Duration::from_millis(deadline.saturating_sub(now)));
-                }
-                (wait, committed)
-            }
-        };
+        let Some((wait, committed)) = cycle(&shared) else { return };
         if let Some(committed) = committed {
             if let Err(err) = durable(committed).await {
                 tracing::warn!(error = %err, "a scheduling cycle could not be made durable");
@@ -67,6 +43,33 @@ pub(super) async fn run_scheduler(shared: Arc<Shared>) {
             _ = shutdown.wait_for(|stop| *stop) => return,
         }
     }
+}
+
+/// One scheduling cycle at the daemon clock's now. Answers how long until the next one is due
+/// and its commit, or `None` once the store is closed.
+pub(super) fn cycle(shared: &Shared) -> Option<(Duration, Option<Commit>)> {
+    let mut state = lock(shared);
+    if state.closed {
+        return None;
+    }
+    if state.broken.is_some() {
+        return Some((RETRY_INTERVAL, None));
+    }
+    let now = shared.clock.now();
+    let state = &mut *state;
+    let mut world = World { pools: &mut state.pools, ledger: &mut state.ledger };
+    let (report, outcome) = state.sched.schedule(now, &mut world, &mut rand::random);
+    if report.placed + report.reserved + report.taken_over + report.timed_out > 0 {
+        tracing::debug!(?report, "scheduling cycle");
+    }
+    let waiting = state.sched.has_waiting();
+    shared.sched_waiting.store(waiting, Ordering::Relaxed);
+    let committed = (!outcome.is_empty()).then(|| state.submit_outcome(shared, outcome));
+    let mut wait = if waiting { RETRY_INTERVAL } else { IDLE_INTERVAL };
+    if let Some(deadline) = state.sched.next_deadline() {
+        wait = wait.min(Duration::from_millis(deadline.saturating_sub(now)));
+    }
+    Some((wait, committed))
 }
 
 /// Reads the applications part of the file into a scheduler.

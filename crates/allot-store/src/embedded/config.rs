@@ -1,9 +1,11 @@
 //! How an embedded store is opened: its directory, its durability, and why opening fails.
 
 use std::path::PathBuf;
+use std::sync::Arc;
 
 use allot_core::pools::PoolError;
 
+use crate::clock::{SystemTime, TimeSource};
 use crate::records::{CorruptRecord, FORMAT_VERSION};
 
 /// What an acknowledged change survives.
@@ -46,21 +48,40 @@ impl std::str::FromStr for Durability {
     }
 }
 
-/// Where the embedded store keeps its data, and how durable an answer is.
-#[derive(Debug, Clone)]
+/// Where the embedded store keeps its data, how durable an answer is, and where it reads the
+/// time.
+#[derive(Clone)]
 pub struct EmbeddedConfig {
     pub data_dir: PathBuf,
     pub durability: Durability,
+    /// The machine's clocks ([`SystemTime`]) unless a test gives a clock of its own.
+    pub time: Arc<dyn TimeSource>,
+}
+
+impl std::fmt::Debug for EmbeddedConfig {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("EmbeddedConfig")
+            .field("data_dir", &self.data_dir)
+            .field("durability", &self.durability)
+            .finish_non_exhaustive()
+    }
 }
 
 impl EmbeddedConfig {
-    /// The store in `data_dir`, at the default durability ([`Durability::Disk`]).
+    /// The store in `data_dir`, at the default durability ([`Durability::Disk`]), on the
+    /// machine's clocks.
     pub fn new(data_dir: impl Into<PathBuf>) -> EmbeddedConfig {
-        EmbeddedConfig { data_dir: data_dir.into(), durability: Durability::default() }
+        EmbeddedConfig { data_dir: data_dir.into(), durability: Durability::default(), time: Arc::new(SystemTime) }
     }
 
     pub fn with_durability(mut self, durability: Durability) -> EmbeddedConfig {
         self.durability = durability;
+        self
+    }
+
+    /// The same, reading the time from `time` (a test's [`ManualClock`](crate::clock)).
+    pub fn with_time(mut self, time: Arc<dyn TimeSource>) -> EmbeddedConfig {
+        self.time = time;
         self
     }
 }

@@ -59,6 +59,7 @@ use tokio::sync::{oneshot, watch};
 
 use self::ops::Op;
 use self::wal::{DirLog, LogFiles, Segment, WalRecord};
+use crate::clock::TimeSource;
 use crate::runs::RunChange;
 use crate::{expires_in, Allocation, CommitStats, GrantInfo, SessionInfo, Store, StoreError, COMMIT_BUCKETS_MICROS};
 
@@ -95,12 +96,14 @@ pub struct EmbeddedStore {
 /// The daemon clock: milliseconds, monotonic, continuing from the last durable value.
 struct Clock {
     base: Millis,
-    started: Instant,
+    /// The source's monotonic reading at open.
+    started: Millis,
+    source: Arc<dyn TimeSource>,
 }
 
 impl Clock {
     fn now(&self) -> Millis {
-        self.base + self.started.elapsed().as_millis() as u64
+        self.base + self.source.monotonic_ms().saturating_sub(self.started)
     }
 }
 
@@ -174,6 +177,8 @@ enum WaiterAnswer {
 }
 
 type Ack = oneshot::Sender<Result<(), StoreError>>;
+/// What an operation waits on until its changes are durable.
+type Commit = oneshot::Receiver<Result<(), StoreError>>;
 
 /// Whom to tell once an operation is durable.
 struct Answer {
@@ -248,17 +253,17 @@ impl State {
     }
 
     /// Logs `effects`; the receiver answers once they are durable.
-    fn submit(&mut self, shared: &Shared, effects: Effects) -> oneshot::Receiver<Result<(), StoreError>> {
+    fn submit(&mut self, shared: &Shared, effects: Effects) -> Commit {
         self.submit_all(shared, effects, Vec::new(), Vec::new())
     }
 
     /// Logs everything an operation of the scheduler changed, as one record.
-    fn submit_outcome(&mut self, shared: &Shared, outcome: Outcome) -> oneshot::Receiver<Result<(), StoreError>> {
+    fn submit_outcome(&mut self, shared: &Shared, outcome: Outcome) -> Commit {
         self.submit_all(shared, outcome.ledger, outcome.pools, outcome.apps)
     }
 
     /// Logs a change of the kept runs.
-    fn submit_runs(&mut self, shared: &Shared, change: RunChange) -> oneshot::Receiver<Result<(), StoreError>> {
+    fn submit_runs(&mut self, shared: &Shared, change: RunChange) -> Commit {
         let mut ops = Vec::new();
         runs::ops(std::iter::once(&change), &mut ops);
         self.log_and_answer(shared, ops, Vec::new(), Vec::new())
@@ -271,7 +276,7 @@ impl State {
         effects: Effects,
         pool_changes: Vec<PoolChange>,
         app_changes: Vec<AppChange>,
-    ) -> oneshot::Receiver<Result<(), StoreError>> {
+    ) -> Commit {
         let waiters = &mut self.waiters;
         let woken: Vec<_> =
             effects.woken.into_iter().filter_map(|w| waiters.remove(&w.waiter).map(|tx| (tx, w.grant))).collect();
@@ -292,7 +297,7 @@ impl State {
         ops: Vec<Op>,
         woken: Vec<(oneshot::Sender<WaiterAnswer>, Grant)>,
         cancelled: Vec<(oneshot::Sender<WaiterAnswer>, LedgerError)>,
-    ) -> oneshot::Receiver<Result<(), StoreError>> {
+    ) -> Commit {
         let (ack, rx) = oneshot::channel();
         let appended = if ops.is_empty() { Ok(()) } else { self.append(shared, ops) };
         let answer = Answer { ack, woken, cancelled };
@@ -373,7 +378,7 @@ fn session_info(session: Session, now: Millis) -> SessionInfo {
     SessionInfo { expires_in_ms: session.deadline.saturating_sub(now), session }
 }
 
-async fn durable(rx: oneshot::Receiver<Result<(), StoreError>>) -> Result<(), StoreError> {
+async fn durable(rx: Commit) -> Result<(), StoreError> {
     match rx.await {
         Ok(result) => result,
         Err(_) => Err(StoreError::ShuttingDown),
@@ -399,7 +404,7 @@ impl EmbeddedStore {
         let log_dir = dir.join(wal::WAL_DIR);
         let files = DirLog::open(log_dir.clone(), config.durability)
             .map_err(|source| OpenError::DataDir { path: log_dir, source })?;
-        EmbeddedStore::open_with(opener, Box::new(files), config.durability)
+        EmbeddedStore::open_with(opener, Box::new(files), config.durability, config.time.clone())
     }
 
     /// Opens the store on a redb storage backend and log files of the caller's; `make_backend`
@@ -408,19 +413,25 @@ impl EmbeddedStore {
         make_backend: impl Fn() -> B + Send + Sync + 'static,
         files: Box<dyn LogFiles>,
         durability: Durability,
+        time: Arc<dyn TimeSource>,
     ) -> Result<EmbeddedStore, OpenError> {
         let opener: Opener = Box::new(move || {
             redb::Builder::new()
                 .create_with_backend(make_backend())
                 .map_err(|err| OpenError::Database { path: PathBuf::from("<backend>"), reason: redb_error(err) })
         });
-        EmbeddedStore::open_with(opener, files, durability)
+        EmbeddedStore::open_with(opener, files, durability, time)
     }
 
-    fn open_with(opener: Opener, files: Box<dyn LogFiles>, durability: Durability) -> Result<EmbeddedStore, OpenError> {
+    fn open_with(
+        opener: Opener,
+        files: Box<dyn LogFiles>,
+        durability: Durability,
+        time: Arc<dyn TimeSource>,
+    ) -> Result<EmbeddedStore, OpenError> {
         let db = opener()?;
         let (Loaded { ledger, pools, mut sched, runs, clock, seq }, last_segment) = load(&db, files.as_ref(), None)?;
-        let clock = count_downtime(&db, &mut sched, clock)?;
+        let clock = count_downtime(&db, &mut sched, clock, time.wall_ms())?;
         let number = last_segment + 1;
         let segment = files
             .create(number, wal::SEGMENT_BYTES)
@@ -447,7 +458,7 @@ impl EmbeddedStore {
             stop_changed: Condvar::new(),
             wake_scheduler: tokio::sync::Notify::new(),
             sched_waiting: AtomicBool::new(true),
-            clock: Clock { base: clock, started: Instant::now() },
+            clock: Clock { base: clock, started: time.monotonic_ms(), source: time },
             clock_written: AtomicU64::new(clock),
             shutting_down: AtomicBool::new(false),
             shutdown,
@@ -477,6 +488,20 @@ impl EmbeddedStore {
     /// Sets the lease rules of allocs (default: Reflow's 2 minutes, at most 5 per keepalive).
     pub fn set_pool_rules(&self, rules: LeaseRules) {
         self.lock().pools.set_rules(rules);
+    }
+
+    /// Does now what the sweeper and the scheduler do on their own: one sweep, then one
+    /// scheduling cycle, each answered once durable. For tests that move a
+    /// [`ManualClock`](crate::clock) on and want its effects without waiting for the next round.
+    #[cfg(feature = "testing")]
+    pub async fn tick(&self) -> Result<(), StoreError> {
+        if let Some(Some(swept)) = sweeper::sweep(&self.shared) {
+            durable(swept).await?;
+        }
+        if let Some((_, Some(committed))) = apps::cycle(&self.shared) {
+            durable(committed).await?;
+        }
+        Ok(())
     }
 
     /// Checkpoints now, as the checkpointer does every [`CHECKPOINT_INTERVAL`]: seals the log's

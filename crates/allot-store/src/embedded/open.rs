@@ -41,11 +41,13 @@ pub(super) struct Loaded {
 /// durable before anything is served. Answers the daemon clock to start from: where the last
 /// record left it, or, for a new store, the wall clock (so that timers are never moved back
 /// past the clock's start).
-pub(super) fn count_downtime(db: &Database, sched: &mut Scheduler, clock: Millis) -> Result<Millis, OpenError> {
+pub(super) fn count_downtime(
+    db: &Database,
+    sched: &mut Scheduler,
+    clock: Millis,
+    wall: Millis,
+) -> Result<Millis, OpenError> {
     let write_err = |err: String| OpenError::Read(format!("cannot note the wall clock: {err}"));
-    let wall = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX));
     let txn = db.begin_write().map_err(|e| write_err(redb_error(e)))?;
     let clock = {
         let mut meta = txn.open_table(META).map_err(|e| write_err(redb_error(e)))?;

@@ -2,11 +2,12 @@
 //! written through the same group commit as everything else.
 
 use std::collections::BTreeMap;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use allot_core::apps::{AppChange, AppId, TaskId};
 use allot_core::pools::PoolName;
 use allot_core::runs::Run;
+use allot_core::Millis;
 use async_trait::async_trait;
 use redb::{ReadTransaction, ReadableTable};
 
@@ -23,8 +24,8 @@ pub(super) struct Runs {
     runs: BTreeMap<AppId, BTreeMap<TaskId, Run>>,
     catalog: BTreeMap<String, CachedOutputs>,
     /// Executors' leases, by node: in memory only (one daemon uses an embedded store, and its
-    /// executor lives and dies with it).
-    executors: BTreeMap<String, (Vec<PoolName>, Instant)>,
+    /// executor lives and dies with it), each live until a daemon clock time.
+    executors: BTreeMap<String, (Vec<PoolName>, Millis)>,
 }
 
 pub(super) fn load(txn: &ReadTransaction) -> Result<Runs, OpenError> {
@@ -159,13 +160,13 @@ impl RunStore for EmbeddedStore {
     async fn renew_executor(&self, node: &str, pools: &[PoolName], ttl: Duration) -> Result<(), StoreError> {
         let mut state = self.lock();
         state.usable(&self.shared)?;
-        state.runs.executors.insert(node.to_owned(), (pools.to_vec(), Instant::now() + ttl));
+        let until = self.shared.clock.now().saturating_add(u64::try_from(ttl.as_millis()).unwrap_or(u64::MAX));
+        state.runs.executors.insert(node.to_owned(), (pools.to_vec(), until));
         Ok(())
     }
 
     async fn executors(&self) -> Result<Vec<ExecutorLease>, StoreError> {
-        self.read_state(|state, _| {
-            let now = Instant::now();
+        self.read_state(|state, now| {
             Ok(state
                 .runs
                 .executors

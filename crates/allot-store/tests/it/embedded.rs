@@ -6,6 +6,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use allot_core::{AllocateRequest, Constraints, LeaseRequest, NamespaceName, Token};
+use allot_store::clock::ManualClock;
 use allot_store::fault::open_flaky_store;
 use allot_store::{conformance, read_all, Allocation, EmbeddedConfig, EmbeddedStore, Store, StoreError};
 
@@ -28,40 +29,49 @@ fn open(dir: &std::path::Path) -> EmbeddedStore {
     EmbeddedStore::open(&EmbeddedConfig::new(dir.to_owned())).unwrap()
 }
 
+/// The store in `dir` on `clock`, a clock the test moves by hand.
+fn open_on(dir: &std::path::Path, clock: &ManualClock) -> EmbeddedStore {
+    EmbeddedStore::open(&EmbeddedConfig::new(dir.to_owned()).with_time(Arc::new(clock.clone()))).unwrap()
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn embedded_store_passes_the_conformance_suite() {
     let dir = tempfile::tempdir().unwrap();
-    let store: Arc<dyn Store> = Arc::new(open(dir.path()));
-    conformance::run(store.clone()).await;
-    conformance::run_pools(store.clone()).await;
-    conformance::run_apps(store.clone()).await;
-    conformance::run_runs(store.clone()).await;
+    let clock = ManualClock::new();
+    let embedded = Arc::new(open_on(dir.path(), &clock));
+    let time = conformance::MovedTime { clock, store: embedded.clone() };
+    let store: Arc<dyn Store> = embedded;
+    conformance::run(store.clone(), &time).await;
+    conformance::run_pools(store.clone(), &time).await;
+    conformance::run_apps(store.clone(), &time).await;
+    conformance::run_runs(store.clone(), &time).await;
     store.shutdown().await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn state_survives_a_restart_and_leases_keep_their_remaining_ttl() {
     let dir = tempfile::tempdir().unwrap();
-    let store = open(dir.path());
+    let clock = ManualClock::new();
+    let store = open_on(dir.path(), &clock);
     store.put_namespace(ns("hive"), 3).await.unwrap();
     store.allocate(request("hive", "plain", LeaseRequest::None), Duration::ZERO).await.unwrap();
     store.allocate(request("hive", "leased", LeaseRequest::Ttl { ttl_ms: 3000 }), Duration::ZERO).await.unwrap();
     let session = store.open_session(60_000).await.unwrap().session.id;
     store.allocate(request("hive", "in-session", LeaseRequest::Session(session)), Duration::ZERO).await.unwrap();
     store.release(ns("hive"), Token::new("plain").unwrap(), None).await.unwrap();
-    tokio::time::sleep(Duration::from_millis(1000)).await;
+    clock.advance(Duration::from_millis(1000));
     store.shutdown().await;
     drop(store);
 
     // The time the daemon is down does not count against the leases.
-    tokio::time::sleep(Duration::from_millis(1500)).await;
-    let store = open(dir.path());
+    clock.advance(Duration::from_millis(1500));
+    let store = open_on(dir.path(), &clock);
     let grants = read_all(|page| store.grants(ns("hive"), page)).await.unwrap();
     let tokens: Vec<&str> = grants.iter().map(|g| g.grant.token.as_str()).collect();
     assert_eq!(tokens, ["in-session", "leased"]);
     let leased = &grants[1];
     let left = leased.expires_in_ms.unwrap();
-    assert!((1500..=2100).contains(&left), "the lease should have about 2000 ms left, has {left}");
+    assert_eq!(left, 2000, "the lease has the 2000 ms it had left");
     assert_eq!(store.session(session).await.unwrap().session.grants.len(), 1);
     let next = store.allocate(request("hive", "next", LeaseRequest::None), Duration::ZERO).await.unwrap();
     let Allocation::Granted { grant, .. } = next else { panic!("{next:?}") };
@@ -255,7 +265,8 @@ async fn pools_and_allocs_survive_a_restart_with_the_lease_time_they_had_left() 
     use allot_core::pools::{AllocRequest, AllocState, PoolName};
     let dir = tempfile::tempdir().unwrap();
     let pool = PoolName::new("worker-1").unwrap();
-    let store = open(dir.path());
+    let clock = ManualClock::new();
+    let store = open_on(dir.path(), &clock);
     store.put_pool(pool.clone(), "cpu=4,mem=8GiB".parse().unwrap()).await.unwrap();
     let request = |min: &str| AllocRequest { min: min.parse().unwrap(), owner: "me".into(), ..AllocRequest::default() };
     let kept = store.accept(pool.clone(), request("cpu=2,mem=4GiB")).await.unwrap();
@@ -263,19 +274,19 @@ async fn pools_and_allocs_survive_a_restart_with_the_lease_time_they_had_left() 
     store.free_alloc(pool.clone(), freed.id).await.unwrap();
     let (granted, renewed) = store.keepalive_alloc(pool.clone(), kept.id, 3_000).await.unwrap();
     assert_eq!(granted, 3_000);
-    tokio::time::sleep(Duration::from_millis(1000)).await;
+    clock.advance(Duration::from_millis(1000));
     store.shutdown().await;
     drop(store);
 
     // Down for 1.5 s: that time does not count against the lease (unlike Reflow, whose restored
     // allocs came back already expired).
-    tokio::time::sleep(Duration::from_millis(1500)).await;
-    let store = open(dir.path());
+    clock.advance(Duration::from_millis(1500));
+    let store = open_on(dir.path(), &clock);
     match store.inspect_alloc(pool.clone(), kept.id).await.unwrap() {
         AllocState::Live(alloc) => {
             assert_eq!(alloc, renewed);
             let left = alloc.expires.saturating_sub(store.now());
-            assert!((1500..=2100).contains(&left), "the lease should have about 2000 ms left, has {left}");
+            assert_eq!(left, 2000, "the lease has the 2000 ms it had left");
         }
         ended => panic!("{ended:?}"),
     }
@@ -294,7 +305,8 @@ async fn a_reserved_gang_keeps_its_placements_and_its_placeholder_timeout_counts
     use allot_core::apps::{AppId, AppSpec, GangStyle, GroupName, SchedulingPolicy, TaskGroup};
 
     let dir = tempfile::tempdir().unwrap();
-    let store = open(dir.path());
+    let clock = ManualClock::new();
+    let store = open_on(dir.path(), &clock);
     let id = AppId::new("gang").unwrap();
     let pool = allot_core::pools::PoolName::new("p").unwrap();
     store.put_pool(pool.clone(), "cpu=8".parse().unwrap()).await.unwrap();
@@ -328,26 +340,27 @@ async fn a_reserved_gang_keeps_its_placements_and_its_placeholder_timeout_counts
     let before = store.app(id.clone()).await.unwrap().app;
     assert_eq!(before.state, AppState::Running, "a gang wholly reserved runs");
     // The clock is made durable at least once a second: after a crash, time since the last
-    // checkpoint (under a second) counts as not passed. Wait for a checkpoint.
-    tokio::time::sleep(Duration::from_millis(1300)).await;
+    // checkpoint (under a second) counts as not passed. A sweep 1.3 s on logs it.
+    clock.advance(Duration::from_millis(1300));
+    store.tick().await.unwrap();
     // A crash: no shutdown. The daemon is down for 2.5 s, which the placeholder timeout counts
     // (wall-clock, as YuniKorn's), unlike the leases of grants and allocs.
     drop(store);
-    tokio::time::sleep(Duration::from_millis(2500)).await;
-    let store = open(dir.path());
+    clock.advance(Duration::from_millis(2500));
+    let store = open_on(dir.path(), &clock);
     let after = store.app(id.clone()).await.unwrap().app;
     assert_eq!(after.slots, before.slots, "the same placeholders, on the same allocs");
     assert_eq!(after.state, AppState::Running);
     assert_eq!(store.pool(pool.clone()).await.unwrap().allocs, 3);
     let left = (after.reserved_at.unwrap() + 6000).saturating_sub(store.now());
-    assert!((1500..=2400).contains(&left), "the placeholders should have about 2000-2200 ms left, have {left}");
-    // They time out when that time is up (Soft: the unused are released, and it goes on).
-    let started = std::time::Instant::now();
-    while store.pool(pool.clone()).await.unwrap().allocs != 0 {
-        assert!(started.elapsed() < Duration::from_secs(5), "the placeholder timeout did not run");
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-    assert!(started.elapsed() >= Duration::from_millis(1200), "it ran early: {:?}", started.elapsed());
+    assert_eq!(left, 6000 - 1300 - 2500, "the placeholders have what was left, less the time down");
+    // They time out when that time is up, not before (Soft: the unused are released, and it
+    // goes on).
+    clock.advance(Duration::from_millis(left - 100));
+    store.tick().await.unwrap();
+    assert_eq!(store.pool(pool.clone()).await.unwrap().allocs, 3, "the placeholder timeout ran early");
+    clock.advance(Duration::from_millis(100));
+    store.tick().await.unwrap();
     assert_eq!(store.app(id.clone()).await.unwrap().app.state, AppState::Running);
     assert_eq!(store.pool(pool).await.unwrap().allocs, 0, "the unused placeholders were released");
     store.shutdown().await;
@@ -412,6 +425,8 @@ async fn a_later_log_segment_is_never_synced_before_an_earlier_one() {
     use allot_store::fault::LogEvent;
 
     let dir = tempfile::tempdir().unwrap();
+    // On the machine's clocks: what is checked is how the syncer and the checkpointer threads
+    // interleave on their own schedules, which start when the store opens.
     let (store, faults) = open_flaky_store(dir.path()).unwrap();
     let store = Arc::new(store);
     store.put_namespace(ns("hive"), 10).await.unwrap();
