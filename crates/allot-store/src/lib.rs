@@ -1,12 +1,18 @@
-//! The `Store` trait: every operation of the token quotas, as a backend carries it out.
+//! The `Store` trait: every operation of allot, as a backend carries it out.
 //!
+//! - One trait per part, in a module of its own: `quotas` ([`QuotaStore`]), `pools`
+//!   ([`PoolStore`]), `apps` ([`AppStore`]), `runs` ([`RunStore`]); [`Store`] is all four and
+//!   what the backend as a whole does.
 //! - `embedded`: the default backend. The decisions are the core's, in memory; every change is
 //!   appended to a write-ahead log, checkpointed into a redb database, and an operation is
 //!   answered only once its changes are durable at the chosen [`Durability`] (on disk, or handed
 //!   to the operating system).
 //! - `records`: the versioned on-disk format of the embedded backend.
-//! - `conformance`: the behaviour every backend must show, as a suite of checks over `&dyn Store`.
-//! - `fault`: a storage backend that fails like a full disk, for fault-injection tests.
+//! - `clock`: where a backend reads the time ([`clock::TimeSource`]).
+//! - `quiet`: repeated log lines kept to a few.
+//! - With the `testing` feature (for tests, not shipped): `conformance`, the behaviour every
+//!   backend must show, as a suite of checks over `&dyn Store`; `fault`, a storage backend that
+//!   fails like a full disk; and `clock::ManualClock`.
 //!
 //! Architecture invariant: an answer that says something was granted, released, renewed or
 //! changed is given only after that change is durable; a change that fails to become durable is
@@ -20,30 +26,31 @@ pub mod conformance;
 pub mod embedded;
 #[cfg(feature = "testing")]
 pub mod fault;
+pub mod pools;
 pub mod quiet;
+pub mod quotas;
 pub mod records;
 pub mod runs;
 
 /// The traits whose methods a caller of `dyn Store` uses: `use allot_store::prelude::*;`.
 pub mod prelude {
     pub use crate::apps::AppStore;
+    pub use crate::pools::PoolStore;
+    pub use crate::quotas::QuotaStore;
     pub use crate::runs::RunStore;
-    pub use crate::{PoolStore, QuotaStore, Store};
+    pub use crate::Store;
 }
 
 use std::time::Duration;
 
-use allot_core::pools::{
-    Alloc, AllocId, AllocRequest, AllocState, EndedAlloc, Labels, Offer, PoolError, PoolName, PoolView,
-};
-use allot_core::{
-    AllocateRequest, Grant, Lease, LedgerError, Millis, NamespaceName, NamespaceView, QueuePlace, Refusal, Resources,
-    Session, SessionId, Token, WaiterView,
-};
+use allot_core::pools::PoolError;
+use allot_core::{LedgerError, Millis};
 use async_trait::async_trait;
 
 pub use apps::{AppInfo, AppStore, AppsHome, Submitted, TaskInfo};
 pub use embedded::{Durability, EmbeddedConfig, EmbeddedStore};
+pub use pools::PoolStore;
+pub use quotas::{expires_in, Allocation, GrantInfo, QuotaStore, SessionInfo};
 pub use runs::{CachedOutputs, ExecutorLease, RunChange, RunStore};
 
 /// The longest an allocate call may wait for room.
@@ -184,30 +191,6 @@ pub enum StoreError {
     Sched(#[from] allot_core::apps::SchedError),
 }
 
-/// The answer to an allocate call.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Allocation {
-    /// `existing` is true when the token was already granted (an idempotent retry).
-    Granted { grant: GrantInfo, existing: bool },
-    /// Not granted; `place` says where the request stood in the queue when its wait ended.
-    Refused { refusal: Refusal, place: Option<QueuePlace> },
-}
-
-/// A grant and the time its lease has left.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct GrantInfo {
-    pub grant: Grant,
-    /// Milliseconds until the lease ends without a keepalive; `None` when the grant has no lease.
-    pub expires_in_ms: Option<u64>,
-}
-
-/// A session and the time its lease has left.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct SessionInfo {
-    pub session: Session,
-    pub expires_in_ms: u64,
-}
-
 /// The upper bounds (µs) of the buckets of the commit-time histogram; a last bucket holds the rest.
 pub const COMMIT_BUCKETS_MICROS: [u64; 15] =
     [25, 50, 100, 250, 500, 1_000, 2_500, 5_000, 10_000, 25_000, 50_000, 100_000, 250_000, 500_000, 1_000_000];
@@ -257,103 +240,4 @@ pub trait Store: QuotaStore + PoolStore + AppStore + RunStore + Send + Sync + 's
     /// Stops taking work, answers every waiter with its place, makes everything durable and
     /// stops background tasks. Later calls fail with [`StoreError::ShuttingDown`].
     async fn shutdown(&self);
-}
-
-/// The token quotas of a backend.
-///
-/// `allocate` with a non-zero `wait` joins the namespace's first-come-first-served queue and
-/// returns when granted, when the wait ends (with the request's place in the queue), or when the
-/// store shuts down.
-#[async_trait]
-pub trait QuotaStore: Send + Sync {
-    /// Creates a namespace or changes its quota; true if it was created.
-    async fn put_namespace(&self, name: NamespaceName, quota: u64) -> Result<(bool, NamespaceView), StoreError>;
-    /// Creates a namespace with `quota` only if it does not exist; an existing one keeps its
-    /// quota. This is how the configuration seeds quotas: the store is authoritative. Returns
-    /// true if it was created.
-    async fn seed_namespace(&self, name: NamespaceName, quota: u64) -> Result<(bool, NamespaceView), StoreError>;
-    /// Removes a namespace; with `force`, also when it has grants. Returns how many grants ended.
-    async fn remove_namespace(&self, name: NamespaceName, force: bool) -> Result<usize, StoreError>;
-    /// A page of the namespaces, ordered by name.
-    async fn namespaces(
-        &self,
-        page: PageRequest<NamespaceName>,
-    ) -> Result<Page<NamespaceView, NamespaceName>, StoreError>;
-    async fn namespace(&self, name: NamespaceName) -> Result<NamespaceView, StoreError>;
-
-    async fn allocate(&self, request: AllocateRequest, wait: Duration) -> Result<Allocation, StoreError>;
-    /// Releases a token; the released grant, or `None` if it was not granted.
-    async fn release(
-        &self,
-        namespace: NamespaceName,
-        token: Token,
-        fencing: Option<u64>,
-    ) -> Result<Option<GrantInfo>, StoreError>;
-    async fn keepalive_grant(
-        &self,
-        namespace: NamespaceName,
-        token: Token,
-        fencing: Option<u64>,
-    ) -> Result<GrantInfo, StoreError>;
-    /// A page of a namespace's grants, ordered by token.
-    async fn grants(
-        &self,
-        namespace: NamespaceName,
-        page: PageRequest<Token>,
-    ) -> Result<Page<GrantInfo, Token>, StoreError>;
-    async fn grant(&self, namespace: NamespaceName, token: Token) -> Result<GrantInfo, StoreError>;
-    /// A page of a namespace's waiters in queue order, keyed by arrival number
-    /// ([`WaiterView::arrival`]): the next page holds the waiters that arrived after the last one
-    /// of this page and still wait, with their places at that read.
-    async fn waiters(
-        &self,
-        namespace: NamespaceName,
-        page: PageRequest<u64>,
-    ) -> Result<Page<WaiterView, u64>, StoreError>;
-
-    async fn open_session(&self, ttl_ms: u64) -> Result<SessionInfo, StoreError>;
-    async fn keepalive_session(&self, id: SessionId) -> Result<SessionInfo, StoreError>;
-    /// Closes a session and releases its grants.
-    async fn close_session(&self, id: SessionId) -> Result<SessionInfo, StoreError>;
-    /// A page of the live sessions, ordered by id.
-    async fn sessions(&self, page: PageRequest<SessionId>) -> Result<Page<SessionInfo, SessionId>, StoreError>;
-    async fn session(&self, id: SessionId) -> Result<SessionInfo, StoreError>;
-}
-
-/// The leased resource pools of a backend.
-#[async_trait]
-pub trait PoolStore: Send + Sync {
-    /// Creates a pool or changes its capacity (a stopped pool starts again); true if created.
-    async fn put_pool(&self, name: PoolName, capacity: Resources) -> Result<(bool, PoolView), StoreError>;
-    /// Creates a pool with `capacity` only if it does not exist; an existing one keeps its
-    /// capacity (the configuration seeds pools, as it seeds quotas). Returns true if created.
-    async fn seed_pool(&self, name: PoolName, capacity: Resources) -> Result<(bool, PoolView), StoreError>;
-    /// Removes a pool; with `force`, also when it has allocs. Returns how many allocs ended.
-    async fn remove_pool(&self, name: PoolName, force: bool) -> Result<usize, StoreError>;
-    /// A page of the pools, ordered by name.
-    async fn pools(&self, page: PageRequest<PoolName>) -> Result<Page<PoolView, PoolName>, StoreError>;
-    async fn pool(&self, name: PoolName) -> Result<PoolView, StoreError>;
-    /// The pool's one offer (everything free), or `None` when nothing is free or it is stopped.
-    async fn offer(&self, name: PoolName) -> Result<Option<Offer>, StoreError>;
-    /// Accepts the pool's offer: makes an alloc, or answers [`PoolError::OfferExpired`].
-    async fn accept(&self, name: PoolName, request: AllocRequest) -> Result<Alloc, StoreError>;
-    /// Renews an alloc's lease; returns the interval granted (ms) and the alloc.
-    async fn keepalive_alloc(&self, name: PoolName, id: AllocId, interval_ms: u64) -> Result<(u64, Alloc), StoreError>;
-    async fn free_alloc(&self, name: PoolName, id: AllocId) -> Result<EndedAlloc, StoreError>;
-    async fn inspect_alloc(&self, name: PoolName, id: AllocId) -> Result<AllocState, StoreError>;
-    /// A page of the live allocs of a pool, ordered by id.
-    async fn allocs(&self, name: PoolName, page: PageRequest<AllocId>) -> Result<Page<Alloc, AllocId>, StoreError>;
-    /// Stops the pool if it has been idle for `idle_ms`; else the time (ms) until it would be.
-    async fn stop_if_idle_for(&self, name: PoolName, idle_ms: u64) -> Result<(bool, u64), StoreError>;
-    /// Replaces a pool's labels (what the scheduler's selectors match).
-    async fn label_pool(&self, name: PoolName, labels: Labels) -> Result<PoolView, StoreError>;
-}
-
-/// How long a lease has left at `now`; `session_deadline` looks up a session's deadline.
-pub fn expires_in(lease: Lease, now: Millis, session_deadline: impl Fn(SessionId) -> Option<Millis>) -> Option<u64> {
-    match lease {
-        Lease::None => None,
-        Lease::Ttl { deadline, .. } => Some(deadline.saturating_sub(now)),
-        Lease::Session(id) => session_deadline(id).map(|deadline| deadline.saturating_sub(now)),
-    }
 }
