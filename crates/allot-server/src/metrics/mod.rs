@@ -1,0 +1,426 @@
+//! Prometheus metrics: request latency histograms, and gauges and counters of the namespaces and
+//! pools read from the store at each scrape (so they are exact, never polled or guessed).
+//!
+//! A scrape stays small however many namespaces and pools there are: totals over all of them
+//! always, and series of their own only for the namespaces and pools selected by
+//! [`MetricsConfig`] (none by default).
+//!
+//! Names (all prefixed `allot_`). Totals: `namespaces` (how many), `namespaces_quota_units`,
+//! `namespaces_granted_units`, `namespaces_grants`, `namespaces_waiters`,
+//! `namespaces_waiting_units` (sums), `namespaces_longest_wait_seconds` (the longest),
+//! `namespaces_allocations_total` (label `result`), `namespaces_releases_total`,
+//! `namespaces_expirations_total`; `pools`, `pools_capacity`, `pools_allocated`, `pools_expired`
+//! (label `resource`), `pools_allocs`, `pools_accepts_total`, `pools_offer_expired_total`,
+//! `pools_frees_total`, `pools_reclaims_total`. Per selected namespace (label `namespace`):
+//! `quota_units`, `granted_units`, `grants`, `waiters`, `waiting_units`, `longest_wait_seconds`,
+//! `allocations_total` (label `result`: `granted`, `exhausted`, `namespace_quota_exceeded`),
+//! `releases_total`, `expirations_total`. Per selected pool (label `pool`): `pool_capacity`,
+//! `pool_allocated`, `pool_expired` (label `resource`), `pool_allocs`, `pool_accepts_total`,
+//! `pool_offer_expired_total`, `pool_frees_total`, `pool_reclaims_total`. And
+//! Per queue (label `queue`; every queue): `queue_used`, `queue_guaranteed`, `queue_max` (label
+//! `resource`), `queue_running_apps`, `queue_apps`, `queue_pending_apps`, `queue_pending_tasks`, `queue_waiting` (label `reason`: what holds them);
+//! and the scheduler's `sched_cycles_total`, `sched_placements_total`, `sched_reservations_total`,
+//! `sched_takeovers_total`, `sched_timeouts_total` (label `kind`: `placeholder`, `reserve`). And
+//! On a daemon that runs tasks, its executor's `exec_runs_active`, `exec_rounds_total`,
+//! `exec_retries_total`, `exec_held_back_total`, `exec_runs_ended_total` (label `result`:
+//! `succeeded`, `failed`, `aborted`) and `exec_cache_lookups_total` (label `result`: `hit`,
+//! `miss`), and the plugins' own `plugin_counter_total` (labels `plugin`, `counter`). And
+//! `store_commits_total`, `store_committed_operations_total`, `store_commit_seconds_total`,
+//! `store_commit_failures_total`, `store_commit_duration_seconds` (a histogram),
+//! `store_commit_max_seconds`, `store_durability` (label `level`: `disk`, `process`, `redis`),
+//! `http_request_duration_seconds` (labels `method`, `route`,
+//! `status`).
+//!
+//! This module holds the registry, the scrape and the request histograms; the series of each
+//! part are encoded by `quotas`, `pools`, `apps` and `runs`.
+
+use std::cell::RefCell;
+use std::collections::{BTreeMap, HashMap};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use allot_core::apps::{QueueView, SchedStats};
+use allot_core::pools::PoolView;
+use allot_core::{NamespaceView, Resources};
+use allot_store::{for_each_page, CommitStats, Store, StoreError};
+
+use crate::runs_here::RunCounters;
+use axum::extract::{MatchedPath, Request, State};
+use axum::http::header::CONTENT_TYPE;
+use axum::http::Method;
+use axum::middleware::Next;
+use axum::response::{IntoResponse, Response};
+use prometheus_client::collector::Collector;
+use prometheus_client::encoding::{DescriptorEncoder, EncodeLabelSet, EncodeMetric};
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::metrics::histogram::{exponential_buckets, Histogram};
+use prometheus_client::metrics::MetricType;
+use prometheus_client::registry::Registry;
+
+use crate::error::ApiError;
+
+mod apps;
+mod pools;
+mod quotas;
+mod runs;
+
+use crate::ServerState;
+use apps::*;
+use pools::*;
+use quotas::*;
+use runs::*;
+
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct RequestLabels {
+    method: String,
+    route: String,
+    status: u16,
+}
+
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct ResourceLabels {
+    resource: String,
+}
+
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct TotalResultLabels {
+    result: &'static str,
+}
+
+/// Which namespaces and pools have series of their own at `/metrics`; all of them count in the
+/// totals. A pattern `NAME` selects NAME and what is under it (`hive` selects `hive` and
+/// `hive:cluster-a`, not `hive2`); `PREFIX*` selects every name that starts with PREFIX (`*`
+/// selects all: one series per namespace, which is large with many namespaces).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct MetricsConfig {
+    pub namespaces: Vec<String>,
+    pub pools: Vec<String>,
+}
+
+impl MetricsConfig {
+    /// Refuses an empty pattern (it would select nothing).
+    pub fn check(&self) -> Result<(), String> {
+        match self.namespaces.iter().chain(&self.pools).any(String::is_empty) {
+            true => Err("a metrics selection pattern is empty; use `*` to select every name".into()),
+            false => Ok(()),
+        }
+    }
+}
+
+/// Whether `name` is selected by one of `patterns` (see [`MetricsConfig`]).
+fn selected(patterns: &[String], name: &str) -> bool {
+    patterns.iter().any(|pattern| match pattern.strip_suffix('*') {
+        Some(prefix) => name.starts_with(prefix),
+        None => name.strip_prefix(pattern.as_str()).is_some_and(|rest| rest.is_empty() || rest.starts_with(':')),
+    })
+}
+
+/// A thread's handles on the request histograms of one [`Metrics`]: by route, then method and
+/// status.
+type ByRoute = HashMap<Box<str>, Vec<(Method, u16, Histogram)>>;
+
+/// The daemon's metrics.
+#[derive(Debug)]
+pub struct Metrics {
+    /// Tells these metrics apart in the threads' caches of request histograms.
+    id: u64,
+    config: MetricsConfig,
+    registry: Registry,
+    requests: Family<RequestLabels, Histogram>,
+    snapshot: Arc<Mutex<Snapshot>>,
+}
+
+/// What the store said at the last scrape: the selected views and the totals of all.
+#[derive(Debug, Default)]
+struct Snapshot {
+    namespaces: Vec<NamespaceView>,
+    namespace_totals: NamespaceTotals,
+    pools: Vec<PoolView>,
+    pool_totals: PoolTotals,
+    commits: CommitStats,
+    durability: &'static str,
+    /// Every queue (a queue tree is small: each has series of its own).
+    queues: Vec<QueueView>,
+    sched: SchedStats,
+    /// The executor's counters, on a daemon that runs tasks.
+    exec: Option<RunCounters>,
+}
+
+type FloatGauge = Gauge<f64, std::sync::atomic::AtomicU64>;
+/// A metric's name, help and how to read its value from a view.
+type Described<F> = (&'static str, &'static str, F);
+
+/// Encodes the snapshot; registered as a collector so it shares the registry's output.
+#[derive(Debug)]
+struct StoreCollector {
+    snapshot: Arc<Mutex<Snapshot>>,
+}
+
+impl Default for Metrics {
+    fn default() -> Metrics {
+        Metrics::new(MetricsConfig::default())
+    }
+}
+
+impl Metrics {
+    /// Metrics with series of their own for the namespaces and pools `config` selects.
+    pub fn new(config: MetricsConfig) -> Metrics {
+        let mut registry = Registry::default();
+        let requests = Family::<RequestLabels, Histogram>::new_with_constructor(|| {
+            // 50 µs to about 1.6 s.
+            Histogram::new(exponential_buckets(0.00005, 2.0, 16))
+        });
+        registry.register(
+            "allot_http_request_duration_seconds",
+            "Time to answer an HTTP request, by method, route and status",
+            requests.clone(),
+        );
+        let snapshot = Arc::new(Mutex::new(Snapshot::default()));
+        registry.register_collector(Box::new(StoreCollector { snapshot: snapshot.clone() }));
+        static NEXT_ID: AtomicU64 = AtomicU64::new(0);
+        let id = NEXT_ID.fetch_add(1, Ordering::Relaxed);
+        Metrics { id, config, registry, requests, snapshot }
+    }
+
+    /// Times a request into `allot_http_request_duration_seconds`. The histogram is looked up
+    /// once per thread, route, method and status; after that, without a lock or an allocation.
+    pub(crate) fn observe_request(&self, method: &Method, route: &str, status: u16, took: Duration) {
+        thread_local! {
+            /// This thread's handles on request histograms, by metrics.
+            static HISTOGRAMS: RefCell<HashMap<u64, ByRoute>> = RefCell::new(HashMap::new());
+        }
+        HISTOGRAMS.with_borrow_mut(|histograms| {
+            let by_route = histograms.entry(self.id).or_default();
+            if !by_route.contains_key(route) {
+                by_route.insert(route.into(), Vec::new());
+            }
+            let kinds = by_route.get_mut(route).expect("inserted above");
+            let histogram = match kinds.iter().find(|(m, s, _)| m == method && *s == status) {
+                Some((_, _, histogram)) => histogram,
+                None => {
+                    let labels = RequestLabels { method: method.to_string(), route: route.to_owned(), status };
+                    let histogram = self.requests.get_or_create(&labels).clone();
+                    kinds.push((method.clone(), status, histogram));
+                    &kinds.last().expect("pushed above").2
+                }
+            };
+            histogram.observe(took.as_secs_f64());
+        });
+    }
+}
+
+fn encode_family<L, M>(
+    encoder: &mut DescriptorEncoder<'_>,
+    name: &str,
+    help: &str,
+    family: &Family<L, M>,
+) -> Result<(), std::fmt::Error>
+where
+    L: EncodeLabelSet + Clone + std::hash::Hash + Eq + std::fmt::Debug,
+    M: EncodeMetric + prometheus_client::metrics::TypedMetric,
+{
+    let metric = encoder.encode_descriptor(name, help, None, M::TYPE)?;
+    family.encode(metric)
+}
+
+/// One gauge without labels.
+fn encode_gauge(
+    encoder: &mut DescriptorEncoder<'_>,
+    name: &str,
+    help: &str,
+    value: i64,
+) -> Result<(), std::fmt::Error> {
+    let gauge = Gauge::<i64>::default();
+    gauge.set(value);
+    gauge.encode(encoder.encode_descriptor(name, help, None, MetricType::Gauge)?)
+}
+
+/// One counter without labels.
+fn encode_counter(
+    encoder: &mut DescriptorEncoder<'_>,
+    name: &str,
+    help: &str,
+    value: u64,
+) -> Result<(), std::fmt::Error> {
+    let counter = Counter::<u64>::default();
+    counter.inc_by(value);
+    counter.encode(encoder.encode_descriptor(name, help, None, MetricType::Counter)?)
+}
+
+/// The commit-time histogram: a sync of the log at the disk level, an append at the process level.
+fn encode_commit_durations(encoder: &mut DescriptorEncoder<'_>, commits: &CommitStats) -> Result<(), std::fmt::Error> {
+    let mut buckets: Vec<(f64, u64)> = allot_store::COMMIT_BUCKETS_MICROS
+        .iter()
+        .zip(commits.buckets)
+        .map(|(&bound, count)| (bound as f64 / 1e6, count))
+        .collect();
+    buckets.push((f64::INFINITY, commits.buckets[allot_store::COMMIT_BUCKETS_MICROS.len()]));
+    let count = commits.buckets.iter().sum();
+    let metric = encoder.encode_descriptor(
+        "allot_store_commit_duration_seconds",
+        "Commits by time taken: a sync of the log (disk durability) or an append (process durability)",
+        None,
+        MetricType::Histogram,
+    )?;
+    let mut metric = metric;
+    metric.encode_histogram::<prometheus_client::encoding::NoLabelSet>(
+        commits.commit_micros as f64 / 1e6,
+        count,
+        &buckets,
+        None,
+    )?;
+    let max = Gauge::<f64, std::sync::atomic::AtomicU64>::default();
+    max.set(commits.max_micros as f64 / 1e6);
+    max.encode(encoder.encode_descriptor(
+        "allot_store_commit_max_seconds",
+        "The slowest commit since the daemon started",
+        None,
+        MetricType::Gauge,
+    )?)
+}
+
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct LevelLabel {
+    level: String,
+}
+
+/// What an acknowledged change survives, as a label of a gauge of 1 (`disk`, `process`, `redis`).
+fn encode_durability(encoder: &mut DescriptorEncoder<'_>, level: &str) -> Result<(), std::fmt::Error> {
+    let family = Family::<LevelLabel, Gauge>::default();
+    family.get_or_create(&LevelLabel { level: level.to_owned() }).set(1);
+    family.encode(encoder.encode_descriptor(
+        "allot_store_durability",
+        "What an acknowledged change survives: disk (a power loss), process (a crash of the daemon), redis",
+        None,
+        MetricType::Gauge,
+    )?)
+}
+
+/// A count as a gauge value, clamped to what an i64 gauge can hold.
+fn gauge(count: u64) -> i64 {
+    i64::try_from(count).unwrap_or(i64::MAX)
+}
+
+impl Collector for StoreCollector {
+    fn encode(&self, mut encoder: DescriptorEncoder) -> Result<(), std::fmt::Error> {
+        let snapshot = self.snapshot.lock().unwrap_or_else(|p| p.into_inner());
+        encode_namespace_totals(&mut encoder, &snapshot.namespace_totals)?;
+        encode_namespaces(&mut encoder, &snapshot.namespaces)?;
+        encode_pool_totals(&mut encoder, &snapshot.pool_totals)?;
+        encode_pools(&mut encoder, &snapshot.pools)?;
+        encode_queues(&mut encoder, &snapshot.queues)?;
+        encode_sched(&mut encoder, &snapshot.sched)?;
+        if let Some(exec) = &snapshot.exec {
+            encode_exec(&mut encoder, exec)?;
+        }
+
+        let commits = snapshot.commits;
+        for (name, help, value) in [
+            ("allot_store_commits", "Durable write transactions", commits.commits),
+            ("allot_store_committed_operations", "Operations made durable", commits.operations),
+            ("allot_store_commit_failures", "Write transactions that failed", commits.failures),
+        ] {
+            encode_counter(&mut encoder, name, help, value)?;
+        }
+        let seconds = Counter::<f64, std::sync::atomic::AtomicU64>::default();
+        seconds.inc_by(commits.commit_micros as f64 / 1e6);
+        let metric = encoder.encode_descriptor(
+            "allot_store_commit_seconds",
+            "Time spent in durable commits",
+            None,
+            MetricType::Counter,
+        )?;
+        seconds.encode(metric)?;
+        encode_commit_durations(&mut encoder, &commits)?;
+        encode_durability(&mut encoder, snapshot.durability)
+    }
+}
+
+/// Reads every namespace and pool page by page: totals of all, views of the selected ones.
+async fn snapshot(store: &dyn Store, config: &MetricsConfig) -> Result<Snapshot, StoreError> {
+    let mut snapshot = Snapshot {
+        commits: store.commit_stats(),
+        durability: store.durability(),
+        sched: store.sched_stats(),
+        ..Snapshot::default()
+    };
+    // On a shared store, the daemon that schedules reports the queues (once, not once per daemon).
+    if store.apps_home() == allot_store::AppsHome::Here {
+        snapshot.queues = store.queues().await?;
+    }
+    for_each_page(
+        |page| store.namespaces(page),
+        |view| {
+            snapshot.namespace_totals.add(&view);
+            if selected(&config.namespaces, view.name.as_str()) {
+                snapshot.namespaces.push(view);
+            }
+        },
+    )
+    .await?;
+    for_each_page(
+        |page| store.pools(page),
+        |view| {
+            snapshot.pool_totals.add(&view);
+            if selected(&config.pools, view.name.as_str()) {
+                snapshot.pools.push(view);
+            }
+        },
+    )
+    .await?;
+    Ok(snapshot)
+}
+
+/// `GET /metrics`: the Prometheus text format.
+pub(crate) async fn scrape(State(state): State<ServerState>) -> Result<Response, ApiError> {
+    let metrics = &state.metrics;
+    let mut snapshot = snapshot(state.store.as_ref(), &metrics.config).await?;
+    snapshot.exec = state.executor.as_deref().map(|executor| executor.counters());
+    // The collector locks the snapshot while encoding: the lock must be released before.
+    *metrics.snapshot.lock().unwrap_or_else(|p| p.into_inner()) = snapshot;
+    let mut text = String::new();
+    prometheus_client::encoding::text::encode(&mut text, &metrics.registry).map_err(|_| {
+        ApiError::new(axum::http::StatusCode::INTERNAL_SERVER_ERROR, "internal", "cannot encode metrics")
+    })?;
+    Ok(([(CONTENT_TYPE, "application/openmetrics-text; version=1.0.0; charset=utf-8")], text).into_response())
+}
+
+/// Middleware: times every request into `allot_http_request_duration_seconds`.
+pub(crate) async fn track(State(state): State<ServerState>, request: Request, next: Next) -> Response {
+    let started = Instant::now();
+    let method = request.method().clone();
+    let route = request.extensions().get::<MatchedPath>().cloned();
+    let response = next.run(request).await;
+    let route = route.as_ref().map_or("unmatched", MatchedPath::as_str);
+    state.metrics.observe_request(&method, route, response.status().as_u16(), started.elapsed());
+    response
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn patterns_select_a_name_and_what_is_under_it_or_a_prefix() {
+        let patterns = ["hive".to_owned(), "api:open*".to_owned()];
+        for (name, expected) in [
+            ("hive", true),
+            ("hive:cluster-a", true),
+            ("hive2", false),
+            ("hiv", false),
+            ("api:openai", true),
+            ("api:open", true),
+            ("api:other", false),
+        ] {
+            assert_eq!(selected(&patterns, name), expected, "{name}");
+        }
+        assert!(selected(&["*".to_owned()], "anything"));
+        assert!(!selected(&[], "hive"), "nothing is selected by default");
+        let empty = MetricsConfig { namespaces: vec![String::new()], pools: vec![] };
+        assert!(empty.check().is_err());
+        assert!(MetricsConfig::default().check().is_ok());
+    }
+}
