@@ -1,0 +1,132 @@
+//! The `http` plugin against an outside service of jobs: never more at once than its quota, and
+//! the jobs of a removed application deleted.
+
+use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use allot_core::apps::states::TaskState;
+use allot_core::apps::TaskId;
+use allot_core::runs::Phase;
+use allot_exec::{builtin, PluginCounters};
+
+use crate::support::*;
+
+/// An outside service of jobs (the `http` plugin's protocol) that counts how many jobs it runs at
+/// once: a job runs from its create until it is read after its deadline, or deleted.
+#[derive(Default)]
+struct JobService {
+    jobs: std::sync::Mutex<BTreeMap<String, (Instant, bool)>>,
+    active: AtomicU32,
+    most: AtomicU32,
+    created: AtomicU32,
+    deleted: AtomicU32,
+}
+
+async fn job_service(millis: u64) -> (Arc<JobService>, String) {
+    use axum::extract::{Path, State};
+    use axum::routing::{get, post};
+    let service = Arc::new(JobService::default());
+    let create = async move |State(s): State<Arc<JobService>>, headers: axum::http::HeaderMap| {
+        let key = headers["idempotency-key"].to_str().unwrap().replace('/', "-");
+        let mut jobs = s.jobs.lock().unwrap();
+        if !jobs.contains_key(&key) {
+            jobs.insert(key.clone(), (Instant::now() + Duration::from_millis(millis), false));
+            s.created.fetch_add(1, Ordering::SeqCst);
+            let now = s.active.fetch_add(1, Ordering::SeqCst) + 1;
+            s.most.fetch_max(now, Ordering::SeqCst);
+        }
+        axum::Json(serde_json::json!({ "resource_meta": key }))
+    };
+    let read = async |State(s): State<Arc<JobService>>, Path(id): Path<String>| {
+        let mut jobs = s.jobs.lock().unwrap();
+        let (deadline, ended) = jobs.get_mut(&id).unwrap();
+        if !*ended && Instant::now() >= *deadline {
+            *ended = true;
+            s.active.fetch_sub(1, Ordering::SeqCst);
+        }
+        let phase = if *ended { "succeeded" } else { "running" };
+        axum::Json(serde_json::json!({ "phase": phase, "outputs": { "job": id } }))
+    };
+    let delete = async |State(s): State<Arc<JobService>>, Path(id): Path<String>| {
+        let mut jobs = s.jobs.lock().unwrap();
+        if let Some((_, ended)) = jobs.get_mut(&id) {
+            if !*ended {
+                *ended = true;
+                s.active.fetch_sub(1, Ordering::SeqCst);
+                s.deleted.fetch_add(1, Ordering::SeqCst);
+            }
+        }
+        axum::http::StatusCode::NO_CONTENT
+    };
+    let app = axum::Router::new()
+        .route("/jobs", post(create))
+        .route("/jobs/{id}", get(read).delete(delete))
+        .with_state(service.clone());
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let url = format!("http://{}/jobs", listener.local_addr().unwrap());
+    tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
+    (service, url)
+}
+
+/// The `http` plugin's quota configured to 3.
+async fn setup_with_http_quota() -> Setup {
+    let (dir, store) = new_store().await;
+    let probe = Arc::new(Probe::default());
+    let builtin = builtin::BuiltinConfig { http_jobs: 3, ..Default::default() };
+    let stop = start_with(store.clone(), dir.path(), probe.clone(), PluginCounters::default(), &builtin, |_| {}).await;
+    Setup { _dir: dir, store, probe, stop }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn http_jobs_never_run_more_at_once_than_the_quota_and_leave_no_token_held() {
+    let s = setup_with_http_quota().await;
+    let store = &*s.store;
+    let (service, url) = job_service(150).await;
+    let spec = serde_json::json!({ "type": "http", "url": url, "poll_seconds": 0.05 });
+    let tasks: Vec<(String, serde_json::Value)> = (0..8).map(|i| (format!("j{i}"), spec.clone())).collect();
+    let tasks: Vec<(&str, serde_json::Value)> = tasks.iter().map(|(t, v)| (t.as_str(), v.clone())).collect();
+    let app = submit(store, "h", &tasks).await;
+    for (task, _) in &tasks {
+        until(task, async || state(store, &app, task).await == TaskState::Completed).await;
+    }
+    assert_eq!(service.created.load(Ordering::SeqCst), 8, "one job per task");
+    let most = service.most.load(Ordering::SeqCst);
+    assert!((1..=3).contains(&most), "the service saw {most} jobs at once; the quota is 3");
+    let run = store.run(app.clone(), TaskId::new("j0").unwrap()).await.unwrap().unwrap();
+    assert_eq!(run.outputs.as_deref(), Some(r#"{"job":"h-j0-1"}"#), "the job's outputs are the task's");
+    let jobs = allot_core::NamespaceName::new("http:jobs").unwrap();
+    assert_eq!(store.namespace(jobs).await.unwrap().granted_units, 0, "no token is left held");
+    s.stop.send_replace(true);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn http_jobs_of_a_removed_application_are_deleted_and_their_tokens_released() {
+    let s = setup_with_http_quota().await;
+    let store = &*s.store;
+    let (service, url) = job_service(60_000).await;
+    let spec = serde_json::json!({ "type": "http", "url": url, "poll_seconds": 0.05 });
+    let tasks: Vec<(String, serde_json::Value)> = (0..6).map(|i| (format!("j{i}"), spec.clone())).collect();
+    let tasks: Vec<(&str, serde_json::Value)> = tasks.iter().map(|(t, v)| (t.as_str(), v.clone())).collect();
+    let app = submit(store, "k", &tasks).await;
+    let jobs = allot_core::NamespaceName::new("http:jobs").unwrap();
+    until("three jobs run, three tasks wait", async || {
+        let mut waiting = 0;
+        for (task, _) in &tasks {
+            let run = store.run(app.clone(), TaskId::new(task).unwrap()).await.unwrap();
+            waiting += usize::from(run.is_some_and(|r| r.phase == Phase::WaitingForResources));
+        }
+        service.active.load(Ordering::SeqCst) == 3 && waiting == 3
+    })
+    .await;
+    assert_eq!(store.namespace(jobs.clone()).await.unwrap().granted_units, 3);
+    store.remove_app(app.clone()).await.unwrap();
+    until("the running jobs are deleted", async || service.deleted.load(Ordering::SeqCst) == 3).await;
+    until("no token is held", async || store.namespace(jobs.clone()).await.unwrap().granted_units == 0).await;
+    // The waiting tasks never reached the service, and nothing took their place since.
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert_eq!(service.created.load(Ordering::SeqCst), 3);
+    assert_eq!(store.namespace(jobs).await.unwrap().granted_units, 0);
+    s.stop.send_replace(true);
+}
