@@ -687,9 +687,9 @@ proptest! {
     }
 }
 
-// Regression: a waiting token retried with a different request (fewer units, another scope or
-// caps) used to be swapped into the queue without re-checking it, leaving the queue inconsistent.
-// Now it is a `TokenConflict`, as it is for a granted token, and the waiter is left unchanged.
+// A waiting token retried with a different request (fewer units, another scope or caps) is a
+// `TokenConflict`, as it is for a granted token, and the waiter is left unchanged: swapping it into
+// the queue without checking it again would leave the queue inconsistent.
 
 fn plain(namespace: usize, t: usize, units: u64) -> AllocateRequest {
     request(namespace, t, units, None, Constraints::default(), None)
