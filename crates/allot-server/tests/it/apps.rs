@@ -1,0 +1,174 @@
+//! The applications over the API: queues, applications and tasks, and bad ones refused.
+
+use axum::http::{Method, StatusCode};
+use serde_json::{json, Value};
+
+use crate::support::*;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn queues_applications_and_tasks_over_the_api() {
+    let h = Harness::new();
+    let (status, _) =
+        h.call(Method::PUT, "/v1/pools/gpu-1", r#"{"capacity": "cpu=8,gpu=1", "labels": {"kind": "gpu"}}"#).await;
+    assert_eq!(status, StatusCode::CREATED);
+    let (status, body) = h.call(Method::PUT, "/v1/queues/root.ml", r#"{"max": "cpu=6", "sort": "priority"}"#).await;
+    assert_eq!(status, StatusCode::CREATED, "{body}");
+    assert_eq!(body["queue"]["sort"], "priority");
+    let app = json!({
+        "id": "train-1", "queue": "root.ml", "user": "ada",
+        "task_groups": [{"name": "workers", "min_members": 2, "min_resources": "cpu=2", "selector": {"kind": "gpu"}}],
+        "policy": {"placeholder_timeout_ms": 60000, "gang": "Hard"},
+        "tasks": [{"id": "w0", "resources": "cpu=2", "group": "workers", "spec": {"image": "trainer:1"}},
+                  {"id": "w1", "resources": "cpu=1", "group": "workers"},
+                  {"id": "eval", "resources": "cpu=4"}]
+    });
+    let (status, body) = h.call(Method::POST, "/v1/apps", &app.to_string()).await;
+    assert_eq!(status, StatusCode::CREATED, "{body}");
+    assert_eq!(body["tasks"].as_array().unwrap().len(), 3);
+    let (status, again) = h.call(Method::POST, "/v1/apps", &app.to_string()).await;
+    assert_eq!((status, again["created"].clone()), (StatusCode::OK, json!(false)));
+    let body = until(&h, "/v1/apps/train-1", |b| b["state"] == "Running").await;
+    assert_eq!(body["placeholders"].as_array().unwrap().len(), 2);
+    assert_eq!(body["tasks"]["Allocated"], 2);
+    let w0 = until(&h, "/v1/apps/train-1/tasks/w0", |b| b["state"] == "Allocated").await;
+    assert_eq!(w0["placement"]["pool"], "gpu-1");
+    assert_eq!(w0["spec"]["image"], "trainer:1", "the opaque spec comes back as it was given");
+    // `eval` would take the queue over its max: it waits and says so.
+    let eval = until(&h, "/v1/apps/train-1/tasks/eval", |b| !b["waiting"].is_null()).await;
+    assert_eq!(eval["waiting"]["code"], "queue_limit", "{eval}");
+    assert!(eval["waiting"]["message"].as_str().unwrap().contains("root.ml"), "{eval}");
+    let app = until(&h, "/v1/apps/train-1", |b| !b["waiting"].is_null()).await;
+    assert_eq!(app["waiting"], eval["waiting"], "the application says what holds its task back");
+    let metrics = h.call(Method::GET, "/metrics", "").await.1;
+    let metrics = metrics.as_str().unwrap();
+    for line in [
+        "allot_queue_used{queue=\"root.ml\",resource=\"cpu\"} 4",
+        "allot_queue_max{queue=\"root.ml\",resource=\"cpu\"} 6",
+        "allot_queue_pending_tasks{queue=\"root.ml\"} 1",
+        // The task, and its application, which says what holds its tasks back.
+        "allot_queue_waiting{queue=\"root.ml\",reason=\"queue_limit\"} 2",
+        "allot_sched_reservations_total 1",
+        "allot_sched_takeovers_total 2",
+    ] {
+        assert!(metrics.contains(line), "missing `{line}` in:\n{metrics}");
+    }
+    // The alloc is held by the scheduler.
+    let uri = w0["placement"]["uri"].as_str().unwrap();
+    let (status, body) = h
+        .call(Method::DELETE, &format!("/v1/pools/{uri}").replace("/v1/pools/gpu-1/", "/v1/pools/gpu-1/allocs/"), "")
+        .await;
+    assert_eq!((status, body["error"]["code"].clone()), (StatusCode::CONFLICT, json!("held_by_scheduler")));
+    // Reports from whoever runs the tasks.
+    let (status, body) = h.call(Method::POST, "/v1/apps/train-1/tasks/w0/start", "").await;
+    assert_eq!((status, body["state"].clone()), (StatusCode::OK, json!("Running")));
+    let (status, body) = h.call(Method::POST, "/v1/apps/train-1/tasks/w0/start", "").await;
+    assert_eq!((status, body["error"]["code"].clone()), (StatusCode::CONFLICT, json!("illegal_transition")));
+    let (status, body) = h.call(Method::POST, "/v1/apps/train-1/tasks/w0/complete", "").await;
+    assert_eq!((status, body["state"].clone()), (StatusCode::OK, json!("Completed")));
+    until(&h, "/v1/apps/train-1/tasks/eval", |b| b["state"] == "Allocated").await;
+    let (status, body) = h.call(Method::POST, "/v1/apps/train-1/fail", r#"{"reason": "bad data"}"#).await;
+    assert_eq!(
+        (status, body["state"].clone(), body["reason"].clone()),
+        (StatusCode::OK, json!("Failed"), json!("bad data"))
+    );
+    let (_, pool) = h.call(Method::GET, "/v1/pools/gpu-1", "").await;
+    assert_eq!(pool["allocs"], 0, "everything was released: {pool}");
+    let (status, list) = h.call(Method::GET, "/v1/apps?limit=1", "").await;
+    assert_eq!((status, list["apps"][0]["id"].clone()), (StatusCode::OK, json!("train-1")));
+    let (status, _) = h.call(Method::DELETE, "/v1/apps/train-1", "").await;
+    assert_eq!(status, StatusCode::OK);
+}
+
+#[tokio::test]
+async fn bad_applications_get_a_code_and_change_nothing() {
+    let h = Harness::new();
+    h.call(Method::PUT, "/v1/pools/small", r#"{"capacity": "cpu=2"}"#).await;
+    h.call(Method::PUT, "/v1/queues/root.q", r#"{"max": "cpu=4"}"#).await;
+    let cases = [
+        (r#"{"id": "a", "queue": "root"}"#, StatusCode::CONFLICT, "queue_not_a_leaf"),
+        (r#"{"id": "a", "queue": "root.nope"}"#, StatusCode::NOT_FOUND, "queue_not_found"),
+        (r#"{"id": "a", "queue": "Root.Q"}"#, StatusCode::BAD_REQUEST, "invalid_queue"),
+        (r#"{"id": "a:b", "queue": "root.q"}"#, StatusCode::BAD_REQUEST, "invalid_argument"),
+        (
+            r#"{"id": "a", "queue": "root.q", "task_groups": [{"name": "g", "min_members": 1, "min_resources": "cpu=3"}]}"#,
+            StatusCode::CONFLICT,
+            "gang_never_fits",
+        ),
+        (
+            r#"{"id": "a", "queue": "root.q", "task_groups": [{"name": "g", "min_members": 3, "min_resources": "cpu=2"}]}"#,
+            StatusCode::CONFLICT,
+            "gang_exceeds_queue",
+        ),
+        (
+            r#"{"id": "a", "queue": "root.q", "tasks": [{"id": "t", "resources": "cpu=1", "tokens": [{"namespace": "none", "units": 1}]}]}"#,
+            // The body names what does not exist, not the path: 409, so that a client never
+            // reads it as "the application is gone".
+            StatusCode::CONFLICT,
+            "namespace_not_found",
+        ),
+        (
+            r#"{"id": "a", "queue": "root.q", "policy": {"placeholder_timeout_ms": 5}}"#,
+            StatusCode::BAD_REQUEST,
+            "invalid_argument",
+        ),
+        (r#"{"id": "a", "queue": "root.q", "surprise": 1}"#, StatusCode::BAD_REQUEST, "invalid_json"),
+        // An object is an object: an array of its fields in order is refused, at any depth.
+        (r#"{"id": "a", "queue": "root.q", "policy": [null, null]}"#, StatusCode::BAD_REQUEST, "invalid_json"),
+        (
+            r#"{"id": "a", "queue": "root.q", "task_groups": [["g", 1, "cpu=1"]]}"#,
+            StatusCode::BAD_REQUEST,
+            "invalid_json",
+        ),
+        (r#"{"id": "a", "queue": "root.q", "tasks": [["t", "cpu=1"]]}"#, StatusCode::BAD_REQUEST, "invalid_json"),
+        (
+            r#"{"id": "a", "queue": "root.q", "tasks": [{"id": "t", "resources": "cpu=lots"}]}"#,
+            StatusCode::BAD_REQUEST,
+            "invalid_resources",
+        ),
+    ];
+    for (body, status, code) in cases {
+        let (got, answer) = h.call(Method::POST, "/v1/apps", body).await;
+        assert_eq!((got, answer["error"]["code"].as_str()), (status, Some(code)), "{body}: {answer}");
+    }
+    // A refused submission leaves nothing behind, whichever part of it was refused.
+    let (_, list) = h.call(Method::GET, "/v1/apps", "").await;
+    assert_eq!(list["apps"], json!([]), "{list}");
+    let larger = r#"{"id": "big", "resources": "cpu=3", "group": "g"}"#;
+    h.call(Method::POST, "/v1/apps", r#"{"id": "gang", "queue": "root.q", "task_groups": [{"name": "g", "min_members": 1, "min_resources": "cpu=2"}]}"#).await;
+    let (status, body) = h.call(Method::POST, "/v1/apps/gang/tasks", larger).await;
+    assert_eq!((status, body["error"]["code"].clone()), (StatusCode::CONFLICT, json!("larger_than_task_group")));
+    // A task that names what does not exist, on an application that does: 409, never 404.
+    for (task, code) in [
+        (r#"{"id": "t", "resources": "cpu=1", "tokens": [{"namespace": "none", "units": 1}]}"#, "namespace_not_found"),
+        (r#"{"id": "t", "resources": "cpu=1", "group": "nope"}"#, "unknown_task_group"),
+    ] {
+        let (status, body) = h.call(Method::POST, "/v1/apps/gang/tasks", task).await;
+        assert_eq!((status, body["error"]["code"].clone()), (StatusCode::CONFLICT, json!(code)), "{task}");
+    }
+    let (status, body) = h.call(Method::GET, "/v1/apps/nope/tasks/x", "").await;
+    assert_eq!((status, body["error"]["code"].clone()), (StatusCode::NOT_FOUND, json!("app_not_found")));
+}
+
+#[tokio::test]
+async fn a_large_application_is_submitted_with_its_tasks_in_one_call() {
+    let h = Harness::new();
+    let (status, _) = h.call(Method::PUT, "/v1/pools/big", r#"{"capacity": "cpu=5000"}"#).await;
+    assert_eq!(status, StatusCode::CREATED);
+    let (status, _) = h.call(Method::PUT, "/v1/queues/root.big", "").await;
+    assert_eq!(status, StatusCode::CREATED);
+    // 3,000 tasks: a body of about 300 KB, larger than other calls may send (64 KiB).
+    let tasks: Vec<Value> = (0..3000)
+        .map(|i| json!({"id": format!("task-{i:05}"), "resources": "cpu=1", "spec": {"type": "noop", "n": i}}))
+        .collect();
+    let body = json!({"id": "big", "queue": "root.big", "user": "u", "tasks": tasks}).to_string();
+    assert!(body.len() > 200_000);
+    let (status, got) = h.call(Method::POST, "/v1/apps", &body).await;
+    assert_eq!(status, StatusCode::CREATED, "{got}");
+    assert_eq!(got["tasks"].as_array().unwrap().len(), 3000);
+    let app = until(&h, "/v1/apps/big", |app| app["tasks"]["Allocated"] == json!(3000)).await;
+    assert_eq!(app["tasks"].as_object().unwrap().len(), 1, "every task placed: {app}");
+    // Other calls keep their limit.
+    let huge = format!(r#"{{"quota": 1, "pad": "{}"}}"#, "x".repeat(100_000));
+    let (status, _) = h.call(Method::PUT, "/v1/namespaces/big", &huge).await;
+    assert_eq!(status, StatusCode::PAYLOAD_TOO_LARGE);
+}
