@@ -1,0 +1,94 @@
+//! `Mux`: offers by a deadline with the failures reported, and alloc URIs routed by their pool.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use allot_client::pools::{
+    allocate, AllocNeed, AllocateOptions, DaemonPool, Mux, PoolCallError, PoolOffer, PoolSource,
+};
+use tokio::time::Instant;
+
+use super::*;
+
+/// Two daemons, a pool on a closed port and a pool whose daemon never answers: `offers` answers
+/// by its deadline with the healthy pools' offers and reports the other two; alloc URIs are
+/// routed by their pool part.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn mux_routes_by_uri_and_reports_failing_and_slow_pools() {
+    let (dir_a, dir_b) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+    let (a, b) = (Daemon::start(dir_a.path()).await, Daemon::start(dir_b.path()).await);
+    a.client.put_pool("a1", "cpu=2").await.unwrap();
+    a.client.put_pool("a2", "cpu=4").await.unwrap();
+    b.client.put_pool("b1", "cpu=8").await.unwrap();
+    // Accepts connections (the kernel's backlog) but never answers.
+    let silent = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+
+    let mux = Arc::new(Mux::new());
+    assert_eq!(mux.add_daemon(&a.client).await.unwrap(), 2);
+    mux.add_pool(Arc::new(b.pool("b1"))).unwrap();
+    mux.add_pool(Arc::new(DaemonPool::new(client_of(closed_port()), "dead").unwrap())).unwrap();
+    mux.add_pool(Arc::new(DaemonPool::new(client_of(silent.local_addr().unwrap()), "silent").unwrap())).unwrap();
+    assert_eq!(mux.pool_names(), ["a1", "a2", "b1", "dead", "silent"]);
+    let err = mux.add_pool(Arc::new(b.pool("a1"))).unwrap_err();
+    assert!(matches!(err, PoolCallError::DuplicatePool { .. }), "{err}");
+
+    let started = Instant::now();
+    let report = mux.offers(Duration::from_millis(300)).await;
+    let took = started.elapsed();
+    assert!(took < Duration::from_millis(1000), "stragglers are not waited for: {took:?}");
+    let mut got: Vec<(String, String)> =
+        report.offers.iter().map(|o| (o.pool.clone(), o.available.to_string())).collect();
+    got.sort();
+    assert_eq!(got, [("a1".into(), "cpu=2".into()), ("a2".into(), "cpu=4".into()), ("b1".into(), "cpu=8".into())]);
+    assert_eq!(report.asked, 5);
+    assert_eq!(report.failed.len(), 1);
+    assert_eq!(report.failed[0].pool, "dead");
+    assert!(report.failed[0].error.is_retryable(), "{}", report.failed[0].error);
+    assert_eq!(report.timed_out, ["silent"]);
+    assert!(!report.is_complete());
+
+    // Allocation works around the broken pools.
+    let request = AllocNeed::new(r("cpu=3")).with_max(r("cpu=3"));
+    let options = AllocateOptions { offers_timeout: Duration::from_millis(300), ..quick_options() };
+    let alloc = allocate(&*mux, &request, &options).await.unwrap();
+    assert_eq!((alloc.pool.as_str(), alloc.resources.as_str()), ("a2", "cpu=3"), "a2 is the tightest fit");
+
+    // URI routing.
+    let on_b = mux.accept(&PoolOffer::new("b1", "1", r("cpu=8")), &AllocNeed::new(r("cpu=1"))).await.unwrap();
+    assert_eq!(on_b.uri, format!("b1/{}", on_b.id));
+    assert_eq!(mux.alloc(&on_b.uri).await.unwrap().id, on_b.id);
+    assert_eq!(mux.alloc(&alloc.uri).await.unwrap().resources, "cpu=3");
+    let renewed = mux.keepalive(&on_b.uri, Duration::from_secs(60)).await.unwrap();
+    assert_eq!(renewed.interval_ms, 60_000);
+    assert_eq!(mux.free(&on_b.uri).await.unwrap().ended, Some(allot_client::EndReason::Freed));
+    assert_eq!(b.client.pool("b1").await.unwrap().allocs, 0);
+    assert_eq!(a.client.pool("a2").await.unwrap().allocs, 1);
+
+    let err = mux.alloc("no-slash").await.unwrap_err();
+    assert!(matches!(err, PoolCallError::InvalidUri { .. }) && !err.is_pool_not_found(), "{err}");
+    let err = mux.free("zz/00000000000000ff").await.unwrap_err();
+    assert!(matches!(err, PoolCallError::UnknownPool { .. }) && err.is_pool_not_found(), "{err}");
+    // A pool the mux knows but whose daemon does not know the alloc.
+    let err = mux.alloc("a1/00000000000000ff").await.unwrap_err();
+    assert_eq!(err.code(), Some("alloc_not_found"), "{err}");
+    drop(silent);
+}
+
+/// With caching, the caches are kept per pool name across `set_pools` (Reflow threw them away).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn mux_caches_survive_set_pools() {
+    let dir = tempfile::tempdir().unwrap();
+    let daemon = Daemon::start(dir.path()).await;
+    daemon.put_pools(["x".to_owned(), "y".to_owned()], "cpu=1").await;
+    let mux = Mux::with_caching(Duration::from_secs(60));
+    let (x, y) = (Counted::new(daemon.pool("x")), Counted::new(daemon.pool("y")));
+    mux.set_pools([x.clone() as Arc<dyn PoolSource>, y.clone()]).unwrap();
+    assert_eq!(mux.offers(Duration::from_secs(5)).await.offers.len(), 2);
+    mux.set_pools([x.clone() as Arc<dyn PoolSource>]).unwrap();
+    assert_eq!(mux.offers(Duration::from_secs(5)).await.offers.len(), 1);
+    assert_eq!(x.offers_calls(), 1, "x kept its cache");
+    assert!(mux.caching_pool("y").is_none());
+    mux.set_pools([x.clone() as Arc<dyn PoolSource>, y.clone()]).unwrap();
+    mux.offers(Duration::from_secs(5)).await;
+    assert_eq!((x.offers_calls(), y.offers_calls()), (1, 2), "y's cache was dropped with it");
+}
