@@ -8,6 +8,10 @@
 //!
 //! The text form is `name=quantity` pairs joined by `,`; see [`Resources`]'s `FromStr` and
 //! `Display` impls for the grammar. `r.to_string().parse::<Resources>()` always gives back `r`.
+//!
+//! At length, as one thing: the type, its exact arithmetic and its one text grammar (parsed,
+//! printed, and given as a pattern to the API's document) hold each other's invariants; a third of
+//! the file is their tests.
 
 use std::borrow::Borrow;
 use std::collections::btree_map::Entry;
