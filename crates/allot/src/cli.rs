@@ -168,13 +168,13 @@ pub(crate) enum TokenCommand {
         #[arg(long, value_name = "N", requires = "project")]
         namespace_cap: Option<u64>,
         /// End the grant this long after the grant or its last keepalive, e.g. `30s`.
-        #[arg(long, value_name = "DURATION", value_parser = crate::duration::parse)]
+        #[arg(long, value_name = "DURATION", value_parser = allot_bench::duration::parse)]
         ttl: Option<Duration>,
         /// Attach the grant to this session: it lives as long as the session.
         #[arg(long, value_name = "ID")]
         session: Option<String>,
         /// Wait up to this long for room instead of answering at once, e.g. `5m`.
-        #[arg(long, value_name = "DURATION", value_parser = crate::duration::parse)]
+        #[arg(long, value_name = "DURATION", value_parser = allot_bench::duration::parse)]
         wait: Option<Duration>,
         #[command(flatten)]
         common: Common,
@@ -231,7 +231,7 @@ pub(crate) enum SessionCommand {
     #[command(after_help = EXIT_CODES)]
     Open {
         /// End the session this long after it is opened or last kept alive, e.g. `30s`.
-        #[arg(long, value_name = "DURATION", value_parser = crate::duration::parse)]
+        #[arg(long, value_name = "DURATION", value_parser = allot_bench::duration::parse)]
         ttl: Duration,
         #[command(flatten)]
         common: Common,

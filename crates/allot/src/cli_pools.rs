@@ -77,7 +77,7 @@ pub(crate) enum PoolCommand {
         /// The pool.
         pool: String,
         /// How long every lease must have lapsed, e.g. `10m`.
-        #[arg(value_parser = crate::duration::parse)]
+        #[arg(value_parser = allot_bench::duration::parse)]
         idle: Duration,
         #[command(flatten)]
         common: Common,
@@ -120,7 +120,7 @@ pub(crate) enum AllocCommand {
         /// The alloc's URI, `pool/alloc`.
         uri: String,
         /// How long the lease lasts from now (at most the daemon's maximum), e.g. `2m`.
-        #[arg(value_parser = crate::duration::parse, default_value = "2m")]
+        #[arg(value_parser = allot_bench::duration::parse, default_value = "2m")]
         interval: Duration,
         #[command(flatten)]
         common: Common,

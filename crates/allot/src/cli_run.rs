@@ -45,11 +45,11 @@ pub(crate) struct RunArgs {
     /// The application file, YAML or TOML (`-` reads YAML from standard input).
     file: String,
     /// How often to read the application's progress.
-    #[arg(long, value_name = "DURATION", default_value = "250ms", value_parser = crate::duration::parse)]
+    #[arg(long, value_name = "DURATION", default_value = "250ms", value_parser = allot_bench::duration::parse)]
     poll: Duration,
     /// How long to keep asking a daemon that cannot serve (it restarts, its store or scheduler is
     /// unavailable: connection refused, 503) before giving up, per outage.
-    #[arg(long, value_name = "DURATION", default_value = "5m", value_parser = crate::duration::parse)]
+    #[arg(long, value_name = "DURATION", default_value = "5m", value_parser = allot_bench::duration::parse)]
     timeout: Duration,
     /// Show a line per task state change instead of progress bars (bars are never shown when
     /// stderr is not a terminal).

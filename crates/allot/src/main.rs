@@ -2,12 +2,10 @@
 //! to a daemon over HTTP through `allot-client`; `allot bench` is the load generator.
 
 mod appfile;
-mod bench;
 mod cli;
 mod cli_apps;
 mod cli_pools;
 mod cli_run;
-mod duration;
 mod follow;
 mod serve;
 mod sources;
@@ -68,11 +66,11 @@ enum Command {
     #[command(after_help = cli_run::after_help())]
     Run(cli_run::RunArgs),
     /// Measure a daemon under load (and compare it with a baseline server).
-    #[command(after_help = bench::BENCH_AFTER_HELP)]
-    Bench(bench::BenchArgs),
+    #[command(after_help = allot_bench::BENCH_AFTER_HELP)]
+    Bench(allot_bench::BenchArgs),
     /// The benchmark's baseline: an HTTP server that answers every request at once.
     #[command(hide = true)]
-    BaselineServer(bench::BaselineArgs),
+    BaselineServer(allot_bench::BaselineArgs),
 }
 
 fn main() -> ExitCode {
@@ -109,8 +107,8 @@ fn main() -> ExitCode {
             Command::App(command) => cli_apps::app(command, &args.before).await,
             Command::Task(command) => cli_apps::task(command, &args.before).await,
             Command::Run(command) => cli_run::run(command, &args.before).await,
-            Command::Bench(args) => bench::run(args).await.map(|()| ExitCode::SUCCESS),
-            Command::BaselineServer(args) => bench::baseline_server(args).await.map(|()| ExitCode::SUCCESS),
+            Command::Bench(args) => allot_bench::run(args).await.map(|()| ExitCode::SUCCESS),
+            Command::BaselineServer(args) => allot_bench::baseline_server(args).await.map(|()| ExitCode::SUCCESS),
         }
     });
     match result {

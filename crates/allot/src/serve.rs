@@ -122,14 +122,14 @@ pub(crate) struct ServeArgs {
     #[arg(long, value_name = "POOL", env = "ALLOT_LOCAL_POOL")]
     local_pool: Option<String>,
     /// The lease an alloc gets when it is made [default: 2m].
-    #[arg(long, value_name = "DURATION", value_parser = crate::duration::parse)]
+    #[arg(long, value_name = "DURATION", value_parser = allot_bench::duration::parse)]
     alloc_lease: Option<std::time::Duration>,
     /// The longest lease one keepalive grants [default: 5m].
-    #[arg(long, value_name = "DURATION", value_parser = crate::duration::parse)]
+    #[arg(long, value_name = "DURATION", value_parser = allot_bench::duration::parse)]
     alloc_max_lease: Option<std::time::Duration>,
     /// The longest an allocate may wait for room (`wait_ms`), at most 5m; keep it below the idle
     /// timeout of any proxy in front of the daemon [default: 5m].
-    #[arg(long, value_name = "DURATION", env = "ALLOT_MAX_WAIT", value_parser = crate::duration::parse)]
+    #[arg(long, value_name = "DURATION", env = "ALLOT_MAX_WAIT", value_parser = allot_bench::duration::parse)]
     max_wait: Option<std::time::Duration>,
     /// Give these namespaces series of their own at /metrics (every namespace counts in the
     /// totals): `NAME` selects NAME and the namespaces under it (`NAME:...`), `PREFIX*` every name
@@ -423,7 +423,8 @@ struct Config {
 fn lease_rules(args: &ServeArgs, file: &AllocLeases) -> anyhow::Result<LeaseRules> {
     let mut rules = LeaseRules::default();
     let ms = |what: &str, text: &str| -> anyhow::Result<u64> {
-        let duration = crate::duration::parse(text).map_err(|err| anyhow::anyhow!("[alloc_leases] {what}: {err}"))?;
+        let duration =
+            allot_bench::duration::parse(text).map_err(|err| anyhow::anyhow!("[alloc_leases] {what}: {err}"))?;
         Ok(duration.as_millis().min(u128::from(u64::MAX)) as u64)
     };
     for (what, text, field) in [
@@ -537,7 +538,7 @@ fn resolve(args: &ServeArgs) -> anyhow::Result<Config> {
         .collect::<anyhow::Result<Vec<_>>>()?;
     let max_wait = match (args.max_wait, &file.max_wait) {
         (Some(flag), _) => flag,
-        (None, Some(text)) => crate::duration::parse(text).map_err(|err| anyhow::anyhow!("max_wait: {err}"))?,
+        (None, Some(text)) => allot_bench::duration::parse(text).map_err(|err| anyhow::anyhow!("max_wait: {err}"))?,
         (None, None) => allot_store::MAX_WAIT,
     };
     if max_wait > allot_store::MAX_WAIT {
@@ -561,7 +562,7 @@ fn resolve(args: &ServeArgs) -> anyhow::Result<Config> {
         text.as_deref()
             .map(|text| {
                 let duration =
-                    crate::duration::parse(text).map_err(|err| anyhow::anyhow!("[scheduler] {key}: {err}"))?;
+                    allot_bench::duration::parse(text).map_err(|err| anyhow::anyhow!("[scheduler] {key}: {err}"))?;
                 Ok(duration.as_millis() as u64)
             })
             .transpose()
