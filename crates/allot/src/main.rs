@@ -3,10 +3,6 @@
 
 mod appfile;
 mod cli;
-mod cli_apps;
-mod cli_pools;
-mod cli_run;
-mod follow;
 mod serve;
 mod sources;
 
@@ -47,24 +43,24 @@ enum Command {
     Session(cli::SessionCommand),
     /// Create, change, list, stop and remove leased resource pools; show their offers.
     #[command(subcommand)]
-    Pool(cli_pools::PoolCommand),
+    Pool(cli::pools::PoolCommand),
     /// Accept offers, keep allocs alive, free and inspect them (`pool/alloc`).
     #[command(subcommand)]
-    Alloc(cli_pools::AllocCommand),
+    Alloc(cli::pools::AllocCommand),
     /// Create, change, list and remove queues (`root.a.b`) and their limits.
     #[command(subcommand)]
-    Queue(cli_apps::QueueCommand),
+    Queue(cli::apps::QueueCommand),
     /// Submit applications (from YAML or TOML), list, show, complete, fail and remove them.
     #[command(subcommand)]
-    App(cli_apps::AppCommand),
+    App(cli::apps::AppCommand),
     /// Add tasks to applications, show them, report them started, completed or failed, remove
     /// them.
     #[command(subcommand)]
-    Task(cli_apps::TaskCommand),
+    Task(cli::apps::TaskCommand),
     /// Submit an application from a file and follow it to its end: progress per task group,
     /// then a summary; exits non-zero if a task did not complete.
-    #[command(after_help = cli_run::after_help())]
-    Run(cli_run::RunArgs),
+    #[command(after_help = cli::run::after_help())]
+    Run(cli::run::RunArgs),
     /// Measure a daemon under load (and compare it with a baseline server).
     #[command(after_help = allot_bench::BENCH_AFTER_HELP)]
     Bench(allot_bench::BenchArgs),
@@ -101,12 +97,12 @@ fn main() -> ExitCode {
             Command::Quota(command) => cli::quota(command, &args.before).await,
             Command::Token(command) => cli::token(command, &args.before).await,
             Command::Session(command) => cli::session(command, &args.before).await,
-            Command::Pool(command) => cli_pools::pool(command, &args.before).await,
-            Command::Alloc(command) => cli_pools::alloc(command, &args.before).await,
-            Command::Queue(command) => cli_apps::queue(command, &args.before).await,
-            Command::App(command) => cli_apps::app(command, &args.before).await,
-            Command::Task(command) => cli_apps::task(command, &args.before).await,
-            Command::Run(command) => cli_run::run(command, &args.before).await,
+            Command::Pool(command) => cli::pools::pool(command, &args.before).await,
+            Command::Alloc(command) => cli::pools::alloc(command, &args.before).await,
+            Command::Queue(command) => cli::apps::queue(command, &args.before).await,
+            Command::App(command) => cli::apps::app(command, &args.before).await,
+            Command::Task(command) => cli::apps::task(command, &args.before).await,
+            Command::Run(command) => cli::run::run(command, &args.before).await,
             Command::Bench(args) => allot_bench::run(args).await.map(|()| ExitCode::SUCCESS),
             Command::BaselineServer(args) => allot_bench::baseline_server(args).await.map(|()| ExitCode::SUCCESS),
         }

@@ -12,9 +12,9 @@ use std::time::{Duration, Instant};
 use allot_client::{Client, ClientError, Task, TaskRun};
 
 use crate::appfile::read_app;
+use crate::cli::apps::ended;
+use crate::cli::follow::{states_line, Outages, Progress, Style, STILL_LINE_AFTER, WAIT_NOTE_AFTER};
 use crate::cli::{client, count, finish, usage_error, Align, Common, Table, EXIT_ERROR, EXIT_OK, EXIT_USAGE};
-use crate::cli_apps::ended;
-use crate::follow::{states_line, Outages, Progress, Style, STILL_LINE_AFTER, WAIT_NOTE_AFTER};
 
 /// `allot run --help`'s epilogue: what it shows, and its exit codes.
 pub(crate) fn after_help() -> String {

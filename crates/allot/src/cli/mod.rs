@@ -5,6 +5,11 @@
 //! Exit codes (the same with `--json`): [`EXIT_OK`], [`EXIT_ERROR`], [`EXIT_USAGE`] (clap's own),
 //! [`EXIT_EXHAUSTED`], [`EXIT_NAMESPACE_QUOTA_EXCEEDED`].
 
+pub(crate) mod apps;
+mod follow;
+pub(crate) mod pools;
+pub(crate) mod run;
+
 use std::fmt::Write as _;
 use std::io::Write as _;
 use std::process::ExitCode;

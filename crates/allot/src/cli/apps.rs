@@ -961,8 +961,8 @@ mod tests {
     use super::*;
     use crate::appfile::{check_app, parse_app, Format};
 
-    const ETL_YAML: &str = include_str!("../../../docs/examples/etl.yaml");
-    const ETL_TOML: &str = include_str!("../../../docs/examples/etl.toml");
+    const ETL_YAML: &str = include_str!("../../../../docs/examples/etl.yaml");
+    const ETL_TOML: &str = include_str!("../../../../docs/examples/etl.toml");
 
     #[test]
     fn the_examples_are_one_application() {
