@@ -34,13 +34,13 @@ enum Command {
     Serve(serve::ServeArgs),
     /// Create, change, list and remove namespaces and their quotas.
     #[command(subcommand)]
-    Quota(cli::QuotaCommand),
+    Quota(cli::quotas::QuotaCommand),
     /// Allocate, release, keep alive and list tokens.
     #[command(subcommand)]
-    Token(cli::TokenCommand),
+    Token(cli::quotas::TokenCommand),
     /// Open, keep alive, close and list sessions.
     #[command(subcommand)]
-    Session(cli::SessionCommand),
+    Session(cli::quotas::SessionCommand),
     /// Create, change, list, stop and remove leased resource pools; show their offers.
     #[command(subcommand)]
     Pool(cli::pools::PoolCommand),
@@ -94,9 +94,9 @@ fn main() -> ExitCode {
     let result = runtime.block_on(async move {
         match args.command {
             Command::Serve(args) => serve::run(args).await.map(|()| ExitCode::SUCCESS),
-            Command::Quota(command) => cli::quota(command, &args.before).await,
-            Command::Token(command) => cli::token(command, &args.before).await,
-            Command::Session(command) => cli::session(command, &args.before).await,
+            Command::Quota(command) => cli::quotas::quota(command, &args.before).await,
+            Command::Token(command) => cli::quotas::token(command, &args.before).await,
+            Command::Session(command) => cli::quotas::session(command, &args.before).await,
             Command::Pool(command) => cli::pools::pool(command, &args.before).await,
             Command::Alloc(command) => cli::pools::alloc(command, &args.before).await,
             Command::Queue(command) => cli::apps::queue(command, &args.before).await,
@@ -159,13 +159,13 @@ mod tests {
         let before = parse("allot --server http://a:1 -q token list hive");
         let after = parse("allot token list hive --server http://a:1 --quiet");
         for args in [before, after] {
-            let Command::Token(cli::TokenCommand::List { mut common, .. }) = args.command else { panic!() };
+            let Command::Token(cli::quotas::TokenCommand::List { mut common, .. }) = args.command else { panic!() };
             common.merge(&args.before).unwrap();
             assert_eq!((common.server(), common.quiet, common.json), ("http://a:1".to_owned(), true, false));
         }
         // After the command wins; --json and --quiet together are refused.
         let both = parse("allot --server http://a:1 --json quota list --server http://b:2 -q");
-        let Command::Quota(cli::QuotaCommand::List { mut common }) = both.command else { panic!() };
+        let Command::Quota(cli::quotas::QuotaCommand::List { mut common }) = both.command else { panic!() };
         assert_eq!(common.merge(&both.before), Err("--json and --quiet cannot be used together".to_owned()));
         assert_eq!(common.server(), "http://b:2");
         assert!(Args::try_parse_from(["allot", "quota", "list", "--json", "-q"]).is_err());

@@ -10,7 +10,7 @@ use allot_client::{
     RemovedPool,
 };
 
-use crate::cli::{
+use super::{
     client, count, emit, emit_ids, finish, format_ms, human, key_values, or_dash, show, usage_error, Align, Common,
     Ids, Table, EXIT_CODES,
 };
@@ -43,7 +43,7 @@ pub(crate) enum PoolCommand {
         capacity: String,
         /// A label, `KEY=VALUE`, that task and task group selectors match; repeatable. Given,
         /// the labels replace the pool's; not given, the pool keeps the labels it has.
-        #[arg(long = "label", value_name = "KEY=VALUE", value_parser = crate::cli::key_value)]
+        #[arg(long = "label", value_name = "KEY=VALUE", value_parser = super::key_value)]
         labels: Vec<(String, String)>,
         /// Remove every label of the pool.
         #[arg(long, conflicts_with = "labels")]

@@ -11,10 +11,10 @@ use std::time::{Duration, Instant};
 
 use allot_client::{Client, ClientError, Task, TaskRun};
 
+use super::apps_output::ended;
+use super::follow::{states_line, Outages, Progress, Style, STILL_LINE_AFTER, WAIT_NOTE_AFTER};
+use super::{client, count, finish, usage_error, Align, Common, Table, EXIT_ERROR, EXIT_OK, EXIT_USAGE};
 use crate::appfile::read_app;
-use crate::cli::apps::ended;
-use crate::cli::follow::{states_line, Outages, Progress, Style, STILL_LINE_AFTER, WAIT_NOTE_AFTER};
-use crate::cli::{client, count, finish, usage_error, Align, Common, Table, EXIT_ERROR, EXIT_OK, EXIT_USAGE};
 
 /// `allot run --help`'s epilogue: what it shows, and its exit codes.
 pub(crate) fn after_help() -> String {
