@@ -12,7 +12,7 @@ use allot_client::{
 };
 use serde::Serialize;
 
-use super::{count, format_ms, human, key_values, or_dash, show, Align, Ids, Table};
+use super::{count, format_ms, human, ids, key_values, or_dash, show, Align, Table};
 
 /// `app show --json`: the application and its tasks, as the daemon answered them.
 #[derive(Debug, Serialize)]
@@ -412,18 +412,7 @@ pub(crate) fn task_line(verb: &str, task: &Task) -> String {
     line + "\n"
 }
 
-/// What `-q` prints for each answer: the ids it names.
-macro_rules! ids {
-    ($($answer:ty => |$it:ident| $ids:expr),* $(,)?) => {$(
-        impl Ids for $answer {
-            fn ids(&self) -> Vec<String> {
-                let $it = self;
-                $ids
-            }
-        }
-    )*};
-}
-
+// What `-q` prints for each answer: the ids it names.
 ids!(
     Queue => |it| vec![it.path.clone()],
     QueueList => |it| it.queues.iter().map(|queue| queue.path.clone()).collect(),

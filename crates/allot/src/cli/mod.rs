@@ -135,6 +135,19 @@ pub(crate) trait Ids {
     fn ids(&self) -> Vec<String>;
 }
 
+/// Implements [`Ids`] for answers: `ids!(Answer => |it| the ids of it, ...)`.
+macro_rules! ids {
+    ($($answer:ty => |$it:ident| $ids:expr),* $(,)?) => {$(
+        impl $crate::cli::Ids for $answer {
+            fn ids(&self) -> Vec<String> {
+                let $it = self;
+                $ids
+            }
+        }
+    )*};
+}
+pub(crate) use ids;
+
 /// Writes to stdout; a closed pipe (`allot ... | head -1`) is not an error.
 fn print_stdout(text: &str) {
     let mut stdout = std::io::stdout().lock();

@@ -11,8 +11,8 @@ use allot_client::{
 };
 
 use super::{
-    client, count, emit, emit_ids, finish, format_ms, human, key_values, or_dash, show, usage_error, Align, Common,
-    Ids, Table, EXIT_CODES,
+    client, count, emit, emit_ids, finish, format_ms, human, ids, key_values, or_dash, show, usage_error, Align,
+    Common, Table, EXIT_CODES,
 };
 
 /// The id of a pool's one offer.
@@ -383,51 +383,15 @@ fn alloc_details(alloc: &Alloc) -> String {
     ])
 }
 
-impl Ids for Pool {
-    fn ids(&self) -> Vec<String> {
-        vec![self.name.clone()]
-    }
-}
-
-impl Ids for PoolList {
-    fn ids(&self) -> Vec<String> {
-        self.pools.iter().map(|pool| pool.name.clone()).collect()
-    }
-}
-
-impl Ids for PutPoolResponse {
-    fn ids(&self) -> Vec<String> {
-        self.pool.ids()
-    }
-}
-
-impl Ids for RemovedPool {
-    fn ids(&self) -> Vec<String> {
-        vec![self.name.clone()]
-    }
-}
-
-/// Offers as `pool/offer`.
-impl Ids for OfferList {
-    fn ids(&self) -> Vec<String> {
-        self.offers.iter().map(|offer| format!("{}/{}", offer.pool, offer.id)).collect()
-    }
-}
-
-impl Ids for Alloc {
-    fn ids(&self) -> Vec<String> {
-        vec![self.uri.clone()]
-    }
-}
-
-impl Ids for AllocList {
-    fn ids(&self) -> Vec<String> {
-        self.allocs.iter().map(|alloc| alloc.uri.clone()).collect()
-    }
-}
-
-impl Ids for AllocKeepaliveResponse {
-    fn ids(&self) -> Vec<String> {
-        self.alloc.ids()
-    }
-}
+// What `-q` prints for each answer: the ids it names.
+ids!(
+    Pool => |it| vec![it.name.clone()],
+    PoolList => |it| it.pools.iter().map(|pool| pool.name.clone()).collect(),
+    PutPoolResponse => |it| it.pool.ids(),
+    RemovedPool => |it| vec![it.name.clone()],
+    // Offers as `pool/offer`.
+    OfferList => |it| it.offers.iter().map(|offer| format!("{}/{}", offer.pool, offer.id)).collect(),
+    Alloc => |it| vec![it.uri.clone()],
+    AllocList => |it| it.allocs.iter().map(|alloc| alloc.uri.clone()).collect(),
+    AllocKeepaliveResponse => |it| it.alloc.ids(),
+);

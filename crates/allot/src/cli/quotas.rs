@@ -13,7 +13,7 @@ use allot_client::{
 };
 
 use super::{
-    client, count, emit, emit_ids, finish, format_ms, key_values, show, usage_error, Align, Common, Ids, Table,
+    client, count, emit, emit_ids, finish, format_ms, ids, key_values, show, usage_error, Align, Common, Table,
     EXIT_CODES, EXIT_OK,
 };
 
@@ -482,66 +482,20 @@ async fn run_session(command: &SessionCommand) -> Result<u8, ClientError> {
     }
 }
 
-impl Ids for Namespace {
-    fn ids(&self) -> Vec<String> {
-        vec![self.name.clone()]
-    }
-}
-
-impl Ids for NamespaceList {
-    fn ids(&self) -> Vec<String> {
-        self.namespaces.iter().map(|ns| ns.name.clone()).collect()
-    }
-}
-
-impl Ids for PutNamespaceResponse {
-    fn ids(&self) -> Vec<String> {
-        self.namespace.ids()
-    }
-}
-
-impl Ids for RemovedNamespace {
-    fn ids(&self) -> Vec<String> {
-        vec![self.name.clone()]
-    }
-}
-
-impl Ids for WaiterList {
-    fn ids(&self) -> Vec<String> {
-        self.waiters.iter().map(|waiter| waiter.token.clone()).collect()
-    }
-}
-
-impl Ids for Grant {
-    fn ids(&self) -> Vec<String> {
-        vec![self.token.clone()]
-    }
-}
-
-impl Ids for GrantList {
-    fn ids(&self) -> Vec<String> {
-        self.grants.iter().map(|grant| grant.token.clone()).collect()
-    }
-}
-
-/// The token when granted; nothing otherwise (the exit code says why).
-impl Ids for AllocateResponse {
-    fn ids(&self) -> Vec<String> {
-        self.grant.iter().map(|grant| grant.token.clone()).collect()
-    }
-}
-
-impl Ids for Session {
-    fn ids(&self) -> Vec<String> {
-        vec![self.id.clone()]
-    }
-}
-
-impl Ids for SessionList {
-    fn ids(&self) -> Vec<String> {
-        self.sessions.iter().map(|session| session.id.clone()).collect()
-    }
-}
+// What `-q` prints for each answer: the ids it names.
+ids!(
+    Namespace => |it| vec![it.name.clone()],
+    NamespaceList => |it| it.namespaces.iter().map(|ns| ns.name.clone()).collect(),
+    PutNamespaceResponse => |it| it.namespace.ids(),
+    RemovedNamespace => |it| vec![it.name.clone()],
+    WaiterList => |it| it.waiters.iter().map(|waiter| waiter.token.clone()).collect(),
+    Grant => |it| vec![it.token.clone()],
+    GrantList => |it| it.grants.iter().map(|grant| grant.token.clone()).collect(),
+    // The token when granted; nothing otherwise (the exit code says why).
+    AllocateResponse => |it| it.grant.iter().map(|grant| grant.token.clone()).collect(),
+    Session => |it| vec![it.id.clone()],
+    SessionList => |it| it.sessions.iter().map(|session| session.id.clone()).collect(),
+);
 
 /// Allocates; with a wait, rides out a daemon that restarts or goes away meanwhile.
 ///
