@@ -1,7 +1,7 @@
 //! Application files: one application, in YAML or TOML, with the fields of the API's `SubmitApp`
-//! (docs/examples/etl.yaml). Read by `allot app submit` and by the daemon's directory source;
-//! every error names the file, the place (line and column) when the parser gives it, and the
-//! field.
+//! (docs/examples/etl.yaml). Read by `allot app submit`, `allot run` and the daemon's directory
+//! source; every error names the file, the place (line and column) when the parser gives it, and
+//! the field.
 
 use std::collections::BTreeMap;
 use std::io::Read as _;

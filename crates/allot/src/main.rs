@@ -1,5 +1,13 @@
 //! The `allot` binary: `allot serve` runs the daemon; every other command is the CLI, which talks
-//! to a daemon over HTTP through `allot-client`; `allot bench` is the load generator.
+//! to a daemon over HTTP through `allot-client`; `allot bench` is the load generator, whose
+//! commands the `allot-bench` crate holds. This file parses the command line and hands each
+//! command to its module:
+//!
+//! - `serve`: the daemon (its flags, its configuration file, starting and stopping it);
+//! - `sources`: where the daemon takes applications from (the HTTP API, a directory of files);
+//! - `cli`: the CLI commands, one module per part (quotas, pools, apps, run);
+//! - `appfile`: application files (YAML or TOML), read by `allot app submit`, `allot run` and the
+//!   directory source.
 
 mod appfile;
 mod cli;
