@@ -11,7 +11,7 @@ use super::apps_output::{
     app_details, app_line, app_table, limits_line, queue_details, queue_table, run_timeline, task_details, task_line,
     task_state, task_table, tasks_line, AppDetails,
 };
-use super::{client, emit, finish, key_value, show, usage_error, Common, EXIT_CODES, EXIT_ERROR, EXIT_USAGE};
+use super::{client, dispatch, emit, key_value, show, Common, EXIT_CODES, EXIT_ERROR, EXIT_USAGE};
 use crate::appfile::read_app;
 
 /// `allot app submit`'s help after the options: the file's fields and the exit codes.
@@ -304,55 +304,58 @@ fn json_value(text: &str) -> Result<serde_json::Value, String> {
 }
 
 /// Runs an `allot queue` command; `before` holds the options given before the command.
-pub(crate) async fn queue(mut command: QueueCommand, before: &Common) -> anyhow::Result<ExitCode> {
-    let common = match &mut command {
-        QueueCommand::List { common }
-        | QueueCommand::Show { common, .. }
-        | QueueCommand::Set { common, .. }
-        | QueueCommand::Remove { common, .. } => common,
-    };
-    if let Err(usage) = common.merge(before) {
-        return Ok(usage_error(&usage));
-    }
-    let common = common.clone();
-    Ok(finish(&common, run_queue(&command).await))
+pub(crate) async fn queue(command: QueueCommand, before: &Common) -> anyhow::Result<ExitCode> {
+    dispatch(
+        command,
+        before,
+        |command| match command {
+            QueueCommand::List { common }
+            | QueueCommand::Show { common, .. }
+            | QueueCommand::Set { common, .. }
+            | QueueCommand::Remove { common, .. } => common,
+        },
+        |command| async move { run_queue(&command).await },
+    )
+    .await
 }
 
 /// Runs an `allot app` command; `before` holds the options given before the command.
-pub(crate) async fn app(mut command: AppCommand, before: &Common) -> anyhow::Result<ExitCode> {
-    let common = match &mut command {
-        AppCommand::Submit { common, .. }
-        | AppCommand::List { common }
-        | AppCommand::Show { common, .. }
-        | AppCommand::Complete { common, .. }
-        | AppCommand::Fail { common, .. }
-        | AppCommand::Remove { common, .. } => common,
-    };
-    if let Err(usage) = common.merge(before) {
-        return Ok(usage_error(&usage));
-    }
-    let common = common.clone();
-    Ok(finish(&common, run_app(&command).await))
+pub(crate) async fn app(command: AppCommand, before: &Common) -> anyhow::Result<ExitCode> {
+    dispatch(
+        command,
+        before,
+        |command| match command {
+            AppCommand::Submit { common, .. }
+            | AppCommand::List { common }
+            | AppCommand::Show { common, .. }
+            | AppCommand::Complete { common, .. }
+            | AppCommand::Fail { common, .. }
+            | AppCommand::Remove { common, .. } => common,
+        },
+        |command| async move { run_app(&command).await },
+    )
+    .await
 }
 
 /// Runs an `allot task` command; `before` holds the options given before the command.
-pub(crate) async fn task(mut command: TaskCommand, before: &Common) -> anyhow::Result<ExitCode> {
-    let common = match &mut command {
-        TaskCommand::Add { common, .. }
-        | TaskCommand::List { common, .. }
-        | TaskCommand::Show { common, .. }
-        | TaskCommand::Events { common, .. }
-        | TaskCommand::Logs { common, .. }
-        | TaskCommand::Start { common, .. }
-        | TaskCommand::Complete { common, .. }
-        | TaskCommand::Fail { common, .. }
-        | TaskCommand::Remove { common, .. } => common,
-    };
-    if let Err(usage) = common.merge(before) {
-        return Ok(usage_error(&usage));
-    }
-    let common = common.clone();
-    Ok(finish(&common, run_task(&command).await))
+pub(crate) async fn task(command: TaskCommand, before: &Common) -> anyhow::Result<ExitCode> {
+    dispatch(
+        command,
+        before,
+        |command| match command {
+            TaskCommand::Add { common, .. }
+            | TaskCommand::List { common, .. }
+            | TaskCommand::Show { common, .. }
+            | TaskCommand::Events { common, .. }
+            | TaskCommand::Logs { common, .. }
+            | TaskCommand::Start { common, .. }
+            | TaskCommand::Complete { common, .. }
+            | TaskCommand::Fail { common, .. }
+            | TaskCommand::Remove { common, .. } => common,
+        },
+        |command| async move { run_task(&command).await },
+    )
+    .await
 }
 
 async fn run_queue(command: &QueueCommand) -> Result<u8, ClientError> {

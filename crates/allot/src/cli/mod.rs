@@ -94,6 +94,25 @@ pub(crate) fn client(common: &Common) -> Result<Client, ClientError> {
     Ok(Client::new(&common.server())?.with_release_retry(std::time::Duration::from_secs(10)))
 }
 
+/// Runs a CLI command: merges in the options given before it (`common` finds the command's own),
+/// reports a clash as a usage error, else runs it and turns its outcome into the exit code.
+pub(crate) async fn dispatch<C, Outcome>(
+    mut command: C,
+    before: &Common,
+    common: impl FnOnce(&mut C) -> &mut Common,
+    run: impl FnOnce(C) -> Outcome,
+) -> anyhow::Result<ExitCode>
+where
+    Outcome: std::future::Future<Output = Result<u8, ClientError>>,
+{
+    let common = common(&mut command);
+    if let Err(usage) = common.merge(before) {
+        return Ok(usage_error(&usage));
+    }
+    let common = common.clone();
+    Ok(finish(&common, run(command).await))
+}
+
 /// Reports a command line that makes no sense (as clap does); answers [`EXIT_USAGE`].
 pub(crate) fn usage_error(message: &str) -> ExitCode {
     eprintln!("error: {message}");

@@ -11,8 +11,8 @@ use allot_client::{
 };
 
 use super::{
-    client, count, emit, emit_ids, finish, format_ms, human, ids, key_values, or_dash, show, usage_error, Align,
-    Common, Table, EXIT_CODES,
+    client, count, dispatch, emit, emit_ids, format_ms, human, ids, key_values, or_dash, show, Align, Common, Table,
+    EXIT_CODES,
 };
 
 /// The id of a pool's one offer.
@@ -144,36 +144,38 @@ pub(crate) enum AllocCommand {
 }
 
 /// Runs an `allot pool` command; `before` holds the options given before the command.
-pub(crate) async fn pool(mut command: PoolCommand, before: &Common) -> anyhow::Result<ExitCode> {
-    let common = match &mut command {
-        PoolCommand::List { common }
-        | PoolCommand::Get { common, .. }
-        | PoolCommand::Set { common, .. }
-        | PoolCommand::Rm { common, .. }
-        | PoolCommand::Offers { common, .. }
-        | PoolCommand::StopIfIdle { common, .. } => common,
-    };
-    if let Err(usage) = common.merge(before) {
-        return Ok(usage_error(&usage));
-    }
-    let common = common.clone();
-    Ok(finish(&common, run_pool(&command).await))
+pub(crate) async fn pool(command: PoolCommand, before: &Common) -> anyhow::Result<ExitCode> {
+    dispatch(
+        command,
+        before,
+        |command| match command {
+            PoolCommand::List { common }
+            | PoolCommand::Get { common, .. }
+            | PoolCommand::Set { common, .. }
+            | PoolCommand::Rm { common, .. }
+            | PoolCommand::Offers { common, .. }
+            | PoolCommand::StopIfIdle { common, .. } => common,
+        },
+        |command| async move { run_pool(&command).await },
+    )
+    .await
 }
 
 /// Runs an `allot alloc` command; `before` holds the options given before the command.
-pub(crate) async fn alloc(mut command: AllocCommand, before: &Common) -> anyhow::Result<ExitCode> {
-    let common = match &mut command {
-        AllocCommand::Accept { common, .. }
-        | AllocCommand::Get { common, .. }
-        | AllocCommand::Keepalive { common, .. }
-        | AllocCommand::Free { common, .. }
-        | AllocCommand::List { common, .. } => common,
-    };
-    if let Err(usage) = common.merge(before) {
-        return Ok(usage_error(&usage));
-    }
-    let common = common.clone();
-    Ok(finish(&common, run_alloc(&command).await))
+pub(crate) async fn alloc(command: AllocCommand, before: &Common) -> anyhow::Result<ExitCode> {
+    dispatch(
+        command,
+        before,
+        |command| match command {
+            AllocCommand::Accept { common, .. }
+            | AllocCommand::Get { common, .. }
+            | AllocCommand::Keepalive { common, .. }
+            | AllocCommand::Free { common, .. }
+            | AllocCommand::List { common, .. } => common,
+        },
+        |command| async move { run_alloc(&command).await },
+    )
+    .await
 }
 
 async fn run_pool(command: &PoolCommand) -> Result<u8, ClientError> {

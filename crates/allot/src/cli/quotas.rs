@@ -13,8 +13,8 @@ use allot_client::{
 };
 
 use super::{
-    client, count, emit, emit_ids, finish, format_ms, ids, key_values, show, usage_error, Align, Common, Table,
-    EXIT_CODES, EXIT_OK,
+    client, count, dispatch, emit, emit_ids, format_ms, ids, key_values, show, Align, Common, Table, EXIT_CODES,
+    EXIT_OK,
 };
 
 /// Exit code of an allocate answered `Exhausted`: the namespace quota is full.
@@ -207,51 +207,54 @@ pub(crate) enum SessionCommand {
 }
 
 /// Runs an `allot quota` command; `before` holds the options given before the command.
-pub(crate) async fn quota(mut command: QuotaCommand, before: &Common) -> anyhow::Result<ExitCode> {
-    let common = match &mut command {
-        QuotaCommand::List { common }
-        | QuotaCommand::Get { common, .. }
-        | QuotaCommand::Set { common, .. }
-        | QuotaCommand::Rm { common, .. }
-        | QuotaCommand::Waiters { common, .. } => common,
-    };
-    if let Err(usage) = common.merge(before) {
-        return Ok(usage_error(&usage));
-    }
-    let common = common.clone();
-    Ok(finish(&common, run_quota(&command).await))
+pub(crate) async fn quota(command: QuotaCommand, before: &Common) -> anyhow::Result<ExitCode> {
+    dispatch(
+        command,
+        before,
+        |command| match command {
+            QuotaCommand::List { common }
+            | QuotaCommand::Get { common, .. }
+            | QuotaCommand::Set { common, .. }
+            | QuotaCommand::Rm { common, .. }
+            | QuotaCommand::Waiters { common, .. } => common,
+        },
+        |command| async move { run_quota(&command).await },
+    )
+    .await
 }
 
 /// Runs an `allot token` command; `before` holds the options given before the command.
-pub(crate) async fn token(mut command: TokenCommand, before: &Common) -> anyhow::Result<ExitCode> {
-    let common = match &mut command {
-        TokenCommand::Alloc { common, .. }
-        | TokenCommand::Release { common, .. }
-        | TokenCommand::Keepalive { common, .. }
-        | TokenCommand::List { common, .. }
-        | TokenCommand::Get { common, .. } => common,
-    };
-    if let Err(usage) = common.merge(before) {
-        return Ok(usage_error(&usage));
-    }
-    let common = common.clone();
-    Ok(finish(&common, run_token(&command).await))
+pub(crate) async fn token(command: TokenCommand, before: &Common) -> anyhow::Result<ExitCode> {
+    dispatch(
+        command,
+        before,
+        |command| match command {
+            TokenCommand::Alloc { common, .. }
+            | TokenCommand::Release { common, .. }
+            | TokenCommand::Keepalive { common, .. }
+            | TokenCommand::List { common, .. }
+            | TokenCommand::Get { common, .. } => common,
+        },
+        |command| async move { run_token(&command).await },
+    )
+    .await
 }
 
 /// Runs an `allot session` command; `before` holds the options given before the command.
-pub(crate) async fn session(mut command: SessionCommand, before: &Common) -> anyhow::Result<ExitCode> {
-    let common = match &mut command {
-        SessionCommand::Open { common, .. }
-        | SessionCommand::Keepalive { common, .. }
-        | SessionCommand::Close { common, .. }
-        | SessionCommand::List { common }
-        | SessionCommand::Get { common, .. } => common,
-    };
-    if let Err(usage) = common.merge(before) {
-        return Ok(usage_error(&usage));
-    }
-    let common = common.clone();
-    Ok(finish(&common, run_session(&command).await))
+pub(crate) async fn session(command: SessionCommand, before: &Common) -> anyhow::Result<ExitCode> {
+    dispatch(
+        command,
+        before,
+        |command| match command {
+            SessionCommand::Open { common, .. }
+            | SessionCommand::Keepalive { common, .. }
+            | SessionCommand::Close { common, .. }
+            | SessionCommand::List { common }
+            | SessionCommand::Get { common, .. } => common,
+        },
+        |command| async move { run_session(&command).await },
+    )
+    .await
 }
 
 async fn run_quota(command: &QuotaCommand) -> Result<u8, ClientError> {
