@@ -1,7 +1,7 @@
 //! Application files: one application, in YAML or TOML, with the fields of the API's `SubmitApp`
-//! (docs/examples/etl.yaml). Read by `allot app submit` and by the daemon's directory source;
-//! every error names the file, the place (line and column) when the parser gives it, and the
-//! field.
+//! (docs/examples/etl.yaml). Read by `allot app submit`, `allot run` and the daemon's directory
+//! source; every error names the file, the place (line and column) when the parser gives it, and
+//! the field.
 
 use std::collections::BTreeMap;
 use std::io::Read as _;
@@ -188,4 +188,62 @@ pub(crate) fn check_app(submit: &SubmitApp) -> Result<(), String> {
         at(&field, task_spec.check(&spec))?;
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const ETL_YAML: &str = include_str!("../../../docs/examples/etl.yaml");
+    const ETL_TOML: &str = include_str!("../../../docs/examples/etl.toml");
+
+    #[test]
+    fn the_examples_are_one_application() {
+        let yaml = parse_app(ETL_YAML, Format::Yaml).unwrap();
+        let toml = parse_app(ETL_TOML, Format::Toml).unwrap();
+        assert_eq!(yaml, toml);
+        check_app(&yaml).unwrap();
+        assert!(yaml.tasks.len() >= 3 && yaml.tasks.iter().any(|t| !t.tokens.is_empty()));
+    }
+
+    #[test]
+    fn parse_errors_name_the_place_and_the_field() {
+        let yaml = "id: a\nqueue: root.q\ntasks:\n  - id: t1\n    resources: cpu=1\n  - id: t2\n    resources: [1]\n";
+        let err = parse_app(yaml, Format::Yaml).unwrap_err();
+        assert!(err.starts_with("7:16: tasks[1].resources: invalid type: sequence"), "{err}");
+        let yaml = "id: a\nqueue: root.q\ntasks:\n  - id: t1\n    resorces: cpu=1\n";
+        let err = parse_app(yaml, Format::Yaml).unwrap_err();
+        assert!(err.starts_with("5:5: tasks[0]: unknown field `resorces`"), "{err}");
+        let yaml = "id: a\nqueue: root.q\ntasks:\n  - id: t1\n";
+        let err = parse_app(yaml, Format::Yaml).unwrap_err();
+        assert!(err.contains("tasks[0]: missing field `resources`"), "{err}");
+
+        let toml = "id = \"a\"\nqueue = \"root.q\"\n\n[[tasks]]\nid = \"t1\"\nresources = \"cpu=1\"\n\n[[tasks]]\n\
+                    id = \"t2\"\nresources = 4\n";
+        let err = parse_app(toml, Format::Toml).unwrap_err();
+        assert_eq!(err, "10:13: tasks[1].resources: invalid type: integer `4`, expected a string");
+        let toml = "id = \"a\"\nqueue = \"root.q\"\npolicy = { gang = \"Medium\" }\n";
+        let err = parse_app(toml, Format::Toml).unwrap_err();
+        assert!(err.starts_with("3:19: policy.gang: unknown variant `Medium`"), "{err}");
+        let err = parse_app("id = \"a\"\n[[tasks]\n", Format::Toml).unwrap_err();
+        assert_eq!(err, "2:8: invalid table header; expected `.`, `]]`");
+    }
+
+    #[test]
+    fn local_checks_name_the_field() {
+        let mut app = parse_app(ETL_YAML, Format::Yaml).unwrap();
+        app.tasks[1].resources = "cpu=lots".to_owned();
+        assert!(check_app(&app).unwrap_err().starts_with("tasks[1].resources: "));
+        app.tasks[1].resources = "cpu=1".to_owned();
+        app.tasks[2].id = app.tasks[0].id.clone();
+        assert!(check_app(&app).unwrap_err().starts_with("tasks[2].id: "));
+        app.tasks[2].id = "fine".to_owned();
+        app.tasks[1].spec = Some(serde_json::json!({ "type": "shell", "command": "make", "retries": 101 }));
+        let err = check_app(&app).unwrap_err();
+        assert_eq!(err, "tasks[1].spec.retries must be a whole number from 0 to 100, got 101");
+        app.tasks[1].spec = Some(serde_json::json!({ "type": "shell", "command": "make", "retries": 2 }));
+        check_app(&app).unwrap();
+        app.queue = "analytics".to_owned();
+        assert!(check_app(&app).unwrap_err().starts_with("queue: queue `analytics` is not a queue path"));
+    }
 }

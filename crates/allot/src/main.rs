@@ -1,14 +1,16 @@
 //! The `allot` binary: `allot serve` runs the daemon; every other command is the CLI, which talks
-//! to a daemon over HTTP through `allot-client`; `allot bench` is the load generator.
+//! to a daemon over HTTP through `allot-client`; `allot bench` is the load generator, whose
+//! commands the `allot-bench` crate holds. This file parses the command line and hands each
+//! command to its module:
+//!
+//! - `serve`: the daemon (its flags, its configuration file, starting and stopping it);
+//! - `sources`: where the daemon takes applications from (the HTTP API, a directory of files);
+//! - `cli`: the CLI commands, one module per part (quotas, pools, apps, run);
+//! - `appfile`: application files (YAML or TOML), read by `allot app submit`, `allot run` and the
+//!   directory source.
 
 mod appfile;
-mod bench;
 mod cli;
-mod cli_apps;
-mod cli_pools;
-mod cli_run;
-mod duration;
-mod follow;
 mod serve;
 mod sources;
 
@@ -40,39 +42,39 @@ enum Command {
     Serve(serve::ServeArgs),
     /// Create, change, list and remove namespaces and their quotas.
     #[command(subcommand)]
-    Quota(cli::QuotaCommand),
+    Quota(cli::quotas::QuotaCommand),
     /// Allocate, release, keep alive and list tokens.
     #[command(subcommand)]
-    Token(cli::TokenCommand),
+    Token(cli::quotas::TokenCommand),
     /// Open, keep alive, close and list sessions.
     #[command(subcommand)]
-    Session(cli::SessionCommand),
+    Session(cli::quotas::SessionCommand),
     /// Create, change, list, stop and remove leased resource pools; show their offers.
     #[command(subcommand)]
-    Pool(cli_pools::PoolCommand),
+    Pool(cli::pools::PoolCommand),
     /// Accept offers, keep allocs alive, free and inspect them (`pool/alloc`).
     #[command(subcommand)]
-    Alloc(cli_pools::AllocCommand),
+    Alloc(cli::pools::AllocCommand),
     /// Create, change, list and remove queues (`root.a.b`) and their limits.
     #[command(subcommand)]
-    Queue(cli_apps::QueueCommand),
+    Queue(cli::apps::QueueCommand),
     /// Submit applications (from YAML or TOML), list, show, complete, fail and remove them.
     #[command(subcommand)]
-    App(cli_apps::AppCommand),
+    App(cli::apps::AppCommand),
     /// Add tasks to applications, show them, report them started, completed or failed, remove
     /// them.
     #[command(subcommand)]
-    Task(cli_apps::TaskCommand),
+    Task(cli::apps::TaskCommand),
     /// Submit an application from a file and follow it to its end: progress per task group,
     /// then a summary; exits non-zero if a task did not complete.
-    #[command(after_help = cli_run::after_help())]
-    Run(cli_run::RunArgs),
+    #[command(after_help = cli::run::after_help())]
+    Run(cli::run::RunArgs),
     /// Measure a daemon under load (and compare it with a baseline server).
-    #[command(after_help = bench::BENCH_AFTER_HELP)]
-    Bench(bench::BenchArgs),
+    #[command(after_help = allot_bench::BENCH_AFTER_HELP)]
+    Bench(allot_bench::BenchArgs),
     /// The benchmark's baseline: an HTTP server that answers every request at once.
     #[command(hide = true)]
-    BaselineServer(bench::BaselineArgs),
+    BaselineServer(allot_bench::BaselineArgs),
 }
 
 fn main() -> ExitCode {
@@ -100,17 +102,17 @@ fn main() -> ExitCode {
     let result = runtime.block_on(async move {
         match args.command {
             Command::Serve(args) => serve::run(args).await.map(|()| ExitCode::SUCCESS),
-            Command::Quota(command) => cli::quota(command, &args.before).await,
-            Command::Token(command) => cli::token(command, &args.before).await,
-            Command::Session(command) => cli::session(command, &args.before).await,
-            Command::Pool(command) => cli_pools::pool(command, &args.before).await,
-            Command::Alloc(command) => cli_pools::alloc(command, &args.before).await,
-            Command::Queue(command) => cli_apps::queue(command, &args.before).await,
-            Command::App(command) => cli_apps::app(command, &args.before).await,
-            Command::Task(command) => cli_apps::task(command, &args.before).await,
-            Command::Run(command) => cli_run::run(command, &args.before).await,
-            Command::Bench(args) => bench::run(args).await.map(|()| ExitCode::SUCCESS),
-            Command::BaselineServer(args) => bench::baseline_server(args).await.map(|()| ExitCode::SUCCESS),
+            Command::Quota(command) => cli::quotas::quota(command, &args.before).await,
+            Command::Token(command) => cli::quotas::token(command, &args.before).await,
+            Command::Session(command) => cli::quotas::session(command, &args.before).await,
+            Command::Pool(command) => cli::pools::pool(command, &args.before).await,
+            Command::Alloc(command) => cli::pools::alloc(command, &args.before).await,
+            Command::Queue(command) => cli::apps::queue(command, &args.before).await,
+            Command::App(command) => cli::apps::app(command, &args.before).await,
+            Command::Task(command) => cli::apps::task(command, &args.before).await,
+            Command::Run(command) => cli::run::run(command, &args.before).await,
+            Command::Bench(args) => allot_bench::run(args).await.map(|()| ExitCode::SUCCESS),
+            Command::BaselineServer(args) => allot_bench::baseline_server(args).await.map(|()| ExitCode::SUCCESS),
         }
     });
     match result {
@@ -165,13 +167,13 @@ mod tests {
         let before = parse("allot --server http://a:1 -q token list hive");
         let after = parse("allot token list hive --server http://a:1 --quiet");
         for args in [before, after] {
-            let Command::Token(cli::TokenCommand::List { mut common, .. }) = args.command else { panic!() };
+            let Command::Token(cli::quotas::TokenCommand::List { mut common, .. }) = args.command else { panic!() };
             common.merge(&args.before).unwrap();
             assert_eq!((common.server(), common.quiet, common.json), ("http://a:1".to_owned(), true, false));
         }
         // After the command wins; --json and --quiet together are refused.
         let both = parse("allot --server http://a:1 --json quota list --server http://b:2 -q");
-        let Command::Quota(cli::QuotaCommand::List { mut common }) = both.command else { panic!() };
+        let Command::Quota(cli::quotas::QuotaCommand::List { mut common }) = both.command else { panic!() };
         assert_eq!(common.merge(&both.before), Err("--json and --quiet cannot be used together".to_owned()));
         assert_eq!(common.server(), "http://b:2");
         assert!(Args::try_parse_from(["allot", "quota", "list", "--json", "-q"]).is_err());

@@ -1,28 +1,27 @@
-//! `allot serve`: configuration (flags > environment > TOML file > defaults), logging, the store
-//! (embedded by default, or Redis), quota seeding, and the server until SIGTERM or SIGINT.
+//! The configuration of `allot serve`: the TOML file's schema (every key is in
+//! [`SERVE_AFTER_HELP`], which a test checks), and the resolution of flags, environment, file and
+//! defaults (in that order) into one checked [`Config`], names and resources parsed.
 
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
 
 use allot_core::apps::queues::{QueueLimits, QueuePath, SortPolicy};
 use allot_core::apps::SchedConfig;
 use allot_core::pools::{LeaseRules, PoolName};
 use allot_core::{NamespaceName, Resources};
 use allot_server::MetricsConfig;
-use allot_store::{Durability, EmbeddedConfig, EmbeddedStore, Store};
-use allot_store_redis::{RedisConfig, RedisStore};
+use allot_store::Durability;
+use allot_store_redis::RedisConfig;
 use anyhow::{bail, Context};
 use serde::Deserialize;
-use tracing_subscriber::filter::Targets;
 
-use crate::sources::{AppManager, DirectorySource, HttpApi};
+use super::flags::ServeArgs;
 
 /// The default listen address: loopback only.
-pub(crate) const DEFAULT_LISTEN: &str = "127.0.0.1:7070";
+const DEFAULT_LISTEN: &str = "127.0.0.1:7070";
 /// The default data directory, relative to the working directory.
-pub(crate) const DEFAULT_DATA_DIR: &str = "allot-data";
+const DEFAULT_DATA_DIR: &str = "allot-data";
 
 /// `allot serve --help` after the options: every key of the configuration file, and the exit
 /// codes. A test checks that every key the file accepts is here.
@@ -76,137 +75,6 @@ Exit codes:
   0  stopped by SIGTERM or SIGINT after a clean shutdown
   1  cannot start (configuration, store, address), or the server failed
   2  usage error"#;
-
-#[derive(Debug, clap::Args)]
-pub(crate) struct ServeArgs {
-    /// Address to listen on [default: 127.0.0.1:7070].
-    #[arg(long, value_name = "ADDRESS", env = "ALLOT_LISTEN")]
-    listen: Option<SocketAddr>,
-    /// Directory of the embedded store [default: ./allot-data].
-    #[arg(long, value_name = "DIR", env = "ALLOT_DATA_DIR")]
-    data_dir: Option<PathBuf>,
-    /// What an acknowledged change of the embedded store survives: `disk` (the default: flushed
-    /// to disk before the answer, survives a power loss) or `process` (handed to the operating
-    /// system before the answer: survives a crash or kill -9 of the daemon; a power loss may lose
-    /// the last second).
-    #[arg(long, value_name = "LEVEL", env = "ALLOT_DURABILITY")]
-    durability: Option<Durability>,
-    /// Where state lives: `embedded` (the default: a durable store in --data-dir),
-    /// `redis://HOST:PORT` (one Redis shared by several daemons) or
-    /// `redis+cluster://HOST:PORT[,HOST:PORT...]` (a Redis Cluster).
-    #[arg(long, value_name = "STORE", env = "ALLOT_STORE")]
-    store: Option<String>,
-    /// On Redis: answer a change only once this many replicas have it (`WAIT`), so that a
-    /// failover does not lose what was acknowledged [default: 0, the primary's answer]. A change
-    /// the replicas do not confirm within 1 s answers `store_outcome_unknown`.
-    #[arg(long, value_name = "N", env = "ALLOT_REDIS_MIN_REPLICAS")]
-    redis_min_replicas: Option<u32>,
-    /// TOML configuration file; its keys are listed below.
-    #[arg(long, value_name = "FILE", env = "ALLOT_CONFIG")]
-    config: Option<PathBuf>,
-    /// Seed a namespace quota, e.g. `--quota hive:cluster-a=10`: the namespace is created with
-    /// it if it does not exist yet; an existing one keeps the quota the store has. Repeatable;
-    /// wins over the configuration file.
-    #[arg(long = "quota", value_name = "NAMESPACE=QUOTA")]
-    quotas: Vec<String>,
-    /// Seed a leased resource pool, e.g. `--pool worker-1=cpu=16,mem=64GiB`: created with this
-    /// capacity if it does not exist yet. Repeatable; wins over the configuration file.
-    #[arg(long = "pool", value_name = "POOL=RESOURCES")]
-    pools: Vec<String>,
-    /// Run here the tasks the scheduler places on this pool (with their plugins). Repeatable; the
-    /// local pool is run here too.
-    #[arg(long = "run-pool", value_name = "POOL")]
-    run_pools: Vec<String>,
-    /// Offer this machine's own resources as a pool of this name (detected cpu, memory less 5 %,
-    /// and the disk of the data directory), e.g. `--local-pool local`.
-    #[arg(long, value_name = "POOL", env = "ALLOT_LOCAL_POOL")]
-    local_pool: Option<String>,
-    /// The lease an alloc gets when it is made [default: 2m].
-    #[arg(long, value_name = "DURATION", value_parser = crate::duration::parse)]
-    alloc_lease: Option<std::time::Duration>,
-    /// The longest lease one keepalive grants [default: 5m].
-    #[arg(long, value_name = "DURATION", value_parser = crate::duration::parse)]
-    alloc_max_lease: Option<std::time::Duration>,
-    /// The longest an allocate may wait for room (`wait_ms`), at most 5m; keep it below the idle
-    /// timeout of any proxy in front of the daemon [default: 5m].
-    #[arg(long, value_name = "DURATION", env = "ALLOT_MAX_WAIT", value_parser = crate::duration::parse)]
-    max_wait: Option<std::time::Duration>,
-    /// Give these namespaces series of their own at /metrics (every namespace counts in the
-    /// totals): `NAME` selects NAME and the namespaces under it (`NAME:...`), `PREFIX*` every name
-    /// that starts with PREFIX, `*` all. Repeatable; replaces the file's `metrics_namespaces`.
-    #[arg(long = "metrics-namespaces", value_name = "PATTERN")]
-    metrics_namespaces: Vec<String>,
-    /// The same for pools; replaces the file's `metrics_pools`.
-    #[arg(long = "metrics-pools", value_name = "PATTERN")]
-    metrics_pools: Vec<String>,
-    /// Threads that serve requests [default: one per CPU on the embedded store; one per CPU
-    /// less one, at least one, on Redis, which needs a CPU too].
-    #[arg(long, env = "ALLOT_THREADS", value_parser = clap::value_parser!(u16).range(1..=1024))]
-    pub(crate) threads: Option<u16>,
-    /// On the embedded store, pin each thread that serves requests to a CPU of its own (when
-    /// there are no more of them than CPUs this process may use): a shorter tail where other busy
-    /// processes share the CPUs (the kernel cannot stack two serving threads on one CPU), for
-    /// more CPU per request (docs/benchmarks.md).
-    #[arg(long, env = "ALLOT_PIN_THREADS", value_name = "BOOL", default_value_t = false, action = clap::ArgAction::Set)]
-    pin_threads: bool,
-    /// Watch this directory for application files (`.yaml`, `.yml`, `.toml`, as `allot app
-    /// submit` takes): a new file submits its application, a removed one removes it.
-    #[arg(long, value_name = "DIR", env = "ALLOT_APPS_DIR")]
-    apps_dir: Option<PathBuf>,
-    /// On a Redis store, the base URL at which the other daemons reach this one while it
-    /// schedules applications (they forward the applications part to it) [default:
-    /// http://ADDRESS with the address it listens on; give it when listening on 0.0.0.0].
-    #[arg(long, value_name = "URL", env = "ALLOT_ADVERTISE")]
-    advertise: Option<String>,
-    /// Log format on stderr.
-    #[arg(long, env = "ALLOT_LOG_FORMAT", value_enum, default_value = "text")]
-    log_format: LogFormat,
-}
-
-/// The threads that serve requests: `--threads`; else, on Redis, one per CPU less one, at least
-/// one (on two CPUs shared with Redis and the clients, one beat two in 4 of 5 alternating `bench
-/// pairs` runs, by 7–27 %, docs/benchmarks.md: Redis keeps a CPU); on the embedded store, one per
-/// CPU (its log is written by the serving threads themselves).
-fn request_threads(args: &ServeArgs) -> usize {
-    let cpus = std::thread::available_parallelism().map_or(1, |n| n.get());
-    match args.threads {
-        Some(threads) => usize::from(threads),
-        None if on_redis(args) => cpus.saturating_sub(1).max(1),
-        None => cpus,
-    }
-}
-
-fn on_redis(args: &ServeArgs) -> bool {
-    args.store.as_deref().is_some_and(|store| store.starts_with("redis"))
-}
-
-/// The worker threads of the daemon's runtime. On Redis they serve the requests (the store's
-/// connections are driven by tasks of this runtime). On the embedded store the requests have
-/// serving threads of their own ([`serving_threads`]) and one worker runs the rest: accepting
-/// connections, expiring leases, the scheduler, the executor.
-pub(crate) fn worker_threads(args: &ServeArgs) -> usize {
-    if on_redis(args) {
-        request_threads(args)
-    } else {
-        1
-    }
-}
-
-/// The serving threads, each with a single-threaded runtime of its own, that serve the
-/// connections from start to end: none on Redis; on the embedded store, one per request thread
-/// (with two on two CPUs shared with the clients, the disk level served about a quarter more
-/// pairs/s at 64 clients than on two workers of one runtime, the process level as many), pinned
-/// to CPUs of their own with `--pin-threads true` (docs/benchmarks.md).
-fn serving_threads(args: &ServeArgs) -> allot_server::ServingThreads {
-    let count = if on_redis(args) { 0 } else { request_threads(args) };
-    allot_server::ServingThreads { count, pin: args.pin_threads }
-}
-
-#[derive(Debug, Clone, Copy, clap::ValueEnum)]
-enum LogFormat {
-    Text,
-    Json,
-}
 
 /// The configuration file.
 #[derive(Debug, Default, Deserialize)]
@@ -302,10 +170,10 @@ struct ExternalConfig {
 
 /// The plugins' settings, resolved.
 #[derive(Debug, Default)]
-struct Plugins {
-    builtin: allot_exec::builtin::BuiltinConfig,
-    task_types: BTreeMap<String, String>,
-    secrets: BTreeMap<String, String>,
+pub(super) struct Plugins {
+    pub(super) builtin: allot_exec::builtin::BuiltinConfig,
+    pub(super) task_types: BTreeMap<String, String>,
+    pub(super) secrets: BTreeMap<String, String>,
 }
 
 /// Reads a secret's value: `env:VAR`, `file:PATH` (its content, trailing newline cut) or the
@@ -401,29 +269,30 @@ struct AllocLeases {
 
 /// The configuration, resolved.
 #[derive(Debug)]
-struct Config {
-    listen: SocketAddr,
-    data_dir: PathBuf,
-    durability: Durability,
-    store: StoreChoice,
-    quotas: Vec<(NamespaceName, u64)>,
-    pools: Vec<(PoolName, Resources)>,
-    pool_rules: LeaseRules,
-    max_wait: std::time::Duration,
-    metrics: MetricsConfig,
-    queues: Vec<(QueuePath, QueueLimits)>,
-    sched: SchedConfig,
-    apps_dir: Option<PathBuf>,
-    run_pools: Vec<PoolName>,
-    retry: allot_core::runs::RetryPolicy,
-    plugins: Plugins,
+pub(super) struct Config {
+    pub(super) listen: SocketAddr,
+    pub(super) data_dir: PathBuf,
+    pub(super) durability: Durability,
+    pub(super) store: StoreChoice,
+    pub(super) quotas: Vec<(NamespaceName, u64)>,
+    pub(super) pools: Vec<(PoolName, Resources)>,
+    pub(super) pool_rules: LeaseRules,
+    pub(super) max_wait: std::time::Duration,
+    pub(super) metrics: MetricsConfig,
+    pub(super) queues: Vec<(QueuePath, QueueLimits)>,
+    pub(super) sched: SchedConfig,
+    pub(super) apps_dir: Option<PathBuf>,
+    pub(super) run_pools: Vec<PoolName>,
+    pub(super) retry: allot_core::runs::RetryPolicy,
+    pub(super) plugins: Plugins,
 }
 
 /// The lease rules from the file's `[alloc_leases]` and the flags (which win).
 fn lease_rules(args: &ServeArgs, file: &AllocLeases) -> anyhow::Result<LeaseRules> {
     let mut rules = LeaseRules::default();
     let ms = |what: &str, text: &str| -> anyhow::Result<u64> {
-        let duration = crate::duration::parse(text).map_err(|err| anyhow::anyhow!("[alloc_leases] {what}: {err}"))?;
+        let duration =
+            allot_bench::duration::parse(text).map_err(|err| anyhow::anyhow!("[alloc_leases] {what}: {err}"))?;
         Ok(duration.as_millis().min(u128::from(u64::MAX)) as u64)
     };
     for (what, text, field) in [
@@ -449,7 +318,7 @@ fn lease_rules(args: &ServeArgs, file: &AllocLeases) -> anyhow::Result<LeaseRule
 }
 
 #[derive(Debug)]
-enum StoreChoice {
+pub(super) enum StoreChoice {
     Embedded,
     Redis(RedisConfig),
 }
@@ -468,7 +337,7 @@ fn read_config_file(path: &Path) -> anyhow::Result<ConfigFile> {
     toml::from_str(&text).with_context(|| format!("invalid configuration file {}", path.display()))
 }
 
-fn resolve(args: &ServeArgs) -> anyhow::Result<Config> {
+pub(super) fn resolve(args: &ServeArgs) -> anyhow::Result<Config> {
     let file = match &args.config {
         Some(path) => read_config_file(path)?,
         None => ConfigFile::default(),
@@ -537,7 +406,7 @@ fn resolve(args: &ServeArgs) -> anyhow::Result<Config> {
         .collect::<anyhow::Result<Vec<_>>>()?;
     let max_wait = match (args.max_wait, &file.max_wait) {
         (Some(flag), _) => flag,
-        (None, Some(text)) => crate::duration::parse(text).map_err(|err| anyhow::anyhow!("max_wait: {err}"))?,
+        (None, Some(text)) => allot_bench::duration::parse(text).map_err(|err| anyhow::anyhow!("max_wait: {err}"))?,
         (None, None) => allot_store::MAX_WAIT,
     };
     if max_wait > allot_store::MAX_WAIT {
@@ -561,7 +430,7 @@ fn resolve(args: &ServeArgs) -> anyhow::Result<Config> {
         text.as_deref()
             .map(|text| {
                 let duration =
-                    crate::duration::parse(text).map_err(|err| anyhow::anyhow!("[scheduler] {key}: {err}"))?;
+                    allot_bench::duration::parse(text).map_err(|err| anyhow::anyhow!("[scheduler] {key}: {err}"))?;
                 Ok(duration.as_millis() as u64)
             })
             .transpose()
@@ -590,232 +459,6 @@ fn resolve(args: &ServeArgs) -> anyhow::Result<Config> {
         store,
         quotas,
     })
-}
-
-/// Logs on stderr, filtered by `RUST_LOG`: a level (`info`, the default) and `target=level`
-/// items, comma-separated (e.g. `info,allot_store=debug`).
-fn init_logging(format: LogFormat) {
-    use std::io::IsTerminal;
-    use tracing_subscriber::layer::SubscriberExt;
-    use tracing_subscriber::util::SubscriberInitExt;
-    let (filter, bad) = match std::env::var("RUST_LOG") {
-        Ok(text) if !text.trim().is_empty() => match text.parse::<Targets>() {
-            Ok(filter) => (filter, None),
-            Err(err) => (Targets::new().with_default(tracing::Level::INFO), Some(format!("`{text}`: {err}"))),
-        },
-        _ => (Targets::new().with_default(tracing::Level::INFO), None),
-    };
-    let ansi = std::io::stderr().is_terminal();
-    let registry = tracing_subscriber::registry().with(filter);
-    match format {
-        LogFormat::Text => {
-            registry.with(tracing_subscriber::fmt::layer().with_writer(std::io::stderr).with_ansi(ansi)).init()
-        }
-        LogFormat::Json => registry.with(tracing_subscriber::fmt::layer().json().with_writer(std::io::stderr)).init(),
-    }
-    if let Some(bad) = bad {
-        tracing::warn!("RUST_LOG is not a filter ({bad}); logging at info");
-    }
-}
-
-async fn shutdown_signal() {
-    let interrupt = tokio::signal::ctrl_c();
-    #[cfg(unix)]
-    {
-        let mut terminate = match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
-            Ok(signal) => signal,
-            Err(err) => {
-                tracing::error!(error = %err, "cannot listen for SIGTERM");
-                let _ = interrupt.await;
-                return;
-            }
-        };
-        tokio::select! {
-            _ = interrupt => tracing::info!("SIGINT received"),
-            _ = terminate.recv() => tracing::info!("SIGTERM received"),
-        }
-    }
-    #[cfg(not(unix))]
-    {
-        let _ = interrupt.await;
-    }
-}
-
-pub(crate) async fn run(args: ServeArgs) -> anyhow::Result<()> {
-    init_logging(args.log_format);
-    let config = resolve(&args)?;
-    // Listening first: on Redis, the other daemons reach this one at its address if it schedules.
-    let listener = tokio::net::TcpListener::bind(config.listen)
-        .await
-        .with_context(|| format!("cannot listen on {}", config.listen))?;
-    let address = listener.local_addr()?;
-    // The URL the other daemons reach this one at: it names this daemon in the scheduler's lease
-    // and in its executor's.
-    let advertise = match &args.advertise {
-        Some(url) => url.trim_end_matches('/').to_owned(),
-        None if address.ip().is_unspecified() => format!("http://127.0.0.1:{}", address.port()),
-        None => format!("http://{address}"),
-    };
-    let store: Arc<dyn Store> = match &config.store {
-        StoreChoice::Embedded => {
-            let store =
-                EmbeddedStore::open(&EmbeddedConfig::new(config.data_dir.clone()).with_durability(config.durability))
-                    .with_context(|| format!("cannot open the store in {}", config.data_dir.display()))?;
-            store.set_pool_rules(config.pool_rules);
-            store.set_sched_config(config.sched.clone());
-            Arc::new(store)
-        }
-        StoreChoice::Redis(redis) => {
-            // Each daemon would watch its own directory, and only the one that schedules can
-            // submit: the source would follow the lease around. Not carried yet.
-            anyhow::ensure!(
-                config.apps_dir.is_none(),
-                "--apps-dir needs the embedded store: on Redis, submit applications through the API \
-                 (`allot app submit FILE` to any daemon)"
-            );
-            let store = RedisStore::open(redis).await.context("cannot open the Redis store")?;
-            store.set_pool_rules(config.pool_rules);
-            store.set_sched_config(config.sched.clone());
-            if args.advertise.is_none() && address.ip().is_unspecified() {
-                tracing::warn!(
-                    %address,
-                    "listening on every interface: give --advertise so that the other daemons reach this one \
-                     when it schedules; using 127.0.0.1 meanwhile"
-                );
-            }
-            store.start_scheduling(&advertise);
-            Arc::new(store)
-        }
-    };
-    for (name, quota) in &config.quotas {
-        let (created, view) =
-            seeded(&format!("cannot register quota of `{name}`"), || store.seed_namespace(name.clone(), *quota))
-                .await?;
-        if created {
-            tracing::info!(namespace = %name, quota, "quota registered");
-        } else if view.quota != *quota {
-            tracing::warn!(
-                namespace = %name,
-                configured = quota,
-                kept = view.quota,
-                "the store already has this namespace and keeps its quota; change it with `allot quota set`"
-            );
-        }
-    }
-    for (name, capacity) in &config.pools {
-        let (created, view) =
-            seeded(&format!("cannot register pool `{name}`"), || store.seed_pool(name.clone(), capacity.clone()))
-                .await?;
-        if created {
-            tracing::info!(pool = %name, capacity = %capacity, "pool registered");
-        } else if view.capacity != *capacity {
-            tracing::warn!(
-                pool = %name,
-                configured = %capacity,
-                kept = %view.capacity,
-                "the store already has this pool and keeps its capacity; change it with `allot pool set`"
-            );
-        }
-    }
-    for (path, limits) in &config.queues {
-        match store.seed_queue(path.clone(), limits.clone()).await {
-            Ok((true, _)) => tracing::info!(queue = %path, "queue registered"),
-            Ok((false, view)) if view.limits != *limits => tracing::warn!(
-                queue = %path,
-                "the store already has this queue and keeps its limits; change them with `allot queue set`"
-            ),
-            Ok(_) => {}
-            Err(err) => return Err(err).with_context(|| format!("cannot register queue `{path}`")),
-        }
-    }
-    tracing::info!(%address, data_dir = %config.data_dir.display(), backend = store.backend(), durability = store.durability(), "allot serving");
-    // The one line on stdout: scripts and tests read the address from it.
-    println!("allot listening on http://{address}");
-    let mut state =
-        allot_server::ServerState::new(store.clone()).with_max_wait(config.max_wait).with_metrics(config.metrics);
-    let (stop_executor, executor_stopped) = tokio::sync::watch::channel(false);
-    if !config.run_pools.is_empty() {
-        let executor = start_executor(
-            &store,
-            &config.run_pools,
-            &config.data_dir,
-            &config.plugins,
-            config.retry,
-            advertise.clone(),
-        )
-        .await?;
-        state = state.with_executor(Arc::new(RunsHere(executor.clone())));
-        tokio::spawn(executor.run(executor_stopped));
-    }
-    // The sources of applications: the API, and the directory of application files if one is set.
-    let mut http = HttpApi::new(listener, state, serving_threads(&args));
-    let mut directory = config.apps_dir.map(|dir| DirectorySource::new(dir, store.clone()));
-    if let Some(directory) = &mut directory {
-        directory.init().await.context("the applications directory")?;
-    }
-    http.init().await?;
-    http.start().await?;
-    if let Some(directory) = &mut directory {
-        directory.start().await?;
-    }
-    let names: Vec<&str> = std::iter::once(http.name()).chain(directory.as_ref().map(|d| d.name())).collect();
-    tracing::info!(sources = ?names, "taking applications in");
-    let failed = tokio::select! {
-        _ = shutdown_signal() => None,
-        result = http.failed() => Some(result),
-    };
-    stop_executor.send_replace(true);
-    if let Some(directory) = &mut directory {
-        directory.stop().await;
-    }
-    match failed {
-        Some(result) => result.context("server failed"),
-        None => {
-            http.stop().await;
-            Ok(())
-        }
-    }
-}
-
-/// Loads the plugins (a failing one stops the start) and makes the executor of the tasks placed
-/// on `pools`.
-async fn start_executor(
-    store: &Arc<dyn Store>,
-    pools: &[PoolName],
-    data_dir: &Path,
-    plugins: &Plugins,
-    retry: allot_core::runs::RetryPolicy,
-    node: String,
-) -> anyhow::Result<Arc<allot_exec::Executor>> {
-    use allot_exec::{builtin, Executor, ExecutorConfig, Registry, Secrets, SetupContext, Waker};
-
-    // Plugins wake their tasks through the executor, which exists once they are loaded: the
-    // waker forwards to it.
-    let executor: Arc<std::sync::OnceLock<Arc<Executor>>> = Arc::default();
-    let forward = {
-        let executor = executor.clone();
-        Waker::new(move |run| {
-            if let Some(executor) = executor.get() {
-                executor.wake(run);
-            }
-        })
-    };
-    let secrets = Secrets::new(plugins.secrets.clone());
-    let counters = allot_exec::PluginCounters::default();
-    let registry = Registry::load(builtin::configured(&plugins.builtin), &plugins.task_types, |id| {
-        SetupContext::new(id, store.clone(), secrets.clone(), forward.clone()).with_counters(counters.clone())
-    })
-    .await
-    .context("cannot load the task plugins")?;
-    let mut config = ExecutorConfig::new(pools.iter().cloned().collect(), data_dir.join("tasks"));
-    config.secrets = secrets;
-    config.counters = counters;
-    config.node = node;
-    config.retry = retry;
-    let made = Executor::new(store.clone(), Arc::new(registry), config);
-    let _ = executor.set(made.clone());
-    tracing::info!(pools = ?pools, "running the tasks placed on these pools");
-    Ok(made)
 }
 
 /// This machine's resources [Reflow's local pool]: cpu from the available parallelism, memory
@@ -849,66 +492,6 @@ fn disk_bytes(path: &Path) -> anyhow::Result<u64> {
         .and_then(|size| size.parse().ok())
         .with_context(|| format!("cannot read the disk size from df: {text}"))?;
     Ok(kib * 1024)
-}
-
-/// The executor as the HTTP edge sees it (`allot_server::RunsHere`): the server does not depend
-/// on the executor; the binary joins them.
-struct RunsHere(Arc<allot_exec::Executor>);
-
-impl allot_server::RunsHere for RunsHere {
-    fn node(&self) -> &str {
-        self.0.node()
-    }
-
-    fn wake(&self, app: &allot_core::apps::AppId, task: &allot_core::apps::TaskId) -> bool {
-        self.0.wake_driven(&allot_exec::RunKey { app: app.clone(), task: task.clone() })
-    }
-
-    fn counters(&self) -> allot_server::RunCounters {
-        let counts = self.0.stats().counts();
-        allot_server::RunCounters {
-            active: self.0.active() as u64,
-            rounds: counts.rounds,
-            succeeded: counts.succeeded,
-            failed: counts.failed,
-            aborted: counts.aborted,
-            retried: counts.retried,
-            cache_hits: counts.cache_hits,
-            cache_misses: counts.cache_misses,
-            held_back: counts.held_back,
-            plugins: self.0.plugin_counters().snapshot(),
-        }
-    }
-}
-
-/// How long the daemon's start waits for a store that is not ready yet (a Redis still loading, a
-/// shard whose replicas are not attached yet) before it gives up.
-const SEED_PATIENCE: std::time::Duration = std::time::Duration::from_secs(30);
-
-/// Runs a call of the start's seeding (idempotent: it creates only what does not exist) again
-/// while the store answers that it is not ready, for [`SEED_PATIENCE`] at most; `what` names it
-/// in the error.
-async fn seeded<T, Call, Answer>(what: &str, mut call: Call) -> anyhow::Result<T>
-where
-    Call: FnMut() -> Answer,
-    Answer: std::future::Future<Output = Result<T, allot_store::StoreError>>,
-{
-    use allot_store::StoreError;
-    let started = std::time::Instant::now();
-    let mut warned = false;
-    loop {
-        match call().await {
-            Err(
-                err @ (StoreError::Unavailable(_) | StoreError::OutcomeUnknown(_) | StoreError::NotEnoughReplicas(_)),
-            ) if started.elapsed() < SEED_PATIENCE => {
-                if !std::mem::replace(&mut warned, true) {
-                    tracing::warn!(error = %err, "{what} yet: the store is not ready; trying again for up to 30 s");
-                }
-                tokio::time::sleep(std::time::Duration::from_millis(200)).await;
-            }
-            other => return other.with_context(|| what.to_owned()),
-        }
-    }
 }
 
 #[cfg(test)]

@@ -11,10 +11,10 @@ use std::time::{Duration, Instant};
 
 use allot_client::{Client, ClientError, Task, TaskRun};
 
+use super::apps_output::ended;
+use super::follow::{states_line, Outages, Progress, Style, STILL_LINE_AFTER, WAIT_NOTE_AFTER};
+use super::{client, count, finish, usage_error, Align, Common, Table, EXIT_ERROR, EXIT_OK, EXIT_USAGE};
 use crate::appfile::read_app;
-use crate::cli::{client, count, finish, usage_error, Align, Common, Table, EXIT_ERROR, EXIT_OK, EXIT_USAGE};
-use crate::cli_apps::ended;
-use crate::follow::{states_line, Outages, Progress, Style, STILL_LINE_AFTER, WAIT_NOTE_AFTER};
 
 /// `allot run --help`'s epilogue: what it shows, and its exit codes.
 pub(crate) fn after_help() -> String {
@@ -45,11 +45,11 @@ pub(crate) struct RunArgs {
     /// The application file, YAML or TOML (`-` reads YAML from standard input).
     file: String,
     /// How often to read the application's progress.
-    #[arg(long, value_name = "DURATION", default_value = "250ms", value_parser = crate::duration::parse)]
+    #[arg(long, value_name = "DURATION", default_value = "250ms", value_parser = allot_bench::duration::parse)]
     poll: Duration,
     /// How long to keep asking a daemon that cannot serve (it restarts, its store or scheduler is
     /// unavailable: connection refused, 503) before giving up, per outage.
-    #[arg(long, value_name = "DURATION", default_value = "5m", value_parser = crate::duration::parse)]
+    #[arg(long, value_name = "DURATION", default_value = "5m", value_parser = allot_bench::duration::parse)]
     timeout: Duration,
     /// Show a line per task state change instead of progress bars (bars are never shown when
     /// stderr is not a terminal).

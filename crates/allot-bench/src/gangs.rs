@@ -28,10 +28,10 @@ use anyhow::{bail, Context};
 use serde::Serialize;
 use tokio::task::JoinSet;
 
-use super::children::{self, Scratch};
-use super::cpu::{CpuShare, CpuTimes};
-use super::report::{self, Check};
-use super::GangsBenchArgs;
+use crate::children::{self, Scratch};
+use crate::cpu::{CpuShare, CpuTimes};
+use crate::report::{self, Check};
+use crate::GangsBenchArgs;
 
 const QUEUE: &str = "root.gangs";
 const GROUP: &str = "workers";

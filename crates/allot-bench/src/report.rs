@@ -5,7 +5,7 @@ use std::fmt::Write as _;
 
 use serde::Serialize;
 
-use super::load::LoadResult;
+use crate::load::LoadResult;
 
 /// The median of `values` (the mean of the middle two for an even count); `None` when empty.
 pub(super) fn median(mut values: Vec<f64>) -> Option<f64> {

@@ -1,12 +1,9 @@
-//! The CLI commands: `allot quota`, `allot token` and `allot session` talk to a daemon over HTTP
-//! through `allot-client` and print its answer, as plain text for people or, with `--json`, as the
-//! daemon's JSON for scripts.
-//!
-//! Exit codes (the same with `--json`): [`EXIT_OK`], [`EXIT_ERROR`], [`EXIT_USAGE`] (clap's own),
+//! The CLI commands of token quotas: `allot quota` (namespaces and their quotas), `allot token`
+//! (allocate, release, keep alive and list grants; `token alloc --wait` rides out a daemon that
+//! restarts) and `allot session`. `token alloc` has exit codes of its own:
 //! [`EXIT_EXHAUSTED`], [`EXIT_NAMESPACE_QUOTA_EXCEEDED`].
 
 use std::fmt::Write as _;
-use std::io::Write as _;
 use std::process::ExitCode;
 use std::time::{Duration, Instant};
 
@@ -14,15 +11,12 @@ use allot_client::{
     Allocate, AllocateResponse, CapLevel, CapRefusal, Caps, Client, ClientError, Grant, GrantList, Namespace,
     NamespaceList, PutNamespaceResponse, QueuePlace, RemovedNamespace, Scope, Session, SessionList, Status, WaiterList,
 };
-use serde::Serialize;
 
-/// Exit code of success, and of an allocate that was granted.
-pub(crate) const EXIT_OK: u8 = 0;
-/// Exit code of a failed command: the daemon refused it (`error: <code>: <message>` on stderr) or
-/// could not be reached.
-pub(crate) const EXIT_ERROR: u8 = 1;
-/// Exit code of a command line that makes no sense (clap uses it for its own errors too).
-pub(crate) const EXIT_USAGE: u8 = 2;
+use super::{
+    client, count, dispatch, emit, emit_ids, format_ms, ids, key_values, show, Align, Common, Table, EXIT_CODES,
+    EXIT_OK,
+};
+
 /// Exit code of an allocate answered `Exhausted`: the namespace quota is full.
 pub(crate) const EXIT_EXHAUSTED: u8 = 3;
 /// Exit code of an allocate answered `NamespaceQuotaExceeded`: a project or namespace scope cap is
@@ -39,62 +33,6 @@ Exit codes (the same with --json and --quiet):
 
 With --wait, a daemon that restarts or goes away during the wait is said so on stderr, and the
 wait is retried for the time left (allocate is idempotent; the place in the queue is not kept).";
-
-/// The exit codes of every CLI command but `token alloc`.
-pub(crate) const EXIT_CODES: &str = "\
-Exit codes (the same with --json and --quiet):
-  0  done
-  1  error: the daemon refused the request (`error: <code>: <message>` on stderr) or cannot be reached
-  2  usage error";
-
-/// The daemon the CLI talks to when neither --server nor ALLOT_SERVER names one.
-pub(crate) const DEFAULT_SERVER: &str = "http://127.0.0.1:7070";
-
-/// Options of every CLI command, accepted before the command (`allot --server URL quota list`)
-/// and after it (`allot quota list --server URL`); after wins.
-#[derive(Debug, Clone, Default, clap::Args)]
-#[command(next_help_heading = "Common options")]
-pub(crate) struct Common {
-    /// The daemon's URL [env: ALLOT_SERVER] [default: http://127.0.0.1:7070].
-    #[arg(long, value_name = "URL")]
-    server: Option<String>,
-    /// Print the daemon's answer as pretty JSON, for scripts (exit codes stay the same).
-    #[arg(long)]
-    pub(crate) json: bool,
-    /// Print only the ids the answer names, one per line (namespaces, tokens, session ids, pools,
-    /// alloc URIs, queues, application and task ids), for scripts; nothing when it names none.
-    /// Errors still go to stderr.
-    #[arg(short, long, conflicts_with = "json")]
-    pub(crate) quiet: bool,
-}
-
-impl Common {
-    /// Fills in what was given before the command and not after it.
-    pub(crate) fn merge(&mut self, before: &Common) -> Result<(), String> {
-        if self.server.is_none() {
-            self.server.clone_from(&before.server);
-        }
-        self.json |= before.json;
-        self.quiet |= before.quiet;
-        if self.json && self.quiet {
-            return Err("--json and --quiet cannot be used together".to_owned());
-        }
-        Ok(())
-    }
-
-    /// True when any option was given.
-    pub(crate) fn is_given(&self) -> bool {
-        self.server.is_some() || self.json || self.quiet
-    }
-
-    /// The daemon's URL: --server, else ALLOT_SERVER (when not empty), else the default.
-    pub(crate) fn server(&self) -> String {
-        self.server
-            .clone()
-            .or_else(|| std::env::var("ALLOT_SERVER").ok().filter(|url| !url.trim().is_empty()))
-            .unwrap_or_else(|| DEFAULT_SERVER.to_owned())
-    }
-}
 
 #[derive(Debug, clap::Subcommand)]
 pub(crate) enum QuotaCommand {
@@ -168,13 +106,13 @@ pub(crate) enum TokenCommand {
         #[arg(long, value_name = "N", requires = "project")]
         namespace_cap: Option<u64>,
         /// End the grant this long after the grant or its last keepalive, e.g. `30s`.
-        #[arg(long, value_name = "DURATION", value_parser = crate::duration::parse)]
+        #[arg(long, value_name = "DURATION", value_parser = allot_bench::duration::parse)]
         ttl: Option<Duration>,
         /// Attach the grant to this session: it lives as long as the session.
         #[arg(long, value_name = "ID")]
         session: Option<String>,
         /// Wait up to this long for room instead of answering at once, e.g. `5m`.
-        #[arg(long, value_name = "DURATION", value_parser = crate::duration::parse)]
+        #[arg(long, value_name = "DURATION", value_parser = allot_bench::duration::parse)]
         wait: Option<Duration>,
         #[command(flatten)]
         common: Common,
@@ -231,7 +169,7 @@ pub(crate) enum SessionCommand {
     #[command(after_help = EXIT_CODES)]
     Open {
         /// End the session this long after it is opened or last kept alive, e.g. `30s`.
-        #[arg(long, value_name = "DURATION", value_parser = crate::duration::parse)]
+        #[arg(long, value_name = "DURATION", value_parser = allot_bench::duration::parse)]
         ttl: Duration,
         #[command(flatten)]
         common: Common,
@@ -269,51 +207,54 @@ pub(crate) enum SessionCommand {
 }
 
 /// Runs an `allot quota` command; `before` holds the options given before the command.
-pub(crate) async fn quota(mut command: QuotaCommand, before: &Common) -> anyhow::Result<ExitCode> {
-    let common = match &mut command {
-        QuotaCommand::List { common }
-        | QuotaCommand::Get { common, .. }
-        | QuotaCommand::Set { common, .. }
-        | QuotaCommand::Rm { common, .. }
-        | QuotaCommand::Waiters { common, .. } => common,
-    };
-    if let Err(usage) = common.merge(before) {
-        return Ok(usage_error(&usage));
-    }
-    let common = common.clone();
-    Ok(finish(&common, run_quota(&command).await))
+pub(crate) async fn quota(command: QuotaCommand, before: &Common) -> anyhow::Result<ExitCode> {
+    dispatch(
+        command,
+        before,
+        |command| match command {
+            QuotaCommand::List { common }
+            | QuotaCommand::Get { common, .. }
+            | QuotaCommand::Set { common, .. }
+            | QuotaCommand::Rm { common, .. }
+            | QuotaCommand::Waiters { common, .. } => common,
+        },
+        |command| async move { run_quota(&command).await },
+    )
+    .await
 }
 
 /// Runs an `allot token` command; `before` holds the options given before the command.
-pub(crate) async fn token(mut command: TokenCommand, before: &Common) -> anyhow::Result<ExitCode> {
-    let common = match &mut command {
-        TokenCommand::Alloc { common, .. }
-        | TokenCommand::Release { common, .. }
-        | TokenCommand::Keepalive { common, .. }
-        | TokenCommand::List { common, .. }
-        | TokenCommand::Get { common, .. } => common,
-    };
-    if let Err(usage) = common.merge(before) {
-        return Ok(usage_error(&usage));
-    }
-    let common = common.clone();
-    Ok(finish(&common, run_token(&command).await))
+pub(crate) async fn token(command: TokenCommand, before: &Common) -> anyhow::Result<ExitCode> {
+    dispatch(
+        command,
+        before,
+        |command| match command {
+            TokenCommand::Alloc { common, .. }
+            | TokenCommand::Release { common, .. }
+            | TokenCommand::Keepalive { common, .. }
+            | TokenCommand::List { common, .. }
+            | TokenCommand::Get { common, .. } => common,
+        },
+        |command| async move { run_token(&command).await },
+    )
+    .await
 }
 
 /// Runs an `allot session` command; `before` holds the options given before the command.
-pub(crate) async fn session(mut command: SessionCommand, before: &Common) -> anyhow::Result<ExitCode> {
-    let common = match &mut command {
-        SessionCommand::Open { common, .. }
-        | SessionCommand::Keepalive { common, .. }
-        | SessionCommand::Close { common, .. }
-        | SessionCommand::List { common }
-        | SessionCommand::Get { common, .. } => common,
-    };
-    if let Err(usage) = common.merge(before) {
-        return Ok(usage_error(&usage));
-    }
-    let common = common.clone();
-    Ok(finish(&common, run_session(&command).await))
+pub(crate) async fn session(command: SessionCommand, before: &Common) -> anyhow::Result<ExitCode> {
+    dispatch(
+        command,
+        before,
+        |command| match command {
+            SessionCommand::Open { common, .. }
+            | SessionCommand::Keepalive { common, .. }
+            | SessionCommand::Close { common, .. }
+            | SessionCommand::List { common }
+            | SessionCommand::Get { common, .. } => common,
+        },
+        |command| async move { run_session(&command).await },
+    )
+    .await
 }
 
 async fn run_quota(command: &QuotaCommand) -> Result<u8, ClientError> {
@@ -544,152 +485,20 @@ async fn run_session(command: &SessionCommand) -> Result<u8, ClientError> {
     }
 }
 
-pub(crate) fn client(common: &Common) -> Result<Client, ClientError> {
-    // A person at a terminal wants an answer soon; scripts that must not lose a release can
-    // run the command again.
-    Ok(Client::new(&common.server())?.with_release_retry(std::time::Duration::from_secs(10)))
-}
-
-/// Reports a command line that makes no sense (as clap does); answers [`EXIT_USAGE`].
-pub(crate) fn usage_error(message: &str) -> ExitCode {
-    eprintln!("error: {message}");
-    ExitCode::from(EXIT_USAGE)
-}
-
-/// Prints `value` as JSON, as its ids (`--quiet`) or as `human` text; answers [`EXIT_OK`].
-pub(crate) fn emit<T: Serialize + Ids>(
-    common: &Common,
-    value: &T,
-    human: impl FnOnce(&T) -> String,
-) -> Result<u8, ClientError> {
-    emit_ids(common, value, value.ids(), human)
-}
-
-/// [`emit`] with the ids `--quiet` prints given by the caller.
-pub(crate) fn emit_ids<T: Serialize>(
-    common: &Common,
-    value: &T,
-    ids: Vec<String>,
-    human: impl FnOnce(&T) -> String,
-) -> Result<u8, ClientError> {
-    let text = if common.json {
-        let mut text = serde_json::to_string_pretty(value).map_err(|err| ClientError::Decode(err.to_string()))?;
-        text.push('\n');
-        text
-    } else if common.quiet {
-        ids.into_iter().map(|id| id + "\n").collect()
-    } else {
-        human(value)
-    };
-    print_stdout(&text);
-    Ok(EXIT_OK)
-}
-
-/// What `--quiet` prints of an answer: the ids it names, raw (names never hold control
-/// characters, so one per line is unambiguous).
-pub(crate) trait Ids {
-    fn ids(&self) -> Vec<String>;
-}
-
-impl Ids for Namespace {
-    fn ids(&self) -> Vec<String> {
-        vec![self.name.clone()]
-    }
-}
-
-impl Ids for NamespaceList {
-    fn ids(&self) -> Vec<String> {
-        self.namespaces.iter().map(|ns| ns.name.clone()).collect()
-    }
-}
-
-impl Ids for PutNamespaceResponse {
-    fn ids(&self) -> Vec<String> {
-        self.namespace.ids()
-    }
-}
-
-impl Ids for RemovedNamespace {
-    fn ids(&self) -> Vec<String> {
-        vec![self.name.clone()]
-    }
-}
-
-impl Ids for WaiterList {
-    fn ids(&self) -> Vec<String> {
-        self.waiters.iter().map(|waiter| waiter.token.clone()).collect()
-    }
-}
-
-impl Ids for Grant {
-    fn ids(&self) -> Vec<String> {
-        vec![self.token.clone()]
-    }
-}
-
-impl Ids for GrantList {
-    fn ids(&self) -> Vec<String> {
-        self.grants.iter().map(|grant| grant.token.clone()).collect()
-    }
-}
-
-/// The token when granted; nothing otherwise (the exit code says why).
-impl Ids for AllocateResponse {
-    fn ids(&self) -> Vec<String> {
-        self.grant.iter().map(|grant| grant.token.clone()).collect()
-    }
-}
-
-impl Ids for Session {
-    fn ids(&self) -> Vec<String> {
-        vec![self.id.clone()]
-    }
-}
-
-impl Ids for SessionList {
-    fn ids(&self) -> Vec<String> {
-        self.sessions.iter().map(|session| session.id.clone()).collect()
-    }
-}
-
-/// Writes to stdout; a closed pipe (`allot ... | head -1`) is not an error.
-fn print_stdout(text: &str) {
-    let mut stdout = std::io::stdout().lock();
-    if let Err(err) = stdout.write_all(text.as_bytes()).and_then(|()| stdout.flush()) {
-        if err.kind() != std::io::ErrorKind::BrokenPipe {
-            eprintln!("error: cannot write to stdout: {err}");
-        }
-    }
-}
-
-/// Turns a command's outcome into the process's exit code, reporting errors on stderr.
-pub(crate) fn finish(common: &Common, outcome: Result<u8, ClientError>) -> ExitCode {
-    match outcome {
-        Ok(code) => ExitCode::from(code),
-        Err(ClientError::Api { code, message, .. }) => {
-            eprintln!("error: {code}: {message}");
-            ExitCode::from(EXIT_ERROR)
-        }
-        Err(ClientError::InvalidUrl(message)) => {
-            eprintln!("error: {message}");
-            ExitCode::from(EXIT_USAGE)
-        }
-        Err(err @ ClientError::Http(_)) => {
-            eprintln!("error: {err}");
-            if matches!(&err, ClientError::Http(http) if http.is_connect()) {
-                eprintln!(
-                    "hint: is the daemon running at {}? Set --server or ALLOT_SERVER to reach another one.",
-                    common.server()
-                );
-            }
-            ExitCode::from(EXIT_ERROR)
-        }
-        Err(err) => {
-            eprintln!("error: {err}");
-            ExitCode::from(EXIT_ERROR)
-        }
-    }
-}
+// What `-q` prints for each answer: the ids it names.
+ids!(
+    Namespace => |it| vec![it.name.clone()],
+    NamespaceList => |it| it.namespaces.iter().map(|ns| ns.name.clone()).collect(),
+    PutNamespaceResponse => |it| it.namespace.ids(),
+    RemovedNamespace => |it| vec![it.name.clone()],
+    WaiterList => |it| it.waiters.iter().map(|waiter| waiter.token.clone()).collect(),
+    Grant => |it| vec![it.token.clone()],
+    GrantList => |it| it.grants.iter().map(|grant| grant.token.clone()).collect(),
+    // The token when granted; nothing otherwise (the exit code says why).
+    AllocateResponse => |it| it.grant.iter().map(|grant| grant.token.clone()).collect(),
+    Session => |it| vec![it.id.clone()],
+    SessionList => |it| it.sessions.iter().map(|session| session.id.clone()).collect(),
+);
 
 /// Allocates; with a wait, rides out a daemon that restarts or goes away meanwhile.
 ///
@@ -906,166 +715,13 @@ fn units(n: u64) -> String {
     count(n, "unit", "units")
 }
 
-pub(crate) fn count(n: u64, one: &str, many: &str) -> String {
-    format!("{n} {}", if n == 1 { one } else { many })
-}
-
 fn millis(duration: Duration) -> u64 {
     u64::try_from(duration.as_millis()).unwrap_or(u64::MAX)
-}
-
-/// A name as it is printed: quoted (Rust string syntax) when it is empty or holds spaces, quotes
-/// or control characters, so table columns and one-line answers stay readable.
-pub(crate) fn show(name: &str) -> String {
-    if name.is_empty() || name.chars().any(|c| c.is_whitespace() || c.is_control() || c == '"' || c == '\\') {
-        format!("{name:?}")
-    } else {
-        name.to_owned()
-    }
-}
-
-/// Milliseconds for people: `500ms`, `30s`, `29.5s`, `5m`, `1h2m3s`.
-pub(crate) fn format_ms(ms: u64) -> String {
-    if ms < 1_000 {
-        return format!("{ms}ms");
-    }
-    if ms < 60_000 {
-        let tenths = ms % 1_000 / 100;
-        return if tenths == 0 { format!("{}s", ms / 1_000) } else { format!("{}.{tenths}s", ms / 1_000) };
-    }
-    let secs = ms / 1_000;
-    let (days, hours, minutes, seconds) = (secs / 86_400, secs / 3_600 % 24, secs / 60 % 60, secs % 60);
-    let mut text = String::new();
-    for (value, unit) in [(days, "d"), (hours, "h"), (minutes, "m"), (seconds, "s")] {
-        if value > 0 {
-            let _ = write!(text, "{value}{unit}");
-        }
-    }
-    text
-}
-
-#[derive(Clone, Copy)]
-pub(crate) enum Align {
-    Left,
-    Right,
-}
-
-/// A plain-text table: a header row, then one row per item, columns two spaces apart.
-pub(crate) struct Table {
-    columns: Vec<(&'static str, Align)>,
-    rows: Vec<Vec<String>>,
-}
-
-impl Table {
-    pub(crate) fn new(columns: &[(&'static str, Align)]) -> Table {
-        Table { columns: columns.to_vec(), rows: Vec::new() }
-    }
-
-    pub(crate) fn row(&mut self, cells: Vec<String>) {
-        debug_assert_eq!(cells.len(), self.columns.len());
-        self.rows.push(cells);
-    }
-
-    pub(crate) fn render(&self) -> String {
-        let width = |text: &str| text.chars().count();
-        let widths: Vec<usize> = self
-            .columns
-            .iter()
-            .enumerate()
-            .map(|(i, (header, _))| {
-                self.rows.iter().map(|row| width(&row[i])).chain([width(header)]).max().unwrap_or(0)
-            })
-            .collect();
-        let mut out = String::new();
-        let header: Vec<String> = self.columns.iter().map(|(header, _)| (*header).to_owned()).collect();
-        for row in std::iter::once(&header).chain(&self.rows) {
-            let mut line = String::new();
-            for (i, cell) in row.iter().enumerate() {
-                if i > 0 {
-                    line.push_str("  ");
-                }
-                let pad = " ".repeat(widths[i] - width(cell));
-                match self.columns[i].1 {
-                    Align::Left => {
-                        line.push_str(cell);
-                        line.push_str(&pad);
-                    }
-                    Align::Right => {
-                        line.push_str(&pad);
-                        line.push_str(cell);
-                    }
-                }
-            }
-            out.push_str(line.trim_end());
-            out.push('\n');
-        }
-        out
-    }
-}
-
-/// `key: value` lines with the values aligned.
-pub(crate) fn key_values(pairs: &[(&str, String)]) -> String {
-    let width = pairs.iter().map(|(key, _)| key.len()).max().unwrap_or(0);
-    let mut out = String::new();
-    for (key, value) in pairs {
-        let _ = writeln!(out, "{:<width$} {value}", format!("{key}:"), width = width + 1);
-    }
-    out
-}
-
-/// `KEY=VALUE`, split at the first `=`.
-pub(crate) fn key_value(text: &str) -> Result<(String, String), String> {
-    let (key, value) = text.split_once('=').ok_or("use KEY=VALUE, e.g. zone=eu-1")?;
-    Ok((key.to_owned(), value.to_owned()))
-}
-
-/// Resources from the daemon, rounded for people (`mem=22.4GiB`); text that does not parse is
-/// shown as it came.
-pub(crate) fn human(resources: &str) -> String {
-    match resources.parse::<allot_core::Resources>() {
-        Ok(parsed) => parsed.human().to_string(),
-        Err(_) => resources.to_owned(),
-    }
-}
-
-/// Empty resources print as `-`, others as [`human`].
-pub(crate) fn or_dash(resources: &str) -> String {
-    if resources.is_empty() {
-        "-".to_owned()
-    } else {
-        human(resources)
-    }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn formats_ms() {
-        assert_eq!(format_ms(0), "0ms");
-        assert_eq!(format_ms(500), "500ms");
-        assert_eq!(format_ms(30_000), "30s");
-        assert_eq!(format_ms(29_512), "29.5s");
-        assert_eq!(format_ms(300_000), "5m");
-        assert_eq!(format_ms(3_723_000), "1h2m3s");
-    }
-
-    #[test]
-    fn tables_align() {
-        let mut table = Table::new(&[("NAME", Align::Left), ("N", Align::Right)]);
-        table.row(vec!["a".to_owned(), "10".to_owned()]);
-        table.row(vec!["long-name".to_owned(), "2".to_owned()]);
-        assert_eq!(table.render(), "NAME        N\na          10\nlong-name   2\n");
-    }
-
-    #[test]
-    fn quotes_odd_names() {
-        assert_eq!(show("t1"), "t1");
-        assert_eq!(show("a/b"), "a/b");
-        assert_eq!(show("my token"), "\"my token\"");
-        assert_eq!(show(""), "\"\"");
-    }
 
     #[test]
     fn allocate_lines() {

@@ -1,9 +1,10 @@
-//! Durations on the command line: `500ms`, `30s`, `5m`, `1m 30s` (humantime's syntax).
+//! Durations on the command line: `500ms`, `30s`, `5m`, `1m 30s` (humantime's syntax), for the
+//! bench's options and for every other command of the `allot` binary.
 
 use std::time::Duration;
 
 /// Parses a duration with a unit; a bare number is refused, so `--ttl 30` is not silently 30 ms.
-pub(crate) fn parse(text: &str) -> Result<Duration, String> {
+pub fn parse(text: &str) -> Result<Duration, String> {
     humantime::parse_duration(text.trim())
         .map_err(|err| format!("`{text}` is not a duration ({err}); write e.g. `500ms`, `30s` or `5m`"))
 }

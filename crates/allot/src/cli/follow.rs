@@ -9,8 +9,8 @@ use std::time::{Duration, Instant};
 use allot_client::{ClientError, Task};
 use indicatif::{MultiProgress, ProgressBar, ProgressStyle};
 
-use crate::cli::{format_ms, show};
-use crate::cli_apps::{ended, task_state, tasks_by_state};
+use super::apps_output::{ended, task_state, tasks_by_state};
+use super::{format_ms, show};
 
 /// A task that stays this long in one state says why it waits (its `waiting` reason).
 pub(crate) const WAIT_NOTE_AFTER: Duration = Duration::from_secs(5);

@@ -16,13 +16,13 @@ use hyper::{Method, StatusCode};
 use serde::Serialize;
 use tokio::sync::Mutex;
 
-use super::children::{self, Scratch};
-use super::closed::{closed_loop, Pair, Row};
-use super::http::{Conn, Endpoint};
-use super::latency::Latency;
-use super::load;
-use super::report::{self, Check};
-use super::PoolsBenchArgs;
+use crate::children::{self, Scratch};
+use crate::closed::{closed_loop, Pair, Row};
+use crate::http::{Conn, Endpoint};
+use crate::latency::Latency;
+use crate::load;
+use crate::report::{self, Check};
+use crate::PoolsBenchArgs;
 
 /// Pool pairs must reach this share of token pairs.
 const MIN_RATIO: f64 = 0.5;

@@ -17,9 +17,9 @@ use hyper::{Method, StatusCode};
 use indicatif::{ProgressBar, ProgressStyle};
 use serde::{Deserialize, Serialize};
 
-use super::http::{encode_segment, Conn, Endpoint};
-use super::latency::Latency;
-use super::{LoadOpts, OutputOpts};
+use crate::http::{encode_segment, Conn, Endpoint};
+use crate::latency::Latency;
+use crate::{LoadOpts, OutputOpts};
 
 /// The body of every allocate: one unit, no lease, no wait.
 const ALLOCATE_BODY: &str = "{}";
@@ -491,11 +491,11 @@ pub(super) async fn run_load(target: &Target, spec: &LoadSpec) -> anyhow::Result
     let server = target.pid;
     let cpu = tokio::spawn(async move {
         tokio::time::sleep_until(window.start.into()).await;
-        let start = server.and_then(super::cpu::process_cpu_seconds);
-        let machine = super::cpu::CpuTimes::now();
+        let start = server.and_then(crate::cpu::process_cpu_seconds);
+        let machine = crate::cpu::CpuTimes::now();
         tokio::time::sleep_until(window.end.into()).await;
-        let used = start.zip(server.and_then(super::cpu::process_cpu_seconds)).map(|(start, end)| end - start);
-        let share = machine.zip(super::cpu::CpuTimes::now()).and_then(|(start, end)| start.share_until(&end));
+        let used = start.zip(server.and_then(crate::cpu::process_cpu_seconds)).map(|(start, end)| end - start);
+        let share = machine.zip(crate::cpu::CpuTimes::now()).and_then(|(start, end)| start.share_until(&end));
         (used, share.map(|share| share.steal_pct))
     });
     let bar = progress_bar(spec, &format!("{} × {}", target.name, spec.clients));

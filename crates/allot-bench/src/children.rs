@@ -1,7 +1,7 @@
-//! Servers the benchmark starts as child processes: the baseline server and fresh daemons (this
-//! same binary, `std::env::current_exe()`), Throttle and etcd. Each child's stderr goes to a log file in
-//! a scratch directory, which is removed at the end; children are stopped with SIGTERM, killed if
-//! they linger, and killed when dropped.
+//! Servers the benchmark starts as child processes: the baseline server and fresh daemons (the
+//! `allot` binary this crate runs in, `std::env::current_exe()`), Throttle and etcd. Each child's
+//! stderr goes to a log file in a scratch directory, which is removed at the end; children are
+//! stopped with SIGTERM, killed if they linger, and killed when dropped.
 
 use std::ffi::OsString;
 use std::path::{Path, PathBuf};
@@ -14,7 +14,7 @@ use hyper::Method;
 use tokio::io::{AsyncBufReadExt, BufReader};
 use tokio::process::{Child, Command};
 
-use super::http::{Conn, Endpoint};
+use crate::http::{Conn, Endpoint};
 
 /// How long a child may take to start listening.
 const START_TIMEOUT: Duration = Duration::from_secs(30);
@@ -32,7 +32,7 @@ impl Scratch {
     /// Makes a new directory in `parent`, or in the system's temporary directory.
     pub(super) fn new(parent: Option<&Path>) -> anyhow::Result<Scratch> {
         let parent = parent.map_or_else(std::env::temp_dir, Path::to_path_buf);
-        let path = parent.join(format!("allot-bench-{}", super::load::run_id()));
+        let path = parent.join(format!("allot-bench-{}", crate::load::run_id()));
         std::fs::create_dir_all(&path).with_context(|| format!("cannot create {}", path.display()))?;
         Ok(Scratch { path })
     }

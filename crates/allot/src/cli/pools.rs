@@ -10,9 +10,9 @@ use allot_client::{
     RemovedPool,
 };
 
-use crate::cli::{
-    client, count, emit, emit_ids, finish, format_ms, human, key_values, or_dash, show, usage_error, Align, Common,
-    Ids, Table, EXIT_CODES,
+use super::{
+    client, count, dispatch, emit, emit_ids, format_ms, human, ids, key_values, or_dash, show, Align, Common, Table,
+    EXIT_CODES,
 };
 
 /// The id of a pool's one offer.
@@ -43,7 +43,7 @@ pub(crate) enum PoolCommand {
         capacity: String,
         /// A label, `KEY=VALUE`, that task and task group selectors match; repeatable. Given,
         /// the labels replace the pool's; not given, the pool keeps the labels it has.
-        #[arg(long = "label", value_name = "KEY=VALUE", value_parser = crate::cli::key_value)]
+        #[arg(long = "label", value_name = "KEY=VALUE", value_parser = super::key_value)]
         labels: Vec<(String, String)>,
         /// Remove every label of the pool.
         #[arg(long, conflicts_with = "labels")]
@@ -77,7 +77,7 @@ pub(crate) enum PoolCommand {
         /// The pool.
         pool: String,
         /// How long every lease must have lapsed, e.g. `10m`.
-        #[arg(value_parser = crate::duration::parse)]
+        #[arg(value_parser = allot_bench::duration::parse)]
         idle: Duration,
         #[command(flatten)]
         common: Common,
@@ -120,7 +120,7 @@ pub(crate) enum AllocCommand {
         /// The alloc's URI, `pool/alloc`.
         uri: String,
         /// How long the lease lasts from now (at most the daemon's maximum), e.g. `2m`.
-        #[arg(value_parser = crate::duration::parse, default_value = "2m")]
+        #[arg(value_parser = allot_bench::duration::parse, default_value = "2m")]
         interval: Duration,
         #[command(flatten)]
         common: Common,
@@ -144,36 +144,38 @@ pub(crate) enum AllocCommand {
 }
 
 /// Runs an `allot pool` command; `before` holds the options given before the command.
-pub(crate) async fn pool(mut command: PoolCommand, before: &Common) -> anyhow::Result<ExitCode> {
-    let common = match &mut command {
-        PoolCommand::List { common }
-        | PoolCommand::Get { common, .. }
-        | PoolCommand::Set { common, .. }
-        | PoolCommand::Rm { common, .. }
-        | PoolCommand::Offers { common, .. }
-        | PoolCommand::StopIfIdle { common, .. } => common,
-    };
-    if let Err(usage) = common.merge(before) {
-        return Ok(usage_error(&usage));
-    }
-    let common = common.clone();
-    Ok(finish(&common, run_pool(&command).await))
+pub(crate) async fn pool(command: PoolCommand, before: &Common) -> anyhow::Result<ExitCode> {
+    dispatch(
+        command,
+        before,
+        |command| match command {
+            PoolCommand::List { common }
+            | PoolCommand::Get { common, .. }
+            | PoolCommand::Set { common, .. }
+            | PoolCommand::Rm { common, .. }
+            | PoolCommand::Offers { common, .. }
+            | PoolCommand::StopIfIdle { common, .. } => common,
+        },
+        |command| async move { run_pool(&command).await },
+    )
+    .await
 }
 
 /// Runs an `allot alloc` command; `before` holds the options given before the command.
-pub(crate) async fn alloc(mut command: AllocCommand, before: &Common) -> anyhow::Result<ExitCode> {
-    let common = match &mut command {
-        AllocCommand::Accept { common, .. }
-        | AllocCommand::Get { common, .. }
-        | AllocCommand::Keepalive { common, .. }
-        | AllocCommand::Free { common, .. }
-        | AllocCommand::List { common, .. } => common,
-    };
-    if let Err(usage) = common.merge(before) {
-        return Ok(usage_error(&usage));
-    }
-    let common = common.clone();
-    Ok(finish(&common, run_alloc(&command).await))
+pub(crate) async fn alloc(command: AllocCommand, before: &Common) -> anyhow::Result<ExitCode> {
+    dispatch(
+        command,
+        before,
+        |command| match command {
+            AllocCommand::Accept { common, .. }
+            | AllocCommand::Get { common, .. }
+            | AllocCommand::Keepalive { common, .. }
+            | AllocCommand::Free { common, .. }
+            | AllocCommand::List { common, .. } => common,
+        },
+        |command| async move { run_alloc(&command).await },
+    )
+    .await
 }
 
 async fn run_pool(command: &PoolCommand) -> Result<u8, ClientError> {
@@ -383,51 +385,15 @@ fn alloc_details(alloc: &Alloc) -> String {
     ])
 }
 
-impl Ids for Pool {
-    fn ids(&self) -> Vec<String> {
-        vec![self.name.clone()]
-    }
-}
-
-impl Ids for PoolList {
-    fn ids(&self) -> Vec<String> {
-        self.pools.iter().map(|pool| pool.name.clone()).collect()
-    }
-}
-
-impl Ids for PutPoolResponse {
-    fn ids(&self) -> Vec<String> {
-        self.pool.ids()
-    }
-}
-
-impl Ids for RemovedPool {
-    fn ids(&self) -> Vec<String> {
-        vec![self.name.clone()]
-    }
-}
-
-/// Offers as `pool/offer`.
-impl Ids for OfferList {
-    fn ids(&self) -> Vec<String> {
-        self.offers.iter().map(|offer| format!("{}/{}", offer.pool, offer.id)).collect()
-    }
-}
-
-impl Ids for Alloc {
-    fn ids(&self) -> Vec<String> {
-        vec![self.uri.clone()]
-    }
-}
-
-impl Ids for AllocList {
-    fn ids(&self) -> Vec<String> {
-        self.allocs.iter().map(|alloc| alloc.uri.clone()).collect()
-    }
-}
-
-impl Ids for AllocKeepaliveResponse {
-    fn ids(&self) -> Vec<String> {
-        self.alloc.ids()
-    }
-}
+// What `-q` prints for each answer: the ids it names.
+ids!(
+    Pool => |it| vec![it.name.clone()],
+    PoolList => |it| it.pools.iter().map(|pool| pool.name.clone()).collect(),
+    PutPoolResponse => |it| it.pool.ids(),
+    RemovedPool => |it| vec![it.name.clone()],
+    // Offers as `pool/offer`.
+    OfferList => |it| it.offers.iter().map(|offer| format!("{}/{}", offer.pool, offer.id)).collect(),
+    Alloc => |it| vec![it.uri.clone()],
+    AllocList => |it| it.allocs.iter().map(|alloc| alloc.uri.clone()).collect(),
+    AllocKeepaliveResponse => |it| it.alloc.ids(),
+);

@@ -6,8 +6,8 @@ use std::time::{Duration, Instant};
 
 use serde::Serialize;
 
-use super::latency::Latency;
-use super::load::{self, LoadSpec};
+use crate::latency::Latency;
+use crate::load::{self, LoadSpec};
 
 /// One row of the result table.
 #[derive(Debug, Clone, Serialize)]

@@ -27,12 +27,12 @@ use hyper::body::Bytes;
 use hyper::{Method, StatusCode};
 use serde::Serialize;
 
-use super::children::{self, Scratch};
-use super::cpu::{CpuShare, CpuTimes};
-use super::http::{Conn, Endpoint};
-use super::latency::Latency;
-use super::report::{self, median, Check};
-use super::AppsBenchArgs;
+use crate::children::{self, Scratch};
+use crate::cpu::{CpuShare, CpuTimes};
+use crate::http::{Conn, Endpoint};
+use crate::latency::Latency;
+use crate::report::{self, median, Check};
+use crate::AppsBenchArgs;
 
 const TASK: &str = "cpu=1,mem=10";
 const QUEUE: &str = "root.bench";

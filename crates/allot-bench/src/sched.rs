@@ -29,9 +29,9 @@ use allot_core::{Ledger, Resources};
 use anyhow::{bail, Context};
 use serde::Serialize;
 
-use super::cpu::{CpuShare, CpuTimes};
-use super::report::{self, median, Check};
-use super::SchedBenchArgs;
+use crate::cpu::{CpuShare, CpuTimes};
+use crate::report::{self, median, Check};
+use crate::SchedBenchArgs;
 
 /// What every task asks for (YuniKorn: `memory` 10, `vcore` 1).
 const TASK: &str = "cpu=1,mem=10";

@@ -1,9 +1,11 @@
-//! `allot bench`, the load generator built into the binary, and `allot baseline-server`, the server
-//! it measures the daemon against.
+//! allot's load generator: the commands of `allot bench` and `allot baseline-server`, the server
+//! it measures the daemon against. The `allot` binary parses them with the [`BenchArgs`] and
+//! [`BaselineArgs`] given here and calls [`run`] and [`baseline_server`]; the daemons it measures
+//! are that binary started again (`std::env::current_exe()`, `allot serve`).
 //!
-//! The load is closed-loop allocate+release pairs: N clients, each with one keep-alive HTTP/1.1
-//! connection, each doing `PUT .../grants/{token}` then `DELETE .../grants/{token}` with a fresh
-//! token, as fast as the answers come. Three commands:
+//! The main load is closed-loop allocate+release pairs: N clients, each with one keep-alive
+//! HTTP/1.1 connection, each doing `PUT .../grants/{token}` then `DELETE .../grants/{token}` with a
+//! fresh token, as fast as the answers come. The commands:
 //!
 //! - `allot bench pairs --server URL`: that load against a running daemon.
 //! - `allot bench compare`: starts the baseline server, a fresh daemon (durability on) and, when it
@@ -21,11 +23,17 @@
 //! - `allot bench gangs`: 100 gangs of 10 through a fresh daemon with room for 5 at a time, each
 //!   task run for a fixed time; all or nothing checked at every poll.
 //!
-//! Modules: `baseline` (the baseline server), `http` (one client connection and URL parsing),
-//! `load` (the load generator and its measurements), `compare` (the comparison run), `children`
-//! (servers started as child processes), `cpu` (the machine's busy, idle and steal time),
-//! `report` (latency summaries, tables, checks), `wake` (the wake-latency measurement), `sched`,
-//! `apps` and `gangs` (the scheduler's benchmarks).
+//! Modules:
+//! - `baseline`: the baseline server;
+//! - `http`: one client connection and URL parsing;
+//! - `load`: the pair load generator and its measurements; `closed`: the closed loop of `pools`
+//!   and `redis`; `latency`: latency samples and their percentiles;
+//! - `compare`: the comparison run; `children`: servers started as child processes;
+//! - `cpu`: the machine's busy, idle and steal time; `report`: latency summaries, tables, checks;
+//! - `wake`, `pools`, `redis`: the wake-latency, pools and Redis measurements;
+//! - `sched`, `apps`, `gangs`: the scheduler's benchmarks;
+//! - [`duration`]: durations on the command line (`500ms`, `30s`), for every command of the
+//!   binary.
 
 mod apps;
 mod baseline;
@@ -33,6 +41,7 @@ mod children;
 mod closed;
 mod compare;
 mod cpu;
+pub mod duration;
 mod gangs;
 mod http;
 mod latency;
@@ -47,10 +56,10 @@ use std::time::Duration;
 
 use anyhow::{bail, Context};
 
-pub(crate) use baseline::{baseline_server, BaselineArgs};
+pub use baseline::{baseline_server, BaselineArgs};
 
 /// `allot bench --help` after the options.
-pub(crate) const BENCH_AFTER_HELP: &str = "\
+pub const BENCH_AFTER_HELP: &str = "\
 Publish numbers from the fat-LTO build: `cargo build --profile dist -p allot`, then
 `target/dist/allot bench ...` (docs/benchmarks.md).
 
@@ -61,7 +70,7 @@ Exit codes:
 
 /// Options of `allot bench`.
 #[derive(Debug, clap::Args)]
-pub(crate) struct BenchArgs {
+pub struct BenchArgs {
     #[command(subcommand)]
     command: BenchCommand,
 }
@@ -397,7 +406,7 @@ struct GangsBenchArgs {
 }
 
 /// Runs `allot bench`.
-pub(crate) async fn run(args: BenchArgs) -> anyhow::Result<()> {
+pub async fn run(args: BenchArgs) -> anyhow::Result<()> {
     match args.command {
         BenchCommand::Pairs(args) => pairs(args).await,
         BenchCommand::Compare(args) => compare::run(args).await,

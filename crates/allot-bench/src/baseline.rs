@@ -16,7 +16,7 @@ use axum::Router;
 
 /// Options of `allot baseline-server`.
 #[derive(Debug, clap::Args)]
-pub(crate) struct BaselineArgs {
+pub struct BaselineArgs {
     /// The address to listen on; port 0 picks a free port.
     #[arg(long, default_value = "127.0.0.1:0")]
     listen: SocketAddr,
@@ -35,7 +35,7 @@ const HEALTH: &str = r#"{"status":"ok","backend":"baseline","version":"0"}"#;
 const EMPTY: &str = "{}";
 
 /// Runs the baseline server until SIGTERM or SIGINT.
-pub(crate) async fn baseline_server(args: BaselineArgs) -> anyhow::Result<()> {
+pub async fn baseline_server(args: BaselineArgs) -> anyhow::Result<()> {
     let listener = tokio::net::TcpListener::bind(args.listen).await?;
     let local = listener.local_addr()?;
     let listener = listener.tap_io(|stream| {

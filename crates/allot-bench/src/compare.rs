@@ -8,10 +8,10 @@ use std::ffi::OsString;
 use anyhow::bail;
 use serde::Serialize;
 
-use super::children::{self, Scratch, Server};
-use super::load::{self, LoadResult, LoadSpec, Target};
-use super::report::{self, Check, Summary};
-use super::CompareArgs;
+use crate::children::{self, Scratch, Server};
+use crate::load::{self, LoadResult, LoadSpec, Target};
+use crate::report::{self, Check, Summary};
+use crate::CompareArgs;
 
 /// At the process level, pairs/s at least Throttle's, at every number of clients.
 const PROCESS_VS_THROTTLE: f64 = 1.0;

@@ -30,12 +30,12 @@ use anyhow::{bail, Context};
 use redis::aio::MultiplexedConnection;
 use serde::Serialize;
 
-use super::children::{self, Scratch};
-use super::closed::{closed_loop, Pair, Row};
-use super::cpu::{CpuShare, CpuTimes};
-use super::load::{self, ScopedLoad, Target};
-use super::report::{self, median, Check};
-use super::RedisBenchArgs;
+use crate::children::{self, Scratch};
+use crate::closed::{closed_loop, Pair, Row};
+use crate::cpu::{CpuShare, CpuTimes};
+use crate::load::{self, ScopedLoad, Target};
+use crate::report::{self, median, Check};
+use crate::RedisBenchArgs;
 
 const PROJECT_CAP: u64 = 100;
 const NAMESPACE_CAP: u64 = 50;

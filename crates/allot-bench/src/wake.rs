@@ -12,12 +12,12 @@ use hyper::body::Bytes;
 use hyper::{Method, StatusCode};
 use serde::Serialize;
 
-use super::children::{self, Scratch, Server};
-use super::http::{encode_segment, Conn, Endpoint};
-use super::latency::Latency;
-use super::load::{self, progress_bar_len, show_progress};
-use super::report::{self, Check};
-use super::WakeArgs;
+use crate::children::{self, Scratch, Server};
+use crate::http::{encode_segment, Conn, Endpoint};
+use crate::latency::Latency;
+use crate::load::{self, progress_bar_len, show_progress};
+use crate::report::{self, Check};
+use crate::WakeArgs;
 
 /// How long the waiter asks to wait; far longer than any sample should take.
 const WAIT_MS: u64 = 10_000;

@@ -1,0 +1,541 @@
+//! The CLI commands of applications: `allot queue ...`, `allot app ...` and `allot task ...`.
+//! An application is submitted from a file, YAML or TOML, that holds the fields of the API's
+//! `SubmitApp` (docs/examples/etl.yaml); a task is added with flags. How each answer prints is
+//! `apps_output`.
+
+use std::process::ExitCode;
+
+use allot_client::{AddTask, ClientError, PutQueue, SortPolicy, TokenNeed};
+
+use super::apps_output::{
+    app_details, app_line, app_table, limits_line, queue_details, queue_table, run_timeline, task_details, task_line,
+    task_state, task_table, tasks_line, AppDetails,
+};
+use super::{client, dispatch, emit, key_value, show, Common, EXIT_CODES, EXIT_ERROR, EXIT_USAGE};
+use crate::appfile::read_app;
+
+/// `allot app submit`'s help after the options: the file's fields and the exit codes.
+const SUBMIT_AFTER_HELP: &str = "\
+The file holds one application, with the fields of the API's SubmitApp:
+  id           the application's id: 1 to 100 of A-Z, a-z, 0-9, `.`, `_`, `-`
+  queue        a leaf queue, e.g. root.analytics.etl
+  user         who submits it (default: default)
+  tags         names to text, for people and tools
+  task_groups  gangs, started all or nothing: name, min_members, min_resources, selector, tokens
+  policy       placeholder_timeout_ms, gang (Soft or Hard), reserve_timeout_ms, max_parallelism
+  tasks        id, resources, tokens (namespace, units), group, priority, selector, spec
+A field it does not know is refused. Examples: docs/examples/etl.yaml and docs/examples/etl.toml.
+
+Exit codes (the same with --json and --quiet):
+  0  submitted (also when the same application was submitted before)
+  1  error: the file cannot be read or does not hold an application (`error: FILE:LINE:COLUMN: FIELD: message`
+     on stderr), or the daemon refused it (`error: <code>: <message>`) or cannot be reached
+  2  usage error (also a FILE whose name ends in neither .yaml, .yml nor .toml)";
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub(crate) enum Sort {
+    /// Submission order: each application places all it can before the next.
+    Fifo,
+    /// Round robin, least used first.
+    Fair,
+    /// The application with the highest-priority pending task first.
+    Priority,
+}
+
+impl From<Sort> for SortPolicy {
+    fn from(sort: Sort) -> SortPolicy {
+        match sort {
+            Sort::Fifo => SortPolicy::Fifo,
+            Sort::Fair => SortPolicy::Fair,
+            Sort::Priority => SortPolicy::Priority,
+        }
+    }
+}
+
+#[derive(Debug, clap::Subcommand)]
+pub(crate) enum QueueCommand {
+    /// List the queues with their limits and use (quantities rounded; --json is exact).
+    #[command(after_help = EXIT_CODES)]
+    List {
+        #[command(flatten)]
+        common: Common,
+    },
+    /// Show one queue: its limits and what its applications use.
+    #[command(visible_alias = "get", after_help = EXIT_CODES)]
+    Show {
+        /// The queue's path, e.g. `root.analytics.etl`.
+        path: String,
+        #[command(flatten)]
+        common: Common,
+    },
+    /// Create a queue (and its parents), or set its limits. The queue gets exactly the limits
+    /// given: a limit left out is no limit.
+    #[command(after_help = EXIT_CODES)]
+    Set {
+        /// The queue's path, e.g. `root.analytics.etl`.
+        path: String,
+        /// What the queue is guaranteed, for fair share between sibling queues, e.g.
+        /// `cpu=8,mem=32GiB`.
+        #[arg(long, value_name = "RESOURCES")]
+        guaranteed: Option<String>,
+        /// The most its applications may hold together, e.g. `cpu=16,mem=64GiB`.
+        #[arg(long, value_name = "RESOURCES")]
+        max: Option<String>,
+        /// The most applications running in it at once.
+        #[arg(long, value_name = "N")]
+        max_apps: Option<u64>,
+        /// The most applications one user runs in it at once.
+        #[arg(long, value_name = "N")]
+        user_max_apps: Option<u64>,
+        /// The most one user's applications may hold in it together.
+        #[arg(long, value_name = "RESOURCES")]
+        user_max: Option<String>,
+        /// How it orders its applications [default: fifo].
+        #[arg(long, value_enum)]
+        sort: Option<Sort>,
+        #[command(flatten)]
+        common: Common,
+    },
+    /// Remove a leaf queue with no live application.
+    #[command(visible_alias = "rm", after_help = EXIT_CODES)]
+    Remove {
+        /// The queue's path.
+        path: String,
+        #[command(flatten)]
+        common: Common,
+    },
+}
+
+#[derive(Debug, clap::Subcommand)]
+pub(crate) enum AppCommand {
+    /// Submit an application from a file: YAML (`.yaml`, `.yml`), TOML (`.toml`), or `-` for YAML
+    /// on stdin. The same file again is answered as it is; other content under its id is refused.
+    #[command(after_help = SUBMIT_AFTER_HELP)]
+    Submit {
+        /// The file, or `-` to read YAML from stdin.
+        file: String,
+        #[command(flatten)]
+        common: Common,
+    },
+    /// List the applications: queue, user, state and tasks by state.
+    #[command(after_help = EXIT_CODES)]
+    List {
+        #[command(flatten)]
+        common: Common,
+    },
+    /// Show an application and every task: where each runs, and why each waiting one waits
+    /// (--json prints `{"app": ..., "tasks": [...]}`, the daemon's two answers).
+    #[command(visible_alias = "get", after_help = EXIT_CODES)]
+    Show {
+        /// The application's id.
+        id: String,
+        #[command(flatten)]
+        common: Common,
+    },
+    /// Report an application complete: tasks that have not ended are killed, and everything it
+    /// holds is released.
+    #[command(after_help = EXIT_CODES)]
+    Complete {
+        /// The application's id.
+        id: String,
+        #[command(flatten)]
+        common: Common,
+    },
+    /// Report an application failed: tasks not placed fail, placed ones are killed, and
+    /// everything it holds is released.
+    #[command(after_help = EXIT_CODES)]
+    Fail {
+        /// The application's id.
+        id: String,
+        /// Why it failed, for people reading `app show`.
+        #[arg(long, value_name = "TEXT")]
+        reason: Option<String>,
+        #[command(flatten)]
+        common: Common,
+    },
+    /// Remove an application: its tasks end, and every alloc and grant it holds is released.
+    #[command(visible_alias = "rm", after_help = EXIT_CODES)]
+    Remove {
+        /// The application's id.
+        id: String,
+        #[command(flatten)]
+        common: Common,
+    },
+}
+
+#[derive(Debug, clap::Subcommand)]
+pub(crate) enum TaskCommand {
+    /// Add a task to an application (the same task again is answered as it is).
+    #[command(after_help = EXIT_CODES)]
+    Add {
+        /// The application's id.
+        app: String,
+        /// The task's id, unique in its application.
+        #[arg(long, value_name = "ID")]
+        id: String,
+        /// What it needs, e.g. `cpu=2,mem=4GiB`.
+        #[arg(long, value_name = "RESOURCES")]
+        resources: String,
+        /// Its task group, if it is a member of the application's gang.
+        #[arg(long, value_name = "GROUP")]
+        group: Option<String>,
+        /// Higher first, inside its application (and in a queue sorted by priority).
+        #[arg(long, value_name = "N", default_value_t = 0, allow_negative_numbers = true)]
+        priority: i32,
+        /// Units of a token namespace's quota it holds while placed, `NAMESPACE=UNITS`;
+        /// repeatable.
+        #[arg(long = "token", value_name = "NS=UNITS", value_parser = token_need)]
+        tokens: Vec<TokenNeed>,
+        /// It goes only to pools with this label, `KEY=VALUE`; repeatable.
+        #[arg(long = "selector", value_name = "KEY=VALUE", value_parser = key_value)]
+        selector: Vec<(String, String)>,
+        /// Whatever runs the task needs, as JSON (opaque to allot).
+        #[arg(long, value_name = "JSON", value_parser = json_value)]
+        spec: Option<serde_json::Value>,
+        /// New attempts after user failures (kept in its spec, where the executor reads them).
+        #[arg(long, value_name = "N")]
+        retries: Option<u64>,
+        #[command(flatten)]
+        common: Common,
+    },
+    /// List an application's tasks: state, where each runs, and why each waiting one waits.
+    #[command(after_help = EXIT_CODES)]
+    List {
+        /// The application's id.
+        app: String,
+        #[command(flatten)]
+        common: Common,
+    },
+    /// Show a task: its state, where it runs (pool/alloc and tokens), or why it waits.
+    #[command(visible_alias = "get", after_help = EXIT_CODES)]
+    Show {
+        /// The application's id.
+        app: String,
+        /// The task's id.
+        task: String,
+        #[command(flatten)]
+        common: Common,
+    },
+    /// Show how a task is being run by its plugin: attempt, phase, and the phase timeline (one
+    /// event per attempt, phase and version).
+    #[command(after_help = EXIT_CODES)]
+    Events {
+        /// The application's id.
+        app: String,
+        /// The task's id.
+        task: String,
+        #[command(flatten)]
+        common: Common,
+    },
+    /// Print a task's log (stdout by default), read on the daemon that runs it; `--follow`
+    /// goes on printing what is written until the attempt ends.
+    #[command(after_help = EXIT_CODES)]
+    Logs {
+        /// The application's id.
+        app: String,
+        /// The task's id.
+        task: String,
+        /// The log: `stdout` or `stderr` for shell tasks; a plugin may name others.
+        #[arg(long, default_value = "stdout")]
+        stream: String,
+        /// The attempt (1 for the first); the current one when absent.
+        #[arg(long)]
+        attempt: Option<u32>,
+        /// Keep printing what is written until the attempt ends.
+        #[arg(long, short = 'f')]
+        follow: bool,
+        #[command(flatten)]
+        common: Common,
+    },
+    /// Report an Allocated task running.
+    #[command(after_help = EXIT_CODES)]
+    Start {
+        /// The application's id.
+        app: String,
+        /// The task's id.
+        task: String,
+        #[command(flatten)]
+        common: Common,
+    },
+    /// Report a task completed; what it holds is released.
+    #[command(after_help = EXIT_CODES)]
+    Complete {
+        /// The application's id.
+        app: String,
+        /// The task's id.
+        task: String,
+        #[command(flatten)]
+        common: Common,
+    },
+    /// Report a task failed; what it holds is released.
+    #[command(after_help = EXIT_CODES)]
+    Fail {
+        /// The application's id.
+        app: String,
+        /// The task's id.
+        task: String,
+        /// Why it failed, for people reading `task show`.
+        #[arg(long, value_name = "TEXT")]
+        reason: Option<String>,
+        #[command(flatten)]
+        common: Common,
+    },
+    /// Remove a task; what it holds is released.
+    #[command(visible_alias = "rm", after_help = EXIT_CODES)]
+    Remove {
+        /// The application's id.
+        app: String,
+        /// The task's id.
+        task: String,
+        #[command(flatten)]
+        common: Common,
+    },
+}
+
+/// `NAMESPACE=UNITS`: the units follow the last `=`.
+fn token_need(text: &str) -> Result<TokenNeed, String> {
+    let (namespace, units) = text.rsplit_once('=').ok_or("use NAMESPACE=UNITS, e.g. hive:cluster-a=1")?;
+    let units = units.parse().map_err(|_| format!("`{units}` is not a number of units"))?;
+    Ok(TokenNeed { namespace: namespace.to_owned(), units })
+}
+
+fn json_value(text: &str) -> Result<serde_json::Value, String> {
+    serde_json::from_str(text).map_err(|err| format!("not JSON: {err}"))
+}
+
+/// Runs an `allot queue` command; `before` holds the options given before the command.
+pub(crate) async fn queue(command: QueueCommand, before: &Common) -> anyhow::Result<ExitCode> {
+    dispatch(
+        command,
+        before,
+        |command| match command {
+            QueueCommand::List { common }
+            | QueueCommand::Show { common, .. }
+            | QueueCommand::Set { common, .. }
+            | QueueCommand::Remove { common, .. } => common,
+        },
+        |command| async move { run_queue(&command).await },
+    )
+    .await
+}
+
+/// Runs an `allot app` command; `before` holds the options given before the command.
+pub(crate) async fn app(command: AppCommand, before: &Common) -> anyhow::Result<ExitCode> {
+    dispatch(
+        command,
+        before,
+        |command| match command {
+            AppCommand::Submit { common, .. }
+            | AppCommand::List { common }
+            | AppCommand::Show { common, .. }
+            | AppCommand::Complete { common, .. }
+            | AppCommand::Fail { common, .. }
+            | AppCommand::Remove { common, .. } => common,
+        },
+        |command| async move { run_app(&command).await },
+    )
+    .await
+}
+
+/// Runs an `allot task` command; `before` holds the options given before the command.
+pub(crate) async fn task(command: TaskCommand, before: &Common) -> anyhow::Result<ExitCode> {
+    dispatch(
+        command,
+        before,
+        |command| match command {
+            TaskCommand::Add { common, .. }
+            | TaskCommand::List { common, .. }
+            | TaskCommand::Show { common, .. }
+            | TaskCommand::Events { common, .. }
+            | TaskCommand::Logs { common, .. }
+            | TaskCommand::Start { common, .. }
+            | TaskCommand::Complete { common, .. }
+            | TaskCommand::Fail { common, .. }
+            | TaskCommand::Remove { common, .. } => common,
+        },
+        |command| async move { run_task(&command).await },
+    )
+    .await
+}
+
+async fn run_queue(command: &QueueCommand) -> Result<u8, ClientError> {
+    match command {
+        QueueCommand::List { common } => {
+            let answer = client(common)?.queues().await?;
+            emit(common, &answer, |list| queue_table(&list.queues))
+        }
+        QueueCommand::Show { path, common } => {
+            let answer = client(common)?.queue(path).await?;
+            emit(common, &answer, queue_details)
+        }
+        QueueCommand::Set { path, guaranteed, max, max_apps, user_max_apps, user_max, sort, common } => {
+            let limits = PutQueue {
+                guaranteed: guaranteed.clone(),
+                max: max.clone(),
+                max_apps: *max_apps,
+                user_max_apps: *user_max_apps,
+                user_max: user_max.clone(),
+                sort: sort.map(SortPolicy::from),
+            };
+            let answer = client(common)?.put_queue(path, &limits).await?;
+            emit(common, &answer, |answer| {
+                let verb = if answer.created { "created" } else { "set" };
+                format!("{verb} queue {} ({})\n", answer.queue.path, limits_line(&answer.queue))
+            })
+        }
+        QueueCommand::Remove { path, common } => {
+            let answer = client(common)?.remove_queue(path).await?;
+            emit(common, &answer, |answer| format!("removed queue {}\n", answer.path))
+        }
+    }
+}
+
+async fn run_app(command: &AppCommand) -> Result<u8, ClientError> {
+    match command {
+        AppCommand::Submit { file, common } => {
+            let submit = match read_app(file) {
+                Ok(submit) => submit,
+                Err(err) => {
+                    eprintln!("error: {}", err.message);
+                    return Ok(if err.usage { EXIT_USAGE } else { EXIT_ERROR });
+                }
+            };
+            let answer = client(common)?.submit_app(&submit).await?;
+            emit(common, &answer, |answer| {
+                let app = &answer.app;
+                let tasks = tasks_line(&app.tasks);
+                if answer.created {
+                    format!("submitted app {} to queue {} ({tasks})\n", show(&app.id), app.queue)
+                } else {
+                    format!("app {} was already submitted with this content: {} ({tasks})\n", show(&app.id), app.state)
+                }
+            })
+        }
+        AppCommand::List { common } => {
+            let answer = client(common)?.apps().await?;
+            emit(common, &answer, |list| app_table(&list.apps))
+        }
+        AppCommand::Show { id, common } => {
+            let client = client(common)?;
+            let app = client.app(id).await?;
+            let tasks = client.tasks(id).await?.tasks;
+            emit(common, &AppDetails { app, tasks }, app_details)
+        }
+        AppCommand::Complete { id, common } => {
+            let answer = client(common)?.complete_app(id).await?;
+            emit(common, &answer, |app| app_line("completed", app))
+        }
+        AppCommand::Fail { id, reason, common } => {
+            let answer = client(common)?.fail_app(id, reason.as_deref()).await?;
+            emit(common, &answer, |app| app_line("failed", app))
+        }
+        AppCommand::Remove { id, common } => {
+            let answer = client(common)?.remove_app(id).await?;
+            emit(common, &answer, |app| app_line("removed", app))
+        }
+    }
+}
+
+async fn run_task(command: &TaskCommand) -> Result<u8, ClientError> {
+    match command {
+        TaskCommand::Add { app, id, resources, group, priority, tokens, selector, spec, retries, common } => {
+            let request = AddTask {
+                id: id.clone(),
+                resources: resources.clone(),
+                tokens: tokens.clone(),
+                group: group.clone(),
+                priority: *priority,
+                selector: selector.iter().cloned().collect(),
+                spec: spec.clone(),
+                retries: *retries,
+            };
+            let answer = client(common)?.add_task(app, &request).await?;
+            emit(common, &answer, |answer| {
+                let task = &answer.task;
+                let verb = if answer.created { "added" } else { "already added:" };
+                format!("{verb} task {}/{} ({})\n", show(&task.app), show(&task.id), task_state(task))
+            })
+        }
+        TaskCommand::List { app, common } => {
+            let answer = client(common)?.tasks(app).await?;
+            emit(common, &answer, |list| task_table(&list.tasks))
+        }
+        TaskCommand::Show { app, task, common } => {
+            let client = client(common)?;
+            let answer = client.task(app, task).await?;
+            // Its run too, for the text (a task not run yet has none).
+            let run = if common.json || common.quiet { None } else { client.task_run(app, task).await.ok() };
+            emit(common, &answer, |answer| task_details(answer, run.as_ref()))
+        }
+        TaskCommand::Events { app, task, common } => {
+            let answer = client(common)?.task_run(app, task).await?;
+            emit(common, &answer, run_timeline)
+        }
+        TaskCommand::Logs { app, task, stream, attempt, follow, common } => {
+            follow_logs(&client(common)?, app, task, stream, *attempt, *follow).await?;
+            Ok(0)
+        }
+        TaskCommand::Start { app, task, common } => {
+            let answer = client(common)?.start_task(app, task).await?;
+            emit(common, &answer, |task| task_line("started", task))
+        }
+        TaskCommand::Complete { app, task, common } => {
+            let answer = client(common)?.complete_task(app, task).await?;
+            emit(common, &answer, |task| task_line("completed", task))
+        }
+        TaskCommand::Fail { app, task, reason, common } => {
+            let answer = client(common)?.fail_task(app, task, reason.as_deref()).await?;
+            emit(common, &answer, |task| task_line("failed", task))
+        }
+        TaskCommand::Remove { app, task, common } => {
+            let answer = client(common)?.remove_task(app, task).await?;
+            emit(common, &answer, |task| task_line("removed", task))
+        }
+    }
+}
+
+/// How often `task logs --follow` reads again when nothing new was written.
+const FOLLOW_EVERY: std::time::Duration = std::time::Duration::from_millis(250);
+
+/// Prints a task's log as it is read; with `follow`, until its attempt ends (the attempt is
+/// fixed at the first read, so a retry's log is not mixed in).
+async fn follow_logs(
+    client: &allot_client::Client,
+    app: &str,
+    task: &str,
+    stream: &str,
+    mut attempt: Option<u32>,
+    follow: bool,
+) -> Result<(), allot_client::ClientError> {
+    use std::io::Write;
+    let mut offset = 0;
+    loop {
+        let piece = client.task_logs(app, task, Some(stream), attempt, offset).await?;
+        attempt = Some(piece.attempt);
+        let mut out = std::io::stdout().lock();
+        let _ = out.write_all(piece.text.as_bytes());
+        let _ = out.flush();
+        let more = piece.next_offset > offset;
+        offset = piece.next_offset;
+        if more {
+            continue;
+        }
+        if !follow || piece.ended {
+            return Ok(());
+        }
+        tokio::time::sleep(FOLLOW_EVERY).await;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn flag_values() {
+        assert_eq!(token_need("hive:a=b=2").unwrap(), TokenNeed { namespace: "hive:a=b".to_owned(), units: 2 });
+        assert!(token_need("hive").is_err() && token_need("hive=x").is_err());
+        assert_eq!(key_value("zone=eu=1").unwrap(), ("zone".to_owned(), "eu=1".to_owned()));
+        assert!(json_value("{").is_err());
+    }
+}

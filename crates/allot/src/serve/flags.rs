@@ -1,0 +1,138 @@
+//! The flags of `allot serve` (each with its environment variable), and the threads they make:
+//! how many serve requests and how many run the daemon's runtime.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+
+use allot_store::Durability;
+
+#[derive(Debug, clap::Args)]
+pub(crate) struct ServeArgs {
+    /// Address to listen on [default: 127.0.0.1:7070].
+    #[arg(long, value_name = "ADDRESS", env = "ALLOT_LISTEN")]
+    pub(super) listen: Option<SocketAddr>,
+    /// Directory of the embedded store [default: ./allot-data].
+    #[arg(long, value_name = "DIR", env = "ALLOT_DATA_DIR")]
+    pub(super) data_dir: Option<PathBuf>,
+    /// What an acknowledged change of the embedded store survives: `disk` (the default: flushed
+    /// to disk before the answer, survives a power loss) or `process` (handed to the operating
+    /// system before the answer: survives a crash or kill -9 of the daemon; a power loss may lose
+    /// the last second).
+    #[arg(long, value_name = "LEVEL", env = "ALLOT_DURABILITY")]
+    pub(super) durability: Option<Durability>,
+    /// Where state lives: `embedded` (the default: a durable store in --data-dir),
+    /// `redis://HOST:PORT` (one Redis shared by several daemons) or
+    /// `redis+cluster://HOST:PORT[,HOST:PORT...]` (a Redis Cluster).
+    #[arg(long, value_name = "STORE", env = "ALLOT_STORE")]
+    pub(super) store: Option<String>,
+    /// On Redis: answer a change only once this many replicas have it (`WAIT`), so that a
+    /// failover does not lose what was acknowledged [default: 0, the primary's answer]. A change
+    /// the replicas do not confirm within 1 s answers `store_outcome_unknown`.
+    #[arg(long, value_name = "N", env = "ALLOT_REDIS_MIN_REPLICAS")]
+    pub(super) redis_min_replicas: Option<u32>,
+    /// TOML configuration file; its keys are listed below.
+    #[arg(long, value_name = "FILE", env = "ALLOT_CONFIG")]
+    pub(super) config: Option<PathBuf>,
+    /// Seed a namespace quota, e.g. `--quota hive:cluster-a=10`: the namespace is created with
+    /// it if it does not exist yet; an existing one keeps the quota the store has. Repeatable;
+    /// wins over the configuration file.
+    #[arg(long = "quota", value_name = "NAMESPACE=QUOTA")]
+    pub(super) quotas: Vec<String>,
+    /// Seed a leased resource pool, e.g. `--pool worker-1=cpu=16,mem=64GiB`: created with this
+    /// capacity if it does not exist yet. Repeatable; wins over the configuration file.
+    #[arg(long = "pool", value_name = "POOL=RESOURCES")]
+    pub(super) pools: Vec<String>,
+    /// Run here the tasks the scheduler places on this pool (with their plugins). Repeatable; the
+    /// local pool is run here too.
+    #[arg(long = "run-pool", value_name = "POOL")]
+    pub(super) run_pools: Vec<String>,
+    /// Offer this machine's own resources as a pool of this name (detected cpu, memory less 5 %,
+    /// and the disk of the data directory), e.g. `--local-pool local`.
+    #[arg(long, value_name = "POOL", env = "ALLOT_LOCAL_POOL")]
+    pub(super) local_pool: Option<String>,
+    /// The lease an alloc gets when it is made [default: 2m].
+    #[arg(long, value_name = "DURATION", value_parser = allot_bench::duration::parse)]
+    pub(super) alloc_lease: Option<std::time::Duration>,
+    /// The longest lease one keepalive grants [default: 5m].
+    #[arg(long, value_name = "DURATION", value_parser = allot_bench::duration::parse)]
+    pub(super) alloc_max_lease: Option<std::time::Duration>,
+    /// The longest an allocate may wait for room (`wait_ms`), at most 5m; keep it below the idle
+    /// timeout of any proxy in front of the daemon [default: 5m].
+    #[arg(long, value_name = "DURATION", env = "ALLOT_MAX_WAIT", value_parser = allot_bench::duration::parse)]
+    pub(super) max_wait: Option<std::time::Duration>,
+    /// Give these namespaces series of their own at /metrics (every namespace counts in the
+    /// totals): `NAME` selects NAME and the namespaces under it (`NAME:...`), `PREFIX*` every name
+    /// that starts with PREFIX, `*` all. Repeatable; replaces the file's `metrics_namespaces`.
+    #[arg(long = "metrics-namespaces", value_name = "PATTERN")]
+    pub(super) metrics_namespaces: Vec<String>,
+    /// The same for pools; replaces the file's `metrics_pools`.
+    #[arg(long = "metrics-pools", value_name = "PATTERN")]
+    pub(super) metrics_pools: Vec<String>,
+    /// Threads that serve requests [default: one per CPU on the embedded store; one per CPU
+    /// less one, at least one, on Redis, which needs a CPU too].
+    #[arg(long, env = "ALLOT_THREADS", value_parser = clap::value_parser!(u16).range(1..=1024))]
+    pub(super) threads: Option<u16>,
+    /// On the embedded store, pin each thread that serves requests to a CPU of its own (when
+    /// there are no more of them than CPUs this process may use): a shorter tail where other busy
+    /// processes share the CPUs (the kernel cannot stack two serving threads on one CPU), for
+    /// more CPU per request (docs/benchmarks.md).
+    #[arg(long, env = "ALLOT_PIN_THREADS", value_name = "BOOL", default_value_t = false, action = clap::ArgAction::Set)]
+    pub(super) pin_threads: bool,
+    /// Watch this directory for application files (`.yaml`, `.yml`, `.toml`, as `allot app
+    /// submit` takes): a new file submits its application, a removed one removes it.
+    #[arg(long, value_name = "DIR", env = "ALLOT_APPS_DIR")]
+    pub(super) apps_dir: Option<PathBuf>,
+    /// On a Redis store, the base URL at which the other daemons reach this one while it
+    /// schedules applications (they forward the applications part to it) [default:
+    /// http://ADDRESS with the address it listens on; give it when listening on 0.0.0.0].
+    #[arg(long, value_name = "URL", env = "ALLOT_ADVERTISE")]
+    pub(super) advertise: Option<String>,
+    /// Log format on stderr.
+    #[arg(long, env = "ALLOT_LOG_FORMAT", value_enum, default_value = "text")]
+    pub(super) log_format: LogFormat,
+}
+
+/// The threads that serve requests: `--threads`; else, on Redis, one per CPU less one, at least
+/// one (on two CPUs shared with Redis and the clients, one beat two in 4 of 5 alternating `bench
+/// pairs` runs, by 7–27 %, docs/benchmarks.md: Redis keeps a CPU); on the embedded store, one per
+/// CPU (its log is written by the serving threads themselves).
+fn request_threads(args: &ServeArgs) -> usize {
+    let cpus = std::thread::available_parallelism().map_or(1, |n| n.get());
+    match args.threads {
+        Some(threads) => usize::from(threads),
+        None if on_redis(args) => cpus.saturating_sub(1).max(1),
+        None => cpus,
+    }
+}
+
+fn on_redis(args: &ServeArgs) -> bool {
+    args.store.as_deref().is_some_and(|store| store.starts_with("redis"))
+}
+
+/// The worker threads of the daemon's runtime. On Redis they serve the requests (the store's
+/// connections are driven by tasks of this runtime). On the embedded store the requests have
+/// serving threads of their own ([`serving_threads`]) and one worker runs the rest: accepting
+/// connections, expiring leases, the scheduler, the executor.
+pub(crate) fn worker_threads(args: &ServeArgs) -> usize {
+    if on_redis(args) {
+        request_threads(args)
+    } else {
+        1
+    }
+}
+
+/// The serving threads, each with a single-threaded runtime of its own, that serve the
+/// connections from start to end: none on Redis; on the embedded store, one per request thread
+/// (with two on two CPUs shared with the clients, the disk level served about a quarter more
+/// pairs/s at 64 clients than on two workers of one runtime, the process level as many), pinned
+/// to CPUs of their own with `--pin-threads true` (docs/benchmarks.md).
+pub(super) fn serving_threads(args: &ServeArgs) -> allot_server::ServingThreads {
+    let count = if on_redis(args) { 0 } else { request_threads(args) };
+    allot_server::ServingThreads { count, pin: args.pin_threads }
+}
+
+#[derive(Debug, Clone, Copy, clap::ValueEnum)]
+pub(super) enum LogFormat {
+    Text,
+    Json,
+}

@@ -1,0 +1,309 @@
+//! `allot serve`: starts the daemon from its resolved configuration (`config`, from the flags of
+//! `flags`): logging, the store (embedded by default, or Redis), seeding quotas, pools and queues,
+//! the executor of the tasks run here, the sources of applications, and the server until SIGTERM
+//! or SIGINT.
+
+mod config;
+mod flags;
+
+use std::path::Path;
+use std::sync::Arc;
+
+use allot_core::pools::PoolName;
+use allot_store::{EmbeddedConfig, EmbeddedStore, Store};
+use allot_store_redis::RedisStore;
+use anyhow::Context;
+use tracing_subscriber::filter::Targets;
+
+pub(crate) use config::SERVE_AFTER_HELP;
+use config::{resolve, Plugins, StoreChoice};
+use flags::{serving_threads, LogFormat};
+pub(crate) use flags::{worker_threads, ServeArgs};
+
+use crate::sources::{AppManager, DirectorySource, HttpApi};
+
+/// Logs on stderr, filtered by `RUST_LOG`: a level (`info`, the default) and `target=level`
+/// items, comma-separated (e.g. `info,allot_store=debug`).
+fn init_logging(format: LogFormat) {
+    use std::io::IsTerminal;
+    use tracing_subscriber::layer::SubscriberExt;
+    use tracing_subscriber::util::SubscriberInitExt;
+    let (filter, bad) = match std::env::var("RUST_LOG") {
+        Ok(text) if !text.trim().is_empty() => match text.parse::<Targets>() {
+            Ok(filter) => (filter, None),
+            Err(err) => (Targets::new().with_default(tracing::Level::INFO), Some(format!("`{text}`: {err}"))),
+        },
+        _ => (Targets::new().with_default(tracing::Level::INFO), None),
+    };
+    let ansi = std::io::stderr().is_terminal();
+    let registry = tracing_subscriber::registry().with(filter);
+    match format {
+        LogFormat::Text => {
+            registry.with(tracing_subscriber::fmt::layer().with_writer(std::io::stderr).with_ansi(ansi)).init()
+        }
+        LogFormat::Json => registry.with(tracing_subscriber::fmt::layer().json().with_writer(std::io::stderr)).init(),
+    }
+    if let Some(bad) = bad {
+        tracing::warn!("RUST_LOG is not a filter ({bad}); logging at info");
+    }
+}
+
+async fn shutdown_signal() {
+    let interrupt = tokio::signal::ctrl_c();
+    #[cfg(unix)]
+    {
+        let mut terminate = match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+            Ok(signal) => signal,
+            Err(err) => {
+                tracing::error!(error = %err, "cannot listen for SIGTERM");
+                let _ = interrupt.await;
+                return;
+            }
+        };
+        tokio::select! {
+            _ = interrupt => tracing::info!("SIGINT received"),
+            _ = terminate.recv() => tracing::info!("SIGTERM received"),
+        }
+    }
+    #[cfg(not(unix))]
+    {
+        let _ = interrupt.await;
+    }
+}
+
+pub(crate) async fn run(args: ServeArgs) -> anyhow::Result<()> {
+    init_logging(args.log_format);
+    let config = resolve(&args)?;
+    // Listening first: on Redis, the other daemons reach this one at its address if it schedules.
+    let listener = tokio::net::TcpListener::bind(config.listen)
+        .await
+        .with_context(|| format!("cannot listen on {}", config.listen))?;
+    let address = listener.local_addr()?;
+    // The URL the other daemons reach this one at: it names this daemon in the scheduler's lease
+    // and in its executor's.
+    let advertise = match &args.advertise {
+        Some(url) => url.trim_end_matches('/').to_owned(),
+        None if address.ip().is_unspecified() => format!("http://127.0.0.1:{}", address.port()),
+        None => format!("http://{address}"),
+    };
+    let store: Arc<dyn Store> = match &config.store {
+        StoreChoice::Embedded => {
+            let store =
+                EmbeddedStore::open(&EmbeddedConfig::new(config.data_dir.clone()).with_durability(config.durability))
+                    .with_context(|| format!("cannot open the store in {}", config.data_dir.display()))?;
+            store.set_pool_rules(config.pool_rules);
+            store.set_sched_config(config.sched.clone());
+            Arc::new(store)
+        }
+        StoreChoice::Redis(redis) => {
+            // Each daemon would watch its own directory, and only the one that schedules can
+            // submit: the source would follow the lease around. Not carried yet.
+            anyhow::ensure!(
+                config.apps_dir.is_none(),
+                "--apps-dir needs the embedded store: on Redis, submit applications through the API \
+                 (`allot app submit FILE` to any daemon)"
+            );
+            let store = RedisStore::open(redis).await.context("cannot open the Redis store")?;
+            store.set_pool_rules(config.pool_rules);
+            store.set_sched_config(config.sched.clone());
+            if args.advertise.is_none() && address.ip().is_unspecified() {
+                tracing::warn!(
+                    %address,
+                    "listening on every interface: give --advertise so that the other daemons reach this one \
+                     when it schedules; using 127.0.0.1 meanwhile"
+                );
+            }
+            store.start_scheduling(&advertise);
+            Arc::new(store)
+        }
+    };
+    for (name, quota) in &config.quotas {
+        let (created, view) =
+            seeded(&format!("cannot register quota of `{name}`"), || store.seed_namespace(name.clone(), *quota))
+                .await?;
+        if created {
+            tracing::info!(namespace = %name, quota, "quota registered");
+        } else if view.quota != *quota {
+            tracing::warn!(
+                namespace = %name,
+                configured = quota,
+                kept = view.quota,
+                "the store already has this namespace and keeps its quota; change it with `allot quota set`"
+            );
+        }
+    }
+    for (name, capacity) in &config.pools {
+        let (created, view) =
+            seeded(&format!("cannot register pool `{name}`"), || store.seed_pool(name.clone(), capacity.clone()))
+                .await?;
+        if created {
+            tracing::info!(pool = %name, capacity = %capacity, "pool registered");
+        } else if view.capacity != *capacity {
+            tracing::warn!(
+                pool = %name,
+                configured = %capacity,
+                kept = %view.capacity,
+                "the store already has this pool and keeps its capacity; change it with `allot pool set`"
+            );
+        }
+    }
+    for (path, limits) in &config.queues {
+        match store.seed_queue(path.clone(), limits.clone()).await {
+            Ok((true, _)) => tracing::info!(queue = %path, "queue registered"),
+            Ok((false, view)) if view.limits != *limits => tracing::warn!(
+                queue = %path,
+                "the store already has this queue and keeps its limits; change them with `allot queue set`"
+            ),
+            Ok(_) => {}
+            Err(err) => return Err(err).with_context(|| format!("cannot register queue `{path}`")),
+        }
+    }
+    tracing::info!(%address, data_dir = %config.data_dir.display(), backend = store.backend(), durability = store.durability(), "allot serving");
+    // The one line on stdout: scripts and tests read the address from it.
+    println!("allot listening on http://{address}");
+    let mut state =
+        allot_server::ServerState::new(store.clone()).with_max_wait(config.max_wait).with_metrics(config.metrics);
+    let (stop_executor, executor_stopped) = tokio::sync::watch::channel(false);
+    if !config.run_pools.is_empty() {
+        let executor = start_executor(
+            &store,
+            &config.run_pools,
+            &config.data_dir,
+            &config.plugins,
+            config.retry,
+            advertise.clone(),
+        )
+        .await?;
+        state = state.with_executor(Arc::new(RunsHere(executor.clone())));
+        tokio::spawn(executor.run(executor_stopped));
+    }
+    // The sources of applications: the API, and the directory of application files if one is set.
+    let mut http = HttpApi::new(listener, state, serving_threads(&args));
+    let mut directory = config.apps_dir.map(|dir| DirectorySource::new(dir, store.clone()));
+    if let Some(directory) = &mut directory {
+        directory.init().await.context("the applications directory")?;
+    }
+    http.init().await?;
+    http.start().await?;
+    if let Some(directory) = &mut directory {
+        directory.start().await?;
+    }
+    let names: Vec<&str> = std::iter::once(http.name()).chain(directory.as_ref().map(|d| d.name())).collect();
+    tracing::info!(sources = ?names, "taking applications in");
+    let failed = tokio::select! {
+        _ = shutdown_signal() => None,
+        result = http.failed() => Some(result),
+    };
+    stop_executor.send_replace(true);
+    if let Some(directory) = &mut directory {
+        directory.stop().await;
+    }
+    match failed {
+        Some(result) => result.context("server failed"),
+        None => {
+            http.stop().await;
+            Ok(())
+        }
+    }
+}
+
+/// Loads the plugins (a failing one stops the start) and makes the executor of the tasks placed
+/// on `pools`.
+async fn start_executor(
+    store: &Arc<dyn Store>,
+    pools: &[PoolName],
+    data_dir: &Path,
+    plugins: &Plugins,
+    retry: allot_core::runs::RetryPolicy,
+    node: String,
+) -> anyhow::Result<Arc<allot_exec::Executor>> {
+    use allot_exec::{builtin, Executor, ExecutorConfig, Registry, Secrets, SetupContext, Waker};
+
+    // Plugins wake their tasks through the executor, which exists once they are loaded: the
+    // waker forwards to it.
+    let executor: Arc<std::sync::OnceLock<Arc<Executor>>> = Arc::default();
+    let forward = {
+        let executor = executor.clone();
+        Waker::new(move |run| {
+            if let Some(executor) = executor.get() {
+                executor.wake(run);
+            }
+        })
+    };
+    let secrets = Secrets::new(plugins.secrets.clone());
+    let counters = allot_exec::PluginCounters::default();
+    let registry = Registry::load(builtin::configured(&plugins.builtin), &plugins.task_types, |id| {
+        SetupContext::new(id, store.clone(), secrets.clone(), forward.clone()).with_counters(counters.clone())
+    })
+    .await
+    .context("cannot load the task plugins")?;
+    let mut config = ExecutorConfig::new(pools.iter().cloned().collect(), data_dir.join("tasks"));
+    config.secrets = secrets;
+    config.counters = counters;
+    config.node = node;
+    config.retry = retry;
+    let made = Executor::new(store.clone(), Arc::new(registry), config);
+    let _ = executor.set(made.clone());
+    tracing::info!(pools = ?pools, "running the tasks placed on these pools");
+    Ok(made)
+}
+
+/// The executor as the HTTP edge sees it (`allot_server::RunsHere`): the server does not depend
+/// on the executor; the binary joins them.
+struct RunsHere(Arc<allot_exec::Executor>);
+
+impl allot_server::RunsHere for RunsHere {
+    fn node(&self) -> &str {
+        self.0.node()
+    }
+
+    fn wake(&self, app: &allot_core::apps::AppId, task: &allot_core::apps::TaskId) -> bool {
+        self.0.wake_driven(&allot_exec::RunKey { app: app.clone(), task: task.clone() })
+    }
+
+    fn counters(&self) -> allot_server::RunCounters {
+        let counts = self.0.stats().counts();
+        allot_server::RunCounters {
+            active: self.0.active() as u64,
+            rounds: counts.rounds,
+            succeeded: counts.succeeded,
+            failed: counts.failed,
+            aborted: counts.aborted,
+            retried: counts.retried,
+            cache_hits: counts.cache_hits,
+            cache_misses: counts.cache_misses,
+            held_back: counts.held_back,
+            plugins: self.0.plugin_counters().snapshot(),
+        }
+    }
+}
+
+/// How long the daemon's start waits for a store that is not ready yet (a Redis still loading, a
+/// shard whose replicas are not attached yet) before it gives up.
+const SEED_PATIENCE: std::time::Duration = std::time::Duration::from_secs(30);
+
+/// Runs a call of the start's seeding (idempotent: it creates only what does not exist) again
+/// while the store answers that it is not ready, for [`SEED_PATIENCE`] at most; `what` names it
+/// in the error.
+async fn seeded<T, Call, Answer>(what: &str, mut call: Call) -> anyhow::Result<T>
+where
+    Call: FnMut() -> Answer,
+    Answer: std::future::Future<Output = Result<T, allot_store::StoreError>>,
+{
+    use allot_store::StoreError;
+    let started = std::time::Instant::now();
+    let mut warned = false;
+    loop {
+        match call().await {
+            Err(
+                err @ (StoreError::Unavailable(_) | StoreError::OutcomeUnknown(_) | StoreError::NotEnoughReplicas(_)),
+            ) if started.elapsed() < SEED_PATIENCE => {
+                if !std::mem::replace(&mut warned, true) {
+                    tracing::warn!(error = %err, "{what} yet: the store is not ready; trying again for up to 30 s");
+                }
+                tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+            }
+            other => return other.with_context(|| what.to_owned()),
+        }
+    }
+}
