@@ -1,6 +1,8 @@
-//! Leased resource pools on Redis: every operation is one call of the `pool` function
-//! (`lua/pool.lua`) on the pool's hash slot (`allot:pool:{<pool>}`), timed by Redis's clock.
-//! The lease rules are the daemon's (`RedisStore::set_pool_rules`; Reflow's by default).
+//! Leased resource pools on Redis: [`PoolStore`], where every operation is one call of the `pool`
+//! function (`lua/pool.lua`) on the pool's hash slot (`allot:pool:{<pool>}`), timed by Redis's
+//! clock; the allocs the scheduler holds for its tasks (no lease, fenced by its term); and the
+//! sweep of every pool. The lease rules are the daemon's (`RedisStore::set_pool_rules`; Reflow's
+//! by default).
 
 use std::collections::BTreeMap;
 use std::time::Instant;
@@ -10,11 +12,15 @@ use allot_core::pools::{
     PoolStats, PoolView, HELD,
 };
 use allot_core::{Millis, ResourceName, Resources};
-use allot_store::{Page, PageRequest, StoreError};
+use allot_store::{Page, PageRequest, PoolStore, StoreError};
+use async_trait::async_trait;
 use futures_util::{stream, StreamExt};
 
+use crate::keys::hash_tag;
+use crate::registry::{self, register, registry_page};
 use crate::reply::{corrupt, Reply};
-use crate::{hash_keys, hash_tag, register, registry_members, registry_page, Inner, POOL_REGISTRY};
+use crate::store::{Inner, RedisStore};
+use crate::wake;
 
 /// The key prefix of a pool: one hash slot per pool.
 fn prefix(pool: &PoolName) -> String {
@@ -199,7 +205,7 @@ fn view_of(pool: &PoolName, reply: &mut Reply) -> Result<PoolView, StoreError> {
 }
 
 /// Replaces a pool's labels.
-pub(crate) async fn label(inner: &Inner, pool: &PoolName, labels: &Labels) -> Result<PoolView, StoreError> {
+async fn label(inner: &Inner, pool: &PoolName, labels: &Labels) -> Result<PoolView, StoreError> {
     let json = serde_json::to_string(labels).expect("labels always encode");
     let (_, mut reply) = call(inner, pool, &["label", &json], true).await?;
     view_of(pool, &mut reply)
@@ -207,7 +213,7 @@ pub(crate) async fn label(inner: &Inner, pool: &PoolName, labels: &Labels) -> Re
 
 /// Creates or changes a pool; with `create_only` an existing pool is left as it is (in the same
 /// atomic call).
-pub(crate) async fn put(
+async fn put(
     inner: &Inner,
     pool: PoolName,
     capacity: Resources,
@@ -227,24 +233,19 @@ pub(crate) async fn put(
     Ok((created, view_of(&pool, &mut reply)?))
 }
 
-pub(crate) async fn remove(inner: &Inner, pool: PoolName, force: bool) -> Result<usize, StoreError> {
+async fn remove(inner: &Inner, pool: PoolName, force: bool) -> Result<usize, StoreError> {
     let (_, mut reply) = call(inner, &pool, &["remove", if force { "1" } else { "0" }], true).await?;
     let allocs = reply.uint()? as usize;
     register(inner, "remove", "pools", pool.as_str()).await?;
     Ok(allocs)
 }
 
-pub(crate) async fn view(inner: &Inner, pool: &PoolName) -> Result<PoolView, StoreError> {
+async fn view(inner: &Inner, pool: &PoolName) -> Result<PoolView, StoreError> {
     let (_, mut reply) = call(inner, pool, &["view"], false).await?;
     view_of(pool, &mut reply)
 }
 
-async fn registry(inner: &Inner) -> Result<Vec<PoolName>, StoreError> {
-    let names = registry_members(inner, POOL_REGISTRY).await?;
-    Ok(names.iter().filter_map(|name| PoolName::new(name).ok()).collect())
-}
-
-pub(crate) async fn list(inner: &Inner, page: PageRequest<PoolName>) -> Result<Page<PoolView, PoolName>, StoreError> {
+async fn list(inner: &Inner, page: PageRequest<PoolName>) -> Result<Page<PoolView, PoolName>, StoreError> {
     let names = registry_page(inner, "pools", page.after().map(PoolName::as_str), page.limit())
         .await?
         .iter()
@@ -267,19 +268,19 @@ pub(crate) async fn list(inner: &Inner, page: PageRequest<PoolName>) -> Result<P
     Ok(Page { items, next })
 }
 
-pub(crate) async fn offer(inner: &Inner, pool: PoolName) -> Result<Option<Offer>, StoreError> {
+async fn offer(inner: &Inner, pool: PoolName) -> Result<Option<Offer>, StoreError> {
     let (_, mut reply) = call(inner, &pool, &["offer"], false).await?;
     let available = decode(&reply.text()?)?;
     Ok((!available.is_empty()).then_some(Offer { pool, available }))
 }
 
-pub(crate) async fn accept(inner: &Inner, pool: PoolName, request: AllocRequest) -> Result<Alloc, StoreError> {
+async fn accept(inner: &Inner, pool: PoolName, request: AllocRequest) -> Result<Alloc, StoreError> {
     accept_as(inner, pool, request).await
 }
 
 /// Accepts for a task the scheduler places, under the id it chose: the alloc has no lease
 /// ([`HELD`]) until [`end_held`]. Idempotent; refused in a term older than the pool has seen.
-pub(crate) async fn accept_held(
+async fn accept_held(
     inner: &Inner,
     pool: PoolName,
     request: AllocRequest,
@@ -298,7 +299,7 @@ pub(crate) async fn accept_held(
 }
 
 /// Ends an alloc the scheduler holds (its task ended); one that is gone already is no error.
-pub(crate) async fn end_held(inner: &Inner, pool: PoolName, id: AllocId, fencing: u64) -> Result<(), StoreError> {
+async fn end_held(inner: &Inner, pool: PoolName, id: AllocId, fencing: u64) -> Result<(), StoreError> {
     match call(inner, &pool, &["free", &id.to_string(), "held", &fencing.to_string()], true).await {
         Ok(_) | Err(StoreError::Pool(PoolError::PoolNotFound(_) | PoolError::AllocNotFound { .. })) => Ok(()),
         Err(err) => Err(err),
@@ -326,12 +327,7 @@ async fn accept_as(inner: &Inner, pool: PoolName, request: AllocRequest) -> Resu
     }
 }
 
-pub(crate) async fn keepalive(
-    inner: &Inner,
-    pool: PoolName,
-    id: AllocId,
-    interval_ms: u64,
-) -> Result<(u64, Alloc), StoreError> {
+async fn keepalive(inner: &Inner, pool: PoolName, id: AllocId, interval_ms: u64) -> Result<(u64, Alloc), StoreError> {
     let interval = rules(inner).grant(interval_ms)?;
     let id_text = id.to_string();
     let args = ["keepalive", &id_text, &interval.to_string()];
@@ -342,7 +338,7 @@ pub(crate) async fn keepalive(
     Ok((granted, live(record(&pool, &id_text, &json)?)?))
 }
 
-pub(crate) async fn free(inner: &Inner, pool: PoolName, id: AllocId) -> Result<EndedAlloc, StoreError> {
+async fn free(inner: &Inner, pool: PoolName, id: AllocId) -> Result<EndedAlloc, StoreError> {
     let id_text = id.to_string();
     let (_, mut reply) = call(inner, &pool, &["free", &id_text], true).await?;
     let json = reply.text()?;
@@ -350,7 +346,7 @@ pub(crate) async fn free(inner: &Inner, pool: PoolName, id: AllocId) -> Result<E
     ended(record(&pool, &id_text, &json)?)
 }
 
-pub(crate) async fn inspect(inner: &Inner, pool: PoolName, id: AllocId) -> Result<AllocState, StoreError> {
+async fn inspect(inner: &Inner, pool: PoolName, id: AllocId) -> Result<AllocState, StoreError> {
     let id_text = id.to_string();
     let (_, mut reply) = call(inner, &pool, &["inspect", &id_text], false).await?;
     let json = reply.text()?;
@@ -358,13 +354,9 @@ pub(crate) async fn inspect(inner: &Inner, pool: PoolName, id: AllocId) -> Resul
     record(&pool, &id_text, &json)
 }
 
-pub(crate) async fn allocs(
-    inner: &Inner,
-    pool: PoolName,
-    page: PageRequest<AllocId>,
-) -> Result<Page<Alloc, AllocId>, StoreError> {
+async fn allocs(inner: &Inner, pool: PoolName, page: PageRequest<AllocId>) -> Result<Page<Alloc, AllocId>, StoreError> {
     // Live allocs are a hash: the page is picked from its keys here, then its allocs are read.
-    let ids = hash_keys(inner, &format!("{}:allocs", prefix(&pool))).await?;
+    let ids = inner.hash_keys(&format!("{}:allocs", prefix(&pool))).await?;
     let ids = ids.iter().map(|id| AllocId::parse(id).map_err(corrupt)).collect::<Result<Vec<_>, _>>()?;
     let ids = allot_core::first_after(ids.into_iter(), |id| id, page.after(), page.limit() + 1);
     let Page { items: ids, next } = Page::from_read(ids, page.limit(), |id| *id);
@@ -382,7 +374,7 @@ pub(crate) async fn allocs(
     Ok(Page { items, next })
 }
 
-pub(crate) async fn stop_if_idle(inner: &Inner, pool: PoolName, idle_ms: u64) -> Result<(bool, u64), StoreError> {
+async fn stop_if_idle(inner: &Inner, pool: PoolName, idle_ms: u64) -> Result<(bool, u64), StoreError> {
     allot_core::pools::check_idle(idle_ms)?;
     let (_, mut reply) = call(inner, &pool, &["stop", &idle_ms.to_string()], true).await?;
     Ok((reply.uint()? == 1, reply.uint()?))
@@ -390,7 +382,7 @@ pub(crate) async fn stop_if_idle(inner: &Inner, pool: PoolName, idle_ms: u64) ->
 
 /// One sweep of every pool (run by every daemon; idempotent).
 pub(crate) async fn sweep_all(inner: &Inner) {
-    let Ok(names) = registry(inner).await else { return };
+    let Ok(names) = registry::pools(inner).await else { return };
     let rules = rules(inner);
     let (reclaim, retention) = (rules.reclaim_after_ms.to_string(), rules.retention_ms.to_string());
     stream::iter(names.iter())
@@ -403,6 +395,93 @@ pub(crate) async fn sweep_all(inner: &Inner) {
             }
         })
         .await;
+}
+
+#[async_trait]
+impl PoolStore for RedisStore {
+    async fn put_pool(&self, name: PoolName, capacity: Resources) -> Result<(bool, PoolView), StoreError> {
+        self.live()?;
+        let put = put(&self.inner, name, capacity, false).await?;
+        wake::nudge_scheduler(&self.inner).await;
+        Ok(put)
+    }
+
+    async fn seed_pool(&self, name: PoolName, capacity: Resources) -> Result<(bool, PoolView), StoreError> {
+        self.live()?;
+        let put = put(&self.inner, name, capacity, true).await?;
+        wake::nudge_scheduler(&self.inner).await;
+        Ok(put)
+    }
+
+    async fn remove_pool(&self, name: PoolName, force: bool) -> Result<usize, StoreError> {
+        self.live()?;
+        remove(&self.inner, name, force).await
+    }
+
+    async fn pools(&self, page: PageRequest<PoolName>) -> Result<Page<PoolView, PoolName>, StoreError> {
+        list(&self.inner, page).await
+    }
+
+    async fn pool(&self, name: PoolName) -> Result<PoolView, StoreError> {
+        view(&self.inner, &name).await
+    }
+
+    async fn offer(&self, name: PoolName) -> Result<Option<Offer>, StoreError> {
+        offer(&self.inner, name).await
+    }
+
+    async fn accept(&self, name: PoolName, request: AllocRequest) -> Result<Alloc, StoreError> {
+        self.live()?;
+        accept(&self.inner, name, request).await
+    }
+
+    async fn keepalive_alloc(&self, name: PoolName, id: AllocId, interval_ms: u64) -> Result<(u64, Alloc), StoreError> {
+        self.live()?;
+        keepalive(&self.inner, name, id, interval_ms).await
+    }
+
+    async fn free_alloc(&self, name: PoolName, id: AllocId) -> Result<EndedAlloc, StoreError> {
+        self.live()?;
+        free(&self.inner, name, id).await
+    }
+
+    async fn inspect_alloc(&self, name: PoolName, id: AllocId) -> Result<AllocState, StoreError> {
+        inspect(&self.inner, name, id).await
+    }
+
+    async fn allocs(&self, name: PoolName, page: PageRequest<AllocId>) -> Result<Page<Alloc, AllocId>, StoreError> {
+        allocs(&self.inner, name, page).await
+    }
+
+    async fn stop_if_idle_for(&self, name: PoolName, idle_ms: u64) -> Result<(bool, u64), StoreError> {
+        self.live()?;
+        stop_if_idle(&self.inner, name, idle_ms).await
+    }
+
+    async fn label_pool(&self, name: PoolName, labels: Labels) -> Result<PoolView, StoreError> {
+        self.live()?;
+        label(&self.inner, &name, &labels).await
+    }
+}
+
+impl RedisStore {
+    /// Accepts a pool's offer for a task the scheduler places, under the id it chose, in the
+    /// scheduler's term `fencing`: the alloc has no lease until [`RedisStore::end_held_alloc`]; a
+    /// keepalive changes nothing and a free by hand is refused.
+    pub async fn accept_held_alloc(
+        &self,
+        pool: PoolName,
+        request: AllocRequest,
+        id: AllocId,
+        fencing: u64,
+    ) -> Result<Alloc, StoreError> {
+        accept_held(&self.inner, pool, request, id, fencing).await
+    }
+
+    /// Ends an alloc the scheduler holds (its task ended), in the scheduler's term `fencing`.
+    pub async fn end_held_alloc(&self, pool: PoolName, id: AllocId, fencing: u64) -> Result<(), StoreError> {
+        end_held(&self.inner, pool, id, fencing).await
+    }
 }
 
 #[cfg(test)]

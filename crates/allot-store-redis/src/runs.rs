@@ -14,8 +14,9 @@ use allot_store::{CachedOutputs, ExecutorLease, RunStore, StoreError};
 use async_trait::async_trait;
 use redis::Value;
 
+use crate::errors::{call_error, redis_error};
 use crate::reply::corrupt;
-use crate::{call_error, redis_error, RedisStore};
+use crate::store::RedisStore;
 
 /// The runs' key prefix: one hash slot.
 const RUNS_PREFIX: &str = "allot:{allot-runs}";

@@ -11,8 +11,8 @@ use allot_core::apps::{
 };
 use allot_core::pools::{LeaseRules, PoolName, Pools};
 use allot_core::Ledger;
-use allot_store_redis::app_records::WriteError;
-use allot_store_redis::sched_lease::LeaseState;
+use allot_store_redis::apps::lease::LeaseState;
+use allot_store_redis::apps::records::WriteError;
 use allot_store_redis::testing::RedisServer;
 use allot_store_redis::{RedisConfig, RedisStore};
 

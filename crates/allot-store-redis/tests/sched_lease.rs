@@ -4,7 +4,7 @@
 
 use std::time::Duration;
 
-use allot_store_redis::sched_lease::LeaseState;
+use allot_store_redis::apps::lease::LeaseState;
 use allot_store_redis::testing::RedisServer;
 use allot_store_redis::{RedisConfig, RedisStore};
 

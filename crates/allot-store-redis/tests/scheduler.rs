@@ -16,7 +16,7 @@ use allot_core::pools::{AllocId, AllocRequest, AllocState, PoolName};
 use allot_core::{AllocateRequest, Constraints, LeaseRequest, NamespaceName, Token};
 use allot_store::prelude::*;
 use allot_store::{AppsHome, StoreError};
-use allot_store_redis::sched_lease::LeaseState;
+use allot_store_redis::apps::lease::LeaseState;
 use allot_store_redis::testing::RedisServer;
 use allot_store_redis::{RedisConfig, RedisStore};
 

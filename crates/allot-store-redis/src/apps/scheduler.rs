@@ -1,8 +1,5 @@
-//! The scheduler on Redis: applications, queues and tasks live in Redis (`app_records.rs`), and
-//! one daemon at a time schedules them, elected by the scheduler's lease (`sched_lease.rs`).
-//!
-//! At length, as one thing: the one writer of the scheduler's records and how it carries an
-//! outcome out across hash slots.
+//! The scheduler on Redis: applications, queues and tasks live in Redis (`records.rs`), and
+//! one daemon at a time schedules them, elected by the scheduler's lease (`lease.rs`).
 //!
 //! - The daemon that holds the lease keeps `allot_core::apps::Scheduler` in memory, loaded from
 //!   the records when it takes the lease, and serves every call of the applications part; the
@@ -25,23 +22,24 @@
 //!   on). Nothing is placed before that.
 
 use std::collections::{HashMap, HashSet};
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use allot_core::apps::queues::{QueueLimits, QueuePath};
-use allot_core::apps::{Outcome, SchedConfig, SchedError, SchedStats, Scheduler, World};
-use allot_core::pools::{Alloc, AllocId, AllocRequest, Labels, PoolChange, PoolName, Pools, HELD};
-use allot_core::{Change, Grant, Lease, Ledger, Millis, NamespaceName, Resources, Token};
+use allot_core::apps::{Outcome, SchedConfig, SchedError, Scheduler, World};
+use allot_core::pools::{Alloc, AllocId, AllocRequest, Labels, PoolName, Pools, HELD};
+use allot_core::{Grant, Lease, Ledger, Millis, NamespaceName, Resources, Token};
 use allot_store::quiet::Quiet;
 use allot_store::{AppsHome, PageRequest, PoolStore, QuotaStore, Store, StoreError};
-use serde::{Deserialize, Serialize};
-use tokio::sync::Notify;
 
-use crate::app_records::WriteError;
+use crate::apps::leader::Leader;
+use crate::apps::lease::LeaseState;
+use crate::apps::records::WriteError;
+use crate::apps::steps::{encode_steps, steps, undo, Step, OTHERS, OTHERS_ALLOC};
+use crate::keys::prefix;
 use crate::reply::corrupt;
-use crate::sched_lease::LeaseState;
-use crate::{prefix, Inner, RedisStore};
+use crate::store::{Inner, RedisStore};
 
 /// How long the scheduler's lease runs without a renewal.
 pub(crate) const LEASE_TTL: Duration = Duration::from_secs(3);
@@ -62,67 +60,6 @@ const IDLE_LOOK: Duration = Duration::from_secs(2);
 /// How often the scheduler reads the executors' leases (a pool whose executors stopped is lost).
 const EXECUTORS_EVERY: Duration = Duration::from_secs(1);
 
-/// One step of carrying out an outcome in the pools and namespaces.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(tag = "k", rename_all = "snake_case")]
-enum Step {
-    /// Make a held alloc.
-    Accept { pool: String, id: String, resources: String, owner: String },
-    /// Grant a placement's tokens.
-    Take { namespace: String, token: String, units: u64 },
-    /// End a held alloc.
-    End { pool: String, id: String },
-    /// Release a placement's tokens.
-    Drop { namespace: String, token: String },
-}
-
-/// The makes and the ends of an outcome.
-fn steps(outcome: &Outcome) -> (Vec<Step>, Vec<Step>) {
-    let (mut makes, mut ends) = (Vec::new(), Vec::new());
-    for change in &outcome.pools {
-        match change {
-            PoolChange::Alloc(alloc) if alloc.expires == HELD => makes.push(Step::Accept {
-                pool: alloc.pool.to_string(),
-                id: alloc.id.to_string(),
-                resources: alloc.resources.to_string(),
-                owner: alloc.owner.clone(),
-            }),
-            PoolChange::AllocEnded(ended) if ended.alloc.expires == HELD => {
-                ends.push(Step::End { pool: ended.alloc.pool.to_string(), id: ended.alloc.id.to_string() })
-            }
-            _ => {}
-        }
-    }
-    for change in &outcome.ledger.changes {
-        match change {
-            Change::Grant(grant) | Change::GrantAdded(grant) if grant.token.as_str() != OTHERS => {
-                makes.push(Step::Take {
-                    namespace: grant.namespace.to_string(),
-                    token: grant.token.to_string(),
-                    units: grant.units,
-                })
-            }
-            Change::GrantRemoved { namespace, token } if token.as_str() != OTHERS => {
-                ends.push(Step::Drop { namespace: namespace.to_string(), token: token.to_string() })
-            }
-            _ => {}
-        }
-    }
-    (makes, ends)
-}
-
-/// The mirror's one grant per namespace, and one alloc per pool, for what others hold there (no
-/// scheduler token has this name: theirs are `<app>:<task>`).
-const OTHERS: &str = "others";
-const OTHERS_ALLOC: AllocId = AllocId(0);
-
-fn encode_steps(steps: &[Step]) -> String {
-    if steps.is_empty() {
-        return String::new();
-    }
-    serde_json::to_string(steps).expect("steps always encode")
-}
-
 /// What of the mirror an operation reads again before it runs.
 pub(crate) enum Fresh<'a> {
     No,
@@ -130,90 +67,6 @@ pub(crate) enum Fresh<'a> {
     Namespaces(&'a [NamespaceName]),
     /// The pools and the namespaces, with these too.
     All(&'a [NamespaceName]),
-}
-
-/// The scheduler's state on the daemon that holds the lease.
-struct Leader {
-    fencing: u64,
-    sched: Scheduler,
-    /// The pools and namespaces as last read from Redis, with the scheduler's changes since.
-    pools: Pools,
-    ledger: Ledger,
-    /// Ends that failed (Redis unreachable): carried in the intents and tried again.
-    unfinished: Vec<Step>,
-    /// When the mirror was last read; `None` when it must be read before the next cycle.
-    mirror_read: Option<Instant>,
-    /// When the executors' leases were last read.
-    executors_read: Option<Instant>,
-}
-
-/// The applications part of a Redis store: who schedules, and the scheduler if it is this daemon.
-pub(crate) struct Apps {
-    /// This daemon's name in the lease: its base URL, a space, and a nonce.
-    holder: Mutex<Option<String>>,
-    leader: tokio::sync::Mutex<Option<Leader>>,
-    /// This daemon's lease, as last renewed: its term, and until when it surely runs.
-    lease: Mutex<Option<(u64, Instant)>>,
-    home: Mutex<AppsHome>,
-    config: Mutex<SchedConfig>,
-    /// Queues of the configuration file, registered by this daemon when it schedules.
-    seeds: Mutex<Vec<(QueuePath, QueueLimits)>>,
-    stats: Mutex<SchedStats>,
-    pub(crate) wake: Notify,
-    /// Set when a daemon made room (a quota or a pool put): the mirror is read again before the
-    /// next cycle, which runs at once.
-    room_made: AtomicBool,
-}
-
-impl Apps {
-    pub(crate) fn new() -> Apps {
-        Apps {
-            holder: Mutex::new(None),
-            leader: tokio::sync::Mutex::new(None),
-            lease: Mutex::new(None),
-            home: Mutex::new(AppsHome::Unknown),
-            config: Mutex::new(SchedConfig::default()),
-            seeds: Mutex::new(Vec::new()),
-            stats: Mutex::new(SchedStats::default()),
-            wake: Notify::new(),
-            room_made: AtomicBool::new(false),
-        }
-    }
-
-    /// A daemon made room that may admit a waiting application: if this daemon schedules, it
-    /// reads the pools and namespaces again and runs a cycle at once.
-    pub(crate) fn room_made(&self) {
-        self.room_made.store(true, Ordering::SeqCst);
-        self.wake.notify_one();
-    }
-
-    pub(crate) fn home(&self) -> AppsHome {
-        self.home.lock().unwrap_or_else(|p| p.into_inner()).clone()
-    }
-
-    pub(crate) fn stats(&self) -> SchedStats {
-        *self.stats.lock().unwrap_or_else(|p| p.into_inner())
-    }
-
-    /// The term of this daemon's running lease, if it holds one.
-    fn term(&self) -> Option<u64> {
-        let lease = *self.lease.lock().unwrap_or_else(|p| p.into_inner());
-        lease.filter(|(_, until)| *until > Instant::now()).map(|(fencing, _)| fencing)
-    }
-
-    /// The leader's state, if this daemon holds the lease in its term.
-    fn current<'a>(&self, leader: &'a mut Option<Leader>) -> Option<&'a mut Leader> {
-        let term = self.term();
-        leader.as_mut().filter(|l| Some(l.fencing) == term)
-    }
-
-    fn set_home(&self, home: AppsHome) {
-        *self.home.lock().unwrap_or_else(|p| p.into_inner()) = home;
-    }
-
-    pub(crate) fn holder(&self) -> Option<String> {
-        self.holder.lock().unwrap_or_else(|p| p.into_inner()).clone()
-    }
 }
 
 fn not_here() -> StoreError {
@@ -703,15 +556,6 @@ fn executors_changed(l: &mut Leader, leases: &[allot_store::ExecutorLease], now:
         }
     }
     outcome
-}
-
-/// The step that undoes a make.
-fn undo(step: &Step) -> Option<Step> {
-    match step {
-        Step::Accept { pool, id, .. } => Some(Step::End { pool: pool.clone(), id: id.clone() }),
-        Step::Take { namespace, token, .. } => Some(Step::Drop { namespace: namespace.clone(), token: token.clone() }),
-        _ => None,
-    }
 }
 
 /// The election: takes or renews the lease every [`RENEW_EVERY`], and says who schedules.

@@ -1,7 +1,21 @@
-//! The applications part on Redis: every call is served by the scheduler of the daemon that
-//! holds the lease (`sched.rs`); on another daemon the HTTP edge forwards it there
+//! The applications part on Redis: [`AppStore`], every call served by the scheduler of the
+//! daemon that holds the lease; on another daemon the HTTP edge forwards it there
 //! ([`AppStore::apps_home`]), and a call that reaches a daemon that does not schedule answers
 //! `Unavailable` (retry).
+//!
+//! - `lease`: the scheduler's lease, which elects the one daemon that schedules (public: tests
+//!   and tools take it by hand);
+//! - `records`: the records of queues, applications and tasks, written only in the lease's
+//!   current term (public, likewise);
+//! - `leader`: who schedules, as this daemon sees it, and the scheduler's state while it does;
+//! - `steps`: the allocs and grants an outcome makes and ends, as data;
+//! - `scheduler`: the election and the rounds, and how an outcome is carried out across slots.
+
+pub(crate) mod leader;
+pub mod lease;
+pub mod records;
+mod scheduler;
+mod steps;
 
 use allot_core::apps::queues::QueueUsage;
 use allot_core::apps::queues::{QueueLimits, QueuePath};
@@ -10,8 +24,8 @@ use allot_core::NamespaceName;
 use allot_store::{AppInfo, AppStore, AppsHome, Page, PageRequest, StoreError, Submitted, TaskInfo};
 use async_trait::async_trait;
 
-use crate::sched::Fresh;
-use crate::RedisStore;
+use crate::apps::scheduler::Fresh;
+use crate::store::RedisStore;
 
 #[async_trait]
 impl AppStore for RedisStore {

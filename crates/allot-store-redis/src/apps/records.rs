@@ -1,17 +1,15 @@
 //! The records of queues, applications and tasks on Redis (`lua/apps.lua`), in the
 //! `{allot-apps}` hash slot: written only by the scheduler that holds the lease, in the term its
-//! fencing number names, and loaded by a scheduler that takes the lease over. The records are the
-//! embedded store's record types, JSON-encoded.
-//!
-//! This is the storage of applications on Redis (issue 11, point 8); the scheduler that uses it
-//! is not wired yet, so a daemon on Redis still answers the applications routes `unsupported`.
+//! fencing number names (a deposed scheduler's write is refused), and loaded by a scheduler that
+//! takes the lease over, with the intents its predecessor left (see `scheduler.rs`). The records
+//! are the embedded store's record types, JSON-encoded.
 
 use allot_core::apps::{AppChange, SchedConfig, Scheduler};
 use allot_store::records::apps::{AppRecord, QueueRecord, TaskRecord};
 use allot_store::StoreError;
 
 use crate::reply::corrupt;
-use crate::RedisStore;
+use crate::store::RedisStore;
 
 /// The applications' key prefix: one hash slot.
 pub const APPS_PREFIX: &str = "allot:{allot-apps}";
@@ -82,7 +80,7 @@ impl RedisStore {
         Ok(self.load_app_records_and_intents(config).await?.0)
     }
 
-    /// Every record, and the intents the last scheduler left (see `sched.rs`).
+    /// Every record, and the intents the last scheduler left (see `scheduler.rs`).
     pub(crate) async fn load_app_records_and_intents(
         &self,
         config: SchedConfig,
@@ -119,28 +117,5 @@ impl RedisStore {
             tasks.push(record.into_task(&app, &task).map_err(corrupt)?);
         }
         Ok((Scheduler::restore(config, queues, apps, tasks), intents))
-    }
-
-    /// Accepts a pool's offer for a task the scheduler places, under the id it chose, in the
-    /// scheduler's term `fencing`: the alloc has no lease until [`RedisStore::end_held_alloc`]; a
-    /// keepalive changes nothing and a free by hand is refused.
-    pub async fn accept_held_alloc(
-        &self,
-        pool: allot_core::pools::PoolName,
-        request: allot_core::pools::AllocRequest,
-        id: allot_core::pools::AllocId,
-        fencing: u64,
-    ) -> Result<allot_core::pools::Alloc, StoreError> {
-        crate::pools::accept_held(&self.inner, pool, request, id, fencing).await
-    }
-
-    /// Ends an alloc the scheduler holds (its task ended), in the scheduler's term `fencing`.
-    pub async fn end_held_alloc(
-        &self,
-        pool: allot_core::pools::PoolName,
-        id: allot_core::pools::AllocId,
-        fencing: u64,
-    ) -> Result<(), StoreError> {
-        crate::pools::end_held(&self.inner, pool, id, fencing).await
     }
 }

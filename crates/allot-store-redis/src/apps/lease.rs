@@ -1,13 +1,13 @@
-//! The scheduler's lease on Redis (`lua/sched_lease.lua`): it elects the one daemon that
-//! schedules applications; its fencing number goes up at every new term, so the writes of a
-//! deposed scheduler can be told from the current one's.
+//! The scheduler's lease on Redis (`lua/sched_lease.lua`, in the `{allot-apps}` slot): it elects
+//! the one daemon that schedules applications; its fencing number goes up at every new term, so
+//! the writes of a deposed scheduler can be told from the current one's.
 
 use std::time::Duration;
 
 use allot_store::StoreError;
 
 use crate::reply::corrupt;
-use crate::RedisStore;
+use crate::store::RedisStore;
 
 /// The lease's key: in the applications' hash slot.
 pub const LEASE_KEY: &str = "allot:{allot-apps}:lease";

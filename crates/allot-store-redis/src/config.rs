@@ -1,0 +1,67 @@
+//! Where the Redis backend connects: the `--store` address read into a [`RedisConfig`] (one
+//! server, or the seed nodes of a cluster), and how many replicas must have a change.
+
+/// Where the Redis backend connects.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RedisConfig {
+    /// Server URLs: one standalone server, or seed nodes of a cluster.
+    pub urls: Vec<String>,
+    pub cluster: bool,
+    /// How many replicas must have a change before it is acknowledged (`WAIT`); 0, the
+    /// default, acknowledges once the primary applied it.
+    pub min_replicas: u32,
+}
+
+/// A `--store` value that is not a Redis address.
+#[derive(Debug, thiserror::Error)]
+#[error(
+    "`{0}` is not a Redis store address: use redis://HOST:PORT (one server) or \
+     redis+cluster://HOST:PORT[,HOST:PORT...] (a Redis Cluster)"
+)]
+pub struct BadAddress(String);
+
+impl RedisConfig {
+    /// Reads `redis://HOST:PORT[/DB]` (also `rediss://`) or
+    /// `redis+cluster://HOST:PORT[,HOST:PORT...]`.
+    pub fn parse(address: &str) -> Result<RedisConfig, BadAddress> {
+        let bad = || BadAddress(address.to_owned());
+        if let Some(nodes) = address.strip_prefix("redis+cluster://") {
+            let urls: Vec<String> =
+                nodes.split(',').filter(|n| !n.trim().is_empty()).map(|n| format!("redis://{}", n.trim())).collect();
+            if urls.is_empty() {
+                return Err(bad());
+            }
+            for url in &urls {
+                redis::Client::open(url.as_str()).map_err(|_| bad())?;
+            }
+            return Ok(RedisConfig { urls, cluster: true, min_replicas: 0 });
+        }
+        if !(address.starts_with("redis://") || address.starts_with("rediss://")) {
+            return Err(bad());
+        }
+        redis::Client::open(address).map_err(|_| bad())?;
+        Ok(RedisConfig { urls: vec![address.to_owned()], cluster: false, min_replicas: 0 })
+    }
+
+    /// Acknowledges a change only once `replicas` replicas have it.
+    pub fn with_min_replicas(self, replicas: u32) -> RedisConfig {
+        RedisConfig { min_replicas: replicas, ..self }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn store_addresses_are_parsed() {
+        let single = RedisConfig::parse("redis://127.0.0.1:6379").unwrap();
+        assert_eq!((single.urls.len(), single.cluster), (1, false));
+        let cluster = RedisConfig::parse("redis+cluster://127.0.0.1:7000, 127.0.0.1:7001").unwrap();
+        assert_eq!(cluster.urls, vec!["redis://127.0.0.1:7000", "redis://127.0.0.1:7001"]);
+        assert!(cluster.cluster);
+        for bad in ["127.0.0.1:6379", "http://x", "redis+cluster://", "embedded"] {
+            assert!(RedisConfig::parse(bad).is_err(), "{bad}");
+        }
+    }
+}

@@ -1,0 +1,109 @@
+//! The handle every part works through: [`RedisStore`] and its shared state [`Inner`] (the
+//! connection, the function library, this daemon's waiting calls, the scheduler's state, the
+//! counters of calls), and [`Inner::eval`], the one path by which a part calls a function: it
+//! counts the call and maps a failure to a [`StoreError`] (`errors.rs`).
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Instant;
+
+use allot_store::StoreError;
+use redis::Value;
+use tokio::sync::{watch, Notify};
+use tokio::task::JoinHandle;
+
+use crate::apps::leader::Apps;
+use crate::conn::Conn;
+use crate::errors::{call_error, redis_error};
+use crate::reply::{corrupt, Reply};
+use crate::scripts::{Function, Scripts};
+
+/// The Redis backend. Cheap to share behind an `Arc`; [`allot_store::Store::shutdown`] stops its
+/// tasks.
+pub struct RedisStore {
+    pub(crate) inner: Arc<Inner>,
+    /// The daemon's background tasks (subscriber, sweeper, election, scheduling rounds).
+    pub(crate) tasks: Mutex<Vec<JoinHandle<()>>>,
+}
+
+pub(crate) struct Inner {
+    pub(crate) pool_rules: Mutex<allot_core::pools::LeaseRules>,
+    /// Redis's clock (ms) at the last pool call, and the local instant it was read.
+    pub(crate) redis_clock: Mutex<Option<(u64, Instant)>>,
+    pub(crate) conn: Conn,
+    pub(crate) scripts: Scripts,
+    /// Waiting calls of this daemon, by namespace prefix and waiter id.
+    pub(crate) waits: Mutex<HashMap<(String, u64), Arc<Notify>>>,
+    /// Told when a call starts waiting: on a cluster, the subscriber subscribes to its
+    /// namespace's channel.
+    pub(crate) wait_started: Notify,
+    pub(crate) shutdown: watch::Sender<bool>,
+    /// Counted by [`Inner::eval`]: calls, their time, and those that failed.
+    pub(crate) calls: AtomicU64,
+    pub(crate) call_micros: AtomicU64,
+    pub(crate) failures: AtomicU64,
+    /// The applications part: who schedules, and the scheduler if it is this daemon.
+    pub(crate) apps: Apps,
+}
+
+impl Inner {
+    pub(crate) fn new(conn: Conn, scripts: Scripts) -> Inner {
+        let (shutdown, _) = watch::channel(false);
+        Inner {
+            redis_clock: Mutex::new(None),
+            pool_rules: Mutex::new(allot_core::pools::LeaseRules::default()),
+            conn,
+            scripts,
+            waits: Mutex::new(HashMap::new()),
+            wait_started: Notify::new(),
+            shutdown,
+            calls: AtomicU64::new(0),
+            call_micros: AtomicU64::new(0),
+            failures: AtomicU64::new(0),
+            apps: Apps::new(),
+        }
+    }
+
+    /// Calls function `lua` on the slot of `key`; a `mutating` call that may have been applied
+    /// and was not answered fails with [`StoreError::OutcomeUnknown`].
+    pub(crate) async fn eval(
+        &self,
+        lua: &Function,
+        key: &str,
+        args: &[&str],
+        mutating: bool,
+    ) -> Result<Reply, StoreError> {
+        let started = Instant::now();
+        let res = self.conn.fcall(&self.scripts.library, lua, key, args, mutating).await;
+        self.calls.fetch_add(1, Ordering::Relaxed);
+        self.call_micros.fetch_add(started.elapsed().as_micros() as u64, Ordering::Relaxed);
+        match res {
+            Ok(value) => Reply::new(value),
+            Err(err) => {
+                self.failures.fetch_add(1, Ordering::Relaxed);
+                tracing::debug!(function = %lua.name, error = ?err, "redis call failed");
+                Err(call_error(err, mutating))
+            }
+        }
+    }
+
+    /// The fields of a hash (the tokens of a namespace's grants, the ids of a pool's allocs).
+    pub(crate) async fn hash_keys(&self, key: &str) -> Result<Vec<String>, StoreError> {
+        let value = self.conn.query(redis::cmd("HKEYS").arg(key)).await.map_err(|e| redis_error(e, false))?;
+        match value {
+            Value::Array(items) => Reply::new(Value::Array(items))?.rest_texts(),
+            other => Err(corrupt(format!("HKEYS {key}: reply {other:?}"))),
+        }
+    }
+}
+
+impl RedisStore {
+    /// Refuses a change once the store is shutting down.
+    pub(crate) fn live(&self) -> Result<(), StoreError> {
+        if *self.inner.shutdown.borrow() {
+            return Err(StoreError::ShuttingDown);
+        }
+        Ok(())
+    }
+}

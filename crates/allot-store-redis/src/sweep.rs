@@ -1,0 +1,57 @@
+//! The sweeper: every daemon, every [`SWEEP_INTERVAL`], ends the sessions whose deadline passed,
+//! then sweeps every pool and every namespace (`lua/pool.lua` `sweep`, `lua/sweep.lua`): the
+//! leases that are due end and the waiters they made room for are admitted. A sweep is
+//! idempotent, so daemons that share a Redis sweep side by side.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use allot_core::NamespaceName;
+use futures_util::{stream, StreamExt};
+
+use crate::keys::prefix;
+use crate::store::Inner;
+use crate::{pools, registry, sessions};
+
+/// How often a daemon sweeps every namespace for leases that are due.
+pub const SWEEP_INTERVAL: Duration = Duration::from_millis(100);
+
+/// Sweeps each [`SWEEP_INTERVAL`]; the list of namespaces is read again every second.
+pub(crate) async fn run_sweeper(inner: Arc<Inner>) {
+    let mut names: Vec<NamespaceName> = Vec::new();
+    let mut listed = Instant::now() - Duration::from_secs(60);
+    let mut ticker = tokio::time::interval(SWEEP_INTERVAL);
+    ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        ticker.tick().await;
+        if listed.elapsed() >= Duration::from_secs(1) {
+            match registry::namespaces(&inner).await {
+                Ok(list) => {
+                    names = list;
+                    listed = Instant::now();
+                }
+                Err(err) => {
+                    tracing::debug!(error = %err, "sweep: cannot list namespaces");
+                    continue;
+                }
+            }
+        }
+        sweep(&inner, &names).await;
+    }
+}
+
+/// One sweep: the sessions, every pool, and the namespaces `names`. Failures are logged; the
+/// next sweep tries again.
+pub(crate) async fn sweep(inner: &Inner, names: &[NamespaceName]) {
+    if let Err(err) = sessions::sweep(inner).await {
+        tracing::debug!(error = %err, "sweep of sessions failed");
+    }
+    pools::sweep_all(inner).await;
+    stream::iter(names.iter())
+        .for_each_concurrent(16, |name| async move {
+            if let Err(err) = inner.eval(&inner.scripts.sweep, &prefix(name), &[], true).await {
+                tracing::debug!(namespace = %name, error = %err, "sweep failed");
+            }
+        })
+        .await;
+}
