@@ -13,7 +13,8 @@ use std::time::Duration;
 use allot_core::{AllocateRequest, Constraints, LeaseRequest, NamespaceName, Scope, Token};
 use allot_store::{read_all, Allocation, EmbeddedConfig, EmbeddedStore, Store, StoreError};
 use allot_store_redis::testing::RedisServer;
-use allot_store_redis::{RedisConfig, RedisStore};
+
+use crate::support;
 
 type Rng = allot_core::testing::XorShift;
 
@@ -116,7 +117,7 @@ async fn state(store: &dyn Store, names: &[NamespaceName]) -> Vec<String> {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn redis_functions_answer_like_the_ledger() {
     let server = RedisServer::start();
-    let redis = RedisStore::open(&RedisConfig::parse(&server.url()).unwrap()).await.unwrap();
+    let redis = support::open(&server.url()).await;
     let dir = tempfile::tempdir().unwrap();
     let embedded = EmbeddedStore::open(&EmbeddedConfig::new(dir.path().join("data"))).unwrap();
     let mut steps = 0;

@@ -6,21 +6,12 @@
 use allot_store::prelude::*;
 use std::time::{Duration, Instant};
 
-use allot_core::{AllocateRequest, Constraints, LeaseRequest, NamespaceName, Token};
+use allot_core::{AllocateRequest, NamespaceName};
 use allot_store::StoreError;
 use allot_store_redis::testing::RedisServer;
 use allot_store_redis::{RedisConfig, RedisStore};
 
-fn request(token: &str) -> AllocateRequest {
-    AllocateRequest {
-        namespace: NamespaceName::new("replicated").unwrap(),
-        token: Token::new(token).unwrap(),
-        units: 1,
-        scope: None,
-        constraints: Constraints::default(),
-        lease: LeaseRequest::None,
-    }
-}
+use crate::support::request;
 
 /// Starts a replica of `primary` and waits until the primary counts it.
 fn replica_of(primary: &RedisServer) -> RedisServer {
@@ -49,7 +40,7 @@ async fn a_change_is_acknowledged_once_its_replicas_have_it_and_unknown_when_the
     store.put_namespace(NamespaceName::new("replicated").unwrap(), 100).await.unwrap();
     for i in 0..50 {
         let token = format!("t{i}");
-        store.allocate(request(&token), Duration::ZERO).await.unwrap();
+        store.allocate(request("replicated", &token), Duration::ZERO).await.unwrap();
         // Acknowledged means the replica has it already.
         let held = replica.cli(&["HEXISTS", "allot:{replicated}:grants", &token]);
         assert_eq!(held.trim(), "1", "grant {token} acknowledged before the replica had it");
@@ -58,7 +49,7 @@ async fn a_change_is_acknowledged_once_its_replicas_have_it_and_unknown_when_the
     // One replica fewer attached than required: refused at once, before anything is written.
     let two = open(&primary, 2).await;
     let started = Instant::now();
-    let answer = two.allocate(request("needs-two"), Duration::ZERO).await;
+    let answer = two.allocate(request("replicated", "needs-two"), Duration::ZERO).await;
     let Err(err @ StoreError::NotEnoughReplicas(_)) = &answer else {
         panic!("a change on a primary with 1 of 2 replicas answered {answer:?}")
     };
@@ -75,7 +66,7 @@ async fn a_change_is_acknowledged_once_its_replicas_have_it_and_unknown_when_the
     let signal = |sig: &str| assert!(std::process::Command::new("kill").args([sig, &pid]).status().unwrap().success());
     signal("-STOP");
     let started = Instant::now();
-    let answer = store.allocate(request("late"), Duration::ZERO).await;
+    let answer = store.allocate(request("replicated", "late"), Duration::ZERO).await;
     signal("-CONT");
     let Err(err @ StoreError::OutcomeUnknown(_)) = &answer else {
         panic!("a change its replica did not confirm answered {answer:?}")
@@ -86,14 +77,14 @@ async fn a_change_is_acknowledged_once_its_replicas_have_it_and_unknown_when_the
 
     // The replica gone: refused before it is applied.
     replica.stop();
-    let answer = store.allocate(request("alone"), Duration::ZERO).await;
+    let answer = store.allocate(request("replicated", "alone"), Duration::ZERO).await;
     assert!(matches!(answer, Err(StoreError::NotEnoughReplicas(_))), "{answer:?}");
     let held = primary.cli(&["HEXISTS", "allot:{replicated}:grants", "alone"]);
     assert_eq!(held.trim(), "0", "a refused change was applied");
 
     // Without the option, the primary's answer is enough.
     let unreplicated = open(&primary, 0).await;
-    unreplicated.allocate(request("primary-only"), Duration::ZERO).await.unwrap();
+    unreplicated.allocate(request("replicated", "primary-only"), Duration::ZERO).await.unwrap();
     store.shutdown().await;
     two.shutdown().await;
     unreplicated.shutdown().await;
@@ -121,7 +112,7 @@ async fn a_shard_without_its_replica_refuses_changes_at_once_and_the_others_go_o
     }
     let (mut refused, mut granted) = (0, 0);
     for namespace in &namespaces {
-        let request = AllocateRequest { namespace: namespace.clone(), ..request("after") };
+        let request = AllocateRequest { namespace: namespace.clone(), ..request("replicated", "after") };
         let started = Instant::now();
         match store.allocate(request, Duration::ZERO).await {
             Ok(_) => granted += 1,
@@ -141,7 +132,7 @@ async fn a_shard_without_its_replica_refuses_changes_at_once_and_the_others_go_o
 
 /// The fencing number a store gave `token`, if granted.
 async fn fencing_of(store: &RedisStore, token: &str) -> u64 {
-    match store.allocate(request(token), Duration::ZERO).await.unwrap() {
+    match store.allocate(request("replicated", token), Duration::ZERO).await.unwrap() {
         allot_store::Allocation::Granted { grant, .. } => grant.grant.fencing,
         other => panic!("{token}: {other:?}"),
     }

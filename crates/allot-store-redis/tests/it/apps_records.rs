@@ -16,6 +16,8 @@ use allot_store_redis::apps::records::WriteError;
 use allot_store_redis::testing::RedisServer;
 use allot_store_redis::{RedisConfig, RedisStore};
 
+use crate::support;
+
 fn everything(sched: &Scheduler) -> String {
     let apps: Vec<_> = sched.apps_after(None, usize::MAX).into_iter().cloned().collect();
     let tasks: Vec<_> = apps
@@ -115,7 +117,7 @@ async fn allocs_the_scheduler_holds_have_no_lease_cannot_be_freed_by_hand_and_re
     use allot_store::StoreError;
 
     let server = RedisServer::start();
-    let store = RedisStore::open(&RedisConfig::parse(&server.url()).unwrap()).await.unwrap();
+    let store = support::open(&server.url()).await;
     let pool = PoolName::new("held").unwrap();
     store.put_pool(pool.clone(), "cpu=4".parse().unwrap()).await.unwrap();
     let request = AllocRequest { min: "cpu=3".parse().unwrap(), owner: "app/t1".into(), ..AllocRequest::default() };

@@ -8,20 +8,18 @@ use allot_store::{conformance, Store};
 use allot_store_redis::testing::{RedisCluster, RedisServer};
 use allot_store_redis::{RedisConfig, RedisStore};
 
+use crate::support::{self, until};
+
 /// Takes part in the scheduler's election, alone, and waits until this store schedules.
 async fn schedule_here(store: &RedisStore) {
     store.start_scheduling("http://127.0.0.1:9");
-    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
-    while store.apps_home() != allot_store::AppsHome::Here {
-        assert!(std::time::Instant::now() < deadline, "the only daemon never became the scheduler");
-        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
-    }
+    until("the only daemon became the scheduler", async || store.apps_home() == allot_store::AppsHome::Here).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn conformance_on_one_redis_server() {
     let server = RedisServer::start();
-    let store = Arc::new(RedisStore::open(&RedisConfig::parse(&server.url()).unwrap()).await.unwrap());
+    let store = Arc::new(support::open(&server.url()).await);
     conformance::run(store.clone(), &conformance::WaitedTime).await;
     conformance::run_pools(store.clone(), &conformance::WaitedTime).await;
     schedule_here(&store).await;
@@ -33,7 +31,7 @@ async fn conformance_on_one_redis_server() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn conformance_on_a_three_primary_cluster() {
     let cluster = RedisCluster::start(3);
-    let store = Arc::new(RedisStore::open(&RedisConfig::parse(&cluster.address()).unwrap()).await.unwrap());
+    let store = Arc::new(support::open(&cluster.address()).await);
     conformance::run(store.clone(), &conformance::WaitedTime).await;
     conformance::run_pools(store.clone(), &conformance::WaitedTime).await;
     schedule_here(&store).await;
@@ -67,7 +65,7 @@ async fn names_listed_only_by_an_earlier_version_are_paged() {
     use allot_store::{read_all, PageRequest};
 
     let server = RedisServer::start();
-    let store = RedisStore::open(&RedisConfig::parse(&server.url()).unwrap()).await.unwrap();
+    let store = support::open(&server.url()).await;
     for name in ["b", "a", "c"] {
         store.put_namespace(NamespaceName::new(name).unwrap(), 1).await.unwrap();
         store.put_pool(PoolName::new(name).unwrap(), "cpu=1".parse().unwrap()).await.unwrap();
@@ -99,7 +97,7 @@ async fn runs_kept_by_an_earlier_version_go_with_their_application() {
     // As an earlier version left it: the hash, no set, no flag.
     let json = serde_json::to_string(&RunRecord::of(&ended)).unwrap();
     server.cli(&["HSET", "allot:{allot-runs}:runs", "old-app/t1", &json]);
-    let store = RedisStore::open(&RedisConfig::parse(&server.url()).unwrap()).await.unwrap();
+    let store = support::open(&server.url()).await;
     schedule_here(&store).await;
     let queue = QueuePath::new("root.old").unwrap();
     store.put_queue(queue.clone(), QueueLimits::default()).await.unwrap();

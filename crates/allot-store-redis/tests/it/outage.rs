@@ -5,26 +5,17 @@
 use allot_store::prelude::*;
 use std::time::{Duration, Instant};
 
-use allot_core::{AllocateRequest, Constraints, LeaseRequest, NamespaceName, Token};
+use allot_core::NamespaceName;
 use allot_store::StoreError;
 use allot_store_redis::testing::RedisServer;
-use allot_store_redis::{RedisConfig, RedisStore};
+use allot_store_redis::RedisStore;
 
-fn request(token: &str) -> AllocateRequest {
-    AllocateRequest {
-        namespace: NamespaceName::new("outage").unwrap(),
-        token: Token::new(token).unwrap(),
-        units: 1,
-        scope: None,
-        constraints: Constraints::default(),
-        lease: LeaseRequest::None,
-    }
-}
+use crate::support::{self, request};
 
 async fn open(server: &RedisServer) -> RedisStore {
-    let store = RedisStore::open(&RedisConfig::parse(&server.url()).unwrap()).await.unwrap();
+    let store = support::open(&server.url()).await;
     store.put_namespace(NamespaceName::new("outage").unwrap(), 100).await.unwrap();
-    store.allocate(request("before"), Duration::ZERO).await.unwrap();
+    store.allocate(request("outage", "before"), Duration::ZERO).await.unwrap();
     store
 }
 
@@ -36,7 +27,7 @@ async fn calls_to_a_killed_server_are_unavailable_and_name_redis() {
     let mut unknown = 0;
     let mut refused = Vec::new();
     for i in 0..20 {
-        match store.allocate(request(&format!("after-{i}")), Duration::ZERO).await {
+        match store.allocate(request("outage", &format!("after-{i}")), Duration::ZERO).await {
             Err(StoreError::OutcomeUnknown(reason)) => {
                 // Only the call that finds the connection broken may not know whether it left.
                 unknown += 1;
@@ -64,7 +55,7 @@ async fn a_call_in_flight_when_the_server_dies_has_an_unknown_outcome() {
     server.cli(&["CLIENT", "PAUSE", "10000", "WRITE"]);
     let call = tokio::spawn({
         let store = store.clone();
-        async move { store.allocate(request("in-flight"), Duration::ZERO).await }
+        async move { store.allocate(request("outage", "in-flight"), Duration::ZERO).await }
     });
     tokio::time::sleep(Duration::from_millis(300)).await;
     assert!(!call.is_finished(), "the call waits for the paused server");
@@ -90,16 +81,16 @@ async fn a_call_in_flight_when_the_server_dies_has_an_unknown_outcome() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_change_in_flight_when_its_cluster_node_dies_has_an_unknown_outcome() {
     let mut cluster = allot_store_redis::testing::RedisCluster::start(3);
-    let store = std::sync::Arc::new(RedisStore::open(&RedisConfig::parse(&cluster.address()).unwrap()).await.unwrap());
+    let store = std::sync::Arc::new(support::open(&cluster.address()).await);
     store.put_namespace(NamespaceName::new("outage").unwrap(), 100).await.unwrap();
-    store.allocate(request("before"), Duration::ZERO).await.unwrap();
+    store.allocate(request("outage", "before"), Duration::ZERO).await.unwrap();
     // Every node holds its writes: the call below is sent to the namespace's node and waits.
     for node in &cluster.nodes {
         node.cli(&["CLIENT", "PAUSE", "10000", "WRITE"]);
     }
     let call = tokio::spawn({
         let store = store.clone();
-        async move { store.allocate(request("in-flight"), Duration::ZERO).await }
+        async move { store.allocate(request("outage", "in-flight"), Duration::ZERO).await }
     });
     tokio::time::sleep(Duration::from_millis(300)).await;
     assert!(!call.is_finished(), "the call waits for the paused node");

@@ -20,6 +20,8 @@ use allot_store_redis::apps::lease::LeaseState;
 use allot_store_redis::testing::RedisServer;
 use allot_store_redis::{RedisConfig, RedisStore};
 
+use crate::support::until;
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_successor_undoes_what_a_dead_scheduler_made_but_never_recorded() {
     let server = RedisServer::start();
@@ -71,14 +73,6 @@ async fn a_successor_undoes_what_a_dead_scheduler_made_but_never_recorded() {
     // ...nor in the records.
     assert!(dead.write_app_records("dead", fencing, Some(""), &[]).await.is_err());
     next.shutdown().await;
-}
-
-async fn until(what: &str, mut check: impl AsyncFnMut() -> bool) {
-    let started = Instant::now();
-    while !check().await {
-        assert!(started.elapsed() < Duration::from_secs(10), "{what}: not so after 10 s");
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -1,0 +1,33 @@
+//! What several tests use: a store opened on a server's address, a plain allocate request, and a
+//! wait for a condition that other tasks make true.
+
+use std::time::{Duration, Instant};
+
+use allot_core::{AllocateRequest, Constraints, LeaseRequest, NamespaceName, Token};
+use allot_store_redis::{RedisConfig, RedisStore};
+
+/// A store on the Redis (or cluster) at `address`.
+pub(crate) async fn open(address: &str) -> RedisStore {
+    RedisStore::open(&RedisConfig::parse(address).unwrap()).await.unwrap()
+}
+
+/// One unit of `namespace` under `token`: no scope, no cap, no lease.
+pub(crate) fn request(namespace: &str, token: &str) -> AllocateRequest {
+    AllocateRequest {
+        namespace: NamespaceName::new(namespace).unwrap(),
+        token: Token::new(token).unwrap(),
+        units: 1,
+        scope: None,
+        constraints: Constraints::default(),
+        lease: LeaseRequest::None,
+    }
+}
+
+/// Waits until `check` holds; fails the test after 10 s, naming `what`.
+pub(crate) async fn until(what: &str, mut check: impl AsyncFnMut() -> bool) {
+    let started = Instant::now();
+    while !check().await {
+        assert!(started.elapsed() < Duration::from_secs(10), "{what}: not so after 10 s");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
