@@ -1,6 +1,9 @@
 //! The OpenAPI document: utoipa's derivation from the handlers and the wire types, plus the limits
-//! the server enforces (name rules, id formats, number ranges, the resources grammar), stated here
-//! from the same constants the checks use, so that the document and the server cannot drift.
+//! the server enforces (name rules, id formats, number ranges, the resources grammar) and the
+//! error codes it answers, stated here from the same constants the checks use and from the error
+//! codes themselves, so that the document and the server cannot drift.
+
+use std::collections::BTreeMap;
 
 use allot_core::pools::{ALLOC_ID_PATTERN, MAX_IDLE_MS};
 use allot_core::resources::resources_pattern;
@@ -12,6 +15,7 @@ use allot_core::apps::queues::{MAX_QUEUE_PATH, QUEUE_PATH_PATTERN};
 use allot_core::apps::spec::{ID_PATTERN, MAX_GROUPS, MAX_MEMBERS, MAX_TIMEOUT_MS, MIN_TIMEOUT_MS};
 
 use crate::convert::quotas::MIN_LEASE_MS;
+use crate::error::{ErrorCode, Part};
 
 /// An application, task or task group id.
 fn id() -> Value {
@@ -44,8 +48,41 @@ fn range(min: u64, max: u64) -> Value {
     json!({"minimum": min, "maximum": max})
 }
 
-/// Adds the server's limits to utoipa's document.
+/// The description's paragraph on errors: the body of an error answer, then every code
+/// ([`ErrorCode::ALL`]) by part and by the status it is answered with.
+fn error_codes() -> String {
+    let parts = [
+        (Part::Daemon, "Codes", ""),
+        (Part::Quotas, "Token quotas", ""),
+        (Part::Pools, "Pools", " An ended alloc reads as 410 Gone with its record."),
+        (
+            Part::Apps,
+            "Applications",
+            " A token namespace or task group that an application or task names and that does not exist is \
+             namespace_not_found or unknown_task_group, a 409: the path's resource exists.",
+        ),
+        (Part::Runs, "Runs", ""),
+    ];
+    let mut text = String::from("Every error answer has the body `{\"error\": {\"code\": ..., \"message\": ...}}`.");
+    for (part, title, note) in parts {
+        let mut by_status: BTreeMap<u16, Vec<&str>> = BTreeMap::new();
+        for code in ErrorCode::ALL.iter().filter(|code| code.part() == part) {
+            by_status.entry(code.status().as_u16()).or_default().push(code.as_str());
+        }
+        let groups: Vec<String> =
+            by_status.iter().map(|(status, codes)| format!("{} ({status})", codes.join(", "))).collect();
+        text.push_str(&format!(" {title}: {}.{note}", groups.join("; ")));
+    }
+    text
+}
+
+/// Adds the server's limits to utoipa's document, and the error codes to its description (as
+/// its second paragraph).
 pub(crate) fn with_limits(mut doc: Value, max_wait: std::time::Duration) -> Value {
+    if let Some(description) = doc["info"]["description"].as_str() {
+        let (first, rest) = description.split_once("\n\n").unwrap_or((description, ""));
+        doc["info"]["description"] = Value::String(format!("{first}\n\n{}\n\n{rest}", error_codes()));
+    }
     let namespace = json!({"type": "string", "minLength": 1, "maxLength": MAX_NAME_CHARS,
         "pattern": NAMESPACE_PATTERN,
         "description": "`:`-separated segments, none empty, e.g. `hive:cluster-a`; \
@@ -194,5 +231,32 @@ fn add_links(doc: &mut Value) {
                 response["links"][*target] = json!({"operationId": target, "parameters": parameters});
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_description_lists_every_error_code_in_its_second_paragraph() {
+        let doc = crate::openapi(std::time::Duration::from_secs(300));
+        let description = doc["info"]["description"].as_str().unwrap();
+        let paragraphs: Vec<&str> = description.split("\n\n").collect();
+        assert!(paragraphs[0].starts_with("A resource manager"), "{description}");
+        assert!(paragraphs[1].starts_with("Every error answer has the body"), "{description}");
+        assert!(paragraphs[2].starts_with("Names "), "{description}");
+        for code in ErrorCode::ALL {
+            assert!(
+                paragraphs[1].contains(&format!(" {}", code.as_str())),
+                "{code:?} is not listed: {}",
+                paragraphs[1]
+            );
+        }
+        assert!(
+            paragraphs[1].contains(" namespace_not_found, grant_not_found, session_not_found (404);"),
+            "{}",
+            paragraphs[1]
+        );
     }
 }

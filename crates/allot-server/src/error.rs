@@ -1,4 +1,6 @@
-//! `ApiError`: the one error type at the HTTP edge, with a stable machine-readable code.
+//! `ApiError`: the one error type at the HTTP edge, with a stable machine-readable code. Every
+//! code an answer can carry is an [`ErrorCode`], listed once with its part and status; the
+//! OpenAPI document lists the codes from there (`document.rs`).
 
 use allot_api::{ErrorBody, ErrorDetail};
 use allot_core::apps::queues::QueueError;
@@ -9,6 +11,104 @@ use allot_store::StoreError;
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use axum::Json;
+
+/// Declares [`ErrorCode`]: each code once, with the part of allot it belongs to and the status
+/// it is answered with; [`ErrorCode::ALL`] holds every one, in this order.
+macro_rules! error_codes {
+    ($($variant:ident = $code:literal, $part:ident, $status:ident;)*) => {
+        /// A stable, machine-readable error code.
+        #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+        pub enum ErrorCode {
+            $($variant,)*
+        }
+
+        impl ErrorCode {
+            /// Every code, by part, as the document lists them.
+            pub const ALL: &'static [ErrorCode] = &[$(ErrorCode::$variant,)*];
+
+            pub fn as_str(self) -> &'static str {
+                match self {
+                    $(ErrorCode::$variant => $code,)*
+                }
+            }
+
+            pub fn part(self) -> Part {
+                match self {
+                    $(ErrorCode::$variant => Part::$part,)*
+                }
+            }
+
+            /// The status the code is answered with (`namespace_not_found` is also a 409, when
+            /// an application or task names a namespace that does not exist).
+            pub fn status(self) -> StatusCode {
+                match self {
+                    $(ErrorCode::$variant => StatusCode::$status,)*
+                }
+            }
+        }
+    };
+}
+
+error_codes! {
+    InvalidJson = "invalid_json", Daemon, BAD_REQUEST;
+    InvalidArgument = "invalid_argument", Daemon, BAD_REQUEST;
+    InvalidName = "invalid_name", Daemon, BAD_REQUEST;
+    InvalidCursor = "invalid_cursor", Daemon, BAD_REQUEST;
+    NotFound = "not_found", Daemon, NOT_FOUND;
+    MethodNotAllowed = "method_not_allowed", Daemon, METHOD_NOT_ALLOWED;
+    PayloadTooLarge = "payload_too_large", Daemon, PAYLOAD_TOO_LARGE;
+    Internal = "internal", Daemon, INTERNAL_SERVER_ERROR;
+    StoreUnavailable = "store_unavailable", Daemon, SERVICE_UNAVAILABLE;
+    StoreOutcomeUnknown = "store_outcome_unknown", Daemon, SERVICE_UNAVAILABLE;
+    NotEnoughReplicas = "not_enough_replicas", Daemon, SERVICE_UNAVAILABLE;
+    ShuttingDown = "shutting_down", Daemon, SERVICE_UNAVAILABLE;
+    CapsWithoutScope = "caps_without_scope", Quotas, BAD_REQUEST;
+    NamespaceNotFound = "namespace_not_found", Quotas, NOT_FOUND;
+    GrantNotFound = "grant_not_found", Quotas, NOT_FOUND;
+    SessionNotFound = "session_not_found", Quotas, NOT_FOUND;
+    StaleFencing = "stale_fencing", Quotas, CONFLICT;
+    TokenConflict = "token_conflict", Quotas, CONFLICT;
+    NamespaceInUse = "namespace_in_use", Quotas, CONFLICT;
+    InvalidResources = "invalid_resources", Pools, BAD_REQUEST;
+    PoolNotFound = "pool_not_found", Pools, NOT_FOUND;
+    AllocNotFound = "alloc_not_found", Pools, NOT_FOUND;
+    OfferNotFound = "offer_not_found", Pools, NOT_FOUND;
+    OfferExpired = "offer_expired", Pools, CONFLICT;
+    ExceedsCapacity = "exceeds_capacity", Pools, CONFLICT;
+    PoolStopped = "pool_stopped", Pools, CONFLICT;
+    PoolInUse = "pool_in_use", Pools, CONFLICT;
+    AllocEnded = "alloc_ended", Pools, CONFLICT;
+    AllocIdTaken = "alloc_id_taken", Pools, CONFLICT;
+    HeldByScheduler = "held_by_scheduler", Pools, CONFLICT;
+    InvalidQueue = "invalid_queue", Apps, BAD_REQUEST;
+    QueueNotFound = "queue_not_found", Apps, NOT_FOUND;
+    AppNotFound = "app_not_found", Apps, NOT_FOUND;
+    TaskNotFound = "task_not_found", Apps, NOT_FOUND;
+    QueueInUse = "queue_in_use", Apps, CONFLICT;
+    QueueNotALeaf = "queue_not_a_leaf", Apps, CONFLICT;
+    AppConflict = "app_conflict", Apps, CONFLICT;
+    TaskConflict = "task_conflict", Apps, CONFLICT;
+    TaskGroupConflict = "task_group_conflict", Apps, CONFLICT;
+    AppEnded = "app_ended", Apps, CONFLICT;
+    GangNeverFits = "gang_never_fits", Apps, CONFLICT;
+    GangExceedsQueue = "gang_exceeds_queue", Apps, CONFLICT;
+    LargerThanTaskGroup = "larger_than_task_group", Apps, CONFLICT;
+    IllegalTransition = "illegal_transition", Apps, CONFLICT;
+    UnknownTaskGroup = "unknown_task_group", Apps, CONFLICT;
+    RunNotFound = "run_not_found", Runs, NOT_FOUND;
+    LogsNotFound = "logs_not_found", Runs, NOT_FOUND;
+    RunNotHere = "run_not_here", Runs, NOT_FOUND;
+}
+
+/// The part of allot an error code belongs to; `Daemon` for the codes any route may answer.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Part {
+    Daemon,
+    Quotas,
+    Pools,
+    Apps,
+    Runs,
+}
 
 /// An error answer: HTTP status, stable code, and a message a person understands.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -23,102 +123,110 @@ impl ApiError {
         ApiError { status, code, message: message.into() }
     }
 
+    /// An answer with `code`, in the status the code is answered with.
+    pub fn of(code: ErrorCode, message: impl Into<String>) -> ApiError {
+        ApiError::new(code.status(), code.as_str(), message)
+    }
+
     pub fn invalid_argument(message: impl Into<String>) -> ApiError {
-        ApiError::new(StatusCode::BAD_REQUEST, "invalid_argument", message)
+        ApiError::of(ErrorCode::InvalidArgument, message)
     }
 
     pub fn invalid_json(message: impl Into<String>) -> ApiError {
-        ApiError::new(StatusCode::BAD_REQUEST, "invalid_json", message)
+        ApiError::of(ErrorCode::InvalidJson, message)
     }
 
     pub fn not_found() -> ApiError {
-        ApiError::new(StatusCode::NOT_FOUND, "not_found", "no such route; see /openapi.json")
+        ApiError::of(ErrorCode::NotFound, "no such route; see /openapi.json")
     }
 
     pub fn method_not_allowed() -> ApiError {
-        ApiError::new(StatusCode::METHOD_NOT_ALLOWED, "method_not_allowed", "this route does not take that method")
+        ApiError::of(ErrorCode::MethodNotAllowed, "this route does not take that method")
     }
 }
 
 impl From<NameError> for ApiError {
     fn from(err: NameError) -> ApiError {
-        ApiError::new(StatusCode::BAD_REQUEST, "invalid_name", err.to_string())
+        ApiError::of(ErrorCode::InvalidName, err.to_string())
     }
 }
 
 impl From<LedgerError> for ApiError {
     fn from(err: LedgerError) -> ApiError {
-        let (status, code) = match &err {
-            LedgerError::NamespaceNotFound(_) => (StatusCode::NOT_FOUND, "namespace_not_found"),
-            LedgerError::GrantNotFound { .. } => (StatusCode::NOT_FOUND, "grant_not_found"),
-            LedgerError::SessionNotFound(_) => (StatusCode::NOT_FOUND, "session_not_found"),
-            LedgerError::StaleFencing { .. } => (StatusCode::CONFLICT, "stale_fencing"),
-            LedgerError::TokenConflict { .. } => (StatusCode::CONFLICT, "token_conflict"),
-            LedgerError::NamespaceInUse { .. } => (StatusCode::CONFLICT, "namespace_in_use"),
-            LedgerError::OutOfRange { .. } => (StatusCode::BAD_REQUEST, "invalid_argument"),
-            LedgerError::CapsWithoutScope => (StatusCode::BAD_REQUEST, "caps_without_scope"),
+        let code = match &err {
+            LedgerError::NamespaceNotFound(_) => ErrorCode::NamespaceNotFound,
+            LedgerError::GrantNotFound { .. } => ErrorCode::GrantNotFound,
+            LedgerError::SessionNotFound(_) => ErrorCode::SessionNotFound,
+            LedgerError::StaleFencing { .. } => ErrorCode::StaleFencing,
+            LedgerError::TokenConflict { .. } => ErrorCode::TokenConflict,
+            LedgerError::NamespaceInUse { .. } => ErrorCode::NamespaceInUse,
+            LedgerError::OutOfRange { .. } => ErrorCode::InvalidArgument,
+            LedgerError::CapsWithoutScope => ErrorCode::CapsWithoutScope,
         };
-        ApiError::new(status, code, err.to_string())
+        ApiError::of(code, err.to_string())
     }
 }
 
 impl From<PoolError> for ApiError {
     fn from(err: PoolError) -> ApiError {
-        let (status, code) = match &err {
-            PoolError::PoolNotFound(_) => (StatusCode::NOT_FOUND, "pool_not_found"),
-            PoolError::AllocNotFound { .. } => (StatusCode::NOT_FOUND, "alloc_not_found"),
-            PoolError::PoolStopped(_) => (StatusCode::CONFLICT, "pool_stopped"),
-            PoolError::PoolInUse { .. } => (StatusCode::CONFLICT, "pool_in_use"),
+        let code = match &err {
+            PoolError::PoolNotFound(_) => ErrorCode::PoolNotFound,
+            PoolError::AllocNotFound { .. } => ErrorCode::AllocNotFound,
+            PoolError::PoolStopped(_) => ErrorCode::PoolStopped,
+            PoolError::PoolInUse { .. } => ErrorCode::PoolInUse,
             // The client should try another offer [Reflow `errOfferExpired`].
-            PoolError::OfferExpired { .. } => (StatusCode::CONFLICT, "offer_expired"),
+            PoolError::OfferExpired { .. } => ErrorCode::OfferExpired,
             // Fatal for a keepalive loop: the alloc will not come back.
-            PoolError::AllocEnded { .. } => (StatusCode::CONFLICT, "alloc_ended"),
-            PoolError::AllocIdTaken { .. } => (StatusCode::CONFLICT, "alloc_id_taken"),
+            PoolError::AllocEnded { .. } => ErrorCode::AllocEnded,
+            PoolError::AllocIdTaken { .. } => ErrorCode::AllocIdTaken,
             // It can never fit (unless the capacity is raised): try another pool.
-            PoolError::ExceedsCapacity { .. } => (StatusCode::CONFLICT, "exceeds_capacity"),
+            PoolError::ExceedsCapacity { .. } => ErrorCode::ExceedsCapacity,
             // The scheduler frees it when its task ends.
-            PoolError::HeldByScheduler { .. } => (StatusCode::CONFLICT, "held_by_scheduler"),
-            PoolError::EmptyRequest | PoolError::OutOfRange { .. } => (StatusCode::BAD_REQUEST, "invalid_argument"),
+            PoolError::HeldByScheduler { .. } => ErrorCode::HeldByScheduler,
+            PoolError::EmptyRequest | PoolError::OutOfRange { .. } => ErrorCode::InvalidArgument,
         };
-        ApiError::new(status, code, err.to_string())
+        ApiError::of(code, err.to_string())
     }
 }
 
 impl From<SchedError> for ApiError {
     fn from(err: SchedError) -> ApiError {
-        let (status, code) = match &err {
-            SchedError::Invalid(_) => (StatusCode::BAD_REQUEST, "invalid_argument"),
-            SchedError::Queue(QueueError::BadPath(_)) => (StatusCode::BAD_REQUEST, "invalid_queue"),
-            SchedError::Queue(QueueError::NotFound(_)) => (StatusCode::NOT_FOUND, "queue_not_found"),
+        let code = match &err {
+            SchedError::Invalid(_) => ErrorCode::InvalidArgument,
+            SchedError::Queue(QueueError::BadPath(_)) => ErrorCode::InvalidQueue,
+            SchedError::Queue(QueueError::NotFound(_)) => ErrorCode::QueueNotFound,
             // Refusals that depend on what the store holds (child queues, pools, limits, the
             // application's groups) are conflicts; 400 is for what a request says by itself.
-            SchedError::Queue(QueueError::NotALeaf { .. }) => (StatusCode::CONFLICT, "queue_not_a_leaf"),
-            SchedError::Queue(QueueError::HasChildren { .. } | QueueError::RemoveRoot) => {
-                (StatusCode::CONFLICT, "queue_in_use")
-            }
-            SchedError::QueueInUse { .. } => (StatusCode::CONFLICT, "queue_in_use"),
-            SchedError::AppNotFound(_) => (StatusCode::NOT_FOUND, "app_not_found"),
-            SchedError::TaskNotFound { .. } => (StatusCode::NOT_FOUND, "task_not_found"),
-            SchedError::AppConflict { .. } => (StatusCode::CONFLICT, "app_conflict"),
-            SchedError::TaskConflict { .. } => (StatusCode::CONFLICT, "task_conflict"),
-            SchedError::AppEnded { .. } => (StatusCode::CONFLICT, "app_ended"),
+            SchedError::Queue(QueueError::NotALeaf { .. }) => ErrorCode::QueueNotALeaf,
+            SchedError::Queue(QueueError::HasChildren { .. } | QueueError::RemoveRoot) => ErrorCode::QueueInUse,
+            SchedError::QueueInUse { .. } => ErrorCode::QueueInUse,
+            SchedError::AppNotFound(_) => ErrorCode::AppNotFound,
+            SchedError::TaskNotFound { .. } => ErrorCode::TaskNotFound,
+            SchedError::AppConflict { .. } => ErrorCode::AppConflict,
+            SchedError::TaskConflict { .. } => ErrorCode::TaskConflict,
+            SchedError::AppEnded { .. } => ErrorCode::AppEnded,
             // What the body names does not exist; the path's application does (so not 404).
-            SchedError::UnknownGroup { .. } => (StatusCode::CONFLICT, "unknown_task_group"),
+            SchedError::UnknownGroup { .. } => ErrorCode::UnknownTaskGroup,
             // Like two tasks of one id with different content (`task_conflict`).
-            SchedError::GroupConflict { .. } => (StatusCode::CONFLICT, "task_group_conflict"),
-            SchedError::LargerThanGroup { .. } => (StatusCode::CONFLICT, "larger_than_task_group"),
-            SchedError::GroupNeverFits { .. } => (StatusCode::CONFLICT, "gang_never_fits"),
-            SchedError::GangExceedsQueue(_) => (StatusCode::CONFLICT, "gang_exceeds_queue"),
-            SchedError::NamespaceNotFound(_) => (StatusCode::CONFLICT, "namespace_not_found"),
-            SchedError::Illegal(_) => (StatusCode::CONFLICT, "illegal_transition"),
+            SchedError::GroupConflict { .. } => ErrorCode::TaskGroupConflict,
+            SchedError::LargerThanGroup { .. } => ErrorCode::LargerThanTaskGroup,
+            SchedError::GroupNeverFits { .. } => ErrorCode::GangNeverFits,
+            SchedError::GangExceedsQueue(_) => ErrorCode::GangExceedsQueue,
+            SchedError::NamespaceNotFound(_) => ErrorCode::NamespaceNotFound,
+            SchedError::Illegal(_) => ErrorCode::IllegalTransition,
         };
-        ApiError::new(status, code, err.to_string())
+        // A namespace the body names does not exist; the path's application does (so not 404).
+        let status = match &err {
+            SchedError::NamespaceNotFound(_) => StatusCode::CONFLICT,
+            _ => code.status(),
+        };
+        ApiError::new(status, code.as_str(), err.to_string())
     }
 }
 
 impl From<ResourcesError> for ApiError {
     fn from(err: ResourcesError) -> ApiError {
-        ApiError::new(StatusCode::BAD_REQUEST, "invalid_resources", err.to_string())
+        ApiError::of(ErrorCode::InvalidResources, err.to_string())
     }
 }
 
@@ -126,18 +234,10 @@ impl From<StoreError> for ApiError {
     fn from(err: StoreError) -> ApiError {
         match err {
             StoreError::Ledger(err) => err.into(),
-            StoreError::Unavailable(_) => {
-                ApiError::new(StatusCode::SERVICE_UNAVAILABLE, "store_unavailable", err.to_string())
-            }
-            StoreError::OutcomeUnknown(_) => {
-                ApiError::new(StatusCode::SERVICE_UNAVAILABLE, "store_outcome_unknown", err.to_string())
-            }
-            StoreError::NotEnoughReplicas(_) => {
-                ApiError::new(StatusCode::SERVICE_UNAVAILABLE, "not_enough_replicas", err.to_string())
-            }
-            StoreError::ShuttingDown => {
-                ApiError::new(StatusCode::SERVICE_UNAVAILABLE, "shutting_down", err.to_string())
-            }
+            StoreError::Unavailable(_) => ApiError::of(ErrorCode::StoreUnavailable, err.to_string()),
+            StoreError::OutcomeUnknown(_) => ApiError::of(ErrorCode::StoreOutcomeUnknown, err.to_string()),
+            StoreError::NotEnoughReplicas(_) => ApiError::of(ErrorCode::NotEnoughReplicas, err.to_string()),
+            StoreError::ShuttingDown => ApiError::of(ErrorCode::ShuttingDown, err.to_string()),
             StoreError::Invalid(message) => ApiError::invalid_argument(message),
             StoreError::Pool(err) => err.into(),
             StoreError::Sched(err) => err.into(),
@@ -171,5 +271,60 @@ impl IntoResponse for ApiError {
             response.headers_mut().insert(axum::http::header::RETRY_AFTER, axum::http::HeaderValue::from_static("1"));
         }
         response
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::path::PathBuf;
+
+    use super::*;
+
+    /// The codes written as text where an answer is made (the second argument of `new`), in
+    /// every source file of this crate: (file, code).
+    fn codes_written_in_sources() -> Vec<(String, String)> {
+        let maker = concat!("ApiError", "::new(");
+        let mut found = Vec::new();
+        let mut dirs = vec![PathBuf::from(concat!(env!("CARGO_MANIFEST_DIR"), "/src"))];
+        while let Some(dir) = dirs.pop() {
+            for entry in std::fs::read_dir(&dir).unwrap() {
+                let path = entry.unwrap().path();
+                if path.is_dir() {
+                    dirs.push(path);
+                    continue;
+                }
+                if path.extension().is_none_or(|ext| ext != "rs") {
+                    continue;
+                }
+                let text = std::fs::read_to_string(&path).unwrap();
+                for (at, _) in text.match_indices(maker) {
+                    // The code is the second argument; a code passed as a value is an ErrorCode's.
+                    let Some((_, second)) = text[at + maker.len()..].split_once(',') else { continue };
+                    let Some(literal) = second.trim_start().strip_prefix('"') else { continue };
+                    let code = &literal[..literal.find('"').unwrap()];
+                    found.push((path.display().to_string(), code.to_owned()));
+                }
+            }
+        }
+        found
+    }
+
+    #[test]
+    fn every_code_an_answer_can_carry_is_listed() {
+        let listed: Vec<&str> = ErrorCode::ALL.iter().map(|code| code.as_str()).collect();
+        let written = codes_written_in_sources();
+        assert!(written.iter().any(|(_, code)| code == "invalid_cursor"), "the sources were not read: {written:?}");
+        for (file, code) in &written {
+            assert!(listed.contains(&code.as_str()), "{file} answers `{code}`, which ErrorCode does not list");
+        }
+    }
+
+    #[test]
+    fn codes_are_distinct_snake_case_words() {
+        for (i, code) in ErrorCode::ALL.iter().enumerate() {
+            let text = code.as_str();
+            assert!(text.chars().all(|c| c.is_ascii_lowercase() || c == '_'), "{text}");
+            assert!(ErrorCode::ALL[..i].iter().all(|other| other.as_str() != text), "{text} twice");
+        }
     }
 }

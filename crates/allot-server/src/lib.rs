@@ -128,23 +128,14 @@ impl ServerState {
     }
 }
 
+// The description's paragraph on errors, with every code, is added by `document.rs` from the
+// error codes themselves (`error::ErrorCode`).
 #[derive(OpenApi)]
 #[openapi(
     info(
         title = "allot",
         description = "A resource manager for task executions: token quotas with caps, leases, sessions, \
 fencing numbers and a first-come-first-served waiting queue.\n\n\
-Every error answer has the body `{\"error\": {\"code\": ..., \"message\": ...}}`. Codes: invalid_json, \
-invalid_argument, invalid_name, invalid_cursor, caps_without_scope (400); namespace_not_found, grant_not_found, \
-session_not_found, not_found (404); method_not_allowed (405); stale_fencing, token_conflict, \
-namespace_in_use (409); payload_too_large (413); store_unavailable, \
-store_outcome_unknown, not_enough_replicas, shutting_down (503); internal (500). Pools: invalid_resources (400); pool_not_found, \
-alloc_not_found, offer_not_found (404); offer_expired, exceeds_capacity, pool_stopped, pool_in_use, \
-alloc_ended, held_by_scheduler (409). An ended alloc reads as 410 Gone with its record. Applications: \
-invalid_queue (400); queue_not_found, app_not_found, task_not_found, run_not_found, logs_not_found, run_not_here (404); queue_in_use, \
-queue_not_a_leaf, app_conflict, task_conflict, task_group_conflict, app_ended, gang_never_fits, gang_exceeds_queue, \
-larger_than_task_group, illegal_transition, and unknown_task_group and namespace_not_found when the application or task \
-names a task group or token namespace that does not exist (409: the path's resource exists).\n\n\
 Names (namespaces, tokens, projects, namespace scopes, pools) follow one rule: 1 to 255 characters, no control \
 characters, no `/`, not `.` or `..`; a namespace's `:`-separated segments are not empty. A name in a path is \
 percent-decoded once (`%2F` is a `/`, refused; a `%` is sent as `%25`).\n\n\
