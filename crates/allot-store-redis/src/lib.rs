@@ -80,8 +80,13 @@ impl RedisStore {
     /// Connects (waiting, with a warning every few seconds, until Redis answers), then starts the
     /// subscriber of wake-ups and the sweeper.
     pub async fn open(config: &RedisConfig) -> Result<RedisStore, StoreError> {
-        let conn = Self::connect(config).await?;
-        let inner = Arc::new(Inner::new(conn, Scripts::new(config.cluster, config.min_replicas)));
+        Self::open_with(config, Scripts::new(config.cluster, config.min_replicas)).await
+    }
+
+    /// Opens with the function library `scripts` (a test's may read a clock of its own).
+    pub(crate) async fn open_with(config: &RedisConfig, scripts: Scripts) -> Result<RedisStore, StoreError> {
+        let conn = Self::connect(config, &scripts).await?;
+        let inner = Arc::new(Inner::new(conn, scripts));
         let subscriber = match inner.conn.cluster() {
             Some(link) => tokio::spawn(wake::run_sharded_subscriber(inner.clone(), link)),
             None => tokio::spawn(wake::run_subscriber(inner.clone(), config.urls[0].clone())),
@@ -96,12 +101,12 @@ impl RedisStore {
     }
 
     /// Fails at once, without retrying, when a server refuses the function library.
-    async fn connect(config: &RedisConfig) -> Result<Conn, StoreError> {
+    async fn connect(config: &RedisConfig, scripts: &Scripts) -> Result<Conn, StoreError> {
         let mut warned = Instant::now() - Duration::from_secs(60);
         loop {
             let attempt = async {
                 let conn = Conn::connect(&config.urls, config.cluster, config.min_replicas).await?;
-                conn.load_library(&Scripts::new(config.cluster, config.min_replicas).library).await?;
+                conn.load_library(&scripts.library).await?;
                 Ok::<_, RedisError>(conn)
             };
             match attempt.await {

@@ -24,9 +24,20 @@ macro_rules! operations {
             /// `min_replicas`, each function has a twin for changes that first checks the
             /// primary has that many replicas attached, and refuses before it writes.
             pub(crate) fn new(sharded: bool, min_replicas: u32) -> Scripts {
+                Scripts::build(sharded, min_replicas, None)
+            }
+
+            /// The library for one Redis whose functions take the time from key `clock` while
+            /// it is set (see `testing::TestClock`), instead of Redis's `TIME`.
+            pub(crate) fn with_test_clock(clock: &str) -> Scripts {
+                Scripts::build(false, 0, Some(clock))
+            }
+
+            fn build(sharded: bool, min_replicas: u32, test_clock: Option<&str>) -> Scripts {
                 let bodies: &[(&str, &str)] =
                     &[$((stringify!($name), include_str!(concat!("lua/", stringify!($name), ".lua"))),)*];
-                let mut prelude = format!("local SHARDED = {sharded}\n{PRELUDE}");
+                let clock = test_clock.map_or("nil".to_owned(), |key| format!("'{key}'"));
+                let mut prelude = format!("local SHARDED = {sharded}\nlocal TEST_CLOCK = {clock}\n{PRELUDE}");
                 if min_replicas > 0 {
                     prelude.push_str(&format!("local MIN_REPLICAS = {min_replicas}\n{REPLICAS_CHECK}"));
                 }

@@ -1,10 +1,19 @@
 //! Real `redis-server` processes for tests and benchmarks: one server, or a cluster of primaries,
-//! on free loopback ports, in a temporary directory, killed on drop.
+//! on free loopback ports, in a temporary directory, killed on drop; and a store on one server
+//! whose functions read a clock the test sets ([`TestClock`]), to compare them with the core at
+//! given times.
 
 use std::net::TcpListener;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
+
+use allot_core::Millis;
+
+use crate::config::RedisConfig;
+use crate::scripts::Scripts;
+use crate::store::RedisStore;
+use crate::{registry, sweep};
 
 const INSTALL: &str = "redis-server was not found on PATH. The Redis tests need a real server: \
                        install it with `sudo apt-get install -y redis-server` (Debian/Ubuntu) and run again";
@@ -190,5 +199,48 @@ impl RedisCluster {
     pub fn address(&self) -> String {
         let nodes: Vec<String> = self.nodes.iter().map(|n| format!("127.0.0.1:{}", n.port)).collect();
         format!("redis+cluster://{}", nodes.join(","))
+    }
+}
+
+/// The time of the functions of a store opened by [`TestClock::open`]: they read it from a key
+/// of the server instead of Redis's `TIME` (a daemon's functions never do). Only on one server:
+/// on a cluster the key would be in another slot than the functions' keys.
+pub struct TestClock {
+    conn: redis::aio::MultiplexedConnection,
+    now: Millis,
+}
+
+/// The key the test library reads the time from.
+const CLOCK_KEY: &str = "allot:test:now";
+
+impl TestClock {
+    /// Sets the time to `start` (ms), then opens a store on `server` whose functions read it.
+    pub async fn open(server: &RedisServer, start: Millis) -> (RedisStore, TestClock) {
+        let client = redis::Client::open(server.url()).expect("a Redis address");
+        let conn = client.get_multiplexed_async_connection().await.expect("a connection to the test server");
+        let mut clock = TestClock { conn, now: start };
+        clock.write().await;
+        let config = RedisConfig::parse(&server.url()).expect("a Redis address");
+        let store = RedisStore::open_with(&config, Scripts::with_test_clock(CLOCK_KEY)).await.expect("the store opens");
+        (store, clock)
+    }
+
+    pub fn now(&self) -> Millis {
+        self.now
+    }
+
+    /// Moves the time to `now`, then sweeps `store` once, as its sweeper would: every session,
+    /// pool and namespace lease due by then has ended when this returns. (The store's own sweeper
+    /// also runs; at a time that stands still a second sweep finds nothing more to do.)
+    pub async fn set(&mut self, store: &RedisStore, now: Millis) {
+        self.now = now;
+        self.write().await;
+        let names = registry::namespaces(&store.inner).await.expect("the namespaces are listed");
+        sweep::sweep(&store.inner, &names).await;
+    }
+
+    async fn write(&mut self) {
+        let set = redis::cmd("SET").arg(CLOCK_KEY).arg(self.now).to_owned();
+        set.query_async::<()>(&mut self.conn).await.expect("the clock is set");
     }
 }

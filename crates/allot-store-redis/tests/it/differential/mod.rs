@@ -1,10 +1,19 @@
-//! The Redis functions against the core's ledger (through the embedded store): random sequences
-//! of operations, the same on both, must get the same answers and leave the same numbers.
+//! The Redis functions against the core: random sequences of operations, the same on both, must
+//! get the same answers and leave the same state, step by step. The decisions exist twice (Rust
+//! in `allot-core`, Lua in `src/lua/`); these tests and the conformance suite keep them equal.
 //!
-//! The decisions exist twice (Rust in `allot-core`, Lua in `src/lua/`); this test and the
-//! conformance suite keep them equal. Fencing numbers are compared as a property (they increase
-//! per namespace), not as values: the embedded store reserves them in blocks, so after a
-//! namespace is removed and created again its numbers may jump (but never go back).
+//! - here, quotas without time (put, remove, allocate, release) against the ledger through the
+//!   embedded store. Fencing numbers are compared as a property (they increase per namespace),
+//!   not as values: the embedded store reserves them in blocks, so after a namespace is removed
+//!   and created again its numbers may jump (but never go back);
+//! - `quotas`: quotas over time (TTL leases, keepalives, sessions, waiting calls and the order
+//!   they are granted in) against `allot_core::Ledger` itself, both at the times a
+//!   [`TestClock`](allot_store_redis::testing::TestClock) sets;
+//! - `pools`: pools over time (put, accept, keepalive, free, sweep, stop-if-idle) against
+//!   `allot_core::pools::Pools`, likewise.
+
+mod pools;
+mod quotas;
 
 use allot_store::prelude::*;
 use std::collections::HashMap;
@@ -18,9 +27,58 @@ use crate::support;
 
 type Rng = allot_core::testing::XorShift;
 
+/// The generator of sequence `seed`.
+fn generator(seed: u64) -> Rng {
+    Rng::new(0x2545_f491_4f6c_dd1d ^ seed.wrapping_mul(0x9e37_79b9_7f4a_7c15))
+}
+
 /// A number below `n`, two times in three.
 fn maybe(rng: &mut Rng, n: u64) -> Option<u64> {
     (rng.below(3) > 0).then(|| rng.below(n))
+}
+
+/// Who holds a grant: a scope three times in four, with caps two times in three each.
+fn holder(rng: &mut Rng) -> (Option<Scope>, Constraints) {
+    let scope = (rng.below(4) > 0).then(|| {
+        Scope::new(["p1", "p2", "p10"][rng.below(3) as usize], ["dev", "prod"][rng.below(2) as usize]).unwrap()
+    });
+    let constraints = match scope {
+        Some(_) => Constraints { project: maybe(rng, 7), namespace: maybe(rng, 5) },
+        None => Constraints::default(),
+    };
+    (scope, constraints)
+}
+
+/// The steps of one random sequence so far: where the backends disagree, the test fails with
+/// the seed and every step that led there.
+struct Trail {
+    seed: u64,
+    steps: Vec<String>,
+}
+
+impl Trail {
+    fn new(seed: u64) -> Trail {
+        Trail { seed, steps: Vec::new() }
+    }
+
+    fn step(&mut self, step: impl std::fmt::Debug) {
+        self.steps.push(format!("{step:?}"));
+    }
+
+    /// Fails unless Redis answered `redis` where the core answered `core`.
+    #[track_caller]
+    fn agree<T: PartialEq + std::fmt::Debug>(&self, what: &str, redis: T, core: T) {
+        if redis != core {
+            self.fail(&format!("{what} differs\n redis: {redis:?}\n  core: {core:?}"));
+        }
+    }
+
+    /// Fails the test, saying `why`, the seed and the steps.
+    #[track_caller]
+    fn fail(&self, why: &str) -> ! {
+        let steps: Vec<String> = self.steps.iter().enumerate().map(|(i, s)| format!("{:4} {s}", i + 1)).collect();
+        panic!("seed {}, step {}: {why}\nsteps:\n{}", self.seed, self.steps.len(), steps.join("\n"));
+    }
 }
 
 #[derive(Debug, Clone)]
@@ -37,13 +95,7 @@ fn random_op(rng: &mut Rng, names: &[NamespaceName]) -> Op {
         0 => Op::Put(ns, rng.below(9)),
         1 => Op::Remove(ns, rng.below(2) == 0),
         2..=10 => {
-            let scope = (rng.below(4) > 0).then(|| {
-                Scope::new(["p1", "p2", "p10"][rng.below(3) as usize], ["dev", "prod"][rng.below(2) as usize]).unwrap()
-            });
-            let constraints = match scope {
-                Some(_) => Constraints { project: maybe(rng, 7), namespace: maybe(rng, 5) },
-                None => Constraints::default(),
-            };
+            let (scope, constraints) = holder(rng);
             Op::Allocate(
                 ns,
                 AllocateRequest {
@@ -129,7 +181,7 @@ async fn redis_functions_answer_like_the_ledger() {
             redis.put_namespace(name.clone(), 6).await.unwrap();
             embedded.put_namespace(name.clone(), 6).await.unwrap();
         }
-        let mut rng = Rng::new(0x2545_f491_4f6c_dd1d ^ seed.wrapping_mul(0x9e37_79b9_7f4a_7c15));
+        let mut rng = generator(seed);
         let (mut fencing_redis, mut fencing_embedded) = (HashMap::new(), HashMap::new());
         for step in 0..150 {
             let op = random_op(&mut rng, &names);
