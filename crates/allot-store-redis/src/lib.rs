@@ -4,10 +4,11 @@
 //! namespace (`allot:{<namespace>}:...`), and every script reads the time from Redis (`TIME`),
 //! never from a daemon, so daemons with different clocks agree on every lease. The scripts are
 //! Redis functions, loaded once per server; they and the key layout are in `src/lua/`, and
-//! `lua/namespace.lua` documents both.
+//! `lua/namespace.lua` documents both. (Only a test's library, [`testing::TestClock`], reads a
+//! time the test sets instead.)
 //!
 //! - Quotas live in Redis: a quota changed through one daemon holds at once for all. The
-//!   configuration file only seeds namespaces that do not exist yet ([`Store::seed_namespace`]).
+//!   configuration file only seeds namespaces that do not exist yet ([`QuotaStore::seed_namespace`](allot_store::QuotaStore::seed_namespace)).
 //! - Waiters queue in Redis, first come first served across daemons. A script that grants a
 //!   waiter records the answer and publishes the waiter's id on `allot:woken`; the daemon where
 //!   the call waits is subscribed and claims the answer at once. A waiting call also checks every
@@ -161,7 +162,7 @@ impl Store for RedisStore {
         }
     }
 
-    /// Redis answers a `PING` within [`conn::RESPONSE_TIMEOUT`].
+    /// Redis answers a `PING` within `conn::RESPONSE_TIMEOUT` (2 s).
     async fn check_ready(&self) -> Result<(), StoreError> {
         self.live()?;
         let ping = redis::cmd("PING");
