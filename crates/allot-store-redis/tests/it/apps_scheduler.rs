@@ -9,9 +9,8 @@
 
 use std::time::{Duration, Instant};
 
-use allot_core::apps::queues::{QueueLimits, QueuePath};
 use allot_core::apps::states::TaskState;
-use allot_core::apps::{AppId, AppSpec, SchedulingPolicy, TaskId, TaskSpec};
+use allot_core::apps::{AppId, TaskId, TaskSpec};
 use allot_core::pools::{AllocId, AllocRequest, AllocState, PoolName};
 use allot_core::{AllocateRequest, Constraints, LeaseRequest, NamespaceName, Token};
 use allot_store::prelude::*;
@@ -20,7 +19,7 @@ use allot_store_redis::apps::lease::LeaseState;
 use allot_store_redis::testing::RedisServer;
 use allot_store_redis::{RedisConfig, RedisStore};
 
-use crate::support::until;
+use crate::support::{self, until};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_successor_undoes_what_a_dead_scheduler_made_but_never_recorded() {
@@ -85,18 +84,8 @@ async fn a_placement_redis_refuses_is_undone_and_decided_again() {
     store.put_pool(pool.clone(), "cpu=4".parse().unwrap()).await.unwrap();
     store.start_scheduling("http://127.0.0.1:9");
     until("this daemon schedules", async || store.apps_home() == AppsHome::Here).await;
-    let queue = QueuePath::new("root.q").unwrap();
-    store.put_queue(queue.clone(), QueueLimits::default()).await.unwrap();
     let app = AppId::new("a").unwrap();
-    let spec = AppSpec {
-        id: app.clone(),
-        queue,
-        user: "u".into(),
-        tags: Default::default(),
-        groups: Vec::new(),
-        policy: SchedulingPolicy::default(),
-    };
-    store.add_app(spec).await.unwrap();
+    support::add_app(&store, "root.q", &app).await;
     let task = |id: &str, cpu: &str| TaskSpec {
         id: TaskId::new(id).unwrap(),
         resources: cpu.parse().unwrap(),

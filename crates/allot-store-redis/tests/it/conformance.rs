@@ -16,10 +16,9 @@ async fn schedule_here(store: &RedisStore) {
     until("the only daemon became the scheduler", async || store.apps_home() == allot_store::AppsHome::Here).await;
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn conformance_on_one_redis_server() {
-    let server = RedisServer::start();
-    let store = Arc::new(support::open(&server.url()).await);
+/// The whole suite, every part, on a store at `address`.
+async fn conformance_at(address: &str) {
+    let store = Arc::new(support::open(address).await);
     conformance::run(store.clone(), &conformance::WaitedTime).await;
     conformance::run_pools(store.clone(), &conformance::WaitedTime).await;
     schedule_here(&store).await;
@@ -29,15 +28,15 @@ async fn conformance_on_one_redis_server() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn conformance_on_one_redis_server() {
+    let server = RedisServer::start();
+    conformance_at(&server.url()).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn conformance_on_a_three_primary_cluster() {
     let cluster = RedisCluster::start(3);
-    let store = Arc::new(support::open(&cluster.address()).await);
-    conformance::run(store.clone(), &conformance::WaitedTime).await;
-    conformance::run_pools(store.clone(), &conformance::WaitedTime).await;
-    schedule_here(&store).await;
-    conformance::run_apps(store.clone(), &conformance::WaitedTime).await;
-    conformance::run_runs(store.clone(), &conformance::WaitedTime).await;
-    store.shutdown().await;
+    conformance_at(&cluster.address()).await;
 }
 
 /// A server that refuses the function library (here: a user without FUNCTION) is an error at
@@ -84,8 +83,7 @@ async fn names_listed_only_by_an_earlier_version_are_paged() {
 /// are built from it when a daemon opens the store, so that they too go with their application.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn runs_kept_by_an_earlier_version_go_with_their_application() {
-    use allot_core::apps::queues::{QueueLimits, QueuePath};
-    use allot_core::apps::{AppId, AppSpec, SchedulingPolicy, TaskId, TaskSpec};
+    use allot_core::apps::{AppId, TaskId, TaskSpec};
     use allot_core::runs::{PhaseInfo, RetryPolicy, Run, StateWrite, Transition};
     use allot_store::records::runs::RunRecord;
 
@@ -99,18 +97,8 @@ async fn runs_kept_by_an_earlier_version_go_with_their_application() {
     server.cli(&["HSET", "allot:{allot-runs}:runs", "old-app/t1", &json]);
     let store = support::open(&server.url()).await;
     schedule_here(&store).await;
-    let queue = QueuePath::new("root.old").unwrap();
-    store.put_queue(queue.clone(), QueueLimits::default()).await.unwrap();
     let app = AppId::new("old-app").unwrap();
-    let spec = AppSpec {
-        id: app.clone(),
-        queue,
-        user: "u".into(),
-        tags: Default::default(),
-        groups: Vec::new(),
-        policy: SchedulingPolicy::default(),
-    };
-    store.add_app(spec).await.unwrap();
+    support::add_app(&store, "root.old", &app).await;
     let task = TaskSpec {
         id: TaskId::new("t1").unwrap(),
         resources: "cpu=1".parse().unwrap(),

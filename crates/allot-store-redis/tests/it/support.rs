@@ -1,9 +1,12 @@
-//! What several tests use: a store opened on a server's address, a plain allocate request, and a
-//! wait for a condition that other tasks make true.
+//! What several tests use: a store opened on a server's address, a plain allocate request, an
+//! application in a queue of its own, and a wait for a condition that other tasks make true.
 
 use std::time::{Duration, Instant};
 
+use allot_core::apps::queues::{QueueLimits, QueuePath};
+use allot_core::apps::{AppId, AppSpec, SchedulingPolicy};
 use allot_core::{AllocateRequest, Constraints, LeaseRequest, NamespaceName, Token};
+use allot_store::AppStore;
 use allot_store_redis::{RedisConfig, RedisStore};
 
 /// A store on the Redis (or cluster) at `address`.
@@ -30,4 +33,19 @@ pub(crate) async fn until(what: &str, mut check: impl AsyncFnMut() -> bool) {
         assert!(started.elapsed() < Duration::from_secs(10), "{what}: not so after 10 s");
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
+}
+
+/// Adds application `app` (no task groups, the default policy) in queue `queue`, made first.
+pub(crate) async fn add_app(store: &RedisStore, queue: &str, app: &AppId) {
+    let queue = QueuePath::new(queue).unwrap();
+    store.put_queue(queue.clone(), QueueLimits::default()).await.unwrap();
+    let spec = AppSpec {
+        id: app.clone(),
+        queue,
+        user: "u".into(),
+        tags: Default::default(),
+        groups: Vec::new(),
+        policy: SchedulingPolicy::default(),
+    };
+    store.add_app(spec).await.unwrap();
 }
