@@ -8,7 +8,8 @@
 //! time the test sets instead.)
 //!
 //! - Quotas live in Redis: a quota changed through one daemon holds at once for all. The
-//!   configuration file only seeds namespaces that do not exist yet ([`QuotaStore::seed_namespace`](allot_store::QuotaStore::seed_namespace)).
+//!   configuration file only seeds namespaces that do not exist yet
+//!   ([`seed_namespace`](allot_store::QuotaStore::seed_namespace)).
 //! - Waiters queue in Redis, first come first served across daemons. A script that grants a
 //!   waiter records the answer and publishes the waiter's id on `allot:woken`; the daemon where
 //!   the call waits is subscribed and claims the answer at once. A waiting call also checks every
@@ -35,7 +36,8 @@
 //! `registry` (the lists of namespaces and pools), `keys` (hash tags), `reply` (replies read back
 //! into domain types), `errors` (failed calls as [`StoreError`]s), `scripts` (the function
 //! library), `conn` and `cluster` (the connection, to one Redis or a cluster), `timeouts`,
-//! `config` ([`RedisConfig`]). [`testing`] starts real Redis servers and clusters for tests.
+//! `config` ([`RedisConfig`]). [`testing`] starts real Redis servers and clusters for tests, and
+//! a store whose functions read a clock the test sets.
 //! Imports run one way: the parts use the modules under them, and this file starts them.
 
 pub mod apps;
