@@ -36,8 +36,8 @@
 //! `registry` (the lists of namespaces and pools), `keys` (hash tags), `reply` (replies read back
 //! into domain types), `errors` (failed calls as [`StoreError`]s), `scripts` (the function
 //! library), `conn` and `cluster` (the connection, to one Redis or a cluster), `timeouts`,
-//! `config` ([`RedisConfig`]). [`testing`] starts real Redis servers and clusters for tests, and
-//! a store whose functions read a clock the test sets.
+//! `config` ([`RedisConfig`]). With the `testing` feature, `testing` starts real Redis servers
+//! and clusters for tests, and a store whose functions read a clock the test sets.
 //! Imports run one way: the parts use the modules under them, and this file starts them.
 
 pub mod apps;
@@ -55,6 +55,7 @@ mod scripts;
 mod sessions;
 mod store;
 mod sweep;
+#[cfg(feature = "testing")]
 pub mod testing;
 mod timeouts;
 mod wake;

@@ -29,6 +29,7 @@ macro_rules! operations {
 
             /// The library for one Redis whose functions take the time from key `clock` while
             /// it is set (see `testing::TestClock`), instead of Redis's `TIME`.
+            #[cfg(feature = "testing")]
             pub(crate) fn with_test_clock(clock: &str) -> Scripts {
                 Scripts::build(false, 0, Some(clock))
             }
