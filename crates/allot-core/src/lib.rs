@@ -8,7 +8,7 @@
 //!   machines of applications and tasks (`apps::states`), gangs, placements on pools and tokens.
 //! - `runs`: the run of a placed task by its plugin: phases, transitions, retries, events.
 //! - `names`, `resources`: validated names and resource vectors, shared by all four.
-//! - `testing`: a deterministic random generator for tests and load generators.
+//! - `testing` (the `testing` feature): a seeded random generator for tests.
 //!
 //! Architecture invariant: this crate does no I/O, reads no clock and spawns nothing. Time comes
 //! in as a `now` argument, so every decision is a plain function of state and input, tested
@@ -20,6 +20,7 @@ pub mod pools;
 pub mod quotas;
 pub mod resources;
 pub mod runs;
+#[cfg(feature = "testing")]
 pub mod testing;
 
 pub use names::{

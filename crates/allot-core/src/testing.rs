@@ -1,5 +1,5 @@
-//! A small deterministic random generator for tests and load generators: a failing run replays
-//! from its seed. Not for anything that needs unpredictable numbers.
+//! A small deterministic random generator for tests: a failing run replays from its seed. Not
+//! for anything that needs unpredictable numbers.
 
 /// xorshift64: fast, and the same sequence for the same seed on every machine.
 #[derive(Debug, Clone)]

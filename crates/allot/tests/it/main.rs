@@ -3,6 +3,7 @@
 
 mod app_answers;
 mod apps;
+mod architecture;
 mod bench;
 mod cli;
 mod contract;

@@ -1,0 +1,88 @@
+//! ARCHITECTURE.md's code map is true to the code: every crate has a section, every module it
+//! names exists, and every module that exists is named (by its file, or by a folder it is in).
+
+use std::collections::BTreeSet;
+use std::path::{Path, PathBuf};
+
+/// The workspace's root.
+fn root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../..")
+}
+
+/// For each `### \`crates/<name>\`` section, the crate and the paths its list items name before
+/// their dash: `- \`a.rs\`, \`b/\` — what they hold`.
+fn code_map(text: &str) -> Vec<(String, Vec<String>)> {
+    let mut map: Vec<(String, Vec<String>)> = Vec::new();
+    for line in text.lines() {
+        if let Some(name) = line.strip_prefix("### `crates/").and_then(|rest| rest.strip_suffix('`')) {
+            map.push((name.to_owned(), Vec::new()));
+            continue;
+        }
+        if line.starts_with("## ") {
+            map.push((String::new(), Vec::new()));
+            continue;
+        }
+        let (Some((_, paths)), Some(item)) = (map.last_mut(), line.strip_prefix("- ")) else { continue };
+        let named = item.split(" — ").next().unwrap_or_default();
+        paths.extend(
+            named
+                .split('`')
+                .skip(1)
+                .step_by(2)
+                .filter(|path| path.ends_with(".rs") || path.ends_with('/'))
+                .map(str::to_owned),
+        );
+    }
+    map.retain(|(name, _)| !name.is_empty());
+    map
+}
+
+/// Every `.rs` file under `dir`, relative to it.
+fn sources(dir: &Path, under: &Path, found: &mut BTreeSet<String>) {
+    for entry in std::fs::read_dir(dir).unwrap() {
+        let path = entry.unwrap().path();
+        if path.is_dir() {
+            sources(&path, under, found);
+        } else if path.extension().is_some_and(|e| e == "rs") {
+            found.insert(path.strip_prefix(under).unwrap().to_string_lossy().replace('\\', "/"));
+        }
+    }
+}
+
+#[test]
+fn the_code_map_names_every_module_and_only_modules_that_exist() {
+    let root = root();
+    let text = std::fs::read_to_string(root.join("ARCHITECTURE.md")).unwrap();
+    let map = code_map(&text);
+    let mapped: BTreeSet<&str> = map.iter().map(|(name, _)| name.as_str()).collect();
+    let crates: BTreeSet<String> = std::fs::read_dir(root.join("crates"))
+        .unwrap()
+        .map(|entry| entry.unwrap().file_name().to_string_lossy().into_owned())
+        .collect();
+    assert_eq!(mapped, crates.iter().map(String::as_str).collect(), "one section per crate");
+
+    let mut problems = Vec::new();
+    for (name, paths) in &map {
+        let src = root.join("crates").join(name).join("src");
+        for path in paths {
+            if !src.join(path).exists() {
+                problems.push(format!("crates/{name}/src/{path} is named but does not exist"));
+            }
+        }
+        let mut files = BTreeSet::new();
+        sources(&src, &src, &mut files);
+        for file in files.iter().filter(|f| !matches!(f.as_str(), "lib.rs" | "main.rs")) {
+            let covered = paths.iter().any(|path| path == file || (path.ends_with('/') && file.starts_with(path)));
+            if !covered {
+                problems.push(format!("crates/{name}/src/{file} exists but ARCHITECTURE.md does not name it"));
+            }
+        }
+    }
+    assert!(problems.is_empty(), "ARCHITECTURE.md's code map is out of date:\n{}", problems.join("\n"));
+}
+
+#[test]
+fn the_map_reader_sees_names_before_the_dash_only() {
+    let text = "### `crates/x`\n\n- `a.rs`, `b/` — holds `c.rs`\n\n## Next\n\n- `d.rs` — not a crate's\n";
+    assert_eq!(code_map(text), vec![("x".to_owned(), vec!["a.rs".to_owned(), "b/".to_owned()])]);
+}
