@@ -6,6 +6,10 @@
 //! (`Exhausted`, `NamespaceQuotaExceeded`) is not an error but an [`AllocateResponse`] with that
 //! status.
 //!
+//! Modules: one per part for its routes (`quotas`, `pools`, `apps`, `runs`; `pools` also holds
+//! Reflow's client side of pools: mux, caching, allocate, keepalive), `path` (request paths),
+//! `error` ([`ClientError`]).
+//!
 //! A whole program (`examples/allocate.rs`, built by the test command):
 //!
 //! ```no_run

@@ -5,6 +5,9 @@
 //! - `context`: what a plugin is given at start and for each round, with the resource manager
 //!   (allot's own token quotas, woken on release rather than polled);
 //! - `spec`: what a task's spec says to the executor (its type, plugin, retries, cache key);
+//! - `executor`: the loop that drives every task placed on this daemon's pools, round by round;
+//! - `apps`: the applications part as the executor reaches it (this daemon's store, or over HTTP
+//!   the daemon that schedules);
 //! - `builtin`: the plugins that come with allot.
 //!
 //! The decisions over a run (phases, retries, events, abort then finalize) are pure, in

@@ -23,6 +23,11 @@
 //! The daemon clock starts, at open, from the clock of the last record, so time the daemon was
 //! down does not count against leases. A sweeper task ends expired leases every
 //! [`SWEEP_INTERVAL`] and logs the clock at least once a second.
+//!
+//! Modules: one per part (`quotas`, `pools`, `apps`, `runs`); `config` (opening options and
+//! errors), `open` (loading and replay), `wal` (the log), `ops` (writes as data), `syncer`,
+//! `checkpoint`, `recover` and `sweeper` (the background work). This one holds the store, its
+//! state and the commit path.
 
 mod apps;
 mod checkpoint;
