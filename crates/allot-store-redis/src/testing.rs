@@ -27,6 +27,9 @@ fn redis_server() -> PathBuf {
     found.unwrap_or_else(|| panic!("{INSTALL}"))
 }
 
+/// A port nothing listens on now. `redis-server` cannot be handed a bound socket, so the port is
+/// chosen before the server binds it; [`RedisServer`] starts on another one if it was taken
+/// meanwhile.
 fn free_port() -> u16 {
     TcpListener::bind("127.0.0.1:0").and_then(|l| l.local_addr()).map(|a| a.port()).expect("a free port")
 }
@@ -62,8 +65,14 @@ impl RedisServer {
     fn start_with(cluster: bool, fsync: &'static str) -> RedisServer {
         let dir = tempfile::tempdir().expect("a temporary directory");
         let mut server = RedisServer { port: free_port(), dir, child: None, cluster, fsync };
-        server.restart();
-        server
+        // A port taken between its choice and the server's bind: the server exits; take another.
+        for _ in 0..5 {
+            if server.try_start() {
+                return server;
+            }
+            server.port = free_port();
+        }
+        panic!("redis-server did not start on any of five free ports. {INSTALL}")
     }
 
     pub fn url(&self) -> String {
@@ -84,6 +93,12 @@ impl RedisServer {
 
     /// Starts the server again on the same port and data directory; waits until it answers.
     pub fn restart(&mut self) {
+        assert!(self.try_start(), "redis-server could not bind port {} again", self.port);
+    }
+
+    /// Starts the server on its port; true once it answers, false if it exited first (the port
+    /// was taken by another process).
+    fn try_start(&mut self) -> bool {
         self.stop();
         let mut cmd = Command::new(redis_server());
         cmd.arg("--port")
@@ -105,9 +120,20 @@ impl RedisServer {
                 "2000",
             ]);
         }
-        self.child = Some(cmd.spawn().unwrap_or_else(|err| panic!("cannot start redis-server: {err}. {INSTALL}")));
+        let child =
+            self.child.insert(cmd.spawn().unwrap_or_else(|err| panic!("cannot start redis-server: {err}. {INSTALL}")));
         let started = Instant::now();
-        while cli(self.port, &["PING"]).as_deref().map(str::trim) != Some("PONG") {
+        loop {
+            // Exited: it could not bind (whoever answers on the port is not this server).
+            if child.try_wait().ok().flatten().is_some() {
+                self.child = None;
+                return false;
+            }
+            // Answering, and this server (not another one on the same port).
+            let pid = format!("process_id:{}", child.id());
+            if cli(self.port, &["INFO", "server"]).is_some_and(|info| info.lines().any(|l| l.trim() == pid)) {
+                return true;
+            }
             assert!(started.elapsed() < Duration::from_secs(10), "redis-server on port {} did not start", self.port);
             std::thread::sleep(Duration::from_millis(20));
         }
