@@ -1,5 +1,6 @@
-//! ARCHITECTURE.md's code map is true to the code: every crate has a section, every module it
-//! names exists, and every module that exists is named (by its file, or by a folder it is in).
+//! The shape of the code, checked: ARCHITECTURE.md's code map is true to the code (every crate has
+//! a section, every module it names exists, and every module that exists is named, by its file or
+//! by a folder it is in), and no two files of a crate import each other in a circle.
 
 use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
@@ -85,4 +86,81 @@ fn the_code_map_names_every_module_and_only_modules_that_exist() {
 fn the_map_reader_sees_names_before_the_dash_only() {
     let text = "### `crates/x`\n\n- `a.rs`, `b/` — holds `c.rs`\n\n## Next\n\n- `d.rs` — not a crate's\n";
     assert_eq!(code_map(text), vec![("x".to_owned(), vec!["a.rs".to_owned(), "b/".to_owned()])]);
+}
+
+/// A module's path in its crate, from its file: `src/a/b.rs` and `src/a/b/mod.rs` are `a::b`.
+fn module_of(file: &str) -> Vec<String> {
+    let mut parts: Vec<String> = file.trim_end_matches(".rs").split('/').map(str::to_owned).collect();
+    if matches!(parts.last().map(String::as_str), Some("mod" | "lib" | "main")) {
+        parts.pop();
+    }
+    parts
+}
+
+/// The modules of `modules` that `text` (the code of `module`, its unit tests left out) names
+/// through `crate::` or `super::`, other than its own ancestors and descendants: a child module
+/// always sees its parent.
+fn imports(module: &[String], text: &str, modules: &BTreeSet<Vec<String>>) -> BTreeSet<Vec<String>> {
+    let code = text.split("#[cfg(test)]\nmod tests").next().unwrap_or_default();
+    let path = regex::Regex::new(r"\b(crate|super)((?:::[a-z_][a-z0-9_]*)+)").unwrap();
+    let mut found = BTreeSet::new();
+    for caps in path.captures_iter(code) {
+        let mut parts: Vec<String> =
+            if &caps[1] == "crate" { Vec::new() } else { module[..module.len().saturating_sub(1)].to_vec() };
+        parts.extend(caps[2].split("::").filter(|p| !p.is_empty()).map(str::to_owned));
+        let Some(target) = (0..=parts.len()).rev().map(|k| parts[..k].to_vec()).find(|t| modules.contains(t)) else {
+            continue;
+        };
+        let related = target.starts_with(module) || module.starts_with(&target);
+        if !related {
+            found.insert(target);
+        }
+    }
+    found
+}
+
+/// No file of a crate imports, through others, a file that imports it.
+#[test]
+fn no_two_files_of_a_crate_import_each_other_in_a_circle() {
+    let root = root();
+    let mut cycles = Vec::new();
+    for entry in std::fs::read_dir(root.join("crates")).unwrap() {
+        let src = entry.unwrap().path().join("src");
+        let mut files = BTreeSet::new();
+        sources(&src, &src, &mut files);
+        let modules: BTreeSet<Vec<String>> = files.iter().map(|f| module_of(f)).collect();
+        let edges: Vec<(Vec<String>, BTreeSet<Vec<String>>)> = files
+            .iter()
+            .map(|f| {
+                let module = module_of(f);
+                let found = imports(&module, &std::fs::read_to_string(src.join(f)).unwrap(), &modules);
+                (module, found)
+            })
+            .collect();
+        let next = |m: &Vec<String>| edges.iter().find(|(n, _)| n == m).map(|(_, e)| e.clone()).unwrap_or_default();
+        // A module is in a circle if it can reach itself.
+        for (start, _) in &edges {
+            let mut seen = BTreeSet::new();
+            let mut todo: Vec<Vec<String>> = next(start).into_iter().collect();
+            while let Some(m) = todo.pop() {
+                if &m == start {
+                    cycles.push(format!("{}: {}", src.display(), start.join("::")));
+                    break;
+                }
+                if seen.insert(m.clone()) {
+                    todo.extend(next(&m));
+                }
+            }
+        }
+    }
+    assert!(cycles.is_empty(), "modules that import themselves through others:\n{}", cycles.join("\n"));
+}
+
+#[test]
+fn the_import_reader_sees_siblings_not_parents() {
+    let modules: BTreeSet<Vec<String>> =
+        [vec![], vec!["a".to_owned()], vec!["b".to_owned()], vec!["b".to_owned(), "c".to_owned()]].into();
+    let text = "use crate::a::Thing;\nuse super::Other;\nuse super::c::X;\n#[cfg(test)]\nmod tests { use crate::b; }";
+    let found = imports(&["b".to_owned()], text, &modules);
+    assert_eq!(found, [vec!["a".to_owned()]].into(), "the parent, the child and the tests are left out");
 }
