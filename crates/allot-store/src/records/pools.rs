@@ -1,0 +1,111 @@
+//! The pools' records: pools, their labels, and allocs (live, and ended ones still retained).
+
+use std::collections::BTreeMap;
+
+use allot_core::pools::{Alloc, AllocId, EndReason, EndedAlloc, PoolName};
+use allot_core::{Millis, ResourceName, Resources};
+use redb::TableDefinition;
+use serde::{Deserialize, Serialize};
+
+use super::*;
+
+pub const POOLS: TableDefinition<&str, &[u8]> = TableDefinition::new("pools");
+
+pub const ALLOCS: TableDefinition<(&str, u64), &[u8]> = TableDefinition::new("allocs");
+
+pub const POOL_LABELS: TableDefinition<&str, &[u8]> = TableDefinition::new("pool_labels");
+
+/// A resource vector: (name, milli-units) pairs.
+pub type ResourcesRecord = Vec<(String, u64)>;
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PoolRecord {
+    pub capacity: ResourcesRecord,
+    pub stopped: bool,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct AllocRecord {
+    pub resources: ResourcesRecord,
+    pub owner: String,
+    pub labels: BTreeMap<String, String>,
+    pub created: Millis,
+    pub last_keepalive: Option<Millis>,
+    pub expires: Millis,
+    /// When and why it ended (0 freed, 1 reclaimed, 2 pool stopped, 3 pool removed).
+    pub ended: Option<(Millis, u8)>,
+}
+
+pub fn resources_record(resources: &Resources) -> ResourcesRecord {
+    resources.iter().map(|(name, milli)| (name.as_str().to_owned(), milli)).collect()
+}
+
+pub fn resources_from(record: ResourcesRecord, table: &'static str, key: &str) -> Result<Resources, CorruptRecord> {
+    let mut resources = Resources::new();
+    for (name, milli) in record {
+        let name = ResourceName::new(&name).map_err(|e| CorruptRecord {
+            table,
+            key: key.to_owned(),
+            reason: e.to_string(),
+        })?;
+        resources.set_milli(name, milli);
+    }
+    Ok(resources)
+}
+
+fn reason_code(reason: EndReason) -> u8 {
+    match reason {
+        EndReason::Freed => 0,
+        EndReason::Reclaimed => 1,
+        EndReason::PoolStopped => 2,
+        EndReason::PoolRemoved => 3,
+    }
+}
+
+impl AllocRecord {
+    pub fn live(alloc: &Alloc) -> AllocRecord {
+        AllocRecord {
+            resources: resources_record(&alloc.resources),
+            owner: alloc.owner.clone(),
+            labels: alloc.labels.clone(),
+            created: alloc.created,
+            last_keepalive: alloc.last_keepalive,
+            expires: alloc.expires,
+            ended: None,
+        }
+    }
+
+    pub fn ended(ended: &EndedAlloc) -> AllocRecord {
+        AllocRecord { ended: Some((ended.ended_at, reason_code(ended.reason))), ..AllocRecord::live(&ended.alloc) }
+    }
+
+    /// The alloc, and when and why it ended if it did.
+    pub fn into_alloc(self, pool: &str, id: u64) -> Result<(Alloc, Option<(Millis, EndReason)>), CorruptRecord> {
+        let key = format!("{pool}/{}", AllocId(id));
+        let corrupt = |reason: String| CorruptRecord { table: "allocs", key: key.clone(), reason };
+        let alloc = Alloc {
+            pool: PoolName::new(pool).map_err(|e| corrupt(e.to_string()))?,
+            id: AllocId(id),
+            resources: resources_from(self.resources, "allocs", &key)?,
+            owner: self.owner,
+            labels: self.labels,
+            created: self.created,
+            last_keepalive: self.last_keepalive,
+            expires: self.expires,
+        };
+        let ended = match self.ended {
+            None => None,
+            Some((at, code)) => Some((
+                at,
+                match code {
+                    0 => EndReason::Freed,
+                    1 => EndReason::Reclaimed,
+                    2 => EndReason::PoolStopped,
+                    3 => EndReason::PoolRemoved,
+                    other => return Err(corrupt(format!("unknown end reason {other}"))),
+                },
+            )),
+        };
+        Ok((alloc, ended))
+    }
+}
