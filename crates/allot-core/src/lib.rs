@@ -8,6 +8,7 @@
 //!   machines of applications and tasks (`apps::states`), gangs, placements on pools and tokens.
 //! - `runs`: the run of a placed task by its plugin: phases, transitions, retries, events.
 //! - `names`, `resources`: validated names and resource vectors, shared by all four.
+//! - `watch`: the change feed's kinds of change, keys and filters.
 //! - `testing` (the `testing` feature): a seeded random generator for tests.
 //!
 //! Architecture invariant: this crate does no I/O, reads no clock and spawns nothing. Time comes
@@ -22,6 +23,7 @@ pub mod resources;
 pub mod runs;
 #[cfg(feature = "testing")]
 pub mod testing;
+pub mod watch;
 
 pub use names::{
     NameError, NamespaceName, Scope, SessionId, Token, MAX_NAME_CHARS, NAMESPACE_PATTERN, NAME_PATTERN,
@@ -29,7 +31,7 @@ pub use names::{
 };
 pub use quotas::{
     check_request, check_session_ttl, grant_conflict, waiter_conflict, AllocateRequest, CapLevel, Change, Conflict,
-    Constraints, Decision, Effects, Grant, Lease, LeaseRequest, Ledger, LedgerError, Millis, NamespaceStats,
+    Constraints, Decision, Effects, Grant, GrantEnd, Lease, LeaseRequest, Ledger, LedgerError, Millis, NamespaceStats,
     NamespaceView, QueuePlace, Refusal, RestoreError, Session, TokenShortage, WaiterId, WaiterView, Woken,
     FENCING_BLOCK, MAX_TTL_MS, MAX_UNITS,
 };

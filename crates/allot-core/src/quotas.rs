@@ -142,34 +142,21 @@ pub enum Decision {
 pub enum Change {
     /// Insert or update a namespace. `next_fencing` is the durable fencing bound: every fencing
     /// number handed out is below it, and after a restart numbering continues from it.
-    Namespace {
-        name: NamespaceName,
-        quota: u64,
-        next_fencing: u64,
-    },
+    Namespace { name: NamespaceName, quota: u64, next_fencing: u64 },
     /// Remove a namespace and all its grants; keep its fencing high-water mark.
-    NamespaceRemoved {
-        name: NamespaceName,
-        next_fencing: u64,
-    },
+    NamespaceRemoved { name: NamespaceName, next_fencing: u64 },
     /// Update a grant (a renewed lease).
     Grant(Grant),
     /// Insert a grant that did not exist: no record of its namespace and token is kept before
     /// this change (a store may drop both it and a removal that follows it).
     GrantAdded(Grant),
-    GrantRemoved {
-        namespace: NamespaceName,
-        token: Token,
-    },
-    /// Insert or update a session (its grants are recorded on the grants).
-    Session {
-        id: SessionId,
-        ttl_ms: u64,
-        deadline: Millis,
-    },
-    SessionRemoved {
-        id: SessionId,
-    },
+    /// A grant ended; `grant` is as it was.
+    GrantRemoved { grant: Grant, cause: GrantEnd },
+    /// Insert or update a session (its grants are recorded on the grants); `opened` when it is
+    /// new, else a keepalive.
+    Session { id: SessionId, ttl_ms: u64, deadline: Millis, opened: bool },
+    /// A session ended: closed, or `expired`.
+    SessionRemoved { id: SessionId, expired: bool },
 }
 
 /// A waiter that was granted.
@@ -177,6 +164,31 @@ pub enum Change {
 pub struct Woken {
     pub waiter: WaiterId,
     pub grant: Grant,
+}
+
+/// Why a grant ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum GrantEnd {
+    /// Its holder released it.
+    Released,
+    /// Its TTL lease ran out.
+    Expired,
+    /// Its session was closed.
+    SessionClosed,
+    /// Its session's lease ran out.
+    SessionExpired,
+}
+
+impl GrantEnd {
+    /// The stable name, for the API and logs.
+    pub fn name(self) -> &'static str {
+        match self {
+            GrantEnd::Released => "released",
+            GrantEnd::Expired => "expired",
+            GrantEnd::SessionClosed => "session_closed",
+            GrantEnd::SessionExpired => "session_expired",
+        }
+    }
 }
 
 /// What an operation did besides its answer.
@@ -751,7 +763,7 @@ impl Ledger {
         };
         check_fencing(grant, fencing)?;
         let mut effects = Effects::default();
-        let grant = self.remove_grant(namespace, token, &mut effects).expect("grant exists");
+        let grant = self.remove_grant(namespace, token, GrantEnd::Released, &mut effects).expect("grant exists");
         self.namespaces.get_mut(namespace).expect("exists").stats.released += 1;
         self.admit_at(namespace, now, &mut effects);
         Ok((Some(grant), effects))
@@ -799,7 +811,7 @@ impl Ledger {
             self.leases.remove(&(old.deadline, LeaseKey::Session(id)));
         }
         self.leases.insert((session.deadline, LeaseKey::Session(id)));
-        let change = Change::Session { id, ttl_ms, deadline: session.deadline };
+        let change = Change::Session { id, ttl_ms, deadline: session.deadline, opened: true };
         Ok((session, Effects { changes: vec![change], ..Effects::default() }))
     }
 
@@ -811,7 +823,7 @@ impl Ledger {
         self.leases.remove(&(session.deadline, LeaseKey::Session(id)));
         session.deadline = now + session.ttl_ms;
         self.leases.insert((session.deadline, LeaseKey::Session(id)));
-        let change = Change::Session { id, ttl_ms: session.ttl_ms, deadline: session.deadline };
+        let change = Change::Session { id, ttl_ms: session.ttl_ms, deadline: session.deadline, opened: false };
         Ok((session.clone(), Effects { changes: vec![change], ..Effects::default() }))
     }
 
@@ -835,7 +847,7 @@ impl Ledger {
             self.leases.pop_first();
             match key {
                 LeaseKey::Grant(namespace, token) => {
-                    if self.remove_grant(&namespace, &token, &mut effects).is_some() {
+                    if self.remove_grant(&namespace, &token, GrantEnd::Expired, &mut effects).is_some() {
                         effects.expired += 1;
                         self.namespaces.get_mut(&namespace).expect("exists").stats.expired += 1;
                         self.admit_at(&namespace, now, &mut effects);
@@ -1005,12 +1017,18 @@ impl Ledger {
         grant
     }
 
-    fn remove_grant(&mut self, namespace: &NamespaceName, token: &Token, effects: &mut Effects) -> Option<Grant> {
+    fn remove_grant(
+        &mut self,
+        namespace: &NamespaceName,
+        token: &Token,
+        cause: GrantEnd,
+        effects: &mut Effects,
+    ) -> Option<Grant> {
         let state = self.namespaces.get_mut(namespace)?;
         let grant = state.grants.remove(token)?;
         state.remove_units(&grant);
         self.forget_lease(&grant);
-        effects.changes.push(Change::GrantRemoved { namespace: namespace.clone(), token: token.clone() });
+        effects.changes.push(Change::GrantRemoved { grant: grant.clone(), cause });
         Some(grant)
     }
 
@@ -1030,8 +1048,9 @@ impl Ledger {
 
     fn end_session(&mut self, session: &Session, now: Millis, expired: bool, effects: &mut Effects) {
         let mut touched = BTreeSet::new();
+        let cause = if expired { GrantEnd::SessionExpired } else { GrantEnd::SessionClosed };
         for (namespace, token) in &session.grants {
-            if self.remove_grant(namespace, token, effects).is_some() {
+            if self.remove_grant(namespace, token, cause, effects).is_some() {
                 let stats = &mut self.namespaces.get_mut(namespace).expect("exists").stats;
                 if expired {
                     stats.expired += 1;
@@ -1044,7 +1063,7 @@ impl Ledger {
         }
         self.sessions.remove(&session.id);
         self.leases.remove(&(session.deadline, LeaseKey::Session(session.id)));
-        effects.changes.push(Change::SessionRemoved { id: session.id });
+        effects.changes.push(Change::SessionRemoved { id: session.id, expired });
         // Requests waiting to join the session can never be granted now.
         for (name, state) in &mut self.namespaces {
             let before = state.waiters.len();

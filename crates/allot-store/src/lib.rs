@@ -31,6 +31,7 @@ pub mod quiet;
 pub mod quotas;
 pub mod records;
 pub mod runs;
+pub mod watch;
 
 /// The traits whose methods a caller of `dyn Store` uses: `use allot_store::prelude::*;`.
 pub mod prelude {

@@ -293,7 +293,16 @@ fn sessions_hold_grants_and_free_them_when_they_expire() {
     assert!(ledger.expire(150).is_empty());
     let effects = ledger.expire(180);
     assert_eq!(effects.expired, 2);
-    assert!(effects.changes.contains(&Change::SessionRemoved { id }));
+    assert!(effects.changes.contains(&Change::SessionRemoved { id, expired: true }));
+    let ended: Vec<GrantEnd> = effects
+        .changes
+        .iter()
+        .filter_map(|c| match c {
+            Change::GrantRemoved { cause, .. } => Some(*cause),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(ended, [GrantEnd::SessionExpired, GrantEnd::SessionExpired], "the grants ended with their session");
     assert_eq!(ledger.namespace(&ns("hive"), 180).unwrap().granted_units, 0);
     let mut r = req("hive", "c", 1);
     r.lease = LeaseRequest::Session(id);

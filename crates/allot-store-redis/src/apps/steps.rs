@@ -48,7 +48,9 @@ pub(crate) fn steps(outcome: &Outcome) -> (Vec<Step>, Vec<Step>) {
                     units: grant.units,
                 })
             }
-            Change::GrantRemoved { namespace, token } if token.as_str() != OTHERS => {
+            Change::GrantRemoved { grant: allot_core::Grant { namespace, token, .. }, .. }
+                if token.as_str() != OTHERS =>
+            {
                 ends.push(Step::Drop { namespace: namespace.to_string(), token: token.to_string() })
             }
             _ => {}

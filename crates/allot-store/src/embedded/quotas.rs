@@ -38,14 +38,14 @@ pub(super) fn ops<'a>(changes: impl Iterator<Item = &'a Change>, out: &mut Vec<O
                 let key = Op::pair(grant.namespace.as_str(), grant.token.as_str());
                 out.push(Op::Create(Table::Grants, key, encode(&GrantRecord::from_grant(grant))));
             }
-            Change::GrantRemoved { namespace, token } => {
+            Change::GrantRemoved { grant: allot_core::Grant { namespace, token, .. }, .. } => {
                 out.push(Op::Remove(Table::Grants, Op::pair(namespace.as_str(), token.as_str())));
             }
-            Change::Session { id, ttl_ms, deadline } => {
+            Change::Session { id, ttl_ms, deadline, .. } => {
                 let record = SessionRecord { ttl_ms: *ttl_ms, deadline: *deadline };
                 out.push(Op::put(Table::Sessions, Key::Id(id.0), encode(&record)));
             }
-            Change::SessionRemoved { id } => out.push(Op::Remove(Table::Sessions, Key::Id(id.0))),
+            Change::SessionRemoved { id, .. } => out.push(Op::Remove(Table::Sessions, Key::Id(id.0))),
         }
     }
 }

@@ -1,0 +1,285 @@
+//! The change feed: every committed change as an [`Event`], in commit order, kept for a while so
+//! that a watcher can resume from a revision, and pushed to every watcher at once.
+//!
+//! A backend gives each change a revision when it commits it (they increase in commit order, not
+//! necessarily by one) and hands the events to its [`Feed`] once they are durable, in revision
+//! order. A watcher ([`Feed::subscribe`]) gets every event after its start revision that its
+//! filter takes, none twice and none skipped; one that falls further behind than its buffer
+//! ([`WatchConfig::buffer`]) is ended with [`WatchError::Behind`] and the revision to resume from:
+//! a slow watcher never holds up a commit, and the memory of all of them is bounded.
+
+use std::collections::VecDeque;
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Duration;
+
+use allot_core::apps::states::TaskState;
+use allot_core::apps::{App, QueueView, Task};
+use allot_core::pools::{Alloc, EndedAlloc, PoolView};
+use allot_core::runs::Run;
+use allot_core::watch::{EventKind, Filter};
+use allot_core::{Millis, NamespaceView, WaiterView};
+use tokio::sync::broadcast;
+
+use crate::{GrantInfo, SessionInfo};
+
+/// One change, as watchers see it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Event {
+    pub revision: u64,
+    pub kind: EventKind,
+    /// The object's key (`allot_core::watch::keys`).
+    pub key: String,
+    /// Why, where a kind has several causes: how a grant or an alloc ended, why a waiter gave up,
+    /// the reason a task ended.
+    pub cause: Option<String>,
+    /// The store's clock when the change was decided.
+    pub at: Millis,
+    pub object: EventObject,
+}
+
+/// The object an event is about, as it is after the change (for a removal: its last state when
+/// the change carries it, else only its key).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum EventObject {
+    Namespace(NamespaceView),
+    Grant(GrantInfo),
+    Waiter(WaiterView),
+    /// A waiter that left the queue: its namespace and token.
+    WaiterGone { namespace: String, token: String },
+    Session(SessionInfo),
+    Pool(PoolView),
+    Alloc(Alloc),
+    EndedAlloc(EndedAlloc),
+    Queue(QueueView),
+    App(App),
+    Task(Task),
+    Run(Box<Run>),
+    /// Removed: the key says what.
+    Gone,
+}
+
+impl Event {
+    /// The task state an event says a task reached, if it is about a task.
+    pub fn task_state(&self) -> Option<TaskState> {
+        match &self.object {
+            EventObject::Task(task) => Some(task.state),
+            _ => None,
+        }
+    }
+}
+
+/// Why a watch cannot go on (or start).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum WatchError {
+    /// The events after `since` are no longer kept: list again, then watch from the list's
+    /// revision.
+    #[error("the events after revision {since} are no longer kept (the oldest kept is {oldest}): list again and watch from the list's revision")]
+    Compacted { since: u64, oldest: u64 },
+    /// The watcher fell further behind than its buffer; resume from `resume`.
+    #[error("the watcher fell behind by more than {buffer} events; resume from revision {resume}")]
+    Behind { resume: u64, buffer: usize },
+    /// The feed is closed: the store shut down.
+    #[error("the store is shutting down")]
+    Closed,
+}
+
+/// How much of the feed is kept, and how far a watcher may fall behind.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct WatchConfig {
+    /// At most this many events are kept for watchers that resume.
+    pub retain_events: usize,
+    /// Events older than this are dropped, however few there are.
+    pub retain_for: Duration,
+    /// How many events a watcher may have waiting before it is ended as too slow.
+    pub buffer: usize,
+}
+
+impl Default for WatchConfig {
+    fn default() -> WatchConfig {
+        WatchConfig { retain_events: 100_000, retain_for: Duration::from_secs(3600), buffer: 4096 }
+    }
+}
+
+/// The feed of one store: the events kept, and the channel to live watchers.
+#[derive(Debug)]
+pub struct Feed {
+    config: WatchConfig,
+    kept: Mutex<Kept>,
+    live: broadcast::Sender<Arc<Event>>,
+}
+
+#[derive(Debug)]
+struct Kept {
+    events: VecDeque<Arc<Event>>,
+    /// Every event after this revision is kept (or none was published after it).
+    compacted: u64,
+    /// The last revision published.
+    last: u64,
+}
+
+impl Feed {
+    /// A feed whose first event comes after revision `start`.
+    pub fn new(config: WatchConfig, start: u64) -> Feed {
+        let (live, _) = broadcast::channel(config.buffer.max(1));
+        let kept = Kept { events: VecDeque::new(), compacted: start, last: start };
+        Feed { config, kept: Mutex::new(kept), live }
+    }
+
+    pub fn config(&self) -> WatchConfig {
+        self.config
+    }
+
+    fn lock(&self) -> MutexGuard<'_, Kept> {
+        self.kept.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    /// Publishes events that are durable, in revision order; drops what retention no longer
+    /// keeps (by count, and those older than `retain_for` before `now`). Never waits for a
+    /// watcher.
+    pub fn publish(&self, events: impl IntoIterator<Item = Event>, now: Millis) {
+        let mut kept = self.lock();
+        for event in events {
+            debug_assert!(event.revision > kept.last, "events are published in revision order");
+            kept.last = event.revision;
+            let event = Arc::new(event);
+            kept.events.push_back(event.clone());
+            // No watcher is not an error: the event is kept for those who come.
+            let _ = self.live.send(event);
+        }
+        let horizon = now.saturating_sub(u64::try_from(self.config.retain_for.as_millis()).unwrap_or(u64::MAX));
+        while kept.events.len() > self.config.retain_events || kept.events.front().is_some_and(|e| e.at < horizon) {
+            let dropped = kept.events.pop_front().expect("not empty");
+            kept.compacted = dropped.revision;
+        }
+    }
+
+    /// The last revision published: a list read now reflects every event up to it.
+    pub fn revision(&self) -> u64 {
+        self.lock().last
+    }
+
+    /// How many events are kept, and the oldest revision a watcher can start after.
+    pub fn kept(&self) -> (usize, u64) {
+        let kept = self.lock();
+        (kept.events.len(), kept.compacted)
+    }
+
+    /// A watcher of the events `filter` takes after revision `since` (`None`: from now).
+    pub fn subscribe(&self, filter: Filter, since: Option<u64>) -> Result<Watcher, WatchError> {
+        let kept = self.lock();
+        let since = since.unwrap_or(kept.last);
+        if since < kept.compacted {
+            return Err(WatchError::Compacted { since, oldest: kept.compacted });
+        }
+        // Under the lock: the backlog and the live channel meet without a gap or an overlap.
+        let backlog = kept.events.iter().filter(|e| e.revision > since).cloned().collect();
+        let live = self.live.subscribe();
+        Ok(Watcher { backlog, live, filter, last: since, buffer: self.config.buffer })
+    }
+}
+
+/// One watcher: the kept events it starts with, then the live ones.
+#[derive(Debug)]
+pub struct Watcher {
+    backlog: VecDeque<Arc<Event>>,
+    live: broadcast::Receiver<Arc<Event>>,
+    filter: Filter,
+    last: u64,
+    buffer: usize,
+}
+
+impl Watcher {
+    /// The revision of the last event this watcher was given (or it started after): where to
+    /// resume.
+    pub fn revision(&self) -> u64 {
+        self.last
+    }
+
+    /// The next event its filter takes; waits for one.
+    pub async fn next(&mut self) -> Result<Arc<Event>, WatchError> {
+        loop {
+            let event = match self.backlog.pop_front() {
+                Some(event) => event,
+                None => match self.live.recv().await {
+                    Ok(event) => event,
+                    Err(broadcast::error::RecvError::Lagged(_)) => {
+                        return Err(WatchError::Behind { resume: self.last, buffer: self.buffer })
+                    }
+                    Err(broadcast::error::RecvError::Closed) => return Err(WatchError::Closed),
+                },
+            };
+            if event.revision <= self.last {
+                continue;
+            }
+            self.last = event.revision;
+            if self.filter.matches(event.kind, &event.key) {
+                return Ok(event);
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn event(revision: u64, key: &str, at: Millis) -> Event {
+        Event {
+            revision,
+            kind: EventKind::PoolRemoved,
+            key: key.to_owned(),
+            cause: None,
+            at,
+            object: EventObject::Gone,
+        }
+    }
+
+    fn config(retain_events: usize, buffer: usize) -> WatchConfig {
+        WatchConfig { retain_events, retain_for: Duration::from_secs(60), buffer }
+    }
+
+    #[tokio::test]
+    async fn a_watcher_gets_what_was_kept_then_what_comes_in_order_and_filtered() {
+        let feed = Feed::new(config(100, 16), 0);
+        feed.publish([event(1, "pools/a", 0), event(2, "pools/b", 0)], 0);
+        let filter = Filter { kinds: vec![], prefixes: vec!["pools/a".into()] };
+        let mut watcher = feed.subscribe(filter, Some(0)).unwrap();
+        feed.publish([event(5, "pools/b", 0), event(7, "pools/a/allocs/1", 0)], 0);
+        assert_eq!(watcher.next().await.unwrap().revision, 1);
+        assert_eq!(watcher.next().await.unwrap().revision, 7);
+        assert_eq!(watcher.revision(), 7);
+        let mut from_now = feed.subscribe(Filter::default(), None).unwrap();
+        feed.publish([event(8, "pools/c", 0)], 0);
+        assert_eq!(from_now.next().await.unwrap().revision, 8);
+    }
+
+    #[tokio::test]
+    async fn a_revision_no_longer_kept_is_refused_with_the_oldest_kept() {
+        let feed = Feed::new(config(2, 16), 0);
+        feed.publish((1..=5).map(|r| event(r, "pools/a", 0)), 0);
+        assert_eq!(feed.kept(), (2, 3));
+        assert_eq!(feed.subscribe(Filter::default(), Some(2)).err(), Some(WatchError::Compacted { since: 2, oldest: 3 }));
+        let mut watcher = feed.subscribe(Filter::default(), Some(3)).unwrap();
+        assert_eq!(watcher.next().await.unwrap().revision, 4);
+        // And by age.
+        let feed = Feed::new(WatchConfig { retain_for: Duration::from_millis(10), ..config(100, 16) }, 0);
+        feed.publish([event(1, "pools/a", 0), event(2, "pools/a", 5)], 5);
+        feed.publish([event(3, "pools/a", 12)], 12);
+        assert_eq!(feed.kept(), (2, 1));
+    }
+
+    #[tokio::test]
+    async fn a_watcher_that_falls_behind_is_ended_with_where_to_resume_and_writers_go_on() {
+        let feed = Feed::new(config(1000, 4), 0);
+        let mut slow = feed.subscribe(Filter::default(), None).unwrap();
+        feed.publish([event(1, "pools/a", 0)], 0);
+        assert_eq!(slow.next().await.unwrap().revision, 1);
+        feed.publish((2..=20).map(|r| event(r, "pools/a", 0)), 0);
+        assert_eq!(slow.next().await.err(), Some(WatchError::Behind { resume: 1, buffer: 4 }));
+        // It resumes from there, with nothing skipped.
+        let mut again = feed.subscribe(Filter::default(), Some(1)).unwrap();
+        for revision in 2..=20 {
+            assert_eq!(again.next().await.unwrap().revision, revision);
+        }
+    }
+}
