@@ -187,6 +187,18 @@ pub enum EndReason {
     PoolRemoved,
 }
 
+impl EndReason {
+    /// The stable name, as the API writes it.
+    pub fn name(self) -> &'static str {
+        match self {
+            EndReason::Freed => "freed",
+            EndReason::Reclaimed => "reclaimed",
+            EndReason::PoolStopped => "pool_stopped",
+            EndReason::PoolRemoved => "pool_removed",
+        }
+    }
+}
+
 impl fmt::Display for EndReason {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str(match self {

@@ -142,7 +142,8 @@ pub enum Decision {
 pub enum Change {
     /// Insert or update a namespace. `next_fencing` is the durable fencing bound: every fencing
     /// number handed out is below it, and after a restart numbering continues from it.
-    Namespace { name: NamespaceName, quota: u64, next_fencing: u64 },
+    /// `put` when a put made or changed it (else only its durable fencing bound moved).
+    Namespace { name: NamespaceName, quota: u64, next_fencing: u64, put: bool },
     /// Remove a namespace and all its grants; keep its fencing high-water mark.
     NamespaceRemoved { name: NamespaceName, next_fencing: u64 },
     /// Update a grant (a renewed lease).
@@ -576,7 +577,12 @@ impl Ledger {
             state.fencing_bound = state.next_fencing;
         }
         state.quota = quota;
-        effects.changes.push(Change::Namespace { name: name.clone(), quota, next_fencing: state.fencing_bound });
+        effects.changes.push(Change::Namespace {
+            name: name.clone(),
+            quota,
+            next_fencing: state.fencing_bound,
+            put: true,
+        });
         self.admit_at(name, now, &mut effects);
         Ok((created, effects))
     }
@@ -617,6 +623,7 @@ impl Ledger {
                     name: name.clone(),
                     quota: state.quota,
                     next_fencing: state.next_fencing,
+                    put: false,
                 });
             }
         }
@@ -1001,6 +1008,7 @@ impl Ledger {
                 name: grant.namespace.clone(),
                 quota: state.quota,
                 next_fencing: state.fencing_bound,
+                put: false,
             });
         }
         match lease {

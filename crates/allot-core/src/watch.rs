@@ -2,7 +2,7 @@
 //! about, and which changes a watcher asked for ([`Filter`]).
 //!
 //! A key is a path of the object in the API's own terms: `namespaces/hive:a`,
-//! `namespaces/hive:a/grants/job-1`, `namespaces/hive:a/waiters/17`, `sessions/<id>`, `pools/p`,
+//! `namespaces/hive:a/grants/job-1`, `namespaces/hive:a/waiters/job-2`, `sessions/<id>`, `pools/p`,
 //! `pools/p/allocs/3`, `queues/root.a`, `apps/etl`, `apps/etl/tasks/t1`. A filter's prefix matches
 //! a key equal to it or that goes on from it after a separator (`/`, `:` or `.`): `namespaces/hive`
 //! is the namespace `hive`, those under it (`hive:a`) and their grants and waiters, not `hive2`;
@@ -109,8 +109,9 @@ pub mod keys {
         format!("namespaces/{namespace}/grants/{token}")
     }
 
-    pub fn waiter(namespace: impl Display, arrival: u64) -> String {
-        format!("namespaces/{namespace}/waiters/{arrival}")
+    /// A waiting allocate call: one per token in a namespace.
+    pub fn waiter(namespace: impl Display, token: impl Display) -> String {
+        format!("namespaces/{namespace}/waiters/{token}")
     }
 
     pub fn session(id: impl Display) -> String {

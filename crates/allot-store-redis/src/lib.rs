@@ -64,7 +64,9 @@ use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use allot_core::watch::Filter;
 use allot_store::{CommitStats, Store, StoreError};
+use allot_store::{WatchError, WatchStore, Watcher};
 use async_trait::async_trait;
 use redis::RedisError;
 use tokio::task::JoinHandle;
@@ -135,6 +137,21 @@ impl RedisStore {
     /// share a Redis should use the same rules.
     pub fn set_pool_rules(&self, rules: allot_core::pools::LeaseRules) {
         *self.inner.pool_rules.lock().unwrap_or_else(|p| p.into_inner()) = rules;
+    }
+}
+
+/// The change feed is not served on Redis yet: a watch is refused as unsupported.
+impl WatchStore for RedisStore {
+    fn watch(&self, _filter: Filter, _since: Option<u64>) -> Result<Watcher, WatchError> {
+        Err(WatchError::Unsupported { backend: "redis" })
+    }
+
+    fn revision(&self) -> u64 {
+        0
+    }
+
+    fn feed_kept(&self) -> (usize, u64) {
+        (0, 0)
     }
 }
 

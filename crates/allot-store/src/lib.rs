@@ -39,6 +39,7 @@ pub mod prelude {
     pub use crate::pools::PoolStore;
     pub use crate::quotas::QuotaStore;
     pub use crate::runs::RunStore;
+    pub use crate::watch::WatchStore;
     pub use crate::Store;
 }
 
@@ -53,6 +54,7 @@ pub use embedded::{Durability, EmbeddedConfig, EmbeddedStore};
 pub use pools::PoolStore;
 pub use quotas::{expires_in, Allocation, GrantInfo, QuotaStore, SessionInfo};
 pub use runs::{CachedOutputs, ExecutorLease, RunChange, RunStore};
+pub use watch::{Event, EventObject, WatchConfig, WatchError, WatchStore, Watcher};
 
 /// The longest an allocate call may wait for room.
 pub const MAX_WAIT: Duration = Duration::from_secs(300);
@@ -220,7 +222,7 @@ pub struct CommitStats {
 ///
 /// Every mutating call returns only once its effect is durable.
 #[async_trait]
-pub trait Store: QuotaStore + PoolStore + AppStore + RunStore + Send + Sync + 'static {
+pub trait Store: QuotaStore + PoolStore + AppStore + RunStore + WatchStore + Send + Sync + 'static {
     /// A short name for logs and `/healthz`, e.g. `embedded`.
     fn backend(&self) -> &'static str;
     /// What an acknowledged change survives, for `/healthz` and metrics: `disk` or `process` on

@@ -17,7 +17,7 @@ use allot_core::apps::{App, QueueView, Task};
 use allot_core::pools::{Alloc, EndedAlloc, PoolView};
 use allot_core::runs::Run;
 use allot_core::watch::{EventKind, Filter};
-use allot_core::{Millis, NamespaceView, WaiterView};
+use allot_core::{Millis, NamespaceName, NamespaceView, Token};
 use tokio::sync::broadcast;
 
 use crate::{GrantInfo, SessionInfo};
@@ -43,9 +43,11 @@ pub struct Event {
 pub enum EventObject {
     Namespace(NamespaceView),
     Grant(GrantInfo),
-    Waiter(WaiterView),
-    /// A waiter that left the queue: its namespace and token.
-    WaiterGone { namespace: String, token: String },
+    /// A waiting allocate call: its namespace and token.
+    Waiter {
+        namespace: NamespaceName,
+        token: Token,
+    },
     Session(SessionInfo),
     Pool(PoolView),
     Alloc(Alloc),
@@ -81,6 +83,21 @@ pub enum WatchError {
     /// The feed is closed: the store shut down.
     #[error("the store is shutting down")]
     Closed,
+    /// This backend has no change feed.
+    #[error("the {backend} store has no change feed yet")]
+    Unsupported { backend: &'static str },
+}
+
+/// The change feed of a backend.
+pub trait WatchStore: Send + Sync {
+    /// A watcher of the changes `filter` takes after revision `since` (`None`: from now).
+    fn watch(&self, filter: Filter, since: Option<u64>) -> Result<Watcher, WatchError>;
+    /// The revision that what is read now reflects: a watch from it misses nothing that
+    /// changes after the read.
+    fn revision(&self) -> u64;
+    /// How many events are kept for watchers that resume, and the oldest revision one can
+    /// resume after.
+    fn feed_kept(&self) -> (usize, u64);
 }
 
 /// How much of the feed is kept, and how far a watcher may fall behind.
@@ -105,7 +122,6 @@ impl Default for WatchConfig {
 pub struct Feed {
     config: WatchConfig,
     kept: Mutex<Kept>,
-    live: broadcast::Sender<Arc<Event>>,
 }
 
 #[derive(Debug)]
@@ -115,14 +131,16 @@ struct Kept {
     compacted: u64,
     /// The last revision published.
     last: u64,
+    /// The channel to live watchers; `None` once closed.
+    live: Option<broadcast::Sender<Arc<Event>>>,
 }
 
 impl Feed {
     /// A feed whose first event comes after revision `start`.
     pub fn new(config: WatchConfig, start: u64) -> Feed {
         let (live, _) = broadcast::channel(config.buffer.max(1));
-        let kept = Kept { events: VecDeque::new(), compacted: start, last: start };
-        Feed { config, kept: Mutex::new(kept), live }
+        let kept = Kept { events: VecDeque::new(), compacted: start, last: start, live: Some(live) };
+        Feed { config, kept: Mutex::new(kept) }
     }
 
     pub fn config(&self) -> WatchConfig {
@@ -144,13 +162,20 @@ impl Feed {
             let event = Arc::new(event);
             kept.events.push_back(event.clone());
             // No watcher is not an error: the event is kept for those who come.
-            let _ = self.live.send(event);
+            if let Some(live) = &kept.live {
+                let _ = live.send(event);
+            }
         }
         let horizon = now.saturating_sub(u64::try_from(self.config.retain_for.as_millis()).unwrap_or(u64::MAX));
         while kept.events.len() > self.config.retain_events || kept.events.front().is_some_and(|e| e.at < horizon) {
             let dropped = kept.events.pop_front().expect("not empty");
             kept.compacted = dropped.revision;
         }
+    }
+
+    /// Ends every watcher once it has what was published (the store shuts down).
+    pub fn close(&self) {
+        self.lock().live = None;
     }
 
     /// The last revision published: a list read now reflects every event up to it.
@@ -173,7 +198,7 @@ impl Feed {
         }
         // Under the lock: the backlog and the live channel meet without a gap or an overlap.
         let backlog = kept.events.iter().filter(|e| e.revision > since).cloned().collect();
-        let live = self.live.subscribe();
+        let live = kept.live.as_ref().ok_or(WatchError::Closed)?.subscribe();
         Ok(Watcher { backlog, live, filter, last: since, buffer: self.config.buffer })
     }
 }
@@ -258,7 +283,10 @@ mod tests {
         let feed = Feed::new(config(2, 16), 0);
         feed.publish((1..=5).map(|r| event(r, "pools/a", 0)), 0);
         assert_eq!(feed.kept(), (2, 3));
-        assert_eq!(feed.subscribe(Filter::default(), Some(2)).err(), Some(WatchError::Compacted { since: 2, oldest: 3 }));
+        assert_eq!(
+            feed.subscribe(Filter::default(), Some(2)).err(),
+            Some(WatchError::Compacted { since: 2, oldest: 3 })
+        );
         let mut watcher = feed.subscribe(Filter::default(), Some(3)).unwrap();
         assert_eq!(watcher.next().await.unwrap().revision, 4);
         // And by age.

@@ -238,7 +238,12 @@ fn fencing_numbers_are_made_durable_a_block_at_a_time() {
     let mut ledger = ledger_with("hive", 10);
     let (_, effects) = ledger.allocate(req("hive", "a", 1), 0, false).unwrap();
     let bound = 2 + FENCING_BLOCK;
-    assert!(effects.changes.contains(&Change::Namespace { name: ns("hive"), quota: 10, next_fencing: bound }));
+    assert!(effects.changes.contains(&Change::Namespace {
+        name: ns("hive"),
+        quota: 10,
+        next_fencing: bound,
+        put: false
+    }));
     let (_, effects) = ledger.allocate(req("hive", "b", 1), 0, false).unwrap();
     assert!(!effects.changes.iter().any(|c| matches!(c, Change::Namespace { .. })), "{effects:?}");
     // After a restart from the durable records, numbering continues at the bound.
@@ -257,7 +262,7 @@ fn a_fencing_checkpoint_makes_the_exact_next_number_durable() {
     }
     // Only namespaces whose durable bound is ahead of the next number are rewritten.
     let changes = ledger.fencing_checkpoint();
-    assert_eq!(changes, vec![Change::Namespace { name: ns("hive"), quota: 10, next_fencing: 4 }]);
+    assert_eq!(changes, vec![Change::Namespace { name: ns("hive"), quota: 10, next_fencing: 4, put: false }]);
     ledger.check_invariants().unwrap();
     assert!(ledger.fencing_checkpoint().is_empty(), "a second checkpoint has nothing to write");
     // A restart from those records continues exactly; the next grant reserves a new block.
@@ -268,7 +273,8 @@ fn a_fencing_checkpoint_makes_the_exact_next_number_durable() {
     assert!(effects.changes.contains(&Change::Namespace {
         name: ns("hive"),
         quota: 10,
-        next_fencing: 5 + FENCING_BLOCK
+        next_fencing: 5 + FENCING_BLOCK,
+        put: false
     }));
     // The same holds on the ledger that wrote the checkpoint.
     let (grant, effects) = ledger.allocate(req("hive", "e", 1), 0, false).unwrap();

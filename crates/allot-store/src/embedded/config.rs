@@ -7,6 +7,7 @@ use allot_core::pools::PoolError;
 
 use crate::clock::{SystemTime, TimeSource};
 use crate::records::{CorruptRecord, FORMAT_VERSION};
+use crate::watch::WatchConfig;
 
 /// What an acknowledged change survives.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash)]
@@ -56,6 +57,8 @@ pub struct EmbeddedConfig {
     pub durability: Durability,
     /// The machine's clocks ([`SystemTime`]) unless a test gives a clock of its own.
     pub time: Arc<dyn TimeSource>,
+    /// How much of the change feed is kept, and how far a watcher may fall behind.
+    pub watch: WatchConfig,
 }
 
 impl std::fmt::Debug for EmbeddedConfig {
@@ -63,6 +66,7 @@ impl std::fmt::Debug for EmbeddedConfig {
         f.debug_struct("EmbeddedConfig")
             .field("data_dir", &self.data_dir)
             .field("durability", &self.durability)
+            .field("watch", &self.watch)
             .finish_non_exhaustive()
     }
 }
@@ -71,11 +75,22 @@ impl EmbeddedConfig {
     /// The store in `data_dir`, at the default durability ([`Durability::Disk`]), on the
     /// machine's clocks.
     pub fn new(data_dir: impl Into<PathBuf>) -> EmbeddedConfig {
-        EmbeddedConfig { data_dir: data_dir.into(), durability: Durability::default(), time: Arc::new(SystemTime) }
+        EmbeddedConfig {
+            data_dir: data_dir.into(),
+            durability: Durability::default(),
+            time: Arc::new(SystemTime),
+            watch: WatchConfig::default(),
+        }
     }
 
     pub fn with_durability(mut self, durability: Durability) -> EmbeddedConfig {
         self.durability = durability;
+        self
+    }
+
+    /// The same, keeping the change feed as `watch` says.
+    pub fn with_watch(mut self, watch: WatchConfig) -> EmbeddedConfig {
+        self.watch = watch;
         self
     }
 

@@ -32,6 +32,7 @@
 mod apps;
 mod checkpoint;
 mod config;
+mod feed;
 mod open;
 mod ops;
 mod pools;
@@ -65,7 +66,12 @@ use tokio::sync::{oneshot, watch};
 use self::ops::Op;
 use self::wal::{DirLog, LogFiles, Segment, WalRecord};
 use crate::clock::TimeSource;
+use allot_core::watch::{EventKind, Filter};
+use allot_core::Token;
+
+use self::feed::Draft;
 use crate::runs::RunChange;
+use crate::watch::{Event, Feed, WatchConfig, WatchError, WatchStore, Watcher};
 use crate::{expires_in, Allocation, CommitStats, GrantInfo, SessionInfo, Store, StoreError, COMMIT_BUCKETS_MICROS};
 
 /// How often the sweeper looks for expired leases.
@@ -136,6 +142,8 @@ struct Shared {
     shutting_down: AtomicBool,
     shutdown: watch::Sender<bool>,
     stats: Stats,
+    /// Every committed change, for watchers.
+    feed: Feed,
 }
 
 /// Counters behind [`CommitStats`].
@@ -190,6 +198,15 @@ struct Answer {
     ack: Ack,
     woken: Vec<(oneshot::Sender<WaiterAnswer>, Grant)>,
     cancelled: Vec<(oneshot::Sender<WaiterAnswer>, LedgerError)>,
+    /// The operation's events, published when it is durable.
+    events: Vec<Event>,
+}
+
+/// A waiting allocate call: where its answer goes, and what it waits for.
+struct Waiting {
+    tx: oneshot::Sender<WaiterAnswer>,
+    namespace: NamespaceName,
+    token: Token,
 }
 
 /// An operation waiting for the syncer: the segment its record went to (or the current one, for
@@ -231,8 +248,12 @@ struct State {
     pools: Pools,
     sched: Scheduler,
     runs: runs::Runs,
-    waiters: HashMap<WaiterId, oneshot::Sender<WaiterAnswer>>,
+    waiters: HashMap<WaiterId, Waiting>,
     log: LogWriter,
+    /// The last revision given to an event (see `watch`).
+    revision: u64,
+    /// Events of this operation drafted before its changes' (a waiter that gave up, say).
+    drafts: Vec<Draft>,
     /// Set once shut down.
     closed: bool,
     /// Set while the state cannot be rebuilt after a failed write.
@@ -271,7 +292,25 @@ impl State {
     fn submit_runs(&mut self, shared: &Shared, change: RunChange) -> Commit {
         let mut ops = Vec::new();
         runs::ops(std::iter::once(&change), &mut ops);
-        self.log_and_answer(shared, ops, Vec::new(), Vec::new())
+        let mut drafts = std::mem::take(&mut self.drafts);
+        feed::runs(&change, &mut drafts);
+        self.log_and_answer(shared, ops, Vec::new(), Vec::new(), drafts)
+    }
+
+    /// Forgets a waiting call that leaves the queue ungranted, drafting its event.
+    fn gave_up(&mut self, waiter: WaiterId, cause: &str) {
+        if let Some(waiting) = self.waiters.remove(&waiter) {
+            self.drafts.push(feed::waiter(EventKind::WaiterGaveUp, &waiting.namespace, &waiting.token, Some(cause)));
+        }
+    }
+
+    /// Publishes the drafted events that no change goes with (once what came before is
+    /// durable, in order).
+    fn flush_drafts(&mut self, shared: &Shared) {
+        let drafts = std::mem::take(&mut self.drafts);
+        if !drafts.is_empty() {
+            drop(self.log_and_answer(shared, Vec::new(), Vec::new(), Vec::new(), drafts));
+        }
     }
 
     /// Logs ledger effects, pool and application changes as one record.
@@ -282,17 +321,34 @@ impl State {
         pool_changes: Vec<PoolChange>,
         app_changes: Vec<AppChange>,
     ) -> Commit {
+        let now = shared.clock.now();
+        let mut drafts = std::mem::take(&mut self.drafts);
+        feed::quotas(&self.ledger, &effects.changes, now, &mut drafts);
+        feed::pools(&self.pools, &pool_changes, now, &mut drafts);
+        feed::apps(&self.sched, &app_changes, &mut drafts);
+        // The waiters an operation admitted or cancelled, after the changes that did it.
         let waiters = &mut self.waiters;
-        let woken: Vec<_> =
-            effects.woken.into_iter().filter_map(|w| waiters.remove(&w.waiter).map(|tx| (tx, w.grant))).collect();
-        let cancelled: Vec<_> =
-            effects.cancelled.into_iter().filter_map(|(id, err)| waiters.remove(&id).map(|tx| (tx, err))).collect();
+        let mut woken = Vec::new();
+        for w in effects.woken {
+            if let Some(waiting) = waiters.remove(&w.waiter) {
+                drafts.push(feed::waiter(EventKind::WaiterAdmitted, &waiting.namespace, &waiting.token, None));
+                woken.push((waiting.tx, w.grant));
+            }
+        }
+        let mut cancelled = Vec::new();
+        for (id, err) in effects.cancelled {
+            if let Some(waiting) = waiters.remove(&id) {
+                let cause = feed::cancel_cause(&err);
+                drafts.push(feed::waiter(EventKind::WaiterGaveUp, &waiting.namespace, &waiting.token, Some(cause)));
+                cancelled.push((waiting.tx, err));
+            }
+        }
         let mut ops = Vec::new();
         quotas::ops(effects.changes.iter(), &mut ops);
         pools::ops(pool_changes.iter(), &mut ops);
         apps::ops(app_changes.iter(), &mut ops);
         runs::forget_ended(&mut self.runs, &app_changes, &mut ops);
-        self.log_and_answer(shared, ops, woken, cancelled)
+        self.log_and_answer(shared, ops, woken, cancelled, drafts)
     }
 
     /// Appends `ops` (if any) and answers the operation once they are durable.
@@ -302,14 +358,16 @@ impl State {
         ops: Vec<Op>,
         woken: Vec<(oneshot::Sender<WaiterAnswer>, Grant)>,
         cancelled: Vec<(oneshot::Sender<WaiterAnswer>, LedgerError)>,
+        drafts: Vec<Draft>,
     ) -> Commit {
         let (ack, rx) = oneshot::channel();
+        let events = self.stamp(shared, drafts, !ops.is_empty());
         let appended = if ops.is_empty() { Ok(()) } else { self.append(shared, ops) };
-        let answer = Answer { ack, woken, cancelled };
+        let answer = Answer { ack, woken, cancelled, events };
         match appended {
             Err(err) => answer.fail(&err),
             Ok(()) => match shared.durability {
-                Durability::Process => answer.deliver(),
+                Durability::Process => answer.deliver(shared),
                 Durability::Disk => {
                     let mut syncs = lock_plain(&shared.syncs);
                     let idle = syncs.is_empty();
@@ -324,6 +382,28 @@ impl State {
             },
         }
         rx
+    }
+
+    /// Gives `drafts` their revisions: those of the record about to be appended (`in_record`), or
+    /// the next ones after the last record's, appending an empty record first when they would run
+    /// out of its window.
+    fn stamp(&mut self, shared: &Shared, drafts: Vec<Draft>, in_record: bool) -> Vec<Event> {
+        if drafts.is_empty() {
+            return Vec::new();
+        }
+        if in_record {
+            self.revision = self.revision.max(feed::window_of(self.log.seq + 1));
+        } else if self.revision + drafts.len() as u64 >= feed::window_of(self.log.seq + 1) {
+            self.checkpoint_clock(shared);
+        }
+        let now = shared.clock.now();
+        drafts
+            .into_iter()
+            .map(|draft| {
+                self.revision += 1;
+                draft.stamp(self.revision, now)
+            })
+            .collect()
     }
 
     /// Appends one record. On failure the state is rebuilt from the store before this returns.
@@ -409,7 +489,7 @@ impl EmbeddedStore {
         let log_dir = dir.join(wal::WAL_DIR);
         let files = DirLog::open(log_dir.clone(), config.durability)
             .map_err(|source| OpenError::DataDir { path: log_dir, source })?;
-        EmbeddedStore::open_with(opener, Box::new(files), config.durability, config.time.clone())
+        EmbeddedStore::open_with(opener, Box::new(files), config.durability, config.time.clone(), config.watch)
     }
 
     /// Opens the store on a redb storage backend and log files of the caller's; `make_backend`
@@ -425,7 +505,7 @@ impl EmbeddedStore {
                 .create_with_backend(make_backend())
                 .map_err(|err| OpenError::Database { path: PathBuf::from("<backend>"), reason: redb_error(err) })
         });
-        EmbeddedStore::open_with(opener, files, durability, time)
+        EmbeddedStore::open_with(opener, files, durability, time, WatchConfig::default())
     }
 
     fn open_with(
@@ -433,6 +513,7 @@ impl EmbeddedStore {
         files: Box<dyn LogFiles>,
         durability: Durability,
         time: Arc<dyn TimeSource>,
+        watch_config: WatchConfig,
     ) -> Result<EmbeddedStore, OpenError> {
         let db = opener()?;
         let (Loaded { ledger, pools, mut sched, runs, clock, seq }, last_segment) = load(&db, files.as_ref(), None)?;
@@ -450,6 +531,8 @@ impl EmbeddedStore {
                 runs,
                 waiters: HashMap::new(),
                 log: LogWriter::new(segment, number, seq),
+                revision: feed::window_of(seq + 1),
+                drafts: Vec::new(),
                 closed: false,
                 broken: None,
             }),
@@ -468,6 +551,7 @@ impl EmbeddedStore {
             shutting_down: AtomicBool::new(false),
             shutdown,
             stats: Stats::default(),
+            feed: Feed::new(watch_config, feed::window_of(seq + 1)),
         });
         let spawn = |name: &str, run: fn(&Shared)| {
             let shared = shared.clone();
@@ -623,7 +707,7 @@ impl EmbeddedStore {
             let now = self.shared.clock.now();
             match state.ledger.cancel_waiter(&guard.namespace, waiter, now) {
                 Some((refusal, place, effects)) => {
-                    state.waiters.remove(&waiter);
+                    state.gave_up(waiter, "timed_out");
                     Some((refusal, place, state.submit(&self.shared, effects)))
                 }
                 None => None,
@@ -672,7 +756,7 @@ impl Drop for WaiterGuard<'_> {
         let mut state = lock(self.shared);
         let now = self.shared.clock.now();
         if let Some((_, _, effects)) = state.ledger.cancel_waiter(&self.namespace, self.waiter, now) {
-            state.waiters.remove(&self.waiter);
+            state.gave_up(self.waiter, "caller_left");
             drop(state.submit(self.shared, effects));
         }
     }
@@ -682,6 +766,23 @@ fn lock(shared: &Shared) -> MutexGuard<'_, State> {
     // A panic while holding the lock would leave the ledger half-changed; there is no panic
     // path inside it, and continuing is better than poisoning every later request.
     shared.state.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+}
+
+impl WatchStore for EmbeddedStore {
+    fn watch(&self, filter: Filter, since: Option<u64>) -> Result<Watcher, WatchError> {
+        if self.shared.shutting_down.load(Ordering::SeqCst) {
+            return Err(WatchError::Closed);
+        }
+        self.shared.feed.subscribe(filter, since)
+    }
+
+    fn revision(&self) -> u64 {
+        self.shared.feed.revision()
+    }
+
+    fn feed_kept(&self) -> (usize, u64) {
+        self.shared.feed.kept()
+    }
 }
 
 #[async_trait]
@@ -707,6 +808,7 @@ impl Store for EmbeddedStore {
     }
 
     async fn shutdown(&self) {
+        self.shared.feed.close();
         if self.shared.shutting_down.swap(true, Ordering::SeqCst) {
             return;
         }

@@ -11,7 +11,9 @@ use async_trait::async_trait;
 use tokio::sync::oneshot;
 
 use super::ops::{Key, Op, Table};
-use super::{durable, grant_info, session_info, EmbeddedStore, WaiterAnswer};
+use allot_core::watch::EventKind;
+
+use super::{durable, feed, grant_info, session_info, EmbeddedStore, WaiterAnswer, Waiting};
 use crate::records::{encode, GrantRecord, NamespaceRecord, SessionRecord};
 use crate::{check_wait, Allocation, GrantInfo, Page, PageRequest, QuotaStore, SessionInfo, StoreError};
 
@@ -19,7 +21,7 @@ use crate::{check_wait, Allocation, GrantInfo, Page, PageRequest, QuotaStore, Se
 pub(super) fn ops<'a>(changes: impl Iterator<Item = &'a Change>, out: &mut Vec<Op>) {
     for change in changes {
         match change {
-            Change::Namespace { name, quota, next_fencing } => {
+            Change::Namespace { name, quota, next_fencing, .. } => {
                 let record = NamespaceRecord { quota: *quota, next_fencing: *next_fencing };
                 out.push(Op::put(Table::Namespaces, Op::name(name.as_str()), encode(&record)));
                 out.push(Op::Remove(Table::RetiredFencing, Op::name(name.as_str())));
@@ -94,6 +96,7 @@ impl QuotaStore for EmbeddedStore {
     async fn allocate(&self, request: AllocateRequest, wait: Duration) -> Result<Allocation, StoreError> {
         check_wait(wait)?;
         let namespace = request.namespace.clone();
+        let request_token = request.token.clone();
         /// What the call does once the lock is released.
         enum Then {
             /// Waits for the grant's commit (an idempotent retry for the commit of the grant it
@@ -124,10 +127,16 @@ impl QuotaStore for EmbeddedStore {
                 Decision::Refused { refusal, place } => Then::Answer(Allocation::Refused { refusal, place }),
                 Decision::Queued { waiter, replaced, .. } => {
                     let (tx, answer) = oneshot::channel();
-                    state.waiters.insert(waiter, tx);
-                    if let Some(old) = replaced {
-                        // Dropping the old sender tells the older call it was taken over.
-                        state.waiters.remove(&old);
+                    let token = request_token.clone();
+                    state.waiters.insert(waiter, Waiting { tx, namespace: namespace.clone(), token: token.clone() });
+                    match replaced {
+                        // Dropping the old sender tells the older call it was taken over; the
+                        // waiter goes on under the same token.
+                        Some(old) => drop(state.waiters.remove(&old)),
+                        None => {
+                            state.drafts.push(feed::waiter(EventKind::WaiterQueued, &namespace, &token, None));
+                            state.flush_drafts(&self.shared);
+                        }
                     }
                     Then::Wait { waiter, answer }
                 }

@@ -26,7 +26,7 @@ pub(super) fn fail_syncs(shared: &Shared, mut state: MutexGuard<'_, State>, reas
 /// and rebuilds the state from it, then starts a new segment. If that fails, the store is marked
 /// broken (refusing work) and the sweeper tries again.
 pub(super) fn recover(shared: &Shared, state: &mut State) {
-    for (_, tx) in state.waiters.drain() {
+    for (_, Waiting { tx, .. }) in state.waiters.drain() {
         let err = StoreError::Unavailable("the store could not be written; the wait was ended".into());
         let _ = tx.send(WaiterAnswer::Failed(err));
     }

@@ -56,7 +56,7 @@ pub(super) fn run_syncer(shared: &Shared) {
         match synced {
             Ok(()) => {
                 shared.stats.commit(batch.len(), started.elapsed());
-                batch.into_iter().for_each(|pending| pending.answer.deliver());
+                batch.into_iter().for_each(|pending| pending.answer.deliver(shared));
             }
             Err(err) => {
                 let reason = format!("the disk failed while making the change durable: {err}");
@@ -68,8 +68,12 @@ pub(super) fn run_syncer(shared: &Shared) {
 }
 
 impl Answer {
-    /// The operation is durable: tell its caller, and hand the waiters it woke their grants.
-    pub(super) fn deliver(self) {
+    /// The operation is durable: its events go to the feed, then its caller is told and the
+    /// waiters it woke get their grants (so a caller with its answer finds the change in the feed).
+    pub(super) fn deliver(self, shared: &Shared) {
+        if !self.events.is_empty() {
+            shared.feed.publish(self.events, shared.clock.now());
+        }
         let _ = self.ack.send(Ok(()));
         for (tx, grant) in self.woken {
             let _ = tx.send(WaiterAnswer::Granted(grant));

@@ -2,3 +2,4 @@
 //! across restarts and crashes, and on a disk that fails.
 
 mod embedded;
+mod watch;

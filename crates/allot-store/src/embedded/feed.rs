@@ -1,0 +1,175 @@
+//! The embedded store's change feed. The events of an operation are drafted from its changes
+//! under the state lock, so they see the state right after it; they are given revisions there,
+//! in log order, and handed to the [`Feed`] by the same `deliver` that answers the operation, once
+//! its record is durable (so a caller that has its answer finds its change in the feed).
+//!
+//! Revisions: the events of log record `seq` take revisions from `seq << WINDOW_BITS` up; events
+//! with no record of their own (a waiter queued or giving up) go on from the last record's, and a
+//! record is appended before they would reach the next window. So a store reopened after its last
+//! durable record `seq` starts after `(seq + 1) << WINDOW_BITS`, above every revision it published.
+
+use allot_core::apps::{AppChange, Scheduler};
+use allot_core::pools::{PoolChange, Pools};
+use allot_core::watch::{keys, EventKind};
+use allot_core::{Change, GrantEnd, Ledger, LedgerError, Millis, NamespaceName, Token};
+
+use super::{grant_info, session_info};
+use crate::runs::RunChange;
+use crate::watch::{Event, EventObject};
+
+/// The revisions of one log record: `1 << WINDOW_BITS` of them.
+pub(super) const WINDOW_BITS: u32 = 20;
+
+/// The first revision a store whose last record is `seq` may give.
+pub(super) fn window_of(seq: u64) -> u64 {
+    seq << WINDOW_BITS
+}
+
+/// An event before its revision.
+#[derive(Debug)]
+pub(super) struct Draft {
+    pub(super) kind: EventKind,
+    pub(super) key: String,
+    pub(super) cause: Option<String>,
+    pub(super) object: EventObject,
+}
+
+impl Draft {
+    pub(super) fn stamp(self, revision: u64, at: Millis) -> Event {
+        Event { revision, kind: self.kind, key: self.key, cause: self.cause, at, object: self.object }
+    }
+}
+
+fn draft(kind: EventKind, key: String, object: EventObject) -> Draft {
+    Draft { kind, key, cause: None, object }
+}
+
+/// A waiter's event.
+pub(super) fn waiter(kind: EventKind, namespace: &NamespaceName, token: &Token, cause: Option<&str>) -> Draft {
+    Draft {
+        kind,
+        key: keys::waiter(namespace, token),
+        cause: cause.map(str::to_owned),
+        object: EventObject::Waiter { namespace: namespace.clone(), token: token.clone() },
+    }
+}
+
+/// Why a waiter the ledger cancelled cannot be granted.
+pub(super) fn cancel_cause(err: &LedgerError) -> &'static str {
+    match err {
+        LedgerError::NamespaceNotFound(_) => "namespace_removed",
+        LedgerError::SessionNotFound(_) => "session_ended",
+        _ => "cancelled",
+    }
+}
+
+/// The events of the ledger's changes, as the ledger is after them.
+pub(super) fn quotas(ledger: &Ledger, changes: &[Change], now: Millis, out: &mut Vec<Draft>) {
+    for change in changes {
+        out.push(match change {
+            // A moved fencing bound is the store's own bookkeeping.
+            Change::Namespace { put: false, .. } => continue,
+            Change::Namespace { name, .. } => match ledger.namespace(name, now) {
+                Ok(view) => draft(EventKind::NamespacePut, keys::namespace(name), EventObject::Namespace(view)),
+                Err(_) => continue,
+            },
+            Change::NamespaceRemoved { name, .. } => {
+                draft(EventKind::NamespaceRemoved, keys::namespace(name), EventObject::Gone)
+            }
+            Change::GrantAdded(grant) | Change::Grant(grant) => {
+                let kind = if matches!(change, Change::GrantAdded(_)) {
+                    EventKind::GrantGranted
+                } else {
+                    EventKind::GrantRenewed
+                };
+                let key = keys::grant(&grant.namespace, &grant.token);
+                draft(kind, key, EventObject::Grant(grant_info(ledger, grant.clone(), now)))
+            }
+            Change::GrantRemoved { grant, cause } => {
+                let kind = match cause {
+                    GrantEnd::Released => EventKind::GrantReleased,
+                    GrantEnd::Expired | GrantEnd::SessionExpired => EventKind::GrantExpired,
+                    GrantEnd::SessionClosed => EventKind::GrantSessionClosed,
+                };
+                let key = keys::grant(&grant.namespace, &grant.token);
+                let object = EventObject::Grant(crate::GrantInfo { grant: grant.clone(), expires_in_ms: None });
+                Draft { kind, key, cause: Some(cause.name().to_owned()), object }
+            }
+            Change::Session { id, opened, .. } => match ledger.session(*id) {
+                Ok(session) => {
+                    let kind = if *opened { EventKind::SessionOpened } else { EventKind::SessionRenewed };
+                    draft(kind, keys::session(id), EventObject::Session(session_info(session, now)))
+                }
+                Err(_) => continue,
+            },
+            Change::SessionRemoved { id, expired } => {
+                let kind = if *expired { EventKind::SessionExpired } else { EventKind::SessionClosed };
+                draft(kind, keys::session(id), EventObject::Gone)
+            }
+        });
+    }
+}
+
+/// The events of the pools' changes, as the pools are after them.
+pub(super) fn pools(pools: &Pools, changes: &[PoolChange], now: Millis, out: &mut Vec<Draft>) {
+    for change in changes {
+        out.push(match change {
+            PoolChange::Pool { name, .. } => match pools.pool(name, now) {
+                Ok(view) => draft(EventKind::PoolPut, keys::pool(name), EventObject::Pool(view)),
+                Err(_) => continue,
+            },
+            PoolChange::PoolRemoved { name } => draft(EventKind::PoolRemoved, keys::pool(name), EventObject::Gone),
+            PoolChange::Alloc(alloc) => {
+                // A keepalive is what sets `last_keepalive`: an alloc without one is new.
+                let kind = if alloc.last_keepalive.is_none() { EventKind::AllocMade } else { EventKind::AllocRenewed };
+                draft(kind, keys::alloc(&alloc.pool, alloc.id), EventObject::Alloc(alloc.clone()))
+            }
+            PoolChange::AllocEnded(ended) => Draft {
+                kind: EventKind::AllocEnded,
+                key: keys::alloc(&ended.alloc.pool, ended.alloc.id),
+                cause: Some(ended.reason.name().to_owned()),
+                object: EventObject::EndedAlloc(ended.clone()),
+            },
+            // An ended alloc's retention running out changes nothing a watcher sees.
+            PoolChange::EndedDropped { .. } => continue,
+        });
+    }
+}
+
+/// The events of the applications' changes.
+pub(super) fn apps(sched: &Scheduler, changes: &[AppChange], out: &mut Vec<Draft>) {
+    for change in changes {
+        out.push(match change {
+            AppChange::Queue { path, .. } => match sched.queue(path) {
+                Ok(view) => draft(EventKind::QueuePut, keys::queue(path), EventObject::Queue(view)),
+                Err(_) => continue,
+            },
+            AppChange::QueueRemoved { path } => draft(EventKind::QueueRemoved, keys::queue(path), EventObject::Gone),
+            AppChange::App(app) => draft(EventKind::AppChanged, keys::app(&app.spec.id), EventObject::App(app.clone())),
+            AppChange::AppRemoved { id } => draft(EventKind::AppRemoved, keys::app(id), EventObject::Gone),
+            AppChange::Task(task) => Draft {
+                kind: EventKind::TaskChanged,
+                key: keys::task(&task.app, &task.spec.id),
+                cause: task.reason.clone(),
+                object: EventObject::Task(task.clone()),
+            },
+            AppChange::TaskRemoved { app, task } => {
+                draft(EventKind::TaskRemoved, keys::task(app, task), EventObject::Gone)
+            }
+        });
+    }
+}
+
+/// The event of a change of the kept runs.
+pub(super) fn runs(change: &RunChange, out: &mut Vec<Draft>) {
+    match change {
+        RunChange::Put { app, task, run } => {
+            out.push(draft(EventKind::RunChanged, keys::run(app, task), EventObject::Run(run.clone())))
+        }
+        RunChange::Removed { app, task } => {
+            out.push(draft(EventKind::RunRemoved, keys::run(app, task), EventObject::Gone))
+        }
+        // The catalog of outputs is not watched.
+        RunChange::Cached { .. } => {}
+    }
+}

@@ -1,0 +1,266 @@
+//! The embedded store's change feed: every committed change an event, in commit order, with the
+//! object as it is after it; resumable from a revision; compacted by retention; a slow watcher
+//! ended without holding writers up; every watcher ended at shutdown.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use allot_core::apps::queues::{QueueLimits, QueuePath};
+use allot_core::apps::{AppId, TaskId};
+use allot_core::pools::{AllocRequest, PoolName};
+use allot_core::runs::Run;
+use allot_core::watch::{EventKind, Filter};
+use allot_core::{AllocateRequest, Constraints, LeaseRequest, NamespaceName, Token};
+use allot_store::clock::ManualClock;
+use allot_store::prelude::*;
+use allot_store::{Allocation, EmbeddedConfig, EmbeddedStore, Event, EventObject, WatchConfig, WatchError, Watcher};
+
+fn ns(name: &str) -> NamespaceName {
+    NamespaceName::new(name).unwrap()
+}
+
+fn request(namespace: &str, token: &str, lease: LeaseRequest) -> AllocateRequest {
+    AllocateRequest {
+        namespace: ns(namespace),
+        token: Token::new(token).unwrap(),
+        units: 1,
+        scope: None,
+        constraints: Constraints::default(),
+        lease,
+    }
+}
+
+fn open(dir: &std::path::Path, clock: &ManualClock, watch: WatchConfig) -> Arc<EmbeddedStore> {
+    let config = EmbeddedConfig::new(dir.to_owned()).with_time(Arc::new(clock.clone())).with_watch(watch);
+    Arc::new(EmbeddedStore::open(&config).unwrap())
+}
+
+/// The next event, within a second.
+async fn next(watcher: &mut Watcher) -> Arc<Event> {
+    tokio::time::timeout(Duration::from_secs(1), watcher.next()).await.expect("an event within a second").unwrap()
+}
+
+fn kinds(events: &[Arc<Event>]) -> Vec<(&'static str, &str, Option<&str>)> {
+    events.iter().map(|e| (e.kind.name(), e.key.as_str(), e.cause.as_deref())).collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_change_of_the_quotas_is_an_event_in_commit_order() {
+    let dir = tempfile::tempdir().unwrap();
+    let clock = ManualClock::new();
+    let store = open(dir.path(), &clock, WatchConfig::default());
+    let mut watcher = store.watch(Filter::default(), None).unwrap();
+    store.put_namespace(ns("hive"), 1).await.unwrap();
+    store.allocate(request("hive", "a", LeaseRequest::Ttl { ttl_ms: 1000 }), Duration::ZERO).await.unwrap();
+    // A second call waits for the first's unit; the release hands it over.
+    let waiting = {
+        let store = store.clone();
+        tokio::spawn(
+            async move { store.allocate(request("hive", "b", LeaseRequest::None), Duration::from_secs(5)).await },
+        )
+    };
+    let mut seen = vec![next(&mut watcher).await, next(&mut watcher).await, next(&mut watcher).await];
+    store.keepalive_grant(ns("hive"), Token::new("a").unwrap(), None).await.unwrap();
+    store.release(ns("hive"), Token::new("a").unwrap(), None).await.unwrap();
+    assert!(matches!(waiting.await.unwrap().unwrap(), Allocation::Granted { .. }));
+    // A grant under a session ends when the session's lease runs out, by the clock.
+    let session = store.open_session(2000).await.unwrap().session.id;
+    store.release(ns("hive"), Token::new("b").unwrap(), None).await.unwrap();
+    store.allocate(request("hive", "c", LeaseRequest::Session(session)), Duration::ZERO).await.unwrap();
+    clock.advance(Duration::from_millis(2500));
+    store.tick().await.unwrap();
+    for _ in 0..9 {
+        seen.push(next(&mut watcher).await);
+    }
+    let session_key = format!("sessions/{session}");
+    assert_eq!(
+        kinds(&seen),
+        [
+            ("namespace.put", "namespaces/hive", None),
+            ("grant.granted", "namespaces/hive/grants/a", None),
+            ("waiter.queued", "namespaces/hive/waiters/b", None),
+            ("grant.renewed", "namespaces/hive/grants/a", None),
+            ("grant.released", "namespaces/hive/grants/a", Some("released")),
+            ("grant.granted", "namespaces/hive/grants/b", None),
+            ("waiter.admitted", "namespaces/hive/waiters/b", None),
+            ("session.opened", session_key.as_str(), None),
+            ("grant.released", "namespaces/hive/grants/b", Some("released")),
+            ("grant.granted", "namespaces/hive/grants/c", None),
+            ("grant.expired", "namespaces/hive/grants/c", Some("session_expired")),
+            ("session.expired", session_key.as_str(), None),
+        ]
+    );
+    assert!(seen.windows(2).all(|w| w[0].revision < w[1].revision), "revisions increase");
+    // The object is as it is after the change.
+    let EventObject::Namespace(view) = &seen[0].object else { panic!("{:?}", seen[0]) };
+    assert_eq!(view.quota, 1);
+    let EventObject::Grant(granted) = &seen[1].object else { panic!("{:?}", seen[1]) };
+    assert_eq!((granted.grant.token.as_str(), granted.expires_in_ms), ("a", Some(1000)));
+    assert_eq!(store.revision(), seen.last().unwrap().revision, "a read now reflects the last event");
+    store.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn pools_queues_and_runs_are_events_too() {
+    let dir = tempfile::tempdir().unwrap();
+    let clock = ManualClock::new();
+    let store = open(dir.path(), &clock, WatchConfig::default());
+    let pool = PoolName::new("p").unwrap();
+    let mut watcher = store.watch(Filter { kinds: vec![], prefixes: vec!["pools/p".into()] }, None).unwrap();
+    store.put_pool(pool.clone(), "cpu=4".parse().unwrap()).await.unwrap();
+    let want = AllocRequest { min: "cpu=1".parse().unwrap(), owner: "me".into(), ..AllocRequest::default() };
+    let alloc = store.accept(pool.clone(), want).await.unwrap();
+    store.keepalive_alloc(pool.clone(), alloc.id, 60_000).await.unwrap();
+    store.free_alloc(pool.clone(), alloc.id).await.unwrap();
+    let mut seen = Vec::new();
+    for _ in 0..4 {
+        seen.push(next(&mut watcher).await);
+    }
+    let key = format!("pools/p/allocs/{}", alloc.id);
+    assert_eq!(
+        kinds(&seen),
+        [
+            ("pool.put", "pools/p", None),
+            ("alloc.made", key.as_str(), None),
+            ("alloc.renewed", key.as_str(), None),
+            ("alloc.ended", key.as_str(), Some("freed")),
+        ]
+    );
+    // Queues and runs, watched by kind.
+    let kinds_only =
+        Filter { kinds: vec![EventKind::QueuePut, EventKind::RunChanged, EventKind::RunRemoved], prefixes: vec![] };
+    let mut watcher = store.watch(kinds_only, None).unwrap();
+    let queue = QueuePath::new("root.q").unwrap();
+    store.put_queue(queue.clone(), QueueLimits::default()).await.unwrap();
+    let (app, task) = (AppId::new("etl").unwrap(), TaskId::new("t1").unwrap());
+    store.put_run(app.clone(), task.clone(), Run::new(1)).await.unwrap();
+    store.remove_run(app, task).await.unwrap();
+    let seen = vec![next(&mut watcher).await, next(&mut watcher).await, next(&mut watcher).await];
+    assert_eq!(
+        kinds(&seen),
+        [
+            ("queue.put", "queues/root.q", None),
+            ("run.changed", "apps/etl/tasks/t1/run", None),
+            ("run.removed", "apps/etl/tasks/t1/run", None),
+        ]
+    );
+    let EventObject::Run(run) = &seen[1].object else { panic!("{:?}", seen[1]) };
+    assert_eq!(**run, Run::new(1));
+    store.shutdown().await;
+}
+
+/// Random changes of many tokens, watched from the start: the events replayed give the grants the
+/// store holds at the end; none is missing or twice.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_events_replayed_give_the_final_state() {
+    let dir = tempfile::tempdir().unwrap();
+    let clock = ManualClock::new();
+    let store = open(dir.path(), &clock, WatchConfig::default());
+    let start = store.revision();
+    store.put_namespace(ns("hive"), 20).await.unwrap();
+    let mut rng = allot_core::testing::XorShift::new(7);
+    for _ in 0..400 {
+        let token = format!("t{}", rng.below(30));
+        match rng.below(4) {
+            // A token asked again with another lease is a conflict, which changes nothing.
+            0 | 1 => drop(store.allocate(request("hive", &token, LeaseRequest::None), Duration::ZERO).await),
+            2 => drop(store.release(ns("hive"), Token::new(&token).unwrap(), None).await.unwrap()),
+            _ => {
+                let lease = LeaseRequest::Ttl { ttl_ms: 1000 + rng.below(3000) };
+                drop(store.allocate(request("hive", &token, lease), Duration::ZERO).await);
+                clock.advance(Duration::from_millis(rng.below(500)));
+                store.tick().await.unwrap();
+            }
+        }
+    }
+    let end = store.revision();
+    let mut watcher =
+        store.watch(Filter { kinds: vec![], prefixes: vec!["namespaces/hive".into()] }, Some(start)).unwrap();
+    let mut held = BTreeMap::new();
+    let mut last = start;
+    while last < end {
+        let event = next(&mut watcher).await;
+        assert!(event.revision > last, "in order, none twice");
+        last = event.revision;
+        match (&event.kind, &event.object) {
+            (EventKind::GrantGranted | EventKind::GrantRenewed, EventObject::Grant(info)) => {
+                held.insert(info.grant.token.to_string(), info.grant.fencing);
+            }
+            (EventKind::GrantReleased | EventKind::GrantExpired, EventObject::Grant(info)) => {
+                assert!(held.remove(info.grant.token.as_str()).is_some(), "an end of a grant the events never granted");
+            }
+            _ => {}
+        }
+    }
+    let grants = allot_store::read_all(|page| store.grants(ns("hive"), page)).await.unwrap();
+    let now: BTreeMap<String, u64> = grants.iter().map(|g| (g.grant.token.to_string(), g.grant.fencing)).collect();
+    assert_eq!(held, now);
+    store.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_watch_resumes_from_a_revision_until_it_is_no_longer_kept() {
+    let dir = tempfile::tempdir().unwrap();
+    let clock = ManualClock::new();
+    let watch = WatchConfig { retain_events: 10, ..WatchConfig::default() };
+    let store = open(dir.path(), &clock, watch);
+    store.put_namespace(ns("hive"), 100).await.unwrap();
+    let listed = store.revision();
+    for i in 0..5 {
+        store.allocate(request("hive", &format!("t{i}"), LeaseRequest::None), Duration::ZERO).await.unwrap();
+    }
+    // List, then watch from the list's revision: the five grants after it, nothing before.
+    let mut watcher = store.watch(Filter::default(), Some(listed)).unwrap();
+    for i in 0..5 {
+        assert_eq!(next(&mut watcher).await.key, format!("namespaces/hive/grants/t{i}"));
+    }
+    for i in 5..30 {
+        store.allocate(request("hive", &format!("t{i}"), LeaseRequest::None), Duration::ZERO).await.unwrap();
+    }
+    match store.watch(Filter::default(), Some(listed)) {
+        Err(WatchError::Compacted { since, oldest }) => {
+            assert_eq!(since, listed);
+            assert_eq!(oldest, store.feed_kept().1);
+            // From the oldest kept, it resumes.
+            let mut again = store.watch(Filter::default(), Some(oldest)).unwrap();
+            assert!(next(&mut again).await.revision > oldest);
+        }
+        other => panic!("{other:?}"),
+    }
+    store.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_slow_watcher_is_ended_and_writers_go_on() {
+    let dir = tempfile::tempdir().unwrap();
+    let clock = ManualClock::new();
+    let store = open(dir.path(), &clock, WatchConfig { buffer: 8, ..WatchConfig::default() });
+    store.put_namespace(ns("hive"), 1000).await.unwrap();
+    let mut slow = store.watch(Filter::default(), None).unwrap();
+    let started = store.revision();
+    for i in 0..100 {
+        store.allocate(request("hive", &format!("t{i}"), LeaseRequest::None), Duration::ZERO).await.unwrap();
+    }
+    assert_eq!(slow.next().await.err(), Some(WatchError::Behind { resume: started, buffer: 8 }));
+    assert_eq!(store.namespace(ns("hive")).await.unwrap().granted_units, 100, "every write went through");
+    store.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn shutting_down_ends_every_watcher_and_revisions_go_on_after_a_restart() {
+    let dir = tempfile::tempdir().unwrap();
+    let clock = ManualClock::new();
+    let store = open(dir.path(), &clock, WatchConfig::default());
+    store.put_namespace(ns("hive"), 1).await.unwrap();
+    let before = store.revision();
+    let mut watcher = store.watch(Filter::default(), None).unwrap();
+    store.shutdown().await;
+    assert_eq!(watcher.next().await.err(), Some(WatchError::Closed));
+    drop(store);
+    let store = open(dir.path(), &clock, WatchConfig::default());
+    assert!(store.revision() > before, "revisions go on after a restart");
+    // What the store published before it closed is not kept across the restart.
+    assert!(matches!(store.watch(Filter::default(), Some(before)), Err(WatchError::Compacted { .. })));
+    store.shutdown().await;
+}
