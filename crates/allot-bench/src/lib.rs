@@ -13,6 +13,8 @@
 //!   target's pairs/s as a ratio of the baseline's, measured in the same run. On a small machine the
 //!   load generator and the server share the cores, so only such ratios compare across machines.
 //! - `allot bench wake`: how long after a release the next waiter gets its grant.
+//! - `allot bench watch`: the change feed: the delay from an allocate's answer to its event, pairs
+//!   with watchers attached against none, and the memory of idle watchers.
 //! - `allot bench pools`: accept+free pairs over 1,000 pools against token pairs, one daemon.
 //! - `allot bench redis`: pairs on one Redis, three ways (allot's script called directly, Flyte's
 //!   command sequence, allot through a daemon), with 900 of 1,000 tokens held and caps on.
@@ -30,7 +32,7 @@
 //!   and `redis`; `latency`: latency samples and their percentiles;
 //! - `compare`: the comparison run; `children`: servers started as child processes;
 //! - `cpu`: the machine's busy, idle and steal time; `report`: latency summaries, tables, checks;
-//! - `wake`, `pools`, `redis`: the wake-latency, pools and Redis measurements;
+//! - `wake`, `watch`, `pools`, `redis`: the wake-latency, change feed, pools and Redis measurements;
 //! - `sched`, `apps`, `gangs`: the scheduler's benchmarks;
 //! - [`duration`]: durations on the command line (`500ms`, `30s`), for every command of the
 //!   binary.
@@ -51,6 +53,7 @@ mod redis;
 mod report;
 mod sched;
 mod wake;
+mod watch;
 
 use std::time::Duration;
 
@@ -86,6 +89,8 @@ enum BenchCommand {
     /// How long after a release the next waiter gets its grant.
     #[command(after_help = BENCH_AFTER_HELP)]
     Wake(WakeArgs),
+    /// The change feed: the delay to a watcher, pairs with watchers attached, idle watchers' memory.
+    Watch(WatchArgs),
     /// Pairs on one Redis: allot's script called directly, Flyte's command sequence, and allot
     /// through a daemon, with 900 of 1,000 tokens held and caps on.
     #[command(after_help = BENCH_AFTER_HELP)]
@@ -253,6 +258,36 @@ struct WakeArgs {
 }
 
 #[derive(Debug, clap::Args)]
+struct WatchArgs {
+    /// How many allocates to measure the delay to a watcher of.
+    #[arg(long, default_value_t = 500)]
+    samples: usize,
+    /// How many watchers to attach while pairs run.
+    #[arg(long, default_value_t = 100)]
+    watchers: usize,
+    /// How many idle watchers to open to measure their memory (0: none).
+    #[arg(long, default_value_t = 10_000)]
+    idle: usize,
+    /// How many clients run pairs.
+    #[arg(long, default_value_t = 16)]
+    clients: usize,
+    /// How long each run of pairs is measured.
+    #[arg(long, default_value = "4s", value_parser = crate::duration::parse)]
+    duration: Duration,
+    /// Runs of pairs without and with watchers, alternating.
+    #[arg(long, default_value_t = 2)]
+    rounds: usize,
+    /// Exit with an error when a check fails.
+    #[arg(long)]
+    check: bool,
+    /// Where to make the daemon's scratch directory (see `compare --tmp-dir`).
+    #[arg(long)]
+    tmp_dir: Option<std::path::PathBuf>,
+    #[command(flatten)]
+    output: OutputOpts,
+}
+
+#[derive(Debug, clap::Args)]
 struct PoolsBenchArgs {
     /// How many pools.
     #[arg(long, default_value_t = 1000)]
@@ -411,6 +446,7 @@ pub async fn run(args: BenchArgs) -> anyhow::Result<()> {
         BenchCommand::Pairs(args) => pairs(args).await,
         BenchCommand::Compare(args) => compare::run(args).await,
         BenchCommand::Wake(args) => wake::run(args).await,
+        BenchCommand::Watch(args) => watch::run(args).await,
         BenchCommand::Redis(args) => redis::run(args).await,
         BenchCommand::Pools(args) => pools::run(args).await,
         BenchCommand::Sched(args) => sched::run(args).await,

@@ -1,0 +1,356 @@
+//! `allot bench watch`: the change feed (`GET /v1/watch`, Server-Sent Events) under load, on a
+//! daemon it starts at the process level of durability.
+//!
+//! - **delay**: one watcher of a namespace's grants; each sample allocates a token and measures
+//!   from the allocate's answer to the event's arrival at the watcher (0 when the event came
+//!   first: the feed is published before the caller is answered);
+//! - **with watchers**: allocate+release pairs with no watcher, then with `--watchers` watchers
+//!   attached that read every event, alternating for `--rounds` rounds; the ratio of the medians;
+//! - **idle watchers**: `--idle` watchers of a key nothing changes; the daemon's resident memory
+//!   before and after, per watcher.
+
+use std::collections::HashMap;
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, Context};
+use bytes::{Buf, BytesMut};
+use hyper::body::Bytes;
+use hyper::{Method, StatusCode};
+use serde::Serialize;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpStream;
+use tokio::sync::mpsc;
+
+use crate::children::{self, Scratch, Server};
+use crate::http::{encode_segment, Conn, Endpoint};
+use crate::latency::Latency;
+use crate::load::{self, LoadSpec, Target};
+use crate::report::{self, Check};
+use crate::WatchArgs;
+
+/// The delay target at p99 (ms), a watcher on the same daemon.
+const MAX_DELAY_P99_MS: f64 = 5.0;
+/// Pairs with watchers attached, as a share of the rate without.
+const MIN_RATE_WITH_WATCHERS: f64 = 0.8;
+/// The resident memory an idle watcher may cost the daemon (KiB).
+const MAX_KIB_PER_IDLE_WATCHER: f64 = 16.0;
+/// How long to wait for an event that should come.
+const EVENT_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// The JSON output of `allot bench watch --json`.
+#[derive(Serialize)]
+struct WatchOutput {
+    url: String,
+    samples: usize,
+    /// From an allocate's answer to its event's arrival at the watcher.
+    delay_ms: Latency,
+    watchers: usize,
+    /// Pairs/s without watchers, then with, per round.
+    pairs_without: Vec<f64>,
+    pairs_with: Vec<f64>,
+    /// The median with watchers over the median without.
+    ratio: Option<f64>,
+    idle_watchers: usize,
+    /// The daemon's resident memory per idle watcher (KiB), when its process is known.
+    kib_per_idle_watcher: Option<f64>,
+    checks: Vec<Check>,
+}
+
+/// Runs `allot bench watch`.
+pub(super) async fn run(args: WatchArgs) -> anyhow::Result<()> {
+    if args.samples == 0 || args.clients == 0 || args.rounds == 0 {
+        bail!("--samples, --clients and --rounds must be at least 1");
+    }
+    let scratch = Scratch::new(args.tmp_dir.as_deref())?;
+    let server = children::spawn_daemon_with(&scratch, &["--durability".into(), "process".into()]).await?;
+    let outcome = measure(&args, &server).await;
+    server.stop().await;
+    let output = outcome?;
+    if args.output.json {
+        println!("{}", serde_json::to_string_pretty(&output)?);
+    } else {
+        let d = &output.delay_ms;
+        println!("watch ({}), ms from an allocate's answer to its event:", output.url);
+        println!(
+            "  p50 {:.3}  p90 {:.3}  p99 {:.3}  max {:.3}  ({} samples)",
+            d.p50, d.p90, d.p99, d.max, output.samples
+        );
+        println!(
+            "pairs/s without watchers {:?}, with {} watchers {:?}: ratio {}",
+            output.pairs_without,
+            output.watchers,
+            output.pairs_with,
+            output.ratio.map_or("-".to_owned(), |r| format!("{r:.2}"))
+        );
+        match output.kib_per_idle_watcher {
+            Some(kib) => println!("{} idle watchers: {kib:.1} KiB each", output.idle_watchers),
+            None => println!("{} idle watchers: memory not measured", output.idle_watchers),
+        }
+        println!("targets:");
+        print!("{}", report::checks(&output.checks));
+    }
+    if args.check && output.checks.iter().any(|check| !check.ok) {
+        bail!("the daemon missed a target");
+    }
+    Ok(())
+}
+
+async fn measure(args: &WatchArgs, server: &Server) -> anyhow::Result<WatchOutput> {
+    let endpoint = server.endpoint.clone();
+    let namespace = format!("bench-watch-{}", load::run_id());
+    load::setup_namespace(&endpoint, &namespace, 1_000_000).await?;
+    let delays = delays(&endpoint, &namespace, args.samples).await?;
+
+    let target = Target::allot("allot", endpoint.clone(), &namespace).with_pid(server.pid());
+    let spec = LoadSpec {
+        clients: args.clients,
+        warmup: Duration::from_millis(500),
+        duration: args.duration,
+        timeout: Duration::from_secs(10),
+        progress: false,
+    };
+    let (mut without, mut with) = (Vec::new(), Vec::new());
+    for _ in 0..args.rounds {
+        without.push(load::run_load(&target, &spec).await?.pairs_per_s);
+        let readers = attach(&endpoint, args.watchers, "").await?;
+        with.push(load::run_load(&target, &spec).await?.pairs_per_s);
+        readers.into_iter().for_each(|reader| reader.abort());
+    }
+    let ratio = match (report::median(without.clone()), report::median(with.clone())) {
+        (Some(base), Some(loaded)) if base > 0.0 => Some(loaded / base),
+        _ => None,
+    };
+
+    let kib_per_idle_watcher = match server.pid() {
+        Some(pid) if args.idle > 0 => {
+            let before = resident_kib(pid)?;
+            let idle = open_idle(&endpoint, args.idle).await?;
+            // Let the daemon settle what it allocated for them.
+            tokio::time::sleep(Duration::from_millis(500)).await;
+            let after = resident_kib(pid)?;
+            drop(idle);
+            Some(after.saturating_sub(before) as f64 / args.idle as f64)
+        }
+        _ => None,
+    };
+    let delay_ms = Latency::from_nanos(delays);
+    let mut checks = vec![
+        Check::at_most(
+            "p99 delay to a watcher on the same daemon (ms)".to_owned(),
+            Some(delay_ms.p99),
+            MAX_DELAY_P99_MS,
+        ),
+        Check::at_least(format!("pairs/s with {} watchers / without", args.watchers), ratio, MIN_RATE_WITH_WATCHERS),
+    ];
+    if args.idle > 0 {
+        checks.push(Check::at_most(
+            format!("daemon memory per idle watcher, {} of them (KiB)", args.idle),
+            kib_per_idle_watcher,
+            MAX_KIB_PER_IDLE_WATCHER,
+        ));
+    }
+    Ok(WatchOutput {
+        url: endpoint.url(),
+        samples: args.samples,
+        delay_ms,
+        watchers: args.watchers,
+        pairs_without: without,
+        pairs_with: with,
+        ratio,
+        idle_watchers: args.idle,
+        kib_per_idle_watcher,
+        checks,
+    })
+}
+
+/// `samples` delays (ns) from an allocate's answer to its event at a watcher.
+async fn delays(endpoint: &Endpoint, namespace: &str, samples: usize) -> anyhow::Result<Vec<u64>> {
+    let query = format!("kind=grant.granted&prefix=namespaces/{}", encode_segment(namespace));
+    let mut stream = EventStream::open(endpoint, &query).await?;
+    let (arrivals, mut arrived) = mpsc::unbounded_channel::<(String, Instant)>();
+    let reader = tokio::spawn(async move {
+        while let Ok(Some(message)) = stream.next().await {
+            let at = Instant::now();
+            if let Some(key) = key_of(&message.data) {
+                if arrivals.send((key, at)).is_err() {
+                    return;
+                }
+            }
+        }
+    });
+    let mut conn = Conn::connect(endpoint).await?;
+    let grants = format!("/v1/namespaces/{}/grants/", encode_segment(namespace));
+    let mut early: HashMap<String, Instant> = HashMap::new();
+    let mut delays = Vec::with_capacity(samples);
+    let run = load::run_id();
+    for i in 0..samples {
+        let token = format!("{run}-{i}");
+        let (status, body) = conn.request(Method::PUT, &format!("{grants}{token}"), Bytes::new()).await?;
+        let answered = Instant::now();
+        if status != StatusCode::OK || !body.starts_with(br#"{"status":"Granted""#) {
+            bail!("the allocate of `{token}` was answered {status}: {}", String::from_utf8_lossy(&body));
+        }
+        let key = format!("namespaces/{namespace}/grants/{token}");
+        let at = loop {
+            if let Some(at) = early.remove(&key) {
+                break at;
+            }
+            match tokio::time::timeout(EVENT_TIMEOUT, arrived.recv()).await {
+                Ok(Some((seen, at))) if seen == key => break at,
+                Ok(Some((seen, at))) => drop(early.insert(seen, at)),
+                Ok(None) => bail!("the watch ended"),
+                Err(_) => bail!("no event for `{key}` within {EVENT_TIMEOUT:?}"),
+            }
+        };
+        delays.push(u64::try_from(at.saturating_duration_since(answered).as_nanos()).unwrap_or(u64::MAX));
+        conn.request(Method::DELETE, &format!("{grants}{token}"), Bytes::new()).await?;
+    }
+    reader.abort();
+    Ok(delays)
+}
+
+/// The `key` of an event's JSON data.
+fn key_of(data: &str) -> Option<String> {
+    let value: serde_json::Value = serde_json::from_str(data).ok()?;
+    value.get("key")?.as_str().map(str::to_owned)
+}
+
+/// `count` watchers of everything (`query`), each read to the end by a task of its own.
+async fn attach(endpoint: &Endpoint, count: usize, query: &str) -> anyhow::Result<Vec<tokio::task::JoinHandle<()>>> {
+    let mut readers = Vec::with_capacity(count);
+    for _ in 0..count {
+        let mut stream = EventStream::open(endpoint, query).await?;
+        readers.push(tokio::spawn(async move { while let Ok(Some(_)) = stream.next().await {} }));
+    }
+    Ok(readers)
+}
+
+/// `count` watchers of a key nothing changes, opened (their answer's head read) and kept.
+async fn open_idle(endpoint: &Endpoint, count: usize) -> anyhow::Result<Vec<EventStream>> {
+    let query = format!("prefix=pools/bench-idle-{}", load::run_id());
+    let mut streams = Vec::with_capacity(count);
+    for i in 0..count {
+        streams.push(EventStream::open(endpoint, &query).await.with_context(|| format!("idle watcher {i}"))?);
+    }
+    Ok(streams)
+}
+
+/// The resident memory of process `pid` (KiB), from `/proc`.
+fn resident_kib(pid: u32) -> anyhow::Result<u64> {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).context("cannot read the daemon's status")?;
+    let line = status.lines().find(|l| l.starts_with("VmRSS:")).context("no VmRSS in /proc status")?;
+    line.split_whitespace().nth(1).and_then(|n| n.parse().ok()).context("unreadable VmRSS")
+}
+
+/// One Server-Sent Events message.
+struct Message {
+    data: String,
+}
+
+/// A watch over one raw HTTP/1.1 connection: the answer's chunks decoded as they come, and split
+/// into messages (heartbeat comments skipped).
+struct EventStream {
+    stream: TcpStream,
+    /// Bytes read and not decoded yet.
+    input: BytesMut,
+    /// The decoded body not split into messages yet.
+    body: BytesMut,
+    chunked: bool,
+}
+
+impl EventStream {
+    async fn open(endpoint: &Endpoint, query: &str) -> anyhow::Result<EventStream> {
+        let mut stream = TcpStream::connect(&endpoint.authority).await.context("cannot connect")?;
+        stream.set_nodelay(true)?;
+        let request = format!(
+            "GET {}/v1/watch?{query} HTTP/1.1\r\nhost: {}\r\naccept: text/event-stream\r\n\r\n",
+            endpoint.prefix, endpoint.authority
+        );
+        stream.write_all(request.as_bytes()).await?;
+        let mut input = BytesMut::with_capacity(4096);
+        let (status, head_len, chunked) = loop {
+            let mut headers = [httparse::EMPTY_HEADER; 32];
+            let mut answer = httparse::Response::new(&mut headers);
+            if let httparse::Status::Complete(len) = answer.parse(&input).context("not HTTP/1.1")? {
+                let chunked = answer.headers.iter().any(|h| {
+                    h.name.eq_ignore_ascii_case("transfer-encoding") && h.value.eq_ignore_ascii_case(b"chunked")
+                });
+                break (answer.code.unwrap_or(0), len, chunked);
+            }
+            if stream.read_buf(&mut input).await? == 0 {
+                bail!("the daemon closed the watch before answering");
+            }
+        };
+        if status != 200 {
+            bail!("GET /v1/watch?{query} was answered {status}: {}", String::from_utf8_lossy(&input[head_len..]));
+        }
+        input.advance(head_len);
+        Ok(EventStream { stream, input, body: BytesMut::new(), chunked })
+    }
+
+    /// The next message with data, or `None` when the stream ends.
+    async fn next(&mut self) -> anyhow::Result<Option<Message>> {
+        loop {
+            while let Some(end) = find(&self.body, b"\n\n") {
+                let block = self.body.split_to(end + 2);
+                let text = String::from_utf8_lossy(&block);
+                let data: Vec<&str> =
+                    text.lines().filter_map(|l| l.strip_prefix("data:")).map(str::trim_start).collect();
+                if !data.is_empty() {
+                    return Ok(Some(Message { data: data.join("\n") }));
+                }
+            }
+            if !self.decode()? && self.stream.read_buf(&mut self.input).await? == 0 {
+                return Ok(None);
+            }
+        }
+    }
+
+    /// Moves whole chunks (or everything, when not chunked) from the input to the body; false
+    /// when more must be read first.
+    fn decode(&mut self) -> anyhow::Result<bool> {
+        if !self.chunked {
+            let moved = !self.input.is_empty();
+            let input = self.input.split();
+            self.body.extend_from_slice(&input);
+            return Ok(moved);
+        }
+        let mut moved = false;
+        while let Some(line) = find(&self.input, b"\r\n") {
+            let size = std::str::from_utf8(&self.input[..line])
+                .ok()
+                .and_then(|s| usize::from_str_radix(s.split(';').next().unwrap_or("").trim(), 16).ok())
+                .context("a bad chunk size")?;
+            if self.input.len() < line + 2 + size + 2 {
+                break;
+            }
+            self.input.advance(line + 2);
+            let chunk = self.input.split_to(size);
+            self.input.advance(2);
+            self.body.extend_from_slice(&chunk);
+            moved = true;
+            if size == 0 {
+                break;
+            }
+        }
+        Ok(moved)
+    }
+}
+
+fn find(haystack: &[u8], needle: &[u8]) -> Option<usize> {
+    haystack.windows(needle.len()).position(|w| w == needle)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn keys_are_read_from_event_data() {
+        assert_eq!(
+            key_of(r#"{"revision":3,"kind":"grant.granted","key":"namespaces/a/grants/t"}"#).as_deref(),
+            Some("namespaces/a/grants/t")
+        );
+        assert_eq!(key_of("not json"), None);
+    }
+}
