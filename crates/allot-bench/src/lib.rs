@@ -90,6 +90,7 @@ enum BenchCommand {
     #[command(after_help = BENCH_AFTER_HELP)]
     Wake(WakeArgs),
     /// The change feed: the delay to a watcher, pairs with watchers attached, idle watchers' memory.
+    #[command(after_help = BENCH_AFTER_HELP)]
     Watch(WatchArgs),
     /// Pairs on one Redis: allot's script called directly, Flyte's command sequence, and allot
     /// through a daemon, with 900 of 1,000 tokens held and caps on.
