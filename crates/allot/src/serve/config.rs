@@ -11,7 +11,7 @@ use allot_core::apps::SchedConfig;
 use allot_core::pools::{LeaseRules, PoolName};
 use allot_core::{NamespaceName, Resources};
 use allot_server::MetricsConfig;
-use allot_store::Durability;
+use allot_store::{Durability, WatchConfig};
 use allot_store_redis::RedisConfig;
 use anyhow::{bail, Context};
 use serde::Deserialize;
@@ -51,6 +51,10 @@ pub(crate) const SERVE_AFTER_HELP: &str = r#"Configuration file (--config), with
   [scheduler]
   completing_grace = "30s"      # how long an application whose tasks all ended waits for more
   app_retention = "1h"          # how long an ended application stays readable
+  [watch]                       # the change feed (GET /v1/watch), on the embedded store
+  retain_events = 100000        # the most events kept for watchers that resume
+  retain_for = "1h"             # events older than this are not kept
+  buffer = 4096                 # events a watcher may lag behind before it is ended
   [executor]                    # how the tasks run here are retried (Flyte's budgets)
   retries = 0                   # new attempts after user failures, for a task whose spec names none
   system_retries = 3            # new attempts after system failures (a daemon lost, a service down)
@@ -114,6 +118,8 @@ struct ConfigFile {
     queues: BTreeMap<String, QueueConfig>,
     #[serde(default)]
     scheduler: SchedulerConfig,
+    #[serde(default)]
+    watch: WatchFileConfig,
     #[serde(default)]
     executor: ExecutorFileConfig,
     #[serde(default)]
@@ -232,6 +238,29 @@ struct SchedulerConfig {
     app_retention: Option<String>,
 }
 
+/// `[watch]`: how much of the change feed is kept, and how far a watcher may lag.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct WatchFileConfig {
+    retain_events: Option<usize>,
+    retain_for: Option<String>,
+    buffer: Option<usize>,
+}
+
+/// The change feed's settings from `[watch]`.
+fn watch_config(file: &WatchFileConfig) -> anyhow::Result<WatchConfig> {
+    let defaults = WatchConfig::default();
+    let retain_for = match file.retain_for.as_deref() {
+        Some(text) => allot_bench::duration::parse(text).map_err(|err| anyhow::anyhow!("[watch] retain_for: {err}"))?,
+        None => defaults.retain_for,
+    };
+    let buffer = file.buffer.unwrap_or(defaults.buffer);
+    if buffer == 0 {
+        anyhow::bail!("[watch] buffer: a watcher must be able to lag by at least 1 event");
+    }
+    Ok(WatchConfig { retain_events: file.retain_events.unwrap_or(defaults.retain_events), retain_for, buffer })
+}
+
 /// A queue's limits from the file.
 fn queue_limits(path: &str, queue: QueueConfig) -> anyhow::Result<QueueLimits> {
     let resources = |what: &str, text: Option<String>| -> anyhow::Result<Option<Resources>> {
@@ -285,6 +314,7 @@ pub(super) struct Config {
     pub(super) run_pools: Vec<PoolName>,
     pub(super) retry: allot_core::runs::RetryPolicy,
     pub(super) plugins: Plugins,
+    pub(super) watch: WatchConfig,
 }
 
 /// The lease rules from the file's `[alloc_leases]` and the flags (which win).
@@ -443,6 +473,7 @@ pub(super) fn resolve(args: &ServeArgs) -> anyhow::Result<Config> {
         ..defaults
     };
     Ok(Config {
+        watch: watch_config(&file.watch)?,
         retry: retry_policy(&file.executor)?,
         plugins: plugins(file.plugins, file.secrets)?,
         run_pools,
@@ -513,6 +544,7 @@ mod tests {
         let scheduler = keys_of::<ConfigFile>("[scheduler]\n");
         let plugins = keys_of::<ConfigFile>("[plugins]\n");
         let executor = keys_of::<ConfigFile>("[executor]\n");
+        let watch = keys_of::<ConfigFile>("[watch]\n");
         let external = keys_of::<ConfigFile>("[plugins.external.x]\nurl = \"http://a\"\ntask_types = []\n");
         assert!(
             top.contains(&"alloc_leases".to_owned()) && leases.contains(&"retention".to_owned()),
@@ -521,7 +553,8 @@ mod tests {
         assert!(queue.contains(&"user_max".to_owned()) && scheduler.contains(&"completing_grace".to_owned()));
         assert!(plugins.contains(&"task_types".to_owned()) && external.contains(&"jobs_quota".to_owned()));
         assert!(executor.contains(&"system_retries".to_owned()), "{executor:?}");
-        let tables = [&leases, &queue, &scheduler, &plugins, &external, &executor];
+        assert!(watch.contains(&"retain_for".to_owned()), "{watch:?}");
+        let tables = [&leases, &queue, &scheduler, &plugins, &external, &executor, &watch];
         for key in top.iter().chain(tables.into_iter().flatten()) {
             let listed = SERVE_AFTER_HELP.lines().any(|line| {
                 let line = line.trim_start();
@@ -544,6 +577,23 @@ mod tests {
         assert_eq!(file.alloc_leases.retention.as_deref(), Some("1h"));
         assert_eq!(file.plugins.external["warehouse"].jobs_quota, Some(4));
         assert_eq!(retry_policy(&file.executor).unwrap(), allot_core::runs::RetryPolicy::new(0, 3));
+        assert_eq!(watch_config(&file.watch).unwrap(), WatchConfig::default(), "the help shows the defaults");
+    }
+
+    #[test]
+    fn the_change_feed_keeps_what_the_file_says() {
+        let file: ConfigFile = toml::from_str("[watch]\nretain_events = 10\nretain_for = \"5m\"\n").unwrap();
+        let config = watch_config(&file.watch).unwrap();
+        let expected = WatchConfig {
+            retain_events: 10,
+            retain_for: std::time::Duration::from_secs(300),
+            ..WatchConfig::default()
+        };
+        assert_eq!(config, expected);
+        let file: ConfigFile = toml::from_str("[watch]\nbuffer = 0\n").unwrap();
+        assert!(watch_config(&file.watch).unwrap_err().to_string().contains("[watch] buffer"));
+        let file: ConfigFile = toml::from_str("[watch]\nretain_for = \"soon\"\n").unwrap();
+        assert!(watch_config(&file.watch).unwrap_err().to_string().contains("[watch] retain_for"));
     }
 
     #[test]

@@ -88,9 +88,12 @@ pub(crate) async fn run(args: ServeArgs) -> anyhow::Result<()> {
     };
     let store: Arc<dyn Store> = match &config.store {
         StoreChoice::Embedded => {
-            let store =
-                EmbeddedStore::open(&EmbeddedConfig::new(config.data_dir.clone()).with_durability(config.durability))
-                    .with_context(|| format!("cannot open the store in {}", config.data_dir.display()))?;
+            let store = EmbeddedStore::open(
+                &EmbeddedConfig::new(config.data_dir.clone())
+                    .with_durability(config.durability)
+                    .with_watch(config.watch),
+            )
+            .with_context(|| format!("cannot open the store in {}", config.data_dir.display()))?;
             store.set_pool_rules(config.pool_rules);
             store.set_sched_config(config.sched.clone());
             Arc::new(store)
