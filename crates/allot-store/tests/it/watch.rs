@@ -264,3 +264,70 @@ async fn shutting_down_ends_every_watcher_and_revisions_go_on_after_a_restart() 
     assert!(matches!(store.watch(Filter::default(), Some(before)), Err(WatchError::Compacted { .. })));
     store.shutdown().await;
 }
+
+/// An application's life as events: accepted and placed (its task with the alloc it holds, and
+/// the alloc itself), started, failed with its reason, and the alloc ended with it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_applications_life_is_a_line_of_events() {
+    use allot_core::apps::states::TaskState;
+    use allot_core::apps::{AppSpec, SchedulingPolicy, TaskSpec};
+
+    let dir = tempfile::tempdir().unwrap();
+    let clock = ManualClock::new();
+    let store = open(dir.path(), &clock, WatchConfig::default());
+    let pool = PoolName::new("p").unwrap();
+    store.put_pool(pool.clone(), "cpu=4".parse().unwrap()).await.unwrap();
+    let queue = QueuePath::new("root.q").unwrap();
+    store.put_queue(queue.clone(), QueueLimits::default()).await.unwrap();
+    let filter = Filter { kinds: vec![], prefixes: vec!["apps/etl".into(), "pools/p/allocs".into()] };
+    let mut watcher = store.watch(filter, None).unwrap();
+    let app = AppId::new("etl").unwrap();
+    let spec = AppSpec {
+        id: app.clone(),
+        queue,
+        user: "u".into(),
+        tags: Default::default(),
+        groups: Vec::new(),
+        policy: SchedulingPolicy::default(),
+    };
+    let task = TaskSpec {
+        id: TaskId::new("t1").unwrap(),
+        resources: "cpu=1".parse().unwrap(),
+        tokens: Vec::new(),
+        group: None,
+        priority: 0,
+        selector: Default::default(),
+        spec: String::new(),
+    };
+    store.submit_app(spec, vec![task]).await.unwrap();
+    store.tick().await.unwrap();
+    let mut seen = Vec::new();
+    let placed = loop {
+        let event = next(&mut watcher).await;
+        seen.push(event.clone());
+        if event.task_state() == Some(TaskState::Allocated) {
+            break event;
+        }
+    };
+    let EventObject::Task(task) = &placed.object else { panic!("{placed:?}") };
+    let alloc = task.placement.as_ref().expect("a placed task says where").alloc;
+    assert!(
+        seen.iter().any(|e| e.kind == EventKind::AllocMade && e.key == format!("pools/p/allocs/{alloc}")),
+        "its alloc was made: {:?}",
+        kinds(&seen)
+    );
+    assert!(seen.iter().any(|e| e.kind == EventKind::AppChanged), "{:?}", kinds(&seen));
+    store.start_task(app.clone(), TaskId::new("t1").unwrap()).await.unwrap();
+    store.finish_task(app.clone(), TaskId::new("t1").unwrap(), Some("exit 3".into())).await.unwrap();
+    let mut ended = Vec::new();
+    while !ended.iter().any(|e: &Arc<Event>| e.task_state() == Some(TaskState::Failed)) {
+        ended.push(next(&mut watcher).await);
+    }
+    let failed = ended.iter().find(|e| e.task_state() == Some(TaskState::Failed)).unwrap();
+    assert_eq!((failed.key.as_str(), failed.cause.as_deref()), ("apps/etl/tasks/t1", Some("exit 3")));
+    assert!(ended.iter().any(|e| e.task_state() == Some(TaskState::Running)), "{:?}", kinds(&ended));
+    // Its alloc ended with it (the same commit: it is in the events up to the task's failure).
+    let freed = ended.iter().find(|e| e.kind == EventKind::AllocEnded).expect("its alloc ended with it");
+    assert_eq!(freed.key, format!("pools/p/allocs/{alloc}"));
+    store.shutdown().await;
+}
