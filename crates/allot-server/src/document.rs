@@ -300,7 +300,9 @@ fn add_watch(doc: &mut Value) {
             `GET /v1/watch?since=<it>` then misses no change made after the read."}});
     let Some(paths) = doc["paths"].as_object_mut() else { return };
     for (path, item) in paths.iter_mut().filter(|(path, _)| path.starts_with("/v1/")) {
-        let Some(responses) = item["get"]["responses"].as_object_mut() else { continue };
+        // (`get_mut`: indexing would add a `get` to every path.)
+        let get = item.get_mut("get").and_then(|get| get.get_mut("responses"));
+        let Some(responses) = get.and_then(Value::as_object_mut) else { continue };
         for (status, response) in responses.iter_mut() {
             // A read's answers, and an ended alloc's record (410 Gone, but an answer of the read).
             let read = status.starts_with('2') || (status == "410" && path.contains("/allocs/"));
@@ -379,5 +381,10 @@ mod tests {
         }
         assert!(doc["paths"]["/v1/pools/{pool}/allocs/{alloc}"]["get"]["responses"]["410"]["headers"].is_object());
         assert!(doc["paths"]["/v1/pools/{pool}"]["put"]["responses"]["200"]["headers"].is_null());
+        for (path, item) in doc["paths"].as_object().unwrap() {
+            for (method, operation) in item.as_object().unwrap() {
+                assert!(operation["responses"].is_object(), "{method} {path} has no responses");
+            }
+        }
     }
 }
