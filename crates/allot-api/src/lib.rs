@@ -3,9 +3,10 @@
 //! These are the API's contract and change only compatibly. They are plain data: no logic, no
 //! validation (the server validates when it converts them into `allot_core` types).
 //!
-//! One module per part (`quotas`, `pools`, `apps`, `runs`), every type re-exported here; this
-//! module holds the daemon's own bodies (health, readiness, errors) and the readers shared by all
-//! (`object`, `integer`); `spec` reads what allot itself takes from a task's free-form spec.
+//! One module per part (`quotas`, `pools`, `apps`, `runs`) and one for the change feed (`watch`),
+//! every type re-exported here; this module holds the daemon's own bodies (health, readiness,
+//! errors) and the readers shared by all (`object`, `integer`); `spec` reads what allot itself
+//! takes from a task's free-form spec.
 
 use serde::{Deserialize, Serialize};
 use utoipa::ToSchema;
@@ -15,11 +16,13 @@ mod pools;
 mod quotas;
 mod runs;
 pub mod spec;
+mod watch;
 
 pub use apps::*;
 pub use pools::*;
 pub use quotas::*;
 pub use runs::*;
+pub use watch::*;
 
 /// Nested objects are JSON objects: serde would also read a struct from an array (`[1, 2]` as
 /// `{"project": 1, "namespace": 2}`), which the API's document does not allow.

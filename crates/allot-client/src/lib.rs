@@ -7,8 +7,9 @@
 //! status.
 //!
 //! Modules: one per part for its routes (`quotas`, `pools`, `apps`, `runs`; `pools` also holds
-//! Reflow's client side of pools: mux, caching, allocate, keepalive), `path` (request paths),
-//! `error` ([`ClientError`]).
+//! Reflow's client side of pools: mux, caching, allocate, keepalive), `watch` (the change feed as
+//! a stream that resumes by itself, [`Client::watch`]), `path` (request paths), `error`
+//! ([`ClientError`]).
 //!
 //! A whole program (`examples/allocate.rs`, built by the test command):
 //!
@@ -22,6 +23,7 @@ mod path;
 pub mod pools;
 mod quotas;
 mod runs;
+mod watch;
 
 use std::time::Duration;
 
@@ -31,6 +33,7 @@ use serde::de::DeserializeOwned;
 
 pub use crate::error::ClientError;
 use crate::error::{decode_error, snippet};
+pub use crate::watch::{WatchFilter, DEFAULT_WATCH_RECONNECT, WATCH_IDLE_TIMEOUT};
 
 /// How long a connection to the daemon may take to open.
 pub const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
@@ -63,6 +66,8 @@ pub struct Client {
     /// Retries of a call answered 503 `store_unavailable`, and within how long.
     unavailable_retries: u32,
     unavailable_retry_for: Duration,
+    /// How long a watch stream keeps trying to reach the daemon, in a row.
+    watch_reconnect_for: Duration,
 }
 
 impl Client {
@@ -86,6 +91,7 @@ impl Client {
             release_retry_for: DEFAULT_RELEASE_RETRY,
             unavailable_retries: DEFAULT_UNAVAILABLE_RETRIES,
             unavailable_retry_for: DEFAULT_UNAVAILABLE_RETRY_FOR,
+            watch_reconnect_for: DEFAULT_WATCH_RECONNECT,
         })
     }
 

@@ -8,6 +8,7 @@ use std::collections::BTreeMap;
 use allot_core::pools::{ALLOC_ID_PATTERN, MAX_IDLE_MS};
 use allot_core::resources::resources_pattern;
 use allot_core::runs::MAX_RETRIES;
+use allot_core::watch::EventKind;
 use allot_core::{MAX_NAME_CHARS, MAX_TTL_MS, MAX_UNITS, NAMESPACE_PATTERN, NAME_PATTERN, SESSION_ID_PATTERN};
 use serde_json::{json, Value};
 
@@ -62,6 +63,12 @@ fn error_codes() -> String {
              namespace_not_found or unknown_task_group, a 409: the path's resource exists.",
         ),
         (Part::Runs, "Runs", ""),
+        (
+            Part::Watch,
+            "Watch",
+            " A watch from a revision no longer kept is revision_compacted: list again, then watch from the \
+             list's Allot-Revision.",
+        ),
     ];
     let mut text = String::from("Every error answer has the body `{\"error\": {\"code\": ..., \"message\": ...}}`.");
     for (part, title, note) in parts {
@@ -188,6 +195,7 @@ pub(crate) fn with_limits(mut doc: Value, max_wait: std::time::Duration) -> Valu
             "not": {"required": ["scope"], "properties": {"scope": {"type": "object"}}}}},
     ]);
     add_links(&mut doc);
+    add_watch(&mut doc);
     for (schema, field, limits) in fields {
         let property = &mut doc["components"]["schemas"][schema]["properties"][field];
         assert!(property.is_object(), "the document has no {schema}.{field}");
@@ -234,6 +242,77 @@ fn add_links(doc: &mut Value) {
     }
 }
 
+/// The change feed, exactly: the kinds a watch takes, the event as a union tagged by its kind (one
+/// schema per family of kinds, whose object is that family's wire type), and the revision every
+/// read reflects (`Allot-Revision`) on the answers of reads.
+fn add_watch(doc: &mut Value) {
+    let names: Vec<&str> = EventKind::ALL.iter().map(|kind| kind.name()).collect();
+    let one = format!("({})", names.iter().map(|name| name.replace('.', "\\.")).collect::<Vec<_>>().join("|"));
+    let parameters = doc["paths"]["/v1/watch"]["get"]["parameters"].as_array_mut().expect("the watch takes parameters");
+    for parameter in parameters.iter_mut() {
+        match parameter["name"].as_str() {
+            Some("kind") => parameter["schema"]["items"]["pattern"] = json!(format!("^{one}(,{one})*$")),
+            Some("Last-Event-ID") => parameter["schema"] = json!({"type": "integer", "format": "int64", "minimum": 0}),
+            _ => {}
+        }
+    }
+
+    let schemas = &mut doc["components"]["schemas"];
+    let base = schemas["WatchEvent"].clone();
+    assert!(base["properties"]["kind"].is_object(), "the document has no WatchEvent");
+    let family = |kind: &str| kind.split_once('.').map_or(kind.to_owned(), |(family, _)| family.to_owned());
+    for name in &names {
+        assert!(
+            allot_api::WatchObject::FAMILIES.iter().any(|(known, _)| *known == family(name)),
+            "no wire type for the object of `{name}` (allot_api::WatchObject::FAMILIES)"
+        );
+    }
+    let (mut variants, mut mapping) = (Vec::new(), serde_json::Map::new());
+    for (family_name, object) in allot_api::WatchObject::FAMILIES {
+        let kinds: Vec<&str> = names.iter().copied().filter(|name| family(name) == *family_name).collect();
+        let mut capitalized = family_name.to_string();
+        capitalized[..1].make_ascii_uppercase();
+        let variant_name = format!("Watch{capitalized}Event");
+        let reference = format!("#/components/schemas/{variant_name}");
+        let mut variant = base.clone();
+        variant["description"] = json!(format!(
+            "A change of a {family_name} (`{family_name}.*`): its object is a {object}, or null for a removal \
+             that carries no last state."
+        ));
+        variant["properties"]["kind"]["enum"] = json!(kinds);
+        variant["properties"]["object"] =
+            json!({"oneOf": [{"$ref": format!("#/components/schemas/{object}")}, {"type": "null"}]});
+        for kind in &kinds {
+            mapping.insert((*kind).to_owned(), json!(reference));
+        }
+        schemas[&variant_name] = variant;
+        variants.push(json!({"$ref": reference}));
+    }
+    let description = format!(
+        "{} A union tagged by `kind`: the kind's family (its name up to the `.`) says the object's type.",
+        base["description"].as_str().unwrap_or_default()
+    );
+    schemas["WatchEvent"] = json!({"description": description, "oneOf": variants,
+        "discriminator": {"propertyName": "kind", "mapping": mapping}});
+
+    let header = json!({"Allot-Revision": {"required": true, "schema": {"type": "integer", "format": "int64", "minimum": 0},
+        "description": "The revision this answer reflects (of a watch: the one it starts after). \
+            `GET /v1/watch?since=<it>` then misses no change made after the read."}});
+    let Some(paths) = doc["paths"].as_object_mut() else { return };
+    for (path, item) in paths.iter_mut().filter(|(path, _)| path.starts_with("/v1/")) {
+        // (`get_mut`: indexing would add a `get` to every path.)
+        let get = item.get_mut("get").and_then(|get| get.get_mut("responses"));
+        let Some(responses) = get.and_then(Value::as_object_mut) else { continue };
+        for (status, response) in responses.iter_mut() {
+            // A read's answers, and an ended alloc's record (410 Gone, but an answer of the read).
+            let read = status.starts_with('2') || (status == "410" && path.contains("/allocs/"));
+            if read {
+                response["headers"] = header.clone();
+            }
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -254,9 +333,58 @@ mod tests {
             );
         }
         assert!(
+            paragraphs[1].contains("Watch: revision_compacted (410); watch_unsupported (501)."),
+            "{}",
+            paragraphs[1]
+        );
+        assert!(
             paragraphs[1].contains(" namespace_not_found, grant_not_found, session_not_found (404);"),
             "{}",
             paragraphs[1]
         );
+    }
+
+    #[test]
+    fn the_watch_event_is_a_union_tagged_by_kind_and_reads_say_their_revision() {
+        let doc = crate::openapi(std::time::Duration::from_secs(300));
+        let schemas = &doc["components"]["schemas"];
+        let event = &schemas["WatchEvent"];
+        let mapping = event["discriminator"]["mapping"].as_object().unwrap();
+        assert_eq!(event["discriminator"]["propertyName"], "kind");
+        assert_eq!(mapping.len(), EventKind::ALL.len());
+        for kind in EventKind::ALL {
+            let reference = mapping[kind.name()].as_str().unwrap();
+            let variant = &schemas[reference.strip_prefix("#/components/schemas/").unwrap()];
+            assert!(variant["properties"]["kind"]["enum"].as_array().unwrap().contains(&json!(kind.name())));
+            assert!(event["oneOf"].as_array().unwrap().contains(&json!({"$ref": reference})));
+        }
+        let grant = &schemas["WatchGrantEvent"]["properties"]["object"]["oneOf"];
+        assert_eq!(grant[0]["$ref"], "#/components/schemas/Grant");
+        assert_eq!(
+            schemas["WatchRunEvent"]["properties"]["object"]["oneOf"][0]["$ref"],
+            "#/components/schemas/TaskRun"
+        );
+        assert!(schemas["WatchBehind"].is_object());
+        let watch = &doc["paths"]["/v1/watch"]["get"];
+        assert_eq!(
+            watch["responses"]["200"]["content"]["text/event-stream"]["schema"]["$ref"],
+            "#/components/schemas/WatchEvent"
+        );
+        assert!(watch["responses"]["410"].is_object() && watch["responses"]["501"].is_object());
+        let kind = watch["parameters"].as_array().unwrap().iter().find(|p| p["name"] == "kind").unwrap();
+        let pattern = regex::Regex::new(kind["schema"]["items"]["pattern"].as_str().unwrap()).unwrap();
+        assert!(pattern.is_match("grant.granted") && pattern.is_match("grant.granted,pool.put"));
+        assert!(!pattern.is_match("grant.nope") && !pattern.is_match("grantxgranted") && !pattern.is_match(""));
+        for path in ["/v1/pools", "/v1/namespaces/{namespace}", "/v1/apps/{app}/tasks", "/v1/watch"] {
+            let ok = &doc["paths"][path]["get"]["responses"]["200"];
+            assert_eq!(ok["headers"]["Allot-Revision"]["required"], true, "{path}");
+        }
+        assert!(doc["paths"]["/v1/pools/{pool}/allocs/{alloc}"]["get"]["responses"]["410"]["headers"].is_object());
+        assert!(doc["paths"]["/v1/pools/{pool}"]["put"]["responses"]["200"]["headers"].is_null());
+        for (path, item) in doc["paths"].as_object().unwrap() {
+            for (method, operation) in item.as_object().unwrap() {
+                assert!(operation["responses"].is_object(), "{method} {path} has no responses");
+            }
+        }
     }
 }

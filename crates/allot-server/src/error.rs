@@ -98,6 +98,8 @@ error_codes! {
     RunNotFound = "run_not_found", Runs, NOT_FOUND;
     LogsNotFound = "logs_not_found", Runs, NOT_FOUND;
     RunNotHere = "run_not_here", Runs, NOT_FOUND;
+    RevisionCompacted = "revision_compacted", Watch, GONE;
+    WatchUnsupported = "watch_unsupported", Watch, NOT_IMPLEMENTED;
 }
 
 /// The part of allot an error code belongs to; `Daemon` for the codes any route may answer.
@@ -108,6 +110,8 @@ pub enum Part {
     Pools,
     Apps,
     Runs,
+    /// The change feed (`GET /v1/watch`).
+    Watch,
 }
 
 /// An error answer: HTTP status, stable code, and a message a person understands.

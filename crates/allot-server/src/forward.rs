@@ -63,7 +63,7 @@ async fn forward(client: &reqwest::Client, base: &str, request: Request) -> Resu
     let answer = outgoing.send().await.map_err(|e| e.to_string())?;
     let status = answer.status();
     let mut headers = Vec::new();
-    for name in [header::CONTENT_TYPE, header::RETRY_AFTER, header::LOCATION] {
+    for name in [header::CONTENT_TYPE, header::RETRY_AFTER, header::LOCATION, crate::routes::watch::REVISION] {
         if let Some(value) = answer.headers().get(&name) {
             headers.push((name, value.clone()));
         }

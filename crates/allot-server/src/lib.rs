@@ -4,8 +4,8 @@
 //!   a listener until a shutdown signal, then shuts down gracefully: it stops accepting, answers
 //!   waiters with their place in the queue, lets in-flight requests finish and flushes the store.
 //! - `routes`: the router, and one handler per route in a module per part (`quotas`, `pools`,
-//!   `apps`, `runs`, and `daemon` for health); `convert`: wire types <-> domain types, a module
-//!   per part; `hot`: allocate and release served before the router.
+//!   `apps`, `runs`, `daemon` for health, `watch` for the change feed); `convert`: wire types <->
+//!   domain types, a module per part; `hot`: allocate and release served before the router.
 //! - `extract`: extractors whose rejections are JSON errors; `objects`: request bodies read so
 //!   that a struct comes only from a JSON object; `page`: cursors of lists; `error`: [`ApiError`].
 //! - `forward`: the applications part forwarded to the daemon that schedules, on a shared store;
@@ -53,6 +53,10 @@ pub const MAX_BODY_BYTES: usize = 64 * 1024;
 /// tasks.
 pub const MAX_SUBMIT_BODY_BYTES: usize = 16 * 1024 * 1024;
 
+/// How long a watch stream stays silent before it sends a heartbeat by default: well within the
+/// idle timeouts of common proxies (60 s).
+pub const DEFAULT_HEARTBEAT: Duration = Duration::from_secs(15);
+
 /// What every handler shares: one reference-counted [`Shared`], so that the clones axum makes
 /// for every request (the route's service, each middleware's state, the handler's) count one
 /// reference, not one per field.
@@ -70,6 +74,8 @@ pub struct Shared {
     pub forwarder: reqwest::Client,
     /// The executor of the tasks this daemon runs, if it runs any.
     pub executor: Option<Arc<dyn RunsHere>>,
+    /// How long a watch stream may stay silent: then it sends a heartbeat (an SSE comment).
+    pub heartbeat: Duration,
 }
 
 impl std::ops::Deref for ServerState {
@@ -93,6 +99,7 @@ impl ServerState {
             max_wait: MAX_WAIT,
             forwarder,
             executor: None,
+            heartbeat: DEFAULT_HEARTBEAT,
         }))
     }
 
@@ -113,6 +120,12 @@ impl ServerState {
     #[must_use]
     pub fn with_executor(self, executor: Arc<dyn RunsHere>) -> ServerState {
         self.with(|shared| shared.executor = Some(executor))
+    }
+
+    /// The same, with watch streams that send a heartbeat after `heartbeat` of silence.
+    #[must_use]
+    pub fn with_heartbeat(self, heartbeat: Duration) -> ServerState {
+        self.with(|shared| shared.heartbeat = heartbeat)
     }
 
     /// The same, with series of their own at `/metrics` for what `config` selects.
@@ -193,7 +206,9 @@ stayed listed."
         routes::apps::start_task,
         routes::apps::complete_task,
         routes::apps::fail_task,
-    )
+        routes::watch::watch,
+    ),
+    components(schemas(allot_api::WatchBehind))
 )]
 struct ApiDoc;
 

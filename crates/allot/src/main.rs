@@ -5,7 +5,7 @@
 //!
 //! - `serve`: the daemon (its flags, its configuration file, starting and stopping it);
 //! - `sources`: where the daemon takes applications from (the HTTP API, a directory of files);
-//! - `cli`: the CLI commands, one module per part (quotas, pools, apps, run);
+//! - `cli`: the CLI commands, one module per part (quotas, pools, apps, run) and `watch`;
 //! - `appfile`: application files (YAML or TOML), read by `allot app submit`, `allot run` and the
 //!   directory source.
 
@@ -65,6 +65,10 @@ enum Command {
     /// them.
     #[command(subcommand)]
     Task(cli::apps::TaskCommand),
+    /// Follow every change as the daemon makes it (grants, pools, allocs, queues, applications,
+    /// tasks, runs): one line per event, or one JSON object per line with --json.
+    #[command(after_help = cli::watch::AFTER_HELP)]
+    Watch(cli::watch::WatchArgs),
     /// Submit an application from a file and follow it to its end: progress per task group,
     /// then a summary; exits non-zero if a task did not complete.
     #[command(after_help = cli::run::after_help())]
@@ -84,7 +88,7 @@ fn main() -> ExitCode {
     {
         return cli::usage_error(
             "--server, --json and --quiet before the command are options of the CLI commands (quota, token, \
-             session, pool, alloc, queue, app, task); `allot serve` listens with --listen, and `allot bench` takes its options \
+             session, pool, alloc, queue, app, task, run, watch); `allot serve` listens with --listen, and `allot bench` takes its options \
              after its command, e.g. `allot bench pairs --server URL --json`",
         );
     }
@@ -111,6 +115,7 @@ fn main() -> ExitCode {
             Command::App(command) => cli::apps::app(command, &args.before).await,
             Command::Task(command) => cli::apps::task(command, &args.before).await,
             Command::Run(command) => cli::run::run(command, &args.before).await,
+            Command::Watch(command) => cli::watch::watch(command, &args.before).await,
             Command::Bench(args) => allot_bench::run(args).await.map(|()| ExitCode::SUCCESS),
             Command::BaselineServer(args) => allot_bench::baseline_server(args).await.map(|()| ExitCode::SUCCESS),
         }

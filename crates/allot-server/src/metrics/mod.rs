@@ -29,10 +29,11 @@
 //! `store_commit_failures_total`, `store_commit_duration_seconds` (a histogram),
 //! `store_commit_max_seconds`, `store_durability` (label `level`: `disk`, `process`, `redis`),
 //! `http_request_duration_seconds` (labels `method`, `route`,
-//! `status`).
+//! `status`). And the change feed's `watch_watchers` (streams open on this daemon),
+//! `watch_events_kept` and `watch_oldest_revision` (what the store keeps for watchers that resume).
 //!
 //! This module holds the registry, the scrape and the request histograms; the series of each
-//! part are encoded by `quotas`, `pools`, `apps` and `runs`.
+//! part are encoded by `quotas`, `pools`, `apps` and `runs`, the change feed's by `watch`.
 
 use std::cell::RefCell;
 use std::collections::{BTreeMap, HashMap};
@@ -66,12 +67,15 @@ mod apps;
 mod pools;
 mod quotas;
 mod runs;
+mod watch;
 
 use crate::ServerState;
 use apps::*;
 use pools::*;
 use quotas::*;
 use runs::*;
+pub(crate) use watch::Watching;
+use watch::*;
 
 #[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct RequestLabels {
@@ -131,6 +135,8 @@ pub struct Metrics {
     registry: Registry,
     requests: Family<RequestLabels, Histogram>,
     snapshot: Arc<Mutex<Snapshot>>,
+    /// Watch streams open on this daemon.
+    watchers: Gauge,
 }
 
 /// What the store said at the last scrape: the selected views and the totals of all.
@@ -147,6 +153,8 @@ struct Snapshot {
     sched: SchedStats,
     /// The executor's counters, on a daemon that runs tasks.
     exec: Option<RunCounters>,
+    /// What the change feed keeps: events, and the oldest revision a watch can start after.
+    feed: (usize, u64),
 }
 
 type FloatGauge = Gauge<f64, std::sync::atomic::AtomicU64>;
@@ -178,11 +186,17 @@ impl Metrics {
             "Time to answer an HTTP request, by method, route and status",
             requests.clone(),
         );
+        let watchers = register_watchers(&mut registry);
         let snapshot = Arc::new(Mutex::new(Snapshot::default()));
         registry.register_collector(Box::new(StoreCollector { snapshot: snapshot.clone() }));
         static NEXT_ID: AtomicU64 = AtomicU64::new(0);
         let id = NEXT_ID.fetch_add(1, Ordering::Relaxed);
-        Metrics { id, config, registry, requests, snapshot }
+        Metrics { id, config, registry, requests, snapshot, watchers }
+    }
+
+    /// Counts a watch stream as open until the guard is dropped.
+    pub(crate) fn watching(&self) -> Watching {
+        Watching::new(&self.watchers)
     }
 
     /// Times a request into `allot_http_request_duration_seconds`. The histogram is looked up
@@ -316,6 +330,7 @@ impl Collector for StoreCollector {
         if let Some(exec) = &snapshot.exec {
             encode_exec(&mut encoder, exec)?;
         }
+        encode_feed(&mut encoder, snapshot.feed)?;
 
         let commits = snapshot.commits;
         for (name, help, value) in [
@@ -345,6 +360,7 @@ async fn snapshot(store: &dyn Store, config: &MetricsConfig) -> Result<Snapshot,
         commits: store.commit_stats(),
         durability: store.durability(),
         sched: store.sched_stats(),
+        feed: store.feed_kept(),
         ..Snapshot::default()
     };
     // On a shared store, the daemon that schedules reports the queues (once, not once per daemon).

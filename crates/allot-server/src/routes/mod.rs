@@ -1,12 +1,14 @@
 //! The router and its handlers: one handler per route, each a thin conversion around one store
 //! call, in one module per part (`quotas`, `pools`, `apps`, `runs`) and one for the daemon itself
-//! (`daemon`: health and readiness).
+//! (`daemon`: health and readiness), and `watch`: the change feed, and the revision every read
+//! reflects.
 
 pub(crate) mod apps;
 pub(crate) mod daemon;
 pub(crate) mod pools;
 pub(crate) mod quotas;
 pub(crate) mod runs;
+pub(crate) mod watch;
 
 use std::sync::Arc;
 
@@ -71,9 +73,11 @@ pub(crate) fn router(state: ServerState) -> Router {
         .route("/v1/apps/{app}/tasks/{task}/start", post(apps::start_task))
         .route("/v1/apps/{app}/tasks/{task}/complete", post(apps::complete_task))
         .route("/v1/apps/{app}/tasks/{task}/fail", post(apps::fail_task))
+        .route("/v1/watch", get(watch::watch))
         .fallback(|| async { ApiError::not_found() })
         .method_not_allowed_fallback(|| async { ApiError::method_not_allowed() })
         .layer(DefaultBodyLimit::max(MAX_BODY_BYTES))
+        .route_layer(axum::middleware::from_fn_with_state(state.clone(), watch::stamp_revision))
         .route_layer(axum::middleware::from_fn_with_state(state.clone(), metrics::track))
         .layer(axum::middleware::from_fn_with_state(state.clone(), forward::to_scheduler))
         .with_state(state)

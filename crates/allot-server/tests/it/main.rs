@@ -6,3 +6,4 @@ mod daemon;
 mod pools;
 mod quotas;
 mod support;
+mod watch;

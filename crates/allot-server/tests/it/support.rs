@@ -29,6 +29,15 @@ impl Harness {
         Harness { router: api(ServerState::new(store.clone()).with_metrics(config)), store, _dir: dir }
     }
 
+    /// Over a store that keeps its change feed as `watch` says, with watch streams that send a
+    /// heartbeat after `heartbeat` of silence.
+    pub(crate) fn with_watch(watch: allot_store::WatchConfig, heartbeat: std::time::Duration) -> Harness {
+        let dir = tempfile::tempdir().unwrap();
+        let config = EmbeddedConfig::new(dir.path().to_owned()).with_watch(watch);
+        let store: Arc<dyn Store> = Arc::new(EmbeddedStore::open(&config).unwrap());
+        Harness { router: api(ServerState::new(store.clone()).with_heartbeat(heartbeat)), store, _dir: dir }
+    }
+
     pub(crate) async fn call(&self, method: Method, uri: &str, body: &str) -> (StatusCode, Value) {
         let request = Request::builder().method(method).uri(uri).body(Body::from(body.to_owned())).unwrap();
         let response = self.router.clone().oneshot(request).await.unwrap();

@@ -3,9 +3,10 @@
 //! daemon's JSON for scripts (`--quiet`: only the ids it names). One module per part: `quotas`
 //! (`allot quota`, `token`, `session`), `pools` (`allot pool`, `alloc`), `apps` (`allot queue`,
 //! `app`, `task`; how their answers print is `apps_output`), `run` (`allot run FILE`, with
-//! `follow`: its progress). The part modules do not use each other; what they share is here: the
-//! options every command takes ([`Common`]), the exit codes, printing an answer ([`emit`],
-//! [`finish`]), tables and the text forms of names, durations and resources.
+//! `follow`: its progress), `watch` (`allot watch`: the change feed, a line per event). The part
+//! modules do not use each other; what they share is here: the options every command takes
+//! ([`Common`]), the exit codes, printing an answer ([`emit`], [`finish`]), tables and the text
+//! forms of names, durations and resources.
 //!
 //! Exit codes (the same with `--json`): [`EXIT_OK`], [`EXIT_ERROR`], [`EXIT_USAGE`] (clap's own);
 //! `token alloc` adds its own (`quotas`).
@@ -16,6 +17,7 @@ mod follow;
 pub(crate) mod pools;
 pub(crate) mod quotas;
 pub(crate) mod run;
+pub(crate) mod watch;
 
 use std::fmt::Write as _;
 use std::io::Write as _;

@@ -21,3 +21,4 @@ mod run;
 mod sched_crash;
 mod sources;
 mod support;
+mod watch;

@@ -1,0 +1,67 @@
+//! Change-feed events as the wire shows them: each object converted as its part's routes convert
+//! it, with its relative times as of the change.
+
+use std::collections::BTreeMap;
+
+use allot_api as api;
+use allot_store::{AppInfo, Event, EventObject, TaskInfo};
+
+use super::{apps, pools, quotas, runs};
+
+pub(crate) fn event(event: &Event) -> api::WatchEvent {
+    api::WatchEvent {
+        revision: event.revision,
+        kind: event.kind.name().to_owned(),
+        key: event.key.clone(),
+        cause: event.cause.clone(),
+        at_ms: event.at,
+        object: object(event),
+    }
+}
+
+/// An event's object. What an event does not carry is left out: an application's task counts and
+/// why it or a task waits (read them with `GET`).
+fn object(event: &Event) -> api::WatchObject {
+    use api::WatchObject as Wire;
+    let at = event.at;
+    match event.object.clone() {
+        EventObject::Namespace(view) => Wire::Namespace(quotas::namespace(view)),
+        EventObject::Grant(info) => Wire::Grant(quotas::grant(info)),
+        EventObject::Waiter { namespace, token } => {
+            Wire::Waiter(api::GrantRef { namespace: namespace.to_string(), token: token.to_string() })
+        }
+        EventObject::Session(info) => Wire::Session(quotas::session(info)),
+        EventObject::Pool(view) => Wire::Pool(pools::pool(view)),
+        EventObject::Alloc(alloc) => Wire::Alloc(pools::alloc(alloc, None, at)),
+        EventObject::EndedAlloc(ended) => Wire::Alloc(pools::ended_alloc(ended, at)),
+        EventObject::Queue(view) => Wire::Queue(apps::queue(view)),
+        EventObject::App(app) => {
+            Wire::App(apps::app(AppInfo { app, tasks: BTreeMap::new(), why: None, released: None }, at))
+        }
+        EventObject::Task(task) => Wire::Task(apps::task(TaskInfo { task, why: None })),
+        EventObject::Run(run) => {
+            let (app, task) = run_of(&event.key);
+            Wire::Run(runs::task_run(app, task, *run))
+        }
+        EventObject::Gone => Wire::Gone,
+    }
+}
+
+/// The application and task of a run's key (`apps/{app}/tasks/{task}/run`; ids hold no `/`).
+fn run_of(key: &str) -> (&str, &str) {
+    key.strip_prefix("apps/")
+        .and_then(|rest| rest.strip_suffix("/run"))
+        .and_then(|rest| rest.split_once("/tasks/"))
+        .unwrap_or_default()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::run_of;
+
+    #[test]
+    fn a_runs_key_names_its_application_and_task() {
+        assert_eq!(run_of(&allot_core::watch::keys::run("etl", "t-1")), ("etl", "t-1"));
+        assert_eq!(run_of("pools/p"), ("", ""));
+    }
+}
