@@ -431,8 +431,14 @@ impl Pools {
         Ok((view_of(name, pool, now), vec![change]))
     }
 
-    /// Removes a pool; with allocs only when `force` (they end with it). Returns how many ended.
-    pub fn remove_pool(&mut self, name: &PoolName, force: bool) -> Result<(usize, Vec<PoolChange>), PoolError> {
+    /// Removes a pool; with allocs only when `force` (they end with it, at `now`: each is an
+    /// `AllocEnded` change before the pool's removal). Returns how many ended.
+    pub fn remove_pool(
+        &mut self,
+        name: &PoolName,
+        force: bool,
+        now: Millis,
+    ) -> Result<(usize, Vec<PoolChange>), PoolError> {
         let pool = self.pools.get(name).ok_or_else(|| PoolError::PoolNotFound(name.clone()))?;
         if !pool.allocs.is_empty() && !force {
             return Err(PoolError::PoolInUse { pool: name.clone(), allocs: pool.allocs.len() });
@@ -444,7 +450,19 @@ impl Pools {
         for ended in pool.ended.values() {
             self.endings.remove(&(ended.ended_at, name.clone(), ended.alloc.id));
         }
-        Ok((pool.allocs.len(), vec![PoolChange::PoolRemoved { name: name.clone() }]))
+        let mut changes: Vec<PoolChange> = pool
+            .allocs
+            .values()
+            .map(|alloc| {
+                PoolChange::AllocEnded(EndedAlloc {
+                    alloc: alloc.clone(),
+                    ended_at: now,
+                    reason: EndReason::PoolRemoved,
+                })
+            })
+            .collect();
+        changes.push(PoolChange::PoolRemoved { name: name.clone() });
+        Ok((pool.allocs.len(), changes))
     }
 
     /// The pool's offer: everything not held by an alloc whose lease is running (lapsed allocs

@@ -596,7 +596,7 @@ fn removing_a_pool_fails_its_tasks_and_ends_the_gangs_held_there() {
     assert_eq!(b.app_state("hard"), AppState::Running);
     assert_eq!(b.app_state("soft"), AppState::Running);
     let pool = PoolName::new("p").unwrap();
-    b.pools.remove_pool(&pool, true).unwrap();
+    b.pools.remove_pool(&pool, true, 0).unwrap();
     let now = b.now;
     let mut world = World { pools: &mut b.pools, ledger: &mut b.ledger };
     b.sched.pool_removed(&pool, now, &mut world);

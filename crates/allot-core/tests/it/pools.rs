@@ -216,8 +216,13 @@ fn restored_allocs_keep_the_lease_time_they_had_left() {
 fn removing_a_pool_with_allocs_needs_force() {
     let mut pools = pools("cpu=2");
     pools.accept(&pool(), want("cpu=1"), AllocId(1), 0).unwrap();
-    assert!(matches!(pools.remove_pool(&pool(), false), Err(PoolError::PoolInUse { allocs: 1, .. })));
-    assert_eq!(pools.remove_pool(&pool(), true).unwrap().0, 1);
+    assert!(matches!(pools.remove_pool(&pool(), false, 0), Err(PoolError::PoolInUse { allocs: 1, .. })));
+    let (ended, changes) = pools.remove_pool(&pool(), true, 7).unwrap();
+    assert_eq!(ended, 1);
+    assert!(
+        matches!(&changes[..], [PoolChange::AllocEnded(e), PoolChange::PoolRemoved { .. }] if e.reason == EndReason::PoolRemoved && e.ended_at == 7),
+        "its alloc ends with it, then the pool goes: {changes:?}"
+    );
     assert!(matches!(pools.offer(&pool(), 0), Err(PoolError::PoolNotFound(_))));
     pools.check_invariants().unwrap();
 }

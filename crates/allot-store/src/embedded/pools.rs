@@ -70,7 +70,7 @@ impl PoolStore for EmbeddedStore {
     /// their reservation, in the same commit.
     async fn remove_pool(&self, name: PoolName, force: bool) -> Result<usize, StoreError> {
         self.commit_sched(|sched, mut world, now| {
-            let (ended, changes) = world.pools.remove_pool(&name, force)?;
+            let (ended, changes) = world.pools.remove_pool(&name, force, now)?;
             let mut outcome = sched.pool_removed(&name, now, &mut world);
             outcome.pools.splice(0..0, changes);
             Ok((ended, outcome))

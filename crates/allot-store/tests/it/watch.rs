@@ -127,6 +127,20 @@ async fn pools_queues_and_runs_are_events_too() {
             ("alloc.ended", key.as_str(), Some("freed")),
         ]
     );
+    // A pool removed with force ends its allocs first.
+    let want = AllocRequest { min: "cpu=1".parse().unwrap(), owner: "me".into(), ..AllocRequest::default() };
+    let held = store.accept(pool.clone(), want).await.unwrap();
+    store.remove_pool(pool.clone(), true).await.unwrap();
+    let seen = vec![next(&mut watcher).await, next(&mut watcher).await, next(&mut watcher).await];
+    let held_key = format!("pools/p/allocs/{}", held.id);
+    assert_eq!(
+        kinds(&seen),
+        [
+            ("alloc.made", held_key.as_str(), None),
+            ("alloc.ended", held_key.as_str(), Some("pool_removed")),
+            ("pool.removed", "pools/p", None),
+        ]
+    );
     // Queues and runs, watched by kind.
     let kinds_only =
         Filter { kinds: vec![EventKind::QueuePut, EventKind::RunChanged, EventKind::RunRemoved], prefixes: vec![] };

@@ -122,7 +122,7 @@ impl Sequence<'_> {
             }
             Op::Remove { pool, force } => {
                 let redis = core_error(self.store.remove_pool(self.names[pool].clone(), force).await);
-                let core = self.core.remove_pool(&self.names[pool], force).map(|(ended, _)| ended);
+                let core = self.core.remove_pool(&self.names[pool], force, now).map(|(ended, _)| ended);
                 self.trail.agree("the answer", redis, core);
             }
             Op::Accept { pool, request } => {
