@@ -9,7 +9,8 @@ use std::collections::BTreeMap;
 use std::process::ExitCode;
 use std::time::{Duration, Instant};
 
-use allot_client::{Client, ClientError, Task, TaskRun};
+use allot_client::{Client, ClientError, Task, TaskRun, WatchFilter};
+use futures_util::{FutureExt, StreamExt};
 
 use super::apps_output::ended;
 use super::follow::{states_line, Outages, Progress, Style, STILL_LINE_AFTER, WAIT_NOTE_AFTER};
@@ -44,7 +45,8 @@ Exit codes (the same with --json and --quiet):
 pub(crate) struct RunArgs {
     /// The application file, YAML or TOML (`-` reads YAML from standard input).
     file: String,
-    /// How often to read the application's progress.
+    /// How often to read the application's progress when the daemon's change feed cannot wake
+    /// the reads (a store without one, or the feed cut); with it, a read follows each change.
     #[arg(long, value_name = "DURATION", default_value = "250ms", value_parser = allot_bench::duration::parse)]
     poll: Duration,
     /// How long to keep asking a daemon that cannot serve (it restarts, its store or scheduler is
@@ -126,7 +128,13 @@ pub(crate) async fn run(mut args: RunArgs, before: &Common) -> anyhow::Result<Ex
     Ok(finish(&common, outcome))
 }
 
-/// Reads the application's tasks until every one has ended, showing their progress.
+/// With the change feed, the longest between two reads: a read also follows every change of the
+/// application, so this only bounds how late a change the feed did not bring is seen.
+const READ_AT_LEAST_EVERY: Duration = Duration::from_secs(2);
+
+/// Reads the application's tasks until every one has ended, showing their progress. The
+/// application's changes on the daemon's change feed wake a read at once; when the feed cannot
+/// be had (a store without one answers 501) or is cut, reads come every `poll`.
 async fn follow(
     client: &Client,
     app: &str,
@@ -134,6 +142,8 @@ async fn follow(
     progress: &mut Progress,
     outages: &mut Outages,
 ) -> Result<Vec<Task>, ClientError> {
+    let filter = WatchFilter { kinds: Vec::new(), prefixes: vec![format!("apps/{app}")] };
+    let mut feed = Some(client.watch(filter.clone(), None));
     loop {
         let tasks = outages.call(async || client.tasks(app).await).await?.tasks;
         progress.update(&tasks);
@@ -141,7 +151,29 @@ async fn follow(
             progress.finish();
             return Ok(tasks);
         }
-        tokio::time::sleep(poll).await;
+        let Some(changes) = feed.as_mut() else {
+            tokio::time::sleep(poll).await;
+            continue;
+        };
+        tokio::select! {
+            next = changes.next() => match next {
+                // Changes that came together make one read.
+                Some(Ok(_)) => while let Some(Some(Ok(_))) = changes.next().now_or_never() {},
+                // The feed is cut (or its events are no longer kept): a read every `poll` until
+                // a new one, from now, brings changes again; a store without a feed is not asked
+                // again.
+                Some(Err(err)) => {
+                    let again = err.code() != Some("watch_unsupported");
+                    feed = again.then(|| client.watch(filter.clone(), None));
+                    tokio::time::sleep(poll).await;
+                }
+                None => {
+                    feed = Some(client.watch(filter.clone(), None));
+                    tokio::time::sleep(poll).await;
+                }
+            },
+            _ = tokio::time::sleep(READ_AT_LEAST_EVERY) => {}
+        }
     }
 }
 
