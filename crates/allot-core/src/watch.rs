@@ -74,7 +74,7 @@ impl fmt::Display for EventKind {
 
 /// Which changes a watcher wants: any of `kinds` (none: every kind) about a key under any of
 /// `prefixes` (none: every key).
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
+#[derive(Debug, Clone, Default, PartialEq, Eq, Hash)]
 pub struct Filter {
     pub kinds: Vec<EventKind>,
     pub prefixes: Vec<String>,

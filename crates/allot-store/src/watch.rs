@@ -5,10 +5,13 @@
 //! necessarily by one) and hands the events to its [`Feed`] once they are durable, in revision
 //! order. A watcher ([`Feed::subscribe`]) gets every event after its start revision that its
 //! filter takes, none twice and none skipped; one that falls further behind than its buffer
-//! ([`WatchConfig::buffer`]) is ended with [`WatchError::Behind`] and the revision to resume from:
-//! a slow watcher never holds up a commit, and the memory of all of them is bounded.
+//! ([`WatchConfig::buffer`] events it takes) is ended with [`WatchError::Behind`] and the
+//! revision to resume from: a slow watcher never holds up a commit, and the memory of all of them
+//! is bounded. Watchers are grouped by filter, so an event is matched once per distinct filter
+//! and wakes only the watchers it is for.
 
-use std::collections::VecDeque;
+use std::collections::{HashMap, VecDeque};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
@@ -18,7 +21,7 @@ use allot_core::pools::{Alloc, EndedAlloc, PoolView};
 use allot_core::runs::Run;
 use allot_core::watch::{EventKind, Filter};
 use allot_core::{Millis, NamespaceName, NamespaceView, Token};
-use tokio::sync::broadcast;
+use tokio::sync::mpsc;
 
 use crate::{GrantInfo, SessionInfo};
 
@@ -117,11 +120,11 @@ impl Default for WatchConfig {
     }
 }
 
-/// The feed of one store: the events kept, and the channel to live watchers.
+/// The feed of one store: the events kept, and the live watchers.
 #[derive(Debug)]
 pub struct Feed {
     config: WatchConfig,
-    kept: Mutex<Kept>,
+    kept: Arc<Mutex<Kept>>,
 }
 
 #[derive(Debug)]
@@ -131,16 +134,25 @@ struct Kept {
     compacted: u64,
     /// The last revision published.
     last: u64,
-    /// The channel to live watchers; `None` once closed.
-    live: Option<broadcast::Sender<Arc<Event>>>,
+    /// The live watchers, grouped by filter: an event is matched once per distinct filter, and
+    /// only the watchers it matches are handed it (and woken).
+    taps: HashMap<Filter, Vec<Tap>>,
+    closed: bool,
+}
+
+/// Where a live watcher's events go.
+#[derive(Debug)]
+struct Tap {
+    tx: mpsc::Sender<Arc<Event>>,
+    /// Set when its buffer was full: it is ended as behind, and given nothing more.
+    behind: Arc<AtomicBool>,
 }
 
 impl Feed {
     /// A feed whose first event comes after revision `start`.
     pub fn new(config: WatchConfig, start: u64) -> Feed {
-        let (live, _) = broadcast::channel(config.buffer.max(1));
-        let kept = Kept { events: VecDeque::new(), compacted: start, last: start, live: Some(live) };
-        Feed { config, kept: Mutex::new(kept) }
+        let kept = Kept { events: VecDeque::new(), compacted: start, last: start, taps: HashMap::new(), closed: false };
+        Feed { config, kept: Arc::new(Mutex::new(kept)) }
     }
 
     pub fn config(&self) -> WatchConfig {
@@ -148,23 +160,33 @@ impl Feed {
     }
 
     fn lock(&self) -> MutexGuard<'_, Kept> {
-        self.kept.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+        lock(&self.kept)
     }
 
     /// Publishes events that are durable, in revision order; drops what retention no longer
     /// keeps (by count, and those older than `retain_for` before `now`). Never waits for a
-    /// watcher.
+    /// watcher: one whose buffer is full is ended as behind.
     pub fn publish(&self, events: impl IntoIterator<Item = Event>, now: Millis) {
         let mut kept = self.lock();
+        let kept = &mut *kept;
         for event in events {
             debug_assert!(event.revision > kept.last, "events are published in revision order");
             kept.last = event.revision;
             let event = Arc::new(event);
             kept.events.push_back(event.clone());
-            // No watcher is not an error: the event is kept for those who come.
-            if let Some(live) = &kept.live {
-                let _ = live.send(event);
+            for (filter, taps) in &mut kept.taps {
+                if filter.matches(event.kind, &event.key) {
+                    taps.retain(|tap| match tap.tx.try_send(event.clone()) {
+                        Ok(()) => true,
+                        Err(mpsc::error::TrySendError::Full(_)) => {
+                            tap.behind.store(true, Ordering::Release);
+                            false
+                        }
+                        Err(mpsc::error::TrySendError::Closed(_)) => false,
+                    });
+                }
             }
+            kept.taps.retain(|_, taps| !taps.is_empty());
         }
         let horizon = now.saturating_sub(u64::try_from(self.config.retain_for.as_millis()).unwrap_or(u64::MAX));
         while kept.events.len() > self.config.retain_events || kept.events.front().is_some_and(|e| e.at < horizon) {
@@ -175,7 +197,9 @@ impl Feed {
 
     /// Ends every watcher once it has what was published (the store shuts down).
     pub fn close(&self) {
-        self.lock().live = None;
+        let mut kept = self.lock();
+        kept.closed = true;
+        kept.taps.clear();
     }
 
     /// The last revision published: a list read now reflects every event up to it.
@@ -189,58 +213,76 @@ impl Feed {
         (kept.events.len(), kept.compacted)
     }
 
+    /// How many watchers are live.
+    pub fn watchers(&self) -> usize {
+        self.lock().taps.values().map(Vec::len).sum()
+    }
+
     /// A watcher of the events `filter` takes after revision `since` (`None`: from now).
     pub fn subscribe(&self, filter: Filter, since: Option<u64>) -> Result<Watcher, WatchError> {
-        let kept = self.lock();
+        let mut kept = self.lock();
+        if kept.closed {
+            return Err(WatchError::Closed);
+        }
         let since = since.unwrap_or(kept.last);
         if since < kept.compacted {
             return Err(WatchError::Compacted { since, oldest: kept.compacted });
         }
-        // Under the lock: the backlog and the live channel meet without a gap or an overlap.
-        let backlog = kept.events.iter().filter(|e| e.revision > since).cloned().collect();
-        let live = kept.live.as_ref().ok_or(WatchError::Closed)?.subscribe();
-        Ok(Watcher { backlog, live, filter, last: since, buffer: self.config.buffer })
+        // Under the lock: the backlog and the live events meet without a gap or an overlap.
+        let backlog =
+            kept.events.iter().filter(|e| e.revision > since && filter.matches(e.kind, &e.key)).cloned().collect();
+        let (tx, live) = mpsc::channel(self.config.buffer.max(1));
+        let behind = Arc::new(AtomicBool::new(false));
+        kept.taps.entry(filter).or_default().push(Tap { tx, behind: behind.clone() });
+        Ok(Watcher { backlog, live, behind, last: since, buffer: self.config.buffer, feed: self.kept.clone() })
     }
 }
 
-/// One watcher: the kept events it starts with, then the live ones.
+/// One watcher: the kept events it starts with, then the live ones its filter takes.
 #[derive(Debug)]
 pub struct Watcher {
     backlog: VecDeque<Arc<Event>>,
-    live: broadcast::Receiver<Arc<Event>>,
-    filter: Filter,
+    live: mpsc::Receiver<Arc<Event>>,
+    behind: Arc<AtomicBool>,
     last: u64,
     buffer: usize,
+    feed: Arc<Mutex<Kept>>,
+}
+
+fn lock(kept: &Mutex<Kept>) -> MutexGuard<'_, Kept> {
+    kept.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
 }
 
 impl Watcher {
-    /// The revision of the last event this watcher was given (or it started after): where to
-    /// resume.
+    /// Where to resume: the last revision after which this watcher has been given everything its
+    /// filter takes. With nothing waiting for it, that is the feed's last revision (the events
+    /// after its last one were not for it), so a narrow watcher on a busy store resumes from
+    /// near the present, not from an event long dropped.
     pub fn revision(&self) -> u64 {
-        self.last
+        let kept = lock(&self.feed);
+        // Under the feed's lock no event is being handed over: an empty channel is all caught up.
+        let caught_up = self.backlog.is_empty() && self.live.is_empty() && !self.behind.load(Ordering::Acquire);
+        if caught_up {
+            self.last.max(kept.last)
+        } else {
+            self.last
+        }
     }
 
     /// The next event its filter takes; waits for one.
     pub async fn next(&mut self) -> Result<Arc<Event>, WatchError> {
-        loop {
-            let event = match self.backlog.pop_front() {
+        let event = match self.backlog.pop_front() {
+            Some(event) => event,
+            None => match self.live.recv().await {
                 Some(event) => event,
-                None => match self.live.recv().await {
-                    Ok(event) => event,
-                    Err(broadcast::error::RecvError::Lagged(_)) => {
-                        return Err(WatchError::Behind { resume: self.last, buffer: self.buffer })
-                    }
-                    Err(broadcast::error::RecvError::Closed) => return Err(WatchError::Closed),
-                },
-            };
-            if event.revision <= self.last {
-                continue;
-            }
-            self.last = event.revision;
-            if self.filter.matches(event.kind, &event.key) {
-                return Ok(event);
-            }
-        }
+                None if self.behind.load(Ordering::Acquire) => {
+                    return Err(WatchError::Behind { resume: self.last, buffer: self.buffer })
+                }
+                None => return Err(WatchError::Closed),
+            },
+        };
+        self.last = event.revision;
+        Ok(event)
     }
 }
 
@@ -303,11 +345,29 @@ mod tests {
         feed.publish([event(1, "pools/a", 0)], 0);
         assert_eq!(slow.next().await.unwrap().revision, 1);
         feed.publish((2..=20).map(|r| event(r, "pools/a", 0)), 0);
-        assert_eq!(slow.next().await.err(), Some(WatchError::Behind { resume: 1, buffer: 4 }));
+        // It has what its buffer held, then it is ended with where to resume.
+        for revision in 2..=5 {
+            assert_eq!(slow.next().await.unwrap().revision, revision);
+        }
+        assert_eq!(slow.next().await.err(), Some(WatchError::Behind { resume: 5, buffer: 4 }));
         // It resumes from there, with nothing skipped.
-        let mut again = feed.subscribe(Filter::default(), Some(1)).unwrap();
-        for revision in 2..=20 {
+        let mut again = feed.subscribe(Filter::default(), Some(5)).unwrap();
+        for revision in 6..=20 {
             assert_eq!(again.next().await.unwrap().revision, revision);
         }
+    }
+
+    #[tokio::test]
+    async fn a_narrow_watcher_is_caught_up_past_the_events_it_does_not_take() {
+        let feed = Feed::new(config(100, 4), 0);
+        let mut narrow = feed.subscribe(Filter { kinds: vec![], prefixes: vec!["pools/a".into()] }, None).unwrap();
+        // Many events for others: they neither fill its buffer nor hold back where it resumes.
+        feed.publish((1..=50).map(|r| event(r, "pools/b", 0)), 0);
+        assert_eq!(narrow.revision(), 50);
+        feed.publish([event(51, "pools/a", 0), event(52, "pools/b", 0)], 0);
+        assert_eq!(narrow.revision(), 0, "an event waits for it: it has not caught up");
+        assert_eq!(narrow.next().await.unwrap().revision, 51);
+        assert_eq!(narrow.revision(), 52);
+        assert_eq!(feed.watchers(), 1);
     }
 }
