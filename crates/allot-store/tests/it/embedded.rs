@@ -10,11 +10,12 @@ use allot_store::clock::ManualClock;
 use allot_store::fault::open_flaky_store;
 use allot_store::{conformance, read_all, Allocation, EmbeddedConfig, EmbeddedStore, Store, StoreError};
 
-fn ns(name: &str) -> NamespaceName {
+pub(crate) fn ns(name: &str) -> NamespaceName {
     NamespaceName::new(name).unwrap()
 }
 
-fn request(namespace: &str, token: &str, lease: LeaseRequest) -> AllocateRequest {
+/// A request for one unit of `namespace` under `token`.
+pub(crate) fn request(namespace: &str, token: &str, lease: LeaseRequest) -> AllocateRequest {
     AllocateRequest {
         namespace: ns(namespace),
         token: Token::new(token).unwrap(),

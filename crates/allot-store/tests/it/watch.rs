@@ -11,25 +11,12 @@ use allot_core::apps::{AppId, TaskId};
 use allot_core::pools::{AllocRequest, PoolName};
 use allot_core::runs::Run;
 use allot_core::watch::{EventKind, Filter};
-use allot_core::{AllocateRequest, Constraints, LeaseRequest, NamespaceName, Token};
+use allot_core::{LeaseRequest, Token};
 use allot_store::clock::ManualClock;
+
+use crate::embedded::{ns, request};
 use allot_store::prelude::*;
 use allot_store::{Allocation, EmbeddedConfig, EmbeddedStore, Event, EventObject, WatchConfig, WatchError, Watcher};
-
-fn ns(name: &str) -> NamespaceName {
-    NamespaceName::new(name).unwrap()
-}
-
-fn request(namespace: &str, token: &str, lease: LeaseRequest) -> AllocateRequest {
-    AllocateRequest {
-        namespace: ns(namespace),
-        token: Token::new(token).unwrap(),
-        units: 1,
-        scope: None,
-        constraints: Constraints::default(),
-        lease,
-    }
-}
 
 fn open(dir: &std::path::Path, clock: &ManualClock, watch: WatchConfig) -> Arc<EmbeddedStore> {
     let config = EmbeddedConfig::new(dir.to_owned()).with_time(Arc::new(clock.clone())).with_watch(watch);
