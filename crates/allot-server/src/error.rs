@@ -97,7 +97,7 @@ error_codes! {
     UnknownTaskGroup = "unknown_task_group", Apps, CONFLICT;
     RunNotFound = "run_not_found", Runs, NOT_FOUND;
     LogsNotFound = "logs_not_found", Runs, NOT_FOUND;
-    RunNotHere = "run_not_here", Runs, NOT_FOUND;
+    RunNotHere = "run_not_here", Runs, CONFLICT;
     RevisionCompacted = "revision_compacted", Watch, GONE;
     WatchUnsupported = "watch_unsupported", Watch, NOT_IMPLEMENTED;
 }

@@ -3,7 +3,7 @@
 
 use allot_api as api;
 use allot_core::apps::states::TaskState;
-use allot_store::ExecutorLease;
+use allot_store::{ExecutorLease, StoreError};
 use axum::extract::State;
 use axum::http::StatusCode;
 use axum::Json;
@@ -221,7 +221,8 @@ async fn read_piece(path: &std::path::Path, offset: u64) -> std::io::Result<Vec<
 #[utoipa::path(post, path = "/v1/apps/{app}/tasks/{task}/wake", tag = "apps",
     params(("app" = String, Path, description = "the application's id"), ("task" = String, Path, description = "the task's id")),
     responses((status = 202, body = api::Woken), (status = 400, body = api::ErrorBody, description = "invalid_argument"),
-        (status = 404, body = api::ErrorBody, description = "run_not_here: this daemon does not run the task now")))]
+        (status = 404, body = api::ErrorBody, description = "app_not_found or task_not_found"),
+        (status = 409, body = api::ErrorBody, description = "run_not_here: the task exists, and this daemon does not run it now")))]
 pub(crate) async fn wake_task(
     State(state): State<ServerState>,
     Segments((app, task)): Segments<(String, String)>,
@@ -231,10 +232,17 @@ pub(crate) async fn wake_task(
         Some(executor) if executor.wake(&app_key, &task_key) => {
             Ok((StatusCode::ACCEPTED, Json(api::Woken { app, task })))
         }
-        _ => Err(ApiError::new(
-            StatusCode::NOT_FOUND,
-            "run_not_here",
-            format!("this daemon does not run task `{task}` of application `{app}` now"),
-        )),
+        _ => {
+            // A task that does not exist is its own 404; one that exists (or that this daemon
+            // cannot look up: another one schedules) is not run here.
+            if let Err(err @ StoreError::Sched(_)) = state.store.task(app_key, task_key).await {
+                return Err(err.into());
+            }
+            Err(ApiError::new(
+                StatusCode::CONFLICT,
+                "run_not_here",
+                format!("this daemon does not run task `{task}` of application `{app}` now"),
+            ))
+        }
     }
 }

@@ -172,3 +172,21 @@ async fn a_large_application_is_submitted_with_its_tasks_in_one_call() {
     let (status, _) = h.call(Method::PUT, "/v1/namespaces/big", &huge).await;
     assert_eq!(status, StatusCode::PAYLOAD_TOO_LARGE);
 }
+
+/// Waking a task: a task that does not exist is a 404 of its own; one that exists and is not run
+/// by this daemon is a conflict (409 `run_not_here`), not a missing resource.
+#[tokio::test]
+async fn waking_a_task_not_run_here_is_a_conflict_and_a_missing_one_a_404() {
+    let h = Harness::new();
+    h.call(Method::PUT, "/v1/queues/root.q", "{}").await;
+    let app =
+        serde_json::json!({"id": "etl", "queue": "root.q", "user": "u", "tasks": [{"id": "t1", "resources": "cpu=1"}]});
+    let (status, _) = h.call(Method::POST, "/v1/apps", &app.to_string()).await;
+    assert_eq!(status, StatusCode::CREATED);
+    let (status, body) = h.call(Method::POST, "/v1/apps/etl/tasks/t1/wake", "").await;
+    assert_eq!((status, body["error"]["code"].as_str()), (StatusCode::CONFLICT, Some("run_not_here")), "{body}");
+    let (status, body) = h.call(Method::POST, "/v1/apps/etl/tasks/nope/wake", "").await;
+    assert_eq!((status, body["error"]["code"].as_str()), (StatusCode::NOT_FOUND, Some("task_not_found")), "{body}");
+    let (status, body) = h.call(Method::POST, "/v1/apps/nope/tasks/t1/wake", "").await;
+    assert_eq!((status, body["error"]["code"].as_str()), (StatusCode::NOT_FOUND, Some("app_not_found")), "{body}");
+}
