@@ -58,6 +58,9 @@ struct WatchOutput {
     idle_watchers: usize,
     /// The daemon's resident memory per idle watcher (KiB), when its process is known.
     kib_per_idle_watcher: Option<f64>,
+    /// The same per idle keep-alive connection that asked one `/healthz` (no watch), on a fresh
+    /// daemon: what any HTTP/1.1 connection costs it.
+    kib_per_idle_connection: Option<f64>,
     checks: Vec<Check>,
 }
 
@@ -94,9 +97,12 @@ pub(super) async fn run(args: WatchArgs) -> anyhow::Result<()> {
             output.pairs_with_all,
             ratio(output.ratio_all)
         );
-        match output.kib_per_idle_watcher {
-            Some(kib) => println!("{} idle watchers: {kib:.1} KiB each", output.idle_watchers),
-            None => println!("{} idle watchers: memory not measured", output.idle_watchers),
+        match (output.kib_per_idle_watcher, output.kib_per_idle_connection) {
+            (Some(kib), Some(plain)) => println!(
+                "{} idle watchers: {kib:.1} KiB each (an idle keep-alive connection without a watch: {plain:.1} KiB)",
+                output.idle_watchers
+            ),
+            _ => println!("{} idle watchers: memory not measured", output.idle_watchers),
         }
         println!("targets:");
         print!("{}", report::checks(&output.checks));
@@ -138,17 +144,34 @@ async fn measure(args: &WatchArgs, server: &Server) -> anyhow::Result<WatchOutpu
     };
     let (ratio, ratio_all) = (ratio_of(&with), ratio_of(&with_all));
 
-    let kib_per_idle_watcher = match server.pid() {
+    let (kib_per_idle_watcher, kib_per_idle_connection) = match server.pid() {
         Some(pid) if args.idle > 0 => {
             let before = resident_kib(pid)?;
             let idle = open_idle(&endpoint, args.idle).await?;
             // Let the daemon settle what it allocated for them.
             tokio::time::sleep(Duration::from_millis(500)).await;
-            let after = resident_kib(pid)?;
+            let watchers = resident_kib(pid)?;
             drop(idle);
-            Some(after.saturating_sub(before) as f64 / args.idle as f64)
+            // As many plain connections, on a fresh daemon (memory freed by the watchers would be
+            // reused and hide their cost).
+            let fresh_scratch = Scratch::new(args.tmp_dir.as_deref())?;
+            let fresh = children::spawn_daemon_with(&fresh_scratch, &["--durability".into(), "process".into()]).await?;
+            let plain = match fresh.pid() {
+                Some(fresh_pid) => {
+                    let before_plain = resident_kib(fresh_pid)?;
+                    let conns = open_plain(&fresh.endpoint, args.idle).await;
+                    tokio::time::sleep(Duration::from_millis(500)).await;
+                    let after_plain = resident_kib(fresh_pid);
+                    drop(conns);
+                    Some((before_plain, after_plain?))
+                }
+                None => None,
+            };
+            fresh.stop().await;
+            let per = |from: u64, to: u64| to.saturating_sub(from) as f64 / args.idle as f64;
+            (Some(per(before, watchers)), plain.map(|(from, to)| per(from, to)))
         }
-        _ => None,
+        _ => (None, None),
     };
     let delay_ms = Latency::from_nanos(delays);
     let mut checks = vec![
@@ -182,6 +205,7 @@ async fn measure(args: &WatchArgs, server: &Server) -> anyhow::Result<WatchOutpu
         ratio_all,
         idle_watchers: args.idle,
         kib_per_idle_watcher,
+        kib_per_idle_connection,
         checks,
     })
 }
@@ -256,6 +280,17 @@ async fn open_idle(endpoint: &Endpoint, count: usize) -> anyhow::Result<Vec<Even
         streams.push(EventStream::open(endpoint, &query).await.with_context(|| format!("idle watcher {i}"))?);
     }
     Ok(streams)
+}
+
+/// `count` keep-alive connections that each asked `/healthz` once, kept open and idle.
+async fn open_plain(endpoint: &Endpoint, count: usize) -> anyhow::Result<Vec<Conn>> {
+    let mut conns = Vec::with_capacity(count);
+    for i in 0..count {
+        let mut conn = Conn::connect(endpoint).await.with_context(|| format!("idle connection {i}"))?;
+        conn.request(Method::GET, "/healthz", Bytes::new()).await?;
+        conns.push(conn);
+    }
+    Ok(conns)
 }
 
 /// The resident memory of process `pid` (KiB), from `/proc`.
