@@ -23,6 +23,8 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 use tokio::sync::mpsc;
 
+use allot_client::sse;
+
 use crate::children::{self, Scratch, Server};
 use crate::http::{encode_segment, Conn, Endpoint};
 use crate::latency::Latency;
@@ -218,7 +220,7 @@ async fn delays(endpoint: &Endpoint, namespace: &str, samples: usize) -> anyhow:
     let reader = tokio::spawn(async move {
         while let Ok(Some(message)) = stream.next().await {
             let at = Instant::now();
-            if let Some(key) = key_of(&message.data) {
+            if let Some(key) = message.data.as_deref().and_then(key_of) {
                 if arrivals.send((key, at)).is_err() {
                     return;
                 }
@@ -300,19 +302,13 @@ fn resident_kib(pid: u32) -> anyhow::Result<u64> {
     line.split_whitespace().nth(1).and_then(|n| n.parse().ok()).context("unreadable VmRSS")
 }
 
-/// One Server-Sent Events message.
-struct Message {
-    data: String,
-}
-
-/// A watch over one raw HTTP/1.1 connection: the answer's chunks decoded as they come, and split
-/// into messages (heartbeat comments skipped).
+/// A watch over one raw HTTP/1.1 connection: the answer's chunks decoded as they come, and read
+/// into messages by the client's Server-Sent Events parser.
 struct EventStream {
     stream: TcpStream,
     /// Bytes read and not decoded yet.
     input: BytesMut,
-    /// The decoded body not split into messages yet.
-    body: BytesMut,
+    messages: sse::Parser,
     chunked: bool,
 }
 
@@ -343,19 +339,15 @@ impl EventStream {
             bail!("GET /v1/watch?{query} was answered {status}: {}", String::from_utf8_lossy(&input[head_len..]));
         }
         input.advance(head_len);
-        Ok(EventStream { stream, input, body: BytesMut::new(), chunked })
+        Ok(EventStream { stream, input, messages: sse::Parser::default(), chunked })
     }
 
-    /// The next message with data, or `None` when the stream ends.
-    async fn next(&mut self) -> anyhow::Result<Option<Message>> {
+    /// The next message with data (heartbeats are passed over), or `None` when the stream ends.
+    async fn next(&mut self) -> anyhow::Result<Option<sse::Message>> {
         loop {
-            while let Some(end) = find(&self.body, b"\n\n") {
-                let block = self.body.split_to(end + 2);
-                let text = String::from_utf8_lossy(&block);
-                let data: Vec<&str> =
-                    text.lines().filter_map(|l| l.strip_prefix("data:")).map(str::trim_start).collect();
-                if !data.is_empty() {
-                    return Ok(Some(Message { data: data.join("\n") }));
+            while let Some(message) = self.messages.message() {
+                if message.data.is_some() {
+                    return Ok(Some(message));
                 }
             }
             if !self.decode()? && self.stream.read_buf(&mut self.input).await? == 0 {
@@ -364,13 +356,12 @@ impl EventStream {
         }
     }
 
-    /// Moves whole chunks (or everything, when not chunked) from the input to the body; false
+    /// Feeds whole chunks (or everything, when not chunked) of the input to the parser; false
     /// when more must be read first.
     fn decode(&mut self) -> anyhow::Result<bool> {
         if !self.chunked {
             let moved = !self.input.is_empty();
-            let input = self.input.split();
-            self.body.extend_from_slice(&input);
+            self.messages.feed(&self.input.split());
             return Ok(moved);
         }
         let mut moved = false;
@@ -385,7 +376,7 @@ impl EventStream {
             self.input.advance(line + 2);
             let chunk = self.input.split_to(size);
             self.input.advance(2);
-            self.body.extend_from_slice(&chunk);
+            self.messages.feed(&chunk);
             moved = true;
             if size == 0 {
                 break;

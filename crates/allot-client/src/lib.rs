@@ -8,8 +8,8 @@
 //!
 //! Modules: one per part for its routes (`quotas`, `pools`, `apps`, `runs`; `pools` also holds
 //! Reflow's client side of pools: mux, caching, allocate, keepalive), `watch` (the change feed as
-//! a stream that resumes by itself, [`Client::watch`]), `path` (request paths), `error`
-//! ([`ClientError`]).
+//! a stream that resumes by itself, [`Client::watch`]), `sse` (a reader of Server-Sent Events),
+//! `path` (request paths), `error` ([`ClientError`]).
 //!
 //! A whole program (`examples/allocate.rs`, built by the test command):
 //!
@@ -23,6 +23,7 @@ mod path;
 pub mod pools;
 mod quotas;
 mod runs;
+pub mod sse;
 mod watch;
 
 use std::time::Duration;

@@ -15,7 +15,6 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
-use allot_core::apps::states::TaskState;
 use allot_core::apps::{App, QueueView, Task};
 use allot_core::pools::{Alloc, EndedAlloc, PoolView};
 use allot_core::runs::Run;
@@ -61,16 +60,6 @@ pub enum EventObject {
     Run(Box<Run>),
     /// Removed: the key says what.
     Gone,
-}
-
-impl Event {
-    /// The task state an event says a task reached, if it is about a task.
-    pub fn task_state(&self) -> Option<TaskState> {
-        match &self.object {
-            EventObject::Task(task) => Some(task.state),
-            _ => None,
-        }
-    }
 }
 
 /// Why a watch cannot go on (or start).
@@ -155,10 +144,6 @@ impl Feed {
         Feed { config, kept: Arc::new(Mutex::new(kept)) }
     }
 
-    pub fn config(&self) -> WatchConfig {
-        self.config
-    }
-
     fn lock(&self) -> MutexGuard<'_, Kept> {
         lock(&self.kept)
     }
@@ -186,8 +171,8 @@ impl Feed {
                     });
                 }
             }
-            kept.taps.retain(|_, taps| !taps.is_empty());
         }
+        kept.taps.retain(|_, taps| !taps.is_empty());
         let horizon = now.saturating_sub(u64::try_from(self.config.retain_for.as_millis()).unwrap_or(u64::MAX));
         while kept.events.len() > self.config.retain_events || kept.events.front().is_some_and(|e| e.at < horizon) {
             let dropped = kept.events.pop_front().expect("not empty");
@@ -214,7 +199,8 @@ impl Feed {
     }
 
     /// How many watchers are live.
-    pub fn watchers(&self) -> usize {
+    #[cfg(test)]
+    fn watchers(&self) -> usize {
         self.lock().taps.values().map(Vec::len).sum()
     }
 

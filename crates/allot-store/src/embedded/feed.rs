@@ -11,9 +11,9 @@
 use allot_core::apps::{AppChange, Scheduler};
 use allot_core::pools::{PoolChange, Pools};
 use allot_core::watch::{keys, EventKind};
-use allot_core::{Change, GrantEnd, Ledger, LedgerError, Millis, NamespaceName, Token};
+use allot_core::{Change, GrantEnd, Ledger, LedgerError, Millis, NamespaceName, Token, WaiterId};
 
-use super::{grant_info, session_info};
+use super::{grant_info, session_info, Shared, State};
 use crate::runs::RunChange;
 use crate::watch::{Event, EventObject};
 
@@ -171,5 +171,45 @@ pub(super) fn runs(change: &RunChange, out: &mut Vec<Draft>) {
         }
         // The catalog of outputs is not watched.
         RunChange::Cached { .. } => {}
+    }
+}
+
+impl State {
+    /// Forgets a waiting call that leaves the queue ungranted, drafting its event.
+    pub(super) fn gave_up(&mut self, id: WaiterId, cause: &str) {
+        if let Some(waiting) = self.waiters.remove(&id) {
+            self.drafts.push(waiter(EventKind::WaiterGaveUp, &waiting.namespace, &waiting.token, Some(cause)));
+        }
+    }
+
+    /// Publishes the drafted events that no change goes with (once what came before is
+    /// durable, in order).
+    pub(super) fn flush_drafts(&mut self, shared: &Shared) {
+        let drafts = std::mem::take(&mut self.drafts);
+        if !drafts.is_empty() {
+            drop(self.log_and_answer(shared, Vec::new(), Vec::new(), Vec::new(), drafts));
+        }
+    }
+
+    /// Gives `drafts` their revisions: those of the record about to be appended (`in_record`), or
+    /// the next ones after the last record's, appending an empty record first when they would run
+    /// out of its window.
+    pub(super) fn stamp(&mut self, shared: &Shared, drafts: Vec<Draft>, in_record: bool) -> Vec<Event> {
+        if drafts.is_empty() {
+            return Vec::new();
+        }
+        if in_record {
+            self.revision = self.revision.max(window_of(self.log.seq + 1));
+        } else if self.revision + drafts.len() as u64 >= window_of(self.log.seq + 1) {
+            self.checkpoint_clock(shared);
+        }
+        let now = shared.clock.now();
+        drafts
+            .into_iter()
+            .map(|draft| {
+                self.revision += 1;
+                draft.stamp(self.revision, now)
+            })
+            .collect()
     }
 }

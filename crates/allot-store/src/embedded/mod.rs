@@ -25,9 +25,9 @@
 //! [`SWEEP_INTERVAL`] and logs the clock at least once a second.
 //!
 //! Modules: one per part (`quotas`, `pools`, `apps`, `runs`); `config` (opening options and
-//! errors), `open` (loading and replay), `wal` (the log), `ops` (writes as data), `syncer`,
-//! `checkpoint`, `recover` and `sweeper` (the background work). This one holds the store, its
-//! state and the commit path.
+//! errors), `open` (loading and replay), `wal` (the log), `ops` (writes as data), `feed` (the
+//! events of each commit and their revisions), `syncer`, `checkpoint`, `recover` and `sweeper`
+//! (the background work). This one holds the store, its state and the commit path.
 
 mod apps;
 mod checkpoint;
@@ -72,7 +72,7 @@ use allot_core::Token;
 use self::feed::Draft;
 use crate::runs::RunChange;
 use crate::watch::{Event, Feed, WatchConfig, WatchError, WatchStore, Watcher};
-use crate::{expires_in, Allocation, CommitStats, GrantInfo, SessionInfo, Store, StoreError, COMMIT_BUCKETS_MICROS};
+use crate::{expires_in, CommitStats, GrantInfo, SessionInfo, Store, StoreError, COMMIT_BUCKETS_MICROS};
 
 /// How often the sweeper looks for expired leases.
 pub const SWEEP_INTERVAL: Duration = Duration::from_millis(50);
@@ -297,22 +297,6 @@ impl State {
         self.log_and_answer(shared, ops, Vec::new(), Vec::new(), drafts)
     }
 
-    /// Forgets a waiting call that leaves the queue ungranted, drafting its event.
-    fn gave_up(&mut self, waiter: WaiterId, cause: &str) {
-        if let Some(waiting) = self.waiters.remove(&waiter) {
-            self.drafts.push(feed::waiter(EventKind::WaiterGaveUp, &waiting.namespace, &waiting.token, Some(cause)));
-        }
-    }
-
-    /// Publishes the drafted events that no change goes with (once what came before is
-    /// durable, in order).
-    fn flush_drafts(&mut self, shared: &Shared) {
-        let drafts = std::mem::take(&mut self.drafts);
-        if !drafts.is_empty() {
-            drop(self.log_and_answer(shared, Vec::new(), Vec::new(), Vec::new(), drafts));
-        }
-    }
-
     /// Logs ledger effects, pool and application changes as one record.
     fn submit_all(
         &mut self,
@@ -382,28 +366,6 @@ impl State {
             },
         }
         rx
-    }
-
-    /// Gives `drafts` their revisions: those of the record about to be appended (`in_record`), or
-    /// the next ones after the last record's, appending an empty record first when they would run
-    /// out of its window.
-    fn stamp(&mut self, shared: &Shared, drafts: Vec<Draft>, in_record: bool) -> Vec<Event> {
-        if drafts.is_empty() {
-            return Vec::new();
-        }
-        if in_record {
-            self.revision = self.revision.max(feed::window_of(self.log.seq + 1));
-        } else if self.revision + drafts.len() as u64 >= feed::window_of(self.log.seq + 1) {
-            self.checkpoint_clock(shared);
-        }
-        let now = shared.clock.now();
-        drafts
-            .into_iter()
-            .map(|draft| {
-                self.revision += 1;
-                draft.stamp(self.revision, now)
-            })
-            .collect()
     }
 
     /// Appends one record. On failure the state is rebuilt from the store before this returns.
@@ -681,84 +643,6 @@ impl EmbeddedStore {
             return Err(StoreError::Unavailable(reason.clone()));
         }
         query(&state, self.shared.clock.now())
-    }
-
-    /// Waits for a queued allocate call's answer, until `wait` ends or the store shuts down.
-    async fn wait_for(
-        &self,
-        namespace: NamespaceName,
-        waiter: WaiterId,
-        mut answer: oneshot::Receiver<WaiterAnswer>,
-        wait: Duration,
-    ) -> Result<Allocation, StoreError> {
-        let mut guard = WaiterGuard { shared: &self.shared, namespace, waiter, armed: true };
-        let mut shutdown = self.shared.shutdown.subscribe();
-        tokio::select! {
-            res = &mut answer => {
-                guard.armed = false;
-                return self.answer_of(res);
-            }
-            _ = tokio::time::sleep(wait) => {}
-            _ = shutdown.wait_for(|stop| *stop) => {}
-        }
-        guard.armed = false;
-        let cancelled = {
-            let mut state = self.lock();
-            let now = self.shared.clock.now();
-            match state.ledger.cancel_waiter(&guard.namespace, waiter, now) {
-                Some((refusal, place, effects)) => {
-                    state.gave_up(waiter, "timed_out");
-                    Some((refusal, place, state.submit(&self.shared, effects)))
-                }
-                None => None,
-            }
-        };
-        match cancelled {
-            Some((refusal, place, rx)) => {
-                // Those woken by this cancellation are answered by the committer; this caller
-                // only needs its own answer.
-                drop(rx);
-                Ok(Allocation::Refused { refusal, place: Some(place) })
-            }
-            // Granted or cancelled meanwhile: the answer is on its way.
-            None => self.answer_of(answer.await),
-        }
-    }
-
-    fn answer_of(&self, answer: Result<WaiterAnswer, oneshot::error::RecvError>) -> Result<Allocation, StoreError> {
-        match answer {
-            Ok(WaiterAnswer::Granted(grant)) => {
-                let state = self.lock();
-                let info = grant_info(&state.ledger, grant, self.shared.clock.now());
-                Ok(Allocation::Granted { grant: info, existing: false })
-            }
-            Ok(WaiterAnswer::Cancelled(err)) => Err(err.into()),
-            Ok(WaiterAnswer::Failed(err)) => Err(err),
-            // A newer call with the same token took this waiter's place.
-            Err(_) => Err(StoreError::Invalid("a newer allocate call with the same token took over this wait".into())),
-        }
-    }
-}
-
-/// Takes a waiter out of the queue if its caller goes away before an answer.
-struct WaiterGuard<'a> {
-    shared: &'a Arc<Shared>,
-    namespace: NamespaceName,
-    waiter: WaiterId,
-    armed: bool,
-}
-
-impl Drop for WaiterGuard<'_> {
-    fn drop(&mut self) {
-        if !self.armed {
-            return;
-        }
-        let mut state = lock(self.shared);
-        let now = self.shared.clock.now();
-        if let Some((_, _, effects)) = state.ledger.cancel_waiter(&self.namespace, self.waiter, now) {
-            state.gave_up(self.waiter, "caller_left");
-            drop(state.submit(self.shared, effects));
-        }
     }
 }
 

@@ -1,11 +1,12 @@
 //! The token quotas of the embedded store: each operation is the ledger's, made durable through
-//! the write-ahead log.
+//! the write-ahead log; and the allocate calls that wait in a namespace's queue for their answer.
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use allot_core::{
-    AllocateRequest, Change, Decision, Effects, Millis, NamespaceName, NamespaceView, SessionId, Token, WaiterId,
-    WaiterView,
+    AllocateRequest, Change, Decision, Effects, Millis, NamespaceName, NamespaceView, QueuePlace, Refusal, SessionId,
+    Token, WaiterId, WaiterView,
 };
 use async_trait::async_trait;
 use tokio::sync::oneshot;
@@ -13,7 +14,9 @@ use tokio::sync::oneshot;
 use super::ops::{Key, Op, Table};
 use allot_core::watch::EventKind;
 
-use super::{durable, feed, grant_info, session_info, EmbeddedStore, WaiterAnswer, Waiting};
+use super::{
+    durable, feed, grant_info, lock, session_info, Commit, EmbeddedStore, Shared, State, WaiterAnswer, Waiting,
+};
 use crate::records::{encode, GrantRecord, NamespaceRecord, SessionRecord};
 use crate::{check_wait, Allocation, GrantInfo, Page, PageRequest, QuotaStore, SessionInfo, StoreError};
 
@@ -246,5 +249,88 @@ impl QuotaStore for EmbeddedStore {
 
     async fn session(&self, id: SessionId) -> Result<SessionInfo, StoreError> {
         self.read(|ledger, now| Ok(session_info(ledger.session(id)?, now)))
+    }
+}
+
+impl EmbeddedStore {
+    /// Waits for a queued allocate call's answer, until `wait` ends or the store shuts down.
+    async fn wait_for(
+        &self,
+        namespace: NamespaceName,
+        waiter: WaiterId,
+        mut answer: oneshot::Receiver<WaiterAnswer>,
+        wait: Duration,
+    ) -> Result<Allocation, StoreError> {
+        let mut guard = WaiterGuard { shared: &self.shared, namespace, waiter, armed: true };
+        let mut shutdown = self.shared.shutdown.subscribe();
+        tokio::select! {
+            res = &mut answer => {
+                guard.armed = false;
+                return self.answer_of(res);
+            }
+            _ = tokio::time::sleep(wait) => {}
+            _ = shutdown.wait_for(|stop| *stop) => {}
+        }
+        guard.armed = false;
+        let cancelled = self.lock().cancel_wait(&self.shared, &guard.namespace, waiter, "timed_out");
+        match cancelled {
+            Some((refusal, place, rx)) => {
+                // Those woken by this cancellation are answered by the committer; this caller
+                // only needs its own answer.
+                drop(rx);
+                Ok(Allocation::Refused { refusal, place: Some(place) })
+            }
+            // Granted or cancelled meanwhile: the answer is on its way.
+            None => self.answer_of(answer.await),
+        }
+    }
+
+    fn answer_of(&self, answer: Result<WaiterAnswer, oneshot::error::RecvError>) -> Result<Allocation, StoreError> {
+        match answer {
+            Ok(WaiterAnswer::Granted(grant)) => {
+                let state = self.lock();
+                let info = grant_info(&state.ledger, grant, self.shared.clock.now());
+                Ok(Allocation::Granted { grant: info, existing: false })
+            }
+            Ok(WaiterAnswer::Cancelled(err)) => Err(err.into()),
+            Ok(WaiterAnswer::Failed(err)) => Err(err),
+            // A newer call with the same token took this waiter's place.
+            Err(_) => Err(StoreError::Invalid("a newer allocate call with the same token took over this wait".into())),
+        }
+    }
+}
+
+/// Takes a waiter out of the queue if its caller goes away before an answer.
+struct WaiterGuard<'a> {
+    shared: &'a Arc<Shared>,
+    namespace: NamespaceName,
+    waiter: WaiterId,
+    armed: bool,
+}
+
+impl Drop for WaiterGuard<'_> {
+    fn drop(&mut self) {
+        if !self.armed {
+            return;
+        }
+        drop(lock(self.shared).cancel_wait(self.shared, &self.namespace, self.waiter, "caller_left"));
+    }
+}
+
+impl State {
+    /// Takes a waiting call out of its namespace's queue, if it is still there (not granted or
+    /// cancelled meanwhile): its refusal and place, and the commit of what its leaving changed
+    /// (those it made room for are admitted and answered by the committer).
+    fn cancel_wait(
+        &mut self,
+        shared: &Shared,
+        namespace: &NamespaceName,
+        waiter: WaiterId,
+        cause: &str,
+    ) -> Option<(Refusal, QueuePlace, Commit)> {
+        let now = shared.clock.now();
+        let (refusal, place, effects) = self.ledger.cancel_waiter(namespace, waiter, now)?;
+        self.gave_up(waiter, cause);
+        Some((refusal, place, self.submit(shared, effects)))
     }
 }

@@ -28,6 +28,14 @@ async fn next(watcher: &mut Watcher) -> Arc<Event> {
     tokio::time::timeout(Duration::from_secs(1), watcher.next()).await.expect("an event within a second").unwrap()
 }
 
+/// The state a task reached, if the event is about a task.
+fn task_state(event: &Event) -> Option<allot_core::apps::states::TaskState> {
+    match &event.object {
+        EventObject::Task(task) => Some(task.state),
+        _ => None,
+    }
+}
+
 fn kinds(events: &[Arc<Event>]) -> Vec<(&'static str, &str, Option<&str>)> {
     events.iter().map(|e| (e.kind.name(), e.key.as_str(), e.cause.as_deref())).collect()
 }
@@ -315,7 +323,7 @@ async fn an_applications_life_is_a_line_of_events() {
     let placed = loop {
         let event = next(&mut watcher).await;
         seen.push(event.clone());
-        if event.task_state() == Some(TaskState::Allocated) {
+        if task_state(&event) == Some(TaskState::Allocated) {
             break event;
         }
     };
@@ -330,12 +338,12 @@ async fn an_applications_life_is_a_line_of_events() {
     store.start_task(app.clone(), TaskId::new("t1").unwrap()).await.unwrap();
     store.finish_task(app.clone(), TaskId::new("t1").unwrap(), Some("exit 3".into())).await.unwrap();
     let mut ended = Vec::new();
-    while !ended.iter().any(|e: &Arc<Event>| e.task_state() == Some(TaskState::Failed)) {
+    while !ended.iter().any(|e: &Arc<Event>| task_state(e) == Some(TaskState::Failed)) {
         ended.push(next(&mut watcher).await);
     }
-    let failed = ended.iter().find(|e| e.task_state() == Some(TaskState::Failed)).unwrap();
+    let failed = ended.iter().find(|e| task_state(e) == Some(TaskState::Failed)).unwrap();
     assert_eq!((failed.key.as_str(), failed.cause.as_deref()), ("apps/etl/tasks/t1", Some("exit 3")));
-    assert!(ended.iter().any(|e| e.task_state() == Some(TaskState::Running)), "{:?}", kinds(&ended));
+    assert!(ended.iter().any(|e| task_state(e) == Some(TaskState::Running)), "{:?}", kinds(&ended));
     // Its alloc ended with it (the same commit: it is in the events up to the task's failure).
     let freed = ended.iter().find(|e| e.kind == EventKind::AllocEnded).expect("its alloc ended with it");
     assert_eq!(freed.key, format!("pools/p/allocs/{alloc}"));
