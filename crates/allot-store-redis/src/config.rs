@@ -1,6 +1,8 @@
 //! Where the Redis backend connects: the `--store` address read into a [`RedisConfig`] (one
 //! server, or the seed nodes of a cluster), and how many replicas must have a change.
 
+use allot_store::WatchConfig;
+
 /// Where the Redis backend connects.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct RedisConfig {
@@ -10,6 +12,8 @@ pub struct RedisConfig {
     /// How many replicas must have a change before it is acknowledged (`WAIT`); 0, the
     /// default, acknowledges once the primary applied it.
     pub min_replicas: u32,
+    /// How much of the change feed the shared log keeps, and each watcher's buffer.
+    pub watch: WatchConfig,
 }
 
 /// A `--store` value that is not a Redis address.
@@ -34,13 +38,18 @@ impl RedisConfig {
             for url in &urls {
                 redis::Client::open(url.as_str()).map_err(|_| bad())?;
             }
-            return Ok(RedisConfig { urls, cluster: true, min_replicas: 0 });
+            return Ok(RedisConfig { urls, cluster: true, min_replicas: 0, watch: WatchConfig::default() });
         }
         if !(address.starts_with("redis://") || address.starts_with("rediss://")) {
             return Err(bad());
         }
         redis::Client::open(address).map_err(|_| bad())?;
-        Ok(RedisConfig { urls: vec![address.to_owned()], cluster: false, min_replicas: 0 })
+        Ok(RedisConfig { urls: vec![address.to_owned()], cluster: false, min_replicas: 0, watch: WatchConfig::default() })
+    }
+
+    /// Keeps the change feed as `watch` says.
+    pub fn with_watch(self, watch: WatchConfig) -> RedisConfig {
+        RedisConfig { watch, ..self }
     }
 
     /// Acknowledges a change only once `replicas` replicas have it.

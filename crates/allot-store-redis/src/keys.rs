@@ -27,6 +27,12 @@ pub(crate) fn hash_tag(name: &str) -> String {
     tag
 }
 
+/// The name a hash tag was made of (`{name}`, escaped as [`hash_tag`] escapes it).
+pub(crate) fn unescape_tag(tag: &str) -> Option<String> {
+    let inner = tag.strip_prefix('{')?.strip_suffix('}')?;
+    Some(inner.replace("%7B", "{").replace("%7D", "}").replace("%25", "%"))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -36,5 +42,8 @@ mod tests {
         let p = prefix(&NamespaceName::new("}a{b%").unwrap());
         assert_eq!(p, "allot:{%7Da%7Bb%25}");
         assert_eq!(prefix(&NamespaceName::new("hive:cluster-a").unwrap()), "allot:{hive:cluster-a}");
+        for name in ["}a{b%", "%7B", "plain"] {
+            assert_eq!(unescape_tag(&hash_tag(name)).as_deref(), Some(name));
+        }
     }
 }

@@ -45,6 +45,7 @@ mod cluster;
 mod config;
 mod conn;
 mod errors;
+mod feed;
 mod keys;
 mod pools;
 mod quotas;
@@ -92,14 +93,21 @@ impl RedisStore {
     /// Opens with the function library `scripts` (a test's may read a clock of its own).
     pub(crate) async fn open_with(config: &RedisConfig, scripts: Scripts) -> Result<RedisStore, StoreError> {
         let conn = Self::connect(config, &scripts).await?;
-        let inner = Arc::new(Inner::new(conn, scripts));
+        let inner = Arc::new(Inner::new(conn, scripts, config.watch));
+        // Every event the log keeps is read before the first watcher comes.
+        while let Err(err) = feed::load(&inner).await {
+            tracing::warn!(error = %err, "cannot read the change feed's log yet; retrying");
+            tokio::time::sleep(Duration::from_millis(500)).await;
+        }
+        let copier = tokio::spawn(feed::run_copier(inner.clone()));
+        let reader = tokio::spawn(feed::run_reader(inner.clone()));
         let subscriber = match inner.conn.cluster() {
             Some(link) => tokio::spawn(wake::run_sharded_subscriber(inner.clone(), link)),
             None => tokio::spawn(wake::run_subscriber(inner.clone(), config.urls[0].clone())),
         };
         let sweeper = tokio::spawn(sweep::run_sweeper(inner.clone()));
         tracing::info!(urls = ?config.urls, cluster = config.cluster, "redis store open");
-        let store = RedisStore { inner, tasks: Mutex::new(vec![subscriber, sweeper]) };
+        let store = RedisStore { inner, tasks: Mutex::new(vec![subscriber, sweeper, copier, reader]) };
         if let Err(err) = store.index_runs().await {
             tracing::warn!(error = %err, "cannot index the runs kept by an earlier version now; the next start will");
         }
@@ -140,18 +148,19 @@ impl RedisStore {
     }
 }
 
-/// The change feed is not served on Redis yet: a watch is refused as unsupported.
+/// The change feed: the shared log as this daemon has read it (see `feed.rs`).
 impl WatchStore for RedisStore {
-    fn watch(&self, _filter: Filter, _since: Option<u64>) -> Result<Watcher, WatchError> {
-        Err(WatchError::Unsupported { backend: "redis" })
+    fn watch(&self, filter: Filter, since: Option<u64>) -> Result<Watcher, WatchError> {
+        self.inner.feed.feed.subscribe(filter, since)
     }
 
+    /// The last revision this daemon read: a change not in the log yet is copied after it.
     fn revision(&self) -> u64 {
-        0
+        self.inner.feed.feed.revision()
     }
 
     fn feed_kept(&self) -> (usize, u64) {
-        (0, 0)
+        self.inner.feed.feed.kept()
     }
 }
 

@@ -23,7 +23,7 @@ use crate::store::{Inner, RedisStore};
 use crate::wake;
 
 /// The key prefix of a pool: one hash slot per pool.
-fn prefix(pool: &PoolName) -> String {
+pub(crate) fn prefix(pool: &PoolName) -> String {
     format!("allot:pool:{}", hash_tag(pool.as_str()))
 }
 
@@ -92,7 +92,7 @@ fn reason(text: &str) -> Result<EndReason, StoreError> {
 }
 
 /// Reads an alloc record; with its end when it ended.
-fn record(pool: &PoolName, id: &str, json: &str) -> Result<AllocState, StoreError> {
+pub(crate) fn record(pool: &PoolName, id: &str, json: &str) -> Result<AllocState, StoreError> {
     let record: Record = serde_json::from_str(json).map_err(|e| corrupt(format!("alloc record: {e}")))?;
     let alloc = Alloc {
         pool: pool.clone(),
@@ -180,7 +180,7 @@ fn error(pool: &PoolName, args: &[&str], reply: &mut Reply) -> Result<StoreError
     Ok(StoreError::Pool(err))
 }
 
-fn view_of(pool: &PoolName, reply: &mut Reply) -> Result<PoolView, StoreError> {
+pub(crate) fn view_of(pool: &PoolName, reply: &mut Reply) -> Result<PoolView, StoreError> {
     Ok(PoolView {
         name: pool.clone(),
         capacity: decode(&reply.text()?)?,

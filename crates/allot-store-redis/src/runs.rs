@@ -32,7 +32,7 @@ fn field(app: &AppId, task: &TaskId) -> String {
     format!("{app}/{task}")
 }
 
-fn decode(field: &str, json: &[u8]) -> Result<Run, StoreError> {
+pub(crate) fn decode(field: &str, json: &[u8]) -> Result<Run, StoreError> {
     let record: RunRecord = serde_json::from_slice(json).map_err(|e| corrupt(format!("run `{field}`: {e}")))?;
     record.into_run(field).map_err(corrupt)
 }

@@ -75,6 +75,7 @@ operations!(
     apps,
     sched_grant,
     runs,
+    feed,
 );
 
 const PRELUDE: &str = include_str!("lua/namespace.lua");
@@ -119,14 +120,19 @@ fn version(prelude: &str, bodies: &[(&str, &str)]) -> String {
 
 /// The functions that work on their own keys (sessions, pools): they take `KEYS` and `ARGV` as
 /// they are and skip `bind`, which builds a namespace's key names.
-const OWN_KEYS: &[&str] = &["session_grants", "sessions", "pool", "registry", "sched_lease", "apps", "runs"];
+const OWN_KEYS: &[&str] =
+    &["session_grants", "sessions", "pool", "registry", "sched_lease", "apps", "runs", "feed"];
 
 fn library(version: &str, prelude: &str, bodies: &[(&str, &str)], checked: bool) -> String {
-    let mut text = format!("#!lua name=allot_{version}\n{prelude}\n");
+    let mut text = format!("#!lua name=allot_{version}\n{prelude}\nlocal BODIES = {{}}\n");
     for (name, body) in bodies {
-        let head =
-            if OWN_KEYS.contains(name) { "function(KEYS, ARGV)" } else { "function(KEYS, args)\nbind(KEYS, args)" };
-        text.push_str(&format!("local op_{name} = {head}\n{body}\nend\n"));
+        // Every call starts with no events and ends by appending its own to its slot's feed.
+        let head = if OWN_KEYS.contains(name) { "KEYS, ARGV)" } else { "KEYS, args)\nbind(KEYS, args)" };
+        text.push_str(&format!(
+            "BODIES.{name} = function({head}\n{body}\nend\n\
+             local op_{name} = function(KEYS, ARGV)\nEVENTS = {{}}\nlocal reply = BODIES.{name}(KEYS, ARGV)\n\
+             flush_feed(KEYS[1])\nreturn reply\nend\n"
+        ));
         text.push_str(&format!("redis.register_function('allot_{version}_{name}', op_{name})\n"));
         if checked {
             text.push_str(&format!(

@@ -8,7 +8,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
-use allot_store::StoreError;
+use allot_store::{StoreError, WatchConfig};
 use redis::Value;
 use tokio::sync::{watch, Notify};
 use tokio::task::JoinHandle;
@@ -16,6 +16,7 @@ use tokio::task::JoinHandle;
 use crate::apps::leader::Apps;
 use crate::conn::Conn;
 use crate::errors::{call_error, redis_error};
+use crate::feed::FeedState;
 use crate::reply::{corrupt, Reply};
 use crate::scripts::{Function, Scripts};
 
@@ -45,10 +46,12 @@ pub(crate) struct Inner {
     pub(crate) failures: AtomicU64,
     /// The applications part: who schedules, and the scheduler if it is this daemon.
     pub(crate) apps: Apps,
+    /// The change feed as this daemon copies and reads it.
+    pub(crate) feed: FeedState,
 }
 
 impl Inner {
-    pub(crate) fn new(conn: Conn, scripts: Scripts) -> Inner {
+    pub(crate) fn new(conn: Conn, scripts: Scripts, watch: WatchConfig) -> Inner {
         let (shutdown, _) = watch::channel(false);
         Inner {
             redis_clock: Mutex::new(None),
@@ -62,6 +65,7 @@ impl Inner {
             call_micros: AtomicU64::new(0),
             failures: AtomicU64::new(0),
             apps: Apps::new(),
+            feed: FeedState::new(watch),
         }
     }
 

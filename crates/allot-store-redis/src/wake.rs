@@ -16,7 +16,7 @@ use futures_util::StreamExt;
 use redis::{RedisError, Value};
 use tokio::sync::Notify;
 
-use crate::cluster;
+use crate::{cluster, feed};
 use crate::reply::{self, corrupt};
 use crate::store::Inner;
 
@@ -50,7 +50,7 @@ pub(crate) async fn wait_for(
     let mut check = true;
     loop {
         if check {
-            match claim(inner, &guard.namespace, &guard.token, &guard.key, wid, false).await {
+            match claim(inner, &guard.namespace, &guard.token, &guard.key, wid, None).await {
                 Ok(Some(answer)) => {
                     guard.armed = false;
                     return Ok(answer);
@@ -75,7 +75,7 @@ pub(crate) async fn wait_for(
         }
     }
     // The wait is over: leave the queue, or take the answer that came meanwhile.
-    let answer = claim(inner, &guard.namespace, &guard.token, &guard.key, wid, true).await;
+    let answer = claim(inner, &guard.namespace, &guard.token, &guard.key, wid, Some("timed_out")).await;
     if answer.is_ok() {
         guard.armed = false;
     }
@@ -101,25 +101,29 @@ impl Drop for WaitGuard {
         let (inner, namespace, token, key, wid) =
             (self.inner.clone(), self.namespace.clone(), self.token.clone(), self.key.clone(), self.wid);
         tokio::spawn(async move {
-            if let Err(err) = claim(&inner, &namespace, &token, &key, wid, true).await {
+            if let Err(err) = claim(&inner, &namespace, &token, &key, wid, Some("caller_left")).await {
                 tracing::debug!(error = %err, "could not withdraw an abandoned waiter; the sweep will");
             }
         });
     }
 }
 
-/// Claims the answer of waiter `wid`; with `cancel`, takes it out of the queue if it still
-/// waits. `None` while it still waits.
+/// Claims the answer of waiter `wid`; with `cancel` (why: `timed_out`, `caller_left`), takes it
+/// out of the queue if it still waits. `None` while it still waits.
 async fn claim(
     inner: &Inner,
     namespace: &NamespaceName,
     token: &Token,
     key: &str,
     wid: u64,
-    cancel: bool,
+    cancel: Option<&str>,
 ) -> Result<Option<Allocation>, StoreError> {
     let wid_text = wid.to_string();
-    let mut reply = inner.eval(&inner.scripts.claim, key, &[&wid_text, if cancel { "1" } else { "0" }], true).await?;
+    let args = match cancel {
+        Some(why) => [wid_text.as_str(), "1", why],
+        None => [wid_text.as_str(), "0", ""],
+    };
+    let mut reply = inner.eval(&inner.scripts.claim, key, &args, true).await?;
     match reply.text()?.as_str() {
         "waiting" => Ok(None),
         "granted" => {
@@ -158,7 +162,7 @@ pub(crate) async fn run_subscriber(inner: Arc<Inner>, url: String) {
         let attempt = async {
             let client = redis::Client::open(url.as_str())?;
             let mut pubsub = client.get_async_pubsub().await?;
-            pubsub.subscribe(&[CHANNEL, SCHED_CHANNEL]).await?;
+            pubsub.subscribe(&[CHANNEL, SCHED_CHANNEL, feed::STREAM_CHANNEL, feed::LOG_CHANNEL]).await?;
             Ok::<_, RedisError>(pubsub)
         };
         match attempt.await {
@@ -167,11 +171,13 @@ pub(crate) async fn run_subscriber(inner: Arc<Inner>, url: String) {
                 inner.apps.room_made();
                 let mut messages = pubsub.into_on_message();
                 while let Some(message) = messages.next().await {
-                    if message.get_channel_name() == SCHED_CHANNEL {
-                        inner.apps.room_made();
-                        continue;
+                    let payload = String::from_utf8_lossy(message.get_payload_bytes());
+                    match message.get_channel_name() {
+                        SCHED_CHANNEL => inner.apps.room_made(),
+                        feed::STREAM_CHANNEL => inner.feed.mark(&payload),
+                        feed::LOG_CHANNEL => inner.feed.log_grew(),
+                        _ => wake_listed(&inner, &payload),
                     }
-                    wake_listed(&inner, &String::from_utf8_lossy(message.get_payload_bytes()));
                 }
                 tracing::warn!("lost the subscription to wake-ups; reconnecting");
             }
@@ -199,7 +205,7 @@ pub(crate) async fn run_sharded_subscriber(inner: Arc<Inner>, link: Arc<cluster:
         };
         match conn {
             Ok(mut conn) => {
-                if let Err(err) = conn.subscribe(SCHED_CHANNEL).await {
+                if let Err(err) = conn.subscribe(&[SCHED_CHANNEL, feed::STREAM_CHANNEL, feed::LOG_CHANNEL]).await {
                     tracing::debug!(error = %err, "cannot subscribe to the scheduler's channel yet");
                     tokio::time::sleep(Duration::from_millis(200)).await;
                     continue;
@@ -234,7 +240,17 @@ pub(crate) async fn run_sharded_subscriber(inner: Arc<Inner>, link: Arc<cluster:
                                     wake_listed(&inner, &String::from_utf8_lossy(payload));
                                 }
                             }
-                            Some(push) if push.kind == redis::PushKind::Message => inner.apps.room_made(),
+                            Some(push) if push.kind == redis::PushKind::Message => {
+                                let text = |i: usize| match push.data.get(i) {
+                                    Some(Value::BulkString(bytes)) => String::from_utf8_lossy(bytes).into_owned(),
+                                    _ => String::new(),
+                                };
+                                match text(0).as_str() {
+                                    feed::STREAM_CHANNEL => inner.feed.mark(&text(1)),
+                                    feed::LOG_CHANNEL => inner.feed.log_grew(),
+                                    _ => inner.apps.room_made(),
+                                }
+                            }
                             Some(_) => {}
                             None => break 'connected,
                         },

@@ -180,6 +180,22 @@ impl Feed {
         }
     }
 
+    /// Starts over after `revision`: what is kept is dropped, and every live watcher is ended as
+    /// behind (resuming from before `revision` is then refused as compacted). For a feed that
+    /// mirrors another whose events it could not all read.
+    pub fn skip_to(&self, revision: u64) {
+        let mut kept = self.lock();
+        kept.events.clear();
+        kept.compacted = kept.compacted.max(revision);
+        kept.last = kept.last.max(revision);
+        for taps in kept.taps.values() {
+            for tap in taps {
+                tap.behind.store(true, Ordering::Release);
+            }
+        }
+        kept.taps.clear();
+    }
+
     /// Ends every watcher once it has what was published (the store shuts down).
     pub fn close(&self) {
         let mut kept = self.lock();

@@ -80,6 +80,7 @@ if refusal then
   redis.call('HSET', K_WTOK, r.token, wid)
   redis.call('ZADD', K_WDL, r.until_, wid)
   redis.call('HINCRBY', K_NS, 'waiting_units', r.units)
+  emit('waiter.queued', r.token)
   return { 'queued', wid, position, units_ahead }
 end
 local record = insert_grant(r, now, counts)

@@ -29,14 +29,26 @@ if op == 'write' then
   local n = 0
   for i = 5, #ARGV, 4 do
     local kind, k1, k2, value = ARGV[i], ARGV[i + 1], ARGV[i + 2], ARGV[i + 3]
-    if kind == 'queue' then redis.call('HSET', P .. ':queues', k1, value)
-    elseif kind == 'queue-' then redis.call('HDEL', P .. ':queues', k1)
-    elseif kind == 'app' then redis.call('HSET', P .. ':apps', k1, value)
+    -- Each change is an event whose object is the record (an application's id has no `/`).
+    if kind == 'queue' then
+      redis.call('HSET', P .. ':queues', k1, value)
+      emit('queue.put', k1, nil, value)
+    elseif kind == 'queue-' then
+      redis.call('HDEL', P .. ':queues', k1)
+      emit('queue.removed', k1)
+    elseif kind == 'app' then
+      redis.call('HSET', P .. ':apps', k1, value)
+      emit('app.changed', k1, nil, value)
     elseif kind == 'app-' then
       redis.call('HDEL', P .. ':apps', k1)
       redis.call('DEL', P .. ':tasks:' .. k1)
-    elseif kind == 'task' then redis.call('HSET', P .. ':tasks:' .. k1, k2, value)
-    elseif kind == 'task-' then redis.call('HDEL', P .. ':tasks:' .. k1, k2)
+      emit('app.removed', k1)
+    elseif kind == 'task' then
+      redis.call('HSET', P .. ':tasks:' .. k1, k2, value)
+      emit('task.changed', k1 .. '/' .. k2, nil, value)
+    elseif kind == 'task-' then
+      redis.call('HDEL', P .. ':tasks:' .. k1, k2)
+      emit('task.removed', k1 .. '/' .. k2)
     else return redis.error_reply('unknown record kind ' .. tostring(kind)) end
     n = n + 1
   end

@@ -1,5 +1,6 @@
--- claim(waiter, cancel): the answer of a queued allocate call. With cancel = 1 a waiter still in
--- the queue leaves it (its wait ended) and gets its place. Replies: {'granted', record,
+-- claim(waiter, cancel, why): the answer of a queued allocate call. With cancel = 1 a waiter still in
+-- the queue leaves it (its wait ended, or its caller went away: `why`, `timed_out` or
+-- `caller_left`) and gets its place. Replies: {'granted', record,
 -- expires_in, now} | {'error', fields...} | {'waiting'} | {'refused', level, cap, held, position,
 -- units_ahead} | {'gone'} (a newer call with the same token took over, or it was dropped).
 local now = now_ms()
@@ -26,6 +27,7 @@ local r = dec_req(redis.call('HGET', K_WREQ, wid))
 local position, units_ahead = place_of(rank)
 forget_waiter(wid, r)
 redis.call('ZREM', K_WDL, wid)
+emit('waiter.gave_up', r.token, ARGV[3] or 'timed_out')
 local refusal = cap_refusal(r)
 count_refusal(refusal)
 -- The waiter may have held up the ones behind it.

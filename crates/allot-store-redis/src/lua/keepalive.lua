@@ -13,5 +13,6 @@ if g.kind == 't' then
   record = enc_grant(g)
   redis.call('HSET', K_GRANTS, token, record)
   redis.call('ZADD', K_LEASES, g.deadline, 'g\n' .. token)
+  emit_grant('grant.renewed', token, nil, record, now)
 end
 return { 'grant', record, grant_expires_in(g, now), now }

@@ -70,6 +70,37 @@ local function now_ms()
   return tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 end
 
+-- The change feed (see `feed.rs`). A call's events are appended to its slot's stream
+-- `KEYS[1]..':feed'` in one entry when the call ends (every registered function flushes them),
+-- so no change goes without its event and no event without its change. An event is a field-value
+-- pair: its kind, and `<id>\n<cause>\n<object>` (the id names the object within the slot, the
+-- object is a record the daemons decode). A call that finds the stream empty tells the daemons on
+-- `allot:feed` that the slot has events to copy into the shared log; while it is not empty a
+-- copy is under way, and the copier looks again after it trims what it copied.
+local FEED_CHANNEL = 'allot:feed'
+-- A stream no daemon copies (none runs) keeps its last events only.
+local FEED_MAX = 100000
+local EVENTS = {}
+
+local function emit(kind, id, cause, object)
+  EVENTS[#EVENTS + 1] = kind
+  EVENTS[#EVENTS + 1] = id .. '\n' .. (cause or '') .. '\n' .. (object or '')
+end
+
+local function flush_feed(slot)
+  if #EVENTS == 0 then return end
+  local stream = slot .. ':feed'
+  local empty = redis.call('XLEN', stream) == 0
+  local at = int(now_ms())
+  for first = 1, #EVENTS, 1000 do
+    local entry = { 'XADD', stream, 'MAXLEN', '~', FEED_MAX, '*', 't', at }
+    for i = first, math.min(first + 999, #EVENTS) do entry[#entry + 1] = EVENTS[i] end
+    redis.call(unpack(entry))
+  end
+  EVENTS = {}
+  if empty then redis.call('PUBLISH', FEED_CHANNEL, stream) end
+end
+
 local function split(s)
   local fields = {}
   for field in string.gmatch(s .. '\n', '([^\n]*)\n') do fields[#fields + 1] = field end
@@ -234,6 +265,20 @@ local function session_deadline(session, given)
   return math.max(here, given or 0)
 end
 
+-- The time a grant's lease has left, -1 when it has none.
+local function grant_expires_in(g, now)
+  if g.kind == 't' then return math.max(0, g.deadline - now) end
+  if g.kind == 's' then return math.max(0, session_deadline(g.session, 0) - now) end
+  return -1
+end
+
+-- A grant's event: its object is `<expires_in>\n<record>` (-1: no lease).
+local function emit_grant(kind, token, cause, record, now)
+  local expires_in = -1
+  if kind == 'grant.granted' or kind == 'grant.renewed' then expires_in = grant_expires_in(dec_grant(record), now) end
+  emit(kind, token, cause, int(expires_in) .. '\n' .. record)
+end
+
 local function insert_grant(r, now, counts)
   local g = { units = r.units, fencing = 0, granted_at = now, kind = r.kind, ttl = r.ttl, deadline = 0,
     session = r.session, project = r.project, scope = r.scope }
@@ -247,13 +292,20 @@ local function insert_grant(r, now, counts)
   end
   local record = enc_grant(g)
   redis.call('HSET', K_GRANTS, r.token, record)
+  emit_grant('grant.granted', r.token, nil, record, now)
   return record
 end
 
--- Removes a grant; returns its record, or nil. `record` may be given when already read.
-local function remove_grant(token, record)
+-- What ended a grant (`GrantEnd`), and the kind of its event.
+local GRANT_END_KINDS = { released = 'grant.released', expired = 'grant.expired',
+  session_expired = 'grant.expired', session_closed = 'grant.session_closed' }
+
+-- Removes a grant, which `cause` ended; returns its record, or nil. `record` may be given when
+-- already read.
+local function remove_grant(token, record, cause)
   record = record or redis.call('HGET', K_GRANTS, token)
   if not record then return nil end
+  emit_grant(GRANT_END_KINDS[cause], token, cause, record, 0)
   local g = dec_grant(record)
   redis.call('HDEL', K_GRANTS, token)
   add_units(g, -1)
@@ -329,10 +381,12 @@ local function admit(now, woken)
       if r.kind == 's' and (redis.call('ZSCORE', K_CLOSED, r.session)
           or session_deadline(r.session, r.sdl) <= now) then
         answer_waiter(wid, 'x\nsession\n' .. r.session, woken)
+        emit('waiter.gave_up', r.token, 'session_ended')
       else
         insert_grant(r, now)
         granted = granted + r.units
         answer_waiter(wid, 'g\n' .. r.token, woken)
+        emit('waiter.admitted', r.token)
       end
     end
   end
@@ -341,7 +395,7 @@ end
 
 -- Releases a granted token (its record read already), then admits the waiters it made room for.
 local function release_grant(token, record)
-  remove_grant(token, record)
+  remove_grant(token, record, 'released')
   if redis.call('ZCARD', K_QUEUE) > 0 then
     local woken = {}
     admit(now_ms(), woken)
@@ -366,11 +420,8 @@ local function namespace_view(now)
     expired }
 end
 
--- The time a grant's lease has left, -1 when it has none.
-local function grant_expires_in(g, now)
-  if g.kind == 't' then return math.max(0, g.deadline - now) end
-  if g.kind == 's' then return math.max(0, session_deadline(g.session, 0) - now) end
-  return -1
+local function emit_namespace()
+  emit('namespace.put', '', nil, table.concat(namespace_view(now_ms()), ','))
 end
 
 local function check_fencing(g, given)

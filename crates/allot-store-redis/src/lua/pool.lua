@@ -126,6 +126,7 @@ local function end_alloc(a, reason)
   end
   if reason == 'freed' then redis.call('HINCRBY', K_POOL, 'stat_freed', 1) end
   if reason == 'reclaimed' then redis.call('HINCRBY', K_POOL, 'stat_reclaimed', 1) end
+  emit('alloc.ended', a.id, reason, record)
   return record
 end
 
@@ -144,6 +145,15 @@ local function view()
   end
   return { 'pool', p[1], format(live), format(lapsed), #allocs, n_lapsed, tonumber(p[2] or '0'),
     tonumber(p[3] or '0'), tonumber(p[4] or '0'), tonumber(p[5] or '0'), tonumber(p[6] or '0'), p[7] or '{}' }
+end
+
+-- The pool's event: its view after the change, its fields joined by newlines (labels are JSON,
+-- which escapes newlines).
+local function emit_pool()
+  local v = view()
+  table.remove(v, 1)
+  for i = 1, #v do v[i] = tostring(v[i] or '') end
+  emit('pool.put', '', nil, table.concat(v, '\n'))
 end
 
 local NOT_FOUND = { 'err', 'pool_not_found' }
@@ -167,6 +177,7 @@ if op == 'put' then
   local created = redis.call('EXISTS', K_POOL) == 0
   if created or ARGV[3] ~= '1' then
     redis.call('HSET', K_POOL, 'capacity', ARGV[2], 'stopped', 0)
+    emit_pool()
   end
   local v = view()
   v[1] = created and 1 or 0
@@ -179,11 +190,17 @@ if op == 'view' then
 elseif op == 'label' then
   -- label(labels JSON): replaces the pool's labels.
   redis.call('HSET', K_POOL, 'labels', ARGV[2])
+  emit_pool()
   return view()
 elseif op == 'remove' then
   local n = redis.call('HLEN', K_ALLOCS)
   if n > 0 and ARGV[2] ~= '1' then return { 'err', 'pool_in_use', n } end
+  for _, a in ipairs(load_allocs()) do
+    a.ea, a.er = now, 'pool_removed'
+    emit('alloc.ended', a.id, 'pool_removed', encode_alloc(a))
+  end
   redis.call('DEL', K_POOL, K_ALLOCS, K_LEASES, K_ENDED, K_ENDINGS)
+  emit('pool.removed', '')
   return { 'removed', n }
 elseif op == 'offer' then
   if redis.call('HGET', K_POOL, 'stopped') == '1' then return { 'offer', '' } end
@@ -238,6 +255,7 @@ elseif op == 'accept' then
   redis.call('HSET', K_ALLOCS, id, record)
   redis.call('ZADD', K_LEASES, a.e, id)
   redis.call('HINCRBY', K_POOL, 'stat_accepted', 1)
+  emit('alloc.made', id, nil, record)
   return { 'alloc', record, now }
 elseif op == 'keepalive' then
   -- keepalive(id, granted ms): the daemon capped the interval by its lease rules. Revives a
@@ -257,6 +275,7 @@ elseif op == 'keepalive' then
   record = encode_alloc(a)
   redis.call('HSET', K_ALLOCS, id, record)
   redis.call('ZADD', K_LEASES, a.e, id)
+  emit('alloc.renewed', id, nil, record)
   return { 'alloc', record, now, granted }
 elseif op == 'free' then
   -- free(id, 'held', fencing): the scheduler ends an alloc it holds.
@@ -301,6 +320,7 @@ elseif op == 'stop' then
   if until_idle > 0 then return { 'stop', 0, until_idle } end
   for _, a in ipairs(allocs) do end_alloc(a, 'pool_stopped') end
   redis.call('HSET', K_POOL, 'stopped', 1)
+  emit_pool()
   return { 'stop', 1, 0 }
 elseif op == 'sweep' then
   -- sweep(reclaim after ms, retention ms)

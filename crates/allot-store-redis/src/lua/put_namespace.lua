@@ -20,6 +20,7 @@ end
 local woken = {}
 admit(now, woken)
 publish(woken)
+emit_namespace()
 local view = namespace_view(now)
 table.insert(view, 1, created and 1 or 0)
 return view

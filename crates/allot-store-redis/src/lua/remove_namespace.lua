@@ -7,6 +7,8 @@ if grants > 0 and ARGV[1] ~= '1' then return { 'err', 'namespace_in_use', grants
 local woken = {}
 for _, wid in ipairs(redis.call('ZRANGE', K_QUEUE, 0, -1)) do
   answer_waiter(wid, 'x\nnamespace_not_found', woken)
+  local record = redis.call('HGET', K_WREQ, wid)
+  if record then emit('waiter.gave_up', dec_req(record).token, 'namespace_removed') end
 end
 for _, member in ipairs(redis.call('ZRANGE', K_LEASES, 0, -1)) do
   if string.sub(member, 1, 2) == 's\n' then redis.call('DEL', P .. ':sg:' .. string.sub(member, 3)) end
@@ -26,4 +28,5 @@ redis.call('DEL', K_NS, K_GRANTS, K_LEASES, K_CLOSED, K_QUEUE, K_WREQ, K_WTOK, K
 -- The answers stay a while for their callers to claim.
 redis.call('PEXPIRE', K_WOKEN, 2 * GRACE_MS)
 publish(woken)
+emit('namespace.removed', '')
 return { 'removed', grants }

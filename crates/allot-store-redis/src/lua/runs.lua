@@ -17,9 +17,12 @@ local function set_of(app) return P .. ':app-runs:' .. app end
 if op == 'put' then
   redis.call('HSET', P .. ':runs', ARGV[2] .. '/' .. ARGV[3], ARGV[4])
   redis.call('SADD', set_of(ARGV[2]), ARGV[3])
+  emit('run.changed', ARGV[2] .. '/' .. ARGV[3], nil, ARGV[4])
   return { 1 }
 elseif op == 'remove' then
-  redis.call('HDEL', P .. ':runs', ARGV[2] .. '/' .. ARGV[3])
+  if redis.call('HDEL', P .. ':runs', ARGV[2] .. '/' .. ARGV[3]) == 1 then
+    emit('run.removed', ARGV[2] .. '/' .. ARGV[3])
+  end
   redis.call('SREM', set_of(ARGV[2]), ARGV[3])
   return { 1 }
 elseif op == 'forget_ended' then
@@ -38,6 +41,7 @@ elseif op == 'forget_ended' then
     if not record or ended then
       if record then
         redis.call('HDEL', P .. ':runs', app .. '/' .. task)
+        emit('run.removed', app .. '/' .. task)
         n = n + 1
       end
       redis.call('SREM', set_of(app), task)

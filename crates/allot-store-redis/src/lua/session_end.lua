@@ -7,7 +7,7 @@ redis.call('ZADD', K_CLOSED, ARGV[2], session)
 local set = P .. ':sg:' .. session
 local released = 0
 for _, token in ipairs(redis.call('SMEMBERS', set)) do
-  if remove_grant(token) then released = released + 1 end
+  if remove_grant(token, nil, 'session_closed') then released = released + 1 end
 end
 redis.call('DEL', set)
 redis.call('ZREM', K_LEASES, 's\n' .. session)
@@ -19,6 +19,7 @@ for _, wid in ipairs(redis.call('ZRANGE', K_QUEUE, 0, -1)) do
     if r.kind == 's' and r.session == session then
       forget_waiter(wid, r)
       answer_waiter(wid, 'x\nsession\n' .. session, woken)
+      emit('waiter.gave_up', r.token, 'session_ended')
     end
   end
 end

@@ -30,6 +30,7 @@ if op == 'open' then
   if redis.call('EXISTS', key(id)) == 1 then return { 'exists' } end
   redis.call('HSET', key(id), 'ttl', ARGV[3], 'deadline', int(now + ttl))
   redis.call('ZADD', K_INDEX, now + ttl, id)
+  emit('session.opened', id, nil, int(ttl) .. '\n' .. int(now + ttl))
   return { now, ttl, now + ttl }
 elseif op == 'touch' then
   -- An allocate under this session in namespace ARGV[3]: {now, ttl, deadline} or {}.
@@ -43,12 +44,14 @@ elseif op == 'keepalive' then
   s[2] = now + s[1]
   redis.call('HSET', key(id), 'deadline', int(s[2]))
   redis.call('ZADD', K_INDEX, s[2], id)
+  emit('session.renewed', id, nil, int(s[1]) .. '\n' .. int(s[2]))
   return reply(s)
 elseif op == 'close' then
   local s = load(id)
   if not s then return {} end
   local r = reply(s)
   drop(id)
+  emit('session.closed', id)
   return r
 elseif op == 'get' then
   local s = load(id)
@@ -68,7 +71,10 @@ elseif op == 'list' then
 elseif op == 'sweep' then
   -- The grants of an expired session end by themselves in each namespace, at the same deadline.
   local due = redis.call('ZRANGEBYSCORE', K_INDEX, '-inf', now, 'LIMIT', 0, 256)
-  for _, sid in ipairs(due) do drop(sid) end
+  for _, sid in ipairs(due) do
+    drop(sid)
+    emit('session.expired', sid)
+  end
   return { #due }
 end
 return redis.error_reply('unknown session operation ' .. tostring(op))

@@ -10,11 +10,11 @@ for _, member in ipairs(redis.call('ZRANGEBYSCORE', K_LEASES, '-inf', now, 'LIMI
   redis.call('ZREM', K_LEASES, member)
   local kind, name = string.sub(member, 1, 1), string.sub(member, 3)
   if kind == 'g' then
-    if remove_grant(name) then expired = expired + 1 end
+    if remove_grant(name, nil, 'expired') then expired = expired + 1 end
   else
     local set = P .. ':sg:' .. name
     for _, token in ipairs(redis.call('SMEMBERS', set)) do
-      if remove_grant(token) then expired = expired + 1 end
+      if remove_grant(token, nil, 'session_expired') then expired = expired + 1 end
     end
     redis.call('DEL', set)
   end
@@ -28,7 +28,9 @@ for _, wid in ipairs(redis.call('ZRANGEBYSCORE', K_WDL, '-inf', now - GRACE_MS, 
   redis.call('HDEL', K_WOKEN, wid)
   local record = redis.call('HGET', K_WREQ, wid)
   if record then
-    forget_waiter(wid, dec_req(record))
+    local r = dec_req(record)
+    forget_waiter(wid, r)
+    emit('waiter.gave_up', r.token, 'caller_left')
     changed = true
   end
 end

@@ -106,7 +106,8 @@ pub(crate) async fn run(args: ServeArgs) -> anyhow::Result<()> {
                 "--apps-dir needs the embedded store: on Redis, submit applications through the API \
                  (`allot app submit FILE` to any daemon)"
             );
-            let store = RedisStore::open(redis).await.context("cannot open the Redis store")?;
+            let redis = redis.clone().with_watch(config.watch);
+            let store = RedisStore::open(&redis).await.context("cannot open the Redis store")?;
             store.set_pool_rules(config.pool_rules);
             store.set_sched_config(config.sched.clone());
             if args.advertise.is_none() && address.ip().is_unspecified() {

@@ -1,0 +1,444 @@
+//! The change feed on Redis. Every function that changes something appends its events to its own
+//! slot's stream (`<slot>:feed`) in the same call (`lua/namespace.lua`'s `emit`/`flush_feed`),
+//! so a change and its events are one atomic write. The daemons copy those streams into one
+//! shared log (`lua/feed.lua`, the `{allot-feed}` slot), where each event gets its revision, and
+//! each daemon reads the log into its own [`Feed`], which serves its watchers.
+//!
+//! - **Copying.** A call that finds its slot's stream empty publishes the stream's name on
+//!   `allot:feed`; every daemon's subscriber marks it to copy ([`FeedState::mark`]). A copy
+//!   reads the stream after the cursor the log keeps for it, appends those events to the log
+//!   only if the cursor is still where it read it (another daemon may have copied them: it then
+//!   goes on from there), then trims what it copied from the stream and looks again if more
+//!   came. Every [`SWEEP_EVERY`] a daemon marks every stream (every namespace and pool listed,
+//!   the sessions, applications and runs), so a message lost costs a delay, never an event.
+//! - **Order.** The log is one order every daemon reads alike; each stream's events are in it in
+//!   the order they were committed (one stream per namespace with its grants and waiters, per
+//!   pool with its allocs, one for the sessions, one for the applications (one scheduler at a
+//!   time writes them), one for the runs). Events of different streams are in the order they
+//!   were copied: a grant ended by a session's close may come before or after the close.
+//! - **Reading.** After a copy the copier publishes on `allot:feed:log`; each daemon reads the
+//!   log from its last revision (and every second without a message) and publishes what it read
+//!   into its [`Feed`]. At open, a daemon reads every event the log keeps first, so a watcher
+//!   may resume on any daemon from a revision another gave it.
+//! - **Retention.** The log keeps [`WatchConfig::retain_events`] events and none older than
+//!   `retain_for` (trimmed by each copy); `F:meta` `compacted` says after which revision it
+//!   keeps everything.
+
+use std::collections::{BTreeSet, HashMap};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use allot_core::apps::AppId;
+use allot_core::pools::PoolName;
+use allot_core::watch::{keys, EventKind};
+use allot_core::{NamespaceName, Session, SessionId, Token};
+use allot_store::records::apps::{AppRecord, QueueRecord, TaskRecord};
+use allot_store::watch::Feed;
+use allot_store::{Event, EventObject, GrantInfo, SessionInfo, StoreError, WatchConfig};
+use futures_util::{stream, StreamExt};
+use redis::Value;
+use tokio::sync::Notify;
+
+use crate::errors::redis_error;
+use crate::keys::{prefix, unescape_tag};
+use crate::reply::{self, corrupt, Reply};
+use crate::store::Inner;
+use crate::{pools, registry};
+
+/// The slot of the shared log.
+const FEED_SLOT: &str = "allot:{allot-feed}";
+const LOG: &str = "allot:{allot-feed}:log";
+const META: &str = "allot:{allot-feed}:meta";
+const CURSORS: &str = "allot:{allot-feed}:cursors";
+/// Where a call that found its stream empty names it (`lua/namespace.lua`).
+pub(crate) const STREAM_CHANNEL: &str = "allot:feed";
+/// Where a copier says the log has new events.
+pub(crate) const LOG_CHANNEL: &str = "allot:feed:log";
+/// How often every stream is looked at, whatever the messages said.
+const SWEEP_EVERY: Duration = Duration::from_secs(2);
+/// How often the log is read without a message.
+const READ_EVERY: Duration = Duration::from_secs(1);
+/// Entries copied or read per call.
+const PAGE: usize = 500;
+
+/// The streams of the slots that are not a namespace's or a pool's.
+const FIXED_STREAMS: &[&str] = &["allot:{allot-sessions}:feed", "allot:{allot-apps}:feed", "allot:{allot-runs}:feed"];
+
+/// This daemon's side of the feed: its [`Feed`], and what it has to copy and read.
+pub(crate) struct FeedState {
+    pub(crate) feed: Feed,
+    config: WatchConfig,
+    /// Streams told to have events not yet copied.
+    dirty: Mutex<BTreeSet<String>>,
+    copy_wanted: Notify,
+    read_wanted: Notify,
+    /// The cursor of each stream as this daemon last saw it.
+    cursors: Mutex<HashMap<String, String>>,
+}
+
+impl FeedState {
+    pub(crate) fn new(config: WatchConfig) -> FeedState {
+        FeedState {
+            feed: Feed::new(config, 0),
+            config,
+            dirty: Mutex::default(),
+            copy_wanted: Notify::new(),
+            read_wanted: Notify::new(),
+            cursors: Mutex::default(),
+        }
+    }
+
+    /// A message said `stream` has events to copy.
+    pub(crate) fn mark(&self, stream: &str) {
+        self.dirty.lock().unwrap_or_else(|p| p.into_inner()).insert(stream.to_owned());
+        self.copy_wanted.notify_one();
+    }
+
+    /// A message said the log has new events.
+    pub(crate) fn log_grew(&self) {
+        self.read_wanted.notify_one();
+    }
+}
+
+/// Copies marked streams into the log, and every stream each [`SWEEP_EVERY`].
+pub(crate) async fn run_copier(inner: Arc<Inner>) {
+    let mut sweep = tokio::time::interval(SWEEP_EVERY);
+    sweep.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tokio::select! {
+            _ = inner.feed.copy_wanted.notified() => {}
+            _ = sweep.tick() => match every_stream(&inner).await {
+                Ok(streams) => inner.feed.dirty.lock().unwrap_or_else(|p| p.into_inner()).extend(streams),
+                Err(err) => tracing::debug!(error = %err, "feed: cannot list the streams to copy"),
+            },
+        }
+        let dirty = std::mem::take(&mut *inner.feed.dirty.lock().unwrap_or_else(|p| p.into_inner()));
+        stream::iter(dirty)
+            .for_each_concurrent(8, |source| {
+                let inner = &inner;
+                async move {
+                    if let Err(err) = copy(inner, &source).await {
+                        tracing::debug!(stream = %source, error = %err, "feed: copy failed; trying again");
+                        inner.feed.dirty.lock().unwrap_or_else(|p| p.into_inner()).insert(source);
+                    }
+                }
+            })
+            .await;
+    }
+}
+
+/// Every stream that may hold events.
+async fn every_stream(inner: &Inner) -> Result<Vec<String>, StoreError> {
+    let mut streams: Vec<String> = FIXED_STREAMS.iter().map(|s| (*s).to_owned()).collect();
+    streams.extend(registry::namespaces(inner).await?.iter().map(|n| format!("{}:feed", prefix(n))));
+    streams.extend(registry::pools(inner).await?.iter().map(|p| format!("{}:feed", pools::prefix(p))));
+    Ok(streams)
+}
+
+/// Copies what `source` holds into the log, until it is empty.
+async fn copy(inner: &Inner, source: &str) -> Result<(), StoreError> {
+    loop {
+        let cursor = match cursor_of(inner, source) {
+            Some(cursor) => cursor,
+            None => {
+                let value = query(inner, redis::cmd("HGET").arg(CURSORS).arg(source)).await?;
+                let cursor = text_of(&value).unwrap_or_else(|| "0-0".to_owned());
+                set_cursor(inner, source, &cursor);
+                cursor
+            }
+        };
+        let value =
+            query(inner, redis::cmd("XRANGE").arg(source).arg(format!("({cursor}")).arg("+").arg("COUNT").arg(PAGE))
+                .await?;
+        let entries = entries(value)?;
+        let Some((last, _)) = entries.last() else { return Ok(()) };
+        let last = last.clone();
+        let mut args: Vec<String> = vec![
+            "copy".into(),
+            source.to_owned(),
+            cursor.clone(),
+            last.clone(),
+            inner.feed.config.retain_events.to_string(),
+            inner.feed.config.retain_for.as_millis().to_string(),
+        ];
+        for (_, fields) in entries {
+            let mut fields = fields.into_iter();
+            let (Some(t), Some(at)) = (fields.next(), fields.next()) else { continue };
+            if t != "t" {
+                return Err(corrupt(format!("feed entry of {source} starts with `{t}`")));
+            }
+            while let (Some(kind), Some(value)) = (fields.next(), fields.next()) {
+                args.extend([at.clone(), kind, value]);
+            }
+        }
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
+        let mut reply = inner.eval(&inner.scripts.feed, FEED_SLOT, &args, true).await?;
+        match reply.text()?.as_str() {
+            "copied" => {
+                set_cursor(inner, source, &last);
+                let publish = redis::cmd("PUBLISH").arg(LOG_CHANNEL).arg(reply.uint()?).to_owned();
+                if let Err(err) = inner.conn.query(&publish).await {
+                    tracing::debug!(error = %err, "feed: cannot tell the daemons the log grew");
+                }
+                inner.feed.read_wanted.notify_one();
+                let mut left = inner.eval(&inner.scripts.feed, source, &["trim", &last], true).await?;
+                if left.uint()? == 0 {
+                    return Ok(());
+                }
+            }
+            // Another daemon copied them: go on from where it left the cursor.
+            "moved" => set_cursor(inner, source, &reply.text()?),
+            other => return Err(corrupt(format!("feed copy answer `{other}`"))),
+        }
+    }
+}
+
+fn cursor_of(inner: &Inner, source: &str) -> Option<String> {
+    inner.feed.cursors.lock().unwrap_or_else(|p| p.into_inner()).get(source).cloned()
+}
+
+fn set_cursor(inner: &Inner, source: &str, cursor: &str) {
+    inner.feed.cursors.lock().unwrap_or_else(|p| p.into_inner()).insert(source.to_owned(), cursor.to_owned());
+}
+
+async fn query(inner: &Inner, cmd: &redis::Cmd) -> Result<Value, StoreError> {
+    inner.conn.query(cmd).await.map_err(|e| redis_error(e, false))
+}
+
+fn text_of(value: &Value) -> Option<String> {
+    match value {
+        Value::BulkString(bytes) => String::from_utf8(bytes.clone()).ok(),
+        Value::SimpleString(text) => Some(text.clone()),
+        Value::Int(n) => Some(n.to_string()),
+        _ => None,
+    }
+}
+
+/// The entries of an `XRANGE` answer: id, and fields and values in order.
+fn entries(value: Value) -> Result<Vec<(String, Vec<String>)>, StoreError> {
+    let Value::Array(items) = value else { return Err(corrupt(format!("XRANGE answered {value:?}"))) };
+    items
+        .into_iter()
+        .map(|item| {
+            let Value::Array(mut pair) = item else { return Err(corrupt("a stream entry is not a pair")) };
+            if pair.len() != 2 {
+                return Err(corrupt("a stream entry is not a pair"));
+            }
+            let fields = pair.pop().expect("two");
+            let id = text_of(&pair[0]).ok_or_else(|| corrupt("a stream entry's id"))?;
+            let Value::Array(fields) = fields else { return Err(corrupt("a stream entry's fields")) };
+            let fields =
+                fields.iter().map(|f| text_of(f).ok_or_else(|| corrupt("a stream field"))).collect::<Result<_, _>>()?;
+            Ok((id, fields))
+        })
+        .collect()
+}
+
+/// Reads every event the log keeps into the feed (at open).
+pub(crate) async fn load(inner: &Inner) -> Result<(), StoreError> {
+    let meta = query(inner, redis::cmd("HMGET").arg(META).arg("rev").arg("compacted")).await?;
+    let (rev, compacted) = match &meta {
+        Value::Array(v) if v.len() == 2 => (
+            text_of(&v[0]).and_then(|t| t.parse::<u64>().ok()).unwrap_or(0),
+            text_of(&v[1]).and_then(|t| t.parse::<u64>().ok()).unwrap_or(0),
+        ),
+        other => return Err(corrupt(format!("feed meta {other:?}"))),
+    };
+    inner.feed.feed.skip_to(compacted);
+    read(inner).await?;
+    tracing::debug!(rev, compacted, kept = inner.feed.feed.kept().0, "feed loaded");
+    Ok(())
+}
+
+/// Reads the log from this daemon's last revision when told it grew, and every [`READ_EVERY`].
+pub(crate) async fn run_reader(inner: Arc<Inner>) {
+    loop {
+        tokio::select! {
+            _ = inner.feed.read_wanted.notified() => {}
+            _ = tokio::time::sleep(READ_EVERY) => {}
+        }
+        if let Err(err) = read(&inner).await {
+            tracing::debug!(error = %err, "feed: cannot read the log");
+        }
+    }
+}
+
+/// Publishes what the log holds after this daemon's last revision.
+async fn read(inner: &Inner) -> Result<(), StoreError> {
+    loop {
+        let last = inner.feed.feed.revision();
+        let value =
+            query(inner, redis::cmd("XRANGE").arg(LOG).arg(format!("(0-{last}")).arg("+").arg("COUNT").arg(PAGE))
+                .await?;
+        let entries = entries(value)?;
+        let full = entries.len() == PAGE;
+        let mut events = Vec::with_capacity(entries.len());
+        let mut now = 0;
+        for (id, fields) in entries {
+            let revision = id.strip_prefix("0-").and_then(|r| r.parse::<u64>().ok());
+            let Some(revision) = revision else { return Err(corrupt(format!("log entry id {id}"))) };
+            if events.is_empty() && revision > last + 1 {
+                // The log dropped events this daemon never read: its watchers start over.
+                tracing::warn!(last, revision, "the feed's log dropped events this daemon had not read");
+                inner.feed.feed.skip_to(revision - 1);
+            }
+            match event(revision, &fields) {
+                Ok(event) => {
+                    now = now.max(event.at);
+                    events.push(event);
+                }
+                Err(err) => {
+                    tracing::warn!(revision, error = %err, "feed: an event that cannot be read is passed over");
+                }
+            }
+        }
+        if !events.is_empty() {
+            inner.feed.feed.publish(events, now);
+        }
+        if !full {
+            return Ok(());
+        }
+    }
+}
+
+/// The field `name` of a log entry.
+fn field<'a>(fields: &'a [String], name: &str) -> Result<&'a str, StoreError> {
+    fields
+        .chunks(2)
+        .find(|pair| pair[0] == name)
+        .and_then(|pair| pair.get(1))
+        .map(String::as_str)
+        .ok_or_else(|| corrupt(format!("log entry without `{name}`")))
+}
+
+/// Which slot a stream is of.
+enum Slot {
+    Namespace(NamespaceName),
+    Pool(PoolName),
+    Sessions,
+    Apps,
+    Runs,
+}
+
+fn slot_of(stream: &str) -> Result<Slot, StoreError> {
+    let bad = || corrupt(format!("feed stream `{stream}`"));
+    let key = stream.strip_suffix(":feed").ok_or_else(bad)?;
+    Ok(match key {
+        "allot:{allot-sessions}" => Slot::Sessions,
+        "allot:{allot-apps}" => Slot::Apps,
+        "allot:{allot-runs}" => Slot::Runs,
+        _ => match key.strip_prefix("allot:pool:") {
+            Some(tag) => Slot::Pool(PoolName::new(&unescape_tag(tag).ok_or_else(bad)?).map_err(corrupt)?),
+            None => {
+                let tag = key.strip_prefix("allot:").ok_or_else(bad)?;
+                Slot::Namespace(NamespaceName::new(&unescape_tag(tag).ok_or_else(bad)?).map_err(corrupt)?)
+            }
+        },
+    })
+}
+
+/// Reads one event of the log.
+fn event(revision: u64, fields: &[String]) -> Result<Event, StoreError> {
+    let slot = slot_of(field(fields, "s")?)?;
+    let at: u64 = field(fields, "t")?.parse().map_err(|_| corrupt("an event's time"))?;
+    let kind_name = field(fields, "k")?;
+    let kind = EventKind::parse(kind_name).ok_or_else(|| corrupt(format!("event kind `{kind_name}`")))?;
+    let mut parts = field(fields, "v")?.splitn(3, '\n');
+    let (id, cause, object) = (parts.next().unwrap_or(""), parts.next().unwrap_or(""), parts.next().unwrap_or(""));
+    let mut cause = (!cause.is_empty()).then(|| cause.to_owned());
+    let (key, object) = match (&slot, kind) {
+        (Slot::Namespace(ns), EventKind::NamespacePut) => {
+            let numbers = object
+                .split(',')
+                .map(|n| n.parse::<i64>().map(Value::Int).map_err(|_| corrupt("a namespace view")))
+                .collect::<Result<Vec<_>, _>>()?;
+            (keys::namespace(ns), EventObject::Namespace(reply::view(ns, &mut Reply::new(Value::Array(numbers))?)?))
+        }
+        (Slot::Namespace(ns), EventKind::NamespaceRemoved) => (keys::namespace(ns), EventObject::Gone),
+        (
+            Slot::Namespace(ns),
+            EventKind::GrantGranted
+            | EventKind::GrantRenewed
+            | EventKind::GrantReleased
+            | EventKind::GrantExpired
+            | EventKind::GrantSessionClosed,
+        ) => {
+            let (expires_in, record) = object.split_once('\n').ok_or_else(|| corrupt("a grant event"))?;
+            let grant = reply::grant(ns, id, record)?;
+            let expires_in_ms = expires_in.parse::<i64>().ok().and_then(|n| u64::try_from(n).ok());
+            (keys::grant(ns, id), EventObject::Grant(GrantInfo { grant, expires_in_ms }))
+        }
+        (Slot::Namespace(ns), EventKind::WaiterQueued | EventKind::WaiterAdmitted | EventKind::WaiterGaveUp) => {
+            let token = Token::new(id).map_err(corrupt)?;
+            (keys::waiter(ns, id), EventObject::Waiter { namespace: ns.clone(), token })
+        }
+        (Slot::Sessions, EventKind::SessionOpened | EventKind::SessionRenewed) => {
+            let session = SessionId::parse(id).map_err(corrupt)?;
+            let (ttl, deadline) = object.split_once('\n').ok_or_else(|| corrupt("a session event"))?;
+            let number = |t: &str| t.parse::<u64>().map_err(|_| corrupt("a session event"));
+            let (ttl_ms, deadline) = (number(ttl)?, number(deadline)?);
+            let info = SessionInfo {
+                session: Session { id: session, ttl_ms, deadline, grants: Default::default() },
+                expires_in_ms: deadline.saturating_sub(at),
+            };
+            (keys::session(id), EventObject::Session(info))
+        }
+        (Slot::Sessions, EventKind::SessionClosed | EventKind::SessionExpired) => (keys::session(id), EventObject::Gone),
+        (Slot::Pool(pool), EventKind::PoolPut) => {
+            let fields = object.split('\n').map(|f| Value::BulkString(f.as_bytes().to_vec())).collect();
+            (keys::pool(pool), EventObject::Pool(pools::view_of(pool, &mut Reply::new(Value::Array(fields))?)?))
+        }
+        (Slot::Pool(pool), EventKind::PoolRemoved) => (keys::pool(pool), EventObject::Gone),
+        (Slot::Pool(pool), EventKind::AllocMade | EventKind::AllocRenewed | EventKind::AllocEnded) => {
+            let object = match pools::record(pool, id, object)? {
+                allot_core::pools::AllocState::Live(alloc) => EventObject::Alloc(alloc),
+                allot_core::pools::AllocState::Ended(ended) => EventObject::EndedAlloc(ended),
+            };
+            (keys::alloc(pool, id), object)
+        }
+        (Slot::Apps, EventKind::QueuePut) => {
+            let record: QueueRecord = serde_json::from_str(object).map_err(corrupt)?;
+            let (path, limits) = record.into_queue(id).map_err(corrupt)?;
+            // The record holds the limits; what the queue holds is the scheduler's to count (read
+            // the queue for it).
+            let view = allot_core::apps::QueueView {
+                path,
+                limits,
+                usage: Default::default(),
+                leaf: false,
+                apps: 0,
+                pending_tasks: 0,
+                waiting: Default::default(),
+            };
+            (keys::queue(id), EventObject::Queue(view))
+        }
+        (Slot::Apps, EventKind::QueueRemoved) => (keys::queue(id), EventObject::Gone),
+        (Slot::Apps, EventKind::AppChanged) => {
+            let record: AppRecord = serde_json::from_str(object).map_err(corrupt)?;
+            (keys::app(id), EventObject::App(record.into_app(id).map_err(corrupt)?))
+        }
+        (Slot::Apps, EventKind::AppRemoved) => (keys::app(id), EventObject::Gone),
+        (Slot::Apps, EventKind::TaskChanged | EventKind::TaskRemoved) => {
+            let (app, task) = id.split_once('/').ok_or_else(|| corrupt(format!("task `{id}`")))?;
+            if kind == EventKind::TaskRemoved {
+                (keys::task(app, task), EventObject::Gone)
+            } else {
+                let record: TaskRecord = serde_json::from_str(object).map_err(corrupt)?;
+                let task_ = record.into_task(app, task).map_err(corrupt)?;
+                cause = task_.reason.clone();
+                (keys::task(app, task), EventObject::Task(task_))
+            }
+        }
+        (Slot::Runs, EventKind::RunChanged | EventKind::RunRemoved) => {
+            let (app, task) = id.split_once('/').ok_or_else(|| corrupt(format!("run `{id}`")))?;
+            AppId::new(app).map_err(corrupt)?;
+            if kind == EventKind::RunRemoved {
+                (keys::run(app, task), EventObject::Gone)
+            } else {
+                (keys::run(app, task), EventObject::Run(Box::new(crate::runs::decode(id, object.as_bytes())?)))
+            }
+        }
+        _ => return Err(corrupt(format!("event kind `{kind_name}` from another slot's stream"))),
+    };
+    Ok(Event { revision, kind, key, cause, at, object })
+}

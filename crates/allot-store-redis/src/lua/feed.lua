@@ -1,0 +1,48 @@
+-- feed(op, ...): the shared change log (see `feed.rs`). Copies a slot's events (its stream
+-- `<slot>:feed`, written by the call that made the changes) into one log in the `{allot-feed}`
+-- slot, where every event gets its revision. KEYS[1] is `allot:{allot-feed}` (F) for `copy`, a
+-- slot's stream for `trim`:
+--   F:log      stream, one entry per event, id `0-<revision>`: s (the stream it came from), t (its
+--              time, ms), k (its kind), v (`<id>\n<cause>\n<object>`)
+--   F:meta     hash: rev (the last revision given), compacted (every event after it is in F:log)
+--   F:cursors  hash: a slot's stream -> the id of its last entry copied
+--   copy(stream, cursor, new cursor, retain events, retain ms, then per event: t, kind, value):
+--     appends the events, in order, if `cursor` is the stream's cursor (else another daemon
+--     copied them: {'moved', cursor}); then drops what retention no longer keeps (by count and
+--     by age). {'copied', last revision}
+--   trim(through): removes the entries of the stream KEYS[1] up to id `through` (copied).
+--     {entries left}
+-- Invariant: each stream's entries are copied once, in their order (the cursor moves only here,
+-- and only from the value the copier read).
+local op = ARGV[1]
+if op == 'copy' then
+  local F = KEYS[1]
+  local K_LOG, K_META, K_CURSORS = F .. ':log', F .. ':meta', F .. ':cursors'
+  local stream = ARGV[2]
+  local cursor = redis.call('HGET', K_CURSORS, stream) or '0-0'
+  if cursor ~= ARGV[3] then return { 'moved', cursor } end
+  local rev = tonumber(redis.call('HGET', K_META, 'rev') or '0')
+  for i = 7, #ARGV, 3 do
+    rev = rev + 1
+    redis.call('XADD', K_LOG, '0-' .. int(rev), 's', stream, 't', ARGV[i], 'k', ARGV[i + 1], 'v', ARGV[i + 2])
+  end
+  redis.call('HSET', K_META, 'rev', int(rev))
+  redis.call('HSET', K_CURSORS, stream, ARGV[4])
+  local keep, horizon = tonumber(ARGV[5]), now_ms() - tonumber(ARGV[6])
+  if redis.call('XLEN', K_LOG) > keep then redis.call('XTRIM', K_LOG, 'MAXLEN', keep) end
+  for _ = 1, 100 do
+    local head = redis.call('XRANGE', K_LOG, '-', '+', 'COUNT', 1)[1]
+    if not head or tonumber(head[2][4]) >= horizon then break end
+    redis.call('XDEL', K_LOG, head[1])
+  end
+  local head = redis.call('XRANGE', K_LOG, '-', '+', 'COUNT', 1)[1]
+  local compacted = rev
+  if head then compacted = tonumber(string.match(head[1], '^0%-(%d+)$')) - 1 end
+  redis.call('HSET', K_META, 'compacted', int(compacted))
+  return { 'copied', rev }
+elseif op == 'trim' then
+  local ms, seq = string.match(ARGV[2], '^(%d+)-(%d+)$')
+  redis.call('XTRIM', KEYS[1], 'MINID', ms .. '-' .. int(tonumber(seq) + 1))
+  return { redis.call('XLEN', KEYS[1]) }
+end
+return redis.error_reply('unknown feed operation ' .. tostring(op))
