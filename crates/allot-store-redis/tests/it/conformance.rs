@@ -24,6 +24,7 @@ async fn conformance_at(address: &str) {
     schedule_here(&store).await;
     conformance::run_apps(store.clone(), &conformance::WaitedTime).await;
     conformance::run_runs(store.clone(), &conformance::WaitedTime).await;
+    conformance::run_watch(store.clone()).await;
     store.shutdown().await;
 }
 

@@ -1,8 +1,8 @@
 //! The conformance suite: what every backend of [`Store`](crate::Store) must do, checked over `dyn Store`.
 //!
 //! Each check works in namespaces of its own (prefixed `conformance:`), so the whole suite runs
-//! against one store, empty or not. A backend's tests call [`run`], [`run_pools`], [`run_apps`]
-//! and [`run_runs`]; a failed check panics with the name of the check and what differed.
+//! against one store, empty or not. A backend's tests call [`run`], [`run_pools`], [`run_apps`],
+//! [`run_runs`] and [`run_watch`]; a failed check panics with the name of the check and what differed.
 //!
 //! Time is moved on through [`Time`], not slept through: the embedded store's clock is moved by
 //! hand ([`MovedTime`]); only a backend whose clock cannot be moved (Redis reads the Redis
@@ -13,11 +13,13 @@ mod apps;
 mod pools;
 mod quotas;
 mod runs;
+mod watch;
 
 pub use apps::run_apps;
 pub use pools::run_pools;
 pub use quotas::run;
 pub use runs::{run_runs, sample_run};
+pub use watch::run_watch;
 
 use std::sync::Arc;
 use std::time::Duration;

@@ -46,6 +46,7 @@ async fn embedded_store_passes_the_conformance_suite() {
     conformance::run_pools(store.clone(), &time).await;
     conformance::run_apps(store.clone(), &time).await;
     conformance::run_runs(store.clone(), &time).await;
+    conformance::run_watch(store.clone()).await;
     store.shutdown().await;
 }
 
