@@ -1,14 +1,19 @@
 //! `allot watch` against a real daemon: the changes other commands make, one JSON object per line
 //! (and one readable line per event), the daemon's shutdown not held up by open watches, Ctrl-C
-//! ending it cleanly, a compaction after a restart as a clear error, and a store with no change
-//! feed.
+//! ending it cleanly, a compaction after a restart as a clear error; on Redis (one server and a
+//! Cluster), a watcher following changes made through another daemon and resuming on a third
+//! after the one it was on is killed.
 
 use std::io::{BufRead, BufReader};
 use std::process::{Child, Command, Stdio};
 use std::sync::mpsc;
 use std::time::Duration;
 
-use allot_store_redis::testing::RedisServer;
+use std::collections::{BTreeMap, BTreeSet};
+
+use allot_client::{Allocate, WatchFilter};
+use allot_store_redis::testing::{RedisCluster, RedisServer};
+use futures_util::StreamExt;
 
 use crate::cli::{allot, code};
 use crate::support::{data_dir, Daemon, ALLOT};
@@ -158,17 +163,120 @@ async fn a_revision_the_daemon_no_longer_keeps_is_a_clear_error() {
     .unwrap();
 }
 
-#[tokio::test]
-async fn a_store_with_no_change_feed_answers_501_watch_unsupported() {
+/// A grant's token, from its key.
+fn token_of(key: &str) -> String {
+    key.rsplit('/').next().unwrap().to_owned()
+}
+
+/// The tokens each namespace holds, replayed from grant events; panics on an event that does not
+/// follow from the state before it (one twice, or one skipped), or a revision that goes back.
+#[derive(Default)]
+struct Replayed {
+    held: BTreeMap<String, BTreeSet<String>>,
+    last: u64,
+}
+
+impl Replayed {
+    fn apply(&mut self, event: &allot_client::WatchEvent) {
+        assert!(event.revision > self.last, "revision {} after {}", event.revision, self.last);
+        self.last = event.revision;
+        let namespace = event.key.split('/').nth(1).unwrap().to_owned();
+        let held = self.held.entry(namespace).or_default();
+        let token = token_of(&event.key);
+        match event.kind.as_str() {
+            "grant.granted" => assert!(held.insert(token), "granted twice: {event:?}"),
+            "grant.released" => assert!(held.remove(&token), "released without a grant: {event:?}"),
+            other => panic!("a kind the filter does not take: {other}"),
+        }
+    }
+}
+
+/// What every namespace of `namespaces` holds, read through `client`.
+async fn held(client: &allot_client::Client, namespaces: &[String]) -> BTreeMap<String, BTreeSet<String>> {
+    let mut held = BTreeMap::new();
+    for namespace in namespaces {
+        let grants = client.grants(namespace).await.unwrap().grants;
+        held.insert(namespace.clone(), grants.into_iter().map(|g| g.token).collect::<BTreeSet<_>>());
+    }
+    held
+}
+
+/// Grants and releases through `client`, spread over `namespaces`: round `r` grants token `t<r>`
+/// and releases the token granted three rounds before in the same namespace.
+async fn grant_and_release(client: &allot_client::Client, namespaces: &[String], rounds: std::ops::Range<usize>) {
+    for round in rounds {
+        let namespace = &namespaces[round % namespaces.len()];
+        client.allocate(namespace, &format!("t{round}"), &Allocate::default()).await.unwrap();
+        if round >= 3 * namespaces.len() {
+            client.release(namespace, &format!("t{}", round - 3 * namespaces.len()), None).await.unwrap();
+        }
+    }
+}
+
+/// Two daemons on one Redis (or a Cluster): a watcher on one sees the changes made through the
+/// other, each namespace's in commit order, none twice; the daemon it was on killed with SIGKILL
+/// in the middle, it resumes on the other from the last revision it had and misses nothing.
+async fn a_watcher_follows_changes_through_another_daemon_and_resumes_on_a_third(address: String) {
+    let namespaces: Vec<String> = (0..6).map(|n| format!("ns-{n}")).collect();
+    let quotas: Vec<String> = namespaces.iter().map(|n| format!("{n}=1000")).collect();
+    let mut args = vec!["--store".to_owned(), address];
+    for quota in &quotas {
+        args.extend(["--quota".to_owned(), quota.clone()]);
+    }
+    let (_dirs, daemons) = tokio::task::spawn_blocking(move || {
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
+        let (a, data_a) = data_dir();
+        let (b, data_b) = data_dir();
+        let (c, data_c) = data_dir();
+        ([a, b, c], [Daemon::start(&data_a, &args), Daemon::start(&data_b, &args), Daemon::start(&data_c, &args)])
+    })
+    .await
+    .unwrap();
+    let [writer, watched, other] = daemons;
+    let (writes, others) = (writer.client(), other.client());
+    let filter = || WatchFilter {
+        kinds: vec!["grant.granted".into(), "grant.released".into()],
+        prefixes: vec!["namespaces".into()],
+    };
+    let start: u64 = revision(&watched).await.parse().unwrap();
+    let mut stream = watched.client().watch(filter(), Some(start));
+    grant_and_release(&writes, &namespaces, 0..60).await;
+    // Half of what was made, then the daemon the watcher is on dies.
+    let mut replayed = Replayed::default();
+    let mut seen = 0;
+    while seen < 50 {
+        let event = tokio::time::timeout(Duration::from_secs(10), stream.next()).await.expect("an event").unwrap();
+        replayed.apply(&event.unwrap());
+        seen += 1;
+    }
+    drop(stream);
+    tokio::task::spawn_blocking(move || watched.kill9()).await.unwrap();
+    grant_and_release(&writes, &namespaces, 60..120).await;
+    let expected = held(&writes, &namespaces).await;
+    let mut stream = others.watch(filter(), Some(replayed.last));
+    while replayed.held != expected {
+        let event = tokio::time::timeout(Duration::from_secs(10), stream.next())
+            .await
+            .unwrap_or_else(|_| panic!("stopped short: replayed {:?}, held {expected:?}", replayed.held))
+            .unwrap();
+        replayed.apply(&event.unwrap());
+        seen += 1;
+    }
+    // 120 grants and 102 releases, each once.
+    assert_eq!(seen, 120 + 120 - 3 * namespaces.len());
+    if let Ok(Some(extra)) = tokio::time::timeout(Duration::from_millis(500), stream.next()).await {
+        panic!("an event after the final state: {extra:?}");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn on_one_redis_a_watcher_follows_another_daemon_and_resumes_elsewhere_after_a_kill() {
     let redis = RedisServer::start();
-    let (_dir, data) = data_dir();
-    let url = redis.url();
-    let daemon = tokio::task::spawn_blocking(move || Daemon::start(&data, &["--store", &url])).await.unwrap();
-    let response = reqwest::get(format!("{}/v1/watch", daemon.url)).await.unwrap();
-    assert_eq!(response.status().as_u16(), 501);
-    let body: serde_json::Value = response.json().await.unwrap();
-    assert_eq!(body["error"]["code"], "watch_unsupported");
-    let watch = tokio::task::spawn_blocking(move || allot(&daemon, &["watch"])).await.unwrap();
-    assert_eq!(code(&watch), 1, "{watch:?}");
-    assert!(String::from_utf8_lossy(&watch.stderr).contains("error: watch_unsupported: "), "{watch:?}");
+    a_watcher_follows_changes_through_another_daemon_and_resumes_on_a_third(redis.url()).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn on_a_cluster_a_watcher_follows_another_daemon_and_resumes_elsewhere_after_a_kill() {
+    let cluster = RedisCluster::start(3);
+    a_watcher_follows_changes_through_another_daemon_and_resumes_on_a_third(cluster.address()).await;
 }
