@@ -102,19 +102,21 @@ async fn random_changes_replayed_give_the_final_grants(store: Arc<dyn Store>) ->
     let last = held_now(&*store, &namespace).await;
     let mut held = BTreeSet::new();
     let mut seen: Vec<Arc<Event>> = Vec::new();
-    while held != last {
-        let event = next(&mut watcher)
-            .await
-            .unwrap_or_else(|| panic!("events stopped short of the final grants: replayed {held:?}, held {last:?}"));
+    // Every change was made before the grants were read: the events end with the final state (which
+    // the replay may pass through before), and nothing comes after.
+    loop {
+        let patience = if held == last { Duration::from_millis(500) } else { PATIENCE };
+        let event = match tokio::time::timeout(patience, watcher.next()).await {
+            Ok(Ok(event)) => event,
+            Ok(Err(err)) => panic!("the watch ended: {err}"),
+            Err(_) if held == last => break,
+            Err(_) => panic!("events stopped short of the final grants: replayed {held:?}, held {last:?}"),
+        };
         if let Some(before) = seen.last() {
             assert!(event.revision > before.revision, "revisions go back: {} after {}", event.revision, before.revision);
         }
         replay(&mut held, &event);
         seen.push(event);
-    }
-    // Nothing after: every change was made before the grants were read.
-    if let Ok(Ok(extra)) = tokio::time::timeout(Duration::from_millis(300), watcher.next()).await {
-        panic!("an event after the final state: {extra:?}");
     }
     (namespace, seen)
 }
