@@ -24,8 +24,7 @@
 //!   `retain_for` (trimmed by each copy); `F:meta` `compacted` says after which revision it
 //!   keeps everything.
 
-use std::collections::{BTreeSet, HashMap};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::Duration;
 
 use allot_core::apps::AppId;
@@ -33,11 +32,9 @@ use allot_core::pools::PoolName;
 use allot_core::watch::{keys, EventKind};
 use allot_core::{NamespaceName, Session, SessionId, Token};
 use allot_store::records::apps::{AppRecord, QueueRecord, TaskRecord};
-use allot_store::watch::Feed;
-use allot_store::{Event, EventObject, GrantInfo, SessionInfo, StoreError, WatchConfig};
+use allot_store::{Event, EventObject, GrantInfo, SessionInfo, StoreError};
 use futures_util::{stream, StreamExt};
 use redis::Value;
-use tokio::sync::Notify;
 
 use crate::errors::redis_error;
 use crate::keys::{prefix, unescape_tag};
@@ -63,42 +60,6 @@ const PAGE: usize = 500;
 
 /// The streams of the slots that are not a namespace's or a pool's.
 const FIXED_STREAMS: &[&str] = &["allot:{allot-sessions}:feed", "allot:{allot-apps}:feed", "allot:{allot-runs}:feed"];
-
-/// This daemon's side of the feed: its [`Feed`], and what it has to copy and read.
-pub(crate) struct FeedState {
-    pub(crate) feed: Feed,
-    config: WatchConfig,
-    /// Streams told to have events not yet copied.
-    dirty: Mutex<BTreeSet<String>>,
-    copy_wanted: Notify,
-    read_wanted: Notify,
-    /// The cursor of each stream as this daemon last saw it.
-    cursors: Mutex<HashMap<String, String>>,
-}
-
-impl FeedState {
-    pub(crate) fn new(config: WatchConfig) -> FeedState {
-        FeedState {
-            feed: Feed::new(config, 0),
-            config,
-            dirty: Mutex::default(),
-            copy_wanted: Notify::new(),
-            read_wanted: Notify::new(),
-            cursors: Mutex::default(),
-        }
-    }
-
-    /// A message said `stream` has events to copy.
-    pub(crate) fn mark(&self, stream: &str) {
-        self.dirty.lock().unwrap_or_else(|p| p.into_inner()).insert(stream.to_owned());
-        self.copy_wanted.notify_one();
-    }
-
-    /// A message said the log has new events.
-    pub(crate) fn log_grew(&self) {
-        self.read_wanted.notify_one();
-    }
-}
 
 /// Copies marked streams into the log, and every stream each [`SWEEP_EVERY`].
 pub(crate) async fn run_copier(inner: Arc<Inner>) {

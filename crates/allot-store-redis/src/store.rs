@@ -3,11 +3,12 @@
 //! counters of calls), and [`Inner::eval`], the one path by which a part calls a function: it
 //! counts the call and maps a failure to a [`StoreError`] (`errors.rs`).
 
-use std::collections::HashMap;
+use std::collections::{BTreeSet, HashMap};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
+use allot_store::watch::Feed;
 use allot_store::{StoreError, WatchConfig};
 use redis::Value;
 use tokio::sync::{watch, Notify};
@@ -16,7 +17,6 @@ use tokio::task::JoinHandle;
 use crate::apps::leader::Apps;
 use crate::conn::Conn;
 use crate::errors::{call_error, redis_error};
-use crate::feed::FeedState;
 use crate::reply::{corrupt, Reply};
 use crate::scripts::{Function, Scripts};
 
@@ -109,5 +109,42 @@ impl RedisStore {
             return Err(StoreError::ShuttingDown);
         }
         Ok(())
+    }
+}
+
+/// This daemon's side of the change feed (`feed.rs`): its [`Feed`], and what it has to copy and
+/// read.
+pub(crate) struct FeedState {
+    pub(crate) feed: Feed,
+    pub(crate) config: WatchConfig,
+    /// Streams told to have events not yet copied.
+    pub(crate) dirty: Mutex<BTreeSet<String>>,
+    pub(crate) copy_wanted: Notify,
+    pub(crate) read_wanted: Notify,
+    /// The cursor of each stream as this daemon last saw it.
+    pub(crate) cursors: Mutex<HashMap<String, String>>,
+}
+
+impl FeedState {
+    pub(crate) fn new(config: WatchConfig) -> FeedState {
+        FeedState {
+            feed: Feed::new(config, 0),
+            config,
+            dirty: Mutex::default(),
+            copy_wanted: Notify::new(),
+            read_wanted: Notify::new(),
+            cursors: Mutex::default(),
+        }
+    }
+
+    /// A message said `stream` has events to copy.
+    pub(crate) fn mark(&self, stream: &str) {
+        self.dirty.lock().unwrap_or_else(|p| p.into_inner()).insert(stream.to_owned());
+        self.copy_wanted.notify_one();
+    }
+
+    /// A message said the log has new events.
+    pub(crate) fn log_grew(&self) {
+        self.read_wanted.notify_one();
     }
 }
