@@ -278,6 +278,11 @@ struct WatchArgs {
     /// Runs of pairs without and with watchers, alternating.
     #[arg(long, default_value_t = 2)]
     rounds: usize,
+    /// How many allocates to measure the delay of through a second daemon: two daemons on a
+    /// Redis server the bench starts, the allocate made through one, the watcher on the other
+    /// (0: not measured).
+    #[arg(long, default_value_t = 500)]
+    redis_samples: usize,
     /// Exit with an error when a check fails.
     #[arg(long)]
     check: bool,

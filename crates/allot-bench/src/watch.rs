@@ -9,7 +9,9 @@
 //!   are to a busy namespace), then with as many that watch the pairs' namespace and read every
 //!   event, alternating for `--rounds` rounds; the ratios of the medians;
 //! - **idle watchers**: `--idle` watchers of a key nothing changes; the daemon's resident memory
-//!   before and after, per watcher.
+//!   before and after, per watcher;
+//! - **through a second daemon**: two daemons on a Redis server the bench starts; the delay from
+//!   an allocate's answer through one to its event at a watcher on the other.
 
 use std::collections::HashMap;
 use std::time::{Duration, Instant};
@@ -34,6 +36,8 @@ use crate::WatchArgs;
 
 /// The delay target at p99 (ms), a watcher on the same daemon.
 const MAX_DELAY_P99_MS: f64 = 5.0;
+/// The delay target at p99 (ms), a watcher on a second daemon on one Redis.
+const MAX_REDIS_DELAY_P99_MS: f64 = 50.0;
 /// Pairs with watchers attached, as a share of the rate without.
 const MIN_RATE_WITH_WATCHERS: f64 = 0.8;
 /// The resident memory an idle watcher may cost the daemon (KiB).
@@ -48,6 +52,9 @@ struct WatchOutput {
     samples: usize,
     /// From an allocate's answer to its event's arrival at the watcher.
     delay_ms: Latency,
+    /// The same through a second daemon on one Redis, when measured.
+    redis_samples: usize,
+    redis_delay_ms: Option<Latency>,
     watchers: usize,
     /// Pairs/s per round: without watchers, with watchers of other keys, with watchers of every
     /// event of the pairs.
@@ -85,6 +92,12 @@ pub(super) async fn run(args: WatchArgs) -> anyhow::Result<()> {
             "  p50 {:.3}  p90 {:.3}  p99 {:.3}  max {:.3}  ({} samples)",
             d.p50, d.p90, d.p99, d.max, output.samples
         );
+        if let Some(d) = &output.redis_delay_ms {
+            println!(
+                "  through a second daemon on one Redis: p50 {:.3}  p90 {:.3}  p99 {:.3}  max {:.3}  ({} samples)",
+                d.p50, d.p90, d.p99, d.max, output.redis_samples
+            );
+        }
         let ratio = |r: Option<f64>| r.map_or("-".to_owned(), |r| format!("{r:.2}"));
         println!("pairs/s without watchers {:?}", output.pairs_without);
         println!(
@@ -119,7 +132,11 @@ async fn measure(args: &WatchArgs, server: &Server) -> anyhow::Result<WatchOutpu
     let endpoint = server.endpoint.clone();
     let namespace = format!("bench-watch-{}", load::run_id());
     load::setup_namespace(&endpoint, &namespace, 1_000_000).await?;
-    let delays = delays(&endpoint, &namespace, args.samples).await?;
+    let delays = delays(&endpoint, &endpoint, &namespace, args.samples).await?;
+    let redis_delay_ms = match args.redis_samples {
+        0 => None,
+        samples => Some(Latency::from_nanos(redis_delays(args, samples).await?)),
+    };
 
     let target = Target::allot("allot", endpoint.clone(), &namespace).with_pid(server.pid());
     let spec = LoadSpec {
@@ -188,6 +205,13 @@ async fn measure(args: &WatchArgs, server: &Server) -> anyhow::Result<WatchOutpu
             MIN_RATE_WITH_WATCHERS,
         ),
     ];
+    if let Some(redis) = &redis_delay_ms {
+        checks.push(Check::at_most(
+            "p99 delay to a watcher on a second daemon on one Redis (ms)".to_owned(),
+            Some(redis.p99),
+            MAX_REDIS_DELAY_P99_MS,
+        ));
+    }
     if args.idle > 0 {
         checks.push(Check::at_most(
             format!("daemon memory per idle watcher, {} of them (KiB)", args.idle),
@@ -199,6 +223,8 @@ async fn measure(args: &WatchArgs, server: &Server) -> anyhow::Result<WatchOutpu
         url: endpoint.url(),
         samples: args.samples,
         delay_ms,
+        redis_samples: args.redis_samples,
+        redis_delay_ms,
         watchers: args.watchers,
         pairs_without: without,
         pairs_with: with,
@@ -212,10 +238,30 @@ async fn measure(args: &WatchArgs, server: &Server) -> anyhow::Result<WatchOutpu
     })
 }
 
-/// `samples` delays (ns) from an allocate's answer to its event at a watcher.
-async fn delays(endpoint: &Endpoint, namespace: &str, samples: usize) -> anyhow::Result<Vec<u64>> {
+/// `samples` delays (ns) from an allocate's answer through one daemon to its event at a watcher on
+/// another, both on a Redis server of the bench's own.
+async fn redis_delays(args: &WatchArgs, samples: usize) -> anyhow::Result<Vec<u64>> {
+    let redis = allot_store_redis::testing::RedisServer::start();
+    let store: [std::ffi::OsString; 2] = ["--store".into(), redis.url().into()];
+    let (first, second) = (Scratch::new(args.tmp_dir.as_deref())?, Scratch::new(args.tmp_dir.as_deref())?);
+    let writer = children::spawn_daemon_with(&first, &store).await?;
+    let watcher = children::spawn_daemon_with(&second, &store).await?;
+    let namespace = format!("bench-watch-{}", load::run_id());
+    let measured = async {
+        load::setup_namespace(&writer.endpoint, &namespace, 1_000_000).await?;
+        delays(&writer.endpoint, &watcher.endpoint, &namespace, samples).await
+    }
+    .await;
+    writer.stop().await;
+    watcher.stop().await;
+    measured
+}
+
+/// `samples` delays (ns) from an allocate's answer through `writer` to its event at a watcher on
+/// `watcher` (the same daemon, or another on the same store).
+async fn delays(writer: &Endpoint, watcher: &Endpoint, namespace: &str, samples: usize) -> anyhow::Result<Vec<u64>> {
     let query = format!("kind=grant.granted&prefix=namespaces/{}", encode_segment(namespace));
-    let mut stream = EventStream::open(endpoint, &query).await?;
+    let mut stream = EventStream::open(watcher, &query).await?;
     let (arrivals, mut arrived) = mpsc::unbounded_channel::<(String, Instant)>();
     let reader = tokio::spawn(async move {
         while let Ok(Some(message)) = stream.next().await {
@@ -227,7 +273,7 @@ async fn delays(endpoint: &Endpoint, namespace: &str, samples: usize) -> anyhow:
             }
         }
     });
-    let mut conn = Conn::connect(endpoint).await?;
+    let mut conn = Conn::connect(writer).await?;
     let grants = format!("/v1/namespaces/{}/grants/", encode_segment(namespace));
     let mut early: HashMap<String, Instant> = HashMap::new();
     let mut delays = Vec::with_capacity(samples);

@@ -44,7 +44,12 @@ impl RedisConfig {
             return Err(bad());
         }
         redis::Client::open(address).map_err(|_| bad())?;
-        Ok(RedisConfig { urls: vec![address.to_owned()], cluster: false, min_replicas: 0, watch: WatchConfig::default() })
+        Ok(RedisConfig {
+            urls: vec![address.to_owned()],
+            cluster: false,
+            min_replicas: 0,
+            watch: WatchConfig::default(),
+        })
     }
 
     /// Keeps the change feed as `watch` says.

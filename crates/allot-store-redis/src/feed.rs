@@ -344,7 +344,9 @@ fn event(revision: u64, fields: &[String]) -> Result<Event, StoreError> {
             };
             (keys::session(id), EventObject::Session(info))
         }
-        (Slot::Sessions, EventKind::SessionClosed | EventKind::SessionExpired) => (keys::session(id), EventObject::Gone),
+        (Slot::Sessions, EventKind::SessionClosed | EventKind::SessionExpired) => {
+            (keys::session(id), EventObject::Gone)
+        }
         (Slot::Pool(pool), EventKind::PoolPut) => {
             let fields = object.split('\n').map(|f| Value::BulkString(f.as_bytes().to_vec())).collect();
             (keys::pool(pool), EventObject::Pool(pools::view_of(pool, &mut Reply::new(Value::Array(fields))?)?))

@@ -16,9 +16,9 @@ use futures_util::StreamExt;
 use redis::{RedisError, Value};
 use tokio::sync::Notify;
 
-use crate::{cluster, feed};
 use crate::reply::{self, corrupt};
 use crate::store::Inner;
+use crate::{cluster, feed};
 
 /// How often a waiting call checks its answer even without a message.
 pub const POLL_INTERVAL: Duration = Duration::from_millis(250);

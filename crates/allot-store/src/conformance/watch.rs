@@ -113,7 +113,12 @@ async fn random_changes_replayed_give_the_final_grants(store: Arc<dyn Store>) ->
             Err(_) => panic!("events stopped short of the final grants: replayed {held:?}, held {last:?}"),
         };
         if let Some(before) = seen.last() {
-            assert!(event.revision > before.revision, "revisions go back: {} after {}", event.revision, before.revision);
+            assert!(
+                event.revision > before.revision,
+                "revisions go back: {} after {}",
+                event.revision,
+                before.revision
+            );
         }
         replay(&mut held, &event);
         seen.push(event);
