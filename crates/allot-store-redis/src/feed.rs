@@ -36,7 +36,7 @@ use allot_store::{Event, EventObject, GrantInfo, SessionInfo, StoreError};
 use futures_util::{stream, StreamExt};
 use redis::Value;
 
-use crate::errors::redis_error;
+use crate::errors::{call_error, redis_error};
 use crate::keys::{prefix, unescape_tag};
 use crate::reply::{self, corrupt, Reply};
 use crate::store::Inner;
@@ -133,16 +133,16 @@ async fn copy(inner: &Inner, source: &str) -> Result<(), StoreError> {
             }
         }
         let args: Vec<&str> = args.iter().map(String::as_str).collect();
-        let mut reply = inner.eval(&inner.scripts.feed, FEED_SLOT, &args, true).await?;
+        let mut reply = feed_call(inner, FEED_SLOT, &args).await?;
         match reply.text()?.as_str() {
             "copied" => {
                 set_cursor(inner, source, &last);
                 let publish = redis::cmd("PUBLISH").arg(LOG_CHANNEL).arg(reply.uint()?).to_owned();
-                if let Err(err) = inner.conn.query(&publish).await {
+                if let Err(err) = inner.feed_conn.query(&publish).await {
                     tracing::debug!(error = %err, "feed: cannot tell the daemons the log grew");
                 }
                 inner.feed.read_wanted.notify_one();
-                let mut left = inner.eval(&inner.scripts.feed, source, &["trim", &last], true).await?;
+                let mut left = feed_call(inner, source, &["trim", &last]).await?;
                 if left.uint()? == 0 {
                     return Ok(());
                 }
@@ -163,7 +163,16 @@ fn set_cursor(inner: &Inner, source: &str, cursor: &str) {
 }
 
 async fn query(inner: &Inner, cmd: &redis::Cmd) -> Result<Value, StoreError> {
-    inner.conn.query(cmd).await.map_err(|e| redis_error(e, false))
+    inner.feed_conn.query(cmd).await.map_err(|e| redis_error(e, false))
+}
+
+/// Calls `lua/feed.lua` on the feed's own connection (a change: a copy, a trim).
+async fn feed_call(inner: &Inner, key: &str, args: &[&str]) -> Result<Reply, StoreError> {
+    let library = &inner.scripts.library;
+    match inner.feed_conn.fcall(library, &inner.scripts.feed, key, args, true).await {
+        Ok(value) => Reply::new(value),
+        Err(err) => Err(call_error(err, true)),
+    }
 }
 
 fn text_of(value: &Value) -> Option<String> {

@@ -93,7 +93,8 @@ impl RedisStore {
     /// Opens with the function library `scripts` (a test's may read a clock of its own).
     pub(crate) async fn open_with(config: &RedisConfig, scripts: Scripts) -> Result<RedisStore, StoreError> {
         let conn = Self::connect(config, &scripts).await?;
-        let inner = Arc::new(Inner::new(conn, scripts, config.watch));
+        let feed_conn = Self::connect(config, &scripts).await?;
+        let inner = Arc::new(Inner::new(conn, feed_conn, scripts, config.watch));
         // Every event the log keeps is read before the first watcher comes.
         while let Err(err) = feed::load(&inner).await {
             tracing::warn!(error = %err, "cannot read the change feed's log yet; retrying");

@@ -33,6 +33,9 @@ pub(crate) struct Inner {
     /// Redis's clock (ms) at the last pool call, and the local instant it was read.
     pub(crate) redis_clock: Mutex<Option<(u64, Instant)>>,
     pub(crate) conn: Conn,
+    /// The change feed's own connection: its copies (which wait for the replicas with
+    /// `--redis-min-replicas`) never queue ahead of a caller's change.
+    pub(crate) feed_conn: Conn,
     pub(crate) scripts: Scripts,
     /// Waiting calls of this daemon, by namespace prefix and waiter id.
     pub(crate) waits: Mutex<HashMap<(String, u64), Arc<Notify>>>,
@@ -51,12 +54,13 @@ pub(crate) struct Inner {
 }
 
 impl Inner {
-    pub(crate) fn new(conn: Conn, scripts: Scripts, watch: WatchConfig) -> Inner {
+    pub(crate) fn new(conn: Conn, feed_conn: Conn, scripts: Scripts, watch: WatchConfig) -> Inner {
         let (shutdown, _) = watch::channel(false);
         Inner {
             redis_clock: Mutex::new(None),
             pool_rules: Mutex::new(allot_core::pools::LeaseRules::default()),
             conn,
+            feed_conn,
             scripts,
             waits: Mutex::new(HashMap::new()),
             wait_started: Notify::new(),
