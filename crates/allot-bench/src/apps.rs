@@ -17,6 +17,11 @@
 //! `noop`, and the clock stops at the first reading with every task Completed: placed, started,
 //! run by the plugin round by round with every step durable, and reported. Dask's distributed
 //! scheduler documents about 200 µs of overhead per task (5,000 tasks/s); the target is 10,000.
+//!
+//! With `--across`, two daemons share one Redis, each running its own pools (labelled with the
+//! daemon): each round runs one application on the scheduling daemon's pools and one on the
+//! other's, whose executor learns of its tasks from the change feed, in alternating order; the
+//! ratio of the second rate to the first is the target (0.8).
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
@@ -43,6 +48,20 @@ const MIN_PER_S: f64 = 4_200.0;
 /// Dask's documented rate, and the target when the tasks are run too.
 const DASK_PER_S: f64 = 5_000.0;
 const MIN_RUN_PER_S: f64 = 10_000.0;
+/// With `--across`: the rate on the other daemon's pools over the rate on the scheduler's own.
+const MIN_ACROSS_RATIO: f64 = 0.8;
+
+/// Where a round's application runs: pools `<name>-<i>` labelled `daemon=<name>`, its tasks
+/// selecting them (no label and no selector: `node-<i>`).
+#[derive(Debug, Clone)]
+struct Side {
+    name: &'static str,
+    labelled: bool,
+}
+
+const ANYWHERE: Side = Side { name: "node", labelled: false };
+const SCHEDULER: Side = Side { name: "sched", labelled: true };
+const OTHER: Side = Side { name: "other", labelled: true };
 
 #[derive(Serialize)]
 struct Output {
@@ -79,6 +98,9 @@ pub(super) async fn run(args: AppsBenchArgs) -> anyhow::Result<()> {
         let per_pool = (args.tasks / args.pools + 1) as u64;
         format!("cpu={per_pool},mem={}", per_pool * 10)
     };
+    if args.across {
+        return across(AppsBenchArgs { redis: true, run: true, ..args }, &capacity).await;
+    }
     let mut rounds = Vec::new();
     for round in 1..=args.rounds {
         let scratch = Scratch::new(args.tmp_dir.as_deref())?;
@@ -99,7 +121,7 @@ pub(super) async fn run(args: AppsBenchArgs) -> anyhow::Result<()> {
                 children::spawn_daemon_with(&scratch, &more).await?
             }
         };
-        let outcome = measure(&args, &daemon.endpoint, &capacity, round).await;
+        let outcome = measure(&args, &daemon.endpoint, &capacity, round, &ANYWHERE).await;
         daemon.stop().await;
         rounds.push(outcome?);
     }
@@ -186,24 +208,111 @@ pub(super) async fn call(conn: &mut Conn, method: Method, path: &str, body: Vec<
     Ok(answer)
 }
 
-async fn measure(args: &AppsBenchArgs, endpoint: &Endpoint, capacity: &str, round: u16) -> anyhow::Result<Round> {
+/// `--across`: per round, one Redis and two daemons; an application on each daemon's pools.
+async fn across(args: AppsBenchArgs, capacity: &str) -> anyhow::Result<()> {
+    let (mut own, mut other) = (Vec::new(), Vec::new());
+    for round in 1..=args.rounds {
+        let redis = allot_store_redis::testing::RedisServer::start();
+        let (first, second) = (Scratch::new(args.tmp_dir.as_deref())?, Scratch::new(args.tmp_dir.as_deref())?);
+        let serve = |side: &Side| {
+            let mut more: Vec<std::ffi::OsString> = vec!["--store".into(), redis.url().into()];
+            for i in 0..args.pools {
+                more.extend(["--run-pool".into(), format!("{}-{i}", side.name).into()]);
+            }
+            more
+        };
+        let scheduler = children::spawn_daemon_with(&first, &serve(&SCHEDULER)).await?;
+        scheduling(&scheduler.endpoint).await?;
+        let follower = children::spawn_daemon_with(&second, &serve(&OTHER)).await?;
+        let order = if round % 2 == 1 { [&SCHEDULER, &OTHER] } else { [&OTHER, &SCHEDULER] };
+        let mut outcome = Ok(());
+        for side in order {
+            match measure(&args, &scheduler.endpoint, capacity, round, side).await {
+                Ok(measured) if side.name == SCHEDULER.name => own.push(measured),
+                Ok(measured) => other.push(measured),
+                Err(err) => {
+                    outcome = Err(err);
+                    break;
+                }
+            }
+        }
+        scheduler.stop().await;
+        follower.stop().await;
+        outcome?;
+    }
+    let rate = |rounds: &[Round]| median(rounds.iter().map(|r| r.tasks_per_s).collect());
+    let ratio = match (rate(&own), rate(&other)) {
+        (Some(own), Some(other)) if own > 0.0 => Some(other / own),
+        _ => None,
+    };
+    let checks = vec![Check::at_least(
+        "tasks/s to Completed on the other daemon's pools / on the scheduler's own".to_owned(),
+        ratio,
+        MIN_ACROSS_RATIO,
+    )];
+    if args.output.json {
+        let output = serde_json::json!({
+            "tasks": args.tasks,
+            "pools": args.pools,
+            "own": own,
+            "other": other,
+            "ratio": ratio,
+            "checks": checks,
+        });
+        println!("{}", serde_json::to_string_pretty(&output)?);
+    } else {
+        println!(
+            "two daemons on one Redis, {} noop tasks per application over {} pools of {capacity} per daemon, \
+             submission to all Completed",
+            args.tasks, args.pools
+        );
+        for (own, other) in own.iter().zip(&other) {
+            println!(
+                "  round {}: on the scheduler's pools {:>7.0} tasks/s, on the other daemon's {:>7.0} tasks/s",
+                own.round, own.tasks_per_s, other.tasks_per_s
+            );
+        }
+        if let Some(ratio) = ratio {
+            println!("median ratio {ratio:.2}");
+        }
+        println!("targets:");
+        print!("{}", report::checks(&checks));
+    }
+    if args.check && checks.iter().any(|c| !c.ok) {
+        bail!("a target was missed");
+    }
+    Ok(())
+}
+
+async fn measure(
+    args: &AppsBenchArgs,
+    endpoint: &Endpoint,
+    capacity: &str,
+    round: u16,
+    side: &Side,
+) -> anyhow::Result<Round> {
+    let app = if side.labelled { format!("{APP}-{}", side.name) } else { APP.to_owned() };
+    let label: std::collections::BTreeMap<String, String> = match side.labelled {
+        true => [("daemon".to_owned(), side.name.to_owned())].into(),
+        false => Default::default(),
+    };
     let mut conns = Vec::with_capacity(args.in_flight);
     for _ in 0..args.in_flight {
         conns.push(Conn::connect(endpoint).await?);
     }
     // Pools, through every connection at once (each is a durable commit).
-    let body = serde_json::to_vec(&serde_json::json!({ "capacity": capacity }))?;
+    let body = serde_json::to_vec(&serde_json::json!({ "capacity": capacity, "labels": label }))?;
     let next = Arc::new(AtomicUsize::new(0));
     let mut makers = Vec::new();
     for mut conn in conns {
-        let (next, body, pools) = (next.clone(), body.clone(), args.pools);
+        let (next, body, pools, name) = (next.clone(), body.clone(), args.pools, side.name);
         makers.push(tokio::spawn(async move {
             loop {
                 let i = next.fetch_add(1, Ordering::Relaxed);
                 if i >= pools {
                     return Ok::<_, anyhow::Error>(conn);
                 }
-                call(&mut conn, Method::PUT, &format!("/v1/pools/node-{i}"), body.clone()).await?;
+                call(&mut conn, Method::PUT, &format!("/v1/pools/{name}-{i}"), body.clone()).await?;
             }
         }));
     }
@@ -221,13 +330,13 @@ async fn measure(args: &AppsBenchArgs, endpoint: &Endpoint, capacity: &str, roun
             tokens: Vec::new(),
             group: None,
             priority: 0,
-            selector: Default::default(),
+            selector: label.clone(),
             spec: args.run.then(|| serde_json::json!({ "type": "noop" })),
             retries: None,
         })
         .collect();
     let submit = serde_json::to_vec(&allot_api::SubmitApp {
-        id: APP.to_owned(),
+        id: app.clone(),
         queue: QUEUE.to_owned(),
         user: "bench".to_owned(),
         tags: Default::default(),
@@ -239,7 +348,7 @@ async fn measure(args: &AppsBenchArgs, endpoint: &Endpoint, capacity: &str, roun
         true => Vec::new(),
         false => tasks.iter().map(serde_json::to_vec).collect::<Result<_, _>>()?,
     });
-    let tasks_path: Arc<str> = format!("/v1/apps/{APP}/tasks").into();
+    let tasks_path: Arc<str> = format!("/v1/apps/{app}/tasks").into();
 
     let cpu_before = CpuTimes::now();
     let started = Instant::now();
@@ -264,7 +373,7 @@ async fn measure(args: &AppsBenchArgs, endpoint: &Endpoint, capacity: &str, roun
         }));
     }
     let want = args.tasks as u64;
-    let poll_path = format!("/v1/apps/{APP}");
+    let poll_path = format!("/v1/apps/{app}");
     let mut polls = 0u64;
     let deadline = started + Duration::from_secs(120);
     let done = loop {

@@ -409,6 +409,12 @@ struct AppsBenchArgs {
     /// adding them one by one with `--in-flight` clients.
     #[arg(long)]
     one_call: bool,
+    /// Two daemons on one Redis, each running its own pools (implies `--redis --run`): each
+    /// round runs an application on the scheduling daemon's pools and one on the other daemon's
+    /// (whose executor learns of its tasks from the change feed), and reports the ratio of the
+    /// rates. The target is 0.8.
+    #[arg(long)]
+    across: bool,
     #[command(flatten)]
     output: OutputOpts,
 }
