@@ -244,14 +244,18 @@ async fn read(inner: &Inner) -> Result<(), StoreError> {
         let full = entries.len() == PAGE;
         let mut events = Vec::with_capacity(entries.len());
         let mut now = 0;
+        let mut previous = last;
         for (id, fields) in entries {
             let revision = id.strip_prefix("0-").and_then(|r| r.parse::<u64>().ok());
             let Some(revision) = revision else { return Err(corrupt(format!("log entry id {id}"))) };
-            if events.is_empty() && revision > last + 1 {
-                // The log dropped events this daemon never read: its watchers start over.
-                tracing::warn!(last, revision, "the feed's log dropped events this daemon had not read");
+            // Revisions in the log are dense: a gap is events trimmed before this daemon read
+            // them. Its watchers start over after them.
+            if revision > previous + 1 {
+                tracing::warn!(last = previous, revision, "the feed's log dropped events this daemon had not read");
+                inner.feed.feed.publish(std::mem::take(&mut events), now);
                 inner.feed.feed.skip_to(revision - 1);
             }
+            previous = revision;
             match event(revision, &fields) {
                 Ok(event) => {
                     now = now.max(event.at);
