@@ -51,7 +51,7 @@ pub(crate) const SERVE_AFTER_HELP: &str = r#"Configuration file (--config), with
   [scheduler]
   completing_grace = "30s"      # how long an application whose tasks all ended waits for more
   app_retention = "1h"          # how long an ended application stays readable
-  [watch]                       # the change feed (GET /v1/watch), on the embedded store
+  [watch]                       # the change feed (GET /v1/watch); on Redis, the shared log
   retain_events = 100000        # the most events kept for watchers that resume
   retain_for = "1h"             # events older than this are not kept
   buffer = 4096                 # events a watcher may lag behind before it is ended

@@ -280,3 +280,48 @@ async fn on_a_cluster_a_watcher_follows_another_daemon_and_resumes_elsewhere_aft
     let cluster = RedisCluster::start(3);
     a_watcher_follows_changes_through_another_daemon_and_resumes_on_a_third(cluster.address()).await;
 }
+
+/// On Redis the shared log keeps what `[watch] retain_events` says: a watch from before it is
+/// refused with the oldest revision kept, on every daemon alike; a watch from that revision gets
+/// the events after it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn on_redis_the_log_keeps_what_retention_says_and_older_revisions_are_compacted() {
+    let redis = RedisServer::start();
+    let (dir, data) = data_dir();
+    let config = dir.path().join("allot.toml");
+    std::fs::write(&config, "[watch]\nretain_events = 5\n").unwrap();
+    let args = ["--store".to_owned(), redis.url(), "--config".to_owned(), config.display().to_string()];
+    let (_other_dir, other_data) = data_dir();
+    let (writer, reader) = tokio::task::spawn_blocking(move || {
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
+        (Daemon::start(&data, &args), Daemon::start(&other_data, &args))
+    })
+    .await
+    .unwrap();
+    let client = writer.client();
+    client.put_namespace("kept", 100).await.unwrap();
+    for i in 0..20 {
+        client.allocate("kept", &format!("t{i}"), &Allocate::default()).await.unwrap();
+    }
+    // The copies are the daemons' own work: wait until the reader has read them all.
+    let reads = reader.client();
+    let caught_up = crate::support::eventually(Duration::from_secs(10), async || {
+        revision(&reader).await.parse::<u64>().unwrap() >= 21
+    })
+    .await;
+    assert!(caught_up, "the reader never read the 21 events");
+    let last: u64 = revision(&reader).await.parse().unwrap();
+    for daemon in [&writer, &reader] {
+        let response = reqwest::get(format!("{}/v1/watch?since=1", daemon.url)).await.unwrap();
+        assert_eq!(response.status().as_u16(), 410, "{}", daemon.url);
+        let body: serde_json::Value = response.json().await.unwrap();
+        assert_eq!(body["error"]["code"], "revision_compacted");
+        let message = body["error"]["message"].as_str().unwrap();
+        assert!(message.contains(&format!("start after is {}", last - 5)), "{message}");
+    }
+    let mut stream = reads.watch(WatchFilter::default(), Some(last - 5));
+    for expected in last - 4..=last {
+        let event = tokio::time::timeout(Duration::from_secs(10), stream.next()).await.unwrap().unwrap().unwrap();
+        assert_eq!(event.revision, expected);
+    }
+}
