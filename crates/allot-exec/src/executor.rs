@@ -166,8 +166,8 @@ pub struct ExecCounts {
     pub held_back: u64,
     /// Lists taken of the tasks placed on this daemon's pools.
     pub lists: u64,
-    /// Times the change feed was cut under the executor (it fell behind, the revision it
-    /// resumes from was no longer kept, the feed closed): each followed by a list.
+    /// Times the change feed was cut under the executor (it fell behind, or the changes after
+    /// its list's revision were no longer kept): each followed by a list.
     pub feed_cuts: u64,
     /// Whether it follows the store's change feed now (else it lists every
     /// [`ExecutorConfig::scan_without_feed`]).
@@ -320,6 +320,12 @@ impl Executor {
                         if !std::mem::replace(&mut said_no_feed, true) {
                             tracing::info!(reason = %err, every = ?self.config.scan_without_feed, "no change feed: the executor lists the tasks placed here periodically");
                         }
+                        None
+                    }
+                    Err(err @ WatchError::Compacted { .. }) => {
+                        // The list took so long that the changes since its revision are gone.
+                        self.stats.feed_cuts.fetch_add(1, Ordering::Relaxed);
+                        tracing::info!(reason = %err, "the change feed was cut: the executor lists the tasks placed here again");
                         None
                     }
                     Err(err) => {
