@@ -2,11 +2,11 @@
 //! embedded store, or the Redis lease holder), else over HTTP from the daemon that schedules (on
 //! Redis, one daemon serves the applications part; see `allot_store::AppsHome`).
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Mutex};
 
 use allot_core::apps::states::TaskState;
-use allot_core::apps::{AppId, SchedError, Task, TaskId};
+use allot_core::apps::{AppId, AppSpec, SchedError, Task, TaskId};
 use allot_core::pools::PoolName;
 use allot_store::{AppsHome, Store, StoreError};
 
@@ -29,6 +29,31 @@ pub struct AppMeta {
     pub user: String,
     pub labels: std::collections::BTreeMap<String, String>,
     pub max_parallelism: Option<u32>,
+}
+
+impl AppMeta {
+    /// What a run needs of an application, from its spec.
+    pub fn of(spec: &AppSpec) -> AppMeta {
+        AppMeta {
+            queue: spec.queue.to_string(),
+            user: spec.user.clone(),
+            labels: spec.tags.clone(),
+            max_parallelism: spec.policy.max_parallelism,
+        }
+    }
+}
+
+/// Whether a task in `state`, placed on `pool`, is one for the executor of `pools` to run:
+/// placed (Allocated or Running) on one of them.
+pub(crate) fn placed_on(state: TaskState, pool: Option<&PoolName>, pools: &HashSet<PoolName>) -> bool {
+    matches!(state, TaskState::Allocated | TaskState::Running) && pool.is_some_and(|pool| pools.contains(pool))
+}
+
+impl PlacedTask {
+    /// Whether it is placed (Allocated or Running) on one of `pools`.
+    pub(crate) fn placed_on(&self, pools: &HashSet<PoolName>) -> bool {
+        placed_on(self.state, self.placement.as_ref().map(|p| &p.pool), pools)
+    }
 }
 
 /// Where a task is placed.
@@ -187,15 +212,9 @@ impl AppsAccess {
     /// What a run needs of its application (default if it is gone).
     pub(crate) async fn app_meta(&self, app: &AppId) -> Result<AppMeta, StoreError> {
         let found: Result<AppMeta, Refusal> = match self.home()? {
-            Home::Here => self.store.app(app.clone()).await.map_err(Refusal::from).map(|info| {
-                let spec = info.app.spec;
-                AppMeta {
-                    queue: spec.queue.to_string(),
-                    user: spec.user,
-                    labels: spec.tags,
-                    max_parallelism: spec.policy.max_parallelism,
-                }
-            }),
+            Home::Here => {
+                self.store.app(app.clone()).await.map_err(Refusal::from).map(|info| AppMeta::of(&info.app.spec))
+            }
             Home::At(client) => match client.app(app.as_str()).await {
                 Ok(wire) => Ok(AppMeta {
                     queue: wire.queue,
@@ -241,14 +260,7 @@ impl AppsAccess {
     }
 
     /// The tasks placed (Allocated or Running) on `pools`, in applications that have not ended.
-    pub(crate) async fn placed_on(
-        &self,
-        pools: &std::collections::HashSet<PoolName>,
-    ) -> Result<Vec<(AppId, TaskId)>, StoreError> {
-        let placed_here = |task: &PlacedTask| {
-            matches!(task.state, TaskState::Allocated | TaskState::Running)
-                && task.placement.as_ref().is_some_and(|p| pools.contains(&p.pool))
-        };
+    pub(crate) async fn placed_on(&self, pools: &HashSet<PoolName>) -> Result<Vec<(AppId, TaskId)>, StoreError> {
         let mut found = Vec::new();
         match self.home()? {
             Home::Here => found = self.store.placed_on(pools).await?,
@@ -261,7 +273,7 @@ impl AppsAccess {
                     }
                     let Ok(id) = AppId::new(&app.id) else { continue };
                     for task in client.tasks(&app.id).await.map_err(refused)?.tasks {
-                        if placed_here(&from_wire(&task)?) {
+                        if from_wire(&task)?.placed_on(pools) {
                             if let Ok(task_id) = TaskId::new(&task.id) {
                                 found.push((id.clone(), task_id));
                             }

@@ -16,10 +16,16 @@
 //!
 //! A task is stopped from outside when it is removed or ended through the API: its attempt is
 //! aborted and finalized.
+//!
+//! Which tasks to run: the tasks placed on this daemon's pools are listed at start, then the
+//! store's change feed (`crate::feed`) is followed from the revision read before the list; a
+//! task placed here is driven as soon as its change comes, and a list is taken again whenever
+//! the feed is cut, and every [`ExecutorConfig::scan`] as a safety net. A store without a feed
+//! is listed every [`ExecutorConfig::scan_without_feed`].
 
 use std::collections::{HashMap, HashSet};
 use std::path::PathBuf;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
@@ -29,11 +35,13 @@ use allot_core::pools::PoolName;
 use allot_core::runs::{
     Ending, ExecError, Next, Phase, PhaseInfo, RetryPolicy, Run, StateWrite, Transition, TransitionKind,
 };
-use allot_store::{Store, StoreError};
+use allot_store::{Event, Store, StoreError, WatchError, Watcher};
 use tokio::sync::{watch, Notify, OwnedSemaphorePermit, Semaphore};
+use tokio::time::Instant;
 
 use crate::apps::{AppMeta, AppsAccess, PlacedTask};
 use crate::context::{release, Metadata, RunKey, Secrets, TaskContext, TokenWaits, Tokens, Waker};
+use crate::feed::{Metas, Step};
 use crate::plugin::Plugin;
 use crate::registry::Registry;
 use crate::spec::RunSpec;
@@ -50,8 +58,11 @@ pub struct ExecutorConfig {
     pub max_output_bytes: usize,
     /// The longest a run waits between rounds when nothing wakes it.
     pub pause: Duration,
-    /// How often the executor looks for newly placed tasks when nothing wakes it.
+    /// How often the executor lists the tasks placed on its pools while it follows the store's
+    /// change feed, which brings them as they are placed: a safety net.
     pub scan: Duration,
+    /// How often it lists them on a store without a change feed (and while it cannot follow it).
+    pub scan_without_feed: Duration,
     /// How often the directories of removed tasks are removed.
     pub sweep: Duration,
     pub secrets: Secrets,
@@ -62,6 +73,11 @@ pub struct ExecutorConfig {
 }
 
 impl ExecutorConfig {
+    /// The default [`ExecutorConfig::scan`].
+    pub const SCAN: Duration = Duration::from_secs(10);
+    /// The default [`ExecutorConfig::scan_without_feed`].
+    pub const SCAN_WITHOUT_FEED: Duration = Duration::from_millis(200);
+
     /// `data_dir` is made absolute: tasks' commands run elsewhere and are given paths into it.
     pub fn new(pools: HashSet<PoolName>, data_dir: PathBuf) -> ExecutorConfig {
         ExecutorConfig {
@@ -70,7 +86,8 @@ impl ExecutorConfig {
             data_dir: std::path::absolute(&data_dir).unwrap_or(data_dir),
             max_output_bytes: 1 << 20,
             pause: Duration::from_secs(1),
-            scan: Duration::from_millis(200),
+            scan: ExecutorConfig::SCAN,
+            scan_without_feed: ExecutorConfig::SCAN_WITHOUT_FEED,
             sweep: Duration::from_secs(60),
             secrets: Secrets::default(),
             node: "local".to_owned(),
@@ -83,7 +100,17 @@ fn now_ms() -> u64 {
     SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_millis() as u64)
 }
 
-type Active = Arc<Mutex<HashMap<RunKey, Arc<Notify>>>>;
+/// A run being driven.
+#[derive(Default)]
+struct Driven {
+    /// Wakes it for its next round (or to read its task again) at once.
+    notify: Notify,
+    /// Set when its task is found placed here (by a list or the feed) while it is driven: the
+    /// run may have read its task before and be on its way out, so its end looks again.
+    found_again: AtomicBool,
+}
+
+type Active = Arc<Mutex<HashMap<RunKey, Arc<Driven>>>>;
 
 /// The parallelism of the applications whose tasks this executor runs: a semaphore per
 /// application with a `max_parallelism`, whose permits the runs past waiting to begin hold
@@ -119,6 +146,9 @@ pub struct ExecStats {
     cache_hits: AtomicU64,
     cache_misses: AtomicU64,
     held_back: AtomicU64,
+    lists: AtomicU64,
+    feed_cuts: AtomicU64,
+    following_feed: AtomicBool,
 }
 
 /// [`ExecStats`] as read at one moment.
@@ -134,6 +164,14 @@ pub struct ExecCounts {
     pub cache_misses: u64,
     /// Times a run was held back by its application's parallelism.
     pub held_back: u64,
+    /// Lists taken of the tasks placed on this daemon's pools.
+    pub lists: u64,
+    /// Times the change feed was cut under the executor (it fell behind, or the changes after
+    /// its list's revision were no longer kept): each followed by a list.
+    pub feed_cuts: u64,
+    /// Whether it follows the store's change feed now (else it lists every
+    /// [`ExecutorConfig::scan_without_feed`]).
+    pub following_feed: bool,
 }
 
 impl ExecStats {
@@ -148,6 +186,9 @@ impl ExecStats {
             cache_hits: read(&self.cache_hits),
             cache_misses: read(&self.cache_misses),
             held_back: read(&self.held_back),
+            lists: read(&self.lists),
+            feed_cuts: read(&self.feed_cuts),
+            following_feed: self.following_feed.load(Ordering::Relaxed),
         }
     }
 }
@@ -191,8 +232,15 @@ pub struct Executor {
     apps: AppsAccess,
     /// The runs being driven, each with what wakes it.
     active: Active,
-    /// Wakes the scan for new tasks.
+    /// Wakes the scan for new tasks: a list at once.
     scan: Notify,
+    /// Asks for a list soon ([`ExecutorConfig::scan_without_feed`]): a run stopped by an error
+    /// is driven again by it, as it is placed here.
+    list_soon: Notify,
+    /// The applications' meta, kept while the feed is followed.
+    metas: Metas,
+    /// The runs of removed tasks were looked for (once per start).
+    orphans_looked_for: AtomicBool,
     parallelism: Parallelism,
     stats: ExecStats,
 }
@@ -207,6 +255,9 @@ impl Executor {
             waits: TokenWaits::default(),
             active: Arc::default(),
             scan: Notify::new(),
+            list_soon: Notify::new(),
+            metas: Metas::default(),
+            orphans_looked_for: AtomicBool::new(false),
             parallelism: Parallelism::default(),
             stats: ExecStats::default(),
         })
@@ -222,8 +273,8 @@ impl Executor {
     /// Wakes a run if this executor drives it now; false if it does not.
     pub fn wake_driven(&self, run: &RunKey) -> bool {
         match self.active.lock().unwrap_or_else(|p| p.into_inner()).get(run) {
-            Some(notify) => {
-                notify.notify_one();
+            Some(driven) => {
+                driven.notify.notify_one();
                 true
             }
             None => false,
@@ -251,54 +302,162 @@ impl Executor {
     }
 
     /// Looks for tasks to run until `shutdown` is true; each found task is driven by a task of
-    /// its own until it ends.
+    /// its own until it ends. Lists them, then follows the store's change feed from the revision
+    /// read before the list; lists again whenever the feed is cut. On a store without a feed, or
+    /// when a list fails, lists every [`ExecutorConfig::scan_without_feed`].
     pub async fn run(self: Arc<Executor>, mut shutdown: watch::Receiver<bool>) {
         tokio::spawn(self.clone().renew_lease(shutdown.clone()));
         tokio::spawn(self.clone().sweep_directories(shutdown.clone()));
-        // Runs of this daemon's pools whose task went while no executor drove them (a crash
-        // between a removal and the end of its run): stopped here, then removed. Looked for once
-        // per start, until it can be read.
-        let mut orphans_looked_for = false;
+        let mut said_no_feed = false;
         loop {
-            if !orphans_looked_for {
-                match self.orphans().await {
-                    Ok(orphans) => {
-                        orphans_looked_for = true;
-                        for key in orphans {
-                            self.start_driving(key, &shutdown);
+            // Read before the list: a watch from it is given every change the list may miss.
+            let revision = self.store.revision();
+            let watcher = match self.list(&shutdown).await {
+                false => None,
+                true => match self.store.watch(crate::feed::filter(), Some(revision)) {
+                    Ok(watcher) => Some(watcher),
+                    Err(err @ WatchError::Unsupported { .. }) => {
+                        if !std::mem::replace(&mut said_no_feed, true) {
+                            tracing::info!(reason = %err, every = ?self.config.scan_without_feed, "no change feed: the executor lists the tasks placed here periodically");
                         }
+                        None
                     }
-                    Err(err) => tracing::debug!(error = %err, "cannot look for the runs of removed tasks yet"),
+                    Err(err @ WatchError::Compacted { .. }) => {
+                        // The list took so long that the changes since its revision are gone.
+                        self.stats.feed_cuts.fetch_add(1, Ordering::Relaxed);
+                        tracing::info!(reason = %err, "the change feed was cut: the executor lists the tasks placed here again");
+                        None
+                    }
+                    Err(err) => {
+                        tracing::debug!(error = %err, "cannot follow the change feed now; listing again soon");
+                        None
+                    }
+                },
+            };
+            match watcher {
+                Some(watcher) => {
+                    said_no_feed = false;
+                    if self.follow(watcher, &mut shutdown).await {
+                        return;
+                    }
+                    // Cut: listed again at once.
                 }
-            }
-            match self.placed_here().await {
-                Ok(found) => {
-                    for key in found {
-                        self.start_driving(key, &shutdown);
+                None => {
+                    tokio::select! {
+                        _ = self.scan.notified() => {}
+                        _ = tokio::time::sleep(self.config.scan_without_feed) => {}
+                        _ = shutdown.wait_for(|stop| *stop) => return,
                     }
                 }
-                Err(err) => tracing::warn!(error = %err, "cannot list the tasks to run"),
-            }
-            tokio::select! {
-                _ = self.scan.notified() => {}
-                _ = tokio::time::sleep(self.config.scan) => {}
-                _ = shutdown.wait_for(|stop| *stop) => return,
             }
         }
     }
 
-    /// Drives a run by a task of its own, unless it is driven already.
+    /// Follows the change feed: drives each task placed here as its change comes, wakes the runs
+    /// whose task changed otherwise or went; lists every [`ExecutorConfig::scan`] all the same (or
+    /// sooner, when asked, or after a list that failed). Returns when the feed is cut (false:
+    /// list, then follow it again) or at shutdown (true).
+    async fn follow(self: &Arc<Executor>, mut watcher: Watcher, shutdown: &mut watch::Receiver<bool>) -> bool {
+        let stop = shutdown.clone();
+        self.metas.follow();
+        self.stats.following_feed.store(true, Ordering::Relaxed);
+        tracing::debug!(revision = watcher.revision(), "the executor follows the change feed");
+        let mut next_list = Instant::now() + self.config.scan;
+        let stopped = loop {
+            tokio::select! {
+                event = watcher.next() => match event {
+                    Ok(event) => self.on_event(&event, &stop),
+                    Err(err) => {
+                        if !matches!(err, WatchError::Closed) {
+                            self.stats.feed_cuts.fetch_add(1, Ordering::Relaxed);
+                            tracing::info!(reason = %err, "the change feed was cut: the executor lists the tasks placed here again");
+                        }
+                        break false;
+                    }
+                },
+                _ = self.scan.notified() => next_list = Instant::now(),
+                _ = self.list_soon.notified() => {
+                    next_list = next_list.min(Instant::now() + self.config.scan_without_feed);
+                }
+                _ = tokio::time::sleep_until(next_list) => {
+                    let pause = if self.list(&stop).await { self.config.scan } else { self.config.scan_without_feed };
+                    next_list = Instant::now() + pause;
+                }
+                // Its answer borrows the channel: dropped here, as other branches await.
+                () = async { drop(shutdown.wait_for(|stop| *stop).await) } => break true,
+            }
+        };
+        self.stats.following_feed.store(false, Ordering::Relaxed);
+        self.metas.unfollow();
+        stopped
+    }
+
+    /// What one change asks of the executor.
+    fn on_event(self: &Arc<Executor>, event: &Event, shutdown: &watch::Receiver<bool>) {
+        match crate::feed::step(event, &self.config.pools) {
+            Step::Drive(key) => self.start_driving(key, shutdown),
+            Step::Wake(key) => {
+                self.wake_driven(&key);
+            }
+            Step::AppChanged(app) => self.metas.changed(app),
+            Step::AppRemoved(app) => {
+                self.metas.removed(&app);
+                for (key, driven) in self.active.lock().unwrap_or_else(|p| p.into_inner()).iter() {
+                    if key.app == app {
+                        driven.notify.notify_one();
+                    }
+                }
+            }
+            Step::Nothing => {}
+        }
+    }
+
+    /// Lists the tasks placed on this daemon's pools and drives each one not driven yet (and,
+    /// once per start, the runs of removed tasks). False if the list could not be read.
+    async fn list(self: &Arc<Executor>, shutdown: &watch::Receiver<bool>) -> bool {
+        self.stats.lists.fetch_add(1, Ordering::Relaxed);
+        // Runs of this daemon's pools whose task went while no executor drove them (a crash
+        // between a removal and the end of its run): stopped here, then removed. Looked for once
+        // per start, until it can be read.
+        if !self.orphans_looked_for.load(Ordering::Relaxed) {
+            match self.orphans().await {
+                Ok(orphans) => {
+                    self.orphans_looked_for.store(true, Ordering::Relaxed);
+                    for key in orphans {
+                        self.start_driving(key, shutdown);
+                    }
+                }
+                Err(err) => tracing::debug!(error = %err, "cannot look for the runs of removed tasks yet"),
+            }
+        }
+        match self.placed_here().await {
+            Ok(found) => {
+                for key in found {
+                    self.start_driving(key, shutdown);
+                }
+                true
+            }
+            Err(err) => {
+                tracing::warn!(error = %err, "cannot list the tasks to run");
+                false
+            }
+        }
+    }
+
+    /// Drives a run by a task of its own, unless it is driven already (then it is marked found
+    /// again: see [`Driven::found_again`]).
     fn start_driving(self: &Arc<Executor>, key: RunKey, shutdown: &watch::Receiver<bool>) {
-        let notify = Arc::new(Notify::new());
+        let driven = Arc::new(Driven::default());
         {
             let mut active = self.active.lock().unwrap_or_else(|p| p.into_inner());
-            if active.contains_key(&key) {
+            if let Some(already) = active.get(&key) {
+                already.found_again.store(true, Ordering::SeqCst);
                 return;
             }
-            active.insert(key.clone(), notify.clone());
+            active.insert(key.clone(), driven.clone());
         }
         let (executor, shutdown) = (self.clone(), shutdown.clone());
-        tokio::spawn(async move { executor.drive(key, notify, shutdown).await });
+        tokio::spawn(async move { executor.drive(key, driven, shutdown).await });
     }
 
     /// The kept runs of this daemon's pools whose task is gone (an ended one is removed here).
@@ -387,6 +546,17 @@ impl Executor {
         }
     }
 
+    /// What a run needs of its application: kept while the feed is followed, else read.
+    async fn app_meta(&self, app: &AppId) -> Result<AppMeta, StoreError> {
+        let reading = match self.metas.get(app) {
+            Ok(meta) => return Ok(meta),
+            Err(reading) => reading,
+        };
+        let meta = self.apps.app_meta(app).await?;
+        self.metas.keep(app, meta.clone(), reading);
+        Ok(meta)
+    }
+
     /// The placed tasks on this daemon's pools (Allocated or Running).
     async fn placed_here(&self) -> Result<Vec<RunKey>, StoreError> {
         let found = self.apps.placed_on(&self.config.pools).await?;
@@ -395,23 +565,41 @@ impl Executor {
 
     /// Drives one run until its task ends (or the daemon stops: the run resumes at the next
     /// start from what is stored).
-    async fn drive(self: Arc<Executor>, key: RunKey, notify: Arc<Notify>, mut shutdown: watch::Receiver<bool>) {
-        let result = self.drive_until_done(&key, &notify, &mut shutdown).await;
+    async fn drive(self: Arc<Executor>, key: RunKey, driven: Arc<Driven>, mut shutdown: watch::Receiver<bool>) {
+        let result = self.drive_until_done(&key, &driven, &mut shutdown).await;
         self.parallelism.forget_unused(&key.app);
+        let failed = result.is_err();
         if let Err(err) = result {
-            tracing::warn!(run = %key, error = %err, "a run stopped; it resumes at the next scan");
+            tracing::warn!(run = %key, error = %err, "a run stopped; it resumes at the next list");
         }
         self.active.lock().unwrap_or_else(|p| p.into_inner()).remove(&key);
+        if *shutdown.borrow() {
+            return;
+        }
+        if failed {
+            // The next list drives it again, if it is still placed here: soon, not at once.
+            self.list_soon.notify_one();
+        } else if driven.found_again.load(Ordering::SeqCst) {
+            // Found placed here after the run last read its task (it left this daemon's pools
+            // and came back, say): looked at once more, as a list would.
+            match self.apps.task(&key.app, &key.task).await {
+                Ok(Some(task)) if task.placed_on(&self.config.pools) => self.start_driving(key, &shutdown),
+                Ok(_) => {}
+                Err(_) => self.list_soon.notify_one(),
+            }
+        }
     }
 
     async fn drive_until_done(
         &self,
         key: &RunKey,
-        notify: &Notify,
+        driven: &Driven,
         shutdown: &mut watch::Receiver<bool>,
     ) -> Result<(), StoreError> {
         let store = &*self.store;
         let stored = store.run(key.app.clone(), key.task.clone()).await?;
+        // Every time it was found placed here before is in what it reads now.
+        driven.found_again.store(false, Ordering::SeqCst);
         // The task as last read: a task removed from outside is still aborted and finalized by
         // its plugin, which needs its spec. Only a reading of the task this run belongs to.
         let mut last: Option<PlacedTask> = self.apps.task(&key.app, &key.task).await?;
@@ -429,7 +617,7 @@ impl Executor {
         };
         let mut streak = 0;
         // The application's parallelism: a run holds a slot while it is past waiting to begin.
-        let meta = self.apps.app_meta(&key.app).await?;
+        let meta = self.app_meta(&key.app).await?;
         let max_parallelism = meta.max_parallelism;
         let parallelism = max_parallelism.map(|max| self.parallelism.of(&key.app, max));
         let mut slot: Option<OwnedSemaphorePermit> = None;
@@ -448,12 +636,21 @@ impl Executor {
             // last reading (what happened meanwhile is seen at the next wait).
             let task = match (&last, reread) {
                 (Some(task), false) => Some(task.clone()),
-                _ => self.apps.task(&key.app, &key.task).await?,
+                _ => {
+                    driven.found_again.store(false, Ordering::SeqCst);
+                    self.apps.task(&key.app, &key.task).await?
+                }
             };
             reread = false;
             match &task {
                 Some(t) if run.belongs_to(t.seq) => last = Some(t.clone()),
-                Some(_) => replaced = true,
+                Some(t) => {
+                    replaced = true;
+                    // The task now under its id is driven afresh once this run has stopped.
+                    if t.placed_on(&self.config.pools) {
+                        driven.found_again.store(true, Ordering::SeqCst);
+                    }
+                }
                 None => gone = true,
             }
             let stopped = if replaced {
@@ -466,11 +663,7 @@ impl Executor {
                     .map(|t| format!("the task was ended from outside ({:?})", t.state))
             };
             if let (Some(t), None) = (&task, &stopped) {
-                let here = t
-                    .placement
-                    .as_ref()
-                    .filter(|p| self.config.pools.contains(&p.pool))
-                    .filter(|_| matches!(t.state, TaskState::Allocated | TaskState::Running));
+                let here = t.placement.as_ref().filter(|_| t.placed_on(&self.config.pools));
                 let Some(placement) = here else {
                     // Waiting to be placed again, or placed elsewhere (its pool was taken as
                     // lost): whoever runs it now takes the run over.
@@ -506,9 +699,11 @@ impl Executor {
                                     run.hold(&PhaseInfo::new(Phase::NotReady, HELD_BACK, reason), now_ms());
                                     store.put_run(key.app.clone(), key.task.clone(), run.clone()).await?;
                                 }
-                                // Woken by a permit, or after the pause to see if the task still stands.
+                                // Woken by a permit, or to see if the task still stands: by a
+                                // change of it, or after the pause.
                                 tokio::select! {
                                     permit = semaphore.clone().acquire_owned() => slot = permit.ok(),
+                                    _ = driven.notify.notified() => {}
                                     _ = tokio::time::sleep(self.config.pause) => {}
                                     _ = shutdown.wait_for(|stop| *stop) => return Ok(()),
                                 }
@@ -537,7 +732,7 @@ impl Executor {
                     } else if run.next() == Next::Handle {
                         streak = 0;
                         tokio::select! {
-                            _ = notify.notified() => {}
+                            _ = driven.notify.notified() => {}
                             _ = tokio::time::sleep(self.config.pause) => {}
                             _ = shutdown.wait_for(|stop| *stop) => return Ok(()),
                         }
@@ -684,8 +879,8 @@ impl Executor {
     fn waker_for(&self) -> Waker {
         let active = self.active.clone();
         Waker::new(move |run| {
-            if let Some(notify) = active.lock().unwrap_or_else(|p| p.into_inner()).get(run) {
-                notify.notify_one();
+            if let Some(driven) = active.lock().unwrap_or_else(|p| p.into_inner()).get(run) {
+                driven.notify.notify_one();
             }
         })
     }

@@ -8,6 +8,7 @@
 //! - `executor`: the loop that drives every task placed on this daemon's pools, round by round;
 //! - `apps`: the applications part as the executor reaches it (this daemon's store, or over HTTP
 //!   the daemon that schedules);
+//! - `feed`: the executor on the store's change feed (what each change asks of it);
 //! - `builtin`: the plugins that come with allot.
 //!
 //! The decisions over a run (phases, retries, events, abort then finalize) are pure, in
@@ -17,6 +18,7 @@ pub mod apps;
 pub mod builtin;
 pub mod context;
 pub mod executor;
+mod feed;
 pub mod plugin;
 pub mod registry;
 pub mod spec;

@@ -29,6 +29,12 @@ pub struct RunCounters {
     pub cache_misses: u64,
     /// Times a run was held back by its application's parallelism.
     pub held_back: u64,
+    /// Lists taken of the tasks placed on this daemon's pools.
+    pub lists: u64,
+    /// Times the change feed was cut under the executor (each followed by a list).
+    pub feed_cuts: u64,
+    /// Whether the executor follows the store's change feed now (else it lists periodically).
+    pub following_feed: bool,
     /// The plugins' own counters: (plugin, name) and value.
     pub plugins: Vec<((String, String), u64)>,
 }

@@ -1,7 +1,8 @@
-//! allot-exec's integration tests, one binary: the executor on a real embedded store, the
-//! `http` plugin against an outside service, and the plugin registry.
+//! allot-exec's integration tests, one binary: the executor on a real embedded store (and on its
+//! change feed), the `http` plugin against an outside service, and the plugin registry.
 
 mod executor;
+mod feed;
 mod http_jobs;
 mod plugins;
 mod support;

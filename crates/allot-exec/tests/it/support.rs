@@ -15,7 +15,7 @@ use allot_exec::{
     builtin, Executor, ExecutorConfig, Plugin, PluginCounters, PluginEntry, Registry, Secrets, SetupContext,
     TaskContext, TokenStatus, Waker,
 };
-use allot_store::{EmbeddedConfig, EmbeddedStore, Store};
+use allot_store::{AppStore, EmbeddedConfig, EmbeddedStore, PoolStore, Store};
 use async_trait::async_trait;
 use tokio::sync::watch;
 
@@ -112,6 +112,18 @@ pub(crate) async fn start_with(
     builtin: &builtin::BuiltinConfig,
     change: impl FnOnce(&mut ExecutorConfig),
 ) -> watch::Sender<bool> {
+    launch(store, dir, probe, counters, builtin, change).await.0
+}
+
+/// [`start_with`], and the executor itself (its counters).
+pub(crate) async fn launch(
+    store: Arc<dyn Store>,
+    dir: &std::path::Path,
+    probe: Arc<Probe>,
+    counters: PluginCounters,
+    builtin: &builtin::BuiltinConfig,
+    change: impl FnOnce(&mut ExecutorConfig),
+) -> (watch::Sender<bool>, Arc<Executor>) {
     let entry = {
         let probe = probe.clone();
         PluginEntry::new("probe", &["probe"], false, move |setup: SetupContext| {
@@ -137,17 +149,26 @@ pub(crate) async fn start_with(
     change(&mut config);
     let executor = Executor::new(store, Arc::new(registry), config);
     let (stop, stopped) = watch::channel(false);
-    tokio::spawn(executor.run(stopped));
-    stop
+    tokio::spawn(executor.clone().run(stopped));
+    (stop, executor)
 }
 
 /// An embedded store with the pool `local` (cpu=8) and the queue `root.q`.
 pub(crate) async fn new_store() -> (tempfile::TempDir, Arc<dyn Store>) {
     let dir = tempfile::tempdir().unwrap();
-    let store: Arc<dyn Store> = Arc::new(EmbeddedStore::open(&EmbeddedConfig::new(dir.path().join("data"))).unwrap());
+    let store = new_store_in(&dir, |config| config).await;
+    (dir, store)
+}
+
+/// The same in `dir`, opened as `config` says, given as it is.
+pub(crate) async fn new_store_in(
+    dir: &tempfile::TempDir,
+    config: impl FnOnce(EmbeddedConfig) -> EmbeddedConfig,
+) -> Arc<EmbeddedStore> {
+    let store = Arc::new(EmbeddedStore::open(&config(EmbeddedConfig::new(dir.path().join("data")))).unwrap());
     store.put_pool(PoolName::new("local").unwrap(), "cpu=8".parse().unwrap()).await.unwrap();
     store.put_queue(QueuePath::new("root.q").unwrap(), QueueLimits::default()).await.unwrap();
-    (dir, store)
+    store
 }
 
 pub(crate) async fn setup() -> Setup {

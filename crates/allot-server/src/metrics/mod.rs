@@ -22,7 +22,8 @@
 //! and the scheduler's `sched_cycles_total`, `sched_placements_total`, `sched_reservations_total`,
 //! `sched_takeovers_total`, `sched_timeouts_total` (label `kind`: `placeholder`, `reserve`). And
 //! On a daemon that runs tasks, its executor's `exec_runs_active`, `exec_rounds_total`,
-//! `exec_retries_total`, `exec_held_back_total`, `exec_runs_ended_total` (label `result`:
+//! `exec_retries_total`, `exec_held_back_total`, `exec_lists_total`, `exec_feed_cuts_total`,
+//! `exec_following_feed`, `exec_runs_ended_total` (label `result`:
 //! `succeeded`, `failed`, `aborted`) and `exec_cache_lookups_total` (label `result`: `hit`,
 //! `miss`), and the plugins' own `plugin_counter_total` (labels `plugin`, `counter`). And
 //! `store_commits_total`, `store_committed_operations_total`, `store_commit_seconds_total`,

@@ -20,6 +20,27 @@ pub(super) fn encode_exec(encoder: &mut DescriptorEncoder<'_>, exec: &RunCounter
         "Times a run was held back by its application's max_parallelism, since start",
         exec.held_back,
     )?;
+    encode_counter(
+        encoder,
+        "allot_exec_lists",
+        "Lists taken of the tasks placed on this daemon's pools, since start",
+        exec.lists,
+    )?;
+    encode_counter(
+        encoder,
+        "allot_exec_feed_cuts",
+        "Times the change feed was cut under the executor, each followed by a list, since start",
+        exec.feed_cuts,
+    )?;
+    let following = Gauge::<i64>::default();
+    following.set(i64::from(exec.following_feed));
+    let metric = encoder.encode_descriptor(
+        "allot_exec_following_feed",
+        "1 while the executor follows the store's change feed, 0 while it lists the tasks placed here periodically",
+        None,
+        MetricType::Gauge,
+    )?;
+    following.encode(metric)?;
     let ended = Family::<TotalResultLabels, Counter>::default();
     for (result, count) in [("succeeded", exec.succeeded), ("failed", exec.failed), ("aborted", exec.aborted)] {
         ended.get_or_create(&TotalResultLabels { result }).inc_by(count);

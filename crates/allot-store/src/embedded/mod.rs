@@ -144,6 +144,8 @@ struct Shared {
     stats: Stats,
     /// Every committed change, for watchers.
     feed: Feed,
+    /// Set by a test to play a store without a change feed: every watch is refused.
+    refuses_watches: AtomicBool,
 }
 
 /// Counters behind [`CommitStats`].
@@ -514,6 +516,7 @@ impl EmbeddedStore {
             shutdown,
             stats: Stats::default(),
             feed: Feed::new(watch_config, feed::window_of(seq + 1)),
+            refuses_watches: AtomicBool::new(false),
         });
         let spawn = |name: &str, run: fn(&Shared)| {
             let shared = shared.clone();
@@ -553,6 +556,14 @@ impl EmbeddedStore {
             durable(committed).await?;
         }
         Ok(())
+    }
+
+    /// From now on, refuses every watch as a store without a change feed does
+    /// ([`WatchError::Unsupported`]); the feed's watchers already started go on. For tests of
+    /// what falls back to reading lists.
+    #[cfg(feature = "testing")]
+    pub fn refuse_watches(&self) {
+        self.shared.refuses_watches.store(true, Ordering::SeqCst);
     }
 
     /// Checkpoints now, as the checkpointer does every [`CHECKPOINT_INTERVAL`]: seals the log's
@@ -654,6 +665,9 @@ fn lock(shared: &Shared) -> MutexGuard<'_, State> {
 
 impl WatchStore for EmbeddedStore {
     fn watch(&self, filter: Filter, since: Option<u64>) -> Result<Watcher, WatchError> {
+        if self.shared.refuses_watches.load(Ordering::SeqCst) {
+            return Err(WatchError::Unsupported { backend: "embedded" });
+        }
         if self.shared.shutting_down.load(Ordering::SeqCst) {
             return Err(WatchError::Closed);
         }

@@ -5,6 +5,7 @@
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
+use std::time::Duration;
 
 use allot_core::apps::queues::{QueueLimits, QueuePath, SortPolicy};
 use allot_core::apps::SchedConfig;
@@ -55,9 +56,11 @@ pub(crate) const SERVE_AFTER_HELP: &str = r#"Configuration file (--config), with
   retain_events = 100000        # the most events kept for watchers that resume
   retain_for = "1h"             # events older than this are not kept
   buffer = 4096                 # events a watcher may lag behind before it is ended
-  [executor]                    # how the tasks run here are retried (Flyte's budgets)
+  [executor]                    # the tasks run here: how they are retried (Flyte's budgets), found
   retries = 0                   # new attempts after user failures, for a task whose spec names none
   system_retries = 3            # new attempts after system failures (a daemon lost, a service down)
+  scan = "10s"                  # how often the tasks placed here are listed, though the feed brings them
+  scan_without_feed = "200ms"   # how often they are listed on a store without a change feed
   [plugins]                     # a plugin's quota is this file's value at every start
   http_jobs = 10                # the http plugin's jobs at once (its quota `http:jobs`)
   [plugins.task_types]          # the plugin of a task type that several plugins register
@@ -130,7 +133,7 @@ struct ConfigFile {
 }
 
 /// `[executor]`: the retry budgets of the tasks this daemon runs [Flyte's `RetryStrategy`
-/// default and `max-node-retries-system-failures`].
+/// default and `max-node-retries-system-failures`], and how often it lists them.
 #[derive(Debug, Default, Deserialize)]
 #[serde(deny_unknown_fields)]
 struct ExecutorFileConfig {
@@ -138,6 +141,36 @@ struct ExecutorFileConfig {
     retries: Option<u32>,
     /// New attempts after system failures, for every task (default 3).
     system_retries: Option<u32>,
+    /// How often the tasks placed here are listed while the change feed brings them (a safety
+    /// net; default 10 s).
+    scan: Option<String>,
+    /// How often they are listed on a store without a change feed (default 200 ms).
+    scan_without_feed: Option<String>,
+}
+
+/// How often the executor lists the tasks placed on its pools, from `[executor]`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) struct Scans {
+    /// While it follows the change feed.
+    pub(super) scan: Duration,
+    /// On a store without one.
+    pub(super) without_feed: Duration,
+}
+
+fn scans(file: &ExecutorFileConfig) -> anyhow::Result<Scans> {
+    use allot_exec::ExecutorConfig;
+    let read = |key: &str, text: &Option<String>, default: Duration| -> anyhow::Result<Duration> {
+        let Some(text) = text.as_deref() else { return Ok(default) };
+        let duration = allot_bench::duration::parse(text).map_err(|err| anyhow::anyhow!("[executor] {key}: {err}"))?;
+        if duration.is_zero() {
+            bail!("[executor] {key}: must be more than 0");
+        }
+        Ok(duration)
+    };
+    Ok(Scans {
+        scan: read("scan", &file.scan, ExecutorConfig::SCAN)?,
+        without_feed: read("scan_without_feed", &file.scan_without_feed, ExecutorConfig::SCAN_WITHOUT_FEED)?,
+    })
 }
 
 /// The retry policy from `[executor]`.
@@ -313,6 +346,7 @@ pub(super) struct Config {
     pub(super) apps_dir: Option<PathBuf>,
     pub(super) run_pools: Vec<PoolName>,
     pub(super) retry: allot_core::runs::RetryPolicy,
+    pub(super) scans: Scans,
     pub(super) plugins: Plugins,
     pub(super) watch: WatchConfig,
 }
@@ -475,6 +509,7 @@ pub(super) fn resolve(args: &ServeArgs) -> anyhow::Result<Config> {
     Ok(Config {
         watch: watch_config(&file.watch)?,
         retry: retry_policy(&file.executor)?,
+        scans: scans(&file.executor)?,
         plugins: plugins(file.plugins, file.secrets)?,
         run_pools,
         apps_dir: args.apps_dir.clone().or(file.apps_dir),
@@ -577,6 +612,12 @@ mod tests {
         assert_eq!(file.alloc_leases.retention.as_deref(), Some("1h"));
         assert_eq!(file.plugins.external["warehouse"].jobs_quota, Some(4));
         assert_eq!(retry_policy(&file.executor).unwrap(), allot_core::runs::RetryPolicy::new(0, 3));
+        let defaults = Scans {
+            scan: allot_exec::ExecutorConfig::SCAN,
+            without_feed: allot_exec::ExecutorConfig::SCAN_WITHOUT_FEED,
+        };
+        assert_eq!(scans(&file.executor).unwrap(), defaults, "the help shows the defaults");
+        assert_eq!(scans(&ExecutorFileConfig::default()).unwrap(), defaults);
         assert_eq!(watch_config(&file.watch).unwrap(), WatchConfig::default(), "the help shows the defaults");
     }
 
@@ -604,5 +645,16 @@ mod tests {
         let file: ConfigFile = toml::from_str("[executor]\nsystem_retries = 101\n").unwrap();
         let err = retry_policy(&file.executor).unwrap_err().to_string();
         assert_eq!(err, "[executor] system_retries is 101; the most is 100");
+    }
+
+    #[test]
+    fn how_often_the_executor_lists_comes_from_the_file() {
+        let file: ConfigFile = toml::from_str("[executor]\nscan = \"1m\"\nscan_without_feed = \"1s\"\n").unwrap();
+        let expected = Scans { scan: Duration::from_secs(60), without_feed: Duration::from_secs(1) };
+        assert_eq!(scans(&file.executor).unwrap(), expected);
+        let file: ConfigFile = toml::from_str("[executor]\nscan = \"0s\"\n").unwrap();
+        assert_eq!(scans(&file.executor).unwrap_err().to_string(), "[executor] scan: must be more than 0");
+        let file: ConfigFile = toml::from_str("[executor]\nscan_without_feed = \"often\"\n").unwrap();
+        assert!(scans(&file.executor).unwrap_err().to_string().starts_with("[executor] scan_without_feed: "));
     }
 }

@@ -175,6 +175,7 @@ pub(crate) async fn run(args: ServeArgs) -> anyhow::Result<()> {
             &config.data_dir,
             &config.plugins,
             config.retry,
+            config.scans,
             advertise.clone(),
         )
         .await?;
@@ -219,6 +220,7 @@ async fn start_executor(
     data_dir: &Path,
     plugins: &Plugins,
     retry: allot_core::runs::RetryPolicy,
+    scans: config::Scans,
     node: String,
 ) -> anyhow::Result<Arc<allot_exec::Executor>> {
     use allot_exec::{builtin, Executor, ExecutorConfig, Registry, Secrets, SetupContext, Waker};
@@ -246,6 +248,8 @@ async fn start_executor(
     config.counters = counters;
     config.node = node;
     config.retry = retry;
+    config.scan = scans.scan;
+    config.scan_without_feed = scans.without_feed;
     let made = Executor::new(store.clone(), Arc::new(registry), config);
     let _ = executor.set(made.clone());
     tracing::info!(pools = ?pools, "running the tasks placed on these pools");
@@ -277,6 +281,9 @@ impl allot_server::RunsHere for RunsHere {
             cache_hits: counts.cache_hits,
             cache_misses: counts.cache_misses,
             held_back: counts.held_back,
+            lists: counts.lists,
+            feed_cuts: counts.feed_cuts,
+            following_feed: counts.following_feed,
             plugins: self.0.plugin_counters().snapshot(),
         }
     }

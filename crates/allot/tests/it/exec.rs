@@ -323,6 +323,56 @@ async fn a_removed_application_takes_its_runs_on_the_embedded_store() {
     a_removed_application_takes_its_runs_and_runs_afresh_when_submitted_again(&daemon.url).await;
 }
 
+/// The executor follows the change feed: with its periodic list a minute apart (`[executor]
+/// scan`), the tasks of an application submitted meanwhile run and end within seconds, the first
+/// list at start the only one; and a watcher buffer of one event (`[watch] buffer`) cuts the feed
+/// under it again and again, each cut followed by a list, and no task is lost.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_executor_runs_tasks_as_the_change_feed_brings_them_not_at_its_periodic_list() {
+    for buffer in [4096, 1] {
+        let (dir, data) = data_dir();
+        let config = dir.path().join("allot.toml");
+        let text = format!("[queues.\"root.fed\"]\n[watch]\nbuffer = {buffer}\n[executor]\nscan = \"60s\"\n");
+        std::fs::write(&config, text).unwrap();
+        let daemon =
+            Daemon::start(&data, &["--config", config.to_str().unwrap(), "--pool", "w=cpu=4", "--run-pool", "w"]);
+        let client = daemon.client();
+        let following = eventually(Duration::from_secs(10), async || {
+            client.metrics().await.unwrap().contains("allot_exec_following_feed 1")
+        })
+        .await;
+        assert!(following, "the executor follows the feed");
+        let tasks = (0..8).map(|i| task(&format!("t{i}"), serde_json::json!({ "type": "noop" }))).collect();
+        let app = SubmitApp {
+            id: "fed".to_owned(),
+            queue: "root.fed".to_owned(),
+            user: "me".to_owned(),
+            tags: BTreeMap::new(),
+            task_groups: Vec::new(),
+            policy: Default::default(),
+            tasks,
+        };
+        client.submit_app(&app).await.unwrap();
+        // Well within the minute until the next periodic list.
+        let ended = eventually(Duration::from_secs(15), async || {
+            client.tasks("fed").await.unwrap().tasks.iter().all(|t| t.state == "Completed")
+        })
+        .await;
+        assert!(ended, "buffer {buffer}: every task completed: {:?}", client.tasks("fed").await.unwrap().tasks);
+        let metrics = client.metrics().await.unwrap();
+        let value = |name: &str| -> u64 {
+            let line = metrics.lines().find(|l| l.starts_with(&format!("{name} "))).unwrap_or_default();
+            line.rsplit(' ').next().and_then(|v| v.parse().ok()).unwrap_or_else(|| panic!("{name}: {metrics}"))
+        };
+        let (lists, cuts) = (value("allot_exec_lists_total"), value("allot_exec_feed_cuts_total"));
+        if buffer == 1 {
+            assert!(cuts > 0 && lists > 1, "cut and listed again: {lists} lists, {cuts} cuts");
+        } else {
+            assert_eq!((lists, cuts), (1, 0), "found by the feed, not by a list");
+        }
+    }
+}
+
 /// `retries` of a task (beside its spec, as Flyte's task metadata has them, or in it) give it new
 /// attempts after user failures; the daemon's file sets the default; `allot run` shows each
 /// attempt; a value out of bounds, or two different ones, are refused when submitted.
