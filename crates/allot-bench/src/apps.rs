@@ -266,10 +266,25 @@ async fn across(args: AppsBenchArgs, capacity: &str) -> anyhow::Result<()> {
              submission to all Completed",
             args.tasks, args.pools
         );
+        // The machine's CPU busy over the run, and what that is per task (all its cores).
+        let cpu = |r: &Round| {
+            let cores = std::thread::available_parallelism().map_or(1, |n| n.get()) as f64;
+            r.cpu.map_or_else(
+                || "-".to_owned(),
+                |c| {
+                    let per_task = c.busy_pct / 100.0 * cores * r.seconds * 1000.0 / args.tasks as f64;
+                    format!("busy {:.0}%, {per_task:.2} ms CPU/task", c.busy_pct)
+                },
+            )
+        };
         for (own, other) in own.iter().zip(&other) {
             println!(
-                "  round {}: on the scheduler's pools {:>7.0} tasks/s, on the other daemon's {:>7.0} tasks/s",
-                own.round, own.tasks_per_s, other.tasks_per_s
+                "  round {}: on the scheduler's pools {:>7.0} tasks/s ({}), on the other daemon's {:>7.0} tasks/s ({})",
+                own.round,
+                own.tasks_per_s,
+                cpu(own),
+                other.tasks_per_s,
+                cpu(other)
             );
         }
         if let Some(ratio) = ratio {
