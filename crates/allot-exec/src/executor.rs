@@ -108,6 +108,9 @@ struct Driven {
     /// Set when its task is found placed here (by a list or the feed) while it is driven: the
     /// run may have read its task before and be on its way out, so its end looks again.
     found_again: AtomicBool,
+    /// The task as the change that placed it here carried it: the run's first reading, instead
+    /// of asking the scheduling daemon (a later change wakes it to read again).
+    placed: Mutex<Option<PlacedTask>>,
 }
 
 type Active = Arc<Mutex<HashMap<RunKey, Arc<Driven>>>>;
@@ -395,7 +398,7 @@ impl Executor {
     /// What one change asks of the executor.
     fn on_event(self: &Arc<Executor>, event: &Event, shutdown: &watch::Receiver<bool>) {
         match crate::feed::step(event, &self.config.pools) {
-            Step::Drive(key) => self.start_driving(key, shutdown),
+            Step::Drive(key, task) => self.start_driving_placed(key, Some(task), shutdown),
             Step::Wake(key) => {
                 self.wake_driven(&key);
             }
@@ -447,7 +450,17 @@ impl Executor {
     /// Drives a run by a task of its own, unless it is driven already (then it is marked found
     /// again: see [`Driven::found_again`]).
     fn start_driving(self: &Arc<Executor>, key: RunKey, shutdown: &watch::Receiver<bool>) {
-        let driven = Arc::new(Driven::default());
+        self.start_driving_placed(key, None, shutdown)
+    }
+
+    /// [`Executor::start_driving`], with the task as the change that placed it carried it.
+    fn start_driving_placed(
+        self: &Arc<Executor>,
+        key: RunKey,
+        placed: Option<PlacedTask>,
+        shutdown: &watch::Receiver<bool>,
+    ) {
+        let driven = Arc::new(Driven { placed: Mutex::new(placed), ..Driven::default() });
         {
             let mut active = self.active.lock().unwrap_or_else(|p| p.into_inner());
             if let Some(already) = active.get(&key) {
@@ -602,7 +615,11 @@ impl Executor {
         driven.found_again.store(false, Ordering::SeqCst);
         // The task as last read: a task removed from outside is still aborted and finalized by
         // its plugin, which needs its spec. Only a reading of the task this run belongs to.
-        let mut last: Option<PlacedTask> = self.apps.task(&key.app, &key.task).await?;
+        let placed = driven.placed.lock().unwrap_or_else(|p| p.into_inner()).take();
+        let mut last: Option<PlacedTask> = match placed {
+            Some(task) => Some(task),
+            None => self.apps.task(&key.app, &key.task).await?,
+        };
         let mut run = match (stored, &last) {
             // Gone before it was run: nothing to do.
             (None, None) => return Ok(()),

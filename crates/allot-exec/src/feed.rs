@@ -14,7 +14,7 @@ use allot_core::pools::PoolName;
 use allot_core::watch::{EventKind, Filter};
 use allot_store::{Event, EventObject};
 
-use crate::apps::{placed_on, AppMeta};
+use crate::apps::{placed_on, AppMeta, PlacedTask};
 use crate::context::RunKey;
 
 /// The changes the executor watches: tasks and applications, changed or removed.
@@ -28,8 +28,9 @@ pub(crate) fn filter() -> Filter {
 /// What an event asks of the executor.
 #[derive(Debug, PartialEq, Eq)]
 pub(crate) enum Step<'a> {
-    /// The task is placed (Allocated or Running) on one of its pools: drive it, unless it is.
-    Drive(RunKey),
+    /// The task is placed (Allocated or Running) on one of its pools: drive it, unless it is
+    /// (the task as the change left it).
+    Drive(RunKey, PlacedTask),
     /// The task changed otherwise (ended, waits again, placed elsewhere) or went: its run, if
     /// driven here, reads it again at once.
     Wake(RunKey),
@@ -47,7 +48,7 @@ pub(crate) fn step<'a>(event: &'a Event, pools: &HashSet<PoolName>) -> Step<'a> 
         (EventKind::TaskChanged, EventObject::Task(task)) => {
             let key = RunKey { app: task.app.clone(), task: task.spec.id.clone() };
             if placed_on(task.state, task.placement.as_ref().map(|p| &p.pool), pools) {
-                Step::Drive(key)
+                Step::Drive(key, PlacedTask::from(task))
             } else {
                 Step::Wake(key)
             }
