@@ -195,5 +195,6 @@ pub fn open_flaky_store_with(
     let inner = DirLog::open(log_dir.clone(), durability)
         .map_err(|source| crate::embedded::OpenError::DataDir { path: log_dir, source })?;
     let log = Box::new(FlakyLog { inner, faults: faults.clone() });
-    Ok((crate::EmbeddedStore::open_with_backend(make, log, durability, time)?, faults))
+    let events = dir.join(crate::embedded::EVENTS_DIR);
+    Ok((crate::EmbeddedStore::open_with_backend(make, log, events, durability, time)?, faults))
 }

@@ -1,4 +1,5 @@
-//! The checkpointer thread: the log's sealed segments written into the database.
+//! The checkpointer thread: the log's sealed segments written into the database (their events
+//! into the kept events' files).
 
 use super::open::fold_into;
 use super::recover::fail_syncs;
@@ -15,6 +16,9 @@ pub(super) fn run_checkpointer(shared: &Shared) {
                 .unwrap_or_else(|poisoned| poisoned.into_inner());
             *stop
         };
+        if stop && shared.crashed.load(std::sync::atomic::Ordering::SeqCst) {
+            return;
+        }
         if let Err(err) = checkpoint(shared) {
             tracing::warn!(error = %err, "checkpoint failed; the log keeps everything until the next one");
         }
@@ -25,7 +29,8 @@ pub(super) fn run_checkpointer(shared: &Shared) {
 }
 
 /// Seals the current segment (if it holds anything) and writes every sealed one into the
-/// database, then deletes them.
+/// database (their events kept first), then deletes them; deletes the kept events' segments the
+/// feed no longer keeps.
 pub(super) fn checkpoint(shared: &Shared) -> Result<(), String> {
     let reserved = {
         let mut state = lock(shared);
@@ -74,7 +79,7 @@ pub(super) fn checkpoint(shared: &Shared) -> Result<(), String> {
             *db = Some((shared.opener)().map_err(|err| err.to_string())?);
         }
         let database = db.as_ref().expect("opened above");
-        if let Err(err) = fold_into(database, shared.files.as_ref(), &sealed) {
+        if let Err(err) = fold_into(database, shared.files.as_ref(), &sealed, &mut lock_plain(&shared.archive)) {
             // Reopened before the next use: a failed commit can leave redb unusable.
             *db = None;
             return Err(err);
@@ -83,5 +88,8 @@ pub(super) fn checkpoint(shared: &Shared) -> Result<(), String> {
     for number in sealed {
         shared.files.remove(number).map_err(|err| format!("cannot remove a folded segment: {err}"))?;
     }
+    // The kept events the feed no longer keeps are not kept on disk either.
+    let compacted = shared.feed.kept().1;
+    lock_plain(&shared.archive).trim(compacted);
     Ok(())
 }

@@ -14,12 +14,14 @@
 //!   `seq` -> the number of the last commit
 //!
 //! The records of each part are in a module of their own (`quotas`, `pools`, `apps`, `runs`);
-//! this one holds the format's version, the `meta` table and the encoding.
+//! `events` holds the change feed's events as the log and the kept events' files carry them; this
+//! one holds the format's version, the `meta` table and the encoding.
 //!
 //! Values are postcard-encoded. The format version is checked at open: a file written by a newer
 //! format is refused rather than misread.
 
 pub mod apps;
+pub mod events;
 mod pools;
 mod quotas;
 pub mod runs;
