@@ -423,7 +423,7 @@ mod tests {
             seq,
             clock: seq * 10,
             ops: vec![Op::Put(Table::Pools, Key::Name(format!("p{seq}")), vec![1, 2])],
-            events: (seq % 2 == 0).then(|| Events { last: seq << 20 | 1, bytes: vec![seq as u8; 3] }),
+            events: seq.is_multiple_of(2).then(|| Events { last: seq << 20 | 1, bytes: vec![seq as u8; 3] }),
         }
     }
 

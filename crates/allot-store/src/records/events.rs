@@ -42,10 +42,10 @@ pub enum ObjectRecord<'a> {
     Pool(PoolViewRecord),
     Alloc { pool: Cow<'a, str>, id: u64, alloc: AllocRecord },
     EndedAlloc { pool: Cow<'a, str>, id: u64, alloc: AllocRecord },
-    Queue(QueueViewRecord),
-    App { id: Cow<'a, str>, app: AppRecord },
-    Task { app: Cow<'a, str>, id: Cow<'a, str>, task: TaskRecord },
-    Run(RunRecord),
+    Queue(Box<QueueViewRecord>),
+    App { id: Cow<'a, str>, app: Box<AppRecord> },
+    Task { app: Cow<'a, str>, id: Cow<'a, str>, task: Box<TaskRecord> },
+    Run(Box<RunRecord>),
     Gone,
 }
 
@@ -230,7 +230,7 @@ impl<'a> ObjectRecord<'a> {
                 id: ended.alloc.id.0,
                 alloc: AllocRecord::ended(ended),
             },
-            EventObject::Queue(view) => ObjectRecord::Queue(QueueViewRecord {
+            EventObject::Queue(view) => ObjectRecord::Queue(Box::new(QueueViewRecord {
                 path: view.path.to_string(),
                 limits: QueueRecord::of(&view.limits),
                 allocated: resources_record(&view.usage.allocated),
@@ -245,16 +245,16 @@ impl<'a> ObjectRecord<'a> {
                 apps: view.apps,
                 pending_tasks: view.pending_tasks,
                 waiting: view.waiting.iter().map(|(code, n)| ((*code).to_owned(), *n)).collect(),
-            }),
+            })),
             EventObject::App(app) => {
-                ObjectRecord::App { id: Cow::Borrowed(app.spec.id.as_str()), app: AppRecord::of(app) }
+                ObjectRecord::App { id: Cow::Borrowed(app.spec.id.as_str()), app: Box::new(AppRecord::of(app)) }
             }
             EventObject::Task(task) => ObjectRecord::Task {
                 app: Cow::Borrowed(task.app.as_str()),
                 id: Cow::Borrowed(task.spec.id.as_str()),
-                task: TaskRecord::of(task),
+                task: Box::new(TaskRecord::of(task)),
             },
-            EventObject::Run(run) => ObjectRecord::Run(RunRecord::of(run)),
+            EventObject::Run(run) => ObjectRecord::Run(Box::new(RunRecord::of(run))),
             EventObject::Gone => ObjectRecord::Gone,
         }
     }
