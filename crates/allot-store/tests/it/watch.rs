@@ -582,3 +582,33 @@ async fn an_applications_life_is_a_line_of_events() {
     assert_eq!(freed.key, format!("pools/p/allocs/{alloc}"));
     store.shutdown().await;
 }
+
+/// A sync that wrote the record but failed leaves its operation's outcome unknown; the store,
+/// rebuilt from what the disk holds, has the change, and so does its feed: a watcher gets its
+/// event, and so does one that resumes after a restart.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_change_whose_outcome_was_unknown_but_is_durable_is_in_the_feed() {
+    let dir = tempfile::tempdir().unwrap();
+    let (store, faults) = allot_store::fault::open_flaky_store(dir.path()).unwrap();
+    store.put_namespace(ns("hive"), 2).await.unwrap();
+    let start = store.revision();
+    let mut watcher = store.watch(Filter::default(), Some(start)).unwrap();
+    faults.fail_after_syncs.store(true, std::sync::atomic::Ordering::SeqCst);
+    let answer = store.allocate(request("hive", "ghost", LeaseRequest::None), Duration::ZERO).await;
+    assert!(matches!(answer, Err(allot_store::StoreError::OutcomeUnknown(_))), "{answer:?}");
+    faults.fail_after_syncs.store(false, std::sync::atomic::Ordering::SeqCst);
+    let granted = store.grant(ns("hive"), Token::new("ghost").unwrap()).await;
+    assert!(granted.is_ok(), "the record reached the disk: {granted:?}");
+    let event = next(&mut watcher).await;
+    assert_eq!((event.kind, event.key.as_str()), (EventKind::GrantGranted, "namespaces/hive/grants/ghost"));
+    store.release(ns("hive"), Token::new("ghost").unwrap(), None).await.unwrap();
+    let released = next(&mut watcher).await;
+    assert_eq!(released.kind, EventKind::GrantReleased);
+    store.shutdown().await;
+    drop(store);
+    let (store, _) = allot_store::fault::open_flaky_store(dir.path()).unwrap();
+    let mut resumed = store.watch(Filter::default(), Some(start)).unwrap();
+    assert_eq!(next(&mut resumed).await, event);
+    assert_eq!(next(&mut resumed).await, released);
+    store.shutdown().await;
+}
