@@ -62,7 +62,38 @@ pub(crate) struct WalRecord {
 pub(crate) struct Events {
     /// The revision of the last of them (they increase).
     pub(crate) last: u64,
+    #[serde(with = "blob")]
     pub(crate) bytes: Vec<u8>,
+}
+
+/// Bytes as postcard writes a `Vec<u8>` (their length, then each byte as it is), copied whole
+/// rather than byte by byte.
+mod blob {
+    use serde::{de, Deserializer, Serializer};
+
+    pub(crate) fn serialize<S: Serializer>(bytes: &[u8], serializer: S) -> Result<S::Ok, S::Error> {
+        serializer.serialize_bytes(bytes)
+    }
+
+    pub(crate) fn deserialize<'de, D: Deserializer<'de>>(deserializer: D) -> Result<Vec<u8>, D::Error> {
+        struct Bytes;
+        impl<'de> de::Visitor<'de> for Bytes {
+            type Value = Vec<u8>;
+
+            fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                f.write_str("bytes")
+            }
+
+            fn visit_bytes<E: de::Error>(self, bytes: &[u8]) -> Result<Vec<u8>, E> {
+                Ok(bytes.to_vec())
+            }
+
+            fn visit_byte_buf<E: de::Error>(self, bytes: Vec<u8>) -> Result<Vec<u8>, E> {
+                Ok(bytes)
+            }
+        }
+        deserializer.deserialize_byte_buf(Bytes)
+    }
 }
 
 /// Decodes a record's body, one written before records carried events too.
@@ -100,7 +131,10 @@ impl WalRecord {
     /// The record's bytes, header included, followed by a zero header ([`TRAILER`] bytes): that
     /// ends the segment's records until the next append overwrites it.
     pub(crate) fn frame(&self) -> Vec<u8> {
-        let mut bytes = postcard::to_extend(self, vec![0; HEADER]).expect("records always encode");
+        let events = self.events.as_ref().map_or(0, |events| events.bytes.len());
+        let mut bytes = Vec::with_capacity(HEADER + 64 + 64 * self.ops.len() + events + TRAILER);
+        bytes.resize(HEADER, 0);
+        let mut bytes = postcard::to_extend(self, bytes).expect("records always encode");
         let len = (bytes.len() - HEADER) as u32;
         let crc = crc32fast::hash(&bytes[HEADER..]);
         bytes[..4].copy_from_slice(&len.to_le_bytes());
@@ -495,6 +529,15 @@ mod tests {
         out.extend_from_slice(&(body.len() as u32).to_le_bytes());
         out.extend_from_slice(&crc32fast::hash(body).to_le_bytes());
         out.extend_from_slice(body);
+    }
+
+    /// Events' bytes are written as postcard writes any `Vec<u8>`, only faster.
+    #[test]
+    fn the_events_bytes_are_a_plain_byte_vector() {
+        let events = Events { last: 300, bytes: (0..=255).collect() };
+        let plain = postcard::to_stdvec(&(300u64, events.bytes.clone())).unwrap();
+        assert_eq!(postcard::to_stdvec(&events).unwrap(), plain);
+        assert_eq!(postcard::from_bytes::<Events>(&plain).unwrap(), events);
     }
 
     /// A record written before records carried events reads as one without them.

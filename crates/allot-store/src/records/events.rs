@@ -114,7 +114,7 @@ pub fn encode_events(events: &[Event]) -> Vec<u8> {
             serializer.collect_seq(self.0.iter().map(EventRecord::of))
         }
     }
-    postcard::to_allocvec(&Seq(events)).expect("events always encode")
+    postcard::to_extend(&Seq(events), Vec::with_capacity(96 * events.len())).expect("events always encode")
 }
 
 /// Reads what [`encode_events`] wrote.
