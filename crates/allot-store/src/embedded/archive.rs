@@ -169,6 +169,11 @@ impl Archive {
         Ok(())
     }
 
+    /// The last revision kept (0 if none).
+    pub(super) fn last(&self) -> u64 {
+        self.last.unwrap_or(0)
+    }
+
     /// Makes sure a segment exists, so that the kept events start somewhere: a store without any
     /// (new, or kept by a version before these files) keeps the events after `start`, above every
     /// revision it published.
@@ -353,6 +358,31 @@ mod tests {
         archive.trim(100);
         assert_eq!(archive.segments(), 1, "the newest stays");
         assert_eq!(revisions(&archive, 100), (vec![5, 6], 4));
+    }
+
+    /// A rebuild that takes the log back to an earlier record numbers the next record's events
+    /// past its own window; reopened, the store goes on above them all the same.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_reopened_store_goes_on_above_every_event_it_kept() {
+        use crate::prelude::*;
+
+        let dir = tempfile::tempdir().unwrap();
+        let config = crate::EmbeddedConfig::new(dir.path().to_owned());
+        let store = crate::EmbeddedStore::open(&config).unwrap();
+        let far = store.revision() + (5 << 20);
+        let kept = [event(far, store.now())];
+        store.shutdown().await;
+        drop(store);
+        let mut archive = Archive::open(dir.path().join(EVENTS_DIR)).unwrap();
+        archive.write(&[Events { last: far, bytes: encode_events(&kept) }]).unwrap();
+        drop(archive);
+        let store = crate::EmbeddedStore::open(&config).unwrap();
+        assert!(store.revision() >= far);
+        let mut watcher = store.watch(allot_core::watch::Filter::default(), Some(far - 1)).unwrap();
+        assert_eq!(watcher.next().await.unwrap().revision, far);
+        store.put_namespace(allot_core::NamespaceName::new("hive").unwrap(), 1).await.unwrap();
+        assert!(watcher.next().await.unwrap().revision > far, "a new event is numbered after it");
+        store.shutdown().await;
     }
 
     #[test]

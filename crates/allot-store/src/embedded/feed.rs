@@ -8,7 +8,10 @@
 //! with no change of their own (a waiter queued or giving up) get a record of their own, with no
 //! writes: every event published is in a durable record. So a store reopened after its last
 //! durable record `seq` starts after `(seq + 1) << WINDOW_BITS`, above every revision it
-//! published, and the events it kept (`archive`) are every one up to there.
+//! published, and the events it kept (`archive`) are every one up to there. (After a rebuild
+//! that took the log back to an earlier record, the next record's events go on after the
+//! revisions already given, past its own window: a reopened store starts after the last event it
+//! kept too, if that is higher.)
 
 use allot_core::apps::{AppChange, Scheduler};
 use allot_core::pools::{PoolChange, Pools};

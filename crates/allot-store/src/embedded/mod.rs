@@ -504,8 +504,10 @@ impl EmbeddedStore {
         let (Loaded { ledger, pools, mut sched, runs, clock, seq }, last_segment, _) =
             load(&db, files.as_ref(), None, &mut archive)?;
         let clock = count_downtime(&db, &mut sched, clock, time.wall_ms())?;
-        // The feed goes on above every revision published, with the events it kept.
-        let start = feed::window_of(seq + 1);
+        // The feed goes on above every revision published, with the events it kept. (Each is in a
+        // durable record up to `seq`, so below its window; the kept events are counted too, for a
+        // record whose events a rebuild after a failed write numbered past its own window.)
+        let start = feed::window_of(seq + 1).max(archive.last());
         let kept_err =
             |err: std::io::Error| OpenError::Log(format!("cannot read the change feed's kept events: {err}"));
         archive.anchor(start).map_err(kept_err)?;
