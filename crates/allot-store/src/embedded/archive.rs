@@ -27,9 +27,11 @@ use std::path::PathBuf;
 
 use allot_core::Millis;
 
+use super::feed::window_of;
 use super::wal::{self, Events};
+use super::OpenError;
 use crate::records::events::decode_events;
-use crate::watch::{Event, WatchConfig};
+use crate::watch::{Event, Feed, WatchConfig};
 
 /// The directory of the kept events, in the data directory.
 pub const EVENTS_DIR: &str = "events";
@@ -169,9 +171,17 @@ impl Archive {
         Ok(())
     }
 
-    /// The last revision kept (0 if none).
-    pub(super) fn last(&self) -> u64 {
-        self.last.unwrap_or(0)
+    /// The feed of a store reopened after its last durable record `seq`, with the events kept
+    /// here, bounded by `config` as of `now`; and the revision it goes on after: above every
+    /// revision published. (Each published event is in a durable record up to `seq`, so below
+    /// its window; the events kept here count too, for a record whose events a rebuild after a
+    /// failed write numbered past its own window.)
+    pub(super) fn reopen_feed(&mut self, seq: u64, config: WatchConfig, now: Millis) -> Result<(Feed, u64), OpenError> {
+        let start = window_of(seq + 1).max(self.last.unwrap_or(0));
+        let failed = |err: io::Error| OpenError::Log(format!("cannot read the change feed's kept events: {err}"));
+        self.anchor(start).map_err(failed)?;
+        let (kept, compacted) = self.restore(&config, now).map_err(failed)?;
+        Ok((Feed::restore(config, kept, compacted, start), start))
     }
 
     /// Makes sure a segment exists, so that the kept events start somewhere: a store without any

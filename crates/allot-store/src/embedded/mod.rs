@@ -504,14 +504,7 @@ impl EmbeddedStore {
         let (Loaded { ledger, pools, mut sched, runs, clock, seq }, last_segment, _) =
             load(&db, files.as_ref(), None, &mut archive)?;
         let clock = count_downtime(&db, &mut sched, clock, time.wall_ms())?;
-        // The feed goes on above every revision published, with the events it kept. (Each is in a
-        // durable record up to `seq`, so below its window; the kept events are counted too, for a
-        // record whose events a rebuild after a failed write numbered past its own window.)
-        let start = feed::window_of(seq + 1).max(archive.last());
-        let kept_err =
-            |err: std::io::Error| OpenError::Log(format!("cannot read the change feed's kept events: {err}"));
-        archive.anchor(start).map_err(kept_err)?;
-        let (kept, compacted) = archive.restore(&watch_config, clock).map_err(kept_err)?;
+        let (feed, start) = archive.reopen_feed(seq, watch_config, clock)?;
         let number = last_segment + 1;
         let segment = files
             .create(number, wal::SEGMENT_BYTES)
@@ -547,7 +540,7 @@ impl EmbeddedStore {
             shutting_down: AtomicBool::new(false),
             shutdown,
             stats: Stats::default(),
-            feed: Feed::restore(watch_config, kept, compacted, start),
+            feed,
         });
         let spawn = |name: &str, run: fn(&Shared)| {
             let shared = shared.clone();
@@ -587,27 +580,6 @@ impl EmbeddedStore {
             durable(committed).await?;
         }
         Ok(())
-    }
-
-    /// Stops as a `kill -9` would leave the files: no last record, no last checkpoint (the log
-    /// keeps what it has not written into the database; the kept events' files, what the last
-    /// checkpoint copied). Operations not answered yet may or may not be durable, as after a
-    /// crash. For tests of what a reopened store brings back.
-    /// Returns once its files are released, so it can be opened again.
-    #[cfg(feature = "testing")]
-    pub async fn crash(self) {
-        self.shared.crashed.store(true, Ordering::SeqCst);
-        self.shared.shutting_down.store(true, Ordering::SeqCst);
-        self.shared.shutdown.send_replace(true);
-        lock(&self.shared).closed = true;
-        let threads = stop_threads(&self.shared, &self.threads);
-        let _ = tokio::task::spawn_blocking(move || threads.into_iter().for_each(|t| drop(t.join()))).await;
-        for task in [&self.sweeper, &self.scheduler] {
-            let task = task.lock().unwrap_or_else(|p| p.into_inner()).take();
-            if let Some(task) = task {
-                let _ = task.await;
-            }
-        }
     }
 
     /// Checkpoints now, as the checkpointer does every [`CHECKPOINT_INTERVAL`]: seals the log's
