@@ -184,6 +184,16 @@ impl Archive {
         Ok((Feed::restore(config, kept, compacted, start), start))
     }
 
+    /// The events up to `revision` that are not kept here are lost (records written into the
+    /// database without them): the kept events start afresh after it, in a segment of their own.
+    pub(super) fn lost_before(&mut self, revision: u64) -> io::Result<()> {
+        if self.last.is_some_and(|last| last < revision) {
+            self.start(revision)?;
+            self.last = Some(revision);
+        }
+        Ok(())
+    }
+
     /// Makes sure a segment exists, so that the kept events start somewhere: a store without any
     /// (new, or kept by a version before these files) keeps the events after `start`, above every
     /// revision it published.
@@ -392,6 +402,49 @@ mod tests {
         assert_eq!(watcher.next().await.unwrap().revision, far);
         store.put_namespace(allot_core::NamespaceName::new("hive").unwrap(), 1).await.unwrap();
         assert!(watcher.next().await.unwrap().revision > far, "a new event is numbered after it");
+        store.shutdown().await;
+    }
+
+    /// A version before the kept events' files, run on the data directory meanwhile, wrote
+    /// records into the database without keeping their events: what was kept before is not
+    /// followed by them, so it is compacted, never handed out with a gap.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn events_an_older_version_did_not_keep_are_a_compaction() {
+        use crate::prelude::*;
+        use crate::records::{META, META_EVENTS_SEQ, META_SEQ};
+        use redb::ReadableTable as _;
+
+        let dir = tempfile::tempdir().unwrap();
+        let config = crate::EmbeddedConfig::new(dir.path().to_owned());
+        let store = crate::EmbeddedStore::open(&config).unwrap();
+        let start = store.revision();
+        store.put_namespace(allot_core::NamespaceName::new("hive").unwrap(), 1).await.unwrap();
+        store.shutdown().await;
+        drop(store);
+        let store = crate::EmbeddedStore::open(&config).unwrap();
+        assert!(store.watch(allot_core::watch::Filter::default(), Some(start)).is_ok(), "kept");
+        store.shutdown().await;
+        drop(store);
+        // As an older version leaves it: the last record in the database, its events not kept.
+        let seq = {
+            let db = redb::Database::create(dir.path().join(super::super::DB_FILE)).unwrap();
+            let txn = db.begin_write().unwrap();
+            let seq = {
+                let mut meta = txn.open_table(META).unwrap();
+                let seq = meta.get(META_SEQ).unwrap().unwrap().value();
+                meta.insert(META_EVENTS_SEQ, seq - 1).unwrap();
+                seq
+            };
+            txn.commit().unwrap();
+            seq
+        };
+        let store = crate::EmbeddedStore::open(&config).unwrap();
+        let oldest = window_of(seq + 1);
+        assert_eq!(store.feed_kept(), (0, oldest));
+        assert_eq!(
+            store.watch(allot_core::watch::Filter::default(), Some(start)).err(),
+            Some(crate::WatchError::Compacted { since: start, oldest })
+        );
         store.shutdown().await;
     }
 

@@ -14,8 +14,8 @@ use crate::records::apps::{APPS, QUEUES, TASKS};
 use crate::records::runs::{CATALOG, RUNS};
 use crate::records::{
     decode, resources_from, AllocRecord, CorruptRecord, GrantRecord, NamespaceRecord, PoolRecord, SessionRecord,
-    ALLOCS, FORMAT_VERSION, GRANTS, META, META_CLOCK, META_FORMAT, META_SEQ, META_WALL_OFFSET, NAMESPACES, POOLS,
-    POOL_LABELS, RETIRED_FENCING, SESSIONS,
+    ALLOCS, FORMAT_VERSION, GRANTS, META, META_CLOCK, META_EVENTS_SEQ, META_FORMAT, META_SEQ, META_WALL_OFFSET,
+    NAMESPACES, POOLS, POOL_LABELS, RETIRED_FENCING, SESSIONS,
 };
 
 use super::*;
@@ -263,6 +263,15 @@ pub(super) fn fold_into(
     let mut meta = txn.open_table(META).map_err(redb_error)?;
     let mut applied = meta.get(META_SEQ).map_err(redb_error)?.map(|v| v.value()).unwrap_or(0);
     let mut clock = meta.get(META_CLOCK).map_err(redb_error)?.map(|v| v.value()).unwrap_or(0);
+    let kept_through = meta.get(META_EVENTS_SEQ).map_err(redb_error)?.map(|v| v.value());
+    if kept_through.is_some_and(|kept| kept < applied) {
+        // A version before the kept events' files wrote records into the database without them:
+        // the kept events start afresh after those records' revisions.
+        tracing::warn!(applied, "the change feed's events of records written by an older version were not kept");
+        archive
+            .lost_before(feed::window_of(applied + 1))
+            .map_err(|err| format!("cannot keep the change feed's events: {err}"))?;
+    }
     let mut net = ops::Net::default();
     let mut events = Vec::new();
     let mut folded = 0;
@@ -322,6 +331,7 @@ pub(super) fn fold_into(
         }
     }
     meta.insert(META_SEQ, applied).map_err(redb_error)?;
+    meta.insert(META_EVENTS_SEQ, applied).map_err(redb_error)?;
     meta.insert(META_CLOCK, clock).map_err(redb_error)?;
     drop(meta);
     txn.commit().map_err(redb_error)?;
