@@ -251,6 +251,7 @@ struct Seen {
 impl Seen {
     /// The event a message carries (not a heartbeat).
     fn of(message: &Message) -> Option<Seen> {
+        assert_ne!(message.event.as_deref(), Some("behind"), "the watcher fell behind: {message:?}");
         let data: serde_json::Value = serde_json::from_str(message.data.as_deref()?).unwrap();
         let seen = Seen {
             revision: data["revision"].as_u64().unwrap(),
