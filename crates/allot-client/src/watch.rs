@@ -13,7 +13,9 @@
 //! Errors that retrying cannot fix are yielded, and end the stream: `410 revision_compacted` (the
 //! events after the revision are no longer kept: list again, then watch from the list's
 //! revision; [`ClientError::code`] tells it), a bad filter (`400 invalid_argument`), a store with
-//! no change feed (`501 watch_unsupported`).
+//! no change feed (`501 watch_unsupported`). A daemon on the embedded store keeps its events
+//! across a restart (or a crash), so the stream resumes across one too, with nothing missed;
+//! only a watcher older than what it keeps gets `revision_compacted`.
 
 use std::time::{Duration, Instant};
 

@@ -19,6 +19,8 @@ pub struct Faults {
     pub fail_writes: AtomicBool,
     /// Only syncs fail: the data reached the OS but could not be made durable.
     pub fail_syncs: AtomicBool,
+    /// The log's syncs write, then fail: the data reached the disk, but the sync said it did not.
+    pub fail_after_syncs: AtomicBool,
     /// Every sync of the log waits this long before it starts: a slow disk.
     pub sync_delay: Mutex<Duration>,
     /// What the log's segments were asked to do, in order.
@@ -159,6 +161,9 @@ impl Segment for FlakySegment {
             std::thread::sleep(delay);
         }
         self.inner.sync()?;
+        if self.faults.fail_after_syncs.load(Ordering::SeqCst) {
+            return Err(std::io::Error::other("fsync failed after writing: input/output error"));
+        }
         self.faults.record(LogEvent::SyncEnd { segment: self.number, covers });
         Ok(())
     }
@@ -195,5 +200,6 @@ pub fn open_flaky_store_with(
     let inner = DirLog::open(log_dir.clone(), durability)
         .map_err(|source| crate::embedded::OpenError::DataDir { path: log_dir, source })?;
     let log = Box::new(FlakyLog { inner, faults: faults.clone() });
-    Ok((crate::EmbeddedStore::open_with_backend(make, log, durability, time)?, faults))
+    let events = dir.join(crate::embedded::EVENTS_DIR);
+    Ok((crate::EmbeddedStore::open_with_backend(make, log, events, durability, time)?, faults))
 }

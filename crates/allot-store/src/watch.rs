@@ -140,7 +140,17 @@ struct Tap {
 impl Feed {
     /// A feed whose first event comes after revision `start`.
     pub fn new(config: WatchConfig, start: u64) -> Feed {
-        let kept = Kept { events: VecDeque::new(), compacted: start, last: start, taps: HashMap::new(), closed: false };
+        Feed::restore(config, Vec::new(), start, start)
+    }
+
+    /// A feed that keeps `events` (in revision order, every event after `compacted`, as a store
+    /// kept them across a restart) and whose next event comes after revision `start`, above them.
+    pub fn restore(config: WatchConfig, events: Vec<Event>, compacted: u64, start: u64) -> Feed {
+        debug_assert!(events.windows(2).all(|pair| pair[0].revision < pair[1].revision), "in revision order");
+        debug_assert!(events.first().is_none_or(|first| first.revision > compacted), "after `compacted`");
+        debug_assert!(events.last().is_none_or(|last| last.revision <= start) && compacted <= start);
+        let events = events.into_iter().map(Arc::new).collect();
+        let kept = Kept { events, compacted, last: start, taps: HashMap::new(), closed: false };
         Feed { config, kept: Arc::new(Mutex::new(kept)) }
     }
 
@@ -338,6 +348,20 @@ mod tests {
         feed.publish([event(1, "pools/a", 0), event(2, "pools/a", 5)], 5);
         feed.publish([event(3, "pools/a", 12)], 12);
         assert_eq!(feed.kept(), (2, 1));
+    }
+
+    #[tokio::test]
+    async fn a_restored_feed_resumes_from_what_it_kept_and_goes_on_after_its_start() {
+        let feed = Feed::restore(config(100, 16), vec![event(12, "pools/a", 0), event(15, "pools/b", 0)], 10, 100);
+        assert_eq!((feed.kept(), feed.revision()), ((2, 10), 100));
+        let mut resumed = feed.subscribe(Filter::default(), Some(12)).unwrap();
+        assert_eq!(
+            feed.subscribe(Filter::default(), Some(9)).err(),
+            Some(WatchError::Compacted { since: 9, oldest: 10 })
+        );
+        feed.publish([event(101, "pools/a", 0)], 0);
+        assert_eq!(resumed.next().await.unwrap().revision, 15);
+        assert_eq!(resumed.next().await.unwrap().revision, 101);
     }
 
     #[tokio::test]

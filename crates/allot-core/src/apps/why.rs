@@ -29,6 +29,22 @@ pub enum Why {
 }
 
 impl Why {
+    /// Every code [`Why::code`] answers, for whoever reads one back (a store's kept events).
+    pub const CODES: &'static [&'static str] = &[
+        "queue_limit",
+        "no_pool_matches",
+        "no_room",
+        "tokens",
+        "gang_not_reserved",
+        "gang_missing_members",
+        "after_gang",
+    ];
+
+    /// The code of this name, as [`Why::code`] answers it.
+    pub fn code_named(name: &str) -> Option<&'static str> {
+        Why::CODES.iter().copied().find(|code| *code == name)
+    }
+
     /// A stable machine-readable code for the API and metrics.
     pub fn code(&self) -> &'static str {
         match self {
@@ -72,5 +88,28 @@ impl fmt::Display for Why {
             }
             Why::AfterGang => f.write_str("its application places its gang first"),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_code_is_listed() {
+        let every = [
+            Why::NoPoolMatches { selector: Labels::new() },
+            Why::NoRoom { wanted: Resources::new(), closest: None },
+            Why::GangNotReserved { member: None, cause: None },
+            Why::GangMissing { missing: 1 },
+            Why::AfterGang,
+        ];
+        for why in &every {
+            assert_eq!(Why::code_named(why.code()), Some(why.code()));
+        }
+        // The two that carry a part's own types, by name.
+        assert!(Why::code_named("queue_limit").is_some() && Why::code_named("tokens").is_some());
+        assert_eq!(Why::CODES.len(), every.len() + 2);
+        assert_eq!(Why::code_named("no_such_code"), None);
     }
 }

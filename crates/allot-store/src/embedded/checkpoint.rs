@@ -1,4 +1,5 @@
-//! The checkpointer thread: the log's sealed segments written into the database.
+//! The checkpointer thread: the log's sealed segments written into the database (their events
+//! into the kept events' files); and, for tests, a stop without the last checkpoint (a crash).
 
 use super::open::fold_into;
 use super::recover::fail_syncs;
@@ -15,6 +16,9 @@ pub(super) fn run_checkpointer(shared: &Shared) {
                 .unwrap_or_else(|poisoned| poisoned.into_inner());
             *stop
         };
+        if stop && shared.crashed.load(Ordering::SeqCst) {
+            return;
+        }
         if let Err(err) = checkpoint(shared) {
             tracing::warn!(error = %err, "checkpoint failed; the log keeps everything until the next one");
         }
@@ -25,7 +29,8 @@ pub(super) fn run_checkpointer(shared: &Shared) {
 }
 
 /// Seals the current segment (if it holds anything) and writes every sealed one into the
-/// database, then deletes them.
+/// database (their events kept first), then deletes them; deletes the kept events' segments the
+/// feed no longer keeps.
 pub(super) fn checkpoint(shared: &Shared) -> Result<(), String> {
     let reserved = {
         let mut state = lock(shared);
@@ -74,7 +79,7 @@ pub(super) fn checkpoint(shared: &Shared) -> Result<(), String> {
             *db = Some((shared.opener)().map_err(|err| err.to_string())?);
         }
         let database = db.as_ref().expect("opened above");
-        if let Err(err) = fold_into(database, shared.files.as_ref(), &sealed) {
+        if let Err(err) = fold_into(database, shared.files.as_ref(), &sealed, &mut lock_plain(&shared.archive)) {
             // Reopened before the next use: a failed commit can leave redb unusable.
             *db = None;
             return Err(err);
@@ -83,5 +88,31 @@ pub(super) fn checkpoint(shared: &Shared) -> Result<(), String> {
     for number in sealed {
         shared.files.remove(number).map_err(|err| format!("cannot remove a folded segment: {err}"))?;
     }
+    // The kept events the feed no longer keeps are not kept on disk either.
+    let compacted = shared.feed.kept().1;
+    lock_plain(&shared.archive).trim(compacted);
     Ok(())
+}
+
+impl EmbeddedStore {
+    /// Stops as a `kill -9` would leave the files: no last record, no last checkpoint (the log
+    /// keeps what it has not written into the database; the kept events' files, what the last
+    /// checkpoint copied). Operations not answered yet may or may not be durable, as after a
+    /// crash. For tests of what a reopened store brings back; returns once its files are
+    /// released, so it can be opened again.
+    #[cfg(feature = "testing")]
+    pub async fn crash(self) {
+        self.shared.crashed.store(true, Ordering::SeqCst);
+        self.shared.shutting_down.store(true, Ordering::SeqCst);
+        self.shared.shutdown.send_replace(true);
+        lock(&self.shared).closed = true;
+        let threads = stop_threads(&self.shared, &self.threads);
+        let _ = tokio::task::spawn_blocking(move || threads.into_iter().for_each(|t| drop(t.join()))).await;
+        for task in [&self.sweeper, &self.scheduler] {
+            let task = task.lock().unwrap_or_else(|p| p.into_inner()).take();
+            if let Some(task) = task {
+                let _ = task.await;
+            }
+        }
+    }
 }

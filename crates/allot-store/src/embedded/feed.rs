@@ -1,12 +1,17 @@
 //! The embedded store's change feed. The events of an operation are drafted from its changes
 //! under the state lock, so they see the state right after it; they are given revisions there,
-//! in log order, and handed to the [`Feed`] by the same `deliver` that answers the operation, once
-//! its record is durable (so a caller that has its answer finds its change in the feed).
+//! in log order, carried by the operation's log record (so they are durable with it) and handed
+//! to the [`Feed`] by the same `deliver` that answers the operation, once its record is durable
+//! (so a caller that has its answer finds its change in the feed).
 //!
-//! Revisions: the events of log record `seq` take revisions from `seq << WINDOW_BITS` up; events
-//! with no record of their own (a waiter queued or giving up) go on from the last record's, and a
-//! record is appended before they would reach the next window. So a store reopened after its last
-//! durable record `seq` starts after `(seq + 1) << WINDOW_BITS`, above every revision it published.
+//! Revisions: the events of log record `seq` take revisions from `seq << WINDOW_BITS` up. Events
+//! with no change of their own (a waiter queued or giving up) get a record of their own, with no
+//! writes: every event published is in a durable record. So a store reopened after its last
+//! durable record `seq` starts after `(seq + 1) << WINDOW_BITS`, above every revision it
+//! published, and the events it kept (`archive`) are every one up to there. (After a rebuild
+//! that took the log back to an earlier record, the next record's events go on after the
+//! revisions already given, past its own window: a reopened store starts after the last event it
+//! kept too, if that is higher.)
 
 use allot_core::apps::{AppChange, Scheduler};
 use allot_core::pools::{PoolChange, Pools};
@@ -182,8 +187,8 @@ impl State {
         }
     }
 
-    /// Publishes the drafted events that no change goes with (once what came before is
-    /// durable, in order).
+    /// Publishes the drafted events that no change goes with, in a record of their own (once it
+    /// and what came before are durable, in order).
     pub(super) fn flush_drafts(&mut self, shared: &Shared) {
         let drafts = std::mem::take(&mut self.drafts);
         if !drafts.is_empty() {
@@ -191,18 +196,12 @@ impl State {
         }
     }
 
-    /// Gives `drafts` their revisions: those of the record about to be appended (`in_record`), or
-    /// the next ones after the last record's, appending an empty record first when they would run
-    /// out of its window.
-    pub(super) fn stamp(&mut self, shared: &Shared, drafts: Vec<Draft>, in_record: bool) -> Vec<Event> {
+    /// Gives `drafts` their revisions: those of the record about to be appended.
+    pub(super) fn stamp(&mut self, shared: &Shared, drafts: Vec<Draft>) -> Vec<Event> {
         if drafts.is_empty() {
             return Vec::new();
         }
-        if in_record {
-            self.revision = self.revision.max(window_of(self.log.seq + 1));
-        } else if self.revision + drafts.len() as u64 >= window_of(self.log.seq + 1) {
-            self.checkpoint_clock(shared);
-        }
+        self.revision = self.revision.max(window_of(self.log.seq + 1));
         let now = shared.clock.now();
         drafts
             .into_iter()

@@ -24,12 +24,18 @@
 //! down does not count against leases. A sweeper task ends expired leases every
 //! [`SWEEP_INTERVAL`] and logs the clock at least once a second.
 //!
+//! The change feed's events ride in the log record of their change, so they are durable with it;
+//! a checkpoint keeps them in the events' own files (`archive`), from which a reopened store
+//! restores what its feed kept.
+//!
 //! Modules: one per part (`quotas`, `pools`, `apps`, `runs`); `config` (opening options and
 //! errors), `open` (loading and replay), `wal` (the log), `ops` (writes as data), `feed` (the
-//! events of each commit and their revisions), `syncer`, `checkpoint`, `recover` and `sweeper`
-//! (the background work). This one holds the store, its state and the commit path.
+//! events of each commit and their revisions), `archive` (the kept events on disk), `syncer`,
+//! `checkpoint`, `recover` and `sweeper` (the background work). This one holds the store, its
+//! state and the commit path.
 
 mod apps;
+mod archive;
 mod checkpoint;
 mod config;
 mod feed;
@@ -43,6 +49,8 @@ mod sweeper;
 mod syncer;
 pub mod wal;
 
+use self::archive::Archive;
+pub use self::archive::EVENTS_DIR;
 use self::checkpoint::{checkpoint, run_checkpointer};
 use self::open::{count_downtime, load, open_file, Loaded};
 use self::recover::recover;
@@ -125,12 +133,16 @@ struct Shared {
     files: Box<dyn LogFiles>,
     /// The checkpoints' database; `None` after a failed checkpoint, until reopened.
     db: Mutex<Option<Database>>,
+    /// The kept events' files, written with the database (locked after it).
+    archive: Mutex<Archive>,
     opener: Opener,
     /// Operations waiting for the syncer (disk level), in log order.
     syncs: Mutex<Vec<Pending>>,
     sync_wanted: Condvar,
     /// Set to stop the syncer and the checkpointer (after a last checkpoint).
     stop: Mutex<bool>,
+    /// Set to stop them as a crash would: without the last checkpoint (tests).
+    crashed: AtomicBool,
     stop_changed: Condvar,
     /// Wakes the scheduler for a cycle: something it places, or places on, changed.
     wake_scheduler: tokio::sync::Notify,
@@ -275,7 +287,7 @@ impl State {
 
     /// Logs the daemon clock, so leases keep their remaining time across a restart.
     fn checkpoint_clock(&mut self, shared: &Shared) {
-        if self.append(shared, Vec::new()).is_err() {
+        if self.append(shared, Vec::new(), &[]).is_err() {
             tracing::warn!("the daemon clock could not be logged");
         }
     }
@@ -347,8 +359,9 @@ impl State {
         drafts: Vec<Draft>,
     ) -> Commit {
         let (ack, rx) = oneshot::channel();
-        let events = self.stamp(shared, drafts, !ops.is_empty());
-        let appended = if ops.is_empty() { Ok(()) } else { self.append(shared, ops) };
+        let events = self.stamp(shared, drafts);
+        // Events ride in a record, so they are durable with it (one of their own, if need be).
+        let appended = if ops.is_empty() && events.is_empty() { Ok(()) } else { self.append(shared, ops, &events) };
         let answer = Answer { ack, woken, cancelled, events };
         match appended {
             Err(err) => answer.fail(&err),
@@ -370,11 +383,15 @@ impl State {
         rx
     }
 
-    /// Appends one record. On failure the state is rebuilt from the store before this returns.
-    fn append(&mut self, shared: &Shared, ops: Vec<Op>) -> Result<(), StoreError> {
+    /// Appends one record, with `events`. On failure the state is rebuilt from the store before
+    /// this returns.
+    fn append(&mut self, shared: &Shared, ops: Vec<Op>, events: &[Event]) -> Result<(), StoreError> {
         let now = shared.clock.now();
         let operations = usize::from(!ops.is_empty());
-        let record = WalRecord { seq: self.log.seq + 1, clock: now, ops };
+        let events = events
+            .last()
+            .map(|last| wal::Events { last: last.revision, bytes: crate::records::events::encode_events(events) });
+        let record = WalRecord { seq: self.log.seq + 1, clock: now, ops, events };
         let frame = record.frame();
         let started = Instant::now();
         let appended = match self.room_for(shared, frame.len() as u64) {
@@ -453,14 +470,17 @@ impl EmbeddedStore {
         let log_dir = dir.join(wal::WAL_DIR);
         let files = DirLog::open(log_dir.clone(), config.durability)
             .map_err(|source| OpenError::DataDir { path: log_dir, source })?;
-        EmbeddedStore::open_with(opener, Box::new(files), config.durability, config.time.clone(), config.watch)
+        let events = dir.join(EVENTS_DIR);
+        EmbeddedStore::open_with(opener, Box::new(files), events, config.durability, config.time.clone(), config.watch)
     }
 
-    /// Opens the store on a redb storage backend and log files of the caller's; `make_backend`
-    /// is called again to reopen the database after a failed checkpoint. For fault-injection tests.
+    /// Opens the store on a redb storage backend and log files of the caller's, its kept events in
+    /// `events_dir`; `make_backend` is called again to reopen the database after a failed
+    /// checkpoint. For fault-injection tests.
     pub fn open_with_backend<B: StorageBackend>(
         make_backend: impl Fn() -> B + Send + Sync + 'static,
         files: Box<dyn LogFiles>,
+        events_dir: PathBuf,
         durability: Durability,
         time: Arc<dyn TimeSource>,
     ) -> Result<EmbeddedStore, OpenError> {
@@ -469,19 +489,24 @@ impl EmbeddedStore {
                 .create_with_backend(make_backend())
                 .map_err(|err| OpenError::Database { path: PathBuf::from("<backend>"), reason: redb_error(err) })
         });
-        EmbeddedStore::open_with(opener, files, durability, time, WatchConfig::default())
+        EmbeddedStore::open_with(opener, files, events_dir, durability, time, WatchConfig::default())
     }
 
     fn open_with(
         opener: Opener,
         files: Box<dyn LogFiles>,
+        events_dir: PathBuf,
         durability: Durability,
         time: Arc<dyn TimeSource>,
         watch_config: WatchConfig,
     ) -> Result<EmbeddedStore, OpenError> {
         let db = opener()?;
-        let (Loaded { ledger, pools, mut sched, runs, clock, seq }, last_segment) = load(&db, files.as_ref(), None)?;
+        let mut archive = Archive::open(events_dir.clone())
+            .map_err(|source| OpenError::DataDir { path: events_dir.clone(), source })?;
+        let (Loaded { ledger, pools, mut sched, runs, clock, seq }, last_segment, _) =
+            load(&db, files.as_ref(), None, &mut archive)?;
         let clock = count_downtime(&db, &mut sched, clock, time.wall_ms())?;
+        let (feed, start) = archive.reopen_feed(seq, watch_config, clock)?;
         let number = last_segment + 1;
         let segment = files
             .create(number, wal::SEGMENT_BYTES)
@@ -495,7 +520,7 @@ impl EmbeddedStore {
                 runs,
                 waiters: HashMap::new(),
                 log: LogWriter::new(segment, number, seq),
-                revision: feed::window_of(seq + 1),
+                revision: start,
                 drafts: Vec::new(),
                 closed: false,
                 broken: None,
@@ -503,10 +528,12 @@ impl EmbeddedStore {
             durability,
             files,
             db: Mutex::new(Some(db)),
+            archive: Mutex::new(archive),
             opener,
             syncs: Mutex::new(Vec::new()),
             sync_wanted: Condvar::new(),
             stop: Mutex::new(false),
+            crashed: AtomicBool::new(false),
             stop_changed: Condvar::new(),
             wake_scheduler: tokio::sync::Notify::new(),
             sched_waiting: AtomicBool::new(true),
@@ -515,7 +542,7 @@ impl EmbeddedStore {
             shutting_down: AtomicBool::new(false),
             shutdown,
             stats: Stats::default(),
-            feed: Feed::new(watch_config, feed::window_of(seq + 1)),
+            feed,
             refuses_watches: AtomicBool::new(false),
         });
         let spawn = |name: &str, run: fn(&Shared)| {
@@ -526,7 +553,7 @@ impl EmbeddedStore {
         let sweeper = tokio::spawn(run_sweeper(shared.clone()));
         // Everything, placements included, is loaded before the scheduler's first cycle.
         let scheduler = tokio::spawn(apps::run_scheduler(shared.clone()));
-        tracing::info!(clock_ms = clock, seq, %durability, "embedded store opened");
+        tracing::info!(clock_ms = clock, seq, %durability, events_kept = shared.feed.kept().0, "embedded store opened");
         Ok(EmbeddedStore {
             shared,
             threads: Mutex::new(threads),

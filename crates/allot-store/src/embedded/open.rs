@@ -8,13 +8,14 @@ use allot_core::pools::{AllocId, EndedAlloc, Labels, LeaseRules, PoolName, Pools
 use allot_core::{Ledger, Millis, NamespaceName, SessionId};
 use redb::{Database, ReadableTable};
 
-use super::wal::LogFiles;
+use super::archive::Archive;
+use super::wal::{self, LogFiles};
 use crate::records::apps::{APPS, QUEUES, TASKS};
 use crate::records::runs::{CATALOG, RUNS};
 use crate::records::{
     decode, resources_from, AllocRecord, CorruptRecord, GrantRecord, NamespaceRecord, PoolRecord, SessionRecord,
-    ALLOCS, FORMAT_VERSION, GRANTS, META, META_CLOCK, META_FORMAT, META_SEQ, META_WALL_OFFSET, NAMESPACES, POOLS,
-    POOL_LABELS, RETIRED_FENCING, SESSIONS,
+    ALLOCS, FORMAT_VERSION, GRANTS, META, META_CLOCK, META_EVENTS_SEQ, META_FORMAT, META_SEQ, META_WALL_OFFSET,
+    NAMESPACES, POOLS, POOL_LABELS, RETIRED_FENCING, SESSIONS,
 };
 
 use super::*;
@@ -229,28 +230,50 @@ fn load_records(db: &Database) -> Result<Loaded, OpenError> {
     Ok(Loaded { ledger, pools, sched, runs, clock, seq })
 }
 
-/// Reads the database, first writing into it what the log holds: every segment at open, or those
-/// numbered up to `upto` (the current one, when rebuilding). Returns what was read and the
-/// number of the last segment folded (0 if none).
-pub(super) fn load(db: &Database, files: &dyn LogFiles, upto: Option<u64>) -> Result<(Loaded, u64), OpenError> {
+/// Reads the database, first writing into it what the log holds (and the records' events into
+/// `archive`): every segment at open, or those numbered up to `upto` (the current one, when
+/// rebuilding). Returns what was read, the number of the last segment folded (0 if none), and
+/// the events of the records folded.
+pub(super) fn load(
+    db: &Database,
+    files: &dyn LogFiles,
+    upto: Option<u64>,
+    archive: &mut Archive,
+) -> Result<(Loaded, u64, Vec<wal::Events>), OpenError> {
     prepare(db)?;
     let listed = files.list().map_err(|err| OpenError::Log(format!("cannot list the log's segments: {err}")))?;
     let numbers: Vec<u64> = listed.into_iter().filter(|n| upto.is_none_or(|upto| *n <= upto)).collect();
-    fold_into(db, files, &numbers).map_err(OpenError::Log)?;
+    let events = fold_into(db, files, &numbers, archive).map_err(OpenError::Log)?;
     for &number in &numbers {
         files.remove(number).map_err(|err| OpenError::Log(format!("cannot remove a folded segment: {err}")))?;
     }
-    Ok((load_records(db)?, numbers.last().copied().unwrap_or(0)))
+    Ok((load_records(db)?, numbers.last().copied().unwrap_or(0), events))
 }
 
 /// Writes the records of segments `numbers` that the database does not hold yet into it, in one
-/// durable transaction; the database's `meta.seq` is the last record it holds.
-pub(super) fn fold_into(db: &Database, files: &dyn LogFiles, numbers: &[u64]) -> Result<(), String> {
+/// durable transaction; the database's `meta.seq` is the last record it holds. Their events are
+/// kept in `archive` (synced) before the transaction commits, and returned.
+pub(super) fn fold_into(
+    db: &Database,
+    files: &dyn LogFiles,
+    numbers: &[u64],
+    archive: &mut Archive,
+) -> Result<Vec<wal::Events>, String> {
     let txn = db.begin_write().map_err(redb_error)?;
     let mut meta = txn.open_table(META).map_err(redb_error)?;
     let mut applied = meta.get(META_SEQ).map_err(redb_error)?.map(|v| v.value()).unwrap_or(0);
     let mut clock = meta.get(META_CLOCK).map_err(redb_error)?.map(|v| v.value()).unwrap_or(0);
+    let kept_through = meta.get(META_EVENTS_SEQ).map_err(redb_error)?.map(|v| v.value());
+    if kept_through.is_some_and(|kept| kept < applied) {
+        // A version before the kept events' files wrote records into the database without them:
+        // the kept events start afresh after those records' revisions.
+        tracing::warn!(applied, "the change feed's events of records written by an older version were not kept");
+        archive
+            .lost_before(feed::window_of(applied + 1))
+            .map_err(|err| format!("cannot keep the change feed's events: {err}"))?;
+    }
     let mut net = ops::Net::default();
+    let mut events = Vec::new();
     let mut folded = 0;
     'segments: for &number in numbers {
         let bytes = match files.read(number) {
@@ -285,6 +308,7 @@ pub(super) fn fold_into(db: &Database, files: &dyn LogFiles, numbers: &[u64]) ->
                 break 'segments;
             }
             record.ops.into_iter().for_each(|op| net.add(op));
+            events.extend(record.events);
             applied = record.seq;
             clock = clock.max(record.clock);
             folded += 1;
@@ -297,8 +321,9 @@ pub(super) fn fold_into(db: &Database, files: &dyn LogFiles, numbers: &[u64]) ->
         }
     }
     if folded == 0 {
-        return Ok(());
+        return Ok(Vec::new());
     }
+    archive.write(&events).map_err(|err| format!("cannot keep the change feed's events: {err}"))?;
     {
         let mut tables = ops::Tables::open(&txn).map_err(|err| err.to_string())?;
         for op in net.ops() {
@@ -306,8 +331,9 @@ pub(super) fn fold_into(db: &Database, files: &dyn LogFiles, numbers: &[u64]) ->
         }
     }
     meta.insert(META_SEQ, applied).map_err(redb_error)?;
+    meta.insert(META_EVENTS_SEQ, applied).map_err(redb_error)?;
     meta.insert(META_CLOCK, clock).map_err(redb_error)?;
     drop(meta);
     txn.commit().map_err(redb_error)?;
-    Ok(())
+    Ok(events)
 }

@@ -1,5 +1,6 @@
 //! Recovery after a failed append or sync: the operations waiting are failed, the log is folded
-//! into the database and the state rebuilt from it.
+//! into the database and the state rebuilt from it (the feed given the events of what proved
+//! durable).
 
 use std::sync::atomic::Ordering;
 use std::sync::MutexGuard;
@@ -38,7 +39,7 @@ pub(super) fn recover(shared: &Shared, state: &mut State) {
             None => (shared.opener)(),
         };
         reopened.and_then(|database| {
-            let loaded = load(&database, shared.files.as_ref(), Some(current));
+            let loaded = load(&database, shared.files.as_ref(), Some(current), &mut lock_plain(&shared.archive));
             if loaded.is_ok() {
                 *db = Some(database);
             }
@@ -46,7 +47,10 @@ pub(super) fn recover(shared: &Shared, state: &mut State) {
         })
     };
     let loaded = match rebuilt {
-        Ok((loaded, _)) => loaded,
+        Ok((loaded, _, events)) => {
+            publish_recovered(shared, &events);
+            loaded
+        }
         Err(err) => {
             tracing::error!(error = %err, "cannot rebuild the store; retrying");
             state.broken = Some(format!("the store cannot be rebuilt: {err}"));
@@ -71,4 +75,25 @@ pub(super) fn recover(shared: &Shared, state: &mut State) {
     state.log = LogWriter::new(segment, number, seq);
     state.broken = None;
     tracing::info!(seq, "store rebuilt from the database");
+}
+
+/// Publishes the events of records that became durable although their operations were not
+/// answered so (a failed sync whose writes reached the disk after all): the state rebuilt holds
+/// their changes, so the feed has their events, in order, after what it published.
+fn publish_recovered(shared: &Shared, batches: &[wal::Events]) {
+    let published = shared.feed.revision();
+    let mut events = Vec::new();
+    for batch in batches.iter().filter(|batch| batch.last > published) {
+        match crate::records::events::decode_events(&batch.bytes) {
+            Ok(decoded) => events.extend(decoded.into_iter().filter(|event| event.revision > published)),
+            Err(err) => tracing::error!(error = %err, "the events of a record rebuilt cannot be read"),
+        }
+    }
+    if !events.is_empty() {
+        tracing::warn!(
+            events = events.len(),
+            "changes whose outcome was unknown are durable: their events are published"
+        );
+        shared.feed.publish(events, shared.clock.now());
+    }
 }

@@ -36,13 +36,14 @@ pub const SEGMENT_BYTES: u64 = 16 << 20;
 /// How many checkpointed segments are kept for reuse.
 const SPARES: usize = 2;
 /// Record header: length and checksum.
-const HEADER: usize = 8;
+pub(crate) const HEADER: usize = 8;
 /// The zero header after the last record of a frame.
 pub(crate) const TRAILER: usize = HEADER;
 /// A record larger than this is not one (a corrupt length).
 const MAX_RECORD: usize = 1 << 30;
 
-/// One logged commit: the ops of one operation (or of a few, in a batch), in order.
+/// One logged commit: the ops of one operation (or of a few, in a batch), in order, and the
+/// change feed's events of the operation.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub(crate) struct WalRecord {
     /// Numbers increase by one per record; the database's `meta.seq` is the last one it holds.
@@ -50,13 +51,90 @@ pub(crate) struct WalRecord {
     /// The daemon clock when the record was appended.
     pub(crate) clock: Millis,
     pub(crate) ops: Vec<Op>,
+    /// Last, added after the format began: a record written before ends where it starts, and
+    /// reads as one without events (see [`decode_record`]).
+    pub(crate) events: Option<Events>,
+}
+
+/// The events of one record, encoded (`records::events::encode_events`): they are durable with
+/// the record, and copied as they are into the kept events' files at a checkpoint.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub(crate) struct Events {
+    /// The revision of the last of them (they increase).
+    pub(crate) last: u64,
+    #[serde(with = "blob")]
+    pub(crate) bytes: Vec<u8>,
+}
+
+/// Bytes as postcard writes a `Vec<u8>` (their length, then each byte as it is), copied whole
+/// rather than byte by byte.
+mod blob {
+    use serde::{de, Deserializer, Serializer};
+
+    pub(crate) fn serialize<S: Serializer>(bytes: &[u8], serializer: S) -> Result<S::Ok, S::Error> {
+        serializer.serialize_bytes(bytes)
+    }
+
+    pub(crate) fn deserialize<'de, D: Deserializer<'de>>(deserializer: D) -> Result<Vec<u8>, D::Error> {
+        struct Bytes;
+        impl<'de> de::Visitor<'de> for Bytes {
+            type Value = Vec<u8>;
+
+            fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                f.write_str("bytes")
+            }
+
+            fn visit_bytes<E: de::Error>(self, bytes: &[u8]) -> Result<Vec<u8>, E> {
+                Ok(bytes.to_vec())
+            }
+
+            fn visit_byte_buf<E: de::Error>(self, bytes: Vec<u8>) -> Result<Vec<u8>, E> {
+                Ok(bytes)
+            }
+        }
+        deserializer.deserialize_byte_buf(Bytes)
+    }
+}
+
+/// Decodes a record's body, one written before records carried events too.
+fn decode_record(body: &[u8]) -> Option<WalRecord> {
+    postcard::from_bytes::<WalRecord>(body).ok().or_else(|| {
+        let mut older = body.to_vec();
+        older.push(0);
+        postcard::from_bytes::<WalRecord>(&older).ok()
+    })
+}
+
+/// Reads the frame `[length][crc][body]` at `at`: its body, or how the frames end there.
+pub(crate) fn frame_at(bytes: &[u8], at: usize) -> Result<&[u8], End> {
+    if at >= bytes.len() {
+        return Err(End::Clean);
+    }
+    let Some(header) = bytes.get(at..at + HEADER) else { return Err(End::Torn) };
+    let len = u32::from_le_bytes(header[..4].try_into().expect("4 bytes")) as usize;
+    let crc = u32::from_le_bytes(header[4..].try_into().expect("4 bytes"));
+    if len == 0 && crc == 0 {
+        // The zeros a segment is made with: the end of its records.
+        return Err(End::Clean);
+    }
+    if len > MAX_RECORD {
+        return Err(End::Torn);
+    }
+    let Some(body) = bytes.get(at + HEADER..at + HEADER + len) else { return Err(End::Torn) };
+    if crc32fast::hash(body) != crc {
+        return Err(End::Torn);
+    }
+    Ok(body)
 }
 
 impl WalRecord {
     /// The record's bytes, header included, followed by a zero header ([`TRAILER`] bytes): that
     /// ends the segment's records until the next append overwrites it.
     pub(crate) fn frame(&self) -> Vec<u8> {
-        let mut bytes = postcard::to_extend(self, vec![0; HEADER]).expect("records always encode");
+        let events = self.events.as_ref().map_or(0, |events| events.bytes.len());
+        let mut bytes = Vec::with_capacity(HEADER + 64 + 64 * self.ops.len() + events + TRAILER);
+        bytes.resize(HEADER, 0);
+        let mut bytes = postcard::to_extend(self, bytes).expect("records always encode");
         let len = (bytes.len() - HEADER) as u32;
         let crc = crc32fast::hash(&bytes[HEADER..]);
         bytes[..4].copy_from_slice(&len.to_le_bytes());
@@ -85,28 +163,17 @@ pub(crate) enum End {
 pub(crate) fn records(bytes: &[u8]) -> (Vec<WalRecord>, End) {
     let mut out = Vec::new();
     let mut at = 0;
-    while at < bytes.len() {
-        let Some(header) = bytes.get(at..at + HEADER) else { return (out, End::Torn) };
-        let len = u32::from_le_bytes(header[..4].try_into().expect("4 bytes")) as usize;
-        let crc = u32::from_le_bytes(header[4..].try_into().expect("4 bytes"));
-        if len == 0 && crc == 0 {
-            // The zeros a segment is made with: the end of its records.
-            return (out, End::Clean);
+    loop {
+        let body = match frame_at(bytes, at) {
+            Ok(body) => body,
+            Err(end) => return (out, end),
+        };
+        match decode_record(body) {
+            Some(record) => out.push(record),
+            None => return (out, End::Unreadable { offset: at }),
         }
-        if len > MAX_RECORD {
-            return (out, End::Torn);
-        }
-        let Some(body) = bytes.get(at + HEADER..at + HEADER + len) else { return (out, End::Torn) };
-        if crc32fast::hash(body) != crc {
-            return (out, End::Torn);
-        }
-        match postcard::from_bytes::<WalRecord>(body) {
-            Ok(record) => out.push(record),
-            Err(_) => return (out, End::Unreadable { offset: at }),
-        }
-        at += HEADER + len;
+        at += HEADER + body.len();
     }
-    (out, End::Clean)
 }
 
 /// A segment being appended to.
@@ -386,7 +453,12 @@ mod tests {
     use crate::embedded::ops::{Key, Table};
 
     fn record(seq: u64) -> WalRecord {
-        WalRecord { seq, clock: seq * 10, ops: vec![Op::Put(Table::Pools, Key::Name(format!("p{seq}")), vec![1, 2])] }
+        WalRecord {
+            seq,
+            clock: seq * 10,
+            ops: vec![Op::Put(Table::Pools, Key::Name(format!("p{seq}")), vec![1, 2])],
+            events: seq.is_multiple_of(2).then(|| Events { last: seq << 20 | 1, bytes: vec![seq as u8; 3] }),
+        }
     }
 
     /// A record's bytes as a segment ends up holding them when another follows.
@@ -452,6 +524,34 @@ mod tests {
         assert_eq!(end, End::Torn);
     }
 
+    /// `body` framed: `[length u32 LE][crc32 u32 LE][body]`, into `out`.
+    fn put_frame(out: &mut Vec<u8>, body: &[u8]) {
+        out.extend_from_slice(&(body.len() as u32).to_le_bytes());
+        out.extend_from_slice(&crc32fast::hash(body).to_le_bytes());
+        out.extend_from_slice(body);
+    }
+
+    /// Events' bytes are written as postcard writes any `Vec<u8>`, only faster.
+    #[test]
+    fn the_events_bytes_are_a_plain_byte_vector() {
+        let events = Events { last: 300, bytes: (0..=255).collect() };
+        let plain = postcard::to_stdvec(&(300u64, events.bytes.clone())).unwrap();
+        assert_eq!(postcard::to_stdvec(&events).unwrap(), plain);
+        assert_eq!(postcard::from_bytes::<Events>(&plain).unwrap(), events);
+    }
+
+    /// A record written before records carried events reads as one without them.
+    #[test]
+    fn a_record_of_the_format_before_events_reads_without_them() {
+        let older = WalRecord { events: None, ..record(1) };
+        let body = postcard::to_stdvec(&(older.seq, older.clock, older.ops.clone())).unwrap();
+        let mut bytes = Vec::new();
+        put_frame(&mut bytes, &body);
+        put_frame(&mut bytes, &postcard::to_stdvec(&record(2)).unwrap());
+        assert!(record(2).events.is_some());
+        assert_eq!(records(&bytes), (vec![older, record(2)], End::Clean));
+    }
+
     #[test]
     fn segments_are_listed_in_order_and_hold_what_was_appended() {
         for durability in Durability::ALL {
@@ -499,6 +599,7 @@ mod tests {
                     seq,
                     clock: seq,
                     ops: vec![Op::Put(Table::Pools, Key::Name(format!("p{seq}")), vec![7; size])],
+                    events: None,
                 };
                 let frame = record.frame();
                 segment.append(len, &frame).unwrap();

@@ -11,15 +11,17 @@
 //! - `queues`, `apps`, `tasks`: the applications part, see [`apps`]
 //! - `runs`, `catalog`: the runs of tasks and the outputs kept for reuse, see [`runs`]
 //! - `meta`: `format` -> [`FORMAT_VERSION`], `clock` -> the daemon clock at the last commit,
-//!   `seq` -> the number of the last commit
+//!   `seq` -> the number of the last commit, `events_seq` -> the last commit whose events are kept
 //!
 //! The records of each part are in a module of their own (`quotas`, `pools`, `apps`, `runs`);
-//! this one holds the format's version, the `meta` table and the encoding.
+//! `events` holds the change feed's events as the log and the kept events' files carry them; this
+//! one holds the format's version, the `meta` table and the encoding.
 //!
 //! Values are postcard-encoded. The format version is checked at open: a file written by a newer
 //! format is refused rather than misread.
 
 pub mod apps;
+pub mod events;
 mod pools;
 mod quotas;
 pub mod runs;
@@ -40,6 +42,9 @@ pub const META_SEQ: &str = "seq";
 /// The wall clock (Unix ms) less the daemon clock, as the daemon that last opened the store had
 /// them: with the daemon clock of the last record, when that daemon stopped.
 pub const META_WALL_OFFSET: &str = "wall_offset";
+/// The number of the last commit whose change feed events are in the kept events' files (with
+/// `seq`, by this version; a version before the files moves `seq` alone).
+pub const META_EVENTS_SEQ: &str = "events_seq";
 
 /// A record that does not decode, or decodes to something the core refuses.
 #[derive(Debug, thiserror::Error)]

@@ -1,6 +1,6 @@
 //! The embedded store's change feed: every committed change an event, in commit order, with the
-//! object as it is after it; resumable from a revision; compacted by retention; a slow watcher
-//! ended without holding writers up; every watcher ended at shutdown.
+//! object as it is after it; resumable from a revision, across a restart or a crash too; compacted
+//! by retention; a slow watcher ended without holding writers up; every watcher ended at shutdown.
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -16,10 +16,24 @@ use allot_store::clock::ManualClock;
 
 use crate::embedded::{ns, request};
 use allot_store::prelude::*;
-use allot_store::{Allocation, EmbeddedConfig, EmbeddedStore, Event, EventObject, WatchConfig, WatchError, Watcher};
+use allot_store::{
+    Allocation, Durability, EmbeddedConfig, EmbeddedStore, Event, EventObject, WatchConfig, WatchError, Watcher,
+};
 
 fn open(dir: &std::path::Path, clock: &ManualClock, watch: WatchConfig) -> Arc<EmbeddedStore> {
-    let config = EmbeddedConfig::new(dir.to_owned()).with_time(Arc::new(clock.clone())).with_watch(watch);
+    open_at(dir, clock, watch, Durability::default())
+}
+
+fn open_at(
+    dir: &std::path::Path,
+    clock: &ManualClock,
+    watch: WatchConfig,
+    durability: Durability,
+) -> Arc<EmbeddedStore> {
+    let config = EmbeddedConfig::new(dir.to_owned())
+        .with_time(Arc::new(clock.clone()))
+        .with_watch(watch)
+        .with_durability(durability);
     Arc::new(EmbeddedStore::open(&config).unwrap())
 }
 
@@ -270,6 +284,7 @@ async fn shutting_down_ends_every_watcher_and_revisions_go_on_after_a_restart() 
     let dir = tempfile::tempdir().unwrap();
     let clock = ManualClock::new();
     let store = open(dir.path(), &clock, WatchConfig::default());
+    let start = store.revision();
     store.put_namespace(ns("hive"), 1).await.unwrap();
     let before = store.revision();
     let mut watcher = store.watch(Filter::default(), None).unwrap();
@@ -278,8 +293,226 @@ async fn shutting_down_ends_every_watcher_and_revisions_go_on_after_a_restart() 
     drop(store);
     let store = open(dir.path(), &clock, WatchConfig::default());
     assert!(store.revision() > before, "revisions go on after a restart");
-    // What the store published before it closed is not kept across the restart.
-    assert!(matches!(store.watch(Filter::default(), Some(before)), Err(WatchError::Compacted { .. })));
+    // What the store published before it closed is kept across the restart.
+    let mut resumed = store.watch(Filter::default(), Some(start)).unwrap();
+    assert_eq!(next(&mut resumed).await.revision, before);
+    // A revision before what it keeps is refused, as before the restart.
+    assert_eq!(
+        store.watch(Filter::default(), Some(start - 1)).err(),
+        Some(WatchError::Compacted { since: start - 1, oldest: start })
+    );
+    store.shutdown().await;
+}
+
+/// Reads the events of `watcher` up to revision `until`.
+async fn read_until(watcher: &mut Watcher, until: u64) -> Vec<Arc<Event>> {
+    let mut seen = Vec::new();
+    while seen.last().is_none_or(|e: &Arc<Event>| e.revision < until) {
+        seen.push(next(watcher).await);
+    }
+    seen
+}
+
+/// Changes of every part, watched by `watcher`: a namespace, grants (a waiter admitted, and one
+/// that gave up: events with no change of their own), a session, a pool and its allocs, a queue,
+/// an application placed, a run. Answers what the watcher saw, once every change is answered.
+async fn changes_of_every_part(store: &Arc<EmbeddedStore>, watcher: &mut Watcher) -> Vec<Arc<Event>> {
+    use allot_core::apps::{AppSpec, SchedulingPolicy, TaskSpec};
+
+    let mut seen = Vec::new();
+    store.put_namespace(ns("hive"), 1).await.unwrap();
+    store.allocate(request("hive", "a", LeaseRequest::Ttl { ttl_ms: 1000 }), Duration::ZERO).await.unwrap();
+    let waiting = {
+        let store = store.clone();
+        tokio::spawn(
+            async move { store.allocate(request("hive", "b", LeaseRequest::None), Duration::from_secs(5)).await },
+        )
+    };
+    while seen.last().is_none_or(|e: &Arc<Event>| e.kind != EventKind::WaiterQueued) {
+        seen.push(next(watcher).await);
+    }
+    let gave_up = store.allocate(request("hive", "c", LeaseRequest::None), Duration::from_millis(20)).await;
+    assert!(matches!(gave_up.unwrap(), Allocation::Refused { .. }));
+    store.release(ns("hive"), Token::new("a").unwrap(), None).await.unwrap();
+    assert!(matches!(waiting.await.unwrap().unwrap(), Allocation::Granted { .. }));
+    store.open_session(2000).await.unwrap();
+    let pool = PoolName::new("p").unwrap();
+    store.put_pool(pool.clone(), "cpu=4".parse().unwrap()).await.unwrap();
+    let want = AllocRequest { min: "cpu=1".parse().unwrap(), owner: "me".into(), ..AllocRequest::default() };
+    let alloc = store.accept(pool.clone(), want).await.unwrap();
+    store.keepalive_alloc(pool.clone(), alloc.id, 60_000).await.unwrap();
+    store.free_alloc(pool, alloc.id).await.unwrap();
+    let queue = QueuePath::new("root.q").unwrap();
+    store.put_queue(queue.clone(), QueueLimits::default()).await.unwrap();
+    let app = AppId::new("etl").unwrap();
+    let spec = AppSpec {
+        id: app.clone(),
+        queue,
+        user: "u".into(),
+        tags: Default::default(),
+        groups: Vec::new(),
+        policy: SchedulingPolicy::default(),
+    };
+    let task = TaskSpec {
+        id: TaskId::new("t1").unwrap(),
+        resources: "cpu=1".parse().unwrap(),
+        tokens: Vec::new(),
+        group: None,
+        priority: 0,
+        selector: Default::default(),
+        spec: "{}".into(),
+    };
+    store.submit_app(spec, vec![task]).await.unwrap();
+    store.tick().await.unwrap();
+    store.put_run(app, TaskId::new("t1").unwrap(), Run::new(1)).await.unwrap();
+    seen.extend(read_until(watcher, store.revision()).await);
+    let kinds: std::collections::BTreeSet<&str> = seen.iter().map(|e| e.kind.name()).collect();
+    for kind in ["waiter.queued", "waiter.gave_up", "waiter.admitted", "session.opened", "alloc.ended", "queue.put"] {
+        assert!(kinds.contains(kind), "{kind} is not among {kinds:?}");
+    }
+    for kind in ["app.changed", "task.changed", "run.changed"] {
+        assert!(kinds.contains(kind), "{kind} is not among {kinds:?}");
+    }
+    seen
+}
+
+/// Stops the store cleanly, or as a crash would.
+async fn stop(store: Arc<EmbeddedStore>, crash: bool) {
+    if crash {
+        Arc::into_inner(store).expect("nothing else holds the store").crash().await;
+    } else {
+        store.shutdown().await;
+    }
+}
+
+/// Reopened after a shutdown or a crash, at either level of durability, a store keeps the events
+/// it published, as it published them: a watcher resuming from any revision before the restart
+/// gets exactly the events after it, then the new ones, none twice.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reopened_store_resumes_a_watcher_with_exactly_the_events_after_its_revision() {
+    for durability in Durability::ALL {
+        for crash in [false, true] {
+            let dir = tempfile::tempdir().unwrap();
+            let clock = ManualClock::new();
+            let store = open_at(dir.path(), &clock, WatchConfig::default(), durability);
+            let start = store.revision();
+            let mut watcher = store.watch(Filter::default(), Some(start)).unwrap();
+            let seen = changes_of_every_part(&store, &mut watcher).await;
+            let last = seen.last().unwrap().revision;
+            assert_eq!(store.revision(), last);
+            stop(store, crash).await;
+
+            let store = open_at(dir.path(), &clock, WatchConfig::default(), durability);
+            let case = format!("{durability}, crash: {crash}");
+            assert!(store.revision() > last, "{case}: revisions go on above every one published");
+            assert_eq!(store.feed_kept(), (seen.len(), start), "{case}");
+            let mut resumed = Vec::new();
+            for (k, from) in std::iter::once(start).chain(seen.iter().map(|e| e.revision)).enumerate() {
+                let mut watcher = store.watch(Filter::default(), Some(from)).unwrap();
+                let backlog = match seen.get(k..) {
+                    Some(after) if !after.is_empty() => read_until(&mut watcher, last).await,
+                    _ => Vec::new(),
+                };
+                assert_eq!(backlog, seen[k..], "{case}: resumed after {from}");
+                resumed.push(watcher);
+            }
+            // Then the new changes, after what each had.
+            store.put_namespace(ns("after"), 1).await.unwrap();
+            for watcher in &mut resumed {
+                let event = next(watcher).await;
+                assert_eq!((event.key.as_str(), event.revision > last), ("namespaces/after", true), "{case}");
+            }
+            store.shutdown().await;
+        }
+    }
+}
+
+/// The newest file of kept events, in `dir`.
+fn newest_events_file(dir: &std::path::Path) -> std::path::PathBuf {
+    let mut files: Vec<_> = std::fs::read_dir(dir.join(allot_store::embedded::EVENTS_DIR))
+        .unwrap()
+        .map(|entry| entry.unwrap().path())
+        .filter(|path| path.extension().is_some_and(|ext| ext == "events"))
+        .collect();
+    files.sort();
+    files.pop().expect("a file of kept events")
+}
+
+/// A crash in the middle of writing kept events leaves a torn frame at the end of their file:
+/// it is cut at open, and the records it was copying, still in the log, are copied again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_torn_tail_of_the_kept_events_is_cut_and_nothing_is_lost() {
+    let dir = tempfile::tempdir().unwrap();
+    let clock = ManualClock::new();
+    let store = open(dir.path(), &clock, WatchConfig::default());
+    let start = store.revision();
+    let mut watcher = store.watch(Filter::default(), Some(start)).unwrap();
+    store.put_namespace(ns("hive"), 100).await.unwrap();
+    for i in 0..10 {
+        store.allocate(request("hive", &format!("t{i}"), LeaseRequest::None), Duration::ZERO).await.unwrap();
+        if i == 4 {
+            // The first ones are in the kept events' file, the others (likely) in the log only.
+            store.checkpoint_now().unwrap();
+        }
+    }
+    let seen = read_until(&mut watcher, store.revision()).await;
+    stop(store, true).await;
+    let file = newest_events_file(dir.path());
+    let whole = std::fs::metadata(&file).unwrap().len();
+    assert!(whole > 0, "the checkpoint kept events");
+    // A frame's header and part of its body.
+    let mut torn = std::fs::read(&file).unwrap();
+    torn.extend(200u32.to_le_bytes());
+    torn.extend([7u8; 60]);
+    std::fs::write(&file, torn).unwrap();
+
+    let store = open(dir.path(), &clock, WatchConfig::default());
+    let mut resumed = store.watch(Filter::default(), Some(start)).unwrap();
+    assert_eq!(read_until(&mut resumed, seen.last().unwrap().revision).await, seen);
+    store.put_namespace(ns("after"), 1).await.unwrap();
+    assert_eq!(next(&mut resumed).await.key, "namespaces/after", "none twice, none missed");
+    // Nothing after the cut is in the way of what comes next: it is kept across another crash.
+    let after = store.revision();
+    stop(store, true).await;
+    let store = open(dir.path(), &clock, WatchConfig::default());
+    let mut again = store.watch(Filter::default(), Some(start)).unwrap();
+    let kept = read_until(&mut again, after).await;
+    assert_eq!((kept.len(), &kept[..seen.len()]), (seen.len() + 1, &seen[..]));
+    store.shutdown().await;
+}
+
+/// A reopened store keeps what the feed kept, no more: by count and by age.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn retention_bounds_what_a_reopened_store_keeps() {
+    let dir = tempfile::tempdir().unwrap();
+    let clock = ManualClock::new();
+    let watch = WatchConfig { retain_events: 10, retain_for: Duration::from_secs(60), ..WatchConfig::default() };
+    let store = open(dir.path(), &clock, watch);
+    let start = store.revision();
+    let mut watcher = store.watch(Filter::default(), Some(start)).unwrap();
+    store.put_namespace(ns("hive"), 100).await.unwrap();
+    for i in 0..30 {
+        store.allocate(request("hive", &format!("t{i}"), LeaseRequest::None), Duration::ZERO).await.unwrap();
+    }
+    let seen = read_until(&mut watcher, store.revision()).await;
+    let oldest = seen[seen.len() - 11].revision;
+    assert_eq!(store.feed_kept(), (10, oldest));
+    stop(store, true).await;
+
+    let store = open(dir.path(), &clock, watch);
+    assert_eq!(store.feed_kept(), (10, oldest), "as many as before, from the same one");
+    assert_eq!(store.watch(Filter::default(), Some(start)).err(), Some(WatchError::Compacted { since: start, oldest }));
+    let mut resumed = store.watch(Filter::default(), Some(oldest)).unwrap();
+    assert_eq!(read_until(&mut resumed, seen.last().unwrap().revision).await, seen[seen.len() - 10..]);
+    // By age: a minute later, a change; reopened, only it is kept.
+    clock.advance(Duration::from_secs(61));
+    store.allocate(request("hive", "late", LeaseRequest::None), Duration::ZERO).await.unwrap();
+    let late = store.revision();
+    stop(store, false).await;
+    let store = open(dir.path(), &clock, watch);
+    assert_eq!(store.feed_kept(), (1, seen.last().unwrap().revision));
+    let mut resumed = store.watch(Filter::default(), Some(store.feed_kept().1)).unwrap();
+    assert_eq!(next(&mut resumed).await.revision, late);
     store.shutdown().await;
 }
 
@@ -347,5 +580,35 @@ async fn an_applications_life_is_a_line_of_events() {
     // Its alloc ended with it (the same commit: it is in the events up to the task's failure).
     let freed = ended.iter().find(|e| e.kind == EventKind::AllocEnded).expect("its alloc ended with it");
     assert_eq!(freed.key, format!("pools/p/allocs/{alloc}"));
+    store.shutdown().await;
+}
+
+/// A sync that wrote the record but failed leaves its operation's outcome unknown; the store,
+/// rebuilt from what the disk holds, has the change, and so does its feed: a watcher gets its
+/// event, and so does one that resumes after a restart.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_change_whose_outcome_was_unknown_but_is_durable_is_in_the_feed() {
+    let dir = tempfile::tempdir().unwrap();
+    let (store, faults) = allot_store::fault::open_flaky_store(dir.path()).unwrap();
+    store.put_namespace(ns("hive"), 2).await.unwrap();
+    let start = store.revision();
+    let mut watcher = store.watch(Filter::default(), Some(start)).unwrap();
+    faults.fail_after_syncs.store(true, std::sync::atomic::Ordering::SeqCst);
+    let answer = store.allocate(request("hive", "ghost", LeaseRequest::None), Duration::ZERO).await;
+    assert!(matches!(answer, Err(allot_store::StoreError::OutcomeUnknown(_))), "{answer:?}");
+    faults.fail_after_syncs.store(false, std::sync::atomic::Ordering::SeqCst);
+    let granted = store.grant(ns("hive"), Token::new("ghost").unwrap()).await;
+    assert!(granted.is_ok(), "the record reached the disk: {granted:?}");
+    let event = next(&mut watcher).await;
+    assert_eq!((event.kind, event.key.as_str()), (EventKind::GrantGranted, "namespaces/hive/grants/ghost"));
+    store.release(ns("hive"), Token::new("ghost").unwrap(), None).await.unwrap();
+    let released = next(&mut watcher).await;
+    assert_eq!(released.kind, EventKind::GrantReleased);
+    store.shutdown().await;
+    drop(store);
+    let (store, _) = allot_store::fault::open_flaky_store(dir.path()).unwrap();
+    let mut resumed = store.watch(Filter::default(), Some(start)).unwrap();
+    assert_eq!(next(&mut resumed).await, event);
+    assert_eq!(next(&mut resumed).await, released);
     store.shutdown().await;
 }

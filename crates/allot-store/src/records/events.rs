@@ -1,0 +1,348 @@
+//! The change feed's events as the embedded store keeps them on disk (in the log record of the
+//! change, then in the kept events' segments): an [`EventRecord`] per event, its object in the
+//! parts' own records. Kinds, and the codes of what holds a queue's work back, are stored by name,
+//! so a reordering of the enums cannot misread a file; text is borrowed when written and owned
+//! when read.
+
+use std::borrow::Cow;
+use std::collections::BTreeMap;
+
+use allot_core::apps::queues::QueueUsage;
+use allot_core::apps::{QueueView, Why};
+use allot_core::pools::{EndedAlloc, PoolStats, PoolView};
+use allot_core::watch::EventKind;
+use allot_core::{Millis, NamespaceName, NamespaceStats, NamespaceView, Session, SessionId, Token};
+use serde::{Deserialize, Serialize};
+
+use super::apps::{AppRecord, QueueRecord, TaskRecord};
+use super::runs::RunRecord;
+use super::{resources_from, resources_record, AllocRecord, CorruptRecord, GrantRecord, ResourcesRecord};
+use crate::watch::{Event, EventObject};
+use crate::{GrantInfo, SessionInfo};
+
+/// One event.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct EventRecord<'a> {
+    pub revision: u64,
+    /// `EventKind::name`.
+    pub kind: Cow<'a, str>,
+    pub key: Cow<'a, str>,
+    pub cause: Option<Cow<'a, str>>,
+    pub at: Millis,
+    pub object: ObjectRecord<'a>,
+}
+
+/// An event's object (`EventObject`).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub enum ObjectRecord<'a> {
+    Namespace(NamespaceViewRecord<'a>),
+    Grant { namespace: Cow<'a, str>, token: Cow<'a, str>, grant: GrantRecord, expires_in_ms: Option<u64> },
+    Waiter { namespace: Cow<'a, str>, token: Cow<'a, str> },
+    Session(SessionInfoRecord),
+    Pool(PoolViewRecord),
+    Alloc { pool: Cow<'a, str>, id: u64, alloc: AllocRecord },
+    EndedAlloc { pool: Cow<'a, str>, id: u64, alloc: AllocRecord },
+    Queue(Box<QueueViewRecord>),
+    App { id: Cow<'a, str>, app: Box<AppRecord> },
+    Task { app: Cow<'a, str>, id: Cow<'a, str>, task: Box<TaskRecord> },
+    Run(Box<RunRecord>),
+    Gone,
+}
+
+/// A namespace's view (`NamespaceView`).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct NamespaceViewRecord<'a> {
+    pub name: Cow<'a, str>,
+    pub quota: u64,
+    pub granted_units: u64,
+    pub grants: u64,
+    pub waiters: u64,
+    pub waiting_units: u64,
+    pub longest_wait_ms: u64,
+    pub next_fencing: u64,
+    /// granted, exhausted, cap exceeded, released, expired.
+    pub stats: [u64; 5],
+}
+
+/// A session and the time its lease had left (`SessionInfo`).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SessionInfoRecord {
+    pub id: u128,
+    pub ttl_ms: u64,
+    pub deadline: Millis,
+    /// (namespace, token) of its grants.
+    pub grants: Vec<(String, String)>,
+    pub expires_in_ms: u64,
+}
+
+/// A pool's view (`PoolView`).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PoolViewRecord {
+    pub name: String,
+    pub capacity: ResourcesRecord,
+    pub labels: BTreeMap<String, String>,
+    pub allocated: ResourcesRecord,
+    pub expired: ResourcesRecord,
+    pub allocs: u64,
+    pub expired_allocs: u64,
+    pub stopped: bool,
+    /// accepted, offer expired, freed, reclaimed.
+    pub stats: [u64; 4],
+}
+
+/// A queue's view (`QueueView`).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct QueueViewRecord {
+    pub path: String,
+    pub limits: QueueRecord,
+    pub allocated: ResourcesRecord,
+    pub running_apps: u64,
+    /// Per user: running applications and what they hold.
+    pub users: Vec<(String, u64, ResourcesRecord)>,
+    pub leaf: bool,
+    pub apps: u64,
+    pub pending_tasks: u64,
+    /// By `Why::code`.
+    pub waiting: Vec<(String, u64)>,
+}
+
+/// The encoding of a sequence of events: postcard, as a sequence of [`EventRecord`]s.
+pub fn encode_events(events: &[Event]) -> Vec<u8> {
+    struct Seq<'a>(&'a [Event]);
+    impl Serialize for Seq<'_> {
+        fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+            serializer.collect_seq(self.0.iter().map(EventRecord::of))
+        }
+    }
+    postcard::to_extend(&Seq(events), Vec::with_capacity(96 * events.len())).expect("events always encode")
+}
+
+/// Reads what [`encode_events`] wrote.
+pub fn decode_events(bytes: &[u8]) -> Result<Vec<Event>, CorruptRecord> {
+    let records: Vec<EventRecord<'static>> = super::decode("events", "", bytes)?;
+    records.into_iter().map(EventRecord::into_event).collect()
+}
+
+impl<'a> EventRecord<'a> {
+    pub fn of(event: &'a Event) -> EventRecord<'a> {
+        EventRecord {
+            revision: event.revision,
+            kind: Cow::Borrowed(event.kind.name()),
+            key: Cow::Borrowed(&event.key),
+            cause: event.cause.as_deref().map(Cow::Borrowed),
+            at: event.at,
+            object: ObjectRecord::of(&event.object),
+        }
+    }
+
+    pub fn into_event(self) -> Result<Event, CorruptRecord> {
+        let r = Reader { key: format!("{}", self.revision) };
+        let kind = EventKind::parse(&self.kind).ok_or_else(|| r.err(format!("unknown kind `{}`", self.kind)))?;
+        Ok(Event {
+            revision: self.revision,
+            kind,
+            key: self.key.into_owned(),
+            cause: self.cause.map(Cow::into_owned),
+            at: self.at,
+            object: self.object.into_object(&r)?,
+        })
+    }
+}
+
+/// Turns errors of the core's constructors into [`CorruptRecord`]s of one event.
+struct Reader {
+    key: String,
+}
+
+impl Reader {
+    fn err(&self, reason: impl ToString) -> CorruptRecord {
+        CorruptRecord { table: "events", key: self.key.clone(), reason: reason.to_string() }
+    }
+
+    fn namespace(&self, name: &str) -> Result<NamespaceName, CorruptRecord> {
+        NamespaceName::new(name).map_err(|e| self.err(e))
+    }
+
+    fn token(&self, token: &str) -> Result<Token, CorruptRecord> {
+        Token::new(token).map_err(|e| self.err(e))
+    }
+
+    fn resources(&self, record: ResourcesRecord) -> Result<allot_core::Resources, CorruptRecord> {
+        resources_from(record, "events", &self.key)
+    }
+}
+
+impl<'a> ObjectRecord<'a> {
+    fn of(object: &'a EventObject) -> ObjectRecord<'a> {
+        match object {
+            EventObject::Namespace(view) => ObjectRecord::Namespace(NamespaceViewRecord {
+                name: Cow::Borrowed(view.name.as_str()),
+                quota: view.quota,
+                granted_units: view.granted_units,
+                grants: view.grants as u64,
+                waiters: view.waiters as u64,
+                waiting_units: view.waiting_units,
+                longest_wait_ms: view.longest_wait_ms,
+                next_fencing: view.next_fencing,
+                stats: {
+                    let s = &view.stats;
+                    [s.granted, s.exhausted, s.cap_exceeded, s.released, s.expired]
+                },
+            }),
+            EventObject::Grant(info) => ObjectRecord::Grant {
+                namespace: Cow::Borrowed(info.grant.namespace.as_str()),
+                token: Cow::Borrowed(info.grant.token.as_str()),
+                grant: GrantRecord::from_grant(&info.grant),
+                expires_in_ms: info.expires_in_ms,
+            },
+            EventObject::Waiter { namespace, token } => ObjectRecord::Waiter {
+                namespace: Cow::Borrowed(namespace.as_str()),
+                token: Cow::Borrowed(token.as_str()),
+            },
+            EventObject::Session(info) => ObjectRecord::Session(SessionInfoRecord {
+                id: info.session.id.0,
+                ttl_ms: info.session.ttl_ms,
+                deadline: info.session.deadline,
+                grants: info.session.grants.iter().map(|(n, t)| (n.to_string(), t.to_string())).collect(),
+                expires_in_ms: info.expires_in_ms,
+            }),
+            EventObject::Pool(view) => ObjectRecord::Pool(PoolViewRecord {
+                name: view.name.to_string(),
+                capacity: resources_record(&view.capacity),
+                labels: view.labels.clone(),
+                allocated: resources_record(&view.allocated),
+                expired: resources_record(&view.expired),
+                allocs: view.allocs as u64,
+                expired_allocs: view.expired_allocs as u64,
+                stopped: view.stopped,
+                stats: {
+                    let s = &view.stats;
+                    [s.accepted, s.offer_expired, s.freed, s.reclaimed]
+                },
+            }),
+            EventObject::Alloc(alloc) => ObjectRecord::Alloc {
+                pool: Cow::Borrowed(alloc.pool.as_str()),
+                id: alloc.id.0,
+                alloc: AllocRecord::live(alloc),
+            },
+            EventObject::EndedAlloc(ended) => ObjectRecord::EndedAlloc {
+                pool: Cow::Borrowed(ended.alloc.pool.as_str()),
+                id: ended.alloc.id.0,
+                alloc: AllocRecord::ended(ended),
+            },
+            EventObject::Queue(view) => ObjectRecord::Queue(Box::new(QueueViewRecord {
+                path: view.path.to_string(),
+                limits: QueueRecord::of(&view.limits),
+                allocated: resources_record(&view.usage.allocated),
+                running_apps: view.usage.running_apps,
+                users: view
+                    .usage
+                    .users
+                    .iter()
+                    .map(|(user, (apps, held))| (user.clone(), *apps, resources_record(held)))
+                    .collect(),
+                leaf: view.leaf,
+                apps: view.apps,
+                pending_tasks: view.pending_tasks,
+                waiting: view.waiting.iter().map(|(code, n)| ((*code).to_owned(), *n)).collect(),
+            })),
+            EventObject::App(app) => {
+                ObjectRecord::App { id: Cow::Borrowed(app.spec.id.as_str()), app: Box::new(AppRecord::of(app)) }
+            }
+            EventObject::Task(task) => ObjectRecord::Task {
+                app: Cow::Borrowed(task.app.as_str()),
+                id: Cow::Borrowed(task.spec.id.as_str()),
+                task: Box::new(TaskRecord::of(task)),
+            },
+            EventObject::Run(run) => ObjectRecord::Run(Box::new(RunRecord::of(run))),
+            EventObject::Gone => ObjectRecord::Gone,
+        }
+    }
+
+    fn into_object(self, r: &Reader) -> Result<EventObject, CorruptRecord> {
+        Ok(match self {
+            ObjectRecord::Namespace(v) => {
+                let [granted, exhausted, cap_exceeded, released, expired] = v.stats;
+                EventObject::Namespace(NamespaceView {
+                    name: r.namespace(&v.name)?,
+                    quota: v.quota,
+                    granted_units: v.granted_units,
+                    grants: v.grants as usize,
+                    waiters: v.waiters as usize,
+                    waiting_units: v.waiting_units,
+                    longest_wait_ms: v.longest_wait_ms,
+                    next_fencing: v.next_fencing,
+                    stats: NamespaceStats { granted, exhausted, cap_exceeded, released, expired },
+                })
+            }
+            ObjectRecord::Grant { namespace, token, grant, expires_in_ms } => {
+                EventObject::Grant(GrantInfo { grant: grant.into_grant(&namespace, &token)?, expires_in_ms })
+            }
+            ObjectRecord::Waiter { namespace, token } => {
+                EventObject::Waiter { namespace: r.namespace(&namespace)?, token: r.token(&token)? }
+            }
+            ObjectRecord::Session(s) => EventObject::Session(SessionInfo {
+                session: Session {
+                    id: SessionId(s.id),
+                    ttl_ms: s.ttl_ms,
+                    deadline: s.deadline,
+                    grants: s
+                        .grants
+                        .iter()
+                        .map(|(n, t)| Ok((r.namespace(n)?, r.token(t)?)))
+                        .collect::<Result<_, CorruptRecord>>()?,
+                },
+                expires_in_ms: s.expires_in_ms,
+            }),
+            ObjectRecord::Pool(v) => {
+                let [accepted, offer_expired, freed, reclaimed] = v.stats;
+                EventObject::Pool(PoolView {
+                    name: allot_core::pools::PoolName::new(&v.name).map_err(|e| r.err(e))?,
+                    capacity: r.resources(v.capacity)?,
+                    labels: v.labels,
+                    allocated: r.resources(v.allocated)?,
+                    expired: r.resources(v.expired)?,
+                    allocs: v.allocs as usize,
+                    expired_allocs: v.expired_allocs as usize,
+                    stopped: v.stopped,
+                    stats: PoolStats { accepted, offer_expired, freed, reclaimed },
+                })
+            }
+            ObjectRecord::Alloc { pool, id, alloc } => EventObject::Alloc(alloc.into_alloc(&pool, id)?.0),
+            ObjectRecord::EndedAlloc { pool, id, alloc } => match alloc.into_alloc(&pool, id)? {
+                (alloc, Some((ended_at, reason))) => EventObject::EndedAlloc(EndedAlloc { alloc, ended_at, reason }),
+                (_, None) => return Err(r.err("an ended alloc without its end")),
+            },
+            ObjectRecord::Queue(v) => {
+                let (path, limits) = v.limits.into_queue(&v.path)?;
+                let users = v
+                    .users
+                    .into_iter()
+                    .map(|(user, apps, held)| Ok((user, (apps, r.resources(held)?))))
+                    .collect::<Result<_, CorruptRecord>>()?;
+                let waiting = v
+                    .waiting
+                    .into_iter()
+                    .map(|(code, n)| {
+                        Why::code_named(&code)
+                            .map(|code| (code, n))
+                            .ok_or_else(|| r.err(format!("unknown code `{code}`")))
+                    })
+                    .collect::<Result<_, CorruptRecord>>()?;
+                EventObject::Queue(QueueView {
+                    path,
+                    limits,
+                    usage: QueueUsage { allocated: r.resources(v.allocated)?, running_apps: v.running_apps, users },
+                    leaf: v.leaf,
+                    apps: v.apps,
+                    pending_tasks: v.pending_tasks,
+                    waiting,
+                })
+            }
+            ObjectRecord::App { id, app } => EventObject::App(app.into_app(&id)?),
+            ObjectRecord::Task { app, id, task } => EventObject::Task(task.into_task(&app, &id)?),
+            ObjectRecord::Run(run) => EventObject::Run(Box::new(run.into_run(&r.key)?)),
+            ObjectRecord::Gone => EventObject::Gone,
+        })
+    }
+}
