@@ -67,7 +67,10 @@ impl Frames {
     /// The frame of each of `events`, in order, appended to `out` (under one lock for them all).
     pub(crate) fn extend(&self, events: &[Arc<Event>], out: &mut Vec<Bytes>) {
         let mut cache = self.lock();
-        out.extend(events.iter().map(|event| self.frame(&mut cache, event)));
+        // The events come in revision order, often one right after the other in the cache too:
+        // where the next one may be.
+        let mut hint = 0;
+        out.extend(events.iter().map(|event| self.frame(&mut cache, event, &mut hint)));
     }
 
     /// How many frames were encoded since the start.
@@ -76,26 +79,34 @@ impl Frames {
         self.lock().encoded
     }
 
-    fn frame(&self, cache: &mut Cache, event: &Event) -> Bytes {
+    /// The frame of `event`, found at `hint` or searched for, else encoded and kept; `hint`
+    /// becomes the place after it.
+    fn frame(&self, cache: &mut Cache, event: &Event, hint: &mut usize) -> Bytes {
         let revision = event.revision;
-        // Live watchers ask for the newest: look at the end first.
-        let at = match cache.frames.back() {
-            Some((last, frame)) if *last == revision => return frame.clone(),
-            Some((last, _)) if *last < revision => Err(cache.frames.len()),
-            _ => cache.frames.binary_search_by_key(&revision, |(kept, _)| *kept),
+        let frames = &cache.frames;
+        let at = match (frames.get(*hint), frames.back()) {
+            (Some((kept, _)), _) if *kept == revision => Ok(*hint),
+            // A live watcher asks for the newest.
+            (_, Some((last, _))) if *last < revision => Err(frames.len()),
+            _ => frames.binary_search_by_key(&revision, |(kept, _)| *kept),
         };
         let at = match at {
-            Ok(at) => return cache.frames[at].1.clone(),
+            Ok(at) => {
+                *hint = at + 1;
+                return frames[at].1.clone();
+            }
             Err(at) => at,
         };
         let frame = encode(event);
         cache.encoded += 1;
         cache.bytes += frame.len();
         cache.frames.insert(at, (revision, frame.clone()));
+        *hint = at + 1;
         // The oldest go first (possibly the one just encoded, when it is older than all the rest).
         while cache.frames.len() > self.max_frames || cache.bytes > self.max_bytes {
             let (_, dropped) = cache.frames.pop_front().expect("over a limit: not empty");
             cache.bytes -= dropped.len();
+            *hint = hint.saturating_sub(1);
         }
         frame
     }

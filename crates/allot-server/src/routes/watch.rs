@@ -173,7 +173,10 @@ struct Streaming {
     watcher: Watcher,
     frames: Arc<Frames>,
     heartbeat: Duration,
-    /// Fires after `heartbeat` of silence; put off by every chunk written.
+    /// When the last chunk was written.
+    written: Instant,
+    /// Fires `heartbeat` after a chunk was written, or later: armed again when it fires, if a
+    /// chunk was written since (cheaper than putting it off at every chunk).
     silence: Pin<Box<Sleep>>,
     /// The last revision the client was given as an `id`.
     sent: u64,
@@ -192,6 +195,7 @@ impl Streaming {
             watcher,
             frames,
             heartbeat,
+            written: Instant::now(),
             silence: Box::pin(tokio::time::sleep(heartbeat)),
             sent,
             ended: false,
@@ -217,17 +221,19 @@ impl Streaming {
         // no event. What is ready is taken without a timer.
         let first = match self.watcher.next().now_or_never() {
             Some(next) => next,
-            None => {
-                let next = tokio::select! {
+            None => loop {
+                tokio::select! {
                     biased;
-                    next = self.watcher.next() => Some(next),
-                    () = self.silence.as_mut() => None,
-                };
-                match next {
-                    Some(next) => next,
-                    None => return Some(self.heartbeat()),
+                    next = self.watcher.next() => break next,
+                    () = self.silence.as_mut() => {}
                 }
-            }
+                let due = self.written + self.heartbeat;
+                if Instant::now() < due {
+                    self.silence.as_mut().reset(due);
+                    continue;
+                }
+                return Some(self.heartbeat());
+            },
         };
         let mut end = match first {
             Ok(event) => {
@@ -257,7 +263,7 @@ impl Streaming {
                 self.chunk.push(behind(resume, buffer));
             }
         }
-        self.silence.as_mut().reset(Instant::now() + self.heartbeat);
+        self.written = Instant::now();
         match self.chunk.len() {
             0 => None,
             1 => self.chunk.pop(),
@@ -273,7 +279,8 @@ impl Streaming {
 
     /// `: heartbeat`, with an `id:` when the watcher has passed revisions its filter did not take.
     fn heartbeat(&mut self) -> Bytes {
-        self.silence.as_mut().reset(Instant::now() + self.heartbeat);
+        self.written = Instant::now();
+        self.silence.as_mut().reset(self.written + self.heartbeat);
         let passed = self.watcher.revision();
         if passed <= self.sent {
             return Bytes::from_static(HEARTBEAT);
