@@ -64,13 +64,22 @@ impl Frames {
         self.cache.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
-    /// The frame of each of `events`, in order, appended to `out` (under one lock for them all).
+    /// The frame of each of `events`, in order, appended to `out`: those kept under one lock, which
+    /// is let go after each frame encoded (so that a stream replaying old events holds up the
+    /// others for one encoding at a time).
     pub(crate) fn extend(&self, events: &[Arc<Event>], out: &mut Vec<Bytes>) {
         let mut cache = self.lock();
         // The events come in revision order, often one right after the other in the cache too:
         // where the next one may be.
         let mut hint = 0;
-        out.extend(events.iter().map(|event| self.frame(&mut cache, event, &mut hint)));
+        for event in events {
+            let before = cache.encoded;
+            out.push(self.frame(&mut cache, event, &mut hint));
+            if cache.encoded != before {
+                drop(cache);
+                cache = self.lock();
+            }
+        }
     }
 
     /// How many frames were encoded since the start.
@@ -172,6 +181,21 @@ mod tests {
         // Older than the newest, still kept: found by its revision.
         assert_eq!(frames(&cache, &[1])[0].as_ptr(), first[0].as_ptr());
         assert_eq!(cache.encoded(), 4);
+    }
+
+    #[test]
+    fn streams_on_several_threads_at_once_share_one_encoding() {
+        let cache = Frames::default();
+        let revisions: Vec<u64> = (1..=200).collect();
+        let (events, out) = (&revisions, &cache);
+        let got: Vec<Vec<Bytes>> = std::thread::scope(|scope| {
+            let threads: Vec<_> = (0..8).map(|_| scope.spawn(move || frames(out, events))).collect();
+            threads.into_iter().map(|thread| thread.join().unwrap()).collect()
+        });
+        assert_eq!(cache.encoded(), 200);
+        for frames in &got[1..] {
+            assert!(frames.iter().zip(&got[0]).all(|(a, b)| a.as_ptr() == b.as_ptr()));
+        }
     }
 
     #[test]
