@@ -7,13 +7,18 @@
 //! - **with watchers**: allocate+release pairs with no watcher, then with `--watchers` watchers
 //!   attached that watch other keys (pools nobody uses: what a shim's or an executor's watchers
 //!   are to a busy namespace), then with as many that watch the pairs' namespace and read every
-//!   event, alternating for `--rounds` rounds; the ratios of the medians;
+//!   event, alternating for `--rounds` rounds; the ratios of the medians; with the watchers of
+//!   every event, how many events they received a second and the CPU the daemon and the load
+//!   generator used meanwhile (what each event delivered costs), and how many watchers ended
+//!   before the run did (fell behind);
 //! - **idle watchers**: `--idle` watchers of a key nothing changes; the daemon's resident memory
 //!   before and after, per watcher;
 //! - **through a second daemon**: two daemons on a Redis server the bench starts; the delay from
 //!   an allocate's answer through one to its event at a watcher on the other.
 
 use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context};
@@ -64,6 +69,15 @@ struct WatchOutput {
     /// The medians with watchers over the median without.
     ratio: Option<f64>,
     ratio_all: Option<f64>,
+    /// Per round, with the watchers of every event: what they received and what it cost.
+    fan_out: Vec<FanOut>,
+    /// The daemon's CPU time per pair without watchers (µs), the median of the rounds.
+    daemon_us_per_pair: Option<f64>,
+    /// The daemon's CPU time per event delivered to a watcher of every event, beyond what its
+    /// pairs cost without watchers (µs), the median of the rounds; the load generator's per event
+    /// received (µs; its watchers and its clients share the process).
+    daemon_us_per_event: Option<f64>,
+    bench_us_per_event: Option<f64>,
     idle_watchers: usize,
     /// The daemon's resident memory per idle watcher (KiB), when its process is known.
     kib_per_idle_watcher: Option<f64>,
@@ -71,6 +85,19 @@ struct WatchOutput {
     /// daemon: what any HTTP/1.1 connection costs it.
     kib_per_idle_connection: Option<f64>,
     checks: Vec<Check>,
+}
+
+/// One run of pairs with the watchers of every event attached.
+#[derive(Debug, Clone, Serialize)]
+struct FanOut {
+    pairs_per_s: f64,
+    /// Events (messages with data) all the watchers received a second, over the run and its warmup.
+    events_per_s: f64,
+    /// CPU time over the same time, in CPUs (1.0: a core busy all along).
+    daemon_cpus: Option<f64>,
+    bench_cpus: Option<f64>,
+    /// Watchers whose stream ended before the run did (a watcher that falls behind is ended).
+    ended: usize,
 }
 
 /// Runs `allot bench watch`.
@@ -112,6 +139,24 @@ pub(super) async fn run(args: WatchArgs) -> anyhow::Result<()> {
             output.pairs_with_all,
             ratio(output.ratio_all)
         );
+        let cpus = |c: Option<f64>| c.map_or("-".to_owned(), |c| format!("{c:.2}"));
+        for round in &output.fan_out {
+            println!(
+                "    {:.0} events/s received, daemon {} CPUs, load generator {} CPUs, {} watchers ended early",
+                round.events_per_s,
+                cpus(round.daemon_cpus),
+                cpus(round.bench_cpus),
+                round.ended
+            );
+        }
+        let us = |u: Option<f64>| u.map_or("-".to_owned(), |u| format!("{u:.2}"));
+        println!(
+            "  CPU µs: daemon per pair without watchers {}, per event delivered {}; load generator per event \
+             received {}",
+            us(output.daemon_us_per_pair),
+            us(output.daemon_us_per_event),
+            us(output.bench_us_per_event)
+        );
         match (output.kib_per_idle_watcher, output.kib_per_idle_connection) {
             (Some(kib), Some(plain)) => println!(
                 "{} idle watchers: {kib:.1} KiB each (an idle keep-alive connection without a watch: {plain:.1} KiB)",
@@ -147,15 +192,41 @@ async fn measure(args: &WatchArgs, server: &Server) -> anyhow::Result<WatchOutpu
         progress: false,
     };
     let (mut without, mut with, mut with_all) = (Vec::new(), Vec::new(), Vec::new());
+    let (mut fan_out, mut us_per_pair, mut us_per_event, mut bench_us_per_event) =
+        (Vec::new(), Vec::new(), Vec::new(), Vec::new());
     let others = format!("prefix=pools/bench-others-{}", load::run_id());
     let everything = format!("prefix=namespaces/{}", encode_segment(&namespace));
     for _ in 0..args.rounds {
-        without.push(load::run_load(&target, &spec).await?.pairs_per_s);
-        for (query, rates) in [(&others, &mut with), (&everything, &mut with_all)] {
-            let readers = attach(&endpoint, args.watchers, query).await?;
-            rates.push(load::run_load(&target, &spec).await?.pairs_per_s);
-            readers.into_iter().for_each(|reader| reader.abort());
+        let alone = load::run_load(&target, &spec).await?;
+        without.push(alone.pairs_per_s);
+        us_per_pair.extend(alone.server_cpu_us_per_pair);
+        let readers = attach(&endpoint, args.watchers, &others).await?;
+        with.push(load::run_load(&target, &spec).await?.pairs_per_s);
+        readers.stop();
+        let readers = attach(&endpoint, args.watchers, &everything).await?;
+        let before = Usage::now(server.pid(), &readers);
+        let loaded = load::run_load(&target, &spec).await?;
+        let usage = Usage::now(server.pid(), &readers).since(&before);
+        with_all.push(loaded.pairs_per_s);
+        let round = FanOut {
+            pairs_per_s: loaded.pairs_per_s,
+            events_per_s: usage.events / usage.seconds,
+            daemon_cpus: usage.daemon.map(|cpu| cpu / usage.seconds),
+            bench_cpus: usage.bench.map(|cpu| cpu / usage.seconds),
+            ended: readers.ended(),
+        };
+        readers.stop();
+        // The daemon's CPU beyond its pairs' (at the rate of the round without watchers).
+        if let (Some(daemon), Some(per_pair)) = (usage.daemon, alone.server_cpu_us_per_pair) {
+            if usage.events > 0.0 {
+                let pairs = loaded.pairs_per_s * usage.seconds;
+                us_per_event.push((daemon * 1e6 - pairs * per_pair) / usage.events);
+            }
         }
+        if let Some(bench) = usage.bench.filter(|_| usage.events > 0.0) {
+            bench_us_per_event.push(bench * 1e6 / usage.events);
+        }
+        fan_out.push(round);
     }
     let ratio_of = |rates: &[f64]| match (report::median(without.clone()), report::median(rates.to_vec())) {
         (Some(base), Some(loaded)) if base > 0.0 => Some(loaded / base),
@@ -231,6 +302,10 @@ async fn measure(args: &WatchArgs, server: &Server) -> anyhow::Result<WatchOutpu
         pairs_with_all: with_all,
         ratio,
         ratio_all,
+        fan_out,
+        daemon_us_per_pair: report::median(us_per_pair),
+        daemon_us_per_event: report::median(us_per_event),
+        bench_us_per_event: report::median(bench_us_per_event),
         idle_watchers: args.idle,
         kib_per_idle_watcher,
         kib_per_idle_connection,
@@ -310,14 +385,78 @@ fn key_of(data: &str) -> Option<String> {
     value.get("key")?.as_str().map(str::to_owned)
 }
 
-/// `count` watchers of everything (`query`), each read to the end by a task of its own.
-async fn attach(endpoint: &Endpoint, count: usize, query: &str) -> anyhow::Result<Vec<tokio::task::JoinHandle<()>>> {
-    let mut readers = Vec::with_capacity(count);
+/// Watchers read to the end, each by a task of its own, and the events they received.
+struct Readers {
+    tasks: Vec<tokio::task::JoinHandle<()>>,
+    events: Arc<AtomicU64>,
+}
+
+impl Readers {
+    /// How many have ended (their stream did).
+    fn ended(&self) -> usize {
+        self.tasks.iter().filter(|task| task.is_finished()).count()
+    }
+
+    fn stop(self) {
+        self.tasks.into_iter().for_each(|task| task.abort());
+    }
+}
+
+/// `count` watchers of `query`.
+async fn attach(endpoint: &Endpoint, count: usize, query: &str) -> anyhow::Result<Readers> {
+    let events = Arc::new(AtomicU64::new(0));
+    let mut tasks = Vec::with_capacity(count);
     for _ in 0..count {
         let mut stream = EventStream::open(endpoint, query).await?;
-        readers.push(tokio::spawn(async move { while let Ok(Some(_)) = stream.next().await {} }));
+        let events = events.clone();
+        tasks.push(tokio::spawn(async move {
+            while let Ok(Some(message)) = stream.next().await {
+                if message.event.as_deref() != Some("behind") {
+                    events.fetch_add(1, Ordering::Relaxed);
+                }
+            }
+        }));
     }
-    Ok(readers)
+    Ok(Readers { tasks, events })
+}
+
+/// The events watchers had received and the CPU time the daemon and this process had used, at a
+/// moment.
+struct Usage {
+    at: Instant,
+    events: u64,
+    daemon: Option<f64>,
+    bench: Option<f64>,
+}
+
+/// What was received and used between two moments.
+struct Spent {
+    seconds: f64,
+    events: f64,
+    daemon: Option<f64>,
+    bench: Option<f64>,
+}
+
+impl Usage {
+    fn now(daemon: Option<u32>, readers: &Readers) -> Usage {
+        Usage {
+            at: Instant::now(),
+            events: readers.events.load(Ordering::Relaxed),
+            daemon: daemon.and_then(crate::cpu::process_cpu_seconds),
+            bench: crate::cpu::process_cpu_seconds(std::process::id()),
+        }
+    }
+
+    /// From `before` to this.
+    fn since(&self, before: &Usage) -> Spent {
+        let minus = |a: Option<f64>, b: Option<f64>| a.zip(b).map(|(a, b)| a - b);
+        Spent {
+            seconds: self.at.duration_since(before.at).as_secs_f64().max(1e-9),
+            events: self.events.saturating_sub(before.events) as f64,
+            daemon: minus(self.daemon, before.daemon),
+            bench: minus(self.bench, before.bench),
+        }
+    }
 }
 
 /// `count` watchers of a key nothing changes, opened (their answer's head read) and kept.

@@ -10,6 +10,8 @@
 //!   that a struct comes only from a JSON object; `page`: cursors of lists; `error`: [`ApiError`].
 //! - `forward`: the applications part forwarded to the daemon that schedules, on a shared store;
 //!   `runs_here`: what the server asks of the executor of this daemon ([`RunsHere`]).
+//! - `frames`: the change feed's events as Server-Sent Events, encoded once for every watch
+//!   stream.
 //! - `metrics`: Prometheus; `document`: the OpenAPI document's limits; `threads`, `affinity`:
 //!   serving threads pinned to CPUs.
 //!
@@ -21,6 +23,7 @@ mod document;
 mod error;
 mod extract;
 mod forward;
+mod frames;
 mod hot;
 mod metrics;
 mod objects;
@@ -76,6 +79,8 @@ pub struct Shared {
     pub executor: Option<Arc<dyn RunsHere>>,
     /// How long a watch stream may stay silent: then it sends a heartbeat (an SSE comment).
     pub heartbeat: Duration,
+    /// The change feed's events encoded as Server-Sent Events, once for every watch stream.
+    pub(crate) frames: Arc<frames::Frames>,
 }
 
 impl std::ops::Deref for ServerState {
@@ -100,6 +105,7 @@ impl ServerState {
             forwarder,
             executor: None,
             heartbeat: DEFAULT_HEARTBEAT,
+            frames: Arc::default(),
         }))
     }
 

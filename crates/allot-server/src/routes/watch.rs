@@ -8,23 +8,33 @@
 //! that reconnects with `Last-Event-ID` resumes from there and not from further back); a watcher
 //! that falls behind gets `event: behind` (with `id:` the revision to resume after) and the stream
 //! ends; it ends too when the daemon shuts down.
+//!
+//! The fan-out is kept cheap: an event's message is encoded once for every stream (`frames.rs`),
+//! and a stream writes every event its watcher has ready as one chunk of the body (taken without
+//! waiting, `Watcher::next` being cancel-safe), so a busy watcher costs a write per batch, not
+//! per event. The body is a plain stream of those bytes (`text/event-stream`, `no-cache`).
 
 use std::convert::Infallible;
+use std::pin::Pin;
+use std::sync::Arc;
 use std::time::Duration;
 
 use allot_api as api;
 use allot_core::watch::{EventKind, Filter};
-use allot_store::{WatchError, Watcher};
+use allot_store::{Event, WatchError, Watcher};
+use axum::body::Body;
 use axum::extract::{Request, State};
+use axum::http::header::{CACHE_CONTROL, CONTENT_TYPE};
 use axum::http::{HeaderMap, HeaderName, HeaderValue, Method};
 use axum::middleware::Next;
-use axum::response::sse::{Event as Message, Sse};
-use axum::response::{IntoResponse, Response};
-use futures_util::Stream;
+use axum::response::Response;
+use bytes::{Bytes, BytesMut};
+use futures_util::{FutureExt as _, Stream};
+use tokio::time::{Instant, Sleep};
 
-use crate::convert::watch as convert;
 use crate::error::{ApiError, ErrorCode};
 use crate::extract::QueryArgs;
+use crate::frames::Frames;
 use crate::metrics::Watching;
 use crate::ServerState;
 
@@ -140,76 +150,161 @@ pub(crate) async fn watch(
     let request = WatchRequest::read(&pairs, headers.get(LAST_EVENT_ID))?;
     let watcher = state.store.watch(request.filter, request.since).map_err(refused)?;
     let start = watcher.revision();
-    let stream =
-        Streaming { watcher, heartbeat: state.heartbeat, sent: start, ended: false, _open: state.metrics.watching() };
-    let mut response = Sse::new(stream.messages()).into_response();
+    let stream = Streaming::new(watcher, state.frames.clone(), state.heartbeat, state.metrics.watching());
+    let mut response = Response::new(Body::from_stream(stream.chunks()));
     let headers = response.headers_mut();
+    headers.insert(CONTENT_TYPE, HeaderValue::from_static("text/event-stream"));
+    headers.insert(CACHE_CONTROL, HeaderValue::from_static("no-cache"));
     headers.insert(REVISION, HeaderValue::from(start));
     // Proxies that buffer answers (nginx) would hold the events back.
     headers.insert(HeaderName::from_static("x-accel-buffering"), HeaderValue::from_static("no"));
     Ok(response)
 }
 
-/// One open stream.
+/// The most events written in one chunk of the body.
+const MAX_CHUNK_EVENTS: usize = 256;
+
+/// A heartbeat that carries no revision.
+const HEARTBEAT: &[u8] = b": heartbeat\n\n";
+
+/// One open stream: the body is written a chunk at a time, each chunk every event the watcher has
+/// ready (up to [`MAX_CHUNK_EVENTS`]), their frames encoded once for every stream ([`Frames`]).
 struct Streaming {
     watcher: Watcher,
+    frames: Arc<Frames>,
     heartbeat: Duration,
+    /// When the last chunk was written.
+    written: Instant,
+    /// Fires `heartbeat` after a chunk was written, or later: armed again when it fires, if a
+    /// chunk was written since (cheaper than putting it off at every chunk).
+    silence: Pin<Box<Sleep>>,
     /// The last revision the client was given as an `id`.
     sent: u64,
     /// The last message was sent; the stream ends.
     ended: bool,
+    /// The events of the chunk being made, and their frames (kept to reuse their memory).
+    ready: Vec<Arc<Event>>,
+    chunk: Vec<Bytes>,
     _open: Watching,
 }
 
 impl Streaming {
-    fn messages(self) -> impl Stream<Item = Result<Message, Infallible>> + Send {
+    fn new(watcher: Watcher, frames: Arc<Frames>, heartbeat: Duration, open: Watching) -> Streaming {
+        let sent = watcher.revision();
+        Streaming {
+            watcher,
+            frames,
+            heartbeat,
+            written: Instant::now(),
+            silence: Box::pin(tokio::time::sleep(heartbeat)),
+            sent,
+            ended: false,
+            ready: Vec::new(),
+            chunk: Vec::new(),
+            _open: open,
+        }
+    }
+
+    fn chunks(self) -> impl Stream<Item = Result<Bytes, Infallible>> + Send {
         futures_util::stream::unfold(self, |mut stream| async move {
-            let message = stream.next().await?;
-            Some((Ok(message), stream))
+            let chunk = stream.next().await?;
+            Some((Ok(chunk), stream))
         })
     }
 
-    /// The next message; `None` ends the stream.
-    async fn next(&mut self) -> Option<Message> {
+    /// The next chunk of the body; `None` ends the stream.
+    async fn next(&mut self) -> Option<Bytes> {
         if self.ended {
             return None;
         }
-        // `Watcher::next` is cancel-safe: a heartbeat loses no event.
-        let next = match tokio::time::timeout(self.heartbeat, self.watcher.next()).await {
-            Err(_silent) => {
-                let heartbeat = Message::default().comment("heartbeat");
-                let passed = self.watcher.revision();
-                if passed <= self.sent {
-                    return Some(heartbeat);
+        // `Watcher::next` is cancel-safe: a heartbeat, or a watcher found with nothing ready, loses
+        // no event. What is ready is taken without a timer.
+        let first = match self.watcher.next().now_or_never() {
+            Some(next) => next,
+            None => loop {
+                tokio::select! {
+                    biased;
+                    next = self.watcher.next() => break next,
+                    () = self.silence.as_mut() => {}
                 }
-                self.sent = passed;
-                return Some(heartbeat.id(passed.to_string()));
-            }
-            Ok(next) => next,
+                let due = self.written + self.heartbeat;
+                if Instant::now() < due {
+                    self.silence.as_mut().reset(due);
+                    continue;
+                }
+                return Some(self.heartbeat());
+            },
         };
-        match next {
+        let mut end = match first {
             Ok(event) => {
-                self.sent = event.revision;
-                let data = serde_json::to_string(&convert::event(&event)).ok()?;
-                Some(Message::default().id(event.revision.to_string()).event(event.kind.name()).data(data))
+                self.ready.push(event);
+                None
             }
-            Err(WatchError::Behind { resume, buffer }) => {
-                self.ended = true;
-                let behind = api::WatchBehind {
-                    resume,
-                    buffer: buffer as u64,
-                    message: format!(
-                        "this watcher fell behind by more than {buffer} events and is ended; watch again after \
-                         revision {resume} (since={resume}, or Last-Event-ID) and nothing is missed"
-                    ),
-                };
-                let data = serde_json::to_string(&behind).ok()?;
-                Some(Message::default().id(resume.to_string()).event("behind").data(data))
+            Err(err) => Some(err),
+        };
+        // Outside tokio's budget of operations per task: it would cut a chunk after 128 events
+        // (the chunk is bounded anyway).
+        while end.is_none() && self.ready.len() < MAX_CHUNK_EVENTS {
+            match tokio::task::unconstrained(self.watcher.next()).now_or_never() {
+                Some(Ok(event)) => self.ready.push(event),
+                Some(Err(err)) => end = Some(err),
+                None => break,
             }
-            // The store shuts down.
-            Err(_) => None,
+        }
+        if let Some(last) = self.ready.last() {
+            self.sent = last.revision;
+        }
+        self.frames.extend(&self.ready, &mut self.chunk);
+        self.ready.clear();
+        if let Some(err) = end {
+            self.ended = true;
+            // Otherwise the store shuts down: the stream ends after what was published.
+            if let WatchError::Behind { resume, buffer } = err {
+                self.chunk.push(behind(resume, buffer));
+            }
+        }
+        self.written = Instant::now();
+        match self.chunk.len() {
+            0 => None,
+            1 => self.chunk.pop(),
+            _ => {
+                let mut body = BytesMut::with_capacity(self.chunk.iter().map(Bytes::len).sum());
+                for frame in self.chunk.drain(..) {
+                    body.extend_from_slice(&frame);
+                }
+                Some(body.freeze())
+            }
         }
     }
+
+    /// `: heartbeat`, with an `id:` when the watcher has passed revisions its filter did not take.
+    fn heartbeat(&mut self) -> Bytes {
+        self.written = Instant::now();
+        self.silence.as_mut().reset(self.written + self.heartbeat);
+        let passed = self.watcher.revision();
+        if passed <= self.sent {
+            return Bytes::from_static(HEARTBEAT);
+        }
+        self.sent = passed;
+        Bytes::from(format!(": heartbeat\nid: {passed}\n\n"))
+    }
+}
+
+/// The last message of a watcher that fell behind: where to resume.
+fn behind(resume: u64, buffer: usize) -> Bytes {
+    let behind = api::WatchBehind {
+        resume,
+        buffer: buffer as u64,
+        message: format!(
+            "this watcher fell behind by more than {buffer} events and is ended; watch again after revision \
+             {resume} (since={resume}, or Last-Event-ID) and nothing is missed"
+        ),
+    };
+    let mut frame = format!("id: {resume}\nevent: behind\ndata: ").into_bytes();
+    // The JSON of a wire type is always made.
+    let _ = serde_json::to_writer(&mut frame, &behind);
+    frame.extend_from_slice(b"\n\n");
+    Bytes::from(frame)
 }
 
 /// Middleware: every `GET` under `/v1/` answers with the revision it reflects (`Allot-Revision`).
@@ -232,7 +327,80 @@ pub(crate) async fn stamp_revision(State(state): State<ServerState>, request: Re
 
 #[cfg(test)]
 mod tests {
+    use allot_store::watch::Feed;
+    use allot_store::{EventObject, WatchConfig};
+
     use super::*;
+    use crate::metrics::Metrics;
+
+    fn event(revision: u64) -> Event {
+        let key = format!("pools/p{}", revision % 2);
+        Event { revision, kind: EventKind::PoolRemoved, key, cause: None, at: 1, object: EventObject::Gone }
+    }
+
+    /// The body of `stream` until it has `messages` messages, chunk by chunk.
+    async fn read(stream: &mut Streaming, messages: usize) -> Vec<Bytes> {
+        let mut chunks = Vec::new();
+        while chunks.iter().map(|chunk: &Bytes| chunk.windows(2).filter(|w| w == b"\n\n").count()).sum::<usize>()
+            < messages
+        {
+            chunks.push(stream.next().await.expect("the stream goes on"));
+        }
+        chunks
+    }
+
+    #[tokio::test]
+    async fn many_watchers_get_the_same_bytes_each_event_encoded_once_what_is_ready_in_one_chunk() {
+        let feed = Feed::new(WatchConfig::default(), 0);
+        let frames = Arc::new(Frames::default());
+        let metrics = Metrics::default();
+        let open = |filter: Filter| {
+            let watcher = feed.subscribe(filter, None).unwrap();
+            Streaming::new(watcher, frames.clone(), Duration::from_secs(60), metrics.watching())
+        };
+        let mut all: Vec<Streaming> = (0..100).map(|_| open(Filter::default())).collect();
+        let mut odd = open(Filter { kinds: vec![], prefixes: vec!["pools/p1".into()] });
+        feed.publish((1..=10).map(event), 0);
+
+        let first = read(&mut all[0], 10).await;
+        assert_eq!(first.len(), 1, "the ten events ready are one chunk");
+        let expected: Vec<u8> = (1..=10).flat_map(|r| crate::frames::encode(&event(r)).to_vec()).collect();
+        assert_eq!(first[0], expected);
+        for stream in &mut all[1..] {
+            assert_eq!(read(stream, 10).await, first);
+        }
+        let odd_bytes: Vec<u8> = (1..=10).step_by(2).flat_map(|r| crate::frames::encode(&event(r)).to_vec()).collect();
+        assert_eq!(read(&mut odd, 5).await.concat(), odd_bytes);
+        assert_eq!(frames.encoded(), 10, "each event encoded once for 101 streams");
+
+        // One event ready: its frame is the chunk, shared, not copied.
+        feed.publish([event(11)], 0);
+        let (one, two) = all.split_at_mut(1);
+        let (one, two) = (read(&mut one[0], 1).await, read(&mut two[0], 1).await);
+        assert_eq!(one[0].as_ptr(), two[0].as_ptr());
+        assert_eq!(frames.encoded(), 11);
+    }
+
+    #[tokio::test]
+    async fn a_chunk_is_at_most_so_many_events_and_a_watcher_behind_gets_them_then_where_to_resume() {
+        let buffer = MAX_CHUNK_EVENTS + 10;
+        let feed = Feed::new(WatchConfig { buffer, ..WatchConfig::default() }, 0);
+        let metrics = Metrics::default();
+        let watcher = feed.subscribe(Filter::default(), None).unwrap();
+        let mut stream = Streaming::new(watcher, Arc::default(), Duration::from_secs(60), metrics.watching());
+        let events = buffer as u64 + 5;
+        feed.publish((1..=events).map(event), 0);
+        let first = stream.next().await.unwrap();
+        assert_eq!(first.windows(2).filter(|w| w == b"\n\n").count(), MAX_CHUNK_EVENTS);
+        let last = String::from_utf8(stream.next().await.unwrap().to_vec()).unwrap();
+        let messages: Vec<&str> = last.split_terminator("\n\n").collect();
+        assert_eq!(messages.len(), 11, "{last}");
+        assert!(
+            messages[10].starts_with(&format!("id: {buffer}\nevent: behind\ndata: {{\"resume\":{buffer},")),
+            "{last}"
+        );
+        assert_eq!(stream.next().await, None, "the stream ends after it");
+    }
 
     fn pairs(query: &[(&str, &str)]) -> Vec<(String, String)> {
         query.iter().map(|(name, value)| ((*name).to_owned(), (*value).to_owned())).collect()

@@ -58,6 +58,8 @@ struct Stream {
     headers: HeaderMap,
     body: Body,
     text: String,
+    /// Every byte of the body read so far.
+    sent: String,
 }
 
 impl Stream {
@@ -70,7 +72,8 @@ impl Stream {
         let response = h.router.clone().oneshot(request.body(Body::empty()).unwrap()).await.unwrap();
         assert_eq!(response.status(), StatusCode::OK, "{uri}");
         assert_eq!(response.headers()["content-type"], "text/event-stream", "{uri}");
-        Stream { headers: response.headers().clone(), body: response.into_body(), text: String::new() }
+        let (headers, body) = (response.headers().clone(), response.into_body());
+        Stream { headers, body, text: String::new(), sent: String::new() }
     }
 
     /// The revision the stream starts after.
@@ -93,6 +96,7 @@ impl Stream {
                 Some(frame) => {
                     let data = frame.unwrap().into_data().unwrap();
                     self.text.push_str(std::str::from_utf8(&data).unwrap());
+                    self.sent.push_str(std::str::from_utf8(&data).unwrap());
                 }
             }
         }
@@ -189,6 +193,30 @@ async fn a_stream_sees_the_changes_made_through_the_api_in_order_with_their_ids(
         [("grant.granted", "namespaces/hive/grants/t1"), ("grant.released", "namespaces/hive/grants/t1")]
     );
     assert_eq!((filtered[0].revision, filtered[1].revision), (events[2].revision, events[4].revision));
+}
+
+#[tokio::test]
+async fn many_streams_of_the_same_events_get_the_same_bytes() {
+    let h = Harness::new();
+    let mut streams = Vec::new();
+    for _ in 0..20 {
+        streams.push(Stream::open(&h, "/v1/watch?prefix=namespaces/hive", None).await);
+    }
+    h.call(Method::PUT, "/v1/namespaces/hive", r#"{"quota": 5}"#).await;
+    for i in 0..5 {
+        h.call(Method::PUT, &format!("/v1/namespaces/hive/grants/t{i}"), "").await;
+        h.call(Method::DELETE, &format!("/v1/namespaces/hive/grants/t{i}"), "").await;
+    }
+    let mut texts = Vec::new();
+    for stream in &mut streams {
+        let events = stream.events(11).await;
+        assert_eq!(events.last().map(|e| e.kind.as_str()), Some("grant.released"));
+        // Everything read: what the stream sent, byte for byte (the last message's end included).
+        assert!(stream.text.is_empty());
+        texts.push(stream.sent.clone());
+    }
+    assert!(texts.iter().all(|text| *text == texts[0]), "{texts:?}");
+    assert_eq!(texts[0].matches("\nevent: grant.").count(), 10, "{}", texts[0]);
 }
 
 #[tokio::test]
