@@ -20,8 +20,8 @@
 //!
 //! With `--across`, two daemons share one Redis, each running its own pools (labelled with the
 //! daemon): each round runs one application on the scheduling daemon's pools and one on the
-//! other's, whose executor learns of its tasks from the change feed, in alternating order; the
-//! ratio of the second rate to the first is the target (0.8).
+//! other's, whose executor learns of its tasks from the change feed, in alternating order, each
+//! removed before the next starts; the ratio of the second rate to the first is the target (0.8).
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
@@ -227,7 +227,13 @@ async fn across(args: AppsBenchArgs, capacity: &str) -> anyhow::Result<()> {
         let order = if round % 2 == 1 { [&SCHEDULER, &OTHER] } else { [&OTHER, &SCHEDULER] };
         let mut outcome = Ok(());
         for side in order {
-            match measure(&args, &scheduler.endpoint, capacity, round, side).await {
+            let measured = measure(&args, &scheduler.endpoint, capacity, round, side).await;
+            // The next application starts with the scheduler as this one found it.
+            let measured = match measured {
+                Ok(measured) => remove_app(&scheduler.endpoint, &format!("{APP}-{}", side.name)).await.map(|()| measured),
+                err => err,
+            };
+            match measured {
                 Ok(measured) if side.name == SCHEDULER.name => own.push(measured),
                 Ok(measured) => other.push(measured),
                 Err(err) => {
@@ -295,6 +301,21 @@ async fn across(args: AppsBenchArgs, capacity: &str) -> anyhow::Result<()> {
     }
     if args.check && checks.iter().any(|c| !c.ok) {
         bail!("a target was missed");
+    }
+    Ok(())
+}
+
+/// Removes application `app` and waits until it is gone.
+async fn remove_app(endpoint: &Endpoint, app: &str) -> anyhow::Result<()> {
+    let mut conn = Conn::connect(endpoint).await?;
+    let path = format!("/v1/apps/{app}");
+    call(&mut conn, Method::DELETE, &path, Vec::new()).await?;
+    let started = Instant::now();
+    while conn.request(Method::GET, &path, Bytes::new()).await?.0 != StatusCode::NOT_FOUND {
+        if started.elapsed() > Duration::from_secs(60) {
+            bail!("application {app} was not removed within 60 s");
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
     }
     Ok(())
 }
