@@ -5,7 +5,7 @@
 //! by default).
 
 use std::collections::BTreeMap;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use allot_core::pools::{
     Alloc, AllocId, AllocRequest, AllocState, EndReason, EndedAlloc, Labels, LeaseRules, Offer, PoolError, PoolName,
@@ -17,7 +17,7 @@ use async_trait::async_trait;
 use futures_util::{stream, StreamExt};
 
 use crate::keys::hash_tag;
-use crate::registry::{self, register, registry_page};
+use crate::registry::{register, registry_page};
 use crate::reply::{corrupt, Reply};
 use crate::store::{Inner, RedisStore};
 use crate::wake;
@@ -141,6 +141,10 @@ pub(crate) fn now(inner: &Inner) -> Millis {
 }
 
 async fn call(inner: &Inner, pool: &PoolName, args: &[&str], mutating: bool) -> Result<(String, Reply), StoreError> {
+    if mutating && args.first() != Some(&"sweep") {
+        // A change here may bring a deadline sooner than the pool's sweep was put off to.
+        inner.pool_sweeps.lock().unwrap_or_else(|p| p.into_inner()).remove(pool);
+    }
     let mut reply = inner.eval(&inner.scripts.pool, &prefix(pool), args, mutating).await?;
     let kind = reply.text()?;
     if kind == "err" {
@@ -380,17 +384,38 @@ async fn stop_if_idle(inner: &Inner, pool: PoolName, idle_ms: u64) -> Result<(bo
     Ok((reply.uint()? == 1, reply.uint()?))
 }
 
-/// One sweep of every pool (run by every daemon; idempotent).
-pub(crate) async fn sweep_all(inner: &Inner) {
-    let Ok(names) = registry::pools(inner).await else { return };
+/// The longest a pool's sweep is put off when nothing it keeps falls due sooner: the bound on how
+/// late a deadline another daemon brought is seen (this daemon's own changes sweep at once).
+const MAX_SWEEP_PUT_OFF: Duration = Duration::from_secs(1);
+
+/// One sweep of every pool whose next deadline has come, or that was not swept for
+/// [`MAX_SWEEP_PUT_OFF`] (run by every daemon; idempotent). A pool's sweep answers when it next
+/// has work, so thousands of pools whose allocs the scheduler holds (no lease) cost a call each
+/// a second, not ten.
+pub(crate) async fn sweep_all(inner: &Inner, names: &[PoolName]) {
     let rules = rules(inner);
     let (reclaim, retention) = (rules.reclaim_after_ms.to_string(), rules.retention_ms.to_string());
-    stream::iter(names.iter())
+    let now = Instant::now();
+    let due: Vec<&PoolName> = {
+        let mut sweeps = inner.pool_sweeps.lock().unwrap_or_else(|p| p.into_inner());
+        sweeps.retain(|name, _| names.contains(name));
+        names.iter().filter(|name| sweeps.get(*name).is_none_or(|next| *next <= now)).collect()
+    };
+    stream::iter(due)
         .for_each_concurrent(16, |name| {
             let (reclaim, retention) = (&reclaim, &retention);
             async move {
-                if let Err(err) = call(inner, name, &["sweep", reclaim, retention], true).await {
-                    tracing::debug!(pool = %name, error = %err, "pool sweep failed");
+                match call(inner, name, &["sweep", reclaim, retention], true).await {
+                    Ok((_, mut reply)) => {
+                        let next_in = reply.uint().and_then(|_| reply.uint()).and_then(|_| reply.int());
+                        let put_off = match next_in {
+                            Ok(ms) if ms >= 0 => Duration::from_millis(ms as u64).min(MAX_SWEEP_PUT_OFF),
+                            _ => MAX_SWEEP_PUT_OFF,
+                        };
+                        let next = Instant::now() + put_off;
+                        inner.pool_sweeps.lock().unwrap_or_else(|p| p.into_inner()).insert(name.clone(), next);
+                    }
+                    Err(err) => tracing::debug!(pool = %name, error = %err, "pool sweep failed"),
                 }
             }
         })

@@ -51,6 +51,8 @@ pub(crate) struct Inner {
     pub(crate) apps: Apps,
     /// The change feed as this daemon copies and reads it.
     pub(crate) feed: FeedState,
+    /// When each pool is next swept (`pools::sweep_all`): none yet is now.
+    pub(crate) pool_sweeps: Mutex<HashMap<allot_core::pools::PoolName, Instant>>,
 }
 
 impl Inner {
@@ -70,6 +72,7 @@ impl Inner {
             failures: AtomicU64::new(0),
             apps: Apps::new(),
             feed: FeedState::new(watch),
+            pool_sweeps: Mutex::default(),
         }
     }
 

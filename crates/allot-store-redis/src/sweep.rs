@@ -6,6 +6,7 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use allot_core::pools::PoolName;
 use allot_core::NamespaceName;
 use futures_util::{stream, StreamExt};
 
@@ -16,37 +17,39 @@ use crate::{pools, registry, sessions};
 /// How often a daemon sweeps every namespace for leases that are due.
 pub const SWEEP_INTERVAL: Duration = Duration::from_millis(100);
 
-/// Sweeps each [`SWEEP_INTERVAL`]; the list of namespaces is read again every second.
+/// Sweeps each [`SWEEP_INTERVAL`]; the lists of namespaces and pools are read again every second.
 pub(crate) async fn run_sweeper(inner: Arc<Inner>) {
     let mut names: Vec<NamespaceName> = Vec::new();
+    let mut pools: Vec<PoolName> = Vec::new();
     let mut listed = Instant::now() - Duration::from_secs(60);
     let mut ticker = tokio::time::interval(SWEEP_INTERVAL);
     ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
         ticker.tick().await;
         if listed.elapsed() >= Duration::from_secs(1) {
-            match registry::namespaces(&inner).await {
-                Ok(list) => {
+            match (registry::namespaces(&inner).await, registry::pools(&inner).await) {
+                (Ok(list), Ok(pool_list)) => {
                     names = list;
+                    pools = pool_list;
                     listed = Instant::now();
                 }
-                Err(err) => {
-                    tracing::debug!(error = %err, "sweep: cannot list namespaces");
+                (Err(err), _) | (_, Err(err)) => {
+                    tracing::debug!(error = %err, "sweep: cannot list namespaces and pools");
                     continue;
                 }
             }
         }
-        sweep(&inner, &names).await;
+        sweep(&inner, &names, &pools).await;
     }
 }
 
-/// One sweep: the sessions, every pool, and the namespaces `names`. Failures are logged; the
-/// next sweep tries again.
-pub(crate) async fn sweep(inner: &Inner, names: &[NamespaceName]) {
+/// One sweep: the sessions, the pools `pools` whose time has come, and the namespaces `names`.
+/// Failures are logged; the next sweep tries again.
+pub(crate) async fn sweep(inner: &Inner, names: &[NamespaceName], pools: &[PoolName]) {
     if let Err(err) = sessions::sweep(inner).await {
         tracing::debug!(error = %err, "sweep of sessions failed");
     }
-    pools::sweep_all(inner).await;
+    pools::sweep_all(inner, pools).await;
     stream::iter(names.iter())
         .for_each_concurrent(16, |name| async move {
             if let Err(err) = inner.eval(&inner.scripts.sweep, &prefix(name), &[], true).await {

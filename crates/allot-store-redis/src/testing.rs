@@ -262,7 +262,10 @@ impl TestClock {
         self.now = now;
         self.write().await;
         let names = registry::namespaces(&store.inner).await.expect("the namespaces are listed");
-        sweep::sweep(&store.inner, &names).await;
+        let pools = registry::pools(&store.inner).await.expect("the pools are listed");
+        // Every pool's deadlines moved with the clock: none is put off.
+        store.inner.pool_sweeps.lock().unwrap_or_else(|p| p.into_inner()).clear();
+        sweep::sweep(&store.inner, &names, &pools).await;
     }
 
     async fn write(&mut self) {

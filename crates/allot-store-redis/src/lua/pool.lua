@@ -323,7 +323,8 @@ elseif op == 'stop' then
   emit_pool()
   return { 'stop', 1, 0 }
 elseif op == 'sweep' then
-  -- sweep(reclaim after ms, retention ms)
+  -- sweep(reclaim after ms, retention ms): ends the allocs lapsed longer than the first, drops
+  -- the ended ones kept longer than the second; answers when the next sweep has work.
   local due = redis.call('ZRANGEBYSCORE', K_LEASES, '-inf', now - tonumber(ARGV[2]), 'LIMIT', 0, 256)
   for _, id in ipairs(due) do
     local record = redis.call('HGET', K_ALLOCS, id)
@@ -340,6 +341,17 @@ elseif op == 'sweep' then
     redis.call('HDEL', K_ENDED, id)
     redis.call('ZREM', K_ENDINGS, id)
   end
-  return { 'swept', #due, #old }
+  -- When the next sweep has something to do (ms from now; -1: nothing kept here falls due).
+  local next_in = -1
+  local function sooner(key, after)
+    local first = redis.call('ZRANGE', key, 0, 0, 'WITHSCORES')
+    if first[2] then
+      local due = math.max(0, tonumber(first[2]) + after - now)
+      if next_in < 0 or due < next_in then next_in = due end
+    end
+  end
+  sooner(K_LEASES, tonumber(ARGV[2]))
+  sooner(K_ENDINGS, tonumber(ARGV[3]))
+  return { 'swept', #due, #old, next_in }
 end
 return redis.error_reply('unknown pool operation ' .. tostring(op))
