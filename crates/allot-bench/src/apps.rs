@@ -230,7 +230,9 @@ async fn across(args: AppsBenchArgs, capacity: &str) -> anyhow::Result<()> {
             let measured = measure(&args, &scheduler.endpoint, capacity, round, side).await;
             // The next application starts with the scheduler as this one found it.
             let measured = match measured {
-                Ok(measured) => remove_app(&scheduler.endpoint, &format!("{APP}-{}", side.name)).await.map(|()| measured),
+                Ok(measured) => {
+                    remove_app(&scheduler.endpoint, &format!("{APP}-{}", side.name)).await.map(|()| measured)
+                }
                 err => err,
             };
             match measured {
