@@ -18,7 +18,8 @@
 //!   kept in its namespace with a copy of the session's deadline; a session keepalive renews
 //!   those copies namespace by namespace, and each namespace's sweep ends its session grants at
 //!   that deadline on its own.
-//! - Every daemon runs the sweep (idempotent): each namespace every [`SWEEP_INTERVAL`].
+//! - Every daemon runs the sweep (idempotent): each namespace every [`SWEEP_INTERVAL`], each
+//!   pool when its next deadline comes (at most a second later).
 //! - When Redis cannot be reached, calls fail with [`StoreError::Unavailable`] (nothing was
 //!   done) or [`StoreError::OutcomeUnknown`] (the call was sent, its answer was lost), and the
 //!   connection comes back by itself.
