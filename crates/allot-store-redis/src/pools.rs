@@ -398,7 +398,10 @@ pub(crate) async fn sweep_all(inner: &Inner, names: &[PoolName]) {
     let now = Instant::now();
     let due: Vec<&PoolName> = {
         let mut sweeps = inner.pool_sweeps.lock().unwrap_or_else(|p| p.into_inner());
-        sweeps.retain(|name, _| names.contains(name));
+        if sweeps.len() > names.len() {
+            let listed: std::collections::HashSet<&PoolName> = names.iter().collect();
+            sweeps.retain(|name, _| listed.contains(name));
+        }
         names.iter().filter(|name| sweeps.get(*name).is_none_or(|next| *next <= now)).collect()
     };
     stream::iter(due)
