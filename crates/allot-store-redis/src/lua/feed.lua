@@ -4,7 +4,8 @@
 -- slot's stream for `trim`:
 --   F:log      stream, one entry per event, id `0-<revision>`: s (the stream it came from), t (its
 --              time, ms), k (its kind), v (`<id>\n<cause>\n<object>`)
---   F:meta     hash: rev (the last revision given), compacted (every event after it is in F:log)
+--   F:meta     hash: rev (the last revision given), rev_by (the replication ID of the primary
+--              that gave it), compacted (every event after it is in F:log)
 --   F:cursors  hash: a slot's stream -> the id of its last entry copied
 --   copy(stream, cursor, new cursor, retain events, retain ms, then per event: t, kind, value):
 --     appends the events, in order, if `cursor` is the stream's cursor (else another daemon
@@ -12,8 +13,12 @@
 --     by age). {'copied', last revision}
 --   trim(through): removes the entries of the stream KEYS[1] up to id `through` (copied).
 --     {entries left}
--- Invariant: each stream's entries are copied once, in their order (the cursor moves only here,
--- and only from the value the copier read).
+-- Invariants: each stream's entries are copied once, in their order (the cursor moves only here,
+-- and only from the value the copier read). A revision is never given to two events: a primary
+-- other than the one that gave the last revision (a replica promoted, which may lack the last
+-- copies; or a restart) first moves the revisions past anything the one before could have given
+-- and takes everything before as compacted, so a watcher lists again rather than miss a copy
+-- the failover lost.
 local op = ARGV[1]
 if op == 'copy' then
   local F = KEYS[1]
@@ -21,12 +26,17 @@ if op == 'copy' then
   local stream = ARGV[2]
   local cursor = redis.call('HGET', K_CURSORS, stream) or '0-0'
   if cursor ~= ARGV[3] then return { 'moved', cursor } end
-  local rev = tonumber(redis.call('HGET', K_META, 'rev') or '0')
+  local meta = redis.call('HMGET', K_META, 'rev', 'rev_by')
+  local rev, by = tonumber(meta[1] or '0'), replication_id()
+  if meta[2] and meta[2] ~= by then
+    rev = (math.floor(rev / FENCING_EPOCH) + 1) * FENCING_EPOCH
+    redis.call('DEL', K_LOG)
+  end
   for i = 7, #ARGV, 3 do
     rev = rev + 1
     redis.call('XADD', K_LOG, '0-' .. int(rev), 's', stream, 't', ARGV[i], 'k', ARGV[i + 1], 'v', ARGV[i + 2])
   end
-  redis.call('HSET', K_META, 'rev', int(rev))
+  redis.call('HSET', K_META, 'rev', int(rev), 'rev_by', by)
   redis.call('HSET', K_CURSORS, stream, ARGV[4])
   local keep, horizon = tonumber(ARGV[5]), now_ms() - tonumber(ARGV[6])
   if redis.call('XLEN', K_LOG) > keep then redis.call('XTRIM', K_LOG, 'MAXLEN', keep) end

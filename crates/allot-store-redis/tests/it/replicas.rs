@@ -187,3 +187,62 @@ async fn fencing_numbers_never_go_back_when_a_promoted_replica_lost_the_last_wri
     assert_eq!(view.stats.granted, 7, "grants made, the numbers passed over not counted: {view:?}");
     promoted.shutdown().await;
 }
+
+/// Waits until `store`'s feed has read at least `revision`.
+async fn read_up_to(store: &RedisStore, revision: u64) {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while store.revision() < revision {
+        assert!(Instant::now() < deadline, "the feed never reached revision {revision}: {}", store.revision());
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
+/// The change feed's revisions never go back either: a promoted replica that lacks the last
+/// copies into the log gives revisions above any its predecessor gave, and a watcher resuming
+/// from one of those is told to list again (`Compacted`), never handed other events under them.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn feed_revisions_never_go_back_when_a_promoted_replica_lost_the_last_copies() {
+    let mut primary = RedisServer::start();
+    let replica = replica_of(&primary);
+    let store = open(&primary, 0).await;
+    store.put_namespace(NamespaceName::new("replicated").unwrap(), 100).await.unwrap();
+    for i in 0..5 {
+        fencing_of(&store, &format!("kept-{i}")).await;
+    }
+    read_up_to(&store, 6).await;
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while replica.cli(&["HGET", "allot:{allot-feed}:meta", "rev"]).trim() != "6" {
+        assert!(Instant::now() < deadline, "the replica never got the first copies");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    // The replication link cut, more changes copied into the log, the primary dies.
+    let info = replica.cli(&["INFO", "server"]);
+    let pid = info.lines().find_map(|l| l.strip_prefix("process_id:")).unwrap().trim().to_owned();
+    let signal = |sig: &str| assert!(std::process::Command::new("kill").args([sig, &pid]).status().unwrap().success());
+    signal("-STOP");
+    primary.cli(&["CLIENT", "KILL", "TYPE", "replica"]);
+    for i in 0..10 {
+        fencing_of(&store, &format!("lost-{i}")).await;
+    }
+    read_up_to(&store, 16).await;
+    let highest = store.revision();
+    store.shutdown().await;
+    primary.stop();
+    signal("-CONT");
+    replica.cli(&["REPLICAOF", "NO", "ONE"]);
+    assert_eq!(replica.cli(&["HGET", "allot:{allot-feed}:meta", "rev"]).trim(), "6", "the last copies are lost");
+    let promoted = open(&replica, 0).await;
+    fencing_of(&promoted, "after").await;
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while promoted.revision() <= highest {
+        assert!(Instant::now() < deadline, "no revision above {highest} after the failover: {}", promoted.revision());
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    let resumed = promoted.watch(allot_core::watch::Filter::default(), Some(highest));
+    assert!(
+        matches!(resumed, Err(allot_store::WatchError::Compacted { .. })),
+        "a watcher resuming from a revision the failover lost must list again: {:?}",
+        resumed.map(|_| ())
+    );
+    promoted.shutdown().await;
+}
