@@ -61,13 +61,11 @@ async fn a_change_is_acknowledged_once_its_replicas_have_it_and_unknown_when_the
 
     // Attached, but not confirming in time (its process stopped): applied on the primary, and
     // unknown.
-    let info = replica.cli(&["INFO", "server"]);
-    let pid = info.lines().find_map(|l| l.strip_prefix("process_id:")).unwrap().trim().to_owned();
-    let signal = |sig: &str| assert!(std::process::Command::new("kill").args([sig, &pid]).status().unwrap().success());
-    signal("-STOP");
+    let pid = pid_of(&replica);
+    signal(&pid, "-STOP");
     let started = Instant::now();
     let answer = store.allocate(request("replicated", "late"), Duration::ZERO).await;
-    signal("-CONT");
+    signal(&pid, "-CONT");
     let Err(err @ StoreError::OutcomeUnknown(_)) = &answer else {
         panic!("a change its replica did not confirm answered {answer:?}")
     };
@@ -130,6 +128,26 @@ async fn a_shard_without_its_replica_refuses_changes_at_once_and_the_others_go_o
     store.shutdown().await;
 }
 
+/// The process id of a server.
+fn pid_of(server: &RedisServer) -> String {
+    let info = server.cli(&["INFO", "server"]);
+    info.lines().find_map(|l| l.strip_prefix("process_id:")).unwrap().trim().to_owned()
+}
+
+fn signal(pid: &str, sig: &str) {
+    assert!(std::process::Command::new("kill").args([sig, pid]).status().unwrap().success());
+}
+
+/// Cuts the replication link as a failover that loses the last writes: the replica's process
+/// stopped (`kill -STOP`), the primary drops it. Answers the replica's pid, to go on with
+/// `signal(&pid, "-CONT")`.
+fn cut_replication(primary: &RedisServer, replica: &RedisServer) -> String {
+    let pid = pid_of(replica);
+    signal(&pid, "-STOP");
+    primary.cli(&["CLIENT", "KILL", "TYPE", "replica"]);
+    pid
+}
+
 /// The fencing number a store gave `token`, if granted.
 async fn fencing_of(store: &RedisStore, token: &str) -> u64 {
     match store.allocate(request("replicated", token), Duration::ZERO).await.unwrap() {
@@ -156,18 +174,14 @@ async fn fencing_numbers_never_go_back_when_a_promoted_replica_lost_the_last_wri
         std::thread::sleep(Duration::from_millis(20));
     }
     // The replication link cut (the replica's process stopped), writes go on, the primary dies.
-    let info = replica.cli(&["INFO", "server"]);
-    let pid = info.lines().find_map(|l| l.strip_prefix("process_id:")).unwrap().trim().to_owned();
-    let signal = |sig: &str| assert!(std::process::Command::new("kill").args([sig, &pid]).status().unwrap().success());
-    signal("-STOP");
-    primary.cli(&["CLIENT", "KILL", "TYPE", "replica"]);
+    let pid = cut_replication(&primary, &replica);
     let mut given = Vec::new();
     for i in 0..10 {
         given.push(fencing_of(&store, &format!("lost-{i}")).await);
     }
     store.shutdown().await;
     primary.stop();
-    signal("-CONT");
+    signal(&pid, "-CONT");
     replica.cli(&["REPLICAOF", "NO", "ONE"]);
     assert_eq!(
         replica.cli(&["HEXISTS", "allot:{replicated}:grants", "lost-9"]).trim(),
@@ -216,11 +230,7 @@ async fn feed_revisions_never_go_back_when_a_promoted_replica_lost_the_last_copi
         std::thread::sleep(Duration::from_millis(20));
     }
     // The replication link cut, more changes copied into the log, the primary dies.
-    let info = replica.cli(&["INFO", "server"]);
-    let pid = info.lines().find_map(|l| l.strip_prefix("process_id:")).unwrap().trim().to_owned();
-    let signal = |sig: &str| assert!(std::process::Command::new("kill").args([sig, &pid]).status().unwrap().success());
-    signal("-STOP");
-    primary.cli(&["CLIENT", "KILL", "TYPE", "replica"]);
+    let pid = cut_replication(&primary, &replica);
     for i in 0..10 {
         fencing_of(&store, &format!("lost-{i}")).await;
     }
@@ -228,7 +238,7 @@ async fn feed_revisions_never_go_back_when_a_promoted_replica_lost_the_last_copi
     let highest = store.revision();
     store.shutdown().await;
     primary.stop();
-    signal("-CONT");
+    signal(&pid, "-CONT");
     replica.cli(&["REPLICAOF", "NO", "ONE"]);
     assert_eq!(replica.cli(&["HGET", "allot:{allot-feed}:meta", "rev"]).trim(), "6", "the last copies are lost");
     let promoted = open(&replica, 0).await;

@@ -7,7 +7,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use allot_core::apps::queues::{QueueLimits, QueuePath};
-use allot_core::apps::{AppId, TaskId};
+use allot_core::apps::{AppId, AppSpec, SchedulingPolicy, TaskId, TaskSpec};
 use allot_core::pools::{AllocRequest, PoolName};
 use allot_core::runs::Run;
 use allot_core::watch::{EventKind, Filter};
@@ -304,6 +304,28 @@ async fn shutting_down_ends_every_watcher_and_revisions_go_on_after_a_restart() 
     store.shutdown().await;
 }
 
+/// Submits application `app` in `queue` with one task `t1` of `cpu=1` and plugin spec `spec`.
+async fn submit_one_task(store: &EmbeddedStore, app: &AppId, queue: QueuePath, spec: &str) {
+    let app_spec = AppSpec {
+        id: app.clone(),
+        queue,
+        user: "u".into(),
+        tags: Default::default(),
+        groups: Vec::new(),
+        policy: SchedulingPolicy::default(),
+    };
+    let task = TaskSpec {
+        id: TaskId::new("t1").unwrap(),
+        resources: "cpu=1".parse().unwrap(),
+        tokens: Vec::new(),
+        group: None,
+        priority: 0,
+        selector: Default::default(),
+        spec: spec.to_owned(),
+    };
+    store.submit_app(app_spec, vec![task]).await.unwrap();
+}
+
 /// Reads the events of `watcher` up to revision `until`.
 async fn read_until(watcher: &mut Watcher, until: u64) -> Vec<Arc<Event>> {
     let mut seen = Vec::new();
@@ -317,8 +339,6 @@ async fn read_until(watcher: &mut Watcher, until: u64) -> Vec<Arc<Event>> {
 /// that gave up: events with no change of their own), a session, a pool and its allocs, a queue,
 /// an application placed, a run. Answers what the watcher saw, once every change is answered.
 async fn changes_of_every_part(store: &Arc<EmbeddedStore>, watcher: &mut Watcher) -> Vec<Arc<Event>> {
-    use allot_core::apps::{AppSpec, SchedulingPolicy, TaskSpec};
-
     let mut seen = Vec::new();
     store.put_namespace(ns("hive"), 1).await.unwrap();
     store.allocate(request("hive", "a", LeaseRequest::Ttl { ttl_ms: 1000 }), Duration::ZERO).await.unwrap();
@@ -345,24 +365,7 @@ async fn changes_of_every_part(store: &Arc<EmbeddedStore>, watcher: &mut Watcher
     let queue = QueuePath::new("root.q").unwrap();
     store.put_queue(queue.clone(), QueueLimits::default()).await.unwrap();
     let app = AppId::new("etl").unwrap();
-    let spec = AppSpec {
-        id: app.clone(),
-        queue,
-        user: "u".into(),
-        tags: Default::default(),
-        groups: Vec::new(),
-        policy: SchedulingPolicy::default(),
-    };
-    let task = TaskSpec {
-        id: TaskId::new("t1").unwrap(),
-        resources: "cpu=1".parse().unwrap(),
-        tokens: Vec::new(),
-        group: None,
-        priority: 0,
-        selector: Default::default(),
-        spec: "{}".into(),
-    };
-    store.submit_app(spec, vec![task]).await.unwrap();
+    submit_one_task(store, &app, queue, "{}").await;
     store.tick().await.unwrap();
     store.put_run(app, TaskId::new("t1").unwrap(), Run::new(1)).await.unwrap();
     seen.extend(read_until(watcher, store.revision()).await);
@@ -521,7 +524,6 @@ async fn retention_bounds_what_a_reopened_store_keeps() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_applications_life_is_a_line_of_events() {
     use allot_core::apps::states::TaskState;
-    use allot_core::apps::{AppSpec, SchedulingPolicy, TaskSpec};
 
     let dir = tempfile::tempdir().unwrap();
     let clock = ManualClock::new();
@@ -533,24 +535,7 @@ async fn an_applications_life_is_a_line_of_events() {
     let filter = Filter { kinds: vec![], prefixes: vec!["apps/etl".into(), "pools/p/allocs".into()] };
     let mut watcher = store.watch(filter, None).unwrap();
     let app = AppId::new("etl").unwrap();
-    let spec = AppSpec {
-        id: app.clone(),
-        queue,
-        user: "u".into(),
-        tags: Default::default(),
-        groups: Vec::new(),
-        policy: SchedulingPolicy::default(),
-    };
-    let task = TaskSpec {
-        id: TaskId::new("t1").unwrap(),
-        resources: "cpu=1".parse().unwrap(),
-        tokens: Vec::new(),
-        group: None,
-        priority: 0,
-        selector: Default::default(),
-        spec: String::new(),
-    };
-    store.submit_app(spec, vec![task]).await.unwrap();
+    submit_one_task(&store, &app, queue, "").await;
     store.tick().await.unwrap();
     let mut seen = Vec::new();
     let placed = loop {
