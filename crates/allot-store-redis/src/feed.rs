@@ -44,9 +44,9 @@ use redis::Value;
 
 use crate::errors::{call_error, redis_error};
 use crate::keys::{prefix, unescape_tag};
-use crate::reply::{self, corrupt, Reply};
+use crate::pools;
+use crate::reply::{self, corrupt, into_text, Reply};
 use crate::store::Inner;
-use crate::{pools, registry};
 
 /// The slot of the shared log.
 const FEED_SLOT: &str = "allot:{allot-feed}";
@@ -74,10 +74,10 @@ pub(crate) async fn run_copier(inner: Arc<Inner>) {
     loop {
         tokio::select! {
             _ = inner.feed.copy_wanted.notified() => {}
-            _ = sweep.tick() => match every_stream(&inner).await {
-                Ok(streams) => inner.feed.dirty.lock().unwrap_or_else(|p| p.into_inner()).extend(streams),
-                Err(err) => tracing::debug!(error = %err, "feed: cannot list the streams to copy"),
-            },
+            _ = sweep.tick() => {
+                let streams = every_stream(&inner);
+                inner.feed.dirty.lock().unwrap_or_else(|p| p.into_inner()).extend(streams);
+            }
         }
         let dirty = std::mem::take(&mut *inner.feed.dirty.lock().unwrap_or_else(|p| p.into_inner()));
         stream::iter(dirty)
@@ -94,12 +94,13 @@ pub(crate) async fn run_copier(inner: Arc<Inner>) {
     }
 }
 
-/// Every stream that may hold events.
-async fn every_stream(inner: &Inner) -> Result<Vec<String>, StoreError> {
+/// Every stream that may hold events: those of the namespaces and pools the sweeper last listed.
+fn every_stream(inner: &Inner) -> Vec<String> {
+    let listed = inner.listed.lock().unwrap_or_else(|p| p.into_inner());
     let mut streams: Vec<String> = FIXED_STREAMS.iter().map(|s| (*s).to_owned()).collect();
-    streams.extend(registry::namespaces(inner).await?.iter().map(|n| format!("{}:feed", prefix(n))));
-    streams.extend(registry::pools(inner).await?.iter().map(|p| format!("{}:feed", pools::prefix(p))));
-    Ok(streams)
+    streams.extend(listed.namespaces.iter().map(|n| format!("{}:feed", prefix(n))));
+    streams.extend(listed.pools.iter().map(|p| format!("{}:feed", pools::prefix(p))));
+    streams
 }
 
 /// Copies what `source` holds into the log, until it is empty.
@@ -109,7 +110,7 @@ async fn copy(inner: &Inner, source: &str) -> Result<(), StoreError> {
             Some(cursor) => cursor,
             None => {
                 let value = query(inner, redis::cmd("HGET").arg(CURSORS).arg(source)).await?;
-                let cursor = text_of(&value).unwrap_or_else(|| "0-0".to_owned());
+                let cursor = into_text(value).unwrap_or_else(|_| "0-0".to_owned());
                 set_cursor(inner, source, &cursor);
                 cursor
             }
@@ -183,31 +184,21 @@ async fn feed_call(inner: &Inner, key: &str, args: &[&str]) -> Result<Reply, Sto
     }
 }
 
-fn text_of(value: &Value) -> Option<String> {
-    match value {
-        Value::BulkString(bytes) => String::from_utf8(bytes.clone()).ok(),
-        Value::SimpleString(text) => Some(text.clone()),
-        Value::Int(n) => Some(n.to_string()),
-        _ => None,
-    }
-}
-
 /// The entries of an `XRANGE` answer: id, and fields and values in order.
 fn entries(value: Value) -> Result<Vec<(String, Vec<String>)>, StoreError> {
     let Value::Array(items) = value else { return Err(corrupt(format!("XRANGE answered {value:?}"))) };
     items
         .into_iter()
         .map(|item| {
-            let Value::Array(mut pair) = item else { return Err(corrupt("a stream entry is not a pair")) };
-            if pair.len() != 2 {
-                return Err(corrupt("a stream entry is not a pair"));
-            }
-            let fields = pair.pop().expect("two");
-            let id = text_of(&pair[0]).ok_or_else(|| corrupt("a stream entry's id"))?;
-            let Value::Array(fields) = fields else { return Err(corrupt("a stream entry's fields")) };
-            let fields =
-                fields.iter().map(|f| text_of(f).ok_or_else(|| corrupt("a stream field"))).collect::<Result<_, _>>()?;
-            Ok((id, fields))
+            let Value::Array(pair) = item else { return Err(corrupt("a stream entry is not a pair")) };
+            let [id, Value::Array(fields)] = <[Value; 2]>::try_from(pair).map_err(|_| corrupt("a stream entry"))?
+            else {
+                return Err(corrupt("a stream entry's fields"));
+            };
+            let id = into_text(id).map_err(|_| corrupt("a stream entry's id"))?;
+            let fields: Result<Vec<String>, _> =
+                fields.into_iter().map(|f| into_text(f).map_err(|_| corrupt("a stream field"))).collect();
+            Ok((id, fields?))
         })
         .collect()
 }
@@ -216,10 +207,10 @@ fn entries(value: Value) -> Result<Vec<(String, Vec<String>)>, StoreError> {
 pub(crate) async fn load(inner: &Inner) -> Result<(), StoreError> {
     let meta = query(inner, redis::cmd("HMGET").arg(META).arg("rev").arg("compacted")).await?;
     let (rev, compacted) = match &meta {
-        Value::Array(v) if v.len() == 2 => (
-            text_of(&v[0]).and_then(|t| t.parse::<u64>().ok()).unwrap_or(0),
-            text_of(&v[1]).and_then(|t| t.parse::<u64>().ok()).unwrap_or(0),
-        ),
+        Value::Array(v) if v.len() == 2 => {
+            let number = |v: &Value| into_text(v.clone()).ok().and_then(|t| t.parse::<u64>().ok()).unwrap_or(0);
+            (number(&v[0]), number(&v[1]))
+        }
         other => return Err(corrupt(format!("feed meta {other:?}"))),
     };
     inner.feed.feed.skip_to(compacted);

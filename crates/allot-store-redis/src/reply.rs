@@ -14,6 +14,16 @@ pub(crate) fn corrupt(what: impl std::fmt::Display) -> StoreError {
     StoreError::Unavailable(format!("unexpected reply from Redis: {what}"))
 }
 
+/// A string, or a number, as text; anything else (or a string that is not UTF-8) given back.
+pub(crate) fn into_text(value: Value) -> Result<String, Value> {
+    match value {
+        Value::BulkString(bytes) => String::from_utf8(bytes).map_err(|err| Value::BulkString(err.into_bytes())),
+        Value::SimpleString(text) => Ok(text),
+        Value::Int(n) => Ok(n.to_string()),
+        other => Err(other),
+    }
+}
+
 /// The items of a reply array, taken from the front.
 pub(crate) struct Reply(VecDeque<Value>);
 
@@ -35,10 +45,8 @@ impl Reply {
 
     pub(crate) fn text(&mut self) -> Result<String, StoreError> {
         match self.0.pop_front() {
-            Some(Value::BulkString(bytes)) => String::from_utf8(bytes).map_err(|_| corrupt("a string is not UTF-8")),
-            Some(Value::SimpleString(text)) => Ok(text),
-            Some(Value::Int(n)) => Ok(n.to_string()),
-            other => Err(corrupt(format!("expected a string, got {other:?}"))),
+            Some(value) => into_text(value).map_err(|value| corrupt(format!("expected a string, got {value:?}"))),
+            None => Err(corrupt("expected a string, got nothing")),
         }
     }
 

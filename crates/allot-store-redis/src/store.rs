@@ -53,6 +53,16 @@ pub(crate) struct Inner {
     pub(crate) feed: FeedState,
     /// When each pool is next swept (`pools::sweep_all`): none yet is now.
     pub(crate) pool_sweeps: Mutex<HashMap<allot_core::pools::PoolName, Instant>>,
+    /// The namespaces and pools listed, as the sweeper last read them (the feed's copier looks
+    /// at their streams too).
+    pub(crate) listed: Mutex<Listed>,
+}
+
+/// The namespaces and pools of the registries.
+#[derive(Default)]
+pub(crate) struct Listed {
+    pub(crate) namespaces: Arc<[allot_core::NamespaceName]>,
+    pub(crate) pools: Arc<[allot_core::pools::PoolName]>,
 }
 
 impl Inner {
@@ -73,6 +83,7 @@ impl Inner {
             apps: Apps::new(),
             feed: FeedState::new(watch),
             pool_sweeps: Mutex::default(),
+            listed: Mutex::default(),
         }
     }
 

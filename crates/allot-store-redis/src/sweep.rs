@@ -11,16 +11,15 @@ use allot_core::NamespaceName;
 use futures_util::{stream, StreamExt};
 
 use crate::keys::prefix;
-use crate::store::Inner;
+use crate::store::{Inner, Listed};
 use crate::{pools, registry, sessions};
 
 /// How often a daemon sweeps every namespace for leases that are due.
 pub const SWEEP_INTERVAL: Duration = Duration::from_millis(100);
 
-/// Sweeps each [`SWEEP_INTERVAL`]; the lists of namespaces and pools are read again every second.
+/// Sweeps each [`SWEEP_INTERVAL`]; the lists of namespaces and pools are read again every second
+/// (and kept in `Inner::listed` for the feed's copier).
 pub(crate) async fn run_sweeper(inner: Arc<Inner>) {
-    let mut names: Vec<NamespaceName> = Vec::new();
-    let mut pools: Vec<PoolName> = Vec::new();
     let mut listed = Instant::now() - Duration::from_secs(60);
     let mut ticker = tokio::time::interval(SWEEP_INTERVAL);
     ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
@@ -28,9 +27,9 @@ pub(crate) async fn run_sweeper(inner: Arc<Inner>) {
         ticker.tick().await;
         if listed.elapsed() >= Duration::from_secs(1) {
             match (registry::namespaces(&inner).await, registry::pools(&inner).await) {
-                (Ok(list), Ok(pool_list)) => {
-                    names = list;
-                    pools = pool_list;
+                (Ok(namespaces), Ok(pools)) => {
+                    *inner.listed.lock().unwrap_or_else(|p| p.into_inner()) =
+                        Listed { namespaces: namespaces.into(), pools: pools.into() };
                     listed = Instant::now();
                 }
                 (Err(err), _) | (_, Err(err)) => {
@@ -39,6 +38,10 @@ pub(crate) async fn run_sweeper(inner: Arc<Inner>) {
                 }
             }
         }
+        let (names, pools) = {
+            let listed = inner.listed.lock().unwrap_or_else(|p| p.into_inner());
+            (listed.namespaces.clone(), listed.pools.clone())
+        };
         sweep(&inner, &names, &pools).await;
     }
 }

@@ -10,9 +10,9 @@ use allot_client::{Accept, Allocate, Status};
 
 use crate::support::{data_dir, Daemon};
 
-/// What the clients were told about a token.
+/// What the clients were told about a token (the watch tests use it too).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Acked {
+pub(crate) enum Acked {
     Granted,
     Released,
     /// A request was sent and not answered: either outcome is allowed.

@@ -17,6 +17,7 @@ use allot_store_redis::testing::{RedisCluster, RedisServer};
 use futures_util::StreamExt;
 
 use crate::cli::{allot, code};
+use crate::crash::Acked;
 use crate::support::{data_dir, Daemon, ALLOT};
 
 /// `allot watch ARGS` running, its stdout read line by line.
@@ -417,15 +418,6 @@ impl Seen {
     fn token(&self) -> Option<&str> {
         self.key.strip_prefix("namespaces/hive/grants/")
     }
-}
-
-/// What a client was told about a token.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Acked {
-    Granted,
-    Released,
-    /// Asked, not answered: either outcome is allowed.
-    InFlight,
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
