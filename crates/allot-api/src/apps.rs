@@ -320,3 +320,50 @@ pub struct Fail {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub reason: Option<String>,
 }
+
+/// How a reported task ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+#[serde(rename_all = "lowercase")]
+pub enum TaskOutcome {
+    Completed,
+    Failed,
+}
+
+/// One task's end in `POST /v1/tasks/finish`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct TaskEnd {
+    pub app: String,
+    pub task: String,
+    pub outcome: TaskOutcome,
+    /// Why it failed (only with `failed`; default "reported failed").
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reason: Option<String>,
+}
+
+/// `POST /v1/tasks/finish`: how several tasks ended, reported in one call (an executor's
+/// reports of the tasks that ended since its last call), committed as one change.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct FinishTasks {
+    /// At most 1,000.
+    pub tasks: Vec<TaskEnd>,
+}
+
+/// The answer to one report of `POST /v1/tasks/finish`: the task as it now is, or why the
+/// report was refused (the error `POST .../complete` or `.../fail` would have answered).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+pub struct TaskEndAnswer {
+    pub app: String,
+    pub task: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ended: Option<Task>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub error: Option<crate::ErrorDetail>,
+}
+
+/// The answer of `POST /v1/tasks/finish`: one per report, in the order reported.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+pub struct FinishedTasks {
+    pub tasks: Vec<TaskEndAnswer>,
+}

@@ -102,4 +102,12 @@ impl Client {
         let body = Fail { reason: reason.map(str::to_owned) };
         self.json(self.request(Method::POST, &format!("{}/fail", task_path(app, task)?))?.json(&body)).await
     }
+
+    /// `POST /v1/tasks/finish`: reports several tasks completed or failed in one call; one answer
+    /// per report, in order (the task, or why its report was refused).
+    pub async fn finish_tasks(&self, ends: Vec<TaskEnd>) -> Result<Vec<TaskEndAnswer>, ClientError> {
+        let body = FinishTasks { tasks: ends };
+        let answer: FinishedTasks = self.json(self.request(Method::POST, "/v1/tasks/finish")?.json(&body)).await?;
+        Ok(answer.tasks)
+    }
 }

@@ -6,9 +6,10 @@ use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Mutex};
 
 use allot_core::apps::states::TaskState;
-use allot_core::apps::{AppId, AppSpec, SchedError, Task, TaskId};
+use allot_core::apps::{AppId, AppSpec, SchedError, Task, TaskEnd, TaskId};
 use allot_core::pools::PoolName;
 use allot_store::{AppsHome, Store, StoreError};
+use tokio::sync::oneshot;
 
 /// A task as the executor needs it.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -105,11 +106,24 @@ fn from_wire(task: &allot_client::Task) -> Result<PlacedTask, StoreError> {
     Ok(PlacedTask { seq: task.seq, state, placement, spec })
 }
 
+/// The most task ends reported in one call (the route takes 1,000).
+const MAX_ENDS_AT_ONCE: usize = 500;
+
 /// Where the executor reads and reports tasks.
 pub(crate) struct AppsAccess {
     store: Arc<dyn Store>,
     /// One client per scheduling daemon's URL.
     clients: Mutex<HashMap<String, allot_client::Client>>,
+    /// The task ends to report, and whether a call is sending them.
+    ends: Mutex<Ends>,
+}
+
+/// Task ends waiting for the call that sends them, each with its reporter's answer.
+#[derive(Default)]
+struct Ends {
+    pending: Vec<(TaskEnd, oneshot::Sender<Result<(), Refusal>>)>,
+    /// A task is sending: it takes what is pending when its call returns.
+    sending: bool,
 }
 
 /// How a call went to the daemon that schedules.
@@ -140,9 +154,7 @@ impl From<StoreError> for Refusal {
 impl From<allot_client::ClientError> for Refusal {
     fn from(err: allot_client::ClientError) -> Refusal {
         match err.code() {
-            Some("task_not_found" | "app_not_found") => Refusal::Gone,
-            Some("illegal_transition") => Refusal::Illegal,
-            Some(_) => Refusal::Failed(StoreError::Unavailable(err.to_string())),
+            Some(code) => Refusal::of_code(code, &err.to_string()),
             None => {
                 Refusal::Failed(StoreError::Unavailable(format!("the daemon that schedules did not answer: {err}")))
             }
@@ -151,6 +163,15 @@ impl From<allot_client::ClientError> for Refusal {
 }
 
 impl Refusal {
+    /// The refusal an error answer of the daemon that schedules stands for.
+    fn of_code(code: &str, message: &str) -> Refusal {
+        match code {
+            "task_not_found" | "app_not_found" => Refusal::Gone,
+            "illegal_transition" => Refusal::Illegal,
+            _ => Refusal::Failed(StoreError::Unavailable(format!("the daemon that schedules answered {code}: {message}"))),
+        }
+    }
+
     /// The error of a call for which nothing but success is an answer.
     fn into_error(self) -> StoreError {
         match self {
@@ -171,7 +192,7 @@ fn ignore_moved_on(done: Result<(), Refusal>) -> Result<(), StoreError> {
 
 impl AppsAccess {
     pub(crate) fn new(store: Arc<dyn Store>) -> AppsAccess {
-        AppsAccess { store, clients: Mutex::default() }
+        AppsAccess { store, clients: Mutex::default(), ends: Mutex::default() }
     }
 
     fn home(&self) -> Result<Home, StoreError> {
@@ -242,21 +263,89 @@ impl AppsAccess {
     }
 
     /// Reports how the task ended: completed, or failed with a reason (ignored if it ended or
-    /// went meanwhile).
-    pub(crate) async fn finish(&self, app: &AppId, task: &TaskId, failed: Option<String>) -> Result<(), StoreError> {
-        let done: Result<(), Refusal> = match self.home()? {
-            Home::Here => {
-                self.store.finish_task(app.clone(), task.clone(), failed).await.map(|_| ()).map_err(Refusal::from)
-            }
-            Home::At(client) => {
-                let answer = match failed {
-                    None => client.complete_task(app.as_str(), task.as_str()).await,
-                    Some(reason) => client.fail_task(app.as_str(), task.as_str(), Some(&reason)).await,
-                };
-                answer.map(|_| ()).map_err(Refusal::from)
-            }
+    /// went meanwhile). Reports made while one is being sent go together in the next call (one
+    /// commit for them all, and over HTTP one request), so a busy executor reports in batches
+    /// without waiting for a batch to fill.
+    pub(crate) async fn finish(
+        self: &Arc<Self>,
+        app: &AppId,
+        task: &TaskId,
+        failed: Option<String>,
+    ) -> Result<(), StoreError> {
+        let (answer, answered) = oneshot::channel();
+        let send = {
+            let mut ends = self.ends.lock().unwrap_or_else(|p| p.into_inner());
+            ends.pending.push((TaskEnd { app: app.clone(), task: task.clone(), failed }, answer));
+            !std::mem::replace(&mut ends.sending, true)
         };
+        if send {
+            // Its own task: the reports of others do not depend on this caller staying.
+            tokio::spawn(self.clone().send_ends());
+        }
+        let done = answered
+            .await
+            .unwrap_or_else(|_| Err(Refusal::Failed(StoreError::Unavailable("the report was not sent".into()))));
         ignore_moved_on(done)
+    }
+
+    /// Sends the pending reports, a batch at a time, until none is left.
+    async fn send_ends(self: Arc<Self>) {
+        loop {
+            let batch: Vec<_> = {
+                let mut ends = self.ends.lock().unwrap_or_else(|p| p.into_inner());
+                if ends.pending.is_empty() {
+                    ends.sending = false;
+                    return;
+                }
+                let count = ends.pending.len().min(MAX_ENDS_AT_ONCE);
+                ends.pending.drain(..count).collect()
+            };
+            let (reports, answers): (Vec<TaskEnd>, Vec<_>) = batch.into_iter().unzip();
+            let count = reports.len();
+            let mut results = match self.finish_all(reports).await {
+                Ok(results) => results,
+                Err(err) => (0..count).map(|_| Err(Refusal::Failed(err.clone()))).collect(),
+            };
+            results.resize_with(count, || Err(Refusal::Failed(StoreError::Unavailable("no answer".into()))));
+            for (answer, result) in answers.into_iter().zip(results) {
+                let _ = answer.send(result);
+            }
+        }
+    }
+
+    /// Reports the ends of several tasks in one call: one result per report, in order.
+    async fn finish_all(&self, reports: Vec<TaskEnd>) -> Result<Vec<Result<(), Refusal>>, StoreError> {
+        match self.home()? {
+            Home::Here => Ok(self
+                .store
+                .finish_tasks(reports)
+                .await?
+                .into_iter()
+                .map(|r| r.map(|_| ()).map_err(|e| Refusal::from(StoreError::Sched(e))))
+                .collect()),
+            Home::At(client) => {
+                let wire = reports
+                    .into_iter()
+                    .map(|end| allot_client::TaskEnd {
+                        app: end.app.to_string(),
+                        task: end.task.to_string(),
+                        outcome: match end.failed {
+                            None => allot_client::TaskOutcome::Completed,
+                            Some(_) => allot_client::TaskOutcome::Failed,
+                        },
+                        reason: end.failed,
+                    })
+                    .collect();
+                let answers = client.finish_tasks(wire).await.map_err(|e| Refusal::from(e).into_error())?;
+                Ok(answers
+                    .into_iter()
+                    .map(|answer| match answer.error {
+                        None => Ok(()),
+                        Some(error) => Err(Refusal::of_code(&error.code, &error.message)),
+                    })
+                    .collect())
+            }
+        }
     }
 
     /// The tasks placed (Allocated or Running) on `pools`, in applications that have not ended.

@@ -232,7 +232,7 @@ pub struct Executor {
     registry: Arc<Registry>,
     config: ExecutorConfig,
     waits: TokenWaits,
-    apps: AppsAccess,
+    apps: Arc<AppsAccess>,
     /// The runs being driven, each with what wakes it.
     active: Active,
     /// Wakes the scan for new tasks: a list at once.
@@ -251,7 +251,7 @@ pub struct Executor {
 impl Executor {
     pub fn new(store: Arc<dyn Store>, registry: Arc<Registry>, config: ExecutorConfig) -> Arc<Executor> {
         Arc::new(Executor {
-            apps: AppsAccess::new(store.clone()),
+            apps: Arc::new(AppsAccess::new(store.clone())),
             store,
             registry,
             config,

@@ -22,7 +22,7 @@ pub(crate) const FORWARDED: HeaderName = HeaderName::from_static("x-allot-forwar
 fn is_apps_part(path: &str) -> bool {
     let served_here = path.starts_with("/v1/apps/") && (path.ends_with("/logs") || path.ends_with("/wake"));
     !served_here
-        && ["/v1/apps", "/v1/queues"]
+        && ["/v1/apps", "/v1/queues", "/v1/tasks"]
             .iter()
             .any(|root| path.strip_prefix(root).is_some_and(|rest| rest.is_empty() || rest.starts_with('/')))
 }

@@ -212,6 +212,7 @@ stayed listed."
         routes::apps::start_task,
         routes::apps::complete_task,
         routes::apps::fail_task,
+        routes::apps::finish_tasks,
         routes::watch::watch,
     ),
     components(schemas(allot_api::WatchBehind))

@@ -7,7 +7,8 @@ use std::collections::BTreeMap;
 use allot_core::apps::queues::{QueueLimits, QueuePath};
 use allot_core::apps::states::TaskState;
 use allot_core::apps::{
-    App, AppId, AppSpec, QueueView, Released, Removed, SchedError, SchedStats, Scheduler, Task, TaskId, TaskSpec, Why,
+    App, AppId, AppSpec, QueueView, Released, Removed, SchedError, SchedStats, Scheduler, Task, TaskEnd, TaskId, TaskSpec,
+    Why,
 };
 use async_trait::async_trait;
 
@@ -110,7 +111,13 @@ pub trait AppStore: Send + Sync {
     /// Reports an Allocated task running.
     async fn start_task(&self, app: AppId, task: TaskId) -> Result<TaskInfo, StoreError>;
     /// Reports a task completed (`failed` is `None`) or failed: what it holds is released.
-    async fn finish_task(&self, app: AppId, task: TaskId, failed: Option<String>) -> Result<TaskInfo, StoreError>;
+    async fn finish_task(&self, app: AppId, task: TaskId, failed: Option<String>) -> Result<TaskInfo, StoreError> {
+        let mut answers = self.finish_tasks(vec![TaskEnd { app, task, failed }]).await?;
+        Ok(answers.pop().expect("one answer per report")?)
+    }
+    /// Reports several tasks completed or failed in one commit (`Scheduler::finish_tasks`): one
+    /// answer per report, in order; a refused report (its task gone, or ended) changes nothing.
+    async fn finish_tasks(&self, ends: Vec<TaskEnd>) -> Result<Vec<Result<TaskInfo, SchedError>>, StoreError>;
     /// Removes a task; what it holds is released.
     async fn remove_task(&self, app: AppId, task: TaskId) -> Result<TaskInfo, StoreError>;
 

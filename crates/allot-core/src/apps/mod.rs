@@ -225,6 +225,14 @@ pub enum AppChange {
     },
 }
 
+/// How a task ended, as its executor reports it: completed (`failed` is `None`) or failed.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TaskEnd {
+    pub app: AppId,
+    pub task: TaskId,
+    pub failed: Option<String>,
+}
+
 /// Everything an operation changed, for one commit.
 #[derive(Debug, Default)]
 pub struct Outcome {
@@ -1018,10 +1026,28 @@ impl Scheduler {
         now: Millis,
         world: &mut World<'_>,
     ) -> Result<(Task, Outcome), SchedError> {
-        let event = if failed.is_some() { TaskEvent::Fail } else { TaskEvent::Complete };
+        let end = TaskEnd { app: app.clone(), task: task.clone(), failed };
+        let (mut answers, out) = self.finish_tasks(vec![end], now, world);
+        Ok((answers.pop().expect("one answer per report")?, out))
+    }
+
+    /// Reports several tasks completed or failed at once, as `finish_task` each in turn: one
+    /// answer per report, in order (a refused one changes nothing), and the outcome of them all.
+    pub fn finish_tasks(
+        &mut self,
+        ends: Vec<TaskEnd>,
+        now: Millis,
+        world: &mut World<'_>,
+    ) -> (Vec<Result<Task, SchedError>>, Outcome) {
         let mut out = Outcome::default();
-        let record = self.end_task(app, task, event, failed, now, world, &mut out, true)?;
-        Ok((record, out))
+        let answers = ends
+            .into_iter()
+            .map(|end| {
+                let event = if end.failed.is_some() { TaskEvent::Fail } else { TaskEvent::Complete };
+                self.end_task(&end.app, &end.task, event, end.failed, now, world, &mut out, true)
+            })
+            .collect();
+        (answers, out)
     }
 
     /// Removes a task [YuniKorn `RemoveTask`]: if it has not ended it is Killed and what it holds

@@ -266,3 +266,60 @@ pub(crate) async fn fail_task(
     let reason = body.reason.unwrap_or_else(|| "reported failed".to_owned());
     Ok(Json(convert::task(state.store.finish_task(app_id(&app)?, task_id(&task)?, Some(reason)).await?)))
 }
+
+/// The most reports `POST /v1/tasks/finish` takes in one call.
+pub(crate) const MAX_TASK_ENDS: usize = 1000;
+
+/// Reports several tasks completed or failed in one call, committed as one change: what each holds
+/// is released. Each report is answered in order, with the task or with the error its own
+/// `complete` or `fail` call would have answered (a refused report changes nothing).
+#[utoipa::path(post, path = "/v1/tasks/finish", tag = "apps",
+    request_body = api::FinishTasks,
+    responses((status = 200, body = api::FinishedTasks),
+        (status = 400, body = api::ErrorBody, description = "invalid_json, or invalid_argument: more than 1,000 reports"),
+        (status = 503, body = api::ErrorBody, description = UNAVAILABLE)))]
+pub(crate) async fn finish_tasks(
+    State(state): State<ServerState>,
+    JsonBody(body): JsonBody<api::FinishTasks>,
+) -> Answer<api::FinishedTasks> {
+    if body.tasks.len() > MAX_TASK_ENDS {
+        return Err(ApiError::of(
+            crate::error::ErrorCode::InvalidArgument,
+            format!("{} reports in one call; at most {MAX_TASK_ENDS} are taken", body.tasks.len()),
+        ));
+    }
+    // Reports with names that cannot be are answered without the store; the others go together.
+    let mut answers: Vec<Option<Result<api::Task, ApiError>>> = Vec::with_capacity(body.tasks.len());
+    let mut ends = Vec::new();
+    for end in &body.tasks {
+        match (app_id(&end.app), task_id(&end.task)) {
+            (Ok(app), Ok(task)) => {
+                let failed = match end.outcome {
+                    api::TaskOutcome::Completed => None,
+                    api::TaskOutcome::Failed => Some(end.reason.clone().unwrap_or_else(|| "reported failed".to_owned())),
+                };
+                ends.push(allot_core::apps::TaskEnd { app, task, failed });
+                answers.push(None);
+            }
+            (Err(err), _) | (_, Err(err)) => answers.push(Some(Err(err))),
+        }
+    }
+    let mut stored = state.store.finish_tasks(ends).await?.into_iter();
+    let tasks = body
+        .tasks
+        .into_iter()
+        .zip(answers)
+        .map(|(end, answer)| {
+            let answer = answer.unwrap_or_else(|| {
+                let stored = stored.next().expect("one answer per report");
+                stored.map(convert::task).map_err(ApiError::from)
+            });
+            let (ended, error) = match answer {
+                Ok(task) => (Some(task), None),
+                Err(err) => (None, Some(api::ErrorDetail { code: err.code.to_owned(), message: err.message })),
+            };
+            api::TaskEndAnswer { app: end.app, task: end.task, ended, error }
+        })
+        .collect();
+    Ok(Json(api::FinishedTasks { tasks }))
+}

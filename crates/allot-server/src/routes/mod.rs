@@ -73,6 +73,7 @@ pub(crate) fn router(state: ServerState) -> Router {
         .route("/v1/apps/{app}/tasks/{task}/start", post(apps::start_task))
         .route("/v1/apps/{app}/tasks/{task}/complete", post(apps::complete_task))
         .route("/v1/apps/{app}/tasks/{task}/fail", post(apps::fail_task))
+        .route("/v1/tasks/finish", post(apps::finish_tasks))
         .route("/v1/watch", get(watch::watch))
         .fallback(|| async { ApiError::not_found() })
         .method_not_allowed_fallback(|| async { ApiError::method_not_allowed() })

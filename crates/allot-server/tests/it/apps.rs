@@ -190,3 +190,57 @@ async fn waking_a_task_not_run_here_is_a_conflict_and_a_missing_one_a_404() {
     let (status, body) = h.call(Method::POST, "/v1/apps/nope/tasks/t1/wake", "").await;
     assert_eq!((status, body["error"]["code"].as_str()), (StatusCode::NOT_FOUND, Some("app_not_found")), "{body}");
 }
+
+#[tokio::test]
+async fn task_ends_are_reported_in_one_call_each_answered_in_order() {
+    let h = Harness::new();
+    h.call(Method::PUT, "/v1/pools/ends", r#"{"capacity": "cpu=2"}"#).await;
+    h.call(Method::PUT, "/v1/queues/root.ends", "{}").await;
+    let app = json!({"id": "ends", "queue": "root.ends",
+        "tasks": [{"id": "a", "resources": "cpu=1"}, {"id": "b", "resources": "cpu=1"}]});
+    let (status, body) = h.call(Method::POST, "/v1/apps", &app.to_string()).await;
+    assert_eq!(status, StatusCode::CREATED, "{body}");
+    until(&h, "/v1/apps/ends", |b| b["tasks"]["Allocated"] == 2).await;
+    let reports = json!({"tasks": [
+        {"app": "ends", "task": "a", "outcome": "completed"},
+        {"app": "ends", "task": "Not A Name", "outcome": "completed"},
+        {"app": "ends", "task": "b", "outcome": "failed", "reason": "exit 3"},
+        {"app": "nope", "task": "a", "outcome": "failed"},
+        {"app": "ends", "task": "a", "outcome": "completed"},
+    ]});
+    let (status, body) = h.call(Method::POST, "/v1/tasks/finish", &reports.to_string()).await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    let answers = body["tasks"].as_array().unwrap();
+    let got: Vec<(Value, Value, Value)> =
+        answers.iter().map(|a| (a["task"].clone(), a["ended"]["state"].clone(), a["error"]["code"].clone())).collect();
+    assert_eq!(
+        got,
+        vec![
+            (json!("a"), json!("Completed"), Value::Null),
+            (json!("Not A Name"), Value::Null, json!("invalid_argument")),
+            (json!("b"), json!("Failed"), Value::Null),
+            (json!("a"), Value::Null, json!("app_not_found")),
+            (json!("a"), Value::Null, json!("illegal_transition")),
+        ],
+        "{body}"
+    );
+    assert_eq!(answers[2]["ended"]["reason"], "exit 3");
+    assert!(answers[4]["error"]["message"].as_str().unwrap().contains("Completed"), "{body}");
+    let (_, pool) = h.call(Method::GET, "/v1/pools/ends", "").await;
+    assert_eq!(pool["allocs"], 0, "both ends released their allocs: {pool}");
+    until(&h, "/v1/apps/ends", |b| b["state"] == "Completing" || b["state"] == "Completed").await;
+
+    // Bad calls are refused whole, and change nothing.
+    let many: Vec<Value> = (0..1001).map(|i| json!({"app": "ends", "task": format!("t{i}"), "outcome": "completed"})).collect();
+    for (body, code) in [
+        (json!({"tasks": many}).to_string(), "invalid_argument"),
+        (r#"{"tasks": [{"app": "ends", "task": "a", "outcome": "done"}]}"#.to_owned(), "invalid_json"),
+        (r#"{"tasks": [{"app": "ends", "task": "a"}]}"#.to_owned(), "invalid_json"),
+        (r#"{"ends": []}"#.to_owned(), "invalid_json"),
+    ] {
+        let (status, answer) = h.call(Method::POST, "/v1/tasks/finish", &body).await;
+        assert_eq!((status, answer["error"]["code"].clone()), (StatusCode::BAD_REQUEST, json!(code)), "{answer}");
+    }
+    let (status, body) = h.call(Method::POST, "/v1/tasks/finish", r#"{"tasks": []}"#).await;
+    assert_eq!((status, body), (StatusCode::OK, json!({"tasks": []})));
+}

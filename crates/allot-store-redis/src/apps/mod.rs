@@ -19,7 +19,7 @@ mod steps;
 
 use allot_core::apps::queues::QueueUsage;
 use allot_core::apps::queues::{QueueLimits, QueuePath};
-use allot_core::apps::{AppId, AppSpec, QueueView, SchedStats, TaskId, TaskSpec};
+use allot_core::apps::{AppId, AppSpec, QueueView, SchedError, SchedStats, TaskEnd, TaskId, TaskSpec};
 use allot_core::NamespaceName;
 use allot_store::{AppInfo, AppStore, AppsHome, Page, PageRequest, StoreError, Submitted, TaskInfo};
 use async_trait::async_trait;
@@ -175,10 +175,11 @@ impl AppStore for RedisStore {
         .await
     }
 
-    async fn finish_task(&self, app: AppId, task: TaskId, failed: Option<String>) -> Result<TaskInfo, StoreError> {
+    async fn finish_tasks(&self, ends: Vec<TaskEnd>) -> Result<Vec<Result<TaskInfo, SchedError>>, StoreError> {
         self.commit_sched(Fresh::No, |sched, mut world, now| {
-            let (record, outcome) = sched.finish_task(&app, &task, failed, now, &mut world)?;
-            Ok((TaskInfo { task: record, why: None }, outcome))
+            let (answers, outcome) = sched.finish_tasks(ends, now, &mut world);
+            let answers = answers.into_iter().map(|a| a.map(|task| TaskInfo { task, why: None })).collect();
+            Ok((answers, outcome))
         })
         .await
     }

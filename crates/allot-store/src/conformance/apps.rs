@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 use allot_core::apps::queues::{QueueLimits, QueuePath};
 use allot_core::apps::states::{AppState, TaskState};
 use allot_core::apps::{
-    AppId, AppSpec, GroupName, SchedError, SchedulingPolicy, TaskGroup, TaskId, TaskSpec, TokenNeed,
+    AppId, AppSpec, GroupName, SchedError, SchedulingPolicy, TaskEnd, TaskGroup, TaskId, TaskSpec, TokenNeed,
 };
 use allot_core::pools::{AllocState, PoolError, PoolName};
 use allot_core::{NamespaceName, Resources};
@@ -28,6 +28,7 @@ pub async fn run_apps(store: Arc<dyn Store>, time: &dyn Time) {
         a_gang_reserves_all_its_placeholders_or_none(store),
         submission_is_idempotent_and_checked(store),
         a_pool_removed_with_force_fails_the_tasks_placed_on_it(store),
+        task_ends_reported_together_are_each_answered(store),
     );
     a_refused_submission_leaves_nothing_behind(store, time).await;
 }
@@ -148,6 +149,60 @@ async fn tasks_are_placed_on_pools_and_release_on_completion(store: &dyn Store) 
     assert_eq!(released.placements.iter().map(|p| p.alloc).collect::<Vec<_>>(), vec![t2.placement.unwrap().alloc]);
     assert_eq!(store.pool(p).await.unwrap().allocs, 0, "removing the application freed its alloc");
     assert!(matches!(store.app(id).await, Err(StoreError::Sched(SchedError::AppNotFound(_)))));
+}
+
+/// Several task ends in one call: each is answered in order, a refused one (an unknown task, a
+/// task that has not been placed, one reported twice) changes nothing, the others release
+/// what they held.
+async fn task_ends_reported_together_are_each_answered(store: &dyn Store) {
+    let (q, p) = (queue("ends"), pool("ends"));
+    store.put_queue(q.clone(), QueueLimits::default()).await.unwrap();
+    labelled_pool(store, &p, "cpu=2").await;
+    let spec = app("ends", q);
+    let id = spec.id.clone();
+    store.add_app(spec).await.unwrap();
+    for name in ["t1", "t2", "t3"] {
+        store.add_task(id.clone(), task(name, "cpu=1", &p)).await.unwrap();
+    }
+    eventually("two tasks are placed", || async { store.pool(p.clone()).await.unwrap().allocs == 2 }).await;
+    let mut placed = Vec::new();
+    let mut waiting = None;
+    for name in ["t1", "t2", "t3"] {
+        match task_state(store, &id, name).await.task.state {
+            TaskState::Allocated => placed.push(TaskId::new(name).unwrap()),
+            _ => waiting = Some(TaskId::new(name).unwrap()),
+        }
+    }
+    let waiting = waiting.expect("the pool has room for two");
+    let end = |task: &TaskId, failed: Option<&str>| TaskEnd {
+        app: id.clone(),
+        task: task.clone(),
+        failed: failed.map(str::to_owned),
+    };
+    let answers = store
+        .finish_tasks(vec![
+            end(&placed[0], None),
+            end(&TaskId::new("nope").unwrap(), None),
+            end(&placed[1], Some("exit 2")),
+            end(&placed[0], None),
+        ])
+        .await
+        .unwrap();
+    assert_eq!(answers.len(), 4, "one answer per report: {answers:?}");
+    assert_eq!(answers[0].as_ref().unwrap().task.state, TaskState::Completed);
+    assert!(matches!(answers[1], Err(SchedError::TaskNotFound { .. })), "{:?}", answers[1]);
+    let failed = answers[2].as_ref().unwrap();
+    assert_eq!((failed.task.state, failed.task.reason.as_deref()), (TaskState::Failed, Some("exit 2")));
+    assert!(matches!(answers[3], Err(SchedError::Illegal(_))), "a second end is refused: {:?}", answers[3]);
+    assert_eq!(task_state(store, &id, placed[0].as_str()).await.task.state, TaskState::Completed);
+    eventually("the waiting task is placed in the room both freed", || async {
+        task_state(store, &id, waiting.as_str()).await.task.state == TaskState::Allocated
+    })
+    .await;
+    let refused = store.finish_tasks(vec![end(&placed[1], None)]).await.unwrap();
+    assert!(matches!(refused[..], [Err(SchedError::Illegal(_))]), "{refused:?}");
+    assert!(store.finish_tasks(Vec::new()).await.unwrap().is_empty());
+    store.remove_app(id).await.unwrap();
 }
 
 async fn a_pool_removed_with_force_fails_the_tasks_placed_on_it(store: &dyn Store) {

@@ -9,7 +9,8 @@ use std::time::Duration;
 
 use allot_core::apps::queues::{QueueLimits, QueuePath};
 use allot_core::apps::{
-    AppChange, AppId, AppSpec, QueueView, SchedConfig, SchedError, SchedStats, Scheduler, TaskId, TaskSpec, World,
+    AppChange, AppId, AppSpec, QueueView, SchedConfig, SchedError, SchedStats, Scheduler, TaskEnd, TaskId, TaskSpec,
+    World,
 };
 use async_trait::async_trait;
 use redb::{ReadTransaction, ReadableTable};
@@ -256,10 +257,11 @@ impl AppStore for EmbeddedStore {
         .await
     }
 
-    async fn finish_task(&self, app: AppId, task: TaskId, failed: Option<String>) -> Result<TaskInfo, StoreError> {
+    async fn finish_tasks(&self, ends: Vec<TaskEnd>) -> Result<Vec<Result<TaskInfo, SchedError>>, StoreError> {
         self.commit_sched(|sched, mut world, now| {
-            let (record, outcome) = sched.finish_task(&app, &task, failed, now, &mut world)?;
-            Ok((TaskInfo { task: record, why: None }, outcome))
+            let (answers, outcome) = sched.finish_tasks(ends, now, &mut world);
+            let answers = answers.into_iter().map(|a| a.map(|task| TaskInfo { task, why: None })).collect();
+            Ok((answers, outcome))
         })
         .await
     }
