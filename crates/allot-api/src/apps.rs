@@ -180,8 +180,11 @@ pub struct SubmitApp {
     pub tasks: Vec<AddTask>,
 }
 
+/// The user of an application that names none (with access configured: the caller's).
+pub const DEFAULT_USER: &str = "default";
+
 fn default_user() -> String {
-    "default".to_owned()
+    DEFAULT_USER.to_owned()
 }
 
 /// Why an application or task waits.

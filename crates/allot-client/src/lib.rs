@@ -69,6 +69,8 @@ pub struct Client {
     unavailable_retry_for: Duration,
     /// How long a watch stream keeps trying to reach the daemon, in a row.
     watch_reconnect_for: Duration,
+    /// The API token sent with every call (`Authorization: Bearer ...`).
+    token: Option<std::sync::Arc<str>>,
 }
 
 impl Client {
@@ -93,7 +95,17 @@ impl Client {
             unavailable_retries: DEFAULT_UNAVAILABLE_RETRIES,
             unavailable_retry_for: DEFAULT_UNAVAILABLE_RETRY_FOR,
             watch_reconnect_for: DEFAULT_WATCH_RECONNECT,
+            token: None,
         })
+    }
+
+    /// Sends `token` with every call, as `Authorization: Bearer TOKEN` (a daemon with access
+    /// configured answers 401 `unauthenticated` without one). An empty token sends none.
+    #[must_use]
+    pub fn with_token(mut self, token: &str) -> Client {
+        let token = token.trim();
+        self.token = (!token.is_empty()).then(|| token.into());
+        self
     }
 
     /// Sets how long each request may take ([`DEFAULT_REQUEST_TIMEOUT`] by default). An allocate
@@ -192,7 +204,11 @@ impl Client {
     fn request(&self, method: Method, path: &str) -> Result<RequestBuilder, ClientError> {
         let text = format!("{}{path}", self.base);
         let url = Url::parse(&text).map_err(|err| ClientError::InvalidUrl(format!("`{text}`: {err}")))?;
-        Ok(self.http.request(method, url).timeout(self.request_timeout))
+        let request = self.http.request(method, url).timeout(self.request_timeout);
+        Ok(match &self.token {
+            Some(token) => request.bearer_auth(token),
+            None => request,
+        })
     }
 
     /// Sends `request` and decodes a successful answer's JSON body as `T`.

@@ -1,6 +1,7 @@
 //! allot's pure decision core.
 //!
 //! One module per part of allot, and what they share:
+//! - `access`: who may do what: principals, permissions over patterns of resources, roles.
 //! - `quotas`: the token-quota state machine (the [`Ledger`]): namespaces with quotas, grants with
 //!   scopes, caps, fencing numbers and leases, sessions, and the first-come-first-served waiters.
 //! - `pools`: pools of resources, their offers and leased allocs, and the mux over them.
@@ -15,6 +16,7 @@
 //! in as a `now` argument, so every decision is a plain function of state and input, tested
 //! deterministically and shared by every backend.
 
+pub mod access;
 pub mod apps;
 pub mod names;
 pub mod pools;

@@ -112,6 +112,8 @@ const MAX_ENDS_AT_ONCE: usize = 500;
 /// Where the executor reads and reports tasks.
 pub(crate) struct AppsAccess {
     store: Arc<dyn Store>,
+    /// The API token of calls to the daemon that schedules.
+    token: Option<String>,
     /// One client per scheduling daemon's URL.
     clients: Mutex<HashMap<String, allot_client::Client>>,
     /// The task ends to report, and whether a call is sending them.
@@ -168,7 +170,9 @@ impl Refusal {
         match code {
             "task_not_found" | "app_not_found" => Refusal::Gone,
             "illegal_transition" => Refusal::Illegal,
-            _ => Refusal::Failed(StoreError::Unavailable(format!("the daemon that schedules answered {code}: {message}"))),
+            _ => Refusal::Failed(StoreError::Unavailable(format!(
+                "the daemon that schedules answered {code}: {message}"
+            ))),
         }
     }
 
@@ -191,8 +195,8 @@ fn ignore_moved_on(done: Result<(), Refusal>) -> Result<(), StoreError> {
 }
 
 impl AppsAccess {
-    pub(crate) fn new(store: Arc<dyn Store>) -> AppsAccess {
-        AppsAccess { store, clients: Mutex::default(), ends: Mutex::default() }
+    pub(crate) fn new(store: Arc<dyn Store>, token: Option<String>) -> AppsAccess {
+        AppsAccess { store, token, clients: Mutex::default(), ends: Mutex::default() }
     }
 
     fn home(&self) -> Result<Home, StoreError> {
@@ -204,7 +208,10 @@ impl AppsAccess {
                 if let Some(client) = clients.get(&url) {
                     return Ok(Home::At(client.clone()));
                 }
-                let client = allot_client::Client::new(&url).map_err(|e| Refusal::from(e).into_error())?;
+                let mut client = allot_client::Client::new(&url).map_err(|e| Refusal::from(e).into_error())?;
+                if let Some(token) = &self.token {
+                    client = client.with_token(token);
+                }
                 clients.insert(url, client.clone());
                 Ok(Home::At(client))
             }

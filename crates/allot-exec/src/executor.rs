@@ -70,6 +70,9 @@ pub struct ExecutorConfig {
     pub node: String,
     /// The plugins' counters (give the same to their `SetupContext`s).
     pub counters: crate::context::PluginCounters,
+    /// The API token of the executor's calls to the daemon that schedules (with access
+    /// configured there).
+    pub token: Option<String>,
 }
 
 impl ExecutorConfig {
@@ -92,6 +95,7 @@ impl ExecutorConfig {
             secrets: Secrets::default(),
             node: "local".to_owned(),
             counters: crate::context::PluginCounters::default(),
+            token: None,
         }
     }
 }
@@ -251,7 +255,7 @@ pub struct Executor {
 impl Executor {
     pub fn new(store: Arc<dyn Store>, registry: Arc<Registry>, config: ExecutorConfig) -> Arc<Executor> {
         Arc::new(Executor {
-            apps: Arc::new(AppsAccess::new(store.clone())),
+            apps: Arc::new(AppsAccess::new(store.clone(), config.token.clone())),
             store,
             registry,
             config,

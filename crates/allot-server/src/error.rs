@@ -62,6 +62,8 @@ error_codes! {
     StoreOutcomeUnknown = "store_outcome_unknown", Daemon, SERVICE_UNAVAILABLE;
     NotEnoughReplicas = "not_enough_replicas", Daemon, SERVICE_UNAVAILABLE;
     ShuttingDown = "shutting_down", Daemon, SERVICE_UNAVAILABLE;
+    Unauthenticated = "unauthenticated", Daemon, UNAUTHORIZED;
+    Forbidden = "forbidden", Daemon, FORBIDDEN;
     CapsWithoutScope = "caps_without_scope", Quotas, BAD_REQUEST;
     NamespaceNotFound = "namespace_not_found", Quotas, NOT_FOUND;
     GrantNotFound = "grant_not_found", Quotas, NOT_FOUND;

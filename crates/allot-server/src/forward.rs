@@ -55,7 +55,8 @@ async fn forward(client: &reqwest::Client, base: &str, request: Request) -> Resu
     let path = parts.uri.path_and_query().map_or("/", |p| p.as_str());
     let body = axum::body::to_bytes(body, MAX_SUBMIT_BODY_BYTES).await.map_err(|e| e.to_string())?;
     let mut outgoing = client.request(parts.method, format!("{base}{path}")).header(FORWARDED, "1").body(body);
-    for name in [header::CONTENT_TYPE, header::ACCEPT] {
+    // The daemon that schedules authenticates and authorizes the call itself.
+    for name in [header::CONTENT_TYPE, header::ACCEPT, header::AUTHORIZATION] {
         if let Some(value) = parts.headers.get(&name) {
             outgoing = outgoing.header(name, value);
         }

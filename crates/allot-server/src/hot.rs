@@ -25,6 +25,7 @@ use axum::Router;
 use futures_util::future::Either;
 use tower::Service;
 
+use crate::access::Caller;
 use crate::error::ApiError;
 use crate::extract::json_object;
 use crate::routes::quotas::{allocate_grant, release_grant, FencingQuery};
@@ -63,7 +64,10 @@ impl Service<Request> for Api {
         Service::<Request>::poll_ready(&mut self.router, cx)
     }
 
-    fn call(&mut self, request: Request) -> Self::Future {
+    fn call(&mut self, mut request: Request) -> Self::Future {
+        if let Err(refused) = crate::access::authenticate(&self.state, &mut request) {
+            return Either::Left(Box::pin(std::future::ready(Ok(refused.into_response()))));
+        }
         match recognise(&request) {
             Some(hot) => Either::Left(Box::pin(answer(self.state.clone(), hot, request))),
             None => Either::Right(self.router.call(request)),
@@ -106,7 +110,14 @@ async fn answer(state: ServerState, hot: Hot, request: Request) -> Result<Respon
     let started = Instant::now();
     let (parts, body) = request.into_parts();
     let (namespace, token) = grant_path(parts.uri.path()).expect("recognised as a grant's path");
+    let caller = parts.extensions.get::<Caller>().unwrap_or(&Caller::Anyone);
+    let allowed = caller.check(
+        state.access.as_deref(),
+        allot_core::access::Permission::Use,
+        allot_core::access::Resource::Namespace(namespace.to_owned()),
+    );
     let response = match hot {
+        _ if allowed.is_err() => allowed.expect_err("refused").into_response(),
         Hot::Allocate => match axum::body::to_bytes(body, MAX_BODY_BYTES).await {
             Ok(bytes) => match json_object(&bytes) {
                 Ok(body) => allocate_grant(&state, namespace, token, body).await.into_response(),

@@ -17,6 +17,7 @@
 //!
 //! Architecture invariant: this crate and `allot-api` are the only ones that know HTTP and JSON.
 
+pub mod access;
 pub mod affinity;
 mod convert;
 mod document;
@@ -45,6 +46,7 @@ use axum::ServiceExt as _;
 use tokio::net::TcpListener;
 use utoipa::OpenApi;
 
+pub use access::{Access, Caller, Credential, OpenRoutes};
 pub use error::ApiError;
 pub use hot::Api;
 pub use metrics::{Metrics, MetricsConfig};
@@ -81,6 +83,9 @@ pub struct Shared {
     pub heartbeat: Duration,
     /// The change feed's events encoded as Server-Sent Events, once for every watch stream.
     pub(crate) frames: Arc<frames::Frames>,
+    /// Who may do what; `None`: every caller may do everything (the daemon then listens only on
+    /// loopback, unless told otherwise).
+    pub access: Option<Arc<Access>>,
 }
 
 impl std::ops::Deref for ServerState {
@@ -106,6 +111,7 @@ impl ServerState {
             executor: None,
             heartbeat: DEFAULT_HEARTBEAT,
             frames: Arc::default(),
+            access: None,
         }))
     }
 
@@ -126,6 +132,12 @@ impl ServerState {
     #[must_use]
     pub fn with_executor(self, executor: Arc<dyn RunsHere>) -> ServerState {
         self.with(|shared| shared.executor = Some(executor))
+    }
+
+    /// The same, with calls authenticated by API token and authorized by `access`'s policy.
+    #[must_use]
+    pub fn with_access(self, access: Access) -> ServerState {
+        self.with(|shared| shared.access = Some(Arc::new(access)))
     }
 
     /// The same, with watch streams that send a heartbeat after `heartbeat` of silence.
@@ -224,6 +236,11 @@ struct ApiDoc;
 pub fn openapi(max_wait: Duration) -> serde_json::Value {
     let derived = serde_json::to_value(ApiDoc::openapi()).expect("the document serializes");
     document::with_limits(derived, max_wait)
+}
+
+/// The permission every route of the router needs, as the router declares them.
+pub fn route_needs(state: ServerState) -> Arc<access::Needs> {
+    routes::routes(state).1
 }
 
 /// The whole API: the hot path ([`hot`]: allocate and release), then the router.

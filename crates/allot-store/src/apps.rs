@@ -7,8 +7,8 @@ use std::collections::BTreeMap;
 use allot_core::apps::queues::{QueueLimits, QueuePath};
 use allot_core::apps::states::TaskState;
 use allot_core::apps::{
-    App, AppId, AppSpec, QueueView, Released, Removed, SchedError, SchedStats, Scheduler, Task, TaskEnd, TaskId, TaskSpec,
-    Why,
+    App, AppId, AppSpec, QueueView, Released, Removed, SchedError, SchedStats, Scheduler, Task, TaskEnd, TaskId,
+    TaskSpec, Why,
 };
 use async_trait::async_trait;
 

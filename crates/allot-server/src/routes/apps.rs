@@ -2,6 +2,7 @@
 //! one `AppStore` call.
 
 use allot_api as api;
+use allot_core::access::{Permission, Resource};
 use allot_store::Store;
 use axum::extract::State;
 use axum::http::StatusCode;
@@ -9,6 +10,7 @@ use axum::Json;
 
 use super::runs::note_unrun_pools;
 use super::{Answer, UNAVAILABLE};
+use crate::access::Who;
 use crate::convert::apps::{self as convert, app_id, queue_path, task_id};
 use crate::error::ApiError;
 use crate::extract::{JsonBody, QueryArgs, Segments};
@@ -18,9 +20,10 @@ use crate::ServerState;
 /// Every queue, in path order.
 #[utoipa::path(get, path = "/v1/queues", tag = "apps",
     responses((status = 200, body = api::QueueList), (status = 503, body = api::ErrorBody, description = UNAVAILABLE)))]
-pub(crate) async fn list_queues(State(state): State<ServerState>) -> Answer<api::QueueList> {
+pub(crate) async fn list_queues(State(state): State<ServerState>, who: Who) -> Answer<api::QueueList> {
     let queues = state.store.queues().await?;
-    Ok(Json(api::QueueList { queues: queues.into_iter().map(convert::queue).collect() }))
+    let visible = |queue: &allot_core::apps::QueueView| who.may_read(&Resource::Queue(queue.path.to_string()));
+    Ok(Json(api::QueueList { queues: queues.into_iter().filter(visible).map(convert::queue).collect() }))
 }
 
 #[utoipa::path(get, path = "/v1/queues/{queue}", tag = "apps",
@@ -74,12 +77,14 @@ pub(crate) async fn remove_queue(
         (status = 503, body = api::ErrorBody, description = UNAVAILABLE)))]
 pub(crate) async fn list_apps(
     State(state): State<ServerState>,
+    who: Who,
     QueryArgs(query): QueryArgs<PageQuery>,
 ) -> Answer<api::AppList> {
     let page = state.store.apps(query.request()?).await?;
     let now = state.store.now();
+    let visible = |info: &allot_store::AppInfo| who.may_read(&Resource::Queue(info.app.spec.queue.to_string()));
     Ok(Json(api::AppList {
-        apps: page.items.into_iter().map(|info| convert::app(info, now)).collect(),
+        apps: page.items.into_iter().filter(visible).map(|info| convert::app(info, now)).collect(),
         next_cursor: cursor(page.next),
     }))
 }
@@ -95,8 +100,19 @@ pub(crate) async fn list_apps(
         (status = 503, body = api::ErrorBody, description = UNAVAILABLE)))]
 pub(crate) async fn submit_app(
     State(state): State<ServerState>,
-    JsonBody(body): JsonBody<api::SubmitApp>,
+    who: Who,
+    JsonBody(mut body): JsonBody<api::SubmitApp>,
 ) -> Result<(StatusCode, Json<api::SubmitAppResponse>), ApiError> {
+    let queue = Resource::Queue(body.queue.clone());
+    who.check(Permission::Use, queue.clone())?;
+    // The application's user is the caller, unless it may submit for others.
+    if let Some(principal) = who.principal() {
+        if body.user == api::DEFAULT_USER {
+            body.user = principal.user.clone();
+        } else if body.user != principal.user {
+            who.check(Permission::Impersonate, queue)?;
+        }
+    }
     let answer = submit(state.store.as_ref(), body).await?;
     let status = if answer.created { StatusCode::CREATED } else { StatusCode::OK };
     Ok((status, Json(answer)))
@@ -280,6 +296,7 @@ pub(crate) const MAX_TASK_ENDS: usize = 1000;
         (status = 503, body = api::ErrorBody, description = UNAVAILABLE)))]
 pub(crate) async fn finish_tasks(
     State(state): State<ServerState>,
+    who: Who,
     JsonBody(body): JsonBody<api::FinishTasks>,
 ) -> Answer<api::FinishedTasks> {
     if body.tasks.len() > MAX_TASK_ENDS {
@@ -292,16 +309,25 @@ pub(crate) async fn finish_tasks(
     let mut answers: Vec<Option<Result<api::Task, ApiError>>> = Vec::with_capacity(body.tasks.len());
     let mut ends = Vec::new();
     for end in &body.tasks {
-        match (app_id(&end.app), task_id(&end.task)) {
-            (Ok(app), Ok(task)) => {
+        let ids = match (app_id(&end.app), task_id(&end.task)) {
+            (Ok(app), Ok(task)) => match may_report(&state, &who, &app).await {
+                Ok(()) => Ok((app, task)),
+                Err(err) => Err(err),
+            },
+            (Err(err), _) | (_, Err(err)) => Err(err),
+        };
+        match ids {
+            Ok((app, task)) => {
                 let failed = match end.outcome {
                     api::TaskOutcome::Completed => None,
-                    api::TaskOutcome::Failed => Some(end.reason.clone().unwrap_or_else(|| "reported failed".to_owned())),
+                    api::TaskOutcome::Failed => {
+                        Some(end.reason.clone().unwrap_or_else(|| "reported failed".to_owned()))
+                    }
                 };
                 ends.push(allot_core::apps::TaskEnd { app, task, failed });
                 answers.push(None);
             }
-            (Err(err), _) | (_, Err(err)) => answers.push(Some(Err(err))),
+            Err(err) => answers.push(Some(Err(err))),
         }
     }
     let mut stored = state.store.finish_tasks(ends).await?.into_iter();
@@ -322,4 +348,16 @@ pub(crate) async fn finish_tasks(
         })
         .collect();
     Ok(Json(api::FinishedTasks { tasks }))
+}
+
+/// Refuses a report on `app` unless the caller may use its queue (an application that does not
+/// exist is answered by the store, as `app_not_found`).
+async fn may_report(state: &ServerState, who: &Who, app: &allot_core::apps::AppId) -> Result<(), ApiError> {
+    if who.principal().is_none() {
+        return Ok(());
+    }
+    match state.store.app(app.clone()).await {
+        Ok(info) => who.check(Permission::Use, Resource::Queue(info.app.spec.queue.to_string())),
+        Err(_) => Ok(()),
+    }
 }

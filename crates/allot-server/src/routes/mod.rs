@@ -12,10 +12,13 @@ pub(crate) mod watch;
 
 use std::sync::Arc;
 
+use allot_core::access::{Kind, Permission};
 use axum::extract::DefaultBodyLimit;
-use axum::routing::{get, post, put};
+use axum::http::Method;
+use axum::routing::{get, post, put, MethodRouter};
 use axum::{Json, Router};
 
+use crate::access::{self, Need, Needs, Target};
 use crate::error::ApiError;
 use crate::{forward, metrics, openapi, ServerState, MAX_BODY_BYTES, MAX_SUBMIT_BODY_BYTES};
 
@@ -25,61 +28,159 @@ pub(crate) type Answer<T> = Result<Json<T>, ApiError>;
 /// What a 503 of a store call may say, in the document.
 pub(crate) const UNAVAILABLE: &str = "store_unavailable, store_outcome_unknown, not_enough_replicas or shutting_down";
 
-/// The router of the whole API.
-pub(crate) fn router(state: ServerState) -> Router {
+/// The routes, each with the one permission it needs (`access::Needs`): a handler cannot be
+/// added without it.
+struct Declared {
+    router: Router<ServerState>,
+    needs: Needs,
+}
+
+impl Declared {
+    fn route(mut self, path: &'static str, handlers: MethodRouter<ServerState>, needs: &[(Method, Need)]) -> Declared {
+        for (method, need) in needs {
+            self.needs.declare(method.clone(), path, *need);
+        }
+        self.router = self.router.route(path, handlers);
+        self
+    }
+}
+
+const NAMESPACE: Target = Target::Path(Kind::Namespace);
+const POOL: Target = Target::Path(Kind::Pool);
+const QUEUE: Target = Target::Path(Kind::Queue);
+const APP: Target = Target::AppQueue;
+
+fn read(target: Target) -> Need {
+    Need::Needs(Permission::Read, target)
+}
+
+fn work(target: Target) -> Need {
+    Need::Needs(Permission::Use, target)
+}
+
+fn admin(target: Target) -> Need {
+    Need::Needs(Permission::Admin, target)
+}
+
+/// The router of the whole API, and the permission of each of its routes.
+pub(crate) fn routes(state: ServerState) -> (Router, Arc<Needs>) {
+    use Method as M;
     let document = Arc::new(openapi(state.max_wait));
-    Router::new()
-        .route("/healthz", get(daemon::healthz))
-        .route("/readyz", get(daemon::readyz))
-        .route("/metrics", get(metrics::scrape))
-        .route("/openapi.json", get(move || async move { Json(document.as_ref().clone()) }))
-        .route("/v1/namespaces", get(quotas::list_namespaces))
+    let some = Target::Some;
+    let declared = Declared { router: Router::new(), needs: Needs::default() }
+        .route("/healthz", get(daemon::healthz), &[(M::GET, Need::Open)])
+        .route("/readyz", get(daemon::readyz), &[(M::GET, Need::Open)])
+        .route("/metrics", get(metrics::scrape), &[(M::GET, read(Target::Daemon))])
+        .route(
+            "/openapi.json",
+            get(move || async move { Json(document.as_ref().clone()) }),
+            &[(M::GET, read(Target::Daemon))],
+        )
+        .route("/v1/namespaces", get(quotas::list_namespaces), &[(M::GET, read(some(Kind::Namespace)))])
         .route(
             "/v1/namespaces/{namespace}",
             get(quotas::get_namespace).put(quotas::put_namespace).delete(quotas::remove_namespace),
+            &[(M::GET, read(NAMESPACE)), (M::PUT, admin(NAMESPACE)), (M::DELETE, admin(NAMESPACE))],
         )
-        .route("/v1/namespaces/{namespace}/grants", get(quotas::list_grants))
+        .route("/v1/namespaces/{namespace}/grants", get(quotas::list_grants), &[(M::GET, read(NAMESPACE))])
         .route(
             "/v1/namespaces/{namespace}/grants/{token}",
             put(quotas::allocate).get(quotas::get_grant).delete(quotas::release),
+            &[(M::PUT, work(NAMESPACE)), (M::GET, read(NAMESPACE)), (M::DELETE, work(NAMESPACE))],
         )
-        .route("/v1/namespaces/{namespace}/grants/{token}/keepalive", post(quotas::keepalive_grant))
-        .route("/v1/namespaces/{namespace}/waiters", get(quotas::list_waiters))
-        .route("/v1/sessions", post(quotas::open_session).get(quotas::list_sessions))
-        .route("/v1/sessions/{id}", get(quotas::get_session).delete(quotas::close_session))
-        .route("/v1/sessions/{id}/keepalive", post(quotas::keepalive_session))
-        .route("/v1/pools", get(pools::list_pools))
-        .route("/v1/pools/{pool}", get(pools::get_pool).put(pools::put_pool).delete(pools::remove_pool))
-        .route("/v1/pools/{pool}/offers", get(pools::list_offers))
-        .route("/v1/pools/{pool}/offers/{offer}", post(pools::accept))
-        .route("/v1/pools/{pool}/allocs", get(pools::list_allocs))
-        .route("/v1/pools/{pool}/allocs/{alloc}", get(pools::get_alloc).delete(pools::free_alloc))
-        .route("/v1/pools/{pool}/allocs/{alloc}/keepalive", post(pools::keepalive_alloc))
-        .route("/v1/pools/{pool}/stop-if-idle", post(pools::stop_if_idle))
-        .route("/v1/queues", get(apps::list_queues))
-        .route("/v1/queues/{queue}", get(apps::get_queue).put(apps::put_queue).delete(apps::remove_queue))
+        .route(
+            "/v1/namespaces/{namespace}/grants/{token}/keepalive",
+            post(quotas::keepalive_grant),
+            &[(M::POST, work(NAMESPACE))],
+        )
+        .route("/v1/namespaces/{namespace}/waiters", get(quotas::list_waiters), &[(M::GET, read(NAMESPACE))])
+        // A session is not in one namespace: whoever may use some namespace may open one, and its
+        // id (128 random bits) is the capability to keep it alive or close it.
+        .route(
+            "/v1/sessions",
+            post(quotas::open_session).get(quotas::list_sessions),
+            &[(M::POST, work(some(Kind::Namespace))), (M::GET, read(some(Kind::Namespace)))],
+        )
+        .route(
+            "/v1/sessions/{id}",
+            get(quotas::get_session).delete(quotas::close_session),
+            &[(M::GET, read(some(Kind::Namespace))), (M::DELETE, work(some(Kind::Namespace)))],
+        )
+        .route(
+            "/v1/sessions/{id}/keepalive",
+            post(quotas::keepalive_session),
+            &[(M::POST, work(some(Kind::Namespace)))],
+        )
+        .route("/v1/pools", get(pools::list_pools), &[(M::GET, read(some(Kind::Pool)))])
+        .route(
+            "/v1/pools/{pool}",
+            get(pools::get_pool).put(pools::put_pool).delete(pools::remove_pool),
+            &[(M::GET, read(POOL)), (M::PUT, admin(POOL)), (M::DELETE, admin(POOL))],
+        )
+        .route("/v1/pools/{pool}/offers", get(pools::list_offers), &[(M::GET, read(POOL))])
+        .route("/v1/pools/{pool}/offers/{offer}", post(pools::accept), &[(M::POST, work(POOL))])
+        .route("/v1/pools/{pool}/allocs", get(pools::list_allocs), &[(M::GET, read(POOL))])
+        .route(
+            "/v1/pools/{pool}/allocs/{alloc}",
+            get(pools::get_alloc).delete(pools::free_alloc),
+            &[(M::GET, read(POOL)), (M::DELETE, work(POOL))],
+        )
+        .route("/v1/pools/{pool}/allocs/{alloc}/keepalive", post(pools::keepalive_alloc), &[(M::POST, work(POOL))])
+        .route("/v1/pools/{pool}/stop-if-idle", post(pools::stop_if_idle), &[(M::POST, admin(POOL))])
+        .route("/v1/queues", get(apps::list_queues), &[(M::GET, read(some(Kind::Queue)))])
+        .route(
+            "/v1/queues/{queue}",
+            get(apps::get_queue).put(apps::put_queue).delete(apps::remove_queue),
+            &[(M::GET, read(QUEUE)), (M::PUT, admin(QUEUE)), (M::DELETE, admin(QUEUE))],
+        )
+        // A submission names its queue in its body: the handler checks `use` on it.
         .route(
             "/v1/apps",
             get(apps::list_apps).post(apps::submit_app).layer(DefaultBodyLimit::max(MAX_SUBMIT_BODY_BYTES)),
+            &[(M::GET, read(some(Kind::Queue))), (M::POST, work(some(Kind::Queue)))],
         )
-        .route("/v1/apps/{app}", get(apps::get_app).delete(apps::remove_app))
-        .route("/v1/apps/{app}/complete", post(apps::complete_app))
-        .route("/v1/apps/{app}/fail", post(apps::fail_app))
-        .route("/v1/apps/{app}/tasks", get(apps::list_tasks).post(apps::add_task))
-        .route("/v1/apps/{app}/tasks/{task}", get(apps::get_task).delete(apps::remove_task))
-        .route("/v1/apps/{app}/tasks/{task}/run", get(runs::get_task_run))
-        .route("/v1/apps/{app}/tasks/{task}/logs", get(runs::get_task_logs))
-        .route("/v1/apps/{app}/tasks/{task}/wake", post(runs::wake_task))
-        .route("/v1/apps/{app}/tasks/{task}/start", post(apps::start_task))
-        .route("/v1/apps/{app}/tasks/{task}/complete", post(apps::complete_task))
-        .route("/v1/apps/{app}/tasks/{task}/fail", post(apps::fail_task))
-        .route("/v1/tasks/finish", post(apps::finish_tasks))
-        .route("/v1/watch", get(watch::watch))
+        .route(
+            "/v1/apps/{app}",
+            get(apps::get_app).delete(apps::remove_app),
+            &[(M::GET, read(APP)), (M::DELETE, work(APP))],
+        )
+        .route("/v1/apps/{app}/complete", post(apps::complete_app), &[(M::POST, work(APP))])
+        .route("/v1/apps/{app}/fail", post(apps::fail_app), &[(M::POST, work(APP))])
+        .route(
+            "/v1/apps/{app}/tasks",
+            get(apps::list_tasks).post(apps::add_task),
+            &[(M::GET, read(APP)), (M::POST, work(APP))],
+        )
+        .route(
+            "/v1/apps/{app}/tasks/{task}",
+            get(apps::get_task).delete(apps::remove_task),
+            &[(M::GET, read(APP)), (M::DELETE, work(APP))],
+        )
+        .route("/v1/apps/{app}/tasks/{task}/run", get(runs::get_task_run), &[(M::GET, read(APP))])
+        .route("/v1/apps/{app}/tasks/{task}/logs", get(runs::get_task_logs), &[(M::GET, read(APP))])
+        .route("/v1/apps/{app}/tasks/{task}/wake", post(runs::wake_task), &[(M::POST, work(APP))])
+        .route("/v1/apps/{app}/tasks/{task}/start", post(apps::start_task), &[(M::POST, work(APP))])
+        .route("/v1/apps/{app}/tasks/{task}/complete", post(apps::complete_task), &[(M::POST, work(APP))])
+        .route("/v1/apps/{app}/tasks/{task}/fail", post(apps::fail_task), &[(M::POST, work(APP))])
+        // Each end names its application: the handler checks `use` on each one's queue.
+        .route("/v1/tasks/finish", post(apps::finish_tasks), &[(M::POST, work(some(Kind::Queue)))])
+        // The filter names what is watched: the handler checks `read` on it.
+        .route("/v1/watch", get(watch::watch), &[(M::GET, read(some(Kind::Namespace)))]);
+    let needs = Arc::new(declared.needs);
+    let router = declared
+        .router
         .fallback(|| async { ApiError::not_found() })
         .method_not_allowed_fallback(|| async { ApiError::method_not_allowed() })
         .layer(DefaultBodyLimit::max(MAX_BODY_BYTES))
         .route_layer(axum::middleware::from_fn_with_state(state.clone(), watch::stamp_revision))
+        .route_layer(axum::middleware::from_fn_with_state((state.clone(), needs.clone()), access::authorize))
         .route_layer(axum::middleware::from_fn_with_state(state.clone(), metrics::track))
         .layer(axum::middleware::from_fn_with_state(state.clone(), forward::to_scheduler))
-        .with_state(state)
+        .with_state(state);
+    (router, needs)
+}
+
+/// The router of the whole API.
+pub(crate) fn router(state: ServerState) -> Router {
+    routes(state).0
 }

@@ -19,11 +19,17 @@ use crate::ServerState;
 #[utoipa::path(get, path = "/v1/pools", tag = "pools", params(PageQuery), responses((status = 400, body = api::ErrorBody, description = "invalid_argument (limit) or invalid_cursor"), (status = 503, body = api::ErrorBody, description = "store_unavailable, store_outcome_unknown, not_enough_replicas or shutting_down"), (status = 200, body = api::PoolList)))]
 pub(crate) async fn list_pools(
     State(state): State<ServerState>,
+    who: crate::access::Who,
     QueryArgs(query): QueryArgs<PageQuery>,
 ) -> Answer<api::PoolList> {
     let page = state.store.pools(query.request()?).await?;
     Ok(Json(api::PoolList {
-        pools: page.items.into_iter().map(convert::pool).collect(),
+        pools: page
+            .items
+            .into_iter()
+            .filter(|item| who.may_read(&allot_core::access::Resource::Pool(item.name.to_string())))
+            .map(convert::pool)
+            .collect(),
         next_cursor: cursor(page.next),
     }))
 }

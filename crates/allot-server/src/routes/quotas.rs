@@ -19,11 +19,17 @@ use crate::ServerState;
     responses((status = 200, body = api::NamespaceList), (status = 400, body = api::ErrorBody, description = "invalid_argument (limit) or invalid_cursor")))]
 pub(crate) async fn list_namespaces(
     State(state): State<ServerState>,
+    who: crate::access::Who,
     QueryArgs(query): QueryArgs<PageQuery>,
 ) -> Answer<api::NamespaceList> {
     let page = state.store.namespaces(query.request()?).await?;
     Ok(Json(api::NamespaceList {
-        namespaces: page.items.into_iter().map(convert::namespace).collect(),
+        namespaces: page
+            .items
+            .into_iter()
+            .filter(|item| who.may_read(&allot_core::access::Resource::Namespace(item.name.to_string())))
+            .map(convert::namespace)
+            .collect(),
         next_cursor: cursor(page.next),
     }))
 }

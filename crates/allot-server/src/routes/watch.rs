@@ -14,6 +14,9 @@
 //! waiting, `Watcher::next` being cancel-safe), so a busy watcher costs a write per batch, not
 //! per event. The body is a plain stream of those bytes (`text/event-stream`, `no-cache`).
 
+use allot_core::access::Permission;
+
+use crate::access::{self, Who};
 use std::convert::Infallible;
 use std::pin::Pin;
 use std::sync::Arc;
@@ -144,10 +147,14 @@ fn refused(err: WatchError) -> ApiError {
     ))]
 pub(crate) async fn watch(
     State(state): State<ServerState>,
+    who: Who,
     headers: HeaderMap,
     QueryArgs(pairs): QueryArgs<Vec<(String, String)>>,
 ) -> Result<Response, ApiError> {
     let request = WatchRequest::read(&pairs, headers.get(LAST_EVENT_ID))?;
+    for resource in access::watched(&request.filter) {
+        who.check(Permission::Read, resource)?;
+    }
     let watcher = state.store.watch(request.filter, request.since).map_err(refused)?;
     let start = watcher.revision();
     let stream = Streaming::new(watcher, state.frames.clone(), state.heartbeat, state.metrics.watching());

@@ -231,7 +231,8 @@ async fn task_ends_are_reported_in_one_call_each_answered_in_order() {
     until(&h, "/v1/apps/ends", |b| b["state"] == "Completing" || b["state"] == "Completed").await;
 
     // Bad calls are refused whole, and change nothing.
-    let many: Vec<Value> = (0..1001).map(|i| json!({"app": "ends", "task": format!("t{i}"), "outcome": "completed"})).collect();
+    let many: Vec<Value> =
+        (0..1001).map(|i| json!({"app": "ends", "task": format!("t{i}"), "outcome": "completed"})).collect();
     for (body, code) in [
         (json!({"tasks": many}).to_string(), "invalid_argument"),
         (r#"{"tasks": [{"app": "ends", "task": "a", "outcome": "done"}]}"#.to_owned(), "invalid_json"),

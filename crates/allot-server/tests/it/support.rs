@@ -29,6 +29,13 @@ impl Harness {
         Harness { router: api(ServerState::new(store.clone()).with_metrics(config)), store, _dir: dir }
     }
 
+    /// With the server's state made by `state` from the default one.
+    pub(crate) fn with_state(state: impl FnOnce(ServerState) -> ServerState) -> Harness {
+        let dir = tempfile::tempdir().unwrap();
+        let store: Arc<dyn Store> = Arc::new(EmbeddedStore::open(&EmbeddedConfig::new(dir.path().to_owned())).unwrap());
+        Harness { router: api(state(ServerState::new(store.clone()))), store, _dir: dir }
+    }
+
     /// Over a store that keeps its change feed as `watch` says, with watch streams that send a
     /// heartbeat after `heartbeat` of silence.
     pub(crate) fn with_watch(watch: allot_store::WatchConfig, heartbeat: std::time::Duration) -> Harness {

@@ -11,6 +11,7 @@
 //! Exit codes (the same with `--json`): [`EXIT_OK`], [`EXIT_ERROR`], [`EXIT_USAGE`] (clap's own);
 //! `token alloc` adds its own (`quotas`).
 
+pub(crate) mod access;
 pub(crate) mod apps;
 mod apps_output;
 mod follow;
@@ -52,6 +53,10 @@ pub(crate) struct Common {
     /// The daemon's URL [env: ALLOT_SERVER] [default: http://127.0.0.1:7070].
     #[arg(long, value_name = "URL")]
     server: Option<String>,
+    /// The API token to call the daemon with [env: ALLOT_TOKEN] (`allot api-token make` makes
+    /// one). Prefer the environment: a command line is visible to every user of the machine.
+    #[arg(long = "token", id = "api_token", value_name = "TOKEN")]
+    api_token: Option<String>,
     /// Print the daemon's answer as pretty JSON, for scripts (exit codes stay the same).
     #[arg(long)]
     pub(crate) json: bool,
@@ -68,6 +73,9 @@ impl Common {
         if self.server.is_none() {
             self.server.clone_from(&before.server);
         }
+        if self.api_token.is_none() {
+            self.api_token.clone_from(&before.api_token);
+        }
         self.json |= before.json;
         self.quiet |= before.quiet;
         if self.json && self.quiet {
@@ -78,7 +86,7 @@ impl Common {
 
     /// True when any option was given.
     pub(crate) fn is_given(&self) -> bool {
-        self.server.is_some() || self.json || self.quiet
+        self.server.is_some() || self.api_token.is_some() || self.json || self.quiet
     }
 
     /// The daemon's URL: --server, else ALLOT_SERVER (when not empty), else the default.
@@ -88,12 +96,21 @@ impl Common {
             .or_else(|| std::env::var("ALLOT_SERVER").ok().filter(|url| !url.trim().is_empty()))
             .unwrap_or_else(|| DEFAULT_SERVER.to_owned())
     }
+
+    /// The API token: --token, else ALLOT_TOKEN (none when empty).
+    pub(crate) fn token(&self) -> Option<String> {
+        self.api_token.clone().or_else(|| std::env::var("ALLOT_TOKEN").ok()).filter(|token| !token.trim().is_empty())
+    }
 }
 
 pub(crate) fn client(common: &Common) -> Result<Client, ClientError> {
     // A person at a terminal wants an answer soon; scripts that must not lose a release can
     // run the command again.
-    Ok(Client::new(&common.server())?.with_release_retry(std::time::Duration::from_secs(10)))
+    let client = Client::new(&common.server())?.with_release_retry(std::time::Duration::from_secs(10));
+    Ok(match common.token() {
+        Some(token) => client.with_token(&token),
+        None => client,
+    })
 }
 
 /// Runs a CLI command: merges in the options given before it (`common` finds the command's own),

@@ -71,6 +71,25 @@ pub(crate) const SERVE_AFTER_HELP: &str = r#"Configuration file (--config), with
   jobs_quota = 4                # optional: its jobs at once (its quota `warehouse:jobs`)
   [secrets]                     # given to plugins: a value, or read from env: or file:
   warehouse-token = "env:WAREHOUSE_TOKEN"
+  [auth]                        # API tokens and roles: with it, every call needs a token
+  open_metrics = false          # serve /metrics without a token
+  open_document = false         # serve /openapi.json without a token
+  daemon_token = "env:ALLOT_DAEMON_TOKEN" # what this daemon's own calls to the others carry
+  [[auth.tokens]]               # `allot api-token make` prints one
+  name = "ada-laptop"
+  user = "ada"
+  groups = ["hive"]
+  hash = "sha256:..."
+  expires = "2027-01-31T00:00:00Z"
+  [auth.roles.hive-team]        # permissions over patterns: namespace:, pool:, queue:, daemon, *
+  read = ["pool:*"]
+  use = ["namespace:hive:*", "queue:root.hive"]
+  admin = []
+  impersonate = []
+  [[auth.bindings]]             # roles given to users and groups (built in: admin, reader)
+  role = "hive-team"
+  users = []
+  groups = ["hive"]
   [alloc_leases]
   initial = "2m"                # --alloc-lease: the lease an alloc gets when it is made
   max = "5m"                    # --alloc-max-lease: the longest lease one keepalive grants
@@ -130,6 +149,8 @@ struct ConfigFile {
     /// Secrets given to plugins, by name: a value, `env:VAR` or `file:PATH`.
     #[serde(default)]
     secrets: BTreeMap<String, String>,
+    /// API tokens and roles: with it, every call needs a token.
+    auth: Option<super::auth::AuthFile>,
 }
 
 /// `[executor]`: the retry budgets of the tasks this daemon runs [Flyte's `RetryStrategy`
@@ -219,9 +240,9 @@ pub(super) struct Plugins {
 /// value itself.
 fn secret_value(name: &str, text: &str) -> anyhow::Result<String> {
     if let Some(var) = text.strip_prefix("env:") {
-        std::env::var(var).with_context(|| format!("[secrets] {name}: environment variable {var} is not set"))
+        std::env::var(var).with_context(|| format!("{name}: environment variable {var} is not set"))
     } else if let Some(path) = text.strip_prefix("file:") {
-        let value = std::fs::read_to_string(path).with_context(|| format!("[secrets] {name}: cannot read {path}"))?;
+        let value = std::fs::read_to_string(path).with_context(|| format!("{name}: cannot read {path}"))?;
         Ok(value.trim_end_matches(['\n', '\r']).to_owned())
     } else {
         Ok(text.to_owned())
@@ -243,7 +264,7 @@ fn plugins(file: PluginsConfig, secrets: BTreeMap<String, String>) -> anyhow::Re
     }
     let secrets = secrets
         .iter()
-        .map(|(name, text)| Ok((name.clone(), secret_value(name, text)?)))
+        .map(|(name, text)| Ok((name.clone(), secret_value(&format!("[secrets] {name}"), text)?)))
         .collect::<anyhow::Result<_>>()?;
     Ok(Plugins { builtin, task_types: file.task_types, secrets })
 }
@@ -349,6 +370,8 @@ pub(super) struct Config {
     pub(super) scans: Scans,
     pub(super) plugins: Plugins,
     pub(super) watch: WatchConfig,
+    /// Who may do what (`[auth]`); none: everyone may do everything, on loopback only.
+    pub(super) auth: Option<super::auth::Resolved>,
 }
 
 /// The lease rules from the file's `[alloc_leases]` and the flags (which win).
@@ -506,7 +529,11 @@ pub(super) fn resolve(args: &ServeArgs) -> anyhow::Result<Config> {
         retention_ms: ms("app_retention", &file.scheduler.app_retention)?.unwrap_or(defaults.retention_ms),
         ..defaults
     };
+    let listen = args.listen.or(file.listen).unwrap_or_else(|| DEFAULT_LISTEN.parse().expect("valid address"));
+    let auth = file.auth.map(|auth| super::auth::resolve(auth, secret_value)).transpose()?;
+    super::auth::check_exposure(listen, auth.is_some(), args.insecure_no_auth)?;
     Ok(Config {
+        auth,
         watch: watch_config(&file.watch)?,
         retry: retry_policy(&file.executor)?,
         scans: scans(&file.executor)?,
@@ -519,7 +546,7 @@ pub(super) fn resolve(args: &ServeArgs) -> anyhow::Result<Config> {
         pool_rules,
         max_wait,
         metrics,
-        listen: args.listen.or(file.listen).unwrap_or_else(|| DEFAULT_LISTEN.parse().expect("valid address")),
+        listen,
         data_dir,
         durability,
         store,

@@ -30,6 +30,10 @@ pub(crate) struct ServeArgs {
     /// the replicas do not confirm within 1 s answers `store_outcome_unknown`.
     #[arg(long, value_name = "N", env = "ALLOT_REDIS_MIN_REPLICAS")]
     pub(super) redis_min_replicas: Option<u32>,
+    /// Serve a non-loopback --listen address without `[auth]`: anyone who reaches the port may do
+    /// anything (a warning is logged at every start). Without it such a daemon refuses to start.
+    #[arg(long, env = "ALLOT_INSECURE_NO_AUTH")]
+    pub(super) insecure_no_auth: bool,
     /// TOML configuration file; its keys are listed below.
     #[arg(long, value_name = "FILE", env = "ALLOT_CONFIG")]
     pub(super) config: Option<PathBuf>,

@@ -3,20 +3,19 @@
 //! the executor of the tasks run here, the sources of applications, and the server until SIGTERM
 //! or SIGINT.
 
+mod auth;
 mod config;
 mod flags;
 
-use std::path::Path;
 use std::sync::Arc;
 
-use allot_core::pools::PoolName;
 use allot_store::{EmbeddedConfig, EmbeddedStore, Store};
 use allot_store_redis::RedisStore;
 use anyhow::Context;
 use tracing_subscriber::filter::Targets;
 
 pub(crate) use config::SERVE_AFTER_HELP;
-use config::{resolve, Plugins, StoreChoice};
+use config::{resolve, StoreChoice};
 use flags::{serving_threads, LogFormat};
 pub(crate) use flags::{worker_threads, ServeArgs};
 
@@ -73,7 +72,7 @@ async fn shutdown_signal() {
 
 pub(crate) async fn run(args: ServeArgs) -> anyhow::Result<()> {
     init_logging(args.log_format);
-    let config = resolve(&args)?;
+    let mut config = resolve(&args)?;
     // Listening first: on Redis, the other daemons reach this one at its address if it schedules.
     let listener = tokio::net::TcpListener::bind(config.listen)
         .await
@@ -165,20 +164,17 @@ pub(crate) async fn run(args: ServeArgs) -> anyhow::Result<()> {
     tracing::info!(%address, data_dir = %config.data_dir.display(), backend = store.backend(), durability = store.durability(), "allot serving");
     // The one line on stdout: scripts and tests read the address from it.
     println!("allot listening on http://{address}");
-    let mut state =
-        allot_server::ServerState::new(store.clone()).with_max_wait(config.max_wait).with_metrics(config.metrics);
+    let mut state = allot_server::ServerState::new(store.clone())
+        .with_max_wait(config.max_wait)
+        .with_metrics(config.metrics.clone());
+    let mut daemon_token = None;
+    if let Some(auth) = config.auth.take() {
+        state = state.with_access(auth.access);
+        daemon_token = auth.daemon_token;
+    }
     let (stop_executor, executor_stopped) = tokio::sync::watch::channel(false);
     if !config.run_pools.is_empty() {
-        let executor = start_executor(
-            &store,
-            &config.run_pools,
-            &config.data_dir,
-            &config.plugins,
-            config.retry,
-            config.scans,
-            advertise.clone(),
-        )
-        .await?;
+        let executor = start_executor(&store, &config, advertise.clone(), daemon_token.clone()).await?;
         state = state.with_executor(Arc::new(RunsHere(executor.clone())));
         tokio::spawn(executor.run(executor_stopped));
     }
@@ -216,13 +212,12 @@ pub(crate) async fn run(args: ServeArgs) -> anyhow::Result<()> {
 /// on `pools`.
 async fn start_executor(
     store: &Arc<dyn Store>,
-    pools: &[PoolName],
-    data_dir: &Path,
-    plugins: &Plugins,
-    retry: allot_core::runs::RetryPolicy,
-    scans: config::Scans,
+    config: &config::Config,
     node: String,
+    token: Option<String>,
 ) -> anyhow::Result<Arc<allot_exec::Executor>> {
+    let (pools, data_dir, plugins) = (&config.run_pools, &config.data_dir, &config.plugins);
+    let (retry, scans) = (config.retry, config.scans);
     use allot_exec::{builtin, Executor, ExecutorConfig, Registry, Secrets, SetupContext, Waker};
 
     // Plugins wake their tasks through the executor, which exists once they are loaded: the
@@ -250,6 +245,7 @@ async fn start_executor(
     config.retry = retry;
     config.scan = scans.scan;
     config.scan_without_feed = scans.without_feed;
+    config.token = token;
     let made = Executor::new(store.clone(), Arc::new(registry), config);
     let _ = executor.set(made.clone());
     tracing::info!(pools = ?pools, "running the tasks placed on these pools");

@@ -1,6 +1,7 @@
 //! End-to-end tests: the real `allot` binary as a daemon on 127.0.0.1:0, real files on disk,
 //! talked to through `allot-client`, raw TCP and the CLI.
 
+mod access;
 mod app_answers;
 mod apps;
 mod architecture;

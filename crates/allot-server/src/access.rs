@@ -1,0 +1,515 @@
+//! Identity and access at the HTTP edge: who makes a call (a bearer API token names a
+//! principal), and whether it may (the permission its route needs, decided by
+//! `allot_core::access::Policy`).
+//!
+//! Invariants: with access configured, every call but `/healthz` and `/readyz` (and, if so
+//! configured, `/metrics` and `/openapi.json`) carries a known, unexpired token, or is answered
+//! 401; every route declares the one permission it needs (`routes::router` pairs each handler
+//! with it), and a route without one is refused, never served. A token is kept only as its
+//! SHA-256 hash, and never logged, counted or echoed.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::SystemTime;
+
+use allot_core::access::{Denied, Kind, Permission, Policy, Principal, Resource};
+use axum::extract::{FromRequestParts as _, MatchedPath, RawPathParams, Request, State};
+use axum::http::{header, HeaderMap, HeaderValue, Method};
+use axum::middleware::Next;
+use axum::response::{IntoResponse, Response};
+use rand::RngCore as _;
+use sha2::{Digest, Sha256};
+use subtle::ConstantTimeEq as _;
+
+use crate::error::{ApiError, ErrorCode};
+use crate::ServerState;
+
+/// What an API token starts with, so that a token in a file or a log is recognised as one.
+pub const TOKEN_PREFIX: &str = "allot_";
+
+/// A new API token: 32 random bytes from the operating system, in hex.
+pub fn make_token() -> String {
+    let mut bytes = [0u8; 32];
+    rand::rngs::OsRng.fill_bytes(&mut bytes);
+    format!("{TOKEN_PREFIX}{}", hex(&bytes))
+}
+
+/// How a token is kept: `sha256:` and the hex of its SHA-256 hash.
+pub fn hash_token(token: &str) -> String {
+    format!("sha256:{}", hex(&Sha256::digest(token.as_bytes())))
+}
+
+fn hex(bytes: &[u8]) -> String {
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+/// A token's hash, parsed from its `sha256:HEX` form.
+fn parse_hash(text: &str) -> Option<[u8; 32]> {
+    let digits = text.strip_prefix("sha256:")?;
+    if digits.len() != 64 {
+        return None;
+    }
+    let mut hash = [0u8; 32];
+    for (i, byte) in hash.iter_mut().enumerate() {
+        *byte = u8::from_str_radix(digits.get(2 * i..2 * i + 2)?, 16).ok()?;
+    }
+    Some(hash)
+}
+
+/// One API token as the daemon knows it: its hash, and whom it names.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Credential {
+    /// A name to tell tokens apart in lists and in the audit trail (never the token).
+    pub name: String,
+    pub principal: Principal,
+    pub expires: Option<SystemTime>,
+    hash: [u8; 32],
+}
+
+/// Why a credential was refused.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum CredentialError {
+    #[error("token `{0}`'s hash is not `sha256:` and 64 hexadecimal digits (`allot api-token make` prints one)")]
+    BadHash(String),
+    #[error("token `{0}` names no user")]
+    NoUser(String),
+    #[error("two tokens are named `{0}`")]
+    Duplicate(String),
+}
+
+impl Credential {
+    pub fn new(
+        name: &str,
+        hash: &str,
+        principal: Principal,
+        expires: Option<SystemTime>,
+    ) -> Result<Credential, CredentialError> {
+        let hash = parse_hash(hash).ok_or_else(|| CredentialError::BadHash(name.to_owned()))?;
+        if principal.user.trim().is_empty() {
+            return Err(CredentialError::NoUser(name.to_owned()));
+        }
+        Ok(Credential { name: name.to_owned(), principal, expires, hash })
+    }
+}
+
+/// Which routes are open to calls without a token, besides `/healthz` and `/readyz`.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct OpenRoutes {
+    pub metrics: bool,
+    pub document: bool,
+}
+
+/// The daemon's access configuration: its tokens and its policy.
+#[derive(Debug)]
+pub struct Access {
+    policy: Policy,
+    /// Tokens by the first half of their hash; the whole hash is compared in constant time.
+    tokens: HashMap<[u8; 16], Vec<Credential>>,
+    open: OpenRoutes,
+}
+
+impl Access {
+    pub fn new(policy: Policy, credentials: Vec<Credential>, open: OpenRoutes) -> Result<Access, CredentialError> {
+        let mut tokens: HashMap<[u8; 16], Vec<Credential>> = HashMap::new();
+        let mut names = std::collections::HashSet::new();
+        for credential in credentials {
+            if !names.insert(credential.name.clone()) {
+                return Err(CredentialError::Duplicate(credential.name));
+            }
+            let key: [u8; 16] = credential.hash[..16].try_into().expect("16 of 32 bytes");
+            tokens.entry(key).or_default().push(credential);
+        }
+        Ok(Access { policy, tokens, open })
+    }
+
+    pub fn policy(&self) -> &Policy {
+        &self.policy
+    }
+
+    /// The credential of `token`, if it is known and has not expired.
+    fn credential(&self, token: &str, now: SystemTime) -> Result<&Credential, Unauthenticated> {
+        let hash: [u8; 32] = Sha256::digest(token.as_bytes()).into();
+        let key: [u8; 16] = hash[..16].try_into().expect("16 of 32 bytes");
+        let found = self
+            .tokens
+            .get(&key)
+            .into_iter()
+            .flatten()
+            .find(|c| bool::from(c.hash.ct_eq(&hash)))
+            .ok_or(Unauthenticated::Unknown)?;
+        match found.expires {
+            Some(expires) if expires <= now => Err(Unauthenticated::Expired),
+            _ => Ok(found),
+        }
+    }
+
+    /// Who makes the call with `headers`.
+    pub fn authenticate(&self, headers: &HeaderMap) -> Result<Principal, Unauthenticated> {
+        let value = headers.get(header::AUTHORIZATION).ok_or(Unauthenticated::Missing)?;
+        let value = value.to_str().map_err(|_| Unauthenticated::Malformed)?;
+        let (scheme, token) = value.split_once(' ').ok_or(Unauthenticated::Malformed)?;
+        if !scheme.eq_ignore_ascii_case("bearer") || token.trim().is_empty() {
+            return Err(Unauthenticated::Malformed);
+        }
+        Ok(self.credential(token.trim(), SystemTime::now())?.principal.clone())
+    }
+
+    /// Whether `path` is answered without a token.
+    fn is_open(&self, path: &str) -> bool {
+        match path {
+            "/healthz" | "/readyz" => true,
+            "/metrics" => self.open.metrics,
+            "/openapi.json" => self.open.document,
+            _ => false,
+        }
+    }
+}
+
+/// Why a call was not authenticated. The answer never repeats the token.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Unauthenticated {
+    Missing,
+    Malformed,
+    Unknown,
+    Expired,
+}
+
+impl Unauthenticated {
+    fn message(self) -> &'static str {
+        match self {
+            Unauthenticated::Missing => "this call needs an API token: `Authorization: Bearer TOKEN`",
+            Unauthenticated::Malformed => "the Authorization header is not `Bearer TOKEN`",
+            Unauthenticated::Unknown => "the API token is not known (revoked, or never made)",
+            Unauthenticated::Expired => "the API token has expired",
+        }
+    }
+}
+
+impl IntoResponse for Unauthenticated {
+    fn into_response(self) -> Response {
+        let challenge = match self {
+            Unauthenticated::Missing => r#"Bearer realm="allot""#,
+            _ => r#"Bearer realm="allot", error="invalid_token""#,
+        };
+        let mut response = ApiError::of(ErrorCode::Unauthenticated, self.message()).into_response();
+        response.headers_mut().insert(header::WWW_AUTHENTICATE, HeaderValue::from_static(challenge));
+        response
+    }
+}
+
+impl From<Denied> for ApiError {
+    fn from(denied: Denied) -> ApiError {
+        ApiError::of(ErrorCode::Forbidden, denied.to_string())
+    }
+}
+
+/// The principal of a call, as authenticated (set on every request; without access configured
+/// it is [`Caller::Anyone`], who may do everything).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Caller {
+    Anyone,
+    Principal(Principal),
+}
+
+impl Caller {
+    /// Refuses the call unless the caller may do `permission` on `resource`.
+    pub fn check(&self, access: Option<&Access>, permission: Permission, resource: Resource) -> Result<(), ApiError> {
+        match (self, access) {
+            (Caller::Principal(principal), Some(access)) => Ok(access.policy.check(principal, permission, resource)?),
+            _ => Ok(()),
+        }
+    }
+
+    /// Whether the caller may do `permission` on `resource` (for filtering a list).
+    pub fn may(&self, access: Option<&Access>, permission: Permission, resource: &Resource) -> bool {
+        match (self, access) {
+            (Caller::Principal(principal), Some(access)) => access.policy.allows(principal, permission, resource),
+            _ => true,
+        }
+    }
+}
+
+/// The caller of a handler and the daemon's access, for the checks a handler makes itself (a
+/// body that names its resources, a list answering only what the caller may see).
+pub(crate) struct Who {
+    caller: Caller,
+    access: Option<Arc<Access>>,
+}
+
+impl Who {
+    /// Refuses unless the caller may do `permission` on `resource`.
+    pub(crate) fn check(&self, permission: Permission, resource: Resource) -> Result<(), ApiError> {
+        self.caller.check(self.access.as_deref(), permission, resource)
+    }
+
+    /// The authenticated principal (none without access configured, or on an open route).
+    pub(crate) fn principal(&self) -> Option<&Principal> {
+        match (&self.caller, &self.access) {
+            (Caller::Principal(principal), Some(_)) => Some(principal),
+            _ => None,
+        }
+    }
+
+    /// Whether the caller may see `resource` (a list keeps only those).
+    pub(crate) fn may_read(&self, resource: &Resource) -> bool {
+        self.caller.may(self.access.as_deref(), Permission::Read, resource)
+    }
+}
+
+impl axum::extract::FromRequestParts<ServerState> for Who {
+    type Rejection = Response;
+
+    async fn from_request_parts(parts: &mut axum::http::request::Parts, state: &ServerState) -> Result<Who, Response> {
+        let caller = match (parts.extensions.get::<Caller>(), &state.access) {
+            (Some(caller), _) => caller.clone(),
+            (None, None) => Caller::Anyone,
+            // Served without authentication (the router alone): refuse rather than trust.
+            (None, Some(_)) => return Err(Unauthenticated::Missing.into_response()),
+        };
+        Ok(Who { caller, access: state.access.clone() })
+    }
+}
+
+/// What a watch of `filter` may see, as resources the caller must be able to read: for each key
+/// prefix, what it names (`namespaces/hive/...`: namespace `hive`; `namespaces/hive`: every
+/// namespace whose name starts with `hive`; `queues/root.a`: that queue's subtree); without
+/// prefixes, every resource of the kinds of its events.
+pub(crate) fn watched(filter: &allot_core::watch::Filter) -> Vec<Resource> {
+    use allot_core::watch::EventKind as E;
+    if filter.prefixes.is_empty() {
+        let all: &[E] = if filter.kinds.is_empty() { E::ALL } else { &filter.kinds };
+        let mut kinds: Vec<Kind> = all
+            .iter()
+            .map(|kind| match kind {
+                E::PoolPut | E::PoolRemoved | E::AllocMade | E::AllocRenewed | E::AllocEnded => Kind::Pool,
+                E::QueuePut
+                | E::QueueRemoved
+                | E::AppChanged
+                | E::AppRemoved
+                | E::TaskChanged
+                | E::TaskRemoved
+                | E::RunChanged
+                | E::RunRemoved => Kind::Queue,
+                _ => Kind::Namespace,
+            })
+            .collect();
+        kinds.sort();
+        kinds.dedup();
+        return kinds.into_iter().map(Resource::All).collect();
+    }
+    filter
+        .prefixes
+        .iter()
+        .filter_map(|prefix| {
+            let prefix = prefix.trim_matches('/');
+            let (part, rest) = prefix.split_once('/').unwrap_or((prefix, ""));
+            let (name, deeper) = match rest.split_once('/') {
+                Some((name, _)) => (name, true),
+                None => (rest, false),
+            };
+            let kind = match part {
+                "namespaces" | "sessions" if part == "sessions" || name.is_empty() => {
+                    return Some(Resource::All(Kind::Namespace))
+                }
+                "namespaces" => Kind::Namespace,
+                "pools" if name.is_empty() => return Some(Resource::All(Kind::Pool)),
+                "pools" => Kind::Pool,
+                "queues" if name.is_empty() => return Some(Resource::All(Kind::Queue)),
+                "queues" => return Some(Resource::Queue(name.to_owned())),
+                // An application's events: its queue is not in its key.
+                "apps" => return Some(Resource::All(Kind::Queue)),
+                "" => return Some(Resource::Daemon),
+                // A prefix no key starts with: it watches nothing.
+                _ => return None,
+            };
+            Some(match (kind, deeper) {
+                (Kind::Namespace, true) => Resource::Namespace(name.to_owned()),
+                (Kind::Pool, true) => Resource::Pool(name.to_owned()),
+                (kind, _) => Resource::Tree(kind, name.to_owned()),
+            })
+        })
+        .collect()
+}
+
+/// Authenticates a call before anything else serves it: sets its [`Caller`], or answers 401.
+pub(crate) fn authenticate(state: &ServerState, request: &mut Request) -> Result<(), Unauthenticated> {
+    let caller = match state.access.as_deref() {
+        None => Caller::Anyone,
+        Some(access) if access.is_open(request.uri().path()) => Caller::Anyone,
+        Some(access) => Caller::Principal(access.authenticate(request.headers())?),
+    };
+    request.extensions_mut().insert(caller);
+    Ok(())
+}
+
+/// Where a route's resource comes from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Target {
+    /// The daemon itself.
+    Daemon,
+    /// The resource named by the path parameter of this kind (`namespace`, `pool`, `queue`).
+    Path(Kind),
+    /// The queue of the application named by the path parameter `app`.
+    AppQueue,
+    /// Every resource of a kind: a list (the handler answers only what the caller may see), a
+    /// session (not in one namespace), or a call whose body names its resources (the handler
+    /// checks each).
+    Some(Kind),
+}
+
+/// The one permission a route needs, over which resource.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Need {
+    /// `/healthz`, `/readyz`: open to everyone.
+    Open,
+    Needs(Permission, Target),
+}
+
+/// The permission of every route, by method and path template: what `routes::router` declares.
+#[derive(Debug, Default)]
+pub struct Needs(HashMap<(Method, &'static str), Need>);
+
+impl Needs {
+    pub(crate) fn declare(&mut self, method: Method, path: &'static str, need: Need) {
+        let previous = self.0.insert((method.clone(), path), need);
+        assert!(previous.is_none(), "{method} {path} declares its permission twice");
+    }
+
+    /// What `method` on `path` needs (a `HEAD` what its `GET` needs).
+    pub fn get(&self, method: &Method, path: &str) -> Option<Need> {
+        let method = if method == Method::HEAD { &Method::GET } else { method };
+        self.0.get(&(method.clone(), path)).copied()
+    }
+
+    /// Every route, with its permission.
+    pub fn all(&self) -> impl Iterator<Item = (&Method, &'static str, Need)> + '_ {
+        self.0.iter().map(|((method, path), need)| (method, *path, *need))
+    }
+}
+
+/// Checks that the caller may do what the matched route needs (before its handler runs).
+pub(crate) async fn authorize(
+    State((state, needs)): State<(ServerState, Arc<Needs>)>,
+    request: Request,
+    next: Next,
+) -> Response {
+    let Some(access) = state.access.as_deref() else { return next.run(request).await };
+    // A parameter that cannot be read (not UTF-8) names nothing here; its handler refuses it.
+    let (mut parts, body) = request.into_parts();
+    let params: Vec<(String, String)> = match RawPathParams::from_request_parts(&mut parts, &state).await {
+        Ok(params) => params.iter().map(|(key, value)| (key.to_owned(), value.to_owned())).collect(),
+        Err(_) => Vec::new(),
+    };
+    let request = Request::from_parts(parts, body);
+    let principal = match request.extensions().get::<Caller>() {
+        Some(Caller::Principal(principal)) => principal.clone(),
+        Some(Caller::Anyone) => return next.run(request).await,
+        // Served without authentication (the router alone): refuse rather than trust.
+        None => return Unauthenticated::Missing.into_response(),
+    };
+    let Some(route) = request.extensions().get::<MatchedPath>().map(|p| p.as_str().to_owned()) else {
+        return next.run(request).await;
+    };
+    let Some(need) = needs.get(request.method(), &route) else {
+        // Fail closed: a route that declares no permission is never served.
+        tracing::error!(method = %request.method(), route, "a route declares no permission; refused");
+        return ApiError::of(ErrorCode::Internal, format!("{} {route} declares no permission", request.method()))
+            .into_response();
+    };
+    let Need::Needs(permission, target) = need else { return next.run(request).await };
+    let param = |name: &str| params.iter().find(|(key, _)| key == name).map(|(_, value)| value.clone());
+    let resource = match target {
+        Target::Daemon => Some(Resource::Daemon),
+        Target::Path(kind) => param(kind.name()).map(|name| match kind {
+            Kind::Namespace => Resource::Namespace(name),
+            Kind::Pool => Resource::Pool(name),
+            Kind::Queue => Resource::Queue(name),
+            Kind::Daemon => Resource::Daemon,
+        }),
+        Target::AppQueue => match param("app") {
+            Some(app) => app_queue(&state, &app).await,
+            None => None,
+        },
+        Target::Some(kind) => {
+            if access.policy.touches(&principal, permission, kind) {
+                return next.run(request).await;
+            }
+            Some(Resource::All(kind))
+        }
+    };
+    let allowed = match &resource {
+        Some(resource) => access.policy.check(&principal, permission, resource.clone()).map_err(ApiError::from),
+        // What the path names cannot be read (a bad name, an application that does not exist):
+        // the handler answers it to a caller who holds the permission on some of that kind.
+        None => match access.policy.touches(&principal, permission, target_kind(target)) {
+            true => Ok(()),
+            false => Err(ApiError::from(Denied {
+                principal: principal.clone(),
+                permission,
+                resource: Resource::All(target_kind(target)),
+            })),
+        },
+    };
+    match allowed {
+        Ok(()) => next.run(request).await,
+        Err(err) => err.into_response(),
+    }
+}
+
+fn target_kind(target: Target) -> Kind {
+    match target {
+        Target::Daemon => Kind::Daemon,
+        Target::Path(kind) | Target::Some(kind) => kind,
+        Target::AppQueue => Kind::Queue,
+    }
+}
+
+/// The queue of application `app`, if it exists.
+async fn app_queue(state: &ServerState, app: &str) -> Option<Resource> {
+    let id = allot_core::apps::AppId::new(app).ok()?;
+    let info = state.store.app(id).await.ok()?;
+    Some(Resource::Queue(info.app.spec.queue.to_string()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn tokens_are_kept_as_hashes_and_found_only_whole() {
+        let token = make_token();
+        assert!(token.starts_with(TOKEN_PREFIX) && token.len() == TOKEN_PREFIX.len() + 64);
+        assert_ne!(make_token(), token);
+        let hash = hash_token(&token);
+        assert!(hash.starts_with("sha256:") && !hash.contains(&token[TOKEN_PREFIX.len()..]));
+        let principal = Principal::new("ada", ["hive"]);
+        let credential = Credential::new("ada-laptop", &hash, principal.clone(), None).unwrap();
+        let expired = Credential::new(
+            "old",
+            &hash_token("allot_old"),
+            principal.clone(),
+            Some(SystemTime::UNIX_EPOCH + std::time::Duration::from_secs(1)),
+        )
+        .unwrap();
+        let access = Access::new(
+            Policy::new(Default::default(), vec![]).unwrap(),
+            vec![credential, expired],
+            OpenRoutes::default(),
+        )
+        .unwrap();
+        let headers = |value: &str| {
+            let mut headers = HeaderMap::new();
+            headers.insert(header::AUTHORIZATION, HeaderValue::from_str(value).unwrap());
+            headers
+        };
+        assert_eq!(access.authenticate(&headers(&format!("Bearer {token}"))), Ok(principal.clone()));
+        assert_eq!(access.authenticate(&headers(&format!("bearer  {token} "))), Ok(principal));
+        assert_eq!(access.authenticate(&HeaderMap::new()), Err(Unauthenticated::Missing));
+        assert_eq!(access.authenticate(&headers(&format!("Basic {token}"))), Err(Unauthenticated::Malformed));
+        assert_eq!(access.authenticate(&headers("Bearer ")), Err(Unauthenticated::Malformed));
+        assert_eq!(access.authenticate(&headers(&format!("Bearer {token}x"))), Err(Unauthenticated::Unknown));
+        assert_eq!(access.authenticate(&headers("Bearer allot_old")), Err(Unauthenticated::Expired));
+        assert!(Credential::new("x", "sha256:12", Principal::new("a", [""; 0]), None).is_err());
+        assert!(Credential::new("x", &hash, Principal::new(" ", [""; 0]), None).is_err());
+    }
+}

@@ -1,0 +1,271 @@
+//! Identity and access over the API: every route declares the one permission it needs, and each
+//! is checked with no token, a wrong one, one without the permission, one with it on another
+//! resource, and one with it.
+
+use std::collections::BTreeSet;
+
+use allot_core::access::{Binding, Kind, Pattern, Permission, Policy, Principal, Role};
+use allot_server::access::{hash_token, Need, Target};
+use allot_server::{Access, Credential, OpenRoutes, ServerState};
+use axum::body::Body;
+use axum::http::{header, Method, Request, StatusCode};
+use http_body_util::BodyExt;
+use serde_json::{json, Value};
+use tower::ServiceExt;
+
+use crate::support::*;
+
+const ADMIN: &str = "allot_admin";
+const READER: &str = "allot_reader";
+const TEAM: &str = "allot_team";
+const NOBODY: &str = "allot_nobody";
+
+fn access() -> Access {
+    let team = Role {
+        grants: ["namespace:team:*", "pool:team-*", "queue:root.team"]
+            .iter()
+            .flat_map(|p| [(Permission::Use, Pattern::parse(p).unwrap())])
+            .collect(),
+    };
+    let policy = Policy::new(
+        [("team".to_owned(), team)].into(),
+        vec![
+            Binding { role: "admin".into(), users: vec!["root".into()], groups: vec![] },
+            Binding { role: "reader".into(), users: vec!["auditor".into()], groups: vec![] },
+            Binding { role: "team".into(), users: vec![], groups: vec!["team".into()] },
+        ],
+    )
+    .unwrap();
+    let credential = |token: &str, user: &str, groups: &[&str]| {
+        Credential::new(user, &hash_token(token), Principal::new(user, groups.iter().copied()), None).unwrap()
+    };
+    let credentials = vec![
+        credential(ADMIN, "root", &[]),
+        credential(READER, "auditor", &[]),
+        credential(TEAM, "ada", &["team"]),
+        credential(NOBODY, "nobody", &[]),
+    ];
+    Access::new(policy, credentials, OpenRoutes::default()).unwrap()
+}
+
+async fn call(h: &Harness, method: &Method, uri: &str, token: Option<&str>, body: &str) -> (StatusCode, Value, bool) {
+    let mut request = Request::builder().method(method.clone()).uri(uri);
+    if let Some(token) = token {
+        request = request.header(header::AUTHORIZATION, format!("Bearer {token}"));
+    }
+    if !body.is_empty() {
+        request = request.header(header::CONTENT_TYPE, "application/json");
+    }
+    let response = h.router.clone().oneshot(request.body(Body::from(body.to_owned())).unwrap()).await.unwrap();
+    let status = response.status();
+    let challenged = response.headers().contains_key(header::WWW_AUTHENTICATE);
+    // A watch streams for ever: its head is the answer.
+    if response.headers().get(header::CONTENT_TYPE).is_some_and(|v| v == "text/event-stream") {
+        return (status, Value::Null, challenged);
+    }
+    let bytes = response.into_body().collect().await.unwrap().to_bytes();
+    (status, serde_json::from_slice(&bytes).unwrap_or(Value::Null), challenged)
+}
+
+/// The route's path with its parameters filled in: on the team's resources, or another's.
+fn fill(path: &str, own: bool) -> String {
+    let (namespace, pool, queue, app) = if own {
+        ("team:a", "team-p", "root.team", "team-app")
+    } else {
+        ("other:a", "other-p", "root.other", "other-app")
+    };
+    path.replace("{namespace}", namespace)
+        .replace("{pool}", pool)
+        .replace("{queue}", queue)
+        .replace("{app}", app)
+        .replace("{token}", "t1")
+        .replace("{task}", "t1")
+        .replace("{id}", "0123456789abcdef0123456789abcdef")
+        .replace("{offer}", "0")
+        .replace("{alloc}", "0123456789abcdef")
+}
+
+fn body_of(method: &Method) -> &'static str {
+    match *method {
+        Method::PUT | Method::POST => "{}",
+        _ => "",
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_route_needs_one_permission_and_is_refused_without_it() {
+    let h = Harness::with_state(|state: ServerState| state.with_access(access()));
+    let needs = allot_server::route_needs(ServerState::new(h.store.clone()));
+    // Every documented operation has its permission, and every route is documented.
+    let (_, document, _) = call(&h, &Method::GET, "/openapi.json", Some(READER), "").await;
+    let mut documented = BTreeSet::new();
+    for (path, item) in document["paths"].as_object().unwrap() {
+        for method in item.as_object().unwrap().keys() {
+            let method: Method = method.to_uppercase().parse().unwrap();
+            assert!(needs.get(&method, path).is_some(), "{method} {path} declares no permission");
+            documented.insert((method.to_string(), path.clone()));
+        }
+    }
+    let declared: BTreeSet<(String, String)> = needs.all().map(|(m, p, _)| (m.to_string(), p.to_owned())).collect();
+    // The document and the metrics are not in the document.
+    let undocumented: Vec<_> = declared.difference(&documented).map(|(m, p)| format!("{m} {p}")).collect();
+    assert_eq!(undocumented, ["GET /metrics", "GET /openapi.json"], "the routes and the document disagree");
+
+    // The team's resources and another's, made by the admin.
+    for (uri, body) in [
+        ("/v1/namespaces/team:a", r#"{"quota": 5}"#),
+        ("/v1/namespaces/other:a", r#"{"quota": 5}"#),
+        ("/v1/pools/team-p", r#"{"capacity": "cpu=4"}"#),
+        ("/v1/pools/other-p", r#"{"capacity": "cpu=4"}"#),
+        ("/v1/queues/root.team", "{}"),
+        ("/v1/queues/root.other", "{}"),
+    ] {
+        let (status, body, _) = call(&h, &Method::PUT, uri, Some(ADMIN), body).await;
+        assert!(status.is_success(), "{uri}: {status} {body}");
+    }
+    for (id, queue) in [("team-app", "root.team"), ("other-app", "root.other")] {
+        let app = json!({"id": id, "queue": queue, "tasks": [{"id": "t1", "resources": "cpu=1"}]});
+        let (status, body, _) = call(&h, &Method::POST, "/v1/apps", Some(ADMIN), &app.to_string()).await;
+        assert_eq!(status, StatusCode::CREATED, "{body}");
+    }
+
+    let mut checked = 0;
+    // Removals last: the resources the others are checked on stay.
+    let mut routes: Vec<_> = needs.all().collect();
+    routes.sort_by_key(|(method, path, _)| (**method == Method::DELETE, *path));
+    for (method, path, need) in routes {
+        let uri = fill(path, true);
+        let body = body_of(method);
+        let Need::Needs(permission, target) = need else {
+            let (status, _, _) = call(&h, method, &uri, None, body).await;
+            assert!(status.is_success(), "{method} {path} is open: {status}");
+            continue;
+        };
+        checked += 1;
+        let (status, answer, challenged) = call(&h, method, &uri, None, body).await;
+        assert_eq!(
+            (status, answer["error"]["code"].clone()),
+            (StatusCode::UNAUTHORIZED, json!("unauthenticated")),
+            "{method} {path}"
+        );
+        assert!(challenged, "{method} {path}: a 401 carries WWW-Authenticate");
+        let (status, answer, challenged) = call(&h, method, &uri, Some("allot_wrong"), body).await;
+        assert_eq!(
+            (status, answer["error"]["code"].clone()),
+            (StatusCode::UNAUTHORIZED, json!("unauthenticated")),
+            "{method} {path}"
+        );
+        assert!(challenged && !answer.to_string().contains("allot_wrong"), "{method} {path}: the token is not echoed");
+        let (status, answer, _) = call(&h, method, &uri, Some(NOBODY), body).await;
+        assert_eq!(
+            (status, answer["error"]["code"].clone()),
+            (StatusCode::FORBIDDEN, json!("forbidden")),
+            "{method} {path}"
+        );
+        let message = answer["error"]["message"].as_str().unwrap();
+        assert!(
+            message.contains(&format!("`{permission}`")),
+            "{method} {path}: the refusal names the permission: {message}"
+        );
+        if permission != Permission::Read {
+            let (status, _, _) = call(&h, method, &uri, Some(READER), body).await;
+            assert_eq!(status, StatusCode::FORBIDDEN, "{method} {path}: reading is not {permission}");
+        }
+        // With it on another resource.
+        if matches!(target, Target::Path(_) | Target::AppQueue) {
+            let other = fill(path, false);
+            let (status, answer, _) = call(&h, method, &other, Some(TEAM), body).await;
+            assert_eq!(status, StatusCode::FORBIDDEN, "{method} {other}: {answer}");
+            let message = answer["error"]["message"].as_str().unwrap();
+            assert!(message.contains("other"), "{method} {other}: the refusal names the resource: {message}");
+        }
+        // With it.
+        let token = if permission == Permission::Read { READER } else { ADMIN };
+        let (status, answer, _) = call(&h, method, &uri, Some(token), body).await;
+        assert!(
+            status != StatusCode::UNAUTHORIZED && status != StatusCode::FORBIDDEN,
+            "{method} {path} with `{permission}`: {status} {answer}"
+        );
+        let team_may =
+            permission != Permission::Admin && !matches!(target, Target::Daemon | Target::Some(Kind::Daemon));
+        if team_may && !matches!(target, Target::Some(_)) {
+            let (status, answer, _) = call(&h, method, &uri, Some(TEAM), body).await;
+            assert!(
+                status != StatusCode::UNAUTHORIZED && status != StatusCode::FORBIDDEN,
+                "{method} {path} by the team on its own: {status} {answer}"
+            );
+        }
+    }
+    assert!(checked > 40, "{checked} routes checked");
+    let (status, _, _) = call(&h, &Method::GET, "/healthz", None, "").await;
+    assert_eq!(status, StatusCode::OK);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn lists_answer_only_what_the_caller_may_see_and_submissions_are_the_callers() {
+    let h = Harness::with_state(|state: ServerState| state.with_access(access()));
+    for (uri, body) in [
+        ("/v1/namespaces/team:a", r#"{"quota": 5}"#),
+        ("/v1/namespaces/other:a", r#"{"quota": 5}"#),
+        ("/v1/pools/team-p", r#"{"capacity": "cpu=4"}"#),
+        ("/v1/pools/other-p", r#"{"capacity": "cpu=4"}"#),
+        ("/v1/queues/root.team", "{}"),
+        ("/v1/queues/root.other", "{}"),
+    ] {
+        call(&h, &Method::PUT, uri, Some(ADMIN), body).await;
+    }
+    let names = |list: &Value, field: &str, key: &str| -> Vec<String> {
+        list[field].as_array().unwrap().iter().map(|item| item[key].as_str().unwrap().to_owned()).collect()
+    };
+    let (_, list, _) = call(&h, &Method::GET, "/v1/namespaces", Some(TEAM), "").await;
+    assert_eq!(names(&list, "namespaces", "name"), vec!["team:a"]);
+    let (_, list, _) = call(&h, &Method::GET, "/v1/namespaces", Some(ADMIN), "").await;
+    assert_eq!(names(&list, "namespaces", "name"), vec!["other:a", "team:a"]);
+    let (_, list, _) = call(&h, &Method::GET, "/v1/pools", Some(TEAM), "").await;
+    assert_eq!(names(&list, "pools", "name"), vec!["team-p"]);
+    let (_, list, _) = call(&h, &Method::GET, "/v1/queues", Some(TEAM), "").await;
+    assert_eq!(names(&list, "queues", "path"), vec!["root.team"]);
+    let (status, _, _) = call(&h, &Method::GET, "/v1/namespaces", Some(NOBODY), "").await;
+    assert_eq!(status, StatusCode::FORBIDDEN, "who may see no namespace may not list them");
+
+    // The application's user is the caller; naming another needs `impersonate`.
+    let app = json!({"id": "mine", "queue": "root.team"});
+    let (status, answer, _) = call(&h, &Method::POST, "/v1/apps", Some(TEAM), &app.to_string()).await;
+    assert_eq!((status, answer["app"]["user"].clone()), (StatusCode::CREATED, json!("ada")), "{answer}");
+    let app = json!({"id": "theirs", "queue": "root.team", "user": "bob"});
+    let (status, answer, _) = call(&h, &Method::POST, "/v1/apps", Some(TEAM), &app.to_string()).await;
+    assert_eq!(status, StatusCode::FORBIDDEN, "{answer}");
+    assert!(answer["error"]["message"].as_str().unwrap().contains("`impersonate`"), "{answer}");
+    let (status, answer, _) = call(&h, &Method::POST, "/v1/apps", Some(ADMIN), &app.to_string()).await;
+    assert_eq!((status, answer["app"]["user"].clone()), (StatusCode::CREATED, json!("bob")), "{answer}");
+    let app = json!({"id": "elsewhere", "queue": "root.other"});
+    let (status, _, _) = call(&h, &Method::POST, "/v1/apps", Some(TEAM), &app.to_string()).await;
+    assert_eq!(status, StatusCode::FORBIDDEN);
+    let (_, list, _) = call(&h, &Method::GET, "/v1/apps", Some(TEAM), "").await;
+    assert_eq!(names(&list, "apps", "id"), vec!["mine", "theirs"]);
+
+    // A watch may see only what the caller may read.
+    for (query, token, allowed) in [
+        ("?prefix=namespaces/team:a", TEAM, true),
+        ("?prefix=namespaces/other:a", TEAM, false),
+        ("?prefix=namespaces/team", TEAM, false),
+        ("?prefix=pools/team-p", TEAM, true),
+        ("?kind=grant.granted", TEAM, false),
+        ("", TEAM, false),
+        ("", READER, true),
+    ] {
+        let (status, answer, _) = call(&h, &Method::GET, &format!("/v1/watch{query}"), Some(token), "").await;
+        let expected = if allowed { StatusCode::OK } else { StatusCode::FORBIDDEN };
+        assert_eq!(status, expected, "watch{query}: {answer}");
+    }
+    // Reports of task ends are checked one by one.
+    let ends = json!({"tasks": [
+        {"app": "mine", "task": "t1", "outcome": "completed"},
+    ]});
+    let (status, answer, _) = call(&h, &Method::POST, "/v1/tasks/finish", Some(TEAM), &ends.to_string()).await;
+    assert_eq!(
+        (status, answer["tasks"][0]["error"]["code"].clone()),
+        (StatusCode::OK, json!("task_not_found")),
+        "{answer}"
+    );
+}

@@ -1,0 +1,106 @@
+//! Identity and access with a real daemon: tokens made by `allot api-token make`, kept in the
+//! configuration file as hashes; the CLI and the client with and without them; the rule that a
+//! daemon without `[auth]` listens only on loopback.
+
+use std::process::Command;
+
+use crate::support::*;
+
+/// `allot api-token make`: the token, and its `[[auth.tokens]]` entry.
+fn make_token(user: &str, groups: &[&str]) -> (String, String) {
+    let mut command = Command::new(ALLOT);
+    command.args(["api-token", "make", "--user", user]);
+    for group in groups {
+        command.args(["--group", group]);
+    }
+    let output = command.output().unwrap();
+    assert!(output.status.success(), "{}", String::from_utf8_lossy(&output.stderr));
+    let text = String::from_utf8(output.stdout).unwrap();
+    let token = text.lines().find_map(|l| l.strip_prefix("token: ")).unwrap().to_owned();
+    let entry = text.split_once("# The daemon's configuration file keeps only the hash:\n").unwrap().1.to_owned();
+    assert!(!entry.contains(&token), "the entry keeps only the hash: {entry}");
+    (token, entry)
+}
+
+fn cli(url: &str, token: Option<&str>, args: &[&str]) -> (bool, String, String) {
+    let mut command = Command::new(ALLOT);
+    command.args(args).env("ALLOT_SERVER", url).env_remove("ALLOT_TOKEN");
+    if let Some(token) = token {
+        command.env("ALLOT_TOKEN", token);
+    }
+    let output = command.output().unwrap();
+    (
+        output.status.success(),
+        String::from_utf8_lossy(&output.stdout).into_owned(),
+        String::from_utf8_lossy(&output.stderr).into_owned(),
+    )
+}
+
+#[tokio::test]
+async fn a_daemon_with_auth_serves_only_tokens_it_knows_within_their_roles() {
+    let (dir, data) = data_dir();
+    let (admin, admin_entry) = make_token("root", &[]);
+    let (team, team_entry) = make_token("ada", &["hive"]);
+    let config = dir.path().join("allot.toml");
+    std::fs::write(
+        &config,
+        format!(
+            "[auth]\nopen_metrics = true\n{admin_entry}\n{team_entry}\n\
+             [auth.roles.hive]\nuse = [\"namespace:hive:*\"]\n\
+             [[auth.bindings]]\nrole = \"admin\"\nusers = [\"root\"]\n\
+             [[auth.bindings]]\nrole = \"hive\"\ngroups = [\"hive\"]\n"
+        ),
+    )
+    .unwrap();
+    let daemon = Daemon::start(&data, &["--config", config.to_str().unwrap()]);
+    let url = daemon.url.clone();
+
+    // The CLI with ALLOT_TOKEN, without it, and with --token.
+    let (ok, _, err) = cli(&url, None, &["quota", "list"]);
+    assert!(!ok && err.contains("unauthenticated"), "{err}");
+    let (ok, _, err) = cli(&url, Some(&admin), &["quota", "set", "hive:a", "3"]);
+    assert!(ok, "{err}");
+    let (ok, _, err) = cli(&url, None, &["--token", &admin, "quota", "set", "other", "3"]);
+    assert!(ok, "{err}");
+    let (ok, out, err) = cli(&url, Some(&team), &["token", "alloc", "hive:a", "job-1"]);
+    assert!(ok, "{out} {err}");
+    let (ok, _, err) = cli(&url, Some(&team), &["token", "alloc", "other", "job-1"]);
+    assert!(!ok && err.contains("forbidden") && err.contains("namespace `other`"), "{err}");
+    let (ok, _, err) = cli(&url, Some(&team), &["quota", "set", "hive:a", "9"]);
+    assert!(!ok && err.contains("forbidden") && err.contains("`admin`"), "{err}");
+    let (ok, out, _) = cli(&url, Some(&team), &["quota", "list", "--quiet"]);
+    assert!(ok && out.trim() == "hive:a", "the team sees only its namespaces: {out}");
+
+    // The client, over a real socket.
+    let client = daemon.client();
+    let err = client.namespace("hive:a").await.unwrap_err();
+    assert_eq!(err.code(), Some("unauthenticated"), "{err}");
+    let err = daemon.client().with_token("allot_not-a-token").namespace("hive:a").await.unwrap_err();
+    assert_eq!(err.code(), Some("unauthenticated"), "{err}");
+    assert_eq!(daemon.client().with_token(&team).namespace("hive:a").await.unwrap().granted_units, 1);
+    // Open routes: health, readiness, and (as configured) the metrics; not the document.
+    assert!(client.health().await.is_ok() && client.metrics().await.is_ok());
+    assert_eq!(client.openapi().await.unwrap_err().code(), Some("unauthenticated"));
+    let log = std::fs::read_to_string(data.with_extension("log")).unwrap();
+    for token in [&admin, &team] {
+        assert!(!log.contains(token.as_str()), "a token is never logged");
+    }
+}
+
+#[test]
+fn a_daemon_without_auth_listens_only_on_loopback_unless_told() {
+    let (dir, data) = data_dir();
+    let output =
+        Command::new(ALLOT).args(["serve", "--listen", "0.0.0.0:0", "--data-dir"]).arg(&data).output().unwrap();
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert_eq!(output.status.code(), Some(1), "{stderr}");
+    assert!(stderr.contains("--insecure-no-auth") && stderr.contains("[auth]"), "{stderr}");
+    let daemon = Daemon::start_on("0.0.0.0:0", &data, &["--insecure-no-auth"]);
+    let port = daemon.address().rsplit_once(':').unwrap().1.to_owned();
+    let (ok, _, err) = cli(&format!("http://127.0.0.1:{port}"), None, &["quota", "list"]);
+    assert!(ok, "{err}");
+    drop(daemon);
+    let log = std::fs::read_to_string(data.with_extension("log")).unwrap();
+    assert!(log.contains("without authentication"), "a warning at every start: {log}");
+    drop(dir);
+}
