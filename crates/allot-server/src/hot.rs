@@ -17,8 +17,8 @@ use std::task::{Context, Poll};
 use std::time::Instant;
 
 use axum::body::HttpBody as _;
-use axum::extract::{Query, Request};
-use axum::http::Method;
+use axum::extract::{ConnectInfo, Query, Request};
+use axum::http::{HeaderName, HeaderValue, Method};
 use axum::response::{IntoResponse, Response};
 use axum::routing::future::RouteFuture;
 use axum::Router;
@@ -26,10 +26,14 @@ use futures_util::future::Either;
 use tower::Service;
 
 use crate::access::Caller;
+use crate::audit;
 use crate::error::ApiError;
 use crate::extract::json_object;
 use crate::routes::quotas::{allocate_grant, release_grant, FencingQuery};
 use crate::{ServerState, MAX_BODY_BYTES};
+
+/// A call's request id: the caller's, or one the daemon gives it (with the audit trail on).
+const REQUEST_ID: HeaderName = HeaderName::from_static("x-request-id");
 
 /// The route allocate and release are counted under in the metrics, as the router names it.
 const GRANT_ROUTE: &str = "/v1/namespaces/{namespace}/grants/{token}";
@@ -65,13 +69,49 @@ impl Service<Request> for Api {
     }
 
     fn call(&mut self, mut request: Request) -> Self::Future {
-        if let Err(refused) = crate::access::authenticate(&self.state, &mut request) {
-            return Either::Left(Box::pin(std::future::ready(Ok(refused.into_response()))));
-        }
-        match recognise(&request) {
-            Some(hot) => Either::Left(Box::pin(answer(self.state.clone(), hot, request))),
-            None => Either::Right(self.router.call(request)),
-        }
+        let Some(audit) = self.state.audit.clone() else {
+            if let Err(refused) = crate::access::authenticate(&self.state, &mut request) {
+                return Either::Left(Box::pin(std::future::ready(Ok(refused.into_response()))));
+            }
+            return match recognise(&request) {
+                Some(hot) => Either::Left(Box::pin(answer(self.state.clone(), hot, request))),
+                None => Either::Right(self.router.call(request)),
+            };
+        };
+        // Audited: the call is recorded once answered, with its request id on the answer.
+        let mut call = audit::Call {
+            method: request.method().clone(),
+            path: request.uri().path().to_owned(),
+            route: None,
+            caller: None,
+            source: request.extensions().get::<ConnectInfo<std::net::SocketAddr>>().map(|info| info.0),
+            request_id: audit.request_id(request.headers().get(REQUEST_ID)),
+        };
+        let answered: HotFuture = match crate::access::authenticate(&self.state, &mut request) {
+            Err(refused) => Box::pin(std::future::ready(Ok(refused.into_response()))),
+            Ok(()) => {
+                call.caller = request.extensions().get::<Caller>().cloned();
+                match recognise(&request) {
+                    Some(hot) => Box::pin(answer(self.state.clone(), hot, request)),
+                    None => Box::pin(self.router.call(request)),
+                }
+            }
+        };
+        let state = self.state.clone();
+        Either::Left(Box::pin(async move {
+            let mut response = answered.await?;
+            let status = response.status().as_u16();
+            if audit::audited(&call.method, status) {
+                call.route = response.extensions().get::<audit::Route>().map(|route| route.0.clone());
+                state.metrics.audited(audit::outcome(status));
+                let id = HeaderValue::from_str(&call.request_id).ok();
+                audit.record(call, status);
+                if let Some(id) = id {
+                    response.headers_mut().insert(REQUEST_ID, id);
+                }
+            }
+            Ok(response)
+        }))
     }
 }
 
@@ -128,6 +168,10 @@ async fn answer(state: ServerState, hot: Hot, request: Request) -> Result<Respon
         Hot::Release { fencing } => release_grant(&state, namespace, token, fencing).await.into_response(),
     };
     state.metrics.observe_request(&parts.method, GRANT_ROUTE, response.status().as_u16(), started.elapsed());
+    let mut response = response;
+    if state.audit.is_some() {
+        response.extensions_mut().insert(audit::Route(GRANT_ROUTE.to_owned()));
+    }
     Ok(response)
 }
 

@@ -19,6 +19,7 @@
 
 pub mod access;
 pub mod affinity;
+pub mod audit;
 mod convert;
 mod document;
 mod error;
@@ -47,6 +48,7 @@ use tokio::net::TcpListener;
 use utoipa::OpenApi;
 
 pub use access::{Access, Caller, Credential, OpenRoutes};
+pub use audit::{Audit, AuditSink};
 pub use error::ApiError;
 pub use hot::Api;
 pub use metrics::{Metrics, MetricsConfig};
@@ -86,6 +88,8 @@ pub struct Shared {
     /// Who may do what; `None`: every caller may do everything (the daemon then listens only on
     /// loopback, unless told otherwise).
     pub access: Option<Arc<Access>>,
+    /// The audit trail, if kept: changes and refusals.
+    pub audit: Option<Arc<Audit>>,
 }
 
 impl std::ops::Deref for ServerState {
@@ -112,6 +116,7 @@ impl ServerState {
             heartbeat: DEFAULT_HEARTBEAT,
             frames: Arc::default(),
             access: None,
+            audit: None,
         }))
     }
 
@@ -138,6 +143,12 @@ impl ServerState {
     #[must_use]
     pub fn with_access(self, access: Access) -> ServerState {
         self.with(|shared| shared.access = Some(Arc::new(access)))
+    }
+
+    /// The same, with every change and refusal written to `audit`.
+    #[must_use]
+    pub fn with_audit(self, audit: Audit) -> ServerState {
+        self.with(|shared| shared.audit = Some(Arc::new(audit)))
     }
 
     /// The same, with watch streams that send a heartbeat after `heartbeat` of silence.
@@ -300,7 +311,10 @@ async fn serve(
         }
     });
     let served = match threads.count {
-        0 => axum::serve(listener, api(state).into_make_service()).with_graceful_shutdown(graceful).await,
+        0 => {
+            let service = api(state).into_make_service_with_connect_info::<std::net::SocketAddr>();
+            axum::serve(listener, service).with_graceful_shutdown(graceful).await
+        }
         _ => threads::serve(listener, || api(state.for_one_thread()), threads, graceful).await,
     };
     match closing_rx.await {

@@ -16,7 +16,7 @@ use std::future::Future;
 use std::io;
 use std::net::SocketAddr;
 
-use axum::serve::Listener;
+use axum::serve::{Listener, ListenerExt as _};
 use axum::ServiceExt as _;
 use tokio::net::TcpStream;
 use tokio::sync::{mpsc, watch};
@@ -79,7 +79,9 @@ where
                 let stopped = async move {
                     let _ = stop.wait_for(|stop| *stop).await;
                 };
-                axum::serve(Handed { rx, local }, api.into_make_service()).with_graceful_shutdown(stopped).await
+                // Tapped (doing nothing) for axum's `ConnectInfo` of a tapped listener: the peer's address.
+                let service = api.into_make_service_with_connect_info::<SocketAddr>();
+                axum::serve(Handed { rx, local }.tap_io(|_| {}), service).with_graceful_shutdown(stopped).await
             })
         })?;
         hand_to.push(tx);

@@ -138,6 +138,13 @@ pub struct Metrics {
     snapshot: Arc<Mutex<Snapshot>>,
     /// Watch streams open on this daemon.
     watchers: Gauge,
+    /// Audited calls, by outcome.
+    audited: Family<OutcomeLabels, Counter>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Hash, EncodeLabelSet)]
+struct OutcomeLabels {
+    outcome: &'static str,
 }
 
 /// What the store said at the last scrape: the selected views and the totals of all.
@@ -188,11 +195,22 @@ impl Metrics {
             requests.clone(),
         );
         let watchers = register_watchers(&mut registry);
+        let audited = Family::<OutcomeLabels, Counter>::default();
+        registry.register(
+            "allot_audit_events",
+            "Calls written to the audit trail (changes and refusals), by outcome: ok, refused, failed",
+            audited.clone(),
+        );
         let snapshot = Arc::new(Mutex::new(Snapshot::default()));
         registry.register_collector(Box::new(StoreCollector { snapshot: snapshot.clone() }));
         static NEXT_ID: AtomicU64 = AtomicU64::new(0);
         let id = NEXT_ID.fetch_add(1, Ordering::Relaxed);
-        Metrics { id, config, registry, requests, snapshot, watchers }
+        Metrics { id, config, registry, requests, snapshot, watchers, audited }
+    }
+
+    /// Counts a call written to the audit trail.
+    pub(crate) fn audited(&self, outcome: &'static str) {
+        self.audited.get_or_create(&OutcomeLabels { outcome }).inc();
     }
 
     /// Counts a watch stream as open until the guard is dropped.
@@ -410,9 +428,12 @@ pub(crate) async fn track(State(state): State<ServerState>, request: Request, ne
     let started = Instant::now();
     let method = request.method().clone();
     let route = request.extensions().get::<MatchedPath>().cloned();
-    let response = next.run(request).await;
+    let mut response = next.run(request).await;
     let route = route.as_ref().map_or("unmatched", MatchedPath::as_str);
     state.metrics.observe_request(&method, route, response.status().as_u16(), started.elapsed());
+    if state.audit.is_some() {
+        response.extensions_mut().insert(crate::audit::Route(route.to_owned()));
+    }
     response
 }
 

@@ -38,6 +38,7 @@ pub(crate) const SERVE_AFTER_HELP: &str = r#"Configuration file (--config), with
   metrics_namespaces = ["hive"] # --metrics-namespaces: series of their own at /metrics
   metrics_pools = ["worker-*"]  # --metrics-pools: the same for pools (else totals only)
   apps_dir = "apps"             # --apps-dir: application files the daemon watches
+  audit_log = "audit.jsonl"     # --audit-log: the audit trail (default: the log, with [auth])
   [quotas]                      # --quota: namespace = quota
   "hive:cluster-a" = 10
   [pools]                       # --pool: pool = "resources"
@@ -151,6 +152,8 @@ struct ConfigFile {
     secrets: BTreeMap<String, String>,
     /// API tokens and roles: with it, every call needs a token.
     auth: Option<super::auth::AuthFile>,
+    /// The audit trail's file (`--audit-log`).
+    audit_log: Option<PathBuf>,
 }
 
 /// `[executor]`: the retry budgets of the tasks this daemon runs [Flyte's `RetryStrategy`
@@ -372,6 +375,8 @@ pub(super) struct Config {
     pub(super) watch: WatchConfig,
     /// Who may do what (`[auth]`); none: everyone may do everything, on loopback only.
     pub(super) auth: Option<super::auth::Resolved>,
+    /// Where the audit trail goes: a file, the log (with `[auth]`), or nowhere.
+    pub(super) audit: Option<allot_server::AuditSink>,
 }
 
 /// The lease rules from the file's `[alloc_leases]` and the flags (which win).
@@ -532,7 +537,13 @@ pub(super) fn resolve(args: &ServeArgs) -> anyhow::Result<Config> {
     let listen = args.listen.or(file.listen).unwrap_or_else(|| DEFAULT_LISTEN.parse().expect("valid address"));
     let auth = file.auth.map(|auth| super::auth::resolve(auth, secret_value)).transpose()?;
     super::auth::check_exposure(listen, auth.is_some(), args.insecure_no_auth)?;
+    let audit = match (args.audit_log.clone().or(file.audit_log), &auth) {
+        (Some(path), _) => Some(allot_server::AuditSink::File(path)),
+        (None, Some(_)) => Some(allot_server::AuditSink::Log),
+        (None, None) => None,
+    };
     Ok(Config {
+        audit,
         auth,
         watch: watch_config(&file.watch)?,
         retry: retry_policy(&file.executor)?,

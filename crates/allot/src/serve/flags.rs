@@ -34,6 +34,10 @@ pub(crate) struct ServeArgs {
     /// anything (a warning is logged at every start). Without it such a daemon refuses to start.
     #[arg(long, env = "ALLOT_INSECURE_NO_AUTH")]
     pub(super) insecure_no_auth: bool,
+    /// Write the audit trail (every change and every refusal, one JSON line each) to this file,
+    /// reopened on SIGHUP for log rotation [default: the log, when `[auth]` is configured].
+    #[arg(long, value_name = "FILE", env = "ALLOT_AUDIT_LOG")]
+    pub(super) audit_log: Option<PathBuf>,
     /// TOML configuration file; its keys are listed below.
     #[arg(long, value_name = "FILE", env = "ALLOT_CONFIG")]
     pub(super) config: Option<PathBuf>,

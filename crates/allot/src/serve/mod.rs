@@ -47,6 +47,23 @@ fn init_logging(format: LogFormat) {
     }
 }
 
+/// Reopens the audit trail's file on every SIGHUP (after log rotation moved it).
+async fn reopen_on_hangup(audit: Arc<allot_server::Audit>) {
+    #[cfg(unix)]
+    {
+        let Ok(mut hangups) = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup()) else {
+            tracing::warn!("cannot listen for SIGHUP: the audit trail's file will not be reopened");
+            return;
+        };
+        while hangups.recv().await.is_some() {
+            tracing::info!("SIGHUP received: reopening the audit trail");
+            audit.reopen();
+        }
+    }
+    #[cfg(not(unix))]
+    let _ = audit;
+}
+
 async fn shutdown_signal() {
     let interrupt = tokio::signal::ctrl_c();
     #[cfg(unix)]
@@ -171,6 +188,14 @@ pub(crate) async fn run(args: ServeArgs) -> anyhow::Result<()> {
     if let Some(auth) = config.auth.take() {
         state = state.with_access(auth.access);
         daemon_token = auth.daemon_token;
+    }
+    if let Some(sink) = config.audit.clone() {
+        let audit = allot_server::Audit::start(sink.clone())
+            .with_context(|| format!("cannot open the audit trail {sink:?}"))?;
+        state = state.with_audit(audit);
+        if let Some(audit) = state.audit.clone() {
+            tokio::spawn(reopen_on_hangup(audit));
+        }
     }
     let (stop_executor, executor_stopped) = tokio::sync::watch::channel(false);
     if !config.run_pools.is_empty() {

@@ -104,3 +104,85 @@ fn a_daemon_without_auth_listens_only_on_loopback_unless_told() {
     assert!(log.contains("without authentication"), "a warning at every start: {log}");
     drop(dir);
 }
+
+#[tokio::test]
+async fn every_change_and_refusal_is_one_audit_line_and_the_file_is_reopened_on_sighup() {
+    let (dir, data) = data_dir();
+    let (admin, admin_entry) = make_token("root", &[]);
+    let (reader, reader_entry) = make_token("auditor", &[]);
+    let config = dir.path().join("allot.toml");
+    std::fs::write(
+        &config,
+        format!(
+            "[auth]\n{admin_entry}\n{reader_entry}\n[[auth.bindings]]\nrole = \"admin\"\nusers = [\"root\"]\n\
+             [[auth.bindings]]\nrole = \"reader\"\nusers = [\"auditor\"]\n"
+        ),
+    )
+    .unwrap();
+    let trail = dir.path().join("audit.jsonl");
+    let daemon = Daemon::start(&data, &["--config", config.to_str().unwrap(), "--audit-log", trail.to_str().unwrap()]);
+    let (ok, _, err) = cli(&daemon.url, Some(&admin), &["quota", "set", "hive", "2"]);
+    assert!(ok, "{err}");
+    let (ok, _, _) = cli(&daemon.url, Some(&reader), &["quota", "set", "hive", "5"]);
+    assert!(!ok);
+    let (ok, _, _) = cli(&daemon.url, None, &["quota", "list"]);
+    assert!(!ok);
+    let (ok, _, _) = cli(&daemon.url, Some(&reader), &["quota", "list"]);
+    assert!(ok, "a read");
+    let (ok, _, _) = cli(&daemon.url, Some(&admin), &["token", "alloc", "hive", "job-1"]);
+    assert!(ok, "an allocate, through the hot path");
+    let read = |path: &std::path::Path| -> Vec<serde_json::Value> {
+        std::fs::read_to_string(path)
+            .unwrap_or_default()
+            .lines()
+            .map(|line| serde_json::from_str(line).unwrap_or_else(|e| panic!("{e}: {line}")))
+            .collect()
+    };
+    assert!(
+        eventually(std::time::Duration::from_secs(5), async || read(&trail).len() == 4).await,
+        "{:?}",
+        read(&trail)
+    );
+    let lines = read(&trail);
+    let summary: Vec<(String, String, String, u64)> = lines
+        .iter()
+        .map(|l| {
+            (
+                l["principal"].as_str().unwrap_or("-").to_owned(),
+                l["action"].as_str().unwrap().to_owned(),
+                l["outcome"].as_str().unwrap().to_owned(),
+                l["status"].as_u64().unwrap(),
+            )
+        })
+        .collect();
+    assert_eq!(
+        summary,
+        vec![
+            ("root".into(), "PUT /v1/namespaces/{namespace}".into(), "ok".into(), 201),
+            ("auditor".into(), "PUT /v1/namespaces/{namespace}".into(), "refused".into(), 403),
+            ("-".into(), "GET /v1/namespaces".into(), "refused".into(), 401),
+            ("root".into(), "PUT /v1/namespaces/{namespace}/grants/{token}".into(), "ok".into(), 200),
+        ]
+    );
+    for line in &lines {
+        assert!(line["time"].as_str().unwrap().ends_with('Z') && !line["request_id"].as_str().unwrap().is_empty());
+        assert!(line["source"].as_str().unwrap().starts_with("127.0.0.1:"), "{line}");
+        let text = line.to_string();
+        assert!(!text.contains(&admin) && !text.contains(&reader), "no token in the trail: {text}");
+    }
+    assert_eq!(lines[0]["resource"], "/v1/namespaces/hive");
+    let metrics = daemon.client().with_token(&reader).metrics().await.unwrap();
+    for series in ["allot_audit_events_total{outcome=\"ok\"} 2", "allot_audit_events_total{outcome=\"refused\"} 2"] {
+        assert!(metrics.contains(series), "{series} in {metrics}");
+    }
+
+    // Rotation: the file is moved, SIGHUP, and the next line goes to a new file.
+    let rotated = dir.path().join("audit.jsonl.1");
+    std::fs::rename(&trail, &rotated).unwrap();
+    daemon.signal("HUP");
+    tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+    let (ok, _, _) = cli(&daemon.url, Some(&admin), &["quota", "set", "hive", "3"]);
+    assert!(ok);
+    assert!(eventually(std::time::Duration::from_secs(5), async || read(&trail).len() == 1).await, "a new file");
+    assert_eq!(read(&rotated).len(), 4, "the moved file keeps what it had");
+}

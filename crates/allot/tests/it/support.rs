@@ -76,6 +76,12 @@ impl Daemon {
         }
     }
 
+    /// Sends the daemon a signal (`HUP`, `STOP`, ...).
+    pub(crate) fn signal(&self, name: &str) {
+        let status = Command::new("kill").args([&format!("-{name}"), &self.child.id().to_string()]).status().unwrap();
+        assert!(status.success(), "kill -{name}");
+    }
+
     pub(crate) fn address(&self) -> String {
         self.url.trim_start_matches("http://").to_owned()
     }
