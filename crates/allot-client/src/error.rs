@@ -31,6 +31,9 @@ pub enum ClientError {
     /// The base URL or a path built from the arguments is not a usable URL.
     #[error("invalid URL: {0}")]
     InvalidUrl(String),
+    /// A CA certificate or client certificate given to the client cannot be used.
+    #[error("invalid TLS material: {0}")]
+    InvalidTls(String),
 }
 
 impl ClientError {

@@ -57,6 +57,15 @@ const MAX_RETRY_AFTER: Duration = Duration::from_secs(5);
 ///
 /// Cheap to clone: clones share one connection pool. There is no timeout on the client as a whole
 /// (so long polls are not cut); every request gets its own, see [`Client::with_request_timeout`].
+/// How a client talks to a daemon over HTTPS.
+#[derive(Debug, Clone, Default)]
+pub struct TlsOptions {
+    /// CA certificates (PEM) to trust besides the system's: the daemon's, if self-signed.
+    pub ca_cert_pem: Option<Vec<u8>>,
+    /// A client certificate and its private key (PEM, both in one), for mutual TLS.
+    pub identity_pem: Option<Vec<u8>>,
+}
+
 #[derive(Debug, Clone)]
 pub struct Client {
     http: reqwest::Client,
@@ -81,6 +90,22 @@ impl Client {
     pub fn new(base_url: &str) -> Result<Client, ClientError> {
         let http = reqwest::Client::builder().connect_timeout(CONNECT_TIMEOUT).build()?;
         Client::with_http_client(base_url, http)
+    }
+
+    /// Like [`Client::new`], for a daemon served over HTTPS (`https://...`): trusting `tls`'s CA
+    /// besides the system's, and presenting its client certificate (mutual TLS).
+    pub fn with_tls(base_url: &str, tls: &TlsOptions) -> Result<Client, ClientError> {
+        let bad = |what: &str, err: reqwest::Error| ClientError::InvalidTls(format!("{what}: {err}"));
+        let mut builder = reqwest::Client::builder().use_rustls_tls().connect_timeout(CONNECT_TIMEOUT);
+        if let Some(pem) = &tls.ca_cert_pem {
+            for cert in reqwest::Certificate::from_pem_bundle(pem).map_err(|e| bad("the CA certificate", e))? {
+                builder = builder.add_root_certificate(cert);
+            }
+        }
+        if let Some(pem) = &tls.identity_pem {
+            builder = builder.identity(reqwest::Identity::from_pem(pem).map_err(|e| bad("the client certificate", e))?);
+        }
+        Client::with_http_client(base_url, builder.build()?)
     }
 
     /// Like [`Client::new`], with a `reqwest::Client` configured by the caller (proxies, TLS, ...).

@@ -22,6 +22,7 @@ use sha2::{Digest, Sha256};
 use subtle::ConstantTimeEq as _;
 
 use crate::error::{ApiError, ErrorCode};
+use crate::tls::ClientCert;
 use crate::ServerState;
 
 /// What an API token starts with, so that a token in a file or a log is recognised as one.
@@ -172,6 +173,8 @@ pub enum Unauthenticated {
     Malformed,
     Unknown,
     Expired,
+    /// A client certificate not signed by the configured CA.
+    BadCertificate,
 }
 
 impl Unauthenticated {
@@ -181,6 +184,9 @@ impl Unauthenticated {
             Unauthenticated::Malformed => "the Authorization header is not `Bearer TOKEN`",
             Unauthenticated::Unknown => "the API token is not known (revoked, or never made)",
             Unauthenticated::Expired => "the API token has expired",
+            Unauthenticated::BadCertificate => {
+                "the client certificate is not valid for this daemon's client CA (--tls-client-ca)"
+            }
         }
     }
 }
@@ -336,10 +342,23 @@ pub(crate) fn authenticate(state: &ServerState, request: &mut Request) -> Result
     let caller = match state.access.as_deref() {
         None => Caller::Anyone,
         Some(access) if access.is_open(request.uri().path()) => Caller::Anyone,
-        Some(access) => Caller::Principal(access.authenticate(request.headers())?),
+        // A token wins over a client certificate; without one, the certificate names the caller.
+        Some(access) => match access.authenticate(request.headers()) {
+            Err(Unauthenticated::Missing) => match client_cert(request) {
+                Some(ClientCert::Verified { user, groups }) => Caller::Principal(Principal { user, groups }),
+                Some(ClientCert::Refused(_)) => return Err(Unauthenticated::BadCertificate),
+                None => return Err(Unauthenticated::Missing),
+            },
+            found => Caller::Principal(found?),
+        },
     };
     request.extensions_mut().insert(caller);
     Ok(())
+}
+
+/// What the connection's client certificate says (with mutual TLS).
+fn client_cert(request: &Request) -> Option<ClientCert> {
+    request.extensions().get::<axum::extract::ConnectInfo<crate::Peer>>()?.0.client.clone()
 }
 
 /// Where a route's resource comes from.

@@ -84,7 +84,7 @@ impl Service<Request> for Api {
             path: request.uri().path().to_owned(),
             route: None,
             caller: None,
-            source: request.extensions().get::<ConnectInfo<std::net::SocketAddr>>().map(|info| info.0),
+            source: request.extensions().get::<ConnectInfo<crate::Peer>>().map(|info| info.0.addr),
             request_id: audit.request_id(request.headers().get(REQUEST_ID)),
         };
         let answered: HotFuture = match crate::access::authenticate(&self.state, &mut request) {

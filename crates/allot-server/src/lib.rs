@@ -30,6 +30,7 @@ mod hot;
 mod metrics;
 mod objects;
 mod page;
+pub mod tls;
 pub use page::DEFAULT_PAGE;
 mod routes;
 mod runs_here;
@@ -42,7 +43,6 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use allot_store::{Store, MAX_WAIT};
-use axum::serve::ListenerExt;
 use axum::ServiceExt as _;
 use tokio::net::TcpListener;
 use utoipa::OpenApi;
@@ -53,6 +53,8 @@ pub use error::ApiError;
 pub use hot::Api;
 pub use metrics::{Metrics, MetricsConfig};
 pub use routes::apps::submit;
+use tls::Accepting;
+pub use tls::{ClientCert, Peer, Tls, TlsFiles};
 
 /// The largest request body: bodies are small JSON objects.
 pub const MAX_BODY_BYTES: usize = 64 * 1024;
@@ -90,6 +92,8 @@ pub struct Shared {
     pub access: Option<Arc<Access>>,
     /// The audit trail, if kept: changes and refusals.
     pub audit: Option<Arc<Audit>>,
+    /// HTTPS, if configured.
+    pub tls: Option<Arc<Tls>>,
 }
 
 impl std::ops::Deref for ServerState {
@@ -117,6 +121,7 @@ impl ServerState {
             frames: Arc::default(),
             access: None,
             audit: None,
+            tls: None,
         }))
     }
 
@@ -149,6 +154,12 @@ impl ServerState {
     #[must_use]
     pub fn with_audit(self, audit: Audit) -> ServerState {
         self.with(|shared| shared.audit = Some(Arc::new(audit)))
+    }
+
+    /// The same, served over TLS.
+    #[must_use]
+    pub fn with_tls(self, tls: Arc<Tls>) -> ServerState {
+        self.with(|shared| shared.tls = Some(tls))
     }
 
     /// The same, with watch streams that send a heartbeat after `heartbeat` of silence.
@@ -304,18 +315,13 @@ async fn serve(
             let _ = closing_tx.send(closing);
         }
     };
-    // Answers are small and each one ends a request: send them at once (no Nagle delay).
-    let listener = listener.tap_io(|stream| {
-        if let Err(err) = stream.set_nodelay(true) {
-            tracing::debug!(error = %err, "cannot set TCP_NODELAY");
-        }
-    });
+    let tls = state.tls.clone();
     let served = match threads.count {
         0 => {
-            let service = api(state).into_make_service_with_connect_info::<std::net::SocketAddr>();
-            axum::serve(listener, service).with_graceful_shutdown(graceful).await
+            let service = api(state).into_make_service_with_connect_info::<Peer>();
+            axum::serve(Accepting::new(listener, tls), service).with_graceful_shutdown(graceful).await
         }
-        _ => threads::serve(listener, || api(state.for_one_thread()), threads, graceful).await,
+        _ => threads::serve(listener, || api(state.for_one_thread()), tls, threads, graceful).await,
     };
     match closing_rx.await {
         Ok(closing) => {

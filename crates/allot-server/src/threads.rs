@@ -16,11 +16,14 @@ use std::future::Future;
 use std::io;
 use std::net::SocketAddr;
 
-use axum::serve::{Listener, ListenerExt as _};
+use std::sync::Arc;
+
+use axum::serve::Listener;
 use axum::ServiceExt as _;
 use tokio::net::TcpStream;
 use tokio::sync::{mpsc, watch};
 
+use crate::tls::{Accepting, Peer, Tls};
 use crate::{affinity, Api};
 
 /// How connections are served: on the caller's runtime, or on serving threads of their own.
@@ -42,6 +45,7 @@ pub struct ServingThreads {
 pub(crate) async fn serve<L>(
     mut listener: L,
     api: impl Fn() -> Api,
+    tls: Option<Arc<Tls>>,
     threads: ServingThreads,
     shutdown: impl Future<Output = ()>,
 ) -> io::Result<()>
@@ -67,6 +71,7 @@ where
         let (tx, rx) = mpsc::unbounded_channel();
         let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
         let api = api();
+        let tls = tls.clone();
         let mut stop = stop_rx.clone();
         let cpu = cpus.get(index).copied();
         let join = std::thread::Builder::new().name(format!("allot-serve-{index}")).spawn(move || {
@@ -79,9 +84,9 @@ where
                 let stopped = async move {
                     let _ = stop.wait_for(|stop| *stop).await;
                 };
-                // Tapped (doing nothing) for axum's `ConnectInfo` of a tapped listener: the peer's address.
-                let service = api.into_make_service_with_connect_info::<SocketAddr>();
-                axum::serve(Handed { rx, local }.tap_io(|_| {}), service).with_graceful_shutdown(stopped).await
+                // Handshakes (with TLS) run on this thread too.
+                let service = api.into_make_service_with_connect_info::<Peer>();
+                axum::serve(Accepting::new(Handed { rx, local }, tls), service).with_graceful_shutdown(stopped).await
             })
         })?;
         hand_to.push(tx);

@@ -9,6 +9,7 @@ pub(crate) enum ApiTokenCommand {
     /// Make a new API token, here, without a daemon: prints the token (give it to its user, once)
     /// and the `[[auth.tokens]]` entry of the daemon's configuration file, which keeps only its
     /// hash.
+    #[command(after_help = "Exit codes:\n  0  made and printed\n  2  usage error")]
     Make(MakeArgs),
 }
 

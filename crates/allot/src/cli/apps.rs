@@ -184,7 +184,7 @@ pub(crate) enum TaskCommand {
         priority: i32,
         /// Units of a token namespace's quota it holds while placed, `NAMESPACE=UNITS`;
         /// repeatable.
-        #[arg(long = "token", value_name = "NS=UNITS", value_parser = token_need)]
+        #[arg(long = "tokens", value_name = "NS=UNITS", value_parser = token_need)]
         tokens: Vec<TokenNeed>,
         /// It goes only to pools with this label, `KEY=VALUE`; repeatable.
         #[arg(long = "selector", value_name = "KEY=VALUE", value_parser = key_value)]

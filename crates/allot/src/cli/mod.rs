@@ -57,6 +57,17 @@ pub(crate) struct Common {
     /// one). Prefer the environment: a command line is visible to every user of the machine.
     #[arg(long = "token", id = "api_token", value_name = "TOKEN")]
     api_token: Option<String>,
+    /// A CA certificate (PEM) to trust for an https:// daemon, besides the system's
+    /// [env: ALLOT_CA_CERT].
+    #[arg(long, value_name = "FILE")]
+    ca_cert: Option<std::path::PathBuf>,
+    /// A client certificate (PEM) for a daemon that asks for one (with --client-key)
+    /// [env: ALLOT_CLIENT_CERT].
+    #[arg(long, value_name = "FILE")]
+    client_cert: Option<std::path::PathBuf>,
+    /// The private key (PEM) of --client-cert [env: ALLOT_CLIENT_KEY].
+    #[arg(long, value_name = "FILE")]
+    client_key: Option<std::path::PathBuf>,
     /// Print the daemon's answer as pretty JSON, for scripts (exit codes stay the same).
     #[arg(long)]
     pub(crate) json: bool,
@@ -76,6 +87,15 @@ impl Common {
         if self.api_token.is_none() {
             self.api_token.clone_from(&before.api_token);
         }
+        for (after, before) in [
+            (&mut self.ca_cert, &before.ca_cert),
+            (&mut self.client_cert, &before.client_cert),
+            (&mut self.client_key, &before.client_key),
+        ] {
+            if after.is_none() {
+                after.clone_from(before);
+            }
+        }
         self.json |= before.json;
         self.quiet |= before.quiet;
         if self.json && self.quiet {
@@ -86,7 +106,13 @@ impl Common {
 
     /// True when any option was given.
     pub(crate) fn is_given(&self) -> bool {
-        self.server.is_some() || self.api_token.is_some() || self.json || self.quiet
+        self.server.is_some()
+            || self.api_token.is_some()
+            || self.ca_cert.is_some()
+            || self.client_cert.is_some()
+            || self.client_key.is_some()
+            || self.json
+            || self.quiet
     }
 
     /// The daemon's URL: --server, else ALLOT_SERVER (when not empty), else the default.
@@ -95,6 +121,30 @@ impl Common {
             .clone()
             .or_else(|| std::env::var("ALLOT_SERVER").ok().filter(|url| !url.trim().is_empty()))
             .unwrap_or_else(|| DEFAULT_SERVER.to_owned())
+    }
+
+    /// A file named by its flag, else by its environment variable (none when empty).
+    fn path(flag: &Option<std::path::PathBuf>, env: &str) -> Option<std::path::PathBuf> {
+        flag.clone().or_else(|| std::env::var_os(env).filter(|v| !v.is_empty()).map(Into::into))
+    }
+
+    /// How to reach an https:// daemon: the CA to trust, the client certificate to present.
+    pub(crate) fn tls(&self) -> Result<Option<allot_client::TlsOptions>, ClientError> {
+        let read = |path: std::path::PathBuf| {
+            std::fs::read(&path).map_err(|e| ClientError::InvalidTls(format!("cannot read {}: {e}", path.display())))
+        };
+        let ca = Common::path(&self.ca_cert, "ALLOT_CA_CERT");
+        let cert = Common::path(&self.client_cert, "ALLOT_CLIENT_CERT");
+        let key = Common::path(&self.client_key, "ALLOT_CLIENT_KEY");
+        if ca.is_none() && cert.is_none() && key.is_none() {
+            return Ok(None);
+        }
+        let identity_pem = match (cert, key) {
+            (Some(cert), Some(key)) => Some([read(cert)?, b"\n".to_vec(), read(key)?].concat()),
+            (None, None) => None,
+            _ => return Err(ClientError::InvalidTls("--client-cert and --client-key go together".into())),
+        };
+        Ok(Some(allot_client::TlsOptions { ca_cert_pem: ca.map(read).transpose()?, identity_pem }))
     }
 
     /// The API token: --token, else ALLOT_TOKEN (none when empty).
@@ -106,7 +156,11 @@ impl Common {
 pub(crate) fn client(common: &Common) -> Result<Client, ClientError> {
     // A person at a terminal wants an answer soon; scripts that must not lose a release can
     // run the command again.
-    let client = Client::new(&common.server())?.with_release_retry(std::time::Duration::from_secs(10));
+    let client = match common.tls()? {
+        Some(tls) => Client::with_tls(&common.server(), &tls)?,
+        None => Client::new(&common.server())?,
+    };
+    let client = client.with_release_retry(std::time::Duration::from_secs(10));
     Ok(match common.token() {
         Some(token) => client.with_token(&token),
         None => client,

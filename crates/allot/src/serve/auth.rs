@@ -193,7 +193,7 @@ mod tests {
             ("[[tokens]]\nuser = \"a\"\nhash = \"md5:00\"", "hash"),
             ("[[bindings]]\nrole = \"nope\"\nusers = [\"a\"]", "nope"),
             ("[roles.x]\nuse = [\"hive:*\"]", "hive:*"),
-            ("[[tokens]]\nuser = \"a\"\nhash = \"sha256:00\"\nexpires = \"tomorrow\"", "hash"),
+            ("[[tokens]]\nuser = \"a\"\nhash = \"sha256:00\"\nexpires = \"tomorrow\"", "expires"),
         ];
         for (text, says) in cases {
             let err = format!("{:#}", parse(text).err().unwrap_or_else(|| panic!("{text} is accepted")));

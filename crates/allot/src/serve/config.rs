@@ -39,6 +39,9 @@ pub(crate) const SERVE_AFTER_HELP: &str = r#"Configuration file (--config), with
   metrics_pools = ["worker-*"]  # --metrics-pools: the same for pools (else totals only)
   apps_dir = "apps"             # --apps-dir: application files the daemon watches
   audit_log = "audit.jsonl"     # --audit-log: the audit trail (default: the log, with [auth])
+  tls_cert = "cert.pem"         # --tls-cert: serve HTTPS (re-read on SIGHUP or change)
+  tls_key = "key.pem"           # --tls-key
+  tls_client_ca = "ca.pem"      # --tls-client-ca: client certificates name the caller
   [quotas]                      # --quota: namespace = quota
   "hive:cluster-a" = 10
   [pools]                       # --pool: pool = "resources"
@@ -154,6 +157,10 @@ struct ConfigFile {
     auth: Option<super::auth::AuthFile>,
     /// The audit trail's file (`--audit-log`).
     audit_log: Option<PathBuf>,
+    /// HTTPS (`--tls-cert`, `--tls-key`, `--tls-client-ca`).
+    tls_cert: Option<PathBuf>,
+    tls_key: Option<PathBuf>,
+    tls_client_ca: Option<PathBuf>,
 }
 
 /// `[executor]`: the retry budgets of the tasks this daemon runs [Flyte's `RetryStrategy`
@@ -377,6 +384,8 @@ pub(super) struct Config {
     pub(super) auth: Option<super::auth::Resolved>,
     /// Where the audit trail goes: a file, the log (with `[auth]`), or nowhere.
     pub(super) audit: Option<allot_server::AuditSink>,
+    /// HTTPS, if configured.
+    pub(super) tls: Option<allot_server::TlsFiles>,
 }
 
 /// The lease rules from the file's `[alloc_leases]` and the flags (which win).
@@ -542,7 +551,15 @@ pub(super) fn resolve(args: &ServeArgs) -> anyhow::Result<Config> {
         (None, Some(_)) => Some(allot_server::AuditSink::Log),
         (None, None) => None,
     };
+    let tls = match (args.tls_cert.clone().or(file.tls_cert), args.tls_key.clone().or(file.tls_key)) {
+        (Some(cert), Some(key)) => {
+            Some(allot_server::TlsFiles { cert, key, client_ca: args.tls_client_ca.clone().or(file.tls_client_ca) })
+        }
+        (None, None) if args.tls_client_ca.is_none() && file.tls_client_ca.is_none() => None,
+        _ => bail!("HTTPS needs both tls_cert and tls_key (--tls-cert, --tls-key); tls_client_ca needs them too"),
+    };
     Ok(Config {
+        tls,
         audit,
         auth,
         watch: watch_config(&file.watch)?,

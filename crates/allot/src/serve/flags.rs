@@ -38,6 +38,17 @@ pub(crate) struct ServeArgs {
     /// reopened on SIGHUP for log rotation [default: the log, when `[auth]` is configured].
     #[arg(long, value_name = "FILE", env = "ALLOT_AUDIT_LOG")]
     pub(super) audit_log: Option<PathBuf>,
+    /// Serve HTTPS with this certificate (PEM, with its chain); re-read on SIGHUP or when the file
+    /// changes, without dropping connections.
+    #[arg(long, value_name = "FILE", env = "ALLOT_TLS_CERT", requires = "tls_key")]
+    pub(super) tls_cert: Option<PathBuf>,
+    /// The private key of --tls-cert (PEM).
+    #[arg(long, value_name = "FILE", env = "ALLOT_TLS_KEY", requires = "tls_cert")]
+    pub(super) tls_key: Option<PathBuf>,
+    /// Ask clients for a certificate signed by this CA (PEM): its subject's common name is the
+    /// caller's user, its organizations the user's groups (a token, if given, wins).
+    #[arg(long, value_name = "FILE", env = "ALLOT_TLS_CLIENT_CA", requires = "tls_cert")]
+    pub(super) tls_client_ca: Option<PathBuf>,
     /// TOML configuration file; its keys are listed below.
     #[arg(long, value_name = "FILE", env = "ALLOT_CONFIG")]
     pub(super) config: Option<PathBuf>,

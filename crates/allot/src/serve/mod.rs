@@ -47,21 +47,27 @@ fn init_logging(format: LogFormat) {
     }
 }
 
-/// Reopens the audit trail's file on every SIGHUP (after log rotation moved it).
-async fn reopen_on_hangup(audit: Arc<allot_server::Audit>) {
+/// On every SIGHUP: reopens the audit trail's file (after log rotation moved it) and reads the
+/// TLS certificate and key again.
+async fn reload_on_hangup(audit: Option<Arc<allot_server::Audit>>, tls: Option<Arc<allot_server::Tls>>) {
     #[cfg(unix)]
     {
         let Ok(mut hangups) = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup()) else {
-            tracing::warn!("cannot listen for SIGHUP: the audit trail's file will not be reopened");
+            tracing::warn!("cannot listen for SIGHUP: the audit trail and the certificate will not be reloaded");
             return;
         };
         while hangups.recv().await.is_some() {
-            tracing::info!("SIGHUP received: reopening the audit trail");
-            audit.reopen();
+            tracing::info!("SIGHUP received: reopening the audit trail, reloading the TLS certificate");
+            if let Some(audit) = &audit {
+                audit.reopen();
+            }
+            if let Some(tls) = &tls {
+                tls.reload();
+            }
         }
     }
     #[cfg(not(unix))]
-    let _ = audit;
+    let _ = (audit, tls);
 }
 
 async fn shutdown_signal() {
@@ -95,12 +101,17 @@ pub(crate) async fn run(args: ServeArgs) -> anyhow::Result<()> {
         .await
         .with_context(|| format!("cannot listen on {}", config.listen))?;
     let address = listener.local_addr()?;
+    let tls = match config.tls.clone() {
+        Some(files) => Some(Arc::new(allot_server::Tls::load(files).context("cannot set up HTTPS")?)),
+        None => None,
+    };
+    let scheme = if tls.is_some() { "https" } else { "http" };
     // The URL the other daemons reach this one at: it names this daemon in the scheduler's lease
     // and in its executor's.
     let advertise = match &args.advertise {
         Some(url) => url.trim_end_matches('/').to_owned(),
-        None if address.ip().is_unspecified() => format!("http://127.0.0.1:{}", address.port()),
-        None => format!("http://{address}"),
+        None if address.ip().is_unspecified() => format!("{scheme}://127.0.0.1:{}", address.port()),
+        None => format!("{scheme}://{address}"),
     };
     let store: Arc<dyn Store> = match &config.store {
         StoreChoice::Embedded => {
@@ -180,7 +191,7 @@ pub(crate) async fn run(args: ServeArgs) -> anyhow::Result<()> {
     }
     tracing::info!(%address, data_dir = %config.data_dir.display(), backend = store.backend(), durability = store.durability(), "allot serving");
     // The one line on stdout: scripts and tests read the address from it.
-    println!("allot listening on http://{address}");
+    println!("allot listening on {scheme}://{address}");
     let mut state = allot_server::ServerState::new(store.clone())
         .with_max_wait(config.max_wait)
         .with_metrics(config.metrics.clone());
@@ -193,10 +204,12 @@ pub(crate) async fn run(args: ServeArgs) -> anyhow::Result<()> {
         let audit = allot_server::Audit::start(sink.clone())
             .with_context(|| format!("cannot open the audit trail {sink:?}"))?;
         state = state.with_audit(audit);
-        if let Some(audit) = state.audit.clone() {
-            tokio::spawn(reopen_on_hangup(audit));
-        }
     }
+    if let Some(tls) = tls {
+        tls.watch_files();
+        state = state.with_tls(tls);
+    }
+    tokio::spawn(reload_on_hangup(state.audit.clone(), state.tls.clone()));
     let (stop_executor, executor_stopped) = tokio::sync::watch::channel(false);
     if !config.run_pools.is_empty() {
         let executor = start_executor(&store, &config, advertise.clone(), daemon_token.clone()).await?;

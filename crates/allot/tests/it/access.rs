@@ -186,3 +186,110 @@ async fn every_change_and_refusal_is_one_audit_line_and_the_file_is_reopened_on_
     assert!(eventually(std::time::Duration::from_secs(5), async || read(&trail).len() == 1).await, "a new file");
     assert_eq!(read(&rotated).len(), 4, "the moved file keeps what it had");
 }
+
+/// A CA, and certificates it signs, written to `dir` as PEM.
+struct Ca {
+    cert: rcgen::Certificate,
+    key: rcgen::KeyPair,
+    pem: String,
+}
+
+impl Ca {
+    fn new(name: &str) -> Ca {
+        let key = rcgen::KeyPair::generate().unwrap();
+        let mut params = rcgen::CertificateParams::new(Vec::<String>::new()).unwrap();
+        params.is_ca = rcgen::IsCa::Ca(rcgen::BasicConstraints::Unconstrained);
+        params.distinguished_name.push(rcgen::DnType::CommonName, name);
+        let cert = params.self_signed(&key).unwrap();
+        let pem = cert.pem();
+        Ca { cert, key, pem }
+    }
+
+    /// A certificate for `names` (or, without, for the common name and organizations given):
+    /// its PEM and its key's.
+    fn sign(&self, names: &[&str], common_name: &str, organizations: &[&str]) -> (String, String) {
+        let key = rcgen::KeyPair::generate().unwrap();
+        let mut params =
+            rcgen::CertificateParams::new(names.iter().map(|n| n.to_string()).collect::<Vec<_>>()).unwrap();
+        params.distinguished_name.push(rcgen::DnType::CommonName, common_name);
+        for organization in organizations {
+            params.distinguished_name.push(rcgen::DnType::OrganizationName, *organization);
+        }
+        let cert = params.signed_by(&key, &self.cert, &self.key).unwrap();
+        (cert.pem(), key.serialize_pem())
+    }
+}
+
+#[tokio::test]
+async fn https_with_client_certificates_and_a_certificate_rotated_without_dropping_connections() {
+    let (dir, data) = data_dir();
+    let write = |name: &str, text: &str| {
+        let path = dir.path().join(name);
+        std::fs::write(&path, text).unwrap();
+        path.to_str().unwrap().to_owned()
+    };
+    let (first_ca, second_ca, clients_ca, strangers_ca) =
+        (Ca::new("first"), Ca::new("second"), Ca::new("clients"), Ca::new("strangers"));
+    let (cert, key) = first_ca.sign(&["127.0.0.1", "localhost"], "allot", &[]);
+    let (cert_path, key_path) = (write("cert.pem", &cert), write("key.pem", &key));
+    let first_pem = write("first-ca.pem", &first_ca.pem);
+    let second_pem = write("second-ca.pem", &second_ca.pem);
+    let clients_pem = write("clients-ca.pem", &clients_ca.pem);
+    let (ada_cert, ada_key) = clients_ca.sign(&[], "ada", &["hive"]);
+    let (ada_cert, ada_key) = (write("ada.pem", &ada_cert), write("ada-key.pem", &ada_key));
+    let (eve_cert, eve_key) = strangers_ca.sign(&[], "ada", &["hive"]);
+    let (eve_cert, eve_key) = (write("eve.pem", &eve_cert), write("eve-key.pem", &eve_key));
+    let (admin, admin_entry) = make_token("root", &[]);
+    let config = write(
+        "allot.toml",
+        &format!(
+            "[auth]\n{admin_entry}\n[auth.roles.hive]\nuse = [\"namespace:hive:*\"]\n\
+             [[auth.bindings]]\nrole = \"admin\"\nusers = [\"root\"]\n\
+             [[auth.bindings]]\nrole = \"hive\"\ngroups = [\"hive\"]\n"
+        ),
+    );
+    let daemon = Daemon::start(
+        &data,
+        &["--config", &config, "--tls-cert", &cert_path, "--tls-key", &key_path, "--tls-client-ca", &clients_pem],
+    );
+    assert!(daemon.url.starts_with("https://127.0.0.1:"), "{}", daemon.url);
+    let url = daemon.url.clone();
+    let tls_cli = |extra: &[&str], token: Option<&str>, args: &[&str]| {
+        let all: Vec<&str> = extra.iter().chain(args).copied().collect();
+        cli(&url, token, &all)
+    };
+
+    // The CA to trust, and a token.
+    let (ok, _, err) = tls_cli(&[], Some(&admin), &["quota", "set", "hive:a", "2"]);
+    assert!(!ok && err.to_lowercase().contains("certificate"), "without the CA: {err}");
+    let (ok, _, err) = tls_cli(&["--ca-cert", &first_pem], Some(&admin), &["quota", "set", "hive:a", "2"]);
+    assert!(ok, "{err}");
+    // A client certificate names the caller: `ada` of group `hive`.
+    let ada = ["--ca-cert", first_pem.as_str(), "--client-cert", ada_cert.as_str(), "--client-key", ada_key.as_str()];
+    let (ok, out, err) = tls_cli(&ada, None, &["token", "alloc", "hive:a", "job-1"]);
+    assert!(ok, "{out} {err}");
+    let (ok, _, err) = tls_cli(&ada, None, &["quota", "set", "hive:a", "9"]);
+    assert!(!ok && err.contains("forbidden") && err.contains("user `ada`"), "{err}");
+    // One from another CA is answered 401, saying why.
+    let eve = ["--ca-cert", first_pem.as_str(), "--client-cert", eve_cert.as_str(), "--client-key", eve_key.as_str()];
+    let (ok, _, err) = tls_cli(&eve, None, &["quota", "list"]);
+    assert!(!ok && err.contains("unauthenticated") && err.contains("client CA"), "{err}");
+
+    // A client that keeps its connection open across the rotation.
+    let tls = allot_client::TlsOptions { ca_cert_pem: Some(first_ca.pem.clone().into_bytes()), identity_pem: None };
+    let kept = allot_client::Client::with_tls(&url, &tls).unwrap().with_token(&admin);
+    assert_eq!(kept.namespace("hive:a").await.unwrap().quota, 2);
+    let (ok, _, _) = tls_cli(&["--ca-cert", &second_pem], Some(&admin), &["quota", "list"]);
+    assert!(!ok, "the second CA's certificate is not served yet");
+    let (cert, key) = second_ca.sign(&["127.0.0.1", "localhost"], "allot", &[]);
+    write("cert.pem", &cert);
+    write("key.pem", &key);
+    daemon.signal("HUP");
+    let rotated = eventually(std::time::Duration::from_secs(5), async || {
+        tls_cli(&["--ca-cert", &second_pem], Some(&admin), &["quota", "list"]).0
+    })
+    .await;
+    assert!(rotated, "the new certificate is served after SIGHUP");
+    // The open connection was not dropped: it still answers, on the old certificate.
+    assert_eq!(kept.namespace("hive:a").await.unwrap().quota, 2);
+}

@@ -157,7 +157,7 @@ async fn the_example_application_runs_where_it_fits_and_says_why_it_waits() {
                 "cpu=1",
                 "--priority",
                 "-1",
-                "--token",
+                "--tokens",
                 "db:warehouse=1",
                 "--selector",
                 "zone=eu-1",
@@ -315,7 +315,7 @@ async fn a_file_that_is_not_an_application_names_the_file_the_place_and_the_fiel
             "{err}"
         );
         // Flags that make no sense are usage errors.
-        let err = refused(&["task", "add", "a", "--id", "t", "--resources", "cpu=1", "--token", "db"], 2);
+        let err = refused(&["task", "add", "a", "--id", "t", "--resources", "cpu=1", "--tokens", "db"], 2);
         assert!(err.contains("NAMESPACE=UNITS"), "{err}");
         let err = refused(&["task", "add", "a", "--id", "t", "--resources", "cpu=1", "--spec", "{"], 2);
         assert!(err.contains("not JSON"), "{err}");
