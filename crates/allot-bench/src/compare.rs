@@ -30,6 +30,11 @@ const P99_CLIENTS: usize = 64;
 /// The daemon's rows, one per durability level.
 const DISK: &str = "allot-disk";
 const PROCESS: &str = "allot-process";
+/// With `--auth`: the process level with an API token on every request.
+const PROCESS_AUTH: &str = "allot-process-auth";
+/// With `--auth`: pairs/s at least this share of the same level's without authentication.
+const AUTH_VS_PLAIN: f64 = 0.9;
+const AUTH_CLIENTS: [usize; 2] = [16, 64];
 
 /// The JSON output of `allot bench compare --json`.
 #[derive(Serialize)]
@@ -103,16 +108,38 @@ pub(super) async fn run(args: CompareArgs) -> anyhow::Result<()> {
             .chain(["--data-dir".into(), data.into_os_string()])
             .collect()
     };
-    let spawns: [(&str, Vec<OsString>); 3] = [
-        ("baseline", vec!["baseline-server".into(), "--listen".into(), "127.0.0.1:0".into()]),
-        (DISK, serve("disk")),
-        (PROCESS, serve("process")),
+    let mut spawns: Vec<(&str, Vec<OsString>, Option<String>)> = vec![
+        ("baseline", vec!["baseline-server".into(), "--listen".into(), "127.0.0.1:0".into()], None),
+        (DISK, serve("disk"), None),
+        (PROCESS, serve("process"), None),
     ];
-    for (name, child_args) in spawns {
+    if args.auth {
+        // One token, bound to the built-in admin role; the audit trail goes to the log.
+        let token = allot_server::access::make_token();
+        let config = scratch.join("auth.toml");
+        std::fs::write(
+            &config,
+            format!(
+                "[auth]\n[[auth.tokens]]\nuser = \"bench\"\nhash = \"{}\"\n[[auth.bindings]]\nrole = \"admin\"\nusers = [\"bench\"]\n",
+                allot_server::access::hash_token(&token)
+            ),
+        )?;
+        let mut child_args = serve("process");
+        child_args.pop();
+        child_args.push(scratch.join("allot-process-auth-data").into_os_string());
+        child_args.extend(["--config".into(), config.into_os_string()]);
+        spawns.push((PROCESS_AUTH, child_args, Some(token)));
+    }
+    for (name, child_args, token) in spawns {
         let started =
             children::spawn_listening(name, &exe, &child_args, scratch.join(&format!("{name}.log")), server_cpus).await;
         let server = match started {
-            Ok(server) => server,
+            Ok(mut server) => {
+                if let Some(token) = &token {
+                    server.endpoint = server.endpoint.clone().with_token(token);
+                }
+                server
+            }
             Err(err) => {
                 skip(&mut skipped, format!("{err:#}"));
                 continue;
@@ -258,6 +285,13 @@ fn checks(clients: &[usize], summaries: &[Summary]) -> Vec<Check> {
             cpu,
             PROCESS_CPU_VS_THROTTLE,
         ));
+        if AUTH_CLIENTS.contains(&n) && find(PROCESS_AUTH, n).is_some() {
+            checks.push(Check::at_least(
+                format!("{PROCESS_AUTH}: pairs/s vs {PROCESS} at {n} clients"),
+                ratio(PROCESS_AUTH, PROCESS, n),
+                AUTH_VS_PLAIN,
+            ));
+        }
         if DISK_BASELINE_CLIENTS.contains(&n) {
             checks.push(Check::at_least(
                 format!("{DISK}: pairs/s vs baseline at {n} clients"),

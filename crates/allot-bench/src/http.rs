@@ -23,6 +23,8 @@ pub(super) struct Endpoint {
     pub(super) authority: String,
     /// A path prefix without a trailing `/` (usually empty).
     pub(super) prefix: String,
+    /// Header lines sent with every request (`authorization: Bearer ...\r\n`), or empty.
+    pub(super) headers: String,
 }
 
 impl Endpoint {
@@ -46,7 +48,13 @@ impl Endpoint {
         } else {
             format!("{authority}:80")
         };
-        Ok(Endpoint { authority, prefix: path.trim_end_matches('/').to_owned() })
+        Ok(Endpoint { authority, prefix: path.trim_end_matches('/').to_owned(), headers: String::new() })
+    }
+
+    /// The same, with `token` sent as the bearer of every request.
+    pub(super) fn with_token(mut self, token: &str) -> Endpoint {
+        self.headers = format!("authorization: Bearer {token}\r\n");
+        self
     }
 
     /// The endpoint's URL, for people.
@@ -144,6 +152,7 @@ impl Conn {
         if !body.is_empty() {
             self.out.extend_from_slice(b"content-type: application/json\r\n");
         }
+        self.out.extend_from_slice(self.endpoint.headers.as_bytes());
         self.out.extend_from_slice(b"\r\n");
         self.out.extend_from_slice(body);
         let stream = self.stream.as_mut().context("the connection is closed")?;

@@ -218,6 +218,10 @@ struct CompareArgs {
     /// /dev/shm takes the disk out of the measurement. Default: the system's temporary directory.
     #[arg(long)]
     tmp_dir: Option<std::path::PathBuf>,
+    /// Also measure the daemon at the process level with access configured (`[auth]`) and an
+    /// API token on every request (`allot-process-auth`), against the same level without.
+    #[arg(long)]
+    auth: bool,
     /// Run the servers on the first half of the CPUs this process may use and the load generator
     /// on the other half, as `taskset` would (each server then sizes its threads for its half).
     /// Without it the kernel places them, and where it puts the threads moves the results from
