@@ -11,6 +11,7 @@
 use serde::{Deserialize, Serialize};
 use utoipa::ToSchema;
 
+mod access;
 mod apps;
 mod pools;
 mod quotas;
@@ -18,6 +19,7 @@ mod runs;
 pub mod spec;
 mod watch;
 
+pub use access::*;
 pub use apps::*;
 pub use pools::*;
 pub use quotas::*;

@@ -17,6 +17,7 @@
 #![doc = include_str!("../examples/allocate.rs")]
 //! ```
 
+mod access;
 mod apps;
 mod error;
 mod path;

@@ -289,6 +289,19 @@ impl Binding {
     }
 }
 
+/// Why a change of the tokens or bindings kept in the store was refused.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum AccessError {
+    #[error("an API token named `{0}` exists; revoke it first, or choose another name")]
+    TokenExists(String),
+    #[error("no API token is named `{0}`")]
+    TokenNotFound(String),
+    #[error("no binding is named `{0}`")]
+    BindingNotFound(String),
+    #[error("{0}")]
+    Invalid(String),
+}
+
 /// Why a policy was refused.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum PolicyError {
@@ -337,6 +350,21 @@ impl Policy {
         };
         let reader = Role { grants: vec![(Permission::Read, Pattern::Everything)] };
         Policy { roles: [("admin".to_owned(), admin), ("reader".to_owned(), reader)].into(), bindings: Vec::new() }
+    }
+
+    /// This policy with `more` bindings; those that name a role it does not have are answered
+    /// apart (and left out).
+    pub fn with_bindings(&self, more: Vec<Binding>) -> (Policy, Vec<Binding>) {
+        let (known, unknown): (Vec<Binding>, Vec<Binding>) =
+            more.into_iter().partition(|binding| self.roles.contains_key(&binding.role));
+        let mut policy = self.clone();
+        policy.bindings.extend(known);
+        (policy, unknown)
+    }
+
+    /// Whether a role of this name exists (defined, or built in).
+    pub fn has_role(&self, name: &str) -> bool {
+        self.roles.contains_key(name)
     }
 
     /// The roles bound to `principal`.

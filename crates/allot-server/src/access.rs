@@ -9,7 +9,7 @@
 //! SHA-256 hash, and never logged, counted or echoed.
 
 use std::collections::HashMap;
-use std::sync::Arc;
+use std::sync::{Arc, RwLock};
 use std::time::SystemTime;
 
 use allot_core::access::{Denied, Kind, Permission, Policy, Principal, Resource};
@@ -65,6 +65,8 @@ pub struct Credential {
     pub principal: Principal,
     pub expires: Option<SystemTime>,
     hash: [u8; 32],
+    /// Made through the API and kept in the store (it can be revoked while the daemon runs).
+    stored: bool,
 }
 
 /// Why a credential was refused.
@@ -89,7 +91,11 @@ impl Credential {
         if principal.user.trim().is_empty() {
             return Err(CredentialError::NoUser(name.to_owned()));
         }
-        Ok(Credential { name: name.to_owned(), principal, expires, hash })
+        Ok(Credential { name: name.to_owned(), principal, expires, hash, stored: false })
+    }
+
+    fn stored(self) -> Credential {
+        Credential { stored: true, ..self }
     }
 }
 
@@ -100,59 +106,175 @@ pub struct OpenRoutes {
     pub document: bool,
 }
 
-/// The daemon's access configuration: its tokens and its policy.
+/// The daemon's access configuration: the tokens and policy of its file, and those kept in the
+/// store (made through the API), read again whenever the store's version of them moves.
 #[derive(Debug)]
 pub struct Access {
-    policy: Policy,
-    /// Tokens by the first half of their hash; the whole hash is compared in constant time.
-    tokens: HashMap<[u8; 16], Vec<Credential>>,
+    /// The file's roles and bindings.
+    file_policy: Policy,
+    /// The file's tokens by the first half of their hash; the whole hash is compared in
+    /// constant time.
+    file_tokens: HashMap<[u8; 16], Vec<Credential>>,
     open: OpenRoutes,
+    /// With the store's tokens and bindings, as last read.
+    current: RwLock<Arc<Current>>,
+    /// Moves whenever `current` is read again: open streams check that their token still holds.
+    changed: tokio::sync::watch::Sender<u64>,
+}
+
+/// The policy and tokens in force: the file's, and the store's.
+#[derive(Debug)]
+struct Current {
+    /// The store's version they reflect (0: not read yet).
+    version: u64,
+    policy: Arc<Policy>,
+    stored_tokens: HashMap<[u8; 16], Vec<Credential>>,
+}
+
+/// Tokens by the first half of their hash.
+fn by_hash(credentials: Vec<Credential>) -> Result<HashMap<[u8; 16], Vec<Credential>>, CredentialError> {
+    let mut tokens: HashMap<[u8; 16], Vec<Credential>> = HashMap::new();
+    let mut names = std::collections::HashSet::new();
+    for credential in credentials {
+        if !names.insert(credential.name.clone()) {
+            return Err(CredentialError::Duplicate(credential.name));
+        }
+        let key: [u8; 16] = credential.hash[..16].try_into().expect("16 of 32 bytes");
+        tokens.entry(key).or_default().push(credential);
+    }
+    Ok(tokens)
+}
+
+/// The credential of a token's `hash` among `tokens`, compared in constant time.
+fn find<'a>(tokens: &'a HashMap<[u8; 16], Vec<Credential>>, hash: &[u8; 32]) -> Option<&'a Credential> {
+    let key: [u8; 16] = hash[..16].try_into().expect("16 of 32 bytes");
+    tokens.get(&key).into_iter().flatten().find(|c| bool::from(c.hash.ct_eq(hash)))
 }
 
 impl Access {
     pub fn new(policy: Policy, credentials: Vec<Credential>, open: OpenRoutes) -> Result<Access, CredentialError> {
-        let mut tokens: HashMap<[u8; 16], Vec<Credential>> = HashMap::new();
-        let mut names = std::collections::HashSet::new();
-        for credential in credentials {
-            if !names.insert(credential.name.clone()) {
-                return Err(CredentialError::Duplicate(credential.name));
-            }
-            let key: [u8; 16] = credential.hash[..16].try_into().expect("16 of 32 bytes");
-            tokens.entry(key).or_default().push(credential);
-        }
-        Ok(Access { policy, tokens, open })
+        let file_tokens = by_hash(credentials)?;
+        let current = Current { version: 0, policy: Arc::new(policy.clone()), stored_tokens: HashMap::new() };
+        Ok(Access {
+            file_policy: policy,
+            file_tokens,
+            open,
+            current: RwLock::new(Arc::new(current)),
+            changed: tokio::sync::watch::channel(0).0,
+        })
     }
 
-    pub fn policy(&self) -> &Policy {
-        &self.policy
+    /// The policy in force: the file's roles and bindings, and the store's bindings.
+    pub fn policy(&self) -> Arc<Policy> {
+        self.current().policy.clone()
+    }
+
+    fn current(&self) -> Arc<Current> {
+        self.current.read().unwrap_or_else(|p| p.into_inner()).clone()
+    }
+
+    /// Whether a role of this name exists (a binding made through the API must name one).
+    pub fn has_role(&self, name: &str) -> bool {
+        self.file_policy.has_role(name)
+    }
+
+    /// Reads the store's tokens and bindings again if their version moved.
+    pub async fn refresh(&self, store: &dyn allot_store::Store) -> Result<(), allot_store::StoreError> {
+        let version = store.access_version().await?;
+        if version == self.current().version {
+            return Ok(());
+        }
+        let records = store.access_records().await?;
+        let mut credentials = Vec::with_capacity(records.tokens.len());
+        for record in records.tokens {
+            let expires = record.expires.map(|ms| SystemTime::UNIX_EPOCH + std::time::Duration::from_millis(ms));
+            let principal = Principal { user: record.user, groups: record.groups };
+            match Credential::new(&record.name, &record.hash, principal, expires) {
+                Ok(credential) => credentials.push(credential.stored()),
+                Err(err) => tracing::warn!(error = %err, "an API token kept in the store is unusable; ignored"),
+            }
+        }
+        let stored_tokens = by_hash(credentials).unwrap_or_default();
+        let bindings = records
+            .bindings
+            .into_iter()
+            .map(|b| allot_core::access::Binding { role: b.role, users: b.users, groups: b.groups })
+            .collect();
+        let (policy, unknown) = self.file_policy.with_bindings(bindings);
+        for binding in unknown {
+            tracing::warn!(role = %binding.role, "a binding kept in the store names a role this daemon does not have; ignored");
+        }
+        let current = Current { version: records.version, policy: Arc::new(policy), stored_tokens };
+        *self.current.write().unwrap_or_else(|p| p.into_inner()) = Arc::new(current);
+        self.changed.send_replace(records.version);
+        Ok(())
+    }
+
+    /// Reads the store's tokens and bindings every quarter of a second while the process runs
+    /// (a token revoked through another daemon stops being accepted within a second).
+    pub fn follow(self: &Arc<Access>, store: Arc<dyn allot_store::Store>) {
+        let access = Arc::downgrade(self);
+        tokio::spawn(async move {
+            let mut failing = false;
+            loop {
+                let Some(access) = access.upgrade() else { return };
+                match access.refresh(store.as_ref()).await {
+                    Ok(()) => failing = false,
+                    Err(err) if !failing => {
+                        failing = true;
+                        tracing::warn!(error = %err, "cannot read the API tokens kept in the store; using the last read");
+                    }
+                    Err(_) => {}
+                }
+                drop(access);
+                tokio::time::sleep(std::time::Duration::from_millis(250)).await;
+            }
+        });
+    }
+
+    /// A receiver that sees every reading of the store's tokens (for streams that must end
+    /// when their token is revoked).
+    pub(crate) fn changes(&self) -> tokio::sync::watch::Receiver<u64> {
+        self.changed.subscribe()
+    }
+
+    /// Whether the stored token named `name` is still accepted.
+    pub(crate) fn stored_token_live(&self, name: &str) -> bool {
+        let now = SystemTime::now();
+        self.current()
+            .stored_tokens
+            .values()
+            .flatten()
+            .any(|c| c.name == name && c.expires.is_none_or(|expires| expires > now))
     }
 
     /// The credential of `token`, if it is known and has not expired.
-    fn credential(&self, token: &str, now: SystemTime) -> Result<&Credential, Unauthenticated> {
+    fn credential(&self, token: &str, now: SystemTime) -> Result<Credential, Unauthenticated> {
         let hash: [u8; 32] = Sha256::digest(token.as_bytes()).into();
-        let key: [u8; 16] = hash[..16].try_into().expect("16 of 32 bytes");
-        let found = self
-            .tokens
-            .get(&key)
-            .into_iter()
-            .flatten()
-            .find(|c| bool::from(c.hash.ct_eq(&hash)))
+        let current = self.current();
+        let found = find(&self.file_tokens, &hash)
+            .or_else(|| find(&current.stored_tokens, &hash))
             .ok_or(Unauthenticated::Unknown)?;
         match found.expires {
             Some(expires) if expires <= now => Err(Unauthenticated::Expired),
-            _ => Ok(found),
+            _ => Ok(found.clone()),
         }
     }
 
     /// Who makes the call with `headers`.
     pub fn authenticate(&self, headers: &HeaderMap) -> Result<Principal, Unauthenticated> {
+        Ok(self.authenticate_token(headers)?.principal)
+    }
+
+    /// The credential of the call's bearer token.
+    fn authenticate_token(&self, headers: &HeaderMap) -> Result<Credential, Unauthenticated> {
         let value = headers.get(header::AUTHORIZATION).ok_or(Unauthenticated::Missing)?;
         let value = value.to_str().map_err(|_| Unauthenticated::Malformed)?;
         let (scheme, token) = value.split_once(' ').ok_or(Unauthenticated::Malformed)?;
         if !scheme.eq_ignore_ascii_case("bearer") || token.trim().is_empty() {
             return Err(Unauthenticated::Malformed);
         }
-        Ok(self.credential(token.trim(), SystemTime::now())?.principal.clone())
+        self.credential(token.trim(), SystemTime::now())
     }
 
     /// Whether `path` is answered without a token.
@@ -175,6 +297,8 @@ pub enum Unauthenticated {
     Expired,
     /// A client certificate not signed by the configured CA.
     BadCertificate,
+    /// The token was revoked (or expired) while the call was open.
+    Revoked,
 }
 
 impl Unauthenticated {
@@ -184,6 +308,7 @@ impl Unauthenticated {
             Unauthenticated::Malformed => "the Authorization header is not `Bearer TOKEN`",
             Unauthenticated::Unknown => "the API token is not known (revoked, or never made)",
             Unauthenticated::Expired => "the API token has expired",
+            Unauthenticated::Revoked => "the API token was revoked (or expired) while the call was open",
             Unauthenticated::BadCertificate => {
                 "the client certificate is not valid for this daemon's client CA (--tls-client-ca)"
             }
@@ -200,6 +325,12 @@ impl IntoResponse for Unauthenticated {
         let mut response = ApiError::of(ErrorCode::Unauthenticated, self.message()).into_response();
         response.headers_mut().insert(header::WWW_AUTHENTICATE, HeaderValue::from_static(challenge));
         response
+    }
+}
+
+impl From<Unauthenticated> for ApiError {
+    fn from(refused: Unauthenticated) -> ApiError {
+        ApiError::of(ErrorCode::Unauthenticated, refused.message())
     }
 }
 
@@ -221,7 +352,9 @@ impl Caller {
     /// Refuses the call unless the caller may do `permission` on `resource`.
     pub fn check(&self, access: Option<&Access>, permission: Permission, resource: Resource) -> Result<(), ApiError> {
         match (self, access) {
-            (Caller::Principal(principal), Some(access)) => Ok(access.policy.check(principal, permission, resource)?),
+            (Caller::Principal(principal), Some(access)) => {
+                Ok(access.policy().check(principal, permission, resource)?)
+            }
             _ => Ok(()),
         }
     }
@@ -229,7 +362,7 @@ impl Caller {
     /// Whether the caller may do `permission` on `resource` (for filtering a list).
     pub fn may(&self, access: Option<&Access>, permission: Permission, resource: &Resource) -> bool {
         match (self, access) {
-            (Caller::Principal(principal), Some(access)) => access.policy.allows(principal, permission, resource),
+            (Caller::Principal(principal), Some(access)) => access.policy().allows(principal, permission, resource),
             _ => true,
         }
     }
@@ -343,17 +476,44 @@ pub(crate) fn authenticate(state: &ServerState, request: &mut Request) -> Result
         None => Caller::Anyone,
         Some(access) if access.is_open(request.uri().path()) => Caller::Anyone,
         // A token wins over a client certificate; without one, the certificate names the caller.
-        Some(access) => match access.authenticate(request.headers()) {
+        Some(access) => match access.authenticate_token(request.headers()) {
             Err(Unauthenticated::Missing) => match client_cert(request) {
                 Some(ClientCert::Verified { user, groups }) => Caller::Principal(Principal { user, groups }),
                 Some(ClientCert::Refused(_)) => return Err(Unauthenticated::BadCertificate),
                 None => return Err(Unauthenticated::Missing),
             },
-            found => Caller::Principal(found?),
+            found => {
+                let credential = found?;
+                if credential.stored {
+                    // Long polls and watches end when it is revoked.
+                    request.extensions_mut().insert(StoredToken(credential.name.clone()));
+                }
+                Caller::Principal(credential.principal)
+            }
         },
     };
     request.extensions_mut().insert(caller);
     Ok(())
+}
+
+/// The name of the stored token a call was authenticated by (it may be revoked meanwhile).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct StoredToken(pub String);
+
+/// Ends when the stored token named `name` stops being accepted (revoked, or expired): for a
+/// call that stays open (a long poll, a watch). Never ends for other callers.
+pub(crate) async fn revoked(access: Option<Arc<Access>>, token: Option<StoredToken>) {
+    let (Some(access), Some(StoredToken(name))) = (access, token) else {
+        return std::future::pending().await;
+    };
+    let mut changes = access.changes();
+    loop {
+        if !access.stored_token_live(&name) {
+            return;
+        }
+        // Expiry is checked each second; a revocation as soon as it is read.
+        let _ = tokio::time::timeout(std::time::Duration::from_secs(1), changes.changed()).await;
+    }
 }
 
 /// What the connection's client certificate says (with mutual TLS).
@@ -450,17 +610,17 @@ pub(crate) async fn authorize(
             None => None,
         },
         Target::Some(kind) => {
-            if access.policy.touches(&principal, permission, kind) {
+            if access.policy().touches(&principal, permission, kind) {
                 return next.run(request).await;
             }
             Some(Resource::All(kind))
         }
     };
     let allowed = match &resource {
-        Some(resource) => access.policy.check(&principal, permission, resource.clone()).map_err(ApiError::from),
+        Some(resource) => access.policy().check(&principal, permission, resource.clone()).map_err(ApiError::from),
         // What the path names cannot be read (a bad name, an application that does not exist):
         // the handler answers it to a caller who holds the permission on some of that kind.
-        None => match access.policy.touches(&principal, permission, target_kind(target)) {
+        None => match access.policy().touches(&principal, permission, target_kind(target)) {
             true => Ok(()),
             false => Err(ApiError::from(Denied {
                 principal: principal.clone(),

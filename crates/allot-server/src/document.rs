@@ -69,6 +69,12 @@ fn error_codes() -> String {
             " A watch from a revision no longer kept is revision_compacted: list again, then watch from the \
              list's Allot-Revision.",
         ),
+        (
+            Part::Access,
+            "Identity and access",
+            " A call without a known API token or client certificate is unauthenticated (401, with \
+             WWW-Authenticate); one without the permission its route needs is forbidden (403), naming both.",
+        ),
     ];
     let mut text = String::from("Every error answer has the body `{\"error\": {\"code\": ..., \"message\": ...}}`.");
     for (part, title, note) in parts {

@@ -3,6 +3,7 @@
 //! OpenAPI document lists the codes from there (`document.rs`).
 
 use allot_api::{ErrorBody, ErrorDetail};
+use allot_core::access::AccessError;
 use allot_core::apps::queues::QueueError;
 use allot_core::apps::SchedError;
 use allot_core::pools::PoolError;
@@ -62,8 +63,8 @@ error_codes! {
     StoreOutcomeUnknown = "store_outcome_unknown", Daemon, SERVICE_UNAVAILABLE;
     NotEnoughReplicas = "not_enough_replicas", Daemon, SERVICE_UNAVAILABLE;
     ShuttingDown = "shutting_down", Daemon, SERVICE_UNAVAILABLE;
-    Unauthenticated = "unauthenticated", Daemon, UNAUTHORIZED;
-    Forbidden = "forbidden", Daemon, FORBIDDEN;
+    Unauthenticated = "unauthenticated", Access, UNAUTHORIZED;
+    Forbidden = "forbidden", Access, FORBIDDEN;
     CapsWithoutScope = "caps_without_scope", Quotas, BAD_REQUEST;
     NamespaceNotFound = "namespace_not_found", Quotas, NOT_FOUND;
     GrantNotFound = "grant_not_found", Quotas, NOT_FOUND;
@@ -102,6 +103,10 @@ error_codes! {
     RunNotHere = "run_not_here", Runs, CONFLICT;
     RevisionCompacted = "revision_compacted", Watch, GONE;
     WatchUnsupported = "watch_unsupported", Watch, NOT_IMPLEMENTED;
+    ApiTokenExists = "api_token_exists", Access, CONFLICT;
+    ApiTokenNotFound = "api_token_not_found", Access, NOT_FOUND;
+    BindingNotFound = "binding_not_found", Access, NOT_FOUND;
+    UnknownRole = "unknown_role", Access, BAD_REQUEST;
 }
 
 /// The part of allot an error code belongs to; `Daemon` for the codes any route may answer.
@@ -114,6 +119,8 @@ pub enum Part {
     Runs,
     /// The change feed (`GET /v1/watch`).
     Watch,
+    /// Identity and access: API tokens and bindings.
+    Access,
 }
 
 /// An error answer: HTTP status, stable code, and a message a person understands.
@@ -230,6 +237,18 @@ impl From<SchedError> for ApiError {
     }
 }
 
+impl From<AccessError> for ApiError {
+    fn from(err: AccessError) -> ApiError {
+        let code = match &err {
+            AccessError::TokenExists(_) => ErrorCode::ApiTokenExists,
+            AccessError::TokenNotFound(_) => ErrorCode::ApiTokenNotFound,
+            AccessError::BindingNotFound(_) => ErrorCode::BindingNotFound,
+            AccessError::Invalid(_) => ErrorCode::InvalidArgument,
+        };
+        ApiError::of(code, err.to_string())
+    }
+}
+
 impl From<ResourcesError> for ApiError {
     fn from(err: ResourcesError) -> ApiError {
         ApiError::of(ErrorCode::InvalidResources, err.to_string())
@@ -247,6 +266,7 @@ impl From<StoreError> for ApiError {
             StoreError::Invalid(message) => ApiError::invalid_argument(message),
             StoreError::Pool(err) => err.into(),
             StoreError::Sched(err) => err.into(),
+            StoreError::Access(err) => err.into(),
         }
     }
 }

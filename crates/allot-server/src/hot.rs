@@ -160,7 +160,10 @@ async fn answer(state: ServerState, hot: Hot, request: Request) -> Result<Respon
         _ if allowed.is_err() => allowed.expect_err("refused").into_response(),
         Hot::Allocate => match axum::body::to_bytes(body, MAX_BODY_BYTES).await {
             Ok(bytes) => match json_object(&bytes) {
-                Ok(body) => allocate_grant(&state, namespace, token, body).await.into_response(),
+                Ok(body) => {
+                    let stored = parts.extensions.get::<crate::access::StoredToken>().cloned();
+                    allocate_grant(&state, namespace, token, body, stored).await.into_response()
+                }
                 Err(err) => err.into_response(),
             },
             Err(err) => ApiError::invalid_json(format!("cannot read the request body: {err}")).into_response(),

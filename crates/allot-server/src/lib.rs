@@ -247,6 +247,12 @@ stayed listed."
         routes::apps::complete_task,
         routes::apps::fail_task,
         routes::apps::finish_tasks,
+        routes::access::create_api_token,
+        routes::access::list_api_tokens,
+        routes::access::revoke_api_token,
+        routes::access::put_binding,
+        routes::access::list_bindings,
+        routes::access::remove_binding,
         routes::watch::watch,
     ),
     components(schemas(allot_api::WatchBehind))
@@ -304,6 +310,10 @@ async fn serve(
     threads: ServingThreads,
 ) -> std::io::Result<()> {
     let store = state.store.clone();
+    if let Some(access) = &state.access {
+        // The tokens and bindings made through the API, on any daemon of the store.
+        access.follow(store.clone());
+    }
     let (closing_tx, closing_rx) = tokio::sync::oneshot::channel();
     let graceful = {
         let store = store.clone();

@@ -41,6 +41,7 @@
 //! and clusters for tests, and a store whose functions read a clock the test sets.
 //! Imports run one way: the parts use the modules under them, and this file starts them.
 
+mod access;
 pub mod apps;
 mod cluster;
 mod config;

@@ -76,6 +76,7 @@ operations!(
     sched_grant,
     runs,
     feed,
+    access,
 );
 
 const PRELUDE: &str = include_str!("lua/namespace.lua");
@@ -120,7 +121,8 @@ fn version(prelude: &str, bodies: &[(&str, &str)]) -> String {
 
 /// The functions that work on their own keys (sessions, pools): they take `KEYS` and `ARGV` as
 /// they are and skip `bind`, which builds a namespace's key names.
-const OWN_KEYS: &[&str] = &["session_grants", "sessions", "pool", "registry", "sched_lease", "apps", "runs", "feed"];
+const OWN_KEYS: &[&str] =
+    &["session_grants", "sessions", "pool", "registry", "sched_lease", "apps", "runs", "feed", "access"];
 
 fn library(version: &str, prelude: &str, bodies: &[(&str, &str)], checked: bool) -> String {
     let mut text = format!("#!lua name=allot_{version}\n{prelude}\nlocal BODIES = {{}}\n");

@@ -19,6 +19,7 @@
 //! answered with [`StoreError::Unavailable`] and is not visible afterwards (or, when it may have
 //! been applied, [`StoreError::OutcomeUnknown`] and is visible exactly if it was).
 
+pub mod access;
 pub mod apps;
 pub mod clock;
 #[cfg(feature = "testing")]
@@ -35,6 +36,7 @@ pub mod watch;
 
 /// The traits whose methods a caller of `dyn Store` uses: `use allot_store::prelude::*;`.
 pub mod prelude {
+    pub use crate::access::AccessStore;
     pub use crate::apps::AppStore;
     pub use crate::pools::PoolStore;
     pub use crate::quotas::QuotaStore;
@@ -49,6 +51,7 @@ use allot_core::pools::PoolError;
 use allot_core::{LedgerError, Millis};
 use async_trait::async_trait;
 
+pub use access::{AccessRecords, AccessStore, ApiTokenRecord, BindingRecord};
 pub use apps::{AppInfo, AppStore, AppsHome, Submitted, TaskInfo};
 pub use embedded::{Durability, EmbeddedConfig, EmbeddedStore};
 pub use pools::PoolStore;
@@ -192,6 +195,9 @@ pub enum StoreError {
     Pool(#[from] PoolError),
     #[error(transparent)]
     Sched(#[from] allot_core::apps::SchedError),
+    /// A change of the API tokens or bindings kept in the store was refused.
+    #[error(transparent)]
+    Access(allot_core::access::AccessError),
 }
 
 /// The upper bounds (µs) of the buckets of the commit-time histogram; a last bucket holds the rest.
@@ -222,7 +228,9 @@ pub struct CommitStats {
 ///
 /// Every mutating call returns only once its effect is durable.
 #[async_trait]
-pub trait Store: QuotaStore + PoolStore + AppStore + RunStore + WatchStore + Send + Sync + 'static {
+pub trait Store:
+    QuotaStore + PoolStore + AppStore + RunStore + WatchStore + AccessStore + Send + Sync + 'static
+{
     /// A short name for logs and `/healthz`, e.g. `embedded`.
     fn backend(&self) -> &'static str;
     /// What an acknowledged change survives, for `/healthz` and metrics: `disk` or `process` on

@@ -73,9 +73,13 @@ enum Command {
     /// then a summary; exits non-zero if a task did not complete.
     #[command(after_help = cli::run::after_help())]
     Run(cli::run::RunArgs),
-    /// Make API tokens for a daemon with access configured (`[auth]` in its configuration file).
+    /// Make API tokens for a daemon with access configured (`[auth]`): for its configuration
+    /// file, or through the API (create, list, revoke).
     #[command(subcommand, name = "api-token")]
     ApiToken(cli::access::ApiTokenCommand),
+    /// Give roles to users and groups through the API (set, list, remove).
+    #[command(subcommand)]
+    Binding(cli::access::BindingCommand),
     /// Measure a daemon under load (and compare it with a baseline server).
     #[command(after_help = allot_bench::BENCH_AFTER_HELP)]
     Bench(allot_bench::BenchArgs),
@@ -87,10 +91,7 @@ enum Command {
 fn main() -> ExitCode {
     let args = Args::parse();
     if args.before.is_given()
-        && matches!(
-            args.command,
-            Command::Serve(_) | Command::Bench(_) | Command::BaselineServer(_) | Command::ApiToken(_)
-        )
+        && matches!(args.command, Command::Serve(_) | Command::Bench(_) | Command::BaselineServer(_))
     {
         return cli::usage_error(
             "--server, --json and --quiet before the command are options of the CLI commands (quota, token, \
@@ -122,7 +123,8 @@ fn main() -> ExitCode {
             Command::Task(command) => cli::apps::task(command, &args.before).await,
             Command::Run(command) => cli::run::run(command, &args.before).await,
             Command::Watch(command) => cli::watch::watch(command, &args.before).await,
-            Command::ApiToken(command) => Ok(cli::access::run(command)),
+            Command::ApiToken(command) => cli::access::api_token(command, &args.before).await,
+            Command::Binding(command) => cli::access::binding(command, &args.before).await,
             Command::Bench(args) => allot_bench::run(args).await.map(|()| ExitCode::SUCCESS),
             Command::BaselineServer(args) => allot_bench::baseline_server(args).await.map(|()| ExitCode::SUCCESS),
         }

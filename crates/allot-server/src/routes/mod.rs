@@ -3,6 +3,7 @@
 //! (`daemon`: health and readiness), and `watch`: the change feed, and the revision every read
 //! reflects.
 
+pub(crate) mod access;
 pub(crate) mod apps;
 pub(crate) mod daemon;
 pub(crate) mod pools;
@@ -15,10 +16,10 @@ use std::sync::Arc;
 use allot_core::access::{Kind, Permission};
 use axum::extract::DefaultBodyLimit;
 use axum::http::Method;
-use axum::routing::{get, post, put, MethodRouter};
+use axum::routing::{delete, get, post, put, MethodRouter};
 use axum::{Json, Router};
 
-use crate::access::{self, Need, Needs, Target};
+use crate::access::{self as checks, Need, Needs, Target};
 use crate::error::ApiError;
 use crate::{forward, metrics, openapi, ServerState, MAX_BODY_BYTES, MAX_SUBMIT_BODY_BYTES};
 
@@ -164,6 +165,18 @@ pub(crate) fn routes(state: ServerState) -> (Router, Arc<Needs>) {
         .route("/v1/apps/{app}/tasks/{task}/fail", post(apps::fail_task), &[(M::POST, work(APP))])
         // Each end names its application: the handler checks `use` on each one's queue.
         .route("/v1/tasks/finish", post(apps::finish_tasks), &[(M::POST, work(some(Kind::Queue)))])
+        .route(
+            "/v1/api-tokens",
+            post(access::create_api_token).get(access::list_api_tokens),
+            &[(M::POST, admin(Target::Daemon)), (M::GET, admin(Target::Daemon))],
+        )
+        .route("/v1/api-tokens/{name}", delete(access::revoke_api_token), &[(M::DELETE, admin(Target::Daemon))])
+        .route("/v1/bindings", get(access::list_bindings), &[(M::GET, admin(Target::Daemon))])
+        .route(
+            "/v1/bindings/{name}",
+            put(access::put_binding).delete(access::remove_binding),
+            &[(M::PUT, admin(Target::Daemon)), (M::DELETE, admin(Target::Daemon))],
+        )
         // The filter names what is watched: the handler checks `read` on it.
         .route("/v1/watch", get(watch::watch), &[(M::GET, read(some(Kind::Namespace)))]);
     let needs = Arc::new(declared.needs);
@@ -173,7 +186,7 @@ pub(crate) fn routes(state: ServerState) -> (Router, Arc<Needs>) {
         .method_not_allowed_fallback(|| async { ApiError::method_not_allowed() })
         .layer(DefaultBodyLimit::max(MAX_BODY_BYTES))
         .route_layer(axum::middleware::from_fn_with_state(state.clone(), watch::stamp_revision))
-        .route_layer(axum::middleware::from_fn_with_state((state.clone(), needs.clone()), access::authorize))
+        .route_layer(axum::middleware::from_fn_with_state((state.clone(), needs.clone()), checks::authorize))
         .route_layer(axum::middleware::from_fn_with_state(state.clone(), metrics::track))
         .layer(axum::middleware::from_fn_with_state(state.clone(), forward::to_scheduler))
         .with_state(state);

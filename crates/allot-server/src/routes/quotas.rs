@@ -1,6 +1,7 @@
 //! The handlers of the token quotas: namespaces, grants, waiters and sessions; one per route,
 //! each a thin conversion around one `QuotaStore` call.
 
+use crate::access::{revoked, StoredToken, Unauthenticated};
 use allot_api as api;
 use axum::extract::State;
 use axum::http::StatusCode;
@@ -120,10 +121,11 @@ pub(crate) async fn get_grant(
         (status = 503, body = api::ErrorBody)))]
 pub(crate) async fn allocate(
     State(state): State<ServerState>,
+    stored: Option<axum::Extension<StoredToken>>,
     Segments((name, token)): Segments<(String, String)>,
     JsonBody(body): JsonBody<api::Allocate>,
 ) -> Answer<api::AllocateResponse> {
-    allocate_grant(&state, &name, &token, body).await
+    allocate_grant(&state, &name, &token, body, stored.map(|e| e.0)).await
 }
 
 /// What [`allocate`] does, once its path and body are read (the hot path calls it too).
@@ -132,10 +134,17 @@ pub(crate) async fn allocate_grant(
     name: &str,
     token: &str,
     body: api::Allocate,
+    stored: Option<StoredToken>,
 ) -> Answer<api::AllocateResponse> {
     let (request, wait) = convert::allocate_request(name, token, body, state.max_wait)?;
-    let allocation = state.store.allocate(request, wait).await?;
-    Ok(Json(convert::allocation(allocation)))
+    if wait.is_zero() || stored.is_none() {
+        return Ok(Json(convert::allocation(state.store.allocate(request, wait).await?)));
+    }
+    // A call that waits ends, as its caller leaving would, when its token is revoked.
+    tokio::select! {
+        allocation = state.store.allocate(request, wait) => Ok(Json(convert::allocation(allocation?))),
+        () = revoked(state.access.clone(), stored) => Err(Unauthenticated::Revoked.into()),
+    }
 }
 
 #[derive(Debug, Deserialize, utoipa::IntoParams)]

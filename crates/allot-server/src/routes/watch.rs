@@ -148,6 +148,7 @@ fn refused(err: WatchError) -> ApiError {
 pub(crate) async fn watch(
     State(state): State<ServerState>,
     who: Who,
+    stored: Option<axum::Extension<access::StoredToken>>,
     headers: HeaderMap,
     QueryArgs(pairs): QueryArgs<Vec<(String, String)>>,
 ) -> Result<Response, ApiError> {
@@ -158,7 +159,9 @@ pub(crate) async fn watch(
     let watcher = state.store.watch(request.filter, request.since).map_err(refused)?;
     let start = watcher.revision();
     let stream = Streaming::new(watcher, state.frames.clone(), state.heartbeat, state.metrics.watching());
-    let mut response = Response::new(Body::from_stream(stream.chunks()));
+    // The stream ends when the token it was opened with is revoked (within a second).
+    let revoked = Box::pin(access::revoked(state.access.clone(), stored.map(|e| e.0)));
+    let mut response = Response::new(Body::from_stream(futures_util::StreamExt::take_until(stream.chunks(), revoked)));
     let headers = response.headers_mut();
     headers.insert(CONTENT_TYPE, HeaderValue::from_static("text/event-stream"));
     headers.insert(CACHE_CONTROL, HeaderValue::from_static("no-cache"));

@@ -83,6 +83,7 @@ fn fill(path: &str, own: bool) -> String {
         .replace("{id}", "0123456789abcdef0123456789abcdef")
         .replace("{offer}", "0")
         .replace("{alloc}", "0123456789abcdef")
+        .replace("{name}", "x")
 }
 
 fn body_of(method: &Method) -> &'static str {
@@ -268,4 +269,95 @@ async fn lists_answer_only_what_the_caller_may_see_and_submissions_are_the_calle
         (StatusCode::OK, json!("task_not_found")),
         "{answer}"
     );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tokens_made_through_the_api_work_until_revoked_and_revocation_ends_open_calls() {
+    let h = Harness::with_state(|state: ServerState| state.with_access(access()));
+    for (uri, body) in [("/v1/namespaces/team:a", r#"{"quota": 1}"#), ("/v1/pools/team-p", r#"{"capacity": "cpu=1"}"#)]
+    {
+        let (status, _, _) = call(&h, &Method::PUT, uri, Some(ADMIN), body).await;
+        assert!(status.is_success());
+    }
+    // Only an admin makes tokens; the answer shows the token once.
+    let made = json!({"name": "bob-laptop", "user": "bob", "groups": ["team"]});
+    let (status, _, _) = call(&h, &Method::POST, "/v1/api-tokens", Some(TEAM), &made.to_string()).await;
+    assert_eq!(status, StatusCode::FORBIDDEN);
+    let (status, answer, _) = call(&h, &Method::POST, "/v1/api-tokens", Some(ADMIN), &made.to_string()).await;
+    assert_eq!(status, StatusCode::CREATED, "{answer}");
+    let bob = answer["token"].as_str().unwrap().to_owned();
+    assert_eq!(answer["api_token"]["user"], "bob");
+    let (status, answer, _) = call(&h, &Method::POST, "/v1/api-tokens", Some(ADMIN), &made.to_string()).await;
+    assert_eq!((status, answer["error"]["code"].clone()), (StatusCode::CONFLICT, json!("api_token_exists")));
+    for bad in [
+        json!({"name": "a b", "user": "bob"}),
+        json!({"name": "x", "user": ""}),
+        json!({"name": "x", "user": "b", "ttl_ms": 5}),
+    ] {
+        let (status, _, _) = call(&h, &Method::POST, "/v1/api-tokens", Some(ADMIN), &bad.to_string()).await;
+        assert_eq!(status, StatusCode::BAD_REQUEST, "{bad}");
+    }
+    let (_, list, _) = call(&h, &Method::GET, "/v1/api-tokens", Some(ADMIN), "").await;
+    assert_eq!(list["api_tokens"].as_array().unwrap().len(), 1);
+    assert!(!list.to_string().contains(&bob) && !list.to_string().contains("sha256"), "no token, no hash: {list}");
+
+    // Bob is of group `team`: he may use the team's namespace, not another's.
+    let (status, answer, _) = call(&h, &Method::PUT, "/v1/namespaces/team:a/grants/held", Some(&bob), "").await;
+    assert_eq!(status, StatusCode::OK, "{answer}");
+    let (status, _, _) = call(&h, &Method::GET, "/v1/namespaces/other:a", Some(&bob), "").await;
+    assert_eq!(status, StatusCode::FORBIDDEN);
+    // A binding made through the API gives him `reader`; one naming no role is refused.
+    let (status, answer, _) =
+        call(&h, &Method::PUT, "/v1/bindings/bob-reads", Some(ADMIN), r#"{"role": "nope", "users": ["bob"]}"#).await;
+    assert_eq!((status, answer["error"]["code"].clone()), (StatusCode::BAD_REQUEST, json!("unknown_role")));
+    let (status, _, _) =
+        call(&h, &Method::PUT, "/v1/bindings/bob-reads", Some(ADMIN), r#"{"role": "reader", "users": ["bob"]}"#).await;
+    assert_eq!(status, StatusCode::OK);
+    let (status, _, _) = call(&h, &Method::GET, "/v1/namespaces/other:a", Some(&bob), "").await;
+    assert_eq!(status, StatusCode::NOT_FOUND, "he may read it now (it does not exist)");
+    let (_, list, _) = call(&h, &Method::GET, "/v1/bindings", Some(ADMIN), "").await;
+    assert_eq!(list["bindings"][0]["role"], "reader");
+
+    // A long poll and a watch held open with his token end once it is revoked.
+    let router = h.router.clone();
+    let waiting = {
+        let bob = bob.clone();
+        tokio::spawn(async move {
+            let request = Request::builder()
+                .method(Method::PUT)
+                .uri("/v1/namespaces/team:a/grants/waits")
+                .header(header::AUTHORIZATION, format!("Bearer {bob}"))
+                .header(header::CONTENT_TYPE, "application/json")
+                .body(Body::from(r#"{"wait_ms": 60000}"#))
+                .unwrap();
+            let response = router.oneshot(request).await.unwrap();
+            let status = response.status();
+            let bytes = response.into_body().collect().await.unwrap().to_bytes();
+            (status, String::from_utf8_lossy(&bytes).into_owned())
+        })
+    };
+    let watch = Request::builder()
+        .uri("/v1/watch?prefix=namespaces/team:a")
+        .header(header::AUTHORIZATION, format!("Bearer {bob}"))
+        .body(Body::empty())
+        .unwrap();
+    let watching = h.router.clone().oneshot(watch).await.unwrap();
+    assert_eq!(watching.status(), StatusCode::OK);
+    let stream_ended = tokio::spawn(async move { watching.into_body().collect().await.is_ok() });
+    tokio::time::sleep(std::time::Duration::from_millis(300)).await;
+    assert!(!waiting.is_finished() && !stream_ended.is_finished(), "both are open");
+    let revoked_at = std::time::Instant::now();
+    let (status, _, _) = call(&h, &Method::DELETE, "/v1/api-tokens/bob-laptop", Some(ADMIN), "").await;
+    assert_eq!(status, StatusCode::OK);
+    let (status, body) = tokio::time::timeout(std::time::Duration::from_secs(3), waiting).await.unwrap().unwrap();
+    assert_eq!(status, StatusCode::UNAUTHORIZED, "{body}");
+    assert!(body.contains("revoked"), "{body}");
+    assert!(tokio::time::timeout(std::time::Duration::from_secs(3), stream_ended).await.unwrap().unwrap());
+    assert!(revoked_at.elapsed() < std::time::Duration::from_secs(2), "{:?}", revoked_at.elapsed());
+    let (status, answer, _) = call(&h, &Method::GET, "/v1/namespaces/team:a", Some(&bob), "").await;
+    assert_eq!((status, answer["error"]["code"].clone()), (StatusCode::UNAUTHORIZED, json!("unauthenticated")));
+    let (_, namespace, _) = call(&h, &Method::GET, "/v1/namespaces/team:a", Some(ADMIN), "").await;
+    assert_eq!(namespace["granted_units"], 1, "the revoked waiter left the queue, the held grant stays: {namespace}");
+    let (status, _, _) = call(&h, &Method::DELETE, "/v1/api-tokens/bob-laptop", Some(ADMIN), "").await;
+    assert_eq!(status, StatusCode::NOT_FOUND);
 }

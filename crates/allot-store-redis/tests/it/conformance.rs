@@ -25,6 +25,7 @@ async fn conformance_at(address: &str) {
     conformance::run_apps(store.clone(), &conformance::WaitedTime).await;
     conformance::run_runs(store.clone(), &conformance::WaitedTime).await;
     conformance::run_watch(store.clone()).await;
+    conformance::run_access(store.clone()).await;
     store.shutdown().await;
 }
 

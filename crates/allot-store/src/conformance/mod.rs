@@ -2,19 +2,21 @@
 //!
 //! Each check works in namespaces of its own (prefixed `conformance:`), so the whole suite runs
 //! against one store, empty or not. A backend's tests call [`run`], [`run_pools`], [`run_apps`],
-//! [`run_runs`] and [`run_watch`]; a failed check panics with the name of the check and what differed.
+//! [`run_runs`], [`run_watch`] and [`run_access`]; a failed check panics with the name of the check and what differed.
 //!
 //! Time is moved on through [`Time`], not slept through: the embedded store's clock is moved by
 //! hand ([`MovedTime`]); only a backend whose clock cannot be moved (Redis reads the Redis
 //! server's) waits it out ([`WaitedTime`]). The checks that move time run one after another,
 //! after the others (which run concurrently), so no check sees another's time pass.
 
+mod access;
 mod apps;
 mod pools;
 mod quotas;
 mod runs;
 mod watch;
 
+pub use access::run_access;
 pub use apps::run_apps;
 pub use pools::run_pools;
 pub use quotas::run;

@@ -34,6 +34,7 @@
 //! `checkpoint`, `recover` and `sweeper` (the background work). This one holds the store, its
 //! state and the commit path.
 
+mod access;
 mod apps;
 mod archive;
 mod checkpoint;
@@ -262,6 +263,7 @@ struct State {
     pools: Pools,
     sched: Scheduler,
     runs: runs::Runs,
+    access: access::Access,
     waiters: HashMap<WaiterId, Waiting>,
     log: LogWriter,
     /// The last revision given to an event (see `watch`).
@@ -300,6 +302,12 @@ impl State {
     /// Logs everything an operation of the scheduler changed, as one record.
     fn submit_outcome(&mut self, shared: &Shared, outcome: Outcome) -> Commit {
         self.submit_all(shared, outcome.ledger, outcome.pools, outcome.apps)
+    }
+
+    /// Logs writes that carry no event (the access part's).
+    fn submit_ops(&mut self, shared: &Shared, ops: Vec<Op>) -> Commit {
+        let drafts = std::mem::take(&mut self.drafts);
+        self.log_and_answer(shared, ops, Vec::new(), Vec::new(), drafts)
     }
 
     /// Logs a change of the kept runs.
@@ -503,7 +511,7 @@ impl EmbeddedStore {
         let db = opener()?;
         let mut archive = Archive::open(events_dir.clone())
             .map_err(|source| OpenError::DataDir { path: events_dir.clone(), source })?;
-        let (Loaded { ledger, pools, mut sched, runs, clock, seq }, last_segment, _) =
+        let (Loaded { ledger, pools, mut sched, runs, access, clock, seq }, last_segment, _) =
             load(&db, files.as_ref(), None, &mut archive)?;
         let clock = count_downtime(&db, &mut sched, clock, time.wall_ms())?;
         let (feed, start) = archive.reopen_feed(seq, watch_config, clock)?;
@@ -518,6 +526,7 @@ impl EmbeddedStore {
                 pools,
                 sched,
                 runs,
+                access,
                 waiters: HashMap::new(),
                 log: LogWriter::new(segment, number, seq),
                 revision: start,

@@ -10,6 +10,7 @@ use redb::{Database, ReadableTable};
 
 use super::archive::Archive;
 use super::wal::{self, LogFiles};
+use crate::records::access::ACCESS;
 use crate::records::apps::{APPS, QUEUES, TASKS};
 use crate::records::runs::{CATALOG, RUNS};
 use crate::records::{
@@ -30,6 +31,7 @@ pub(super) struct Loaded {
     pub(super) pools: Pools,
     pub(super) sched: Scheduler,
     pub(super) runs: runs::Runs,
+    pub(super) access: access::Access,
     /// The daemon clock at the last commit.
     pub(super) clock: Millis,
     /// The number of the last commit.
@@ -109,6 +111,7 @@ fn ensure_part_tables(db: &Database) -> Result<(), OpenError> {
             && txn.open_table(TASKS).is_ok()
             && txn.open_table(RUNS).is_ok()
             && txn.open_table(CATALOG).is_ok()
+            && txn.open_table(ACCESS).is_ok()
     };
     if exists {
         return Ok(());
@@ -121,6 +124,7 @@ fn ensure_part_tables(db: &Database) -> Result<(), OpenError> {
     txn.open_table(TASKS).map_err(|e| read_err(e.into()))?;
     txn.open_table(RUNS).map_err(|e| read_err(e.into()))?;
     txn.open_table(CATALOG).map_err(|e| read_err(e.into()))?;
+    txn.open_table(ACCESS).map_err(|e| read_err(e.into()))?;
     txn.commit().map_err(|e| read_err(e.into()))?;
     Ok(())
 }
@@ -227,7 +231,8 @@ fn load_records(db: &Database) -> Result<Loaded, OpenError> {
     let pools = Pools::restore(LeaseRules::default(), pools, live, ended)?;
     let sched = apps::load(&txn)?;
     let runs = runs::load(&txn)?;
-    Ok(Loaded { ledger, pools, sched, runs, clock, seq })
+    let access = access::load(&txn)?;
+    Ok(Loaded { ledger, pools, sched, runs, access, clock, seq })
 }
 
 /// Reads the database, first writing into it what the log holds (and the records' events into

@@ -11,6 +11,7 @@ use std::collections::HashMap;
 use redb::{ReadableTable, WriteTransaction};
 use serde::{Deserialize, Serialize};
 
+use crate::records::access::ACCESS;
 use crate::records::apps::{APPS, QUEUES, TASKS};
 use crate::records::runs::{CATALOG, RUNS};
 use crate::records::{ALLOCS, GRANTS, NAMESPACES, POOLS, POOL_LABELS, RETIRED_FENCING, SESSIONS};
@@ -30,12 +31,15 @@ pub(crate) enum Table {
     Tasks,
     Runs,
     Catalog,
+    /// (Last: the logged variants keep their numbers.)
+    Access,
 }
 
 /// A key of one of the tables, by its shape.
 #[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize)]
 pub(crate) enum Key {
-    /// `namespaces`, `retired_fencing`, `pools`, `pool_labels`, `queues`, `apps`, `catalog`.
+    /// `namespaces`, `retired_fencing`, `pools`, `pool_labels`, `queues`, `apps`, `catalog`,
+    /// `access`.
     Name(String),
     /// `grants` (namespace, token), `tasks` and `runs` (application, task).
     Pair(String, String),
@@ -101,6 +105,7 @@ pub(crate) struct Tables<'txn> {
     tasks: redb::Table<'txn, (&'static str, &'static str), &'static [u8]>,
     runs: redb::Table<'txn, (&'static str, &'static str), &'static [u8]>,
     catalog: redb::Table<'txn, &'static str, &'static [u8]>,
+    access: redb::Table<'txn, &'static str, &'static [u8]>,
 }
 
 impl<'txn> Tables<'txn> {
@@ -118,6 +123,7 @@ impl<'txn> Tables<'txn> {
             tasks: txn.open_table(TASKS).map_err(db)?,
             runs: txn.open_table(RUNS).map_err(db)?,
             catalog: txn.open_table(CATALOG).map_err(db)?,
+            access: txn.open_table(ACCESS).map_err(db)?,
         })
     }
 
@@ -143,6 +149,7 @@ impl<'txn> Tables<'txn> {
                     (Table::Tasks, Key::Pair(a, b)) => self.tasks.insert((a.as_str(), b.as_str()), value).map(drop),
                     (Table::Runs, Key::Pair(a, b)) => self.runs.insert((a.as_str(), b.as_str()), value).map(drop),
                     (Table::Catalog, Key::Name(k)) => self.catalog.insert(k.as_str(), value).map(drop),
+                    (Table::Access, Key::Name(k)) => self.access.insert(k.as_str(), value).map(drop),
                     _ => return Err(shape()),
                 }
                 .map_err(db)
@@ -160,6 +167,7 @@ impl<'txn> Tables<'txn> {
                 (Table::Tasks, Key::Pair(a, b)) => self.tasks.remove((a.as_str(), b.as_str())).map(drop),
                 (Table::Runs, Key::Pair(a, b)) => self.runs.remove((a.as_str(), b.as_str())).map(drop),
                 (Table::Catalog, Key::Name(k)) => self.catalog.remove(k.as_str()).map(drop),
+                (Table::Access, Key::Name(k)) => self.access.remove(k.as_str()).map(drop),
                 _ => return Err(shape()),
             }
             .map_err(db),

@@ -65,13 +65,17 @@ pub(super) fn recover(shared: &Shared, state: &mut State) {
             return;
         }
     };
-    let Loaded { mut ledger, mut pools, sched, runs, seq, .. } = loaded;
+    let Loaded { mut ledger, mut pools, sched, runs, access, seq, .. } = loaded;
     ledger.carry_over_from(&state.ledger);
     state.ledger = ledger;
     pools.set_rules(state.pools.rules());
     state.pools = pools;
     state.sched = sched;
     state.runs = runs;
+    // The version moves on: a daemon's cache of what it held before reads it all again.
+    let version = state.access.version + 1;
+    state.access = access;
+    state.access.set_version(version);
     state.log = LogWriter::new(segment, number, seq);
     state.broken = None;
     tracing::info!(seq, "store rebuilt from the database");

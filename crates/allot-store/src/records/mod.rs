@@ -20,6 +20,7 @@
 //! Values are postcard-encoded. The format version is checked at open: a file written by a newer
 //! format is refused rather than misread.
 
+pub mod access;
 pub mod apps;
 pub mod events;
 mod pools;

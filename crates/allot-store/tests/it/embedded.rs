@@ -47,6 +47,7 @@ async fn embedded_store_passes_the_conformance_suite() {
     conformance::run_apps(store.clone(), &time).await;
     conformance::run_runs(store.clone(), &time).await;
     conformance::run_watch(store.clone()).await;
+    conformance::run_access(store.clone()).await;
     store.shutdown().await;
 }
 
@@ -469,5 +470,39 @@ async fn a_later_log_segment_is_never_synced_before_an_earlier_one() {
         log.see(*event);
     }
     assert!(log.appended.len() >= 2, "the allocate went to the segment after the sealed one: {events:?}");
+    store.shutdown().await;
+}
+
+/// The API tokens and bindings made through the API outlive a restart, whether the log was
+/// folded at a clean shutdown or is replayed after the process stopped without one.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn api_tokens_and_bindings_survive_a_restart_with_or_without_a_shutdown() {
+    use allot_store::{ApiTokenRecord, BindingRecord};
+    let dir = tempfile::tempdir().unwrap();
+    let token = ApiTokenRecord {
+        name: "ci".into(),
+        hash: format!("sha256:{}", "ab".repeat(32)),
+        user: "ci-bot".into(),
+        groups: vec!["ops".into()],
+        created: 5,
+        expires: None,
+    };
+    let binding = BindingRecord { name: "ops".into(), role: "admin".into(), users: vec![], groups: vec!["ops".into()] };
+    {
+        let store = open(dir.path());
+        store.add_api_token(token.clone()).await.unwrap();
+        store.put_binding(binding.clone()).await.unwrap();
+        // Stopped without a shutdown: the log is replayed at the next open.
+        store.crash().await;
+    }
+    let store = open(dir.path());
+    let records = store.access_records().await.unwrap();
+    assert_eq!((records.tokens, records.bindings), (vec![token.clone()], vec![binding.clone()]));
+    store.revoke_api_token("ci").await.unwrap();
+    store.shutdown().await;
+    drop(store);
+    let store = open(dir.path());
+    let records = store.access_records().await.unwrap();
+    assert!(records.tokens.is_empty() && records.bindings == vec![binding]);
     store.shutdown().await;
 }

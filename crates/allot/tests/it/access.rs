@@ -293,3 +293,55 @@ async fn https_with_client_certificates_and_a_certificate_rotated_without_droppi
     // The open connection was not dropped: it still answers, on the old certificate.
     assert_eq!(kept.namespace("hive:a").await.unwrap().quota, 2);
 }
+
+/// Tokens made through the API are kept in the store: on Redis, one made through one daemon is
+/// accepted by the other, and one revoked through the other is refused by both within a second.
+#[tokio::test]
+async fn tokens_made_through_one_daemon_hold_on_every_daemon_of_a_redis_until_revoked() {
+    let redis = allot_store_redis::testing::RedisServer::start();
+    let (dir, data) = data_dir();
+    let (admin, admin_entry) = make_token("root", &[]);
+    let config = dir.path().join("allot.toml");
+    std::fs::write(
+        &config,
+        format!("[auth]\n{admin_entry}\n[[auth.bindings]]\nrole = \"admin\"\nusers = [\"root\"]\n"),
+    )
+    .unwrap();
+    let start = |name: &str| {
+        let data = data.with_extension(name);
+        Daemon::start(&data, &["--store", &redis.url(), "--config", config.to_str().unwrap()])
+    };
+    let (first, second) = (start("first"), start("second"));
+    let (ok, out, err) =
+        cli(&first.url, Some(&admin), &["api-token", "create", "ci", "--user", "ci-bot", "--ttl", "1h"]);
+    assert!(ok, "{err}");
+    let token = out.lines().find_map(|l| l.strip_prefix("token: ")).unwrap().to_owned();
+    let (ok, out, _) = cli(&second.url, Some(&admin), &["api-token", "list"]);
+    assert!(ok && out.starts_with("ci  user=ci-bot"), "{out}");
+    // `ci-bot` holds no role yet: known (403), not unknown (401), on both daemons.
+    let accepted = eventually(std::time::Duration::from_secs(3), async || {
+        let (_, _, err) = cli(&second.url, Some(&token), &["quota", "set", "ci", "1"]);
+        err.contains("forbidden")
+    })
+    .await;
+    assert!(accepted, "the second daemon knows the token");
+    let (ok, _, err) =
+        cli(&second.url, Some(&admin), &["binding", "set", "ci-admin", "--role", "admin", "--user", "ci-bot"]);
+    assert!(ok, "{err}");
+    let bound = eventually(std::time::Duration::from_secs(3), async || {
+        cli(&first.url, Some(&token), &["quota", "set", "ci", "1"]).0
+    })
+    .await;
+    assert!(bound, "the binding made through the second daemon holds on the first");
+    let (ok, _, err) = cli(&second.url, Some(&admin), &["api-token", "revoke", "ci"]);
+    assert!(ok, "{err}");
+    let revoked_at = std::time::Instant::now();
+    let refused = eventually(std::time::Duration::from_secs(3), async || {
+        let (ok, _, err) = cli(&first.url, Some(&token), &["quota", "list"]);
+        !ok && err.contains("unauthenticated")
+    })
+    .await;
+    assert!(refused && revoked_at.elapsed() < std::time::Duration::from_secs(2), "{:?}", revoked_at.elapsed());
+    let (ok, _, err) = cli(&first.url, Some(&admin), &["api-token", "revoke", "ci"]);
+    assert!(!ok && err.contains("api_token_not_found"), "{err}");
+}
