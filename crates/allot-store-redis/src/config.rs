@@ -14,6 +14,19 @@ pub struct RedisConfig {
     pub min_replicas: u32,
     /// How much of the change feed the shared log keeps, and each watcher's buffer.
     pub watch: WatchConfig,
+    /// With `rediss://`: the CA certificates (PEM) to trust for the server's certificate instead
+    /// of the system's.
+    pub tls_ca: Option<Vec<u8>>,
+}
+
+/// `url` with its password (`user:password@`) replaced by `***`.
+pub(crate) fn redact(url: &str) -> String {
+    let Some((scheme, rest)) = url.split_once("://") else { return url.to_owned() };
+    let Some((credentials, host)) = rest.rsplit_once('@') else { return url.to_owned() };
+    match credentials.split_once(':') {
+        Some((user, _)) => format!("{scheme}://{user}:***@{host}"),
+        None => format!("{scheme}://***@{host}"),
+    }
 }
 
 /// A `--store` value that is not a Redis address.
@@ -28,7 +41,7 @@ impl RedisConfig {
     /// Reads `redis://HOST:PORT[/DB]` (also `rediss://`) or
     /// `redis+cluster://HOST:PORT[,HOST:PORT...]`.
     pub fn parse(address: &str) -> Result<RedisConfig, BadAddress> {
-        let bad = || BadAddress(address.to_owned());
+        let bad = || BadAddress(redact(address));
         if let Some(nodes) = address.strip_prefix("redis+cluster://") {
             let urls: Vec<String> =
                 nodes.split(',').filter(|n| !n.trim().is_empty()).map(|n| format!("redis://{}", n.trim())).collect();
@@ -38,7 +51,13 @@ impl RedisConfig {
             for url in &urls {
                 redis::Client::open(url.as_str()).map_err(|_| bad())?;
             }
-            return Ok(RedisConfig { urls, cluster: true, min_replicas: 0, watch: WatchConfig::default() });
+            return Ok(RedisConfig {
+                urls,
+                cluster: true,
+                min_replicas: 0,
+                watch: WatchConfig::default(),
+                tls_ca: None,
+            });
         }
         if !(address.starts_with("redis://") || address.starts_with("rediss://")) {
             return Err(bad());
@@ -49,7 +68,30 @@ impl RedisConfig {
             cluster: false,
             min_replicas: 0,
             watch: WatchConfig::default(),
+            tls_ca: None,
         })
+    }
+
+    /// Trusts the CA certificates `pem` for a `rediss://` server's certificate (instead of the
+    /// system's).
+    pub fn with_tls_ca(self, pem: Vec<u8>) -> RedisConfig {
+        RedisConfig { tls_ca: Some(pem), ..self }
+    }
+
+    /// The URLs without their passwords, for logs.
+    pub fn redacted_urls(&self) -> Vec<String> {
+        self.urls.iter().map(|url| redact(url)).collect()
+    }
+
+    /// A client of `url`, over TLS with the configured CA for `rediss://`.
+    pub(crate) fn client(&self, url: &str) -> redis::RedisResult<redis::Client> {
+        match &self.tls_ca {
+            Some(pem) if url.starts_with("rediss://") => redis::Client::build_with_tls(
+                url,
+                redis::TlsCertificates { client_tls: None, root_cert: Some(pem.clone()) },
+            ),
+            _ => redis::Client::open(url),
+        }
     }
 
     /// Keeps the change feed as `watch` says.
@@ -66,6 +108,15 @@ impl RedisConfig {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn passwords_are_kept_out_of_what_is_logged() {
+        assert_eq!(redact("rediss://allot:s3cret@10.0.0.1:6380"), "rediss://allot:***@10.0.0.1:6380");
+        assert_eq!(redact("redis://:s3cret@host:1/0"), "redis://:***@host:1/0");
+        assert_eq!(redact("redis://host:6379"), "redis://host:6379");
+        let err = RedisConfig::parse("redis+cluster://a:s3cret@").unwrap_err().to_string();
+        assert!(!err.contains("s3cret"), "{err}");
+    }
 
     #[test]
     fn store_addresses_are_parsed() {

@@ -1,5 +1,6 @@
 //! One connection to Redis, standalone or cluster, that reconnects by itself.
 
+use crate::config::RedisConfig;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -53,16 +54,17 @@ impl From<RedisError> for WriteError {
 impl Conn {
     /// Connects to `urls`: one URL is a standalone server, several are the seed nodes of a
     /// cluster. Fails if no server answers. Changes wait for `min_replicas` replicas.
-    pub(crate) async fn connect(urls: &[String], cluster: bool, min_replicas: u32) -> Result<Conn, RedisError> {
-        if cluster {
+    pub(crate) async fn connect(config: &RedisConfig) -> Result<Conn, RedisError> {
+        let (urls, min_replicas) = (&config.urls, config.min_replicas);
+        if config.cluster {
             let link = ClusterLink::connect(urls, 2).await?;
             let writes = Link::Cluster(link.clone(), 1);
             return Ok(Conn { link: Link::Cluster(link, READ_LANE), writes, min_replicas });
         }
-        let link = Link::single(urls).await?;
+        let link = Link::single(config).await?;
         let writes = match min_replicas {
             0 => link.clone(),
-            _ => Link::single(urls).await?,
+            _ => Link::single(config).await?,
         };
         Ok(Conn { link, writes, min_replicas })
     }
@@ -98,11 +100,11 @@ impl Conn {
 }
 
 impl Link {
-    async fn single(urls: &[String]) -> Result<Link, RedisError> {
+    async fn single(config: &RedisConfig) -> Result<Link, RedisError> {
         // Nagle's algorithm stays on (redis-rs's default): with TCP_NODELAY the daemon used
         // 5-20 % more CPU per request under `allot bench pairs` for the same pairs/s, as each
         // call of the shared connection went out in a packet of its own.
-        let client = redis::Client::open(urls[0].as_str())?;
+        let client = config.client(&config.urls[0])?;
         let config = ConnectionManagerConfig::new()
             .set_connection_timeout(Some(CONNECTION_TIMEOUT))
             .set_response_timeout(Some(RESPONSE_TIMEOUT))

@@ -106,10 +106,10 @@ impl RedisStore {
         let reader = tokio::spawn(feed::run_reader(inner.clone()));
         let subscriber = match inner.conn.cluster() {
             Some(link) => tokio::spawn(wake::run_sharded_subscriber(inner.clone(), link)),
-            None => tokio::spawn(wake::run_subscriber(inner.clone(), config.urls[0].clone())),
+            None => tokio::spawn(wake::run_subscriber(inner.clone(), config.clone())),
         };
         let sweeper = tokio::spawn(sweep::run_sweeper(inner.clone()));
-        tracing::info!(urls = ?config.urls, cluster = config.cluster, "redis store open");
+        tracing::info!(urls = ?config.redacted_urls(), cluster = config.cluster, "redis store open");
         let store = RedisStore { inner, tasks: Mutex::new(vec![subscriber, sweeper, copier, reader]) };
         if let Err(err) = store.index_runs().await {
             tracing::warn!(error = %err, "cannot index the runs kept by an earlier version now; the next start will");
@@ -122,7 +122,7 @@ impl RedisStore {
         let mut warned = Instant::now() - Duration::from_secs(60);
         loop {
             let attempt = async {
-                let conn = Conn::connect(&config.urls, config.cluster, config.min_replicas).await?;
+                let conn = Conn::connect(config).await?;
                 conn.load_library(&scripts.library).await?;
                 Ok::<_, RedisError>(conn)
             };
@@ -135,7 +135,7 @@ impl RedisStore {
                 }
                 Err(err) => {
                     if warned.elapsed() >= Duration::from_secs(5) {
-                        tracing::warn!(urls = ?config.urls, error = %err, "cannot reach Redis yet; retrying");
+                        tracing::warn!(urls = ?config.redacted_urls(), error = %err, "cannot reach Redis yet; retrying");
                         warned = Instant::now();
                     }
                     tokio::time::sleep(Duration::from_millis(200)).await;

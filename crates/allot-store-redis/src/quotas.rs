@@ -346,9 +346,7 @@ pub struct DirectScripts {
 
 impl DirectScripts {
     pub async fn connect(config: &RedisConfig) -> Result<DirectScripts, StoreError> {
-        let conn = Conn::connect(&config.urls, config.cluster, config.min_replicas)
-            .await
-            .map_err(|e| redis_error(e, false))?;
+        let conn = Conn::connect(config).await.map_err(|e| redis_error(e, false))?;
         Ok(DirectScripts { conn, scripts: Scripts::new(config.cluster, config.min_replicas) })
     }
 

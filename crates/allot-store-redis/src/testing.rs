@@ -48,9 +48,32 @@ pub struct RedisServer {
     child: Option<Child>,
     cluster: bool,
     fsync: &'static str,
+    /// Arguments added to the server's command line (TLS).
+    extra: Vec<String>,
 }
 
 impl RedisServer {
+    /// Starts a server that also takes TLS connections on the port it answers, with
+    /// `cert` and `key` (PEM): `rediss://127.0.0.1:<tls port>`. The plain port stays open for
+    /// the harness's `redis-cli`.
+    pub fn start_tls(cert: &Path, key: &Path) -> (RedisServer, u16) {
+        let tls_port = free_port();
+        let dir = tempfile::tempdir().expect("a temporary directory");
+        let extra = vec![
+            "--tls-port".to_owned(),
+            tls_port.to_string(),
+            "--tls-cert-file".to_owned(),
+            cert.display().to_string(),
+            "--tls-key-file".to_owned(),
+            key.display().to_string(),
+            "--tls-auth-clients".to_owned(),
+            "no".to_owned(),
+        ];
+        let mut server = RedisServer { port: free_port(), dir, child: None, cluster: false, fsync: "everysec", extra };
+        assert!(server.try_start(), "redis-server with TLS did not start. {INSTALL}");
+        (server, tls_port)
+    }
+
     /// Starts a server with an append-only file fsynced every second (Redis's default).
     pub fn start() -> RedisServer {
         Self::start_with(false, "everysec")
@@ -64,7 +87,7 @@ impl RedisServer {
 
     fn start_with(cluster: bool, fsync: &'static str) -> RedisServer {
         let dir = tempfile::tempdir().expect("a temporary directory");
-        let mut server = RedisServer { port: free_port(), dir, child: None, cluster, fsync };
+        let mut server = RedisServer { port: free_port(), dir, child: None, cluster, fsync, extra: Vec::new() };
         // A port taken between its choice and the server's bind: the server exits; take another.
         for _ in 0..5 {
             if server.try_start() {
@@ -108,6 +131,7 @@ impl RedisServer {
             .arg("--dir")
             .arg(self.dir.path())
             .args(["--save", "", "--appendonly", "yes", "--appendfsync", self.fsync, "--daemonize", "no"])
+            .args(&self.extra)
             .stdout(Stdio::null())
             .stderr(Stdio::null());
         if self.cluster {

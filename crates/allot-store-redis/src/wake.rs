@@ -157,10 +157,10 @@ pub(crate) async fn nudge_scheduler(inner: &Inner) {
 /// Listens on [`CHANNEL`] and wakes this daemon's waiting calls, and on [`SCHED_CHANNEL`] and
 /// wakes its scheduler. After a reconnection every waiting call checks its answer, as messages
 /// may have been missed meanwhile.
-pub(crate) async fn run_subscriber(inner: Arc<Inner>, url: String) {
+pub(crate) async fn run_subscriber(inner: Arc<Inner>, config: crate::RedisConfig) {
     loop {
         let attempt = async {
-            let client = redis::Client::open(url.as_str())?;
+            let client = config.client(&config.urls[0])?;
             let mut pubsub = client.get_async_pubsub().await?;
             pubsub.subscribe(&[CHANNEL, SCHED_CHANNEL, feed::STREAM_CHANNEL, feed::LOG_CHANNEL]).await?;
             Ok::<_, RedisError>(pubsub)

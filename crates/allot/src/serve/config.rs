@@ -42,6 +42,7 @@ pub(crate) const SERVE_AFTER_HELP: &str = r#"Configuration file (--config), with
   tls_cert = "cert.pem"         # --tls-cert: serve HTTPS (re-read on SIGHUP or change)
   tls_key = "key.pem"           # --tls-key
   tls_client_ca = "ca.pem"      # --tls-client-ca: client certificates name the caller
+  redis_ca_cert = "redis-ca.pem" # --redis-ca-cert: the CA of a rediss:// server
   [quotas]                      # --quota: namespace = quota
   "hive:cluster-a" = 10
   [pools]                       # --pool: pool = "resources"
@@ -161,6 +162,8 @@ struct ConfigFile {
     tls_cert: Option<PathBuf>,
     tls_key: Option<PathBuf>,
     tls_client_ca: Option<PathBuf>,
+    /// `--redis-ca-cert`.
+    redis_ca_cert: Option<PathBuf>,
 }
 
 /// `[executor]`: the retry budgets of the tasks this daemon runs [Flyte's `RetryStrategy`
@@ -472,6 +475,14 @@ pub(super) fn resolve(args: &ServeArgs) -> anyhow::Result<Config> {
             "--redis-min-replicas applies to a Redis store (--store redis://...); the embedded store's \
              guarantee is set with --durability"
         ),
+        (store, None) => store,
+    };
+    let store = match (store, args.redis_ca_cert.clone().or(file.redis_ca_cert)) {
+        (StoreChoice::Redis(redis), Some(path)) => {
+            let pem = std::fs::read(&path).with_context(|| format!("cannot read {}", path.display()))?;
+            StoreChoice::Redis(redis.with_tls_ca(pem))
+        }
+        (StoreChoice::Embedded, Some(_)) => bail!("--redis-ca-cert applies to a Redis store (--store rediss://...)"),
         (store, None) => store,
     };
     let durability = match (args.durability, file.durability.as_deref()) {

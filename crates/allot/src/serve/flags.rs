@@ -49,6 +49,10 @@ pub(crate) struct ServeArgs {
     /// caller's user, its organizations the user's groups (a token, if given, wins).
     #[arg(long, value_name = "FILE", env = "ALLOT_TLS_CLIENT_CA", requires = "tls_cert")]
     pub(super) tls_client_ca: Option<PathBuf>,
+    /// With `--store rediss://...`: trust these CA certificates (PEM) for the Redis server's
+    /// certificate instead of the system's.
+    #[arg(long, value_name = "FILE", env = "ALLOT_REDIS_CA_CERT")]
+    pub(super) redis_ca_cert: Option<PathBuf>,
     /// TOML configuration file; its keys are listed below.
     #[arg(long, value_name = "FILE", env = "ALLOT_CONFIG")]
     pub(super) config: Option<PathBuf>,

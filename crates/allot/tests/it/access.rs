@@ -345,3 +345,51 @@ async fn tokens_made_through_one_daemon_hold_on_every_daemon_of_a_redis_until_re
     let (ok, _, err) = cli(&first.url, Some(&admin), &["api-token", "revoke", "ci"]);
     assert!(!ok && err.contains("api_token_not_found"), "{err}");
 }
+
+/// The Redis store over TLS (`rediss://`, the server's certificate checked against a CA of our
+/// own) as a Redis ACL user with a password; the password never reaches the log.
+#[tokio::test]
+async fn the_redis_store_over_tls_as_an_acl_user() {
+    let (dir, data) = data_dir();
+    let ca = Ca::new("redis-ca");
+    let (cert, key) = ca.sign(&["127.0.0.1", "localhost"], "redis", &[]);
+    let write = |name: &str, text: &str| {
+        let path = dir.path().join(name);
+        std::fs::write(&path, text).unwrap();
+        path
+    };
+    let (cert, key, ca_pem) = (write("redis.pem", &cert), write("redis-key.pem", &key), write("ca.pem", &ca.pem));
+    let (redis, tls_port) = allot_store_redis::testing::RedisServer::start_tls(&cert, &key);
+    redis.cli(&["ACL", "SETUSER", "allot", "on", ">s3cret-pass", "~*", "&*", "+@all"]);
+    let store = format!("rediss://allot:s3cret-pass@127.0.0.1:{tls_port}");
+    let daemon = Daemon::start(&data, &["--store", &store, "--redis-ca-cert", ca_pem.to_str().unwrap()]);
+    let (ok, _, err) = cli(&daemon.url, None, &["quota", "set", "tls", "2"]);
+    assert!(ok, "{err}");
+    let (ok, out, err) = cli(&daemon.url, None, &["token", "alloc", "tls", "job-1"]);
+    assert!(ok, "{out} {err}");
+    assert_eq!(redis.cli(&["--user", "allot", "--pass", "s3cret-pass", "EXISTS", "allot:{tls}:meta"]).trim().len(), 1);
+    drop(daemon);
+    let log = std::fs::read_to_string(data.with_extension("log")).unwrap();
+    assert!(!log.contains("s3cret-pass"), "the password is not logged:\n{log}");
+
+    // Without the CA the server's certificate is refused; a wrong password is refused.
+    for (store, ca) in
+        [(store.clone(), None), (format!("rediss://allot:wrong@127.0.0.1:{tls_port}"), Some(ca_pem.to_str().unwrap()))]
+    {
+        let (_, data) = data_dir();
+        let mut command = Command::new(ALLOT);
+        command.args(["serve", "--listen", "127.0.0.1:0", "--store", &store, "--data-dir"]).arg(&data);
+        if let Some(ca) = ca {
+            command.args(["--redis-ca-cert", ca]);
+        }
+        let mut child =
+            command.stdout(std::process::Stdio::null()).stderr(std::process::Stdio::piped()).spawn().unwrap();
+        // It keeps retrying: read what it says for a moment, then stop it.
+        std::thread::sleep(std::time::Duration::from_secs(2));
+        child.kill().unwrap();
+        let output = child.wait_with_output().unwrap();
+        let stderr = String::from_utf8_lossy(&output.stderr);
+        assert!(stderr.contains("cannot reach Redis") || stderr.contains("error"), "{store}: {stderr}");
+        assert!(!stderr.contains("s3cret-pass") && !stderr.contains("allot:wrong@"), "{stderr}");
+    }
+}
