@@ -17,6 +17,7 @@ use allot_core::apps::spec::{ID_PATTERN, MAX_GROUPS, MAX_MEMBERS, MAX_TIMEOUT_MS
 
 use crate::convert::quotas::MIN_LEASE_MS;
 use crate::error::{ErrorCode, Part};
+use crate::routes::access::MAX_API_TOKEN_TTL_MS;
 
 /// An application, task or task group id.
 fn id() -> Value {
@@ -47,6 +48,18 @@ fn resources(some: bool) -> Value {
 
 fn range(min: u64, max: u64) -> Value {
     json!({"minimum": min, "maximum": max})
+}
+
+/// A name of an API token or binding.
+fn access_name() -> Value {
+    json!({"type": "string", "pattern": crate::routes::access::NAME_PATTERN,
+        "description": "1 to 100 of A-Z, a-z, 0-9, `.`, `_`, `-`"})
+}
+
+/// A user or group name.
+fn person() -> Value {
+    json!({"type": "string", "minLength": 1, "maxLength": 255, "pattern": crate::routes::access::PERSON_PATTERN,
+        "description": "1 to 255 characters, no control characters"})
 }
 
 /// The description's paragraph on errors: the body of an error answer, then every code
@@ -109,6 +122,7 @@ pub(crate) fn with_limits(mut doc: Value, max_wait: std::time::Duration) -> Valu
         ("queue", queue_path()),
         ("app", id()),
         ("task", id()),
+        ("name", access_name()),
     ];
     if let Some(paths) = doc["paths"].as_object_mut() {
         for operation in paths.values_mut().filter_map(Value::as_object_mut).flat_map(|item| item.values_mut()) {
@@ -176,6 +190,12 @@ pub(crate) fn with_limits(mut doc: Value, max_wait: std::time::Duration) -> Valu
         ("SchedulingPolicy", "max_parallelism", range(1, u64::from(u32::MAX))),
         ("TokenNeed", "namespace", namespace.clone()),
         ("TokenNeed", "units", range(1, MAX_UNITS)),
+        ("CreateApiToken", "name", access_name()),
+        ("CreateApiToken", "user", person()),
+        ("CreateApiToken", "groups", json!({"items": person()})),
+        ("CreateApiToken", "ttl_ms", range(1000, MAX_API_TOKEN_TTL_MS)),
+        ("PutBinding", "users", json!({"items": person()})),
+        ("PutBinding", "groups", json!({"items": person()})),
         ("AddTask", "id", id()),
         ("AddTask", "resources", resources(true)),
         ("AddTask", "group", json!({"pattern": ID_PATTERN})),

@@ -106,7 +106,7 @@ error_codes! {
     ApiTokenExists = "api_token_exists", Access, CONFLICT;
     ApiTokenNotFound = "api_token_not_found", Access, NOT_FOUND;
     BindingNotFound = "binding_not_found", Access, NOT_FOUND;
-    UnknownRole = "unknown_role", Access, BAD_REQUEST;
+    UnknownRole = "unknown_role", Access, CONFLICT;
 }
 
 /// The part of allot an error code belongs to; `Daemon` for the codes any route may answer.

@@ -15,8 +15,13 @@ use crate::error::{ApiError, ErrorCode};
 use crate::extract::{JsonBody, Segments};
 use crate::ServerState;
 
-/// The longest a token made through the API may live.
-const MAX_TTL: Duration = Duration::from_secs(10 * 365 * 24 * 3600);
+/// The longest a token made through the API may live: ten years.
+pub(crate) const MAX_API_TOKEN_TTL_MS: u64 = 10 * 365 * 24 * 3600 * 1000;
+const MAX_TTL: Duration = Duration::from_millis(MAX_API_TOKEN_TTL_MS);
+/// A name of a token or binding, as the document states it.
+pub(crate) const NAME_PATTERN: &str = "^[A-Za-z0-9._-]{1,100}$";
+/// A user or group name (with its length, 1 to 255 characters), as the document states it.
+pub(crate) const PERSON_PATTERN: &str = "^[^\\u0000-\\u001f\\u007f-\\u009f]+$";
 
 fn now_ms() -> u64 {
     SystemTime::now().duration_since(SystemTime::UNIX_EPOCH).map_or(0, |d| d.as_millis() as u64)
@@ -134,7 +139,8 @@ pub(crate) async fn revoke_api_token(
 #[utoipa::path(put, path = "/v1/bindings/{name}", tag = "access", request_body = api::PutBinding,
     params(("name" = String, Path, description = "the binding's name")),
     responses((status = 200, body = api::Binding),
-        (status = 400, body = api::ErrorBody, description = "invalid_name, unknown_role, invalid_argument or invalid_json"),
+        (status = 400, body = api::ErrorBody, description = "invalid_name, invalid_argument or invalid_json"),
+        (status = 409, body = api::ErrorBody, description = "unknown_role: no role of that name"),
         (status = 503, body = api::ErrorBody, description = UNAVAILABLE)))]
 pub(crate) async fn put_binding(
     State(state): State<ServerState>,

@@ -309,7 +309,7 @@ async fn tokens_made_through_the_api_work_until_revoked_and_revocation_ends_open
     // A binding made through the API gives him `reader`; one naming no role is refused.
     let (status, answer, _) =
         call(&h, &Method::PUT, "/v1/bindings/bob-reads", Some(ADMIN), r#"{"role": "nope", "users": ["bob"]}"#).await;
-    assert_eq!((status, answer["error"]["code"].clone()), (StatusCode::BAD_REQUEST, json!("unknown_role")));
+    assert_eq!((status, answer["error"]["code"].clone()), (StatusCode::CONFLICT, json!("unknown_role")));
     let (status, _, _) =
         call(&h, &Method::PUT, "/v1/bindings/bob-reads", Some(ADMIN), r#"{"role": "reader", "users": ["bob"]}"#).await;
     assert_eq!(status, StatusCode::OK);
