@@ -32,6 +32,8 @@ const DISK: &str = "allot-disk";
 const PROCESS: &str = "allot-process";
 /// With `--auth`: the process level with an API token on every request.
 const PROCESS_AUTH: &str = "allot-process-auth";
+/// With `--tls`: the same over HTTPS.
+const PROCESS_AUTH_TLS: &str = "allot-process-auth-tls";
 /// With `--auth`: pairs/s at least this share of the same level's without authentication.
 const AUTH_VS_PLAIN: f64 = 0.9;
 const AUTH_CLIENTS: [usize; 2] = [16, 64];
@@ -113,6 +115,7 @@ pub(super) async fn run(args: CompareArgs) -> anyhow::Result<()> {
         (DISK, serve("disk"), None),
         (PROCESS, serve("process"), None),
     ];
+    let mut ca_pem = None;
     if args.auth {
         // One token, bound to the built-in admin role; the audit trail goes to the log.
         let token = allot_server::access::make_token();
@@ -128,7 +131,20 @@ pub(super) async fn run(args: CompareArgs) -> anyhow::Result<()> {
         child_args.pop();
         child_args.push(scratch.join("allot-process-auth-data").into_os_string());
         child_args.extend(["--config".into(), config.into_os_string()]);
-        spawns.push((PROCESS_AUTH, child_args, Some(token)));
+        spawns.push((PROCESS_AUTH, child_args.clone(), Some(token.clone())));
+        if args.tls {
+            let (ca, cert, key) = certificates()?;
+            let (cert_path, key_path) = (scratch.join("cert.pem"), scratch.join("key.pem"));
+            std::fs::write(&cert_path, cert)?;
+            std::fs::write(&key_path, key)?;
+            let mut child_args = child_args;
+            let data = child_args.iter().position(|a| a == "--data-dir").expect("a data dir") + 1;
+            child_args[data] = scratch.join("allot-process-auth-tls-data").into_os_string();
+            child_args.extend(["--tls-cert".into(), cert_path.into_os_string()]);
+            child_args.extend(["--tls-key".into(), key_path.into_os_string()]);
+            spawns.push((PROCESS_AUTH_TLS, child_args, Some(token)));
+            ca_pem = Some(ca);
+        }
     }
     for (name, child_args, token) in spawns {
         let started =
@@ -137,6 +153,9 @@ pub(super) async fn run(args: CompareArgs) -> anyhow::Result<()> {
             Ok(mut server) => {
                 if let Some(token) = &token {
                     server.endpoint = server.endpoint.clone().with_token(token);
+                }
+                if let (Some(ca), PROCESS_AUTH_TLS) = (&ca_pem, name) {
+                    server.endpoint = server.endpoint.clone().with_ca(ca.as_bytes())?;
                 }
                 server
             }
@@ -247,6 +266,18 @@ pub(super) async fn run(args: CompareArgs) -> anyhow::Result<()> {
         bail!("the daemon missed a target");
     }
     Ok(())
+}
+
+/// A CA made for the run, and a certificate it signs for 127.0.0.1 with its key: PEM each.
+fn certificates() -> anyhow::Result<(String, String, String)> {
+    let ca_key = rcgen::KeyPair::generate()?;
+    let mut params = rcgen::CertificateParams::new(Vec::<String>::new())?;
+    params.is_ca = rcgen::IsCa::Ca(rcgen::BasicConstraints::Unconstrained);
+    params.distinguished_name.push(rcgen::DnType::CommonName, "allot bench CA");
+    let ca = params.self_signed(&ca_key)?;
+    let key = rcgen::KeyPair::generate()?;
+    let cert = rcgen::CertificateParams::new(vec!["127.0.0.1".to_owned()])?.signed_by(&key, &ca, &ca_key)?;
+    Ok((ca.pem(), cert.pem(), key.serialize_pem()))
 }
 
 /// The CPUs process `pid` may run on, as `/proc/<pid>/status` lists them (`0-1`, `3`); `None`

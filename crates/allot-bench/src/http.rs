@@ -25,16 +25,21 @@ pub(super) struct Endpoint {
     pub(super) prefix: String,
     /// Header lines sent with every request (`authorization: Bearer ...\r\n`), or empty.
     pub(super) headers: String,
+    /// `https://`: the TLS client configuration (the CA to trust comes with [`Endpoint::with_ca`]).
+    pub(super) tls: Option<std::sync::Arc<rustls::ClientConfig>>,
+    /// `https://` was asked for.
+    secure: bool,
 }
 
 impl Endpoint {
     /// Parses `http://host[:port][/prefix]`; a URL without a scheme is taken as `http://`.
     pub(super) fn parse(url: &str) -> anyhow::Result<Endpoint> {
         let url = url.trim();
-        let rest = match url.split_once("://") {
-            Some(("http", rest)) => rest,
-            Some((scheme, _)) => bail!("`{url}`: only http:// URLs are supported, not {scheme}://"),
-            None => url,
+        let (rest, secure) = match url.split_once("://") {
+            Some(("http", rest)) => (rest, false),
+            Some(("https", rest)) => (rest, true),
+            Some((scheme, _)) => bail!("`{url}`: only http:// and https:// URLs are supported, not {scheme}://"),
+            None => (url, false),
         };
         let (authority, path) = match rest.find('/') {
             Some(at) => (&rest[..at], &rest[at..]),
@@ -48,7 +53,23 @@ impl Endpoint {
         } else {
             format!("{authority}:80")
         };
-        Ok(Endpoint { authority, prefix: path.trim_end_matches('/').to_owned(), headers: String::new() })
+        let prefix = path.trim_end_matches('/').to_owned();
+        Ok(Endpoint { authority, prefix, headers: String::new(), tls: None, secure })
+    }
+
+    /// The same, trusting the CA certificate `pem` for an `https://` server.
+    pub(super) fn with_ca(mut self, pem: &[u8]) -> anyhow::Result<Endpoint> {
+        let mut roots = rustls::RootCertStore::empty();
+        for cert in rustls_pemfile::certs(&mut &pem[..]) {
+            roots.add(cert.context("a CA certificate")?).context("a CA certificate")?;
+        }
+        let provider = std::sync::Arc::new(rustls::crypto::ring::default_provider());
+        let config = rustls::ClientConfig::builder_with_provider(provider)
+            .with_safe_default_protocol_versions()?
+            .with_root_certificates(roots)
+            .with_no_client_auth();
+        self.tls = Some(std::sync::Arc::new(config));
+        Ok(self)
     }
 
     /// The same, with `token` sent as the bearer of every request.
@@ -59,7 +80,8 @@ impl Endpoint {
 
     /// The endpoint's URL, for people.
     pub(super) fn url(&self) -> String {
-        format!("http://{}{}", self.authority, self.prefix)
+        let scheme = if self.secure { "https" } else { "http" };
+        format!("{scheme}://{}{}", self.authority, self.prefix)
     }
 }
 
@@ -76,12 +98,64 @@ const MAX_ANSWER_BYTES: usize = 16 << 20;
 pub(super) struct Conn {
     endpoint: Endpoint,
     /// `None` once the connection failed or the server closed it.
-    stream: Option<TcpStream>,
+    stream: Option<Stream>,
     /// The request being written, kept to reuse its memory.
     out: Vec<u8>,
     /// What was read and not yet consumed.
     input: BytesMut,
     timeout: Duration,
+}
+
+/// A connection, plain or over TLS.
+enum Stream {
+    Plain(TcpStream),
+    Tls(Box<tokio_rustls::client::TlsStream<TcpStream>>),
+}
+
+impl tokio::io::AsyncRead for Stream {
+    fn poll_read(
+        self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+        buf: &mut tokio::io::ReadBuf<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        match self.get_mut() {
+            Stream::Plain(s) => std::pin::Pin::new(s).poll_read(cx, buf),
+            Stream::Tls(s) => std::pin::Pin::new(s.as_mut()).poll_read(cx, buf),
+        }
+    }
+}
+
+impl tokio::io::AsyncWrite for Stream {
+    fn poll_write(
+        self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+        buf: &[u8],
+    ) -> std::task::Poll<std::io::Result<usize>> {
+        match self.get_mut() {
+            Stream::Plain(s) => std::pin::Pin::new(s).poll_write(cx, buf),
+            Stream::Tls(s) => std::pin::Pin::new(s.as_mut()).poll_write(cx, buf),
+        }
+    }
+
+    fn poll_flush(
+        self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        match self.get_mut() {
+            Stream::Plain(s) => std::pin::Pin::new(s).poll_flush(cx),
+            Stream::Tls(s) => std::pin::Pin::new(s.as_mut()).poll_flush(cx),
+        }
+    }
+
+    fn poll_shutdown(
+        self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        match self.get_mut() {
+            Stream::Plain(s) => std::pin::Pin::new(s).poll_shutdown(cx),
+            Stream::Tls(s) => std::pin::Pin::new(s.as_mut()).poll_shutdown(cx),
+        }
+    }
 }
 
 /// The head of an answer: its status, the length of the head and how the body is framed.
@@ -107,6 +181,16 @@ impl Conn {
             Err(_) => bail!("cannot connect to {} within {CONNECT_TIMEOUT:?}", endpoint.url()),
         };
         stream.set_nodelay(true)?;
+        let stream = match (&endpoint.tls, endpoint.secure) {
+            (Some(config), true) => {
+                let host = endpoint.authority.rsplit_once(':').map_or(endpoint.authority.as_str(), |(host, _)| host);
+                let name = rustls::pki_types::ServerName::try_from(host.to_owned()).context("the server's name")?;
+                let connector = tokio_rustls::TlsConnector::from(config.clone());
+                Stream::Tls(Box::new(connector.connect(name, stream).await.context("the TLS handshake")?))
+            }
+            (None, true) => bail!("{}: an https:// server needs its CA (Endpoint::with_ca)", endpoint.url()),
+            _ => Stream::Plain(stream),
+        };
         Ok(Conn {
             endpoint: endpoint.clone(),
             stream: Some(stream),
@@ -190,7 +274,7 @@ impl Conn {
 }
 
 /// Reads what the server sent next; the server closing the connection is an error.
-async fn read_more(stream: &mut TcpStream, input: &mut BytesMut) -> anyhow::Result<()> {
+async fn read_more(stream: &mut Stream, input: &mut BytesMut) -> anyhow::Result<()> {
     if input.len() > MAX_ANSWER_BYTES {
         bail!("the answer is larger than {MAX_ANSWER_BYTES} bytes");
     }
@@ -233,7 +317,7 @@ fn parse_head(input: &[u8]) -> anyhow::Result<Option<Head>> {
 }
 
 /// Reads a chunked body (`size\r\ndata\r\n`... `0\r\n\r\n`, trailers ignored).
-async fn read_chunked(stream: &mut TcpStream, input: &mut BytesMut) -> anyhow::Result<Bytes> {
+async fn read_chunked(stream: &mut Stream, input: &mut BytesMut) -> anyhow::Result<Bytes> {
     let mut body = BytesMut::new();
     loop {
         let (line_len, size) = loop {
@@ -260,7 +344,7 @@ async fn read_chunked(stream: &mut TcpStream, input: &mut BytesMut) -> anyhow::R
 }
 
 /// Consumes one line ending in `\r\n`; returns its length without them.
-async fn skip_line(stream: &mut TcpStream, input: &mut BytesMut) -> anyhow::Result<usize> {
+async fn skip_line(stream: &mut Stream, input: &mut BytesMut) -> anyhow::Result<usize> {
     loop {
         if let Some(at) = input.windows(2).position(|w| w == b"\r\n") {
             input.advance(at + 2);

@@ -222,6 +222,10 @@ struct CompareArgs {
     /// API token on every request (`allot-process-auth`), against the same level without.
     #[arg(long)]
     auth: bool,
+    /// With `--auth`: also measure it over HTTPS (`allot-process-auth-tls`, a certificate of a
+    /// CA made for the run).
+    #[arg(long, requires = "auth")]
+    tls: bool,
     /// Run the servers on the first half of the CPUs this process may use and the load generator
     /// on the other half, as `taskset` would (each server then sizes its threads for its half).
     /// Without it the kernel places them, and where it puts the threads moves the results from

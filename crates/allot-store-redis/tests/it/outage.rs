@@ -57,7 +57,7 @@ async fn a_call_in_flight_when_the_server_dies_has_an_unknown_outcome() {
         let store = store.clone();
         async move { store.allocate(request("outage", "in-flight"), Duration::ZERO).await }
     });
-    tokio::time::sleep(Duration::from_millis(300)).await;
+    wait_until_held(std::slice::from_ref(&server)).await;
     assert!(!call.is_finished(), "the call waits for the paused server");
     let killed = Instant::now();
     server.stop();
@@ -92,7 +92,7 @@ async fn a_change_in_flight_when_its_cluster_node_dies_has_an_unknown_outcome() 
         let store = store.clone();
         async move { store.allocate(request("outage", "in-flight"), Duration::ZERO).await }
     });
-    tokio::time::sleep(Duration::from_millis(300)).await;
+    wait_until_held(&cluster.nodes).await;
     assert!(!call.is_finished(), "the call waits for the paused node");
     for node in &mut cluster.nodes {
         node.stop();
@@ -103,4 +103,18 @@ async fn a_change_in_flight_when_its_cluster_node_dies_has_an_unknown_outcome() 
     };
     let message = err.to_string();
     assert!(message.contains("may or may not have been applied") && message.contains("Redis"), "{message}");
+}
+
+/// Waits until a call was sent and is held by one of `servers` (not still in the client, where a
+/// kill would rightly make it "never sent"): a write held by `CLIENT PAUSE` is a blocked client.
+async fn wait_until_held(servers: &[RedisServer]) {
+    let held = |server: &RedisServer| {
+        let info = server.cli(&["INFO", "clients"]);
+        info.lines().any(|line| line.trim().strip_prefix("blocked_clients:").is_some_and(|n| n != "0"))
+    };
+    let started = Instant::now();
+    while !servers.iter().any(held) {
+        assert!(started.elapsed() < Duration::from_secs(10), "the call never reached a server");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
 }
