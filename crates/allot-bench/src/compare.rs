@@ -32,7 +32,9 @@ const DISK: &str = "allot-disk";
 const PROCESS: &str = "allot-process";
 /// With `--auth`: the process level with an API token on every request.
 const PROCESS_AUTH: &str = "allot-process-auth";
-/// With `--tls`: the same over HTTPS.
+/// With `--auth`: the same, and the audit trail written to a file.
+const PROCESS_AUTH_AUDIT: &str = "allot-process-auth-audit";
+/// With `--tls`: the token over HTTPS.
 const PROCESS_AUTH_TLS: &str = "allot-process-auth-tls";
 /// With `--auth`: pairs/s at least this share of the same level's without authentication.
 const AUTH_VS_PLAIN: f64 = 0.9;
@@ -127,11 +129,18 @@ pub(super) async fn run(args: CompareArgs) -> anyhow::Result<()> {
                 allot_server::access::hash_token(&token)
             ),
         )?;
+        // The token's cost alone: no audit trail (its cost is the next target's).
         let mut child_args = serve("process");
         child_args.pop();
         child_args.push(scratch.join("allot-process-auth-data").into_os_string());
         child_args.extend(["--config".into(), config.into_os_string()]);
+        let mut audited = child_args.clone();
+        child_args.extend(["--audit-log".into(), "off".into()]);
         spawns.push((PROCESS_AUTH, child_args.clone(), Some(token.clone())));
+        let data = audited.iter().position(|a| a == "--data-dir").expect("a data dir") + 1;
+        audited[data] = scratch.join("allot-process-auth-audit-data").into_os_string();
+        audited.extend(["--audit-log".into(), scratch.join("audit.jsonl").into_os_string()]);
+        spawns.push((PROCESS_AUTH_AUDIT, audited, Some(token.clone())));
         if args.tls {
             let (ca, cert, key) = certificates()?;
             let (cert_path, key_path) = (scratch.join("cert.pem"), scratch.join("key.pem"));

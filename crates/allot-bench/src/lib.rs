@@ -179,6 +179,12 @@ struct PairsArgs {
     /// Do not create the namespace first (it must exist with room for every client).
     #[arg(long)]
     no_setup: bool,
+    /// An API token sent with every request (a daemon with `[auth]`).
+    #[arg(long, env = "ALLOT_TOKEN", hide_env_values = true)]
+    token: Option<String>,
+    /// A CA certificate (PEM) to trust for an https:// daemon.
+    #[arg(long, value_name = "FILE")]
+    ca_cert: Option<std::path::PathBuf>,
     #[command(flatten)]
     load: LoadOpts,
     #[command(flatten)]
@@ -219,7 +225,8 @@ struct CompareArgs {
     #[arg(long)]
     tmp_dir: Option<std::path::PathBuf>,
     /// Also measure the daemon at the process level with access configured (`[auth]`) and an
-    /// API token on every request (`allot-process-auth`), against the same level without.
+    /// API token on every request (`allot-process-auth`, no audit trail), against the same level
+    /// without; and with the audit trail written to a file (`allot-process-auth-audit`).
     #[arg(long)]
     auth: bool,
     /// With `--auth`: also measure it over HTTPS (`allot-process-auth-tls`, a certificate of a
@@ -479,7 +486,14 @@ async fn pairs(args: PairsArgs) -> anyhow::Result<()> {
     if args.clients == 0 {
         bail!("--clients must be at least 1");
     }
-    let endpoint = http::Endpoint::parse(&args.server)?;
+    let mut endpoint = http::Endpoint::parse(&args.server)?;
+    if let Some(token) = &args.token {
+        endpoint = endpoint.with_token(token);
+    }
+    if let Some(path) = &args.ca_cert {
+        let pem = std::fs::read(path).with_context(|| format!("cannot read {}", path.display()))?;
+        endpoint = endpoint.with_ca(&pem)?;
+    }
     let target = load::Target::allot("allot", endpoint, &args.load.namespace);
     if !args.no_setup {
         load::setup_namespace(&target.endpoint, &args.load.namespace, args.load.quota.max(args.clients as u64))

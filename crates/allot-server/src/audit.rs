@@ -1,14 +1,14 @@
 //! The audit trail: every change (a call other than `GET` and `HEAD`) and every refusal (401,
 //! 403) is one JSON line: time, principal, source address, request id, action, resource,
 //! outcome and status. Lines go to a file of their own (reopened on [`Audit::reopen`], which
-//! the daemon calls on SIGHUP, for log rotation) or to the log (target `allot::audit`).
+//! the daemon calls on SIGHUP, for log rotation) or to the log's stream (stderr), as they are.
 //!
-//! Invariants: a line is written after its call is answered, by a thread of its own (a call never
-//! waits for the disk); lines are written in the order their calls were answered on each
+//! Invariants: a line is written after its call is answered (within tens of milliseconds), by a
+//! thread of its own (a call never waits for the disk); lines are written in the order their calls were answered on each
 //! serving thread; a token never appears in a line.
 
 use std::fs::{File, OpenOptions};
-use std::io::{BufWriter, Write as _};
+use std::io::{BufWriter, Write};
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -16,37 +16,65 @@ use std::sync::{mpsc, Arc};
 use std::time::SystemTime;
 
 use axum::http::{HeaderValue, Method};
-use serde::Serialize;
 
 use crate::access::Caller;
 
 /// Where the audit trail goes.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum AuditSink {
-    /// The log, at `info`, target `allot::audit`.
+    /// The log's stream (stderr), a JSON line each, between the log's lines.
     Log,
     /// A file, appended to, reopened on SIGHUP.
     File(PathBuf),
 }
 
-/// One audited call.
-#[derive(Debug, Serialize)]
-pub(crate) struct Line {
-    /// RFC 3339, in UTC, to the millisecond.
-    pub time: String,
-    /// The user, or null for a call that named none (or without access configured).
-    pub principal: Option<String>,
-    pub source: Option<String>,
-    pub request_id: String,
-    /// The method and the route (`PUT /v1/namespaces/{namespace}`), or the path if no route
-    /// matched.
-    pub action: String,
-    /// The path the call named.
-    pub resource: String,
-    /// `ok`, `refused` (401, 403) or `failed` (any other error).
-    pub outcome: &'static str,
-    pub status: u16,
+/// What the serving thread hands the writer: the call and when it was answered (the line is
+/// formatted by the writer).
+#[derive(Debug)]
+struct Answered {
+    call: Call,
+    at: SystemTime,
+    status: u16,
 }
+
+impl Answered {
+    /// Appends the call's line (a JSON object and a newline) to `out`: `time` (RFC 3339, UTC, to
+    /// the millisecond), `principal` (null for a call that named none, or without access
+    /// configured), `source`, `request_id`, `action` (the method and the route, or the path if no
+    /// route matched), `resource` (the path), `outcome` (`ok`, `refused` for 401 and 403,
+    /// `failed` for any other error) and `status`.
+    fn write_line(&self, out: &mut Vec<u8>) {
+        let call = &self.call;
+        let principal = match &call.caller {
+            Some(Caller::Principal(principal)) => Some(principal.user.as_str()),
+            _ => None,
+        };
+        let text = |out: &mut Vec<u8>, value: &str| serde_json::to_writer(&mut *out, value).expect("a string encodes");
+        let _ = write!(out, "{{\"time\":\"{}\",\"principal\":", humantime::format_rfc3339_millis(self.at));
+        match principal {
+            Some(user) => text(out, user),
+            None => out.extend_from_slice(b"null"),
+        }
+        out.extend_from_slice(b",\"source\":");
+        match call.source {
+            Some(addr) => {
+                let _ = write!(out, "\"{addr}\"");
+            }
+            None => out.extend_from_slice(b"null"),
+        }
+        out.extend_from_slice(b",\"request_id\":");
+        text(out, &call.request_id);
+        out.extend_from_slice(b",\"action\":");
+        text(out, &format!("{} {}", call.method, call.route.as_deref().unwrap_or(&call.path)));
+        out.extend_from_slice(b",\"resource\":");
+        text(out, &call.path);
+        let _ = writeln!(out, ",\"outcome\":\"{}\",\"status\":{}}}", outcome(self.status), self.status);
+    }
+}
+
+/// How long the writer lets lines gather before it writes them: one wake-up and one write for
+/// many calls (each wake-up costs the serving threads a system call).
+const GATHER: std::time::Duration = std::time::Duration::from_millis(10);
 
 /// Whether a call is audited: a change, or any call refused.
 pub(crate) fn audited(method: &Method, status: u16) -> bool {
@@ -64,7 +92,7 @@ pub(crate) fn outcome(status: u16) -> &'static str {
 /// The audit trail's writer.
 #[derive(Debug)]
 pub struct Audit {
-    lines: mpsc::Sender<Line>,
+    lines: mpsc::Sender<Answered>,
     reopen: Arc<AtomicBool>,
     /// Request ids: this daemon's random base, then a count.
     base: u64,
@@ -74,7 +102,7 @@ pub struct Audit {
 impl Audit {
     /// Starts the writer of `sink` (a file is opened now: an error here stops the daemon's start).
     pub fn start(sink: AuditSink) -> std::io::Result<Audit> {
-        let (lines, incoming) = mpsc::channel::<Line>();
+        let (lines, incoming) = mpsc::channel::<Answered>();
         let reopen = Arc::new(AtomicBool::new(false));
         let file = match &sink {
             AuditSink::Log => None,
@@ -105,21 +133,7 @@ impl Audit {
 
     /// Records a call (the thread writes it).
     pub(crate) fn record(&self, call: Call, status: u16) {
-        let principal = match call.caller {
-            Some(Caller::Principal(principal)) => Some(principal.user),
-            _ => None,
-        };
-        let line = Line {
-            time: humantime::format_rfc3339_millis(SystemTime::now()).to_string(),
-            principal,
-            source: call.source.map(|addr| addr.to_string()),
-            request_id: call.request_id,
-            action: format!("{} {}", call.method, call.route.as_deref().unwrap_or(&call.path)),
-            resource: call.path,
-            outcome: outcome(status),
-            status,
-        };
-        let _ = self.lines.send(line);
+        let _ = self.lines.send(Answered { call, at: SystemTime::now(), status });
     }
 }
 
@@ -143,7 +157,12 @@ fn open(path: &PathBuf) -> std::io::Result<BufWriter<File>> {
     Ok(BufWriter::new(file))
 }
 
-fn write_lines(incoming: mpsc::Receiver<Line>, mut file: Option<(PathBuf, BufWriter<File>)>, reopen: Arc<AtomicBool>) {
+fn write_lines(
+    incoming: mpsc::Receiver<Answered>,
+    mut file: Option<(PathBuf, BufWriter<File>)>,
+    reopen: Arc<AtomicBool>,
+) {
+    let mut lines = Vec::with_capacity(64 << 10);
     while let Ok(first) = incoming.recv() {
         if reopen.swap(false, Ordering::Relaxed) {
             if let Some((path, writer)) = &mut file {
@@ -155,21 +174,20 @@ fn write_lines(incoming: mpsc::Receiver<Line>, mut file: Option<(PathBuf, BufWri
             }
         }
         // Everything waiting goes in one write.
-        for line in std::iter::once(first).chain(incoming.try_iter()) {
-            let text = serde_json::to_string(&line).expect("a line serializes");
-            match &mut file {
-                None => tracing::info!(target: "allot::audit", "{text}"),
-                Some((path, writer)) => {
-                    if let Err(err) = writer.write_all(text.as_bytes()).and_then(|()| writer.write_all(b"\n")) {
-                        tracing::error!(error = %err, path = %path.display(), "cannot write the audit log");
-                    }
-                }
-            }
+        lines.clear();
+        for answered in std::iter::once(first).chain(incoming.try_iter()) {
+            answered.write_line(&mut lines);
         }
-        if let Some((path, writer)) = &mut file {
-            if let Err(err) = writer.flush() {
-                tracing::error!(error = %err, path = %path.display(), "cannot write the audit log");
-            }
+        let written = match &mut file {
+            // The log's own stream: the lines as they are, between the log's.
+            None => std::io::stderr().lock().write_all(&lines),
+            Some((_, writer)) => writer.write_all(&lines).and_then(|()| writer.flush()),
+        };
+        if let Err(err) = written {
+            let path = file.as_ref().map_or_else(|| "stderr".to_owned(), |(path, _)| path.display().to_string());
+            tracing::error!(error = %err, path, "cannot write the audit trail");
         }
+        // Not waiting on the channel meanwhile: the calls answered now send without waking it.
+        std::thread::sleep(GATHER);
     }
 }

@@ -38,7 +38,7 @@ pub(crate) const SERVE_AFTER_HELP: &str = r#"Configuration file (--config), with
   metrics_namespaces = ["hive"] # --metrics-namespaces: series of their own at /metrics
   metrics_pools = ["worker-*"]  # --metrics-pools: the same for pools (else totals only)
   apps_dir = "apps"             # --apps-dir: application files the daemon watches
-  audit_log = "audit.jsonl"     # --audit-log: the audit trail (default: the log, with [auth])
+  audit_log = "audit.jsonl"     # --audit-log: the audit trail (default: the log, with [auth]; "off": none)
   tls_cert = "cert.pem"         # --tls-cert: serve HTTPS (re-read on SIGHUP or change)
   tls_key = "key.pem"           # --tls-key
   tls_client_ca = "ca.pem"      # --tls-client-ca: client certificates name the caller
@@ -558,6 +558,7 @@ pub(super) fn resolve(args: &ServeArgs) -> anyhow::Result<Config> {
     let auth = file.auth.map(|auth| super::auth::resolve(auth, secret_value)).transpose()?;
     super::auth::check_exposure(listen, auth.is_some(), args.insecure_no_auth)?;
     let audit = match (args.audit_log.clone().or(file.audit_log), &auth) {
+        (Some(path), _) if path.as_os_str() == "off" => None,
         (Some(path), _) => Some(allot_server::AuditSink::File(path)),
         (None, Some(_)) => Some(allot_server::AuditSink::Log),
         (None, None) => None,

@@ -35,7 +35,8 @@ pub(crate) struct ServeArgs {
     #[arg(long, env = "ALLOT_INSECURE_NO_AUTH")]
     pub(super) insecure_no_auth: bool,
     /// Write the audit trail (every change and every refusal, one JSON line each) to this file,
-    /// reopened on SIGHUP for log rotation [default: the log, when `[auth]` is configured].
+    /// reopened on SIGHUP for log rotation; `off` keeps none [default: the log, when `[auth]` is
+    /// configured].
     #[arg(long, value_name = "FILE", env = "ALLOT_AUDIT_LOG")]
     pub(super) audit_log: Option<PathBuf>,
     /// Serve HTTPS with this certificate (PEM, with its chain); re-read on SIGHUP or when the file
