@@ -107,56 +107,7 @@ pub(super) struct Conn {
 }
 
 /// A connection, plain or over TLS.
-enum Stream {
-    Plain(TcpStream),
-    Tls(Box<tokio_rustls::client::TlsStream<TcpStream>>),
-}
-
-impl tokio::io::AsyncRead for Stream {
-    fn poll_read(
-        self: std::pin::Pin<&mut Self>,
-        cx: &mut std::task::Context<'_>,
-        buf: &mut tokio::io::ReadBuf<'_>,
-    ) -> std::task::Poll<std::io::Result<()>> {
-        match self.get_mut() {
-            Stream::Plain(s) => std::pin::Pin::new(s).poll_read(cx, buf),
-            Stream::Tls(s) => std::pin::Pin::new(s.as_mut()).poll_read(cx, buf),
-        }
-    }
-}
-
-impl tokio::io::AsyncWrite for Stream {
-    fn poll_write(
-        self: std::pin::Pin<&mut Self>,
-        cx: &mut std::task::Context<'_>,
-        buf: &[u8],
-    ) -> std::task::Poll<std::io::Result<usize>> {
-        match self.get_mut() {
-            Stream::Plain(s) => std::pin::Pin::new(s).poll_write(cx, buf),
-            Stream::Tls(s) => std::pin::Pin::new(s.as_mut()).poll_write(cx, buf),
-        }
-    }
-
-    fn poll_flush(
-        self: std::pin::Pin<&mut Self>,
-        cx: &mut std::task::Context<'_>,
-    ) -> std::task::Poll<std::io::Result<()>> {
-        match self.get_mut() {
-            Stream::Plain(s) => std::pin::Pin::new(s).poll_flush(cx),
-            Stream::Tls(s) => std::pin::Pin::new(s.as_mut()).poll_flush(cx),
-        }
-    }
-
-    fn poll_shutdown(
-        self: std::pin::Pin<&mut Self>,
-        cx: &mut std::task::Context<'_>,
-    ) -> std::task::Poll<std::io::Result<()>> {
-        match self.get_mut() {
-            Stream::Plain(s) => std::pin::Pin::new(s).poll_shutdown(cx),
-            Stream::Tls(s) => std::pin::Pin::new(s.as_mut()).poll_shutdown(cx),
-        }
-    }
-}
+type Stream = tokio_util::either::Either<TcpStream, Box<tokio_rustls::client::TlsStream<TcpStream>>>;
 
 /// The head of an answer: its status, the length of the head and how the body is framed.
 struct Head {
@@ -186,10 +137,10 @@ impl Conn {
                 let host = endpoint.authority.rsplit_once(':').map_or(endpoint.authority.as_str(), |(host, _)| host);
                 let name = rustls::pki_types::ServerName::try_from(host.to_owned()).context("the server's name")?;
                 let connector = tokio_rustls::TlsConnector::from(config.clone());
-                Stream::Tls(Box::new(connector.connect(name, stream).await.context("the TLS handshake")?))
+                Stream::Right(Box::new(connector.connect(name, stream).await.context("the TLS handshake")?))
             }
             (None, true) => bail!("{}: an https:// server needs its CA (Endpoint::with_ca)", endpoint.url()),
-            _ => Stream::Plain(stream),
+            _ => Stream::Left(stream),
         };
         Ok(Conn {
             endpoint: endpoint.clone(),

@@ -11,9 +11,7 @@
 use std::io;
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
-use std::pin::Pin;
 use std::sync::{Arc, RwLock};
-use std::task::{Context, Poll};
 use std::time::{Duration, SystemTime};
 
 use axum::serve::Listener;
@@ -21,7 +19,6 @@ use rustls::pki_types::{CertificateDer, PrivateKeyDer, UnixTime};
 use rustls::server::danger::{ClientCertVerified, ClientCertVerifier};
 use rustls::server::WebPkiClientVerifier;
 use rustls::{DistinguishedName, RootCertStore, ServerConfig, SignatureScheme};
-use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::net::TcpStream;
 use tokio::sync::mpsc;
 
@@ -250,60 +247,7 @@ pub struct Peer {
 }
 
 /// A connection, plain or over TLS.
-pub enum Conn {
-    Plain(TcpStream),
-    Tls(Box<tokio_rustls::server::TlsStream<TcpStream>>),
-}
-
-impl AsyncRead for Conn {
-    fn poll_read(self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &mut ReadBuf<'_>) -> Poll<io::Result<()>> {
-        match self.get_mut() {
-            Conn::Plain(stream) => Pin::new(stream).poll_read(cx, buf),
-            Conn::Tls(stream) => Pin::new(stream.as_mut()).poll_read(cx, buf),
-        }
-    }
-}
-
-impl AsyncWrite for Conn {
-    fn poll_write(self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &[u8]) -> Poll<io::Result<usize>> {
-        match self.get_mut() {
-            Conn::Plain(stream) => Pin::new(stream).poll_write(cx, buf),
-            Conn::Tls(stream) => Pin::new(stream.as_mut()).poll_write(cx, buf),
-        }
-    }
-
-    fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        match self.get_mut() {
-            Conn::Plain(stream) => Pin::new(stream).poll_flush(cx),
-            Conn::Tls(stream) => Pin::new(stream.as_mut()).poll_flush(cx),
-        }
-    }
-
-    fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        match self.get_mut() {
-            Conn::Plain(stream) => Pin::new(stream).poll_shutdown(cx),
-            Conn::Tls(stream) => Pin::new(stream.as_mut()).poll_shutdown(cx),
-        }
-    }
-
-    fn poll_write_vectored(
-        self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-        bufs: &[io::IoSlice<'_>],
-    ) -> Poll<io::Result<usize>> {
-        match self.get_mut() {
-            Conn::Plain(stream) => Pin::new(stream).poll_write_vectored(cx, bufs),
-            Conn::Tls(stream) => Pin::new(stream.as_mut()).poll_write_vectored(cx, bufs),
-        }
-    }
-
-    fn is_write_vectored(&self) -> bool {
-        match self {
-            Conn::Plain(stream) => stream.is_write_vectored(),
-            Conn::Tls(stream) => stream.is_write_vectored(),
-        }
-    }
-}
+pub type Conn = tokio_util::either::Either<TcpStream, Box<tokio_rustls::server::TlsStream<TcpStream>>>;
 
 /// A listener of TCP connections (set to `TCP_NODELAY`), served plain or after a TLS handshake.
 pub struct Accepting<L> {
@@ -336,7 +280,7 @@ where
                         tracing::debug!(error = %err, "cannot set TCP_NODELAY");
                     }
                     let Some(tls) = self.tls.clone() else {
-                        return (Conn::Plain(stream), Peer { addr, client: None });
+                        return (Conn::Left(stream), Peer { addr, client: None });
                     };
                     let handshaken = self.handshaken.clone();
                     tokio::spawn(async move {
@@ -344,7 +288,7 @@ where
                         match tokio::time::timeout(HANDSHAKE_TIMEOUT, acceptor.accept(stream)).await {
                             Ok(Ok(stream)) => {
                                 let client = tls.client_cert(stream.get_ref().1.peer_certificates());
-                                let _ = handshaken.send((Conn::Tls(Box::new(stream)), Peer { addr, client }));
+                                let _ = handshaken.send((Conn::Right(Box::new(stream)), Peer { addr, client }));
                             }
                             Ok(Err(err)) => tracing::debug!(error = %err, %addr, "TLS handshake failed"),
                             Err(_) => tracing::debug!(%addr, "TLS handshake timed out"),

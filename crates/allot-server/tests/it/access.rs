@@ -67,6 +67,21 @@ async fn call(h: &Harness, method: &Method, uri: &str, token: Option<&str>, body
     (status, serde_json::from_slice(&bytes).unwrap_or(Value::Null), challenged)
 }
 
+/// The team's namespace, pool and queue, and another's, made by the admin.
+async fn make_resources(h: &Harness) {
+    for (uri, body) in [
+        ("/v1/namespaces/team:a", r#"{"quota": 5}"#),
+        ("/v1/namespaces/other:a", r#"{"quota": 5}"#),
+        ("/v1/pools/team-p", r#"{"capacity": "cpu=4"}"#),
+        ("/v1/pools/other-p", r#"{"capacity": "cpu=4"}"#),
+        ("/v1/queues/root.team", "{}"),
+        ("/v1/queues/root.other", "{}"),
+    ] {
+        let (status, body, _) = call(h, &Method::PUT, uri, Some(ADMIN), body).await;
+        assert!(status.is_success(), "{uri}: {status} {body}");
+    }
+}
+
 /// The route's path with its parameters filled in: on the team's resources, or another's.
 fn fill(path: &str, own: bool) -> String {
     let (namespace, pool, queue, app) = if own {
@@ -112,18 +127,7 @@ async fn every_route_needs_one_permission_and_is_refused_without_it() {
     let undocumented: Vec<_> = declared.difference(&documented).map(|(m, p)| format!("{m} {p}")).collect();
     assert_eq!(undocumented, ["GET /metrics", "GET /openapi.json"], "the routes and the document disagree");
 
-    // The team's resources and another's, made by the admin.
-    for (uri, body) in [
-        ("/v1/namespaces/team:a", r#"{"quota": 5}"#),
-        ("/v1/namespaces/other:a", r#"{"quota": 5}"#),
-        ("/v1/pools/team-p", r#"{"capacity": "cpu=4"}"#),
-        ("/v1/pools/other-p", r#"{"capacity": "cpu=4"}"#),
-        ("/v1/queues/root.team", "{}"),
-        ("/v1/queues/root.other", "{}"),
-    ] {
-        let (status, body, _) = call(&h, &Method::PUT, uri, Some(ADMIN), body).await;
-        assert!(status.is_success(), "{uri}: {status} {body}");
-    }
+    make_resources(&h).await;
     for (id, queue) in [("team-app", "root.team"), ("other-app", "root.other")] {
         let app = json!({"id": id, "queue": queue, "tasks": [{"id": "t1", "resources": "cpu=1"}]});
         let (status, body, _) = call(&h, &Method::POST, "/v1/apps", Some(ADMIN), &app.to_string()).await;
@@ -205,16 +209,7 @@ async fn every_route_needs_one_permission_and_is_refused_without_it() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn lists_answer_only_what_the_caller_may_see_and_submissions_are_the_callers() {
     let h = Harness::with_state(|state: ServerState| state.with_access(access()));
-    for (uri, body) in [
-        ("/v1/namespaces/team:a", r#"{"quota": 5}"#),
-        ("/v1/namespaces/other:a", r#"{"quota": 5}"#),
-        ("/v1/pools/team-p", r#"{"capacity": "cpu=4"}"#),
-        ("/v1/pools/other-p", r#"{"capacity": "cpu=4"}"#),
-        ("/v1/queues/root.team", "{}"),
-        ("/v1/queues/root.other", "{}"),
-    ] {
-        call(&h, &Method::PUT, uri, Some(ADMIN), body).await;
-    }
+    make_resources(&h).await;
     let names = |list: &Value, field: &str, key: &str| -> Vec<String> {
         list[field].as_array().unwrap().iter().map(|item| item[key].as_str().unwrap().to_owned()).collect()
     };
