@@ -43,6 +43,13 @@ pub struct PutQueue {
     pub user_max: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub sort: Option<SortPolicy>,
+    /// Who may submit here and below, in YuniKorn's format: `*`, or `user1,user2 group1,group2`
+    /// (none: the parent's say; with access configured, checked besides the caller's roles).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub submit_acl: Option<String>,
+    /// Who may administer (and submit) here and below, in the same format.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub admin_acl: Option<String>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
@@ -57,6 +64,10 @@ pub struct Queue {
     pub user_max_apps: Option<u64>,
     pub user_max: Option<String>,
     pub sort: SortPolicy,
+    #[serde(default)]
+    pub submit_acl: Option<String>,
+    #[serde(default)]
+    pub admin_acl: Option<String>,
     /// What the placements of its applications hold.
     pub used: String,
     pub running_apps: u64,

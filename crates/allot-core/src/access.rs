@@ -393,9 +393,90 @@ impl Policy {
     }
 }
 
+/// A queue's access control list in YuniKorn's format: `*` (everyone), or users then groups,
+/// each comma-separated, the two lists separated by one space (`"ada,bob ops,data"`; a leading
+/// space: groups only, `" ops"`). An empty list lets no one in.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct Acl {
+    everyone: bool,
+    users: Vec<String>,
+    groups: Vec<String>,
+    text: String,
+}
+
+/// An ACL as a regular expression (no look-around, for the API's document): `*`, or users then
+/// groups, comma-separated, one space between the two lists.
+pub const ACL_PATTERN: &str = r"^(\s*\*\s*|([^ ,*\u0000-\u001f\u007f-\u009f]+(,[^ ,*\u0000-\u001f\u007f-\u009f]+)*)?( ([^ ,*\u0000-\u001f\u007f-\u009f]+(,[^ ,*\u0000-\u001f\u007f-\u009f]+)*)?)?)$";
+
+/// Why an ACL was refused.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("ACL `{text}` is not `*` or `user1,user2 group1,group2`: {why}")]
+pub struct AclError {
+    pub text: String,
+    pub why: &'static str,
+}
+
+impl Acl {
+    pub fn parse(text: &str) -> Result<Acl, AclError> {
+        let bad = |why| AclError { text: text.to_owned(), why };
+        if text.trim() == "*" {
+            return Ok(Acl { everyone: true, text: "*".to_owned(), ..Acl::default() });
+        }
+        if text.chars().any(char::is_control) {
+            return Err(bad("it has control characters"));
+        }
+        let (users, groups) = text.split_once(' ').unwrap_or((text, ""));
+        if groups.contains(' ') {
+            return Err(bad("users and groups are separated by one space, names within them by commas"));
+        }
+        let names = |list: &str| -> Result<Vec<String>, AclError> {
+            let names: Vec<String> = list.split(',').filter(|n| !n.is_empty()).map(str::to_owned).collect();
+            if names.iter().any(|n| n == "*") {
+                return Err(bad("`*` stands alone"));
+            }
+            Ok(names)
+        };
+        Ok(Acl { everyone: false, users: names(users)?, groups: names(groups)?, text: text.to_owned() })
+    }
+
+    /// Whether the list lets `principal` in.
+    pub fn allows(&self, principal: &Principal) -> bool {
+        self.everyone
+            || self.users.contains(&principal.user)
+            || self.groups.iter().any(|g| principal.groups.contains(g))
+    }
+
+    /// The list as it was written.
+    pub fn text(&self) -> &str {
+        &self.text
+    }
+}
+
+impl fmt::Display for Acl {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.text)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn acls_read_as_yunikorn_writes_them() {
+        let ada = Principal::new("ada", ["data"]);
+        let bob = Principal::new("bob", ["ops"]);
+        let acl = |text: &str| Acl::parse(text).unwrap();
+        assert!(acl("*").allows(&ada) && acl(" * ").allows(&bob));
+        assert!(acl("ada,bob").allows(&bob) && !acl("ada").allows(&bob));
+        assert!(acl(" ops").allows(&bob) && !acl(" ops").allows(&ada), "a leading space: groups only");
+        assert!(acl("eve data").allows(&ada) && !acl("eve data").allows(&bob));
+        assert!(!acl("").allows(&ada), "an empty list lets no one in");
+        for bad in ["ada bob eve", "a,* g", "a\tb"] {
+            assert!(Acl::parse(bad).is_err(), "{bad}");
+        }
+        assert_eq!(acl("ada,bob ops").to_string(), "ada,bob ops");
+    }
 
     fn pattern(text: &str) -> Pattern {
         Pattern::parse(text).unwrap()

@@ -389,6 +389,11 @@ impl Who {
         }
     }
 
+    /// Whether the caller may do `permission` on `resource`.
+    pub(crate) fn may(&self, permission: Permission, resource: &Resource) -> bool {
+        self.caller.may(self.access.as_deref(), permission, resource)
+    }
+
     /// Whether the caller may see `resource` (a list keeps only those).
     pub(crate) fn may_read(&self, resource: &Resource) -> bool {
         self.caller.may(self.access.as_deref(), Permission::Read, resource)

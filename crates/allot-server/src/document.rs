@@ -178,6 +178,8 @@ pub(crate) fn with_limits(mut doc: Value, max_wait: std::time::Duration) -> Valu
         ("PutQueue", "user_max", resources(false)),
         ("PutQueue", "max_apps", range(0, MAX_UNITS)),
         ("PutQueue", "user_max_apps", range(0, MAX_UNITS)),
+        ("PutQueue", "submit_acl", json!({"pattern": allot_core::access::ACL_PATTERN})),
+        ("PutQueue", "admin_acl", json!({"pattern": allot_core::access::ACL_PATTERN})),
         ("SubmitApp", "id", id()),
         ("SubmitApp", "queue", queue_path()),
         ("SubmitApp", "user", name()),

@@ -111,6 +111,10 @@ pub struct QueueLimits {
     /// The most one user holds in the queue and below.
     pub user_max: Option<Resources>,
     pub sort: SortPolicy,
+    /// Who may submit to the queue and below [YuniKorn `submitacl`] (none: its parent's say).
+    pub submit_acl: Option<crate::access::Acl>,
+    /// Who may administer, and submit to, the queue and below [YuniKorn `adminacl`].
+    pub admin_acl: Option<crate::access::Acl>,
 }
 
 /// What a queue (with everything below it) holds now, as the scheduler counts it.

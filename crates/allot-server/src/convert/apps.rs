@@ -56,7 +56,13 @@ pub(crate) fn queue_limits(body: api::PutQueue) -> Result<QueueLimits, ApiError>
         user_max_apps: body.user_max_apps,
         user_max: body.user_max.as_deref().map(resources).transpose()?,
         sort: body.sort.map(sort_in).unwrap_or_default(),
+        submit_acl: body.submit_acl.as_deref().map(acl).transpose()?,
+        admin_acl: body.admin_acl.as_deref().map(acl).transpose()?,
     })
+}
+
+fn acl(text: &str) -> Result<allot_core::access::Acl, ApiError> {
+    allot_core::access::Acl::parse(text).map_err(|e| ApiError::invalid_argument(e.to_string()))
 }
 
 pub(crate) fn queue(view: QueueView) -> api::Queue {
@@ -70,6 +76,8 @@ pub(crate) fn queue(view: QueueView) -> api::Queue {
         user_max_apps: limits.user_max_apps,
         user_max: limits.user_max.map(|m| m.to_string()),
         sort: sort_out(limits.sort),
+        submit_acl: limits.submit_acl.map(|acl| acl.text().to_owned()),
+        admin_acl: limits.admin_acl.map(|acl| acl.text().to_owned()),
         used: view.usage.allocated.to_string(),
         running_apps: view.usage.running_apps,
         apps: view.apps,

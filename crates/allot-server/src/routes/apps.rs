@@ -47,10 +47,12 @@ pub(crate) async fn get_queue(
         (status = 503, body = api::ErrorBody, description = UNAVAILABLE)))]
 pub(crate) async fn put_queue(
     State(state): State<ServerState>,
+    who: Who,
     Segments(path): Segments<String>,
     JsonBody(body): JsonBody<api::PutQueue>,
 ) -> Result<(StatusCode, Json<api::PutQueueResponse>), ApiError> {
     let limits = convert::queue_limits(body)?;
+    queue_acl(&state, &who, &path, Acl::Admin).await?;
     let (created, view) = state.store.put_queue(queue_path(&path)?, limits).await?;
     let status = if created { StatusCode::CREATED } else { StatusCode::OK };
     Ok((status, Json(api::PutQueueResponse { created, queue: convert::queue(view) })))
@@ -65,8 +67,10 @@ pub(crate) async fn put_queue(
         (status = 503, body = api::ErrorBody, description = UNAVAILABLE)))]
 pub(crate) async fn remove_queue(
     State(state): State<ServerState>,
+    who: Who,
     Segments(path): Segments<String>,
 ) -> Answer<api::RemovedQueue> {
+    queue_acl(&state, &who, &path, Acl::Admin).await?;
     state.store.remove_queue(queue_path(&path)?).await?;
     Ok(Json(api::RemovedQueue { path }))
 }
@@ -105,6 +109,7 @@ pub(crate) async fn submit_app(
 ) -> Result<(StatusCode, Json<api::SubmitAppResponse>), ApiError> {
     let queue = Resource::Queue(body.queue.clone());
     who.check(Permission::Use, queue.clone())?;
+    queue_acl(&state, &who, &body.queue, Acl::Submit).await?;
     // The application's user is the caller, unless it may submit for others.
     if let Some(principal) = who.principal() {
         if body.user == api::DEFAULT_USER {
@@ -360,4 +365,44 @@ async fn may_report(state: &ServerState, who: &Who, app: &allot_core::apps::AppI
         Ok(info) => who.check(Permission::Use, Resource::Queue(info.app.spec.queue.to_string())),
         Err(_) => Ok(()),
     }
+}
+
+/// The queue ACL a call needs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Acl {
+    /// Submitting: the `submit_acl` or the `admin_acl` of the queue or a parent.
+    Submit,
+    /// Changing or removing the queue: the `admin_acl` of the queue or a parent.
+    Admin,
+}
+
+/// Refuses the caller unless the queue ACLs on `path` and its parents let it in [YuniKorn's
+/// `submitacl` and `adminacl`, checked up the tree]. Where no queue on the way has an ACL of the
+/// kind, the caller's roles alone decide; a caller whose roles make it an admin of the queue is
+/// never held back by them (an operator cannot lock itself out).
+pub(crate) async fn queue_acl(state: &ServerState, who: &Who, path: &str, needed: Acl) -> Result<(), ApiError> {
+    let Some(principal) = who.principal() else { return Ok(()) };
+    if who.may(Permission::Admin, &Resource::Queue(path.to_owned())) {
+        return Ok(());
+    }
+    let queues = state.store.queues().await?;
+    let on_path = |queue: &&allot_core::apps::QueueView| {
+        let own = queue.path.as_str();
+        path == own || path.strip_prefix(own).is_some_and(|rest| rest.starts_with('.'))
+    };
+    let mut lists = Vec::new();
+    for queue in queues.iter().filter(on_path) {
+        if needed == Acl::Submit {
+            lists.extend(queue.limits.submit_acl.iter());
+        }
+        lists.extend(queue.limits.admin_acl.iter());
+    }
+    if lists.is_empty() || lists.iter().any(|acl| acl.allows(principal)) {
+        return Ok(());
+    }
+    let which = if needed == Acl::Submit { "submit_acl or admin_acl" } else { "admin_acl" };
+    Err(ApiError::of(
+        crate::error::ErrorCode::Forbidden,
+        format!("{principal} is not in the {which} of queue `{path}` or of a queue above it"),
+    ))
 }

@@ -19,6 +19,7 @@ const ADMIN: &str = "allot_admin";
 const READER: &str = "allot_reader";
 const TEAM: &str = "allot_team";
 const NOBODY: &str = "allot_nobody";
+const CARL: &str = "allot_carl";
 
 fn access() -> Access {
     let team = Role {
@@ -44,6 +45,7 @@ fn access() -> Access {
         credential(READER, "auditor", &[]),
         credential(TEAM, "ada", &["team"]),
         credential(NOBODY, "nobody", &[]),
+        credential(CARL, "carl", &["team"]),
     ];
     Access::new(policy, credentials, OpenRoutes::default()).unwrap()
 }
@@ -355,4 +357,50 @@ async fn tokens_made_through_the_api_work_until_revoked_and_revocation_ends_open
     assert_eq!(namespace["granted_units"], 1, "the revoked waiter left the queue, the held grant stays: {namespace}");
     let (status, _, _) = call(&h, &Method::DELETE, "/v1/api-tokens/bob-laptop", Some(ADMIN), "").await;
     assert_eq!(status, StatusCode::NOT_FOUND);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn queue_acls_as_yunikorn_has_them_hold_down_the_tree_besides_roles() {
+    let h = Harness::with_state(|state: ServerState| state.with_access(access()));
+    make_resources(&h).await;
+    let (status, answer, _) =
+        call(&h, &Method::PUT, "/v1/queues/root.team", Some(ADMIN), r#"{"submit_acl": "ada ops"}"#).await;
+    assert_eq!((status, answer["queue"]["submit_acl"].clone()), (StatusCode::OK, json!("ada ops")), "{answer}");
+    for leaf in ["root.team.batch", "root.team.etl"] {
+        let (status, _, _) = call(&h, &Method::PUT, &format!("/v1/queues/{leaf}"), Some(ADMIN), "{}").await;
+        assert_eq!(status, StatusCode::CREATED);
+    }
+    let (status, _, _) =
+        call(&h, &Method::PUT, "/v1/queues/root.team.etl", Some(ADMIN), r#"{"submit_acl": "carl"}"#).await;
+    assert_eq!(status, StatusCode::OK);
+    let (status, answer, _) =
+        call(&h, &Method::PUT, "/v1/queues/root.team", Some(ADMIN), r#"{"submit_acl": "a b c"}"#).await;
+    assert_eq!((status, answer["error"]["code"].clone()), (StatusCode::BAD_REQUEST, json!("invalid_argument")));
+    for (token, queue, expected) in [
+        (TEAM, "root.team.batch", StatusCode::CREATED),
+        // Carl holds the team's role, but the parent's list leaves him out of `batch`...
+        (CARL, "root.team.batch", StatusCode::FORBIDDEN),
+        // ...and `etl`'s own list lets him in (access on a queue or a parent is enough).
+        (CARL, "root.team.etl", StatusCode::CREATED),
+        (TEAM, "root.team.etl", StatusCode::CREATED),
+    ] {
+        let app = json!({"id": format!("{}-{}", &token[6..], queue.replace('.', "-")), "queue": queue});
+        let (status, answer, _) = call(&h, &Method::POST, "/v1/apps", Some(token), &app.to_string()).await;
+        assert_eq!(status, expected, "{token} to {queue}: {answer}");
+        if status == StatusCode::FORBIDDEN {
+            assert!(answer["error"]["message"].as_str().unwrap().contains("submit_acl"), "{answer}");
+        }
+    }
+    // A list on a queue with none above it: the roles alone decided before.
+    let app = json!({"id": "carl-free", "queue": "root.other"});
+    let (status, _, _) = call(&h, &Method::POST, "/v1/apps", Some(CARL), &app.to_string()).await;
+    assert_eq!(status, StatusCode::FORBIDDEN, "carl's roles do not reach root.other");
+    // The admin role is never held back by an ACL.
+    let (status, _, _) =
+        call(&h, &Method::PUT, "/v1/queues/root.team", Some(ADMIN), r#"{"admin_acl": " ops", "submit_acl": "ada"}"#)
+            .await;
+    assert_eq!(status, StatusCode::OK);
+    let app = json!({"id": "root-app", "queue": "root.team.batch", "user": "ada"});
+    let (status, answer, _) = call(&h, &Method::POST, "/v1/apps", Some(ADMIN), &app.to_string()).await;
+    assert_eq!(status, StatusCode::CREATED, "{answer}");
 }

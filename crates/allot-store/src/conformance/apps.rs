@@ -93,9 +93,16 @@ async fn task_state(store: &dyn Store, app: &AppId, task: &str) -> TaskInfo {
 
 async fn queues_are_created_changed_and_removed(store: &dyn Store) {
     let path = QueuePath::new("root.conformance-q.leaf").unwrap();
-    let (created, view) =
-        store.put_queue(path.clone(), QueueLimits { max_apps: Some(2), ..Default::default() }).await.unwrap();
-    assert!(created && view.leaf && view.limits.max_apps == Some(2));
+    let acl = |text: &str| Some(allot_core::access::Acl::parse(text).unwrap());
+    let limits = QueueLimits {
+        max_apps: Some(2),
+        submit_acl: acl("ada,bob data"),
+        admin_acl: acl(" ops"),
+        ..Default::default()
+    };
+    let (created, view) = store.put_queue(path.clone(), limits.clone()).await.unwrap();
+    assert!(created && view.leaf && view.limits == limits);
+    assert_eq!(store.queue(path.clone()).await.unwrap().limits, limits, "kept with its ACLs");
     let parent = store.queue(QueuePath::new("root.conformance-q").unwrap()).await.unwrap();
     assert!(!parent.leaf, "the parent is made, and is not a leaf");
     let (created, view) = store.put_queue(path.clone(), QueueLimits::default()).await.unwrap();

@@ -18,8 +18,8 @@ use redb::{ReadTransaction, ReadableTable};
 use super::ops::{Op, Table};
 use super::{durable, lock, Commit, EmbeddedStore, OpenError, Shared};
 use crate::apps::{AppInfo, AppStore, Submitted, TaskInfo};
-use crate::records::apps::{AppRecord, QueueRecord, TaskRecord, APPS, QUEUES, TASKS};
-use crate::records::{decode, encode};
+use crate::records::apps::{AppRecord, QueueRecord, TaskRecord, APPS, QUEUES, QUEUE_FIELDS_ADDED, TASKS};
+use crate::records::{decode, decode_grown, encode};
 use crate::{Page, PageRequest, StoreError};
 
 /// How often the scheduler tries again while something waits for room or tokens.
@@ -79,7 +79,7 @@ pub(super) fn load(txn: &ReadTransaction) -> Result<Scheduler, OpenError> {
     let mut queues = Vec::new();
     for entry in txn.open_table(QUEUES).map_err(|e| read_err(e.into()))?.iter().map_err(|e| read_err(e.into()))? {
         let (key, value) = entry.map_err(|e| read_err(e.into()))?;
-        let record: QueueRecord = decode("queues", key.value(), value.value())?;
+        let record: QueueRecord = decode_grown("queues", key.value(), value.value(), QUEUE_FIELDS_ADDED)?;
         queues.push(record.into_queue(key.value())?);
     }
     let mut apps = Vec::new();

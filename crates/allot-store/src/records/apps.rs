@@ -32,7 +32,13 @@ pub struct QueueRecord {
     pub user_max_apps: Option<u64>,
     pub user_max: Option<ResourcesRecord>,
     pub sort: String,
+    /// Added after the format began (see [`crate::records::decode_grown`]), as the one after it.
+    pub submit_acl: Option<String>,
+    pub admin_acl: Option<String>,
 }
+
+/// The fields [`QueueRecord`] gained since the format began.
+pub const QUEUE_FIELDS_ADDED: usize = 2;
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct GroupRecord {
@@ -182,6 +188,8 @@ impl QueueRecord {
             user_max_apps: limits.user_max_apps,
             user_max: limits.user_max.as_ref().map(resources_record),
             sort: sort_name(limits.sort).to_owned(),
+            submit_acl: limits.submit_acl.as_ref().map(|acl| acl.text().to_owned()),
+            admin_acl: limits.admin_acl.as_ref().map(|acl| acl.text().to_owned()),
         }
     }
 
@@ -198,6 +206,11 @@ impl QueueRecord {
             user_max_apps: self.user_max_apps,
             user_max: self.user_max.map(|m| r.resources(m)).transpose()?,
             sort,
+            submit_acl: self
+                .submit_acl
+                .map(|a| allot_core::access::Acl::parse(&a).map_err(|e| r.err(e)))
+                .transpose()?,
+            admin_acl: self.admin_acl.map(|a| allot_core::access::Acl::parse(&a).map_err(|e| r.err(e))).transpose()?,
         };
         Ok((QueuePath::new(path).map_err(|e| r.err(e))?, limits))
     }
@@ -357,6 +370,26 @@ pub fn decode_app(key: &str, bytes: &[u8]) -> Result<AppRecord, CorruptRecord> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A queue record written before the ACLs (its bytes end where they start) reads as a queue
+    /// without them; a new one reads as written.
+    #[test]
+    fn a_queue_record_of_the_older_format_reads_without_acls() {
+        let limits = QueueLimits {
+            max_apps: Some(3),
+            submit_acl: Some(allot_core::access::Acl::parse("ada ops").unwrap()),
+            ..QueueLimits::default()
+        };
+        let bytes = crate::records::encode(&QueueRecord::of(&limits));
+        let record: QueueRecord = crate::records::decode_grown("queues", "root.q", &bytes, QUEUE_FIELDS_ADDED).unwrap();
+        assert_eq!(record.into_queue("root.q").unwrap().1, limits);
+        let older =
+            crate::records::encode(&QueueRecord { submit_acl: None, admin_acl: None, ..QueueRecord::of(&limits) });
+        let older = &older[..older.len() - QUEUE_FIELDS_ADDED];
+        let record: QueueRecord = crate::records::decode_grown("queues", "root.q", older, QUEUE_FIELDS_ADDED).unwrap();
+        let (_, read) = record.into_queue("root.q").unwrap();
+        assert_eq!((read.max_apps, read.submit_acl, read.admin_acl), (Some(3), None, None));
+    }
 
     /// A record written before `max_parallelism` existed (its bytes end where the field starts)
     /// reads as one without a limit; a new one reads as written.

@@ -93,6 +93,12 @@ pub(crate) enum QueueCommand {
         /// How it orders its applications [default: fifo].
         #[arg(long, value_enum)]
         sort: Option<Sort>,
+        /// Who may submit here and below, YuniKorn's format: `*`, or `"user1,user2 group1"`.
+        #[arg(long, value_name = "ACL")]
+        submit_acl: Option<String>,
+        /// Who may administer (and submit) here and below, in the same format.
+        #[arg(long, value_name = "ACL")]
+        admin_acl: Option<String>,
         #[command(flatten)]
         common: Common,
     },
@@ -368,7 +374,18 @@ async fn run_queue(command: &QueueCommand) -> Result<u8, ClientError> {
             let answer = client(common)?.queue(path).await?;
             emit(common, &answer, queue_details)
         }
-        QueueCommand::Set { path, guaranteed, max, max_apps, user_max_apps, user_max, sort, common } => {
+        QueueCommand::Set {
+            path,
+            guaranteed,
+            max,
+            max_apps,
+            user_max_apps,
+            user_max,
+            sort,
+            submit_acl,
+            admin_acl,
+            common,
+        } => {
             let limits = PutQueue {
                 guaranteed: guaranteed.clone(),
                 max: max.clone(),
@@ -376,6 +393,8 @@ async fn run_queue(command: &QueueCommand) -> Result<u8, ClientError> {
                 user_max_apps: *user_max_apps,
                 user_max: user_max.clone(),
                 sort: sort.map(SortPolicy::from),
+                submit_acl: submit_acl.clone(),
+                admin_acl: admin_acl.clone(),
             };
             let answer = client(common)?.put_queue(path, &limits).await?;
             emit(common, &answer, |answer| {

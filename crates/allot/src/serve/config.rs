@@ -54,6 +54,8 @@ pub(crate) const SERVE_AFTER_HELP: &str = r#"Configuration file (--config), with
   user_max_apps = 5             # the same, per user
   user_max = "cpu=16"           # the most one user's applications hold
   sort = "fifo"                 # fifo, fair or priority
+  submit_acl = "ada,bob data"   # who may submit here and below (YuniKorn's format; "*": all)
+  admin_acl = " ops"            # who may administer (and submit) here and below
   [scheduler]
   completing_grace = "30s"      # how long an application whose tasks all ended waits for more
   app_retention = "1h"          # how long an ended application stays readable
@@ -292,6 +294,9 @@ struct QueueConfig {
     user_max_apps: Option<u64>,
     user_max: Option<String>,
     sort: Option<String>,
+    /// YuniKorn's format: `"*"`, or `"user1,user2 group1,group2"`.
+    submit_acl: Option<String>,
+    admin_acl: Option<String>,
 }
 
 /// `[scheduler]`.
@@ -333,6 +338,10 @@ fn queue_limits(path: &str, queue: QueueConfig) -> anyhow::Result<QueueLimits> {
     let resources = |what: &str, text: Option<String>| -> anyhow::Result<Option<Resources>> {
         text.map(|t| t.parse().with_context(|| format!("[queues.\"{path}\"] {what}: `{t}`"))).transpose()
     };
+    let acl = |what: &str, text: Option<String>| -> anyhow::Result<Option<allot_core::access::Acl>> {
+        text.map(|t| allot_core::access::Acl::parse(&t).with_context(|| format!("[queues.\"{path}\"] {what}")))
+            .transpose()
+    };
     let sort = match queue.sort.as_deref() {
         None | Some("fifo") => SortPolicy::Fifo,
         Some("fair") => SortPolicy::Fair,
@@ -346,6 +355,8 @@ fn queue_limits(path: &str, queue: QueueConfig) -> anyhow::Result<QueueLimits> {
         user_max_apps: queue.user_max_apps,
         user_max: resources("user_max", queue.user_max)?,
         sort,
+        submit_acl: acl("submit_acl", queue.submit_acl)?,
+        admin_acl: acl("admin_acl", queue.admin_acl)?,
     })
 }
 
