@@ -539,6 +539,8 @@ pub enum Target {
     /// session (not in one namespace), or a call whose body names its resources (the handler
     /// checks each).
     Some(Kind),
+    /// Resources of any kind, named by the request (a watch's filter): the handler checks each.
+    Named,
 }
 
 /// The one permission a route needs, over which resource.
@@ -620,6 +622,7 @@ pub(crate) async fn authorize(
             }
             Some(Resource::All(kind))
         }
+        Target::Named => return next.run(request).await,
     };
     let allowed = match &resource {
         Some(resource) => access.policy().check(&principal, permission, resource.clone()).map_err(ApiError::from),
@@ -645,6 +648,7 @@ fn target_kind(target: Target) -> Kind {
         Target::Daemon => Kind::Daemon,
         Target::Path(kind) | Target::Some(kind) => kind,
         Target::AppQueue => Kind::Queue,
+        Target::Named => Kind::Daemon,
     }
 }
 

@@ -178,7 +178,7 @@ pub(crate) fn routes(state: ServerState) -> (Router, Arc<Needs>) {
             &[(M::PUT, admin(Target::Daemon)), (M::DELETE, admin(Target::Daemon))],
         )
         // The filter names what is watched: the handler checks `read` on it.
-        .route("/v1/watch", get(watch::watch), &[(M::GET, read(some(Kind::Namespace)))]);
+        .route("/v1/watch", get(watch::watch), &[(M::GET, read(Target::Named))]);
     let needs = Arc::new(declared.needs);
     let router = declared
         .router

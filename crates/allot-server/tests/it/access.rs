@@ -20,6 +20,8 @@ const READER: &str = "allot_reader";
 const TEAM: &str = "allot_team";
 const NOBODY: &str = "allot_nobody";
 const CARL: &str = "allot_carl";
+/// Reads every pool, and nothing else.
+const POOLS_ONLY: &str = "allot_pools";
 
 fn access() -> Access {
     let team = Role {
@@ -28,9 +30,11 @@ fn access() -> Access {
             .flat_map(|p| [(Permission::Use, Pattern::parse(p).unwrap())])
             .collect(),
     };
+    let pools = Role { grants: vec![(Permission::Read, Pattern::parse("pool:*").unwrap())] };
     let policy = Policy::new(
-        [("team".to_owned(), team)].into(),
+        [("team".to_owned(), team), ("pools".to_owned(), pools)].into(),
         vec![
+            Binding { role: "pools".into(), users: vec![], groups: vec!["pool-readers".into()] },
             Binding { role: "admin".into(), users: vec!["root".into()], groups: vec![] },
             Binding { role: "reader".into(), users: vec!["auditor".into()], groups: vec![] },
             Binding { role: "team".into(), users: vec![], groups: vec!["team".into()] },
@@ -46,6 +50,7 @@ fn access() -> Access {
         credential(TEAM, "ada", &["team"]),
         credential(NOBODY, "nobody", &[]),
         credential(CARL, "carl", &["team"]),
+        credential(POOLS_ONLY, "pool-watcher", &["pool-readers"]),
     ];
     Access::new(policy, credentials, OpenRoutes::default()).unwrap()
 }
@@ -195,7 +200,7 @@ async fn every_route_needs_one_permission_and_is_refused_without_it() {
         );
         let team_may =
             permission != Permission::Admin && !matches!(target, Target::Daemon | Target::Some(Kind::Daemon));
-        if team_may && !matches!(target, Target::Some(_)) {
+        if team_may && !matches!(target, Target::Some(_) | Target::Named) {
             let (status, answer, _) = call(&h, method, &uri, Some(TEAM), body).await;
             assert!(
                 status != StatusCode::UNAUTHORIZED && status != StatusCode::FORBIDDEN,
@@ -248,6 +253,9 @@ async fn lists_answer_only_what_the_caller_may_see_and_submissions_are_the_calle
         ("?prefix=namespaces/other:a", TEAM, false),
         ("?prefix=namespaces/team", TEAM, false),
         ("?prefix=pools/team-p", TEAM, true),
+        ("?prefix=pools/other-p", TEAM, false),
+        ("?kind=pool.put", POOLS_ONLY, true),
+        ("?kind=grant.granted", POOLS_ONLY, false),
         ("?kind=grant.granted", TEAM, false),
         ("", TEAM, false),
         ("", READER, true),
