@@ -51,7 +51,7 @@ impl Endpoint {
         let authority = if authority.rsplit_once(':').is_some_and(|(_, port)| port.parse::<u16>().is_ok()) {
             authority.to_owned()
         } else {
-            format!("{authority}:80")
+            format!("{authority}:{}", if secure { 443 } else { 80 })
         };
         let prefix = path.trim_end_matches('/').to_owned();
         Ok(Endpoint { authority, prefix, headers: String::new(), tls: None, secure })
@@ -330,7 +330,9 @@ mod tests {
         assert_eq!((e.authority.as_str(), e.prefix.as_str()), ("localhost:8000", ""));
         let e = Endpoint::parse("http://example.com/allot/").unwrap();
         assert_eq!((e.authority.as_str(), e.prefix.as_str()), ("example.com:80", "/allot"));
-        assert!(Endpoint::parse("https://example.com").is_err());
+        let e = Endpoint::parse("https://example.com").unwrap();
+        assert_eq!((e.authority.as_str(), e.url()), ("example.com:443", "https://example.com:443".to_owned()));
+        assert!(Endpoint::parse("ftp://example.com").is_err());
         assert!(Endpoint::parse("http:///x").is_err());
     }
 
