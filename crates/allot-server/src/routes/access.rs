@@ -45,7 +45,7 @@ fn checked_people(users: &[String], groups: &[String]) -> Result<(), ApiError> {
     let bad = users
         .iter()
         .chain(groups)
-        .find(|name| name.trim().is_empty() || name.len() > 255 || name.chars().any(char::is_control));
+        .find(|name| name.is_empty() || name.chars().count() > 255 || name.chars().any(char::is_control));
     match bad {
         Some(name) => Err(ApiError::invalid_argument(format!(
             "`{name}` is not a user or group name: 1 to 255 characters, no control characters"
