@@ -104,8 +104,9 @@ pub(super) async fn run(args: CompareArgs) -> anyhow::Result<()> {
     let mut servers: Vec<Server> = Vec::new();
     let mut targets: Vec<Target> = Vec::new();
 
-    let serve = |level: &str| -> Vec<OsString> {
-        let data = scratch.join(&format!("allot-{level}-data"));
+    // A daemon at `level`, its data directory named after its row.
+    let serve = |level: &str, row: &str| -> Vec<OsString> {
+        let data = scratch.join(&format!("{row}-data"));
         ["serve", "--listen", "127.0.0.1:0", "--durability", level]
             .into_iter()
             .map(OsString::from)
@@ -114,12 +115,12 @@ pub(super) async fn run(args: CompareArgs) -> anyhow::Result<()> {
     };
     let mut spawns: Vec<(&str, Vec<OsString>, Option<String>)> = vec![
         ("baseline", vec!["baseline-server".into(), "--listen".into(), "127.0.0.1:0".into()], None),
-        (DISK, serve("disk"), None),
-        (PROCESS, serve("process"), None),
+        (DISK, serve("disk", DISK), None),
+        (PROCESS, serve("process", PROCESS), None),
     ];
     let mut ca_pem = None;
     if args.auth {
-        // One token, bound to the built-in admin role; the audit trail goes to the log.
+        // One token, bound to the built-in admin role.
         let token = allot_server::access::make_token();
         let config = scratch.join("auth.toml");
         std::fs::write(
@@ -129,29 +130,31 @@ pub(super) async fn run(args: CompareArgs) -> anyhow::Result<()> {
                 allot_server::access::hash_token(&token)
             ),
         )?;
-        // The token's cost alone: no audit trail (its cost is the next target's).
-        let mut child_args = serve("process");
-        child_args.pop();
-        child_args.push(scratch.join("allot-process-auth-data").into_os_string());
-        child_args.extend(["--config".into(), config.into_os_string()]);
-        let mut audited = child_args.clone();
-        child_args.extend(["--audit-log".into(), "off".into()]);
-        spawns.push((PROCESS_AUTH, child_args.clone(), Some(token.clone())));
-        let data = audited.iter().position(|a| a == "--data-dir").expect("a data dir") + 1;
-        audited[data] = scratch.join("allot-process-auth-audit-data").into_os_string();
-        audited.extend(["--audit-log".into(), scratch.join("audit.jsonl").into_os_string()]);
-        spawns.push((PROCESS_AUTH_AUDIT, audited, Some(token.clone())));
+        // The process level with `[auth]`, and `extra` flags.
+        let with_auth = |row: &str, extra: Vec<OsString>| -> Vec<OsString> {
+            let mut child_args = serve("process", row);
+            child_args.extend(["--config".into(), config.clone().into_os_string()]);
+            child_args.extend(extra);
+            child_args
+        };
+        let off = || vec!["--audit-log".into(), "off".into()];
+        // The token's cost alone: no audit trail (its cost is the next row's).
+        spawns.push((PROCESS_AUTH, with_auth(PROCESS_AUTH, off()), Some(token.clone())));
+        let trail = vec!["--audit-log".into(), scratch.join("audit.jsonl").into_os_string()];
+        spawns.push((PROCESS_AUTH_AUDIT, with_auth(PROCESS_AUTH_AUDIT, trail), Some(token.clone())));
         if args.tls {
             let (ca, cert, key) = certificates()?;
             let (cert_path, key_path) = (scratch.join("cert.pem"), scratch.join("key.pem"));
             std::fs::write(&cert_path, cert)?;
             std::fs::write(&key_path, key)?;
-            let mut child_args = child_args;
-            let data = child_args.iter().position(|a| a == "--data-dir").expect("a data dir") + 1;
-            child_args[data] = scratch.join("allot-process-auth-tls-data").into_os_string();
-            child_args.extend(["--tls-cert".into(), cert_path.into_os_string()]);
-            child_args.extend(["--tls-key".into(), key_path.into_os_string()]);
-            spawns.push((PROCESS_AUTH_TLS, child_args, Some(token)));
+            let mut tls = off();
+            tls.extend([
+                "--tls-cert".into(),
+                cert_path.into_os_string(),
+                "--tls-key".into(),
+                key_path.into_os_string(),
+            ]);
+            spawns.push((PROCESS_AUTH_TLS, with_auth(PROCESS_AUTH_TLS, tls), Some(token)));
             ca_pem = Some(ca);
         }
     }

@@ -220,9 +220,7 @@ impl Pattern {
                 Resource::All(_) => *prefix && name.is_empty(),
                 _ => false,
             },
-            (Pattern::QueueTree(tree), Resource::Queue(path)) => {
-                path == tree || path.strip_prefix(tree.as_str()).is_some_and(|rest| rest.starts_with('.'))
-            }
+            (Pattern::QueueTree(tree), Resource::Queue(path)) => in_queue_tree(path, tree),
             (Pattern::QueueTree(tree), Resource::All(Kind::Queue)) => tree == "root",
             _ => false,
         }
@@ -238,6 +236,11 @@ impl Pattern {
             Pattern::QueueTree(_) => kind == Kind::Queue,
         }
     }
+}
+
+/// Whether queue `path` is `tree` or below it (`root.a.b` is in `root.a`; `root.ab` is not).
+pub fn in_queue_tree(path: &str, tree: &str) -> bool {
+    path == tree || path.strip_prefix(tree).is_some_and(|rest| rest.starts_with('.'))
 }
 
 fn name_matches(name: &str, prefix: bool, target: &str) -> bool {

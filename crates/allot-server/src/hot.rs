@@ -68,16 +68,8 @@ impl Service<Request> for Api {
         Service::<Request>::poll_ready(&mut self.router, cx)
     }
 
-    fn call(&mut self, mut request: Request) -> Self::Future {
-        let Some(audit) = self.state.audit.clone() else {
-            if let Err(refused) = crate::access::authenticate(&self.state, &mut request) {
-                return Either::Left(Box::pin(std::future::ready(Ok(refused.into_response()))));
-            }
-            return match recognise(&request) {
-                Some(hot) => Either::Left(Box::pin(answer(self.state.clone(), hot, request))),
-                None => Either::Right(self.router.call(request)),
-            };
-        };
+    fn call(&mut self, request: Request) -> Self::Future {
+        let Some(audit) = self.state.audit.clone() else { return self.dispatch(request) };
         // Audited: the call is recorded once answered, with its request id on the answer.
         let mut call = audit::Call {
             method: request.method().clone(),
@@ -87,16 +79,8 @@ impl Service<Request> for Api {
             source: request.extensions().get::<ConnectInfo<crate::Peer>>().map(|info| info.0.addr),
             request_id: audit.request_id(request.headers().get(REQUEST_ID)),
         };
-        let answered: HotFuture = match crate::access::authenticate(&self.state, &mut request) {
-            Err(refused) => Box::pin(std::future::ready(Ok(refused.into_response()))),
-            Ok(()) => {
-                call.caller = request.extensions().get::<Caller>().cloned();
-                match recognise(&request) {
-                    Some(hot) => Box::pin(answer(self.state.clone(), hot, request)),
-                    None => Box::pin(self.router.call(request)),
-                }
-            }
-        };
+        let (caller, answered) = self.authenticated(request, true);
+        call.caller = caller;
         let state = self.state.clone();
         Either::Left(Box::pin(async move {
             let mut response = answered.await?;
@@ -112,6 +96,31 @@ impl Service<Request> for Api {
             }
             Ok(response)
         }))
+    }
+}
+
+impl Api {
+    /// Authenticates the call, then answers it by the hot path or the router.
+    fn dispatch(&mut self, request: Request) -> <Api as Service<Request>>::Future {
+        self.authenticated(request, false).1
+    }
+
+    /// [`Api::dispatch`], and, if `keep_caller`, who the call turned out to be from (none if it
+    /// was refused).
+    fn authenticated(
+        &mut self,
+        mut request: Request,
+        keep_caller: bool,
+    ) -> (Option<Caller>, <Api as Service<Request>>::Future) {
+        if let Err(refused) = crate::access::authenticate(&self.state, &mut request) {
+            return (None, Either::Left(Box::pin(std::future::ready(Ok(refused.into_response())))));
+        }
+        let caller = if keep_caller { request.extensions().get::<Caller>().cloned() } else { None };
+        let answer = match recognise(&request) {
+            Some(hot) => Either::Left(Box::pin(answer(self.state.clone(), hot, request)) as HotFuture),
+            None => Either::Right(self.router.call(request)),
+        };
+        (caller, answer)
     }
 }
 

@@ -313,12 +313,16 @@ pub(crate) async fn finish_tasks(
     // Reports with names that cannot be are answered without the store; the others go together.
     let mut answers: Vec<Option<Result<api::Task, ApiError>>> = Vec::with_capacity(body.tasks.len());
     let mut ends = Vec::new();
+    // A batch is mostly one application's ends: each application is looked up once.
+    let mut allowed: std::collections::HashMap<allot_core::apps::AppId, Result<(), ApiError>> = Default::default();
     for end in &body.tasks {
         let ids = match (app_id(&end.app), task_id(&end.task)) {
-            (Ok(app), Ok(task)) => match may_report(&state, &who, &app).await {
-                Ok(()) => Ok((app, task)),
-                Err(err) => Err(err),
-            },
+            (Ok(app), Ok(task)) => {
+                if !allowed.contains_key(&app) {
+                    allowed.insert(app.clone(), may_report(&state, &who, &app).await);
+                }
+                allowed[&app].clone().map(|()| (app, task))
+            }
             (Err(err), _) | (_, Err(err)) => Err(err),
         };
         match ids {
@@ -386,10 +390,7 @@ pub(crate) async fn queue_acl(state: &ServerState, who: &Who, path: &str, needed
         return Ok(());
     }
     let queues = state.store.queues().await?;
-    let on_path = |queue: &&allot_core::apps::QueueView| {
-        let own = queue.path.as_str();
-        path == own || path.strip_prefix(own).is_some_and(|rest| rest.starts_with('.'))
-    };
+    let on_path = |queue: &&allot_core::apps::QueueView| allot_core::access::in_queue_tree(path, queue.path.as_str());
     let mut lists = Vec::new();
     for queue in queues.iter().filter(on_path) {
         if needed == Acl::Submit {

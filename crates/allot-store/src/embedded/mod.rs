@@ -32,7 +32,8 @@
 //! errors), `open` (loading and replay), `wal` (the log), `ops` (writes as data), `feed` (the
 //! events of each commit and their revisions), `archive` (the kept events on disk), `syncer`,
 //! `checkpoint`, `recover` and `sweeper` (the background work). This one holds the store, its
-//! state and the commit path.
+//! state and the commit path: one thing, at length, since every part's commit goes through the
+//! same lock, log record and answer (split, the lock's invariants would span files).
 
 mod access;
 mod apps;
