@@ -434,7 +434,7 @@ impl Acl {
         }
         let names = |list: &str| -> Result<Vec<String>, AclError> {
             let names: Vec<String> = list.split(',').filter(|n| !n.is_empty()).map(str::to_owned).collect();
-            if names.iter().any(|n| n == "*") {
+            if names.iter().any(|n| n.contains('*')) {
                 return Err(bad("`*` stands alone"));
             }
             Ok(names)
@@ -475,7 +475,7 @@ mod tests {
         assert!(acl(" ops").allows(&bob) && !acl(" ops").allows(&ada), "a leading space: groups only");
         assert!(acl("eve data").allows(&ada) && !acl("eve data").allows(&bob));
         assert!(!acl("").allows(&ada), "an empty list lets no one in");
-        for bad in ["ada bob eve", "a,* g", "a\tb"] {
+        for bad in ["ada bob eve", "a,* g", "a\tb", "a* g", "a g*"] {
             assert!(Acl::parse(bad).is_err(), "{bad}");
         }
         assert_eq!(acl("ada,bob ops").to_string(), "ada,bob ops");
