@@ -433,7 +433,13 @@ impl Acl {
             return Err(bad("users and groups are separated by one space, names within them by commas"));
         }
         let names = |list: &str| -> Result<Vec<String>, AclError> {
-            let names: Vec<String> = list.split(',').filter(|n| !n.is_empty()).map(str::to_owned).collect();
+            if list.is_empty() {
+                return Ok(Vec::new());
+            }
+            let names: Vec<String> = list.split(',').map(str::to_owned).collect();
+            if names.iter().any(String::is_empty) {
+                return Err(bad("a name is empty (two commas, or one at an end)"));
+            }
             if names.iter().any(|n| n.contains('*')) {
                 return Err(bad("`*` stands alone"));
             }
@@ -475,7 +481,7 @@ mod tests {
         assert!(acl(" ops").allows(&bob) && !acl(" ops").allows(&ada), "a leading space: groups only");
         assert!(acl("eve data").allows(&ada) && !acl("eve data").allows(&bob));
         assert!(!acl("").allows(&ada), "an empty list lets no one in");
-        for bad in ["ada bob eve", "a,* g", "a\tb", "a* g", "a g*"] {
+        for bad in ["ada bob eve", "a,* g", "a\tb", "a* g", "a g*", "a,,b", ",a", "a, g", "a g,"] {
             assert!(Acl::parse(bad).is_err(), "{bad}");
         }
         assert_eq!(acl("ada,bob ops").to_string(), "ada,bob ops");
