@@ -41,6 +41,13 @@ pub struct PutQueue {
     /// The most one user's applications may hold in it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub user_max: Option<String>,
+    /// The most applications of one group run in it at once: an application counts for its
+    /// user's primary group (the first of its `user_groups`).
+    #[serde(default, skip_serializing_if = "Option::is_none", deserialize_with = "integer::optional")]
+    pub group_max_apps: Option<u64>,
+    /// The most one group's applications may hold in it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub group_max: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub sort: Option<SortPolicy>,
     /// Who may submit here and below, in YuniKorn's format: `*`, or `user1,user2 group1,group2`
@@ -63,6 +70,10 @@ pub struct Queue {
     pub max_apps: Option<u64>,
     pub user_max_apps: Option<u64>,
     pub user_max: Option<String>,
+    #[serde(default)]
+    pub group_max_apps: Option<u64>,
+    #[serde(default)]
+    pub group_max: Option<String>,
     pub sort: SortPolicy,
     #[serde(default)]
     pub submit_acl: Option<String>,
@@ -176,10 +187,20 @@ pub struct AddTask {
 #[serde(deny_unknown_fields)]
 pub struct SubmitApp {
     pub id: String,
-    /// A leaf queue, e.g. `root.analytics.etl`.
-    pub queue: String,
+    /// A leaf queue, e.g. `root.analytics.etl`, or one name, a queue under `root` (or under what
+    /// the `provided` placement rule's parent gives). With placement rules configured, an
+    /// application that names none, or one its user may not submit to, goes where the first
+    /// rule that gives a usable queue says.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub queue: Option<String>,
+    /// With access configured: the caller's user, unless the caller may impersonate.
     #[serde(default = "default_user")]
     pub user: String,
+    /// The user's groups, the primary one first (per-group limits count the application
+    /// against it). With access configured: the caller's groups, unless the caller may
+    /// impersonate.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub user_groups: Vec<String>,
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub tags: BTreeMap<String, String>,
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
@@ -241,7 +262,13 @@ pub struct Placement {
 pub struct App {
     pub id: String,
     pub queue: String,
+    /// The placement rule that chose the queue (e.g. `user (create) under fixed root.users`);
+    /// none when the application named it.
+    #[serde(default)]
+    pub queue_rule: Option<String>,
     pub user: String,
+    #[serde(default)]
+    pub user_groups: Vec<String>,
     pub tags: BTreeMap<String, String>,
     /// New, Accepted (nothing placed yet), Reserving (waiting for its gang to be reserved),
     /// Running (something placed, or its gang reserved), Resuming, Completing, Completed,

@@ -375,8 +375,9 @@ async fn measure(
         .collect();
     let submit = serde_json::to_vec(&allot_api::SubmitApp {
         id: app.clone(),
-        queue: QUEUE.to_owned(),
+        queue: Some(QUEUE.to_owned()),
         user: "bench".to_owned(),
+        user_groups: Vec::new(),
         tags: Default::default(),
         task_groups: Vec::new(),
         policy: Default::default(),

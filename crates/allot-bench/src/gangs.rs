@@ -117,8 +117,9 @@ fn app_id(i: usize) -> String {
 fn submission(i: usize, members: u32) -> SubmitApp {
     SubmitApp {
         id: app_id(i),
-        queue: QUEUE.to_owned(),
+        queue: Some(QUEUE.to_owned()),
         user: "bench".to_owned(),
+        user_groups: Vec::new(),
         tags: BTreeMap::new(),
         task_groups: vec![TaskGroup {
             name: GROUP.to_owned(),

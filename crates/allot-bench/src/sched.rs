@@ -249,9 +249,11 @@ fn setup(tasks: usize, pools: usize, capacity: &Resources) -> anyhow::Result<Set
             id: id.clone(),
             queue: QueuePath::new(queue)?,
             user: "bench".to_owned(),
+            user_groups: Vec::new(),
             tags: BTreeMap::new(),
             groups: Vec::new(),
             policy: SchedulingPolicy::default(),
+            queue_rule: None,
         };
         let world = World { pools: &mut pool_state, ledger: &mut ledger };
         sched.add_app(spec, now, &world)?;

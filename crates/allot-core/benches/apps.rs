@@ -41,9 +41,11 @@ fn setup() -> (Scheduler, Pools, Ledger) {
             id: id.clone(),
             queue: path,
             user: "bench".to_owned(),
+            user_groups: Vec::new(),
             tags: BTreeMap::new(),
             groups: Vec::new(),
             policy: SchedulingPolicy::default(),
+            queue_rule: None,
         };
         sched.add_app(spec, 1, &World { pools: &mut pools, ledger: &mut ledger }).unwrap();
         apps.push(id);

@@ -13,7 +13,7 @@ use allot_core::{MAX_NAME_CHARS, MAX_TTL_MS, MAX_UNITS, NAMESPACE_PATTERN, NAME_
 use serde_json::{json, Value};
 
 use allot_core::apps::queues::{MAX_QUEUE_PATH, QUEUE_PATH_PATTERN};
-use allot_core::apps::spec::{ID_PATTERN, MAX_GROUPS, MAX_MEMBERS, MAX_TIMEOUT_MS, MIN_TIMEOUT_MS};
+use allot_core::apps::spec::{ID_PATTERN, MAX_GROUPS, MAX_MEMBERS, MAX_TIMEOUT_MS, MAX_USER_GROUPS, MIN_TIMEOUT_MS};
 
 use crate::convert::quotas::MIN_LEASE_MS;
 use crate::error::{ErrorCode, Part};
@@ -28,6 +28,13 @@ fn id() -> Value {
 fn queue_path() -> Value {
     json!({"type": "string", "pattern": QUEUE_PATH_PATTERN, "maxLength": MAX_QUEUE_PATH,
         "description": "`root`, then `.`-separated segments of a-z, 0-9, `_`, `-`, e.g. `root.analytics.etl`"})
+}
+
+/// The queue an application names: a path, or one segment (a queue under `root`).
+fn named_queue() -> Value {
+    json!({"type": "string", "pattern": "^(root(\\.[a-z0-9_-]+)*|[a-z0-9_-]{1,250})$", "maxLength": MAX_QUEUE_PATH,
+        "description": "a path, `root` then `.`-separated segments of a-z, 0-9, `_`, `-` (e.g. `root.analytics.etl`), \
+        or one segment, a queue under `root`"})
 }
 
 fn name() -> Value {
@@ -178,11 +185,14 @@ pub(crate) fn with_limits(mut doc: Value, max_wait: std::time::Duration) -> Valu
         ("PutQueue", "user_max", resources(false)),
         ("PutQueue", "max_apps", range(0, MAX_UNITS)),
         ("PutQueue", "user_max_apps", range(0, MAX_UNITS)),
+        ("PutQueue", "group_max", resources(false)),
+        ("PutQueue", "group_max_apps", range(0, MAX_UNITS)),
         ("PutQueue", "submit_acl", json!({"pattern": allot_core::access::ACL_PATTERN})),
         ("PutQueue", "admin_acl", json!({"pattern": allot_core::access::ACL_PATTERN})),
         ("SubmitApp", "id", id()),
-        ("SubmitApp", "queue", queue_path()),
+        ("SubmitApp", "queue", named_queue()),
         ("SubmitApp", "user", name()),
+        ("SubmitApp", "user_groups", json!({"items": person(), "maxItems": MAX_USER_GROUPS})),
         ("SubmitApp", "task_groups", json!({"maxItems": MAX_GROUPS})),
         ("TaskGroup", "name", id()),
         ("TaskGroup", "min_members", range(1, u64::from(MAX_MEMBERS))),

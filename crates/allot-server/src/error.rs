@@ -89,6 +89,7 @@ error_codes! {
     TaskNotFound = "task_not_found", Apps, NOT_FOUND;
     QueueInUse = "queue_in_use", Apps, CONFLICT;
     QueueNotALeaf = "queue_not_a_leaf", Apps, CONFLICT;
+    NoUsableQueue = "no_usable_queue", Apps, CONFLICT;
     AppConflict = "app_conflict", Apps, CONFLICT;
     TaskConflict = "task_conflict", Apps, CONFLICT;
     TaskGroupConflict = "task_group_conflict", Apps, CONFLICT;
@@ -210,7 +211,9 @@ impl From<SchedError> for ApiError {
             SchedError::Queue(QueueError::NotFound(_)) => ErrorCode::QueueNotFound,
             // Refusals that depend on what the store holds (child queues, pools, limits, the
             // application's groups) are conflicts; 400 is for what a request says by itself.
-            SchedError::Queue(QueueError::NotALeaf { .. }) => ErrorCode::QueueNotALeaf,
+            SchedError::Queue(QueueError::NotALeaf { .. } | QueueError::UnderBusyLeaf { .. }) => {
+                ErrorCode::QueueNotALeaf
+            }
             SchedError::Queue(QueueError::HasChildren { .. } | QueueError::RemoveRoot) => ErrorCode::QueueInUse,
             SchedError::QueueInUse { .. } => ErrorCode::QueueInUse,
             SchedError::AppNotFound(_) => ErrorCode::AppNotFound,

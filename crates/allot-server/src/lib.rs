@@ -30,6 +30,7 @@ mod hot;
 mod metrics;
 mod objects;
 mod page;
+mod placement;
 pub mod tls;
 pub use page::DEFAULT_PAGE;
 mod routes;
@@ -42,6 +43,7 @@ use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
 
+use allot_core::apps::placement::PlacementRules;
 use allot_store::{Store, MAX_WAIT};
 use axum::ServiceExt as _;
 use tokio::net::TcpListener;
@@ -94,6 +96,8 @@ pub struct Shared {
     pub audit: Option<Arc<Audit>>,
     /// HTTPS, if configured.
     pub tls: Option<Arc<Tls>>,
+    /// The placement rules that choose a submitted application's queue; none: it names one.
+    pub placement: Arc<PlacementRules>,
 }
 
 impl std::ops::Deref for ServerState {
@@ -122,6 +126,7 @@ impl ServerState {
             access: None,
             audit: None,
             tls: None,
+            placement: Arc::default(),
         }))
     }
 
@@ -154,6 +159,12 @@ impl ServerState {
     #[must_use]
     pub fn with_audit(self, audit: Audit) -> ServerState {
         self.with(|shared| shared.audit = Some(Arc::new(audit)))
+    }
+
+    /// The same, with `rules` choosing the queue of a submitted application.
+    #[must_use]
+    pub fn with_placement(self, rules: PlacementRules) -> ServerState {
+        self.with(|shared| shared.placement = Arc::new(rules))
     }
 
     /// The same, served over TLS.

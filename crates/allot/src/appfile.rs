@@ -145,8 +145,10 @@ pub(crate) fn check_app(submit: &SubmitApp) -> Result<(), String> {
     let defaults = SchedulingPolicy::default();
     let spec = AppSpec {
         id: at("id", AppId::new(&submit.id))?,
-        queue: at("queue", QueuePath::new(&submit.queue))?,
+        // None named: the daemon's placement rules choose one.
+        queue: submit.queue.as_deref().map_or(Ok(QueuePath::root()), |q| at("queue", QueuePath::named(q)))?,
         user: submit.user.clone(),
+        user_groups: submit.user_groups.clone(),
         tags: submit.tags.clone(),
         groups,
         policy: SchedulingPolicy {
@@ -162,6 +164,7 @@ pub(crate) fn check_app(submit: &SubmitApp) -> Result<(), String> {
                 .map(|n| at("policy.max_parallelism", u32::try_from(n).map_err(|_| "more than 4294967295")))
                 .transpose()?,
         },
+        queue_rule: None,
     };
     let spec = spec.check().map_err(|err| err.to_string())?;
     let mut ids: BTreeMap<&str, usize> = BTreeMap::new();
@@ -243,7 +246,9 @@ mod tests {
         assert_eq!(err, "tasks[1].spec.retries must be a whole number from 0 to 100, got 101");
         app.tasks[1].spec = Some(serde_json::json!({ "type": "shell", "command": "make", "retries": 2 }));
         check_app(&app).unwrap();
-        app.queue = "analytics".to_owned();
-        assert!(check_app(&app).unwrap_err().starts_with("queue: queue `analytics` is not a queue path"));
+        app.queue = Some("analytics.etl".to_owned());
+        assert!(check_app(&app).unwrap_err().starts_with("queue: queue `analytics.etl` is not a queue path"));
+        app.queue = Some("analytics".to_owned());
+        check_app(&app).unwrap();
     }
 }

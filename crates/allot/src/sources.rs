@@ -11,6 +11,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
+use allot_core::apps::placement::PlacementRules;
 use allot_core::apps::AppId;
 use allot_store::{read_all, Store, StoreError};
 use anyhow::Context;
@@ -115,6 +116,8 @@ pub(crate) const SCAN_INTERVAL: Duration = Duration::from_secs(1);
 pub(crate) struct DirectorySource {
     dir: PathBuf,
     store: Arc<dyn Store>,
+    /// The placement rules, for a file whose application names no queue.
+    rules: Arc<PlacementRules>,
     stop: watch::Sender<bool>,
     scanner: Option<JoinHandle<()>>,
     seen: Option<Seen>,
@@ -125,8 +128,8 @@ pub(crate) struct DirectorySource {
 type Seen = BTreeMap<String, (Option<SystemTime>, u64, Option<AppId>)>;
 
 impl DirectorySource {
-    pub(crate) fn new(dir: PathBuf, store: Arc<dyn Store>) -> DirectorySource {
-        DirectorySource { dir, store, stop: watch::channel(false).0, scanner: None, seen: None }
+    pub(crate) fn new(dir: PathBuf, store: Arc<dyn Store>, rules: Arc<PlacementRules>) -> DirectorySource {
+        DirectorySource { dir, store, rules, stop: watch::channel(false).0, scanner: None, seen: None }
     }
 }
 
@@ -143,7 +146,7 @@ impl AppManager for DirectorySource {
             .with_context(|| format!("the applications directory {} cannot be read", self.dir.display()))?;
         anyhow::ensure!(meta.is_dir(), "the applications directory {} is not a directory", self.dir.display());
         let mut seen = Seen::new();
-        scan(&self.dir, self.store.as_ref(), &mut seen).await;
+        scan(&self.dir, self.store.as_ref(), &self.rules, &mut seen).await;
         let store = self.store.as_ref();
         let apps = match read_all(|page| store.apps(page)).await {
             Ok(apps) => apps,
@@ -163,7 +166,7 @@ impl AppManager for DirectorySource {
     }
 
     async fn start(&mut self) -> anyhow::Result<()> {
-        let (dir, store) = (self.dir.clone(), self.store.clone());
+        let (dir, store, rules) = (self.dir.clone(), self.store.clone(), self.rules.clone());
         let mut seen = self.seen.take().unwrap_or_default();
         let mut stop = self.stop.subscribe();
         self.scanner = Some(tokio::spawn(async move {
@@ -175,7 +178,7 @@ impl AppManager for DirectorySource {
                 if stopped {
                     return;
                 }
-                scan(&dir, store.as_ref(), &mut seen).await;
+                scan(&dir, store.as_ref(), &rules, &mut seen).await;
             }
         }));
         Ok(())
@@ -197,7 +200,7 @@ fn source_tag(dir: &Path) -> String {
 /// Looks at the directory once: submits new and changed files, removes the applications of
 /// files that are gone. A file that cannot be read or is not an application is logged (once per
 /// change of the file) and skipped.
-async fn scan(dir: &Path, store: &dyn Store, seen: &mut Seen) {
+async fn scan(dir: &Path, store: &dyn Store, rules: &PlacementRules, seen: &mut Seen) {
     let mut now: BTreeMap<String, (Option<SystemTime>, u64)> = BTreeMap::new();
     match std::fs::read_dir(dir) {
         Ok(entries) => {
@@ -227,13 +230,13 @@ async fn scan(dir: &Path, store: &dyn Store, seen: &mut Seen) {
         if seen.get(&name).is_some_and(|(m, l, _)| *m == modified && *l == len) {
             continue;
         }
-        let app = submit_file(dir, &name, store).await;
+        let app = submit_file(dir, &name, store, rules).await;
         seen.insert(name, (modified, len, app));
     }
 }
 
 /// Submits the application of one file; answers its id if the store took it.
-async fn submit_file(dir: &Path, name: &str, store: &dyn Store) -> Option<AppId> {
+async fn submit_file(dir: &Path, name: &str, store: &dyn Store, rules: &PlacementRules) -> Option<AppId> {
     let path = dir.join(name);
     let mut body = match crate::appfile::read_app(&path.to_string_lossy()) {
         Ok(body) => body,
@@ -244,7 +247,7 @@ async fn submit_file(dir: &Path, name: &str, store: &dyn Store) -> Option<AppId>
     };
     body.tags.insert(SOURCE_TAG.to_owned(), format!("{}{name}", source_tag(dir)));
     let id = body.id.clone();
-    match allot_server::submit(store, body).await {
+    match allot_server::submit(store, rules, body).await {
         Ok(answer) => {
             let verb = if answer.created { "submitted" } else { "submitted again" };
             tracing::info!(file = %path.display(), app = %id, tasks = answer.tasks.len(), "{verb}");

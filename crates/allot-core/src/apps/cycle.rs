@@ -26,7 +26,7 @@ use std::ops::Bound;
 
 use super::why::Why;
 use super::{
-    pending_key, release, transition, AppChange, AppId, GangStyle, GroupName, HeldTokens, Outcome, PendingKey,
+    pending_key, release, transition, Account, AppChange, AppId, GangStyle, GroupName, HeldTokens, Outcome, PendingKey,
     Placement, Scheduler, Slot, TaskId, TokenNeed, World, RESERVATION_TIMEOUT,
 };
 use crate::apps::queues::{limit_at, LimitHit, QueuePath, QueueUsage, SortPolicy};
@@ -324,7 +324,7 @@ impl Scheduler {
         app.spec.queue.up_to_root().find_map(|queue| {
             let limits = self.queues.get(&queue)?;
             let used = self.usage.get(&queue).unwrap_or(&nothing);
-            let limit = limit_at(limits, used, &app.spec.user, wanted, starts_app)?;
+            let limit = limit_at(limits, used, app.spec.owner(), wanted, starts_app)?;
             Some(LimitHit { queue, limit })
         })
     }
@@ -414,14 +414,14 @@ impl Scheduler {
         let owner = format!("{app_id}/{task_id}");
         let token = format!("{app_id}:{task_id}");
         let placement = commit(spot, &wanted, owner, &token, &needs, world, cycle)?;
-        let (queue, user) = (app.spec.queue.clone(), app.spec.user.clone());
-        self.charge(&queue, &user, &placement.resources, true);
+        let account = Account::of(&app.spec);
+        self.charge(&account, &placement.resources, true);
         let app = self.apps.get_mut(app_id).expect("checked");
         let mut app_changed = false;
         if !app.counted {
             app.counted = true;
             app_changed = true;
-            self.count_app(&queue, &user, true);
+            self.count_app(&account, true);
         }
         let app = self.apps.get_mut(app_id).expect("checked");
         if app.state == AppState::Accepted {
@@ -528,15 +528,15 @@ impl Scheduler {
             }
         }
         let app = self.apps.get_mut(app_id).expect("checked");
-        let (queue, user, counted) = (app.spec.queue.clone(), app.spec.user.clone(), app.counted);
+        let (account, counted) = (Account::of(&app.spec), app.counted);
         app.slots = slots;
         app.reserved_at = Some(cycle.now);
         app.counted = true;
         transition(app, &[AppEvent::Run]).expect("Reserving takes Run");
         cycle.out.apps.push(AppChange::App(app.clone()));
-        self.charge(&queue, &user, &total, true);
+        self.charge(&account, &total, true);
         if !counted {
-            self.count_app(&queue, &user, true);
+            self.count_app(&account, true);
         }
         self.stats.reservations += 1;
         cycle.report.reserved += 1;

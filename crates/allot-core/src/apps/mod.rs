@@ -19,6 +19,7 @@
 //! - the usage of every queue equals the sum of what the placements of its applications hold.
 
 mod cycle;
+pub mod placement;
 pub mod queues;
 pub mod spec;
 pub mod states;
@@ -28,7 +29,9 @@ use std::cmp::Reverse;
 use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 
 pub use cycle::CycleReport;
-pub use spec::{AppId, AppSpec, GangStyle, GroupName, SchedulingPolicy, TaskGroup, TaskId, TaskSpec, TokenNeed};
+pub use spec::{
+    AppId, AppSpec, GangStyle, GroupName, QueueRule, SchedulingPolicy, TaskGroup, TaskId, TaskSpec, TokenNeed,
+};
 pub use why::Why;
 
 use crate::apps::queues::{limit_at, QueueError, QueueLimits, QueuePath, QueueUsage, Queues};
@@ -262,6 +265,21 @@ impl Outcome {
 }
 
 /// What the pools and the ledger are, for an operation that places or releases.
+/// Where an application's use is counted: its queue and every queue above, its user, and its
+/// user's primary group (see [`queues::Owner`]).
+pub(crate) struct Account {
+    queue: QueuePath,
+    user: String,
+    group: Option<String>,
+}
+
+impl Account {
+    pub(crate) fn of(spec: &AppSpec) -> Account {
+        let owner = spec.owner();
+        Account { queue: spec.queue.clone(), user: owner.user.to_owned(), group: owner.group.map(str::to_owned) }
+    }
+}
+
 pub struct World<'a> {
     pub pools: &'a mut Pools,
     pub ledger: &'a mut Ledger,
@@ -370,20 +388,20 @@ impl Scheduler {
             app.state = current_state(&app);
             restored.next_seq = restored.next_seq.max(app.seq + 1);
             if app.counted {
-                restored.count_app(&app.spec.queue, &app.spec.user, true);
+                restored.count_app(&Account::of(&app.spec), true);
             }
             for slot in app.slots.iter().filter(|s| s.task.is_none()) {
-                restored.charge(&app.spec.queue, &app.spec.user, &slot.placement.resources, true);
+                restored.charge(&Account::of(&app.spec), &slot.placement.resources, true);
             }
             restored.apps.insert(app.spec.id.clone(), app);
         }
         for task in tasks {
             restored.next_seq = restored.next_seq.max(task.seq + 1);
             let Some(app) = restored.apps.get(&task.app) else { continue };
-            let (queue, user) = (app.spec.queue.clone(), app.spec.user.clone());
+            let account = Account::of(&app.spec);
             if matches!(task.state, TaskState::Allocated | TaskState::Running) {
                 if let Some(placement) = &task.placement {
-                    restored.charge(&queue, &user, &placement.resources, true);
+                    restored.charge(&account, &placement.resources, true);
                 }
             }
             if task.state == TaskState::Pending {
@@ -620,7 +638,14 @@ impl Scheduler {
                 None => Ok((existing.clone(), false)),
             };
         }
-        self.queues.leaf(&spec.queue)?;
+        match &spec.queue_rule {
+            Some(QueueRule { create: true, .. }) if self.queues.get(&spec.queue).is_none() => {
+                self.check_creatable(&spec.queue)?
+            }
+            _ => {
+                self.queues.leaf(&spec.queue)?;
+            }
+        }
         self.check_gang(&spec, world)?;
         let mut app = App {
             spec,
@@ -642,11 +667,29 @@ impl Scheduler {
         Ok((app, true))
     }
 
-    /// Adds an application [`Scheduler::admit_app`] made.
+    /// Adds an application [`Scheduler::admit_app`] made, first making its queue if a placement
+    /// rule may create it and it is missing.
     fn insert_app(&mut self, app: App) -> Outcome {
+        let mut out = Outcome::default();
+        if self.queues.get(&app.spec.queue).is_none() {
+            out = self.put_queue(app.spec.queue.clone(), QueueLimits::default()).1;
+        }
         self.next_seq = self.next_seq.max(app.seq + 1);
         self.apps.insert(app.spec.id.clone(), app.clone());
-        Outcome { apps: vec![AppChange::App(app)], ..Outcome::default() }
+        out.apps.push(AppChange::App(app));
+        out
+    }
+
+    /// Checks that a placement rule may make `queue` (with any missing parent): the nearest
+    /// queue above it that exists holds no live application, as it becomes a parent.
+    fn check_creatable(&self, queue: &QueuePath) -> Result<(), QueueError> {
+        let existing = queue.up_to_root().skip(1).find(|q| self.queues.get(q).is_some());
+        let leaf = existing.expect("root always exists");
+        let busy = self.apps.values().any(|a| a.spec.queue == leaf && !a.state.is_terminal());
+        match busy {
+            true => Err(QueueError::UnderBusyLeaf { queue: queue.clone(), leaf }),
+            false => Ok(()),
+        }
     }
 
     fn check_gang(&self, spec: &AppSpec, world: &World<'_>) -> Result<(), SchedError> {
@@ -680,7 +723,7 @@ impl Scheduler {
         let nothing = QueueUsage::default();
         for queue in spec.queue.up_to_root() {
             let Some(limits) = self.queues.get(&queue) else { continue };
-            if let Some(limit) = limit_at(limits, &nothing, &spec.user, &total, false) {
+            if let Some(limit) = limit_at(limits, &nothing, spec.owner(), &total, false) {
                 let hit = crate::apps::queues::LimitHit { queue, limit };
                 return Err(SchedError::GangExceedsQueue(format!("its placeholders hold {total}, and {hit}")));
             }
@@ -873,11 +916,11 @@ impl Scheduler {
             transition(app, &events).expect("a live application can end");
             app.ended_at = Some(now);
         }
-        let (queue, user, counted) = (app.spec.queue.clone(), app.spec.user.clone(), app.counted);
+        let (account, counted) = (Account::of(&app.spec), app.counted);
         app.counted = false;
         let app = app.clone();
         if counted {
-            self.count_app(&queue, &user, false);
+            self.count_app(&account, false);
         }
         self.why_app.remove(id);
         out.apps.push(AppChange::App(app));
@@ -886,7 +929,7 @@ impl Scheduler {
     /// Releases the application's slots (all, or only those no task took over when `unused`).
     fn release_slots(&mut self, id: &AppId, unused_only: bool, now: Millis, world: &mut World<'_>, out: &mut Outcome) {
         let app = self.apps.get_mut(id).expect("caller checked");
-        let (queue, user) = (app.spec.queue.clone(), app.spec.user.clone());
+        let account = Account::of(&app.spec);
         let mut released = Vec::new();
         app.slots.retain(|slot| {
             let keep = unused_only && slot.task.is_some();
@@ -896,7 +939,7 @@ impl Scheduler {
             keep
         });
         for placement in released {
-            self.charge(&queue, &user, &placement.resources, false);
+            self.charge(&account, &placement.resources, false);
             release(&placement, now, world, out);
         }
     }
@@ -1099,10 +1142,7 @@ impl Scheduler {
         out: &mut Outcome,
         settle: bool,
     ) -> Result<Task, SchedError> {
-        let (queue, user) = {
-            let app = self.app(app_id)?;
-            (app.spec.queue.clone(), app.spec.user.clone())
-        };
+        let account = Account::of(&self.app(app_id)?.spec);
         let task = self.task_mut(app_id, task_id)?;
         let before = task.state;
         task.state = before.on(event)?;
@@ -1117,7 +1157,7 @@ impl Scheduler {
         self.why_task.remove(&(app_id.clone(), task_id.clone()));
         if matches!(before, TaskState::Allocated | TaskState::Running) {
             if let Some(placement) = &task.placement {
-                self.charge(&queue, &user, &placement.resources, false);
+                self.charge(&account, &placement.resources, false);
                 release(placement, now, world, out);
             }
         }
@@ -1155,11 +1195,11 @@ impl Scheduler {
         let app = self.apps.get_mut(app_id).expect("caller checked");
         transition(app, &[AppEvent::Release]).expect("Completing takes Release");
         app.ended_at = Some(now);
-        let (queue, user, counted) = (app.spec.queue.clone(), app.spec.user.clone(), app.counted);
+        let (account, counted) = (Account::of(&app.spec), app.counted);
         app.counted = false;
         out.apps.push(AppChange::App(app.clone()));
         if counted {
-            self.count_app(&queue, &user, false);
+            self.count_app(&account, false);
         }
     }
 
@@ -1243,10 +1283,7 @@ impl Scheduler {
         world: &mut World<'_>,
         out: &mut Outcome,
     ) -> Result<(), SchedError> {
-        let (queue, user) = {
-            let app = self.app(app_id)?;
-            (app.spec.queue.clone(), app.spec.user.clone())
-        };
+        let account = Account::of(&self.app(app_id)?.spec);
         let task = self.task_mut(app_id, task_id)?;
         let before = task.state;
         task.state = before.on(TaskEvent::Lose)?;
@@ -1255,7 +1292,7 @@ impl Scheduler {
         let task = task.clone();
         self.count(app_id, Some(before), Some(task.state));
         if let Some(placement) = &placement {
-            self.charge(&queue, &user, &placement.resources, false);
+            self.charge(&account, &placement.resources, false);
             release(placement, now, world, out);
         }
         self.pending.entry(app_id.clone()).or_default().insert(pending_key(&task));
@@ -1302,25 +1339,25 @@ impl Scheduler {
 
     // ---- usage ----
 
-    fn charge(&mut self, queue: &QueuePath, user: &str, resources: &Resources, add: bool) {
-        for path in queue.up_to_root() {
+    fn charge(&mut self, account: &Account, resources: &Resources, add: bool) {
+        for path in account.queue.up_to_root() {
             let usage = self.usage.entry(path).or_default();
             apply(&mut usage.allocated, resources, add);
-            let entry = usage.users.entry(user.to_owned()).or_default();
-            apply(&mut entry.1, resources, add);
+            apply(&mut usage.users.entry(account.user.clone()).or_default().1, resources, add);
+            if let Some(group) = &account.group {
+                apply(&mut usage.groups.entry(group.clone()).or_default().1, resources, add);
+            }
         }
     }
 
-    fn count_app(&mut self, queue: &QueuePath, user: &str, add: bool) {
-        for path in queue.up_to_root() {
+    fn count_app(&mut self, account: &Account, add: bool) {
+        let count = |n: &mut u64| *n = if add { *n + 1 } else { n.saturating_sub(1) };
+        for path in account.queue.up_to_root() {
             let usage = self.usage.entry(path).or_default();
-            let user_apps = &mut usage.users.entry(user.to_owned()).or_default().0;
-            if add {
-                usage.running_apps += 1;
-                *user_apps += 1;
-            } else {
-                usage.running_apps = usage.running_apps.saturating_sub(1);
-                *user_apps = user_apps.saturating_sub(1);
+            count(&mut usage.running_apps);
+            count(&mut usage.users.entry(account.user.clone()).or_default().0);
+            if let Some(group) = &account.group {
+                count(&mut usage.groups.entry(group.clone()).or_default().0);
             }
         }
     }

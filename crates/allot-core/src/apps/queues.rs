@@ -27,13 +27,16 @@ pub const QUEUE_PATH_PATTERN: &str = "^root(\\.[a-z0-9_-]+)*$";
 pub enum QueueError {
     #[error(
         "queue `{0}` is not a queue path: `root`, then `.`-separated segments of a-z, 0-9, `_` and `-` \
-         (e.g. `root.analytics.etl`), at most 255 bytes"
+         (e.g. `root.analytics.etl`), at most 255 bytes; or, naming an application's queue, one such segment \
+         (a queue under root)"
     )]
     BadPath(String),
     #[error("queue `{0}` does not exist")]
     NotFound(QueuePath),
     #[error("queue `{queue}` has child queues ({child}...): applications go to leaf queues only")]
     NotALeaf { queue: QueuePath, child: QueuePath },
+    #[error("queue `{queue}` cannot be made: queue `{leaf}` above it holds applications, and applications go to leaf queues only")]
+    UnderBusyLeaf { queue: QueuePath, leaf: QueuePath },
     #[error("queue `{queue}` has child queues; remove them first")]
     HasChildren { queue: QueuePath },
     #[error("the root queue cannot be removed")]
@@ -55,6 +58,17 @@ impl QueuePath {
             return Err(QueueError::BadPath(path.to_owned()));
         }
         Ok(QueuePath(Arc::from(path)))
+    }
+
+    /// The queue an application names: a path under `root`, or one segment, the queue of that
+    /// name under `root`.
+    pub fn named(text: &str) -> Result<QueuePath, QueueError> {
+        let qualified = text == ROOT || text.starts_with("root.");
+        match qualified {
+            true => QueuePath::new(text),
+            false if text.contains('.') => Err(QueueError::BadPath(text.to_owned())),
+            false => QueuePath::new(&format!("{ROOT}.{text}")).map_err(|_| QueueError::BadPath(text.to_owned())),
+        }
     }
 
     pub fn root() -> QueuePath {
@@ -98,7 +112,8 @@ pub enum SortPolicy {
     Priority,
 }
 
-/// A queue's limits. A resource that `max` (or `user_max`) does not name is not limited.
+/// A queue's limits. A resource that `max` (or `user_max`, `group_max`) does not name is not
+/// limited.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct QueueLimits {
     /// What the queue is promised: fair share between siblings is by it.
@@ -110,6 +125,11 @@ pub struct QueueLimits {
     pub user_max_apps: Option<u64>,
     /// The most one user holds in the queue and below.
     pub user_max: Option<Resources>,
+    /// The most applications of one group run at once in the queue and below: an application
+    /// counts for its user's primary group (see [`Owner`]).
+    pub group_max_apps: Option<u64>,
+    /// The most one group's applications hold in the queue and below.
+    pub group_max: Option<Resources>,
     pub sort: SortPolicy,
     /// Who may submit to the queue and below [YuniKorn `submitacl`] (none: its parent's say).
     pub submit_acl: Option<crate::access::Acl>,
@@ -124,6 +144,17 @@ pub struct QueueUsage {
     pub running_apps: u64,
     /// Per user: running applications and what they hold.
     pub users: BTreeMap<String, (u64, Resources)>,
+    /// Per group (the primary group of the applications' users): the same.
+    pub groups: BTreeMap<String, (u64, Resources)>,
+}
+
+/// Whom the per-user and per-group limits count an application against: its user, and its
+/// user's primary group, the first of its groups [YuniKorn tracks an application against one
+/// group]. An application whose user has no group is held by no group limit.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Owner<'a> {
+    pub user: &'a str,
+    pub group: Option<&'a str>,
 }
 
 /// The limit that holds a placement back, and where.
@@ -145,6 +176,17 @@ pub enum Limit {
     },
     UserMax {
         user: String,
+        resource: String,
+        max: u64,
+        used: u64,
+        wanted: u64,
+    },
+    GroupMaxApps {
+        group: String,
+        max: u64,
+    },
+    GroupMax {
+        group: String,
         resource: String,
         max: u64,
         used: u64,
@@ -190,38 +232,57 @@ impl fmt::Display for LimitHit {
                 held(resource, *used),
                 amount(resource, *wanted)
             ),
+            Limit::GroupMaxApps { group, max } => {
+                write!(f, "group `{group}` already runs the maximum of {max} applications in queue `{queue}`")
+            }
+            Limit::GroupMax { group, resource, max, used, wanted } => write!(
+                f,
+                "group `{group}` would go over the per-group max of {} in queue `{queue}` ({}, {} more wanted)",
+                amount(resource, *max),
+                held(resource, *used),
+                amount(resource, *wanted)
+            ),
         }
     }
 }
 
-/// The limit of one queue that `wanted` more (for `user`, starting an application if
+/// The limit of one queue that `wanted` more (for `owner`, starting an application if
 /// `starts_app`) would break, given what the queue uses now.
 pub fn limit_at(
     limits: &QueueLimits,
     used: &QueueUsage,
-    user: &str,
+    owner: Owner<'_>,
     wanted: &Resources,
     starts_app: bool,
 ) -> Option<Limit> {
-    let user_used = used.users.get(user);
-    let user_apps = user_used.map_or(0, |(apps, _)| *apps);
-    match limits {
-        QueueLimits { max_apps: Some(max), .. } if starts_app && used.running_apps >= *max => {
-            return Some(Limit::MaxApps { max: *max });
+    let empty = (0, Resources::new());
+    let user_used = used.users.get(owner.user).unwrap_or(&empty);
+    let group_used = owner.group.map(|group| (group, used.groups.get(group).unwrap_or(&empty)));
+    if starts_app {
+        if let Some(max) = limits.max_apps.filter(|max| used.running_apps >= *max) {
+            return Some(Limit::MaxApps { max });
         }
-        QueueLimits { user_max_apps: Some(max), .. } if starts_app && user_apps >= *max => {
-            return Some(Limit::UserMaxApps { user: user.to_owned(), max: *max });
+        if let Some(max) = limits.user_max_apps.filter(|max| user_used.0 >= *max) {
+            return Some(Limit::UserMaxApps { user: owner.user.to_owned(), max });
         }
-        _ => {}
+        if let (Some(max), Some((group, (apps, _)))) = (limits.group_max_apps, group_used) {
+            if *apps >= max {
+                return Some(Limit::GroupMaxApps { group: group.to_owned(), max });
+            }
+        }
     }
     if let Some((resource, max, used, wanted)) = limits.max.as_ref().and_then(|max| over(max, &used.allocated, wanted))
     {
         return Some(Limit::Max { resource, max, used, wanted });
     }
-    let empty = Resources::new();
-    let user_held = user_used.map_or(&empty, |(_, held)| held);
-    let (resource, max, used, wanted) = over(limits.user_max.as_ref()?, user_held, wanted)?;
-    Some(Limit::UserMax { user: user.to_owned(), resource, max, used, wanted })
+    if let Some((resource, max, used, wanted)) =
+        limits.user_max.as_ref().and_then(|max| over(max, &user_used.1, wanted))
+    {
+        return Some(Limit::UserMax { user: owner.user.to_owned(), resource, max, used, wanted });
+    }
+    let (group, (_, held)) = group_used?;
+    let (resource, max, used, wanted) = over(limits.group_max.as_ref()?, held, wanted)?;
+    Some(Limit::GroupMax { group: group.to_owned(), resource, max, used, wanted })
 }
 
 /// The first resource `max` names for which `used + wanted` goes over it.
@@ -291,20 +352,20 @@ impl Queues {
         }
     }
 
-    /// The first limit, from `leaf` up to `root`, that placing `wanted` more for `user` would
+    /// The first limit, from `leaf` up to `root`, that placing `wanted` more for `owner` would
     /// break; `starts_app` when the placement makes the application a running one. `usage`
     /// gives what each queue holds now.
     pub fn blocked_by(
         &self,
         leaf: &QueuePath,
-        user: &str,
+        owner: Owner<'_>,
         wanted: &Resources,
         starts_app: bool,
         usage: impl Fn(&QueuePath) -> QueueUsage,
     ) -> Option<LimitHit> {
         for queue in leaf.up_to_root() {
             let Some(limits) = self.queues.get(&queue) else { continue };
-            if let Some(limit) = limit_at(limits, &usage(&queue), user, wanted, starts_app) {
+            if let Some(limit) = limit_at(limits, &usage(&queue), owner, wanted, starts_app) {
                 return Some(LimitHit { queue, limit });
             }
         }
@@ -370,13 +431,15 @@ mod tests {
                 allocated: res(cpu),
                 running_apps: apps,
                 users: BTreeMap::from([("ann".to_owned(), (1, res(cpu)))]),
+                groups: BTreeMap::new(),
             };
             move |_: &QueuePath| usage.clone()
         };
+        let (ann, bob) = (Owner { user: "ann", group: None }, Owner { user: "bob", group: None });
         // Under every limit: nothing holds it. Resources a limit does not name are not limited.
-        assert_eq!(queues.blocked_by(&etl, "bob", &res("cpu=2,gpu=4"), true, used("cpu=4", 1)), None);
+        assert_eq!(queues.blocked_by(&etl, bob, &res("cpu=2,gpu=4"), true, used("cpu=4", 1)), None);
         // The leaf's cpu.
-        let hit = queues.blocked_by(&etl, "bob", &res("cpu=5"), false, used("cpu=4", 1)).unwrap();
+        let hit = queues.blocked_by(&etl, bob, &res("cpu=5"), false, used("cpu=4", 1)).unwrap();
         assert_eq!(
             hit,
             LimitHit {
@@ -385,14 +448,48 @@ mod tests {
             }
         );
         // The user's applications in the leaf, only when the placement starts an application.
-        let hit = queues.blocked_by(&etl, "ann", &res("cpu=1"), true, used("cpu=1", 1)).unwrap();
+        let hit = queues.blocked_by(&etl, ann, &res("cpu=1"), true, used("cpu=1", 1)).unwrap();
         assert_eq!(hit.limit, Limit::UserMaxApps { user: "ann".into(), max: 1 });
-        assert_eq!(queues.blocked_by(&etl, "ann", &res("cpu=1"), false, used("cpu=1", 1)), None);
+        assert_eq!(queues.blocked_by(&etl, ann, &res("cpu=1"), false, used("cpu=1", 1)), None);
         // The parent's application count.
-        let hit = queues.blocked_by(&etl, "bob", &res("cpu=1"), true, used("cpu=1", 2)).unwrap();
+        let hit = queues.blocked_by(&etl, bob, &res("cpu=1"), true, used("cpu=1", 2)).unwrap();
         assert_eq!((hit.queue, hit.limit), (q("root.analytics"), Limit::MaxApps { max: 2 }));
         // Lowering a limit holds the next placement back and ends nothing.
         queues.put(etl.clone(), QueueLimits { max: Some(res("cpu=2")), ..QueueLimits::default() });
-        assert!(queues.blocked_by(&etl, "bob", &res("cpu=1"), false, used("cpu=4", 1)).is_some());
+        assert!(queues.blocked_by(&etl, bob, &res("cpu=1"), false, used("cpu=4", 1)).is_some());
+    }
+
+    #[test]
+    fn a_group_limit_counts_the_applications_of_the_users_primary_group() {
+        let mut queues = Queues::new();
+        let etl = q("root.etl");
+        queues.put(
+            etl.clone(),
+            QueueLimits { group_max_apps: Some(2), group_max: Some(res("cpu=4")), ..QueueLimits::default() },
+        );
+        // The group `data` runs two applications holding 3 cpu; `ops` runs none.
+        let usage = QueueUsage {
+            allocated: res("cpu=3"),
+            running_apps: 2,
+            users: BTreeMap::new(),
+            groups: BTreeMap::from([("data".to_owned(), (2, res("cpu=3")))]),
+        };
+        let used = |_: &QueuePath| usage.clone();
+        let ann = Owner { user: "ann", group: Some("data") };
+        let hit = queues.blocked_by(&etl, ann, &res("cpu=1"), true, used).unwrap();
+        assert_eq!(hit.limit, Limit::GroupMaxApps { group: "data".into(), max: 2 });
+        assert_eq!(hit.to_string(), "group `data` already runs the maximum of 2 applications in queue `root.etl`");
+        // More for a running application: the group's resources bind.
+        assert_eq!(queues.blocked_by(&etl, ann, &res("cpu=1"), false, used), None);
+        let hit = queues.blocked_by(&etl, ann, &res("cpu=2"), false, used).unwrap();
+        assert_eq!(
+            hit.limit,
+            Limit::GroupMax { group: "data".into(), resource: "cpu".into(), max: 4000, used: 3000, wanted: 2000 }
+        );
+        // Another group, or a user with no group, is not held by `data`'s use.
+        let bob = Owner { user: "bob", group: Some("ops") };
+        assert_eq!(queues.blocked_by(&etl, bob, &res("cpu=4"), true, used), None);
+        let carol = Owner { user: "carol", group: None };
+        assert_eq!(queues.blocked_by(&etl, carol, &res("cpu=9"), true, used), None);
     }
 }

@@ -5,7 +5,7 @@ use std::collections::BTreeMap;
 use std::fmt;
 use std::sync::Arc;
 
-use crate::apps::queues::QueuePath;
+use crate::apps::queues::{Owner, QueuePath};
 use crate::names::NamespaceName;
 use crate::pools::Labels;
 use crate::quotas::Millis;
@@ -164,6 +164,20 @@ impl Default for SchedulingPolicy {
     }
 }
 
+/// The most groups an application's user may be given.
+pub const MAX_USER_GROUPS: usize = 100;
+
+/// How an application's queue was chosen, when a placement rule chose it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct QueueRule {
+    /// The rule, as [`crate::apps::placement::PlacementRule`] writes it (e.g. `user (parent:
+    /// fixed root.users)`).
+    pub rule: String,
+    /// The rule may create the queue: made (with its parents, no limits) when the application
+    /// is admitted, if it is missing then.
+    pub create: bool,
+}
+
 /// An application as submitted.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct AppSpec {
@@ -171,15 +185,34 @@ pub struct AppSpec {
     /// A leaf queue.
     pub queue: QueuePath,
     pub user: String,
+    /// The user's groups, the primary one first: per-group limits count the application
+    /// against it.
+    pub user_groups: Vec<String>,
     pub tags: BTreeMap<String, String>,
     pub groups: Vec<TaskGroup>,
     pub policy: SchedulingPolicy,
+    /// The placement rule that chose `queue`; none when the queue was named and taken as is.
+    pub queue_rule: Option<QueueRule>,
 }
 
 impl AppSpec {
     /// The checks an application passes by itself; token needs are merged per namespace.
     pub fn check(mut self) -> Result<AppSpec, SchedError> {
         crate::names::check("user", &self.user).map_err(|e| SchedError::Invalid(e.to_string()))?;
+        if self.user_groups.len() > MAX_USER_GROUPS {
+            return Err(SchedError::Invalid(format!(
+                "a user has at most {MAX_USER_GROUPS} groups here, got {}",
+                self.user_groups.len()
+            )));
+        }
+        // As a principal's groups are: 1 to 255 characters, no control characters.
+        let bad = |g: &String| g.is_empty() || g.chars().count() > 255 || g.chars().any(char::is_control);
+        if let Some(group) = self.user_groups.iter().find(|g| bad(g)) {
+            return Err(SchedError::Invalid(format!(
+                "group `{}` is not a group name: 1 to 255 characters, no control characters",
+                group.escape_debug()
+            )));
+        }
         check_timeout("placeholder_timeout_ms", self.policy.placeholder_timeout_ms)?;
         if let Some(timeout) = self.policy.reserve_timeout_ms {
             check_timeout("reserve_timeout_ms", timeout)?;
@@ -219,6 +252,11 @@ impl AppSpec {
 
     pub fn group(&self, name: &GroupName) -> Option<&TaskGroup> {
         self.groups.iter().find(|g| &g.name == name)
+    }
+
+    /// Whom the queues' per-user and per-group limits count the application against.
+    pub fn owner(&self) -> Owner<'_> {
+        Owner { user: &self.user, group: self.user_groups.first().map(String::as_str) }
     }
 }
 

@@ -34,9 +34,11 @@ fn app_spec(id: &str, queue: &str) -> AppSpec {
         id: AppId::new(id).unwrap(),
         queue: QueuePath::new(queue).unwrap(),
         user: "alice".into(),
+        user_groups: Vec::new(),
         tags: BTreeMap::new(),
         groups: Vec::new(),
         policy: SchedulingPolicy::default(),
+        queue_rule: None,
     }
 }
 

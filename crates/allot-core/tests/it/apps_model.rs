@@ -113,6 +113,7 @@ impl World2 {
                     id: app_id(app),
                     queue: QueuePath::new(if queue == 0 { "root.a" } else { "root.b" }).unwrap(),
                     user: "u".into(),
+                    user_groups: Vec::new(),
                     tags: BTreeMap::new(),
                     groups,
                     policy: SchedulingPolicy {
@@ -121,6 +122,7 @@ impl World2 {
                         reserve_timeout_ms: Some(4_000),
                         max_parallelism: None,
                     },
+                    queue_rule: None,
                 };
                 let (sched, world) = self.world();
                 sched.add_app(spec, now, &world).map(|_| ())

@@ -294,9 +294,11 @@ async fn a_plugin_sees_the_tasks_metadata_records_events_and_keeps_counters() {
         id: id.clone(),
         queue: QueuePath::new("root.q").unwrap(),
         user: "ana".into(),
+        user_groups: Vec::new(),
         tags: BTreeMap::from([("team".to_owned(), "etl".to_owned())]),
         groups: Vec::new(),
         policy: SchedulingPolicy::default(),
+        queue_rule: None,
     };
     store.add_app(spec).await.unwrap();
     let task = serde_json::json!({
@@ -586,9 +588,11 @@ async fn a_plugins_tokens_carry_the_tasks_scope_and_its_caps() {
             id: id.clone(),
             queue: QueuePath::new("root.q").unwrap(),
             user: "u".into(),
+            user_groups: Vec::new(),
             tags: tags.iter().map(|(k, v)| ((*k).to_owned(), (*v).to_owned())).collect(),
             groups: Vec::new(),
             policy: SchedulingPolicy::default(),
+            queue_rule: None,
         };
         store.add_app(spec).await.unwrap();
         let task = task_spec("desk", &serde_json::json!({ "type": "probe", "mode": "capped" }));

@@ -32,9 +32,11 @@ fn app_spec(id: &str) -> AppSpec {
         id: AppId::new(id).unwrap(),
         queue: QueuePath::new("root.q").unwrap(),
         user: "u".into(),
+        user_groups: Vec::new(),
         tags: Default::default(),
         groups: Vec::new(),
         policy: Default::default(),
+        queue_rule: None,
     }
 }
 

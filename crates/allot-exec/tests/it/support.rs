@@ -198,9 +198,11 @@ pub(crate) async fn submit_with(
         id: id.clone(),
         queue: QueuePath::new("root.q").unwrap(),
         user: "u".into(),
+        user_groups: Vec::new(),
         tags: Default::default(),
         groups: Vec::new(),
         policy,
+        queue_rule: None,
     };
     store.add_app(spec).await.unwrap();
     for (task, spec) in tasks {

@@ -5,8 +5,8 @@ use allot_core::apps::queues::{QueueLimits, QueuePath, SortPolicy};
 use allot_core::apps::spec::DEFAULT_PLACEHOLDER_TIMEOUT_MS;
 use allot_core::apps::states::TaskState;
 use allot_core::apps::{
-    AppId, AppSpec, GangStyle, GroupName, HeldTokens, Placement, QueueView, SchedulingPolicy, TaskGroup, TaskId,
-    TaskSpec, TokenNeed, Why,
+    AppId, AppSpec, GangStyle, GroupName, HeldTokens, Placement, QueueRule, QueueView, SchedulingPolicy, TaskGroup,
+    TaskId, TaskSpec, TokenNeed, Why,
 };
 use allot_core::{Millis, MAX_UNITS};
 use allot_store::{AppInfo, TaskInfo};
@@ -44,7 +44,9 @@ fn sort_out(sort: SortPolicy) -> api::SortPolicy {
 }
 
 pub(crate) fn queue_limits(body: api::PutQueue) -> Result<QueueLimits, ApiError> {
-    for (what, value) in [("max_apps", body.max_apps), ("user_max_apps", body.user_max_apps)] {
+    let counts =
+        [("max_apps", body.max_apps), ("user_max_apps", body.user_max_apps), ("group_max_apps", body.group_max_apps)];
+    for (what, value) in counts {
         if value.is_some_and(|v| v > MAX_UNITS) {
             return Err(ApiError::invalid_argument(format!("{what} must be at most {MAX_UNITS}")));
         }
@@ -55,6 +57,8 @@ pub(crate) fn queue_limits(body: api::PutQueue) -> Result<QueueLimits, ApiError>
         max_apps: body.max_apps,
         user_max_apps: body.user_max_apps,
         user_max: body.user_max.as_deref().map(resources).transpose()?,
+        group_max_apps: body.group_max_apps,
+        group_max: body.group_max.as_deref().map(resources).transpose()?,
         sort: body.sort.map(sort_in).unwrap_or_default(),
         submit_acl: body.submit_acl.as_deref().map(acl).transpose()?,
         admin_acl: body.admin_acl.as_deref().map(acl).transpose()?,
@@ -75,6 +79,8 @@ pub(crate) fn queue(view: QueueView) -> api::Queue {
         max_apps: limits.max_apps,
         user_max_apps: limits.user_max_apps,
         user_max: limits.user_max.map(|m| m.to_string()),
+        group_max_apps: limits.group_max_apps,
+        group_max: limits.group_max.map(|m| m.to_string()),
         sort: sort_out(limits.sort),
         submit_acl: limits.submit_acl.map(|acl| acl.text().to_owned()),
         admin_acl: limits.admin_acl.map(|acl| acl.text().to_owned()),
@@ -93,7 +99,7 @@ fn needs_out(needs: &[TokenNeed]) -> Vec<api::TokenNeed> {
     needs.iter().map(|n| api::TokenNeed { namespace: n.namespace.to_string(), units: n.units }).collect()
 }
 
-pub(crate) fn app_spec(body: &api::SubmitApp) -> Result<AppSpec, ApiError> {
+pub(crate) fn app_spec(body: &api::SubmitApp, queue: QueuePath, rule: Option<QueueRule>) -> Result<AppSpec, ApiError> {
     let groups = body
         .task_groups
         .iter()
@@ -110,8 +116,9 @@ pub(crate) fn app_spec(body: &api::SubmitApp) -> Result<AppSpec, ApiError> {
     let policy = &body.policy;
     Ok(AppSpec {
         id: app_id(&body.id)?,
-        queue: queue_path(&body.queue)?,
+        queue,
         user: body.user.clone(),
+        user_groups: body.user_groups.clone(),
         tags: body.tags.clone(),
         groups,
         policy: SchedulingPolicy {
@@ -130,6 +137,7 @@ pub(crate) fn app_spec(body: &api::SubmitApp) -> Result<AppSpec, ApiError> {
                 })
                 .transpose()?,
         },
+        queue_rule: rule,
     })
 }
 
@@ -180,7 +188,9 @@ pub(crate) fn app(info: AppInfo, now: Millis) -> api::App {
     api::App {
         id: spec.id.to_string(),
         queue: spec.queue.to_string(),
+        queue_rule: spec.queue_rule.as_ref().map(|rule| rule.rule.clone()),
         user: spec.user.clone(),
+        user_groups: spec.user_groups.clone(),
         tags: spec.tags.clone(),
         state: app.state.name().to_owned(),
         task_groups: spec

@@ -15,7 +15,9 @@ use crate::convert::apps::{self as convert, app_id, queue_path, task_id};
 use crate::error::ApiError;
 use crate::extract::{JsonBody, QueryArgs, Segments};
 use crate::page::{cursor, PageQuery};
+use crate::placement;
 use crate::ServerState;
+use allot_core::apps::placement::PlacementRules;
 
 /// Every queue, in path order.
 #[utoipa::path(get, path = "/v1/queues", tag = "apps",
@@ -107,26 +109,60 @@ pub(crate) async fn submit_app(
     who: Who,
     JsonBody(mut body): JsonBody<api::SubmitApp>,
 ) -> Result<(StatusCode, Json<api::SubmitAppResponse>), ApiError> {
-    let queue = Resource::Queue(body.queue.clone());
-    who.check(Permission::Use, queue.clone())?;
-    queue_acl(&state, &who, &body.queue, Acl::Submit).await?;
-    // The application's user is the caller, unless it may submit for others.
-    if let Some(principal) = who.principal() {
-        if body.user == api::DEFAULT_USER {
-            body.user = principal.user.clone();
-        } else if body.user != principal.user {
-            who.check(Permission::Impersonate, queue)?;
+    // The application runs as the caller, its user and groups, unless it may submit for others.
+    let impersonating = match who.principal() {
+        None => false,
+        Some(principal) => {
+            if body.user == api::DEFAULT_USER {
+                body.user = principal.user.clone();
+            }
+            if body.user == principal.user && body.user_groups.is_empty() {
+                body.user_groups = principal.groups.clone();
+            }
+            body.user != principal.user || body.user_groups != principal.groups
         }
+    };
+    let (queue, rule) = if state.placement.is_empty() {
+        let (queue, rule) = placement::choose(&state.placement, &body, &[], &|_| true)?;
+        who.check(Permission::Use, Resource::Queue(queue.to_string()))?;
+        queue_acl(&state, &who, queue.as_str(), Acl::Submit).await?;
+        (queue, rule)
+    } else {
+        let queues = state.store.queues().await?;
+        let usable = |queue: &allot_core::apps::queues::QueuePath| {
+            who.may(Permission::Use, &Resource::Queue(queue.to_string()))
+                && acl_refusal(&queues, &who, queue.as_str(), Acl::Submit).is_none()
+        };
+        placement::choose(&state.placement, &body, &queues, &usable)?
+    };
+    if impersonating {
+        who.check(Permission::Impersonate, Resource::Queue(queue.to_string()))?;
     }
-    let answer = submit(state.store.as_ref(), body).await?;
+    let answer = submit_to(state.store.as_ref(), body, queue, rule).await?;
     let status = if answer.created { StatusCode::CREATED } else { StatusCode::OK };
     Ok((status, Json(answer)))
 }
 
-/// Submits an application and then the tasks it carries, in order, as `POST /v1/apps` does:
-/// every source of applications (the API, the directory source) submits through here.
-pub async fn submit(store: &dyn Store, body: api::SubmitApp) -> Result<api::SubmitAppResponse, ApiError> {
-    let spec = convert::app_spec(&body)?;
+/// Submits an application as `POST /v1/apps` does, for a trusted source (the directory
+/// source): any queue may be used, the placement rules choose one when it names none.
+pub async fn submit(
+    store: &dyn Store,
+    rules: &PlacementRules,
+    body: api::SubmitApp,
+) -> Result<api::SubmitAppResponse, ApiError> {
+    let queues = if rules.is_empty() { Vec::new() } else { store.queues().await? };
+    let (queue, rule) = placement::choose(rules, &body, &queues, &|_| true)?;
+    submit_to(store, body, queue, rule).await
+}
+
+/// Submits an application to its queue, then the tasks it carries, in order.
+async fn submit_to(
+    store: &dyn Store,
+    body: api::SubmitApp,
+    queue: allot_core::apps::queues::QueuePath,
+    rule: Option<allot_core::apps::QueueRule>,
+) -> Result<api::SubmitAppResponse, ApiError> {
+    let spec = convert::app_spec(&body, queue, rule)?;
     let tasks = body.tasks.into_iter().map(convert::task_spec).collect::<Result<Vec<_>, _>>()?;
     // One commit, all or nothing: a refused task leaves no application behind, and a large
     // application is submitted at the speed of one write.
@@ -385,11 +421,25 @@ pub(crate) enum Acl {
 /// kind, the caller's roles alone decide; a caller whose roles make it an admin of the queue is
 /// never held back by them (an operator cannot lock itself out).
 pub(crate) async fn queue_acl(state: &ServerState, who: &Who, path: &str, needed: Acl) -> Result<(), ApiError> {
-    let Some(principal) = who.principal() else { return Ok(()) };
+    let Some(_) = who.principal() else { return Ok(()) };
     if who.may(Permission::Admin, &Resource::Queue(path.to_owned())) {
         return Ok(());
     }
     let queues = state.store.queues().await?;
+    acl_refusal(&queues, who, path, needed).map_or(Ok(()), Err)
+}
+
+/// [`queue_acl`] over the queues as they are: the refusal, if the ACLs refuse the caller.
+pub(crate) fn acl_refusal(
+    queues: &[allot_core::apps::QueueView],
+    who: &Who,
+    path: &str,
+    needed: Acl,
+) -> Option<ApiError> {
+    let principal = who.principal()?;
+    if who.may(Permission::Admin, &Resource::Queue(path.to_owned())) {
+        return None;
+    }
     let on_path = |queue: &&allot_core::apps::QueueView| allot_core::access::in_queue_tree(path, queue.path.as_str());
     let mut lists = Vec::new();
     for queue in queues.iter().filter(on_path) {
@@ -399,10 +449,10 @@ pub(crate) async fn queue_acl(state: &ServerState, who: &Who, path: &str, needed
         lists.extend(queue.limits.admin_acl.iter());
     }
     if lists.is_empty() || lists.iter().any(|acl| acl.allows(principal)) {
-        return Ok(());
+        return None;
     }
     let which = if needed == Acl::Submit { "submit_acl or admin_acl" } else { "admin_acl" };
-    Err(ApiError::of(
+    Some(ApiError::of(
         crate::error::ErrorCode::Forbidden,
         format!("{principal} is not in the {which} of queue `{path}` or of a queue above it"),
     ))

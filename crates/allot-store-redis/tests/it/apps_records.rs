@@ -49,6 +49,7 @@ async fn a_new_scheduler_loads_what_the_old_one_wrote_and_a_deposed_one_writes_n
         id: AppId::new("gang").unwrap(),
         queue: QueuePath::new("root.q").unwrap(),
         user: "u".into(),
+        user_groups: Vec::new(),
         tags: BTreeMap::from([("team".to_owned(), "data".to_owned())]),
         groups: vec![TaskGroup {
             name: GroupName::new("g").unwrap(),
@@ -58,6 +59,7 @@ async fn a_new_scheduler_loads_what_the_old_one_wrote_and_a_deposed_one_writes_n
             tokens: Vec::new(),
         }],
         policy: SchedulingPolicy::default(),
+        queue_rule: None,
     };
     let world = World { pools: &mut pools, ledger: &mut ledger };
     changes.extend(sched.add_app(spec, 10, &world).unwrap().2.apps);

@@ -43,9 +43,11 @@ pub(crate) async fn add_app(store: &RedisStore, queue: &str, app: &AppId) {
         id: app.clone(),
         queue,
         user: "u".into(),
+        user_groups: Vec::new(),
         tags: Default::default(),
         groups: Vec::new(),
         policy: SchedulingPolicy::default(),
+        queue_rule: None,
     };
     store.add_app(spec).await.unwrap();
 }

@@ -50,9 +50,11 @@ fn app(id: &str, queue: QueuePath) -> AppSpec {
         id: AppId::new(&format!("conformance-{id}")).unwrap(),
         queue,
         user: "conformance".into(),
+        user_groups: Vec::new(),
         tags: Default::default(),
         groups: Vec::new(),
         policy: SchedulingPolicy::default(),
+        queue_rule: None,
     }
 }
 

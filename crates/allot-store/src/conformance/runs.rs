@@ -60,9 +60,11 @@ async fn runs_go_with_their_task(store: &dyn Store) {
         id: app.clone(),
         queue,
         user: "conformance".into(),
+        user_groups: Vec::new(),
         tags: Default::default(),
         groups: Vec::new(),
         policy: SchedulingPolicy::default(),
+        queue_rule: None,
     };
     store.add_app(spec).await.unwrap();
     let tasks = ["ended", "ended-too", "running"].map(|t| TaskId::new(t).unwrap());

@@ -10,8 +10,8 @@ use std::collections::BTreeMap;
 use allot_core::apps::queues::{QueueLimits, QueuePath, SortPolicy};
 use allot_core::apps::states::{AppState, TaskState};
 use allot_core::apps::{
-    App, AppId, AppSpec, GangStyle, GroupName, HeldTokens, Placement, SchedulingPolicy, Slot, Task, TaskGroup, TaskId,
-    TaskSpec, TokenNeed,
+    App, AppId, AppSpec, GangStyle, GroupName, HeldTokens, Placement, QueueRule, SchedulingPolicy, Slot, Task,
+    TaskGroup, TaskId, TaskSpec, TokenNeed,
 };
 use allot_core::pools::{AllocId, PoolName};
 use allot_core::{Millis, NamespaceName, Token};
@@ -35,10 +35,12 @@ pub struct QueueRecord {
     /// Added after the format began (see [`crate::records::decode_grown`]), as the one after it.
     pub submit_acl: Option<String>,
     pub admin_acl: Option<String>,
+    pub group_max_apps: Option<u64>,
+    pub group_max: Option<ResourcesRecord>,
 }
 
 /// The fields [`QueueRecord`] gained since the format began.
-pub const QUEUE_FIELDS_ADDED: usize = 2;
+pub const QUEUE_FIELDS_ADDED: usize = 4;
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct GroupRecord {
@@ -86,10 +88,19 @@ pub struct AppRecord {
     pub completing_since: Option<Millis>,
     pub reason: Option<String>,
     pub ended_at: Option<Millis>,
-    /// Last: a record written before it existed ends where it starts (see [`decode_app`]).
-    #[serde(default)]
+    /// From here on, added after the format began: a record written before one of them ends
+    /// where it starts (see [`decode_app`]).
     pub max_parallelism: Option<u32>,
+    /// The user's groups, the primary one first (an older record: none).
+    #[serde(default)]
+    pub user_groups: Vec<String>,
+    /// The placement rule that chose the queue, and whether it may create it.
+    pub queue_rule: Option<(String, bool)>,
 }
+
+/// The fields [`AppRecord`] gained since the format began (an empty list is one zero byte, as
+/// a `None` is).
+pub const APP_FIELDS_ADDED: usize = 3;
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct TaskRecord {
@@ -190,6 +201,8 @@ impl QueueRecord {
             sort: sort_name(limits.sort).to_owned(),
             submit_acl: limits.submit_acl.as_ref().map(|acl| acl.text().to_owned()),
             admin_acl: limits.admin_acl.as_ref().map(|acl| acl.text().to_owned()),
+            group_max_apps: limits.group_max_apps,
+            group_max: limits.group_max.as_ref().map(resources_record),
         }
     }
 
@@ -211,6 +224,8 @@ impl QueueRecord {
                 .map(|a| allot_core::access::Acl::parse(&a).map_err(|e| r.err(e)))
                 .transpose()?,
             admin_acl: self.admin_acl.map(|a| allot_core::access::Acl::parse(&a).map_err(|e| r.err(e))).transpose()?,
+            group_max_apps: self.group_max_apps,
+            group_max: self.group_max.map(|m| r.resources(m)).transpose()?,
         };
         Ok((QueuePath::new(path).map_err(|e| r.err(e))?, limits))
     }
@@ -257,6 +272,8 @@ impl AppRecord {
             reason: app.reason.clone(),
             ended_at: app.ended_at,
             max_parallelism: spec.policy.max_parallelism,
+            user_groups: spec.user_groups.clone(),
+            queue_rule: spec.queue_rule.as_ref().map(|p| (p.rule.clone(), p.create)),
         }
     }
 
@@ -297,6 +314,7 @@ impl AppRecord {
                 id: AppId::new(id).map_err(|e| r.err(e))?,
                 queue: QueuePath::new(&self.queue).map_err(|e| r.err(e))?,
                 user: self.user,
+                user_groups: self.user_groups,
                 tags: self.tags,
                 groups,
                 policy: SchedulingPolicy {
@@ -305,6 +323,7 @@ impl AppRecord {
                     reserve_timeout_ms: self.reserve_timeout_ms,
                     max_parallelism: self.max_parallelism,
                 },
+                queue_rule: self.queue_rule.map(|(rule, create)| QueueRule { rule, create }),
             },
             state: r.state(AppState::ALL, AppState::name, &self.state)?,
             seq: self.seq,
@@ -362,9 +381,9 @@ impl TaskRecord {
     }
 }
 
-/// Decodes an application record, one written before `max_parallelism` too.
+/// Decodes an application record, one written before the fields it gained too.
 pub fn decode_app(key: &str, bytes: &[u8]) -> Result<AppRecord, CorruptRecord> {
-    super::decode_grown("apps", key, bytes, 1)
+    super::decode_grown("apps", key, bytes, APP_FIELDS_ADDED)
 }
 
 #[cfg(test)]
@@ -383,8 +402,13 @@ mod tests {
         let bytes = crate::records::encode(&QueueRecord::of(&limits));
         let record: QueueRecord = crate::records::decode_grown("queues", "root.q", &bytes, QUEUE_FIELDS_ADDED).unwrap();
         assert_eq!(record.into_queue("root.q").unwrap().1, limits);
-        let older =
-            crate::records::encode(&QueueRecord { submit_acl: None, admin_acl: None, ..QueueRecord::of(&limits) });
+        let older = crate::records::encode(&QueueRecord {
+            submit_acl: None,
+            admin_acl: None,
+            group_max_apps: None,
+            group_max: None,
+            ..QueueRecord::of(&limits)
+        });
         let older = &older[..older.len() - QUEUE_FIELDS_ADDED];
         let record: QueueRecord = crate::records::decode_grown("queues", "root.q", older, QUEUE_FIELDS_ADDED).unwrap();
         let (_, read) = record.into_queue("root.q").unwrap();
@@ -414,11 +438,19 @@ mod tests {
             reason: None,
             ended_at: None,
             max_parallelism: Some(3),
+            user_groups: vec!["data".into()],
+            queue_rule: Some(("user".into(), true)),
         };
         let bytes = crate::records::encode(&record);
         assert_eq!(decode_app("a", &bytes).unwrap(), record);
-        let older = crate::records::encode(&AppRecord { max_parallelism: None, ..record.clone() });
-        let older = &older[..older.len() - 1];
+        // Before the placement and the groups: they read as none.
+        let newer = AppRecord { user_groups: Vec::new(), queue_rule: None, ..record.clone() };
+        let older = crate::records::encode(&newer);
+        let older = &older[..older.len() - 2];
+        assert_eq!(decode_app("a", older).unwrap(), AppRecord { max_parallelism: Some(3), ..newer.clone() });
+        // Before the parallelism too.
+        let older = crate::records::encode(&AppRecord { max_parallelism: None, ..newer });
+        let older = &older[..older.len() - APP_FIELDS_ADDED];
         assert_eq!(decode_app("a", older).unwrap().max_parallelism, None);
         assert!(decode_app("a", &older[..older.len() - 2]).is_err(), "a record cut shorter is still corrupt");
     }

@@ -104,6 +104,14 @@ pub struct QueueViewRecord {
     pub pending_tasks: u64,
     /// By `Why::code`.
     pub waiting: Vec<(String, u64)>,
+    /// Per group: the same as per user.
+    #[serde(default)]
+    pub groups: Vec<(String, u64, ResourcesRecord)>,
+}
+
+/// Per user or group: running applications and what they hold.
+fn usage_record(usage: &BTreeMap<String, (u64, allot_core::Resources)>) -> Vec<(String, u64, ResourcesRecord)> {
+    usage.iter().map(|(name, (apps, held))| (name.clone(), *apps, resources_record(held))).collect()
 }
 
 /// The encoding of a sequence of events: postcard, as a sequence of [`EventRecord`]s.
@@ -235,16 +243,12 @@ impl<'a> ObjectRecord<'a> {
                 limits: QueueRecord::of(&view.limits),
                 allocated: resources_record(&view.usage.allocated),
                 running_apps: view.usage.running_apps,
-                users: view
-                    .usage
-                    .users
-                    .iter()
-                    .map(|(user, (apps, held))| (user.clone(), *apps, resources_record(held)))
-                    .collect(),
+                users: usage_record(&view.usage.users),
                 leaf: view.leaf,
                 apps: view.apps,
                 pending_tasks: view.pending_tasks,
                 waiting: view.waiting.iter().map(|(code, n)| ((*code).to_owned(), *n)).collect(),
+                groups: usage_record(&view.usage.groups),
             })),
             EventObject::App(app) => {
                 ObjectRecord::App { id: Cow::Borrowed(app.spec.id.as_str()), app: Box::new(AppRecord::of(app)) }
@@ -315,11 +319,13 @@ impl<'a> ObjectRecord<'a> {
             },
             ObjectRecord::Queue(v) => {
                 let (path, limits) = v.limits.into_queue(&v.path)?;
-                let users = v
-                    .users
-                    .into_iter()
-                    .map(|(user, apps, held)| Ok((user, (apps, r.resources(held)?))))
-                    .collect::<Result<_, CorruptRecord>>()?;
+                let usage = |entries: Vec<(String, u64, ResourcesRecord)>| {
+                    entries
+                        .into_iter()
+                        .map(|(name, apps, held)| Ok((name, (apps, r.resources(held)?))))
+                        .collect::<Result<_, CorruptRecord>>()
+                };
+                let (users, groups) = (usage(v.users)?, usage(v.groups)?);
                 let waiting = v
                     .waiting
                     .into_iter()
@@ -332,7 +338,12 @@ impl<'a> ObjectRecord<'a> {
                 EventObject::Queue(QueueView {
                     path,
                     limits,
-                    usage: QueueUsage { allocated: r.resources(v.allocated)?, running_apps: v.running_apps, users },
+                    usage: QueueUsage {
+                        allocated: r.resources(v.allocated)?,
+                        running_apps: v.running_apps,
+                        users,
+                        groups,
+                    },
                     leaf: v.leaf,
                     apps: v.apps,
                     pending_tasks: v.pending_tasks,

@@ -318,6 +318,7 @@ async fn a_reserved_gang_keeps_its_placements_and_its_placeholder_timeout_counts
         id: id.clone(),
         queue: QueuePath::new("root.q").unwrap(),
         user: "u".into(),
+        user_groups: Vec::new(),
         tags: Default::default(),
         groups: vec![TaskGroup {
             name: GroupName::new("g").unwrap(),
@@ -332,6 +333,7 @@ async fn a_reserved_gang_keeps_its_placements_and_its_placeholder_timeout_counts
             reserve_timeout_ms: None,
             max_parallelism: None,
         },
+        queue_rule: None,
     };
     let (submitted, _) = store.add_app(spec).await.unwrap();
     assert_eq!(submitted.app.state, AppState::Reserving, "waits for its gang");

@@ -310,9 +310,11 @@ async fn submit_one_task(store: &EmbeddedStore, app: &AppId, queue: QueuePath, s
         id: app.clone(),
         queue,
         user: "u".into(),
+        user_groups: Vec::new(),
         tags: Default::default(),
         groups: Vec::new(),
         policy: SchedulingPolicy::default(),
+        queue_rule: None,
     };
     let task = TaskSpec {
         id: TaskId::new("t1").unwrap(),

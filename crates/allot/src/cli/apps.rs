@@ -90,6 +90,13 @@ pub(crate) enum QueueCommand {
         /// The most one user's applications may hold in it together.
         #[arg(long, value_name = "RESOURCES")]
         user_max: Option<String>,
+        /// The most applications of one group running in it at once (an application counts for
+        /// its user's primary group).
+        #[arg(long, value_name = "N")]
+        group_max_apps: Option<u64>,
+        /// The most one group's applications may hold in it together.
+        #[arg(long, value_name = "RESOURCES")]
+        group_max: Option<String>,
         /// How it orders its applications [default: fifo].
         #[arg(long, value_enum)]
         sort: Option<Sort>,
@@ -381,6 +388,8 @@ async fn run_queue(command: &QueueCommand) -> Result<u8, ClientError> {
             max_apps,
             user_max_apps,
             user_max,
+            group_max_apps,
+            group_max,
             sort,
             submit_acl,
             admin_acl,
@@ -392,6 +401,8 @@ async fn run_queue(command: &QueueCommand) -> Result<u8, ClientError> {
                 max_apps: *max_apps,
                 user_max_apps: *user_max_apps,
                 user_max: user_max.clone(),
+                group_max_apps: *group_max_apps,
+                group_max: group_max.clone(),
                 sort: sort.map(SortPolicy::from),
                 submit_acl: submit_acl.clone(),
                 admin_acl: admin_acl.clone(),

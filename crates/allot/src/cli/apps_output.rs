@@ -75,6 +75,12 @@ pub(crate) fn limits_line(queue: &Queue) -> String {
     if let Some(max) = &queue.user_max {
         parts.push(format!("user max {}", human(max)));
     }
+    if let Some(n) = queue.group_max_apps {
+        parts.push(format!("group max apps {n}"));
+    }
+    if let Some(max) = &queue.group_max {
+        parts.push(format!("group max {}", human(max)));
+    }
     parts.push(format!("sort {}", sort_name(queue.sort)));
     parts.join(", ")
 }
@@ -127,6 +133,8 @@ pub(crate) fn queue_details(queue: &Queue) -> String {
         ("max apps", number(queue.max_apps)),
         ("user max apps", number(queue.user_max_apps)),
         ("user max", optional(queue.user_max.as_ref())),
+        ("group max apps", number(queue.group_max_apps)),
+        ("group max", optional(queue.group_max.as_ref())),
         ("apps", queue.apps.to_string()),
         ("pending tasks", queue.pending_tasks.to_string()),
         ("sort", sort_name(queue.sort).to_owned()),
@@ -182,7 +190,19 @@ pub(crate) fn app_details(details: &AppDetails) -> String {
     let mut pairs = vec![
         ("app", show(&app.id)),
         ("queue", app.queue.clone()),
+        (
+            "placed by",
+            app.queue_rule.as_ref().map_or_else(|| "the queue it named".to_owned(), |rule| format!("rule `{rule}`")),
+        ),
         ("user", show(&app.user)),
+        (
+            "groups",
+            if app.user_groups.is_empty() {
+                "-".to_owned()
+            } else {
+                app.user_groups.iter().map(|g| show(g)).collect::<Vec<_>>().join(",")
+            },
+        ),
         ("state", app.state.clone()),
         ("tags", map_text(&app.tags)),
         ("tasks", tasks_line(&app.tasks)),

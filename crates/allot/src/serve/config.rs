@@ -54,8 +54,17 @@ pub(crate) const SERVE_AFTER_HELP: &str = r#"Configuration file (--config), with
   user_max_apps = 5             # the same, per user
   user_max = "cpu=16"           # the most one user's applications hold
   sort = "fifo"                 # fifo, fair or priority
+  group_max_apps = 10           # the same, per group (an application counts for its user's first group)
+  group_max = "cpu=32"          # the most one group's applications hold
   submit_acl = "ada,bob data"   # who may submit here and below (YuniKorn's format; "*": all)
   admin_acl = " ops"            # who may administer (and submit) here and below
+  [[placement_rules]]           # choose the queue of an application that names none, or one its
+                                # user may not submit to: the first rule giving a usable queue wins
+  name = "user"                 # provided, user, primary_group, tag (value: the tag) or fixed (value: the queue)
+  value = "root.default"        # for tag and fixed only
+  create = true                 # make the queue (a leaf, no limits) when it is missing
+  parent = { name = "fixed", value = "root.users" } # what a name goes under (a rule itself; default root)
+  filter = { type = "allow", users = ["ada"], groups = ["data-.*"] } # whom the rule is for (or deny)
   [scheduler]
   completing_grace = "30s"      # how long an application whose tasks all ended waits for more
   app_retention = "1h"          # how long an ended application stays readable
@@ -145,6 +154,9 @@ struct ConfigFile {
     /// Queues seeded at start, by path: created where they do not exist yet.
     #[serde(default)]
     queues: BTreeMap<String, QueueConfig>,
+    /// The rules that choose an application's queue, tried in order.
+    #[serde(default)]
+    placement_rules: Vec<RuleConfig>,
     #[serde(default)]
     scheduler: SchedulerConfig,
     #[serde(default)]
@@ -293,10 +305,78 @@ struct QueueConfig {
     max_apps: Option<u64>,
     user_max_apps: Option<u64>,
     user_max: Option<String>,
+    group_max_apps: Option<u64>,
+    group_max: Option<String>,
     sort: Option<String>,
     /// YuniKorn's format: `"*"`, or `"user1,user2 group1,group2"`.
     submit_acl: Option<String>,
     admin_acl: Option<String>,
+}
+
+/// `[[placement_rules]]` (and a rule's `parent`): YuniKorn's placement rules.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RuleConfig {
+    /// provided, user, primary_group, tag or fixed.
+    name: String,
+    /// `tag`: the tag's name; `fixed`: the queue.
+    value: Option<String>,
+    #[serde(default)]
+    create: bool,
+    parent: Option<Box<RuleConfig>>,
+    filter: Option<FilterConfig>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct FilterConfig {
+    /// allow (the default) or deny.
+    #[serde(rename = "type")]
+    kind: Option<String>,
+    #[serde(default)]
+    users: Vec<String>,
+    #[serde(default)]
+    groups: Vec<String>,
+}
+
+/// A placement rule from the file; `at` says where it is, for errors.
+fn placement_rule(rule: RuleConfig, at: &str) -> anyhow::Result<allot_core::apps::placement::PlacementRule> {
+    use allot_core::apps::placement::{Filter, PlacementRule, RuleKind};
+    let value = |kind: &str| {
+        rule.value.clone().with_context(|| {
+            format!(
+                "{at}: a `{kind}` rule needs `value` (the {})",
+                match kind {
+                    "tag" => "tag's name",
+                    _ => "queue",
+                }
+            )
+        })
+    };
+    let kind = match rule.name.as_str() {
+        "provided" => RuleKind::Provided,
+        "user" => RuleKind::User,
+        "primary_group" => RuleKind::PrimaryGroup,
+        "tag" => RuleKind::Tag(value("tag")?),
+        "fixed" => RuleKind::Fixed(value("fixed")?),
+        other => bail!("{at}: `{other}` is not a rule: provided, user, primary_group, tag or fixed"),
+    };
+    if rule.value.is_some() && matches!(kind, RuleKind::Provided | RuleKind::User | RuleKind::PrimaryGroup) {
+        bail!("{at}: a `{}` rule takes no `value`", rule.name);
+    }
+    let parent = rule.parent.map(|parent| placement_rule(*parent, &format!("{at}.parent"))).transpose()?;
+    let filter = match rule.filter {
+        None => Filter::default(),
+        Some(filter) => {
+            let deny = match filter.kind.as_deref() {
+                None | Some("allow") => false,
+                Some("deny") => true,
+                Some(other) => bail!("{at}.filter: type `{other}` is not allow or deny"),
+            };
+            Filter::new(deny, &filter.users, &filter.groups, &rule.name).with_context(|| at.to_owned())?
+        }
+    };
+    PlacementRule::new(kind, rule.create, parent, filter).with_context(|| at.to_owned())
 }
 
 /// `[scheduler]`.
@@ -354,6 +434,8 @@ fn queue_limits(path: &str, queue: QueueConfig) -> anyhow::Result<QueueLimits> {
         max_apps: queue.max_apps,
         user_max_apps: queue.user_max_apps,
         user_max: resources("user_max", queue.user_max)?,
+        group_max_apps: queue.group_max_apps,
+        group_max: resources("group_max", queue.group_max)?,
         sort,
         submit_acl: acl("submit_acl", queue.submit_acl)?,
         admin_acl: acl("admin_acl", queue.admin_acl)?,
@@ -387,6 +469,7 @@ pub(super) struct Config {
     pub(super) max_wait: std::time::Duration,
     pub(super) metrics: MetricsConfig,
     pub(super) queues: Vec<(QueuePath, QueueLimits)>,
+    pub(super) placement: allot_core::apps::placement::PlacementRules,
     pub(super) sched: SchedConfig,
     pub(super) apps_dir: Option<PathBuf>,
     pub(super) run_pools: Vec<PoolName>,
@@ -549,6 +632,13 @@ pub(super) fn resolve(args: &ServeArgs) -> anyhow::Result<Config> {
             Ok((queue_path, queue_limits(&path, queue)?))
         })
         .collect::<anyhow::Result<Vec<_>>>()?;
+    let placement = file
+        .placement_rules
+        .into_iter()
+        .enumerate()
+        .map(|(i, rule)| placement_rule(rule, &format!("[[placement_rules]] #{}", i + 1)))
+        .collect::<anyhow::Result<Vec<_>>>()?;
+    let placement = allot_core::apps::placement::PlacementRules::new(placement);
     let ms = |key: &str, text: &Option<String>| -> anyhow::Result<Option<u64>> {
         text.as_deref()
             .map(|text| {
@@ -592,6 +682,7 @@ pub(super) fn resolve(args: &ServeArgs) -> anyhow::Result<Config> {
         run_pools,
         apps_dir: args.apps_dir.clone().or(file.apps_dir),
         queues,
+        placement,
         sched,
         pools,
         pool_rules,

@@ -194,7 +194,8 @@ pub(crate) async fn run(args: ServeArgs) -> anyhow::Result<()> {
     println!("allot listening on {scheme}://{address}");
     let mut state = allot_server::ServerState::new(store.clone())
         .with_max_wait(config.max_wait)
-        .with_metrics(config.metrics.clone());
+        .with_metrics(config.metrics.clone())
+        .with_placement(config.placement.clone());
     let mut daemon_token = None;
     if let Some(auth) = config.auth.take() {
         state = state.with_access(auth.access);
@@ -218,7 +219,8 @@ pub(crate) async fn run(args: ServeArgs) -> anyhow::Result<()> {
     }
     // The sources of applications: the API, and the directory of application files if one is set.
     let mut http = HttpApi::new(listener, state, serving_threads(&args));
-    let mut directory = config.apps_dir.map(|dir| DirectorySource::new(dir, store.clone()));
+    let rules = Arc::new(config.placement.clone());
+    let mut directory = config.apps_dir.map(|dir| DirectorySource::new(dir, store.clone(), rules));
     if let Some(directory) = &mut directory {
         directory.init().await.context("the applications directory")?;
     }

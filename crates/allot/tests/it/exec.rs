@@ -30,8 +30,9 @@ async fn a_daemon_runs_the_tasks_placed_on_its_pool() {
     client.put_queue("root.run", &Default::default()).await.unwrap();
     let app = SubmitApp {
         id: "run-1".to_owned(),
-        queue: "root.run".to_owned(),
+        queue: Some("root.run".to_owned()),
         user: "me".to_owned(),
+        user_groups: Vec::new(),
         tags: BTreeMap::new(),
         task_groups: Vec::new(),
         policy: Default::default(),
@@ -191,8 +192,9 @@ async fn task_logs_follow_a_running_shell_task_to_its_end() {
     let command = "for i in 1 2 3 4 5; do echo line $i; sleep 0.2; done; echo oops >&2";
     let app = SubmitApp {
         id: "logs".to_owned(),
-        queue: "root.logs".to_owned(),
+        queue: Some("root.logs".to_owned()),
         user: "me".to_owned(),
+        user_groups: Vec::new(),
         tags: BTreeMap::new(),
         task_groups: Vec::new(),
         policy: Default::default(),
@@ -236,8 +238,9 @@ async fn a_task_placed_on_a_pool_no_daemon_runs_says_so() {
     waiting.selector = selector;
     let app = SubmitApp {
         id: "elsewhere".to_owned(),
-        queue: "root.wait".to_owned(),
+        queue: Some("root.wait".to_owned()),
         user: "me".to_owned(),
+        user_groups: Vec::new(),
         tags: BTreeMap::new(),
         task_groups: Vec::new(),
         policy: Default::default(),
@@ -345,8 +348,9 @@ async fn the_executor_runs_tasks_as_the_change_feed_brings_them_not_at_its_perio
         let tasks = (0..8).map(|i| task(&format!("t{i}"), serde_json::json!({ "type": "noop" }))).collect();
         let app = SubmitApp {
             id: "fed".to_owned(),
-            queue: "root.fed".to_owned(),
+            queue: Some("root.fed".to_owned()),
             user: "me".to_owned(),
+            user_groups: Vec::new(),
             tags: BTreeMap::new(),
             task_groups: Vec::new(),
             policy: Default::default(),

@@ -16,8 +16,9 @@ pub(crate) fn gang(id: &str, seats: Option<&str>) -> SubmitApp {
         seats.into_iter().map(|namespace| TokenNeed { namespace: namespace.to_owned(), units: 1 }).collect();
     SubmitApp {
         id: id.to_owned(),
-        queue: "root.crash".to_owned(),
+        queue: Some("root.crash".to_owned()),
         user: "crash".to_owned(),
+        user_groups: Vec::new(),
         tags: BTreeMap::new(),
         task_groups: vec![TaskGroup {
             name: "workers".to_owned(),

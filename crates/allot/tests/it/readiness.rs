@@ -44,8 +44,9 @@ async fn on_redis_a_daemon_is_ready_while_it_reaches_the_scheduler_and_clients_r
     };
     let app = SubmitApp {
         id: "idle".to_owned(),
-        queue: "root.wait".to_owned(),
+        queue: Some("root.wait".to_owned()),
         user: "me".to_owned(),
+        user_groups: Vec::new(),
         tags: BTreeMap::new(),
         task_groups: Vec::new(),
         policy: Default::default(),

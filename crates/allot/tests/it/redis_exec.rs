@@ -50,8 +50,9 @@ async fn a_daemon_killed_mid_run_has_its_tasks_run_again_on_the_others_and_the_a
         .collect();
     let app = SubmitApp {
         id: "spread".to_owned(),
-        queue: "root.spread".to_owned(),
+        queue: Some("root.spread".to_owned()),
         user: "me".to_owned(),
+        user_groups: Vec::new(),
         tags: BTreeMap::new(),
         task_groups: Vec::new(),
         policy: Default::default(),
