@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 use allot_core::apps::queues::{QueueLimits, QueuePath};
 use allot_core::apps::states::{AppState, TaskState};
 use allot_core::apps::{
-    AppId, AppSpec, GroupName, SchedError, SchedulingPolicy, TaskEnd, TaskGroup, TaskId, TaskSpec, TokenNeed,
+    AppId, AppSpec, GroupName, QueueRule, SchedError, SchedulingPolicy, TaskEnd, TaskGroup, TaskId, TaskSpec, TokenNeed,
 };
 use allot_core::pools::{AllocState, PoolError, PoolName};
 use allot_core::{NamespaceName, Resources};
@@ -29,6 +29,8 @@ pub async fn run_apps(store: Arc<dyn Store>, time: &dyn Time) {
         submission_is_idempotent_and_checked(store),
         a_pool_removed_with_force_fails_the_tasks_placed_on_it(store),
         task_ends_reported_together_are_each_answered(store),
+        group_limits_bind_the_primary_group(store),
+        a_placement_rule_that_creates_makes_the_queue_with_the_application(store),
     );
     a_refused_submission_leaves_nothing_behind(store, time).await;
 }
@@ -393,4 +395,81 @@ async fn a_refused_submission_leaves_nothing_behind(store: &dyn Store, time: &dy
     assert_eq!(tasks.iter().map(|(_, new)| *new).collect::<Vec<_>>(), vec![false, true]);
     store.remove_app(id).await.unwrap();
     assert_eq!(store.pool(p).await.unwrap().allocs, 0);
+}
+
+async fn group_limits_bind_the_primary_group(store: &dyn Store) {
+    let (q, p) = (queue("groups"), pool("groups"));
+    let limits = QueueLimits { group_max_apps: Some(1), group_max: Some(res("cpu=2")), ..Default::default() };
+    store.put_queue(q.clone(), limits.clone()).await.unwrap();
+    assert_eq!(store.queue(q.clone()).await.unwrap().limits, limits, "kept with its group limits");
+    labelled_pool(store, &p, "cpu=8").await;
+    let submit = |id: &str, user: &str, groups: &[&str]| {
+        let spec = AppSpec {
+            user: user.into(),
+            user_groups: groups.iter().map(|g| g.to_string()).collect(),
+            ..app(id, q.clone())
+        };
+        let id = spec.id.clone();
+        let p = p.clone();
+        async move {
+            store.submit_app(spec, vec![task("t", "cpu=1", &p)]).await.unwrap();
+            id
+        }
+    };
+    let ann = submit("groups-ann", "ann", &["data", "ops"]).await;
+    eventually("ann's task is placed", || async {
+        task_state(store, &ann, "t").await.task.state == TaskState::Allocated
+    })
+    .await;
+    assert_eq!(store.app(ann.clone()).await.unwrap().app.spec.user_groups, ["data", "ops"], "kept with the app");
+    // bob's primary group is data too: its one running application is the most.
+    let bob = submit("groups-bob", "bob", &["data"]).await;
+    eventually("bob's application waits for its group", || async {
+        let why = store.app(bob.clone()).await.unwrap().why.map(|why| why.to_string()).unwrap_or_default();
+        why.contains("group `data` already runs the maximum of 1 applications")
+    })
+    .await;
+    // carl's primary group is ops (ann's second group does not count): it runs.
+    let carl = submit("groups-carl", "carl", &["ops"]).await;
+    eventually("carl's task is placed", || async {
+        task_state(store, &carl, "t").await.task.state == TaskState::Allocated
+    })
+    .await;
+    assert_eq!(task_state(store, &bob, "t").await.task.state, TaskState::Pending);
+    store.complete_app(ann).await.unwrap();
+    eventually("bob's task is placed once ann's application ended", || async {
+        task_state(store, &bob, "t").await.task.state == TaskState::Allocated
+    })
+    .await;
+}
+
+async fn a_placement_rule_that_creates_makes_the_queue_with_the_application(store: &dyn Store) {
+    let made = QueuePath::new("root.conformance-made.users.ann").unwrap();
+    // Without `create`, a missing queue is not found, and nothing is made.
+    let named =
+        AppSpec { queue_rule: Some(QueueRule { rule: "user".into(), create: false }), ..app("made-no", made.clone()) };
+    let refused = store.submit_app(named, Vec::new()).await;
+    assert!(matches!(refused, Err(StoreError::Sched(SchedError::Queue(_)))), "{refused:?}");
+    assert!(store.queue(made.clone()).await.is_err());
+    let rule = QueueRule { rule: "user (create) under fixed root.conformance-made.users".into(), create: true };
+    let spec = AppSpec { queue_rule: Some(rule.clone()), ..app("made", made.clone()) };
+    let id = spec.id.clone();
+    let (info, created, _) = store.submit_app(spec.clone(), Vec::new()).await.unwrap();
+    assert!(created);
+    assert_eq!(info.app.spec.queue_rule, Some(rule.clone()));
+    let queue = store.queue(made.clone()).await.unwrap();
+    assert!(queue.leaf && queue.limits == QueueLimits::default(), "made with no limits");
+    assert!(store.queue(QueuePath::new("root.conformance-made.users").unwrap()).await.is_ok(), "its parents too");
+    assert_eq!(store.app(id.clone()).await.unwrap().app.spec.queue_rule, Some(rule), "kept with the app");
+    // The same again: the application as it is, the queue as it is.
+    let (_, created, _) = store.submit_app(spec, Vec::new()).await.unwrap();
+    assert!(!created);
+    // A queue is not made under a leaf that holds live applications.
+    let under = QueuePath::new("root.conformance-made.users.ann.more").unwrap();
+    let rule = QueueRule { rule: "fixed (create)".into(), create: true };
+    let refused =
+        store.submit_app(AppSpec { queue_rule: Some(rule), ..app("made-under", under.clone()) }, Vec::new()).await;
+    assert!(matches!(refused, Err(StoreError::Sched(SchedError::Queue(_)))), "{refused:?}");
+    assert!(store.queue(under).await.is_err());
+    store.remove_app(id).await.unwrap();
 }
