@@ -4,6 +4,7 @@
 mod access;
 mod apps;
 mod daemon;
+mod placement;
 mod pools;
 mod quotas;
 mod support;
