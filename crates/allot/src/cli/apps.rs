@@ -18,8 +18,10 @@ use crate::appfile::read_app;
 const SUBMIT_AFTER_HELP: &str = "\
 The file holds one application, with the fields of the API's SubmitApp:
   id           the application's id: 1 to 100 of A-Z, a-z, 0-9, `.`, `_`, `-`
-  queue        a leaf queue, e.g. root.analytics.etl
-  user         who submits it (default: default)
+  queue        a leaf queue, e.g. root.analytics.etl, or one name (a queue under root); none: the
+               daemon's placement rules choose
+  user         who it runs as (with access configured: the caller, unless it may impersonate)
+  user_groups  the user's groups, the primary one first (per-group limits count it)
   tags         names to text, for people and tools
   task_groups  gangs, started all or nothing: name, min_members, min_resources, selector, tokens
   policy       placeholder_timeout_ms, gang (Soft or Hard), reserve_timeout_ms, max_parallelism

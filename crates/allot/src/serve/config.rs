@@ -60,11 +60,16 @@ pub(crate) const SERVE_AFTER_HELP: &str = r#"Configuration file (--config), with
   admin_acl = " ops"            # who may administer (and submit) here and below
   [[placement_rules]]           # choose the queue of an application that names none, or one its
                                 # user may not submit to: the first rule giving a usable queue wins
-  name = "user"                 # provided, user, primary_group, tag (value: the tag) or fixed (value: the queue)
-  value = "root.default"        # for tag and fixed only
+  name = "user"                 # provided, user, primary_group, tag or fixed
   create = true                 # make the queue (a leaf, no limits) when it is missing
   parent = { name = "fixed", value = "root.users" } # what a name goes under (a rule itself; default root)
-  filter = { type = "allow", users = ["ada"], groups = ["data-.*"] } # whom the rule is for (or deny)
+  [placement_rules.filter]      # whom the rule is for (none: everyone)
+  type = "allow"                # allow: those listed; deny: all but those listed
+  users = ["ada"]               # names, or regular expressions matching whole names
+  groups = ["data-.*"]
+  [[placement_rules]]
+  name = "tag"
+  value = "team"                # tag: the tag whose value names the queue; fixed: the queue
   [scheduler]
   completing_grace = "30s"      # how long an application whose tasks all ended waits for more
   app_retention = "1h"          # how long an ended application stays readable
@@ -749,6 +754,8 @@ mod tests {
         let plugins = keys_of::<ConfigFile>("[plugins]\n");
         let executor = keys_of::<ConfigFile>("[executor]\n");
         let watch = keys_of::<ConfigFile>("[watch]\n");
+        let rules = keys_of::<ConfigFile>("[[placement_rules]]\nname = \"user\"\n");
+        let filter = keys_of::<ConfigFile>("[[placement_rules]]\nname = \"user\"\n[placement_rules.filter]\n");
         let external = keys_of::<ConfigFile>("[plugins.external.x]\nurl = \"http://a\"\ntask_types = []\n");
         assert!(
             top.contains(&"alloc_leases".to_owned()) && leases.contains(&"retention".to_owned()),
@@ -758,12 +765,14 @@ mod tests {
         assert!(plugins.contains(&"task_types".to_owned()) && external.contains(&"jobs_quota".to_owned()));
         assert!(executor.contains(&"system_retries".to_owned()), "{executor:?}");
         assert!(watch.contains(&"retain_for".to_owned()), "{watch:?}");
-        let tables = [&leases, &queue, &scheduler, &plugins, &external, &executor, &watch];
+        assert!(rules.contains(&"parent".to_owned()) && filter.contains(&"groups".to_owned()), "{rules:?} {filter:?}");
+        let tables = [&leases, &queue, &scheduler, &plugins, &external, &executor, &watch, &rules, &filter];
         for key in top.iter().chain(tables.into_iter().flatten()) {
             let listed = SERVE_AFTER_HELP.lines().any(|line| {
                 let line = line.trim_start();
                 line.starts_with(&format!("{key} ="))
                     || line.starts_with(&format!("[{key}]"))
+                    || line.starts_with(&format!("[[{key}]]"))
                     || line.starts_with(&format!("[{key}."))
                     || (line.starts_with('[')
                         && (line.contains(&format!(".{key}.")) || line.contains(&format!(".{key}]"))))
@@ -779,6 +788,9 @@ mod tests {
             .collect();
         let file: ConfigFile = toml::from_str(&example).unwrap_or_else(|err| panic!("{err}\n{example}"));
         assert_eq!(file.alloc_leases.retention.as_deref(), Some("1h"));
+        let rules: Vec<String> =
+            file.placement_rules.into_iter().map(|rule| placement_rule(rule, "example").unwrap().to_string()).collect();
+        assert_eq!(rules, ["user (create) under fixed root.users", "tag team"]);
         assert_eq!(file.plugins.external["warehouse"].jobs_quota, Some(4));
         assert_eq!(retry_policy(&file.executor).unwrap(), allot_core::runs::RetryPolicy::new(0, 3));
         let defaults = Scans {

@@ -393,3 +393,55 @@ async fn the_redis_store_over_tls_as_an_acl_user() {
         assert!(!stderr.contains("s3cret-pass") && !stderr.contains("allot:wrong@"), "{stderr}");
     }
 }
+
+#[tokio::test]
+async fn placement_rules_from_the_file_choose_the_queue_and_app_show_says_which_rule() {
+    let (dir, data) = data_dir();
+    let (admin, admin_entry) = make_token("root", &[]);
+    let (ada, ada_entry) = make_token("ada", &["data", "ops"]);
+    let config = dir.path().join("allot.toml");
+    std::fs::write(
+        &config,
+        format!(
+            "[queues.\"root.users\"]\ngroup_max_apps = 2\n\
+             [[placement_rules]]\nname = \"provided\"\n\
+             [[placement_rules]]\nname = \"user\"\ncreate = true\nparent = {{ name = \"fixed\", value = \"root.users\" }}\n\
+             [placement_rules.filter]\ngroups = [\"data\"]\n\
+             [auth]\n{admin_entry}\n{ada_entry}\n\
+             [auth.roles.users]\nuse = [\"queue:root.users\"]\n\
+             [[auth.bindings]]\nrole = \"admin\"\nusers = [\"root\"]\n\
+             [[auth.bindings]]\nrole = \"users\"\ngroups = [\"data\"]\n"
+        ),
+    )
+    .unwrap();
+    let daemon = Daemon::start(&data, &["--config", config.to_str().unwrap()]);
+    let url = daemon.url.clone();
+    // An application file that names no queue.
+    let file = dir.path().join("app.yaml");
+    std::fs::write(&file, "id: report\ntasks:\n  - id: t1\n    resources: cpu=1\n").unwrap();
+    let (ok, out, err) = cli(&url, Some(&ada), &["app", "submit", file.to_str().unwrap()]);
+    assert!(ok, "{out} {err}");
+    let (ok, out, err) = cli(&url, Some(&ada), &["app", "show", "report"]);
+    assert!(ok, "{err}");
+    assert!(out.contains("root.users.ada"), "{out}");
+    assert!(out.contains("rule `user (create) under fixed root.users`"), "{out}");
+    assert!(out.contains("data,ops"), "the groups it runs with: {out}");
+    let (ok, out, _) = cli(&url, Some(&admin), &["queue", "show", "root.users"]);
+    assert!(ok && out.contains("group max apps") && out.contains('2'), "{out}");
+    // The JSON answer carries the rule too.
+    let (ok, out, _) = cli(&url, Some(&ada), &["app", "show", "report", "--json"]);
+    let shown: serde_json::Value = serde_json::from_str(&out).unwrap();
+    assert!(ok && shown["app"]["queue_rule"] == "user (create) under fixed root.users", "{shown}");
+    // A rule in the file that cannot be one: the daemon does not start, and says which.
+    std::fs::write(&config, "[[placement_rules]]\nname = \"tag\"\n").unwrap();
+    let output = Command::new(ALLOT)
+        .args(["serve", "--data-dir", data.to_str().unwrap(), "--config", config.to_str().unwrap()])
+        .args(["--listen", "127.0.0.1:0"])
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(
+        !output.status.success() && stderr.contains("[[placement_rules]] #1: a `tag` rule needs `value`"),
+        "{stderr}"
+    );
+}
