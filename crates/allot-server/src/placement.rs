@@ -27,7 +27,11 @@ pub(crate) fn choose(
     let spot = |path: &QueuePath| queues.iter().find(|q| &q.path == path).map(|q| Spot { leaf: q.leaf });
     if rules.is_empty() {
         let queue = named.ok_or_else(|| {
-            ApiError::invalid_argument("name the application's queue (`queue`): no placement rules are configured")
+            let message = format!(
+                "application `{}` names no queue (`queue`), and no placement rules are configured to choose one",
+                body.id
+            );
+            ApiError::of(ErrorCode::NoUsableQueue, message)
         })?;
         return Ok((queue, None));
     }

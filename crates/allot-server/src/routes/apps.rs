@@ -101,8 +101,9 @@ pub(crate) async fn list_apps(
 #[utoipa::path(post, path = "/v1/apps", tag = "apps", request_body = api::SubmitApp,
     responses((status = 201, body = api::SubmitAppResponse, description = "submitted"), (status = 200, body = api::SubmitAppResponse, description = "already submitted with this content"),
         (status = 400, body = api::ErrorBody, description = "invalid_argument, invalid_queue, invalid_resources or invalid_json"),
+        (status = 403, body = api::ErrorBody, description = "forbidden: the caller may not submit to the queue named and no placement rule gives another"),
         (status = 404, body = api::ErrorBody, description = "queue_not_found"),
-        (status = 409, body = api::ErrorBody, description = "namespace_not_found (a token namespace the application names does not exist), unknown_task_group, app_conflict, task_conflict, task_group_conflict (a group given twice with different content), app_ended, queue_not_a_leaf, gang_never_fits (no pool can ever hold a member), gang_exceeds_queue or larger_than_task_group"),
+        (status = 409, body = api::ErrorBody, description = "namespace_not_found (a token namespace the application names does not exist), unknown_task_group, app_conflict, task_conflict, task_group_conflict (a group given twice with different content), app_ended, queue_not_a_leaf, no_usable_queue (it names no queue and no placement rule gives it a usable one), gang_never_fits (no pool can ever hold a member), gang_exceeds_queue or larger_than_task_group"),
         (status = 503, body = api::ErrorBody, description = UNAVAILABLE)))]
 pub(crate) async fn submit_app(
     State(state): State<ServerState>,

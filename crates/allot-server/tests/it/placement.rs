@@ -183,7 +183,7 @@ async fn a_named_queue_refused_with_no_rule_to_help_is_forbidden_and_without_rul
     // No rules: the application names its queue.
     let h = harness(PlacementRules::default()).await;
     let (status, error) = submit(&h, ANN, json!({"id": "a1"})).await;
-    assert_eq!((status, error["code"].clone()), (StatusCode::BAD_REQUEST, json!("invalid_argument")), "{error}");
+    assert_eq!((status, error["code"].clone()), (StatusCode::CONFLICT, json!("no_usable_queue")), "{error}");
     assert!(error["message"].as_str().unwrap().contains("no placement rules are configured"), "{error}");
     let (status, app) = submit(&h, ANN, json!({"id": "a1", "queue": "users"})).await;
     assert_eq!((status, app), (StatusCode::CREATED, json!(["root.users", null, "ann", ["data-eng", "ops"]])));
