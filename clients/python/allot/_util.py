@@ -1,0 +1,253 @@
+"""What the blocking and the asynchronous clients do differently (sleeping, keeping a lease alive
+in the background), and what they share (options, retries, resources, application files)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import re
+import secrets
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Awaitable, Callable, Dict, Mapping, Optional, Tuple, Union
+from urllib.parse import quote
+
+from .errors import AllotError, ConnectionFailed, error_for
+
+#: Where the daemon listens by default (``allot serve``'s default), unless ``ALLOT_SERVER`` says.
+DEFAULT_URL = "http://127.0.0.1:7070"
+USER_AGENT = "allot-python/0.1"
+
+
+@dataclass(frozen=True)
+class Options:
+    """How a client reaches the daemon; see :class:`allot.Client`."""
+
+    url: str
+    token: Optional[str]
+    ca_cert: Optional[str]
+    client_cert: Optional[Tuple[str, str]]
+    timeout: float
+    retries: int
+    backoff: float
+
+    @staticmethod
+    def resolve(
+        url: Optional[str],
+        token: Optional[str],
+        ca_cert: Optional[str],
+        client_cert: Optional[Tuple[str, str]],
+        timeout: float,
+        retries: int,
+        backoff: float,
+    ) -> "Options":
+        """The options given, else the environment the CLI reads (``ALLOT_SERVER``,
+        ``ALLOT_TOKEN``, ``ALLOT_CA_CERT``, ``ALLOT_CLIENT_CERT`` and ``ALLOT_CLIENT_KEY``)."""
+        env = os.environ
+        url = (url or env.get("ALLOT_SERVER") or DEFAULT_URL).rstrip("/")
+        if "://" not in url:
+            url = "http://" + url
+        if client_cert is None and env.get("ALLOT_CLIENT_CERT") and env.get("ALLOT_CLIENT_KEY"):
+            client_cert = (env["ALLOT_CLIENT_CERT"], env["ALLOT_CLIENT_KEY"])
+        if retries < 0:
+            raise ValueError("retries must be 0 or more")
+        return Options(
+            url=url,
+            token=token if token is not None else env.get("ALLOT_TOKEN") or None,
+            ca_cert=ca_cert or env.get("ALLOT_CA_CERT") or None,
+            client_cert=client_cert,
+            timeout=timeout,
+            retries=retries,
+            backoff=backoff,
+        )
+
+    def http_args(self) -> Dict[str, Any]:
+        """The arguments of ``httpx.Client`` and ``httpx.AsyncClient``."""
+        headers = {"User-Agent": USER_AGENT}
+        if self.token:
+            headers["Authorization"] = f"Bearer {self.token}"
+        args: Dict[str, Any] = {"base_url": self.url, "headers": headers, "timeout": self.timeout}
+        if self.ca_cert or self.client_cert:
+            import ssl
+
+            context = ssl.create_default_context(cafile=self.ca_cert)
+            if self.client_cert:
+                context.load_cert_chain(*self.client_cert)
+            args["verify"] = context
+        return args
+
+
+def seg(name: str) -> str:
+    """A name as one path segment: every character but unreserved ones percent-encoded."""
+    return quote(name, safe="")
+
+
+def fresh_token(prefix: str = "py") -> str:
+    """A token name no other caller uses."""
+    return f"{prefix}-{secrets.token_hex(8)}"
+
+
+#: Codes of a 503 whose change was surely not made: any call may be sent again.
+NOT_APPLIED = {"store_unavailable", "shutting_down"}
+
+
+def retry_delay(attempt: int, backoff: float, retry_after: Optional[str]) -> float:
+    """How long to wait before attempt ``attempt + 1``: ``Retry-After`` when given (at most 10 s),
+    else exponential from ``backoff``, at most 5 s."""
+    if retry_after:
+        try:
+            return min(max(float(retry_after), 0.0), 10.0)
+        except ValueError:
+            pass
+    return float(min(backoff * (2**attempt), 5.0))
+
+
+def may_retry(status: Optional[int], code: Optional[str], idempotent: bool, sent: bool) -> bool:
+    """Whether a failed call may be sent again. A call that never left (no connection) may
+    always; one whose change may have been made only when sending it twice does no harm."""
+    if status is None:
+        return idempotent or not sent
+    if status == 503:
+        return idempotent or code in NOT_APPLIED
+    return False
+
+
+def raise_for(status: int, body: bytes) -> None:
+    """Raises the error of an answer that is not a success."""
+    if status < 400:
+        return
+    code, message = "error", body.decode("utf-8", "replace")[:500]
+    try:
+        error = json.loads(body)["error"]
+        code, message = str(error["code"]), str(error["message"])
+    except (ValueError, KeyError, TypeError):
+        pass
+    raise error_for(status, code, message)
+
+
+def connection_failed(err: Exception) -> AllotError:
+    return ConnectionFailed(f"the daemon did not answer: {err}")
+
+
+_UNITS = {
+    "": 1.0, "m": 0.001, "k": 1e3, "K": 1e3, "M": 1e6, "G": 1e9, "T": 1e12, "P": 1e15,
+    "Ki": 2.0**10, "Mi": 2.0**20, "Gi": 2.0**30, "Ti": 2.0**40, "Pi": 2.0**50,
+}  # fmt: skip
+_QUANTITY = re.compile(r"^([0-9]+(?:\.[0-9]+)?)([a-zA-Z]*?)B?$")
+
+
+def parse_resources(text: str) -> Dict[str, float]:
+    """``cpu=2,mem=8GiB`` as numbers of units (``{"cpu": 2.0, "mem": 8589934592.0}``)."""
+    resources: Dict[str, float] = {}
+    for item in filter(None, (part.strip() for part in text.split(","))):
+        name, _, quantity = item.partition("=")
+        match = _QUANTITY.match(quantity.strip())
+        if not name or not match or match.group(2) not in _UNITS:
+            raise ValueError(f"`{item}` is not name=quantity (e.g. cpu=2, mem=8GiB)")
+        resources[name.strip()] = float(match.group(1)) * _UNITS[match.group(2)]
+    return resources
+
+
+def fits(wanted: Mapping[str, float], available: Mapping[str, float]) -> bool:
+    return all(available.get(name, 0.0) >= amount for name, amount in wanted.items())
+
+
+def leftover(wanted: Mapping[str, float], available: Mapping[str, float]) -> float:
+    """What is left of an offer once `wanted` is taken, each resource as a share of the offer:
+    the best fit leaves least."""
+    return sum((amount - wanted.get(name, 0.0)) / amount for name, amount in available.items() if amount > 0)
+
+
+def read_app(app: Union[Mapping[str, Any], str, "os.PathLike[str]"]) -> Dict[str, Any]:
+    """An application: a dict as it is, or a file's (YAML with PyYAML installed, or TOML)."""
+    if isinstance(app, Mapping):
+        return dict(app)
+    path = Path(app)
+    text = path.read_text()
+    if path.suffix == ".toml":
+        try:
+            import tomllib  # type: ignore[import-not-found,unused-ignore]
+        except ImportError:  # Python before 3.11
+            import tomli as tomllib  # type: ignore[import-not-found,no-redef,unused-ignore]
+        loaded: Any = tomllib.loads(text)
+    elif path.suffix in (".yaml", ".yml"):
+        try:
+            import yaml
+        except ImportError as err:
+            raise ImportError("reading YAML needs PyYAML: pip install 'allot[yaml]'") from err
+        loaded = yaml.safe_load(text)
+    else:
+        raise ValueError(f"{path}: an application file ends in .yaml, .yml or .toml")
+    if not isinstance(loaded, dict):
+        raise ValueError(f"{path}: does not hold one application")
+    return loaded
+
+
+#: The states an application ends in, and a task.
+APP_ENDED = ("Completed", "Failed", "Rejected")
+TASK_ENDED = ("Completed", "Failed", "Killed", "Rejected")
+
+
+def _sleep(seconds: float) -> None:
+    time.sleep(seconds)
+
+
+async def _async_sleep(seconds: float) -> None:
+    await asyncio.sleep(seconds)
+
+
+class _Keeper:
+    """Calls ``renew`` every ``period`` seconds on a thread of its own until stopped; the first
+    error ends it and is kept in ``error``."""
+
+    def __init__(self, renew: Callable[[], object], period: float) -> None:
+        self.error: Optional[BaseException] = None
+        self._stop = threading.Event()
+        self._renew, self._period = renew, period
+        self._thread = threading.Thread(target=self._run, name="allot-keepalive", daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        while not self._stop.wait(self._period):
+            try:
+                self._renew()
+            except AllotError as err:
+                if isinstance(err, ConnectionFailed):
+                    continue  # the lease outlives a few missed renewals; the next one may pass
+                self.error = err
+                return
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join()
+
+
+class _AsyncKeeper:
+    """Awaits ``renew()`` every ``period`` seconds in a task of its own until stopped; the first
+    error ends it and is kept in ``error``."""
+
+    def __init__(self, renew: Callable[[], Awaitable[object]], period: float) -> None:
+        self.error: Optional[BaseException] = None
+        self._renew, self._period = renew, period
+        self._task = asyncio.ensure_future(self._run())
+
+    async def _run(self) -> None:
+        while True:
+            await asyncio.sleep(self._period)
+            try:
+                await self._renew()
+            except AllotError as err:
+                if isinstance(err, ConnectionFailed):
+                    continue
+                self.error = err
+                return
+
+    async def stop(self) -> None:
+        self._task.cancel()
+        try:
+            await self._task
+        except asyncio.CancelledError:
+            pass

@@ -1,0 +1,271 @@
+"""The blocking client against a real daemon: every part, errors as exceptions, retries."""
+
+from __future__ import annotations
+
+import threading
+import time
+from pathlib import Path
+from typing import List
+
+import pytest
+
+import allot
+from allot import Client
+
+from .conftest import Daemon
+
+
+@pytest.fixture
+def client(daemon: Daemon) -> Client:
+    with Client(daemon.url) as c:
+        yield c  # type: ignore[misc]
+
+
+def test_quotas_grants_and_waiters(client: Client) -> None:
+    assert client.health()["status"] == "ok"
+    assert client.put_namespace("py:q", 2)["created"] is True
+    assert client.namespace("py:q")["quota"] == 2
+    for name in ("py:q1", "py:q2", "py:q3"):
+        client.put_namespace(name, 1)
+    listed = [ns["name"] for ns in client.namespaces(page_size=1)]
+    assert {"py:q", "py:q1", "py:q2", "py:q3"} <= set(listed), "every page is read"
+
+    answer = client.allocate("py:q", "job-1", 2, ttl_ms=30_000)
+    assert answer["status"] == "Granted"
+    grant = answer["grant"]
+    assert grant is not None and grant["units"] == 2
+    again = client.allocate("py:q", "job-1", 2, ttl_ms=30_000)
+    assert again["existing"] is True, "the same token again is the same grant"
+    with pytest.raises(allot.TokenConflict) as conflict:
+        client.allocate("py:q", "job-1", 1)
+    assert conflict.value.code == "token_conflict" and conflict.value.status == 409
+    assert client.allocate("py:q", "job-2")["status"] == "Exhausted"
+    with pytest.raises(allot.Exhausted) as exhausted:
+        client.allocate("py:q", "job-2", raise_if_not_granted=True)
+    assert exhausted.value.answer["status"] == "Exhausted"
+    assert client.grant("py:q", "job-1")["fencing"] == grant["fencing"]
+    assert [g["token"] for g in client.grants("py:q")] == ["job-1"]
+    assert client.keepalive_grant("py:q", "job-1", fencing=grant["fencing"])["token"] == "job-1"
+    with pytest.raises(allot.StaleFencing):
+        client.release("py:q", "job-1", fencing=grant["fencing"] + 1)
+
+    # A waiter: an allocate that waits for room, seen in the waiters, granted on the release.
+    result: List[str] = []
+    waiting = threading.Thread(target=lambda: result.append(client.allocate("py:q", "job-3", wait_ms=10_000)["status"]))
+    waiting.start()
+    deadline = time.monotonic() + 5
+    while not list(client.waiters("py:q")):
+        assert time.monotonic() < deadline, "the allocate waits"
+        time.sleep(0.02)
+    assert client.release("py:q", "job-1", fencing=grant["fencing"])["released"] is True
+    waiting.join(10)
+    assert result == ["Granted"]
+    with pytest.raises(allot.NamespaceInUse):
+        client.remove_namespace("py:q")
+    assert client.remove_namespace("py:q", force=True)["name"] == "py:q"
+    with pytest.raises(allot.NamespaceNotFound) as missing:
+        client.namespace("py:q")
+    assert isinstance(missing.value, allot.NotFoundError) and "py:q" in missing.value.message
+
+
+def test_sessions(client: Client) -> None:
+    client.put_namespace("py:sessions", 3)
+    session = client.open_session(5_000)
+    client.allocate("py:sessions", "s-1", session=session["id"])
+    assert client.session(session["id"])["grants"] == 1 or client.session(session["id"])["grants"]
+    assert any(s["id"] == session["id"] for s in client.sessions())
+    assert client.keepalive_session(session["id"])["id"] == session["id"]
+    client.close_session(session["id"])
+    assert client.namespace("py:sessions")["granted_units"] == 0, "closing releases its grants"
+    with pytest.raises(allot.SessionNotFound):
+        client.session(session["id"])
+
+
+def test_pools_offers_and_allocs(client: Client) -> None:
+    client.put_pool("py-pool", "cpu=4,mem=8GiB", labels={"zone": "a"})
+    assert client.pool("py-pool")["capacity"] == "cpu=4,mem=8GiB"
+    assert any(p["name"] == "py-pool" for p in client.pools())
+    [offer] = client.offers("py-pool")
+    alloc = client.accept("py-pool", offer["id"], "cpu=1", max="cpu=2", owner="tests")
+    assert alloc["resources"] == "cpu=2" and alloc["owner"] == "tests"
+    assert client.alloc_info("py-pool", alloc["id"])["id"] == alloc["id"]
+    assert [a["id"] for a in client.allocs("py-pool")] == [alloc["id"]]
+    assert client.keepalive_alloc("py-pool", alloc["id"], 60_000)["alloc"]["id"] == alloc["id"]
+    client.free_alloc("py-pool", alloc["id"])
+    with pytest.raises(allot.AllocEnded):
+        client.keepalive_alloc("py-pool", alloc["id"], 60_000)
+    with pytest.raises(allot.ExceedsCapacity):
+        [offer] = client.offers("py-pool")
+        client.accept("py-pool", offer["id"], "cpu=64")
+    assert "stopped" in client.stop_if_idle("py-pool", 0)
+    assert client.remove_pool("py-pool", force=True)["name"] == "py-pool"
+
+
+def test_queues_applications_and_tasks(client: Client) -> None:
+    client.put_queue("root.py", max="cpu=4", group_max_apps=3)
+    assert client.queue("root.py")["group_max_apps"] == 3
+    assert any(q["path"] == "root.py" for q in client.queues())
+    task = {"id": "t1", "resources": "cpu=1", "selector": {"pool": "none"}}
+    submitted = client.submit_app({"id": "py-app", "queue": "root.py", "tasks": [task]})
+    assert submitted["created"] and submitted["tasks"][0]["state"] in ("New", "Pending")
+    assert client.submit_app({"id": "py-app", "queue": "root.py", "tasks": [task]})["created"] is False
+    assert client.app("py-app")["queue"] == "root.py"
+    assert any(a["id"] == "py-app" for a in client.apps(page_size=1))
+    client.add_task("py-app", {"id": "t2", "resources": "cpu=1", "selector": {"pool": "none"}})
+    assert [t["id"] for t in client.tasks("py-app")] == ["t1", "t2"]
+    assert client.task("py-app", "t2")["state"] == "Pending"
+    ends = client.finish_tasks([{"app": "py-app", "task": "nope", "outcome": "completed"}])
+    assert ends["tasks"][0]["error"]["code"] == "task_not_found"  # type: ignore[index]
+    assert client.remove_task("py-app", "t2")["state"] == "Killed"
+    with pytest.raises(allot.IllegalTransition):
+        client.complete_task("py-app", "t1")  # never placed: it cannot complete
+    assert client.fail_app("py-app", "given up")["state"] in ("Failing", "Failed")
+    with pytest.raises(allot.AppEnded):
+        client.complete_app("py-app")
+    client.remove_app("py-app")
+    client.remove_queue("root.py")
+    with pytest.raises(allot.QueueNotFound):
+        client.queue("root.py")
+
+
+def test_run_follows_an_application_to_its_end(client: Client, tmp_path: Path) -> None:
+    client.put_queue("root.runs")
+    app = {
+        "id": "py-run",
+        "queue": "root.runs",
+        "tasks": [
+            {"id": "hello", "resources": "cpu=1", "spec": {"type": "shell", "command": "echo hello from allot"}},
+            {"id": "nap", "resources": "cpu=1", "spec": {"type": "sleep", "seconds": 0.2}},
+        ],
+    }
+    ended = client.run(app, timeout=60)
+    assert ended["state"] == "Completed"
+    run = client.task_run("py-run", "hello")
+    assert run["phase"] == "Success"
+    logs = client.task_logs("py-run", "hello")
+    assert logs["text"].strip() == "hello from allot" and logs["ended"]
+    # From a file, and a failure raised as such.
+    path = tmp_path / "fails.yaml"
+    path.write_text(
+        "id: py-fails\nqueue: root.runs\ntasks:\n  - id: bad\n    resources: cpu=1\n"
+        "    spec: {type: shell, command: 'exit 3'}\n"
+    )
+    with pytest.raises(allot.AppFailed) as failed:
+        client.run(str(path), timeout=60)
+    assert failed.value.app["state"] == "Failed"
+    # A timeout says so, and the application goes on.
+    client.put_queue("root.slow")
+    slow = {"id": "py-slow", "queue": "root.slow", "tasks": [{"id": "s", "resources": "cpu=1", "spec": {"type": "sleep", "seconds": 30}}]}
+    start = time.monotonic()
+    with pytest.raises(TimeoutError):
+        client.run(slow, timeout=0.5)
+    assert time.monotonic() - start < 10
+    assert client.app("py-slow")["state"] not in ("Completed", "Failed")
+    deadline = time.monotonic() + 10
+    while client.task("py-slow", "s")["state"] != "Running":
+        assert time.monotonic() < deadline
+        time.sleep(0.05)
+    assert client.wake_task("py-slow", "s")["task"] == "s"
+    client.remove_app("py-slow")
+
+
+def test_watch_streams_changes_and_resumes_after_a_restart(fresh_daemon: Daemon) -> None:
+    seen: List[str] = []
+    done = threading.Event()
+
+    def follow() -> None:
+        with Client(fresh_daemon.url, backoff=0.05) as watcher:
+            for event in watcher.watch(prefix="namespaces/watched"):
+                seen.append(f"{event['kind']} {event['key']}")
+                if len(seen) == 2:
+                    done.set()
+                    return
+
+    thread = threading.Thread(target=follow, daemon=True)
+    thread.start()
+    with Client(fresh_daemon.url) as client:
+        deadline = time.monotonic() + 5
+        while not seen:
+            client.put_namespace("watched:a", 1)  # until the watch has started
+            assert time.monotonic() < deadline, "the watch sees a change"
+            time.sleep(0.1)
+        fresh_daemon.restart()
+        client.put_namespace("watched:b", 1)  # the client retries while the daemon starts
+    assert done.wait(15), seen
+    assert seen[-1] == "namespace.put namespaces/watched:b", seen
+
+
+def test_calls_are_retried_across_a_restart_and_fail_when_the_daemon_is_gone(fresh_daemon: Daemon) -> None:
+    with Client(fresh_daemon.url, retries=8, backoff=0.1) as client:
+        client.put_namespace("retried", 1)
+        address = fresh_daemon.address()
+        fresh_daemon.stop()
+        restarted = threading.Timer(0.5, lambda: fresh_daemon.start(address))
+        restarted.start()
+        assert client.namespace("retried")["quota"] == 1, "answered once the daemon is back"
+        restarted.join()
+    fresh_daemon.stop()
+    with Client(fresh_daemon.url, retries=1, backoff=0.01) as client:
+        with pytest.raises(allot.ConnectionFailed) as failed:
+            client.namespace("retried")
+        assert isinstance(failed.value, allot.Unavailable)
+
+
+def test_token_context_manager_limits_concurrency_and_releases_on_every_path(client: Client) -> None:
+    client.put_namespace("py:limited", 2)
+    running, most = [0], [0]
+    lock = threading.Lock()
+
+    @client.limited("py:limited", wait=30, ttl=3)
+    def call_api(i: int) -> int:
+        with lock:
+            running[0] += 1
+            most[0] = max(most[0], running[0])
+        time.sleep(0.1)
+        with lock:
+            running[0] -= 1
+        return i
+
+    threads = [threading.Thread(target=call_api, args=(i,)) for i in range(6)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert most[0] == 2, "never more than the quota at once"
+    assert client.namespace("py:limited")["granted_units"] == 0
+
+    with pytest.raises(RuntimeError):
+        with client.token("py:limited", units=2) as grant:
+            assert client.namespace("py:limited")["granted_units"] == 2
+            assert grant["units"] == 2
+            raise RuntimeError("the work failed")
+    assert client.namespace("py:limited")["granted_units"] == 0, "released on the exception"
+    # The lease is kept alive while the block runs longer than its TTL.
+    with client.token("py:limited", ttl=1.0) as grant:
+        time.sleep(2.5)
+        assert client.grant("py:limited", grant["token"])["fencing"] == grant["fencing"]
+    with client.token("py:limited", units=2):
+        with pytest.raises(allot.Exhausted):
+            with client.token("py:limited"):
+                pass
+
+
+def test_alloc_context_manager_picks_the_best_fit_and_frees(client: Client) -> None:
+    client.put_pool("py-big", "cpu=16,mem=64GiB")
+    client.put_pool("py-small", "cpu=4,mem=8GiB")
+    with client.alloc(["py-big", "py-small"], min="cpu=2,mem=4GiB", keepalive=0.5) as alloc:
+        assert alloc["pool"] == "py-small", "the offer it leaves least of"
+        time.sleep(1.2)
+        assert client.alloc_info("py-small", alloc["id"]).get("ended") is None, "kept alive"
+    with pytest.raises(allot.AllocEnded):
+        client.keepalive_alloc("py-small", alloc["id"], 1000)
+    with pytest.raises(ValueError):
+        with client.alloc("py-small", min="cpu=1") as held:
+            raise ValueError("boom")
+    with pytest.raises(allot.AllocEnded):
+        client.keepalive_alloc("py-small", held["id"], 1000)
+    with pytest.raises(allot.ExceedsCapacity):
+        with client.alloc(["py-big", "py-small"], min="cpu=32"):
+            pass
+    client.remove_pool("py-big", force=True)
+    client.remove_pool("py-small", force=True)
