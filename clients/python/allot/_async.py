@@ -83,8 +83,10 @@ class AsyncClient:
         body: Any = None,
         params: Optional[Mapping[str, Any]] = None,
         idempotent: bool = True,
+        gone_is_an_answer: bool = False,
     ) -> Any:
-        """Sends one call, retried as the class says; answers the body's JSON."""
+        """Sends one call, retried as the class says; answers the body's JSON (of a 410 too,
+        with ``gone_is_an_answer``: the record of what ended)."""
         query = {k: v for k, v in (params or {}).items() if v is not None}
         content = None if body is None else json.dumps(body).encode()
         headers = {} if content is None else {"Content-Type": "application/json"}
@@ -108,7 +110,8 @@ class AsyncClient:
                     await _async_sleep(retry_delay(attempt, self.options.backoff, answer.headers.get("Retry-After")))
                     attempt += 1
                     continue
-            raise_for(answer.status_code, answer.content)
+            if not (gone_is_an_answer and answer.status_code == 410):
+                raise_for(answer.status_code, answer.content)
             return answer.json() if answer.content else None
 
     async def _pages(self, path: str, field: str, limit: Optional[int]) -> AsyncIterator[Any]:
@@ -271,13 +274,9 @@ class AsyncClient:
         return cast(m.Alloc, await self._call("POST", path, body=body, idempotent=False))
 
     async def alloc_info(self, pool: str, alloc: str) -> m.Alloc:
-        """One alloc (an ended one too, while it is kept)."""
-        try:
-            return cast(m.Alloc, await self._call("GET", f"/v1/pools/{seg(pool)}/allocs/{seg(alloc)}"))
-        except AllotError as err:
-            if err.status == 410:  # ended: the answer is its record
-                pass
-            raise
+        """One alloc; an ended one too, while it is kept (its ``ended`` says why)."""
+        path = f"/v1/pools/{seg(pool)}/allocs/{seg(alloc)}"
+        return cast(m.Alloc, await self._call("GET", path, gone_is_an_answer=True))
 
     async def allocs(self, pool: str, *, page_size: Optional[int] = None) -> AsyncIterator[m.Alloc]:
         async for item in self._pages(f"/v1/pools/{seg(pool)}/allocs", "allocs", page_size):
@@ -429,8 +428,8 @@ class AsyncClient:
         since: Optional[int] = None,
         reconnects: int = 1000,
     ) -> AsyncIterator[m.WatchEvent]:
-        """Every change, as it is committed: ``kind`` (``grant.granted``, or a family:
-        ``grant``), ``prefix`` (of keys: ``namespaces/hive``), from after revision ``since``
+        """Every change, as it is committed: of one ``kind`` (``grant.granted``), under a
+        ``prefix`` of keys (``namespaces/hive``), from after revision ``since``
         (default: from now). A broken stream is resumed from the last event seen (at most
         ``reconnects`` times in a row); a revision no longer kept raises ``RevisionCompacted``:
         list again, then watch from the list's ``Allot-Revision``."""

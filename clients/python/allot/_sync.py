@@ -86,8 +86,10 @@ class Client:
         body: Any = None,
         params: Optional[Mapping[str, Any]] = None,
         idempotent: bool = True,
+        gone_is_an_answer: bool = False,
     ) -> Any:
-        """Sends one call, retried as the class says; answers the body's JSON."""
+        """Sends one call, retried as the class says; answers the body's JSON (of a 410 too,
+        with ``gone_is_an_answer``: the record of what ended)."""
         query = {k: v for k, v in (params or {}).items() if v is not None}
         content = None if body is None else json.dumps(body).encode()
         headers = {} if content is None else {"Content-Type": "application/json"}
@@ -111,7 +113,8 @@ class Client:
                     _sleep(retry_delay(attempt, self.options.backoff, answer.headers.get("Retry-After")))
                     attempt += 1
                     continue
-            raise_for(answer.status_code, answer.content)
+            if not (gone_is_an_answer and answer.status_code == 410):
+                raise_for(answer.status_code, answer.content)
             return answer.json() if answer.content else None
 
     def _pages(self, path: str, field: str, limit: Optional[int]) -> Iterator[Any]:
@@ -274,13 +277,9 @@ class Client:
         return cast(m.Alloc, self._call("POST", path, body=body, idempotent=False))
 
     def alloc_info(self, pool: str, alloc: str) -> m.Alloc:
-        """One alloc (an ended one too, while it is kept)."""
-        try:
-            return cast(m.Alloc, self._call("GET", f"/v1/pools/{seg(pool)}/allocs/{seg(alloc)}"))
-        except AllotError as err:
-            if err.status == 410:  # ended: the answer is its record
-                pass
-            raise
+        """One alloc; an ended one too, while it is kept (its ``ended`` says why)."""
+        path = f"/v1/pools/{seg(pool)}/allocs/{seg(alloc)}"
+        return cast(m.Alloc, self._call("GET", path, gone_is_an_answer=True))
 
     def allocs(self, pool: str, *, page_size: Optional[int] = None) -> Iterator[m.Alloc]:
         for item in self._pages(f"/v1/pools/{seg(pool)}/allocs", "allocs", page_size):
@@ -432,8 +431,8 @@ class Client:
         since: Optional[int] = None,
         reconnects: int = 1000,
     ) -> Iterator[m.WatchEvent]:
-        """Every change, as it is committed: ``kind`` (``grant.granted``, or a family:
-        ``grant``), ``prefix`` (of keys: ``namespaces/hive``), from after revision ``since``
+        """Every change, as it is committed: of one ``kind`` (``grant.granted``), under a
+        ``prefix`` of keys (``namespaces/hive``), from after revision ``since``
         (default: from now). A broken stream is resumed from the last event seen (at most
         ``reconnects`` times in a row); a revision no longer kept raises ``RevisionCompacted``:
         list again, then watch from the list's ``Allot-Revision``."""

@@ -1,0 +1,156 @@
+"""The asyncio client against a real daemon: every part, and the context managers' clean-up on
+exceptions and on cancellation."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from typing import AsyncIterator, List
+
+import pytest
+
+import allot
+from allot import AsyncClient
+
+from .conftest import Daemon
+
+pytestmark = pytest.mark.anyio
+
+
+@pytest.fixture
+async def client(daemon: Daemon) -> AsyncIterator[AsyncClient]:
+    async with AsyncClient(daemon.url) as c:
+        yield c
+
+
+async def test_every_part(client: AsyncClient) -> None:
+    assert (await client.ready())["status"] == "ready"
+    await client.put_namespace("apy:q", 1)
+    assert [ns["name"] async for ns in client.namespaces() if ns["name"] == "apy:q"] == ["apy:q"]
+    answer = await client.allocate("apy:q", "a", ttl_ms=10_000)
+    grant = answer["grant"]
+    assert grant is not None
+    assert [g["token"] async for g in client.grants("apy:q")] == ["a"]
+    await client.keepalive_grant("apy:q", "a")
+    with pytest.raises(allot.Exhausted):
+        await client.allocate("apy:q", "b", raise_if_not_granted=True)
+    waiter = asyncio.ensure_future(client.allocate("apy:q", "b", wait_ms=10_000))
+    while not [w async for w in client.waiters("apy:q")]:
+        await asyncio.sleep(0.02)
+    await client.release("apy:q", "a", fencing=grant["fencing"])
+    assert (await waiter)["status"] == "Granted"
+    await client.remove_namespace("apy:q", force=True)
+
+    session = await client.open_session(5_000)
+    assert (await client.keepalive_session(session["id"]))["id"] == session["id"]
+    assert session["id"] in [s["id"] async for s in client.sessions()]
+    await client.close_session(session["id"])
+
+    await client.put_pool("apy-pool", "cpu=2")
+    [offer] = await client.offers("apy-pool")
+    alloc = await client.accept("apy-pool", offer["id"], "cpu=1")
+    assert [a["id"] async for a in client.allocs("apy-pool")] == [alloc["id"]]
+    await client.keepalive_alloc("apy-pool", alloc["id"], 10_000)
+    await client.free_alloc("apy-pool", alloc["id"])
+    assert (await client.alloc_info("apy-pool", alloc["id"])).get("ended") is not None
+    await client.remove_pool("apy-pool")
+
+    await client.put_queue("root.apy")
+    app = {"id": "apy-app", "queue": "root.apy", "tasks": [{"id": "t", "resources": "cpu=1", "selector": {"pool": "none"}}]}
+    assert (await client.submit_app(app))["created"]
+    await client.add_task("apy-app", {"id": "u", "resources": "cpu=1", "selector": {"pool": "none"}})
+    assert [t["id"] async for t in client.tasks("apy-app")] == ["t", "u"]
+    assert "apy-app" in [a["id"] async for a in client.apps()]
+    assert (await client.task("apy-app", "u"))["state"] == "Pending"
+    await client.remove_task("apy-app", "u")
+    await client.fail_task("apy-app", "t", "not wanted")
+    await client.remove_app("apy-app")
+    await client.remove_queue("root.apy")
+    with pytest.raises(allot.AppNotFound):
+        await client.app("apy-app")
+
+
+async def test_run_and_watch(client: AsyncClient) -> None:
+    await client.put_queue("root.arun")
+    app = {"id": "apy-run", "queue": "root.arun", "tasks": [{"id": "s", "resources": "cpu=1", "spec": {"type": "shell", "command": "echo async"}}]}
+    ended = await client.run(app, timeout=60)
+    assert ended["state"] == "Completed"
+    assert (await client.task_logs("apy-run", "s"))["text"].strip() == "async"
+    assert (await client.task_run("apy-run", "s"))["phase"] == "Success"
+
+    events: List[str] = []
+
+    async def follow() -> None:
+        async for event in client.watch(kind="namespace.put", prefix="namespaces/apy-watch"):
+            events.append(event["key"])
+            if len(events) == 2:
+                return
+
+    watching = asyncio.ensure_future(follow())
+    deadline = time.monotonic() + 10
+    while not events:  # until the watch has started
+        assert time.monotonic() < deadline and not watching.done(), watching
+        await client.put_namespace("apy-watch:1", 1)
+        await asyncio.sleep(0.05)
+    await client.put_namespace("apy-watch:2", 1)
+    await asyncio.wait_for(watching, 10)
+    assert events[-1] == "namespaces/apy-watch:2"
+
+
+async def test_token_is_released_on_exception_and_on_cancellation(client: AsyncClient) -> None:
+    await client.put_namespace("apy:limited", 1)
+    with pytest.raises(KeyError):
+        async with client.token("apy:limited", ttl=2) as grant:
+            assert grant["units"] == 1
+            raise KeyError("boom")
+    assert (await client.namespace("apy:limited"))["granted_units"] == 0
+
+    entered = asyncio.Event()
+
+    async def hold() -> None:
+        async with client.token("apy:limited", ttl=2):
+            entered.set()
+            await asyncio.sleep(60)
+
+    holder = asyncio.ensure_future(hold())
+    await asyncio.wait_for(entered.wait(), 10)
+    assert (await client.namespace("apy:limited"))["granted_units"] == 1
+    holder.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await holder
+    assert (await client.namespace("apy:limited"))["granted_units"] == 0, "released on cancellation"
+
+    running, most = [0], [0]
+
+    @client.limited("apy:limited", wait=30)
+    async def call(i: int) -> int:
+        running[0] += 1
+        most[0] = max(most[0], running[0])
+        await asyncio.sleep(0.05)
+        running[0] -= 1
+        return i
+
+    assert sorted(await asyncio.gather(*(call(i) for i in range(4)))) == [0, 1, 2, 3]
+    assert most[0] == 1
+
+
+async def test_alloc_is_freed_on_cancellation(client: AsyncClient) -> None:
+    await client.put_pool("apy-cancel", "cpu=2")
+    entered = asyncio.Event()
+    held: List[str] = []
+
+    async def hold() -> None:
+        async with client.alloc("apy-cancel", min="cpu=1", keepalive=0.2) as alloc:
+            held.append(alloc["id"])
+            entered.set()
+            await asyncio.sleep(60)
+
+    holder = asyncio.ensure_future(hold())
+    await asyncio.wait_for(entered.wait(), 10)
+    start = time.monotonic()
+    holder.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await holder
+    assert time.monotonic() - start < 5
+    assert (await client.alloc_info("apy-cancel", held[0])).get("ended") is not None
+    await client.remove_pool("apy-cancel")

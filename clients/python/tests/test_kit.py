@@ -1,0 +1,166 @@
+"""The plugin kit end to end through a daemon that runs its tasks; tokens; the generated files;
+the types (mypy --strict) of the package and its examples."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Dict, List
+
+import httpx
+import pytest
+
+import allot
+from allot import Client
+from allot.plugin import JobNotFound, Plugin, PluginServer, Refused, Status, Task
+
+from .conftest import REPO, allot_bin, new_daemon
+
+PACKAGE = Path(__file__).resolve().parents[1]
+
+
+class Upper(Plugin):
+    """Upper-cases ``inputs.text``; a job takes ``spec.seconds``; counts its creates."""
+
+    task_types = ["upper"]
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.jobs: Dict[str, float] = {}
+        self.texts: Dict[str, str] = {}
+        self.creates = 0
+        self.deleted: List[str] = []
+
+    def create(self, task: Task) -> str:
+        if not isinstance(task.inputs, dict) or "text" not in task.inputs:
+            raise Refused("inputs.text is missing")
+        with self.lock:
+            self.creates += 1
+            self.jobs[task.key] = time.monotonic() + float(task.spec.get("seconds", 0.1))
+            self.texts[task.key] = str(task.inputs["text"])
+        return task.key.replace("/", "-")
+
+    def get(self, job: str) -> Status:
+        key = next((k for k in self.jobs if k.replace("/", "-") == job), None)
+        if key is None:
+            raise JobNotFound(job)
+        if time.monotonic() < self.jobs[key]:
+            return Status.running("working", log_links=[("console", f"http://example.invalid/{job}")])
+        return Status.succeeded({"text": self.texts[key].upper()})
+
+    def delete(self, job: str) -> None:
+        self.deleted.append(job)
+
+
+def test_a_plugin_on_the_kit_runs_a_daemons_tasks(data_root: Path) -> None:
+    plugin = Upper()
+    with PluginServer(plugin) as server:
+        config = f'[plugins.external.upper]\nurl = "{server.url}"\ntask_types = ["upper"]\njobs_quota = 2\n'
+        daemon = new_daemon(data_root, "--pool", "worker=cpu=4", "--run-pool", "worker", config=config)
+        try:
+            with Client(daemon.url) as client:
+                client.put_queue("root.kit")
+                tasks = [
+                    {"id": f"t{i}", "resources": "cpu=1", "spec": {"type": "upper", "inputs": {"text": f"hello {i}"}, "poll_seconds": 0.05}}
+                    for i in range(3)
+                ]
+                ended = client.run({"id": "kit", "queue": "root.kit", "tasks": tasks}, timeout=60)
+                assert ended["state"] == "Completed"
+                for i in range(3):
+                    run = client.task_run("kit", f"t{i}")
+                    assert run["outputs"] == {"text": f"HELLO {i}"}, run
+                assert plugin.creates == 3
+                # Bad inputs: refused by the plugin, the task fails for good.
+                bad = {"id": "kit-bad", "queue": "root.kit", "tasks": [{"id": "b", "resources": "cpu=1", "spec": {"type": "upper", "inputs": {}}}]}
+                with pytest.raises(allot.AppFailed):
+                    client.run(bad, timeout=60)
+                assert "inputs.text is missing" in str(client.task_run("kit-bad", "b"))
+        finally:
+            daemon.stop()
+
+
+def test_the_kit_answers_the_protocol_and_creates_once_per_key() -> None:
+    plugin = Upper()
+    with PluginServer(plugin) as server, httpx.Client() as http:
+        body = {"task_type": "upper", "app": "a", "task": "t", "attempt": 1, "inputs": {"text": "x"}, "spec": {"seconds": 5}}
+        headers = {"Idempotency-Key": "a/t/1"}
+        first = http.post(server.url, json=body, headers=headers).json()
+        second = http.post(server.url, json=body, headers=headers).json()
+        assert first == second == {"resource_meta": "a-t-1"}
+        assert plugin.creates == 1, "a repeated create starts nothing new"
+        status = http.get(f"{server.url}/a-t-1").json()
+        assert status["phase"] == "running" and status["log_links"][0]["name"] == "console"
+        assert http.get(f"{server.url}/nope").status_code == 404
+        assert http.delete(f"{server.url}/a-t-1").status_code == 204 and plugin.deleted == ["a-t-1"]
+        other = http.post(server.url, json={**body, "task_type": "lower"})
+        assert other.status_code == 400 and "upper" in other.json()["error"]
+        assert http.post(server.url, content=b"{not json").status_code == 400
+        refused = http.post(server.url, json={**body, "inputs": {}}, headers={"Idempotency-Key": "a/t/2"})
+        assert refused.status_code == 400 and "inputs.text" in refused.json()["error"]
+    with pytest.raises(ValueError):
+        Status("done")
+
+
+def test_tokens_and_access(data_root: Path) -> None:
+    made = subprocess.run([allot_bin(), "api-token", "make", "--user", "root"], capture_output=True, text=True, check=True)
+    token = next(line.split(": ", 1)[1] for line in made.stdout.splitlines() if line.startswith("token: "))
+    entry = made.stdout.split("# The daemon's configuration file keeps only the hash:\n", 1)[1]
+    config = f'[auth]\n{entry}\n[[auth.bindings]]\nrole = "admin"\nusers = ["root"]\n'
+    daemon = new_daemon(data_root, config=config)
+    try:
+        with Client(daemon.url, token="") as anonymous:
+            with pytest.raises(allot.Unauthenticated):
+                anonymous.namespace("x")
+        with Client(daemon.url, token=token) as admin:
+            made_token = admin.create_api_token("ci", "ci-bot", groups=["ops"], ttl_ms=60_000)
+            assert made_token["token"].startswith("allot_")
+            assert [t["name"] for t in admin.api_tokens()] == ["ci"]
+            admin.put_binding("ops-read", "reader", groups=["ops"])
+            assert [b["name"] for b in admin.bindings()] == ["ops-read"]
+        with Client(daemon.url, token=made_token["token"]) as bot:
+            deadline = time.monotonic() + 5
+            while True:  # every daemon reads new tokens and bindings within a second
+                try:
+                    assert list(bot.namespaces()) == []
+                    break
+                except allot.Unauthenticated:
+                    assert time.monotonic() < deadline
+                    time.sleep(0.1)
+            with pytest.raises(allot.Forbidden) as refused:
+                bot.put_namespace("x", 1)
+            assert "admin" in refused.value.message
+        with Client(daemon.url, token=token) as admin:
+            admin.revoke_api_token("ci")
+            admin.remove_binding("ops-read")
+            with pytest.raises(allot.ApiTokenNotFound):
+                admin.revoke_api_token("ci")
+    finally:
+        daemon.stop()
+
+
+def test_the_generated_modules_are_those_of_the_daemons_document(daemon: object) -> None:
+    url = getattr(daemon, "url") + "/openapi.json"
+    check = subprocess.run(
+        [sys.executable, str(PACKAGE / "scripts" / "generate.py"), "--document", url, "--check"],
+        capture_output=True,
+        text=True,
+    )
+    assert check.returncode == 0, check.stdout + check.stderr
+
+
+def test_the_package_and_its_examples_pass_mypy_strict() -> None:
+    try:
+        import mypy  # noqa: F401
+    except ImportError:
+        pytest.fail("mypy is needed: pip install './clients/python[test]'")
+    examples = sorted(str(p) for p in (PACKAGE / "examples").glob("*.py")) + [str(REPO / "examples" / "agent" / "agent.py")]
+    checked = subprocess.run(
+        [sys.executable, "-m", "mypy", "--strict", "allot", *examples],
+        cwd=PACKAGE,
+        capture_output=True,
+        text=True,
+    )
+    assert checked.returncode == 0, checked.stdout + checked.stderr
