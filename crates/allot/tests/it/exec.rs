@@ -138,6 +138,8 @@ impl Agent {
         use std::io::BufRead;
         let mut child = std::process::Command::new("python3")
             .args([&format!("{EXAMPLES}/agent/agent.py"), "--port", "0"])
+            // The agent is written on the Python package's plugin kit.
+            .env("PYTHONPATH", concat!(env!("CARGO_MANIFEST_DIR"), "/../../clients/python"))
             .stdout(std::process::Stdio::piped())
             .spawn()
             .expect("python3 runs the example agent (install Python 3: apt-get install python3)");

@@ -13,6 +13,7 @@ mod daemon;
 mod exec;
 mod gangs;
 mod pages;
+mod python;
 mod readiness;
 mod redis;
 mod redis_apps;
