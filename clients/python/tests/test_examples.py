@@ -77,3 +77,12 @@ def test_checksum_plugin_wraps_a_local_program(data_root: Path, tmp_path: Path) 
 def test_every_example_says_how_to_run_it(name: str) -> None:
     text = (EXAMPLES / name).read_text()
     assert text.startswith('"""') and "python3 " in text.split('"""')[1], name
+
+
+def test_the_readme_quick_start_runs_as_pasted(daemon: Daemon, tmp_path: Path) -> None:
+    readme = (PACKAGE / "README.md").read_text()
+    quick_start = readme.split("```python\n", 1)[1].split("```", 1)[0]
+    script = tmp_path / "quick_start.py"
+    script.write_text(quick_start)
+    out = run_example(daemon, str(script))
+    assert "holding py-" in out and "HELLO" in out and "Completed hi" in out, out
