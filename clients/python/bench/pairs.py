@@ -14,7 +14,7 @@ import asyncio
 import statistics
 import threading
 import time
-from typing import Callable, Dict, List
+from typing import Awaitable, Callable, Dict, List
 
 import httpx
 
@@ -70,7 +70,7 @@ def httpx_sync(url: str, workers: int, seconds: float) -> float:
         return sync_rate(worker, workers, seconds)
 
 
-async def async_rate(pair: Callable[[int, int], "asyncio.Future[None]"], workers: int, seconds: float) -> float:
+async def async_rate(pair: Callable[[int, int], Awaitable[None]], workers: int, seconds: float) -> float:
     stop = time.monotonic() + seconds
 
     async def worker(i: int) -> int:
@@ -94,7 +94,7 @@ def client_async(url: str, workers: int, seconds: float) -> float:
                 await client.allocate(NAMESPACE, token)
                 await client.release(NAMESPACE, token)
 
-            return await async_rate(pair, workers, seconds)  # type: ignore[arg-type]
+            return await async_rate(pair, workers, seconds)
 
     return asyncio.run(main())
 
@@ -108,7 +108,7 @@ def httpx_async(url: str, workers: int, seconds: float) -> float:
                 (await http.put(path, json={"units": 1})).raise_for_status()
                 (await http.delete(path)).raise_for_status()
 
-            return await async_rate(pair, workers, seconds)  # type: ignore[arg-type]
+            return await async_rate(pair, workers, seconds)
 
     return asyncio.run(main())
 
@@ -137,9 +137,9 @@ def main() -> None:
     print(f"{args.workers} workers, {args.rounds} rounds of {args.seconds:g} s; pairs/s (median of rounds)")
     for name, values in rates.items():
         print(f"  {name:<18} {statistics.median(values):>9.0f}   rounds: {', '.join(f'{v:.0f}' for v in values)}")
-    for client, plain in (("allot.Client", "httpx, blocking"), ("allot.AsyncClient", "httpx, asyncio")):
-        ratio = statistics.median(rates[client]) / statistics.median(rates[plain])
-        print(f"  {client} / {plain}: {ratio:.3f} (the client costs {max(0.0, 1 / ratio - 1) * 100:.1f}% more time)")
+    for ours, plain in (("allot.Client", "httpx, blocking"), ("allot.AsyncClient", "httpx, asyncio")):
+        ratio = statistics.median(rates[ours]) / statistics.median(rates[plain])
+        print(f"  {ours} / {plain}: {ratio:.3f} (the client costs {max(0.0, 1 / ratio - 1) * 100:.1f}% more time)")
 
 
 if __name__ == "__main__":

@@ -151,12 +151,14 @@ def test_the_generated_modules_are_those_of_the_daemons_document(daemon: object)
     assert check.returncode == 0, check.stdout + check.stderr
 
 
-def test_the_package_and_its_examples_pass_mypy_strict() -> None:
+def test_the_package_its_examples_and_its_bench_pass_mypy_strict() -> None:
     try:
         import mypy  # noqa: F401
     except ImportError:
         pytest.fail("mypy is needed: pip install './clients/python[test]'")
-    examples = sorted(str(p) for p in (PACKAGE / "examples").glob("*.py")) + [str(REPO / "examples" / "agent" / "agent.py")]
+    folders = ("examples", "bench", "tests")
+    examples = sorted(str(p) for folder in folders for p in (PACKAGE / folder).glob("*.py"))
+    examples.append(str(REPO / "examples" / "agent" / "agent.py"))
     checked = subprocess.run(
         [sys.executable, "-m", "mypy", "--strict", "allot", *examples],
         cwd=PACKAGE,
