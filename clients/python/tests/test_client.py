@@ -153,6 +153,12 @@ def test_run_follows_an_application_to_its_end(client: Client, tmp_path: Path) -
     with pytest.raises(allot.AppFailed) as failed:
         client.run(str(path), timeout=60)
     assert failed.value.app["state"] == "Failed"
+    toml = tmp_path / "ok.toml"
+    toml.write_text(
+        'id = "py-toml"\nqueue = "root.runs"\n[[tasks]]\nid = "t"\nresources = "cpu=1"\n'
+        'spec = { type = "shell", command = "true" }\n'
+    )
+    assert client.run(str(toml), timeout=60)["state"] == "Completed"
     # A timeout says so, and the application goes on.
     client.put_queue("root.slow")
     slow = {"id": "py-slow", "queue": "root.slow", "tasks": [{"id": "s", "resources": "cpu=1", "spec": {"type": "sleep", "seconds": 30}}]}

@@ -3,6 +3,7 @@ the types (mypy --strict) of the package and its examples."""
 
 from __future__ import annotations
 
+import shutil
 import subprocess
 import sys
 import threading
@@ -166,3 +167,51 @@ def test_the_package_its_examples_and_its_bench_pass_mypy_strict() -> None:
         text=True,
     )
     assert checked.returncode == 0, checked.stdout + checked.stderr
+
+
+def openssl(*args: str) -> None:
+    subprocess.run(["openssl", *args], check=True, capture_output=True)
+
+
+def sign(directory: Path, name: str, subject: str, extension: str) -> None:
+    """A key and a certificate `name` signed by the CA in `directory`."""
+    key, csr, pem, ext = (str(directory / f"{name}.{e}") for e in ("key", "csr", "pem", "ext"))
+    Path(ext).write_text(extension + "\n")
+    openssl("req", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:P-256", "-nodes", "-keyout", key, "-out", csr, "-subj", subject)
+    ca, ca_key = str(directory / "ca.pem"), str(directory / "ca.key")
+    openssl("x509", "-req", "-in", csr, "-CA", ca, "-CAkey", ca_key, "-CAcreateserial", "-out", pem, "-days", "2", "-extfile", ext)
+
+
+def test_https_with_a_ca_certificate_and_a_client_certificate(data_root: Path, tmp_path: Path) -> None:
+    if shutil.which("openssl") is None:
+        pytest.fail("openssl makes the test's certificates: apt-get install openssl")
+    ca, ca_key = str(tmp_path / "ca.pem"), str(tmp_path / "ca.key")
+    openssl("req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:P-256", "-nodes", "-keyout", ca_key,
+            "-out", ca, "-days", "2", "-subj", "/CN=allot test CA")  # fmt: skip
+    sign(tmp_path, "server", "/CN=allot", "subjectAltName=IP:127.0.0.1")
+    sign(tmp_path, "ada", "/CN=ada/O=hive", "extendedKeyUsage=clientAuth")
+    made = subprocess.run([allot_bin(), "api-token", "make", "--user", "root"], capture_output=True, text=True, check=True)
+    token = next(line.split(": ", 1)[1] for line in made.stdout.splitlines() if line.startswith("token: "))
+    entry = made.stdout.split("# The daemon's configuration file keeps only the hash:\n", 1)[1]
+    config = (
+        f'[auth]\n{entry}\n[auth.roles.hive]\nuse = ["namespace:hive:*"]\n'
+        '[[auth.bindings]]\nrole = "admin"\nusers = ["root"]\n[[auth.bindings]]\nrole = "hive"\ngroups = ["hive"]\n'
+    )
+    tls = ["--tls-cert", str(tmp_path / "server.pem"), "--tls-key", str(tmp_path / "server.key"), "--tls-client-ca", ca]
+    daemon = new_daemon(data_root, *tls, config=config)
+    try:
+        assert daemon.url.startswith("https://")
+        with Client(daemon.url, token=token, retries=0) as untrusting:
+            with pytest.raises(allot.ConnectionFailed) as refused:
+                untrusting.namespaces().__next__()
+            assert "certificate" in str(refused.value).lower()
+        with Client(daemon.url, token=token, ca_cert=ca) as admin:
+            admin.put_namespace("hive:a", 2)
+        client_cert = (str(tmp_path / "ada.pem"), str(tmp_path / "ada.key"))
+        with Client(daemon.url, token="", ca_cert=ca, client_cert=client_cert) as ada:
+            with ada.token("hive:a") as grant:  # the certificate names ada of hive
+                assert grant["namespace"] == "hive:a"
+            with pytest.raises(allot.Forbidden):
+                ada.put_namespace("hive:b", 1)
+    finally:
+        daemon.stop()
