@@ -275,3 +275,53 @@ def test_alloc_context_manager_picks_the_best_fit_and_frees(client: Client) -> N
             pass
     client.remove_pool("py-big", force=True)
     client.remove_pool("py-small", force=True)
+
+
+def test_a_503_is_retried_until_the_store_is_back(data_root: Path) -> None:
+    """A daemon on Redis answers 503 `store_unavailable` while Redis is stopped: the client waits
+    (bounded) and its call is answered once Redis is back."""
+    import shutil
+    import signal
+    import socket
+    import subprocess
+
+    from .conftest import new_daemon
+
+    server = shutil.which("redis-server")
+    if server is None:
+        pytest.fail("redis-server is needed: apt-get install -y redis-server")
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    redis = subprocess.Popen([server, "--port", str(port), "--save", "", "--appendonly", "no"], stdout=subprocess.DEVNULL)
+    try:
+        deadline = time.monotonic() + 10
+        while True:
+            try:
+                socket.create_connection(("127.0.0.1", port), timeout=1).close()
+                break
+            except OSError:
+                assert time.monotonic() < deadline, "redis-server starts"
+                time.sleep(0.05)
+        daemon = new_daemon(data_root, "--store", f"redis://127.0.0.1:{port}")
+        try:
+            with Client(daemon.url, retries=10, backoff=0.2) as client:
+                client.put_namespace("py:redis", 1)
+                redis.send_signal(signal.SIGSTOP)  # Redis stops answering: the daemon answers 503
+                threading.Timer(1.5, lambda: redis.send_signal(signal.SIGCONT)).start()
+                start = time.monotonic()
+                assert client.allocate("py:redis", "t")["status"] == "Granted"
+                assert time.monotonic() - start >= 1.0, "answered after Redis came back"
+            with Client(daemon.url, retries=0) as impatient:
+                redis.send_signal(signal.SIGSTOP)
+                try:
+                    with pytest.raises(allot.Unavailable) as unavailable:
+                        impatient.namespace("py:redis")
+                    assert unavailable.value.status == 503, unavailable.value
+                finally:
+                    redis.send_signal(signal.SIGCONT)
+        finally:
+            daemon.stop()
+    finally:
+        redis.kill()
+        redis.wait()
