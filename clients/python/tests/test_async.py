@@ -154,3 +154,32 @@ async def test_alloc_is_freed_on_cancellation(client: AsyncClient) -> None:
     assert time.monotonic() - start < 5
     assert (await client.alloc_info("apy-cancel", held[0])).get("ended") is not None
     await client.remove_pool("apy-cancel")
+
+
+async def test_the_rest_of_the_methods(client: AsyncClient) -> None:
+    assert (await client.health())["status"] == "ok"
+    await client.put_namespace("apy:rest", 1)
+    session = await client.open_session(5_000)
+    await client.allocate("apy:rest", "r", session=session["id"])
+    assert (await client.grant("apy:rest", "r"))["session"] == session["id"]
+    assert [g["token"] for g in (await client.session(session["id"]))["grants"]] == ["r"]
+    await client.close_session(session["id"])
+    await client.remove_namespace("apy:rest")
+    await client.put_pool("apy-hand", "cpu=2", labels={"hand": "yes"})
+    assert (await client.pool("apy-hand"))["name"] == "apy-hand"
+    assert "apy-hand" in [p["name"] async for p in client.pools()]
+    await client.put_queue("root.ahand")
+    assert (await client.queue("root.ahand"))["leaf"] is True
+    assert "root.ahand" in [q["path"] for q in await client.queues()]
+    tasks = [{"id": i, "resources": "cpu=1", "selector": {"hand": "yes"}} for i in ("t", "u")]
+    await client.submit_app({"id": "apy-hand", "queue": "root.ahand", "tasks": tasks})
+    while (await client.task("apy-hand", "u"))["state"] != "Allocated":
+        await asyncio.sleep(0.02)
+    assert (await client.start_task("apy-hand", "t"))["state"] == "Running"
+    assert (await client.complete_task("apy-hand", "t"))["state"] == "Completed"
+    ends = await client.finish_tasks([{"app": "apy-hand", "task": "u", "outcome": "completed"}])
+    assert ends["tasks"][0]["ended"]["state"] == "Completed"  # type: ignore[index]
+    assert (await client.complete_app("apy-hand"))["state"] in ("Completing", "Completed")
+    await client.remove_app("apy-hand")
+    assert "stopped" in await client.stop_if_idle("apy-hand", 0)
+    await client.remove_pool("apy-hand", force=True)

@@ -325,3 +325,22 @@ def test_a_503_is_retried_until_the_store_is_back(data_root: Path) -> None:
     finally:
         redis.kill()
         redis.wait()
+
+
+def test_tasks_reported_by_hand_on_a_pool_no_daemon_runs(client: Client) -> None:
+    client.put_pool("py-hand", "cpu=2", labels={"hand": "yes"})
+    client.put_queue("root.hand")
+    task = {"id": "t", "resources": "cpu=1", "selector": {"hand": "yes"}}
+    other = {"id": "u", "resources": "cpu=1", "selector": {"hand": "yes"}}
+    client.submit_app({"id": "py-hand", "queue": "root.hand", "tasks": [task, other]})
+    deadline = time.monotonic() + 10
+    while client.task("py-hand", "u")["state"] != "Allocated":
+        assert time.monotonic() < deadline, "placed"
+        time.sleep(0.02)
+    assert client.start_task("py-hand", "t")["state"] == "Running"
+    assert client.complete_task("py-hand", "t")["state"] == "Completed"
+    ends = client.finish_tasks([{"app": "py-hand", "task": "u", "outcome": "failed", "reason": "by hand"}])
+    assert ends["tasks"][0]["ended"]["state"] == "Failed"  # type: ignore[index]
+    assert client.complete_app("py-hand")["state"] in ("Completing", "Completed")
+    client.remove_app("py-hand")
+    client.remove_pool("py-hand", force=True)

@@ -3,6 +3,7 @@ the types (mypy --strict) of the package and its examples."""
 
 from __future__ import annotations
 
+import asyncio
 import shutil
 import subprocess
 import sys
@@ -138,6 +139,18 @@ def test_tokens_and_access(data_root: Path) -> None:
             admin.remove_binding("ops-read")
             with pytest.raises(allot.ApiTokenNotFound):
                 admin.revoke_api_token("ci")
+
+        async def the_same_asynchronously() -> None:
+            async with allot.AsyncClient(daemon.url, token=token) as admin:
+                made = await admin.create_api_token("ci-2", "ci-bot")
+                assert [t["name"] for t in await admin.api_tokens()] == ["ci-2"] and made["token"]
+                await admin.put_binding("b", "reader", users=["ci-bot"])
+                assert [b["role"] for b in await admin.bindings()] == ["reader"]
+                await admin.remove_binding("b")
+                await admin.revoke_api_token("ci-2")
+                assert await admin.api_tokens() == []
+
+        asyncio.run(the_same_asynchronously())
     finally:
         daemon.stop()
 
