@@ -19,7 +19,8 @@ fn code_map(text: &str) -> Vec<(String, Vec<String>)> {
             map.push((name.to_owned(), Vec::new()));
             continue;
         }
-        if line.starts_with("## ") {
+        // Any other heading (a section, or a part that is not a crate) ends the crate's list.
+        if line.starts_with("## ") || line.starts_with("### ") {
             map.push((String::new(), Vec::new()));
             continue;
         }
