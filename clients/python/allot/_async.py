@@ -81,13 +81,14 @@ class AsyncClient:
         path: str,
         *,
         body: Any = None,
-        params: Optional[Mapping[str, Any]] = None,
+        params: Union[Mapping[str, Any], Sequence[Tuple[str, Any]], None] = None,
         idempotent: bool = True,
         gone_is_an_answer: bool = False,
     ) -> Any:
         """Sends one call, retried as the class says; answers the body's JSON (of a 410 too,
         with ``gone_is_an_answer``: the record of what ended)."""
-        query = {k: v for k, v in (params or {}).items() if v is not None}
+        pairs = params.items() if isinstance(params, Mapping) else (params or [])
+        query = [(k, v) for k, v in pairs if v is not None]
         content = None if body is None else json.dumps(body).encode()
         headers = {} if content is None else {"Content-Type": "application/json"}
         attempt = 0
@@ -391,6 +392,12 @@ class AsyncClient:
         return cast(m.Woken, await self._call("POST", f"/v1/apps/{seg(app)}/tasks/{seg(task)}/wake"))
 
     # ---- identity and access ----
+
+    async def whoami(self, *checks: str) -> m.WhoAmI:
+        """Who the caller is, and which of ``checks`` (``use:namespace:hive:a``,
+        ``admin:pool:gpu``, ``use:queue:root.a``, ``read:daemon``) it may do (``can``)."""
+        params = [("can", check) for check in checks]
+        return cast(m.WhoAmI, await self._call("GET", "/v1/whoami", params=params))
 
     async def create_api_token(
         self, name: str, user: str, *, groups: Sequence[str] = (), ttl_ms: Optional[int] = None

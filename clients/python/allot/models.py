@@ -164,6 +164,8 @@ class App(TypedDict):
     (something placed, or its gang reserved), Resuming, Completing, Completed, Failing, Failed,
     Rejected.
     """
+    submitted_ms_ago: NotRequired[int]
+    """How long ago it was submitted (the daemon's clock)."""
     tags: Dict[str, str]
     task_groups: List[TaskGroup]
     tasks: Dict[str, int]
@@ -1097,6 +1099,20 @@ class WatchWaiterEvent(TypedDict):
     """Where the change is in the feed: revisions increase in commit order (not by one). Resume
     after it with `since` or `Last-Event-ID`.
     """
+
+
+class WhoAmI(TypedDict):
+    """`GET /v1/whoami`: who the caller is, and which of the checks it asked for (`can=PERMISSION:
+    RESOURCE`, e.g. `use:namespace:hive:a`, `admin:pool:gpu-1`, `use:queue:root.a`,
+    `read:daemon`) it may do. Without access configured every caller may do everything.
+    """
+    access: bool
+    """Whether the daemon checks who calls."""
+    can: Dict[str, bool]
+    """Each check asked, and whether the caller may."""
+    groups: List[str]
+    user: NotRequired[Optional[str]]
+    """The authenticated user; none without access configured."""
 
 
 class Woken(TypedDict):

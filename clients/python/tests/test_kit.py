@@ -134,6 +134,11 @@ def test_tokens_and_access(data_root: Path) -> None:
             with pytest.raises(allot.Forbidden) as refused:
                 bot.put_namespace("x", 1)
             assert "admin" in refused.value.message
+            me = bot.whoami("admin:namespace:x", "read:namespace:x")
+            assert (me["user"], me["groups"], me["access"]) == ("ci-bot", ["ops"], True)
+            assert me["can"] == {"admin:namespace:x": False, "read:namespace:x": True}
+            with pytest.raises(allot.InvalidArgument):
+                bot.whoami("nonsense")
         with Client(daemon.url, token=token) as admin:
             admin.revoke_api_token("ci")
             admin.remove_binding("ops-read")

@@ -69,3 +69,17 @@ pub struct BindingList {
     /// Those made through the API (the configuration file's are not listed).
     pub bindings: Vec<Binding>,
 }
+
+/// `GET /v1/whoami`: who the caller is, and which of the checks it asked for (`can=PERMISSION:
+/// RESOURCE`, e.g. `use:namespace:hive:a`, `admin:pool:gpu-1`, `use:queue:root.a`, `read:daemon`)
+/// it may do. Without access configured every caller may do everything.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+pub struct WhoAmI {
+    /// The authenticated user; none without access configured.
+    pub user: Option<String>,
+    pub groups: Vec<String>,
+    /// Whether the daemon checks who calls.
+    pub access: bool,
+    /// Each check asked, and whether the caller may.
+    pub can: std::collections::BTreeMap<String, bool>,
+}

@@ -286,6 +286,9 @@ pub struct App {
     pub waiting: Option<Waiting>,
     /// Why it ended, when not by its tasks (e.g. `ResourceReservationTimeout`, `removed`).
     pub reason: Option<String>,
+    /// How long ago it was submitted (the daemon's clock).
+    #[serde(default)]
+    pub submitted_ms_ago: u64,
     /// Only in the answer to its removal: what the removal ended.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub released: Option<Released>,

@@ -280,7 +280,8 @@ impl Access {
     /// Whether `path` is answered without a token.
     fn is_open(&self, path: &str) -> bool {
         match path {
-            "/healthz" | "/readyz" => true,
+            "/healthz" | "/readyz" | "/" | "/ui" => true,
+            _ if path.starts_with("/ui/") => true,
             "/metrics" => self.open.metrics,
             "/openapi.json" => self.open.document,
             _ => false,
@@ -392,6 +393,11 @@ impl Who {
     /// Whether the caller may do `permission` on `resource`.
     pub(crate) fn may(&self, permission: Permission, resource: &Resource) -> bool {
         self.caller.may(self.access.as_deref(), permission, resource)
+    }
+
+    /// Whether calls are checked at all (access is configured).
+    pub(crate) fn checks(&self) -> bool {
+        self.access.is_some()
     }
 
     /// Whether the caller may see `resource` (a list keeps only those).
@@ -546,8 +552,10 @@ pub enum Target {
 /// The one permission a route needs, over which resource.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Need {
-    /// `/healthz`, `/readyz`: open to everyone.
+    /// `/healthz`, `/readyz`, the dashboard's files: open to everyone.
     Open,
+    /// Any authenticated caller, whatever it may do (`/v1/whoami`).
+    Authenticated,
     Needs(Permission, Target),
 }
 

@@ -152,6 +152,9 @@ pub(crate) fn with_limits(mut doc: Value, max_wait: std::time::Duration) -> Valu
                     }
                 } else if parameter["in"] == "query" && parameter["name"] == "fencing" {
                     parameter["schema"]["maximum"] = json!(MAX_UNITS);
+                } else if parameter["in"] == "query" && parameter["name"] == "can" {
+                    parameter["schema"] = json!({"type": "array", "maxItems": 100, "items": {"type": "string",
+                        "pattern": "^(read|use|admin|impersonate):(daemon|(namespace|pool|queue):.+)$"}});
                 }
             }
         }

@@ -36,6 +36,7 @@ pub use page::DEFAULT_PAGE;
 mod routes;
 mod runs_here;
 mod threads;
+mod ui;
 pub use runs_here::{RunCounters, RunsHere};
 pub use threads::ServingThreads;
 
@@ -263,6 +264,7 @@ stayed listed."
         routes::access::revoke_api_token,
         routes::access::put_binding,
         routes::access::list_bindings,
+        routes::access::whoami,
         routes::access::remove_binding,
         routes::watch::watch,
     ),

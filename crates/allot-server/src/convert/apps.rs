@@ -227,6 +227,7 @@ pub(crate) fn app(info: AppInfo, now: Millis) -> api::App {
         placeholders_expire_in_ms: expires,
         waiting: waiting(why),
         reason: app.reason.clone(),
+        submitted_ms_ago: now.saturating_sub(app.submitted),
         released: released.map(|released| {
             let resources = released
                 .placements

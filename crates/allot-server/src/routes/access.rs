@@ -189,3 +189,48 @@ pub(crate) async fn remove_binding(
     refreshed(&state).await;
     Ok(Json(binding_wire(record)))
 }
+
+/// The most checks one `GET /v1/whoami` may ask.
+const MAX_CHECKS: usize = 100;
+
+/// Who the caller is, and which of the checks asked (`can=use:namespace:hive:a`, repeated) it
+/// may do: what a client (the dashboard) asks before it offers an action.
+#[utoipa::path(get, path = "/v1/whoami", tag = "access",
+    params(("can" = Option<Vec<String>>, Query, description = "checks, each `PERMISSION:RESOURCE`: a permission (read, use, admin, impersonate) and `namespace:NAME`, `pool:NAME`, `queue:PATH` or `daemon`; at most 100", style = Form, explode = true)),
+    responses((status = 200, body = api::WhoAmI), (status = 400, body = api::ErrorBody, description = "invalid_argument: a check that is not one")))]
+pub(crate) async fn whoami(
+    who: crate::access::Who,
+    crate::extract::QueryArgs(pairs): crate::extract::QueryArgs<Vec<(String, String)>>,
+) -> Answer<api::WhoAmI> {
+    use allot_core::access::{Permission, Resource};
+    if pairs.len() > MAX_CHECKS {
+        return Err(ApiError::invalid_argument(format!("at most {MAX_CHECKS} checks at once")));
+    }
+    let mut can = std::collections::BTreeMap::new();
+    for (key, check) in pairs {
+        if key != "can" {
+            return Err(ApiError::invalid_argument(format!("`{key}` is not a parameter: `can` is the only one")));
+        }
+        let bad = || {
+            ApiError::invalid_argument(format!(
+                "`{check}` is not a check: PERMISSION:RESOURCE, e.g. `use:namespace:hive:a`, `admin:pool:gpu`, \
+             `use:queue:root.a`, `read:daemon`"
+            ))
+        };
+        let (permission, resource) = check.split_once(':').ok_or_else(bad)?;
+        let permission = Permission::parse(permission).ok_or_else(bad)?;
+        let resource = match resource.split_once(':') {
+            Some(("namespace", name)) if !name.is_empty() => Resource::Namespace(name.to_owned()),
+            Some(("pool", name)) if !name.is_empty() => Resource::Pool(name.to_owned()),
+            Some(("queue", path)) if !path.is_empty() => Resource::Queue(path.to_owned()),
+            None if resource == "daemon" => Resource::Daemon,
+            _ => return Err(bad()),
+        };
+        can.insert(check.clone(), who.may(permission, &resource));
+    }
+    let (user, groups) = match who.principal() {
+        Some(principal) => (Some(principal.user.clone()), principal.groups.clone()),
+        None => (None, Vec::new()),
+    };
+    Ok(Json(api::WhoAmI { user, groups, access: who.checks(), can }))
+}

@@ -70,6 +70,11 @@ pub(crate) fn routes(state: ServerState) -> (Router, Arc<Needs>) {
     let some = Target::Some;
     let declared = Declared { router: Router::new(), needs: Needs::default() }
         .route("/healthz", get(daemon::healthz), &[(M::GET, Need::Open)])
+        // The dashboard's files hold no data: what it shows it reads through the API.
+        .route("/", get(crate::ui::root), &[(M::GET, Need::Open)])
+        .route("/ui", get(crate::ui::page), &[(M::GET, Need::Open)])
+        .route("/ui/assets/{file}", get(crate::ui::asset), &[(M::GET, Need::Open)])
+        .route("/ui/{*page}", get(crate::ui::page), &[(M::GET, Need::Open)])
         .route("/readyz", get(daemon::readyz), &[(M::GET, Need::Open)])
         .route("/metrics", get(metrics::scrape), &[(M::GET, read(Target::Daemon))])
         .route(
@@ -177,6 +182,8 @@ pub(crate) fn routes(state: ServerState) -> (Router, Arc<Needs>) {
             put(access::put_binding).delete(access::remove_binding),
             &[(M::PUT, admin(Target::Daemon)), (M::DELETE, admin(Target::Daemon))],
         )
+        // Any caller may ask who it is and what it may do.
+        .route("/v1/whoami", get(access::whoami), &[(M::GET, Need::Authenticated)])
         // The filter names what is watched: the handler checks `read` on it.
         .route("/v1/watch", get(watch::watch), &[(M::GET, read(Target::Named))]);
     let needs = Arc::new(declared.needs);

@@ -106,6 +106,8 @@ fn fill(path: &str, own: bool) -> String {
         .replace("{offer}", "0")
         .replace("{alloc}", "0123456789abcdef")
         .replace("{name}", "x")
+        .replace("{file}", "app.js")
+        .replace("{*page}", "namespaces/team:a")
 }
 
 fn body_of(method: &Method) -> &'static str {
@@ -130,9 +132,13 @@ async fn every_route_needs_one_permission_and_is_refused_without_it() {
         }
     }
     let declared: BTreeSet<(String, String)> = needs.all().map(|(m, p, _)| (m.to_string(), p.to_owned())).collect();
-    // The document and the metrics are not in the document.
+    // The document, the metrics and the dashboard's files are not in the document.
     let undocumented: Vec<_> = declared.difference(&documented).map(|(m, p)| format!("{m} {p}")).collect();
-    assert_eq!(undocumented, ["GET /metrics", "GET /openapi.json"], "the routes and the document disagree");
+    assert_eq!(
+        undocumented,
+        ["GET /", "GET /metrics", "GET /openapi.json", "GET /ui", "GET /ui/assets/{file}", "GET /ui/{*page}"],
+        "the routes and the document disagree"
+    );
 
     make_resources(&h).await;
     for (id, queue) in [("team-app", "root.team"), ("other-app", "root.other")] {
@@ -148,10 +154,20 @@ async fn every_route_needs_one_permission_and_is_refused_without_it() {
     for (method, path, need) in routes {
         let uri = fill(path, true);
         let body = body_of(method);
-        let Need::Needs(permission, target) = need else {
-            let (status, _, _) = call(&h, method, &uri, None, body).await;
-            assert!(status.is_success(), "{method} {path} is open: {status}");
-            continue;
+        let (permission, target) = match need {
+            Need::Open => {
+                let (status, _, _) = call(&h, method, &uri, None, body).await;
+                assert!(status.is_success() || status.is_redirection(), "{method} {path} is open: {status}");
+                continue;
+            }
+            Need::Authenticated => {
+                let (status, _, challenged) = call(&h, method, &uri, None, body).await;
+                assert!(status == StatusCode::UNAUTHORIZED && challenged, "{method} {path} needs a caller: {status}");
+                let (status, answer, _) = call(&h, method, &uri, Some(NOBODY), body).await;
+                assert_eq!(status, StatusCode::OK, "{method} {path} answers any caller: {answer}");
+                continue;
+            }
+            Need::Needs(permission, target) => (permission, target),
         };
         checked += 1;
         let (status, answer, challenged) = call(&h, method, &uri, None, body).await;

@@ -1,0 +1,325 @@
+"""The daemon's web dashboard (`/ui`) in a real browser: headless Chromium (Debian's `chromium`
+and `chromium-driver`) driven through WebDriver, against daemons whose state the tests make
+through the API. Screenshots of every page, at 1280x800 and at a phone's width, are saved in
+`target/ui-screenshots/` for a reviewer; the time each page takes with 1,000 namespaces, 100
+pools and 1,000 tasks is written there too (`timings.txt`)."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import threading
+import time
+from pathlib import Path
+from typing import Any, Callable, Dict, Iterator, List
+
+import pytest
+
+import allot
+from allot import Client
+
+from .conftest import REPO, Daemon, allot_bin, new_daemon
+
+SHOTS = REPO / "target" / "ui-screenshots"
+PHONE = (390, 844)
+DESKTOP = (1280, 800)
+
+
+@pytest.fixture(scope="module")
+def browser() -> Iterator[Any]:
+    try:
+        from selenium import webdriver
+        from selenium.webdriver.chrome.service import Service
+    except ImportError:
+        pytest.fail("selenium is needed: pip install selenium (and apt-get install chromium chromium-driver)")
+    chromium = shutil.which("chromium") or shutil.which("chromium-browser")
+    driver_path = shutil.which("chromedriver")
+    if chromium is None or driver_path is None:
+        pytest.fail("headless Chromium is needed: apt-get install -y chromium chromium-driver")
+    options = webdriver.ChromeOptions()
+    options.binary_location = chromium
+    for argument in ("--headless=new", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage", "--window-size=1280,800"):
+        options.add_argument(argument)
+    options.set_capability("goog:loggingPrefs", {"browser": "ALL"})
+    driver = webdriver.Chrome(service=Service(driver_path), options=options)
+    driver.set_window_size(*DESKTOP)
+    SHOTS.mkdir(parents=True, exist_ok=True)
+    yield driver
+    driver.quit()
+
+
+@pytest.fixture(scope="module")
+def ui_daemon(data_root: Path) -> Iterator[Daemon]:
+    """The dashboard's own daemon: its pools (one no daemon runs) stay out of the other tests'."""
+    d = new_daemon(data_root, "--pool", "worker=cpu=8,mem=16GiB", "--run-pool", "worker")
+    yield d
+    d.stop()
+
+
+def until(what: str, check: Callable[[], Any], seconds: float = 10) -> Any:
+    deadline = time.monotonic() + seconds
+    while True:
+        value = check()
+        if value:
+            return value
+        assert time.monotonic() < deadline, f"{what}: not so after {seconds} s"
+        time.sleep(0.02)
+
+
+def text(browser: Any) -> str:
+    return str(browser.execute_script("return document.getElementById('main').innerText"))
+
+
+def open_page(browser: Any, url: str) -> float:
+    """Opens `url` and waits until the page has shown its data: the seconds it took."""
+    start = time.monotonic()
+    browser.get(url)
+    try:
+        until(f"{url} is shown", lambda: browser.execute_script("return document.getElementById('main').dataset.shown"))
+    except AssertionError:
+        raise AssertionError(f"{url} is not shown: {text(browser)!r}; the console: {browser.get_log('browser')}") from None
+    return time.monotonic() - start
+
+
+def console_errors(browser: Any) -> List[str]:
+    return [entry["message"] for entry in browser.get_log("browser") if entry["level"] == "SEVERE"]
+
+
+def shoot(browser: Any, name: str) -> None:
+    """Screenshots of the page as it is, at a desktop's and at a phone's width."""
+    for (width, height), suffix in ((DESKTOP, "desktop"), (PHONE, "phone")):
+        browser.set_window_size(width, height)
+        time.sleep(0.1)
+        browser.save_screenshot(str(SHOTS / f"{name}-{suffix}.png"))
+    browser.set_window_size(*DESKTOP)
+
+
+def test_the_pages_show_the_state_live(browser: Any, ui_daemon: Daemon) -> None:
+    base = ui_daemon.url
+    with Client(base) as client:
+        # A full namespace with a waiter, a gang reserved, a task that cannot be placed.
+        client.put_namespace("ui:quota", 1)
+        client.allocate("ui:quota", "holder", ttl_ms=60_000)
+        waiter = threading.Thread(target=lambda: client.allocate("ui:quota", "in-line", wait_ms=20_000), daemon=True)
+        waiter.start()
+        until("the allocate waits", lambda: list(client.waiters("ui:quota")))
+        client.put_pool("ui-pool", "cpu=4,mem=8GiB", labels={"ui": "yes"})
+        client.put_queue("root.ui")
+        gang = {
+            "id": "ui-gang",
+            "queue": "root.ui",
+            "task_groups": [{"name": "pair", "min_members": 2, "min_resources": "cpu=1", "selector": {"ui": "yes"}}],
+            "tasks": [{"id": "first", "resources": "cpu=1", "group": "pair", "selector": {"ui": "yes"}}],
+        }
+        client.submit_app(gang)
+        client.submit_app({"id": "ui-big", "queue": "root.ui", "tasks": [{"id": "huge", "resources": "cpu=64", "selector": {"ui": "yes"}}]})
+        until("the gang is reserved", lambda: len(client.app("ui-gang")["placeholders"]) == 2)
+        until("the huge task says why it waits", lambda: client.task("ui-big", "huge").get("waiting"))
+
+        assert base.startswith("http://")
+        browser.get(base + "/")
+        until("/ redirects to /ui", lambda: browser.current_url.rstrip("/").endswith("/ui"))
+
+        open_page(browser, base + "/ui")
+        overview = text(browser)
+        assert "Needs attention" in overview and "ui:quota" in overview and "full" in overview, overview
+        shoot(browser, "overview")
+
+        open_page(browser, base + "/ui/namespaces")
+        assert "ui:quota" in text(browser) and "full, waiting" in text(browser)
+        shoot(browser, "namespaces")
+
+        open_page(browser, base + "/ui/namespaces/ui:quota")
+        page = text(browser)
+        assert "in-line" in page and "holder" in page and "1 waiting" in page, page
+        shoot(browser, "namespace")
+
+        # Live: a grant made through the API appears without a reload, within a second.
+        client.put_namespace("ui:live", 5)
+        open_page(browser, base + "/ui/namespaces/ui:live")
+        browser.execute_script("window.notReloaded = true")
+        made = time.monotonic()
+        client.allocate("ui:live", "appears-live", ttl_ms=60_000)
+        until("the new grant is shown", lambda: "appears-live" in text(browser), seconds=5)
+        assert time.monotonic() - made < 1.0, "shown within a second"
+        assert browser.execute_script("return window.notReloaded") is True, "without a reload"
+
+        # Links and the keyboard: the navigation is links, in order, focusable.
+        links = browser.execute_script("return [...document.querySelectorAll('nav a')].map(a => a.textContent)")
+        assert links == ["Overview", "Namespaces", "Pools", "Queues", "Applications"]
+        from selenium.webdriver.common.by import By
+
+        browser.find_element(By.LINK_TEXT, "Pools").click()
+        until("the pools page", lambda: "ui-pool" in text(browser) and browser.current_url.endswith("/ui/pools"))
+        shoot(browser, "pools")
+        open_page(browser, base + "/ui/pools/ui-pool")
+        assert "cpu" in text(browser) and "held by the scheduler" in text(browser), text(browser)
+        shoot(browser, "pool")
+
+        open_page(browser, base + "/ui/queues")
+        assert "root.ui" in text(browser)
+        shoot(browser, "queues")
+
+        open_page(browser, base + "/ui/apps")
+        assert "ui-gang" in text(browser) and "ui-big" in text(browser)
+        shoot(browser, "apps")
+
+        open_page(browser, base + "/ui/apps/ui-gang")
+        page = text(browser)
+        assert "reserved" in page and "member 0" in page and "member 1" in page, page
+        shoot(browser, "app-gang")
+
+        open_page(browser, base + "/ui/apps/ui-big")
+        page = text(browser)
+        huge_waits = client.task("ui-big", "huge")["waiting"]
+        assert huge_waits is not None and huge_waits["message"] in page and "waiting" in page, page
+        shoot(browser, "app-waiting")
+
+        # A task run here: on the pool this daemon runs (not ui-pool, which no daemon runs).
+        client.put_pool("worker", client.pool("worker")["capacity"], labels={"runs": "here"})
+        client.put_queue("root.ui-run")
+        hello = {"id": "hello", "resources": "cpu=1", "selector": {"runs": "here"}, "spec": {"type": "shell", "command": "echo hello from the dashboard"}}
+        client.run({"id": "ui-run", "queue": "root.ui-run", "tasks": [hello]}, timeout=60)
+        open_page(browser, base + "/ui/apps/ui-run/tasks/hello")
+        page = text(browser)
+        assert "hello from the dashboard" in page and "Success" in page, page
+        shoot(browser, "task")
+
+        # Connection lost and back.
+        assert browser.execute_script("return document.getElementById('live').textContent") == "live"
+        client.release("ui:quota", "holder")
+        waiter.join(10)
+
+    assert console_errors(browser) == []
+
+
+def test_the_pages_answer_quickly_with_many_things(browser: Any, data_root: Path) -> None:
+    daemon = new_daemon(data_root)
+    timings: Dict[str, float] = {}
+    try:
+        with Client(daemon.url) as client:
+            for i in range(1000):
+                client.put_namespace(f"many:{i:04d}", 10)
+            for i in range(100):
+                client.put_pool(f"many-{i:03d}", "cpu=8,mem=32GiB", labels={"many": "yes"})
+            client.put_queue("root.many")
+            for a in range(10):
+                tasks = [{"id": f"t{t:03d}", "resources": "cpu=64", "selector": {"many": "yes"}} for t in range(100)]
+                client.submit_app({"id": f"many-{a}", "queue": "root.many", "tasks": tasks})
+        pages = ["/ui", "/ui/namespaces", "/ui/namespaces/many:0500", "/ui/pools", "/ui/pools/many-050", "/ui/queues", "/ui/apps", "/ui/apps/many-5", "/ui/apps/many-5/tasks/t050"]
+        open_page(browser, daemon.url + "/ui")  # the browser's first start is not the page's
+        for page in pages:
+            timings[page] = min(open_page(browser, daemon.url + page) for _ in range(3))
+        shoot(browser, "many-tasks")
+        open_page(browser, daemon.url + "/ui/namespaces")
+        assert "many:0999" in text(browser)
+    finally:
+        daemon.stop()
+    report = "\n".join(f"{page:<32} {seconds * 1000:7.0f} ms" for page, seconds in timings.items())
+    (SHOTS / "timings.txt").write_text("1,000 namespaces, 100 pools, 1,000 tasks; the best of 3 loads\n" + report + "\n")
+    print(report)
+    # Measured and reported (target/ui-screenshots/timings.txt, docs/benchmarks.md); asserted
+    # here only as "answers", with room for a loaded machine.
+    assert all(seconds < 5 for seconds in timings.values()), report
+    assert console_errors(browser) == []
+
+
+def test_with_access_control_the_token_is_asked_once_and_actions_follow_permissions(browser: Any, data_root: Path) -> None:
+    def make(user: str) -> List[str]:
+        made = subprocess.run([allot_bin(), "api-token", "make", "--user", user], capture_output=True, text=True, check=True)
+        token = next(line.split(": ", 1)[1] for line in made.stdout.splitlines() if line.startswith("token: "))
+        return [token, made.stdout.split("# The daemon's configuration file keeps only the hash:\n", 1)[1]]
+
+    (admin, admin_entry), (ada, ada_entry), (eve, eve_entry) = make("root"), make("ada"), make("eve")
+    config = (
+        f"[auth]\n{admin_entry}\n{ada_entry}\n{eve_entry}\n"
+        '[auth.roles.team]\nuse = ["namespace:team:*"]\n[auth.roles.look]\nread = ["namespace:team:*"]\n'
+        '[[auth.bindings]]\nrole = "admin"\nusers = ["root"]\n[[auth.bindings]]\nrole = "team"\nusers = ["ada"]\n'
+        '[[auth.bindings]]\nrole = "look"\nusers = ["eve"]\n'
+    )
+    daemon = new_daemon(data_root, config=config)
+    try:
+        with Client(daemon.url, token=admin) as client:
+            client.put_namespace("team:a", 3)
+            client.put_namespace("secret", 3)
+            client.allocate("team:a", "job-1", ttl_ms=60_000)
+        from selenium.webdriver.common.by import By
+
+        def sign_in(token: str) -> None:
+            browser.get(daemon.url + "/ui/namespaces")
+            browser.execute_script("sessionStorage.clear()")
+            browser.get(daemon.url + "/ui/namespaces")
+            field = until("the token is asked", lambda: browser.find_elements(By.ID, "token"))[0]
+            field.send_keys(token)
+            shoot(browser, "sign-in")
+            browser.find_element(By.CSS_SELECTOR, "#login button").click()
+            until("signed in", lambda: "team:a" in text(browser))
+            assert token not in browser.current_url
+
+        sign_in(eve)
+        assert "secret" not in text(browser), "what the principal may not read is not shown"
+        browser.get(daemon.url + "/ui/namespaces/team:a")  # the token is kept for the session
+        until("the namespace", lambda: "job-1" in text(browser))
+        assert not browser.find_elements(By.CSS_SELECTOR, "[data-release]"), "a reader is offered no action"
+
+        sign_in(ada)
+        browser.get(daemon.url + "/ui/namespaces/team:a")
+        button = until("ada may release", lambda: browser.find_elements(By.CSS_SELECTOR, "[data-release]"))[0]
+        shoot(browser, "namespace-actions")
+        button.click()
+        alert = until("a confirmation is asked", lambda: _alert(browser))
+        assert "Release grant job-1" in alert.text
+        alert.dismiss()
+        with Client(daemon.url, token=admin) as client:
+            assert [g["token"] for g in client.grants("team:a")] == ["job-1"], "dismissed: nothing released"
+            browser.find_element(By.CSS_SELECTOR, "[data-release]").click()
+            until("asked again", lambda: _alert(browser)).accept()
+            until("released", lambda: not list(client.grants("team:a")))
+        until("the page shows it", lambda: "Nothing granted." in text(browser))
+    finally:
+        daemon.stop()
+    assert [e for e in console_errors(browser) if "401" not in e and "403" not in e] == []
+
+
+def _alert(browser: Any) -> Any:
+    from selenium.common.exceptions import NoAlertPresentException
+
+    try:
+        return browser.switch_to.alert
+    except NoAlertPresentException:
+        return None
+
+
+def test_the_page_is_served_from_the_binary_alone(ui_daemon: Daemon) -> None:
+    daemon = ui_daemon
+    import httpx
+
+    page = httpx.get(daemon.url + "/ui/namespaces/anything")
+    assert page.status_code == 200 and "<main" in page.text
+    policy = page.headers["content-security-policy"]
+    assert "default-src 'none'" in policy and "connect-src 'self'" in policy
+    for asset in ("/ui/assets/app.js", "/ui/assets/style.css"):
+        answer = httpx.get(daemon.url + asset)
+        assert answer.status_code == 200 and "http://" not in answer.text.replace("http://www.w3.org", ""), asset
+    assert httpx.get(daemon.url + "/ui/assets/nope.js").status_code == 404
+    assert allot.__version__
+
+
+def test_the_page_says_when_the_connection_is_lost_and_back(browser: Any, fresh_daemon: Daemon) -> None:
+    with Client(fresh_daemon.url) as client:
+        client.put_namespace("ui:restart", 2)
+    open_page(browser, fresh_daemon.url + "/ui/namespaces")
+
+    def badge() -> str:
+        return str(browser.execute_script("return document.getElementById('live').textContent"))
+
+    until("live", lambda: badge() == "live")
+    address = fresh_daemon.address()
+    fresh_daemon.stop()
+    until("the page says the connection is lost", lambda: "connection lost" in badge())
+    shoot(browser, "connection-lost")
+    fresh_daemon.start(address)
+    until("live again", lambda: badge() == "live", seconds=15)
+    with Client(fresh_daemon.url) as client:
+        client.put_namespace("ui:after", 1)
+    until("changes are shown again", lambda: "ui:after" in text(browser))

@@ -1,0 +1,611 @@
+// allot's dashboard: one page per question, each read from the API and read again when the change
+// feed (GET /v1/watch) says something it shows has changed. No library, no build step: the
+// daemon serves this file as it is.
+//
+// Invariants: every value written into the page goes through `esc` (the `h` template escapes
+// what it is given); the API token lives in sessionStorage only (never in a URL); a page shows
+// only what the API answers the caller, and an action only when /v1/whoami says it may.
+
+const main = document.getElementById("main");
+const liveBadge = document.getElementById("live");
+const whoBadge = document.getElementById("who");
+
+// ---- writing HTML safely ----
+
+class Raw {
+  constructor(text) { this.text = text; }
+}
+const raw = (text) => new Raw(text);
+const esc = (value) =>
+  String(value ?? "").replace(/[&<>"']/g, (c) => ({ "&": "&amp;", "<": "&lt;", ">": "&gt;", '"': "&quot;", "'": "&#39;" })[c]);
+const part = (value) =>
+  value instanceof Raw ? value.text : Array.isArray(value) ? value.map(part).join("") : esc(value);
+/** A template whose values are escaped unless they are `raw` (or made by `h`). */
+const h = (strings, ...values) => raw(strings.reduce((out, s, i) => out + s + (i < values.length ? part(values[i]) : ""), ""));
+
+// ---- the API ----
+
+class ApiError extends Error {
+  constructor(status, code, message) {
+    super(message || `HTTP ${status}`);
+    this.status = status;
+    this.code = code;
+  }
+}
+class NeedsToken extends Error {}
+
+const tokenKey = "allot-token";
+const token = () => sessionStorage.getItem(tokenKey);
+const authHeaders = () => (token() ? { Authorization: `Bearer ${token()}` } : {});
+
+async function api(path, options = {}) {
+  const response = await fetch(path, { ...options, headers: { ...authHeaders(), ...(options.headers || {}) } });
+  if (response.status === 401) throw new NeedsToken();
+  const text = await response.text();
+  const body = text ? JSON.parse(text) : null;
+  // An ended alloc reads as 410 with its record.
+  if (!response.ok && response.status !== 410) {
+    throw new ApiError(response.status, body?.error?.code, body?.error?.message);
+  }
+  return body;
+}
+
+/** Every item of a paged list. */
+async function all(path, field) {
+  const items = [];
+  let cursor = null;
+  do {
+    const sep = path.includes("?") ? "&" : "?";
+    const page = await api(`${path}${sep}limit=1000${cursor ? `&cursor=${encodeURIComponent(cursor)}` : ""}`);
+    items.push(...page[field]);
+    cursor = page.next_cursor;
+  } while (cursor);
+  return items;
+}
+
+/** A list, or null when the caller may not read any of it. */
+async function allowed(promise) {
+  try {
+    return await promise;
+  } catch (err) {
+    if (err instanceof ApiError && err.status === 403) return null;
+    throw err;
+  }
+}
+
+const seg = (name) => encodeURIComponent(name);
+
+/** Which of `checks` (`use:namespace:hive:a`, ...) the caller may do. */
+async function may(...checks) {
+  const query = checks.map((c) => `can=${encodeURIComponent(c)}`).join("&");
+  const answer = await api(`/v1/whoami${query ? `?${query}` : ""}`);
+  return answer.can || {};
+}
+
+// ---- formatting ----
+
+const units = [["d", 86400000], ["h", 3600000], ["min", 60000], ["s", 1000]];
+function ms(value) {
+  if (value === null || value === undefined) return "—";
+  if (value < 1000) return `${value} ms`;
+  for (const [unit, size] of units) {
+    if (value >= size) {
+      const n = value / size;
+      return `${n >= 10 ? Math.round(n) : n.toFixed(1)} ${unit}`;
+    }
+  }
+  return `${value} ms`;
+}
+
+/** `cpu=4,mem=16GiB` as {cpu: 4, mem: 17179869184}. */
+const scale = { "": 1, m: 1e-3, k: 1e3, K: 1e3, M: 1e6, G: 1e9, T: 1e12, P: 1e15, Ki: 2 ** 10, Mi: 2 ** 20, Gi: 2 ** 30, Ti: 2 ** 40, Pi: 2 ** 50 };
+function resources(text) {
+  const out = {};
+  for (const item of (text || "").split(",")) {
+    const [name, quantity] = item.split("=");
+    if (!name || quantity === undefined) continue;
+    const m = /^([0-9.]+)([a-zA-Z]*?)B?$/.exec(quantity.trim());
+    if (m) out[name.trim()] = parseFloat(m[1]) * (scale[m[2]] ?? 1);
+  }
+  return out;
+}
+function amount(name, value) {
+  if (/^(mem|memory|disk)$/.test(name) && value >= 1024) {
+    const steps = [["TiB", 2 ** 40], ["GiB", 2 ** 30], ["MiB", 2 ** 20], ["KiB", 2 ** 10]];
+    for (const [unit, size] of steps) if (value >= size) return `${+(value / size).toFixed(1)}${unit}`;
+  }
+  return `${+value.toFixed(3)}`;
+}
+
+/** A bar of `used` out of `of`, with the numbers in words beside it. */
+function bar(used, of, label) {
+  const share = of > 0 ? Math.min(used / of, 1) : used > 0 ? 1 : 0;
+  const cls = share >= 1 ? "full" : share >= 0.8 ? "high" : "";
+  return h`<span class="bar" title="${label}"><span class="track"><span class="fill ${cls}" style="width:${(share * 100).toFixed(1)}%"></span></span><span class="label">${label}</span></span>`;
+}
+
+/** One bar per resource of `capacity` (`used` of each). */
+function bars(usedText, capacityText) {
+  const used = resources(usedText);
+  const capacity = resources(capacityText);
+  const names = Object.keys(capacity);
+  if (!names.length) return h`<span class="muted">${usedText || "—"}</span>`;
+  return h`${names.map((n) => h`<div>${bar(used[n] || 0, capacity[n], `${n} ${amount(n, used[n] || 0)} / ${amount(n, capacity[n])}`)}</div>`)}`;
+}
+
+const tag = (kind, word) => h`<span class="tag ${kind}">${word}</span>`;
+const stateTag = (state) => {
+  const kind = { Completed: "ok", Running: "ok", Success: "ok", Failed: "bad", Rejected: "bad", Killed: "bad", Failing: "bad", Pending: "warn", Reserving: "warn", Accepted: "warn", Queued: "warn", Resuming: "warn" }[state] || "plain";
+  return tag(kind, state);
+};
+const table = (head, rows, empty = "none") =>
+  rows.length
+    ? h`<div class="scroll"><table><thead><tr>${head.map((c) => (c.startsWith("#") ? h`<th class="num">${c.slice(1)}</th>` : h`<th>${c}</th>`))}</tr></thead><tbody>${rows}</tbody></table></div>`
+    : h`<p class="muted">${empty}</p>`;
+const facts = (pairs) => h`<dl class="facts">${pairs.map(([k, v]) => h`<dt>${k}</dt><dd>${v}</dd>`)}</dl>`;
+const denied = (what) => h`<p class="muted">You may not read ${what}.</p>`;
+const tasksLine = (counts) =>
+  Object.entries(counts || {}).map(([state, n]) => `${n} ${state}`).join(", ") || "none";
+
+// ---- pages: each answers {title, nav, body, watch: key prefixes that change it, bind?} ----
+
+async function overview() {
+  const [namespaces, pools, queues, apps] = await Promise.all([
+    allowed(all("/v1/namespaces", "namespaces")),
+    allowed(all("/v1/pools", "pools")),
+    allowed(api("/v1/queues").then((q) => q.queues)),
+    allowed(all("/v1/apps", "apps")),
+  ]);
+  const attention = [];
+  for (const ns of namespaces || []) {
+    if (ns.waiters > 0) {
+      const full = ns.granted_units >= ns.quota;
+      attention.push([ns.longest_wait_ms || 0, h`${tag(full ? "bad" : "warn", full ? "full" : "waiting")} namespace <a href="/ui/namespaces/${seg(ns.name)}">${ns.name}</a>: ${ns.granted_units} of ${ns.quota} granted, ${ns.waiters} waiting (the longest for ${ms(ns.longest_wait_ms)})`]);
+    }
+  }
+  for (const pool of pools || []) {
+    if (pool.stopped) attention.push([1e12, h`${tag("bad", "stopped")} pool <a href="/ui/pools/${seg(pool.name)}">${pool.name}</a> is stopped: it offers nothing`]);
+    if (pool.expired_allocs > 0) attention.push([1e11, h`${tag("warn", "lapsed")} pool <a href="/ui/pools/${seg(pool.name)}">${pool.name}</a>: ${pool.expired_allocs} allocs whose lease lapsed (${pool.expired || "nothing"} not yet reclaimed)`]);
+  }
+  // Waiting: the application itself (a gang, a queue limit), or tasks of it not placed yet.
+  const live = (a) => !["Completed", "Failed", "Rejected"].includes(a.state);
+  const pendingOf = (a) => (a.tasks || {}).Pending || 0;
+  const waitingApps = (apps || [])
+    .filter((a) => live(a) && (a.waiting || pendingOf(a) > 0))
+    .sort((a, b) => (b.submitted_ms_ago || 0) - (a.submitted_ms_ago || 0));
+  for (const app of waitingApps.slice(0, 10)) {
+    const why = app.waiting ? app.waiting.message : `${pendingOf(app)} ${pendingOf(app) === 1 ? "task waits" : "tasks wait"} to be placed (the page says why)`;
+    attention.push([app.submitted_ms_ago || 0, h`${tag("warn", "waiting")} application <a href="/ui/apps/${seg(app.id)}">${app.id}</a> for ${ms(app.submitted_ms_ago)}: ${why}`]);
+  }
+  for (const app of apps || []) {
+    const failed = (app.tasks || {}).Failed || 0;
+    if (failed) attention.push([0, h`${tag("bad", "failed")} application <a href="/ui/apps/${seg(app.id)}">${app.id}</a>: ${failed} ${failed === 1 ? "task" : "tasks"} failed`]);
+  }
+  attention.sort((a, b) => b[0] - a[0]);
+  const count = (list) => (list === null ? "—" : list.length);
+  const running = (apps || []).filter((a) => a.state === "Running").length;
+  const granted = (namespaces || []).reduce((s, n) => s + n.granted_units, 0);
+  const waiting = (namespaces || []).reduce((s, n) => s + n.waiters, 0);
+  return {
+    title: "Overview",
+    nav: "overview",
+    watch: [""],
+    body: h`<h1>Overview</h1>
+      <div class="cards">
+        <a class="card" href="/ui/namespaces"><div class="n">${count(namespaces)}</div><div class="k">namespaces · ${granted} units granted · ${waiting} waiting</div></a>
+        <a class="card" href="/ui/pools"><div class="n">${count(pools)}</div><div class="k">pools · ${(pools || []).reduce((s, p) => s + p.allocs, 0)} allocs</div></a>
+        <a class="card" href="/ui/queues"><div class="n">${count(queues)}</div><div class="k">queues</div></a>
+        <a class="card" href="/ui/apps"><div class="n">${count(apps)}</div><div class="k">applications · ${running} running</div></a>
+      </div>
+      <h2>Needs attention</h2>
+      ${attention.length ? h`<ul class="attention">${attention.map(([, item]) => h`<li>${item}</li>`)}</ul>` : h`<p>${tag("ok", "all clear")} Nothing waits, nothing lapsed, nothing failed.</p>`}`,
+  };
+}
+
+async function namespacesPage() {
+  const list = await allowed(all("/v1/namespaces", "namespaces"));
+  if (list === null) return { title: "Namespaces", nav: "namespaces", watch: [], body: h`<h1>Namespaces</h1>${denied("any namespace")}` };
+  const rows = list.map((ns) => {
+    const full = ns.granted_units >= ns.quota && ns.quota > 0;
+    const state = ns.waiters > 0 ? tag(full ? "bad" : "warn", full ? "full, waiting" : "waiting") : full ? tag("warn", "full") : tag("ok", "room");
+    return h`<tr><td><a href="/ui/namespaces/${seg(ns.name)}">${ns.name}</a></td><td>${bar(ns.granted_units, ns.quota, `${ns.granted_units} / ${ns.quota}`)}</td><td class="num">${ns.grants}</td><td class="num">${ns.waiters}</td><td class="num">${ns.waiters ? ms(ns.longest_wait_ms) : "—"}</td><td>${state}</td></tr>`;
+  });
+  return {
+    title: "Namespaces",
+    nav: "namespaces",
+    watch: ["namespaces/"],
+    body: h`<h1>Namespaces</h1><p class="muted">${list.length} namespaces: their quota, what is granted and who waits.</p>
+      ${table(["Namespace", "Granted of quota", "#Grants", "#Waiters", "#Longest wait", "State"], rows, "No namespace yet.")}`,
+  };
+}
+
+async function namespacePage(name) {
+  const [ns, grants, waiters, can] = await Promise.all([
+    api(`/v1/namespaces/${seg(name)}`),
+    all(`/v1/namespaces/${seg(name)}/grants`, "grants"),
+    all(`/v1/namespaces/${seg(name)}/waiters`, "waiters"),
+    may(`use:namespace:${name}`),
+  ]);
+  const canRelease = can[`use:namespace:${name}`];
+  const scopes = {};
+  for (const g of grants) {
+    if (!g.scope) continue;
+    scopes[`project ${g.scope.project}`] = (scopes[`project ${g.scope.project}`] || 0) + g.units;
+    const key = `namespace scope ${g.scope.project}/${g.scope.namespace}`;
+    scopes[key] = (scopes[key] || 0) + g.units;
+  }
+  const waiterRows = waiters.map((w) => h`<tr><td class="num">${w.position}</td><td class="mono">${w.token}</td><td class="num">${w.units}</td><td class="num">${w.units_ahead}</td><td>${w.scope ? `${w.scope.project}/${w.scope.namespace}` : "—"}</td><td class="num">${ms(w.waited_ms)}</td><td>${w.blocked_by_cap ? tag("warn", `held by its ${w.blocked_by_cap} cap`) : tag("plain", "in line")}</td></tr>`);
+  const grantRows = grants.map((g) => h`<tr><td class="mono">${g.token}</td><td class="num">${g.units}</td><td>${g.scope ? `${g.scope.project}/${g.scope.namespace}` : "—"}</td><td class="num">${g.fencing}</td><td>${g.session ? h`session <span class="mono">${g.session.slice(0, 8)}</span>` : g.expires_in_ms === null || g.expires_in_ms === undefined ? "no lease" : `expires in ${ms(g.expires_in_ms)}`}</td><td>${canRelease ? h`<button class="danger" data-release="${g.token}" data-fencing="${g.fencing}">Release</button>` : ""}</td></tr>`);
+  const full = ns.granted_units >= ns.quota && ns.quota > 0;
+  return {
+    title: `Namespace ${name}`,
+    nav: "namespaces",
+    watch: [`namespaces/${name}`],
+    body: h`<div class="crumbs"><a href="/ui/namespaces">Namespaces</a> /</div><h1>${name}</h1>
+      ${facts([
+        ["granted", bar(ns.granted_units, ns.quota, `${ns.granted_units} of ${ns.quota} units${full ? " — full" : ""}`)],
+        ["grants", ns.grants],
+        ["waiting", ns.waiters ? h`${tag("warn", `${ns.waiters} waiting`)} for ${ns.waiting_units} units, the longest for ${ms(ns.longest_wait_ms)}` : "nobody"],
+        ["next fencing number", ns.next_fencing],
+      ])}
+      <h2>Waiting, first come first served</h2>${table(["#Place", "Token", "#Units", "#Units ahead", "Scope", "#Waited", "State"], waiterRows, "Nobody waits.")}
+      <h2>Caps in use</h2>${Object.keys(scopes).length ? table(["Scope", "#Units held"], Object.entries(scopes).map(([k, v]) => h`<tr><td>${k}</td><td class="num">${v}</td></tr>`)) : h`<p class="muted">No grant names a scope.</p>`}
+      <h2>Grants</h2>${table(["Token", "#Units", "Scope", "#Fencing", "Lease", ""], grantRows, "Nothing granted.")}`,
+    bind: () =>
+      main.querySelectorAll("[data-release]").forEach((button) =>
+        button.addEventListener("click", () =>
+          act(`Release grant ${button.dataset.release} of ${name}?`, () =>
+            api(`/v1/namespaces/${seg(name)}/grants/${seg(button.dataset.release)}?fencing=${button.dataset.fencing}`, { method: "DELETE" }),
+          ),
+        ),
+      ),
+  };
+}
+
+async function poolsPage() {
+  const list = await allowed(all("/v1/pools", "pools"));
+  if (list === null) return { title: "Pools", nav: "pools", watch: [], body: h`<h1>Pools</h1>${denied("any pool")}` };
+  const rows = list.map((p) => h`<tr><td><a href="/ui/pools/${seg(p.name)}">${p.name}</a></td><td>${p.stopped ? tag("bad", "stopped") : tag("ok", "offering")}</td><td>${bars(p.allocated, p.capacity)}</td><td class="num">${p.allocs}</td><td class="num">${p.expired_allocs ? tag("warn", `${p.expired_allocs} lapsed`) : 0}</td><td class="hide-narrow">${Object.entries(p.labels || {}).map(([k, v]) => `${k}=${v}`).join(", ") || "—"}</td></tr>`);
+  return {
+    title: "Pools",
+    nav: "pools",
+    watch: ["pools/"],
+    body: h`<h1>Pools</h1><p class="muted">${list.length} pools: what each can give, and what is allocated of it.</p>
+      ${table(["Pool", "State", "Allocated of capacity", "#Allocs", "#Lapsed", "Labels"], rows, "No pool yet.")}`,
+  };
+}
+
+async function poolPage(name) {
+  const [pool, allocs, can] = await Promise.all([
+    api(`/v1/pools/${seg(name)}`),
+    all(`/v1/pools/${seg(name)}/allocs`, "allocs"),
+    may(`use:pool:${name}`),
+  ]);
+  const canFree = can[`use:pool:${name}`];
+  const rows = allocs.map((a) => h`<tr><td class="mono">${a.id}</td><td>${a.owner || "—"}</td><td>${a.resources}</td><td>${a.held_by === "scheduler" ? "held by the scheduler" : a.expires_in_ms === null || a.expires_in_ms === undefined ? "—" : a.expires_in_ms <= 0 ? tag("warn", "lapsed") : `expires in ${ms(a.expires_in_ms)}`}</td><td class="num">${ms(a.created_ms_ago)}</td><td>${canFree && a.held_by !== "scheduler" ? h`<button class="danger" data-free="${a.id}">Free</button>` : ""}</td></tr>`);
+  return {
+    title: `Pool ${name}`,
+    nav: "pools",
+    watch: [`pools/${name}`],
+    body: h`<div class="crumbs"><a href="/ui/pools">Pools</a> /</div><h1>${name}</h1>
+      ${facts([
+        ["state", pool.stopped ? tag("bad", "stopped") : tag("ok", "offering")],
+        ["allocated", bars(pool.allocated, pool.capacity)],
+        ["capacity", pool.capacity],
+        ["labels", Object.entries(pool.labels || {}).map(([k, v]) => `${k}=${v}`).join(", ") || "none"],
+        ["lapsed", pool.expired_allocs ? h`${tag("warn", `${pool.expired_allocs} allocs`)} (${pool.expired})` : "none"],
+        ["since start", `${pool.stats.accepted} accepted, ${pool.stats.freed} freed, ${pool.stats.reclaimed} reclaimed`],
+      ])}
+      <h2>Allocs</h2>${table(["Alloc", "Owner", "Resources", "Lease", "#Age", ""], rows, "No alloc.")}`,
+    bind: () =>
+      main.querySelectorAll("[data-free]").forEach((button) =>
+        button.addEventListener("click", () =>
+          act(`Free alloc ${button.dataset.free} of pool ${name}?`, () => api(`/v1/pools/${seg(name)}/allocs/${seg(button.dataset.free)}`, { method: "DELETE" })),
+        ),
+      ),
+  };
+}
+
+async function queuesPage() {
+  const list = await allowed(api("/v1/queues").then((q) => q.queues));
+  if (list === null) return { title: "Queues", nav: "queues", watch: [], body: h`<h1>Queues</h1>${denied("any queue")}` };
+  const rows = list.map((q) => {
+    const depth = q.path.split(".").length - 1;
+    const used = resources(q.used);
+    const guaranteed = resources(q.guaranteed);
+    const over = Object.keys(guaranteed).some((r) => (used[r] || 0) > guaranteed[r]);
+    const limit = q.max || q.guaranteed;
+    return h`<tr><td><span class="indent" style="padding-left:${depth * 16}px">${q.path.split(".").pop()}</span> <span class="muted mono hide-narrow">${q.path}</span></td>
+      <td>${limit ? bars(q.used, limit) : h`<span class="muted">${q.used || "nothing"}</span>`}</td>
+      <td class="hide-narrow">${q.guaranteed || "—"}</td><td class="hide-narrow">${q.max || "no max"}</td>
+      <td>${over ? tag("warn", "over its guarantee") : q.guaranteed ? tag("ok", "within") : ""}</td>
+      <td class="num">${q.running_apps}${q.max_apps ? ` / ${q.max_apps}` : ""}</td><td class="num">${q.apps}</td><td class="num">${q.pending_tasks}</td></tr>`;
+  });
+  return {
+    title: "Queues",
+    nav: "queues",
+    watch: ["queues/", "apps/"],
+    body: h`<h1>Queues</h1><p class="muted">The queue tree: what each queue is guaranteed, may use at most, and uses.</p>
+      ${table(["Queue", "Used", "Guaranteed", "Max", "Share", "#Running apps", "#Apps", "#Pending tasks"], rows)}`,
+  };
+}
+
+async function appsPage() {
+  const list = await allowed(all("/v1/apps", "apps"));
+  if (list === null) return { title: "Applications", nav: "apps", watch: [], body: h`<h1>Applications</h1>${denied("any application")}` };
+  const rows = list.map((a) => h`<tr><td><a href="/ui/apps/${seg(a.id)}">${a.id}</a></td><td>${stateTag(a.state)}</td><td>${a.queue}</td><td>${a.user}</td><td>${tasksLine(a.tasks)}</td><td>${a.waiting ? h`${tag("warn", "waiting")} ${a.waiting.message}` : "—"}</td><td class="num">${ms(a.submitted_ms_ago)}</td></tr>`);
+  return {
+    title: "Applications",
+    nav: "apps",
+    watch: ["apps/"],
+    body: h`<h1>Applications</h1><p class="muted">${list.length} applications.</p>
+      ${table(["Application", "State", "Queue", "User", "Tasks", "Why it waits", "#Age"], rows, "No application yet.")}`,
+  };
+}
+
+const where = (placement) => (placement ? h`<span class="mono">${placement.uri}</span> <span class="muted">${placement.resources}</span>` : "—");
+
+async function appPage(id) {
+  const [app, tasks] = await Promise.all([api(`/v1/apps/${seg(id)}`), all(`/v1/apps/${seg(id)}/tasks`, "tasks")]);
+  const can = await may(`use:queue:${app.queue}`);
+  const groups = (app.task_groups || []).map((g) => {
+    const held = (app.placeholders || []).filter((p) => p.group === g.name);
+    const state = held.length >= g.min_members ? tag("ok", "reserved") : held.length ? tag("warn", `${held.length} of ${g.min_members} reserved`) : tag("warn", "not reserved");
+    return h`<tr><td>${g.name}</td><td class="num">${g.min_members}</td><td>${g.min_resources}</td><td>${state}</td><td>${held.map((p) => h`<div>member ${p.member}: ${where(p.placement)}${p.task ? h` — taken by <a href="/ui/apps/${seg(id)}/tasks/${seg(p.task)}">${p.task}</a>` : ""}</div>`)}</td></tr>`;
+  });
+  const rows = tasks.map((t) => h`<tr><td><a href="/ui/apps/${seg(id)}/tasks/${seg(t.id)}">${t.id}</a></td><td>${stateTag(t.state)}</td><td>${t.resources}</td><td>${t.group || "—"}</td><td>${where(t.placement)}</td><td>${t.waiting ? h`${tag("warn", t.waiting.code)} ${t.waiting.message}` : t.reason || "—"}</td></tr>`);
+  return {
+    title: `Application ${id}`,
+    nav: "apps",
+    watch: [`apps/${id}`],
+    body: h`<div class="crumbs"><a href="/ui/apps">Applications</a> /</div><h1>${id} ${stateTag(app.state)}</h1>
+      ${facts([
+        ["queue", h`${app.queue}${app.queue_rule ? h` <span class="muted">(placed by rule ${app.queue_rule})</span>` : ""}`],
+        ["user", `${app.user}${app.user_groups && app.user_groups.length ? ` (${app.user_groups.join(", ")})` : ""}`],
+        ["tasks", tasksLine(app.tasks)],
+        ["waiting", app.waiting ? h`${tag("warn", app.waiting.code)} ${app.waiting.message}` : "no"],
+        ["reason", app.reason || "—"],
+        ["submitted", `${ms(app.submitted_ms_ago)} ago`],
+        ["placeholders expire in", app.placeholders_expire_in_ms === null || app.placeholders_expire_in_ms === undefined ? "—" : ms(app.placeholders_expire_in_ms)],
+      ])}
+      ${can[`use:queue:${app.queue}`] && !["Completed", "Failed", "Rejected"].includes(app.state) ? h`<p><button class="danger" id="remove-app">Remove this application</button></p>` : ""}
+      ${groups.length ? h`<h2>Task groups (gangs)</h2>${table(["Group", "#Members", "Each holds", "Reservation", "Placeholders"], groups)}` : ""}
+      <h2>Tasks</h2>${table(["Task", "State", "Resources", "Group", "Runs on", "Why it waits / why it ended"], rows, "No task yet.")}`,
+    bind: () => {
+      const button = document.getElementById("remove-app");
+      if (button) button.addEventListener("click", () => act(`Remove application ${id}? Its tasks end and everything it holds is released.`, () => api(`/v1/apps/${seg(id)}`, { method: "DELETE" })));
+    },
+  };
+}
+
+async function taskPage(id, taskId) {
+  const task = await api(`/v1/apps/${seg(id)}/tasks/${seg(taskId)}`);
+  let run = null;
+  let logs = null;
+  // A run exists once the task was placed; a placed task's run is on the daemon that runs its
+  // pool (elsewhere: run_not_here).
+  if (task.placement) {
+    try {
+      run = await api(`/v1/apps/${seg(id)}/tasks/${seg(taskId)}/run`);
+      logs = await api(`/v1/apps/${seg(id)}/tasks/${seg(taskId)}/logs?stream=stdout`);
+    } catch (err) {
+      if (!(err instanceof ApiError) || err.status === 403) throw err;
+    }
+  }
+  const events = run ? run.events.map((e) => h`<tr><td>${new Date(e.at_ms).toLocaleTimeString()}</td><td class="num">${e.attempt}</td><td>${stateTag(e.phase)}</td><td>${e.reason || ""}${e.error ? h` <span class="error">${e.error.code}: ${e.error.message}</span>` : ""}</td></tr>`) : [];
+  const tail = logs ? logs.text.split("\n").slice(-60).join("\n") : "";
+  return {
+    title: `Task ${taskId} of ${id}`,
+    nav: "apps",
+    watch: [`apps/${id}/tasks/${taskId}`, `runs/${id}/${taskId}`],
+    body: h`<div class="crumbs"><a href="/ui/apps">Applications</a> / <a href="/ui/apps/${seg(id)}">${id}</a> /</div><h1>${taskId} ${stateTag(task.state)}</h1>
+      ${facts([
+        ["resources", task.resources],
+        ["tokens", (task.tokens || []).map((t) => `${t.namespace}=${t.units}`).join(", ") || "none"],
+        ["runs on", where(task.placement)],
+        ["waiting", task.waiting ? h`${tag("warn", task.waiting.code)} ${task.waiting.message}` : "no"],
+        ["reason", task.reason || "—"],
+      ])}
+      <h2>Run</h2>
+      ${run ? h`${facts([["phase", stateTag(run.phase)], ["attempt", run.attempt], ["failures", `${run.user_failures} user, ${run.system_failures} system`]])}${table(["Time", "#Attempt", "Phase", "What happened"], events, "No event yet.")}` : h`<p class="muted">No run here: the task has not started on this daemon's pools.</p>`}
+      <h2>Log (the end of stdout)</h2>${tail ? h`<pre class="logs">${tail}</pre>` : h`<p class="muted">Nothing written.</p>`}`,
+  };
+}
+
+const routes = [
+  [/^\/ui\/?$/, overview],
+  [/^\/ui\/namespaces\/?$/, namespacesPage],
+  [/^\/ui\/namespaces\/([^/]+)$/, namespacePage],
+  [/^\/ui\/pools\/?$/, poolsPage],
+  [/^\/ui\/pools\/([^/]+)$/, poolPage],
+  [/^\/ui\/queues\/?$/, queuesPage],
+  [/^\/ui\/apps\/?$/, appsPage],
+  [/^\/ui\/apps\/([^/]+)$/, appPage],
+  [/^\/ui\/apps\/([^/]+)\/tasks\/([^/]+)$/, taskPage],
+];
+
+// ---- showing a page, and showing it again ----
+
+let current = { watch: [] };
+let showing = null;
+
+async function show({ keepScroll = false } = {}) {
+  const path = location.pathname;
+  const route = routes.find(([pattern]) => pattern.test(path));
+  const scroll = window.scrollY;
+  let page;
+  try {
+    if (!route) throw new ApiError(404, "not_found", `No page at ${path}.`);
+    const params = route[0].exec(path).slice(1).map(decodeURIComponent);
+    page = await route[1](...params);
+  } catch (err) {
+    if (err instanceof NeedsToken) return login();
+    page = { title: "Not shown", nav: "", watch: [], body: h`<h1>Not shown</h1><p class="error">${err instanceof ApiError ? `${err.code || err.status}: ${err.message}` : String(err)}</p><p><a href="/ui">Back to the overview</a></p>` };
+  }
+  current = page;
+  document.title = `${page.title} · allot`;
+  main.innerHTML = page.body.text;
+  for (const link of document.querySelectorAll("[data-nav]")) {
+    if (link.dataset.nav === page.nav) link.setAttribute("aria-current", "page");
+    else link.removeAttribute("aria-current");
+  }
+  if (page.bind) page.bind();
+  if (keepScroll) window.scrollTo(0, scroll);
+  main.dataset.shown = String(Date.now());
+}
+
+/** Shows the page again soon (changes come in bursts: one read for a burst). */
+function refresh() {
+  if (showing) return;
+  showing = setTimeout(async () => {
+    showing = null;
+    await show({ keepScroll: true });
+  }, 100);
+}
+
+async function act(question, call) {
+  if (!confirm(question)) return;
+  try {
+    await call();
+  } catch (err) {
+    alert(err instanceof ApiError ? `${err.code}: ${err.message}` : String(err));
+  }
+  refresh();
+}
+
+function login(message) {
+  document.title = "Sign in · allot";
+  main.innerHTML = h`<h1>Sign in</h1><form class="login" id="login">
+      <p>This daemon asks who you are. Paste an API token (from <code>allot api-token create</code> or your administrator). It is kept for this browser tab only, never in a link.</p>
+      <label for="token">API token</label><input id="token" type="password" autocomplete="off" required>
+      ${message ? h`<p class="error">${message}</p>` : ""}<button type="submit">Sign in</button></form>`.text;
+  document.getElementById("token").focus();
+  document.getElementById("login").addEventListener("submit", async (event) => {
+    event.preventDefault();
+    sessionStorage.setItem(tokenKey, document.getElementById("token").value.trim());
+    try {
+      await whoami();
+      startWatching();
+      show();
+    } catch (err) {
+      sessionStorage.removeItem(tokenKey);
+      login(err instanceof NeedsToken ? "That token is not known (or has expired)." : String(err));
+    }
+  });
+}
+
+async function whoami() {
+  const me = await api("/v1/whoami");
+  whoBadge.innerHTML = me.user ? h`${me.user} · <a href="#" id="sign-out">sign out</a>`.text : "";
+  const out = document.getElementById("sign-out");
+  if (out) {
+    out.addEventListener("click", (event) => {
+      event.preventDefault();
+      sessionStorage.removeItem(tokenKey);
+      location.reload();
+    });
+  }
+}
+
+// ---- live: the change feed, or polling where the caller may not watch everything ----
+
+let watching = false;
+// The stream ends when the page is left (a kept page must not hold a connection: a browser has
+// but a few per server), and starts again when a kept page is shown again.
+let leaving = new AbortController();
+window.addEventListener("pagehide", () => {
+  leaving.abort();
+  watching = false;
+});
+window.addEventListener("pageshow", (event) => {
+  if (event.persisted) {
+    leaving = new AbortController();
+    startWatching();
+    refresh();
+  }
+});
+
+function setLive(kind, words) {
+  liveBadge.className = `live ${kind}`;
+  liveBadge.textContent = words;
+}
+
+async function startWatching() {
+  if (watching) return;
+  watching = true;
+  let failures = 0;
+  for (;;) {
+    try {
+      if (leaving.signal.aborted) return;
+      const response = await fetch("/v1/watch", {
+        headers: { ...authHeaders(), Accept: "text/event-stream" },
+        signal: leaving.signal,
+      });
+      if (response.status === 403) return poll();
+      if (!response.ok) throw new Error(`HTTP ${response.status}`);
+      if (failures > 0) refresh(); // what changed while away
+      failures = 0;
+      setLive("ok", "live");
+      const reader = response.body.getReader();
+      const decoder = new TextDecoder();
+      let buffer = "";
+      for (;;) {
+        const { value, done } = await reader.read();
+        if (done) break;
+        buffer += decoder.decode(value, { stream: true });
+        let end;
+        while ((end = buffer.indexOf("\n\n")) >= 0) {
+          const frame = buffer.slice(0, end);
+          buffer = buffer.slice(end + 2);
+          const data = frame.split("\n").filter((l) => l.startsWith("data:")).map((l) => l.slice(5).trimStart()).join("\n");
+          if (data) changed(JSON.parse(data).key);
+        }
+      }
+      throw new Error("the stream ended");
+    } catch (err) {
+      if (leaving.signal.aborted) return;
+      failures += 1;
+      setLive("bad", "connection lost — retrying");
+      await new Promise((resolve) => setTimeout(resolve, Math.min(250 * 2 ** failures, 5000)));
+    }
+  }
+}
+
+function changed(key) {
+  if (current.watch.some((prefix) => key.startsWith(prefix))) refresh();
+}
+
+async function poll() {
+  setLive("ok", "live (every 2 s)");
+  for (;;) {
+    await new Promise((resolve) => setTimeout(resolve, 2000));
+    try {
+      await api("/readyz").catch(() => null);
+      setLive("ok", "live (every 2 s)");
+      refresh();
+    } catch {
+      setLive("bad", "connection lost — retrying");
+    }
+  }
+}
+
+// ---- links stay in the page ----
+
+document.addEventListener("click", (event) => {
+  const link = event.target.closest("a[href^='/ui']");
+  if (!link || event.ctrlKey || event.metaKey || event.shiftKey || event.button !== 0) return;
+  event.preventDefault();
+  history.pushState(null, "", link.getAttribute("href"));
+  show().then(() => main.focus());
+});
+window.addEventListener("popstate", () => show());
+
+(async () => {
+  try {
+    await whoami();
+  } catch (err) {
+    if (err instanceof NeedsToken) return login();
+  }
+  startWatching();
+  await show();
+})();
