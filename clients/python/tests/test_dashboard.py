@@ -94,6 +94,15 @@ def shoot(browser: Any, name: str) -> None:
     browser.set_window_size(*DESKTOP)
 
 
+def shoot_dark(browser: Any, name: str) -> None:
+    """A screenshot with the system's dark mode on."""
+    browser.execute_cdp_cmd("Emulation.setEmulatedMedia", {"features": [{"name": "prefers-color-scheme", "value": "dark"}]})
+    time.sleep(0.1)
+    browser.save_screenshot(str(SHOTS / f"{name}-dark.png"))
+    assert browser.execute_script("return getComputedStyle(document.body).backgroundColor") != "rgb(251, 251, 250)"
+    browser.execute_cdp_cmd("Emulation.setEmulatedMedia", {"features": [{"name": "prefers-color-scheme", "value": "light"}]})
+
+
 def test_the_pages_show_the_state_live(browser: Any, ui_daemon: Daemon) -> None:
     base = ui_daemon.url
     with Client(base) as client:
@@ -124,6 +133,7 @@ def test_the_pages_show_the_state_live(browser: Any, ui_daemon: Daemon) -> None:
         overview = text(browser)
         assert "Needs attention" in overview and "ui:quota" in overview and "full" in overview, overview
         shoot(browser, "overview")
+        shoot_dark(browser, "overview")
 
         open_page(browser, base + "/ui/namespaces")
         assert "ui:quota" in text(browser) and "full, waiting" in text(browser)
@@ -168,6 +178,7 @@ def test_the_pages_show_the_state_live(browser: Any, ui_daemon: Daemon) -> None:
         page = text(browser)
         assert "reserved" in page and "member 0" in page and "member 1" in page, page
         shoot(browser, "app-gang")
+        shoot_dark(browser, "app-gang")
 
         open_page(browser, base + "/ui/apps/ui-big")
         page = text(browser)

@@ -97,6 +97,9 @@ function ms(value) {
   return `${value} ms`;
 }
 
+/** A time of day to the millisecond, the browser's local time. */
+const clock = (at) => `${new Date(at).toLocaleTimeString([], { hour12: false })}.${String(at % 1000).padStart(3, "0")}`;
+
 /** `cpu=4,mem=16GiB` as {cpu: 4, mem: 17179869184}. */
 const scale = { "": 1, m: 1e-3, k: 1e3, K: 1e3, M: 1e6, G: 1e9, T: 1e12, P: 1e15, Ki: 2 ** 10, Mi: 2 ** 20, Gi: 2 ** 30, Ti: 2 ** 40, Pi: 2 ** 50 };
 function resources(text) {
@@ -392,7 +395,7 @@ async function taskPage(id, taskId) {
       if (!(err instanceof ApiError) || err.status === 403) throw err;
     }
   }
-  const events = run ? run.events.map((e) => h`<tr><td>${new Date(e.at_ms).toLocaleTimeString()}</td><td class="num">${e.attempt}</td><td>${stateTag(e.phase)}</td><td>${e.reason || ""}${e.error ? h` <span class="error">${e.error.code}: ${e.error.message}</span>` : ""}</td></tr>`) : [];
+  const events = run ? run.events.map((e) => h`<tr><td class="mono">${clock(e.at_ms)}</td><td class="num">${e.attempt}</td><td>${stateTag(e.phase)}</td><td>${e.reason || ""}${e.error ? h` <span class="error">${e.error.code}: ${e.error.message}</span>` : ""}</td></tr>`) : [];
   const tail = logs ? logs.text.split("\n").slice(-60).join("\n") : "";
   return {
     title: `Task ${taskId} of ${id}`,
