@@ -71,14 +71,15 @@ def text(browser: Any) -> str:
 
 
 def open_page(browser: Any, url: str) -> float:
-    """Opens `url` and waits until the page has shown its data: the seconds it took."""
-    start = time.monotonic()
+    """Opens `url` and waits until the page has shown its data: the seconds from the navigation's
+    start until the page with its data was painted, as the browser measures them."""
     browser.get(url)
+    painted = "return document.getElementById('main').dataset.paintedAt"
     try:
-        until(f"{url} is shown", lambda: browser.execute_script("return document.getElementById('main').dataset.shown"))
+        until(f"{url} is shown", lambda: browser.execute_script(painted))
     except AssertionError:
         raise AssertionError(f"{url} is not shown: {text(browser)!r}; the console: {browser.get_log('browser')}") from None
-    return time.monotonic() - start
+    return float(browser.execute_script(painted)) / 1000
 
 
 def console_errors(browser: Any) -> List[str]:
@@ -161,6 +162,19 @@ def test_the_pages_show_the_state_live(browser: Any, ui_daemon: Daemon) -> None:
 
         browser.find_element(By.LINK_TEXT, "Pools").click()
         until("the pools page", lambda: "ui-pool" in text(browser) and browser.current_url.endswith("/ui/pools"))
+        # By the keyboard alone: Tab to the Queues link, Enter, and back to Pools.
+        from selenium.webdriver.common.action_chains import ActionChains
+        from selenium.webdriver.common.keys import Keys
+
+        browser.execute_script("document.activeElement.blur()")
+        for _ in range(12):
+            ActionChains(browser).send_keys(Keys.TAB).perform()
+            if browser.execute_script("return document.activeElement.textContent") == "Queues":
+                break
+        ActionChains(browser).send_keys(Keys.ENTER).perform()
+        until("the queues page, by the keyboard", lambda: browser.current_url.endswith("/ui/queues") and "root.ui" in text(browser))
+        browser.back()
+        until("back to the pools page", lambda: browser.current_url.endswith("/ui/pools") and "ui-pool" in text(browser))
         shoot(browser, "pools")
         open_page(browser, base + "/ui/pools/ui-pool")
         assert "cpu" in text(browser) and "held by the scheduler" in text(browser), text(browser)
@@ -220,14 +234,22 @@ def test_the_pages_answer_quickly_with_many_things(browser: Any, data_root: Path
         pages = ["/ui", "/ui/namespaces", "/ui/namespaces/many:0500", "/ui/pools", "/ui/pools/many-050", "/ui/queues", "/ui/apps", "/ui/apps/many-5", "/ui/apps/many-5/tasks/t050"]
         open_page(browser, daemon.url + "/ui")  # the browser's first start is not the page's
         for page in pages:
-            timings[page] = min(open_page(browser, daemon.url + page) for _ in range(3))
+            loads = []
+            for _ in range(3):
+                browser.get("about:blank")  # the page before is left outside the time
+                loads.append(open_page(browser, daemon.url + page))
+            timings[page] = max(loads)
         shoot(browser, "many-tasks")
         open_page(browser, daemon.url + "/ui/namespaces")
-        assert "many:0999" in text(browser)
+        assert "many:0000" in text(browser) and "Showing 200 of 1000" in text(browser)
+        from selenium.webdriver.common.by import By
+
+        browser.find_element(By.CSS_SELECTOR, "[data-show-all]").click()
+        until("every namespace is shown", lambda: "many:0999" in text(browser))
     finally:
         daemon.stop()
     report = "\n".join(f"{page:<32} {seconds * 1000:7.0f} ms" for page, seconds in timings.items())
-    (SHOTS / "timings.txt").write_text("1,000 namespaces, 100 pools, 1,000 tasks; the best of 3 loads\n" + report + "\n")
+    (SHOTS / "timings.txt").write_text("1,000 namespaces, 100 pools, 1,000 tasks; the slowest of 3 loads\n" + report + "\n")
     print(report)
     # Measured and reported (target/ui-screenshots/timings.txt, docs/benchmarks.md); asserted
     # here only as "answers", with room for a loaded machine.

@@ -120,11 +120,12 @@ function amount(name, value) {
   return `${+value.toFixed(3)}`;
 }
 
-/** A bar of `used` out of `of`, with the numbers in words beside it. */
+/** A bar of `used` out of `of`, with the numbers in words beside it (one element drawn by CSS:
+ * a page of a thousand rows lays out fast). */
 function bar(used, of, label) {
   const share = of > 0 ? Math.min(used / of, 1) : used > 0 ? 1 : 0;
   const cls = share >= 1 ? "full" : share >= 0.8 ? "high" : "";
-  return h`<span class="bar" title="${label}"><span class="track"><span class="fill ${cls}" style="width:${(share * 100).toFixed(1)}%"></span></span><span class="label">${label}</span></span>`;
+  return h`<span class="bar ${cls}" style="--share:${(share * 100).toFixed(1)}%">${label}</span>`;
 }
 
 /** One bar per resource of `capacity` (`used` of each). */
@@ -141,10 +142,22 @@ const stateTag = (state) => {
   const kind = { Completed: "ok", Running: "ok", Success: "ok", Failed: "bad", Rejected: "bad", Killed: "bad", Failing: "bad", Pending: "warn", Reserving: "warn", Accepted: "warn", Queued: "warn", Resuming: "warn" }[state] || "plain";
   return tag(kind, state);
 };
-const table = (head, rows, empty = "none") =>
-  rows.length
-    ? h`<div class="scroll"><table><thead><tr>${head.map((c) => (c.startsWith("#") ? h`<th class="num">${c.slice(1)}</th>` : h`<th>${c}</th>`))}</tr></thead><tbody>${rows}</tbody></table></div>`
-    : h`<p class="muted">${empty}</p>`;
+/** How many rows a table shows until asked for all: a page of a thousand rows takes a browser
+ * longer to lay out and paint than a person should wait. */
+const ROWS = 200;
+const showAll = new Set();
+
+/** A table; a long one shows its first rows (the caller puts what needs attention first) and a
+ * button for the rest, and is laid out by its header alone. */
+function table(head, rows, empty = "none") {
+  if (!rows.length) return h`<p class="muted">${empty}</p>`;
+  const all = showAll.has(location.pathname) || rows.length <= ROWS;
+  const shown = all ? rows : rows.slice(0, ROWS);
+  const more = all ? "" : h`<p class="muted">Showing ${ROWS} of ${rows.length}. <button data-show-all>Show all ${rows.length}</button></p>`;
+  const cells = head.map((c) => (c.startsWith("#") ? h`<th class="num">${c.slice(1)}</th>` : h`<th>${c}</th>`));
+  return h`<div class="scroll"><table class="${rows.length > ROWS ? "long" : ""}"><thead><tr>${cells}</tr></thead><tbody>${shown}</tbody></table></div>${more}`;
+}
+
 const facts = (pairs) => h`<dl class="facts">${pairs.map(([k, v]) => h`<dt>${k}</dt><dd>${v}</dd>`)}</dl>`;
 const denied = (what) => h`<p class="muted">You may not read ${what}.</p>`;
 const tasksLine = (counts) =>
@@ -208,7 +221,13 @@ async function overview() {
 async function namespacesPage() {
   const list = await allowed(all("/v1/namespaces", "namespaces"));
   if (list === null) return { title: "Namespaces", nav: "namespaces", watch: [], body: h`<h1>Namespaces</h1>${denied("any namespace")}` };
-  const rows = list.map((ns) => {
+  // Those with waiters first (the longest wait first), then the fullest.
+  const order = (ns) => [ns.waiters > 0 ? 1 : 0, ns.longest_wait_ms || 0, ns.quota ? ns.granted_units / ns.quota : 0];
+  const sorted = [...list].sort((a, b) => {
+    const [x, y] = [order(a), order(b)];
+    return y[0] - x[0] || y[1] - x[1] || y[2] - x[2] || (a.name < b.name ? -1 : 1);
+  });
+  const rows = sorted.map((ns) => {
     const full = ns.granted_units >= ns.quota && ns.quota > 0;
     const state = ns.waiters > 0 ? tag(full ? "bad" : "warn", full ? "full, waiting" : "waiting") : full ? tag("warn", "full") : tag("ok", "room");
     return h`<tr><td><a href="/ui/namespaces/${seg(ns.name)}">${ns.name}</a></td><td>${bar(ns.granted_units, ns.quota, `${ns.granted_units} / ${ns.quota}`)}</td><td class="num">${ns.grants}</td><td class="num">${ns.waiters}</td><td class="num">${ns.waiters ? ms(ns.longest_wait_ms) : "—"}</td><td>${state}</td></tr>`;
@@ -433,6 +452,7 @@ let current = { watch: [] };
 let showing = null;
 
 async function show({ keepScroll = false } = {}) {
+  const started = performance.now();
   const path = location.pathname;
   const route = routes.find(([pattern]) => pattern.test(path));
   const scroll = window.scrollY;
@@ -453,8 +473,17 @@ async function show({ keepScroll = false } = {}) {
     else link.removeAttribute("aria-current");
   }
   if (page.bind) page.bind();
+  for (const button of main.querySelectorAll("[data-show-all]")) {
+    button.addEventListener("click", () => {
+      showAll.add(location.pathname);
+      show({ keepScroll: true });
+    });
+  }
   if (keepScroll) window.scrollTo(0, scroll);
   main.dataset.shown = String(Date.now());
+  main.dataset.renderMs = String(Math.round(performance.now() - started));
+  // When the page as shown was painted, from the navigation's start (what a person waits).
+  requestAnimationFrame(() => setTimeout(() => (main.dataset.paintedAt = String(Math.round(performance.now())))));
 }
 
 /** Shows the page again soon (changes come in bursts: one read for a burst). */
