@@ -114,6 +114,8 @@ pub(crate) struct AppsAccess {
     store: Arc<dyn Store>,
     /// The API token of calls to the daemon that schedules.
     token: Option<String>,
+    /// Certificates (PEM) those calls trust besides the system's CAs.
+    peer_roots: Option<Vec<u8>>,
     /// One client per scheduling daemon's URL.
     clients: Mutex<HashMap<String, allot_client::Client>>,
     /// The task ends to report, and whether a call is sending them.
@@ -195,8 +197,8 @@ fn ignore_moved_on(done: Result<(), Refusal>) -> Result<(), StoreError> {
 }
 
 impl AppsAccess {
-    pub(crate) fn new(store: Arc<dyn Store>, token: Option<String>) -> AppsAccess {
-        AppsAccess { store, token, clients: Mutex::default(), ends: Mutex::default() }
+    pub(crate) fn new(store: Arc<dyn Store>, token: Option<String>, peer_roots: Option<Vec<u8>>) -> AppsAccess {
+        AppsAccess { store, token, peer_roots, clients: Mutex::default(), ends: Mutex::default() }
     }
 
     fn home(&self) -> Result<Home, StoreError> {
@@ -208,7 +210,14 @@ impl AppsAccess {
                 if let Some(client) = clients.get(&url) {
                     return Ok(Home::At(client.clone()));
                 }
-                let mut client = allot_client::Client::new(&url).map_err(|e| Refusal::from(e).into_error())?;
+                let made = match &self.peer_roots {
+                    Some(pem) => {
+                        let tls = allot_client::TlsOptions { ca_cert_pem: Some(pem.clone()), identity_pem: None };
+                        allot_client::Client::with_tls(&url, &tls)
+                    }
+                    None => allot_client::Client::new(&url),
+                };
+                let mut client = made.map_err(|e| Refusal::from(e).into_error())?;
                 if let Some(token) = &self.token {
                     client = client.with_token(token);
                 }

@@ -73,6 +73,8 @@ pub struct ExecutorConfig {
     /// The API token of the executor's calls to the daemon that schedules (with access
     /// configured there).
     pub token: Option<String>,
+    /// Certificates (PEM) those calls trust besides the system's CAs: the daemons' HTTPS CA.
+    pub peer_roots: Option<Vec<u8>>,
 }
 
 impl ExecutorConfig {
@@ -96,6 +98,7 @@ impl ExecutorConfig {
             node: "local".to_owned(),
             counters: crate::context::PluginCounters::default(),
             token: None,
+            peer_roots: None,
         }
     }
 }
@@ -255,7 +258,7 @@ pub struct Executor {
 impl Executor {
     pub fn new(store: Arc<dyn Store>, registry: Arc<Registry>, config: ExecutorConfig) -> Arc<Executor> {
         Arc::new(Executor {
-            apps: Arc::new(AppsAccess::new(store.clone(), config.token.clone())),
+            apps: Arc::new(AppsAccess::new(store.clone(), config.token.clone(), config.peer_roots.clone())),
             store,
             registry,
             config,

@@ -162,6 +162,17 @@ impl ServerState {
         self.with(|shared| shared.audit = Some(Arc::new(audit)))
     }
 
+    /// The same, with calls forwarded to the other daemons trusting `pem`'s certificates too
+    /// (their HTTPS certificates' CA, or the certificates themselves).
+    pub fn with_peer_roots(self, pem: &[u8]) -> Result<ServerState, reqwest::Error> {
+        let mut builder = reqwest::Client::builder().timeout(MAX_WAIT + Duration::from_secs(30));
+        for cert in reqwest::Certificate::from_pem_bundle(pem)? {
+            builder = builder.add_root_certificate(cert);
+        }
+        let forwarder = builder.build()?;
+        Ok(self.with(|shared| shared.forwarder = forwarder))
+    }
+
     /// The same, with `rules` choosing the queue of a submitted application.
     #[must_use]
     pub fn with_placement(self, rules: PlacementRules) -> ServerState {

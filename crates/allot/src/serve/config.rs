@@ -42,6 +42,7 @@ pub(crate) const SERVE_AFTER_HELP: &str = r#"Configuration file (--config), with
   tls_cert = "cert.pem"         # --tls-cert: serve HTTPS (re-read on SIGHUP or change)
   tls_key = "key.pem"           # --tls-key
   tls_client_ca = "ca.pem"      # --tls-client-ca: client certificates name the caller
+  peer_ca_cert = "ca.pem"       # --peer-ca-cert: the CA of the other daemons' HTTPS (default: tls_cert's)
   redis_ca_cert = "redis-ca.pem" # --redis-ca-cert: the CA of a rediss:// server
   [quotas]                      # --quota: namespace = quota
   "hive:cluster-a" = 10
@@ -183,6 +184,8 @@ struct ConfigFile {
     tls_client_ca: Option<PathBuf>,
     /// `--redis-ca-cert`.
     redis_ca_cert: Option<PathBuf>,
+    /// `--peer-ca-cert`.
+    peer_ca_cert: Option<PathBuf>,
 }
 
 /// `[executor]`: the retry budgets of the tasks this daemon runs [Flyte's `RetryStrategy`
@@ -488,6 +491,9 @@ pub(super) struct Config {
     pub(super) audit: Option<allot_server::AuditSink>,
     /// HTTPS, if configured.
     pub(super) tls: Option<allot_server::TlsFiles>,
+    /// The certificates (PEM) this daemon trusts, besides the system's CAs, in its calls to the
+    /// other daemons: `--peer-ca-cert`, else (with HTTPS) its own certificate's chain.
+    pub(super) peer_roots: Option<Vec<u8>>,
 }
 
 /// The lease rules from the file's `[alloc_leases]` and the flags (which win).
@@ -676,8 +682,18 @@ pub(super) fn resolve(args: &ServeArgs) -> anyhow::Result<Config> {
         (None, None) if args.tls_client_ca.is_none() && file.tls_client_ca.is_none() => None,
         _ => bail!("HTTPS needs both tls_cert and tls_key (--tls-cert, --tls-key); tls_client_ca needs them too"),
     };
+    let peer_roots = match (args.peer_ca_cert.clone().or(file.peer_ca_cert), &tls) {
+        (Some(path), _) => {
+            Some(std::fs::read(&path).with_context(|| format!("--peer-ca-cert: cannot read {}", path.display()))?)
+        }
+        (None, Some(files)) => Some(
+            std::fs::read(&files.cert).with_context(|| format!("--tls-cert: cannot read {}", files.cert.display()))?,
+        ),
+        (None, None) => None,
+    };
     Ok(Config {
         tls,
+        peer_roots,
         audit,
         auth,
         watch: watch_config(&file.watch)?,

@@ -50,6 +50,11 @@ pub(crate) struct ServeArgs {
     /// caller's user, its organizations the user's groups (a token, if given, wins).
     #[arg(long, value_name = "FILE", env = "ALLOT_TLS_CLIENT_CA", requires = "tls_cert")]
     pub(super) tls_client_ca: Option<PathBuf>,
+    /// The CA certificates (PEM) of the other daemons' HTTPS certificates, for this daemon's own
+    /// calls to them (applications calls forwarded to the daemon that schedules, the executor's
+    /// reports); without it, the system's CAs and the certificates of --tls-cert.
+    #[arg(long, value_name = "FILE", env = "ALLOT_PEER_CA_CERT")]
+    pub(super) peer_ca_cert: Option<PathBuf>,
     /// With `--store rediss://...`: trust these CA certificates (PEM) for the Redis server's
     /// certificate instead of the system's.
     #[arg(long, value_name = "FILE", env = "ALLOT_REDIS_CA_CERT")]

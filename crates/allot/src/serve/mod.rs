@@ -210,6 +210,9 @@ pub(crate) async fn run(args: ServeArgs) -> anyhow::Result<()> {
         tls.watch_files();
         state = state.with_tls(tls);
     }
+    if let Some(roots) = &config.peer_roots {
+        state = state.with_peer_roots(roots).context("--peer-ca-cert (or --tls-cert): the certificates to trust")?;
+    }
     tokio::spawn(reload_on_hangup(state.audit.clone(), state.tls.clone()));
     let (stop_executor, executor_stopped) = tokio::sync::watch::channel(false);
     if !config.run_pools.is_empty() {
@@ -257,6 +260,7 @@ async fn start_executor(
     token: Option<String>,
 ) -> anyhow::Result<Arc<allot_exec::Executor>> {
     let (pools, data_dir, plugins) = (&config.run_pools, &config.data_dir, &config.plugins);
+    let peer_roots = config.peer_roots.clone();
     let (retry, scans) = (config.retry, config.scans);
     use allot_exec::{builtin, Executor, ExecutorConfig, Registry, Secrets, SetupContext, Waker};
 
@@ -286,6 +290,7 @@ async fn start_executor(
     config.scan = scans.scan;
     config.scan_without_feed = scans.without_feed;
     config.token = token;
+    config.peer_roots = peer_roots;
     let made = Executor::new(store.clone(), Arc::new(registry), config);
     let _ = executor.set(made.clone());
     tracing::info!(pools = ?pools, "running the tasks placed on these pools");

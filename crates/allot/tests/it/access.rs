@@ -445,3 +445,54 @@ async fn placement_rules_from_the_file_choose_the_queue_and_app_show_says_which_
         "{stderr}"
     );
 }
+
+/// Daemons of one Redis that serve HTTPS call each other over HTTPS: a daemon forwards the
+/// applications part to the one that schedules, and its executor reports the tasks it ran, both
+/// trusting `--peer-ca-cert` (here, the CA that signed every daemon's certificate).
+#[tokio::test]
+async fn daemons_of_a_redis_that_serve_https_forward_to_each_other_over_https() {
+    let redis = allot_store_redis::testing::RedisServer::start();
+    let (dir, data) = data_dir();
+    let write = |name: &str, text: &str| {
+        let path = dir.path().join(name);
+        std::fs::write(&path, text).unwrap();
+        path.to_str().unwrap().to_owned()
+    };
+    let ca = Ca::new("daemons");
+    let (cert, key) = ca.sign(&["127.0.0.1", "localhost"], "allot", &[]);
+    let (cert, key, ca_pem) = (write("cert.pem", &cert), write("key.pem", &key), write("ca.pem", &ca.pem));
+    let start = |name: &str, pool: &str| {
+        let data = data.with_extension(name);
+        let tls = ["--tls-cert", &cert, "--tls-key", &key, "--peer-ca-cert", &ca_pem];
+        let (pool_arg, store) = (format!("{pool}=cpu=2"), redis.url());
+        let args = [&tls[..], &["--store", &store, "--pool", &pool_arg, "--run-pool", pool]].concat();
+        Daemon::start(&data, &args)
+    };
+    let (first, second) = (start("first", "p1"), start("second", "p2"));
+    let tls = allot_client::TlsOptions { ca_cert_pem: Some(ca.pem.clone().into_bytes()), identity_pem: None };
+    let clients = [&first, &second].map(|d| allot_client::Client::with_tls(&d.url, &tls).unwrap());
+    clients[0].put_queue("root.tls", &Default::default()).await.unwrap();
+    // One of the two schedules; the other forwards: both answer, over HTTPS.
+    for (i, client) in clients.iter().enumerate() {
+        let pool = if i == 0 { "p2" } else { "p1" };
+        let app: allot_client::SubmitApp = serde_json::from_value(serde_json::json!({
+            "id": format!("tls-{i}"),
+            "queue": "root.tls",
+            "tasks": [{"id": "t", "resources": "cpu=1", "selector": {}, "spec": {"type": "noop"}}],
+        }))
+        .unwrap();
+        let answer = client.submit_app(&app).await.unwrap_or_else(|err| panic!("through daemon {i}: {err}"));
+        assert!(answer.created, "{pool}");
+    }
+    // Each task runs on whichever daemon runs its pool; the one that does not schedule reports
+    // the end over HTTPS.
+    for i in 0..2 {
+        let done = eventually(std::time::Duration::from_secs(20), async || {
+            let tasks = clients[0].tasks(&format!("tls-{i}")).await.unwrap().tasks;
+            tasks.iter().all(|t| t.state == "Completed")
+        })
+        .await;
+        let tasks = clients[0].tasks(&format!("tls-{i}")).await.unwrap().tasks;
+        assert!(done, "the task of tls-{i} completed: {tasks:?}");
+    }
+}
