@@ -35,4 +35,11 @@ impl Client {
     pub async fn remove_binding(&self, name: &str) -> Result<Binding, ClientError> {
         self.json(self.request(Method::DELETE, &format!("/v1/bindings/{}", encode_segment(name)))?).await
     }
+
+    /// `GET /v1/whoami`: who the caller is, and which of `checks` (`use:namespace:hive:a`,
+    /// `admin:pool:gpu`, `use:queue:root.a`, `read:daemon`) it may do.
+    pub async fn whoami(&self, checks: &[&str]) -> Result<WhoAmI, ClientError> {
+        let query: Vec<(&str, &str)> = checks.iter().map(|check| ("can", *check)).collect();
+        self.json(self.request(Method::GET, "/v1/whoami")?.query(&query)).await
+    }
 }

@@ -80,6 +80,10 @@ enum Command {
     /// Give roles to users and groups through the API (set, list, remove).
     #[command(subcommand)]
     Binding(cli::access::BindingCommand),
+    /// Who the daemon takes you for (your token or certificate), and whether you may do what
+    /// you name, e.g. `allot whoami use:namespace:hive:a admin:daemon`.
+    #[command(after_help = cli::EXIT_CODES)]
+    Whoami(cli::access::WhoamiArgs),
     /// Measure a daemon under load (and compare it with a baseline server).
     #[command(after_help = allot_bench::BENCH_AFTER_HELP)]
     Bench(allot_bench::BenchArgs),
@@ -95,7 +99,7 @@ fn main() -> ExitCode {
     {
         return cli::usage_error(
             "--server, --json and --quiet before the command are options of the CLI commands (quota, token, \
-             session, pool, alloc, queue, app, task, run, watch); `allot serve` listens with --listen, and `allot bench` takes its options \
+             session, pool, alloc, queue, app, task, run, watch, api-token, binding, whoami); `allot serve` listens with --listen, and `allot bench` takes its options \
              after its command, e.g. `allot bench pairs --server URL --json`",
         );
     }
@@ -125,6 +129,7 @@ fn main() -> ExitCode {
             Command::Watch(command) => cli::watch::watch(command, &args.before).await,
             Command::ApiToken(command) => cli::access::api_token(command, &args.before).await,
             Command::Binding(command) => cli::access::binding(command, &args.before).await,
+            Command::Whoami(command) => cli::access::whoami(command, &args.before).await,
             Command::Bench(args) => allot_bench::run(args).await.map(|()| ExitCode::SUCCESS),
             Command::BaselineServer(args) => allot_bench::baseline_server(args).await.map(|()| ExitCode::SUCCESS),
         }

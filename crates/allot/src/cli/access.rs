@@ -6,7 +6,7 @@
 use std::process::ExitCode;
 
 use allot_client::{
-    ApiToken, ApiTokenList, Binding, BindingList, ClientError, CreateApiToken, CreatedApiToken, PutBinding,
+    ApiToken, ApiTokenList, Binding, BindingList, ClientError, CreateApiToken, CreatedApiToken, PutBinding, WhoAmI,
 };
 use allot_server::access::{hash_token, make_token};
 
@@ -89,7 +89,41 @@ pub(crate) enum BindingCommand {
     },
 }
 
+/// `allot whoami [CHECK...]`.
+#[derive(Debug, clap::Args)]
+pub(crate) struct WhoamiArgs {
+    /// Permissions to ask about, each `PERMISSION:RESOURCE`: `use:namespace:hive:a`,
+    /// `admin:pool:gpu`, `use:queue:root.a`, `read:daemon`.
+    #[arg(value_name = "CHECK")]
+    checks: Vec<String>,
+    #[command(flatten)]
+    common: Common,
+}
+
+/// `allot whoami`: who the daemon takes the caller for, and what it may do.
+pub(crate) async fn whoami(args: WhoamiArgs, before: &Common) -> anyhow::Result<ExitCode> {
+    dispatch(args, before, |args| &mut args.common, run_whoami).await
+}
+
+async fn run_whoami(args: WhoamiArgs) -> Result<u8, ClientError> {
+    let checks: Vec<&str> = args.checks.iter().map(String::as_str).collect();
+    let me = client(&args.common)?.whoami(&checks).await?;
+    emit(&args.common, &me, |me| {
+        let mut text = match (&me.user, me.access) {
+            (Some(user), _) if me.groups.is_empty() => format!("{user}\n"),
+            (Some(user), _) => format!("{user} (groups {})\n", me.groups.join(", ")),
+            (None, false) => "anyone: this daemon checks no caller (no [auth])\n".to_owned(),
+            (None, true) => "no one\n".to_owned(),
+        };
+        for (check, may) in &me.can {
+            text.push_str(&format!("{check}: {}\n", if *may { "yes" } else { "no" }));
+        }
+        text
+    })
+}
+
 ids!(
+    WhoAmI => |it| it.user.iter().cloned().collect(),
     CreatedApiToken => |it| vec![it.token.clone()],
     ApiToken => |it| vec![it.name.clone()],
     ApiTokenList => |it| it.api_tokens.iter().map(|t| t.name.clone()).collect(),

@@ -70,6 +70,11 @@ async fn a_daemon_with_auth_serves_only_tokens_it_knows_within_their_roles() {
     assert!(!ok && err.contains("forbidden") && err.contains("`admin`"), "{err}");
     let (ok, out, _) = cli(&url, Some(&team), &["quota", "list", "--quiet"]);
     assert!(ok && out.trim() == "hive:a", "the team sees only its namespaces: {out}");
+    let (ok, out, err) = cli(&url, Some(&team), &["whoami", "use:namespace:hive:a", "admin:daemon"]);
+    assert!(ok, "{err}");
+    assert_eq!(out, "ada (groups hive)\nadmin:daemon: no\nuse:namespace:hive:a: yes\n");
+    let (ok, _, err) = cli(&url, Some(&team), &["whoami", "nonsense"]);
+    assert!(!ok && err.contains("invalid_argument"), "{err}");
 
     // The client, over a real socket.
     let client = daemon.client();
