@@ -122,11 +122,14 @@ async fn transient_error_does_not_invalidate_the_cache() {
     assert_eq!(source.offers_calls(), 1);
 }
 
-/// A caching pool in front of nothing: the refresh fails with a retryable error that every
-/// concurrent caller shares, and the (empty) cache is left as it was.
+/// A caching pool in front of a server that never answers: the refresh fails with a retryable
+/// error that every concurrent caller shares, and the (empty) cache is left as it was. (The
+/// server holds each connection a moment: with a closed port the refresh failed so fast that
+/// callers under load came one after another and shared nothing.)
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn failed_refresh_is_shared_and_leaves_the_cache_alone() {
-    let source = Counted::new(DaemonPool::new(client_of(closed_port()), "w").unwrap());
+    let address = failing_slowly(Duration::from_millis(300)).await;
+    let source = Counted::new(DaemonPool::new(client_of(address), "w").unwrap());
     let cache = Arc::new(CachingPool::new(source.clone(), Duration::from_secs(60)));
     let calls: Vec<_> = (0..10)
         .map(|_| {

@@ -101,6 +101,22 @@ fn closed_port() -> SocketAddr {
     listener.local_addr().unwrap()
 }
 
+/// An address whose every connection is held for `hold` and then closed without an answer: a
+/// call to it fails (retryably), and not at once.
+async fn failing_slowly(hold: std::time::Duration) -> SocketAddr {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let address = listener.local_addr().unwrap();
+    tokio::spawn(async move {
+        while let Ok((stream, _)) = listener.accept().await {
+            tokio::spawn(async move {
+                tokio::time::sleep(hold).await;
+                drop(stream);
+            });
+        }
+    });
+    address
+}
+
 fn r(text: &str) -> Resources {
     text.parse().unwrap()
 }
