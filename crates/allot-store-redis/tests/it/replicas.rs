@@ -19,9 +19,18 @@ fn replica_of(primary: &RedisServer) -> RedisServer {
     primary.cli(&["CONFIG", "SET", "repl-diskless-sync-delay", "0"]);
     let replica = RedisServer::start();
     replica.cli(&["REPLICAOF", "127.0.0.1", &primary.port.to_string()]);
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while !primary.cli(&["INFO", "replication"]).contains("state=online") {
-        assert!(Instant::now() < deadline, "the replica never connected");
+    // Attached as the store counts it: online, and acknowledging (a replica whose first
+    // acknowledgement is late under load shows a lag; the store does not count it yet).
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let attached = |info: &str| {
+        info.lines().filter(|line| line.starts_with("slave")).any(|line| {
+            let lag =
+                line.split(',').find_map(|field| field.strip_prefix("lag=")).and_then(|n| n.trim().parse::<u64>().ok());
+            line.contains("state=online") && lag.is_some_and(|lag| lag <= 1)
+        })
+    };
+    while !attached(&primary.cli(&["INFO", "replication"])) {
+        assert!(Instant::now() < deadline, "the replica never attached: {}", primary.cli(&["INFO", "replication"]));
         std::thread::sleep(Duration::from_millis(50));
     }
     replica
@@ -37,7 +46,18 @@ async fn a_change_is_acknowledged_once_its_replicas_have_it_and_unknown_when_the
     let primary = RedisServer::start();
     let mut replica = replica_of(&primary);
     let store = open(&primary, 1).await;
-    store.put_namespace(NamespaceName::new("replicated").unwrap(), 100).await.unwrap();
+    // The first change waits, if it must, until Redis counts the replica attached.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        match store.put_namespace(NamespaceName::new("replicated").unwrap(), 100).await {
+            Ok(_) => break,
+            Err(StoreError::NotEnoughReplicas(why)) if Instant::now() < deadline => {
+                eprintln!("not yet: {why}");
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+            Err(err) => panic!("{err}"),
+        }
+    }
     for i in 0..50 {
         let token = format!("t{i}");
         store.allocate(request("replicated", &token), Duration::ZERO).await.unwrap();
