@@ -3,8 +3,8 @@
 
 use allot_api as api;
 use allot_core::apps::placement::{PlacementRules, Request, Spot};
-use allot_core::apps::queues::QueuePath;
-use allot_core::apps::{QueueRule, QueueView};
+use allot_core::apps::queues::{QueuePath, Queues};
+use allot_core::apps::QueueRule;
 
 use crate::error::{ApiError, ErrorCode};
 
@@ -20,11 +20,11 @@ pub(crate) fn named_queue(text: Option<&str>) -> Result<Option<QueuePath>, ApiEr
 pub(crate) fn choose(
     rules: &PlacementRules,
     body: &api::SubmitApp,
-    queues: &[QueueView],
+    queues: &Queues,
     usable: &dyn Fn(&QueuePath) -> bool,
 ) -> Result<(QueuePath, Option<QueueRule>), ApiError> {
     let named = named_queue(body.queue.as_deref())?;
-    let spot = |path: &QueuePath| queues.iter().find(|q| &q.path == path).map(|q| Spot { leaf: q.leaf });
+    let spot = |path: &QueuePath| queues.get(path).map(|_| Spot { leaf: queues.children(path).next().is_none() });
     if rules.is_empty() {
         let queue = named.ok_or_else(|| {
             let message = format!(

@@ -4,7 +4,7 @@
 
 use std::collections::BTreeMap;
 
-use allot_core::apps::queues::{QueueLimits, QueuePath};
+use allot_core::apps::queues::{QueueLimits, QueuePath, Queues};
 use allot_core::apps::states::TaskState;
 use allot_core::apps::{
     App, AppId, AppSpec, QueueView, Released, Removed, SchedError, SchedStats, Scheduler, Task, TaskEnd, TaskId,
@@ -81,6 +81,9 @@ pub trait AppStore: Send + Sync {
     async fn remove_queue(&self, path: QueuePath) -> Result<(), StoreError>;
     /// Every queue, in path order (a tree of queues is small: it is not paged).
     async fn queues(&self) -> Result<Vec<QueueView>, StoreError>;
+    /// The queue tree alone (paths, limits): what ACL and placement checks read, without each
+    /// queue's usage.
+    async fn queue_tree(&self) -> Result<Queues, StoreError>;
     async fn queue(&self, path: QueuePath) -> Result<QueueView, StoreError>;
 
     /// Adds an application; true if it is new (the same content again answers it).

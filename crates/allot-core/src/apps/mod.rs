@@ -514,6 +514,12 @@ impl Scheduler {
         Ok(self.queue_view(path, limits))
     }
 
+    /// The queue tree itself: paths and limits, without what each queue holds (a cheap read
+    /// for checks that need only those, such as ACLs and placement rules).
+    pub fn queue_tree(&self) -> Queues {
+        self.queues.clone()
+    }
+
     /// Every queue, in path order.
     pub fn queues(&self) -> Vec<QueueView> {
         self.queues.iter().map(|(path, limits)| self.queue_view(path, limits)).collect()

@@ -52,7 +52,7 @@ impl RuleKind {
 }
 
 /// Users and groups, each given by name or by a regular expression matching the whole name.
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, Default)]
 struct Names {
     names: Vec<String>,
     patterns: Vec<regex::Regex>,
@@ -60,7 +60,7 @@ struct Names {
 
 impl Names {
     fn new(entries: &[String], rule: &str) -> Result<Names, RuleError> {
-        let mut names = Names { names: Vec::new(), patterns: Vec::new() };
+        let mut names = Names::default();
         for entry in entries {
             if entry.chars().any(|c| "^$*+?()[]{}|\\".contains(c)) {
                 let pattern = regex::Regex::new(&format!("^(?:{entry})$")).map_err(|err| RuleError {
@@ -86,21 +86,11 @@ impl Names {
 
 /// Whom a rule applies to: with `allow`, the users listed and the members of the groups
 /// listed; with `deny`, everyone else. A filter that lists no one applies to everyone.
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, Default)]
 pub struct Filter {
     deny: bool,
     users: Names,
     groups: Names,
-}
-
-impl Default for Filter {
-    fn default() -> Filter {
-        Filter {
-            deny: false,
-            users: Names { names: vec![], patterns: vec![] },
-            groups: Names { names: vec![], patterns: vec![] },
-        }
-    }
 }
 
 impl Filter {

@@ -18,6 +18,7 @@ use crate::page::{cursor, PageQuery};
 use crate::placement;
 use crate::ServerState;
 use allot_core::apps::placement::PlacementRules;
+use allot_core::apps::queues::Queues;
 
 /// Every queue, in path order.
 #[utoipa::path(get, path = "/v1/queues", tag = "apps",
@@ -124,12 +125,12 @@ pub(crate) async fn submit_app(
         }
     };
     let (queue, rule) = if state.placement.is_empty() {
-        let (queue, rule) = placement::choose(&state.placement, &body, &[], &|_| true)?;
+        let (queue, rule) = placement::choose(&state.placement, &body, &Queues::new(), &|_| true)?;
         who.check(Permission::Use, Resource::Queue(queue.to_string()))?;
         queue_acl(&state, &who, queue.as_str(), Acl::Submit).await?;
         (queue, rule)
     } else {
-        let queues = state.store.queues().await?;
+        let queues = state.store.queue_tree().await?;
         let usable = |queue: &allot_core::apps::queues::QueuePath| {
             who.may(Permission::Use, &Resource::Queue(queue.to_string()))
                 && acl_refusal(&queues, &who, queue.as_str(), Acl::Submit).is_none()
@@ -151,7 +152,7 @@ pub async fn submit(
     rules: &PlacementRules,
     body: api::SubmitApp,
 ) -> Result<api::SubmitAppResponse, ApiError> {
-    let queues = if rules.is_empty() { Vec::new() } else { store.queues().await? };
+    let queues = if rules.is_empty() { Queues::new() } else { store.queue_tree().await? };
     let (queue, rule) = placement::choose(rules, &body, &queues, &|_| true)?;
     submit_to(store, body, queue, rule).await
 }
@@ -426,28 +427,22 @@ pub(crate) async fn queue_acl(state: &ServerState, who: &Who, path: &str, needed
     if who.may(Permission::Admin, &Resource::Queue(path.to_owned())) {
         return Ok(());
     }
-    let queues = state.store.queues().await?;
+    let queues = state.store.queue_tree().await?;
     acl_refusal(&queues, who, path, needed).map_or(Ok(()), Err)
 }
 
 /// [`queue_acl`] over the queues as they are: the refusal, if the ACLs refuse the caller.
-pub(crate) fn acl_refusal(
-    queues: &[allot_core::apps::QueueView],
-    who: &Who,
-    path: &str,
-    needed: Acl,
-) -> Option<ApiError> {
+pub(crate) fn acl_refusal(queues: &Queues, who: &Who, path: &str, needed: Acl) -> Option<ApiError> {
     let principal = who.principal()?;
     if who.may(Permission::Admin, &Resource::Queue(path.to_owned())) {
         return None;
     }
-    let on_path = |queue: &&allot_core::apps::QueueView| allot_core::access::in_queue_tree(path, queue.path.as_str());
     let mut lists = Vec::new();
-    for queue in queues.iter().filter(on_path) {
+    for (_, limits) in queues.iter().filter(|(queue, _)| allot_core::access::in_queue_tree(path, queue.as_str())) {
         if needed == Acl::Submit {
-            lists.extend(queue.limits.submit_acl.iter());
+            lists.extend(limits.submit_acl.iter());
         }
-        lists.extend(queue.limits.admin_acl.iter());
+        lists.extend(limits.admin_acl.iter());
     }
     if lists.is_empty() || lists.iter().any(|acl| acl.allows(principal)) {
         return None;

@@ -18,7 +18,7 @@ mod scheduler;
 mod steps;
 
 use allot_core::apps::queues::QueueUsage;
-use allot_core::apps::queues::{QueueLimits, QueuePath};
+use allot_core::apps::queues::{QueueLimits, QueuePath, Queues};
 use allot_core::apps::{AppId, AppSpec, QueueView, SchedError, SchedStats, TaskEnd, TaskId, TaskSpec};
 use allot_core::NamespaceName;
 use allot_store::{AppInfo, AppStore, AppsHome, Page, PageRequest, StoreError, Submitted, TaskInfo};
@@ -76,6 +76,10 @@ impl AppStore for RedisStore {
 
     async fn queue(&self, path: QueuePath) -> Result<QueueView, StoreError> {
         self.read_sched(|sched| sched.queue(&path)).await
+    }
+
+    async fn queue_tree(&self) -> Result<Queues, StoreError> {
+        self.read_sched(|sched| Ok(sched.queue_tree())).await
     }
 
     async fn add_app(&self, spec: AppSpec) -> Result<(AppInfo, bool), StoreError> {

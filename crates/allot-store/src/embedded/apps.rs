@@ -7,7 +7,7 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Duration;
 
-use allot_core::apps::queues::{QueueLimits, QueuePath};
+use allot_core::apps::queues::{QueueLimits, QueuePath, Queues};
 use allot_core::apps::{
     AppChange, AppId, AppSpec, QueueView, SchedConfig, SchedError, SchedStats, Scheduler, TaskEnd, TaskId, TaskSpec,
     World,
@@ -166,6 +166,10 @@ impl AppStore for EmbeddedStore {
 
     async fn queue(&self, path: QueuePath) -> Result<QueueView, StoreError> {
         self.read_sched(|sched| sched.queue(&path))
+    }
+
+    async fn queue_tree(&self) -> Result<Queues, StoreError> {
+        self.read_sched(|sched| Ok(sched.queue_tree()))
     }
 
     async fn add_app(&self, spec: AppSpec) -> Result<(AppInfo, bool), StoreError> {
