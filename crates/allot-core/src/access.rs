@@ -9,6 +9,7 @@
 
 use std::collections::BTreeMap;
 use std::fmt;
+use std::sync::Arc;
 
 /// Who makes a call, as authenticated: a user and the groups it belongs to.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
@@ -393,6 +394,30 @@ impl Policy {
         self.roles_of(principal)
             .flat_map(|role| &role.grants)
             .any(|(held, pattern)| held.includes(permission) && pattern.touches(kind))
+    }
+}
+
+/// What the scheduler may give an application: anything (access control is not configured), or
+/// only what its user (with its groups) may `use` under a policy. Every placement passes it, so
+/// an accepted application reaches no pool or namespace its user could not reach by hand.
+#[derive(Debug, Clone, Default)]
+pub enum Tenancy {
+    #[default]
+    Open,
+    Enforced(Arc<Policy>),
+}
+
+impl Tenancy {
+    /// Whether `user` may have `resource` (a pool or a namespace) used for it.
+    pub fn may_use(&self, user: &Principal, resource: &Resource) -> bool {
+        match self {
+            Tenancy::Open => true,
+            Tenancy::Enforced(policy) => policy.allows(user, Permission::Use, resource),
+        }
+    }
+
+    pub fn is_open(&self) -> bool {
+        matches!(self, Tenancy::Open)
     }
 }
 

@@ -204,7 +204,11 @@ impl Access {
         for binding in unknown {
             tracing::warn!(role = %binding.role, "a binding kept in the store names a role this daemon does not have; ignored");
         }
-        let current = Current { version: records.version, policy: Arc::new(policy), stored_tokens };
+        let policy = Arc::new(policy);
+        // The scheduler places by the same policy: a binding removed ends what its users may be
+        // given from the next cycle on.
+        store.set_tenancy(allot_core::access::Tenancy::Enforced(policy.clone()));
+        let current = Current { version: records.version, policy, stored_tokens };
         *self.current.write().unwrap_or_else(|p| p.into_inner()) = Arc::new(current);
         self.changed.send_replace(records.version);
         Ok(())
@@ -395,6 +399,15 @@ impl Who {
         self.caller.may(self.access.as_deref(), permission, resource)
     }
 
+    /// The principal and the policy in force, when calls are checked: whom the access rules of
+    /// the core (`allot_core::apps::admission`) judge.
+    pub(crate) fn judged(&self) -> Option<(Principal, Arc<Policy>)> {
+        match (&self.caller, &self.access) {
+            (Caller::Principal(principal), Some(access)) => Some((principal.clone(), access.policy())),
+            _ => None,
+        }
+    }
+
     /// Whether calls are checked at all (access is configured).
     pub(crate) fn checks(&self) -> bool {
         self.access.is_some()
@@ -547,6 +560,9 @@ pub enum Target {
     Some(Kind),
     /// Resources of any kind, named by the request (a watch's filter): the handler checks each.
     Named,
+    /// Resources of this kind named in the body (a submission's queue, each report's
+    /// application): the handler checks each and names the one refused.
+    Body(Kind),
 }
 
 /// The one permission a route needs, over which resource.
@@ -630,7 +646,7 @@ pub(crate) async fn authorize(
             }
             Some(Resource::All(kind))
         }
-        Target::Named => return next.run(request).await,
+        Target::Named | Target::Body(_) => return next.run(request).await,
     };
     let allowed = match &resource {
         Some(resource) => access.policy().check(&principal, permission, resource.clone()).map_err(ApiError::from),
@@ -654,7 +670,7 @@ pub(crate) async fn authorize(
 fn target_kind(target: Target) -> Kind {
     match target {
         Target::Daemon => Kind::Daemon,
-        Target::Path(kind) | Target::Some(kind) => kind,
+        Target::Path(kind) | Target::Some(kind) | Target::Body(kind) => kind,
         Target::AppQueue => Kind::Queue,
         Target::Named => Kind::Daemon,
     }

@@ -30,7 +30,6 @@ mod hot;
 mod metrics;
 mod objects;
 mod page;
-mod placement;
 pub mod tls;
 pub use page::DEFAULT_PAGE;
 mod routes;
@@ -153,6 +152,8 @@ impl ServerState {
     /// The same, with calls authenticated by API token and authorized by `access`'s policy.
     #[must_use]
     pub fn with_access(self, access: Access) -> ServerState {
+        // The scheduler gives applications only what their users may use, by the same policy.
+        self.store.set_tenancy(allot_core::access::Tenancy::Enforced(access.policy()));
         self.with(|shared| shared.access = Some(Arc::new(access)))
     }
 

@@ -127,6 +127,11 @@ pub trait AppStore: Send + Sync {
     /// The scheduler's counters (on this daemon).
     fn sched_stats(&self) -> SchedStats;
 
+    /// What applications may be given from the next scheduling cycle on (the access policy in
+    /// force: roles, and bindings as they change). On a store several daemons share, used while
+    /// this daemon schedules.
+    fn set_tenancy(&self, tenancy: allot_core::access::Tenancy);
+
     /// Which daemon serves the applications part: this one (the default), or, on a store that
     /// several daemons share, the one that holds the scheduler's lease.
     fn apps_home(&self) -> AppsHome {

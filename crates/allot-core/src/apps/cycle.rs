@@ -23,12 +23,14 @@ use std::collections::hash_map::DefaultHasher;
 use std::collections::{BTreeMap, BTreeSet, BinaryHeap, HashMap};
 use std::hash::{Hash, Hasher};
 use std::ops::Bound;
+use std::rc::Rc;
 
 use super::why::Why;
 use super::{
     pending_key, release, transition, Account, AppChange, AppId, GangStyle, GroupName, HeldTokens, Outcome, PendingKey,
     Placement, Scheduler, Slot, TaskId, TokenNeed, World, RESERVATION_TIMEOUT,
 };
+use crate::access::{Principal, Resource};
 use crate::apps::queues::{limit_at, LimitHit, QueuePath, QueueUsage, SortPolicy};
 use crate::apps::states::{AppEvent, AppState, TaskEvent};
 use crate::names::Token;
@@ -81,14 +83,21 @@ impl Room {
     }
 
     /// The matching pool with the least free space that fits `wanted` (less what `taken` says
-    /// is already promised in it), or why there is none.
-    fn best_fit(&self, wanted: &Resources, selector: &Labels, taken: &HashMap<usize, Resources>) -> Result<usize, Why> {
+    /// is already promised in it) among those `allowed` (every pool when none), or why there is
+    /// none.
+    fn best_fit(
+        &self,
+        wanted: &Resources,
+        selector: &Labels,
+        taken: &HashMap<usize, Resources>,
+        allowed: Option<&Allowed>,
+    ) -> Result<usize, Why> {
         let size = wanted.size(&self.weights);
         // A pool that fits has a size at least `size`; allow for rounding of the float sums.
         let lower = (size - size * 1e-9 - 1e-12).max(0.0).to_bits();
         for &(_, i) in self.index.range((Bound::Included((lower, 0)), Bound::Unbounded)) {
             let spot = &self.spots[i];
-            if !selector_matches(selector, &spot.labels) {
+            if !selector_matches(selector, &spot.labels) || allowed.is_some_and(|a| !a.pools[i]) {
                 continue;
             }
             let fits = match taken.get(&i) {
@@ -99,13 +108,24 @@ impl Room {
                 return Ok(i);
             }
         }
-        Err(self.why_not(wanted, selector, taken))
+        Err(self.why_not(wanted, selector, taken, allowed))
     }
 
-    fn why_not(&self, wanted: &Resources, selector: &Labels, taken: &HashMap<usize, Resources>) -> Why {
+    fn why_not(
+        &self,
+        wanted: &Resources,
+        selector: &Labels,
+        taken: &HashMap<usize, Resources>,
+        allowed: Option<&Allowed>,
+    ) -> Why {
         let mut closest: Option<(f64, usize, Resources)> = None;
+        let mut matched = false;
         for (i, spot) in self.spots.iter().enumerate() {
             if !selector_matches(selector, &spot.labels) {
+                continue;
+            }
+            matched = true;
+            if allowed.is_some_and(|a| !a.pools[i]) {
                 continue;
             }
             let free = match taken.get(&i) {
@@ -118,9 +138,19 @@ impl Room {
                 closest = Some((size, i, lacks));
             }
         }
-        match closest {
-            None => Why::NoPoolMatches { selector: selector.clone() },
-            Some((_, i, lacks)) => {
+        match (closest, allowed) {
+            (None, Some(allowed)) if matched => {
+                let what = match selector.is_empty() {
+                    true => "any pool that takes allocs".to_owned(),
+                    false => {
+                        let labels: Vec<String> = selector.iter().map(|(k, v)| format!("{k}={v}")).collect();
+                        format!("any pool that takes allocs with the labels {}", labels.join(","))
+                    }
+                };
+                Why::Forbidden { user: allowed.user.clone(), what }
+            }
+            (None, _) => Why::NoPoolMatches { selector: selector.clone() },
+            (Some((_, i, lacks)), _) => {
                 Why::NoRoom { wanted: wanted.clone(), closest: Some((self.spots[i].name.clone(), lacks)) }
             }
         }
@@ -143,27 +173,38 @@ impl Room {
     }
 }
 
-/// Shapes (resources and selector) that found no room this cycle: room only shrinks during a
-/// cycle, so the same shape is not searched for again.
+/// Shapes (resources, selector and the class of pools the user may use) that found no room this
+/// cycle: room only shrinks during a cycle, so the same shape is not searched for again.
 #[derive(Default)]
-struct NoRoom(HashMap<u64, Vec<(Resources, Labels, Why)>>);
+struct NoRoom(HashMap<u64, Vec<(Resources, Labels, u32, Why)>>);
 
 impl NoRoom {
-    fn hash(wanted: &Resources, selector: &Labels) -> u64 {
+    fn hash(wanted: &Resources, selector: &Labels, class: u32) -> u64 {
         let mut hasher = DefaultHasher::new();
         wanted.hash(&mut hasher);
         selector.hash(&mut hasher);
+        class.hash(&mut hasher);
         hasher.finish()
     }
 
-    fn get(&self, wanted: &Resources, selector: &Labels) -> Option<&Why> {
-        let shapes = self.0.get(&NoRoom::hash(wanted, selector))?;
-        shapes.iter().find(|(r, s, _)| r == wanted && s == selector).map(|(.., why)| why)
+    fn get(&self, wanted: &Resources, selector: &Labels, class: u32) -> Option<&Why> {
+        let shapes = self.0.get(&NoRoom::hash(wanted, selector, class))?;
+        shapes.iter().find(|(r, s, c, _)| r == wanted && s == selector && *c == class).map(|(.., why)| why)
     }
 
-    fn insert(&mut self, wanted: &Resources, selector: &Labels, why: Why) {
-        self.0.entry(NoRoom::hash(wanted, selector)).or_default().push((wanted.clone(), selector.clone(), why));
+    fn insert(&mut self, wanted: &Resources, selector: &Labels, class: u32, why: Why) {
+        let shapes = self.0.entry(NoRoom::hash(wanted, selector, class)).or_default();
+        shapes.push((wanted.clone(), selector.clone(), class, why));
     }
+}
+
+/// The pools one user may use this cycle, by spot, while tenancy is enforced; users with the same
+/// answer may differ in `class` (it only keys what found no room).
+#[derive(Clone)]
+struct Allowed {
+    class: u32,
+    user: String,
+    pools: Rc<[bool]>,
 }
 
 /// A leaf queue's applications with work in this cycle.
@@ -183,6 +224,8 @@ struct Cycle<'c> {
     ids: &'c mut dyn FnMut() -> u64,
     out: Outcome,
     report: CycleReport,
+    /// Each user's [`Allowed`], computed at its first placement of the cycle.
+    allowed: HashMap<Principal, Allowed>,
 }
 
 impl Scheduler {
@@ -220,6 +263,7 @@ impl Scheduler {
             ids,
             out,
             report: CycleReport { timed_out, ..CycleReport::default() },
+            allowed: HashMap::new(),
         };
         let mut heap: BinaryHeap<Reverse<(Vec<u64>, usize)>> =
             lanes.iter().enumerate().map(|(i, lane)| Reverse((self.fair_key(&lane.ancestors), i))).collect();
@@ -398,13 +442,18 @@ impl Scheduler {
         if let Some(hit) = self.limit_hit(app_id, &wanted, !app.counted) {
             return Err(Why::QueueLimit(hit));
         }
-        if let Some(why) = cycle.no_room.get(&wanted, &selector) {
+        let allowed = self.allowed(app_id, cycle);
+        if let Some(why) = self.forbidden_tokens(app_id, &needs) {
+            return Err(why);
+        }
+        let class = allowed.as_ref().map_or(0, |a| a.class);
+        if let Some(why) = cycle.no_room.get(&wanted, &selector, class) {
             return Err(why.clone());
         }
-        let spot = match cycle.room.best_fit(&wanted, &selector, &HashMap::new()) {
+        let spot = match cycle.room.best_fit(&wanted, &selector, &HashMap::new(), allowed.as_ref()) {
             Ok(spot) => spot,
             Err(why) => {
-                cycle.no_room.insert(&wanted, &selector, why.clone());
+                cycle.no_room.insert(&wanted, &selector, class, why.clone());
                 return Err(why);
             }
         };
@@ -487,11 +536,17 @@ impl Scheduler {
         if let Some(hit) = self.limit_hit(app_id, &total, !app.counted) {
             return Err(Why::GangNotReserved { member: None, cause: Some(Box::new(Why::QueueLimit(hit))) });
         }
+        let allowed = self.allowed(app_id, cycle);
+        let needs: Vec<TokenNeed> = members.iter().flat_map(|m| m.4.iter().cloned()).collect();
+        if let Some(why) = self.forbidden_tokens(app_id, &needs) {
+            return Err(Why::GangNotReserved { member: None, cause: Some(Box::new(why)) });
+        }
         // Room for every member first, on a scratch copy of what is free.
         let mut promised: HashMap<usize, Resources> = HashMap::new();
         let mut spots = Vec::with_capacity(members.len());
         for (group, member, wanted, selector, _) in &members {
-            let spot = cycle.room.best_fit(wanted, selector, &promised).map_err(|why| Why::GangNotReserved {
+            let found = cycle.room.best_fit(wanted, selector, &promised, allowed.as_ref());
+            let spot = found.map_err(|why| Why::GangNotReserved {
                 member: Some((group.clone(), *member)),
                 cause: Some(Box::new(why)),
             })?;
@@ -541,6 +596,36 @@ impl Scheduler {
         self.stats.reservations += 1;
         cycle.report.reserved += 1;
         Ok(())
+    }
+
+    /// The pools the application's user may use this cycle; `None` while tenancy is open.
+    fn allowed(&self, app_id: &AppId, cycle: &mut Cycle<'_>) -> Option<Allowed> {
+        if self.config.tenancy.is_open() {
+            return None;
+        }
+        let user = self.apps[app_id].spec.principal();
+        let class = u32::try_from(cycle.allowed.len()).unwrap_or(u32::MAX).saturating_add(1);
+        let spots = &cycle.room.spots;
+        let tenancy = &self.config.tenancy;
+        let allowed = cycle.allowed.entry(user).or_insert_with_key(|user| Allowed {
+            class,
+            user: user.user.clone(),
+            pools: spots.iter().map(|spot| tenancy.may_use(user, &Resource::Pool(spot.name.to_string()))).collect(),
+        });
+        Some(allowed.clone())
+    }
+
+    /// Why the application's user may not hold `needs`: the first namespace it may not use.
+    fn forbidden_tokens(&self, app_id: &AppId, needs: &[TokenNeed]) -> Option<Why> {
+        if self.config.tenancy.is_open() || needs.is_empty() {
+            return None;
+        }
+        let spec = &self.apps[app_id].spec;
+        let user = spec.principal();
+        let need = needs
+            .iter()
+            .find(|n| !self.config.tenancy.may_use(&user, &Resource::Namespace(n.namespace.to_string())))?;
+        Some(Why::Forbidden { user: spec.user.clone(), what: format!("namespace `{}`", need.namespace) })
     }
 
     /// Runs the timers that are due: reserve timeouts, placeholder timeouts, completing grace.

@@ -18,6 +18,7 @@
 //!   a gang's slots all together, after checking that everything can be had;
 //! - the usage of every queue equals the sum of what the placements of its applications hold.
 
+pub mod admission;
 mod cycle;
 pub mod placement;
 pub mod queues;
@@ -34,6 +35,7 @@ pub use spec::{
 };
 pub use why::Why;
 
+use crate::access::Tenancy;
 use crate::apps::queues::{limit_at, QueueError, QueueLimits, QueuePath, QueueUsage, Queues};
 use crate::apps::states::{AppEvent, AppState, IllegalTransition, TaskEvent, TaskState};
 use crate::names::{NamespaceName, Token};
@@ -304,6 +306,9 @@ pub struct SchedConfig {
     pub retention_ms: u64,
     /// Best fit orders pools by the weighted size of what is free.
     pub weights: SizeWeights,
+    /// What an application's user may be given: checked at every placement (roles and bindings
+    /// change after a submission). Not recorded: the daemon that schedules sets it.
+    pub tenancy: Tenancy,
 }
 
 impl Default for SchedConfig {
@@ -312,6 +317,7 @@ impl Default for SchedConfig {
             completing_grace_ms: DEFAULT_COMPLETING_GRACE_MS,
             retention_ms: DEFAULT_RETENTION_MS,
             weights: SizeWeights::default(),
+            tenancy: Tenancy::Open,
         }
     }
 }
@@ -440,6 +446,11 @@ impl Scheduler {
 
     pub fn set_config(&mut self, config: SchedConfig) {
         self.config = config;
+    }
+
+    /// What applications may be given from now on (the next cycle places by it).
+    pub fn set_tenancy(&mut self, tenancy: Tenancy) {
+        self.config.tenancy = tenancy;
     }
 
     /// True if some application or task waits to be placed (a cycle may place it once room or

@@ -254,6 +254,11 @@ impl AppSpec {
         self.groups.iter().find(|g| &g.name == name)
     }
 
+    /// Whom access rules judge the application as: its user, with its groups.
+    pub fn principal(&self) -> crate::access::Principal {
+        crate::access::Principal { user: self.user.clone(), groups: self.user_groups.clone() }
+    }
+
     /// Whom the queues' per-user and per-group limits count the application against.
     pub fn owner(&self) -> Owner<'_> {
         Owner { user: &self.user, group: self.user_groups.first().map(String::as_str) }

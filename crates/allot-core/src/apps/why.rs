@@ -26,6 +26,9 @@ pub enum Why {
     GangMissing { missing: u32 },
     /// The task waits for its application's gang: it is placed once the gang runs.
     AfterGang,
+    /// The application's user may not use what the task needs: a token namespace, or every pool
+    /// that would match (`what` names it). It waits until the user is given `use` on it.
+    Forbidden { user: String, what: String },
 }
 
 impl Why {
@@ -38,6 +41,7 @@ impl Why {
         "gang_not_reserved",
         "gang_missing_members",
         "after_gang",
+        "forbidden",
     ];
 
     /// The code of this name, as [`Why::code`] answers it.
@@ -55,6 +59,7 @@ impl Why {
             Why::GangNotReserved { .. } => "gang_not_reserved",
             Why::GangMissing { .. } => "gang_missing_members",
             Why::AfterGang => "after_gang",
+            Why::Forbidden { .. } => "forbidden",
         }
     }
 }
@@ -87,6 +92,7 @@ impl fmt::Display for Why {
                 write!(f, "the gang is reserved and still misses {missing} real tasks to take its placeholders")
             }
             Why::AfterGang => f.write_str("its application places its gang first"),
+            Why::Forbidden { user, what } => write!(f, "user `{user}` may not use {what}"),
         }
     }
 }
@@ -103,6 +109,7 @@ mod tests {
             Why::GangNotReserved { member: None, cause: None },
             Why::GangMissing { missing: 1 },
             Why::AfterGang,
+            Why::Forbidden { user: "ada".into(), what: "namespace `x`".into() },
         ];
         for why in &every {
             assert_eq!(Why::code_named(why.code()), Some(why.code()));

@@ -71,7 +71,7 @@ pub(super) fn encode_queues(encoder: &mut DescriptorEncoder<'_>, queues: &[Queue
         encoder,
         "allot_queue_waiting",
         "Applications and tasks waiting in the queue, by what holds them (reason: queue_limit, no_pool_matches, \
-         no_room, tokens, gang_not_reserved, gang_missing_members, after_gang)",
+         no_room, tokens, gang_not_reserved, gang_missing_members, after_gang, forbidden)",
         &waiting,
     )
 }

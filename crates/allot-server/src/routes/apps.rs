@@ -13,12 +13,14 @@ use super::{Answer, UNAVAILABLE};
 use crate::access::Who;
 use crate::convert::apps::{self as convert, app_id, queue_path, task_id};
 use crate::error::ApiError;
+use crate::error::ErrorCode;
 use crate::extract::{JsonBody, QueryArgs, Segments};
 use crate::page::{cursor, PageQuery};
-use crate::placement;
 use crate::ServerState;
-use allot_core::apps::placement::PlacementRules;
+use allot_core::apps::admission::{self, AppAction, Caller};
+use allot_core::apps::placement::{PlacementRules, Request};
 use allot_core::apps::queues::Queues;
+use allot_core::apps::AppId;
 
 /// Every queue, in path order.
 #[utoipa::path(get, path = "/v1/queues", tag = "apps",
@@ -55,7 +57,7 @@ pub(crate) async fn put_queue(
     JsonBody(body): JsonBody<api::PutQueue>,
 ) -> Result<(StatusCode, Json<api::PutQueueResponse>), ApiError> {
     let limits = convert::queue_limits(body)?;
-    queue_acl(&state, &who, &path, Acl::Admin).await?;
+    may_admin_queue(&state, &who, &path).await?;
     let (created, view) = state.store.put_queue(queue_path(&path)?, limits).await?;
     let status = if created { StatusCode::CREATED } else { StatusCode::OK };
     Ok((status, Json(api::PutQueueResponse { created, queue: convert::queue(view) })))
@@ -73,7 +75,7 @@ pub(crate) async fn remove_queue(
     who: Who,
     Segments(path): Segments<String>,
 ) -> Answer<api::RemovedQueue> {
-    queue_acl(&state, &who, &path, Acl::Admin).await?;
+    may_admin_queue(&state, &who, &path).await?;
     state.store.remove_queue(queue_path(&path)?).await?;
     Ok(Json(api::RemovedQueue { path }))
 }
@@ -111,36 +113,15 @@ pub(crate) async fn submit_app(
     who: Who,
     JsonBody(mut body): JsonBody<api::SubmitApp>,
 ) -> Result<(StatusCode, Json<api::SubmitAppResponse>), ApiError> {
-    // The application runs as the caller, its user and groups, unless it may submit for others.
-    let impersonating = match who.principal() {
-        None => false,
-        Some(principal) => {
-            if body.user == api::DEFAULT_USER {
-                body.user = principal.user.clone();
-            }
-            if body.user == principal.user && body.user_groups.is_empty() {
-                body.user_groups = principal.groups.clone();
-            }
-            body.user != principal.user || body.user_groups != principal.groups
-        }
-    };
-    let (queue, rule) = if state.placement.is_empty() {
-        let (queue, rule) = placement::choose(&state.placement, &body, &Queues::new(), &|_| true)?;
-        who.check(Permission::Use, Resource::Queue(queue.to_string()))?;
-        queue_acl(&state, &who, queue.as_str(), Acl::Submit).await?;
-        (queue, rule)
-    } else {
-        let queues = state.store.queue_tree().await?;
-        let usable = |queue: &allot_core::apps::queues::QueuePath| {
-            who.may(Permission::Use, &Resource::Queue(queue.to_string()))
-                && acl_refusal(&queues, &who, queue.as_str(), Acl::Submit).is_none()
-        };
-        placement::choose(&state.placement, &body, &queues, &usable)?
-    };
-    if impersonating {
-        who.check(Permission::Impersonate, Resource::Queue(queue.to_string()))?;
+    let judged = who.judged();
+    let caller = judged.as_ref().map(|(principal, policy)| Caller { principal, policy });
+    // The application runs as the caller, its user and groups, unless it names others (which
+    // needs `impersonate`: `admission::submit_refusal`).
+    if let Some(caller) = caller {
+        let (user, _) = admission::run_as(caller.principal, &body.user, &body.user_groups, api::DEFAULT_USER);
+        (body.user, body.user_groups) = (user.user, user.groups);
     }
-    let answer = submit_to(state.store.as_ref(), body, queue, rule).await?;
+    let answer = submit_as(state.store.as_ref(), caller, &state.placement, body).await?;
     let status = if answer.created { StatusCode::CREATED } else { StatusCode::OK };
     Ok((status, Json(answer)))
 }
@@ -152,25 +133,59 @@ pub async fn submit(
     rules: &PlacementRules,
     body: api::SubmitApp,
 ) -> Result<api::SubmitAppResponse, ApiError> {
-    let queues = if rules.is_empty() { Queues::new() } else { store.queue_tree().await? };
-    let (queue, rule) = placement::choose(rules, &body, &queues, &|_| true)?;
-    submit_to(store, body, queue, rule).await
+    submit_as(store, None, rules, body).await
 }
 
-/// Submits an application to its queue, then the tasks it carries, in order.
-async fn submit_to(
+/// Submits an application for `caller` (none: trusted) to the queue the door gives it, all or
+/// nothing: its queue, then the tasks it carries, in order, in one commit.
+async fn submit_as(
     store: &dyn Store,
+    caller: Option<Caller<'_>>,
+    rules: &PlacementRules,
     body: api::SubmitApp,
-    queue: allot_core::apps::queues::QueuePath,
-    rule: Option<allot_core::apps::QueueRule>,
 ) -> Result<api::SubmitAppResponse, ApiError> {
+    let queues = match caller.is_some() || !rules.is_empty() {
+        true => store.queue_tree().await?,
+        false => Queues::new(),
+    };
+    let request =
+        Request { queue: body.queue.as_deref(), user: &body.user, groups: &body.user_groups, tags: &body.tags };
+    let submission = admission::Submission { app: &body.id, queue: body.queue.as_deref(), request };
+    let (queue, rule) = admission::choose_queue(caller, rules, &queues, &submission).map_err(refused)?;
     let spec = convert::app_spec(&body, queue, rule)?;
     let tasks = body.tasks.into_iter().map(convert::task_spec).collect::<Result<Vec<_>, _>>()?;
+    let needs = spec.groups.iter().flat_map(|g| &g.tokens).chain(tasks.iter().flat_map(|t| &t.tokens));
+    admission::check_namespaces(caller, &spec.principal(), needs.map(|need| &need.namespace)).map_err(refused)?;
     // One commit, all or nothing: a refused task leaves no application behind, and a large
     // application is submitted at the speed of one write.
     let (info, created, added) = store.submit_app(spec, tasks).await?;
     let tasks = added.into_iter().map(|(info, _)| convert::task(info)).collect();
     Ok(api::SubmitAppResponse { created, app: convert::app(info, store.now()), tasks })
+}
+
+/// A refusal of the door, as the API answers it.
+fn refused(refused: admission::Refused) -> ApiError {
+    use admission::Refused as R;
+    match refused {
+        R::Forbidden(why) => ApiError::of(ErrorCode::Forbidden, why),
+        R::NoUsableQueue(why) => ApiError::of(ErrorCode::NoUsableQueue, why),
+        R::NotALeaf(why) => ApiError::of(ErrorCode::QueueNotALeaf, why),
+        R::Queue(err) => ApiError::from(allot_core::apps::SchedError::from(err)),
+    }
+}
+
+/// Refuses `action` on application `id` unless the caller may (`admission::app_refusal`): its
+/// own user may, anyone else needs `admin` on its queue. An application that does not exist is
+/// left to the store to answer.
+async fn may_change(state: &ServerState, who: &Who, id: &AppId, action: AppAction) -> Result<(), ApiError> {
+    let Some((principal, policy)) = who.judged() else { return Ok(()) };
+    let Ok(info) = state.store.app(id.clone()).await else { return Ok(()) };
+    let queues = state.store.queue_tree().await?;
+    let caller = Caller { principal: &principal, policy: &policy };
+    match admission::app_refusal(Some(caller), &queues, &info.app.spec, action) {
+        Some(why) => Err(ApiError::of(ErrorCode::Forbidden, why)),
+        None => Ok(()),
+    }
 }
 
 #[utoipa::path(get, path = "/v1/apps/{app}", tag = "apps",
@@ -187,8 +202,14 @@ pub(crate) async fn get_app(State(state): State<ServerState>, Segments(id): Segm
     params(("app" = String, Path, description = "the application's id")),
     responses((status = 200, body = api::App), (status = 400, body = api::ErrorBody, description = "invalid_argument"),
         (status = 404, body = api::ErrorBody, description = "app_not_found"), (status = 503, body = api::ErrorBody, description = UNAVAILABLE)))]
-pub(crate) async fn remove_app(State(state): State<ServerState>, Segments(id): Segments<String>) -> Answer<api::App> {
-    let info = state.store.remove_app(app_id(&id)?).await?;
+pub(crate) async fn remove_app(
+    State(state): State<ServerState>,
+    who: Who,
+    Segments(id): Segments<String>,
+) -> Answer<api::App> {
+    let id = app_id(&id)?;
+    may_change(&state, &who, &id, AppAction::End).await?;
+    let info = state.store.remove_app(id).await?;
     Ok(Json(convert::app(info, state.store.now())))
 }
 
@@ -199,8 +220,14 @@ pub(crate) async fn remove_app(State(state): State<ServerState>, Segments(id): S
     responses((status = 200, body = api::App), (status = 400, body = api::ErrorBody, description = "invalid_argument"),
         (status = 404, body = api::ErrorBody, description = "app_not_found"), (status = 409, body = api::ErrorBody, description = "app_ended"),
         (status = 503, body = api::ErrorBody, description = UNAVAILABLE)))]
-pub(crate) async fn complete_app(State(state): State<ServerState>, Segments(id): Segments<String>) -> Answer<api::App> {
-    let info = state.store.complete_app(app_id(&id)?).await?;
+pub(crate) async fn complete_app(
+    State(state): State<ServerState>,
+    who: Who,
+    Segments(id): Segments<String>,
+) -> Answer<api::App> {
+    let id = app_id(&id)?;
+    may_change(&state, &who, &id, AppAction::End).await?;
+    let info = state.store.complete_app(id).await?;
     Ok(Json(convert::app(info, state.store.now())))
 }
 
@@ -213,11 +240,14 @@ pub(crate) async fn complete_app(State(state): State<ServerState>, Segments(id):
         (status = 503, body = api::ErrorBody, description = UNAVAILABLE)))]
 pub(crate) async fn fail_app(
     State(state): State<ServerState>,
+    who: Who,
     Segments(id): Segments<String>,
     JsonBody(body): JsonBody<api::Fail>,
 ) -> Answer<api::App> {
+    let id = app_id(&id)?;
+    may_change(&state, &who, &id, AppAction::End).await?;
     let reason = body.reason.unwrap_or_else(|| "reported failed".to_owned());
-    let info = state.store.fail_app(app_id(&id)?, reason).await?;
+    let info = state.store.fail_app(id, reason).await?;
     Ok(Json(convert::app(info, state.store.now())))
 }
 
@@ -246,11 +276,24 @@ pub(crate) async fn list_tasks(
         (status = 409, body = api::ErrorBody, description = "namespace_not_found (a token namespace the task names does not exist), unknown_task_group, task_conflict, app_ended or larger_than_task_group"), (status = 503, body = api::ErrorBody, description = UNAVAILABLE)))]
 pub(crate) async fn add_task(
     State(state): State<ServerState>,
+    who: Who,
     Segments(id): Segments<String>,
     JsonBody(body): JsonBody<api::AddTask>,
 ) -> Result<(StatusCode, Json<api::AddTaskResponse>), ApiError> {
     let spec = convert::task_spec(body)?;
-    let (info, created) = state.store.add_task(app_id(&id)?, spec).await?;
+    let id = app_id(&id)?;
+    if let Some((principal, policy)) = who.judged() {
+        if let Ok(info) = state.store.app(id.clone()).await {
+            let queues = state.store.queue_tree().await?;
+            let caller = Some(Caller { principal: &principal, policy: &policy });
+            if let Some(why) = admission::app_refusal(caller, &queues, &info.app.spec, AppAction::AddTask) {
+                return Err(ApiError::of(ErrorCode::Forbidden, why));
+            }
+            let namespaces = spec.tokens.iter().map(|need| &need.namespace);
+            admission::check_namespaces(caller, &info.app.spec.principal(), namespaces).map_err(refused)?;
+        }
+    }
+    let (info, created) = state.store.add_task(id, spec).await?;
     let status = if created { StatusCode::CREATED } else { StatusCode::OK };
     Ok((status, Json(api::AddTaskResponse { created, task: convert::task(info) })))
 }
@@ -276,9 +319,12 @@ pub(crate) async fn get_task(
         (status = 404, body = api::ErrorBody, description = "app_not_found or task_not_found"), (status = 503, body = api::ErrorBody, description = UNAVAILABLE)))]
 pub(crate) async fn remove_task(
     State(state): State<ServerState>,
+    who: Who,
     Segments((app, task)): Segments<(String, String)>,
 ) -> Answer<api::Task> {
-    Ok(Json(convert::task(state.store.remove_task(app_id(&app)?, task_id(&task)?).await?)))
+    let (app, task) = (app_id(&app)?, task_id(&task)?);
+    may_change(&state, &who, &app, AppAction::End).await?;
+    Ok(Json(convert::task(state.store.remove_task(app, task).await?)))
 }
 
 /// Reports an Allocated task running.
@@ -344,7 +390,7 @@ pub(crate) async fn finish_tasks(
 ) -> Answer<api::FinishedTasks> {
     if body.tasks.len() > MAX_TASK_ENDS {
         return Err(ApiError::of(
-            crate::error::ErrorCode::InvalidArgument,
+            ErrorCode::InvalidArgument,
             format!("{} reports in one call; at most {MAX_TASK_ENDS} are taken", body.tasks.len()),
         ));
     }
@@ -409,47 +455,17 @@ async fn may_report(state: &ServerState, who: &Who, app: &allot_core::apps::AppI
     }
 }
 
-/// The queue ACL a call needs.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum Acl {
-    /// Submitting: the `submit_acl` or the `admin_acl` of the queue or a parent.
-    Submit,
-    /// Changing or removing the queue: the `admin_acl` of the queue or a parent.
-    Admin,
-}
-
-/// Refuses the caller unless the queue ACLs on `path` and its parents let it in [YuniKorn's
-/// `submitacl` and `adminacl`, checked up the tree]. Where no queue on the way has an ACL of the
-/// kind, the caller's roles alone decide; a caller whose roles make it an admin of the queue is
-/// never held back by them (an operator cannot lock itself out).
-pub(crate) async fn queue_acl(state: &ServerState, who: &Who, path: &str, needed: Acl) -> Result<(), ApiError> {
-    let Some(_) = who.principal() else { return Ok(()) };
-    if who.may(Permission::Admin, &Resource::Queue(path.to_owned())) {
+/// Refuses a change of queue `path` unless the caller is its admin (`admission::queue_admin_refusal`:
+/// by its roles, or by an `admin_acl` on the way up).
+async fn may_admin_queue(state: &ServerState, who: &Who, path: &str) -> Result<(), ApiError> {
+    let Some((principal, policy)) = who.judged() else { return Ok(()) };
+    let path = queue_path(path)?;
+    if policy.allows(&principal, Permission::Admin, &Resource::Queue(path.to_string())) {
         return Ok(());
     }
     let queues = state.store.queue_tree().await?;
-    acl_refusal(&queues, who, path, needed).map_or(Ok(()), Err)
-}
-
-/// [`queue_acl`] over the queues as they are: the refusal, if the ACLs refuse the caller.
-pub(crate) fn acl_refusal(queues: &Queues, who: &Who, path: &str, needed: Acl) -> Option<ApiError> {
-    let principal = who.principal()?;
-    if who.may(Permission::Admin, &Resource::Queue(path.to_owned())) {
-        return None;
+    match admission::queue_admin_refusal(Caller { principal: &principal, policy: &policy }, &queues, &path) {
+        Some(why) => Err(ApiError::of(ErrorCode::Forbidden, why)),
+        None => Ok(()),
     }
-    let mut lists = Vec::new();
-    for (_, limits) in queues.iter().filter(|(queue, _)| allot_core::access::in_queue_tree(path, queue.as_str())) {
-        if needed == Acl::Submit {
-            lists.extend(limits.submit_acl.iter());
-        }
-        lists.extend(limits.admin_acl.iter());
-    }
-    if lists.is_empty() || lists.iter().any(|acl| acl.allows(principal)) {
-        return None;
-    }
-    let which = if needed == Acl::Submit { "submit_acl or admin_acl" } else { "admin_acl" };
-    Some(ApiError::of(
-        crate::error::ErrorCode::Forbidden,
-        format!("{principal} is not in the {which} of queue `{path}` or of a queue above it"),
-    ))
 }

@@ -143,7 +143,7 @@ pub(crate) fn routes(state: ServerState) -> (Router, Arc<Needs>) {
         .route(
             "/v1/apps",
             get(apps::list_apps).post(apps::submit_app).layer(DefaultBodyLimit::max(MAX_SUBMIT_BODY_BYTES)),
-            &[(M::GET, read(some(Kind::Queue))), (M::POST, work(some(Kind::Queue)))],
+            &[(M::GET, read(some(Kind::Queue))), (M::POST, work(Target::Body(Kind::Queue)))],
         )
         .route(
             "/v1/apps/{app}",

@@ -110,10 +110,16 @@ fn fill(path: &str, own: bool) -> String {
         .replace("{*page}", "namespaces/team:a")
 }
 
-fn body_of(method: &Method) -> &'static str {
-    match *method {
-        Method::PUT | Method::POST => "{}",
-        _ => "",
+/// A body for `method` on `path`: one that names the team's resources (`own`) or another's
+/// where the body names them (a submission's queue), else `{}`.
+fn body_of(method: &Method, path: &str, own: bool) -> String {
+    match (method, path) {
+        (&Method::POST, "/v1/apps") => {
+            let queue = if own { "root.team" } else { "root.other" };
+            json!({"id": format!("app-in-{}", &queue[5..]), "queue": queue}).to_string()
+        }
+        (&Method::PUT | &Method::POST, _) => "{}".to_owned(),
+        _ => String::new(),
     }
 }
 
@@ -141,8 +147,12 @@ async fn every_route_needs_one_permission_and_is_refused_without_it() {
     );
 
     make_resources(&h).await;
-    for (id, queue) in [("team-app", "root.team"), ("other-app", "root.other")] {
-        let app = json!({"id": id, "queue": queue, "tasks": [{"id": "t1", "resources": "cpu=1"}]});
+    // The team's application is ada's: its own user may end it with `use`.
+    for (id, queue, user) in
+        [("team-app", "root.team", json!(["ada", ["team"]])), ("other-app", "root.other", json!(["root", []]))]
+    {
+        let tasks = json!([{"id": "t1", "resources": "cpu=1"}]);
+        let app = json!({"id": id, "queue": queue, "user": user[0], "user_groups": user[1], "tasks": tasks});
         let (status, body, _) = call(&h, &Method::POST, "/v1/apps", Some(ADMIN), &app.to_string()).await;
         assert_eq!(status, StatusCode::CREATED, "{body}");
     }
@@ -153,7 +163,7 @@ async fn every_route_needs_one_permission_and_is_refused_without_it() {
     routes.sort_by_key(|(method, path, _)| (**method == Method::DELETE, *path));
     for (method, path, need) in routes {
         let uri = fill(path, true);
-        let body = body_of(method);
+        let body = &body_of(method, path, true);
         let (permission, target) = match need {
             Need::Open => {
                 let (status, _, _) = call(&h, method, &uri, None, body).await;
@@ -200,9 +210,9 @@ async fn every_route_needs_one_permission_and_is_refused_without_it() {
             assert_eq!(status, StatusCode::FORBIDDEN, "{method} {path}: reading is not {permission}");
         }
         // With it on another resource.
-        if matches!(target, Target::Path(_) | Target::AppQueue) {
+        if matches!(target, Target::Path(_) | Target::AppQueue | Target::Body(_)) {
             let other = fill(path, false);
-            let (status, answer, _) = call(&h, method, &other, Some(TEAM), body).await;
+            let (status, answer, _) = call(&h, method, &other, Some(TEAM), &body_of(method, path, false)).await;
             assert_eq!(status, StatusCode::FORBIDDEN, "{method} {other}: {answer}");
             let message = answer["error"]["message"].as_str().unwrap();
             assert!(message.contains("other"), "{method} {other}: the refusal names the resource: {message}");
@@ -255,8 +265,14 @@ async fn lists_answer_only_what_the_caller_may_see_and_submissions_are_the_calle
     let (status, answer, _) = call(&h, &Method::POST, "/v1/apps", Some(TEAM), &app.to_string()).await;
     assert_eq!(status, StatusCode::FORBIDDEN, "{answer}");
     assert!(answer["error"]["message"].as_str().unwrap().contains("`impersonate`"), "{answer}");
+    // Even the admin submits for a user only where that user may submit: bob may use nothing.
     let (status, answer, _) = call(&h, &Method::POST, "/v1/apps", Some(ADMIN), &app.to_string()).await;
-    assert_eq!((status, answer["app"]["user"].clone()), (StatusCode::CREATED, json!("bob")), "{answer}");
+    assert_eq!(status, StatusCode::FORBIDDEN, "{answer}");
+    let message = answer["error"]["message"].as_str().unwrap();
+    assert!(message.contains("user `bob` may not do this: it needs `use` on queue `root.team`"), "{message}");
+    let app = json!({"id": "theirs", "queue": "root.team", "user": "carl", "user_groups": ["team"]});
+    let (status, answer, _) = call(&h, &Method::POST, "/v1/apps", Some(ADMIN), &app.to_string()).await;
+    assert_eq!((status, answer["app"]["user"].clone()), (StatusCode::CREATED, json!("carl")), "{answer}");
     let app = json!({"id": "elsewhere", "queue": "root.other"});
     let (status, _, _) = call(&h, &Method::POST, "/v1/apps", Some(TEAM), &app.to_string()).await;
     assert_eq!(status, StatusCode::FORBIDDEN);
@@ -424,7 +440,7 @@ async fn queue_acls_as_yunikorn_has_them_hold_down_the_tree_besides_roles() {
         call(&h, &Method::PUT, "/v1/queues/root.team", Some(ADMIN), r#"{"admin_acl": " ops", "submit_acl": "ada"}"#)
             .await;
     assert_eq!(status, StatusCode::OK);
-    let app = json!({"id": "root-app", "queue": "root.team.batch", "user": "ada"});
+    let app = json!({"id": "root-app", "queue": "root.team.batch", "user": "ada", "user_groups": ["team"]});
     let (status, answer, _) = call(&h, &Method::POST, "/v1/apps", Some(ADMIN), &app.to_string()).await;
     assert_eq!(status, StatusCode::CREATED, "{answer}");
 }

@@ -36,7 +36,12 @@ fn access() -> Access {
         [("submit".to_owned(), submit), ("shim".to_owned(), shim)].into(),
         vec![
             Binding { role: "admin".into(), users: vec!["root".into()], groups: vec![] },
-            Binding { role: "submit".into(), users: vec!["ann".into(), "bob".into()], groups: vec![] },
+            // The users a shim submits for are judged too: carl by his group.
+            Binding {
+                role: "submit".into(),
+                users: vec!["ann".into(), "bob".into()],
+                groups: vec!["data-science".into()],
+            },
             Binding { role: "shim".into(), users: vec!["shim".into()], groups: vec![] },
         ],
     )
@@ -166,7 +171,8 @@ async fn a_named_queue_refused_with_no_rule_to_help_is_forbidden_and_without_rul
     let (status, error) = submit(&h, ANN, json!({"id": "a1", "queue": "root.sales"})).await;
     assert_eq!((status, error["code"].clone()), (StatusCode::FORBIDDEN, json!("forbidden")), "{error}");
     let message = error["message"].as_str().unwrap();
-    assert!(message.starts_with("user `ann` may not submit to queue `root.sales`, and no placement rule"), "{message}");
+    assert!(message.starts_with("user `ann` is not in the submit_acl or admin_acl of queue `root.sales`"), "{message}");
+    assert!(message.contains("; and no placement rule placed the application"), "{message}");
     assert!(message.contains("its filter leaves user `ann` out"), "{message}");
     let (status, answer) = call(&h, Method::GET, "/v1/apps/a1", ADMIN, Value::Null).await;
     assert_eq!(status, StatusCode::NOT_FOUND, "nothing is left behind: {answer}");

@@ -200,6 +200,13 @@ impl AppStore for RedisStore {
         self.inner.apps.stats()
     }
 
+    fn set_tenancy(&self, tenancy: allot_core::access::Tenancy) {
+        // Kept with the settings: a scheduler loaded when this daemon takes the lease has it,
+        // and the one in office takes it at its next cycle.
+        self.inner.apps.config.lock().unwrap_or_else(|p| p.into_inner()).tenancy = tenancy;
+        self.inner.apps.wake.notify_one();
+    }
+
     fn apps_home(&self) -> AppsHome {
         self.inner.apps.home()
     }

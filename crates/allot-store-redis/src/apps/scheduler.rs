@@ -456,6 +456,8 @@ impl RedisStore {
             let (_, outcome) = l.sched.run_timers(now, &mut World { pools: &mut l.pools, ledger: &mut l.ledger });
             self.carry_out(holder, l, &outcome).await.map_err(StoreError::from)?;
         }
+        let tenancy = self.inner.apps.config.lock().unwrap_or_else(|p| p.into_inner()).tenancy.clone();
+        l.sched.set_tenancy(tenancy);
         let (report, outcome) =
             l.sched.schedule(now, &mut World { pools: &mut l.pools, ledger: &mut l.ledger }, &mut rand::random);
         if report.placed + report.reserved + report.taken_over > 0 {

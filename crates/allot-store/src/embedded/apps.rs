@@ -278,6 +278,11 @@ impl AppStore for EmbeddedStore {
         .await
     }
 
+    fn set_tenancy(&self, tenancy: allot_core::access::Tenancy) {
+        self.lock().sched.set_tenancy(tenancy);
+        self.shared.wake_scheduler.notify_one();
+    }
+
     fn sched_stats(&self) -> SchedStats {
         self.lock().sched.stats()
     }

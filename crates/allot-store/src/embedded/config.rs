@@ -59,6 +59,9 @@ pub struct EmbeddedConfig {
     pub time: Arc<dyn TimeSource>,
     /// How much of the change feed is kept, and how far a watcher may fall behind.
     pub watch: WatchConfig,
+    /// The scheduler's settings from its first cycle on (its tenancy above all: a daemon with
+    /// access control places nothing its users may not use, even right after opening).
+    pub sched: allot_core::apps::SchedConfig,
 }
 
 impl std::fmt::Debug for EmbeddedConfig {
@@ -80,6 +83,7 @@ impl EmbeddedConfig {
             durability: Durability::default(),
             time: Arc::new(SystemTime),
             watch: WatchConfig::default(),
+            sched: allot_core::apps::SchedConfig::default(),
         }
     }
 
@@ -91,6 +95,12 @@ impl EmbeddedConfig {
     /// The same, keeping the change feed as `watch` says.
     pub fn with_watch(mut self, watch: WatchConfig) -> EmbeddedConfig {
         self.watch = watch;
+        self
+    }
+
+    /// The same, the scheduler set as `sched` says from its first cycle.
+    pub fn with_sched(mut self, sched: allot_core::apps::SchedConfig) -> EmbeddedConfig {
+        self.sched = sched;
         self
     }
 

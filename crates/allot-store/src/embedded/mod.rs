@@ -66,7 +66,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
-use allot_core::apps::{AppChange, Outcome, Scheduler, World};
+use allot_core::apps::{AppChange, Outcome, SchedConfig, Scheduler, World};
 use allot_core::pools::{LeaseRules, PoolChange, PoolError, Pools};
 use allot_core::{Effects, Grant, Ledger, LedgerError, Millis, NamespaceName, Session, WaiterId};
 use async_trait::async_trait;
@@ -480,7 +480,8 @@ impl EmbeddedStore {
         let files = DirLog::open(log_dir.clone(), config.durability)
             .map_err(|source| OpenError::DataDir { path: log_dir, source })?;
         let events = dir.join(EVENTS_DIR);
-        EmbeddedStore::open_with(opener, Box::new(files), events, config.durability, config.time.clone(), config.watch)
+        let (durability, time) = (config.durability, config.time.clone());
+        EmbeddedStore::open_with(opener, Box::new(files), events, durability, time, config.watch, config.sched.clone())
     }
 
     /// Opens the store on a redb storage backend and log files of the caller's, its kept events in
@@ -498,7 +499,8 @@ impl EmbeddedStore {
                 .create_with_backend(make_backend())
                 .map_err(|err| OpenError::Database { path: PathBuf::from("<backend>"), reason: redb_error(err) })
         });
-        EmbeddedStore::open_with(opener, files, events_dir, durability, time, WatchConfig::default())
+        let (watch, sched) = (WatchConfig::default(), SchedConfig::default());
+        EmbeddedStore::open_with(opener, files, events_dir, durability, time, watch, sched)
     }
 
     fn open_with(
@@ -508,12 +510,14 @@ impl EmbeddedStore {
         durability: Durability,
         time: Arc<dyn TimeSource>,
         watch_config: WatchConfig,
+        sched_config: SchedConfig,
     ) -> Result<EmbeddedStore, OpenError> {
         let db = opener()?;
         let mut archive = Archive::open(events_dir.clone())
             .map_err(|source| OpenError::DataDir { path: events_dir.clone(), source })?;
         let (Loaded { ledger, pools, mut sched, runs, access, clock, seq }, last_segment, _) =
             load(&db, files.as_ref(), None, &mut archive)?;
+        sched.set_config(sched_config);
         let clock = count_downtime(&db, &mut sched, clock, time.wall_ms())?;
         let (feed, start) = archive.reopen_feed(seq, watch_config, clock)?;
         let number = last_segment + 1;

@@ -70,7 +70,10 @@ pub(super) fn recover(shared: &Shared, state: &mut State) {
     state.ledger = ledger;
     pools.set_rules(state.pools.rules());
     state.pools = pools;
+    // The settings (its tenancy with them) are the daemon's, not the records'.
+    let config = state.sched.config().clone();
     state.sched = sched;
+    state.sched.set_config(config);
     state.runs = runs;
     // The version moves on: a daemon's cache of what it held before reads it all again.
     let version = state.access.version + 1;

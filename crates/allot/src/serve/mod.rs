@@ -113,16 +113,20 @@ pub(crate) async fn run(args: ServeArgs) -> anyhow::Result<()> {
         None if address.ip().is_unspecified() => format!("{scheme}://127.0.0.1:{}", address.port()),
         None => format!("{scheme}://{address}"),
     };
+    if let Some(auth) = &config.auth {
+        // From the scheduler's first cycle: nothing is placed that its user may not use.
+        config.sched.tenancy = allot_core::access::Tenancy::Enforced(auth.access.policy());
+    }
     let store: Arc<dyn Store> = match &config.store {
         StoreChoice::Embedded => {
             let store = EmbeddedStore::open(
                 &EmbeddedConfig::new(config.data_dir.clone())
                     .with_durability(config.durability)
-                    .with_watch(config.watch),
+                    .with_watch(config.watch)
+                    .with_sched(config.sched.clone()),
             )
             .with_context(|| format!("cannot open the store in {}", config.data_dir.display()))?;
             store.set_pool_rules(config.pool_rules);
-            store.set_sched_config(config.sched.clone());
             Arc::new(store)
         }
         StoreChoice::Redis(redis) => {
