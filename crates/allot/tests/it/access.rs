@@ -7,7 +7,7 @@ use std::process::Command;
 use crate::support::*;
 
 /// `allot api-token make`: the token, and its `[[auth.tokens]]` entry.
-fn make_token(user: &str, groups: &[&str]) -> (String, String) {
+pub(crate) fn make_token(user: &str, groups: &[&str]) -> (String, String) {
     let mut command = Command::new(ALLOT);
     command.args(["api-token", "make", "--user", user]);
     for group in groups {

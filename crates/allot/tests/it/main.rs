@@ -23,4 +23,5 @@ mod run;
 mod sched_crash;
 mod sources;
 mod support;
+mod tenancy;
 mod watch;

@@ -1,0 +1,205 @@
+//! Tenancy inside the scheduler, with real daemons and `[auth]`, on the embedded store and on
+//! Redis (two daemons, the calls through the one that does not schedule): an accepted
+//! application gets only the pools and namespaces its user may use, at its submission and again
+//! at every placement as bindings change; only its own user (or a queue admin) ends it.
+
+use std::time::Duration;
+
+use allot_store_redis::testing::RedisServer;
+use reqwest::Method;
+use serde_json::{json, Value};
+
+use crate::access::make_token;
+use crate::support::{data_dir, eventually, Daemon};
+
+/// The callers' tokens, and the daemons' configuration with their entries.
+struct Callers {
+    root: String,
+    alice: String,
+    ann: String,
+    carol: String,
+    entries: String,
+}
+
+impl Callers {
+    fn new() -> Callers {
+        let (root, root_entry) = make_token("root", &[]);
+        let (alice, alice_entry) = make_token("alice", &["team-a"]);
+        let (ann, ann_entry) = make_token("ann", &["team-a"]);
+        let (carol, carol_entry) = make_token("carol", &["team-c"]);
+        let entries = [root_entry, alice_entry, ann_entry, carol_entry].join("\n");
+        Callers { root, alice, ann, carol, entries }
+    }
+
+    /// The README's two teams, and carol's team, which may use no pool.
+    fn config(&self, store: Option<&str>) -> String {
+        let store = store.map(|url| format!("store = \"{url}\"\n")).unwrap_or_default();
+        format!(
+            "{store}[scheduler]\ncompleting_grace = \"1s\"\n\
+             [quotas]\n\"team-a:db\" = 3\n\"team-b:db\" = 3\n\
+             [pools]\nteam-a-p = \"cpu=1\"\nteam-b-p = \"cpu=8\"\n\
+             [queues.\"root.team-a\"]\n[queues.\"root.team-b\"]\n[queues.\"root.team-c\"]\n\
+             [auth]\n{}\n\
+             [auth.roles.a]\nuse = [\"namespace:team-a:*\", \"pool:team-a-*\", \"queue:root.team-a\"]\n\
+             [auth.roles.b]\nuse = [\"namespace:team-b:*\", \"pool:team-b-*\", \"queue:root.team-b\"]\n\
+             [auth.roles.c]\nuse = [\"queue:root.team-c\"]\n\
+             [[auth.bindings]]\nrole = \"admin\"\nusers = [\"root\"]\n\
+             [[auth.bindings]]\nrole = \"a\"\ngroups = [\"team-a\"]\n\
+             [[auth.bindings]]\nrole = \"b\"\ngroups = [\"team-b\"]\n\
+             [[auth.bindings]]\nrole = \"c\"\ngroups = [\"team-c\"]\n",
+            self.entries
+        )
+    }
+}
+
+async fn call(url: &str, token: &str, method: Method, path: &str, body: Value) -> (u16, Value) {
+    let client = reqwest::Client::new();
+    let mut request = client.request(method, format!("{url}{path}")).bearer_auth(token);
+    if !body.is_null() {
+        request = request.json(&body);
+    }
+    let response = request.send().await.unwrap();
+    let status = response.status().as_u16();
+    (status, response.json().await.unwrap_or(Value::Null))
+}
+
+/// Waits until task `app/task`, read as root, satisfies `check`; answers it.
+async fn task_until(url: &str, root: &str, app: &str, task: &str, check: impl Fn(&Value) -> bool) -> Value {
+    let path = format!("/v1/apps/{app}/tasks/{task}");
+    let mut last = Value::Null;
+    let seen = eventually(Duration::from_secs(30), async || {
+        last = call(url, root, Method::GET, &path, Value::Null).await.1;
+        check(&last)
+    })
+    .await;
+    assert!(seen, "task {app}/{task} never got there; last: {last}");
+    last
+}
+
+fn state_is(state: &'static str) -> impl Fn(&Value) -> bool {
+    move |task| task["state"] == state
+}
+
+fn waits_for(code: &'static str) -> impl Fn(&Value) -> bool {
+    move |task| task["state"] == "Pending" && task["waiting"]["code"] == code
+}
+
+fn app(id: &str, queue: &str, task: Value) -> Value {
+    json!({"id": id, "queue": queue, "tasks": [task]})
+}
+
+/// Waits until the daemon that schedules (`scheduling`) holds alice's `use` on team b's
+/// namespace as `held` says: a binding changed through any daemon is read by every daemon within
+/// a quarter second, and the scheduler places by what its daemon read.
+async fn scheduler_reads(scheduling: &str, alice: &str, held: bool) {
+    let check = "use:namespace:team-b:db";
+    let read = eventually(Duration::from_secs(30), async || {
+        let (_, answer) = call(scheduling, alice, Method::GET, &format!("/v1/whoami?can={check}"), Value::Null).await;
+        answer["can"][check] == held
+    })
+    .await;
+    assert!(read, "the daemon that schedules never read the binding change");
+}
+
+/// Everything the issue's reproduction tried, with `url` the daemon the callers talk to and
+/// `scheduling` the one that schedules.
+async fn an_application_gets_only_what_its_user_may_use(url: &str, scheduling: &str, callers: &Callers) {
+    let (root, alice, ann, carol) = (&callers.root, &callers.alice, &callers.ann, &callers.carol);
+    // The reproduction: alice's task names team-b's namespace. Refused at the door, naming it,
+    // and nothing is left behind.
+    let steal = app(
+        "steal",
+        "root.team-a",
+        json!({"id": "t1", "resources": "cpu=6", "tokens": [{"namespace": "team-b:db", "units": 3}], "spec": {"type": "shell", "command": "id > proof.txt"}}),
+    );
+    let (status, answer) = call(url, alice, Method::POST, "/v1/apps", steal).await;
+    assert_eq!(status, 403, "{answer}");
+    assert_eq!(answer["error"]["code"], "forbidden", "{answer}");
+    let message = answer["error"]["message"].as_str().unwrap();
+    assert!(message.contains("user `alice`") && message.contains("namespace `team-b:db`"), "{message}");
+    assert_eq!(call(url, root, Method::GET, "/v1/apps/steal", Value::Null).await.0, 404);
+    let (_, namespace) = call(url, root, Method::GET, "/v1/namespaces/team-b:db", Value::Null).await;
+    assert_eq!(namespace["granted_units"], 0, "{namespace}");
+
+    // Without the tokens: it is accepted, but only alice's pool is tried (team-b-p has the room).
+    let big = app("big", "root.team-a", json!({"id": "t1", "resources": "cpu=6"}));
+    assert_eq!(call(url, alice, Method::POST, "/v1/apps", big).await.0, 201);
+    let task = task_until(url, root, "big", "t1", waits_for("no_room")).await;
+    let why = task["waiting"]["message"].as_str().unwrap();
+    assert!(why.contains("`team-a-p`") && !why.contains("team-b-p"), "only alice's pool is considered: {why}");
+    // Carol may use no pool at all: her task says so.
+    let nowhere = app("nowhere", "root.team-c", json!({"id": "t1", "resources": "cpu=1"}));
+    assert_eq!(call(url, carol, Method::POST, "/v1/apps", nowhere).await.0, 201);
+    let task = task_until(url, root, "nowhere", "t1", waits_for("forbidden")).await;
+    assert_eq!(task["waiting"]["message"], "user `carol` may not use any pool that takes allocs", "{task}");
+
+    // Bindings change after a submission: lent team b's role, alice's waiting task is placed there.
+    let lend = json!({"role": "b", "users": ["alice"]});
+    assert_eq!(call(url, root, Method::PUT, "/v1/bindings/lend", lend.clone()).await.0, 200);
+    let task = task_until(url, root, "big", "t1", state_is("Allocated")).await;
+    assert_eq!(task["placement"]["pool"], "team-b-p", "{task}");
+    // With the role, a task that takes team b's tokens is accepted; the pools are full for now.
+    let fill = app("fill", "root.team-a", json!({"id": "t1", "resources": "cpu=1"}));
+    assert_eq!(call(url, alice, Method::POST, "/v1/apps", fill).await.0, 201);
+    task_until(url, root, "fill", "t1", state_is("Allocated")).await;
+    let borrow = app(
+        "borrow",
+        "root.team-a",
+        json!({"id": "t1", "resources": "cpu=3", "tokens": [{"namespace": "team-b:db", "units": 1}]}),
+    );
+    assert_eq!(call(url, alice, Method::POST, "/v1/apps", borrow).await.0, 201);
+    task_until(url, root, "borrow", "t1", waits_for("no_room")).await;
+    // The role is taken back, then room is made: the task waits, and says why.
+    assert_eq!(call(url, root, Method::DELETE, "/v1/bindings/lend", Value::Null).await.0, 200);
+    scheduler_reads(scheduling, alice, false).await;
+    assert_eq!(call(url, alice, Method::POST, "/v1/apps/big/complete", Value::Null).await.0, 200);
+    let task = task_until(url, root, "borrow", "t1", waits_for("forbidden")).await;
+    assert_eq!(task["waiting"]["message"], "user `alice` may not use namespace `team-b:db`", "{task}");
+    let (_, namespace) = call(url, root, Method::GET, "/v1/namespaces/team-b:db", Value::Null).await;
+    assert_eq!(namespace["granted_units"], 0, "{namespace}");
+    // Lent again: placed.
+    assert_eq!(call(url, root, Method::PUT, "/v1/bindings/lend", lend).await.0, 200);
+    let task = task_until(url, root, "borrow", "t1", state_is("Allocated")).await;
+    assert_eq!(task["placement"]["pool"], "team-b-p", "{task}");
+
+    // Who may end an application: ann, of the same team, may not end alice's; alice may.
+    let (status, answer) = call(url, ann, Method::POST, "/v1/apps/fill/fail", json!({})).await;
+    assert_eq!(status, 403, "{answer}");
+    let message = answer["error"]["message"].as_str().unwrap();
+    assert!(message.contains("user `ann` may not end application `fill` of user `alice`"), "{message}");
+    assert!(message.contains("`admin` on queue `root.team-a`"), "{message}");
+    assert_eq!(call(url, ann, Method::DELETE, "/v1/apps/fill/tasks/t1", Value::Null).await.0, 403);
+    let task = json!({"id": "t2", "resources": "cpu=1"});
+    assert_eq!(call(url, ann, Method::POST, "/v1/apps/fill/tasks", task).await.0, 403, "a task would run as alice");
+    assert_eq!(call(url, alice, Method::POST, "/v1/apps/fill/fail", json!({})).await.0, 200);
+    assert_eq!(call(url, root, Method::DELETE, "/v1/apps/borrow", Value::Null).await.0, 200, "an admin may");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn on_the_embedded_store_an_application_gets_only_what_its_user_may_use() {
+    let (dir, data) = data_dir();
+    let path = dir.path().join("allot.toml");
+    let callers = Callers::new();
+    std::fs::write(&path, callers.config(None)).unwrap();
+    let daemon = Daemon::start(&data, &["--config", path.to_str().unwrap()]);
+    let url = format!("http://{}", daemon.address());
+    an_application_gets_only_what_its_user_may_use(&url, &url, &callers).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn on_redis_an_application_gets_only_what_its_user_may_use_through_the_daemon_that_schedules() {
+    let redis = RedisServer::start();
+    let (dir, first_data) = data_dir();
+    let path = dir.path().join("allot.toml");
+    let callers = Callers::new();
+    std::fs::write(&path, callers.config(Some(&redis.url()))).unwrap();
+    let first = Daemon::start(&first_data, &["--config", path.to_str().unwrap()]);
+    let first_url = format!("http://{}", first.address());
+    let scheduling =
+        eventually(Duration::from_secs(30), async || crate::redis_apps::scheduler(&redis) == first_url).await;
+    assert!(scheduling, "the first daemon takes the scheduler's lease");
+    let (_second_dir, second_data) = data_dir();
+    let second = Daemon::start(&second_data, &["--config", path.to_str().unwrap()]);
+    // Every call through the daemon that does not schedule: forwarded with the caller's token.
+    an_application_gets_only_what_its_user_may_use(&format!("http://{}", second.address()), &first_url, &callers).await;
+}
