@@ -245,6 +245,10 @@ pub struct Session {
     pub ttl_ms: u64,
     pub expires_in_ms: u64,
     pub grants: Vec<GrantRef>,
+    /// The user that opened it, when the daemon checks who calls: only that user (or an admin of
+    /// the daemon) may see it, keep it alive, close it or attach grants to it.
+    #[serde(default)]
+    pub owner: Option<String>,
 }
 
 /// A page of the open sessions, ordered by id.

@@ -103,6 +103,9 @@ pub struct Session {
     pub ttl_ms: u64,
     pub deadline: Millis,
     pub grants: BTreeSet<(NamespaceName, Token)>,
+    /// The user that opened it, when access is configured: only it (or an admin of the daemon)
+    /// may keep it alive, close it, or attach grants to it.
+    pub owner: Option<String>,
 }
 
 /// Identifies one waiting allocate call.
@@ -155,7 +158,7 @@ pub enum Change {
     GrantRemoved { grant: Grant, cause: GrantEnd },
     /// Insert or update a session (its grants are recorded on the grants); `opened` when it is
     /// new, else a keepalive.
-    Session { id: SessionId, ttl_ms: u64, deadline: Millis, opened: bool },
+    Session { id: SessionId, ttl_ms: u64, deadline: Millis, opened: bool, owner: Option<String> },
     /// A session ended: closed, or `expired`.
     SessionRemoved { id: SessionId, expired: bool },
 }
@@ -501,7 +504,7 @@ impl Ledger {
     pub fn restore(
         namespaces: Vec<(NamespaceName, u64, u64)>,
         retired_fencing: Vec<(NamespaceName, u64)>,
-        sessions: Vec<(SessionId, u64, Millis)>,
+        sessions: Vec<(SessionId, u64, Millis, Option<String>)>,
         grants: Vec<Grant>,
     ) -> Result<Ledger, RestoreError> {
         let mut ledger = Ledger::new();
@@ -511,8 +514,8 @@ impl Ledger {
                 NamespaceState { quota, next_fencing, fencing_bound: next_fencing, ..NamespaceState::default() };
             ledger.namespaces.insert(name, state);
         }
-        for (id, ttl_ms, deadline) in sessions {
-            ledger.sessions.insert(id, Session { id, ttl_ms, deadline, grants: BTreeSet::new() });
+        for (id, ttl_ms, deadline, owner) in sessions {
+            ledger.sessions.insert(id, Session { id, ttl_ms, deadline, grants: BTreeSet::new(), owner });
             ledger.leases.insert((deadline, LeaseKey::Session(id)));
         }
         for grant in grants {
@@ -810,15 +813,22 @@ impl Ledger {
         Ok((grant.clone(), effects))
     }
 
-    /// Opens a session with the given TTL.
-    pub fn open_session(&mut self, id: SessionId, ttl_ms: u64, now: Millis) -> Result<(Session, Effects), LedgerError> {
+    /// Opens a session with the given TTL, for `owner` (the user that opens it, if known).
+    pub fn open_session(
+        &mut self,
+        id: SessionId,
+        ttl_ms: u64,
+        owner: Option<String>,
+        now: Millis,
+    ) -> Result<(Session, Effects), LedgerError> {
         check_session_ttl(ttl_ms)?;
-        let session = Session { id, ttl_ms, deadline: now + ttl_ms, grants: BTreeSet::new() };
+        let session = Session { id, ttl_ms, deadline: now + ttl_ms, grants: BTreeSet::new(), owner };
         if let Some(old) = self.sessions.insert(id, session.clone()) {
             self.leases.remove(&(old.deadline, LeaseKey::Session(id)));
         }
         self.leases.insert((session.deadline, LeaseKey::Session(id)));
-        let change = Change::Session { id, ttl_ms, deadline: session.deadline, opened: true };
+        let change =
+            Change::Session { id, ttl_ms, deadline: session.deadline, opened: true, owner: session.owner.clone() };
         Ok((session, Effects { changes: vec![change], ..Effects::default() }))
     }
 
@@ -830,7 +840,13 @@ impl Ledger {
         self.leases.remove(&(session.deadline, LeaseKey::Session(id)));
         session.deadline = now + session.ttl_ms;
         self.leases.insert((session.deadline, LeaseKey::Session(id)));
-        let change = Change::Session { id, ttl_ms: session.ttl_ms, deadline: session.deadline, opened: false };
+        let change = Change::Session {
+            id,
+            ttl_ms: session.ttl_ms,
+            deadline: session.deadline,
+            opened: false,
+            owner: session.owner.clone(),
+        };
         Ok((session.clone(), Effects { changes: vec![change], ..Effects::default() }))
     }
 

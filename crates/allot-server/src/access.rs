@@ -508,9 +508,14 @@ pub(crate) fn authenticate(state: &ServerState, request: &mut Request) -> Result
             },
             found => {
                 let credential = found?;
-                if credential.stored {
-                    // Long polls and watches end when it is revoked.
-                    request.extensions_mut().insert(StoredToken(credential.name.clone()));
+                if credential.stored || credential.expires.is_some() {
+                    // Long polls and watches end when it is revoked or expires.
+                    let held = HeldToken {
+                        name: credential.name.clone(),
+                        stored: credential.stored,
+                        expires: credential.expires,
+                    };
+                    request.extensions_mut().insert(held);
                 }
                 Caller::Principal(credential.principal)
             }
@@ -520,22 +525,61 @@ pub(crate) fn authenticate(state: &ServerState, request: &mut Request) -> Result
     Ok(())
 }
 
-/// The name of the stored token a call was authenticated by (it may be revoked meanwhile).
+/// The token a call was authenticated by, when it can stop being accepted while the call is
+/// open: one kept in the store (revocable), or one with an expiry.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub(crate) struct StoredToken(pub String);
+pub(crate) struct HeldToken {
+    name: String,
+    stored: bool,
+    expires: Option<SystemTime>,
+}
 
-/// Ends when the stored token named `name` stops being accepted (revoked, or expired): for a
-/// call that stays open (a long poll, a watch). Never ends for other callers.
-pub(crate) async fn revoked(access: Option<Arc<Access>>, token: Option<StoredToken>) {
-    let (Some(access), Some(StoredToken(name))) = (access, token) else {
+/// Why an open call (a long poll, a watch) was ended.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum Withdrawn {
+    /// Its token was revoked or expired.
+    Token,
+    /// Its caller lost the permission it was opened with (a binding removed).
+    Access(Denied),
+}
+
+impl From<Withdrawn> for ApiError {
+    fn from(withdrawn: Withdrawn) -> ApiError {
+        match withdrawn {
+            Withdrawn::Token => Unauthenticated::Revoked.into(),
+            Withdrawn::Access(denied) => ApiError::of(
+                ErrorCode::Forbidden,
+                format!("the call was ended: access was withdrawn while it was open: {denied}"),
+            ),
+        }
+    }
+}
+
+/// Ends when a call that stays open (a long poll, a watch) may no longer go on: its token is
+/// revoked or expires, or `still` no longer holds for its caller under the policy in force (read
+/// again whenever the store's bindings move, and each second). Never ends for a call that is
+/// not checked.
+pub(crate) async fn withdrawn(
+    access: Option<Arc<Access>>,
+    caller: Option<Caller>,
+    token: Option<HeldToken>,
+    still: impl Fn(&Policy, &Principal) -> Result<(), Denied>,
+) -> Withdrawn {
+    let (Some(access), Some(Caller::Principal(principal))) = (access, caller) else {
         return std::future::pending().await;
     };
     let mut changes = access.changes();
     loop {
-        if !access.stored_token_live(&name) {
-            return;
+        if let Some(token) = &token {
+            let expired = token.expires.is_some_and(|expires| expires <= SystemTime::now());
+            if expired || (token.stored && !access.stored_token_live(&token.name)) {
+                return Withdrawn::Token;
+            }
         }
-        // Expiry is checked each second; a revocation as soon as it is read.
+        if let Err(denied) = still(&access.policy(), &principal) {
+            return Withdrawn::Access(denied);
+        }
+        // Expiry is checked each second; a revocation or a binding removed as soon as it is read.
         let _ = tokio::time::timeout(std::time::Duration::from_secs(1), changes.changed()).await;
     }
 }

@@ -170,8 +170,8 @@ async fn answer(state: ServerState, hot: Hot, request: Request) -> Result<Respon
         Hot::Allocate => match axum::body::to_bytes(body, MAX_BODY_BYTES).await {
             Ok(bytes) => match json_object(&bytes) {
                 Ok(body) => {
-                    let stored = parts.extensions.get::<crate::access::StoredToken>().cloned();
-                    allocate_grant(&state, namespace, token, body, stored).await.into_response()
+                    let held = parts.extensions.get::<crate::access::HeldToken>().cloned();
+                    allocate_grant(&state, namespace, token, body, caller, held).await.into_response()
                 }
                 Err(err) => err.into_response(),
             },

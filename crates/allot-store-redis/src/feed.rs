@@ -347,11 +347,14 @@ fn event(revision: u64, fields: &[String]) -> Result<Event, StoreError> {
         }
         (Slot::Sessions, EventKind::SessionOpened | EventKind::SessionRenewed) => {
             let session = SessionId::parse(id).map_err(corrupt)?;
-            let (ttl, deadline) = object.split_once('\n').ok_or_else(|| corrupt("a session event"))?;
-            let number = |t: &str| t.parse::<u64>().map_err(|_| corrupt("a session event"));
-            let (ttl_ms, deadline) = (number(ttl)?, number(deadline)?);
+            // `ttl\ndeadline`, then `\nowner` since sessions have one ('' when unknown).
+            let mut fields = object.splitn(3, '\n');
+            let mut number =
+                || fields.next().and_then(|t| t.parse::<u64>().ok()).ok_or_else(|| corrupt("a session event"));
+            let (ttl_ms, deadline) = (number()?, number()?);
+            let owner = fields.next().filter(|owner| !owner.is_empty()).map(str::to_owned);
             let info = SessionInfo {
-                session: Session { id: session, ttl_ms, deadline, grants: Default::default() },
+                session: Session { id: session, ttl_ms, deadline, grants: Default::default(), owner },
                 expires_in_ms: deadline.saturating_sub(at),
             };
             (keys::session(id), EventObject::Session(info))

@@ -264,9 +264,9 @@ impl QuotaStore for RedisStore {
         Ok(Page::from_read(res, page.limit(), |w| w.arrival))
     }
 
-    async fn open_session(&self, ttl_ms: u64) -> Result<SessionInfo, StoreError> {
+    async fn open_session(&self, ttl_ms: u64, owner: Option<String>) -> Result<SessionInfo, StoreError> {
         self.live()?;
-        sessions::open(&self.inner, ttl_ms).await
+        sessions::open(&self.inner, ttl_ms, owner).await
     }
 
     async fn keepalive_session(&self, id: SessionId) -> Result<SessionInfo, StoreError> {

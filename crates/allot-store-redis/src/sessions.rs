@@ -24,6 +24,7 @@ struct LiveSession {
     now: u64,
     ttl: u64,
     deadline: u64,
+    owner: Option<String>,
     namespaces: Vec<String>,
 }
 
@@ -48,17 +49,17 @@ pub(crate) async fn touch(inner: &Inner, id: SessionId, namespace: &NamespaceNam
     }
 }
 
-pub(crate) async fn open(inner: &Inner, ttl_ms: u64) -> Result<SessionInfo, StoreError> {
+pub(crate) async fn open(inner: &Inner, ttl_ms: u64, owner: Option<String>) -> Result<SessionInfo, StoreError> {
     check_session_ttl(ttl_ms)?;
     let id = SessionId(rand::random());
     let (sid, ttl) = (id.to_string(), ttl_ms.to_string());
-    let mut reply = call(inner, &["open", &sid, &ttl], true).await?;
+    let mut reply = call(inner, &["open", &sid, &ttl, owner.as_deref().unwrap_or("")], true).await?;
     if reply.len() != 3 {
         return Err(StoreError::Unavailable("a session id was drawn twice; try again".into()));
     }
     let (now, ttl_ms, deadline) = (reply.uint()?, reply.uint()?, reply.uint()?);
     Ok(SessionInfo {
-        session: Session { id, ttl_ms, deadline, grants: BTreeSet::new() },
+        session: Session { id, ttl_ms, deadline, grants: BTreeSet::new(), owner },
         expires_in_ms: deadline.saturating_sub(now),
     })
 }
@@ -66,22 +67,22 @@ pub(crate) async fn open(inner: &Inner, ttl_ms: u64) -> Result<SessionInfo, Stor
 pub(crate) async fn keepalive(inner: &Inner, id: SessionId) -> Result<SessionInfo, StoreError> {
     let sid = id.to_string();
     let reply = call(inner, &["keepalive", &sid], true).await?;
-    let Some(LiveSession { now, ttl, deadline, namespaces }) = session_reply(reply)? else {
+    let Some(LiveSession { now, ttl, deadline, owner, namespaces }) = session_reply(reply)? else {
         return Err(LedgerError::SessionNotFound(id).into());
     };
     let deadline_text = deadline.to_string();
     fan_out(inner, &inner.scripts.session_extend, &namespaces, &[&sid, &deadline_text]).await?;
-    session_info(inner, id, now, ttl, deadline, &namespaces).await
+    session_info(inner, id, now, ttl, deadline, owner, &namespaces).await
 }
 
 pub(crate) async fn close(inner: &Inner, id: SessionId) -> Result<SessionInfo, StoreError> {
     let sid = id.to_string();
     let reply = call(inner, &["close", &sid], true).await?;
-    let Some(LiveSession { now, ttl, deadline, namespaces }) = session_reply(reply)? else {
+    let Some(LiveSession { now, ttl, deadline, owner, namespaces }) = session_reply(reply)? else {
         return Err(LedgerError::SessionNotFound(id).into());
     };
     // What the session held, before its grants end.
-    let info = session_info(inner, id, now, ttl, deadline, &namespaces).await?;
+    let info = session_info(inner, id, now, ttl, deadline, owner, &namespaces).await?;
     let deadline_text = deadline.to_string();
     fan_out(inner, &inner.scripts.session_end, &namespaces, &[&sid, &deadline_text]).await?;
     Ok(info)
@@ -96,7 +97,7 @@ pub(crate) async fn list(
     let mut live = Vec::new();
     while !reply.is_empty() {
         live.push(SessionId::parse(&reply.text()?).map_err(corrupt)?);
-        let (_ttl, _deadline) = (reply.uint()?, reply.uint()?);
+        let (_ttl, _deadline, _owner) = (reply.uint()?, reply.uint()?, reply.text()?);
     }
     // The live sessions are a zset by deadline: the page is picked here, by id.
     let ids = allot_core::first_after(live.into_iter(), |id| id, page.after(), page.limit() + 1);
@@ -116,10 +117,10 @@ pub(crate) async fn list(
 pub(crate) async fn get(inner: &Inner, id: SessionId) -> Result<SessionInfo, StoreError> {
     let sid = id.to_string();
     let reply = call(inner, &["get", &sid], false).await?;
-    let Some(LiveSession { now, ttl, deadline, namespaces }) = session_reply(reply)? else {
+    let Some(LiveSession { now, ttl, deadline, owner, namespaces }) = session_reply(reply)? else {
         return Err(LedgerError::SessionNotFound(id).into());
     };
-    session_info(inner, id, now, ttl, deadline, &namespaces).await
+    session_info(inner, id, now, ttl, deadline, owner, &namespaces).await
 }
 
 /// Reads `{now, ttl, deadline, namespaces...}` of a live session; `None` if it is not.
@@ -128,7 +129,8 @@ fn session_reply(mut reply: Reply) -> Result<Option<LiveSession>, StoreError> {
         return Ok(None);
     }
     let (now, ttl, deadline) = (reply.uint()?, reply.uint()?, reply.uint()?);
-    Ok(Some(LiveSession { now, ttl, deadline, namespaces: reply.rest_texts()? }))
+    let owner = Some(reply.text()?).filter(|owner| !owner.is_empty());
+    Ok(Some(LiveSession { now, ttl, deadline, owner, namespaces: reply.rest_texts()? }))
 }
 
 /// The grants a session holds in `namespaces`.
@@ -138,6 +140,7 @@ async fn session_info(
     now: u64,
     ttl: u64,
     deadline: u64,
+    owner: Option<String>,
     namespaces: &[String],
 ) -> Result<SessionInfo, StoreError> {
     let mut grants = BTreeSet::new();
@@ -150,7 +153,7 @@ async fn session_info(
         }
     }
     Ok(SessionInfo {
-        session: Session { id, ttl_ms: ttl, deadline, grants },
+        session: Session { id, ttl_ms: ttl, deadline, grants, owner },
         expires_in_ms: deadline.saturating_sub(now),
     })
 }
@@ -187,7 +190,7 @@ mod tests {
     async fn the_session_sweep_answers_how_many_sessions_ended() {
         let server = crate::testing::RedisServer::start();
         let store = RedisStore::open(&RedisConfig::parse(&server.url()).unwrap()).await.unwrap();
-        store.open_session(1000).await.unwrap();
+        store.open_session(1000, None).await.unwrap();
         assert_eq!(sweep(&store.inner).await.unwrap(), 0);
         tokio::time::sleep(Duration::from_millis(1100)).await;
         // The daemon's own sweeper may have ended it first: 0 or 1, but never an error.

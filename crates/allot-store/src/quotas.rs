@@ -86,7 +86,8 @@ pub trait QuotaStore: Send + Sync {
         page: PageRequest<u64>,
     ) -> Result<Page<WaiterView, u64>, StoreError>;
 
-    async fn open_session(&self, ttl_ms: u64) -> Result<SessionInfo, StoreError>;
+    /// Opens a session for `owner` (the user that opens it, when access is configured).
+    async fn open_session(&self, ttl_ms: u64, owner: Option<String>) -> Result<SessionInfo, StoreError>;
     async fn keepalive_session(&self, id: SessionId) -> Result<SessionInfo, StoreError>;
     /// Closes a session and releases its grants.
     async fn close_session(&self, id: SessionId) -> Result<SessionInfo, StoreError>;

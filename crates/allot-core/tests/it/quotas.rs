@@ -73,7 +73,7 @@ fn allocate_is_idempotent_and_counted_once() {
 fn a_retry_must_ask_for_the_lease_it_was_granted() {
     let mut ledger = ledger_with("hive", 3);
     let id = SessionId(1);
-    ledger.open_session(id, 60_000, 0).unwrap();
+    ledger.open_session(id, 60_000, None, 0).unwrap();
     let with_ttl = AllocateRequest { lease: LeaseRequest::Ttl { ttl_ms: 30_000 }, ..req("hive", "ttl", 1) };
     granted(&ledger.allocate(with_ttl.clone(), 0, false).unwrap().0);
     // The same TTL is a retry; another TTL, no lease or a session is a conflict naming the field.
@@ -94,7 +94,7 @@ fn a_retry_must_ask_for_the_lease_it_was_granted() {
     ));
     // A grant of a session retried without it, or with another session, is a conflict too.
     let other = SessionId(2);
-    ledger.open_session(other, 60_000, 0).unwrap();
+    ledger.open_session(other, 60_000, None, 0).unwrap();
     let in_session = AllocateRequest { token: Token::new("s").unwrap(), ..session };
     granted(&ledger.allocate(in_session.clone(), 2, false).unwrap().0);
     let elsewhere = AllocateRequest { lease: LeaseRequest::Session(other), ..in_session.clone() };
@@ -287,7 +287,7 @@ fn a_fencing_checkpoint_makes_the_exact_next_number_durable() {
 fn sessions_hold_grants_and_free_them_when_they_expire() {
     let mut ledger = ledger_with("hive", 2);
     let id = SessionId(7);
-    ledger.open_session(id, 100, 0).unwrap();
+    ledger.open_session(id, 100, None, 0).unwrap();
     for token in ["a", "b"] {
         let mut r = req("hive", token, 1);
         r.lease = LeaseRequest::Session(id);
@@ -320,7 +320,7 @@ fn sessions_hold_grants_and_free_them_when_they_expire() {
 fn closing_a_session_releases_its_grants_and_wakes_waiters() {
     let mut ledger = ledger_with("hive", 1);
     let id = SessionId(1);
-    ledger.open_session(id, 1000, 0).unwrap();
+    ledger.open_session(id, 1000, None, 0).unwrap();
     let mut r = req("hive", "a", 1);
     r.lease = LeaseRequest::Session(id);
     ledger.allocate(r, 0, false).unwrap();
@@ -456,7 +456,7 @@ fn removing_a_namespace_cancels_its_waiters() {
 fn restore_rebuilds_counters_leases_and_fencing() {
     let mut ledger = ledger_with("hive", 5);
     let id = SessionId(3);
-    ledger.open_session(id, 100, 0).unwrap();
+    ledger.open_session(id, 100, None, 0).unwrap();
     let mut a = scoped("hive", "a", "p", "d", Constraints::default());
     a.lease = LeaseRequest::Session(id);
     let mut b = req("hive", "b", 2);
@@ -464,7 +464,8 @@ fn restore_rebuilds_counters_leases_and_fencing() {
     ledger.allocate(a, 0, false).unwrap();
     ledger.allocate(b, 0, false).unwrap();
     let grants = ledger.grants(&ns("hive")).unwrap();
-    let restored = Ledger::restore(vec![(ns("hive"), 5, 3)], vec![], vec![(id, 100, 100)], grants.clone()).unwrap();
+    let restored =
+        Ledger::restore(vec![(ns("hive"), 5, 3)], vec![], vec![(id, 100, 100, None)], grants.clone()).unwrap();
     restored.check_invariants().unwrap();
     assert_eq!(restored.grants(&ns("hive")).unwrap(), grants);
     assert_eq!(restored.namespace(&ns("hive"), 0).unwrap().granted_units, 3);
@@ -509,7 +510,7 @@ fn a_quota_of_zero_pauses_the_namespace() {
 fn ending_a_session_cancels_the_requests_waiting_to_join_it() {
     let mut ledger = ledger_with("gpu", 2);
     let id = SessionId(9);
-    ledger.open_session(id, 1000, 0).unwrap();
+    ledger.open_session(id, 1000, None, 0).unwrap();
     ledger.allocate(req("gpu", "held", 2), 0, false).unwrap();
     let mut joining = req("gpu", "joining", 2);
     joining.lease = LeaseRequest::Session(id);

@@ -179,6 +179,7 @@ pub(crate) fn session(info: SessionInfo) -> allot_api::Session {
                 token: token.to_string(),
             })
             .collect(),
+        owner: info.session.owner,
     }
 }
 

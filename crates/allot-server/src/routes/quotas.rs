@@ -1,8 +1,9 @@
 //! The handlers of the token quotas: namespaces, grants, waiters and sessions; one per route,
 //! each a thin conversion around one `QuotaStore` call.
 
-use crate::access::{revoked, StoredToken, Unauthenticated};
+use crate::access::{withdrawn, Caller, HeldToken, Who};
 use allot_api as api;
+use allot_core::access::{Permission, Resource};
 use axum::extract::State;
 use axum::http::StatusCode;
 use axum::Json;
@@ -121,11 +122,13 @@ pub(crate) async fn get_grant(
         (status = 503, body = api::ErrorBody)))]
 pub(crate) async fn allocate(
     State(state): State<ServerState>,
-    stored: Option<axum::Extension<StoredToken>>,
+    held: Option<axum::Extension<HeldToken>>,
+    caller: Option<axum::Extension<Caller>>,
     Segments((name, token)): Segments<(String, String)>,
     JsonBody(body): JsonBody<api::Allocate>,
 ) -> Answer<api::AllocateResponse> {
-    allocate_grant(&state, &name, &token, body, stored.map(|e| e.0)).await
+    let caller = caller.map_or(Caller::Anyone, |c| c.0);
+    allocate_grant(&state, &name, &token, body, &caller, held.map(|e| e.0)).await
 }
 
 /// What [`allocate`] does, once its path and body are read (the hot path calls it too).
@@ -134,16 +137,26 @@ pub(crate) async fn allocate_grant(
     name: &str,
     token: &str,
     body: api::Allocate,
-    stored: Option<StoredToken>,
+    caller: &Caller,
+    held: Option<HeldToken>,
 ) -> Answer<api::AllocateResponse> {
     let (request, wait) = convert::allocate_request(name, token, body, state.max_wait)?;
-    if wait.is_zero() || stored.is_none() {
+    if let allot_core::LeaseRequest::Session(id) = request.lease {
+        // A grant attaches only to the caller's own session.
+        own_session(state, caller, id).await?;
+    }
+    if wait.is_zero() || state.access.is_none() || *caller == Caller::Anyone {
         return Ok(Json(convert::allocation(state.store.allocate(request, wait).await?)));
     }
-    // A call that waits ends, as its caller leaving would, when its token is revoked.
+    // A call that waits ends, as its caller leaving would, when its token is revoked or expires,
+    // or its caller loses `use` on the namespace.
+    let namespace = Resource::Namespace(request.namespace.to_string());
+    let still = move |policy: &allot_core::access::Policy, principal: &allot_core::access::Principal| {
+        policy.check(principal, Permission::Use, namespace.clone())
+    };
     tokio::select! {
         allocation = state.store.allocate(request, wait) => Ok(Json(convert::allocation(allocation?))),
-        () = revoked(state.access.clone(), stored) => Err(Unauthenticated::Revoked.into()),
+        ended = withdrawn(state.access.clone(), Some(caller.clone()), held, still) => Err(ended.into()),
     }
 }
 
@@ -219,9 +232,11 @@ pub(crate) async fn list_waiters(
     responses((status = 503, body = api::ErrorBody, description = "store_unavailable or shutting_down"), (status = 201, body = api::Session), (status = 400, body = api::ErrorBody)))]
 pub(crate) async fn open_session(
     State(state): State<ServerState>,
+    who: Who,
     JsonBody(body): JsonBody<api::OpenSession>,
 ) -> Result<(StatusCode, Json<api::Session>), ApiError> {
-    let info = state.store.open_session(convert::lease_ttl(body.ttl_ms)?).await?;
+    let owner = who.principal().map(|principal| principal.user.clone());
+    let info = state.store.open_session(convert::lease_ttl(body.ttl_ms)?, owner).await?;
     Ok((StatusCode::CREATED, Json(convert::session(info))))
 }
 
@@ -230,11 +245,15 @@ pub(crate) async fn open_session(
     responses((status = 200, body = api::SessionList), (status = 400, body = api::ErrorBody, description = "invalid_argument (limit) or invalid_cursor")))]
 pub(crate) async fn list_sessions(
     State(state): State<ServerState>,
+    who: Who,
     QueryArgs(query): QueryArgs<PageQuery>,
 ) -> Answer<api::SessionList> {
     let page = state.store.sessions(query.request()?).await?;
+    // The caller's own sessions; an admin of the daemon sees all.
+    let everyone = who.may(Permission::Admin, &Resource::Daemon);
+    let visible = |info: &allot_store::SessionInfo| everyone || owns(&who, &info.session);
     Ok(Json(api::SessionList {
-        sessions: page.items.into_iter().map(convert::session).collect(),
+        sessions: page.items.into_iter().filter(visible).map(convert::session).collect(),
         next_cursor: cursor(page.next),
     }))
 }
@@ -243,9 +262,13 @@ pub(crate) async fn list_sessions(
     responses((status = 400, body = api::ErrorBody, description = "invalid input"), (status = 200, body = api::Session), (status = 404, body = api::ErrorBody)))]
 pub(crate) async fn get_session(
     State(state): State<ServerState>,
+    who: Who,
     Segments(id): Segments<String>,
 ) -> Answer<api::Session> {
     let info = state.store.session(convert::session_id(&id)?).await?;
+    if !owns(&who, &info.session) && !who.may(Permission::Admin, &Resource::Daemon) {
+        return Err(not_yours(&who.principal().map_or_else(String::new, |p| p.user.clone()), info.session.id));
+    }
     Ok(Json(convert::session(info)))
 }
 
@@ -254,9 +277,12 @@ pub(crate) async fn get_session(
     responses((status = 503, body = api::ErrorBody, description = "store_unavailable or shutting_down"), (status = 400, body = api::ErrorBody, description = "invalid input"), (status = 200, body = api::Session), (status = 404, body = api::ErrorBody)))]
 pub(crate) async fn keepalive_session(
     State(state): State<ServerState>,
+    caller: Option<axum::Extension<Caller>>,
     Segments(id): Segments<String>,
 ) -> Answer<api::Session> {
-    let info = state.store.keepalive_session(convert::session_id(&id)?).await?;
+    let id = convert::session_id(&id)?;
+    own_session(&state, &caller.map_or(Caller::Anyone, |c| c.0), id).await?;
+    let info = state.store.keepalive_session(id).await?;
     Ok(Json(convert::session(info)))
 }
 
@@ -265,8 +291,41 @@ pub(crate) async fn keepalive_session(
     responses((status = 503, body = api::ErrorBody, description = "store_unavailable or shutting_down"), (status = 400, body = api::ErrorBody, description = "invalid input"), (status = 200, body = api::Session), (status = 404, body = api::ErrorBody)))]
 pub(crate) async fn close_session(
     State(state): State<ServerState>,
+    caller: Option<axum::Extension<Caller>>,
     Segments(id): Segments<String>,
 ) -> Answer<api::Session> {
-    let info = state.store.close_session(convert::session_id(&id)?).await?;
+    let id = convert::session_id(&id)?;
+    own_session(&state, &caller.map_or(Caller::Anyone, |c| c.0), id).await?;
+    let info = state.store.close_session(id).await?;
     Ok(Json(convert::session(info)))
+}
+
+/// Whether the caller opened `session` (everyone does without access configured).
+fn owns(who: &Who, session: &allot_core::Session) -> bool {
+    who.principal().is_none_or(|principal| session.owner.as_ref() == Some(&principal.user))
+}
+
+/// The refusal of a call on another user's session.
+fn not_yours(user: &str, id: allot_core::SessionId) -> ApiError {
+    ApiError::of(
+        crate::error::ErrorCode::Forbidden,
+        format!("session `{id}` is not user `{user}`'s: only the user that opened it, or an admin of the daemon, may use it"),
+    )
+}
+
+/// Refuses a caller that neither opened session `id` nor is an admin of the daemon (a session
+/// that does not exist is left to the store to answer).
+pub(crate) async fn own_session(
+    state: &ServerState,
+    caller: &Caller,
+    id: allot_core::SessionId,
+) -> Result<(), ApiError> {
+    let (Caller::Principal(principal), Some(access)) = (caller, state.access.as_deref()) else { return Ok(()) };
+    if access.policy().allows(principal, Permission::Admin, &Resource::Daemon) {
+        return Ok(());
+    }
+    match state.store.session(id).await {
+        Ok(info) if info.session.owner.as_ref() != Some(&principal.user) => Err(not_yours(&principal.user, id)),
+        _ => Ok(()),
+    }
 }

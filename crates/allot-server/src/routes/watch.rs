@@ -148,20 +148,27 @@ fn refused(err: WatchError) -> ApiError {
 pub(crate) async fn watch(
     State(state): State<ServerState>,
     who: Who,
-    stored: Option<axum::Extension<access::StoredToken>>,
+    held: Option<axum::Extension<access::HeldToken>>,
+    caller: Option<axum::Extension<access::Caller>>,
     headers: HeaderMap,
     QueryArgs(pairs): QueryArgs<Vec<(String, String)>>,
 ) -> Result<Response, ApiError> {
     let request = WatchRequest::read(&pairs, headers.get(LAST_EVENT_ID))?;
-    for resource in access::watched(&request.filter) {
-        who.check(Permission::Read, resource)?;
+    let watched = access::watched(&request.filter);
+    for resource in &watched {
+        who.check(Permission::Read, resource.clone())?;
     }
     let watcher = state.store.watch(request.filter, request.since).map_err(refused)?;
     let start = watcher.revision();
     let stream = Streaming::new(watcher, state.frames.clone(), state.heartbeat, state.metrics.watching());
-    // The stream ends when the token it was opened with is revoked (within a second).
-    let revoked = Box::pin(access::revoked(state.access.clone(), stored.map(|e| e.0)));
-    let mut response = Response::new(Body::from_stream(futures_util::StreamExt::take_until(stream.chunks(), revoked)));
+    // The stream ends when the token it was opened with is revoked or expires, or its caller may
+    // no longer read what it watches (within a second).
+    let still = move |policy: &allot_core::access::Policy, principal: &allot_core::access::Principal| {
+        watched.iter().try_for_each(|resource| policy.check(principal, Permission::Read, resource.clone()))
+    };
+    let ended = access::withdrawn(state.access.clone(), caller.map(|c| c.0), held.map(|e| e.0), still);
+    let mut response =
+        Response::new(Body::from_stream(futures_util::StreamExt::take_until(stream.chunks(), Box::pin(ended))));
     let headers = response.headers_mut();
     headers.insert(CONTENT_TYPE, HeaderValue::from_static("text/event-stream"));
     headers.insert(CACHE_CONTROL, HeaderValue::from_static("no-cache"));

@@ -444,3 +444,135 @@ async fn queue_acls_as_yunikorn_has_them_hold_down_the_tree_besides_roles() {
     let (status, answer, _) = call(&h, &Method::POST, "/v1/apps", Some(ADMIN), &app.to_string()).await;
     assert_eq!(status, StatusCode::CREATED, "{answer}");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sessions_belong_to_their_opener() {
+    let h = Harness::with_state(|state: ServerState| state.with_access(access()));
+    make_resources(&h).await;
+    let (status, opened, _) = call(&h, &Method::POST, "/v1/sessions", Some(TEAM), r#"{"ttl_ms": 60000}"#).await;
+    assert_eq!((status, opened["owner"].clone()), (StatusCode::CREATED, json!("ada")), "{opened}");
+    let id = opened["id"].as_str().unwrap().to_owned();
+    let in_session = json!({"session": id}).to_string();
+    let (status, answer, _) =
+        call(&h, &Method::PUT, "/v1/namespaces/team:a/grants/ada-1", Some(TEAM), &in_session).await;
+    assert_eq!(status, StatusCode::OK, "{answer}");
+    // Carl is in the same team: he sees none of ada's sessions and may do nothing with hers.
+    let (status, list, _) = call(&h, &Method::GET, "/v1/sessions", Some(CARL), "").await;
+    assert_eq!((status, list["sessions"].clone()), (StatusCode::OK, json!([])), "{list}");
+    for (method, uri, body) in [
+        (Method::GET, format!("/v1/sessions/{id}"), String::new()),
+        (Method::POST, format!("/v1/sessions/{id}/keepalive"), String::new()),
+        (Method::DELETE, format!("/v1/sessions/{id}"), String::new()),
+        (Method::PUT, "/v1/namespaces/team:a/grants/carl-1".to_owned(), in_session.clone()),
+    ] {
+        let (status, answer, _) = call(&h, &method, &uri, Some(CARL), &body).await;
+        assert_eq!(status, StatusCode::FORBIDDEN, "{method} {uri}: {answer}");
+        let message = answer["error"]["message"].as_str().unwrap();
+        assert!(message.contains(&format!("session `{id}` is not user `carl`'s")), "{message}");
+    }
+    let (_, namespace, _) = call(&h, &Method::GET, "/v1/namespaces/team:a", Some(ADMIN), "").await;
+    assert_eq!(namespace["granted_units"], 1, "carl attached nothing, closed nothing: {namespace}");
+    // Its opener sees it and keeps it alive; an admin of the daemon sees every session.
+    let (_, list, _) = call(&h, &Method::GET, "/v1/sessions", Some(TEAM), "").await;
+    assert_eq!(list["sessions"].as_array().unwrap().len(), 1, "{list}");
+    let (status, _, _) = call(&h, &Method::POST, "/v1/sessions", Some(CARL), r#"{"ttl_ms": 60000}"#).await;
+    assert_eq!(status, StatusCode::CREATED);
+    let (_, list, _) = call(&h, &Method::GET, "/v1/sessions", Some(ADMIN), "").await;
+    assert_eq!(list["sessions"].as_array().unwrap().len(), 2, "{list}");
+    let (status, _, _) = call(&h, &Method::POST, &format!("/v1/sessions/{id}/keepalive"), Some(TEAM), "").await;
+    assert_eq!(status, StatusCode::OK);
+    let (status, closed, _) = call(&h, &Method::DELETE, &format!("/v1/sessions/{id}"), Some(TEAM), "").await;
+    assert_eq!((status, closed["grants"].as_array().unwrap().len()), (StatusCode::OK, 1), "{closed}");
+}
+
+/// A call that stays open with `token` (a waiting allocate, or a watch): its status and body
+/// once it ends.
+fn open_call(
+    h: &Harness,
+    token: &str,
+    method: Method,
+    uri: &str,
+    body: &'static str,
+) -> tokio::task::JoinHandle<(StatusCode, String)> {
+    let router = h.router.clone();
+    let request = Request::builder()
+        .method(method)
+        .uri(uri)
+        .header(header::AUTHORIZATION, format!("Bearer {token}"))
+        .header(header::CONTENT_TYPE, "application/json")
+        .body(Body::from(body))
+        .unwrap();
+    tokio::spawn(async move {
+        let response = router.oneshot(request).await.unwrap();
+        let status = response.status();
+        let bytes = response.into_body().collect().await.unwrap().to_bytes();
+        (status, String::from_utf8_lossy(&bytes).into_owned())
+    })
+}
+
+/// Waits until namespace `team:a` has `n` waiters.
+async fn waiters(h: &Harness, n: usize) {
+    for _ in 0..600 {
+        let (_, list, _) = call(h, &Method::GET, "/v1/namespaces/team:a/waiters", Some(ADMIN), "").await;
+        if list["waiters"].as_array().map(Vec::len) == Some(n) {
+            return;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    }
+    panic!("namespace team:a never had {n} waiters");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn withdrawn_access_ends_open_calls() {
+    let h = Harness::with_state(|state: ServerState| state.with_access(access()));
+    make_resources(&h).await;
+    let (status, _, _) =
+        call(&h, &Method::PUT, "/v1/namespaces/team:a/grants/full", Some(ADMIN), r#"{"units": 5}"#).await;
+    assert_eq!(status, StatusCode::OK);
+    // Eve holds the team's role only by a binding made through the API.
+    let made = json!({"name": "eve-laptop", "user": "eve", "groups": ["visitors"]});
+    let (_, answer, _) = call(&h, &Method::POST, "/v1/api-tokens", Some(ADMIN), &made.to_string()).await;
+    let eve = answer["token"].as_str().unwrap().to_owned();
+    let binding = r#"{"role": "team", "users": ["eve"]}"#;
+    assert_eq!(call(&h, &Method::PUT, "/v1/bindings/visit", Some(ADMIN), binding).await.0, StatusCode::OK);
+    let waiting = open_call(&h, &eve, Method::PUT, "/v1/namespaces/team:a/grants/eve-1", r#"{"wait_ms": 300000}"#);
+    let watching = open_call(&h, &eve, Method::GET, "/v1/watch?prefix=namespaces/team:a", "");
+    waiters(&h, 1).await;
+    // The binding goes: both calls end, the allocate saying why.
+    assert_eq!(call(&h, &Method::DELETE, "/v1/bindings/visit", Some(ADMIN), "").await.0, StatusCode::OK);
+    let (status, body) = tokio::time::timeout(std::time::Duration::from_secs(30), waiting).await.unwrap().unwrap();
+    assert_eq!(status, StatusCode::FORBIDDEN, "{body}");
+    assert!(body.contains("access was withdrawn") && body.contains("namespace `team:a`"), "{body}");
+    let (status, _) = tokio::time::timeout(std::time::Duration::from_secs(30), watching).await.unwrap().unwrap();
+    assert_eq!(status, StatusCode::OK, "the stream was open, and has ended");
+    waiters(&h, 0).await;
+    let (_, namespace, _) = call(&h, &Method::GET, "/v1/namespaces/team:a", Some(ADMIN), "").await;
+    assert_eq!(namespace["granted_units"], 5, "nothing was granted to eve: {namespace}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_file_tokens_expiry_ends_its_open_calls() {
+    let expires = std::time::SystemTime::now() + std::time::Duration::from_secs(2);
+    let brief =
+        Credential::new("brief", &hash_token("allot_brief"), Principal::new("ada", ["team"]), Some(expires)).unwrap();
+    let mut file = access();
+    file = Access::new(
+        file.policy().as_ref().clone(),
+        vec![brief, Credential::new("root", &hash_token(ADMIN), Principal::new("root", [""; 0]), None).unwrap()],
+        OpenRoutes::default(),
+    )
+    .unwrap();
+    let h = Harness::with_state(|state: ServerState| state.with_access(file));
+    make_resources(&h).await;
+    let (status, _, _) =
+        call(&h, &Method::PUT, "/v1/namespaces/team:a/grants/full", Some(ADMIN), r#"{"units": 5}"#).await;
+    assert_eq!(status, StatusCode::OK);
+    let waiting =
+        open_call(&h, "allot_brief", Method::PUT, "/v1/namespaces/team:a/grants/ada-1", r#"{"wait_ms": 300000}"#);
+    let watching = open_call(&h, "allot_brief", Method::GET, "/v1/watch?prefix=namespaces/team:a", "");
+    let (status, body) = tokio::time::timeout(std::time::Duration::from_secs(30), waiting).await.unwrap().unwrap();
+    assert_eq!(status, StatusCode::UNAUTHORIZED, "{body}");
+    assert!(tokio::time::timeout(std::time::Duration::from_secs(30), watching).await.is_ok(), "the watch ended too");
+    let (_, namespace, _) = call(&h, &Method::GET, "/v1/namespaces/team:a", Some(ADMIN), "").await;
+    assert_eq!(namespace["granted_units"], 5, "nothing was granted after the token expired: {namespace}");
+}

@@ -144,7 +144,15 @@ async fn a_retry_must_match_the_lease(store: &dyn Store) {
             asked: "ttl_ms 30000".into(),
         })
     );
-    let session = store.open_session(60_000).await.unwrap().session.id;
+    let opened = store.open_session(60_000, Some("ada".into())).await.unwrap().session;
+    assert_eq!(opened.owner.as_deref(), Some("ada"), "a session keeps who opened it");
+    let session = opened.id;
+    let read = store.session(session).await.unwrap().session;
+    assert_eq!(read.owner.as_deref(), Some("ada"), "{read:?}");
+    let kept = store.keepalive_session(session).await.unwrap().session;
+    assert_eq!(kept.owner.as_deref(), Some("ada"), "{kept:?}");
+    let listed = crate::read_all(|page| store.sessions(page)).await.unwrap();
+    assert!(listed.iter().any(|info| info.session.id == session && info.session.owner.as_deref() == Some("ada")));
     let in_session = AllocateRequest { lease: LeaseRequest::Session(session), ..with_ttl.clone() };
     let err = store.allocate(in_session, Duration::ZERO).await.unwrap_err();
     assert!(matches!(err, StoreError::Ledger(LedgerError::TokenConflict { field: "session", .. })), "{err:?}");
@@ -251,7 +259,7 @@ async fn ttl_leases_are_swept(store: &dyn Store, time: &dyn Time) {
 async fn sessions_hold_and_free_grants(store: &dyn Store, time: &dyn Time) {
     let name = ns("sessions");
     store.put_namespace(name.clone(), 2).await.unwrap();
-    let session = store.open_session(800).await.unwrap();
+    let session = store.open_session(800, None).await.unwrap();
     let id = session.session.id;
     for t in ["a", "b"] {
         let mut r = request(&name, t, 1);
@@ -273,7 +281,7 @@ async fn sessions_hold_and_free_grants(store: &dyn Store, time: &dyn Time) {
     let gone = store.keepalive_session(id).await;
     assert!(matches!(gone, Err(StoreError::Ledger(LedgerError::SessionNotFound(_)))), "{gone:?}");
 
-    let session = store.open_session(10_000).await.unwrap();
+    let session = store.open_session(10_000, None).await.unwrap();
     let mut r = request(&name, "c", 1);
     r.lease = LeaseRequest::Session(session.session.id);
     assert_granted(&store.allocate(r, Duration::ZERO).await.unwrap());
@@ -497,7 +505,7 @@ async fn waiters_page_in_queue_order(store: &dyn Store) {
 async fn sessions_page_by_id(store: &dyn Store) {
     let mut ours = Vec::new();
     for _ in 0..5 {
-        ours.push(store.open_session(60_000).await.unwrap().session.id);
+        ours.push(store.open_session(60_000, None).await.unwrap().session.id);
     }
     ours.sort();
     // Other checks open and close sessions meanwhile: every page is in id order, and each of

@@ -14,9 +14,9 @@ use crate::records::access::ACCESS;
 use crate::records::apps::{APPS, QUEUES, TASKS};
 use crate::records::runs::{CATALOG, RUNS};
 use crate::records::{
-    decode, resources_from, AllocRecord, CorruptRecord, GrantRecord, NamespaceRecord, PoolRecord, SessionRecord,
-    ALLOCS, FORMAT_VERSION, GRANTS, META, META_CLOCK, META_EVENTS_SEQ, META_FORMAT, META_SEQ, META_WALL_OFFSET,
-    NAMESPACES, POOLS, POOL_LABELS, RETIRED_FENCING, SESSIONS,
+    decode, decode_grown, resources_from, AllocRecord, CorruptRecord, GrantRecord, NamespaceRecord, PoolRecord,
+    SessionRecord, ALLOCS, FORMAT_VERSION, GRANTS, META, META_CLOCK, META_EVENTS_SEQ, META_FORMAT, META_SEQ,
+    META_WALL_OFFSET, NAMESPACES, POOLS, POOL_LABELS, RETIRED_FENCING, SESSIONS,
 };
 
 use super::*;
@@ -188,8 +188,9 @@ fn load_records(db: &Database) -> Result<Loaded, OpenError> {
     for entry in txn.open_table(SESSIONS).map_err(|e| read_err(e.into()))?.iter().map_err(|e| read_err(e.into()))? {
         let (key, value) = entry.map_err(|e| read_err(e.into()))?;
         let id = SessionId(key.value());
-        let record: SessionRecord = decode("sessions", &id.to_string(), value.value())?;
-        sessions.push((id, record.ttl_ms, record.deadline));
+        let record: SessionRecord =
+            decode_grown("sessions", &id.to_string(), value.value(), crate::records::SESSION_FIELDS_ADDED)?;
+        sessions.push((id, record.ttl_ms, record.deadline, record.owner));
     }
     let mut grants = Vec::new();
     for entry in txn.open_table(GRANTS).map_err(|e| read_err(e.into()))?.iter().map_err(|e| read_err(e.into()))? {

@@ -46,8 +46,8 @@ pub(super) fn ops<'a>(changes: impl Iterator<Item = &'a Change>, out: &mut Vec<O
             Change::GrantRemoved { grant: allot_core::Grant { namespace, token, .. }, .. } => {
                 out.push(Op::Remove(Table::Grants, Op::pair(namespace.as_str(), token.as_str())));
             }
-            Change::Session { id, ttl_ms, deadline, .. } => {
-                let record = SessionRecord { ttl_ms: *ttl_ms, deadline: *deadline };
+            Change::Session { id, ttl_ms, deadline, owner, .. } => {
+                let record = SessionRecord { ttl_ms: *ttl_ms, deadline: *deadline, owner: owner.clone() };
                 out.push(Op::put(Table::Sessions, Key::Id(id.0), encode(&record)));
             }
             Change::SessionRemoved { id, .. } => out.push(Op::Remove(Table::Sessions, Key::Id(id.0))),
@@ -213,10 +213,10 @@ impl QuotaStore for EmbeddedStore {
         })
     }
 
-    async fn open_session(&self, ttl_ms: u64) -> Result<SessionInfo, StoreError> {
+    async fn open_session(&self, ttl_ms: u64, owner: Option<String>) -> Result<SessionInfo, StoreError> {
         let id = SessionId(rand::random());
         self.mutate(|ledger, now| {
-            let (session, effects) = ledger.open_session(id, ttl_ms, now)?;
+            let (session, effects) = ledger.open_session(id, ttl_ms, owner, now)?;
             Ok((session_info(session, now), effects))
         })
         .await

@@ -36,17 +36,43 @@ pub struct EventRecord<'a> {
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub enum ObjectRecord<'a> {
     Namespace(NamespaceViewRecord<'a>),
-    Grant { namespace: Cow<'a, str>, token: Cow<'a, str>, grant: GrantRecord, expires_in_ms: Option<u64> },
-    Waiter { namespace: Cow<'a, str>, token: Cow<'a, str> },
+    Grant {
+        namespace: Cow<'a, str>,
+        token: Cow<'a, str>,
+        grant: GrantRecord,
+        expires_in_ms: Option<u64>,
+    },
+    Waiter {
+        namespace: Cow<'a, str>,
+        token: Cow<'a, str>,
+    },
     Session(SessionInfoRecord),
     Pool(PoolViewRecord),
-    Alloc { pool: Cow<'a, str>, id: u64, alloc: AllocRecord },
-    EndedAlloc { pool: Cow<'a, str>, id: u64, alloc: AllocRecord },
+    Alloc {
+        pool: Cow<'a, str>,
+        id: u64,
+        alloc: AllocRecord,
+    },
+    EndedAlloc {
+        pool: Cow<'a, str>,
+        id: u64,
+        alloc: AllocRecord,
+    },
     Queue(Box<QueueViewRecord>),
-    App { id: Cow<'a, str>, app: Box<AppRecord> },
-    Task { app: Cow<'a, str>, id: Cow<'a, str>, task: Box<TaskRecord> },
+    App {
+        id: Cow<'a, str>,
+        app: Box<AppRecord>,
+    },
+    Task {
+        app: Cow<'a, str>,
+        id: Cow<'a, str>,
+        task: Box<TaskRecord>,
+    },
     Run(Box<RunRecord>),
     Gone,
+    /// A session with its owner (written since sessions have one; `Session` is read as one
+    /// without).
+    OwnedSession(SessionInfoRecord, Option<String>),
 }
 
 /// A namespace's view (`NamespaceView`).
@@ -163,6 +189,20 @@ struct Reader {
 }
 
 impl Reader {
+    fn session(&self, s: SessionInfoRecord, owner: Option<String>) -> Result<EventObject, CorruptRecord> {
+        let grants = s.grants.iter().map(|(n, t)| Ok((self.namespace(n)?, self.token(t)?)));
+        Ok(EventObject::Session(SessionInfo {
+            session: Session {
+                id: SessionId(s.id),
+                ttl_ms: s.ttl_ms,
+                deadline: s.deadline,
+                grants: grants.collect::<Result<_, CorruptRecord>>()?,
+                owner,
+            },
+            expires_in_ms: s.expires_in_ms,
+        }))
+    }
+
     fn err(&self, reason: impl ToString) -> CorruptRecord {
         CorruptRecord { table: "events", key: self.key.clone(), reason: reason.to_string() }
     }
@@ -207,13 +247,16 @@ impl<'a> ObjectRecord<'a> {
                 namespace: Cow::Borrowed(namespace.as_str()),
                 token: Cow::Borrowed(token.as_str()),
             },
-            EventObject::Session(info) => ObjectRecord::Session(SessionInfoRecord {
-                id: info.session.id.0,
-                ttl_ms: info.session.ttl_ms,
-                deadline: info.session.deadline,
-                grants: info.session.grants.iter().map(|(n, t)| (n.to_string(), t.to_string())).collect(),
-                expires_in_ms: info.expires_in_ms,
-            }),
+            EventObject::Session(info) => ObjectRecord::OwnedSession(
+                SessionInfoRecord {
+                    id: info.session.id.0,
+                    ttl_ms: info.session.ttl_ms,
+                    deadline: info.session.deadline,
+                    grants: info.session.grants.iter().map(|(n, t)| (n.to_string(), t.to_string())).collect(),
+                    expires_in_ms: info.expires_in_ms,
+                },
+                info.session.owner.clone(),
+            ),
             EventObject::Pool(view) => ObjectRecord::Pool(PoolViewRecord {
                 name: view.name.to_string(),
                 capacity: resources_record(&view.capacity),
@@ -285,19 +328,8 @@ impl<'a> ObjectRecord<'a> {
             ObjectRecord::Waiter { namespace, token } => {
                 EventObject::Waiter { namespace: r.namespace(&namespace)?, token: r.token(&token)? }
             }
-            ObjectRecord::Session(s) => EventObject::Session(SessionInfo {
-                session: Session {
-                    id: SessionId(s.id),
-                    ttl_ms: s.ttl_ms,
-                    deadline: s.deadline,
-                    grants: s
-                        .grants
-                        .iter()
-                        .map(|(n, t)| Ok((r.namespace(n)?, r.token(t)?)))
-                        .collect::<Result<_, CorruptRecord>>()?,
-                },
-                expires_in_ms: s.expires_in_ms,
-            }),
+            ObjectRecord::Session(s) => r.session(s, None)?,
+            ObjectRecord::OwnedSession(s, owner) => r.session(s, owner)?,
             ObjectRecord::Pool(v) => {
                 let [accepted, offer_expired, freed, reclaimed] = v.stats;
                 EventObject::Pool(PoolView {

@@ -41,7 +41,13 @@ pub struct GrantRecord {
 pub struct SessionRecord {
     pub ttl_ms: u64,
     pub deadline: Millis,
+    /// Added with access per session: read as `None` from a record written before
+    /// ([`SESSION_FIELDS_ADDED`]).
+    pub owner: Option<String>,
 }
+
+/// The optional fields [`SessionRecord`] gained at its end.
+pub const SESSION_FIELDS_ADDED: usize = 1;
 
 impl GrantRecord {
     pub fn from_grant(grant: &Grant) -> GrantRecord {

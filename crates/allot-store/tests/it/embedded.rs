@@ -59,7 +59,7 @@ async fn state_survives_a_restart_and_leases_keep_their_remaining_ttl() {
     store.put_namespace(ns("hive"), 3).await.unwrap();
     store.allocate(request("hive", "plain", LeaseRequest::None), Duration::ZERO).await.unwrap();
     store.allocate(request("hive", "leased", LeaseRequest::Ttl { ttl_ms: 3000 }), Duration::ZERO).await.unwrap();
-    let session = store.open_session(60_000).await.unwrap().session.id;
+    let session = store.open_session(60_000, Some("ada".into())).await.unwrap().session.id;
     store.allocate(request("hive", "in-session", LeaseRequest::Session(session)), Duration::ZERO).await.unwrap();
     store.release(ns("hive"), Token::new("plain").unwrap(), None).await.unwrap();
     clock.advance(Duration::from_millis(1000));
@@ -75,7 +75,8 @@ async fn state_survives_a_restart_and_leases_keep_their_remaining_ttl() {
     let leased = &grants[1];
     let left = leased.expires_in_ms.unwrap();
     assert_eq!(left, 2000, "the lease has the 2000 ms it had left");
-    assert_eq!(store.session(session).await.unwrap().session.grants.len(), 1);
+    let kept = store.session(session).await.unwrap().session;
+    assert_eq!((kept.grants.len(), kept.owner.as_deref()), (1, Some("ada")), "the session and its owner are kept");
     let next = store.allocate(request("hive", "next", LeaseRequest::None), Duration::ZERO).await.unwrap();
     let Allocation::Granted { grant, .. } = next else { panic!("{next:?}") };
     // After a clean shutdown, fencing numbers go on exactly where they stopped.

@@ -74,7 +74,7 @@ async fn every_change_of_the_quotas_is_an_event_in_commit_order() {
     store.release(ns("hive"), Token::new("a").unwrap(), None).await.unwrap();
     assert!(matches!(waiting.await.unwrap().unwrap(), Allocation::Granted { .. }));
     // A grant under a session ends when the session's lease runs out, by the clock.
-    let session = store.open_session(2000).await.unwrap().session.id;
+    let session = store.open_session(2000, None).await.unwrap().session.id;
     store.release(ns("hive"), Token::new("b").unwrap(), None).await.unwrap();
     store.allocate(request("hive", "c", LeaseRequest::Session(session)), Duration::ZERO).await.unwrap();
     clock.advance(Duration::from_millis(2500));
@@ -357,7 +357,7 @@ async fn changes_of_every_part(store: &Arc<EmbeddedStore>, watcher: &mut Watcher
     assert!(matches!(gave_up.unwrap(), Allocation::Refused { .. }));
     store.release(ns("hive"), Token::new("a").unwrap(), None).await.unwrap();
     assert!(matches!(waiting.await.unwrap().unwrap(), Allocation::Granted { .. }));
-    store.open_session(2000).await.unwrap();
+    store.open_session(2000, None).await.unwrap();
     let pool = PoolName::new("p").unwrap();
     store.put_pool(pool.clone(), "cpu=4".parse().unwrap()).await.unwrap();
     let want = AllocRequest { min: "cpu=1".parse().unwrap(), owner: "me".into(), ..AllocRequest::default() };

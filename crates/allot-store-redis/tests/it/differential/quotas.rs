@@ -200,9 +200,9 @@ impl Sequence<'_> {
                 core.map(|(_, effects)| effects).unwrap_or_default()
             }
             Op::OpenSession { slot, ttl_ms } => {
-                let redis = core_error(self.store.open_session(ttl_ms).await);
+                let redis = core_error(self.store.open_session(ttl_ms, None).await);
                 let id = redis.as_ref().map_or(self.sessions[slot], |info| info.session.id);
-                let core = self.ledger.open_session(id, ttl_ms, now);
+                let core = self.ledger.open_session(id, ttl_ms, None, now);
                 self.sessions[slot] = id;
                 self.agree_then(redis.map(|info| info.session), core)
             }
