@@ -553,15 +553,12 @@ async fn withdrawn_access_ends_open_calls() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_file_tokens_expiry_ends_its_open_calls() {
     let expires = std::time::SystemTime::now() + std::time::Duration::from_secs(2);
-    let brief =
-        Credential::new("brief", &hash_token("allot_brief"), Principal::new("ada", ["team"]), Some(expires)).unwrap();
-    let mut file = access();
-    file = Access::new(
-        file.policy().as_ref().clone(),
-        vec![brief, Credential::new("root", &hash_token(ADMIN), Principal::new("root", [""; 0]), None).unwrap()],
-        OpenRoutes::default(),
-    )
-    .unwrap();
+    let credential = |name: &str, token: &str, principal: Principal, expires| {
+        Credential::new(name, &hash_token(token), principal, expires).unwrap()
+    };
+    let brief = credential("brief", "allot_brief", Principal::new("ada", ["team"]), Some(expires));
+    let root = credential("root", ADMIN, Principal::new("root", [""; 0]), None);
+    let file = Access::new(access().policy().as_ref().clone(), vec![brief, root], OpenRoutes::default()).unwrap();
     let h = Harness::with_state(|state: ServerState| state.with_access(file));
     make_resources(&h).await;
     let (status, _, _) =
