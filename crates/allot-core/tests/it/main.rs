@@ -7,3 +7,4 @@ mod pools;
 mod quotas;
 mod quotas_model;
 mod runs;
+mod tenancy;

@@ -36,11 +36,11 @@ if op == 'open' then
   emit('session.opened', id, nil, int(ttl) .. '\n' .. int(now + ttl) .. '\n' .. owner)
   return { now, ttl, now + ttl }
 elseif op == 'touch' then
-  -- An allocate under this session in namespace ARGV[3]: {now, ttl, deadline} or {}.
+  -- An allocate under this session in namespace ARGV[3]: {now, ttl, deadline, owner} or {}.
   local s = load(id)
   if not s then return {} end
   redis.call('SADD', nskey(id), ARGV[3])
-  return { now, s[1], s[2] }
+  return { now, s[1], s[2], s[3] }
 elseif op == 'keepalive' then
   local s = load(id)
   if not s then return {} end
