@@ -655,6 +655,10 @@ class Session(TypedDict):
     expires_in_ms: int
     grants: List[GrantRef]
     id: str
+    owner: NotRequired[Optional[str]]
+    """The user that opened it, when the daemon checks who calls: only that user (or an admin of
+    the daemon) may see it, keep it alive, close it or attach grants to it.
+    """
     ttl_ms: int
 
 
@@ -833,8 +837,8 @@ class Waiting(TypedDict):
     """Why an application or task waits."""
     code: str
     """queue_limit, no_pool_matches, no_room, tokens, gang_not_reserved, gang_missing_members,
-    after_gang; for a placed task, pool_not_run (no daemon runs its pool: start one with
-    `--run-pool`).
+    after_gang, forbidden (its user may not use a namespace or pool it needs); for a placed
+    task, pool_not_run (no daemon runs its pool: start one with `--run-pool`).
     """
     message: str
 

@@ -688,7 +688,7 @@ pub(crate) async fn authorize(
             if access.policy().touches(&principal, permission, kind) {
                 return next.run(request).await;
             }
-            Some(Resource::All(kind))
+            return holds_none(&principal, permission, kind).into_response();
         }
         Target::Named | Target::Body(_) => return next.run(request).await,
     };
@@ -698,17 +698,20 @@ pub(crate) async fn authorize(
         // the handler answers it to a caller who holds the permission on some of that kind.
         None => match access.policy().touches(&principal, permission, target_kind(target)) {
             true => Ok(()),
-            false => Err(ApiError::from(Denied {
-                principal: principal.clone(),
-                permission,
-                resource: Resource::All(target_kind(target)),
-            })),
+            false => Err(holds_none(&principal, permission, target_kind(target))),
         },
     };
     match allowed {
         Ok(()) => next.run(request).await,
         Err(err) => err.into_response(),
     }
+}
+
+/// The refusal of a caller that holds `permission` on no resource of `kind`.
+fn holds_none(principal: &Principal, permission: Permission, kind: Kind) -> ApiError {
+    let message =
+        format!("{principal} may not do this: it needs `{permission}` on some {} and holds it on none", kind.name());
+    ApiError::of(ErrorCode::Forbidden, message)
 }
 
 fn target_kind(target: Target) -> Kind {

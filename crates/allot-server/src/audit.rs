@@ -1,6 +1,7 @@
 //! The audit trail: every change (a call other than `GET` and `HEAD`) and every refusal (401,
-//! 403) is one JSON line: time, principal, source address, request id, action, resource,
-//! outcome and status. Lines go to a file of their own (reopened on [`Audit::reopen`], which
+//! 403) is one JSON line: time, principal, source address, request ids (the daemon's own, and
+//! the caller's `X-Request-Id` when it sent one), action, resource (what a creation made, else
+//! the path), outcome and status; each item of a batch that was refused is a line of its own. Lines go to a file of their own (reopened on [`Audit::reopen`], which
 //! the daemon calls on SIGHUP, for log rotation) or to the log's stream (stderr), as they are.
 //!
 //! Invariants: a line is written after its call is answered (within tens of milliseconds), by a
@@ -35,6 +36,17 @@ struct Answered {
     call: Call,
     at: SystemTime,
     status: u16,
+    noted: Noted,
+}
+
+/// What an answer tells the audit trail beyond its path (set by the handler as a response
+/// extension): what a creation made, and the items of a batch that were refused.
+#[derive(Debug, Clone, Default)]
+pub(crate) struct Noted {
+    /// The resource made: `apps/ID in queue root.a`, `sessions/ID`, `api-tokens/NAME`.
+    pub made: Option<String>,
+    /// Each refused item of a batch: the resource it named.
+    pub refused: Vec<String>,
 }
 
 impl Answered {
@@ -43,7 +55,14 @@ impl Answered {
     /// configured), `source`, `request_id`, `action` (the method and the route, or the path if no
     /// route matched), `resource` (the path), `outcome` (`ok`, `refused` for 401 and 403,
     /// `failed` for any other error) and `status`.
-    fn write_line(&self, out: &mut Vec<u8>) {
+    fn write_lines(&self, out: &mut Vec<u8>) {
+        self.write_line(out, self.noted.made.as_deref().unwrap_or(&self.call.path), self.status);
+        for item in &self.noted.refused {
+            self.write_line(out, item, 403);
+        }
+    }
+
+    fn write_line(&self, out: &mut Vec<u8>, resource: &str, status: u16) {
         let call = &self.call;
         let principal = match &call.caller {
             Some(Caller::Principal(principal)) => Some(principal.user.as_str()),
@@ -64,11 +83,15 @@ impl Answered {
         }
         out.extend_from_slice(b",\"request_id\":");
         text(out, &call.request_id);
+        if let Some(given) = &call.caller_request_id {
+            out.extend_from_slice(b",\"caller_request_id\":");
+            text(out, given);
+        }
         out.extend_from_slice(b",\"action\":");
         text(out, &format!("{} {}", call.method, call.route.as_deref().unwrap_or(&call.path)));
         out.extend_from_slice(b",\"resource\":");
-        text(out, &call.path);
-        let _ = writeln!(out, ",\"outcome\":\"{}\",\"status\":{}}}", outcome(self.status), self.status);
+        text(out, resource);
+        let _ = writeln!(out, ",\"outcome\":\"{}\",\"status\":{}}}", outcome(status), status);
     }
 }
 
@@ -120,20 +143,23 @@ impl Audit {
         self.reopen.store(true, Ordering::Relaxed);
     }
 
-    /// A request id for a call that brought none: unique on this daemon, hard to guess across.
-    pub(crate) fn request_id(&self, given: Option<&HeaderValue>) -> String {
+    /// The daemon's own id of a call: unique on this daemon, hard to guess across.
+    pub(crate) fn request_id(&self) -> String {
+        format!("{:016x}", self.base | (self.next_id.fetch_add(1, Ordering::Relaxed) & 0xffff_ffff))
+    }
+
+    /// The caller's `X-Request-Id`, when it is one a line can carry (1 to 128 visible ASCII
+    /// characters, no quote or backslash).
+    pub(crate) fn caller_request_id(given: Option<&HeaderValue>) -> Option<String> {
         let given = given.and_then(|value| value.to_str().ok()).filter(|id| {
             !id.is_empty() && id.len() <= 128 && id.bytes().all(|b| b.is_ascii_graphic() && b != b'"' && b != b'\\')
         });
-        match given {
-            Some(id) => id.to_owned(),
-            None => format!("{:016x}", self.base | (self.next_id.fetch_add(1, Ordering::Relaxed) & 0xffff_ffff)),
-        }
+        given.map(str::to_owned)
     }
 
     /// Records a call (the thread writes it).
-    pub(crate) fn record(&self, call: Call, status: u16) {
-        let _ = self.lines.send(Answered { call, at: SystemTime::now(), status });
+    pub(crate) fn record(&self, call: Call, status: u16, noted: Noted) {
+        let _ = self.lines.send(Answered { call, at: SystemTime::now(), status, noted });
     }
 }
 
@@ -145,7 +171,10 @@ pub(crate) struct Call {
     pub route: Option<String>,
     pub caller: Option<Caller>,
     pub source: Option<SocketAddr>,
+    /// The daemon's own id.
     pub request_id: String,
+    /// The caller's `X-Request-Id`, if it sent one.
+    pub caller_request_id: Option<String>,
 }
 
 /// The route a call matched, set on its answer by the router (and the hot path).
@@ -176,7 +205,7 @@ fn write_lines(
         // Everything waiting goes in one write.
         lines.clear();
         for answered in std::iter::once(first).chain(incoming.try_iter()) {
-            answered.write_line(&mut lines);
+            answered.write_lines(&mut lines);
         }
         let written = match &mut file {
             // The log's own stream: the lines as they are, between the log's.

@@ -244,7 +244,29 @@ pub(crate) fn with_limits(mut doc: Value, max_wait: std::time::Duration) -> Valu
             property[key] = value.clone();
         }
     }
+    add_security(&mut doc);
     doc
+}
+
+/// The routes open to every caller: no token asked (`/readyz`, `/healthz`).
+pub(crate) const OPEN_PATHS: [&str; 2] = ["/healthz", "/readyz"];
+
+/// How a caller proves who it is, when the daemon checks (`[auth]`): an API token as a bearer
+/// token, or a client certificate of the configured CA (HTTPS with `--tls-client-ca`). Every
+/// operation needs one of the two but the open ones; generated clients send the token.
+fn add_security(doc: &mut Value) {
+    doc["components"]["securitySchemes"] = json!({
+        "bearer": {"type": "http", "scheme": "bearer", "description": "An API token (`allot api-token make` or \
+            `POST /v1/api-tokens`): `Authorization: Bearer allot_...`. Needed when the daemon has `[auth]`."},
+        "mutualTLS": {"type": "mutualTLS", "description": "A client certificate signed by the daemon's client CA \
+            (`--tls-client-ca`): its subject names the user. A bearer token wins when both are given."},
+    });
+    doc["security"] = json!([{"bearer": []}, {"mutualTLS": []}]);
+    for path in OPEN_PATHS {
+        for operation in doc["paths"][path].as_object_mut().into_iter().flat_map(|item| item.values_mut()) {
+            operation["security"] = json!([]);
+        }
+    }
 }
 
 /// OpenAPI links: where the ids a response names can be used next (an application submitted,
@@ -383,6 +405,31 @@ mod tests {
             "{}",
             paragraphs[1]
         );
+    }
+
+    #[test]
+    fn every_operation_but_the_open_ones_asks_for_a_token_or_a_client_certificate() {
+        let doc = crate::openapi(std::time::Duration::from_secs(300));
+        let schemes = &doc["components"]["securitySchemes"];
+        assert_eq!(
+            (schemes["bearer"]["type"].as_str(), schemes["bearer"]["scheme"].as_str()),
+            (Some("http"), Some("bearer"))
+        );
+        assert_eq!(schemes["mutualTLS"]["type"], "mutualTLS");
+        assert_eq!(doc["security"], json!([{"bearer": []}, {"mutualTLS": []}]));
+        let mut open = 0;
+        for (path, item) in doc["paths"].as_object().unwrap() {
+            for (method, operation) in item.as_object().unwrap() {
+                match OPEN_PATHS.contains(&path.as_str()) {
+                    true => {
+                        assert_eq!(operation["security"], json!([]), "{method} {path} is open");
+                        open += 1;
+                    }
+                    false => assert!(operation.get("security").is_none(), "{method} {path} needs the document's"),
+                }
+            }
+        }
+        assert_eq!(open, OPEN_PATHS.len());
     }
 
     #[test]

@@ -132,9 +132,55 @@ pub struct ApiError {
     pub message: String,
 }
 
+/// The longest value an error message repeats whole, in bytes; a longer one is cut to
+/// [`ECHOED_PREFIX`] and its length.
+const MAX_ECHOED: usize = 96;
+const ECHOED_PREFIX: usize = 64;
+/// The longest error message, in bytes.
+const MAX_MESSAGE: usize = 4096;
+
+/// `message` with every quoted value (between backticks or double quotes) longer than
+/// [`MAX_ECHOED`] cut to its first bytes: a caller's bad value is named, not sent back whole.
+fn bounded(message: String) -> String {
+    if message.len() <= MAX_ECHOED {
+        return message;
+    }
+    let mut out = String::with_capacity(message.len().min(MAX_MESSAGE));
+    let mut rest = message.as_str();
+    while let Some(open) = rest.find(['`', '"']) {
+        let quote = rest.as_bytes()[open] as char;
+        out.push_str(&rest[..=open]);
+        rest = &rest[open + 1..];
+        let Some(close) = rest.find(quote) else { break };
+        let value = &rest[..close];
+        if value.len() > MAX_ECHOED {
+            let mut cut = ECHOED_PREFIX;
+            while !value.is_char_boundary(cut) {
+                cut -= 1;
+            }
+            out.push_str(&value[..cut]);
+            out.push_str(&format!("… ({} bytes)", value.len()));
+        } else {
+            out.push_str(value);
+        }
+        out.push(quote);
+        rest = &rest[close + 1..];
+    }
+    out.push_str(rest);
+    if out.len() > MAX_MESSAGE {
+        let mut cut = MAX_MESSAGE;
+        while !out.is_char_boundary(cut) {
+            cut -= 1;
+        }
+        out.truncate(cut);
+        out.push('…');
+    }
+    out
+}
+
 impl ApiError {
     pub fn new(status: StatusCode, code: &'static str, message: impl Into<String>) -> ApiError {
-        ApiError { status, code, message: message.into() }
+        ApiError { status, code, message: bounded(message.into()) }
     }
 
     /// An answer with `code`, in the status the code is answered with.
@@ -355,5 +401,24 @@ mod tests {
             assert!(text.chars().all(|c| c.is_ascii_lowercase() || c == '_'), "{text}");
             assert!(ErrorCode::ALL[..i].iter().all(|other| other.as_str() != text), "{text} twice");
         }
+    }
+
+    #[test]
+    fn a_long_bad_value_is_echoed_as_a_prefix() {
+        let long = "x".repeat(1_000_000);
+        let err = ApiError::invalid_argument(format!("application id `{long}` is not an id"));
+        assert!(err.message.len() < 200, "{}", err.message.len());
+        assert!(
+            err.message.starts_with(&format!("application id `{}… (1000000 bytes)`", "x".repeat(64))),
+            "{}",
+            err.message
+        );
+        assert!(err.message.ends_with("` is not an id"));
+        let short = ApiError::invalid_argument("queue `root.a` and \"b\"");
+        assert_eq!(short.message, "queue `root.a` and \"b\"");
+        let unclosed = ApiError::invalid_argument(format!("`{long}"));
+        assert!(unclosed.message.len() <= MAX_MESSAGE + 3, "a message is bounded: {}", unclosed.message.len());
+        let wide = ApiError::invalid_argument(format!("`{}`", "é".repeat(100)));
+        assert!(wide.message.contains("… (200 bytes)`"), "cut at a character: {}", wide.message);
     }
 }

@@ -34,6 +34,8 @@ use crate::{ServerState, MAX_BODY_BYTES};
 
 /// A call's request id: the caller's, or one the daemon gives it (with the audit trail on).
 const REQUEST_ID: HeaderName = HeaderName::from_static("x-request-id");
+/// The daemon's own id of an audited call, named in its audit line.
+const ALLOT_REQUEST_ID: HeaderName = HeaderName::from_static("allot-request-id");
 
 /// The route allocate and release are counted under in the metrics, as the router names it.
 const GRANT_ROUTE: &str = "/v1/namespaces/{namespace}/grants/{token}";
@@ -77,7 +79,8 @@ impl Service<Request> for Api {
             route: None,
             caller: None,
             source: request.extensions().get::<ConnectInfo<crate::Peer>>().map(|info| info.0.addr),
-            request_id: audit.request_id(request.headers().get(REQUEST_ID)),
+            request_id: audit.request_id(),
+            caller_request_id: audit::Audit::caller_request_id(request.headers().get(REQUEST_ID)),
         };
         let (caller, answered) = self.authenticated(request, true);
         call.caller = caller;
@@ -88,10 +91,16 @@ impl Service<Request> for Api {
             if audit::audited(&call.method, status) {
                 call.route = response.extensions().get::<audit::Route>().map(|route| route.0.clone());
                 state.metrics.audited(audit::outcome(status));
-                let id = HeaderValue::from_str(&call.request_id).ok();
-                audit.record(call, status);
+                // The caller's id back when it gave one, the daemon's own always.
+                let id = HeaderValue::from_str(call.caller_request_id.as_ref().unwrap_or(&call.request_id)).ok();
+                let own = HeaderValue::from_str(&call.request_id).ok();
+                let noted = response.extensions_mut().remove::<audit::Noted>().unwrap_or_default();
+                audit.record(call, status, noted);
                 if let Some(id) = id {
                     response.headers_mut().insert(REQUEST_ID, id);
+                }
+                if let Some(own) = own {
+                    response.headers_mut().insert(ALLOT_REQUEST_ID, own);
                 }
             }
             Ok(response)

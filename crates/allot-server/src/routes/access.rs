@@ -87,7 +87,7 @@ fn binding_wire(record: BindingRecord) -> api::Binding {
 pub(crate) async fn create_api_token(
     State(state): State<ServerState>,
     JsonBody(body): JsonBody<api::CreateApiToken>,
-) -> Result<(StatusCode, Json<api::CreatedApiToken>), ApiError> {
+) -> Result<(StatusCode, axum::Extension<crate::audit::Noted>, Json<api::CreatedApiToken>), ApiError> {
     checked_name("API token", &body.name)?;
     checked_people(std::slice::from_ref(&body.user), &body.groups)?;
     let expires = match body.ttl_ms.map(Duration::from_millis) {
@@ -108,7 +108,12 @@ pub(crate) async fn create_api_token(
     };
     state.store.add_api_token(record.clone()).await?;
     refreshed(&state).await;
-    Ok((StatusCode::CREATED, Json(api::CreatedApiToken { token, api_token: token_wire(record) })))
+    let made = crate::audit::Noted { made: Some(format!("api-tokens/{}", record.name)), ..Default::default() };
+    Ok((
+        StatusCode::CREATED,
+        axum::Extension(made),
+        Json(api::CreatedApiToken { token, api_token: token_wire(record) }),
+    ))
 }
 
 /// The API tokens made through the API.

@@ -11,6 +11,7 @@ use axum::Json;
 use super::runs::note_unrun_pools;
 use super::{Answer, UNAVAILABLE};
 use crate::access::Who;
+use crate::audit::Noted;
 use crate::convert::apps::{self as convert, app_id, queue_path, task_id};
 use crate::error::ApiError;
 use crate::error::ErrorCode;
@@ -112,7 +113,7 @@ pub(crate) async fn submit_app(
     State(state): State<ServerState>,
     who: Who,
     JsonBody(mut body): JsonBody<api::SubmitApp>,
-) -> Result<(StatusCode, Json<api::SubmitAppResponse>), ApiError> {
+) -> Result<(StatusCode, axum::Extension<Noted>, Json<api::SubmitAppResponse>), ApiError> {
     let judged = who.judged();
     let caller = judged.as_ref().map(|(principal, policy)| Caller { principal, policy });
     // The application runs as the caller, its user and groups, unless it names others (which
@@ -123,7 +124,8 @@ pub(crate) async fn submit_app(
     }
     let answer = submit_as(state.store.as_ref(), caller, &state.placement, body).await?;
     let status = if answer.created { StatusCode::CREATED } else { StatusCode::OK };
-    Ok((status, Json(answer)))
+    let made = format!("apps/{} in queue {}", answer.app.id, answer.app.queue);
+    Ok((status, axum::Extension(Noted { made: Some(made), ..Noted::default() }), Json(answer)))
 }
 
 /// Submits an application as `POST /v1/apps` does, for a trusted source (the directory
@@ -387,7 +389,7 @@ pub(crate) async fn finish_tasks(
     State(state): State<ServerState>,
     who: Who,
     JsonBody(body): JsonBody<api::FinishTasks>,
-) -> Answer<api::FinishedTasks> {
+) -> Result<(axum::Extension<Noted>, Json<api::FinishedTasks>), ApiError> {
     if body.tasks.len() > MAX_TASK_ENDS {
         return Err(ApiError::of(
             ErrorCode::InvalidArgument,
@@ -424,7 +426,7 @@ pub(crate) async fn finish_tasks(
         }
     }
     let mut stored = state.store.finish_tasks(ends).await?.into_iter();
-    let tasks = body
+    let tasks: Vec<api::TaskEndAnswer> = body
         .tasks
         .into_iter()
         .zip(answers)
@@ -440,7 +442,13 @@ pub(crate) async fn finish_tasks(
             api::TaskEndAnswer { app: end.app, task: end.task, ended, error }
         })
         .collect();
-    Ok(Json(api::FinishedTasks { tasks }))
+    // Each report refused for access is a refusal of its own in the audit trail.
+    let refused: Vec<String> = tasks
+        .iter()
+        .filter(|answer| answer.error.as_ref().is_some_and(|e| e.code == ErrorCode::Forbidden.as_str()))
+        .map(|answer| format!("apps/{}/tasks/{}", answer.app, answer.task))
+        .collect();
+    Ok((axum::Extension(Noted { made: None, refused }), Json(api::FinishedTasks { tasks })))
 }
 
 /// Refuses a report on `app` unless the caller may use its queue (an application that does not

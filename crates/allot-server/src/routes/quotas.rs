@@ -234,10 +234,11 @@ pub(crate) async fn open_session(
     State(state): State<ServerState>,
     who: Who,
     JsonBody(body): JsonBody<api::OpenSession>,
-) -> Result<(StatusCode, Json<api::Session>), ApiError> {
+) -> Result<(StatusCode, axum::Extension<crate::audit::Noted>, Json<api::Session>), ApiError> {
     let owner = who.principal().map(|principal| principal.user.clone());
     let info = state.store.open_session(convert::lease_ttl(body.ttl_ms)?, owner).await?;
-    Ok((StatusCode::CREATED, Json(convert::session(info))))
+    let made = crate::audit::Noted { made: Some(format!("sessions/{}", info.session.id)), ..Default::default() };
+    Ok((StatusCode::CREATED, axum::Extension(made), Json(convert::session(info))))
 }
 
 /// A page of the open sessions, ordered by id.

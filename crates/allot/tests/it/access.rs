@@ -501,3 +501,82 @@ async fn daemons_of_a_redis_that_serve_https_forward_to_each_other_over_https() 
         assert!(done, "the task of tls-{i} completed: {tasks:?}");
     }
 }
+
+#[tokio::test]
+async fn the_audit_trail_names_what_was_made_each_refused_item_and_both_request_ids() {
+    let (dir, data) = data_dir();
+    let (admin, admin_entry) = make_token("root", &[]);
+    let (ada, ada_entry) = make_token("ada", &["team-a"]);
+    let config = dir.path().join("allot.toml");
+    std::fs::write(
+        &config,
+        format!(
+            "[auth]\n{admin_entry}\n{ada_entry}\n[auth.roles.a]\nuse = [\"queue:root.a\", \"namespace:a:*\"]\n\
+             [[auth.bindings]]\nrole = \"admin\"\nusers = [\"root\"]\n\
+             [[auth.bindings]]\nrole = \"a\"\ngroups = [\"team-a\"]\n"
+        ),
+    )
+    .unwrap();
+    let trail = dir.path().join("audit.jsonl");
+    let daemon = Daemon::start(&data, &["--config", config.to_str().unwrap(), "--audit-log", trail.to_str().unwrap()]);
+    let http = reqwest::Client::new();
+    let call = |token: &str, method: reqwest::Method, path: &str, body: serde_json::Value| {
+        http.request(method, format!("{}{path}", daemon.url)).bearer_auth(token).json(&body)
+    };
+    for queue in ["root.a", "root.b"] {
+        let answer = call(&admin, reqwest::Method::PUT, &format!("/v1/queues/{queue}"), serde_json::json!({}));
+        assert_eq!(answer.send().await.unwrap().status(), 201);
+    }
+    let app = |id: &str, queue: &str| serde_json::json!({"id": id, "queue": queue, "tasks": [{"id": "t1", "resources": "cpu=1"}]});
+    let submitted = call(&admin, reqwest::Method::POST, "/v1/apps", app("a1", "root.a"))
+        .header("X-Request-Id", "caller-1")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(submitted.status(), 201);
+    assert_eq!(submitted.headers()["x-request-id"], "caller-1", "the caller's id comes back");
+    let own = submitted.headers()["allot-request-id"].to_str().unwrap().to_owned();
+    assert_eq!(
+        call(&admin, reqwest::Method::POST, "/v1/apps", app("b1", "root.b")).send().await.unwrap().status(),
+        201
+    );
+    let session = call(&ada, reqwest::Method::POST, "/v1/sessions", serde_json::json!({"ttl_ms": 60000}));
+    let session: serde_json::Value = session.send().await.unwrap().json().await.unwrap();
+    let ends = serde_json::json!({"tasks": [
+        {"app": "a1", "task": "t1", "outcome": "Failed"},
+        {"app": "b1", "task": "t1", "outcome": "Failed"},
+    ]});
+    let finished = call(&ada, reqwest::Method::POST, "/v1/tasks/finish", ends).send().await.unwrap();
+    assert_eq!(finished.status(), 200);
+    let finished: serde_json::Value = finished.json().await.unwrap();
+    assert_eq!(finished["tasks"][1]["error"]["code"], "forbidden", "{finished}");
+    let made = call(&admin, reqwest::Method::POST, "/v1/api-tokens", serde_json::json!({"name": "bot", "user": "bot"}));
+    assert_eq!(made.send().await.unwrap().status(), 201);
+
+    let read = || -> Vec<serde_json::Value> {
+        let text = std::fs::read_to_string(&trail).unwrap_or_default();
+        text.lines().map(|line| serde_json::from_str(line).unwrap()).collect()
+    };
+    assert!(eventually(std::time::Duration::from_secs(30), async || read().len() == 8).await, "{:?}", read());
+    let lines = read();
+    let line = |resource: &str| {
+        lines.iter().find(|l| l["resource"] == resource).unwrap_or_else(|| panic!("no line for {resource}: {lines:?}"))
+    };
+    let submitted = line("apps/a1 in queue root.a");
+    assert_eq!(
+        (submitted["request_id"].as_str(), submitted["caller_request_id"].as_str()),
+        (Some(own.as_str()), Some("caller-1"))
+    );
+    assert!(line("apps/b1 in queue root.b")["caller_request_id"].is_null(), "none given, none written");
+    assert_eq!(line(&format!("sessions/{}", session["id"].as_str().unwrap()))["principal"], "ada");
+    assert_eq!(line("api-tokens/bot")["outcome"], "ok");
+    let refused = line("apps/b1/tasks/t1");
+    assert_eq!(
+        (refused["outcome"].as_str(), refused["status"].as_u64(), refused["principal"].as_str()),
+        (Some("refused"), Some(403), Some("ada"))
+    );
+    assert_eq!(refused["action"], "POST /v1/tasks/finish");
+    let batch = lines.iter().filter(|l| l["action"] == "POST /v1/tasks/finish").count();
+    assert_eq!(batch, 2, "the batch's line, and its one refused item's: {lines:?}");
+    drop(dir);
+}

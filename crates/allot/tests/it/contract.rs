@@ -16,9 +16,19 @@ fn schemathesis_finds_no_gap_between_the_document_and_the_server() {
     let st = std::env::var_os("PATH")
         .and_then(|path| std::env::split_paths(&path).map(|dir| dir.join("st")).find(|p| p.is_file()))
         .unwrap_or_else(|| panic!("{INSTALL}"));
-    let (_dir, data) = data_dir();
+    let (dir, data) = data_dir();
+    // With access checked, as the document declares (`securitySchemes`): schemathesis calls with
+    // an admin's token, and checks that every operation but the open ones refuses a call without
+    // it (`ignored_auth`).
+    let (token, entry) = crate::access::make_token("root", &[]);
+    let config = dir.path().join("allot.toml");
+    std::fs::write(
+        &config,
+        format!("[auth]\nopen_document = true\n{entry}\n[[auth.bindings]]\nrole = \"admin\"\nusers = [\"root\"]\n"),
+    )
+    .unwrap();
     // Long polls are bounded (and the document says so): a wait schemathesis asks for ends soon.
-    let daemon = Daemon::start(&data, &["--max-wait", "1s"]);
+    let daemon = Daemon::start(&data, &["--max-wait", "1s", "--config", config.to_str().unwrap()]);
     // 410 Gone is a documented answer to a schema-valid request: reading an alloc that has
     // ended (freed, expired) gives its record with 410. schemathesis counts only its default
     // statuses as accepted, so it is named here.
@@ -32,6 +42,7 @@ fn schemathesis_finds_no_gap_between_the_document_and_the_server() {
     let output = Command::new(st)
         .args(["--config-file", config.to_str().unwrap(), "--no-color", "run"])
         .args([&format!("{}/openapi.json", daemon.url), "--checks", "all"])
+        .args(["--header", &format!("Authorization: Bearer {token}")])
         // A watch is a stream that ends only when the daemon does: schemathesis reads an answer to
         // its end, so it would wait there until its timeout and count that as a failure. The route
         // is tested by itself (allot-server's `watch` tests, and `allot watch` in `cli`).
