@@ -635,6 +635,16 @@ impl Needs {
         self.0.get(&(method.clone(), path)).copied()
     }
 
+    /// The methods `path` takes (with `HEAD` where it takes `GET`), sorted.
+    pub fn methods(&self, path: &str) -> Vec<String> {
+        let mut methods: Vec<String> = self.0.keys().filter(|(_, p)| *p == path).map(|(m, _)| m.to_string()).collect();
+        if methods.iter().any(|m| m == "GET") {
+            methods.push("HEAD".to_owned());
+        }
+        methods.sort();
+        methods
+    }
+
     /// Every route, with its permission.
     pub fn all(&self) -> impl Iterator<Item = (&Method, &'static str, Need)> + '_ {
         self.0.iter().map(|((method, path), need)| (method, *path, *need))
@@ -665,6 +675,15 @@ pub(crate) async fn authorize(
         return next.run(request).await;
     };
     let Some(need) = needs.get(request.method(), &route) else {
+        // A method the route does not take (TRACE, OPTIONS...): 405, naming those it takes.
+        let allowed = needs.methods(&route);
+        if !allowed.is_empty() {
+            let mut response = ApiError::method_not_allowed().into_response();
+            if let Ok(allow) = HeaderValue::from_str(&allowed.join(",")) {
+                response.headers_mut().insert(header::ALLOW, allow);
+            }
+            return response;
+        }
         // Fail closed: a route that declares no permission is never served.
         tracing::error!(method = %request.method(), route, "a route declares no permission; refused");
         return ApiError::of(ErrorCode::Internal, format!("{} {route} declares no permission", request.method()))

@@ -543,8 +543,8 @@ async fn the_audit_trail_names_what_was_made_each_refused_item_and_both_request_
     let session = call(&ada, reqwest::Method::POST, "/v1/sessions", serde_json::json!({"ttl_ms": 60000}));
     let session: serde_json::Value = session.send().await.unwrap().json().await.unwrap();
     let ends = serde_json::json!({"tasks": [
-        {"app": "a1", "task": "t1", "outcome": "Failed"},
-        {"app": "b1", "task": "t1", "outcome": "Failed"},
+        {"app": "a1", "task": "t1", "outcome": "failed"},
+        {"app": "b1", "task": "t1", "outcome": "failed"},
     ]});
     let finished = call(&ada, reqwest::Method::POST, "/v1/tasks/finish", ends).send().await.unwrap();
     assert_eq!(finished.status(), 200);
