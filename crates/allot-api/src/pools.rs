@@ -15,6 +15,11 @@ pub struct PutPool {
     /// What the scheduler's selectors match, e.g. `{"zone": "eu"}`; not given keeps them.
     #[serde(default, skip_serializing_if = "Option::is_none", deserialize_with = "object::optional")]
     pub labels: Option<std::collections::BTreeMap<String, String>>,
+    /// The task types the executor of this pool runs, e.g. `["http", "noop"]`: the scheduler
+    /// places no task of another type here. `["*"]`: every type its daemon has (what a pool runs
+    /// until it is given a list). Not given keeps what it runs.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub plugins: Option<Vec<String>>,
 }
 
 /// Counters of a pool since the daemon started.
@@ -41,6 +46,9 @@ pub struct Pool {
     pub stats: PoolStats,
     #[serde(default)]
     pub labels: std::collections::BTreeMap<String, String>,
+    /// The task types its executor runs; `null`: every type its daemon has.
+    #[serde(default)]
+    pub plugins: Option<Vec<String>>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]

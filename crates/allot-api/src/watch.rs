@@ -173,6 +173,7 @@ mod tests {
             stopped: false,
             stats: crate::PoolStats { accepted: 0, offer_expired: 0, freed: 0, reclaimed: 0 },
             labels: Default::default(),
+            plugins: None,
         };
         let event = WatchEvent {
             revision: 7,

@@ -314,6 +314,17 @@ pub enum PoolError {
 /// labels with the same value.
 pub type Labels = BTreeMap<String, String>;
 
+/// The label that holds which task types a pool's executor runs (`shell,noop`), when an
+/// operator limits them: the scheduler places a task of another type elsewhere. A pool without
+/// it runs every type its daemon has. Set through a pool's `plugins`, never as a label.
+pub const PLUGINS_LABEL: &str = "allot/plugins";
+
+/// The task types a pool's labels let it run; `None`: every type.
+pub fn plugins_of(labels: &Labels) -> Option<Vec<&str>> {
+    let listed = labels.get(PLUGINS_LABEL)?;
+    Some(listed.split(',').map(str::trim).filter(|t| !t.is_empty()).collect())
+}
+
 /// True if `labels` has every label of `selector`, with the same value.
 pub fn selector_matches(selector: &Labels, labels: &Labels) -> bool {
     selector.iter().all(|(key, value)| labels.get(key) == Some(value))

@@ -27,8 +27,14 @@ impl Client {
     /// `PUT /v1/pools/{pool}`: creates a pool with `capacity` (e.g. `cpu=4,mem=16GiB`) or
     /// changes it; a stopped pool starts again.
     pub async fn put_pool(&self, pool: &str, capacity: &str) -> Result<PutPoolResponse, ClientError> {
-        let body = PutPool { capacity: capacity.to_owned(), labels: None };
+        let body = PutPool { capacity: capacity.to_owned(), labels: None, plugins: None };
         self.json(self.request(Method::PUT, &pool_path(pool)?)?.json(&body)).await
+    }
+
+    /// `PUT /v1/pools/{pool}` with everything a pool takes: `labels` (none: keep them) and
+    /// `plugins`, the task types its executor runs (none: keep them).
+    pub async fn put_pool_with(&self, pool: &str, body: &PutPool) -> Result<PutPoolResponse, ClientError> {
+        self.json(self.request(Method::PUT, &pool_path(pool)?)?.json(body)).await
     }
 
     /// `PUT /v1/pools/{pool}` with labels: creates or changes a pool and replaces its labels
@@ -39,7 +45,7 @@ impl Client {
         capacity: &str,
         labels: std::collections::BTreeMap<String, String>,
     ) -> Result<PutPoolResponse, ClientError> {
-        let body = PutPool { capacity: capacity.to_owned(), labels: Some(labels) };
+        let body = PutPool { capacity: capacity.to_owned(), labels: Some(labels), plugins: None };
         self.json(self.request(Method::PUT, &pool_path(pool)?)?.json(&body)).await
     }
 

@@ -34,7 +34,7 @@ use crate::access::{Principal, Resource};
 use crate::apps::queues::{limit_at, LimitHit, QueuePath, QueueUsage, SortPolicy};
 use crate::apps::states::{AppEvent, AppState, TaskEvent};
 use crate::names::Token;
-use crate::pools::{selector_matches, AllocId, AllocRequest, Labels, PoolError, PoolName, Pools};
+use crate::pools::{plugins_of, selector_matches, AllocId, AllocRequest, Labels, PoolError, PoolName, Pools};
 use crate::quotas::{AllocateRequest, Constraints, Decision, LeaseRequest, Millis};
 use crate::resources::{Resources, SizeWeights};
 
@@ -56,6 +56,20 @@ struct Spot {
     name: PoolName,
     free: Resources,
     labels: Labels,
+    /// The task types it runs, when its `plugins` limit them.
+    plugins: Option<Vec<String>>,
+}
+
+impl Spot {
+    /// Whether its executor runs tasks of `task_type`: every type unless its `plugins` limit
+    /// them; a task with no type (run by whoever reports it) only where they do not.
+    fn runs(&self, task_type: Option<&str>) -> bool {
+        match (&self.plugins, task_type) {
+            (None, _) => true,
+            (Some(listed), Some(task_type)) => listed.iter().any(|t| t == task_type),
+            (Some(_), None) => false,
+        }
+    }
 }
 
 /// What is free in every pool, indexed by weighted size for best fit.
@@ -63,6 +77,8 @@ struct Room {
     spots: Vec<Spot>,
     index: BTreeSet<(u64, usize)>,
     weights: SizeWeights,
+    /// Some pool limits the task types it runs.
+    typed: bool,
 }
 
 /// Sizes are non-negative, so their bit patterns sort like the numbers.
@@ -76,10 +92,16 @@ impl Room {
         let spots: Vec<Spot> = pools
             .spots(now)
             .filter(|(name, ..)| !down.contains(*name))
-            .map(|(name, free, _, labels)| Spot { name: name.clone(), free, labels: labels.clone() })
+            .map(|(name, free, _, labels)| Spot {
+                name: name.clone(),
+                free,
+                labels: labels.clone(),
+                plugins: plugins_of(labels).map(|types| types.into_iter().map(str::to_owned).collect()),
+            })
             .collect();
         let index = spots.iter().enumerate().map(|(i, spot)| (size_key(&spot.free, weights), i)).collect();
-        Room { spots, index, weights: weights.clone() }
+        let typed = spots.iter().any(|spot| spot.plugins.is_some());
+        Room { spots, index, weights: weights.clone(), typed }
     }
 
     /// The matching pool with the least free space that fits `wanted` (less what `taken` says
@@ -97,7 +119,7 @@ impl Room {
         let lower = (size - size * 1e-9 - 1e-12).max(0.0).to_bits();
         for &(_, i) in self.index.range((Bound::Included((lower, 0)), Bound::Unbounded)) {
             let spot = &self.spots[i];
-            if !selector_matches(selector, &spot.labels) || allowed.is_some_and(|a| !a.pools[i]) {
+            if !selector_matches(selector, &spot.labels) || allowed.is_some_and(|a| !a.takes(i)) {
                 continue;
             }
             let fits = match taken.get(&i) {
@@ -119,13 +141,17 @@ impl Room {
         allowed: Option<&Allowed>,
     ) -> Why {
         let mut closest: Option<(f64, usize, Resources)> = None;
-        let mut matched = false;
+        let (mut matched, mut permitted) = (false, false);
         for (i, spot) in self.spots.iter().enumerate() {
             if !selector_matches(selector, &spot.labels) {
                 continue;
             }
             matched = true;
-            if allowed.is_some_and(|a| !a.pools[i]) {
+            if allowed.is_some_and(|a| !a.permits(i)) {
+                continue;
+            }
+            permitted = true;
+            if allowed.is_some_and(|a| !a.runs(i)) {
                 continue;
             }
             let free = match taken.get(&i) {
@@ -138,22 +164,30 @@ impl Room {
                 closest = Some((size, i, lacks));
             }
         }
+        let pools = || match selector.is_empty() {
+            true => "any pool that takes allocs".to_owned(),
+            false => {
+                let labels: Vec<String> = selector.iter().map(|(k, v)| format!("{k}={v}")).collect();
+                format!("any pool that takes allocs with the labels {}", labels.join(","))
+            }
+        };
         match (closest, allowed) {
-            (None, Some(allowed)) if matched => {
-                let what = match selector.is_empty() {
-                    true => "any pool that takes allocs".to_owned(),
-                    false => {
-                        let labels: Vec<String> = selector.iter().map(|(k, v)| format!("{k}={v}")).collect();
-                        format!("any pool that takes allocs with the labels {}", labels.join(","))
-                    }
-                };
-                Why::Forbidden { user: allowed.user.clone(), what }
+            (None, Some(allowed)) if matched && !permitted => {
+                Why::Forbidden { user: allowed.user.clone().unwrap_or_default(), what: pools() }
+            }
+            (None, Some(allowed)) if permitted => {
+                Why::TypeNotRun { task_type: allowed.task_type.clone(), pools: pools() }
             }
             (None, _) => Why::NoPoolMatches { selector: selector.clone() },
             (Some((_, i, lacks)), _) => {
                 Why::NoRoom { wanted: wanted.clone(), closest: Some((self.spots[i].name.clone(), lacks)) }
             }
         }
+    }
+
+    /// Whether `pool` runs tasks of `task_type` (a pool not in the room, down, is not asked).
+    fn runs(&self, pool: &PoolName, task_type: Option<&str>) -> bool {
+        self.spots.iter().find(|spot| &spot.name == pool).is_none_or(|spot| spot.runs(task_type))
     }
 
     fn take(&mut self, i: usize, resources: &Resources) {
@@ -198,13 +232,40 @@ impl NoRoom {
     }
 }
 
-/// The pools one user may use this cycle, by spot, while tenancy is enforced; users with the same
-/// answer may differ in `class` (it only keys what found no room).
+/// Which pools one placement may take this cycle, by spot: those its application's user may use
+/// (while tenancy is enforced) and that run its task's type (where pools limit the types).
+/// Placements with the same user and type share a `class` (it keys what found no room).
 #[derive(Clone)]
 struct Allowed {
     class: u32,
-    user: String,
-    pools: Rc<[bool]>,
+    user: Option<String>,
+    task_type: Option<String>,
+    /// By the user's permissions; `None`: every pool.
+    permitted: Option<Rc<[bool]>>,
+    /// By the task's type; `None`: every pool.
+    running: Option<Rc<[bool]>>,
+}
+
+impl Allowed {
+    fn permits(&self, i: usize) -> bool {
+        self.permitted.as_ref().is_none_or(|p| p[i])
+    }
+
+    fn runs(&self, i: usize) -> bool {
+        self.running.as_ref().is_none_or(|r| r[i])
+    }
+
+    fn takes(&self, i: usize) -> bool {
+        self.permits(i) && self.runs(i)
+    }
+}
+
+/// What a cycle learns once of the pools each user may use and each task type runs on.
+#[derive(Default)]
+struct Filters {
+    permitted: HashMap<Principal, Rc<[bool]>>,
+    running: HashMap<Option<String>, Rc<[bool]>>,
+    classes: HashMap<(Option<Principal>, Option<String>), u32>,
 }
 
 /// A leaf queue's applications with work in this cycle.
@@ -224,8 +285,8 @@ struct Cycle<'c> {
     ids: &'c mut dyn FnMut() -> u64,
     out: Outcome,
     report: CycleReport,
-    /// Each user's [`Allowed`], computed at its first placement of the cycle.
-    allowed: HashMap<Principal, Allowed>,
+    /// Each user's and task type's pools, computed at their first placement of the cycle.
+    filters: Filters,
 }
 
 impl Scheduler {
@@ -263,7 +324,7 @@ impl Scheduler {
             ids,
             out,
             report: CycleReport { timed_out, ..CycleReport::default() },
-            allowed: HashMap::new(),
+            filters: Filters::default(),
         };
         let mut heap: BinaryHeap<Reverse<(Vec<u64>, usize)>> =
             lanes.iter().enumerate().map(|(i, lane)| Reverse((self.fair_key(&lane.ancestors), i))).collect();
@@ -426,7 +487,10 @@ impl Scheduler {
         let app = &self.apps[app_id];
         let task = &self.tasks[app_id][task_id];
         if let Some(group) = &task.spec.group {
-            if let Some(slot) = app.slots.iter().position(|s| s.task.is_none() && &s.group == group) {
+            let task_type = if cycle.room.typed { task.spec.task_type() } else { None };
+            let runs = |pool: &PoolName| !cycle.room.typed || cycle.room.runs(pool, task_type.as_deref());
+            let free = |s: &Slot| s.task.is_none() && &s.group == group && runs(&s.placement.pool);
+            if let Some(slot) = app.slots.iter().position(free) {
                 self.take_over(app_id, task_id, slot, cycle);
                 return Ok(());
             }
@@ -442,7 +506,7 @@ impl Scheduler {
         if let Some(hit) = self.limit_hit(app_id, &wanted, !app.counted) {
             return Err(Why::QueueLimit(hit));
         }
-        let allowed = self.allowed(app_id, cycle);
+        let allowed = self.allowed(app_id, &[task.spec.task_type()], cycle);
         if let Some(why) = self.forbidden_tokens(app_id, &needs) {
             return Err(why);
         }
@@ -536,7 +600,15 @@ impl Scheduler {
         if let Some(hit) = self.limit_hit(app_id, &total, !app.counted) {
             return Err(Why::GangNotReserved { member: None, cause: Some(Box::new(Why::QueueLimit(hit))) });
         }
-        let allowed = self.allowed(app_id, cycle);
+        // A placeholder goes where the types of its group's tasks known now all run.
+        let types: Vec<Option<String>> = self.tasks.get(app_id).map_or_else(Vec::new, |tasks| {
+            let mut types: Vec<Option<String>> =
+                tasks.values().filter(|t| t.spec.group.is_some()).map(|t| t.spec.task_type()).collect();
+            types.sort();
+            types.dedup();
+            types
+        });
+        let allowed = self.allowed(app_id, &types, cycle);
         let needs: Vec<TokenNeed> = members.iter().flat_map(|m| m.4.iter().cloned()).collect();
         if let Some(why) = self.forbidden_tokens(app_id, &needs) {
             return Err(Why::GangNotReserved { member: None, cause: Some(Box::new(why)) });
@@ -598,21 +670,37 @@ impl Scheduler {
         Ok(())
     }
 
-    /// The pools the application's user may use this cycle; `None` while tenancy is open.
-    fn allowed(&self, app_id: &AppId, cycle: &mut Cycle<'_>) -> Option<Allowed> {
-        if self.config.tenancy.is_open() {
+    /// The pools a placement of `app_id`'s tasks of `types` may take this cycle: those its user
+    /// may use and that run every one of the types; `None` when every pool may be taken.
+    fn allowed(&self, app_id: &AppId, types: &[Option<String>], cycle: &mut Cycle<'_>) -> Option<Allowed> {
+        let tenancy = &self.config.tenancy;
+        if tenancy.is_open() && !cycle.room.typed {
             return None;
         }
-        let user = self.apps[app_id].spec.principal();
-        let class = u32::try_from(cycle.allowed.len()).unwrap_or(u32::MAX).saturating_add(1);
         let spots = &cycle.room.spots;
-        let tenancy = &self.config.tenancy;
-        let allowed = cycle.allowed.entry(user).or_insert_with_key(|user| Allowed {
-            class,
-            user: user.user.clone(),
-            pools: spots.iter().map(|spot| tenancy.may_use(user, &Resource::Pool(spot.name.to_string()))).collect(),
+        let filters = &mut cycle.filters;
+        let user = (!tenancy.is_open()).then(|| self.apps[app_id].spec.principal());
+        let permitted = user.as_ref().map(|user| {
+            let by_spot = filters.permitted.entry(user.clone()).or_insert_with_key(|user| {
+                spots.iter().map(|spot| tenancy.may_use(user, &Resource::Pool(spot.name.to_string()))).collect()
+            });
+            by_spot.clone()
         });
-        Some(allowed.clone())
+        let key = match types {
+            [] => None,
+            [one] => one.clone(),
+            many => Some(many.iter().map(|t| t.clone().unwrap_or_default()).collect::<Vec<_>>().join(",")),
+        };
+        let running = cycle.room.typed.then(|| {
+            let by_spot = filters
+                .running
+                .entry(key.clone())
+                .or_insert_with(|| spots.iter().map(|spot| types.iter().all(|t| spot.runs(t.as_deref()))).collect());
+            by_spot.clone()
+        });
+        let next = u32::try_from(filters.classes.len()).unwrap_or(u32::MAX).saturating_add(1);
+        let class = *filters.classes.entry((user.clone(), key.clone())).or_insert(next);
+        Some(Allowed { class, user: user.map(|u| u.user), task_type: key, permitted, running })
     }
 
     /// Why the application's user may not hold `needs`: the first namespace it may not use.

@@ -289,6 +289,16 @@ pub struct TaskSpec {
 }
 
 impl TaskSpec {
+    /// The task's type: the `type` of its spec (a JSON object), which names the plugin that runs
+    /// it; none for a task without one (run by whoever reports it, not by an executor).
+    pub fn task_type(&self) -> Option<String> {
+        if self.spec.is_empty() {
+            return None;
+        }
+        let spec: serde_json::Value = serde_json::from_str(&self.spec).ok()?;
+        spec.get("type")?.as_str().map(str::to_owned)
+    }
+
     /// The checks a task passes against its application; token needs are merged per namespace.
     pub fn check(mut self, app: &AppSpec) -> Result<TaskSpec, SchedError> {
         if self.resources.is_empty() {

@@ -29,6 +29,9 @@ pub enum Why {
     /// The application's user may not use what the task needs: a token namespace, or every pool
     /// that would match (`what` names it). It waits until the user is given `use` on it.
     Forbidden { user: String, what: String },
+    /// Every pool that would match is limited to other task types (its `plugins`): no executor
+    /// there runs this one.
+    TypeNotRun { task_type: Option<String>, pools: String },
 }
 
 impl Why {
@@ -42,6 +45,7 @@ impl Why {
         "gang_missing_members",
         "after_gang",
         "forbidden",
+        "type_not_run",
     ];
 
     /// The code of this name, as [`Why::code`] answers it.
@@ -60,6 +64,7 @@ impl Why {
             Why::GangMissing { .. } => "gang_missing_members",
             Why::AfterGang => "after_gang",
             Why::Forbidden { .. } => "forbidden",
+            Why::TypeNotRun { .. } => "type_not_run",
         }
     }
 }
@@ -93,6 +98,12 @@ impl fmt::Display for Why {
             }
             Why::AfterGang => f.write_str("its application places its gang first"),
             Why::Forbidden { user, what } => write!(f, "user `{user}` may not use {what}"),
+            Why::TypeNotRun { task_type: Some(task_type), pools } => {
+                write!(f, "no executor of {pools} runs tasks of type `{task_type}` (the pools' `plugins` leave it out)")
+            }
+            Why::TypeNotRun { task_type: None, pools } => {
+                write!(f, "the task names no type (`spec.type`), and {pools} runs only the types its `plugins` list")
+            }
         }
     }
 }
@@ -110,6 +121,7 @@ mod tests {
             Why::GangMissing { missing: 1 },
             Why::AfterGang,
             Why::Forbidden { user: "ada".into(), what: "namespace `x`".into() },
+            Why::TypeNotRun { task_type: Some("shell".into()), pools: "any pool".into() },
         ];
         for why in &every {
             assert_eq!(Why::code_named(why.code()), Some(why.code()));

@@ -743,3 +743,31 @@ fn an_application_says_when_a_queue_max_holds_its_tasks_and_says_nothing_used_in
     let view = b.sched.queue(&QueuePath::new("root.small").unwrap()).unwrap();
     assert!(view.waiting.get("queue_limit").is_some_and(|n| *n >= 1), "{:?}", view.waiting);
 }
+
+#[test]
+fn a_task_goes_only_to_a_pool_that_runs_its_type() {
+    let mut b = Bench::new();
+    let plugins = allot_core::pools::PLUGINS_LABEL;
+    b.pool("web", "cpu=4", &[(plugins, "http, noop")]);
+    b.pool("shells", "cpu=8", &[(plugins, "shell")]);
+    b.queue("root.q", QueueLimits::default());
+    b.submit(app_spec("a", "root.q")).unwrap();
+    let typed =
+        |id: &str, task_type: &str| TaskSpec { spec: format!(r#"{{"type": "{task_type}"}}"#), ..task(id, "cpu=1") };
+    b.add("a", typed("fetch", "http")).unwrap();
+    b.add("a", typed("script", "shell")).unwrap();
+    b.add("a", typed("odd", "sleep")).unwrap();
+    b.add("a", task("untyped", "cpu=1")).unwrap();
+    b.cycle();
+    assert_eq!(b.pool_of("a", "fetch"), "web");
+    assert_eq!(b.pool_of("a", "script"), "shells", "the best fit would be `web`, which does not run shell");
+    assert_eq!(b.state("a", "odd"), TaskState::Pending);
+    let why = b.sched.task_why(&aid("a"), &tid("odd")).unwrap();
+    assert_eq!(why.code(), "type_not_run", "{why}");
+    assert!(why.to_string().contains("tasks of type `sleep`"), "{why}");
+    assert_eq!(b.sched.task_why(&aid("a"), &tid("untyped")).unwrap().code(), "type_not_run");
+    // A pool that lists no types runs every type, and tasks with none.
+    b.pool("any", "cpu=2", &[]);
+    b.cycle();
+    assert_eq!((b.pool_of("a", "odd"), b.pool_of("a", "untyped")), ("any".to_owned(), "any".to_owned()));
+}

@@ -17,13 +17,19 @@ use std::time::Duration;
 use allot_core::runs::{ExecError, LogLink, PhaseInfo, Transition};
 use async_trait::async_trait;
 
+use super::ShellConfig;
 use crate::context::TaskContext;
 use crate::plugin::{Plugin, PluginEntry};
 
-struct Shell;
+struct Shell {
+    config: ShellConfig,
+}
 
-pub(super) fn entry() -> PluginEntry {
-    PluginEntry::new("shell", &["shell"], false, |_| async { Ok(Arc::new(Shell) as Arc<dyn Plugin>) })
+pub(super) fn entry(config: ShellConfig) -> PluginEntry {
+    PluginEntry::new("shell", &["shell"], false, move |_| {
+        let config = config.clone();
+        async move { Ok(Arc::new(Shell { config }) as Arc<dyn Plugin>) }
+    })
 }
 
 /// How long an attempt that finds the `started` marker but no pid waits for the wrapper to write
@@ -65,7 +71,7 @@ fn logs(dir: &Path) -> Vec<LogLink> {
 
 /// Starts the command under its wrapper, in a session of its own; a task waits for it and wakes
 /// the run when it ends.
-fn spawn(ctx: &TaskContext, dir: &Path, command: &str) -> Result<(), ExecError> {
+fn spawn(ctx: &TaskContext, dir: &Path, command: &str, config: &ShellConfig) -> Result<(), ExecError> {
     // The wrapper writes its pid, runs the command, then writes the exit status atomically.
     let wrapper = "echo $$ > pid; sh -c \"$ALLOT_COMMAND\" > stdout.log 2> stderr.log < /dev/null; \
                    echo $? > exit.tmp && mv exit.tmp exit";
@@ -83,6 +89,12 @@ fn spawn(ctx: &TaskContext, dir: &Path, command: &str) -> Result<(), ExecError> 
     }
     cmd.stdin(std::process::Stdio::null()).stdout(std::process::Stdio::null()).stderr(std::process::Stdio::null());
     cmd.process_group(0).kill_on_drop(false);
+    if let Some(user) = &config.run_as {
+        // Its own attempt directory, and nothing else of the daemon's (supplementary groups
+        // dropped: the standard library does so when it changes the user id).
+        nix::unistd::chown(dir, Some(user.uid.into()), Some(user.gid.into())).map_err(|e| system("task_dir", e))?;
+        cmd.uid(user.uid).gid(user.gid).env("HOME", dir).env("USER", &user.name);
+    }
     let mut child = cmd.spawn().map_err(|e| system("spawn_failed", e))?;
     let (waker, run) = (ctx.waker(), ctx.run.clone());
     tokio::spawn(async move {
@@ -131,10 +143,14 @@ impl Plugin for Shell {
         let dir = attempt_dir(ctx);
         let marker = dir.join("started");
         if !marker.exists() {
+            if self.config.refuse_root && self.config.uid() == 0 {
+                let error = ExecError::user("refused_as_root", self.config.describe());
+                return Ok(Transition::ephemeral(PhaseInfo::permanent(error)));
+            }
             std::fs::create_dir_all(&dir).map_err(|e| system("task_dir", e))?;
             // Made before the spawn: whoever finds it knows a start may have happened.
             std::fs::write(&marker, b"").map_err(|e| system("task_dir", e))?;
-            spawn(ctx, &dir, &command)?;
+            spawn(ctx, &dir, &command, &self.config)?;
             let info = PhaseInfo::running(0, "started").with_logs(logs(&dir));
             return Ok(Transition::ephemeral(info));
         }

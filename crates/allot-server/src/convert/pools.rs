@@ -1,7 +1,8 @@
 //! Conversions of pools, offers and allocs between wire types and domain types.
 
 use allot_core::pools::{
-    Alloc, AllocId, AllocRequest, AllocState, EndReason, EndedAlloc, Offer, PoolName, PoolView, HELD, OFFER_ID,
+    plugins_of, Alloc, AllocId, AllocRequest, AllocState, EndReason, EndedAlloc, Offer, PoolName, PoolView, HELD,
+    OFFER_ID, PLUGINS_LABEL,
 };
 use allot_core::{Millis, Resources};
 
@@ -28,7 +29,9 @@ pub(crate) fn alloc_request(body: allot_api::Accept) -> Result<AllocRequest, Api
     })
 }
 
-pub(crate) fn pool(view: PoolView) -> allot_api::Pool {
+pub(crate) fn pool(mut view: PoolView) -> allot_api::Pool {
+    let plugins = plugins_of(&view.labels).map(|types| types.into_iter().map(str::to_owned).collect());
+    view.labels.remove(PLUGINS_LABEL);
     allot_api::Pool {
         name: view.name.to_string(),
         capacity: view.capacity.to_string(),
@@ -44,7 +47,62 @@ pub(crate) fn pool(view: PoolView) -> allot_api::Pool {
             reclaimed: view.stats.reclaimed,
         },
         labels: view.labels,
+        plugins,
     }
+}
+
+/// A pool's `plugins` that lets it run every type its daemon has (the default).
+pub(crate) const EVERY_TYPE: &str = "*";
+
+/// The most task types a pool's `plugins` list.
+const MAX_PLUGINS: usize = 64;
+
+/// The labels a pool is given by `PUT /v1/pools/{pool}`: those of the body (or the ones it has),
+/// with its `plugins` (the body's, or the ones it has) kept in [`PLUGINS_LABEL`]. A body that
+/// names that label itself is refused: the list is given as `plugins`.
+pub(crate) fn pool_labels(
+    labels: Option<allot_core::pools::Labels>,
+    plugins: Option<Vec<String>>,
+    current: &allot_core::pools::Labels,
+) -> Result<Option<allot_core::pools::Labels>, ApiError> {
+    if labels.as_ref().is_some_and(|l| l.contains_key(PLUGINS_LABEL)) {
+        return Err(ApiError::invalid_argument(format!(
+            "label `{PLUGINS_LABEL}` is kept by allot: give the task types the pool runs as `plugins`"
+        )));
+    }
+    if labels.is_none() && plugins.is_none() {
+        return Ok(None);
+    }
+    let mut next = labels.unwrap_or_else(|| current.clone());
+    match plugins {
+        // Every type again.
+        Some(plugins) if plugins == [EVERY_TYPE] => {
+            next.remove(PLUGINS_LABEL);
+        }
+        Some(plugins) => {
+            if plugins.len() > MAX_PLUGINS {
+                return Err(ApiError::invalid_argument(format!("at most {MAX_PLUGINS} task types in `plugins`")));
+            }
+            let bad = |t: &String| {
+                t.is_empty() || t.len() > 100 || !t.bytes().all(|b| b.is_ascii_alphanumeric() || b"._-".contains(&b))
+            };
+            if let Some(bad) = plugins.iter().find(|t| bad(t)) {
+                return Err(ApiError::invalid_argument(format!(
+                    "task type `{bad}` in `plugins` is not a type: 1 to 100 of A-Z, a-z, 0-9, `.`, `_`, `-`"
+                )));
+            }
+            let mut plugins = plugins;
+            plugins.sort();
+            plugins.dedup();
+            next.insert(PLUGINS_LABEL.to_owned(), plugins.join(","));
+        }
+        None => {
+            if let Some(kept) = current.get(PLUGINS_LABEL) {
+                next.insert(PLUGINS_LABEL.to_owned(), kept.clone());
+            }
+        }
+    }
+    Ok(Some(next))
 }
 
 pub(crate) fn offer(offer: Offer) -> allot_api::Offer {

@@ -60,8 +60,10 @@ pub(crate) async fn put_pool(
         ));
     }
     let pool = convert::pool_name(&name)?;
+    // Refused before anything changes: a label allot keeps, a task type that cannot be.
+    convert::pool_labels(body.labels.clone(), body.plugins.clone(), &Default::default())?;
     let (created, mut view) = state.store.put_pool(pool.clone(), capacity).await?;
-    if let Some(labels) = body.labels {
+    if let Some(labels) = convert::pool_labels(body.labels, body.plugins, &view.labels)? {
         view = state.store.label_pool(pool, labels).await?;
     }
     let status = if created { StatusCode::CREATED } else { StatusCode::OK };

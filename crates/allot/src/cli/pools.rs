@@ -48,6 +48,14 @@ pub(crate) enum PoolCommand {
         /// Remove every label of the pool.
         #[arg(long, conflicts_with = "labels")]
         clear_labels: bool,
+        /// The task types its executor runs, comma-separated (e.g. `http,noop`): the scheduler
+        /// places no other type there. Not given, the pool keeps its list (by default every type
+        /// its daemon has).
+        #[arg(long, value_name = "TYPE,...", value_delimiter = ',', conflicts_with = "every_plugin")]
+        plugins: Option<Vec<String>>,
+        /// Let the pool run every task type its daemon has again.
+        #[arg(long)]
+        every_plugin: bool,
         #[command(flatten)]
         common: Common,
     },
@@ -188,19 +196,24 @@ async fn run_pool(command: &PoolCommand) -> Result<u8, ClientError> {
             let answer = client(common)?.pool(pool).await?;
             emit(common, &answer, pool_details)
         }
-        PoolCommand::Set { pool, capacity, labels, clear_labels, common } => {
+        PoolCommand::Set { pool, capacity, labels, clear_labels, plugins, every_plugin, common } => {
             let client = client(common)?;
-            let answer = if labels.is_empty() && !clear_labels {
-                client.put_pool(pool, capacity).await?
-            } else {
-                client.put_pool_with_labels(pool, capacity, labels.iter().cloned().collect()).await?
+            let plugins = if *every_plugin { Some(vec!["*".to_owned()]) } else { plugins.clone() };
+            let body = allot_api::PutPool {
+                capacity: capacity.clone(),
+                labels: (!labels.is_empty() || *clear_labels).then(|| labels.iter().cloned().collect()),
+                plugins,
             };
+            let answer = client.put_pool_with(pool, &body).await?;
             emit(common, &answer, |answer| {
                 let verb = if answer.created { "created" } else { "set" };
                 let mut line =
                     format!("{verb} pool {} with capacity {}", show(&answer.pool.name), human(&answer.pool.capacity));
                 if !answer.pool.labels.is_empty() {
                     line = format!("{line}, labels {}", labels_text(&answer.pool.labels));
+                }
+                if let Some(plugins) = &answer.pool.plugins {
+                    line = format!("{line}, runs {}", plugins_text(plugins));
                 }
                 line + "\n"
             })
@@ -300,6 +313,14 @@ fn lease(alloc: &Alloc) -> String {
 }
 
 /// Labels as `k=v,k2=v2`; none is `-`.
+/// The task types a pool runs, as `allot pool` prints them.
+fn plugins_text(plugins: &[String]) -> String {
+    match plugins.is_empty() {
+        true => "no task type".to_owned(),
+        false => plugins.join(","),
+    }
+}
+
 fn labels_text(labels: &std::collections::BTreeMap<String, String>) -> String {
     if labels.is_empty() {
         return "-".to_owned();
@@ -343,6 +364,7 @@ fn pool_details(pool: &Pool) -> String {
         ("allocs", pool.allocs.to_string()),
         ("state", if pool.stopped { "stopped".to_owned() } else { "up".to_owned() }),
         ("labels", labels_text(&pool.labels)),
+        ("runs", pool.plugins.as_deref().map_or_else(|| "every task type".to_owned(), plugins_text)),
         (
             "counters",
             format!(

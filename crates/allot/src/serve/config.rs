@@ -48,6 +48,9 @@ pub(crate) const SERVE_AFTER_HELP: &str = r#"Configuration file (--config), with
   "hive:cluster-a" = 10
   [pools]                       # --pool: pool = "resources"
   worker-1 = "cpu=16,mem=64GiB"
+  [pools.web-1]                 # or a table: its capacity, and what its executor runs
+  capacity = "cpu=4"
+  plugins = ["http", "noop"]    # the task types placed there (set at every start; default: every type)
   [queues."root.analytics"]     # queues seeded at start (parents are made)
   guaranteed = "cpu=16"         # fair share between sibling queues
   max = "cpu=64,mem=256GiB"     # the most its applications hold together
@@ -85,6 +88,9 @@ pub(crate) const SERVE_AFTER_HELP: &str = r#"Configuration file (--config), with
   scan_without_feed = "200ms"   # how often they are listed on a store without a change feed
   [plugins]                     # a plugin's quota is this file's value at every start
   http_jobs = 10                # the http plugin's jobs at once (its quota `http:jobs`)
+  [plugins.shell]               # whom shell commands run as
+  run_as = "allot-task"         # an unprivileged user of this machine (default: the daemon's own)
+  allow_root = false            # with [auth], commands that would run as root are refused unless true
   [plugins.task_types]          # the plugin of a task type that several plugins register
   sql = "warehouse"
   [plugins.external.warehouse]  # a plugin served by another process (create, get, delete)
@@ -137,9 +143,10 @@ struct ConfigFile {
     /// exist yet; the store is authoritative for the rest.
     #[serde(default)]
     quotas: BTreeMap<String, u64>,
-    /// Leased resource pools seeded at start, e.g. `worker-1 = "cpu=16,mem=64GiB"`.
+    /// Leased resource pools seeded at start, e.g. `worker-1 = "cpu=16,mem=64GiB"`, or
+    /// `[pools.worker-1]` with `capacity` and `plugins` (the task types its executor runs).
     #[serde(default)]
-    pools: BTreeMap<String, String>,
+    pools: BTreeMap<String, PoolEntry>,
     /// Offer this machine's resources as a pool of this name.
     local_pool: Option<String>,
     /// Pools whose tasks this daemon runs.
@@ -243,15 +250,43 @@ fn retry_policy(file: &ExecutorFileConfig) -> anyhow::Result<allot_core::runs::R
     Ok(RetryPolicy::new(retries, system_retries))
 }
 
+/// A pool of `[pools]`: its capacity, or a table with its capacity and the task types its
+/// executor runs.
+#[derive(Debug, Deserialize)]
+#[serde(untagged)]
+enum PoolEntry {
+    Capacity(String),
+    Table(PoolTable),
+}
+
+/// `[pools.NAME]`.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct PoolTable {
+    capacity: String,
+    /// The task types its executor runs (`plugins = ["http", "noop"]`); absent: every type.
+    plugins: Option<Vec<String>>,
+}
+
 /// `[plugins]`.
 #[derive(Debug, Default, Deserialize)]
 #[serde(deny_unknown_fields)]
 struct PluginsConfig {
     http_jobs: Option<u64>,
+    shell: Option<ShellFile>,
     #[serde(default)]
     task_types: BTreeMap<String, String>,
     #[serde(default)]
     external: BTreeMap<String, ExternalConfig>,
+}
+
+/// `[plugins.shell]`.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct ShellFile {
+    run_as: Option<String>,
+    #[serde(default)]
+    allow_root: bool,
 }
 
 /// `[plugins.external.<id>]`.
@@ -284,8 +319,22 @@ fn secret_value(name: &str, text: &str) -> anyhow::Result<String> {
     }
 }
 
-fn plugins(file: PluginsConfig, secrets: BTreeMap<String, String>) -> anyhow::Result<Plugins> {
+/// The plugins' settings; `checked`: the daemon checks who calls (`[auth]`), so shell commands
+/// are not run as root unless the file allows it.
+fn plugins(file: PluginsConfig, secrets: BTreeMap<String, String>, checked: bool) -> anyhow::Result<Plugins> {
     let mut builtin = allot_exec::builtin::BuiltinConfig::default();
+    let shell = file.shell.unwrap_or_default();
+    if let Some(name) = &shell.run_as {
+        let user =
+            allot_exec::builtin::RunAs::named(name).map_err(|err| anyhow::anyhow!("[plugins.shell] run_as: {err}"))?;
+        if user.uid != allot_exec::builtin::daemon_uid() && allot_exec::builtin::daemon_uid() != 0 {
+            bail!(
+                "[plugins.shell] run_as = \"{name}\": only a daemon running as root may run commands as another user"
+            );
+        }
+        builtin.shell.run_as = Some(user);
+    }
+    builtin.shell.refuse_root = checked && !shell.allow_root;
     if let Some(jobs) = file.http_jobs {
         builtin.http_jobs = jobs;
     }
@@ -473,6 +522,8 @@ pub(super) struct Config {
     pub(super) store: StoreChoice,
     pub(super) quotas: Vec<(NamespaceName, u64)>,
     pub(super) pools: Vec<(PoolName, Resources)>,
+    /// The task types pools' executors run, from `[pools.NAME] plugins`: set at every start.
+    pub(super) pool_plugins: Vec<(PoolName, Vec<String>)>,
     pub(super) pool_rules: LeaseRules,
     pub(super) max_wait: std::time::Duration,
     pub(super) metrics: MetricsConfig,
@@ -570,7 +621,7 @@ pub(super) fn resolve(args: &ServeArgs) -> anyhow::Result<Config> {
         let Some((name, capacity)) = pool.split_once('=') else {
             bail!("--pool takes POOL=RESOURCES, e.g. worker-1=cpu=16,mem=64GiB; got `{pool}`");
         };
-        pools.insert(name.to_owned(), capacity.to_owned());
+        pools.insert(name.to_owned(), PoolEntry::Capacity(capacity.to_owned()));
     }
     let data_dir = args.data_dir.clone().or(file.data_dir).unwrap_or_else(|| PathBuf::from(DEFAULT_DATA_DIR));
     let store = store_choice(args.store.as_deref().or(file.store.as_deref()))?;
@@ -605,19 +656,32 @@ pub(super) fn resolve(args: &ServeArgs) -> anyhow::Result<Config> {
     let mut run_pools = if args.run_pools.is_empty() { file.run_pools } else { args.run_pools.clone() };
     if let Some(name) = args.local_pool.clone().or(file.local_pool) {
         let capacity = local_resources(&data_dir).context("cannot detect this machine's resources for --local-pool")?;
-        pools.insert(name.clone(), capacity.to_string());
+        pools.insert(name.clone(), PoolEntry::Capacity(capacity.to_string()));
         run_pools.push(name);
     }
     let run_pools = run_pools
         .iter()
         .map(|name| PoolName::new(name).with_context(|| format!("--run-pool `{name}`")))
         .collect::<anyhow::Result<Vec<_>>>()?;
+    let mut pool_plugins = Vec::new();
     let pools = pools
         .into_iter()
-        .map(|(name, capacity)| {
+        .map(|(name, entry)| {
             let pool = PoolName::new(&name).with_context(|| format!("pool `{name}`"))?;
+            let (capacity, plugins) = match entry {
+                PoolEntry::Capacity(capacity) => (capacity, None),
+                PoolEntry::Table(PoolTable { capacity, plugins }) => (capacity, plugins),
+            };
             let capacity: Resources =
                 capacity.parse().with_context(|| format!("the capacity of pool `{name}`: `{capacity}`"))?;
+            if let Some(plugins) = plugins {
+                let bad =
+                    |t: &&String| t.is_empty() || !t.bytes().all(|b| b.is_ascii_alphanumeric() || b"._-".contains(&b));
+                if let Some(bad) = plugins.iter().find(bad) {
+                    bail!("[pools.{name}] plugins: `{bad}` is not a task type (A-Z, a-z, 0-9, `.`, `_`, `-`)");
+                }
+                pool_plugins.push((pool.clone(), plugins));
+            }
             Ok((pool, capacity))
         })
         .collect::<anyhow::Result<Vec<_>>>()?;
@@ -668,6 +732,7 @@ pub(super) fn resolve(args: &ServeArgs) -> anyhow::Result<Config> {
     };
     let listen = args.listen.or(file.listen).unwrap_or_else(|| DEFAULT_LISTEN.parse().expect("valid address"));
     let auth = file.auth.map(|auth| super::auth::resolve(auth, secret_value)).transpose()?;
+    let plugins = plugins(file.plugins, file.secrets, auth.is_some())?;
     super::auth::check_exposure(listen, auth.is_some(), args.insecure_no_auth)?;
     let audit = match (args.audit_log.clone().or(file.audit_log), &auth) {
         (Some(path), _) if path.as_os_str() == "off" => None,
@@ -699,13 +764,14 @@ pub(super) fn resolve(args: &ServeArgs) -> anyhow::Result<Config> {
         watch: watch_config(&file.watch)?,
         retry: retry_policy(&file.executor)?,
         scans: scans(&file.executor)?,
-        plugins: plugins(file.plugins, file.secrets)?,
+        plugins,
         run_pools,
         apps_dir: args.apps_dir.clone().or(file.apps_dir),
         queues,
         placement,
         sched,
         pools,
+        pool_plugins,
         pool_rules,
         max_wait,
         metrics,

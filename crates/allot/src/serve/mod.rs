@@ -182,6 +182,13 @@ pub(crate) async fn run(args: ServeArgs) -> anyhow::Result<()> {
             );
         }
     }
+    for (pool, plugins) in &config.pool_plugins {
+        // The file decides what runs on the pool, at every start.
+        let mut labels = store.pool(pool.clone()).await.with_context(|| format!("pool `{pool}`"))?.labels;
+        labels.insert(allot_core::pools::PLUGINS_LABEL.to_owned(), plugins.join(","));
+        store.label_pool(pool.clone(), labels).await.with_context(|| format!("cannot set what pool `{pool}` runs"))?;
+        tracing::info!(%pool, plugins = %plugins.join(","), "the pool runs only these task types");
+    }
     for (path, limits) in &config.queues {
         match store.seed_queue(path.clone(), limits.clone()).await {
             Ok((true, _)) => tracing::info!(queue = %path, "queue registered"),
@@ -279,6 +286,12 @@ async fn start_executor(
             }
         })
     };
+    // Whom shell commands run as, or that they are refused (as root, with [auth]).
+    let shell = &plugins.builtin.shell;
+    match shell.refuse_root && shell.uid() == 0 {
+        true => tracing::warn!("{}", shell.describe()),
+        false => tracing::info!("{}", shell.describe()),
+    }
     let secrets = Secrets::new(plugins.secrets.clone());
     let counters = allot_exec::PluginCounters::default();
     let registry = Registry::load(builtin::configured(&plugins.builtin), &plugins.task_types, |id| {

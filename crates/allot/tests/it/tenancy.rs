@@ -203,3 +203,118 @@ async fn on_redis_an_application_gets_only_what_its_user_may_use_through_the_dae
     // Every call through the daemon that does not schedule: forwarded with the caller's token.
     an_application_gets_only_what_its_user_may_use(&format!("http://{}", second.address()), &first_url, &callers).await;
 }
+
+/// The config of a daemon with `[auth]` (root its admin) that runs pools `web` (noop only) and
+/// `sh` (every type), with `shell` as `extra` says.
+fn runner_config(callers: &Callers, shell: &str) -> String {
+    format!(
+        "run_pools = [\"web\", \"sh\"]\n[scheduler]\ncompleting_grace = \"1s\"\n\
+         [pools.web]\ncapacity = \"cpu=2\"\nplugins = [\"noop\"]\n[pools.sh]\ncapacity = \"cpu=8\"\n\
+         [queues.\"root.jobs\"]\n{shell}\n[auth]\n{}\n[[auth.bindings]]\nrole = \"admin\"\nusers = [\"root\"]\n",
+        callers.entries
+    )
+}
+
+/// The run of `app/t1` once it has ended (Succeeded or Failed).
+async fn ended_run(url: &str, root: &str, app: &str) -> Value {
+    let mut last = Value::Null;
+    let ended = eventually(Duration::from_secs(60), async || {
+        last = call(url, root, Method::GET, &format!("/v1/apps/{app}/tasks/t1/run"), Value::Null).await.1;
+        last["stage"] == "ended"
+    })
+    .await;
+    assert!(ended, "{app}/t1 never ended: {last}");
+    last
+}
+
+/// Waits until the log of the daemon of `data` has `line`.
+async fn says(data: &std::path::Path, line: &str) {
+    let log = || std::fs::read_to_string(data.with_extension("log")).unwrap_or_default();
+    let said = eventually(Duration::from_secs(30), async || log().contains(line)).await;
+    assert!(said, "the daemon never said `{line}`: {}", log());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_pool_runs_only_the_task_types_it_lists_and_shell_commands_run_as_the_configured_user() {
+    let callers = Callers::new();
+    let (dir, data) = data_dir();
+    let path = dir.path().join("allot.toml");
+    let root_daemon = allot_exec::builtin::daemon_uid() == 0;
+    std::fs::write(&path, runner_config(&callers, "[plugins.shell]\nrun_as = \"nobody\"\n")).unwrap();
+    if !root_daemon {
+        // Only a daemon that runs as root can run commands as another user: it says so.
+        let output = std::process::Command::new(crate::support::ALLOT)
+            .args(["serve", "--listen", "127.0.0.1:0", "--config", path.to_str().unwrap(), "--data-dir"])
+            .arg(&data)
+            .output()
+            .unwrap();
+        assert!(String::from_utf8_lossy(&output.stderr).contains("only a daemon running as root"), "{output:?}");
+        return;
+    }
+    // The user runs in its attempt directory, which the data directory must let it reach.
+    std::fs::create_dir_all(&data).unwrap();
+    for dir in [dir.path(), data.as_path()] {
+        std::fs::set_permissions(dir, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
+    }
+    let daemon = Daemon::start(&data, &["--config", path.to_str().unwrap()]);
+    let url = format!("http://{}", daemon.address());
+    says(&data, "shell tasks run as user `nobody`").await;
+    let root = &callers.root;
+    let (_, pool) = call(&url, root, Method::GET, "/v1/pools/web", Value::Null).await;
+    assert_eq!((pool["plugins"].clone(), pool["labels"].clone()), (json!(["noop"]), json!({})), "{pool}");
+    // A noop task fits `web` best; a shell task goes to `sh`, the only pool that runs it.
+    let shell = json!({"id": "t1", "resources": "cpu=1", "spec": {"type": "shell", "command": "echo \"{\\\"uid\\\": $(id -u)}\" > \"$ALLOT_OUTPUTS\""}});
+    let noop = json!({"id": "t1", "resources": "cpu=1", "spec": {"type": "noop"}});
+    assert_eq!(call(&url, root, Method::POST, "/v1/apps", app("quiet", "root.jobs", noop)).await.0, 201);
+    assert_eq!(call(&url, root, Method::POST, "/v1/apps", app("script", "root.jobs", shell)).await.0, 201);
+    let run = ended_run(&url, root, "script").await;
+    assert_eq!(run["phase"], "Success", "{run}");
+    let nobody = allot_exec::builtin::RunAs::named("nobody").unwrap();
+    assert_eq!(run["outputs"]["uid"], nobody.uid, "the command ran as `nobody`: {run}");
+    let (_, placed) = call(&url, root, Method::GET, "/v1/apps/script/tasks/t1", Value::Null).await;
+    assert_eq!(placed["placement"]["pool"], "sh", "{placed}");
+    let (_, placed) = call(&url, root, Method::GET, "/v1/apps/quiet/tasks/t1", Value::Null).await;
+    assert_eq!(placed["placement"]["pool"], "web", "{placed}");
+    // The list changes through the API: `sh` runs only `http` now; a shell task waits and says why.
+    let limit = json!({"capacity": "cpu=8", "plugins": ["http"]});
+    assert_eq!(call(&url, root, Method::PUT, "/v1/pools/sh", limit).await.0, 200);
+    let shell = json!({"id": "t1", "resources": "cpu=1", "spec": {"type": "shell", "command": "true"}});
+    assert_eq!(call(&url, root, Method::POST, "/v1/apps", app("stranded", "root.jobs", shell)).await.0, 201);
+    let task = task_until(&url, root, "stranded", "t1", waits_for("type_not_run")).await;
+    assert!(task["waiting"]["message"].as_str().unwrap().contains("tasks of type `shell`"), "{task}");
+    // A label allot keeps is refused, and changes nothing.
+    let bad = json!({"capacity": "cpu=1", "labels": {"allot/plugins": "shell"}});
+    let (status, answer) = call(&url, root, Method::PUT, "/v1/pools/sh", bad).await;
+    assert_eq!((status, answer["error"]["code"].as_str()), (400, Some("invalid_argument")), "{answer}");
+    let (_, pool) = call(&url, root, Method::GET, "/v1/pools/sh", Value::Null).await;
+    assert_eq!((pool["capacity"].as_str(), pool["plugins"].clone()), (Some("cpu=8"), json!(["http"])), "{pool}");
+    // Every type again: placed.
+    let every = json!({"capacity": "cpu=8", "plugins": ["*"]});
+    assert_eq!(call(&url, root, Method::PUT, "/v1/pools/sh", every).await.0, 200);
+    task_until(&url, root, "stranded", "t1", |t| t["placement"]["pool"] == "sh").await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn with_auth_a_shell_command_is_not_run_as_root_unless_the_file_allows_it() {
+    let callers = Callers::new();
+    let root_daemon = allot_exec::builtin::daemon_uid() == 0;
+    for (allow, app_id) in [(false, "refused"), (true, "allowed")] {
+        let (dir, data) = data_dir();
+        let path = dir.path().join("allot.toml");
+        let shell = if allow { "[plugins.shell]\nallow_root = true\n" } else { "" };
+        std::fs::write(&path, runner_config(&callers, shell)).unwrap();
+        let daemon = Daemon::start(&data, &["--config", path.to_str().unwrap()]);
+        let url = format!("http://{}", daemon.address());
+        let task = json!({"id": "t1", "resources": "cpu=1", "spec": {"type": "shell", "command": "id -u"}});
+        assert_eq!(call(&url, &callers.root, Method::POST, "/v1/apps", app(app_id, "root.jobs", task)).await.0, 201);
+        let run = ended_run(&url, &callers.root, app_id).await;
+        if root_daemon && !allow {
+            assert_eq!(run["phase"], "PermanentFailure", "{run}");
+            assert!(run.to_string().contains("refused_as_root"), "{run}");
+            says(&data, "shell tasks are refused: they would run as root").await;
+        } else {
+            assert_eq!(run["phase"], "Success", "{run}");
+            says(&data, "shell tasks run as the daemon's own user").await;
+        }
+    }
+}
