@@ -376,6 +376,8 @@ class Pool(TypedDict):
     expired_allocs: int
     labels: NotRequired[Dict[str, str]]
     name: str
+    plugins: NotRequired[Optional[List[str]]]
+    """The task types its executor runs; `null`: every type its daemon has."""
     stats: PoolStats
     stopped: bool
     """A stopped pool (idle) makes no offers until it is put again."""
@@ -428,6 +430,11 @@ class PutPool(TypedDict):
     """
     labels: NotRequired[Optional[Dict[str, str]]]
     """What the scheduler's selectors match, e.g. `{"zone": "eu"}`; not given keeps them."""
+    plugins: NotRequired[Optional[List[str]]]
+    """The task types the executor of this pool runs, e.g. `["http", "noop"]`: the scheduler places
+    no task of another type here. A list with `"*"`: every type its daemon has (what a pool runs
+    until it is given a list). Not given keeps what it runs.
+    """
 
 
 class PutPoolResponse(TypedDict):

@@ -16,8 +16,8 @@ pub struct PutPool {
     #[serde(default, skip_serializing_if = "Option::is_none", deserialize_with = "object::optional")]
     pub labels: Option<std::collections::BTreeMap<String, String>>,
     /// The task types the executor of this pool runs, e.g. `["http", "noop"]`: the scheduler
-    /// places no task of another type here. `["*"]`: every type its daemon has (what a pool runs
-    /// until it is given a list). Not given keeps what it runs.
+    /// places no task of another type here. A list with `"*"`: every type its daemon has (what a
+    /// pool runs until it is given a list). Not given keeps what it runs.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub plugins: Option<Vec<String>>,
 }

@@ -700,7 +700,10 @@ pub(crate) async fn authorize(
             Kind::Daemon => Resource::Daemon,
         }),
         Target::AppQueue => match param("app") {
-            Some(app) => app_queue(&state, &app).await,
+            Some(app) => match app_queue(&state, &app, request.headers()).await {
+                Ok(queue) => queue,
+                Err(refused) => return refused,
+            },
             None => None,
         },
         Target::Some(kind) => {
@@ -742,11 +745,46 @@ fn target_kind(target: Target) -> Kind {
     }
 }
 
-/// The queue of application `app`, if it exists.
-async fn app_queue(state: &ServerState, app: &str) -> Option<Resource> {
-    let id = allot_core::apps::AppId::new(app).ok()?;
-    let info = state.store.app(id).await.ok()?;
-    Some(Resource::Queue(info.app.spec.queue.to_string()))
+/// The queue of application `app`; none if it does not exist. Where another daemon serves the
+/// applications part (on Redis: a task's logs and wake-ups are served by the daemon that runs
+/// it), that daemon is asked, with the caller's credentials; a call whose application cannot be
+/// told is refused, never let through.
+async fn app_queue(state: &ServerState, app: &str, headers: &HeaderMap) -> Result<Option<Resource>, Response> {
+    use allot_core::apps::SchedError;
+    let Ok(id) = allot_core::apps::AppId::new(app) else { return Ok(None) };
+    let queue = |path: &str| Some(Resource::Queue(path.to_owned()));
+    let unknown = |why: String| {
+        let message = format!("the queue of application `{app}` cannot be told now ({why}); retry");
+        ApiError::new(axum::http::StatusCode::SERVICE_UNAVAILABLE, "store_unavailable", message).into_response()
+    };
+    match state.store.app(id).await {
+        Ok(info) => return Ok(queue(info.app.spec.queue.as_str())),
+        Err(allot_store::StoreError::Sched(SchedError::AppNotFound(_))) => return Ok(None),
+        Err(_) => {}
+    }
+    let allot_store::AppsHome::At(base) = state.store.apps_home() else {
+        return Err(unknown("no daemon schedules applications right now".to_owned()));
+    };
+    let mut asked = state.forwarder.get(format!("{base}/v1/apps/{app}")).header(crate::forward::FORWARDED, "1");
+    if let Some(credentials) = headers.get(header::AUTHORIZATION) {
+        asked = asked.header(header::AUTHORIZATION, credentials);
+    }
+    let answer = asked.send().await.map_err(|err| unknown(err.to_string()))?;
+    match answer.status().as_u16() {
+        200 => {
+            let app: allot_api::App = answer.json().await.map_err(|err| unknown(err.to_string()))?;
+            Ok(queue(&app.queue))
+        }
+        404 => Ok(None),
+        // The daemon that schedules refused the caller: so is this call, as it said.
+        status @ (401 | 403) => {
+            let said = answer.json::<allot_api::ErrorBody>().await.map(|body| body.error.message);
+            let code = if status == 401 { ErrorCode::Unauthenticated } else { ErrorCode::Forbidden };
+            Err(ApiError::of(code, said.unwrap_or_else(|_| format!("refused by the daemon that schedules ({status})")))
+                .into_response())
+        }
+        status => Err(unknown(format!("the daemon that schedules answered {status}"))),
+    }
 }
 
 #[cfg(test)]

@@ -211,6 +211,12 @@ pub(crate) fn with_limits(mut doc: Value, max_wait: std::time::Duration) -> Valu
         ("CreateApiToken", "ttl_ms", range(1000, MAX_API_TOKEN_TTL_MS)),
         ("PutBinding", "users", json!({"items": person()})),
         ("PutBinding", "groups", json!({"items": person()})),
+        (
+            "PutPool",
+            "plugins",
+            json!({"maxItems": 64, "items": {"type": "string", "pattern": "^(\\*|[A-Za-z0-9._-]{1,100})$"}}),
+        ),
+        ("PutPool", "labels", json!({"propertyNames": {"not": {"const": "allot/plugins"}}})),
         ("AddTask", "id", id()),
         ("AddTask", "resources", resources(true)),
         ("AddTask", "group", json!({"pattern": ID_PATTERN})),

@@ -73,25 +73,29 @@ pub(crate) fn pool_labels(
     if labels.is_none() && plugins.is_none() {
         return Ok(None);
     }
+    if let Some(plugins) = &plugins {
+        if plugins.len() > MAX_PLUGINS {
+            return Err(ApiError::invalid_argument(format!("at most {MAX_PLUGINS} task types in `plugins`")));
+        }
+        let bad = |t: &&String| {
+            *t != EVERY_TYPE
+                && (t.is_empty()
+                    || t.len() > 100
+                    || !t.bytes().all(|b| b.is_ascii_alphanumeric() || b"._-".contains(&b)))
+        };
+        if let Some(bad) = plugins.iter().find(bad) {
+            return Err(ApiError::invalid_argument(format!(
+                "task type `{bad}` in `plugins` is not a type: 1 to 100 of A-Z, a-z, 0-9, `.`, `_`, `-` (or `*`: every type)"
+            )));
+        }
+    }
     let mut next = labels.unwrap_or_else(|| current.clone());
     match plugins {
         // Every type again.
-        Some(plugins) if plugins == [EVERY_TYPE] => {
+        Some(plugins) if plugins.iter().any(|t| t == EVERY_TYPE) => {
             next.remove(PLUGINS_LABEL);
         }
-        Some(plugins) => {
-            if plugins.len() > MAX_PLUGINS {
-                return Err(ApiError::invalid_argument(format!("at most {MAX_PLUGINS} task types in `plugins`")));
-            }
-            let bad = |t: &String| {
-                t.is_empty() || t.len() > 100 || !t.bytes().all(|b| b.is_ascii_alphanumeric() || b"._-".contains(&b))
-            };
-            if let Some(bad) = plugins.iter().find(|t| bad(t)) {
-                return Err(ApiError::invalid_argument(format!(
-                    "task type `{bad}` in `plugins` is not a type: 1 to 100 of A-Z, a-z, 0-9, `.`, `_`, `-`"
-                )));
-            }
-            let mut plugins = plugins;
+        Some(mut plugins) => {
             plugins.sort();
             plugins.dedup();
             next.insert(PLUGINS_LABEL.to_owned(), plugins.join(","));

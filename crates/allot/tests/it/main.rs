@@ -19,6 +19,7 @@ mod redis;
 mod redis_apps;
 mod redis_exec;
 mod redis_failover;
+mod routes;
 mod run;
 mod sched_crash;
 mod sources;
