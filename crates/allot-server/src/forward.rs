@@ -4,18 +4,14 @@
 
 use axum::body::Body;
 use axum::extract::{Request, State};
-use axum::http::{header, HeaderName, StatusCode};
+use axum::http::{header, StatusCode};
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 
 use allot_store::AppsHome;
 
 use crate::error::ApiError;
-use crate::{ServerState, MAX_SUBMIT_BODY_BYTES};
-
-/// Set on a forwarded call: a daemon never forwards a call twice (two daemons that each think
-/// the other schedules, for the moment of a takeover, answer 503 rather than loop).
-pub(crate) const FORWARDED: HeaderName = HeaderName::from_static("x-allot-forwarded");
+use crate::{ServerState, FORWARDED, MAX_SUBMIT_BODY_BYTES};
 
 /// The applications part, less what the daemon that runs a task serves itself (its logs, on its
 /// machine, and its wake-ups).

@@ -64,6 +64,11 @@ pub const MAX_BODY_BYTES: usize = 64 * 1024;
 /// tasks.
 pub const MAX_SUBMIT_BODY_BYTES: usize = 16 * 1024 * 1024;
 
+/// Set on a call one daemon makes to another for a caller (a forwarded applications call, a
+/// question about an application): a daemon never forwards a call twice (two daemons that each
+/// think the other schedules, for the moment of a takeover, answer 503 rather than loop).
+pub(crate) const FORWARDED: axum::http::HeaderName = axum::http::HeaderName::from_static("x-allot-forwarded");
+
 /// How long a watch stream stays silent before it sends a heartbeat by default: well within the
 /// idle timeouts of common proxies (60 s).
 pub const DEFAULT_HEARTBEAT: Duration = Duration::from_secs(15);

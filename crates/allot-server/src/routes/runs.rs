@@ -117,7 +117,7 @@ pub(crate) async fn get_task_logs(
         return Err(ApiError::new(StatusCode::NOT_FOUND, "run_not_found", format!("task `{task}` has not been run")));
     };
     // Logs are files on the machine that runs the task: another daemon's are read from it.
-    if !headers.contains_key(&crate::forward::FORWARDED) {
+    if !headers.contains_key(&crate::FORWARDED) {
         if let Some(node) = runs_elsewhere(&state, &run).await? {
             return logs_from(&state, &node, &app, &task, &query).await;
         }
@@ -174,7 +174,7 @@ async fn logs_from(state: &ServerState, node: &str, app: &str, task: &str, query
     url.path_segments_mut()
         .map_err(|()| unavailable(format!("the daemon `{node}` has no usable URL")))?
         .extend(["v1", "apps", app, "tasks", task, "logs"]);
-    let mut request = state.forwarder.get(url).header(crate::forward::FORWARDED, "1");
+    let mut request = state.forwarder.get(url).header(crate::FORWARDED, "1");
     if let Some(stream) = &query.stream {
         request = request.query(&[("stream", stream)]);
     }

@@ -199,10 +199,12 @@ async fn allocs_survive_sigkill_with_the_lease_time_they_had_left(durability: &s
     let mut expected = vec![short.id.as_str(), long.id.as_str()];
     expected.sort();
     assert_eq!(ids, expected, "acknowledged allocs survive; the freed one does not come back");
-    // The long lease had about 19 s left at the kill: the time the daemon was down does not count
-    // (the clock is checkpointed at least once a second).
+    // The long lease had about 19 s left at the kill: the time the daemon was down does not count.
+    // The clock is checkpointed about once a second, so the lease resumes with what it had at the
+    // last checkpoint before the kill (longer by the time since, more on a loaded machine), and
+    // never with more than the 20 s it was given.
     let left = allocs.iter().find(|a| a.id == long.id).unwrap().expires_in_ms.unwrap();
     let had_left = 20_000 - 1_000 - killed_at.elapsed().as_millis() as i64 + 1_500;
-    assert!((had_left - 1_500..=had_left + 1_300).contains(&left), "had about {had_left} ms left, resumed with {left}");
+    assert!((had_left - 1_500..=20_000).contains(&left), "had about {had_left} ms left, resumed with {left}");
     assert_eq!(client.offers("worker-1").await.unwrap().offers[0].available, "cpu=2");
 }

@@ -318,3 +318,69 @@ async fn with_auth_a_shell_command_is_not_run_as_root_unless_the_file_allows_it(
         }
     }
 }
+
+/// A binding removed through `change_at` ends carol's waiting allocate and watch, open at `open_at`.
+async fn a_removed_binding_ends_open_calls(open_at: &str, change_at: &str, callers: &Callers) {
+    let (root, carol) = (&callers.root, &callers.carol);
+    let full = json!({"units": 3});
+    assert_eq!(call(change_at, root, Method::PUT, "/v1/namespaces/team-b:db/grants/full", full).await.0, 200);
+    let lend = json!({"role": "b", "users": ["carol"]});
+    assert_eq!(call(change_at, root, Method::PUT, "/v1/bindings/lend-carol", lend).await.0, 200);
+    // Open once the daemon carol calls has read the binding.
+    let allowed = eventually(Duration::from_secs(30), async || {
+        let check = "/v1/whoami?can=use:namespace:team-b:db";
+        call(open_at, carol, Method::GET, check, Value::Null).await.1["can"]["use:namespace:team-b:db"] == true
+    })
+    .await;
+    assert!(allowed);
+    let waiting = {
+        let (url, token) = (open_at.to_owned(), carol.clone());
+        tokio::spawn(async move {
+            let path = "/v1/namespaces/team-b:db/grants/carol-1";
+            call(&url, &token, Method::PUT, path, json!({"wait_ms": 300_000})).await
+        })
+    };
+    let watch = reqwest::Client::new()
+        .get(format!("{open_at}/v1/watch?prefix=namespaces/team-b:db"))
+        .bearer_auth(carol)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(watch.status(), 200);
+    let watching = tokio::spawn(async move { watch.bytes().await.is_ok() });
+    let queued = eventually(Duration::from_secs(30), async || {
+        let (_, list) = call(change_at, root, Method::GET, "/v1/namespaces/team-b:db/waiters", Value::Null).await;
+        list["waiters"].as_array().is_some_and(|w| w.len() == 1)
+    })
+    .await;
+    assert!(queued, "carol's allocate waits");
+    assert_eq!(call(change_at, root, Method::DELETE, "/v1/bindings/lend-carol", Value::Null).await.0, 200);
+    let (status, answer) = tokio::time::timeout(Duration::from_secs(30), waiting).await.unwrap().unwrap();
+    assert_eq!(status, 403, "{answer}");
+    assert!(answer["error"]["message"].as_str().unwrap().contains("access was withdrawn"), "{answer}");
+    assert!(tokio::time::timeout(Duration::from_secs(30), watching).await.unwrap().unwrap(), "the watch ended");
+    let (_, namespace) = call(change_at, root, Method::GET, "/v1/namespaces/team-b:db", Value::Null).await;
+    assert_eq!(namespace["granted_units"], 3, "nothing granted to carol: {namespace}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_removed_binding_ends_open_calls_on_both_stores() {
+    let callers = Callers::new();
+    let (dir, data) = data_dir();
+    let path = dir.path().join("allot.toml");
+    std::fs::write(&path, callers.config(None)).unwrap();
+    let daemon = Daemon::start(&data, &["--config", path.to_str().unwrap()]);
+    let url = format!("http://{}", daemon.address());
+    a_removed_binding_ends_open_calls(&url, &url, &callers).await;
+
+    // On Redis: open on one daemon, the binding removed through another.
+    let redis = RedisServer::start();
+    let (redis_dir, first_data) = data_dir();
+    let path = redis_dir.path().join("allot.toml");
+    std::fs::write(&path, callers.config(Some(&redis.url()))).unwrap();
+    let first = Daemon::start(&first_data, &["--config", path.to_str().unwrap()]);
+    let (_second_dir, second_data) = data_dir();
+    let second = Daemon::start(&second_data, &["--config", path.to_str().unwrap()]);
+    let (first_url, second_url) = (format!("http://{}", first.address()), format!("http://{}", second.address()));
+    a_removed_binding_ends_open_calls(&first_url, &second_url, &callers).await;
+}
