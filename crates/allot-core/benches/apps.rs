@@ -6,7 +6,9 @@
 //! Run: `cargo bench -p allot-core --bench apps -- --warm-up-time 1 --measurement-time 10`
 
 use std::collections::BTreeMap;
+use std::sync::Arc;
 
+use allot_core::access::{Binding, Pattern, Permission, Policy, Role, Tenancy};
 use allot_core::apps::queues::{QueueLimits, QueuePath};
 use allot_core::apps::{AppId, AppSpec, SchedConfig, Scheduler, SchedulingPolicy, TaskId, TaskSpec, World};
 use allot_core::pools::{LeaseRules, PoolName, Pools};
@@ -82,6 +84,31 @@ fn bench_cycle(c: &mut Criterion) {
                 });
                 assert_eq!(report.placed, TASKS);
                 // Everything is returned, so it is dropped after the clock stops.
+                (sched, pools, ledger, outcome)
+            },
+            BatchSize::PerIteration,
+        );
+    });
+    // The same, with tenancy enforced: every placement is checked against the user's roles (the
+    // pools it may use, computed once per user in a cycle).
+    group.bench_function("10000_tasks_500_pools_tenancy", |b| {
+        let role = Role { grants: vec![(Permission::Use, Pattern::parse("pool:node-*").unwrap())] };
+        let binding = Binding { role: "nodes".into(), users: vec!["bench".into()], groups: vec![] };
+        let policy = Arc::new(Policy::new([("nodes".to_owned(), role)].into(), vec![binding]).unwrap());
+        b.iter_batched(
+            || {
+                let (mut sched, pools, ledger) = setup();
+                sched.set_tenancy(Tenancy::Enforced(policy.clone()));
+                (sched, pools, ledger)
+            },
+            |(mut sched, mut pools, mut ledger)| {
+                let mut next = 0u64;
+                let mut world = World { pools: &mut pools, ledger: &mut ledger };
+                let (report, outcome) = sched.schedule(2, &mut world, &mut || {
+                    next += 1;
+                    next
+                });
+                assert_eq!(report.placed, TASKS);
                 (sched, pools, ledger, outcome)
             },
             BatchSize::PerIteration,
