@@ -506,7 +506,9 @@ impl Scheduler {
         if let Some(hit) = self.limit_hit(app_id, &wanted, !app.counted) {
             return Err(Why::QueueLimit(hit));
         }
-        let allowed = self.allowed(app_id, &[task.spec.task_type()], cycle);
+        // A task's type is read (its spec parsed) only when some pool limits the types it runs.
+        let task_type = if cycle.room.typed { task.spec.task_type() } else { None };
+        let allowed = self.allowed(app_id, &[task_type], cycle);
         if let Some(why) = self.forbidden_tokens(app_id, &needs) {
             return Err(why);
         }
@@ -601,13 +603,14 @@ impl Scheduler {
             return Err(Why::GangNotReserved { member: None, cause: Some(Box::new(Why::QueueLimit(hit))) });
         }
         // A placeholder goes where the types of its group's tasks known now all run.
-        let types: Vec<Option<String>> = self.tasks.get(app_id).map_or_else(Vec::new, |tasks| {
-            let mut types: Vec<Option<String>> =
-                tasks.values().filter(|t| t.spec.group.is_some()).map(|t| t.spec.task_type()).collect();
-            types.sort();
-            types.dedup();
-            types
-        });
+        let types: Vec<Option<String>> =
+            self.tasks.get(app_id).filter(|_| cycle.room.typed).map_or_else(Vec::new, |tasks| {
+                let mut types: Vec<Option<String>> =
+                    tasks.values().filter(|t| t.spec.group.is_some()).map(|t| t.spec.task_type()).collect();
+                types.sort();
+                types.dedup();
+                types
+            });
         let allowed = self.allowed(app_id, &types, cycle);
         let needs: Vec<TokenNeed> = members.iter().flat_map(|m| m.4.iter().cloned()).collect();
         if let Some(why) = self.forbidden_tokens(app_id, &needs) {
