@@ -12,8 +12,7 @@ use allot_store_redis::testing::RedisServer;
 use reqwest::Method;
 use serde_json::{json, Value};
 
-use crate::access::make_token;
-use crate::support::{data_dir, eventually, Daemon};
+use crate::support::{api_call, data_dir, eventually, tokens, Daemon};
 
 /// The README's two teams (team a and team b), a reader and an admin.
 struct Callers {
@@ -26,11 +25,10 @@ struct Callers {
 
 impl Callers {
     fn new() -> Callers {
-        let (admin, admin_entry) = make_token("ops", &[]);
-        let (reader, reader_entry) = make_token("auditor", &[]);
-        let (team_a, a_entry) = make_token("etl-bot", &["team-a"]);
-        let (team_b, b_entry) = make_token("ml-bot", &["team-b"]);
-        let entries = [admin_entry, reader_entry, a_entry, b_entry].join("\n");
+        let people: [(&str, &[&str]); 4] =
+            [("ops", &[]), ("auditor", &[]), ("etl-bot", &["team-a"]), ("ml-bot", &["team-b"])];
+        let (made, entries) = tokens(&people);
+        let [admin, reader, team_a, team_b] = <[String; 4]>::try_from(made).expect("four tokens");
         Callers { admin, reader, team_a, team_b, entries }
     }
 
@@ -52,20 +50,7 @@ impl Callers {
 }
 
 async fn call(url: &str, token: Option<&str>, method: &Method, path: &str, body: &str) -> (u16, Value) {
-    let mut request = reqwest::Client::new().request(method.clone(), format!("{url}{path}"));
-    if let Some(token) = token {
-        request = request.bearer_auth(token);
-    }
-    if !body.is_empty() {
-        request = request.header("content-type", "application/json").body(body.to_owned());
-    }
-    // A watch streams for ever: its head is the answer.
-    let response = request.send().await.unwrap();
-    let status = response.status().as_u16();
-    if response.headers().get("content-type").is_some_and(|v| v == "text/event-stream") {
-        return (status, Value::Null);
-    }
-    (status, response.json().await.unwrap_or(Value::Null))
+    api_call(url, token, method.clone(), path, (!body.is_empty()).then(|| body.to_owned())).await
 }
 
 /// The resources named by a route's path, of team a.

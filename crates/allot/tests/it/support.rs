@@ -112,3 +112,36 @@ pub(crate) async fn eventually(limit: Duration, mut check: impl AsyncFnMut() -> 
     }
     false
 }
+
+/// Tokens for `people` (a user and its groups each), in order, and their `[[auth.tokens]]`
+/// entries for a daemon's configuration file.
+pub(crate) fn tokens(people: &[(&str, &[&str])]) -> (Vec<String>, String) {
+    let made: Vec<(String, String)> =
+        people.iter().map(|(user, groups)| crate::access::make_token(user, groups)).collect();
+    let entries = made.iter().map(|(_, entry)| entry.as_str()).collect::<Vec<_>>().join("\n");
+    (made.into_iter().map(|(token, _)| token).collect(), entries)
+}
+
+/// One call of the API with `token` (none: without one) and a JSON `body` (none: without one):
+/// its status and JSON answer (`null` for a watch's stream, whose head is the answer).
+pub(crate) async fn api_call(
+    url: &str,
+    token: Option<&str>,
+    method: reqwest::Method,
+    path: &str,
+    body: Option<String>,
+) -> (u16, serde_json::Value) {
+    let mut request = reqwest::Client::new().request(method, format!("{url}{path}"));
+    if let Some(token) = token {
+        request = request.bearer_auth(token);
+    }
+    if let Some(body) = body {
+        request = request.header("content-type", "application/json").body(body);
+    }
+    let response = request.send().await.unwrap();
+    let status = response.status().as_u16();
+    if response.headers().get("content-type").is_some_and(|v| v == "text/event-stream") {
+        return (status, serde_json::Value::Null);
+    }
+    (status, response.json().await.unwrap_or(serde_json::Value::Null))
+}

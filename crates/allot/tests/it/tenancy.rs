@@ -9,8 +9,7 @@ use allot_store_redis::testing::RedisServer;
 use reqwest::Method;
 use serde_json::{json, Value};
 
-use crate::access::make_token;
-use crate::support::{data_dir, eventually, Daemon};
+use crate::support::{api_call, data_dir, eventually, tokens, Daemon};
 
 /// The callers' tokens, and the daemons' configuration with their entries.
 struct Callers {
@@ -23,11 +22,10 @@ struct Callers {
 
 impl Callers {
     fn new() -> Callers {
-        let (root, root_entry) = make_token("root", &[]);
-        let (alice, alice_entry) = make_token("alice", &["team-a"]);
-        let (ann, ann_entry) = make_token("ann", &["team-a"]);
-        let (carol, carol_entry) = make_token("carol", &["team-c"]);
-        let entries = [root_entry, alice_entry, ann_entry, carol_entry].join("\n");
+        let people: [(&str, &[&str]); 4] =
+            [("root", &[]), ("alice", &["team-a"]), ("ann", &["team-a"]), ("carol", &["team-c"])];
+        let (made, entries) = tokens(&people);
+        let [root, alice, ann, carol] = <[String; 4]>::try_from(made).expect("four tokens");
         Callers { root, alice, ann, carol, entries }
     }
 
@@ -53,14 +51,8 @@ impl Callers {
 }
 
 async fn call(url: &str, token: &str, method: Method, path: &str, body: Value) -> (u16, Value) {
-    let client = reqwest::Client::new();
-    let mut request = client.request(method, format!("{url}{path}")).bearer_auth(token);
-    if !body.is_null() {
-        request = request.json(&body);
-    }
-    let response = request.send().await.unwrap();
-    let status = response.status().as_u16();
-    (status, response.json().await.unwrap_or(Value::Null))
+    let body = (!body.is_null()).then(|| body.to_string());
+    api_call(url, Some(token), method, path, body).await
 }
 
 /// Waits until task `app/task`, read as root, satisfies `check`; answers it.
