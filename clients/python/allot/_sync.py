@@ -237,12 +237,21 @@ class Client:
     # ---- pools ----
 
     def put_pool(
-        self, pool: str, capacity: str, *, labels: Optional[Mapping[str, str]] = None
+        self,
+        pool: str,
+        capacity: str,
+        *,
+        labels: Optional[Mapping[str, str]] = None,
+        plugins: Optional[Sequence[str]] = None,
     ) -> m.PutPoolResponse:
-        """Creates a pool of ``capacity`` (``cpu=16,mem=64GiB``), or changes it."""
+        """Creates a pool of ``capacity`` (``cpu=16,mem=64GiB``), or changes it. ``labels``
+        replace its labels; ``plugins`` the task types its executor runs (``["*"]``: every type);
+        either left out keeps what the pool has."""
         body: Dict[str, Any] = {"capacity": capacity}
         if labels is not None:
             body["labels"] = dict(labels)
+        if plugins is not None:
+            body["plugins"] = list(plugins)
         return cast(m.PutPoolResponse, self._call("PUT", f"/v1/pools/{seg(pool)}", body=body))
 
     def pool(self, pool: str) -> m.Pool:

@@ -84,6 +84,11 @@ def test_sessions(client: Client) -> None:
 def test_pools_offers_and_allocs(client: Client) -> None:
     client.put_pool("py-pool", "cpu=4,mem=8GiB", labels={"zone": "a"})
     assert client.pool("py-pool")["capacity"] == "cpu=4,mem=8GiB"
+    # What its executor runs: kept when only the labels change, every type again with "*".
+    assert client.put_pool("py-pool", "cpu=4,mem=8GiB", plugins=["noop", "http"])["pool"]["plugins"] == ["http", "noop"]
+    changed = client.put_pool("py-pool", "cpu=4,mem=8GiB", labels={"zone": "b"})["pool"]
+    assert changed["plugins"] == ["http", "noop"] and changed["labels"] == {"zone": "b"}
+    assert client.put_pool("py-pool", "cpu=4,mem=8GiB", plugins=["*"])["pool"]["plugins"] is None
     assert any(p["name"] == "py-pool" for p in client.pools())
     [offer] = client.offers("py-pool")
     alloc = client.accept("py-pool", offer["id"], "cpu=1", max="cpu=2", owner="tests")
