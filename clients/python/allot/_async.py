@@ -98,7 +98,7 @@ class AsyncClient:
             except httpx.TransportError as err:
                 sent = not isinstance(err, (httpx.ConnectError, httpx.ConnectTimeout))
                 if attempt >= self.options.retries or not may_retry(None, None, idempotent, sent):
-                    raise connection_failed(err) from err
+                    raise connection_failed(err, f"{self.options.url.rstrip('/')}{path}") from err
                 await _async_sleep(retry_delay(attempt, self.options.backoff, None))
                 attempt += 1
                 continue
@@ -489,7 +489,7 @@ class AsyncClient:
                 _left(deadline)
                 failures += 1
                 if failures > reconnects:
-                    raise connection_failed(err) from err
+                    raise connection_failed(err, f"{self.options.url.rstrip('/')}/v1/watch") from err
             except AllotError as err:
                 if err.status != 503:
                     raise

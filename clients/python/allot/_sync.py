@@ -101,7 +101,7 @@ class Client:
             except httpx.TransportError as err:
                 sent = not isinstance(err, (httpx.ConnectError, httpx.ConnectTimeout))
                 if attempt >= self.options.retries or not may_retry(None, None, idempotent, sent):
-                    raise connection_failed(err) from err
+                    raise connection_failed(err, f"{self.options.url.rstrip('/')}{path}") from err
                 _sleep(retry_delay(attempt, self.options.backoff, None))
                 attempt += 1
                 continue
@@ -492,7 +492,7 @@ class Client:
                 _left(deadline)
                 failures += 1
                 if failures > reconnects:
-                    raise connection_failed(err) from err
+                    raise connection_failed(err, f"{self.options.url.rstrip('/')}/v1/watch") from err
             except AllotError as err:
                 if err.status != 503:
                     raise

@@ -128,8 +128,9 @@ def raise_for(status: int, body: bytes) -> None:
     raise error_for(status, code, message)
 
 
-def connection_failed(err: Exception) -> AllotError:
-    return ConnectionFailed(f"the daemon did not answer: {err}")
+def connection_failed(err: Exception, url: str) -> AllotError:
+    """The error of a call to ``url`` that no daemon answered: it names the URL."""
+    return ConnectionFailed(f"the daemon at {url} did not answer: {err}")
 
 
 _UNITS = {

@@ -186,7 +186,9 @@ def _handler(plugin: Plugin, base: str, jobs: _Jobs) -> Type[BaseHTTPRequestHand
                 call()
             except Refused as err:
                 self._error(400, str(err))
-            except (JobNotFound, KeyError) as err:
+            except JobNotFound as err:
+                # Only the plugin's own word that a job is gone: a KeyError of its code is a bug,
+                # a 500 allot retries, not a job lost for good.
                 self._error(404, f"no such job: {err}")
             except Exception as err:  # a bug or an outage of the plugin: allot retries
                 self._error(500, f"{type(err).__name__}: {err}")

@@ -220,6 +220,7 @@ def test_calls_are_retried_across_a_restart_and_fail_when_the_daemon_is_gone(fre
         with pytest.raises(allot.ConnectionFailed) as failed:
             client.namespace("retried")
         assert isinstance(failed.value, allot.Unavailable)
+        assert f"{fresh_daemon.url}/v1/namespaces/retried" in str(failed.value), "it names the URL"
 
 
 def test_token_context_manager_limits_concurrency_and_releases_on_every_path(client: Client) -> None:

@@ -84,6 +84,45 @@ def test_a_plugin_on_the_kit_runs_a_daemons_tasks(data_root: Path) -> None:
             daemon.stop()
 
 
+class Buggy(Plugin):
+    """A plugin with a bug: its lookups raise ``KeyError``."""
+
+    def create(self, task: Task) -> str:
+        return {"known": "job"}[task.task]
+
+    def get(self, job: str) -> Status:
+        return {"known": Status.running("on")}[job]
+
+
+def test_only_the_plugins_own_job_not_found_is_a_404() -> None:
+    with PluginServer(Buggy()) as server, httpx.Client() as http:
+        # A KeyError of the plugin's code is a bug: a 500, which allot retries.
+        got = http.get(f"{server.url}/other")
+        assert got.status_code == 500 and "KeyError" in got.json()["error"], got.text
+        body = {"task_type": "x", "app": "a", "task": "unknown", "attempt": 1, "inputs": None, "spec": {}}
+        created = http.post(server.url, json=body)
+        assert created.status_code == 500 and "KeyError" in created.json()["error"], created.text
+
+
+def test_the_readme_plugin_runs_tasks_of_any_id(data_root: Path) -> None:
+    readme = (REPO / "clients" / "python" / "README.md").read_text()
+    code = next(block.split("```", 1)[0] for block in readme.split("```python\n") if "class Shout" in block)
+    defined: Dict[str, object] = {}
+    exec(code.replace("serve(Shout(), port=8000)", ""), defined)
+    with PluginServer(defined["Shout"]()) as server:  # type: ignore[operator]
+        config = f'[plugins.external.shout]\nurl = "{server.url}"\ntask_types = ["shout"]\n'
+        daemon = new_daemon(data_root, "--pool", "worker=cpu=4", "--run-pool", "worker", config=config)
+        try:
+            with Client(daemon.url) as client:
+                client.put_queue("root.shout")
+                tasks = [{"id": "t-1", "resources": "cpu=1", "spec": {"type": "shout", "inputs": {"text": "a-b"}, "poll_seconds": 0.05}}]
+                ended = client.run({"id": "my-app", "queue": "root.shout", "tasks": tasks}, timeout=60)
+                assert ended["state"] == "Completed", ended
+                assert client.task_run("my-app", "t-1")["outputs"] == {"text": "A-B"}
+        finally:
+            daemon.stop()
+
+
 def test_the_kit_answers_the_protocol_and_creates_once_per_key() -> None:
     plugin = Upper()
     with PluginServer(plugin) as server, httpx.Client() as http:
