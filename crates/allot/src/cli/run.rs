@@ -57,6 +57,11 @@ pub(crate) struct RunArgs {
     /// stderr is not a terminal).
     #[arg(long)]
     no_progress: bool,
+    /// Remove the application first if it exists (its tasks end, what it holds is released), so
+    /// that it runs again; without it, an application that exists is followed if it has not
+    /// ended, and one that has ended is not run again.
+    #[arg(long)]
+    replace: bool,
     #[command(flatten)]
     common: Common,
 }
@@ -79,10 +84,28 @@ pub(crate) async fn run(mut args: RunArgs, before: &Common) -> anyhow::Result<Ex
         // Outages are ridden out here, with notes, rather than by the client's own few retries.
         let client = client(&common)?.with_unavailable_retry(0, Duration::ZERO);
         let mut outages = Outages::new(client.base_url(), args.timeout, progress.stderr());
+        if args.replace {
+            match outages.call(async || client.remove_app(&submit.id).await).await {
+                Ok(removed) => eprintln!("removed app {} ({}) to run it again", removed.id, removed.state),
+                Err(ClientError::Api { status: 404, .. }) => {}
+                Err(err) => return Err(err),
+            }
+        }
         let submitted = outages.call(async || client.submit_app(&submit).await).await?;
         let app = submitted.app.id.clone();
         let tasks = count(submit.tasks.len() as u64, "task", "tasks");
-        eprintln!("submitted app {app} to queue {} ({tasks})", submitted.app.queue);
+        if submitted.created {
+            eprintln!("submitted app {app} to queue {} ({tasks})", submitted.app.queue);
+        } else if app_ended(&submitted.app.state) {
+            eprintln!(
+                "error: app {app} already exists and has ended ({}): nothing was run. `allot run --replace {}` \
+                 removes it and runs it again",
+                submitted.app.state, args.file
+            );
+            return Ok(EXIT_ERROR);
+        } else {
+            eprintln!("app {app} already exists ({}): following it", submitted.app.state);
+        }
         let started = Instant::now();
         let tasks = follow(&client, &app, args.poll, &mut progress, &mut outages).await?;
         let failed: Vec<&Task> = tasks.iter().filter(|t| t.state != "Completed").collect();
@@ -126,6 +149,11 @@ pub(crate) async fn run(mut args: RunArgs, before: &Common) -> anyhow::Result<Ex
     }
     .await;
     Ok(finish(&common, outcome))
+}
+
+/// Whether an application in `state` has ended (Completed, Failed, Rejected: it takes no more tasks).
+fn app_ended(state: &str) -> bool {
+    matches!(state, "Completed" | "Failed" | "Rejected")
 }
 
 /// With the change feed, the longest between two reads: a read also follows every change of the

@@ -156,3 +156,31 @@ fn allot_run_help_gives_its_exit_codes() {
         assert!(text.contains(part), "`{part}`: {text}");
     }
 }
+
+/// `allot run` of an application that exists: one that has ended is not run again (it says so,
+/// and how to); `--replace` removes it and runs it again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn allot_run_of_an_application_that_exists_says_so_and_replace_runs_it_again() {
+    let (dir, data) = data_dir();
+    let config = format!("{EXAMPLES}/allot.toml");
+    let daemon = Daemon::start(&data, &["--config", config.as_str(), "--pool", "worker=cpu=4", "--run-pool", "worker"]);
+    let file = dir.path().join("again.yaml");
+    std::fs::write(
+        &file,
+        "id: again\nqueue: root.examples\nuser: me\ntasks:\n  - id: quick\n    resources: cpu=1\n    spec: {type: noop}\n",
+    )
+    .unwrap();
+    let args = [file.to_str().unwrap(), "--server", &daemon.url, "--poll", "100ms", "--timeout", "60s"];
+    let (status, stdout, stderr) = Run::start(&args).end(Duration::from_secs(60)).await;
+    assert_eq!(status.and_then(|s| s.code()), Some(0), "{stdout}\n{stderr}");
+    let (status, stdout, stderr) = Run::start(&args).end(Duration::from_secs(60)).await;
+    assert_eq!(status.and_then(|s| s.code()), Some(1), "{stdout}\n{stderr}");
+    assert!(stderr.contains("app again already exists and has ended (Completed): nothing was run"), "{stderr}");
+    assert!(stderr.contains("allot run --replace"), "{stderr}");
+    assert!(!stdout.contains("Completed after"), "no summary of a run that did not happen: {stdout}");
+    let replace = [&args[..], &["--replace"]].concat();
+    let (status, stdout, stderr) = Run::start(&replace).end(Duration::from_secs(60)).await;
+    assert_eq!(status.and_then(|s| s.code()), Some(0), "{stdout}\n{stderr}");
+    assert!(stderr.contains("removed app again (Completed) to run it again"), "{stderr}");
+    assert!(stderr.contains("submitted app again") && stdout.contains("app again: Completed"), "{stdout}\n{stderr}");
+}
