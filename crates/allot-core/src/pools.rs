@@ -799,6 +799,9 @@ impl Pools {
             restored.leases.insert((alloc.expires, alloc.pool.clone(), alloc.id));
             pool.insert_alloc(alloc);
         }
+        // Oldest first: the most ended allocs a pool keeps drops the oldest.
+        let mut ended = ended;
+        ended.sort_by_key(|record| record.ended_at);
         for record in ended {
             let pool = restored
                 .pools

@@ -8,6 +8,7 @@ mod apps_records;
 mod apps_scheduler;
 mod conformance;
 mod differential;
+mod ended_allocs;
 mod outage;
 mod replicas;
 mod support;

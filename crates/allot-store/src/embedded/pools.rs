@@ -34,13 +34,15 @@ pub(super) fn ops<'a>(changes: impl Iterator<Item = &'a PoolChange>, out: &mut V
                 let key = Key::Numbered(alloc.pool.as_str().to_owned(), alloc.id.0);
                 out.push(Op::put(Table::Allocs, key, encode(&AllocRecord::live(alloc))));
             }
-            // Ended allocs are kept in memory only (readable until the daemon restarts): writing
-            // them would grow the table with every freed alloc.
+            // An ended alloc stays readable, across restarts too, until its retention is over (or
+            // the pool's most ended allocs are kept): then it is dropped.
             PoolChange::AllocEnded(ended) => {
                 let key = Key::Numbered(ended.alloc.pool.as_str().to_owned(), ended.alloc.id.0);
-                out.push(Op::Remove(Table::Allocs, key));
+                out.push(Op::put(Table::Allocs, key, encode(&AllocRecord::ended(ended))));
             }
-            PoolChange::EndedDropped { .. } => {}
+            PoolChange::EndedDropped { pool, id } => {
+                out.push(Op::Remove(Table::Allocs, Key::Numbered(pool.as_str().to_owned(), id.0)));
+            }
         }
     }
 }

@@ -294,11 +294,24 @@ async fn pools_and_allocs_survive_a_restart_with_the_lease_time_they_had_left() 
         }
         ended => panic!("{ended:?}"),
     }
-    // Ended allocs are kept in memory only: after a restart they are gone.
-    let gone = store.inspect_alloc(pool.clone(), freed.id).await;
-    assert!(matches!(gone, Err(StoreError::Pool(allot_core::pools::PoolError::AllocNotFound { .. }))), "{gone:?}");
+    // An ended alloc stays readable across the restart, and says why it ended...
+    match store.inspect_alloc(pool.clone(), freed.id).await.unwrap() {
+        AllocState::Ended(ended) => assert_eq!(ended.reason, allot_core::pools::EndReason::Freed),
+        live => panic!("{live:?}"),
+    }
     let offer = store.offer(pool.clone()).await.unwrap().unwrap();
     assert_eq!(offer.available, "cpu=2,mem=4GiB".parse().unwrap());
+    // ...until its retention (an hour) is over: then it is gone, after a restart too.
+    clock.advance(Duration::from_secs(3601));
+    store.tick().await.unwrap();
+    let not_found = |answer: Result<AllocState, StoreError>| {
+        matches!(answer, Err(StoreError::Pool(allot_core::pools::PoolError::AllocNotFound { .. })))
+    };
+    assert!(not_found(store.inspect_alloc(pool.clone(), freed.id).await));
+    store.shutdown().await;
+    drop(store);
+    let store = open_on(dir.path(), &clock);
+    assert!(not_found(store.inspect_alloc(pool.clone(), freed.id).await), "its record was removed");
     store.shutdown().await;
 }
 
