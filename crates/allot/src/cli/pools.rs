@@ -26,9 +26,9 @@ pub(crate) enum PoolCommand {
         #[command(flatten)]
         common: Common,
     },
-    /// Show one pool.
-    #[command(after_help = EXIT_CODES)]
-    Get {
+    /// Show one pool: its capacity, use, labels and the task types it runs.
+    #[command(visible_alias = "get", after_help = EXIT_CODES)]
+    Show {
         /// The pool, e.g. `worker-1`.
         pool: String,
         #[command(flatten)]
@@ -158,7 +158,7 @@ pub(crate) async fn pool(command: PoolCommand, before: &Common) -> anyhow::Resul
         before,
         |command| match command {
             PoolCommand::List { common }
-            | PoolCommand::Get { common, .. }
+            | PoolCommand::Show { common, .. }
             | PoolCommand::Set { common, .. }
             | PoolCommand::Rm { common, .. }
             | PoolCommand::Offers { common, .. }
@@ -192,7 +192,7 @@ async fn run_pool(command: &PoolCommand) -> Result<u8, ClientError> {
             let answer = client(common)?.pools().await?;
             emit(common, &answer, |list| pool_table(&list.pools))
         }
-        PoolCommand::Get { pool, common } => {
+        PoolCommand::Show { pool, common } => {
             let answer = client(common)?.pool(pool).await?;
             emit(common, &answer, pool_details)
         }

@@ -201,6 +201,7 @@ pub(crate) async fn run(args: ServeArgs) -> anyhow::Result<()> {
         }
     }
     tracing::info!(%address, data_dir = %config.data_dir.display(), backend = store.backend(), durability = store.durability(), "allot serving");
+    tracing::info!("the dashboard: {advertise}/ui");
     // The one line on stdout: scripts and tests read the address from it.
     println!("allot listening on {scheme}://{address}");
     let mut state = allot_server::ServerState::new(store.clone())

@@ -182,8 +182,10 @@ async fn quiet_prints_only_ids_and_options_go_before_or_after_the_command() {
         assert!(uri.starts_with("worker-1/") && uri.lines().count() == 1, "{accepted:?}");
         assert_eq!(text(&allot(d, &["-q", "alloc", "list", "worker-1"])), uri);
         // Numbers as people write them; --json keeps the exact text form.
-        let pool = allot(d, &["pool", "get", "worker-1"]);
+        let pool = allot(d, &["pool", "show", "worker-1"]);
         assert!(text(&pool).contains("capacity:  cpu=4,mem=22.4GiB"), "{pool:?}");
+        assert!(text(&pool).contains("runs:      every task type"), "{pool:?}");
+        assert_eq!(text(&allot(d, &["pool", "get", "worker-1"])), text(&pool), "`get` is `show`");
         let exact = allot(d, &["pool", "get", "worker-1", "--json"]);
         let exact: serde_json::Value = serde_json::from_slice(&exact.stdout).unwrap();
         assert_eq!(exact["capacity"], "cpu=4,mem=24051816857");

@@ -28,6 +28,14 @@ async fn registers_quotas_from_the_config_file_and_flags() {
     assert!(!metrics.contains("namespace=\"hive:cluster-b\""), "not selected: totals only\n{metrics}");
     assert!(metrics.contains("allot_namespaces_quota_units 16"), "{metrics}");
     assert!(metrics.contains("allot_http_request_duration_seconds_count"), "{metrics}");
+    // It says where its dashboard is, and the dashboard is there.
+    let log = || std::fs::read_to_string(data.with_extension("log")).unwrap_or_default();
+    let said =
+        eventually(Duration::from_secs(30), async || log().contains(&format!("the dashboard: {}/ui", daemon.url)))
+            .await;
+    assert!(said, "{}", log());
+    let page = reqwest::get(format!("{}/ui", daemon.url)).await.unwrap();
+    assert_eq!(page.status(), 200);
 }
 
 #[tokio::test]
