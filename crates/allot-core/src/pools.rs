@@ -319,6 +319,12 @@ pub type Labels = BTreeMap<String, String>;
 /// it runs every type its daemon has. Set through a pool's `plugins`, never as a label.
 pub const PLUGINS_LABEL: &str = "allot/plugins";
 
+/// Whether `name` can be a task type in a pool's `plugins`: 1 to 100 of A-Z, a-z, 0-9, `.`,
+/// `_`, `-` (so a list of them is one label value, comma-separated).
+pub fn is_task_type(name: &str) -> bool {
+    !name.is_empty() && name.len() <= 100 && name.bytes().all(|b| b.is_ascii_alphanumeric() || b"._-".contains(&b))
+}
+
 /// The task types a pool's labels let it run; `None`: every type.
 pub fn plugins_of(labels: &Labels) -> Option<Vec<&str>> {
     let listed = labels.get(PLUGINS_LABEL)?;

@@ -1,8 +1,9 @@
 //! The audit trail: every change (a call other than `GET` and `HEAD`) and every refusal (401,
 //! 403) is one JSON line: time, principal, source address, request ids (the daemon's own, and
 //! the caller's `X-Request-Id` when it sent one), action, resource (what a creation made, else
-//! the path), outcome and status; each item of a batch that was refused is a line of its own. Lines go to a file of their own (reopened on [`Audit::reopen`], which
-//! the daemon calls on SIGHUP, for log rotation) or to the log's stream (stderr), as they are.
+//! the path), outcome and status; each item of a batch that was refused is a line of its own.
+//! Lines go to a file of their own (reopened on [`Audit::reopen`], which the daemon calls on
+//! SIGHUP, for log rotation) or to the log's stream (stderr), as they are.
 //!
 //! Invariants: a line is written after its call is answered (within tens of milliseconds), by a
 //! thread of its own (a call never waits for the disk); lines are written in the order their calls were answered on each
@@ -50,11 +51,8 @@ pub(crate) struct Noted {
 }
 
 impl Answered {
-    /// Appends the call's line (a JSON object and a newline) to `out`: `time` (RFC 3339, UTC, to
-    /// the millisecond), `principal` (null for a call that named none, or without access
-    /// configured), `source`, `request_id`, `action` (the method and the route, or the path if no
-    /// route matched), `resource` (the path), `outcome` (`ok`, `refused` for 401 and 403,
-    /// `failed` for any other error) and `status`.
+    /// Appends the call's lines (JSON objects, each with a newline) to `out`: its own, and one
+    /// per refused item of a batch (status 403).
     fn write_lines(&self, out: &mut Vec<u8>) {
         self.write_line(out, self.noted.made.as_deref().unwrap_or(&self.call.path), self.status);
         for item in &self.noted.refused {
@@ -62,6 +60,11 @@ impl Answered {
         }
     }
 
+    /// One line: `time` (RFC 3339, UTC, to the millisecond), `principal` (null for a call that
+    /// named none, or without access configured), `source`, `request_id` (and
+    /// `caller_request_id`), `action` (the method and the route, or the path if no route
+    /// matched), `resource`, `outcome` (`ok`, `refused` for 401 and 403, `failed` for any other
+    /// error) and `status`.
     fn write_line(&self, out: &mut Vec<u8>, resource: &str, status: u16) {
         let call = &self.call;
         let principal = match &call.caller {

@@ -1,5 +1,9 @@
 //! The scheduling cycle: timers first, then as many placements as fit, queue by queue.
 //!
+//! At length, as one thing: the order of placements, where each may go (the room of every pool,
+//! what a user may use and which pools run a task's type) and the commit of one placement are
+//! the steps of one loop over one `Cycle`'s state; apart they would pass that state around.
+//!
 //! Order: sibling queues by fair share (what they use over what they are guaranteed, the most
 //! dominant resource; queues with no guarantee after the others, least used first), from the
 //! top of the tree down; inside a leaf queue, applications by its sort policy (`fifo`:

@@ -77,12 +77,7 @@ pub(crate) fn pool_labels(
         if plugins.len() > MAX_PLUGINS {
             return Err(ApiError::invalid_argument(format!("at most {MAX_PLUGINS} task types in `plugins`")));
         }
-        let bad = |t: &&String| {
-            *t != EVERY_TYPE
-                && (t.is_empty()
-                    || t.len() > 100
-                    || !t.bytes().all(|b| b.is_ascii_alphanumeric() || b"._-".contains(&b)))
-        };
+        let bad = |t: &&String| *t != EVERY_TYPE && !allot_core::pools::is_task_type(t);
         if let Some(bad) = plugins.iter().find(bad) {
             return Err(ApiError::invalid_argument(format!(
                 "task type `{bad}` in `plugins` is not a type: 1 to 100 of A-Z, a-z, 0-9, `.`, `_`, `-` (or `*`: every type)"

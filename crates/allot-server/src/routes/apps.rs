@@ -180,13 +180,24 @@ fn refused(refused: admission::Refused) -> ApiError {
 /// own user may, anyone else needs `admin` on its queue. An application that does not exist is
 /// left to the store to answer.
 async fn may_change(state: &ServerState, who: &Who, id: &AppId, action: AppAction) -> Result<(), ApiError> {
-    let Some((principal, policy)) = who.judged() else { return Ok(()) };
-    let Ok(info) = state.store.app(id.clone()).await else { return Ok(()) };
+    may_change_app(state, who, id, action).await.map(drop)
+}
+
+/// [`may_change`], answering the application's spec when the caller is checked and it exists
+/// (a task added to it is then checked as its user's).
+async fn may_change_app(
+    state: &ServerState,
+    who: &Who,
+    id: &AppId,
+    action: AppAction,
+) -> Result<Option<allot_core::apps::AppSpec>, ApiError> {
+    let Some((principal, policy)) = who.judged() else { return Ok(None) };
+    let Ok(info) = state.store.app(id.clone()).await else { return Ok(None) };
     let queues = state.store.queue_tree().await?;
     let caller = Caller { principal: &principal, policy: &policy };
     match admission::app_refusal(Some(caller), &queues, &info.app.spec, action) {
         Some(why) => Err(ApiError::of(ErrorCode::Forbidden, why)),
-        None => Ok(()),
+        None => Ok(Some(info.app.spec)),
     }
 }
 
@@ -284,16 +295,13 @@ pub(crate) async fn add_task(
 ) -> Result<(StatusCode, Json<api::AddTaskResponse>), ApiError> {
     let spec = convert::task_spec(body)?;
     let id = app_id(&id)?;
-    if let Some((principal, policy)) = who.judged() {
-        if let Ok(info) = state.store.app(id.clone()).await {
-            let queues = state.store.queue_tree().await?;
-            let caller = Some(Caller { principal: &principal, policy: &policy });
-            if let Some(why) = admission::app_refusal(caller, &queues, &info.app.spec, AppAction::AddTask) {
-                return Err(ApiError::of(ErrorCode::Forbidden, why));
-            }
-            let namespaces = spec.tokens.iter().map(|need| &need.namespace);
-            admission::check_namespaces(caller, &info.app.spec.principal(), namespaces).map_err(refused)?;
-        }
+    if let (Some(app), Some((principal, policy))) =
+        (may_change_app(&state, &who, &id, AppAction::AddTask).await?, who.judged())
+    {
+        // The task runs as the application's user: its namespaces are that user's to use.
+        let caller = Some(Caller { principal: &principal, policy: &policy });
+        let namespaces = spec.tokens.iter().map(|need| &need.namespace);
+        admission::check_namespaces(caller, &app.principal(), namespaces).map_err(refused)?;
     }
     let (info, created) = state.store.add_task(id, spec).await?;
     let status = if created { StatusCode::CREATED } else { StatusCode::OK };

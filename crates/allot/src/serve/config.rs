@@ -1,6 +1,9 @@
 //! The configuration of `allot serve`: the TOML file's schema (every key is in
 //! [`SERVE_AFTER_HELP`], which a test checks), and the resolution of flags, environment, file and
 //! defaults (in that order) into one checked [`Config`], names and resources parsed.
+//!
+//! At length, as one thing: the file's schema, the help text that lists its every key and the
+//! resolution of each key are kept side by side, so that a key cannot be added to one alone.
 
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
@@ -675,10 +678,10 @@ pub(super) fn resolve(args: &ServeArgs) -> anyhow::Result<Config> {
             let capacity: Resources =
                 capacity.parse().with_context(|| format!("the capacity of pool `{name}`: `{capacity}`"))?;
             if let Some(plugins) = plugins {
-                let bad =
-                    |t: &&String| t.is_empty() || !t.bytes().all(|b| b.is_ascii_alphanumeric() || b"._-".contains(&b));
-                if let Some(bad) = plugins.iter().find(bad) {
-                    bail!("[pools.{name}] plugins: `{bad}` is not a task type (A-Z, a-z, 0-9, `.`, `_`, `-`)");
+                if let Some(bad) = plugins.iter().find(|t| !allot_core::pools::is_task_type(t)) {
+                    bail!(
+                        "[pools.{name}] plugins: `{bad}` is not a task type (1 to 100 of A-Z, a-z, 0-9, `.`, `_`, `-`)"
+                    );
                 }
                 pool_plugins.push((pool.clone(), plugins));
             }
