@@ -49,6 +49,13 @@ pub struct Pool {
     /// The task types its executor runs; `null`: every type its daemon has.
     #[serde(default)]
     pub plugins: Option<Vec<String>>,
+    /// The daemons (by URL) whose live executors run its tasks; empty when no daemon runs it:
+    /// then only tasks without a type (run by outside workers that read their allocs) are placed
+    /// on it.
+    /// Absent in the change feed's events (which say what changed in the store, not who runs
+    /// it): read the pool for it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub run_by: Option<Vec<String>>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]

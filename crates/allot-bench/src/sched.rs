@@ -272,7 +272,8 @@ fn setup(tasks: usize, pools: usize, capacity: &Resources) -> anyhow::Result<Set
             selector: BTreeMap::new(),
             spec: String::new(),
         };
-        sched.add_task(app, spec, now, &ledger)?;
+        let world = World { pools: &mut pool_state, ledger: &mut ledger };
+        sched.add_task(app, spec, now, &world)?;
     }
     Ok(Setup { sched, pools: pool_state, ledger, apps })
 }
@@ -331,8 +332,8 @@ fn measure(tasks: usize, pools: usize, capacity: Option<&Resources>) -> anyhow::
             selector: BTreeMap::new(),
             spec: String::new(),
         };
-        sched.add_task(&apps[0], spec, now, &ledger)?;
         let mut world = World { pools: &mut pool_state, ledger: &mut ledger };
+        sched.add_task(&apps[0], spec, now, &world)?;
         let start = Instant::now();
         let (report, outcome) = sched.schedule(now, &mut world, &mut ids);
         let took = start.elapsed();

@@ -676,6 +676,11 @@ impl Pools {
 
     /// True if some pool that takes new allocs matches `selector` and could hold `wanted` when
     /// empty.
+    /// Whether some pool that takes allocs has the labels of `selector`.
+    pub fn any_matches(&self, selector: &Labels) -> bool {
+        self.pools.values().any(|pool| !pool.stopped && selector_matches(selector, &pool.labels))
+    }
+
     pub fn could_ever_fit(&self, wanted: &Resources, selector: &Labels) -> bool {
         self.pools
             .values()

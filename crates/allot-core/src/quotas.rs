@@ -232,6 +232,9 @@ impl fmt::Display for TokenShortage {
         if !self.exists {
             return write!(f, "token namespace `{}` does not exist", self.namespace);
         }
+        if self.quota == 0 {
+            return write!(f, "token namespace `{}` is paused (its quota is 0)", self.namespace);
+        }
         write!(
             f,
             "token namespace `{}` has {} of {} units free and {} needed",

@@ -541,13 +541,19 @@ impl Executor {
         Ok(())
     }
 
+    /// Takes (or renews) this executor's lease: its pools and task types. A daemon takes it before
+    /// it serves, so that what it runs is known to whoever schedules from its first request.
+    pub async fn take_lease(&self) -> Result<(), StoreError> {
+        let pools: Vec<PoolName> = self.config.pools.iter().cloned().collect();
+        self.store.renew_executor(&self.config.node, &pools, &self.registry.task_types(), EXECUTOR_LEASE).await
+    }
+
     /// Keeps this executor's lease while it runs: whoever schedules takes its pools as lost if
     /// the lease lapses (the daemon died, or lost the store).
     async fn renew_lease(self: Arc<Executor>, mut shutdown: watch::Receiver<bool>) {
-        let pools: Vec<PoolName> = self.config.pools.iter().cloned().collect();
         let mut failing = false;
         loop {
-            match self.store.renew_executor(&self.config.node, &pools, EXECUTOR_LEASE).await {
+            match self.take_lease().await {
                 Ok(()) if failing => {
                     failing = false;
                     tracing::info!("the executor's lease is renewed again");

@@ -133,6 +133,13 @@ impl Registry {
         Ok(self.plugins[id].clone())
     }
 
+    /// The task types it runs, as the executor's lease says: `*` for every type when there is a
+    /// default plugin.
+    pub fn task_types(&self) -> Vec<String> {
+        let every = self.default.as_ref().map(|_| allot_core::apps::EVERY_TYPE.to_owned());
+        self.by_type.keys().cloned().chain(every).collect()
+    }
+
     /// The loaded plugins' ids.
     pub fn ids(&self) -> impl Iterator<Item = &str> {
         self.plugins.keys().map(String::as_str)

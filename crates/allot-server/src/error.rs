@@ -5,7 +5,7 @@
 use allot_api::{ErrorBody, ErrorDetail};
 use allot_core::access::AccessError;
 use allot_core::apps::queues::QueueError;
-use allot_core::apps::SchedError;
+use allot_core::apps::{NeverFits, SchedError};
 use allot_core::pools::PoolError;
 use allot_core::{LedgerError, NameError, ResourcesError};
 use allot_store::StoreError;
@@ -96,6 +96,10 @@ error_codes! {
     AppEnded = "app_ended", Apps, CONFLICT;
     GangNeverFits = "gang_never_fits", Apps, CONFLICT;
     GangExceedsQueue = "gang_exceeds_queue", Apps, CONFLICT;
+    GangExceedsQuota = "gang_exceeds_quota", Apps, CONFLICT;
+    TaskNeverFits = "task_never_fits", Apps, CONFLICT;
+    TokensExceedQuota = "tokens_exceed_quota", Apps, CONFLICT;
+    TaskTypeUnknown = "task_type_unknown", Apps, CONFLICT;
     LargerThanTaskGroup = "larger_than_task_group", Apps, CONFLICT;
     IllegalTransition = "illegal_transition", Apps, CONFLICT;
     UnknownTaskGroup = "unknown_task_group", Apps, CONFLICT;
@@ -274,6 +278,13 @@ impl From<SchedError> for ApiError {
             SchedError::LargerThanGroup { .. } => ErrorCode::LargerThanTaskGroup,
             SchedError::GroupNeverFits { .. } => ErrorCode::GangNeverFits,
             SchedError::GangExceedsQueue(_) => ErrorCode::GangExceedsQueue,
+            SchedError::GangExceedsQuota { .. } => ErrorCode::GangExceedsQuota,
+            // Refused at once rather than left waiting for what can never come.
+            SchedError::NeverFits { why, .. } => match why {
+                NeverFits::Resources { .. } => ErrorCode::TaskNeverFits,
+                NeverFits::Tokens { .. } => ErrorCode::TokensExceedQuota,
+                NeverFits::TaskType { .. } => ErrorCode::TaskTypeUnknown,
+            },
             SchedError::NamespaceNotFound(_) => ErrorCode::NamespaceNotFound,
             SchedError::Illegal(_) => ErrorCode::IllegalTransition,
         };

@@ -24,6 +24,24 @@ const RUNS: &str = "allot:{allot-runs}:runs";
 const CATALOG: &str = "allot:{allot-runs}:catalog";
 const EXECUTORS: &str = "allot:{allot-runs}:executors";
 
+/// An executor's lease in the executors' hash: its pools and task types. Earlier daemons kept
+/// only the list of pools.
+#[derive(Debug, serde::Serialize, serde::Deserialize)]
+struct ExecutorRecord {
+    pools: Vec<String>,
+    #[serde(default)]
+    task_types: Option<Vec<String>>,
+}
+
+impl ExecutorRecord {
+    fn decode(json: &[u8]) -> Result<ExecutorRecord, serde_json::Error> {
+        match serde_json::from_slice::<Vec<String>>(json) {
+            Ok(pools) => Ok(ExecutorRecord { pools, task_types: None }),
+            Err(_) => serde_json::from_slice(json),
+        }
+    }
+}
+
 fn executor_key(node: &str) -> String {
     format!("allot:{{allot-runs}}:executor:{node}")
 }
@@ -147,10 +165,17 @@ impl RunStore for RedisStore {
         Ok(())
     }
 
-    async fn renew_executor(&self, node: &str, pools: &[PoolName], ttl: std::time::Duration) -> Result<(), StoreError> {
+    async fn renew_executor(
+        &self,
+        node: &str,
+        pools: &[PoolName],
+        task_types: &[String],
+        ttl: std::time::Duration,
+    ) -> Result<(), StoreError> {
         self.live()?;
-        let names: Vec<&str> = pools.iter().map(PoolName::as_str).collect();
-        let json = serde_json::to_string(&names).expect("names encode");
+        let pools_named: Vec<&str> = pools.iter().map(PoolName::as_str).collect();
+        let record = ExecutorRecord { pools: pools_named.iter().map(|p| (*p).to_owned()).collect(), task_types: Some(task_types.to_vec()) };
+        let json = serde_json::to_string(&record).expect("records encode");
         // The pools first, then the lease: a lease is never live without its pools.
         let pools = redis::cmd("HSET").arg(EXECUTORS).arg(node).arg(json).clone();
         self.inner.conn.write(&pools, EXECUTORS).await.map_err(|e| call_error(e, true))?;
@@ -165,10 +190,11 @@ impl RunStore for RedisStore {
         let fields = self.hash("executors", EXECUTORS).await?;
         let mut leases = Vec::with_capacity(fields.len());
         for (node, json) in fields {
-            let names: Vec<String> =
-                serde_json::from_slice(&json).map_err(|e| corrupt(format!("executor `{node}`: {e}")))?;
-            let pools = names.iter().map(|n| PoolName::new(n).map_err(corrupt)).collect::<Result<_, _>>()?;
-            leases.push(ExecutorLease { node, pools, live: false });
+            let record = ExecutorRecord::decode(&json).map_err(|e| corrupt(format!("executor `{node}`: {e}")))?;
+            let pools = record.pools.iter().map(|n| PoolName::new(n).map_err(corrupt)).collect::<Result<_, _>>()?;
+            // A lease of a daemon older than the task types took every type.
+            let task_types = record.task_types.unwrap_or_else(|| vec![allot_core::apps::EVERY_TYPE.to_owned()]);
+            leases.push(ExecutorLease { node, pools, task_types, live: false });
         }
         if leases.is_empty() {
             return Ok(leases);

@@ -24,15 +24,31 @@ pub struct CachedOutputs {
     pub at: Millis,
 }
 
-/// A daemon's executor and the pools whose tasks it runs, as its lease says: `live` while it
-/// renews the lease. Whoever schedules takes the pools of executors that stopped as lost
-/// (`Scheduler::pool_lost`), unless a live executor runs them too.
+/// A daemon's executor, the pools whose tasks it runs and the task types its plugins run, as
+/// its lease says: `live` while it renews the lease. Whoever schedules places a task with a type
+/// only where a live executor runs it (`Scheduler::set_runners`), and takes the pools of
+/// executors that stopped as lost (`Scheduler::pool_lost`), unless a live executor runs them too.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ExecutorLease {
     /// The daemon, by the URL others reach it at.
     pub node: String,
     pub pools: Vec<PoolName>,
+    /// `*` (`allot_core::apps::EVERY_TYPE`): every type (it has a default plugin).
+    pub task_types: Vec<String>,
     pub live: bool,
+}
+
+impl ExecutorLease {
+    /// As the scheduler reads it.
+    pub fn runner(&self) -> allot_core::apps::Runner {
+        allot_core::apps::Runner { pools: self.pools.clone(), task_types: self.task_types.clone(), live: self.live }
+    }
+}
+
+/// What the scheduler makes of every lease.
+pub fn runners_of(leases: &[ExecutorLease]) -> allot_core::apps::Runners {
+    let runners: Vec<allot_core::apps::Runner> = leases.iter().map(ExecutorLease::runner).collect();
+    allot_core::apps::Runners::from_leases(&runners)
 }
 
 /// A change of the kept runs, in the order it was made.
@@ -57,8 +73,15 @@ pub trait RunStore {
     async fn cached_outputs(&self, key: &str) -> Result<Option<CachedOutputs>, StoreError>;
     /// Keeps outputs under a cache key; the first kept stays (a later put is a no-op).
     async fn put_cached_outputs(&self, key: String, entry: CachedOutputs) -> Result<(), StoreError>;
-    /// Renews (or takes) the lease of `node`'s executor, running `pools`, for `ttl`.
-    async fn renew_executor(&self, node: &str, pools: &[PoolName], ttl: Duration) -> Result<(), StoreError>;
+    /// Renews (or takes) the lease of `node`'s executor, running `pools` with plugins of
+    /// `task_types`, for `ttl`.
+    async fn renew_executor(
+        &self,
+        node: &str,
+        pools: &[PoolName],
+        task_types: &[String],
+        ttl: Duration,
+    ) -> Result<(), StoreError>;
     /// Every executor that ever took a lease, live or not, by node.
     async fn executors(&self) -> Result<Vec<ExecutorLease>, StoreError>;
 }

@@ -29,9 +29,10 @@ use std::hash::{Hash, Hasher};
 use std::ops::Bound;
 use std::rc::Rc;
 
+use super::runners::{Runners, TaskTypes};
 use super::why::Why;
 use super::{
-    pending_key, release, transition, Account, AppChange, AppId, GangStyle, GroupName, HeldTokens, Outcome, PendingKey,
+    pending_key, release, resources_never_fit, tokens_never_fit, transition, Account, AppChange, AppId, GangStyle, GroupName, HeldTokens, Outcome, PendingKey,
     Placement, Scheduler, Slot, TaskId, TokenNeed, World, RESERVATION_TIMEOUT,
 };
 use crate::access::{Principal, Resource};
@@ -39,7 +40,7 @@ use crate::apps::queues::{limit_at, LimitHit, QueuePath, QueueUsage, SortPolicy}
 use crate::apps::states::{AppEvent, AppState, TaskEvent};
 use crate::names::Token;
 use crate::pools::{plugins_of, selector_matches, AllocId, AllocRequest, Labels, PoolError, PoolName, Pools};
-use crate::quotas::{AllocateRequest, Constraints, Decision, LeaseRequest, Millis};
+use crate::quotas::{AllocateRequest, Constraints, Decision, LeaseRequest, Millis, TokenShortage};
 use crate::resources::{Resources, SizeWeights};
 
 /// What one cycle did.
@@ -62,16 +63,21 @@ struct Spot {
     labels: Labels,
     /// The task types it runs, when its `plugins` limit them.
     plugins: Option<Vec<String>>,
+    /// The task types its live executors run; `None` when no live executor runs it.
+    run: Option<TaskTypes>,
 }
 
 impl Spot {
-    /// Whether its executor runs tasks of `task_type`: every type unless its `plugins` limit
-    /// them; a task with no type (run by whoever reports it) only where they do not.
+    /// Whether a task of `task_type` may be placed here: a task with a type where a live
+    /// executor runs that type (and its `plugins`, if any, list it); a task with no type (run by
+    /// whoever reports it) wherever its `plugins` do not limit the types.
     fn runs(&self, task_type: Option<&str>) -> bool {
-        match (&self.plugins, task_type) {
-            (None, _) => true,
-            (Some(listed), Some(task_type)) => listed.iter().any(|t| t == task_type),
-            (Some(_), None) => false,
+        match task_type {
+            None => self.plugins.is_none(),
+            Some(task_type) => {
+                self.plugins.as_ref().is_none_or(|listed| listed.iter().any(|t| t == task_type))
+                    && self.run.as_ref().is_some_and(|run| run.has(task_type))
+            }
         }
     }
 }
@@ -81,7 +87,8 @@ struct Room {
     spots: Vec<Spot>,
     index: BTreeSet<(u64, usize)>,
     weights: SizeWeights,
-    /// Some pool limits the task types it runs.
+    /// Some pool does not take every task type: it limits them, or is not run by an executor
+    /// of every type. Only then is a task's type read.
     typed: bool,
 }
 
@@ -91,8 +98,9 @@ fn size_key(resources: &Resources, weights: &SizeWeights) -> u64 {
 }
 
 impl Room {
-    /// The room of every pool but the `down` ones (their executors stopped).
-    fn new(pools: &Pools, now: Millis, weights: &SizeWeights, down: &BTreeSet<PoolName>) -> Room {
+    /// The room of every pool but the `down` ones (their executors stopped), with what the
+    /// executors run on each.
+    fn new(pools: &Pools, now: Millis, weights: &SizeWeights, down: &BTreeSet<PoolName>, runners: &Runners) -> Room {
         let spots: Vec<Spot> = pools
             .spots(now)
             .filter(|(name, ..)| !down.contains(*name))
@@ -101,10 +109,11 @@ impl Room {
                 free,
                 labels: labels.clone(),
                 plugins: plugins_of(labels).map(|types| types.into_iter().map(str::to_owned).collect()),
+                run: runners.of(name).cloned(),
             })
             .collect();
         let index = spots.iter().enumerate().map(|(i, spot)| (size_key(&spot.free, weights), i)).collect();
-        let typed = spots.iter().any(|spot| spot.plugins.is_some());
+        let typed = spots.iter().any(|spot| spot.plugins.is_some() || !spot.run.as_ref().is_some_and(TaskTypes::is_every));
         Room { spots, index, weights: weights.clone(), typed }
     }
 
@@ -145,9 +154,9 @@ impl Room {
         allowed: Option<&Allowed>,
     ) -> Why {
         let mut closest: Option<(f64, usize, Resources)> = None;
-        let (mut matched, mut permitted) = (false, false);
+        let (mut matched, mut permitted, mut run) = (false, false, false);
         for (i, spot) in self.spots.iter().enumerate() {
-            if !selector_matches(selector, &spot.labels) {
+            if !selector_matches(selector, &spot.labels) || allowed.is_some_and(|a| !a.on_side(i)) {
                 continue;
             }
             matched = true;
@@ -155,6 +164,7 @@ impl Room {
                 continue;
             }
             permitted = true;
+            run |= spot.run.is_some();
             if allowed.is_some_and(|a| !a.runs(i)) {
                 continue;
             }
@@ -178,6 +188,9 @@ impl Room {
         match (closest, allowed) {
             (None, Some(allowed)) if matched && !permitted => {
                 Why::Forbidden { user: allowed.user.clone().unwrap_or_default(), what: pools() }
+            }
+            (None, Some(allowed)) if permitted && !run && allowed.task_type.as_deref().is_some_and(|t| !t.is_empty()) => {
+                Why::NotRun { pools: pools() }
             }
             (None, Some(allowed)) if permitted => {
                 Why::TypeNotRun { task_type: allowed.task_type.clone(), pools: pools() }
@@ -248,9 +261,16 @@ struct Allowed {
     permitted: Option<Rc<[bool]>>,
     /// By the task's type; `None`: every pool.
     running: Option<Rc<[bool]>>,
+    /// For a gang with no type, the side it is placed on: pools run by a live executor (`true`)
+    /// or not; `None`: both.
+    side: Option<(bool, Rc<[bool]>)>,
 }
 
 impl Allowed {
+    fn on_side(&self, i: usize) -> bool {
+        self.side.as_ref().is_none_or(|(_, run)| run[i])
+    }
+
     fn permits(&self, i: usize) -> bool {
         self.permitted.as_ref().is_none_or(|p| p[i])
     }
@@ -260,7 +280,7 @@ impl Allowed {
     }
 
     fn takes(&self, i: usize) -> bool {
-        self.permits(i) && self.runs(i)
+        self.permits(i) && self.runs(i) && self.on_side(i)
     }
 }
 
@@ -269,7 +289,9 @@ impl Allowed {
 struct Filters {
     permitted: HashMap<Principal, Rc<[bool]>>,
     running: HashMap<Option<String>, Rc<[bool]>>,
-    classes: HashMap<(Option<Principal>, Option<String>), u32>,
+    /// By spot: whether a live executor runs it (or not, by side).
+    sides: HashMap<bool, Rc<[bool]>>,
+    classes: HashMap<(Option<Principal>, Option<String>, Option<bool>), u32>,
 }
 
 /// A leaf queue's applications with work in this cycle.
@@ -291,6 +313,9 @@ struct Cycle<'c> {
     report: CycleReport,
     /// Each user's and task type's pools, computed at their first placement of the cycle.
     filters: Filters,
+    /// `Scheduler::never_fits` as the cycle found it: since when each application's task could
+    /// never fit, kept for those that still cannot.
+    never_fits_before: HashMap<AppId, (Millis, String)>,
 }
 
 impl Scheduler {
@@ -316,19 +341,22 @@ impl Scheduler {
         self.stats.cycles += 1;
         self.why_app.clear();
         self.why_task.clear();
+        // Kept for the applications this cycle finds still cannot fit.
+        let never_fits_before = std::mem::take(&mut self.never_fits);
         let mut lanes = self.lanes();
         if lanes.is_empty() {
             return (CycleReport { timed_out, ..CycleReport::default() }, out);
         }
         let mut cycle = Cycle {
             now,
-            room: Room::new(world.pools, now, &self.config.weights, &self.down),
+            room: Room::new(world.pools, now, &self.config.weights, &self.down, &self.runners),
             cursors: HashMap::new(),
             no_room: NoRoom::default(),
             ids,
             out,
             report: CycleReport { timed_out, ..CycleReport::default() },
             filters: Filters::default(),
+            never_fits_before,
         };
         let mut heap: BinaryHeap<Reverse<(Vec<u64>, usize)>> =
             lanes.iter().enumerate().map(|(i, lane)| Reverse((self.fair_key(&lane.ancestors), i))).collect();
@@ -452,6 +480,9 @@ impl Scheduler {
             return match self.reserve(app_id, world, cycle) {
                 Ok(()) => true,
                 Err(why) => {
+                    if let Why::CanNeverFit(never) = &why {
+                        self.mark_never_fits(app_id, format!("its gang can never be placed: {never}"), cycle);
+                    }
                     self.why_app.insert(app_id.clone(), why);
                     false
                 }
@@ -469,9 +500,13 @@ impl Scheduler {
             match self.place_task(app_id, &task, world, cycle) {
                 Ok(()) => return true,
                 Err(why) => {
-                    // A queue's limit holds the application back, not only this task: it says so.
-                    if matches!(why, Why::QueueLimit(_)) {
+                    // A queue's limit holds the application back, not only this task: it says so;
+                    // and so does a task that can never fit, which fails it after a grace.
+                    if matches!(why, Why::QueueLimit(_) | Why::CanNeverFit(_)) {
                         self.why_app.entry(app_id.clone()).or_insert_with(|| why.clone());
+                    }
+                    if let Why::CanNeverFit(never) = &why {
+                        self.mark_never_fits(app_id, format!("task `{task}` can never fit: {never}"), cycle);
                     }
                     self.why_task.insert((app_id.clone(), task), why);
                 }
@@ -510,9 +545,12 @@ impl Scheduler {
         if let Some(hit) = self.limit_hit(app_id, &wanted, !app.counted) {
             return Err(Why::QueueLimit(hit));
         }
-        // A task's type is read (its spec parsed) only when some pool limits the types it runs.
+        // A task's type is read (its spec parsed) only when some pool does not run every type.
         let task_type = if cycle.room.typed { task.spec.task_type() } else { None };
-        let allowed = self.allowed(app_id, &[task_type], cycle);
+        if let Some(never) = task_type.as_deref().and_then(|t| self.type_never_runs(t)) {
+            return Err(Why::CanNeverFit(never));
+        }
+        let allowed = self.allowed(app_id, &[task_type], None, cycle);
         if let Some(why) = self.forbidden_tokens(app_id, &needs) {
             return Err(why);
         }
@@ -523,12 +561,16 @@ impl Scheduler {
         let spot = match cycle.room.best_fit(&wanted, &selector, &HashMap::new(), allowed.as_ref()) {
             Ok(spot) => spot,
             Err(why) => {
+                let why = match why {
+                    Why::NoRoom { .. } => resources_never_fit(world.pools, &wanted, &selector).map_or(why, Why::CanNeverFit),
+                    why => why,
+                };
                 cycle.no_room.insert(&wanted, &selector, class, why.clone());
                 return Err(why);
             }
         };
         for need in &needs {
-            world.ledger.room_for(&need.namespace, need.units).map_err(Why::Tokens)?;
+            world.ledger.room_for(&need.namespace, need.units).map_err(tokens_why)?;
         }
         let owner = format!("{app_id}/{task_id}");
         let token = format!("{app_id}:{task_id}");
@@ -615,33 +657,49 @@ impl Scheduler {
                 types.dedup();
                 types
             });
-        let allowed = self.allowed(app_id, &types, cycle);
+        if let Some(never) = types.iter().flatten().find_map(|t| self.type_never_runs(t)) {
+            return Err(Why::CanNeverFit(never));
+        }
         let needs: Vec<TokenNeed> = members.iter().flat_map(|m| m.4.iter().cloned()).collect();
         if let Some(why) = self.forbidden_tokens(app_id, &needs) {
             return Err(Why::GangNotReserved { member: None, cause: Some(Box::new(why)) });
         }
-        // Room for every member first, on a scratch copy of what is free.
-        let mut promised: HashMap<usize, Resources> = HashMap::new();
-        let mut spots = Vec::with_capacity(members.len());
-        for (group, member, wanted, selector, _) in &members {
-            let found = cycle.room.best_fit(wanted, selector, &promised, allowed.as_ref());
-            let spot = found.map_err(|why| Why::GangNotReserved {
-                member: Some((group.clone(), *member)),
-                cause: Some(Box::new(why)),
-            })?;
-            let sum = promised.entry(spot).or_default();
-            *sum = sum.checked_add(wanted).unwrap_or_else(|| sum.clone());
-            spots.push(spot);
+        // A gang is never split between pools that executors run and pools they do not: with a
+        // type it goes where its types run; with none, on run pools if they have the room, else
+        // on the others.
+        let sides: &[Option<bool>] = match cycle.room.typed && types.iter().all(Option::is_none) {
+            true => &[Some(true), Some(false)],
+            false => &[None],
+        };
+        let mut found = Err(Why::AfterGang);
+        for side in sides {
+            let allowed = self.allowed(app_id, &types, *side, cycle);
+            found = room_for_members(&members, &cycle.room, allowed.as_ref());
+            if found.is_ok() {
+                break;
+            }
         }
+        let spots = found.map_err(|why| match why {
+            Why::GangNotReserved { member: Some((group, member)), cause: Some(cause) }
+                if matches!(*cause, Why::NoRoom { .. }) =>
+            {
+                let (_, _, wanted, selector, _) = &members.iter().find(|m| m.0 == group && m.1 == member).expect("a member");
+                match resources_never_fit(world.pools, wanted, selector) {
+                    Some(never) => Why::CanNeverFit(never),
+                    None => Why::GangNotReserved { member: Some((group, member)), cause: Some(cause) },
+                }
+            }
+            why => why,
+        })?;
         // Then every token, summed per namespace.
         let mut units: BTreeMap<&crate::names::NamespaceName, u64> = BTreeMap::new();
         for need in members.iter().flat_map(|m| &m.4) {
             *units.entry(&need.namespace).or_default() += need.units;
         }
         for (namespace, units) in units {
-            world.ledger.room_for(namespace, units).map_err(|shortage| Why::GangNotReserved {
-                member: None,
-                cause: Some(Box::new(Why::Tokens(shortage))),
+            world.ledger.room_for(namespace, units).map_err(|shortage| match tokens_why(shortage) {
+                never @ Why::CanNeverFit(_) => never,
+                why => Why::GangNotReserved { member: None, cause: Some(Box::new(why)) },
             })?;
         }
         // Everything is there: take it all.
@@ -678,8 +736,15 @@ impl Scheduler {
     }
 
     /// The pools a placement of `app_id`'s tasks of `types` may take this cycle: those its user
-    /// may use and that run every one of the types; `None` when every pool may be taken.
-    fn allowed(&self, app_id: &AppId, types: &[Option<String>], cycle: &mut Cycle<'_>) -> Option<Allowed> {
+    /// may use and that run every one of the types (and on `side`, when given: run by a live
+    /// executor or not); `None` when every pool may be taken.
+    fn allowed(
+        &self,
+        app_id: &AppId,
+        types: &[Option<String>],
+        side: Option<bool>,
+        cycle: &mut Cycle<'_>,
+    ) -> Option<Allowed> {
         let tenancy = &self.config.tenancy;
         if tenancy.is_open() && !cycle.room.typed {
             return None;
@@ -705,9 +770,21 @@ impl Scheduler {
                 .or_insert_with(|| spots.iter().map(|spot| types.iter().all(|t| spot.runs(t.as_deref()))).collect());
             by_spot.clone()
         });
+        let side = side.map(|run| {
+            let by_spot =
+                filters.sides.entry(run).or_insert_with(|| spots.iter().map(|spot| spot.run.is_some() == run).collect());
+            (run, by_spot.clone())
+        });
         let next = u32::try_from(filters.classes.len()).unwrap_or(u32::MAX).saturating_add(1);
-        let class = *filters.classes.entry((user.clone(), key.clone())).or_insert(next);
-        Some(Allowed { class, user: user.map(|u| u.user), task_type: key, permitted, running })
+        let class = *filters.classes.entry((user.clone(), key.clone(), side.as_ref().map(|s| s.0))).or_insert(next);
+        Some(Allowed { class, user: user.map(|u| u.user), task_type: key, permitted, running, side })
+    }
+
+    /// Notes that a task of the application (or its gang) can never fit: since the cycle that
+    /// first said so, it fails once `never_fits_grace_ms` has passed.
+    fn mark_never_fits(&mut self, app_id: &AppId, what: String, cycle: &Cycle<'_>) {
+        let since = cycle.never_fits_before.get(app_id).map_or(cycle.now, |(since, _)| *since);
+        self.never_fits.entry(app_id.clone()).or_insert((since, what));
     }
 
     /// Why the application's user may not hold `needs`: the first namespace it may not use.
@@ -760,12 +837,29 @@ impl Scheduler {
                 self.forget(&id, out);
             }
         }
+        let grace = self.config.never_fits_grace_ms;
+        let unfit: Vec<(AppId, String)> = self
+            .never_fits
+            .iter()
+            .filter(|(_, (since, _))| since.saturating_add(grace) <= now)
+            .map(|(id, (_, what))| (id.clone(), what.clone()))
+            .collect();
+        for (id, what) in unfit {
+            self.never_fits.remove(&id);
+            if self.apps.get(&id).is_some_and(|app| !app.state.is_terminal()) {
+                let waited = std::time::Duration::from_millis(grace);
+                let reason = format!("can_never_fit: {what} (no pool or quota grew back in {waited:?})");
+                self.fail_with(&id, &reason, now, world, out);
+            }
+        }
         timed_out
     }
 
     /// The earliest time a timer is due, if any.
     pub fn next_deadline(&self) -> Option<Millis> {
-        self.apps.values().filter_map(|app| app_deadline(app, &self.config)).min()
+        let grace = self.config.never_fits_grace_ms;
+        let unfit = self.never_fits.values().map(|(since, _)| since.saturating_add(grace)).min();
+        self.apps.values().filter_map(|app| app_deadline(app, &self.config)).chain(unfit).min()
     }
 }
 
@@ -774,6 +868,36 @@ fn app_deadline(app: &super::App, config: &super::SchedConfig) -> Option<Millis>
         .then(|| app.completing_since.unwrap_or(0).saturating_add(config.completing_grace_ms));
     let forget = app.ended_at.filter(|_| app.state.is_terminal()).map(|at| at.saturating_add(config.retention_ms));
     [app.reserve_deadline(), app.placeholder_deadline(), completing, forget].into_iter().flatten().min()
+}
+
+/// Room for every member of a gang, on a scratch copy of what is free: the spot of each.
+fn room_for_members(
+    members: &[(GroupName, u32, Resources, Labels, Vec<TokenNeed>)],
+    room: &Room,
+    allowed: Option<&Allowed>,
+) -> Result<Vec<usize>, Why> {
+    let mut promised: HashMap<usize, Resources> = HashMap::new();
+    let mut spots = Vec::with_capacity(members.len());
+    for (group, member, wanted, selector, _) in members {
+        let found = room.best_fit(wanted, selector, &promised, allowed);
+        let spot = found.map_err(|why| Why::GangNotReserved {
+            member: Some((group.clone(), *member)),
+            cause: Some(Box::new(why)),
+        })?;
+        let sum = promised.entry(spot).or_default();
+        *sum = sum.checked_add(wanted).unwrap_or_else(|| sum.clone());
+        spots.push(spot);
+    }
+    Ok(spots)
+}
+
+/// Why tokens cannot be had now: more than the namespace's quota can never be (a quota of 0 is
+/// a pause, waited out).
+fn tokens_why(shortage: TokenShortage) -> Why {
+    match tokens_never_fit(&shortage) {
+        Some(never) => Why::CanNeverFit(never),
+        None => Why::Tokens(shortage),
+    }
 }
 
 /// Takes an alloc of `wanted` on `spot` and a grant of every need under `token`, or nothing.

@@ -22,6 +22,7 @@ pub mod admission;
 mod cycle;
 pub mod placement;
 pub mod queues;
+pub mod runners;
 pub mod spec;
 pub mod states;
 pub mod why;
@@ -33,13 +34,14 @@ pub use cycle::CycleReport;
 pub use spec::{
     AppId, AppSpec, GangStyle, GroupName, QueueRule, SchedulingPolicy, TaskGroup, TaskId, TaskSpec, TokenNeed,
 };
-pub use why::Why;
+pub use runners::{Runner, Runners, TaskTypes, EVERY_TYPE};
+pub use why::{NeverFits, Why};
 
 use crate::access::Tenancy;
 use crate::apps::queues::{limit_at, QueueError, QueueLimits, QueuePath, QueueUsage, Queues};
 use crate::apps::states::{AppEvent, AppState, IllegalTransition, TaskEvent, TaskState};
 use crate::names::{NamespaceName, Token};
-use crate::pools::{AllocId, PoolChange, PoolName, Pools};
+use crate::pools::{AllocId, Labels, PoolChange, PoolName, Pools};
 use crate::quotas::{Effects, Ledger, Millis};
 use crate::resources::{Resources, SizeWeights};
 
@@ -50,6 +52,9 @@ pub const RESERVATION_TIMEOUT: &str = "ResourceReservationTimeout";
 pub const DEFAULT_COMPLETING_GRACE_MS: u64 = 30_000;
 /// How long an ended application stays readable by default: an hour.
 pub const DEFAULT_RETENTION_MS: u64 = 3_600_000;
+/// How long an application with a task that can never fit waits (for pools or quotas to grow
+/// back) before it fails, by default: five minutes.
+pub const DEFAULT_NEVER_FITS_GRACE_MS: u64 = 300_000;
 
 /// Why the scheduler refuses a request.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -78,8 +83,13 @@ pub enum SchedError {
     GroupNeverFits { group: GroupName, wanted: Resources, pools: String },
     #[error("the gang can never be placed: {0}")]
     GangExceedsQueue(String),
+    #[error("the gang can never be placed: its placeholders need {units} units of token namespace `{namespace}`, whose quota is {quota}")]
+    GangExceedsQuota { namespace: NamespaceName, units: u64, quota: u64 },
     #[error("token namespace `{0}` does not exist")]
     NamespaceNotFound(NamespaceName),
+    /// What a task asks for can never be had as things are: it is refused, not left waiting.
+    #[error("task `{task}` can never be placed: {why}")]
+    NeverFits { task: TaskId, why: NeverFits },
     #[error("queue `{queue}` still has {apps} applications that have not ended; remove them first")]
     QueueInUse { queue: QueuePath, apps: usize },
     #[error(transparent)]
@@ -309,6 +319,8 @@ pub struct SchedConfig {
     /// What an application's user may be given: checked at every placement (roles and bindings
     /// change after a submission). Not recorded: the daemon that schedules sets it.
     pub tenancy: Tenancy,
+    /// How long an application waits once a task of it can never fit before it fails.
+    pub never_fits_grace_ms: u64,
 }
 
 impl Default for SchedConfig {
@@ -318,6 +330,7 @@ impl Default for SchedConfig {
             retention_ms: DEFAULT_RETENTION_MS,
             weights: SizeWeights::default(),
             tenancy: Tenancy::Open,
+            never_fits_grace_ms: DEFAULT_NEVER_FITS_GRACE_MS,
         }
     }
 }
@@ -359,6 +372,11 @@ pub struct Scheduler {
     /// Pools whose executors stopped: nothing is placed on them until they are back. Not
     /// recorded: whoever schedules learns it again from the executors' leases.
     down: BTreeSet<PoolName>,
+    /// Which pools live executors run, with which task types. Not recorded, as `down`.
+    runners: Runners,
+    /// Applications with a task that can never fit, since when (the last cycle that looked at
+    /// them said so). Not recorded: after a restart their grace starts again.
+    never_fits: HashMap<AppId, (Millis, String)>,
 }
 
 fn pending_key(task: &Task) -> PendingKey {
@@ -451,6 +469,17 @@ impl Scheduler {
     /// What applications may be given from now on (the next cycle places by it).
     pub fn set_tenancy(&mut self, tenancy: Tenancy) {
         self.config.tenancy = tenancy;
+    }
+
+    pub fn runners(&self) -> &Runners {
+        &self.runners
+    }
+
+    /// What the executors' leases say now. True if it changed (what waits may fit now).
+    pub fn set_runners(&mut self, runners: Runners) -> bool {
+        let changed = self.runners != runners;
+        self.runners = runners;
+        changed
     }
 
     /// True if some application or task waits to be placed (a cycle may place it once room or
@@ -615,7 +644,7 @@ impl Scheduler {
                     }
                     None => (existing.spec.clone(), Some(existing.clone())),
                 },
-                None => (self.check_new_task(&app, spec, world.ledger)?, None),
+                None => (self.check_new_task(&app, spec, world)?, None),
             };
             in_batch.insert(admitted.0.id.clone(), checked.len());
             checked.push(admitted);
@@ -711,24 +740,20 @@ impl Scheduler {
 
     fn check_gang(&self, spec: &AppSpec, world: &World<'_>) -> Result<(), SchedError> {
         let mut total = Resources::new();
+        let mut units: BTreeMap<&NamespaceName, u64> = BTreeMap::new();
         for group in &spec.groups {
             if !world.pools.could_ever_fit(&group.min_resources, &group.selector) {
-                let pools = if group.selector.is_empty() {
-                    "that takes allocs".to_owned()
-                } else {
-                    let labels: Vec<String> = group.selector.iter().map(|(k, v)| format!("{k}={v}")).collect();
-                    format!("with the labels {}", labels.join(","))
-                };
                 return Err(SchedError::GroupNeverFits {
                     group: group.name.clone(),
                     wanted: group.min_resources.clone(),
-                    pools,
+                    pools: pools_described(&group.selector),
                 });
             }
             for need in &group.tokens {
                 if world.ledger.room_for(&need.namespace, 0).is_err_and(|s| !s.exists) {
                     return Err(SchedError::NamespaceNotFound(need.namespace.clone()));
                 }
+                *units.entry(&need.namespace).or_default() += need.units.saturating_mul(u64::from(group.min_members));
             }
             for _ in 0..group.min_members {
                 total = total.checked_add(&group.min_resources).unwrap_or(total);
@@ -736,6 +761,13 @@ impl Scheduler {
         }
         if spec.groups.is_empty() {
             return Ok(());
+        }
+        for (namespace, units) in units {
+            if let Some(NeverFits::Tokens { namespace, units, quota }) =
+                world.ledger.room_for(namespace, units).err().and_then(|s| tokens_never_fit(&s))
+            {
+                return Err(SchedError::GangExceedsQuota { namespace, units, quota });
+            }
         }
         let nothing = QueueUsage::default();
         for queue in spec.queue.up_to_root() {
@@ -970,7 +1002,7 @@ impl Scheduler {
         app_id: &AppId,
         spec: TaskSpec,
         now: Millis,
-        ledger: &Ledger,
+        world: &World<'_>,
     ) -> Result<(Task, bool, Outcome), SchedError> {
         let app = self.app(app_id)?;
         if let Some(existing) = self.tasks.get(app_id).and_then(|t| t.get(&spec.id)) {
@@ -979,24 +1011,45 @@ impl Scheduler {
                 None => Ok((existing.clone(), false, Outcome::default())),
             };
         }
-        let spec = self.check_new_task(app, spec, ledger)?;
+        let spec = self.check_new_task(app, spec, world)?;
         let (task, out) = self.insert_task(app_id, spec, now);
         Ok((task, true, out))
     }
 
     /// Checks a task that `app` does not have yet, as [`Scheduler::add_task`] does; answers its
-    /// checked spec.
-    fn check_new_task(&self, app: &App, spec: TaskSpec, ledger: &Ledger) -> Result<TaskSpec, SchedError> {
+    /// checked spec. What can never be placed as things are is refused: a type no daemon runs,
+    /// more than every matching pool holds, more units than a quota (a quota of 0 is a pause).
+    fn check_new_task(&self, app: &App, spec: TaskSpec, world: &World<'_>) -> Result<TaskSpec, SchedError> {
         if app.state.is_terminal() {
             return Err(SchedError::AppEnded { id: app.spec.id.clone(), state: app.state });
         }
         let spec = spec.check(&app.spec)?;
         for need in &spec.tokens {
-            if ledger.room_for(&need.namespace, 0).is_err_and(|s| !s.exists) {
+            if world.ledger.room_for(&need.namespace, 0).is_err_and(|s| !s.exists) {
                 return Err(SchedError::NamespaceNotFound(need.namespace.clone()));
             }
         }
+        let never = |why: NeverFits| SchedError::NeverFits { task: spec.id.clone(), why };
+        if let Some(why) = spec.task_type().and_then(|t| self.type_never_runs(&t)) {
+            return Err(never(why));
+        }
+        // A member of a group fits its placeholder, which the group's check made sure of.
+        if spec.group.is_none() {
+            if let Some(why) = resources_never_fit(world.pools, &spec.resources, &spec.selector) {
+                return Err(never(why));
+            }
+        }
+        for need in &spec.tokens {
+            if let Some(why) = world.ledger.room_for(&need.namespace, need.units).err().and_then(|s| tokens_never_fit(&s)) {
+                return Err(never(why));
+            }
+        }
         Ok(spec)
+    }
+
+    /// Why tasks of `task_type` can never run: no executor's registry (live or not) has it.
+    fn type_never_runs(&self, task_type: &str) -> Option<NeverFits> {
+        (!self.runners.knows(task_type)).then(|| NeverFits::TaskType { task_type: task_type.to_owned() })
     }
 
     /// Adds a checked task to an application that has it not: Pending.
@@ -1228,6 +1281,7 @@ impl Scheduler {
         self.pending.remove(id);
         self.why_app.remove(id);
         self.why_task.retain(|(app, _), _| app != id);
+        self.never_fits.remove(id);
         out.apps.push(AppChange::AppRemoved { id: id.clone() });
     }
 
@@ -1481,4 +1535,31 @@ fn release(placement: &Placement, now: Millis, world: &mut World<'_>, out: &mut 
             out.ledger(effects);
         }
     }
+}
+
+/// "with the labels a=b,c=d", or "that takes allocs" for an empty selector: which pools it means.
+fn pools_described(selector: &Labels) -> String {
+    if selector.is_empty() {
+        return "that takes allocs".to_owned();
+    }
+    let labels: Vec<String> = selector.iter().map(|(k, v)| format!("{k}={v}")).collect();
+    format!("with the labels {}", labels.join(","))
+}
+
+/// Why `wanted` can never fit as the pools are: some pool matches `selector`, and none could
+/// ever hold it. With no pool matching, it waits for one to be made.
+fn resources_never_fit(pools: &Pools, wanted: &Resources, selector: &Labels) -> Option<NeverFits> {
+    let never = pools.any_matches(selector) && !pools.could_ever_fit(wanted, selector);
+    never.then(|| NeverFits::Resources { wanted: wanted.clone(), pools: pools_described(selector) })
+}
+
+/// Whether a shortage is for good: more units than the quota. A quota of 0 pauses the
+/// namespace: that is waited out.
+fn tokens_never_fit(shortage: &crate::quotas::TokenShortage) -> Option<NeverFits> {
+    let never = shortage.exists && shortage.quota > 0 && shortage.wanted > shortage.quota;
+    never.then(|| NeverFits::Tokens {
+        namespace: shortage.namespace.clone(),
+        units: shortage.wanted,
+        quota: shortage.quota,
+    })
 }

@@ -3,6 +3,7 @@
 use std::fmt;
 
 use crate::apps::queues::LimitHit;
+use crate::names::NamespaceName;
 use crate::pools::{Labels, PoolName};
 use crate::quotas::TokenShortage;
 use crate::resources::Resources;
@@ -32,6 +33,51 @@ pub enum Why {
     /// Every pool that would match is limited to other task types (its `plugins`): no executor
     /// there runs this one.
     TypeNotRun { task_type: Option<String>, pools: String },
+    /// The task has a type, and no live executor runs any pool that would match: no daemon runs
+    /// them (with `--run-pool`), or their daemons stopped.
+    NotRun { pools: String },
+    /// As things are now (the pools' capacity, the quotas, the executors' task types) the task
+    /// can never be placed: its application fails after a grace unless they grow back.
+    CanNeverFit(NeverFits),
+}
+
+/// Why what a task asks for can never be had as things are.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum NeverFits {
+    /// Larger than every pool its selector matches (`pools` says which they are).
+    Resources { wanted: Resources, pools: String },
+    /// More units than its namespace's quota.
+    Tokens { namespace: NamespaceName, units: u64, quota: u64 },
+    /// No daemon's registry runs its type.
+    TaskType { task_type: String },
+}
+
+impl NeverFits {
+    /// The code of a submission refused for it.
+    pub fn code(&self) -> &'static str {
+        match self {
+            NeverFits::Resources { .. } => "task_never_fits",
+            NeverFits::Tokens { .. } => "tokens_exceed_quota",
+            NeverFits::TaskType { .. } => "task_type_unknown",
+        }
+    }
+}
+
+impl fmt::Display for NeverFits {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            NeverFits::Resources { wanted, pools } => {
+                write!(f, "it asks for {wanted}, more than the capacity of every pool {pools}")
+            }
+            NeverFits::Tokens { namespace, units, quota } => {
+                write!(f, "it needs {units} units of token namespace `{namespace}`, whose quota is {quota}")
+            }
+            NeverFits::TaskType { task_type } => write!(
+                f,
+                "no daemon runs tasks of type `{task_type}` (no executor's plugins register it, and none has a default plugin)"
+            ),
+        }
+    }
 }
 
 impl Why {
@@ -46,6 +92,8 @@ impl Why {
         "after_gang",
         "forbidden",
         "type_not_run",
+        "not_run",
+        "can_never_fit",
     ];
 
     /// The code of this name, as [`Why::code`] answers it.
@@ -65,6 +113,8 @@ impl Why {
             Why::AfterGang => "after_gang",
             Why::Forbidden { .. } => "forbidden",
             Why::TypeNotRun { .. } => "type_not_run",
+            Why::NotRun { .. } => "not_run",
+            Why::CanNeverFit(_) => "can_never_fit",
         }
     }
 }
@@ -98,12 +148,18 @@ impl fmt::Display for Why {
             }
             Why::AfterGang => f.write_str("its application places its gang first"),
             Why::Forbidden { user, what } => write!(f, "user `{user}` may not use {what}"),
-            Why::TypeNotRun { task_type: Some(task_type), pools } => {
-                write!(f, "no executor of {pools} runs tasks of type `{task_type}` (the pools' `plugins` leave it out)")
-            }
+            Why::TypeNotRun { task_type: Some(task_type), pools } => write!(
+                f,
+                "no daemon that runs {pools} runs tasks of type `{task_type}` (its plugins, or the pools' `plugins`, leave it out)"
+            ),
             Why::TypeNotRun { task_type: None, pools } => {
                 write!(f, "the task names no type (`spec.type`), and {pools} runs only the types its `plugins` list")
             }
+            Why::NotRun { pools } => write!(
+                f,
+                "no daemon runs {pools}, and the task has a type: start one with --run-pool NAME (or `run_pools` in its file)"
+            ),
+            Why::CanNeverFit(never) => write!(f, "it can never fit: {never}"),
         }
     }
 }
@@ -122,6 +178,8 @@ mod tests {
             Why::AfterGang,
             Why::Forbidden { user: "ada".into(), what: "namespace `x`".into() },
             Why::TypeNotRun { task_type: Some("shell".into()), pools: "any pool".into() },
+            Why::NotRun { pools: "any pool".into() },
+            Why::CanNeverFit(NeverFits::TaskType { task_type: "x".into() }),
         ];
         for why in &every {
             assert_eq!(Why::code_named(why.code()), Some(why.code()));

@@ -8,7 +8,7 @@ use allot_core::apps::queues::{QueueLimits, QueuePath, SortPolicy};
 use allot_core::apps::states::{AppState, TaskState};
 use allot_core::apps::{
     AppId, AppSpec, GangStyle, GroupName, SchedConfig, SchedError, Scheduler, SchedulingPolicy, TaskGroup, TaskId,
-    TaskSpec, TokenNeed, Why, World, RESERVATION_TIMEOUT,
+    Runner, Runners, TaskSpec, TokenNeed, Why, World, RESERVATION_TIMEOUT,
 };
 use allot_core::pools::{LeaseRules, PoolName, Pools};
 use allot_core::{Ledger, Millis, NamespaceName, Resources};
@@ -94,6 +94,19 @@ impl Bench {
         self.pools.label_pool(&name, labels(pool_labels), self.now).unwrap();
     }
 
+    /// Live executors: each runs its pools with its task types.
+    fn run(&mut self, executors: &[(&[&str], &[&str])]) {
+        let leases: Vec<Runner> = executors
+            .iter()
+            .map(|(pools, types)| Runner {
+                pools: pools.iter().map(|p| PoolName::new(*p).unwrap()).collect(),
+                task_types: types.iter().map(|t| (*t).to_owned()).collect(),
+                live: true,
+            })
+            .collect();
+        self.sched.set_runners(Runners::from_leases(&leases));
+    }
+
     fn queue(&mut self, path: &str, limits: QueueLimits) {
         self.sched.put_queue(QueuePath::new(path).unwrap(), limits);
     }
@@ -108,7 +121,8 @@ impl Bench {
     }
 
     fn add(&mut self, app: &str, spec: TaskSpec) -> Result<(), SchedError> {
-        self.sched.add_task(&aid(app), spec, self.now, &self.ledger).map(|_| ())
+        let world = World { pools: &mut self.pools, ledger: &mut self.ledger };
+        self.sched.add_task(&aid(app), spec, self.now, &world).map(|_| ())
     }
 
     fn cycle(&mut self) -> allot_core::apps::CycleReport {
@@ -416,10 +430,15 @@ fn a_gang_with_token_needs_reserves_its_tokens_with_its_placeholders() {
         tokens: vec![TokenNeed { namespace: NamespaceName::new("llm").unwrap(), units: 2 }],
         ..group("g", 2, "cpu=1")
     }];
+    // More than the quota could ever grant is refused at once.
+    let err = b.submit(spec.clone()).unwrap_err();
+    assert_eq!(err.to_string(), "the gang can never be placed: its placeholders need 4 units of token namespace `llm`, whose quota is 3");
+    // A quota of 0 is a pause: the gang waits for it.
+    b.namespace("llm", 0);
     b.submit(spec).unwrap();
     b.cycle();
     let why = b.sched.app_why(&aid("a")).unwrap();
-    assert!(why.to_string().contains("token namespace `llm` has 3 of 3 units free and 4 needed"), "{why}");
+    assert!(why.to_string().contains("token namespace `llm` is paused (its quota is 0)"), "{why}");
     assert_eq!(b.pools.pool(&PoolName::new("p").unwrap(), b.now).unwrap().allocs, 0, "no placeholder without tokens");
     b.ledger.put_namespace(&NamespaceName::new("llm").unwrap(), 4, b.now).unwrap();
     b.cycle();
@@ -750,6 +769,7 @@ fn a_task_goes_only_to_a_pool_that_runs_its_type() {
     let plugins = allot_core::pools::PLUGINS_LABEL;
     b.pool("web", "cpu=4", &[(plugins, "http, noop")]);
     b.pool("shells", "cpu=8", &[(plugins, "shell")]);
+    b.run(&[(&["web", "shells", "any"], &["*"])]);
     b.queue("root.q", QueueLimits::default());
     b.submit(app_spec("a", "root.q")).unwrap();
     let typed =
@@ -770,4 +790,158 @@ fn a_task_goes_only_to_a_pool_that_runs_its_type() {
     b.pool("any", "cpu=2", &[]);
     b.cycle();
     assert_eq!((b.pool_of("a", "odd"), b.pool_of("a", "untyped")), ("any".to_owned(), "any".to_owned()));
+}
+
+fn typed(id: &str, task_type: &str, resources: &str) -> TaskSpec {
+    TaskSpec { spec: format!(r#"{{"type": "{task_type}"}}"#), ..task(id, resources) }
+}
+
+#[test]
+fn a_task_with_a_type_goes_only_where_a_live_executor_runs_it() {
+    let mut b = Bench::new();
+    b.pool("idle", "cpu=1", &[]);
+    b.pool("run", "cpu=8", &[]);
+    b.run(&[(&["run"], &["shell"])]);
+    b.queue("root.q", QueueLimits::default());
+    b.submit(app_spec("a", "root.q")).unwrap();
+    b.add("a", typed("script", "shell", "cpu=1")).unwrap();
+    b.add("a", task("outside", "cpu=1")).unwrap();
+    b.cycle();
+    assert_eq!(b.pool_of("a", "script"), "run", "the best fit, `idle`, is run by no daemon");
+    assert_eq!(b.pool_of("a", "outside"), "idle", "a task with no type goes where its selector allows");
+    // Its executor stops: nothing with a type is placed there, and the task says why.
+    b.add("a", typed("more", "shell", "cpu=1")).unwrap();
+    b.sched.set_runners(Runners::from_leases(&[Runner {
+        pools: vec![PoolName::new("run").unwrap()],
+        task_types: vec!["shell".into()],
+        live: false,
+    }]));
+    b.cycle();
+    assert_eq!(b.state("a", "more"), TaskState::Pending);
+    let why = b.sched.task_why(&aid("a"), &tid("more")).unwrap();
+    assert_eq!(why.code(), "not_run", "{why}");
+    assert!(why.to_string().contains("no daemon runs any pool that takes allocs"), "{why}");
+    b.run(&[(&["run"], &["shell"])]);
+    b.cycle();
+    assert_eq!(b.pool_of("a", "more"), "run");
+    b.check();
+}
+
+#[test]
+fn a_gang_is_never_split_between_pools_that_are_run_and_pools_that_are_not() {
+    let mut b = Bench::new();
+    // Each pool holds two members; two are run, one is not.
+    b.pool("idle", "cpu=2", &[]);
+    b.pool("run-1", "cpu=2", &[]);
+    b.pool("run-2", "cpu=2", &[]);
+    b.run(&[(&["run-1", "run-2"], &["shell"])]);
+    b.queue("root.q", QueueLimits::default());
+    // A gang of three typed members: only the run pools take them.
+    let mut spec = app_spec("typed", "root.q");
+    spec.groups = vec![group("g", 3, "cpu=1")];
+    let tasks: Vec<TaskSpec> = (0..3)
+        .map(|i| TaskSpec { group: Some(GroupName::new("g").unwrap()), ..typed(&format!("m{i}"), "shell", "cpu=1") })
+        .collect();
+    let mut world = World { pools: &mut b.pools, ledger: &mut b.ledger };
+    b.sched.submit(spec, tasks, b.now, &world).unwrap();
+    b.cycle();
+    b.cycle();
+    for i in 0..3 {
+        assert!(b.pool_of("typed", &format!("m{i}")).starts_with("run-"), "member {i} on a pool no daemon runs");
+    }
+    // A gang of three with no type: the run pools have room for one, so all go where none is run?
+    // No: `idle` holds two. It waits rather than split.
+    let mut spec = app_spec("untyped", "root.q");
+    spec.groups = vec![group("g", 3, "cpu=1")];
+    world = World { pools: &mut b.pools, ledger: &mut b.ledger };
+    b.sched.submit(spec, Vec::new(), b.now, &world).unwrap();
+    b.cycle();
+    assert_eq!(b.app_state("untyped"), AppState::Reserving, "room for 3 exists only across both sides");
+    b.pool("idle", "cpu=4", &[]);
+    b.cycle();
+    assert_eq!(b.app_state("untyped"), AppState::Running);
+    let pools: Vec<String> =
+        b.sched.app(&aid("untyped")).unwrap().slots.iter().map(|s| s.placement.pool.to_string()).collect();
+    assert_eq!(pools, ["idle", "idle", "idle"]);
+    b.check();
+}
+
+#[test]
+fn what_can_never_fit_is_refused_at_submit() {
+    let mut b = Bench::new();
+    b.pool("small", "cpu=2", &[("zone", "a")]);
+    b.pool("big", "cpu=8", &[("zone", "b")]);
+    b.run(&[(&["small", "big"], &["shell", "noop"])]);
+    b.queue("root.q", QueueLimits::default());
+    b.namespace("db", 2);
+    b.submit(app_spec("a", "root.q")).unwrap();
+    let code = |err: SchedError| match err {
+        SchedError::NeverFits { why, .. } => (why.code(), why.to_string()),
+        other => panic!("{other}"),
+    };
+    let mut wide = task("wide", "cpu=4");
+    wide.selector = labels(&[("zone", "a")]);
+    assert_eq!(
+        code(b.add("a", wide).unwrap_err()),
+        ("task_never_fits", "it asks for cpu=4, more than the capacity of every pool with the labels zone=a".into())
+    );
+    let mut greedy = task("greedy", "cpu=1");
+    greedy.tokens = vec![TokenNeed { namespace: NamespaceName::new("db").unwrap(), units: 3 }];
+    assert_eq!(code(b.add("a", greedy).unwrap_err()).0, "tokens_exceed_quota");
+    let err = code(b.add("a", typed("odd", "spark", "cpu=1")).unwrap_err());
+    assert_eq!(err.0, "task_type_unknown");
+    assert!(err.1.contains("type `spark`"), "{}", err.1);
+    // What fits somewhere is taken; a selector no pool matches waits for a pool to be made.
+    b.add("a", task("fine", "cpu=8")).unwrap();
+    let mut elsewhere = task("elsewhere", "cpu=64");
+    elsewhere.selector = labels(&[("zone", "c")]);
+    b.add("a", elsewhere).unwrap();
+    // A quota of 0 is a pause, not a refusal.
+    b.namespace("db", 0);
+    let mut paused = task("paused", "cpu=1");
+    paused.tokens = vec![TokenNeed { namespace: NamespaceName::new("db").unwrap(), units: 1 }];
+    b.add("a", paused).unwrap();
+    b.cycle();
+    let why = b.sched.task_why(&aid("a"), &tid("paused")).unwrap();
+    assert_eq!(why.to_string(), "token namespace `db` is paused (its quota is 0)");
+}
+
+#[test]
+fn a_task_that_can_no_longer_fit_fails_its_application_after_the_grace() {
+    let mut b = Bench::new();
+    b.sched.set_config(SchedConfig { completing_grace_ms: 0, never_fits_grace_ms: 60_000, ..SchedConfig::default() });
+    b.pool("p", "cpu=4", &[]);
+    b.queue("root.q", QueueLimits::default());
+    b.namespace("db", 4);
+    for app in ["shrunk", "quota", "back"] {
+        b.submit(app_spec(app, "root.q")).unwrap();
+    }
+    b.add("shrunk", task("t", "cpu=4")).unwrap();
+    let mut needs = task("t", "cpu=0.1");
+    needs.tokens = vec![TokenNeed { namespace: NamespaceName::new("db").unwrap(), units: 4 }];
+    b.add("quota", needs).unwrap();
+    b.add("back", task("t", "cpu=3")).unwrap();
+    // The pool and the quota shrink before anything is placed.
+    b.pool("p", "cpu=2", &[]);
+    b.namespace("db", 2);
+    b.cycle();
+    for app in ["shrunk", "quota", "back"] {
+        assert_eq!(b.sched.task_why(&aid(app), &tid("t")).unwrap().code(), "can_never_fit", "{app}");
+        assert_eq!(b.sched.app_why(&aid(app)).unwrap().code(), "can_never_fit", "{app}");
+    }
+    assert_eq!(b.sched.next_deadline(), Some(b.now + 60_000));
+    // Within the grace the pool grows back enough for one of them.
+    b.now += 30_000;
+    b.pool("p", "cpu=3", &[]);
+    b.cycle();
+    assert_eq!(b.state("back", "t"), TaskState::Allocated);
+    b.now += 30_000;
+    b.cycle();
+    for app in ["shrunk", "quota"] {
+        assert_eq!(b.app_state(app), AppState::Failed, "{app}");
+        let reason = b.sched.app(&aid(app)).unwrap().reason.clone().unwrap();
+        assert!(reason.starts_with("can_never_fit: task `t` can never fit: it "), "{reason}");
+    }
+    assert_eq!(b.app_state("back"), AppState::Running);
+    b.check();
 }

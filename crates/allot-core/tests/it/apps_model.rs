@@ -137,7 +137,8 @@ impl World2 {
                     selector: BTreeMap::new(),
                     spec: String::new(),
                 };
-                self.sched.add_task(&app_id(app), spec, now, &self.ledger).map(|_| ())
+                let world = World { pools: &mut self.pools, ledger: &mut self.ledger };
+                self.sched.add_task(&app_id(app), spec, now, &world).map(|_| ())
             }
             Op::Cycle => {
                 let mut next = self.next_id;

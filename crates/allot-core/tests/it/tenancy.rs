@@ -195,7 +195,8 @@ proptest! {
                             selector: selector.unwrap_or_default(),
                             spec: String::new(),
                         };
-                        w.sched.add_task(&id, spec, w.now, &w.ledger).unwrap();
+                        let world = World { pools: &mut w.pools, ledger: &mut w.ledger };
+                        w.sched.add_task(&id, spec, w.now, &world).unwrap();
                     }
                     w.apps.push(id);
                 }

@@ -9,7 +9,8 @@ use std::time::{Duration, Instant};
 
 use allot_core::apps::queues::QueuePath;
 use allot_core::apps::states::TaskState;
-use allot_core::apps::{AppId, AppSpec, SchedulingPolicy, TaskId};
+use allot_core::apps::{AppId, AppSpec, NeverFits, SchedError, SchedulingPolicy, TaskId};
+use allot_store::StoreError;
 use allot_core::pools::PoolName;
 use allot_core::runs::{Phase, PhaseInfo, RetryPolicy, Transition};
 use allot_exec::{ExecutorConfig, PluginCounters};
@@ -27,16 +28,19 @@ async fn placed_tasks_run_with_their_plugins_and_end() {
             ("quick", serde_json::json!({ "type": "noop", "inputs": { "rows": 3 } })),
             ("nap", serde_json::json!({ "type": "sleep", "seconds": 0.3 })),
             ("broken", serde_json::json!({ "kind": "noop" })),
-            ("unknown", serde_json::json!({ "type": "teleport" })),
         ],
     )
     .await;
+    // A type no executor runs is refused when added, not left to fail.
+    let refused = store.add_task(app.clone(), task_spec("unknown", &serde_json::json!({ "type": "teleport" }))).await;
+    assert!(
+        matches!(&refused, Err(StoreError::Sched(SchedError::NeverFits { why: NeverFits::TaskType { .. }, .. }))),
+        "{refused:?}"
+    );
     for task in ["quick", "nap"] {
         until(task, async || state(store, &app, task).await == TaskState::Completed).await;
     }
-    for task in ["broken", "unknown"] {
-        until(task, async || state(store, &app, task).await == TaskState::Failed).await;
-    }
+    until("broken", async || state(store, &app, "broken").await == TaskState::Failed).await;
     let reason = store.task(app.clone(), TaskId::new("broken").unwrap()).await.unwrap().task.reason.unwrap();
     assert!(reason.contains("bad_spec") && reason.contains("`type`"), "{reason}");
     let quick = store.run(app.clone(), TaskId::new("quick").unwrap()).await.unwrap().unwrap();
@@ -328,6 +332,9 @@ async fn a_plugin_sees_the_tasks_metadata_records_events_and_keeps_counters() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_barrier_round_is_replayed_from_the_store_after_a_crash_not_run_twice() {
     let (dir, store) = new_store().await;
+    // The dead daemon's executor ran the pool (its lease has not lapsed yet).
+    let local = [PoolName::new("local").unwrap()];
+    store.renew_executor("http://dead-daemon", &local, &["probe".to_owned()], Duration::from_secs(60)).await.unwrap();
     let app = submit(&*store, "r", &[("launch", serde_json::json!({ "type": "probe" }))]).await;
     until("placed", async || state(&*store, &app, "launch").await == TaskState::Allocated).await;
     // What the dead daemon left: round 0's Barrier recorded, not acted on.

@@ -148,6 +148,8 @@ pub(crate) async fn launch(
     config.retry = RetryPolicy { user_attempts: 2, system_retries: 1 };
     change(&mut config);
     let executor = Executor::new(store, Arc::new(registry), config);
+    // As a daemon does before it serves: what it runs is known from the first submission.
+    executor.take_lease().await.unwrap();
     let (stop, stopped) = watch::channel(false);
     tokio::spawn(executor.clone().run(stopped));
     (stop, executor)

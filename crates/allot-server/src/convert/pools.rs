@@ -6,6 +6,8 @@ use allot_core::pools::{
 };
 use allot_core::{Millis, Resources};
 
+use allot_store::ExecutorLease;
+
 use crate::error::ApiError;
 
 pub(crate) fn pool_name(name: &str) -> Result<PoolName, ApiError> {
@@ -29,7 +31,12 @@ pub(crate) fn alloc_request(body: allot_api::Accept) -> Result<AllocRequest, Api
     })
 }
 
-pub(crate) fn pool(mut view: PoolView) -> allot_api::Pool {
+/// A pool as the API answers it, with the daemons whose live executors run it (of `leases`,
+/// when read).
+pub(crate) fn pool(mut view: PoolView, leases: Option<&[ExecutorLease]>) -> allot_api::Pool {
+    let run_by = leases.map(|leases| {
+        leases.iter().filter(|l| l.live && l.pools.contains(&view.name)).map(|l| l.node.clone()).collect()
+    });
     let plugins = plugins_of(&view.labels).map(|types| types.into_iter().map(str::to_owned).collect());
     view.labels.remove(PLUGINS_LABEL);
     allot_api::Pool {
@@ -48,6 +55,7 @@ pub(crate) fn pool(mut view: PoolView) -> allot_api::Pool {
         },
         labels: view.labels,
         plugins,
+        run_by,
     }
 }
 

@@ -23,12 +23,13 @@ pub(crate) async fn list_pools(
     QueryArgs(query): QueryArgs<PageQuery>,
 ) -> Answer<api::PoolList> {
     let page = state.store.pools(query.request()?).await?;
+    let leases = state.store.executors().await?;
     Ok(Json(api::PoolList {
         pools: page
             .items
             .into_iter()
             .filter(|item| who.may_read(&allot_core::access::Resource::Pool(item.name.to_string())))
-            .map(convert::pool)
+            .map(|view| convert::pool(view, Some(&leases)))
             .collect(),
         next_cursor: cursor(page.next),
     }))
@@ -38,7 +39,8 @@ pub(crate) async fn list_pools(
     params(("pool" = String, Path, description = "the pool's name: 1 to 255 bytes, no control characters, no `/`")),
     responses((status = 400, body = api::ErrorBody, description = "invalid_name, invalid_resources, invalid_argument or invalid_json"), (status = 503, body = api::ErrorBody, description = "store_unavailable, store_outcome_unknown, not_enough_replicas or shutting_down"), (status = 200, body = api::Pool), (status = 404, body = api::ErrorBody, description = "pool_not_found")))]
 pub(crate) async fn get_pool(State(state): State<ServerState>, Segments(name): Segments<String>) -> Answer<api::Pool> {
-    Ok(Json(convert::pool(state.store.pool(convert::pool_name(&name)?).await?)))
+    let view = state.store.pool(convert::pool_name(&name)?).await?;
+    Ok(Json(convert::pool(view, Some(&state.store.executors().await?))))
 }
 
 #[utoipa::path(put, path = "/v1/pools/{pool}", tag = "pools",
@@ -67,7 +69,8 @@ pub(crate) async fn put_pool(
         view = state.store.label_pool(pool, labels).await?;
     }
     let status = if created { StatusCode::CREATED } else { StatusCode::OK };
-    Ok((status, Json(api::PutPoolResponse { created, pool: convert::pool(view) })))
+    let pool = convert::pool(view, Some(&state.store.executors().await?));
+    Ok((status, Json(api::PutPoolResponse { created, pool })))
 }
 
 #[derive(Debug, Deserialize, utoipa::IntoParams)]

@@ -85,7 +85,7 @@ impl AppStore for RedisStore {
     async fn add_app(&self, spec: AppSpec) -> Result<(AppInfo, bool), StoreError> {
         let named: Vec<NamespaceName> =
             spec.groups.iter().flat_map(|g| g.tokens.iter().map(|n| n.namespace.clone())).collect();
-        self.commit_sched(Fresh::All(&named), |sched, world, now| {
+        self.commit_sched(Fresh::All(&named, &[]), |sched, world, now| {
             let (app, created, outcome) = sched.add_app(spec, now, &world)?;
             Ok(((AppInfo::of(sched, &app.spec.id)?, created), outcome))
         })
@@ -96,7 +96,8 @@ impl AppStore for RedisStore {
         let groups = spec.groups.iter().flat_map(|g| g.tokens.iter());
         let named: Vec<NamespaceName> =
             groups.chain(tasks.iter().flat_map(|t| t.tokens.iter())).map(|n| n.namespace.clone()).collect();
-        self.commit_sched(Fresh::All(&named), |sched, world, now| {
+        let types: Vec<String> = tasks.iter().filter_map(TaskSpec::task_type).collect();
+        self.commit_sched(Fresh::All(&named, &types), |sched, world, now| {
             let (app, created, tasks, outcome) = sched.submit(spec, tasks, now, &world)?;
             let tasks = TaskInfo::of_added(sched, &app.spec.id, &tasks)?;
             Ok(((AppInfo::of(sched, &app.spec.id)?, created, tasks), outcome))
@@ -143,8 +144,10 @@ impl AppStore for RedisStore {
 
     async fn add_task(&self, app: AppId, spec: TaskSpec) -> Result<(TaskInfo, bool), StoreError> {
         let named: Vec<NamespaceName> = spec.tokens.iter().map(|n| n.namespace.clone()).collect();
-        self.commit_sched(Fresh::Namespaces(&named), |sched, world, now| {
-            let (task, created, outcome) = sched.add_task(&app, spec, now, world.ledger)?;
+        // Fresh pools too: what never fits is refused against the pools as they are.
+        let types: Vec<String> = spec.task_type().into_iter().collect();
+        self.commit_sched(Fresh::All(&named, &types), |sched, world, now| {
+            let (task, created, outcome) = sched.add_task(&app, spec, now, &world)?;
             Ok(((TaskInfo::of(sched, &app, &task.spec.id)?, created), outcome))
         })
         .await

@@ -63,10 +63,9 @@ const EXECUTORS_EVERY: Duration = Duration::from_secs(1);
 /// What of the mirror an operation reads again before it runs.
 pub(crate) enum Fresh<'a> {
     No,
-    /// The namespaces, with these too.
-    Namespaces(&'a [NamespaceName]),
-    /// The pools and the namespaces, with these too.
-    All(&'a [NamespaceName]),
+    /// The pools and the namespaces, with these too; and the executors' leases when they know
+    /// none of these task types (a daemon that has just started runs them, perhaps).
+    All(&'a [NamespaceName], &'a [String]),
 }
 
 fn not_here() -> StoreError {
@@ -137,12 +136,13 @@ impl RedisStore {
         let Some(l) = self.inner.apps.current(&mut guard) else { return Err(not_here()) };
         match fresh {
             Fresh::No => {}
-            // Nothing to check against: the mirror's namespaces are recent enough.
-            Fresh::Namespaces([]) => {}
-            Fresh::Namespaces(also) => l.ledger = self.read_ledger(&l.sched, also).await?,
-            Fresh::All(also) => {
+            Fresh::All(also, types) => {
                 (l.pools, l.ledger) = self.read_mirror(&l.sched, also).await?;
                 l.mirror_read = Some(Instant::now());
+                if types.iter().any(|t| !l.sched.runners().knows(t)) {
+                    let leases = allot_store::RunStore::executors(self).await?;
+                    l.sched.set_runners(allot_store::runners_of(&leases));
+                }
             }
         }
         let now = self.now();
@@ -367,7 +367,10 @@ impl RedisStore {
     /// scheduler left half done, and reads the mirror.
     async fn take_over(&self, holder: &str, fencing: u64) -> Result<Leader, StoreError> {
         let config = self.inner.apps.config.lock().unwrap_or_else(|p| p.into_inner()).clone();
-        let (sched, intents) = self.load_app_records_and_intents(config).await?;
+        let (mut sched, intents) = self.load_app_records_and_intents(config).await?;
+        // Before the first submission it decides on: a task's type is checked against them.
+        let leases = allot_store::RunStore::executors(self).await?;
+        sched.set_runners(allot_store::runners_of(&leases));
         let intents: Vec<Step> = if intents.is_empty() {
             Vec::new()
         } else {
@@ -471,6 +474,7 @@ impl RedisStore {
                 tracing::debug!(error = %err, "a cycle's placements were refused; deciding again");
                 let (mut sched, _) = self.load_app_records_and_intents(l.sched.config().clone()).await?;
                 sched.carry_stats(l.sched.stats());
+                sched.set_runners(l.sched.runners().clone());
                 l.sched = sched;
                 l.mirror_read = None;
             }
@@ -537,6 +541,7 @@ fn pools_gone(l: &mut Leader, now: Millis) -> Outcome {
 /// waiting, to be placed elsewhere), unless a live executor runs them too; a lost pool that a live
 /// executor runs again is back.
 fn executors_changed(l: &mut Leader, leases: &[allot_store::ExecutorLease], now: Millis) -> Outcome {
+    l.sched.set_runners(allot_store::runners_of(leases));
     let live: HashSet<&PoolName> = leases.iter().filter(|e| e.live).flat_map(|e| &e.pools).collect();
     let back: Vec<PoolName> = l.sched.down_pools().iter().filter(|p| live.contains(p)).cloned().collect();
     for pool in back {

@@ -73,7 +73,8 @@ async fn a_new_scheduler_loads_what_the_old_one_wrote_and_a_deposed_one_writes_n
             selector: BTreeMap::new(),
             spec: "{\"image\":\"x\"}".into(),
         };
-        changes.extend(sched.add_task(&AppId::new("gang").unwrap(), task, 11, &ledger).unwrap().2.apps);
+        let world = World { pools: &mut pools, ledger: &mut ledger };
+        changes.extend(sched.add_task(&AppId::new("gang").unwrap(), task, 11, &world).unwrap().2.apps);
     }
     let mut world = World { pools: &mut pools, ledger: &mut ledger };
     let mut id = 0;

@@ -133,15 +133,19 @@ pub async fn run_runs(store: Arc<dyn Store>, time: &dyn Time) {
     let later = crate::CachedOutputs { outputs: r#"{"n":2}"#.into(), app, task: TaskId::new("t1").unwrap(), at: 9 };
     store.put_cached_outputs(key.clone(), later).await.unwrap();
     assert_eq!(store.cached_outputs(&key).await.unwrap(), Some(first), "the first kept stays");
-    // Executors' leases: live while renewed, kept (not live) after, with their pools.
+    // Executors' leases: live while renewed, kept (not live) after, with their pools and the
+    // task types they run.
     let pools = [allot_core::pools::PoolName::new("conformance-w1").unwrap()];
+    let types = ["shell".to_owned(), "*".to_owned()];
     let node = "http://conformance-node";
-    store.renew_executor(node, &pools, std::time::Duration::from_millis(300)).await.unwrap();
+    store.renew_executor(node, &pools, &types, std::time::Duration::from_millis(300)).await.unwrap();
     let lease = |leases: Vec<crate::ExecutorLease>| leases.into_iter().find(|l| l.node == node).unwrap();
     let live = lease(store.executors().await.unwrap());
-    assert_eq!((live.live, live.pools.as_slice()), (true, pools.as_slice()));
+    assert_eq!((live.live, live.pools.as_slice(), live.task_types.as_slice()), (true, pools.as_slice(), types.as_slice()));
     time.advance(std::time::Duration::from_millis(450)).await;
     assert!(!lease(store.executors().await.unwrap()).live, "lapsed");
-    store.renew_executor(node, &pools, std::time::Duration::from_secs(5)).await.unwrap();
-    assert!(lease(store.executors().await.unwrap()).live, "renewed");
+    store.renew_executor(node, &pools, &types[..1], std::time::Duration::from_secs(5)).await.unwrap();
+    let renewed = lease(store.executors().await.unwrap());
+    assert!(renewed.live, "renewed");
+    assert_eq!(renewed.task_types, ["shell"]);
 }

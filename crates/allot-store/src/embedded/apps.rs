@@ -227,7 +227,7 @@ impl AppStore for EmbeddedStore {
 
     async fn add_task(&self, app: AppId, spec: TaskSpec) -> Result<(TaskInfo, bool), StoreError> {
         self.commit_sched(|sched, world, now| {
-            let (task, created, outcome) = sched.add_task(&app, spec, now, world.ledger)?;
+            let (task, created, outcome) = sched.add_task(&app, spec, now, &world)?;
             Ok(((TaskInfo::of(sched, &app, &task.spec.id)?, created), outcome))
         })
         .await

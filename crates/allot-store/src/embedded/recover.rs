@@ -74,6 +74,9 @@ pub(super) fn recover(shared: &Shared, state: &mut State) {
     let config = state.sched.config().clone();
     state.sched = sched;
     state.sched.set_config(config);
+    let mut runs = runs;
+    runs.carry_executors_from(&mut state.runs);
+    state.sched.set_runners(crate::runs::runners_of(&runs.leases(shared.clock.now())));
     state.runs = runs;
     // The version moves on: a daemon's cache of what it held before reads it all again.
     let version = state.access.version + 1;

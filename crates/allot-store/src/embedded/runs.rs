@@ -25,7 +25,24 @@ pub(super) struct Runs {
     catalog: BTreeMap<String, CachedOutputs>,
     /// Executors' leases, by node: in memory only (one daemon uses an embedded store, and its
     /// executor lives and dies with it), each live until a daemon clock time.
-    executors: BTreeMap<String, (Vec<PoolName>, Millis)>,
+    executors: BTreeMap<String, (Vec<PoolName>, Vec<String>, Millis)>,
+}
+
+impl Runs {
+    /// The executors' leases are not records: they go on from the state `before` a rebuild.
+    pub(super) fn carry_executors_from(&mut self, before: &mut Runs) {
+        self.executors = std::mem::take(&mut before.executors);
+    }
+
+    pub(super) fn leases(&self, now: Millis) -> Vec<ExecutorLease> {
+        let lease = |(node, (pools, task_types, until)): (&String, &(Vec<PoolName>, Vec<String>, Millis))| ExecutorLease {
+            node: node.clone(),
+            pools: pools.clone(),
+            task_types: task_types.clone(),
+            live: *until > now,
+        };
+        self.executors.iter().map(lease).collect()
+    }
 }
 
 pub(super) fn load(txn: &ReadTransaction) -> Result<Runs, OpenError> {
@@ -157,26 +174,27 @@ impl RunStore for EmbeddedStore {
         self.change_runs(RunChange::Cached { key, entry }).await
     }
 
-    async fn renew_executor(&self, node: &str, pools: &[PoolName], ttl: Duration) -> Result<(), StoreError> {
+    async fn renew_executor(
+        &self,
+        node: &str,
+        pools: &[PoolName],
+        task_types: &[String],
+        ttl: Duration,
+    ) -> Result<(), StoreError> {
         let mut state = self.lock();
         state.usable(&self.shared)?;
-        let until = self.shared.clock.now().saturating_add(u64::try_from(ttl.as_millis()).unwrap_or(u64::MAX));
-        state.runs.executors.insert(node.to_owned(), (pools.to_vec(), until));
+        let now = self.shared.clock.now();
+        let until = now.saturating_add(u64::try_from(ttl.as_millis()).unwrap_or(u64::MAX));
+        state.runs.executors.insert(node.to_owned(), (pools.to_vec(), task_types.to_vec(), until));
+        // The scheduler places what has a type where the live executors run it.
+        let runners = crate::runs::runners_of(&state.runs.leases(now));
+        if state.sched.set_runners(runners) {
+            self.shared.wake_scheduler.notify_one();
+        }
         Ok(())
     }
 
     async fn executors(&self) -> Result<Vec<ExecutorLease>, StoreError> {
-        self.read_state(|state, now| {
-            Ok(state
-                .runs
-                .executors
-                .iter()
-                .map(|(node, (pools, until))| ExecutorLease {
-                    node: node.clone(),
-                    pools: pools.clone(),
-                    live: *until > now,
-                })
-                .collect())
-        })
+        self.read_state(|state, now| Ok(state.runs.leases(now)))
     }
 }

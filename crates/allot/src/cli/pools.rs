@@ -312,7 +312,19 @@ fn lease(alloc: &Alloc) -> String {
     }
 }
 
-/// Labels as `k=v,k2=v2`; none is `-`.
+/// The daemons that run a pool's tasks; when none does, says so (and, `at_length`, what follows).
+fn run_by_text(pool: &Pool, at_length: bool) -> String {
+    match pool.run_by.as_deref() {
+        None => "-".to_owned(),
+        Some([]) if at_length => format!(
+            "no daemon (tasks with a type are not placed here; start one with --run-pool {})",
+            show(&pool.name)
+        ),
+        Some([]) => "no daemon".to_owned(),
+        Some(nodes) => nodes.join(","),
+    }
+}
+
 /// The task types a pool runs, as `allot pool` prints them.
 fn plugins_text(plugins: &[String]) -> String {
     match plugins.is_empty() {
@@ -321,6 +333,7 @@ fn plugins_text(plugins: &[String]) -> String {
     }
 }
 
+/// Labels as `k=v,k2=v2`; none is `-`.
 fn labels_text(labels: &std::collections::BTreeMap<String, String>) -> String {
     if labels.is_empty() {
         return "-".to_owned();
@@ -339,6 +352,7 @@ fn pool_table(pools: &[Pool]) -> String {
         ("ALLOCS", Align::Right),
         ("LAPSED", Align::Right),
         ("STATE", Align::Left),
+        ("RUN BY", Align::Left),
         ("LABELS", Align::Left),
     ]);
     for pool in pools {
@@ -349,6 +363,7 @@ fn pool_table(pools: &[Pool]) -> String {
             pool.allocs.to_string(),
             pool.expired_allocs.to_string(),
             if pool.stopped { "stopped".to_owned() } else { "up".to_owned() },
+            run_by_text(pool, false),
             labels_text(&pool.labels),
         ]);
     }
@@ -364,6 +379,7 @@ fn pool_details(pool: &Pool) -> String {
         ("allocs", pool.allocs.to_string()),
         ("state", if pool.stopped { "stopped".to_owned() } else { "up".to_owned() }),
         ("labels", labels_text(&pool.labels)),
+        ("run by", run_by_text(pool, true)),
         ("runs", pool.plugins.as_deref().map_or_else(|| "every task type".to_owned(), plugins_text)),
         (
             "counters",

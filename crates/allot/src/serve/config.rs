@@ -80,6 +80,7 @@ pub(crate) const SERVE_AFTER_HELP: &str = r#"Configuration file (--config), with
   [scheduler]
   completing_grace = "30s"      # how long an application whose tasks all ended waits for more
   app_retention = "1h"          # how long an ended application stays readable
+  never_fits_grace = "5m"       # how long an application with a task that can never fit waits
   [watch]                       # the change feed (GET /v1/watch); on Redis, the shared log
   retain_events = 100000        # the most events kept for watchers that resume
   retain_for = "1h"             # events older than this are not kept
@@ -448,6 +449,9 @@ struct SchedulerConfig {
     completing_grace: Option<String>,
     /// How long an ended application stays readable (default 1h).
     app_retention: Option<String>,
+    /// How long an application with a task that can never fit (pools or quotas shrank below
+    /// it) waits for them to grow back before it fails (default 5m).
+    never_fits_grace: Option<String>,
 }
 
 /// `[watch]`: how much of the change feed is kept, and how far a watcher may lag.
@@ -731,6 +735,8 @@ pub(super) fn resolve(args: &ServeArgs) -> anyhow::Result<Config> {
         completing_grace_ms: ms("completing_grace", &file.scheduler.completing_grace)?
             .unwrap_or(defaults.completing_grace_ms),
         retention_ms: ms("app_retention", &file.scheduler.app_retention)?.unwrap_or(defaults.retention_ms),
+        never_fits_grace_ms: ms("never_fits_grace", &file.scheduler.never_fits_grace)?
+            .unwrap_or(defaults.never_fits_grace_ms),
         ..defaults
     };
     let listen = args.listen.or(file.listen).unwrap_or_else(|| DEFAULT_LISTEN.parse().expect("valid address"));

@@ -229,6 +229,9 @@ pub(crate) async fn run(args: ServeArgs) -> anyhow::Result<()> {
     let (stop_executor, executor_stopped) = tokio::sync::watch::channel(false);
     if !config.run_pools.is_empty() {
         let executor = start_executor(&store, &config, advertise.clone(), daemon_token.clone()).await?;
+        if let Err(err) = executor.take_lease().await {
+            tracing::warn!(error = %err, "cannot take the executor's lease yet; it is taken again every second");
+        }
         state = state.with_executor(Arc::new(RunsHere(executor.clone())));
         tokio::spawn(executor.run(executor_stopped));
     }
