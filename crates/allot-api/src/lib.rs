@@ -194,6 +194,10 @@ pub struct ErrorDetail {
     /// One of the codes listed in the API's description, e.g. `namespace_not_found`.
     pub code: String,
     pub message: String,
+    /// With `revision_compacted`: the oldest revision a watch can start after now (etcd's
+    /// `compact_revision`); watch from it, or list again.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub compact_revision: Option<u64>,
 }
 
 #[cfg(test)]

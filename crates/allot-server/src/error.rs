@@ -134,6 +134,8 @@ pub struct ApiError {
     pub status: StatusCode,
     pub code: &'static str,
     pub message: String,
+    /// With `revision_compacted`: the oldest revision a watch can start after.
+    pub compact_revision: Option<u64>,
 }
 
 /// The longest value an error message repeats whole, in bytes; a longer one is cut to
@@ -184,7 +186,7 @@ fn bounded(message: String) -> String {
 
 impl ApiError {
     pub fn new(status: StatusCode, code: &'static str, message: impl Into<String>) -> ApiError {
-        ApiError { status, code, message: bounded(message.into()) }
+        ApiError { status, code, message: bounded(message.into()), compact_revision: None }
     }
 
     /// An answer with `code`, in the status the code is answered with.
@@ -350,7 +352,9 @@ impl IntoResponse for ApiError {
             }
         }
         let unavailable = self.status == StatusCode::SERVICE_UNAVAILABLE;
-        let body = ErrorBody { error: ErrorDetail { code: self.code.to_owned(), message: self.message } };
+        let error =
+            ErrorDetail { code: self.code.to_owned(), message: self.message, compact_revision: self.compact_revision };
+        let body = ErrorBody { error };
         let mut response = (self.status, Json(body)).into_response();
         if unavailable {
             // The store or the daemon is expected back soon: tell clients when to try again.

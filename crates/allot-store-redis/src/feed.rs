@@ -44,9 +44,9 @@ use redis::Value;
 
 use crate::errors::{call_error, redis_error};
 use crate::keys::{prefix, unescape_tag};
-use crate::pools;
 use crate::reply::{self, corrupt, into_text, Reply};
 use crate::store::Inner;
+use crate::{pools, registry};
 
 /// The slot of the shared log.
 const FEED_SLOT: &str = "allot:{allot-feed}";
@@ -67,16 +67,27 @@ const PAGE: usize = 500;
 /// The streams of the slots that are not a namespace's or a pool's.
 const FIXED_STREAMS: &[&str] = &["allot:{allot-sessions}:feed", "allot:{allot-apps}:feed", "allot:{allot-runs}:feed"];
 
-/// Copies marked streams into the log, and every stream each [`SWEEP_EVERY`].
+/// Copies marked streams into the log, and every stream each [`SWEEP_EVERY`]; every stream at
+/// once at start and after a subscription is made again (events a daemon killed left in the
+/// streams, whose messages nobody heard, come now, not at the next sweep).
 pub(crate) async fn run_copier(inner: Arc<Inner>) {
     let mut sweep = tokio::time::interval(SWEEP_EVERY);
     sweep.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
-        tokio::select! {
-            _ = inner.feed.copy_wanted.notified() => {}
-            _ = sweep.tick() => {
-                let streams = every_stream(&inner);
-                inner.feed.dirty.lock().unwrap_or_else(|p| p.into_inner()).extend(streams);
+        if inner.feed.copy_all_wanted.swap(false, std::sync::atomic::Ordering::SeqCst) {
+            if let Err(err) = list_streams(&inner).await {
+                tracing::debug!(error = %err, "feed: cannot list the streams; trying again");
+                inner.feed.copy_all_wanted.store(true, std::sync::atomic::Ordering::SeqCst);
+            }
+            let streams = every_stream(&inner);
+            inner.feed.dirty.lock().unwrap_or_else(|p| p.into_inner()).extend(streams);
+        } else {
+            tokio::select! {
+                _ = inner.feed.copy_wanted.notified() => {}
+                _ = sweep.tick() => {
+                    let streams = every_stream(&inner);
+                    inner.feed.dirty.lock().unwrap_or_else(|p| p.into_inner()).extend(streams);
+                }
             }
         }
         let dirty = std::mem::take(&mut *inner.feed.dirty.lock().unwrap_or_else(|p| p.into_inner()));
@@ -92,6 +103,15 @@ pub(crate) async fn run_copier(inner: Arc<Inner>) {
             })
             .await;
     }
+}
+
+/// Reads the namespaces and pools listed now into `Inner::listed` (as the sweeper does each
+/// second).
+async fn list_streams(inner: &Inner) -> Result<(), StoreError> {
+    let (namespaces, pools) = (registry::namespaces(inner).await?, registry::pools(inner).await?);
+    *inner.listed.lock().unwrap_or_else(|p| p.into_inner()) =
+        crate::store::Listed { namespaces: namespaces.into(), pools: pools.into() };
+    Ok(())
 }
 
 /// Every stream that may hold events: those of the namespaces and pools the sweeper last listed.

@@ -174,7 +174,10 @@ impl RunStore for RedisStore {
     ) -> Result<(), StoreError> {
         self.live()?;
         let pools_named: Vec<&str> = pools.iter().map(PoolName::as_str).collect();
-        let record = ExecutorRecord { pools: pools_named.iter().map(|p| (*p).to_owned()).collect(), task_types: Some(task_types.to_vec()) };
+        let record = ExecutorRecord {
+            pools: pools_named.iter().map(|p| (*p).to_owned()).collect(),
+            task_types: Some(task_types.to_vec()),
+        };
         let json = serde_json::to_string(&record).expect("records encode");
         // The pools first, then the lease: a lease is never live without its pools.
         let pools = redis::cmd("HSET").arg(EXECUTORS).arg(node).arg(json).clone();

@@ -138,6 +138,9 @@ pub(crate) struct FeedState {
     /// Streams told to have events not yet copied.
     pub(crate) dirty: Mutex<BTreeSet<String>>,
     pub(crate) copy_wanted: Notify,
+    /// Every stream is to be copied at once, from the registry as it is now: messages may have
+    /// been missed (this daemon just started, or subscribed again).
+    pub(crate) copy_all_wanted: std::sync::atomic::AtomicBool,
     pub(crate) read_wanted: Notify,
     /// The cursor of each stream as this daemon last saw it.
     pub(crate) cursors: Mutex<HashMap<String, String>>,
@@ -150,6 +153,7 @@ impl FeedState {
             config,
             dirty: Mutex::default(),
             copy_wanted: Notify::new(),
+            copy_all_wanted: std::sync::atomic::AtomicBool::new(true),
             read_wanted: Notify::new(),
             cursors: Mutex::default(),
         }
@@ -158,6 +162,12 @@ impl FeedState {
     /// A message said `stream` has events to copy.
     pub(crate) fn mark(&self, stream: &str) {
         self.dirty.lock().unwrap_or_else(|p| p.into_inner()).insert(stream.to_owned());
+        self.copy_wanted.notify_one();
+    }
+
+    /// Messages may have been missed (a subscription made again): copy every stream at once.
+    pub(crate) fn copy_all(&self) {
+        self.copy_all_wanted.store(true, std::sync::atomic::Ordering::SeqCst);
         self.copy_wanted.notify_one();
     }
 

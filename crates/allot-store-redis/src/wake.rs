@@ -169,6 +169,7 @@ pub(crate) async fn run_subscriber(inner: Arc<Inner>, config: crate::RedisConfig
             Ok(pubsub) => {
                 wake_all(&inner);
                 inner.apps.room_made();
+                inner.feed.copy_all();
                 let mut messages = pubsub.into_on_message();
                 while let Some(message) = messages.next().await {
                     let payload = String::from_utf8_lossy(message.get_payload_bytes());
@@ -211,6 +212,7 @@ pub(crate) async fn run_sharded_subscriber(inner: Arc<Inner>, link: Arc<cluster:
                     continue;
                 }
                 inner.apps.room_made();
+                inner.feed.copy_all();
                 let mut subscribed: std::collections::HashSet<String> = std::collections::HashSet::new();
                 // The waiting calls are looked at when one starts, not at every message.
                 let mut calls_started = true;

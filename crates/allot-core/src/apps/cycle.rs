@@ -32,8 +32,9 @@ use std::rc::Rc;
 use super::runners::{Runners, TaskTypes};
 use super::why::Why;
 use super::{
-    pending_key, release, resources_never_fit, tokens_never_fit, transition, Account, AppChange, AppId, GangStyle, GroupName, HeldTokens, Outcome, PendingKey,
-    Placement, Scheduler, Slot, TaskId, TokenNeed, World, RESERVATION_TIMEOUT,
+    pending_key, release, resources_never_fit, tokens_never_fit, transition, Account, AppChange, AppId, GangStyle,
+    GroupName, HeldTokens, Outcome, PendingKey, Placement, Scheduler, Slot, TaskId, TokenNeed, World,
+    RESERVATION_TIMEOUT,
 };
 use crate::access::{Principal, Resource};
 use crate::apps::queues::{limit_at, LimitHit, QueuePath, QueueUsage, SortPolicy};
@@ -113,7 +114,8 @@ impl Room {
             })
             .collect();
         let index = spots.iter().enumerate().map(|(i, spot)| (size_key(&spot.free, weights), i)).collect();
-        let typed = spots.iter().any(|spot| spot.plugins.is_some() || !spot.run.as_ref().is_some_and(TaskTypes::is_every));
+        let typed =
+            spots.iter().any(|spot| spot.plugins.is_some() || !spot.run.as_ref().is_some_and(TaskTypes::is_every));
         Room { spots, index, weights: weights.clone(), typed }
     }
 
@@ -155,6 +157,8 @@ impl Room {
     ) -> Why {
         let mut closest: Option<(f64, usize, Resources)> = None;
         let (mut matched, mut permitted, mut run) = (false, false, false);
+        // Matching pools no live executor runs, and whether each has the room now.
+        let mut unrun: Vec<(&PoolName, bool)> = Vec::new();
         for (i, spot) in self.spots.iter().enumerate() {
             if !selector_matches(selector, &spot.labels) || allowed.is_some_and(|a| !a.on_side(i)) {
                 continue;
@@ -165,6 +169,12 @@ impl Room {
             }
             permitted = true;
             run |= spot.run.is_some();
+            if spot.run.is_none() {
+                unrun.push((
+                    &spot.name,
+                    spot.free.saturating_sub(taken.get(&i).unwrap_or(&Resources::new())).fits(wanted),
+                ));
+            }
             if allowed.is_some_and(|a| !a.runs(i)) {
                 continue;
             }
@@ -178,6 +188,7 @@ impl Room {
                 closest = Some((size, i, lacks));
             }
         }
+        let typed = |allowed: &Allowed| allowed.task_type.as_deref().is_some_and(|t| !t.is_empty());
         let pools = || match selector.is_empty() {
             true => "any pool that takes allocs".to_owned(),
             false => {
@@ -189,8 +200,12 @@ impl Room {
             (None, Some(allowed)) if matched && !permitted => {
                 Why::Forbidden { user: allowed.user.clone().unwrap_or_default(), what: pools() }
             }
-            (None, Some(allowed)) if permitted && !run && allowed.task_type.as_deref().is_some_and(|t| !t.is_empty()) => {
-                Why::NotRun { pools: pools() }
+            (None, Some(allowed)) if permitted && !run && typed(allowed) => {
+                Why::NotRun { pools: unrun.iter().map(|(p, _)| p.to_string()).collect() }
+            }
+            // A pool no daemon runs has the room the run ones lack: running it is the way.
+            (Some(_), Some(allowed)) if typed(allowed) && unrun.iter().any(|(_, fits)| *fits) => {
+                Why::NotRun { pools: unrun.iter().filter(|(_, fits)| *fits).map(|(p, _)| p.to_string()).collect() }
             }
             (None, Some(allowed)) if permitted => {
                 Why::TypeNotRun { task_type: allowed.task_type.clone(), pools: pools() }
@@ -562,7 +577,9 @@ impl Scheduler {
             Ok(spot) => spot,
             Err(why) => {
                 let why = match why {
-                    Why::NoRoom { .. } => resources_never_fit(world.pools, &wanted, &selector).map_or(why, Why::CanNeverFit),
+                    Why::NoRoom { .. } => {
+                        resources_never_fit(world.pools, &wanted, &selector).map_or(why, Why::CanNeverFit)
+                    }
                     why => why,
                 };
                 cycle.no_room.insert(&wanted, &selector, class, why.clone());
@@ -683,7 +700,8 @@ impl Scheduler {
             Why::GangNotReserved { member: Some((group, member)), cause: Some(cause) }
                 if matches!(*cause, Why::NoRoom { .. }) =>
             {
-                let (_, _, wanted, selector, _) = &members.iter().find(|m| m.0 == group && m.1 == member).expect("a member");
+                let (_, _, wanted, selector, _) =
+                    &members.iter().find(|m| m.0 == group && m.1 == member).expect("a member");
                 match resources_never_fit(world.pools, wanted, selector) {
                     Some(never) => Why::CanNeverFit(never),
                     None => Why::GangNotReserved { member: Some((group, member)), cause: Some(cause) },
@@ -771,8 +789,10 @@ impl Scheduler {
             by_spot.clone()
         });
         let side = side.map(|run| {
-            let by_spot =
-                filters.sides.entry(run).or_insert_with(|| spots.iter().map(|spot| spot.run.is_some() == run).collect());
+            let by_spot = filters
+                .sides
+                .entry(run)
+                .or_insert_with(|| spots.iter().map(|spot| spot.run.is_some() == run).collect());
             (run, by_spot.clone())
         });
         let next = u32::try_from(filters.classes.len()).unwrap_or(u32::MAX).saturating_add(1);

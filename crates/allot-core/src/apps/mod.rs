@@ -31,10 +31,10 @@ use std::cmp::Reverse;
 use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 
 pub use cycle::CycleReport;
+pub use runners::{Runner, Runners, TaskTypes, EVERY_TYPE};
 pub use spec::{
     AppId, AppSpec, GangStyle, GroupName, QueueRule, SchedulingPolicy, TaskGroup, TaskId, TaskSpec, TokenNeed,
 };
-pub use runners::{Runner, Runners, TaskTypes, EVERY_TYPE};
 pub use why::{NeverFits, Why};
 
 use crate::access::Tenancy;
@@ -1040,7 +1040,9 @@ impl Scheduler {
             }
         }
         for need in &spec.tokens {
-            if let Some(why) = world.ledger.room_for(&need.namespace, need.units).err().and_then(|s| tokens_never_fit(&s)) {
+            if let Some(why) =
+                world.ledger.room_for(&need.namespace, need.units).err().and_then(|s| tokens_never_fit(&s))
+            {
                 return Err(never(why));
             }
         }

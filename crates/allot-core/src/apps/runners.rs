@@ -99,7 +99,8 @@ mod tests {
 
     #[test]
     fn a_pool_is_run_with_the_types_of_its_live_executors() {
-        let leases = [lease(&["a"], &["shell"], true), lease(&["a", "b"], &["sleep"], false), lease(&["c"], &["*"], true)];
+        let leases =
+            [lease(&["a"], &["shell"], true), lease(&["a", "b"], &["sleep"], false), lease(&["c"], &["*"], true)];
         let runners = Runners::from_leases(&leases);
         let a = PoolName::new("a").unwrap();
         assert!(runners.of(&a).unwrap().has("shell"));

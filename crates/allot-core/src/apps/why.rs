@@ -35,7 +35,7 @@ pub enum Why {
     TypeNotRun { task_type: Option<String>, pools: String },
     /// The task has a type, and no live executor runs any pool that would match: no daemon runs
     /// them (with `--run-pool`), or their daemons stopped.
-    NotRun { pools: String },
+    NotRun { pools: Vec<String> },
     /// As things are now (the pools' capacity, the quotas, the executors' task types) the task
     /// can never be placed: its application fails after a grace unless they grow back.
     CanNeverFit(NeverFits),
@@ -155,10 +155,21 @@ impl fmt::Display for Why {
             Why::TypeNotRun { task_type: None, pools } => {
                 write!(f, "the task names no type (`spec.type`), and {pools} runs only the types its `plugins` list")
             }
-            Why::NotRun { pools } => write!(
-                f,
-                "no daemon runs {pools}, and the task has a type: start one with --run-pool NAME (or `run_pools` in its file)"
-            ),
+            Why::NotRun { pools } => {
+                let named: Vec<String> = pools.iter().take(3).map(|p| format!("`{p}`")).collect();
+                let more = pools.len().saturating_sub(named.len());
+                let which = match (pools.len(), more) {
+                    (1, _) => format!("pool {}", named[0]),
+                    (_, 0) => format!("pools {}", named.join(", ")),
+                    _ => format!("pools {} and {more} more", named.join(", ")),
+                };
+                let name = if pools.len() == 1 { pools[0].as_str() } else { "NAME" };
+                write!(
+                    f,
+                    "the task has a type, and no daemon runs {which}, which would take it: start one with \
+                     --run-pool {name}"
+                )
+            }
             Why::CanNeverFit(never) => write!(f, "it can never fit: {never}"),
         }
     }
@@ -178,7 +189,7 @@ mod tests {
             Why::AfterGang,
             Why::Forbidden { user: "ada".into(), what: "namespace `x`".into() },
             Why::TypeNotRun { task_type: Some("shell".into()), pools: "any pool".into() },
-            Why::NotRun { pools: "any pool".into() },
+            Why::NotRun { pools: vec!["p".into()] },
             Why::CanNeverFit(NeverFits::TaskType { task_type: "x".into() }),
         ];
         for why in &every {

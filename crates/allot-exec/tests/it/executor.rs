@@ -10,10 +10,10 @@ use std::time::{Duration, Instant};
 use allot_core::apps::queues::QueuePath;
 use allot_core::apps::states::TaskState;
 use allot_core::apps::{AppId, AppSpec, NeverFits, SchedError, SchedulingPolicy, TaskId};
-use allot_store::StoreError;
 use allot_core::pools::PoolName;
 use allot_core::runs::{Phase, PhaseInfo, RetryPolicy, Transition};
 use allot_exec::{ExecutorConfig, PluginCounters};
+use allot_store::StoreError;
 
 use crate::support::*;
 

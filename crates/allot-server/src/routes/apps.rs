@@ -445,7 +445,10 @@ pub(crate) async fn finish_tasks(
             });
             let (ended, error) = match answer {
                 Ok(task) => (Some(task), None),
-                Err(err) => (None, Some(api::ErrorDetail { code: err.code.to_owned(), message: err.message })),
+                Err(err) => (
+                    None,
+                    Some(api::ErrorDetail { code: err.code.to_owned(), message: err.message, compact_revision: None }),
+                ),
             };
             api::TaskEndAnswer { app: end.app, task: end.task, ended, error }
         })

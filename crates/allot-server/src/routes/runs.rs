@@ -15,12 +15,13 @@ use crate::error::ApiError;
 use crate::extract::{QueryArgs, Segments};
 use crate::ServerState;
 
-/// A placed task that nothing has started waits for a daemon that runs its pool: when no
-/// executor's lease names the pool, its `waiting` says so (the scheduler placed it, and it waits
-/// there until a daemon runs the pool or whoever runs it reports it started). A hint: when the
+/// A placed task with a type that nothing has started waits for a daemon that runs its pool: when
+/// no live executor's lease names the pool (its daemon stopped since), its `waiting` says so. A
+/// task without a type is run by whoever reads its alloc: nothing is said. A hint: when the
 /// leases cannot be read, nothing is added.
 pub(super) async fn note_unrun_pools(state: &ServerState, tasks: &mut [api::Task]) {
-    let placed = |t: &api::Task| t.state == TaskState::Allocated.name() && t.waiting.is_none();
+    let typed = |t: &api::Task| t.spec.as_ref().is_some_and(|spec| spec.get("type").is_some_and(|v| v.is_string()));
+    let placed = |t: &api::Task| t.state == TaskState::Allocated.name() && t.waiting.is_none() && typed(t);
     if !tasks.iter().any(|t| placed(t) && t.placement.is_some()) {
         return;
     }

@@ -102,13 +102,16 @@ fn unknown_kind(name: &str) -> ApiError {
 fn refused(err: WatchError) -> ApiError {
     let message = err.to_string();
     match err {
-        WatchError::Compacted { since, oldest } => ApiError::of(
-            ErrorCode::RevisionCompacted,
-            format!(
-                "the events after revision {since} are no longer kept: the oldest revision a watch can start \
-                 after is {oldest}. List again, then watch from the list's revision (its Allot-Revision header)"
-            ),
-        ),
+        WatchError::Compacted { since, oldest } => ApiError {
+            compact_revision: Some(oldest),
+            ..ApiError::of(
+                ErrorCode::RevisionCompacted,
+                format!(
+                    "the events after revision {since} are no longer kept: the oldest revision a watch can start \
+                     after is {oldest}. List again, then watch from the list's revision (its Allot-Revision header)"
+                ),
+            )
+        },
         WatchError::Unsupported { .. } => ApiError::of(ErrorCode::WatchUnsupported, message),
         WatchError::Closed => ApiError::of(ErrorCode::ShuttingDown, message),
         // Not an answer to a watch that starts; retry.

@@ -141,7 +141,10 @@ pub async fn run_runs(store: Arc<dyn Store>, time: &dyn Time) {
     store.renew_executor(node, &pools, &types, std::time::Duration::from_millis(300)).await.unwrap();
     let lease = |leases: Vec<crate::ExecutorLease>| leases.into_iter().find(|l| l.node == node).unwrap();
     let live = lease(store.executors().await.unwrap());
-    assert_eq!((live.live, live.pools.as_slice(), live.task_types.as_slice()), (true, pools.as_slice(), types.as_slice()));
+    assert_eq!(
+        (live.live, live.pools.as_slice(), live.task_types.as_slice()),
+        (true, pools.as_slice(), types.as_slice())
+    );
     time.advance(std::time::Duration::from_millis(450)).await;
     assert!(!lease(store.executors().await.unwrap()).live, "lapsed");
     store.renew_executor(node, &pools, &types[..1], std::time::Duration::from_secs(5)).await.unwrap();

@@ -35,12 +35,13 @@ impl Runs {
     }
 
     pub(super) fn leases(&self, now: Millis) -> Vec<ExecutorLease> {
-        let lease = |(node, (pools, task_types, until)): (&String, &(Vec<PoolName>, Vec<String>, Millis))| ExecutorLease {
-            node: node.clone(),
-            pools: pools.clone(),
-            task_types: task_types.clone(),
-            live: *until > now,
-        };
+        let lease =
+            |(node, (pools, task_types, until)): (&String, &(Vec<PoolName>, Vec<String>, Millis))| ExecutorLease {
+                node: node.clone(),
+                pools: pools.clone(),
+                task_types: task_types.clone(),
+                live: *until > now,
+            };
         self.executors.iter().map(lease).collect()
     }
 }

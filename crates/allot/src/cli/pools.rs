@@ -316,10 +316,9 @@ fn lease(alloc: &Alloc) -> String {
 fn run_by_text(pool: &Pool, at_length: bool) -> String {
     match pool.run_by.as_deref() {
         None => "-".to_owned(),
-        Some([]) if at_length => format!(
-            "no daemon (tasks with a type are not placed here; start one with --run-pool {})",
-            show(&pool.name)
-        ),
+        Some([]) if at_length => {
+            format!("no daemon (tasks with a type are not placed here; start one with --run-pool {})", show(&pool.name))
+        }
         Some([]) => "no daemon".to_owned(),
         Some(nodes) => nodes.join(","),
     }

@@ -160,8 +160,12 @@ async fn applications_answer_what_a_new_user_expects_on_redis_and_room_made_anyw
     for round in 0..5 {
         let (pool, namespace) = (format!("room-{round}"), format!("room:{round}"));
         let labels: std::collections::BTreeMap<String, String> = [("room".to_owned(), pool.clone())].into();
+        // What waits could fit (what can never fit is refused at submit): the quota is paused
+        // (0), and half the pool is held by an alloc.
         other.put_pool_with_labels(&pool, "cpu=2", labels.clone()).await.unwrap();
-        other.put_namespace(&namespace, 1).await.unwrap();
+        let held = allot_api::Accept { min: "cpu=1".into(), owner: Some("me".into()), ..Default::default() };
+        other.accept(&pool, "1", &held).await.unwrap();
+        other.put_namespace(&namespace, 0).await.unwrap();
         let group = json!([{"name": "g", "min_members": 1, "min_resources": "cpu=1",
             "selector": {}, "tokens": [{"namespace": namespace, "units": 2}]}]);
         let gang = format!("tokens-{round}");
@@ -169,7 +173,7 @@ async fn applications_answer_what_a_new_user_expects_on_redis_and_room_made_anyw
         let task = format!("big-{round}");
         other
             .submit_app(&submit(json!({"id": task, "queue": "root.room", "tasks": [
-                {"id": "t", "resources": "cpu=3", "selector": {"room": pool}},
+                {"id": "t", "resources": "cpu=2", "selector": {"room": pool}},
             ]})))
             .await
             .unwrap();

@@ -50,7 +50,9 @@ fn bench_compare_pins_the_servers_and_the_load_generator_apart() {
     for result in results {
         assert!(result["pairs_per_s"].as_f64().unwrap() > 0.0, "{result:#}");
         assert_eq!(result["errors"], 0, "{result:#}");
-        assert!(result["server_cpu_us_per_pair"].as_f64().unwrap() > 0.0, "{result:#}");
+        // CPU time comes in clock ticks (10 ms): a server that used less than one over a short
+        // run on a busy machine reads 0.
+        assert!(result["server_cpu_us_per_pair"].as_f64().unwrap() >= 0.0, "{result:#}");
         assert!((0.0..=100.0).contains(&result["steal_pct"].as_f64().unwrap()), "{result:#}");
     }
 }

@@ -15,6 +15,7 @@ mod gangs;
 mod pages;
 mod python;
 mod readiness;
+mod readme;
 mod redis;
 mod redis_apps;
 mod redis_exec;

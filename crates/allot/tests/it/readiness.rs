@@ -30,7 +30,7 @@ async fn on_redis_a_daemon_is_ready_while_it_reaches_the_scheduler_and_clients_r
     let served_at = format!("served by the daemon that schedules, at {}", first.url);
     assert_eq!(readiness.checks[1].message.as_deref(), Some(served_at.as_str()), "{readiness:?}");
 
-    // A task placed on a pool that no daemon runs says so, through the daemon that forwards.
+    // A task that waits says why, through the daemon that forwards.
     client.put_queue("root.wait", &Default::default()).await.unwrap();
     let task = AddTask {
         id: "stuck".to_owned(),
@@ -38,8 +38,8 @@ async fn on_redis_a_daemon_is_ready_while_it_reaches_the_scheduler_and_clients_r
         tokens: Vec::new(),
         group: None,
         priority: 0,
-        selector: BTreeMap::new(),
-        spec: Some(serde_json::json!({ "type": "noop" })),
+        selector: [("zone".to_owned(), "nowhere".to_owned())].into(),
+        spec: None,
         retries: None,
     };
     let app = SubmitApp {
@@ -53,13 +53,13 @@ async fn on_redis_a_daemon_is_ready_while_it_reaches_the_scheduler_and_clients_r
         tasks: vec![task],
     };
     client.submit_app(&app).await.unwrap();
-    let placed = eventually(Duration::from_secs(10), async || {
-        client.task("idle", "stuck").await.is_ok_and(|t| t.state == "Allocated")
+    let said = eventually(Duration::from_secs(10), async || {
+        client.task("idle", "stuck").await.is_ok_and(|t| t.waiting.is_some())
     });
-    assert!(placed.await, "placed on `idle`");
-    let waiting = client.task("idle", "stuck").await.unwrap().waiting.expect("it says why it waits");
-    assert_eq!(waiting.code, "pool_not_run");
-    assert_eq!(waiting.message, "placed on pool `idle`, which no daemon runs (start one with --run-pool idle)");
+    assert!(said.await, "it says why it waits");
+    let waiting = client.task("idle", "stuck").await.unwrap().waiting.unwrap();
+    assert_eq!(waiting.code, "no_pool_matches");
+    assert_eq!(waiting.message, "no pool that takes allocs has the labels zone=nowhere");
 
     // The scheduler dies; its lease holds the scheduling for up to 3 s more.
     let first_url = first.url.clone();

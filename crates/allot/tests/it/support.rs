@@ -22,12 +22,18 @@ impl Daemon {
     /// Starts `allot serve` on `listen` (e.g. the `address()` of a daemon that stopped, to
     /// restart it where its clients look for it) with `data_dir`, plus `args`.
     pub(crate) fn start_on(listen: &str, data_dir: &Path, args: &[&str]) -> Daemon {
+        Daemon::start_in(Path::new("."), listen, data_dir, args)
+    }
+
+    /// As [`Daemon::start_on`], in the working directory `dir` (its relative paths read from there).
+    pub(crate) fn start_in(dir: &Path, listen: &str, data_dir: &Path, args: &[&str]) -> Daemon {
         let log = std::fs::OpenOptions::new()
             .create(true)
             .append(true)
             .open(data_dir.with_extension("log"))
             .expect("daemon log file");
         let mut child = Command::new(ALLOT)
+            .current_dir(dir)
             .args(["serve", "--listen", listen, "--data-dir"])
             .arg(data_dir)
             .args(args)
