@@ -421,7 +421,12 @@ def test_the_pages_answer_a_new_users_questions(browser: Any, data_root: Path) -
                 client.put_queue(queue)
             idle = {"where": "idle"}
             client.submit_app({"id": "stranded", "queue": "root.q1", "tasks": [{"id": "alone", "resources": "cpu=1", "selector": idle}]})
-            until("the task is stranded", lambda: (client.task("stranded", "alone").get("waiting") or {}).get("code") == "pool_not_run")
+
+            def stranded() -> bool:
+                waiting = client.task("stranded", "alone").get("waiting")
+                return waiting is not None and waiting["code"] == "pool_not_run"
+
+            until("the task is stranded", stranded)
 
             # The overview: singular counts, and the stranded application with why, no backticks.
             open_page(browser, daemon.url + "/ui")
