@@ -6,12 +6,14 @@ pools and 1,000 tasks is written there too (`timings.txt`)."""
 
 from __future__ import annotations
 
+import json
+import re
 import shutil
 import subprocess
 import threading
 import time
 from pathlib import Path
-from typing import Any, Callable, Dict, Iterator, List
+from typing import Any, Callable, Dict, Iterator, List, Optional
 
 import pytest
 
@@ -84,6 +86,13 @@ def open_page(browser: Any, url: str) -> float:
 
 def console_errors(browser: Any) -> List[str]:
     return [entry["message"] for entry in browser.get_log("browser") if entry["level"] == "SEVERE"]
+
+
+def forget_console(browser: Any) -> None:
+    """Leaves the page a test before left open (its daemon may be gone, and its retries fail in
+    the console) and forgets what the console said: a test reads only its own errors."""
+    browser.get("about:blank")
+    browser.get_log("browser")
 
 
 def shoot(browser: Any, name: str) -> None:
@@ -190,14 +199,14 @@ def test_the_pages_show_the_state_live(browser: Any, ui_daemon: Daemon) -> None:
 
         open_page(browser, base + "/ui/apps/ui-gang")
         page = text(browser)
-        assert "reserved" in page and "member 0" in page and "member 1" in page, page
+        assert "reserved" in page and "pair#1" in page and "pair#2" in page, page
         shoot(browser, "app-gang")
         shoot_dark(browser, "app-gang")
 
         open_page(browser, base + "/ui/apps/ui-big")
         page = text(browser)
         huge_waits = client.task("ui-big", "huge")["waiting"]
-        assert huge_waits is not None and huge_waits["message"] in page and "waiting" in page, page
+        assert huge_waits is not None and huge_waits["message"].replace("`", "") in page and "waiting" in page, page
         shoot(browser, "app-waiting")
 
         # A task run here: on the pool this daemon runs (not ui-pool, which no daemon runs).
@@ -271,6 +280,7 @@ def test_with_access_control_the_token_is_asked_once_and_actions_follow_permissi
         '[[auth.bindings]]\nrole = "look"\nusers = ["eve"]\n'
     )
     daemon = new_daemon(data_root, config=config)
+    forget_console(browser)
     try:
         with Client(daemon.url, token=admin) as client:
             client.put_namespace("team:a", 3)
@@ -358,3 +368,169 @@ def test_the_page_says_when_the_connection_is_lost_and_back(browser: Any, fresh_
     with Client(fresh_daemon.url) as client:
         client.put_namespace("ui:after", 1)
     until("changes are shown again", lambda: "ui:after" in text(browser))
+
+
+#: Counts that should read in the singular ("1 unit", "1 alloc").
+WRONG_PLURALS = re.compile(r"(?<![\d.])1 (units|allocs|namespaces|pools|queues|applications|tasks|grants|waiters|members)\b")
+
+
+def fake_run_by(browser: Any, run_by: Optional[Dict[str, List[str]]]) -> str:
+    """Makes every later page see the pools' `run_by` as given (by pool; absent when None), as a
+    daemon with it (or an older one, without it) answers: returns the script's id, to remove."""
+    script = """
+      const runBy = %s;
+      const real = window.fetch;
+      window.fetch = async (...args) => {
+        const response = await real(...args);
+        const url = new URL(typeof args[0] === "string" ? args[0] : args[0].url, location.href);
+        if (!url.pathname.startsWith("/v1/pools") || url.pathname.includes("/allocs") || !response.ok) return response;
+        const body = await response.clone().json();
+        const set = (pool) => { if (runBy === null) delete pool.run_by; else pool.run_by = runBy[pool.name] || []; };
+        if (Array.isArray(body.pools)) body.pools.forEach(set); else set(body);
+        return new Response(JSON.stringify(body), { status: response.status, headers: response.headers });
+      };
+    """ % json.dumps(run_by)
+    return str(browser.execute_cdp_cmd("Page.addScriptToEvaluateOnNewDocument", {"source": script})["identifier"])
+
+
+def words_of(browser: Any) -> str:
+    """The page's text, its words separated by single spaces (a card's number and its words
+    are in boxes of their own)."""
+    return " ".join(text(browser).split())
+
+
+def column_heads(browser: Any) -> List[str]:
+    return list(browser.execute_script("return [...document.querySelectorAll('main th')].map(th => th.textContent)"))
+
+
+def test_the_pages_answer_a_new_users_questions(browser: Any, data_root: Path) -> None:
+    """Issue 39, point 7 (and point 4's task page): queues lead to their applications, counts read
+    in the singular, placeholders are numbered as in the CLI, backticks are not shown, stranded
+    tasks are on the overview, pools say which daemon runs them, the pages fit a phone, and a
+    task's page shows its stderr, outputs and spec, its log following it live."""
+    daemon = new_daemon(data_root, "--pool", "worker=cpu=8", "--run-pool", "worker")
+    go = data_root / "go-ahead"
+    forget_console(browser)
+    try:
+        with Client(daemon.url) as client:
+            client.put_pool("worker", client.pool("worker")["capacity"], labels={"where": "worker"})
+            client.put_pool("idle", "cpu=4", labels={"where": "idle"})
+            client.put_namespace("one:ns", 1)
+            client.allocate("one:ns", "holder", ttl_ms=600_000)
+            for queue in ("root.q1", "root.q2", "root.q3"):
+                client.put_queue(queue)
+            idle = {"where": "idle"}
+            client.submit_app({"id": "stranded", "queue": "root.q1", "tasks": [{"id": "alone", "resources": "cpu=1", "selector": idle}]})
+
+            def stranded() -> bool:
+                waiting = client.task("stranded", "alone").get("waiting")
+                return waiting is not None and waiting["code"] == "pool_not_run"
+
+            until("the task is stranded", stranded)
+
+            # The overview: singular counts, and the stranded application with why, no backticks.
+            open_page(browser, daemon.url + "/ui")
+            page = words_of(browser)
+            for words in ("1 unit granted", "1 alloc", "1 application"):
+                assert words in page, f"{words!r}: {page}"
+            assert not WRONG_PLURALS.search(page), page
+            assert "stranded" in page and "stranded" in browser.execute_script("return [...document.querySelectorAll('ul.attention a')].map(a => a.textContent)"), page
+            assert "which no daemon runs" in page and "`" not in page, page
+            assert browser.execute_script("return [...document.querySelectorAll('main code')].some(c => c.textContent === 'idle')")
+
+            # A queue leads to its applications; no empty `Share` column.
+            worker = {"where": "worker"}
+            client.submit_app({"id": "elsewhere", "queue": "root.q2", "tasks": [{"id": "quick", "resources": "cpu=1", "selector": worker, "spec": {"type": "noop"}}]})
+            open_page(browser, daemon.url + "/ui/queues")
+            assert "Share" not in column_heads(browser), column_heads(browser)
+            from selenium.webdriver.common.by import By
+
+            browser.find_element(By.CSS_SELECTOR, "a[href='/ui/apps?queue=root.q1']").click()
+            until("the applications of root.q1", lambda: browser.current_url.endswith("/ui/apps?queue=root.q1") and "stranded" in text(browser))
+            page = words_of(browser)
+            assert "root.q1" in page and "elsewhere" not in page, page
+            assert not WRONG_PLURALS.search(page), page
+
+            # Placeholders numbered as `allot app show` numbers them; backticks and markup in
+            # what the API says shown as text.
+            gang = {
+                "id": "gang",
+                "queue": "root.q1",
+                "task_groups": [{"name": "pair", "min_members": 2, "min_resources": "cpu=1", "selector": idle}],
+                "tasks": [{"id": "first", "resources": "cpu=1", "group": "pair", "selector": idle}],
+            }
+            client.submit_app(gang)
+            until("the gang is reserved", lambda: len(client.app("gang")["placeholders"]) == 2)
+            open_page(browser, daemon.url + "/ui/apps/gang")
+            page = text(browser)
+            assert "pair#1" in page and "pair#2" in page and "member 0" not in page, page
+            client.submit_app({"id": "refused", "queue": "root.q2"})
+            client.fail_app("refused", "`pool x` said <img src=x id=injected> no")
+            open_page(browser, daemon.url + "/ui/apps/refused")
+            page = text(browser)
+            assert "pool x said <img src=x id=injected> no" in page and "`" not in page, page
+            assert not browser.find_elements(By.ID, "injected"), "API text is never markup"
+            open_page(browser, daemon.url + "/ui/apps/stranded/tasks/alone")
+            assert "`" not in text(browser) and "which no daemon runs" in text(browser), text(browser)
+
+            # Pools: which daemon runs each, when the daemon says (older ones do not).
+            fake = fake_run_by(browser, {"worker": [daemon.url]})
+            open_page(browser, daemon.url + "/ui/pools")
+            assert "Run by" in column_heads(browser), column_heads(browser)
+            rows = browser.execute_script("return Object.fromEntries([...document.querySelectorAll('main tbody tr')].map(tr => [tr.cells[0].innerText, tr.innerText]))")
+            assert daemon.url in rows["worker"] and "no daemon runs it" in rows["idle"], rows
+            assert browser.execute_script("return [...document.querySelectorAll('main .tag.bad')].some(t => t.textContent === 'no daemon runs it')")
+            open_page(browser, daemon.url + "/ui/pools/idle")
+            assert "no daemon runs it" in text(browser), text(browser)
+            browser.execute_cdp_cmd("Page.removeScriptToEvaluateOnNewDocument", {"identifier": fake})
+            fake = fake_run_by(browser, None)
+            open_page(browser, daemon.url + "/ui/pools")
+            assert "Run by" not in column_heads(browser) and "no daemon runs it" not in text(browser), text(browser)
+            browser.execute_cdp_cmd("Page.removeScriptToEvaluateOnNewDocument", {"identifier": fake})
+
+            # A task's page: its spec; its log follows it while it runs, without a reload; then
+            # its outputs. A failed one: its stderr, and Failed once no retry is left.
+            grows = f"echo first; while [ ! -f {go} ]; do sleep 0.1; done; echo then: $((40 + 2)); echo '{{\"rows\": 3}}' > outputs.json"
+            tasks = [
+                {"id": "grows", "resources": "cpu=1", "selector": worker, "spec": {"type": "shell", "command": grows}},
+                {"id": "broken", "resources": "cpu=1", "selector": worker, "spec": {"type": "shell", "command": "echo 'disk full' >&2; exit 3"}},
+            ]
+            client.submit_app({"id": "live", "queue": "root.q3", "tasks": tasks})
+            until("the task runs", lambda: client.task("live", "grows")["state"] == "Running")
+            open_page(browser, daemon.url + "/ui/apps/live/tasks/grows")
+            until("its log so far", lambda: "first" in text(browser))
+            page = text(browser)
+            assert "then: 42" not in page and "while [ ! -f" in page, page
+            browser.execute_script("window.notReloaded = true")
+            go.touch()
+            until("the log follows the task", lambda: "then: 42" in text(browser))
+            until("its outputs", lambda: '"rows": 3' in text(browser))
+            assert browser.execute_script("return window.notReloaded") is True, "without a reload"
+            shoot(browser, "task-live")
+            until("the failed task ended", lambda: client.task("live", "broken")["state"] == "Failed")
+            open_page(browser, daemon.url + "/ui/apps/live/tasks/broken")
+            page = text(browser)
+            assert "disk full" in page and "Failed (retryable failure, no retries left: exit status 3)" in page, page
+            shoot(browser, "task-failed")
+
+            # A phone's width: the document does not scroll sideways (tables scroll in their own
+            # box), and the header wraps within it.
+            browser.execute_cdp_cmd("Emulation.setDeviceMetricsOverride", {"width": PHONE[0], "height": PHONE[1], "deviceScaleFactor": 1, "mobile": True})
+            try:
+                for path in ("/ui", "/ui/namespaces", "/ui/namespaces/one:ns", "/ui/pools", "/ui/pools/idle", "/ui/queues", "/ui/apps", "/ui/apps/gang", "/ui/apps/live/tasks/grows", "/ui/apps/live/tasks/broken"):
+                    open_page(browser, daemon.url + path)
+                    # A page wider than the phone widens a mobile browser's viewport: it stays 390 px.
+                    width = browser.execute_script("return [window.innerWidth, document.documentElement.scrollWidth, document.querySelector('header').getBoundingClientRect().right]")
+                    wider = browser.execute_script("return [...document.querySelectorAll('body *')].filter(e => e.getBoundingClientRect().right > 390 && !e.closest('.scroll')).map(e => e.tagName + '.' + e.className + ': ' + e.textContent.slice(0, 40))")
+                    assert width[0] == PHONE[0] and max(width) <= PHONE[0], f"{path}: {width}, wider than the phone: {wider}"
+                    assert not WRONG_PLURALS.search(words_of(browser)), f"{path}: {words_of(browser)}"
+                    assert "`" not in text(browser), f"{path}: {text(browser)}"
+                open_page(browser, daemon.url + "/ui/apps/gang")
+                boxes = browser.execute_script("return [...document.querySelectorAll('main .scroll')].map(s => [s.scrollWidth, s.clientWidth, getComputedStyle(s).overflowX])")
+                assert any(inner > outer and overflow == "auto" for inner, outer, overflow in boxes), boxes
+                browser.save_screenshot(str(SHOTS / "app-gang-phone-390.png"))
+            finally:
+                browser.execute_cdp_cmd("Emulation.clearDeviceMetricsOverride", {})
+    finally:
+        daemon.stop()
+    assert console_errors(browser) == []

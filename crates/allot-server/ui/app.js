@@ -158,12 +158,50 @@ function table(head, rows, empty = "none") {
   return h`<div class="scroll"><table class="${rows.length > ROWS ? "long" : ""}"><thead><tr>${cells}</tr></thead><tbody>${shown}</tbody></table></div>${more}`;
 }
 
+/** `1 unit`, `2 units`: a count and its noun, singular or plural as the count needs. */
+const plural = (n, one, many = `${one}s`) => `${n} ${n === 1 ? one : many}`;
+/** What the API says in words (a reason, why something waits): names it quotes in backticks
+ * (pool `x`) shown as code, the rest escaped as any value. */
+const prose = (text) => raw(esc(text).replace(/`([^`]*)`/g, "<code>$1</code>").replace(/`/g, ""));
+/** A waiting reason: its code as a tag (in red for what will not run as things are), its
+ * message in words. */
+const waitingText = (waiting) => h`${tag(STRANDED[waiting.code] ? "bad" : "warn", waiting.code)} ${prose(waiting.message)}`;
+
 const facts = (pairs) => h`<dl class="facts">${pairs.map(([k, v]) => h`<dt>${k}</dt><dd>${v}</dd>`)}</dl>`;
 const denied = (what) => h`<p class="muted">You may not read ${what}.</p>`;
 const tasksLine = (counts) =>
   Object.entries(counts || {}).map(([state, n]) => `${n} ${state}`).join(", ") || "none";
 
-// ---- pages: each answers {title, nav, body, watch: key prefixes that change it, bind?} ----
+// ---- pages: each answers {title, nav, body, watch: key prefixes that change it, bind?, again?:
+// ms until it is shown again, for what the change feed does not announce} ----
+
+/** Waiting codes of what will not run as things are: placed where no daemon runs it, or too
+ * large for anything it may use. The overview lists them first, with the word of its tag. */
+const STRANDED = { pool_not_run: "stranded", not_run: "stranded", type_not_run: "stranded", can_never_fit: "never fits" };
+/** The most applications whose tasks the overview reads to find stranded ones (the longest
+ * waiting first): the page stays quick with many applications. */
+const STRANDED_READS = 50;
+
+const ended = (state) => ["Completed", "Failed", "Rejected"].includes(state);
+
+/** The live applications that hold stranded tasks, or are stranded themselves: [app, why, word]. */
+async function strandedApps(apps) {
+  const stranded = [];
+  const toRead = [];
+  for (const app of apps.filter((a) => !ended(a.state))) {
+    if (app.waiting && STRANDED[app.waiting.code]) stranded.push([app, prose(app.waiting.message), STRANDED[app.waiting.code]]);
+    else if ((app.tasks || {}).Pending || (app.tasks || {}).Allocated) toRead.push(app);
+  }
+  toRead.sort((a, b) => (b.submitted_ms_ago || 0) - (a.submitted_ms_ago || 0));
+  const read = await Promise.all(toRead.slice(0, STRANDED_READS).map((a) => allowed(all(`/v1/apps/${seg(a.id)}/tasks`, "tasks"))));
+  toRead.slice(0, STRANDED_READS).forEach((app, i) => {
+    const tasks = (read[i] || []).filter((t) => t.waiting && STRANDED[t.waiting.code]);
+    if (!tasks.length) return;
+    const word = STRANDED[tasks[0].waiting.code];
+    stranded.push([app, h`${plural(tasks.length, "task")} ${word} (<a href="/ui/apps/${seg(app.id)}/tasks/${seg(tasks[0].id)}">${tasks[0].id}</a>: ${prose(tasks[0].waiting.message)})`, word]);
+  });
+  return stranded;
+}
 
 async function overview() {
   const [namespaces, pools, queues, apps] = await Promise.all([
@@ -181,37 +219,45 @@ async function overview() {
   }
   for (const pool of pools || []) {
     if (pool.stopped) attention.push([1e12, h`${tag("bad", "stopped")} pool <a href="/ui/pools/${seg(pool.name)}">${pool.name}</a> is stopped: it offers nothing`]);
-    if (pool.expired_allocs > 0) attention.push([1e11, h`${tag("warn", "lapsed")} pool <a href="/ui/pools/${seg(pool.name)}">${pool.name}</a>: ${pool.expired_allocs} allocs whose lease lapsed (${pool.expired || "nothing"} not yet reclaimed)`]);
+    if (pool.expired_allocs > 0) attention.push([1e11, h`${tag("warn", "lapsed")} pool <a href="/ui/pools/${seg(pool.name)}">${pool.name}</a>: ${plural(pool.expired_allocs, "alloc")} whose lease lapsed (${pool.expired || "nothing"} not yet reclaimed)`]);
+  }
+  // Stranded or never fitting: first, for they will not end by waiting.
+  const stranded = await strandedApps(apps || []);
+  for (const [app, why, word] of stranded) {
+    attention.push([2e12 + (app.submitted_ms_ago || 0), h`${tag("bad", word)} application <a href="/ui/apps/${seg(app.id)}">${app.id}</a>: ${why}`]);
   }
   // Waiting: the application itself (a gang, a queue limit), or tasks of it not placed yet.
-  const live = (a) => !["Completed", "Failed", "Rejected"].includes(a.state);
+  const strandedIds = new Set(stranded.map(([app]) => app.id));
   const pendingOf = (a) => (a.tasks || {}).Pending || 0;
   const waitingApps = (apps || [])
-    .filter((a) => live(a) && (a.waiting || pendingOf(a) > 0))
+    .filter((a) => !ended(a.state) && !strandedIds.has(a.id) && (a.waiting || pendingOf(a) > 0))
     .sort((a, b) => (b.submitted_ms_ago || 0) - (a.submitted_ms_ago || 0));
   for (const app of waitingApps.slice(0, 10)) {
-    const why = app.waiting ? app.waiting.message : `${pendingOf(app)} ${pendingOf(app) === 1 ? "task waits" : "tasks wait"} to be placed (the page says why)`;
+    const why = app.waiting ? prose(app.waiting.message) : `${plural(pendingOf(app), "task waits", "tasks wait")} to be placed (the page says why)`;
     attention.push([app.submitted_ms_ago || 0, h`${tag("warn", "waiting")} application <a href="/ui/apps/${seg(app.id)}">${app.id}</a> for ${ms(app.submitted_ms_ago)}: ${why}`]);
   }
   for (const app of apps || []) {
     const failed = (app.tasks || {}).Failed || 0;
-    if (failed) attention.push([0, h`${tag("bad", "failed")} application <a href="/ui/apps/${seg(app.id)}">${app.id}</a>: ${failed} ${failed === 1 ? "task" : "tasks"} failed`]);
+    if (failed) attention.push([0, h`${tag("bad", "failed")} application <a href="/ui/apps/${seg(app.id)}">${app.id}</a>: ${plural(failed, "task")} failed`]);
   }
   attention.sort((a, b) => b[0] - a[0]);
-  const count = (list) => (list === null ? "—" : list.length);
+  /** A card: how many, or — when the caller may not read the list. */
+  const card = (href, list, one, many, more) =>
+    h`<a class="card" href="${href}"><div class="n">${list === null ? "—" : list.length}</div><div class="k">${list !== null && list.length === 1 ? one : many}${more}</div></a>`;
   const running = (apps || []).filter((a) => a.state === "Running").length;
   const granted = (namespaces || []).reduce((s, n) => s + n.granted_units, 0);
   const waiting = (namespaces || []).reduce((s, n) => s + n.waiters, 0);
+  const allocs = (pools || []).reduce((s, p) => s + p.allocs, 0);
   return {
     title: "Overview",
     nav: "overview",
     watch: [""],
     body: h`<h1>Overview</h1>
       <div class="cards">
-        <a class="card" href="/ui/namespaces"><div class="n">${count(namespaces)}</div><div class="k">namespaces · ${granted} units granted · ${waiting} waiting</div></a>
-        <a class="card" href="/ui/pools"><div class="n">${count(pools)}</div><div class="k">pools · ${(pools || []).reduce((s, p) => s + p.allocs, 0)} allocs</div></a>
-        <a class="card" href="/ui/queues"><div class="n">${count(queues)}</div><div class="k">queues</div></a>
-        <a class="card" href="/ui/apps"><div class="n">${count(apps)}</div><div class="k">applications · ${running} running</div></a>
+        ${card("/ui/namespaces", namespaces, "namespace", "namespaces", ` · ${plural(granted, "unit")} granted · ${waiting} waiting`)}
+        ${card("/ui/pools", pools, "pool", "pools", ` · ${plural(allocs, "alloc")}`)}
+        ${card("/ui/queues", queues, "queue", "queues", "")}
+        ${card("/ui/apps", apps, "application", "applications", ` · ${running} running`)}
       </div>
       <h2>Needs attention</h2>
       ${attention.length ? h`<ul class="attention">${attention.map(([, item]) => h`<li>${item}</li>`)}</ul>` : h`<p>${tag("ok", "all clear")} Nothing waits, nothing lapsed, nothing failed.</p>`}`,
@@ -236,7 +282,7 @@ async function namespacesPage() {
     title: "Namespaces",
     nav: "namespaces",
     watch: ["namespaces/"],
-    body: h`<h1>Namespaces</h1><p class="muted">${list.length} namespaces: their quota, what is granted and who waits.</p>
+    body: h`<h1>Namespaces</h1><p class="muted">${plural(list.length, "namespace")}: their quota, what is granted and who waits.</p>
       ${table(["Namespace", "Granted of quota", "#Grants", "#Waiters", "#Longest wait", "State"], rows, "No namespace yet.")}`,
   };
 }
@@ -265,9 +311,9 @@ async function namespacePage(name) {
     watch: [`namespaces/${name}`],
     body: h`<div class="crumbs"><a href="/ui/namespaces">Namespaces</a> /</div><h1>${name}</h1>
       ${facts([
-        ["granted", bar(ns.granted_units, ns.quota, `${ns.granted_units} of ${ns.quota} units${full ? " — full" : ""}`)],
+        ["granted", bar(ns.granted_units, ns.quota, `${ns.granted_units} of ${plural(ns.quota, "unit")}${full ? " — full" : ""}`)],
         ["grants", ns.grants],
-        ["waiting", ns.waiters ? h`${tag("warn", `${ns.waiters} waiting`)} for ${ns.waiting_units} units, the longest for ${ms(ns.longest_wait_ms)}` : "nobody"],
+        ["waiting", ns.waiters ? h`${tag("warn", `${ns.waiters} waiting`)} for ${plural(ns.waiting_units, "unit")}, the longest for ${ms(ns.longest_wait_ms)}` : "nobody"],
         ["next fencing number", ns.next_fencing],
       ])}
       <h2>Waiting, first come first served</h2>${table(["#Place", "Token", "#Units", "#Units ahead", "Scope", "#Waited", "State"], waiterRows, "Nobody waits.")}
@@ -284,16 +330,22 @@ async function namespacePage(name) {
   };
 }
 
+/** The daemons that run a pool's tasks (`run_by`, their URLs), or that none does; a daemon too
+ * old to say gives no `run_by`, and nothing is shown. */
+const runBy = (pool) =>
+  pool.run_by.length ? h`${pool.run_by.map((url, i) => h`${i ? ", " : ""}<span class="mono">${url}</span>`)}` : tag("bad", "no daemon runs it");
+
 async function poolsPage() {
   const list = await allowed(all("/v1/pools", "pools"));
   if (list === null) return { title: "Pools", nav: "pools", watch: [], body: h`<h1>Pools</h1>${denied("any pool")}` };
-  const rows = list.map((p) => h`<tr><td><a href="/ui/pools/${seg(p.name)}">${p.name}</a></td><td>${p.stopped ? tag("bad", "stopped") : tag("ok", "offering")}</td><td>${bars(p.allocated, p.capacity)}</td><td class="num">${p.allocs}</td><td class="num">${p.expired_allocs ? tag("warn", `${p.expired_allocs} lapsed`) : 0}</td><td class="hide-narrow">${Object.entries(p.labels || {}).map(([k, v]) => `${k}=${v}`).join(", ") || "—"}</td></tr>`);
+  const said = list.some((p) => Array.isArray(p.run_by));
+  const rows = list.map((p) => h`<tr><td><a href="/ui/pools/${seg(p.name)}">${p.name}</a></td><td>${p.stopped ? tag("bad", "stopped") : tag("ok", "offering")}</td>${said ? h`<td>${Array.isArray(p.run_by) ? runBy(p) : "—"}</td>` : ""}<td>${bars(p.allocated, p.capacity)}</td><td class="num">${p.allocs}</td><td class="num">${p.expired_allocs ? tag("warn", `${p.expired_allocs} lapsed`) : 0}</td><td>${Object.entries(p.labels || {}).map(([k, v]) => `${k}=${v}`).join(", ") || "—"}</td></tr>`);
   return {
     title: "Pools",
     nav: "pools",
     watch: ["pools/"],
-    body: h`<h1>Pools</h1><p class="muted">${list.length} pools: what each can give, and what is allocated of it.</p>
-      ${table(["Pool", "State", "Allocated of capacity", "#Allocs", "#Lapsed", "Labels"], rows, "No pool yet.")}`,
+    body: h`<h1>Pools</h1><p class="muted">${plural(list.length, "pool")}: what each can give, and what is allocated of it.</p>
+      ${table(["Pool", "State", ...(said ? ["Run by"] : []), "Allocated of capacity", "#Allocs", "#Lapsed", "Labels"], rows, "No pool yet.")}`,
   };
 }
 
@@ -312,10 +364,11 @@ async function poolPage(name) {
     body: h`<div class="crumbs"><a href="/ui/pools">Pools</a> /</div><h1>${name}</h1>
       ${facts([
         ["state", pool.stopped ? tag("bad", "stopped") : tag("ok", "offering")],
+        ...(Array.isArray(pool.run_by) ? [["run by", runBy(pool)]] : []),
         ["allocated", bars(pool.allocated, pool.capacity)],
         ["capacity", pool.capacity],
         ["labels", Object.entries(pool.labels || {}).map(([k, v]) => `${k}=${v}`).join(", ") || "none"],
-        ["lapsed", pool.expired_allocs ? h`${tag("warn", `${pool.expired_allocs} allocs`)} (${pool.expired})` : "none"],
+        ["lapsed", pool.expired_allocs ? h`${tag("warn", plural(pool.expired_allocs, "alloc"))} (${pool.expired})` : "none"],
         ["since start", `${pool.stats.accepted} accepted, ${pool.stats.freed} freed, ${pool.stats.reclaimed} reclaimed`],
       ])}
       <h2>Allocs</h2>${table(["Alloc", "Owner", "Resources", "Lease", "#Age", ""], rows, "No alloc.")}`,
@@ -337,31 +390,37 @@ async function queuesPage() {
     const guaranteed = resources(q.guaranteed);
     const over = Object.keys(guaranteed).some((r) => (used[r] || 0) > guaranteed[r]);
     const limit = q.max || q.guaranteed;
-    return h`<tr><td><span class="indent" style="padding-left:${depth * 16}px">${q.path.split(".").pop()}</span> <span class="muted mono hide-narrow">${q.path}</span></td>
-      <td>${limit ? bars(q.used, limit) : h`<span class="muted">${q.used || "nothing"}</span>`}</td>
-      <td class="hide-narrow">${q.guaranteed || "—"}</td><td class="hide-narrow">${q.max || "no max"}</td>
-      <td>${over ? tag("warn", "over its guarantee") : q.guaranteed ? tag("ok", "within") : ""}</td>
-      <td class="num">${q.running_apps}${q.max_apps ? ` / ${q.max_apps}` : ""}</td><td class="num">${q.apps}</td><td class="num">${q.pending_tasks}</td></tr>`;
+    const apps = `/ui/apps?queue=${encodeURIComponent(q.path)}`;
+    return h`<tr><td><span class="indent" style="padding-left:${depth * 16}px"><a href="${apps}">${q.path.split(".").pop()}</a></span> <span class="muted mono hide-narrow">${q.path}</span></td>
+      <td>${limit ? bars(q.used, limit) : h`<span class="muted">${q.used || "nothing"}</span>`}${over ? h`<div>${tag("warn", "over its guarantee")}</div>` : ""}</td>
+      <td>${q.guaranteed || "—"}</td><td>${q.max || "no max"}</td>
+      <td class="num">${q.running_apps}${q.max_apps ? ` / ${q.max_apps}` : ""}</td><td class="num"><a href="${apps}">${q.apps}</a></td><td class="num">${q.pending_tasks}</td></tr>`;
   });
   return {
     title: "Queues",
     nav: "queues",
     watch: ["queues/", "apps/"],
-    body: h`<h1>Queues</h1><p class="muted">The queue tree: what each queue is guaranteed, may use at most, and uses.</p>
-      ${table(["Queue", "Used", "Guaranteed", "Max", "Share", "#Running apps", "#Apps", "#Pending tasks"], rows)}`,
+    body: h`<h1>Queues</h1><p class="muted">The queue tree: what each queue is guaranteed, may use at most, and uses; a queue leads to its applications.</p>
+      ${table(["Queue", "Used", "Guaranteed", "Max", "#Running apps", "#Apps", "#Pending tasks"], rows)}`,
   };
 }
 
+/** The applications; with `?queue=root.x`, those of that queue and the queues below it. */
 async function appsPage() {
+  const queue = new URLSearchParams(location.search).get("queue");
   const list = await allowed(all("/v1/apps", "apps"));
   if (list === null) return { title: "Applications", nav: "apps", watch: [], body: h`<h1>Applications</h1>${denied("any application")}` };
-  const rows = list.map((a) => h`<tr><td><a href="/ui/apps/${seg(a.id)}">${a.id}</a></td><td>${stateTag(a.state)}</td><td>${a.queue}</td><td>${a.user}</td><td>${tasksLine(a.tasks)}</td><td>${a.waiting ? h`${tag("warn", "waiting")} ${a.waiting.message}` : "—"}</td><td class="num">${ms(a.submitted_ms_ago)}</td></tr>`);
+  const shown = queue === null ? list : list.filter((a) => a.queue === queue || a.queue.startsWith(`${queue}.`));
+  const rows = shown.map((a) => h`<tr><td><a href="/ui/apps/${seg(a.id)}">${a.id}</a></td><td>${stateTag(a.state)}</td><td><a href="/ui/apps?queue=${encodeURIComponent(a.queue)}">${a.queue}</a></td><td>${a.user}</td><td>${tasksLine(a.tasks)}</td><td>${a.waiting ? waitingText(a.waiting) : "—"}</td><td class="num">${ms(a.submitted_ms_ago)}</td></tr>`);
+  const head = queue === null
+    ? h`<h1>Applications</h1><p class="muted">${plural(list.length, "application")}.</p>`
+    : h`<div class="crumbs"><a href="/ui/queues">Queues</a> /</div><h1>Applications in ${queue}</h1>
+      <p class="muted">${plural(shown.length, "application")} in queue ${queue} and the queues below it; <a href="/ui/apps">all ${plural(list.length, "application")}</a>.</p>`;
   return {
-    title: "Applications",
+    title: queue === null ? "Applications" : `Applications in ${queue}`,
     nav: "apps",
     watch: ["apps/"],
-    body: h`<h1>Applications</h1><p class="muted">${list.length} applications.</p>
-      ${table(["Application", "State", "Queue", "User", "Tasks", "Why it waits", "#Age"], rows, "No application yet.")}`,
+    body: h`${head}${table(["Application", "State", "Queue", "User", "Tasks", "Why it waits", "#Age"], rows, queue === null ? "No application yet." : "No application in this queue.")}`,
   };
 }
 
@@ -373,24 +432,24 @@ async function appPage(id) {
   const groups = (app.task_groups || []).map((g) => {
     const held = (app.placeholders || []).filter((p) => p.group === g.name);
     const state = held.length >= g.min_members ? tag("ok", "reserved") : held.length ? tag("warn", `${held.length} of ${g.min_members} reserved`) : tag("warn", "not reserved");
-    return h`<tr><td>${g.name}</td><td class="num">${g.min_members}</td><td>${g.min_resources}</td><td>${state}</td><td>${held.map((p) => h`<div>member ${p.member}: ${where(p.placement)}${p.task ? h` — taken by <a href="/ui/apps/${seg(id)}/tasks/${seg(p.task)}">${p.task}</a>` : ""}</div>`)}</td></tr>`;
+    return h`<tr><td>${g.name}</td><td class="num">${g.min_members}</td><td>${g.min_resources}</td><td>${state}</td><td>${held.map((p) => h`<div>${p.group}#${p.member + 1}: ${where(p.placement)}${p.task ? h` — taken by <a href="/ui/apps/${seg(id)}/tasks/${seg(p.task)}">${p.task}</a>` : ""}</div>`)}</td></tr>`;
   });
-  const rows = tasks.map((t) => h`<tr><td><a href="/ui/apps/${seg(id)}/tasks/${seg(t.id)}">${t.id}</a></td><td>${stateTag(t.state)}</td><td>${t.resources}</td><td>${t.group || "—"}</td><td>${where(t.placement)}</td><td>${t.waiting ? h`${tag("warn", t.waiting.code)} ${t.waiting.message}` : t.reason || "—"}</td></tr>`);
+  const rows = tasks.map((t) => h`<tr><td><a href="/ui/apps/${seg(id)}/tasks/${seg(t.id)}">${t.id}</a></td><td>${stateTag(t.state)}</td><td>${t.resources}</td><td>${t.group || "—"}</td><td>${where(t.placement)}</td><td>${t.waiting ? waitingText(t.waiting) : t.reason ? prose(t.reason) : "—"}</td></tr>`);
   return {
     title: `Application ${id}`,
     nav: "apps",
     watch: [`apps/${id}`],
     body: h`<div class="crumbs"><a href="/ui/apps">Applications</a> /</div><h1>${id} ${stateTag(app.state)}</h1>
       ${facts([
-        ["queue", h`${app.queue}${app.queue_rule ? h` <span class="muted">(placed by rule ${app.queue_rule})</span>` : ""}`],
+        ["queue", h`<a href="/ui/apps?queue=${encodeURIComponent(app.queue)}">${app.queue}</a>${app.queue_rule ? h` <span class="muted">(placed by rule ${app.queue_rule})</span>` : ""}`],
         ["user", `${app.user}${app.user_groups && app.user_groups.length ? ` (${app.user_groups.join(", ")})` : ""}`],
         ["tasks", tasksLine(app.tasks)],
-        ["waiting", app.waiting ? h`${tag("warn", app.waiting.code)} ${app.waiting.message}` : "no"],
-        ["reason", app.reason || "—"],
+        ["waiting", app.waiting ? waitingText(app.waiting) : "no"],
+        ["reason", app.reason ? prose(app.reason) : "—"],
         ["submitted", `${ms(app.submitted_ms_ago)} ago`],
         ["placeholders expire in", app.placeholders_expire_in_ms === null || app.placeholders_expire_in_ms === undefined ? "—" : ms(app.placeholders_expire_in_ms)],
       ])}
-      ${can[`use:queue:${app.queue}`] && !["Completed", "Failed", "Rejected"].includes(app.state) ? h`<p><button class="danger" id="remove-app">Remove this application</button></p>` : ""}
+      ${can[`use:queue:${app.queue}`] && !ended(app.state) ? h`<p><button class="danger" id="remove-app">Remove this application</button></p>` : ""}
       ${groups.length ? h`<h2>Task groups (gangs)</h2>${table(["Group", "#Members", "Each holds", "Reservation", "Placeholders"], groups)}` : ""}
       <h2>Tasks</h2>${table(["Task", "State", "Resources", "Group", "Runs on", "Why it waits / why it ended"], rows, "No task yet.")}`,
     bind: () => {
@@ -400,37 +459,105 @@ async function appPage(id) {
   };
 }
 
+/** How many lines of each log a task's page shows: its end. */
+const LOG_LINES = 200;
+/** The most pieces of a log (256 KiB each) read for one showing: a long log is caught up with
+ * over a few showings. */
+const LOG_PIECES = 8;
+/** While a task runs, how often its page is shown again: its log grows without a change on the
+ * change feed. */
+const FOLLOW_MS = 1000;
+
+/** The end of `text` that holds its last `n` lines. */
+function lastLines(text, n) {
+  let at = text.length - (text.endsWith("\n") ? 1 : 0);
+  for (let i = 0; i < n; i++) {
+    at = text.lastIndexOf("\n", at - 1);
+    if (at < 0) return text;
+  }
+  return text.slice(at + 1);
+}
+
+/** The logs of the task whose page is shown, as read so far: each read goes on from where the
+ * last one ended (`next_offset`), for the attempt it was read for. */
+let followed = { task: null, streams: {} };
+
+/** The end of one log of a task's attempt, read on from where the last read ended; null when
+ * the attempt has no such log (or it is on a daemon that cannot be asked). */
+async function logEnd(app, task, stream, attempt) {
+  const key = JSON.stringify([app, task]);
+  if (followed.task !== key) followed = { task: key, streams: {} };
+  let kept = followed.streams[stream];
+  if (!kept || kept.attempt !== attempt) kept = { attempt, offset: 0, text: "" };
+  try {
+    for (let i = 0; i < LOG_PIECES; i++) {
+      const piece = await api(`/v1/apps/${seg(app)}/tasks/${seg(task)}/logs?stream=${seg(stream)}&attempt=${attempt}&offset=${kept.offset}`);
+      if (piece.next_offset === kept.offset) break;
+      kept = { attempt, offset: piece.next_offset, text: lastLines(kept.text + piece.text, LOG_LINES) };
+    }
+  } catch (err) {
+    if (!(err instanceof ApiError) || err.status === 403) throw err;
+    return null;
+  }
+  followed.streams[stream] = kept;
+  return kept;
+}
+
+/** A run's phase as its user reads it: ended on a retryable failure, no retry left, it failed
+ * for good (as `allot task show` says). */
+function runPhase(run) {
+  const failed = "failed: ";
+  const cause = run.stage === "ended" && run.phase === "RetryableFailure" && run.ending?.startsWith(failed) ? run.ending.slice(failed.length) : null;
+  return cause === null ? stateTag(run.phase) : h`${tag("bad", "Failed")} (retryable failure, no retries left: ${prose(cause)})`;
+}
+
+const jsonBlock = (value) => h`<pre class="logs">${JSON.stringify(value, null, 2)}</pre>`;
+
 async function taskPage(id, taskId) {
   const task = await api(`/v1/apps/${seg(id)}/tasks/${seg(taskId)}`);
   let run = null;
-  let logs = null;
-  // A run exists once the task was placed; a placed task's run is on the daemon that runs its
-  // pool (elsewhere: run_not_here).
-  if (task.placement) {
+  const logs = {};
+  // A run exists once the task was placed where a daemon runs it; its logs are read on that
+  // daemon.
+  if (task.placement && !(task.waiting && STRANDED[task.waiting.code])) {
     try {
       run = await api(`/v1/apps/${seg(id)}/tasks/${seg(taskId)}/run`);
-      logs = await api(`/v1/apps/${seg(id)}/tasks/${seg(taskId)}/logs?stream=stdout`);
     } catch (err) {
       if (!(err instanceof ApiError) || err.status === 403) throw err;
     }
   }
-  const events = run ? run.events.map((e) => h`<tr><td class="mono">${clock(e.at_ms)}</td><td class="num">${e.attempt}</td><td>${stateTag(e.phase)}</td><td>${e.reason || ""}${e.error ? h` <span class="error">${e.error.code}: ${e.error.message}</span>` : ""}</td></tr>`) : [];
-  const tail = logs ? logs.text.split("\n").slice(-60).join("\n") : "";
+  if (run) {
+    [logs.stderr, logs.stdout] = await Promise.all(["stderr", "stdout"].map((s) => logEnd(id, taskId, s, run.attempt)));
+  }
+  const events = run ? run.events.map((e) => h`<tr><td class="mono">${clock(e.at_ms)}</td><td class="num">${e.attempt}</td><td>${stateTag(e.phase)}</td><td>${e.reason ? prose(e.reason) : ""}${e.error ? h` <span class="error">${e.error.code}: ${prose(e.error.message)}</span>` : ""}</td></tr>`) : [];
+  const log = (stream, what) => {
+    const kept = logs[stream];
+    if (!kept) return "";
+    return h`<h2>${what}${run && run.attempt > 1 ? ` (attempt ${run.attempt})` : ""}</h2>${kept.text ? h`<pre class="logs" data-log="${stream}">${kept.text}</pre>` : h`<p class="muted">Nothing written.</p>`}`;
+  };
+  // Until its task and run end, a run's logs may grow: the page is shown again every FOLLOW_MS.
+  const going = run !== null && (!["Completed", "Failed", "Killed", "Rejected"].includes(task.state) || run.stage !== "ended");
   return {
     title: `Task ${taskId} of ${id}`,
     nav: "apps",
     watch: [`apps/${id}/tasks/${taskId}`, `runs/${id}/${taskId}`],
+    again: going ? FOLLOW_MS : 0,
     body: h`<div class="crumbs"><a href="/ui/apps">Applications</a> / <a href="/ui/apps/${seg(id)}">${id}</a> /</div><h1>${taskId} ${stateTag(task.state)}</h1>
       ${facts([
         ["resources", task.resources],
         ["tokens", (task.tokens || []).map((t) => `${t.namespace}=${t.units}`).join(", ") || "none"],
         ["runs on", where(task.placement)],
-        ["waiting", task.waiting ? h`${tag("warn", task.waiting.code)} ${task.waiting.message}` : "no"],
-        ["reason", task.reason || "—"],
+        ["waiting", task.waiting ? waitingText(task.waiting) : "no"],
+        ["reason", task.reason ? prose(task.reason) : "—"],
       ])}
       <h2>Run</h2>
-      ${run ? h`${facts([["phase", stateTag(run.phase)], ["attempt", run.attempt], ["failures", `${run.user_failures} user, ${run.system_failures} system`]])}${table(["Time", "#Attempt", "Phase", "What happened"], events, "No event yet.")}` : h`<p class="muted">No run here: the task has not started on this daemon's pools.</p>`}
-      <h2>Log (the end of stdout)</h2>${tail ? h`<pre class="logs">${tail}</pre>` : h`<p class="muted">Nothing written.</p>`}`,
+      ${run ? h`${facts([["phase", runPhase(run)], ["attempt", run.attempt], ["failures", `${run.user_failures} user, ${run.system_failures} system`]])}${table(["Time", "#Attempt", "Phase", "What happened"], events, "No event yet.")}` : h`<p class="muted">No run here: the task has not started on this daemon's pools.</p>`}
+      ${log("stderr", "stderr (its end)")}
+      ${log("stdout", "stdout (its end)")}
+      <h2>Outputs</h2>${run && run.outputs !== undefined && run.outputs !== null ? jsonBlock(run.outputs) : h`<p class="muted">None${run && run.stage !== "ended" ? " yet" : ""}.</p>`}
+      <h2>Spec</h2>${task.spec !== undefined && task.spec !== null ? jsonBlock(task.spec) : h`<p class="muted">None: a worker outside allot runs this task.</p>`}`,
+    // A log shows its end, where it grows.
+    bind: () => main.querySelectorAll("[data-log]").forEach((pre) => (pre.scrollTop = pre.scrollHeight)),
   };
 }
 
@@ -450,6 +577,9 @@ const routes = [
 
 let current = { watch: [] };
 let showing = null;
+/** The next showing of a page that follows something the change feed does not announce (a
+ * running task's log); a page shown replaces it. */
+let again = null;
 
 async function show({ keepScroll = false } = {}) {
   const started = performance.now();
@@ -463,7 +593,7 @@ async function show({ keepScroll = false } = {}) {
     page = await route[1](...params);
   } catch (err) {
     if (err instanceof NeedsToken) return login();
-    page = { title: "Not shown", nav: "", watch: [], body: h`<h1>Not shown</h1><p class="error">${err instanceof ApiError ? `${err.code || err.status}: ${err.message}` : String(err)}</p><p><a href="/ui">Back to the overview</a></p>` };
+    page = { title: "Not shown", nav: "", watch: [], body: h`<h1>Not shown</h1><p class="error">${err instanceof ApiError ? h`${err.code || err.status}: ${prose(err.message)}` : String(err)}</p><p><a href="/ui">Back to the overview</a></p>` };
   }
   current = page;
   document.title = `${page.title} · allot`;
@@ -473,6 +603,8 @@ async function show({ keepScroll = false } = {}) {
     else link.removeAttribute("aria-current");
   }
   if (page.bind) page.bind();
+  clearTimeout(again);
+  if (page.again) again = setTimeout(refresh, page.again);
   for (const button of main.querySelectorAll("[data-show-all]")) {
     button.addEventListener("click", () => {
       showAll.add(location.pathname);
@@ -500,7 +632,7 @@ async function act(question, call) {
   try {
     await call();
   } catch (err) {
-    alert(err instanceof ApiError ? `${err.code}: ${err.message}` : String(err));
+    alert(err instanceof ApiError ? `${err.code}: ${err.message.replace(/`/g, "")}` : String(err));
   }
   refresh();
 }

@@ -166,7 +166,11 @@ impl Plugin for Shell {
                 }
                 126 | 127 => PhaseInfo::permanent(ExecError::user(
                     &format!("exit_{code}"),
-                    format!("the command could not be run (exit status {code}); see stderr.log"),
+                    format!(
+                        "the command could not be run (exit status {code}); its stderr: `allot task logs {} {} \
+                         --stream stderr`",
+                        ctx.run.app, ctx.run.task
+                    ),
                 )),
                 code => PhaseInfo::retryable(ExecError::user(&format!("exit_{code}"), format!("exit status {code}"))),
             }));

@@ -286,6 +286,20 @@ pub(crate) fn task_state(task: &Task) -> String {
     }
 }
 
+/// A run's phase as its user reads it: a run that ended on a retryable failure with no retry
+/// left has failed for good (see [`failed_for_good`]); any other phase is its plugin's own.
+pub(crate) fn phase_shown(run: &TaskRun) -> String {
+    failed_for_good(run).unwrap_or_else(|| run.phase.clone())
+}
+
+/// `Failed (retryable failure, no retries left: exit status 3)` for a run that ended on a
+/// retryable failure because its retries were used up; `None` for any other run.
+pub(crate) fn failed_for_good(run: &TaskRun) -> Option<String> {
+    let cause = run.ending.as_deref()?.strip_prefix("failed: ")?;
+    (run.stage == "ended" && run.phase == "RetryableFailure")
+        .then(|| format!("Failed (retryable failure, no retries left: {cause})"))
+}
+
 /// A run's summary, then its timeline.
 pub(crate) fn run_timeline(run: &TaskRun) -> String {
     let failures = format!("{} user, {} system", run.user_failures, run.system_failures);
@@ -293,7 +307,7 @@ pub(crate) fn run_timeline(run: &TaskRun) -> String {
         ("app", show(&run.app)),
         ("task", show(&run.task)),
         ("attempt", run.attempt.to_string()),
-        ("phase", run.phase.clone()),
+        ("phase", phase_shown(run)),
         ("stage", run.stage.clone()),
         ("ending", run.ending.clone().unwrap_or_else(|| "-".to_owned())),
         ("failures", failures),
@@ -401,7 +415,7 @@ pub(crate) fn task_details(task: &Task, run: Option<&TaskRun>) -> String {
         ("spec", task.spec.as_ref().map_or_else(|| "-".to_owned(), serde_json::Value::to_string)),
     ];
     if let Some(run) = run {
-        pairs.push(("attempt", format!("{} ({})", run.attempt, run.phase)));
+        pairs.push(("attempt", format!("{}: {}", run.attempt, phase_shown(run))));
         pairs.extend(cache_pairs(run));
     }
     key_values(&pairs)

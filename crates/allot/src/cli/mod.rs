@@ -123,6 +123,12 @@ impl Common {
             .unwrap_or_else(|| DEFAULT_SERVER.to_owned())
     }
 
+    /// ` --server URL` when the daemon was named by the flag, for a command shown to the user to
+    /// run next (the environment names it for that command too); else nothing.
+    pub(crate) fn server_flag(&self) -> String {
+        self.server.as_ref().map_or_else(String::new, |url| format!(" --server {url}"))
+    }
+
     /// A file named by its flag, else by its environment variable (none when empty).
     fn path(flag: &Option<std::path::PathBuf>, env: &str) -> Option<std::path::PathBuf> {
         flag.clone().or_else(|| std::env::var_os(env).filter(|v| !v.is_empty()).map(Into::into))

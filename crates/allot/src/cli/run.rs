@@ -1,7 +1,8 @@
 //! `allot run FILE`: submits an application and follows it to its end. Progress is shown a bar
 //! per task group (ungrouped tasks on a bar of their own) on a terminal, else a line per task
 //! state change (`follow`); a task that waits long says why; a daemon that restarts meanwhile is
-//! waited for. Then a summary of every task (its state, attempts, time and why it failed). When
+//! waited for. Then a summary of every task (its state, attempts, time and why it failed), and
+//! the end of each failed task's stderr with the command that shows all of it. When
 //! every task has ended the application is ended too: completed if every task completed, failed
 //! otherwise. The exit status says which.
 
@@ -12,9 +13,9 @@ use std::time::{Duration, Instant};
 use allot_client::{Client, ClientError, Task, TaskRun, WatchFilter};
 use futures_util::{FutureExt, StreamExt};
 
-use super::apps_output::ended;
+use super::apps_output::{ended, failed_for_good};
 use super::follow::{states_line, Outages, Progress, Style, STILL_LINE_AFTER, WAIT_NOTE_AFTER};
-use super::{client, count, finish, usage_error, Align, Common, Table, EXIT_ERROR, EXIT_OK, EXIT_USAGE};
+use super::{client, count, finish, show, usage_error, Align, Common, Table, EXIT_ERROR, EXIT_OK, EXIT_USAGE};
 use crate::appfile::read_app;
 
 /// `allot run --help`'s epilogue: what it shows, and its exit codes.
@@ -134,11 +135,26 @@ pub(crate) async fn run(mut args: RunArgs, before: &Common) -> anyhow::Result<Ex
                 runs.insert(task.id.clone(), run);
             }
         }
+        let mut stderr = BTreeMap::new();
+        for task in failed.iter().filter(|t| runs.contains_key(&t.id)) {
+            if let Some(tail) = stderr_tail(&client, &app, &task.id).await {
+                stderr.insert(task.id.clone(), tail);
+            }
+        }
         if common.json {
-            let summary = serde_json::json!({ "app": app, "state": state, "tasks": tasks, "runs": runs });
+            let summary =
+                serde_json::json!({ "app": app, "state": state, "tasks": tasks, "runs": runs, "stderr": stderr });
             println!("{}", serde_json::to_string_pretty(&summary).expect("JSON encodes"));
         } else if !common.quiet {
             print!("{}", summary(&tasks, &runs));
+            for (task, tail) in &stderr {
+                let all =
+                    format!("allot task logs {} {} --stream stderr{}", show(&app), show(task), common.server_flag());
+                println!("{task}: the end of its stderr (all of it: `{all}`):");
+                for line in tail.lines() {
+                    println!("    {line}");
+                }
+            }
             println!(
                 "app {app}: {state} after {:.1} s ({})",
                 started.elapsed().as_secs_f64(),
@@ -205,6 +221,36 @@ async fn follow(
     }
 }
 
+/// How many lines of a failed task's stderr the summary shows: its end, where a command says
+/// why it failed.
+const STDERR_LINES: usize = 10;
+
+/// The last [`STDERR_LINES`] lines of a task's stderr in its last attempt; `None` when it has
+/// no such log (a plugin other than `shell`), or wrote nothing to it.
+async fn stderr_tail(client: &Client, app: &str, task: &str) -> Option<String> {
+    let mut tail = String::new();
+    let mut offset = 0;
+    loop {
+        let piece = client.task_logs(app, task, Some("stderr"), None, offset).await.ok()?;
+        if piece.next_offset == offset {
+            break;
+        }
+        tail.push_str(&piece.text);
+        tail = last_lines(&tail, STDERR_LINES).to_owned();
+        offset = piece.next_offset;
+    }
+    (!tail.trim().is_empty()).then_some(tail)
+}
+
+/// The end of `text` that holds its last `n` lines (a line ends with its `\n`, or the text).
+fn last_lines(text: &str, n: usize) -> &str {
+    let body = text.strip_suffix('\n').unwrap_or(text);
+    match body.rmatch_indices('\n').nth(n.saturating_sub(1)) {
+        Some((at, _)) => &text[at + 1..],
+        None => text,
+    }
+}
+
 /// Every task: state, attempts, time from its first event to its last, whether its outputs came
 /// from the cache, and why it failed; then how each attempt ended, for tasks run more than once.
 fn summary(tasks: &[Task], runs: &BTreeMap<String, TaskRun>) -> String {
@@ -243,15 +289,30 @@ fn summary(tasks: &[Task], runs: &BTreeMap<String, TaskRun>) -> String {
 }
 
 /// How each attempt of a run ended (or where it is): `attempt 1: RetryableFailure (user error
-/// exit_3), attempt 2: Success`.
+/// exit_3), attempt 2: Success`; the last attempt of a run that ended reads as the run ended
+/// (`Failed (retryable failure, no retries left: exit status 3)`).
 fn attempts_line(run: &TaskRun) -> String {
     let attempts = (1..=run.attempt).filter_map(|attempt| {
         let last = run.events.iter().rev().find(|e| e.attempt == attempt)?;
-        let how = match &last.error {
-            Some(error) => format!("{} ({} error {})", last.phase, error.kind, error.code),
-            None => last.phase.clone(),
+        let how = match (&last.error, failed_for_good(run)) {
+            (_, Some(failed)) if attempt == run.attempt => failed,
+            (Some(error), _) => format!("{} ({} error {})", last.phase, error.kind, error.code),
+            (None, _) => last.phase.clone(),
         };
         Some(format!("attempt {attempt}: {how}"))
     });
     attempts.collect::<Vec<_>>().join(", ")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn last_lines_keeps_the_end() {
+        assert_eq!(last_lines("a\nb\nc\n", 2), "b\nc\n");
+        assert_eq!(last_lines("a\nb\nc", 2), "b\nc");
+        assert_eq!(last_lines("a\nb", 5), "a\nb");
+        assert_eq!(last_lines("", 3), "");
+    }
 }

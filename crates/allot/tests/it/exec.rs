@@ -438,7 +438,10 @@ async fn retries_are_configurable_and_each_attempt_shows() {
         "{text}"
     );
     assert!(
-        text.contains("always: attempt 1: RetryableFailure (user error exit_5), attempt 2: RetryableFailure"),
+        text.contains(
+            "always: attempt 1: RetryableFailure (user error exit_5), attempt 2: Failed (retryable failure, no \
+             retries left: exit status 5)"
+        ),
         "{text}"
     );
     let client = daemon.client();

@@ -185,3 +185,45 @@ async fn allot_run_of_an_application_that_exists_says_so_and_replace_runs_it_aga
     assert!(stderr.contains("removed app again (Completed) to run it again"), "{stderr}");
     assert!(stderr.contains("submitted app again") && stdout.contains("app again: Completed"), "{stdout}\n{stderr}");
 }
+
+/// A shell task that fails: `allot run`'s summary shows the end of its stderr and the command
+/// that shows all of it; a task whose retries are used up reads `Failed`, its cause beside it,
+/// in the summary and in `allot task show`; a command that cannot be run names that command too.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn allot_run_shows_a_failed_tasks_stderr_and_failed_once_its_retries_are_used_up() {
+    let (dir, data) = data_dir();
+    let config = format!("{EXAMPLES}/allot.toml");
+    let daemon = Daemon::start(&data, &["--config", config.as_str(), "--pool", "worker=cpu=4", "--run-pool", "worker"]);
+    let file = dir.path().join("fails.yaml");
+    std::fs::write(
+        &file,
+        "id: fails\nqueue: root.examples\nuser: me\ntasks:\n  - id: full\n    resources: cpu=1\n    retries: 1\n    \
+         spec: {type: shell, command: 'echo writing; echo \"disk full\" >&2; exit 3'}\n  - id: missing\n    \
+         resources: cpu=1\n    spec: {type: shell, command: 'no-such-command-anywhere'}\n",
+    )
+    .unwrap();
+    let args = [file.to_str().unwrap(), "--server", &daemon.url, "--poll", "100ms", "--timeout", "60s"];
+    let (status, stdout, stderr) = Run::start(&args).end(Duration::from_secs(60)).await;
+    assert_eq!(status.and_then(|s| s.code()), Some(1), "{stdout}\n{stderr}");
+    let command = format!("allot task logs fails full --stream stderr --server {}", daemon.url);
+    let shown = format!("full: the end of its stderr (all of it: `{command}`):\n    disk full\n");
+    assert!(stdout.contains(&shown), "{stdout}");
+    assert!(
+        stdout.contains("missing: the end of its stderr") && stdout.contains("no-such-command-anywhere"),
+        "{stdout}"
+    );
+    let attempts = "full: attempt 1: RetryableFailure (user error exit_3), attempt 2: Failed (retryable failure, no \
+                    retries left: exit status 3)";
+    assert!(stdout.contains(attempts), "{stdout}");
+    let words: Vec<&str> = command.split(' ').collect();
+    let logs = Command::new(ALLOT).args(&words[1..]).output().unwrap();
+    assert_eq!(String::from_utf8_lossy(&logs.stdout), "disk full\n", "the command shown shows it");
+    let show = Command::new(ALLOT).args(["task", "show", "fails", "full", "--server", &daemon.url]).output().unwrap();
+    let show = String::from_utf8_lossy(&show.stdout);
+    assert!(show.contains("2: Failed (retryable failure, no retries left: exit status 3)"), "{show}");
+    assert!(!show.contains("RetryableFailure"), "{show}");
+    let missing = daemon.client().task("fails", "missing").await.unwrap();
+    let reason = missing.reason.unwrap_or_default();
+    assert!(reason.contains("its stderr: `allot task logs fails missing --stream stderr`"), "{reason}");
+    assert!(!reason.contains("stderr.log"), "{reason}");
+}
