@@ -268,6 +268,30 @@ class GangExceedsQueue(ConflictError):
     code = "gang_exceeds_queue"
 
 
+class GangExceedsQuota(ConflictError):
+    """``gang_exceeds_quota`` (409)."""
+
+    code = "gang_exceeds_quota"
+
+
+class TaskNeverFits(ConflictError):
+    """``task_never_fits`` (409)."""
+
+    code = "task_never_fits"
+
+
+class TokensExceedQuota(ConflictError):
+    """``tokens_exceed_quota`` (409)."""
+
+    code = "tokens_exceed_quota"
+
+
+class TaskTypeUnknown(ConflictError):
+    """``task_type_unknown`` (409)."""
+
+    code = "task_type_unknown"
+
+
 class LargerThanTaskGroup(ConflictError):
     """``larger_than_task_group`` (409)."""
 
@@ -385,6 +409,10 @@ ERRORS: Dict[str, Type[AllotError]] = {
     "app_ended": AppEnded,
     "gang_never_fits": GangNeverFits,
     "gang_exceeds_queue": GangExceedsQueue,
+    "gang_exceeds_quota": GangExceedsQuota,
+    "task_never_fits": TaskNeverFits,
+    "tokens_exceed_quota": TokensExceedQuota,
+    "task_type_unknown": TaskTypeUnknown,
     "larger_than_task_group": LargerThanTaskGroup,
     "illegal_transition": IllegalTransition,
     "unknown_task_group": UnknownTaskGroup,
@@ -402,4 +430,4 @@ ERRORS: Dict[str, Type[AllotError]] = {
     "forbidden": Forbidden,
 }
 
-__all__ = ["InvalidJson", "InvalidArgument", "InvalidName", "InvalidCursor", "NotFound", "MethodNotAllowed", "PayloadTooLarge", "Internal", "StoreUnavailable", "StoreOutcomeUnknown", "NotEnoughReplicas", "ShuttingDown", "CapsWithoutScope", "NamespaceNotFound", "GrantNotFound", "SessionNotFound", "StaleFencing", "TokenConflict", "NamespaceInUse", "InvalidResources", "PoolNotFound", "AllocNotFound", "OfferNotFound", "OfferExpired", "ExceedsCapacity", "PoolStopped", "PoolInUse", "AllocEnded", "AllocIdTaken", "HeldByScheduler", "InvalidQueue", "QueueNotFound", "AppNotFound", "TaskNotFound", "QueueInUse", "QueueNotALeaf", "NoUsableQueue", "AppConflict", "TaskConflict", "TaskGroupConflict", "AppEnded", "GangNeverFits", "GangExceedsQueue", "LargerThanTaskGroup", "IllegalTransition", "UnknownTaskGroup", "RunNotFound", "LogsNotFound", "RunNotHere", "RevisionCompacted", "WatchUnsupported", "ApiTokenNotFound", "BindingNotFound", "ApiTokenExists", "UnknownRole", "ERRORS"]
+__all__ = ["InvalidJson", "InvalidArgument", "InvalidName", "InvalidCursor", "NotFound", "MethodNotAllowed", "PayloadTooLarge", "Internal", "StoreUnavailable", "StoreOutcomeUnknown", "NotEnoughReplicas", "ShuttingDown", "CapsWithoutScope", "NamespaceNotFound", "GrantNotFound", "SessionNotFound", "StaleFencing", "TokenConflict", "NamespaceInUse", "InvalidResources", "PoolNotFound", "AllocNotFound", "OfferNotFound", "OfferExpired", "ExceedsCapacity", "PoolStopped", "PoolInUse", "AllocEnded", "AllocIdTaken", "HeldByScheduler", "InvalidQueue", "QueueNotFound", "AppNotFound", "TaskNotFound", "QueueInUse", "QueueNotALeaf", "NoUsableQueue", "AppConflict", "TaskConflict", "TaskGroupConflict", "AppEnded", "GangNeverFits", "GangExceedsQueue", "GangExceedsQuota", "TaskNeverFits", "TokensExceedQuota", "TaskTypeUnknown", "LargerThanTaskGroup", "IllegalTransition", "UnknownTaskGroup", "RunNotFound", "LogsNotFound", "RunNotHere", "RevisionCompacted", "WatchUnsupported", "ApiTokenNotFound", "BindingNotFound", "ApiTokenExists", "UnknownRole", "ERRORS"]

@@ -233,6 +233,10 @@ class ErrorBody(TypedDict):
 class ErrorDetail(TypedDict):
     code: str
     """One of the codes listed in the API's description, e.g. `namespace_not_found`."""
+    compact_revision: NotRequired[Optional[int]]
+    """With `revision_compacted`: the oldest revision a watch can start after now (etcd's
+    `compact_revision`); watch from it, or list again.
+    """
     message: str
 
 
@@ -378,6 +382,12 @@ class Pool(TypedDict):
     name: str
     plugins: NotRequired[Optional[List[str]]]
     """The task types its executor runs; `null`: every type its daemon has."""
+    run_by: NotRequired[Optional[List[str]]]
+    """The daemons (by URL) whose live executors run its tasks; empty when no daemon runs it: then
+    only tasks without a type (run by outside workers that read their allocs) are placed on it.
+    Absent in the change feed's events (which say what changed in the store, not who runs it):
+    read the pool for it.
+    """
     stats: PoolStats
     stopped: bool
     """A stopped pool (idle) makes no offers until it is put again."""

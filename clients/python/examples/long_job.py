@@ -2,8 +2,8 @@
 keeps it alive in the background while it works (longer than the alloc's lease), and frees it
 when done, also when the work fails.
 
-    allot serve --pool worker-1=cpu=16,mem=64GiB --pool worker-2=cpu=4,mem=16GiB &
-    python3 long_job.py --seconds 3
+    allot serve --pool worker=cpu=8 --run-pool worker &     # the README's daemon
+    python3 long_job.py --seconds 3                          # or --pools a,b: the best fit of several
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ import allot
 
 def main() -> None:
     parser = argparse.ArgumentParser(description="holds an alloc while a long job runs")
-    parser.add_argument("--pools", default="worker-1,worker-2", help="comma-separated")
+    parser.add_argument("--pools", default="worker", help="comma-separated (the README's daemon has `worker`)")
     parser.add_argument("--min", default="cpu=2,mem=4GiB")
     parser.add_argument("--seconds", type=float, default=3.0)
     args = parser.parse_args()

@@ -131,8 +131,9 @@ def test_the_pages_show_the_state_live(browser: Any, ui_daemon: Daemon) -> None:
             "tasks": [{"id": "first", "resources": "cpu=1", "group": "pair", "selector": {"ui": "yes"}}],
         }
         client.submit_app(gang)
-        client.submit_app({"id": "ui-big", "queue": "root.ui", "tasks": [{"id": "huge", "resources": "cpu=64", "selector": {"ui": "yes"}}]})
         until("the gang is reserved", lambda: len(client.app("ui-gang")["placeholders"]) == 2)
+        # Room for it only once the gang's placeholders go (what could never fit is refused).
+        client.submit_app({"id": "ui-big", "queue": "root.ui", "tasks": [{"id": "huge", "resources": "cpu=4", "selector": {"ui": "yes"}}]})
         until("the huge task says why it waits", lambda: client.task("ui-big", "huge").get("waiting"))
 
         assert base.startswith("http://")
@@ -233,12 +234,14 @@ def test_the_pages_answer_quickly_with_many_things(browser: Any, data_root: Path
     try:
         with Client(daemon.url) as client:
             for i in range(1000):
-                client.put_namespace(f"many:{i:04d}", 10)
+                # many:0000 is paused: every task below waits for it.
+                client.put_namespace(f"many:{i:04d}", 0 if i == 0 else 10)
             for i in range(100):
                 client.put_pool(f"many-{i:03d}", "cpu=8,mem=32GiB", labels={"many": "yes"})
             client.put_queue("root.many")
             for a in range(10):
-                tasks = [{"id": f"t{t:03d}", "resources": "cpu=64", "selector": {"many": "yes"}} for t in range(100)]
+                paused = [{"namespace": "many:0000", "units": 1}]
+                tasks = [{"id": f"t{t:03d}", "resources": "cpu=1", "selector": {"many": "yes"}, "tokens": paused} for t in range(100)]
                 client.submit_app({"id": f"many-{a}", "queue": "root.many", "tasks": tasks})
         pages = ["/ui", "/ui/namespaces", "/ui/namespaces/many:0500", "/ui/pools", "/ui/pools/many-050", "/ui/queues", "/ui/apps", "/ui/apps/many-5", "/ui/apps/many-5/tasks/t050"]
         open_page(browser, daemon.url + "/ui")  # the browser's first start is not the page's
@@ -420,11 +423,12 @@ def test_the_pages_answer_a_new_users_questions(browser: Any, data_root: Path) -
             for queue in ("root.q1", "root.q2", "root.q3"):
                 client.put_queue(queue)
             idle = {"where": "idle"}
-            client.submit_app({"id": "stranded", "queue": "root.q1", "tasks": [{"id": "alone", "resources": "cpu=1", "selector": idle}]})
+            client.submit_app({"id": "stranded", "queue": "root.q1", "tasks": [{"id": "alone", "resources": "cpu=1", "selector": idle, "spec": {"type": "noop"}}]})
+            client.accept("idle", "1", "cpu=1", owner="by hand")  # one alloc, for the counts
 
             def stranded() -> bool:
                 waiting = client.task("stranded", "alone").get("waiting")
-                return waiting is not None and waiting["code"] == "pool_not_run"
+                return waiting is not None and waiting["code"] == "not_run"
 
             until("the task is stranded", stranded)
 
@@ -435,7 +439,7 @@ def test_the_pages_answer_a_new_users_questions(browser: Any, data_root: Path) -
                 assert words in page, f"{words!r}: {page}"
             assert not WRONG_PLURALS.search(page), page
             assert "stranded" in page and "stranded" in browser.execute_script("return [...document.querySelectorAll('ul.attention a')].map(a => a.textContent)"), page
-            assert "which no daemon runs" in page and "`" not in page, page
+            assert "no daemon runs pool idle" in page and "`" not in page, page
             assert browser.execute_script("return [...document.querySelectorAll('main code')].some(c => c.textContent === 'idle')")
 
             # A queue leads to its applications; no empty `Share` column.
@@ -471,9 +475,13 @@ def test_the_pages_answer_a_new_users_questions(browser: Any, data_root: Path) -
             assert "pool x said <img src=x id=injected> no" in page and "`" not in page, page
             assert not browser.find_elements(By.ID, "injected"), "API text is never markup"
             open_page(browser, daemon.url + "/ui/apps/stranded/tasks/alone")
-            assert "`" not in text(browser) and "which no daemon runs" in text(browser), text(browser)
+            assert "`" not in text(browser) and "no daemon runs pool idle" in text(browser), text(browser)
 
-            # Pools: which daemon runs each, when the daemon says (older ones do not).
+            # Pools: which daemon runs each, as this daemon says; and when it does not (older ones).
+            assert client.pool("idle")["run_by"] == [] and client.pool("worker")["run_by"] == [daemon.url]
+            open_page(browser, daemon.url + "/ui/pools")
+            rows = browser.execute_script("return Object.fromEntries([...document.querySelectorAll('main tbody tr')].map(tr => [tr.cells[0].innerText, tr.innerText]))")
+            assert daemon.url in rows["worker"] and "no daemon runs it" in rows["idle"], rows
             fake = fake_run_by(browser, {"worker": [daemon.url]})
             open_page(browser, daemon.url + "/ui/pools")
             assert "Run by" in column_heads(browser), column_heads(browser)

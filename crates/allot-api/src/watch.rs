@@ -174,6 +174,7 @@ mod tests {
             stats: crate::PoolStats { accepted: 0, offer_expired: 0, freed: 0, reclaimed: 0 },
             labels: Default::default(),
             plugins: None,
+            run_by: None,
         };
         let event = WatchEvent {
             revision: 7,

@@ -63,7 +63,8 @@ fn setup() -> (Scheduler, Pools, Ledger) {
             selector: BTreeMap::new(),
             spec: String::new(),
         };
-        sched.add_task(&apps[usize::from(i >= TASKS / 2)], spec, 1, &ledger).unwrap();
+        let world = World { pools: &mut pools, ledger: &mut ledger };
+        sched.add_task(&apps[usize::from(i >= TASKS / 2)], spec, 1, &world).unwrap();
     }
     (sched, pools, ledger)
 }

@@ -306,8 +306,11 @@ struct Filters {
     running: HashMap<Option<String>, Rc<[bool]>>,
     /// By spot: whether a live executor runs it (or not, by side).
     sides: HashMap<bool, Rc<[bool]>>,
-    classes: HashMap<(Option<Principal>, Option<String>, Option<bool>), u32>,
+    classes: HashMap<ClassKey, u32>,
 }
+
+/// What makes two placements take the same pools: the user, the task types (joined), the side.
+type ClassKey = (Option<Principal>, Option<String>, Option<bool>);
 
 /// A leaf queue's applications with work in this cycle.
 struct Lane {

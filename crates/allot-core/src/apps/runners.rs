@@ -91,7 +91,7 @@ mod tests {
 
     fn lease(pools: &[&str], types: &[&str], live: bool) -> Runner {
         Runner {
-            pools: pools.iter().map(|p| PoolName::new(*p).unwrap()).collect(),
+            pools: pools.iter().map(|p| PoolName::new(p).unwrap()).collect(),
             task_types: types.iter().map(|t| (*t).to_owned()).collect(),
             live,
         }

@@ -99,7 +99,7 @@ impl Bench {
         let leases: Vec<Runner> = executors
             .iter()
             .map(|(pools, types)| Runner {
-                pools: pools.iter().map(|p| PoolName::new(*p).unwrap()).collect(),
+                pools: pools.iter().map(|p| PoolName::new(p).unwrap()).collect(),
                 task_types: types.iter().map(|t| (*t).to_owned()).collect(),
                 live: true,
             })
