@@ -10,7 +10,9 @@
 //!   only if the cursor is still where it read it (another daemon may have copied them: it then
 //!   goes on from there), then trims what it copied from the stream and looks again if more
 //!   came. Every [`SWEEP_EVERY`] a daemon marks every stream (every namespace and pool listed,
-//!   the sessions, applications and runs), so a message lost costs a delay, never an event.
+//!   the sessions, applications and runs), so a message lost costs a delay, never an event; and
+//!   it copies every stream when it opens the store (before it serves) and when it subscribes
+//!   again, so that what a daemon killed left in the streams comes before any later change.
 //! - **Order.** The log is one order every daemon reads alike; each stream's events are in it in
 //!   the order they were committed (one stream per namespace with its grants and waiters, per
 //!   pool with its allocs, one for the sessions, one for the applications (one scheduler at a
@@ -103,6 +105,19 @@ pub(crate) async fn run_copier(inner: Arc<Inner>) {
             })
             .await;
     }
+}
+
+/// Copies every stream into the log now: at open, before this daemon serves, so that events a
+/// daemon killed left in the streams (their messages heard by nobody) take their revisions
+/// before any change this daemon makes, not at the next sweep after them.
+pub(crate) async fn copy_every_stream(inner: &Inner) -> Result<(), StoreError> {
+    list_streams(inner).await?;
+    let results: Vec<Result<(), StoreError>> = stream::iter(every_stream(inner))
+        .map(|source| async move { copy(inner, &source).await })
+        .buffer_unordered(8)
+        .collect()
+        .await;
+    results.into_iter().collect()
 }
 
 /// Reads the namespaces and pools listed now into `Inner::listed` (as the sweeper does each

@@ -97,7 +97,12 @@ impl RedisStore {
         let conn = Self::connect(config, &scripts).await?;
         let feed_conn = Self::connect(config, &scripts).await?;
         let inner = Arc::new(Inner::new(conn, feed_conn, scripts, config.watch));
-        // Every event the log keeps is read before the first watcher comes.
+        // What the streams hold is copied into the log, and every event the log keeps is read,
+        // before the first watcher comes and before this daemon changes anything.
+        while let Err(err) = feed::copy_every_stream(&inner).await {
+            tracing::warn!(error = %err, "cannot copy the change feed's streams yet; retrying");
+            tokio::time::sleep(Duration::from_millis(500)).await;
+        }
         while let Err(err) = feed::load(&inner).await {
             tracing::warn!(error = %err, "cannot read the change feed's log yet; retrying");
             tokio::time::sleep(Duration::from_millis(500)).await;

@@ -153,7 +153,7 @@ impl FeedState {
             config,
             dirty: Mutex::default(),
             copy_wanted: Notify::new(),
-            copy_all_wanted: std::sync::atomic::AtomicBool::new(true),
+            copy_all_wanted: std::sync::atomic::AtomicBool::new(false),
             read_wanted: Notify::new(),
             cursors: Mutex::default(),
         }

@@ -519,8 +519,12 @@ impl Scheduler {
                 Ok(()) => return true,
                 Err(why) => {
                     // A queue's limit holds the application back, not only this task: it says so;
-                    // and so does a task that can never fit, which fails it after a grace.
-                    if matches!(why, Why::QueueLimit(_) | Why::CanNeverFit(_)) {
+                    // and so does a task that can never fit (which fails it after a grace) or
+                    // that no daemon runs (stranded until one does).
+                    if matches!(
+                        why,
+                        Why::QueueLimit(_) | Why::CanNeverFit(_) | Why::NotRun { .. } | Why::TypeNotRun { .. }
+                    ) {
                         self.why_app.entry(app_id.clone()).or_insert_with(|| why.clone());
                     }
                     if let Why::CanNeverFit(never) = &why {

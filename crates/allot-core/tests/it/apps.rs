@@ -823,6 +823,7 @@ fn a_task_with_a_type_goes_only_where_a_live_executor_runs_it() {
     assert_eq!(b.state("a", "more"), TaskState::Pending);
     let why = b.sched.task_why(&aid("a"), &tid("more")).unwrap();
     assert_eq!(why.code(), "not_run", "{why}");
+    assert_eq!(b.sched.app_why(&aid("a")), Some(why.clone()), "the application says so too");
     assert_eq!(
         why.to_string(),
         "the task has a type, and no daemon runs pools `idle`, `run`, which would take it: start one with --run-pool NAME"
