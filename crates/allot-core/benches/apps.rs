@@ -10,7 +10,9 @@ use std::sync::Arc;
 
 use allot_core::access::{Binding, Pattern, Permission, Policy, Role, Tenancy};
 use allot_core::apps::queues::{QueueLimits, QueuePath};
-use allot_core::apps::{AppId, AppSpec, Outcome, SchedConfig, Scheduler, SchedulingPolicy, TaskId, TaskSpec, World};
+use allot_core::apps::{
+    AppId, AppSpec, Outcome, Runner, Runners, SchedConfig, Scheduler, SchedulingPolicy, TaskId, TaskSpec, World,
+};
 use allot_core::pools::{LeaseRules, PoolName, Pools};
 use allot_core::{Ledger, Resources};
 use criterion::{criterion_group, criterion_main, BatchSize, Criterion, Throughput};
@@ -24,7 +26,21 @@ fn res(text: &str) -> Resources {
 
 /// The scheduler with every task pending, its pools and its ledger.
 fn setup() -> (Scheduler, Pools, Ledger) {
+    setup_with(String::new(), false)
+}
+
+/// The same, every task with `spec`; with `run`, every pool run by an executor of the built-in
+/// types.
+fn setup_with(spec: String, run: bool) -> (Scheduler, Pools, Ledger) {
     let mut sched = Scheduler::new(SchedConfig::default());
+    let runner = Runner {
+        pools: (0..POOLS).map(|i| PoolName::new(&format!("node-{i}")).unwrap()).collect(),
+        task_types: ["http", "noop", "shell", "sleep"].map(str::to_owned).to_vec(),
+        live: true,
+    };
+    if run {
+        sched.set_runners(Runners::from_leases(&[runner]));
+    }
     let mut pools = Pools::new(LeaseRules::default());
     let mut ledger = Ledger::new();
     let per_pool = (TASKS / POOLS + 1) as u64;
@@ -61,7 +77,7 @@ fn setup() -> (Scheduler, Pools, Ledger) {
             group: None,
             priority: 0,
             selector: BTreeMap::new(),
-            spec: String::new(),
+            spec: spec.clone(),
         };
         let world = World { pools: &mut pools, ledger: &mut ledger };
         sched.add_task(&apps[usize::from(i >= TASKS / 2)], spec, 1, &world).unwrap();
@@ -104,6 +120,12 @@ fn bench_cycle(c: &mut Criterion) {
             cycle,
             BatchSize::PerIteration,
         );
+    });
+    // Every task with a type (a shell command), on pools run by executors of the built-in types:
+    // each placement reads its task's type.
+    group.bench_function("10000_tasks_500_pools_typed", |b| {
+        let spec = r#"{"type": "shell", "command": "make test", "env": {"CI": "1"}}"#.to_owned();
+        b.iter_batched(|| setup_with(spec.clone(), true), cycle, BatchSize::PerIteration);
     });
     group.finish();
 }

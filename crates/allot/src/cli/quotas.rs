@@ -357,8 +357,15 @@ async fn run_token(command: &TokenCommand) -> Result<u8, ClientError> {
                 session: session.clone(),
                 wait_ms: wait.map(millis),
             };
-            let answer = allocate_waiting(&client(common)?, namespace, token, &request).await?;
-            emit(common, &answer, allocate_line)?;
+            let client = client(common)?;
+            let answer = allocate_waiting(&client, namespace, token, &request).await?;
+            // A quota of 0 is a pause, not a full namespace: said so (one more read, on refusal).
+            let paused =
+                answer.status == Status::Exhausted && client.namespace(namespace).await.is_ok_and(|ns| ns.quota == 0);
+            emit(common, &answer, |answer| match paused {
+                true => format!("exhausted: namespace {} is paused (its quota is 0)\n", show(namespace)),
+                false => allocate_line(answer),
+            })?;
             Ok(match answer.status {
                 Status::Granted => EXIT_OK,
                 Status::Exhausted => EXIT_EXHAUSTED,
@@ -606,6 +613,14 @@ fn allocate_line(answer: &AllocateResponse) -> String {
     line
 }
 
+/// A namespace's free units; `paused` for a quota of 0 (nothing is granted until it is raised).
+fn free_text(ns: &Namespace) -> String {
+    match ns.quota {
+        0 => "paused".to_owned(),
+        quota => quota.saturating_sub(ns.granted_units).to_string(),
+    }
+}
+
 fn namespace_table(namespaces: &[Namespace]) -> String {
     if namespaces.is_empty() {
         return "no namespaces\n".to_owned();
@@ -625,7 +640,7 @@ fn namespace_table(namespaces: &[Namespace]) -> String {
             show(&ns.name),
             ns.quota.to_string(),
             ns.granted_units.to_string(),
-            ns.quota.saturating_sub(ns.granted_units).to_string(),
+            free_text(ns),
             ns.grants.to_string(),
             ns.waiters.to_string(),
             ns.waiting_units.to_string(),
@@ -640,7 +655,7 @@ fn namespace_details(ns: &Namespace) -> String {
         ("namespace", show(&ns.name)),
         ("quota", ns.quota.to_string()),
         ("granted units", ns.granted_units.to_string()),
-        ("free units", ns.quota.saturating_sub(ns.granted_units).to_string()),
+        ("free units", free_text(ns)),
         ("grants", ns.grants.to_string()),
         ("waiters", ns.waiters.to_string()),
         ("waiting units", ns.waiting_units.to_string()),

@@ -41,6 +41,17 @@ async fn exit_codes_tell_granted_exhausted_cap_and_errors_apart() {
         assert_eq!(json["status"], "Granted");
         let exhausted = allot(&d, &["token", "alloc", "hive", "t4", "--wait", "100ms"]);
         assert_eq!(code(&exhausted), 3, "{exhausted:?}");
+        assert!(
+            String::from_utf8_lossy(&exhausted.stdout).starts_with("exhausted: namespace quota full"),
+            "{exhausted:?}"
+        );
+        // A quota of 0 is a pause, and says so.
+        assert_eq!(code(&allot(&d, &["quota", "set", "paused", "0"])), 0);
+        let paused = allot(&d, &["token", "alloc", "paused", "t"]);
+        assert_eq!(code(&paused), 3, "{paused:?}");
+        assert_eq!(String::from_utf8_lossy(&paused.stdout), "exhausted: namespace paused is paused (its quota is 0)\n");
+        let shown = String::from_utf8_lossy(&allot(&d, &["quota", "get", "paused"]).stdout).into_owned();
+        assert!(shown.lines().any(|l| l.starts_with("free units") && l.ends_with("paused")), "{shown}");
         let missing = allot(&d, &["token", "alloc", "nope", "t"]);
         assert_eq!(code(&missing), 1, "{missing:?}");
         assert!(String::from_utf8_lossy(&missing.stderr).contains("namespace_not_found"), "{missing:?}");
