@@ -91,6 +91,9 @@ struct Room {
     /// Some pool does not take every task type: it limits them, or is not run by an executor
     /// of every type. Only then is a task's type read.
     typed: bool,
+    /// Some pool limits the task types it runs (its `plugins`): only then may a task without a
+    /// type be kept from a pool.
+    limited: bool,
 }
 
 /// Sizes are non-negative, so their bit patterns sort like the numbers.
@@ -116,7 +119,8 @@ impl Room {
         let index = spots.iter().enumerate().map(|(i, spot)| (size_key(&spot.free, weights), i)).collect();
         let typed =
             spots.iter().any(|spot| spot.plugins.is_some() || !spot.run.as_ref().is_some_and(TaskTypes::is_every));
-        Room { spots, index, weights: weights.clone(), typed }
+        let limited = spots.iter().any(|spot| spot.plugins.is_some());
+        Room { spots, index, weights: weights.clone(), typed, limited }
     }
 
     /// The matching pool with the least free space that fits `wanted` (less what `taken` says
@@ -548,7 +552,8 @@ impl Scheduler {
         let app = &self.apps[app_id];
         let task = &self.tasks[app_id][task_id];
         if let Some(group) = &task.spec.group {
-            let task_type = if cycle.room.typed { task.spec.task_type() } else { None };
+            let typed = cycle.room.typed && !task.spec.spec.is_empty();
+            let task_type = if typed { self.type_of(app_id, task_id) } else { None };
             let runs = |pool: &PoolName| !cycle.room.typed || cycle.room.runs(pool, task_type.as_deref());
             let free = |s: &Slot| s.task.is_none() && &s.group == group && runs(&s.placement.pool);
             if let Some(slot) = app.slots.iter().position(free) {
@@ -567,8 +572,10 @@ impl Scheduler {
         if let Some(hit) = self.limit_hit(app_id, &wanted, !app.counted) {
             return Err(Why::QueueLimit(hit));
         }
-        // A task's type is read (its spec parsed) only when some pool does not run every type.
-        let task_type = if cycle.room.typed { task.spec.task_type() } else { None };
+        // A task's type (read from its spec when it was added) matters only when some pool does
+        // not run every type.
+        let typed = cycle.room.typed && !task.spec.spec.is_empty();
+        let task_type = if typed { self.type_of(app_id, task_id) } else { None };
         if let Some(never) = task_type.as_deref().and_then(|t| self.type_never_runs(t)) {
             return Err(Why::CanNeverFit(never));
         }
@@ -675,8 +682,11 @@ impl Scheduler {
         // A placeholder goes where the types of its group's tasks known now all run.
         let types: Vec<Option<String>> =
             self.tasks.get(app_id).filter(|_| cycle.room.typed).map_or_else(Vec::new, |tasks| {
-                let mut types: Vec<Option<String>> =
-                    tasks.values().filter(|t| t.spec.group.is_some()).map(|t| t.spec.task_type()).collect();
+                let mut types: Vec<Option<String>> = tasks
+                    .values()
+                    .filter(|t| t.spec.group.is_some())
+                    .map(|t| self.type_of(app_id, &t.spec.id))
+                    .collect();
                 types.sort();
                 types.dedup();
                 types
@@ -771,29 +781,38 @@ impl Scheduler {
         cycle: &mut Cycle<'_>,
     ) -> Option<Allowed> {
         let tenancy = &self.config.tenancy;
-        if tenancy.is_open() && !cycle.room.typed {
+        // Every pool takes it: no tenancy, and its types (none, here) kept from no pool.
+        let untyped = types.iter().all(Option::is_none) && !cycle.room.limited && side.is_none();
+        if tenancy.is_open() && (!cycle.room.typed || untyped) {
             return None;
         }
         let spots = &cycle.room.spots;
         let filters = &mut cycle.filters;
         let user = (!tenancy.is_open()).then(|| self.apps[app_id].spec.principal());
-        let permitted = user.as_ref().map(|user| {
-            let by_spot = filters.permitted.entry(user.clone()).or_insert_with_key(|user| {
-                spots.iter().map(|spot| tenancy.may_use(user, &Resource::Pool(spot.name.to_string()))).collect()
-            });
-            by_spot.clone()
+        let permitted = user.as_ref().map(|user| match filters.permitted.get(user) {
+            Some(by_spot) => by_spot.clone(),
+            None => {
+                let by_spot: Rc<[bool]> =
+                    spots.iter().map(|spot| tenancy.may_use(user, &Resource::Pool(spot.name.to_string()))).collect();
+                filters.permitted.insert(user.clone(), by_spot.clone());
+                by_spot
+            }
         });
         let key = match types {
             [] => None,
             [one] => one.clone(),
             many => Some(many.iter().map(|t| t.clone().unwrap_or_default()).collect::<Vec<_>>().join(",")),
         };
-        let running = cycle.room.typed.then(|| {
-            let by_spot = filters
-                .running
-                .entry(key.clone())
-                .or_insert_with(|| spots.iter().map(|spot| types.iter().all(|t| spot.runs(t.as_deref()))).collect());
-            by_spot.clone()
+        // Looked up before made: a placement of a user and type seen before this cycle clones
+        // nothing but two reference counts.
+        let running = cycle.room.typed.then(|| match filters.running.get(&key) {
+            Some(by_spot) => by_spot.clone(),
+            None => {
+                let by_spot: Rc<[bool]> =
+                    spots.iter().map(|spot| types.iter().all(|t| spot.runs(t.as_deref()))).collect();
+                filters.running.insert(key.clone(), by_spot.clone());
+                by_spot
+            }
         });
         let side = side.map(|run| {
             let by_spot = filters
@@ -802,8 +821,16 @@ impl Scheduler {
                 .or_insert_with(|| spots.iter().map(|spot| spot.run.is_some() == run).collect());
             (run, by_spot.clone())
         });
-        let next = u32::try_from(filters.classes.len()).unwrap_or(u32::MAX).saturating_add(1);
-        let class = *filters.classes.entry((user.clone(), key.clone(), side.as_ref().map(|s| s.0))).or_insert(next);
+        let class_key: ClassKey = (user, key, side.as_ref().map(|s| s.0));
+        let class = match filters.classes.get(&class_key) {
+            Some(class) => *class,
+            None => {
+                let next = u32::try_from(filters.classes.len()).unwrap_or(u32::MAX).saturating_add(1);
+                filters.classes.insert(class_key.clone(), next);
+                next
+            }
+        };
+        let (user, key, _) = class_key;
         Some(Allowed { class, user: user.map(|u| u.user), task_type: key, permitted, running, side })
     }
 

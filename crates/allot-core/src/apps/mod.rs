@@ -374,6 +374,8 @@ pub struct Scheduler {
     down: BTreeSet<PoolName>,
     /// Which pools live executors run, with which task types. Not recorded, as `down`.
     runners: Runners,
+    /// Each task's type, read from its spec once (at insert or restore), not at every placement.
+    task_types: HashMap<AppId, HashMap<TaskId, Option<String>>>,
     /// Applications with a task that can never fit, since when (the last cycle that looked at
     /// them said so). Not recorded: after a restart their grace starts again.
     never_fits: HashMap<AppId, (Millis, String)>,
@@ -432,6 +434,7 @@ impl Scheduler {
                 restored.pending.entry(task.app.clone()).or_default().insert(pending_key(&task));
             }
             restored.count(&task.app, None, Some(task.state));
+            restored.keep_type(&task);
             restored.tasks.entry(task.app.clone()).or_default().insert(task.spec.id.clone(), task);
         }
         restored
@@ -1049,6 +1052,17 @@ impl Scheduler {
         Ok(spec)
     }
 
+    /// Reads a task's type once; a task added again under its id is read again.
+    fn keep_type(&mut self, task: &Task) {
+        let types = self.task_types.entry(task.app.clone()).or_default();
+        types.insert(task.spec.id.clone(), task.spec.task_type());
+    }
+
+    /// A task's type, as read when it was added.
+    pub(crate) fn type_of(&self, app: &AppId, task: &TaskId) -> Option<String> {
+        self.task_types.get(app).and_then(|types| types.get(task)).cloned().flatten()
+    }
+
     /// Why tasks of `task_type` can never run: no executor's registry (live or not) has it.
     fn type_never_runs(&self, task_type: &str) -> Option<NeverFits> {
         (!self.runners.knows(task_type)).then(|| NeverFits::TaskType { task_type: task_type.to_owned() })
@@ -1076,6 +1090,7 @@ impl Scheduler {
             out.apps.push(AppChange::App(app.clone()));
         }
         self.pending.entry(app_id.clone()).or_default().insert(pending_key(&task));
+        self.keep_type(&task);
         self.tasks.entry(app_id.clone()).or_default().insert(task.spec.id.clone(), task.clone());
         self.count(app_id, None, Some(task.state));
         out.apps.push(AppChange::Task(task.clone()));
@@ -1284,6 +1299,7 @@ impl Scheduler {
         self.why_app.remove(id);
         self.why_task.retain(|(app, _), _| app != id);
         self.never_fits.remove(id);
+        self.task_types.remove(id);
         out.apps.push(AppChange::AppRemoved { id: id.clone() });
     }
 
@@ -1454,6 +1470,9 @@ impl Scheduler {
             }
             let mut counted: BTreeMap<TaskState, u64> = BTreeMap::new();
             for task in self.tasks.get(&app.spec.id).into_iter().flat_map(|t| t.values()) {
+                if self.type_of(&app.spec.id, &task.spec.id) != task.spec.task_type() {
+                    return Err(format!("{}/{}: its type read once is not its spec's", app.spec.id, task.spec.id));
+                }
                 let holds = matches!(task.state, TaskState::Allocated | TaskState::Running);
                 if holds != task.placement.is_some() && holds {
                     return Err(format!("{}/{}: {} without a placement", app.spec.id, task.spec.id, task.state));
