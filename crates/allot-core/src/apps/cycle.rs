@@ -705,14 +705,24 @@ impl Scheduler {
             true => &[Some(true), Some(false)],
             false => &[None],
         };
-        let mut found = Err(Why::AfterGang);
+        let mut found = None;
+        let mut refusals = Vec::with_capacity(sides.len());
         for side in sides {
             let allowed = self.allowed(app_id, &types, *side, cycle);
-            found = room_for_members(&members, &cycle.room, allowed.as_ref());
-            if found.is_ok() {
-                break;
+            match room_for_members(&members, &cycle.room, allowed.as_ref()) {
+                Ok(spots) => {
+                    found = Some(spots);
+                    break;
+                }
+                Err(why) => refusals.push(why),
             }
         }
+        // Why not: a side's lack of room says more than a side with no pool at all.
+        let no_pool = |why: &Why| matches!(why, Why::GangNotReserved { cause: Some(cause), .. } if matches!(**cause, Why::NoPoolMatches { .. }));
+        let found = found.ok_or_else(|| {
+            let first = refusals.iter().position(|why| !no_pool(why)).unwrap_or(0);
+            refusals.swap_remove(first)
+        });
         let spots = found.map_err(|why| match why {
             Why::GangNotReserved { member: Some((group, member)), cause: Some(cause) }
                 if matches!(*cause, Why::NoRoom { .. }) =>

@@ -864,6 +864,8 @@ fn a_gang_is_never_split_between_pools_that_are_run_and_pools_that_are_not() {
     b.sched.submit(spec, Vec::new(), b.now, &world).unwrap();
     b.cycle();
     assert_eq!(b.app_state("untyped"), AppState::Reserving, "room for 3 exists only across both sides");
+    let why = b.sched.app_why(&aid("untyped")).unwrap().to_string();
+    assert!(why.contains("the closest, `run-") && why.contains("lacks cpu=1"), "{why}");
     b.pool("idle", "cpu=4", &[]);
     b.cycle();
     assert_eq!(b.app_state("untyped"), AppState::Running);
