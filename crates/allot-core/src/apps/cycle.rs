@@ -28,6 +28,7 @@ use std::collections::{BTreeMap, BTreeSet, BinaryHeap, HashMap};
 use std::hash::{Hash, Hasher};
 use std::ops::Bound;
 use std::rc::Rc;
+use std::sync::Arc;
 
 use super::runners::{Runners, TaskTypes};
 use super::why::Why;
@@ -65,7 +66,7 @@ struct Spot {
     /// The task types it runs, when its `plugins` limit them.
     plugins: Option<Vec<String>>,
     /// The task types its live executors run; `None` when no live executor runs it.
-    run: Option<TaskTypes>,
+    run: Option<Arc<TaskTypes>>,
 }
 
 impl Spot {
@@ -118,7 +119,7 @@ impl Room {
             .collect();
         let index = spots.iter().enumerate().map(|(i, spot)| (size_key(&spot.free, weights), i)).collect();
         let typed =
-            spots.iter().any(|spot| spot.plugins.is_some() || !spot.run.as_ref().is_some_and(TaskTypes::is_every));
+            spots.iter().any(|spot| spot.plugins.is_some() || !spot.run.as_ref().is_some_and(|run| run.is_every()));
         let limited = spots.iter().any(|spot| spot.plugins.is_some());
         Room { spots, index, weights: weights.clone(), typed, limited }
     }

@@ -5,6 +5,7 @@
 //! renews its lease, the Redis scheduler every few seconds).
 
 use std::collections::{BTreeMap, BTreeSet};
+use std::sync::Arc;
 
 use crate::pools::PoolName;
 
@@ -54,8 +55,9 @@ impl TaskTypes {
 /// What the executors' leases say, as of the last reading.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Runners {
-    /// The pools a live executor runs, with the types run there (of every executor running it).
-    live: BTreeMap<PoolName, TaskTypes>,
+    /// The pools a live executor runs, with the types run there (of every executor running it);
+    /// shared, as every cycle's view of the pools holds them.
+    live: BTreeMap<PoolName, Arc<TaskTypes>>,
     /// Every type some executor's registry has, live or not: a stopped daemon may come back.
     known: TaskTypes,
 }
@@ -67,7 +69,7 @@ impl Runners {
             runners.known.add(&lease.task_types);
             if lease.live {
                 for pool in &lease.pools {
-                    runners.live.entry(pool.clone()).or_default().add(&lease.task_types);
+                    Arc::make_mut(runners.live.entry(pool.clone()).or_default()).add(&lease.task_types);
                 }
             }
         }
@@ -75,7 +77,7 @@ impl Runners {
     }
 
     /// The types run on `pool` by its live executors; `None` when no live executor runs it.
-    pub fn of(&self, pool: &PoolName) -> Option<&TaskTypes> {
+    pub fn of(&self, pool: &PoolName) -> Option<&Arc<TaskTypes>> {
         self.live.get(pool)
     }
 
@@ -105,7 +107,7 @@ mod tests {
         let a = PoolName::new("a").unwrap();
         assert!(runners.of(&a).unwrap().has("shell"));
         assert!(!runners.of(&a).unwrap().has("sleep"), "the executor that runs `sleep` there stopped");
-        assert_eq!(runners.of(&PoolName::new("b").unwrap()), None);
+        assert!(runners.of(&PoolName::new("b").unwrap()).is_none());
         assert!(runners.of(&PoolName::new("c").unwrap()).unwrap().has("anything"));
         assert!(runners.knows("sleep") && runners.knows("other"), "a stopped daemon's types, and `*`, are known");
         assert!(!Runners::from_leases(&[lease(&["a"], &["shell"], false)]).knows("sleep"));

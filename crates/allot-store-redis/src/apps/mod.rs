@@ -19,7 +19,9 @@ mod steps;
 
 use allot_core::apps::queues::QueueUsage;
 use allot_core::apps::queues::{QueueLimits, QueuePath, Queues};
-use allot_core::apps::{AppId, AppSpec, QueueView, SchedError, SchedStats, TaskEnd, TaskId, TaskSpec};
+use allot_core::apps::{
+    AppId, AppSpec, QueueView, SchedError, SchedStats, Scheduler, TaskEnd, TaskId, TaskSpec, World,
+};
 use allot_core::NamespaceName;
 use allot_store::{AppInfo, AppStore, AppsHome, Page, PageRequest, StoreError, Submitted, TaskInfo};
 use async_trait::async_trait;
@@ -144,13 +146,23 @@ impl AppStore for RedisStore {
 
     async fn add_task(&self, app: AppId, spec: TaskSpec) -> Result<(TaskInfo, bool), StoreError> {
         let named: Vec<NamespaceName> = spec.tokens.iter().map(|n| n.namespace.clone()).collect();
-        // Fresh pools too: what never fits is refused against the pools as they are.
-        let types: Vec<String> = spec.task_type().into_iter().collect();
-        self.commit_sched(Fresh::All(&named, &types), |sched, world, now| {
-            let (task, created, outcome) = sched.add_task(&app, spec, now, &world)?;
-            Ok(((TaskInfo::of(sched, &app, &task.spec.id)?, created), outcome))
-        })
-        .await
+        let add = |spec: TaskSpec| {
+            let app = app.clone();
+            move |sched: &mut Scheduler, world: World<'_>, now| {
+                let (task, created, outcome) = sched.add_task(&app, spec, now, &world)?;
+                Ok(((TaskInfo::of(sched, &app, &task.spec.id)?, created), outcome))
+            }
+        };
+        // Against the pools as the scheduler last read them (reading them all at every add
+        // costs a round trip per pool); what seems never to fit is asked again on the pools, the
+        // quotas and the executors' leases as they are now before it is refused.
+        match self.commit_sched(Fresh::Namespaces(&named), add(spec.clone())).await {
+            Err(StoreError::Sched(SchedError::NeverFits { .. })) => {
+                let types: Vec<String> = spec.task_type().into_iter().collect();
+                self.commit_sched(Fresh::All(&named, &types), add(spec)).await
+            }
+            answer => answer,
+        }
     }
 
     async fn task(&self, app: AppId, task: TaskId) -> Result<TaskInfo, StoreError> {

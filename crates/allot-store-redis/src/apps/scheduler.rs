@@ -63,6 +63,8 @@ const EXECUTORS_EVERY: Duration = Duration::from_secs(1);
 /// What of the mirror an operation reads again before it runs.
 pub(crate) enum Fresh<'a> {
     No,
+    /// The namespaces, with these too.
+    Namespaces(&'a [NamespaceName]),
     /// The pools and the namespaces, with these too; and the executors' leases when they know
     /// none of these task types (a daemon that has just started runs them, perhaps).
     All(&'a [NamespaceName], &'a [String]),
@@ -136,6 +138,9 @@ impl RedisStore {
         let Some(l) = self.inner.apps.current(&mut guard) else { return Err(not_here()) };
         match fresh {
             Fresh::No => {}
+            // Nothing to check against: the mirror's namespaces are recent enough.
+            Fresh::Namespaces([]) => {}
+            Fresh::Namespaces(also) => l.ledger = self.read_ledger(&l.sched, also).await?,
             Fresh::All(also, types) => {
                 (l.pools, l.ledger) = self.read_mirror(&l.sched, also).await?;
                 l.mirror_read = Some(Instant::now());

@@ -208,4 +208,19 @@ async fn applications_answer_what_a_new_user_expects_on_redis_and_room_made_anyw
     eprintln!("quota raised, pool grown -> placed: {waits:?}");
     let slowest = waits.iter().map(|(q, p)| *q.max(p)).max().unwrap();
     assert!(slowest < Duration::from_millis(400), "room made waited for the scheduler's refresh: {waits:?}");
+
+    // A task added through the other daemon right after the pool only it fits in was made there:
+    // what seems never to fit on the scheduler's last reading is asked again on the pools as
+    // they are, not refused.
+    let labels: std::collections::BTreeMap<String, String> = [("room".to_owned(), "fresh".to_owned())].into();
+    other.put_pool_with_labels("fresh", "cpu=64", labels).await.unwrap();
+    other.submit_app(&submit(json!({"id": "late", "queue": "root.room"}))).await.unwrap();
+    let big: allot_api::AddTask =
+        serde_json::from_value(json!({"id": "big", "resources": "cpu=64", "selector": {"room": "fresh"}})).unwrap();
+    other.add_task("late", &big).await.unwrap();
+    // And what can never fit is still refused.
+    let huge: allot_api::AddTask =
+        serde_json::from_value(json!({"id": "huge", "resources": "cpu=65", "selector": {"room": "fresh"}})).unwrap();
+    let refused = other.add_task("late", &huge).await.unwrap_err().to_string();
+    assert!(refused.contains("task_never_fits"), "{refused}");
 }
