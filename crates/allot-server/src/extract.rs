@@ -34,10 +34,18 @@ where
 
 /// A request body read as [`JsonBody`] reads it.
 pub(crate) fn json_object<T: DeserializeOwned>(bytes: &[u8]) -> Result<T, ApiError> {
-    // JSON's whitespace only (not `is_ascii_whitespace`, which also takes a form feed): a body of
-    // nothing else is an empty object.
+    // No body is an empty object; a body of JSON's whitespace only is no JSON document (the
+    // document says the body is optional, not that it may be blank).
+    if bytes.is_empty() {
+        return crate::objects::from_slice(b"{}")
+            .map_err(|err| ApiError::invalid_json(format!("the request body is not valid: {err}")));
+    }
     let text: &[u8] = match bytes.iter().find(|b| !matches!(b, b' ' | b'\t' | b'\n' | b'\r')) {
-        None => b"{}",
+        None => {
+            return Err(ApiError::invalid_json(
+                "the request body is only whitespace: send none, or a JSON object, e.g. {\"units\": 1}",
+            ))
+        }
         Some(b'{') => bytes,
         Some(_) => return Err(ApiError::invalid_json("the request body must be a JSON object, e.g. {\"quota\": 10}")),
     };
