@@ -290,8 +290,12 @@ async fn a_task_with_a_type_goes_only_to_a_pool_a_daemon_runs() {
         waiting.message,
         "the task has a type, and no daemon runs pool `idle`, which would take it: start one with --run-pool idle"
     );
+    // The application says so too (`allot app list`'s WAITING, the dashboard's overview).
     let app = client.app("elsewhere").await.unwrap();
-    assert!(app.waiting.is_none() || app.state == "Running", "{app:?}");
+    assert_eq!(app.waiting.map(|w| w.code).as_deref(), Some("not_run"), "{:?}", app.state);
+    let list = allot(&daemon.url, &["app", "list"]);
+    let list = String::from_utf8_lossy(&list.stdout);
+    assert!(list.lines().any(|l| l.starts_with("elsewhere") && l.contains("not_run")), "{list}");
 }
 
 /// Runs `allot ARGS... --server URL`.
