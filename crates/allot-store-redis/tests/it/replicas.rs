@@ -103,7 +103,10 @@ async fn a_change_is_acknowledged_once_its_replicas_have_it_and_unknown_when_the
         panic!("a change its replica did not confirm answered {answer:?}")
     };
     let message = err.to_string();
-    assert!(message.contains("0 of the 1 replicas") && message.contains("--redis-min-replicas"), "{message}");
+    // Unknown either way: WAIT's answer that the replica did not confirm, or, on a loaded machine,
+    // the client's own timeout on the answer coming first.
+    let waited = message.contains("0 of the 1 replicas") && message.contains("--redis-min-replicas");
+    assert!(waited || message.contains("no answer within the timeout"), "{message}");
     assert!(started.elapsed() >= Duration::from_millis(900), "WAIT gave up after {:?}", started.elapsed());
 
     // The replica gone: refused before it is applied.
