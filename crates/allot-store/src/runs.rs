@@ -38,16 +38,12 @@ pub struct ExecutorLease {
     pub live: bool,
 }
 
-impl ExecutorLease {
-    /// As the scheduler reads it.
-    pub fn runner(&self) -> allot_core::apps::Runner {
-        allot_core::apps::Runner { pools: self.pools.clone(), task_types: self.task_types.clone(), live: self.live }
-    }
-}
-
 /// What the scheduler makes of every lease.
 pub fn runners_of(leases: &[ExecutorLease]) -> allot_core::apps::Runners {
-    let runners: Vec<allot_core::apps::Runner> = leases.iter().map(ExecutorLease::runner).collect();
+    let runners: Vec<allot_core::apps::Runner> = leases
+        .iter()
+        .map(|l| allot_core::apps::Runner { pools: l.pools.clone(), task_types: l.task_types.clone(), live: l.live })
+        .collect();
     allot_core::apps::Runners::from_leases(&runners)
 }
 

@@ -552,9 +552,11 @@ impl Scheduler {
     ) -> Result<(), Why> {
         let app = &self.apps[app_id];
         let task = &self.tasks[app_id][task_id];
+        // A task's type (read from its spec when it was added) matters only when some pool does
+        // not run every type.
+        let typed = cycle.room.typed && !task.spec.spec.is_empty();
+        let task_type = if typed { self.type_of(app_id, task_id) } else { None };
         if let Some(group) = &task.spec.group {
-            let typed = cycle.room.typed && !task.spec.spec.is_empty();
-            let task_type = if typed { self.type_of(app_id, task_id) } else { None };
             let runs = |pool: &PoolName| !cycle.room.typed || cycle.room.runs(pool, task_type.as_deref());
             let free = |s: &Slot| s.task.is_none() && &s.group == group && runs(&s.placement.pool);
             if let Some(slot) = app.slots.iter().position(free) {
@@ -573,10 +575,6 @@ impl Scheduler {
         if let Some(hit) = self.limit_hit(app_id, &wanted, !app.counted) {
             return Err(Why::QueueLimit(hit));
         }
-        // A task's type (read from its spec when it was added) matters only when some pool does
-        // not run every type.
-        let typed = cycle.room.typed && !task.spec.spec.is_empty();
-        let task_type = if typed { self.type_of(app_id, task_id) } else { None };
         if let Some(never) = task_type.as_deref().and_then(|t| self.type_never_runs(t)) {
             return Err(Why::CanNeverFit(never));
         }
