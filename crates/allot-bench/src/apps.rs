@@ -104,7 +104,7 @@ pub(super) async fn run(args: AppsBenchArgs) -> anyhow::Result<()> {
     let mut rounds = Vec::new();
     for round in 1..=args.rounds {
         let scratch = Scratch::new(args.tmp_dir.as_deref())?;
-        let redis = args.redis.then(allot_store_redis::testing::RedisServer::start);
+        let redis = args.redis.then(allot_host::redis::RedisServer::start);
         let daemon = match &redis {
             Some(redis) => {
                 let daemon = children::spawn_daemon_with(&scratch, &["--store".into(), redis.url().into()]).await?;
@@ -212,7 +212,7 @@ pub(super) async fn call(conn: &mut Conn, method: Method, path: &str, body: Vec<
 async fn across(args: AppsBenchArgs, capacity: &str) -> anyhow::Result<()> {
     let (mut own, mut other) = (Vec::new(), Vec::new());
     for round in 1..=args.rounds {
-        let redis = allot_store_redis::testing::RedisServer::start();
+        let redis = allot_host::redis::RedisServer::start();
         let (first, second) = (Scratch::new(args.tmp_dir.as_deref())?, Scratch::new(args.tmp_dir.as_deref())?);
         let serve = |side: &Side| {
             let mut more: Vec<std::ffi::OsString> = vec!["--store".into(), redis.url().into()];

@@ -100,7 +100,7 @@ fn restrict<'c>(command: &'c mut Command, cpus: Option<&[usize]>) -> &'c mut Com
         // SAFETY: the closure runs in the child between fork and exec; it allocates nothing and
         // makes one system call.
         unsafe {
-            command.pre_exec(move || allot_server::affinity::restrict_thread(0, &cpus));
+            command.pre_exec(move || allot_host::affinity::restrict_thread(0, &cpus));
         }
     }
     command

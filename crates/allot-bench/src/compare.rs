@@ -90,7 +90,7 @@ pub(super) async fn run(args: CompareArgs) -> anyhow::Result<()> {
     let scratch = Scratch::new(args.tmp_dir.as_deref())?;
     let exe = std::env::current_exe()?;
     let mut placement = if args.pin {
-        let cpus = allot_server::affinity::allowed_cpus();
+        let cpus = allot_host::affinity::allowed_cpus();
         let Some(placement) = Placement::split(&cpus) else {
             bail!("--pin needs at least 2 CPUs to split between the servers and the load generator; this process may use {}", cpus.len());
         };
@@ -121,13 +121,13 @@ pub(super) async fn run(args: CompareArgs) -> anyhow::Result<()> {
     let mut ca_pem = None;
     if args.auth {
         // One token, bound to the built-in admin role.
-        let token = allot_server::access::make_token();
+        let token = allot_core::access::token_of_secret(&rand::random());
         let config = scratch.join("auth.toml");
         std::fs::write(
             &config,
             format!(
                 "[auth]\n[[auth.tokens]]\nuser = \"bench\"\nhash = \"{}\"\n[[auth.bindings]]\nrole = \"admin\"\nusers = [\"bench\"]\n",
-                allot_server::access::hash_token(&token)
+                allot_core::access::hash_token(&token)
             ),
         )?;
         // The process level with `[auth]`, and `extra` flags.
@@ -217,7 +217,7 @@ pub(super) async fn run(args: CompareArgs) -> anyhow::Result<()> {
 
     if let Some(placement) = &mut placement {
         // Every thread of this process is the load generator's (the children keep their CPUs).
-        allot_server::affinity::restrict_process(&placement.load).map_err(|err| {
+        allot_host::affinity::restrict_process(&placement.load).map_err(|err| {
             anyhow::anyhow!("--pin: cannot move the load generator to CPUs {:?}: {err}", placement.load)
         })?;
         let pids = servers.iter().map(|server| (server.name.clone(), server.pid()));

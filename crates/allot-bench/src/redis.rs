@@ -23,8 +23,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use allot_core::{AllocateRequest, Constraints, LeaseRequest, NamespaceName, Scope, Token};
+use allot_host::redis::RedisServer;
 use allot_store::{Allocation, Store};
-use allot_store_redis::testing::RedisServer;
 use allot_store_redis::{DirectScripts, RedisConfig, RedisStore};
 use anyhow::{bail, Context};
 use redis::aio::MultiplexedConnection;

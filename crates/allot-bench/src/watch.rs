@@ -316,7 +316,7 @@ async fn measure(args: &WatchArgs, server: &Server) -> anyhow::Result<WatchOutpu
 /// `samples` delays (ns) from an allocate's answer through one daemon to its event at a watcher on
 /// another, both on a Redis server of the bench's own.
 async fn redis_delays(args: &WatchArgs, samples: usize) -> anyhow::Result<Vec<u64>> {
-    let redis = allot_store_redis::testing::RedisServer::start();
+    let redis = allot_host::redis::RedisServer::start();
     let store: [std::ffi::OsString; 2] = ["--store".into(), redis.url().into()];
     let (first, second) = (Scratch::new(args.tmp_dir.as_deref())?, Scratch::new(args.tmp_dir.as_deref())?);
     let writer = children::spawn_daemon_with(&first, &store).await?;

@@ -11,6 +11,26 @@ use std::collections::BTreeMap;
 use std::fmt;
 use std::sync::Arc;
 
+use sha2::{Digest as _, Sha256};
+
+/// What an API token starts with, so that a token in a file or a log is recognised as one.
+pub const TOKEN_PREFIX: &str = "allot_";
+
+/// The API token of a 32-byte secret (which the caller draws from the operating system's random
+/// source): the prefix and the secret in hex.
+pub fn token_of_secret(secret: &[u8; 32]) -> String {
+    format!("{TOKEN_PREFIX}{}", hex(secret))
+}
+
+/// How a token is kept: `sha256:` and the hex of its SHA-256 hash.
+pub fn hash_token(token: &str) -> String {
+    format!("sha256:{}", hex(&Sha256::digest(token.as_bytes())))
+}
+
+fn hex(bytes: &[u8]) -> String {
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
+}
+
 /// Who makes a call, as authenticated: a user and the groups it belongs to.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub struct Principal {

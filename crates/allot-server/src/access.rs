@@ -25,23 +25,13 @@ use crate::error::{ApiError, ErrorCode};
 use crate::tls::ClientCert;
 use crate::ServerState;
 
-/// What an API token starts with, so that a token in a file or a log is recognised as one.
-pub const TOKEN_PREFIX: &str = "allot_";
+pub use allot_core::access::{hash_token, TOKEN_PREFIX};
 
-/// A new API token: 32 random bytes from the operating system, in hex.
+/// A new API token: 32 random bytes from the operating system.
 pub fn make_token() -> String {
-    let mut bytes = [0u8; 32];
-    rand::rngs::OsRng.fill_bytes(&mut bytes);
-    format!("{TOKEN_PREFIX}{}", hex(&bytes))
-}
-
-/// How a token is kept: `sha256:` and the hex of its SHA-256 hash.
-pub fn hash_token(token: &str) -> String {
-    format!("sha256:{}", hex(&Sha256::digest(token.as_bytes())))
-}
-
-fn hex(bytes: &[u8]) -> String {
-    bytes.iter().map(|b| format!("{b:02x}")).collect()
+    let mut secret = [0u8; 32];
+    rand::rngs::OsRng.fill_bytes(&mut secret);
+    allot_core::access::token_of_secret(&secret)
 }
 
 /// A token's hash, parsed from its `sha256:HEX` form.

@@ -12,13 +12,12 @@
 //!   `runs_here`: what the server asks of the executor of this daemon ([`RunsHere`]).
 //! - `frames`: the change feed's events as Server-Sent Events, encoded once for every watch
 //!   stream.
-//! - `metrics`: Prometheus; `document`: the OpenAPI document's limits; `threads`, `affinity`:
-//!   serving threads pinned to CPUs.
+//! - `metrics`: Prometheus; `document`: the OpenAPI document's limits; `threads`: serving
+//!   threads pinned to CPUs (with `allot_host::affinity`).
 //!
 //! Architecture invariant: this crate and `allot-api` are the only ones that know HTTP and JSON.
 
 pub mod access;
-pub mod affinity;
 pub mod audit;
 mod convert;
 mod document;

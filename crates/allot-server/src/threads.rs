@@ -24,7 +24,9 @@ use tokio::net::TcpStream;
 use tokio::sync::{mpsc, watch};
 
 use crate::tls::{Accepting, Peer, Tls};
-use crate::{affinity, Api};
+use allot_host::affinity;
+
+use crate::Api;
 
 /// How connections are served: on the caller's runtime, or on serving threads of their own.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -24,21 +24,26 @@ macro_rules! operations {
             /// `min_replicas`, each function has a twin for changes that first checks the
             /// primary has that many replicas attached, and refuses before it writes.
             pub(crate) fn new(sharded: bool, min_replicas: u32) -> Scripts {
-                Scripts::build(sharded, min_replicas, None)
+                Scripts::build(sharded, min_replicas, CLOCK.to_owned())
             }
 
             /// The library for one Redis whose functions take the time from key `clock` while
             /// it is set (see `testing::TestClock`), instead of Redis's `TIME`.
             #[cfg(feature = "testing")]
-            pub(crate) fn with_test_clock(clock: &str) -> Scripts {
-                Scripts::build(false, 0, Some(clock))
+            pub(crate) fn with_test_clock(key: &str) -> Scripts {
+                let clock = format!(
+                    "local function now_ms()\n  local set = redis.call('GET', '{key}')\n  \
+                     if set then return tonumber(set) end\n  local t = redis.call('TIME')\n  \
+                     return tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)\nend\n"
+                );
+                Scripts::build(false, 0, clock)
             }
 
-            fn build(sharded: bool, min_replicas: u32, test_clock: Option<&str>) -> Scripts {
+            /// `clock` defines `now_ms()`, the time the functions read.
+            fn build(sharded: bool, min_replicas: u32, clock: String) -> Scripts {
                 let bodies: &[(&str, &str)] =
                     &[$((stringify!($name), include_str!(concat!("lua/", stringify!($name), ".lua"))),)*];
-                let clock = test_clock.map_or("nil".to_owned(), |key| format!("'{key}'"));
-                let mut prelude = format!("local SHARDED = {sharded}\nlocal TEST_CLOCK = {clock}\n{PRELUDE}");
+                let mut prelude = format!("local SHARDED = {sharded}\n{clock}{PRELUDE}");
                 if min_replicas > 0 {
                     prelude.push_str(&format!("local MIN_REPLICAS = {min_replicas}\n{REPLICAS_CHECK}"));
                 }
@@ -80,6 +85,9 @@ operations!(
 );
 
 const PRELUDE: &str = include_str!("lua/namespace.lua");
+/// The daemon's clock: Redis's `TIME`. The test library's (`with_test_clock`) is only compiled
+/// with the `testing` feature.
+const CLOCK: &str = include_str!("lua/clock.lua");
 
 /// One function of the library.
 pub(crate) struct Function {

@@ -2,9 +2,9 @@
 //! application runs as its caller (user and groups), and the rules choose its queue when it
 //! names none or one its user may not submit to.
 
+use allot_core::access::hash_token;
 use allot_core::access::{Binding, Pattern, Permission, Policy, Principal, Role};
 use allot_core::apps::placement::{Filter, PlacementRule, PlacementRules, RuleKind};
-use allot_server::access::hash_token;
 use allot_server::{Access, Credential, OpenRoutes, ServerState};
 use axum::body::Body;
 use axum::http::{header, Method, Request, StatusCode};

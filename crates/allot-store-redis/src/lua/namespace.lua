@@ -58,17 +58,8 @@ local GRACE_MS = 30000
 
 local function int(n) return string.format('%d', n) end
 
--- The time in ms of Redis's clock. A library built for tests with a clock of its own
--- (`testing::TestClock`: TEST_CLOCK names its key; nil in every daemon's library) takes the time
--- from that key while it is set.
-local function now_ms()
-  if TEST_CLOCK then
-    local set = redis.call('GET', TEST_CLOCK)
-    if set then return tonumber(set) end
-  end
-  local t = redis.call('TIME')
-  return tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
-end
+-- `now_ms()`, the time in ms, is defined before this prelude: Redis's clock (`lua/clock.lua`) in
+-- every daemon's library, a key the test sets in the tests' (`testing::TestClock`).
 
 -- The change feed (see `feed.rs`). A call's events are appended to its slot's stream
 -- `KEYS[1]..':feed'` in one entry when the call ends (every registered function flushes them),

@@ -8,7 +8,8 @@ use std::process::ExitCode;
 use allot_client::{
     ApiToken, ApiTokenList, Binding, BindingList, ClientError, CreateApiToken, CreatedApiToken, PutBinding, WhoAmI,
 };
-use allot_server::access::{hash_token, make_token};
+use allot_core::access::hash_token;
+use allot_server::access::make_token;
 
 use super::{client, dispatch, emit, ids, Common, EXIT_CODES};
 

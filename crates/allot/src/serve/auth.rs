@@ -160,7 +160,7 @@ mod tests {
 
     #[test]
     fn the_auth_table_resolves_into_tokens_and_a_policy() {
-        let hash = allot_server::access::hash_token("allot_x");
+        let hash = allot_core::access::hash_token("allot_x");
         let resolved = parse(&format!(
             r#"
             open_metrics = true

@@ -23,6 +23,7 @@ mod redis_failover;
 mod routes;
 mod run;
 mod sched_crash;
+mod shipped;
 mod sources;
 mod support;
 mod tenancy;
