@@ -24,7 +24,7 @@
 //! - `leases` holds exactly one entry per alloc, at its expiry;
 //! - an ended alloc is in `ended` of its pool and nowhere else.
 
-use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::collections::{btree_map, BTreeMap, BTreeSet, HashMap};
 use std::fmt;
 use std::ops::Bound;
 use std::sync::Arc;
@@ -356,7 +356,47 @@ struct PoolState {
     stats: PoolStats,
 }
 
+/// What ending an alloc of pool `name` changes outside the pool: the lease and retention indexes
+/// (`dropped`: the oldest ended alloc, which the pool no longer keeps), and the changes to record.
+fn index_end(
+    leases: &mut BTreeSet<(Millis, PoolName, AllocId)>,
+    endings: &mut BTreeSet<(Millis, PoolName, AllocId)>,
+    name: &PoolName,
+    ended: &EndedAlloc,
+    dropped: Option<EndedAlloc>,
+    changes: &mut Vec<PoolChange>,
+) {
+    let id = ended.alloc.id;
+    leases.remove(&(ended.alloc.expires, name.clone(), id));
+    endings.insert((ended.ended_at, name.clone(), id));
+    changes.push(PoolChange::AllocEnded(ended.clone()));
+    if let Some(dropped) = dropped {
+        endings.remove(&(dropped.ended_at, name.clone(), dropped.alloc.id));
+        changes.push(PoolChange::EndedDropped { pool: name.clone(), id: dropped.alloc.id });
+    }
+}
+
 impl PoolState {
+    /// Ends live alloc `id` (`None`, and nothing changes, if there is none): counts it and keeps
+    /// it as ended. Returns it, and the oldest ended alloc if that one is no longer kept (past
+    /// [`MAX_ENDED_PER_POOL`]).
+    fn end(&mut self, id: AllocId, reason: EndReason, now: Millis) -> Option<(EndedAlloc, Option<EndedAlloc>)> {
+        let alloc = self.remove_alloc(id)?;
+        match reason {
+            EndReason::Freed => self.stats.freed += 1,
+            EndReason::Reclaimed => self.stats.reclaimed += 1,
+            EndReason::PoolStopped | EndReason::PoolRemoved => {}
+        }
+        let ended = EndedAlloc { alloc, ended_at: now, reason };
+        self.ended.insert(id, ended.clone());
+        self.ended_order.push_back(id);
+        let mut dropped = None;
+        if self.ended_order.len() > MAX_ENDED_PER_POOL {
+            dropped = self.ended_order.pop_front().and_then(|oldest| self.ended.remove(&oldest));
+        }
+        Some((ended, dropped))
+    }
+
     /// The resources of every alloc, expired or not.
     fn held(&self) -> Resources {
         self.held_sum.clone()
@@ -456,11 +496,13 @@ impl Pools {
         force: bool,
         now: Millis,
     ) -> Result<(usize, Vec<PoolChange>), PoolError> {
-        let pool = self.pools.get(name).ok_or_else(|| PoolError::PoolNotFound(name.clone()))?;
-        if !pool.allocs.is_empty() && !force {
-            return Err(PoolError::PoolInUse { pool: name.clone(), allocs: pool.allocs.len() });
+        let btree_map::Entry::Occupied(entry) = self.pools.entry(name.clone()) else {
+            return Err(PoolError::PoolNotFound(name.clone()));
+        };
+        if !entry.get().allocs.is_empty() && !force {
+            return Err(PoolError::PoolInUse { pool: name.clone(), allocs: entry.get().allocs.len() });
         }
-        let pool = self.pools.remove(name).expect("checked above");
+        let pool = entry.remove();
         for alloc in pool.allocs.values() {
             self.leases.remove(&(alloc.expires, name.clone(), alloc.id));
         }
@@ -530,7 +572,8 @@ impl Pools {
         expires: Millis,
     ) -> Result<(Alloc, Vec<PoolChange>), PoolError> {
         request.check()?;
-        let pool = self.pools.get_mut(name).ok_or_else(|| PoolError::PoolNotFound(name.clone()))?;
+        let Pools { pools, leases, endings, .. } = self;
+        let pool = pools.get_mut(name).ok_or_else(|| PoolError::PoolNotFound(name.clone()))?;
         if pool.stopped {
             return Err(PoolError::PoolStopped(name.clone()));
         }
@@ -578,12 +621,13 @@ impl Pools {
         };
         let mut changes = Vec::with_capacity(victims.len() + 1);
         for victim in victims {
-            self.end_alloc(name, victim, EndReason::Reclaimed, now, &mut changes);
+            if let Some((ended, dropped)) = pool.end(victim, EndReason::Reclaimed, now) {
+                index_end(leases, endings, name, &ended, dropped, &mut changes);
+            }
         }
-        let pool = self.pools.get_mut(name).expect("checked above");
         pool.stats.accepted += 1;
         pool.insert_alloc(alloc.clone());
-        self.leases.insert((alloc.expires, name.clone(), id));
+        leases.insert((alloc.expires, name.clone(), id));
         changes.push(PoolChange::Alloc(alloc.clone()));
         Ok((alloc, changes))
     }
@@ -638,7 +682,9 @@ impl Pools {
             Some(_) => {}
         }
         let mut changes = Vec::new();
-        let ended = self.end_alloc(name, id, EndReason::Freed, now, &mut changes);
+        let ended = self
+            .end_alloc(name, id, EndReason::Freed, now, &mut changes)
+            .ok_or_else(|| PoolError::AllocNotFound { pool: name.clone(), id })?;
         Ok((ended, changes))
     }
 
@@ -646,9 +692,7 @@ impl Pools {
     /// (its pool was removed with force).
     pub fn end_held(&mut self, name: &PoolName, id: AllocId, now: Millis) -> Vec<PoolChange> {
         let mut changes = Vec::new();
-        if self.pools.get(name).is_some_and(|pool| pool.allocs.contains_key(&id)) {
-            self.end_alloc(name, id, EndReason::Freed, now, &mut changes);
-        }
+        self.end_alloc(name, id, EndReason::Freed, now, &mut changes);
         changes
     }
 
@@ -710,7 +754,8 @@ impl Pools {
         now: Millis,
     ) -> Result<(bool, u64, Vec<PoolChange>), PoolError> {
         check_idle(idle_ms)?;
-        let pool = self.pools.get(name).ok_or_else(|| PoolError::PoolNotFound(name.clone()))?;
+        let Pools { pools, leases, endings, .. } = self;
+        let pool = pools.get_mut(name).ok_or_else(|| PoolError::PoolNotFound(name.clone()))?;
         let until_idle =
             pool.allocs.values().map(|a| a.expires.saturating_add(idle_ms).saturating_sub(now)).max().unwrap_or(0);
         if until_idle > 0 {
@@ -719,9 +764,10 @@ impl Pools {
         let ids: Vec<AllocId> = pool.allocs.keys().copied().collect();
         let mut changes = Vec::new();
         for id in ids {
-            self.end_alloc(name, id, EndReason::PoolStopped, now, &mut changes);
+            if let Some((ended, dropped)) = pool.end(id, EndReason::PoolStopped, now) {
+                index_end(leases, endings, name, &ended, dropped, &mut changes);
+            }
         }
-        let pool = self.pools.get_mut(name).expect("checked above");
         pool.stopped = true;
         changes.push(pool.change(name));
         Ok((true, 0, changes))
@@ -736,6 +782,8 @@ impl Pools {
             if expires > cutoff {
                 break;
             }
+            // Out of the index first: a lease entry without its alloc must not stop the sweep.
+            self.leases.pop_first();
             self.end_alloc(&name, id, EndReason::Reclaimed, now, &mut changes);
         }
         let cutoff = now.saturating_sub(self.rules.retention_ms);
@@ -825,6 +873,7 @@ impl Pools {
         Ok(restored)
     }
 
+    /// Ends live alloc `id` of pool `name`; `None`, and nothing changes, if there is none.
     fn end_alloc(
         &mut self,
         name: &PoolName,
@@ -832,29 +881,10 @@ impl Pools {
         reason: EndReason,
         now: Millis,
         changes: &mut Vec<PoolChange>,
-    ) -> EndedAlloc {
-        let pool = self.pools.get_mut(name).expect("caller checked the pool");
-        let alloc = pool.remove_alloc(id).expect("caller checked the alloc");
-        self.leases.remove(&(alloc.expires, name.clone(), id));
-        match reason {
-            EndReason::Freed => pool.stats.freed += 1,
-            EndReason::Reclaimed => pool.stats.reclaimed += 1,
-            EndReason::PoolStopped | EndReason::PoolRemoved => {}
-        }
-        let ended = EndedAlloc { alloc, ended_at: now, reason };
-        pool.ended.insert(id, ended.clone());
-        pool.ended_order.push_back(id);
-        self.endings.insert((now, name.clone(), id));
-        changes.push(PoolChange::AllocEnded(ended.clone()));
-        if pool.ended_order.len() > MAX_ENDED_PER_POOL {
-            if let Some(oldest) = pool.ended_order.pop_front() {
-                if let Some(dropped) = pool.ended.remove(&oldest) {
-                    self.endings.remove(&(dropped.ended_at, name.clone(), oldest));
-                    changes.push(PoolChange::EndedDropped { pool: name.clone(), id: oldest });
-                }
-            }
-        }
-        ended
+    ) -> Option<EndedAlloc> {
+        let (ended, dropped) = self.pools.get_mut(name)?.end(id, reason, now)?;
+        index_end(&mut self.leases, &mut self.endings, name, &ended, dropped, changes);
+        Some(ended)
     }
 
     /// Checks the invariants in the module docs; for tests.

@@ -16,7 +16,7 @@
 //! - waiters are in arrival order; `quota_blocked` is true iff some waiter is blocked by the quota
 //!   (not only by a cap), and then no new request is granted ahead of it.
 
-use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};
+use std::collections::{btree_map, BTreeMap, BTreeSet, HashMap, VecDeque};
 use std::fmt;
 use std::ops::Bound;
 use std::sync::Arc;
@@ -596,13 +596,13 @@ impl Ledger {
     /// Removes a namespace. With grants, only when `force` (the grants end with it). Its waiters
     /// are cancelled.
     pub fn remove_namespace(&mut self, name: &NamespaceName, force: bool) -> Result<(usize, Effects), LedgerError> {
-        let Some(state) = self.namespaces.get(name) else {
+        let btree_map::Entry::Occupied(entry) = self.namespaces.entry(name.clone()) else {
             return Err(LedgerError::NamespaceNotFound(name.clone()));
         };
-        if !state.grants.is_empty() && !force {
-            return Err(LedgerError::NamespaceInUse { namespace: name.clone(), grants: state.grants.len() });
+        if !entry.get().grants.is_empty() && !force {
+            return Err(LedgerError::NamespaceInUse { namespace: name.clone(), grants: entry.get().grants.len() });
         }
-        let state = self.namespaces.remove(name).expect("checked above");
+        let state = entry.remove();
         let mut effects = Effects::default();
         for grant in state.grants.values() {
             self.forget_lease(grant);
@@ -708,7 +708,7 @@ impl Ledger {
             return Ok((Decision::Queued { waiter, place, replaced: None }, Effects::default()));
         }
         let mut effects = Effects::default();
-        let grant = self.insert_grant(request, now, &mut effects);
+        let grant = self.insert_grant(request, now, &mut effects)?;
         Ok((Decision::Granted { grant, existing: false }, effects))
     }
 
@@ -750,7 +750,7 @@ impl Ledger {
         let state = self.namespaces.get_mut(namespace)?;
         let index = state.waiters.iter().position(|w| w.id == waiter)?;
         let place = state.place_of(index);
-        let removed = state.waiters.remove(index).expect("index is in range");
+        let removed = state.waiters.remove(index)?;
         let refusal = state.cap_refusal(&removed.request).unwrap_or(Refusal::Exhausted);
         state.stats.count(refusal);
         let mut effects = Effects::default();
@@ -776,10 +776,9 @@ impl Ledger {
         };
         check_fencing(grant, fencing)?;
         let mut effects = Effects::default();
-        let grant = self.remove_grant(namespace, token, GrantEnd::Released, &mut effects).expect("grant exists");
-        self.namespaces.get_mut(namespace).expect("exists").stats.released += 1;
+        let grant = self.remove_grant(namespace, token, GrantEnd::Released, &mut effects);
         self.admit_at(namespace, now, &mut effects);
-        Ok((Some(grant), effects))
+        Ok((grant, effects))
     }
 
     /// Renews a grant's lease: a TTL lease starts over; a session lease renews the session.
@@ -874,8 +873,6 @@ impl Ledger {
             match key {
                 LeaseKey::Grant(namespace, token) => {
                     if self.remove_grant(&namespace, &token, GrantEnd::Expired, &mut effects).is_some() {
-                        effects.expired += 1;
-                        self.namespaces.get_mut(&namespace).expect("exists").stats.expired += 1;
                         self.admit_at(&namespace, now, &mut effects);
                     }
                 }
@@ -999,8 +996,22 @@ impl Ledger {
         self.sessions.get(&id).cloned().ok_or(LedgerError::SessionNotFound(id))
     }
 
-    fn insert_grant(&mut self, request: AllocateRequest, now: Millis, effects: &mut Effects) -> Grant {
-        let state = self.namespaces.get_mut(&request.namespace).expect("caller checked the namespace");
+    /// Grants `request`: its namespace and its session (for a session lease) must exist, or
+    /// nothing changes.
+    fn insert_grant(
+        &mut self,
+        request: AllocateRequest,
+        now: Millis,
+        effects: &mut Effects,
+    ) -> Result<Grant, LedgerError> {
+        let Ledger { namespaces, sessions, leases, .. } = self;
+        let Some(state) = namespaces.get_mut(&request.namespace) else {
+            return Err(LedgerError::NamespaceNotFound(request.namespace));
+        };
+        let session = match request.lease {
+            LeaseRequest::Session(id) => Some(sessions.get_mut(&id).ok_or(LedgerError::SessionNotFound(id))?),
+            LeaseRequest::None | LeaseRequest::Ttl { .. } => None,
+        };
         let lease = match request.lease {
             LeaseRequest::None => Lease::None,
             LeaseRequest::Ttl { ttl_ms } => Lease::Ttl { ttl_ms, deadline: now + ttl_ms },
@@ -1030,18 +1041,14 @@ impl Ledger {
                 put: false,
             });
         }
-        match lease {
-            Lease::None => {}
-            Lease::Ttl { deadline, .. } => {
-                self.leases.insert((deadline, LeaseKey::Grant(grant.namespace.clone(), grant.token.clone())));
-            }
-            Lease::Session(id) => {
-                let session = self.sessions.get_mut(&id).expect("caller checked the session");
-                session.grants.insert((grant.namespace.clone(), grant.token.clone()));
-            }
+        if let Lease::Ttl { deadline, .. } = lease {
+            leases.insert((deadline, LeaseKey::Grant(grant.namespace.clone(), grant.token.clone())));
+        }
+        if let Some(session) = session {
+            session.grants.insert((grant.namespace.clone(), grant.token.clone()));
         }
         effects.changes.push(Change::GrantAdded(grant.clone()));
-        grant
+        Ok(grant)
     }
 
     fn remove_grant(
@@ -1054,6 +1061,13 @@ impl Ledger {
         let state = self.namespaces.get_mut(namespace)?;
         let grant = state.grants.remove(token)?;
         state.remove_units(&grant);
+        match cause {
+            GrantEnd::Released | GrantEnd::SessionClosed => state.stats.released += 1,
+            GrantEnd::Expired | GrantEnd::SessionExpired => {
+                state.stats.expired += 1;
+                effects.expired += 1;
+            }
+        }
         self.forget_lease(&grant);
         effects.changes.push(Change::GrantRemoved { grant: grant.clone(), cause });
         Some(grant)
@@ -1078,13 +1092,6 @@ impl Ledger {
         let cause = if expired { GrantEnd::SessionExpired } else { GrantEnd::SessionClosed };
         for (namespace, token) in &session.grants {
             if self.remove_grant(namespace, token, cause, effects).is_some() {
-                let stats = &mut self.namespaces.get_mut(namespace).expect("exists").stats;
-                if expired {
-                    stats.expired += 1;
-                    effects.expired += 1;
-                } else {
-                    stats.released += 1;
-                }
                 touched.insert(namespace.clone());
             }
         }
@@ -1137,16 +1144,12 @@ impl Ledger {
                 state.quota_blocked = blocked;
                 return;
             };
-            let waiter = state.waiters.remove(next).expect("index is in range");
-            if let LeaseRequest::Session(id) = waiter.request.lease {
-                if !self.sessions.contains_key(&id) {
-                    // The session ended while the request waited: it can hold nothing.
-                    effects.cancelled.push((waiter.id, LedgerError::SessionNotFound(id)));
-                    continue;
-                }
+            let Some(waiter) = state.waiters.remove(next) else { return };
+            match self.insert_grant(waiter.request, now, effects) {
+                Ok(grant) => effects.woken.push(Woken { waiter: waiter.id, grant }),
+                // The session ended while the request waited: it can hold nothing.
+                Err(refused) => effects.cancelled.push((waiter.id, refused)),
             }
-            let grant = self.insert_grant(waiter.request, now, effects);
-            effects.woken.push(Woken { waiter: waiter.id, grant });
         }
     }
 

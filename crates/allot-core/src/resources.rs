@@ -396,8 +396,8 @@ pub fn resources_pattern(nonzero: bool) -> String {
     let name = "[a-z][a-z0-9_.-]{0,63}";
     // Quantities grouped by their digit limit; `m` takes no fraction but zeros (it would be inexact).
     let mut groups: BTreeMap<u32, Vec<&str>> = BTreeMap::new();
-    for unit in UNITS.iter().filter(|u| **u != "m") {
-        groups.entry(max_integer_digits(unit_milli(unit).expect("a known unit"))).or_default().push(unit);
+    for (unit, scale) in UNITS.iter().filter(|u| **u != "m").filter_map(|u| Some((u, unit_milli(u)?))) {
+        groups.entry(max_integer_digits(scale)).or_default().push(unit);
     }
     let quantity = |nonzero: bool| {
         let frac_nonzero = r"(?:[1-9][0-9]{0,2}|0[1-9][0-9]?|00[1-9])";

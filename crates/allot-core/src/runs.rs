@@ -493,11 +493,12 @@ impl Run {
     pub fn placement_lost(&mut self, alloc: &str, policy: RetryPolicy, now: Millis) -> bool {
         let lost = self.alloc.as_deref().is_some_and(|was| was != alloc);
         self.alloc = Some(alloc.to_owned());
-        if !lost || matches!(self.stage, Stage::Ended(_)) {
+        if !lost {
             return false;
         }
         let error = ExecError::system(PLACEMENT_LOST, "the daemon that ran it stopped; placed again");
         let then = match &self.stage {
+            Stage::Ended(_) => return false,
             // Already ending: it ends as it was going to.
             Stage::Handling => {
                 self.record(&PhaseInfo::retryable(error.clone()), now);
@@ -508,7 +509,6 @@ impl Run {
                 }
             }
             Stage::Ending { then, .. } => then.clone(),
-            Stage::Ended(_) => unreachable!("checked above"),
         };
         self.end_attempt(false, then);
         true

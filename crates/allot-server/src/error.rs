@@ -63,6 +63,7 @@ error_codes! {
     StoreOutcomeUnknown = "store_outcome_unknown", Daemon, SERVICE_UNAVAILABLE;
     NotEnoughReplicas = "not_enough_replicas", Daemon, SERVICE_UNAVAILABLE;
     ShuttingDown = "shutting_down", Daemon, SERVICE_UNAVAILABLE;
+    StoreFailed = "store_failed", Daemon, SERVICE_UNAVAILABLE;
     Unauthenticated = "unauthenticated", Access, UNAUTHORIZED;
     Forbidden = "forbidden", Access, FORBIDDEN;
     CapsWithoutScope = "caps_without_scope", Quotas, BAD_REQUEST;
@@ -325,6 +326,7 @@ impl From<StoreError> for ApiError {
             StoreError::OutcomeUnknown(_) => ApiError::of(ErrorCode::StoreOutcomeUnknown, err.to_string()),
             StoreError::NotEnoughReplicas(_) => ApiError::of(ErrorCode::NotEnoughReplicas, err.to_string()),
             StoreError::ShuttingDown => ApiError::of(ErrorCode::ShuttingDown, err.to_string()),
+            StoreError::Failed(_) => ApiError::of(ErrorCode::StoreFailed, err.to_string()),
             StoreError::Invalid(message) => ApiError::invalid_argument(message),
             StoreError::Pool(err) => err.into(),
             StoreError::Sched(err) => err.into(),

@@ -187,6 +187,11 @@ pub enum StoreError {
     /// The daemon is shutting down and takes no new work.
     #[error("the daemon is shutting down")]
     ShuttingDown,
+    /// The store stopped after an internal error (a broken invariant, a panic while its state
+    /// was locked): its state in memory may be half-changed, so it refuses every operation until
+    /// the daemon is restarted and rebuilds it from the log, which holds nothing half-applied.
+    #[error("the store stopped after an internal error ({0}); it refuses every operation until the daemon is restarted, and nothing half-applied was written")]
+    Failed(String),
     /// A request the store refuses outright, such as a wait longer than [`MAX_WAIT`].
     #[error("{0}")]
     Invalid(String),

@@ -191,23 +191,21 @@ pub fn choose_queue(
     match rules.place(&submission.request, &spot, &usable) {
         Ok(placed) => Ok((placed.queue, Some(QueueRule { rule: placed.rule, create: placed.create }))),
         // The queue it named exists and is refused to the user, and no rule helps: a refusal.
-        Err(not_placed) if named.as_ref().is_some_and(|q| spot(q).is_some()) => {
-            let named = named.expect("checked");
-            let rules = lowered(&not_placed.to_string());
-            match spot(&named) {
-                Some(Spot { leaf: true }) => {
-                    let why = refusal(&named).unwrap_or_else(|| format!("{subject} may not submit to `{named}`"));
-                    Err(Refused::Forbidden(format!("{why}; and {rules}")))
-                }
-                _ => Err(Refused::NotALeaf(format!(
-                    "queue `{named}` has child queues: applications go to leaf queues only, and {rules}"
-                ))),
+        Err(not_placed) => match named.as_ref().and_then(|q| Some((q, spot(q)?))) {
+            Some((named, Spot { leaf: true })) => {
+                let rules = lowered(&not_placed.to_string());
+                let why = refusal(named).unwrap_or_else(|| format!("{subject} may not submit to `{named}`"));
+                Err(Refused::Forbidden(format!("{why}; and {rules}")))
             }
-        }
-        Err(not_placed) => Err(Refused::NoUsableQueue(format!(
-            "application `{}` of user `{}`: {not_placed}",
-            submission.app, subject.user
-        ))),
+            Some((named, Spot { leaf: false })) => Err(Refused::NotALeaf(format!(
+                "queue `{named}` has child queues: applications go to leaf queues only, and {}",
+                lowered(&not_placed.to_string())
+            ))),
+            None => Err(Refused::NoUsableQueue(format!(
+                "application `{}` of user `{}`: {not_placed}",
+                submission.app, subject.user
+            ))),
+        },
     }
 }
 

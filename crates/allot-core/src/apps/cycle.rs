@@ -33,8 +33,8 @@ use std::sync::Arc;
 use super::runners::{Runners, TaskTypes};
 use super::why::Why;
 use super::{
-    pending_key, release, resources_never_fit, tokens_never_fit, transition, Account, AppChange, AppId, GangStyle,
-    GroupName, HeldTokens, Outcome, PendingKey, Placement, Scheduler, Slot, TaskId, TokenNeed, World,
+    pending_key, release, resources_never_fit, task_known, tokens_never_fit, transition_known, Account, AppChange,
+    AppId, GangStyle, GroupName, HeldTokens, Outcome, PendingKey, Placement, Scheduler, Slot, TaskId, TokenNeed, World,
     RESERVATION_TIMEOUT,
 };
 use crate::access::{Principal, Resource};
@@ -607,20 +607,18 @@ impl Scheduler {
         let placement = commit(spot, &wanted, owner, &token, &needs, world, cycle)?;
         let account = Account::of(&app.spec);
         self.charge(&account, &placement.resources, true);
-        let app = self.apps.get_mut(app_id).expect("checked");
-        let mut app_changed = false;
-        if !app.counted {
-            app.counted = true;
-            app_changed = true;
-            self.count_app(&account, true);
-        }
-        let app = self.apps.get_mut(app_id).expect("checked");
-        if app.state == AppState::Accepted {
-            transition(app, &[AppEvent::Run]).expect("Accepted takes Run");
-            app_changed = true;
-        }
-        if app_changed {
+        let Some(app) = self.apps.get_mut(app_id) else {
+            cycle.out.broken.push(format!("placed a task of application `{app_id}`, which does not exist"));
+            return Ok(());
+        };
+        let newly_counted = !app.counted;
+        app.counted = true;
+        let ran = app.state == AppState::Accepted && transition_known(app, &[AppEvent::Run], &mut cycle.out);
+        if newly_counted || ran {
             cycle.out.apps.push(AppChange::App(app.clone()));
+        }
+        if newly_counted {
+            self.count_app(&account, true);
         }
         self.allocate_task(app_id, task_id, placement, None, cycle);
         self.stats.placements += 1;
@@ -637,12 +635,15 @@ impl Scheduler {
         slot: Option<u32>,
         cycle: &mut Cycle<'_>,
     ) {
-        let task = self.tasks.get_mut(app_id).and_then(|t| t.get_mut(task_id)).expect("caller checked");
+        let Some(task) = self.tasks.get_mut(app_id).and_then(|t| t.get_mut(task_id)) else {
+            cycle.out.broken.push(format!("placed task `{task_id}` of application `{app_id}`, which does not exist"));
+            return;
+        };
         if let Some(pending) = self.pending.get_mut(app_id) {
             pending.remove(&pending_key(task));
         }
         let before = task.state;
-        task.state = task.state.on(TaskEvent::Schedule).and_then(|s| s.on(TaskEvent::Allocate)).expect("Pending");
+        task.state = task_known(task.state, &[TaskEvent::Schedule, TaskEvent::Allocate], &mut cycle.out);
         task.placement = Some(placement);
         task.slot = slot;
         let after = task.state;
@@ -652,10 +653,14 @@ impl Scheduler {
 
     /// A task takes placeholder `slot` of its application over, in place.
     fn take_over(&mut self, app_id: &AppId, task_id: &TaskId, slot: usize, cycle: &mut Cycle<'_>) {
-        let app = self.apps.get_mut(app_id).expect("caller checked");
-        app.slots[slot].task = Some(task_id.clone());
-        let placement = app.slots[slot].placement.clone();
-        let member = app.slots[slot].member;
+        let Some(taken) = self.apps.get_mut(app_id).and_then(|app| app.slots.get_mut(slot)) else {
+            cycle.out.broken.push(format!("application `{app_id}` has no placeholder {slot} to take over"));
+            return;
+        };
+        taken.task = Some(task_id.clone());
+        let placement = taken.placement.clone();
+        let member = taken.member;
+        let Some(app) = self.apps.get(app_id) else { return };
         cycle.out.apps.push(AppChange::App(app.clone()));
         self.allocate_task(app_id, task_id, placement, Some(member), cycle);
         self.stats.takeovers += 1;
@@ -726,9 +731,8 @@ impl Scheduler {
             Why::GangNotReserved { member: Some((group, member)), cause: Some(cause) }
                 if matches!(*cause, Why::NoRoom { .. }) =>
             {
-                let (_, _, wanted, selector, _) =
-                    &members.iter().find(|m| m.0 == group && m.1 == member).expect("a member");
-                match resources_never_fit(world.pools, wanted, selector) {
+                let named = members.iter().find(|m| m.0 == group && m.1 == member);
+                match named.and_then(|(_, _, wanted, selector, _)| resources_never_fit(world.pools, wanted, selector)) {
                     Some(never) => Why::CanNeverFit(never),
                     None => Why::GangNotReserved { member: Some((group, member)), cause: Some(cause) },
                 }
@@ -763,12 +767,15 @@ impl Scheduler {
                 }
             }
         }
-        let app = self.apps.get_mut(app_id).expect("checked");
+        let Some(app) = self.apps.get_mut(app_id) else {
+            cycle.out.broken.push(format!("reserved a gang for application `{app_id}`, which does not exist"));
+            return Ok(());
+        };
         let (account, counted) = (Account::of(&app.spec), app.counted);
         app.slots = slots;
         app.reserved_at = Some(cycle.now);
         app.counted = true;
-        transition(app, &[AppEvent::Run]).expect("Reserving takes Run");
+        transition_known(app, &[AppEvent::Run], &mut cycle.out);
         cycle.out.apps.push(AppChange::App(app.clone()));
         self.charge(&account, &total, true);
         if !counted {
@@ -881,10 +888,10 @@ impl Scheduler {
                 self.stats.reserve_timeouts += 1;
                 match style {
                     GangStyle::Soft => {
-                        let app = self.apps.get_mut(&id).expect("due");
+                        let Some(app) = self.apps.get_mut(&id) else { continue };
                         app.gang_given_up = true;
                         // Nothing of it is placed: it waits as an ordinary application.
-                        transition(app, &[AppEvent::Resume, AppEvent::Accept]).expect("Reserving takes Resume");
+                        transition_known(app, &[AppEvent::Resume, AppEvent::Accept], out);
                         app.reason = Some("its gang was not reserved in time; it runs without one".to_owned());
                         out.apps.push(AppChange::App(app.clone()));
                     }
@@ -973,6 +980,11 @@ fn commit(
     world: &mut World<'_>,
     cycle: &mut Cycle<'_>,
 ) -> Result<Placement, Why> {
+    // Application and task ids always make a valid token; checked before anything is taken.
+    let Ok(token) = Token::new(token) else {
+        cycle.out.broken.push(format!("`{token}` is not a valid token for a placement's grants"));
+        return Err(Why::NoRoom { wanted: wanted.clone(), closest: None });
+    };
     let pool = cycle.room.spots[spot].name.clone();
     let request = AllocRequest { min: wanted.clone(), max: None, owner, labels: Labels::new() };
     let mut attempts = 0;
@@ -988,7 +1000,6 @@ fn commit(
     cycle.room.take(spot, &alloc.resources);
     let mut placement =
         Placement { pool, alloc: alloc.id, resources: alloc.resources, grants: Vec::new(), at: cycle.now };
-    let token = Token::new(token).expect("ids make valid tokens");
     for need in needs {
         let request = AllocateRequest {
             namespace: need.namespace.clone(),

@@ -254,6 +254,11 @@ pub struct Outcome {
     pub apps: Vec<AppChange>,
     pub pools: Vec<PoolChange>,
     pub ledger: Effects,
+    /// Invariants found broken while deciding (an application that should exist does not, a
+    /// state that should take an event does not). Never expected; when not empty the state in
+    /// memory may be half-changed, and a store must commit none of it and refuse every change
+    /// until it is restarted from its log.
+    pub broken: Vec<String>,
 }
 
 impl Outcome {
@@ -261,6 +266,7 @@ impl Outcome {
     pub fn absorb(&mut self, other: Outcome) {
         self.apps.extend(other.apps);
         self.pools.extend(other.pools);
+        self.broken.extend(other.broken);
         self.ledger(other.ledger);
     }
 
@@ -390,6 +396,34 @@ fn transition(app: &mut App, events: &[AppEvent]) -> Result<(), IllegalTransitio
         app.state = app.state.on(*event)?;
     }
     Ok(())
+}
+
+/// The state a task's `state` takes with `events`, which it takes by the caller's logic; when it
+/// does not, `state` unchanged and `out` says the scheduler is inconsistent.
+fn task_known(state: TaskState, events: &[TaskEvent], out: &mut Outcome) -> TaskState {
+    let mut next = state;
+    for event in events {
+        match next.on(*event) {
+            Ok(to) => next = to,
+            Err(err) => {
+                out.broken.push(err.to_string());
+                return state;
+            }
+        }
+    }
+    next
+}
+
+/// Takes `events` that the application's state takes by the caller's logic; when it does not,
+/// the scheduler is inconsistent and `out` says so (see [`Outcome::broken`]).
+fn transition_known(app: &mut App, events: &[AppEvent], out: &mut Outcome) -> bool {
+    match transition(app, events) {
+        Ok(()) => true,
+        Err(err) => {
+            out.broken.push(format!("application `{}`: {err}", app.spec.id));
+            false
+        }
+    }
 }
 
 impl Scheduler {
@@ -733,7 +767,7 @@ impl Scheduler {
     /// queue above it that exists holds no live application, as it becomes a parent.
     fn check_creatable(&self, queue: &QueuePath) -> Result<(), QueueError> {
         let existing = queue.up_to_root().skip(1).find(|q| self.queues.get(q).is_some());
-        let leaf = existing.expect("root always exists");
+        let leaf = existing.unwrap_or_else(QueuePath::root);
         let busy = self.apps.values().any(|a| a.spec.queue == leaf && !a.state.is_terminal());
         match busy {
             true => Err(QueueError::UnderBusyLeaf { queue: queue.clone(), leaf }),
@@ -847,7 +881,9 @@ impl Scheduler {
             let _ = self.end_task(id, task, TaskEvent::Kill, Some(REMOVED.to_owned()), now, world, &mut out, false);
         }
         if event == Some(AppEvent::Fail) {
-            self.apps.get_mut(id).expect("checked").reason.get_or_insert_with(|| REMOVED.to_owned());
+            if let Some(app) = self.apps.get_mut(id) {
+                app.reason.get_or_insert_with(|| REMOVED.to_owned());
+            }
         }
         self.end_app(id, event, now, world, &mut out);
         let released = Released { tasks_killed: live, placements: released };
@@ -914,7 +950,8 @@ impl Scheduler {
 
     /// Fails a live application with `reason`: see [`Scheduler::fail_app`].
     fn fail_with(&mut self, id: &AppId, reason: &str, now: Millis, world: &mut World<'_>, out: &mut Outcome) {
-        self.apps.get_mut(id).expect("caller checked").reason = Some(reason.to_owned());
+        let Some(app) = self.apps.get_mut(id) else { return };
+        app.reason = Some(reason.to_owned());
         self.end_app(id, Some(AppEvent::Fail), now, world, out);
     }
 
@@ -930,11 +967,12 @@ impl Scheduler {
         world: &mut World<'_>,
         out: &mut Outcome,
     ) {
-        match self.apps[id].spec.policy.gang {
+        let Some(app) = self.apps.get(id) else { return };
+        match app.spec.policy.gang {
             GangStyle::Soft => {
                 self.release_slots(id, true, now, world, out);
-                let app = self.apps.get_mut(id).expect("caller checked");
-                transition(app, &[AppEvent::Resume, AppEvent::Run]).expect("a reserved gang runs and takes Resume");
+                let Some(app) = self.apps.get_mut(id) else { return };
+                transition_known(app, &[AppEvent::Resume, AppEvent::Run], out);
                 if soft_note.is_some() {
                     app.reason = soft_note;
                 }
@@ -949,7 +987,7 @@ impl Scheduler {
     fn end_app(&mut self, id: &AppId, event: Option<AppEvent>, now: Millis, world: &mut World<'_>, out: &mut Outcome) {
         let failing = event == Some(AppEvent::Fail);
         let task_ids = self.live_tasks(id);
-        let reason = self.apps[id].reason.clone();
+        let Some(reason) = self.apps.get(id).map(|app| app.reason.clone()) else { return };
         for task in task_ids {
             let state = self.tasks[id][&task].state;
             let placed = matches!(state, TaskState::Allocated | TaskState::Running);
@@ -957,7 +995,7 @@ impl Scheduler {
             let _ = self.end_task(id, &task, task_event, reason.clone(), now, world, out, false);
         }
         self.release_slots(id, false, now, world, out);
-        let app = self.apps.get_mut(id).expect("caller checked");
+        let Some(app) = self.apps.get_mut(id) else { return };
         if let Some(event) = event {
             let mut events = Vec::new();
             if app.state != AppState::Completing || event == AppEvent::Fail {
@@ -965,7 +1003,7 @@ impl Scheduler {
             }
             events.push(AppEvent::Release);
             // Every live state takes Complete or Fail, and then Release.
-            transition(app, &events).expect("a live application can end");
+            transition_known(app, &events, out);
             app.ended_at = Some(now);
         }
         let (account, counted) = (Account::of(&app.spec), app.counted);
@@ -980,7 +1018,7 @@ impl Scheduler {
 
     /// Releases the application's slots (all, or only those no task took over when `unused`).
     fn release_slots(&mut self, id: &AppId, unused_only: bool, now: Millis, world: &mut World<'_>, out: &mut Outcome) {
-        let app = self.apps.get_mut(id).expect("caller checked");
+        let Some(app) = self.apps.get_mut(id) else { return };
         let account = Account::of(&app.spec);
         let mut released = Vec::new();
         app.slots.retain(|slot| {
@@ -1070,10 +1108,12 @@ impl Scheduler {
 
     /// Adds a checked task to an application that has it not: Pending.
     fn insert_task(&mut self, app_id: &AppId, spec: TaskSpec, now: Millis) -> (Task, Outcome) {
-        let mut task = Task {
+        let mut out = Outcome::default();
+        let state = task_known(TaskState::New, &[TaskEvent::Admit], &mut out);
+        let task = Task {
             app: app_id.clone(),
             spec,
-            state: TaskState::New,
+            state,
             seq: self.next_seq,
             added: now,
             placement: None,
@@ -1081,11 +1121,11 @@ impl Scheduler {
             reason: None,
         };
         self.next_seq += 1;
-        task.state = task.state.on(TaskEvent::Admit).expect("New takes Admit");
-        let mut out = Outcome::default();
-        let app = self.apps.get_mut(app_id).expect("caller checked");
-        if app.state == AppState::Completing {
-            transition(app, &[AppEvent::Run]).expect("Completing takes Run");
+        let Some(app) = self.apps.get_mut(app_id) else {
+            out.broken.push(format!("a task added to application `{app_id}`, which does not exist"));
+            return (task, out);
+        };
+        if app.state == AppState::Completing && transition_known(app, &[AppEvent::Run], &mut out) {
             app.completing_since = None;
             out.apps.push(AppChange::App(app.clone()));
         }
@@ -1158,7 +1198,9 @@ impl Scheduler {
     ) -> Result<(Task, Outcome), SchedError> {
         let end = TaskEnd { app: app.clone(), task: task.clone(), failed };
         let (mut answers, out) = self.finish_tasks(vec![end], now, world);
-        Ok((answers.pop().expect("one answer per report")?, out))
+        let answer =
+            answers.pop().unwrap_or_else(|| Err(SchedError::TaskNotFound { app: app.clone(), task: task.clone() }));
+        Ok((answer?, out))
     }
 
     /// Reports several tasks completed or failed at once, as `finish_task` each in turn: one
@@ -1196,7 +1238,9 @@ impl Scheduler {
         } else {
             self.end_task(app, task, TaskEvent::Kill, None, now, world, &mut out, false)?
         };
-        self.tasks.get_mut(app).expect("task exists").remove(task);
+        if let Some(tasks) = self.tasks.get_mut(app) {
+            tasks.remove(task);
+        }
         self.count(app, Some(record.state), None);
         self.why_task.remove(&(app.clone(), task.clone()));
         out.apps.retain(|c| !matches!(c, AppChange::Task(t) if t.app == *app && t.spec.id == *task));
@@ -1269,8 +1313,10 @@ impl Scheduler {
             return;
         }
         self.release_slots(app_id, false, now, world, out);
-        let app = self.apps.get_mut(app_id).expect("checked above");
-        transition(app, &[AppEvent::Complete]).expect("a live application can complete");
+        let Some(app) = self.apps.get_mut(app_id) else { return };
+        if !transition_known(app, &[AppEvent::Complete], out) {
+            return;
+        }
         app.completing_since = Some(now);
         out.apps.push(AppChange::App(app.clone()));
         if self.config.completing_grace_ms == 0 {
@@ -1279,8 +1325,10 @@ impl Scheduler {
     }
 
     fn finish_completing(&mut self, app_id: &AppId, now: Millis, out: &mut Outcome) {
-        let app = self.apps.get_mut(app_id).expect("caller checked");
-        transition(app, &[AppEvent::Release]).expect("Completing takes Release");
+        let Some(app) = self.apps.get_mut(app_id) else { return };
+        if !transition_known(app, &[AppEvent::Release], out) {
+            return;
+        }
         app.ended_at = Some(now);
         let (account, counted) = (Account::of(&app.spec), app.counted);
         app.counted = false;
@@ -1477,8 +1525,7 @@ impl Scheduler {
                 if holds != task.placement.is_some() && holds {
                     return Err(format!("{}/{}: {} without a placement", app.spec.id, task.spec.id, task.state));
                 }
-                if holds {
-                    let placement = task.placement.as_ref().expect("checked");
+                if let (true, Some(placement)) = (holds, &task.placement) {
                     add(&app.spec.queue, &placement.resources);
                     live_alloc(pools, placement)?;
                 }

@@ -27,7 +27,8 @@ use crate::{forward, metrics, openapi, ServerState, MAX_BODY_BYTES, MAX_SUBMIT_B
 pub(crate) type Answer<T> = Result<Json<T>, ApiError>;
 
 /// What a 503 of a store call may say, in the document.
-pub(crate) const UNAVAILABLE: &str = "store_unavailable, store_outcome_unknown, not_enough_replicas or shutting_down";
+pub(crate) const UNAVAILABLE: &str =
+    "store_unavailable, store_outcome_unknown, not_enough_replicas, store_failed or shutting_down";
 
 /// The routes, each with the one permission it needs (`access::Needs`): a handler cannot be
 /// added without it.

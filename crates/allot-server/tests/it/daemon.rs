@@ -36,6 +36,56 @@ async fn readiness_is_apart_from_liveness() {
     assert!(responses["200"].is_object() && responses["503"].is_object(), "{responses}");
 }
 
+/// An internal error under the store's lock (here a panic, injected) stops the embedded store:
+/// every operation, read or write, is answered `503 store_failed` and `/readyz` says why, until a
+/// restart rebuilds the state from the log, where everything acknowledged before is.
+#[tokio::test]
+async fn an_internal_error_stops_the_store_until_a_restart() {
+    let dir = tempfile::tempdir().unwrap();
+    let open = || {
+        Arc::new(allot_store::EmbeddedStore::open(&allot_store::EmbeddedConfig::new(dir.path().to_owned())).unwrap())
+    };
+    let embedded = open();
+    let store: Arc<dyn Store> = embedded.clone();
+    let h = Harness { router: api(ServerState::new(store.clone())), store, _dir: tempfile::tempdir().unwrap() };
+    let (status, _) = h.call(Method::PUT, "/v1/namespaces/ns", r#"{"quota": 3}"#).await;
+    assert!(status.is_success());
+    let (status, granted) = h.call(Method::PUT, "/v1/namespaces/ns/grants/t1", r#"{"units": 2}"#).await;
+    assert!(status.is_success(), "{granted}");
+
+    embedded.panic_under_lock();
+    for (method, uri, body) in [
+        (Method::PUT, "/v1/namespaces/ns/grants/t2", r#"{"units": 1}"#),
+        (Method::DELETE, "/v1/namespaces/ns/grants/t1", ""),
+        (Method::PUT, "/v1/pools/p", r#"{"capacity": "cpu=1"}"#),
+        (Method::GET, "/v1/namespaces/ns", ""),
+    ] {
+        let (status, body) = h.call(method.clone(), uri, body).await;
+        assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE, "{method} {uri}: {body}");
+        assert_eq!(body["error"]["code"], "store_failed", "{method} {uri}: {body}");
+        assert!(body["error"]["message"].as_str().unwrap().contains("until the daemon is restarted"), "{body}");
+    }
+    let (status, body) = h.call(Method::GET, "/readyz", "").await;
+    assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE, "{body}");
+    assert_eq!(body["checks"][0]["ready"], false, "{body}");
+    assert!(body["checks"][0]["message"].as_str().unwrap().contains("internal error"), "{body}");
+    let (status, _) = h.call(Method::GET, "/healthz", "").await;
+    assert_eq!(status, StatusCode::OK, "the process still answers");
+
+    h.store.shutdown().await;
+    drop(h);
+    drop(embedded);
+    let store: Arc<dyn Store> = open();
+    let h = Harness { router: api(ServerState::new(store.clone())), store, _dir: tempfile::tempdir().unwrap() };
+    let (status, body) = h.call(Method::GET, "/v1/namespaces/ns/grants/t1", "").await;
+    assert_eq!(status, StatusCode::OK, "the acknowledged grant survived: {body}");
+    assert_eq!((body["units"].as_u64(), body["fencing"].as_u64()), (Some(2), Some(1)), "{body}");
+    let (status, body) = h.call(Method::PUT, "/v1/namespaces/ns/grants/t2", r#"{"units": 1}"#).await;
+    assert!(status.is_success(), "a restarted store serves again: {body}");
+    let (status, _) = h.call(Method::GET, "/readyz", "").await;
+    assert_eq!(status, StatusCode::OK);
+}
+
 /// Each case: method, uri, body, expected status, expected code.
 const BAD_INPUT: &[(&str, &str, &str, u16, &str)] = &[
     ("PUT", "/v1/namespaces/x", "{", 400, "invalid_json"),

@@ -167,6 +167,15 @@ impl RedisStore {
 
     /// Carries out an outcome: makes (undone if one is refused: `Refused`), records, ends.
     async fn carry_out(&self, holder: &str, l: &mut Leader, outcome: &Outcome) -> Result<(), Carry> {
+        // The scheduler in memory may be half-changed: nothing of it is written, and the caller
+        // loads the records again (Redis holds nothing of the change).
+        if !outcome.broken.is_empty() {
+            let broken = outcome.broken.join("; ");
+            tracing::error!(%broken, "the scheduler found its state inconsistent; loading the records again");
+            return Err(Carry::Failed(StoreError::Unavailable(format!(
+                "the scheduler found its state inconsistent ({broken}); it loads it again from Redis"
+            ))));
+        }
         let (makes, mut ends) = steps(outcome);
         if !makes.is_empty() {
             let mut intents = makes.clone();

@@ -53,7 +53,7 @@ pub(super) fn cycle(shared: &Shared) -> Option<(Duration, Option<Commit>)> {
     if state.closed {
         return None;
     }
-    if state.broken.is_some() {
+    if state.broken.is_some() || state.failed.is_some() {
         return Some((RETRY_INTERVAL, None));
     }
     let now = shared.clock.now();
@@ -65,6 +65,9 @@ pub(super) fn cycle(shared: &Shared) -> Option<(Duration, Option<Commit>)> {
     }
     let waiting = state.sched.has_waiting();
     shared.sched_waiting.store(waiting, Ordering::Relaxed);
+    if state.check_outcome(&outcome).is_err() {
+        return Some((RETRY_INTERVAL, None));
+    }
     let committed = (!outcome.is_empty()).then(|| state.submit_outcome(shared, outcome));
     let mut wait = if waiting { RETRY_INTERVAL } else { IDLE_INTERVAL };
     if let Some(deadline) = state.sched.next_deadline() {

@@ -275,10 +275,16 @@ struct State {
     closed: bool,
     /// Set while the state cannot be rebuilt after a failed write.
     broken: Option<String>,
+    /// Set for good after an internal error (see [`StoreError::Failed`]): nothing more is
+    /// decided or logged from this state.
+    failed: Option<String>,
 }
 
 impl State {
     fn usable(&self, shared: &Shared) -> Result<(), StoreError> {
+        if let Some(reason) = &self.failed {
+            return Err(StoreError::Failed(reason.clone()));
+        }
         if shared.shutting_down.load(Ordering::SeqCst) || self.closed {
             return Err(StoreError::ShuttingDown);
         }
@@ -298,6 +304,23 @@ impl State {
     /// Logs `effects`; the receiver answers once they are durable.
     fn submit(&mut self, shared: &Shared, effects: Effects) -> Commit {
         self.submit_all(shared, effects, Vec::new(), Vec::new())
+    }
+
+    /// Stops the store for good after an internal error: from now on every operation is
+    /// refused with [`StoreError::Failed`].
+    fn fail(&mut self, reason: String) -> StoreError {
+        tracing::error!(%reason, "internal error: the store refuses every operation until the daemon is restarted");
+        StoreError::Failed(self.failed.get_or_insert(reason).clone())
+    }
+
+    /// An outcome of the scheduler that found an invariant broken is not logged: the store fails.
+    fn check_outcome(&mut self, outcome: &Outcome) -> Result<(), StoreError> {
+        match outcome.broken.is_empty() {
+            true => Ok(()),
+            false => {
+                Err(self.fail(format!("the scheduler found its state inconsistent: {}", outcome.broken.join("; "))))
+            }
+        }
     }
 
     /// Logs everything an operation of the scheduler changed, as one record.
@@ -538,6 +561,7 @@ impl EmbeddedStore {
                 drafts: Vec::new(),
                 closed: false,
                 broken: None,
+                failed: None,
             }),
             durability,
             files,
@@ -607,6 +631,19 @@ impl EmbeddedStore {
         self.shared.refuses_watches.store(true, Ordering::SeqCst);
     }
 
+    /// Panics on another thread while holding the state's lock, as a bug would: the store
+    /// fails (see [`StoreError::Failed`]). For tests of that path.
+    #[cfg(feature = "testing")]
+    pub fn panic_under_lock(&self) {
+        let shared = self.shared.clone();
+        let panicked = std::thread::spawn(move || {
+            let _state = lock(&shared);
+            panic!("a panic injected under the store's lock");
+        })
+        .join();
+        assert!(panicked.is_err(), "the injected panic happened");
+    }
+
     /// Checkpoints now, as the checkpointer does every [`CHECKPOINT_INTERVAL`]: seals the log's
     /// current segment and writes the sealed ones into the database. Blocks on disk I/O.
     pub fn checkpoint_now(&self) -> Result<(), StoreError> {
@@ -647,6 +684,7 @@ impl EmbeddedStore {
             let state = &mut *state;
             let world = World { pools: &mut state.pools, ledger: &mut state.ledger };
             let (value, outcome) = op(&mut state.sched, world, now)?;
+            state.check_outcome(&outcome)?;
             (value, state.submit_outcome(&self.shared, outcome))
         };
         durable(rx).await?;
@@ -691,6 +729,9 @@ impl EmbeddedStore {
     /// Runs a read-only query over the state, unless the database is being reopened.
     fn read_state<T>(&self, query: impl FnOnce(&State, Millis) -> Result<T, StoreError>) -> Result<T, StoreError> {
         let state = self.lock();
+        if let Some(reason) = &state.failed {
+            return Err(StoreError::Failed(reason.clone()));
+        }
         if let Some(reason) = &state.broken {
             return Err(StoreError::Unavailable(reason.clone()));
         }
@@ -699,9 +740,15 @@ impl EmbeddedStore {
 }
 
 fn lock(shared: &Shared) -> MutexGuard<'_, State> {
-    // A panic while holding the lock would leave the ledger half-changed; there is no panic
-    // path inside it, and continuing is better than poisoning every later request.
-    shared.state.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+    // A panic while the lock was held may have left the state half-changed: the store fails
+    // (every operation refused until a restart rebuilds the state from the log).
+    shared.state.lock().unwrap_or_else(|poisoned| {
+        let mut state = poisoned.into_inner();
+        if state.failed.is_none() {
+            state.fail("a panic while the store's state was locked".to_owned());
+        }
+        state
+    })
 }
 
 impl WatchStore for EmbeddedStore {
@@ -762,11 +809,17 @@ impl Store for EmbeddedStore {
         // it: `usable` refuses every operation once `shutting_down` is set.
         let flushed = {
             let mut state = self.lock();
-            let changes = state.ledger.fencing_checkpoint();
-            state.checkpoint_clock(&self.shared);
-            state.submit(&self.shared, Effects { changes, ..Effects::default() })
+            // Nothing more is logged from a state that may be half-changed.
+            state.failed.is_none().then(|| {
+                let changes = state.ledger.fencing_checkpoint();
+                state.checkpoint_clock(&self.shared);
+                state.submit(&self.shared, Effects { changes, ..Effects::default() })
+            })
         };
-        if let Err(err) = durable(flushed).await {
+        if let Some(Err(err)) = match flushed {
+            Some(flushed) => Some(durable(flushed).await),
+            None => None,
+        } {
             tracing::warn!(error = %err, "the final flush failed");
         }
         self.lock().closed = true;

@@ -27,6 +27,9 @@ pub(super) fn sweep(shared: &Shared) -> Option<Option<Commit>> {
     if state.closed {
         return None;
     }
+    if state.failed.is_some() {
+        return Some(None);
+    }
     let now = shared.clock.now();
     if state.broken.is_some() {
         recover(shared, &mut state);

@@ -48,3 +48,38 @@ fn the_load_generator_does_not_reach_into_the_server() {
     assert!(direct.contains_key("allot-host"), "{direct:?}");
     assert!(!direct.contains_key("allot-server"), "allot-bench depends on allot-server: {direct:?}");
 }
+
+/// The decisions a store makes under its lock (`allot-core`) have no panic path: what a caller
+/// was trusted to have checked is checked where it is relied on, and a broken invariant is a
+/// value ([`allot_core::apps::Outcome::broken`]) that stops the store, not a panic. The builders
+/// documented to panic on a bad literal (`Resources::with`, `SizeWeights::with`) are the exceptions.
+#[test]
+fn the_core_has_no_panic_path_outside_its_tests() {
+    fn visit(dir: &Path, found: &mut Vec<String>) {
+        for entry in std::fs::read_dir(dir).unwrap() {
+            let path = entry.unwrap().path();
+            if path.is_dir() {
+                visit(&path, found);
+                continue;
+            }
+            if path.extension().is_none_or(|e| e != "rs") || path.ends_with("testing.rs") {
+                continue;
+            }
+            let text = std::fs::read_to_string(&path).unwrap();
+            let shipped = text.split("#[cfg(test)]").next().unwrap_or_default();
+            for (number, line) in shipped.lines().enumerate() {
+                let code = line.split("//").next().unwrap_or_default();
+                let panics = [".expect(", ".unwrap()", "unreachable!(", "panic!(", "todo!(", "unimplemented!("]
+                    .iter()
+                    .any(|p| code.contains(p));
+                let documented_builder = code.contains("Resources::with: ") || code.contains("SizeWeights::with: ");
+                if panics && !documented_builder {
+                    found.push(format!("{}:{}: {}", path.display(), number + 1, line.trim()));
+                }
+            }
+        }
+    }
+    let mut found = Vec::new();
+    visit(&Path::new(env!("CARGO_MANIFEST_DIR")).join("../allot-core/src"), &mut found);
+    assert!(found.is_empty(), "panic paths in allot-core:\n{}", found.join("\n"));
+}
