@@ -3,7 +3,7 @@
 //!
 //! Why: through the router a call pays its route lookup, its path parameters copied into the
 //! request, a clone of the route's boxed service and two boxed middleware futures, about as much
-//! CPU as the ledger and the log together (docs/benchmarks.md, "Durability levels, the hot path"). Here a call is
+//! CPU as the ledger and the log together (docs/benchmarks.md, "Measurements behind the defaults"). Here a call is
 //! recognised from its path and answered by the same functions the routes call.
 //!
 //! Invariants: a call is answered here only when the router would answer it the same way, with

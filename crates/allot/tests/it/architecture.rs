@@ -1,8 +1,8 @@
-//! The shape of the code, checked: ARCHITECTURE.md's code map is true to the code (every crate has
-//! a section, every module it names exists, and every module that exists is named, by its file or
-//! by a folder it is in), and no two files of a crate import each other in a circle.
+//! The shape of the code, checked: what ARCHITECTURE.md names exists (every path, every type and
+//! item in backticks, every crate), every crate of the workspace is named, no crate depends on one
+//! its table of crates lists after it, and no two files of a crate import each other in a circle.
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
 
 /// The workspace's root.
@@ -10,83 +10,263 @@ fn root() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../..")
 }
 
-/// For each `### \`crates/<name>\`` section, the crate and the paths its list items name before
-/// their dash: `- \`a.rs\`, \`b/\` — what they hold`.
-fn code_map(text: &str) -> Vec<(String, Vec<String>)> {
-    let mut map: Vec<(String, Vec<String>)> = Vec::new();
-    for line in text.lines() {
-        if let Some(name) = line.strip_prefix("### `crates/").and_then(|rest| rest.strip_suffix('`')) {
-            map.push((name.to_owned(), Vec::new()));
-            continue;
-        }
-        // Any other heading (a section, or a part that is not a crate) ends the crate's list.
-        if line.starts_with("## ") || line.starts_with("### ") {
-            map.push((String::new(), Vec::new()));
-            continue;
-        }
-        let (Some((_, paths)), Some(item)) = (map.last_mut(), line.strip_prefix("- ")) else { continue };
-        let named = item.split(" — ").next().unwrap_or_default();
-        paths.extend(
-            named
-                .split('`')
-                .skip(1)
-                .step_by(2)
-                .filter(|path| path.ends_with(".rs") || path.ends_with('/'))
-                .map(str::to_owned),
-        );
-    }
-    map.retain(|(name, _)| !name.is_empty());
-    map
-}
-
-/// Every `.rs` file under `dir`, relative to it.
-fn sources(dir: &Path, under: &Path, found: &mut BTreeSet<String>) {
+/// Every file under `dir` whose name ends with `ext`, relative to `under`.
+fn files(dir: &Path, under: &Path, ext: &str, found: &mut BTreeSet<String>) {
     for entry in std::fs::read_dir(dir).unwrap() {
         let path = entry.unwrap().path();
         if path.is_dir() {
-            sources(&path, under, found);
-        } else if path.extension().is_some_and(|e| e == "rs") {
+            files(&path, under, ext, found);
+        } else if path.to_string_lossy().ends_with(ext) {
             found.insert(path.strip_prefix(under).unwrap().to_string_lossy().replace('\\', "/"));
         }
     }
 }
 
-#[test]
-fn the_code_map_names_every_module_and_only_modules_that_exist() {
-    let root = root();
-    let text = std::fs::read_to_string(root.join("ARCHITECTURE.md")).unwrap();
-    let map = code_map(&text);
-    let mapped: BTreeSet<&str> = map.iter().map(|(name, _)| name.as_str()).collect();
-    let crates: BTreeSet<String> = std::fs::read_dir(root.join("crates"))
-        .unwrap()
-        .map(|entry| entry.unwrap().file_name().to_string_lossy().into_owned())
-        .collect();
-    assert_eq!(mapped, crates.iter().map(String::as_str).collect(), "one section per crate");
+/// Every `.rs` file under `dir`, relative to it.
+fn sources(dir: &Path, under: &Path, found: &mut BTreeSet<String>) {
+    files(dir, under, ".rs", found);
+}
 
-    let mut problems = Vec::new();
-    for (name, paths) in &map {
-        let src = root.join("crates").join(name).join("src");
-        for path in paths {
-            if !src.join(path).exists() {
-                problems.push(format!("crates/{name}/src/{path} is named but does not exist"));
+/// What the workspace defines, read from its sources (every crate's `src/`, `tests/` and
+/// `benches/`, and the Python client).
+struct Workspace {
+    root: PathBuf,
+    /// The crates: the folders of `crates/`, each named as its crate.
+    crates: BTreeSet<String>,
+    /// Structs, enums, traits, unions and type aliases; the Python client's classes.
+    types: BTreeSet<String>,
+    /// Capitalised identifiers that open a line of Rust: enum variants, among others.
+    variants: BTreeSet<String>,
+    /// Functions and methods.
+    fns: BTreeSet<String>,
+    /// The functions of each crate's `src/`.
+    crate_fns: BTreeMap<String, BTreeSet<String>>,
+}
+
+impl Workspace {
+    fn read(root: &Path) -> Workspace {
+        let crates: BTreeSet<String> = std::fs::read_dir(root.join("crates"))
+            .unwrap()
+            .map(|entry| entry.unwrap().path())
+            .filter(|path| path.join("Cargo.toml").exists())
+            .map(|path| path.file_name().unwrap().to_string_lossy().into_owned())
+            .collect();
+        let item = |keywords: &str, name: &str| {
+            regex::Regex::new(&format!(r"(?m)^\s*(?:pub(?:\([^)]*\))?\s+)?(?:{keywords})\s+({name})")).unwrap()
+        };
+        let type_def = item("struct|enum|trait|unsafe trait|union|type", r"[A-Z][A-Za-z0-9_]*");
+        let fn_def = item(r"(?:const\s+)?(?:async\s+)?(?:unsafe\s+)?fn", r"[a-z_][a-z0-9_]*");
+        let variant = regex::Regex::new(r"(?m)^\s*([A-Z][A-Za-z0-9]*)\s*(?:[,({]|$)").unwrap();
+        let class = regex::Regex::new(r"(?m)^class\s+([A-Za-z_][A-Za-z0-9_]*)").unwrap();
+        let mut workspace = Workspace {
+            root: root.to_owned(),
+            crates,
+            types: BTreeSet::new(),
+            variants: BTreeSet::new(),
+            fns: BTreeSet::new(),
+            crate_fns: BTreeMap::new(),
+        };
+        for name in &workspace.crates {
+            for dir in ["src", "tests", "benches"] {
+                let path = root.join("crates").join(name).join(dir);
+                if !path.is_dir() {
+                    continue;
+                }
+                let mut found = BTreeSet::new();
+                sources(&path, &path, &mut found);
+                for text in found.iter().map(|file| std::fs::read_to_string(path.join(file)).unwrap()) {
+                    workspace.types.extend(type_def.captures_iter(&text).map(|c| c[1].to_owned()));
+                    workspace.variants.extend(variant.captures_iter(&text).map(|c| c[1].to_owned()));
+                    let fns: Vec<String> = fn_def.captures_iter(&text).map(|c| c[1].to_owned()).collect();
+                    if dir == "src" {
+                        workspace.crate_fns.entry(name.clone()).or_default().extend(fns.iter().cloned());
+                    }
+                    workspace.fns.extend(fns);
+                }
             }
         }
-        let mut files = BTreeSet::new();
-        sources(&src, &src, &mut files);
-        for file in files.iter().filter(|f| !matches!(f.as_str(), "lib.rs" | "main.rs")) {
-            let covered = paths.iter().any(|path| path == file || (path.ends_with('/') && file.starts_with(path)));
-            if !covered {
-                problems.push(format!("crates/{name}/src/{file} exists but ARCHITECTURE.md does not name it"));
-            }
+        let python = root.join("clients/python");
+        let mut found = BTreeSet::new();
+        files(&python, &python, ".py", &mut found);
+        for file in found {
+            let text = std::fs::read_to_string(python.join(file)).unwrap();
+            workspace.types.extend(class.captures_iter(&text).map(|c| c[1].to_owned()));
         }
+        workspace
     }
-    assert!(problems.is_empty(), "ARCHITECTURE.md's code map is out of date:\n{}", problems.join("\n"));
+
+    /// Whether `path` (its segments `*` for any folder) names a file or folder under `base`.
+    fn exists(base: &Path, path: &str) -> bool {
+        let mut bases = vec![base.to_owned()];
+        for segment in path.trim_end_matches('/').split('/') {
+            bases = bases
+                .into_iter()
+                .flat_map(|base| -> Vec<PathBuf> {
+                    if segment != "*" {
+                        return vec![base.join(segment)];
+                    }
+                    std::fs::read_dir(&base).map_or(Vec::new(), |dir| dir.map(|e| e.unwrap().path()).collect())
+                })
+                .filter(|path| path.exists())
+                .collect();
+        }
+        !bases.is_empty()
+    }
+
+    /// Whether `module` (segments below the crate's root) is a module of crate `name`.
+    fn is_module(&self, name: &str, module: &[&str]) -> bool {
+        let src = self.root.join("crates").join(name).join("src").join(module.join("/"));
+        src.with_extension("rs").exists() || src.join("mod.rs").exists()
+    }
+
+    /// What is wrong with `span`, one name in backticks, read in the section of crate `section`
+    /// (paths there may be relative to the crate's folder). Spans that are not a path, a crate or
+    /// a Rust item (words, flags, routes, commands) are not checked.
+    fn check(&self, span: &str, section: Option<&str>) -> Option<String> {
+        let span = span.split('(').next().unwrap_or_default();
+        if span.is_empty() || span.contains(char::is_whitespace) || span.starts_with(['/', '-', '[', '.']) {
+            return None;
+        }
+        let extensions = [".rs", ".md", ".py", ".lua", ".toml", ".html", ".js", ".css", ".json", ".yaml"];
+        if span.contains('/') || extensions.iter().any(|ext| span.ends_with(ext)) {
+            let in_crate = section.is_some_and(|name| Self::exists(&self.root.join("crates").join(name), span));
+            return (!in_crate && !Self::exists(&self.root, span)).then(|| format!("path `{span}` does not exist"));
+        }
+        if regex::Regex::new(r"^allot(-[a-z]+)*$").unwrap().is_match(span) {
+            return (!self.crates.contains(span)).then(|| format!("crate `{span}` is not in the workspace"));
+        }
+        let is_item = regex::Regex::new(r"^[A-Za-z_][A-Za-z0-9_]*(::[A-Za-z_][A-Za-z0-9_]*)*$").unwrap();
+        let capital = |s: &str| s.starts_with(|c: char| c.is_ascii_uppercase());
+        if !is_item.is_match(span) || !(span.contains("::") || capital(span)) {
+            return None;
+        }
+        let mut segments: Vec<&str> = span.split("::").collect();
+        if !capital(segments[0]) {
+            // A crate's path: its modules, then an item.
+            let Some(name) = self.crates.iter().find(|name| name.replace('-', "_") == segments[0]) else {
+                return Some(format!("`{span}` starts with no crate of the workspace"));
+            };
+            let modules = segments.iter().skip(1).take_while(|s| !capital(s)).count();
+            let mut known = 0;
+            while known < modules && self.is_module(name, &segments[1..=known + 1]) {
+                known += 1;
+            }
+            let rest = &segments[1 + known..];
+            let last_is_fn = rest.len() == 1 && self.crate_fns.get(name).is_some_and(|fns| fns.contains(rest[0]));
+            if !(rest.is_empty() || capital(rest[0]) || last_is_fn) {
+                return Some(format!("`{span}`: `{}` is neither a module of {name} nor a function", rest[0]));
+            }
+            segments = rest.to_vec();
+            if segments.is_empty() || last_is_fn {
+                return None;
+            }
+        }
+        if !self.types.contains(segments[0]) {
+            return Some(format!("type `{}` is defined nowhere in the workspace", segments[0]));
+        }
+        segments[1..].iter().find_map(|s| {
+            let known =
+                if capital(s) { self.types.contains(*s) || self.variants.contains(*s) } else { self.fns.contains(*s) };
+            (!known).then(|| format!("`{span}`: `{s}` is defined nowhere in the workspace"))
+        })
+    }
+
+    /// Everything named in `text` (a Markdown document) that does not exist, and every crate it
+    /// does not name.
+    fn problems(&self, text: &str) -> Vec<String> {
+        let mut problems = Vec::new();
+        let mut named = BTreeSet::new();
+        let mut section: Option<String> = None;
+        let mut fenced = false;
+        for line in text.lines() {
+            if line.starts_with("```") {
+                fenced = !fenced;
+            }
+            if fenced || line.starts_with("```") {
+                continue;
+            }
+            if line.starts_with('#') {
+                section = line.strip_prefix("### `crates/").and_then(|rest| rest.split('`').next()).map(str::to_owned);
+            }
+            if line.matches('`').count() % 2 == 1 {
+                problems.push(format!("a name in backticks runs over a line's end: {line}"));
+            }
+            for span in line.split('`').skip(1).step_by(2) {
+                named.insert(span.trim_start_matches("crates/").to_owned());
+                problems.extend(self.check(span, section.as_deref()));
+            }
+        }
+        for name in &self.crates {
+            if !named.contains(name) {
+                problems.push(format!("crate `{name}` is in the workspace but not named"));
+            }
+        }
+        problems
+    }
 }
 
 #[test]
-fn the_map_reader_sees_names_before_the_dash_only() {
-    let text = "### `crates/x`\n\n- `a.rs`, `b/` — holds `c.rs`\n\n## Next\n\n- `d.rs` — not a crate's\n";
-    assert_eq!(code_map(text), vec![("x".to_owned(), vec!["a.rs".to_owned(), "b/".to_owned()])]);
+fn architecture_md_names_only_what_exists_and_every_crate() {
+    let workspace = Workspace::read(&root());
+    let text = std::fs::read_to_string(root().join("ARCHITECTURE.md")).unwrap();
+    let problems = workspace.problems(&text);
+    assert!(problems.is_empty(), "ARCHITECTURE.md names what is not there:\n{}", problems.join("\n"));
+}
+
+#[test]
+fn the_name_checker_finds_what_does_not_exist() {
+    let workspace = Workspace::read(&root());
+    let real = "`crates/allot-core/src/quotas.rs` `Ledger` `Ledger::check_invariants` `allot_store::conformance` \
+                `allot_server::run(listener)` `ErrorCode` `AsyncClient` `allot serve` `quotas` `--store` `/v1/watch`";
+    let mut crates = String::new();
+    for name in &workspace.crates {
+        crates += &format!(" `{name}`");
+    }
+    assert_eq!(workspace.problems(&format!("{real}{crates}")), Vec::<String>::new());
+    let bogus = "### `crates/allot-core`\n`src/nope.rs` `NoSuchType` `Ledger::no_such_method` `allot-nope` \
+                 `allot_core::nope` `allot_nope::Ledger` `allot_core::baseline_server`";
+    let problems = workspace.problems(bogus);
+    assert_eq!(problems.len(), 7 + workspace.crates.len() - 1, "{problems:#?}");
+}
+
+/// The crates in the order of ARCHITECTURE.md's table (`| \`name\` | ... |` rows under `## Crates`).
+fn crate_table(text: &str) -> Vec<String> {
+    let section = text.split("\n## Crates\n").nth(1).unwrap_or_default();
+    let section = section.split("\n## ").next().unwrap_or_default();
+    section.lines().filter_map(|line| line.strip_prefix("| `")?.split('`').next().map(str::to_owned)).collect()
+}
+
+/// The crates of the workspace that `manifest` (a Cargo.toml) depends on, dev-dependencies left out.
+fn dependencies(manifest: &str) -> Vec<String> {
+    let mut table = "";
+    let mut found = Vec::new();
+    for line in manifest.lines() {
+        if line.starts_with('[') {
+            table = line;
+        } else if table == "[dependencies]" && line.starts_with("allot") {
+            found.extend(line.split(['.', ' ', '=']).next().map(str::to_owned));
+        }
+    }
+    found
+}
+
+/// The crates are layers: each depends only on crates listed above it in ARCHITECTURE.md.
+#[test]
+fn no_crate_depends_on_one_listed_after_it() {
+    let root = root();
+    let table = crate_table(&std::fs::read_to_string(root.join("ARCHITECTURE.md")).unwrap());
+    let crates = Workspace::read(&root).crates;
+    assert_eq!(table.iter().cloned().collect::<BTreeSet<_>>(), crates, "the table lists every crate once");
+    let mut upward = Vec::new();
+    for (at, name) in table.iter().enumerate() {
+        let manifest = std::fs::read_to_string(root.join("crates").join(name).join("Cargo.toml")).unwrap();
+        for dependency in dependencies(&manifest) {
+            if !table[..at].contains(&dependency) {
+                upward.push(format!("{name} depends on {dependency}, listed after it"));
+            }
+        }
+    }
+    assert!(upward.is_empty(), "{}", upward.join("\n"));
 }
 
 /// A module's path in its crate, from its file: `src/a/b.rs` and `src/a/b/mod.rs` are `a::b`.
