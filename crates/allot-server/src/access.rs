@@ -609,20 +609,40 @@ pub enum Need {
     Needs(Permission, Target),
 }
 
-/// The permission of every route, by method and path template: what `routes::router` declares.
+/// Which daemon serves a route, on a store several daemons share (Redis).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Home {
+    /// Any daemon, from the shared store.
+    Any,
+    /// The daemon that schedules applications; the others forward the call to it, as it came,
+    /// and answer what it answered.
+    Scheduler,
+}
+
+/// The permission of every route, and the daemon that serves it, by method and path template:
+/// what `routes::router` declares.
 #[derive(Debug, Default)]
-pub struct Needs(HashMap<(Method, &'static str), Need>);
+pub struct Needs(HashMap<(Method, &'static str), (Need, Home)>);
 
 impl Needs {
-    pub(crate) fn declare(&mut self, method: Method, path: &'static str, need: Need) {
-        let previous = self.0.insert((method.clone(), path), need);
+    pub(crate) fn declare(&mut self, method: Method, path: &'static str, need: Need, home: Home) {
+        let previous = self.0.insert((method.clone(), path), (need, home));
         assert!(previous.is_none(), "{method} {path} declares its permission twice");
+    }
+
+    fn route(&self, method: &Method, path: &str) -> Option<(Need, Home)> {
+        let method = if method == Method::HEAD { &Method::GET } else { method };
+        self.0.get(&(method.clone(), path)).copied()
     }
 
     /// What `method` on `path` needs (a `HEAD` what its `GET` needs).
     pub fn get(&self, method: &Method, path: &str) -> Option<Need> {
-        let method = if method == Method::HEAD { &Method::GET } else { method };
-        self.0.get(&(method.clone(), path)).copied()
+        self.route(method, path).map(|(need, _)| need)
+    }
+
+    /// Which daemon serves `method` on `path` (any, for a route not declared).
+    pub fn home(&self, method: &Method, path: &str) -> Home {
+        self.route(method, path).map_or(Home::Any, |(_, home)| home)
     }
 
     /// The methods `path` takes (with `HEAD` where it takes `GET`), sorted.
@@ -637,7 +657,17 @@ impl Needs {
 
     /// Every route, with its permission.
     pub fn all(&self) -> impl Iterator<Item = (&Method, &'static str, Need)> + '_ {
-        self.0.iter().map(|((method, path), need)| (method, *path, *need))
+        self.0.iter().map(|((method, path), (need, _))| (method, *path, *need))
+    }
+}
+
+/// The resource of `kind` that a path parameter names.
+pub(crate) fn resource_of(kind: Kind, name: String) -> Resource {
+    match kind {
+        Kind::Namespace => Resource::Namespace(name),
+        Kind::Pool => Resource::Pool(name),
+        Kind::Queue => Resource::Queue(name),
+        Kind::Daemon => Resource::Daemon,
     }
 }
 
@@ -683,12 +713,7 @@ pub(crate) async fn authorize(
     let param = |name: &str| params.iter().find(|(key, _)| key == name).map(|(_, value)| value.clone());
     let resource = match target {
         Target::Daemon => Some(Resource::Daemon),
-        Target::Path(kind) => param(kind.name()).map(|name| match kind {
-            Kind::Namespace => Resource::Namespace(name),
-            Kind::Pool => Resource::Pool(name),
-            Kind::Queue => Resource::Queue(name),
-            Kind::Daemon => Resource::Daemon,
-        }),
+        Target::Path(kind) => param(kind.name()).map(|name| resource_of(kind, name)),
         Target::AppQueue => match param("app") {
             Some(app) => match app_queue(&state, &app, request.headers()).await {
                 Ok(queue) => queue,

@@ -1,35 +1,37 @@
 //! On a store that several daemons share (Redis), one daemon at a time schedules applications
 //! and serves the applications part; the others forward those calls to it, as they came, and
 //! answer what it answered. A call that finds no scheduler (one is taking over) is a 503 to retry.
+//! Which routes are forwarded is declared with each route (`access::Home`, in `routes::routes`).
+
+use std::sync::Arc;
 
 use axum::body::Body;
-use axum::extract::{Request, State};
+use axum::extract::{MatchedPath, Request, State};
 use axum::http::{header, StatusCode};
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 
 use allot_store::AppsHome;
 
+use crate::access::{Home, Needs};
 use crate::error::ApiError;
 use crate::{ServerState, FORWARDED, MAX_SUBMIT_BODY_BYTES};
-
-/// The applications part, less what the daemon that runs a task serves itself (its logs, on its
-/// machine, and its wake-ups).
-fn is_apps_part(path: &str) -> bool {
-    let served_here = path.starts_with("/v1/apps/") && (path.ends_with("/logs") || path.ends_with("/wake"));
-    !served_here
-        && ["/v1/apps", "/v1/queues", "/v1/tasks"]
-            .iter()
-            .any(|root| path.strip_prefix(root).is_some_and(|rest| rest.is_empty() || rest.starts_with('/')))
-}
 
 fn unavailable(message: String) -> Response {
     ApiError::new(StatusCode::SERVICE_UNAVAILABLE, "store_unavailable", message).into_response()
 }
 
-/// Serves the applications part here, or forwards it to the daemon that schedules.
-pub(crate) async fn to_scheduler(State(state): State<ServerState>, request: Request, next: Next) -> Response {
-    if !is_apps_part(request.uri().path()) {
+/// Serves a route of the daemon that schedules here, if it is this one, or forwards it there.
+pub(crate) async fn to_scheduler(
+    State((state, needs)): State<(ServerState, Arc<Needs>)>,
+    request: Request,
+    next: Next,
+) -> Response {
+    let home = match request.extensions().get::<MatchedPath>() {
+        Some(route) => needs.home(request.method(), route.as_str()),
+        None => Home::Any,
+    };
+    if home == Home::Any {
         return next.run(request).await;
     }
     match state.store.apps_home() {
@@ -76,22 +78,29 @@ async fn forward(client: &reqwest::Client, base: &str, request: Request) -> Resu
 
 #[cfg(test)]
 mod tests {
-    use super::is_apps_part;
+    use std::sync::Arc;
 
-    #[test]
-    fn the_applications_part_is_under_apps_and_queues() {
-        for (path, expected) in [
-            ("/v1/apps", true),
-            ("/v1/apps/a", true),
-            ("/v1/queues", true),
-            ("/v1/queues/root.a", true),
-            ("/v1/apps/a/tasks/t/logs", false),
-            ("/v1/apps/a/tasks/t/wake", false),
-            ("/v1/appsx", false),
-            ("/v1/queuesx/a", false),
-            ("/v1/namespaces/a/grants/t", false),
-        ] {
-            assert_eq!(is_apps_part(path), expected, "{path}");
+    use allot_store::{EmbeddedConfig, EmbeddedStore};
+
+    use crate::access::Home;
+    use crate::ServerState;
+
+    /// The daemon that schedules serves the applications part, but for what the daemon that runs
+    /// a task serves itself (its logs, on its machine, and its wake-ups); any daemon the rest.
+    #[tokio::test]
+    async fn the_scheduler_serves_the_applications_part() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = Arc::new(EmbeddedStore::open(&EmbeddedConfig::new(dir.path())).unwrap());
+        let (_, needs) = crate::routes::routes(ServerState::new(store));
+        let mut scheduled = 0;
+        for (method, path, _) in needs.all() {
+            let apps_part = ["/v1/apps", "/v1/queues", "/v1/tasks"].iter().any(|root| path.starts_with(root));
+            let runner_side = path.ends_with("/logs") || path.ends_with("/wake");
+            let expected = if apps_part && !runner_side { Home::Scheduler } else { Home::Any };
+            assert_eq!(needs.home(method, path), expected, "{method} {path}");
+            scheduled += usize::from(expected == Home::Scheduler);
         }
+        assert!(scheduled >= 19, "{scheduled} routes of the daemon that schedules");
+        assert_eq!(needs.home(&axum::http::Method::GET, "/v1/apps/{app}/tasks/{task}/logs"), Home::Any);
     }
 }

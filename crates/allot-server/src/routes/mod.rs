@@ -19,7 +19,7 @@ use axum::http::Method;
 use axum::routing::{delete, get, post, put, MethodRouter};
 use axum::{Json, Router};
 
-use crate::access::{self as checks, Need, Needs, Target};
+use crate::access::{self as checks, Home, Need, Needs, Target};
 use crate::error::ApiError;
 use crate::{forward, metrics, openapi, ServerState, MAX_BODY_BYTES, MAX_SUBMIT_BODY_BYTES};
 
@@ -30,17 +30,33 @@ pub(crate) type Answer<T> = Result<Json<T>, ApiError>;
 pub(crate) const UNAVAILABLE: &str =
     "store_unavailable, store_outcome_unknown, not_enough_replicas, store_failed or shutting_down";
 
-/// The routes, each with the one permission it needs (`access::Needs`): a handler cannot be
-/// added without it.
+/// The routes, each with the one permission it needs and the daemon that serves it
+/// (`access::Needs`): a handler cannot be added without them.
 struct Declared {
     router: Router<ServerState>,
     needs: Needs,
 }
 
 impl Declared {
-    fn route(mut self, path: &'static str, handlers: MethodRouter<ServerState>, needs: &[(Method, Need)]) -> Declared {
+    /// A route any daemon serves.
+    fn route(self, path: &'static str, handlers: MethodRouter<ServerState>, needs: &[(Method, Need)]) -> Declared {
+        self.declare(path, handlers, needs, Home::Any)
+    }
+
+    /// A route of the applications part, served by the daemon that schedules (`forward.rs`).
+    fn scheduled(self, path: &'static str, handlers: MethodRouter<ServerState>, needs: &[(Method, Need)]) -> Declared {
+        self.declare(path, handlers, needs, Home::Scheduler)
+    }
+
+    fn declare(
+        mut self,
+        path: &'static str,
+        handlers: MethodRouter<ServerState>,
+        needs: &[(Method, Need)],
+        home: Home,
+    ) -> Declared {
         for (method, need) in needs {
-            self.needs.declare(method.clone(), path, *need);
+            self.needs.declare(method.clone(), path, *need, home);
         }
         self.router = self.router.route(path, handlers);
         self
@@ -134,43 +150,44 @@ pub(crate) fn routes(state: ServerState) -> (Router, Arc<Needs>) {
         )
         .route("/v1/pools/{pool}/allocs/{alloc}/keepalive", post(pools::keepalive_alloc), &[(M::POST, work(POOL))])
         .route("/v1/pools/{pool}/stop-if-idle", post(pools::stop_if_idle), &[(M::POST, admin(POOL))])
-        .route("/v1/queues", get(apps::list_queues), &[(M::GET, read(some(Kind::Queue)))])
-        .route(
+        .scheduled("/v1/queues", get(apps::list_queues), &[(M::GET, read(some(Kind::Queue)))])
+        .scheduled(
             "/v1/queues/{queue}",
             get(apps::get_queue).put(apps::put_queue).delete(apps::remove_queue),
             &[(M::GET, read(QUEUE)), (M::PUT, admin(QUEUE)), (M::DELETE, admin(QUEUE))],
         )
         // A submission names its queue in its body: the handler checks `use` on it.
-        .route(
+        .scheduled(
             "/v1/apps",
             get(apps::list_apps).post(apps::submit_app).layer(DefaultBodyLimit::max(MAX_SUBMIT_BODY_BYTES)),
             &[(M::GET, read(some(Kind::Queue))), (M::POST, work(Target::Body(Kind::Queue)))],
         )
-        .route(
+        .scheduled(
             "/v1/apps/{app}",
             get(apps::get_app).delete(apps::remove_app),
             &[(M::GET, read(APP)), (M::DELETE, work(APP))],
         )
-        .route("/v1/apps/{app}/complete", post(apps::complete_app), &[(M::POST, work(APP))])
-        .route("/v1/apps/{app}/fail", post(apps::fail_app), &[(M::POST, work(APP))])
-        .route(
+        .scheduled("/v1/apps/{app}/complete", post(apps::complete_app), &[(M::POST, work(APP))])
+        .scheduled("/v1/apps/{app}/fail", post(apps::fail_app), &[(M::POST, work(APP))])
+        .scheduled(
             "/v1/apps/{app}/tasks",
             get(apps::list_tasks).post(apps::add_task),
             &[(M::GET, read(APP)), (M::POST, work(APP))],
         )
-        .route(
+        .scheduled(
             "/v1/apps/{app}/tasks/{task}",
             get(apps::get_task).delete(apps::remove_task),
             &[(M::GET, read(APP)), (M::DELETE, work(APP))],
         )
-        .route("/v1/apps/{app}/tasks/{task}/run", get(runs::get_task_run), &[(M::GET, read(APP))])
+        .scheduled("/v1/apps/{app}/tasks/{task}/run", get(runs::get_task_run), &[(M::GET, read(APP))])
+        // A task's logs and wake-ups are served by the daemon that runs it, on its machine.
         .route("/v1/apps/{app}/tasks/{task}/logs", get(runs::get_task_logs), &[(M::GET, read(APP))])
         .route("/v1/apps/{app}/tasks/{task}/wake", post(runs::wake_task), &[(M::POST, work(APP))])
-        .route("/v1/apps/{app}/tasks/{task}/start", post(apps::start_task), &[(M::POST, work(APP))])
-        .route("/v1/apps/{app}/tasks/{task}/complete", post(apps::complete_task), &[(M::POST, work(APP))])
-        .route("/v1/apps/{app}/tasks/{task}/fail", post(apps::fail_task), &[(M::POST, work(APP))])
+        .scheduled("/v1/apps/{app}/tasks/{task}/start", post(apps::start_task), &[(M::POST, work(APP))])
+        .scheduled("/v1/apps/{app}/tasks/{task}/complete", post(apps::complete_task), &[(M::POST, work(APP))])
+        .scheduled("/v1/apps/{app}/tasks/{task}/fail", post(apps::fail_task), &[(M::POST, work(APP))])
         // Each end names its application: the handler checks `use` on each one's queue.
-        .route("/v1/tasks/finish", post(apps::finish_tasks), &[(M::POST, work(some(Kind::Queue)))])
+        .scheduled("/v1/tasks/finish", post(apps::finish_tasks), &[(M::POST, work(some(Kind::Queue)))])
         .route(
             "/v1/api-tokens",
             post(access::create_api_token).get(access::list_api_tokens),
@@ -196,7 +213,9 @@ pub(crate) fn routes(state: ServerState) -> (Router, Arc<Needs>) {
         .route_layer(axum::middleware::from_fn_with_state(state.clone(), watch::stamp_revision))
         .route_layer(axum::middleware::from_fn_with_state((state.clone(), needs.clone()), checks::authorize))
         .route_layer(axum::middleware::from_fn_with_state(state.clone(), metrics::track))
-        .layer(axum::middleware::from_fn_with_state(state.clone(), forward::to_scheduler))
+        // Outermost of the route's layers: a call forwarded is authorized and counted where it
+        // is served.
+        .route_layer(axum::middleware::from_fn_with_state((state.clone(), needs.clone()), forward::to_scheduler))
         .with_state(state);
     (router, needs)
 }
