@@ -13,9 +13,11 @@
 use std::convert::Infallible;
 use std::future::Future;
 use std::pin::Pin;
+use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::Instant;
 
+use allot_core::access::{Kind, Permission};
 use axum::body::HttpBody as _;
 use axum::extract::{ConnectInfo, Query, Request};
 use axum::http::{HeaderName, HeaderValue, Method};
@@ -25,7 +27,7 @@ use axum::Router;
 use futures_util::future::Either;
 use tower::Service;
 
-use crate::access::Caller;
+use crate::access::{resource_of, Caller, Need, Needs, Target};
 use crate::audit;
 use crate::error::ApiError;
 use crate::extract::json_object;
@@ -44,17 +46,33 @@ const GRANT_ROUTE: &str = "/v1/namespaces/{namespace}/grants/{token}";
 #[derive(Clone)]
 pub struct Api {
     router: Router,
+    /// The router's table of permissions: the hot path answers a call with the permission the
+    /// router would check, or leaves it to the router.
+    needs: Arc<Needs>,
     state: ServerState,
+    hot: bool,
 }
 
 impl Api {
-    pub(crate) fn new(router: Router, state: ServerState) -> Api {
-        Api { router, state }
+    pub(crate) fn new(router: Router, needs: Arc<Needs>, state: ServerState) -> Api {
+        Api { router, needs, state, hot: true }
+    }
+
+    /// Every call through the router, to compare the two paths.
+    #[cfg(test)]
+    fn router_only(mut self) -> Api {
+        self.hot = false;
+        self
     }
 }
 
-/// A call the hot path answers.
-enum Hot {
+/// A call the hot path answers, and the permission its route needs on its namespace.
+struct Hot {
+    call: HotCall,
+    permission: Permission,
+}
+
+enum HotCall {
     Allocate,
     Release { fencing: Option<u64> },
 }
@@ -125,7 +143,8 @@ impl Api {
             return (None, Either::Left(Box::pin(std::future::ready(Ok(refused.into_response())))));
         }
         let caller = if keep_caller { request.extensions().get::<Caller>().cloned() } else { None };
-        let answer = match recognise(&request) {
+        let hot = if self.hot { recognise(&request, &self.needs) } else { None };
+        let answer = match hot {
             Some(hot) => Either::Left(Box::pin(answer(self.state.clone(), hot, request)) as HotFuture),
             None => Either::Right(self.router.call(request)),
         };
@@ -143,22 +162,27 @@ fn grant_path(path: &str) -> Option<(&str, &str)> {
 }
 
 /// The call, if the hot path answers it as the router would.
-fn recognise(request: &Request) -> Option<Hot> {
+fn recognise(request: &Request, needs: &Needs) -> Option<Hot> {
     grant_path(request.uri().path())?;
-    match *request.method() {
+    let call = match *request.method() {
         // The router reads a body of any length up to the limit; here only one whose length is
         // known (from its `Content-Length`) and within it, so reading it cannot fail on its size.
         Method::PUT => {
             let length = request.body().size_hint().upper()?;
-            (length <= MAX_BODY_BYTES as u64).then_some(Hot::Allocate)
+            (length <= MAX_BODY_BYTES as u64).then_some(HotCall::Allocate)?
         }
         Method::DELETE => match request.uri().query() {
-            None => Some(Hot::Release { fencing: None }),
+            None => HotCall::Release { fencing: None },
             Some(_) => {
                 let Query(query) = Query::<FencingQuery>::try_from_uri(request.uri()).ok()?;
-                Some(Hot::Release { fencing: query.fencing })
+                HotCall::Release { fencing: query.fencing }
             }
         },
+        _ => return None,
+    };
+    // What the route declares; anything but a permission on the path's namespace is the router's.
+    match needs.get(request.method(), GRANT_ROUTE)? {
+        Need::Needs(permission, Target::Path(Kind::Namespace)) => Some(Hot { call, permission }),
         _ => None,
     }
 }
@@ -167,16 +191,13 @@ fn recognise(request: &Request) -> Option<Hot> {
 async fn answer(state: ServerState, hot: Hot, request: Request) -> Result<Response, Infallible> {
     let started = Instant::now();
     let (parts, body) = request.into_parts();
-    let (namespace, token) = grant_path(parts.uri.path()).expect("recognised as a grant's path");
+    let (namespace, token) = grant_path(parts.uri.path()).unwrap_or_default();
     let caller = parts.extensions.get::<Caller>().unwrap_or(&Caller::Anyone);
-    let allowed = caller.check(
-        state.access.as_deref(),
-        allot_core::access::Permission::Use,
-        allot_core::access::Resource::Namespace(namespace.to_owned()),
-    );
-    let response = match hot {
-        _ if allowed.is_err() => allowed.expect_err("refused").into_response(),
-        Hot::Allocate => match axum::body::to_bytes(body, MAX_BODY_BYTES).await {
+    let allowed =
+        caller.check(state.access.as_deref(), hot.permission, resource_of(Kind::Namespace, namespace.to_owned()));
+    let response = match (allowed, hot.call) {
+        (Err(refused), _) => refused.into_response(),
+        (Ok(()), HotCall::Allocate) => match axum::body::to_bytes(body, MAX_BODY_BYTES).await {
             Ok(bytes) => match json_object(&bytes) {
                 Ok(body) => {
                     let held = parts.extensions.get::<crate::access::HeldToken>().cloned();
@@ -186,7 +207,9 @@ async fn answer(state: ServerState, hot: Hot, request: Request) -> Result<Respon
             },
             Err(err) => ApiError::invalid_json(format!("cannot read the request body: {err}")).into_response(),
         },
-        Hot::Release { fencing } => release_grant(&state, namespace, token, fencing).await.into_response(),
+        (Ok(()), HotCall::Release { fencing }) => {
+            release_grant(&state, namespace, token, fencing).await.into_response()
+        }
     };
     state.metrics.observe_request(&parts.method, GRANT_ROUTE, response.status().as_u16(), started.elapsed());
     let mut response = response;
@@ -211,8 +234,10 @@ mod tests {
         Request::builder().method(method).uri(uri).body(Body::from(body.to_owned())).unwrap()
     }
 
-    #[test]
-    fn only_plain_grant_calls_are_recognised() {
+    #[tokio::test]
+    async fn only_plain_grant_calls_are_recognised() {
+        let dir = tempfile::tempdir().unwrap();
+        let (_, needs) = crate::routes::routes(daemon(&dir));
         let grant = "/v1/namespaces/hive/grants/task-1";
         for (method, uri, hot) in [
             (Method::PUT, grant, true),
@@ -231,56 +256,120 @@ mod tests {
             (Method::PUT, "/v1/namespaces/hive/x/grants/task-1", false),
             (Method::PUT, "/v1/namespaces/hive/grants/grants/task-1", false),
         ] {
-            assert_eq!(recognise(&request(method.clone(), uri, "")).is_some(), hot, "{method} {uri}");
+            assert_eq!(recognise(&request(method.clone(), uri, ""), &needs).is_some(), hot, "{method} {uri}");
         }
         let stream = futures_util::stream::empty::<Result<axum::body::Bytes, Infallible>>();
         let streamed = Request::builder().method(Method::PUT).uri(grant).body(Body::from_stream(stream)).unwrap();
-        assert!(recognise(&streamed).is_none(), "a body of unknown length goes to the router");
+        assert!(recognise(&streamed, &needs).is_none(), "a body of unknown length goes to the router");
+        let permission = recognise(&request(Method::PUT, grant, ""), &needs).map(|hot| hot.permission);
+        assert_eq!(permission, Some(Permission::Use), "the permission the router declares");
     }
 
-    /// The same calls through the hot path and through the router alone, each over a store of
-    /// its own: the same answers, byte for byte.
+    /// A daemon over a store of its own in `dir`, with access (`root` may do everything, `ada`
+    /// may use namespace `hive` only) and the audit trail written to `dir/audit.log`.
+    fn daemon(dir: &tempfile::TempDir) -> ServerState {
+        use allot_core::access::{Binding, Pattern, Policy, Principal, Role};
+
+        use crate::access::{Access, Credential, OpenRoutes};
+        use crate::audit::{Audit, AuditSink};
+
+        let store = Arc::new(EmbeddedStore::open(&EmbeddedConfig::new(dir.path().join("data"))).unwrap());
+        let user = Role { grants: vec![(Permission::Use, Pattern::parse("namespace:hive").unwrap())] };
+        let bindings = vec![
+            Binding { role: "admin".into(), users: vec!["root".into()], groups: vec![] },
+            Binding { role: "hive-user".into(), users: vec!["ada".into()], groups: vec![] },
+        ];
+        let policy = Policy::new([("hive-user".to_owned(), user)].into(), bindings).unwrap();
+        let credentials = ["root", "ada"].map(|user| {
+            let hash = allot_core::access::hash_token(&format!("allot_{user}"));
+            Credential::new(user, &hash, Principal::new(user, [""; 0]), None).unwrap()
+        });
+        let access = Access::new(policy, credentials.into(), OpenRoutes::default()).unwrap();
+        let audit = Audit::start(AuditSink::File(dir.path().join("audit.log"))).unwrap();
+        ServerState::new(store).with_access(access).with_audit(audit)
+    }
+
+    /// The audit trail's lines so far, once there are `count`, without what differs between two
+    /// daemons (the time and the daemon's own request ids).
+    async fn audit_lines(dir: &tempfile::TempDir, count: usize) -> Vec<serde_json::Value> {
+        let path = dir.path().join("audit.log");
+        let deadline = tokio::time::Instant::now() + std::time::Duration::from_secs(60);
+        loop {
+            let text = std::fs::read_to_string(&path).unwrap_or_default();
+            if text.lines().count() >= count {
+                let mut lines: Vec<serde_json::Value> =
+                    text.lines().map(|l| serde_json::from_str(l).unwrap()).collect();
+                for line in &mut lines {
+                    let object = line.as_object_mut().unwrap();
+                    object.retain(|key, _| !matches!(key.as_str(), "time" | "ts" | "at" | "request_id"));
+                }
+                return lines;
+            }
+            assert!(tokio::time::Instant::now() < deadline, "{count} audit lines never came: {text}");
+            // The audit writer gathers lines for 10 ms before it writes them: poll for them.
+            tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+        }
+    }
+
+    /// The same calls through the hot path and through the router alone, each by a daemon of its
+    /// own with access and the audit trail on: the same answers, byte for byte and header for
+    /// header (the revision header among them), the same refusals, and the same audit lines.
     #[tokio::test]
     async fn the_hot_path_answers_as_the_router_does() {
         let dirs = [tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap()];
-        let state = |dir: &tempfile::TempDir| {
-            ServerState::new(Arc::new(EmbeddedStore::open(&EmbeddedConfig::new(dir.path())).unwrap()))
-        };
-        let hot = crate::api(state(&dirs[0]));
-        let routed = crate::routes::router(state(&dirs[1]));
+        let hot = crate::api(daemon(&dirs[0]));
+        let routed = crate::api(daemon(&dirs[1])).router_only();
         let grant = "/v1/namespaces/hive/grants";
+        let (root, ada, nobody) = (Some("allot_root"), Some("allot_ada"), None);
         let calls = [
-            (Method::PUT, "/v1/namespaces/hive".to_owned(), r#"{"quota": 2}"#),
-            (Method::PUT, format!("{grant}/t1"), ""),
-            (Method::PUT, format!("{grant}/t1"), r#"{"units": 1}"#),
-            (Method::PUT, format!("{grant}/t1"), r#"{"units": 2}"#),
-            (Method::PUT, format!("{grant}/t2"), r#"{"units": 5}"#),
-            (Method::PUT, format!("{grant}/t2"), r#"{"units": 2}"#),
-            (Method::PUT, format!("{grant}/t3"), "[1]"),
-            (Method::PUT, format!("{grant}/t3"), r#"{"units": "one"}"#),
-            (Method::PUT, format!("{grant}/t3"), r#"{"wait_ms": 999999999}"#),
-            (Method::PUT, format!("{grant}/t3"), r#"{"ttl_ms": 0}"#),
-            (Method::PUT, format!("{grant}/T!"), ""),
-            (Method::PUT, "/v1/namespaces/missing/grants/t1".to_owned(), ""),
-            (Method::DELETE, format!("{grant}/t1?fencing=999"), ""),
-            (Method::DELETE, format!("{grant}/t1?fencing=one"), ""),
-            (Method::DELETE, format!("{grant}/t1?units=1"), ""),
-            (Method::DELETE, format!("{grant}/t1?fencing=1"), ""),
-            (Method::DELETE, format!("{grant}/t1"), ""),
-            (Method::DELETE, "/v1/namespaces/missing/grants/t1".to_owned(), ""),
-            (Method::GET, "/v1/namespaces/hive".to_owned(), ""),
+            (root, Method::PUT, "/v1/namespaces/hive".to_owned(), r#"{"quota": 2}"#),
+            (root, Method::PUT, "/v1/namespaces/other".to_owned(), r#"{"quota": 2}"#),
+            (ada, Method::PUT, format!("{grant}/t1"), ""),
+            (ada, Method::PUT, format!("{grant}/t1"), r#"{"units": 1}"#),
+            (ada, Method::PUT, format!("{grant}/t1"), r#"{"units": 2}"#),
+            (ada, Method::PUT, format!("{grant}/t2"), r#"{"units": 5}"#),
+            (ada, Method::PUT, format!("{grant}/t2"), r#"{"units": 2}"#),
+            (ada, Method::PUT, format!("{grant}/t3"), "[1]"),
+            (ada, Method::PUT, format!("{grant}/t3"), r#"{"units": "one"}"#),
+            (ada, Method::PUT, format!("{grant}/t3"), r#"{"wait_ms": 999999999}"#),
+            (ada, Method::PUT, format!("{grant}/t3"), r#"{"ttl_ms": 0}"#),
+            (ada, Method::PUT, format!("{grant}/T!"), ""),
+            (ada, Method::PUT, "/v1/namespaces/other/grants/t1".to_owned(), ""),
+            (ada, Method::DELETE, "/v1/namespaces/other/grants/t1".to_owned(), ""),
+            (nobody, Method::PUT, format!("{grant}/t4"), ""),
+            (Some("allot_wrong"), Method::DELETE, format!("{grant}/t1"), ""),
+            (root, Method::PUT, "/v1/namespaces/missing/grants/t1".to_owned(), ""),
+            (ada, Method::DELETE, format!("{grant}/t1?fencing=999"), ""),
+            (ada, Method::DELETE, format!("{grant}/t1?fencing=one"), ""),
+            (ada, Method::DELETE, format!("{grant}/t1?units=1"), ""),
+            (ada, Method::DELETE, format!("{grant}/t1?fencing=1"), ""),
+            (ada, Method::DELETE, format!("{grant}/t1"), ""),
+            (root, Method::DELETE, "/v1/namespaces/missing/grants/t1".to_owned(), ""),
+            (ada, Method::GET, "/v1/namespaces/hive".to_owned(), ""),
+            (root, Method::GET, format!("{grant}/t2"), ""),
         ];
-        for (method, uri, body) in calls {
+        let mut audited = 0;
+        for (token, method, uri, body) in calls {
             let mut answers = Vec::new();
-            for response in [
-                hot.clone().oneshot(request(method.clone(), &uri, body)).await.unwrap(),
-                routed.clone().oneshot(request(method.clone(), &uri, body)).await.unwrap(),
-            ] {
-                let (parts, body) = response.into_parts();
+            for api in [&hot, &routed] {
+                let mut call = request(method.clone(), &uri, body);
+                if let Some(token) = token {
+                    let bearer = format!("Bearer {token}");
+                    call.headers_mut().insert(header::AUTHORIZATION, HeaderValue::from_str(&bearer).unwrap());
+                }
+                let (mut parts, body) = api.clone().oneshot(call).await.unwrap().into_parts();
+                parts.headers.remove(ALLOT_REQUEST_ID);
+                parts.headers.remove(REQUEST_ID);
+                // The router's routes set it from the body's exact size; on the wire hyper does
+                // the same for the hot path's answers.
+                parts.headers.remove(header::CONTENT_LENGTH);
                 let bytes = axum::body::to_bytes(body, usize::MAX).await.unwrap();
-                answers.push((parts.status, parts.headers.get(header::CONTENT_TYPE).cloned(), bytes));
+                answers.push((parts.status, parts.headers, bytes));
             }
-            assert_eq!(answers[0], answers[1], "{method} {uri} {body}");
+            assert_eq!(answers[0], answers[1], "{token:?} {method} {uri} {body}");
+            audited += usize::from(audit::audited(&method, answers[0].0.as_u16()));
         }
+        assert!(audited > 20, "{audited} calls audited");
+        assert_eq!(audit_lines(&dirs[0], audited).await, audit_lines(&dirs[1], audited).await);
     }
 }

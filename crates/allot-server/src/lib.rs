@@ -302,7 +302,8 @@ pub fn route_needs(state: ServerState) -> Arc<access::Needs> {
 
 /// The whole API: the hot path ([`hot`]: allocate and release), then the router.
 pub fn api(state: ServerState) -> Api {
-    Api::new(routes::router(state.clone()), state)
+    let (router, needs) = routes::routes(state.clone());
+    Api::new(router, needs, state)
 }
 
 /// Serves the API over `state` on `listener` until `shutdown` completes, then shuts down

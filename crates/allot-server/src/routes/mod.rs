@@ -219,8 +219,3 @@ pub(crate) fn routes(state: ServerState) -> (Router, Arc<Needs>) {
         .with_state(state);
     (router, needs)
 }
-
-/// The router of the whole API.
-pub(crate) fn router(state: ServerState) -> Router {
-    routes(state).0
-}
