@@ -10,14 +10,18 @@
 //! - `runs`: the run of a placed task by its plugin: phases, transitions, retries, events.
 //! - `names`, `resources`: validated names and resource vectors, shared by all four.
 //! - `watch`: the change feed's kinds of change, keys and filters.
+//! - `clock`: where the time comes from ([`clock::TimeSource`]); `clock::ManualClock` under
+//!   the `testing` feature.
 //! - `testing` (the `testing` feature): a seeded random generator for tests.
 //!
-//! Architecture invariant: this crate does no I/O, reads no clock and spawns nothing. Time comes
+//! Architecture invariant: this crate does no I/O, reads no clock and spawns nothing (`clock`
+//! only defines the source others read; its `SystemTime` is read by callers). Time comes
 //! in as a `now` argument, so every decision is a plain function of state and input, tested
 //! deterministically and shared by every backend.
 
 pub mod access;
 pub mod apps;
+pub mod clock;
 pub mod names;
 pub mod pools;
 pub mod quotas;

@@ -8,6 +8,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use allot_core::apps::{AppId, TaskId};
+use allot_core::clock::{SystemTime, TimeSource};
 use allot_core::runs::{ExecError, PluginState, StateWrite, TakenToken};
 use allot_core::{AllocateRequest, CapLevel, Constraints, LeaseRequest, NamespaceName, Refusal, Scope, Token};
 use allot_store::{Allocation, Store, StoreError};
@@ -464,6 +465,8 @@ pub struct TaskContext {
     pub max_output_bytes: usize,
     pub secrets: Secrets,
     pub tokens: Tokens,
+    /// Where the plugin reads the time: the executor's clock.
+    pub clock: Arc<dyn TimeSource>,
     pub(crate) state: Option<PluginState>,
     pub(crate) write: StateWrite,
     pub(crate) outputs: Option<serde_json::Value>,
@@ -503,6 +506,7 @@ impl TaskContext {
             max_output_bytes: 1 << 20,
             secrets: Secrets::default(),
             tokens,
+            clock: Arc::new(SystemTime),
             state,
             write: StateWrite::Unchanged,
             outputs: None,

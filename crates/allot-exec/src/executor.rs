@@ -27,10 +27,11 @@ use std::collections::{HashMap, HashSet};
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::Duration;
 
 use allot_core::apps::states::TaskState;
 use allot_core::apps::{AppId, TaskId};
+use allot_core::clock::{SystemTime, TimeSource};
 use allot_core::pools::PoolName;
 use allot_core::runs::{
     Ending, ExecError, Next, Phase, PhaseInfo, RetryPolicy, Run, StateWrite, Transition, TransitionKind,
@@ -75,6 +76,9 @@ pub struct ExecutorConfig {
     pub token: Option<String>,
     /// Certificates (PEM) those calls trust besides the system's CAs: the daemons' HTTPS CA.
     pub peer_roots: Option<Vec<u8>>,
+    /// Where runs read the time (their events' times, placements' expiry, the `sleep` plugin's
+    /// end): the machine's clock, or a test's.
+    pub clock: Arc<dyn TimeSource>,
 }
 
 impl ExecutorConfig {
@@ -99,12 +103,9 @@ impl ExecutorConfig {
             counters: crate::context::PluginCounters::default(),
             token: None,
             peer_roots: None,
+            clock: Arc::new(SystemTime),
         }
     }
-}
-
-fn now_ms() -> u64 {
-    SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_millis() as u64)
 }
 
 /// A run being driven.
@@ -704,14 +705,14 @@ impl Executor {
                 // Noted in the run, stored with its next write: a crash before leaves the run as it
                 // was, and the same is decided again.
                 if run.alloc.as_deref() != Some(alloc.as_str())
-                    && run.placement_lost(&alloc, self.policy_of(t), now_ms())
+                    && run.placement_lost(&alloc, self.policy_of(t), self.now_ms())
                 {
                     tracing::warn!(run = %key, "placed again after its placement was lost: a new attempt");
                 }
             }
             if let Some(reason) = &stopped {
                 if !matches!(run.next(), Next::Report(_)) {
-                    run.abort(reason, now_ms());
+                    run.abort(reason, self.now_ms());
                 }
             }
             let next = run.next();
@@ -726,7 +727,7 @@ impl Executor {
                                 let reason = format!("its application runs {max} tasks at once (max_parallelism)");
                                 self.stats.held_back.fetch_add(1, Ordering::Relaxed);
                                 if run.phase != Phase::NotReady || run.version != HELD_BACK {
-                                    run.hold(&PhaseInfo::new(Phase::NotReady, HELD_BACK, reason), now_ms());
+                                    run.hold(&PhaseInfo::new(Phase::NotReady, HELD_BACK, reason), self.now_ms());
                                     store.put_run(key.app.clone(), key.task.clone(), run.clone()).await?;
                                 }
                                 // Woken by a permit, or to see if the task still stands: by a
@@ -831,7 +832,7 @@ impl Executor {
                 )))
             }
         }
-        let mut run = Run::new(now_ms());
+        let mut run = Run::new(self.now_ms());
         run.task_seq = Some(task.seq);
         self.store.put_run(key.app.clone(), key.task.clone(), run.clone()).await?;
         Ok(run)
@@ -885,6 +886,7 @@ impl Executor {
         ctx.dir = self.task_dir(key);
         ctx.max_output_bytes = self.config.max_output_bytes;
         ctx.secrets = self.config.secrets.clone();
+        ctx.clock = self.config.clock.clone();
         let placement = task.and_then(|t| t.placement.as_ref());
         let text = |value: &serde_json::Value| value.as_str().map_or_else(|| value.to_string(), str::to_owned);
         ctx.metadata = Metadata {
@@ -903,6 +905,11 @@ impl Executor {
             interruptible: spec.spec.get("interruptible").and_then(|i| i.as_bool()).unwrap_or(false),
         };
         ctx
+    }
+
+    /// The time now, from the configured clock (ms since the epoch).
+    fn now_ms(&self) -> u64 {
+        self.config.clock.wall_ms()
     }
 
     /// Wakes the runs this executor drives (given to plugins and token waits).
@@ -927,7 +934,7 @@ impl Executor {
 
     /// One `handle` round, stored.
     async fn round(&self, key: &RunKey, meta: &AppMeta, task: &PlacedTask, run: &mut Run) -> Result<(), StoreError> {
-        let now = now_ms();
+        let now = self.now_ms();
         let (spec, plugin) = match self.plugin_for(task) {
             Ok(found) => found,
             Err(error) => {
@@ -994,7 +1001,7 @@ impl Executor {
                 }
             }
         };
-        run.after_round(result, policy, now_ms());
+        run.after_round(result, policy, self.now_ms());
         self.store_round(key, run).await
     }
 
@@ -1018,7 +1025,7 @@ impl Executor {
             outputs: run.outputs.clone().unwrap_or_else(|| "null".to_owned()),
             app: key.app.clone(),
             task: key.task.clone(),
-            at: now_ms(),
+            at: self.now_ms(),
         };
         self.store.put_cached_outputs(cache_key, entry).await
     }
@@ -1059,7 +1066,7 @@ impl Executor {
                 return Err(StoreError::Unavailable(format!("a token could not be released: {err}")));
             }
         }
-        if run.attempt_finalized(now_ms()) == Next::Handle {
+        if run.attempt_finalized(self.now_ms()) == Next::Handle {
             self.stats.retried.fetch_add(1, Ordering::Relaxed);
         }
         match keep {

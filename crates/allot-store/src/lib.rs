@@ -8,7 +8,7 @@
 //!   answered only once its changes are durable at the chosen [`Durability`] (on disk, or handed
 //!   to the operating system).
 //! - `records`: the versioned on-disk format of the embedded backend.
-//! - `clock`: where a backend reads the time ([`clock::TimeSource`]).
+//! - `clock`: where a backend reads the time ([`clock::TimeSource`]), `allot_core::clock` re-exported.
 //! - `quiet`: repeated log lines kept to a few.
 //! - With the `testing` feature (for tests, not shipped): `conformance`, the behaviour every
 //!   backend must show, as a suite of checks over `&dyn Store`; `fault`, a storage backend that
@@ -21,7 +21,7 @@
 
 pub mod access;
 pub mod apps;
-pub mod clock;
+pub use allot_core::clock;
 #[cfg(feature = "testing")]
 pub mod conformance;
 pub mod embedded;

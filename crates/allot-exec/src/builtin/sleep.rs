@@ -1,9 +1,10 @@
 //! `sleep`: runs for `spec.seconds` (a number, default 1) without holding a thread: the first
 //! round notes when it ends (in the plugin state, so a restart does not start it over) and asks
-//! to be woken then. For tests and benchmarks.
+//! to be woken then, on tokio's timer; the round it wakes reads the time again from the task's
+//! clock. For tests and benchmarks.
 
 use std::sync::Arc;
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::Duration;
 
 use allot_core::runs::{ExecError, PhaseInfo, Transition};
 use async_trait::async_trait;
@@ -29,10 +30,6 @@ struct State {
     until_ms: u64,
 }
 
-fn now_ms() -> u64 {
-    SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_millis() as u64)
-}
-
 #[async_trait]
 impl Plugin for Sleep {
     fn id(&self) -> &str {
@@ -40,7 +37,7 @@ impl Plugin for Sleep {
     }
 
     async fn handle(&self, ctx: &mut TaskContext) -> Result<Transition, ExecError> {
-        let now = now_ms();
+        let now = ctx.clock.wall_ms();
         let until_ms = match ctx.state_json::<State>(STATE_VERSION) {
             Some(state) => state.until_ms,
             None => {

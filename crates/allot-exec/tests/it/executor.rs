@@ -5,11 +5,12 @@
 use std::collections::BTreeMap;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use allot_core::apps::queues::QueuePath;
 use allot_core::apps::states::TaskState;
 use allot_core::apps::{AppId, AppSpec, NeverFits, SchedError, SchedulingPolicy, TaskId};
+use allot_core::clock::ManualClock;
 use allot_core::pools::PoolName;
 use allot_core::runs::{Phase, PhaseInfo, RetryPolicy, Transition};
 use allot_exec::{ExecutorConfig, PluginCounters};
@@ -111,20 +112,26 @@ async fn a_task_removed_from_outside_is_aborted_finalized_and_its_tokens_release
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_restarted_executor_resumes_a_run_where_it_was() {
-    let s = setup().await;
-    let store = s.store.clone();
+    let (dir, store) = new_store().await;
+    // The runs read a clock that moves only when the test moves it.
+    let clock = ManualClock::new();
+    let on_clock = |config: &mut ExecutorConfig| config.clock = Arc::new(clock.clone());
+    let probe = || Arc::new(Probe::default());
+    let stop =
+        start_with(store.clone(), dir.path(), probe(), PluginCounters::default(), &Default::default(), on_clock).await;
     let app = submit(&*store, "d", &[("nap", serde_json::json!({ "type": "sleep", "seconds": 1.0 }))]).await;
-    let started = Instant::now();
     until("the nap runs", async || {
         store.run(app.clone(), TaskId::new("nap").unwrap()).await.unwrap().is_some_and(|r| r.phase == Phase::Running)
     })
     .await;
-    s.stop.send_replace(true);
-    tokio::time::sleep(Duration::from_millis(300)).await;
-    let stop = start(store.clone(), s._dir.path(), Arc::new(Probe::default())).await;
-    until("the nap completes", async || state(&*store, &app, "nap").await == TaskState::Completed).await;
-    let took = started.elapsed();
-    assert!(took < Duration::from_millis(1_900), "the sleep went on from where it was, not from the start: {took:?}");
+    stopped(&stop).await;
+    // The nap's second passes while the executor is down: a run that went on from where it was
+    // ends at once; one that started over would wait for a second the clock never gives.
+    clock.advance(Duration::from_secs(1));
+    let stop =
+        start_with(store.clone(), dir.path(), probe(), PluginCounters::default(), &Default::default(), on_clock).await;
+    until("the nap completes, from where it was", async || state(&*store, &app, "nap").await == TaskState::Completed)
+        .await;
     let run = store.run(app.clone(), TaskId::new("nap").unwrap()).await.unwrap().unwrap();
     assert_eq!(run.events.iter().filter(|e| e.phase == Phase::Running).count(), 1);
     stop.send_replace(true);
@@ -176,8 +183,7 @@ async fn a_shell_task_outlives_its_executor_and_is_not_started_twice() {
     let app = submit(&*store, "f", &[("long", serde_json::json!({ "type": "shell", "command": command }))]).await;
     until("the command runs", async || count.exists()).await;
     // The executor stops (as a daemon that restarts); the command goes on.
-    s.stop.send_replace(true);
-    tokio::time::sleep(Duration::from_millis(300)).await;
+    stopped(&s.stop).await;
     let stop = start(store.clone(), s._dir.path(), Arc::new(Probe::default())).await;
     until("the task completes", async || state(&*store, &app, "long").await == TaskState::Completed).await;
     assert_eq!(std::fs::read_to_string(&count).unwrap(), "started\n", "the command ran once");
@@ -403,6 +409,7 @@ async fn the_directories_of_removed_tasks_are_swept() {
     let tasks = dir.path().join("tasks/swept");
     store.remove_task(app.clone(), TaskId::new("t").unwrap()).await.unwrap();
     until("the removed task's directory goes", async || !tasks.join("t").exists()).await;
+    // The sweeper counts no passes to wait on: three more of them (every 100 ms) pass by `kept`.
     tokio::time::sleep(Duration::from_millis(300)).await;
     assert!(tasks.join("kept/attempt-1/stdout.log").exists(), "a task still there keeps its directory");
     store.remove_app(app).await.unwrap();

@@ -105,7 +105,15 @@ async fn a_feed_cut_under_the_executor_is_listed_again_and_no_task_is_lost() {
         let tasks = (0..10).map(|i| task_spec(&format!("t{i}"), &json!({ "type": "noop" }))).collect();
         store.submit_app(app_spec(&id), tasks).await.unwrap();
         apps.push(AppId::new(&id).unwrap());
-        tokio::time::sleep(Duration::from_millis(50)).await;
+        let app = apps.last().unwrap();
+        until(&format!("{id} ran, or the feed was cut"), async || {
+            let mut done = true;
+            for i in 0..10 {
+                done &= state(&*store, app, &format!("t{i}")).await == TaskState::Completed;
+            }
+            done || executor.stats().counts().feed_cuts > 0
+        })
+        .await;
         if executor.stats().counts().feed_cuts > 0 {
             break;
         }

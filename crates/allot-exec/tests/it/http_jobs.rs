@@ -124,9 +124,9 @@ async fn http_jobs_of_a_removed_application_are_deleted_and_their_tokens_release
     store.remove_app(app.clone()).await.unwrap();
     until("the running jobs are deleted", async || service.deleted.load(Ordering::SeqCst) == 3).await;
     until("no token is held", async || store.namespace(jobs.clone()).await.unwrap().granted_units == 0).await;
-    // The waiting tasks never reached the service, and nothing took their place since.
-    tokio::time::sleep(Duration::from_millis(300)).await;
+    // The waiting tasks never reached the service, and nothing took their place until the
+    // executor stopped.
+    stopped(&s.stop).await;
     assert_eq!(service.created.load(Ordering::SeqCst), 3);
     assert_eq!(store.namespace(jobs).await.unwrap().granted_units, 0);
-    s.stop.send_replace(true);
 }

@@ -5,13 +5,16 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use allot_core::apps::{AppId, TaskId};
+use allot_core::clock::ManualClock;
 use allot_core::runs::{ExecError, Phase, PhaseInfo, StateWrite, Transition};
 use allot_core::{NamespaceName, Refusal};
 use allot_exec::{
     builtin, Plugin, PluginEntry, Registry, RegistryError, ResolveError, RunKey, Secrets, SetupContext, TaskContext,
     TokenStatus, TokenWaits, Tokens, Waker,
 };
-use allot_store::{EmbeddedConfig, EmbeddedStore, Store};
+use allot_store::{EmbeddedConfig, EmbeddedStore, PageRequest, Store};
+
+use crate::support::until;
 use async_trait::async_trait;
 
 struct Named(&'static str);
@@ -120,14 +123,14 @@ async fn a_task_waiting_for_a_token_is_woken_by_the_release_not_by_polling() {
         TokenStatus::Waiting(Refusal::Exhausted),
         "asking again keeps its place"
     );
-    tokio::time::sleep(Duration::from_millis(200)).await;
+    // The second's ask waits in the store's queue: nothing woke it while the token is held.
+    until("the second's ask waits in the store", async || {
+        store.waiters(namespace.clone(), PageRequest::new(None, 10)).await.unwrap().items.len() == 1
+    })
+    .await;
     assert!(woken.lock().unwrap().is_empty(), "no wake while the token is held");
     first.release("api").await.unwrap();
-    let started = std::time::Instant::now();
-    while woken.lock().unwrap().is_empty() {
-        assert!(started.elapsed() < Duration::from_secs(5), "the waiting task was never woken");
-        tokio::time::sleep(Duration::from_millis(5)).await;
-    }
+    until("the waiting task is woken", async || !woken.lock().unwrap().is_empty()).await;
     assert_eq!(*woken.lock().unwrap(), [run("t2")]);
     assert_eq!(second.take("api", 1).await.unwrap(), TokenStatus::Granted);
     assert_eq!(second.taken().len(), 1);
@@ -142,15 +145,18 @@ async fn the_sleep_plugin_keeps_its_end_in_its_state_and_succeeds_after_it() {
     let registry = load(&store, builtin::entries(), &[]).await.unwrap();
     let sleep = registry.resolve("sleep", None).unwrap();
     let tokens = || Tokens::new(store.clone(), "sleep", run("s"), 1, TokenWaits::default(), no_wake(), Vec::new());
+    let clock = ManualClock::new();
     let mut ctx = TaskContext::new(run("s"), 1, "sleep", tokens(), None, no_wake());
+    ctx.clock = Arc::new(clock.clone());
     ctx.spec = serde_json::json!({ "seconds": 0.2 });
     let first = sleep.handle(&mut ctx).await.unwrap();
     assert_eq!(first.info.phase, Phase::Running);
     let out = ctx.finish();
     let StateWrite::Put(state) = out.write else { panic!("the first round notes its end: {:?}", out.write) };
     // A later round (after a restart, say) reads the state: it does not start over.
-    tokio::time::sleep(Duration::from_millis(250)).await;
+    clock.advance(Duration::from_millis(250));
     let mut ctx = TaskContext::new(run("s"), 1, "sleep", tokens(), Some(state), no_wake());
+    ctx.clock = Arc::new(clock.clone());
     ctx.spec = serde_json::json!({ "seconds": 3600 });
     assert_eq!(sleep.handle(&mut ctx).await.unwrap().info.phase, Phase::Success);
     let mut ctx = TaskContext::new(run("s"), 1, "sleep", tokens(), None, no_wake());

@@ -230,10 +230,22 @@ pub(crate) async fn state(store: &dyn Store, app: &AppId, task: &str) -> TaskSta
     store.task(app.clone(), TaskId::new(task).unwrap()).await.unwrap().task.state
 }
 
+/// How long a test waits for a condition before it fails: long enough for a loaded CI machine.
+pub(crate) const PATIENCE: Duration = Duration::from_secs(60);
+
+/// Waits until `check` holds; fails, saying `what` was awaited, after [`PATIENCE`].
 pub(crate) async fn until(what: &str, mut check: impl AsyncFnMut() -> bool) {
     let started = Instant::now();
     while !check().await {
-        assert!(started.elapsed() < Duration::from_secs(10), "{what}: not so after 10 s");
+        assert!(started.elapsed() < PATIENCE, "{what}: not so after {PATIENCE:?}");
+        // The one pause of the polling helper, between two looks at the condition.
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
+}
+
+/// Stops an executor started by [`launch`] and waits until it has stopped: every receiver of
+/// its stop signal (the executor and its runs) is gone.
+pub(crate) async fn stopped(stop: &watch::Sender<bool>) {
+    stop.send_replace(true);
+    tokio::time::timeout(PATIENCE, stop.closed()).await.expect("the executor stops");
 }

@@ -345,3 +345,88 @@ fn the_import_reader_sees_siblings_not_parents() {
     let found = imports(&["b".to_owned()], text, &modules);
     assert_eq!(found, [vec!["a".to_owned()]].into(), "the parent, the child and the tests are left out");
 }
+
+/// The most real sleeps the tests may keep: a test waits for a condition (a polling helper's one
+/// pause counts once) or moves a clock it is given, never for a duration. A ratchet: issue 40's
+/// target is 10, each with its reason; lower both numbers as waits become conditions, never raise.
+const MOST_SLEEPS: usize = 81;
+/// The most of them without their reason on the line above (the target: none).
+const MOST_UNEXPLAINED: usize = 72;
+
+/// The test code of every crate, as (path, text, the line it starts at): `tests/`, the test-only
+/// modules of `src` (`testing.rs`, `fault.rs`, `conformance/`) and, of other files, what follows
+/// `#[cfg(test)]`.
+fn test_code(root: &Path) -> Vec<(String, String, usize)> {
+    let mut found = Vec::new();
+    for entry in std::fs::read_dir(root.join("crates")).unwrap() {
+        let krate = entry.unwrap().path();
+        for dir in ["tests", "src"] {
+            let base = krate.join(dir);
+            if !base.is_dir() {
+                continue;
+            }
+            let mut files = BTreeSet::new();
+            sources(&base, &base, &mut files);
+            for file in files {
+                let text = std::fs::read_to_string(base.join(&file)).unwrap();
+                let name = format!("{}/{dir}/{file}", krate.file_name().unwrap().to_string_lossy());
+                let test_only =
+                    dir == "tests" || file == "testing.rs" || file == "fault.rs" || file.starts_with("conformance/");
+                let from = if test_only { Some(1) } else { text.lines().position(|l| l.contains("#[cfg(test)]")) };
+                if let Some(from) = from {
+                    found.push((name, text, from));
+                }
+            }
+        }
+    }
+    found
+}
+
+/// The real sleeps in `text`: `thread::sleep(` or `time::sleep(` outside a `//` comment, each
+/// with whether the line above it is a `//` comment (its reason).
+fn sleeps(text: &str) -> Vec<(usize, bool)> {
+    let lines: Vec<&str> = text.lines().collect();
+    let mut found = Vec::new();
+    for (i, line) in lines.iter().enumerate() {
+        let code = line.split("//").next().unwrap_or_default();
+        if code.contains("thread::sleep(") || code.contains("time::sleep(") {
+            let reason = i > 0 && lines[i - 1].trim_start().starts_with("//");
+            found.push((i + 1, reason));
+        }
+    }
+    found
+}
+
+#[test]
+fn real_sleeps_in_tests_are_counted_and_only_go_down() {
+    let mut all = Vec::new();
+    let mut unexplained = Vec::new();
+    for (file, text, from) in test_code(&root()) {
+        for (line, reason) in sleeps(&text).into_iter().filter(|(line, _)| *line >= from) {
+            all.push(format!("{file}:{line}"));
+            if !reason {
+                unexplained.push(format!("{file}:{line}"));
+            }
+        }
+    }
+    assert!(
+        all.len() <= MOST_SLEEPS,
+        "{} real sleeps in tests, at most {MOST_SLEEPS}: wait for a condition (the crate's `eventually`) \
+         or move a clock instead:\n{}",
+        all.len(),
+        all.join("\n")
+    );
+    assert!(
+        unexplained.len() <= MOST_UNEXPLAINED,
+        "{} sleeps without their reason on the line above, at most {MOST_UNEXPLAINED}:\n{}",
+        unexplained.len(),
+        unexplained.join("\n")
+    );
+    assert!(!all.is_empty(), "the scan found the polling helpers' sleeps: it reads the test code");
+}
+
+#[test]
+fn the_sleep_counter_sees_calls_not_comments_and_their_reasons() {
+    let text = "// polls\nstd::thread::sleep(d);\nx();\ntokio::time::sleep(d).await;\n// thread::sleep(d) here\n";
+    assert_eq!(sleeps(text), vec![(2, true), (4, false)]);
+}

@@ -8,7 +8,11 @@ use std::time::Duration;
 
 use allot_client::{Accept, Allocate, Status};
 
-use crate::support::{data_dir, Daemon};
+use crate::support::{data_dir, eventually, Daemon, PATIENCE};
+
+/// The lease of the grant that lives through the kill: longer than the load may take to build
+/// on a loaded machine.
+const LEASE_MS: u64 = 90_000;
 
 /// What the clients were told about a token (the watch tests use it too).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -42,7 +46,7 @@ async fn changes_survive_sigkill_under_load(durability: &str) {
     // A release to a killed daemon is not retried here: the test records it as in flight.
     let client = daemon.client().with_release_retry(Duration::ZERO);
     let leased =
-        client.allocate("crash", "leased", &Allocate { ttl_ms: Some(6000), ..Allocate::default() }).await.unwrap();
+        client.allocate("crash", "leased", &Allocate { ttl_ms: Some(LEASE_MS), ..Allocate::default() }).await.unwrap();
     assert_eq!(leased.status, Status::Granted);
     let lease_started = std::time::Instant::now();
 
@@ -104,7 +108,12 @@ async fn changes_survive_sigkill_under_load(durability: &str) {
             }
         }));
     }
-    tokio::time::sleep(Duration::from_millis(2000)).await;
+    // Killed once under load (wait for it, not for a time).
+    let acknowledged = |of: &Arc<Mutex<HashMap<String, Acked>>>| {
+        of.lock().unwrap().values().filter(|a| **a != Acked::InFlight).count()
+    };
+    let loaded = eventually(PATIENCE, async || acknowledged(&acked) > 100 && acknowledged(&allocs) > 20).await;
+    assert!(loaded, "the load never reached 100 grants and 20 allocs acknowledged");
     let killed_after = lease_started.elapsed();
     tokio::task::spawn_blocking(move || daemon.kill9()).await.unwrap();
     for worker in workers {
@@ -150,11 +159,11 @@ async fn changes_survive_sigkill_under_load(durability: &str) {
     assert_eq!(pool.allocs, live.len() as u64, "the pool counts the allocs it holds");
     assert_eq!(pool.allocated, format!("cpu={}", live.len()), "and what they hold");
 
-    // The lease had about 6000 - killed_after ms left at the kill; the clock is checkpointed at
+    // The lease had about LEASE_MS - killed_after ms left at the kill; the clock is checkpointed at
     // least once a second, and the time the daemon was down does not count.
     let leased = grants.iter().find(|g| g.token == "leased").expect("the leased grant survives");
     let left = leased.expires_in_ms.unwrap();
-    let had_left = 6000 - killed_after.as_millis() as u64;
+    let had_left = LEASE_MS - killed_after.as_millis() as u64;
     assert!(
         left >= had_left.saturating_sub(300) && left <= had_left + 1300,
         "had {had_left} ms left, resumed with {left}"

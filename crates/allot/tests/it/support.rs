@@ -107,6 +107,10 @@ pub(crate) fn data_dir() -> (tempfile::TempDir, PathBuf) {
     (dir, data)
 }
 
+/// How long a test waits for a condition before it says it never came: long enough for a loaded
+/// CI machine.
+pub(crate) const PATIENCE: Duration = Duration::from_secs(60);
+
 /// Polls `check` every 20 ms until it holds or `limit` passes.
 pub(crate) async fn eventually(limit: Duration, mut check: impl AsyncFnMut() -> bool) -> bool {
     let started = Instant::now();
@@ -114,6 +118,7 @@ pub(crate) async fn eventually(limit: Duration, mut check: impl AsyncFnMut() -> 
         if check().await {
             return true;
         }
+        // The one pause of the polling helper, between two looks at the condition.
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
     false

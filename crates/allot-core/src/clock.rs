@@ -1,16 +1,23 @@
-//! Where a store reads the time: the machine's clocks, or, in tests, a clock moved by hand.
+//! Where allot reads the time: the machine's clocks, or, in tests, a clock moved by hand.
 //!
-//! The embedded store takes two readings: a monotonic one, which runs its daemon clock (leases,
-//! deadlines), and the wall clock, which counts the time the daemon was down in the
-//! applications' timers. Both come from one [`TimeSource`], so a test moves them together.
+//! The rule: code that needs a reading of the time (a store's daemon clock, the executor's
+//! timestamps and deadlines, a client's lease expiry) takes it from one [`TimeSource`] it is
+//! given, never from `std::time` directly; [`SystemTime`] is the one place that reads the
+//! machine's clocks. Code that only *waits* (intervals, timeouts, backoff) waits on tokio's timer,
+//! which a test controls with `tokio::time::pause()`; a wait that must end at a reading of a
+//! [`TimeSource`] (the `sleep` plugin's deadline) waits in steps and reads the source again.
+//!
+//! Two readings: a monotonic one, which runs a daemon clock (leases, deadlines), and the wall
+//! clock, which counts the time a daemon was down in the applications' timers. Both come from one
+//! [`TimeSource`], so a test moves them together.
 
 use std::sync::OnceLock;
 use std::time::Instant;
 
-use allot_core::Millis;
+use crate::Millis;
 
-/// A source of the two readings a store takes.
-pub trait TimeSource: Send + Sync + 'static {
+/// A source of the two readings of the time.
+pub trait TimeSource: std::fmt::Debug + Send + Sync + 'static {
     /// Milliseconds since the Unix epoch.
     fn wall_ms(&self) -> Millis;
     /// Milliseconds of a clock that never goes back; only differences count.
