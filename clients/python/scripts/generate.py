@@ -137,7 +137,7 @@ def error_classes(document: Dict[str, Any], source: str) -> str:
     out.append("from __future__ import annotations\n")
     out.append("from typing import Dict, Type\n")
     used = sorted(set(bases.values()) | {"AllotError"})
-    out.append(f"from .errors import {', '.join(used)}\n")
+    out.append(f"from ._error_bases import {', '.join(used)}\n")
     names = []
     for codes, status in found:
         for code in codes.split(", "):
