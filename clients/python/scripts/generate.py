@@ -174,7 +174,7 @@ UNASYNC = [
     (r"\baread\b", "read"),
     (r"\bAwaitable\[R\]", "R"),
     (r"\bAsyncGenerator\[(.+?), None\]", r"Generator[\1, None, None]"),
-    (r"\baiter_lines\b", "iter_lines"),
+    (r"\baiter_bytes\b", "iter_bytes"),
     (r"\bAsyncIterator\b", "Iterator"),
     (r"\bAsyncContextManager\b", "ContextManager"),
     (r"\basynccontextmanager\b", "contextmanager"),
