@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from typing import Dict, Type
 
-from .errors import AllotError, ConflictError, Forbidden, Gone, InvalidRequest, NotFoundError, Unauthenticated, Unavailable
+from ._error_bases import AllotError, ConflictError, Forbidden, Gone, InvalidRequest, NotFoundError, Unauthenticated, Unavailable
 
 
 class InvalidJson(InvalidRequest):

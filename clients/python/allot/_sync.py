@@ -15,6 +15,8 @@ from typing import Any, Generator, Iterator, Awaitable, Callable, Dict, List, Ma
 import httpx
 
 from . import models as m
+from ._resources import OFFER_GONE, amount_to_take, format_resources, parse_resources, pick_offers
+from ._sse import EventStream
 from ._util import (
     APP_ENDED,
     TASK_ENDED,
@@ -22,17 +24,14 @@ from ._util import (
     _sleep,
     _Keeper,
     connection_failed,
-    fits,
     fresh_token,
-    leftover,
     may_retry,
-    parse_resources,
     raise_for,
     read_app,
     retry_delay,
     seg,
 )
-from .errors import AllotError, AppFailed, ConflictError, ConnectionFailed, Exhausted, NamespaceQuotaExceeded, NotGranted
+from .errors import ERRORS, AllotError, AppFailed, ConflictError, ConnectionFailed, Exhausted, NamespaceQuotaExceeded, NotGranted
 
 R = TypeVar("R")
 AppSource = Union[Mapping[str, Any], str]
@@ -478,13 +477,12 @@ class Client:
                     if answer.status_code >= 400:
                         raise_for(answer.status_code, answer.read())
                     failures = 0
-                    data: List[str] = []
-                    for line in answer.iter_lines():
-                        if line.startswith("data:"):
-                            data.append(line[5:].lstrip())
-                        elif line == "" and data:
-                            event = cast(m.WatchEvent, json.loads("\n".join(data)))
-                            data = []
+                    stream = EventStream()
+                    for chunk in answer.iter_bytes():
+                        for message in stream.feed(chunk):
+                            if message.data is None:
+                                continue
+                            event = cast(m.WatchEvent, json.loads(message.data))
                             last = event["revision"]
                             yield event
                         _left(deadline)
@@ -581,29 +579,35 @@ class Client:
         owner: Optional[str] = None,
         keepalive: float = 10.0,
     ) -> Iterator[m.Alloc]:
-        """Holds an alloc of at least ``min`` resources for the block, on the pool (or of the
-        pools: the best fit, the offer it leaves least of) whose offer holds it; keeps it alive
-        every ``keepalive`` seconds (for three times that), frees it on the way out. Raises
-        ``ExceedsCapacity`` when no offer holds ``min``.
+        """Holds an alloc of at least ``min`` resources (up to ``max``) for the block, from the
+        pool (or of the pools) whose offer the Rust client's ``allocate`` would pick: offers that
+        hold ``max`` first, then those that hold only ``min``, each nearest to ``max`` first; it
+        asks for ``max`` capped by the offer, or the whole offer when what it would leave is
+        useless (``docs/glossary.md``, "pick rule"). An offer gone when accepted moves on to the
+        next. Keeps the alloc alive every ``keepalive`` seconds (for three times that), frees it on
+        the way out. Raises ``ExceedsCapacity`` when no offer holds ``min``.
 
         ``with client.alloc(["worker-1", "worker-2"], min="cpu=2,mem=8GiB") as alloc: ...``
         """
         names = [pools] if isinstance(pools, str) else list(pools)
         wanted = parse_resources(min)
-        candidates: List[Tuple[float, m.Offer]] = []
-        for name in names:
-            for offer in self.offers(name):
-                available = parse_resources(offer["available"])
-                if fits(wanted, available):
-                    candidates.append((leftover(wanted, available), offer))
-        if not candidates:
-            from .errors import ERRORS
-
-            raise ERRORS["exceeds_capacity"](
+        most = wanted if max is None else parse_resources(max)
+        offers = [(offer, parse_resources(offer["available"])) for name in names for offer in self.offers(name)]
+        gone: Optional[AllotError] = None
+        for offer, available in pick_offers(offers, wanted, most):
+            take = amount_to_take(available, wanted, most)
+            take_text = None if take == wanted else format_resources(take)
+            try:
+                alloc = self.accept(offer["pool"], offer["id"], min, max=take_text, labels=labels, owner=owner)
+                break
+            except AllotError as err:
+                if err.code not in OFFER_GONE:
+                    raise
+                gone = err
+        else:
+            raise gone or ERRORS["exceeds_capacity"](
                 f"no offer of {', '.join(names)} holds {min}", code="exceeds_capacity", status=None
             )
-        offer = sorted(candidates, key=lambda c: c[0])[0][1]
-        alloc = self.accept(offer["pool"], offer["id"], min, max=max, labels=labels, owner=owner)
         interval_ms = int(keepalive * 3000)
         self.keepalive_alloc(alloc["pool"], alloc["id"], interval_ms)
 

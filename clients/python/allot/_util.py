@@ -6,7 +6,6 @@ from __future__ import annotations
 import asyncio
 import json
 import os
-import re
 import secrets
 import threading
 import time
@@ -131,35 +130,6 @@ def raise_for(status: int, body: bytes) -> None:
 def connection_failed(err: Exception, url: str) -> AllotError:
     """The error of a call to ``url`` that no daemon answered: it names the URL."""
     return ConnectionFailed(f"the daemon at {url} did not answer: {err}")
-
-
-_UNITS = {
-    "": 1.0, "m": 0.001, "k": 1e3, "K": 1e3, "M": 1e6, "G": 1e9, "T": 1e12, "P": 1e15,
-    "Ki": 2.0**10, "Mi": 2.0**20, "Gi": 2.0**30, "Ti": 2.0**40, "Pi": 2.0**50,
-}  # fmt: skip
-_QUANTITY = re.compile(r"^([0-9]+(?:\.[0-9]+)?)([a-zA-Z]*?)B?$")
-
-
-def parse_resources(text: str) -> Dict[str, float]:
-    """``cpu=2,mem=8GiB`` as numbers of units (``{"cpu": 2.0, "mem": 8589934592.0}``)."""
-    resources: Dict[str, float] = {}
-    for item in filter(None, (part.strip() for part in text.split(","))):
-        name, _, quantity = item.partition("=")
-        match = _QUANTITY.match(quantity.strip())
-        if not name or not match or match.group(2) not in _UNITS:
-            raise ValueError(f"`{item}` is not name=quantity (e.g. cpu=2, mem=8GiB)")
-        resources[name.strip()] = float(match.group(1)) * _UNITS[match.group(2)]
-    return resources
-
-
-def fits(wanted: Mapping[str, float], available: Mapping[str, float]) -> bool:
-    return all(available.get(name, 0.0) >= amount for name, amount in wanted.items())
-
-
-def leftover(wanted: Mapping[str, float], available: Mapping[str, float]) -> float:
-    """What is left of an offer once `wanted` is taken, each resource as a share of the offer:
-    the best fit leaves least."""
-    return sum((amount - wanted.get(name, 0.0)) / amount for name, amount in available.items() if amount > 0)
 
 
 def read_app(app: Union[Mapping[str, Any], str, "os.PathLike[str]"]) -> Dict[str, Any]:

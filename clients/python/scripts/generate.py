@@ -137,7 +137,7 @@ def error_classes(document: Dict[str, Any], source: str) -> str:
     out.append("from __future__ import annotations\n")
     out.append("from typing import Dict, Type\n")
     used = sorted(set(bases.values()) | {"AllotError"})
-    out.append(f"from .errors import {', '.join(used)}\n")
+    out.append(f"from ._error_bases import {', '.join(used)}\n")
     names = []
     for codes, status in found:
         for code in codes.split(", "):
@@ -174,7 +174,7 @@ UNASYNC = [
     (r"\baread\b", "read"),
     (r"\bAwaitable\[R\]", "R"),
     (r"\bAsyncGenerator\[(.+?), None\]", r"Generator[\1, None, None]"),
-    (r"\baiter_lines\b", "iter_lines"),
+    (r"\baiter_bytes\b", "iter_bytes"),
     (r"\bAsyncIterator\b", "Iterator"),
     (r"\bAsyncContextManager\b", "ContextManager"),
     (r"\basynccontextmanager\b", "contextmanager"),

@@ -266,7 +266,7 @@ def test_alloc_context_manager_picks_the_best_fit_and_frees(client: Client) -> N
     client.put_pool("py-big", "cpu=16,mem=64GiB")
     client.put_pool("py-small", "cpu=4,mem=8GiB")
     with client.alloc(["py-big", "py-small"], min="cpu=2,mem=4GiB", keepalive=0.5) as alloc:
-        assert alloc["pool"] == "py-small", "the offer it leaves least of"
+        assert alloc["pool"] == "py-small", "the offer nearest to what it asks (the pick rule)"
         time.sleep(1.2)
         assert client.alloc_info("py-small", alloc["id"]).get("ended") is None, "kept alive"
     with pytest.raises(allot.AllocEnded):

@@ -346,11 +346,56 @@ def test_the_page_is_served_from_the_binary_alone(ui_daemon: Daemon) -> None:
     assert page.status_code == 200 and "<main" in page.text
     policy = page.headers["content-security-policy"]
     assert "default-src 'none'" in policy and "connect-src 'self'" in policy
-    for asset in ("/ui/assets/app.js", "/ui/assets/style.css"):
+    for asset in ("/ui/assets/app.js", "/ui/assets/resources.js", "/ui/assets/sse.js", "/ui/assets/style.css"):
         answer = httpx.get(daemon.url + asset)
         assert answer.status_code == 200 and "http://" not in answer.text.replace("http://www.w3.org", ""), asset
     assert httpx.get(daemon.url + "/ui/assets/nope.js").status_code == 404
     assert allot.__version__
+
+
+def test_the_scripts_read_text_and_streams_as_the_shared_tables_say(browser: Any, ui_daemon: Daemon) -> None:
+    """The dashboard's readers of the resource text form and of the event stream, run in the
+    browser against ``testdata/``'s tables, which the Rust and Python readers are held to too."""
+    forget_console(browser)
+    browser.get(ui_daemon.url + "/ui")
+    tables = {name: json.loads((REPO / "testdata" / f"{name}.json").read_text())["cases"] for name in ("resources", "sse")}
+    assert len(tables["resources"]) > 40 and len(tables["sse"]) > 10
+    got = browser.execute_async_script(
+        """
+        const [tables, done] = arguments;
+        const { parseResources } = await import("/ui/assets/resources.js");
+        const { EventStream } = await import("/ui/assets/sse.js");
+        const resources = tables.resources.map((c) => {
+          try {
+            return { milli: parseResources(c.text) };
+          } catch (e) {
+            return { error: e.kind ?? String(e) };
+          }
+        });
+        // Each stream as the table cuts it, whole, and a character at a time.
+        const sse = tables.sse.map((c) => {
+          const whole = c.chunks.join("");
+          return [c.chunks, [whole], [...whole]].map((chunks) => {
+            const stream = new EventStream();
+            return chunks.flatMap((chunk) => stream.feed(chunk));
+          });
+        });
+        done({ resources, sse });
+        """,
+        tables,
+    )
+    for case, answer in zip(tables["resources"], got["resources"]):
+        if "error" in case:
+            assert answer == {"error": case["error"]}, case["text"]
+            continue
+        assert "milli" in answer, (case["text"], answer)
+        # The script's numbers are doubles: above 2^53, the nearest one.
+        as_doubles = {name: float(milli) for name, milli in case["milli"].items()}
+        assert {name: float(milli) for name, milli in answer["milli"].items()} == as_doubles, case["text"]
+    for case, answers in zip(tables["sse"], got["sse"]):
+        want = [{"id": None, "event": None, "data": None, **message} for message in case["messages"]]
+        assert answers == [want, want, want], case["why"]
+    assert console_errors(browser) == []
 
 
 def test_the_page_says_when_the_connection_is_lost_and_back(browser: Any, fresh_daemon: Daemon) -> None:

@@ -78,43 +78,36 @@ impl Parser {
 mod tests {
     use super::*;
 
-    fn message(id: Option<&str>, event: Option<&str>, data: Option<&str>) -> Message {
-        Message { id: id.map(str::to_owned), event: event.map(str::to_owned), data: data.map(str::to_owned) }
-    }
-
+    /// `testdata/sse.json`, the table of cases the Python client's and the dashboard's readers
+    /// are tested against too: this reader is the reference.
     #[test]
-    fn messages_come_whole_whatever_the_chunks_and_line_ends() {
-        let text = "id: 5\nevent: grant.granted\ndata: {\"a\":\ndata:1}\n\n: heartbeat\n\n: heartbeat\r\nid: 9\r\n\r\n\
-                    data: x\rretry: 10\r\rother\n\n";
-        // Fed whole, and byte by byte (a CR and its LF in different chunks).
-        for chunks in [vec![text.as_bytes().to_vec()], text.bytes().map(|b| vec![b]).collect()] {
-            let mut parser = Parser::default();
-            let mut got = Vec::new();
-            for chunk in chunks {
-                parser.feed(&chunk);
-                got.extend(std::iter::from_fn(|| parser.message()));
+    fn messages_come_as_the_shared_table_says_whatever_the_chunks() {
+        let path = concat!(env!("CARGO_MANIFEST_DIR"), "/../../testdata/sse.json");
+        let table: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap();
+        let cases = table["cases"].as_array().unwrap();
+        assert!(cases.len() > 10, "the table has its cases");
+        let field = |value: &serde_json::Value, name: &str| value.get(name).and_then(|v| v.as_str()).map(str::to_owned);
+        for case in cases {
+            let why = case["why"].as_str().unwrap();
+            let want: Vec<Message> = case["messages"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|m| Message { id: field(m, "id"), event: field(m, "event"), data: field(m, "data") })
+                .collect();
+            let chunks: Vec<Vec<u8>> =
+                case["chunks"].as_array().unwrap().iter().map(|c| c.as_str().unwrap().as_bytes().to_vec()).collect();
+            let whole = chunks.concat();
+            // As the table cuts it, whole, and a byte at a time.
+            for chunks in [chunks, vec![whole.clone()], whole.iter().map(|b| vec![*b]).collect()] {
+                let mut parser = Parser::default();
+                let mut got = Vec::new();
+                for chunk in chunks {
+                    parser.feed(&chunk);
+                    got.extend(std::iter::from_fn(|| parser.message()));
+                }
+                assert_eq!(got, want, "{why}");
             }
-            assert_eq!(
-                got,
-                [
-                    message(Some("5"), Some("grant.granted"), Some("{\"a\":\n1}")),
-                    message(Some("9"), None, None),
-                    message(None, None, Some("x")),
-                ]
-            );
         }
-    }
-
-    #[test]
-    fn a_message_not_ended_waits_for_its_blank_line() {
-        let mut parser = Parser::default();
-        parser.feed(b"id: 1\ndata: a\n");
-        assert_eq!(parser.message(), None);
-        parser.feed(b"\n");
-        assert_eq!(parser.message(), Some(message(Some("1"), None, Some("a"))));
-        parser.feed(b"data:\n\n");
-        assert_eq!(parser.message(), Some(message(None, None, Some(""))));
-        parser.feed(b"data:\ndata: b\n\n");
-        assert_eq!(parser.message(), Some(message(None, None, Some("\nb"))));
     }
 }

@@ -1,5 +1,5 @@
-//! The web dashboard: three files compiled into the binary (`ui/`: the page, its script, its
-//! style; no library, nothing fetched from elsewhere), served at `/ui`. Every path under `/ui`
+//! The web dashboard: files compiled into the binary (`ui/`: the page, its script and the two
+//! modules it imports, its style; no library, nothing fetched from elsewhere), served at `/ui`. Every path under `/ui`
 //! answers the page, whose script shows the one its URL names; `/` sends the browser there.
 //!
 //! The files are open to anyone (they hold no data): what the page shows it reads from the API
@@ -11,6 +11,9 @@ use axum::response::{IntoResponse, Redirect, Response};
 
 const PAGE: &str = include_str!("../ui/index.html");
 const SCRIPT: &str = include_str!("../ui/app.js");
+/// The resource text form's reader and the event stream's (`testdata/` holds their cases).
+const RESOURCES: &str = include_str!("../ui/resources.js");
+const SSE: &str = include_str!("../ui/sse.js");
 const STYLE: &str = include_str!("../ui/style.css");
 
 /// The page may load its own files only, and talk to this daemon only.
@@ -34,10 +37,12 @@ pub(crate) async fn page() -> Response {
     file(PAGE, "text/html; charset=utf-8")
 }
 
-/// `GET /ui/assets/{file}`: the page's script and style.
+/// `GET /ui/assets/{file}`: the page's scripts and style.
 pub(crate) async fn asset(Path(name): Path<String>) -> Response {
     match name.as_str() {
         "app.js" => file(SCRIPT, "text/javascript; charset=utf-8"),
+        "resources.js" => file(RESOURCES, "text/javascript; charset=utf-8"),
+        "sse.js" => file(SSE, "text/javascript; charset=utf-8"),
         "style.css" => file(STYLE, "text/css; charset=utf-8"),
         _ => (StatusCode::NOT_FOUND, "no such file").into_response(),
     }

@@ -1,10 +1,13 @@
 // allot's dashboard: one page per question, each read from the API and read again when the change
 // feed (GET /v1/watch) says something it shows has changed. No library, no build step: the
-// daemon serves this file as it is.
+// daemon serves this file and the modules it imports (`resources.js`, `sse.js`) as they are.
 //
 // Invariants: every value written into the page goes through `esc` (the `h` template escapes
 // what it is given); the API token lives in sessionStorage only (never in a URL); a page shows
 // only what the API answers the caller, and an action only when /v1/whoami says it may.
+
+import { parseResources } from "./resources.js";
+import { EventStream } from "./sse.js";
 
 const main = document.getElementById("main");
 const liveBadge = document.getElementById("live");
@@ -100,17 +103,9 @@ function ms(value) {
 /** A time of day to the millisecond, the browser's local time. */
 const clock = (at) => `${new Date(at).toLocaleTimeString([], { hour12: false })}.${String(at % 1000).padStart(3, "0")}`;
 
-/** `cpu=4,mem=16GiB` as {cpu: 4, mem: 17179869184}. */
-const scale = { "": 1, m: 1e-3, k: 1e3, K: 1e3, M: 1e6, G: 1e9, T: 1e12, P: 1e15, Ki: 2 ** 10, Mi: 2 ** 20, Gi: 2 ** 30, Ti: 2 ** 40, Pi: 2 ** 50 };
+/** `cpu=4,mem=16GiB` as units: {cpu: 4, mem: 17179869184}. */
 function resources(text) {
-  const out = {};
-  for (const item of (text || "").split(",")) {
-    const [name, quantity] = item.split("=");
-    if (!name || quantity === undefined) continue;
-    const m = /^([0-9.]+)([a-zA-Z]*?)B?$/.exec(quantity.trim());
-    if (m) out[name.trim()] = parseFloat(m[1]) * (scale[m[2]] ?? 1);
-  }
-  return out;
+  return Object.fromEntries(Object.entries(parseResources(text || "")).map(([name, milli]) => [name, milli / 1000]));
 }
 function amount(name, value) {
   if (/^(mem|memory|disk)$/.test(name) && value >= 1024) {
@@ -712,17 +707,12 @@ async function startWatching() {
       setLive("ok", "live");
       const reader = response.body.getReader();
       const decoder = new TextDecoder();
-      let buffer = "";
+      const stream = new EventStream();
       for (;;) {
         const { value, done } = await reader.read();
         if (done) break;
-        buffer += decoder.decode(value, { stream: true });
-        let end;
-        while ((end = buffer.indexOf("\n\n")) >= 0) {
-          const frame = buffer.slice(0, end);
-          buffer = buffer.slice(end + 2);
-          const data = frame.split("\n").filter((l) => l.startsWith("data:")).map((l) => l.slice(5).trimStart()).join("\n");
-          if (data) changed(JSON.parse(data).key);
+        for (const message of stream.feed(decoder.decode(value, { stream: true }))) {
+          if (message.data) changed(JSON.parse(message.data).key);
         }
       }
       throw new Error("the stream ended");

@@ -48,6 +48,7 @@ use crate::errors::{call_error, redis_error};
 use crate::keys::{prefix, unescape_tag};
 use crate::reply::{self, corrupt, into_text, Reply};
 use crate::store::Inner;
+use crate::wake::LOG_CHANNEL;
 use crate::{pools, registry};
 
 /// The slot of the shared log.
@@ -55,10 +56,6 @@ const FEED_SLOT: &str = "allot:{allot-feed}";
 const LOG: &str = "allot:{allot-feed}:log";
 const META: &str = "allot:{allot-feed}:meta";
 const CURSORS: &str = "allot:{allot-feed}:cursors";
-/// Where a call that found its stream empty names it (`lua/namespace.lua`).
-pub(crate) const STREAM_CHANNEL: &str = "allot:feed";
-/// Where a copier says the log has new events.
-pub(crate) const LOG_CHANNEL: &str = "allot:feed:log";
 /// How often every stream is looked at, whatever the messages said.
 const SWEEP_EVERY: Duration = Duration::from_secs(2);
 /// How often the log is read without a message.

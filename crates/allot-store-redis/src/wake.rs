@@ -4,7 +4,9 @@
 //! which claims its answer at once; a waiting call also checks every [`POLL_INTERVAL`], so a lost
 //! message delays an answer but never loses it, and a call that goes away takes its waiter out of
 //! the queue ([`WaitGuard`]). The same subscriber listens on `allot:sched`, where a daemon that
-//! made room (a quota or a pool put) tells the scheduler to look again.
+//! made room (a quota or a pool put) tells the scheduler to look again, and on the change feed's
+//! channels (`allot:feed`, `allot:feed:log`). Every channel's name is here: the feed publishes on
+//! them, and this module imports nothing that imports it.
 
 use std::collections::BTreeSet;
 use std::sync::Arc;
@@ -16,9 +18,9 @@ use futures_util::StreamExt;
 use redis::{RedisError, Value};
 use tokio::sync::Notify;
 
+use crate::cluster;
 use crate::reply::{self, corrupt};
 use crate::store::Inner;
-use crate::{cluster, feed};
 
 /// How often a waiting call checks its answer even without a message.
 pub const POLL_INTERVAL: Duration = Duration::from_millis(250);
@@ -28,6 +30,10 @@ const CHANNEL: &str = "allot:woken";
 /// quota or a pool put): whoever schedules reads the pools and namespaces again and runs a
 /// cycle at once. A plain channel: on a cluster every node forwards it to every subscriber.
 const SCHED_CHANNEL: &str = "allot:sched";
+/// Where a call that found its stream empty names it (`lua/namespace.lua`).
+pub(crate) const STREAM_CHANNEL: &str = "allot:feed";
+/// Where a copier says the log has new events.
+pub(crate) const LOG_CHANNEL: &str = "allot:feed:log";
 
 /// Waits up to `wait` for the answer of waiter `wid` (queued by an allocate in the namespace of
 /// prefix `key`): woken by a message on the channel, or every [`POLL_INTERVAL`]. When the wait
@@ -162,7 +168,7 @@ pub(crate) async fn run_subscriber(inner: Arc<Inner>, config: crate::RedisConfig
         let attempt = async {
             let client = config.client(&config.urls[0])?;
             let mut pubsub = client.get_async_pubsub().await?;
-            pubsub.subscribe(&[CHANNEL, SCHED_CHANNEL, feed::STREAM_CHANNEL, feed::LOG_CHANNEL]).await?;
+            pubsub.subscribe(&[CHANNEL, SCHED_CHANNEL, STREAM_CHANNEL, LOG_CHANNEL]).await?;
             Ok::<_, RedisError>(pubsub)
         };
         match attempt.await {
@@ -175,8 +181,8 @@ pub(crate) async fn run_subscriber(inner: Arc<Inner>, config: crate::RedisConfig
                     let payload = String::from_utf8_lossy(message.get_payload_bytes());
                     match message.get_channel_name() {
                         SCHED_CHANNEL => inner.apps.room_made(),
-                        feed::STREAM_CHANNEL => inner.feed.mark(&payload),
-                        feed::LOG_CHANNEL => inner.feed.log_grew(),
+                        STREAM_CHANNEL => inner.feed.mark(&payload),
+                        LOG_CHANNEL => inner.feed.log_grew(),
                         _ => wake_listed(&inner, &payload),
                     }
                 }
@@ -206,7 +212,7 @@ pub(crate) async fn run_sharded_subscriber(inner: Arc<Inner>, link: Arc<cluster:
         };
         match conn {
             Ok(mut conn) => {
-                if let Err(err) = conn.subscribe(&[SCHED_CHANNEL, feed::STREAM_CHANNEL, feed::LOG_CHANNEL]).await {
+                if let Err(err) = conn.subscribe(&[SCHED_CHANNEL, STREAM_CHANNEL, LOG_CHANNEL]).await {
                     tracing::debug!(error = %err, "cannot subscribe to the scheduler's channel yet");
                     tokio::time::sleep(Duration::from_millis(200)).await;
                     continue;
@@ -248,8 +254,8 @@ pub(crate) async fn run_sharded_subscriber(inner: Arc<Inner>, link: Arc<cluster:
                                     _ => String::new(),
                                 };
                                 match text(0).as_str() {
-                                    feed::STREAM_CHANNEL => inner.feed.mark(&text(1)),
-                                    feed::LOG_CHANNEL => inner.feed.log_grew(),
+                                    STREAM_CHANNEL => inner.feed.mark(&text(1)),
+                                    LOG_CHANNEL => inner.feed.log_grew(),
                                     _ => inner.apps.room_made(),
                                 }
                             }

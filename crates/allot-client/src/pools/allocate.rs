@@ -1,5 +1,7 @@
 //! [`allocate`]: picks offers best-fit first ([`pick_n`], [`amount_to_take`]) and accepts one,
-//! retrying with backoff.
+//! retrying with backoff. The two functions are the pick rule (`docs/glossary.md`) that the
+//! Python client's `alloc()` follows too; `testdata/offer_picks.json` holds the cases both are
+//! tested against.
 
 use allot_api as api;
 use rand::seq::SliceRandom;

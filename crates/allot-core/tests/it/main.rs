@@ -6,5 +6,6 @@ mod apps_model;
 mod pools;
 mod quotas;
 mod quotas_model;
+mod resources;
 mod runs;
 mod tenancy;

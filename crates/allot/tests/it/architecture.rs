@@ -1,6 +1,8 @@
 //! The shape of the code, checked: what ARCHITECTURE.md names exists (every path, every type and
 //! item in backticks, every crate), every crate of the workspace is named, no crate depends on one
-//! its table of crates lists after it, and no two files of a crate import each other in a circle.
+//! its table of crates lists after it, no two files of a crate import each other in a circle
+//! (through a `use` tree or a path in code alike; the Python client and the dashboard's scripts
+//! have the same check: `clients/python/tests/test_imports.py`), and the real sleeps left in tests.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
@@ -279,25 +281,97 @@ fn module_of(file: &str) -> Vec<String> {
 }
 
 /// The modules of `modules` that `text` (the code of `module`, its unit tests left out) names
-/// through `crate::` or `super::`, other than its own ancestors and descendants: a child module
+/// through `crate::` or `super::` paths, in `use` trees (`crate::{a, b::{c, self}}`) as in
+/// expressions (`crate::a::f()`), other than its own ancestors and descendants: a child module
 /// always sees its parent.
 fn imports(module: &[String], text: &str, modules: &BTreeSet<Vec<String>>) -> BTreeSet<Vec<String>> {
     let code = text.split("#[cfg(test)]\nmod tests").next().unwrap_or_default();
-    let path = regex::Regex::new(r"\b(crate|super)((?:::[a-z_][a-z0-9_]*)+)").unwrap();
+    let start = regex::Regex::new(r"\b(crate|(?:super\s*::\s*)*super)\s*::").unwrap();
     let mut found = BTreeSet::new();
-    for caps in path.captures_iter(code) {
-        let mut parts: Vec<String> =
-            if &caps[1] == "crate" { Vec::new() } else { module[..module.len().saturating_sub(1)].to_vec() };
-        parts.extend(caps[2].split("::").filter(|p| !p.is_empty()).map(str::to_owned));
-        let Some(target) = (0..=parts.len()).rev().map(|k| parts[..k].to_vec()).find(|t| modules.contains(t)) else {
-            continue;
-        };
-        let related = target.starts_with(module) || module.starts_with(&target);
-        if !related {
-            found.insert(target);
+    for caps in start.captures_iter(code) {
+        let mut base: Vec<String> = module.to_vec();
+        if &caps[1] == "crate" {
+            base.clear();
+        } else {
+            // `super` is the parent; each further `super` one more step up.
+            for _ in 0..caps[1].matches("super").count() {
+                base.pop();
+            }
+        }
+        let mut reader = UseTree { text: &code[caps.get(0).unwrap().end()..] };
+        for tail in reader.tree() {
+            let mut parts = base.clone();
+            parts.extend(tail);
+            let Some(target) = (0..=parts.len()).rev().map(|k| parts[..k].to_vec()).find(|t| modules.contains(t))
+            else {
+                continue;
+            };
+            let related = target.starts_with(module) || module.starts_with(&target);
+            if !related {
+                found.insert(target);
+            }
         }
     }
     found
+}
+
+/// Reads the paths of a use tree (or of a path in an expression) from its start: `a::{b, c::*}`
+/// names `a::b` and `a::c`; `self` in braces names the path before them.
+struct UseTree<'a> {
+    text: &'a str,
+}
+
+impl UseTree<'_> {
+    fn skip_space(&mut self) {
+        self.text = self.text.trim_start();
+    }
+
+    fn eat(&mut self, token: &str) -> bool {
+        self.skip_space();
+        let eaten = self.text.starts_with(token);
+        if eaten {
+            self.text = &self.text[token.len()..];
+        }
+        eaten
+    }
+
+    /// Every path the tree here names, relative to where it starts.
+    fn tree(&mut self) -> Vec<Vec<String>> {
+        if self.eat("{") {
+            let mut paths = Vec::new();
+            while !self.eat("}") {
+                let before = self.text.len();
+                paths.extend(self.tree());
+                self.eat(",");
+                if self.text.len() == before {
+                    break; // not a use tree after all
+                }
+            }
+            return paths;
+        }
+        if self.eat("*") {
+            return vec![Vec::new()];
+        }
+        self.skip_space();
+        let len = self.text.find(|c: char| !(c.is_ascii_alphanumeric() || c == '_')).unwrap_or(self.text.len());
+        let (name, rest) = self.text.split_at(len);
+        self.text = rest;
+        if name.is_empty() || name == "self" {
+            return vec![Vec::new()];
+        }
+        // A `::` right after a name goes on; `::<` (turbofish) ends the path.
+        let after = self.text.trim_start();
+        let more = after.starts_with("::") && !after[2..].trim_start().starts_with('<');
+        if !more {
+            return vec![vec![name.to_owned()]];
+        }
+        self.eat("::");
+        let mut paths = self.tree();
+        for path in &mut paths {
+            path.insert(0, name.to_owned());
+        }
+        paths
+    }
 }
 
 /// No file of a crate imports, through others, a file that imports it.
@@ -429,4 +503,20 @@ fn real_sleeps_in_tests_are_counted_and_only_go_down() {
 fn the_sleep_counter_sees_calls_not_comments_and_their_reasons() {
     let text = "// polls\nstd::thread::sleep(d);\nx();\ntokio::time::sleep(d).await;\n// thread::sleep(d) here\n";
     assert_eq!(sleeps(text), vec![(2, true), (4, false)]);
+}
+
+#[test]
+fn the_import_reader_sees_use_trees_and_paths_in_code() {
+    let names = ["a", "b", "c", "d", "e"];
+    let mut modules: BTreeSet<Vec<String>> = names.iter().map(|n| vec![n.to_string()]).collect();
+    modules.extend([vec![], vec!["e".to_owned(), "f".to_owned()]]);
+    let module = |name: &str| vec![name.to_owned()];
+    let text = "use crate::{a, b::{self, Thing}};\nfn go() { crate::c::run::<u8>(); super::d::X; }";
+    assert_eq!(imports(&module("e"), text, &modules), [module("a"), module("b"), module("c"), module("d")].into());
+    let nested = "use super::super::{a, e::f::*};";
+    assert_eq!(
+        imports(&["e".to_owned(), "f".to_owned()], nested, &modules),
+        [module("a")].into(),
+        "`super::super` is the crate's root; its own path is left out"
+    );
 }

@@ -48,6 +48,25 @@ async fn allocate_takes_the_whole_offer_or_what_it_asks_on_a_daemon() {
     assert_eq!(alloc.resources, "cpu=2");
 }
 
+/// The shared table's scenario (`testdata/offer_picks.json`, `daemon`), which the Python client's
+/// `alloc()` runs too: the same pools, the same pick.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn allocate_picks_the_pool_the_shared_scenario_names() {
+    let table = super::pick::offer_picks();
+    let scenario = &table["daemon"];
+    let dir = tempfile::tempdir().unwrap();
+    let daemon = Daemon::start(dir.path()).await;
+    let mux = Mux::new();
+    for (name, capacity) in scenario["pools"].as_object().unwrap() {
+        daemon.client.put_pool(name, capacity.as_str().unwrap()).await.unwrap();
+        mux.add_pool(Arc::new(daemon.pool(name))).unwrap();
+    }
+    let request = AllocNeed::new(r(scenario["min"].as_str().unwrap()));
+    let alloc = allocate(&mux, &request, &quick_options()).await.unwrap();
+    assert_eq!(alloc.uri, format!("{}/{}", scenario["pool"].as_str().unwrap(), alloc.id));
+    assert_eq!(alloc.resources, scenario["resources"].as_str().unwrap());
+}
+
 /// Reflow's `TestAllocateScale` and `TestMuxScaleWithCaching` on real daemons: 100 pools on two
 /// daemons, each with room for two allocs; 150 concurrent allocates through a caching mux, twice
 /// (the first round freed through the mux in between). At most 1% fail, and each pool's offers

@@ -1,4 +1,5 @@
-//! Reflow's pick order (`pickN`) and the whole-offer rule, as pure functions.
+//! Reflow's pick order (`pickN`) and the whole-offer rule, as pure functions; the cases shared
+//! with the Python client are in `testdata/offer_picks.json`.
 
 use allot_client::pools::{amount_to_take, pick_n, PoolOffer, Resources, SizeWeights};
 
@@ -104,30 +105,10 @@ fn pick_n_orders_offers_like_reflow() {
     }
 }
 
-/// Unlike Reflow's `ScaledDistance` (cpu and mem only), the distance counts gpu and disk: a
-/// cpu-only request goes to the cpu machine before the gpu machine, and to the offer with the
-/// disk closest to what it asks.
+/// The distance's weights are configurable: a cpu-heavy offer against a disk-heavy one. (The
+/// default weights' cases, and the whole-offer rule's, are in the shared table below.)
 #[test]
-fn pick_n_counts_gpu_and_disk() {
-    let weights = SizeWeights::default();
-    let offers = offers_of(&[r("cpu=8,mem=32GiB,gpu=4"), r("cpu=8,mem=32GiB")]);
-    let got: Vec<&str> =
-        pick_n(&offers, 10, &r("cpu=2"), &r("cpu=4"), &weights).into_iter().map(|o| o.pool.as_str()).collect();
-    assert_eq!(got, ["p1", "p0"], "the gpu machine last for a cpu-only request");
-    let got: Vec<&str> = pick_n(&offers, 10, &r("cpu=2,gpu=1"), &r("cpu=4,gpu=1"), &weights)
-        .into_iter()
-        .map(|o| o.pool.as_str())
-        .collect();
-    assert_eq!(got, ["p0"], "only the gpu machine fits a gpu request");
-
-    let offers = offers_of(&[r("cpu=4,disk=4TiB"), r("cpu=4,disk=200GiB"), r("cpu=4,disk=1TiB")]);
-    let got: Vec<&str> = pick_n(&offers, 10, &r("cpu=1,disk=100GiB"), &r("cpu=4,disk=100GiB"), &weights)
-        .into_iter()
-        .map(|o| o.pool.as_str())
-        .collect();
-    assert_eq!(got, ["p1", "p2", "p0"], "the closest disk first");
-
-    // The weights are configurable: a cpu-heavy offer against a disk-heavy one.
+fn pick_n_weighs_resources_as_told() {
     let offers = offers_of(&[r("cpu=4,disk=1TiB"), r("cpu=16,disk=150GiB")]);
     let (min, max) = (r("cpu=1,disk=100GiB"), r("cpu=4,disk=100GiB"));
     let order = |weights: &SizeWeights| -> Vec<String> {
@@ -138,26 +119,36 @@ fn pick_n_counts_gpu_and_disk() {
     assert_eq!(order(&disk_heavy), ["p1", "p0"], "with 16 GiB of disk = 1 cpu, the disk waste weighs more");
 }
 
+/// The shared table of the pick rule, `testdata/offer_picks.json`: the Python client's `alloc()`
+/// is tested against the same cases, this crate's functions being the reference.
+pub(super) fn offer_picks() -> serde_json::Value {
+    let path = concat!(env!("CARGO_MANIFEST_DIR"), "/../../testdata/offer_picks.json");
+    serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap()
+}
+
 #[test]
-fn whole_offer_is_taken_when_the_leftover_would_be_useless() {
-    let cases = [
-        // (available, min, max, taken)
-        ("cpu=4,mem=8GiB", "cpu=2,mem=4GiB", "cpu=4,mem=7GiB", "cpu=4,mem=8GiB"), // no cpu left
-        ("cpu=8,mem=4GiB", "cpu=1,mem=4GiB", "cpu=1,mem=4GiB", "cpu=8,mem=4GiB"), // no mem left
-        (
-            "cpu=8,mem=32GiB,disk=100GB",
-            "cpu=1,mem=1GiB,disk=100GB",
-            "cpu=1,mem=1GiB,disk=100GB",
-            "cpu=8,mem=32GiB,disk=100GB",
-        ),
-        ("cpu=8,mem=32GiB", "cpu=2,mem=4GiB", "cpu=2,mem=4GiB", "cpu=2,mem=4GiB"), // useful leftover
-        ("cpu=8,mem=32GiB", "cpu=2,mem=4GiB", "cpu=16,mem=4GiB", "cpu=8,mem=32GiB"), // max capped: no cpu left
-        // An offer without disk: disk is not counted.
-        ("cpu=8,mem=32GiB", "cpu=1,mem=1GiB,disk=0", "cpu=1,mem=1GiB", "cpu=1,mem=1GiB"),
-        // Only cpu, mem and disk make a leftover useless; no gpu left is fine.
-        ("cpu=8,mem=32GiB,gpu=1", "cpu=1,mem=1GiB,gpu=1", "cpu=1,mem=1GiB,gpu=1", "cpu=1,gpu=1,mem=1GiB"),
-    ];
-    for (available, min, max, taken) in cases {
-        assert_eq!(amount_to_take(&r(available), &r(min), &r(max)), r(taken), "{available} {min} {max}");
+fn pick_n_and_amount_to_take_follow_the_shared_table() {
+    let table = offer_picks();
+    let cases = table["cases"].as_array().unwrap();
+    assert!(cases.len() > 10, "the table has its cases");
+    let text = |value: &serde_json::Value| value.as_str().unwrap().to_owned();
+    for case in cases {
+        let why = text(&case["why"]);
+        let min = r(&text(&case["min"]));
+        let max = case.get("max").map_or_else(|| min.clone(), |max| r(&text(max)));
+        let offers: Vec<PoolOffer> = case["offers"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .enumerate()
+            .map(|(i, available)| PoolOffer::new(i.to_string(), "1", r(&text(available))))
+            .collect();
+        let picks = pick_n(&offers, offers.len(), &min, &max, &SizeWeights::default());
+        let got: Vec<u64> = picks.iter().map(|offer| offer.pool.parse().unwrap()).collect();
+        let want: Vec<u64> = case["picks"].as_array().unwrap().iter().map(|i| i.as_u64().unwrap()).collect();
+        assert_eq!(got, want, "{why}");
+        let takes: Vec<Resources> = picks.iter().map(|offer| amount_to_take(&offer.available, &min, &max)).collect();
+        let want: Vec<Resources> = case["takes"].as_array().unwrap().iter().map(|t| r(&text(t))).collect();
+        assert_eq!(takes, want, "{why}");
     }
 }
