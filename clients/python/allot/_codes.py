@@ -82,6 +82,12 @@ class ShuttingDown(Unavailable):
     code = "shutting_down"
 
 
+class StoreFailed(Unavailable):
+    """``store_failed`` (503)."""
+
+    code = "store_failed"
+
+
 class CapsWithoutScope(InvalidRequest):
     """``caps_without_scope`` (400)."""
 
@@ -378,6 +384,7 @@ ERRORS: Dict[str, Type[AllotError]] = {
     "store_outcome_unknown": StoreOutcomeUnknown,
     "not_enough_replicas": NotEnoughReplicas,
     "shutting_down": ShuttingDown,
+    "store_failed": StoreFailed,
     "caps_without_scope": CapsWithoutScope,
     "namespace_not_found": NamespaceNotFound,
     "grant_not_found": GrantNotFound,
@@ -430,4 +437,4 @@ ERRORS: Dict[str, Type[AllotError]] = {
     "forbidden": Forbidden,
 }
 
-__all__ = ["InvalidJson", "InvalidArgument", "InvalidName", "InvalidCursor", "NotFound", "MethodNotAllowed", "PayloadTooLarge", "Internal", "StoreUnavailable", "StoreOutcomeUnknown", "NotEnoughReplicas", "ShuttingDown", "CapsWithoutScope", "NamespaceNotFound", "GrantNotFound", "SessionNotFound", "StaleFencing", "TokenConflict", "NamespaceInUse", "InvalidResources", "PoolNotFound", "AllocNotFound", "OfferNotFound", "OfferExpired", "ExceedsCapacity", "PoolStopped", "PoolInUse", "AllocEnded", "AllocIdTaken", "HeldByScheduler", "InvalidQueue", "QueueNotFound", "AppNotFound", "TaskNotFound", "QueueInUse", "QueueNotALeaf", "NoUsableQueue", "AppConflict", "TaskConflict", "TaskGroupConflict", "AppEnded", "GangNeverFits", "GangExceedsQueue", "GangExceedsQuota", "TaskNeverFits", "TokensExceedQuota", "TaskTypeUnknown", "LargerThanTaskGroup", "IllegalTransition", "UnknownTaskGroup", "RunNotFound", "LogsNotFound", "RunNotHere", "RevisionCompacted", "WatchUnsupported", "ApiTokenNotFound", "BindingNotFound", "ApiTokenExists", "UnknownRole", "ERRORS"]
+__all__ = ["InvalidJson", "InvalidArgument", "InvalidName", "InvalidCursor", "NotFound", "MethodNotAllowed", "PayloadTooLarge", "Internal", "StoreUnavailable", "StoreOutcomeUnknown", "NotEnoughReplicas", "ShuttingDown", "StoreFailed", "CapsWithoutScope", "NamespaceNotFound", "GrantNotFound", "SessionNotFound", "StaleFencing", "TokenConflict", "NamespaceInUse", "InvalidResources", "PoolNotFound", "AllocNotFound", "OfferNotFound", "OfferExpired", "ExceedsCapacity", "PoolStopped", "PoolInUse", "AllocEnded", "AllocIdTaken", "HeldByScheduler", "InvalidQueue", "QueueNotFound", "AppNotFound", "TaskNotFound", "QueueInUse", "QueueNotALeaf", "NoUsableQueue", "AppConflict", "TaskConflict", "TaskGroupConflict", "AppEnded", "GangNeverFits", "GangExceedsQueue", "GangExceedsQuota", "TaskNeverFits", "TokensExceedQuota", "TaskTypeUnknown", "LargerThanTaskGroup", "IllegalTransition", "UnknownTaskGroup", "RunNotFound", "LogsNotFound", "RunNotHere", "RevisionCompacted", "WatchUnsupported", "ApiTokenNotFound", "BindingNotFound", "ApiTokenExists", "UnknownRole", "ERRORS"]
