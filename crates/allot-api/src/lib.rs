@@ -5,14 +5,15 @@
 //!
 //! One module per part (`quotas`, `pools`, `apps`, `runs`) and one for the change feed (`watch`),
 //! every type re-exported here; this module holds the daemon's own bodies (health, readiness,
-//! errors) and the readers shared by all (`object`, `integer`); `spec` reads what allot itself
-//! takes from a task's free-form spec.
+//! errors; `codes`: every `ErrorCode`) and the readers shared by all (`object`, `integer`);
+//! `spec` reads what allot itself takes from a task's free-form spec.
 
 use serde::{Deserialize, Serialize};
 use utoipa::ToSchema;
 
 mod access;
 mod apps;
+mod codes;
 mod pools;
 mod quotas;
 mod runs;
@@ -21,6 +22,7 @@ mod watch;
 
 pub use access::*;
 pub use apps::*;
+pub use codes::{ErrorCode, Part};
 pub use pools::*;
 pub use quotas::*;
 pub use runs::*;

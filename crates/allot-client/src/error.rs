@@ -53,6 +53,12 @@ impl ClientError {
         }
     }
 
+    /// The error code of an [`Api`](ClientError::Api) error, typed: `None` for another error or a
+    /// code this client does not know (a newer daemon's).
+    pub fn error_code(&self) -> Option<allot_api::ErrorCode> {
+        self.code().and_then(allot_api::ErrorCode::parse)
+    }
+
     /// True when repeating the same request may succeed: the daemon could not be reached, did
     /// not answer in time, or answered 503 (its store is unavailable or it is shutting down).
     pub fn is_retryable(&self) -> bool {

@@ -5,6 +5,7 @@
 use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Mutex};
 
+use allot_api::ErrorCode;
 use allot_core::apps::states::TaskState;
 use allot_core::apps::{AppId, AppSpec, SchedError, Task, TaskEnd, TaskId};
 use allot_core::pools::PoolName;
@@ -158,7 +159,7 @@ impl From<StoreError> for Refusal {
 impl From<allot_client::ClientError> for Refusal {
     fn from(err: allot_client::ClientError) -> Refusal {
         match err.code() {
-            Some(code) => Refusal::of_code(code, &err.to_string()),
+            Some(code) => Refusal::of_code(err.error_code(), code, &err.to_string()),
             None => {
                 Refusal::Failed(StoreError::Unavailable(format!("the daemon that schedules did not answer: {err}")))
             }
@@ -167,11 +168,12 @@ impl From<allot_client::ClientError> for Refusal {
 }
 
 impl Refusal {
-    /// The refusal an error answer of the daemon that schedules stands for.
-    fn of_code(code: &str, message: &str) -> Refusal {
-        match code {
-            "task_not_found" | "app_not_found" => Refusal::Gone,
-            "illegal_transition" => Refusal::Illegal,
+    /// The refusal an error answer of the daemon that schedules stands for (`known`: its code,
+    /// if this build knows it; `code` as the answer wrote it).
+    fn of_code(known: Option<ErrorCode>, code: &str, message: &str) -> Refusal {
+        match known {
+            Some(ErrorCode::TaskNotFound | ErrorCode::AppNotFound) => Refusal::Gone,
+            Some(ErrorCode::IllegalTransition) => Refusal::Illegal,
             _ => Refusal::Failed(StoreError::Unavailable(format!(
                 "the daemon that schedules answered {code}: {message}"
             ))),
@@ -357,7 +359,9 @@ impl AppsAccess {
                     .into_iter()
                     .map(|answer| match answer.error {
                         None => Ok(()),
-                        Some(error) => Err(Refusal::of_code(&error.code, &error.message)),
+                        Some(error) => {
+                            Err(Refusal::of_code(ErrorCode::parse(&error.code), &error.code, &error.message))
+                        }
                     })
                     .collect())
             }

@@ -100,7 +100,7 @@ fn error_codes() -> String {
     for (part, title, note) in parts {
         let mut by_status: BTreeMap<u16, Vec<&str>> = BTreeMap::new();
         for code in ErrorCode::ALL.iter().filter(|code| code.part() == part) {
-            by_status.entry(code.status().as_u16()).or_default().push(code.as_str());
+            by_status.entry(code.status()).or_default().push(code.as_str());
         }
         let groups: Vec<String> =
             by_status.iter().map(|(status, codes)| format!("{} ({status})", codes.join(", "))).collect();

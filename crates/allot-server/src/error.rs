@@ -13,120 +13,11 @@ use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use axum::Json;
 
-/// Declares [`ErrorCode`]: each code once, with the part of allot it belongs to and the status
-/// it is answered with; [`ErrorCode::ALL`] holds every one, in this order.
-macro_rules! error_codes {
-    ($($variant:ident = $code:literal, $part:ident, $status:ident;)*) => {
-        /// A stable, machine-readable error code.
-        #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-        pub enum ErrorCode {
-            $($variant,)*
-        }
+pub(crate) use allot_api::{ErrorCode, Part};
 
-        impl ErrorCode {
-            /// Every code, by part, as the document lists them.
-            pub const ALL: &'static [ErrorCode] = &[$(ErrorCode::$variant,)*];
-
-            pub fn as_str(self) -> &'static str {
-                match self {
-                    $(ErrorCode::$variant => $code,)*
-                }
-            }
-
-            pub fn part(self) -> Part {
-                match self {
-                    $(ErrorCode::$variant => Part::$part,)*
-                }
-            }
-
-            /// The status the code is answered with (`namespace_not_found` is also a 409, when
-            /// an application or task names a namespace that does not exist).
-            pub fn status(self) -> StatusCode {
-                match self {
-                    $(ErrorCode::$variant => StatusCode::$status,)*
-                }
-            }
-        }
-    };
-}
-
-error_codes! {
-    InvalidJson = "invalid_json", Daemon, BAD_REQUEST;
-    InvalidArgument = "invalid_argument", Daemon, BAD_REQUEST;
-    InvalidName = "invalid_name", Daemon, BAD_REQUEST;
-    InvalidCursor = "invalid_cursor", Daemon, BAD_REQUEST;
-    NotFound = "not_found", Daemon, NOT_FOUND;
-    MethodNotAllowed = "method_not_allowed", Daemon, METHOD_NOT_ALLOWED;
-    PayloadTooLarge = "payload_too_large", Daemon, PAYLOAD_TOO_LARGE;
-    Internal = "internal", Daemon, INTERNAL_SERVER_ERROR;
-    StoreUnavailable = "store_unavailable", Daemon, SERVICE_UNAVAILABLE;
-    StoreOutcomeUnknown = "store_outcome_unknown", Daemon, SERVICE_UNAVAILABLE;
-    NotEnoughReplicas = "not_enough_replicas", Daemon, SERVICE_UNAVAILABLE;
-    ShuttingDown = "shutting_down", Daemon, SERVICE_UNAVAILABLE;
-    StoreFailed = "store_failed", Daemon, SERVICE_UNAVAILABLE;
-    Unauthenticated = "unauthenticated", Access, UNAUTHORIZED;
-    Forbidden = "forbidden", Access, FORBIDDEN;
-    CapsWithoutScope = "caps_without_scope", Quotas, BAD_REQUEST;
-    NamespaceNotFound = "namespace_not_found", Quotas, NOT_FOUND;
-    GrantNotFound = "grant_not_found", Quotas, NOT_FOUND;
-    SessionNotFound = "session_not_found", Quotas, NOT_FOUND;
-    StaleFencing = "stale_fencing", Quotas, CONFLICT;
-    TokenConflict = "token_conflict", Quotas, CONFLICT;
-    NamespaceInUse = "namespace_in_use", Quotas, CONFLICT;
-    InvalidResources = "invalid_resources", Pools, BAD_REQUEST;
-    PoolNotFound = "pool_not_found", Pools, NOT_FOUND;
-    AllocNotFound = "alloc_not_found", Pools, NOT_FOUND;
-    OfferNotFound = "offer_not_found", Pools, NOT_FOUND;
-    OfferExpired = "offer_expired", Pools, CONFLICT;
-    ExceedsCapacity = "exceeds_capacity", Pools, CONFLICT;
-    PoolStopped = "pool_stopped", Pools, CONFLICT;
-    PoolInUse = "pool_in_use", Pools, CONFLICT;
-    AllocEnded = "alloc_ended", Pools, CONFLICT;
-    AllocIdTaken = "alloc_id_taken", Pools, CONFLICT;
-    HeldByScheduler = "held_by_scheduler", Pools, CONFLICT;
-    InvalidQueue = "invalid_queue", Apps, BAD_REQUEST;
-    QueueNotFound = "queue_not_found", Apps, NOT_FOUND;
-    AppNotFound = "app_not_found", Apps, NOT_FOUND;
-    TaskNotFound = "task_not_found", Apps, NOT_FOUND;
-    QueueInUse = "queue_in_use", Apps, CONFLICT;
-    QueueNotALeaf = "queue_not_a_leaf", Apps, CONFLICT;
-    NoUsableQueue = "no_usable_queue", Apps, CONFLICT;
-    AppConflict = "app_conflict", Apps, CONFLICT;
-    TaskConflict = "task_conflict", Apps, CONFLICT;
-    TaskGroupConflict = "task_group_conflict", Apps, CONFLICT;
-    AppEnded = "app_ended", Apps, CONFLICT;
-    GangNeverFits = "gang_never_fits", Apps, CONFLICT;
-    GangExceedsQueue = "gang_exceeds_queue", Apps, CONFLICT;
-    GangExceedsQuota = "gang_exceeds_quota", Apps, CONFLICT;
-    TaskNeverFits = "task_never_fits", Apps, CONFLICT;
-    TokensExceedQuota = "tokens_exceed_quota", Apps, CONFLICT;
-    TaskTypeUnknown = "task_type_unknown", Apps, CONFLICT;
-    LargerThanTaskGroup = "larger_than_task_group", Apps, CONFLICT;
-    IllegalTransition = "illegal_transition", Apps, CONFLICT;
-    UnknownTaskGroup = "unknown_task_group", Apps, CONFLICT;
-    RunNotFound = "run_not_found", Runs, NOT_FOUND;
-    LogsNotFound = "logs_not_found", Runs, NOT_FOUND;
-    RunNotHere = "run_not_here", Runs, CONFLICT;
-    RevisionCompacted = "revision_compacted", Watch, GONE;
-    WatchUnsupported = "watch_unsupported", Watch, NOT_IMPLEMENTED;
-    ApiTokenExists = "api_token_exists", Access, CONFLICT;
-    ApiTokenNotFound = "api_token_not_found", Access, NOT_FOUND;
-    BindingNotFound = "binding_not_found", Access, NOT_FOUND;
-    UnknownRole = "unknown_role", Access, CONFLICT;
-}
-
-/// The part of allot an error code belongs to; `Daemon` for the codes any route may answer.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Part {
-    Daemon,
-    Quotas,
-    Pools,
-    Apps,
-    Runs,
-    /// The change feed (`GET /v1/watch`).
-    Watch,
-    /// Identity and access: API tokens and bindings.
-    Access,
+/// The status `code` is answered with.
+fn status_of(code: ErrorCode) -> StatusCode {
+    StatusCode::from_u16(code.status()).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR)
 }
 
 /// An error answer: HTTP status, stable code, and a message a person understands.
@@ -192,7 +83,7 @@ impl ApiError {
 
     /// An answer with `code`, in the status the code is answered with.
     pub fn of(code: ErrorCode, message: impl Into<String>) -> ApiError {
-        ApiError::new(code.status(), code.as_str(), message)
+        ApiError::new(status_of(code), code.as_str(), message)
     }
 
     pub fn invalid_argument(message: impl Into<String>) -> ApiError {
@@ -294,7 +185,7 @@ impl From<SchedError> for ApiError {
         // A namespace the body names does not exist; the path's application does (so not 404).
         let status = match &err {
             SchedError::NamespaceNotFound(_) => StatusCode::CONFLICT,
-            _ => code.status(),
+            _ => status_of(code),
         };
         ApiError::new(status, code.as_str(), err.to_string())
     }
