@@ -13,7 +13,6 @@
 use std::convert::Infallible;
 use std::future::Future;
 use std::pin::Pin;
-use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::Instant;
 
@@ -46,22 +45,39 @@ const GRANT_ROUTE: &str = "/v1/namespaces/{namespace}/grants/{token}";
 #[derive(Clone)]
 pub struct Api {
     router: Router,
-    /// The router's table of permissions: the hot path answers a call with the permission the
-    /// router would check, or leaves it to the router.
-    needs: Arc<Needs>,
+    /// What the router's table says allocate and release need, read once: the hot path answers
+    /// a call with the permission the router would check, or leaves it to the router.
+    grant_needs: GrantNeeds,
     state: ServerState,
-    hot: bool,
+}
+
+/// The permission on the path's namespace that allocate and release need, as declared with
+/// their route; `None` leaves the call to the router.
+#[derive(Clone, Copy, Default)]
+struct GrantNeeds {
+    allocate: Option<Permission>,
+    release: Option<Permission>,
+}
+
+impl GrantNeeds {
+    fn of(needs: &Needs) -> GrantNeeds {
+        let on_namespace = |method: Method| match needs.get(&method, GRANT_ROUTE)? {
+            Need::Needs(permission, Target::Path(Kind::Namespace)) => Some(permission),
+            _ => None,
+        };
+        GrantNeeds { allocate: on_namespace(Method::PUT), release: on_namespace(Method::DELETE) }
+    }
 }
 
 impl Api {
-    pub(crate) fn new(router: Router, needs: Arc<Needs>, state: ServerState) -> Api {
-        Api { router, needs, state, hot: true }
+    pub(crate) fn new(router: Router, needs: &Needs, state: ServerState) -> Api {
+        Api { router, grant_needs: GrantNeeds::of(needs), state }
     }
 
     /// Every call through the router, to compare the two paths.
     #[cfg(test)]
     fn router_only(mut self) -> Api {
-        self.hot = false;
+        self.grant_needs = GrantNeeds::default();
         self
     }
 }
@@ -143,7 +159,7 @@ impl Api {
             return (None, Either::Left(Box::pin(std::future::ready(Ok(refused.into_response())))));
         }
         let caller = if keep_caller { request.extensions().get::<Caller>().cloned() } else { None };
-        let hot = if self.hot { recognise(&request, &self.needs) } else { None };
+        let hot = recognise(&request, self.grant_needs);
         let answer = match hot {
             Some(hot) => Either::Left(Box::pin(answer(self.state.clone(), hot, request)) as HotFuture),
             None => Either::Right(self.router.call(request)),
@@ -162,27 +178,24 @@ fn grant_path(path: &str) -> Option<(&str, &str)> {
 }
 
 /// The call, if the hot path answers it as the router would.
-fn recognise(request: &Request, needs: &Needs) -> Option<Hot> {
+fn recognise(request: &Request, needs: GrantNeeds) -> Option<Hot> {
     grant_path(request.uri().path())?;
-    let call = match *request.method() {
+    match *request.method() {
         // The router reads a body of any length up to the limit; here only one whose length is
         // known (from its `Content-Length`) and within it, so reading it cannot fail on its size.
         Method::PUT => {
             let length = request.body().size_hint().upper()?;
-            (length <= MAX_BODY_BYTES as u64).then_some(HotCall::Allocate)?
+            let permission = needs.allocate.filter(|_| length <= MAX_BODY_BYTES as u64)?;
+            Some(Hot { call: HotCall::Allocate, permission })
         }
-        Method::DELETE => match request.uri().query() {
-            None => HotCall::Release { fencing: None },
-            Some(_) => {
-                let Query(query) = Query::<FencingQuery>::try_from_uri(request.uri()).ok()?;
-                HotCall::Release { fencing: query.fencing }
-            }
-        },
-        _ => return None,
-    };
-    // What the route declares; anything but a permission on the path's namespace is the router's.
-    match needs.get(request.method(), GRANT_ROUTE)? {
-        Need::Needs(permission, Target::Path(Kind::Namespace)) => Some(Hot { call, permission }),
+        Method::DELETE => {
+            let permission = needs.release?;
+            let fencing = match request.uri().query() {
+                None => None,
+                Some(_) => Query::<FencingQuery>::try_from_uri(request.uri()).ok()?.0.fencing,
+            };
+            Some(Hot { call: HotCall::Release { fencing }, permission })
+        }
         _ => None,
     }
 }
@@ -238,6 +251,7 @@ mod tests {
     async fn only_plain_grant_calls_are_recognised() {
         let dir = tempfile::tempdir().unwrap();
         let (_, needs) = crate::routes::routes(daemon(&dir));
+        let needs = GrantNeeds::of(&needs);
         let grant = "/v1/namespaces/hive/grants/task-1";
         for (method, uri, hot) in [
             (Method::PUT, grant, true),
@@ -256,12 +270,12 @@ mod tests {
             (Method::PUT, "/v1/namespaces/hive/x/grants/task-1", false),
             (Method::PUT, "/v1/namespaces/hive/grants/grants/task-1", false),
         ] {
-            assert_eq!(recognise(&request(method.clone(), uri, ""), &needs).is_some(), hot, "{method} {uri}");
+            assert_eq!(recognise(&request(method.clone(), uri, ""), needs).is_some(), hot, "{method} {uri}");
         }
         let stream = futures_util::stream::empty::<Result<axum::body::Bytes, Infallible>>();
         let streamed = Request::builder().method(Method::PUT).uri(grant).body(Body::from_stream(stream)).unwrap();
-        assert!(recognise(&streamed, &needs).is_none(), "a body of unknown length goes to the router");
-        let permission = recognise(&request(Method::PUT, grant, ""), &needs).map(|hot| hot.permission);
+        assert!(recognise(&streamed, needs).is_none(), "a body of unknown length goes to the router");
+        let permission = recognise(&request(Method::PUT, grant, ""), needs).map(|hot| hot.permission);
         assert_eq!(permission, Some(Permission::Use), "the permission the router declares");
     }
 

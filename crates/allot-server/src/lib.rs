@@ -303,7 +303,7 @@ pub fn route_needs(state: ServerState) -> Arc<access::Needs> {
 /// The whole API: the hot path ([`hot`]: allocate and release), then the router.
 pub fn api(state: ServerState) -> Api {
     let (router, needs) = routes::routes(state.clone());
-    Api::new(router, needs, state)
+    Api::new(router, &needs, state)
 }
 
 /// Serves the API over `state` on `listener` until `shutdown` completes, then shuts down
