@@ -73,7 +73,7 @@ fn store_error(err: StoreError) -> ExecError {
 /// other units or caps) is the plugin's doing, a user failure; the rest are the store's.
 fn ledger_error(err: StoreError) -> ExecError {
     match err {
-        StoreError::Ledger(err) => ExecError::user("token_refused", err.to_string()),
+        StoreError::Quotas(err) => ExecError::user("token_refused", err.to_string()),
         err => store_error(err),
     }
 }
@@ -396,7 +396,7 @@ pub(crate) async fn release(
     waits.forget(namespace, token);
     match store.release(namespace.clone(), token.clone(), None).await {
         Ok(_) => Ok(()),
-        Err(StoreError::Ledger(allot_core::LedgerError::NamespaceNotFound(_))) => Ok(()),
+        Err(StoreError::Quotas(allot_core::LedgerError::NamespaceNotFound(_))) => Ok(()),
         Err(err) => Err(store_error(err)),
     }
 }
