@@ -79,7 +79,7 @@ fn ledger_error(err: StoreError) -> ExecError {
 }
 
 /// Counters plugins keep, by plugin and name; the daemon exports them at /metrics
-/// (`allot_plugin_counter_total{plugin, counter}`).
+/// (`allot_runs_plugin_counter_total{plugin, counter}`).
 #[derive(Debug, Clone, Default)]
 pub struct PluginCounters(Arc<Mutex<BTreeMap<(String, String), u64>>>);
 

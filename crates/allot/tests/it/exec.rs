@@ -69,13 +69,12 @@ async fn a_daemon_runs_the_tasks_placed_on_its_pool() {
     assert_eq!((nap.stage.as_str(), nap.ending.as_deref()), ("ended", Some("succeeded")));
     // A run's end is in the store (where the test saw it) a moment before the executor lets the
     // run go: its gauge follows.
-    let idle = eventually(Duration::from_secs(5), async || {
-        client.metrics().await.unwrap().contains("allot_exec_runs_active 0")
-    })
-    .await;
+    let idle =
+        eventually(Duration::from_secs(5), async || client.metrics().await.unwrap().contains("allot_runs_active 0"))
+            .await;
     assert!(idle, "the executor lets its runs go");
     let metrics = client.metrics().await.unwrap();
-    let line = "allot_exec_runs_ended_total{result=\"succeeded\"} 3";
+    let line = "allot_runs_ended_total{result=\"succeeded\"} 3";
     assert!(metrics.contains(line), "{line}\n{metrics}");
     let missing = client.task_run("run-1", "nope").await.unwrap_err();
     assert!(missing.to_string().contains("task_not_found"), "{missing}");
@@ -379,7 +378,7 @@ async fn the_executor_runs_tasks_as_the_change_feed_brings_them_not_at_its_perio
             Daemon::start(&data, &["--config", config.to_str().unwrap(), "--pool", "w=cpu=4", "--run-pool", "w"]);
         let client = daemon.client();
         let following = eventually(Duration::from_secs(10), async || {
-            client.metrics().await.unwrap().contains("allot_exec_following_feed 1")
+            client.metrics().await.unwrap().contains("allot_runs_following_feed 1")
         })
         .await;
         assert!(following, "the executor follows the feed");
@@ -406,7 +405,7 @@ async fn the_executor_runs_tasks_as_the_change_feed_brings_them_not_at_its_perio
             let line = metrics.lines().find(|l| l.starts_with(&format!("{name} "))).unwrap_or_default();
             line.rsplit(' ').next().and_then(|v| v.parse().ok()).unwrap_or_else(|| panic!("{name}: {metrics}"))
         };
-        let (lists, cuts) = (value("allot_exec_lists_total"), value("allot_exec_feed_cuts_total"));
+        let (lists, cuts) = (value("allot_runs_lists_total"), value("allot_runs_feed_cuts_total"));
         if buffer == 1 {
             assert!(cuts > 0 && lists > 1, "cut and listed again: {lists} lists, {cuts} cuts");
         } else {
