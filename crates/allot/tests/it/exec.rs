@@ -88,7 +88,7 @@ async fn a_daemon_runs_the_tasks_placed_on_its_pool() {
 
 const EXAMPLES: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/../../examples");
 
-/// `allot run` on the examples: it submits, follows the application to its end and prints a
+/// `allot app submit --follow` on the examples: it submits, follows the application to its end and prints a
 /// summary; a task that fails makes it exit non-zero.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn allot_run_takes_the_examples_to_their_end() {
@@ -98,7 +98,7 @@ async fn allot_run_takes_the_examples_to_their_end() {
     let server = format!("http://{}", daemon.address());
     let run = |file: &str| {
         std::process::Command::new(crate::support::ALLOT)
-            .args(["run", file, "--server", &server, "--poll", "50ms"])
+            .args(["app", "submit", "--follow", file, "--server", &server, "--poll", "50ms"])
             .output()
             .unwrap()
     };
@@ -115,7 +115,7 @@ async fn allot_run_takes_the_examples_to_their_end() {
     assert_eq!(client.app("hello").await.unwrap().state, "Completed");
     let greet = client.task_run("hello", "greet").await.unwrap();
     assert_eq!(greet.outputs, Some(serde_json::json!({ "greeted": true })));
-    // A task that fails: the application fails, and so does `allot run`.
+    // A task that fails: the application fails, and so does `allot app submit --follow`.
     let failing = data.parent().unwrap().join("failing.yaml");
     std::fs::write(
         &failing,
@@ -158,7 +158,7 @@ impl Drop for Agent {
     }
 }
 
-/// A plugin written in Python, served by another process (`external`): `allot run` takes the
+/// A plugin written in Python, served by another process (`external`): `allot app submit --follow` takes the
 /// example application to its end, with the outputs the agent computed.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_external_plugin_written_in_python_runs_its_tasks() {
@@ -170,7 +170,16 @@ async fn an_external_plugin_written_in_python_runs_its_tasks() {
     let daemon =
         Daemon::start(&data, &["--config", config.to_str().unwrap(), "--pool", "worker=cpu=4", "--run-pool", "worker"]);
     let output = std::process::Command::new(crate::support::ALLOT)
-        .args(["run", &format!("{EXAMPLES}/agent/wordcount.yaml"), "--server", &daemon.url, "--poll", "50ms"])
+        .args([
+            "app",
+            "submit",
+            "--follow",
+            &format!("{EXAMPLES}/agent/wordcount.yaml"),
+            "--server",
+            &daemon.url,
+            "--poll",
+            "50ms",
+        ])
         .output()
         .unwrap();
     let text = String::from_utf8_lossy(&output.stdout);
@@ -306,15 +315,15 @@ fn now_ms() -> u64 {
     std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_millis() as u64
 }
 
-/// The user's story, on the daemon at `server`: `allot run examples/hello.yaml`, `allot app
-/// remove hello`, `allot run examples/hello.yaml` again: the runs went with the application, and
+/// The user's story, on the daemon at `server`: `allot app submit --follow examples/hello.yaml`, `allot app
+/// remove hello`, `allot app submit --follow examples/hello.yaml` again: the runs went with the application, and
 /// the second runs its tasks afresh (new events, the command run again, its log its own); the
 /// cache key's parts are in `allot task show`. Then the application, dropped after
 /// `app_retention`, takes its runs too.
 pub(crate) async fn a_removed_application_takes_its_runs_and_runs_afresh_when_submitted_again(server: &str) {
     let client = allot_client::Client::new(server).unwrap();
     let hello = format!("{EXAMPLES}/hello.yaml");
-    let run = || allot(server, &["run", &hello, "--poll", "50ms"]);
+    let run = || allot(server, &["app", "submit", "--follow", &hello, "--poll", "50ms"]);
     let output = run();
     assert!(output.status.success(), "{}", String::from_utf8_lossy(&output.stderr));
     let first = client.task_run("hello", "greet").await.unwrap();
@@ -415,7 +424,7 @@ async fn the_executor_runs_tasks_as_the_change_feed_brings_them_not_at_its_perio
 }
 
 /// `retries` of a task (beside its spec, as Flyte's task metadata has them, or in it) give it new
-/// attempts after user failures; the daemon's file sets the default; `allot run` shows each
+/// attempts after user failures; the daemon's file sets the default; `allot app submit --follow` shows each
 /// attempt; a value out of bounds, or two different ones, are refused when submitted.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn retries_are_configurable_and_each_attempt_shows() {
@@ -430,7 +439,7 @@ async fn retries_are_configurable_and_each_attempt_shows() {
         "id: retries\nqueue: root.r\ntasks:\n  - id: flaky\n    resources: cpu=1\n    retries: 2\n    spec: {{type: shell, command: '{flaky}'}}\n  - id: always\n    resources: cpu=1\n    spec: {{type: shell, command: 'exit 5'}}\n"
     );
     std::fs::write(&file, yaml).unwrap();
-    let output = allot(&daemon.url, &["run", file.to_str().unwrap(), "--poll", "50ms"]);
+    let output = allot(&daemon.url, &["app", "submit", "--follow", file.to_str().unwrap(), "--poll", "50ms"]);
     let text = String::from_utf8_lossy(&output.stdout);
     assert_eq!(output.status.code(), Some(1), "`always` fails: {text}");
     assert!(
