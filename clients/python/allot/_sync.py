@@ -9,6 +9,7 @@ from __future__ import annotations
 import functools
 import json
 import time
+import warnings
 from contextlib import contextmanager
 from typing import Any, Generator, Iterator, Awaitable, Callable, Dict, List, Mapping, Optional, Sequence, Tuple, TypeVar, Union, cast
 
@@ -219,20 +220,20 @@ class Client:
         """Opens a session: grants attached to it live while it is kept alive."""
         return cast(m.Session, self._call("POST", "/v1/sessions", body={"ttl_ms": ttl_ms}, idempotent=False))
 
-    def session(self, id: str) -> m.Session:
-        return cast(m.Session, self._call("GET", f"/v1/sessions/{seg(id)}"))
+    def session(self, session: str) -> m.Session:
+        return cast(m.Session, self._call("GET", f"/v1/sessions/{seg(session)}"))
 
     def sessions(self, *, page_size: Optional[int] = None) -> Iterator[m.Session]:
         for item in self._pages("/v1/sessions", "sessions", page_size):
             yield item
 
-    def keepalive_session(self, id: str) -> m.Session:
+    def keepalive_session(self, session: str) -> m.Session:
         """Renews a session's lease, and with it its grants'."""
-        return cast(m.Session, self._call("POST", f"/v1/sessions/{seg(id)}/keepalive"))
+        return cast(m.Session, self._call("POST", f"/v1/sessions/{seg(session)}/keepalive"))
 
-    def close_session(self, id: str) -> m.Session:
+    def close_session(self, session: str) -> m.Session:
         """Closes a session: its grants are released."""
-        return cast(m.Session, self._call("DELETE", f"/v1/sessions/{seg(id)}"))
+        return cast(m.Session, self._call("DELETE", f"/v1/sessions/{seg(session)}"))
 
     # ---- pools ----
 
@@ -275,18 +276,24 @@ class Client:
         self,
         pool: str,
         offer: str,
-        min: str,
+        min_resources: str,
         *,
-        max: Optional[str] = None,
+        max_resources: Optional[str] = None,
         labels: Optional[Mapping[str, str]] = None,
         owner: Optional[str] = None,
     ) -> m.Alloc:
-        """Accepts an offer: an alloc of at least ``min`` (and at most ``max``) resources."""
-        body: Dict[str, Any] = {"min": min, "max": max, "labels": dict(labels or {}), "owner": owner}
+        """Accepts an offer: an alloc of at least ``min_resources`` (and at most
+        ``max_resources``)."""
+        body: Dict[str, Any] = {
+            "min": min_resources,
+            "max": max_resources,
+            "labels": dict(labels or {}),
+            "owner": owner,
+        }
         path = f"/v1/pools/{seg(pool)}/offers/{seg(offer)}"
         return cast(m.Alloc, self._call("POST", path, body=body, idempotent=False))
 
-    def alloc_info(self, pool: str, alloc: str) -> m.Alloc:
+    def alloc(self, pool: str, alloc: str) -> m.Alloc:
         """One alloc; an ended one too, while it is kept (its ``ended`` says why)."""
         path = f"/v1/pools/{seg(pool)}/allocs/{seg(alloc)}"
         return cast(m.Alloc, self._call("GET", path, gone_is_an_answer=True))
@@ -571,25 +578,25 @@ class Client:
         return decorate
 
     @contextmanager
-    def alloc(
+    def hold_alloc(
         self,
         pools: Union[str, Sequence[str]],
-        min: str,
+        min_resources: str,
         *,
-        max: Optional[str] = None,
+        max_resources: Optional[str] = None,
         labels: Optional[Mapping[str, str]] = None,
         owner: Optional[str] = None,
         keepalive: float = 10.0,
     ) -> Iterator[m.Alloc]:
-        """Holds an alloc of at least ``min`` resources for the block, on the pool (or of the
+        """Holds an alloc of at least ``min_resources`` for the block, on the pool (or of the
         pools: the best fit, the offer it leaves least of) whose offer holds it; keeps it alive
         every ``keepalive`` seconds (for three times that), frees it on the way out. Raises
-        ``ExceedsCapacity`` when no offer holds ``min``.
+        ``ExceedsCapacity`` when no offer holds ``min_resources``.
 
-        ``with client.alloc(["worker-1", "worker-2"], min="cpu=2,mem=8GiB") as alloc: ...``
+        ``with client.hold_alloc(["worker-1", "worker-2"], "cpu=2,mem=8GiB") as alloc: ...``
         """
         names = [pools] if isinstance(pools, str) else list(pools)
-        wanted = parse_resources(min)
+        wanted = parse_resources(min_resources)
         candidates: List[Tuple[float, m.Offer]] = []
         for name in names:
             for offer in self.offers(name):
@@ -600,10 +607,10 @@ class Client:
             from .errors import ERRORS
 
             raise ERRORS["exceeds_capacity"](
-                f"no offer of {', '.join(names)} holds {min}", code="exceeds_capacity", status=None
+                f"no offer of {', '.join(names)} holds {min_resources}", code="exceeds_capacity", status=None
             )
         offer = sorted(candidates, key=lambda c: c[0])[0][1]
-        alloc = self.accept(offer["pool"], offer["id"], min, max=max, labels=labels, owner=owner)
+        alloc = self.accept(offer["pool"], offer["id"], min_resources, max_resources=max_resources, labels=labels, owner=owner)
         interval_ms = int(keepalive * 3000)
         self.keepalive_alloc(alloc["pool"], alloc["id"], interval_ms)
 
@@ -625,10 +632,12 @@ class Client:
             if not raised and keeper.error is not None:
                 raise keeper.error
 
-    def run(self, app: AppSource, *, timeout: Optional[float] = None, raise_if_failed: bool = True) -> m.App:
+    def submit_and_follow(
+        self, app: AppSource, *, timeout: Optional[float] = None, raise_if_failed: bool = True
+    ) -> m.App:
         """Submits an application (a dict, or a YAML or TOML file's path) and follows it, through
         the change feed, until every task has ended; then completes it (or fails it, naming the
-        tasks that did not complete), as ``allot run`` does, and answers it as it ended. One that
+        tasks that did not complete), as ``allot app submit --follow`` does, and answers it as it ended. One that
         does not end ``Completed`` raises :class:`AppFailed` (unless ``raise_if_failed`` is
         false); one still running after ``timeout`` seconds raises ``TimeoutError`` (it goes
         on running)."""
@@ -639,6 +648,11 @@ class Client:
         if raise_if_failed and ended["state"] != "Completed":
             raise AppFailed(f"application `{app_id}` ended {ended['state']}: {ended.get('reason')}", dict(ended))
         return ended
+
+    def run(self, app: AppSource, *, timeout: Optional[float] = None, raise_if_failed: bool = True) -> m.App:
+        """Deprecated: :meth:`submit_and_follow` (a *run* is one execution of a task)."""
+        warnings.warn("run() is now submit_and_follow()", DeprecationWarning, stacklevel=2)
+        return self.submit_and_follow(app, timeout=timeout, raise_if_failed=raise_if_failed)
 
     def _follow(self, app_id: str, deadline: Optional[float]) -> m.App:
         """Waits until the application's tasks have all ended, then ends it; or until it ends
