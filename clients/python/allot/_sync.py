@@ -9,6 +9,7 @@ from __future__ import annotations
 import functools
 import json
 import time
+import warnings
 from contextlib import contextmanager
 from typing import Any, Generator, Iterator, Awaitable, Callable, Dict, List, Mapping, Optional, Sequence, Tuple, TypeVar, Union, cast
 
@@ -218,20 +219,20 @@ class Client:
         """Opens a session: grants attached to it live while it is kept alive."""
         return cast(m.Session, self._call("POST", "/v1/sessions", body={"ttl_ms": ttl_ms}, idempotent=False))
 
-    def session(self, id: str) -> m.Session:
-        return cast(m.Session, self._call("GET", f"/v1/sessions/{seg(id)}"))
+    def session(self, session: str) -> m.Session:
+        return cast(m.Session, self._call("GET", f"/v1/sessions/{seg(session)}"))
 
     def sessions(self, *, page_size: Optional[int] = None) -> Iterator[m.Session]:
         for item in self._pages("/v1/sessions", "sessions", page_size):
             yield item
 
-    def keepalive_session(self, id: str) -> m.Session:
+    def keepalive_session(self, session: str) -> m.Session:
         """Renews a session's lease, and with it its grants'."""
-        return cast(m.Session, self._call("POST", f"/v1/sessions/{seg(id)}/keepalive"))
+        return cast(m.Session, self._call("POST", f"/v1/sessions/{seg(session)}/keepalive"))
 
-    def close_session(self, id: str) -> m.Session:
+    def close_session(self, session: str) -> m.Session:
         """Closes a session: its grants are released."""
-        return cast(m.Session, self._call("DELETE", f"/v1/sessions/{seg(id)}"))
+        return cast(m.Session, self._call("DELETE", f"/v1/sessions/{seg(session)}"))
 
     # ---- pools ----
 
@@ -274,18 +275,24 @@ class Client:
         self,
         pool: str,
         offer: str,
-        min: str,
+        min_resources: str,
         *,
-        max: Optional[str] = None,
+        max_resources: Optional[str] = None,
         labels: Optional[Mapping[str, str]] = None,
         owner: Optional[str] = None,
     ) -> m.Alloc:
-        """Accepts an offer: an alloc of at least ``min`` (and at most ``max``) resources."""
-        body: Dict[str, Any] = {"min": min, "max": max, "labels": dict(labels or {}), "owner": owner}
+        """Accepts an offer: an alloc of at least ``min_resources`` (and at most
+        ``max_resources``)."""
+        body: Dict[str, Any] = {
+            "min": min_resources,
+            "max": max_resources,
+            "labels": dict(labels or {}),
+            "owner": owner,
+        }
         path = f"/v1/pools/{seg(pool)}/offers/{seg(offer)}"
         return cast(m.Alloc, self._call("POST", path, body=body, idempotent=False))
 
-    def alloc_info(self, pool: str, alloc: str) -> m.Alloc:
+    def alloc(self, pool: str, alloc: str) -> m.Alloc:
         """One alloc; an ended one too, while it is kept (its ``ended`` says why)."""
         path = f"/v1/pools/{seg(pool)}/allocs/{seg(alloc)}"
         return cast(m.Alloc, self._call("GET", path, gone_is_an_answer=True))
@@ -569,36 +576,37 @@ class Client:
         return decorate
 
     @contextmanager
-    def alloc(
+    def hold_alloc(
         self,
         pools: Union[str, Sequence[str]],
-        min: str,
+        min_resources: str,
         *,
-        max: Optional[str] = None,
+        max_resources: Optional[str] = None,
         labels: Optional[Mapping[str, str]] = None,
         owner: Optional[str] = None,
         keepalive: float = 10.0,
     ) -> Iterator[m.Alloc]:
-        """Holds an alloc of at least ``min`` resources (up to ``max``) for the block, from the
-        pool (or of the pools) whose offer the Rust client's ``allocate`` would pick: offers that
-        hold ``max`` first, then those that hold only ``min``, each nearest to ``max`` first; it
-        asks for ``max`` capped by the offer, or the whole offer when what it would leave is
-        useless (``docs/glossary.md``, "pick rule"). An offer gone when accepted moves on to the
-        next. Keeps the alloc alive every ``keepalive`` seconds (for three times that), frees it on
-        the way out. Raises ``ExceedsCapacity`` when no offer holds ``min``.
+        """Holds an alloc of at least ``min_resources`` (up to ``max_resources``) for the block,
+        from the pool (or of the pools) whose offer the Rust client's ``allocate`` would pick:
+        offers that hold ``max_resources`` first, then those that hold only ``min_resources``, each
+        nearest to ``max_resources`` first; it asks for ``max_resources`` capped by the offer, or
+        the whole offer when what it would leave is useless (``docs/glossary.md``, "pick rule").
+        An offer gone when accepted moves on to the next. Keeps the alloc alive every
+        ``keepalive`` seconds (for three times that), frees it on the way out. Raises
+        ``ExceedsCapacity`` when no offer holds ``min_resources``.
 
-        ``with client.alloc(["worker-1", "worker-2"], min="cpu=2,mem=8GiB") as alloc: ...``
+        ``with client.hold_alloc(["worker-1", "worker-2"], "cpu=2,mem=8GiB") as alloc: ...``
         """
         names = [pools] if isinstance(pools, str) else list(pools)
-        wanted = parse_resources(min)
-        most = wanted if max is None else parse_resources(max)
+        wanted = parse_resources(min_resources)
+        most = wanted if max_resources is None else parse_resources(max_resources)
         offers = [(offer, parse_resources(offer["available"])) for name in names for offer in self.offers(name)]
         gone: Optional[AllotError] = None
         for offer, available in pick_offers(offers, wanted, most):
             take = amount_to_take(available, wanted, most)
             take_text = None if take == wanted else format_resources(take)
             try:
-                alloc = self.accept(offer["pool"], offer["id"], min, max=take_text, labels=labels, owner=owner)
+                alloc = self.accept(offer["pool"], offer["id"], min_resources, max_resources=take_text, labels=labels, owner=owner)
                 break
             except AllotError as err:
                 if err.code not in OFFER_GONE:
@@ -606,7 +614,7 @@ class Client:
                 gone = err
         else:
             raise gone or ERRORS["exceeds_capacity"](
-                f"no offer of {', '.join(names)} holds {min}", code="exceeds_capacity", status=None
+                f"no offer of {', '.join(names)} holds {min_resources}", code="exceeds_capacity", status=None
             )
         interval_ms = int(keepalive * 3000)
         self.keepalive_alloc(alloc["pool"], alloc["id"], interval_ms)
@@ -629,10 +637,12 @@ class Client:
             if not raised and keeper.error is not None:
                 raise keeper.error
 
-    def run(self, app: AppSource, *, timeout: Optional[float] = None, raise_if_failed: bool = True) -> m.App:
+    def submit_and_follow(
+        self, app: AppSource, *, timeout: Optional[float] = None, raise_if_failed: bool = True
+    ) -> m.App:
         """Submits an application (a dict, or a YAML or TOML file's path) and follows it, through
         the change feed, until every task has ended; then completes it (or fails it, naming the
-        tasks that did not complete), as ``allot run`` does, and answers it as it ended. One that
+        tasks that did not complete), as ``allot app submit --follow`` does, and answers it as it ended. One that
         does not end ``Completed`` raises :class:`AppFailed` (unless ``raise_if_failed`` is
         false); one still running after ``timeout`` seconds raises ``TimeoutError`` (it goes
         on running)."""
@@ -643,6 +653,11 @@ class Client:
         if raise_if_failed and ended["state"] != "Completed":
             raise AppFailed(f"application `{app_id}` ended {ended['state']}: {ended.get('reason')}", dict(ended))
         return ended
+
+    def run(self, app: AppSource, *, timeout: Optional[float] = None, raise_if_failed: bool = True) -> m.App:
+        """Deprecated: :meth:`submit_and_follow` (a *run* is one execution of a task)."""
+        warnings.warn("run() is now submit_and_follow()", DeprecationWarning, stacklevel=2)
+        return self.submit_and_follow(app, timeout=timeout, raise_if_failed=raise_if_failed)
 
     def _follow(self, app_id: str, deadline: Optional[float]) -> m.App:
         """Waits until the application's tasks have all ended, then ends it; or until it ends

@@ -30,7 +30,7 @@ APP: Dict[str, Any] = {
 def main() -> None:
     with allot.Client() as client:
         client.put_queue("root.examples")
-        app = client.run(APP, timeout=120)
+        app = client.submit_and_follow(APP, timeout=120)
         print(f"application {app['id']}: {app['state']}")
         for task in client.tasks(app["id"]):
             logs = client.task_logs(app["id"], task["id"])

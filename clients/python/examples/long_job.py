@@ -21,14 +21,14 @@ def main() -> None:
     parser.add_argument("--seconds", type=float, default=3.0)
     args = parser.parse_args()
     with allot.Client() as client:
-        with client.alloc(args.pools.split(","), min=args.min, keepalive=0.5) as alloc:
+        with client.hold_alloc(args.pools.split(","), min_resources=args.min, keepalive=0.5) as alloc:
             print(f"holding {alloc['resources']} as {alloc['uri']}")
             deadline = time.monotonic() + args.seconds
             while time.monotonic() < deadline:  # the job's work
                 time.sleep(0.5)
-                expires = client.alloc_info(alloc["pool"], alloc["id"]).get("expires_in_ms")
+                expires = client.alloc(alloc["pool"], alloc["id"]).get("expires_in_ms")
                 print(f"  working; the alloc's lease has {expires} ms left")
-        print(f"freed: {client.alloc_info(alloc['pool'], alloc['id']).get('ended')}")
+        print(f"freed: {client.alloc(alloc['pool'], alloc['id']).get('ended')}")
 
 
 if __name__ == "__main__":

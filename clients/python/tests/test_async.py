@@ -52,7 +52,7 @@ async def test_every_part(client: AsyncClient) -> None:
     assert [a["id"] async for a in client.allocs("apy-pool")] == [alloc["id"]]
     await client.keepalive_alloc("apy-pool", alloc["id"], 10_000)
     await client.free_alloc("apy-pool", alloc["id"])
-    assert (await client.alloc_info("apy-pool", alloc["id"])).get("ended") is not None
+    assert (await client.alloc("apy-pool", alloc["id"])).get("ended") is not None
     await client.remove_pool("apy-pool")
 
     await client.put_queue("root.apy")
@@ -73,7 +73,7 @@ async def test_every_part(client: AsyncClient) -> None:
 async def test_run_and_watch(client: AsyncClient) -> None:
     await client.put_queue("root.arun")
     app = {"id": "apy-run", "queue": "root.arun", "tasks": [{"id": "s", "resources": "cpu=1", "spec": {"type": "shell", "command": "echo async"}}]}
-    ended = await client.run(app, timeout=60)
+    ended = await client.submit_and_follow(app, timeout=60)
     assert ended["state"] == "Completed"
     assert (await client.task_logs("apy-run", "s"))["text"].strip() == "async"
     assert (await client.task_run("apy-run", "s"))["phase"] == "Success"
@@ -140,7 +140,7 @@ async def test_alloc_is_freed_on_cancellation(client: AsyncClient) -> None:
     held: List[str] = []
 
     async def hold() -> None:
-        async with client.alloc("apy-cancel", min="cpu=1", keepalive=0.2) as alloc:
+        async with client.hold_alloc("apy-cancel", min_resources="cpu=1", keepalive=0.2) as alloc:
             held.append(alloc["id"])
             entered.set()
             await asyncio.sleep(60)
@@ -152,7 +152,7 @@ async def test_alloc_is_freed_on_cancellation(client: AsyncClient) -> None:
     with pytest.raises(asyncio.CancelledError):
         await holder
     assert time.monotonic() - start < 5
-    assert (await client.alloc_info("apy-cancel", held[0])).get("ended") is not None
+    assert (await client.alloc("apy-cancel", held[0])).get("ended") is not None
     await client.remove_pool("apy-cancel")
 
 

@@ -91,9 +91,9 @@ def test_pools_offers_and_allocs(client: Client) -> None:
     assert client.put_pool("py-pool", "cpu=4,mem=8GiB", plugins=["*"])["pool"]["plugins"] is None
     assert any(p["name"] == "py-pool" for p in client.pools())
     [offer] = client.offers("py-pool")
-    alloc = client.accept("py-pool", offer["id"], "cpu=1", max="cpu=2", owner="tests")
+    alloc = client.accept("py-pool", offer["id"], "cpu=1", max_resources="cpu=2", owner="tests")
     assert alloc["resources"] == "cpu=2" and alloc["owner"] == "tests"
-    assert client.alloc_info("py-pool", alloc["id"])["id"] == alloc["id"]
+    assert client.alloc("py-pool", alloc["id"])["id"] == alloc["id"]
     assert [a["id"] for a in client.allocs("py-pool")] == [alloc["id"]]
     assert client.keepalive_alloc("py-pool", alloc["id"], 60_000)["alloc"]["id"] == alloc["id"]
     client.free_alloc("py-pool", alloc["id"])
@@ -143,7 +143,7 @@ def test_run_follows_an_application_to_its_end(client: Client, tmp_path: Path) -
             {"id": "nap", "resources": "cpu=1", "spec": {"type": "sleep", "seconds": 0.2}},
         ],
     }
-    ended = client.run(app, timeout=60)
+    ended = client.submit_and_follow(app, timeout=60)
     assert ended["state"] == "Completed"
     run = client.task_run("py-run", "hello")
     assert run["phase"] == "Success"
@@ -156,20 +156,22 @@ def test_run_follows_an_application_to_its_end(client: Client, tmp_path: Path) -
         "    spec: {type: shell, command: 'exit 3'}\n"
     )
     with pytest.raises(allot.AppFailed) as failed:
-        client.run(str(path), timeout=60)
+        client.submit_and_follow(str(path), timeout=60)
     assert failed.value.app["state"] == "Failed"
     toml = tmp_path / "ok.toml"
     toml.write_text(
         'id = "py-toml"\nqueue = "root.runs"\n[[tasks]]\nid = "t"\nresources = "cpu=1"\n'
         'spec = { type = "shell", command = "true" }\n'
     )
-    assert client.run(str(toml), timeout=60)["state"] == "Completed"
+    # `run`, the old name of `submit_and_follow`, still works, and says it is deprecated.
+    with pytest.deprecated_call():
+        assert client.run(str(toml), timeout=60)["state"] == "Completed"
     # A timeout says so, and the application goes on.
     client.put_queue("root.slow")
     slow = {"id": "py-slow", "queue": "root.slow", "tasks": [{"id": "s", "resources": "cpu=1", "spec": {"type": "sleep", "seconds": 30}}]}
     start = time.monotonic()
     with pytest.raises(TimeoutError):
-        client.run(slow, timeout=0.5)
+        client.submit_and_follow(slow, timeout=0.5)
     assert time.monotonic() - start < 10
     assert client.app("py-slow")["state"] not in ("Completed", "Failed")
     deadline = time.monotonic() + 10
@@ -265,19 +267,19 @@ def test_token_context_manager_limits_concurrency_and_releases_on_every_path(cli
 def test_alloc_context_manager_picks_the_best_fit_and_frees(client: Client) -> None:
     client.put_pool("py-big", "cpu=16,mem=64GiB")
     client.put_pool("py-small", "cpu=4,mem=8GiB")
-    with client.alloc(["py-big", "py-small"], min="cpu=2,mem=4GiB", keepalive=0.5) as alloc:
+    with client.hold_alloc(["py-big", "py-small"], min_resources="cpu=2,mem=4GiB", keepalive=0.5) as alloc:
         assert alloc["pool"] == "py-small", "the offer nearest to what it asks (the pick rule)"
         time.sleep(1.2)
-        assert client.alloc_info("py-small", alloc["id"]).get("ended") is None, "kept alive"
+        assert client.alloc("py-small", alloc["id"]).get("ended") is None, "kept alive"
     with pytest.raises(allot.AllocEnded):
         client.keepalive_alloc("py-small", alloc["id"], 1000)
     with pytest.raises(ValueError):
-        with client.alloc("py-small", min="cpu=1") as held:
+        with client.hold_alloc("py-small", min_resources="cpu=1") as held:
             raise ValueError("boom")
     with pytest.raises(allot.AllocEnded):
         client.keepalive_alloc("py-small", held["id"], 1000)
     with pytest.raises(allot.ExceedsCapacity):
-        with client.alloc(["py-big", "py-small"], min="cpu=32"):
+        with client.hold_alloc(["py-big", "py-small"], min_resources="cpu=32"):
             pass
     client.remove_pool("py-big", force=True)
     client.remove_pool("py-small", force=True)

@@ -214,7 +214,7 @@ def test_the_pages_show_the_state_live(browser: Any, ui_daemon: Daemon) -> None:
         client.put_pool("worker", client.pool("worker")["capacity"], labels={"runs": "here"})
         client.put_queue("root.ui-run")
         hello = {"id": "hello", "resources": "cpu=1", "selector": {"runs": "here"}, "spec": {"type": "shell", "command": "echo hello from the dashboard"}}
-        client.run({"id": "ui-run", "queue": "root.ui-run", "tasks": [hello]}, timeout=60)
+        client.submit_and_follow({"id": "ui-run", "queue": "root.ui-run", "tasks": [hello]}, timeout=60)
         open_page(browser, base + "/ui/apps/ui-run/tasks/hello")
         page = text(browser)
         assert "hello from the dashboard" in page and "Success" in page, page

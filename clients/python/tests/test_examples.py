@@ -64,7 +64,7 @@ def test_checksum_plugin_wraps_a_local_program(data_root: Path, tmp_path: Path) 
                 client.put_queue("root.sums")
                 spec = {"type": "checksum", "inputs": {"path": str(data)}, "poll_seconds": 0.05}
                 app = {"id": "sums", "queue": "root.sums", "tasks": [{"id": "sum", "resources": "cpu=1", "spec": spec}]}
-                assert client.run(app, timeout=60)["state"] == "Completed"
+                assert client.submit_and_follow(app, timeout=60)["state"] == "Completed"
                 outputs = client.task_run("sums", "sum")["outputs"]
                 assert outputs == {"sha256": hashlib.sha256(data.read_bytes()).hexdigest()}
         finally:

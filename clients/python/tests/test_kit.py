@@ -69,7 +69,7 @@ def test_a_plugin_on_the_kit_runs_a_daemons_tasks(data_root: Path) -> None:
                     {"id": f"t{i}", "resources": "cpu=1", "spec": {"type": "upper", "inputs": {"text": f"hello {i}"}, "poll_seconds": 0.05}}
                     for i in range(3)
                 ]
-                ended = client.run({"id": "kit", "queue": "root.kit", "tasks": tasks}, timeout=60)
+                ended = client.submit_and_follow({"id": "kit", "queue": "root.kit", "tasks": tasks}, timeout=60)
                 assert ended["state"] == "Completed"
                 for i in range(3):
                     run = client.task_run("kit", f"t{i}")
@@ -78,7 +78,7 @@ def test_a_plugin_on_the_kit_runs_a_daemons_tasks(data_root: Path) -> None:
                 # Bad inputs: refused by the plugin, the task fails for good.
                 bad = {"id": "kit-bad", "queue": "root.kit", "tasks": [{"id": "b", "resources": "cpu=1", "spec": {"type": "upper", "inputs": {}}}]}
                 with pytest.raises(allot.AppFailed):
-                    client.run(bad, timeout=60)
+                    client.submit_and_follow(bad, timeout=60)
                 assert "inputs.text is missing" in str(client.task_run("kit-bad", "b"))
         finally:
             daemon.stop()
@@ -116,7 +116,7 @@ def test_the_readme_plugin_runs_tasks_of_any_id(data_root: Path) -> None:
             with Client(daemon.url) as client:
                 client.put_queue("root.shout")
                 tasks = [{"id": "t-1", "resources": "cpu=1", "spec": {"type": "shout", "inputs": {"text": "a-b"}, "poll_seconds": 0.05}}]
-                ended = client.run({"id": "my-app", "queue": "root.shout", "tasks": tasks}, timeout=60)
+                ended = client.submit_and_follow({"id": "my-app", "queue": "root.shout", "tasks": tasks}, timeout=60)
                 assert ended["state"] == "Completed", ended
                 assert client.task_run("my-app", "t-1")["outputs"] == {"text": "A-B"}
         finally:

@@ -89,7 +89,12 @@ impl Client {
 
     /// `POST /v1/namespaces/{namespace}/grants/{token}/keepalive`: renews the grant's lease. With
     /// `fencing`, the daemon refuses (`stale_fencing`) if the grant carries another fencing number.
-    pub async fn keepalive(&self, namespace: &str, token: &str, fencing: Option<u64>) -> Result<Grant, ClientError> {
+    pub async fn keepalive_grant(
+        &self,
+        namespace: &str,
+        token: &str,
+        fencing: Option<u64>,
+    ) -> Result<Grant, ClientError> {
         let path = format!("{}/keepalive", grant_path(namespace, token)?);
         self.json(self.request(Method::POST, &path)?.json(&Keepalive { fencing })).await
     }

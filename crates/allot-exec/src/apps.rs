@@ -149,8 +149,8 @@ enum Refusal {
 impl From<StoreError> for Refusal {
     fn from(err: StoreError) -> Refusal {
         match err {
-            StoreError::Sched(SchedError::TaskNotFound { .. } | SchedError::AppNotFound(_)) => Refusal::Gone,
-            StoreError::Sched(SchedError::Illegal(_)) => Refusal::Illegal,
+            StoreError::Apps(SchedError::TaskNotFound { .. } | SchedError::AppNotFound(_)) => Refusal::Gone,
+            StoreError::Apps(SchedError::Illegal(_)) => Refusal::Illegal,
             err => Refusal::Failed(err),
         }
     }
@@ -339,7 +339,7 @@ impl AppsAccess {
                 .finish_tasks(reports)
                 .await?
                 .into_iter()
-                .map(|r| r.map(|_| ()).map_err(|e| Refusal::from(StoreError::Sched(e))))
+                .map(|r| r.map(|_| ()).map_err(|e| Refusal::from(StoreError::Apps(e))))
                 .collect()),
             Home::At(client) => {
                 let wire = reports

@@ -74,13 +74,13 @@ fn store_error(err: StoreError) -> ExecError {
 /// other units or caps) is the plugin's doing, a user failure; the rest are the store's.
 fn ledger_error(err: StoreError) -> ExecError {
     match err {
-        StoreError::Ledger(err) => ExecError::user("token_refused", err.to_string()),
+        StoreError::Quotas(err) => ExecError::user("token_refused", err.to_string()),
         err => store_error(err),
     }
 }
 
 /// Counters plugins keep, by plugin and name; the daemon exports them at /metrics
-/// (`allot_plugin_counter_total{plugin, counter}`).
+/// (`allot_runs_plugin_counter_total{plugin, counter}`).
 #[derive(Debug, Clone, Default)]
 pub struct PluginCounters(Arc<Mutex<BTreeMap<(String, String), u64>>>);
 
@@ -397,7 +397,7 @@ pub(crate) async fn release(
     waits.forget(namespace, token);
     match store.release(namespace.clone(), token.clone(), None).await {
         Ok(_) => Ok(()),
-        Err(StoreError::Ledger(allot_core::LedgerError::NamespaceNotFound(_))) => Ok(()),
+        Err(StoreError::Quotas(allot_core::LedgerError::NamespaceNotFound(_))) => Ok(()),
         Err(err) => Err(store_error(err)),
     }
 }

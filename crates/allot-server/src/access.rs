@@ -774,7 +774,7 @@ async fn app_queue(state: &ServerState, app: &str, headers: &HeaderMap) -> Resul
     };
     match state.store.app(id).await {
         Ok(info) => return Ok(queue(info.app.spec.queue.as_str())),
-        Err(allot_store::StoreError::Sched(SchedError::AppNotFound(_))) => return Ok(None),
+        Err(allot_store::StoreError::Apps(SchedError::AppNotFound(_))) => return Ok(None),
         Err(_) => {}
     }
     let allot_store::AppsHome::At(base) = state.store.apps_home() else {

@@ -212,15 +212,15 @@ impl From<ResourcesError> for ApiError {
 impl From<StoreError> for ApiError {
     fn from(err: StoreError) -> ApiError {
         match err {
-            StoreError::Ledger(err) => err.into(),
+            StoreError::Quotas(err) => err.into(),
             StoreError::Unavailable(_) => ApiError::of(ErrorCode::StoreUnavailable, err.to_string()),
             StoreError::OutcomeUnknown(_) => ApiError::of(ErrorCode::StoreOutcomeUnknown, err.to_string()),
             StoreError::NotEnoughReplicas(_) => ApiError::of(ErrorCode::NotEnoughReplicas, err.to_string()),
             StoreError::ShuttingDown => ApiError::of(ErrorCode::ShuttingDown, err.to_string()),
             StoreError::Failed(_) => ApiError::of(ErrorCode::StoreFailed, err.to_string()),
             StoreError::Invalid(message) => ApiError::invalid_argument(message),
-            StoreError::Pool(err) => err.into(),
-            StoreError::Sched(err) => err.into(),
+            StoreError::Pools(err) => err.into(),
+            StoreError::Apps(err) => err.into(),
             StoreError::Access(err) => err.into(),
         }
     }

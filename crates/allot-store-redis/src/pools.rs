@@ -181,7 +181,7 @@ fn error(pool: &PoolName, args: &[&str], reply: &mut Reply) -> Result<StoreError
         "held_by_scheduler" => PoolError::HeldByScheduler { pool: pool.clone(), id: id()?, owner: reply.text()? },
         other => return Err(corrupt(format!("pool error `{other}`"))),
     };
-    Ok(StoreError::Pool(err))
+    Ok(StoreError::Pools(err))
 }
 
 pub(crate) fn view_of(pool: &PoolName, reply: &mut Reply) -> Result<PoolView, StoreError> {
@@ -265,7 +265,7 @@ async fn list(inner: &Inner, page: PageRequest<PoolName>) -> Result<Page<PoolVie
         match view {
             Ok(view) => items.push(view),
             // Listed but removed meanwhile.
-            Err(StoreError::Pool(PoolError::PoolNotFound(_))) => {}
+            Err(StoreError::Pools(PoolError::PoolNotFound(_))) => {}
             Err(err) => return Err(err),
         }
     }
@@ -305,7 +305,7 @@ async fn accept_held(
 /// Ends an alloc the scheduler holds (its task ended); one that is gone already is no error.
 async fn end_held(inner: &Inner, pool: PoolName, id: AllocId, fencing: u64) -> Result<(), StoreError> {
     match call(inner, &pool, &["free", &id.to_string(), "held", &fencing.to_string()], true).await {
-        Ok(_) | Err(StoreError::Pool(PoolError::PoolNotFound(_) | PoolError::AllocNotFound { .. })) => Ok(()),
+        Ok(_) | Err(StoreError::Pools(PoolError::PoolNotFound(_) | PoolError::AllocNotFound { .. })) => Ok(()),
         Err(err) => Err(err),
     }
 }
@@ -320,7 +320,7 @@ async fn accept_as(inner: &Inner, pool: PoolName, request: AllocRequest) -> Resu
         let id = AllocId(rand::random()).to_string();
         let args = ["accept", &id, &min, &max, &request.owner, &labels, &initial, "0"];
         match call(inner, &pool, &args, true).await {
-            Err(StoreError::Pool(PoolError::AllocIdTaken { .. })) => continue,
+            Err(StoreError::Pools(PoolError::AllocIdTaken { .. })) => continue,
             Err(err) => return Err(err),
             Ok((_, mut reply)) => {
                 let json = reply.text()?;

@@ -96,7 +96,7 @@ impl QuotaStore for RedisStore {
             match view {
                 Ok(view) => items.push(view),
                 // Listed but removed meanwhile (or half created by a daemon that died).
-                Err(StoreError::Ledger(LedgerError::NamespaceNotFound(_))) => {}
+                Err(StoreError::Quotas(LedgerError::NamespaceNotFound(_))) => {}
                 Err(err) => return Err(err),
             }
         }

@@ -197,5 +197,5 @@ pub(crate) fn error(
         }
         other => return Err(corrupt(format!("error code `{other}`"))),
     };
-    Ok(StoreError::Ledger(err))
+    Ok(StoreError::Quotas(err))
 }

@@ -107,7 +107,7 @@ pub(crate) async fn list(
         // Read each one whole; one that ended meanwhile is left out.
         match get(inner, id).await {
             Ok(info) => items.push(info),
-            Err(StoreError::Ledger(LedgerError::SessionNotFound(_))) => {}
+            Err(StoreError::Quotas(LedgerError::SessionNotFound(_))) => {}
             Err(err) => return Err(err),
         }
     }

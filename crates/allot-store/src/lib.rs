@@ -167,9 +167,10 @@ where
 /// A failed store operation.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum StoreError {
-    /// The request was refused by the rules of the ledger (unknown namespace, stale fencing...).
+    /// The request was refused by the rules of the token quotas (unknown namespace, stale
+    /// fencing...).
     #[error(transparent)]
-    Ledger(#[from] LedgerError),
+    Quotas(#[from] LedgerError),
     /// The store could not be reached or written (a full disk, Redis down); nothing was changed.
     #[error("the store is unavailable ({0}); nothing was changed")]
     Unavailable(String),
@@ -197,9 +198,11 @@ pub enum StoreError {
     Invalid(String),
     /// The request was refused by the rules of the pools (unknown pool, offer expired...).
     #[error(transparent)]
-    Pool(#[from] PoolError),
+    Pools(#[from] PoolError),
+    /// The request was refused by the rules of the applications (unknown queue, illegal
+    /// transition...).
     #[error(transparent)]
-    Sched(#[from] allot_core::apps::SchedError),
+    Apps(#[from] allot_core::apps::SchedError),
     /// A change of the API tokens or bindings kept in the store was refused.
     #[error(transparent)]
     Access(allot_core::access::AccessError),

@@ -69,10 +69,11 @@ enum Command {
     /// tasks, runs): one line per event, or one JSON object per line with --json.
     #[command(after_help = cli::watch::AFTER_HELP)]
     Watch(cli::watch::WatchArgs),
-    /// Submit an application from a file and follow it to its end: progress per task group,
-    /// then a summary; exits non-zero if a task did not complete.
-    #[command(after_help = cli::run::after_help())]
-    Run(cli::run::RunArgs),
+    /// The same as `allot app submit --follow FILE`: submit an application from a file and follow
+    /// it to its end (progress per task group, then a summary; exits non-zero if a task did not
+    /// complete).
+    #[command(after_help = cli::submit_follow::after_help())]
+    Run(cli::submit_follow::RunArgs),
     /// Make API tokens for a daemon with access configured (`[auth]`): for its configuration
     /// file, or through the API (create, list, revoke).
     #[command(subcommand, name = "api-token")]
@@ -123,9 +124,15 @@ fn main() -> ExitCode {
             Command::Pool(command) => cli::pools::pool(command, &args.before).await,
             Command::Alloc(command) => cli::pools::alloc(command, &args.before).await,
             Command::Queue(command) => cli::apps::queue(command, &args.before).await,
+            Command::App(cli::apps::AppCommand::Submit { file, follow: true, follow_args, common }) => {
+                cli::submit_follow::submit_and_follow(&file, follow_args, common, &args.before).await
+            }
             Command::App(command) => cli::apps::app(command, &args.before).await,
             Command::Task(command) => cli::apps::task(command, &args.before).await,
-            Command::Run(command) => cli::run::run(command, &args.before).await,
+            Command::Run(command) => {
+                let (file, follow, common) = command.into_submit();
+                cli::submit_follow::submit_and_follow(&file, follow, common, &args.before).await
+            }
             Command::Watch(command) => cli::watch::watch(command, &args.before).await,
             Command::ApiToken(command) => cli::access::api_token(command, &args.before).await,
             Command::Binding(command) => cli::access::binding(command, &args.before).await,

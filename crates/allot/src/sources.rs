@@ -265,7 +265,7 @@ async fn submit_file(dir: &Path, name: &str, store: &dyn Store, rules: &Placemen
 async fn remove(store: &dyn Store, app: &AppId, why: &str) {
     match store.remove_app(app.clone()).await {
         Ok(_) => tracing::info!(app = %app, "removed: {why}"),
-        Err(StoreError::Sched(allot_core::apps::SchedError::AppNotFound(_))) => {}
+        Err(StoreError::Apps(allot_core::apps::SchedError::AppNotFound(_))) => {}
         Err(err) => tracing::warn!(app = %app, error = %err, "cannot remove the application of a removed file"),
     }
 }

@@ -33,7 +33,7 @@ async fn daemon(dir: &std::path::Path, namespaces: usize, grants: usize) -> Clie
             loop {
                 match store.allocate(request.clone(), std::time::Duration::ZERO).await {
                     Ok(_) => return Ok(()),
-                    Err(allot_store::StoreError::Ledger(allot_core::LedgerError::NamespaceNotFound(_))) => {
+                    Err(allot_store::StoreError::Quotas(allot_core::LedgerError::NamespaceNotFound(_))) => {
                         tokio::task::yield_now().await
                     }
                     Err(err) => return Err(err),

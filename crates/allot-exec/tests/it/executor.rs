@@ -35,7 +35,7 @@ async fn placed_tasks_run_with_their_plugins_and_end() {
     // A type no executor runs is refused when added, not left to fail.
     let refused = store.add_task(app.clone(), task_spec("unknown", &serde_json::json!({ "type": "teleport" }))).await;
     assert!(
-        matches!(&refused, Err(StoreError::Sched(SchedError::NeverFits { why: NeverFits::TaskType { .. }, .. }))),
+        matches!(&refused, Err(StoreError::Apps(SchedError::NeverFits { why: NeverFits::TaskType { .. }, .. }))),
         "{refused:?}"
     );
     for task in ["quick", "nap"] {

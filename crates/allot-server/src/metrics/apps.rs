@@ -30,11 +30,13 @@ pub(super) type QueueCount = fn(&QueueView) -> u64;
 
 pub(super) fn encode_queues(encoder: &mut DescriptorEncoder<'_>, queues: &[QueueView]) -> Result<(), std::fmt::Error> {
     let resources: [Described<QueueResources>; 3] = [
-        ("allot_queue_used", "Held by the placements of the queue's applications, per resource", |v| {
+        ("allot_apps_queue_used", "Held by the placements of the queue's applications, per resource", |v| {
             Some(&v.usage.allocated)
         }),
-        ("allot_queue_guaranteed", "The queue's guaranteed resources, per resource", |v| Some(&v.limits.guaranteed)),
-        ("allot_queue_max", "The queue's maximum, per resource (none: no maximum)", |v| v.limits.max.as_ref()),
+        ("allot_apps_queue_guaranteed", "The queue's guaranteed resources, per resource", |v| {
+            Some(&v.limits.guaranteed)
+        }),
+        ("allot_apps_queue_max", "The queue's maximum, per resource (none: no maximum)", |v| v.limits.max.as_ref()),
     ];
     for (name, help, value) in resources {
         let family = Family::<QueueResourceLabels, FloatGauge>::default();
@@ -47,12 +49,12 @@ pub(super) fn encode_queues(encoder: &mut DescriptorEncoder<'_>, queues: &[Queue
         encode_family(encoder, name, help, &family)?;
     }
     let counts: [Described<QueueCount>; 4] = [
-        ("allot_queue_running_apps", "Applications holding placements in the queue", |v| v.usage.running_apps),
-        ("allot_queue_apps", "Applications in the queue that have not ended", |v| v.apps),
-        ("allot_queue_pending_apps", "Applications in the queue not running yet", |v| {
+        ("allot_apps_queue_running_apps", "Applications holding placements in the queue", |v| v.usage.running_apps),
+        ("allot_apps_queue_apps", "Applications in the queue that have not ended", |v| v.apps),
+        ("allot_apps_queue_pending_apps", "Applications in the queue not running yet", |v| {
             v.apps.saturating_sub(v.usage.running_apps)
         }),
-        ("allot_queue_pending_tasks", "Tasks in the queue waiting to be placed", |v| v.pending_tasks),
+        ("allot_apps_queue_pending_tasks", "Tasks in the queue waiting to be placed", |v| v.pending_tasks),
     ];
     for (name, help, value) in counts {
         let family = Family::<QueueLabels, Gauge>::default();
@@ -69,7 +71,7 @@ pub(super) fn encode_queues(encoder: &mut DescriptorEncoder<'_>, queues: &[Queue
     }
     encode_family(
         encoder,
-        "allot_queue_waiting",
+        "allot_apps_queue_waiting",
         "Applications and tasks waiting in the queue, by what holds them (reason: queue_limit, no_pool_matches, \
          no_room, tokens, gang_not_reserved, gang_missing_members, after_gang, forbidden)",
         &waiting,
@@ -78,15 +80,15 @@ pub(super) fn encode_queues(encoder: &mut DescriptorEncoder<'_>, queues: &[Queue
 
 pub(super) fn encode_sched(encoder: &mut DescriptorEncoder<'_>, stats: &SchedStats) -> Result<(), std::fmt::Error> {
     for (name, help, value) in [
-        ("allot_sched_cycles", "Scheduling cycles, since start", stats.cycles),
-        ("allot_sched_placements", "Tasks placed on a pool of their own, since start", stats.placements),
-        ("allot_sched_reservations", "Gangs reserved (all their placeholders), since start", stats.reservations),
-        ("allot_sched_takeovers", "Tasks that took a placeholder over, since start", stats.takeovers),
+        ("allot_apps_cycles", "Scheduling cycles, since start", stats.cycles),
+        ("allot_apps_placements", "Tasks placed on a pool of their own, since start", stats.placements),
+        ("allot_apps_reservations", "Gangs reserved (all their placeholders), since start", stats.reservations),
+        ("allot_apps_takeovers", "Tasks that took a placeholder over, since start", stats.takeovers),
     ] {
         encode_counter(encoder, name, help, value)?;
     }
     let timeouts = Family::<TimeoutLabels, Counter>::default();
     timeouts.get_or_create(&TimeoutLabels { kind: "placeholder" }).inc_by(stats.placeholder_timeouts);
     timeouts.get_or_create(&TimeoutLabels { kind: "reserve" }).inc_by(stats.reserve_timeouts);
-    encode_family(encoder, "allot_sched_timeouts", "Gang timeouts by kind, since start", &timeouts)
+    encode_family(encoder, "allot_apps_timeouts", "Gang timeouts by kind, since start", &timeouts)
 }

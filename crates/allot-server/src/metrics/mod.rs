@@ -5,33 +5,36 @@
 //! always, and series of their own only for the namespaces and pools selected by
 //! [`MetricsConfig`] (none by default).
 //!
-//! Names (all prefixed `allot_`). Totals: `namespaces` (how many), `namespaces_quota_units`,
-//! `namespaces_granted_units`, `namespaces_grants`, `namespaces_waiters`,
-//! `namespaces_waiting_units` (sums), `namespaces_longest_wait_seconds` (the longest),
-//! `namespaces_allocations_total` (label `result`), `namespaces_releases_total`,
-//! `namespaces_expirations_total`; `pools`, `pools_capacity`, `pools_allocated`, `pools_expired`
-//! (label `resource`), `pools_allocs`, `pools_accepts_total`, `pools_offer_expired_total`,
-//! `pools_frees_total`, `pools_reclaims_total`. Per selected namespace (label `namespace`):
-//! `quota_units`, `granted_units`, `grants`, `waiters`, `waiting_units`, `longest_wait_seconds`,
-//! `allocations_total` (label `result`: `granted`, `exhausted`, `namespace_quota_exceeded`),
-//! `releases_total`, `expirations_total`. Per selected pool (label `pool`): `pool_capacity`,
-//! `pool_allocated`, `pool_expired` (label `resource`), `pool_allocs`, `pool_accepts_total`,
-//! `pool_offer_expired_total`, `pool_frees_total`, `pool_reclaims_total`. And
-//! Per queue (label `queue`; every queue): `queue_used`, `queue_guaranteed`, `queue_max` (label
-//! `resource`), `queue_running_apps`, `queue_apps`, `queue_pending_apps`, `queue_pending_tasks`, `queue_waiting` (label `reason`: what holds them);
-//! and the scheduler's `sched_cycles_total`, `sched_placements_total`, `sched_reservations_total`,
-//! `sched_takeovers_total`, `sched_timeouts_total` (label `kind`: `placeholder`, `reserve`). And
-//! On a daemon that runs tasks, its executor's `exec_runs_active`, `exec_rounds_total`,
-//! `exec_retries_total`, `exec_held_back_total`, `exec_lists_total`, `exec_feed_cuts_total`,
-//! `exec_following_feed`, `exec_runs_ended_total` (label `result`:
-//! `succeeded`, `failed`, `aborted`) and `exec_cache_lookups_total` (label `result`: `hit`,
-//! `miss`), and the plugins' own `plugin_counter_total` (labels `plugin`, `counter`). And
-//! `store_commits_total`, `store_committed_operations_total`, `store_commit_seconds_total`,
-//! `store_commit_failures_total`, `store_commit_duration_seconds` (a histogram),
-//! `store_commit_max_seconds`, `store_durability` (label `level`: `disk`, `process`, `redis`),
-//! `http_request_duration_seconds` (labels `method`, `route`,
-//! `status`). And the change feed's `watch_watchers` (streams open on this daemon),
-//! `watch_events_kept` and `watch_oldest_revision` (what the store keeps for watchers that resume).
+//! Names: one prefix per part (`allot_quotas_`, `allot_pools_`, `allot_apps_`, `allot_runs_`)
+//! and `allot_` alone for the daemon's own (`http_`, `audit_`, `store_`, `watch_`); one name per
+//! quantity, its variants in labels. docs/metrics.md lists them all.
+//!
+//! - Token quotas: `allot_quotas_namespaces` (how many), `allot_quotas_quota_units`,
+//!   `_granted_units`, `_grants`, `_waiters`, `_waiting_units`, `_longest_wait_seconds`,
+//!   `_allocations_total` (label `result`: `granted`, `exhausted`, `namespace_quota_exceeded`),
+//!   `_releases_total`, `_expirations_total`. The series without a `namespace` label is the total
+//!   over every namespace; a selected namespace has its own, labelled `namespace`.
+//! - Pools: `allot_pools` (how many), `allot_pools_capacity`, `_allocated`, `_expired` (label
+//!   `resource`), `_allocs`, `_accepts_total`, `_offer_expired_total`, `_frees_total`,
+//!   `_reclaims_total`; the total without a `pool` label, a selected pool's own with it.
+//! - Applications, per queue (label `queue`; every queue): `allot_apps_queue_used`,
+//!   `_queue_guaranteed`, `_queue_max` (label `resource`), `_queue_running_apps`, `_queue_apps`,
+//!   `_queue_pending_apps`, `_queue_pending_tasks`, `_queue_waiting` (label `reason`: what holds
+//!   them); the scheduler's `allot_apps_cycles_total`, `_placements_total`,
+//!   `_reservations_total`, `_takeovers_total`, `_timeouts_total` (label `kind`: `placeholder`,
+//!   `reserve`).
+//! - Runs, on a daemon that runs tasks (its executor): `allot_runs_active`, `_rounds_total`,
+//!   `_retries_total`, `_held_back_total`, `_lists_total`, `_feed_cuts_total`,
+//!   `_following_feed`, `_ended_total` (label `result`: `succeeded`, `failed`, `aborted`),
+//!   `_cache_lookups_total` (label `result`: `hit`, `miss`), and the plugins' own
+//!   `_plugin_counter_total` (labels `plugin`, `counter`).
+//! - The daemon: `allot_store_commits_total`, `_committed_operations_total`,
+//!   `_commit_seconds_total`, `_commit_failures_total`, `_commit_duration_seconds` (a
+//!   histogram), `_commit_max_seconds`, `_durability` (label `level`: `disk`, `process`,
+//!   `redis`); `allot_http_request_duration_seconds` (labels `method`, `route`, `status`);
+//!   `allot_audit_events_total` (label `outcome`); the change feed's `allot_watch_watchers`
+//!   (streams open on this daemon), `_events_kept` and `_oldest_revision` (what the store keeps
+//!   for watchers that resume).
 //!
 //! This module holds the registry, the scrape and the request histograms; the series of each
 //! part are encoded by `quotas`, `pools`, `apps` and `runs`, the change feed's by `watch`.
@@ -54,7 +57,7 @@ use axum::http::Method;
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 use prometheus_client::collector::Collector;
-use prometheus_client::encoding::{DescriptorEncoder, EncodeLabelSet, EncodeMetric};
+use prometheus_client::encoding::{DescriptorEncoder, EncodeLabelSet, EncodeMetric, MetricEncoder, NoLabelSet};
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
@@ -78,16 +81,52 @@ use runs::*;
 pub(crate) use watch::Watching;
 use watch::*;
 
+/// Labels of series that share a name and differ in which labels they have: a part's total has
+/// none of the object's (`namespace`, `pool`), a selected object's own series has it.
+type Labels = Vec<(&'static str, String)>;
+
+/// The value of one series written by [`encode_series`].
+#[derive(Debug, Clone, Copy)]
+enum Value {
+    Gauge(i64),
+    Float(f64),
+    Counter(u64),
+}
+
+impl Value {
+    fn write(self, metric: &mut MetricEncoder<'_>) -> Result<(), std::fmt::Error> {
+        match self {
+            Value::Gauge(value) => metric.encode_gauge(&value),
+            Value::Float(value) => metric.encode_gauge(&value),
+            Value::Counter(value) => metric.encode_counter::<NoLabelSet, u64, f64>(&value, None),
+        }
+    }
+}
+
+/// Series under one name, in the order given; one with no labels (a part's total) is written
+/// without braces.
+fn encode_series(
+    encoder: &mut DescriptorEncoder<'_>,
+    name: &str,
+    help: &str,
+    kind: MetricType,
+    series: impl IntoIterator<Item = (Labels, Value)>,
+) -> Result<(), std::fmt::Error> {
+    let mut metric = encoder.encode_descriptor(name, help, None, kind)?;
+    for (labels, value) in series {
+        match labels.is_empty() {
+            true => value.write(&mut metric)?,
+            false => value.write(&mut metric.encode_family(&labels)?)?,
+        }
+    }
+    Ok(())
+}
+
 #[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct RequestLabels {
     method: String,
     route: String,
     status: u16,
-}
-
-#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
-struct ResourceLabels {
-    resource: String,
 }
 
 #[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -168,6 +207,8 @@ struct Snapshot {
 type FloatGauge = Gauge<f64, std::sync::atomic::AtomicU64>;
 /// A metric's name, help and how to read its value from a view.
 type Described<F> = (&'static str, &'static str, F);
+/// A metric's name, help, total over every object, and how to read an object's own value.
+type Totalled<T, F> = (&'static str, &'static str, T, F);
 
 /// Encodes the snapshot; registered as a collector so it shares the registry's output.
 #[derive(Debug)]
@@ -340,10 +381,8 @@ fn gauge(count: u64) -> i64 {
 impl Collector for StoreCollector {
     fn encode(&self, mut encoder: DescriptorEncoder) -> Result<(), std::fmt::Error> {
         let snapshot = self.snapshot.lock().unwrap_or_else(|p| p.into_inner());
-        encode_namespace_totals(&mut encoder, &snapshot.namespace_totals)?;
-        encode_namespaces(&mut encoder, &snapshot.namespaces)?;
-        encode_pool_totals(&mut encoder, &snapshot.pool_totals)?;
-        encode_pools(&mut encoder, &snapshot.pools)?;
+        encode_quotas(&mut encoder, &snapshot.namespace_totals, &snapshot.namespaces)?;
+        encode_pools(&mut encoder, &snapshot.pool_totals, &snapshot.pools)?;
         encode_queues(&mut encoder, &snapshot.queues)?;
         encode_sched(&mut encoder, &snapshot.sched)?;
         if let Some(exec) = &snapshot.exec {

@@ -2,17 +2,6 @@
 
 use super::*;
 
-#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
-pub(super) struct PoolLabels {
-    pool: String,
-}
-
-#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
-pub(super) struct PoolResourceLabels {
-    pool: String,
-    resource: String,
-}
-
 /// Sums over every pool; resources in milli-units, per resource name.
 #[derive(Debug, Default)]
 pub(super) struct PoolTotals {
@@ -45,85 +34,68 @@ impl PoolTotals {
     }
 }
 
-pub(super) type PoolResources = fn(&PoolView) -> &Resources;
+type PoolResources = fn(&PoolView) -> &Resources;
 
-pub(super) type PoolCount = fn(&PoolView) -> u64;
+type PoolCount = fn(&PoolView) -> u64;
 
-/// Per pool and resource, in units (a resource the pool lacks is not listed).
-pub(super) fn resource_family(
-    pools: &[PoolView],
-    value: impl Fn(&PoolView) -> &Resources,
-) -> Family<PoolResourceLabels, FloatGauge> {
-    let family = Family::<PoolResourceLabels, FloatGauge>::default();
-    for view in pools {
-        for (name, milli) in value(view).iter() {
-            let labels = PoolResourceLabels { pool: view.name.to_string(), resource: name.to_string() };
-            family.get_or_create(&labels).set(milli as f64 / 1000.0);
-        }
-    }
-    family
-}
-
-pub(super) fn encode_pools(encoder: &mut DescriptorEncoder<'_>, pools: &[PoolView]) -> Result<(), std::fmt::Error> {
-    let resources: [Described<PoolResources>; 3] = [
-        ("allot_pool_capacity", "The pool's capacity, per resource", |v| &v.capacity),
-        ("allot_pool_allocated", "Held by allocs whose lease runs, per resource", |v| &v.allocated),
-        ("allot_pool_expired", "Held by allocs whose lease lapsed (not reclaimed yet), per resource", |v| &v.expired),
-    ];
-    for (name, help, value) in resources {
-        encode_family(encoder, name, help, &resource_family(pools, value))?;
-    }
-    let allocs = Family::<PoolLabels, Gauge>::default();
-    for view in pools {
-        allocs.get_or_create(&PoolLabels { pool: view.name.to_string() }).set(gauge(view.allocs as u64));
-    }
-    encode_family(encoder, "allot_pool_allocs", "Live allocs (lapsed ones included)", &allocs)?;
-    let counters: [Described<PoolCount>; 4] = [
-        ("allot_pool_accepts", "Offers accepted, since start", |v| v.stats.accepted),
-        ("allot_pool_offer_expired", "Accepts refused because the room was gone, since start", |v| {
-            v.stats.offer_expired
-        }),
-        ("allot_pool_frees", "Allocs freed, since start", |v| v.stats.freed),
-        ("allot_pool_reclaims", "Allocs reclaimed after their lease lapsed, since start", |v| v.stats.reclaimed),
-    ];
-    for (name, help, value) in counters {
-        let family = Family::<PoolLabels, Counter>::default();
-        for view in pools {
-            family.get_or_create(&PoolLabels { pool: view.name.to_string() }).inc_by(value(view));
-        }
-        encode_family(encoder, name, help, &family)?;
-    }
-    Ok(())
-}
-
-pub(super) fn encode_pool_totals(
+/// Every series of the pools, one name each (`allot_pools_*`): the series without a `pool` label
+/// sums every pool; one with it is a selected pool's own (so a sum over a name counts the
+/// selected pools twice: select `{pool=""}` or `{pool!=""}`). Resources in units, per resource
+/// (a resource a pool lacks is not listed).
+pub(super) fn encode_pools(
     encoder: &mut DescriptorEncoder<'_>,
     totals: &PoolTotals,
+    pools: &[PoolView],
 ) -> Result<(), std::fmt::Error> {
     encode_gauge(encoder, "allot_pools", "Pools", gauge(totals.pools))?;
-    for (name, help, sums) in [
-        ("allot_pools_capacity", "The capacity of all pools, per resource", &totals.capacity),
-        ("allot_pools_allocated", "Held by allocs whose lease runs in all pools, per resource", &totals.allocated),
-        ("allot_pools_expired", "Held by lapsed allocs in all pools, per resource", &totals.expired),
-    ] {
-        let family = Family::<ResourceLabels, FloatGauge>::default();
-        for (resource, milli) in sums {
-            family.get_or_create(&ResourceLabels { resource: resource.clone() }).set(*milli as f64 / 1000.0);
-        }
-        encode_family(encoder, name, help, &family)?;
+    let labels = |view: &PoolView| vec![("pool", view.name.to_string())];
+    let units = |milli: u128| Value::Float(milli as f64 / 1000.0);
+    let resources: [Totalled<&BTreeMap<String, u128>, PoolResources>; 3] = [
+        ("allot_pools_capacity", "Capacity, per resource", &totals.capacity, |v| &v.capacity),
+        ("allot_pools_allocated", "Held by allocs whose lease runs, per resource", &totals.allocated, |v| &v.allocated),
+        (
+            "allot_pools_expired",
+            "Held by allocs whose lease lapsed (not reclaimed yet), per resource",
+            &totals.expired,
+            |v| &v.expired,
+        ),
+    ];
+    for (name, help, sums, value) in resources {
+        let all = sums.iter().map(|(resource, milli)| (vec![("resource", resource.clone())], units(*milli)));
+        let each = pools.iter().flat_map(|view| {
+            value(view).iter().map(move |(resource, milli)| {
+                let mut labels = labels(view);
+                labels.push(("resource", resource.to_string()));
+                (labels, units(u128::from(milli)))
+            })
+        });
+        encode_series(encoder, name, help, MetricType::Gauge, all.chain(each))?;
     }
-    encode_gauge(encoder, "allot_pools_allocs", "Live allocs of all pools", gauge(totals.allocs))?;
-    for (name, help, value) in [
-        ("allot_pools_accepts", "Offers accepted in all pools, since start", totals.accepted),
+    let each = pools.iter().map(|view| (labels(view), Value::Gauge(gauge(view.allocs as u64))));
+    encode_series(
+        encoder,
+        "allot_pools_allocs",
+        "Live allocs (lapsed ones included)",
+        MetricType::Gauge,
+        std::iter::once((Vec::new(), Value::Gauge(gauge(totals.allocs)))).chain(each),
+    )?;
+    let counters: [Totalled<u64, PoolCount>; 4] = [
+        ("allot_pools_accepts", "Offers accepted, since start", totals.accepted, |v| v.stats.accepted),
         (
             "allot_pools_offer_expired",
-            "Accepts refused in all pools because the room was gone, since start",
+            "Accepts refused because the room was gone, since start",
             totals.offer_expired,
+            |v| v.stats.offer_expired,
         ),
-        ("allot_pools_frees", "Allocs freed in all pools, since start", totals.freed),
-        ("allot_pools_reclaims", "Allocs reclaimed in all pools, since start", totals.reclaimed),
-    ] {
-        encode_counter(encoder, name, help, value)?;
+        ("allot_pools_frees", "Allocs freed, since start", totals.freed, |v| v.stats.freed),
+        ("allot_pools_reclaims", "Allocs reclaimed after their lease lapsed, since start", totals.reclaimed, |v| {
+            v.stats.reclaimed
+        }),
+    ];
+    for (name, help, total, value) in counters {
+        let each = pools.iter().map(|view| (labels(view), Value::Counter(value(view))));
+        let series = std::iter::once((Vec::new(), Value::Counter(total))).chain(each);
+        encode_series(encoder, name, help, MetricType::Counter, series)?;
     }
     Ok(())
 }

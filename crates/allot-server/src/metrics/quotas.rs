@@ -2,17 +2,6 @@
 
 use super::*;
 
-#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
-pub(super) struct NamespaceLabels {
-    namespace: String,
-}
-
-#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
-pub(super) struct ResultLabels {
-    namespace: String,
-    result: &'static str,
-}
-
 /// Sums over every namespace (the longest wait: the longest of all).
 #[derive(Debug, Default)]
 pub(super) struct NamespaceTotals {
@@ -47,104 +36,69 @@ impl NamespaceTotals {
     }
 }
 
-pub(super) type NamespaceGauge = fn(&NamespaceView) -> i64;
+type NamespaceCount = fn(&NamespaceView) -> u64;
 
-pub(super) fn encode_namespace_totals(
+/// Every series of the token quotas, one name each (`allot_quotas_*`): the series without a
+/// `namespace` label sums every namespace; one with it is a selected namespace's own (so a sum
+/// over a name counts the selected namespaces twice: select `{namespace=""}` or
+/// `{namespace!=""}`).
+pub(super) fn encode_quotas(
     encoder: &mut DescriptorEncoder<'_>,
     totals: &NamespaceTotals,
-) -> Result<(), std::fmt::Error> {
-    for (name, help, value) in [
-        ("allot_namespaces", "Namespaces", totals.namespaces),
-        ("allot_namespaces_quota_units", "The quotas of all namespaces", totals.quota),
-        ("allot_namespaces_granted_units", "Units granted now in all namespaces", totals.granted_units),
-        ("allot_namespaces_grants", "Grants held now in all namespaces", totals.grants),
-        ("allot_namespaces_waiters", "Allocate calls waiting now in all namespaces", totals.waiters),
-        ("allot_namespaces_waiting_units", "Units wanted by the waiters of all namespaces", totals.waiting_units),
-    ] {
-        encode_gauge(encoder, name, help, gauge(value))?;
-    }
-    let longest = FloatGauge::default();
-    longest.set(totals.longest_wait_ms as f64 / 1000.0);
-    let metric = encoder.encode_descriptor(
-        "allot_namespaces_longest_wait_seconds",
-        "How long the longest waiter of all namespaces has waited",
-        None,
-        MetricType::Gauge,
-    )?;
-    longest.encode(metric)?;
-    let allocations = Family::<TotalResultLabels, Counter>::default();
-    for (result, count) in [
-        ("granted", totals.granted),
-        ("exhausted", totals.exhausted),
-        ("namespace_quota_exceeded", totals.cap_exceeded),
-    ] {
-        allocations.get_or_create(&TotalResultLabels { result }).inc_by(count);
-    }
-    encode_family(
-        encoder,
-        "allot_namespaces_allocations",
-        "Allocate decisions in all namespaces by result, since start",
-        &allocations,
-    )?;
-    encode_counter(
-        encoder,
-        "allot_namespaces_releases",
-        "Grants released in all namespaces, since start",
-        totals.released,
-    )?;
-    encode_counter(
-        encoder,
-        "allot_namespaces_expirations",
-        "Grants ended by an expired lease in all namespaces, since start",
-        totals.expired,
-    )
-}
-
-/// The series of each selected namespace.
-pub(super) fn encode_namespaces(
-    encoder: &mut DescriptorEncoder<'_>,
     namespaces: &[NamespaceView],
 ) -> Result<(), std::fmt::Error> {
-    let gauges: [Described<NamespaceGauge>; 5] = [
-        ("allot_quota_units", "The namespace's quota", |v| gauge(v.quota)),
-        ("allot_granted_units", "Units granted now", |v| gauge(v.granted_units)),
-        ("allot_grants", "Grants held now", |v| gauge(v.grants as u64)),
-        ("allot_waiters", "Allocate calls waiting now", |v| gauge(v.waiters as u64)),
-        ("allot_waiting_units", "Units wanted by the waiters", |v| gauge(v.waiting_units)),
+    encode_gauge(encoder, "allot_quotas_namespaces", "Namespaces", gauge(totals.namespaces))?;
+    let labels = |view: &NamespaceView| vec![("namespace", view.name.to_string())];
+    let gauges: [Totalled<u64, NamespaceCount>; 5] = [
+        ("allot_quotas_quota_units", "Quotas, in units", totals.quota, |v| v.quota),
+        ("allot_quotas_granted_units", "Units granted now", totals.granted_units, |v| v.granted_units),
+        ("allot_quotas_grants", "Grants held now", totals.grants, |v| v.grants as u64),
+        ("allot_quotas_waiters", "Allocate calls waiting now", totals.waiters, |v| v.waiters as u64),
+        ("allot_quotas_waiting_units", "Units wanted by the waiters", totals.waiting_units, |v| v.waiting_units),
     ];
-    for (name, help, value) in gauges {
-        let family = Family::<NamespaceLabels, Gauge>::default();
-        for view in namespaces {
-            family.get_or_create(&NamespaceLabels { namespace: view.name.to_string() }).set(value(view));
-        }
-        encode_family(encoder, name, help, &family)?;
+    for (name, help, total, value) in gauges {
+        let each = namespaces.iter().map(|view| (labels(view), Value::Gauge(gauge(value(view)))));
+        let series = std::iter::once((Vec::new(), Value::Gauge(gauge(total)))).chain(each);
+        encode_series(encoder, name, help, MetricType::Gauge, series)?;
     }
-    let longest = Family::<NamespaceLabels, FloatGauge>::default();
-    for view in namespaces {
-        longest
-            .get_or_create(&NamespaceLabels { namespace: view.name.to_string() })
-            .set(view.longest_wait_ms as f64 / 1000.0);
-    }
-    encode_family(encoder, "allot_longest_wait_seconds", "How long the longest waiter has waited", &longest)?;
+    let seconds = |ms: u64| Value::Float(ms as f64 / 1000.0);
+    let each = namespaces.iter().map(|view| (labels(view), seconds(view.longest_wait_ms)));
+    encode_series(
+        encoder,
+        "allot_quotas_longest_wait_seconds",
+        "How long the longest waiter has waited",
+        MetricType::Gauge,
+        std::iter::once((Vec::new(), seconds(totals.longest_wait_ms))).chain(each),
+    )?;
 
-    let allocations = Family::<ResultLabels, Counter>::default();
-    let releases = Family::<NamespaceLabels, Counter>::default();
-    let expirations = Family::<NamespaceLabels, Counter>::default();
-    for view in namespaces {
-        let namespace = view.name.to_string();
-        for (result, count) in [
-            ("granted", view.stats.granted),
-            ("exhausted", view.stats.exhausted),
-            ("namespace_quota_exceeded", view.stats.cap_exceeded),
-        ] {
-            allocations.get_or_create(&ResultLabels { namespace: namespace.clone(), result }).inc_by(count);
-        }
-        let labels = NamespaceLabels { namespace };
-        releases.get_or_create(&labels).inc_by(view.stats.released);
-        expirations.get_or_create(&labels).inc_by(view.stats.expired);
+    let all = (Vec::new(), [totals.granted, totals.exhausted, totals.cap_exceeded, totals.released, totals.expired]);
+    let each = namespaces.iter().map(|view| {
+        let stats = &view.stats;
+        (labels(view), [stats.granted, stats.exhausted, stats.cap_exceeded, stats.released, stats.expired])
+    });
+    let counts: Vec<(Labels, [u64; 5])> = std::iter::once(all).chain(each).collect();
+    let allocations = counts.iter().flat_map(|(labels, [granted, exhausted, cap_exceeded, ..])| {
+        [("granted", granted), ("exhausted", exhausted), ("namespace_quota_exceeded", cap_exceeded)].map(
+            |(result, count)| {
+                let mut labels = labels.clone();
+                labels.push(("result", result.to_owned()));
+                (labels, Value::Counter(*count))
+            },
+        )
+    });
+    encode_series(
+        encoder,
+        "allot_quotas_allocations",
+        "Allocate decisions by result, since start",
+        MetricType::Counter,
+        allocations,
+    )?;
+    for (name, help, at) in [
+        ("allot_quotas_releases", "Grants released, since start", 3),
+        ("allot_quotas_expirations", "Grants ended by an expired lease, since start", 4),
+    ] {
+        let series = counts.iter().map(|(labels, values)| (labels.clone(), Value::Counter(values[at])));
+        encode_series(encoder, name, help, MetricType::Counter, series)?;
     }
-    encode_family(encoder, "allot_allocations", "Allocate decisions by result, since start", &allocations)?;
-    encode_family(encoder, "allot_releases", "Grants released, since start", &releases)?;
-    encode_family(encoder, "allot_expirations", "Grants ended by an expired lease, since start", &expirations)?;
     Ok(())
 }

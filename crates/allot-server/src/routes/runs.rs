@@ -236,7 +236,7 @@ pub(crate) async fn wake_task(
         _ => {
             // A task that does not exist is its own 404; one that exists (or that this daemon
             // cannot look up: another one schedules) is not run here.
-            if let Err(err @ StoreError::Sched(_)) = state.store.task(app_key, task_key).await {
+            if let Err(err @ StoreError::Apps(_)) = state.store.task(app_key, task_key).await {
                 return Err(err.into());
             }
             Err(ApiError::new(

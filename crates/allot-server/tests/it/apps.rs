@@ -42,13 +42,13 @@ async fn queues_applications_and_tasks_over_the_api() {
     let metrics = h.call(Method::GET, "/metrics", "").await.1;
     let metrics = metrics.as_str().unwrap();
     for line in [
-        "allot_queue_used{queue=\"root.ml\",resource=\"cpu\"} 4",
-        "allot_queue_max{queue=\"root.ml\",resource=\"cpu\"} 6",
-        "allot_queue_pending_tasks{queue=\"root.ml\"} 1",
+        "allot_apps_queue_used{queue=\"root.ml\",resource=\"cpu\"} 4",
+        "allot_apps_queue_max{queue=\"root.ml\",resource=\"cpu\"} 6",
+        "allot_apps_queue_pending_tasks{queue=\"root.ml\"} 1",
         // The task, and its application, which says what holds its tasks back.
-        "allot_queue_waiting{queue=\"root.ml\",reason=\"queue_limit\"} 2",
-        "allot_sched_reservations_total 1",
-        "allot_sched_takeovers_total 2",
+        "allot_apps_queue_waiting{queue=\"root.ml\",reason=\"queue_limit\"} 2",
+        "allot_apps_reservations_total 1",
+        "allot_apps_takeovers_total 2",
     ] {
         assert!(metrics.contains(line), "missing `{line}` in:\n{metrics}");
     }

@@ -405,21 +405,21 @@ async fn metrics_stay_small_with_10000_namespaces() {
     assert!(lines < 600, "{lines} lines");
     assert!(text.len() < 64 * 1024, "{} bytes", text.len());
     for metric in [
-        "allot_namespaces 10000",
-        "allot_namespaces_quota_units 100000",
-        "allot_namespaces_granted_units 4",
-        "allot_namespaces_allocations_total{result=\"granted\"} 1",
+        "allot_quotas_namespaces 10000",
+        "allot_quotas_quota_units 100000",
+        "allot_quotas_granted_units 4",
+        "allot_quotas_allocations_total{result=\"granted\"} 1",
         "allot_pools 300",
         "allot_pools_capacity{resource=\"cpu\"} 600.0",
-        "allot_granted_units{namespace=\"team-007:ns-00700\"} 4",
-        "allot_quota_units{namespace=\"team-008:ns-00809\"} 10",
-        "allot_pool_capacity{pool=\"pool-019\",resource=\"cpu\"} 2.0",
+        "allot_quotas_granted_units{namespace=\"team-007:ns-00700\"} 4",
+        "allot_quotas_quota_units{namespace=\"team-008:ns-00809\"} 10",
+        "allot_pools_capacity{pool=\"pool-019\",resource=\"cpu\"} 2.0",
     ] {
         assert!(text.contains(metric), "{metric} missing from\n{text}");
     }
     let series = |prefix: &str| text.lines().filter(|line| line.starts_with(prefix)).count();
-    assert_eq!(series("allot_quota_units{"), 11, "series for the selected namespaces only");
-    assert_eq!(series("allot_pool_allocs{"), 10, "series for the selected pools only");
+    assert_eq!(series("allot_quotas_quota_units{"), 11, "series for the selected namespaces only");
+    assert_eq!(series("allot_pools_allocs{"), 10, "series for the selected pools only");
 }
 
 #[tokio::test]

@@ -42,12 +42,12 @@ async fn pools_offers_and_allocs_over_the_api() {
     let (_, body) = h.call(Method::GET, "/metrics", "").await;
     let text = body.as_str().unwrap();
     for metric in [
-        "allot_pool_capacity{pool=\"worker-1\",resource=\"gpu\"} 1.0",
-        "allot_pool_allocated{pool=\"worker-1\",resource=\"mem\"} 4294967296.0",
-        "allot_pool_accepts_total{pool=\"worker-1\"} 1",
-        "allot_pool_offer_expired_total{pool=\"worker-1\"} 1",
-        "allot_pool_reclaims_total{pool=\"worker-1\"} 0",
-        "allot_pool_allocs{pool=\"worker-1\"} 1",
+        "allot_pools_capacity{pool=\"worker-1\",resource=\"gpu\"} 1.0",
+        "allot_pools_allocated{pool=\"worker-1\",resource=\"mem\"} 4294967296.0",
+        "allot_pools_accepts_total{pool=\"worker-1\"} 1",
+        "allot_pools_offer_expired_total{pool=\"worker-1\"} 1",
+        "allot_pools_reclaims_total{pool=\"worker-1\"} 0",
+        "allot_pools_allocs{pool=\"worker-1\"} 1",
         "allot_pools 2",
         "allot_pools_capacity{resource=\"cpu\"} 5.0",
         "allot_pools_allocated{resource=\"cpu\"} 2.0",

@@ -69,16 +69,16 @@ async fn quotas_grants_and_sessions_over_the_api() {
     assert_eq!(status, StatusCode::OK);
     let text = body.as_str().unwrap();
     for metric in [
-        "allot_quota_units{namespace=\"hive:cluster-a\"} 3",
-        "allot_namespaces 2",
-        "allot_namespaces_quota_units 10",
-        "allot_namespaces_granted_units 1",
-        "allot_namespaces_allocations_total{result=\"namespace_quota_exceeded\"} 1",
-        "allot_granted_units{namespace=\"hive:cluster-a\"} 1",
-        "allot_allocations_total{namespace=\"hive:cluster-a\",result=\"namespace_quota_exceeded\"} 1",
-        "allot_expirations_total",
-        "allot_waiters",
-        "allot_longest_wait_seconds",
+        "allot_quotas_quota_units{namespace=\"hive:cluster-a\"} 3",
+        "allot_quotas_namespaces 2",
+        "allot_quotas_quota_units 10",
+        "allot_quotas_granted_units 1",
+        "allot_quotas_allocations_total{result=\"namespace_quota_exceeded\"} 1",
+        "allot_quotas_granted_units{namespace=\"hive:cluster-a\"} 1",
+        "allot_quotas_allocations_total{namespace=\"hive:cluster-a\",result=\"namespace_quota_exceeded\"} 1",
+        "allot_quotas_expirations_total",
+        "allot_quotas_waiters",
+        "allot_quotas_longest_wait_seconds",
         "allot_http_request_duration_seconds_bucket",
         // Each request in the series of its method, route and status.
         "allot_http_request_duration_seconds_count{method=\"DELETE\",route=\"/v1/namespaces/{namespace}/grants/{token}\",status=\"200\"} 2",

@@ -157,7 +157,7 @@ impl AppStore for RedisStore {
         // costs a round trip per pool); what seems never to fit is asked again on the pools, the
         // quotas and the executors' leases as they are now before it is refused.
         match self.commit_sched(Fresh::Namespaces(&named), add(spec.clone())).await {
-            Err(StoreError::Sched(SchedError::NeverFits { .. })) => {
+            Err(StoreError::Apps(SchedError::NeverFits { .. })) => {
                 let types: Vec<String> = spec.task_type().into_iter().collect();
                 self.commit_sched(Fresh::All(&named, &types), add(spec)).await
             }

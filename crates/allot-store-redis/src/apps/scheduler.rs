@@ -239,7 +239,7 @@ impl RedisStore {
             }
             Step::Drop { namespace, token } => match self.sched_grant(namespace, "drop", fencing, token, 0).await {
                 Ok(_) => Ok(()),
-                Err(StoreError::Ledger(allot_core::LedgerError::NamespaceNotFound(_))) => Ok(()),
+                Err(StoreError::Quotas(allot_core::LedgerError::NamespaceNotFound(_))) => Ok(()),
                 Err(err) => Err(err),
             },
         }
@@ -348,7 +348,7 @@ impl RedisStore {
         for name in wanted {
             let view = match self.namespace(name).await {
                 Ok(view) => view,
-                Err(StoreError::Ledger(allot_core::LedgerError::NamespaceNotFound(_))) => continue,
+                Err(StoreError::Quotas(allot_core::LedgerError::NamespaceNotFound(_))) => continue,
                 Err(err) => return Err(err),
             };
             let mine = own.remove(&view.name).unwrap_or_default();

@@ -138,7 +138,7 @@ async fn allocs_the_scheduler_holds_have_no_lease_cannot_be_freed_by_hand_and_re
     assert_eq!(kept.expires, HELD, "a keepalive changes nothing");
     let freed = store.free_alloc(pool.clone(), alloc.id).await;
     assert!(
-        matches!(&freed, Err(StoreError::Pool(PoolError::HeldByScheduler { owner, .. })) if owner == "app/t1"),
+        matches!(&freed, Err(StoreError::Pools(PoolError::HeldByScheduler { owner, .. })) if owner == "app/t1"),
         "{freed:?}"
     );
     let (stopped, _) = store.stop_if_idle_for(pool.clone(), 0).await.unwrap();

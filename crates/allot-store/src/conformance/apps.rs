@@ -116,7 +116,7 @@ async fn queues_are_created_changed_and_removed(store: &dyn Store) {
     assert!(!created && view.limits.max_apps.is_none(), "a seed keeps what the store has");
     assert!(store.queues().await.unwrap().iter().any(|q| q.path == path));
     store.remove_queue(path.clone()).await.unwrap();
-    assert!(matches!(store.queue(path).await, Err(StoreError::Sched(SchedError::Queue(_)))));
+    assert!(matches!(store.queue(path).await, Err(StoreError::Apps(SchedError::Queue(_)))));
 }
 
 async fn tasks_are_placed_on_pools_and_release_on_completion(store: &dyn Store) {
@@ -136,7 +136,7 @@ async fn tasks_are_placed_on_pools_and_release_on_completion(store: &dyn Store) 
     // The alloc is the scheduler's: it cannot be freed by hand.
     assert!(matches!(store.inspect_alloc(p.clone(), placement.alloc).await.unwrap(), AllocState::Live(_)));
     let freed = store.free_alloc(p.clone(), placement.alloc).await;
-    assert!(matches!(freed, Err(StoreError::Pool(PoolError::HeldByScheduler { .. }))), "{freed:?}");
+    assert!(matches!(freed, Err(StoreError::Pools(PoolError::HeldByScheduler { .. }))), "{freed:?}");
     // t2 waits, and says why.
     eventually("t2 says why it waits", || async { task_state(store, &id, "t2").await.why.is_some() }).await;
     assert_eq!(task_state(store, &id, "t2").await.task.state, TaskState::Pending);
@@ -159,7 +159,7 @@ async fn tasks_are_placed_on_pools_and_release_on_completion(store: &dyn Store) 
     assert_eq!(released.tasks_killed, vec![TaskId::new("t2").unwrap()]);
     assert_eq!(released.placements.iter().map(|p| p.alloc).collect::<Vec<_>>(), vec![t2.placement.unwrap().alloc]);
     assert_eq!(store.pool(p).await.unwrap().allocs, 0, "removing the application freed its alloc");
-    assert!(matches!(store.app(id).await, Err(StoreError::Sched(SchedError::AppNotFound(_)))));
+    assert!(matches!(store.app(id).await, Err(StoreError::Apps(SchedError::AppNotFound(_)))));
 }
 
 /// Several task ends in one call: each is answered in order, a refused one (an unknown task, a
@@ -227,7 +227,7 @@ async fn a_pool_removed_with_force_fails_the_tasks_placed_on_it(store: &dyn Stor
     eventually("t1 is placed", || async { task_state(store, &id, "t1").await.task.state == TaskState::Allocated })
         .await;
     let refused = store.remove_pool(p.clone(), false).await;
-    assert!(matches!(refused, Err(StoreError::Pool(PoolError::PoolInUse { .. }))), "{refused:?}");
+    assert!(matches!(refused, Err(StoreError::Pools(PoolError::PoolInUse { .. }))), "{refused:?}");
     store.remove_pool(p.clone(), true).await.unwrap();
     eventually("t1 fails with its pool", || async {
         task_state(store, &id, "t1").await.task.state == TaskState::Failed
@@ -329,7 +329,7 @@ async fn submission_is_idempotent_and_checked(store: &dyn Store) {
     assert!(store.add_app(spec.clone()).await.unwrap().1);
     assert!(!store.add_app(spec.clone()).await.unwrap().1, "the same content again");
     let other = AppSpec { user: "someone-else".into(), ..spec };
-    assert!(matches!(store.add_app(other).await, Err(StoreError::Sched(SchedError::AppConflict { .. }))));
+    assert!(matches!(store.add_app(other).await, Err(StoreError::Apps(SchedError::AppConflict { .. }))));
     let mut gang = app("submit-gang", q);
     gang.groups = vec![TaskGroup {
         name: GroupName::new("g").unwrap(),
@@ -339,7 +339,7 @@ async fn submission_is_idempotent_and_checked(store: &dyn Store) {
         tokens: Vec::new(),
     }];
     let refused = store.add_app(gang).await;
-    assert!(matches!(refused, Err(StoreError::Sched(SchedError::GroupNeverFits { .. }))), "{refused:?}");
+    assert!(matches!(refused, Err(StoreError::Apps(SchedError::GroupNeverFits { .. }))), "{refused:?}");
     store.remove_app(id).await.unwrap();
 }
 
@@ -376,7 +376,7 @@ async fn a_refused_submission_leaves_nothing_behind(store: &dyn Store, time: &dy
         let refused = store.submit_app(spec.clone(), tasks).await;
         assert!(refused.is_err(), "{what}: {refused:?}");
         assert!(
-            matches!(store.app(id.clone()).await, Err(StoreError::Sched(SchedError::AppNotFound(_)))),
+            matches!(store.app(id.clone()).await, Err(StoreError::Apps(SchedError::AppNotFound(_)))),
             "{what}: a refused submission left its application behind"
         );
     }
@@ -449,7 +449,7 @@ async fn a_placement_rule_that_creates_makes_the_queue_with_the_application(stor
     let named =
         AppSpec { queue_rule: Some(QueueRule { rule: "user".into(), create: false }), ..app("made-no", made.clone()) };
     let refused = store.submit_app(named, Vec::new()).await;
-    assert!(matches!(refused, Err(StoreError::Sched(SchedError::Queue(_)))), "{refused:?}");
+    assert!(matches!(refused, Err(StoreError::Apps(SchedError::Queue(_)))), "{refused:?}");
     assert!(store.queue(made.clone()).await.is_err());
     let rule = QueueRule { rule: "user (create) under fixed root.conformance-made.users".into(), create: true };
     let spec = AppSpec { queue_rule: Some(rule.clone()), ..app("made", made.clone()) };
@@ -469,7 +469,7 @@ async fn a_placement_rule_that_creates_makes_the_queue_with_the_application(stor
     let rule = QueueRule { rule: "fixed (create)".into(), create: true };
     let refused =
         store.submit_app(AppSpec { queue_rule: Some(rule), ..app("made-under", under.clone()) }, Vec::new()).await;
-    assert!(matches!(refused, Err(StoreError::Sched(SchedError::Queue(_)))), "{refused:?}");
+    assert!(matches!(refused, Err(StoreError::Apps(SchedError::Queue(_)))), "{refused:?}");
     assert!(store.queue(under).await.is_err());
     store.remove_app(id).await.unwrap();
 }

@@ -49,10 +49,10 @@ async fn pools_are_created_changed_and_removed(store: &dyn Store) {
     assert!(read_all(|page| store.pools(page)).await.unwrap().iter().any(|p| p.name == name));
     store.accept(name.clone(), wants("cpu=1", None)).await.unwrap();
     let in_use = store.remove_pool(name.clone(), false).await;
-    assert!(matches!(in_use, Err(StoreError::Pool(PoolError::PoolInUse { allocs: 1, .. }))), "{in_use:?}");
+    assert!(matches!(in_use, Err(StoreError::Pools(PoolError::PoolInUse { allocs: 1, .. }))), "{in_use:?}");
     assert_eq!(store.remove_pool(name.clone(), true).await.unwrap(), 1);
     let gone = store.pool(name.clone()).await;
-    assert!(matches!(gone, Err(StoreError::Pool(PoolError::PoolNotFound(_)))), "{gone:?}");
+    assert!(matches!(gone, Err(StoreError::Pools(PoolError::PoolNotFound(_)))), "{gone:?}");
 }
 
 async fn one_offer_holds_everything_free(store: &dyn Store) {
@@ -63,12 +63,12 @@ async fn one_offer_holds_everything_free(store: &dyn Store) {
     assert_eq!(alloc.resources, res("cpu=2,mem=2GiB,gpu=1"), "max, capped by what is free");
     assert_eq!(store.offer(name.clone()).await.unwrap().unwrap().available, res("cpu=2,mem=6GiB"));
     let late = store.accept(name.clone(), wants("cpu=3", None)).await;
-    assert!(matches!(late, Err(StoreError::Pool(PoolError::OfferExpired { .. }))), "{late:?}");
+    assert!(matches!(late, Err(StoreError::Pools(PoolError::OfferExpired { .. }))), "{late:?}");
     let exact = store.accept(name.clone(), wants("cpu=2,mem=6GiB", None)).await.unwrap();
     assert_eq!(exact.resources, res("cpu=2,mem=6GiB"));
     assert_eq!(store.offer(name.clone()).await.unwrap(), None, "nothing free, no offer");
     let never = store.accept(name.clone(), wants("cpu=2,gpu=2", None)).await;
-    assert!(matches!(never, Err(StoreError::Pool(PoolError::ExceedsCapacity { .. }))), "{never:?}");
+    assert!(matches!(never, Err(StoreError::Pools(PoolError::ExceedsCapacity { .. }))), "{never:?}");
     let view = store.pool(name.clone()).await.unwrap();
     assert_eq!((view.allocs, view.stats.accepted, view.stats.offer_expired), (2, 2, 1));
     store.free_alloc(name.clone(), exact.id).await.unwrap();
@@ -89,13 +89,13 @@ async fn allocs_end_and_say_why(store: &dyn Store) {
     let again = store.free_alloc(name.clone(), alloc.id).await.unwrap();
     assert_eq!(again.reason, EndReason::Freed, "freeing twice answers the same record");
     let kept = store.keepalive_alloc(name.clone(), alloc.id, 1_000).await;
-    assert!(matches!(kept, Err(StoreError::Pool(PoolError::AllocEnded { .. }))), "{kept:?}");
+    assert!(matches!(kept, Err(StoreError::Pools(PoolError::AllocEnded { .. }))), "{kept:?}");
     match store.inspect_alloc(name.clone(), alloc.id).await.unwrap() {
         AllocState::Ended(ended) => assert_eq!((ended.reason, ended.alloc.resources), (EndReason::Freed, res("cpu=1"))),
         live => panic!("{live:?}"),
     }
     let missing = store.inspect_alloc(name.clone(), AllocId(42)).await;
-    assert!(matches!(missing, Err(StoreError::Pool(PoolError::AllocNotFound { .. }))), "{missing:?}");
+    assert!(matches!(missing, Err(StoreError::Pools(PoolError::AllocNotFound { .. }))), "{missing:?}");
 }
 
 async fn lapsed_allocs_are_offered_and_reclaimed_when_needed(store: &dyn Store, time: &dyn Time) {
@@ -134,7 +134,7 @@ async fn an_idle_pool_stops(store: &dyn Store, time: &dyn Time) {
     assert!(stopped);
     assert_eq!(store.offer(name.clone()).await.unwrap(), None);
     let refused = store.accept(name.clone(), wants("cpu=1", None)).await;
-    assert!(matches!(refused, Err(StoreError::Pool(PoolError::PoolStopped(_)))), "{refused:?}");
+    assert!(matches!(refused, Err(StoreError::Pools(PoolError::PoolStopped(_)))), "{refused:?}");
     match store.inspect_alloc(name.clone(), alloc.id).await.unwrap() {
         AllocState::Ended(ended) => assert_eq!(ended.reason, EndReason::PoolStopped),
         live => panic!("{live:?}"),
@@ -160,7 +160,7 @@ async fn concurrent_accepts_never_over_allocate(store: Arc<dyn Store>) {
                         assert!(view.capacity.fits(&view.allocated), "over-allocated: {view:?}");
                         store.free_alloc(name.clone(), alloc.id).await.unwrap();
                     }
-                    Err(StoreError::Pool(PoolError::OfferExpired { .. })) => {}
+                    Err(StoreError::Pools(PoolError::OfferExpired { .. })) => {}
                     Err(err) => panic!("{err}"),
                 }
             }
@@ -207,5 +207,5 @@ async fn pools_and_allocs_page_by_name_and_id(store: &dyn Store) {
     assert_eq!(second.items.iter().map(|a| a.id).collect::<Vec<_>>(), [ids[3], ids[5], ids[6]]);
     assert_eq!(second.next, None);
     let missing = store.allocs(pool_name("page-none"), PageRequest::first(3)).await;
-    assert!(matches!(missing, Err(StoreError::Pool(PoolError::PoolNotFound(_)))), "{missing:?}");
+    assert!(matches!(missing, Err(StoreError::Pools(PoolError::PoolNotFound(_)))), "{missing:?}");
 }

@@ -77,12 +77,12 @@ async fn namespaces_are_created_changed_and_removed(store: &dyn Store) {
     assert_eq!(store.namespace(name.clone()).await.unwrap().quota, 5);
     store.allocate(request(&name, "t", 1), Duration::ZERO).await.unwrap();
     let in_use = store.remove_namespace(name.clone(), false).await;
-    assert!(matches!(in_use, Err(StoreError::Ledger(LedgerError::NamespaceInUse { grants: 1, .. }))), "{in_use:?}");
+    assert!(matches!(in_use, Err(StoreError::Quotas(LedgerError::NamespaceInUse { grants: 1, .. }))), "{in_use:?}");
     assert_eq!(store.remove_namespace(name.clone(), true).await.unwrap(), 1);
     let gone = store.namespace(name.clone()).await;
-    assert!(matches!(gone, Err(StoreError::Ledger(LedgerError::NamespaceNotFound(_)))), "{gone:?}");
+    assert!(matches!(gone, Err(StoreError::Quotas(LedgerError::NamespaceNotFound(_)))), "{gone:?}");
     let gone = store.allocate(request(&name, "t", 1), Duration::ZERO).await;
-    assert!(matches!(gone, Err(StoreError::Ledger(LedgerError::NamespaceNotFound(_)))), "{gone:?}");
+    assert!(matches!(gone, Err(StoreError::Quotas(LedgerError::NamespaceNotFound(_)))), "{gone:?}");
 }
 
 async fn grants_until_the_quota_is_full(store: &dyn Store) {
@@ -136,7 +136,7 @@ async fn a_retry_must_match_the_lease(store: &dyn Store) {
     let err = store.allocate(other, Duration::ZERO).await.unwrap_err();
     assert_eq!(
         err,
-        StoreError::Ledger(LedgerError::TokenConflict {
+        StoreError::Quotas(LedgerError::TokenConflict {
             token: token("t"),
             waiting: false,
             field: "ttl_ms",
@@ -155,11 +155,11 @@ async fn a_retry_must_match_the_lease(store: &dyn Store) {
     assert!(listed.iter().any(|info| info.session.id == session && info.session.owner.as_deref() == Some("ada")));
     let in_session = AllocateRequest { lease: LeaseRequest::Session(session), ..with_ttl.clone() };
     let err = store.allocate(in_session, Duration::ZERO).await.unwrap_err();
-    assert!(matches!(err, StoreError::Ledger(LedgerError::TokenConflict { field: "session", .. })), "{err:?}");
+    assert!(matches!(err, StoreError::Quotas(LedgerError::TokenConflict { field: "session", .. })), "{err:?}");
     let unscoped = AllocateRequest { units: 2, ..with_ttl };
     let err = store.allocate(unscoped, Duration::ZERO).await.unwrap_err();
     assert!(
-        matches!(&err, StoreError::Ledger(LedgerError::TokenConflict { field: "units", held, asked, .. })
+        matches!(&err, StoreError::Quotas(LedgerError::TokenConflict { field: "units", held, asked, .. })
         if held == "1" && asked == "2"),
         "{err:?}"
     );
@@ -213,9 +213,9 @@ async fn stale_fencing_is_refused(store: &dyn Store) {
     let f2 = assert_granted(&store.allocate(request(&name, "a", 1), Duration::ZERO).await.unwrap());
     assert!(f2 > f1);
     let stale = store.release(name.clone(), token("a"), Some(f1)).await;
-    assert!(matches!(stale, Err(StoreError::Ledger(LedgerError::StaleFencing { .. }))), "{stale:?}");
+    assert!(matches!(stale, Err(StoreError::Quotas(LedgerError::StaleFencing { .. }))), "{stale:?}");
     let stale = store.keepalive_grant(name.clone(), token("a"), Some(f1)).await;
-    assert!(matches!(stale, Err(StoreError::Ledger(LedgerError::StaleFencing { .. }))), "{stale:?}");
+    assert!(matches!(stale, Err(StoreError::Quotas(LedgerError::StaleFencing { .. }))), "{stale:?}");
     assert!(store.release(name.clone(), token("a"), Some(f2)).await.unwrap().is_some());
 }
 
@@ -279,7 +279,7 @@ async fn sessions_hold_and_free_grants(store: &dyn Store, time: &dyn Time) {
     .await;
     assert!(freed, "an expired session's grants were not freed");
     let gone = store.keepalive_session(id).await;
-    assert!(matches!(gone, Err(StoreError::Ledger(LedgerError::SessionNotFound(_)))), "{gone:?}");
+    assert!(matches!(gone, Err(StoreError::Quotas(LedgerError::SessionNotFound(_)))), "{gone:?}");
 
     let session = store.open_session(10_000, None).await.unwrap();
     let mut r = request(&name, "c", 1);
@@ -454,7 +454,7 @@ async fn grants_page_by_token(store: &dyn Store) {
     let all = read_all(|page| store.grants(name.clone(), page)).await.unwrap();
     assert_eq!(all.len(), 25);
     let missing = store.grants(ns("grant-pages-none"), PageRequest::first(10)).await;
-    assert!(matches!(missing, Err(StoreError::Ledger(LedgerError::NamespaceNotFound(_)))), "{missing:?}");
+    assert!(matches!(missing, Err(StoreError::Quotas(LedgerError::NamespaceNotFound(_)))), "{missing:?}");
 }
 
 async fn waiters_page_in_queue_order(store: &dyn Store) {

@@ -101,7 +101,7 @@ impl PoolStore for EmbeddedStore {
             let id = AllocId(rand::random());
             let request = request.clone();
             match self.mutate_pools(|pools, now| pools.accept(&name, request, id, now)).await {
-                Err(StoreError::Pool(PoolError::AllocIdTaken { .. })) => continue,
+                Err(StoreError::Pools(PoolError::AllocIdTaken { .. })) => continue,
                 res => return res,
             }
         }

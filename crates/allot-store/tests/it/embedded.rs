@@ -305,7 +305,7 @@ async fn pools_and_allocs_survive_a_restart_with_the_lease_time_they_had_left() 
     clock.advance(Duration::from_secs(3601));
     store.tick().await.unwrap();
     let not_found = |answer: Result<AllocState, StoreError>| {
-        matches!(answer, Err(StoreError::Pool(allot_core::pools::PoolError::AllocNotFound { .. })))
+        matches!(answer, Err(StoreError::Pools(allot_core::pools::PoolError::AllocNotFound { .. })))
     };
     assert!(not_found(store.inspect_alloc(pool.clone(), freed.id).await));
     store.shutdown().await;

@@ -11,6 +11,7 @@ use super::apps_output::{
     app_details, app_line, app_table, limits_line, queue_details, queue_table, run_timeline, task_details, task_line,
     task_state, task_table, tasks_line, AppDetails,
 };
+use super::submit_follow::FollowArgs;
 use super::{client, dispatch, emit, key_value, show, Common, EXIT_CODES, EXIT_ERROR, EXIT_USAGE};
 use crate::appfile::read_app;
 
@@ -28,7 +29,7 @@ The file holds one application, with the fields of the API's SubmitApp:
   tasks        id, resources, tokens (namespace, units), group, priority, selector, spec
 A field it does not know is refused. Examples: docs/examples/etl.yaml and docs/examples/etl.toml.
 
-Exit codes (the same with --json and --quiet):
+Exit codes (the same with --json and --quiet), without --follow:
   0  submitted (also when the same application was submitted before)
   1  error: the file cannot be read or does not hold an application (`error: FILE:LINE:COLUMN: FIELD: message`
      on stderr), or the daemon refused it (`error: <code>: <message>`) or cannot be reached
@@ -125,10 +126,24 @@ pub(crate) enum QueueCommand {
 pub(crate) enum AppCommand {
     /// Submit an application from a file: YAML (`.yaml`, `.yml`), TOML (`.toml`), or `-` for YAML
     /// on stdin. The same file again is answered as it is; other content under its id is refused.
-    #[command(after_help = SUBMIT_AFTER_HELP)]
+    /// With --follow, follow it to its end (`allot run FILE` is the same).
+    #[command(
+        after_help = format!("{SUBMIT_AFTER_HELP}\n\n{}", super::submit_follow::after_help()),
+        group = clap::ArgGroup::new("follow_options")
+            .args(["poll", "timeout", "no_progress", "replace"])
+            .multiple(true)
+            .requires("follow")
+    )]
     Submit {
         /// The file, or `-` to read YAML from stdin.
         file: String,
+        /// Follow the application to its end: progress per task group, then a summary of every
+        /// task; exits non-zero if a task did not complete, and ends the application (completed
+        /// if every task completed, else failed).
+        #[arg(long)]
+        follow: bool,
+        #[command(flatten)]
+        follow_args: FollowArgs,
         #[command(flatten)]
         common: Common,
     },
@@ -424,7 +439,8 @@ async fn run_queue(command: &QueueCommand) -> Result<u8, ClientError> {
 
 async fn run_app(command: &AppCommand) -> Result<u8, ClientError> {
     match command {
-        AppCommand::Submit { file, common } => {
+        // With --follow, `main` runs `submit_follow` instead.
+        AppCommand::Submit { file, common, .. } => {
             let submit = match read_app(file) {
                 Ok(submit) => submit,
                 Err(err) => {

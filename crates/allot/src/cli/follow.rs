@@ -1,5 +1,5 @@
-//! What `allot run` shows while it follows an application, and how it rides out a daemon that
-//! restarts: a bar per task group on a terminal, a line per task state change elsewhere (a CI
+//! What `allot app submit --follow` shows while it follows an application, and how it rides out
+//! a daemon that restarts: a bar per task group on a terminal, a line per task state change elsewhere (a CI
 //! log), why a task waits once it has waited a while, and `note:` lines for outages.
 
 use std::collections::{BTreeMap, HashMap};

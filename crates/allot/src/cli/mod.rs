@@ -2,8 +2,8 @@
 //! `allot-client` and prints its answer, as plain text for people or, with `--json`, as the
 //! daemon's JSON for scripts (`--quiet`: only the ids it names). One module per part: `quotas`
 //! (`allot quota`, `token`, `session`), `pools` (`allot pool`, `alloc`), `apps` (`allot queue`,
-//! `app`, `task`; how their answers print is `apps_output`), `run` (`allot run FILE`, with
-//! `follow`: its progress), `watch` (`allot watch`: the change feed, a line per event). The part
+//! `app`, `task`; how their answers print is `apps_output`), `submit_follow` (`allot app submit
+//! --follow FILE`, alias `allot run FILE`, with `follow`: its progress), `watch` (`allot watch`: the change feed, a line per event). The part
 //! modules do not use each other; what they share is here: the options every command takes
 //! ([`Common`]), the exit codes, printing an answer ([`emit`], [`finish`]), tables and the text
 //! forms of names, durations and resources.
@@ -17,7 +17,7 @@ mod apps_output;
 mod follow;
 pub(crate) mod pools;
 pub(crate) mod quotas;
-pub(crate) mod run;
+pub(crate) mod submit_follow;
 pub(crate) mod watch;
 
 use std::fmt::Write as _;

@@ -388,7 +388,7 @@ async fn run_token(command: &TokenCommand) -> Result<u8, ClientError> {
             })
         }
         TokenCommand::Keepalive { namespace, token, fencing, common } => {
-            let answer = client(common)?.keepalive(namespace, token, *fencing).await?;
+            let answer = client(common)?.keepalive_grant(namespace, token, *fencing).await?;
             emit(common, &answer, |grant| {
                 format!(
                     "kept alive {} token {} (fencing {}, {})\n",

@@ -24,9 +24,9 @@ async fn registers_quotas_from_the_config_file_and_flags() {
     assert!(openapi["paths"]["/v1/sessions/{id}/keepalive"]["post"].is_object());
     client.allocate("hive:cluster-a", "t", &Allocate::default()).await.unwrap();
     let metrics = client.metrics().await.unwrap();
-    assert!(metrics.contains("allot_granted_units{namespace=\"hive:cluster-a\"} 1"), "{metrics}");
+    assert!(metrics.contains("allot_quotas_granted_units{namespace=\"hive:cluster-a\"} 1"), "{metrics}");
     assert!(!metrics.contains("namespace=\"hive:cluster-b\""), "not selected: totals only\n{metrics}");
-    assert!(metrics.contains("allot_namespaces_quota_units 16"), "{metrics}");
+    assert!(metrics.contains("allot_quotas_quota_units 16"), "{metrics}");
     assert!(metrics.contains("allot_http_request_duration_seconds_count"), "{metrics}");
     // It says where its dashboard is, and the dashboard is there.
     let log = || std::fs::read_to_string(data.with_extension("log")).unwrap_or_default();

@@ -69,13 +69,12 @@ async fn a_daemon_runs_the_tasks_placed_on_its_pool() {
     assert_eq!((nap.stage.as_str(), nap.ending.as_deref()), ("ended", Some("succeeded")));
     // A run's end is in the store (where the test saw it) a moment before the executor lets the
     // run go: its gauge follows.
-    let idle = eventually(Duration::from_secs(5), async || {
-        client.metrics().await.unwrap().contains("allot_exec_runs_active 0")
-    })
-    .await;
+    let idle =
+        eventually(Duration::from_secs(5), async || client.metrics().await.unwrap().contains("allot_runs_active 0"))
+            .await;
     assert!(idle, "the executor lets its runs go");
     let metrics = client.metrics().await.unwrap();
-    let line = "allot_exec_runs_ended_total{result=\"succeeded\"} 3";
+    let line = "allot_runs_ended_total{result=\"succeeded\"} 3";
     assert!(metrics.contains(line), "{line}\n{metrics}");
     let missing = client.task_run("run-1", "nope").await.unwrap_err();
     assert!(missing.to_string().contains("task_not_found"), "{missing}");
@@ -89,7 +88,7 @@ async fn a_daemon_runs_the_tasks_placed_on_its_pool() {
 
 const EXAMPLES: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/../../examples");
 
-/// `allot run` on the examples: it submits, follows the application to its end and prints a
+/// `allot app submit --follow` on the examples: it submits, follows the application to its end and prints a
 /// summary; a task that fails makes it exit non-zero.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn allot_run_takes_the_examples_to_their_end() {
@@ -99,7 +98,7 @@ async fn allot_run_takes_the_examples_to_their_end() {
     let server = format!("http://{}", daemon.address());
     let run = |file: &str| {
         std::process::Command::new(crate::support::ALLOT)
-            .args(["run", file, "--server", &server, "--poll", "50ms"])
+            .args(["app", "submit", "--follow", file, "--server", &server, "--poll", "50ms"])
             .output()
             .unwrap()
     };
@@ -116,7 +115,7 @@ async fn allot_run_takes_the_examples_to_their_end() {
     assert_eq!(client.app("hello").await.unwrap().state, "Completed");
     let greet = client.task_run("hello", "greet").await.unwrap();
     assert_eq!(greet.outputs, Some(serde_json::json!({ "greeted": true })));
-    // A task that fails: the application fails, and so does `allot run`.
+    // A task that fails: the application fails, and so does `allot app submit --follow`.
     let failing = data.parent().unwrap().join("failing.yaml");
     std::fs::write(
         &failing,
@@ -159,7 +158,7 @@ impl Drop for Agent {
     }
 }
 
-/// A plugin written in Python, served by another process (`external`): `allot run` takes the
+/// A plugin written in Python, served by another process (`external`): `allot app submit --follow` takes the
 /// example application to its end, with the outputs the agent computed.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_external_plugin_written_in_python_runs_its_tasks() {
@@ -171,7 +170,16 @@ async fn an_external_plugin_written_in_python_runs_its_tasks() {
     let daemon =
         Daemon::start(&data, &["--config", config.to_str().unwrap(), "--pool", "worker=cpu=4", "--run-pool", "worker"]);
     let output = std::process::Command::new(crate::support::ALLOT)
-        .args(["run", &format!("{EXAMPLES}/agent/wordcount.yaml"), "--server", &daemon.url, "--poll", "50ms"])
+        .args([
+            "app",
+            "submit",
+            "--follow",
+            &format!("{EXAMPLES}/agent/wordcount.yaml"),
+            "--server",
+            &daemon.url,
+            "--poll",
+            "50ms",
+        ])
         .output()
         .unwrap();
     let text = String::from_utf8_lossy(&output.stdout);
@@ -307,15 +315,15 @@ fn now_ms() -> u64 {
     std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_millis() as u64
 }
 
-/// The user's story, on the daemon at `server`: `allot run examples/hello.yaml`, `allot app
-/// remove hello`, `allot run examples/hello.yaml` again: the runs went with the application, and
+/// The user's story, on the daemon at `server`: `allot app submit --follow examples/hello.yaml`, `allot app
+/// remove hello`, `allot app submit --follow examples/hello.yaml` again: the runs went with the application, and
 /// the second runs its tasks afresh (new events, the command run again, its log its own); the
 /// cache key's parts are in `allot task show`. Then the application, dropped after
 /// `app_retention`, takes its runs too.
 pub(crate) async fn a_removed_application_takes_its_runs_and_runs_afresh_when_submitted_again(server: &str) {
     let client = allot_client::Client::new(server).unwrap();
     let hello = format!("{EXAMPLES}/hello.yaml");
-    let run = || allot(server, &["run", &hello, "--poll", "50ms"]);
+    let run = || allot(server, &["app", "submit", "--follow", &hello, "--poll", "50ms"]);
     let output = run();
     assert!(output.status.success(), "{}", String::from_utf8_lossy(&output.stderr));
     let first = client.task_run("hello", "greet").await.unwrap();
@@ -379,7 +387,7 @@ async fn the_executor_runs_tasks_as_the_change_feed_brings_them_not_at_its_perio
             Daemon::start(&data, &["--config", config.to_str().unwrap(), "--pool", "w=cpu=4", "--run-pool", "w"]);
         let client = daemon.client();
         let following = eventually(Duration::from_secs(10), async || {
-            client.metrics().await.unwrap().contains("allot_exec_following_feed 1")
+            client.metrics().await.unwrap().contains("allot_runs_following_feed 1")
         })
         .await;
         assert!(following, "the executor follows the feed");
@@ -406,7 +414,7 @@ async fn the_executor_runs_tasks_as_the_change_feed_brings_them_not_at_its_perio
             let line = metrics.lines().find(|l| l.starts_with(&format!("{name} "))).unwrap_or_default();
             line.rsplit(' ').next().and_then(|v| v.parse().ok()).unwrap_or_else(|| panic!("{name}: {metrics}"))
         };
-        let (lists, cuts) = (value("allot_exec_lists_total"), value("allot_exec_feed_cuts_total"));
+        let (lists, cuts) = (value("allot_runs_lists_total"), value("allot_runs_feed_cuts_total"));
         if buffer == 1 {
             assert!(cuts > 0 && lists > 1, "cut and listed again: {lists} lists, {cuts} cuts");
         } else {
@@ -416,7 +424,7 @@ async fn the_executor_runs_tasks_as_the_change_feed_brings_them_not_at_its_perio
 }
 
 /// `retries` of a task (beside its spec, as Flyte's task metadata has them, or in it) give it new
-/// attempts after user failures; the daemon's file sets the default; `allot run` shows each
+/// attempts after user failures; the daemon's file sets the default; `allot app submit --follow` shows each
 /// attempt; a value out of bounds, or two different ones, are refused when submitted.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn retries_are_configurable_and_each_attempt_shows() {
@@ -431,7 +439,7 @@ async fn retries_are_configurable_and_each_attempt_shows() {
         "id: retries\nqueue: root.r\ntasks:\n  - id: flaky\n    resources: cpu=1\n    retries: 2\n    spec: {{type: shell, command: '{flaky}'}}\n  - id: always\n    resources: cpu=1\n    spec: {{type: shell, command: 'exit 5'}}\n"
     );
     std::fs::write(&file, yaml).unwrap();
-    let output = allot(&daemon.url, &["run", file.to_str().unwrap(), "--poll", "50ms"]);
+    let output = allot(&daemon.url, &["app", "submit", "--follow", file.to_str().unwrap(), "--poll", "50ms"]);
     let text = String::from_utf8_lossy(&output.stdout);
     assert_eq!(output.status.code(), Some(1), "`always` fails: {text}");
     assert!(

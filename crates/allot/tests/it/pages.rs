@@ -34,8 +34,8 @@ async fn the_cli_lists_every_page_and_metrics_keep_to_the_selection() {
     assert_eq!(json["namespaces"].as_array().unwrap().len(), 1_050);
 
     let metrics = client.metrics().await.unwrap();
-    assert!(metrics.contains("allot_namespaces 1050"), "{metrics}");
-    let selected = metrics.lines().filter(|line| line.starts_with("allot_quota_units{")).count();
+    assert!(metrics.contains("allot_quotas_namespaces 1050"), "{metrics}");
+    let selected = metrics.lines().filter(|line| line.starts_with("allot_quotas_quota_units{")).count();
     // `team-1*` selects team-1 and team-10 (ns-0100..0199 and ns-1000..1049).
     assert_eq!(selected, 150, "{metrics}");
 }

@@ -116,7 +116,7 @@ fn random_op(rng: &mut Rng, names: &[NamespaceName]) -> Op {
 fn comparable(result: Result<String, StoreError>) -> String {
     match result {
         Ok(answer) => answer,
-        Err(StoreError::Ledger(err)) => format!("error: {err}"),
+        Err(StoreError::Quotas(err)) => format!("error: {err}"),
         Err(other) => panic!("a backend failed: {other}"),
     }
 }

@@ -98,7 +98,7 @@ struct Sequence<'a> {
 /// An answer as both sides can give it.
 fn core_error<T>(result: Result<T, StoreError>) -> Result<T, PoolError> {
     result.map_err(|err| match err {
-        StoreError::Pool(err) => err,
+        StoreError::Pools(err) => err,
         other => panic!("Redis failed: {other}"),
     })
 }

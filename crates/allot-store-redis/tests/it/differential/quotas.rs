@@ -141,7 +141,7 @@ struct Sequence<'a> {
 /// An answer as both sides can give it: the error of a refusal as the core words it.
 fn core_error<T>(result: Result<T, StoreError>) -> Result<T, LedgerError> {
     result.map_err(|err| match err {
-        StoreError::Ledger(err) => err,
+        StoreError::Quotas(err) => err,
         other => panic!("Redis failed: {other}"),
     })
 }

@@ -1,4 +1,5 @@
-//! `allot run FILE`: submits an application and follows it to its end. Progress is shown a bar
+//! `allot app submit --follow FILE` (alias `allot run FILE`): submits an application and follows
+//! it to its end. Progress is shown a bar
 //! per task group (ungrouped tasks on a bar of their own) on a terminal, else a line per task
 //! state change (`follow`); a task that waits long says why; a daemon that restarts meanwhile is
 //! waited for. Then a summary of every task (its state, attempts, time and why it failed), and
@@ -18,12 +19,14 @@ use super::follow::{states_line, Outages, Progress, Style, STILL_LINE_AFTER, WAI
 use super::{client, count, finish, show, usage_error, Align, Common, Table, EXIT_ERROR, EXIT_OK, EXIT_USAGE};
 use crate::appfile::read_app;
 
-/// `allot run --help`'s epilogue: what it shows, and its exit codes.
+/// `allot run --help`'s epilogue (and, after the plain submit's, `allot app submit --help`'s): what
+/// following shows, and its exit codes.
 pub(crate) fn after_help() -> String {
     format!(
         "\
-Progress: on a terminal, a bar per task group. Otherwise (a CI log, a file, a pipe) or with
---no-progress, a line per task state change, and a line every {still} s while none changes.
+Following (`allot app submit --follow FILE`, or its alias `allot run FILE`) shows progress: on
+a terminal, a bar per task group. Otherwise (a CI log, a file, a pipe) or with --no-progress, a
+line per task state change, and a line every {still} s while none changes.
 A task that stays {wait} s in one state says why it waits (its `waiting` reason, e.g. a pool
 that no daemon runs) on stderr.
 
@@ -31,7 +34,7 @@ A daemon that restarts or goes away meanwhile (connection refused or cut, 503) i
 stderr (`note:`) and asked again until it is back or --timeout ends (submitting, reading and
 ending the application are safe to repeat).
 
-Exit codes (the same with --json and --quiet):
+Exit codes when following (the same with --json and --quiet):
   0  every task completed; the application is Completed
   1  a task did not complete (the application is Failed; the summary says which and why), or
      an error: the daemon refused a request (`error: <code>: <message>` on stderr) or could not
@@ -42,10 +45,27 @@ Exit codes (the same with --json and --quiet):
     )
 }
 
+/// `allot run FILE`: an alias of `allot app submit --follow FILE`, kept for those who know it.
 #[derive(Debug, clap::Args)]
 pub(crate) struct RunArgs {
     /// The application file, YAML or TOML (`-` reads YAML from standard input).
     file: String,
+    #[command(flatten)]
+    follow: FollowArgs,
+    #[command(flatten)]
+    common: Common,
+}
+
+impl RunArgs {
+    /// `allot app submit --follow` with these arguments.
+    pub(crate) fn into_submit(self) -> (String, FollowArgs, Common) {
+        (self.file, self.follow, self.common)
+    }
+}
+
+/// The options of `allot app submit --follow` (and of `allot run`) beside the file.
+#[derive(Debug, Clone, clap::Args)]
+pub(crate) struct FollowArgs {
     /// How often to read the application's progress when the daemon's change feed cannot wake
     /// the reads (a store without one, or the feed cut); with it, a read follows each change.
     #[arg(long, value_name = "DURATION", default_value = "250ms", value_parser = allot_bench::duration::parse)]
@@ -63,23 +83,26 @@ pub(crate) struct RunArgs {
     /// ended, and one that has ended is not run again.
     #[arg(long)]
     replace: bool,
-    #[command(flatten)]
-    common: Common,
 }
 
-/// Runs `allot run`; `before` holds the options given before the command.
-pub(crate) async fn run(mut args: RunArgs, before: &Common) -> anyhow::Result<ExitCode> {
-    if let Err(usage) = args.common.merge(before) {
+/// Runs `allot app submit --follow FILE` (or `allot run FILE`); `before` holds the options given
+/// before the command.
+pub(crate) async fn submit_and_follow(
+    file: &str,
+    args: FollowArgs,
+    mut common: Common,
+    before: &Common,
+) -> anyhow::Result<ExitCode> {
+    if let Err(usage) = common.merge(before) {
         return Ok(usage_error(&usage));
     }
-    let submit = match read_app(&args.file) {
+    let submit = match read_app(file) {
         Ok(submit) => submit,
         Err(err) => {
             eprintln!("error: {}", err.message);
             return Ok(ExitCode::from(if err.usage { EXIT_USAGE } else { EXIT_ERROR }));
         }
     };
-    let common = args.common.clone();
     let mut progress = Progress::new(Style::pick(args.no_progress, common.json, common.quiet));
     let outcome = async {
         // Outages are ridden out here, with notes, rather than by the client's own few retries.
@@ -99,9 +122,9 @@ pub(crate) async fn run(mut args: RunArgs, before: &Common) -> anyhow::Result<Ex
             eprintln!("submitted app {app} to queue {} ({tasks})", submitted.app.queue);
         } else if app_ended(&submitted.app.state) {
             eprintln!(
-                "error: app {app} already exists and has ended ({}): nothing was run. `allot run --replace {}` \
-                 removes it and runs it again",
-                submitted.app.state, args.file
+                "error: app {app} already exists and has ended ({}): nothing was run. `allot app submit --follow \
+                 --replace {file}` removes it and runs it again",
+                submitted.app.state
             );
             return Ok(EXIT_ERROR);
         } else {

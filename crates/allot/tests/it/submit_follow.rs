@@ -1,6 +1,7 @@
-//! `allot run` as a user in CI meets it (its stderr is a pipe, not a terminal): a line per task
-//! state change, a daemon killed with SIGKILL and restarted under it ridden out, and a task
-//! that waits long says why, e.g. a pool that no daemon runs.
+//! `allot app submit --follow` (alias `allot run`) as a user in CI meets it (its stderr is a
+//! pipe, not a terminal): a line per task state change, a daemon killed with SIGKILL and
+//! restarted under it ridden out, and a task that waits long says why, e.g. a pool that no
+//! daemon runs.
 
 use std::io::Read;
 use std::process::{Child, Command, ExitStatus, Stdio};
@@ -11,22 +12,27 @@ use crate::support::{data_dir, eventually, Daemon, ALLOT};
 
 const EXAMPLES: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/../../examples");
 
-/// `allot run` as a child process, its output collected as it is written.
-struct Run {
+/// `allot app submit --follow` as a child process, its output collected as it is written.
+struct Following {
     child: Child,
     stdout: Arc<Mutex<String>>,
     stderr: Arc<Mutex<String>>,
 }
 
-impl Run {
-    fn start(args: &[&str]) -> Run {
+impl Following {
+    fn start(args: &[&str]) -> Following {
+        Following::start_as(&["app", "submit", "--follow"], args)
+    }
+
+    /// `command` (`app submit --follow`, or its alias `run`) with `args`.
+    fn start_as(command: &[&str], args: &[&str]) -> Following {
         let mut child = Command::new(ALLOT)
-            .arg("run")
+            .args(command)
             .args(args)
             .stdout(Stdio::piped())
             .stderr(Stdio::piped())
             .spawn()
-            .expect("start allot run");
+            .expect("start allot app submit --follow");
         let collect = |mut pipe: Box<dyn Read + Send>| {
             let text: Arc<Mutex<String>> = Arc::default();
             let into = text.clone();
@@ -40,7 +46,7 @@ impl Run {
         };
         let stdout = collect(Box::new(child.stdout.take().unwrap()));
         let stderr = collect(Box::new(child.stderr.take().unwrap()));
-        Run { child, stdout, stderr }
+        Following { child, stdout, stderr }
     }
 
     fn stderr(&self) -> String {
@@ -73,18 +79,18 @@ impl Run {
     }
 }
 
-impl Drop for Run {
+impl Drop for Following {
     fn drop(&mut self) {
         let _ = self.child.kill();
         let _ = self.child.wait();
     }
 }
 
-/// The daemon is killed with SIGKILL while `allot run` follows its application, and restarted on
-/// the same data and address: `allot run` says so, waits, and takes the application to
+/// The daemon is killed with SIGKILL while `allot app submit --follow` follows its application,
+/// and restarted on the same data and address: it says so, waits, and takes the application to
 /// Completed; its progress is a line per task state change.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn allot_run_outlives_a_daemon_restart() {
+async fn submit_follow_outlives_a_daemon_restart() {
     let (dir, data) = data_dir();
     let config = format!("{EXAMPLES}/allot.toml");
     let args = ["--config", config.as_str(), "--pool", "worker=cpu=4", "--run-pool", "worker"];
@@ -96,17 +102,18 @@ async fn allot_run_outlives_a_daemon_restart() {
          spec: {type: sleep, seconds: 3}\n  - id: quick\n    resources: cpu=1\n    spec: {type: noop}\n",
     )
     .unwrap();
-    let run = Run::start(&[file.to_str().unwrap(), "--server", &daemon.url, "--poll", "100ms", "--timeout", "60s"]);
+    let following =
+        Following::start(&[file.to_str().unwrap(), "--server", &daemon.url, "--poll", "100ms", "--timeout", "60s"]);
     let client = daemon.client();
     let running = eventually(Duration::from_secs(20), async || {
         client.task("restart", "nap").await.is_ok_and(|t| t.state == "Running")
     });
-    assert!(running.await, "the task runs: {}", run.stderr());
+    assert!(running.await, "the task runs: {}", following.stderr());
     let address = daemon.address();
     daemon.kill9();
-    assert!(run.says("note: the daemon at", Duration::from_secs(10)).await, "{}", run.stderr());
+    assert!(following.says("note: the daemon at", Duration::from_secs(10)).await, "{}", following.stderr());
     let daemon = Daemon::start_on(&address, &data, &args);
-    let (status, stdout, stderr) = run.end(Duration::from_secs(60)).await;
+    let (status, stdout, stderr) = following.end(Duration::from_secs(60)).await;
     assert_eq!(status.and_then(|s| s.code()), Some(0), "{stdout}\n{stderr}");
     assert!(stdout.contains("app restart: Completed"), "{stdout}\n{stderr}");
     assert!(stderr.contains("answers again after"), "{stderr}");
@@ -117,9 +124,9 @@ async fn allot_run_outlives_a_daemon_restart() {
 }
 
 /// A task with a type that only a pool no daemon runs would take waits: the API, `allot app
-/// show` and `allot run` (once it has waited a few seconds) say why.
+/// show` and `allot app submit --follow` (once it has waited a few seconds) say why.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn allot_run_says_why_a_task_waits() {
+async fn submit_follow_says_why_a_task_waits() {
     let (dir, data) = data_dir();
     let config = format!("{EXAMPLES}/allot.toml");
     let daemon =
@@ -131,11 +138,11 @@ async fn allot_run_says_why_a_task_waits() {
          spec: {type: noop}\n",
     )
     .unwrap();
-    let run = Run::start(&[file.to_str().unwrap(), "--server", &daemon.url, "--poll", "100ms"]);
+    let following = Following::start(&[file.to_str().unwrap(), "--server", &daemon.url, "--poll", "100ms"]);
     let reason =
         "the task has a type, and no daemon runs pool `idle`, which would take it: start one with --run-pool idle";
-    assert!(run.says(reason, Duration::from_secs(20)).await, "{}", run.stderr());
-    let stderr = run.stderr();
+    assert!(following.says(reason, Duration::from_secs(20)).await, "{}", following.stderr());
+    let stderr = following.stderr();
     let note = stderr.lines().find(|l| l.contains(reason)).unwrap();
     assert!(note.starts_with("note: task alone waits (waiting "), "{note}");
     let task = daemon.client().task("lonely", "alone").await.unwrap();
@@ -143,25 +150,41 @@ async fn allot_run_says_why_a_task_waits() {
     assert_eq!((waiting.code.as_str(), waiting.message.as_str()), ("not_run", reason));
     let show = Command::new(ALLOT).args(["app", "show", "lonely", "--server", &daemon.url]).output().unwrap();
     assert!(String::from_utf8_lossy(&show.stdout).contains(reason), "{}", String::from_utf8_lossy(&show.stdout));
-    let (status, _, _) = run.end(Duration::ZERO).await;
+    let (status, _, _) = following.end(Duration::ZERO).await;
     assert_eq!(status, None, "it still waits");
 }
 
-/// `allot run --help` gives the exit codes, and the default of `--timeout`.
+/// `allot app submit --help` gives the exit codes when following, and the default of `--timeout`;
+/// `allot run --help` gives them too and says it is the same command; the options of following
+/// are refused without `--follow`.
 #[test]
-fn allot_run_help_gives_its_exit_codes() {
-    let help = Command::new(ALLOT).args(["run", "--help"]).output().unwrap();
-    let text = String::from_utf8_lossy(&help.stdout);
-    assert!(help.status.success(), "{text}");
-    for part in ["Exit codes", "1  a task did not complete", "--timeout <DURATION>", "[default: 5m]"] {
-        assert!(text.contains(part), "`{part}`: {text}");
+fn submit_follow_help_gives_its_exit_codes_and_run_is_its_alias() {
+    for (command, more) in
+        [(&["app", "submit", "--help"][..], "--follow"), (&["run", "--help"][..], "allot app submit --follow FILE")]
+    {
+        let help = Command::new(ALLOT).args(command).output().unwrap();
+        let text = String::from_utf8_lossy(&help.stdout);
+        assert!(help.status.success(), "{text}");
+        for part in
+            ["Exit codes when following", "1  a task did not complete", "--timeout <DURATION>", "[default: 5m]", more]
+        {
+            assert!(text.contains(part), "{command:?} `{part}`: {text}");
+        }
     }
+    let refused = Command::new(ALLOT).args(["app", "submit", "app.yaml", "--replace"]).output().unwrap();
+    assert_eq!(refused.status.code(), Some(2), "{}", String::from_utf8_lossy(&refused.stderr));
+    assert!(
+        String::from_utf8_lossy(&refused.stderr).contains("--follow"),
+        "{}",
+        String::from_utf8_lossy(&refused.stderr)
+    );
 }
 
-/// `allot run` of an application that exists: one that has ended is not run again (it says so,
-/// and how to); `--replace` removes it and runs it again.
+/// Following an application that exists: one that has ended is not run again (it says so, and
+/// how to); `--replace` removes it and runs it again. The first time through the alias `allot
+/// run`: the same command.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn allot_run_of_an_application_that_exists_says_so_and_replace_runs_it_again() {
+async fn submit_follow_of_an_application_that_exists_says_so_and_replace_runs_it_again() {
     let (dir, data) = data_dir();
     let config = format!("{EXAMPLES}/allot.toml");
     let daemon = Daemon::start(&data, &["--config", config.as_str(), "--pool", "worker=cpu=4", "--run-pool", "worker"]);
@@ -172,25 +195,26 @@ async fn allot_run_of_an_application_that_exists_says_so_and_replace_runs_it_aga
     )
     .unwrap();
     let args = [file.to_str().unwrap(), "--server", &daemon.url, "--poll", "100ms", "--timeout", "60s"];
-    let (status, stdout, stderr) = Run::start(&args).end(Duration::from_secs(60)).await;
+    let (status, stdout, stderr) = Following::start_as(&["run"], &args).end(Duration::from_secs(60)).await;
     assert_eq!(status.and_then(|s| s.code()), Some(0), "{stdout}\n{stderr}");
-    let (status, stdout, stderr) = Run::start(&args).end(Duration::from_secs(60)).await;
+    assert!(stdout.contains("app again: Completed"), "{stdout}\n{stderr}");
+    let (status, stdout, stderr) = Following::start(&args).end(Duration::from_secs(60)).await;
     assert_eq!(status.and_then(|s| s.code()), Some(1), "{stdout}\n{stderr}");
     assert!(stderr.contains("app again already exists and has ended (Completed): nothing was run"), "{stderr}");
-    assert!(stderr.contains("allot run --replace"), "{stderr}");
+    assert!(stderr.contains("allot app submit --follow --replace"), "{stderr}");
     assert!(!stdout.contains("Completed after"), "no summary of a run that did not happen: {stdout}");
     let replace = [&args[..], &["--replace"]].concat();
-    let (status, stdout, stderr) = Run::start(&replace).end(Duration::from_secs(60)).await;
+    let (status, stdout, stderr) = Following::start(&replace).end(Duration::from_secs(60)).await;
     assert_eq!(status.and_then(|s| s.code()), Some(0), "{stdout}\n{stderr}");
     assert!(stderr.contains("removed app again (Completed) to run it again"), "{stderr}");
     assert!(stderr.contains("submitted app again") && stdout.contains("app again: Completed"), "{stdout}\n{stderr}");
 }
 
-/// A shell task that fails: `allot run`'s summary shows the end of its stderr and the command
+/// A shell task that fails: the summary of `allot app submit --follow` shows the end of its stderr and the command
 /// that shows all of it; a task whose retries are used up reads `Failed`, its cause beside it,
 /// in the summary and in `allot task show`; a command that cannot be run names that command too.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn allot_run_shows_a_failed_tasks_stderr_and_failed_once_its_retries_are_used_up() {
+async fn submit_follow_shows_a_failed_tasks_stderr_and_failed_once_its_retries_are_used_up() {
     let (dir, data) = data_dir();
     let config = format!("{EXAMPLES}/allot.toml");
     let daemon = Daemon::start(&data, &["--config", config.as_str(), "--pool", "worker=cpu=4", "--run-pool", "worker"]);
@@ -203,7 +227,7 @@ async fn allot_run_shows_a_failed_tasks_stderr_and_failed_once_its_retries_are_u
     )
     .unwrap();
     let args = [file.to_str().unwrap(), "--server", &daemon.url, "--poll", "100ms", "--timeout", "60s"];
-    let (status, stdout, stderr) = Run::start(&args).end(Duration::from_secs(60)).await;
+    let (status, stdout, stderr) = Following::start(&args).end(Duration::from_secs(60)).await;
     assert_eq!(status.and_then(|s| s.code()), Some(1), "{stdout}\n{stderr}");
     let command = format!("allot task logs fails full --stream stderr --server {}", daemon.url);
     let shown = format!("full: the end of its stderr (all of it: `{command}`):\n    disk full\n");
