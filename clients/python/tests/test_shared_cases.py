@@ -83,7 +83,7 @@ def test_alloc_picks_the_pool_the_shared_scenario_names(client: Client) -> None:
     for name, capacity in scenario["pools"].items():
         client.put_pool(prefix + name, capacity)
     try:
-        with client.alloc([prefix + name for name in scenario["pools"]], min=scenario["min"]) as alloc:
+        with client.hold_alloc([prefix + name for name in scenario["pools"]], min_resources=scenario["min"]) as alloc:
             assert alloc["pool"] == prefix + scenario["pool"], scenario["why"]
             assert alloc["resources"] == scenario["resources"]
     finally:
