@@ -158,6 +158,7 @@ impl Segment for FlakySegment {
         let covers = self.appends.load(Ordering::SeqCst);
         let delay = *self.faults.sync_delay.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
         if !delay.is_zero() {
+            // A slow disk is the fault asked for: the sync takes this long.
             std::thread::sleep(delay);
         }
         self.inner.sync()?;
