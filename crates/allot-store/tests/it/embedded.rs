@@ -415,7 +415,7 @@ impl LogDurability {
         let (counts, segment, count) = match event {
             LogEvent::Append { segment, n } => (&mut self.appended, segment, n),
             LogEvent::SyncEnd { segment, covers } => (&mut self.durable, segment, covers),
-            LogEvent::SyncStart { .. } => return,
+            LogEvent::SyncStart { .. } | LogEvent::Created { .. } => return,
         };
         let seen = counts.entry(segment).or_default();
         *seen = (*seen).max(count);
@@ -457,9 +457,19 @@ async fn a_later_log_segment_is_never_synced_before_an_earlier_one() {
         let store = store.clone();
         tokio::task::spawn_blocking(move || store.checkpoint_now())
     };
-    // The allocate comes while a (slowed) sync is under way.
-    until("a sync started after the checkpoint was asked for", async || {
-        faults.log_events.lock().unwrap()[seen..].iter().any(|e| matches!(e, LogEvent::SyncStart { .. }))
+    // The allocate comes while the checkpoint's (slowed) sync of the segment it sealed is under
+    // way: a sync of an earlier segment that starts after the next one was created.
+    until("the checkpoint sealed a segment and syncs it", async || {
+        let events = faults.log_events.lock().unwrap();
+        let mut created = None;
+        events[seen..].iter().any(|event| match *event {
+            LogEvent::Created { segment } => {
+                created = Some(segment);
+                false
+            }
+            LogEvent::SyncStart { segment } => created.is_some_and(|next| segment < next),
+            _ => false,
+        })
     })
     .await;
     let granted = store.allocate(request("hive", "after-the-seal", LeaseRequest::None), Duration::ZERO).await.unwrap();
