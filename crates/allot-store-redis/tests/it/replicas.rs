@@ -14,14 +14,13 @@ use allot_store_redis::{RedisConfig, RedisStore};
 use crate::support::{request, until};
 
 /// Starts a replica of `primary` and waits until the primary counts it.
-fn replica_of(primary: &RedisServer) -> RedisServer {
+async fn replica_of(primary: &RedisServer) -> RedisServer {
     // Redis waits 5 s by default before it sends the first copy, for more replicas to join.
     primary.cli(&["CONFIG", "SET", "repl-diskless-sync-delay", "0"]);
     let replica = RedisServer::start();
     replica.cli(&["REPLICAOF", "127.0.0.1", &primary.port.to_string()]);
     // Attached as the store counts it: online, and acknowledging (a replica whose first
     // acknowledgement is late under load shows a lag; the store does not count it yet).
-    let deadline = Instant::now() + Duration::from_secs(20);
     let attached = |info: &str| {
         info.lines().filter(|line| line.starts_with("slave")).any(|line| {
             let lag =
@@ -29,11 +28,7 @@ fn replica_of(primary: &RedisServer) -> RedisServer {
             line.contains("state=online") && lag.is_some_and(|lag| lag <= 1)
         })
     };
-    while !attached(&primary.cli(&["INFO", "replication"])) {
-        assert!(Instant::now() < deadline, "the replica never attached: {}", primary.cli(&["INFO", "replication"]));
-        // A plain function, before any store: polls the primary until it counts its replica.
-        std::thread::sleep(Duration::from_millis(50));
-    }
+    until("the primary counts its replica attached", async || attached(&primary.cli(&["INFO", "replication"]))).await;
     replica
 }
 
@@ -45,7 +40,7 @@ async fn open(primary: &RedisServer, min_replicas: u32) -> RedisStore {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_change_is_acknowledged_once_its_replicas_have_it_and_unknown_when_they_do_not() {
     let primary = RedisServer::start();
-    let mut replica = replica_of(&primary);
+    let mut replica = replica_of(&primary).await;
     let store = open(&primary, 1).await;
     // The first change waits, if it must, until Redis counts the replica attached.
     until("the first change is acknowledged with its replica", async || {
@@ -198,7 +193,7 @@ async fn fencing_of(store: &RedisStore, token: &str) -> u64 {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn fencing_numbers_never_go_back_when_a_promoted_replica_lost_the_last_writes() {
     let mut primary = RedisServer::start();
-    let replica = replica_of(&primary);
+    let replica = replica_of(&primary).await;
     let store = open(&primary, 0).await;
     store.put_namespace(NamespaceName::new("replicated").unwrap(), 100).await.unwrap();
     for i in 0..5 {
@@ -248,7 +243,7 @@ async fn read_up_to(store: &RedisStore, revision: u64) {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn feed_revisions_never_go_back_when_a_promoted_replica_lost_the_last_copies() {
     let mut primary = RedisServer::start();
-    let replica = replica_of(&primary);
+    let replica = replica_of(&primary).await;
     let store = open(&primary, 0).await;
     store.put_namespace(NamespaceName::new("replicated").unwrap(), 100).await.unwrap();
     for i in 0..5 {
