@@ -14,6 +14,7 @@ from ._async import AsyncClient
 from ._codes import *  # noqa: F401,F403
 from ._codes import __all__ as _code_names
 from ._sync import Client
+from ._util import Clock, SystemClock
 from .errors import (
     AllotError,
     AppFailed,
@@ -37,6 +38,7 @@ __all__ = [
     "AppFailed",
     "AsyncClient",
     "Client",
+    "Clock",
     "ConflictError",
     "ConnectionFailed",
     "Exhausted",
@@ -46,6 +48,7 @@ __all__ = [
     "NamespaceQuotaExceeded",
     "NotFoundError",
     "NotGranted",
+    "SystemClock",
     "Unauthenticated",
     "Unavailable",
     "models",

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import functools
 import json
-import time
 import warnings
 from contextlib import asynccontextmanager
 from typing import Any, AsyncGenerator, AsyncIterator, Awaitable, Callable, Dict, List, Mapping, Optional, Sequence, Tuple, TypeVar, Union, cast
@@ -17,9 +16,10 @@ from ._resources import OFFER_GONE, amount_to_take, format_resources, parse_reso
 from ._sse import EventStream
 from ._util import (
     APP_ENDED,
+    SYSTEM_CLOCK,
     TASK_ENDED,
+    Clock,
     Options,
-    _async_sleep,
     _AsyncKeeper,
     connection_failed,
     fresh_token,
@@ -59,8 +59,11 @@ class AsyncClient:
         retries: int = 5,
         backoff: float = 0.1,
         transport: Optional[httpx.AsyncBaseTransport] = None,
+        clock: Optional[Clock] = None,
     ) -> None:
         self.options = Options.resolve(url, token, ca_cert, client_cert, timeout, retries, backoff)
+        #: Where the helpers take their time (keepalives, retries' waits, ``run``'s timeout).
+        self.clock: Clock = clock or SYSTEM_CLOCK
         self._http = httpx.AsyncClient(transport=transport, **self.options.http_args())
 
     async def __aenter__(self) -> "AsyncClient":
@@ -99,7 +102,7 @@ class AsyncClient:
                 sent = not isinstance(err, (httpx.ConnectError, httpx.ConnectTimeout))
                 if attempt >= self.options.retries or not may_retry(None, None, idempotent, sent):
                     raise connection_failed(err, f"{self.options.url.rstrip('/')}{path}") from err
-                await _async_sleep(retry_delay(attempt, self.options.backoff, None))
+                await self.clock.asleep(retry_delay(attempt, self.options.backoff, None))
                 attempt += 1
                 continue
             if answer.status_code == 503 and attempt < self.options.retries:
@@ -108,7 +111,7 @@ class AsyncClient:
                 except (ValueError, KeyError, TypeError):
                     code = None
                 if may_retry(503, code, idempotent, True):
-                    await _async_sleep(retry_delay(attempt, self.options.backoff, answer.headers.get("Retry-After")))
+                    await self.clock.asleep(retry_delay(attempt, self.options.backoff, answer.headers.get("Retry-After")))
                     attempt += 1
                     continue
             if not (gone_is_an_answer and answer.status_code == 410):
@@ -466,7 +469,7 @@ class AsyncClient:
         reconnects: int,
         deadline: Optional[float],
     ) -> AsyncGenerator[m.WatchEvent, None]:
-        """:meth:`watch`, raising ``TimeoutError`` once ``deadline`` (``time.monotonic()``) passes."""
+        """:meth:`watch`, raising ``TimeoutError`` once ``deadline`` (``self.clock.now()``) passes."""
         last = since
         failures = 0
         while True:
@@ -475,7 +478,7 @@ class AsyncClient:
             headers = {"Accept": "text/event-stream"}
             if last is not None:
                 headers["Last-Event-ID"] = str(last)
-            timeout = httpx.Timeout(self.options.timeout, read=_left(deadline))
+            timeout = httpx.Timeout(self.options.timeout, read=_left(deadline, self.clock))
             try:
                 async with self._http.stream("GET", "/v1/watch", params=query, headers=headers, timeout=timeout) as answer:
                     if answer.status_code >= 400:
@@ -489,9 +492,9 @@ class AsyncClient:
                             event = cast(m.WatchEvent, json.loads(message.data))
                             last = event["revision"]
                             yield event
-                        _left(deadline)
+                        _left(deadline, self.clock)
             except (httpx.TransportError, ConnectionFailed) as err:
-                _left(deadline)
+                _left(deadline, self.clock)
                 failures += 1
                 if failures > reconnects:
                     raise connection_failed(err, f"{self.options.url.rstrip('/')}/v1/watch") from err
@@ -501,7 +504,7 @@ class AsyncClient:
                 failures += 1
                 if failures > reconnects:
                     raise
-            await _async_sleep(retry_delay(min(failures, 5), self.options.backoff, None))
+            await self.clock.asleep(retry_delay(min(failures, 5), self.options.backoff, None))
 
     # ---- what Python users write ----
 
@@ -538,7 +541,7 @@ class AsyncClient:
         async def renew() -> object:
             return await self.keepalive_grant(namespace, name, fencing=fencing)
 
-        keeper = _AsyncKeeper(renew, ttl / 3)
+        keeper = _AsyncKeeper(renew, ttl / 3, self.clock)
         raised = True
         try:
             yield grant
@@ -619,7 +622,7 @@ class AsyncClient:
         async def renew() -> object:
             return await self.keepalive_alloc(alloc["pool"], alloc["id"], interval_ms)
 
-        keeper = _AsyncKeeper(renew, keepalive)
+        keeper = _AsyncKeeper(renew, keepalive, self.clock)
         raised = True
         try:
             yield alloc
@@ -645,7 +648,7 @@ class AsyncClient:
         on running)."""
         submitted = await self.submit_app(read_app(app))
         app_id = submitted["app"]["id"]
-        deadline = None if timeout is None else time.monotonic() + timeout
+        deadline = None if timeout is None else self.clock.now() + timeout
         ended = await self._follow(app_id, deadline)
         if raise_if_failed and ended["state"] != "Completed":
             raise AppFailed(f"application `{app_id}` ended {ended['state']}: {ended.get('reason')}", dict(ended))
@@ -689,11 +692,11 @@ class AsyncClient:
             return await self.app(app_id)
 
 
-def _left(deadline: Optional[float]) -> Optional[float]:
-    """The seconds left before ``deadline``; ``TimeoutError`` once it has passed."""
+def _left(deadline: Optional[float], clock: Clock) -> Optional[float]:
+    """The seconds left before ``deadline`` on ``clock``; ``TimeoutError`` once it has passed."""
     if deadline is None:
         return None
-    left = deadline - time.monotonic()
+    left = deadline - clock.now()
     if left <= 0:
         raise TimeoutError("the application did not end in time (it goes on)")
     return left

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import functools
 import json
-import time
 import warnings
 from contextlib import contextmanager
 from typing import Any, Generator, Iterator, Awaitable, Callable, Dict, List, Mapping, Optional, Sequence, Tuple, TypeVar, Union, cast
@@ -20,9 +19,10 @@ from ._resources import OFFER_GONE, amount_to_take, format_resources, parse_reso
 from ._sse import EventStream
 from ._util import (
     APP_ENDED,
+    SYSTEM_CLOCK,
     TASK_ENDED,
+    Clock,
     Options,
-    _sleep,
     _Keeper,
     connection_failed,
     fresh_token,
@@ -62,8 +62,11 @@ class Client:
         retries: int = 5,
         backoff: float = 0.1,
         transport: Optional[httpx.BaseTransport] = None,
+        clock: Optional[Clock] = None,
     ) -> None:
         self.options = Options.resolve(url, token, ca_cert, client_cert, timeout, retries, backoff)
+        #: Where the helpers take their time (keepalives, retries' waits, ``run``'s timeout).
+        self.clock: Clock = clock or SYSTEM_CLOCK
         self._http = httpx.Client(transport=transport, **self.options.http_args())
 
     def __enter__(self) -> "Client":
@@ -102,7 +105,7 @@ class Client:
                 sent = not isinstance(err, (httpx.ConnectError, httpx.ConnectTimeout))
                 if attempt >= self.options.retries or not may_retry(None, None, idempotent, sent):
                     raise connection_failed(err, f"{self.options.url.rstrip('/')}{path}") from err
-                _sleep(retry_delay(attempt, self.options.backoff, None))
+                self.clock.sleep(retry_delay(attempt, self.options.backoff, None))
                 attempt += 1
                 continue
             if answer.status_code == 503 and attempt < self.options.retries:
@@ -111,7 +114,7 @@ class Client:
                 except (ValueError, KeyError, TypeError):
                     code = None
                 if may_retry(503, code, idempotent, True):
-                    _sleep(retry_delay(attempt, self.options.backoff, answer.headers.get("Retry-After")))
+                    self.clock.sleep(retry_delay(attempt, self.options.backoff, answer.headers.get("Retry-After")))
                     attempt += 1
                     continue
             if not (gone_is_an_answer and answer.status_code == 410):
@@ -469,7 +472,7 @@ class Client:
         reconnects: int,
         deadline: Optional[float],
     ) -> Generator[m.WatchEvent, None, None]:
-        """:meth:`watch`, raising ``TimeoutError`` once ``deadline`` (``time.monotonic()``) passes."""
+        """:meth:`watch`, raising ``TimeoutError`` once ``deadline`` (``self.clock.now()``) passes."""
         last = since
         failures = 0
         while True:
@@ -478,7 +481,7 @@ class Client:
             headers = {"Accept": "text/event-stream"}
             if last is not None:
                 headers["Last-Event-ID"] = str(last)
-            timeout = httpx.Timeout(self.options.timeout, read=_left(deadline))
+            timeout = httpx.Timeout(self.options.timeout, read=_left(deadline, self.clock))
             try:
                 with self._http.stream("GET", "/v1/watch", params=query, headers=headers, timeout=timeout) as answer:
                     if answer.status_code >= 400:
@@ -492,9 +495,9 @@ class Client:
                             event = cast(m.WatchEvent, json.loads(message.data))
                             last = event["revision"]
                             yield event
-                        _left(deadline)
+                        _left(deadline, self.clock)
             except (httpx.TransportError, ConnectionFailed) as err:
-                _left(deadline)
+                _left(deadline, self.clock)
                 failures += 1
                 if failures > reconnects:
                     raise connection_failed(err, f"{self.options.url.rstrip('/')}/v1/watch") from err
@@ -504,7 +507,7 @@ class Client:
                 failures += 1
                 if failures > reconnects:
                     raise
-            _sleep(retry_delay(min(failures, 5), self.options.backoff, None))
+            self.clock.sleep(retry_delay(min(failures, 5), self.options.backoff, None))
 
     # ---- what Python users write ----
 
@@ -541,7 +544,7 @@ class Client:
         def renew() -> object:
             return self.keepalive_grant(namespace, name, fencing=fencing)
 
-        keeper = _Keeper(renew, ttl / 3)
+        keeper = _Keeper(renew, ttl / 3, self.clock)
         raised = True
         try:
             yield grant
@@ -622,7 +625,7 @@ class Client:
         def renew() -> object:
             return self.keepalive_alloc(alloc["pool"], alloc["id"], interval_ms)
 
-        keeper = _Keeper(renew, keepalive)
+        keeper = _Keeper(renew, keepalive, self.clock)
         raised = True
         try:
             yield alloc
@@ -648,7 +651,7 @@ class Client:
         on running)."""
         submitted = self.submit_app(read_app(app))
         app_id = submitted["app"]["id"]
-        deadline = None if timeout is None else time.monotonic() + timeout
+        deadline = None if timeout is None else self.clock.now() + timeout
         ended = self._follow(app_id, deadline)
         if raise_if_failed and ended["state"] != "Completed":
             raise AppFailed(f"application `{app_id}` ended {ended['state']}: {ended.get('reason')}", dict(ended))
@@ -692,11 +695,11 @@ class Client:
             return self.app(app_id)
 
 
-def _left(deadline: Optional[float]) -> Optional[float]:
-    """The seconds left before ``deadline``; ``TimeoutError`` once it has passed."""
+def _left(deadline: Optional[float], clock: Clock) -> Optional[float]:
+    """The seconds left before ``deadline`` on ``clock``; ``TimeoutError`` once it has passed."""
     if deadline is None:
         return None
-    left = deadline - time.monotonic()
+    left = deadline - clock.now()
     if left <= 0:
         raise TimeoutError("the application did not end in time (it goes on)")
     return left

@@ -1,5 +1,6 @@
 """What the blocking and the asynchronous clients do differently (sleeping, keeping a lease alive
-in the background), and what they share (options, retries, resources, application files)."""
+in the background), and what they share (options, retries, resources, application files, the
+clock their helpers read)."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Awaitable, Callable, Dict, Mapping, Optional, Tuple, Union
+from typing import Any, Awaitable, Callable, Dict, Mapping, Optional, Protocol, Tuple, Union
 from urllib.parse import quote
 
 from .errors import AllotError, ConnectionFailed, error_for
@@ -162,27 +163,60 @@ APP_ENDED = ("Completed", "Failed", "Rejected")
 TASK_ENDED = ("Completed", "Failed", "Killed", "Rejected")
 
 
-def _sleep(seconds: float) -> None:
-    time.sleep(seconds)
+class Clock(Protocol):
+    """Where a client's helpers take their time (the keepalives of ``token`` and ``alloc``, the
+    waits between retries, ``run``'s timeout): every reading and every wait. The default is the
+    machine's (:class:`SystemClock`); a test gives one it moves by hand."""
+
+    def now(self) -> float:
+        """Seconds on a monotonic clock."""
+        ...
+
+    def sleep(self, seconds: float) -> None:
+        """Blocks for ``seconds``."""
+        ...
+
+    async def asleep(self, seconds: float) -> None:
+        """Waits ``seconds`` in the event loop."""
+        ...
+
+    def wait(self, stop: threading.Event, seconds: float) -> bool:
+        """Blocks until ``stop`` is set or ``seconds`` have passed; says whether it was set."""
+        ...
 
 
-async def _async_sleep(seconds: float) -> None:
-    await asyncio.sleep(seconds)
+class SystemClock:
+    """The machine's clock: ``time.monotonic``, ``time.sleep``, ``asyncio.sleep``."""
+
+    def now(self) -> float:
+        return time.monotonic()
+
+    def sleep(self, seconds: float) -> None:
+        time.sleep(seconds)
+
+    async def asleep(self, seconds: float) -> None:
+        await asyncio.sleep(seconds)
+
+    def wait(self, stop: threading.Event, seconds: float) -> bool:
+        return stop.wait(seconds)
+
+
+SYSTEM_CLOCK: Clock = SystemClock()
 
 
 class _Keeper:
-    """Calls ``renew`` every ``period`` seconds on a thread of its own until stopped; the first
-    error ends it and is kept in ``error``."""
+    """Calls ``renew`` every ``period`` seconds of ``clock`` on a thread of its own until
+    stopped; the first error ends it and is kept in ``error``."""
 
-    def __init__(self, renew: Callable[[], object], period: float) -> None:
+    def __init__(self, renew: Callable[[], object], period: float, clock: Clock) -> None:
         self.error: Optional[BaseException] = None
         self._stop = threading.Event()
-        self._renew, self._period = renew, period
+        self._renew, self._period, self._clock = renew, period, clock
         self._thread = threading.Thread(target=self._run, name="allot-keepalive", daemon=True)
         self._thread.start()
 
     def _run(self) -> None:
-        while not self._stop.wait(self._period):
+        while not self._clock.wait(self._stop, self._period):
             try:
                 self._renew()
             except AllotError as err:
@@ -197,17 +231,17 @@ class _Keeper:
 
 
 class _AsyncKeeper:
-    """Awaits ``renew()`` every ``period`` seconds in a task of its own until stopped; the first
-    error ends it and is kept in ``error``."""
+    """Awaits ``renew()`` every ``period`` seconds of ``clock`` in a task of its own until
+    stopped; the first error ends it and is kept in ``error``."""
 
-    def __init__(self, renew: Callable[[], Awaitable[object]], period: float) -> None:
+    def __init__(self, renew: Callable[[], Awaitable[object]], period: float, clock: Clock) -> None:
         self.error: Optional[BaseException] = None
-        self._renew, self._period = renew, period
+        self._renew, self._period, self._clock = renew, period, clock
         self._task = asyncio.ensure_future(self._run())
 
     async def _run(self) -> None:
         while True:
-            await asyncio.sleep(self._period)
+            await self._clock.asleep(self._period)
             try:
                 await self._renew()
             except AllotError as err:

@@ -182,7 +182,7 @@ UNASYNC = [
     (r"\bhttpx\.Client\b", "httpx.Client"),
     (r"\bAsyncHTTPTransport\b", "HTTPTransport"),
     (r"\bStopAsyncIteration\b", "StopIteration"),
-    (r"\b_async_sleep\b", "_sleep"),
+    (r"\basleep\b", "sleep"),
     (r"\b_AsyncKeeper\b", "_Keeper"),
     (r"\bAsync([A-Z]\w*)", r"\1"),
     (r"\basynchronous\b", "blocking"),

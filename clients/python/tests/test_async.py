@@ -5,13 +5,14 @@ from __future__ import annotations
 
 import asyncio
 import time
-from typing import AsyncIterator, List
+from typing import AsyncIterator, Awaitable, Callable, List
 
 import pytest
 
 import allot
 from allot import AsyncClient
 
+from .clock import ManualClock
 from .conftest import Daemon
 
 pytestmark = pytest.mark.anyio
@@ -132,6 +133,44 @@ async def test_token_is_released_on_exception_and_on_cancellation(client: AsyncC
 
     assert sorted(await asyncio.gather(*(call(i) for i in range(4)))) == [0, 1, 2, 3]
     assert most[0] == 1
+
+
+async def test_token_renews_each_time_its_clock_passes_a_third_of_the_ttl(daemon: Daemon) -> None:
+    clock = ManualClock()
+    async with AsyncClient(daemon.url) as plain, AsyncClient(daemon.url, clock=clock) as clocked:
+        await plain.put_namespace("apy:clocked", 1)
+
+        async def left(token: str) -> int:
+            return (await plain.grant("apy:clocked", token)).get("expires_in_ms") or 0
+
+        async def until(what: str, check: Callable[[], Awaitable[bool]]) -> None:
+            deadline = time.monotonic() + 60
+            while not await check():
+                assert time.monotonic() < deadline, f"{what}: not so after 60 s"
+                await asyncio.sleep(0.01)  # polls what the daemon or the keeper makes true
+
+        async with clocked.token("apy:clocked", ttl=30.0) as grant:
+            token = grant["token"]
+            for renewal in range(3):
+                await until("the daemon's clock moved on", lambda: _below(left(token), 29_900))
+                await until("the keeper waits on its clock", lambda: _true(clock.waiting() == 1))
+                before = await left(token)
+                clock.advance(10.0)
+                await until(f"renewal {renewal} restarted the lease", lambda: _above(left(token), before))
+        assert (await plain.namespace("apy:clocked"))["granted_units"] == 0, "released at the end"
+        await plain.remove_namespace("apy:clocked")
+
+
+async def _below(value: Awaitable[int], limit: int) -> bool:
+    return await value <= limit
+
+
+async def _above(value: Awaitable[int], limit: int) -> bool:
+    return await value > limit
+
+
+async def _true(value: bool) -> bool:
+    return value
 
 
 async def test_alloc_is_freed_on_cancellation(client: AsyncClient) -> None:

@@ -12,6 +12,7 @@ import pytest
 import allot
 from allot import Client
 
+from .clock import ManualClock, until
 from .conftest import Daemon
 
 
@@ -254,9 +255,21 @@ def test_token_context_manager_limits_concurrency_and_releases_on_every_path(cli
             assert grant["units"] == 2
             raise RuntimeError("the work failed")
     assert client.namespace("py:limited")["granted_units"] == 0, "released on the exception"
-    # The lease is kept alive while the block runs longer than its TTL.
-    with client.token("py:limited", ttl=1.0) as grant:
-        time.sleep(2.5)
+    # The lease is kept alive while the block runs longer than its TTL: the keeper renews it each
+    # time its clock (moved by the test) passes a third of the TTL. The daemon's clock is real: the
+    # test waits for it to run a third of the lease down before each move.
+    clock = ManualClock()
+    with Client(client.options.url, clock=clock) as clocked, clocked.token("py:limited", ttl=2.0) as grant:
+
+        def left() -> int:
+            return client.grant("py:limited", grant["token"]).get("expires_in_ms") or 0
+
+        for renewal in range(4):  # four thirds of the TTL on the daemon's clock: past it
+            until("a third of the lease ran down on the daemon", lambda: left() <= 1334)
+            until("the keeper waits on its clock", lambda: clock.waiting() == 1)
+            before = left()
+            clock.advance(2.0 / 3)
+            until(f"renewal {renewal} restarted the lease", lambda: left() > before)
         assert client.grant("py:limited", grant["token"])["fencing"] == grant["fencing"]
     with client.token("py:limited", units=2):
         with pytest.raises(allot.Exhausted):
@@ -267,9 +280,23 @@ def test_token_context_manager_limits_concurrency_and_releases_on_every_path(cli
 def test_alloc_context_manager_picks_the_best_fit_and_frees(client: Client) -> None:
     client.put_pool("py-big", "cpu=16,mem=64GiB")
     client.put_pool("py-small", "cpu=4,mem=8GiB")
-    with client.hold_alloc(["py-big", "py-small"], min_resources="cpu=2,mem=4GiB", keepalive=0.5) as alloc:
+    # Kept alive every `keepalive` seconds of the client's clock (moved by the test), for three
+    # times that: past a whole lease of the daemon's (real) clock, awaited a third at a time.
+    clock = ManualClock()
+    with Client(client.options.url, clock=clock) as clocked, clocked.hold_alloc(
+        ["py-big", "py-small"], min_resources="cpu=2,mem=4GiB", keepalive=0.5
+    ) as alloc:
         assert alloc["pool"] == "py-small", "the offer nearest to what it asks (the pick rule)"
-        time.sleep(1.2)
+
+        def since() -> int:
+            return client.alloc("py-small", alloc["id"]).get("last_keepalive_ms_ago") or 0
+
+        for renewal in range(4):  # four thirds of the 1.5 s lease on the daemon's clock
+            until("a third of the lease ran down on the daemon", lambda: since() >= 500)
+            until("the keeper waits on its clock", lambda: clock.waiting() == 1)
+            before = since()
+            clock.advance(0.5)
+            until(f"renewal {renewal} reached the daemon", lambda: since() < before)
         assert client.alloc("py-small", alloc["id"]).get("ended") is None, "kept alive"
     with pytest.raises(allot.AllocEnded):
         client.keepalive_alloc("py-small", alloc["id"], 1000)

@@ -176,23 +176,19 @@ async fn fan_out(inner: &Inner, lua: &Function, namespaces: &[String], args: &[&
 
 #[cfg(test)]
 mod tests {
-    use std::time::Duration;
-
     use allot_store::{QuotaStore, Store};
 
     use super::*;
-    use crate::config::RedisConfig;
-    use crate::store::RedisStore;
 
     /// Regression: the session sweep answered a bare integer, which every sweep (each 100 ms)
     /// read as a corrupt reply.
     #[tokio::test]
     async fn the_session_sweep_answers_how_many_sessions_ended() {
         let server = crate::testing::RedisServer::start();
-        let store = RedisStore::open(&RedisConfig::parse(&server.url()).unwrap()).await.unwrap();
+        let (store, mut clock) = crate::testing::TestClock::open(&server, 1_700_000_000_000).await;
         store.open_session(1000, None).await.unwrap();
         assert_eq!(sweep(&store.inner).await.unwrap(), 0);
-        tokio::time::sleep(Duration::from_millis(1100)).await;
+        clock.move_to(clock.now() + 1100).await;
         // The daemon's own sweeper may have ended it first: 0 or 1, but never an error.
         assert!(sweep(&store.inner).await.unwrap() <= 1);
         assert!(store.sessions(PageRequest::first(10)).await.unwrap().items.is_empty());

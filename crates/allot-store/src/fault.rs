@@ -34,6 +34,8 @@ pub enum LogEvent {
     Append { segment: u64, n: u64 },
     /// A sync of `segment` starts.
     SyncStart { segment: u64 },
+    /// Segment `segment` is created (a checkpoint starts the next one).
+    Created { segment: u64 },
     /// A sync of `segment` ended: the segment's first `covers` appends, written before it started,
     /// are durable.
     SyncEnd { segment: u64, covers: u64 },
@@ -119,12 +121,9 @@ fn full_disk(faults: &Faults) -> std::io::Result<()> {
 impl LogFiles for FlakyLog {
     fn create(&self, number: u64, bytes: u64) -> std::io::Result<Arc<dyn Segment>> {
         full_disk(&self.faults)?;
-        Ok(Arc::new(FlakySegment {
-            number,
-            inner: self.inner.create(number, bytes)?,
-            faults: self.faults.clone(),
-            appends: AtomicU64::new(0),
-        }))
+        let inner = self.inner.create(number, bytes)?;
+        self.faults.record(LogEvent::Created { segment: number });
+        Ok(Arc::new(FlakySegment { number, inner, faults: self.faults.clone(), appends: AtomicU64::new(0) }))
     }
 
     fn list(&self) -> std::io::Result<Vec<u64>> {
@@ -158,6 +157,7 @@ impl Segment for FlakySegment {
         let covers = self.appends.load(Ordering::SeqCst);
         let delay = *self.faults.sync_delay.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
         if !delay.is_zero() {
+            // A slow disk is the fault asked for: the sync takes this long.
             std::thread::sleep(delay);
         }
         self.inner.sync()?;

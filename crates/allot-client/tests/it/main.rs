@@ -4,4 +4,5 @@
 mod pages;
 mod pools;
 mod serving_threads;
+mod support;
 mod watch;

@@ -10,6 +10,8 @@ use allot_api::Status;
 use allot_client::{Allocate, Client};
 use allot_store::{EmbeddedConfig, EmbeddedStore, Store};
 
+use crate::support::until;
+
 #[tokio::test]
 async fn connections_on_different_threads_share_the_store_and_shut_down_together() {
     let dir = tempfile::tempdir().unwrap();
@@ -66,17 +68,13 @@ async fn connections_on_different_threads_share_the_store_and_shut_down_together
     };
     let woken = wait(clients[2].clone(), "woken");
     let queued = async || clients[0].waiters("gpu").await.unwrap().waiters.len();
-    while queued().await < 1 {
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
+    until("a waiter is queued", async || queued().await >= 1).await;
     clients[3].release("gpu", "a", None).await.unwrap();
     assert_eq!(woken.await.unwrap().unwrap().status, Status::Granted);
 
     // A waiter still waiting at shutdown is answered with its place; the server returns.
     let last = wait(clients[4].clone(), "last");
-    while queued().await < 1 {
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
+    until("the last waiter is queued", async || queued().await >= 1).await;
     stop.send(()).unwrap();
     let answer = last.await.unwrap().unwrap();
     assert_eq!(answer.status, Status::Exhausted);

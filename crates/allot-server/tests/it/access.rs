@@ -510,14 +510,11 @@ fn open_call(
 
 /// Waits until namespace `team:a` has `n` waiters.
 async fn waiters(h: &Harness, n: usize) {
-    for _ in 0..600 {
+    eventually(&format!("namespace team:a has {n} waiters"), async || {
         let (_, list, _) = call(h, &Method::GET, "/v1/namespaces/team:a/waiters", Some(ADMIN), "").await;
-        if list["waiters"].as_array().map(Vec::len) == Some(n) {
-            return;
-        }
-        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
-    }
-    panic!("namespace team:a never had {n} waiters");
+        list["waiters"].as_array().map(Vec::len) == Some(n)
+    })
+    .await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -243,13 +243,11 @@ async fn a_full_disk_is_a_503_with_a_code_and_the_state_stays_whole() {
     faults.fail_writes.store(false, Ordering::SeqCst);
     // Once the disk has room, the daemon answers again with exactly what was acknowledged.
     let mut after = (StatusCode::SERVICE_UNAVAILABLE, Value::Null);
-    for _ in 0..100 {
+    eventually("the daemon answers again once the disk has room", async || {
         after = h.call(Method::GET, "/v1/namespaces/hive/grants", "").await;
-        if after.0 == StatusCode::OK {
-            break;
-        }
-        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
-    }
+        after.0 == StatusCode::OK
+    })
+    .await;
     assert_eq!(after, before);
     let (_, namespace) = h.call(Method::GET, "/v1/namespaces/hive", "").await;
     assert_eq!((namespace["quota"].clone(), namespace["granted_units"].clone()), (json!(2), json!(1)));
@@ -303,13 +301,7 @@ async fn lists_come_in_pages_that_say_where_the_next_starts() {
             .unwrap();
         waiting.push(tokio::spawn(router.oneshot(request)));
         // One at a time, so the queue order is known.
-        for _ in 0..200 {
-            let (_, body) = h.call(Method::GET, "/v1/namespaces/ns-001/waiters", "").await;
-            if body["waiters"].as_array().unwrap().len() == i + 1 {
-                break;
-            }
-            tokio::time::sleep(std::time::Duration::from_millis(10)).await;
-        }
+        until(&h, "/v1/namespaces/ns-001/waiters", |body| body["waiters"].as_array().unwrap().len() == i + 1).await;
     }
     let (pages, items) = h.pages("/v1/namespaces/ns-001/waiters", "waiters", 2).await;
     assert_eq!((pages.len(), strings(&items, "token")), (2, vec!["w0".into(), "w1".into(), "w2".into()]));

@@ -105,13 +105,22 @@ pub(crate) fn strings(items: &[Value], field: &str) -> Vec<String> {
 
 /// Polls `GET uri` until `done` holds on its body (the scheduler runs by itself).
 pub(crate) async fn until(h: &Harness, uri: &str, done: impl Fn(&Value) -> bool) -> Value {
-    let started = std::time::Instant::now();
-    loop {
-        let (_, body) = h.call(Method::GET, uri, "").await;
-        if done(&body) {
-            return body;
-        }
-        assert!(started.elapsed() < std::time::Duration::from_secs(10), "{uri}: never so; last {body}");
-        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    let mut body = Value::Null;
+    eventually(&format!("{uri} is as awaited"), async || {
+        body = h.call(Method::GET, uri, "").await.1;
+        done(&body)
+    })
+    .await;
+    body
+}
+
+/// Waits until `check` holds; fails the test after 60 s (a bound for a slow machine, never a
+/// measure), naming `what` was awaited.
+pub(crate) async fn eventually(what: &str, mut check: impl AsyncFnMut() -> bool) {
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+    while !check().await {
+        assert!(std::time::Instant::now() < deadline, "{what}: not so after 60 s");
+        // Polls what other tasks make true; the pause only spaces the looks.
+        tokio::time::sleep(std::time::Duration::from_millis(10)).await;
     }
 }

@@ -16,7 +16,7 @@ use allot_store_redis::apps::records::WriteError;
 use allot_store_redis::testing::RedisServer;
 use allot_store_redis::{RedisConfig, RedisStore};
 
-use crate::support;
+use crate::support::{self, until};
 
 fn everything(sched: &Scheduler) -> String {
     let apps: Vec<_> = sched.apps_after(None, usize::MAX).into_iter().cloned().collect();
@@ -90,11 +90,15 @@ async fn a_new_scheduler_loads_what_the_old_one_wrote_and_a_deposed_one_writes_n
     assert_eq!(a.write_app_records("a", fencing, None, &changes).await.unwrap(), changes.len());
 
     // Scheduler b takes over once a's lease lapses, and loads exactly what a wrote.
-    tokio::time::sleep(Duration::from_millis(400)).await;
-    let LeaseState::Mine { fencing: next, .. } = b.acquire_sched_lease("b", Duration::from_secs(5)).await.unwrap()
-    else {
-        panic!("the lease lapsed")
-    };
+    let mut next = 0;
+    until("a's lease lapsed and b took it", async || {
+        match b.acquire_sched_lease("b", Duration::from_secs(5)).await.unwrap() {
+            LeaseState::Mine { fencing, .. } => next = fencing,
+            LeaseState::Held { .. } => {}
+        }
+        next > 0
+    })
+    .await;
     assert_eq!(next, fencing + 1);
     let loaded = b.load_app_records(SchedConfig::default()).await.unwrap();
     assert_eq!(everything(&loaded), everything(&sched));

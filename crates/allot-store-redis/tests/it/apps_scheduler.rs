@@ -7,7 +7,7 @@
 //! - a placement that Redis refuses (another client took the room since the scheduler last read
 //!   the pools) is undone with its whole cycle and decided again.
 
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use allot_core::apps::states::TaskState;
 use allot_core::apps::{AppId, TaskId, TaskSpec};
@@ -55,11 +55,7 @@ async fn a_successor_undoes_what_a_dead_scheduler_made_but_never_recorded() {
     // Another daemon takes the scheduling over once the lease lapses.
     let next = RedisStore::open(&config).await.unwrap();
     next.start_scheduling("http://127.0.0.1:9");
-    let started = Instant::now();
-    while next.apps_home() != AppsHome::Here {
-        assert!(started.elapsed() < Duration::from_secs(10), "the successor never took over");
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    until("the successor took over", async || next.apps_home() == AppsHome::Here).await;
     assert!(
         matches!(next.inspect_alloc(pool.clone(), orphan.id).await.unwrap(), AllocState::Ended(_)),
         "the alloc no record holds is ended"
@@ -107,11 +103,14 @@ async fn a_placement_redis_refuses_is_undone_and_decided_again() {
         store.task(app.clone(), TaskId::new("t2").unwrap()).await.unwrap().why.is_some()
     })
     .await;
-    for _ in 0..20 {
+    // Through three more scheduling cycles (t2 waits: a cycle runs at every retry):
+    let cycles = store.sched_stats().cycles;
+    until("three more scheduling cycles ran", async || {
         assert_eq!(state("t2").await, TaskState::Pending, "t2 is never placed while the room is taken");
         assert_eq!(store.pool(pool.clone()).await.unwrap().allocs, 2, "no alloc of the refused cycle is left");
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
+        store.sched_stats().cycles >= cycles + 3
+    })
+    .await;
     other.free_alloc(pool.clone(), theirs.id).await.unwrap();
     until("t2 is placed once the room is free", async || state("t2").await == TaskState::Allocated).await;
     store.shutdown().await;

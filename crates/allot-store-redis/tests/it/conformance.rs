@@ -1,11 +1,17 @@
 //! The shared conformance suite against a real `redis-server`, and against a real three-primary
 //! Redis Cluster.
+//!
+//! On one server the functions read a [`TestClock`], which the suite moves where it moves time;
+//! a cluster (whose functions read Redis's `TIME`: the test clock's key would be in another slot)
+//! and Redis's own key expiries (executors' leases, `SET PX`) wait the time out.
 
 use allot_store::prelude::*;
 use std::sync::Arc;
+use std::time::Duration;
 
-use allot_store::{conformance, Store};
-use allot_store_redis::testing::{RedisCluster, RedisServer};
+use allot_store::conformance::{self, Time, WaitedTime};
+use allot_store::Store;
+use allot_store_redis::testing::{RedisCluster, RedisServer, TestClock};
 use allot_store_redis::{RedisConfig, RedisStore};
 
 use crate::support::{self, until};
@@ -16,14 +22,30 @@ async fn schedule_here(store: &RedisStore) {
     until("the only daemon became the scheduler", async || store.apps_home() == allot_store::AppsHome::Here).await;
 }
 
-/// The whole suite, every part, on a store at `address`.
-async fn conformance_at(address: &str) {
-    let store = Arc::new(support::open(address).await);
-    conformance::run(store.clone(), &conformance::WaitedTime).await;
-    conformance::run_pools(store.clone(), &conformance::WaitedTime).await;
+/// The time of a store on one server: its functions' test clock, moved by the suite; each move
+/// sweeps at once, as the store's sweeper would at that time.
+struct MovedRedisTime {
+    clock: tokio::sync::Mutex<TestClock>,
+    store: Arc<RedisStore>,
+}
+
+#[async_trait::async_trait]
+impl Time for MovedRedisTime {
+    async fn advance(&self, by: Duration) {
+        let mut clock = self.clock.lock().await;
+        let now = clock.now() + by.as_millis() as u64;
+        clock.set(&self.store, now).await;
+    }
+}
+
+/// The whole suite, every part, on `store`, whose time `time` moves. The executors' leases are
+/// Redis key expiries, on Redis's own clock: `run_runs` waits them out.
+async fn conformance_on(store: Arc<RedisStore>, time: &dyn Time) {
+    conformance::run(store.clone(), time).await;
+    conformance::run_pools(store.clone(), time).await;
     schedule_here(&store).await;
-    conformance::run_apps(store.clone(), &conformance::WaitedTime).await;
-    conformance::run_runs(store.clone(), &conformance::WaitedTime).await;
+    conformance::run_apps(store.clone(), time).await;
+    conformance::run_runs(store.clone(), &WaitedTime).await;
     conformance::run_watch(store.clone()).await;
     conformance::run_access(store.clone()).await;
     store.shutdown().await;
@@ -32,13 +54,17 @@ async fn conformance_at(address: &str) {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn conformance_on_one_redis_server() {
     let server = RedisServer::start();
-    conformance_at(&server.url()).await;
+    let start = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_millis() as u64;
+    let (store, clock) = TestClock::open(&server, start).await;
+    let store = Arc::new(store);
+    let time = MovedRedisTime { clock: tokio::sync::Mutex::new(clock), store: store.clone() };
+    conformance_on(store, &time).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn conformance_on_a_three_primary_cluster() {
     let cluster = RedisCluster::start(3);
-    conformance_at(&cluster.address()).await;
+    conformance_on(Arc::new(support::open(&cluster.address()).await), &WaitedTime).await;
 }
 
 /// A server that refuses the function library (here: a user without FUNCTION) is an error at

@@ -11,17 +11,16 @@ use allot_store::StoreError;
 use allot_store_redis::testing::RedisServer;
 use allot_store_redis::{RedisConfig, RedisStore};
 
-use crate::support::request;
+use crate::support::{request, until};
 
 /// Starts a replica of `primary` and waits until the primary counts it.
-fn replica_of(primary: &RedisServer) -> RedisServer {
+async fn replica_of(primary: &RedisServer) -> RedisServer {
     // Redis waits 5 s by default before it sends the first copy, for more replicas to join.
     primary.cli(&["CONFIG", "SET", "repl-diskless-sync-delay", "0"]);
     let replica = RedisServer::start();
     replica.cli(&["REPLICAOF", "127.0.0.1", &primary.port.to_string()]);
     // Attached as the store counts it: online, and acknowledging (a replica whose first
     // acknowledgement is late under load shows a lag; the store does not count it yet).
-    let deadline = Instant::now() + Duration::from_secs(20);
     let attached = |info: &str| {
         info.lines().filter(|line| line.starts_with("slave")).any(|line| {
             let lag =
@@ -29,10 +28,7 @@ fn replica_of(primary: &RedisServer) -> RedisServer {
             line.contains("state=online") && lag.is_some_and(|lag| lag <= 1)
         })
     };
-    while !attached(&primary.cli(&["INFO", "replication"])) {
-        assert!(Instant::now() < deadline, "the replica never attached: {}", primary.cli(&["INFO", "replication"]));
-        std::thread::sleep(Duration::from_millis(50));
-    }
+    until("the primary counts its replica attached", async || attached(&primary.cli(&["INFO", "replication"]))).await;
     replica
 }
 
@@ -44,36 +40,36 @@ async fn open(primary: &RedisServer, min_replicas: u32) -> RedisStore {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_change_is_acknowledged_once_its_replicas_have_it_and_unknown_when_they_do_not() {
     let primary = RedisServer::start();
-    let mut replica = replica_of(&primary);
+    let mut replica = replica_of(&primary).await;
     let store = open(&primary, 1).await;
     // The first change waits, if it must, until Redis counts the replica attached.
-    let deadline = Instant::now() + Duration::from_secs(10);
-    loop {
+    until("the first change is acknowledged with its replica", async || {
         match store.put_namespace(NamespaceName::new("replicated").unwrap(), 100).await {
-            Ok(_) => break,
-            Err(StoreError::NotEnoughReplicas(why)) if Instant::now() < deadline => {
+            Ok(_) => true,
+            Err(StoreError::NotEnoughReplicas(why)) => {
                 eprintln!("not yet: {why}");
-                tokio::time::sleep(Duration::from_millis(50)).await;
+                false
             }
             Err(err) => panic!("{err}"),
         }
-    }
+    })
+    .await;
     for i in 0..50 {
         let token = format!("t{i}");
         // Redis counts a replica attached while its last ping is recent: on a loaded machine it
         // may drop to 0 for a moment, and the change is refused before it is applied (retried,
         // as a client does, within the deadline).
-        let deadline = Instant::now() + Duration::from_secs(10);
-        loop {
+        until(&format!("grant {token} is acknowledged"), async || {
             match store.allocate(request("replicated", &token), Duration::ZERO).await {
-                Ok(_) => break,
-                Err(StoreError::NotEnoughReplicas(why)) if Instant::now() < deadline => {
+                Ok(_) => true,
+                Err(StoreError::NotEnoughReplicas(why)) => {
                     eprintln!("not now: {why}");
-                    tokio::time::sleep(Duration::from_millis(50)).await;
+                    false
                 }
                 Err(err) => panic!("{err}"),
             }
-        }
+        })
+        .await;
         // Acknowledged means the replica has it already.
         let held = replica.cli(&["HEXISTS", "allot:{replicated}:grants", &token]);
         assert_eq!(held.trim(), "1", "grant {token} acknowledged before the replica had it");
@@ -139,11 +135,10 @@ async fn a_shard_without_its_replica_refuses_changes_at_once_and_the_others_go_o
     }
     cluster.nodes[replica].stop();
     let primary = &cluster.nodes[victim];
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while primary.cli(&["INFO", "replication"]).contains("state=online") {
-        assert!(Instant::now() < deadline, "the primary still counts its replica");
-        std::thread::sleep(Duration::from_millis(50));
-    }
+    until("the primary no longer counts its replica", async || {
+        !primary.cli(&["INFO", "replication"]).contains("state=online")
+    })
+    .await;
     let (mut refused, mut granted) = (0, 0);
     for namespace in &namespaces {
         let request = AllocateRequest { namespace: namespace.clone(), ..request("replicated", "after") };
@@ -198,17 +193,16 @@ async fn fencing_of(store: &RedisStore, token: &str) -> u64 {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn fencing_numbers_never_go_back_when_a_promoted_replica_lost_the_last_writes() {
     let mut primary = RedisServer::start();
-    let replica = replica_of(&primary);
+    let replica = replica_of(&primary).await;
     let store = open(&primary, 0).await;
     store.put_namespace(NamespaceName::new("replicated").unwrap(), 100).await.unwrap();
     for i in 0..5 {
         fencing_of(&store, &format!("kept-{i}")).await;
     }
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while replica.cli(&["HEXISTS", "allot:{replicated}:grants", "kept-4"]).trim() != "1" {
-        assert!(Instant::now() < deadline, "the replica never got the first grants");
-        std::thread::sleep(Duration::from_millis(20));
-    }
+    until("the replica got the first grants", async || {
+        replica.cli(&["HEXISTS", "allot:{replicated}:grants", "kept-4"]).trim() == "1"
+    })
+    .await;
     // The replication link cut (the replica's process stopped), writes go on, the primary dies.
     let pid = cut_replication(&primary, &replica);
     let mut given = Vec::new();
@@ -240,11 +234,7 @@ async fn fencing_numbers_never_go_back_when_a_promoted_replica_lost_the_last_wri
 
 /// Waits until `store`'s feed has read at least `revision`.
 async fn read_up_to(store: &RedisStore, revision: u64) {
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while store.revision() < revision {
-        assert!(Instant::now() < deadline, "the feed never reached revision {revision}: {}", store.revision());
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
+    until(&format!("the feed reached revision {revision}"), async || store.revision() >= revision).await;
 }
 
 /// The change feed's revisions never go back either: a promoted replica that lacks the last
@@ -253,18 +243,17 @@ async fn read_up_to(store: &RedisStore, revision: u64) {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn feed_revisions_never_go_back_when_a_promoted_replica_lost_the_last_copies() {
     let mut primary = RedisServer::start();
-    let replica = replica_of(&primary);
+    let replica = replica_of(&primary).await;
     let store = open(&primary, 0).await;
     store.put_namespace(NamespaceName::new("replicated").unwrap(), 100).await.unwrap();
     for i in 0..5 {
         fencing_of(&store, &format!("kept-{i}")).await;
     }
     read_up_to(&store, 6).await;
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while replica.cli(&["HGET", "allot:{allot-feed}:meta", "rev"]).trim() != "6" {
-        assert!(Instant::now() < deadline, "the replica never got the first copies");
-        std::thread::sleep(Duration::from_millis(20));
-    }
+    until("the replica got the first copies", async || {
+        replica.cli(&["HGET", "allot:{allot-feed}:meta", "rev"]).trim() == "6"
+    })
+    .await;
     // The replication link cut, more changes copied into the log, the primary dies.
     let pid = cut_replication(&primary, &replica);
     for i in 0..10 {
@@ -279,11 +268,7 @@ async fn feed_revisions_never_go_back_when_a_promoted_replica_lost_the_last_copi
     assert_eq!(replica.cli(&["HGET", "allot:{allot-feed}:meta", "rev"]).trim(), "6", "the last copies are lost");
     let promoted = open(&replica, 0).await;
     fencing_of(&promoted, "after").await;
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while promoted.revision() <= highest {
-        assert!(Instant::now() < deadline, "no revision above {highest} after the failover: {}", promoted.revision());
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
+    until(&format!("a revision above {highest} after the failover"), async || promoted.revision() > highest).await;
     let resumed = promoted.watch(allot_core::watch::Filter::default(), Some(highest));
     assert!(
         matches!(resumed, Err(allot_store::WatchError::Compacted { .. })),

@@ -3,9 +3,8 @@
 //! namespaces of its own. The scheduler runs by itself, so a check waits (a few seconds at
 //! most) for what it expects.
 
-use std::future::Future;
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use allot_core::apps::queues::{QueueLimits, QueuePath};
 use allot_core::apps::states::{AppState, TaskState};
@@ -15,7 +14,7 @@ use allot_core::apps::{
 use allot_core::pools::{AllocState, PoolError, PoolName};
 use allot_core::{NamespaceName, Resources};
 
-use super::Time;
+use super::{eventually, Time};
 use crate::{Store, StoreError, TaskInfo};
 
 /// Runs every check of the applications part against `store`.
@@ -76,19 +75,6 @@ fn task(id: &str, resources: &str, on: &PoolName) -> TaskSpec {
 async fn labelled_pool(store: &dyn Store, name: &PoolName, capacity: &str) {
     store.put_pool(name.clone(), res(capacity)).await.unwrap();
     store.label_pool(name.clone(), [("conformance".to_owned(), name.to_string())].into()).await.unwrap();
-}
-
-/// Waits until `check` holds, for at most 10 s.
-async fn eventually<F, Fut>(what: &str, mut check: F)
-where
-    F: FnMut() -> Fut,
-    Fut: Future<Output = bool>,
-{
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while !check().await {
-        assert!(Instant::now() < deadline, "{what}: not so after 10 s");
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
 }
 
 async fn task_state(store: &dyn Store, app: &AppId, task: &str) -> TaskInfo {

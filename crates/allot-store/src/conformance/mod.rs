@@ -5,9 +5,11 @@
 //! [`run_runs`], [`run_watch`] and [`run_access`]; a failed check panics with the name of the check and what differed.
 //!
 //! Time is moved on through [`Time`], not slept through: the embedded store's clock is moved by
-//! hand ([`MovedTime`]); only a backend whose clock cannot be moved (Redis reads the Redis
-//! server's) waits it out ([`WaitedTime`]). The checks that move time run one after another,
-//! after the others (which run concurrently), so no check sees another's time pass.
+//! hand ([`MovedTime`]), one Redis server's through its test clock (`allot_store_redis::testing::TestClock`,
+//! moved by that crate's tests); only what cannot be moved (a Redis Cluster's clock, Redis's own
+//! key expiries) is waited out ([`WaitedTime`]). The checks that move time run one after another,
+//! after the others (which run concurrently), so no check sees another's time pass. What other
+//! tasks make true is awaited with [`eventually`], never a fixed wait.
 
 mod access;
 mod apps;
@@ -24,7 +26,7 @@ pub use runs::{run_runs, sample_run};
 pub use watch::run_watch;
 
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
 
@@ -42,6 +44,7 @@ pub struct WaitedTime;
 #[async_trait]
 impl Time for WaitedTime {
     async fn advance(&self, by: Duration) {
+        // The one clock no test moves (a Redis Cluster's, Redis's key expiries): waited out.
         tokio::time::sleep(by).await;
     }
 }
@@ -58,5 +61,16 @@ impl Time for MovedTime {
     async fn advance(&self, by: Duration) {
         self.clock.advance(by);
         self.store.tick().await.expect("the store sweeps and schedules");
+    }
+}
+
+/// Waits until `check` holds, polling; fails the check after 60 s (a generous bound for a slow
+/// machine, never a measure), naming `what` was awaited.
+pub(crate) async fn eventually(what: &str, mut check: impl AsyncFnMut() -> bool) {
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while !check().await {
+        assert!(Instant::now() < deadline, "{what}: not so after 60 s");
+        // Polls what other tasks make true; the pause only spaces the looks.
+        tokio::time::sleep(Duration::from_millis(10)).await;
     }
 }

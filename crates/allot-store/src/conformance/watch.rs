@@ -11,6 +11,7 @@ use std::time::Duration;
 use allot_core::watch::{keys, EventKind, Filter};
 use allot_core::{AllocateRequest, Constraints, LeaseRequest, NamespaceName, Token};
 
+use super::eventually;
 use crate::{read_all, Allocation, Event, Store, Watcher};
 
 /// How long an acknowledged change may take to reach a watcher in these checks.
@@ -151,6 +152,7 @@ async fn a_list_then_a_watch_from_its_revision_miss_nothing(store: Arc<dyn Store
     for i in 0..20 {
         store.allocate(request(&namespace, &format!("t{i}")), Duration::ZERO).await.unwrap();
     }
+    let before = store.revision();
     let writer = {
         let (store, namespace) = (store.clone(), namespace.clone());
         tokio::spawn(async move {
@@ -164,7 +166,8 @@ async fn a_list_then_a_watch_from_its_revision_miss_nothing(store: Arc<dyn Store
             }
         })
     };
-    tokio::time::sleep(Duration::from_millis(5)).await;
+    // The revision is taken while the writer writes (or after it is done, at worst).
+    eventually("the writer has begun", async || store.revision() > before).await;
     let revision = store.revision();
     let mut held = held_now(&*store, &namespace).await;
     let mut watcher = store.watch(grants_of(&namespace), Some(revision)).expect("the list's revision is kept");

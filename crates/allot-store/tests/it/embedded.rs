@@ -10,6 +10,8 @@ use allot_store::clock::ManualClock;
 use allot_store::fault::open_flaky_store;
 use allot_store::{conformance, read_all, Allocation, EmbeddedConfig, EmbeddedStore, Store, StoreError};
 
+use crate::support::until;
+
 pub(crate) fn ns(name: &str) -> NamespaceName {
     NamespaceName::new(name).unwrap()
 }
@@ -136,15 +138,12 @@ async fn a_failing_disk_gets_a_clear_error_and_keeps_the_state_whole() {
     faults.fail_writes.store(false, Ordering::SeqCst);
     // The state is what was durable: `kept` is still granted, `lost` never was.
     let mut tokens = Vec::new();
-    for _ in 0..100 {
-        match read_all(|page| store.grants(ns("hive"), page)).await {
-            Ok(grants) => {
-                tokens = grants.into_iter().map(|g| g.grant.token.as_str().to_owned()).collect();
-                break;
-            }
-            Err(_) => tokio::time::sleep(Duration::from_millis(20)).await,
-        }
-    }
+    until("the store reads again once the disk works", async || {
+        let Ok(grants) = read_all(|page| store.grants(ns("hive"), page)).await else { return false };
+        tokens = grants.into_iter().map(|g| g.grant.token.as_str().to_owned()).collect();
+        true
+    })
+    .await;
     assert_eq!(tokens, ["kept"]);
     // And the store works again.
     let granted = store.allocate(request("hive", "after", LeaseRequest::None), Duration::ZERO).await.unwrap();
@@ -224,14 +223,12 @@ async fn a_failed_fsync_is_an_unknown_outcome_that_matches_what_is_read_back() {
     faults.fail_syncs.store(false, Ordering::SeqCst);
     // The store reopens the database as soon as the disk works again.
     let mut grants = None;
-    for _ in 0..100 {
-        if let Ok(read) = read_all(|page| store.grants(ns("hive"), page)).await {
-            grants = Some(read);
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-    let grants = grants.expect("the store did not recover");
+    until("the store recovered", async || {
+        grants = read_all(|page| store.grants(ns("hive"), page)).await.ok();
+        grants.is_some()
+    })
+    .await;
+    let grants = grants.unwrap();
     // An idempotent retry settles it either way.
     let retried = store.allocate(request("hive", "ghost", LeaseRequest::None), Duration::ZERO).await.unwrap();
     let Allocation::Granted { existing, .. } = retried else { panic!("{retried:?}") };
@@ -418,7 +415,7 @@ impl LogDurability {
         let (counts, segment, count) = match event {
             LogEvent::Append { segment, n } => (&mut self.appended, segment, n),
             LogEvent::SyncEnd { segment, covers } => (&mut self.durable, segment, covers),
-            LogEvent::SyncStart { .. } => return,
+            LogEvent::SyncStart { .. } | LogEvent::Created { .. } => return,
         };
         let seen = counts.entry(segment).or_default();
         *seen = (*seen).max(count);
@@ -453,18 +450,28 @@ async fn a_later_log_segment_is_never_synced_before_an_earlier_one() {
         events.iter().for_each(|event| log.see(*event));
         log.appended.keys().any(|segment| log.unsynced(*segment) > 0)
     };
-    let mut waited = Duration::ZERO;
-    while !unsynced(&faults.log_events.lock().unwrap()) {
-        assert!(waited < Duration::from_secs(10), "the idle store never logged its clock");
-        tokio::time::sleep(Duration::from_millis(50)).await;
-        waited += Duration::from_millis(50);
-    }
+    until("the idle store logged its clock", async || unsynced(&faults.log_events.lock().unwrap())).await;
     *faults.sync_delay.lock().unwrap() = Duration::from_millis(200);
+    let seen = faults.log_events.lock().unwrap().len();
     let checkpoint = {
         let store = store.clone();
         tokio::task::spawn_blocking(move || store.checkpoint_now())
     };
-    tokio::time::sleep(Duration::from_millis(50)).await;
+    // The allocate comes while the checkpoint's (slowed) sync of the segment it sealed is under
+    // way: a sync of an earlier segment that starts after the next one was created.
+    until("the checkpoint sealed a segment and syncs it", async || {
+        let events = faults.log_events.lock().unwrap();
+        let mut created = None;
+        events[seen..].iter().any(|event| match *event {
+            LogEvent::Created { segment } => {
+                created = Some(segment);
+                false
+            }
+            LogEvent::SyncStart { segment } => created.is_some_and(|next| segment < next),
+            _ => false,
+        })
+    })
+    .await;
     let granted = store.allocate(request("hive", "after-the-seal", LeaseRequest::None), Duration::ZERO).await.unwrap();
     assert!(matches!(granted, Allocation::Granted { .. }), "{granted:?}");
     checkpoint.await.unwrap().unwrap();

@@ -2,4 +2,5 @@
 //! across restarts and crashes, and on a disk that fails.
 
 mod embedded;
+mod support;
 mod watch;

@@ -163,7 +163,7 @@ async fn ttl_expiry_refreshes_even_a_non_empty_cache() {
     assert_eq!(cache.offers().await.unwrap()[0].available, r("cpu=4"), "cached");
     assert_eq!(source.offers_calls(), 1);
 
-    tokio::time::sleep(ttl + Duration::from_millis(20)).await;
+    until("the cache's TTL passed", async || !cache.snapshot().fresh).await;
     assert!(cache.offers().await.unwrap().is_empty(), "refreshed: nothing free");
     assert_eq!(source.offers_calls(), 2);
 
@@ -171,7 +171,7 @@ async fn ttl_expiry_refreshes_even_a_non_empty_cache() {
     other.free(&taken.id).await.unwrap();
     assert!(cache.offers().await.unwrap().is_empty());
     assert_eq!(source.offers_calls(), 2);
-    tokio::time::sleep(ttl + Duration::from_millis(20)).await;
+    until("the cache's TTL passed again", async || !cache.snapshot().fresh).await;
     assert_eq!(cache.offers().await.unwrap()[0].available, r("cpu=4"));
     assert_eq!(source.offers_calls(), 3);
 }

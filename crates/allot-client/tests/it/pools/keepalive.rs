@@ -4,13 +4,34 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+use allot_client::pools::KeepaliveStatus;
 use allot_client::pools::{
     allocate, spawn_keepalive, AllocNeed, Backoff, DaemonPool, KeepaliveOptions, LostReason, Mux, PoolOffer, PoolSet,
     PoolSource,
 };
+use tokio::sync::watch;
 use tokio::time::Instant;
 
 use super::*;
+
+/// Waits until the keepalive task behind `status` has ended (its status's sender is dropped
+/// with it): after that it makes no call.
+async fn ended(mut status: watch::Receiver<KeepaliveStatus>) {
+    let closed = async { while status.changed().await.is_ok() {} };
+    tokio::time::timeout(Duration::from_secs(60), closed).await.expect("the keepalive task ended within 60 s");
+}
+
+/// Waits until `status` has counted `renewals` renewals; fails at once if the alloc is lost.
+async fn renewed(status: &watch::Receiver<KeepaliveStatus>, renewals: u64) {
+    let what = format!("{renewals} renewals");
+    until(&what, async || {
+        let now = status.borrow();
+        now.renewals >= renewals || now.lost.is_some()
+    })
+    .await;
+    let now = status.borrow();
+    assert!(now.lost.is_none(), "lost before {renewals} renewals: {now:?}");
+}
 
 fn fast_keepalive(lease_ms: u64, offset_ms: u64) -> KeepaliveOptions {
     KeepaliveOptions {
@@ -27,44 +48,60 @@ fn fast_keepalive(lease_ms: u64, offset_ms: u64) -> KeepaliveOptions {
     }
 }
 
-/// 300 ms leases renewed 150 ms before they end keep an alloc alive for five lease lengths;
-/// once the keepalive stops, the lease lapses.
+/// 3 s leases renewed every 150 ms (2.85 s before they end) keep an alloc alive for nine lease
+/// lengths of the daemon's clock, which the test moves by 2.85 s after each renewal; once the
+/// keepalive stops, the lease lapses. (The client's own clock is real: a long lease lets a slow
+/// machine's calls be slow.)
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn keepalive_keeps_an_alloc_alive_past_several_leases() {
     let dir = tempfile::tempdir().unwrap();
-    let daemon = Daemon::start(dir.path()).await;
+    let clock = ManualClock::new();
+    let daemon = Daemon::start_on(dir.path(), &clock).await;
     daemon.client.put_pool("w", "cpu=4").await.unwrap();
     let source = Counted::new(daemon.pool("w"));
     let mux = Arc::new(Mux::new());
     mux.add_pool(source.clone()).unwrap();
     let alloc = mux.accept(&PoolOffer::new("w", "1", r("cpu=4")), &AllocNeed::new(r("cpu=1"))).await.unwrap();
 
-    let handle = spawn_keepalive(mux.clone(), &alloc, fast_keepalive(300, 150));
-    tokio::time::sleep(Duration::from_millis(1500)).await;
+    let started = Instant::now();
+    let handle = spawn_keepalive(mux.clone(), &alloc, fast_keepalive(3000, 2850));
+    let status = handle.subscribe();
+    for renewals in 1..=10 {
+        renewed(&status, renewals).await;
+        clock.advance(Duration::from_millis(2850));
+    }
     let status = handle.status();
     assert!(status.lost.is_none(), "{:?}", status.lost);
-    assert_eq!(status.granted, Some(Duration::from_millis(300)));
-    // One at once, then one every 150 ms (plus the call's own time).
-    assert!((5..=11).contains(&status.renewals), "{status:?}");
+    assert_eq!(status.granted, Some(Duration::from_millis(3000)));
+    // One at once, then one every 150 ms at most (plus the call's own time): never sooner.
+    let most = started.elapsed().as_millis() / 150 + 1;
+    assert!(u128::from(status.renewals) <= most, "{} renewals, at most {most}: {status:?}", status.renewals);
     assert_eq!(status.calls as usize, source.keepalive_calls());
     let seen = daemon.client.alloc("w", &alloc.id).await.unwrap();
-    assert!(seen.expires_in_ms.unwrap() > 0 && seen.last_keepalive_ms_ago.unwrap() < 300, "{seen:?}");
+    assert!(seen.expires_in_ms.unwrap() > 0 && seen.last_keepalive_ms_ago.unwrap() < 3000, "{seen:?}");
 
+    let task = handle.subscribe();
     handle.stop();
-    let calls = source.keepalive_calls();
-    tokio::time::sleep(Duration::from_millis(400)).await;
-    assert_eq!(source.keepalive_calls(), calls, "stopped");
+    ended(task.clone()).await;
+    assert_eq!(task.borrow().calls as usize, source.keepalive_calls(), "stopped: no call after the last counted");
+    clock.advance(Duration::from_millis(3100));
     let seen = daemon.client.alloc("w", &alloc.id).await.unwrap();
     assert!(seen.expires_in_ms.unwrap() < 0, "the lease lapsed without keepalives: {seen:?}");
 
     // Dropping the handle stops it too.
-    let handle = spawn_keepalive(mux.clone(), &alloc, fast_keepalive(300, 100));
-    tokio::time::sleep(Duration::from_millis(50)).await;
-    assert!(handle.status().renewals >= 1, "revived: the alloc was lapsed but not reclaimed");
+    let before = source.keepalive_calls();
+    let handle = spawn_keepalive(mux.clone(), &alloc, fast_keepalive(3000, 100));
+    let task = handle.subscribe();
+    renewed(&task, 1).await;
+    let seen = daemon.client.alloc("w", &alloc.id).await.unwrap();
+    assert!(seen.expires_in_ms.unwrap() > 0, "revived: the alloc was lapsed but not reclaimed: {seen:?}");
     drop(handle);
-    let calls = source.keepalive_calls();
-    tokio::time::sleep(Duration::from_millis(300)).await;
-    assert_eq!(source.keepalive_calls(), calls);
+    ended(task.clone()).await;
+    assert_eq!(
+        before + task.borrow().calls as usize,
+        source.keepalive_calls(),
+        "dropped: no call after the last counted"
+    );
 }
 
 /// Someone else frees the alloc: the next keepalive gets 409 `alloc_ended`, the owner is told at
@@ -72,31 +109,33 @@ async fn keepalive_keeps_an_alloc_alive_past_several_leases() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn keepalive_stops_at_once_when_the_alloc_is_freed_elsewhere() {
     let dir = tempfile::tempdir().unwrap();
-    let daemon = Daemon::start(dir.path()).await;
+    let clock = ManualClock::new();
+    let daemon = Daemon::start_on(dir.path(), &clock).await;
     daemon.client.put_pool("w", "cpu=4").await.unwrap();
     let source = Counted::new(daemon.pool("w"));
     let alloc = source.accept("1", &AllocNeed::new(r("cpu=1"))).await.unwrap();
-    let handle = spawn_keepalive(source.clone(), &alloc, fast_keepalive(300, 100));
-    tokio::time::sleep(Duration::from_millis(50)).await;
-    assert_eq!(handle.status().renewals, 1);
+    let handle = spawn_keepalive(source.clone(), &alloc, fast_keepalive(2000, 1000));
+    let task = handle.subscribe();
+    renewed(&task, 1).await;
+    // The loop waits 1 s before its next call: the alloc is freed before it.
+    assert_eq!((handle.status().renewals, source.keepalive_calls()), (1, 1));
 
     daemon.client.free_alloc("w", &alloc.id).await.unwrap();
-    let started = Instant::now();
-    let lost = tokio::time::timeout(Duration::from_secs(2), handle.lost()).await.unwrap();
-    assert!(started.elapsed() < Duration::from_millis(600), "at the next renewal: {:?}", started.elapsed());
+    let lost = tokio::time::timeout(Duration::from_secs(60), handle.lost()).await.unwrap();
     match &lost {
         LostReason::Gone(err) => assert_eq!(err.code(), Some("alloc_ended"), "{err}"),
         other => panic!("expected Gone, got {other}"),
     }
+    // Told at the next renewal, with no retries of a fatal error.
     assert_eq!(source.keepalive_calls(), 2, "no retries of a fatal error");
-    tokio::time::sleep(Duration::from_millis(300)).await;
+    ended(task).await;
     assert_eq!(source.keepalive_calls(), 2, "stopped");
 
     // An unknown alloc is just as final.
     let mut ghost = alloc.clone();
     ghost.uri = "w/00000000000000ff".to_owned();
     let handle = spawn_keepalive(source.clone(), &ghost, fast_keepalive(300, 100));
-    let lost = tokio::time::timeout(Duration::from_secs(2), handle.lost()).await.unwrap();
+    let lost = tokio::time::timeout(Duration::from_secs(60), handle.lost()).await.unwrap();
     assert!(matches!(&lost, LostReason::Gone(err) if err.code() == Some("alloc_not_found")), "{lost}");
 }
 
@@ -105,18 +144,21 @@ async fn keepalive_stops_at_once_when_the_alloc_is_freed_elsewhere() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn keepalive_never_busy_loops_when_the_lease_is_shorter_than_the_offset() {
     let dir = tempfile::tempdir().unwrap();
-    let daemon = Daemon::start(dir.path()).await;
+    let clock = ManualClock::new();
+    let daemon = Daemon::start_on(dir.path(), &clock).await;
     daemon.client.put_pool("w", "cpu=4").await.unwrap();
     let source = Counted::new(daemon.pool("w"));
     let alloc = source.accept("1", &AllocNeed::new(r("cpu=1"))).await.unwrap();
-    let handle = spawn_keepalive(source.clone(), &alloc, fast_keepalive(200, 300));
-    tokio::time::sleep(Duration::from_secs(1)).await;
+    let started = Instant::now();
+    let handle = spawn_keepalive(source.clone(), &alloc, fast_keepalive(1000, 1500));
+    renewed(&handle.subscribe(), 3).await;
     let calls = source.keepalive_calls();
-    // One every 100 ms (plus the call's own time): about 10 in a second; a busy loop would make
-    // thousands. The lower bound leaves room for a slow, loaded machine.
-    assert!((4..=12).contains(&calls), "{calls} keepalives in 1 s");
+    // One at once, then one every 500 ms at most (plus the call's own time): a busy loop would
+    // make thousands. Only an upper bound: a slow machine makes fewer, never more.
+    let most = started.elapsed().as_millis() / 500 + 1;
+    assert!(calls as u128 <= most, "{calls} keepalives, at most {most} in {:?}", started.elapsed());
     let status = handle.status();
-    assert!(status.lost.is_none() && status.granted == Some(Duration::from_millis(200)), "{status:?}");
+    assert!(status.lost.is_none() && status.granted == Some(Duration::from_millis(1000)), "{status:?}");
 }
 
 /// The daemon goes away: transient errors are retried with backoff, but only while the lease
@@ -136,12 +178,13 @@ async fn keepalive_retries_transient_errors_within_the_lease() {
     long_options.retry =
         Backoff { initial: Duration::from_millis(10), factor: 1.5, max: Duration::from_secs(1), jitter: 0.2 };
     let long = spawn_keepalive(source.clone(), &long, long_options);
-    tokio::time::sleep(Duration::from_millis(50)).await;
+    renewed(&short.subscribe(), 1).await;
+    renewed(&long.subscribe(), 1).await;
     let lease_ends = short.status().lease_ends.unwrap();
     assert_eq!((short.status().renewals, long.status().renewals), (1, 1));
     daemon.shutdown().await;
 
-    let lost = tokio::time::timeout(Duration::from_secs(3), short.lost()).await.unwrap();
+    let lost = tokio::time::timeout(Duration::from_secs(60), short.lost()).await.unwrap();
     let now = Instant::now();
     match &lost {
         LostReason::GaveUp { tries, lease_ended: true, last_error } => {
@@ -151,9 +194,11 @@ async fn keepalive_retries_transient_errors_within_the_lease() {
         }
         other => panic!("expected GaveUp at the lease's end, got {other}"),
     }
-    assert!(now <= lease_ends + Duration::from_millis(50), "gave up by the lease's end: {:?} late", now - lease_ends);
+    // It retried for as long as the lease allowed: it gave up only when the next wait (at most
+    // 100 ms) would pass the end (`lease_ended`), so not sooner than 100 ms before it.
+    assert!(now + Duration::from_millis(100) >= lease_ends, "gave up {:?} before the lease's end", lease_ends - now);
 
-    let lost = tokio::time::timeout(Duration::from_secs(3), long.lost()).await.unwrap();
+    let lost = tokio::time::timeout(Duration::from_secs(60), long.lost()).await.unwrap();
     assert!(matches!(lost, LostReason::GaveUp { tries: 6, lease_ended: false, .. }), "{lost}");
 }
 

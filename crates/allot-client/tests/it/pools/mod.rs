@@ -18,8 +18,11 @@ use allot_client::pools::{
     AllocNeed, AllocateOptions, Backoff, DaemonPool, PoolCallError, PoolOffer, PoolSource, Resources,
 };
 use allot_client::{Alloc, AllocKeepaliveResponse, Client};
+use allot_store::clock::ManualClock;
 use allot_store::{EmbeddedConfig, EmbeddedStore, Store};
 use async_trait::async_trait;
+
+use crate::support::until;
 use tokio::sync::oneshot;
 use tokio::task::JoinHandle;
 
@@ -37,10 +40,20 @@ impl Daemon {
         Daemon::start_at(dir, "127.0.0.1:0".parse().unwrap()).await
     }
 
+    /// A daemon whose store reads `clock`, which only the test moves.
+    async fn start_on(dir: &Path, clock: &ManualClock) -> Daemon {
+        let config = EmbeddedConfig::new(dir.to_owned()).with_time(Arc::new(clock.clone()));
+        Daemon::serve(dir, "127.0.0.1:0".parse().unwrap(), config).await
+    }
+
     async fn start_at(dir: &Path, addr: SocketAddr) -> Daemon {
+        Daemon::serve(dir, addr, EmbeddedConfig::new(dir.to_owned())).await
+    }
+
+    async fn serve(dir: &Path, addr: SocketAddr, config: EmbeddedConfig) -> Daemon {
         let listener = tokio::net::TcpListener::bind(addr).await.unwrap();
         let addr = listener.local_addr().unwrap();
-        let store: Arc<dyn Store> = Arc::new(EmbeddedStore::open(&EmbeddedConfig::new(dir.to_owned())).unwrap());
+        let store: Arc<dyn Store> = Arc::new(EmbeddedStore::open(&config).unwrap());
         let (stop, stopped) = oneshot::channel::<()>();
         let served = tokio::spawn(async move {
             allot_server::run(listener, allot_server::ServerState::new(store), async move {
@@ -109,6 +122,7 @@ async fn failing_slowly(hold: std::time::Duration) -> SocketAddr {
     tokio::spawn(async move {
         while let Ok((stream, _)) = listener.accept().await {
             tokio::spawn(async move {
+                // The peer's slowness is what the tests that use it are about.
                 tokio::time::sleep(hold).await;
                 drop(stream);
             });

@@ -280,6 +280,7 @@ impl Sequence<'_> {
             }
             self.trail.agree("the call waits", !call.is_finished(), true);
             self.trail.agree("the call waits within 5 s", started.elapsed() < ANSWER_WITHIN, true);
+            // Polls Redis's queue, checking at each look that the call still waits.
             tokio::time::sleep(Duration::from_millis(2)).await;
         }
     }
