@@ -5,7 +5,7 @@
 use std::io::Read;
 use std::process::{Child, Command, ExitStatus, Stdio};
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use crate::support::{data_dir, eventually, Daemon, ALLOT};
 
@@ -16,6 +16,8 @@ struct Run {
     child: Child,
     stdout: Arc<Mutex<String>>,
     stderr: Arc<Mutex<String>>,
+    /// The threads that read the pipes: they end with them.
+    readers: Vec<std::thread::JoinHandle<()>>,
 }
 
 impl Run {
@@ -30,17 +32,17 @@ impl Run {
         let collect = |mut pipe: Box<dyn Read + Send>| {
             let text: Arc<Mutex<String>> = Arc::default();
             let into = text.clone();
-            std::thread::spawn(move || {
+            let reader = std::thread::spawn(move || {
                 let mut buffer = [0u8; 4096];
                 while let Ok(n @ 1..) = pipe.read(&mut buffer) {
                     into.lock().unwrap().push_str(&String::from_utf8_lossy(&buffer[..n]));
                 }
             });
-            text
+            (text, reader)
         };
-        let stdout = collect(Box::new(child.stdout.take().unwrap()));
-        let stderr = collect(Box::new(child.stderr.take().unwrap()));
-        Run { child, stdout, stderr }
+        let (stdout, out_reader) = collect(Box::new(child.stdout.take().unwrap()));
+        let (stderr, err_reader) = collect(Box::new(child.stderr.take().unwrap()));
+        Run { child, stdout, stderr, readers: vec![out_reader, err_reader] }
     }
 
     fn stderr(&self) -> String {
@@ -54,20 +56,25 @@ impl Run {
 
     /// Its exit status within `limit` (killed if it has not ended by then), stdout and stderr.
     async fn end(mut self, limit: Duration) -> (Option<ExitStatus>, String, String) {
-        let started = Instant::now();
-        let status = loop {
-            if let Some(status) = self.child.try_wait().unwrap() {
-                break Some(status);
-            }
-            if started.elapsed() > limit {
-                let _ = self.child.kill();
-                let _ = self.child.wait();
-                break None;
-            }
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        };
+        let mut status = None;
+        let child = &mut self.child;
+        eventually(limit, async || {
+            status = child.try_wait().unwrap();
+            status.is_some()
+        })
+        .await;
+        if status.is_none() {
+            // (A `limit` of zero: one look.)
+            status = self.child.try_wait().unwrap();
+        }
+        if status.is_none() {
+            let _ = self.child.kill();
+            let _ = self.child.wait();
+        }
         // The readers end with the pipes.
-        tokio::time::sleep(Duration::from_millis(100)).await;
+        for reader in std::mem::take(&mut self.readers) {
+            reader.join().unwrap();
+        }
         let stdout = self.stdout.lock().unwrap().clone();
         (status, stdout, self.stderr())
     }
