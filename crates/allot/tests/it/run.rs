@@ -138,7 +138,7 @@ async fn allot_run_says_why_a_task_waits() {
          spec: {type: noop}\n",
     )
     .unwrap();
-    let run = Run::start(&[file.to_str().unwrap(), "--server", &daemon.url, "--poll", "100ms"]);
+    let run = Run::start(&[file.to_str().unwrap(), "--server", &daemon.url, "--poll", "100ms", "--note-after", "0s"]);
     let reason =
         "the task has a type, and no daemon runs pool `idle`, which would take it: start one with --run-pool idle";
     assert!(run.says(reason, Duration::from_secs(20)).await, "{}", run.stderr());
