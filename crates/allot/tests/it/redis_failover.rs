@@ -265,7 +265,17 @@ async fn failover(min_replicas: bool) {
         back && answered() >= at_promotion + 30
     })
     .await;
-    assert!(served, "the namespaces were not served again after the promotion");
+    let behind: Vec<(usize, Option<(Instant, bool)>)> = (0..NAMESPACES)
+        .map(|n| (n, probes.lock().unwrap().get(&format!("ns-{n}")).and_then(|p| p.last().copied())))
+        .filter(|(_, last)| !last.is_some_and(|(at, ok)| ok && at >= promoted_at))
+        .collect();
+    assert!(
+        served,
+        "the namespaces were not served again after the promotion: {} calls answered since, namespaces \
+         not read since: {behind:?}; errors {:?}",
+        answered() - at_promotion,
+        log.lock().unwrap().codes
+    );
     cluster.nodes[victim].restart();
     let rejoined = killed.elapsed();
     // And once the killed node replicates the promoted one (with `--redis-min-replicas`, the
