@@ -370,6 +370,7 @@ mod tests {
                 requests.push(request);
                 let (head, tail) = answer.split_at(answer.len() / 2);
                 socket.write_all(head).await.unwrap();
+                // The answer in two pieces, apart in time, so the client reads it in two.
                 tokio::time::sleep(Duration::from_millis(5)).await;
                 socket.write_all(tail).await.unwrap();
             }

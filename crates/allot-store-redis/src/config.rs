@@ -1,7 +1,13 @@
 //! Where the Redis backend connects: the `--store` address read into a [`RedisConfig`] (one
 //! server, or the seed nodes of a cluster), and how many replicas must have a change.
 
+use std::time::Duration;
+
 use allot_store::WatchConfig;
+
+/// How often, by default, the daemon that schedules reads the pools and quotas again while
+/// something waits.
+pub const DEFAULT_SCHED_REFRESH: Duration = Duration::from_secs(1);
 
 /// Where the Redis backend connects.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -17,6 +23,10 @@ pub struct RedisConfig {
     /// With `rediss://`: the CA certificates (PEM) to trust for the server's certificate instead
     /// of the system's.
     pub tls_ca: Option<Vec<u8>>,
+    /// While applications wait, how often the daemon that schedules reads the pools and quotas
+    /// again: what other clients free through Redis directly. Room made through a daemon (a
+    /// quota raised, a pool grown) starts a cycle on a fresh reading at once anyway.
+    pub sched_refresh: Duration,
 }
 
 /// `url` with its password (`user:password@`) replaced by `***`.
@@ -57,6 +67,7 @@ impl RedisConfig {
                 min_replicas: 0,
                 watch: WatchConfig::default(),
                 tls_ca: None,
+                sched_refresh: DEFAULT_SCHED_REFRESH,
             });
         }
         if !(address.starts_with("redis://") || address.starts_with("rediss://")) {
@@ -69,6 +80,7 @@ impl RedisConfig {
             min_replicas: 0,
             watch: WatchConfig::default(),
             tls_ca: None,
+            sched_refresh: DEFAULT_SCHED_REFRESH,
         })
     }
 
@@ -102,6 +114,11 @@ impl RedisConfig {
     /// Acknowledges a change only once `replicas` replicas have it.
     pub fn with_min_replicas(self, replicas: u32) -> RedisConfig {
         RedisConfig { min_replicas: replicas, ..self }
+    }
+
+    /// Reads the pools and quotas again every `refresh` while applications wait.
+    pub fn with_sched_refresh(self, refresh: Duration) -> RedisConfig {
+        RedisConfig { sched_refresh: refresh, ..self }
     }
 }
 

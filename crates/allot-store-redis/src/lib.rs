@@ -74,7 +74,7 @@ use async_trait::async_trait;
 use redis::RedisError;
 use tokio::task::JoinHandle;
 
-pub use crate::config::{BadAddress, RedisConfig};
+pub use crate::config::{BadAddress, RedisConfig, DEFAULT_SCHED_REFRESH};
 pub use crate::quotas::DirectScripts;
 pub use crate::store::RedisStore;
 pub use crate::sweep::SWEEP_INTERVAL;
@@ -96,7 +96,7 @@ impl RedisStore {
     pub(crate) async fn open_with(config: &RedisConfig, scripts: Scripts) -> Result<RedisStore, StoreError> {
         let conn = Self::connect(config, &scripts).await?;
         let feed_conn = Self::connect(config, &scripts).await?;
-        let inner = Arc::new(Inner::new(conn, feed_conn, scripts, config.watch));
+        let inner = Arc::new(Inner::new(conn, feed_conn, scripts, config));
         // What the streams hold is copied into the log, and every event the log keeps is read,
         // before the first watcher comes and before this daemon changes anything.
         while let Err(err) = feed::copy_every_stream(&inner).await {

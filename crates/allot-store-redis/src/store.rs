@@ -15,6 +15,7 @@ use tokio::sync::{watch, Notify};
 use tokio::task::JoinHandle;
 
 use crate::apps::leader::Apps;
+use crate::config::RedisConfig;
 use crate::conn::Conn;
 use crate::errors::{call_error, redis_error};
 use crate::reply::{corrupt, Reply};
@@ -66,7 +67,7 @@ pub(crate) struct Listed {
 }
 
 impl Inner {
-    pub(crate) fn new(conn: Conn, feed_conn: Conn, scripts: Scripts, watch: WatchConfig) -> Inner {
+    pub(crate) fn new(conn: Conn, feed_conn: Conn, scripts: Scripts, config: &RedisConfig) -> Inner {
         let (shutdown, _) = watch::channel(false);
         Inner {
             redis_clock: Mutex::new(None),
@@ -80,8 +81,8 @@ impl Inner {
             calls: AtomicU64::new(0),
             call_micros: AtomicU64::new(0),
             failures: AtomicU64::new(0),
-            apps: Apps::new(),
-            feed: FeedState::new(watch),
+            apps: Apps::new(config.sched_refresh),
+            feed: FeedState::new(config.watch),
             pool_sweeps: Mutex::default(),
             listed: Mutex::default(),
         }

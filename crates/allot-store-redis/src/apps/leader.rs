@@ -5,7 +5,7 @@
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Mutex;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use allot_core::apps::queues::{QueueLimits, QueuePath};
 use allot_core::apps::{SchedConfig, SchedStats, Scheduler};
@@ -47,10 +47,13 @@ pub(crate) struct Apps {
     /// Set when a daemon made room (a quota or a pool put): the mirror is read again before the
     /// next cycle, which runs at once.
     pub(crate) room_made: AtomicBool,
+    /// How old the scheduler's mirror may grow while something waits (others free room and
+    /// tokens too): `--redis-sched-refresh`.
+    pub(crate) refresh: Duration,
 }
 
 impl Apps {
-    pub(crate) fn new() -> Apps {
+    pub(crate) fn new(refresh: Duration) -> Apps {
         Apps {
             holder: Mutex::new(None),
             leader: tokio::sync::Mutex::new(None),
@@ -61,6 +64,7 @@ impl Apps {
             stats: Mutex::new(SchedStats::default()),
             wake: Notify::new(),
             room_made: AtomicBool::new(false),
+            refresh,
         }
     }
 

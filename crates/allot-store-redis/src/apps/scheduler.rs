@@ -53,8 +53,6 @@ const RETRY_INTERVAL: Duration = Duration::from_millis(100);
 const ROUND_GAP: Duration = Duration::from_millis(2);
 /// How many steps of an outcome are sent to Redis at once.
 const STEPS_AT_ONCE: usize = 64;
-/// How old the mirror may grow while something waits (others free room and tokens too).
-const MIRROR_MAX_AGE: Duration = Duration::from_secs(1);
 /// How often an idle scheduler reads the pools (to find those removed under its placements).
 const IDLE_LOOK: Duration = Duration::from_secs(2);
 /// How often the scheduler reads the executors' leases (a pool whose executors stopped is lost).
@@ -447,13 +445,13 @@ impl RedisStore {
             }
         }
         let due = l.sched.next_deadline().is_some_and(|d| d <= now);
-        // The mirror is read again at most every MIRROR_MAX_AGE while something waits: what the
+        // The mirror is read again at most every `refresh` while something waits: what the
         // scheduler changes it changes in the mirror too, and a placement the mirror allowed but
         // Redis refuses makes it read at once. With nothing to place and no timer due, the pools
         // are still looked at now and then: a pool removed with force fails the tasks on it.
         let idle = !due && !l.sched.has_waiting();
         // Room was made by some daemon: what waits is looked at again on the pools and
-        // namespaces as they are now, not up to MIRROR_MAX_AGE later.
+        // namespaces as they are now, not up to `refresh` later.
         if self.inner.apps.room_made.swap(false, Ordering::SeqCst) && !idle {
             l.mirror_read = None;
         }
@@ -461,7 +459,7 @@ impl RedisStore {
         if idle && age.is_some_and(|age| age < IDLE_LOOK) {
             return Ok(self.idle_wait(l, now));
         }
-        if idle || age.is_none_or(|age| age >= MIRROR_MAX_AGE) {
+        if idle || age.is_none_or(|age| age >= self.inner.apps.refresh) {
             (l.pools, l.ledger) = self.read_mirror(&l.sched, &[]).await?;
             l.mirror_read = Some(Instant::now());
         }

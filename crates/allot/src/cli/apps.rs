@@ -130,7 +130,7 @@ pub(crate) enum AppCommand {
     #[command(
         after_help = format!("{SUBMIT_AFTER_HELP}\n\n{}", super::submit_follow::after_help()),
         group = clap::ArgGroup::new("follow_options")
-            .args(["poll", "timeout", "no_progress", "replace"])
+            .args(["poll", "timeout", "no_progress", "note_after", "replace"])
             .multiple(true)
             .requires("follow")
     )]

@@ -12,8 +12,9 @@ use indicatif::{MultiProgress, ProgressBar, ProgressStyle};
 use super::apps_output::{ended, task_state, tasks_by_state};
 use super::{format_ms, show};
 
-/// A task that stays this long in one state says why it waits (its `waiting` reason).
-pub(crate) const WAIT_NOTE_AFTER: Duration = Duration::from_secs(5);
+/// A task that stays this long in one state says why it waits (its `waiting` reason), unless
+/// told otherwise (`allot app submit --follow --note-after`).
+pub(crate) const WAIT_NOTE_AFTER: &str = "5s";
 /// In lines, a line that says where the tasks are when nothing changed for this long.
 pub(crate) const STILL_LINE_AFTER: Duration = Duration::from_secs(30);
 /// More state changes than this in one read are summed up per task group, not a line each.
@@ -67,10 +68,12 @@ pub(crate) struct Progress {
     said: HashMap<String, String>,
     /// When the last progress line was written.
     last_line: Instant,
+    /// How long a task stays in one state before it says why it waits.
+    note_after: Duration,
 }
 
 impl Progress {
-    pub(crate) fn new(style: Style) -> Progress {
+    pub(crate) fn new(style: Style, note_after: Duration) -> Progress {
         let bars = (style == Style::Bars).then(MultiProgress::new);
         let now = Instant::now();
         Progress {
@@ -81,6 +84,7 @@ impl Progress {
             seen: HashMap::new(),
             said: HashMap::new(),
             last_line: now,
+            note_after,
         }
     }
 
@@ -155,14 +159,14 @@ impl Progress {
         self.last_line = now;
     }
 
-    /// Says once why each task that has stayed [`WAIT_NOTE_AFTER`] in its state waits (again
+    /// Says once why each task that has stayed `note_after` in its state waits (again
     /// when the reason changes), the tasks that wait for one reason on one line.
     fn say_why_they_wait(&mut self, tasks: &[Task], now: Instant) {
         let mut by_reason: BTreeMap<&str, Vec<&str>> = BTreeMap::new();
         for task in tasks.iter().filter(|t| !ended(t)) {
             let Some(waiting) = &task.waiting else { continue };
             let since = self.seen.get(&task.id).map_or(now, |(_, at)| *at);
-            if now.duration_since(since) < WAIT_NOTE_AFTER || self.said.get(&task.id) == Some(&waiting.message) {
+            if now.duration_since(since) < self.note_after || self.said.get(&task.id) == Some(&waiting.message) {
                 continue;
             }
             self.said.insert(task.id.clone(), waiting.message.clone());

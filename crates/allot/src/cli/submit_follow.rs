@@ -27,8 +27,8 @@ pub(crate) fn after_help() -> String {
 Following (`allot app submit --follow FILE`, or its alias `allot run FILE`) shows progress: on
 a terminal, a bar per task group. Otherwise (a CI log, a file, a pipe) or with --no-progress, a
 line per task state change, and a line every {still} s while none changes.
-A task that stays {wait} s in one state says why it waits (its `waiting` reason, e.g. a pool
-that no daemon runs) on stderr.
+A task that stays --note-after ({wait} by default) in one state says why it waits (its
+`waiting` reason, e.g. a pool that no daemon runs) on stderr.
 
 A daemon that restarts or goes away meanwhile (connection refused or cut, 503) is said so on
 stderr (`note:`) and asked again until it is back or --timeout ends (submitting, reading and
@@ -41,7 +41,7 @@ Exit codes when following (the same with --json and --quiet):
      be reached (at the start, or for longer than --timeout)
   2  usage error, or a file whose name tells no format",
         still = STILL_LINE_AFTER.as_secs(),
-        wait = WAIT_NOTE_AFTER.as_secs()
+        wait = WAIT_NOTE_AFTER
     )
 }
 
@@ -78,6 +78,9 @@ pub(crate) struct FollowArgs {
     /// stderr is not a terminal).
     #[arg(long)]
     no_progress: bool,
+    /// How long a task stays in one state before following says why it waits.
+    #[arg(long, value_name = "DURATION", default_value = WAIT_NOTE_AFTER, value_parser = allot_bench::duration::parse)]
+    note_after: Duration,
     /// Remove the application first if it exists (its tasks end, what it holds is released), so
     /// that it runs again; without it, an application that exists is followed if it has not
     /// ended, and one that has ended is not run again.
@@ -103,7 +106,7 @@ pub(crate) async fn submit_and_follow(
             return Ok(ExitCode::from(if err.usage { EXIT_USAGE } else { EXIT_ERROR }));
         }
     };
-    let mut progress = Progress::new(Style::pick(args.no_progress, common.json, common.quiet));
+    let mut progress = Progress::new(Style::pick(args.no_progress, common.json, common.quiet), args.note_after);
     let outcome = async {
         // Outages are ridden out here, with notes, rather than by the client's own few retries.
         let client = client(&common)?.with_unavailable_retry(0, Duration::ZERO);

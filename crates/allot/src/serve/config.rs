@@ -35,6 +35,7 @@ pub(crate) const SERVE_AFTER_HELP: &str = r#"Configuration file (--config), with
   durability = "disk"           # --durability: disk or process (the embedded store)
   store = "embedded"            # --store
   redis_min_replicas = 1        # --redis-min-replicas: replicas a change reaches before its answer
+  redis_sched_refresh = "1s"    # --redis-sched-refresh: how often waiting applications see others' room
   local_pool = "local"          # --local-pool (its tasks are run here)
   run_pools = ["worker-1"]      # --run-pool: run the tasks placed on these pools here
   max_wait = "5m"               # --max-wait: the longest an allocate may wait (at most 5m)
@@ -143,6 +144,7 @@ struct ConfigFile {
     durability: Option<String>,
     store: Option<String>,
     redis_min_replicas: Option<u32>,
+    redis_sched_refresh: Option<String>,
     /// Namespace quotas seeded at start [Flyte `ResourceRegistrar`]: created where they do not
     /// exist yet; the store is authoritative for the rest.
     #[serde(default)]
@@ -637,6 +639,21 @@ pub(super) fn resolve(args: &ServeArgs) -> anyhow::Result<Config> {
         (StoreChoice::Embedded, Some(_)) => bail!(
             "--redis-min-replicas applies to a Redis store (--store redis://...); the embedded store's \
              guarantee is set with --durability"
+        ),
+        (store, None) => store,
+    };
+    let refresh = match (args.redis_sched_refresh, &file.redis_sched_refresh) {
+        (Some(flag), _) => Some(flag),
+        (None, Some(text)) => {
+            Some(allot_bench::duration::parse(text).map_err(|err| anyhow::anyhow!("redis_sched_refresh: {err}"))?)
+        }
+        (None, None) => None,
+    };
+    let store = match (store, refresh) {
+        (StoreChoice::Redis(redis), Some(refresh)) => StoreChoice::Redis(redis.with_sched_refresh(refresh)),
+        (StoreChoice::Embedded, Some(_)) => bail!(
+            "--redis-sched-refresh applies to a Redis store (--store redis://...); the embedded store's scheduler \
+             sees every change as it is made"
         ),
         (store, None) => store,
     };

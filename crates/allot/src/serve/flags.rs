@@ -30,6 +30,11 @@ pub(crate) struct ServeArgs {
     /// the replicas do not confirm within 1 s answers `store_outcome_unknown`.
     #[arg(long, value_name = "N", env = "ALLOT_REDIS_MIN_REPLICAS")]
     pub(super) redis_min_replicas: Option<u32>,
+    /// On Redis, the daemon that schedules: while applications wait, read the pools and quotas
+    /// again this often, for room other clients free through Redis directly (room made through a
+    /// daemon starts a cycle at once anyway) [default: 1s].
+    #[arg(long, value_name = "DURATION", env = "ALLOT_REDIS_SCHED_REFRESH", value_parser = allot_bench::duration::parse)]
+    pub(super) redis_sched_refresh: Option<std::time::Duration>,
     /// Serve a non-loopback --listen address without `[auth]`: anyone who reaches the port may do
     /// anything (a warning is logged at every start). Without it such a daemon refuses to start.
     #[arg(long, env = "ALLOT_INSECURE_NO_AUTH")]

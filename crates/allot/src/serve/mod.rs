@@ -57,13 +57,16 @@ async fn reload_on_hangup(audit: Option<Arc<allot_server::Audit>>, tls: Option<A
             return;
         };
         while hangups.recv().await.is_some() {
-            tracing::info!("SIGHUP received: reopening the audit trail, reloading the TLS certificate");
             if let Some(audit) = &audit {
                 audit.reopen();
             }
             if let Some(tls) = &tls {
                 tls.reload();
             }
+            // Logged once done: a line written after it goes to the reopened file.
+            tracing::info!(
+                "SIGHUP received: the audit trail reopens at its next line, the TLS certificate was read again"
+            );
         }
     }
     #[cfg(not(unix))]

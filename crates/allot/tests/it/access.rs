@@ -185,7 +185,11 @@ async fn every_change_and_refusal_is_one_audit_line_and_the_file_is_reopened_on_
     let rotated = dir.path().join("audit.jsonl.1");
     std::fs::rename(&trail, &rotated).unwrap();
     daemon.signal("HUP");
-    tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+    let daemon_log = data.with_extension("log");
+    let reopened = eventually(PATIENCE, async || {
+        std::fs::read_to_string(&daemon_log).unwrap_or_default().contains("SIGHUP received")
+    });
+    assert!(reopened.await, "the daemon never logged the SIGHUP");
     let (ok, _, _) = cli(&daemon.url, Some(&admin), &["quota", "set", "hive", "3"]);
     assert!(ok);
     assert!(eventually(std::time::Duration::from_secs(5), async || read(&trail).len() == 1).await, "a new file");
@@ -389,12 +393,26 @@ async fn the_redis_store_over_tls_as_an_acl_user() {
         }
         let mut child =
             command.stdout(std::process::Stdio::null()).stderr(std::process::Stdio::piped()).spawn().unwrap();
-        // It keeps retrying: read what it says for a moment, then stop it.
-        std::thread::sleep(std::time::Duration::from_secs(2));
+        // It keeps retrying: read what it says until it says why, then stop it.
+        let said: std::sync::Arc<std::sync::Mutex<String>> = Default::default();
+        let reader = {
+            let (pipe, said) = (child.stderr.take().unwrap(), said.clone());
+            std::thread::spawn(move || {
+                for line in std::io::BufRead::lines(std::io::BufReader::new(pipe)).map_while(Result::ok) {
+                    said.lock().unwrap().push_str(&(line + "\n"));
+                }
+            })
+        };
+        let why = eventually(PATIENCE, async || {
+            let said = said.lock().unwrap();
+            said.contains("cannot reach Redis") || said.contains("error")
+        })
+        .await;
         child.kill().unwrap();
-        let output = child.wait_with_output().unwrap();
-        let stderr = String::from_utf8_lossy(&output.stderr);
-        assert!(stderr.contains("cannot reach Redis") || stderr.contains("error"), "{store}: {stderr}");
+        child.wait().unwrap();
+        reader.join().unwrap();
+        let stderr = said.lock().unwrap().clone();
+        assert!(why, "{store}: it never said why it cannot start: {stderr}");
         assert!(!stderr.contains("s3cret-pass") && !stderr.contains("allot:wrong@"), "{stderr}");
     }
 }

@@ -4,10 +4,9 @@
 
 use std::io::Write as _;
 use std::process::{Command, Output, Stdio};
-use std::time::{Duration, Instant};
 
 use crate::cli::{allot, code};
-use crate::support::{data_dir, Daemon, ALLOT};
+use crate::support::{data_dir, eventually_blocking, Daemon, ALLOT, PATIENCE};
 
 const ETL_YAML: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/../../docs/examples/etl.yaml");
 const ETL_TOML: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/../../docs/examples/etl.toml");
@@ -36,16 +35,9 @@ fn json(daemon: &Daemon, args: &[&str]) -> serde_json::Value {
     serde_json::from_str(&ok(daemon, &args)).unwrap()
 }
 
-/// Polls `check` every 20 ms until it holds or 10 seconds pass.
-fn eventually(mut check: impl FnMut() -> bool) -> bool {
-    let started = Instant::now();
-    while started.elapsed() < Duration::from_secs(10) {
-        if check() {
-            return true;
-        }
-        std::thread::sleep(Duration::from_millis(20));
-    }
-    false
+/// Whether `check` holds within [`PATIENCE`].
+fn eventually(check: impl FnMut() -> bool) -> bool {
+    eventually_blocking(PATIENCE, check)
 }
 
 /// The value of `key: value` in a command's details.

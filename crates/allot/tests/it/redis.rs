@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 use allot_client::{Allocate, Caps, ClientError, Scope, Status};
 use allot_store_redis::testing::RedisServer;
 
-use crate::support::{data_dir, eventually, Daemon};
+use crate::support::{data_dir, eventually, Daemon, PATIENCE};
 
 fn start_daemon(redis: &RedisServer, extra: &[&str]) -> (tempfile::TempDir, Daemon) {
     let (dir, data) = data_dir();
@@ -208,9 +208,11 @@ async fn a_redis_outage_answers_503_and_recovers_without_losing_anything() {
     }
     let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
     let errors: Arc<Mutex<HashMap<String, u64>>> = Arc::default();
+    // Grants the workers were answered, all together.
+    let answered = Arc::new(std::sync::atomic::AtomicU64::new(0));
     let mut workers = Vec::new();
     for worker in 0..4 {
-        let (client, stop, errors) = (client.clone(), stop.clone(), errors.clone());
+        let (client, stop, errors, answered) = (client.clone(), stop.clone(), errors.clone(), answered.clone());
         workers.push(tokio::spawn(async move {
             let mut granted = 0u64;
             for round in 0.. {
@@ -222,11 +224,12 @@ async fn a_redis_outage_answers_503_and_recovers_without_losing_anything() {
                     Ok(answer) => {
                         assert_eq!(answer.status, Status::Granted);
                         granted += 1;
+                        answered.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
                     }
                     Err(err) => {
+                        // (No pause: the release below waits for Redis.)
                         let code = err.code().unwrap_or("http").to_owned();
                         *errors.lock().unwrap().entry(code).or_default() += 1;
-                        tokio::time::sleep(Duration::from_millis(20)).await;
                     }
                 }
                 // Released whatever happened (the outcome of a failed allocate is unknown); the
@@ -237,14 +240,26 @@ async fn a_redis_outage_answers_503_and_recovers_without_losing_anything() {
             granted
         }));
     }
-    tokio::time::sleep(Duration::from_millis(500)).await;
+    // Under load (wait for it, not for a time), then Redis stops.
+    let grants_so_far = || answered.load(std::sync::atomic::Ordering::Relaxed);
+    assert!(eventually(PATIENCE, async || grants_so_far() >= 40).await, "the load never reached 40 grants");
 
     redis.stop();
-    // Releases issued during the outage complete once Redis is back.
+    // Releases issued during the outage complete once Redis is back: each is refused once (seen
+    // here, without the client's retries), then sent again with them.
+    let refused: Arc<std::sync::atomic::AtomicU64> = Arc::default();
     let releases: Vec<_> = (0..5)
         .map(|i| {
-            let client = client.clone();
-            tokio::spawn(async move { client.release("outage", &format!("held-{i}"), None).await })
+            let (client, refused) = (client.clone(), refused.clone());
+            let once = client.clone().with_unavailable_retry(0, Duration::ZERO).with_release_retry(Duration::ZERO);
+            tokio::spawn(async move {
+                let token = format!("held-{i}");
+                let first = once.release("outage", &token, None).await;
+                let unavailable = first.as_ref().is_err_and(|err| err.code() == Some("store_unavailable"));
+                assert!(unavailable, "a release during the outage: {first:?}");
+                refused.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                client.release("outage", &token, None).await
+            })
         })
         .collect();
     let (status, retry_after, body) = raw_get(&format!("{}/v1/namespaces/outage", daemon.url)).await;
@@ -261,7 +276,8 @@ async fn a_redis_outage_answers_503_and_recovers_without_losing_anything() {
     let (status, _, readiness) = raw_get(&format!("{}/readyz", daemon.url)).await;
     assert_eq!((status, readiness["checks"][0]["ready"].clone()), (503, serde_json::json!(false)), "{readiness}");
     assert!(readiness["checks"][0]["message"].as_str().unwrap().contains("Redis"), "{readiness}");
-    tokio::time::sleep(Duration::from_millis(1000)).await;
+    let all_refused = eventually(PATIENCE, async || refused.load(std::sync::atomic::Ordering::Relaxed) == 5);
+    assert!(all_refused.await, "the releases sent during the outage were not all refused");
 
     redis.restart();
     let recovered = eventually(Duration::from_secs(10), async || client.namespace("outage").await.is_ok()).await;
@@ -275,7 +291,10 @@ async fn a_redis_outage_answers_503_and_recovers_without_losing_anything() {
         let answer = release.await.unwrap().expect("a release during the outage was retried until acknowledged");
         assert!(answer.released);
     }
-    tokio::time::sleep(Duration::from_millis(500)).await;
+    // The workers go on after the outage: more grants answered (wait for it, not for a time).
+    let before_stop = grants_so_far();
+    let went_on = eventually(PATIENCE, async || grants_so_far() >= before_stop + 20);
+    assert!(went_on.await, "the workers answered no grant after the outage");
     stop.store(true, std::sync::atomic::Ordering::Relaxed);
     let mut granted = 0;
     for worker in workers {
@@ -387,17 +406,9 @@ fn bench_redis_measures_three_targets_each_round() {
     // any removed namespace (fencing numbers never go back), and its change feed's stream, emptied
     // once its events are copied into the shared log.
     let mut conn = redis::Client::open(redis.url()).unwrap().get_connection().unwrap();
-    let mut keys: Vec<String> = Vec::new();
-    for _ in 0..100 {
-        keys = redis::cmd("KEYS").arg("*bench*").query(&mut conn).unwrap();
-        keys.sort();
-        let feed = keys.iter().find(|k| k.ends_with("}:feed"));
-        let emptied = feed.is_none_or(|k| redis::cmd("XLEN").arg(k).query::<u64>(&mut conn).unwrap() == 0);
-        if emptied {
-            break;
-        }
-        std::thread::sleep(std::time::Duration::from_millis(50));
-    }
+    // (The bench has ended: nothing changes them any more.)
+    let mut keys: Vec<String> = redis::cmd("KEYS").arg("*bench*").query(&mut conn).unwrap();
+    keys.sort();
     let left: Vec<&str> = keys.iter().map(|k| k.rsplit(':').next().unwrap()).collect();
     assert!(left == ["feed", "fencing"] || left == ["fencing"], "{keys:?}");
 }

@@ -5,13 +5,14 @@
 //! every alloc and grant in Redis belongs to exactly one placement, acknowledged completions
 //! stay, and the work then finishes.
 
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use allot_store_redis::testing::RedisServer;
 
 use crate::gangs::{check_consistent, gang, retry, POOLS};
-use crate::support::{data_dir, eventually, Daemon};
+use crate::support::{data_dir, eventually, Daemon, PATIENCE};
 
 const NAMESPACE: &str = "seats";
 
@@ -67,11 +68,11 @@ async fn three_daemons_on_redis_the_scheduler_killed_mid_gangs_another_takes_ove
             submitted += 1;
             submitter.submit_app(&gang(&id, Some(NAMESPACE))).await.unwrap();
         }
+        let stop = Arc::new(AtomicBool::new(false));
         let worker = {
-            let (client, completed) = (daemons[b].2.client(), completed.clone());
+            let (client, completed, stop) = (daemons[b].2.client(), completed.clone(), stop.clone());
             tokio::spawn(async move {
-                let deadline = Instant::now() + Duration::from_secs(3);
-                while Instant::now() < deadline {
+                while !stop.load(Ordering::Relaxed) {
                     let Ok(apps) = client.apps().await else { continue };
                     for app in apps.apps.iter().filter(|a| a.state == "Running" || a.state == "Reserving") {
                         let Ok(tasks) = client.tasks(&app.id).await else { continue };
@@ -84,7 +85,11 @@ async fn three_daemons_on_redis_the_scheduler_killed_mid_gangs_another_takes_ove
                 }
             })
         };
-        tokio::time::sleep(Duration::from_millis(150 + 100 * round)).await;
+        // Killed once the worker has completed a few more tasks, more in each round: a different
+        // moment of the reservations each time (wait for it, not for a time).
+        let target = completed.lock().unwrap().len() + 2 + 3 * round;
+        let loaded = eventually(PATIENCE, async || completed.lock().unwrap().len() >= target).await;
+        assert!(loaded, "the worker never completed {target} tasks");
         let (dir, data, killed) = daemons.remove(leader);
         let address = killed.address();
         let killed_url = url(&killed);
@@ -98,6 +103,8 @@ async fn three_daemons_on_redis_the_scheduler_killed_mid_gangs_another_takes_ove
         let takeover = started.elapsed();
         assert!(took_over, "no daemon took the scheduling over within 10 s");
         eprintln!("round {round}: {} took over in {takeover:?}", scheduler(&redis));
+        // The worker went on through the takeover; the work after it is checked at the end.
+        stop.store(true, Ordering::Relaxed);
         let _ = worker.await;
         check_consistent(&daemons[0].2.client(), Some(NAMESPACE)).await;
         check_consistent(&daemons[1].2.client(), Some(NAMESPACE)).await;

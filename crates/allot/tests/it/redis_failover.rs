@@ -17,7 +17,7 @@ use std::time::{Duration, Instant};
 use allot_client::{Allocate, Status};
 use allot_store_redis::testing::RedisCluster;
 
-use crate::support::{data_dir, eventually, Daemon};
+use crate::support::{data_dir, eventually, pause, Daemon, PATIENCE};
 
 const NAMESPACES: usize = 12;
 const QUOTA: u64 = 5;
@@ -130,14 +130,14 @@ async fn failover(min_replicas: bool) {
                         granted_surely = false;
                         break;
                     }
-                    tokio::time::sleep(Duration::from_millis(20)).await;
+                    assert!(started.elapsed() < PATIENCE, "{namespace}/{token} never answered: {err}");
+                    pause().await;
                     answer = client.allocate(&namespace, &token, &Allocate::default()).await;
                     if let Ok(again) = &answer {
                         if again.existing {
                             log.lock().unwrap().untrue.push(format!("allocate {namespace}/{token}"));
                         }
                     }
-                    assert!(started.elapsed() < Duration::from_secs(30), "{namespace}/{token} never answered");
                 }
                 if let Ok(answer) = &answer {
                     if answer.status != Status::Granted {
@@ -166,10 +166,10 @@ async fn failover(min_replicas: bool) {
                             log.acked.insert(token.clone(), Instant::now());
                             break;
                         }
-                        Err(err) if started.elapsed() < Duration::from_secs(30) => {
+                        Err(err) if started.elapsed() < PATIENCE => {
                             count(&log, &err, min_replicas);
                             said_nothing_changed = nothing_changed(&err);
-                            tokio::time::sleep(Duration::from_millis(50)).await;
+                            pause().await;
                         }
                         Err(err) => panic!("a release was never acknowledged: {err}"),
                     }
@@ -204,12 +204,28 @@ async fn failover(min_replicas: bool) {
                     }
                     probes.lock().unwrap().entry(namespace).or_default().push((at, view.is_ok()));
                 }
-                tokio::time::sleep(Duration::from_millis(20)).await;
+                pause().await;
             }
         })
     };
+    // Changes acknowledged from `since` on.
+    let acked_since = |since: Instant| log.lock().unwrap().acked.values().filter(|at| **at >= since).count();
+    // Calls answered so far, acknowledged or refused (with `--redis-min-replicas` a shard short of
+    // replicas refuses its changes, and its workers retry them).
+    let answered = || {
+        let log = log.lock().unwrap();
+        log.acked.len() as u64 + log.codes.values().sum::<u64>()
+    };
 
-    tokio::time::sleep(Duration::from_secs(1)).await;
+    // Under load before the cut (wait for it, not for a time): every namespace holds the grants
+    // it keeps to the end, and many were released.
+    let loaded = eventually(PATIENCE, async || {
+        let log = log.lock().unwrap();
+        log.released >= 100
+            && (0..NAMESPACES).all(|n| log.kept.get(&format!("ns-{n}")).is_some_and(|k| k.len() == KEPT))
+    })
+    .await;
+    assert!(loaded, "the load never kept {KEPT} grants in every namespace and released 100");
     let mut cluster = cluster;
     let lines_before: Vec<usize> = [&data1, &data2]
         .iter()
@@ -227,17 +243,48 @@ async fn failover(min_replicas: bool) {
     let cut = Instant::now();
     signal("-STOP");
     cluster.nodes[victim].cli(&["CLIENT", "KILL", "TYPE", "replica"]);
-    tokio::time::sleep(Duration::from_millis(500)).await;
+    // Writes go on after the cut (wait for them, not for a time).
+    let at_cut = answered();
+    let went_on = eventually(PATIENCE, async || answered() >= at_cut + 30).await;
+    assert!(went_on, "no writes were answered after the cut");
     cluster.nodes[victim].stop();
     let killed = Instant::now();
     signal("-CONT");
     let promoted = eventually(Duration::from_secs(20), async || cluster.is_primary(successor)).await;
     assert!(promoted, "the replica was never promoted");
     let detection = killed.elapsed();
-    tokio::time::sleep(Duration::from_secs(2)).await;
+    // The load goes on against the promoted replica before the killed node is back (wait for
+    // it, not for a time): every namespace answers a read again, and changes are acknowledged.
+    let promoted_at = Instant::now();
+    let at_promotion = answered();
+    let served = eventually(PATIENCE, async || {
+        let probes = probes.lock().unwrap();
+        let back = (0..NAMESPACES).all(|n| {
+            probes.get(&format!("ns-{n}")).and_then(|p| p.last()).is_some_and(|(at, ok)| *ok && *at >= promoted_at)
+        });
+        back && answered() >= at_promotion + 30
+    })
+    .await;
+    let behind: Vec<(usize, Option<(Instant, bool)>)> = (0..NAMESPACES)
+        .map(|n| (n, probes.lock().unwrap().get(&format!("ns-{n}")).and_then(|p| p.last().copied())))
+        .filter(|(_, last)| !last.is_some_and(|(at, ok)| ok && at >= promoted_at))
+        .collect();
+    assert!(
+        served,
+        "the namespaces were not served again after the promotion: {} calls answered since, namespaces \
+         not read since: {behind:?}; errors {:?}",
+        answered() - at_promotion,
+        log.lock().unwrap().codes
+    );
     cluster.nodes[victim].restart();
     let rejoined = killed.elapsed();
-    tokio::time::sleep(Duration::from_secs(1)).await;
+    // And once the killed node replicates the promoted one (with `--redis-min-replicas`, the
+    // shard takes changes again).
+    let replicates = eventually(PATIENCE, async || cluster.replica_of(successor) == Some(victim)).await;
+    assert!(replicates, "the killed node never came back as a replica");
+    let replicating = Instant::now();
+    let went_on = eventually(PATIENCE, async || acked_since(replicating) >= 30).await;
+    assert!(went_on, "no changes were acknowledged after the killed node came back");
     stop.store(true, Ordering::Relaxed);
     for worker in workers {
         worker.await.unwrap();

@@ -6,7 +6,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use crate::gangs::{check_consistent, gang, POOLS};
-use crate::support::{data_dir, eventually, Daemon};
+use crate::support::{data_dir, eventually, Daemon, PATIENCE};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sigkill_during_gang_reservations_and_takeovers_loses_nothing_and_holds_no_half_gang() {
@@ -49,7 +49,11 @@ async fn sigkill_during_gang_reservations_and_takeovers_loses_nothing_and_holds_
                 }
             })
         };
-        tokio::time::sleep(Duration::from_millis(150 + 100 * round)).await;
+        // Killed once the worker has completed a few more tasks, more in each round: a different
+        // moment of the reservations each time (wait for it, not for a time).
+        let target = completed.lock().unwrap().len() + 2 + 3 * round;
+        let loaded = eventually(PATIENCE, async || completed.lock().unwrap().len() >= target).await;
+        assert!(loaded, "the worker never completed {target} tasks");
         let address = daemon.address();
         daemon.kill9();
         let _ = worker.await;

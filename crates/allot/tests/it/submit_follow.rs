@@ -6,7 +6,7 @@
 use std::io::Read;
 use std::process::{Child, Command, ExitStatus, Stdio};
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use crate::support::{data_dir, eventually, Daemon, ALLOT};
 
@@ -17,6 +17,8 @@ struct Following {
     child: Child,
     stdout: Arc<Mutex<String>>,
     stderr: Arc<Mutex<String>>,
+    /// The threads that read the pipes: they end with them.
+    readers: Vec<std::thread::JoinHandle<()>>,
 }
 
 impl Following {
@@ -36,17 +38,17 @@ impl Following {
         let collect = |mut pipe: Box<dyn Read + Send>| {
             let text: Arc<Mutex<String>> = Arc::default();
             let into = text.clone();
-            std::thread::spawn(move || {
+            let reader = std::thread::spawn(move || {
                 let mut buffer = [0u8; 4096];
                 while let Ok(n @ 1..) = pipe.read(&mut buffer) {
                     into.lock().unwrap().push_str(&String::from_utf8_lossy(&buffer[..n]));
                 }
             });
-            text
+            (text, reader)
         };
-        let stdout = collect(Box::new(child.stdout.take().unwrap()));
-        let stderr = collect(Box::new(child.stderr.take().unwrap()));
-        Following { child, stdout, stderr }
+        let (stdout, out_reader) = collect(Box::new(child.stdout.take().unwrap()));
+        let (stderr, err_reader) = collect(Box::new(child.stderr.take().unwrap()));
+        Following { child, stdout, stderr, readers: vec![out_reader, err_reader] }
     }
 
     fn stderr(&self) -> String {
@@ -60,20 +62,25 @@ impl Following {
 
     /// Its exit status within `limit` (killed if it has not ended by then), stdout and stderr.
     async fn end(mut self, limit: Duration) -> (Option<ExitStatus>, String, String) {
-        let started = Instant::now();
-        let status = loop {
-            if let Some(status) = self.child.try_wait().unwrap() {
-                break Some(status);
-            }
-            if started.elapsed() > limit {
-                let _ = self.child.kill();
-                let _ = self.child.wait();
-                break None;
-            }
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        };
+        let mut status = None;
+        let child = &mut self.child;
+        eventually(limit, async || {
+            status = child.try_wait().unwrap();
+            status.is_some()
+        })
+        .await;
+        if status.is_none() {
+            // (A `limit` of zero: one look.)
+            status = self.child.try_wait().unwrap();
+        }
+        if status.is_none() {
+            let _ = self.child.kill();
+            let _ = self.child.wait();
+        }
         // The readers end with the pipes.
-        tokio::time::sleep(Duration::from_millis(100)).await;
+        for reader in std::mem::take(&mut self.readers) {
+            reader.join().unwrap();
+        }
         let stdout = self.stdout.lock().unwrap().clone();
         (status, stdout, self.stderr())
     }
@@ -138,7 +145,8 @@ async fn submit_follow_says_why_a_task_waits() {
          spec: {type: noop}\n",
     )
     .unwrap();
-    let following = Following::start(&[file.to_str().unwrap(), "--server", &daemon.url, "--poll", "100ms"]);
+    let following =
+        Following::start(&[file.to_str().unwrap(), "--server", &daemon.url, "--poll", "100ms", "--note-after", "0s"]);
     let reason =
         "the task has a type, and no daemon runs pool `idle`, which would take it: start one with --run-pool idle";
     assert!(following.says(reason, Duration::from_secs(20)).await, "{}", following.stderr());

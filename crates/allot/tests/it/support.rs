@@ -68,18 +68,22 @@ impl Daemon {
         self.child.wait().expect("reap");
     }
 
-    /// SIGTERM, and wait for the exit.
+    /// SIGTERM, and wait for the exit (at most [`PATIENCE`]: then SIGKILL, and the test fails).
     pub(crate) fn terminate(mut self) -> ExitStatus {
-        let status = Command::new("kill").args(["-TERM", &self.child.id().to_string()]).status().expect("kill");
-        assert!(status.success());
-        let started = Instant::now();
-        loop {
-            if let Some(status) = self.child.try_wait().expect("wait") {
-                return status;
-            }
-            assert!(started.elapsed() < Duration::from_secs(20), "the daemon did not stop after SIGTERM");
-            std::thread::sleep(Duration::from_millis(20));
-        }
+        self.signal("TERM");
+        let pid = self.child.id().to_string();
+        let child = &mut self.child;
+        std::thread::scope(|scope| {
+            let (tx, rx) = std::sync::mpsc::channel();
+            scope.spawn(move || {
+                let _ = tx.send(child.wait().expect("wait"));
+            });
+            rx.recv_timeout(PATIENCE).unwrap_or_else(|_| {
+                // The waiting thread ends with the process.
+                let _ = Command::new("kill").args(["-KILL", &pid]).status();
+                panic!("the daemon did not stop within {PATIENCE:?} of SIGTERM")
+            })
+        })
     }
 
     /// Sends the daemon a signal (`HUP`, `STOP`, ...).
@@ -118,10 +122,22 @@ pub(crate) async fn eventually(limit: Duration, mut check: impl AsyncFnMut() -> 
         if check().await {
             return true;
         }
-        // The one pause of the polling helper, between two looks at the condition.
-        tokio::time::sleep(Duration::from_millis(20)).await;
+        pause().await;
     }
     false
+}
+
+/// The pause between two looks at a condition: [`eventually`]'s, and that of a loop that cannot
+/// be a closure (a spawned task's: the compiler cannot prove such a closure's future `Send`).
+pub(crate) async fn pause() {
+    // The one pause of the polling helpers, between two looks at a condition.
+    tokio::time::sleep(Duration::from_millis(20)).await;
+}
+
+/// [`eventually`] for a test without a runtime of its own (one that calls the command line).
+pub(crate) fn eventually_blocking(limit: Duration, mut check: impl FnMut() -> bool) -> bool {
+    let runtime = tokio::runtime::Builder::new_current_thread().enable_time().build().expect("a runtime");
+    runtime.block_on(eventually(limit, async || check()))
 }
 
 /// Tokens for `people` (a user and its groups each), in order, and their `[[auth.tokens]]`

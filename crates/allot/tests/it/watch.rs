@@ -18,7 +18,7 @@ use futures_util::StreamExt;
 
 use crate::cli::{allot, code};
 use crate::crash::Acked;
-use crate::support::{data_dir, Daemon, ALLOT};
+use crate::support::{data_dir, eventually, Daemon, ALLOT, PATIENCE};
 
 /// `allot watch ARGS` running, its stdout read line by line.
 struct Watching {
@@ -444,13 +444,15 @@ async fn a_watcher_resumes_after_sigkill(durability: &str) {
     let start: u64 = revision(&daemon).await.parse().unwrap();
     let filter = "prefix=namespaces/hive";
     let mut live = Sse::open(&daemon, &format!("{filter}&since={start}"), None).await;
-    let watching = tokio::spawn(async move {
-        let mut seen = Vec::new();
-        while let Some(message) = live.message().await {
-            seen.extend(Seen::of(&message));
-        }
-        seen
-    });
+    let seen: Arc<Mutex<Vec<Seen>>> = Arc::default();
+    let watching = {
+        let seen = seen.clone();
+        tokio::spawn(async move {
+            while let Some(message) = live.message().await {
+                seen.lock().unwrap().extend(Seen::of(&message));
+            }
+        })
+    };
 
     let client = daemon.client().with_release_retry(Duration::ZERO);
     let acked: Arc<Mutex<HashMap<String, Acked>>> = Arc::default();
@@ -478,12 +480,15 @@ async fn a_watcher_resumes_after_sigkill(durability: &str) {
             }
         }));
     }
-    tokio::time::sleep(Duration::from_millis(1500)).await;
+    // Killed once under load (wait for it, not for a time).
+    let loaded = eventually(PATIENCE, async || seen.lock().unwrap().len() > 100).await;
+    assert!(loaded, "the watcher never saw 100 events of the load");
     tokio::task::spawn_blocking(move || daemon.kill9()).await.unwrap();
     for worker in workers {
         worker.await.unwrap();
     }
-    let before = watching.await.unwrap();
+    watching.await.unwrap();
+    let before = seen.lock().unwrap().clone();
     let acked = acked.lock().unwrap().clone();
     assert!(before.len() > 100, "too little load before the kill: {} events seen", before.len());
     let last = before.last().unwrap().revision;
@@ -559,9 +564,8 @@ async fn on_redis_what_a_killed_daemon_left_in_the_streams_comes_before_any_late
         }));
     }
     // Under load (wait for it, not for a time), then killed.
-    while granted.lock().unwrap().len() < 400 {
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
+    let loaded = eventually(PATIENCE, async || granted.lock().unwrap().len() >= 400).await;
+    assert!(loaded, "the load never reached 400 grants");
     tokio::task::spawn_blocking(move || daemon.kill9()).await.unwrap();
     for worker in workers {
         worker.await.unwrap();
