@@ -307,22 +307,16 @@ mod tests {
     /// daemons (the time and the daemon's own request ids).
     async fn audit_lines(dir: &tempfile::TempDir, count: usize) -> Vec<serde_json::Value> {
         let path = dir.path().join("audit.log");
-        let deadline = tokio::time::Instant::now() + std::time::Duration::from_secs(60);
-        loop {
-            let text = std::fs::read_to_string(&path).unwrap_or_default();
-            if text.lines().count() >= count {
-                let mut lines: Vec<serde_json::Value> =
-                    text.lines().map(|l| serde_json::from_str(l).unwrap()).collect();
-                for line in &mut lines {
-                    let object = line.as_object_mut().unwrap();
-                    object.retain(|key, _| !matches!(key.as_str(), "time" | "ts" | "at" | "request_id"));
-                }
-                return lines;
-            }
-            assert!(tokio::time::Instant::now() < deadline, "{count} audit lines never came: {text}");
-            // The audit writer gathers lines for 10 ms before it writes them: poll for them.
-            tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+        let read = || std::fs::read_to_string(&path).unwrap_or_default();
+        // The audit writer gathers lines a moment before it writes them.
+        let written = allot_host::wait::within(allot_host::wait::PATIENCE, async || read().lines().count() >= count);
+        assert!(written.await, "{count} audit lines never came: {}", read());
+        let mut lines: Vec<serde_json::Value> = read().lines().map(|l| serde_json::from_str(l).unwrap()).collect();
+        for line in &mut lines {
+            let object = line.as_object_mut().unwrap();
+            object.retain(|key, _| !matches!(key.as_str(), "time" | "ts" | "at" | "request_id"));
         }
+        lines
     }
 
     /// The same calls through the hot path and through the router alone, each by a daemon of its

@@ -1,14 +1,8 @@
 //! What several tests use: a wait for a condition that other tasks make true.
 
-use std::time::{Duration, Instant};
-
-/// Waits until `check` holds; fails the test after 60 s (a bound for a slow machine, never a
+/// Waits until `check` holds; fails the test after a minute (a bound for a slow machine, never a
 /// measure), naming `what` was awaited.
-pub(crate) async fn until(what: &str, mut check: impl AsyncFnMut() -> bool) {
-    let deadline = Instant::now() + Duration::from_secs(60);
-    while !check().await {
-        assert!(Instant::now() < deadline, "{what}: not so after 60 s");
-        // Polls what other tasks make true; the pause only spaces the looks.
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
+pub(crate) async fn until(what: &str, check: impl AsyncFnMut() -> bool) {
+    let patience = allot_host::wait::PATIENCE;
+    assert!(allot_host::wait::within(patience, check).await, "{what}: not so after {patience:?}");
 }

@@ -4,7 +4,7 @@
 use std::collections::{BTreeMap, HashSet};
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use allot_core::apps::queues::{QueueLimits, QueuePath};
 use allot_core::apps::states::TaskState;
@@ -234,13 +234,8 @@ pub(crate) async fn state(store: &dyn Store, app: &AppId, task: &str) -> TaskSta
 pub(crate) const PATIENCE: Duration = Duration::from_secs(60);
 
 /// Waits until `check` holds; fails, saying `what` was awaited, after [`PATIENCE`].
-pub(crate) async fn until(what: &str, mut check: impl AsyncFnMut() -> bool) {
-    let started = Instant::now();
-    while !check().await {
-        assert!(started.elapsed() < PATIENCE, "{what}: not so after {PATIENCE:?}");
-        // The one pause of the polling helper, between two looks at the condition.
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
+pub(crate) async fn until(what: &str, check: impl AsyncFnMut() -> bool) {
+    assert!(allot_host::wait::within(PATIENCE, check).await, "{what}: not so after {PATIENCE:?}");
 }
 
 /// Stops an executor started by [`launch`] and waits until it has stopped: every receiver of

@@ -1,8 +1,6 @@
 //! What several tests use: a store opened on a server's address, a plain allocate request, an
 //! application in a queue of its own, and a wait for a condition that other tasks make true.
 
-use std::time::{Duration, Instant};
-
 use allot_core::apps::queues::{QueueLimits, QueuePath};
 use allot_core::apps::{AppId, AppSpec, SchedulingPolicy};
 use allot_core::{AllocateRequest, Constraints, LeaseRequest, NamespaceName, Token};
@@ -26,15 +24,11 @@ pub(crate) fn request(namespace: &str, token: &str) -> AllocateRequest {
     }
 }
 
-/// Waits until `check` holds; fails the test after 60 s (a bound for a slow machine, never a
+/// Waits until `check` holds; fails the test after a minute (a bound for a slow machine, never a
 /// measure), naming `what` was awaited.
-pub(crate) async fn until(what: &str, mut check: impl AsyncFnMut() -> bool) {
-    let deadline = Instant::now() + Duration::from_secs(60);
-    while !check().await {
-        assert!(Instant::now() < deadline, "{what}: not so after 60 s");
-        // Polls what other tasks (or the Redis servers) make true; the pause only spaces the looks.
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
+pub(crate) async fn until(what: &str, check: impl AsyncFnMut() -> bool) {
+    let patience = allot_host::wait::PATIENCE;
+    assert!(allot_host::wait::within(patience, check).await, "{what}: not so after {patience:?}");
 }
 
 /// Adds application `app` (no task groups, the default policy) in queue `queue`, made first.

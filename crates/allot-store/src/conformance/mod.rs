@@ -26,7 +26,7 @@ pub use runs::{run_runs, sample_run};
 pub use watch::run_watch;
 
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use async_trait::async_trait;
 
@@ -64,13 +64,9 @@ impl Time for MovedTime {
     }
 }
 
-/// Waits until `check` holds, polling; fails the check after 60 s (a generous bound for a slow
-/// machine, never a measure), naming `what` was awaited.
-pub(crate) async fn eventually(what: &str, mut check: impl AsyncFnMut() -> bool) {
-    let deadline = Instant::now() + Duration::from_secs(60);
-    while !check().await {
-        assert!(Instant::now() < deadline, "{what}: not so after 60 s");
-        // Polls what other tasks make true; the pause only spaces the looks.
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
+/// Waits until `check` holds, polling; fails the check after a minute (a generous bound for a
+/// slow machine, never a measure), naming `what` was awaited.
+pub(crate) async fn eventually(what: &str, check: impl AsyncFnMut() -> bool) {
+    let patience = allot_host::wait::PATIENCE;
+    assert!(allot_host::wait::within(patience, check).await, "{what}: not so after {patience:?}");
 }

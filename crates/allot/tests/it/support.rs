@@ -3,7 +3,7 @@
 use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, ExitStatus, Stdio};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 pub(crate) const ALLOT: &str = env!("CARGO_BIN_EXE_allot");
 
@@ -115,23 +115,15 @@ pub(crate) fn data_dir() -> (tempfile::TempDir, PathBuf) {
 /// CI machine.
 pub(crate) const PATIENCE: Duration = Duration::from_secs(60);
 
-/// Polls `check` every 20 ms until it holds or `limit` passes.
-pub(crate) async fn eventually(limit: Duration, mut check: impl AsyncFnMut() -> bool) -> bool {
-    let started = Instant::now();
-    while started.elapsed() < limit {
-        if check().await {
-            return true;
-        }
-        pause().await;
-    }
-    false
+/// Polls `check` until it holds or `limit` passes; whether it held.
+pub(crate) async fn eventually(limit: Duration, check: impl AsyncFnMut() -> bool) -> bool {
+    allot_host::wait::within(limit, check).await
 }
 
-/// The pause between two looks at a condition: [`eventually`]'s, and that of a loop that cannot
-/// be a closure (a spawned task's: the compiler cannot prove such a closure's future `Send`).
+/// The pause between two looks at a condition, for a loop that cannot be a closure (a spawned
+/// task's: the compiler cannot prove such a closure's future `Send`).
 pub(crate) async fn pause() {
-    // The one pause of the polling helpers, between two looks at a condition.
-    tokio::time::sleep(Duration::from_millis(20)).await;
+    allot_host::wait::pause().await;
 }
 
 /// [`eventually`] for a test without a runtime of its own (one that calls the command line).
