@@ -150,9 +150,9 @@ async fn a_revision_the_daemon_no_longer_keeps_is_a_clear_error() {
         assert_eq!(code(&allot(&daemon, &["quota", "set", "hive", "1"])), 0);
         assert_eq!(code(&allot(&daemon, &["quota", "set", "hive", "2"])), 0);
         // Restarted on its data directory, its feed keeps what it kept before: not the first.
-        let address = daemon.address();
+        // (On a new port: another test may have taken the old one meanwhile.)
         assert!(daemon.terminate().success());
-        let daemon = Daemon::start_on(&address, &data, &["--config", &config]);
+        let daemon = Daemon::start(&data, &["--config", &config]);
         let watch = allot(&daemon, &["watch", "--since", &before]);
         assert_eq!(code(&watch), 1, "{watch:?}");
         let stderr = String::from_utf8_lossy(&watch.stderr);
