@@ -1,6 +1,10 @@
 //! Leased resource pools [Reflow `pool`]: every pool, its allocs and their leases, and the
 //! decisions over them.
 //!
+//! At length, as one thing: the pools and the two indexes over them (leases by expiry, ended
+//! allocs by end time) change together in every operation; apart, they would be kept in step
+//! across files.
+//!
 //! A pool has a capacity (a [`Resources`] vector). It offers everything that is free as one
 //! offer; accepting the offer with a request (a minimum and an optional maximum) makes an
 //! *alloc*. An alloc holds a lease that its owner renews with keepalives; an alloc whose lease has

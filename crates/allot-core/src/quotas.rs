@@ -1,5 +1,9 @@
 //! The ledger: every namespace, grant, session and waiter, and the decisions over them.
 //!
+//! At length, as one thing: a grant, its namespace's counters, its lease or session and the
+//! waiters it lets in change together in every operation; apart, they would be kept in step
+//! across files.
+//!
 //! Each operation takes the daemon clock's `now` and returns the [`Effects`] a backend must make
 //! durable (`changes`) and deliver (`woken`, `cancelled`). The ledger itself never blocks, never
 //! does I/O and never reads a clock.

@@ -2,6 +2,9 @@
 //! principal), and whether it may (the permission its route needs, decided by
 //! `allot_core::access::Policy`).
 //!
+//! At length, as one thing: authentication and the route table it is checked against (`Needs`,
+//! with each route's permission and home) are the edge's one gate.
+//!
 //! Invariants: with access configured, every call but `/healthz` and `/readyz` (and, if so
 //! configured, `/metrics` and `/openapi.json`) carries a known, unexpired token, or is answered
 //! 401; every route declares the one permission it needs (`routes::router` pairs each handler

@@ -281,12 +281,20 @@ struct State {
 }
 
 impl State {
+    /// Whether an operation may change the state: it may be read, and the store is not
+    /// shutting down.
     fn usable(&self, shared: &Shared) -> Result<(), StoreError> {
+        let shutting_down = shared.shutting_down.load(Ordering::SeqCst) || self.closed;
+        if shutting_down && self.failed.is_none() {
+            return Err(StoreError::ShuttingDown);
+        }
+        self.readable()
+    }
+
+    /// Whether the state may be read: it has not failed, and it is not being rebuilt.
+    fn readable(&self) -> Result<(), StoreError> {
         if let Some(reason) = &self.failed {
             return Err(StoreError::Failed(reason.clone()));
-        }
-        if shared.shutting_down.load(Ordering::SeqCst) || self.closed {
-            return Err(StoreError::ShuttingDown);
         }
         if let Some(reason) = &self.broken {
             return Err(StoreError::Unavailable(reason.clone()));
@@ -729,12 +737,7 @@ impl EmbeddedStore {
     /// Runs a read-only query over the state, unless the database is being reopened.
     fn read_state<T>(&self, query: impl FnOnce(&State, Millis) -> Result<T, StoreError>) -> Result<T, StoreError> {
         let state = self.lock();
-        if let Some(reason) = &state.failed {
-            return Err(StoreError::Failed(reason.clone()));
-        }
-        if let Some(reason) = &state.broken {
-            return Err(StoreError::Unavailable(reason.clone()));
-        }
+        state.readable()?;
         query(&state, self.shared.clock.now())
     }
 }
