@@ -62,7 +62,12 @@ impl Log {
 
 /// Whether an answer says the change was not made.
 fn nothing_changed(err: &allot_client::ClientError) -> bool {
-    matches!(err.code(), Some("store_unavailable" | "not_enough_replicas"))
+    err.code().is_some_and(nothing_changed_code)
+}
+
+/// Whether an error code says the change was not made.
+fn nothing_changed_code(code: &str) -> bool {
+    matches!(code, "store_unavailable" | "not_enough_replicas")
 }
 
 /// Two daemons on `cluster` (plus `extra` flags), with namespaces `<prefix>-0..` of `quota`:
@@ -85,10 +90,11 @@ fn two_daemons(
     ([d1, d2], [data1, data2], daemons)
 }
 
-/// A client that answers the daemon's 503s as given, without its own retries: the test counts
-/// them and times the unavailability by them.
+/// A client that answers the daemon's 503s as given, without its own retries (of a call the
+/// store could not take, or of a release): the test counts them and times the unavailability by
+/// them.
 fn answers_as_given(daemon: &Daemon) -> allot_client::Client {
-    daemon.client().with_unavailable_retry(0, Duration::ZERO)
+    daemon.client().with_unavailable_retry(0, Duration::ZERO).with_release_retry(Duration::ZERO)
 }
 
 /// Counts a failed call's code: what a failover may answer (`not_enough_replicas` only with
@@ -155,20 +161,23 @@ async fn failover(min_replicas: bool) {
                 // Granted, or unknown: released until the release is acknowledged (a shard
                 // short of replicas refuses it until one is attached again).
                 let started = Instant::now();
-                let mut said_nothing_changed = false;
+                // The codes of the failed tries: if each said "nothing was changed", the grant
+                // must still be there to release.
+                let mut refused: Vec<String> = Vec::new();
                 loop {
                     match client.release(&namespace, &token, None).await {
                         Ok(released) => {
                             let mut log = log.lock().unwrap();
-                            if said_nothing_changed && granted_surely && !released.released {
-                                log.untrue.push(format!("release {namespace}/{token}"));
+                            let only_refused = !refused.is_empty() && refused.iter().all(|code| nothing_changed_code(code));
+                            if only_refused && granted_surely && !released.released {
+                                log.untrue.push(format!("release {namespace}/{token} (answered {refused:?})"));
                             }
                             log.acked.insert(token.clone(), Instant::now());
                             break;
                         }
                         Err(err) if started.elapsed() < PATIENCE => {
                             count(&log, &err, min_replicas);
-                            said_nothing_changed = nothing_changed(&err);
+                            refused.push(err.code().unwrap_or("http").to_owned());
                             pause().await;
                         }
                         Err(err) => panic!("a release was never acknowledged: {err}"),
