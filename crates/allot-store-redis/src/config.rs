@@ -9,6 +9,10 @@ use allot_store::WatchConfig;
 /// something waits.
 pub const DEFAULT_SCHED_REFRESH: Duration = Duration::from_secs(1);
 
+/// How often, by default, a waiting allocate checks its answer without a wake-up message: a lost
+/// message delays an answer by at most this.
+pub const DEFAULT_WAKE_POLL: Duration = Duration::from_millis(250);
+
 /// Where the Redis backend connects.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct RedisConfig {
@@ -27,6 +31,9 @@ pub struct RedisConfig {
     /// again: what other clients free through Redis directly. Room made through a daemon (a
     /// quota raised, a pool grown) starts a cycle on a fresh reading at once anyway.
     pub sched_refresh: Duration,
+    /// How often a waiting allocate checks its answer without a wake-up message (one that was
+    /// lost, or published while the subscriber reconnected).
+    pub wake_poll: Duration,
 }
 
 /// `url` with its password (`user:password@`) replaced by `***`.
@@ -68,6 +75,7 @@ impl RedisConfig {
                 watch: WatchConfig::default(),
                 tls_ca: None,
                 sched_refresh: DEFAULT_SCHED_REFRESH,
+                wake_poll: DEFAULT_WAKE_POLL,
             });
         }
         if !(address.starts_with("redis://") || address.starts_with("rediss://")) {
@@ -81,6 +89,7 @@ impl RedisConfig {
             watch: WatchConfig::default(),
             tls_ca: None,
             sched_refresh: DEFAULT_SCHED_REFRESH,
+            wake_poll: DEFAULT_WAKE_POLL,
         })
     }
 
@@ -119,6 +128,11 @@ impl RedisConfig {
     /// Reads the pools and quotas again every `refresh` while applications wait.
     pub fn with_sched_refresh(self, refresh: Duration) -> RedisConfig {
         RedisConfig { sched_refresh: refresh, ..self }
+    }
+
+    /// A waiting allocate checks its answer every `poll` even without a wake-up message.
+    pub fn with_wake_poll(self, poll: Duration) -> RedisConfig {
+        RedisConfig { wake_poll: poll, ..self }
     }
 }
 

@@ -13,7 +13,8 @@
 //! - Waiters queue in Redis, first come first served across daemons. A script that grants a
 //!   waiter records the answer and publishes the waiter's id on `allot:woken`; the daemon where
 //!   the call waits is subscribed and claims the answer at once. A waiting call also checks every
-//!   [`POLL_INTERVAL`], so a lost message delays an answer but never loses it.
+//!   [`RedisConfig::wake_poll`] (250 ms by default), so a lost message delays an answer but never
+//!   loses it.
 //! - Sessions share one hash slot (`allot:{allot-sessions}`). A grant held under a session is
 //!   kept in its namespace with a copy of the session's deadline; a session keepalive renews
 //!   those copies namespace by namespace, and each namespace's sweep ends its session grants at
@@ -74,11 +75,10 @@ use async_trait::async_trait;
 use redis::RedisError;
 use tokio::task::JoinHandle;
 
-pub use crate::config::{BadAddress, RedisConfig, DEFAULT_SCHED_REFRESH};
+pub use crate::config::{BadAddress, RedisConfig, DEFAULT_SCHED_REFRESH, DEFAULT_WAKE_POLL};
 pub use crate::quotas::DirectScripts;
 pub use crate::store::RedisStore;
 pub use crate::sweep::SWEEP_INTERVAL;
-pub use crate::wake::POLL_INTERVAL;
 
 use crate::conn::Conn;
 use crate::errors::{redis_error, refuses_library};

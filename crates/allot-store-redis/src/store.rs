@@ -40,6 +40,8 @@ pub(crate) struct Inner {
     pub(crate) scripts: Scripts,
     /// Waiting calls of this daemon, by namespace prefix and waiter id.
     pub(crate) waits: Mutex<HashMap<(String, u64), Arc<Notify>>>,
+    /// How often a waiting call checks its answer without a message.
+    pub(crate) wake_poll: std::time::Duration,
     /// Told when a call starts waiting: on a cluster, the subscriber subscribes to its
     /// namespace's channel.
     pub(crate) wait_started: Notify,
@@ -76,6 +78,7 @@ impl Inner {
             feed_conn,
             scripts,
             waits: Mutex::new(HashMap::new()),
+            wake_poll: config.wake_poll,
             wait_started: Notify::new(),
             shutdown,
             calls: AtomicU64::new(0),

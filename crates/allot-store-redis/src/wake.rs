@@ -1,8 +1,9 @@
 //! Wake-ups. A waiting allocate call is a waiter in its namespace's queue in Redis; the function
 //! that grants it records the answer and publishes the waiter's id, on `allot:woken` (one Redis)
 //! or on the namespace's own sharded channel (a cluster). This daemon's subscriber wakes the call,
-//! which claims its answer at once; a waiting call also checks every [`POLL_INTERVAL`], so a lost
-//! message delays an answer but never loses it, and a call that goes away takes its waiter out of
+//! which claims its answer at once; a waiting call also checks every `wake_poll`
+//! ([`RedisConfig::wake_poll`](crate::RedisConfig)), so a lost message delays an answer but never
+//! loses it, and a call that goes away takes its waiter out of
 //! the queue ([`WaitGuard`]). The same subscriber listens on `allot:sched`, where a daemon that
 //! made room (a quota or a pool put) tells the scheduler to look again, and on the change feed's
 //! channels (`allot:feed`, `allot:feed:log`). Every channel's name is here: the feed publishes on
@@ -22,8 +23,6 @@ use crate::cluster;
 use crate::reply::{self, corrupt};
 use crate::store::Inner;
 
-/// How often a waiting call checks its answer even without a message.
-pub const POLL_INTERVAL: Duration = Duration::from_millis(250);
 /// The channel on which scripts publish the waiters they answered.
 const CHANNEL: &str = "allot:woken";
 /// The channel on which a daemon says it made room that may admit a waiting application (a
@@ -36,7 +35,7 @@ pub(crate) const STREAM_CHANNEL: &str = "allot:feed";
 pub(crate) const LOG_CHANNEL: &str = "allot:feed:log";
 
 /// Waits up to `wait` for the answer of waiter `wid` (queued by an allocate in the namespace of
-/// prefix `key`): woken by a message on the channel, or every [`POLL_INTERVAL`]. When the wait
+/// prefix `key`): woken by a message on the channel, or every `wake_poll`. When the wait
 /// ends, the waiter leaves the queue, or its answer that came meanwhile is taken.
 pub(crate) async fn wait_for(
     inner: &Arc<Inner>,
@@ -70,7 +69,7 @@ pub(crate) async fn wait_for(
                 }
             }
         }
-        let poll = tokio::time::Instant::now() + POLL_INTERVAL;
+        let poll = tokio::time::Instant::now() + inner.wake_poll;
         tokio::select! {
             _ = notify.notified() => check = true,
             _ = tokio::time::sleep_until(poll.min(deadline)) => check = true,

@@ -3,7 +3,7 @@
 //! `OutcomeUnknown`. Both messages name Redis, not a disk.
 
 use allot_store::prelude::*;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use allot_core::NamespaceName;
 use allot_store::StoreError;
@@ -60,7 +60,6 @@ async fn a_call_in_flight_when_the_server_dies_has_an_unknown_outcome() {
     });
     wait_until_held(std::slice::from_ref(&server)).await;
     assert!(!call.is_finished(), "the call waits for the paused server");
-    let killed = Instant::now();
     server.stop();
     let answer = call.await.unwrap();
     let Err(err @ StoreError::OutcomeUnknown(_)) = answer else {
@@ -72,7 +71,8 @@ async fn a_call_in_flight_when_the_server_dies_has_an_unknown_outcome() {
         "{message}"
     );
     assert!(!message.contains("disk"), "{message}");
-    assert!(killed.elapsed() < Duration::from_secs(3), "answered {:?} after the kill", killed.elapsed());
+    // Answered by the kill (the connection broke), not by waiting out the response timeout.
+    assert!(message.contains("the connection broke"), "{message}");
 }
 
 /// On a Redis Cluster, a change sent to a node that dies before it answers may have been

@@ -36,6 +36,7 @@ pub(crate) const SERVE_AFTER_HELP: &str = r#"Configuration file (--config), with
   store = "embedded"            # --store
   redis_min_replicas = 1        # --redis-min-replicas: replicas a change reaches before its answer
   redis_sched_refresh = "1s"    # --redis-sched-refresh: how often waiting applications see others' room
+  redis_wake_poll = "250ms"     # --redis-wake-poll: how often a waiting allocate checks without a message
   local_pool = "local"          # --local-pool (its tasks are run here)
   run_pools = ["worker-1"]      # --run-pool: run the tasks placed on these pools here
   max_wait = "5m"               # --max-wait: the longest an allocate may wait (at most 5m)
@@ -145,6 +146,7 @@ struct ConfigFile {
     store: Option<String>,
     redis_min_replicas: Option<u32>,
     redis_sched_refresh: Option<String>,
+    redis_wake_poll: Option<String>,
     /// Namespace quotas seeded at start [Flyte `ResourceRegistrar`]: created where they do not
     /// exist yet; the store is authoritative for the rest.
     #[serde(default)]
@@ -654,6 +656,25 @@ pub(super) fn resolve(args: &ServeArgs) -> anyhow::Result<Config> {
         (StoreChoice::Embedded, Some(_)) => bail!(
             "--redis-sched-refresh applies to a Redis store (--store redis://...); the embedded store's scheduler \
              sees every change as it is made"
+        ),
+        (store, None) => store,
+    };
+    let wake_poll = match (args.redis_wake_poll, &file.redis_wake_poll) {
+        (Some(flag), _) => Some(flag),
+        (None, Some(text)) => {
+            Some(allot_bench::duration::parse(text).map_err(|err| anyhow::anyhow!("redis_wake_poll: {err}"))?)
+        }
+        (None, None) => None,
+    };
+    let store = match (store, wake_poll) {
+        // Each check is a call to Redis: a shorter period would make waiting calls a busy loop.
+        (StoreChoice::Redis(_), Some(poll)) if poll < std::time::Duration::from_millis(10) => {
+            bail!("--redis-wake-poll {poll:?} is too short: at least 10ms (each check is a call to Redis)")
+        }
+        (StoreChoice::Redis(redis), Some(poll)) => StoreChoice::Redis(redis.with_wake_poll(poll)),
+        (StoreChoice::Embedded, Some(_)) => bail!(
+            "--redis-wake-poll applies to a Redis store (--store redis://...); the embedded store wakes a \
+             waiting allocate in the same process"
         ),
         (store, None) => store,
     };

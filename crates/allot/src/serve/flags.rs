@@ -35,6 +35,11 @@ pub(crate) struct ServeArgs {
     /// daemon starts a cycle at once anyway) [default: 1s].
     #[arg(long, value_name = "DURATION", env = "ALLOT_REDIS_SCHED_REFRESH", value_parser = allot_bench::duration::parse)]
     pub(super) redis_sched_refresh: Option<std::time::Duration>,
+    /// On Redis, how often a waiting allocate checks its answer even without a wake-up message
+    /// (one lost, or sent while the daemon reconnected): the most a lost message delays an
+    /// answer [default: 250ms].
+    #[arg(long, value_name = "DURATION", env = "ALLOT_REDIS_WAKE_POLL", value_parser = allot_bench::duration::parse)]
+    pub(super) redis_wake_poll: Option<std::time::Duration>,
     /// Serve a non-loopback --listen address without `[auth]`: anyone who reaches the port may do
     /// anything (a warning is logged at every start). Without it such a daemon refuses to start.
     #[arg(long, env = "ALLOT_INSECURE_NO_AUTH")]

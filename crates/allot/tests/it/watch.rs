@@ -120,10 +120,10 @@ async fn allot_watch_prints_the_changes_other_commands_make_and_ends_on_ctrl_c()
         }
         assert_eq!(lines[0].split_once("  ").unwrap().0, revisions[0].to_string());
 
-        // Open watches end when the daemon stops: they do not hold its shutdown up.
-        let started = std::time::Instant::now();
+        // Open watches end when the daemon stops: they do not hold its shutdown up (which has no
+        // time limit of its own: a watch left open would keep the daemon up, and `terminate`
+        // fails once its patience runs out).
         assert!(daemon.terminate().success());
-        assert!(started.elapsed() < Duration::from_secs(5), "took {:?}", started.elapsed());
         // The watches wait for it to come back, until Ctrl-C ends them cleanly.
         assert_eq!(json.interrupt(), 0);
         assert_eq!(people.interrupt(), 0);

@@ -4,7 +4,6 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use allot_client::pools::{allocate, AllocNeed, AllocateError, AllocateOptions, Mux, PoolSource};
-use tokio::time::Instant;
 
 use super::*;
 
@@ -33,12 +32,13 @@ async fn allocate_takes_the_whole_offer_or_what_it_asks_on_a_daemon() {
     let text = err.to_string();
     assert!(text.contains("after 3 tries") && text.contains("1 offers, 0 fit"), "{text}");
 
-    // A pool the daemon does not have: at once, not after 6 tries.
-    let started = Instant::now();
-    let err =
-        allocate(&daemon.pool("nope"), &AllocNeed::new(r("cpu=1")), &AllocateOptions::default()).await.unwrap_err();
+    // A pool the daemon does not have: at once (its offers asked for once), not after 6 tries.
+    let missing = Counted::new(daemon.pool("nope"));
+    let mux = Mux::new();
+    mux.add_pool(missing.clone()).unwrap();
+    let err = allocate(&mux, &AllocNeed::new(r("cpu=1")), &AllocateOptions::default()).await.unwrap_err();
     assert!(matches!(&err, AllocateError::Offers { failed } if failed[0].error.is_pool_not_found()), "{err}");
-    assert!(started.elapsed() < Duration::from_millis(500));
+    assert_eq!(missing.offers_calls(), 1, "a missing pool is not asked again");
 
     // A bad request is refused before any call.
     let err = allocate(&roomy, &AllocNeed::new(r("")), &options).await.unwrap_err();
@@ -108,7 +108,6 @@ async fn allocate_at_scale_through_a_caching_mux_asks_each_pool_once_per_cache_p
         (allocs, failures)
     };
 
-    let started = Instant::now();
     let (allocs, failures) = round(mux.clone()).await;
     assert!(failures.len() * 100 <= ALLOCS, "{} of {ALLOCS} failed: {failures:?}", failures.len());
     for alloc in &allocs {
@@ -149,5 +148,4 @@ async fn allocate_at_scale_through_a_caching_mux_asks_each_pool_once_per_cache_p
         held += daemon.client.pools().await.unwrap().pools.iter().map(|p| p.allocs).sum::<u64>();
     }
     assert_eq!(held as usize, allocs.len());
-    assert!(started.elapsed() < Duration::from_secs(10), "took {:?}", started.elapsed());
 }
