@@ -450,9 +450,17 @@ async fn a_running_task_removed_and_added_again_is_stopped_and_runs_afresh() {
     let app = submit(store, "twice", &[("forever", spec)]).await;
     until("the first command is stopped", async || !alive(first)).await;
     until("the new task's command runs", async || read_pid().is_some_and(|pid| pid != first)).await;
+    // The command writes its pid as it starts, before its executor records the run as Running.
+    let running = async || {
+        store
+            .run(app.clone(), TaskId::new("forever").unwrap())
+            .await
+            .unwrap()
+            .is_some_and(|r| r.phase == Phase::Running)
+    };
+    until("the new run is Running", running).await;
     let run = store.run(app.clone(), TaskId::new("forever").unwrap()).await.unwrap().unwrap();
     assert_eq!((run.attempt, run.user_failures, run.system_failures), (1, 0, 0), "{:?}", run.events);
-    assert_eq!(run.phase, Phase::Running);
     // Removed for good: stopped, then the run goes.
     store.remove_app(app.clone()).await.unwrap();
     until("the run goes once stopped", async || {

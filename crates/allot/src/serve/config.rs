@@ -644,13 +644,7 @@ pub(super) fn resolve(args: &ServeArgs) -> anyhow::Result<Config> {
         ),
         (store, None) => store,
     };
-    let refresh = match (args.redis_sched_refresh, &file.redis_sched_refresh) {
-        (Some(flag), _) => Some(flag),
-        (None, Some(text)) => {
-            Some(allot_bench::duration::parse(text).map_err(|err| anyhow::anyhow!("redis_sched_refresh: {err}"))?)
-        }
-        (None, None) => None,
-    };
+    let refresh = flag_or_file(args.redis_sched_refresh, &file.redis_sched_refresh, "redis_sched_refresh")?;
     let store = match (store, refresh) {
         (StoreChoice::Redis(redis), Some(refresh)) => StoreChoice::Redis(redis.with_sched_refresh(refresh)),
         (StoreChoice::Embedded, Some(_)) => bail!(
@@ -659,13 +653,7 @@ pub(super) fn resolve(args: &ServeArgs) -> anyhow::Result<Config> {
         ),
         (store, None) => store,
     };
-    let wake_poll = match (args.redis_wake_poll, &file.redis_wake_poll) {
-        (Some(flag), _) => Some(flag),
-        (None, Some(text)) => {
-            Some(allot_bench::duration::parse(text).map_err(|err| anyhow::anyhow!("redis_wake_poll: {err}"))?)
-        }
-        (None, None) => None,
-    };
+    let wake_poll = flag_or_file(args.redis_wake_poll, &file.redis_wake_poll, "redis_wake_poll")?;
     let store = match (store, wake_poll) {
         // Each check is a call to Redis: a shorter period would make waiting calls a busy loop.
         (StoreChoice::Redis(_), Some(poll)) if poll < std::time::Duration::from_millis(10) => {
@@ -861,6 +849,17 @@ fn disk_bytes(path: &Path) -> anyhow::Result<u64> {
         .and_then(|size| size.parse().ok())
         .with_context(|| format!("cannot read the disk size from df: {text}"))?;
     Ok(kib * 1024)
+}
+
+/// A duration set by its flag, else by the file's `key` (text such as `250ms`), else not set.
+fn flag_or_file(flag: Option<Duration>, file: &Option<String>, key: &str) -> anyhow::Result<Option<Duration>> {
+    match (flag, file) {
+        (Some(flag), _) => Ok(Some(flag)),
+        (None, Some(text)) => {
+            allot_bench::duration::parse(text).map(Some).map_err(|err| anyhow::anyhow!("{key}: {err}"))
+        }
+        (None, None) => Ok(None),
+    }
 }
 
 #[cfg(test)]

@@ -39,7 +39,11 @@ struct Log {
     /// Fencing numbers answered for two tokens.
     given_twice: Vec<(String, u64, String, String)>,
     /// Changes answered "nothing was changed" that their retry found made.
-    untrue: Vec<String>,
+    /// Changes answered "nothing was changed" that their retry found made, and when the grant a
+    /// release was for was acknowledged: without `--redis-min-replicas`, a grant acknowledged
+    /// after the cut may be lost with the primary, and its release then finds nothing (Redis's
+    /// documented loss, not a false answer).
+    untrue: Vec<(String, Option<Instant>)>,
     /// When each change was acknowledged: a kept grant, or a release (by token).
     acked: BTreeMap<String, Instant>,
 }
@@ -141,10 +145,11 @@ async fn failover(min_replicas: bool) {
                     answer = client.allocate(&namespace, &token, &Allocate::default()).await;
                     if let Ok(again) = &answer {
                         if again.existing {
-                            log.lock().unwrap().untrue.push(format!("allocate {namespace}/{token}"));
+                            log.lock().unwrap().untrue.push((format!("allocate {namespace}/{token}"), None));
                         }
                     }
                 }
+                let granted_at = Instant::now();
                 if let Ok(answer) = &answer {
                     if answer.status != Status::Granted {
                         continue;
@@ -171,7 +176,8 @@ async fn failover(min_replicas: bool) {
                             let only_refused =
                                 !refused.is_empty() && refused.iter().all(|code| nothing_changed_code(code));
                             if only_refused && granted_surely && !released.released {
-                                log.untrue.push(format!("release {namespace}/{token} (answered {refused:?})"));
+                                let what = format!("release {namespace}/{token} (answered {refused:?})");
+                                log.untrue.push((what, Some(granted_at)));
                             }
                             log.acked.insert(token.clone(), Instant::now());
                             break;
@@ -324,7 +330,13 @@ async fn failover(min_replicas: bool) {
     );
     assert_eq!(over_grants.load(Ordering::Relaxed), 0, "a namespace held more than its quota");
     // No change answered "nothing was changed" was made; no fencing number was given twice.
-    assert!(log.untrue.is_empty(), "answered \"nothing was changed\" and made: {:?}", log.untrue);
+    let untrue: Vec<&String> = log
+        .untrue
+        .iter()
+        .filter(|(_, granted_at)| min_replicas || !granted_at.is_some_and(|at| at >= cut))
+        .map(|(what, _)| what)
+        .collect();
+    assert!(untrue.is_empty(), "answered \"nothing was changed\" and made: {untrue:?}");
     assert!(log.given_twice.is_empty(), "fencing numbers given twice: {:?}", log.given_twice);
     // Every acknowledged grant kept is there; every acknowledged release is gone. Without
     // replicas required, what the README promises: only changes acknowledged in the last moment
