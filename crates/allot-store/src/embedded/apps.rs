@@ -68,7 +68,7 @@ pub(super) fn cycle(shared: &Shared) -> Option<(Duration, Option<Commit>)> {
     if state.check_outcome(&outcome).is_err() {
         return Some((RETRY_INTERVAL, None));
     }
-    let committed = (!outcome.is_empty()).then(|| state.submit_outcome(shared, outcome));
+    let committed = (!outcome.is_empty()).then(|| state.submit_outcome(shared, outcome, now));
     let mut wait = if waiting { RETRY_INTERVAL } else { IDLE_INTERVAL };
     if let Some(deadline) = state.sched.next_deadline() {
         wait = wait.min(Duration::from_millis(deadline.saturating_sub(now)));

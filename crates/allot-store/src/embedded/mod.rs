@@ -310,8 +310,8 @@ impl State {
     }
 
     /// Logs `effects`; the receiver answers once they are durable.
-    fn submit(&mut self, shared: &Shared, effects: Effects) -> Commit {
-        self.submit_all(shared, effects, Vec::new(), Vec::new())
+    fn submit(&mut self, shared: &Shared, effects: Effects, now: Millis) -> Commit {
+        self.submit_all(shared, effects, Vec::new(), Vec::new(), now)
     }
 
     /// Stops the store for good after an internal error: from now on every operation is
@@ -332,8 +332,8 @@ impl State {
     }
 
     /// Logs everything an operation of the scheduler changed, as one record.
-    fn submit_outcome(&mut self, shared: &Shared, outcome: Outcome) -> Commit {
-        self.submit_all(shared, outcome.ledger, outcome.pools, outcome.apps)
+    fn submit_outcome(&mut self, shared: &Shared, outcome: Outcome, now: Millis) -> Commit {
+        self.submit_all(shared, outcome.ledger, outcome.pools, outcome.apps, now)
     }
 
     /// Logs writes that carry no event (the access part's).
@@ -351,15 +351,16 @@ impl State {
         self.log_and_answer(shared, ops, Vec::new(), Vec::new(), drafts)
     }
 
-    /// Logs ledger effects, pool and application changes as one record.
+    /// Logs ledger effects, pool and application changes as one record; their events are as of
+    /// `now`, the time the operation decided at (one reading of the clock per operation).
     fn submit_all(
         &mut self,
         shared: &Shared,
         effects: Effects,
         pool_changes: Vec<PoolChange>,
         app_changes: Vec<AppChange>,
+        now: Millis,
     ) -> Commit {
-        let now = shared.clock.now();
         let mut drafts = std::mem::take(&mut self.drafts);
         feed::quotas(&self.ledger, &effects.changes, now, &mut drafts);
         feed::pools(&self.pools, &pool_changes, now, &mut drafts);
@@ -670,7 +671,7 @@ impl EmbeddedStore {
             state.usable(&self.shared)?;
             let now = self.shared.clock.now();
             let (value, effects, pool_changes) = op(&mut state, now)?;
-            (value, state.submit_all(&self.shared, effects, pool_changes, Vec::new()))
+            (value, state.submit_all(&self.shared, effects, pool_changes, Vec::new(), now))
         };
         durable(rx).await?;
         if self.shared.sched_waiting.load(Ordering::Relaxed) {
@@ -693,7 +694,7 @@ impl EmbeddedStore {
             let world = World { pools: &mut state.pools, ledger: &mut state.ledger };
             let (value, outcome) = op(&mut state.sched, world, now)?;
             state.check_outcome(&outcome)?;
-            (value, state.submit_outcome(&self.shared, outcome))
+            (value, state.submit_outcome(&self.shared, outcome, now))
         };
         durable(rx).await?;
         self.shared.wake_scheduler.notify_one();
@@ -816,7 +817,8 @@ impl Store for EmbeddedStore {
             state.failed.is_none().then(|| {
                 let changes = state.ledger.fencing_checkpoint();
                 state.checkpoint_clock(&self.shared);
-                state.submit(&self.shared, Effects { changes, ..Effects::default() })
+                let now = self.shared.clock.now();
+                state.submit(&self.shared, Effects { changes, ..Effects::default() }, now)
             })
         };
         if let Some(Err(err)) = match flushed {

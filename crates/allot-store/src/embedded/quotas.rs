@@ -125,7 +125,7 @@ impl QuotaStore for EmbeddedStore {
             match decision {
                 Decision::Granted { grant, existing } => {
                     let info = grant_info(&state.ledger, grant, now);
-                    Then::Commit { rx: state.submit(&self.shared, effects), info, existing, at: now }
+                    Then::Commit { rx: state.submit(&self.shared, effects, now), info, existing, at: now }
                 }
                 Decision::Refused { refusal, place } => Then::Answer(Allocation::Refused { refusal, place }),
                 Decision::Queued { waiter, replaced, .. } => {
@@ -331,6 +331,6 @@ impl State {
         let now = shared.clock.now();
         let (refusal, place, effects) = self.ledger.cancel_waiter(namespace, waiter, now)?;
         self.gave_up(waiter, cause);
-        Some((refusal, place, self.submit(shared, effects)))
+        Some((refusal, place, self.submit(shared, effects, now)))
     }
 }

@@ -41,7 +41,7 @@ pub(super) fn sweep(shared: &Shared) -> Option<Option<Commit>> {
     }
     let pool_changes = state.pools.sweep(now);
     if !effects.changes.is_empty() || !effects.cancelled.is_empty() || !pool_changes.is_empty() {
-        return Some(Some(state.submit_all(shared, effects, pool_changes, Vec::new())));
+        return Some(Some(state.submit_all(shared, effects, pool_changes, Vec::new(), now)));
     }
     if now.saturating_sub(shared.clock_written.load(Ordering::Relaxed)) >= CLOCK_CHECKPOINT_MS {
         state.checkpoint_clock(shared);
