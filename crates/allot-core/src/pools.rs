@@ -14,9 +14,6 @@
 //! readable for `retention_ms` (at most [`MAX_ENDED_PER_POOL`] per pool) and say why they ended
 //! (Reflow's zombies).
 //!
-//! One part, at length: the pools' decisions share one state (capacity, allocs, leases, ended
-//! allocs) and its invariants.
-//!
 //! Like the token ledger, every operation takes `now` and returns [`PoolChange`]s for the store
 //! to make durable; nothing here does I/O, reads a clock or draws random numbers (alloc ids come
 //! from the caller).

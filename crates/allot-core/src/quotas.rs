@@ -8,9 +8,6 @@
 //! durable (`changes`) and deliver (`woken`, `cancelled`). The ledger itself never blocks, never
 //! does I/O and never reads a clock.
 //!
-//! One part, at length: the quota decisions share one state (counters, queues, leases) whose
-//! invariants below hold across every operation; split, each file would reach into the others.
-//!
 //! Invariants, checked by `Ledger::check_invariants` in tests:
 //! - for every namespace, `granted` is the sum of its grants' units, and every scope counter is the
 //!   sum of the units of the grants of that scope;

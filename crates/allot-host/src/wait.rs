@@ -27,3 +27,9 @@ pub async fn within(limit: Duration, mut check: impl AsyncFnMut() -> bool) -> bo
         pause().await;
     }
 }
+
+/// Waits until `check` holds; fails (panics, naming `what` was awaited) after [`PATIENCE`]. For
+/// tests and checks, where a condition that never comes is a failure.
+pub async fn until(what: &str, check: impl AsyncFnMut() -> bool) {
+    assert!(within(PATIENCE, check).await, "{what}: not so after {PATIENCE:?}");
+}

@@ -7,11 +7,11 @@ use allot_store::WatchConfig;
 
 /// How often, by default, the daemon that schedules reads the pools and quotas again while
 /// something waits.
-pub const DEFAULT_SCHED_REFRESH: Duration = Duration::from_secs(1);
+const DEFAULT_SCHED_REFRESH: Duration = Duration::from_secs(1);
 
 /// How often, by default, a waiting allocate checks its answer without a wake-up message: a lost
 /// message delays an answer by at most this.
-pub const DEFAULT_WAKE_POLL: Duration = Duration::from_millis(250);
+const DEFAULT_WAKE_POLL: Duration = Duration::from_millis(250);
 
 /// Where the Redis backend connects.
 #[derive(Debug, Clone, PartialEq, Eq)]

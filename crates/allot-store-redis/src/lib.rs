@@ -75,7 +75,7 @@ use async_trait::async_trait;
 use redis::RedisError;
 use tokio::task::JoinHandle;
 
-pub use crate::config::{BadAddress, RedisConfig, DEFAULT_SCHED_REFRESH, DEFAULT_WAKE_POLL};
+pub use crate::config::{BadAddress, RedisConfig};
 pub use crate::quotas::DirectScripts;
 pub use crate::store::RedisStore;
 pub use crate::sweep::SWEEP_INTERVAL;

@@ -233,10 +233,8 @@ pub(crate) async fn state(store: &dyn Store, app: &AppId, task: &str) -> TaskSta
 /// How long a test waits for a condition before it fails: long enough for a loaded CI machine.
 pub(crate) const PATIENCE: Duration = Duration::from_secs(60);
 
-/// Waits until `check` holds; fails, saying `what` was awaited, after [`PATIENCE`].
-pub(crate) async fn until(what: &str, check: impl AsyncFnMut() -> bool) {
-    assert!(allot_host::wait::within(PATIENCE, check).await, "{what}: not so after {PATIENCE:?}");
-}
+/// Waits until a condition holds; fails, naming what was awaited, after a minute.
+pub(crate) use allot_host::wait::until;
 
 /// Stops an executor started by [`launch`] and waits until it has stopped: every receiver of
 /// its stop signal (the executor and its runs) is gone.

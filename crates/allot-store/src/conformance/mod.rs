@@ -64,9 +64,5 @@ impl Time for MovedTime {
     }
 }
 
-/// Waits until `check` holds, polling; fails the check after a minute (a generous bound for a
-/// slow machine, never a measure), naming `what` was awaited.
-pub(crate) async fn eventually(what: &str, check: impl AsyncFnMut() -> bool) {
-    let patience = allot_host::wait::PATIENCE;
-    assert!(allot_host::wait::within(patience, check).await, "{what}: not so after {patience:?}");
-}
+/// Waits until a condition holds; fails, naming what was awaited, after a minute.
+pub(crate) use allot_host::wait::until as eventually;

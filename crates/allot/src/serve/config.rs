@@ -718,11 +718,7 @@ pub(super) fn resolve(args: &ServeArgs) -> anyhow::Result<Config> {
             Ok((pool, capacity))
         })
         .collect::<anyhow::Result<Vec<_>>>()?;
-    let max_wait = match (args.max_wait, &file.max_wait) {
-        (Some(flag), _) => flag,
-        (None, Some(text)) => allot_bench::duration::parse(text).map_err(|err| anyhow::anyhow!("max_wait: {err}"))?,
-        (None, None) => allot_store::MAX_WAIT,
-    };
+    let max_wait = flag_or_file(args.max_wait, &file.max_wait, "max_wait")?.unwrap_or(allot_store::MAX_WAIT);
     if max_wait > allot_store::MAX_WAIT {
         bail!("--max-wait (max_wait) is {max_wait:?}; the most is 5m");
     }
