@@ -51,7 +51,16 @@ pub(super) struct Archive {
     /// The last revision kept (or, with none yet, where the kept events start); `None` while no
     /// segment exists (a store of a version before these files: see [`Archive::anchor`]).
     last: Option<u64>,
+    /// The last revision written by [`Archive::put`] and not yet synced ([`Archive::sync`]).
+    written: Option<u64>,
+    /// The frames of a [`Archive::put`], reused: a checkpoint puts in chunks of about
+    /// [`CHUNK_BYTES`], so this stays small and warm rather than a fresh allocation of a whole
+    /// second's events.
+    frames: Vec<u8>,
 }
+
+/// A checkpoint puts the events of its records in chunks of about this many bytes.
+pub(super) const CHUNK_BYTES: usize = 256 << 10;
 
 /// Where a segment's whole frames end, and the last revision they hold.
 fn whole_frames(bytes: &[u8]) -> (usize, Option<u64>) {
@@ -93,7 +102,7 @@ impl Archive {
             }
         }
         segments.sort_unstable();
-        let mut archive = Archive { dir, segments, current: None, last: None };
+        let mut archive = Archive { dir, segments, current: None, last: None, written: None, frames: Vec::new() };
         if let Some(&newest) = archive.segments.last() {
             let path = archive.path(newest);
             let bytes = std::fs::read(&path)?;
@@ -120,39 +129,70 @@ impl Archive {
     /// Keeps the events of the records after where it stands (the last revision kept), synced.
     /// Before any segment exists, keeps nothing: those events come before where the kept events
     /// will start.
+    #[cfg(test)]
     pub(super) fn write(&mut self, batches: &[Events]) -> io::Result<()> {
-        let Some(mut last) = self.last else { return Ok(()) };
-        let mut bytes = Vec::new();
+        self.put(batches)?;
+        self.sync()
+    }
+
+    /// Writes the events of the records after the last revision written, not synced: they are
+    /// kept once [`Archive::sync`] returns. On failure, what was put since the last sync is not
+    /// trusted: the next put starts a new segment after the last revision kept.
+    pub(super) fn put(&mut self, batches: &[Events]) -> io::Result<()> {
+        let Some(kept) = self.last else { return Ok(()) };
+        let mut last = self.written.unwrap_or(kept);
+        self.frames.clear();
         for events in batches {
             if events.last > last {
-                put_frame(&mut bytes, events);
+                put_frame(&mut self.frames, events);
                 last = events.last;
             }
         }
-        if bytes.is_empty() {
+        if self.frames.is_empty() {
             return Ok(());
         }
-        match self.append(&bytes) {
-            Ok(()) => {
-                self.last = Some(last);
-                Ok(())
-            }
-            Err(err) => {
-                // What was written of it is not trusted: the next write starts a new segment
-                // after the last revision kept, and writes these events again.
-                self.current = None;
-                Err(err)
-            }
+        let frames = std::mem::take(&mut self.frames);
+        let appended = self.append(&frames);
+        self.frames = frames;
+        self.settle(appended)?;
+        self.written = Some(last);
+        Ok(())
+    }
+
+    /// Makes what was put durable: it is kept from now on.
+    pub(super) fn sync(&mut self) -> io::Result<()> {
+        let Some(written) = self.written else { return Ok(()) };
+        let synced = match &self.current {
+            Some((file, _)) => file.sync_data(),
+            None => Ok(()),
+        };
+        self.settle(synced)?;
+        self.last = Some(written);
+        self.written = None;
+        Ok(())
+    }
+
+    /// After a failed write or sync, forgets what was put since the last sync.
+    fn settle(&mut self, outcome: io::Result<()>) -> io::Result<()> {
+        if outcome.is_err() {
+            self.current = None;
+            self.written = None;
         }
+        outcome
     }
 
     fn append(&mut self, bytes: &[u8]) -> io::Result<()> {
         if self.current.as_ref().is_none_or(|(_, len)| *len >= SEGMENT_BYTES) {
+            // What the full segment holds is kept (synced) before the next one starts after it.
+            if let (Some((file, _)), Some(written)) = (&self.current, self.written) {
+                file.sync_data()?;
+                self.last = Some(written);
+                self.written = None;
+            }
             self.start(self.last.expect("a segment exists once anchored"))?;
         }
         let (file, len) = self.current.as_mut().expect("started above");
         file.write_all_at(bytes, *len)?;
-        file.sync_data()?;
         *len += bytes.len() as u64;
         Ok(())
     }
@@ -331,6 +371,35 @@ mod tests {
         let by_age = WatchConfig { retain_for: Duration::from_millis(87), ..config(100) };
         let (events, compacted) = archive.restore(&by_age, 100).unwrap();
         assert_eq!((events.len(), compacted), (3, 12));
+    }
+
+    /// A checkpoint's chunks: put unsynced, across segments, then synced once; what a failed
+    /// put leaves is put again after the last revision kept.
+    #[test]
+    fn chunks_put_across_segments_are_kept_once_synced() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join(EVENTS_DIR);
+        let mut archive = Archive::open(path.clone()).unwrap();
+        archive.anchor(0).unwrap();
+        let big = |revision: u64| {
+            let events = vec![Event { key: "k".repeat(SEGMENT_BYTES as usize / 2), ..event(revision, revision) }];
+            Events { last: revision, bytes: encode_events(&events) }
+        };
+        archive.put(&[batch([1]), big(2)]).unwrap();
+        archive.put(&[big(3)]).unwrap();
+        // A chunk put again (the same records read twice) is kept once.
+        archive.put(&[big(3), big(4), batch([5])]).unwrap();
+        archive.sync().unwrap();
+        assert_eq!(archive.segments(), 2, "a new segment once one holds SEGMENT_BYTES");
+        drop(archive);
+        let mut archive = Archive::open(path.clone()).unwrap();
+        assert_eq!(revisions(&archive, 100).0, [1, 2, 3, 4, 5]);
+        // Unsynced puts are kept only by a sync; a crash before it keeps what was synced, and the
+        // records, still in the log, put their events again.
+        archive.put(&[batch([6, 7])]).unwrap();
+        archive.put(&[batch([6, 7]), batch([8])]).unwrap();
+        archive.sync().unwrap();
+        assert_eq!(revisions(&archive, 100).0, [1, 2, 3, 4, 5, 6, 7, 8]);
     }
 
     #[test]

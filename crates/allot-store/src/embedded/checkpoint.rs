@@ -79,7 +79,7 @@ pub(super) fn checkpoint(shared: &Shared) -> Result<(), String> {
             *db = Some((shared.opener)().map_err(|err| err.to_string())?);
         }
         let database = db.as_ref().expect("opened above");
-        if let Err(err) = fold_into(database, shared.files.as_ref(), &sealed, &mut lock_plain(&shared.archive)) {
+        if let Err(err) = fold_into(database, shared.files.as_ref(), &sealed, &mut lock_plain(&shared.archive), None) {
             // Reopened before the next use: a failed commit can leave redb unusable.
             *db = None;
             return Err(err);

@@ -192,17 +192,16 @@ impl State {
     pub(super) fn flush_drafts(&mut self, shared: &Shared) {
         let drafts = std::mem::take(&mut self.drafts);
         if !drafts.is_empty() {
-            drop(self.log_and_answer(shared, Vec::new(), Vec::new(), Vec::new(), drafts));
+            drop(self.log_and_answer(shared, Vec::new(), Vec::new(), Vec::new(), drafts, shared.clock.now()));
         }
     }
 
-    /// Gives `drafts` their revisions: those of the record about to be appended.
-    pub(super) fn stamp(&mut self, shared: &Shared, drafts: Vec<Draft>) -> Vec<Event> {
+    /// Gives `drafts` their revisions (those of the record about to be appended) and time.
+    pub(super) fn stamp(&mut self, drafts: Vec<Draft>, now: Millis) -> Vec<Event> {
         if drafts.is_empty() {
             return Vec::new();
         }
         self.revision = self.revision.max(window_of(self.log.seq + 1));
-        let now = shared.clock.now();
         drafts
             .into_iter()
             .map(|draft| {

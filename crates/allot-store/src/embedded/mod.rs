@@ -216,6 +216,9 @@ struct Answer {
     cancelled: Vec<(oneshot::Sender<WaiterAnswer>, LedgerError)>,
     /// The operation's events, published when it is durable.
     events: Vec<Event>,
+    /// The daemon clock the operation decided at: the feed drops events older than its
+    /// retention as of then.
+    at: Millis,
 }
 
 /// A waiting allocate call: where its answer goes, and what it waits for.
@@ -304,7 +307,7 @@ impl State {
 
     /// Logs the daemon clock, so leases keep their remaining time across a restart.
     fn checkpoint_clock(&mut self, shared: &Shared) {
-        if self.append(shared, Vec::new(), &[]).is_err() {
+        if self.append(shared, Vec::new(), &[], shared.clock.now()).is_err() {
             tracing::warn!("the daemon clock could not be logged");
         }
     }
@@ -339,7 +342,7 @@ impl State {
     /// Logs writes that carry no event (the access part's).
     fn submit_ops(&mut self, shared: &Shared, ops: Vec<Op>) -> Commit {
         let drafts = std::mem::take(&mut self.drafts);
-        self.log_and_answer(shared, ops, Vec::new(), Vec::new(), drafts)
+        self.log_and_answer(shared, ops, Vec::new(), Vec::new(), drafts, shared.clock.now())
     }
 
     /// Logs a change of the kept runs.
@@ -348,7 +351,7 @@ impl State {
         runs::ops(std::iter::once(&change), &mut ops);
         let mut drafts = std::mem::take(&mut self.drafts);
         feed::runs(&change, &mut drafts);
-        self.log_and_answer(shared, ops, Vec::new(), Vec::new(), drafts)
+        self.log_and_answer(shared, ops, Vec::new(), Vec::new(), drafts, shared.clock.now())
     }
 
     /// Logs ledger effects, pool and application changes as one record; their events are as of
@@ -387,10 +390,11 @@ impl State {
         pools::ops(pool_changes.iter(), &mut ops);
         apps::ops(app_changes.iter(), &mut ops);
         runs::forget_ended(&mut self.runs, &app_changes, &mut ops);
-        self.log_and_answer(shared, ops, woken, cancelled, drafts)
+        self.log_and_answer(shared, ops, woken, cancelled, drafts, now)
     }
 
-    /// Appends `ops` (if any) and answers the operation once they are durable.
+    /// Appends `ops` (if any) and answers the operation once they are durable; `now` is the
+    /// daemon clock read under this lock hold (the record's clock, its events' time).
     fn log_and_answer(
         &mut self,
         shared: &Shared,
@@ -398,12 +402,14 @@ impl State {
         woken: Vec<(oneshot::Sender<WaiterAnswer>, Grant)>,
         cancelled: Vec<(oneshot::Sender<WaiterAnswer>, LedgerError)>,
         drafts: Vec<Draft>,
+        now: Millis,
     ) -> Commit {
         let (ack, rx) = oneshot::channel();
-        let events = self.stamp(shared, drafts);
+        let events = self.stamp(drafts, now);
         // Events ride in a record, so they are durable with it (one of their own, if need be).
-        let appended = if ops.is_empty() && events.is_empty() { Ok(()) } else { self.append(shared, ops, &events) };
-        let answer = Answer { ack, woken, cancelled, events };
+        let appended =
+            if ops.is_empty() && events.is_empty() { Ok(()) } else { self.append(shared, ops, &events, now) };
+        let answer = Answer { ack, woken, cancelled, events, at: now };
         match appended {
             Err(err) => answer.fail(&err),
             Ok(()) => match shared.durability {
@@ -426,8 +432,7 @@ impl State {
 
     /// Appends one record, with `events`. On failure the state is rebuilt from the store before
     /// this returns.
-    fn append(&mut self, shared: &Shared, ops: Vec<Op>, events: &[Event]) -> Result<(), StoreError> {
-        let now = shared.clock.now();
+    fn append(&mut self, shared: &Shared, ops: Vec<Op>, events: &[Event], now: Millis) -> Result<(), StoreError> {
         let operations = usize::from(!ops.is_empty());
         let events = events
             .last()

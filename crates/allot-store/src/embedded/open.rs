@@ -1,6 +1,7 @@
 //! Opening: the database's tables and format, the records loaded into memory, the log replayed
 //! into the database, and the time the daemon was down counted in the applications' timers.
 
+use std::ops::ControlFlow;
 use std::path::Path;
 
 use allot_core::apps::Scheduler;
@@ -249,7 +250,8 @@ pub(super) fn load(
     prepare(db)?;
     let listed = files.list().map_err(|err| OpenError::Log(format!("cannot list the log's segments: {err}")))?;
     let numbers: Vec<u64> = listed.into_iter().filter(|n| upto.is_none_or(|upto| *n <= upto)).collect();
-    let events = fold_into(db, files, &numbers, archive).map_err(OpenError::Log)?;
+    let mut events = Vec::new();
+    fold_into(db, files, &numbers, archive, Some(&mut events)).map_err(OpenError::Log)?;
     for &number in &numbers {
         files.remove(number).map_err(|err| OpenError::Log(format!("cannot remove a folded segment: {err}")))?;
     }
@@ -258,13 +260,14 @@ pub(super) fn load(
 
 /// Writes the records of segments `numbers` that the database does not hold yet into it, in one
 /// durable transaction; the database's `meta.seq` is the last record it holds. Their events are
-/// kept in `archive` (synced) before the transaction commits, and returned.
+/// kept in `archive` (synced) before the transaction commits, and added to `kept` if given.
 pub(super) fn fold_into(
     db: &Database,
     files: &dyn LogFiles,
     numbers: &[u64],
     archive: &mut Archive,
-) -> Result<Vec<wal::Events>, String> {
+    mut kept: Option<&mut Vec<wal::Events>>,
+) -> Result<(), String> {
     let txn = db.begin_write().map_err(redb_error)?;
     let mut meta = txn.open_table(META).map_err(redb_error)?;
     let mut applied = meta.get(META_SEQ).map_err(redb_error)?.map(|v| v.value()).unwrap_or(0);
@@ -279,28 +282,33 @@ pub(super) fn fold_into(
             .map_err(|err| format!("cannot keep the change feed's events: {err}"))?;
     }
     let mut net = ops::Net::default();
-    let mut events = Vec::new();
+    // The events are put into the archive a chunk at a time as the records are read, and synced
+    // once before the database commits: never a whole second's events in memory at once.
+    let mut chunk: Vec<wal::Events> = Vec::new();
+    let mut chunk_bytes = 0;
+    let mut put = |chunk: &mut Vec<wal::Events>, kept: &mut Option<&mut Vec<wal::Events>>| {
+        let put = archive.put(chunk).map_err(|err| format!("cannot keep the change feed's events: {err}"));
+        match kept {
+            Some(kept) => kept.append(chunk),
+            None => chunk.clear(),
+        }
+        put
+    };
     let mut folded = 0;
-    'segments: for &number in numbers {
+    for &number in numbers {
         let bytes = match files.read(number) {
             Ok(bytes) => bytes,
             // Folded and removed meanwhile, by a rebuild.
             Err(err) if err.kind() == std::io::ErrorKind::NotFound => continue,
             Err(err) => return Err(format!("cannot read log segment {number}: {err}")),
         };
-        let (records, end) = wal::records(&bytes);
-        if let wal::End::Unreadable { offset } = end {
-            // Nothing is written: the database and the log stay as they are for the version
-            // that wrote the record.
-            return Err(format!(
-                "log segment {number} holds a record at byte {offset} that this version of allot cannot read \
-                 (written by a newer version?); refusing to start rather than drop it and what follows: \
-                 start the version that wrote it"
-            ));
-        }
-        for record in records {
-            if record.seq <= applied {
-                continue;
+        let mut gap = false;
+        let mut failed = Ok(());
+        let end = wal::each_record(&bytes, |record| {
+            // After a gap, the rest of the segment is only read through: a record this version
+            // cannot read refuses the fold as before one.
+            if gap || record.seq <= applied {
+                return ControlFlow::Continue(());
             }
             if record.seq != applied + 1 {
                 // A record before this one was lost (torn by a power loss): nothing after it was
@@ -311,13 +319,36 @@ pub(super) fn fold_into(
                     applied,
                     "the log has a gap; what follows it is discarded"
                 );
-                break 'segments;
+                gap = true;
+                return ControlFlow::Continue(());
             }
             record.ops.into_iter().for_each(|op| net.add(op));
-            events.extend(record.events);
+            if let Some(events) = record.events {
+                chunk_bytes += events.bytes.len();
+                chunk.push(events);
+            }
             applied = record.seq;
             clock = clock.max(record.clock);
             folded += 1;
+            if chunk_bytes >= archive::CHUNK_BYTES {
+                chunk_bytes = 0;
+                failed = put(&mut chunk, &mut kept);
+                if failed.is_err() {
+                    return ControlFlow::Break(());
+                }
+            }
+            ControlFlow::Continue(())
+        });
+        failed?;
+        if let wal::End::Unreadable { offset } = end {
+            // The database is not written (events put into the archive meanwhile are skipped
+            // by revision when these records are folded again): the database and the log stay
+            // as they are for the version that wrote the record.
+            return Err(format!(
+                "log segment {number} holds a record at byte {offset} that this version of allot cannot read \
+                 (written by a newer version?); refusing to start rather than drop it and what follows: \
+                 start the version that wrote it"
+            ));
         }
         if end == wal::End::Torn {
             tracing::warn!(
@@ -325,11 +356,15 @@ pub(super) fn fold_into(
                 "a log segment ends in a torn record (a crash during an append); it is discarded"
             );
         }
+        if gap {
+            break;
+        }
     }
     if folded == 0 {
-        return Ok(Vec::new());
+        return Ok(());
     }
-    archive.write(&events).map_err(|err| format!("cannot keep the change feed's events: {err}"))?;
+    put(&mut chunk, &mut kept)?;
+    archive.sync().map_err(|err| format!("cannot keep the change feed's events: {err}"))?;
     {
         let mut tables = ops::Tables::open(&txn).map_err(|err| err.to_string())?;
         for op in net.ops() {
@@ -341,5 +376,5 @@ pub(super) fn fold_into(
     meta.insert(META_CLOCK, clock).map_err(redb_error)?;
     drop(meta);
     txn.commit().map_err(redb_error)?;
-    Ok(events)
+    Ok(())
 }

@@ -18,6 +18,7 @@
 
 use std::fs::{File, OpenOptions};
 use std::io;
+use std::ops::ControlFlow;
 use std::os::unix::fs::FileExt as _;
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
@@ -160,17 +161,32 @@ pub(crate) enum End {
 
 /// Reads the records of a segment's bytes, in order, up to the first that is torn or that this
 /// version cannot read; returns them and how they end.
+#[cfg(test)]
 pub(crate) fn records(bytes: &[u8]) -> (Vec<WalRecord>, End) {
     let mut out = Vec::new();
+    let end = each_record(bytes, |record| {
+        out.push(record);
+        ControlFlow::Continue(())
+    });
+    (out, end)
+}
+
+/// Hands the records of a segment to `each`, in order, one at a time, until it breaks (then
+/// [`End::Clean`]) or the records end; returns how they end.
+pub(crate) fn each_record(bytes: &[u8], mut each: impl FnMut(WalRecord) -> ControlFlow<()>) -> End {
     let mut at = 0;
     loop {
         let body = match frame_at(bytes, at) {
             Ok(body) => body,
-            Err(end) => return (out, end),
+            Err(end) => return end,
         };
         match decode_record(body) {
-            Some(record) => out.push(record),
-            None => return (out, End::Unreadable { offset: at }),
+            Some(record) => {
+                if each(record).is_break() {
+                    return End::Clean;
+                }
+            }
+            None => return End::Unreadable { offset: at },
         }
         at += HEADER + body.len();
     }
