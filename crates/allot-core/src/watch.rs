@@ -105,8 +105,9 @@ pub mod keys {
         format!("namespaces/{name}")
     }
 
-    pub fn grant(namespace: impl Display, token: impl Display) -> String {
-        format!("namespaces/{namespace}/grants/{token}")
+    /// (Joined, not formatted: every allocate and release makes one.)
+    pub fn grant(namespace: &str, token: &str) -> String {
+        ["namespaces/", namespace, "/grants/", token].concat()
     }
 
     /// A waiting allocate call: one per token in a namespace.

@@ -155,11 +155,16 @@ impl Api {
         mut request: Request,
         keep_caller: bool,
     ) -> (Option<Caller>, <Api as Service<Request>>::Future) {
-        if let Err(refused) = crate::access::authenticate(&self.state, &mut request) {
-            return (None, Either::Left(Box::pin(std::future::ready(Ok(refused.into_response())))));
+        let hot = recognise(&request, self.grant_needs);
+        // Without access configured, every caller is anyone: a hot call needs no caller in its
+        // extensions (`answer` takes it as anyone), so it skips their allocation.
+        let anyone = hot.is_some() && self.state.access.is_none() && !keep_caller;
+        if !anyone {
+            if let Err(refused) = crate::access::authenticate(&self.state, &mut request) {
+                return (None, Either::Left(Box::pin(std::future::ready(Ok(refused.into_response())))));
+            }
         }
         let caller = if keep_caller { request.extensions().get::<Caller>().cloned() } else { None };
-        let hot = recognise(&request, self.grant_needs);
         let answer = match hot {
             Some(hot) => Either::Left(Box::pin(answer(self.state.clone(), hot, request)) as HotFuture),
             None => Either::Right(self.router.call(request)),

@@ -371,7 +371,7 @@ fn event(revision: u64, fields: &[String]) -> Result<Event, StoreError> {
             let (expires_in, record) = object.split_once('\n').ok_or_else(|| corrupt("a grant event"))?;
             let grant = reply::grant(ns, id, record)?;
             let expires_in_ms = expires_in.parse::<i64>().ok().and_then(|n| u64::try_from(n).ok());
-            (keys::grant(ns, id), EventObject::Grant(GrantInfo { grant, expires_in_ms }))
+            (keys::grant(ns.as_str(), id), EventObject::Grant(GrantInfo { grant, expires_in_ms }))
         }
         (Slot::Namespace(ns), EventKind::WaiterQueued | EventKind::WaiterAdmitted | EventKind::WaiterGaveUp) => {
             let token = Token::new(id).map_err(corrupt)?;

@@ -118,7 +118,7 @@ pub struct Feed {
 
 #[derive(Debug)]
 struct Kept {
-    events: VecDeque<Arc<Event>>,
+    events: VecDeque<KeptEvent>,
     /// Every event after this revision is kept (or none was published after it).
     compacted: u64,
     /// The last revision published.
@@ -127,6 +127,22 @@ struct Kept {
     /// only the watchers it matches are handed it (and woken).
     taps: HashMap<Filter, Vec<Tap>>,
     closed: bool,
+}
+
+/// A kept event, with what retention reads of it beside it: the oldest are checked on every
+/// publish, long after they were last touched, and reading them through the `Arc` would miss the
+/// cache every time.
+#[derive(Debug)]
+struct KeptEvent {
+    revision: u64,
+    at: Millis,
+    event: Arc<Event>,
+}
+
+impl KeptEvent {
+    fn new(event: Arc<Event>) -> KeptEvent {
+        KeptEvent { revision: event.revision, at: event.at, event }
+    }
 }
 
 /// Where a live watcher's events go.
@@ -149,7 +165,7 @@ impl Feed {
         debug_assert!(events.windows(2).all(|pair| pair[0].revision < pair[1].revision), "in revision order");
         debug_assert!(events.first().is_none_or(|first| first.revision > compacted), "after `compacted`");
         debug_assert!(events.last().is_none_or(|last| last.revision <= start) && compacted <= start);
-        let events = events.into_iter().map(Arc::new).collect();
+        let events = events.into_iter().map(|event| KeptEvent::new(Arc::new(event))).collect();
         let kept = Kept { events, compacted, last: start, taps: HashMap::new(), closed: false };
         Feed { config, kept: Arc::new(Mutex::new(kept)) }
     }
@@ -168,7 +184,7 @@ impl Feed {
             debug_assert!(event.revision > kept.last, "events are published in revision order");
             kept.last = event.revision;
             let event = Arc::new(event);
-            kept.events.push_back(event.clone());
+            kept.events.push_back(KeptEvent::new(event.clone()));
             for (filter, taps) in &mut kept.taps {
                 if filter.matches(event.kind, &event.key) {
                     taps.retain(|tap| match tap.tx.try_send(event.clone()) {
@@ -184,7 +200,7 @@ impl Feed {
         }
         kept.taps.retain(|_, taps| !taps.is_empty());
         let horizon = now.saturating_sub(u64::try_from(self.config.retain_for.as_millis()).unwrap_or(u64::MAX));
-        while kept.events.len() > self.config.retain_events || kept.events.front().is_some_and(|e| e.at < horizon) {
+        while kept.events.len() > self.config.retain_events || kept.events.front().is_some_and(|k| k.at < horizon) {
             let dropped = kept.events.pop_front().expect("not empty");
             kept.compacted = dropped.revision;
         }
@@ -242,7 +258,8 @@ impl Feed {
         }
         // Under the lock: the backlog and the live events meet without a gap or an overlap.
         let backlog =
-            kept.events.iter().filter(|e| e.revision > since && filter.matches(e.kind, &e.key)).cloned().collect();
+            kept.events.iter().filter(|k| k.revision > since && filter.matches(k.event.kind, &k.event.key));
+        let backlog = backlog.map(|k| k.event.clone()).collect();
         let (tx, live) = mpsc::channel(self.config.buffer.max(1));
         let behind = Arc::new(AtomicBool::new(false));
         kept.taps.entry(filter).or_default().push(Tap { tx, behind: behind.clone() });

@@ -87,7 +87,7 @@ pub(super) fn quotas(ledger: &Ledger, changes: &[Change], now: Millis, out: &mut
                 } else {
                     EventKind::GrantRenewed
                 };
-                let key = keys::grant(&grant.namespace, &grant.token);
+                let key = keys::grant(grant.namespace.as_str(), grant.token.as_str());
                 draft(kind, key, EventObject::Grant(grant_info(ledger, grant.clone(), now)))
             }
             Change::GrantRemoved { grant, cause } => {
@@ -96,7 +96,7 @@ pub(super) fn quotas(ledger: &Ledger, changes: &[Change], now: Millis, out: &mut
                     GrantEnd::Expired | GrantEnd::SessionExpired => EventKind::GrantExpired,
                     GrantEnd::SessionClosed => EventKind::GrantSessionClosed,
                 };
-                let key = keys::grant(&grant.namespace, &grant.token);
+                let key = keys::grant(grant.namespace.as_str(), grant.token.as_str());
                 let object = EventObject::Grant(crate::GrantInfo { grant: grant.clone(), expires_in_ms: None });
                 Draft { kind, key, cause: Some(cause.name().to_owned()), object }
             }
