@@ -131,17 +131,25 @@ pub(crate) fn frame_at(bytes: &[u8], at: usize) -> Result<&[u8], End> {
 impl WalRecord {
     /// The record's bytes, header included, followed by a zero header ([`TRAILER`] bytes): that
     /// ends the segment's records until the next append overwrites it.
+    #[cfg(test)]
     pub(crate) fn frame(&self) -> Vec<u8> {
+        let mut bytes = Vec::new();
+        self.frame_into(&mut bytes);
+        bytes
+    }
+
+    /// [`WalRecord::frame`] into `bytes` (cleared first), to reuse a buffer.
+    pub(crate) fn frame_into(&self, bytes: &mut Vec<u8>) {
         let events = self.events.as_ref().map_or(0, |events| events.bytes.len());
-        let mut bytes = Vec::with_capacity(HEADER + 64 + 64 * self.ops.len() + events + TRAILER);
+        bytes.clear();
+        bytes.reserve(HEADER + 64 + 64 * self.ops.len() + events + TRAILER);
         bytes.resize(HEADER, 0);
-        let mut bytes = postcard::to_extend(self, bytes).expect("records always encode");
+        *bytes = postcard::to_extend(self, std::mem::take(bytes)).expect("records always encode");
         let len = (bytes.len() - HEADER) as u32;
         let crc = crc32fast::hash(&bytes[HEADER..]);
         bytes[..4].copy_from_slice(&len.to_le_bytes());
         bytes[4..HEADER].copy_from_slice(&crc.to_le_bytes());
         bytes.extend_from_slice(&[0; TRAILER]);
-        bytes
     }
 }
 
