@@ -28,7 +28,9 @@ use std::path::PathBuf;
 use allot_core::Millis;
 
 use super::feed::window_of;
-use super::wal::{self, Events};
+use super::wal::{self, EventsRef};
+#[cfg(test)]
+use super::wal::Events;
 use super::OpenError;
 use crate::records::events::decode_events;
 use crate::watch::{Event, Feed, WatchConfig};
@@ -78,15 +80,15 @@ fn last_of(body: &[u8]) -> Option<u64> {
 }
 
 /// The frame of one record's events.
-fn put_frame(out: &mut Vec<u8>, events: &Events) {
+fn put_frame(out: &mut Vec<u8>, events: EventsRef<'_>) {
     let last = events.last.to_le_bytes();
     let mut crc = crc32fast::Hasher::new();
     crc.update(&last);
-    crc.update(&events.bytes);
+    crc.update(events.bytes);
     out.extend_from_slice(&((LAST + events.bytes.len()) as u32).to_le_bytes());
     out.extend_from_slice(&crc.finalize().to_le_bytes());
     out.extend_from_slice(&last);
-    out.extend_from_slice(&events.bytes);
+    out.extend_from_slice(events.bytes);
 }
 
 impl Archive {
@@ -131,18 +133,18 @@ impl Archive {
     /// will start.
     #[cfg(test)]
     pub(super) fn write(&mut self, batches: &[Events]) -> io::Result<()> {
-        self.put(batches)?;
+        self.put(&batches.iter().map(Events::borrowed).collect::<Vec<_>>())?;
         self.sync()
     }
 
     /// Writes the events of the records after the last revision written, not synced: they are
     /// kept once [`Archive::sync`] returns. On failure, what was put since the last sync is not
     /// trusted: the next put starts a new segment after the last revision kept.
-    pub(super) fn put(&mut self, batches: &[Events]) -> io::Result<()> {
+    pub(super) fn put(&mut self, batches: &[EventsRef<'_>]) -> io::Result<()> {
         let Some(kept) = self.last else { return Ok(()) };
         let mut last = self.written.unwrap_or(kept);
         self.frames.clear();
-        for events in batches {
+        for &events in batches {
             if events.last > last {
                 put_frame(&mut self.frames, events);
                 last = events.last;
@@ -385,10 +387,10 @@ mod tests {
             let events = vec![Event { key: "k".repeat(SEGMENT_BYTES as usize / 2), ..event(revision, revision) }];
             Events { last: revision, bytes: encode_events(&events) }
         };
-        archive.put(&[batch([1]), big(2)]).unwrap();
-        archive.put(&[big(3)]).unwrap();
+        archive.put(&[batch([1]).borrowed(), big(2).borrowed()]).unwrap();
+        archive.put(&[big(3).borrowed()]).unwrap();
         // A chunk put again (the same records read twice) is kept once.
-        archive.put(&[big(3), big(4), batch([5])]).unwrap();
+        archive.put(&[big(3).borrowed(), big(4).borrowed(), batch([5]).borrowed()]).unwrap();
         archive.sync().unwrap();
         assert_eq!(archive.segments(), 2, "a new segment once one holds SEGMENT_BYTES");
         drop(archive);
@@ -396,8 +398,8 @@ mod tests {
         assert_eq!(revisions(&archive, 100).0, [1, 2, 3, 4, 5]);
         // Unsynced puts are kept only by a sync; a crash before it keeps what was synced, and the
         // records, still in the log, put their events again.
-        archive.put(&[batch([6, 7])]).unwrap();
-        archive.put(&[batch([6, 7]), batch([8])]).unwrap();
+        archive.put(&[batch([6, 7]).borrowed()]).unwrap();
+        archive.put(&[batch([6, 7]).borrowed(), batch([8]).borrowed()]).unwrap();
         archive.sync().unwrap();
         assert_eq!(revisions(&archive, 100).0, [1, 2, 3, 4, 5, 6, 7, 8]);
     }

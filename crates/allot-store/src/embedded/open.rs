@@ -281,30 +281,36 @@ pub(super) fn fold_into(
             .lost_before(feed::window_of(applied + 1))
             .map_err(|err| format!("cannot keep the change feed's events: {err}"))?;
     }
-    let mut net = ops::Net::default();
-    // The events are put into the archive a chunk at a time as the records are read, and synced
-    // once before the database commits: never a whole second's events in memory at once.
-    let mut chunk: Vec<wal::Events> = Vec::new();
-    let mut chunk_bytes = 0;
-    let mut put = |chunk: &mut Vec<wal::Events>, kept: &mut Option<&mut Vec<wal::Events>>| {
-        let put = archive.put(chunk).map_err(|err| format!("cannot keep the change feed's events: {err}"));
-        match kept {
-            Some(kept) => kept.append(chunk),
-            None => chunk.clear(),
-        }
-        put
-    };
-    let mut folded = 0;
+    // The records are read in place: the net of their ops borrows from the segments, mapped
+    // until the end.
+    let mut segments = Vec::with_capacity(numbers.len());
     for &number in numbers {
-        let bytes = match files.read(number) {
-            Ok(bytes) => bytes,
+        match files.read(number) {
+            Ok(bytes) => segments.push((number, bytes)),
             // Folded and removed meanwhile, by a rebuild.
             Err(err) if err.kind() == std::io::ErrorKind::NotFound => continue,
             Err(err) => return Err(format!("cannot read log segment {number}: {err}")),
-        };
+        }
+    }
+    let mut net = ops::Net::default();
+    // The events are put into the archive a chunk at a time as the records are read, and synced
+    // once before the database commits.
+    let mut chunk: Vec<wal::EventsRef<'_>> = Vec::new();
+    let mut chunk_bytes = 0;
+    let mut put = |chunk: &mut Vec<wal::EventsRef<'_>>, kept: &mut Option<&mut Vec<wal::Events>>| {
+        let put = archive.put(chunk).map_err(|err| format!("cannot keep the change feed's events: {err}"));
+        if let Some(kept) = kept {
+            kept.extend(chunk.iter().map(|events| events.to_events()));
+        }
+        chunk.clear();
+        put
+    };
+    let mut folded = 0;
+    for (number, bytes) in &segments {
+        let number = *number;
         let mut gap = false;
         let mut failed = Ok(());
-        let end = wal::each_record(&bytes, |record| {
+        let end = wal::each_record(bytes, |record| {
             // After a gap, the rest of the segment is only read through: a record this version
             // cannot read refuses the fold as before one.
             if gap || record.seq <= applied {

@@ -78,6 +78,69 @@ impl Op {
     }
 }
 
+/// An [`Op`] read in place from a log segment, its text and bytes borrowed: what a checkpoint
+/// reads of every record, most of which net to nothing (a grant created and released within
+/// it), so nothing of them is copied. Decodes exactly what [`Op`] encodes: the same variants,
+/// in the same order.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Deserialize)]
+pub(crate) enum OpRef<'a> {
+    Put(Table, #[serde(borrow)] KeyRef<'a>, &'a [u8]),
+    Remove(Table, #[serde(borrow)] KeyRef<'a>),
+    RemoveUnder(Table, &'a str),
+    Create(Table, #[serde(borrow)] KeyRef<'a>, &'a [u8]),
+}
+
+/// A [`Key`] read in place.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Deserialize)]
+pub(crate) enum KeyRef<'a> {
+    Name(&'a str),
+    Pair(&'a str, &'a str),
+    Id(u128),
+    Numbered(&'a str, u64),
+}
+
+impl<'a> OpRef<'a> {
+    /// `op`, borrowed.
+    #[cfg(test)]
+    pub(crate) fn of(op: &'a Op) -> OpRef<'a> {
+        match op {
+            Op::Put(table, key, value) => OpRef::Put(*table, KeyRef::of(key), value),
+            Op::Remove(table, key) => OpRef::Remove(*table, KeyRef::of(key)),
+            Op::RemoveUnder(table, first) => OpRef::RemoveUnder(*table, first),
+            Op::Create(table, key, value) => OpRef::Create(*table, KeyRef::of(key), value),
+        }
+    }
+}
+
+impl<'a> KeyRef<'a> {
+    #[cfg(test)]
+    fn of(key: &'a Key) -> KeyRef<'a> {
+        match key {
+            Key::Name(name) => KeyRef::Name(name),
+            Key::Pair(a, b) => KeyRef::Pair(a, b),
+            Key::Id(id) => KeyRef::Id(*id),
+            Key::Numbered(a, n) => KeyRef::Numbered(a, *n),
+        }
+    }
+
+    fn to_key(self) -> Key {
+        match self {
+            KeyRef::Name(name) => Key::Name(name.to_owned()),
+            KeyRef::Pair(a, b) => Op::pair(a, b),
+            KeyRef::Id(id) => Key::Id(id),
+            KeyRef::Numbered(a, n) => Key::Numbered(a.to_owned(), n),
+        }
+    }
+
+    /// The first part of a two-part key.
+    fn first(&self) -> Option<&'a str> {
+        match *self {
+            KeyRef::Pair(first, _) | KeyRef::Numbered(first, _) => Some(first),
+            KeyRef::Name(_) | KeyRef::Id(_) => None,
+        }
+    }
+}
+
 /// Why ops could not be applied.
 #[derive(Debug, thiserror::Error)]
 pub(crate) enum ApplyError {
@@ -190,27 +253,28 @@ impl<'txn> Tables<'txn> {
 /// removals by prefix, which [`Net::ops`] puts first (a write of a record under a prefix is kept
 /// only if it came after the prefix's last removal). A grant created and released within one
 /// checkpoint comes to nothing: its key held no record before the run, and holds none after.
+/// It holds the ops borrowed from the segments read, and copies only what it gives back.
 #[derive(Debug, Default)]
-pub(crate) struct Net {
-    under: Vec<(Table, String)>,
-    last: HashMap<(Table, Key), Last>,
+pub(crate) struct Net<'a> {
+    under: Vec<(Table, &'a str)>,
+    last: HashMap<(Table, KeyRef<'a>), Last<'a>>,
 }
 
 /// The last write of a record in the run, and whether the run created it.
 #[derive(Debug)]
-struct Last {
-    value: Option<Vec<u8>>,
+struct Last<'a> {
+    value: Option<&'a [u8]>,
     /// The record's first op in the run was an [`Op::Create`]: the database holds no record of
     /// the key from before the run.
     created: bool,
 }
 
-impl Net {
-    pub(crate) fn add(&mut self, op: Op) {
+impl<'a> Net<'a> {
+    pub(crate) fn add(&mut self, op: OpRef<'a>) {
         match op {
-            Op::Put(table, key, value) => self.write(table, key, value, false),
-            Op::Create(table, key, value) => self.write(table, key, value, true),
-            Op::Remove(table, key) => match self.last.entry((table, key)) {
+            OpRef::Put(table, key, value) => self.write(table, key, value, false),
+            OpRef::Create(table, key, value) => self.write(table, key, value, true),
+            OpRef::Remove(table, key) => match self.last.entry((table, key)) {
                 Entry::Occupied(entry) if entry.get().created => {
                     entry.remove();
                 }
@@ -219,16 +283,16 @@ impl Net {
                     entry.insert(Last { value: None, created: false });
                 }
             },
-            Op::RemoveUnder(table, first) => {
-                self.last.retain(|(t, key), _| !(*t == table && key.first() == Some(first.as_str())));
-                if !self.under.contains(&(table, first.clone())) {
+            OpRef::RemoveUnder(table, first) => {
+                self.last.retain(|(t, key), _| !(*t == table && key.first() == Some(first)));
+                if !self.under.contains(&(table, first)) {
                     self.under.push((table, first));
                 }
             }
         }
     }
 
-    fn write(&mut self, table: Table, key: Key, value: Vec<u8>, created: bool) {
+    fn write(&mut self, table: Table, key: KeyRef<'a>, value: &'a [u8], created: bool) {
         match self.last.entry((table, key)) {
             Entry::Occupied(mut entry) => entry.get_mut().value = Some(value),
             Entry::Vacant(entry) => {
@@ -238,23 +302,13 @@ impl Net {
     }
 
     /// Ops with the same effect as everything added, in an order that keeps it.
-    pub(crate) fn ops(self) -> impl Iterator<Item = Op> {
-        let under = self.under.into_iter().map(|(table, first)| Op::RemoveUnder(table, first));
+    pub(crate) fn ops(self) -> impl Iterator<Item = Op> + 'a {
+        let under = self.under.into_iter().map(|(table, first)| Op::RemoveUnder(table, first.to_owned()));
         let last = self.last.into_iter().map(|((table, key), last)| match last.value {
-            Some(value) => Op::Put(table, key, value),
-            None => Op::Remove(table, key),
+            Some(value) => Op::Put(table, key.to_key(), value.to_vec()),
+            None => Op::Remove(table, key.to_key()),
         });
         under.chain(last)
-    }
-}
-
-impl Key {
-    /// The first part of a two-part key.
-    fn first(&self) -> Option<&str> {
-        match self {
-            Key::Pair(first, _) | Key::Numbered(first, _) => Some(first),
-            Key::Name(_) | Key::Id(_) => None,
-        }
     }
 }
 
@@ -358,25 +412,32 @@ mod tests {
                 .collect();
             write(&one_by_one, ops.clone());
             let mut net = Net::default();
-            ops.clone().into_iter().for_each(|op| net.add(op));
+            ops.iter().for_each(|op| net.add(OpRef::of(op)));
             write(&net_db, net.ops());
+            // What is read in place is what was written.
+            for op in &ops {
+                let bytes = postcard::to_allocvec(op).unwrap();
+                assert_eq!(postcard::from_bytes::<OpRef<'_>>(&bytes).unwrap(), OpRef::of(op));
+            }
             assert_eq!(contents(&one_by_one), contents(&net_db), "round {round}: {ops:?}");
         }
     }
 
     #[test]
     fn a_grant_created_and_removed_in_one_run_writes_nothing() {
-        let mut net = Net::default();
         let key = || Op::pair("hive", "t1");
-        net.add(Op::Create(Table::Grants, key(), vec![1]));
-        net.add(Op::put(Table::Grants, key(), vec![2]));
-        net.add(Op::Remove(Table::Grants, key()));
+        let ops = [
+            Op::Create(Table::Grants, key(), vec![1]),
+            Op::put(Table::Grants, key(), vec![2]),
+            Op::Remove(Table::Grants, key()),
+        ];
+        let mut net = Net::default();
+        ops.iter().for_each(|op| net.add(OpRef::of(op)));
         assert_eq!(net.ops().count(), 0);
 
         // A record that may exist from before the run is still removed.
         let mut net = Net::default();
-        net.add(Op::put(Table::Grants, key(), vec![2]));
-        net.add(Op::Remove(Table::Grants, key()));
+        ops[1..].iter().for_each(|op| net.add(OpRef::of(op)));
         assert_eq!(net.ops().collect::<Vec<_>>(), vec![Op::Remove(Table::Grants, key())]);
     }
 }

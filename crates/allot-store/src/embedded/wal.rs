@@ -27,7 +27,7 @@ use allot_core::Millis;
 use memmap2::{Mmap, MmapMut};
 use serde::{Deserialize, Serialize};
 
-use super::ops::Op;
+use super::ops::{Op, OpRef};
 use super::Durability;
 
 /// The directory of the log, in the data directory.
@@ -98,6 +98,7 @@ mod blob {
 }
 
 /// Decodes a record's body, one written before records carried events too.
+#[cfg(test)]
 fn decode_record(body: &[u8]) -> Option<WalRecord> {
     postcard::from_bytes::<WalRecord>(body).ok().or_else(|| {
         let mut older = body.to_vec();
@@ -172,23 +173,79 @@ pub(crate) enum End {
 #[cfg(test)]
 pub(crate) fn records(bytes: &[u8]) -> (Vec<WalRecord>, End) {
     let mut out = Vec::new();
-    let end = each_record(bytes, |record| {
-        out.push(record);
-        ControlFlow::Continue(())
-    });
-    (out, end)
+    let mut at = 0;
+    loop {
+        let body = match frame_at(bytes, at) {
+            Ok(body) => body,
+            Err(end) => return (out, end),
+        };
+        match decode_record(body) {
+            Some(record) => out.push(record),
+            None => return (out, End::Unreadable { offset: at }),
+        }
+        at += HEADER + body.len();
+    }
 }
 
-/// Hands the records of a segment to `each`, in order, one at a time, until it breaks (then
-/// [`End::Clean`]) or the records end; returns how they end.
-pub(crate) fn each_record(bytes: &[u8], mut each: impl FnMut(WalRecord) -> ControlFlow<()>) -> End {
+/// A record read in place: its ops and events borrowed from the segment's bytes (see
+/// [`OpRef`]). Decodes exactly what [`WalRecord`] encodes.
+#[derive(Debug, Deserialize)]
+pub(crate) struct RecordRef<'a> {
+    pub(crate) seq: u64,
+    pub(crate) clock: Millis,
+    #[serde(borrow)]
+    pub(crate) ops: Vec<OpRef<'a>>,
+    #[serde(borrow)]
+    pub(crate) events: Option<EventsRef<'a>>,
+}
+
+/// [`Events`] read in place.
+#[derive(Debug, Clone, Copy, Deserialize)]
+pub(crate) struct EventsRef<'a> {
+    pub(crate) last: u64,
+    pub(crate) bytes: &'a [u8],
+}
+
+impl Events {
+    #[cfg(test)]
+    pub(crate) fn borrowed(&self) -> EventsRef<'_> {
+        EventsRef { last: self.last, bytes: &self.bytes }
+    }
+}
+
+impl EventsRef<'_> {
+    pub(crate) fn to_events(self) -> Events {
+        Events { last: self.last, bytes: self.bytes.to_vec() }
+    }
+}
+
+/// A record written before records carried events, read in place.
+#[derive(Deserialize)]
+struct OlderRecordRef<'a> {
+    seq: u64,
+    clock: Millis,
+    #[serde(borrow)]
+    ops: Vec<OpRef<'a>>,
+}
+
+/// Reads one record's body in place, as [`decode_record`] reads it.
+fn decode_record_ref(body: &[u8]) -> Option<RecordRef<'_>> {
+    postcard::from_bytes::<RecordRef<'_>>(body).ok().or_else(|| {
+        let older = postcard::from_bytes::<OlderRecordRef<'_>>(body).ok()?;
+        Some(RecordRef { seq: older.seq, clock: older.clock, ops: older.ops, events: None })
+    })
+}
+
+/// Hands the records of a segment, read in place, to `each`, in order, one at a time, until it
+/// breaks (then [`End::Clean`]) or the records end; returns how they end.
+pub(crate) fn each_record<'a>(bytes: &'a [u8], mut each: impl FnMut(RecordRef<'a>) -> ControlFlow<()>) -> End {
     let mut at = 0;
     loop {
         let body = match frame_at(bytes, at) {
             Ok(body) => body,
             Err(end) => return end,
         };
-        match decode_record(body) {
+        match decode_record_ref(body) {
             Some(record) => {
                 if each(record).is_break() {
                     return End::Clean;
@@ -573,7 +630,24 @@ mod tests {
         put_frame(&mut bytes, &body);
         put_frame(&mut bytes, &postcard::to_stdvec(&record(2)).unwrap());
         assert!(record(2).events.is_some());
-        assert_eq!(records(&bytes), (vec![older, record(2)], End::Clean));
+        assert_eq!(records(&bytes), (vec![older.clone(), record(2)], End::Clean));
+        // Read in place, the same.
+        let mut read = Vec::new();
+        let end = each_record(&bytes, |r| {
+            let ops: Vec<OpRef<'_>> = r.ops.clone();
+            read.push((r.seq, r.clock, ops.len(), r.events.map(|e| e.to_events())));
+            ControlFlow::Continue(())
+        });
+        assert_eq!(end, End::Clean);
+        let expected: Vec<_> =
+            [&older, &record(2)].iter().map(|r| (r.seq, r.clock, r.ops.len(), r.events.clone())).collect();
+        assert_eq!(read, expected);
+        let bodies = [body, postcard::to_stdvec(&record(2)).unwrap()];
+        for (body, record) in bodies.iter().zip([&older, &record(2)]) {
+            let read = decode_record_ref(body).unwrap();
+            let owned: Vec<OpRef<'_>> = record.ops.iter().map(OpRef::of).collect();
+            assert_eq!(read.ops, owned);
+        }
     }
 
     #[test]
