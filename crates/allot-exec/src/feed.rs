@@ -48,7 +48,7 @@ pub(crate) fn step<'a>(event: &'a Event, pools: &HashSet<PoolName>) -> Step<'a> 
         (EventKind::TaskChanged, EventObject::Task(task)) => {
             let key = RunKey { app: task.app.clone(), task: task.spec.id.clone() };
             if placed_on(task.state, task.placement.as_ref().map(|p| &p.pool), pools) {
-                Step::Drive(key, PlacedTask::from(task))
+                Step::Drive(key, PlacedTask::from(&**task))
             } else {
                 Step::Wake(key)
             }

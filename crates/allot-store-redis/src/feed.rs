@@ -396,7 +396,7 @@ fn event(revision: u64, fields: &[String]) -> Result<Event, StoreError> {
         }
         (Slot::Pool(pool), EventKind::PoolPut) => {
             let fields = object.split('\n').map(|f| Value::BulkString(f.as_bytes().to_vec())).collect();
-            (keys::pool(pool), EventObject::Pool(pools::view_of(pool, &mut Reply::new(Value::Array(fields))?)?))
+            (keys::pool(pool), EventObject::Pool(Box::new(pools::view_of(pool, &mut Reply::new(Value::Array(fields))?)?)))
         }
         (Slot::Pool(pool), EventKind::PoolRemoved) => (keys::pool(pool), EventObject::Gone),
         (Slot::Pool(pool), EventKind::AllocMade | EventKind::AllocRenewed | EventKind::AllocEnded) => {
@@ -420,12 +420,12 @@ fn event(revision: u64, fields: &[String]) -> Result<Event, StoreError> {
                 pending_tasks: 0,
                 waiting: Default::default(),
             };
-            (keys::queue(id), EventObject::Queue(view))
+            (keys::queue(id), EventObject::Queue(Box::new(view)))
         }
         (Slot::Apps, EventKind::QueueRemoved) => (keys::queue(id), EventObject::Gone),
         (Slot::Apps, EventKind::AppChanged) => {
             let record: AppRecord = serde_json::from_str(object).map_err(corrupt)?;
-            (keys::app(id), EventObject::App(record.into_app(id).map_err(corrupt)?))
+            (keys::app(id), EventObject::App(Box::new(record.into_app(id).map_err(corrupt)?)))
         }
         (Slot::Apps, EventKind::AppRemoved) => (keys::app(id), EventObject::Gone),
         (Slot::Apps, EventKind::TaskChanged | EventKind::TaskRemoved) => {
@@ -436,7 +436,7 @@ fn event(revision: u64, fields: &[String]) -> Result<Event, StoreError> {
                 let record: TaskRecord = serde_json::from_str(object).map_err(corrupt)?;
                 let task_ = record.into_task(app, task).map_err(corrupt)?;
                 cause = task_.reason.clone();
-                (keys::task(app, task), EventObject::Task(task_))
+                (keys::task(app, task), EventObject::Task(Box::new(task_)))
             }
         }
         (Slot::Runs, EventKind::RunChanged | EventKind::RunRemoved) => {

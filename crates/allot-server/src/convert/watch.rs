@@ -31,14 +31,14 @@ fn object(event: &Event) -> api::WatchObject {
             Wire::Waiter(api::GrantRef { namespace: namespace.to_string(), token: token.to_string() })
         }
         EventObject::Session(info) => Wire::Session(quotas::session(info)),
-        EventObject::Pool(view) => Wire::Pool(pools::pool(view, None)),
+        EventObject::Pool(view) => Wire::Pool(pools::pool(*view, None)),
         EventObject::Alloc(alloc) => Wire::Alloc(pools::alloc(alloc, None, at)),
         EventObject::EndedAlloc(ended) => Wire::Alloc(pools::ended_alloc(ended, at)),
-        EventObject::Queue(view) => Wire::Queue(apps::queue(view)),
+        EventObject::Queue(view) => Wire::Queue(apps::queue(*view)),
         EventObject::App(app) => {
-            Wire::App(apps::app(AppInfo { app, tasks: BTreeMap::new(), why: None, released: None }, at))
+            Wire::App(apps::app(AppInfo { app: *app, tasks: BTreeMap::new(), why: None, released: None }, at))
         }
-        EventObject::Task(task) => Wire::Task(apps::task(TaskInfo { task, why: None })),
+        EventObject::Task(task) => Wire::Task(apps::task(TaskInfo { task: *task, why: None })),
         EventObject::Run(run) => {
             let (app, task) = run_of(&event.key);
             Wire::Run(runs::task_run(app, task, *run))

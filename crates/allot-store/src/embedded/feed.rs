@@ -120,7 +120,7 @@ pub(super) fn pools(pools: &Pools, changes: &[PoolChange], now: Millis, out: &mu
     for change in changes {
         out.push(match change {
             PoolChange::Pool { name, .. } => match pools.pool(name, now) {
-                Ok(view) => draft(EventKind::PoolPut, keys::pool(name), EventObject::Pool(view)),
+                Ok(view) => draft(EventKind::PoolPut, keys::pool(name), EventObject::Pool(Box::new(view))),
                 Err(_) => continue,
             },
             PoolChange::PoolRemoved { name } => draft(EventKind::PoolRemoved, keys::pool(name), EventObject::Gone),
@@ -146,17 +146,17 @@ pub(super) fn apps(sched: &Scheduler, changes: &[AppChange], out: &mut Vec<Draft
     for change in changes {
         out.push(match change {
             AppChange::Queue { path, .. } => match sched.queue(path) {
-                Ok(view) => draft(EventKind::QueuePut, keys::queue(path), EventObject::Queue(view)),
+                Ok(view) => draft(EventKind::QueuePut, keys::queue(path), EventObject::Queue(Box::new(view))),
                 Err(_) => continue,
             },
             AppChange::QueueRemoved { path } => draft(EventKind::QueueRemoved, keys::queue(path), EventObject::Gone),
-            AppChange::App(app) => draft(EventKind::AppChanged, keys::app(&app.spec.id), EventObject::App(app.clone())),
+            AppChange::App(app) => draft(EventKind::AppChanged, keys::app(&app.spec.id), EventObject::App(Box::new(app.clone()))),
             AppChange::AppRemoved { id } => draft(EventKind::AppRemoved, keys::app(id), EventObject::Gone),
             AppChange::Task(task) => Draft {
                 kind: EventKind::TaskChanged,
                 key: keys::task(&task.app, &task.spec.id),
                 cause: task.reason.clone(),
-                object: EventObject::Task(task.clone()),
+                object: EventObject::Task(Box::new(task.clone())),
             },
             AppChange::TaskRemoved { app, task } => {
                 draft(EventKind::TaskRemoved, keys::task(app, task), EventObject::Gone)

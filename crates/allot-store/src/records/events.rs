@@ -332,7 +332,7 @@ impl<'a> ObjectRecord<'a> {
             ObjectRecord::OwnedSession(s, owner) => r.session(s, owner)?,
             ObjectRecord::Pool(v) => {
                 let [accepted, offer_expired, freed, reclaimed] = v.stats;
-                EventObject::Pool(PoolView {
+                EventObject::Pool(Box::new(PoolView {
                     name: allot_core::pools::PoolName::new(&v.name).map_err(|e| r.err(e))?,
                     capacity: r.resources(v.capacity)?,
                     labels: v.labels,
@@ -342,7 +342,7 @@ impl<'a> ObjectRecord<'a> {
                     expired_allocs: v.expired_allocs as usize,
                     stopped: v.stopped,
                     stats: PoolStats { accepted, offer_expired, freed, reclaimed },
-                })
+                }))
             }
             ObjectRecord::Alloc { pool, id, alloc } => EventObject::Alloc(alloc.into_alloc(&pool, id)?.0),
             ObjectRecord::EndedAlloc { pool, id, alloc } => match alloc.into_alloc(&pool, id)? {
@@ -367,7 +367,7 @@ impl<'a> ObjectRecord<'a> {
                             .ok_or_else(|| r.err(format!("unknown code `{code}`")))
                     })
                     .collect::<Result<_, CorruptRecord>>()?;
-                EventObject::Queue(QueueView {
+                EventObject::Queue(Box::new(QueueView {
                     path,
                     limits,
                     usage: QueueUsage {
@@ -380,10 +380,10 @@ impl<'a> ObjectRecord<'a> {
                     apps: v.apps,
                     pending_tasks: v.pending_tasks,
                     waiting,
-                })
+                }))
             }
-            ObjectRecord::App { id, app } => EventObject::App(app.into_app(&id)?),
-            ObjectRecord::Task { app, id, task } => EventObject::Task(task.into_task(&app, &id)?),
+            ObjectRecord::App { id, app } => EventObject::App(Box::new(app.into_app(&id)?)),
+            ObjectRecord::Task { app, id, task } => EventObject::Task(Box::new(task.into_task(&app, &id)?)),
             ObjectRecord::Run(run) => EventObject::Run(Box::new(run.into_run(&r.key)?)),
             ObjectRecord::Gone => EventObject::Gone,
         })
