@@ -396,7 +396,10 @@ fn event(revision: u64, fields: &[String]) -> Result<Event, StoreError> {
         }
         (Slot::Pool(pool), EventKind::PoolPut) => {
             let fields = object.split('\n').map(|f| Value::BulkString(f.as_bytes().to_vec())).collect();
-            (keys::pool(pool), EventObject::Pool(Box::new(pools::view_of(pool, &mut Reply::new(Value::Array(fields))?)?)))
+            (
+                keys::pool(pool),
+                EventObject::Pool(Box::new(pools::view_of(pool, &mut Reply::new(Value::Array(fields))?)?)),
+            )
         }
         (Slot::Pool(pool), EventKind::PoolRemoved) => (keys::pool(pool), EventObject::Gone),
         (Slot::Pool(pool), EventKind::AllocMade | EventKind::AllocRenewed | EventKind::AllocEnded) => {

@@ -257,8 +257,7 @@ impl Feed {
             return Err(WatchError::Compacted { since, oldest: kept.compacted });
         }
         // Under the lock: the backlog and the live events meet without a gap or an overlap.
-        let backlog =
-            kept.events.iter().filter(|k| k.revision > since && filter.matches(k.event.kind, &k.event.key));
+        let backlog = kept.events.iter().filter(|k| k.revision > since && filter.matches(k.event.kind, &k.event.key));
         let backlog = backlog.map(|k| k.event.clone()).collect();
         let (tx, live) = mpsc::channel(self.config.buffer.max(1));
         let behind = Arc::new(AtomicBool::new(false));

@@ -28,9 +28,9 @@ use std::path::PathBuf;
 use allot_core::Millis;
 
 use super::feed::window_of;
-use super::wal::{self, EventsRef};
 #[cfg(test)]
 use super::wal::Events;
+use super::wal::{self, EventsRef};
 use super::OpenError;
 use crate::records::events::decode_events;
 use crate::watch::{Event, Feed, WatchConfig};

@@ -150,7 +150,9 @@ pub(super) fn apps(sched: &Scheduler, changes: &[AppChange], out: &mut Vec<Draft
                 Err(_) => continue,
             },
             AppChange::QueueRemoved { path } => draft(EventKind::QueueRemoved, keys::queue(path), EventObject::Gone),
-            AppChange::App(app) => draft(EventKind::AppChanged, keys::app(&app.spec.id), EventObject::App(Box::new(app.clone()))),
+            AppChange::App(app) => {
+                draft(EventKind::AppChanged, keys::app(&app.spec.id), EventObject::App(Box::new(app.clone())))
+            }
             AppChange::AppRemoved { id } => draft(EventKind::AppRemoved, keys::app(id), EventObject::Gone),
             AppChange::Task(task) => Draft {
                 kind: EventKind::TaskChanged,
