@@ -81,6 +81,15 @@ pub(super) async fn spawn_daemon(scratch: &Scratch) -> anyhow::Result<Server> {
 
 /// [`spawn_daemon`] with more arguments for `allot serve`.
 pub(super) async fn spawn_daemon_with(scratch: &Scratch, more: &[std::ffi::OsString]) -> anyhow::Result<Server> {
+    spawn_daemon_on(scratch, more, None).await
+}
+
+/// [`spawn_daemon_with`], on `cpus` only when given.
+pub(super) async fn spawn_daemon_on(
+    scratch: &Scratch,
+    more: &[std::ffi::OsString],
+    cpus: Option<&[usize]>,
+) -> anyhow::Result<Server> {
     let exe = std::env::current_exe()?;
     let mut serve: Vec<std::ffi::OsString> = vec![
         "serve".into(),
@@ -90,7 +99,7 @@ pub(super) async fn spawn_daemon_with(scratch: &Scratch, more: &[std::ffi::OsStr
         scratch.join("allot-data").into(),
     ];
     serve.extend(more.iter().cloned());
-    spawn_listening("allot", &exe, &serve, scratch.join("allot.log"), None).await
+    spawn_listening("allot", &exe, &serve, scratch.join("allot.log"), cpus).await
 }
 
 /// Lets the process `command` starts run on `cpus` only, when given (its threads inherit that).

@@ -304,6 +304,11 @@ struct WatchArgs {
     /// Where to make the daemon's scratch directory (see `compare --tmp-dir`).
     #[arg(long)]
     tmp_dir: Option<std::path::PathBuf>,
+    /// Run the daemon on the first half of the CPUs this process may use and the load generator
+    /// (its clients and watchers) on the other half, as `compare --pin` does: the daemon's cost
+    /// of a watcher is then measured apart from the watchers' own reading. Needs at least 2 CPUs
+    #[arg(long)]
+    pin: bool,
     #[command(flatten)]
     output: OutputOpts,
 }

@@ -11,6 +11,9 @@
 //!   every event, how many events they received a second and the CPU the daemon and the load
 //!   generator used meanwhile (what each event delivered costs), and how many watchers ended
 //!   before the run did (fell behind);
+//!   and how far behind they were (the lag: from an event's decision, by the daemon's clock, to
+//!   its arrival, by this machine's wall clock: millisecond resolution; the daemon's clock starts
+//!   at the wall clock on a fresh store);
 //! - **idle watchers**: `--idle` watchers of a key nothing changes; the daemon's resident memory
 //!   before and after, per watcher;
 //! - **through a second daemon**: two daemons on a Redis server the bench starts; the delay from
@@ -45,6 +48,10 @@ const MAX_DELAY_P99_MS: f64 = 5.0;
 const MAX_REDIS_DELAY_P99_MS: f64 = 50.0;
 /// Pairs with watchers attached, as a share of the rate without.
 const MIN_RATE_WITH_WATCHERS: f64 = 0.8;
+/// Pairs with watchers of every event attached, as a share of the rate without (issue 41).
+const MIN_RATE_WITH_WATCHERS_OF_ALL: f64 = 0.9;
+/// The lag of a watcher of every event under the pairs' load, at p99 (ms).
+const MAX_LAG_P99_MS: f64 = 100.0;
 /// The resident memory an idle watcher may cost the daemon (KiB).
 const MAX_KIB_PER_IDLE_WATCHER: f64 = 16.0;
 /// How long to wait for an event that should come.
@@ -71,6 +78,9 @@ struct WatchOutput {
     ratio_all: Option<f64>,
     /// Per round, with the watchers of every event: what they received and what it cost.
     fan_out: Vec<FanOut>,
+    /// With the watchers of every event, under the pairs' load: from each event's decision to
+    /// its arrival at the first watcher, every round (ms, at millisecond resolution).
+    lag_ms: Latency,
     /// The daemon's CPU time per pair without watchers (µs), the median of the rounds.
     daemon_us_per_pair: Option<f64>,
     /// The daemon's CPU time per event delivered to a watcher of every event, beyond what its
@@ -106,7 +116,24 @@ pub(super) async fn run(args: WatchArgs) -> anyhow::Result<()> {
         bail!("--samples, --clients and --rounds must be at least 1");
     }
     let scratch = Scratch::new(args.tmp_dir.as_deref())?;
-    let server = children::spawn_daemon_with(&scratch, &["--durability".into(), "process".into()]).await?;
+    let halves = if args.pin {
+        let cpus = allot_host::affinity::allowed_cpus();
+        if cpus.len() < 2 {
+            bail!("--pin needs at least 2 CPUs to split between the daemon and the load generator; this process may use {}", cpus.len());
+        }
+        let (daemon, load) = cpus.split_at(cpus.len() / 2);
+        Some((daemon.to_vec(), load.to_vec()))
+    } else {
+        None
+    };
+    let level = ["--durability".into(), "process".into()];
+    let server = children::spawn_daemon_on(&scratch, &level, halves.as_ref().map(|(daemon, _)| &daemon[..])).await?;
+    if let Some((_, load)) = &halves {
+        if let Err(err) = allot_host::affinity::restrict_process(load) {
+            server.stop().await;
+            bail!("--pin: cannot move the load generator to CPUs {load:?}: {err}");
+        }
+    }
     let outcome = measure(&args, &server).await;
     server.stop().await;
     let output = outcome?;
@@ -140,6 +167,11 @@ pub(super) async fn run(args: WatchArgs) -> anyhow::Result<()> {
             ratio(output.ratio_all)
         );
         let cpus = |c: Option<f64>| c.map_or("-".to_owned(), |c| format!("{c:.2}"));
+        let l = &output.lag_ms;
+        println!(
+            "    lag of a watcher of every event, decision to arrival: p50 {:.0}  p99 {:.0}  max {:.0} ms ({} events)",
+            l.p50, l.p99, l.max, l.count
+        );
         for round in &output.fan_out {
             println!(
                 "    {:.0} events/s received, daemon {} CPUs, load generator {} CPUs, {} watchers ended early",
@@ -194,6 +226,7 @@ async fn measure(args: &WatchArgs, server: &Server) -> anyhow::Result<WatchOutpu
     let (mut without, mut with, mut with_all) = (Vec::new(), Vec::new(), Vec::new());
     let (mut fan_out, mut us_per_pair, mut us_per_event, mut bench_us_per_event) =
         (Vec::new(), Vec::new(), Vec::new(), Vec::new());
+    let mut lags = Vec::new();
     let others = format!("prefix=pools/bench-others-{}", load::run_id());
     let everything = format!("prefix=namespaces/{}", encode_segment(&namespace));
     for _ in 0..args.rounds {
@@ -207,6 +240,7 @@ async fn measure(args: &WatchArgs, server: &Server) -> anyhow::Result<WatchOutpu
         let before = Usage::now(server.pid(), &readers);
         let loaded = load::run_load(&target, &spec).await?;
         let usage = Usage::now(server.pid(), &readers).since(&before);
+        lags.extend(readers.lags.lock().unwrap_or_else(|p| p.into_inner()).drain(..));
         with_all.push(loaded.pairs_per_s);
         let round = FanOut {
             pairs_per_s: loaded.pairs_per_s,
@@ -264,6 +298,7 @@ async fn measure(args: &WatchArgs, server: &Server) -> anyhow::Result<WatchOutpu
         _ => (None, None),
     };
     let delay_ms = Latency::from_nanos(delays);
+    let lag_ms = Latency::from_nanos(lags.into_iter().map(|ms| ms * 1_000_000).collect());
     let mut checks = vec![
         Check::at_most(
             "p99 delay to a watcher on the same daemon (ms)".to_owned(),
@@ -276,6 +311,19 @@ async fn measure(args: &WatchArgs, server: &Server) -> anyhow::Result<WatchOutpu
             MIN_RATE_WITH_WATCHERS,
         ),
     ];
+    if args.watchers == 1 {
+        // Issue 41's targets are for one watcher of everything (a dashboard, a shim).
+        checks.push(Check::at_least(
+            "pairs/s with 1 watcher of every event / without".to_owned(),
+            ratio_all,
+            MIN_RATE_WITH_WATCHERS_OF_ALL,
+        ));
+        checks.push(Check::at_most(
+            "p99 lag of a watcher of every event under the pairs' load (ms)".to_owned(),
+            (lag_ms.count > 0).then_some(lag_ms.p99),
+            MAX_LAG_P99_MS,
+        ));
+    }
     if let Some(redis) = &redis_delay_ms {
         checks.push(Check::at_most(
             "p99 delay to a watcher on a second daemon on one Redis (ms)".to_owned(),
@@ -303,6 +351,7 @@ async fn measure(args: &WatchArgs, server: &Server) -> anyhow::Result<WatchOutpu
         ratio,
         ratio_all,
         fan_out,
+        lag_ms,
         daemon_us_per_pair: report::median(us_per_pair),
         daemon_us_per_event: report::median(us_per_event),
         bench_us_per_event: report::median(bench_us_per_event),
@@ -379,16 +428,31 @@ async fn delays(writer: &Endpoint, watcher: &Endpoint, namespace: &str, samples:
     Ok(delays)
 }
 
+/// The `at_ms` of an event's JSON data, read without parsing the rest.
+fn at_ms(data: &str) -> Option<u64> {
+    let rest = &data[data.find("\"at_ms\":")? + "\"at_ms\":".len()..];
+    let digits = rest.find(|c: char| !c.is_ascii_digit()).unwrap_or(rest.len());
+    rest[..digits].parse().ok()
+}
+
+/// This machine's wall clock, in milliseconds since the Unix epoch.
+fn wall_ms() -> u64 {
+    let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap_or_default();
+    u64::try_from(now.as_millis()).unwrap_or(u64::MAX)
+}
+
 /// The `key` of an event's JSON data.
 fn key_of(data: &str) -> Option<String> {
     let value: serde_json::Value = serde_json::from_str(data).ok()?;
     value.get("key")?.as_str().map(str::to_owned)
 }
 
-/// Watchers read to the end, each by a task of its own, and the events they received.
+/// Watchers read to the end, each by a task of its own, the events they received, and the lag
+/// of each event at the first of them (ms).
 struct Readers {
     tasks: Vec<tokio::task::JoinHandle<()>>,
     events: Arc<AtomicU64>,
+    lags: Arc<std::sync::Mutex<Vec<u64>>>,
 }
 
 impl Readers {
@@ -405,19 +469,24 @@ impl Readers {
 /// `count` watchers of `query`.
 async fn attach(endpoint: &Endpoint, count: usize, query: &str) -> anyhow::Result<Readers> {
     let events = Arc::new(AtomicU64::new(0));
+    let lags = Arc::new(std::sync::Mutex::new(Vec::new()));
     let mut tasks = Vec::with_capacity(count);
-    for _ in 0..count {
+    for index in 0..count {
         let mut stream = EventStream::open(endpoint, query).await?;
-        let events = events.clone();
+        let (events, lags) = (events.clone(), lags.clone());
         tasks.push(tokio::spawn(async move {
             while let Ok(Some(message)) = stream.next().await {
                 if message.event.as_deref() != Some("behind") {
                     events.fetch_add(1, Ordering::Relaxed);
                 }
+                if let Some(at) = message.data.as_deref().and_then(at_ms).filter(|_| index == 0) {
+                    let lag = wall_ms().saturating_sub(at);
+                    lags.lock().unwrap_or_else(|p| p.into_inner()).push(lag);
+                }
             }
         }));
     }
-    Ok(Readers { tasks, events })
+    Ok(Readers { tasks, events, lags })
 }
 
 /// The events watchers had received and the CPU time the daemon and this process had used, at a
@@ -586,5 +655,14 @@ mod tests {
             Some("namespaces/a/grants/t")
         );
         assert_eq!(key_of("not json"), None);
+    }
+
+    #[test]
+    fn the_time_of_an_event_is_read_from_its_data() {
+        let data = r#"{"revision":3,"kind":"grant.granted","key":"k","cause":null,"at_ms":1764374400123,"object":{}}"#;
+        assert_eq!(at_ms(data), Some(1_764_374_400_123));
+        assert_eq!(at_ms(r#"{"at_ms":7}"#), Some(7));
+        assert_eq!(at_ms(r#"{"revision":3}"#), None);
+        assert_eq!(at_ms(r#"{"at_ms":"x"}"#), None);
     }
 }

@@ -184,13 +184,6 @@ pub(crate) async fn watch(
 /// The most events written in one chunk of the body.
 const MAX_CHUNK_EVENTS: usize = 256;
 
-/// While events flow (the last chunk held some, fewer than [`MAX_CHUNK_EVENTS`]), a stream
-/// gathers events this long after its last chunk before it writes the next: it is then woken
-/// once per gathering rather than once per event (the feed publishes on the thread of the
-/// change, and waking a stream's thread costs more than the event's bytes). A stream that was
-/// idle writes its first event at once; a full chunk is followed at once.
-const GATHER: Duration = Duration::from_millis(1);
-
 /// A heartbeat that carries no revision.
 const HEARTBEAT: &[u8] = b": heartbeat\n\n";
 
@@ -209,8 +202,6 @@ struct Streaming {
     sent: u64,
     /// The last message was sent; the stream ends.
     ended: bool,
-    /// Events flow: the last chunk held some, fewer than a full chunk (see [`GATHER`]).
-    flowing: bool,
     /// The events of the chunk being made, and their frames (kept to reuse their memory).
     ready: Vec<Arc<Event>>,
     chunk: Vec<Bytes>,
@@ -228,7 +219,6 @@ impl Streaming {
             silence: Box::pin(tokio::time::sleep(heartbeat)),
             sent,
             ended: false,
-            flowing: false,
             ready: Vec::new(),
             chunk: Vec::new(),
             _open: open,
@@ -246,9 +236,6 @@ impl Streaming {
     async fn next(&mut self) -> Option<Bytes> {
         if self.ended {
             return None;
-        }
-        if self.flowing {
-            tokio::time::sleep_until(self.written + GATHER).await;
         }
         // `Watcher::next` is cancel-safe: a heartbeat, or a watcher found with nothing ready, loses
         // no event. What is ready is taken without a timer.
@@ -287,7 +274,6 @@ impl Streaming {
         if let Some(last) = self.ready.last() {
             self.sent = last.revision;
         }
-        self.flowing = !self.ready.is_empty() && self.ready.len() < MAX_CHUNK_EVENTS;
         self.frames.extend(&self.ready, &mut self.chunk);
         self.ready.clear();
         if let Some(err) = end {
@@ -314,7 +300,6 @@ impl Streaming {
     /// `: heartbeat`, with an `id:` when the watcher has passed revisions its filter did not take.
     fn heartbeat(&mut self) -> Bytes {
         self.written = Instant::now();
-        self.flowing = false;
         self.silence.as_mut().reset(self.written + self.heartbeat);
         let passed = self.watcher.revision();
         if passed <= self.sent {
