@@ -12,8 +12,8 @@
 //!   generator used meanwhile (what each event delivered costs), and how many watchers ended
 //!   before the run did (fell behind);
 //!   and how far behind they were (the lag: from an event's decision, by the daemon's clock, to
-//!   its arrival, by this machine's wall clock: millisecond resolution; the daemon's clock starts
-//!   at the wall clock on a fresh store);
+//!   its arrival, by this machine's wall clock, less how far apart the two clocks are as the
+//!   delay samples at idle find them; millisecond resolution);
 //! - **idle watchers**: `--idle` watchers of a key nothing changes; the daemon's resident memory
 //!   before and after, per watcher;
 //! - **through a second daemon**: two daemons on a Redis server the bench starts; the delay from
@@ -209,7 +209,7 @@ async fn measure(args: &WatchArgs, server: &Server) -> anyhow::Result<WatchOutpu
     let endpoint = server.endpoint.clone();
     let namespace = format!("bench-watch-{}", load::run_id());
     load::setup_namespace(&endpoint, &namespace, 1_000_000).await?;
-    let delays = delays(&endpoint, &endpoint, &namespace, args.samples).await?;
+    let (delays, skew_ms) = delays(&endpoint, &endpoint, &namespace, args.samples).await?;
     let redis_delay_ms = match args.redis_samples {
         0 => None,
         samples => Some(Latency::from_nanos(redis_delays(args, samples).await?)),
@@ -298,7 +298,8 @@ async fn measure(args: &WatchArgs, server: &Server) -> anyhow::Result<WatchOutpu
         _ => (None, None),
     };
     let delay_ms = Latency::from_nanos(delays);
-    let lag_ms = Latency::from_nanos(lags.into_iter().map(|ms| ms * 1_000_000).collect());
+    // Less the daemon clock's distance from this machine's wall clock (measured at idle above).
+    let lag_ms = Latency::from_nanos(lags.into_iter().map(|ms| (ms - skew_ms).max(0) as u64 * 1_000_000).collect());
     let mut checks = vec![
         Check::at_most(
             "p99 delay to a watcher on the same daemon (ms)".to_owned(),
@@ -373,7 +374,7 @@ async fn redis_delays(args: &WatchArgs, samples: usize) -> anyhow::Result<Vec<u6
     let namespace = format!("bench-watch-{}", load::run_id());
     let measured = async {
         load::setup_namespace(&writer.endpoint, &namespace, 1_000_000).await?;
-        delays(&writer.endpoint, &watcher.endpoint, &namespace, samples).await
+        delays(&writer.endpoint, &watcher.endpoint, &namespace, samples).await.map(|(delays, _)| delays)
     }
     .await;
     writer.stop().await;
@@ -383,15 +384,24 @@ async fn redis_delays(args: &WatchArgs, samples: usize) -> anyhow::Result<Vec<u6
 
 /// `samples` delays (ns) from an allocate's answer through `writer` to its event at a watcher on
 /// `watcher` (the same daemon, or another on the same store).
-async fn delays(writer: &Endpoint, watcher: &Endpoint, namespace: &str, samples: usize) -> anyhow::Result<Vec<u64>> {
+async fn delays(
+    writer: &Endpoint,
+    watcher: &Endpoint,
+    namespace: &str,
+    samples: usize,
+) -> anyhow::Result<(Vec<u64>, i64)> {
     let query = format!("kind=grant.granted&prefix=namespaces/{}", encode_segment(namespace));
     let mut stream = EventStream::open(watcher, &query).await?;
-    let (arrivals, mut arrived) = mpsc::unbounded_channel::<(String, Instant)>();
+    let (arrivals, mut arrived) = mpsc::unbounded_channel::<(String, Instant, i64)>();
     let reader = tokio::spawn(async move {
         while let Ok(Some(message)) = stream.next().await {
             let at = Instant::now();
-            if let Some(key) = message.data.as_deref().and_then(key_of) {
-                if arrivals.send((key, at)).is_err() {
+            let data = message.data.as_deref();
+            // Each event comes at once here: this machine's wall clock less the event's time is
+            // how far the daemon's clock is from it.
+            let skew = data.and_then(at_ms).map_or(0, |at| wall_ms() as i64 - at as i64);
+            if let Some(key) = data.and_then(key_of) {
+                if arrivals.send((key, at, skew)).is_err() {
                     return;
                 }
             }
@@ -401,6 +411,7 @@ async fn delays(writer: &Endpoint, watcher: &Endpoint, namespace: &str, samples:
     let grants = format!("/v1/namespaces/{}/grants/", encode_segment(namespace));
     let mut early: HashMap<String, Instant> = HashMap::new();
     let mut delays = Vec::with_capacity(samples);
+    let mut skews = Vec::with_capacity(samples);
     let run = load::run_id();
     for i in 0..samples {
         let token = format!("{run}-{i}");
@@ -415,8 +426,11 @@ async fn delays(writer: &Endpoint, watcher: &Endpoint, namespace: &str, samples:
                 break at;
             }
             match tokio::time::timeout(EVENT_TIMEOUT, arrived.recv()).await {
-                Ok(Some((seen, at))) if seen == key => break at,
-                Ok(Some((seen, at))) => drop(early.insert(seen, at)),
+                Ok(Some((seen, at, skew))) if seen == key => {
+                    skews.push(skew);
+                    break at;
+                }
+                Ok(Some((seen, at, _))) => drop(early.insert(seen, at)),
                 Ok(None) => bail!("the watch ended"),
                 Err(_) => bail!("no event for `{key}` within {EVENT_TIMEOUT:?}"),
             }
@@ -425,7 +439,8 @@ async fn delays(writer: &Endpoint, watcher: &Endpoint, namespace: &str, samples:
         conn.request(Method::DELETE, &format!("{grants}{token}"), Bytes::new()).await?;
     }
     reader.abort();
-    Ok(delays)
+    skews.sort_unstable();
+    Ok((delays, skews.get(skews.len() / 2).copied().unwrap_or(0)))
 }
 
 /// The `at_ms` of an event's JSON data, read without parsing the rest.
@@ -452,7 +467,7 @@ fn key_of(data: &str) -> Option<String> {
 struct Readers {
     tasks: Vec<tokio::task::JoinHandle<()>>,
     events: Arc<AtomicU64>,
-    lags: Arc<std::sync::Mutex<Vec<u64>>>,
+    lags: Arc<std::sync::Mutex<Vec<i64>>>,
 }
 
 impl Readers {
@@ -480,7 +495,7 @@ async fn attach(endpoint: &Endpoint, count: usize, query: &str) -> anyhow::Resul
                     events.fetch_add(1, Ordering::Relaxed);
                 }
                 if let Some(at) = message.data.as_deref().and_then(at_ms).filter(|_| index == 0) {
-                    let lag = wall_ms().saturating_sub(at);
+                    let lag = wall_ms() as i64 - at as i64;
                     lags.lock().unwrap_or_else(|p| p.into_inner()).push(lag);
                 }
             }
