@@ -344,6 +344,21 @@ mod tests {
         Events { last: events.last().unwrap().revision, bytes: encode_events(&events) }
     }
 
+    /// An archive in a directory of its own (kept while the first is), its events kept from 0.
+    fn anchored() -> (tempfile::TempDir, PathBuf, Archive) {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join(EVENTS_DIR);
+        let mut archive = Archive::open(path.clone()).unwrap();
+        archive.anchor(0).unwrap();
+        (dir, path, archive)
+    }
+
+    /// One event of half a segment's bytes.
+    fn big(revision: u64) -> Events {
+        let events = vec![Event { key: "k".repeat(SEGMENT_BYTES as usize / 2), ..event(revision, revision) }];
+        Events { last: revision, bytes: encode_events(&events) }
+    }
+
     fn config(retain_events: usize) -> WatchConfig {
         WatchConfig { retain_events, retain_for: Duration::from_secs(3600), ..WatchConfig::default() }
     }
@@ -375,18 +390,11 @@ mod tests {
         assert_eq!((events.len(), compacted), (3, 12));
     }
 
-    /// A checkpoint's chunks: put unsynced, across segments, then synced once; what a failed
-    /// put leaves is put again after the last revision kept.
+    /// A checkpoint's chunks: put unsynced, across segments, then synced once; the events of
+    /// records read again are kept once.
     #[test]
     fn chunks_put_across_segments_are_kept_once_synced() {
-        let dir = tempfile::tempdir().unwrap();
-        let path = dir.path().join(EVENTS_DIR);
-        let mut archive = Archive::open(path.clone()).unwrap();
-        archive.anchor(0).unwrap();
-        let big = |revision: u64| {
-            let events = vec![Event { key: "k".repeat(SEGMENT_BYTES as usize / 2), ..event(revision, revision) }];
-            Events { last: revision, bytes: encode_events(&events) }
-        };
+        let (_dir, path, mut archive) = anchored();
         archive.put(&[batch([1]).borrowed(), big(2).borrowed()]).unwrap();
         archive.put(&[big(3).borrowed()]).unwrap();
         // A chunk put again (the same records read twice) is kept once.
@@ -406,10 +414,7 @@ mod tests {
 
     #[test]
     fn a_torn_tail_is_cut_and_written_again() {
-        let dir = tempfile::tempdir().unwrap();
-        let path = dir.path().join(EVENTS_DIR);
-        let mut archive = Archive::open(path.clone()).unwrap();
-        archive.anchor(0).unwrap();
+        let (_dir, path, mut archive) = anchored();
         archive.write(&[batch([1, 2]), batch([3])]).unwrap();
         let file = path.join(format!("{:016x}.events", 0));
         let whole = std::fs::metadata(&file).unwrap().len();
@@ -433,10 +438,6 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let mut archive = Archive::open(dir.path().join(EVENTS_DIR)).unwrap();
         archive.anchor(0).unwrap();
-        let big = |revision: u64| {
-            let events = vec![Event { key: "k".repeat(SEGMENT_BYTES as usize / 2), ..event(revision, revision) }];
-            Events { last: revision, bytes: encode_events(&events) }
-        };
         for revision in 1..=6 {
             archive.write(&[big(revision)]).unwrap();
         }
@@ -521,10 +522,7 @@ mod tests {
 
     #[test]
     fn events_lost_before_a_segment_or_unreadable_are_never_handed_out_with_a_gap() {
-        let dir = tempfile::tempdir().unwrap();
-        let path = dir.path().join(EVENTS_DIR);
-        let mut archive = Archive::open(path.clone()).unwrap();
-        archive.anchor(0).unwrap();
+        let (_dir, _, mut archive) = anchored();
         archive.write(&[batch([1]), batch([2])]).unwrap();
         // A segment that starts after 5: events 3 to 5 are not here.
         archive.start(5).unwrap();
