@@ -58,11 +58,11 @@ struct CompareOutput {
     placement: Option<Placement>,
 }
 
-/// Which CPUs the servers and the load generator run on (`--pin`).
+/// Which CPUs the servers and the load generator run on (`--pin`; `bench watch --pin` too).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
-struct Placement {
-    servers: Vec<usize>,
-    load: Vec<usize>,
+pub(super) struct Placement {
+    pub(super) servers: Vec<usize>,
+    pub(super) load: Vec<usize>,
     /// What the kernel says each process may run on (`Cpus_allowed_list` of `/proc/<pid>/status`),
     /// by server name, and `load` for this process: how the pinning came out.
     #[serde(skip_serializing_if = "std::collections::BTreeMap::is_empty")]
@@ -72,7 +72,7 @@ struct Placement {
 impl Placement {
     /// The first half of `cpus` (rounded down) for the servers, the rest for the load generator;
     /// `None` with fewer than 2 CPUs.
-    fn split(cpus: &[usize]) -> Option<Placement> {
+    pub(super) fn split(cpus: &[usize]) -> Option<Placement> {
         (cpus.len() >= 2).then(|| {
             let (servers, load) = cpus.split_at(cpus.len() / 2);
             Placement { servers: servers.to_vec(), load: load.to_vec(), allowed: Default::default() }

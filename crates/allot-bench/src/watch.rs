@@ -36,6 +36,7 @@ use tokio::sync::mpsc;
 use allot_client::sse;
 
 use crate::children::{self, Scratch, Server};
+use crate::compare::Placement;
 use crate::http::{encode_segment, Conn, Endpoint};
 use crate::latency::Latency;
 use crate::load::{self, LoadSpec, Target};
@@ -116,19 +117,18 @@ pub(super) async fn run(args: WatchArgs) -> anyhow::Result<()> {
         bail!("--samples, --clients and --rounds must be at least 1");
     }
     let scratch = Scratch::new(args.tmp_dir.as_deref())?;
-    let halves = if args.pin {
+    let placement = if args.pin {
         let cpus = allot_host::affinity::allowed_cpus();
-        if cpus.len() < 2 {
+        let Some(placement) = Placement::split(&cpus) else {
             bail!("--pin needs at least 2 CPUs to split between the daemon and the load generator; this process may use {}", cpus.len());
-        }
-        let (daemon, load) = cpus.split_at(cpus.len() / 2);
-        Some((daemon.to_vec(), load.to_vec()))
+        };
+        Some(placement)
     } else {
         None
     };
     let level = ["--durability".into(), "process".into()];
-    let server = children::spawn_daemon_on(&scratch, &level, halves.as_ref().map(|(daemon, _)| &daemon[..])).await?;
-    if let Some((_, load)) = &halves {
+    let server = children::spawn_daemon_on(&scratch, &level, placement.as_ref().map(|p| &p.servers[..])).await?;
+    if let Some(Placement { load, .. }) = &placement {
         if let Err(err) = allot_host::affinity::restrict_process(load) {
             server.stop().await;
             bail!("--pin: cannot move the load generator to CPUs {load:?}: {err}");

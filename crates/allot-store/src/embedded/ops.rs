@@ -112,6 +112,18 @@ impl<'a> OpRef<'a> {
     }
 }
 
+impl OpRef<'_> {
+    /// The op, copied.
+    pub(crate) fn to_op(self) -> Op {
+        match self {
+            OpRef::Put(table, key, value) => Op::Put(table, key.to_key(), value.to_vec()),
+            OpRef::Remove(table, key) => Op::Remove(table, key.to_key()),
+            OpRef::RemoveUnder(table, first) => Op::RemoveUnder(table, first.to_owned()),
+            OpRef::Create(table, key, value) => Op::Create(table, key.to_key(), value.to_vec()),
+        }
+    }
+}
+
 impl<'a> KeyRef<'a> {
     #[cfg(test)]
     fn of(key: &'a Key) -> KeyRef<'a> {
@@ -303,12 +315,12 @@ impl<'a> Net<'a> {
 
     /// Ops with the same effect as everything added, in an order that keeps it.
     pub(crate) fn ops(self) -> impl Iterator<Item = Op> + 'a {
-        let under = self.under.into_iter().map(|(table, first)| Op::RemoveUnder(table, first.to_owned()));
+        let under = self.under.into_iter().map(|(table, first)| OpRef::RemoveUnder(table, first));
         let last = self.last.into_iter().map(|((table, key), last)| match last.value {
-            Some(value) => Op::Put(table, key.to_key(), value.to_vec()),
-            None => Op::Remove(table, key.to_key()),
+            Some(value) => OpRef::Put(table, key, value),
+            None => OpRef::Remove(table, key),
         });
-        under.chain(last)
+        under.chain(last).map(OpRef::to_op)
     }
 }
 

@@ -53,7 +53,7 @@ pub(crate) struct WalRecord {
     pub(crate) clock: Millis,
     pub(crate) ops: Vec<Op>,
     /// Last, added after the format began: a record written before ends where it starts, and
-    /// reads as one without events (see [`decode_record`]).
+    /// reads as one without events (see [`decode_record_ref`]).
     pub(crate) events: Option<Events>,
 }
 
@@ -95,16 +95,6 @@ mod blob {
         }
         deserializer.deserialize_byte_buf(Bytes)
     }
-}
-
-/// Decodes a record's body, one written before records carried events too.
-#[cfg(test)]
-fn decode_record(body: &[u8]) -> Option<WalRecord> {
-    postcard::from_bytes::<WalRecord>(body).ok().or_else(|| {
-        let mut older = body.to_vec();
-        older.push(0);
-        postcard::from_bytes::<WalRecord>(&older).ok()
-    })
 }
 
 /// Reads the frame `[length][crc][body]` at `at`: its body, or how the frames end there.
@@ -169,22 +159,15 @@ pub(crate) enum End {
 }
 
 /// Reads the records of a segment's bytes, in order, up to the first that is torn or that this
-/// version cannot read; returns them and how they end.
+/// version cannot read ([`each_record`], copied); returns them and how they end.
 #[cfg(test)]
 pub(crate) fn records(bytes: &[u8]) -> (Vec<WalRecord>, End) {
     let mut out = Vec::new();
-    let mut at = 0;
-    loop {
-        let body = match frame_at(bytes, at) {
-            Ok(body) => body,
-            Err(end) => return (out, end),
-        };
-        match decode_record(body) {
-            Some(record) => out.push(record),
-            None => return (out, End::Unreadable { offset: at }),
-        }
-        at += HEADER + body.len();
-    }
+    let end = each_record(bytes, |record| {
+        out.push(record.into_record());
+        ControlFlow::Continue(())
+    });
+    (out, end)
 }
 
 /// A record read in place: its ops and events borrowed from the segment's bytes (see
@@ -204,6 +187,14 @@ pub(crate) struct RecordRef<'a> {
 pub(crate) struct EventsRef<'a> {
     pub(crate) last: u64,
     pub(crate) bytes: &'a [u8],
+}
+
+impl RecordRef<'_> {
+    #[cfg(test)]
+    fn into_record(self) -> WalRecord {
+        let ops = self.ops.into_iter().map(OpRef::to_op).collect();
+        WalRecord { seq: self.seq, clock: self.clock, ops, events: self.events.map(EventsRef::to_events) }
+    }
 }
 
 impl Events {
@@ -228,7 +219,8 @@ struct OlderRecordRef<'a> {
     ops: Vec<OpRef<'a>>,
 }
 
-/// Reads one record's body in place, as [`decode_record`] reads it.
+/// Reads one record's body in place: one of the format before records carried events reads as
+/// one without them.
 fn decode_record_ref(body: &[u8]) -> Option<RecordRef<'_>> {
     postcard::from_bytes::<RecordRef<'_>>(body).ok().or_else(|| {
         let older = postcard::from_bytes::<OlderRecordRef<'_>>(body).ok()?;
