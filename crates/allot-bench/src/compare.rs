@@ -70,9 +70,21 @@ pub(super) struct Placement {
 }
 
 impl Placement {
+    /// With `pin`, the CPUs this process may use split in two; an error with fewer than 2.
+    pub(super) fn pinned(pin: bool) -> anyhow::Result<Option<Placement>> {
+        if !pin {
+            return Ok(None);
+        }
+        let cpus = allot_host::affinity::allowed_cpus();
+        let Some(placement) = Placement::split(&cpus) else {
+            bail!("--pin needs at least 2 CPUs to split between the servers and the load generator; this process may use {}", cpus.len());
+        };
+        Ok(Some(placement))
+    }
+
     /// The first half of `cpus` (rounded down) for the servers, the rest for the load generator;
     /// `None` with fewer than 2 CPUs.
-    pub(super) fn split(cpus: &[usize]) -> Option<Placement> {
+    fn split(cpus: &[usize]) -> Option<Placement> {
         (cpus.len() >= 2).then(|| {
             let (servers, load) = cpus.split_at(cpus.len() / 2);
             Placement { servers: servers.to_vec(), load: load.to_vec(), allowed: Default::default() }
@@ -92,15 +104,7 @@ pub(super) async fn run(args: CompareArgs) -> anyhow::Result<()> {
     let namespace = args.load.namespace.clone();
     let scratch = Scratch::new(args.tmp_dir.as_deref())?;
     let exe = std::env::current_exe()?;
-    let mut placement = if args.pin {
-        let cpus = allot_host::affinity::allowed_cpus();
-        let Some(placement) = Placement::split(&cpus) else {
-            bail!("--pin needs at least 2 CPUs to split between the servers and the load generator; this process may use {}", cpus.len());
-        };
-        Some(placement)
-    } else {
-        None
-    };
+    let mut placement = Placement::pinned(args.pin)?;
     let server_cpus = placement.as_ref().map(|p| p.servers.clone());
     let server_cpus = server_cpus.as_deref();
     let mut skipped = Vec::new();

@@ -117,15 +117,7 @@ pub(super) async fn run(args: WatchArgs) -> anyhow::Result<()> {
         bail!("--samples, --clients and --rounds must be at least 1");
     }
     let scratch = Scratch::new(args.tmp_dir.as_deref())?;
-    let placement = if args.pin {
-        let cpus = allot_host::affinity::allowed_cpus();
-        let Some(placement) = Placement::split(&cpus) else {
-            bail!("--pin needs at least 2 CPUs to split between the daemon and the load generator; this process may use {}", cpus.len());
-        };
-        Some(placement)
-    } else {
-        None
-    };
+    let placement = Placement::pinned(args.pin)?;
     let level = ["--durability".into(), "process".into()];
     let server = children::spawn_daemon_on(&scratch, &level, placement.as_ref().map(|p| &p.servers[..])).await?;
     if let Some(Placement { load, .. }) = &placement {
