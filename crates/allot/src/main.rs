@@ -106,6 +106,7 @@ fn main() -> ExitCode {
     }
     let mut runtime = tokio::runtime::Builder::new_multi_thread();
     if let Command::Serve(serve) = &args.command {
+        serve::no_transparent_huge_pages();
         runtime.worker_threads(serve::worker_threads(serve));
     }
     let runtime = match runtime.enable_all().build() {

@@ -16,8 +16,8 @@ use tracing_subscriber::filter::Targets;
 
 pub(crate) use config::SERVE_AFTER_HELP;
 use config::{resolve, StoreChoice};
+pub(crate) use flags::{no_transparent_huge_pages, worker_threads, ServeArgs};
 use flags::{serving_threads, LogFormat};
-pub(crate) use flags::{worker_threads, ServeArgs};
 
 use crate::sources::{AppManager, DirectorySource, HttpApi};
 
