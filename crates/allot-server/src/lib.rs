@@ -19,6 +19,7 @@
 
 pub mod access;
 pub mod audit;
+mod connections;
 mod convert;
 mod document;
 mod error;
@@ -44,7 +45,6 @@ use std::time::Duration;
 
 use allot_core::apps::placement::PlacementRules;
 use allot_store::{Store, MAX_WAIT};
-use axum::ServiceExt as _;
 use tokio::net::TcpListener;
 use utoipa::OpenApi;
 
@@ -357,10 +357,7 @@ async fn serve(
     };
     let tls = state.tls.clone();
     let served = match threads.count {
-        0 => {
-            let service = api(state).into_make_service_with_connect_info::<Peer>();
-            axum::serve(Accepting::new(listener, tls), service).with_graceful_shutdown(graceful).await
-        }
+        0 => connections::serve(Accepting::new(listener, tls), api(state), graceful).await,
         _ => threads::serve(listener, || api(state.for_one_thread()), tls, threads, graceful).await,
     };
     match closing_rx.await {

@@ -19,11 +19,10 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 
 use axum::serve::Listener;
-use axum::ServiceExt as _;
 use tokio::net::TcpStream;
 use tokio::sync::{mpsc, watch};
 
-use crate::tls::{Accepting, Peer, Tls};
+use crate::tls::{Accepting, Tls};
 use allot_host::affinity;
 
 use crate::Api;
@@ -87,8 +86,7 @@ where
                     let _ = stop.wait_for(|stop| *stop).await;
                 };
                 // Handshakes (with TLS) run on this thread too.
-                let service = api.into_make_service_with_connect_info::<Peer>();
-                axum::serve(Accepting::new(Handed { rx, local }, tls), service).with_graceful_shutdown(stopped).await
+                crate::connections::serve(Accepting::new(Handed { rx, local }, tls), api, stopped).await
             })
         })?;
         hand_to.push(tx);

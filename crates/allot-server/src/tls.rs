@@ -304,12 +304,3 @@ where
         Ok(Peer { addr: self.inner.local_addr()?, client: None })
     }
 }
-
-impl<L> axum::extract::connect_info::Connected<axum::serve::IncomingStream<'_, Accepting<L>>> for Peer
-where
-    L: Listener<Io = TcpStream, Addr = SocketAddr>,
-{
-    fn connect_info(stream: axum::serve::IncomingStream<'_, Accepting<L>>) -> Peer {
-        stream.remote_addr().clone()
-    }
-}
