@@ -12,7 +12,8 @@
 //!   `runs_here`: what the server asks of the executor of this daemon ([`RunsHere`]).
 //! - `frames`: the change feed's events as Server-Sent Events, encoded once for every watch
 //!   stream.
-//! - `metrics`: Prometheus; `document`: the OpenAPI document's limits; `threads`: serving
+//! - `metrics`: Prometheus; `document`: the OpenAPI document's limits; `connections`: each
+//!   accepted connection served over HTTP/1.1 until a graceful shutdown; `threads`: serving
 //!   threads pinned to CPUs (with `allot_host::affinity`).
 //!
 //! Architecture invariant: this crate and `allot-api` are the only ones that know HTTP and JSON.
