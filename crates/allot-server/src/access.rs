@@ -139,6 +139,24 @@ fn by_hash(credentials: Vec<Credential>) -> Result<HashMap<[u8; 16], Vec<Credent
 }
 
 /// The credential of a token's `hash` among `tokens`, compared in constant time.
+/// The SHA-256 of a bearer token. Each thread remembers the last token it hashed (a connection
+/// sends the same token on every call): a token equal to it, compared in constant time, is not
+/// hashed again. Only the hash decides who a token is.
+fn token_hash(token: &str) -> [u8; 32] {
+    thread_local! {
+        static LAST: std::cell::RefCell<(Vec<u8>, [u8; 32])> = const { std::cell::RefCell::new((Vec::new(), [0; 32])) };
+    }
+    LAST.with_borrow_mut(|(last, hash)| {
+        let same = last.len() == token.len() && !last.is_empty() && bool::from(last.as_slice().ct_eq(token.as_bytes()));
+        if !same {
+            *hash = Sha256::digest(token.as_bytes()).into();
+            last.clear();
+            last.extend_from_slice(token.as_bytes());
+        }
+        *hash
+    })
+}
+
 fn find<'a>(tokens: &'a HashMap<[u8; 16], Vec<Credential>>, hash: &[u8; 32]) -> Option<&'a Credential> {
     let key: [u8; 16] = hash[..16].try_into().expect("16 of 32 bytes");
     tokens.get(&key).into_iter().flatten().find(|c| bool::from(c.hash.ct_eq(hash)))
@@ -245,33 +263,44 @@ impl Access {
             .any(|c| c.name == name && c.expires.is_none_or(|expires| expires > now))
     }
 
-    /// The credential of `token`, if it is known and has not expired.
-    fn credential(&self, token: &str, now: SystemTime) -> Result<Credential, Unauthenticated> {
-        let hash: [u8; 32] = Sha256::digest(token.as_bytes()).into();
-        let current = self.current();
-        let found = find(&self.file_tokens, &hash)
-            .or_else(|| find(&current.stored_tokens, &hash))
-            .ok_or(Unauthenticated::Unknown)?;
-        match found.expires {
-            Some(expires) if expires <= now => Err(Unauthenticated::Expired),
-            _ => Ok(found.clone()),
+    /// Who `token` is, if it is known and has not expired; and, when it can stop being accepted
+    /// while a call stays open (kept in the store, or expiring), the token to follow.
+    fn credential(&self, token: &str) -> Result<(Principal, Option<HeldToken>), Unauthenticated> {
+        let hash = token_hash(token);
+        // The store's tokens are read only for a token the file does not have.
+        let current;
+        let found = match find(&self.file_tokens, &hash) {
+            Some(found) => found,
+            None => {
+                current = self.current();
+                find(&current.stored_tokens, &hash).ok_or(Unauthenticated::Unknown)?
+            }
+        };
+        if found.expires.is_some_and(|expires| expires <= SystemTime::now()) {
+            return Err(Unauthenticated::Expired);
         }
+        let held = (found.stored || found.expires.is_some()).then(|| HeldToken {
+            name: found.name.clone(),
+            stored: found.stored,
+            expires: found.expires,
+        });
+        Ok((found.principal.clone(), held))
     }
 
     /// Who makes the call with `headers`.
     pub fn authenticate(&self, headers: &HeaderMap) -> Result<Principal, Unauthenticated> {
-        Ok(self.authenticate_token(headers)?.principal)
+        Ok(self.authenticate_token(headers)?.0)
     }
 
-    /// The credential of the call's bearer token.
-    fn authenticate_token(&self, headers: &HeaderMap) -> Result<Credential, Unauthenticated> {
+    /// Who the call's bearer token is, and the token to follow (see [`Access::credential`]).
+    fn authenticate_token(&self, headers: &HeaderMap) -> Result<(Principal, Option<HeldToken>), Unauthenticated> {
         let value = headers.get(header::AUTHORIZATION).ok_or(Unauthenticated::Missing)?;
         let value = value.to_str().map_err(|_| Unauthenticated::Malformed)?;
         let (scheme, token) = value.split_once(' ').ok_or(Unauthenticated::Malformed)?;
         if !scheme.eq_ignore_ascii_case("bearer") || token.trim().is_empty() {
             return Err(Unauthenticated::Malformed);
         }
-        self.credential(token.trim(), SystemTime::now())
+        self.credential(token.trim())
     }
 
     /// Whether `path` is answered without a token.
@@ -487,35 +516,39 @@ pub(crate) fn watched(filter: &allot_core::watch::Filter) -> Vec<Resource> {
         .collect()
 }
 
-/// Authenticates a call before anything else serves it: sets its [`Caller`], or answers 401.
+/// Authenticates a call before anything else serves it: sets its [`Caller`] (and the
+/// [`HeldToken`] to follow, if any), or answers 401.
 pub(crate) fn authenticate(state: &ServerState, request: &mut Request) -> Result<(), Unauthenticated> {
-    let caller = match state.access.as_deref() {
-        None => Caller::Anyone,
-        Some(access) if access.is_open(request.uri().path()) => Caller::Anyone,
-        // A token wins over a client certificate; without one, the certificate names the caller.
-        Some(access) => match access.authenticate_token(request.headers()) {
-            Err(Unauthenticated::Missing) => match client_cert(request) {
-                Some(ClientCert::Verified { user, groups }) => Caller::Principal(Principal { user, groups }),
-                Some(ClientCert::Refused(_)) => return Err(Unauthenticated::BadCertificate),
-                None => return Err(Unauthenticated::Missing),
-            },
-            found => {
-                let credential = found?;
-                if credential.stored || credential.expires.is_some() {
-                    // Long polls and watches end when it is revoked or expires.
-                    let held = HeldToken {
-                        name: credential.name.clone(),
-                        stored: credential.stored,
-                        expires: credential.expires,
-                    };
-                    request.extensions_mut().insert(held);
-                }
-                Caller::Principal(credential.principal)
-            }
-        },
-    };
+    let (caller, held) = caller_of(state, request)?;
+    if let Some(held) = held {
+        request.extensions_mut().insert(held);
+    }
     request.extensions_mut().insert(caller);
     Ok(())
+}
+
+/// Who makes `request`, and the token to follow while it stays open (long polls and watches end
+/// when it is revoked or expires); or why it is refused.
+pub(crate) fn caller_of(
+    state: &ServerState,
+    request: &Request,
+) -> Result<(Caller, Option<HeldToken>), Unauthenticated> {
+    let Some(access) = state.access.as_deref() else { return Ok((Caller::Anyone, None)) };
+    if access.is_open(request.uri().path()) {
+        return Ok((Caller::Anyone, None));
+    }
+    // A token wins over a client certificate; without one, the certificate names the caller.
+    match access.authenticate_token(request.headers()) {
+        Err(Unauthenticated::Missing) => match client_cert(request) {
+            Some(ClientCert::Verified { user, groups }) => Ok((Caller::Principal(Principal { user, groups }), None)),
+            Some(ClientCert::Refused(_)) => Err(Unauthenticated::BadCertificate),
+            None => Err(Unauthenticated::Missing),
+        },
+        found => {
+            let (principal, held) = found?;
+            Ok((Caller::Principal(principal), held))
+        }
+    }
 }
 
 /// The token a call was authenticated by, when it can stop being accepted while the call is

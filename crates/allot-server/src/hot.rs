@@ -26,7 +26,7 @@ use axum::Router;
 use futures_util::future::Either;
 use tower::Service;
 
-use crate::access::{resource_of, Caller, Need, Needs, Target};
+use crate::access::{resource_of, Caller, HeldToken, Need, Needs, Target};
 use crate::audit;
 use crate::error::ApiError;
 use crate::extract::json_object;
@@ -155,21 +155,27 @@ impl Api {
         mut request: Request,
         keep_caller: bool,
     ) -> (Option<Caller>, <Api as Service<Request>>::Future) {
-        let hot = recognise(&request, self.grant_needs);
-        // Without access configured, every caller is anyone: a hot call needs no caller in its
-        // extensions (`answer` takes it as anyone), so it skips their allocation.
-        let anyone = hot.is_some() && self.state.access.is_none() && !keep_caller;
-        if !anyone {
-            if let Err(refused) = crate::access::authenticate(&self.state, &mut request) {
-                return (None, Either::Left(Box::pin(std::future::ready(Ok(refused.into_response())))));
+        let refused = |refused: crate::access::Unauthenticated| -> (Option<Caller>, <Api as Service<Request>>::Future) {
+            (None, Either::Left(Box::pin(std::future::ready(Ok(refused.into_response())))))
+        };
+        match recognise(&request, self.grant_needs) {
+            // The caller goes to the answer itself, not through the request's extensions.
+            Some(hot) => {
+                let (caller, held) = match crate::access::caller_of(&self.state, &request) {
+                    Ok(found) => found,
+                    Err(err) => return refused(err),
+                };
+                let kept = keep_caller.then(|| caller.clone());
+                (kept, Either::Left(Box::pin(answer(self.state.clone(), hot, request, caller, held))))
+            }
+            None => {
+                if let Err(err) = crate::access::authenticate(&self.state, &mut request) {
+                    return refused(err);
+                }
+                let caller = if keep_caller { request.extensions().get::<Caller>().cloned() } else { None };
+                (caller, Either::Right(self.router.call(request)))
             }
         }
-        let caller = if keep_caller { request.extensions().get::<Caller>().cloned() } else { None };
-        let answer = match hot {
-            Some(hot) => Either::Left(Box::pin(answer(self.state.clone(), hot, request)) as HotFuture),
-            None => Either::Right(self.router.call(request)),
-        };
-        (caller, answer)
     }
 }
 
@@ -206,21 +212,24 @@ fn recognise(request: &Request, needs: GrantNeeds) -> Option<Hot> {
 }
 
 /// Answers `hot`, and counts it as the router's metrics layer would.
-async fn answer(state: ServerState, hot: Hot, request: Request) -> Result<Response, Infallible> {
+async fn answer(
+    state: ServerState,
+    hot: Hot,
+    request: Request,
+    caller: Caller,
+    held: Option<HeldToken>,
+) -> Result<Response, Infallible> {
     let started = Instant::now();
     let (parts, body) = request.into_parts();
     let (namespace, token) = grant_path(parts.uri.path()).unwrap_or_default();
-    let caller = parts.extensions.get::<Caller>().unwrap_or(&Caller::Anyone);
+    let caller = &caller;
     let allowed =
         caller.check(state.access.as_deref(), hot.permission, resource_of(Kind::Namespace, namespace.to_owned()));
     let response = match (allowed, hot.call) {
         (Err(refused), _) => refused.into_response(),
         (Ok(()), HotCall::Allocate) => match axum::body::to_bytes(body, MAX_BODY_BYTES).await {
             Ok(bytes) => match json_object(&bytes) {
-                Ok(body) => {
-                    let held = parts.extensions.get::<crate::access::HeldToken>().cloned();
-                    allocate_grant(&state, namespace, token, body, caller, held).await.into_response()
-                }
+                Ok(body) => allocate_grant(&state, namespace, token, body, caller, held).await.into_response(),
                 Err(err) => err.into_response(),
             },
             Err(err) => ApiError::invalid_json(format!("cannot read the request body: {err}")).into_response(),
