@@ -258,9 +258,6 @@ impl Streaming {
         let mut end = match first {
             Ok(event) => {
                 self.ready.push(event);
-                // Let the thread's other ready work run first (under load, requests whose
-                // events then go in this chunk too): fewer, fuller writes for the same events.
-                tokio::task::yield_now().await;
                 None
             }
             Err(err) => Some(err),
