@@ -171,7 +171,7 @@ impl Audit {
 pub(crate) struct Call {
     pub method: Method,
     pub path: String,
-    pub route: Option<String>,
+    pub route: Option<std::borrow::Cow<'static, str>>,
     pub caller: Option<Caller>,
     pub source: Option<SocketAddr>,
     /// The daemon's own id.
@@ -182,7 +182,7 @@ pub(crate) struct Call {
 
 /// The route a call matched, set on its answer by the router (and the hot path).
 #[derive(Debug, Clone)]
-pub(crate) struct Route(pub String);
+pub(crate) struct Route(pub std::borrow::Cow<'static, str>);
 
 fn open(path: &PathBuf) -> std::io::Result<BufWriter<File>> {
     let file = OpenOptions::new().create(true).append(true).open(path)?;

@@ -123,7 +123,7 @@ impl Service<Request> for Api {
             let mut response = answered.await?;
             let status = response.status().as_u16();
             if audit::audited(&call.method, status) {
-                call.route = response.extensions().get::<audit::Route>().map(|route| route.0.clone());
+                call.route = response.extensions_mut().remove::<audit::Route>().map(|route| route.0);
                 state.metrics.audited(audit::outcome(status));
                 // The caller's id back when it gave one, the daemon's own always.
                 let id = HeaderValue::from_str(call.caller_request_id.as_ref().unwrap_or(&call.request_id)).ok();
@@ -241,7 +241,7 @@ async fn answer(
     state.metrics.observe_request(&parts.method, GRANT_ROUTE, response.status().as_u16(), started.elapsed());
     let mut response = response;
     if state.audit.is_some() {
-        response.extensions_mut().insert(audit::Route(GRANT_ROUTE.to_owned()));
+        response.extensions_mut().insert(audit::Route(GRANT_ROUTE.into()));
     }
     Ok(response)
 }

@@ -471,7 +471,7 @@ pub(crate) async fn track(State(state): State<ServerState>, request: Request, ne
     let route = route.as_ref().map_or("unmatched", MatchedPath::as_str);
     state.metrics.observe_request(&method, route, response.status().as_u16(), started.elapsed());
     if state.audit.is_some() {
-        response.extensions_mut().insert(crate::audit::Route(route.to_owned()));
+        response.extensions_mut().insert(crate::audit::Route(route.to_owned().into()));
     }
     response
 }
