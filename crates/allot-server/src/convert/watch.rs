@@ -8,15 +8,28 @@ use allot_store::{AppInfo, Event, EventObject, TaskInfo};
 
 use super::{apps, pools, quotas, runs};
 
-pub(crate) fn event(event: &Event) -> api::WatchEvent {
-    api::WatchEvent {
+pub(crate) fn event(event: &Event) -> WatchEventData<'_> {
+    WatchEventData {
         revision: event.revision,
-        kind: event.kind.name().to_owned(),
-        key: event.key.clone(),
-        cause: event.cause.clone(),
+        kind: event.kind.name(),
+        key: &event.key,
+        cause: event.cause.as_deref(),
         at_ms: event.at,
         object: object(event),
     }
+}
+
+/// An event as a frame's `data` carries it: [`api::WatchEvent`]'s fields, with its names and in
+/// its order, the kind, key and cause borrowed from the event instead of copied (a test holds
+/// the two to the same JSON).
+#[derive(Debug, serde::Serialize)]
+pub(crate) struct WatchEventData<'a> {
+    revision: u64,
+    kind: &'a str,
+    key: &'a str,
+    cause: Option<&'a str>,
+    at_ms: u64,
+    object: api::WatchObject,
 }
 
 /// An event's object. What an event does not carry is left out: an application's task counts and
@@ -57,7 +70,50 @@ fn run_of(key: &str) -> (&str, &str) {
 
 #[cfg(test)]
 mod tests {
-    use super::run_of;
+    use allot_core::watch::EventKind;
+
+    use super::*;
+
+    /// The API's own event, made by copying what [`event`] borrows.
+    fn owned(event: &Event) -> api::WatchEvent {
+        api::WatchEvent {
+            revision: event.revision,
+            kind: event.kind.name().to_owned(),
+            key: event.key.clone(),
+            cause: event.cause.clone(),
+            at_ms: event.at,
+            object: object(event),
+        }
+    }
+
+    #[test]
+    fn an_events_data_is_the_json_of_the_apis_watch_event() {
+        let waiter = Event {
+            revision: 7,
+            kind: EventKind::WaiterGaveUp,
+            key: "namespaces/hive/waiters/t\\\"1".to_owned(),
+            cause: Some("timed out \"now\"".to_owned()),
+            at: 1_795_923_318_977,
+            object: EventObject::Waiter {
+                namespace: allot_core::NamespaceName::new("hive").unwrap(),
+                token: allot_core::Token::new("t1").unwrap(),
+            },
+        };
+        let gone = Event {
+            revision: u64::MAX,
+            kind: EventKind::PoolRemoved,
+            key: "pools/p".to_owned(),
+            cause: None,
+            at: 0,
+            object: EventObject::Gone,
+        };
+        for event in [waiter, gone] {
+            let borrowed = serde_json::to_string(&super::event(&event)).unwrap();
+            assert_eq!(borrowed, serde_json::to_string(&owned(&event)).unwrap());
+            let read: api::WatchEvent = serde_json::from_str(&borrowed).unwrap();
+            assert_eq!(read, owned(&event));
+        }
+    }
 
     #[test]
     fn a_runs_key_names_its_application_and_task() {
