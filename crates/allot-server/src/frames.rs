@@ -16,7 +16,6 @@
 //! streams on several serving threads ask for it at the same moment.
 
 use std::collections::VecDeque;
-use std::io::Write as _;
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 
 use allot_store::Event;
@@ -123,10 +122,13 @@ impl Frames {
 
 /// An event's Server-Sent Events message.
 pub(crate) fn encode(event: &Event) -> Bytes {
-    let kind = event.kind.name();
     let mut frame = Vec::with_capacity(512);
+    frame.extend_from_slice(b"id: ");
+    frame.extend_from_slice(itoa::Buffer::new().format(event.revision).as_bytes());
+    frame.extend_from_slice(b"\nevent: ");
+    frame.extend_from_slice(event.kind.name().as_bytes());
+    frame.extend_from_slice(b"\ndata: ");
     // Writing to a Vec fails only when the JSON of a wire type cannot be made, which it always can.
-    let _ = write!(frame, "id: {}\nevent: {kind}\ndata: ", event.revision);
     let _ = serde_json::to_writer(&mut frame, &convert::event(event));
     frame.extend_from_slice(b"\n\n");
     Bytes::from(frame)
