@@ -426,7 +426,7 @@ async fn wake_ups_cross_daemons_while_a_node_is_down_the_first_listed_or_a_repli
     // The first node of --store: the one the wake-ups used to hang on.
     assert!(cluster.is_primary(0), "redis-cli makes the first nodes primaries");
     let successor = cluster.replica_of(0).expect("the first node has a replica");
-    let (_dirs, _, daemons) = two_daemons(&cluster, "wake", 1, &["--redis-wake-poll", "1h"]);
+    let (_dirs, datas, daemons) = two_daemons(&cluster, "wake", 1, &["--redis-wake-poll", "1h"]);
     let (holder, waiter) = (daemons[0].client(), daemons[1].client());
     let before = wake_times(&holder, &waiter, 2).await;
 
@@ -443,6 +443,19 @@ async fn wake_ups_cross_daemons_while_a_node_is_down_the_first_listed_or_a_repli
         all
     })
     .await;
+    if !following {
+        for n in 0..NAMESPACES {
+            eprintln!("holder {n}: {:?}", holder.namespace(&format!("wake-{n}")).await.map(|_| ()));
+            eprintln!("waiter {n}: {:?}", waiter.namespace(&format!("wake-{n}")).await.map(|_| ()));
+        }
+        for data in &datas {
+            eprintln!(
+                "LOG {}:\n{}",
+                data.display(),
+                std::fs::read_to_string(data.with_extension("log")).unwrap_or_default()
+            );
+        }
+    }
     assert!(following, "the daemons never reached the promoted replica");
     let down = wake_times(&holder, &waiter, 5).await;
     eprintln!(
