@@ -316,6 +316,12 @@ class UnknownTaskGroup(ConflictError):
     code = "unknown_task_group"
 
 
+class UnknownPriorityClass(ConflictError):
+    """``unknown_priority_class`` (409)."""
+
+    code = "unknown_priority_class"
+
+
 class RunNotFound(NotFoundError):
     """``run_not_found`` (404)."""
 
@@ -423,6 +429,7 @@ ERRORS: Dict[str, Type[AllotError]] = {
     "larger_than_task_group": LargerThanTaskGroup,
     "illegal_transition": IllegalTransition,
     "unknown_task_group": UnknownTaskGroup,
+    "unknown_priority_class": UnknownPriorityClass,
     "run_not_found": RunNotFound,
     "logs_not_found": LogsNotFound,
     "run_not_here": RunNotHere,
@@ -437,4 +444,4 @@ ERRORS: Dict[str, Type[AllotError]] = {
     "forbidden": Forbidden,
 }
 
-__all__ = ["InvalidJson", "InvalidArgument", "InvalidName", "InvalidCursor", "NotFound", "MethodNotAllowed", "PayloadTooLarge", "Internal", "StoreUnavailable", "StoreOutcomeUnknown", "NotEnoughReplicas", "ShuttingDown", "StoreFailed", "CapsWithoutScope", "NamespaceNotFound", "GrantNotFound", "SessionNotFound", "StaleFencing", "TokenConflict", "NamespaceInUse", "InvalidResources", "PoolNotFound", "AllocNotFound", "OfferNotFound", "OfferExpired", "ExceedsCapacity", "PoolStopped", "PoolInUse", "AllocEnded", "AllocIdTaken", "HeldByScheduler", "InvalidQueue", "QueueNotFound", "AppNotFound", "TaskNotFound", "QueueInUse", "QueueNotALeaf", "NoUsableQueue", "AppConflict", "TaskConflict", "TaskGroupConflict", "AppEnded", "GangNeverFits", "GangExceedsQueue", "GangExceedsQuota", "TaskNeverFits", "TokensExceedQuota", "TaskTypeUnknown", "LargerThanTaskGroup", "IllegalTransition", "UnknownTaskGroup", "RunNotFound", "LogsNotFound", "RunNotHere", "RevisionCompacted", "WatchUnsupported", "ApiTokenNotFound", "BindingNotFound", "ApiTokenExists", "UnknownRole", "ERRORS"]
+__all__ = ["InvalidJson", "InvalidArgument", "InvalidName", "InvalidCursor", "NotFound", "MethodNotAllowed", "PayloadTooLarge", "Internal", "StoreUnavailable", "StoreOutcomeUnknown", "NotEnoughReplicas", "ShuttingDown", "StoreFailed", "CapsWithoutScope", "NamespaceNotFound", "GrantNotFound", "SessionNotFound", "StaleFencing", "TokenConflict", "NamespaceInUse", "InvalidResources", "PoolNotFound", "AllocNotFound", "OfferNotFound", "OfferExpired", "ExceedsCapacity", "PoolStopped", "PoolInUse", "AllocEnded", "AllocIdTaken", "HeldByScheduler", "InvalidQueue", "QueueNotFound", "AppNotFound", "TaskNotFound", "QueueInUse", "QueueNotALeaf", "NoUsableQueue", "AppConflict", "TaskConflict", "TaskGroupConflict", "AppEnded", "GangNeverFits", "GangExceedsQueue", "GangExceedsQuota", "TaskNeverFits", "TokensExceedQuota", "TaskTypeUnknown", "LargerThanTaskGroup", "IllegalTransition", "UnknownTaskGroup", "UnknownPriorityClass", "RunNotFound", "LogsNotFound", "RunNotHere", "RevisionCompacted", "WatchUnsupported", "ApiTokenNotFound", "BindingNotFound", "ApiTokenExists", "UnknownRole", "ERRORS"]

@@ -40,8 +40,12 @@ class AddTask(TypedDict):
     """Its task group, if it is a gang member."""
     id: str
     """1 to 100 of A-Z, a-z, 0-9, `.`, `_`, `-`, starting with a letter or digit"""
-    priority: NotRequired[int]
-    """Higher first (default 0)."""
+    priority: NotRequired[Optional[int]]
+    """Higher first: in its application, and for its application in a queue sorted by `priority`.
+    Neither this nor `priority_class` given: its application's.
+    """
+    priority_class: NotRequired[Optional[str]]
+    """A priority class of the daemon's (`[priority_classes]`), instead of `priority`."""
     resources: str
     """`name=quantity` items joined by `,`, e.g. `cpu=4,mem=16GiB,gpu=1`; at least one quantity
     above zero. A name is a-z first, then a-z, 0-9, `_`, `-`, `.` (at most 64); a quantity has
@@ -151,6 +155,9 @@ class App(TypedDict):
     timeout.
     """
     policy: SchedulingPolicy
+    priority: NotRequired[int]
+    priority_class: NotRequired[Optional[str]]
+    """The priority class it came from, if any."""
     queue: str
     queue_rule: NotRequired[Optional[str]]
     """The placement rule that chose the queue (e.g. `user (create) under fixed root.users`); none
@@ -458,6 +465,13 @@ class PutQueue(TypedDict):
     """
     admin_acl: NotRequired[Optional[str]]
     """Who may administer (and submit) here and below, in the same format."""
+    borrow_limit: NotRequired[Optional[str]]
+    """`name=quantity` items joined by `,`, e.g. `cpu=4,mem=16GiB,gpu=1`. A name is a-z first, then
+    a-z, 0-9, `_`, `-`, `.` (at most 64); a quantity has up to 3 decimals and a unit (`m`,
+    `k`/`K`, `M`, `G`, `T`, `P`, `Ki`..`Pi`, optionally followed by `B`), with at most 16 digits
+    before the point in plain units (fewer in larger units). A name given twice counts once,
+    with its largest quantity.
+    """
     group_max: NotRequired[Optional[str]]
     """`name=quantity` items joined by `,`, e.g. `cpu=4,mem=16GiB,gpu=1`. A name is a-z first, then
     a-z, 0-9, `_`, `-`, `.` (at most 64); a quantity has up to 3 decimals and a unit (`m`,
@@ -476,6 +490,13 @@ class PutQueue(TypedDict):
     before the point in plain units (fewer in larger units). A name given twice counts once,
     with its largest quantity.
     """
+    lend_limit: NotRequired[Optional[str]]
+    """`name=quantity` items joined by `,`, e.g. `cpu=4,mem=16GiB,gpu=1`. A name is a-z first, then
+    a-z, 0-9, `_`, `-`, `.` (at most 64); a quantity has up to 3 decimals and a unit (`m`,
+    `k`/`K`, `M`, `G`, `T`, `P`, `Ki`..`Pi`, optionally followed by `B`), with at most 16 digits
+    before the point in plain units (fewer in larger units). A name given twice counts once,
+    with its largest quantity.
+    """
     max: NotRequired[Optional[str]]
     """`name=quantity` items joined by `,`, e.g. `cpu=4,mem=16GiB,gpu=1`. A name is a-z first, then
     a-z, 0-9, `_`, `-`, `.` (at most 64); a quantity has up to 3 decimals and a unit (`m`,
@@ -485,6 +506,9 @@ class PutQueue(TypedDict):
     """
     max_apps: NotRequired[Optional[int]]
     """The most applications running in it at once."""
+    priority_offset: NotRequired[Optional[int]]
+    """Added to the priority it shows its parent (default 0) [YuniKorn `priority.offset`]."""
+    priority_policy: NotRequired[Optional[PriorityPolicy]]
     sort: NotRequired[Optional[SortPolicy]]
     submit_acl: NotRequired[Optional[str]]
     """Who may submit here and below, in YuniKorn's format: `*`, or `user1,user2 group1,group2`
@@ -510,16 +534,20 @@ class Queue(TypedDict):
     admin_acl: NotRequired[Optional[str]]
     apps: int
     """Applications in it (or under it) that have not ended."""
+    borrow_limit: NotRequired[Optional[str]]
     group_max: NotRequired[Optional[str]]
     group_max_apps: NotRequired[Optional[int]]
     guaranteed: str
     leaf: bool
     """Applications go to leaf queues only."""
+    lend_limit: NotRequired[Optional[str]]
     max: NotRequired[Optional[str]]
     max_apps: NotRequired[Optional[int]]
     path: str
     """e.g. `root.analytics.etl`."""
     pending_tasks: int
+    priority_offset: NotRequired[int]
+    priority_policy: NotRequired[PriorityPolicy]
     running_apps: int
     sort: SortPolicy
     submit_acl: NotRequired[Optional[str]]
@@ -702,6 +730,12 @@ class SubmitApp(TypedDict):
     id: str
     """1 to 100 of A-Z, a-z, 0-9, `.`, `_`, `-`, starting with a letter or digit"""
     policy: NotRequired[SchedulingPolicy]
+    priority: NotRequired[Optional[int]]
+    """Higher first, in a queue sorted by `priority` and between queues; its tasks' unless they
+    name their own. Neither this nor `priority_class` given: the daemon's default class, else 0.
+    """
+    priority_class: NotRequired[Optional[str]]
+    """A priority class of the daemon's (`[priority_classes]`), instead of `priority`."""
     queue: NotRequired[str]
     """a path, `root` then `.`-separated segments of a-z, 0-9, `_`, `-` (e.g.
     `root.analytics.etl`), or one segment, a queue under `root`
@@ -731,6 +765,8 @@ class Task(TypedDict):
     id: str
     placement: NotRequired[Optional[Placement]]
     priority: int
+    priority_class: NotRequired[Optional[str]]
+    """The priority class it came from (its own, or its application's), if any."""
     reason: NotRequired[Optional[str]]
     resources: str
     selector: Dict[str, str]
@@ -1147,6 +1183,8 @@ CapLevel = Literal["project", "namespace"]
 #: Why an alloc ended.
 EndReason = Literal["freed", "reclaimed", "pool_stopped", "pool_removed"]
 GangStyle = Literal["Soft", "Hard"]
+#: How a queue shows its priority to its parent [YuniKorn `priority.policy`].
+PriorityPolicy = Literal["default", "fence"]
 #: How a leaf queue orders its applications.
 SortPolicy = Literal["fifo", "fair", "priority"]
 #: The status of an allocate call [Flyte `AllocationStatus`].

@@ -21,6 +21,17 @@ pub enum SortPolicy {
     Priority,
 }
 
+/// How a queue shows its priority to its parent [YuniKorn `priority.policy`].
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+#[serde(rename_all = "lowercase")]
+pub enum PriorityPolicy {
+    /// The highest priority waiting in it, plus its `priority_offset`.
+    #[default]
+    Default,
+    /// Its `priority_offset` alone: what waits inside does not compete outside by its own priority.
+    Fence,
+}
+
 /// `PUT /v1/queues/{queue}`: create a queue (and its parents) or change its limits. A limit not
 /// given is no limit.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
@@ -57,6 +68,20 @@ pub struct PutQueue {
     /// Who may administer (and submit) here and below, in the same format.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub admin_acl: Option<String>,
+    /// The most it may hold beyond `guaranteed`, per resource named (a resource not named: no
+    /// limit) [Kueue's `borrowingLimit`].
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub borrow_limit: Option<String>,
+    /// The most of its unused guarantee other queues may use, per resource named; the rest of
+    /// its unused guarantee is kept free for it (a resource not named: all of it is lent)
+    /// [Kueue's `lendingLimit`].
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub lend_limit: Option<String>,
+    /// Added to the priority it shows its parent (default 0) [YuniKorn `priority.offset`].
+    #[serde(default, skip_serializing_if = "Option::is_none", deserialize_with = "integer::signed_optional")]
+    pub priority_offset: Option<i32>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub priority_policy: Option<PriorityPolicy>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
@@ -79,6 +104,14 @@ pub struct Queue {
     pub submit_acl: Option<String>,
     #[serde(default)]
     pub admin_acl: Option<String>,
+    #[serde(default)]
+    pub borrow_limit: Option<String>,
+    #[serde(default)]
+    pub lend_limit: Option<String>,
+    #[serde(default)]
+    pub priority_offset: i32,
+    #[serde(default)]
+    pub priority_policy: PriorityPolicy,
     /// What the placements of its applications hold.
     pub used: String,
     pub running_apps: u64,
@@ -166,9 +199,13 @@ pub struct AddTask {
     /// Its task group, if it is a gang member.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub group: Option<String>,
-    /// Higher first (default 0).
-    #[serde(default, deserialize_with = "integer::signed")]
-    pub priority: i32,
+    /// Higher first: in its application, and for its application in a queue sorted by
+    /// `priority`. Neither this nor `priority_class` given: its application's.
+    #[serde(default, skip_serializing_if = "Option::is_none", deserialize_with = "integer::signed_optional")]
+    pub priority: Option<i32>,
+    /// A priority class of the daemon's (`[priority_classes]`), instead of `priority`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub priority_class: Option<String>,
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub selector: BTreeMap<String, String>,
     /// Opaque to allot: whatever runs the task needs.
@@ -207,6 +244,13 @@ pub struct SubmitApp {
     pub task_groups: Vec<TaskGroup>,
     #[serde(default)]
     pub policy: SchedulingPolicy,
+    /// Higher first, in a queue sorted by `priority` and between queues; its tasks' unless they
+    /// name their own. Neither this nor `priority_class` given: the daemon's default class, else 0.
+    #[serde(default, skip_serializing_if = "Option::is_none", deserialize_with = "integer::signed_optional")]
+    pub priority: Option<i32>,
+    /// A priority class of the daemon's (`[priority_classes]`), instead of `priority`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub priority_class: Option<String>,
     /// Tasks added right after the application, in order.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub tasks: Vec<AddTask>,
@@ -276,6 +320,11 @@ pub struct App {
     pub state: String,
     pub task_groups: Vec<TaskGroup>,
     pub policy: SchedulingPolicy,
+    #[serde(default)]
+    pub priority: i32,
+    /// The priority class it came from, if any.
+    #[serde(default)]
+    pub priority_class: Option<String>,
     /// Its tasks by state.
     pub tasks: BTreeMap<String, u64>,
     pub placeholders: Vec<Placeholder>,
@@ -335,6 +384,9 @@ pub struct Task {
     pub tokens: Vec<TokenNeed>,
     pub group: Option<String>,
     pub priority: i32,
+    /// The priority class it came from (its own, or its application's), if any.
+    #[serde(default)]
+    pub priority_class: Option<String>,
     pub selector: BTreeMap<String, String>,
     #[schema(value_type = Option<Object>)]
     pub spec: Option<serde_json::Value>,

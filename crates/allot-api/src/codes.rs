@@ -100,6 +100,7 @@ error_codes! {
     LargerThanTaskGroup = "larger_than_task_group", Apps, 409;
     IllegalTransition = "illegal_transition", Apps, 409;
     UnknownTaskGroup = "unknown_task_group", Apps, 409;
+    UnknownPriorityClass = "unknown_priority_class", Apps, 409;
     RunNotFound = "run_not_found", Runs, 404;
     LogsNotFound = "logs_not_found", Runs, 404;
     RunNotHere = "run_not_here", Runs, 409;

@@ -124,29 +124,45 @@ pub mod integer {
         u32::try_from(value).map_err(|_| de::Error::custom(format!("{value} is above {}", u32::MAX)))
     }
 
-    /// For an `i32` field (such as a priority).
-    pub fn signed<'de, D: Deserializer<'de>>(deserializer: D) -> Result<i32, D::Error> {
-        struct Signed;
-        impl Visitor<'_> for Signed {
-            type Value = i32;
-            fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-                write!(f, "a whole number from {} to {}", i32::MIN, i32::MAX)
-            }
-            fn visit_u64<E: de::Error>(self, value: u64) -> Result<i32, E> {
-                i32::try_from(value).map_err(|_| E::custom(format!("{value} is above {}", i32::MAX)))
-            }
-            fn visit_i64<E: de::Error>(self, value: i64) -> Result<i32, E> {
-                i32::try_from(value).map_err(|_| E::custom(format!("{value} is not from {} to {}", i32::MIN, i32::MAX)))
-            }
-            fn visit_f64<E: de::Error>(self, value: f64) -> Result<i32, E> {
-                if value.fract() == 0.0 && (f64::from(i32::MIN)..=f64::from(i32::MAX)).contains(&value) {
-                    Ok(value as i32)
-                } else {
-                    Err(E::custom(format!("{value} is not a whole number from {} to {}", i32::MIN, i32::MAX)))
+    /// An `i32` from a JSON number (a whole float too).
+    struct Signed(i32);
+
+    impl<'de> Deserialize<'de> for Signed {
+        fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Signed, D::Error> {
+            struct Whole;
+            impl Visitor<'_> for Whole {
+                type Value = Signed;
+                fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                    write!(f, "a whole number from {} to {}", i32::MIN, i32::MAX)
+                }
+                fn visit_u64<E: de::Error>(self, value: u64) -> Result<Signed, E> {
+                    i32::try_from(value).map(Signed).map_err(|_| E::custom(format!("{value} is above {}", i32::MAX)))
+                }
+                fn visit_i64<E: de::Error>(self, value: i64) -> Result<Signed, E> {
+                    i32::try_from(value)
+                        .map(Signed)
+                        .map_err(|_| E::custom(format!("{value} is not from {} to {}", i32::MIN, i32::MAX)))
+                }
+                fn visit_f64<E: de::Error>(self, value: f64) -> Result<Signed, E> {
+                    if value.fract() == 0.0 && (f64::from(i32::MIN)..=f64::from(i32::MAX)).contains(&value) {
+                        Ok(Signed(value as i32))
+                    } else {
+                        Err(E::custom(format!("{value} is not a whole number from {} to {}", i32::MIN, i32::MAX)))
+                    }
                 }
             }
+            deserializer.deserialize_i64(Whole)
         }
-        deserializer.deserialize_i64(Signed)
+    }
+
+    /// For an `i32` field (such as a priority).
+    pub fn signed<'de, D: Deserializer<'de>>(deserializer: D) -> Result<i32, D::Error> {
+        Signed::deserialize(deserializer).map(|s| s.0)
+    }
+
+    /// For an `Option<i32>` field (`null` or absent is `None`).
+    pub fn signed_optional<'de, D: Deserializer<'de>>(deserializer: D) -> Result<Option<i32>, D::Error> {
+        Option::<Signed>::deserialize(deserializer).map(|s| s.map(|s| s.0))
     }
 }
 

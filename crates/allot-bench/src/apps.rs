@@ -363,17 +363,20 @@ async fn measure(
     let mut poller = Conn::connect(endpoint).await?;
     let tasks: Vec<allot_api::AddTask> = (0..args.tasks)
         .map(|i| allot_api::AddTask {
+            priority_class: None,
             id: format!("task-{i}"),
             resources: TASK.to_owned(),
             tokens: Vec::new(),
             group: None,
-            priority: 0,
+            priority: Default::default(),
             selector: label.clone(),
             spec: args.run.then(|| serde_json::json!({ "type": "noop" })),
             retries: None,
         })
         .collect();
     let submit = serde_json::to_vec(&allot_api::SubmitApp {
+        priority: None,
+        priority_class: None,
         id: app.clone(),
         queue: Some(QUEUE.to_owned()),
         user: "bench".to_owned(),

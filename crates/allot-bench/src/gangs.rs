@@ -116,6 +116,8 @@ fn app_id(i: usize) -> String {
 
 fn submission(i: usize, members: u32) -> SubmitApp {
     SubmitApp {
+        priority: None,
+        priority_class: None,
         id: app_id(i),
         queue: Some(QUEUE.to_owned()),
         user: "bench".to_owned(),
@@ -131,11 +133,12 @@ fn submission(i: usize, members: u32) -> SubmitApp {
         policy: Default::default(),
         tasks: (0..members)
             .map(|m| AddTask {
+                priority_class: None,
                 id: format!("member-{m}"),
                 resources: "cpu=1".to_owned(),
                 tokens: Vec::new(),
                 group: Some(GROUP.to_owned()),
-                priority: 0,
+                priority: Default::default(),
                 selector: BTreeMap::new(),
                 spec: None,
                 retries: None,

@@ -254,6 +254,7 @@ fn setup(tasks: usize, pools: usize, capacity: &Resources) -> anyhow::Result<Set
             groups: Vec::new(),
             policy: SchedulingPolicy::default(),
             queue_rule: None,
+            priority: Default::default(),
         };
         let world = World { pools: &mut pool_state, ledger: &mut ledger };
         sched.add_app(spec, now, &world)?;
@@ -268,7 +269,7 @@ fn setup(tasks: usize, pools: usize, capacity: &Resources) -> anyhow::Result<Set
             resources: resources.clone(),
             tokens: Vec::new(),
             group: None,
-            priority: 0,
+            priority: Default::default(),
             selector: BTreeMap::new(),
             spec: String::new(),
         };
@@ -328,7 +329,7 @@ fn measure(tasks: usize, pools: usize, capacity: Option<&Resources>) -> anyhow::
             resources: task.clone(),
             tokens: Vec::new(),
             group: None,
-            priority: 0,
+            priority: Default::default(),
             selector: BTreeMap::new(),
             spec: String::new(),
         };

@@ -64,6 +64,7 @@ fn setup_with(spec: String, run: bool) -> (Scheduler, Pools, Ledger) {
             groups: Vec::new(),
             policy: SchedulingPolicy::default(),
             queue_rule: None,
+            priority: Default::default(),
         };
         sched.add_app(spec, 1, &World { pools: &mut pools, ledger: &mut ledger }).unwrap();
         apps.push(id);
@@ -75,7 +76,7 @@ fn setup_with(spec: String, run: bool) -> (Scheduler, Pools, Ledger) {
             resources: task.clone(),
             tokens: Vec::new(),
             group: None,
-            priority: 0,
+            priority: Default::default(),
             selector: BTreeMap::new(),
             spec: spec.clone(),
         };

@@ -79,8 +79,9 @@ fn error_codes() -> String {
         (
             Part::Apps,
             "Applications",
-            " A token namespace or task group that an application or task names and that does not exist is \
-             namespace_not_found or unknown_task_group, a 409: the path's resource exists.",
+            " A token namespace, task group or priority class that an application or task names and that \
+             does not exist is namespace_not_found, unknown_task_group or unknown_priority_class, a 409: the \
+             path's resource exists.",
         ),
         (Part::Runs, "Runs", ""),
         (
@@ -166,6 +167,9 @@ pub(crate) fn with_limits(mut doc: Value, max_wait: std::time::Duration) -> Valu
         cursor["schema"] = schema;
     }
     let wait_ms = max_wait.as_millis() as u64;
+    let priority = json!({"minimum": i32::MIN, "maximum": i32::MAX});
+    let priority_class =
+        json!({"pattern": format!("^[a-z0-9-]{{1,{}}}$", allot_core::apps::priority::MAX_PRIORITY_CLASS_NAME)});
     let fields = [
         ("PutNamespace", "quota", range(0, MAX_UNITS)),
         ("Allocate", "units", range(1, MAX_UNITS)),
@@ -192,6 +196,13 @@ pub(crate) fn with_limits(mut doc: Value, max_wait: std::time::Duration) -> Valu
         ("PutQueue", "group_max_apps", range(0, MAX_UNITS)),
         ("PutQueue", "submit_acl", json!({"pattern": allot_core::access::ACL_PATTERN})),
         ("PutQueue", "admin_acl", json!({"pattern": allot_core::access::ACL_PATTERN})),
+        ("PutQueue", "borrow_limit", resources(false)),
+        ("PutQueue", "lend_limit", resources(false)),
+        ("PutQueue", "priority_offset", priority.clone()),
+        ("SubmitApp", "priority", priority.clone()),
+        ("SubmitApp", "priority_class", priority_class.clone()),
+        ("AddTask", "priority", priority.clone()),
+        ("AddTask", "priority_class", priority_class.clone()),
         ("SubmitApp", "id", id()),
         ("SubmitApp", "queue", named_queue()),
         ("SubmitApp", "user", name()),
@@ -230,6 +241,11 @@ pub(crate) fn with_limits(mut doc: Value, max_wait: std::time::Duration) -> Valu
             daemon's default when absent"}}}),
         ),
     ];
+    // A priority is a number or a class, not both.
+    for schema in ["SubmitApp", "AddTask"] {
+        doc["components"]["schemas"][schema]["allOf"] = json!([{"not": {"required": ["priority", "priority_class"],
+            "properties": {"priority": {"type": "integer"}, "priority_class": {"type": "string"}}}}]);
+    }
     // A grant's lease is its own TTL or its session's, not both; caps need a scope.
     let has_caps = json!({"type": "object", "anyOf": [
         {"required": ["project"], "properties": {"project": {"type": "integer"}}},

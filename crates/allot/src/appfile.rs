@@ -8,6 +8,7 @@ use std::io::Read as _;
 use std::path::Path;
 
 use allot_client::{SubmitApp, TokenNeed};
+use allot_core::apps::priority::Priority;
 use allot_core::apps::queues::QueuePath;
 use allot_core::apps::{AppId, AppSpec, GangStyle, GroupName, SchedulingPolicy, TaskGroup, TaskId, TaskSpec};
 use allot_core::{NamespaceName, Resources};
@@ -117,6 +118,14 @@ fn line_column(text: &str, offset: usize) -> (usize, usize) {
 
 /// The checks the daemon makes of an application by itself (ids, queue path, resources, token
 /// namespaces, task groups, timeouts), each error naming its field: `tasks[2].resources: ...`.
+/// A priority as asked: a number or a class (which only the daemon knows), not both.
+fn both_or_one(field: &str, value: Option<i32>, class: &Option<String>) -> Result<Priority, String> {
+    match (value, class) {
+        (Some(_), Some(_)) => Err(format!("{field}: give a priority or a priority_class, not both")),
+        _ => Ok(Priority { value, class: class.clone() }),
+    }
+}
+
 pub(crate) fn check_app(submit: &SubmitApp) -> Result<(), String> {
     fn at<T, E: std::fmt::Display>(field: &str, result: Result<T, E>) -> Result<T, String> {
         result.map_err(|err| format!("{field}: {err}"))
@@ -165,6 +174,7 @@ pub(crate) fn check_app(submit: &SubmitApp) -> Result<(), String> {
                 .transpose()?,
         },
         queue_rule: None,
+        priority: both_or_one("priority", submit.priority, &submit.priority_class)?,
     };
     let spec = spec.check().map_err(|err| err.to_string())?;
     let mut ids: BTreeMap<&str, usize> = BTreeMap::new();
@@ -184,7 +194,7 @@ pub(crate) fn check_app(submit: &SubmitApp) -> Result<(), String> {
             resources: at(&format!("{field}.resources"), task.resources.parse::<Resources>())?,
             tokens: needs(&format!("{field}.tokens"), &task.tokens)?,
             group: task.group.as_deref().map(GroupName::new).transpose().map_err(|e| format!("{field}.group: {e}"))?,
-            priority: task.priority,
+            priority: both_or_one(&format!("{field}.priority"), task.priority, &task.priority_class)?,
             selector: task.selector.clone(),
             spec: spec_text,
         };

@@ -366,6 +366,7 @@ mod tests {
             groups: vec![],
             policy: Default::default(),
             queue_rule: None,
+            priority: Default::default(),
         };
         assert_eq!(app_refusal(caller, &queues(), &app, AppAction::End), None);
         let ann = Principal::new("ann", ["team-a"]);

@@ -95,6 +95,9 @@ struct Room {
     /// Some pool limits the task types it runs (its `plugins`): only then may a task without a
     /// type be kept from a pool.
     limited: bool,
+    /// What is free in every pool together, kept only when some queue holds part of its
+    /// guarantee free (a `lend_limit`).
+    total: Option<Resources>,
 }
 
 /// Sizes are non-negative, so their bit patterns sort like the numbers.
@@ -104,8 +107,15 @@ fn size_key(resources: &Resources, weights: &SizeWeights) -> u64 {
 
 impl Room {
     /// The room of every pool but the `down` ones (their executors stopped), with what the
-    /// executors run on each.
-    fn new(pools: &Pools, now: Millis, weights: &SizeWeights, down: &BTreeSet<PoolName>, runners: &Runners) -> Room {
+    /// executors run on each; with the `totals` of every pool if asked.
+    fn new(
+        pools: &Pools,
+        now: Millis,
+        weights: &SizeWeights,
+        down: &BTreeSet<PoolName>,
+        runners: &Runners,
+        totals: bool,
+    ) -> Room {
         let spots: Vec<Spot> = pools
             .spots(now)
             .filter(|(name, ..)| !down.contains(*name))
@@ -121,7 +131,9 @@ impl Room {
         let typed =
             spots.iter().any(|spot| spot.plugins.is_some() || !spot.run.as_ref().is_some_and(|run| run.is_every()));
         let limited = spots.iter().any(|spot| spot.plugins.is_some());
-        Room { spots, index, weights: weights.clone(), typed, limited }
+        let total =
+            totals.then(|| spots.iter().fold(Resources::new(), |sum, spot| sum.checked_add(&spot.free).unwrap_or(sum)));
+        Room { spots, index, weights: weights.clone(), typed, limited, total }
     }
 
     /// The matching pool with the least free space that fits `wanted` (less what `taken` says
@@ -239,7 +251,12 @@ impl Room {
     fn set_free(&mut self, i: usize, change: impl FnOnce(&Resources) -> Resources) {
         let spot = &mut self.spots[i];
         self.index.remove(&(size_key(&spot.free, &self.weights), i));
-        spot.free = change(&spot.free);
+        let before = std::mem::replace(&mut spot.free, Resources::new());
+        spot.free = change(&before);
+        if let Some(total) = &mut self.total {
+            let rest = total.saturating_sub(&before);
+            *total = rest.checked_add(&spot.free).unwrap_or(rest);
+        }
         self.index.insert((size_key(&spot.free, &self.weights), i));
     }
 }
@@ -372,7 +389,14 @@ impl Scheduler {
         }
         let mut cycle = Cycle {
             now,
-            room: Room::new(world.pools, now, &self.config.weights, &self.down, &self.runners),
+            room: Room::new(
+                world.pools,
+                now,
+                &self.config.weights,
+                &self.down,
+                &self.runners,
+                self.queues.any_lend_limit(),
+            ),
             cursors: HashMap::new(),
             no_room: NoRoom::default(),
             ids,
@@ -381,8 +405,12 @@ impl Scheduler {
             filters: Filters::default(),
             never_fits_before,
         };
-        let mut heap: BinaryHeap<Reverse<(Vec<u64>, usize)>> =
-            lanes.iter().enumerate().map(|(i, lane)| Reverse((self.fair_key(&lane.ancestors), i))).collect();
+        let priorities = self.queue_priorities(&lanes);
+        let mut heap: BinaryHeap<Reverse<(Vec<u64>, usize)>> = lanes
+            .iter()
+            .enumerate()
+            .map(|(i, lane)| Reverse((self.fair_key(&lane.ancestors, &priorities), i)))
+            .collect();
         while let Some(Reverse((_, i))) = heap.pop() {
             let lane = &mut lanes[i];
             let mut progressed = false;
@@ -401,7 +429,7 @@ impl Scheduler {
                 }
             }
             if progressed {
-                heap.push(Reverse((self.fair_key(&lanes[i].ancestors), i)));
+                heap.push(Reverse((self.fair_key(&lanes[i].ancestors, &priorities), i)));
             }
         }
         (cycle.report, cycle.out)
@@ -431,10 +459,7 @@ impl Scheduler {
                         let app = &self.apps[id];
                         let key = match sort {
                             SortPolicy::Fifo => (0, 0.0, app.seq),
-                            SortPolicy::Priority => {
-                                let top = self.pending.get(id).and_then(|p| p.first()).map_or(i32::MIN, |k| k.0 .0);
-                                (-(top as i64), 0.0, app.seq)
-                            }
+                            SortPolicy::Priority => (-i64::from(self.app_priority(id)), 0.0, app.seq),
                             SortPolicy::Fair => (0, self.app_used(id).size(&self.config.weights), app.seq),
                         };
                         (key, id.clone())
@@ -453,12 +478,51 @@ impl Scheduler {
         self.placements_of(id).map(|p| &p.resources).fold(Resources::new(), |sum, r| sum.checked_add(r).unwrap_or(sum))
     }
 
-    /// A leaf's fair-share key: each queue's share from the top of the tree down to the leaf.
-    fn fair_key(&self, ancestors: &[QueuePath]) -> Vec<u64> {
+    /// What an application waits with: the priority of its first pending task, or its own (a
+    /// gang waiting to be reserved).
+    fn app_priority(&self, id: &AppId) -> i32 {
+        match self.pending.get(id).and_then(|p| p.first()) {
+            Some(first) => first.0 .0,
+            None => self.apps[id].spec.priority.value(),
+        }
+    }
+
+    /// The priority each queue with work shows its parent this cycle [YuniKorn's
+    /// `GetCurrentPriority`]: a leaf, the highest of its applications'; a parent, the highest its
+    /// children show; each plus its `priority_offset`, or that alone when fenced. Taken once, at
+    /// the start of the cycle.
+    fn queue_priorities(&self, lanes: &[Lane]) -> HashMap<QueuePath, i32> {
+        let mut inside: BTreeMap<QueuePath, i32> = BTreeMap::new();
+        for lane in lanes {
+            let Some(leaf) = lane.ancestors.last() else { continue };
+            let top = lane.apps.iter().map(|id| self.app_priority(id)).max().unwrap_or(i32::MIN);
+            inside.insert(leaf.clone(), top);
+        }
+        let mut shown: HashMap<QueuePath, i32> = HashMap::new();
+        // Children first: a child's path sorts after its parent's.
+        while let Some((queue, top)) = inside.pop_last() {
+            let limits = self.queues.get(&queue);
+            let (policy, offset) = limits.map_or_else(Default::default, |l| (l.priority_policy, l.priority_offset));
+            let Some(value) = super::priority::shown(policy, offset, Some(top)) else { continue };
+            if let Some(parent) = queue.parent() {
+                let entry = inside.entry(parent).or_insert(i32::MIN);
+                *entry = (*entry).max(value);
+            }
+            shown.insert(queue, value);
+        }
+        shown
+    }
+
+    /// A leaf's key among the others: for each queue from the top of the tree down to the leaf,
+    /// the priority it shows (higher first), then its fair share (lower first).
+    fn fair_key(&self, ancestors: &[QueuePath], priorities: &HashMap<QueuePath, i32>) -> Vec<u64> {
         ancestors
             .iter()
             .skip(1)
-            .map(|queue| {
+            .flat_map(|queue| {
+                let priority = priorities.get(queue).copied().unwrap_or(i32::MIN);
+                // Higher first in a min-heap: i32::MAX maps to 0.
+                let priority_key = (i64::from(i32::MAX) - i64::from(priority)) as u64;
                 let used = self.usage.get(queue).map(|u| &u.allocated);
                 let empty = Resources::new();
                 let used = used.unwrap_or(&empty);
@@ -472,7 +536,7 @@ impl Scheduler {
                     // After every queue with a guarantee, least used first.
                     None => 1e15 + used.size(&self.config.weights),
                 };
-                share.max(0.0).to_bits()
+                [priority_key, share.max(0.0).to_bits()]
             })
             .collect()
     }
@@ -487,6 +551,14 @@ impl Scheduler {
             let limit = limit_at(limits, used, app.spec.owner(), wanted, starts_app)?;
             Some(LimitHit { queue, limit })
         })
+    }
+
+    /// Whether placing `wanted` for the application would use room that a queue outside its own
+    /// holds free of its guarantee (its `lend_limit`).
+    fn lend_hit(&self, app: &AppId, wanted: &Resources, room: &Room) -> Option<LimitHit> {
+        let free = room.total.as_ref()?;
+        let held = self.queues.held_back(|queue| self.usage.get(queue).map(|u| &u.allocated));
+        self.queues.lend_hit(&self.apps[app].spec.queue, wanted, free, &held)
     }
 
     /// Places the application's next thing that fits (its gang, or one task). False when nothing
@@ -572,7 +644,9 @@ impl Scheduler {
         selector.extend(task.spec.selector.iter().map(|(k, v)| (k.clone(), v.clone())));
         let wanted = task.spec.resources.clone();
         let needs = task.spec.tokens.clone();
-        if let Some(hit) = self.limit_hit(app_id, &wanted, !app.counted) {
+        if let Some(hit) =
+            self.limit_hit(app_id, &wanted, !app.counted).or_else(|| self.lend_hit(app_id, &wanted, &cycle.room))
+        {
             return Err(Why::QueueLimit(hit));
         }
         if let Some(never) = task_type.as_deref().and_then(|t| self.type_never_runs(t)) {
@@ -680,7 +754,9 @@ impl Scheduler {
             })
             .collect();
         let total = members.iter().fold(Resources::new(), |sum, m| sum.checked_add(&m.2).unwrap_or(sum));
-        if let Some(hit) = self.limit_hit(app_id, &total, !app.counted) {
+        if let Some(hit) =
+            self.limit_hit(app_id, &total, !app.counted).or_else(|| self.lend_hit(app_id, &total, &cycle.room))
+        {
             return Err(Why::GangNotReserved { member: None, cause: Some(Box::new(Why::QueueLimit(hit))) });
         }
         // A placeholder goes where the types of its group's tasks known now all run.

@@ -21,6 +21,7 @@
 pub mod admission;
 mod cycle;
 pub mod placement;
+pub mod priority;
 pub mod queues;
 pub mod runners;
 pub mod spec;
@@ -38,6 +39,7 @@ pub use spec::{
 pub use why::{NeverFits, Why};
 
 use crate::access::Tenancy;
+use crate::apps::priority::PriorityClasses;
 use crate::apps::queues::{limit_at, QueueError, QueueLimits, QueuePath, QueueUsage, Queues};
 use crate::apps::states::{AppEvent, AppState, IllegalTransition, TaskEvent, TaskState};
 use crate::names::{NamespaceName, Token};
@@ -73,6 +75,8 @@ pub enum SchedError {
     TaskConflict { app: AppId, task: TaskId, field: &'static str },
     #[error("application `{id}` has ended ({state}); it takes no more tasks")]
     AppEnded { id: AppId, state: AppState },
+    #[error("priority class `{class}` does not exist; {known}")]
+    UnknownPriorityClass { class: String, known: String },
     #[error("task group `{group}` is given twice, with different content")]
     GroupConflict { group: GroupName },
     #[error("task `{task}` names task group `{group}`, which application `{app}` does not have")]
@@ -327,6 +331,8 @@ pub struct SchedConfig {
     pub tenancy: Tenancy,
     /// How long an application waits once a task of it can never fit before it fails.
     pub never_fits_grace_ms: u64,
+    /// The named priorities applications and tasks may ask for, resolved when they are added.
+    pub priority_classes: PriorityClasses,
 }
 
 impl Default for SchedConfig {
@@ -337,6 +343,7 @@ impl Default for SchedConfig {
             weights: SizeWeights::default(),
             tenancy: Tenancy::Open,
             never_fits_grace_ms: DEFAULT_NEVER_FITS_GRACE_MS,
+            priority_classes: PriorityClasses::default(),
         }
     }
 }
@@ -388,7 +395,7 @@ pub struct Scheduler {
 }
 
 fn pending_key(task: &Task) -> PendingKey {
-    (Reverse(task.spec.priority), task.seq, task.spec.id.clone())
+    (Reverse(task.spec.priority.value()), task.seq, task.spec.id.clone())
 }
 
 fn transition(app: &mut App, events: &[AppEvent]) -> Result<(), IllegalTransition> {
@@ -665,6 +672,7 @@ impl Scheduler {
         let mut checked: Vec<(TaskSpec, Option<Task>)> = Vec::with_capacity(tasks.len());
         let mut in_batch: HashMap<TaskId, usize> = HashMap::new();
         for spec in tasks {
+            let spec = self.resolve_priority(&app, spec)?;
             // A task given twice in one submission: the second is the first again, or a conflict.
             if let Some(&first) = in_batch.get(&spec.id) {
                 let field = task_conflict(&checked[first].0, &spec);
@@ -705,7 +713,8 @@ impl Scheduler {
     /// Checks an application as [`Scheduler::add_app`] does and makes its record (Accepted, or
     /// Reserving with a gang) without adding it; or answers the existing one (`false`).
     fn admit_app(&self, spec: AppSpec, now: Millis, world: &World<'_>) -> Result<(App, bool), SchedError> {
-        let spec = spec.check()?;
+        let mut spec = spec.check()?;
+        spec.priority = self.config.priority_classes.resolve(&spec.priority, None)?;
         if let Some(existing) = self.apps.get(&spec.id) {
             let field = [
                 ("queue", existing.spec.queue != spec.queue),
@@ -713,6 +722,7 @@ impl Scheduler {
                 ("tags", existing.spec.tags != spec.tags),
                 ("task groups", existing.spec.groups != spec.groups),
                 ("scheduling policy", existing.spec.policy != spec.policy),
+                ("priority", existing.spec.priority != spec.priority),
             ]
             .into_iter()
             .find(|(_, differs)| *differs);
@@ -1046,6 +1056,7 @@ impl Scheduler {
         world: &World<'_>,
     ) -> Result<(Task, bool, Outcome), SchedError> {
         let app = self.app(app_id)?;
+        let spec = self.resolve_priority(app, spec)?;
         if let Some(existing) = self.tasks.get(app_id).and_then(|t| t.get(&spec.id)) {
             return match task_conflict(&existing.spec, &spec) {
                 Some(field) => Err(SchedError::TaskConflict { app: app_id.clone(), task: spec.id, field }),
@@ -1055,6 +1066,12 @@ impl Scheduler {
         let spec = self.check_new_task(app, spec, world)?;
         let (task, out) = self.insert_task(app_id, spec, now);
         Ok((task, true, out))
+    }
+
+    /// The task with its priority resolved: its own, its class's, else its application's.
+    fn resolve_priority(&self, app: &App, mut spec: TaskSpec) -> Result<TaskSpec, SchedError> {
+        spec.priority = self.config.priority_classes.resolve(&spec.priority, Some(&app.spec.priority))?;
+        Ok(spec)
     }
 
     /// Checks a task that `app` does not have yet, as [`Scheduler::add_task`] does; answers its

@@ -12,6 +12,7 @@ use std::collections::BTreeMap;
 use std::fmt;
 use std::sync::Arc;
 
+use crate::apps::priority::PriorityPolicy;
 use crate::resources::Resources;
 
 /// The root of every queue tree.
@@ -135,6 +136,16 @@ pub struct QueueLimits {
     pub submit_acl: Option<crate::access::Acl>,
     /// Who may administer, and submit to, the queue and below [YuniKorn `adminacl`].
     pub admin_acl: Option<crate::access::Acl>,
+    /// The most the queue and below may hold beyond `guaranteed`, per resource named [Kueue's
+    /// `borrowingLimit`]: what it holds stays within `guaranteed + borrow_limit`.
+    pub borrow_limit: Option<Resources>,
+    /// The most of its unused guarantee the queue lends to queues outside it, per resource named
+    /// [Kueue's `lendingLimit`]: the rest of the unused part is held free for it.
+    pub lend_limit: Option<Resources>,
+    /// Added to the priority the queue shows its parent [YuniKorn `priority.offset`].
+    pub priority_offset: i32,
+    /// [YuniKorn `priority.policy`]: `Fence` shows the parent the offset alone.
+    pub priority_policy: PriorityPolicy,
 }
 
 /// What a queue (with everything below it) holds now, as the scheduler counts it.
@@ -192,6 +203,22 @@ pub enum Limit {
         used: u64,
         wanted: u64,
     },
+    /// `resource` would be held beyond `guaranteed + borrow_limit` (milli-units).
+    Borrow {
+        resource: String,
+        guaranteed: u64,
+        borrow_limit: u64,
+        used: u64,
+        wanted: u64,
+    },
+    /// `wanted` of `resource` would eat into the part of the queue's unused guarantee it does not
+    /// lend (`held`), with `free` free in every pool together (milli-units).
+    Lend {
+        resource: String,
+        held: u64,
+        free: u64,
+        wanted: u64,
+    },
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -242,6 +269,23 @@ impl fmt::Display for LimitHit {
                 held(resource, *used),
                 amount(resource, *wanted)
             ),
+            Limit::Borrow { resource, guaranteed, borrow_limit, used, wanted } => write!(
+                f,
+                "queue `{queue}` would borrow more than its borrow_limit of {} beyond its guarantee of {} ({}, {} more \
+                 wanted)",
+                amount(resource, *borrow_limit),
+                amount(resource, *guaranteed),
+                held(resource, *used),
+                amount(resource, *wanted)
+            ),
+            Limit::Lend { resource, held, free, wanted } => write!(
+                f,
+                "queue `{queue}` does not lend {} of its unused guarantee (its lend_limit), and {} is free in all pools \
+                 together ({} wanted)",
+                amount(resource, *held),
+                amount(resource, *free),
+                amount(resource, *wanted)
+            ),
         }
     }
 }
@@ -275,6 +319,11 @@ pub fn limit_at(
     {
         return Some(Limit::Max { resource, max, used, wanted });
     }
+    if let Some(hit) =
+        limits.borrow_limit.as_ref().and_then(|limit| over_borrow(limit, &limits.guaranteed, &used.allocated, wanted))
+    {
+        return Some(hit);
+    }
     if let Some((resource, max, used, wanted)) =
         limits.user_max.as_ref().and_then(|max| over(max, &user_used.1, wanted))
     {
@@ -290,6 +339,27 @@ fn over(max: &Resources, used: &Resources, wanted: &Resources) -> Option<(String
     max.iter().find_map(|(name, limit)| {
         let (used, wanted) = (used.get_milli(name.as_str()), wanted.get_milli(name.as_str()));
         (used.saturating_add(wanted) > limit).then(|| (name.as_str().to_owned(), limit, used, wanted))
+    })
+}
+
+/// The first resource `borrow_limit` names for which `used + wanted` goes beyond `guaranteed`
+/// by more than the limit (a resource `guaranteed` does not name is guaranteed 0).
+fn over_borrow(
+    borrow_limit: &Resources,
+    guaranteed: &Resources,
+    used: &Resources,
+    wanted: &Resources,
+) -> Option<Limit> {
+    borrow_limit.iter().find_map(|(name, limit)| {
+        let name = name.as_str();
+        let (guaranteed, used, wanted) = (guaranteed.get_milli(name), used.get_milli(name), wanted.get_milli(name));
+        (used.saturating_add(wanted) > guaranteed.saturating_add(limit)).then(|| Limit::Borrow {
+            resource: name.to_owned(),
+            guaranteed,
+            borrow_limit: limit,
+            used,
+            wanted,
+        })
     })
 }
 
@@ -350,6 +420,81 @@ impl Queues {
             Some(child) => Err(QueueError::NotALeaf { queue: path.clone(), child: child.clone() }),
             None => Ok(limits),
         }
+    }
+
+    /// Whether some queue lends only part of its guarantee (only then is [`Queues::lend_hit`]
+    /// worth asking).
+    pub fn any_lend_limit(&self) -> bool {
+        self.queues.values().any(|limits| limits.lend_limit.is_some())
+    }
+
+    /// What each queue holds free for itself and the queues below it: of each resource its
+    /// `lend_limit` names, the unused guarantee beyond what it lends; and at least what its
+    /// children hold together. Only queues that hold something; `used` gives what a queue holds.
+    pub fn held_back<'u>(&self, used: impl Fn(&QueuePath) -> Option<&'u Resources>) -> BTreeMap<QueuePath, Resources> {
+        let mut held: BTreeMap<QueuePath, Resources> = BTreeMap::new();
+        // A child's path sorts after its parent's: in reverse, every child comes first.
+        for (path, limits) in self.queues.iter().rev() {
+            let below = held.get(path).cloned().unwrap_or_default();
+            let mut own = Resources::new();
+            if let Some(lend) = &limits.lend_limit {
+                let empty = Resources::new();
+                let used = used(path).unwrap_or(&empty);
+                for (name, lent) in lend.iter() {
+                    let unused =
+                        limits.guaranteed.get_milli(name.as_str()).saturating_sub(used.get_milli(name.as_str()));
+                    own.set_milli(name.clone(), unused.saturating_sub(lent));
+                }
+            }
+            let total = below.max(&own);
+            if let (Some(parent), false) = (path.parent(), total.is_empty()) {
+                let sum = held.entry(parent).or_default();
+                *sum = sum.checked_add(&total).unwrap_or_else(|| sum.clone());
+            }
+            match total.is_empty() {
+                true => held.remove(path),
+                false => held.insert(path.clone(), total),
+            };
+        }
+        held
+    }
+
+    /// Whether placing `wanted` for an application of `leaf` would use room that queues outside
+    /// it hold free (`held`, from [`Queues::held_back`]), with `free` free in every pool
+    /// together: the queue that holds most of the first resource short, if so.
+    pub fn lend_hit(
+        &self,
+        leaf: &QueuePath,
+        wanted: &Resources,
+        free: &Resources,
+        held: &BTreeMap<QueuePath, Resources>,
+    ) -> Option<LimitHit> {
+        let path: Vec<QueuePath> = leaf.up_to_root().collect();
+        // The queues beside the path (a sibling of the leaf or of a queue above it): what each
+        // holds counts once, with everything below it.
+        let beside: Vec<(&QueuePath, &Resources)> = held
+            .iter()
+            .filter(|(queue, _)| !path.contains(queue) && queue.parent().is_some_and(|p| path.contains(&p)))
+            .collect();
+        for (name, want) in wanted.iter() {
+            let name = name.as_str();
+            let kept: u64 = beside.iter().map(|(_, held)| held.get_milli(name)).sum();
+            let free_now = free.get_milli(name);
+            if kept == 0 || free_now >= want.saturating_add(kept) {
+                continue;
+            }
+            let (queue, most) = beside.iter().max_by_key(|(_, held)| held.get_milli(name))?;
+            return Some(LimitHit {
+                queue: (*queue).clone(),
+                limit: Limit::Lend {
+                    resource: name.to_owned(),
+                    held: most.get_milli(name),
+                    free: free_now,
+                    wanted: want,
+                },
+            });
+        }
+        None
     }
 
     /// The first limit, from `leaf` up to `root`, that placing `wanted` more for `owner` would

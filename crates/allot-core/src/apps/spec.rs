@@ -5,6 +5,7 @@ use std::collections::BTreeMap;
 use std::fmt;
 use std::sync::Arc;
 
+use crate::apps::priority::Priority;
 use crate::apps::queues::{Owner, QueuePath};
 use crate::names::NamespaceName;
 use crate::pools::Labels;
@@ -193,6 +194,8 @@ pub struct AppSpec {
     pub policy: SchedulingPolicy,
     /// The placement rule that chose `queue`; none when the queue was named and taken as is.
     pub queue_rule: Option<QueueRule>,
+    /// As asked; once admitted, resolved (see [`crate::apps::priority`]).
+    pub priority: Priority,
 }
 
 impl AppSpec {
@@ -281,8 +284,9 @@ pub struct TaskSpec {
     pub resources: Resources,
     pub tokens: Vec<TokenNeed>,
     pub group: Option<GroupName>,
-    /// Higher first, in a queue whose sort policy is `priority`, and inside its application.
-    pub priority: i32,
+    /// Higher first, in a queue whose sort policy is `priority`, and inside its application. As
+    /// asked; once added, resolved (naming nothing, its application's).
+    pub priority: Priority,
     pub selector: Labels,
     /// Opaque to allot: whatever the one who runs the task needs (JSON text at the API).
     pub spec: String,

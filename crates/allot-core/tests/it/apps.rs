@@ -2,6 +2,7 @@
 //! fair share, selectors, and why things wait. Every step checks the invariants of the pools,
 //! the ledger and the scheduler.
 
+use allot_core::apps::priority::Priority;
 use std::collections::BTreeMap;
 
 use allot_core::apps::queues::{QueueLimits, QueuePath, SortPolicy};
@@ -13,23 +14,23 @@ use allot_core::apps::{
 use allot_core::pools::{LeaseRules, PoolName, Pools};
 use allot_core::{Ledger, Millis, NamespaceName, Resources};
 
-struct Bench {
-    sched: Scheduler,
-    pools: Pools,
+pub(crate) struct Bench {
+    pub(crate) sched: Scheduler,
+    pub(crate) pools: Pools,
     ledger: Ledger,
     now: Millis,
     next_id: u64,
 }
 
-fn res(text: &str) -> Resources {
+pub(crate) fn res(text: &str) -> Resources {
     text.parse().unwrap()
 }
 
-fn labels(pairs: &[(&str, &str)]) -> BTreeMap<String, String> {
+pub(crate) fn labels(pairs: &[(&str, &str)]) -> BTreeMap<String, String> {
     pairs.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect()
 }
 
-fn app_spec(id: &str, queue: &str) -> AppSpec {
+pub(crate) fn app_spec(id: &str, queue: &str) -> AppSpec {
     AppSpec {
         id: AppId::new(id).unwrap(),
         queue: QueuePath::new(queue).unwrap(),
@@ -39,10 +40,11 @@ fn app_spec(id: &str, queue: &str) -> AppSpec {
         groups: Vec::new(),
         policy: SchedulingPolicy::default(),
         queue_rule: None,
+        priority: Default::default(),
     }
 }
 
-fn group(name: &str, members: u32, resources: &str) -> TaskGroup {
+pub(crate) fn group(name: &str, members: u32, resources: &str) -> TaskGroup {
     TaskGroup {
         name: GroupName::new(name).unwrap(),
         min_members: members,
@@ -52,33 +54,36 @@ fn group(name: &str, members: u32, resources: &str) -> TaskGroup {
     }
 }
 
-fn task(id: &str, resources: &str) -> TaskSpec {
+pub(crate) fn task(id: &str, resources: &str) -> TaskSpec {
     TaskSpec {
         id: TaskId::new(id).unwrap(),
         resources: res(resources),
         tokens: Vec::new(),
         group: None,
-        priority: 0,
+        priority: Priority::default(),
         selector: BTreeMap::new(),
         spec: String::new(),
     }
 }
 
-fn member(id: &str, group: &str, resources: &str) -> TaskSpec {
+pub(crate) fn member(id: &str, group: &str, resources: &str) -> TaskSpec {
     TaskSpec { group: Some(GroupName::new(group).unwrap()), ..task(id, resources) }
 }
 
-fn aid(id: &str) -> AppId {
+pub(crate) fn aid(id: &str) -> AppId {
     AppId::new(id).unwrap()
 }
 
-fn tid(id: &str) -> TaskId {
+pub(crate) fn tid(id: &str) -> TaskId {
     TaskId::new(id).unwrap()
 }
 
 impl Bench {
-    fn new() -> Bench {
-        let config = SchedConfig { completing_grace_ms: 0, ..SchedConfig::default() };
+    pub(crate) fn new() -> Bench {
+        Bench::with_config(SchedConfig { completing_grace_ms: 0, ..SchedConfig::default() })
+    }
+
+    pub(crate) fn with_config(config: SchedConfig) -> Bench {
         Bench {
             sched: Scheduler::new(config),
             pools: Pools::new(LeaseRules::default()),
@@ -88,14 +93,14 @@ impl Bench {
         }
     }
 
-    fn pool(&mut self, name: &str, capacity: &str, pool_labels: &[(&str, &str)]) {
+    pub(crate) fn pool(&mut self, name: &str, capacity: &str, pool_labels: &[(&str, &str)]) {
         let name = PoolName::new(name).unwrap();
         self.pools.put_pool(&name, res(capacity));
         self.pools.label_pool(&name, labels(pool_labels), self.now).unwrap();
     }
 
     /// Live executors: each runs its pools with its task types.
-    fn run(&mut self, executors: &[(&[&str], &[&str])]) {
+    pub(crate) fn run(&mut self, executors: &[(&[&str], &[&str])]) {
         let leases: Vec<Runner> = executors
             .iter()
             .map(|(pools, types)| Runner {
@@ -107,25 +112,25 @@ impl Bench {
         self.sched.set_runners(Runners::from_leases(&leases));
     }
 
-    fn queue(&mut self, path: &str, limits: QueueLimits) {
+    pub(crate) fn queue(&mut self, path: &str, limits: QueueLimits) {
         self.sched.put_queue(QueuePath::new(path).unwrap(), limits);
     }
 
-    fn namespace(&mut self, name: &str, quota: u64) {
+    pub(crate) fn namespace(&mut self, name: &str, quota: u64) {
         self.ledger.put_namespace(&NamespaceName::new(name).unwrap(), quota, self.now).unwrap();
     }
 
-    fn submit(&mut self, spec: AppSpec) -> Result<(), SchedError> {
+    pub(crate) fn submit(&mut self, spec: AppSpec) -> Result<(), SchedError> {
         let world = World { pools: &mut self.pools, ledger: &mut self.ledger };
         self.sched.add_app(spec, self.now, &world).map(|_| ())
     }
 
-    fn add(&mut self, app: &str, spec: TaskSpec) -> Result<(), SchedError> {
+    pub(crate) fn add(&mut self, app: &str, spec: TaskSpec) -> Result<(), SchedError> {
         let world = World { pools: &mut self.pools, ledger: &mut self.ledger };
         self.sched.add_task(&aid(app), spec, self.now, &world).map(|_| ())
     }
 
-    fn cycle(&mut self) -> allot_core::apps::CycleReport {
+    pub(crate) fn cycle(&mut self) -> allot_core::apps::CycleReport {
         let mut next = self.next_id;
         let now = self.now;
         let (report, _) = {
@@ -140,25 +145,25 @@ impl Bench {
         report
     }
 
-    fn check(&self) {
+    pub(crate) fn check(&self) {
         self.sched.check_invariants(&self.pools).unwrap();
         self.pools.check_invariants().unwrap();
         self.ledger.check_invariants().unwrap();
     }
 
-    fn state(&self, app: &str, task: &str) -> TaskState {
+    pub(crate) fn state(&self, app: &str, task: &str) -> TaskState {
         self.sched.task(&aid(app), &tid(task)).unwrap().state
     }
 
-    fn pool_of(&self, app: &str, task: &str) -> String {
+    pub(crate) fn pool_of(&self, app: &str, task: &str) -> String {
         self.sched.task(&aid(app), &tid(task)).unwrap().placement.as_ref().unwrap().pool.to_string()
     }
 
-    fn app_state(&self, app: &str) -> AppState {
+    pub(crate) fn app_state(&self, app: &str) -> AppState {
         self.sched.app(&aid(app)).unwrap().state
     }
 
-    fn complete(&mut self, app: &str, task: &str) {
+    pub(crate) fn complete(&mut self, app: &str, task: &str) {
         let now = self.now;
         let mut world = World { pools: &mut self.pools, ledger: &mut self.ledger };
         self.sched.finish_task(&aid(app), &tid(task), None, now, &mut world).unwrap();
@@ -522,7 +527,7 @@ fn selectors_pick_pools_by_label_and_priority_orders_a_queue() {
     b.submit(app_spec("high", "root.q")).unwrap();
     let one = labels(&[("kind", "one")]);
     b.add("low", TaskSpec { selector: one.clone(), ..task("t", "cpu=1") }).unwrap();
-    b.add("high", TaskSpec { selector: one, priority: 10, ..task("t", "cpu=1") }).unwrap();
+    b.add("high", TaskSpec { selector: one, priority: Priority::of(10), ..task("t", "cpu=1") }).unwrap();
     b.cycle();
     assert_eq!(b.state("high", "t"), TaskState::Allocated);
     assert_eq!(b.state("low", "t"), TaskState::Pending);

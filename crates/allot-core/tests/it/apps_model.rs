@@ -5,6 +5,7 @@
 //! (an operation answers an error or changes state by the tables), never hold a gang in part,
 //! and every application ends once its tasks have.
 
+use allot_core::apps::priority::Priority;
 use std::collections::BTreeMap;
 
 use allot_core::apps::queues::{QueueLimits, QueuePath};
@@ -123,6 +124,7 @@ impl World2 {
                         max_parallelism: None,
                     },
                     queue_rule: None,
+                    priority: Default::default(),
                 };
                 let (sched, world) = self.world();
                 sched.add_app(spec, now, &world).map(|_| ())
@@ -133,7 +135,7 @@ impl World2 {
                     resources: format!("cpu={}", if member { 1 } else { cpu }).parse().unwrap(),
                     tokens: if token { vec![TokenNeed { namespace: tokens(), units: 1 }] } else { vec![] },
                     group: member.then(|| GroupName::new("g").unwrap()),
-                    priority: i32::from(task % 3),
+                    priority: Priority::of(i32::from(task % 3)),
                     selector: BTreeMap::new(),
                     spec: String::new(),
                 };

@@ -4,6 +4,7 @@
 //! it (a task's alloc and grants, a gang's placeholders) is on a pool, or in a namespace, that
 //! the application's user may not use under the policy of that cycle.
 
+use allot_core::apps::priority::Priority;
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
@@ -175,6 +176,7 @@ proptest! {
                         groups: groups_of.clone().into_iter().collect(),
                         policy: SchedulingPolicy::default(),
                         queue_rule: None,
+                        priority: Default::default(),
                     };
                     let world = World { pools: &mut w.pools, ledger: &mut w.ledger };
                     w.sched.add_app(spec, w.now, &world).unwrap();
@@ -191,7 +193,7 @@ proptest! {
                                 _ => plan.tokens.map(|(n, units)| vec![need(n, units)]).unwrap_or_default(),
                             },
                             group: in_gang.then(|| GroupName::new("g").unwrap()),
-                            priority: 0,
+                            priority: Priority::default(),
                             selector: selector.unwrap_or_default(),
                             spec: String::new(),
                         };

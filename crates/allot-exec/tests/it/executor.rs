@@ -309,6 +309,7 @@ async fn a_plugin_sees_the_tasks_metadata_records_events_and_keeps_counters() {
         groups: Vec::new(),
         policy: SchedulingPolicy::default(),
         queue_rule: None,
+        priority: Default::default(),
     };
     store.add_app(spec).await.unwrap();
     let task = serde_json::json!({
@@ -618,6 +619,7 @@ async fn a_plugins_tokens_carry_the_tasks_scope_and_its_caps() {
             groups: Vec::new(),
             policy: SchedulingPolicy::default(),
             queue_rule: None,
+            priority: Default::default(),
         };
         store.add_app(spec).await.unwrap();
         let task = task_spec("desk", &serde_json::json!({ "type": "probe", "mode": "capped" }));

@@ -37,6 +37,7 @@ fn app_spec(id: &str) -> AppSpec {
         groups: Vec::new(),
         policy: Default::default(),
         queue_rule: None,
+        priority: Default::default(),
     }
 }
 

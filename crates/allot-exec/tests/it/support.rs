@@ -205,6 +205,7 @@ pub(crate) async fn submit_with(
         groups: Vec::new(),
         policy,
         queue_rule: None,
+        priority: Default::default(),
     };
     store.add_app(spec).await.unwrap();
     for (task, spec) in tasks {
@@ -220,7 +221,7 @@ pub(crate) fn task_spec(id: &str, spec: &serde_json::Value) -> TaskSpec {
         resources: "cpu=1".parse().unwrap(),
         tokens: Vec::new(),
         group: None,
-        priority: 0,
+        priority: Default::default(),
         selector: Default::default(),
         spec: spec.to_string(),
     }

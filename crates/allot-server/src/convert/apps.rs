@@ -1,6 +1,7 @@
 //! Conversions of queues, applications and tasks between wire types and domain types.
 
 use allot_api as api;
+use allot_core::apps::priority::{Priority, PriorityPolicy};
 use allot_core::apps::queues::{QueueLimits, QueuePath, SortPolicy};
 use allot_core::apps::spec::DEFAULT_PLACEHOLDER_TIMEOUT_MS;
 use allot_core::apps::states::TaskState;
@@ -62,7 +63,19 @@ pub(crate) fn queue_limits(body: api::PutQueue) -> Result<QueueLimits, ApiError>
         sort: body.sort.map(sort_in).unwrap_or_default(),
         submit_acl: body.submit_acl.as_deref().map(acl).transpose()?,
         admin_acl: body.admin_acl.as_deref().map(acl).transpose()?,
+        borrow_limit: body.borrow_limit.as_deref().map(resources).transpose()?,
+        lend_limit: body.lend_limit.as_deref().map(resources).transpose()?,
+        priority_offset: body.priority_offset.unwrap_or(0),
+        priority_policy: match body.priority_policy.unwrap_or_default() {
+            api::PriorityPolicy::Default => PriorityPolicy::Default,
+            api::PriorityPolicy::Fence => PriorityPolicy::Fence,
+        },
     })
+}
+
+/// A priority as asked: a number or a class (the scheduler resolves and checks it).
+fn priority(value: Option<i32>, class: Option<String>) -> Priority {
+    Priority { value, class }
 }
 
 fn acl(text: &str) -> Result<allot_core::access::Acl, ApiError> {
@@ -84,6 +97,13 @@ pub(crate) fn queue(view: QueueView) -> api::Queue {
         sort: sort_out(limits.sort),
         submit_acl: limits.submit_acl.map(|acl| acl.text().to_owned()),
         admin_acl: limits.admin_acl.map(|acl| acl.text().to_owned()),
+        borrow_limit: limits.borrow_limit.map(|m| m.to_string()),
+        lend_limit: limits.lend_limit.map(|m| m.to_string()),
+        priority_offset: limits.priority_offset,
+        priority_policy: match limits.priority_policy {
+            PriorityPolicy::Default => api::PriorityPolicy::Default,
+            PriorityPolicy::Fence => api::PriorityPolicy::Fence,
+        },
         used: view.usage.allocated.to_string(),
         running_apps: view.usage.running_apps,
         apps: view.apps,
@@ -138,6 +158,7 @@ pub(crate) fn app_spec(body: &api::SubmitApp, queue: QueuePath, rule: Option<Que
                 .transpose()?,
         },
         queue_rule: rule,
+        priority: priority(body.priority, body.priority_class.clone()),
     })
 }
 
@@ -154,7 +175,7 @@ pub(crate) fn task_spec(mut body: api::AddTask) -> Result<TaskSpec, ApiError> {
         resources: resources(&body.resources)?,
         tokens: needs_in(body.tokens)?,
         group: body.group.as_deref().map(GroupName::new).transpose()?,
-        priority: body.priority,
+        priority: priority(body.priority, body.priority_class),
         selector: body.selector,
         spec: spec.map(|v| v.to_string()).unwrap_or_default(),
     })
@@ -213,6 +234,8 @@ pub(crate) fn app(info: AppInfo, now: Millis) -> api::App {
             reserve_timeout_ms: spec.policy.reserve_timeout_ms,
             max_parallelism: spec.policy.max_parallelism.map(u64::from),
         },
+        priority: spec.priority.value(),
+        priority_class: spec.priority.class.clone(),
         tasks: tasks.into_iter().map(|(state, n): (TaskState, u64)| (state.name().to_owned(), n)).collect(),
         placeholders: app
             .slots
@@ -253,7 +276,8 @@ pub(crate) fn task(info: TaskInfo) -> api::Task {
         resources: spec.resources.to_string(),
         tokens: needs_out(&spec.tokens),
         group: spec.group.map(|g| g.to_string()),
-        priority: spec.priority,
+        priority: spec.priority.value(),
+        priority_class: spec.priority.class,
         selector: spec.selector,
         spec: (!spec.spec.is_empty()).then(|| serde_json::from_str(&spec.spec).ok()).flatten(),
         placement: task.placement.as_ref().map(placement),

@@ -60,6 +60,7 @@ async fn a_new_scheduler_loads_what_the_old_one_wrote_and_a_deposed_one_writes_n
         }],
         policy: SchedulingPolicy::default(),
         queue_rule: None,
+        priority: Default::default(),
     };
     let world = World { pools: &mut pools, ledger: &mut ledger };
     changes.extend(sched.add_app(spec, 10, &world).unwrap().2.apps);
@@ -69,7 +70,7 @@ async fn a_new_scheduler_loads_what_the_old_one_wrote_and_a_deposed_one_writes_n
             resources: "cpu=1".parse().unwrap(),
             tokens: Vec::new(),
             group: group.map(|g| GroupName::new(g).unwrap()),
-            priority: 0,
+            priority: Default::default(),
             selector: BTreeMap::new(),
             spec: "{\"image\":\"x\"}".into(),
         };

@@ -87,7 +87,7 @@ async fn a_placement_redis_refuses_is_undone_and_decided_again() {
         resources: cpu.parse().unwrap(),
         tokens: Vec::new(),
         group: None,
-        priority: 0,
+        priority: Default::default(),
         selector: Default::default(),
         spec: String::new(),
     };

@@ -132,7 +132,7 @@ async fn runs_kept_by_an_earlier_version_go_with_their_application() {
         resources: "cpu=1".parse().unwrap(),
         tokens: Vec::new(),
         group: None,
-        priority: 0,
+        priority: Default::default(),
         selector: [("nowhere".to_owned(), "x".to_owned())].into(),
         spec: String::new(),
     };

@@ -40,6 +40,7 @@ pub(crate) async fn add_app(store: &RedisStore, queue: &str, app: &AppId) {
         groups: Vec::new(),
         policy: SchedulingPolicy::default(),
         queue_rule: None,
+        priority: Default::default(),
     };
     store.add_app(spec).await.unwrap();
 }

@@ -56,6 +56,7 @@ fn app(id: &str, queue: QueuePath) -> AppSpec {
         groups: Vec::new(),
         policy: SchedulingPolicy::default(),
         queue_rule: None,
+        priority: Default::default(),
     }
 }
 
@@ -66,7 +67,7 @@ fn task(id: &str, resources: &str, on: &PoolName) -> TaskSpec {
         resources: res(resources),
         tokens: Vec::new(),
         group: None,
-        priority: 0,
+        priority: Default::default(),
         selector: [("conformance".to_owned(), on.to_string())].into(),
         spec: String::new(),
     }

@@ -65,6 +65,7 @@ async fn runs_go_with_their_task(store: &dyn Store) {
         groups: Vec::new(),
         policy: SchedulingPolicy::default(),
         queue_rule: None,
+        priority: Default::default(),
     };
     store.add_app(spec).await.unwrap();
     let tasks = ["ended", "ended-too", "running"].map(|t| TaskId::new(t).unwrap());
@@ -74,7 +75,7 @@ async fn runs_go_with_their_task(store: &dyn Store) {
             resources: "cpu=1".parse().unwrap(),
             tokens: Vec::new(),
             group: None,
-            priority: 0,
+            priority: Default::default(),
             // Placed nowhere: no pool has this label.
             selector: [("conformance".to_owned(), "nowhere".to_owned())].into(),
             spec: String::new(),

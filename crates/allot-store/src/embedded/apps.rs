@@ -18,8 +18,8 @@ use redb::{ReadTransaction, ReadableTable};
 use super::ops::{Op, Table};
 use super::{durable, lock, Commit, EmbeddedStore, OpenError, Shared};
 use crate::apps::{AppInfo, AppStore, Submitted, TaskInfo};
-use crate::records::apps::{AppRecord, QueueRecord, TaskRecord, APPS, QUEUES, QUEUE_FIELDS_ADDED, TASKS};
-use crate::records::{decode, decode_grown, encode};
+use crate::records::apps::{decode_task, AppRecord, QueueRecord, TaskRecord, APPS, QUEUES, QUEUE_FIELDS_ADDED, TASKS};
+use crate::records::{decode_grown, encode};
 use crate::{Page, PageRequest, StoreError};
 
 /// How often the scheduler tries again while something waits for room or tokens.
@@ -95,7 +95,7 @@ pub(super) fn load(txn: &ReadTransaction) -> Result<Scheduler, OpenError> {
     for entry in txn.open_table(TASKS).map_err(|e| read_err(e.into()))?.iter().map_err(|e| read_err(e.into()))? {
         let (key, value) = entry.map_err(|e| read_err(e.into()))?;
         let (app, task) = key.value();
-        let record: TaskRecord = decode("tasks", &format!("{app}/{task}"), value.value())?;
+        let record = decode_task(&format!("{app}/{task}"), value.value())?;
         tasks.push(record.into_task(app, task)?);
     }
     Ok(Scheduler::restore(SchedConfig::default(), queues, apps, tasks))

@@ -7,6 +7,7 @@
 
 use std::collections::BTreeMap;
 
+use allot_core::apps::priority::{Priority, PriorityPolicy};
 use allot_core::apps::queues::{QueueLimits, QueuePath, SortPolicy};
 use allot_core::apps::states::{AppState, TaskState};
 use allot_core::apps::{
@@ -37,10 +38,15 @@ pub struct QueueRecord {
     pub admin_acl: Option<String>,
     pub group_max_apps: Option<u64>,
     pub group_max: Option<ResourcesRecord>,
+    pub borrow_limit: Option<ResourcesRecord>,
+    pub lend_limit: Option<ResourcesRecord>,
+    pub priority_offset: Option<i32>,
+    /// `default` or `fence`.
+    pub priority_policy: Option<String>,
 }
 
 /// The fields [`QueueRecord`] gained since the format began.
-pub const QUEUE_FIELDS_ADDED: usize = 4;
+pub const QUEUE_FIELDS_ADDED: usize = 8;
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct GroupRecord {
@@ -96,11 +102,14 @@ pub struct AppRecord {
     pub user_groups: Vec<String>,
     /// The placement rule that chose the queue, and whether it may create it.
     pub queue_rule: Option<(String, bool)>,
+    /// Its priority (an older record: 0) and the class it came from.
+    pub priority: Option<i32>,
+    pub priority_class: Option<String>,
 }
 
 /// The fields [`AppRecord`] gained since the format began (an empty list is one zero byte, as
 /// a `None` is).
-pub const APP_FIELDS_ADDED: usize = 3;
+pub const APP_FIELDS_ADDED: usize = 5;
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct TaskRecord {
@@ -116,7 +125,12 @@ pub struct TaskRecord {
     pub placement: Option<PlacementRecord>,
     pub slot: Option<u32>,
     pub reason: Option<String>,
+    /// Added after the format began: the priority class `priority` came from.
+    pub priority_class: Option<String>,
 }
+
+/// The fields [`TaskRecord`] gained since the format began.
+pub const TASK_FIELDS_ADDED: usize = 1;
 
 fn sort_name(sort: SortPolicy) -> &'static str {
     match sort {
@@ -203,6 +217,12 @@ impl QueueRecord {
             admin_acl: limits.admin_acl.as_ref().map(|acl| acl.text().to_owned()),
             group_max_apps: limits.group_max_apps,
             group_max: limits.group_max.as_ref().map(resources_record),
+            borrow_limit: limits.borrow_limit.as_ref().map(resources_record),
+            lend_limit: limits.lend_limit.as_ref().map(resources_record),
+            priority_offset: Some(limits.priority_offset).filter(|offset| *offset != 0),
+            priority_policy: Some(limits.priority_policy)
+                .filter(|policy| *policy != PriorityPolicy::Default)
+                .map(|policy| policy.name().to_owned()),
         }
     }
 
@@ -226,6 +246,14 @@ impl QueueRecord {
             admin_acl: self.admin_acl.map(|a| allot_core::access::Acl::parse(&a).map_err(|e| r.err(e))).transpose()?,
             group_max_apps: self.group_max_apps,
             group_max: self.group_max.map(|m| r.resources(m)).transpose()?,
+            borrow_limit: self.borrow_limit.map(|m| r.resources(m)).transpose()?,
+            lend_limit: self.lend_limit.map(|m| r.resources(m)).transpose()?,
+            priority_offset: self.priority_offset.unwrap_or(0),
+            priority_policy: match self.priority_policy {
+                None => PriorityPolicy::Default,
+                Some(name) => PriorityPolicy::from_name(&name)
+                    .ok_or_else(|| r.err(format!("unknown priority policy `{name}`")))?,
+            },
         };
         Ok((QueuePath::new(path).map_err(|e| r.err(e))?, limits))
     }
@@ -274,6 +302,8 @@ impl AppRecord {
             max_parallelism: spec.policy.max_parallelism,
             user_groups: spec.user_groups.clone(),
             queue_rule: spec.queue_rule.as_ref().map(|p| (p.rule.clone(), p.create)),
+            priority: spec.priority.value,
+            priority_class: spec.priority.class.clone(),
         }
     }
 
@@ -324,6 +354,7 @@ impl AppRecord {
                     max_parallelism: self.max_parallelism,
                 },
                 queue_rule: self.queue_rule.map(|(rule, create)| QueueRule { rule, create }),
+                priority: Priority { value: Some(self.priority.unwrap_or(0)), class: self.priority_class },
             },
             state: r.state(AppState::ALL, AppState::name, &self.state)?,
             seq: self.seq,
@@ -346,7 +377,7 @@ impl TaskRecord {
             resources: resources_record(&spec.resources),
             tokens: needs_record(&spec.tokens),
             group: spec.group.as_ref().map(|g| g.to_string()),
-            priority: spec.priority,
+            priority: spec.priority.value(),
             selector: spec.selector.clone(),
             spec: spec.spec.clone(),
             state: task.state.name().to_owned(),
@@ -355,6 +386,7 @@ impl TaskRecord {
             placement: task.placement.as_ref().map(placement_record),
             slot: task.slot,
             reason: task.reason.clone(),
+            priority_class: spec.priority.class.clone(),
         }
     }
 
@@ -367,7 +399,7 @@ impl TaskRecord {
                 resources: r.resources(self.resources)?,
                 tokens: r.needs(self.tokens)?,
                 group: self.group.map(|g| GroupName::new(&g).map_err(|e| r.err(e))).transpose()?,
-                priority: self.priority,
+                priority: Priority { value: Some(self.priority), class: self.priority_class },
                 selector: self.selector,
                 spec: self.spec,
             },
@@ -379,6 +411,11 @@ impl TaskRecord {
             reason: self.reason,
         })
     }
+}
+
+/// Decodes a task record, one written before the fields it gained too.
+pub fn decode_task(key: &str, bytes: &[u8]) -> Result<TaskRecord, CorruptRecord> {
+    super::decode_grown("tasks", key, bytes, TASK_FIELDS_ADDED)
 }
 
 /// Decodes an application record, one written before the fields it gained too.
@@ -397,6 +434,10 @@ mod tests {
         let limits = QueueLimits {
             max_apps: Some(3),
             submit_acl: Some(allot_core::access::Acl::parse("ada ops").unwrap()),
+            borrow_limit: Some("cpu=2".parse().unwrap()),
+            lend_limit: Some("gpu=1".parse().unwrap()),
+            priority_offset: -5,
+            priority_policy: PriorityPolicy::Fence,
             ..QueueLimits::default()
         };
         let bytes = crate::records::encode(&QueueRecord::of(&limits));
@@ -407,12 +448,43 @@ mod tests {
             admin_acl: None,
             group_max_apps: None,
             group_max: None,
+            borrow_limit: None,
+            lend_limit: None,
+            priority_offset: None,
+            priority_policy: None,
             ..QueueRecord::of(&limits)
         });
         let older = &older[..older.len() - QUEUE_FIELDS_ADDED];
         let record: QueueRecord = crate::records::decode_grown("queues", "root.q", older, QUEUE_FIELDS_ADDED).unwrap();
         let (_, read) = record.into_queue("root.q").unwrap();
         assert_eq!((read.max_apps, read.submit_acl, read.admin_acl), (Some(3), None, None));
+        assert_eq!((read.borrow_limit, read.priority_offset, read.priority_policy), (None, 0, PriorityPolicy::Default));
+    }
+
+    /// A task record written before priority classes reads as its priority with no class.
+    #[test]
+    fn a_task_record_of_the_older_format_reads_without_a_class() {
+        let record = TaskRecord {
+            resources: Vec::new(),
+            tokens: Vec::new(),
+            group: None,
+            priority: 9,
+            selector: BTreeMap::new(),
+            spec: String::new(),
+            state: "Pending".into(),
+            seq: 1,
+            added: 2,
+            placement: None,
+            slot: None,
+            reason: None,
+            priority_class: Some("high".into()),
+        };
+        let bytes = crate::records::encode(&record);
+        assert_eq!(decode_task("a/t", &bytes).unwrap(), record);
+        let older = crate::records::encode(&TaskRecord { priority_class: None, ..record.clone() });
+        let older = &older[..older.len() - TASK_FIELDS_ADDED];
+        let read = decode_task("a/t", older).unwrap().into_task("a", "t").unwrap();
+        assert_eq!(read.spec.priority, Priority::of(9));
     }
 
     /// A record written before `max_parallelism` existed (its bytes end where the field starts)
@@ -440,13 +512,21 @@ mod tests {
             max_parallelism: Some(3),
             user_groups: vec!["data".into()],
             queue_rule: Some(("user".into(), true)),
+            priority: Some(7),
+            priority_class: Some("high".into()),
         };
         let bytes = crate::records::encode(&record);
         assert_eq!(decode_app("a", &bytes).unwrap(), record);
-        // Before the placement and the groups: they read as none.
-        let newer = AppRecord { user_groups: Vec::new(), queue_rule: None, ..record.clone() };
+        // Before the priority, the placement and the groups: they read as none.
+        let newer = AppRecord {
+            user_groups: Vec::new(),
+            queue_rule: None,
+            priority: None,
+            priority_class: None,
+            ..record.clone()
+        };
         let older = crate::records::encode(&newer);
-        let older = &older[..older.len() - 2];
+        let older = &older[..older.len() - 4];
         assert_eq!(decode_app("a", older).unwrap(), AppRecord { max_parallelism: Some(3), ..newer.clone() });
         // Before the parallelism too.
         let older = crate::records::encode(&AppRecord { max_parallelism: None, ..newer });

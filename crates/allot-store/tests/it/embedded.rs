@@ -345,6 +345,7 @@ async fn a_reserved_gang_keeps_its_placements_and_its_placeholder_timeout_counts
             max_parallelism: None,
         },
         queue_rule: None,
+        priority: Default::default(),
     };
     let (submitted, _) = store.add_app(spec).await.unwrap();
     assert_eq!(submitted.app.state, AppState::Reserving, "waits for its gang");

@@ -315,13 +315,14 @@ async fn submit_one_task(store: &EmbeddedStore, app: &AppId, queue: QueuePath, s
         groups: Vec::new(),
         policy: SchedulingPolicy::default(),
         queue_rule: None,
+        priority: Default::default(),
     };
     let task = TaskSpec {
         id: TaskId::new("t1").unwrap(),
         resources: "cpu=1".parse().unwrap(),
         tokens: Vec::new(),
         group: None,
-        priority: 0,
+        priority: Default::default(),
         selector: Default::default(),
         spec: spec.to_owned(),
     };

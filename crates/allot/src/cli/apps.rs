@@ -55,6 +55,8 @@ impl From<Sort> for SortPolicy {
     }
 }
 
+// Parsed once per run: the size of its largest variant (`set`, with every limit) costs nothing.
+#[allow(clippy::large_enum_variant)]
 #[derive(Debug, clap::Subcommand)]
 pub(crate) enum QueueCommand {
     /// List the queues with their limits and use (quantities rounded; --json is exact).
@@ -109,6 +111,19 @@ pub(crate) enum QueueCommand {
         /// Who may administer (and submit) here and below, in the same format.
         #[arg(long, value_name = "ACL")]
         admin_acl: Option<String>,
+        /// The most it may hold beyond its guarantee, per resource named (others: no limit).
+        #[arg(long, value_name = "RESOURCES")]
+        borrow_limit: Option<String>,
+        /// The most of its unused guarantee other queues may use, per resource named; the rest is
+        /// kept free for it.
+        #[arg(long, value_name = "RESOURCES")]
+        lend_limit: Option<String>,
+        /// Added to the priority it shows its parent queue [default: 0].
+        #[arg(long, value_name = "N", allow_negative_numbers = true)]
+        priority_offset: Option<i32>,
+        /// Show its parent only its offset, not the priorities waiting in it.
+        #[arg(long)]
+        priority_fence: bool,
         #[command(flatten)]
         common: Common,
     },
@@ -209,9 +224,13 @@ pub(crate) enum TaskCommand {
         /// Its task group, if it is a member of the application's gang.
         #[arg(long, value_name = "GROUP")]
         group: Option<String>,
-        /// Higher first, inside its application (and in a queue sorted by priority).
-        #[arg(long, value_name = "N", default_value_t = 0, allow_negative_numbers = true)]
-        priority: i32,
+        /// Higher first, inside its application (and in a queue sorted by priority) [default:
+        /// its application's].
+        #[arg(long, value_name = "N", allow_negative_numbers = true, conflicts_with = "priority_class")]
+        priority: Option<i32>,
+        /// A priority class of the daemon's, instead of --priority.
+        #[arg(long, value_name = "NAME")]
+        priority_class: Option<String>,
         /// Units of a token namespace's quota it holds while placed, `NAMESPACE=UNITS`;
         /// repeatable.
         #[arg(long = "tokens", value_name = "NS=UNITS", value_parser = token_need)]
@@ -410,9 +429,17 @@ async fn run_queue(command: &QueueCommand) -> Result<u8, ClientError> {
             sort,
             submit_acl,
             admin_acl,
+            borrow_limit,
+            lend_limit,
+            priority_offset,
+            priority_fence,
             common,
         } => {
             let limits = PutQueue {
+                borrow_limit: borrow_limit.clone(),
+                lend_limit: lend_limit.clone(),
+                priority_offset: *priority_offset,
+                priority_policy: priority_fence.then_some(allot_client::PriorityPolicy::Fence),
                 guaranteed: guaranteed.clone(),
                 max: max.clone(),
                 max_apps: *max_apps,
@@ -486,8 +513,21 @@ async fn run_app(command: &AppCommand) -> Result<u8, ClientError> {
 
 async fn run_task(command: &TaskCommand) -> Result<u8, ClientError> {
     match command {
-        TaskCommand::Add { app, id, resources, group, priority, tokens, selector, spec, retries, common } => {
+        TaskCommand::Add {
+            app,
+            id,
+            resources,
+            group,
+            priority,
+            priority_class,
+            tokens,
+            selector,
+            spec,
+            retries,
+            common,
+        } => {
             let request = AddTask {
+                priority_class: priority_class.clone(),
                 id: id.clone(),
                 resources: resources.clone(),
                 tokens: tokens.clone(),

@@ -10,6 +10,7 @@ use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
+use allot_core::apps::priority::{PriorityClasses, PriorityPolicy};
 use allot_core::apps::queues::{QueueLimits, QueuePath, SortPolicy};
 use allot_core::apps::SchedConfig;
 use allot_core::pools::{LeaseRules, PoolName};
@@ -67,6 +68,10 @@ pub(crate) const SERVE_AFTER_HELP: &str = r#"Configuration file (--config), with
   group_max = "cpu=32"          # the most one group's applications hold
   submit_acl = "ada,bob data"   # who may submit here and below (YuniKorn's format; "*": all)
   admin_acl = " ops"            # who may administer (and submit) here and below
+  borrow_limit = "cpu=8"        # the most it holds beyond its guarantee (a resource not named: no limit)
+  lend_limit = "cpu=4"          # the most of its unused guarantee others may use; the rest is kept for it
+  priority_offset = 100         # added to the priority it shows its parent (queues go by priority, then fair share)
+  priority_policy = "fence"     # default, or fence: its parent sees the offset alone
   [[placement_rules]]           # choose the queue of an application that names none, or one its
                                 # user may not submit to: the first rule giving a usable queue wins
   name = "user"                 # provided, user, primary_group, tag or fixed
@@ -83,6 +88,10 @@ pub(crate) const SERVE_AFTER_HELP: &str = r#"Configuration file (--config), with
   completing_grace = "30s"      # how long an application whose tasks all ended waits for more
   app_retention = "1h"          # how long an ended application stays readable
   never_fits_grace = "5m"       # how long an application with a task that can never fit waits
+  default_priority_class = "normal" # the class of an application that names no priority (default: 0)
+  [priority_classes]            # named priorities for applications and tasks (priority_class = "high")
+  high = 1000
+  normal = 0
   [watch]                       # the change feed (GET /v1/watch); on Redis, the shared log
   retain_events = 100000        # the most events kept for watchers that resume
   retain_for = "1h"             # events older than this are not kept
@@ -180,6 +189,9 @@ struct ConfigFile {
     placement_rules: Vec<RuleConfig>,
     #[serde(default)]
     scheduler: SchedulerConfig,
+    /// Named priorities applications and tasks may ask for: name = value.
+    #[serde(default)]
+    priority_classes: BTreeMap<String, i32>,
     #[serde(default)]
     watch: WatchFileConfig,
     #[serde(default)]
@@ -376,6 +388,11 @@ struct QueueConfig {
     /// YuniKorn's format: `"*"`, or `"user1,user2 group1,group2"`.
     submit_acl: Option<String>,
     admin_acl: Option<String>,
+    borrow_limit: Option<String>,
+    lend_limit: Option<String>,
+    priority_offset: Option<i32>,
+    /// `default` or `fence`.
+    priority_policy: Option<String>,
 }
 
 /// `[[placement_rules]]` (and a rule's `parent`): YuniKorn's placement rules.
@@ -456,6 +473,8 @@ struct SchedulerConfig {
     /// How long an application with a task that can never fit (pools or quotas shrank below
     /// it) waits for them to grow back before it fails (default 5m).
     never_fits_grace: Option<String>,
+    /// The priority class of an application that names no priority (default: none, 0).
+    default_priority_class: Option<String>,
 }
 
 /// `[watch]`: how much of the change feed is kept, and how far a watcher may lag.
@@ -496,6 +515,11 @@ fn queue_limits(path: &str, queue: QueueConfig) -> anyhow::Result<QueueLimits> {
         Some("priority") => SortPolicy::Priority,
         Some(other) => bail!("[queues.\"{path}\"] sort: `{other}` is not fifo, fair or priority"),
     };
+    let priority_policy = match queue.priority_policy.as_deref() {
+        None => PriorityPolicy::Default,
+        Some(name) => PriorityPolicy::from_name(name)
+            .with_context(|| format!("[queues.\"{path}\"] priority_policy: `{name}` is not default or fence"))?,
+    };
     Ok(QueueLimits {
         guaranteed: resources("guaranteed", queue.guaranteed)?.unwrap_or_default(),
         max: resources("max", queue.max)?,
@@ -507,6 +531,10 @@ fn queue_limits(path: &str, queue: QueueConfig) -> anyhow::Result<QueueLimits> {
         sort,
         submit_acl: acl("submit_acl", queue.submit_acl)?,
         admin_acl: acl("admin_acl", queue.admin_acl)?,
+        borrow_limit: resources("borrow_limit", queue.borrow_limit)?,
+        lend_limit: resources("lend_limit", queue.lend_limit)?,
+        priority_offset: queue.priority_offset.unwrap_or(0),
+        priority_policy,
     })
 }
 
@@ -759,6 +787,8 @@ pub(super) fn resolve(args: &ServeArgs) -> anyhow::Result<Config> {
         retention_ms: ms("app_retention", &file.scheduler.app_retention)?.unwrap_or(defaults.retention_ms),
         never_fits_grace_ms: ms("never_fits_grace", &file.scheduler.never_fits_grace)?
             .unwrap_or(defaults.never_fits_grace_ms),
+        priority_classes: PriorityClasses::new(file.priority_classes, file.scheduler.default_priority_class)
+            .map_err(|err| anyhow::anyhow!("[priority_classes]: {err}"))?,
         ..defaults
     };
     let listen = args.listen.or(file.listen).unwrap_or_else(|| DEFAULT_LISTEN.parse().expect("valid address"));

@@ -11,11 +11,12 @@ use crate::support::{data_dir, eventually, Daemon};
 
 fn task(id: &str, spec: serde_json::Value) -> AddTask {
     AddTask {
+        priority_class: None,
         id: id.to_owned(),
         resources: "cpu=1".to_owned(),
         tokens: Vec::new(),
         group: None,
-        priority: 0,
+        priority: Default::default(),
         selector: BTreeMap::new(),
         spec: Some(spec),
         retries: None,
@@ -29,6 +30,8 @@ async fn a_daemon_runs_the_tasks_placed_on_its_pool() {
     let client = daemon.client();
     client.put_queue("root.run", &Default::default()).await.unwrap();
     let app = SubmitApp {
+        priority: None,
+        priority_class: None,
         id: "run-1".to_owned(),
         queue: Some("root.run".to_owned()),
         user: "me".to_owned(),
@@ -203,6 +206,8 @@ async fn task_logs_follow_a_running_shell_task_to_its_end() {
     client.put_queue("root.logs", &Default::default()).await.unwrap();
     let command = "for i in 1 2 3 4 5; do echo line $i; sleep 0.2; done; echo oops >&2";
     let app = SubmitApp {
+        priority: None,
+        priority_class: None,
         id: "logs".to_owned(),
         queue: Some("root.logs".to_owned()),
         user: "me".to_owned(),
@@ -270,6 +275,8 @@ async fn a_task_with_a_type_goes_only_to_a_pool_a_daemon_runs() {
     let mut stranded = task("stranded", serde_json::json!({ "type": "noop" }));
     stranded.selector = zone;
     let app = SubmitApp {
+        priority: None,
+        priority_class: None,
         id: "elsewhere".to_owned(),
         queue: Some("root.wait".to_owned()),
         user: "me".to_owned(),
@@ -394,6 +401,8 @@ async fn the_executor_runs_tasks_as_the_change_feed_brings_them_not_at_its_perio
         assert!(following, "the executor follows the feed");
         let tasks = (0..8).map(|i| task(&format!("t{i}"), serde_json::json!({ "type": "noop" }))).collect();
         let app = SubmitApp {
+            priority: None,
+            priority_class: None,
             id: "fed".to_owned(),
             queue: Some("root.fed".to_owned()),
             user: "me".to_owned(),

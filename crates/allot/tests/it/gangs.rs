@@ -15,6 +15,8 @@ pub(crate) fn gang(id: &str, seats: Option<&str>) -> SubmitApp {
     let tokens: Vec<TokenNeed> =
         seats.into_iter().map(|namespace| TokenNeed { namespace: namespace.to_owned(), units: 1 }).collect();
     SubmitApp {
+        priority: None,
+        priority_class: None,
         id: id.to_owned(),
         queue: Some("root.crash".to_owned()),
         user: "crash".to_owned(),
@@ -30,11 +32,12 @@ pub(crate) fn gang(id: &str, seats: Option<&str>) -> SubmitApp {
         policy: Default::default(),
         tasks: (0..MEMBERS)
             .map(|m| AddTask {
+                priority_class: None,
                 id: format!("m{m}"),
                 resources: "cpu=1".to_owned(),
                 tokens: tokens.clone(),
                 group: Some("workers".to_owned()),
-                priority: 0,
+                priority: Default::default(),
                 selector: BTreeMap::new(),
                 spec: None,
                 retries: None,

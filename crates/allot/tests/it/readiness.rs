@@ -33,16 +33,19 @@ async fn on_redis_a_daemon_is_ready_while_it_reaches_the_scheduler_and_clients_r
     // A task that waits says why, through the daemon that forwards.
     client.put_queue("root.wait", &Default::default()).await.unwrap();
     let task = AddTask {
+        priority_class: None,
         id: "stuck".to_owned(),
         resources: "cpu=1".to_owned(),
         tokens: Vec::new(),
         group: None,
-        priority: 0,
+        priority: Default::default(),
         selector: [("zone".to_owned(), "nowhere".to_owned())].into(),
         spec: None,
         retries: None,
     };
     let app = SubmitApp {
+        priority: None,
+        priority_class: None,
         id: "idle".to_owned(),
         queue: Some("root.wait".to_owned()),
         user: "me".to_owned(),

@@ -38,17 +38,20 @@ async fn a_daemon_killed_mid_run_has_its_tasks_run_again_on_the_others_and_the_a
         "echo hello-from-$ALLOT_TASK; sleep 2; echo \"{\\\"attempt\\\": $ALLOT_ATTEMPT, \\\"alloc\\\": \\\"$ALLOT_ALLOC\\\"}\" > \"$ALLOT_OUTPUTS\"";
     let tasks = (0..6)
         .map(|i| AddTask {
+            priority_class: None,
             id: format!("t{i}"),
             resources: "cpu=1".to_owned(),
             tokens: Vec::new(),
             group: None,
-            priority: 0,
+            priority: Default::default(),
             selector: BTreeMap::new(),
             spec: Some(serde_json::json!({ "type": "shell", "command": command })),
             retries: None,
         })
         .collect();
     let app = SubmitApp {
+        priority: None,
+        priority_class: None,
         id: "spread".to_owned(),
         queue: Some("root.spread".to_owned()),
         user: "me".to_owned(),
