@@ -40,6 +40,10 @@ class AddTask(TypedDict):
     """Its task group, if it is a gang member."""
     id: str
     """1 to 100 of A-Z, a-z, 0-9, `.`, `_`, `-`, starting with a letter or digit"""
+    preemptable: NotRequired[Optional[bool]]
+    """Whether the scheduler may preempt it for a task of higher priority or of a queue below its
+    guarantee (default true; also read as Flyte's `interruptible`). A gang member never is.
+    """
     priority: NotRequired[Optional[int]]
     """Higher first: in its application, and for its application in a queue sorted by `priority`.
     Neither this nor `priority_class` given: its application's.
@@ -415,6 +419,15 @@ class PoolStats(TypedDict):
     reclaimed: int
 
 
+class Preempting(TypedDict):
+    """A placed task being preempted."""
+    by: str
+    """The task it is preempted for, `app/task`."""
+    reason: str
+    since_ms_ago: int
+    """How long ago it was chosen (the daemon's clock)."""
+
+
 class PutBinding(TypedDict):
     """`PUT /v1/bindings/{name}`: give a role to users and groups."""
     groups: NotRequired[List[str]]
@@ -506,6 +519,11 @@ class PutQueue(TypedDict):
     """
     max_apps: NotRequired[Optional[int]]
     """The most applications running in it at once."""
+    preemption: NotRequired[Optional[PreemptionPolicy]]
+    preemption_delay_ms: NotRequired[Optional[int]]
+    """How long a task of it waits before it may preempt (default: its parent's, else 30 s)
+    [YuniKorn `preemption.delay`].
+    """
     priority_offset: NotRequired[Optional[int]]
     """Added to the priority it shows its parent (default 0) [YuniKorn `priority.offset`]."""
     priority_policy: NotRequired[Optional[PriorityPolicy]]
@@ -546,6 +564,8 @@ class Queue(TypedDict):
     path: str
     """e.g. `root.analytics.etl`."""
     pending_tasks: int
+    preemption: NotRequired[PreemptionPolicy]
+    preemption_delay_ms: NotRequired[Optional[int]]
     priority_offset: NotRequired[int]
     priority_policy: NotRequired[PriorityPolicy]
     running_apps: int
@@ -762,8 +782,14 @@ class SubmitAppResponse(TypedDict):
 class Task(TypedDict):
     app: str
     group: NotRequired[Optional[str]]
+    held_on: NotRequired[Optional[str]]
+    """While room is held for it on a pool (the tasks it preempted are ending): the pool."""
     id: str
     placement: NotRequired[Optional[Placement]]
+    preemptable: NotRequired[bool]
+    preempting: NotRequired[Optional[Preempting]]
+    preemptions: NotRequired[int]
+    """How many times it was preempted."""
     priority: int
     priority_class: NotRequired[Optional[str]]
     """The priority class it came from (its own, or its application's), if any."""
@@ -1183,6 +1209,8 @@ CapLevel = Literal["project", "namespace"]
 #: Why an alloc ended.
 EndReason = Literal["freed", "reclaimed", "pool_stopped", "pool_removed"]
 GangStyle = Literal["Soft", "Hard"]
+#: Whether and where a queue's tasks preempt, and are preempted [YuniKorn `preemption.policy`
+PreemptionPolicy = Literal["default", "fence", "disabled"]
 #: How a queue shows its priority to its parent [YuniKorn `priority.policy`].
 PriorityPolicy = Literal["default", "fence"]
 #: How a leaf queue orders its applications.

@@ -32,6 +32,18 @@ pub enum PriorityPolicy {
     Fence,
 }
 
+/// Whether and where a queue's tasks preempt, and are preempted [YuniKorn `preemption.policy`].
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+#[serde(rename_all = "lowercase")]
+pub enum PreemptionPolicy {
+    #[default]
+    Default,
+    /// Its tasks preempt only tasks inside it.
+    Fence,
+    /// Its tasks, and those of the queues below it, are never preempted.
+    Disabled,
+}
+
 /// `PUT /v1/queues/{queue}`: create a queue (and its parents) or change its limits. A limit not
 /// given is no limit.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
@@ -82,6 +94,12 @@ pub struct PutQueue {
     pub priority_offset: Option<i32>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub priority_policy: Option<PriorityPolicy>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub preemption: Option<PreemptionPolicy>,
+    /// How long a task of it waits before it may preempt (default: its parent's, else 30 s)
+    /// [YuniKorn `preemption.delay`].
+    #[serde(default, skip_serializing_if = "Option::is_none", deserialize_with = "integer::optional")]
+    pub preemption_delay_ms: Option<u64>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
@@ -112,6 +130,10 @@ pub struct Queue {
     pub priority_offset: i32,
     #[serde(default)]
     pub priority_policy: PriorityPolicy,
+    #[serde(default)]
+    pub preemption: PreemptionPolicy,
+    #[serde(default)]
+    pub preemption_delay_ms: Option<u64>,
     /// What the placements of its applications hold.
     pub used: String,
     pub running_apps: u64,
@@ -206,6 +228,10 @@ pub struct AddTask {
     /// A priority class of the daemon's (`[priority_classes]`), instead of `priority`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub priority_class: Option<String>,
+    /// Whether the scheduler may preempt it for a task of higher priority or of a queue below
+    /// its guarantee (default true; also read as Flyte's `interruptible`). A gang member never is.
+    #[serde(default, skip_serializing_if = "Option::is_none", alias = "interruptible")]
+    pub preemptable: Option<bool>,
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub selector: BTreeMap<String, String>,
     /// Opaque to allot: whatever runs the task needs.
@@ -387,6 +413,17 @@ pub struct Task {
     /// The priority class it came from (its own, or its application's), if any.
     #[serde(default)]
     pub priority_class: Option<String>,
+    #[serde(default = "yes")]
+    pub preemptable: bool,
+    /// How many times it was preempted.
+    #[serde(default)]
+    pub preemptions: u32,
+    /// While it is being preempted: for whom and why.
+    #[serde(default)]
+    pub preempting: Option<Preempting>,
+    /// While room is held for it on a pool (the tasks it preempted are ending): the pool.
+    #[serde(default)]
+    pub held_on: Option<String>,
     pub selector: BTreeMap<String, String>,
     #[schema(value_type = Option<Object>)]
     pub spec: Option<serde_json::Value>,
@@ -394,6 +431,20 @@ pub struct Task {
     pub placement: Option<Placement>,
     pub waiting: Option<Waiting>,
     pub reason: Option<String>,
+}
+
+fn yes() -> bool {
+    true
+}
+
+/// A placed task being preempted.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+pub struct Preempting {
+    /// The task it is preempted for, `app/task`.
+    pub by: String,
+    pub reason: String,
+    /// How long ago it was chosen (the daemon's clock).
+    pub since_ms_ago: u64,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]

@@ -363,6 +363,7 @@ async fn measure(
     let mut poller = Conn::connect(endpoint).await?;
     let tasks: Vec<allot_api::AddTask> = (0..args.tasks)
         .map(|i| allot_api::AddTask {
+            preemptable: None,
             priority_class: None,
             id: format!("task-{i}"),
             resources: TASK.to_owned(),

@@ -133,6 +133,7 @@ fn submission(i: usize, members: u32) -> SubmitApp {
         policy: Default::default(),
         tasks: (0..members)
             .map(|m| AddTask {
+                preemptable: None,
                 priority_class: None,
                 id: format!("member-{m}"),
                 resources: "cpu=1".to_owned(),

@@ -265,6 +265,7 @@ fn setup(tasks: usize, pools: usize, capacity: &Resources) -> anyhow::Result<Set
         // Half per application, as YuniKorn's asks: numPods / 2 and the rest.
         let app = &apps[usize::from(i >= tasks / 2)];
         let spec = TaskSpec {
+            preemptable: true,
             id: TaskId::new(&format!("task-{i}"))?,
             resources: resources.clone(),
             tokens: Vec::new(),
@@ -325,6 +326,7 @@ fn measure(tasks: usize, pools: usize, capacity: Option<&Resources>) -> anyhow::
     for j in 0..ONE_TASK_CYCLES {
         let now = 2 + (cycles + j) as u64;
         let spec = TaskSpec {
+            preemptable: true,
             id: TaskId::new(&format!("one-more-{j}"))?,
             resources: task.clone(),
             tokens: Vec::new(),

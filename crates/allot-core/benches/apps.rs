@@ -72,6 +72,7 @@ fn setup_with(spec: String, run: bool) -> (Scheduler, Pools, Ledger) {
     let task = res("cpu=1,mem=10");
     for i in 0..TASKS {
         let spec = TaskSpec {
+            preemptable: true,
             id: TaskId::new(&format!("task-{i}")).unwrap(),
             resources: task.clone(),
             tokens: Vec::new(),

@@ -199,6 +199,7 @@ pub(crate) fn with_limits(mut doc: Value, max_wait: std::time::Duration) -> Valu
         ("PutQueue", "borrow_limit", resources(false)),
         ("PutQueue", "lend_limit", resources(false)),
         ("PutQueue", "priority_offset", priority.clone()),
+        ("PutQueue", "preemption_delay_ms", range(0, MAX_TIMEOUT_MS)),
         ("SubmitApp", "priority", priority.clone()),
         ("SubmitApp", "priority_class", priority_class.clone()),
         ("AddTask", "priority", priority.clone()),

@@ -190,6 +190,7 @@ pub(crate) fn check_app(submit: &SubmitApp) -> Result<(), String> {
         }
         let spec_text = run_spec.as_ref().map(serde_json::Value::to_string).unwrap_or_default();
         let task_spec = TaskSpec {
+            preemptable: task.preemptable.unwrap_or(true),
             id: at(&format!("{field}.id"), TaskId::new(&task.id))?,
             resources: at(&format!("{field}.resources"), task.resources.parse::<Resources>())?,
             tokens: needs(&format!("{field}.tokens"), &task.tokens)?,

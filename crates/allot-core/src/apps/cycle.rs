@@ -30,6 +30,8 @@ use std::ops::Bound;
 use std::rc::Rc;
 use std::sync::Arc;
 
+mod preempt;
+
 use super::runners::{Runners, TaskTypes};
 use super::why::Why;
 use super::{
@@ -356,6 +358,8 @@ struct Cycle<'c> {
     /// `Scheduler::never_fits` as the cycle found it: since when each application's task could
     /// never fit, kept for those that still cannot.
     never_fits_before: HashMap<AppId, (Millis, String)>,
+    /// By spot: the room held there for tasks that preempted (taken out of `room`).
+    held: HashMap<usize, Resources>,
 }
 
 impl Scheduler {
@@ -385,8 +389,10 @@ impl Scheduler {
         let never_fits_before = std::mem::take(&mut self.never_fits);
         let mut lanes = self.lanes();
         if lanes.is_empty() {
+            self.next_preemption = None;
             return (CycleReport { timed_out, ..CycleReport::default() }, out);
         }
+        let held_room = self.held_room();
         let mut cycle = Cycle {
             now,
             room: Room::new(
@@ -404,7 +410,17 @@ impl Scheduler {
             report: CycleReport { timed_out, ..CycleReport::default() },
             filters: Filters::default(),
             never_fits_before,
+            held: HashMap::new(),
         };
+        // The room held for preemptors is no one else's.
+        for (i, spot) in cycle.room.spots.iter().enumerate() {
+            if let Some(held) = held_room.get(&spot.name) {
+                cycle.held.insert(i, held.min(&spot.free));
+            }
+        }
+        for (i, held) in &cycle.held {
+            cycle.room.take(*i, held);
+        }
         let priorities = self.queue_priorities(&lanes);
         let mut heap: BinaryHeap<Reverse<(Vec<u64>, usize)>> = lanes
             .iter()
@@ -432,6 +448,7 @@ impl Scheduler {
                 heap.push(Reverse((self.fair_key(&lanes[i].ancestors, &priorities), i)));
             }
         }
+        self.preempt(world, &mut cycle);
         (cycle.report, cycle.out)
     }
 
@@ -592,7 +609,17 @@ impl Scheduler {
             let Some(key) = next.cloned() else { return false };
             let task = key.2.clone();
             cycle.cursors.insert(app_id.clone(), key);
-            match self.place_task(app_id, &task, world, cycle) {
+            // A task that preempted takes the room held for it.
+            let held = (app_id.clone(), task.clone());
+            let given = match self.holders.contains_key(&held) {
+                true => self.unhold(&held, &mut cycle.room, &mut cycle.held),
+                false => None,
+            };
+            let placed = self.place_task(app_id, &task, world, cycle);
+            if let Some(given) = given {
+                self.rehold(&held, given, placed.is_ok(), cycle);
+            }
+            match placed {
                 Ok(()) => return true,
                 Err(why) => {
                     // A queue's limit holds the application back, not only this task: it says so;
@@ -657,7 +684,9 @@ impl Scheduler {
             return Err(why);
         }
         let class = allowed.as_ref().map_or(0, |a| a.class);
-        if let Some(why) = cycle.no_room.get(&wanted, &selector, class) {
+        // A task with room held for it sees more room than the others: not what they found.
+        let holder = task.held.is_some();
+        if let Some(why) = cycle.no_room.get(&wanted, &selector, class).filter(|_| !holder) {
             return Err(why.clone());
         }
         let spot = match cycle.room.best_fit(&wanted, &selector, &HashMap::new(), allowed.as_ref()) {
@@ -669,7 +698,9 @@ impl Scheduler {
                     }
                     why => why,
                 };
-                cycle.no_room.insert(&wanted, &selector, class, why.clone());
+                if !holder {
+                    cycle.no_room.insert(&wanted, &selector, class, why.clone());
+                }
                 return Err(why);
             }
         };
@@ -719,6 +750,8 @@ impl Scheduler {
         let before = task.state;
         task.state = task_known(task.state, &[TaskEvent::Schedule, TaskEvent::Allocate], &mut cycle.out);
         task.placement = Some(placement);
+        // Placed: it holds no room any more.
+        task.held = None;
         task.slot = slot;
         let after = task.state;
         cycle.out.apps.push(AppChange::Task(task.clone()));
@@ -949,6 +982,7 @@ impl Scheduler {
     /// Runs the timers that are due: reserve timeouts, placeholder timeouts, completing grace.
     /// Returns how many applications timed out.
     pub(super) fn expire(&mut self, now: Millis, world: &mut World<'_>, out: &mut Outcome) -> usize {
+        self.end_graces(now, world, out);
         let due: Vec<AppId> = self
             .apps
             .values()
@@ -1005,7 +1039,8 @@ impl Scheduler {
     pub fn next_deadline(&self) -> Option<Millis> {
         let grace = self.config.never_fits_grace_ms;
         let unfit = self.never_fits.values().map(|(since, _)| since.saturating_add(grace)).min();
-        self.apps.values().filter_map(|app| app_deadline(app, &self.config)).chain(unfit).min()
+        let apps = self.apps.values().filter_map(|app| app_deadline(app, &self.config));
+        apps.chain(unfit).chain(self.preemption_deadline()).min()
     }
 }
 

@@ -58,6 +58,14 @@ pub const DEFAULT_RETENTION_MS: u64 = 3_600_000;
 /// back) before it fails, by default: five minutes.
 pub const DEFAULT_NEVER_FITS_GRACE_MS: u64 = 300_000;
 
+/// How long a preempted task's executor has to end it, by default (Kubernetes' termination
+/// grace).
+pub const DEFAULT_PREEMPTION_GRACE_MS: u64 = 30_000;
+/// How long a task waits before it may preempt, by default [YuniKorn `preemption.delay`].
+pub const DEFAULT_PREEMPTION_DELAY_MS: u64 = 30_000;
+/// How many times a task may be preempted before it is protected, by default.
+pub const DEFAULT_MAX_PREEMPTIONS: u32 = 3;
+
 /// Why the scheduler refuses a request.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum SchedError {
@@ -195,6 +203,24 @@ pub struct Task {
     /// The member slot of its group it took over, if it did.
     pub slot: Option<u32>,
     pub reason: Option<String>,
+    /// How many times it was preempted; at `max_preemptions` it is not taken again.
+    pub preemptions: u32,
+    /// When it was last preempted: it may not preempt before its queue's delay has passed since.
+    pub preempted_at: Option<Millis>,
+    /// Placed, and being preempted for another task: its executor ends its attempt, else the
+    /// scheduler takes it back once the grace is over.
+    pub preempting: Option<Preempting>,
+    /// Pending, with room on this pool held for it while the tasks it preempted end: no other
+    /// task is placed into that room.
+    pub held: Option<PoolName>,
+}
+
+/// A placed task being preempted: for whom, since when, and why.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Preempting {
+    pub by: (AppId, TaskId),
+    pub at: Millis,
+    pub reason: String,
 }
 
 /// What a submission answers: the application, whether it is new, each task with whether it is
@@ -316,6 +342,9 @@ pub struct SchedStats {
     pub takeovers: u64,
     pub placeholder_timeouts: u64,
     pub reserve_timeouts: u64,
+    /// Preemptions decided (a preemptor and its victims), and victims taken back.
+    pub preemption_decisions: u64,
+    pub preemptions: u64,
 }
 
 /// Settings of the scheduler.
@@ -333,6 +362,13 @@ pub struct SchedConfig {
     pub never_fits_grace_ms: u64,
     /// The named priorities applications and tasks may ask for, resolved when they are added.
     pub priority_classes: PriorityClasses,
+    /// Whether the scheduler preempts at all (queues may turn it off for themselves).
+    pub preemption: bool,
+    /// How long a preempted task's executor has to end its attempt before the scheduler takes
+    /// its placement back itself.
+    pub preemption_grace_ms: u64,
+    /// A task preempted this many times is not taken again [issue 42: no loops].
+    pub max_preemptions: u32,
 }
 
 impl Default for SchedConfig {
@@ -344,6 +380,9 @@ impl Default for SchedConfig {
             tenancy: Tenancy::Open,
             never_fits_grace_ms: DEFAULT_NEVER_FITS_GRACE_MS,
             priority_classes: PriorityClasses::default(),
+            preemption: true,
+            preemption_grace_ms: DEFAULT_PREEMPTION_GRACE_MS,
+            max_preemptions: DEFAULT_MAX_PREEMPTIONS,
         }
     }
 }
@@ -392,6 +431,14 @@ pub struct Scheduler {
     /// Applications with a task that can never fit, since when (the last cycle that looked at
     /// them said so). Not recorded: after a restart their grace starts again.
     never_fits: HashMap<AppId, (Millis, String)>,
+    /// The tasks being preempted, for whom and since when: an index of `Task::preempting`,
+    /// rebuilt at restore. An entry whose task no longer says so is stale and dropped when met.
+    victims: BTreeMap<(AppId, TaskId), ((AppId, TaskId), Millis)>,
+    /// The pending tasks with room held for them: an index of `Task::held`, kept as `victims`.
+    holders: BTreeMap<(AppId, TaskId), PoolName>,
+    /// The earliest time a task that found no room may preempt (its queue's delay), as the last
+    /// cycle saw it: the scheduler runs a cycle then.
+    next_preemption: Option<Millis>,
 }
 
 fn pending_key(task: &Task) -> PendingKey {
@@ -476,6 +523,7 @@ impl Scheduler {
             }
             restored.count(&task.app, None, Some(task.state));
             restored.keep_type(&task);
+            restored.index_preemption(&task);
             restored.tasks.entry(task.app.clone()).or_default().insert(task.spec.id.clone(), task);
         }
         restored
@@ -1136,6 +1184,10 @@ impl Scheduler {
             placement: None,
             slot: None,
             reason: None,
+            preemptions: 0,
+            preempted_at: None,
+            preempting: None,
+            held: None,
         };
         self.next_seq += 1;
         let Some(app) = self.apps.get_mut(app_id) else {
@@ -1201,6 +1253,23 @@ impl Scheduler {
         let record = record.clone();
         self.count(app, Some(before), Some(record.state));
         Ok((record.clone(), Outcome { apps: vec![AppChange::Task(record)], ..Outcome::default() }))
+    }
+
+    /// A task being preempted ended its attempt (its executor aborted it): it goes back to
+    /// waiting at once, its placement released, instead of at the end of its grace.
+    pub fn preempted(
+        &mut self,
+        app: &AppId,
+        task: &TaskId,
+        now: Millis,
+        world: &mut World<'_>,
+    ) -> Result<(Task, Outcome), SchedError> {
+        if self.task(app, task)?.preempting.is_none() {
+            return Err(SchedError::Invalid(format!("task `{task}` of application `{app}` is not being preempted")));
+        }
+        let mut out = Outcome::default();
+        self.take_back(app, task, now, world, &mut out)?;
+        Ok((self.task(app, task)?.clone(), out))
     }
 
     /// Reports a task completed or failed: its alloc and grants are released, and its application
@@ -1295,6 +1364,9 @@ impl Scheduler {
         let before = task.state;
         task.state = before.on(event)?;
         task.reason = reason.or(task.reason.take());
+        // Ended: it neither waits for held room nor is preempted any more.
+        task.preempting = None;
+        task.held = None;
         let task = task.clone();
         self.count(app_id, Some(before), Some(task.state));
         if before == TaskState::Pending {
@@ -1442,6 +1514,7 @@ impl Scheduler {
         let before = task.state;
         task.state = before.on(TaskEvent::Lose)?;
         task.reason = Some(format!("placed again: {reason}"));
+        task.preempting = None;
         let placement = task.placement.take();
         let task = task.clone();
         self.count(app_id, Some(before), Some(task.state));
@@ -1539,6 +1612,12 @@ impl Scheduler {
                     return Err(format!("{}/{}: its type read once is not its spec's", app.spec.id, task.spec.id));
                 }
                 let holds = matches!(task.state, TaskState::Allocated | TaskState::Running);
+                if task.preempting.is_some() && !holds {
+                    return Err(format!("{}/{}: {} yet being preempted", app.spec.id, task.spec.id, task.state));
+                }
+                if task.held.is_some() && task.state != TaskState::Pending {
+                    return Err(format!("{}/{}: {} yet room is held for it", app.spec.id, task.spec.id, task.state));
+                }
                 if holds != task.placement.is_some() && holds {
                     return Err(format!("{}/{}: {} without a placement", app.spec.id, task.spec.id, task.state));
                 }

@@ -146,6 +146,39 @@ pub struct QueueLimits {
     pub priority_offset: i32,
     /// [YuniKorn `priority.policy`]: `Fence` shows the parent the offset alone.
     pub priority_policy: PriorityPolicy,
+    /// [YuniKorn `preemption.policy`]: `Disabled`, its tasks (and those below) are never
+    /// preempted; `Fence`, its tasks preempt only inside it.
+    pub preemption: PreemptionPolicy,
+    /// How long a task of it waits before it may preempt [YuniKorn `preemption.delay`]; none:
+    /// its parent's, else 30 s.
+    pub preemption_delay_ms: Option<u64>,
+}
+
+/// Whether and where a queue's tasks preempt, and are preempted.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum PreemptionPolicy {
+    #[default]
+    Default,
+    /// Its tasks preempt only tasks inside it.
+    Fence,
+    /// Its tasks, and those of the queues below it, are never preempted.
+    Disabled,
+}
+
+impl PreemptionPolicy {
+    pub fn name(self) -> &'static str {
+        match self {
+            PreemptionPolicy::Default => "default",
+            PreemptionPolicy::Fence => "fence",
+            PreemptionPolicy::Disabled => "disabled",
+        }
+    }
+
+    pub fn from_name(name: &str) -> Option<PreemptionPolicy> {
+        [PreemptionPolicy::Default, PreemptionPolicy::Fence, PreemptionPolicy::Disabled]
+            .into_iter()
+            .find(|p| p.name() == name)
+    }
 }
 
 /// What a queue (with everything below it) holds now, as the scheduler counts it.

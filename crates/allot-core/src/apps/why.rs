@@ -39,6 +39,12 @@ pub enum Why {
     /// As things are now (the pools' capacity, the quotas, the executors' task types) the task
     /// can never be placed: its application fails after a grace unless they grow back.
     CanNeverFit(NeverFits),
+    /// No room now (`room`, a `NoRoom`), and what preemption says: when the task may preempt,
+    /// or the rule that keeps it from preempting.
+    NoRoomYet { room: Box<Why>, preemption: String },
+    /// Tasks on `pool` are being preempted for it (`victims`, `app/task`); the room is held for
+    /// it, and it is placed once they have ended, at the latest after `grace_ms`.
+    Preempting { pool: PoolName, victims: Vec<String>, grace_ms: u64 },
 }
 
 /// Why what a task asks for can never be had as things are.
@@ -94,6 +100,7 @@ impl Why {
         "type_not_run",
         "not_run",
         "can_never_fit",
+        "preempting",
     ];
 
     /// The code of this name, as [`Why::code`] answers it.
@@ -115,6 +122,8 @@ impl Why {
             Why::TypeNotRun { .. } => "type_not_run",
             Why::NotRun { .. } => "not_run",
             Why::CanNeverFit(_) => "can_never_fit",
+            Why::NoRoomYet { room, .. } => room.code(),
+            Why::Preempting { .. } => "preempting",
         }
     }
 }
@@ -171,6 +180,21 @@ impl fmt::Display for Why {
                 )
             }
             Why::CanNeverFit(never) => write!(f, "it can never fit: {never}"),
+            Why::NoRoomYet { room, preemption } => write!(f, "{room}; {preemption}"),
+            Why::Preempting { pool, victims, grace_ms } => {
+                let named: Vec<&str> = victims.iter().take(5).map(String::as_str).collect();
+                let more = match victims.len().saturating_sub(named.len()) {
+                    0 => String::new(),
+                    more => format!(" and {more} more"),
+                };
+                write!(
+                    f,
+                    "preempting {}{more} on pool `{pool}` for it: the room is held for it, and it is placed once \
+                     they have ended (their executors end them, at the latest {}s after they were chosen)",
+                    named.join(", "),
+                    grace_ms / 1000
+                )
+            }
         }
     }
 }
@@ -191,6 +215,7 @@ mod tests {
             Why::TypeNotRun { task_type: Some("shell".into()), pools: "any pool".into() },
             Why::NotRun { pools: vec!["p".into()] },
             Why::CanNeverFit(NeverFits::TaskType { task_type: "x".into() }),
+            Why::Preempting { pool: PoolName::new("p").unwrap(), victims: vec!["a/t".into()], grace_ms: 1000 },
         ];
         for why in &every {
             assert_eq!(Why::code_named(why.code()), Some(why.code()));

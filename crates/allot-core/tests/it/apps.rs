@@ -17,8 +17,8 @@ use allot_core::{Ledger, Millis, NamespaceName, Resources};
 pub(crate) struct Bench {
     pub(crate) sched: Scheduler,
     pub(crate) pools: Pools,
-    ledger: Ledger,
-    now: Millis,
+    pub(crate) ledger: Ledger,
+    pub(crate) now: Millis,
     next_id: u64,
 }
 
@@ -56,6 +56,7 @@ pub(crate) fn group(name: &str, members: u32, resources: &str) -> TaskGroup {
 
 pub(crate) fn task(id: &str, resources: &str) -> TaskSpec {
     TaskSpec {
+        preemptable: true,
         id: TaskId::new(id).unwrap(),
         resources: res(resources),
         tokens: Vec::new(),
@@ -532,7 +533,11 @@ fn selectors_pick_pools_by_label_and_priority_orders_a_queue() {
     assert_eq!(b.state("high", "t"), TaskState::Allocated);
     assert_eq!(b.state("low", "t"), TaskState::Pending);
     let why = b.sched.task_why(&aid("low"), &tid("t")).unwrap().to_string();
-    assert_eq!(why, "no matching pool has cpu=1 free; the closest, `one`, lacks cpu=1");
+    assert_eq!(
+        why,
+        "no matching pool has cpu=1 free; the closest, `one`, lacks cpu=1; it cannot preempt: its queue is not below \
+         its guarantee, and no task there has a lower priority"
+    );
 }
 
 #[test]

@@ -131,6 +131,7 @@ impl World2 {
             }
             Op::AddTask { app, task, cpu, member, token } => {
                 let spec = TaskSpec {
+                    preemptable: true,
                     id: task_id(task),
                     resources: format!("cpu={}", if member { 1 } else { cpu }).parse().unwrap(),
                     tokens: if token { vec![TokenNeed { namespace: tokens(), units: 1 }] } else { vec![] },

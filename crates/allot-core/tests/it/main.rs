@@ -4,6 +4,7 @@
 mod apps;
 mod apps_model;
 mod pools;
+mod preemption;
 mod priorities;
 mod quotas;
 mod quotas_model;

@@ -186,6 +186,7 @@ proptest! {
                             [("kind".to_owned(), if gpu { "gpu" } else { "cpu" }.to_owned())].into()
                         });
                         let spec = TaskSpec {
+                            preemptable: true,
                             id: TaskId::new(&format!("t{i}")).unwrap(),
                             resources: res(plan.cpu.min(3)),
                             tokens: match (in_gang, &groups_of) {

@@ -217,6 +217,7 @@ pub(crate) async fn submit_with(
 /// Task `id` (cpu=1) with `spec`.
 pub(crate) fn task_spec(id: &str, spec: &serde_json::Value) -> TaskSpec {
     TaskSpec {
+        preemptable: true,
         id: TaskId::new(id).unwrap(),
         resources: "cpu=1".parse().unwrap(),
         tokens: Vec::new(),

@@ -2,8 +2,8 @@
 
 use allot_api as api;
 use allot_core::apps::priority::{Priority, PriorityPolicy};
-use allot_core::apps::queues::{QueueLimits, QueuePath, SortPolicy};
-use allot_core::apps::spec::DEFAULT_PLACEHOLDER_TIMEOUT_MS;
+use allot_core::apps::queues::{PreemptionPolicy, QueueLimits, QueuePath, SortPolicy};
+use allot_core::apps::spec::{DEFAULT_PLACEHOLDER_TIMEOUT_MS, MAX_TIMEOUT_MS};
 use allot_core::apps::states::TaskState;
 use allot_core::apps::{
     AppId, AppSpec, GangStyle, GroupName, HeldTokens, Placement, QueueRule, QueueView, SchedulingPolicy, TaskGroup,
@@ -52,6 +52,11 @@ pub(crate) fn queue_limits(body: api::PutQueue) -> Result<QueueLimits, ApiError>
             return Err(ApiError::invalid_argument(format!("{what} must be at most {MAX_UNITS}")));
         }
     }
+    if let Some(delay) = body.preemption_delay_ms.filter(|d| *d > MAX_TIMEOUT_MS) {
+        return Err(ApiError::invalid_argument(format!(
+            "preemption_delay_ms must be at most {MAX_TIMEOUT_MS} (30 days), got {delay}"
+        )));
+    }
     Ok(QueueLimits {
         guaranteed: body.guaranteed.as_deref().map(resources).transpose()?.unwrap_or_default(),
         max: body.max.as_deref().map(resources).transpose()?,
@@ -70,6 +75,12 @@ pub(crate) fn queue_limits(body: api::PutQueue) -> Result<QueueLimits, ApiError>
             api::PriorityPolicy::Default => PriorityPolicy::Default,
             api::PriorityPolicy::Fence => PriorityPolicy::Fence,
         },
+        preemption: match body.preemption.unwrap_or_default() {
+            api::PreemptionPolicy::Default => PreemptionPolicy::Default,
+            api::PreemptionPolicy::Fence => PreemptionPolicy::Fence,
+            api::PreemptionPolicy::Disabled => PreemptionPolicy::Disabled,
+        },
+        preemption_delay_ms: body.preemption_delay_ms,
     })
 }
 
@@ -104,6 +115,12 @@ pub(crate) fn queue(view: QueueView) -> api::Queue {
             PriorityPolicy::Default => api::PriorityPolicy::Default,
             PriorityPolicy::Fence => api::PriorityPolicy::Fence,
         },
+        preemption: match limits.preemption {
+            PreemptionPolicy::Default => api::PreemptionPolicy::Default,
+            PreemptionPolicy::Fence => api::PreemptionPolicy::Fence,
+            PreemptionPolicy::Disabled => api::PreemptionPolicy::Disabled,
+        },
+        preemption_delay_ms: limits.preemption_delay_ms,
         used: view.usage.allocated.to_string(),
         running_apps: view.usage.running_apps,
         apps: view.apps,
@@ -171,6 +188,7 @@ pub(crate) fn task_spec(mut body: api::AddTask) -> Result<TaskSpec, ApiError> {
         allot_api::spec::retries(spec).map_err(|why| invalid(format!("spec: {why}")))?;
     }
     Ok(TaskSpec {
+        preemptable: body.preemptable.unwrap_or(true),
         id: task_id(&body.id)?,
         resources: resources(&body.resources)?,
         tokens: needs_in(body.tokens)?,
@@ -265,7 +283,7 @@ pub(crate) fn app(info: AppInfo, now: Millis) -> api::App {
     }
 }
 
-pub(crate) fn task(info: TaskInfo) -> api::Task {
+pub(crate) fn task(info: TaskInfo, now: Millis) -> api::Task {
     let TaskInfo { task, why } = info;
     let spec = task.spec;
     api::Task {
@@ -278,6 +296,14 @@ pub(crate) fn task(info: TaskInfo) -> api::Task {
         group: spec.group.map(|g| g.to_string()),
         priority: spec.priority.value(),
         priority_class: spec.priority.class,
+        preemptable: spec.preemptable,
+        preemptions: task.preemptions,
+        preempting: task.preempting.as_ref().map(|p| api::Preempting {
+            by: format!("{}/{}", p.by.0, p.by.1),
+            reason: p.reason.clone(),
+            since_ms_ago: now.saturating_sub(p.at),
+        }),
+        held_on: task.held.as_ref().map(|pool| pool.to_string()),
         selector: spec.selector,
         spec: (!spec.spec.is_empty()).then(|| serde_json::from_str(&spec.spec).ok()).flatten(),
         placement: task.placement.as_ref().map(placement),

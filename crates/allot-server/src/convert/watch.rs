@@ -51,7 +51,7 @@ fn object(event: &Event) -> api::WatchObject {
         EventObject::App(app) => {
             Wire::App(apps::app(AppInfo { app: *app, tasks: BTreeMap::new(), why: None, released: None }, at))
         }
-        EventObject::Task(task) => Wire::Task(apps::task(TaskInfo { task: *task, why: None })),
+        EventObject::Task(task) => Wire::Task(apps::task(TaskInfo { task: *task, why: None }, at)),
         EventObject::Run(run) => {
             let (app, task) = run_of(&event.key);
             Wire::Run(runs::task_run(app, task, *run))

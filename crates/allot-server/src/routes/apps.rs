@@ -161,7 +161,7 @@ async fn submit_as(
     // One commit, all or nothing: a refused task leaves no application behind, and a large
     // application is submitted at the speed of one write.
     let (info, created, added) = store.submit_app(spec, tasks).await?;
-    let tasks = added.into_iter().map(|(info, _)| convert::task(info)).collect();
+    let tasks = added.into_iter().map(|(info, _)| convert::task(info, store.now())).collect();
     Ok(api::SubmitAppResponse { created, app: convert::app(info, store.now()), tasks })
 }
 
@@ -275,7 +275,7 @@ pub(crate) async fn list_tasks(
     QueryArgs(query): QueryArgs<PageQuery>,
 ) -> Answer<api::TaskList> {
     let page = state.store.tasks(app_id(&id)?, query.request()?).await?;
-    let mut tasks: Vec<api::Task> = page.items.into_iter().map(convert::task).collect();
+    let mut tasks: Vec<api::Task> = page.items.into_iter().map(|info| convert::task(info, state.store.now())).collect();
     note_unrun_pools(&state, &mut tasks).await;
     Ok(Json(api::TaskList { tasks, next_cursor: cursor(page.next) }))
 }
@@ -305,7 +305,7 @@ pub(crate) async fn add_task(
     }
     let (info, created) = state.store.add_task(id, spec).await?;
     let status = if created { StatusCode::CREATED } else { StatusCode::OK };
-    Ok((status, Json(api::AddTaskResponse { created, task: convert::task(info) })))
+    Ok((status, Json(api::AddTaskResponse { created, task: convert::task(info, state.store.now()) })))
 }
 
 /// A task: its state, where it is placed (its alloc and tokens), or why it waits.
@@ -317,7 +317,7 @@ pub(crate) async fn get_task(
     State(state): State<ServerState>,
     Segments((app, task)): Segments<(String, String)>,
 ) -> Answer<api::Task> {
-    let mut task = convert::task(state.store.task(app_id(&app)?, task_id(&task)?).await?);
+    let mut task = convert::task(state.store.task(app_id(&app)?, task_id(&task)?).await?, state.store.now());
     note_unrun_pools(&state, std::slice::from_mut(&mut task)).await;
     Ok(Json(task))
 }
@@ -334,7 +334,7 @@ pub(crate) async fn remove_task(
 ) -> Answer<api::Task> {
     let (app, task) = (app_id(&app)?, task_id(&task)?);
     may_change(&state, &who, &app, AppAction::End).await?;
-    Ok(Json(convert::task(state.store.remove_task(app, task).await?)))
+    Ok(Json(convert::task(state.store.remove_task(app, task).await?, state.store.now())))
 }
 
 /// Reports an Allocated task running.
@@ -348,7 +348,7 @@ pub(crate) async fn start_task(
     State(state): State<ServerState>,
     Segments((app, task)): Segments<(String, String)>,
 ) -> Answer<api::Task> {
-    Ok(Json(convert::task(state.store.start_task(app_id(&app)?, task_id(&task)?).await?)))
+    Ok(Json(convert::task(state.store.start_task(app_id(&app)?, task_id(&task)?).await?, state.store.now())))
 }
 
 /// Reports a task completed: its alloc and tokens are released.
@@ -362,7 +362,7 @@ pub(crate) async fn complete_task(
     State(state): State<ServerState>,
     Segments((app, task)): Segments<(String, String)>,
 ) -> Answer<api::Task> {
-    Ok(Json(convert::task(state.store.finish_task(app_id(&app)?, task_id(&task)?, None).await?)))
+    Ok(Json(convert::task(state.store.finish_task(app_id(&app)?, task_id(&task)?, None).await?, state.store.now())))
 }
 
 /// Reports a task failed: what it holds is released.
@@ -379,7 +379,10 @@ pub(crate) async fn fail_task(
     JsonBody(body): JsonBody<api::Fail>,
 ) -> Answer<api::Task> {
     let reason = body.reason.unwrap_or_else(|| "reported failed".to_owned());
-    Ok(Json(convert::task(state.store.finish_task(app_id(&app)?, task_id(&task)?, Some(reason)).await?)))
+    Ok(Json(convert::task(
+        state.store.finish_task(app_id(&app)?, task_id(&task)?, Some(reason)).await?,
+        state.store.now(),
+    )))
 }
 
 /// The most reports `POST /v1/tasks/finish` takes in one call.
@@ -441,7 +444,7 @@ pub(crate) async fn finish_tasks(
         .map(|(end, answer)| {
             let answer = answer.unwrap_or_else(|| {
                 let stored = stored.next().expect("one answer per report");
-                stored.map(convert::task).map_err(ApiError::from)
+                stored.map(|info| convert::task(info, state.store.now())).map_err(ApiError::from)
             });
             let (ended, error) = match answer {
                 Ok(task) => (Some(task), None),

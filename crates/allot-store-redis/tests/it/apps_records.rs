@@ -66,6 +66,7 @@ async fn a_new_scheduler_loads_what_the_old_one_wrote_and_a_deposed_one_writes_n
     changes.extend(sched.add_app(spec, 10, &world).unwrap().2.apps);
     for (id, group) in [("m0", Some("g")), ("other", None)] {
         let task = TaskSpec {
+            preemptable: true,
             id: TaskId::new(id).unwrap(),
             resources: "cpu=1".parse().unwrap(),
             tokens: Vec::new(),

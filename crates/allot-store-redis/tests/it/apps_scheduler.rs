@@ -83,6 +83,7 @@ async fn a_placement_redis_refuses_is_undone_and_decided_again() {
     let app = AppId::new("a").unwrap();
     support::add_app(&store, "root.q", &app).await;
     let task = |id: &str, cpu: &str| TaskSpec {
+        preemptable: true,
         id: TaskId::new(id).unwrap(),
         resources: cpu.parse().unwrap(),
         tokens: Vec::new(),

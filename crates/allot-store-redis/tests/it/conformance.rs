@@ -128,6 +128,7 @@ async fn runs_kept_by_an_earlier_version_go_with_their_application() {
     let app = AppId::new("old-app").unwrap();
     support::add_app(&store, "root.old", &app).await;
     let task = TaskSpec {
+        preemptable: true,
         id: TaskId::new("t1").unwrap(),
         resources: "cpu=1".parse().unwrap(),
         tokens: Vec::new(),

@@ -63,6 +63,7 @@ fn app(id: &str, queue: QueuePath) -> AppSpec {
 /// A task that runs only on `pool` (by its label).
 fn task(id: &str, resources: &str, on: &PoolName) -> TaskSpec {
     TaskSpec {
+        preemptable: true,
         id: TaskId::new(id).unwrap(),
         resources: res(resources),
         tokens: Vec::new(),

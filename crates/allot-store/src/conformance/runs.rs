@@ -71,6 +71,7 @@ async fn runs_go_with_their_task(store: &dyn Store) {
     let tasks = ["ended", "ended-too", "running"].map(|t| TaskId::new(t).unwrap());
     for task in &tasks {
         let spec = TaskSpec {
+            preemptable: true,
             id: task.clone(),
             resources: "cpu=1".parse().unwrap(),
             tokens: Vec::new(),

@@ -8,11 +8,11 @@
 use std::collections::BTreeMap;
 
 use allot_core::apps::priority::{Priority, PriorityPolicy};
-use allot_core::apps::queues::{QueueLimits, QueuePath, SortPolicy};
+use allot_core::apps::queues::{PreemptionPolicy, QueueLimits, QueuePath, SortPolicy};
 use allot_core::apps::states::{AppState, TaskState};
 use allot_core::apps::{
-    App, AppId, AppSpec, GangStyle, GroupName, HeldTokens, Placement, QueueRule, SchedulingPolicy, Slot, Task,
-    TaskGroup, TaskId, TaskSpec, TokenNeed,
+    App, AppId, AppSpec, GangStyle, GroupName, HeldTokens, Placement, Preempting, QueueRule, SchedulingPolicy, Slot,
+    Task, TaskGroup, TaskId, TaskSpec, TokenNeed,
 };
 use allot_core::pools::{AllocId, PoolName};
 use allot_core::{Millis, NamespaceName, Token};
@@ -43,10 +43,13 @@ pub struct QueueRecord {
     pub priority_offset: Option<i32>,
     /// `default` or `fence`.
     pub priority_policy: Option<String>,
+    /// `default`, `fence` or `disabled`.
+    pub preemption: Option<String>,
+    pub preemption_delay_ms: Option<u64>,
 }
 
 /// The fields [`QueueRecord`] gained since the format began.
-pub const QUEUE_FIELDS_ADDED: usize = 8;
+pub const QUEUE_FIELDS_ADDED: usize = 10;
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct GroupRecord {
@@ -125,12 +128,20 @@ pub struct TaskRecord {
     pub placement: Option<PlacementRecord>,
     pub slot: Option<u32>,
     pub reason: Option<String>,
-    /// Added after the format began: the priority class `priority` came from.
+    /// Added after the format began, from here on: the priority class `priority` came from.
     pub priority_class: Option<String>,
+    /// Whether it may be preempted (an older record: yes).
+    pub preemptable: Option<bool>,
+    pub preemptions: Option<u32>,
+    pub preempted_at: Option<Millis>,
+    /// (application, task, since, reason) of the task it is preempted for.
+    pub preempting: Option<(String, String, Millis, String)>,
+    /// The pool where room is held for it.
+    pub held: Option<String>,
 }
 
 /// The fields [`TaskRecord`] gained since the format began.
-pub const TASK_FIELDS_ADDED: usize = 1;
+pub const TASK_FIELDS_ADDED: usize = 6;
 
 fn sort_name(sort: SortPolicy) -> &'static str {
     match sort {
@@ -223,6 +234,10 @@ impl QueueRecord {
             priority_policy: Some(limits.priority_policy)
                 .filter(|policy| *policy != PriorityPolicy::Default)
                 .map(|policy| policy.name().to_owned()),
+            preemption: Some(limits.preemption)
+                .filter(|policy| *policy != PreemptionPolicy::Default)
+                .map(|policy| policy.name().to_owned()),
+            preemption_delay_ms: limits.preemption_delay_ms,
         }
     }
 
@@ -254,6 +269,12 @@ impl QueueRecord {
                 Some(name) => PriorityPolicy::from_name(&name)
                     .ok_or_else(|| r.err(format!("unknown priority policy `{name}`")))?,
             },
+            preemption: match self.preemption {
+                None => PreemptionPolicy::Default,
+                Some(name) => PreemptionPolicy::from_name(&name)
+                    .ok_or_else(|| r.err(format!("unknown preemption policy `{name}`")))?,
+            },
+            preemption_delay_ms: self.preemption_delay_ms,
         };
         Ok((QueuePath::new(path).map_err(|e| r.err(e))?, limits))
     }
@@ -387,6 +408,14 @@ impl TaskRecord {
             slot: task.slot,
             reason: task.reason.clone(),
             priority_class: spec.priority.class.clone(),
+            preemptable: Some(spec.preemptable),
+            preemptions: Some(task.preemptions).filter(|n| *n > 0),
+            preempted_at: task.preempted_at,
+            preempting: task
+                .preempting
+                .as_ref()
+                .map(|p| (p.by.0.to_string(), p.by.1.to_string(), p.at, p.reason.clone())),
+            held: task.held.as_ref().map(|pool| pool.to_string()),
         }
     }
 
@@ -400,6 +429,7 @@ impl TaskRecord {
                 tokens: r.needs(self.tokens)?,
                 group: self.group.map(|g| GroupName::new(&g).map_err(|e| r.err(e))).transpose()?,
                 priority: Priority { value: Some(self.priority), class: self.priority_class },
+                preemptable: self.preemptable.unwrap_or(true),
                 selector: self.selector,
                 spec: self.spec,
             },
@@ -409,6 +439,19 @@ impl TaskRecord {
             placement: self.placement.map(|p| r.placement(p)).transpose()?,
             slot: self.slot,
             reason: self.reason,
+            preemptions: self.preemptions.unwrap_or(0),
+            preempted_at: self.preempted_at,
+            preempting: self
+                .preempting
+                .map(|(app, task, at, reason)| {
+                    Ok(Preempting {
+                        by: (AppId::new(&app).map_err(|e| r.err(e))?, TaskId::new(&task).map_err(|e| r.err(e))?),
+                        at,
+                        reason,
+                    })
+                })
+                .transpose()?,
+            held: self.held.map(|pool| PoolName::new(&pool).map_err(|e| r.err(e))).transpose()?,
         })
     }
 }
@@ -452,6 +495,8 @@ mod tests {
             lend_limit: None,
             priority_offset: None,
             priority_policy: None,
+            preemption: None,
+            preemption_delay_ms: None,
             ..QueueRecord::of(&limits)
         });
         let older = &older[..older.len() - QUEUE_FIELDS_ADDED];
@@ -478,13 +523,28 @@ mod tests {
             slot: None,
             reason: None,
             priority_class: Some("high".into()),
+            preemptable: Some(false),
+            preemptions: Some(2),
+            preempted_at: Some(7),
+            preempting: None,
+            held: Some("p".into()),
         };
         let bytes = crate::records::encode(&record);
         assert_eq!(decode_task("a/t", &bytes).unwrap(), record);
-        let older = crate::records::encode(&TaskRecord { priority_class: None, ..record.clone() });
+        let older = crate::records::encode(&TaskRecord {
+            priority_class: None,
+            preemptable: None,
+            preemptions: None,
+            preempted_at: None,
+            preempting: None,
+            held: None,
+            ..record.clone()
+        });
         let older = &older[..older.len() - TASK_FIELDS_ADDED];
         let read = decode_task("a/t", older).unwrap().into_task("a", "t").unwrap();
         assert_eq!(read.spec.priority, Priority::of(9));
+        assert!(read.spec.preemptable, "an older task may be preempted");
+        assert_eq!((read.preemptions, read.held), (0, None));
     }
 
     /// A record written before `max_parallelism` existed (its bytes end where the field starts)

@@ -318,6 +318,7 @@ async fn submit_one_task(store: &EmbeddedStore, app: &AppId, queue: QueuePath, s
         priority: Default::default(),
     };
     let task = TaskSpec {
+        preemptable: true,
         id: TaskId::new("t1").unwrap(),
         resources: "cpu=1".parse().unwrap(),
         tokens: Vec::new(),

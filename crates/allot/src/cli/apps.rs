@@ -36,6 +36,15 @@ Exit codes (the same with --json and --quiet), without --follow:
   2  usage error (also a FILE whose name ends in neither .yaml, .yml nor .toml)";
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub(crate) enum Preemption {
+    Default,
+    /// Its tasks preempt only inside it.
+    Fence,
+    /// Its tasks, and those below, are never preempted.
+    Disabled,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
 pub(crate) enum Sort {
     /// Submission order: each application places all it can before the next.
     Fifo,
@@ -124,6 +133,14 @@ pub(crate) enum QueueCommand {
         /// Show its parent only its offset, not the priorities waiting in it.
         #[arg(long)]
         priority_fence: bool,
+        /// `fence`: its tasks preempt only inside it; `disabled`: its tasks (and those below) are
+        /// never preempted [default: default].
+        #[arg(long, value_enum)]
+        preemption: Option<Preemption>,
+        /// How long a task of it waits before it may preempt, e.g. `30s` [default: its parent's,
+        /// else 30s].
+        #[arg(long, value_name = "DURATION", value_parser = allot_bench::duration::parse)]
+        preemption_delay: Option<std::time::Duration>,
         #[command(flatten)]
         common: Common,
     },
@@ -231,6 +248,9 @@ pub(crate) enum TaskCommand {
         /// A priority class of the daemon's, instead of --priority.
         #[arg(long, value_name = "NAME")]
         priority_class: Option<String>,
+        /// The scheduler may never preempt it.
+        #[arg(long)]
+        not_preemptable: bool,
         /// Units of a token namespace's quota it holds while placed, `NAMESPACE=UNITS`;
         /// repeatable.
         #[arg(long = "tokens", value_name = "NS=UNITS", value_parser = token_need)]
@@ -433,9 +453,17 @@ async fn run_queue(command: &QueueCommand) -> Result<u8, ClientError> {
             lend_limit,
             priority_offset,
             priority_fence,
+            preemption,
+            preemption_delay,
             common,
         } => {
             let limits = PutQueue {
+                preemption: preemption.map(|p| match p {
+                    Preemption::Default => allot_client::PreemptionPolicy::Default,
+                    Preemption::Fence => allot_client::PreemptionPolicy::Fence,
+                    Preemption::Disabled => allot_client::PreemptionPolicy::Disabled,
+                }),
+                preemption_delay_ms: preemption_delay.map(|d| d.as_millis() as u64),
                 borrow_limit: borrow_limit.clone(),
                 lend_limit: lend_limit.clone(),
                 priority_offset: *priority_offset,
@@ -520,6 +548,7 @@ async fn run_task(command: &TaskCommand) -> Result<u8, ClientError> {
             group,
             priority,
             priority_class,
+            not_preemptable,
             tokens,
             selector,
             spec,
@@ -527,6 +556,7 @@ async fn run_task(command: &TaskCommand) -> Result<u8, ClientError> {
             common,
         } => {
             let request = AddTask {
+                preemptable: not_preemptable.then_some(false),
                 priority_class: priority_class.clone(),
                 id: id.clone(),
                 resources: resources.clone(),

@@ -11,6 +11,7 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use allot_core::apps::priority::{PriorityClasses, PriorityPolicy};
+use allot_core::apps::queues::PreemptionPolicy;
 use allot_core::apps::queues::{QueueLimits, QueuePath, SortPolicy};
 use allot_core::apps::SchedConfig;
 use allot_core::pools::{LeaseRules, PoolName};
@@ -72,6 +73,8 @@ pub(crate) const SERVE_AFTER_HELP: &str = r#"Configuration file (--config), with
   lend_limit = "cpu=4"          # the most of its unused guarantee others may use; the rest is kept for it
   priority_offset = 100         # added to the priority it shows its parent (queues go by priority, then fair share)
   priority_policy = "fence"     # default, or fence: its parent sees the offset alone
+  preemption = "default"        # default; fence: its tasks preempt only inside it; disabled: never preempted
+  preemption_delay = "30s"      # how long a task waits before it may preempt (default: its parent's, else 30s)
   [[placement_rules]]           # choose the queue of an application that names none, or one its
                                 # user may not submit to: the first rule giving a usable queue wins
   name = "user"                 # provided, user, primary_group, tag or fixed
@@ -89,6 +92,9 @@ pub(crate) const SERVE_AFTER_HELP: &str = r#"Configuration file (--config), with
   app_retention = "1h"          # how long an ended application stays readable
   never_fits_grace = "5m"       # how long an application with a task that can never fit waits
   default_priority_class = "normal" # the class of an application that names no priority (default: 0)
+  preemption = true             # preempt to restore guarantees and priorities (queues may opt out)
+  preemption_grace = "30s"      # how long a preempted task's executor has to end it
+  max_preemptions = 3           # a task preempted this many times is not taken again
   [priority_classes]            # named priorities for applications and tasks (priority_class = "high")
   high = 1000
   normal = 0
@@ -393,6 +399,9 @@ struct QueueConfig {
     priority_offset: Option<i32>,
     /// `default` or `fence`.
     priority_policy: Option<String>,
+    /// `default`, `fence` or `disabled`.
+    preemption: Option<String>,
+    preemption_delay: Option<String>,
 }
 
 /// `[[placement_rules]]` (and a rule's `parent`): YuniKorn's placement rules.
@@ -475,6 +484,13 @@ struct SchedulerConfig {
     never_fits_grace: Option<String>,
     /// The priority class of an application that names no priority (default: none, 0).
     default_priority_class: Option<String>,
+    /// Whether the scheduler preempts at all (default true).
+    preemption: Option<bool>,
+    /// How long a preempted task's executor has to end it before the scheduler takes its
+    /// placement back (default 30s).
+    preemption_grace: Option<String>,
+    /// How many times a task may be preempted before it is protected (default 3).
+    max_preemptions: Option<u32>,
 }
 
 /// `[watch]`: how much of the change feed is kept, and how far a watcher may lag.
@@ -535,6 +551,20 @@ fn queue_limits(path: &str, queue: QueueConfig) -> anyhow::Result<QueueLimits> {
         lend_limit: resources("lend_limit", queue.lend_limit)?,
         priority_offset: queue.priority_offset.unwrap_or(0),
         priority_policy,
+        preemption: match queue.preemption.as_deref() {
+            None => PreemptionPolicy::Default,
+            Some(name) => PreemptionPolicy::from_name(name).with_context(|| {
+                format!("[queues.\"{path}\"] preemption: `{name}` is not default, fence or disabled")
+            })?,
+        },
+        preemption_delay_ms: queue
+            .preemption_delay
+            .map(|text| {
+                allot_bench::duration::parse(&text)
+                    .map(|d| d.as_millis() as u64)
+                    .map_err(|err| anyhow::anyhow!("[queues.\"{path}\"] preemption_delay: {err}"))
+            })
+            .transpose()?,
     })
 }
 
@@ -789,6 +819,10 @@ pub(super) fn resolve(args: &ServeArgs) -> anyhow::Result<Config> {
             .unwrap_or(defaults.never_fits_grace_ms),
         priority_classes: PriorityClasses::new(file.priority_classes, file.scheduler.default_priority_class)
             .map_err(|err| anyhow::anyhow!("[priority_classes]: {err}"))?,
+        preemption: file.scheduler.preemption.unwrap_or(defaults.preemption),
+        preemption_grace_ms: ms("preemption_grace", &file.scheduler.preemption_grace)?
+            .unwrap_or(defaults.preemption_grace_ms),
+        max_preemptions: file.scheduler.max_preemptions.unwrap_or(defaults.max_preemptions),
         ..defaults
     };
     let listen = args.listen.or(file.listen).unwrap_or_else(|| DEFAULT_LISTEN.parse().expect("valid address"));

@@ -11,6 +11,7 @@ use crate::support::{data_dir, eventually, Daemon};
 
 fn task(id: &str, spec: serde_json::Value) -> AddTask {
     AddTask {
+        preemptable: None,
         priority_class: None,
         id: id.to_owned(),
         resources: "cpu=1".to_owned(),

@@ -32,6 +32,7 @@ pub(crate) fn gang(id: &str, seats: Option<&str>) -> SubmitApp {
         policy: Default::default(),
         tasks: (0..MEMBERS)
             .map(|m| AddTask {
+                preemptable: None,
                 priority_class: None,
                 id: format!("m{m}"),
                 resources: "cpu=1".to_owned(),

@@ -33,6 +33,7 @@ async fn on_redis_a_daemon_is_ready_while_it_reaches_the_scheduler_and_clients_r
     // A task that waits says why, through the daemon that forwards.
     client.put_queue("root.wait", &Default::default()).await.unwrap();
     let task = AddTask {
+        preemptable: None,
         priority_class: None,
         id: "stuck".to_owned(),
         resources: "cpu=1".to_owned(),

@@ -38,6 +38,7 @@ async fn a_daemon_killed_mid_run_has_its_tasks_run_again_on_the_others_and_the_a
         "echo hello-from-$ALLOT_TASK; sleep 2; echo \"{\\\"attempt\\\": $ALLOT_ATTEMPT, \\\"alloc\\\": \\\"$ALLOT_ALLOC\\\"}\" > \"$ALLOT_OUTPUTS\"";
     let tasks = (0..6)
         .map(|i| AddTask {
+            preemptable: None,
             priority_class: None,
             id: format!("t{i}"),
             resources: "cpu=1".to_owned(),

@@ -1,0 +1,561 @@
+//! Preemption [YuniKorn's laws, made exact; issue 42]: after a cycle's placements, a pending task
+//! that found no room may take room from placed tasks, on one pool.
+//!
+//! Who may preempt: a task that has waited its queue's `preemption_delay` (since it was added, or
+//! last preempted itself), whose tokens are there (preemption frees pools, not tokens), and
+//! either whose queues are below their guarantees with it placed (then it takes tasks of lower
+//! or equal priority), or that has a higher priority than its victims (where the fences allow).
+//!
+//! Who may be taken: a placed task of another application, preemptable, not a gang member (a
+//! gang is never left below its minimum: none of it is taken), taken fewer than
+//! `max_preemptions` times, not already being preempted, inside the preemptor's fence, in no
+//! queue with preemption `disabled`, and only where taking it leaves each of its queues (those
+//! not above the preemptor too) at or above its guarantee. Lowest priority first, then the
+//! youngest; then a last pass drops every victim not needed.
+//!
+//! Invariants:
+//! - no overcommit: a victim keeps its placement until it has ended (its executor ends the
+//!   attempt and reports it, or its grace runs out); only then is its room free;
+//! - no stolen room: the room the preemptor needs on its pool is held for it (`Task::held`):
+//!   every other placement sees that pool smaller until the preemptor is placed;
+//! - no loops: a victim's own priority is at most its preemptor's, and its queues stay at or
+//!   above their guarantees, so it cannot preempt back; each preemption is counted on the victim.
+
+use std::collections::{BTreeMap, HashMap, HashSet};
+
+use super::{Cycle, Room};
+use crate::apps::queues::{PreemptionPolicy, QueuePath};
+use crate::apps::states::TaskState;
+use crate::apps::{AppChange, AppId, Outcome, Preempting, Scheduler, TaskId, Why, World, DEFAULT_PREEMPTION_DELAY_MS};
+use crate::pools::{selector_matches, PoolName};
+use crate::quotas::Millis;
+use crate::resources::Resources;
+
+type TaskRef = (AppId, TaskId);
+
+/// A task that may be taken: its priority (as the preemptor's is seen), its age (placed at,
+/// added as), itself, what it holds, its queue.
+type Candidate = (i32, (Millis, u64), TaskRef, Resources, QueuePath);
+
+/// The most tasks one cycle plans preemption for.
+const MAX_PLANS_PER_CYCLE: usize = 16;
+
+/// Victims on one pool for one preemptor.
+struct Plan {
+    spot: usize,
+    victims: Vec<(TaskRef, Resources)>,
+}
+
+/// What preemptions decided and not yet carried out will move, per queue (and every queue above
+/// it): what the victims being preempted will leave, what the tasks with room held will take.
+/// Guarantees are judged on usage after both.
+#[derive(Default)]
+struct Flows {
+    leaving: HashMap<QueuePath, Resources>,
+    arriving: HashMap<QueuePath, Resources>,
+}
+
+fn add_up(map: &mut HashMap<QueuePath, Resources>, leaf: &QueuePath, resources: &Resources) {
+    for queue in leaf.up_to_root() {
+        let sum = map.entry(queue).or_default();
+        *sum = sum.checked_add(resources).unwrap_or_else(|| sum.clone());
+    }
+}
+
+/// Why no victim could be taken: counts per rule, the most common named.
+#[derive(Default)]
+struct Refusals(BTreeMap<&'static str, usize>);
+
+impl Refusals {
+    fn note(&mut self, rule: &'static str) {
+        *self.0.entry(rule).or_default() += 1;
+    }
+
+    fn say(&self) -> String {
+        match self.0.iter().max_by_key(|(_, n)| **n) {
+            Some((rule, _)) => format!("it cannot preempt: {rule}"),
+            None => "it cannot preempt: nothing placed on the pools it may use would free enough room".to_owned(),
+        }
+    }
+}
+
+impl Scheduler {
+    /// Notes a task's preemption marks in the indexes (at restore).
+    pub(in crate::apps) fn index_preemption(&mut self, task: &crate::apps::Task) {
+        let key = (task.app.clone(), task.spec.id.clone());
+        if let Some(p) = &task.preempting {
+            self.victims.insert(key.clone(), (p.by.clone(), p.at));
+        }
+        if let Some(pool) = &task.held {
+            self.holders.insert(key, pool.clone());
+        }
+    }
+
+    /// The room held on each pool: what holders still need there beyond what the tasks being
+    /// preempted there will free. Drops stale index entries.
+    pub(super) fn held_room(&mut self) -> HashMap<PoolName, Resources> {
+        let tasks = &self.tasks;
+        let task = |key: &TaskRef| tasks.get(&key.0).and_then(|t| t.get(&key.1));
+        self.holders.retain(|key, pool| {
+            task(key).is_some_and(|t| t.state == TaskState::Pending && t.held.as_ref() == Some(pool))
+        });
+        self.victims.retain(|key, _| task(key).is_some_and(|t| t.preempting.is_some()));
+        if self.holders.is_empty() {
+            return HashMap::new();
+        }
+        let mut held: HashMap<PoolName, Resources> = HashMap::new();
+        for (key, pool) in &self.holders {
+            let Some(t) = task(key) else { continue };
+            let sum = held.entry(pool.clone()).or_default();
+            *sum = sum.checked_add(&t.spec.resources).unwrap_or_else(|| sum.clone());
+        }
+        for key in self.victims.keys() {
+            let Some(placement) = task(key).and_then(|t| t.placement.as_ref()) else { continue };
+            if let Some(sum) = held.get_mut(&placement.pool) {
+                *sum = sum.saturating_sub(&placement.resources);
+            }
+        }
+        held.retain(|_, r| !r.is_empty());
+        held
+    }
+
+    /// The earliest deadline of preemption: a victim's grace, or a task's delay.
+    pub(super) fn preemption_deadline(&self) -> Option<Millis> {
+        let grace = self.config.preemption_grace_ms;
+        let victims = self.victims.values().map(|(_, at)| at.saturating_add(grace)).min();
+        victims.into_iter().chain(self.next_preemption).min()
+    }
+
+    /// Takes back the placements of the victims whose grace is over.
+    pub(super) fn end_graces(&mut self, now: Millis, world: &mut World<'_>, out: &mut Outcome) {
+        let grace = self.config.preemption_grace_ms;
+        let due: Vec<TaskRef> = self
+            .victims
+            .iter()
+            .filter(|(_, (_, at))| at.saturating_add(grace) <= now)
+            .map(|(key, _)| key.clone())
+            .collect();
+        for (app, task) in due {
+            let marked = self.tasks.get(&app).and_then(|t| t.get(&task)).is_some_and(|t| t.preempting.is_some());
+            if marked {
+                let _ = self.take_back(&app, &task, now, world, out);
+            } else {
+                self.victims.remove(&(app, task));
+            }
+        }
+    }
+
+    /// A victim goes back to waiting, its placement released, its preemption counted.
+    pub(in crate::apps) fn take_back(
+        &mut self,
+        app: &AppId,
+        task: &TaskId,
+        now: Millis,
+        world: &mut World<'_>,
+        out: &mut Outcome,
+    ) -> Result<(), crate::apps::SchedError> {
+        let marked = self.task(app, task)?.preempting.clone();
+        self.victims.remove(&(app.clone(), task.clone()));
+        let Some(preempting) = marked else { return Ok(()) };
+        let reason = format!("preempted for {}/{}: {}", preempting.by.0, preempting.by.1, preempting.reason);
+        self.requeue(app, task, &reason, now, world, out)?;
+        let record = self.task_mut(app, task)?;
+        record.reason = Some(reason);
+        record.preemptions = record.preemptions.saturating_add(1);
+        record.preempted_at = Some(now);
+        let record = record.clone();
+        // The requeue pushed the task's change; the last one pushed is what is stored.
+        out.apps.push(AppChange::Task(record));
+        self.stats.preemptions += 1;
+        Ok(())
+    }
+
+    /// After the cycle's placements: each pending task that found no room and may preempt
+    /// chooses its victims, highest priority first.
+    pub(super) fn preempt(&mut self, world: &mut World<'_>, cycle: &mut Cycle<'_>) {
+        self.next_preemption = None;
+        if !self.config.preemption {
+            return;
+        }
+        let mut waiting: Vec<(i32, u64, TaskRef)> = self
+            .why_task
+            .iter()
+            .filter(|(_, why)| matches!(why, Why::NoRoom { .. }))
+            .filter_map(|((app, task), _)| {
+                let t = self.tasks.get(app)?.get(task)?;
+                let eligible = t.state == TaskState::Pending && t.held.is_none() && t.spec.group.is_none();
+                eligible.then(|| (t.spec.priority.value(), t.seq, (app.clone(), task.clone())))
+            })
+            .collect();
+        waiting.sort_by(|a, b| b.0.cmp(&a.0).then(a.1.cmp(&b.1)));
+        let mut flows = Flows::default();
+        for key in self.victims.keys() {
+            let Some(task) = self.tasks.get(&key.0).and_then(|t| t.get(&key.1)) else { continue };
+            let Some(placement) = &task.placement else { continue };
+            add_up(&mut flows.leaving, &self.apps[&key.0].spec.queue, &placement.resources);
+        }
+        for key in self.holders.keys() {
+            let Some(task) = self.tasks.get(&key.0).and_then(|t| t.get(&key.1)) else { continue };
+            add_up(&mut flows.arriving, &self.apps[&key.0].spec.queue, &task.spec.resources);
+        }
+        // Planning reads the allocs of every pool a task may use: a cycle plans for a bounded
+        // number of tasks, and for one task of an application whose plan failed; a shape that
+        // failed is not planned again.
+        let mut planned = 0;
+        let mut failed_apps: HashSet<AppId> = HashSet::new();
+        let mut failed_shapes: HashMap<(Resources, crate::pools::Labels, QueuePath, i32), String> = HashMap::new();
+        for (priority, _, key) in waiting {
+            if planned >= MAX_PLANS_PER_CYCLE {
+                break;
+            }
+            if failed_apps.contains(&key.0) {
+                continue;
+            }
+            let task = &self.tasks[&key.0][&key.1];
+            let shape = (
+                task.spec.resources.clone(),
+                task.spec.selector.clone(),
+                self.apps[&key.0].spec.queue.clone(),
+                priority,
+            );
+            let said = match failed_shapes.get(&shape) {
+                Some(said) => Err(said.clone()),
+                None => {
+                    planned += 1;
+                    self.plan(&key, world, cycle, &flows)
+                }
+            };
+            let said = match said {
+                Ok((plan, None)) => {
+                    self.carry_out(&key, plan, cycle, &mut flows);
+                    continue;
+                }
+                // Whom it will take, once its delay has passed.
+                Ok((plan, Some(at))) => {
+                    self.next_preemption = Some(self.next_preemption.map_or(at, |n| n.min(at)));
+                    let names: Vec<String> =
+                        plan.victims.iter().take(5).map(|((a, t), _)| format!("{a}/{t}")).collect();
+                    format!(
+                        "it will preempt {} on pool `{}` in {}s (its queue's preemption_delay), if they still hold \
+                         the room then",
+                        names.join(", "),
+                        cycle.room.spots[plan.spot].name,
+                        at.saturating_sub(cycle.now).div_ceil(1000)
+                    )
+                }
+                Err(said) => {
+                    failed_apps.insert(key.0.clone());
+                    failed_shapes.insert(shape, said.clone());
+                    said
+                }
+            };
+            if let Some(room) = self.why_task.remove(&key) {
+                self.why_task.insert(key, Why::NoRoomYet { room: Box::new(room), preemption: said });
+            }
+        }
+    }
+
+    /// The delay a task of `leaf` waits before it may preempt: the nearest queue's that sets one.
+    fn preemption_delay(&self, leaf: &QueuePath) -> u64 {
+        leaf.up_to_root()
+            .find_map(|q| self.queues.get(&q).and_then(|l| l.preemption_delay_ms))
+            .unwrap_or(DEFAULT_PREEMPTION_DELAY_MS)
+    }
+
+    /// Whether placing `wanted` keeps every queue from `leaf` up that has a guarantee within it
+    /// (for the resources it names, counting what holders there will take), with at least one
+    /// such queue that names a resource wanted.
+    fn below_guarantee(&self, leaf: &QueuePath, wanted: &Resources, flows: &Flows) -> bool {
+        let mut guaranteed = false;
+        let empty = Resources::new();
+        for queue in leaf.up_to_root() {
+            let Some(limits) = self.queues.get(&queue).filter(|l| !l.guaranteed.is_empty()) else { continue };
+            let used = self.usage.get(&queue).map_or(&empty, |u| &u.allocated);
+            let arriving = flows.arriving.get(&queue).unwrap_or(&empty);
+            for (name, guarantee) in limits.guaranteed.iter() {
+                let name = name.as_str();
+                let want = wanted.get_milli(name);
+                if want == 0 {
+                    continue;
+                }
+                guaranteed = true;
+                if used.get_milli(name).saturating_add(arriving.get_milli(name)).saturating_add(want) > guarantee {
+                    return false;
+                }
+            }
+        }
+        guaranteed
+    }
+
+    /// The queue whose subtree a task of `leaf` preempts in: the nearest with preemption
+    /// `fence`, else `root`.
+    fn preemption_fence(&self, leaf: &QueuePath) -> QueuePath {
+        leaf.up_to_root()
+            .find(|q| self.queues.get(q).is_some_and(|l| l.preemption == PreemptionPolicy::Fence))
+            .unwrap_or_else(QueuePath::root)
+    }
+
+    /// A task's priority as seen at `above` (an ancestor of `leaf`): its own, plus the offsets
+    /// of the queues from its leaf up to below `above`, a priority fence showing its offset alone.
+    fn priority_at(&self, priority: i32, leaf: &QueuePath, above: &QueuePath) -> i32 {
+        let mut value = priority;
+        for queue in leaf.up_to_root().take_while(|q| q != above) {
+            if let Some(limits) = self.queues.get(&queue) {
+                value = crate::apps::priority::shown(limits.priority_policy, limits.priority_offset, Some(value))
+                    .unwrap_or(value);
+            }
+        }
+        value
+    }
+
+    /// The victims on one pool that make room for the task, with the time it may take them if
+    /// that is later than now (its queue's delay); or why there are none.
+    fn plan(
+        &mut self,
+        key: &TaskRef,
+        world: &World<'_>,
+        cycle: &mut Cycle<'_>,
+        flows: &Flows,
+    ) -> Result<(Plan, Option<Millis>), String> {
+        let now = cycle.now;
+        let task = &self.tasks[&key.0][&key.1];
+        let leaf = self.apps[&key.0].spec.queue.clone();
+        let from = task.added.max(task.preempted_at.unwrap_or(0));
+        let may_from = from.saturating_add(self.preemption_delay(&leaf));
+        let later = (now < may_from).then_some(may_from);
+        for need in &task.spec.tokens {
+            if world.ledger.room_for(&need.namespace, need.units).is_err() {
+                return Err(format!(
+                    "it cannot preempt: the tokens it needs of `{}` are short as well, and preemption frees pools, \
+                     not tokens",
+                    need.namespace
+                ));
+            }
+        }
+        let wanted = task.spec.resources.clone();
+        let selector = task.spec.selector.clone();
+        let priority = task.spec.priority.value();
+        let below = self.below_guarantee(&leaf, &wanted, flows);
+        let fence = self.preemption_fence(&leaf);
+        let task_type = if cycle.room.typed { self.type_of(&key.0, &key.1) } else { None };
+        let allowed = self.allowed(&key.0, &[task_type], None, cycle);
+        let path: Vec<QueuePath> = leaf.up_to_root().collect();
+        let mut refusals = Refusals::default();
+        let mut best: Option<((i32, usize, u64), Plan)> = None;
+        for (i, spot) in cycle.room.spots.iter().enumerate() {
+            if !selector_matches(&selector, &spot.labels) || allowed.as_ref().is_some_and(|a| !a.takes(i)) {
+                continue;
+            }
+            let Ok(allocs) = world.pools.allocs(&spot.name) else { continue };
+            // The placed tasks here that may be taken, lowest priority first, then youngest (placed
+            // last, then added last).
+            let mut candidates: Vec<Candidate> = Vec::new();
+            for alloc in allocs {
+                let Some((app, id)) = alloc.owner.split_once('/') else { continue };
+                let (Ok(app), Ok(id)) = (AppId::new(app), TaskId::new(id)) else {
+                    refusals.note("the room is held by gang placeholders, and a gang is never broken");
+                    continue;
+                };
+                let Some(victim) = self.tasks.get(&app).and_then(|t| t.get(&id)) else { continue };
+                let Some(placement) = victim.placement.as_ref() else { continue };
+                if !matches!(victim.state, TaskState::Allocated | TaskState::Running) {
+                    continue;
+                }
+                let victim_leaf = &self.apps[&app].spec.queue;
+                let rule = if app == key.0 {
+                    Some("the tasks that hold the room are of its own application")
+                } else if victim.preempting.is_some() {
+                    Some("the tasks that hold the room are being preempted already")
+                } else if !victim.spec.preemptable {
+                    Some("the tasks that hold the room may not be preempted (preemptable: false)")
+                } else if victim.spec.group.is_some() || victim.slot.is_some() {
+                    Some("the tasks that hold the room are gang members, and a gang is never broken")
+                } else if victim.preemptions >= self.config.max_preemptions {
+                    Some("the tasks that hold the room were preempted max_preemptions times and are protected")
+                } else if !victim_leaf.up_to_root().any(|q| q == fence) {
+                    Some("the tasks that hold the room are outside its queue's preemption fence")
+                } else if victim_leaf
+                    .up_to_root()
+                    .any(|q| self.queues.get(&q).is_some_and(|l| l.preemption == PreemptionPolicy::Disabled))
+                {
+                    Some("the tasks that hold the room are in queues with preemption disabled")
+                } else {
+                    None
+                };
+                if let Some(rule) = rule {
+                    refusals.note(rule);
+                    continue;
+                }
+                let lca = victim_leaf.up_to_root().find(|q| path.contains(q)).unwrap_or_else(QueuePath::root);
+                let theirs = self.priority_at(victim.spec.priority.value(), victim_leaf, &lca);
+                let ours = self.priority_at(priority, &leaf, &lca);
+                let allowed_by_priority = if below { theirs <= ours } else { theirs < ours };
+                if !allowed_by_priority {
+                    refusals.note(match below {
+                        true => "the tasks that hold the room have a higher priority",
+                        false => "its queue is not below its guarantee, and no task there has a lower priority",
+                    });
+                    continue;
+                }
+                let age = (placement.at, victim.seq);
+                candidates.push((theirs, age, (app, id), placement.resources.clone(), victim_leaf.clone()));
+            }
+            candidates.sort_by(|a, b| a.0.cmp(&b.0).then(b.1.cmp(&a.1)));
+            let free = spot.free.clone();
+            let mut freed = Resources::new();
+            let mut taken: HashMap<QueuePath, Resources> = HashMap::new();
+            let mut chosen: Vec<(TaskRef, Resources, QueuePath)> = Vec::new();
+            let fits = |freed: &Resources| free.checked_add(freed).is_some_and(|room| room.fits(&wanted));
+            for (_, _, victim, resources, victim_leaf) in candidates {
+                if fits(&freed) {
+                    break;
+                }
+                // Only what helps: a victim holding none of what is lacking frees nothing needed.
+                let lacking = wanted.saturating_sub(&free.checked_add(&freed).unwrap_or_default());
+                if !lacking.iter().any(|(name, _)| resources.get_milli(name.as_str()) > 0) {
+                    continue;
+                }
+                if self.below_its_guarantee(&victim_leaf, &path, &resources, &taken, flows) {
+                    refusals
+                        .note("taking the tasks that hold the room would leave their queues below their guarantees");
+                    continue;
+                }
+                for queue in victim_leaf.up_to_root().filter(|q| !path.contains(q)) {
+                    let sum = taken.entry(queue).or_default();
+                    *sum = sum.checked_add(&resources).unwrap_or_else(|| sum.clone());
+                }
+                freed = freed.checked_add(&resources).unwrap_or(freed);
+                chosen.push((victim, resources, victim_leaf));
+            }
+            if !fits(&freed) {
+                continue;
+            }
+            // As little as possible: drop, last chosen first, every victim the room does not need.
+            let mut index = chosen.len();
+            while index > 0 {
+                index -= 1;
+                let without = freed.saturating_sub(&chosen[index].1);
+                if fits(&without) {
+                    freed = without;
+                    chosen.remove(index);
+                }
+            }
+            let worst =
+                chosen.iter().map(|(v, ..)| self.tasks[&v.0][&v.1].spec.priority.value()).max().unwrap_or(i32::MIN);
+            let size = chosen.iter().map(|(_, r, _)| r.size(&cycle.room.weights) as u64).sum();
+            let score = (worst, chosen.len(), size);
+            if best.as_ref().is_none_or(|(b, _)| score < *b) {
+                let victims = chosen.into_iter().map(|(v, r, _)| (v, r)).collect();
+                best = Some((score, Plan { spot: i, victims }));
+            }
+        }
+        best.map(|(_, plan)| (plan, later)).ok_or_else(|| refusals.say())
+    }
+
+    /// Whether taking `resources` more (beyond `taken` by this plan and what is leaving already)
+    /// would leave a queue from `leaf` up, not on the preemptor's `path`, below its guarantee.
+    fn below_its_guarantee(
+        &self,
+        leaf: &QueuePath,
+        path: &[QueuePath],
+        resources: &Resources,
+        taken: &HashMap<QueuePath, Resources>,
+        flows: &Flows,
+    ) -> bool {
+        let empty = Resources::new();
+        leaf.up_to_root().filter(|q| !path.contains(q)).any(|queue| {
+            let Some(limits) = self.queues.get(&queue) else { return false };
+            let used = self.usage.get(&queue).map_or(&empty, |u| &u.allocated);
+            let already = taken.get(&queue).unwrap_or(&empty);
+            let leaving = flows.leaving.get(&queue).unwrap_or(&empty);
+            limits.guaranteed.iter().any(|(name, guarantee)| {
+                let name = name.as_str();
+                let take = resources.get_milli(name);
+                let left = used
+                    .get_milli(name)
+                    .saturating_sub(leaving.get_milli(name))
+                    .saturating_sub(already.get_milli(name))
+                    .saturating_sub(take);
+                take > 0 && left < guarantee
+            })
+        })
+    }
+
+    /// Marks the plan's victims and holds the room for the preemptor.
+    fn carry_out(&mut self, key: &TaskRef, plan: Plan, cycle: &mut Cycle<'_>, flows: &mut Flows) {
+        let now = cycle.now;
+        let spot = &cycle.room.spots[plan.spot];
+        let pool = spot.name.clone();
+        let leaf = self.apps[&key.0].spec.queue.clone();
+        let below = self.below_guarantee(&leaf, &self.tasks[&key.0][&key.1].spec.resources, flows);
+        add_up(&mut flows.arriving, &leaf, &self.tasks[&key.0][&key.1].spec.resources);
+        let reason = match below {
+            true => "its queue is below its guarantee".to_owned(),
+            false => format!("it has a higher priority ({})", self.tasks[&key.0][&key.1].spec.priority.value()),
+        };
+        let mut freed = Resources::new();
+        let mut names = Vec::with_capacity(plan.victims.len());
+        for (victim, resources) in &plan.victims {
+            let Some(task) = self.tasks.get_mut(&victim.0).and_then(|t| t.get_mut(&victim.1)) else { continue };
+            task.preempting = Some(Preempting { by: key.clone(), at: now, reason: reason.clone() });
+            cycle.out.apps.push(AppChange::Task(task.clone()));
+            self.victims.insert(victim.clone(), (key.clone(), now));
+            add_up(&mut flows.leaving, &self.apps[&victim.0].spec.queue, resources);
+            freed = freed.checked_add(resources).unwrap_or(freed);
+            names.push(format!("{}/{}", victim.0, victim.1));
+        }
+        let Some(task) = self.tasks.get_mut(&key.0).and_then(|t| t.get_mut(&key.1)) else { return };
+        task.held = Some(pool.clone());
+        let wanted = task.spec.resources.clone();
+        cycle.out.apps.push(AppChange::Task(task.clone()));
+        self.holders.insert(key.clone(), pool.clone());
+        // What it needs beyond what its victims free is taken from the room now, for it.
+        let now_free = &cycle.room.spots[plan.spot].free;
+        let hold = wanted.saturating_sub(&freed).min(now_free);
+        cycle.room.take(plan.spot, &hold);
+        let held = cycle.held.entry(plan.spot).or_default();
+        *held = held.checked_add(&hold).unwrap_or_else(|| held.clone());
+        self.stats.preemption_decisions += 1;
+        self.why_task
+            .insert(key.clone(), Why::Preempting { pool, victims: names, grace_ms: self.config.preemption_grace_ms });
+    }
+
+    /// Before a holder's placement: the room held for it on its pool is given back to the room,
+    /// so that it may take it. Answers what was given back.
+    pub(super) fn unhold(
+        &self,
+        key: &TaskRef,
+        room: &mut Room,
+        held: &mut HashMap<usize, Resources>,
+    ) -> Option<(usize, Resources)> {
+        let pool = self.tasks.get(&key.0)?.get(&key.1)?.held.as_ref()?;
+        let i = room.spots.iter().position(|spot| &spot.name == pool)?;
+        let wanted = &self.tasks[&key.0][&key.1].spec.resources;
+        let portion = held.get(&i).map(|h| h.min(wanted)).unwrap_or_default();
+        room.give_back(i, &portion);
+        if let Some(h) = held.get_mut(&i) {
+            *h = h.saturating_sub(&portion);
+        }
+        Some((i, portion))
+    }
+
+    /// After a holder's placement: placed, it holds nothing any more; not placed, the room is
+    /// held again, unless nothing is preempted for it any more (then it waits as any task).
+    pub(super) fn rehold(&mut self, key: &TaskRef, given: (usize, Resources), placed: bool, cycle: &mut Cycle<'_>) {
+        let pending_victims = self.victims.values().any(|(by, _)| by == key);
+        if placed || !pending_victims {
+            self.holders.remove(key);
+            if let Some(task) = self.tasks.get_mut(&key.0).and_then(|t| t.get_mut(&key.1)) {
+                task.held = None;
+                if !placed {
+                    cycle.out.apps.push(AppChange::Task(task.clone()));
+                }
+            }
+            return;
+        }
+        let (i, portion) = given;
+        cycle.room.take(i, &portion);
+        let held = cycle.held.entry(i).or_default();
+        *held = held.checked_add(&portion).unwrap_or_else(|| held.clone());
+    }
+}

@@ -1,0 +1,248 @@
+//! Preemption: to restore guarantees and priorities, by YuniKorn's rules made exact; the room
+//! held for the preemptor; victims that end by their executor or at the end of their grace.
+
+use allot_core::apps::priority::Priority;
+use allot_core::apps::queues::{PreemptionPolicy, QueueLimits, QueuePath};
+use allot_core::apps::states::TaskState;
+use allot_core::apps::{SchedConfig, TaskSpec, World, DEFAULT_PREEMPTION_DELAY_MS, DEFAULT_PREEMPTION_GRACE_MS};
+use allot_core::pools::PoolName;
+
+use super::apps::{aid, app_spec, res, task, tid, Bench};
+
+const DELAY: u64 = DEFAULT_PREEMPTION_DELAY_MS;
+const GRACE: u64 = DEFAULT_PREEMPTION_GRACE_MS;
+
+fn used(b: &Bench, queue: &str) -> u64 {
+    b.sched.queue(&QueuePath::new(queue).unwrap()).unwrap().usage.allocated.get_milli("cpu") / 1000
+}
+
+fn placed(b: &Bench, app: &str) -> usize {
+    (0..100).filter(|i| b.sched.task(&aid(app), &tid(&format!("t{i}"))).is_ok_and(|t| t.placement.is_some())).count()
+}
+
+/// What is allocated on the pool never exceeds its capacity.
+fn no_overcommit(b: &Bench) {
+    let pool = b.pools.pool(&PoolName::new("p").unwrap(), b.now).unwrap();
+    assert!(pool.capacity.fits(&pool.allocated), "{} allocated of {}", pool.allocated, pool.capacity);
+}
+
+fn guaranteed(cpu: &str) -> QueueLimits {
+    QueueLimits { guaranteed: res(cpu), ..QueueLimits::default() }
+}
+
+fn tasks(b: &mut Bench, app: &str, n: usize, priority: i32) {
+    for i in 0..n {
+        let spec = TaskSpec { priority: Priority::of(priority), ..task(&format!("t{i}"), "cpu=1") };
+        b.add(app, spec).unwrap();
+    }
+}
+
+#[test]
+fn a_queue_below_its_guarantee_takes_it_back_after_the_delay_and_the_grace_never_more() {
+    let mut b = Bench::new();
+    b.pool("p", "cpu=10", &[]);
+    b.queue("root.a", guaranteed("cpu=5"));
+    b.queue("root.b", guaranteed("cpu=5"));
+    b.submit(app_spec("batch", "root.b")).unwrap();
+    tasks(&mut b, "batch", 10, 0);
+    b.cycle();
+    assert_eq!(used(&b, "root.b"), 10, "b borrows what a does not use");
+    b.submit(app_spec("mine", "root.a")).unwrap();
+    tasks(&mut b, "mine", 7, 0);
+    b.cycle();
+    let why = b.sched.task_why(&aid("mine"), &tid("t0")).unwrap().to_string();
+    assert!(why.contains("it will preempt batch/t9"), "{why}");
+    assert!(why.contains("in 30s"), "{why}");
+    // The delay passes: the youngest of b's tasks are chosen, as many as a's guarantee allows.
+    b.now += DELAY;
+    b.cycle();
+    no_overcommit(&b);
+    let marked: Vec<String> = (0..10)
+        .filter(|i| b.sched.task(&aid("batch"), &tid(&format!("t{i}"))).unwrap().preempting.is_some())
+        .map(|i| format!("t{i}"))
+        .collect();
+    assert_eq!(marked, ["t5", "t6", "t7", "t8", "t9"], "the youngest, five: b keeps its guarantee");
+    assert_eq!(used(&b, "root.b"), 10, "the victims keep their room until they end");
+    let why = b.sched.task_why(&aid("mine"), &tid("t0")).unwrap();
+    assert_eq!(why.code(), "preempting");
+    // A sixth task of a would take a above its guarantee: it does not preempt.
+    let why = b.sched.task_why(&aid("mine"), &tid("t5")).unwrap().to_string();
+    assert!(why.contains("it cannot preempt"), "{why}");
+    // The grace passes: the victims are taken back and a is placed in the same cycle.
+    b.now += GRACE;
+    b.cycle();
+    no_overcommit(&b);
+    assert_eq!((used(&b, "root.a"), used(&b, "root.b")), (5, 5));
+    let victim = b.sched.task(&aid("batch"), &tid("t9")).unwrap();
+    assert_eq!((victim.state, victim.preemptions), (TaskState::Pending, 1));
+    assert!(victim.reason.as_deref().unwrap().starts_with("preempted for mine/"), "{:?}", victim.reason);
+    // And nothing more moves: b is at its guarantee, a at its.
+    b.now += DELAY + GRACE;
+    b.cycle();
+    assert_eq!((used(&b, "root.a"), used(&b, "root.b")), (5, 5));
+    let none_marked =
+        (0..10).all(|i| b.sched.task(&aid("batch"), &tid(&format!("t{i}"))).unwrap().preempting.is_none());
+    assert!(none_marked, "b's waiting tasks do not preempt back");
+}
+
+#[test]
+fn a_victim_whose_executor_ends_it_frees_its_room_at_once_and_nobody_else_takes_it() {
+    let mut b = Bench::new();
+    b.pool("p", "cpu=4", &[]);
+    b.queue("root.a", guaranteed("cpu=2"));
+    b.queue("root.b", QueueLimits::default());
+    b.queue("root.c", QueueLimits::default());
+    b.submit(app_spec("batch", "root.b")).unwrap();
+    tasks(&mut b, "batch", 4, 0);
+    b.cycle();
+    b.submit(app_spec("mine", "root.a")).unwrap();
+    tasks(&mut b, "mine", 1, 0);
+    b.now += DELAY;
+    b.cycle();
+    let victim = (0..4).find(|i| b.sched.task(&aid("batch"), &tid(&format!("t{i}"))).unwrap().preempting.is_some());
+    let victim = tid(&format!("t{}", victim.expect("one victim")));
+    // The executor ends it: back to waiting at once.
+    {
+        let now = b.now;
+        let mut world = World { pools: &mut b.pools, ledger: &mut b.ledger };
+        b.sched.preempted(&aid("batch"), &victim, now, &mut world).unwrap();
+    }
+    b.check();
+    // Another queue's task arrives: the room freed is held for `mine`, not for it.
+    b.submit(app_spec("other", "root.c")).unwrap();
+    tasks(&mut b, "other", 1, 100);
+    b.cycle();
+    assert_eq!(placed(&b, "mine"), 1);
+    assert_eq!(placed(&b, "other"), 0);
+    no_overcommit(&b);
+    // A task not being preempted cannot be reported so.
+    let now = b.now;
+    let mut world = World { pools: &mut b.pools, ledger: &mut b.ledger };
+    assert!(b.sched.preempted(&aid("batch"), &tid("t0"), now, &mut world).is_err());
+}
+
+#[test]
+fn a_higher_priority_takes_as_little_as_possible_lowest_priority_then_youngest() {
+    let mut b = Bench::new();
+    b.pool("p", "cpu=6", &[]);
+    b.queue("root.q", QueueLimits::default());
+    b.submit(app_spec("low", "root.q")).unwrap();
+    // Placed in this order: old1 (cpu=2, priority 0), mid (cpu=2, priority 5), young (cpu=1, priority 0),
+    // tiny (cpu=1, priority 0).
+    for (id, cpu, priority) in [("old1", "cpu=2", 0), ("mid", "cpu=2", 5), ("young", "cpu=1", 0), ("tiny", "cpu=1", 0)]
+    {
+        b.add("low", TaskSpec { priority: Priority::of(priority), ..task(id, cpu) }).unwrap();
+        b.cycle();
+        b.now += 1;
+    }
+    b.submit(app_spec("urgent", "root.q")).unwrap();
+    b.add("urgent", TaskSpec { priority: Priority::of(10), ..task("t", "cpu=2") }).unwrap();
+    b.now += DELAY;
+    b.cycle();
+    let marked: Vec<&str> = ["old1", "mid", "young", "tiny"]
+        .into_iter()
+        .filter(|t| b.sched.task(&aid("low"), &tid(t)).unwrap().preempting.is_some())
+        .collect();
+    // Lowest priority first, youngest first: tiny, young (2 cpu: enough). Not old1 and not mid.
+    assert_eq!(marked, ["young", "tiny"]);
+    // The same with one cpu free: only one of them is needed, and the last pass drops the other.
+    let mut b = Bench::new();
+    b.pool("p", "cpu=6", &[]);
+    b.queue("root.q", QueueLimits::default());
+    b.submit(app_spec("low", "root.q")).unwrap();
+    for (id, cpu) in [("big", "cpu=2"), ("small", "cpu=1"), ("two", "cpu=2")] {
+        b.add("low", task(id, cpu)).unwrap();
+        b.cycle();
+        b.now += 1;
+    }
+    b.submit(app_spec("urgent", "root.q")).unwrap();
+    b.add("urgent", TaskSpec { priority: Priority::of(10), ..task("t", "cpu=2") }).unwrap();
+    b.now += DELAY;
+    b.cycle();
+    let marked: Vec<&str> = ["big", "small", "two"]
+        .into_iter()
+        .filter(|t| b.sched.task(&aid("low"), &tid(t)).unwrap().preempting.is_some())
+        .collect();
+    // One cpu is free: the youngest, `two` (cpu=2), alone would do; `small` would too; the
+    // youngest goes first and is enough.
+    assert_eq!(marked, ["two"]);
+}
+
+#[test]
+fn what_may_not_be_taken_is_not_and_the_waiting_task_says_why() {
+    let setup = |victim: TaskSpec, queue: QueueLimits, config: SchedConfig| {
+        let mut b = Bench::with_config(config);
+        b.pool("p", "cpu=1", &[]);
+        b.queue("root.low", queue);
+        b.queue("root.high", QueueLimits::default());
+        b.submit(app_spec("low", "root.low")).unwrap();
+        b.add("low", victim).unwrap();
+        b.cycle();
+        b.submit(app_spec("high", "root.high")).unwrap();
+        b.add("high", TaskSpec { priority: Priority::of(10), ..task("t", "cpu=1") }).unwrap();
+        b.now += DELAY;
+        b.cycle();
+        let marked = b.sched.task(&aid("low"), &tid("v")).unwrap().preempting.is_some();
+        (marked, b.sched.task_why(&aid("high"), &tid("t")).unwrap().to_string())
+    };
+    let config = || SchedConfig { completing_grace_ms: 0, ..SchedConfig::default() };
+    let plain = || task("v", "cpu=1");
+    assert!(setup(plain(), QueueLimits::default(), config()).0, "the baseline: it is taken");
+    let (marked, why) = setup(TaskSpec { preemptable: false, ..plain() }, QueueLimits::default(), config());
+    assert!(!marked && why.contains("may not be preempted"), "{why}");
+    let disabled = QueueLimits { preemption: PreemptionPolicy::Disabled, ..QueueLimits::default() };
+    let (marked, why) = setup(plain(), disabled, config());
+    assert!(!marked && why.contains("preemption disabled"), "{why}");
+    let off = SchedConfig { preemption: false, ..config() };
+    assert!(!setup(plain(), QueueLimits::default(), off).0, "preemption off for the daemon");
+    let (marked, why) = setup(TaskSpec { priority: Priority::of(10), ..plain() }, QueueLimits::default(), config());
+    assert!(!marked && why.contains("no task there has a lower priority"), "{why}");
+}
+
+#[test]
+fn a_task_preempted_max_preemptions_times_is_protected() {
+    let config = SchedConfig { completing_grace_ms: 0, max_preemptions: 1, ..SchedConfig::default() };
+    let mut b = Bench::with_config(config);
+    b.pool("p", "cpu=1", &[]);
+    b.queue("root.q", QueueLimits::default());
+    b.submit(app_spec("low", "root.q")).unwrap();
+    b.add("low", task("v", "cpu=1")).unwrap();
+    b.cycle();
+    b.submit(app_spec("high", "root.q")).unwrap();
+    b.add("high", TaskSpec { priority: Priority::of(10), ..task("t", "cpu=1") }).unwrap();
+    b.now += DELAY;
+    b.cycle();
+    b.now += GRACE;
+    b.cycle();
+    assert_eq!(b.sched.task(&aid("high"), &tid("t")).unwrap().state, TaskState::Allocated);
+    assert_eq!(b.sched.task(&aid("low"), &tid("v")).unwrap().preemptions, 1);
+    // `high` ends; `low/v` is placed again; a new urgent task may not take it again.
+    b.complete("high", "t");
+    b.cycle();
+    assert_eq!(b.sched.task(&aid("low"), &tid("v")).unwrap().state, TaskState::Allocated);
+    b.submit(app_spec("again", "root.q")).unwrap();
+    b.add("again", TaskSpec { priority: Priority::of(10), ..task("t", "cpu=1") }).unwrap();
+    b.now += DELAY;
+    b.cycle();
+    assert!(b.sched.task(&aid("low"), &tid("v")).unwrap().preempting.is_none());
+    let why = b.sched.task_why(&aid("again"), &tid("t")).unwrap().to_string();
+    assert!(why.contains("max_preemptions"), "{why}");
+}
+
+#[test]
+fn a_preemption_fence_keeps_a_queues_tasks_from_taking_outside_it() {
+    let mut b = Bench::new();
+    b.pool("p", "cpu=1", &[]);
+    b.queue("root.fenced", QueueLimits { preemption: PreemptionPolicy::Fence, ..QueueLimits::default() });
+    b.queue("root.other", QueueLimits::default());
+    b.submit(app_spec("low", "root.other")).unwrap();
+    b.add("low", task("v", "cpu=1")).unwrap();
+    b.cycle();
+    b.submit(app_spec("high", "root.fenced")).unwrap();
+    b.add("high", TaskSpec { priority: Priority::of(10), ..task("t", "cpu=1") }).unwrap();
+    b.now += DELAY;
+    b.cycle();
+    assert!(b.sched.task(&aid("low"), &tid("v")).unwrap().preempting.is_none());
+    let why = b.sched.task_why(&aid("high"), &tid("t")).unwrap().to_string();
+    assert!(why.contains("preemption fence"), "{why}");
+}
