@@ -1218,7 +1218,7 @@ SortPolicy = Literal["fifo", "fair", "priority"]
 #: The status of an allocate call [Flyte `AllocationStatus`].
 Status = Literal["Granted", "Exhausted", "NamespaceQuotaExceeded"]
 #: How a reported task ended.
-TaskOutcome = Literal["completed", "failed"]
+TaskOutcome = Literal["completed", "failed", "preempted"]
 #: One change: the `data` of a `GET /v1/watch` message (whose `id` is its revision and whose 
 WatchEvent = Union[WatchNamespaceEvent, WatchGrantEvent, WatchWaiterEvent, WatchSessionEvent, WatchPoolEvent, WatchAllocEvent, WatchQueueEvent, WatchAppEvent, WatchTaskEvent, WatchRunEvent]
 #: The object as it is after the change, of the wire type its kind's family names (`grant.*`:

@@ -474,6 +474,8 @@ pub struct Fail {
 pub enum TaskOutcome {
     Completed,
     Failed,
+    /// Its executor ended a task being preempted (`preempting`): it waits to be placed again.
+    Preempted,
 }
 
 /// One task's end in `POST /v1/tasks/finish`.

@@ -349,6 +349,8 @@ pub const MAX_EVENTS: usize = 1_000;
 
 /// The error code of an attempt lost with its placement.
 pub const PLACEMENT_LOST: &str = "placement_lost";
+/// The error code of an attempt ended because the scheduler preempted its task.
+pub const PREEMPTED: &str = "preempted";
 
 /// One task's run, as the store keeps it.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -536,6 +538,26 @@ impl Run {
         self.events.last().is_some_and(|e| {
             e.attempt == self.attempt && e.error.as_ref().is_some_and(|err| err.code == PLACEMENT_LOST)
         })
+    }
+
+    /// The scheduler preempts the task: the attempt is aborted and finalized, counted as a
+    /// system failure `preempted` (the system's budget, not the user's), and a new attempt
+    /// follows once the task is placed again (its placement is forgotten: being placed elsewhere
+    /// is not a lost placement). With the system budget spent, the run fails. Nothing happens to
+    /// a run that is ending already.
+    pub fn preempted(&mut self, reason: &str, policy: RetryPolicy, now: Millis) -> Next {
+        if self.stage != Stage::Handling {
+            return self.next();
+        }
+        let error = ExecError::system(PREEMPTED, reason);
+        self.record(&PhaseInfo::retryable(error.clone()), now);
+        let then = match self.count_failure(&error, policy) {
+            true => AfterAttempt::Retry,
+            false => AfterAttempt::End(Ending::Failed(error)),
+        };
+        self.alloc = None;
+        self.end_attempt(true, then);
+        self.next()
     }
 
     /// Stops the run from outside (its task removed or its application ended): the attempt is

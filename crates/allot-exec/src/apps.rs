@@ -7,7 +7,7 @@ use std::sync::{Arc, Mutex};
 
 use allot_api::ErrorCode;
 use allot_core::apps::states::TaskState;
-use allot_core::apps::{AppId, AppSpec, SchedError, Task, TaskEnd, TaskId};
+use allot_core::apps::{AppId, AppSpec, SchedError, Task, TaskEnd, TaskEnding, TaskId};
 use allot_core::pools::PoolName;
 use allot_store::{AppsHome, Store, StoreError};
 use tokio::sync::oneshot;
@@ -22,6 +22,8 @@ pub struct PlacedTask {
     pub placement: Option<TaskPlacement>,
     /// The task's spec, JSON text (empty if it has none).
     pub spec: String,
+    /// While the scheduler preempts it: why (its attempt is to be ended).
+    pub preempting: Option<String>,
 }
 
 /// What a run needs of its application.
@@ -84,6 +86,7 @@ impl From<&Task> for PlacedTask {
                 resources: p.resources.to_string(),
             }),
             spec: task.spec.spec.clone(),
+            preempting: task.preempting.as_ref().map(|p| format!("preempted for {}/{}: {}", p.by.0, p.by.1, p.reason)),
         }
     }
 }
@@ -104,7 +107,8 @@ fn from_wire(task: &allot_client::Task) -> Result<PlacedTask, StoreError> {
         }),
     };
     let spec = task.spec.as_ref().map(|s| s.to_string()).unwrap_or_default();
-    Ok(PlacedTask { seq: task.seq, state, placement, spec })
+    let preempting = task.preempting.as_ref().map(|p| format!("preempted for {}: {}", p.by, p.reason));
+    Ok(PlacedTask { seq: task.seq, state, placement, spec, preempting })
 }
 
 /// The most task ends reported in one call (the route takes 1,000).
@@ -150,7 +154,7 @@ impl From<StoreError> for Refusal {
     fn from(err: StoreError) -> Refusal {
         match err {
             StoreError::Apps(SchedError::TaskNotFound { .. } | SchedError::AppNotFound(_)) => Refusal::Gone,
-            StoreError::Apps(SchedError::Illegal(_)) => Refusal::Illegal,
+            StoreError::Apps(SchedError::Illegal(_) | SchedError::NotPreempting { .. }) => Refusal::Illegal,
             err => Refusal::Failed(err),
         }
     }
@@ -288,12 +292,12 @@ impl AppsAccess {
         self: &Arc<Self>,
         app: &AppId,
         task: &TaskId,
-        failed: Option<String>,
+        ending: TaskEnding,
     ) -> Result<(), StoreError> {
         let (answer, answered) = oneshot::channel();
         let send = {
             let mut ends = self.ends.lock().unwrap_or_else(|p| p.into_inner());
-            ends.pending.push((TaskEnd { app: app.clone(), task: task.clone(), failed }, answer));
+            ends.pending.push((TaskEnd { app: app.clone(), task: task.clone(), ending }, answer));
             !std::mem::replace(&mut ends.sending, true)
         };
         if send {
@@ -347,11 +351,15 @@ impl AppsAccess {
                     .map(|end| allot_client::TaskEnd {
                         app: end.app.to_string(),
                         task: end.task.to_string(),
-                        outcome: match end.failed {
-                            None => allot_client::TaskOutcome::Completed,
-                            Some(_) => allot_client::TaskOutcome::Failed,
+                        outcome: match &end.ending {
+                            TaskEnding::Completed => allot_client::TaskOutcome::Completed,
+                            TaskEnding::Failed(_) => allot_client::TaskOutcome::Failed,
+                            TaskEnding::Preempted => allot_client::TaskOutcome::Preempted,
                         },
-                        reason: end.failed,
+                        reason: match end.ending {
+                            TaskEnding::Failed(reason) => Some(reason),
+                            _ => None,
+                        },
                     })
                     .collect();
                 let answers = client.finish_tasks(wire).await.map_err(|e| Refusal::from(e).into_error())?;

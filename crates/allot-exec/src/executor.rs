@@ -153,6 +153,7 @@ pub struct ExecStats {
     succeeded: AtomicU64,
     failed: AtomicU64,
     aborted: AtomicU64,
+    preempted: AtomicU64,
     retried: AtomicU64,
     cache_hits: AtomicU64,
     cache_misses: AtomicU64,
@@ -169,6 +170,8 @@ pub struct ExecCounts {
     pub succeeded: u64,
     pub failed: u64,
     pub aborted: u64,
+    /// Attempts ended because the scheduler preempted their task.
+    pub preempted: u64,
     /// Attempts that failed and were followed by another.
     pub retried: u64,
     pub cache_hits: u64,
@@ -193,6 +196,7 @@ impl ExecStats {
             succeeded: read(&self.succeeded),
             failed: read(&self.failed),
             aborted: read(&self.aborted),
+            preempted: read(&self.preempted),
             retried: read(&self.retried),
             cache_hits: read(&self.cache_hits),
             cache_misses: read(&self.cache_misses),
@@ -658,6 +662,8 @@ impl Executor {
         // The task was removed and another added under its id: the attempt is stopped without
         // writing anything (the kept run is the new task's to write), and the run is left to it.
         let mut replaced = false;
+        // The scheduler preempts the task: once the attempt has ended, it is told so.
+        let mut preempted = false;
         loop {
             if *shutdown.borrow() {
                 return Ok(());
@@ -713,6 +719,16 @@ impl Executor {
             if let Some(reason) = &stopped {
                 if !matches!(run.next(), Next::Report(_)) {
                     run.abort(reason, self.now_ms());
+                }
+            }
+            // Preempted: this attempt ends (aborted, finalized, its tokens released), and the
+            // scheduler is told, which takes the placement back.
+            if let (Some(t), None) = (&task, &stopped) {
+                if let Some(reason) = &t.preempting {
+                    if run.next() == Next::Handle {
+                        run.preempted(reason, self.policy_of(t), self.now_ms());
+                        preempted = true;
+                    }
                 }
             }
             let next = run.next();
@@ -773,6 +789,11 @@ impl Executor {
                 Next::EndAttempt { abort } => {
                     let keep = if replaced { Keep::Nothing } else { Keep::Run };
                     self.end_attempt(key, &meta, last.as_ref(), &mut run, abort, keep).await?;
+                    if preempted && run.next() == Next::Handle {
+                        self.stats.preempted.fetch_add(1, Ordering::Relaxed);
+                        self.apps.finish(&key.app, &key.task, allot_core::apps::TaskEnding::Preempted).await?;
+                        return Ok(());
+                    }
                 }
                 Next::Report(ending) => {
                     let counter = match &ending {
@@ -797,7 +818,7 @@ impl Executor {
                             Ending::Failed(error) => Some(error.to_string()),
                             Ending::Aborted(reason) => Some(format!("aborted: {reason}")),
                         };
-                        self.apps.finish(&key.app, &key.task, failed).await?;
+                        self.apps.finish(&key.app, &key.task, allot_core::apps::TaskEnding::of(failed)).await?;
                     }
                     return Ok(());
                 }

@@ -168,6 +168,7 @@ impl From<SchedError> for ApiError {
             // What the body names does not exist; the path's application does (so not 404).
             SchedError::UnknownGroup { .. } => ErrorCode::UnknownTaskGroup,
             SchedError::UnknownPriorityClass { .. } => ErrorCode::UnknownPriorityClass,
+            SchedError::NotPreempting { .. } => ErrorCode::IllegalTransition,
             // Like two tasks of one id with different content (`task_conflict`).
             SchedError::GroupConflict { .. } => ErrorCode::TaskGroupConflict,
             SchedError::LargerThanGroup { .. } => ErrorCode::LargerThanTaskGroup,

@@ -7,8 +7,8 @@ use std::collections::BTreeMap;
 use allot_core::apps::queues::{QueueLimits, QueuePath, Queues};
 use allot_core::apps::states::TaskState;
 use allot_core::apps::{
-    App, AppId, AppSpec, QueueView, Released, Removed, SchedError, SchedStats, Scheduler, Task, TaskEnd, TaskId,
-    TaskSpec, Why,
+    App, AppId, AppSpec, QueueView, Released, Removed, SchedError, SchedStats, Scheduler, Task, TaskEnd, TaskEnding,
+    TaskId, TaskSpec, Why,
 };
 use async_trait::async_trait;
 
@@ -115,7 +115,7 @@ pub trait AppStore: Send + Sync {
     async fn start_task(&self, app: AppId, task: TaskId) -> Result<TaskInfo, StoreError>;
     /// Reports a task completed (`failed` is `None`) or failed: what it holds is released.
     async fn finish_task(&self, app: AppId, task: TaskId, failed: Option<String>) -> Result<TaskInfo, StoreError> {
-        let mut answers = self.finish_tasks(vec![TaskEnd { app, task, failed }]).await?;
+        let mut answers = self.finish_tasks(vec![TaskEnd { app, task, ending: TaskEnding::of(failed) }]).await?;
         Ok(answers.pop().expect("one answer per report")?)
     }
     /// Reports several tasks completed or failed in one commit (`Scheduler::finish_tasks`): one

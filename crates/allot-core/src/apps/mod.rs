@@ -83,6 +83,8 @@ pub enum SchedError {
     TaskConflict { app: AppId, task: TaskId, field: &'static str },
     #[error("application `{id}` has ended ({state}); it takes no more tasks")]
     AppEnded { id: AppId, state: AppState },
+    #[error("task `{task}` of application `{app}` is not being preempted: report how it ended instead")]
+    NotPreempting { app: AppId, task: TaskId },
     #[error("priority class `{class}` does not exist; {known}")]
     UnknownPriorityClass { class: String, known: String },
     #[error("task group `{group}` is given twice, with different content")]
@@ -270,12 +272,28 @@ pub enum AppChange {
     },
 }
 
-/// How a task ended, as its executor reports it: completed (`failed` is `None`) or failed.
+/// How a task ended, as its executor reports it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct TaskEnd {
     pub app: AppId,
     pub task: TaskId,
-    pub failed: Option<String>,
+    pub ending: TaskEnding,
+}
+
+/// How a task's attempt ended.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum TaskEnding {
+    Completed,
+    Failed(String),
+    /// Its executor ended it because it is being preempted: it waits to be placed again.
+    Preempted,
+}
+
+impl TaskEnding {
+    /// Completed, or failed for `reason`.
+    pub fn of(failed: Option<String>) -> TaskEnding {
+        failed.map_or(TaskEnding::Completed, TaskEnding::Failed)
+    }
 }
 
 /// Everything an operation changed, for one commit.
@@ -1264,12 +1282,24 @@ impl Scheduler {
         now: Millis,
         world: &mut World<'_>,
     ) -> Result<(Task, Outcome), SchedError> {
-        if self.task(app, task)?.preempting.is_none() {
-            return Err(SchedError::Invalid(format!("task `{task}` of application `{app}` is not being preempted")));
-        }
         let mut out = Outcome::default();
-        self.take_back(app, task, now, world, &mut out)?;
-        Ok((self.task(app, task)?.clone(), out))
+        let task = self.preempted_into(app, task, now, world, &mut out)?;
+        Ok((task, out))
+    }
+
+    fn preempted_into(
+        &mut self,
+        app: &AppId,
+        task: &TaskId,
+        now: Millis,
+        world: &mut World<'_>,
+        out: &mut Outcome,
+    ) -> Result<Task, SchedError> {
+        if self.task(app, task)?.preempting.is_none() {
+            return Err(SchedError::NotPreempting { app: app.clone(), task: task.clone() });
+        }
+        self.take_back(app, task, now, world, out)?;
+        Ok(self.task(app, task)?.clone())
     }
 
     /// Reports a task completed or failed: its alloc and grants are released, and its application
@@ -1282,7 +1312,7 @@ impl Scheduler {
         now: Millis,
         world: &mut World<'_>,
     ) -> Result<(Task, Outcome), SchedError> {
-        let end = TaskEnd { app: app.clone(), task: task.clone(), failed };
+        let end = TaskEnd { app: app.clone(), task: task.clone(), ending: TaskEnding::of(failed) };
         let (mut answers, out) = self.finish_tasks(vec![end], now, world);
         let answer =
             answers.pop().unwrap_or_else(|| Err(SchedError::TaskNotFound { app: app.clone(), task: task.clone() }));
@@ -1300,9 +1330,14 @@ impl Scheduler {
         let mut out = Outcome::default();
         let answers = ends
             .into_iter()
-            .map(|end| {
-                let event = if end.failed.is_some() { TaskEvent::Fail } else { TaskEvent::Complete };
-                self.end_task(&end.app, &end.task, event, end.failed, now, world, &mut out, true)
+            .map(|end| match end.ending {
+                TaskEnding::Completed => {
+                    self.end_task(&end.app, &end.task, TaskEvent::Complete, None, now, world, &mut out, true)
+                }
+                TaskEnding::Failed(reason) => {
+                    self.end_task(&end.app, &end.task, TaskEvent::Fail, Some(reason), now, world, &mut out, true)
+                }
+                TaskEnding::Preempted => self.preempted_into(&end.app, &end.task, now, world, &mut out),
             })
             .collect();
         (answers, out)

@@ -535,8 +535,8 @@ fn selectors_pick_pools_by_label_and_priority_orders_a_queue() {
     let why = b.sched.task_why(&aid("low"), &tid("t")).unwrap().to_string();
     assert_eq!(
         why,
-        "no matching pool has cpu=1 free; the closest, `one`, lacks cpu=1; it cannot preempt: its queue is not below \
-         its guarantee, and no task there has a lower priority"
+        "no matching pool has cpu=1 free; the closest, `one`, lacks cpu=1; if no room comes, it may preempt in 30s \
+         (its queue's preemption_delay)"
     );
 }
 

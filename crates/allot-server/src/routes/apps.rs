@@ -21,7 +21,7 @@ use crate::ServerState;
 use allot_core::apps::admission::{self, AppAction, Caller};
 use allot_core::apps::placement::{PlacementRules, Request};
 use allot_core::apps::queues::Queues;
-use allot_core::apps::AppId;
+use allot_core::apps::{AppId, TaskEnding};
 
 /// Every queue, in path order.
 #[utoipa::path(get, path = "/v1/queues", tag = "apps",
@@ -424,13 +424,14 @@ pub(crate) async fn finish_tasks(
         };
         match ids {
             Ok((app, task)) => {
-                let failed = match end.outcome {
-                    api::TaskOutcome::Completed => None,
+                let ending = match end.outcome {
+                    api::TaskOutcome::Completed => TaskEnding::Completed,
                     api::TaskOutcome::Failed => {
-                        Some(end.reason.clone().unwrap_or_else(|| "reported failed".to_owned()))
+                        TaskEnding::Failed(end.reason.clone().unwrap_or_else(|| "reported failed".to_owned()))
                     }
+                    api::TaskOutcome::Preempted => TaskEnding::Preempted,
                 };
-                ends.push(allot_core::apps::TaskEnd { app, task, failed });
+                ends.push(allot_core::apps::TaskEnd { app, task, ending });
                 answers.push(None);
             }
             Err(err) => answers.push(Some(Err(err))),

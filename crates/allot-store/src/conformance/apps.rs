@@ -9,7 +9,8 @@ use std::time::Duration;
 use allot_core::apps::queues::{QueueLimits, QueuePath};
 use allot_core::apps::states::{AppState, TaskState};
 use allot_core::apps::{
-    AppId, AppSpec, GroupName, QueueRule, SchedError, SchedulingPolicy, TaskEnd, TaskGroup, TaskId, TaskSpec, TokenNeed,
+    AppId, AppSpec, GroupName, QueueRule, SchedError, SchedulingPolicy, TaskEnd, TaskEnding, TaskGroup, TaskId,
+    TaskSpec, TokenNeed,
 };
 use allot_core::pools::{AllocState, PoolError, PoolName};
 use allot_core::{NamespaceName, Resources};
@@ -176,7 +177,7 @@ async fn task_ends_reported_together_are_each_answered(store: &dyn Store) {
     let end = |task: &TaskId, failed: Option<&str>| TaskEnd {
         app: id.clone(),
         task: task.clone(),
-        failed: failed.map(str::to_owned),
+        ending: TaskEnding::of(failed.map(str::to_owned)),
     };
     let answers = store
         .finish_tasks(vec![

@@ -204,14 +204,30 @@ impl Scheduler {
         let mut planned = 0;
         let mut failed_apps: HashSet<AppId> = HashSet::new();
         let mut failed_shapes: HashMap<(Resources, crate::pools::Labels, QueuePath, i32), String> = HashMap::new();
+        // Which tasks are placed on each pool, read when a first plan needs it.
+        let mut placed: Option<HashMap<PoolName, Vec<TaskRef>>> = None;
         for (priority, _, key) in waiting {
+            let task = &self.tasks[&key.0][&key.1];
+            let leaf = &self.apps[&key.0].spec.queue;
+            let from = task.added.max(task.preempted_at.unwrap_or(0));
+            let may_from = from.saturating_add(self.preemption_delay(leaf));
+            if cycle.now < may_from {
+                self.next_preemption = Some(self.next_preemption.map_or(may_from, |n| n.min(may_from)));
+                let said = format!(
+                    "if no room comes, it may preempt in {}s (its queue's preemption_delay)",
+                    (may_from - cycle.now).div_ceil(1000)
+                );
+                if let Some(room) = self.why_task.remove(&key) {
+                    self.why_task.insert(key, Why::NoRoomYet { room: Box::new(room), preemption: said });
+                }
+                continue;
+            }
             if planned >= MAX_PLANS_PER_CYCLE {
                 break;
             }
             if failed_apps.contains(&key.0) {
                 continue;
             }
-            let task = &self.tasks[&key.0][&key.1];
             let shape = (
                 task.spec.resources.clone(),
                 task.spec.selector.clone(),
@@ -222,26 +238,14 @@ impl Scheduler {
                 Some(said) => Err(said.clone()),
                 None => {
                     planned += 1;
-                    self.plan(&key, world, cycle, &flows)
+                    let placed = placed.get_or_insert_with(|| self.placed_by_pool());
+                    self.plan(&key, world, cycle, &flows, placed)
                 }
             };
             let said = match said {
-                Ok((plan, None)) => {
+                Ok(plan) => {
                     self.carry_out(&key, plan, cycle, &mut flows);
                     continue;
-                }
-                // Whom it will take, once its delay has passed.
-                Ok((plan, Some(at))) => {
-                    self.next_preemption = Some(self.next_preemption.map_or(at, |n| n.min(at)));
-                    let names: Vec<String> =
-                        plan.victims.iter().take(5).map(|((a, t), _)| format!("{a}/{t}")).collect();
-                    format!(
-                        "it will preempt {} on pool `{}` in {}s (its queue's preemption_delay), if they still hold \
-                         the room then",
-                        names.join(", "),
-                        cycle.room.spots[plan.spot].name,
-                        at.saturating_sub(cycle.now).div_ceil(1000)
-                    )
                 }
                 Err(said) => {
                     failed_apps.insert(key.0.clone());
@@ -308,21 +312,28 @@ impl Scheduler {
         value
     }
 
-    /// The victims on one pool that make room for the task, with the time it may take them if
-    /// that is later than now (its queue's delay); or why there are none.
+    /// The placed tasks on each pool.
+    fn placed_by_pool(&self) -> HashMap<PoolName, Vec<TaskRef>> {
+        let mut placed: HashMap<PoolName, Vec<TaskRef>> = HashMap::new();
+        for task in self.tasks.values().flat_map(|tasks| tasks.values()) {
+            if let (TaskState::Allocated | TaskState::Running, Some(placement)) = (task.state, &task.placement) {
+                placed.entry(placement.pool.clone()).or_default().push((task.app.clone(), task.spec.id.clone()));
+            }
+        }
+        placed
+    }
+
+    /// The victims on one pool that make room for the task, or why there are none.
     fn plan(
         &mut self,
         key: &TaskRef,
         world: &World<'_>,
         cycle: &mut Cycle<'_>,
         flows: &Flows,
-    ) -> Result<(Plan, Option<Millis>), String> {
-        let now = cycle.now;
+        placed: &HashMap<PoolName, Vec<TaskRef>>,
+    ) -> Result<Plan, String> {
         let task = &self.tasks[&key.0][&key.1];
         let leaf = self.apps[&key.0].spec.queue.clone();
-        let from = task.added.max(task.preempted_at.unwrap_or(0));
-        let may_from = from.saturating_add(self.preemption_delay(&leaf));
-        let later = (now < may_from).then_some(may_from);
         for need in &task.spec.tokens {
             if world.ledger.room_for(&need.namespace, need.units).is_err() {
                 return Err(format!(
@@ -346,16 +357,11 @@ impl Scheduler {
             if !selector_matches(&selector, &spot.labels) || allowed.as_ref().is_some_and(|a| !a.takes(i)) {
                 continue;
             }
-            let Ok(allocs) = world.pools.allocs(&spot.name) else { continue };
             // The placed tasks here that may be taken, lowest priority first, then youngest (placed
             // last, then added last).
             let mut candidates: Vec<Candidate> = Vec::new();
-            for alloc in allocs {
-                let Some((app, id)) = alloc.owner.split_once('/') else { continue };
-                let (Ok(app), Ok(id)) = (AppId::new(app), TaskId::new(id)) else {
-                    refusals.note("the room is held by gang placeholders, and a gang is never broken");
-                    continue;
-                };
+            for (app, id) in placed.get(&spot.name).into_iter().flatten() {
+                let (app, id) = (app.clone(), id.clone());
                 let Some(victim) = self.tasks.get(&app).and_then(|t| t.get(&id)) else { continue };
                 let Some(placement) = victim.placement.as_ref() else { continue };
                 if !matches!(victim.state, TaskState::Allocated | TaskState::Running) {
@@ -449,7 +455,7 @@ impl Scheduler {
                 best = Some((score, Plan { spot: i, victims }));
             }
         }
-        best.map(|(_, plan)| (plan, later)).ok_or_else(|| refusals.say())
+        best.map(|(_, plan)| plan).ok_or_else(|| refusals.say())
     }
 
     /// Whether taking `resources` more (beyond `taken` by this plan and what is leaving already)

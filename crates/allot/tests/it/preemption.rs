@@ -1,0 +1,162 @@
+//! Preemption end to end, on real daemons: a queue below its guarantee takes room back from a
+//! queue above its own; the victim's executor aborts its attempt (a system failure `preempted`
+//! in its run), the room is held for the preemptor, and the victim runs again once room comes
+//! back. A checker reads the pool while it happens: never more allocated than its capacity. On
+//! Redis, the daemon that schedules is killed (SIGKILL) while the victim is being preempted, and
+//! the other one carries it through.
+
+use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use allot_client::{AddTask, Client, PutQueue, SubmitApp};
+use allot_core::Resources;
+use allot_store_redis::testing::RedisServer;
+
+use crate::redis_apps::scheduler;
+use crate::support::{data_dir, eventually, Daemon};
+
+fn sleeper(id: &str, seconds: f64) -> AddTask {
+    AddTask {
+        preemptable: None,
+        priority_class: None,
+        id: id.to_owned(),
+        resources: "cpu=1".to_owned(),
+        tokens: Vec::new(),
+        group: None,
+        priority: None,
+        selector: BTreeMap::new(),
+        spec: Some(serde_json::json!({ "type": "sleep", "seconds": seconds })),
+        retries: None,
+    }
+}
+
+fn app(id: &str, queue: &str, tasks: Vec<AddTask>) -> SubmitApp {
+    SubmitApp {
+        priority: None,
+        priority_class: None,
+        id: id.to_owned(),
+        queue: Some(queue.to_owned()),
+        user: "me".to_owned(),
+        user_groups: Vec::new(),
+        tags: BTreeMap::new(),
+        task_groups: Vec::new(),
+        policy: Default::default(),
+        tasks,
+    }
+}
+
+/// Reads pool `w` until told to stop; true if it ever held more than its capacity.
+fn overcommit_checker(client: Client, stop: Arc<AtomicBool>) -> tokio::task::JoinHandle<(bool, usize)> {
+    tokio::spawn(async move {
+        let (mut over, mut reads) = (false, 0);
+        while !stop.load(Ordering::SeqCst) {
+            if let Ok(pool) = client.pool("w").await {
+                let capacity: Resources = pool.capacity.parse().unwrap();
+                let allocated: Resources = pool.allocated.parse().unwrap();
+                over |= !capacity.fits(&allocated);
+                reads += 1;
+            }
+            tokio::task::yield_now().await;
+        }
+        (over, reads)
+    })
+}
+
+/// The queues: `root.gold` guaranteed one cpu, preempting at once; `root.batch` guaranteed none.
+async fn queues(client: &Client) {
+    let gold = PutQueue { guaranteed: Some("cpu=1".into()), preemption_delay_ms: Some(0), ..PutQueue::default() };
+    client.put_queue("root.gold", &gold).await.unwrap();
+    client.put_queue("root.batch", &PutQueue::default()).await.unwrap();
+}
+
+async fn running(client: &Client, app: &str, task: &str) -> bool {
+    client.task_run(app, task).await.is_ok_and(|r| r.phase == "Running")
+}
+
+/// The batch fills the pool; gold's task preempts one of them; answers the victim's id.
+async fn preempt_one(client: &Client) -> String {
+    let batch = app("batch", "root.batch", vec![sleeper("b0", 3600.0), sleeper("b1", 3600.0)]);
+    client.submit_app(&batch).await.unwrap();
+    let both = eventually(Duration::from_secs(20), async || {
+        running(client, "batch", "b0").await && running(client, "batch", "b1").await
+    })
+    .await;
+    assert!(both, "the batch runs: {:?}", client.tasks("batch").await.unwrap().tasks);
+    client.submit_app(&app("gold", "root.gold", vec![sleeper("g", 0.2)])).await.unwrap();
+    let mut victim = None;
+    let chosen = eventually(Duration::from_secs(20), async || {
+        let tasks = client.tasks("batch").await.unwrap().tasks;
+        victim = tasks.iter().find(|t| t.preempting.is_some() || t.preemptions > 0).map(|t| t.id.clone());
+        victim.is_some()
+    })
+    .await;
+    assert!(chosen, "a victim is chosen: {:?}", client.tasks("batch").await.unwrap().tasks);
+    victim.unwrap()
+}
+
+/// Gold's task runs and completes; the victim ran again with its preemption in its run.
+async fn carried_through(client: &Client, victim: &str) {
+    let done = eventually(Duration::from_secs(30), async || {
+        client.task("gold", "g").await.is_ok_and(|t| t.state == "Completed")
+    })
+    .await;
+    assert!(done, "gold's task ran: {:?}", client.task("gold", "g").await);
+    let again = eventually(Duration::from_secs(30), async || running(client, "batch", victim).await).await;
+    let task = client.task("batch", victim).await.unwrap();
+    assert!(again, "the victim runs again once room is back: {task:?}");
+    assert_eq!(task.preemptions, 1, "{task:?}");
+    let run = client.task_run("batch", victim).await.unwrap();
+    let preempted = run.events.iter().any(|e| e.error.as_ref().is_some_and(|err| err.code == "preempted"));
+    assert!(preempted && run.system_failures == 1 && run.user_failures == 0, "{run:?}");
+    assert_eq!(run.attempt, 2, "{run:?}");
+    // The other batch task was never touched.
+    let other = if victim == "b0" { "b1" } else { "b0" };
+    let other = client.task("batch", other).await.unwrap();
+    assert_eq!((other.preemptions, other.state.as_str()), (0, "Running"), "{other:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_queue_below_its_guarantee_preempts_on_the_embedded_store_without_overcommit() {
+    let (_dir, data) = data_dir();
+    let daemon = Daemon::start(&data, &["--pool", "w=cpu=2", "--run-pool", "w"]);
+    let client = daemon.client();
+    queues(&client).await;
+    let stop = Arc::new(AtomicBool::new(false));
+    let checker = overcommit_checker(daemon.client(), stop.clone());
+    let victim = preempt_one(&client).await;
+    carried_through(&client, &victim).await;
+    stop.store(true, Ordering::SeqCst);
+    let (over, reads) = checker.await.unwrap();
+    assert!(!over && reads > 0, "never overcommitted ({reads} reads)");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn on_redis_the_scheduler_killed_mid_preemption_another_daemon_carries_it_through() {
+    let redis = RedisServer::start();
+    let (dir, _) = data_dir();
+    let config = dir.path().join("allot.toml");
+    std::fs::write(&config, format!("store = \"{}\"\n", redis.url())).unwrap();
+    let config = config.to_str().unwrap().to_owned();
+    // The first daemon schedules (it is alone when it starts); the second runs the pool.
+    let (_first_dir, first_data) = data_dir();
+    let first = Daemon::start(&first_data, &["--config", &config]);
+    let first_url = first.url.clone();
+    assert!(eventually(Duration::from_secs(10), async || scheduler(&redis) == first_url).await, "the first schedules");
+    let (_second_dir, second_data) = data_dir();
+    let second = Daemon::start(&second_data, &["--config", &config, "--pool", "w=cpu=2", "--run-pool", "w"]);
+    let client = second.client();
+    queues(&client).await;
+    let stop = Arc::new(AtomicBool::new(false));
+    let checker = overcommit_checker(second.client(), stop.clone());
+    let victim = preempt_one(&client).await;
+    // Mid-preemption: the victim chosen, maybe not yet taken back. The scheduler dies.
+    first.kill9();
+    let took_over = eventually(Duration::from_secs(30), async || scheduler(&redis) == second.url).await;
+    assert!(took_over, "the second daemon schedules");
+    carried_through(&client, &victim).await;
+    stop.store(true, Ordering::SeqCst);
+    let (over, reads) = checker.await.unwrap();
+    assert!(!over && reads > 0, "never overcommitted ({reads} reads)");
+}
