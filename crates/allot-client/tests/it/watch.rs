@@ -93,11 +93,17 @@ async fn a_watcher_that_falls_behind_is_resumed_by_the_client_with_nothing_misse
     let closed = got.iter().filter(|e| e.kind == "grant.session_closed").count();
     assert_eq!(closed, 20);
     assert!(got.iter().any(|e| e.kind == "session.closed"));
-    // It was ended once, and opened again once.
+    // It was ended (at least once: on a busy machine the twenty allocates may already outrun a
+    // buffer of two) and opened again as often, one watcher left.
     let metrics = client.metrics().await.unwrap();
     assert!(metrics.contains("allot_watch_watchers 1"), "{metrics}");
-    let opened = r#"allot_http_request_duration_seconds_count{method="GET",route="/v1/watch",status="200"} 2"#;
-    assert!(metrics.contains(opened), "{metrics}");
+    let opened = r#"allot_http_request_duration_seconds_count{method="GET",route="/v1/watch",status="200"} "#;
+    let opens: u64 = metrics
+        .lines()
+        .find_map(|line| line.strip_prefix(opened))
+        .and_then(|n| n.trim().parse().ok())
+        .unwrap_or_else(|| panic!("no count of watches opened: {metrics}"));
+    assert!(opens >= 2, "opened again after it was ended: {opens}");
     daemon.stop().await;
 }
 
