@@ -5,6 +5,7 @@ mod apps;
 mod apps_model;
 mod pools;
 mod preemption;
+mod preemption_model;
 mod priorities;
 mod quotas;
 mod quotas_model;

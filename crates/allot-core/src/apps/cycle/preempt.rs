@@ -126,8 +126,10 @@ impl Scheduler {
         victims.into_iter().chain(self.next_preemption).min()
     }
 
-    /// Takes back the placements of the victims whose grace is over.
+    /// Takes back the placements of the victims whose grace is over (once the preemptions no
+    /// longer wanted are called off).
     pub(super) fn end_graces(&mut self, now: Millis, world: &mut World<'_>, out: &mut Outcome) {
+        self.reconsider(out);
         let grace = self.config.preemption_grace_ms;
         let due: Vec<TaskRef> = self
             .victims
@@ -174,6 +176,7 @@ impl Scheduler {
     /// chooses its victims, highest priority first.
     pub(super) fn preempt(&mut self, world: &mut World<'_>, cycle: &mut Cycle<'_>) {
         self.next_preemption = None;
+        self.reconsider(&mut cycle.out);
         if !self.config.preemption {
             return;
         }
@@ -255,6 +258,63 @@ impl Scheduler {
             };
             if let Some(room) = self.why_task.remove(&key) {
                 self.why_task.insert(key, Why::NoRoomYet { room: Box::new(room), preemption: said });
+            }
+        }
+    }
+
+    /// Preemptions decided earlier and not carried out yet are called off where they are no
+    /// longer wanted or allowed: the preemptor no longer waits for the room (placed elsewhere,
+    /// removed, ended), or its victims' queues would now end below their guarantees (a task of
+    /// theirs ended meanwhile). The latest decided go first. Called-off victims run on.
+    pub(super) fn reconsider(&mut self, out: &mut Outcome) {
+        if self.victims.is_empty() {
+            return;
+        }
+        let mut marked: Vec<(TaskRef, TaskRef, Millis)> =
+            self.victims.iter().map(|(victim, (by, at))| (victim.clone(), by.clone(), *at)).collect();
+        marked.sort_by(|a, b| b.2.cmp(&a.2));
+        let mut leaving: HashMap<QueuePath, Resources> = HashMap::new();
+        for (victim, ..) in &marked {
+            if let Some(t) = self.tasks.get(&victim.0).and_then(|t| t.get(&victim.1)) {
+                if let (Some(placement), Some(app)) = (&t.placement, self.apps.get(&victim.0)) {
+                    add_up(&mut leaving, &app.spec.queue, &placement.resources);
+                }
+            }
+        }
+        let empty = Resources::new();
+        for (victim, by, _) in marked {
+            let Some(task) = self.tasks.get(&victim.0).and_then(|t| t.get(&victim.1)) else { continue };
+            let Some(placement) = task.placement.clone() else { continue };
+            let waits = self
+                .tasks
+                .get(&by.0)
+                .and_then(|t| t.get(&by.1))
+                .is_some_and(|t| t.state == TaskState::Pending && t.held.is_some());
+            let path: Vec<QueuePath> =
+                self.apps.get(&by.0).map(|app| app.spec.queue.up_to_root().collect()).unwrap_or_default();
+            let leaf = self.apps[&victim.0].spec.queue.clone();
+            let below = leaf.up_to_root().filter(|q| !path.contains(q)).any(|queue| {
+                let Some(limits) = self.queues.get(&queue) else { return false };
+                let used = self.usage.get(&queue).map_or(&empty, |u| &u.allocated);
+                let gone = leaving.get(&queue).unwrap_or(&empty);
+                limits.guaranteed.iter().any(|(name, guarantee)| {
+                    let name = name.as_str();
+                    placement.resources.get_milli(name) > 0
+                        && used.get_milli(name).saturating_sub(gone.get_milli(name)) < guarantee
+                })
+            });
+            if waits && !below {
+                continue;
+            }
+            for queue in leaf.up_to_root() {
+                if let Some(sum) = leaving.get_mut(&queue) {
+                    *sum = sum.saturating_sub(&placement.resources);
+                }
+            }
+            self.victims.remove(&victim);
+            if let Some(task) = self.tasks.get_mut(&victim.0).and_then(|t| t.get_mut(&victim.1)) {
+                task.preempting = None;
+                out.apps.push(AppChange::Task(task.clone()));
             }
         }
     }
@@ -395,7 +455,9 @@ impl Scheduler {
                 let lca = victim_leaf.up_to_root().find(|q| path.contains(q)).unwrap_or_else(QueuePath::root);
                 let theirs = self.priority_at(victim.spec.priority.value(), victim_leaf, &lca);
                 let ours = self.priority_at(priority, &leaf, &lca);
-                let allowed_by_priority = if below { theirs <= ours } else { theirs < ours };
+                // Restoring a guarantee takes from other queues only: a victim of its own queue
+                // would leave the queue where it was. A higher priority takes within it too.
+                let allowed_by_priority = if below { theirs <= ours && *victim_leaf != leaf } else { theirs < ours };
                 if !allowed_by_priority {
                     refusals.note(match below {
                         true => "the tasks that hold the room have a higher priority",

@@ -1,0 +1,261 @@
+//! A model test of preemption (issue 42, point 4): random queues with guarantees, applications
+//! of random priorities arriving and ending, cycles and time passing; then a quiet phase with no
+//! arrivals. Checked after every step: every invariant of the scheduler and the pools, never
+//! more allocated than the pool holds, no queue ever taken below its guarantee by what is being
+//! preempted. Checked after the quiet phase: preemption has stopped (no state repeats: the last
+//! rounds preempt nothing), no task was preempted more than `max_preemptions` times, and no
+//! preemption the rules allow is left undone (no queue below its guarantee with a task waiting
+//! while a queue above its guarantee holds a task of lower or equal priority).
+
+use std::collections::BTreeMap;
+
+use allot_core::apps::priority::Priority;
+use allot_core::apps::queues::{QueueLimits, QueuePath};
+use allot_core::apps::states::TaskState;
+use allot_core::apps::{SchedConfig, TaskSpec, World, DEFAULT_PREEMPTION_DELAY_MS, DEFAULT_PREEMPTION_GRACE_MS};
+use allot_core::pools::PoolName;
+use proptest::prelude::*;
+
+use super::apps::{aid, app_spec, res, task, tid, Bench};
+
+const QUEUES: usize = 3;
+const MAX_PREEMPTIONS: u32 = 3;
+
+#[derive(Debug, Clone)]
+enum Op {
+    /// An application of `priority` in queue `queue` with `tasks` tasks of one cpu.
+    Submit {
+        queue: usize,
+        priority: i32,
+        tasks: u8,
+    },
+    Cycle,
+    /// Time passes (up to a delay and a grace).
+    Wait {
+        ms: u32,
+    },
+    /// A placed task of application `app` (by arrival) ends.
+    Finish {
+        app: usize,
+        task: u8,
+    },
+    /// The executor of a task being preempted ends it.
+    ExecutorEnds {
+        app: usize,
+        task: u8,
+    },
+}
+
+fn op() -> impl Strategy<Value = Op> {
+    prop_oneof![
+        (0..QUEUES, 0..3i32, 1..5u8).prop_map(|(queue, priority, tasks)| Op::Submit { queue, priority, tasks }),
+        Just(Op::Cycle),
+        Just(Op::Cycle),
+        (0..70_000u32).prop_map(|ms| Op::Wait { ms }),
+        (0..8usize, 0..5u8).prop_map(|(app, task)| Op::Finish { app, task }),
+        (0..8usize, 0..5u8).prop_map(|(app, task)| Op::ExecutorEnds { app, task }),
+    ]
+}
+
+struct Model {
+    b: Bench,
+    capacity: u64,
+    guarantees: [u64; QUEUES],
+    /// Each application: its queue and how many tasks.
+    apps: Vec<(usize, u8)>,
+}
+
+fn queue(i: usize) -> String {
+    format!("root.q{i}")
+}
+
+impl Model {
+    fn new(capacity: u64, guarantees: [u64; QUEUES]) -> Model {
+        // Ended applications stay readable for the whole history.
+        let retention_ms = 1000 * 24 * 3600 * 1000;
+        let config = SchedConfig {
+            completing_grace_ms: 0,
+            retention_ms,
+            max_preemptions: MAX_PREEMPTIONS,
+            ..SchedConfig::default()
+        };
+        let mut b = Bench::with_config(config);
+        b.pool("p", &format!("cpu={capacity}"), &[]);
+        for (i, guarantee) in guarantees.iter().enumerate() {
+            let limits = QueueLimits { guaranteed: res(&format!("cpu={guarantee}")), ..QueueLimits::default() };
+            b.queue(&queue(i), limits);
+        }
+        Model { b, capacity, guarantees, apps: Vec::new() }
+    }
+
+    fn apply(&mut self, op: &Op) {
+        match *op {
+            Op::Submit { queue: q, priority, tasks } => {
+                let id = format!("a{}", self.apps.len());
+                self.b.submit(app_spec(&id, &queue(q))).unwrap();
+                for t in 0..tasks {
+                    let spec = TaskSpec { priority: Priority::of(priority), ..task(&format!("t{t}"), "cpu=1") };
+                    self.b.add(&id, spec).unwrap();
+                }
+                self.apps.push((q, tasks));
+            }
+            Op::Cycle => {
+                self.b.cycle();
+            }
+            Op::Wait { ms } => self.b.now += u64::from(ms),
+            Op::Finish { app, task } | Op::ExecutorEnds { app, task }
+                if app >= self.apps.len() || task >= self.apps[app].1 => {}
+            Op::Finish { app, task } => {
+                let (app, task) = (format!("a{app}"), format!("t{task}"));
+                let state = self.b.sched.task(&aid(&app), &tid(&task)).unwrap().state;
+                if matches!(state, TaskState::Allocated | TaskState::Running) {
+                    self.b.complete(&app, &task);
+                }
+            }
+            Op::ExecutorEnds { app, task } => {
+                let (app, task) = (aid(&format!("a{app}")), tid(&format!("t{task}")));
+                if self.b.sched.task(&app, &task).unwrap().preempting.is_some() {
+                    let now = self.b.now;
+                    let mut world = World { pools: &mut self.b.pools, ledger: &mut self.b.ledger };
+                    self.b.sched.preempted(&app, &task, now, &mut world).unwrap();
+                    self.b.check();
+                }
+            }
+        }
+    }
+
+    fn used(&self, q: usize) -> u64 {
+        let view = self.b.sched.queue(&QueuePath::new(&queue(q)).unwrap()).unwrap();
+        view.usage.allocated.get_milli("cpu") / 1000
+    }
+
+    /// Every task: (queue, priority, state, being preempted, preemptions, room held for it).
+    fn tasks(&self) -> Vec<(usize, i32, TaskState, bool, u32, bool)> {
+        let mut all = Vec::new();
+        for (i, (q, n)) in self.apps.iter().enumerate() {
+            for t in 0..*n {
+                let task = self.b.sched.task(&aid(&format!("a{i}")), &tid(&format!("t{t}"))).unwrap();
+                let held = task.held.is_some();
+                all.push((
+                    *q,
+                    task.spec.priority.value(),
+                    task.state,
+                    task.preempting.is_some(),
+                    task.preemptions,
+                    held,
+                ));
+            }
+        }
+        all
+    }
+
+    /// The safety checks of every step.
+    fn check(&self) -> Result<(), String> {
+        let pool = self.b.pools.pool(&PoolName::new("p").unwrap(), self.b.now).unwrap();
+        if pool.allocated.get_milli("cpu") > self.capacity * 1000 {
+            return Err(format!("overcommitted: {} of cpu={}", pool.allocated, self.capacity));
+        }
+        let tasks = self.tasks();
+        for q in 0..QUEUES {
+            // What it will hold once the preemptions decided are carried out: the victims gone,
+            // the tasks they make room for (of the same queue, for a priority) placed.
+            let leaving = tasks.iter().filter(|t| t.0 == q && t.3).count() as u64;
+            let arriving = tasks.iter().filter(|t| t.0 == q && t.5).count() as u64;
+            let after = self.used(q) + arriving - leaving;
+            if after < self.used(q) && after < self.guarantees[q] {
+                return Err(format!(
+                    "queue {q} is being taken below its guarantee: uses {}, {leaving} leaving, {arriving} arriving, \
+                     guaranteed {}",
+                    self.used(q),
+                    self.guarantees[q]
+                ));
+            }
+        }
+        if let Some(t) = tasks.iter().find(|t| t.4 > MAX_PREEMPTIONS) {
+            return Err(format!("a task preempted {} times", t.4));
+        }
+        Ok(())
+    }
+
+    /// A preemption the rules allow and nobody made: a queue below its guarantee with a task
+    /// waiting, and another above its guarantee holding a task of lower or equal priority that
+    /// may still be taken.
+    fn undone(&self) -> Option<String> {
+        let tasks = self.tasks();
+        for q in 0..QUEUES {
+            let Some(top) = tasks.iter().filter(|t| t.0 == q && t.2 == TaskState::Pending).map(|t| t.1).max() else {
+                continue;
+            };
+            if self.used(q) >= self.guarantees[q] {
+                continue;
+            }
+            for r in (0..QUEUES).filter(|r| *r != q && self.used(*r) > self.guarantees[*r]) {
+                let takeable = tasks.iter().any(|t| {
+                    t.0 == r
+                        && matches!(t.2, TaskState::Allocated | TaskState::Running)
+                        && t.1 <= top
+                        && t.4 < MAX_PREEMPTIONS
+                });
+                if takeable {
+                    return Some(format!(
+                        "queue {q} uses {} of its guarantee {} with a task of priority {top} waiting, and queue {r} \
+                         uses {} over its guarantee {} with a task it may take",
+                        self.used(q),
+                        self.guarantees[q],
+                        self.used(r),
+                        self.guarantees[r]
+                    ));
+                }
+            }
+        }
+        None
+    }
+
+    fn preemptions(&self) -> u32 {
+        self.tasks().iter().map(|t| t.4).sum::<u32>() + self.tasks().iter().filter(|t| t.3).count() as u32
+    }
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 200, ..ProptestConfig::default() })]
+
+    #[test]
+    fn preemption_restores_guarantees_and_priorities_without_loops_or_overcommit(
+        capacity in 3..10u64,
+        shares in proptest::array::uniform3(0..4u64),
+        ops in proptest::collection::vec(op(), 1..60),
+    ) {
+        // Guarantees that the pool can keep together.
+        let mut guarantees = shares;
+        while guarantees.iter().sum::<u64>() > capacity {
+            let most = (0..QUEUES).max_by_key(|i| guarantees[*i]).unwrap();
+            guarantees[most] -= 1;
+        }
+        let mut m = Model::new(capacity, guarantees);
+        for op in &ops {
+            m.apply(op);
+            // Between cycles a task may end on its own under a preemption decided before: the
+            // next cycle calls off what is no longer allowed, before any grace ends.
+            if matches!(op, Op::Cycle) {
+                m.check().map_err(|e| TestCaseError::fail(format!("after {op:?}: {e}")))?;
+            }
+        }
+        // The quiet phase: nothing arrives or ends by itself; each round lets a delay and a grace
+        // pass. Every task may be preempted at most MAX_PREEMPTIONS times, so it settles.
+        let round = DEFAULT_PREEMPTION_DELAY_MS.max(DEFAULT_PREEMPTION_GRACE_MS);
+        let tasks = m.tasks().len() as u32;
+        let mut history: BTreeMap<u32, u32> = BTreeMap::new();
+        for i in 0..(tasks * MAX_PREEMPTIONS + 4) {
+            m.b.cycle();
+            m.b.now += round;
+            m.b.cycle();
+            m.check().map_err(|e| TestCaseError::fail(format!("quiet round {i}: {e}")))?;
+            history.insert(i, m.preemptions());
+        }
+        let last: Vec<u32> = history.values().rev().take(3).copied().collect();
+        prop_assert!(last.windows(2).all(|w| w[0] == w[1]), "preemption never stops: {history:?}");
+        if let Some(undone) = m.undone() {
+            return Err(TestCaseError::fail(format!("{undone} (guarantees {guarantees:?}, capacity {capacity})")));
+        }
+    }
+}
