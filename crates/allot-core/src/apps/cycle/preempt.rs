@@ -272,7 +272,7 @@ impl Scheduler {
         }
         let mut marked: Vec<(TaskRef, TaskRef, Millis)> =
             self.victims.iter().map(|(victim, (by, at))| (victim.clone(), by.clone(), *at)).collect();
-        marked.sort_by(|a, b| b.2.cmp(&a.2));
+        marked.sort_by_key(|m| std::cmp::Reverse(m.2));
         let mut leaving: HashMap<QueuePath, Resources> = HashMap::new();
         for (victim, ..) in &marked {
             if let Some(t) = self.tasks.get(&victim.0).and_then(|t| t.get(&victim.1)) {
