@@ -7,8 +7,8 @@ use std::collections::BTreeMap;
 use std::fmt::Write as _;
 
 use allot_client::{
-    AddTaskResponse, App, AppList, Placeholder, PutQueueResponse, Queue, QueueList, RemovedQueue, SortPolicy,
-    SubmitAppResponse, Task, TaskList, TaskRun, TokenNeed, Waiting,
+    AddTaskResponse, App, AppList, Placeholder, PreemptionPolicy, PriorityPolicy, PutQueueResponse, Queue, QueueList,
+    RemovedQueue, SortPolicy, SubmitAppResponse, Task, TaskList, TaskRun, TokenNeed, Waiting,
 };
 use serde::Serialize;
 
@@ -81,6 +81,26 @@ pub(crate) fn limits_line(queue: &Queue) -> String {
     if let Some(max) = &queue.group_max {
         parts.push(format!("group max {}", human(max)));
     }
+    if let Some(limit) = &queue.borrow_limit {
+        parts.push(format!("borrow limit {}", human(limit)));
+    }
+    if let Some(limit) = &queue.lend_limit {
+        parts.push(format!("lend limit {}", human(limit)));
+    }
+    if queue.priority_offset != 0 {
+        parts.push(format!("priority offset {}", queue.priority_offset));
+    }
+    if queue.priority_policy == PriorityPolicy::Fence {
+        parts.push("priority fenced".to_owned());
+    }
+    match queue.preemption {
+        PreemptionPolicy::Default => {}
+        PreemptionPolicy::Fence => parts.push("preemption fenced".to_owned()),
+        PreemptionPolicy::Disabled => parts.push("preemption disabled".to_owned()),
+    }
+    if let Some(ms) = queue.preemption_delay_ms {
+        parts.push(format!("preemption delay {}", format_ms(ms)));
+    }
     parts.push(format!("sort {}", sort_name(queue.sort)));
     parts.join(", ")
 }
@@ -135,6 +155,27 @@ pub(crate) fn queue_details(queue: &Queue) -> String {
         ("user max", optional(queue.user_max.as_ref())),
         ("group max apps", number(queue.group_max_apps)),
         ("group max", optional(queue.group_max.as_ref())),
+        ("borrow limit", optional(queue.borrow_limit.as_ref())),
+        ("lend limit", optional(queue.lend_limit.as_ref())),
+        ("priority offset", queue.priority_offset.to_string()),
+        (
+            "priority policy",
+            match queue.priority_policy {
+                PriorityPolicy::Default => "default",
+                PriorityPolicy::Fence => "fence",
+            }
+            .to_owned(),
+        ),
+        (
+            "preemption",
+            match queue.preemption {
+                PreemptionPolicy::Default => "default",
+                PreemptionPolicy::Fence => "fence",
+                PreemptionPolicy::Disabled => "disabled",
+            }
+            .to_owned(),
+        ),
+        ("preemption delay", queue.preemption_delay_ms.map_or_else(|| "30s (default)".to_owned(), format_ms)),
         ("apps", queue.apps.to_string()),
         ("pending tasks", queue.pending_tasks.to_string()),
         ("sort", sort_name(queue.sort).to_owned()),
@@ -405,7 +446,21 @@ pub(crate) fn task_details(task: &Task, run: Option<&TaskRun>) -> String {
         ("resources", human(&task.resources)),
         ("tokens", needs_text(&task.tokens)),
         ("group", task.group.as_deref().map_or_else(|| "-".to_owned(), show)),
-        ("priority", task.priority.to_string()),
+        (
+            "priority",
+            match &task.priority_class {
+                Some(class) => format!("{} (class {})", task.priority, show(class)),
+                None => task.priority.to_string(),
+            },
+        ),
+        (
+            "preemption",
+            match (&task.preempting, task.preemptable) {
+                (Some(p), _) => format!("being preempted for {} ({})", show(&p.by), show(&p.reason)),
+                (None, false) => "never (preemptable: false)".to_owned(),
+                (None, true) => format!("preempted {} times", task.preemptions),
+            },
+        ),
         ("selector", map_text(&task.selector)),
         (if ended(task) { "ran on" } else { "runs on" }, runs_on(task)),
         ("holds", placement.map_or_else(|| "-".to_owned(), |p| human(&p.resources))),
