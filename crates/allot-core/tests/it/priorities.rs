@@ -74,35 +74,32 @@ fn a_priority_queue_places_the_application_of_higher_priority_first() {
     assert_eq!(b.state("first", "t"), TaskState::Pending);
 }
 
+/// A pool of four cpu, applications of 4 one-cpu tasks in `root.a` (priority 0) and `root.b`
+/// (priority 10) with these limits: what each queue holds after a cycle.
+fn race(a: QueueLimits, b_limits: QueueLimits) -> (u64, u64) {
+    let mut b = Bench::new();
+    b.pool("p", "cpu=4", &[]);
+    b.queue("root.a", a);
+    b.queue("root.b", b_limits);
+    b.submit(app_spec("low", "root.a")).unwrap();
+    b.submit(app_spec("high", "root.b")).unwrap();
+    for i in 0..4 {
+        b.add("low", task(&format!("t{i}"), "cpu=1")).unwrap();
+        b.add("high", TaskSpec { priority: Priority::of(10), ..task(&format!("t{i}"), "cpu=1") }).unwrap();
+    }
+    b.cycle();
+    (used(&b, "root.a"), used(&b, "root.b"))
+}
+
 #[test]
 fn sibling_queues_go_by_priority_before_fair_share_with_offsets_and_fences() {
-    let mut b = Bench::new();
-    b.pool("p", "cpu=4", &[]);
     // `a` is far below its guarantee and `b` above its: by fair share `a` would go first.
-    b.queue("root.a", QueueLimits { guaranteed: res("cpu=100"), ..QueueLimits::default() });
-    b.queue("root.b", QueueLimits { guaranteed: res("cpu=1"), ..QueueLimits::default() });
-    b.submit(app_spec("low", "root.a")).unwrap();
-    b.submit(app_spec("high", "root.b")).unwrap();
-    for i in 0..4 {
-        b.add("low", task(&format!("t{i}"), "cpu=1")).unwrap();
-        b.add("high", TaskSpec { priority: Priority::of(10), ..task(&format!("t{i}"), "cpu=1") }).unwrap();
-    }
-    b.cycle();
-    assert_eq!((used(&b, "root.a"), used(&b, "root.b")), (0, 4), "the higher priority first");
-
+    let a = QueueLimits { guaranteed: res("cpu=100"), ..QueueLimits::default() };
+    let b = QueueLimits { guaranteed: res("cpu=1"), ..QueueLimits::default() };
+    assert_eq!(race(a, b), (0, 4), "the higher priority first");
     // An offset lifts a whole queue.
-    let mut b = Bench::new();
-    b.pool("p", "cpu=4", &[]);
-    b.queue("root.a", QueueLimits { priority_offset: 20, ..QueueLimits::default() });
-    b.queue("root.b", QueueLimits::default());
-    b.submit(app_spec("low", "root.a")).unwrap();
-    b.submit(app_spec("high", "root.b")).unwrap();
-    for i in 0..4 {
-        b.add("low", task(&format!("t{i}"), "cpu=1")).unwrap();
-        b.add("high", TaskSpec { priority: Priority::of(10), ..task(&format!("t{i}"), "cpu=1") }).unwrap();
-    }
-    b.cycle();
-    assert_eq!((used(&b, "root.a"), used(&b, "root.b")), (4, 0), "0 + 20 over 10");
+    let a = QueueLimits { priority_offset: 20, ..QueueLimits::default() };
+    assert_eq!(race(a, QueueLimits::default()), (4, 0), "0 + 20 over 10");
 
     // A fence shows only its offset: what waits inside does not compete outside.
     let mut b = Bench::new();

@@ -9,7 +9,7 @@ use allot_client::{AddTask, SubmitApp};
 
 use crate::support::{data_dir, eventually, Daemon};
 
-fn task(id: &str, spec: serde_json::Value) -> AddTask {
+pub(crate) fn task(id: &str, spec: serde_json::Value) -> AddTask {
     AddTask {
         preemptable: None,
         priority_class: None,

@@ -5,7 +5,6 @@
 //! Redis, the daemon that schedules is killed (SIGKILL) while the victim is being preempted, and
 //! the other one carries it through.
 
-use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
@@ -18,33 +17,12 @@ use crate::redis_apps::scheduler;
 use crate::support::{data_dir, eventually, Daemon};
 
 fn sleeper(id: &str, seconds: f64) -> AddTask {
-    AddTask {
-        preemptable: None,
-        priority_class: None,
-        id: id.to_owned(),
-        resources: "cpu=1".to_owned(),
-        tokens: Vec::new(),
-        group: None,
-        priority: None,
-        selector: BTreeMap::new(),
-        spec: Some(serde_json::json!({ "type": "sleep", "seconds": seconds })),
-        retries: None,
-    }
+    crate::exec::task(id, serde_json::json!({ "type": "sleep", "seconds": seconds }))
 }
 
 fn app(id: &str, queue: &str, tasks: Vec<AddTask>) -> SubmitApp {
-    SubmitApp {
-        priority: None,
-        priority_class: None,
-        id: id.to_owned(),
-        queue: Some(queue.to_owned()),
-        user: "me".to_owned(),
-        user_groups: Vec::new(),
-        tags: BTreeMap::new(),
-        task_groups: Vec::new(),
-        policy: Default::default(),
-        tasks,
-    }
+    let app = serde_json::json!({ "id": id, "queue": queue, "user": "me" });
+    SubmitApp { tasks, ..serde_json::from_value(app).unwrap() }
 }
 
 /// Reads pool `w` until told to stop; true if it ever held more than its capacity.
