@@ -103,12 +103,16 @@ const CHECKED: &str = "_checked";
 /// With `--redis-min-replicas`: the refusal of a change on a primary with fewer replicas
 /// attached (online, and acknowledging within 10 s, Redis's `min-replicas-max-lag`) than
 /// required, made before anything is written: `ALLOT_NOREPLICAS <attached> <required> <port>`.
+/// `lag` may read -1: Redis subtracts the second of the last acknowledgement (from the precise
+/// clock) from `time(NULL)` (the coarse clock, a few ms behind it just after a second begins), so
+/// right after `WAIT` a replica that has just acknowledged reads -1 in about 1 check in 300. A
+/// negative lag is a replica acknowledging now: it counts.
 const REPLICAS_CHECK: &str = r#"
 local function replicas_refusal()
   local info = redis.call('INFO', 'replication')
   local good = 0
   for line in string.gmatch(info, 'slave%d+:[^\r\n]*') do
-    local lag = tonumber(string.match(line, 'lag=(%d+)'))
+    local lag = tonumber(string.match(line, 'lag=(%-?%d+)'))
     if string.find(line, 'state=online', 1, true) and lag and lag <= 10 then good = good + 1 end
   end
   if good >= MIN_REPLICAS then return nil end
