@@ -31,6 +31,8 @@ const CALM_POLL: Duration = Duration::from_secs(1);
 const QUIET: Duration = Duration::from_secs(5);
 /// How long the watcher waits for one node's slot map.
 const PROBE_TIMEOUT: Duration = Duration::from_millis(250);
+/// The longest connecting to a new slot map may take before the watcher gives it up for now.
+const CONNECT_LANES_TIMEOUT: Duration = Duration::from_secs(5);
 
 /// Slot ranges and the address (`host:port`) of the primary that serves each, in slot order.
 pub(crate) type SlotMap = Vec<(u16, u16, String)>;
@@ -210,7 +212,21 @@ async fn watch_map(link: Weak<ClusterLink>) {
         }
         let started = Instant::now();
         let lanes = link.current.read().unwrap_or_else(|p| p.into_inner()).len();
-        match connect_lanes(&addresses(&map, &link.seeds), lanes).await {
+        // Bounded: a connect that never answers (redis-rs #1953) must not stop this loop, which
+        // alone follows the map; the next poll tries again.
+        let seeds = addresses(&map, &link.seeds);
+        let connecting = connect_lanes(&seeds, lanes);
+        let connected = match tokio::time::timeout(CONNECT_LANES_TIMEOUT, connecting).await {
+            Ok(connected) => connected,
+            Err(_) => {
+                tracing::warn!(
+                    timeout_ms = CONNECT_LANES_TIMEOUT.as_millis() as u64,
+                    "connecting to the new slot map took too long; trying again"
+                );
+                continue;
+            }
+        };
+        match connected {
             Ok(conns) => {
                 *link.current.write().unwrap_or_else(|p| p.into_inner()) = conns;
                 tracing::info!(
