@@ -41,10 +41,30 @@ pub enum Why {
     CanNeverFit(NeverFits),
     /// No room now (`room`, a `NoRoom`), and what preemption says: when the task may preempt,
     /// or the rule that keeps it from preempting.
-    NoRoomYet { room: Box<Why>, preemption: String },
+    NoRoomYet { room: Box<Why>, preemption: Preemption },
     /// Tasks on `pool` are being preempted for it (`victims`, `app/task`); the room is held for
     /// it, and it is placed once they have ended, at the latest after `grace_ms`.
     Preempting { pool: PoolName, victims: Vec<String>, grace_ms: u64 },
+}
+
+/// What preemption says of a task with no room.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Preemption {
+    /// It may preempt in this many seconds, once it has waited its queue's delay.
+    In { seconds: u64 },
+    /// The rule that keeps it from preempting (`it cannot preempt: ...`).
+    Cannot(String),
+}
+
+impl fmt::Display for Preemption {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Preemption::In { seconds } => {
+                write!(f, "if no room comes, it may preempt in {seconds}s (its queue's preemption_delay)")
+            }
+            Preemption::Cannot(rule) => f.write_str(rule),
+        }
+    }
 }
 
 /// Why what a task asks for can never be had as things are.

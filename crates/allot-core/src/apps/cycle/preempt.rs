@@ -26,6 +26,7 @@ use std::collections::{BTreeMap, HashMap, HashSet};
 use super::{Cycle, Room};
 use crate::apps::queues::{PreemptionPolicy, QueuePath};
 use crate::apps::states::TaskState;
+use crate::apps::why::Preemption;
 use crate::apps::{AppChange, AppId, Outcome, Preempting, Scheduler, TaskId, Why, World, DEFAULT_PREEMPTION_DELAY_MS};
 use crate::pools::{selector_matches, PoolName};
 use crate::quotas::Millis;
@@ -216,10 +217,7 @@ impl Scheduler {
             let may_from = from.saturating_add(self.preemption_delay(leaf));
             if cycle.now < may_from {
                 self.next_preemption = Some(self.next_preemption.map_or(may_from, |n| n.min(may_from)));
-                let said = format!(
-                    "if no room comes, it may preempt in {}s (its queue's preemption_delay)",
-                    (may_from - cycle.now).div_ceil(1000)
-                );
+                let said = Preemption::In { seconds: (may_from - cycle.now).div_ceil(1000) };
                 if let Some(room) = self.why_task.remove(&key) {
                     self.why_task.insert(key, Why::NoRoomYet { room: Box::new(room), preemption: said });
                 }
@@ -257,7 +255,8 @@ impl Scheduler {
                 }
             };
             if let Some(room) = self.why_task.remove(&key) {
-                self.why_task.insert(key, Why::NoRoomYet { room: Box::new(room), preemption: said });
+                let preemption = Preemption::Cannot(said);
+                self.why_task.insert(key, Why::NoRoomYet { room: Box::new(room), preemption });
             }
         }
     }
