@@ -7,7 +7,7 @@ use allot_core::apps::states::TaskState;
 use allot_core::apps::{SchedConfig, TaskSpec, World, DEFAULT_PREEMPTION_DELAY_MS, DEFAULT_PREEMPTION_GRACE_MS};
 use allot_core::pools::PoolName;
 
-use super::apps::{aid, app_spec, res, task, tid, Bench};
+use super::apps::{aid, app_spec, group, member, res, task, tid, Bench};
 
 const DELAY: u64 = DEFAULT_PREEMPTION_DELAY_MS;
 const GRACE: u64 = DEFAULT_PREEMPTION_GRACE_MS;
@@ -244,4 +244,30 @@ fn a_preemption_fence_keeps_a_queues_tasks_from_taking_outside_it() {
     assert!(b.sched.task(&aid("low"), &tid("v")).unwrap().preempting.is_none());
     let why = b.sched.task_why(&aid("high"), &tid("t")).unwrap().to_string();
     assert!(why.contains("preemption fence"), "{why}");
+}
+
+#[test]
+fn a_gang_is_never_broken_by_preemption() {
+    let mut b = Bench::new();
+    b.pool("p", "cpu=2", &[]);
+    b.queue("root.q", QueueLimits::default());
+    // A gang of two members holds the whole pool.
+    let mut gang = app_spec("gang", "root.q");
+    gang.groups = vec![group("workers", 2, "cpu=1")];
+    b.submit(gang).unwrap();
+    for m in 0..2 {
+        b.add("gang", member(&format!("w{m}"), "workers", "cpu=1")).unwrap();
+    }
+    b.cycle();
+    b.cycle();
+    assert_eq!(b.state("gang", "w0"), TaskState::Allocated);
+    b.submit(app_spec("urgent", "root.q")).unwrap();
+    b.add("urgent", TaskSpec { priority: Priority::of(100), ..task("t", "cpu=1") }).unwrap();
+    b.now += DELAY;
+    b.cycle();
+    for m in 0..2 {
+        assert!(b.sched.task(&aid("gang"), &tid(&format!("w{m}"))).unwrap().preempting.is_none());
+    }
+    let why = b.sched.task_why(&aid("urgent"), &tid("t")).unwrap().to_string();
+    assert!(why.contains("gang members"), "{why}");
 }
