@@ -612,7 +612,14 @@ impl Scheduler {
             // A task that preempted takes the room held for it.
             let held = (app_id.clone(), task.clone());
             let given = match self.holders.contains_key(&held) {
-                true => self.unhold(&held, &mut cycle.room, &mut cycle.held),
+                true => {
+                    let given = self.unhold(&held, &mut cycle.room, &mut cycle.held);
+                    if given.is_none() {
+                        // Its pool is gone or down: nothing is held for it any more.
+                        self.drop_hold(&held, cycle);
+                    }
+                    given
+                }
                 false => None,
             };
             let placed = self.place_task(app_id, &task, world, cycle);

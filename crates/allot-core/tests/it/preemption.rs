@@ -271,3 +271,30 @@ fn a_gang_is_never_broken_by_preemption() {
     let why = b.sched.task_why(&aid("urgent"), &tid("t")).unwrap().to_string();
     assert!(why.contains("gang members"), "{why}");
 }
+
+#[test]
+fn a_task_whose_held_pool_is_lost_holds_nothing_and_may_preempt_again() {
+    let mut b = Bench::new();
+    b.pool("p", "cpu=1", &[]);
+    b.pool("other", "cpu=1", &[]);
+    b.queue("root.q", QueueLimits::default());
+    b.submit(app_spec("low", "root.q")).unwrap();
+    b.add("low", task("v", "cpu=1")).unwrap();
+    b.add("low", task("w", "cpu=1")).unwrap();
+    b.cycle();
+    b.submit(app_spec("high", "root.q")).unwrap();
+    b.add("high", TaskSpec { priority: Priority::of(10), ..task("t", "cpu=1") }).unwrap();
+    b.now += DELAY;
+    b.cycle();
+    let held = b.sched.task(&aid("high"), &tid("t")).unwrap().held.clone().expect("room held");
+    // The executors of that pool stop: its tasks wait again, and the room held there is no more.
+    {
+        let now = b.now;
+        let mut world = World { pools: &mut b.pools, ledger: &mut b.ledger };
+        b.sched.pool_lost(&held, "its executor stopped", now, &mut world);
+    }
+    b.cycle();
+    // What was held there is given up; a new decision may hold room on the pool still up.
+    let task = b.sched.task(&aid("high"), &tid("t")).unwrap();
+    assert_ne!(task.held.as_ref(), Some(&held), "nothing is held on a pool that is down");
+}

@@ -606,6 +606,17 @@ impl Scheduler {
         Some((i, portion))
     }
 
+    /// The task holds no room any more (its pool is gone or down): it waits as any task, and
+    /// may preempt again.
+    pub(super) fn drop_hold(&mut self, key: &TaskRef, cycle: &mut Cycle<'_>) {
+        self.holders.remove(key);
+        if let Some(task) = self.tasks.get_mut(&key.0).and_then(|t| t.get_mut(&key.1)) {
+            if task.held.take().is_some() {
+                cycle.out.apps.push(AppChange::Task(task.clone()));
+            }
+        }
+    }
+
     /// After a holder's placement: placed, it holds nothing any more; not placed, the room is
     /// held again, unless nothing is preempted for it any more (then it waits as any task).
     pub(super) fn rehold(&mut self, key: &TaskRef, given: (usize, Resources), placed: bool, cycle: &mut Cycle<'_>) {
