@@ -916,8 +916,9 @@ class Waiting(TypedDict):
     """Why an application or task waits."""
     code: str
     """queue_limit, no_pool_matches, no_room, tokens, gang_not_reserved, gang_missing_members,
-    after_gang, forbidden (its user may not use a namespace or pool it needs); for a placed
-    task, pool_not_run (no daemon runs its pool: start one with `--run-pool`).
+    after_gang, forbidden (its user may not use a namespace or pool it needs), preempting (tasks
+    are being preempted for it: the room is held for it); for a placed task, pool_not_run (no
+    daemon runs its pool: start one with `--run-pool`).
     """
     message: str
 

@@ -293,7 +293,8 @@ fn default_user() -> String {
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
 pub struct Waiting {
     /// queue_limit, no_pool_matches, no_room, tokens, gang_not_reserved, gang_missing_members,
-    /// after_gang, forbidden (its user may not use a namespace or pool it needs); for a placed task, pool_not_run (no daemon runs its pool: start one with
+    /// after_gang, forbidden (its user may not use a namespace or pool it needs), preempting (tasks
+    /// are being preempted for it: the room is held for it); for a placed task, pool_not_run (no daemon runs its pool: start one with
     /// `--run-pool`).
     pub code: String,
     pub message: String,
