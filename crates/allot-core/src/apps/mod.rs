@@ -1274,7 +1274,8 @@ impl Scheduler {
     }
 
     /// A task being preempted ended its attempt (its executor aborted it): it goes back to
-    /// waiting at once, its placement released, instead of at the end of its grace.
+    /// waiting at once, its placement released, instead of at the end of its grace. As
+    /// `finish_tasks` with [`TaskEnding::Preempted`].
     pub fn preempted(
         &mut self,
         app: &AppId,
@@ -1282,9 +1283,7 @@ impl Scheduler {
         now: Millis,
         world: &mut World<'_>,
     ) -> Result<(Task, Outcome), SchedError> {
-        let mut out = Outcome::default();
-        let task = self.preempted_into(app, task, now, world, &mut out)?;
-        Ok((task, out))
+        self.finish_one(TaskEnd { app: app.clone(), task: task.clone(), ending: TaskEnding::Preempted }, now, world)
     }
 
     fn preempted_into(
@@ -1312,11 +1311,14 @@ impl Scheduler {
         now: Millis,
         world: &mut World<'_>,
     ) -> Result<(Task, Outcome), SchedError> {
-        let end = TaskEnd { app: app.clone(), task: task.clone(), ending: TaskEnding::of(failed) };
+        self.finish_one(TaskEnd { app: app.clone(), task: task.clone(), ending: TaskEnding::of(failed) }, now, world)
+    }
+
+    /// One report, as [`Scheduler::finish_tasks`] takes it.
+    fn finish_one(&mut self, end: TaskEnd, now: Millis, world: &mut World<'_>) -> Result<(Task, Outcome), SchedError> {
+        let missing = SchedError::TaskNotFound { app: end.app.clone(), task: end.task.clone() };
         let (mut answers, out) = self.finish_tasks(vec![end], now, world);
-        let answer =
-            answers.pop().unwrap_or_else(|| Err(SchedError::TaskNotFound { app: app.clone(), task: task.clone() }));
-        Ok((answer?, out))
+        Ok((answers.pop().unwrap_or(Err(missing))?, out))
     }
 
     /// Reports several tasks completed or failed at once, as `finish_task` each in turn: one
@@ -1522,7 +1524,7 @@ impl Scheduler {
                 let _ =
                     self.end_task(&app, &task, TaskEvent::Fail, Some(reason.to_owned()), now, world, &mut out, true);
             } else {
-                let _ = self.requeue(&app, &task, reason, now, world, &mut out);
+                let _ = self.requeue(&app, &task, &format!("placed again: {reason}"), now, world, &mut out);
             }
         }
         self.lose_gangs_on(pool, reason, now, world, &mut out);
@@ -1534,7 +1536,8 @@ impl Scheduler {
         self.down.remove(pool)
     }
 
-    /// A placed task goes back to waiting (its placement lost), holding nothing.
+    /// A placed task goes back to waiting (its placement lost, or taken back), holding nothing,
+    /// with `reason`.
     fn requeue(
         &mut self,
         app_id: &AppId,
@@ -1548,7 +1551,7 @@ impl Scheduler {
         let task = self.task_mut(app_id, task_id)?;
         let before = task.state;
         task.state = before.on(TaskEvent::Lose)?;
-        task.reason = Some(format!("placed again: {reason}"));
+        task.reason = Some(reason.to_owned());
         task.preempting = None;
         let placement = task.placement.take();
         let task = task.clone();

@@ -26,6 +26,15 @@ fn no_overcommit(b: &Bench) {
     assert!(pool.capacity.fits(&pool.allocated), "{} allocated of {}", pool.allocated, pool.capacity);
 }
 
+/// Application `app` in `queue` with one task `t` of priority 10, then a cycle once its delay
+/// has passed.
+fn urgent(b: &mut Bench, app: &str, queue: &str) {
+    b.submit(app_spec(app, queue)).unwrap();
+    b.add(app, TaskSpec { priority: Priority::of(10), ..task("t", "cpu=1") }).unwrap();
+    b.now += DELAY;
+    b.cycle();
+}
+
 fn guaranteed(cpu: &str) -> QueueLimits {
     QueueLimits { guaranteed: res(cpu), ..QueueLimits::default() }
 }
@@ -177,10 +186,7 @@ fn what_may_not_be_taken_is_not_and_the_waiting_task_says_why() {
         b.submit(app_spec("low", "root.low")).unwrap();
         b.add("low", victim).unwrap();
         b.cycle();
-        b.submit(app_spec("high", "root.high")).unwrap();
-        b.add("high", TaskSpec { priority: Priority::of(10), ..task("t", "cpu=1") }).unwrap();
-        b.now += DELAY;
-        b.cycle();
+        urgent(&mut b, "high", "root.high");
         let marked = b.sched.task(&aid("low"), &tid("v")).unwrap().preempting.is_some();
         (marked, b.sched.task_why(&aid("high"), &tid("t")).unwrap().to_string())
     };
@@ -207,10 +213,7 @@ fn a_task_preempted_max_preemptions_times_is_protected() {
     b.submit(app_spec("low", "root.q")).unwrap();
     b.add("low", task("v", "cpu=1")).unwrap();
     b.cycle();
-    b.submit(app_spec("high", "root.q")).unwrap();
-    b.add("high", TaskSpec { priority: Priority::of(10), ..task("t", "cpu=1") }).unwrap();
-    b.now += DELAY;
-    b.cycle();
+    urgent(&mut b, "high", "root.q");
     b.now += GRACE;
     b.cycle();
     assert_eq!(b.sched.task(&aid("high"), &tid("t")).unwrap().state, TaskState::Allocated);
@@ -219,10 +222,7 @@ fn a_task_preempted_max_preemptions_times_is_protected() {
     b.complete("high", "t");
     b.cycle();
     assert_eq!(b.sched.task(&aid("low"), &tid("v")).unwrap().state, TaskState::Allocated);
-    b.submit(app_spec("again", "root.q")).unwrap();
-    b.add("again", TaskSpec { priority: Priority::of(10), ..task("t", "cpu=1") }).unwrap();
-    b.now += DELAY;
-    b.cycle();
+    urgent(&mut b, "again", "root.q");
     assert!(b.sched.task(&aid("low"), &tid("v")).unwrap().preempting.is_none());
     let why = b.sched.task_why(&aid("again"), &tid("t")).unwrap().to_string();
     assert!(why.contains("max_preemptions"), "{why}");
@@ -237,10 +237,7 @@ fn a_preemption_fence_keeps_a_queues_tasks_from_taking_outside_it() {
     b.submit(app_spec("low", "root.other")).unwrap();
     b.add("low", task("v", "cpu=1")).unwrap();
     b.cycle();
-    b.submit(app_spec("high", "root.fenced")).unwrap();
-    b.add("high", TaskSpec { priority: Priority::of(10), ..task("t", "cpu=1") }).unwrap();
-    b.now += DELAY;
-    b.cycle();
+    urgent(&mut b, "high", "root.fenced");
     assert!(b.sched.task(&aid("low"), &tid("v")).unwrap().preempting.is_none());
     let why = b.sched.task_why(&aid("high"), &tid("t")).unwrap().to_string();
     assert!(why.contains("preemption fence"), "{why}");
@@ -282,10 +279,7 @@ fn a_task_whose_held_pool_is_lost_holds_nothing_and_may_preempt_again() {
     b.add("low", task("v", "cpu=1")).unwrap();
     b.add("low", task("w", "cpu=1")).unwrap();
     b.cycle();
-    b.submit(app_spec("high", "root.q")).unwrap();
-    b.add("high", TaskSpec { priority: Priority::of(10), ..task("t", "cpu=1") }).unwrap();
-    b.now += DELAY;
-    b.cycle();
+    urgent(&mut b, "high", "root.q");
     let held = b.sched.task(&aid("high"), &tid("t")).unwrap().held.clone().expect("room held");
     // The executors of that pool stop: its tasks wait again, and the room held there is no more.
     {

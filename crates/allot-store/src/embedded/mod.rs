@@ -1,6 +1,10 @@
 //! The embedded backend: the ledger, the pools, the applications and the runs in memory, their
 //! changes in a write-ahead log, checkpointed into a redb file.
 //!
+//! At length, as one thing: the state behind one lock and the one path every operation takes
+//! through it (decide, append, answer at the durability level); each part's operations, the
+//! threads and recovery are modules of their own.
+//!
 //! How an operation runs:
 //! 1. Under the state lock, the core decides, and the resulting changes are appended to the log
 //!    as one record (see [`wal`]). Appending under the lock keeps the log in decision order.

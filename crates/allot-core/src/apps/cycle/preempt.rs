@@ -45,6 +45,8 @@ const MAX_PLANS_PER_CYCLE: usize = 16;
 struct Plan {
     spot: usize,
     victims: Vec<(TaskRef, Resources)>,
+    /// Whether the preemptor's queues are below their guarantees (else it preempts by priority).
+    below: bool,
 }
 
 /// What preemptions decided and not yet carried out will move, per queue (and every queue above
@@ -130,7 +132,7 @@ impl Scheduler {
     /// Takes back the placements of the victims whose grace is over (once the preemptions no
     /// longer wanted are called off).
     pub(super) fn end_graces(&mut self, now: Millis, world: &mut World<'_>, out: &mut Outcome) {
-        self.reconsider(out);
+        let _ = self.reconsider(out);
         let grace = self.config.preemption_grace_ms;
         let due: Vec<TaskRef> = self
             .victims
@@ -139,16 +141,13 @@ impl Scheduler {
             .map(|(key, _)| key.clone())
             .collect();
         for (app, task) in due {
-            let marked = self.tasks.get(&app).and_then(|t| t.get(&task)).is_some_and(|t| t.preempting.is_some());
-            if marked {
-                let _ = self.take_back(&app, &task, now, world, out);
-            } else {
-                self.victims.remove(&(app, task));
-            }
+            // A task gone meanwhile leaves only its stale index entry, which is dropped.
+            let _ = self.take_back(&app, &task, now, world, out);
         }
     }
 
-    /// A victim goes back to waiting, its placement released, its preemption counted.
+    /// A victim goes back to waiting, its placement released, its preemption counted; a task
+    /// not (or no longer) marked is left as it is.
     pub(in crate::apps) fn take_back(
         &mut self,
         app: &AppId,
@@ -157,18 +156,14 @@ impl Scheduler {
         world: &mut World<'_>,
         out: &mut Outcome,
     ) -> Result<(), crate::apps::SchedError> {
-        let marked = self.task(app, task)?.preempting.clone();
         self.victims.remove(&(app.clone(), task.clone()));
-        let Some(preempting) = marked else { return Ok(()) };
-        let reason = format!("preempted for {}/{}: {}", preempting.by.0, preempting.by.1, preempting.reason);
-        self.requeue(app, task, &reason, now, world, out)?;
         let record = self.task_mut(app, task)?;
-        record.reason = Some(reason);
+        let Some(preempting) = record.preempting.clone() else { return Ok(()) };
+        // A marked task is placed (an invariant): the requeue below takes, and stores these.
         record.preemptions = record.preemptions.saturating_add(1);
         record.preempted_at = Some(now);
-        let record = record.clone();
-        // The requeue pushed the task's change; the last one pushed is what is stored.
-        out.apps.push(AppChange::Task(record));
+        let reason = format!("preempted for {}/{}: {}", preempting.by.0, preempting.by.1, preempting.reason);
+        self.requeue(app, task, &reason, now, world, out)?;
         self.stats.preemptions += 1;
         Ok(())
     }
@@ -177,7 +172,7 @@ impl Scheduler {
     /// chooses its victims, highest priority first.
     pub(super) fn preempt(&mut self, world: &mut World<'_>, cycle: &mut Cycle<'_>) {
         self.next_preemption = None;
-        self.reconsider(&mut cycle.out);
+        let leaving = self.reconsider(&mut cycle.out);
         if !self.config.preemption {
             return;
         }
@@ -192,12 +187,7 @@ impl Scheduler {
             })
             .collect();
         waiting.sort_by(|a, b| b.0.cmp(&a.0).then(a.1.cmp(&b.1)));
-        let mut flows = Flows::default();
-        for key in self.victims.keys() {
-            let Some(task) = self.tasks.get(&key.0).and_then(|t| t.get(&key.1)) else { continue };
-            let Some(placement) = &task.placement else { continue };
-            add_up(&mut flows.leaving, &self.apps[&key.0].spec.queue, &placement.resources);
-        }
+        let mut flows = Flows { leaving, arriving: HashMap::new() };
         for key in self.holders.keys() {
             let Some(task) = self.tasks.get(&key.0).and_then(|t| t.get(&key.1)) else { continue };
             add_up(&mut flows.arriving, &self.apps[&key.0].spec.queue, &task.spec.resources);
@@ -265,9 +255,10 @@ impl Scheduler {
     /// longer wanted or allowed: the preemptor no longer waits for the room (placed elsewhere,
     /// removed, ended), or its victims' queues would now end below their guarantees (a task of
     /// theirs ended meanwhile). The latest decided go first. Called-off victims run on.
-    pub(super) fn reconsider(&mut self, out: &mut Outcome) {
+    /// Answers what the victims still marked will leave, per queue (and every queue above it).
+    pub(super) fn reconsider(&mut self, out: &mut Outcome) -> HashMap<QueuePath, Resources> {
         if self.victims.is_empty() {
-            return;
+            return HashMap::new();
         }
         let mut marked: Vec<(TaskRef, TaskRef, Millis)> =
             self.victims.iter().map(|(victim, (by, at))| (victim.clone(), by.clone(), *at)).collect();
@@ -316,6 +307,7 @@ impl Scheduler {
                 out.apps.push(AppChange::Task(task.clone()));
             }
         }
+        leaving
     }
 
     /// The delay a task of `leaf` waits before it may preempt: the nearest queue's that sets one.
@@ -513,7 +505,7 @@ impl Scheduler {
             let score = (worst, chosen.len(), size);
             if best.as_ref().is_none_or(|(b, _)| score < *b) {
                 let victims = chosen.into_iter().map(|(v, r, _)| (v, r)).collect();
-                best = Some((score, Plan { spot: i, victims }));
+                best = Some((score, Plan { spot: i, victims, below }));
             }
         }
         best.map(|(_, plan)| plan).ok_or_else(|| refusals.say())
@@ -554,9 +546,8 @@ impl Scheduler {
         let spot = &cycle.room.spots[plan.spot];
         let pool = spot.name.clone();
         let leaf = self.apps[&key.0].spec.queue.clone();
-        let below = self.below_guarantee(&leaf, &self.tasks[&key.0][&key.1].spec.resources, flows);
         add_up(&mut flows.arriving, &leaf, &self.tasks[&key.0][&key.1].spec.resources);
-        let reason = match below {
+        let reason = match plan.below {
             true => "its queue is below its guarantee".to_owned(),
             false => format!("it has a higher priority ({})", self.tasks[&key.0][&key.1].spec.priority.value()),
         };
