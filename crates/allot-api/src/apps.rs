@@ -441,8 +441,10 @@ fn yes() -> bool {
 /// A placed task being preempted.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
 pub struct Preempting {
-    /// The task it is preempted for, `app/task`.
-    pub by: String,
+    /// The task it is preempted for, `app/task`; `null` when its pool preempts it (drained, or
+    /// shrunk below what is placed there).
+    #[serde(default)]
+    pub by: Option<String>,
     pub reason: String,
     /// How long ago it was chosen (the daemon's clock).
     pub since_ms_ago: u64,

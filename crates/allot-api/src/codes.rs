@@ -76,6 +76,7 @@ error_codes! {
     OfferExpired = "offer_expired", Pools, 409;
     ExceedsCapacity = "exceeds_capacity", Pools, 409;
     PoolStopped = "pool_stopped", Pools, 409;
+    PoolCordoned = "pool_cordoned", Pools, 409;
     PoolInUse = "pool_in_use", Pools, 409;
     AllocEnded = "alloc_ended", Pools, 409;
     AllocIdTaken = "alloc_id_taken", Pools, 409;

@@ -20,6 +20,32 @@ pub struct PutPool {
     /// pool runs until it is given a list). Not given keeps what it runs.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub plugins: Option<Vec<String>>,
+    /// What things allot does not manage hold in the pool, e.g. `cpu=2,mem=4GiB` (YuniKorn's
+    /// occupied resources): never offered, and tasks that no longer fit are preempted. `""`
+    /// clears it; not given keeps it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub occupied: Option<String>,
+}
+
+/// `POST /v1/pools/{pool}/drain`: cordon the pool and preempt its tasks after a grace.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct Drain {
+    /// How long its tasks may run on before they are preempted (default 30,000 ms; 0: at
+    /// once). Draining a pool already drained keeps the earlier time.
+    #[serde(default, skip_serializing_if = "Option::is_none", deserialize_with = "integer::optional")]
+    pub grace_ms: Option<u64>,
+}
+
+/// A cordoned pool: it takes no new allocs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+pub struct PoolCordon {
+    /// How long ago it was cordoned (the daemon's clock).
+    pub since_ms_ago: u64,
+    /// Drained: how long until its tasks are preempted; 0 once they are (those that may not be
+    /// preempted, and gang members, run to their end).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub drain_in_ms: Option<u64>,
 }
 
 /// Counters of a pool since the daemon started.
@@ -43,6 +69,12 @@ pub struct Pool {
     pub expired_allocs: u64,
     /// A stopped pool (idle) makes no offers until it is put again.
     pub stopped: bool,
+    /// Held by things allot does not manage (never offered); `""` when nothing is.
+    #[serde(default)]
+    pub occupied: String,
+    /// Cordoned (no new allocs; `allot pool cordon`), and drained if it says when.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cordon: Option<PoolCordon>,
     pub stats: PoolStats,
     #[serde(default)]
     pub labels: std::collections::BTreeMap<String, String>,

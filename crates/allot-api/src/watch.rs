@@ -171,6 +171,8 @@ mod tests {
             allocs: 0,
             expired_allocs: 0,
             stopped: false,
+            occupied: String::new(),
+            cordon: None,
             stats: crate::PoolStats { accepted: 0, offer_expired: 0, freed: 0, reclaimed: 0 },
             labels: Default::default(),
             plugins: None,

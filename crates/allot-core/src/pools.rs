@@ -19,9 +19,12 @@
 //! from the caller).
 //!
 //! Invariants, checked by `Pools::check_invariants` in tests:
-//! - for every pool, the resources of its allocs (expired or not) sum to at most its capacity,
-//!   whatever order accepts, keepalives, frees and sweeps come in (unless the capacity was put
-//!   below what was held: nothing is revoked, and no new alloc is made there);
+//! - for every pool, the resources of its allocs (expired or not) sum to at most its capacity
+//!   less what is occupied (by things allot does not manage), whatever order accepts,
+//!   keepalives, frees and sweeps come in (unless the capacity was put, or more occupied,
+//!   below what was held: nothing is revoked here, no new alloc is made there, and the
+//!   scheduler preempts the tasks that no longer fit, `Pools::strained`);
+//! - a cordoned pool makes no offer and no new alloc;
 //! - `leases` holds exactly one entry per alloc, at its expiry;
 //! - an ended alloc is in `ended` of its pool and nowhere else.
 
@@ -233,14 +236,46 @@ pub struct Offer {
     pub available: Resources,
 }
 
+/// A pool taken out of use by its operator [Kubernetes' cordon and drain]: it takes no new
+/// alloc; once `drain_at` (a drain) has passed, the tasks the scheduler placed there are
+/// preempted, and taken back.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Cordon {
+    /// When it was cordoned (kept when it is drained later).
+    pub since: Millis,
+    /// When its tasks are preempted, if it is drained.
+    pub drain_at: Option<Millis>,
+}
+
+/// What an operator orders of a pool's use.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum CordonOrder {
+    /// No new allocs; what is there runs on.
+    Cordon,
+    /// Cordoned, and its tasks preempted once `grace_ms` has passed (an earlier drain keeps its
+    /// earlier time).
+    Drain { grace_ms: u64 },
+    /// Takes new allocs again; a drain not carried out yet is called off.
+    Uncordon,
+}
+
+/// A pool itself, without its allocs: what a store keeps of it.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct PoolSettings {
+    pub capacity: Resources,
+    /// Held by things allot does not manage [YuniKorn's occupied resources]: never offered.
+    pub occupied: Resources,
+    pub stopped: bool,
+    pub labels: Labels,
+    pub cordon: Option<Cordon>,
+}
+
 /// A record a backend must make durable, in order.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum PoolChange {
     Pool {
         name: PoolName,
-        capacity: Resources,
-        stopped: bool,
-        labels: Labels,
+        settings: PoolSettings,
     },
     PoolRemoved {
         name: PoolName,
@@ -254,6 +289,16 @@ pub enum PoolChange {
         pool: PoolName,
         id: AllocId,
     },
+}
+
+/// A pool the scheduler must take tasks from (see [`Pools::strained`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Strain {
+    pub pool: PoolName,
+    /// Drained, and its drain is due: every task there goes.
+    pub drained: bool,
+    /// What allocs with a running lease hold beyond what it may hold now.
+    pub over: Resources,
 }
 
 /// Per-pool counters, for metrics. They count since the daemon started.
@@ -279,6 +324,9 @@ pub struct PoolView {
     pub allocs: usize,
     pub expired_allocs: usize,
     pub stopped: bool,
+    /// Held by things allot does not manage.
+    pub occupied: Resources,
+    pub cordon: Option<Cordon>,
     pub stats: PoolStats,
 }
 
@@ -289,6 +337,8 @@ pub enum PoolError {
     PoolNotFound(PoolName),
     #[error("pool `{0}` is stopped (it was idle); put it again to use it")]
     PoolStopped(PoolName),
+    #[error("pool `{0}` is cordoned: it takes no new allocs until it is uncordoned")]
+    PoolCordoned(PoolName),
     #[error("pool `{pool}` still has {allocs} allocs; free them or remove it with force")]
     PoolInUse { pool: PoolName, allocs: usize },
     #[error("the offer of pool `{pool}` has expired: {wanted} is not free (free: {free}); try another offer")]
@@ -344,6 +394,10 @@ pub const HELD: Millis = Millis::MAX;
 #[derive(Debug, Clone, Default)]
 struct PoolState {
     capacity: Resources,
+    occupied: Resources,
+    /// `capacity` less `occupied`: what allocs may hold.
+    usable: Resources,
+    cordon: Option<Cordon>,
     labels: Labels,
     /// The sum of `allocs`' resources (lapsed or not), kept with every insert and removal.
     held_sum: Resources,
@@ -407,10 +461,23 @@ impl PoolState {
     fn change(&self, name: &PoolName) -> PoolChange {
         PoolChange::Pool {
             name: name.clone(),
-            capacity: self.capacity.clone(),
-            stopped: self.stopped,
-            labels: self.labels.clone(),
+            settings: PoolSettings {
+                capacity: self.capacity.clone(),
+                occupied: self.occupied.clone(),
+                stopped: self.stopped,
+                labels: self.labels.clone(),
+                cordon: self.cordon,
+            },
         }
+    }
+
+    /// Sets the capacity and what is occupied; `capacity_lowered` once what allocs may hold is
+    /// below what they hold.
+    fn set_room(&mut self, capacity: Resources, occupied: Resources) {
+        self.usable = capacity.saturating_sub(&occupied);
+        self.capacity = capacity;
+        self.occupied = occupied;
+        self.capacity_lowered |= !self.usable.fits(&self.held());
     }
 
     /// The sum of the allocs' resources, counted again (for `check_invariants`).
@@ -427,6 +494,11 @@ impl PoolState {
         let alloc = self.allocs.remove(&id)?;
         self.held_sum = self.held_sum.saturating_sub(&alloc.resources);
         Some(alloc)
+    }
+
+    /// Neither stopped nor cordoned.
+    fn takes_allocs(&self) -> bool {
+        !self.stopped && self.cordon.is_none()
     }
 
     /// Split of the held resources into (running leases, lapsed leases).
@@ -470,10 +542,47 @@ impl Pools {
     pub fn put_pool(&mut self, name: &PoolName, capacity: Resources) -> (bool, Vec<PoolChange>) {
         let created = !self.pools.contains_key(name);
         let pool = self.pools.entry(name.clone()).or_default();
-        pool.capacity_lowered |= !capacity.fits(&pool.held());
-        pool.capacity = capacity;
+        let occupied = pool.occupied.clone();
+        pool.set_room(capacity, occupied);
         pool.stopped = false;
         (created, vec![pool.change(name)])
+    }
+
+    /// Sets what things allot does not manage hold in a pool: it is never offered, and the
+    /// scheduler preempts what no longer fits (as for a lowered capacity).
+    pub fn occupy(
+        &mut self,
+        name: &PoolName,
+        occupied: Resources,
+        now: Millis,
+    ) -> Result<(PoolView, Vec<PoolChange>), PoolError> {
+        let pool = self.pools.get_mut(name).ok_or_else(|| PoolError::PoolNotFound(name.clone()))?;
+        let capacity = pool.capacity.clone();
+        pool.set_room(capacity, occupied);
+        let change = pool.change(name);
+        Ok((view_of(name, pool, now), vec![change]))
+    }
+
+    /// Cordons, drains or uncordons a pool.
+    pub fn cordon(
+        &mut self,
+        name: &PoolName,
+        order: CordonOrder,
+        now: Millis,
+    ) -> Result<(PoolView, Vec<PoolChange>), PoolError> {
+        let pool = self.pools.get_mut(name).ok_or_else(|| PoolError::PoolNotFound(name.clone()))?;
+        let since = pool.cordon.map_or(now, |c| c.since);
+        let drain_at = pool.cordon.and_then(|c| c.drain_at);
+        pool.cordon = match order {
+            CordonOrder::Cordon => Some(Cordon { since, drain_at }),
+            CordonOrder::Drain { grace_ms } => {
+                let at = now.saturating_add(grace_ms);
+                Some(Cordon { since, drain_at: Some(drain_at.map_or(at, |earlier| earlier.min(at))) })
+            }
+            CordonOrder::Uncordon => None,
+        };
+        let change = pool.change(name);
+        Ok((view_of(name, pool, now), vec![change]))
     }
 
     /// Replaces a pool's labels.
@@ -529,11 +638,11 @@ impl Pools {
     /// are offered: an accept reclaims them). `None` when nothing is free or the pool is stopped.
     pub fn offer(&self, name: &PoolName, now: Millis) -> Result<Option<Offer>, PoolError> {
         let pool = self.pools.get(name).ok_or_else(|| PoolError::PoolNotFound(name.clone()))?;
-        if pool.stopped {
+        if pool.stopped || pool.cordon.is_some() {
             return Ok(None);
         }
         let (live, _) = pool.held_by_state(now);
-        let available = pool.capacity.saturating_sub(&live);
+        let available = pool.usable.saturating_sub(&live);
         Ok((!available.is_empty()).then(|| Offer { pool: name.clone(), available }))
     }
 
@@ -578,6 +687,9 @@ impl Pools {
         if pool.stopped {
             return Err(PoolError::PoolStopped(name.clone()));
         }
+        if pool.cordon.is_some() {
+            return Err(PoolError::PoolCordoned(name.clone()));
+        }
         if pool.allocs.contains_key(&id) || pool.ended.contains_key(&id) {
             return Err(PoolError::AllocIdTaken { pool: name.clone(), id });
         }
@@ -590,7 +702,7 @@ impl Pools {
         }
         let mut held = pool.held();
         let mut victims = Vec::new();
-        let mut free = pool.capacity.saturating_sub(&held);
+        let mut free = pool.usable.saturating_sub(&held);
         // The lapsed allocs are looked at only when the live ones leave no room (a walk over the
         // pool's allocs: not on every accept of a large pool).
         let mut lapsed: Vec<&Alloc> = Vec::new();
@@ -602,7 +714,7 @@ impl Pools {
         while !free.fits(&request.min) {
             let Some(victim) = lapsed.pop() else { break };
             held = held.saturating_sub(&victim.resources);
-            free = pool.capacity.saturating_sub(&held);
+            free = pool.usable.saturating_sub(&held);
             victims.push(victim.id);
         }
         if !free.fits(&request.min) {
@@ -710,26 +822,51 @@ impl Pools {
                 *sum = sum.checked_add(&alloc.resources).unwrap_or_else(|| sum.clone());
             }
         }
-        self.pools.iter().filter(|(_, pool)| !pool.stopped).map(move |(name, pool)| {
+        self.pools.iter().filter(|(_, pool)| pool.takes_allocs()).map(move |(name, pool)| {
             let live = match lapsed.get(name) {
                 Some(lapsed) => pool.held_sum.saturating_sub(lapsed),
                 None => pool.held_sum.clone(),
             };
-            (name, pool.capacity.saturating_sub(&live), &pool.capacity, &pool.labels)
+            (name, pool.usable.saturating_sub(&live), &pool.capacity, &pool.labels)
         })
+    }
+
+    /// The pools the scheduler must take tasks from: each drained one whose drain is due (every
+    /// task), and each whose allocs with a running lease hold more than it may hold now (its
+    /// capacity lowered, or more of it occupied), with how much more. O(pools); lapsed allocs
+    /// are counted only in a pool found over.
+    pub fn strained(&self, now: Millis) -> Vec<Strain> {
+        let mut strained = Vec::new();
+        for (name, pool) in &self.pools {
+            let drained = pool.cordon.and_then(|c| c.drain_at).is_some_and(|at| at <= now);
+            let mut over = pool.held_sum.saturating_sub(&pool.usable);
+            if !over.is_empty() {
+                let (live, _) = pool.held_by_state(now);
+                over = live.saturating_sub(&pool.usable);
+            }
+            if drained || !over.is_empty() {
+                strained.push(Strain { pool: name.clone(), drained, over });
+            }
+        }
+        strained
+    }
+
+    /// The earliest drain not due yet.
+    pub fn next_drain(&self, now: Millis) -> Option<Millis> {
+        self.pools.values().filter_map(|pool| pool.cordon.and_then(|c| c.drain_at)).filter(|at| *at > now).min()
+    }
+
+    /// Whether some pool that takes allocs has the labels of `selector`.
+    pub fn any_matches(&self, selector: &Labels) -> bool {
+        self.pools.values().any(|pool| pool.takes_allocs() && selector_matches(selector, &pool.labels))
     }
 
     /// True if some pool that takes new allocs matches `selector` and could hold `wanted` when
     /// empty.
-    /// Whether some pool that takes allocs has the labels of `selector`.
-    pub fn any_matches(&self, selector: &Labels) -> bool {
-        self.pools.values().any(|pool| !pool.stopped && selector_matches(selector, &pool.labels))
-    }
-
     pub fn could_ever_fit(&self, wanted: &Resources, selector: &Labels) -> bool {
         self.pools
             .values()
-            .any(|pool| !pool.stopped && selector_matches(selector, &pool.labels) && pool.capacity.fits(wanted))
+            .any(|pool| pool.takes_allocs() && selector_matches(selector, &pool.labels) && pool.usable.fits(wanted))
     }
 
     pub fn inspect(&self, name: &PoolName, id: AllocId) -> Result<AllocState, PoolError> {
@@ -845,19 +982,25 @@ impl Pools {
     /// not already expired [unlike Reflow's restored allocs].
     pub fn restore(
         rules: LeaseRules,
-        pools: Vec<(PoolName, Resources, bool, Labels)>,
+        pools: Vec<(PoolName, PoolSettings)>,
         allocs: Vec<Alloc>,
         ended: Vec<EndedAlloc>,
     ) -> Result<Pools, PoolError> {
         let mut restored = Pools::new(rules);
-        for (name, capacity, stopped, labels) in pools {
-            restored.pools.insert(name, PoolState { capacity, stopped, labels, ..PoolState::default() });
+        for (name, settings) in pools {
+            let PoolSettings { capacity, occupied, stopped, labels, cordon } = settings;
+            let usable = capacity.saturating_sub(&occupied);
+            let state = PoolState { capacity, occupied, usable, stopped, labels, cordon, ..PoolState::default() };
+            restored.pools.insert(name, state);
         }
         for alloc in allocs {
             let pool =
                 restored.pools.get_mut(&alloc.pool).ok_or_else(|| PoolError::PoolNotFound(alloc.pool.clone()))?;
             restored.leases.insert((alloc.expires, alloc.pool.clone(), alloc.id));
             pool.insert_alloc(alloc);
+        }
+        for pool in restored.pools.values_mut() {
+            pool.capacity_lowered = !pool.usable.fits(&pool.held_sum);
         }
         // Oldest first: the most ended allocs a pool keeps drops the oldest.
         let mut ended = ended;
@@ -898,8 +1041,11 @@ impl Pools {
             if counted != pool.held_sum {
                 return Err(format!("{name}: the held sum is {} but the allocs hold {counted}", pool.held_sum));
             }
-            if !pool.capacity_lowered && !pool.capacity.fits(&pool.held()) {
-                return Err(format!("{name}: allocs hold {} of a capacity of {}", pool.held(), pool.capacity));
+            if !pool.capacity_lowered && !pool.usable.fits(&pool.held()) {
+                return Err(format!("{name}: allocs hold {} of a usable capacity of {}", pool.held(), pool.usable));
+            }
+            if pool.usable != pool.capacity.saturating_sub(&pool.occupied) {
+                return Err(format!("{name}: usable {} is not capacity less occupied", pool.usable));
             }
             for (id, alloc) in &pool.allocs {
                 if !self.leases.contains(&(alloc.expires, name.clone(), *id)) {
@@ -929,6 +1075,8 @@ fn view_of(name: &PoolName, pool: &PoolState, now: Millis) -> PoolView {
         allocs: pool.allocs.len(),
         expired_allocs: pool.allocs.values().filter(|a| a.expires <= now).count(),
         stopped: pool.stopped,
+        occupied: pool.occupied.clone(),
+        cordon: pool.cordon,
         stats: pool.stats,
     }
 }

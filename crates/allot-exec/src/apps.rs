@@ -86,7 +86,10 @@ impl From<&Task> for PlacedTask {
                 resources: p.resources.to_string(),
             }),
             spec: task.spec.spec.clone(),
-            preempting: task.preempting.as_ref().map(|p| format!("preempted for {}/{}: {}", p.by.0, p.by.1, p.reason)),
+            preempting: task.preempting.as_ref().map(|p| match &p.by {
+                Some((app, task)) => format!("preempted for {app}/{task}: {}", p.reason),
+                None => format!("preempted: {}", p.reason),
+            }),
         }
     }
 }
@@ -107,7 +110,10 @@ fn from_wire(task: &allot_client::Task) -> Result<PlacedTask, StoreError> {
         }),
     };
     let spec = task.spec.as_ref().map(|s| s.to_string()).unwrap_or_default();
-    let preempting = task.preempting.as_ref().map(|p| format!("preempted for {}: {}", p.by, p.reason));
+    let preempting = task.preempting.as_ref().map(|p| match &p.by {
+        Some(by) => format!("preempted for {by}: {}", p.reason),
+        None => format!("preempted: {}", p.reason),
+    });
     Ok(PlacedTask { seq: task.seq, state, placement, spec, preempting })
 }
 

@@ -185,6 +185,8 @@ pub(crate) fn with_limits(mut doc: Value, max_wait: std::time::Duration) -> Valu
         ("AllocKeepalive", "interval_ms", json!({"minimum": 1})),
         ("StopIfIdle", "idle_ms", range(0, MAX_IDLE_MS)),
         ("PutPool", "capacity", resources(true)),
+        ("PutPool", "occupied", resources(false)),
+        ("Drain", "grace_ms", range(0, MAX_TIMEOUT_MS)),
         ("Accept", "min", resources(true)),
         ("Accept", "max", resources(false)),
         ("PutQueue", "guaranteed", resources(false)),

@@ -131,6 +131,7 @@ impl From<PoolError> for ApiError {
             PoolError::PoolNotFound(_) => ErrorCode::PoolNotFound,
             PoolError::AllocNotFound { .. } => ErrorCode::AllocNotFound,
             PoolError::PoolStopped(_) => ErrorCode::PoolStopped,
+            PoolError::PoolCordoned(_) => ErrorCode::PoolCordoned,
             PoolError::PoolInUse { .. } => ErrorCode::PoolInUse,
             // The client should try another offer [Reflow `errOfferExpired`].
             PoolError::OfferExpired { .. } => ErrorCode::OfferExpired,

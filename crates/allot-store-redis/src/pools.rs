@@ -8,8 +8,8 @@ use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
 use allot_core::pools::{
-    Alloc, AllocId, AllocRequest, AllocState, EndReason, EndedAlloc, Labels, LeaseRules, Offer, PoolError, PoolName,
-    PoolStats, PoolView, HELD,
+    Alloc, AllocId, AllocRequest, AllocState, Cordon, CordonOrder, EndReason, EndedAlloc, Labels, LeaseRules, Offer,
+    PoolError, PoolName, PoolStats, PoolView, HELD,
 };
 use allot_core::{Millis, ResourceName, Resources};
 use allot_store::{Page, PageRequest, PoolStore, StoreError};
@@ -158,6 +158,7 @@ fn error(pool: &PoolName, args: &[&str], reply: &mut Reply) -> Result<StoreError
     let err = match reply.text()?.as_str() {
         "pool_not_found" => PoolError::PoolNotFound(pool.clone()),
         "pool_stopped" => PoolError::PoolStopped(pool.clone()),
+        "pool_cordoned" => PoolError::PoolCordoned(pool.clone()),
         "pool_in_use" => PoolError::PoolInUse { pool: pool.clone(), allocs: reply.uint()? as usize },
         "offer_expired" => PoolError::OfferExpired {
             pool: pool.clone(),
@@ -185,26 +186,45 @@ fn error(pool: &PoolName, args: &[&str], reply: &mut Reply) -> Result<StoreError
 }
 
 pub(crate) fn view_of(pool: &PoolName, reply: &mut Reply) -> Result<PoolView, StoreError> {
+    let capacity = decode(&reply.text()?)?;
+    let allocated = decode(&reply.text()?)?;
+    let expired = decode(&reply.text()?)?;
+    let allocs = reply.uint()? as usize;
+    let expired_allocs = reply.uint()? as usize;
+    let stopped = reply.uint()? == 1;
+    let stats = PoolStats {
+        accepted: reply.uint()?,
+        offer_expired: reply.uint()?,
+        freed: reply.uint()?,
+        reclaimed: reply.uint()?,
+    };
+    let labels = match serde_json::from_str::<serde_json::Value>(&reply.text()?).map_err(corrupt)? {
+        serde_json::Value::Object(map) => {
+            map.into_iter().filter_map(|(k, v)| v.as_str().map(|v| (k, v.to_owned()))).collect()
+        }
+        _ => BTreeMap::new(),
+    };
+    // Events written before pools had them end here: nothing occupied, not cordoned.
+    let mut optional = || if reply.is_empty() { Ok(String::new()) } else { reply.text() };
+    let occupied = decode(&optional()?)?;
+    let time = |text: String| match text.as_str() {
+        "" => Ok(None),
+        ms => ms.parse::<Millis>().map(Some).map_err(|_| corrupt(format!("pool time `{ms}`"))),
+    };
+    let since = time(optional()?)?;
+    let drain_at = time(optional()?)?;
     Ok(PoolView {
         name: pool.clone(),
-        capacity: decode(&reply.text()?)?,
-        allocated: decode(&reply.text()?)?,
-        expired: decode(&reply.text()?)?,
-        allocs: reply.uint()? as usize,
-        expired_allocs: reply.uint()? as usize,
-        stopped: reply.uint()? == 1,
-        stats: PoolStats {
-            accepted: reply.uint()?,
-            offer_expired: reply.uint()?,
-            freed: reply.uint()?,
-            reclaimed: reply.uint()?,
-        },
-        labels: match serde_json::from_str::<serde_json::Value>(&reply.text()?).map_err(corrupt)? {
-            serde_json::Value::Object(map) => {
-                map.into_iter().filter_map(|(k, v)| v.as_str().map(|v| (k, v.to_owned()))).collect()
-            }
-            _ => BTreeMap::new(),
-        },
+        capacity,
+        allocated,
+        expired,
+        allocs,
+        expired_allocs,
+        stopped,
+        occupied,
+        cordon: since.map(|since| Cordon { since, drain_at }),
+        stats,
+        labels,
     })
 }
 
@@ -489,6 +509,28 @@ impl PoolStore for RedisStore {
     async fn label_pool(&self, name: PoolName, labels: Labels) -> Result<PoolView, StoreError> {
         self.live()?;
         label(&self.inner, &name, &labels).await
+    }
+
+    async fn occupy_pool(&self, name: PoolName, occupied: Resources) -> Result<PoolView, StoreError> {
+        self.live()?;
+        let (_, mut reply) = call(&self.inner, &name, &["occupy", &encode(&occupied)], true).await?;
+        let view = view_of(&name, &mut reply)?;
+        // Less room may leave tasks that no longer fit: whoever schedules looks.
+        wake::nudge_scheduler(&self.inner).await;
+        Ok(view)
+    }
+
+    async fn cordon_pool(&self, name: PoolName, order: CordonOrder) -> Result<PoolView, StoreError> {
+        self.live()?;
+        let (order, grace) = match order {
+            CordonOrder::Cordon => ("cordon", 0),
+            CordonOrder::Drain { grace_ms } => ("drain", grace_ms),
+            CordonOrder::Uncordon => ("uncordon", 0),
+        };
+        let (_, mut reply) = call(&self.inner, &name, &["cordon", order, &grace.to_string()], true).await?;
+        let view = view_of(&name, &mut reply)?;
+        wake::nudge_scheduler(&self.inner).await;
+        Ok(view)
     }
 }
 

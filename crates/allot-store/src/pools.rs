@@ -1,6 +1,8 @@
 //! The leased resource pools part of a backend: pools, their offer, and allocs under leases.
 
-use allot_core::pools::{Alloc, AllocId, AllocRequest, AllocState, EndedAlloc, Labels, Offer, PoolName, PoolView};
+use allot_core::pools::{
+    Alloc, AllocId, AllocRequest, AllocState, CordonOrder, EndedAlloc, Labels, Offer, PoolName, PoolView,
+};
 use allot_core::Resources;
 use async_trait::async_trait;
 
@@ -33,4 +35,10 @@ pub trait PoolStore: Send + Sync {
     async fn stop_if_idle_for(&self, name: PoolName, idle_ms: u64) -> Result<(bool, u64), StoreError>;
     /// Replaces a pool's labels (what the scheduler's selectors match).
     async fn label_pool(&self, name: PoolName, labels: Labels) -> Result<PoolView, StoreError>;
+    /// Sets what things allot does not manage hold in the pool (never offered); the scheduler
+    /// preempts the tasks that no longer fit.
+    async fn occupy_pool(&self, name: PoolName, occupied: Resources) -> Result<PoolView, StoreError>;
+    /// Cordons, drains or uncordons the pool; the scheduler preempts a drained pool's tasks once
+    /// its drain is due.
+    async fn cordon_pool(&self, name: PoolName, order: CordonOrder) -> Result<PoolView, StoreError>;
 }

@@ -27,7 +27,7 @@ impl Client {
     /// `PUT /v1/pools/{pool}`: creates a pool with `capacity` (e.g. `cpu=4,mem=16GiB`) or
     /// changes it; a stopped pool starts again.
     pub async fn put_pool(&self, pool: &str, capacity: &str) -> Result<PutPoolResponse, ClientError> {
-        let body = PutPool { capacity: capacity.to_owned(), labels: None, plugins: None };
+        let body = PutPool { capacity: capacity.to_owned(), labels: None, plugins: None, occupied: None };
         self.json(self.request(Method::PUT, &pool_path(pool)?)?.json(&body)).await
     }
 
@@ -45,8 +45,29 @@ impl Client {
         capacity: &str,
         labels: std::collections::BTreeMap<String, String>,
     ) -> Result<PutPoolResponse, ClientError> {
-        let body = PutPool { capacity: capacity.to_owned(), labels: Some(labels), plugins: None };
+        let body = PutPool { capacity: capacity.to_owned(), labels: Some(labels), plugins: None, occupied: None };
         self.json(self.request(Method::PUT, &pool_path(pool)?)?.json(&body)).await
+    }
+
+    /// `POST /v1/pools/{pool}/cordon`: the pool takes no new allocs; what runs there runs on.
+    pub async fn cordon_pool(&self, pool: &str) -> Result<Pool, ClientError> {
+        let path = format!("{}/cordon", pool_path(pool)?);
+        self.json(self.request(Method::POST, &path)?).await
+    }
+
+    /// `POST /v1/pools/{pool}/drain`: cordons the pool and preempts its tasks once `grace` has
+    /// passed (none: the daemon's default, 30 s).
+    pub async fn drain_pool(&self, pool: &str, grace: Option<Duration>) -> Result<Pool, ClientError> {
+        let path = format!("{}/drain", pool_path(pool)?);
+        let body = Drain { grace_ms: grace.map(|g| g.as_millis().try_into().unwrap_or(u64::MAX)) };
+        self.json(self.request(Method::POST, &path)?.json(&body)).await
+    }
+
+    /// `POST /v1/pools/{pool}/uncordon`: the pool takes allocs again; a drain not carried out
+    /// yet is called off.
+    pub async fn uncordon_pool(&self, pool: &str) -> Result<Pool, ClientError> {
+        let path = format!("{}/uncordon", pool_path(pool)?);
+        self.json(self.request(Method::POST, &path)?).await
     }
 
     /// `DELETE /v1/pools/{pool}`: removes a pool; with `force` also when it has allocs.

@@ -990,6 +990,7 @@ impl Scheduler {
     /// Returns how many applications timed out.
     pub(super) fn expire(&mut self, now: Millis, world: &mut World<'_>, out: &mut Outcome) -> usize {
         self.end_graces(now, world, out);
+        self.evict(now, world, out);
         let due: Vec<AppId> = self
             .apps
             .values()

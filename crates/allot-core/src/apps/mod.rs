@@ -217,10 +217,11 @@ pub struct Task {
     pub held: Option<PoolName>,
 }
 
-/// A placed task being preempted: for whom, since when, and why.
+/// A placed task being preempted: for whom (none when its pool is drained or shrank), since
+/// when, and why.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Preempting {
-    pub by: (AppId, TaskId),
+    pub by: Option<(AppId, TaskId)>,
     pub at: Millis,
     pub reason: String,
 }
@@ -451,12 +452,14 @@ pub struct Scheduler {
     never_fits: HashMap<AppId, (Millis, String)>,
     /// The tasks being preempted, for whom and since when: an index of `Task::preempting`,
     /// rebuilt at restore. An entry whose task no longer says so is stale and dropped when met.
-    victims: BTreeMap<(AppId, TaskId), ((AppId, TaskId), Millis)>,
+    victims: BTreeMap<(AppId, TaskId), (Option<(AppId, TaskId)>, Millis)>,
     /// The pending tasks with room held for them: an index of `Task::held`, kept as `victims`.
     holders: BTreeMap<(AppId, TaskId), PoolName>,
     /// The earliest time a task that found no room may preempt (its queue's delay), as the last
     /// cycle saw it: the scheduler runs a cycle then.
     next_preemption: Option<Millis>,
+    /// The earliest drain of a pool not due yet, as the last timers saw it.
+    next_drain: Option<Millis>,
 }
 
 fn pending_key(task: &Task) -> PendingKey {

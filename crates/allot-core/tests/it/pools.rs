@@ -1,8 +1,8 @@
 //! The pool ledger with an injected clock: offers, accepts, leases, reclaim, idle stop, restore.
 
 use allot_core::pools::{
-    AllocId, AllocRequest, AllocState, EndReason, LeaseRules, Offer, PoolChange, PoolError, PoolName, Pools,
-    MAX_ENDED_PER_POOL,
+    AllocId, AllocRequest, AllocState, EndReason, LeaseRules, Offer, PoolChange, PoolError, PoolName, PoolSettings,
+    Pools, MAX_ENDED_PER_POOL,
 };
 use allot_core::Resources;
 
@@ -199,7 +199,7 @@ fn restored_allocs_keep_the_lease_time_they_had_left() {
     let (_, alloc, _) = pools.keepalive(&pool(), AllocId(7), 90_000, 10_000).unwrap();
     let restored = Pools::restore(
         RULES,
-        vec![(pool(), res("cpu=2"), false, Default::default())],
+        vec![(pool(), PoolSettings { capacity: res("cpu=2"), ..Default::default() })],
         pools.allocs(&pool()).unwrap(),
         Vec::new(),
     )

@@ -299,7 +299,7 @@ pub(crate) fn task(info: TaskInfo, now: Millis) -> api::Task {
         preemptable: spec.preemptable,
         preemptions: task.preemptions,
         preempting: task.preempting.as_ref().map(|p| api::Preempting {
-            by: format!("{}/{}", p.by.0, p.by.1),
+            by: p.by.as_ref().map(|(app, task)| format!("{app}/{task}")),
             reason: p.reason.clone(),
             since_ms_ago: now.saturating_sub(p.at),
         }),

@@ -33,7 +33,8 @@ pub(crate) fn alloc_request(body: allot_api::Accept) -> Result<AllocRequest, Api
 
 /// A pool as the API answers it, with the daemons whose live executors run it (of `leases`,
 /// when read).
-pub(crate) fn pool(mut view: PoolView, leases: Option<&[ExecutorLease]>) -> allot_api::Pool {
+/// A pool as the wire shows it, with times relative to `now`.
+pub(crate) fn pool(mut view: PoolView, leases: Option<&[ExecutorLease]>, now: Millis) -> allot_api::Pool {
     let run_by = leases.map(|leases| {
         leases.iter().filter(|l| l.live && l.pools.contains(&view.name)).map(|l| l.node.clone()).collect()
     });
@@ -47,6 +48,11 @@ pub(crate) fn pool(mut view: PoolView, leases: Option<&[ExecutorLease]>) -> allo
         allocs: view.allocs as u64,
         expired_allocs: view.expired_allocs as u64,
         stopped: view.stopped,
+        occupied: view.occupied.to_string(),
+        cordon: view.cordon.map(|c| allot_api::PoolCordon {
+            since_ms_ago: now.saturating_sub(c.since),
+            drain_in_ms: c.drain_at.map(|at| at.saturating_sub(now)),
+        }),
         stats: allot_api::PoolStats {
             accepted: view.stats.accepted,
             offer_expired: view.stats.offer_expired,

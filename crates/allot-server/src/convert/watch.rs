@@ -44,7 +44,7 @@ fn object(event: &Event) -> api::WatchObject {
             Wire::Waiter(api::GrantRef { namespace: namespace.to_string(), token: token.to_string() })
         }
         EventObject::Session(info) => Wire::Session(quotas::session(info)),
-        EventObject::Pool(view) => Wire::Pool(pools::pool(*view, None)),
+        EventObject::Pool(view) => Wire::Pool(pools::pool(*view, None, at)),
         EventObject::Alloc(alloc) => Wire::Alloc(pools::alloc(alloc, None, at)),
         EventObject::EndedAlloc(ended) => Wire::Alloc(pools::ended_alloc(ended, at)),
         EventObject::Queue(view) => Wire::Queue(apps::queue(*view)),

@@ -150,6 +150,9 @@ pub(crate) fn routes(state: ServerState) -> (Router, Arc<Needs>) {
         )
         .route("/v1/pools/{pool}/allocs/{alloc}/keepalive", post(pools::keepalive_alloc), &[(M::POST, work(POOL))])
         .route("/v1/pools/{pool}/stop-if-idle", post(pools::stop_if_idle), &[(M::POST, admin(POOL))])
+        .route("/v1/pools/{pool}/cordon", post(pools::cordon), &[(M::POST, admin(POOL))])
+        .route("/v1/pools/{pool}/drain", post(pools::drain), &[(M::POST, admin(POOL))])
+        .route("/v1/pools/{pool}/uncordon", post(pools::uncordon), &[(M::POST, admin(POOL))])
         .scheduled("/v1/queues", get(apps::list_queues), &[(M::GET, read(some(Kind::Queue)))])
         .scheduled(
             "/v1/queues/{queue}",

@@ -2,7 +2,7 @@
 //! `Store` call.
 
 use allot_api as api;
-use allot_core::pools::{AllocState, OFFER_ID};
+use allot_core::pools::{AllocState, CordonOrder, OFFER_ID};
 use axum::extract::State;
 use axum::http::StatusCode;
 use axum::Json;
@@ -29,7 +29,7 @@ pub(crate) async fn list_pools(
             .items
             .into_iter()
             .filter(|item| who.may_read(&allot_core::access::Resource::Pool(item.name.to_string())))
-            .map(|view| convert::pool(view, Some(&leases)))
+            .map(|view| convert::pool(view, Some(&leases), state.store.now()))
             .collect(),
         next_cursor: cursor(page.next),
     }))
@@ -40,7 +40,7 @@ pub(crate) async fn list_pools(
     responses((status = 400, body = api::ErrorBody, description = "invalid_name, invalid_resources, invalid_argument or invalid_json"), (status = 503, body = api::ErrorBody, description = "store_unavailable, store_outcome_unknown, not_enough_replicas or shutting_down"), (status = 200, body = api::Pool), (status = 404, body = api::ErrorBody, description = "pool_not_found")))]
 pub(crate) async fn get_pool(State(state): State<ServerState>, Segments(name): Segments<String>) -> Answer<api::Pool> {
     let view = state.store.pool(convert::pool_name(&name)?).await?;
-    Ok(Json(convert::pool(view, Some(&state.store.executors().await?))))
+    Ok(Json(convert::pool(view, Some(&state.store.executors().await?), state.store.now())))
 }
 
 #[utoipa::path(put, path = "/v1/pools/{pool}", tag = "pools",
@@ -64,12 +64,16 @@ pub(crate) async fn put_pool(
     let pool = convert::pool_name(&name)?;
     // Refused before anything changes: a label allot keeps, a task type that cannot be.
     convert::pool_labels(body.labels.clone(), body.plugins.clone(), &Default::default())?;
+    let occupied = body.occupied.as_deref().map(convert::resources).transpose()?;
     let (created, mut view) = state.store.put_pool(pool.clone(), capacity).await?;
     if let Some(labels) = convert::pool_labels(body.labels, body.plugins, &view.labels)? {
-        view = state.store.label_pool(pool, labels).await?;
+        view = state.store.label_pool(pool.clone(), labels).await?;
+    }
+    if let Some(occupied) = occupied.filter(|o| *o != view.occupied) {
+        view = state.store.occupy_pool(pool, occupied).await?;
     }
     let status = if created { StatusCode::CREATED } else { StatusCode::OK };
-    let pool = convert::pool(view, Some(&state.store.executors().await?));
+    let pool = convert::pool(view, Some(&state.store.executors().await?), state.store.now());
     Ok((status, Json(api::PutPoolResponse { created, pool })))
 }
 
@@ -212,4 +216,50 @@ pub(crate) async fn stop_if_idle(
 ) -> Answer<api::StopIfIdleResponse> {
     let (stopped, until_idle_ms) = state.store.stop_if_idle_for(convert::pool_name(&name)?, body.idle_ms).await?;
     Ok(Json(api::StopIfIdleResponse { stopped, until_idle_ms }))
+}
+
+/// The grace a drain gives a pool's tasks when the body names none.
+pub(crate) const DEFAULT_DRAIN_GRACE_MS: u64 = 30_000;
+
+/// Cordons the pool: it takes no new allocs (offers none, the scheduler places nothing there);
+/// what runs there runs on.
+#[utoipa::path(post, path = "/v1/pools/{pool}/cordon", tag = "pools",
+    params(("pool" = String, Path, description = "the pool's name: 1 to 255 bytes, no control characters, no `/`")),
+    responses((status = 400, body = api::ErrorBody, description = "invalid_name"), (status = 503, body = api::ErrorBody, description = "store_unavailable, store_outcome_unknown, not_enough_replicas or shutting_down"), (status = 200, body = api::Pool), (status = 404, body = api::ErrorBody, description = "pool_not_found")))]
+pub(crate) async fn cordon(State(state): State<ServerState>, Segments(name): Segments<String>) -> Answer<api::Pool> {
+    order(state, &name, CordonOrder::Cordon).await
+}
+
+/// Drains the pool: cordoned, and once the grace has passed its tasks are preempted (placed
+/// again elsewhere); tasks that may not be preempted and gang members run to their end.
+#[utoipa::path(post, path = "/v1/pools/{pool}/drain", tag = "pools",
+    params(("pool" = String, Path, description = "the pool's name: 1 to 255 bytes, no control characters, no `/`")),
+    request_body = api::Drain,
+    responses((status = 400, body = api::ErrorBody, description = "invalid_name, invalid_argument or invalid_json"), (status = 503, body = api::ErrorBody, description = "store_unavailable, store_outcome_unknown, not_enough_replicas or shutting_down"), (status = 200, body = api::Pool), (status = 404, body = api::ErrorBody, description = "pool_not_found")))]
+pub(crate) async fn drain(
+    State(state): State<ServerState>,
+    Segments(name): Segments<String>,
+    JsonBody(body): JsonBody<api::Drain>,
+) -> Answer<api::Pool> {
+    let grace_ms = body.grace_ms.unwrap_or(DEFAULT_DRAIN_GRACE_MS);
+    if grace_ms > allot_core::apps::spec::MAX_TIMEOUT_MS {
+        return Err(ApiError::invalid_argument(format!(
+            "grace_ms is {grace_ms}; at most {} (about a year)",
+            allot_core::apps::spec::MAX_TIMEOUT_MS
+        )));
+    }
+    order(state, &name, CordonOrder::Drain { grace_ms }).await
+}
+
+/// Uncordons the pool: it takes allocs again, and a drain not carried out yet is called off.
+#[utoipa::path(post, path = "/v1/pools/{pool}/uncordon", tag = "pools",
+    params(("pool" = String, Path, description = "the pool's name: 1 to 255 bytes, no control characters, no `/`")),
+    responses((status = 400, body = api::ErrorBody, description = "invalid_name"), (status = 503, body = api::ErrorBody, description = "store_unavailable, store_outcome_unknown, not_enough_replicas or shutting_down"), (status = 200, body = api::Pool), (status = 404, body = api::ErrorBody, description = "pool_not_found")))]
+pub(crate) async fn uncordon(State(state): State<ServerState>, Segments(name): Segments<String>) -> Answer<api::Pool> {
+    order(state, &name, CordonOrder::Uncordon).await
+}
+
+async fn order(state: ServerState, name: &str, order: CordonOrder) -> Answer<api::Pool> {
+    let view = state.store.cordon_pool(convert::pool_name(name)?, order).await?;
+    Ok(Json(convert::pool(view, Some(&state.store.executors().await?), state.store.now())))
 }

@@ -28,7 +28,7 @@ use std::time::{Duration, Instant};
 
 use allot_core::apps::queues::{QueueLimits, QueuePath};
 use allot_core::apps::{Outcome, SchedConfig, SchedError, Scheduler, World};
-use allot_core::pools::{Alloc, AllocId, AllocRequest, Labels, PoolName, Pools, HELD};
+use allot_core::pools::{Alloc, AllocId, AllocRequest, Labels, PoolName, PoolSettings, Pools, HELD};
 use allot_core::{Grant, Lease, Ledger, Millis, NamespaceName, Resources, Token};
 use allot_store::quiet::Quiet;
 use allot_store::{AppsHome, PageRequest, PoolStore, QuotaStore, Store, StoreError};
@@ -320,7 +320,14 @@ impl RedisStore {
                     });
                 }
                 allocs.extend(mine.into_iter().filter(|a| a.id != OTHERS_ALLOC));
-                pools.push((view.name, view.capacity, view.stopped, view.labels));
+                let settings = PoolSettings {
+                    capacity: view.capacity,
+                    occupied: view.occupied,
+                    stopped: view.stopped,
+                    labels: view.labels,
+                    cordon: view.cordon,
+                };
+                pools.push((view.name, settings));
             }
             after = page.next;
             if after.is_none() {

@@ -1,7 +1,9 @@
 -- pool(op, args...): leased resource pools [Reflow `pool`], one function for every operation of
 -- one pool. KEYS[1] is the pool's prefix `allot:pool:{<pool>}`:
 --   Q:pool      hash: capacity, stopped (0/1), stat_accepted, stat_offer_expired, stat_freed,
---               stat_reclaimed, labels (a JSON object); the pool exists iff this key does
+--               stat_reclaimed, labels (a JSON object), occupied (held by things allot does not
+--               manage: never offered), cordon_since and drain_at (ms; absent when not
+--               cordoned, not drained); the pool exists iff this key does
 --   Q:allocs    hash alloc id -> live alloc (JSON: r resources, o owner, l labels, c created,
 --               k last keepalive or 0, e expires)
 --   Q:leases    zset alloc id -> expires
@@ -10,8 +12,9 @@
 -- Resources are `name units frac` items joined by `,` (frac = milli-units below one unit), so
 -- every quantity stays an exact integer in Lua's doubles. Times are ms of Redis's TIME.
 --
--- Invariant: the resources of the live allocs (lapsed or not) never exceed the capacity when an
--- alloc is made; lapsed allocs are offered and reclaimed, most-expired first, only as needed.
+-- Invariant: the resources of the live allocs (lapsed or not) never exceed the capacity less what
+-- is occupied when an alloc is made; lapsed allocs are offered and reclaimed, most-expired first,
+-- only as needed. A cordoned pool makes no offer and no alloc.
 local Q = KEYS[1]
 local K_POOL, K_ALLOCS, K_LEASES, K_ENDED, K_ENDINGS = Q .. ':pool', Q .. ':allocs', Q .. ':leases', Q .. ':ended',
   Q .. ':endings'
@@ -130,9 +133,17 @@ local function end_alloc(a, reason)
   return record
 end
 
+-- What allocs may hold: the capacity less what is occupied.
+local function usable()
+  local p = redis.call('HMGET', K_POOL, 'capacity', 'occupied')
+  return sub(parse(p[1]), parse(p[2] or ''))
+end
+
+local function cordoned() return redis.call('HEXISTS', K_POOL, 'cordon_since') == 1 end
+
 local function view()
   local p = redis.call('HMGET', K_POOL, 'capacity', 'stopped', 'stat_accepted', 'stat_offer_expired', 'stat_freed',
-    'stat_reclaimed', 'labels')
+    'stat_reclaimed', 'labels', 'occupied', 'cordon_since', 'drain_at')
   local allocs = load_allocs()
   local live, lapsed, n_lapsed = {}, {}, 0
   for _, a in ipairs(allocs) do
@@ -144,7 +155,8 @@ local function view()
     end
   end
   return { 'pool', p[1], format(live), format(lapsed), #allocs, n_lapsed, tonumber(p[2] or '0'),
-    tonumber(p[3] or '0'), tonumber(p[4] or '0'), tonumber(p[5] or '0'), tonumber(p[6] or '0'), p[7] or '{}' }
+    tonumber(p[3] or '0'), tonumber(p[4] or '0'), tonumber(p[5] or '0'), tonumber(p[6] or '0'), p[7] or '{}',
+    p[8] or '', p[9] or '', p[10] or '' }
 end
 
 -- The pool's event: its view after the change, its fields joined by newlines (labels are JSON,
@@ -202,10 +214,31 @@ elseif op == 'remove' then
   redis.call('DEL', K_POOL, K_ALLOCS, K_LEASES, K_ENDED, K_ENDINGS)
   emit('pool.removed', '')
   return { 'removed', n }
+elseif op == 'occupy' then
+  -- occupy(resources): what things allot does not manage hold.
+  redis.call('HSET', K_POOL, 'occupied', ARGV[2])
+  emit_pool()
+  return view()
+elseif op == 'cordon' then
+  -- cordon(order, grace ms): `cordon`, `drain` (cordoned, its tasks preempted at now + grace, or
+  -- at an earlier drain's time) or `uncordon`.
+  local order = ARGV[2]
+  if order == 'uncordon' then
+    redis.call('HDEL', K_POOL, 'cordon_since', 'drain_at')
+  else
+    if not cordoned() then redis.call('HSET', K_POOL, 'cordon_since', now) end
+    if order == 'drain' then
+      local at = now + tonumber(ARGV[3])
+      local earlier = tonumber(redis.call('HGET', K_POOL, 'drain_at') or '')
+      if earlier and earlier < at then at = earlier end
+      redis.call('HSET', K_POOL, 'drain_at', at)
+    end
+  end
+  emit_pool()
+  return view()
 elseif op == 'offer' then
-  if redis.call('HGET', K_POOL, 'stopped') == '1' then return { 'offer', '' } end
-  local capacity = parse(redis.call('HGET', K_POOL, 'capacity'))
-  return { 'offer', format(sub(capacity, held(load_allocs(), true))) }
+  if redis.call('HGET', K_POOL, 'stopped') == '1' or cordoned() then return { 'offer', '' } end
+  return { 'offer', format(sub(usable(), held(load_allocs(), true))) }
 elseif op == 'accept' then
   -- accept(id, min, max (at least min: `AllocRequest::upper`), owner, labels JSON, initial lease ms,
   -- held): with held = '1', an alloc the scheduler holds for a task: no lease (`h`, and an expiry
@@ -221,11 +254,13 @@ elseif op == 'accept' then
     if mine and cjson.decode(mine).h == 1 then return { 'alloc', mine, now } end
   end
   if redis.call('HGET', K_POOL, 'stopped') == '1' then return { 'err', 'pool_stopped' } end
+  if cordoned() then return { 'err', 'pool_cordoned' } end
   if redis.call('HEXISTS', K_ALLOCS, id) == 1 or redis.call('HEXISTS', K_ENDED, id) == 1 then
     return { 'err', 'alloc_id_taken' }
   end
   local capacity = parse(redis.call('HGET', K_POOL, 'capacity'))
   if not fits(capacity, want_min) then return { 'err', 'exceeds_capacity', ARGV[3], format(capacity) } end
+  capacity = usable()
   local allocs = load_allocs()
   local used = held(allocs, false)
   local lapsed = {}

@@ -5,7 +5,7 @@ use std::ops::ControlFlow;
 use std::path::Path;
 
 use allot_core::apps::Scheduler;
-use allot_core::pools::{AllocId, EndedAlloc, Labels, LeaseRules, PoolName, Pools};
+use allot_core::pools::{AllocId, Cordon, EndedAlloc, Labels, LeaseRules, PoolName, PoolSettings, Pools};
 use allot_core::{Ledger, Millis, NamespaceName, SessionId};
 use redb::{Database, ReadableTable};
 
@@ -17,7 +17,7 @@ use crate::records::runs::{CATALOG, RUNS};
 use crate::records::{
     decode, decode_grown, resources_from, AllocRecord, CorruptRecord, GrantRecord, NamespaceRecord, PoolRecord,
     SessionRecord, ALLOCS, FORMAT_VERSION, GRANTS, META, META_CLOCK, META_EVENTS_SEQ, META_FORMAT, META_SEQ,
-    META_WALL_OFFSET, NAMESPACES, POOLS, POOL_LABELS, RETIRED_FENCING, SESSIONS,
+    META_WALL_OFFSET, NAMESPACES, POOLS, POOL_FIELDS_ADDED, POOL_LABELS, RETIRED_FENCING, SESSIONS,
 };
 
 use super::*;
@@ -205,19 +205,26 @@ fn load_records(db: &Database) -> Result<Loaded, OpenError> {
     for entry in txn.open_table(POOLS).map_err(|e| read_err(e.into()))?.iter().map_err(|e| read_err(e.into()))? {
         let (key, value) = entry.map_err(|e| read_err(e.into()))?;
         let name = key.value();
-        let record: PoolRecord = decode("pools", name, value.value())?;
+        let record: PoolRecord = decode_grown("pools", name, value.value(), POOL_FIELDS_ADDED)?;
         let pool = PoolName::new(name).map_err(|e| CorruptRecord {
             table: "pools",
             key: name.to_owned(),
             reason: e.to_string(),
         })?;
-        pools.push((pool, resources_from(record.capacity, "pools", name)?, record.stopped, Labels::new()));
+        let settings = PoolSettings {
+            capacity: resources_from(record.capacity, "pools", name)?,
+            occupied: record.occupied.map(|r| resources_from(r, "pools", name)).transpose()?.unwrap_or_default(),
+            stopped: record.stopped,
+            labels: Labels::new(),
+            cordon: record.cordon.map(|(since, drain_at)| Cordon { since, drain_at }),
+        };
+        pools.push((pool, settings));
     }
     for entry in txn.open_table(POOL_LABELS).map_err(|e| read_err(e.into()))?.iter().map_err(|e| read_err(e.into()))? {
         let (key, value) = entry.map_err(|e| read_err(e.into()))?;
         let labels: Labels = decode("pool_labels", key.value(), value.value())?;
         if let Some(pool) = pools.iter_mut().find(|p| p.0.as_str() == key.value()) {
-            pool.3 = labels;
+            pool.1.labels = labels;
         }
     }
     let (mut live, mut ended) = (Vec::new(), Vec::new());

@@ -2,7 +2,8 @@
 //! write-ahead log.
 
 use allot_core::pools::{
-    Alloc, AllocId, AllocRequest, AllocState, EndedAlloc, Labels, Offer, PoolChange, PoolError, PoolName, PoolView,
+    Alloc, AllocId, AllocRequest, AllocState, CordonOrder, EndedAlloc, Labels, Offer, PoolChange, PoolError, PoolName,
+    PoolSettings, PoolView,
 };
 use allot_core::Resources;
 use async_trait::async_trait;
@@ -16,8 +17,14 @@ use crate::{Page, PageRequest, PoolStore, StoreError};
 pub(super) fn ops<'a>(changes: impl Iterator<Item = &'a PoolChange>, out: &mut Vec<Op>) {
     for change in changes {
         match change {
-            PoolChange::Pool { name, capacity, stopped, labels } => {
-                let record = PoolRecord { capacity: resources_record(capacity), stopped: *stopped };
+            PoolChange::Pool { name, settings } => {
+                let PoolSettings { capacity, occupied, stopped, labels, cordon } = settings;
+                let record = PoolRecord {
+                    capacity: resources_record(capacity),
+                    stopped: *stopped,
+                    occupied: (!occupied.is_empty()).then(|| resources_record(occupied)),
+                    cordon: cordon.map(|c| (c.since, c.drain_at)),
+                };
                 out.push(Op::put(Table::Pools, Op::name(name.as_str()), encode(&record)));
                 out.push(if labels.is_empty() {
                     Op::Remove(Table::PoolLabels, Op::name(name.as_str()))
@@ -55,6 +62,10 @@ impl PoolStore for EmbeddedStore {
             Ok(((created, pools.pool(&name, now)?), changes))
         })
         .await
+        .inspect(|_| {
+            // A lowered capacity may leave tasks that no longer fit: the scheduler looks.
+            self.shared.wake_scheduler.notify_one();
+        })
     }
 
     async fn seed_pool(&self, name: PoolName, capacity: Resources) -> Result<(bool, PoolView), StoreError> {
@@ -140,5 +151,17 @@ impl PoolStore for EmbeddedStore {
 
     async fn label_pool(&self, name: PoolName, labels: Labels) -> Result<PoolView, StoreError> {
         self.mutate_pools(|pools, now| pools.label_pool(&name, labels, now)).await
+    }
+
+    async fn occupy_pool(&self, name: PoolName, occupied: Resources) -> Result<PoolView, StoreError> {
+        let view = self.mutate_pools(|pools, now| pools.occupy(&name, occupied, now)).await?;
+        self.shared.wake_scheduler.notify_one();
+        Ok(view)
+    }
+
+    async fn cordon_pool(&self, name: PoolName, order: CordonOrder) -> Result<PoolView, StoreError> {
+        let view = self.mutate_pools(|pools, now| pools.cordon(&name, order, now)).await?;
+        self.shared.wake_scheduler.notify_one();
+        Ok(view)
     }
 }

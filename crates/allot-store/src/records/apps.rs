@@ -414,7 +414,13 @@ impl TaskRecord {
             preempting: task
                 .preempting
                 .as_ref()
-                .map(|p| (p.by.0.to_string(), p.by.1.to_string(), p.at, p.reason.clone())),
+                // A pool's own preemption (drained, shrunk) has no preemptor: empty names.
+                .map(|p| {
+                    let (app, task) =
+                        p.by.as_ref()
+                            .map_or((String::new(), String::new()), |(app, task)| (app.to_string(), task.to_string()));
+                    (app, task, p.at, p.reason.clone())
+                }),
             held: task.held.as_ref().map(|pool| pool.to_string()),
         }
     }
@@ -445,7 +451,13 @@ impl TaskRecord {
                 .preempting
                 .map(|(app, task, at, reason)| {
                     Ok(Preempting {
-                        by: (AppId::new(&app).map_err(|e| r.err(e))?, TaskId::new(&task).map_err(|e| r.err(e))?),
+                        by: match app.is_empty() {
+                            true => None,
+                            false => Some((
+                                AppId::new(&app).map_err(|e| r.err(e))?,
+                                TaskId::new(&task).map_err(|e| r.err(e))?,
+                            )),
+                        },
                         at,
                         reason,
                     })

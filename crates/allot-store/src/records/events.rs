@@ -9,7 +9,7 @@ use std::collections::BTreeMap;
 
 use allot_core::apps::queues::QueueUsage;
 use allot_core::apps::{QueueView, Why};
-use allot_core::pools::{EndedAlloc, PoolStats, PoolView};
+use allot_core::pools::{Cordon, EndedAlloc, PoolStats, PoolView};
 use allot_core::watch::EventKind;
 use allot_core::{Millis, NamespaceName, NamespaceStats, NamespaceView, Session, SessionId, Token};
 use serde::{Deserialize, Serialize};
@@ -73,6 +73,9 @@ pub enum ObjectRecord<'a> {
     /// A session with its owner (written since sessions have one; `Session` is read as one
     /// without).
     OwnedSession(SessionInfoRecord, Option<String>),
+    /// A pool with what is occupied and its cordon (since, drain at) (written since pools have
+    /// them; `Pool` is read as one with neither).
+    PoolRoom(PoolViewRecord, ResourcesRecord, Option<(Millis, Option<Millis>)>),
 }
 
 /// A namespace's view (`NamespaceView`).
@@ -257,20 +260,24 @@ impl<'a> ObjectRecord<'a> {
                 },
                 info.session.owner.clone(),
             ),
-            EventObject::Pool(view) => ObjectRecord::Pool(PoolViewRecord {
-                name: view.name.to_string(),
-                capacity: resources_record(&view.capacity),
-                labels: view.labels.clone(),
-                allocated: resources_record(&view.allocated),
-                expired: resources_record(&view.expired),
-                allocs: view.allocs as u64,
-                expired_allocs: view.expired_allocs as u64,
-                stopped: view.stopped,
-                stats: {
-                    let s = &view.stats;
-                    [s.accepted, s.offer_expired, s.freed, s.reclaimed]
+            EventObject::Pool(view) => ObjectRecord::PoolRoom(
+                PoolViewRecord {
+                    name: view.name.to_string(),
+                    capacity: resources_record(&view.capacity),
+                    labels: view.labels.clone(),
+                    allocated: resources_record(&view.allocated),
+                    expired: resources_record(&view.expired),
+                    allocs: view.allocs as u64,
+                    expired_allocs: view.expired_allocs as u64,
+                    stopped: view.stopped,
+                    stats: {
+                        let s = &view.stats;
+                        [s.accepted, s.offer_expired, s.freed, s.reclaimed]
+                    },
                 },
-            }),
+                resources_record(&view.occupied),
+                view.cordon.map(|c| (c.since, c.drain_at)),
+            ),
             EventObject::Alloc(alloc) => ObjectRecord::Alloc {
                 pool: Cow::Borrowed(alloc.pool.as_str()),
                 id: alloc.id.0,
@@ -330,7 +337,8 @@ impl<'a> ObjectRecord<'a> {
             }
             ObjectRecord::Session(s) => r.session(s, None)?,
             ObjectRecord::OwnedSession(s, owner) => r.session(s, owner)?,
-            ObjectRecord::Pool(v) => {
+            ObjectRecord::Pool(v) => ObjectRecord::PoolRoom(v, Vec::new(), None).into_object(r)?,
+            ObjectRecord::PoolRoom(v, occupied, cordon) => {
                 let [accepted, offer_expired, freed, reclaimed] = v.stats;
                 EventObject::Pool(Box::new(PoolView {
                     name: allot_core::pools::PoolName::new(&v.name).map_err(|e| r.err(e))?,
@@ -341,6 +349,8 @@ impl<'a> ObjectRecord<'a> {
                     allocs: v.allocs as usize,
                     expired_allocs: v.expired_allocs as usize,
                     stopped: v.stopped,
+                    occupied: r.resources(occupied)?,
+                    cordon: cordon.map(|(since, drain_at)| Cordon { since, drain_at }),
                     stats: PoolStats { accepted, offer_expired, freed, reclaimed },
                 }))
             }

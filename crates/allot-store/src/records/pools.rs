@@ -22,7 +22,14 @@ pub type ResourcesRecord = Vec<(String, u64)>;
 pub struct PoolRecord {
     pub capacity: ResourcesRecord,
     pub stopped: bool,
+    /// Grown fields (read with [`POOL_FIELDS_ADDED`]): what things allot does not manage hold,
+    /// and a cordon (since, drain at).
+    pub occupied: Option<ResourcesRecord>,
+    pub cordon: Option<(Millis, Option<Millis>)>,
 }
+
+/// How many fields [`PoolRecord`] gained at its end since its format began.
+pub const POOL_FIELDS_ADDED: usize = 2;
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct AllocRecord {

@@ -456,7 +456,10 @@ pub(crate) fn task_details(task: &Task, run: Option<&TaskRun>) -> String {
         (
             "preemption",
             match (&task.preempting, task.preemptable) {
-                (Some(p), _) => format!("being preempted for {} ({})", show(&p.by), show(&p.reason)),
+                (Some(p), _) => match &p.by {
+                    Some(by) => format!("being preempted for {} ({})", show(by), show(&p.reason)),
+                    None => format!("being preempted ({})", show(&p.reason)),
+                },
                 (None, false) => "never (preemptable: false)".to_owned(),
                 (None, true) => format!("preempted {} times", task.preemptions),
             },

@@ -56,6 +56,39 @@ pub(crate) enum PoolCommand {
         /// Let the pool run every task type its daemon has again.
         #[arg(long)]
         every_plugin: bool,
+        /// What things allot does not manage hold there, e.g. `cpu=2,mem=4GiB`: never offered,
+        /// and tasks that no longer fit are preempted. `""` clears it; not given, it is kept.
+        #[arg(long, value_name = "RESOURCES")]
+        occupied: Option<String>,
+        #[command(flatten)]
+        common: Common,
+    },
+    /// Cordon a pool: it takes no new allocs and the scheduler places nothing there; what runs
+    /// there runs on.
+    #[command(after_help = EXIT_CODES)]
+    Cordon {
+        /// The pool.
+        pool: String,
+        #[command(flatten)]
+        common: Common,
+    },
+    /// Drain a pool: cordon it, and preempt its tasks once the grace has passed (they are placed
+    /// again elsewhere; tasks that may not be preempted and gang members run to their end).
+    #[command(after_help = EXIT_CODES)]
+    Drain {
+        /// The pool.
+        pool: String,
+        /// How long its tasks may run on first, e.g. `5m` (`0s`: at once).
+        #[arg(long, default_value = "30s", value_parser = allot_bench::duration::parse)]
+        grace: Duration,
+        #[command(flatten)]
+        common: Common,
+    },
+    /// Uncordon a pool: it takes allocs again; a drain not carried out yet is called off.
+    #[command(after_help = EXIT_CODES)]
+    Uncordon {
+        /// The pool.
+        pool: String,
         #[command(flatten)]
         common: Common,
     },
@@ -162,7 +195,10 @@ pub(crate) async fn pool(command: PoolCommand, before: &Common) -> anyhow::Resul
             | PoolCommand::Set { common, .. }
             | PoolCommand::Rm { common, .. }
             | PoolCommand::Offers { common, .. }
-            | PoolCommand::StopIfIdle { common, .. } => common,
+            | PoolCommand::StopIfIdle { common, .. }
+            | PoolCommand::Cordon { common, .. }
+            | PoolCommand::Drain { common, .. }
+            | PoolCommand::Uncordon { common, .. } => common,
         },
         |command| async move { run_pool(&command).await },
     )
@@ -196,13 +232,14 @@ async fn run_pool(command: &PoolCommand) -> Result<u8, ClientError> {
             let answer = client(common)?.pool(pool).await?;
             emit(common, &answer, pool_details)
         }
-        PoolCommand::Set { pool, capacity, labels, clear_labels, plugins, every_plugin, common } => {
+        PoolCommand::Set { pool, capacity, labels, clear_labels, plugins, every_plugin, occupied, common } => {
             let client = client(common)?;
             let plugins = if *every_plugin { Some(vec!["*".to_owned()]) } else { plugins.clone() };
             let body = allot_api::PutPool {
                 capacity: capacity.clone(),
                 labels: (!labels.is_empty() || *clear_labels).then(|| labels.iter().cloned().collect()),
                 plugins,
+                occupied: occupied.clone(),
             };
             let answer = client.put_pool_with(pool, &body).await?;
             emit(common, &answer, |answer| {
@@ -217,6 +254,18 @@ async fn run_pool(command: &PoolCommand) -> Result<u8, ClientError> {
                 }
                 line + "\n"
             })
+        }
+        PoolCommand::Cordon { pool, common } => {
+            let answer = client(common)?.cordon_pool(pool).await?;
+            emit(common, &answer, |pool| format!("pool {} {}\n", show(&pool.name), state_text(pool)))
+        }
+        PoolCommand::Drain { pool, grace, common } => {
+            let answer = client(common)?.drain_pool(pool, Some(*grace)).await?;
+            emit(common, &answer, |pool| format!("pool {} {}\n", show(&pool.name), state_text(pool)))
+        }
+        PoolCommand::Uncordon { pool, common } => {
+            let answer = client(common)?.uncordon_pool(pool).await?;
+            emit(common, &answer, |pool| format!("pool {} {}\n", show(&pool.name), state_text(pool)))
         }
         PoolCommand::Rm { pool, force, common } => {
             let answer = client(common)?.remove_pool(pool, *force).await?;
@@ -361,12 +410,25 @@ fn pool_table(pools: &[Pool]) -> String {
             or_dash(&pool.allocated),
             pool.allocs.to_string(),
             pool.expired_allocs.to_string(),
-            if pool.stopped { "stopped".to_owned() } else { "up".to_owned() },
+            state_text(pool),
             run_by_text(pool, false),
             labels_text(&pool.labels),
         ]);
     }
     table.render()
+}
+
+/// `up`, `stopped`, `cordoned`, `draining in 25s` or `drained`.
+fn state_text(pool: &Pool) -> String {
+    match (&pool.cordon, pool.stopped) {
+        (_, true) => "stopped".to_owned(),
+        (None, false) => "up".to_owned(),
+        (Some(cordon), false) => match cordon.drain_in_ms {
+            None => "cordoned".to_owned(),
+            Some(0) => "drained".to_owned(),
+            Some(ms) => format!("draining in {}", format_ms(ms)),
+        },
+    }
 }
 
 fn pool_details(pool: &Pool) -> String {
@@ -375,8 +437,9 @@ fn pool_details(pool: &Pool) -> String {
         ("capacity", human(&pool.capacity)),
         ("allocated", or_dash(&pool.allocated)),
         ("lapsed", or_dash(&pool.expired)),
+        ("occupied", or_dash(&pool.occupied)),
         ("allocs", pool.allocs.to_string()),
-        ("state", if pool.stopped { "stopped".to_owned() } else { "up".to_owned() }),
+        ("state", state_text(pool)),
         ("labels", labels_text(&pool.labels)),
         ("run by", run_by_text(pool, true)),
         ("runs", pool.plugins.as_deref().map_or_else(|| "every task type".to_owned(), plugins_text)),

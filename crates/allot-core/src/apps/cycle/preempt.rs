@@ -126,7 +126,7 @@ impl Scheduler {
     pub(super) fn preemption_deadline(&self) -> Option<Millis> {
         let grace = self.config.preemption_grace_ms;
         let victims = self.victims.values().map(|(_, at)| at.saturating_add(grace)).min();
-        victims.into_iter().chain(self.next_preemption).min()
+        victims.into_iter().chain(self.next_preemption).chain(self.next_drain).min()
     }
 
     /// Takes back the placements of the victims whose grace is over (once the preemptions no
@@ -146,6 +146,100 @@ impl Scheduler {
         }
     }
 
+    /// Preemption by the pools themselves: a drained pool once its drain is due, and a pool that
+    /// holds more than it may now (its capacity lowered, or more of it occupied). Their tasks are
+    /// marked as any victim, for no preemptor, and taken back the same way (by their executor,
+    /// or at the end of their grace). Drained: every task there; over: lowest priority first,
+    /// then the youngest, as few as free what is over. Never a task that may not be preempted,
+    /// nor a gang member: they run to their end (a drain waits for them). A mark whose pool is
+    /// no longer strained (uncordoned, grown back) is called off.
+    pub(super) fn evict(&mut self, now: Millis, world: &mut World<'_>, out: &mut Outcome) {
+        self.next_drain = world.pools.next_drain(now);
+        let strained = world.pools.strained(now);
+        let tasks = &self.tasks;
+        let pool_of = |key: &TaskRef| {
+            tasks.get(&key.0).and_then(|t| t.get(&key.1)).and_then(|t| t.placement.as_ref()).map(|p| p.pool.clone())
+        };
+        let off: Vec<TaskRef> = self
+            .victims
+            .iter()
+            .filter(|(key, (by, _))| {
+                by.is_none() && pool_of(key).is_none_or(|pool| !strained.iter().any(|s| s.pool == pool))
+            })
+            .map(|(key, _)| key.clone())
+            .collect();
+        for key in off {
+            self.victims.remove(&key);
+            if let Some(task) = self.tasks.get_mut(&key.0).and_then(|t| t.get_mut(&key.1)) {
+                if task.preempting.take().is_some() {
+                    out.apps.push(AppChange::Task(task.clone()));
+                }
+            }
+        }
+        if strained.is_empty() {
+            return;
+        }
+        let placed = self.placed_by_pool();
+        for strain in strained {
+            let mut leaving = Resources::new();
+            let mut candidates: Vec<Candidate> = Vec::new();
+            for key in placed.get(&strain.pool).into_iter().flatten() {
+                let task = &self.tasks[&key.0][&key.1];
+                let Some(placement) = &task.placement else { continue };
+                if task.preempting.is_some() {
+                    leaving = leaving.checked_add(&placement.resources).unwrap_or(leaving);
+                } else if task.spec.preemptable && task.spec.group.is_none() && task.slot.is_none() {
+                    let leaf = self.apps[&key.0].spec.queue.clone();
+                    let age = (placement.at, task.seq);
+                    candidates.push((task.spec.priority.value(), age, key.clone(), placement.resources.clone(), leaf));
+                }
+            }
+            let (chosen, reason) = if strain.drained {
+                (candidates, format!("its pool `{}` is drained", strain.pool))
+            } else {
+                let need = strain.over.saturating_sub(&leaving);
+                if need.is_empty() {
+                    continue;
+                }
+                candidates.sort_by(|a, b| a.0.cmp(&b.0).then(b.1.cmp(&a.1)));
+                let mut freed = Resources::new();
+                let mut chosen = Vec::new();
+                for candidate in candidates {
+                    if freed.fits(&need) {
+                        break;
+                    }
+                    let lacking = need.saturating_sub(&freed);
+                    if lacking.iter().any(|(name, _)| candidate.3.get_milli(name.as_str()) > 0) {
+                        freed = freed.checked_add(&candidate.3).unwrap_or(freed);
+                        chosen.push(candidate);
+                    }
+                }
+                // As few as possible: drop, last chosen first, every one not needed.
+                let mut index = chosen.len();
+                while index > 0 && freed.fits(&need) {
+                    index -= 1;
+                    let without = freed.saturating_sub(&chosen[index].3);
+                    if without.fits(&need) {
+                        freed = without;
+                        chosen.remove(index);
+                    }
+                }
+                let reason = format!("its pool `{}` shrank: it may hold less than is placed there", strain.pool);
+                (chosen, reason)
+            };
+            if chosen.is_empty() {
+                continue;
+            }
+            self.stats.preemption_decisions += 1;
+            for (_, _, key, ..) in chosen {
+                let Some(task) = self.tasks.get_mut(&key.0).and_then(|t| t.get_mut(&key.1)) else { continue };
+                task.preempting = Some(Preempting { by: None, at: now, reason: reason.clone() });
+                out.apps.push(AppChange::Task(task.clone()));
+                self.victims.insert(key, (None, now));
+            }
+        }
+    }
+
     /// A victim goes back to waiting, its placement released, its preemption counted; a task
     /// not (or no longer) marked is left as it is.
     pub(in crate::apps) fn take_back(
@@ -162,7 +256,10 @@ impl Scheduler {
         // A marked task is placed (an invariant): the requeue below takes, and stores these.
         record.preemptions = record.preemptions.saturating_add(1);
         record.preempted_at = Some(now);
-        let reason = format!("preempted for {}/{}: {}", preempting.by.0, preempting.by.1, preempting.reason);
+        let reason = match &preempting.by {
+            Some(by) => format!("preempted for {}/{}: {}", by.0, by.1, preempting.reason),
+            None => format!("preempted: {}", preempting.reason),
+        };
         self.requeue(app, task, &reason, now, world, out)?;
         self.stats.preemptions += 1;
         Ok(())
@@ -260,11 +357,12 @@ impl Scheduler {
         if self.victims.is_empty() {
             return HashMap::new();
         }
+        // Marks of a pool (drained or shrunk) are called off by `evict`, which sees the pools.
         let mut marked: Vec<(TaskRef, TaskRef, Millis)> =
-            self.victims.iter().map(|(victim, (by, at))| (victim.clone(), by.clone(), *at)).collect();
+            self.victims.iter().filter_map(|(victim, (by, at))| Some((victim.clone(), by.clone()?, *at))).collect();
         marked.sort_by_key(|m| std::cmp::Reverse(m.2));
         let mut leaving: HashMap<QueuePath, Resources> = HashMap::new();
-        for (victim, ..) in &marked {
+        for victim in self.victims.keys() {
             if let Some(t) = self.tasks.get(&victim.0).and_then(|t| t.get(&victim.1)) {
                 if let (Some(placement), Some(app)) = (&t.placement, self.apps.get(&victim.0)) {
                     add_up(&mut leaving, &app.spec.queue, &placement.resources);
@@ -555,9 +653,9 @@ impl Scheduler {
         let mut names = Vec::with_capacity(plan.victims.len());
         for (victim, resources) in &plan.victims {
             let Some(task) = self.tasks.get_mut(&victim.0).and_then(|t| t.get_mut(&victim.1)) else { continue };
-            task.preempting = Some(Preempting { by: key.clone(), at: now, reason: reason.clone() });
+            task.preempting = Some(Preempting { by: Some(key.clone()), at: now, reason: reason.clone() });
             cycle.out.apps.push(AppChange::Task(task.clone()));
-            self.victims.insert(victim.clone(), (key.clone(), now));
+            self.victims.insert(victim.clone(), (Some(key.clone()), now));
             add_up(&mut flows.leaving, &self.apps[&victim.0].spec.queue, resources);
             freed = freed.checked_add(resources).unwrap_or(freed);
             names.push(format!("{}/{}", victim.0, victim.1));
@@ -611,7 +709,7 @@ impl Scheduler {
     /// After a holder's placement: placed, it holds nothing any more; not placed, the room is
     /// held again, unless nothing is preempted for it any more (then it waits as any task).
     pub(super) fn rehold(&mut self, key: &TaskRef, given: (usize, Resources), placed: bool, cycle: &mut Cycle<'_>) {
-        let pending_victims = self.victims.values().any(|(by, _)| by == key);
+        let pending_victims = self.victims.values().any(|(by, _)| by.as_ref() == Some(key));
         if placed || !pending_victims {
             self.holders.remove(key);
             if let Some(task) = self.tasks.get_mut(&key.0).and_then(|t| t.get_mut(&key.1)) {
