@@ -3,6 +3,7 @@
 
 mod apps;
 mod apps_model;
+mod pool_changes;
 mod pools;
 mod preemption;
 mod preemption_model;

@@ -2,7 +2,7 @@
 
 use allot_core::pools::{
     AllocId, AllocRequest, AllocState, EndReason, LeaseRules, Offer, PoolChange, PoolError, PoolName, PoolSettings,
-    Pools, MAX_ENDED_PER_POOL,
+    PoolView, Pools, MAX_ENDED_PER_POOL,
 };
 use allot_core::Resources;
 
@@ -273,4 +273,65 @@ fn random_operations_never_over_allocate() {
             }
         }
     }
+}
+
+#[test]
+fn a_cordoned_pool_offers_nothing_and_takes_no_alloc_until_uncordoned() {
+    use allot_core::pools::CordonOrder;
+    let mut pools = pools("cpu=4");
+    pools.accept(&pool(), want("cpu=1"), AllocId(1), 0).unwrap();
+    let (view, changes) = pools.cordon(&pool(), CordonOrder::Cordon, 10).unwrap();
+    assert_eq!(view.cordon.map(|c| (c.since, c.drain_at)), Some((10, None)));
+    assert!(matches!(&changes[..], [PoolChange::Pool { settings, .. }] if settings.cordon.is_some()));
+    assert_eq!(available(&pools, 20), None);
+    assert_eq!(pools.accept(&pool(), want("cpu=1"), AllocId(2), 20), Err(PoolError::PoolCordoned(pool())));
+    // What is there runs on: a keepalive renews, a free frees.
+    pools.keepalive(&pool(), AllocId(1), 1000, 20).unwrap();
+    assert_eq!(pools.spots(20).count(), 0, "the scheduler sees no room there");
+    // A drain keeps the first cordon's time, and a second drain never puts the first one off.
+    let (view, _) = pools.cordon(&pool(), CordonOrder::Drain { grace_ms: 100 }, 30).unwrap();
+    assert_eq!(view.cordon.map(|c| (c.since, c.drain_at)), Some((10, Some(130))));
+    let (view, _) = pools.cordon(&pool(), CordonOrder::Drain { grace_ms: 1000 }, 40).unwrap();
+    assert_eq!(view.cordon.and_then(|c| c.drain_at), Some(130));
+    assert_eq!(pools.next_drain(40), Some(130));
+    assert!(pools.strained(129).is_empty());
+    assert!(matches!(&pools.strained(130)[..], [s] if s.drained && s.pool == pool()));
+    pools.cordon(&pool(), CordonOrder::Uncordon, 140).unwrap();
+    assert!(pools.strained(140).is_empty());
+    assert_eq!(available(&pools, 140), Some(res("cpu=3")));
+    pools.check_invariants().unwrap();
+}
+
+#[test]
+fn what_is_occupied_is_never_offered_and_a_pool_that_shrank_says_by_how_much() {
+    let mut pools = pools("cpu=4,mem=8");
+    pools.occupy(&pool(), res("cpu=1"), 0).unwrap();
+    assert_eq!(available(&pools, 0), Some(res("cpu=3,mem=8")));
+    let refused = pools.accept(&pool(), want("cpu=4"), AllocId(1), 0);
+    assert!(matches!(refused, Err(PoolError::OfferExpired { .. })), "{refused:?}");
+    pools.accept(&pool(), want("cpu=3,mem=2"), AllocId(1), 0).unwrap();
+    assert!(pools.strained(0).is_empty());
+    // More occupied: the allocs hold more than may be held, by cpu=1.
+    pools.occupy(&pool(), res("cpu=2"), 0).unwrap();
+    assert!(matches!(&pools.strained(0)[..], [s] if !s.drained && s.over == res("cpu=1")));
+    // A lower capacity adds to it; nothing is revoked by the pools (the scheduler preempts).
+    pools.put_pool(&pool(), res("cpu=3,mem=8"));
+    assert!(matches!(&pools.strained(0)[..], [s] if s.over == res("cpu=2")));
+    // A lapsed lease is not counted: it would be reclaimed.
+    assert!(pools.strained(RULES.initial_ms).is_empty());
+    pools.check_invariants().unwrap();
+    // Restored from its record, a pool keeps what is occupied and its cordon.
+    pools.cordon(&pool(), allot_core::pools::CordonOrder::Cordon, 5).unwrap();
+    let view = pools.pool(&pool(), 5).unwrap();
+    let settings = PoolSettings {
+        capacity: view.capacity.clone(),
+        occupied: view.occupied.clone(),
+        stopped: false,
+        labels: Default::default(),
+        cordon: view.cordon,
+    };
+    let restored = Pools::restore(RULES, vec![(pool(), settings)], pools.allocs(&pool()).unwrap(), Vec::new()).unwrap();
+    // (Its counters count since the daemon started.)
+    assert_eq!(restored.pool(&pool(), 5).unwrap(), PoolView { stats: Default::default(), ..view });
+    restored.check_invariants().unwrap();
 }

@@ -4,7 +4,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use allot_core::pools::{AllocId, AllocRequest, AllocState, EndReason, PoolError, PoolName};
+use allot_core::pools::{AllocId, AllocRequest, AllocState, CordonOrder, EndReason, PoolError, PoolName};
 use allot_core::Resources;
 
 use crate::{read_all, PageRequest, Store, StoreError};
@@ -21,6 +21,7 @@ pub async fn run_pools(store: Arc<dyn Store>, time: &dyn Time) {
         allocs_end_and_say_why(store_ref),
         concurrent_accepts_never_over_allocate(store.clone()),
         pools_and_allocs_page_by_name_and_id(store_ref),
+        cordoned_and_occupied_pools(store_ref),
     );
     lapsed_allocs_are_offered_and_reclaimed_when_needed(store_ref, time).await;
     an_idle_pool_stops(store_ref, time).await;
@@ -52,6 +53,45 @@ async fn pools_are_created_changed_and_removed(store: &dyn Store) {
     assert!(matches!(in_use, Err(StoreError::Pools(PoolError::PoolInUse { allocs: 1, .. }))), "{in_use:?}");
     assert_eq!(store.remove_pool(name.clone(), true).await.unwrap(), 1);
     let gone = store.pool(name.clone()).await;
+    assert!(matches!(gone, Err(StoreError::Pools(PoolError::PoolNotFound(_)))), "{gone:?}");
+}
+
+async fn cordoned_and_occupied_pools(store: &dyn Store) {
+    let name = pool_name("cordon");
+    store.put_pool(name.clone(), res("cpu=4")).await.unwrap();
+    let alloc = store.accept(name.clone(), wants("cpu=1", None)).await.unwrap();
+    // What is occupied is never offered.
+    let view = store.occupy_pool(name.clone(), res("cpu=2")).await.unwrap();
+    assert_eq!(view.occupied, res("cpu=2"));
+    assert_eq!(store.offer(name.clone()).await.unwrap().map(|o| o.available), Some(res("cpu=1")));
+    let refused = store.accept(name.clone(), wants("cpu=2", None)).await;
+    assert!(matches!(refused, Err(StoreError::Pools(PoolError::OfferExpired { .. }))), "{refused:?}");
+    // Cordoned: no offer, no alloc; what is there is kept alive.
+    let view = store.cordon_pool(name.clone(), CordonOrder::Cordon).await.unwrap();
+    let since = view.cordon.expect("cordoned").since;
+    assert_eq!(view.cordon.and_then(|c| c.drain_at), None);
+    assert_eq!(store.offer(name.clone()).await.unwrap(), None);
+    let refused = store.accept(name.clone(), wants("cpu=1", None)).await;
+    assert!(matches!(refused, Err(StoreError::Pools(PoolError::PoolCordoned(_)))), "{refused:?}");
+    store.keepalive_alloc(name.clone(), alloc.id, 60_000).await.unwrap();
+    // Drained: the first drain's time holds; a later, longer one does not put it off.
+    let view = store.cordon_pool(name.clone(), CordonOrder::Drain { grace_ms: 60_000 }).await.unwrap();
+    let cordon = view.cordon.expect("still cordoned");
+    let drain_at = cordon.drain_at.expect("drained");
+    assert_eq!(cordon.since, since, "a drain keeps the cordon's time");
+    assert!(drain_at >= since + 60_000, "{drain_at} {since}");
+    let view = store.cordon_pool(name.clone(), CordonOrder::Drain { grace_ms: 600_000 }).await.unwrap();
+    assert_eq!(view.cordon.and_then(|c| c.drain_at), Some(drain_at));
+    // A new capacity keeps the cordon and what is occupied.
+    let (_, view) = store.put_pool(name.clone(), res("cpu=5")).await.unwrap();
+    assert_eq!((view.cordon.map(|c| c.since), view.occupied.clone()), (Some(since), res("cpu=2")));
+    assert_eq!(store.pool(name.clone()).await.unwrap(), view);
+    // Uncordoned, with nothing occupied: everything free is offered again.
+    let view = store.cordon_pool(name.clone(), CordonOrder::Uncordon).await.unwrap();
+    assert_eq!(view.cordon, None);
+    store.occupy_pool(name.clone(), Resources::new()).await.unwrap();
+    assert_eq!(store.offer(name.clone()).await.unwrap().map(|o| o.available), Some(res("cpu=4")));
+    let gone = store.cordon_pool(pool_name("no-such-pool"), CordonOrder::Cordon).await;
     assert!(matches!(gone, Err(StoreError::Pools(PoolError::PoolNotFound(_)))), "{gone:?}");
 }
 

@@ -262,6 +262,24 @@ async fn removing_a_namespace_removes_grants_with_any_token() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_pools_cordon_drain_and_occupied_room_survive_a_restart() {
+    use allot_core::pools::{CordonOrder, PoolName};
+    let dir = tempfile::tempdir().unwrap();
+    let pool = PoolName::new("worker-1").unwrap();
+    let clock = ManualClock::new();
+    let store = open_on(dir.path(), &clock);
+    store.put_pool(pool.clone(), "cpu=4".parse().unwrap()).await.unwrap();
+    store.occupy_pool(pool.clone(), "cpu=1".parse().unwrap()).await.unwrap();
+    let before = store.cordon_pool(pool.clone(), CordonOrder::Drain { grace_ms: 60_000 }).await.unwrap();
+    store.shutdown().await;
+    drop(store);
+    let store = open_on(dir.path(), &clock);
+    let after = store.pool(pool.clone()).await.unwrap();
+    assert_eq!((after.occupied, after.cordon), (before.occupied, before.cordon));
+    assert!(after.cordon.and_then(|c| c.drain_at).is_some());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn pools_and_allocs_survive_a_restart_with_the_lease_time_they_had_left() {
     use allot_core::pools::{AllocRequest, AllocState, PoolName};
     let dir = tempfile::tempdir().unwrap();
