@@ -243,15 +243,19 @@ class AsyncClient:
         *,
         labels: Optional[Mapping[str, str]] = None,
         plugins: Optional[Sequence[str]] = None,
+        occupied: Optional[str] = None,
     ) -> m.PutPoolResponse:
         """Creates a pool of ``capacity`` (``cpu=16,mem=64GiB``), or changes it. ``labels``
         replace its labels; ``plugins`` the task types its executor runs (``["*"]``: every type);
-        either left out keeps what the pool has."""
+        ``occupied`` what things allot does not manage hold there (never offered; tasks that no
+        longer fit are preempted; ``""`` clears it); any left out keeps what the pool has."""
         body: Dict[str, Any] = {"capacity": capacity}
         if labels is not None:
             body["labels"] = dict(labels)
         if plugins is not None:
             body["plugins"] = list(plugins)
+        if occupied is not None:
+            body["occupied"] = occupied
         return cast(m.PutPoolResponse, await self._call("PUT", f"/v1/pools/{seg(pool)}", body=body))
 
     async def pool(self, pool: str) -> m.Pool:
@@ -314,6 +318,20 @@ class AsyncClient:
         """Stops the pool if it has had no alloc for ``idle_ms``."""
         path = f"/v1/pools/{seg(pool)}/stop-if-idle"
         return cast(m.StopIfIdleResponse, await self._call("POST", path, body={"idle_ms": idle_ms}))
+
+    async def cordon_pool(self, pool: str) -> m.Pool:
+        """Cordons the pool: no new allocs, nothing placed there; what runs there runs on."""
+        return cast(m.Pool, await self._call("POST", f"/v1/pools/{seg(pool)}/cordon"))
+
+    async def drain_pool(self, pool: str, grace_ms: Optional[int] = None) -> m.Pool:
+        """Cordons the pool and preempts its tasks once ``grace_ms`` has passed (the daemon's
+        default, 30 s, when left out); they are placed again elsewhere."""
+        body: Dict[str, Any] = {} if grace_ms is None else {"grace_ms": grace_ms}
+        return cast(m.Pool, await self._call("POST", f"/v1/pools/{seg(pool)}/drain", body=body))
+
+    async def uncordon_pool(self, pool: str) -> m.Pool:
+        """The pool takes allocs again; a drain not carried out yet is called off."""
+        return cast(m.Pool, await self._call("POST", f"/v1/pools/{seg(pool)}/uncordon"))
 
     # ---- queues, applications, tasks ----
 

@@ -236,6 +236,14 @@ class CreatedApiToken(TypedDict):
     """Give it to its user now: the daemon keeps only its hash."""
 
 
+class Drain(TypedDict):
+    """`POST /v1/pools/{pool}/drain`: cordon the pool and preempt its tasks after a grace."""
+    grace_ms: NotRequired[Optional[int]]
+    """How long its tasks may run on before they are preempted (default 30,000 ms; 0: at once).
+    Draining a pool already drained keeps the earlier time.
+    """
+
+
 class ErrorBody(TypedDict):
     """Every error answer: a stable machine-readable `code` and a message for people."""
     error: ErrorDetail
@@ -386,11 +394,14 @@ class Pool(TypedDict):
     """Held by allocs whose lease is running."""
     allocs: int
     capacity: str
+    cordon: NotRequired[Optional[PoolCordon]]
     expired: str
     """Held by allocs whose lease has lapsed, not reclaimed yet (offered again)."""
     expired_allocs: int
     labels: NotRequired[Dict[str, str]]
     name: str
+    occupied: NotRequired[str]
+    """Held by things allot does not manage (never offered); `""` when nothing is."""
     plugins: NotRequired[Optional[List[str]]]
     """The task types its executor runs; `null`: every type its daemon has."""
     run_by: NotRequired[Optional[List[str]]]
@@ -402,6 +413,16 @@ class Pool(TypedDict):
     stats: PoolStats
     stopped: bool
     """A stopped pool (idle) makes no offers until it is put again."""
+
+
+class PoolCordon(TypedDict):
+    """A cordoned pool: it takes no new allocs."""
+    drain_in_ms: NotRequired[Optional[int]]
+    """Drained: how long until its tasks are preempted; 0 once they are (those that may not be
+    preempted, and gang members, run to their end).
+    """
+    since_ms_ago: int
+    """How long ago it was cordoned (the daemon's clock)."""
 
 
 class PoolList(TypedDict):
@@ -421,8 +442,10 @@ class PoolStats(TypedDict):
 
 class Preempting(TypedDict):
     """A placed task being preempted."""
-    by: str
-    """The task it is preempted for, `app/task`."""
+    by: NotRequired[Optional[str]]
+    """The task it is preempted for, `app/task`; `null` when its pool preempts it (drained, or
+    shrunk below what is placed there).
+    """
     reason: str
     since_ms_ago: int
     """How long ago it was chosen (the daemon's clock)."""
@@ -460,6 +483,13 @@ class PutPool(TypedDict):
     """
     labels: NotRequired[Optional[Dict[str, str]]]
     """What the scheduler's selectors match, e.g. `{"zone": "eu"}`; not given keeps them."""
+    occupied: NotRequired[Optional[str]]
+    """`name=quantity` items joined by `,`, e.g. `cpu=4,mem=16GiB,gpu=1`. A name is a-z first, then
+    a-z, 0-9, `_`, `-`, `.` (at most 64); a quantity has up to 3 decimals and a unit (`m`,
+    `k`/`K`, `M`, `G`, `T`, `P`, `Ki`..`Pi`, optionally followed by `B`), with at most 16 digits
+    before the point in plain units (fewer in larger units). A name given twice counts once,
+    with its largest quantity.
+    """
     plugins: NotRequired[Optional[List[str]]]
     """The task types the executor of this pool runs, e.g. `["http", "noop"]`: the scheduler places
     no task of another type here. A list with `"*"`: every type its daemon has (what a pool runs

@@ -362,6 +362,24 @@ def test_a_503_is_retried_until_the_store_is_back(data_root: Path) -> None:
         redis.wait()
 
 
+def test_a_pool_is_cordoned_drained_and_occupied(client: Client) -> None:
+    client.put_pool("py-cordon", "cpu=4")
+    assert client.put_pool("py-cordon", "cpu=4", occupied="cpu=1")["pool"]["occupied"] == "cpu=1"
+    assert [o["available"] for o in client.offers("py-cordon")] == ["cpu=3"]
+    cordoned = client.cordon_pool("py-cordon")
+    assert cordoned["cordon"] is not None and cordoned["cordon"].get("drain_in_ms") is None
+    assert client.offers("py-cordon") == []
+    with pytest.raises(allot.PoolCordoned) as refused:
+        client.accept("py-cordon", "1", "cpu=1")
+    assert refused.value.status == 409
+    drained = client.drain_pool("py-cordon", grace_ms=60_000)
+    assert 0 < drained["cordon"]["drain_in_ms"] <= 60_000  # type: ignore[index,operator]
+    assert client.uncordon_pool("py-cordon").get("cordon") is None
+    client.put_pool("py-cordon", "cpu=4", occupied="")
+    assert [o["available"] for o in client.offers("py-cordon")] == ["cpu=4"]
+    client.remove_pool("py-cordon")
+
+
 def test_tasks_reported_by_hand_on_a_pool_no_daemon_runs(client: Client) -> None:
     client.put_pool("py-hand", "cpu=2", labels={"hand": "yes"})
     client.put_queue("root.hand")

@@ -452,7 +452,7 @@ pub struct Scheduler {
     never_fits: HashMap<AppId, (Millis, String)>,
     /// The tasks being preempted, for whom and since when: an index of `Task::preempting`,
     /// rebuilt at restore. An entry whose task no longer says so is stale and dropped when met.
-    victims: BTreeMap<(AppId, TaskId), (Option<(AppId, TaskId)>, Millis)>,
+    victims: BTreeMap<TaskKey, (Option<TaskKey>, Millis)>,
     /// The pending tasks with room held for them: an index of `Task::held`, kept as `victims`.
     holders: BTreeMap<(AppId, TaskId), PoolName>,
     /// The earliest time a task that found no room may preempt (its queue's delay), as the last
@@ -461,6 +461,9 @@ pub struct Scheduler {
     /// The earliest drain of a pool not due yet, as the last timers saw it.
     next_drain: Option<Millis>,
 }
+
+/// A task by its application and id.
+type TaskKey = (AppId, TaskId);
 
 fn pending_key(task: &Task) -> PendingKey {
     (Reverse(task.spec.priority.value()), task.seq, task.spec.id.clone())

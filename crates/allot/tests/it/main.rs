@@ -13,6 +13,7 @@ mod daemon;
 mod exec;
 mod gangs;
 mod pages;
+mod pool_changes;
 mod preemption;
 mod python;
 mod readiness;

@@ -70,7 +70,7 @@ impl Drop for Watching {
 }
 
 /// The revision a read reflects now (`Allot-Revision`): a watch from it sees what comes next.
-async fn revision(daemon: &Daemon) -> String {
+pub(crate) async fn revision(daemon: &Daemon) -> String {
     let response = reqwest::get(format!("{}/v1/namespaces", daemon.url)).await.unwrap();
     response.headers()["allot-revision"].to_str().unwrap().to_owned()
 }
