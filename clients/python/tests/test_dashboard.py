@@ -228,6 +228,41 @@ def test_the_pages_show_the_state_live(browser: Any, ui_daemon: Daemon) -> None:
     assert console_errors(browser) == []
 
 
+def test_a_drained_pool_and_its_task_being_preempted_are_shown(browser: Any, ui_daemon: Daemon) -> None:
+    base = ui_daemon.url
+    with Client(base) as client:
+        # A pool no daemon runs, and a task without a type (run by hand) placed on it.
+        client.put_pool("ui-drain", "cpu=2", labels={"drain": "yes"})
+        client.put_queue("root.ui-drain")
+        task = {"id": "t", "resources": "cpu=1", "selector": {"drain": "yes"}}
+        client.submit_app({"id": "ui-drain", "queue": "root.ui-drain", "tasks": [task]})
+        until("the task is placed", lambda: client.task("ui-drain", "t")["state"] == "Allocated")
+        client.drain_pool("ui-drain", grace_ms=0)
+        until("the task is being preempted", lambda: client.task("ui-drain", "t").get("preempting"))
+
+        open_page(browser, base + "/ui/pools/ui-drain")
+        page = text(browser)
+        assert "drained" in page and "are preempted" in page, page
+        shoot(browser, "pool-drained")
+        open_page(browser, base + "/ui/apps/ui-drain/tasks/t")
+        page = text(browser)
+        assert "being preempted" in page and "by its pool" in page and "is drained" in page, page
+        shoot(browser, "task-preempted")
+        # (No daemon runs the pool: the page's read of the task's run was a 404, said in the
+        # console; the page says there is no run here.)
+        assert "No run here" in page, page
+        forget_console(browser)
+        open_page(browser, base + "/ui")
+        assert "ui-drain" in text(browser) and "drained" in text(browser), text(browser)
+        # Uncordoned: the mark is called off and the pool offers again.
+        client.uncordon_pool("ui-drain")
+        until("the mark is called off", lambda: not client.task("ui-drain", "t").get("preempting"))
+        open_page(browser, base + "/ui/pools/ui-drain")
+        assert "offering" in text(browser), text(browser)
+        client.finish_tasks([{"app": "ui-drain", "task": "t", "outcome": "failed", "reason": "done"}])
+    assert console_errors(browser) == []
+
+
 def test_the_pages_answer_quickly_with_many_things(browser: Any, data_root: Path) -> None:
     daemon = new_daemon(data_root)
     timings: Dict[str, float] = {}

@@ -214,6 +214,7 @@ async function overview() {
   }
   for (const pool of pools || []) {
     if (pool.stopped) attention.push([1e12, h`${tag("bad", "stopped")} pool <a href="/ui/pools/${seg(pool.name)}">${pool.name}</a> is stopped: it offers nothing`]);
+    else if (pool.cordon) attention.push([pool.cordon.since_ms_ago, h`${poolState(pool)} pool <a href="/ui/pools/${seg(pool.name)}">${pool.name}</a>: nothing new is placed there${pool.cordon.drain_in_ms === undefined || pool.cordon.drain_in_ms === null ? "" : pool.cordon.drain_in_ms > 0 ? `; its tasks are preempted in ${ms(pool.cordon.drain_in_ms)}` : "; its tasks are being preempted"}`]);
     if (pool.expired_allocs > 0) attention.push([1e11, h`${tag("warn", "lapsed")} pool <a href="/ui/pools/${seg(pool.name)}">${pool.name}</a>: ${plural(pool.expired_allocs, "alloc")} whose lease lapsed (${pool.expired || "nothing"} not yet reclaimed)`]);
   }
   // Stranded or never fitting: first, for they will not end by waiting.
@@ -334,7 +335,7 @@ async function poolsPage() {
   const list = await allowed(all("/v1/pools", "pools"));
   if (list === null) return { title: "Pools", nav: "pools", watch: [], body: h`<h1>Pools</h1>${denied("any pool")}` };
   const said = list.some((p) => Array.isArray(p.run_by));
-  const rows = list.map((p) => h`<tr><td><a href="/ui/pools/${seg(p.name)}">${p.name}</a></td><td>${p.stopped ? tag("bad", "stopped") : tag("ok", "offering")}</td>${said ? h`<td>${Array.isArray(p.run_by) ? runBy(p) : "—"}</td>` : ""}<td>${bars(p.allocated, p.capacity)}</td><td class="num">${p.allocs}</td><td class="num">${p.expired_allocs ? tag("warn", `${p.expired_allocs} lapsed`) : 0}</td><td>${Object.entries(p.labels || {}).map(([k, v]) => `${k}=${v}`).join(", ") || "—"}</td></tr>`);
+  const rows = list.map((p) => h`<tr><td><a href="/ui/pools/${seg(p.name)}">${p.name}</a></td><td>${poolState(p)}</td>${said ? h`<td>${Array.isArray(p.run_by) ? runBy(p) : "—"}</td>` : ""}<td>${bars(p.allocated, p.capacity)}</td><td class="num">${p.allocs}</td><td class="num">${p.expired_allocs ? tag("warn", `${p.expired_allocs} lapsed`) : 0}</td><td>${Object.entries(p.labels || {}).map(([k, v]) => `${k}=${v}`).join(", ") || "—"}</td></tr>`);
   return {
     title: "Pools",
     nav: "pools",
@@ -348,9 +349,15 @@ async function poolPage(name) {
   const [pool, allocs, can] = await Promise.all([
     api(`/v1/pools/${seg(name)}`),
     all(`/v1/pools/${seg(name)}/allocs`, "allocs"),
-    may(`use:pool:${name}`),
+    may(`use:pool:${name}`, `admin:pool:${name}`),
   ]);
   const canFree = can[`use:pool:${name}`];
+  const canOrder = can[`admin:pool:${name}`];
+  const orders = !canOrder
+    ? ""
+    : pool.cordon
+      ? h`<p><button data-order="uncordon">Uncordon</button>${pool.cordon.drain_in_ms === undefined || pool.cordon.drain_in_ms === null ? h` <button class="danger" data-order="drain">Drain</button>` : ""}</p>`
+      : h`<p><button data-order="cordon">Cordon</button> <button class="danger" data-order="drain">Drain</button></p>`;
   const rows = allocs.map((a) => h`<tr><td class="mono">${a.id}</td><td>${a.owner || "—"}</td><td>${a.resources}</td><td>${a.held_by === "scheduler" ? "held by the scheduler" : a.expires_in_ms === null || a.expires_in_ms === undefined ? "—" : a.expires_in_ms <= 0 ? tag("warn", "lapsed") : `expires in ${ms(a.expires_in_ms)}`}</td><td class="num">${ms(a.created_ms_ago)}</td><td>${canFree && a.held_by !== "scheduler" ? h`<button class="danger" data-free="${a.id}">Free</button>` : ""}</td></tr>`);
   return {
     title: `Pool ${name}`,
@@ -358,7 +365,9 @@ async function poolPage(name) {
     watch: [`pools/${name}`],
     body: h`<div class="crumbs"><a href="/ui/pools">Pools</a> /</div><h1>${name}</h1>
       ${facts([
-        ["state", pool.stopped ? tag("bad", "stopped") : tag("ok", "offering")],
+        ["state", poolState(pool)],
+        ...(pool.cordon ? [["cordoned", `${ms(pool.cordon.since_ms_ago)} ago${pool.cordon.drain_in_ms === undefined || pool.cordon.drain_in_ms === null ? "" : `; drained: its tasks ${pool.cordon.drain_in_ms > 0 ? `are preempted in ${ms(pool.cordon.drain_in_ms)}` : "are preempted (those that may not be, and gang members, run to their end)"}`}`]] : []),
+        ["occupied", pool.occupied ? h`${pool.occupied} <span class="muted">(held by things allot does not manage)</span>` : "nothing"],
         ...(Array.isArray(pool.run_by) ? [["run by", runBy(pool)]] : []),
         ["allocated", bars(pool.allocated, pool.capacity)],
         ["capacity", pool.capacity],
@@ -366,13 +375,25 @@ async function poolPage(name) {
         ["lapsed", pool.expired_allocs ? h`${tag("warn", plural(pool.expired_allocs, "alloc"))} (${pool.expired})` : "none"],
         ["since start", `${pool.stats.accepted} accepted, ${pool.stats.freed} freed, ${pool.stats.reclaimed} reclaimed`],
       ])}
+      ${orders}
       <h2>Allocs</h2>${table(["Alloc", "Owner", "Resources", "Lease", "#Age", ""], rows, "No alloc.")}`,
-    bind: () =>
+    bind: () => {
       main.querySelectorAll("[data-free]").forEach((button) =>
         button.addEventListener("click", () =>
           act(`Free alloc ${button.dataset.free} of pool ${name}?`, () => api(`/v1/pools/${seg(name)}/allocs/${seg(button.dataset.free)}`, { method: "DELETE" })),
         ),
-      ),
+      );
+      const asks = {
+        cordon: `Cordon pool ${name}? Nothing new is placed there; what runs there runs on.`,
+        drain: `Drain pool ${name}? Its tasks are preempted in 30 s and placed again elsewhere.`,
+        uncordon: `Uncordon pool ${name}? It takes allocs again.`,
+      };
+      main.querySelectorAll("[data-order]").forEach((button) =>
+        button.addEventListener("click", () =>
+          act(asks[button.dataset.order], () => api(`/v1/pools/${seg(name)}/${button.dataset.order}`, { method: "POST" })),
+        ),
+      );
+    },
   };
 }
 
@@ -429,7 +450,7 @@ async function appPage(id) {
     const state = held.length >= g.min_members ? tag("ok", "reserved") : held.length ? tag("warn", `${held.length} of ${g.min_members} reserved`) : tag("warn", "not reserved");
     return h`<tr><td>${g.name}</td><td class="num">${g.min_members}</td><td>${g.min_resources}</td><td>${state}</td><td>${held.map((p) => h`<div>${p.group}#${p.member + 1}: ${where(p.placement)}${p.task ? h` — taken by <a href="/ui/apps/${seg(id)}/tasks/${seg(p.task)}">${p.task}</a>` : ""}</div>`)}</td></tr>`;
   });
-  const rows = tasks.map((t) => h`<tr><td><a href="/ui/apps/${seg(id)}/tasks/${seg(t.id)}">${t.id}</a></td><td>${stateTag(t.state)}</td><td>${t.resources}</td><td>${t.group || "—"}</td><td>${where(t.placement)}</td><td>${t.waiting ? waitingText(t.waiting) : t.reason ? prose(t.reason) : "—"}</td></tr>`);
+  const rows = tasks.map((t) => h`<tr><td><a href="/ui/apps/${seg(id)}/tasks/${seg(t.id)}">${t.id}</a></td><td>${stateTag(t.state)}</td><td>${t.resources}</td><td>${t.group || "—"}</td><td>${where(t.placement)}</td><td>${t.preempting ? preemption(t) : t.waiting ? waitingText(t.waiting) : t.reason ? prose(t.reason) : "—"}</td></tr>`);
   return {
     title: `Application ${id}`,
     nav: "apps",
@@ -506,6 +527,25 @@ function runPhase(run) {
   return cause === null ? stateTag(run.phase) : h`${tag("bad", "Failed")} (retryable failure, no retries left: ${prose(cause)})`;
 }
 
+/** A pool's state: stopped, drained or draining, cordoned, or offering. */
+function poolState(pool) {
+  if (pool.stopped) return tag("bad", "stopped");
+  if (!pool.cordon) return tag("ok", "offering");
+  const drain = pool.cordon.drain_in_ms;
+  if (drain === undefined || drain === null) return tag("warn", "cordoned");
+  return drain > 0 ? tag("warn", `draining in ${ms(drain)}`) : tag("bad", "drained");
+}
+
+/** Who preempts a task and why, or how often it was preempted. */
+function preemption(task) {
+  const p = task.preempting;
+  if (p) {
+    const by = p.by ? h`for <a href="/ui/apps/${seg(p.by.split("/")[0])}/tasks/${seg(p.by.split("/").slice(1).join("/"))}">${p.by}</a>` : "by its pool";
+    return h`${tag("warn", "being preempted")} ${by}, ${ms(p.since_ms_ago)} ago: ${prose(p.reason)}`;
+  }
+  return task.preemptions ? `${plural(task.preemptions, "time")} before` : "never";
+}
+
 const jsonBlock = (value) => h`<pre class="logs">${JSON.stringify(value, null, 2)}</pre>`;
 
 async function taskPage(id, taskId) {
@@ -544,6 +584,8 @@ async function taskPage(id, taskId) {
         ["runs on", where(task.placement)],
         ["waiting", task.waiting ? waitingText(task.waiting) : "no"],
         ["reason", task.reason ? prose(task.reason) : "—"],
+        ["priority", `${task.priority}${task.priority_class ? ` (${task.priority_class})` : ""}${task.preemptable === false ? ", may not be preempted" : ""}`],
+        ["preempted", preemption(task)],
       ])}
       <h2>Run</h2>
       ${run ? h`${facts([["phase", runPhase(run)], ["attempt", run.attempt], ["failures", `${run.user_failures} user, ${run.system_failures} system`]])}${table(["Time", "#Attempt", "Phase", "What happened"], events, "No event yet.")}` : h`<p class="muted">No run here: the task has not started on this daemon's pools.</p>`}
