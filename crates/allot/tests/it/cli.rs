@@ -200,6 +200,22 @@ async fn quiet_prints_only_ids_and_options_go_before_or_after_the_command() {
         let exact = allot(d, &["pool", "get", "worker-1", "--json"]);
         let exact: serde_json::Value = serde_json::from_slice(&exact.stdout).unwrap();
         assert_eq!(exact["capacity"], "cpu=4,mem=24051816857");
+        // Cordoned, drained, uncordoned; occupied room set and cleared.
+        let cordoned = allot(d, &["pool", "cordon", "worker-1"]);
+        assert_eq!(text(&cordoned), "pool worker-1 cordoned\n", "{cordoned:?}");
+        let refused = allot(d, &["alloc", "accept", "worker-1", "cpu=1"]);
+        assert_eq!(code(&refused), 1, "{refused:?}");
+        assert!(String::from_utf8_lossy(&refused.stderr).contains("error: pool_cordoned"), "{refused:?}");
+        let drained = allot(d, &["pool", "drain", "worker-1", "--grace", "1h"]);
+        assert!(text(&drained).starts_with("pool worker-1 draining in "), "{drained:?}");
+        assert!(text(&allot(d, &["pool", "list"])).contains("draining in"));
+        let up = allot(d, &["pool", "uncordon", "worker-1"]);
+        assert_eq!(text(&up), "pool worker-1 up\n", "{up:?}");
+        let occupied = allot(d, &["pool", "set", "worker-1", "cpu=4,mem=24051816857", "--occupied", "cpu=1"]);
+        assert_eq!(code(&occupied), 0, "{occupied:?}");
+        assert!(text(&allot(d, &["pool", "show", "worker-1"])).contains("occupied:  cpu=1"));
+        let offers = allot(d, &["pool", "offers", "worker-1"]);
+        assert!(text(&offers).contains(": cpu=2,"), "cpu=4 less 1 held, less 1 occupied: {offers:?}");
         let removed = allot(d, &["pool", "rm", "worker-1", "--force"]);
         assert_eq!(text(&removed), "removed pool worker-1 (1 alloc ended)\n");
         // Bad combinations are usage errors.
