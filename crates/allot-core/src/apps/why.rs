@@ -50,8 +50,10 @@ pub enum Why {
 /// What preemption says of a task with no room.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Preemption {
-    /// It may preempt in this many seconds, once it has waited its queue's delay.
-    In { seconds: u64 },
+    /// It may preempt in this many seconds, once it has waited its queue's delay; `whom`, when
+    /// the cycle looked, whom it would take as things are (or the rule that would keep it from
+    /// preempting).
+    In { seconds: u64, whom: Option<String> },
     /// The rule that keeps it from preempting (`it cannot preempt: ...`).
     Cannot(String),
 }
@@ -59,8 +61,13 @@ pub enum Preemption {
 impl fmt::Display for Preemption {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
-            Preemption::In { seconds } => {
-                write!(f, "if no room comes, it may preempt in {seconds}s (its queue's preemption_delay)")
+            Preemption::In { seconds, whom } => {
+                write!(f, "if no room comes, it may preempt in {seconds}s (its queue's preemption_delay)")?;
+                match whom {
+                    Some(whom) if whom.starts_with("it cannot") => write!(f, "; but as things are, {whom}"),
+                    Some(whom) => write!(f, "; as things are, {whom}"),
+                    None => Ok(()),
+                }
             }
             Preemption::Cannot(rule) => f.write_str(rule),
         }

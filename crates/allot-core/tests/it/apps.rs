@@ -536,7 +536,8 @@ fn selectors_pick_pools_by_label_and_priority_orders_a_queue() {
     assert_eq!(
         why,
         "no matching pool has cpu=1 free; the closest, `one`, lacks cpu=1; if no room comes, it may preempt in 30s \
-         (its queue's preemption_delay)"
+         (its queue's preemption_delay); but as things are, it cannot preempt: its queue is not below its \
+         guarantee, and no task there has a lower priority"
     );
 }
 

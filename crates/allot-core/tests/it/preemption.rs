@@ -61,6 +61,7 @@ fn a_queue_below_its_guarantee_takes_it_back_after_the_delay_and_the_grace_never
     b.cycle();
     let why = b.sched.task_why(&aid("mine"), &tid("t0")).unwrap().to_string();
     assert!(why.contains("it may preempt in 30s"), "{why}");
+    assert!(why.contains("as things are, it would preempt batch/t9 on pool `p`"), "whom: {why}");
     // The delay passes: the youngest of b's tasks are chosen, as many as a's guarantee allows.
     b.now += DELAY;
     b.cycle();

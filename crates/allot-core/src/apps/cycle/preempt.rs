@@ -40,6 +40,8 @@ type Candidate = (i32, (Millis, u64), TaskRef, Resources, QueuePath);
 
 /// The most tasks one cycle plans preemption for.
 const MAX_PLANS_PER_CYCLE: usize = 16;
+/// The most tasks still inside their delay one cycle says whom they would preempt for.
+const MAX_PREVIEWS_PER_CYCLE: usize = 4;
 
 /// Victims on one pool for one preemptor.
 struct Plan {
@@ -293,6 +295,7 @@ impl Scheduler {
         // number of tasks, and for one task of an application whose plan failed; a shape that
         // failed is not planned again.
         let mut planned = 0;
+        let mut previewed = 0;
         let mut failed_apps: HashSet<AppId> = HashSet::new();
         let mut failed_shapes: HashMap<(Resources, crate::pools::Labels, QueuePath, i32), String> = HashMap::new();
         // Which tasks are placed on each pool, read when a first plan needs it.
@@ -304,7 +307,22 @@ impl Scheduler {
             let may_from = from.saturating_add(self.preemption_delay(leaf));
             if cycle.now < may_from {
                 self.next_preemption = Some(self.next_preemption.map_or(may_from, |n| n.min(may_from)));
-                let said = Preemption::In { seconds: (may_from - cycle.now).div_ceil(1000) };
+                // Whom it would take is looked at for the first few only: a plan reads the
+                // allocs of every pool the task may use.
+                let whom = (previewed < MAX_PREVIEWS_PER_CYCLE).then(|| {
+                    previewed += 1;
+                    let placed = placed.get_or_insert_with(|| self.placed_by_pool());
+                    match self.plan(&key, world, cycle, &flows, placed) {
+                        Ok(plan) => {
+                            let pool = &cycle.room.spots[plan.spot].name;
+                            let names: Vec<String> =
+                                plan.victims.iter().map(|((app, task), _)| format!("{app}/{task}")).collect();
+                            format!("it would preempt {} on pool `{pool}`", names.join(", "))
+                        }
+                        Err(rule) => rule,
+                    }
+                });
+                let said = Preemption::In { seconds: (may_from - cycle.now).div_ceil(1000), whom };
                 if let Some(room) = self.why_task.remove(&key) {
                     self.why_task.insert(key, Why::NoRoomYet { room: Box::new(room), preemption: said });
                 }
