@@ -851,22 +851,31 @@ impl Pools {
         strained
     }
 
+    /// The cordoned pools (not stopped) with their labels.
+    pub fn cordoned(&self) -> impl Iterator<Item = (&PoolName, &Labels)> + '_ {
+        self.pools
+            .iter()
+            .filter(|(_, pool)| !pool.stopped && pool.cordon.is_some())
+            .map(|(name, pool)| (name, &pool.labels))
+    }
+
     /// The earliest drain not due yet.
     pub fn next_drain(&self, now: Millis) -> Option<Millis> {
         self.pools.values().filter_map(|pool| pool.cordon.and_then(|c| c.drain_at)).filter(|at| *at > now).min()
     }
 
-    /// Whether some pool that takes allocs has the labels of `selector`.
+    /// Whether some pool that is not stopped has the labels of `selector`. A cordoned pool
+    /// counts: a cordon, like what is occupied, is for a time.
     pub fn any_matches(&self, selector: &Labels) -> bool {
-        self.pools.values().any(|pool| pool.takes_allocs() && selector_matches(selector, &pool.labels))
+        self.pools.values().any(|pool| !pool.stopped && selector_matches(selector, &pool.labels))
     }
 
-    /// True if some pool that takes new allocs matches `selector` and could hold `wanted` when
-    /// empty.
+    /// True if some pool that is not stopped matches `selector` and could hold `wanted` when
+    /// empty (its whole capacity: cordons and occupied room are for a time).
     pub fn could_ever_fit(&self, wanted: &Resources, selector: &Labels) -> bool {
         self.pools
             .values()
-            .any(|pool| pool.takes_allocs() && selector_matches(selector, &pool.labels) && pool.usable.fits(wanted))
+            .any(|pool| !pool.stopped && selector_matches(selector, &pool.labels) && pool.capacity.fits(wanted))
     }
 
     pub fn inspect(&self, name: &PoolName, id: AllocId) -> Result<AllocState, PoolError> {

@@ -100,6 +100,8 @@ struct Room {
     /// What is free in every pool together, kept only when some queue holds part of its
     /// guarantee free (a `lend_limit`).
     total: Option<Resources>,
+    /// The cordoned pools and their labels (to say so of a task no other pool takes).
+    cordoned: Vec<(PoolName, Labels)>,
 }
 
 /// Sizes are non-negative, so their bit patterns sort like the numbers.
@@ -135,7 +137,8 @@ impl Room {
         let limited = spots.iter().any(|spot| spot.plugins.is_some());
         let total =
             totals.then(|| spots.iter().fold(Resources::new(), |sum, spot| sum.checked_add(&spot.free).unwrap_or(sum)));
-        Room { spots, index, weights: weights.clone(), typed, limited, total }
+        let cordoned = pools.cordoned().map(|(name, labels)| (name.clone(), labels.clone())).collect();
+        Room { spots, index, weights: weights.clone(), typed, limited, total, cordoned }
     }
 
     /// The matching pool with the least free space that fits `wanted` (less what `taken` says
@@ -229,7 +232,15 @@ impl Room {
             (None, Some(allowed)) if permitted => {
                 Why::TypeNotRun { task_type: allowed.task_type.clone(), pools: pools() }
             }
-            (None, _) => Why::NoPoolMatches { selector: selector.clone() },
+            (None, _) => Why::NoPoolMatches {
+                selector: selector.clone(),
+                cordoned: self
+                    .cordoned
+                    .iter()
+                    .filter(|(_, labels)| selector_matches(selector, labels))
+                    .map(|(p, _)| p.clone())
+                    .collect(),
+            },
             (Some((_, i, lacks)), _) => {
                 Why::NoRoom { wanted: wanted.clone(), closest: Some((self.spots[i].name.clone(), lacks)) }
             }

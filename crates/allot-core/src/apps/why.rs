@@ -16,7 +16,7 @@ pub enum Why {
     /// A queue or user limit, from the leaf up.
     QueueLimit(LimitHit),
     /// No pool that takes allocs has the labels of the selector.
-    NoPoolMatches { selector: Labels },
+    NoPoolMatches { selector: Labels, cordoned: Vec<PoolName> },
     /// Pools match, none has the room now; `closest` lacks the least.
     NoRoom { wanted: Resources, closest: Option<(PoolName, Resources)> },
     /// A token namespace cannot grant what is needed now.
@@ -159,10 +159,20 @@ impl fmt::Display for Why {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
             Why::QueueLimit(hit) => write!(f, "{hit}"),
-            Why::NoPoolMatches { selector } if selector.is_empty() => f.write_str("there is no pool that takes allocs"),
-            Why::NoPoolMatches { selector } => {
-                let labels: Vec<String> = selector.iter().map(|(k, v)| format!("{k}={v}")).collect();
-                write!(f, "no pool that takes allocs has the labels {}", labels.join(","))
+            Why::NoPoolMatches { selector, cordoned } => {
+                if selector.is_empty() {
+                    f.write_str("there is no pool that takes allocs")?;
+                } else {
+                    let labels: Vec<String> = selector.iter().map(|(k, v)| format!("{k}={v}")).collect();
+                    write!(f, "no pool that takes allocs has the labels {}", labels.join(","))?;
+                }
+                match cordoned.as_slice() {
+                    [] => Ok(()),
+                    pools => {
+                        let names: Vec<String> = pools.iter().map(|p| format!("`{p}`")).collect();
+                        write!(f, " (cordoned: {}; it waits until one is uncordoned)", names.join(", "))
+                    }
+                }
             }
             Why::NoRoom { wanted, closest: Some((pool, lacks)) } => {
                 write!(f, "no matching pool has {wanted} free; the closest, `{pool}`, lacks {lacks}")
@@ -233,7 +243,7 @@ mod tests {
     #[test]
     fn every_code_is_listed() {
         let every = [
-            Why::NoPoolMatches { selector: Labels::new() },
+            Why::NoPoolMatches { selector: Labels::new(), cordoned: Vec::new() },
             Why::NoRoom { wanted: Resources::new(), closest: None },
             Why::GangNotReserved { member: None, cause: None },
             Why::GangMissing { missing: 1 },

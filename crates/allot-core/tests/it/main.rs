@@ -4,6 +4,7 @@
 mod apps;
 mod apps_model;
 mod pool_changes;
+mod pool_changes_model;
 mod pools;
 mod preemption;
 mod preemption_model;

@@ -171,3 +171,19 @@ fn a_pool_shrunk_below_what_is_placed_preempts_the_lowest_priority_youngest_as_f
     b.cycle();
     assert!(all.iter().all(|id| b.sched.task(&aid("app"), &tid(id)).unwrap().placement.is_some()));
 }
+
+#[test]
+fn a_task_whose_pools_are_all_cordoned_waits_and_says_so() {
+    let mut b = Bench::new();
+    b.pool("p", "cpu=2", &[]);
+    order(&mut b, "p", CordonOrder::Cordon);
+    b.queue("root.q", QueueLimits::default());
+    b.submit(app_spec("app", "root.q")).unwrap();
+    b.add("app", task("a", "cpu=1")).unwrap();
+    b.cycle();
+    let why = b.sched.task_why(&aid("app"), &tid("a")).unwrap().to_string();
+    assert!(why.contains("cordoned"), "{why}");
+    order(&mut b, "p", CordonOrder::Uncordon);
+    b.cycle();
+    assert_eq!(b.pool_of("app", "a"), "p");
+}
