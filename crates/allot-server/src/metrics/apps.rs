@@ -84,6 +84,12 @@ pub(super) fn encode_sched(encoder: &mut DescriptorEncoder<'_>, stats: &SchedSta
         ("allot_apps_placements", "Tasks placed on a pool of their own, since start", stats.placements),
         ("allot_apps_reservations", "Gangs reserved (all their placeholders), since start", stats.reservations),
         ("allot_apps_takeovers", "Tasks that took a placeholder over, since start", stats.takeovers),
+        (
+            "allot_apps_preemption_decisions",
+            "Preemptions decided (for a task, or by a drained or shrunk pool), since start",
+            stats.preemption_decisions,
+        ),
+        ("allot_apps_preemptions", "Tasks preempted (taken back to wait again), since start", stats.preemptions),
     ] {
         encode_counter(encoder, name, help, value)?;
     }

@@ -14,14 +14,15 @@
 //!   `_allocations_total` (label `result`: `granted`, `exhausted`, `namespace_quota_exceeded`),
 //!   `_releases_total`, `_expirations_total`. The series without a `namespace` label is the total
 //!   over every namespace; a selected namespace has its own, labelled `namespace`.
-//! - Pools: `allot_pools` (how many), `allot_pools_capacity`, `_allocated`, `_expired` (label
-//!   `resource`), `_allocs`, `_accepts_total`, `_offer_expired_total`, `_frees_total`,
+//! - Pools: `allot_pools` (how many), `allot_pools_cordoned`, `allot_pools_capacity`,
+//!   `_allocated`, `_expired`, `_occupied` (label `resource`), `_allocs`, `_accepts_total`, `_offer_expired_total`, `_frees_total`,
 //!   `_reclaims_total`; the total without a `pool` label, a selected pool's own with it.
 //! - Applications, per queue (label `queue`; every queue): `allot_apps_queue_used`,
 //!   `_queue_guaranteed`, `_queue_max` (label `resource`), `_queue_running_apps`, `_queue_apps`,
 //!   `_queue_pending_apps`, `_queue_pending_tasks`, `_queue_waiting` (label `reason`: what holds
 //!   them); the scheduler's `allot_apps_cycles_total`, `_placements_total`,
-//!   `_reservations_total`, `_takeovers_total`, `_timeouts_total` (label `kind`: `placeholder`,
+//!   `_reservations_total`, `_takeovers_total`, `_preemption_decisions_total`,
+//!   `_preemptions_total`, `_timeouts_total` (label `kind`: `placeholder`,
 //!   `reserve`).
 //! - Runs, on a daemon that runs tasks (its executor): `allot_runs_active`, `_rounds_total`,
 //!   `_retries_total`, `_held_back_total`, `_lists_total`, `_feed_cuts_total`,

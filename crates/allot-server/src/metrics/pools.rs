@@ -9,6 +9,8 @@ pub(super) struct PoolTotals {
     capacity: BTreeMap<String, u128>,
     allocated: BTreeMap<String, u128>,
     expired: BTreeMap<String, u128>,
+    occupied: BTreeMap<String, u128>,
+    cordoned: u64,
     allocs: u64,
     accepted: u64,
     offer_expired: u64,
@@ -19,9 +21,13 @@ pub(super) struct PoolTotals {
 impl PoolTotals {
     pub(super) fn add(&mut self, v: &PoolView) {
         self.pools += 1;
-        for (sum, resources) in
-            [(&mut self.capacity, &v.capacity), (&mut self.allocated, &v.allocated), (&mut self.expired, &v.expired)]
-        {
+        self.cordoned += u64::from(v.cordon.is_some());
+        for (sum, resources) in [
+            (&mut self.capacity, &v.capacity),
+            (&mut self.allocated, &v.allocated),
+            (&mut self.expired, &v.expired),
+            (&mut self.occupied, &v.occupied),
+        ] {
             for (name, milli) in resources.iter() {
                 *sum.entry(name.to_string()).or_default() += u128::from(milli);
             }
@@ -50,7 +56,8 @@ pub(super) fn encode_pools(
     encode_gauge(encoder, "allot_pools", "Pools", gauge(totals.pools))?;
     let labels = |view: &PoolView| vec![("pool", view.name.to_string())];
     let units = |milli: u128| Value::Float(milli as f64 / 1000.0);
-    let resources: [Totalled<&BTreeMap<String, u128>, PoolResources>; 3] = [
+    encode_gauge(encoder, "allot_pools_cordoned", "Pools cordoned (drained ones too)", gauge(totals.cordoned))?;
+    let resources: [Totalled<&BTreeMap<String, u128>, PoolResources>; 4] = [
         ("allot_pools_capacity", "Capacity, per resource", &totals.capacity, |v| &v.capacity),
         ("allot_pools_allocated", "Held by allocs whose lease runs, per resource", &totals.allocated, |v| &v.allocated),
         (
@@ -58,6 +65,12 @@ pub(super) fn encode_pools(
             "Held by allocs whose lease lapsed (not reclaimed yet), per resource",
             &totals.expired,
             |v| &v.expired,
+        ),
+        (
+            "allot_pools_occupied",
+            "Held by things allot does not manage (never offered), per resource",
+            &totals.occupied,
+            |v| &v.occupied,
         ),
     ];
     for (name, help, sums, value) in resources {

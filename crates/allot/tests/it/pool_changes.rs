@@ -117,6 +117,11 @@ async fn a_drained_pools_tasks_move_to_another_pool_on_the_embedded_store() {
     let stop = Arc::new(AtomicBool::new(false));
     let checker = overcommit_checker(daemon.client(), stop.clone());
     drain_moves_the_tasks(&daemon, &client).await;
+    let metrics = client.metrics().await.unwrap();
+    for line in ["allot_pools_cordoned 1", "allot_apps_preemptions_total 2", "allot_apps_preemption_decisions_total 1"]
+    {
+        assert!(metrics.lines().any(|l| l == line), "{line} in\n{metrics}");
+    }
     stop.store(true, Ordering::SeqCst);
     let (over, reads) = checker.await.unwrap();
     assert!(!over && reads > 0, "never overcommitted ({reads} reads)");
