@@ -138,3 +138,73 @@ async fn on_redis_the_scheduler_killed_mid_preemption_another_daemon_carries_it_
     let (over, reads) = checker.await.unwrap();
     assert!(!over && reads > 0, "never overcommitted ({reads} reads)");
 }
+
+/// A gang of two and two tasks on their own fill the pool; a task of a queue below its guarantee
+/// preempts: only a task on its own goes, never a gang member (a gang is never left below its
+/// minimum). Answers the victim.
+async fn gang_kept(client: &Client) -> String {
+    let member = |id: &str| AddTask { group: Some("pair".into()), ..sleeper(id, 3600.0) };
+    let gang = serde_json::json!({
+        "id": "gang", "queue": "root.batch", "user": "me",
+        "task_groups": [{ "name": "pair", "min_members": 2, "min_resources": "cpu=1" }],
+    });
+    let gang = SubmitApp { tasks: vec![member("m0"), member("m1")], ..serde_json::from_value(gang).unwrap() };
+    client.submit_app(&gang).await.unwrap();
+    let solo = app("solo", "root.batch", vec![sleeper("s0", 3600.0), sleeper("s1", 3600.0)]);
+    client.submit_app(&solo).await.unwrap();
+    let all = eventually(Duration::from_secs(30), async || {
+        running(client, "gang", "m0").await
+            && running(client, "gang", "m1").await
+            && running(client, "solo", "s0").await
+            && running(client, "solo", "s1").await
+    })
+    .await;
+    assert!(all, "everything runs: {:?} {:?}", client.tasks("gang").await, client.tasks("solo").await);
+    client.submit_app(&app("gold", "root.gold", vec![sleeper("g", 0.2)])).await.unwrap();
+    let done = eventually(Duration::from_secs(30), async || {
+        client.task("gold", "g").await.is_ok_and(|t| t.state == "Completed")
+    })
+    .await;
+    assert!(done, "gold's task ran: {:?}", client.task("gold", "g").await);
+    for member in ["m0", "m1"] {
+        let task = client.task("gang", member).await.unwrap();
+        assert_eq!((task.preemptions, task.state.as_str()), (0, "Running"), "a gang member is never taken: {task:?}");
+    }
+    let solo = client.tasks("solo").await.unwrap().tasks;
+    let victims: Vec<&str> = solo.iter().filter(|t| t.preemptions > 0).map(|t| t.id.as_str()).collect();
+    assert_eq!(victims.len(), 1, "one task on its own is taken: {solo:?}");
+    victims[0].to_owned()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn preemption_never_breaks_a_gang_on_either_store() {
+    let (_dir, data) = data_dir();
+    let daemon = Daemon::start(&data, &["--pool", "w=cpu=4", "--run-pool", "w"]);
+    queues(&daemon.client()).await;
+    let stop = Arc::new(AtomicBool::new(false));
+    let checker = overcommit_checker(daemon.client(), stop.clone());
+    gang_kept(&daemon.client()).await;
+    stop.store(true, Ordering::SeqCst);
+    let (over, reads) = checker.await.unwrap();
+    assert!(!over && reads > 0, "never overcommitted ({reads} reads)");
+    drop(daemon);
+
+    let redis = RedisServer::start();
+    let (dir, _) = data_dir();
+    let config = dir.path().join("allot.toml");
+    std::fs::write(&config, format!("store = \"{}\"\n", redis.url())).unwrap();
+    let config = config.to_str().unwrap().to_owned();
+    let (_first_dir, first_data) = data_dir();
+    let first = Daemon::start(&first_data, &["--config", &config]);
+    let first_url = first.url.clone();
+    assert!(eventually(Duration::from_secs(10), async || scheduler(&redis) == first_url).await, "the first schedules");
+    let (_second_dir, second_data) = data_dir();
+    let second = Daemon::start(&second_data, &["--config", &config, "--pool", "w=cpu=4", "--run-pool", "w"]);
+    queues(&second.client()).await;
+    let stop = Arc::new(AtomicBool::new(false));
+    let checker = overcommit_checker(second.client(), stop.clone());
+    gang_kept(&second.client()).await;
+    stop.store(true, Ordering::SeqCst);
+    let (over, reads) = checker.await.unwrap();
+    assert!(!over && reads > 0, "never overcommitted on Redis ({reads} reads)");
+}
