@@ -412,8 +412,8 @@ impl Scheduler {
         let mut sized: Option<&Resources> = None;
         for task in self.tasks.values().flat_map(|tasks| tasks.values()) {
             if let (TaskState::Allocated | TaskState::Running, Some(placement)) = (task.state, &task.placement) {
-                let Some(&i) = spot.get(&placement.pool) else { continue };
-                at[i].0.push((task.app.clone(), task.spec.id.clone()));
+                let Some((listed, _)) = spot.get(&placement.pool).and_then(|&i| at.get_mut(i)) else { continue };
+                listed.push((task.app.clone(), task.spec.id.clone()));
                 count += 1;
                 priority = priority.min(task.spec.priority.value());
                 if sized != Some(&placement.resources) {
