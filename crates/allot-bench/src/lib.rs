@@ -19,7 +19,8 @@
 //! - `allot bench redis`: pairs on one Redis, three ways (allot's script called directly, Flyte's
 //!   command sequence, allot through a daemon), with 900 of 1,000 tokens held and caps on.
 //! - `allot bench sched`: the scheduler's cycles in process, YuniKorn's `BenchmarkScheduling`
-//!   (10,000 tasks over 500 and 1,000 pools).
+//!   (10,000 tasks over 500 and 1,000 pools); with `--preemption`, a tenth of them placed by
+//!   preemption against the same run without.
 //! - `allot bench apps`: one application's 5,000 tasks added over HTTP to a fresh daemon, until
 //!   every one is Allocated.
 //! - `allot bench gangs`: 100 gangs of 10 through a fresh daemon with room for 5 at a time, each
@@ -387,6 +388,12 @@ struct SchedBenchArgs {
     /// Rounds; each places every task once per number of pools. The report gives medians.
     #[arg(long, default_value_t = 5, value_parser = clap::value_parser!(u16).range(1..=1000))]
     rounds: u16,
+    /// Also, in each round and at each number of pools, a run where a tenth of the tasks are
+    /// placed by preempting others, then the same run with room for them all: the report gives
+    /// the ratio of the rates and the cost of a preemption decision. These runs size their pools
+    /// themselves (`--capacity` is for the first run only).
+    #[arg(long)]
+    preemption: bool,
     /// Exit with an error when a target is missed.
     #[arg(long)]
     check: bool,

@@ -17,14 +17,23 @@
 //!
 //! YuniKorn published 359.5 placements/s at 500 nodes and 177.6 at 1,000; the targets are 50
 //! times that, and a rate at 1,000 pools at least 0.7 of the rate at 500.
+//!
+//! With `--preemption` (issue 42, point 9), each round also runs, at each number of pools, a
+//! tenth of the tasks placed by preemption, then the same run without the need (see
+//! [`measure_preemption`]); the target is a rate with preemption at least 0.7 of the rate
+//! without, in the same round.
 
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
 use allot_core::apps::queues::{QueueLimits, QueuePath};
 use allot_core::apps::states::TaskState;
-use allot_core::apps::{AppId, AppSpec, SchedConfig, Scheduler, SchedulingPolicy, TaskId, TaskSpec, World};
+use allot_core::apps::{
+    AppChange, AppId, AppSpec, CycleReport, Outcome, SchedConfig, Scheduler, SchedulingPolicy, TaskEnd, TaskEnding,
+    TaskId, TaskSpec, World, DEFAULT_PREEMPTION_DELAY_MS,
+};
 use allot_core::pools::{LeaseRules, PoolName, Pools};
+use allot_core::quotas::Millis;
 use allot_core::{Ledger, Resources};
 use anyhow::{bail, Context};
 use serde::Serialize;
@@ -44,6 +53,9 @@ const YUNIKORN_1000: f64 = 177.6;
 const MIN_RATE_500: f64 = 18_000.0;
 const MIN_RATE_1000: f64 = 8_900.0;
 const MIN_SCALING: f64 = 0.7;
+/// The target: placements/s with a tenth of the tasks placed by preemption, over the same run
+/// without preemption.
+const MIN_PREEMPTION_RATIO: f64 = 0.7;
 
 #[derive(Serialize)]
 struct Output {
@@ -54,6 +66,11 @@ struct Output {
     measured: Vec<Measured>,
     /// Median of the rounds' rate(1000) / rate(500), when both were measured.
     scaling: Option<f64>,
+    /// With `--preemption`: each number of pools over every round, and each round's pair of runs.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    preemption: Vec<PreemptionSummary>,
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    preemption_measured: Vec<PreemptionPair>,
     checks: Vec<Check>,
 }
 
@@ -97,17 +114,76 @@ struct Summary {
     yunikorn_per_s: Option<f64>,
 }
 
+/// One run of the preemption scenario ([`measure_preemption`]).
+#[derive(Debug, Clone, Serialize)]
+struct PreemptionRun {
+    capacity: String,
+    /// Every placement: `root.b`'s tasks, then `root.a`'s (the victims, waiting again, find no
+    /// room and are not placed again).
+    placed: usize,
+    cycles: usize,
+    /// Time spent in `schedule` and in the victims' reports.
+    seconds: f64,
+    /// Of which in the victims' reports (`Scheduler::finish_tasks`).
+    report_seconds: f64,
+    placements_per_s: f64,
+    /// Preemptions decided (one victim each here), and victims taken back.
+    decisions: u64,
+    preemptions: u64,
+    /// Cycles that decided preemptions, and the time spent in them.
+    deciding_cycles: usize,
+    deciding_seconds: f64,
+}
+
+/// One round at one number of pools: the run with preemption, then without.
+#[derive(Debug, Clone, Serialize)]
+struct PreemptionPair {
+    round: u16,
+    pools: usize,
+    with: PreemptionRun,
+    without: PreemptionRun,
+    /// with.placements_per_s / without.placements_per_s.
+    ratio: f64,
+    /// The time of the cycles that decided preemptions over the decisions: a bound from above
+    /// on one decision (those cycles also place the preemptors decided before and fail every
+    /// task still waiting).
+    decision_cycle_us: Option<f64>,
+    /// (with.seconds - without.seconds) / decisions: everything preemption adds, per decision
+    /// (the decision, its victim's report, the cycles more, the victims waiting again).
+    added_us_per_decision: Option<f64>,
+}
+
+/// The preemption runs at one number of pools over every round (medians).
+#[derive(Debug, Clone, Serialize)]
+struct PreemptionSummary {
+    pools: usize,
+    /// The pools' capacity with preemption, and without (room for every task).
+    capacity: String,
+    capacity_without: String,
+    placed: usize,
+    decisions: u64,
+    cycles: usize,
+    with_per_s: f64,
+    without_per_s: f64,
+    /// Median of the rounds' ratios.
+    ratio: f64,
+    decision_cycle_us: Option<f64>,
+    added_us_per_decision: Option<f64>,
+}
+
 pub(super) async fn run(args: SchedBenchArgs) -> anyhow::Result<()> {
     if args.tasks < 2 || args.pools.is_empty() || args.pools.contains(&0) {
         bail!("--tasks must be at least 2 and every --pools at least 1");
     }
     let capacity = args.capacity.as_deref().map(str::parse::<Resources>).transpose().context("--capacity")?;
-    let measured = tokio::task::spawn_blocking({
+    let (measured, preemption_measured) = tokio::task::spawn_blocking({
         let (args, capacity) = (args.clone(), capacity.clone());
         move || measure_all(&args, capacity.as_ref())
     })
     .await??;
     let summaries = summarise(&args.pools, &measured);
+    let preemption = summarise_preemption(&args.pools, &preemption_measured);
+    let ratio = |pools: usize| preemption.iter().find(|s| s.pools == pools).map(|s| s.ratio);
     let scaling = scaling(&measured, args.rounds);
     let rate = |pools: usize| summaries.iter().find(|s| s.pools == pools).map(|s| s.median_per_s);
     let mut checks = Vec::new();
@@ -122,6 +198,12 @@ pub(super) async fn run(args: SchedBenchArgs) -> anyhow::Result<()> {
             checks.push(Check::at_least("rate(1000 pools) / rate(500 pools)".to_owned(), scaling, MIN_SCALING));
         }
     }
+    if args.preemption && args.tasks == 10_000 {
+        for pools in [500, 1000].into_iter().filter(|n| args.pools.contains(n)) {
+            let what = format!("rate with preemption / without at {pools} pools");
+            checks.push(Check::at_least(what, ratio(pools), MIN_PREEMPTION_RATIO));
+        }
+    }
     if args.output.json {
         let output = Output {
             tasks: args.tasks,
@@ -130,6 +212,8 @@ pub(super) async fn run(args: SchedBenchArgs) -> anyhow::Result<()> {
             summaries,
             measured,
             scaling,
+            preemption,
+            preemption_measured,
             checks: checks.clone(),
         };
         println!("{}", serde_json::to_string_pretty(&output)?);
@@ -189,6 +273,9 @@ pub(super) async fn run(args: SchedBenchArgs) -> anyhow::Result<()> {
                 m.setup_seconds * 1000.0
             );
         }
+        if !preemption.is_empty() {
+            print_preemption(&preemption, &preemption_measured);
+        }
         if !checks.is_empty() {
             println!("targets:");
             print!("{}", report::checks(&checks));
@@ -200,20 +287,104 @@ pub(super) async fn run(args: SchedBenchArgs) -> anyhow::Result<()> {
     Ok(())
 }
 
-fn measure_all(args: &SchedBenchArgs, capacity: Option<&Resources>) -> anyhow::Result<Vec<Measured>> {
+fn print_preemption(summaries: &[PreemptionSummary], pairs: &[PreemptionPair]) {
+    let us = |v: Option<f64>| v.map_or_else(|| "-".to_owned(), |us| format!("{us:.1} µs"));
+    println!(
+        "preemption: a tenth of the tasks placed by preempting root.b's (one victim each, reported ended at once), \
+         against the same run with room for them all"
+    );
+    println!(
+        "{:>6} {:<16} {:>7} {:>9} {:>7} {:>12} {:>12} {:>7} {:>16} {:>15}",
+        "pools",
+        "pool capacity",
+        "placed",
+        "decisions",
+        "cycles",
+        "with/s",
+        "without/s",
+        "ratio",
+        "deciding cycle",
+        "added"
+    );
+    for s in summaries {
+        println!(
+            "{:>6} {:<16} {:>7} {:>9} {:>7} {:>12.0} {:>12.0} {:>7.3} {:>16} {:>15}",
+            s.pools,
+            s.capacity,
+            s.placed,
+            s.decisions,
+            s.cycles,
+            s.with_per_s,
+            s.without_per_s,
+            s.ratio,
+            us(s.decision_cycle_us),
+            us(s.added_us_per_decision),
+        );
+    }
+    println!(
+        "(per decision; deciding cycle: the time of the cycles that decided preemptions over the decisions, a bound \
+         from above; added: (time with - time without) / decisions, all that preemption adds; without: pools \
+         larger by the tenth)"
+    );
+    println!("preemption rounds:");
+    for p in pairs {
+        println!(
+            "  round {:>2}  {:>5} pools  with {:>10.0}/s ({:.1} ms in {} cycles, {} deciding {:.1} ms, reports {:.2} ms)  \
+             without {:>10.0}/s ({:.1} ms in {} cycles)  ratio {:.3}",
+            p.round,
+            p.pools,
+            p.with.placements_per_s,
+            p.with.seconds * 1000.0,
+            p.with.cycles,
+            p.with.deciding_cycles,
+            p.with.deciding_seconds * 1000.0,
+            p.with.report_seconds * 1000.0,
+            p.without.placements_per_s,
+            p.without.seconds * 1000.0,
+            p.without.cycles,
+            p.ratio,
+        );
+    }
+}
+
+type AllMeasured = (Vec<Measured>, Vec<PreemptionPair>);
+
+fn measure_all(args: &SchedBenchArgs, capacity: Option<&Resources>) -> anyhow::Result<AllMeasured> {
     // One untimed run of each first: the first run in a process is slower (the allocator grows
     // its heap).
     for &pools in &args.pools {
         measure(args.tasks, pools, capacity)?;
+        if args.preemption {
+            measure_pair(0, args.tasks, pools)?;
+        }
     }
-    let mut measured = Vec::new();
+    let (mut measured, mut pairs) = (Vec::new(), Vec::new());
     for round in 1..=args.rounds {
         for &pools in &args.pools {
             let run = measure(args.tasks, pools, capacity)?;
             measured.push(Measured { round, ..run });
+            if args.preemption {
+                pairs.push(measure_pair(round, args.tasks, pools)?);
+            }
         }
     }
-    Ok(measured)
+    Ok((measured, pairs))
+}
+
+/// The preemption scenario with preemption, then without, at one number of pools.
+fn measure_pair(round: u16, tasks: usize, pools: usize) -> anyhow::Result<PreemptionPair> {
+    let with = measure_preemption(tasks, pools, true)?;
+    let without = measure_preemption(tasks, pools, false)?;
+    let per_decision = |seconds: f64| (with.decisions > 0).then(|| seconds * 1e6 / with.decisions as f64);
+    Ok(PreemptionPair {
+        round,
+        pools,
+        ratio: with.placements_per_s / without.placements_per_s,
+        decision_cycle_us: per_decision(with.deciding_seconds),
+        added_us_per_decision: per_decision(with.seconds - without.seconds),
+        with,
+        without,
+    })
 }
 
 /// The pool capacity that holds `tasks / pools + 1` tasks (YuniKorn's node size).
@@ -245,39 +416,224 @@ fn setup(tasks: usize, pools: usize, capacity: &Resources) -> anyhow::Result<Set
         let limits = QueueLimits { guaranteed: guaranteed.parse()?, ..QueueLimits::default() };
         sched.put_queue(QueuePath::new(queue)?, limits);
         let id = AppId::new(&format!("app-{}", i + 1))?;
-        let spec = AppSpec {
-            id: id.clone(),
-            queue: QueuePath::new(queue)?,
-            user: "bench".to_owned(),
-            user_groups: Vec::new(),
-            tags: BTreeMap::new(),
-            groups: Vec::new(),
-            policy: SchedulingPolicy::default(),
-            queue_rule: None,
-            priority: Default::default(),
-        };
         let world = World { pools: &mut pool_state, ledger: &mut ledger };
-        sched.add_app(spec, now, &world)?;
+        sched.add_app(app_spec(&id, queue)?, now, &world)?;
         apps.push(id);
     }
     let resources: Resources = TASK.parse()?;
     for i in 0..tasks {
         // Half per application, as YuniKorn's asks: numPods / 2 and the rest.
         let app = &apps[usize::from(i >= tasks / 2)];
-        let spec = TaskSpec {
-            preemptable: true,
-            id: TaskId::new(&format!("task-{i}"))?,
-            resources: resources.clone(),
-            tokens: Vec::new(),
-            group: None,
-            priority: Default::default(),
-            selector: BTreeMap::new(),
-            spec: String::new(),
-        };
         let world = World { pools: &mut pool_state, ledger: &mut ledger };
-        sched.add_task(app, spec, now, &world)?;
+        sched.add_task(app, task_spec(&format!("task-{i}"), &resources)?, now, &world)?;
     }
     Ok(Setup { sched, pools: pool_state, ledger, apps })
+}
+
+/// An application of user `bench` in `queue`, with no gang.
+fn app_spec(id: &AppId, queue: &str) -> anyhow::Result<AppSpec> {
+    Ok(AppSpec {
+        id: id.clone(),
+        queue: QueuePath::new(queue)?,
+        user: "bench".to_owned(),
+        user_groups: Vec::new(),
+        tags: BTreeMap::new(),
+        groups: Vec::new(),
+        policy: SchedulingPolicy::default(),
+        queue_rule: None,
+        priority: Default::default(),
+    })
+}
+
+/// A preemptable task of `resources`, of no type, at the default priority.
+fn task_spec(id: &str, resources: &Resources) -> anyhow::Result<TaskSpec> {
+    Ok(TaskSpec {
+        preemptable: true,
+        id: TaskId::new(id)?,
+        resources: resources.clone(),
+        tokens: Vec::new(),
+        group: None,
+        priority: Default::default(),
+        selector: BTreeMap::new(),
+        spec: String::new(),
+    })
+}
+
+/// A run's timed cycles: only `Scheduler::schedule` is timed, and each cycle's changes are
+/// dropped after the clock stops (the store writes them in the daemon).
+#[derive(Default)]
+struct Timed {
+    spent: Duration,
+    slowest: Duration,
+    cycles: usize,
+    placed: usize,
+}
+
+impl Timed {
+    /// One cycle at `now`.
+    fn cycle(
+        &mut self,
+        sched: &mut Scheduler,
+        world: &mut World<'_>,
+        now: Millis,
+        ids: &mut dyn FnMut() -> u64,
+    ) -> (CycleReport, Outcome, Duration) {
+        let start = Instant::now();
+        let (report, outcome) = sched.schedule(now, world, ids);
+        let took = start.elapsed();
+        self.spent += took;
+        self.slowest = self.slowest.max(took);
+        self.cycles += 1;
+        self.placed += report.placed;
+        (report, outcome, took)
+    }
+
+    /// Cycles one millisecond apart from `now` until nothing is pending; answers the next `now`.
+    /// Nothing is refused for want of room, so every cycle that leaves something pending placed
+    /// something; the bound only stops a scheduler that would loop forever.
+    fn until_placed(
+        &mut self,
+        sched: &mut Scheduler,
+        world: &mut World<'_>,
+        mut now: Millis,
+        bound: usize,
+        ids: &mut dyn FnMut() -> u64,
+    ) -> Millis {
+        let cycles = self.cycles;
+        while sched.has_waiting() && self.cycles - cycles <= bound {
+            let (report, outcome, _) = self.cycle(sched, world, now, ids);
+            drop(outcome);
+            now += 1;
+            if report.placed == 0 {
+                break;
+            }
+        }
+        now
+    }
+}
+
+/// The pool capacity that holds `n` tasks.
+fn capacity_for(n: usize) -> Resources {
+    format!("cpu={n},mem={}", n * 10).parse().expect("a valid resources text")
+}
+
+/// `--preemption`'s scenario over `pools` pools: a tenth of the tasks placed by preemption.
+///
+/// Queue `root.b`, guaranteed half of what it is given, borrows: its application's tasks (the
+/// other nine tenths, rounded up to fill every pool) fill every pool, in timed cycles. Then
+/// `root.a`, guaranteed room for every task, adds the tenth (untimed) and time jumps past its
+/// preemption delay. Each cycle decides preemptions (as many as the scheduler's bound on a
+/// cycle's planning lets it), one victim of `root.b` each; the victims' executors report them
+/// ended at once, in one batch (`Scheduler::finish_tasks` with `TaskEnding::Preempted`, as the
+/// stores do), and the next cycle places their preemptors in the room held for them. The
+/// victims wait again and find no room (they are neither placed again nor counted).
+///
+/// Without (`preempt` false), the same run with every pool larger by a tenth of the tasks over
+/// the pools: `root.a`'s tasks are placed in the first cycle after the jump.
+///
+/// Counted: every placement, `root.b`'s tasks then `root.a`'s (the same number in both runs).
+/// Timed: every `schedule` call from the first, and the victims' reports.
+fn measure_preemption(tasks: usize, pools: usize, preempt: bool) -> anyhow::Result<PreemptionRun> {
+    let tenth = (tasks / 10).max(1);
+    let per_pool = (tasks - tenth).div_ceil(pools);
+    let borrowed = per_pool * pools;
+    let capacity = capacity_for(if preempt { per_pool } else { per_pool + tenth.div_ceil(pools) });
+    let now = 1;
+    let mut sched = Scheduler::new(SchedConfig::default());
+    let mut pool_state = Pools::new(LeaseRules::default());
+    let mut ledger = Ledger::new();
+    for i in 0..pools {
+        pool_state.put_pool(&PoolName::new(&format!("node-{i}"))?, capacity.clone());
+    }
+    let queues = [("root.a", tasks, "urgent"), ("root.b", borrowed / 2, "batch")];
+    let mut apps = Vec::new();
+    for (queue, guaranteed, app) in queues {
+        let limits = QueueLimits { guaranteed: capacity_for(guaranteed), ..QueueLimits::default() };
+        sched.put_queue(QueuePath::new(queue)?, limits);
+        let id = AppId::new(app)?;
+        let world = World { pools: &mut pool_state, ledger: &mut ledger };
+        sched.add_app(app_spec(&id, queue)?, now, &world)?;
+        apps.push(id);
+    }
+    let (urgent, batch) = (&apps[0], &apps[1]);
+    let resources: Resources = TASK.parse()?;
+    for i in 0..borrowed {
+        let world = World { pools: &mut pool_state, ledger: &mut ledger };
+        sched.add_task(batch, task_spec(&format!("batch-{i}"), &resources)?, now, &world)?;
+    }
+    let mut next_id = 0u64;
+    let mut ids = || {
+        next_id += 1;
+        next_id
+    };
+    let mut timed = Timed::default();
+    let mut world = World { pools: &mut pool_state, ledger: &mut ledger };
+    let now = timed.until_placed(&mut sched, &mut world, now + 1, borrowed, &mut ids);
+    for i in 0..tenth {
+        sched.add_task(urgent, task_spec(&format!("urgent-{i}"), &resources)?, now, &world)?;
+    }
+    let mut now = now + DEFAULT_PREEMPTION_DELAY_MS;
+    let (mut reports, mut deciding, mut deciding_cycles) = (Duration::ZERO, Duration::ZERO, 0);
+    while timed.placed < borrowed + tenth {
+        if timed.cycles > borrowed + 2 * tenth {
+            bail!("{pools} pools: {} of {} placed after {} cycles", timed.placed, borrowed + tenth, timed.cycles);
+        }
+        let decided_before = sched.stats().preemption_decisions;
+        let (report, outcome, took) = timed.cycle(&mut sched, &mut world, now, &mut ids);
+        let decided = sched.stats().preemption_decisions - decided_before;
+        if decided > 0 {
+            deciding += took;
+            deciding_cycles += 1;
+        }
+        // The victims marked by this cycle (each is changed once when marked).
+        let victims: Vec<TaskEnd> = outcome
+            .apps
+            .iter()
+            .filter_map(|change| match change {
+                AppChange::Task(task) if task.preempting.is_some() && task.placement.is_some() => {
+                    Some(TaskEnd { app: task.app.clone(), task: task.spec.id.clone(), ending: TaskEnding::Preempted })
+                }
+                _ => None,
+            })
+            .collect();
+        drop(outcome);
+        if report.placed == 0 && decided == 0 {
+            bail!("{pools} pools: a cycle placed nothing and decided no preemption");
+        }
+        // Their executors end them at once and report it, in one commit of the store.
+        let start = Instant::now();
+        let (answers, outcome) = sched.finish_tasks(victims, now, &mut world);
+        reports += start.elapsed();
+        drop(outcome);
+        for answer in answers {
+            answer?;
+        }
+        now += 1;
+    }
+    let seconds = (timed.spent + reports).as_secs_f64();
+    let stats = sched.stats();
+    let allocated = |app: &AppId| sched.task_counts(app).get(&TaskState::Allocated).copied().unwrap_or(0) as usize;
+    // Every task of root.a placed, root.b's less its victims; with room for all, none preempted.
+    let preempted = stats.preemptions as usize;
+    if allocated(urgent) != tenth || allocated(batch) != borrowed - preempted || preempt != (preempted == tenth) {
+        bail!(
+            "{pools} pools of {capacity}: {} of {tenth} urgent and {} of {borrowed} batch tasks Allocated, {preempted}              preempted",
+            allocated(urgent),
+            allocated(batch)
+        );
+    }
+    Ok(PreemptionRun {
+        capacity: capacity.to_string(),
+        placed: timed.placed,
+        cycles: timed.cycles,
+        seconds,
+        report_seconds: reports.as_secs_f64(),
+        placements_per_s: timed.placed as f64 / seconds,
+        decisions: stats.preemption_decisions,
+        preemptions: stats.preemptions,
+        deciding_cycles,
+        deciding_seconds: deciding.as_secs_f64(),
+    })
 }
 
 fn measure(tasks: usize, pools: usize, capacity: Option<&Resources>) -> anyhow::Result<Measured> {
@@ -290,26 +646,11 @@ fn measure(tasks: usize, pools: usize, capacity: Option<&Resources>) -> anyhow::
         next_id += 1;
         next_id
     };
-    let (mut spent, mut slowest) = (Duration::ZERO, Duration::ZERO);
-    let (mut cycles, mut placed) = (0, 0);
+    let mut timed = Timed::default();
     let cpu_before = CpuTimes::now();
-    // Nothing is refused for want of room, so every cycle that leaves something pending placed
-    // something; the bound only stops a scheduler that would loop forever.
-    while sched.has_waiting() && cycles <= tasks {
-        let now = 2 + cycles as u64;
-        let mut world = World { pools: &mut pool_state, ledger: &mut ledger };
-        let start = Instant::now();
-        let (report, outcome) = sched.schedule(now, &mut world, &mut ids);
-        let took = start.elapsed();
-        drop(outcome);
-        spent += took;
-        slowest = slowest.max(took);
-        cycles += 1;
-        placed += report.placed;
-        if report.placed == 0 {
-            break;
-        }
-    }
+    let mut world = World { pools: &mut pool_state, ledger: &mut ledger };
+    timed.until_placed(&mut sched, &mut world, 2, tasks, &mut ids);
+    let Timed { spent, slowest, cycles, placed } = timed;
     let cpu = CpuTimes::now().zip(cpu_before).and_then(|(after, before)| before.share_until(&after));
     let allocated: u64 =
         apps.iter().map(|app| sched.task_counts(app).get(&TaskState::Allocated).copied().unwrap_or(0)).sum();
@@ -325,18 +666,7 @@ fn measure(tasks: usize, pools: usize, capacity: Option<&Resources>) -> anyhow::
     let mut one_task = Vec::new();
     for j in 0..ONE_TASK_CYCLES {
         let now = 2 + (cycles + j) as u64;
-        let spec = TaskSpec {
-            preemptable: true,
-            id: TaskId::new(&format!("one-more-{j}"))?,
-            resources: task.clone(),
-            tokens: Vec::new(),
-            group: None,
-            priority: Default::default(),
-            selector: BTreeMap::new(),
-            spec: String::new(),
-        };
-        let mut world = World { pools: &mut pool_state, ledger: &mut ledger };
-        sched.add_task(&apps[0], spec, now, &world)?;
+        sched.add_task(&apps[0], task_spec(&format!("one-more-{j}"), &task)?, now, &world)?;
         let start = Instant::now();
         let (report, outcome) = sched.schedule(now, &mut world, &mut ids);
         let took = start.elapsed();
@@ -393,6 +723,30 @@ fn summarise(pools: &[usize], measured: &[Measured]) -> Vec<Summary> {
         .collect()
 }
 
+fn summarise_preemption(pools: &[usize], pairs: &[PreemptionPair]) -> Vec<PreemptionSummary> {
+    pools
+        .iter()
+        .filter_map(|&n| {
+            let runs: Vec<&PreemptionPair> = pairs.iter().filter(|p| p.pools == n).collect();
+            let first = runs.first()?;
+            let of = |f: &dyn Fn(&PreemptionPair) -> f64| median(runs.iter().map(|p| f(p)).collect());
+            Some(PreemptionSummary {
+                pools: n,
+                capacity: first.with.capacity.clone(),
+                capacity_without: first.without.capacity.clone(),
+                placed: first.with.placed,
+                decisions: first.with.decisions,
+                cycles: runs.iter().map(|p| p.with.cycles).max().unwrap_or(0),
+                with_per_s: of(&|p| p.with.placements_per_s).unwrap_or(0.0),
+                without_per_s: of(&|p| p.without.placements_per_s).unwrap_or(0.0),
+                ratio: of(&|p| p.ratio).unwrap_or(0.0),
+                decision_cycle_us: median(runs.iter().filter_map(|p| p.decision_cycle_us).collect()),
+                added_us_per_decision: median(runs.iter().filter_map(|p| p.added_us_per_decision).collect()),
+            })
+        })
+        .collect()
+}
+
 /// The median over rounds of rate(1000 pools) / rate(500 pools), each ratio within one round.
 fn scaling(measured: &[Measured], rounds: u16) -> Option<f64> {
     let rate = |round: u16, pools: usize| {
@@ -409,6 +763,17 @@ mod tests {
     fn pools_are_sized_as_yunikorn_sizes_nodes() {
         assert_eq!(default_capacity(10_000, 500).to_string(), "cpu=21,mem=210");
         assert_eq!(default_capacity(10_000, 1000).to_string(), "cpu=11,mem=110");
+    }
+
+    #[test]
+    fn a_tenth_is_placed_by_preemption_and_without_it_by_room() {
+        let with = measure_preemption(200, 10, true).unwrap();
+        assert_eq!((with.placed, with.decisions, with.preemptions), (200, 20, 20));
+        assert_eq!(with.capacity, "cpu=18,mem=180");
+        assert!(with.deciding_cycles >= 1 && with.report_seconds > 0.0);
+        let without = measure_preemption(200, 10, false).unwrap();
+        assert_eq!((without.placed, without.decisions, without.preemptions), (200, 0, 0));
+        assert_eq!(without.capacity, "cpu=20,mem=200");
     }
 
     #[test]

@@ -36,12 +36,44 @@ type TaskRef = (AppId, TaskId);
 
 /// A task that may be taken: its priority (as the preemptor's is seen), its age (placed at,
 /// added as), itself, what it holds, its queue.
-type Candidate = (i32, (Millis, u64), TaskRef, Resources, QueuePath);
+type Candidate<'a> = (i32, (Millis, u64), (&'a AppId, &'a TaskId), &'a Resources, &'a QueuePath);
 
-/// The most tasks one cycle plans preemption for.
+/// What a plan finds of the placed tasks of one application and priority: their queue, and the
+/// rule their queues break, else their priority and the preemptor's where the paths meet.
+type Seen<'a> = (&'a AppId, i32, &'a QueuePath, Result<(i32, i32), &'static str>);
+
+/// A cycle's plans look at no more pools and placed tasks than this many plans that each read
+/// every pool: a plan that stops early (at a pool no other can beat, see `Placed::floor`) costs
+/// little, and more plans are made.
 const MAX_PLANS_PER_CYCLE: usize = 16;
 /// The most tasks still inside their delay one cycle says whom they would preempt for.
 const MAX_PREVIEWS_PER_CYCLE: usize = 4;
+
+const OWN_APPLICATION: &str = "the tasks that hold the room are of its own application";
+const BEING_PREEMPTED: &str = "the tasks that hold the room are being preempted already";
+
+/// The placed tasks on each pool of the cycle's room as its plans see them: for each (by its
+/// index in the room), those not marked by this cycle, and those it marked counted by
+/// application (refused without a look up).
+struct Placed {
+    at: Vec<(Vec<TaskRef>, HashMap<AppId, usize>)>,
+    /// How many are placed.
+    count: usize,
+    /// The least score (see `plan`) a plan with victims can have: none takes a task of lower
+    /// priority than the lowest placed, fewer than one, or one smaller than the smallest placed.
+    floor: (i32, usize, u64),
+}
+
+impl Placed {
+    /// The plan's victims on the room's pool `spot` are marked: listed no more, counted.
+    fn mark(&mut self, spot: usize, victims: &[(TaskRef, Resources)]) {
+        let Some((listed, marked)) = self.at.get_mut(spot) else { return };
+        listed.retain(|task| !victims.iter().any(|(victim, _)| victim == task));
+        for ((app, _), _) in victims {
+            *marked.entry(app.clone()).or_default() += 1;
+        }
+    }
+}
 
 /// Victims on one pool for one preemptor.
 struct Plan {
@@ -73,7 +105,13 @@ struct Refusals(BTreeMap<&'static str, usize>);
 
 impl Refusals {
     fn note(&mut self, rule: &'static str) {
-        *self.0.entry(rule).or_default() += 1;
+        self.note_n(rule, 1);
+    }
+
+    fn note_n(&mut self, rule: &'static str, n: usize) {
+        if n > 0 {
+            *self.0.entry(rule).or_default() += n;
+        }
     }
 
     fn say(&self) -> String {
@@ -181,19 +219,30 @@ impl Scheduler {
         if strained.is_empty() {
             return;
         }
-        let placed = self.placed_by_pool();
-        for strain in strained {
+        // The placed tasks on the strained pools (cordoned ones are not in a cycle's room).
+        let mut placed: HashMap<&PoolName, Vec<&crate::apps::Task>> =
+            strained.iter().map(|s| (&s.pool, Vec::new())).collect();
+        for task in self.tasks.values().flat_map(|tasks| tasks.values()) {
+            if let (TaskState::Allocated | TaskState::Running, Some(placement)) = (task.state, &task.placement) {
+                if let Some(on) = placed.get_mut(&placement.pool) {
+                    on.push(task);
+                }
+            }
+        }
+        // Each pool's victims: (priority, age, task, what it holds).
+        type Evicted = (i32, (Millis, u64), TaskRef, Resources);
+        let mut decided: Vec<(Vec<Evicted>, String)> = Vec::new();
+        for strain in &strained {
             let mut leaving = Resources::new();
-            let mut candidates: Vec<Candidate> = Vec::new();
-            for key in placed.get(&strain.pool).into_iter().flatten() {
-                let task = &self.tasks[&key.0][&key.1];
+            let mut candidates: Vec<Evicted> = Vec::new();
+            for task in placed.get(&strain.pool).into_iter().flatten() {
                 let Some(placement) = &task.placement else { continue };
                 if task.preempting.is_some() {
                     leaving = leaving.checked_add(&placement.resources).unwrap_or(leaving);
                 } else if task.spec.preemptable && task.spec.group.is_none() && task.slot.is_none() {
-                    let leaf = self.apps[&key.0].spec.queue.clone();
+                    let key = (task.app.clone(), task.spec.id.clone());
                     let age = (placement.at, task.seq);
-                    candidates.push((task.spec.priority.value(), age, key.clone(), placement.resources.clone(), leaf));
+                    candidates.push((task.spec.priority.value(), age, key, placement.resources.clone()));
                 }
             }
             let (chosen, reason) = if strain.drained {
@@ -229,9 +278,11 @@ impl Scheduler {
                 let reason = format!("its pool `{}` shrank: it may hold less than is placed there", strain.pool);
                 (chosen, reason)
             };
-            if chosen.is_empty() {
-                continue;
+            if !chosen.is_empty() {
+                decided.push((chosen, reason));
             }
+        }
+        for (chosen, reason) in decided {
             self.stats.preemption_decisions += 1;
             for (_, _, key, ..) in chosen {
                 let Some(task) = self.tasks.get_mut(&key.0).and_then(|t| t.get_mut(&key.1)) else { continue };
@@ -291,15 +342,15 @@ impl Scheduler {
             let Some(task) = self.tasks.get(&key.0).and_then(|t| t.get(&key.1)) else { continue };
             add_up(&mut flows.arriving, &self.apps[&key.0].spec.queue, &task.spec.resources);
         }
-        // Planning reads the allocs of every pool a task may use: a cycle plans for a bounded
-        // number of tasks, and for one task of an application whose plan failed; a shape that
-        // failed is not planned again.
-        let mut planned = 0;
+        // Planning reads the allocs of every pool a task may use: a cycle's plans look at a
+        // bounded number of pools and placed tasks, and it plans for one task of an application
+        // whose plan failed; a shape that failed is not planned again.
+        let mut looked = 0;
         let mut previewed = 0;
         let mut failed_apps: HashSet<AppId> = HashSet::new();
         let mut failed_shapes: HashMap<(Resources, crate::pools::Labels, QueuePath, i32), String> = HashMap::new();
         // Which tasks are placed on each pool, read when a first plan needs it.
-        let mut placed: Option<HashMap<PoolName, Vec<TaskRef>>> = None;
+        let mut placed: Option<Placed> = None;
         for (priority, _, key) in waiting {
             let task = &self.tasks[&key.0][&key.1];
             let leaf = &self.apps[&key.0].spec.queue;
@@ -311,8 +362,8 @@ impl Scheduler {
                 // allocs of every pool the task may use.
                 let whom = (previewed < MAX_PREVIEWS_PER_CYCLE).then(|| {
                     previewed += 1;
-                    let placed = placed.get_or_insert_with(|| self.placed_by_pool());
-                    match self.plan(&key, world, cycle, &flows, placed) {
+                    let placed = placed.get_or_insert_with(|| self.placed_by_pool(&cycle.room));
+                    match self.plan(&key, world, cycle, &flows, placed, &mut looked) {
                         Ok(plan) => {
                             let pool = &cycle.room.spots[plan.spot].name;
                             let names: Vec<String> =
@@ -328,7 +379,7 @@ impl Scheduler {
                 }
                 continue;
             }
-            if planned >= MAX_PLANS_PER_CYCLE {
+            if placed.as_ref().is_some_and(|p| looked >= MAX_PLANS_PER_CYCLE * (p.count + p.at.len()).max(1)) {
                 break;
             }
             if failed_apps.contains(&key.0) {
@@ -343,13 +394,15 @@ impl Scheduler {
             let said = match failed_shapes.get(&shape) {
                 Some(said) => Err(said.clone()),
                 None => {
-                    planned += 1;
-                    let placed = placed.get_or_insert_with(|| self.placed_by_pool());
-                    self.plan(&key, world, cycle, &flows, placed)
+                    let placed = placed.get_or_insert_with(|| self.placed_by_pool(&cycle.room));
+                    self.plan(&key, world, cycle, &flows, placed, &mut looked)
                 }
             };
             let said = match said {
                 Ok(plan) => {
+                    if let Some(placed) = placed.as_mut() {
+                        placed.mark(plan.spot, &plan.victims);
+                    }
                     self.carry_out(&key, plan, cycle, &mut flows);
                     continue;
                 }
@@ -479,25 +532,37 @@ impl Scheduler {
         value
     }
 
-    /// The placed tasks on each pool.
-    fn placed_by_pool(&self) -> HashMap<PoolName, Vec<TaskRef>> {
-        let mut placed: HashMap<PoolName, Vec<TaskRef>> = HashMap::new();
+    /// The placed tasks on each pool, and the floor of a plan's score.
+    fn placed_by_pool(&self, room: &Room) -> Placed {
+        let spot: HashMap<&PoolName, usize> = room.spots.iter().enumerate().map(|(i, s)| (&s.name, i)).collect();
+        let mut at: Vec<(Vec<TaskRef>, HashMap<AppId, usize>)> = vec![Default::default(); room.spots.len()];
+        let (mut count, mut priority, mut size) = (0, i32::MAX, u64::MAX);
+        // Sized once per run of equal resources (most tasks ask alike).
+        let mut sized: Option<&Resources> = None;
         for task in self.tasks.values().flat_map(|tasks| tasks.values()) {
             if let (TaskState::Allocated | TaskState::Running, Some(placement)) = (task.state, &task.placement) {
-                placed.entry(placement.pool.clone()).or_default().push((task.app.clone(), task.spec.id.clone()));
+                let Some((listed, _)) = spot.get(&placement.pool).and_then(|&i| at.get_mut(i)) else { continue };
+                listed.push((task.app.clone(), task.spec.id.clone()));
+                count += 1;
+                priority = priority.min(task.spec.priority.value());
+                if sized != Some(&placement.resources) {
+                    size = size.min(placement.resources.size(&room.weights) as u64);
+                    sized = Some(&placement.resources);
+                }
             }
         }
-        placed
+        Placed { at, count, floor: (priority, 1, size) }
     }
 
     /// The victims on one pool that make room for the task, or why there are none.
     fn plan(
-        &mut self,
+        &self,
         key: &TaskRef,
         world: &World<'_>,
         cycle: &mut Cycle<'_>,
         flows: &Flows,
-        placed: &HashMap<PoolName, Vec<TaskRef>>,
+        placed: &Placed,
+        looked: &mut usize,
     ) -> Result<Plan, String> {
         let task = &self.tasks[&key.0][&key.1];
         let leaf = self.apps[&key.0].spec.queue.clone();
@@ -520,6 +585,7 @@ impl Scheduler {
         let path: Vec<QueuePath> = leaf.up_to_root().collect();
         let mut refusals = Refusals::default();
         let mut best: Option<((i32, usize, u64), Plan)> = None;
+        let mut seen: Vec<Seen<'_>> = Vec::new();
         for (i, spot) in cycle.room.spots.iter().enumerate() {
             if !selector_matches(&selector, &spot.labels) || allowed.as_ref().is_some_and(|a| !a.takes(i)) {
                 continue;
@@ -527,31 +593,32 @@ impl Scheduler {
             // The placed tasks here that may be taken, lowest priority first, then youngest (placed
             // last, then added last).
             let mut candidates: Vec<Candidate> = Vec::new();
-            for (app, id) in placed.get(&spot.name).into_iter().flatten() {
-                let (app, id) = (app.clone(), id.clone());
-                let Some(victim) = self.tasks.get(&app).and_then(|t| t.get(&id)) else { continue };
+            // Every task listed is placed (listed this cycle, and only marked since): those of
+            // its own application, then those marked, are refused before they are looked up.
+            *looked += 1;
+            let Some((listed, marked)) = placed.at.get(i) else { continue };
+            for (app, n) in marked {
+                refusals.note_n(if *app == key.0 { OWN_APPLICATION } else { BEING_PREEMPTED }, *n);
+            }
+            for (app, id) in listed {
+                *looked += 1;
+                if *app == key.0 {
+                    refusals.note(OWN_APPLICATION);
+                    continue;
+                }
+                let Some(victim) = self.tasks.get(app).and_then(|t| t.get(id)) else { continue };
                 let Some(placement) = victim.placement.as_ref() else { continue };
                 if !matches!(victim.state, TaskState::Allocated | TaskState::Running) {
                     continue;
                 }
-                let victim_leaf = &self.apps[&app].spec.queue;
-                let rule = if app == key.0 {
-                    Some("the tasks that hold the room are of its own application")
-                } else if victim.preempting.is_some() {
-                    Some("the tasks that hold the room are being preempted already")
+                let rule = if victim.preempting.is_some() {
+                    Some(BEING_PREEMPTED)
                 } else if !victim.spec.preemptable {
                     Some("the tasks that hold the room may not be preempted (preemptable: false)")
                 } else if victim.spec.group.is_some() || victim.slot.is_some() {
                     Some("the tasks that hold the room are gang members, and a gang is never broken")
                 } else if victim.preemptions >= self.config.max_preemptions {
                     Some("the tasks that hold the room were preempted max_preemptions times and are protected")
-                } else if !victim_leaf.up_to_root().any(|q| q == fence) {
-                    Some("the tasks that hold the room are outside its queue's preemption fence")
-                } else if victim_leaf
-                    .up_to_root()
-                    .any(|q| self.queues.get(&q).is_some_and(|l| l.preemption == PreemptionPolicy::Disabled))
-                {
-                    Some("the tasks that hold the room are in queues with preemption disabled")
                 } else {
                     None
                 };
@@ -559,9 +626,24 @@ impl Scheduler {
                     refusals.note(rule);
                     continue;
                 }
-                let lca = victim_leaf.up_to_root().find(|q| path.contains(q)).unwrap_or_else(QueuePath::root);
-                let theirs = self.priority_at(victim.spec.priority.value(), victim_leaf, &lca);
-                let ours = self.priority_at(priority, &leaf, &lca);
+                let victim_priority = victim.spec.priority.value();
+                let known = seen.iter().find(|(a, p, ..)| *a == app && *p == victim_priority);
+                let (victim_leaf, queues) = match known {
+                    Some((_, _, victim_leaf, queues)) => (*victim_leaf, *queues),
+                    None => {
+                        let victim_leaf = &self.apps[app].spec.queue;
+                        let queues = self.seen_from((victim_leaf, victim_priority), (&leaf, &path, priority), &fence);
+                        seen.push((app, victim_priority, victim_leaf, queues));
+                        (victim_leaf, queues)
+                    }
+                };
+                let (theirs, ours) = match queues {
+                    Ok(priorities) => priorities,
+                    Err(rule) => {
+                        refusals.note(rule);
+                        continue;
+                    }
+                };
                 // Restoring a guarantee takes from other queues only: a victim of its own queue
                 // would leave the queue where it was. A higher priority takes within it too.
                 let allowed_by_priority = if below { theirs <= ours && *victim_leaf != leaf } else { theirs < ours };
@@ -573,13 +655,13 @@ impl Scheduler {
                     continue;
                 }
                 let age = (placement.at, victim.seq);
-                candidates.push((theirs, age, (app, id), placement.resources.clone(), victim_leaf.clone()));
+                candidates.push((theirs, age, (app, id), &placement.resources, victim_leaf));
             }
             candidates.sort_by(|a, b| a.0.cmp(&b.0).then(b.1.cmp(&a.1)));
             let free = spot.free.clone();
             let mut freed = Resources::new();
             let mut taken: HashMap<QueuePath, Resources> = HashMap::new();
-            let mut chosen: Vec<(TaskRef, Resources, QueuePath)> = Vec::new();
+            let mut chosen: Vec<((&AppId, &TaskId), &Resources, &QueuePath)> = Vec::new();
             let fits = |freed: &Resources| free.checked_add(freed).is_some_and(|room| room.fits(&wanted));
             for (_, _, victim, resources, victim_leaf) in candidates {
                 if fits(&freed) {
@@ -590,16 +672,16 @@ impl Scheduler {
                 if !lacking.iter().any(|(name, _)| resources.get_milli(name.as_str()) > 0) {
                     continue;
                 }
-                if self.below_its_guarantee(&victim_leaf, &path, &resources, &taken, flows) {
+                if self.below_its_guarantee(victim_leaf, &path, resources, &taken, flows) {
                     refusals
                         .note("taking the tasks that hold the room would leave their queues below their guarantees");
                     continue;
                 }
                 for queue in victim_leaf.up_to_root().filter(|q| !path.contains(q)) {
                     let sum = taken.entry(queue).or_default();
-                    *sum = sum.checked_add(&resources).unwrap_or_else(|| sum.clone());
+                    *sum = sum.checked_add(resources).unwrap_or_else(|| sum.clone());
                 }
-                freed = freed.checked_add(&resources).unwrap_or(freed);
+                freed = freed.checked_add(resources).unwrap_or(freed);
                 chosen.push((victim, resources, victim_leaf));
             }
             if !fits(&freed) {
@@ -609,22 +691,50 @@ impl Scheduler {
             let mut index = chosen.len();
             while index > 0 {
                 index -= 1;
-                let without = freed.saturating_sub(&chosen[index].1);
+                let without = freed.saturating_sub(chosen[index].1);
                 if fits(&without) {
                     freed = without;
                     chosen.remove(index);
                 }
             }
             let worst =
-                chosen.iter().map(|(v, ..)| self.tasks[&v.0][&v.1].spec.priority.value()).max().unwrap_or(i32::MIN);
+                chosen.iter().map(|(v, ..)| self.tasks[v.0][v.1].spec.priority.value()).max().unwrap_or(i32::MIN);
             let size = chosen.iter().map(|(_, r, _)| r.size(&cycle.room.weights) as u64).sum();
             let score = (worst, chosen.len(), size);
             if best.as_ref().is_none_or(|(b, _)| score < *b) {
-                let victims = chosen.into_iter().map(|(v, r, _)| (v, r)).collect();
+                let victims =
+                    chosen.into_iter().map(|((app, id), r, _)| ((app.clone(), id.clone()), r.clone())).collect();
                 best = Some((score, Plan { spot: i, victims, below }));
+            }
+            // No later pool does better than the floor, and a tie keeps the first pool: done.
+            if best.as_ref().is_some_and(|(b, _)| *b <= placed.floor) {
+                break;
             }
         }
         best.map(|(_, plan)| plan).ok_or_else(|| refusals.say())
+    }
+
+    /// For a plan, of the placed tasks of `victim_leaf` at `victim_priority`: the rule their
+    /// queues break (outside the preemptor's `fence`, or preemption disabled), else their
+    /// priority and the preemptor's (of `leaf`, whose `path` up to the root is given, at
+    /// `priority`) where the two paths meet.
+    fn seen_from(
+        &self,
+        (victim_leaf, victim_priority): (&QueuePath, i32),
+        (leaf, path, priority): (&QueuePath, &[QueuePath], i32),
+        fence: &QueuePath,
+    ) -> Result<(i32, i32), &'static str> {
+        if !victim_leaf.up_to_root().any(|q| q == *fence) {
+            return Err("the tasks that hold the room are outside its queue's preemption fence");
+        }
+        if victim_leaf
+            .up_to_root()
+            .any(|q| self.queues.get(&q).is_some_and(|l| l.preemption == PreemptionPolicy::Disabled))
+        {
+            return Err("the tasks that hold the room are in queues with preemption disabled");
+        }
+        let lca = victim_leaf.up_to_root().find(|q| path.contains(q)).unwrap_or_else(QueuePath::root);
+        Ok((self.priority_at(victim_priority, victim_leaf, &lca), self.priority_at(priority, leaf, &lca)))
     }
 
     /// Whether taking `resources` more (beyond `taken` by this plan and what is leaving already)
