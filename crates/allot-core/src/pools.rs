@@ -342,7 +342,7 @@ pub enum PoolError {
     #[error("pool `{pool}` still has {allocs} allocs; free them or remove it with force")]
     PoolInUse { pool: PoolName, allocs: usize },
     #[error("the offer of pool `{pool}` has expired: {wanted} is not free (free: {free}); try another offer")]
-    OfferExpired { pool: PoolName, wanted: Resources, free: Resources },
+    OfferExpired { pool: PoolName, wanted: Resources, free: Box<Resources> },
     #[error("alloc `{pool}/{id}` does not exist")]
     AllocNotFound { pool: PoolName, id: AllocId },
     #[error("alloc `{pool}/{id}` has ended ({reason}); it cannot be kept alive")]
@@ -353,7 +353,7 @@ pub enum PoolError {
     EmptyRequest,
     /// More than the pool's whole capacity: it can never fit (unless the capacity is raised).
     #[error("pool `{pool}` can never fit {wanted}: its whole capacity is {capacity}")]
-    ExceedsCapacity { pool: PoolName, wanted: Resources, capacity: Resources },
+    ExceedsCapacity { pool: PoolName, wanted: Resources, capacity: Box<Resources> },
     #[error("{what} must be between {min} and {max} ms, got {value}")]
     OutOfRange { what: &'static str, value: u64, min: u64, max: u64 },
     /// The alloc holds a placed task of an application: it ends with the task, not by hand.
@@ -697,7 +697,7 @@ impl Pools {
             return Err(PoolError::ExceedsCapacity {
                 pool: name.clone(),
                 wanted: request.min,
-                capacity: pool.capacity.clone(),
+                capacity: Box::new(pool.capacity.clone()),
             });
         }
         let mut held = pool.held();
@@ -719,7 +719,7 @@ impl Pools {
         }
         if !free.fits(&request.min) {
             pool.stats.offer_expired += 1;
-            return Err(PoolError::OfferExpired { pool: name.clone(), wanted: request.min, free });
+            return Err(PoolError::OfferExpired { pool: name.clone(), wanted: request.min, free: Box::new(free) });
         }
         let resources = request.upper().min(&free);
         let alloc = Alloc {
@@ -839,11 +839,11 @@ impl Pools {
         let mut strained = Vec::new();
         for (name, pool) in &self.pools {
             let drained = pool.cordon.and_then(|c| c.drain_at).is_some_and(|at| at <= now);
-            let mut over = pool.held_sum.saturating_sub(&pool.usable);
-            if !over.is_empty() {
-                let (live, _) = pool.held_by_state(now);
-                over = live.saturating_sub(&pool.usable);
-            }
+            // Most pools hold what they may: a comparison, no walk of the allocs.
+            let over = match pool.usable.fits(&pool.held_sum) {
+                true => Resources::new(),
+                false => pool.held_by_state(now).0.saturating_sub(&pool.usable),
+            };
             if drained || !over.is_empty() {
                 strained.push(Strain { pool: name.clone(), drained, over });
             }

@@ -14,11 +14,12 @@
 //! the file is their tests.
 
 use std::borrow::Borrow;
-use std::collections::btree_map::Entry;
 use std::collections::{BTreeMap, BTreeSet};
 use std::fmt;
 use std::str::FromStr;
 use std::sync::Arc;
+
+use smallvec::SmallVec;
 
 /// Milli-units per unit: every quantity is stored as a whole number of thousandths.
 pub const MILLI: u64 = 1000;
@@ -119,10 +120,15 @@ impl fmt::Display for ResourceName {
 
 /// Named non-negative quantities in milli-units, e.g. `cpu=4,mem=16GiB,gpu=1`.
 ///
-/// Invariant: zero is never stored; a missing name means 0. So two values are equal (and hash
-/// alike) exactly when every resource has the same quantity.
+/// Invariant: the names are sorted and distinct, and zero is never stored; a missing name means
+/// 0. So two values are equal (and hash alike) exactly when every resource has the same
+/// quantity. Kept inline for up to [`INLINE_RESOURCES`] names (most vectors name a few), so a
+/// copy allocates nothing.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Hash)]
-pub struct Resources(BTreeMap<ResourceName, u64>);
+pub struct Resources(SmallVec<[(ResourceName, u64); INLINE_RESOURCES]>);
+
+/// How many names a [`Resources`] holds without an allocation of its own.
+pub const INLINE_RESOURCES: usize = 2;
 
 impl Resources {
     pub fn new() -> Resources {
@@ -145,17 +151,27 @@ impl Resources {
         self
     }
 
+    fn find(&self, name: &str) -> Result<usize, usize> {
+        self.0.binary_search_by(|(have, _)| have.as_str().cmp(name))
+    }
+
     /// The quantity of `name` in milli-units; 0 if absent.
     pub fn get_milli(&self, name: &str) -> u64 {
-        self.0.get(name).copied().unwrap_or(0)
+        match self.find(name) {
+            Ok(i) => self.0[i].1,
+            Err(_) => 0,
+        }
     }
 
     /// Sets `name` to `milli` milli-units; 0 removes it.
     pub fn set_milli(&mut self, name: ResourceName, milli: u64) {
-        if milli == 0 {
-            self.0.remove(&name);
-        } else {
-            self.0.insert(name, milli);
+        match (self.find(name.as_str()), milli) {
+            (Ok(i), 0) => {
+                self.0.remove(i);
+            }
+            (Ok(i), _) => self.0[i].1 = milli,
+            (Err(_), 0) => {}
+            (Err(i), _) => self.0.insert(i, (name, milli)),
         }
     }
 
@@ -166,44 +182,66 @@ impl Resources {
 
     /// The non-zero quantities in milli-units, in name order.
     pub fn iter(&self) -> impl Iterator<Item = (&ResourceName, u64)> {
-        self.0.iter().map(|(name, &milli)| (name, milli))
+        self.0.iter().map(|(name, milli)| (name, *milli))
+    }
+
+    /// Merges two sorted vectors name by name: `both` for a name on both sides (`None`: the
+    /// whole merge fails), `left` and `right` for a name on one side only; zeros are dropped.
+    fn merge(
+        &self,
+        other: &Resources,
+        left: impl Fn(u64) -> u64,
+        right: impl Fn(u64) -> u64,
+        both: impl Fn(u64, u64) -> Option<u64>,
+    ) -> Option<Resources> {
+        let (a, b) = (&self.0, &other.0);
+        let mut out = SmallVec::with_capacity(a.len().max(b.len()));
+        let (mut i, mut j) = (0, 0);
+        loop {
+            let (name, milli) = match (a.get(i), b.get(j)) {
+                (None, None) => break,
+                (Some((na, ma)), Some((nb, mb))) if na == nb => {
+                    (i, j) = (i + 1, j + 1);
+                    (na, both(*ma, *mb)?)
+                }
+                (Some((na, ma)), Some((nb, _))) if na < nb => {
+                    i += 1;
+                    (na, left(*ma))
+                }
+                (Some((na, ma)), None) => {
+                    i += 1;
+                    (na, left(*ma))
+                }
+                (_, Some((nb, mb))) => {
+                    j += 1;
+                    (nb, right(*mb))
+                }
+            };
+            if milli > 0 {
+                out.push((name.clone(), milli));
+            }
+        }
+        Some(Resources(out))
     }
 
     /// The per-name sum; `None` if any quantity overflows `u64` milli-units.
     pub fn checked_add(&self, other: &Resources) -> Option<Resources> {
-        let mut sum = self.clone();
-        for (name, &milli) in &other.0 {
-            match sum.0.entry(name.clone()) {
-                Entry::Vacant(e) => {
-                    e.insert(milli);
-                }
-                Entry::Occupied(mut e) => {
-                    let total = e.get().checked_add(milli)?;
-                    e.insert(total);
-                }
-            }
+        if other.0.is_empty() {
+            return Some(self.clone());
         }
-        Some(sum)
+        self.merge(other, |m| m, |m| m, u64::checked_add)
     }
 
     /// The per-name difference, floored at 0.
     pub fn saturating_sub(&self, other: &Resources) -> Resources {
-        let map = self
-            .0
-            .iter()
-            .filter_map(|(name, &milli)| {
-                let left = milli.saturating_sub(other.get_milli(name.as_str()));
-                (left > 0).then(|| (name.clone(), left))
-            })
-            .collect();
-        Resources(map)
+        self.merge(other, |m| m, |_| 0, |a, b| Some(a.saturating_sub(b))).unwrap_or_default()
     }
 
     /// True when `self` has at least as much of every resource as `want` asks for.
     ///
     /// Resources `want` does not name are not checked, so an empty `want` always fits.
     pub fn fits(&self, want: &Resources) -> bool {
-        want.0.iter().all(|(name, &milli)| self.get_milli(name.as_str()) >= milli)
+        want.0.iter().all(|(name, milli)| self.get_milli(name.as_str()) >= *milli)
     }
 
     /// The per-name minimum over both sides' names, a missing name counting as 0.
@@ -211,34 +249,24 @@ impl Resources {
     /// Symmetric: `a.min(&b) == b.min(&a)`, so `{gpu:1}.min({})` is `{}`. This differs from
     /// Reflow's `Resources.Min`, which was asymmetric.
     pub fn min(&self, other: &Resources) -> Resources {
-        let map = self
-            .0
-            .iter()
-            .filter_map(|(name, &milli)| other.0.get(name).map(|&theirs| (name.clone(), milli.min(theirs))))
-            .collect();
-        Resources(map)
+        self.merge(other, |_| 0, |_| 0, |a, b| Some(a.min(b))).unwrap_or_default()
     }
 
     /// The per-name maximum over both sides' names.
     pub fn max(&self, other: &Resources) -> Resources {
-        let mut map = self.0.clone();
-        for (name, &milli) in &other.0 {
-            let entry = map.entry(name.clone()).or_insert(0);
-            *entry = (*entry).max(milli);
-        }
-        Resources(map)
+        self.merge(other, |m| m, |m| m, |a, b| Some(a.max(b))).unwrap_or_default()
     }
 
     /// A scalar size for best-fit ordering that counts every resource: the sum over names of
     /// the quantity in units divided by that name's divisor in `weights`.
     pub fn size(&self, weights: &SizeWeights) -> f64 {
-        self.0.iter().map(|(name, &milli)| units_f64(milli) / weights.divisor(name.as_str())).sum()
+        self.0.iter().map(|(name, milli)| units_f64(*milli) / weights.divisor(name.as_str())).sum()
     }
 
     /// The weighted distance between two vectors: the sum over both sides' names of the absolute
     /// difference in units divided by that name's divisor (Reflow's `ScaledDistance`, for every name).
     pub fn distance(&self, other: &Resources, weights: &SizeWeights) -> f64 {
-        let names: BTreeSet<&ResourceName> = self.0.keys().chain(other.0.keys()).collect();
+        let names: BTreeSet<&ResourceName> = self.0.iter().chain(other.0.iter()).map(|(name, _)| name).collect();
         names
             .into_iter()
             .map(|name| {
@@ -527,7 +555,7 @@ fn unit_milli(unit: &str) -> Option<u64> {
 /// `mem=1.5MiB`, `mem=1536` (not `1.5KiB`), `mem=1kB`. Parsing the output gives back the same value.
 impl fmt::Display for Resources {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        for (i, (name, &milli)) in self.0.iter().enumerate() {
+        for (i, (name, milli)) in self.iter().enumerate() {
             if i > 0 {
                 f.write_str(",")?;
             }
@@ -560,7 +588,7 @@ pub struct HumanResources<'a>(&'a Resources);
 
 impl fmt::Display for HumanResources<'_> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        for (i, (name, &milli)) in self.0 .0.iter().enumerate() {
+        for (i, (name, milli)) in self.0.iter().enumerate() {
             if i > 0 {
                 f.write_str(",")?;
             }

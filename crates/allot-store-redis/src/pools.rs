@@ -163,12 +163,12 @@ fn error(pool: &PoolName, args: &[&str], reply: &mut Reply) -> Result<StoreError
         "offer_expired" => PoolError::OfferExpired {
             pool: pool.clone(),
             wanted: decode(&reply.text()?)?,
-            free: decode(&reply.text()?)?,
+            free: Box::new(decode(&reply.text()?)?),
         },
         "exceeds_capacity" => PoolError::ExceedsCapacity {
             pool: pool.clone(),
             wanted: decode(&reply.text()?)?,
-            capacity: decode(&reply.text()?)?,
+            capacity: Box::new(decode(&reply.text()?)?),
         },
         "alloc_not_found" => PoolError::AllocNotFound { pool: pool.clone(), id: id()? },
         "alloc_ended" => PoolError::AllocEnded { pool: pool.clone(), id: id()?, reason: reason(&reply.text()?)? },

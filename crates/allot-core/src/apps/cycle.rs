@@ -242,7 +242,7 @@ impl Room {
                     .collect(),
             },
             (Some((_, i, lacks)), _) => {
-                Why::NoRoom { wanted: wanted.clone(), closest: Some((self.spots[i].name.clone(), lacks)) }
+                Why::NoRoom { wanted: wanted.clone(), closest: Some(Box::new((self.spots[i].name.clone(), lacks))) }
             }
         }
     }

@@ -18,7 +18,7 @@ pub enum Why {
     /// No pool that takes allocs has the labels of the selector.
     NoPoolMatches { selector: Labels, cordoned: Vec<PoolName> },
     /// Pools match, none has the room now; `closest` lacks the least.
-    NoRoom { wanted: Resources, closest: Option<(PoolName, Resources)> },
+    NoRoom { wanted: Resources, closest: Option<Box<(PoolName, Resources)>> },
     /// A token namespace cannot grant what is needed now.
     Tokens(TokenShortage),
     /// The application's gang is not reserved yet (for its tasks), and why (for the application).
@@ -174,7 +174,8 @@ impl fmt::Display for Why {
                     }
                 }
             }
-            Why::NoRoom { wanted, closest: Some((pool, lacks)) } => {
+            Why::NoRoom { wanted, closest: Some(closest) } => {
+                let (pool, lacks) = &**closest;
                 write!(f, "no matching pool has {wanted} free; the closest, `{pool}`, lacks {lacks}")
             }
             Why::NoRoom { wanted, closest: None } => write!(f, "no matching pool has {wanted} free"),
