@@ -29,8 +29,8 @@ use std::time::{Duration, Instant};
 use allot_core::apps::queues::{QueueLimits, QueuePath};
 use allot_core::apps::states::TaskState;
 use allot_core::apps::{
-    AppChange, AppId, AppSpec, CycleReport, Outcome, SchedConfig, Scheduler, SchedulingPolicy, TaskEnd, TaskEnding,
-    TaskId, TaskSpec, World, DEFAULT_PREEMPTION_DELAY_MS,
+    AppChange, AppId, AppSpec, CycleReport, Outcome, SchedConfig, Scheduler, TaskEnd, TaskEnding, TaskId, TaskSpec,
+    World, DEFAULT_PREEMPTION_DELAY_MS,
 };
 use allot_core::pools::{LeaseRules, PoolName, Pools};
 use allot_core::quotas::Millis;
@@ -404,12 +404,7 @@ struct Setup {
 /// Builds YuniKorn's set-up: two queues, two applications, `tasks` tasks, `pools` pools.
 fn setup(tasks: usize, pools: usize, capacity: &Resources) -> anyhow::Result<Setup> {
     let now = 1;
-    let mut sched = Scheduler::new(SchedConfig::default());
-    let mut pool_state = Pools::new(LeaseRules::default());
-    let mut ledger = Ledger::new();
-    for i in 0..pools {
-        pool_state.put_pool(&PoolName::new(&format!("node-{i}"))?, capacity.clone());
-    }
+    let (mut sched, mut pool_state, mut ledger) = empty_world(pools, capacity)?;
     let queues = [("root.a", "cpu=10000,mem=100000"), ("root.b", "cpu=10000,mem=1000000")];
     let mut apps = Vec::new();
     for (i, (queue, guaranteed)) in queues.into_iter().enumerate() {
@@ -430,19 +425,18 @@ fn setup(tasks: usize, pools: usize, capacity: &Resources) -> anyhow::Result<Set
     Ok(Setup { sched, pools: pool_state, ledger, apps })
 }
 
+/// A scheduler with no queue yet, `pools` pools `node-0`.. of `capacity`, no namespace.
+fn empty_world(pools: usize, capacity: &Resources) -> anyhow::Result<(Scheduler, Pools, Ledger)> {
+    let mut pool_state = Pools::new(LeaseRules::default());
+    for i in 0..pools {
+        pool_state.put_pool(&PoolName::new(&format!("node-{i}"))?, capacity.clone());
+    }
+    Ok((Scheduler::new(SchedConfig::default()), pool_state, Ledger::new()))
+}
+
 /// An application of user `bench` in `queue`, with no gang.
 fn app_spec(id: &AppId, queue: &str) -> anyhow::Result<AppSpec> {
-    Ok(AppSpec {
-        id: id.clone(),
-        queue: QueuePath::new(queue)?,
-        user: "bench".to_owned(),
-        user_groups: Vec::new(),
-        tags: BTreeMap::new(),
-        groups: Vec::new(),
-        policy: SchedulingPolicy::default(),
-        queue_rule: None,
-        priority: Default::default(),
-    })
+    Ok(AppSpec::new(id.clone(), QueuePath::new(queue)?, "bench"))
 }
 
 /// A preemptable task of `resources`, of no type, at the default priority.
@@ -539,12 +533,7 @@ fn measure_preemption(tasks: usize, pools: usize, preempt: bool) -> anyhow::Resu
     let borrowed = per_pool * pools;
     let capacity = capacity_for(if preempt { per_pool } else { per_pool + tenth.div_ceil(pools) });
     let now = 1;
-    let mut sched = Scheduler::new(SchedConfig::default());
-    let mut pool_state = Pools::new(LeaseRules::default());
-    let mut ledger = Ledger::new();
-    for i in 0..pools {
-        pool_state.put_pool(&PoolName::new(&format!("node-{i}"))?, capacity.clone());
-    }
+    let (mut sched, mut pool_state, mut ledger) = empty_world(pools, &capacity)?;
     let queues = [("root.a", tasks, "urgent"), ("root.b", borrowed / 2, "batch")];
     let mut apps = Vec::new();
     for (queue, guaranteed, app) in queues {

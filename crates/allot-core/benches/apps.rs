@@ -10,9 +10,7 @@ use std::sync::Arc;
 
 use allot_core::access::{Binding, Pattern, Permission, Policy, Role, Tenancy};
 use allot_core::apps::queues::{QueueLimits, QueuePath};
-use allot_core::apps::{
-    AppId, AppSpec, Outcome, Runner, Runners, SchedConfig, Scheduler, SchedulingPolicy, TaskId, TaskSpec, World,
-};
+use allot_core::apps::{AppId, AppSpec, Outcome, Runner, Runners, SchedConfig, Scheduler, TaskId, TaskSpec, World};
 use allot_core::pools::{LeaseRules, PoolName, Pools};
 use allot_core::{Ledger, Resources};
 use criterion::{criterion_group, criterion_main, BatchSize, Criterion, Throughput};
@@ -55,17 +53,7 @@ fn setup_with(spec: String, run: bool) -> (Scheduler, Pools, Ledger) {
         let path = QueuePath::new(queue).unwrap();
         sched.put_queue(path.clone(), QueueLimits { guaranteed: res(guaranteed), ..QueueLimits::default() });
         let id = AppId::new(&format!("app-{}", i + 1)).unwrap();
-        let spec = AppSpec {
-            id: id.clone(),
-            queue: path,
-            user: "bench".to_owned(),
-            user_groups: Vec::new(),
-            tags: BTreeMap::new(),
-            groups: Vec::new(),
-            policy: SchedulingPolicy::default(),
-            queue_rule: None,
-            priority: Default::default(),
-        };
+        let spec = AppSpec::new(id.clone(), path, "bench");
         sched.add_app(spec, 1, &World { pools: &mut pools, ledger: &mut ledger }).unwrap();
         apps.push(id);
     }

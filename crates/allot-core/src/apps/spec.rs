@@ -199,6 +199,22 @@ pub struct AppSpec {
 }
 
 impl AppSpec {
+    /// An application of `user` in `queue`: no groups, tags, gang or rule, the default policy
+    /// and priority.
+    pub fn new(id: AppId, queue: QueuePath, user: &str) -> AppSpec {
+        AppSpec {
+            id,
+            queue,
+            user: user.to_owned(),
+            user_groups: Vec::new(),
+            tags: BTreeMap::new(),
+            groups: Vec::new(),
+            policy: SchedulingPolicy::default(),
+            queue_rule: None,
+            priority: Priority::default(),
+        }
+    }
+
     /// The checks an application passes by itself; token needs are merged per namespace.
     pub fn check(mut self) -> Result<AppSpec, SchedError> {
         crate::names::check("user", &self.user).map_err(|e| SchedError::Invalid(e.to_string()))?;

@@ -31,17 +31,7 @@ pub(crate) fn labels(pairs: &[(&str, &str)]) -> BTreeMap<String, String> {
 }
 
 pub(crate) fn app_spec(id: &str, queue: &str) -> AppSpec {
-    AppSpec {
-        id: AppId::new(id).unwrap(),
-        queue: QueuePath::new(queue).unwrap(),
-        user: "alice".into(),
-        user_groups: Vec::new(),
-        tags: BTreeMap::new(),
-        groups: Vec::new(),
-        policy: SchedulingPolicy::default(),
-        queue_rule: None,
-        priority: Default::default(),
-    }
+    AppSpec::new(AppId::new(id).unwrap(), QueuePath::new(queue).unwrap(), "alice")
 }
 
 pub(crate) fn group(name: &str, members: u32, resources: &str) -> TaskGroup {

@@ -4,8 +4,6 @@
 //! Checkers read the pools while it happens: never more held than a pool may hold, once the
 //! victims are gone. On Redis the orders go to a daemon that neither schedules nor runs the pools.
 
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::Arc;
 use std::time::Duration;
 
 use allot_client::{AddTask, Client, PutQueue, SubmitApp, WatchEvent, WatchFilter, WatchObject};
@@ -13,7 +11,7 @@ use allot_core::Resources;
 use allot_store_redis::testing::RedisServer;
 use futures_util::StreamExt;
 
-use crate::redis_apps::scheduler;
+use crate::preemption::{never_overcommitted, scheduler_and_runner};
 use crate::support::{data_dir, eventually, Daemon};
 
 fn sleeper(id: &str, priority: i32) -> AddTask {
@@ -24,25 +22,6 @@ fn sleeper(id: &str, priority: i32) -> AddTask {
 fn app(id: &str, tasks: Vec<AddTask>) -> SubmitApp {
     let app = serde_json::json!({ "id": id, "queue": "root.q", "user": "me" });
     SubmitApp { tasks, ..serde_json::from_value(app).unwrap() }
-}
-
-/// Reads the pools until told to stop; true if one ever held more than its capacity.
-fn overcommit_checker(client: Client, stop: Arc<AtomicBool>) -> tokio::task::JoinHandle<(bool, usize)> {
-    tokio::spawn(async move {
-        let (mut over, mut reads) = (false, 0);
-        while !stop.load(Ordering::SeqCst) {
-            if let Ok(list) = client.pools().await {
-                for pool in list.pools {
-                    let capacity: Resources = pool.capacity.parse().unwrap();
-                    let allocated: Resources = pool.allocated.parse().unwrap();
-                    over |= !capacity.fits(&allocated);
-                }
-                reads += 1;
-            }
-            tokio::task::yield_now().await;
-        }
-        (over, reads)
-    })
 }
 
 /// Where each task of `app` runs (`None`: not running).
@@ -114,64 +93,51 @@ async fn a_drained_pools_tasks_move_to_another_pool_on_the_embedded_store() {
     let args = ["--pool", "w1=cpu=2", "--pool", "w2=cpu=2", "--run-pool", "w1", "--run-pool", "w2"];
     let daemon = Daemon::start(&data, &args);
     let client = daemon.client();
-    let stop = Arc::new(AtomicBool::new(false));
-    let checker = overcommit_checker(daemon.client(), stop.clone());
-    drain_moves_the_tasks(&daemon, &client).await;
+    never_overcommitted(daemon.client(), drain_moves_the_tasks(&daemon, &client)).await;
     let metrics = client.metrics().await.unwrap();
     for line in ["allot_pools_cordoned 1", "allot_apps_preemptions_total 2", "allot_apps_preemption_decisions_total 1"]
     {
         assert!(metrics.lines().any(|l| l == line), "{line} in\n{metrics}");
     }
-    stop.store(true, Ordering::SeqCst);
-    let (over, reads) = checker.await.unwrap();
-    assert!(!over && reads > 0, "never overcommitted ({reads} reads)");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn on_redis_a_drain_and_occupied_room_ordered_at_one_daemon_are_carried_out_by_the_others() {
     let redis = RedisServer::start();
-    let (dir, _) = data_dir();
-    let config = dir.path().join("allot.toml");
-    std::fs::write(&config, format!("store = \"{}\"\n", redis.url())).unwrap();
-    let config = config.to_str().unwrap().to_owned();
-    // The first daemon schedules (it is alone when it starts); the second runs the pools.
-    let (_first_dir, first_data) = data_dir();
-    let first = Daemon::start(&first_data, &["--config", &config]);
-    let first_url = first.url.clone();
-    assert!(eventually(Duration::from_secs(10), async || scheduler(&redis) == first_url).await, "the first schedules");
-    let (_second_dir, second_data) = data_dir();
     let pools = ["--pool", "w1=cpu=2", "--pool", "w2=cpu=2", "--run-pool", "w1", "--run-pool", "w2"];
-    let second = Daemon::start(&second_data, &[&["--config", &config][..], &pools[..]].concat());
+    let on = scheduler_and_runner(&redis, &pools).await;
     let (_third_dir, third_data) = data_dir();
-    let third = Daemon::start(&third_data, &["--config", &config]);
-    let (orders, runs) = (third.client(), second.client());
-    let stop = Arc::new(AtomicBool::new(false));
-    let checker = overcommit_checker(second.client(), stop.clone());
-    drain_moves_the_tasks(&third, &runs).await;
-    // w2 holds both tasks; something else takes one cpu of it: the younger one goes, and waits
-    // (w1 is drained) until the room is back.
-    let occupied =
-        allot_client::PutPool { capacity: "cpu=2".into(), occupied: Some("cpu=1".into()), labels: None, plugins: None };
-    let put = orders.put_pool_with("w2", &occupied).await.unwrap();
-    assert_eq!(put.pool.occupied, "cpu=1");
-    let one_left = eventually(Duration::from_secs(60), async || {
-        let a = running_on(&runs, "batch", "a").await;
-        let b = running_on(&runs, "batch", "b").await;
-        a.is_some() != b.is_some()
+    let third = Daemon::start(&third_data, &["--config", &on.config]);
+    let (orders, runs) = (third.client(), on.second.client());
+    never_overcommitted(on.second.client(), async {
+        drain_moves_the_tasks(&third, &runs).await;
+        // w2 holds both tasks; something else takes one cpu of it: the younger one goes, and waits
+        // (w1 is drained) until the room is back.
+        let occupied = allot_client::PutPool {
+            capacity: "cpu=2".into(),
+            occupied: Some("cpu=1".into()),
+            labels: None,
+            plugins: None,
+        };
+        let put = orders.put_pool_with("w2", &occupied).await.unwrap();
+        assert_eq!(put.pool.occupied, "cpu=1");
+        let one_left = eventually(Duration::from_secs(60), async || {
+            let a = running_on(&runs, "batch", "a").await;
+            let b = running_on(&runs, "batch", "b").await;
+            a.is_some() != b.is_some()
+        })
+        .await;
+        assert!(one_left, "one of the two is preempted: {:?}", runs.tasks("batch").await.unwrap().tasks);
+        let pool = runs.pool("w2").await.unwrap();
+        let (allocated, usable): (Resources, Resources) = (pool.allocated.parse().unwrap(), "cpu=1".parse().unwrap());
+        assert!(usable.fits(&allocated), "w2 holds what it may: {pool:?}");
+        // The room comes back: the task preempted runs again.
+        orders.put_pool_with("w2", &allot_client::PutPool { occupied: Some(String::new()), ..occupied }).await.unwrap();
+        let both = eventually(Duration::from_secs(60), async || {
+            running_on(&runs, "batch", "a").await.is_some() && running_on(&runs, "batch", "b").await.is_some()
+        })
+        .await;
+        assert!(both, "both run again: {:?}", runs.tasks("batch").await.unwrap().tasks);
     })
     .await;
-    assert!(one_left, "one of the two is preempted: {:?}", runs.tasks("batch").await.unwrap().tasks);
-    let pool = runs.pool("w2").await.unwrap();
-    let (allocated, usable): (Resources, Resources) = (pool.allocated.parse().unwrap(), "cpu=1".parse().unwrap());
-    assert!(usable.fits(&allocated), "w2 holds what it may: {pool:?}");
-    // The room comes back: the task preempted runs again.
-    orders.put_pool_with("w2", &allot_client::PutPool { occupied: Some(String::new()), ..occupied }).await.unwrap();
-    let both = eventually(Duration::from_secs(60), async || {
-        running_on(&runs, "batch", "a").await.is_some() && running_on(&runs, "batch", "b").await.is_some()
-    })
-    .await;
-    assert!(both, "both run again: {:?}", runs.tasks("batch").await.unwrap().tasks);
-    stop.store(true, Ordering::SeqCst);
-    let (over, reads) = checker.await.unwrap();
-    assert!(!over && reads > 0, "never overcommitted ({reads} reads)");
 }

@@ -25,21 +25,57 @@ fn app(id: &str, queue: &str, tasks: Vec<AddTask>) -> SubmitApp {
     SubmitApp { tasks, ..serde_json::from_value(app).unwrap() }
 }
 
-/// Reads pool `w` until told to stop; true if it ever held more than its capacity.
-fn overcommit_checker(client: Client, stop: Arc<AtomicBool>) -> tokio::task::JoinHandle<(bool, usize)> {
-    tokio::spawn(async move {
-        let (mut over, mut reads) = (false, 0);
-        while !stop.load(Ordering::SeqCst) {
-            if let Ok(pool) = client.pool("w").await {
-                let capacity: Resources = pool.capacity.parse().unwrap();
-                let allocated: Resources = pool.allocated.parse().unwrap();
-                over |= !capacity.fits(&allocated);
+/// Runs `work` while a checker reads every pool through `client`; fails if one ever held more
+/// than its capacity (or was never read).
+pub(crate) async fn never_overcommitted<T>(client: Client, work: impl std::future::Future<Output = T>) -> T {
+    let stop = Arc::new(AtomicBool::new(false));
+    let stopped = stop.clone();
+    let checker = tokio::spawn(async move {
+        let (mut over, mut reads) = (None, 0);
+        while !stopped.load(Ordering::SeqCst) {
+            if let Ok(list) = client.pools().await {
+                for pool in list.pools {
+                    let capacity: Resources = pool.capacity.parse().unwrap();
+                    let allocated: Resources = pool.allocated.parse().unwrap();
+                    if !capacity.fits(&allocated) {
+                        over = Some(format!("{}: {allocated} of {capacity}", pool.name));
+                    }
+                }
                 reads += 1;
             }
             tokio::task::yield_now().await;
         }
         (over, reads)
-    })
+    });
+    let answer = work.await;
+    stop.store(true, Ordering::SeqCst);
+    let (over, reads) = checker.await.unwrap();
+    assert!(over.is_none() && reads > 0, "never overcommitted ({reads} reads): {over:?}");
+    answer
+}
+
+/// Daemons on one Redis: the first schedules (it is alone when it starts), the second runs the
+/// pools its `runs` arguments give (`--pool`, `--run-pool`); `config` starts more.
+pub(crate) struct OnRedis {
+    pub(crate) config: String,
+    pub(crate) first: Daemon,
+    pub(crate) second: Daemon,
+    /// Kept while the daemons run.
+    pub(crate) _dirs: Vec<tempfile::TempDir>,
+}
+
+pub(crate) async fn scheduler_and_runner(redis: &RedisServer, runs: &[&str]) -> OnRedis {
+    let (dir, _) = data_dir();
+    let config = dir.path().join("allot.toml");
+    std::fs::write(&config, format!("store = \"{}\"\n", redis.url())).unwrap();
+    let config = config.to_str().unwrap().to_owned();
+    let (first_dir, first_data) = data_dir();
+    let first = Daemon::start(&first_data, &["--config", &config]);
+    let first_url = first.url.clone();
+    assert!(eventually(Duration::from_secs(10), async || scheduler(redis) == first_url).await, "the first schedules");
+    let (second_dir, second_data) = data_dir();
+    let second = Daemon::start(&second_data, &[&["--config", config.as_str()][..], runs].concat());
+    OnRedis { config, first, second, _dirs: vec![dir, first_dir, second_dir] }
 }
 
 /// The queues: `root.gold` guaranteed one cpu, preempting at once; `root.batch` guaranteed none.
@@ -101,42 +137,30 @@ async fn a_queue_below_its_guarantee_preempts_on_the_embedded_store_without_over
     let daemon = Daemon::start(&data, &["--pool", "w=cpu=2", "--run-pool", "w"]);
     let client = daemon.client();
     queues(&client).await;
-    let stop = Arc::new(AtomicBool::new(false));
-    let checker = overcommit_checker(daemon.client(), stop.clone());
-    let victim = preempt_one(&client).await;
-    carried_through(&client, &victim).await;
-    stop.store(true, Ordering::SeqCst);
-    let (over, reads) = checker.await.unwrap();
-    assert!(!over && reads > 0, "never overcommitted ({reads} reads)");
+    never_overcommitted(daemon.client(), async {
+        let victim = preempt_one(&client).await;
+        carried_through(&client, &victim).await;
+    })
+    .await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn on_redis_the_scheduler_killed_mid_preemption_another_daemon_carries_it_through() {
     let redis = RedisServer::start();
-    let (dir, _) = data_dir();
-    let config = dir.path().join("allot.toml");
-    std::fs::write(&config, format!("store = \"{}\"\n", redis.url())).unwrap();
-    let config = config.to_str().unwrap().to_owned();
-    // The first daemon schedules (it is alone when it starts); the second runs the pool.
-    let (_first_dir, first_data) = data_dir();
-    let first = Daemon::start(&first_data, &["--config", &config]);
-    let first_url = first.url.clone();
-    assert!(eventually(Duration::from_secs(10), async || scheduler(&redis) == first_url).await, "the first schedules");
-    let (_second_dir, second_data) = data_dir();
-    let second = Daemon::start(&second_data, &["--config", &config, "--pool", "w=cpu=2", "--run-pool", "w"]);
+    let on = scheduler_and_runner(&redis, &["--pool", "w=cpu=2", "--run-pool", "w"]).await;
+    let (first, second) = (on.first, on.second);
+    let _dirs = on._dirs;
     let client = second.client();
     queues(&client).await;
-    let stop = Arc::new(AtomicBool::new(false));
-    let checker = overcommit_checker(second.client(), stop.clone());
-    let victim = preempt_one(&client).await;
-    // Mid-preemption: the victim chosen, maybe not yet taken back. The scheduler dies.
-    first.kill9();
-    let took_over = eventually(Duration::from_secs(30), async || scheduler(&redis) == second.url).await;
-    assert!(took_over, "the second daemon schedules");
-    carried_through(&client, &victim).await;
-    stop.store(true, Ordering::SeqCst);
-    let (over, reads) = checker.await.unwrap();
-    assert!(!over && reads > 0, "never overcommitted ({reads} reads)");
+    never_overcommitted(second.client(), async {
+        let victim = preempt_one(&client).await;
+        // Mid-preemption: the victim chosen, maybe not yet taken back. The scheduler dies.
+        first.kill9();
+        let took_over = eventually(Duration::from_secs(30), async || scheduler(&redis) == second.url).await;
+        assert!(took_over, "the second daemon schedules");
+        carried_through(&client, &victim).await;
+    })
+    .await;
 }
 
 /// A gang of two and two tasks on their own fill the pool; a task of a queue below its guarantee
@@ -181,30 +205,11 @@ async fn preemption_never_breaks_a_gang_on_either_store() {
     let (_dir, data) = data_dir();
     let daemon = Daemon::start(&data, &["--pool", "w=cpu=4", "--run-pool", "w"]);
     queues(&daemon.client()).await;
-    let stop = Arc::new(AtomicBool::new(false));
-    let checker = overcommit_checker(daemon.client(), stop.clone());
-    gang_kept(&daemon.client()).await;
-    stop.store(true, Ordering::SeqCst);
-    let (over, reads) = checker.await.unwrap();
-    assert!(!over && reads > 0, "never overcommitted ({reads} reads)");
+    never_overcommitted(daemon.client(), gang_kept(&daemon.client())).await;
     drop(daemon);
 
     let redis = RedisServer::start();
-    let (dir, _) = data_dir();
-    let config = dir.path().join("allot.toml");
-    std::fs::write(&config, format!("store = \"{}\"\n", redis.url())).unwrap();
-    let config = config.to_str().unwrap().to_owned();
-    let (_first_dir, first_data) = data_dir();
-    let first = Daemon::start(&first_data, &["--config", &config]);
-    let first_url = first.url.clone();
-    assert!(eventually(Duration::from_secs(10), async || scheduler(&redis) == first_url).await, "the first schedules");
-    let (_second_dir, second_data) = data_dir();
-    let second = Daemon::start(&second_data, &["--config", &config, "--pool", "w=cpu=4", "--run-pool", "w"]);
-    queues(&second.client()).await;
-    let stop = Arc::new(AtomicBool::new(false));
-    let checker = overcommit_checker(second.client(), stop.clone());
-    gang_kept(&second.client()).await;
-    stop.store(true, Ordering::SeqCst);
-    let (over, reads) = checker.await.unwrap();
-    assert!(!over && reads > 0, "never overcommitted on Redis ({reads} reads)");
+    let on = scheduler_and_runner(&redis, &["--pool", "w=cpu=4", "--run-pool", "w"]).await;
+    queues(&on.second.client()).await;
+    never_overcommitted(on.second.client(), gang_kept(&on.second.client())).await;
 }

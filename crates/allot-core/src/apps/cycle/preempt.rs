@@ -1,5 +1,10 @@
 //! Preemption [YuniKorn's laws, made exact; issue 42]: after a cycle's placements, a pending task
-//! that found no room may take room from placed tasks, on one pool.
+//! that found no room may take room from placed tasks, on one pool; and a pool that is drained,
+//! or shrank below what is placed there, takes its own tasks back (`evict`).
+//!
+//! At length, as one thing: the marks on victims, the room held for preemptors and the calling
+//! off of what is no longer wanted are one state, kept in step by every function here; apart,
+//! each file would have to know the others' invariants.
 //!
 //! Who may preempt: a task that has waited its queue's `preemption_delay` (since it was added, or
 //! last preempted itself), whose tokens are there (preemption frees pools, not tokens), and
