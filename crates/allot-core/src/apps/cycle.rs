@@ -102,6 +102,9 @@ struct Room {
     total: Option<Resources>,
     /// The cordoned pools and their labels (to say so of a task no other pool takes).
     cordoned: Vec<(PoolName, Labels)>,
+    /// Each spot by its pool's name, made when first asked (a cycle that places tasks with room
+    /// held for them asks; most cycles never do).
+    by_name: std::cell::OnceCell<HashMap<PoolName, usize>>,
 }
 
 /// Sizes are non-negative, so their bit patterns sort like the numbers.
@@ -138,7 +141,14 @@ impl Room {
         let total =
             totals.then(|| spots.iter().fold(Resources::new(), |sum, spot| sum.checked_add(&spot.free).unwrap_or(sum)));
         let cordoned = pools.cordoned().map(|(name, labels)| (name.clone(), labels.clone())).collect();
-        Room { spots, index, weights: weights.clone(), typed, limited, total, cordoned }
+        Room { spots, index, weights: weights.clone(), typed, limited, total, cordoned, by_name: Default::default() }
+    }
+
+    /// The spot of pool `name`, if it is in the room.
+    fn spot_of(&self, name: &PoolName) -> Option<usize> {
+        let by_name =
+            self.by_name.get_or_init(|| self.spots.iter().enumerate().map(|(i, s)| (s.name.clone(), i)).collect());
+        by_name.get(name).copied()
     }
 
     /// The matching pool with the least free space that fits `wanted` (less what `taken` says

@@ -818,7 +818,7 @@ impl Scheduler {
         held: &mut HashMap<usize, Resources>,
     ) -> Option<(usize, Resources)> {
         let pool = self.tasks.get(&key.0)?.get(&key.1)?.held.as_ref()?;
-        let i = room.spots.iter().position(|spot| &spot.name == pool)?;
+        let i = room.spot_of(pool)?;
         let wanted = &self.tasks[&key.0][&key.1].spec.resources;
         let portion = held.get(&i).map(|h| h.min(wanted)).unwrap_or_default();
         room.give_back(i, &portion);
