@@ -30,6 +30,17 @@ fn fits(b: &Bench, name: &str) -> bool {
     view.capacity.saturating_sub(&view.occupied).fits(&view.allocated)
 }
 
+/// Pools `p1` and `p2` of `cpu=4`, `p2` cordoned (so that tasks go to `p1` first), and queue
+/// `root.q`.
+fn p2_cordoned() -> Bench {
+    let mut b = Bench::new();
+    b.pool("p1", "cpu=4", &[]);
+    b.pool("p2", "cpu=4", &[]);
+    order(&mut b, "p2", CordonOrder::Cordon);
+    b.queue("root.q", QueueLimits::default());
+    b
+}
+
 #[test]
 fn nothing_new_is_placed_on_a_cordoned_pool_and_what_runs_there_runs_on() {
     let mut b = Bench::new();
@@ -60,11 +71,7 @@ fn nothing_new_is_placed_on_a_cordoned_pool_and_what_runs_there_runs_on() {
 
 #[test]
 fn a_drained_pools_tasks_are_preempted_after_the_grace_and_placed_elsewhere_but_not_those_that_may_not_be() {
-    let mut b = Bench::new();
-    b.pool("p1", "cpu=4", &[]);
-    b.pool("p2", "cpu=4", &[]);
-    order(&mut b, "p2", CordonOrder::Cordon);
-    b.queue("root.q", QueueLimits::default());
+    let mut b = p2_cordoned();
     b.submit(app_spec("app", "root.q")).unwrap();
     for id in ["a", "b", "c"] {
         b.add("app", task(id, "cpu=1")).unwrap();
@@ -105,11 +112,7 @@ fn a_drained_pools_tasks_are_preempted_after_the_grace_and_placed_elsewhere_but_
 
 #[test]
 fn a_drain_never_breaks_a_gang_and_an_uncordon_calls_off_what_it_had_not_carried_out() {
-    let mut b = Bench::new();
-    b.pool("p1", "cpu=4", &[]);
-    b.pool("p2", "cpu=4", &[]);
-    order(&mut b, "p2", CordonOrder::Cordon);
-    b.queue("root.q", QueueLimits::default());
+    let mut b = p2_cordoned();
     b.submit(app_spec("solo", "root.q")).unwrap();
     b.add("solo", task("a", "cpu=1")).unwrap();
     let mut gang = app_spec("gang", "root.q");
