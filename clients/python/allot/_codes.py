@@ -82,6 +82,12 @@ class ShuttingDown(Unavailable):
     code = "shutting_down"
 
 
+class Starting(Unavailable):
+    """``starting`` (503)."""
+
+    code = "starting"
+
+
 class StoreFailed(Unavailable):
     """``store_failed`` (503)."""
 
@@ -396,6 +402,7 @@ ERRORS: Dict[str, Type[AllotError]] = {
     "store_outcome_unknown": StoreOutcomeUnknown,
     "not_enough_replicas": NotEnoughReplicas,
     "shutting_down": ShuttingDown,
+    "starting": Starting,
     "store_failed": StoreFailed,
     "caps_without_scope": CapsWithoutScope,
     "namespace_not_found": NamespaceNotFound,
@@ -451,4 +458,4 @@ ERRORS: Dict[str, Type[AllotError]] = {
     "forbidden": Forbidden,
 }
 
-__all__ = ["InvalidJson", "InvalidArgument", "InvalidName", "InvalidCursor", "NotFound", "MethodNotAllowed", "PayloadTooLarge", "Internal", "StoreUnavailable", "StoreOutcomeUnknown", "NotEnoughReplicas", "ShuttingDown", "StoreFailed", "CapsWithoutScope", "NamespaceNotFound", "GrantNotFound", "SessionNotFound", "StaleFencing", "TokenConflict", "NamespaceInUse", "InvalidResources", "PoolNotFound", "AllocNotFound", "OfferNotFound", "OfferExpired", "ExceedsCapacity", "PoolStopped", "PoolCordoned", "PoolInUse", "AllocEnded", "AllocIdTaken", "HeldByScheduler", "InvalidQueue", "QueueNotFound", "AppNotFound", "TaskNotFound", "QueueInUse", "QueueNotALeaf", "NoUsableQueue", "AppConflict", "TaskConflict", "TaskGroupConflict", "AppEnded", "GangNeverFits", "GangExceedsQueue", "GangExceedsQuota", "TaskNeverFits", "TokensExceedQuota", "TaskTypeUnknown", "LargerThanTaskGroup", "IllegalTransition", "UnknownTaskGroup", "UnknownPriorityClass", "RunNotFound", "LogsNotFound", "RunNotHere", "RevisionCompacted", "WatchUnsupported", "ApiTokenNotFound", "BindingNotFound", "ApiTokenExists", "UnknownRole", "ERRORS"]
+__all__ = ["InvalidJson", "InvalidArgument", "InvalidName", "InvalidCursor", "NotFound", "MethodNotAllowed", "PayloadTooLarge", "Internal", "StoreUnavailable", "StoreOutcomeUnknown", "NotEnoughReplicas", "ShuttingDown", "Starting", "StoreFailed", "CapsWithoutScope", "NamespaceNotFound", "GrantNotFound", "SessionNotFound", "StaleFencing", "TokenConflict", "NamespaceInUse", "InvalidResources", "PoolNotFound", "AllocNotFound", "OfferNotFound", "OfferExpired", "ExceedsCapacity", "PoolStopped", "PoolCordoned", "PoolInUse", "AllocEnded", "AllocIdTaken", "HeldByScheduler", "InvalidQueue", "QueueNotFound", "AppNotFound", "TaskNotFound", "QueueInUse", "QueueNotALeaf", "NoUsableQueue", "AppConflict", "TaskConflict", "TaskGroupConflict", "AppEnded", "GangNeverFits", "GangExceedsQueue", "GangExceedsQuota", "TaskNeverFits", "TokensExceedQuota", "TaskTypeUnknown", "LargerThanTaskGroup", "IllegalTransition", "UnknownTaskGroup", "UnknownPriorityClass", "RunNotFound", "LogsNotFound", "RunNotHere", "RevisionCompacted", "WatchUnsupported", "ApiTokenNotFound", "BindingNotFound", "ApiTokenExists", "UnknownRole", "ERRORS"]

@@ -91,7 +91,7 @@ def fresh_token(prefix: str = "py") -> str:
 
 
 #: Codes of a 503 whose change was surely not made: any call may be sent again.
-NOT_APPLIED = {"store_unavailable", "shutting_down"}
+NOT_APPLIED = {"store_unavailable", "shutting_down", "starting"}
 
 
 def retry_delay(attempt: int, backoff: float, retry_after: Optional[str]) -> float:

@@ -59,6 +59,7 @@ error_codes! {
     StoreOutcomeUnknown = "store_outcome_unknown", Daemon, 503;
     NotEnoughReplicas = "not_enough_replicas", Daemon, 503;
     ShuttingDown = "shutting_down", Daemon, 503;
+    Starting = "starting", Daemon, 503;
     StoreFailed = "store_failed", Daemon, 503;
     Unauthenticated = "unauthenticated", Access, 401;
     Forbidden = "forbidden", Access, 403;

@@ -46,8 +46,8 @@ pub const DEFAULT_REQUEST_TIMEOUT: Duration = Duration::from_secs(30);
 /// How long a release is retried by default while the daemon or its store is unreachable.
 pub const DEFAULT_RELEASE_RETRY: Duration = Duration::from_secs(300);
 
-/// How many times by default a call answered 503 `store_unavailable` with `Retry-After` is sent
-/// again (nothing was changed by it), see [`Client::with_unavailable_retry`].
+/// How many times by default a call answered 503 `store_unavailable` or `starting` with
+/// `Retry-After` is sent again (nothing was changed by it), see [`Client::with_unavailable_retry`].
 pub const DEFAULT_UNAVAILABLE_RETRIES: u32 = 5;
 /// Within how long, from the first try, those retries are made by default.
 pub const DEFAULT_UNAVAILABLE_RETRY_FOR: Duration = Duration::from_secs(10);
@@ -150,11 +150,11 @@ impl Client {
         self
     }
 
-    /// Sets how a call answered 503 `store_unavailable` with a `Retry-After` header is retried:
-    /// up to `retries` more times, each after the pause the header asks (at most 5 s), as long as
-    /// the next try starts within `within` of the first. Such an answer means nothing was changed
-    /// (the daemon's store could not be reached, or, on Redis, a scheduler is being elected), so
-    /// any call is safe to send again. Defaults: [`DEFAULT_UNAVAILABLE_RETRIES`] within
+    /// Sets how a call answered 503 `store_unavailable` or `starting` with a `Retry-After` header
+    /// is retried: up to `retries` more times, each after the pause the header asks (at most 5 s),
+    /// as long as the next try starts within `within` of the first. Such an answer means nothing
+    /// was changed (the daemon's store could not be reached, or, on Redis, a scheduler is being
+    /// elected, or the daemon is still opening its store), so any call is safe to send again. Defaults: [`DEFAULT_UNAVAILABLE_RETRIES`] within
     /// [`DEFAULT_UNAVAILABLE_RETRY_FOR`]; `0` retries answers the first 503 as an error. Other
     /// 503s (`store_outcome_unknown`, `shutting_down`) are never retried here.
     #[must_use]
@@ -251,7 +251,7 @@ impl Client {
 
     /// [`Client::send`], taking the answer of status `also` as a success too.
     ///
-    /// A 503 `store_unavailable` with `Retry-After` is sent again, as
+    /// A 503 `store_unavailable` or `starting` with `Retry-After` is sent again, as
     /// [`Client::with_unavailable_retry`] says.
     async fn send_accepting(
         &self,
@@ -275,7 +275,7 @@ impl Client {
             let err = api_error(&what, status, &body);
             match (again, pause) {
                 (Some(next), Some(pause))
-                    if err.code() == Some("store_unavailable")
+                    if matches!(err.code(), Some("store_unavailable" | "starting"))
                         && started.elapsed() + pause <= self.unavailable_retry_for =>
                 {
                     tokio::time::sleep(pause).await;

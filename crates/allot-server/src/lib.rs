@@ -35,6 +35,8 @@ pub mod tls;
 pub use page::DEFAULT_PAGE;
 mod routes;
 mod runs_here;
+mod starting;
+pub use starting::{starting, Starting};
 mod threads;
 mod ui;
 pub use runs_here::{RunCounters, RunsHere};

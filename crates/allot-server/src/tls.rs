@@ -262,6 +262,11 @@ impl<L> Accepting<L> {
         let (handshaken, ready) = mpsc::unbounded_channel();
         Accepting { inner, tls, handshaken, ready }
     }
+
+    /// The listener, given back (handshakes under way are dropped with their connections).
+    pub fn into_inner(self) -> L {
+        self.inner
+    }
 }
 
 impl<L> Listener for Accepting<L>

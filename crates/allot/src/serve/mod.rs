@@ -120,15 +120,24 @@ pub(crate) async fn run(args: ServeArgs) -> anyhow::Result<()> {
         // From the scheduler's first cycle: nothing is placed that its user may not use.
         config.sched.tenancy = allot_core::access::Tenancy::Enforced(auth.access.policy());
     }
+    // Until the store is open and seeded, every call is answered 503 `starting`.
+    let backend = match &config.store {
+        StoreChoice::Embedded => "embedded",
+        StoreChoice::Redis(_) => "redis",
+    };
+    let starting = allot_server::starting(listener, tls.clone(), backend);
+    tracing::info!(%address, backend, "listening; answering 503 `starting` until the store is open");
     let store: Arc<dyn Store> = match &config.store {
         StoreChoice::Embedded => {
-            let store = EmbeddedStore::open(
-                &EmbeddedConfig::new(config.data_dir.clone())
-                    .with_durability(config.durability)
-                    .with_watch(config.watch)
-                    .with_sched(config.sched.clone()),
-            )
-            .with_context(|| format!("cannot open the store in {}", config.data_dir.display()))?;
+            let embedded = EmbeddedConfig::new(config.data_dir.clone())
+                .with_durability(config.durability)
+                .with_watch(config.watch)
+                .with_sched(config.sched.clone());
+            // Read on a thread of its own: the runtime goes on answering meanwhile.
+            let store = tokio::task::spawn_blocking(move || EmbeddedStore::open(&embedded))
+                .await
+                .context("opening the store")?
+                .with_context(|| format!("cannot open the store in {}", config.data_dir.display()))?;
             store.set_pool_rules(config.pool_rules);
             Arc::new(store)
         }
@@ -203,6 +212,9 @@ pub(crate) async fn run(args: ServeArgs) -> anyhow::Result<()> {
             Err(err) => return Err(err).with_context(|| format!("cannot register queue `{path}`")),
         }
     }
+    // From here on, connections wait to be accepted by the daemon's server (the line below tells
+    // scripts that it serves).
+    let listener = starting.ready().await.context("taking the listener back from the start's answers")?;
     tracing::info!(%address, data_dir = %config.data_dir.display(), backend = store.backend(), durability = store.durability(), "allot serving");
     tracing::info!("the dashboard: {advertise}/ui");
     // The one line on stdout: scripts and tests read the address from it.

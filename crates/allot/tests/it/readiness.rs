@@ -102,3 +102,79 @@ async fn on_redis_a_daemon_is_ready_while_it_reaches_the_scheduler_and_clients_r
     assert!(log.lines().any(|l| l.contains("WARN") && l.contains("request answered 503")), "{log}");
     assert!(!log.lines().any(|l| l.contains("ERROR")), "{log}");
 }
+
+/// A daemon whose store cannot be opened yet (its Redis is down) already listens: every call is
+/// answered 503 `starting` with `Retry-After`, `/readyz` says not ready and `/healthz` that it is
+/// alive; a client with retries waits, and gets its answer once the store opens.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_daemon_answers_starting_until_its_store_opens() {
+    let mut redis = RedisServer::start();
+    let store = redis.url();
+    redis.stop();
+    let (_dir, data) = data_dir();
+    let log_path = data.with_extension("log");
+    let log = std::fs::File::create(&log_path).unwrap();
+    let child = std::process::Command::new(crate::support::ALLOT)
+        .args(["serve", "--listen", "127.0.0.1:0", "--data-dir"])
+        .arg(&data)
+        .args(["--store", store.as_str(), "--quota", "hive:a=3"])
+        .stdout(std::process::Stdio::piped())
+        .stderr(log)
+        .spawn()
+        .unwrap();
+    let _daemon = Reaper(child);
+    let address = |log: &str| {
+        let line = log.lines().find(|l| l.contains("answering 503 `starting`"))?;
+        let at = line.split("address=").nth(1)?;
+        Some(at.split_whitespace().next()?.to_owned())
+    };
+    let listening = crate::support::eventually(crate::support::PATIENCE, async || {
+        address(&std::fs::read_to_string(&log_path).unwrap_or_default()).is_some()
+    })
+    .await;
+    let log = std::fs::read_to_string(&log_path).unwrap();
+    assert!(listening, "the daemon says it listens while starting: {log}");
+    let url = format!("http://{}", address(&log).unwrap());
+
+    let http = reqwest::Client::new();
+    let answer = http.get(format!("{url}/v1/namespaces")).send().await.unwrap();
+    assert_eq!(answer.status(), 503);
+    assert_eq!(answer.headers()["retry-after"], "1");
+    let body: serde_json::Value = answer.json().await.unwrap();
+    assert_eq!(body["error"]["code"], "starting", "{body}");
+    let message = body["error"]["message"].as_str().unwrap();
+    assert!(message.contains("starting") && message.contains("redis"), "{message}");
+    let post = http.post(format!("{url}/v1/namespaces/hive:b/tokens/t1")).body("{}").send().await.unwrap();
+    assert_eq!(post.status(), 503, "a change is refused too, and made nowhere");
+
+    let client = allot_client::Client::new(&url).unwrap();
+    let readiness = client.ready().await.unwrap();
+    assert_eq!(readiness.status, "not_ready", "{readiness:?}");
+    assert!(!readiness.checks[0].ready && readiness.checks[0].name == "store", "{readiness:?}");
+    assert_eq!(client.health().await.unwrap().status, "starting", "alive while it starts");
+    let once = client.clone().with_unavailable_retry(0, Duration::ZERO).namespaces().await;
+    assert!(matches!(&once, Err(ClientError::Api { status: 503, code, .. }) if code == "starting"), "{once:?}");
+
+    // A client with retries waits for the store; Redis comes up meanwhile.
+    let patient = client.clone().with_unavailable_retry(u32::MAX, crate::support::PATIENCE);
+    let waiting = tokio::spawn(async move { patient.namespaces().await });
+    redis.restart();
+    let list = waiting.await.unwrap().expect("answered once the store opened");
+    assert!(list.namespaces.iter().any(|n| n.name == "hive:a"), "{list:?}");
+    assert!(!list.namespaces.iter().any(|n| n.name == "hive:b"), "nothing was made while starting: {list:?}");
+    let ready = crate::support::eventually(crate::support::PATIENCE, async || {
+        client.ready().await.is_ok_and(|r| r.status == "ready")
+    });
+    assert!(ready.await, "{:?}", client.ready().await);
+    assert_eq!(client.health().await.unwrap().status, "ok");
+}
+
+/// Kills a daemon process when the test ends, whatever happened.
+struct Reaper(std::process::Child);
+
+impl Drop for Reaper {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
