@@ -61,6 +61,11 @@ impl Server {
         self.child.id()
     }
 
+    /// Kills the child with SIGKILL, as a crash, and reaps it.
+    pub(super) async fn kill(mut self) {
+        let _ = self.child.kill().await;
+    }
+
     /// Stops the child: SIGTERM, then SIGKILL if it has not exited within [`STOP_TIMEOUT`].
     pub(super) async fn stop(mut self) {
         if let Some(pid) = self.child.id() {
@@ -100,6 +105,16 @@ pub(super) async fn spawn_daemon_on(
     ];
     serve.extend(more.iter().cloned());
     spawn_listening("allot", &exe, &serve, scratch.join("allot.log"), cpus).await
+}
+
+/// Starts this binary's daemon again on the data directory of `scratch` (its log appended to),
+/// with `more` arguments (`--listen ADDRESS` to listen where it did).
+pub(super) async fn spawn_daemon_again(scratch: &Scratch, more: &[std::ffi::OsString]) -> anyhow::Result<Server> {
+    let exe = std::env::current_exe()?;
+    let mut serve: Vec<std::ffi::OsString> =
+        vec!["serve".into(), "--data-dir".into(), scratch.join("allot-data").into()];
+    serve.extend(more.iter().cloned());
+    spawn_listening("allot", &exe, &serve, scratch.join("allot-again.log"), None).await
 }
 
 /// Lets the process `command` starts run on `cpus` only, when given (its threads inherit that).

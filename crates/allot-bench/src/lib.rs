@@ -48,6 +48,7 @@ pub mod duration;
 mod gangs;
 mod http;
 mod latency;
+mod leases;
 mod load;
 mod pools;
 mod redis;
@@ -107,6 +108,10 @@ enum BenchCommand {
     /// One application's tasks added over HTTP to a fresh daemon, until every one is Allocated.
     #[command(after_help = BENCH_AFTER_HELP)]
     Apps(AppsBenchArgs),
+    /// A million live TTL grants on one daemon: memory and disk per grant, kill -9 to serving, a
+    /// tenth expiring at once.
+    #[command(after_help = BENCH_AFTER_HELP)]
+    Leases(LeasesBenchArgs),
     /// Gangs of tasks competing for room through a fresh daemon, each task run for a fixed time;
     /// checks all or nothing at every poll.
     #[command(after_help = BENCH_AFTER_HELP)]
@@ -447,6 +452,27 @@ struct AppsBenchArgs {
 }
 
 #[derive(Debug, Clone, clap::Args)]
+struct LeasesBenchArgs {
+    /// How many grants, each with its own TTL lease.
+    #[arg(long, default_value_t = 1_000_000)]
+    grants: usize,
+    /// How many namespaces they are spread over.
+    #[arg(long, default_value_t = 1000)]
+    namespaces: usize,
+    /// How many connections allocate them (and run pairs while a tenth expires).
+    #[arg(long, default_value_t = 32)]
+    clients: usize,
+    /// Exit with an error when a target is missed.
+    #[arg(long)]
+    check: bool,
+    /// Where to make the daemon's scratch directory (see `compare --tmp-dir`).
+    #[arg(long)]
+    tmp_dir: Option<std::path::PathBuf>,
+    #[command(flatten)]
+    output: OutputOpts,
+}
+
+#[derive(Debug, Clone, clap::Args)]
 struct GangsBenchArgs {
     /// How many applications, each with one task group.
     #[arg(long, default_value_t = 100)]
@@ -491,6 +517,7 @@ pub async fn run(args: BenchArgs) -> anyhow::Result<()> {
         BenchCommand::Sched(args) => sched::run(args).await,
         BenchCommand::Apps(args) => apps::run(args).await,
         BenchCommand::Gangs(args) => gangs::run(args).await,
+        BenchCommand::Leases(args) => leases::run(args).await,
     }
 }
 

@@ -557,7 +557,7 @@ async fn open_plain(endpoint: &Endpoint, count: usize) -> anyhow::Result<Vec<Con
 }
 
 /// The resident memory of process `pid` (KiB), from `/proc`.
-fn resident_kib(pid: u32) -> anyhow::Result<u64> {
+pub(super) fn resident_kib(pid: u32) -> anyhow::Result<u64> {
     let status = std::fs::read_to_string(format!("/proc/{pid}/status")).context("cannot read the daemon's status")?;
     let line = status.lines().find(|l| l.starts_with("VmRSS:")).context("no VmRSS in /proc status")?;
     line.split_whitespace().nth(1).and_then(|n| n.parse().ok()).context("unreadable VmRSS")
