@@ -518,38 +518,57 @@ impl Ledger {
                 NamespaceState { quota, next_fencing, fencing_bound: next_fencing, ..NamespaceState::default() };
             ledger.namespaces.insert(name, state);
         }
+        // The leases are gathered, then built into their set at once (sorted, not one by one).
+        let mut leases = Vec::with_capacity(sessions.len() + grants.len());
         for (id, ttl_ms, deadline, owner) in sessions {
             ledger.sessions.insert(id, Session { id, ttl_ms, deadline, grants: BTreeSet::new(), owner });
-            ledger.leases.insert((deadline, LeaseKey::Session(id)));
+            leases.push((deadline, LeaseKey::Session(id)));
         }
-        for grant in grants {
-            let Some(state) = ledger.namespaces.get_mut(&grant.namespace) else {
+        // The grants of one namespace in a row (a store reads them so): its state found once, its
+        // map sized once.
+        let mut runs: Vec<usize> = Vec::new();
+        for (i, grant) in grants.iter().enumerate() {
+            match runs.last_mut() {
+                Some(run) if grants[i - 1].namespace == grant.namespace => *run += 1,
+                _ => runs.push(1),
+            }
+        }
+        let mut grants = grants.into_iter();
+        for run in runs {
+            let mut batch = grants.by_ref().take(run).peekable();
+            let Some(first) = batch.peek() else { break };
+            let Some(state) = ledger.namespaces.get_mut(&first.namespace) else {
+                let grant = batch.next().expect("peeked");
                 return Err(RestoreError::OrphanGrant { namespace: grant.namespace, token: grant.token });
             };
-            if grant.units > MAX_UNITS || state.granted + grant.units > u64::MAX / 2 {
-                return Err(RestoreError::Overflow(grant.namespace));
-            }
-            match grant.lease {
-                Lease::None => {}
-                Lease::Ttl { deadline, .. } => {
-                    ledger.leases.insert((deadline, LeaseKey::Grant(grant.namespace.clone(), grant.token.clone())));
+            state.grants.reserve(run);
+            for grant in batch {
+                if grant.units > MAX_UNITS || state.granted + grant.units > u64::MAX / 2 {
+                    return Err(RestoreError::Overflow(grant.namespace));
                 }
-                Lease::Session(id) => {
-                    let Some(session) = ledger.sessions.get_mut(&id) else {
-                        return Err(RestoreError::MissingSession {
-                            namespace: grant.namespace,
-                            token: grant.token,
-                            session: id,
-                        });
-                    };
-                    session.grants.insert((grant.namespace.clone(), grant.token.clone()));
+                match grant.lease {
+                    Lease::None => {}
+                    Lease::Ttl { deadline, .. } => {
+                        leases.push((deadline, LeaseKey::Grant(grant.namespace.clone(), grant.token.clone())));
+                    }
+                    Lease::Session(id) => {
+                        let Some(session) = ledger.sessions.get_mut(&id) else {
+                            return Err(RestoreError::MissingSession {
+                                namespace: grant.namespace,
+                                token: grant.token,
+                                session: id,
+                            });
+                        };
+                        session.grants.insert((grant.namespace.clone(), grant.token.clone()));
+                    }
                 }
+                state.next_fencing = state.next_fencing.max(grant.fencing + 1);
+                state.fencing_bound = state.fencing_bound.max(state.next_fencing);
+                state.add_units(&grant);
+                state.grants.insert(grant.token.clone(), grant);
             }
-            state.next_fencing = state.next_fencing.max(grant.fencing + 1);
-            state.fencing_bound = state.fencing_bound.max(state.next_fencing);
-            state.add_units(&grant);
-            state.grants.insert(grant.token.clone(), grant);
         }
+        ledger.leases = leases.into_iter().collect();
         Ok(ledger)
     }
 
@@ -865,11 +884,20 @@ impl Ledger {
 
     /// Ends every lease whose deadline is at or before `now`.
     pub fn expire(&mut self, now: Millis) -> Effects {
+        self.expire_some(now, usize::MAX)
+    }
+
+    /// Ends at most `limit` of the leases whose deadline is at or before `now`, earliest first:
+    /// a store ends a great many due at once in batches, answering other calls between them.
+    /// More are due when [`Ledger::next_deadline`] is still at or before `now`.
+    pub fn expire_some(&mut self, now: Millis, limit: usize) -> Effects {
         let mut effects = Effects::default();
+        let mut ended = 0;
         while let Some((deadline, key)) = self.leases.first().cloned() {
-            if deadline > now {
+            if deadline > now || ended == limit {
                 break;
             }
+            ended += 1;
             self.leases.pop_first();
             match key {
                 LeaseKey::Grant(namespace, token) => {

@@ -206,6 +206,25 @@ fn ttl_leases_expire_and_keepalive_renews_them() {
 }
 
 #[test]
+fn leases_due_at_once_end_in_batches_earliest_first() {
+    let mut ledger = ledger_with("hive", 10);
+    for (i, ttl_ms) in [30, 10, 20, 10, 40].into_iter().enumerate() {
+        let mut r = req("hive", &format!("t{i}"), 1);
+        r.lease = LeaseRequest::Ttl { ttl_ms };
+        ledger.allocate(r, 0, false).unwrap();
+    }
+    let first = ledger.expire_some(35, 2);
+    assert_eq!(first.expired, 2);
+    assert_eq!(ledger.next_deadline(), Some(20), "the two due at 10 went first; more are due");
+    let second = ledger.expire_some(35, 2);
+    assert_eq!(second.expired, 2);
+    assert_eq!(ledger.next_deadline(), Some(40), "nothing more is due at 35");
+    assert!(ledger.expire_some(35, 2).is_empty());
+    assert_eq!(ledger.namespace(&ns("hive"), 35).unwrap().granted_units, 1);
+    ledger.check_invariants().unwrap();
+}
+
+#[test]
 fn stale_fencing_numbers_are_refused() {
     let mut ledger = ledger_with("hive", 1);
     ledger.allocate(req("hive", "a", 1), 0, false).unwrap();

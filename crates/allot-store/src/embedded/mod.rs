@@ -642,8 +642,13 @@ impl EmbeddedStore {
     /// [`ManualClock`](crate::clock) on and want its effects without waiting for the next round.
     #[cfg(feature = "testing")]
     pub async fn tick(&self) -> Result<(), StoreError> {
-        if let Some(Some(swept)) = sweeper::sweep(&self.shared) {
-            durable(swept).await?;
+        while let Some((swept, more)) = sweeper::sweep(&self.shared) {
+            if let Some(swept) = swept {
+                durable(swept).await?;
+            }
+            if !more {
+                break;
+            }
         }
         if let Some((_, Some(committed))) = apps::cycle(&self.shared) {
             durable(committed).await?;

@@ -9,42 +9,55 @@ use super::*;
 
 pub(super) async fn run_sweeper(shared: Arc<Shared>) {
     let mut shutdown = shared.shutdown.subscribe();
+    let mut more = false;
     loop {
-        tokio::select! {
-            _ = tokio::time::sleep(SWEEP_INTERVAL) => {}
-            _ = shutdown.wait_for(|stop| *stop) => return,
+        if more {
+            // More were due than one batch ends: the next batch at once, after the calls waiting.
+            tokio::task::yield_now().await;
+        } else {
+            tokio::select! {
+                _ = tokio::time::sleep(SWEEP_INTERVAL) => {}
+                _ = shutdown.wait_for(|stop| *stop) => return,
+            }
         }
-        if sweep(&shared).is_none() {
-            return;
+        match sweep(&shared) {
+            None => return,
+            Some((_, due)) => more = due,
         }
     }
 }
 
-/// One sweep: ends what expired by now (or, when broken, retries the rebuild). Answers `None`
-/// once the store is closed, else when its changes are durable.
-pub(super) fn sweep(shared: &Shared) -> Option<Option<Commit>> {
+/// The most leases one sweep ends under one hold of the lock: a hundred thousand due at once
+/// are ended in batches, with the calls that wait for the lock answered between them.
+pub(super) const EXPIRE_BATCH: usize = 256;
+
+/// One sweep: ends what expired by now, [`EXPIRE_BATCH`] leases at most (or, when broken, retries
+/// the rebuild). Answers `None` once the store is closed, else the commit of its changes and
+/// whether more leases are due.
+pub(super) fn sweep(shared: &Shared) -> Option<(Option<Commit>, bool)> {
     let mut state = lock(shared);
     if state.closed {
         return None;
     }
     if state.failed.is_some() {
-        return Some(None);
+        return Some((None, false));
     }
     let now = shared.clock.now();
     if state.broken.is_some() {
         recover(shared, &mut state);
-        return Some(None);
+        return Some((None, false));
     }
-    let effects = state.ledger.expire(now);
+    let effects = state.ledger.expire_some(now, EXPIRE_BATCH);
     if effects.expired > 0 {
         tracing::debug!(expired = effects.expired, "leases expired");
     }
+    let more = state.ledger.next_deadline().is_some_and(|next| next <= now);
     let pool_changes = state.pools.sweep(now);
     if !effects.changes.is_empty() || !effects.cancelled.is_empty() || !pool_changes.is_empty() {
-        return Some(Some(state.submit_all(shared, effects, pool_changes, Vec::new(), now)));
+        return Some((Some(state.submit_all(shared, effects, pool_changes, Vec::new(), now)), more));
     }
     if now.saturating_sub(shared.clock_written.load(Ordering::Relaxed)) >= CLOCK_CHECKPOINT_MS {
         state.checkpoint_clock(shared);
     }
-    Some(None)
+    Some((None, more))
 }

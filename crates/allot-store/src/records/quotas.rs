@@ -65,13 +65,23 @@ impl GrantRecord {
     }
 
     pub fn into_grant(self, namespace: &str, token: &str) -> Result<Grant, CorruptRecord> {
+        let name = NamespaceName::new(namespace).map_err(|e| CorruptRecord {
+            table: "grants",
+            key: format!("{namespace}/{token}"),
+            reason: e.to_string(),
+        })?;
+        self.into_grant_of(name, token)
+    }
+
+    /// [`GrantRecord::into_grant`] with the namespace's name made already (one name shared by
+    /// every grant of a namespace read in a row).
+    pub fn into_grant_of(self, namespace: NamespaceName, token: &str) -> Result<Grant, CorruptRecord> {
         let corrupt = |reason: String| CorruptRecord { table: "grants", key: format!("{namespace}/{token}"), reason };
         let scope = match self.scope {
             None => None,
             Some((project, domain)) => Some(Scope::new(&project, &domain).map_err(|e| corrupt(e.to_string()))?),
         };
         Ok(Grant {
-            namespace: NamespaceName::new(namespace).map_err(|e| corrupt(e.to_string()))?,
             token: Token::new(token).map_err(|e| corrupt(e.to_string()))?,
             units: self.units,
             scope,
@@ -82,6 +92,7 @@ impl GrantRecord {
                 LeaseRecord::Session(id) => Lease::Session(SessionId(id)),
             },
             granted_at: self.granted_at,
+            namespace,
         })
     }
 }
