@@ -38,7 +38,7 @@ pub use names::{
 pub use quotas::{
     check_request, check_session_ttl, grant_conflict, waiter_conflict, AllocateRequest, CapLevel, Change, Conflict,
     Constraints, Decision, Effects, Grant, GrantEnd, Lease, LeaseRequest, Ledger, LedgerError, Millis, NamespaceStats,
-    NamespaceView, QueuePlace, Refusal, RestoreError, Session, TokenShortage, WaiterId, WaiterView, Woken,
+    NamespaceView, QueuePlace, Refusal, RestoreError, Restoring, Session, TokenShortage, WaiterId, WaiterView, Woken,
     FENCING_BLOCK, MAX_TTL_MS, MAX_UNITS,
 };
 pub use resources::{ResourceName, Resources, ResourcesError, SizeWeights};

@@ -363,6 +363,75 @@ enum LeaseKey {
     Session(SessionId),
 }
 
+/// A ledger being restored from a store (see [`Ledger::restoring`]).
+#[derive(Debug)]
+pub struct Restoring {
+    ledger: Ledger,
+    /// Every lease, gathered, then built into the ledger's set at once (sorted, not one by one).
+    leases: Vec<(Millis, LeaseKey)>,
+}
+
+impl Restoring {
+    /// Adds `grants`. The grants of one namespace best come in a row (a store reads them so):
+    /// its state is then found once, and its table sized once.
+    pub fn add_grants(&mut self, grants: Vec<Grant>) -> Result<(), RestoreError> {
+        let ledger = &mut self.ledger;
+        self.leases.reserve(grants.len());
+        let mut runs: Vec<usize> = Vec::new();
+        for (i, grant) in grants.iter().enumerate() {
+            match runs.last_mut() {
+                Some(run) if grants[i - 1].namespace == grant.namespace => *run += 1,
+                _ => runs.push(1),
+            }
+        }
+        let mut grants = grants.into_iter();
+        for run in runs {
+            let mut batch = grants.by_ref().take(run).peekable();
+            let Some(first) = batch.peek() else { break };
+            let Some(state) = ledger.namespaces.get_mut(&first.namespace) else {
+                let grant = batch.next().expect("peeked");
+                return Err(RestoreError::OrphanGrant { namespace: grant.namespace, token: grant.token });
+            };
+            state.grants.reserve(run);
+            for grant in batch {
+                if grant.units > MAX_UNITS || state.granted + grant.units > u64::MAX / 2 {
+                    return Err(RestoreError::Overflow(grant.namespace));
+                }
+                match grant.lease {
+                    Lease::None => {}
+                    Lease::Ttl { deadline, .. } => {
+                        self.leases.push((deadline, LeaseKey::Grant(grant.namespace.clone(), grant.token.clone())));
+                    }
+                    Lease::Session(id) => {
+                        let Some(session) = ledger.sessions.get_mut(&id) else {
+                            return Err(RestoreError::MissingSession {
+                                namespace: grant.namespace,
+                                token: grant.token,
+                                session: id,
+                            });
+                        };
+                        session.grants.insert((grant.namespace.clone(), grant.token.clone()));
+                    }
+                }
+                state.next_fencing = state.next_fencing.max(grant.fencing + 1);
+                state.fencing_bound = state.fencing_bound.max(state.next_fencing);
+                state.add_units(&grant);
+                state.grants.insert(grant);
+            }
+        }
+        Ok(())
+    }
+
+    /// The restored ledger.
+    pub fn finish(self) -> Ledger {
+        let mut ledger = self.ledger;
+        let mut leases = self.leases;
+        leases.sort_unstable();
+        ledger.leases = leases.into_iter().collect();
+        ledger
+    }
+}
+
 /// A namespace's grants, found by token: a hash table of the grants themselves, keyed by their
 /// own `token` (a map from token to grant would keep each token twice; at a million grants, 16
 /// bytes each and more in the table's empty slots).
@@ -572,6 +641,19 @@ impl Ledger {
         sessions: Vec<(SessionId, u64, Millis, Option<String>)>,
         grants: Vec<Grant>,
     ) -> Result<Ledger, RestoreError> {
+        let mut restoring = Ledger::restoring(namespaces, retired_fencing, sessions);
+        restoring.add_grants(grants)?;
+        Ok(restoring.finish())
+    }
+
+    /// [`Ledger::restore`] in steps, for a store that reads its grants while the ledger is built:
+    /// the namespaces and sessions first, then the grants in batches
+    /// ([`Restoring::add_grants`]), then [`Restoring::finish`].
+    pub fn restoring(
+        namespaces: Vec<(NamespaceName, u64, u64)>,
+        retired_fencing: Vec<(NamespaceName, u64)>,
+        sessions: Vec<(SessionId, u64, Millis, Option<String>)>,
+    ) -> Restoring {
         let mut ledger = Ledger::new();
         ledger.retired_fencing = retired_fencing.into_iter().collect();
         for (name, quota, next_fencing) in namespaces {
@@ -579,58 +661,12 @@ impl Ledger {
                 NamespaceState { quota, next_fencing, fencing_bound: next_fencing, ..NamespaceState::default() };
             ledger.namespaces.insert(name, state);
         }
-        // The leases are gathered, then built into their set at once (sorted, not one by one).
-        let mut leases = Vec::with_capacity(sessions.len() + grants.len());
+        let mut leases = Vec::with_capacity(sessions.len());
         for (id, ttl_ms, deadline, owner) in sessions {
             ledger.sessions.insert(id, Session { id, ttl_ms, deadline, grants: BTreeSet::new(), owner });
             leases.push((deadline, LeaseKey::Session(id)));
         }
-        // The grants of one namespace in a row (a store reads them so): its state found once, its
-        // map sized once.
-        let mut runs: Vec<usize> = Vec::new();
-        for (i, grant) in grants.iter().enumerate() {
-            match runs.last_mut() {
-                Some(run) if grants[i - 1].namespace == grant.namespace => *run += 1,
-                _ => runs.push(1),
-            }
-        }
-        let mut grants = grants.into_iter();
-        for run in runs {
-            let mut batch = grants.by_ref().take(run).peekable();
-            let Some(first) = batch.peek() else { break };
-            let Some(state) = ledger.namespaces.get_mut(&first.namespace) else {
-                let grant = batch.next().expect("peeked");
-                return Err(RestoreError::OrphanGrant { namespace: grant.namespace, token: grant.token });
-            };
-            state.grants.reserve(run);
-            for grant in batch {
-                if grant.units > MAX_UNITS || state.granted + grant.units > u64::MAX / 2 {
-                    return Err(RestoreError::Overflow(grant.namespace));
-                }
-                match grant.lease {
-                    Lease::None => {}
-                    Lease::Ttl { deadline, .. } => {
-                        leases.push((deadline, LeaseKey::Grant(grant.namespace.clone(), grant.token.clone())));
-                    }
-                    Lease::Session(id) => {
-                        let Some(session) = ledger.sessions.get_mut(&id) else {
-                            return Err(RestoreError::MissingSession {
-                                namespace: grant.namespace,
-                                token: grant.token,
-                                session: id,
-                            });
-                        };
-                        session.grants.insert((grant.namespace.clone(), grant.token.clone()));
-                    }
-                }
-                state.next_fencing = state.next_fencing.max(grant.fencing + 1);
-                state.fencing_bound = state.fencing_bound.max(state.next_fencing);
-                state.add_units(&grant);
-                state.grants.insert(grant);
-            }
-        }
-        ledger.leases = leases.into_iter().collect();
-        Ok(ledger)
+        Restoring { ledger, leases }
     }
 
     /// Takes over what lives only in memory from `previous` when a ledger is rebuilt from the

@@ -86,6 +86,56 @@ async fn state_survives_a_restart_and_leases_keep_their_remaining_ttl() {
     store.shutdown().await;
 }
 
+/// More grants than the start reads in one batch, over namespaces that straddle the batches:
+/// every grant, its lease and its session come back, and the leases still end on time.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn many_grants_over_several_namespaces_survive_a_restart_with_their_leases() {
+    let dir = tempfile::tempdir().unwrap();
+    let clock = ManualClock::new();
+    // Handed to the operating system, not synced: what a crash of the process keeps.
+    let open_on = |dir: &std::path::Path, clock: &ManualClock| {
+        let config = EmbeddedConfig::new(dir.to_owned())
+            .with_time(Arc::new(clock.clone()))
+            .with_durability(allot_store::Durability::Process);
+        EmbeddedStore::open(&config).unwrap()
+    };
+    let store = open_on(dir.path(), &clock);
+    let names = ["a", "b:c", "d"];
+    for name in names {
+        store.put_namespace(ns(name), 10_000).await.unwrap();
+    }
+    let session = store.open_session(60_000, None).await.unwrap().session.id;
+    for i in 0..20_000 {
+        let lease = match i % 4 {
+            0 => LeaseRequest::Ttl { ttl_ms: 1000 },
+            1 => LeaseRequest::Ttl { ttl_ms: 120_000 },
+            2 => LeaseRequest::Session(session),
+            _ => LeaseRequest::None,
+        };
+        let namespace = names[i * names.len() / 20_000];
+        store.allocate(request(namespace, &format!("t{i:05}"), lease), Duration::ZERO).await.unwrap();
+    }
+    let granted = async |store: &EmbeddedStore| {
+        let mut units = Vec::new();
+        for name in names {
+            units.push(store.namespace(ns(name)).await.unwrap().granted_units);
+        }
+        units
+    };
+    assert_eq!(granted(&store).await, [6667, 6667, 6666]);
+    // No shutdown: what a crash leaves.
+    drop(store);
+
+    let store = open_on(dir.path(), &clock);
+    assert_eq!(granted(&store).await, [6667, 6667, 6666], "every grant is back");
+    assert_eq!(store.session(session).await.unwrap().session.grants.len(), 5000, "and every one in the session");
+    clock.advance(Duration::from_millis(1000));
+    store.tick().await.unwrap();
+    let total: u64 = granted(&store).await.iter().sum();
+    assert_eq!(total, 15_000, "the 5,000 grants of 1 s expired, in batches, and no other");
+    store.shutdown().await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn fencing_numbers_jump_only_after_a_crash() {
     let dir = tempfile::tempdir().unwrap();
