@@ -56,3 +56,24 @@ fn bench_compare_pins_the_servers_and_the_load_generator_apart() {
         assert!((0.0..=100.0).contains(&result["steal_pct"].as_f64().unwrap()), "{result:#}");
     }
 }
+
+/// `allot bench leases` at a small scale: the grants are held, the daemon killed and started
+/// again on its data (every grant read back), and the tenth given one deadline all expire.
+#[test]
+fn bench_leases_holds_restarts_and_expires_a_tenth() {
+    let output = Command::new(ALLOT)
+        .args(["bench", "leases", "--grants", "3000", "--namespaces", "7", "--clients", "4", "--json"])
+        .output()
+        .expect("run allot bench leases");
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(output.status.success(), "{stderr}");
+    let report: serde_json::Value = serde_json::from_slice(&output.stdout).expect("JSON on stdout");
+    assert_eq!(report["grants"], 3000, "{report}");
+    assert_eq!(report["restored"], 3000, "every grant is back after kill -9: {report}");
+    assert_eq!(report["expired"], 300, "every one of the tenth expired: {report}");
+    assert!(report["restart_serving_s"].as_f64().unwrap() > 0.0, "{report}");
+    assert!(report["disk_bytes"].as_u64().unwrap() > 0, "{report}");
+    assert!(report["full_kib"].as_u64().unwrap() >= report["idle_kib"].as_u64().unwrap(), "{report}");
+    assert!(report["expiry_window"]["count"].as_u64().unwrap() > 0, "pairs were answered as the tenth expired");
+    assert_eq!(report["checks"].as_array().unwrap().len(), 4, "{report}");
+}
