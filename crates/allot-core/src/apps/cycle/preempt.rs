@@ -26,7 +26,7 @@
 //! - no loops: a victim's own priority is at most its preemptor's, and its queues stay at or
 //!   above their guarantees, so it cannot preempt back; each preemption is counted on the victim.
 
-use std::collections::{BTreeMap, HashMap, HashSet};
+use std::collections::{HashMap, HashSet};
 
 use super::{Cycle, Room};
 use crate::apps::queues::{PreemptionPolicy, QueuePath};
@@ -40,12 +40,18 @@ use crate::resources::Resources;
 type TaskRef = (AppId, TaskId);
 
 /// A task that may be taken: its priority (as the preemptor's is seen), its age (placed at,
-/// added as), itself, what it holds, its queue.
-type Candidate<'a> = (i32, (Millis, u64), (&'a AppId, &'a TaskId), &'a Resources, &'a QueuePath);
+/// added as), itself as listed, its queue.
+type Candidate<'a> = (i32, (Millis, u64), &'a Listed, &'a QueuePath);
 
-/// What a plan finds of the placed tasks of one application and priority: their queue, and the
-/// rule their queues break, else their priority and the preemptor's where the paths meet.
-type Seen<'a> = (&'a AppId, i32, &'a QueuePath, Result<(i32, i32), &'static str>);
+/// What a plan finds of the placed tasks of one application (by its index in `Placed::apps`)
+/// and priority: the rule their queues break, else their priority and the preemptor's where the
+/// paths meet.
+type Seen = (usize, i32, Result<(i32, i32), &'static str>);
+
+/// What the plans of one cycle found of the queues of an application's tasks at one priority
+/// (the application by its index in `Placed::apps`), for a preemptor of one leaf and priority:
+/// the queues do not change during a cycle's planning.
+type SeenInCycle = HashMap<(usize, i32, QueuePath, i32), Result<(i32, i32), &'static str>>;
 
 /// A cycle's plans look at no more pools and placed tasks than this many plans that each read
 /// every pool: a plan that stops early (at a pool no other can beat, see `Placed::floor`) costs
@@ -59,9 +65,12 @@ const BEING_PREEMPTED: &str = "the tasks that hold the room are being preempted 
 
 /// The placed tasks on each pool of the cycle's room as its plans see them: for each (by its
 /// index in the room), those not marked by this cycle, and those it marked counted by
-/// application (refused without a look up).
+/// application (refused without a look up). What a plan reads of a task is read once, when
+/// listed: during a cycle's planning nothing changes a placed task but its mark.
 struct Placed {
-    at: Vec<(Vec<TaskRef>, HashMap<AppId, usize>)>,
+    at: Vec<(Vec<Listed>, HashMap<usize, usize>)>,
+    /// The applications with placed tasks, and their queues.
+    apps: Vec<(AppId, QueuePath)>,
     /// How many are placed.
     count: usize,
     /// The least score (see `plan`) a plan with victims can have: none takes a task of lower
@@ -69,14 +78,36 @@ struct Placed {
     floor: (i32, usize, u64),
 }
 
+/// A placed task as plans read it.
+struct Listed {
+    /// Its application, by its index in `Placed::apps`.
+    app: usize,
+    task: TaskId,
+    priority: i32,
+    /// Placed at, added as.
+    age: (Millis, u64),
+    resources: Resources,
+    /// The rule that keeps it from being taken whatever the preemptor, if any.
+    rule: Option<&'static str>,
+}
+
 impl Placed {
     /// The plan's victims on the room's pool `spot` are marked: listed no more, counted.
     fn mark(&mut self, spot: usize, victims: &[(TaskRef, Resources)]) {
         let Some((listed, marked)) = self.at.get_mut(spot) else { return };
-        listed.retain(|task| !victims.iter().any(|(victim, _)| victim == task));
+        let apps = &self.apps;
+        let is = |task: &Listed, victim: &TaskRef| task.task == victim.1 && apps[task.app].0 == victim.0;
         for ((app, _), _) in victims {
-            *marked.entry(app.clone()).or_default() += 1;
+            if let Some(index) = apps.iter().position(|(a, _)| a == app) {
+                *marked.entry(index).or_default() += 1;
+            }
         }
+        listed.retain(|task| !victims.iter().any(|(victim, _)| is(task, victim)));
+    }
+
+    /// The index of `app` in `apps`, if it has placed tasks.
+    fn app_index(&self, app: &AppId) -> Option<usize> {
+        self.apps.iter().position(|(a, _)| a == app)
     }
 }
 
@@ -104,9 +135,10 @@ fn add_up(map: &mut HashMap<QueuePath, Resources>, leaf: &QueuePath, resources: 
     }
 }
 
-/// Why no victim could be taken: counts per rule, the most common named.
+/// Why no victim could be taken: counts per rule, the most common named (of as many, the last
+/// in the order of the rules' texts).
 #[derive(Default)]
-struct Refusals(BTreeMap<&'static str, usize>);
+struct Refusals(Vec<(&'static str, usize)>);
 
 impl Refusals {
     fn note(&mut self, rule: &'static str) {
@@ -114,13 +146,19 @@ impl Refusals {
     }
 
     fn note_n(&mut self, rule: &'static str, n: usize) {
-        if n > 0 {
-            *self.0.entry(rule).or_default() += n;
+        if n == 0 {
+            return;
+        }
+        // A few rules, most often the same text again: found by its address first.
+        let same = |r: &&'static str| std::ptr::eq(*r, rule) || *r == rule;
+        match self.0.iter_mut().find(|(r, _)| same(r)) {
+            Some((_, count)) => *count += n,
+            None => self.0.push((rule, n)),
         }
     }
 
     fn say(&self) -> String {
-        match self.0.iter().max_by_key(|(_, n)| **n) {
+        match self.0.iter().max_by(|a, b| a.1.cmp(&b.1).then(a.0.cmp(b.0))) {
             Some((rule, _)) => format!("it cannot preempt: {rule}"),
             None => "it cannot preempt: nothing placed on the pools it may use would free enough room".to_owned(),
         }
@@ -356,6 +394,7 @@ impl Scheduler {
         let mut failed_shapes: HashMap<(Resources, crate::pools::Labels, QueuePath, i32), String> = HashMap::new();
         // Which tasks are placed on each pool, read when a first plan needs it.
         let mut placed: Option<Placed> = None;
+        let mut seen = SeenInCycle::new();
         for (priority, _, key) in waiting {
             let task = &self.tasks[&key.0][&key.1];
             let leaf = &self.apps[&key.0].spec.queue;
@@ -368,7 +407,7 @@ impl Scheduler {
                 let whom = (previewed < MAX_PREVIEWS_PER_CYCLE).then(|| {
                     previewed += 1;
                     let placed = placed.get_or_insert_with(|| self.placed_by_pool(&cycle.room));
-                    match self.plan(&key, world, cycle, &flows, placed, &mut looked) {
+                    match self.plan(&key, world, cycle, &flows, placed, &mut seen, &mut looked) {
                         Ok(plan) => {
                             let pool = &cycle.room.spots[plan.spot].name;
                             let names: Vec<String> =
@@ -400,7 +439,7 @@ impl Scheduler {
                 Some(said) => Err(said.clone()),
                 None => {
                     let placed = placed.get_or_insert_with(|| self.placed_by_pool(&cycle.room));
-                    self.plan(&key, world, cycle, &flows, placed, &mut looked)
+                    self.plan(&key, world, cycle, &flows, placed, &mut seen, &mut looked)
                 }
             };
             let said = match said {
@@ -540,14 +579,47 @@ impl Scheduler {
     /// The placed tasks on each pool, and the floor of a plan's score.
     fn placed_by_pool(&self, room: &Room) -> Placed {
         let spot: HashMap<&PoolName, usize> = room.spots.iter().enumerate().map(|(i, s)| (&s.name, i)).collect();
-        let mut at: Vec<(Vec<TaskRef>, HashMap<AppId, usize>)> = vec![Default::default(); room.spots.len()];
+        let mut at: Vec<(Vec<Listed>, HashMap<usize, usize>)> = Vec::with_capacity(room.spots.len());
+        at.resize_with(room.spots.len(), Default::default);
+        let mut apps: Vec<(AppId, QueuePath)> = Vec::new();
         let (mut count, mut priority, mut size) = (0, i32::MAX, u64::MAX);
         // Sized once per run of equal resources (most tasks ask alike).
         let mut sized: Option<&Resources> = None;
-        for task in self.tasks.values().flat_map(|tasks| tasks.values()) {
-            if let (TaskState::Allocated | TaskState::Running, Some(placement)) = (task.state, &task.placement) {
+        let max_preemptions = self.config.max_preemptions;
+        for (app_id, tasks) in &self.tasks {
+            let mut index = None;
+            for task in tasks.values() {
+                let (TaskState::Allocated | TaskState::Running, Some(placement)) = (task.state, &task.placement) else {
+                    continue;
+                };
                 let Some((listed, _)) = spot.get(&placement.pool).and_then(|&i| at.get_mut(i)) else { continue };
-                listed.push((task.app.clone(), task.spec.id.clone()));
+                let app = match index {
+                    Some(app) => app,
+                    None => {
+                        let Some(queue) = self.apps.get(app_id).map(|a| a.spec.queue.clone()) else { break };
+                        apps.push((app_id.clone(), queue));
+                        *index.insert(apps.len() - 1)
+                    }
+                };
+                let rule = if task.preempting.is_some() {
+                    Some(BEING_PREEMPTED)
+                } else if !task.spec.preemptable {
+                    Some("the tasks that hold the room may not be preempted (preemptable: false)")
+                } else if task.spec.group.is_some() || task.slot.is_some() {
+                    Some("the tasks that hold the room are gang members, and a gang is never broken")
+                } else if task.preemptions >= max_preemptions {
+                    Some("the tasks that hold the room were preempted max_preemptions times and are protected")
+                } else {
+                    None
+                };
+                listed.push(Listed {
+                    app,
+                    task: task.spec.id.clone(),
+                    priority: task.spec.priority.value(),
+                    age: (placement.at, task.seq),
+                    resources: placement.resources.clone(),
+                    rule,
+                });
                 count += 1;
                 priority = priority.min(task.spec.priority.value());
                 if sized != Some(&placement.resources) {
@@ -556,7 +628,7 @@ impl Scheduler {
                 }
             }
         }
-        Placed { at, count, floor: (priority, 1, size) }
+        Placed { at, apps, count, floor: (priority, 1, size) }
     }
 
     /// The victims on one pool that make room for the task, or why there are none.
@@ -567,6 +639,7 @@ impl Scheduler {
         cycle: &mut Cycle<'_>,
         flows: &Flows,
         placed: &Placed,
+        seen_in_cycle: &mut SeenInCycle,
         looked: &mut usize,
     ) -> Result<Plan, String> {
         let task = &self.tasks[&key.0][&key.1];
@@ -590,7 +663,8 @@ impl Scheduler {
         let path: Vec<QueuePath> = leaf.up_to_root().collect();
         let mut refusals = Refusals::default();
         let mut best: Option<((i32, usize, u64), Plan)> = None;
-        let mut seen: Vec<Seen<'_>> = Vec::new();
+        let mut seen: Vec<Seen> = Vec::new();
+        let own = placed.app_index(&key.0);
         for (i, spot) in cycle.room.spots.iter().enumerate() {
             if !selector_matches(&selector, &spot.labels) || allowed.as_ref().is_some_and(|a| !a.takes(i)) {
                 continue;
@@ -603,43 +677,30 @@ impl Scheduler {
             *looked += 1;
             let Some((listed, marked)) = placed.at.get(i) else { continue };
             for (app, n) in marked {
-                refusals.note_n(if *app == key.0 { OWN_APPLICATION } else { BEING_PREEMPTED }, *n);
+                refusals.note_n(if Some(*app) == own { OWN_APPLICATION } else { BEING_PREEMPTED }, *n);
             }
-            for (app, id) in listed {
+            for victim in listed {
                 *looked += 1;
-                if *app == key.0 {
+                if Some(victim.app) == own {
                     refusals.note(OWN_APPLICATION);
                     continue;
                 }
-                let Some(victim) = self.tasks.get(app).and_then(|t| t.get(id)) else { continue };
-                let Some(placement) = victim.placement.as_ref() else { continue };
-                if !matches!(victim.state, TaskState::Allocated | TaskState::Running) {
-                    continue;
-                }
-                let rule = if victim.preempting.is_some() {
-                    Some(BEING_PREEMPTED)
-                } else if !victim.spec.preemptable {
-                    Some("the tasks that hold the room may not be preempted (preemptable: false)")
-                } else if victim.spec.group.is_some() || victim.slot.is_some() {
-                    Some("the tasks that hold the room are gang members, and a gang is never broken")
-                } else if victim.preemptions >= self.config.max_preemptions {
-                    Some("the tasks that hold the room were preempted max_preemptions times and are protected")
-                } else {
-                    None
-                };
-                if let Some(rule) = rule {
+                if let Some(rule) = victim.rule {
                     refusals.note(rule);
                     continue;
                 }
-                let victim_priority = victim.spec.priority.value();
-                let known = seen.iter().find(|(a, p, ..)| *a == app && *p == victim_priority);
-                let (victim_leaf, queues) = match known {
-                    Some((_, _, victim_leaf, queues)) => (*victim_leaf, *queues),
+                let victim_priority = victim.priority;
+                let victim_leaf = &placed.apps[victim.app].1;
+                let known = seen.iter().find(|(a, p, _)| *a == victim.app && *p == victim_priority);
+                let queues = match known {
+                    Some((.., queues)) => *queues,
                     None => {
-                        let victim_leaf = &self.apps[app].spec.queue;
-                        let queues = self.seen_from((victim_leaf, victim_priority), (&leaf, &path, priority), &fence);
-                        seen.push((app, victim_priority, victim_leaf, queues));
-                        (victim_leaf, queues)
+                        let cycle_key = (victim.app, victim_priority, leaf.clone(), priority);
+                        let queues = *seen_in_cycle.entry(cycle_key).or_insert_with(|| {
+                            self.seen_from((victim_leaf, victim_priority), (&leaf, &path, priority), &fence)
+                        });
+                        seen.push((victim.app, victim_priority, queues));
+                        queues
                     }
                 };
                 let (theirs, ours) = match queues {
@@ -659,16 +720,21 @@ impl Scheduler {
                     });
                     continue;
                 }
-                let age = (placement.at, victim.seq);
-                candidates.push((theirs, age, (app, id), &placement.resources, victim_leaf));
+                candidates.push((theirs, victim.age, victim, victim_leaf));
+            }
+            // Nothing to take here: only room already free would do (not expected, as the task
+            // found none), and the pool is passed without a look at its sums.
+            if candidates.is_empty() && !spot.free.fits(&wanted) {
+                continue;
             }
             candidates.sort_by(|a, b| a.0.cmp(&b.0).then(b.1.cmp(&a.1)));
-            let free = spot.free.clone();
+            let free = &spot.free;
             let mut freed = Resources::new();
             let mut taken: HashMap<QueuePath, Resources> = HashMap::new();
-            let mut chosen: Vec<((&AppId, &TaskId), &Resources, &QueuePath)> = Vec::new();
+            let mut chosen: Vec<(&Listed, &Resources, &QueuePath)> = Vec::new();
             let fits = |freed: &Resources| free.checked_add(freed).is_some_and(|room| room.fits(&wanted));
-            for (_, _, victim, resources, victim_leaf) in candidates {
+            for (_, _, victim, victim_leaf) in candidates {
+                let resources = &victim.resources;
                 if fits(&freed) {
                     break;
                 }
@@ -702,13 +768,14 @@ impl Scheduler {
                     chosen.remove(index);
                 }
             }
-            let worst =
-                chosen.iter().map(|(v, ..)| self.tasks[v.0][v.1].spec.priority.value()).max().unwrap_or(i32::MIN);
+            let worst = chosen.iter().map(|(v, ..)| v.priority).max().unwrap_or(i32::MIN);
             let size = chosen.iter().map(|(_, r, _)| r.size(&cycle.room.weights) as u64).sum();
             let score = (worst, chosen.len(), size);
             if best.as_ref().is_none_or(|(b, _)| score < *b) {
-                let victims =
-                    chosen.into_iter().map(|((app, id), r, _)| ((app.clone(), id.clone()), r.clone())).collect();
+                let victims = chosen
+                    .into_iter()
+                    .map(|(v, r, _)| ((placed.apps[v.app].0.clone(), v.task.clone()), r.clone()))
+                    .collect();
                 best = Some((score, Plan { spot: i, victims, below }));
             }
             // No later pool does better than the floor, and a tie keeps the first pool: done.
