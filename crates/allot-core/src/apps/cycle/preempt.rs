@@ -71,6 +71,8 @@ struct Placed {
     at: Vec<(Vec<Listed>, HashMap<usize, usize>)>,
     /// The applications with placed tasks, and their queues.
     apps: Vec<(AppId, QueuePath)>,
+    /// What placed tasks hold, each once per run of tasks that hold alike.
+    shapes: Vec<Resources>,
     /// How many are placed.
     count: usize,
     /// The least score (see `plan`) a plan with victims can have: none takes a task of lower
@@ -86,7 +88,8 @@ struct Listed {
     priority: i32,
     /// Placed at, added as.
     age: (Millis, u64),
-    resources: Resources,
+    /// What it holds, by its index in `Placed::shapes`.
+    shape: usize,
     /// The rule that keeps it from being taken whatever the preemptor, if any.
     rule: Option<&'static str>,
 }
@@ -162,6 +165,15 @@ impl Refusals {
             Some((rule, _)) => format!("it cannot preempt: {rule}"),
             None => "it cannot preempt: nothing placed on the pools it may use would free enough room".to_owned(),
         }
+    }
+}
+
+/// A task with no room says what preemption says of it too (one that no longer says why it
+/// waits is left so).
+fn wait_with(why_task: &mut HashMap<TaskRef, Why>, key: &TaskRef, preemption: Preemption) {
+    if let Some(why) = why_task.get_mut(key) {
+        let room = std::mem::replace(why, Why::AfterGang);
+        *why = Why::NoRoomYet { room: Box::new(room), preemption };
     }
 }
 
@@ -395,11 +407,17 @@ impl Scheduler {
         // Which tasks are placed on each pool, read when a first plan needs it.
         let mut placed: Option<Placed> = None;
         let mut seen = SeenInCycle::new();
+        // Each leaf's delay, read once.
+        let mut delays: HashMap<QueuePath, u64> = HashMap::new();
         for (priority, _, key) in waiting {
             let task = &self.tasks[&key.0][&key.1];
             let leaf = &self.apps[&key.0].spec.queue;
             let from = task.added.max(task.preempted_at.unwrap_or(0));
-            let may_from = from.saturating_add(self.preemption_delay(leaf));
+            let delay = match delays.get(leaf) {
+                Some(delay) => *delay,
+                None => *delays.entry(leaf.clone()).or_insert(self.preemption_delay(leaf)),
+            };
+            let may_from = from.saturating_add(delay);
             if cycle.now < may_from {
                 self.next_preemption = Some(self.next_preemption.map_or(may_from, |n| n.min(may_from)));
                 // Whom it would take is looked at for the first few only: a plan reads the
@@ -418,9 +436,7 @@ impl Scheduler {
                     }
                 });
                 let said = Preemption::In { seconds: (may_from - cycle.now).div_ceil(1000), whom };
-                if let Some(room) = self.why_task.remove(&key) {
-                    self.why_task.insert(key, Why::NoRoomYet { room: Box::new(room), preemption: said });
-                }
+                wait_with(&mut self.why_task, &key, said);
                 continue;
             }
             if placed.as_ref().is_some_and(|p| looked >= MAX_PLANS_PER_CYCLE * (p.count + p.at.len()).max(1)) {
@@ -456,10 +472,7 @@ impl Scheduler {
                     said
                 }
             };
-            if let Some(room) = self.why_task.remove(&key) {
-                let preemption = Preemption::Cannot(said);
-                self.why_task.insert(key, Why::NoRoomYet { room: Box::new(room), preemption });
-            }
+            wait_with(&mut self.why_task, &key, Preemption::Cannot(said));
         }
     }
 
@@ -578,10 +591,41 @@ impl Scheduler {
 
     /// The placed tasks on each pool, and the floor of a plan's score.
     fn placed_by_pool(&self, room: &Room) -> Placed {
-        let spot: HashMap<&PoolName, usize> = room.spots.iter().enumerate().map(|(i, s)| (&s.name, i)).collect();
+        // A placement names its pool by the text the room names it by, as a rule: found by its
+        // address (the last one found first), else by name.
+        let mut by_addr: Vec<(usize, usize)> = room.spots.iter().enumerate().map(|(i, s)| (s.name.addr(), i)).collect();
+        by_addr.sort_unstable();
+        let by_name: std::cell::OnceCell<HashMap<&PoolName, usize>> = std::cell::OnceCell::new();
+        let mut last: Option<(usize, usize)> = None;
+        let mut spot_of = |pool: &PoolName| {
+            let addr = pool.addr();
+            if let Some((_, i)) = last.filter(|(a, _)| *a == addr) {
+                return Some(i);
+            }
+            let found = match by_addr.binary_search_by_key(&addr, |(a, _)| *a) {
+                Ok(at) => Some(by_addr[at].1),
+                Err(_) => {
+                    let by_name =
+                        by_name.get_or_init(|| room.spots.iter().enumerate().map(|(i, s)| (&s.name, i)).collect());
+                    by_name.get(pool).copied()
+                }
+            };
+            if let Some(i) = found {
+                last = Some((addr, i));
+            }
+            found
+        };
+        let placed_now: u64 = self
+            .counts
+            .values()
+            .flat_map(|c| [c.get(&TaskState::Allocated), c.get(&TaskState::Running)])
+            .flatten()
+            .sum();
+        let per_pool = usize::try_from(placed_now).unwrap_or(0) / room.spots.len().max(1) + 1;
         let mut at: Vec<(Vec<Listed>, HashMap<usize, usize>)> = Vec::with_capacity(room.spots.len());
-        at.resize_with(room.spots.len(), Default::default);
+        at.resize_with(room.spots.len(), || (Vec::with_capacity(per_pool), HashMap::new()));
         let mut apps: Vec<(AppId, QueuePath)> = Vec::new();
+        let mut shapes: Vec<Resources> = Vec::new();
         let (mut count, mut priority, mut size) = (0, i32::MAX, u64::MAX);
         // Sized once per run of equal resources (most tasks ask alike).
         let mut sized: Option<&Resources> = None;
@@ -592,7 +636,7 @@ impl Scheduler {
                 let (TaskState::Allocated | TaskState::Running, Some(placement)) = (task.state, &task.placement) else {
                     continue;
                 };
-                let Some((listed, _)) = spot.get(&placement.pool).and_then(|&i| at.get_mut(i)) else { continue };
+                let Some((listed, _)) = spot_of(&placement.pool).and_then(|i| at.get_mut(i)) else { continue };
                 let app = match index {
                     Some(app) => app,
                     None => {
@@ -612,12 +656,15 @@ impl Scheduler {
                 } else {
                     None
                 };
+                if shapes.last() != Some(&placement.resources) {
+                    shapes.push(placement.resources.clone());
+                }
                 listed.push(Listed {
                     app,
                     task: task.spec.id.clone(),
                     priority: task.spec.priority.value(),
                     age: (placement.at, task.seq),
-                    resources: placement.resources.clone(),
+                    shape: shapes.len() - 1,
                     rule,
                 });
                 count += 1;
@@ -628,7 +675,7 @@ impl Scheduler {
                 }
             }
         }
-        Placed { at, apps, count, floor: (priority, 1, size) }
+        Placed { at, apps, shapes, count, floor: (priority, 1, size) }
     }
 
     /// The victims on one pool that make room for the task, or why there are none.
@@ -734,7 +781,7 @@ impl Scheduler {
             let mut chosen: Vec<(&Listed, &Resources, &QueuePath)> = Vec::new();
             let fits = |freed: &Resources| free.checked_add(freed).is_some_and(|room| room.fits(&wanted));
             for (_, _, victim, victim_leaf) in candidates {
-                let resources = &victim.resources;
+                let resources = &placed.shapes[victim.shape];
                 if fits(&freed) {
                     break;
                 }
@@ -844,10 +891,14 @@ impl Scheduler {
         let spot = &cycle.room.spots[plan.spot];
         let pool = spot.name.clone();
         let leaf = self.apps[&key.0].spec.queue.clone();
-        add_up(&mut flows.arriving, &leaf, &self.tasks[&key.0][&key.1].spec.resources);
+        let (wanted, priority) = match self.tasks.get(&key.0).and_then(|t| t.get(&key.1)) {
+            Some(task) => (task.spec.resources.clone(), task.spec.priority.value()),
+            None => return,
+        };
+        add_up(&mut flows.arriving, &leaf, &wanted);
         let reason = match plan.below {
             true => "its queue is below its guarantee".to_owned(),
-            false => format!("it has a higher priority ({})", self.tasks[&key.0][&key.1].spec.priority.value()),
+            false => format!("it has a higher priority ({priority})"),
         };
         let mut freed = Resources::new();
         let mut names = Vec::with_capacity(plan.victims.len());
@@ -862,7 +913,6 @@ impl Scheduler {
         }
         let Some(task) = self.tasks.get_mut(&key.0).and_then(|t| t.get_mut(&key.1)) else { return };
         task.held = Some(pool.clone());
-        let wanted = task.spec.resources.clone();
         cycle.out.apps.push(AppChange::Task(task.clone()));
         self.holders.insert(key.clone(), pool.clone());
         // What it needs beyond what its victims free is taken from the room now, for it.
@@ -884,9 +934,9 @@ impl Scheduler {
         room: &mut Room,
         held: &mut HashMap<usize, Resources>,
     ) -> Option<(usize, Resources)> {
-        let pool = self.tasks.get(&key.0)?.get(&key.1)?.held.as_ref()?;
-        let i = room.spot_of(pool)?;
-        let wanted = &self.tasks[&key.0][&key.1].spec.resources;
+        let task = self.tasks.get(&key.0)?.get(&key.1)?;
+        let i = room.spot_of(task.held.as_ref()?)?;
+        let wanted = &task.spec.resources;
         let portion = held.get(&i).map(|h| h.min(wanted)).unwrap_or_default();
         room.give_back(i, &portion);
         if let Some(h) = held.get_mut(&i) {
