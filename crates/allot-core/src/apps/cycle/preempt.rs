@@ -132,9 +132,23 @@ struct Flows {
 }
 
 fn add_up(map: &mut HashMap<QueuePath, Resources>, leaf: &QueuePath, resources: &Resources) {
-    for queue in leaf.up_to_root() {
-        let sum = map.entry(queue).or_default();
-        *sum = sum.checked_add(resources).unwrap_or_else(|| sum.clone());
+    add_up_from(map, leaf.ancestors(), resources);
+}
+
+/// Adds `resources` to the sum of each of `queues` (paths as `QueuePath::ancestors` answers).
+fn add_up_from<'a>(
+    map: &mut HashMap<QueuePath, Resources>,
+    queues: impl Iterator<Item = &'a str>,
+    resources: &Resources,
+) {
+    for queue in queues {
+        match map.get_mut(queue) {
+            Some(sum) => *sum = sum.checked_add(resources).unwrap_or_else(|| sum.clone()),
+            None => {
+                let sum = Resources::new().checked_add(resources).unwrap_or_default();
+                map.insert(QueuePath::of_ancestor(queue), sum);
+            }
+        }
     }
 }
 
@@ -549,10 +563,10 @@ impl Scheduler {
     fn below_guarantee(&self, leaf: &QueuePath, wanted: &Resources, flows: &Flows) -> bool {
         let mut guaranteed = false;
         let empty = Resources::new();
-        for queue in leaf.up_to_root() {
-            let Some(limits) = self.queues.get(&queue).filter(|l| !l.guaranteed.is_empty()) else { continue };
-            let used = self.usage.get(&queue).map_or(&empty, |u| &u.allocated);
-            let arriving = flows.arriving.get(&queue).unwrap_or(&empty);
+        for queue in leaf.ancestors() {
+            let Some(limits) = self.queues.get_str(queue).filter(|l| !l.guaranteed.is_empty()) else { continue };
+            let used = self.usage.get(queue).map_or(&empty, |u| &u.allocated);
+            let arriving = flows.arriving.get(queue).unwrap_or(&empty);
             for (name, guarantee) in limits.guaranteed.iter() {
                 let name = name.as_str();
                 let want = wanted.get_milli(name);
@@ -795,10 +809,8 @@ impl Scheduler {
                         .note("taking the tasks that hold the room would leave their queues below their guarantees");
                     continue;
                 }
-                for queue in victim_leaf.up_to_root().filter(|q| !path.contains(q)) {
-                    let sum = taken.entry(queue).or_default();
-                    *sum = sum.checked_add(resources).unwrap_or_else(|| sum.clone());
-                }
+                let outside = victim_leaf.ancestors().filter(|q| !path.iter().any(|p| p.as_str() == *q));
+                add_up_from(&mut taken, outside, resources);
                 freed = freed.checked_add(resources).unwrap_or(freed);
                 chosen.push((victim, resources, victim_leaf));
             }
@@ -867,11 +879,11 @@ impl Scheduler {
         flows: &Flows,
     ) -> bool {
         let empty = Resources::new();
-        leaf.up_to_root().filter(|q| !path.contains(q)).any(|queue| {
-            let Some(limits) = self.queues.get(&queue) else { return false };
-            let used = self.usage.get(&queue).map_or(&empty, |u| &u.allocated);
-            let already = taken.get(&queue).unwrap_or(&empty);
-            let leaving = flows.leaving.get(&queue).unwrap_or(&empty);
+        leaf.ancestors().filter(|q| !path.iter().any(|p| p.as_str() == *q)).any(|queue| {
+            let Some(limits) = self.queues.get_str(queue) else { return false };
+            let used = self.usage.get(queue).map_or(&empty, |u| &u.allocated);
+            let already = taken.get(queue).unwrap_or(&empty);
+            let leaving = flows.leaving.get(queue).unwrap_or(&empty);
             limits.guaranteed.iter().any(|(name, guarantee)| {
                 let name = name.as_str();
                 let take = resources.get_milli(name);
