@@ -53,6 +53,34 @@ type Seen = (usize, i32, Result<(i32, i32), &'static str>);
 /// the queues do not change during a cycle's planning.
 type SeenInCycle = HashMap<(usize, i32, QueuePath, i32), Result<(i32, i32), &'static str>>;
 
+/// What the plans of one cycle read once: see `SeenInCycle`; each preemptor leaf's path up to
+/// the root and fence; and, for the last size wanted, whether each pool's free room holds it
+/// (known until a decision takes room from that pool).
+#[derive(Default)]
+struct PlanCache {
+    seen: SeenInCycle,
+    leaves: HashMap<QueuePath, std::rc::Rc<(Vec<QueuePath>, QueuePath)>>,
+    free_fits: Option<(Resources, Vec<Option<bool>>)>,
+}
+
+impl PlanCache {
+    /// Whether the free room of the room's pool `spot` holds `wanted`.
+    fn free_fits(&mut self, room: &Room, spot: usize, wanted: &Resources) -> bool {
+        if self.free_fits.as_ref().is_none_or(|(w, _)| w != wanted) {
+            self.free_fits = Some((wanted.clone(), vec![None; room.spots.len()]));
+        }
+        let Some((_, known)) = self.free_fits.as_mut() else { return room.spots[spot].free.fits(wanted) };
+        *known[spot].get_or_insert_with(|| room.spots[spot].free.fits(wanted))
+    }
+
+    /// Room was taken from the room's pool `spot`.
+    fn taken_from(&mut self, spot: usize) {
+        if let Some(known) = self.free_fits.as_mut().and_then(|(_, known)| known.get_mut(spot)) {
+            *known = None;
+        }
+    }
+}
+
 /// A cycle's plans look at no more pools and placed tasks than this many plans that each read
 /// every pool: a plan that stops early (at a pool no other can beat, see `Placed::floor`) costs
 /// little, and more plans are made.
@@ -420,7 +448,7 @@ impl Scheduler {
         let mut failed_shapes: HashMap<(Resources, crate::pools::Labels, QueuePath, i32), String> = HashMap::new();
         // Which tasks are placed on each pool, read when a first plan needs it.
         let mut placed: Option<Placed> = None;
-        let mut seen = SeenInCycle::new();
+        let mut cache = PlanCache::default();
         // Each leaf's delay, read once.
         let mut delays: HashMap<QueuePath, u64> = HashMap::new();
         for (priority, _, key) in waiting {
@@ -439,7 +467,7 @@ impl Scheduler {
                 let whom = (previewed < MAX_PREVIEWS_PER_CYCLE).then(|| {
                     previewed += 1;
                     let placed = placed.get_or_insert_with(|| self.placed_by_pool(&cycle.room));
-                    match self.plan(&key, world, cycle, &flows, placed, &mut seen, &mut looked) {
+                    match self.plan(&key, world, cycle, &flows, placed, &mut cache, &mut looked) {
                         Ok(plan) => {
                             let pool = &cycle.room.spots[plan.spot].name;
                             let names: Vec<String> =
@@ -469,7 +497,7 @@ impl Scheduler {
                 Some(said) => Err(said.clone()),
                 None => {
                     let placed = placed.get_or_insert_with(|| self.placed_by_pool(&cycle.room));
-                    self.plan(&key, world, cycle, &flows, placed, &mut seen, &mut looked)
+                    self.plan(&key, world, cycle, &flows, placed, &mut cache, &mut looked)
                 }
             };
             let said = match said {
@@ -477,6 +505,7 @@ impl Scheduler {
                     if let Some(placed) = placed.as_mut() {
                         placed.mark(plan.spot, &plan.victims);
                     }
+                    cache.taken_from(plan.spot);
                     self.carry_out(&key, plan, cycle, &mut flows);
                     continue;
                 }
@@ -700,7 +729,7 @@ impl Scheduler {
         cycle: &mut Cycle<'_>,
         flows: &Flows,
         placed: &Placed,
-        seen_in_cycle: &mut SeenInCycle,
+        cache: &mut PlanCache,
         looked: &mut usize,
     ) -> Result<Plan, String> {
         let task = &self.tasks[&key.0][&key.1];
@@ -718,10 +747,17 @@ impl Scheduler {
         let selector = task.spec.selector.clone();
         let priority = task.spec.priority.value();
         let below = self.below_guarantee(&leaf, &wanted, flows);
-        let fence = self.preemption_fence(&leaf);
+        let of_leaf = match cache.leaves.get(&leaf) {
+            Some(of_leaf) => of_leaf.clone(),
+            None => {
+                let of_leaf = std::rc::Rc::new((leaf.up_to_root().collect(), self.preemption_fence(&leaf)));
+                cache.leaves.insert(leaf.clone(), of_leaf.clone());
+                of_leaf
+            }
+        };
+        let (path, fence): (&Vec<QueuePath>, &QueuePath) = (&of_leaf.0, &of_leaf.1);
         let task_type = if cycle.room.typed { self.type_of(&key.0, &key.1) } else { None };
         let allowed = self.allowed(&key.0, &[task_type], None, cycle);
-        let path: Vec<QueuePath> = leaf.up_to_root().collect();
         let mut refusals = Refusals::default();
         let mut best: Option<((i32, usize, u64), Plan)> = None;
         let mut seen: Vec<Seen> = Vec::new();
@@ -757,8 +793,8 @@ impl Scheduler {
                     Some((.., queues)) => *queues,
                     None => {
                         let cycle_key = (victim.app, victim_priority, leaf.clone(), priority);
-                        let queues = *seen_in_cycle.entry(cycle_key).or_insert_with(|| {
-                            self.seen_from((victim_leaf, victim_priority), (&leaf, &path, priority), &fence)
+                        let queues = *cache.seen.entry(cycle_key).or_insert_with(|| {
+                            self.seen_from((victim_leaf, victim_priority), (&leaf, path, priority), fence)
                         });
                         seen.push((victim.app, victim_priority, queues));
                         queues
@@ -785,7 +821,7 @@ impl Scheduler {
             }
             // Nothing to take here: only room already free would do (not expected, as the task
             // found none), and the pool is passed without a look at its sums.
-            if candidates.is_empty() && !spot.free.fits(&wanted) {
+            if candidates.is_empty() && !cache.free_fits(&cycle.room, i, &wanted) {
                 continue;
             }
             candidates.sort_by(|a, b| a.0.cmp(&b.0).then(b.1.cmp(&a.1)));
@@ -804,7 +840,7 @@ impl Scheduler {
                 if !lacking.iter().any(|(name, _)| resources.get_milli(name.as_str()) > 0) {
                     continue;
                 }
-                if self.below_its_guarantee(victim_leaf, &path, resources, &taken, flows) {
+                if self.below_its_guarantee(victim_leaf, path, resources, &taken, flows) {
                     refusals
                         .note("taking the tasks that hold the room would leave their queues below their guarantees");
                     continue;
@@ -903,10 +939,11 @@ impl Scheduler {
         let spot = &cycle.room.spots[plan.spot];
         let pool = spot.name.clone();
         let leaf = self.apps[&key.0].spec.queue.clone();
-        let (wanted, priority) = match self.tasks.get(&key.0).and_then(|t| t.get(&key.1)) {
-            Some(task) => (task.spec.resources.clone(), task.spec.priority.value()),
-            None => return,
-        };
+        // The preemptor holds the room: its change is recorded after its victims'.
+        let Some(task) = self.tasks.get_mut(&key.0).and_then(|t| t.get_mut(&key.1)) else { return };
+        task.held = Some(pool.clone());
+        let (wanted, priority) = (task.spec.resources.clone(), task.spec.priority.value());
+        let holder = task.clone();
         add_up(&mut flows.arriving, &leaf, &wanted);
         let reason = match plan.below {
             true => "its queue is below its guarantee".to_owned(),
@@ -923,9 +960,7 @@ impl Scheduler {
             freed = freed.checked_add(resources).unwrap_or(freed);
             names.push(format!("{}/{}", victim.0, victim.1));
         }
-        let Some(task) = self.tasks.get_mut(&key.0).and_then(|t| t.get_mut(&key.1)) else { return };
-        task.held = Some(pool.clone());
-        cycle.out.apps.push(AppChange::Task(task.clone()));
+        cycle.out.apps.push(AppChange::Task(holder));
         self.holders.insert(key.clone(), pool.clone());
         // What it needs beyond what its victims free is taken from the room now, for it.
         let now_free = &cycle.room.spots[plan.spot].free;
