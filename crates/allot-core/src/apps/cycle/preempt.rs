@@ -55,9 +55,11 @@ type SeenInCycle = HashMap<(usize, i32, QueuePath, i32), Result<(i32, i32), &'st
 
 /// What the plans of one cycle read once: see `SeenInCycle`; each preemptor leaf's path up to
 /// the root and fence; and, for the last size wanted, whether each pool's free room holds it
-/// (known until a decision takes room from that pool).
+/// (known until a decision takes room from that pool). With how many pools and placed tasks
+/// they looked at, which bounds them.
 #[derive(Default)]
 struct PlanCache {
+    looked: usize,
     seen: SeenInCycle,
     leaves: HashMap<QueuePath, std::rc::Rc<(Vec<QueuePath>, QueuePath)>>,
     free_fits: Option<(Resources, Vec<Option<bool>>)>,
@@ -442,7 +444,6 @@ impl Scheduler {
         // Planning reads the allocs of every pool a task may use: a cycle's plans look at a
         // bounded number of pools and placed tasks, and it plans for one task of an application
         // whose plan failed; a shape that failed is not planned again.
-        let mut looked = 0;
         let mut previewed = 0;
         let mut failed_apps: HashSet<AppId> = HashSet::new();
         let mut failed_shapes: HashMap<(Resources, crate::pools::Labels, QueuePath, i32), String> = HashMap::new();
@@ -467,7 +468,7 @@ impl Scheduler {
                 let whom = (previewed < MAX_PREVIEWS_PER_CYCLE).then(|| {
                     previewed += 1;
                     let placed = placed.get_or_insert_with(|| self.placed_by_pool(&cycle.room));
-                    match self.plan(&key, world, cycle, &flows, placed, &mut cache, &mut looked) {
+                    match self.plan(&key, world, cycle, &flows, placed, &mut cache) {
                         Ok(plan) => {
                             let pool = &cycle.room.spots[plan.spot].name;
                             let names: Vec<String> =
@@ -481,7 +482,7 @@ impl Scheduler {
                 wait_with(&mut self.why_task, &key, said);
                 continue;
             }
-            if placed.as_ref().is_some_and(|p| looked >= MAX_PLANS_PER_CYCLE * (p.count + p.at.len()).max(1)) {
+            if placed.as_ref().is_some_and(|p| cache.looked >= MAX_PLANS_PER_CYCLE * (p.count + p.at.len()).max(1)) {
                 break;
             }
             if failed_apps.contains(&key.0) {
@@ -497,7 +498,7 @@ impl Scheduler {
                 Some(said) => Err(said.clone()),
                 None => {
                     let placed = placed.get_or_insert_with(|| self.placed_by_pool(&cycle.room));
-                    self.plan(&key, world, cycle, &flows, placed, &mut cache, &mut looked)
+                    self.plan(&key, world, cycle, &flows, placed, &mut cache)
                 }
             };
             let said = match said {
@@ -730,7 +731,6 @@ impl Scheduler {
         flows: &Flows,
         placed: &Placed,
         cache: &mut PlanCache,
-        looked: &mut usize,
     ) -> Result<Plan, String> {
         let task = &self.tasks[&key.0][&key.1];
         let leaf = self.apps[&key.0].spec.queue.clone();
@@ -771,13 +771,13 @@ impl Scheduler {
             let mut candidates: Vec<Candidate> = Vec::new();
             // Every task listed is placed (listed this cycle, and only marked since): those of
             // its own application, then those marked, are refused before they are looked up.
-            *looked += 1;
+            cache.looked += 1;
             let Some((listed, marked)) = placed.at.get(i) else { continue };
             for (app, n) in marked {
                 refusals.note_n(if Some(*app) == own { OWN_APPLICATION } else { BEING_PREEMPTED }, *n);
             }
             for victim in listed {
-                *looked += 1;
+                cache.looked += 1;
                 if Some(victim.app) == own {
                     refusals.note(OWN_APPLICATION);
                     continue;
