@@ -58,6 +58,12 @@ impl PoolName {
     pub fn as_str(&self) -> &str {
         &self.0
     }
+
+    /// The address of its text: two names at one address are the same name (the converse does
+    /// not hold: the same name may be held twice).
+    pub(crate) fn addr(&self) -> usize {
+        Arc::as_ptr(&self.0) as *const u8 as usize
+    }
 }
 
 impl fmt::Display for PoolName {

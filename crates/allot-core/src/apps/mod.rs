@@ -1304,7 +1304,11 @@ impl Scheduler {
             return Err(SchedError::NotPreempting { app: app.clone(), task: task.clone() });
         }
         self.take_back(app, task, now, world, out)?;
-        Ok(self.task(app, task)?.clone())
+        // Its last change is what it is now: answered without a second look-up.
+        match out.apps.last() {
+            Some(AppChange::Task(last)) if last.app == *app && last.spec.id == *task => Ok(last.clone()),
+            _ => Ok(self.task(app, task)?.clone()),
+        }
     }
 
     /// Reports a task completed or failed: its alloc and grants are released, and its application

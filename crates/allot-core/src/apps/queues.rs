@@ -90,8 +90,26 @@ impl QueuePath {
         std::iter::successors(Some(self.clone()), QueuePath::parent)
     }
 
+    /// The paths of this queue, then of each ancestor up to `root`, as `up_to_root` without
+    /// making a path of each: maps keyed by paths are read by them (`Borrow<str>`).
+    pub(crate) fn ancestors(&self) -> impl Iterator<Item = &str> {
+        std::iter::successors(Some(&*self.0), |path: &&str| path.rsplit_once('.').map(|(parent, _)| parent))
+    }
+
+    /// The path of an ancestor `ancestors` answered (valid, as a part of a valid path).
+    pub(crate) fn of_ancestor(path: &str) -> QueuePath {
+        QueuePath(Arc::from(path))
+    }
+
     fn is_child_of(&self, parent: &QueuePath) -> bool {
         self.parent().as_ref() == Some(parent)
+    }
+}
+
+/// A path hashes and compares as its text, so maps keyed by paths are read by the text.
+impl std::borrow::Borrow<str> for QueuePath {
+    fn borrow(&self) -> &str {
+        &self.0
     }
 }
 
@@ -434,6 +452,11 @@ impl Queues {
     }
 
     pub fn get(&self, path: &QueuePath) -> Option<&QueueLimits> {
+        self.queues.get(path)
+    }
+
+    /// The limits of the queue of path `path`, as `get`.
+    pub(crate) fn get_str(&self, path: &str) -> Option<&QueueLimits> {
         self.queues.get(path)
     }
 

@@ -26,7 +26,7 @@
 //! - no loops: a victim's own priority is at most its preemptor's, and its queues stay at or
 //!   above their guarantees, so it cannot preempt back; each preemption is counted on the victim.
 
-use std::collections::{BTreeMap, HashMap, HashSet};
+use std::collections::{HashMap, HashSet};
 
 use super::{Cycle, Room};
 use crate::apps::queues::{PreemptionPolicy, QueuePath};
@@ -40,12 +40,48 @@ use crate::resources::Resources;
 type TaskRef = (AppId, TaskId);
 
 /// A task that may be taken: its priority (as the preemptor's is seen), its age (placed at,
-/// added as), itself, what it holds, its queue.
-type Candidate<'a> = (i32, (Millis, u64), (&'a AppId, &'a TaskId), &'a Resources, &'a QueuePath);
+/// added as), itself as listed, its queue.
+type Candidate<'a> = (i32, (Millis, u64), &'a Listed, &'a QueuePath);
 
-/// What a plan finds of the placed tasks of one application and priority: their queue, and the
-/// rule their queues break, else their priority and the preemptor's where the paths meet.
-type Seen<'a> = (&'a AppId, i32, &'a QueuePath, Result<(i32, i32), &'static str>);
+/// What a plan finds of the placed tasks of one application (by its index in `Placed::apps`)
+/// and priority: the rule their queues break, else their priority and the preemptor's where the
+/// paths meet.
+type Seen = (usize, i32, Result<(i32, i32), &'static str>);
+
+/// What the plans of one cycle found of the queues of an application's tasks at one priority
+/// (the application by its index in `Placed::apps`), for a preemptor of one leaf and priority:
+/// the queues do not change during a cycle's planning.
+type SeenInCycle = HashMap<(usize, i32, QueuePath, i32), Result<(i32, i32), &'static str>>;
+
+/// What the plans of one cycle read once: see `SeenInCycle`; each preemptor leaf's path up to
+/// the root and fence; and, for the last size wanted, whether each pool's free room holds it
+/// (known until a decision takes room from that pool). With how many pools and placed tasks
+/// they looked at, which bounds them.
+#[derive(Default)]
+struct PlanCache {
+    looked: usize,
+    seen: SeenInCycle,
+    leaves: HashMap<QueuePath, std::rc::Rc<(Vec<QueuePath>, QueuePath)>>,
+    free_fits: Option<(Resources, Vec<Option<bool>>)>,
+}
+
+impl PlanCache {
+    /// Whether the free room of the room's pool `spot` holds `wanted`.
+    fn free_fits(&mut self, room: &Room, spot: usize, wanted: &Resources) -> bool {
+        if self.free_fits.as_ref().is_none_or(|(w, _)| w != wanted) {
+            self.free_fits = Some((wanted.clone(), vec![None; room.spots.len()]));
+        }
+        let Some((_, known)) = self.free_fits.as_mut() else { return room.spots[spot].free.fits(wanted) };
+        *known[spot].get_or_insert_with(|| room.spots[spot].free.fits(wanted))
+    }
+
+    /// Room was taken from the room's pool `spot`.
+    fn taken_from(&mut self, spot: usize) {
+        if let Some(known) = self.free_fits.as_mut().and_then(|(_, known)| known.get_mut(spot)) {
+            *known = None;
+        }
+    }
+}
 
 /// A cycle's plans look at no more pools and placed tasks than this many plans that each read
 /// every pool: a plan that stops early (at a pool no other can beat, see `Placed::floor`) costs
@@ -59,9 +95,14 @@ const BEING_PREEMPTED: &str = "the tasks that hold the room are being preempted 
 
 /// The placed tasks on each pool of the cycle's room as its plans see them: for each (by its
 /// index in the room), those not marked by this cycle, and those it marked counted by
-/// application (refused without a look up).
+/// application (refused without a look up). What a plan reads of a task is read once, when
+/// listed: during a cycle's planning nothing changes a placed task but its mark.
 struct Placed {
-    at: Vec<(Vec<TaskRef>, HashMap<AppId, usize>)>,
+    at: Vec<(Vec<Listed>, HashMap<usize, usize>)>,
+    /// The applications with placed tasks, and their queues.
+    apps: Vec<(AppId, QueuePath)>,
+    /// What placed tasks hold, each once per run of tasks that hold alike.
+    shapes: Vec<Resources>,
     /// How many are placed.
     count: usize,
     /// The least score (see `plan`) a plan with victims can have: none takes a task of lower
@@ -69,14 +110,37 @@ struct Placed {
     floor: (i32, usize, u64),
 }
 
+/// A placed task as plans read it.
+struct Listed {
+    /// Its application, by its index in `Placed::apps`.
+    app: usize,
+    task: TaskId,
+    priority: i32,
+    /// Placed at, added as.
+    age: (Millis, u64),
+    /// What it holds, by its index in `Placed::shapes`.
+    shape: usize,
+    /// The rule that keeps it from being taken whatever the preemptor, if any.
+    rule: Option<&'static str>,
+}
+
 impl Placed {
     /// The plan's victims on the room's pool `spot` are marked: listed no more, counted.
     fn mark(&mut self, spot: usize, victims: &[(TaskRef, Resources)]) {
         let Some((listed, marked)) = self.at.get_mut(spot) else { return };
-        listed.retain(|task| !victims.iter().any(|(victim, _)| victim == task));
+        let apps = &self.apps;
+        let is = |task: &Listed, victim: &TaskRef| task.task == victim.1 && apps[task.app].0 == victim.0;
         for ((app, _), _) in victims {
-            *marked.entry(app.clone()).or_default() += 1;
+            if let Some(index) = apps.iter().position(|(a, _)| a == app) {
+                *marked.entry(index).or_default() += 1;
+            }
         }
+        listed.retain(|task| !victims.iter().any(|(victim, _)| is(task, victim)));
+    }
+
+    /// The index of `app` in `apps`, if it has placed tasks.
+    fn app_index(&self, app: &AppId) -> Option<usize> {
+        self.apps.iter().position(|(a, _)| a == app)
     }
 }
 
@@ -98,15 +162,30 @@ struct Flows {
 }
 
 fn add_up(map: &mut HashMap<QueuePath, Resources>, leaf: &QueuePath, resources: &Resources) {
-    for queue in leaf.up_to_root() {
-        let sum = map.entry(queue).or_default();
-        *sum = sum.checked_add(resources).unwrap_or_else(|| sum.clone());
+    add_up_from(map, leaf.ancestors(), resources);
+}
+
+/// Adds `resources` to the sum of each of `queues` (paths as `QueuePath::ancestors` answers).
+fn add_up_from<'a>(
+    map: &mut HashMap<QueuePath, Resources>,
+    queues: impl Iterator<Item = &'a str>,
+    resources: &Resources,
+) {
+    for queue in queues {
+        match map.get_mut(queue) {
+            Some(sum) => *sum = sum.checked_add(resources).unwrap_or_else(|| sum.clone()),
+            None => {
+                let sum = Resources::new().checked_add(resources).unwrap_or_default();
+                map.insert(QueuePath::of_ancestor(queue), sum);
+            }
+        }
     }
 }
 
-/// Why no victim could be taken: counts per rule, the most common named.
+/// Why no victim could be taken: counts per rule, the most common named (of as many, the last
+/// in the order of the rules' texts).
 #[derive(Default)]
-struct Refusals(BTreeMap<&'static str, usize>);
+struct Refusals(Vec<(&'static str, usize)>);
 
 impl Refusals {
     fn note(&mut self, rule: &'static str) {
@@ -114,16 +193,31 @@ impl Refusals {
     }
 
     fn note_n(&mut self, rule: &'static str, n: usize) {
-        if n > 0 {
-            *self.0.entry(rule).or_default() += n;
+        if n == 0 {
+            return;
+        }
+        // A few rules, most often the same text again: found by its address first.
+        let same = |r: &&'static str| std::ptr::eq(*r, rule) || *r == rule;
+        match self.0.iter_mut().find(|(r, _)| same(r)) {
+            Some((_, count)) => *count += n,
+            None => self.0.push((rule, n)),
         }
     }
 
     fn say(&self) -> String {
-        match self.0.iter().max_by_key(|(_, n)| **n) {
+        match self.0.iter().max_by(|a, b| a.1.cmp(&b.1).then(a.0.cmp(b.0))) {
             Some((rule, _)) => format!("it cannot preempt: {rule}"),
             None => "it cannot preempt: nothing placed on the pools it may use would free enough room".to_owned(),
         }
+    }
+}
+
+/// A task with no room says what preemption says of it too (one that no longer says why it
+/// waits is left so).
+fn wait_with(why_task: &mut HashMap<TaskRef, Why>, key: &TaskRef, preemption: Preemption) {
+    if let Some(why) = why_task.get_mut(key) {
+        let room = std::mem::replace(why, Why::AfterGang);
+        *why = Why::NoRoomYet { room: Box::new(room), preemption };
     }
 }
 
@@ -350,17 +444,23 @@ impl Scheduler {
         // Planning reads the allocs of every pool a task may use: a cycle's plans look at a
         // bounded number of pools and placed tasks, and it plans for one task of an application
         // whose plan failed; a shape that failed is not planned again.
-        let mut looked = 0;
         let mut previewed = 0;
         let mut failed_apps: HashSet<AppId> = HashSet::new();
         let mut failed_shapes: HashMap<(Resources, crate::pools::Labels, QueuePath, i32), String> = HashMap::new();
         // Which tasks are placed on each pool, read when a first plan needs it.
         let mut placed: Option<Placed> = None;
+        let mut cache = PlanCache::default();
+        // Each leaf's delay, read once.
+        let mut delays: HashMap<QueuePath, u64> = HashMap::new();
         for (priority, _, key) in waiting {
             let task = &self.tasks[&key.0][&key.1];
             let leaf = &self.apps[&key.0].spec.queue;
             let from = task.added.max(task.preempted_at.unwrap_or(0));
-            let may_from = from.saturating_add(self.preemption_delay(leaf));
+            let delay = match delays.get(leaf) {
+                Some(delay) => *delay,
+                None => *delays.entry(leaf.clone()).or_insert(self.preemption_delay(leaf)),
+            };
+            let may_from = from.saturating_add(delay);
             if cycle.now < may_from {
                 self.next_preemption = Some(self.next_preemption.map_or(may_from, |n| n.min(may_from)));
                 // Whom it would take is looked at for the first few only: a plan reads the
@@ -368,7 +468,7 @@ impl Scheduler {
                 let whom = (previewed < MAX_PREVIEWS_PER_CYCLE).then(|| {
                     previewed += 1;
                     let placed = placed.get_or_insert_with(|| self.placed_by_pool(&cycle.room));
-                    match self.plan(&key, world, cycle, &flows, placed, &mut looked) {
+                    match self.plan(&key, world, cycle, &flows, placed, &mut cache) {
                         Ok(plan) => {
                             let pool = &cycle.room.spots[plan.spot].name;
                             let names: Vec<String> =
@@ -379,12 +479,10 @@ impl Scheduler {
                     }
                 });
                 let said = Preemption::In { seconds: (may_from - cycle.now).div_ceil(1000), whom };
-                if let Some(room) = self.why_task.remove(&key) {
-                    self.why_task.insert(key, Why::NoRoomYet { room: Box::new(room), preemption: said });
-                }
+                wait_with(&mut self.why_task, &key, said);
                 continue;
             }
-            if placed.as_ref().is_some_and(|p| looked >= MAX_PLANS_PER_CYCLE * (p.count + p.at.len()).max(1)) {
+            if placed.as_ref().is_some_and(|p| cache.looked >= MAX_PLANS_PER_CYCLE * (p.count + p.at.len()).max(1)) {
                 break;
             }
             if failed_apps.contains(&key.0) {
@@ -400,7 +498,7 @@ impl Scheduler {
                 Some(said) => Err(said.clone()),
                 None => {
                     let placed = placed.get_or_insert_with(|| self.placed_by_pool(&cycle.room));
-                    self.plan(&key, world, cycle, &flows, placed, &mut looked)
+                    self.plan(&key, world, cycle, &flows, placed, &mut cache)
                 }
             };
             let said = match said {
@@ -408,6 +506,7 @@ impl Scheduler {
                     if let Some(placed) = placed.as_mut() {
                         placed.mark(plan.spot, &plan.victims);
                     }
+                    cache.taken_from(plan.spot);
                     self.carry_out(&key, plan, cycle, &mut flows);
                     continue;
                 }
@@ -417,10 +516,7 @@ impl Scheduler {
                     said
                 }
             };
-            if let Some(room) = self.why_task.remove(&key) {
-                let preemption = Preemption::Cannot(said);
-                self.why_task.insert(key, Why::NoRoomYet { room: Box::new(room), preemption });
-            }
+            wait_with(&mut self.why_task, &key, Preemption::Cannot(said));
         }
     }
 
@@ -497,10 +593,10 @@ impl Scheduler {
     fn below_guarantee(&self, leaf: &QueuePath, wanted: &Resources, flows: &Flows) -> bool {
         let mut guaranteed = false;
         let empty = Resources::new();
-        for queue in leaf.up_to_root() {
-            let Some(limits) = self.queues.get(&queue).filter(|l| !l.guaranteed.is_empty()) else { continue };
-            let used = self.usage.get(&queue).map_or(&empty, |u| &u.allocated);
-            let arriving = flows.arriving.get(&queue).unwrap_or(&empty);
+        for queue in leaf.ancestors() {
+            let Some(limits) = self.queues.get_str(queue).filter(|l| !l.guaranteed.is_empty()) else { continue };
+            let used = self.usage.get(queue).map_or(&empty, |u| &u.allocated);
+            let arriving = flows.arriving.get(queue).unwrap_or(&empty);
             for (name, guarantee) in limits.guaranteed.iter() {
                 let name = name.as_str();
                 let want = wanted.get_milli(name);
@@ -539,15 +635,82 @@ impl Scheduler {
 
     /// The placed tasks on each pool, and the floor of a plan's score.
     fn placed_by_pool(&self, room: &Room) -> Placed {
-        let spot: HashMap<&PoolName, usize> = room.spots.iter().enumerate().map(|(i, s)| (&s.name, i)).collect();
-        let mut at: Vec<(Vec<TaskRef>, HashMap<AppId, usize>)> = vec![Default::default(); room.spots.len()];
+        // A placement names its pool by the text the room names it by, as a rule: found by its
+        // address (the last one found first), else by name.
+        let mut by_addr: Vec<(usize, usize)> = room.spots.iter().enumerate().map(|(i, s)| (s.name.addr(), i)).collect();
+        by_addr.sort_unstable();
+        let by_name: std::cell::OnceCell<HashMap<&PoolName, usize>> = std::cell::OnceCell::new();
+        let mut last: Option<(usize, usize)> = None;
+        let mut spot_of = |pool: &PoolName| {
+            let addr = pool.addr();
+            if let Some((_, i)) = last.filter(|(a, _)| *a == addr) {
+                return Some(i);
+            }
+            let found = match by_addr.binary_search_by_key(&addr, |(a, _)| *a) {
+                Ok(at) => Some(by_addr[at].1),
+                Err(_) => {
+                    let by_name =
+                        by_name.get_or_init(|| room.spots.iter().enumerate().map(|(i, s)| (&s.name, i)).collect());
+                    by_name.get(pool).copied()
+                }
+            };
+            if let Some(i) = found {
+                last = Some((addr, i));
+            }
+            found
+        };
+        let placed_now: u64 = self
+            .counts
+            .values()
+            .flat_map(|c| [c.get(&TaskState::Allocated), c.get(&TaskState::Running)])
+            .flatten()
+            .sum();
+        let per_pool = usize::try_from(placed_now).unwrap_or(0) / room.spots.len().max(1) + 1;
+        let mut at: Vec<(Vec<Listed>, HashMap<usize, usize>)> = Vec::with_capacity(room.spots.len());
+        at.resize_with(room.spots.len(), || (Vec::with_capacity(per_pool), HashMap::new()));
+        let mut apps: Vec<(AppId, QueuePath)> = Vec::new();
+        let mut shapes: Vec<Resources> = Vec::new();
         let (mut count, mut priority, mut size) = (0, i32::MAX, u64::MAX);
         // Sized once per run of equal resources (most tasks ask alike).
         let mut sized: Option<&Resources> = None;
-        for task in self.tasks.values().flat_map(|tasks| tasks.values()) {
-            if let (TaskState::Allocated | TaskState::Running, Some(placement)) = (task.state, &task.placement) {
-                let Some((listed, _)) = spot.get(&placement.pool).and_then(|&i| at.get_mut(i)) else { continue };
-                listed.push((task.app.clone(), task.spec.id.clone()));
+        let max_preemptions = self.config.max_preemptions;
+        for (app_id, tasks) in &self.tasks {
+            let mut index = None;
+            for task in tasks.values() {
+                let (TaskState::Allocated | TaskState::Running, Some(placement)) = (task.state, &task.placement) else {
+                    continue;
+                };
+                let Some((listed, _)) = spot_of(&placement.pool).and_then(|i| at.get_mut(i)) else { continue };
+                let app = match index {
+                    Some(app) => app,
+                    None => {
+                        let Some(queue) = self.apps.get(app_id).map(|a| a.spec.queue.clone()) else { break };
+                        apps.push((app_id.clone(), queue));
+                        *index.insert(apps.len() - 1)
+                    }
+                };
+                let rule = if task.preempting.is_some() {
+                    Some(BEING_PREEMPTED)
+                } else if !task.spec.preemptable {
+                    Some("the tasks that hold the room may not be preempted (preemptable: false)")
+                } else if task.spec.group.is_some() || task.slot.is_some() {
+                    Some("the tasks that hold the room are gang members, and a gang is never broken")
+                } else if task.preemptions >= max_preemptions {
+                    Some("the tasks that hold the room were preempted max_preemptions times and are protected")
+                } else {
+                    None
+                };
+                if shapes.last() != Some(&placement.resources) {
+                    shapes.push(placement.resources.clone());
+                }
+                listed.push(Listed {
+                    app,
+                    task: task.spec.id.clone(),
+                    priority: task.spec.priority.value(),
+                    age: (placement.at, task.seq),
+                    shape: shapes.len() - 1,
+                    rule,
+                });
                 count += 1;
                 priority = priority.min(task.spec.priority.value());
                 if sized != Some(&placement.resources) {
@@ -556,7 +719,7 @@ impl Scheduler {
                 }
             }
         }
-        Placed { at, count, floor: (priority, 1, size) }
+        Placed { at, apps, shapes, count, floor: (priority, 1, size) }
     }
 
     /// The victims on one pool that make room for the task, or why there are none.
@@ -567,7 +730,7 @@ impl Scheduler {
         cycle: &mut Cycle<'_>,
         flows: &Flows,
         placed: &Placed,
-        looked: &mut usize,
+        cache: &mut PlanCache,
     ) -> Result<Plan, String> {
         let task = &self.tasks[&key.0][&key.1];
         let leaf = self.apps[&key.0].spec.queue.clone();
@@ -584,13 +747,21 @@ impl Scheduler {
         let selector = task.spec.selector.clone();
         let priority = task.spec.priority.value();
         let below = self.below_guarantee(&leaf, &wanted, flows);
-        let fence = self.preemption_fence(&leaf);
+        let of_leaf = match cache.leaves.get(&leaf) {
+            Some(of_leaf) => of_leaf.clone(),
+            None => {
+                let of_leaf = std::rc::Rc::new((leaf.up_to_root().collect(), self.preemption_fence(&leaf)));
+                cache.leaves.insert(leaf.clone(), of_leaf.clone());
+                of_leaf
+            }
+        };
+        let (path, fence): (&Vec<QueuePath>, &QueuePath) = (&of_leaf.0, &of_leaf.1);
         let task_type = if cycle.room.typed { self.type_of(&key.0, &key.1) } else { None };
         let allowed = self.allowed(&key.0, &[task_type], None, cycle);
-        let path: Vec<QueuePath> = leaf.up_to_root().collect();
         let mut refusals = Refusals::default();
         let mut best: Option<((i32, usize, u64), Plan)> = None;
-        let mut seen: Vec<Seen<'_>> = Vec::new();
+        let mut seen: Vec<Seen> = Vec::new();
+        let own = placed.app_index(&key.0);
         for (i, spot) in cycle.room.spots.iter().enumerate() {
             if !selector_matches(&selector, &spot.labels) || allowed.as_ref().is_some_and(|a| !a.takes(i)) {
                 continue;
@@ -600,46 +771,33 @@ impl Scheduler {
             let mut candidates: Vec<Candidate> = Vec::new();
             // Every task listed is placed (listed this cycle, and only marked since): those of
             // its own application, then those marked, are refused before they are looked up.
-            *looked += 1;
+            cache.looked += 1;
             let Some((listed, marked)) = placed.at.get(i) else { continue };
             for (app, n) in marked {
-                refusals.note_n(if *app == key.0 { OWN_APPLICATION } else { BEING_PREEMPTED }, *n);
+                refusals.note_n(if Some(*app) == own { OWN_APPLICATION } else { BEING_PREEMPTED }, *n);
             }
-            for (app, id) in listed {
-                *looked += 1;
-                if *app == key.0 {
+            for victim in listed {
+                cache.looked += 1;
+                if Some(victim.app) == own {
                     refusals.note(OWN_APPLICATION);
                     continue;
                 }
-                let Some(victim) = self.tasks.get(app).and_then(|t| t.get(id)) else { continue };
-                let Some(placement) = victim.placement.as_ref() else { continue };
-                if !matches!(victim.state, TaskState::Allocated | TaskState::Running) {
-                    continue;
-                }
-                let rule = if victim.preempting.is_some() {
-                    Some(BEING_PREEMPTED)
-                } else if !victim.spec.preemptable {
-                    Some("the tasks that hold the room may not be preempted (preemptable: false)")
-                } else if victim.spec.group.is_some() || victim.slot.is_some() {
-                    Some("the tasks that hold the room are gang members, and a gang is never broken")
-                } else if victim.preemptions >= self.config.max_preemptions {
-                    Some("the tasks that hold the room were preempted max_preemptions times and are protected")
-                } else {
-                    None
-                };
-                if let Some(rule) = rule {
+                if let Some(rule) = victim.rule {
                     refusals.note(rule);
                     continue;
                 }
-                let victim_priority = victim.spec.priority.value();
-                let known = seen.iter().find(|(a, p, ..)| *a == app && *p == victim_priority);
-                let (victim_leaf, queues) = match known {
-                    Some((_, _, victim_leaf, queues)) => (*victim_leaf, *queues),
+                let victim_priority = victim.priority;
+                let victim_leaf = &placed.apps[victim.app].1;
+                let known = seen.iter().find(|(a, p, _)| *a == victim.app && *p == victim_priority);
+                let queues = match known {
+                    Some((.., queues)) => *queues,
                     None => {
-                        let victim_leaf = &self.apps[app].spec.queue;
-                        let queues = self.seen_from((victim_leaf, victim_priority), (&leaf, &path, priority), &fence);
-                        seen.push((app, victim_priority, victim_leaf, queues));
-                        (victim_leaf, queues)
+                        let cycle_key = (victim.app, victim_priority, leaf.clone(), priority);
+                        let queues = *cache.seen.entry(cycle_key).or_insert_with(|| {
+                            self.seen_from((victim_leaf, victim_priority), (&leaf, path, priority), fence)
+                        });
+                        seen.push((victim.app, victim_priority, queues));
+                        queues
                     }
                 };
                 let (theirs, ours) = match queues {
@@ -659,16 +817,21 @@ impl Scheduler {
                     });
                     continue;
                 }
-                let age = (placement.at, victim.seq);
-                candidates.push((theirs, age, (app, id), &placement.resources, victim_leaf));
+                candidates.push((theirs, victim.age, victim, victim_leaf));
+            }
+            // Nothing to take here: only room already free would do (not expected, as the task
+            // found none), and the pool is passed without a look at its sums.
+            if candidates.is_empty() && !cache.free_fits(&cycle.room, i, &wanted) {
+                continue;
             }
             candidates.sort_by(|a, b| a.0.cmp(&b.0).then(b.1.cmp(&a.1)));
-            let free = spot.free.clone();
+            let free = &spot.free;
             let mut freed = Resources::new();
             let mut taken: HashMap<QueuePath, Resources> = HashMap::new();
-            let mut chosen: Vec<((&AppId, &TaskId), &Resources, &QueuePath)> = Vec::new();
+            let mut chosen: Vec<(&Listed, &Resources, &QueuePath)> = Vec::new();
             let fits = |freed: &Resources| free.checked_add(freed).is_some_and(|room| room.fits(&wanted));
-            for (_, _, victim, resources, victim_leaf) in candidates {
+            for (_, _, victim, victim_leaf) in candidates {
+                let resources = &placed.shapes[victim.shape];
                 if fits(&freed) {
                     break;
                 }
@@ -677,15 +840,13 @@ impl Scheduler {
                 if !lacking.iter().any(|(name, _)| resources.get_milli(name.as_str()) > 0) {
                     continue;
                 }
-                if self.below_its_guarantee(victim_leaf, &path, resources, &taken, flows) {
+                if self.below_its_guarantee(victim_leaf, path, resources, &taken, flows) {
                     refusals
                         .note("taking the tasks that hold the room would leave their queues below their guarantees");
                     continue;
                 }
-                for queue in victim_leaf.up_to_root().filter(|q| !path.contains(q)) {
-                    let sum = taken.entry(queue).or_default();
-                    *sum = sum.checked_add(resources).unwrap_or_else(|| sum.clone());
-                }
+                let outside = victim_leaf.ancestors().filter(|q| !path.iter().any(|p| p.as_str() == *q));
+                add_up_from(&mut taken, outside, resources);
                 freed = freed.checked_add(resources).unwrap_or(freed);
                 chosen.push((victim, resources, victim_leaf));
             }
@@ -702,13 +863,14 @@ impl Scheduler {
                     chosen.remove(index);
                 }
             }
-            let worst =
-                chosen.iter().map(|(v, ..)| self.tasks[v.0][v.1].spec.priority.value()).max().unwrap_or(i32::MIN);
+            let worst = chosen.iter().map(|(v, ..)| v.priority).max().unwrap_or(i32::MIN);
             let size = chosen.iter().map(|(_, r, _)| r.size(&cycle.room.weights) as u64).sum();
             let score = (worst, chosen.len(), size);
             if best.as_ref().is_none_or(|(b, _)| score < *b) {
-                let victims =
-                    chosen.into_iter().map(|((app, id), r, _)| ((app.clone(), id.clone()), r.clone())).collect();
+                let victims = chosen
+                    .into_iter()
+                    .map(|(v, r, _)| ((placed.apps[v.app].0.clone(), v.task.clone()), r.clone()))
+                    .collect();
                 best = Some((score, Plan { spot: i, victims, below }));
             }
             // No later pool does better than the floor, and a tie keeps the first pool: done.
@@ -753,11 +915,11 @@ impl Scheduler {
         flows: &Flows,
     ) -> bool {
         let empty = Resources::new();
-        leaf.up_to_root().filter(|q| !path.contains(q)).any(|queue| {
-            let Some(limits) = self.queues.get(&queue) else { return false };
-            let used = self.usage.get(&queue).map_or(&empty, |u| &u.allocated);
-            let already = taken.get(&queue).unwrap_or(&empty);
-            let leaving = flows.leaving.get(&queue).unwrap_or(&empty);
+        leaf.ancestors().filter(|q| !path.iter().any(|p| p.as_str() == *q)).any(|queue| {
+            let Some(limits) = self.queues.get_str(queue) else { return false };
+            let used = self.usage.get(queue).map_or(&empty, |u| &u.allocated);
+            let already = taken.get(queue).unwrap_or(&empty);
+            let leaving = flows.leaving.get(queue).unwrap_or(&empty);
             limits.guaranteed.iter().any(|(name, guarantee)| {
                 let name = name.as_str();
                 let take = resources.get_milli(name);
@@ -777,10 +939,15 @@ impl Scheduler {
         let spot = &cycle.room.spots[plan.spot];
         let pool = spot.name.clone();
         let leaf = self.apps[&key.0].spec.queue.clone();
-        add_up(&mut flows.arriving, &leaf, &self.tasks[&key.0][&key.1].spec.resources);
+        // The preemptor holds the room: its change is recorded after its victims'.
+        let Some(task) = self.tasks.get_mut(&key.0).and_then(|t| t.get_mut(&key.1)) else { return };
+        task.held = Some(pool.clone());
+        let (wanted, priority) = (task.spec.resources.clone(), task.spec.priority.value());
+        let holder = task.clone();
+        add_up(&mut flows.arriving, &leaf, &wanted);
         let reason = match plan.below {
             true => "its queue is below its guarantee".to_owned(),
-            false => format!("it has a higher priority ({})", self.tasks[&key.0][&key.1].spec.priority.value()),
+            false => format!("it has a higher priority ({priority})"),
         };
         let mut freed = Resources::new();
         let mut names = Vec::with_capacity(plan.victims.len());
@@ -793,10 +960,7 @@ impl Scheduler {
             freed = freed.checked_add(resources).unwrap_or(freed);
             names.push(format!("{}/{}", victim.0, victim.1));
         }
-        let Some(task) = self.tasks.get_mut(&key.0).and_then(|t| t.get_mut(&key.1)) else { return };
-        task.held = Some(pool.clone());
-        let wanted = task.spec.resources.clone();
-        cycle.out.apps.push(AppChange::Task(task.clone()));
+        cycle.out.apps.push(AppChange::Task(holder));
         self.holders.insert(key.clone(), pool.clone());
         // What it needs beyond what its victims free is taken from the room now, for it.
         let now_free = &cycle.room.spots[plan.spot].free;
@@ -817,9 +981,9 @@ impl Scheduler {
         room: &mut Room,
         held: &mut HashMap<usize, Resources>,
     ) -> Option<(usize, Resources)> {
-        let pool = self.tasks.get(&key.0)?.get(&key.1)?.held.as_ref()?;
-        let i = room.spot_of(pool)?;
-        let wanted = &self.tasks[&key.0][&key.1].spec.resources;
+        let task = self.tasks.get(&key.0)?.get(&key.1)?;
+        let i = room.spot_of(task.held.as_ref()?)?;
+        let wanted = &task.spec.resources;
         let portion = held.get(&i).map(|h| h.min(wanted)).unwrap_or_default();
         room.give_back(i, &portion);
         if let Some(h) = held.get_mut(&i) {
