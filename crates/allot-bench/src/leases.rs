@@ -45,6 +45,7 @@ const PAIRS_NAMESPACE: &str = "bench-pairs";
 
 #[derive(Debug, Serialize)]
 struct Output {
+    durability: String,
     grants: usize,
     namespaces: usize,
     fill_per_s: f64,
@@ -71,7 +72,8 @@ pub(super) async fn run(args: LeasesBenchArgs) -> anyhow::Result<()> {
         bail!("--grants, --namespaces and --clients must be at least 1");
     }
     let scratch = Scratch::new(args.tmp_dir.as_deref())?;
-    let daemon = children::spawn_daemon(&scratch).await?;
+    let durability: Vec<std::ffi::OsString> = vec!["--durability".into(), args.durability.clone().into()];
+    let daemon = children::spawn_daemon_with(&scratch, &durability).await?;
     let endpoint = daemon.endpoint.clone();
     let pid = daemon.pid().context("the daemon's process")?;
     let per_namespace = args.grants.div_ceil(args.namespaces) as u64;
@@ -90,7 +92,7 @@ pub(super) async fn run(args: LeasesBenchArgs) -> anyhow::Result<()> {
     let listen = endpoint.authority.clone();
     let killed = Instant::now();
     daemon.kill().await;
-    let (daemon, first_answer, serving) = restart(&scratch, &listen, killed).await?;
+    let (daemon, first_answer, serving) = restart(&scratch, &listen, &durability, killed).await?;
     let pid = daemon.pid().context("the daemon's process")?;
     let restarted_kib = resident_kib(pid)?;
     let restored = count_grants(&endpoint, args.namespaces).await?;
@@ -100,7 +102,7 @@ pub(super) async fn run(args: LeasesBenchArgs) -> anyhow::Result<()> {
     let disk_bytes = disk_usage(&scratch.join("allot-data"))?;
     let fresh_idle_kib = {
         let fresh_scratch = Scratch::new(args.tmp_dir.as_deref())?;
-        let fresh = children::spawn_daemon(&fresh_scratch).await?;
+        let fresh = children::spawn_daemon_with(&fresh_scratch, &durability).await?;
         for i in 0..args.namespaces {
             crate::load::setup_namespace(&fresh.endpoint, &namespace(i), per_namespace).await?;
         }
@@ -151,6 +153,7 @@ pub(super) async fn run(args: LeasesBenchArgs) -> anyhow::Result<()> {
         ),
     ];
     let output = Output {
+        durability: args.durability.clone(),
         grants: args.grants,
         namespaces: args.namespaces,
         fill_per_s,
@@ -183,8 +186,8 @@ pub(super) async fn run(args: LeasesBenchArgs) -> anyhow::Result<()> {
 
 fn print(o: &Output) {
     println!(
-        "{} live TTL grants over {} namespaces on one daemon (embedded store), allocated at {:.0}/s",
-        o.grants, o.namespaces, o.fill_per_s
+        "{} live TTL grants over {} namespaces on one daemon (embedded store, durability {}), allocated at {:.0}/s",
+        o.grants, o.namespaces, o.durability, o.fill_per_s
     );
     println!(
         "  memory: idle {} KiB, with the grants {} KiB ({:.0} bytes per grant); after the restart {} KiB against a \
@@ -277,9 +280,11 @@ async fn each(
 async fn restart(
     scratch: &Scratch,
     listen: &str,
+    durability: &[std::ffi::OsString],
     killed: Instant,
 ) -> anyhow::Result<(children::Server, Option<f64>, f64)> {
-    let more: Vec<std::ffi::OsString> = vec!["--listen".into(), listen.into()];
+    let mut more: Vec<std::ffi::OsString> = vec!["--listen".into(), listen.into()];
+    more.extend(durability.iter().cloned());
     let probe = Endpoint::parse(&format!("http://{listen}"))?;
     let starting = tokio::spawn(async move {
         let mut first_answer = None;

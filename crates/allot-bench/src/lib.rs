@@ -462,6 +462,9 @@ struct LeasesBenchArgs {
     /// How many connections allocate them (and run pairs while a tenth expires).
     #[arg(long, default_value_t = 32)]
     clients: usize,
+    /// The daemon's durability level (`disk`, the default, or `process`).
+    #[arg(long, default_value = "disk")]
+    durability: String,
     /// Exit with an error when a target is missed.
     #[arg(long)]
     check: bool,
