@@ -465,6 +465,11 @@ struct LeasesBenchArgs {
     /// The daemon's durability level (`disk`, the default, or `process`).
     #[arg(long, default_value = "disk")]
     durability: String,
+    /// On a Redis store (a `redis-server` started for the run, append-only file on) instead of
+    /// the embedded one: Redis's memory and file per grant are reported, and the restart is the
+    /// daemon's alone.
+    #[arg(long)]
+    redis: bool,
     /// Exit with an error when a target is missed.
     #[arg(long)]
     check: bool,
