@@ -386,14 +386,13 @@ impl Restoring {
         }
         let mut grants = grants.into_iter();
         for run in runs {
-            let mut batch = grants.by_ref().take(run).peekable();
-            let Some(first) = batch.peek() else { break };
+            let mut batch = grants.by_ref().take(run);
+            let Some(first) = batch.next() else { break };
             let Some(state) = ledger.namespaces.get_mut(&first.namespace) else {
-                let grant = batch.next().expect("peeked");
-                return Err(RestoreError::OrphanGrant { namespace: grant.namespace, token: grant.token });
+                return Err(RestoreError::OrphanGrant { namespace: first.namespace, token: first.token });
             };
             state.grants.reserve(run);
-            for grant in batch {
+            for grant in std::iter::once(first).chain(batch) {
                 if grant.units > MAX_UNITS || state.granted + grant.units > u64::MAX / 2 {
                     return Err(RestoreError::Overflow(grant.namespace));
                 }

@@ -91,7 +91,35 @@ fn two_daemons(
     args.extend(extra);
     let ((d1, data1), (d2, data2)) = (data_dir(), data_dir());
     let daemons = [Daemon::start(&data1, &args), Daemon::start(&data2, &args)];
+    // What the daemons seeded (the namespaces) is on every replica before a test kills a primary:
+    // replication is asynchronous, and a namespace a replica never got is gone after promotion.
+    replicated(cluster);
     ([d1, d2], [data1, data2], daemons)
+}
+
+/// Waits until every replica has applied everything its primary had written when called.
+fn replicated(cluster: &RedisCluster) {
+    let offset = |node: usize| {
+        let info = cluster.nodes[node].cli(&["INFO", "replication"]);
+        let field = info.lines().find_map(|l| l.strip_prefix("master_repl_offset:")).map(str::trim);
+        field.and_then(|f| f.parse::<u64>().ok()).unwrap_or(0)
+    };
+    for primary in (0..cluster.nodes.len()).filter(|&i| cluster.is_primary(i)) {
+        let Some(replica) = cluster.replica_of(primary) else { continue };
+        let written = offset(primary);
+        // Polled from a test's runtime thread: a blocking wait of a few milliseconds at most.
+        let since = Instant::now();
+        let caught_up = loop {
+            if offset(replica) >= written {
+                break true;
+            }
+            if since.elapsed() > PATIENCE {
+                break false;
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        };
+        assert!(caught_up, "the replica of node {primary} never caught up with it");
+    }
 }
 
 /// A client that answers the daemon's 503s as given, without its own retries (of a call the
