@@ -76,7 +76,7 @@ fn nothing_changed_code(code: &str) -> bool {
 
 /// Two daemons on `cluster` (plus `extra` flags), with namespaces `<prefix>-0..` of `quota`:
 /// their temporary directories, data directories (the logs are beside them) and the daemons.
-fn two_daemons(
+async fn two_daemons(
     cluster: &RedisCluster,
     prefix: &str,
     quota: u64,
@@ -93,12 +93,12 @@ fn two_daemons(
     let daemons = [Daemon::start(&data1, &args), Daemon::start(&data2, &args)];
     // What the daemons seeded (the namespaces) is on every replica before a test kills a primary:
     // replication is asynchronous, and a namespace a replica never got is gone after promotion.
-    replicated(cluster);
+    replicated(cluster).await;
     ([d1, d2], [data1, data2], daemons)
 }
 
 /// Waits until every replica has applied everything its primary had written when called.
-fn replicated(cluster: &RedisCluster) {
+async fn replicated(cluster: &RedisCluster) {
     let offset = |node: usize| {
         let info = cluster.nodes[node].cli(&["INFO", "replication"]);
         let field = info.lines().find_map(|l| l.strip_prefix("master_repl_offset:")).map(str::trim);
@@ -107,17 +107,7 @@ fn replicated(cluster: &RedisCluster) {
     for primary in (0..cluster.nodes.len()).filter(|&i| cluster.is_primary(i)) {
         let Some(replica) = cluster.replica_of(primary) else { continue };
         let written = offset(primary);
-        // Polled from a test's runtime thread: a blocking wait of a few milliseconds at most.
-        let since = Instant::now();
-        let caught_up = loop {
-            if offset(replica) >= written {
-                break true;
-            }
-            if since.elapsed() > PATIENCE {
-                break false;
-            }
-            std::thread::sleep(Duration::from_millis(10));
-        };
+        let caught_up = eventually(PATIENCE, async || offset(replica) >= written).await;
         assert!(caught_up, "the replica of node {primary} never caught up with it");
     }
 }
@@ -144,7 +134,7 @@ async fn failover(min_replicas: bool) {
     let victim = (0..cluster.nodes.len()).find(|&i| cluster.is_primary(i)).expect("a primary");
     let successor = cluster.replica_of(victim).expect("the primary has a replica");
     let extra: &[&str] = if min_replicas { &["--redis-min-replicas", "1"] } else { &[] };
-    let (_dirs, [data1, data2], daemons) = two_daemons(&cluster, "ns", QUOTA, extra);
+    let (_dirs, [data1, data2], daemons) = two_daemons(&cluster, "ns", QUOTA, extra).await;
 
     let log: Arc<Mutex<Log>> = Arc::default();
     let stop = Arc::new(AtomicBool::new(false));
@@ -454,7 +444,7 @@ async fn wake_ups_cross_daemons_while_a_node_is_down_the_first_listed_or_a_repli
     // The first node of --store: the one the wake-ups used to hang on.
     assert!(cluster.is_primary(0), "redis-cli makes the first nodes primaries");
     let successor = cluster.replica_of(0).expect("the first node has a replica");
-    let (_dirs, datas, daemons) = two_daemons(&cluster, "wake", 1, &["--redis-wake-poll", "1h"]);
+    let (_dirs, datas, daemons) = two_daemons(&cluster, "wake", 1, &["--redis-wake-poll", "1h"]).await;
     let (holder, waiter) = (daemons[0].client(), daemons[1].client());
     let before = wake_times(&holder, &waiter, 2).await;
 
