@@ -442,8 +442,7 @@ struct Grants {
 
 impl Grants {
     fn hash(&self, token: &Token) -> u64 {
-        use std::hash::BuildHasher;
-        self.hasher.hash_one(token)
+        hash_of(&self.hasher, token)
     }
 
     fn get(&self, token: &Token) -> Option<&Grant> {
@@ -459,8 +458,7 @@ impl Grants {
     fn insert(&mut self, grant: Grant) -> Option<Grant> {
         let hash = self.hash(&grant.token);
         let hasher = &self.hasher;
-        match self.table.entry(hash, |g| g.token == grant.token, |g| std::hash::BuildHasher::hash_one(hasher, &g.token))
-        {
+        match self.table.entry(hash, |g| g.token == grant.token, |g| hash_of(hasher, &g.token)) {
             hashbrown::hash_table::Entry::Occupied(mut entry) => Some(std::mem::replace(entry.get_mut(), grant)),
             hashbrown::hash_table::Entry::Vacant(entry) => {
                 entry.insert(grant);
@@ -476,7 +474,7 @@ impl Grants {
 
     fn reserve(&mut self, more: usize) {
         let hasher = &self.hasher;
-        self.table.reserve(more, |g| std::hash::BuildHasher::hash_one(hasher, &g.token));
+        self.table.reserve(more, |g| hash_of(hasher, &g.token));
     }
 
     fn values(&self) -> impl Iterator<Item = &Grant> {
@@ -490,6 +488,11 @@ impl Grants {
     fn is_empty(&self) -> bool {
         self.table.is_empty()
     }
+}
+
+/// Where a grant of `token` sits in a [`Grants`] table (the table rehashes with it as it grows).
+fn hash_of(hasher: &std::collections::hash_map::RandomState, token: &Token) -> u64 {
+    std::hash::BuildHasher::hash_one(hasher, token)
 }
 
 #[derive(Debug, Clone, Default)]
