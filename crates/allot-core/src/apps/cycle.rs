@@ -24,7 +24,9 @@
 
 use std::cmp::Reverse;
 use std::collections::hash_map::DefaultHasher;
-use std::collections::{BTreeMap, BTreeSet, BinaryHeap, HashMap};
+use std::collections::{BTreeMap, BTreeSet, BinaryHeap};
+
+use foldhash::{HashMap, HashMapExt};
 use std::hash::{Hash, Hasher};
 use std::ops::Bound;
 use std::rc::Rc;

@@ -29,7 +29,9 @@ pub mod states;
 pub mod why;
 
 use std::cmp::Reverse;
-use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
+use std::collections::{BTreeMap, BTreeSet};
+
+use foldhash::{HashMap, HashMapExt};
 
 pub use cycle::CycleReport;
 pub use runners::{Runner, Runners, TaskTypes, EVERY_TYPE};
@@ -1489,7 +1491,10 @@ impl Scheduler {
 
     /// The tasks placed (Allocated or Running) on one of `pools`, by application and task: what
     /// the executors of those pools run.
-    pub fn placed_on(&self, pools: &HashSet<PoolName>) -> Vec<(AppId, TaskId)> {
+    pub fn placed_on<S: std::hash::BuildHasher>(
+        &self,
+        pools: &std::collections::HashSet<PoolName, S>,
+    ) -> Vec<(AppId, TaskId)> {
         let mut found = Vec::new();
         for (app, counts) in &self.counts {
             let placed = [TaskState::Allocated, TaskState::Running].iter().filter_map(|s| counts.get(s)).sum::<u64>();

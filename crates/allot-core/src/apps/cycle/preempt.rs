@@ -26,7 +26,7 @@
 //! - no loops: a victim's own priority is at most its preemptor's, and its queues stay at or
 //!   above their guarantees, so it cannot preempt back; each preemption is counted on the victim.
 
-use std::collections::{HashMap, HashSet};
+use foldhash::{HashMap, HashMapExt, HashSet, HashSetExt};
 
 use super::{Cycle, Room};
 use crate::apps::queues::{PreemptionPolicy, QueuePath};
@@ -464,8 +464,12 @@ impl Scheduler {
             if cycle.now < may_from {
                 self.next_preemption = Some(self.next_preemption.map_or(may_from, |n| n.min(may_from)));
                 // Whom it would take is looked at for the first few only: a plan reads the
-                // allocs of every pool the task may use.
-                let whom = (previewed < MAX_PREVIEWS_PER_CYCLE).then(|| {
+                // allocs of every pool the task may use. Not for a task waiting out the delay
+                // since it was preempted itself: after a preemption, as many victims wait as
+                // preemptors were placed, and what they would take is what was just taken from
+                // them.
+                let preview = previewed < MAX_PREVIEWS_PER_CYCLE && from == task.added;
+                let whom = preview.then(|| {
                     previewed += 1;
                     let placed = placed.get_or_insert_with(|| self.placed_by_pool(&cycle.room));
                     match self.plan(&key, world, cycle, &flows, placed, &mut cache) {
