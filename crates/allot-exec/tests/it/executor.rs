@@ -441,11 +441,10 @@ async fn a_running_task_removed_and_added_again_is_stopped_and_runs_afresh() {
             .is_ok_and(|stat| stat.rsplit_once(')').is_some_and(|(_, rest)| !rest.trim_start().starts_with('Z')))
     };
     store.remove_app(app.clone()).await.unwrap();
-    let kept = store.run(app.clone(), TaskId::new("forever").unwrap()).await.unwrap();
-    // Its executor stops it (the command first, then the run goes): read before or after that,
-    // the run is there and not ended, or gone; either way its command is stopped (below), which
-    // a run removed with its task and no executor to stop it would not be.
-    assert!(kept.is_none_or(|r| !r.ended()), "a run that has not ended stays for its executor to stop");
+    // Its executor stops it (the command first, the run ended, then removed): read at any point
+    // of that, the run is there or gone (a busy machine lets the executor end it before a read
+    // here, so its state says nothing); what shows the stop is that its command is stopped
+    // (below), which a run removed with its task and no executor to stop it would not be.
     let app = submit(store, "twice", &[("forever", spec)]).await;
     until("the first command is stopped", async || !alive(first)).await;
     until("the new task's command runs", async || read_pid().is_some_and(|pid| pid != first)).await;
