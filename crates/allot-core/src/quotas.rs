@@ -377,13 +377,7 @@ impl Restoring {
     pub fn add_grants(&mut self, grants: Vec<Grant>) -> Result<(), RestoreError> {
         let ledger = &mut self.ledger;
         self.leases.reserve(grants.len());
-        let mut runs: Vec<usize> = Vec::new();
-        for (i, grant) in grants.iter().enumerate() {
-            match runs.last_mut() {
-                Some(run) if grants[i - 1].namespace == grant.namespace => *run += 1,
-                _ => runs.push(1),
-            }
-        }
+        let runs: Vec<usize> = grants.chunk_by(|a, b| a.namespace == b.namespace).map(<[Grant]>::len).collect();
         let mut grants = grants.into_iter();
         for run in runs {
             let mut batch = grants.by_ref().take(run);

@@ -25,12 +25,12 @@
 use std::cmp::Reverse;
 use std::collections::hash_map::DefaultHasher;
 use std::collections::{BTreeMap, BTreeSet, BinaryHeap};
-
-use foldhash::{HashMap, HashMapExt};
 use std::hash::{Hash, Hasher};
 use std::ops::Bound;
 use std::rc::Rc;
 use std::sync::Arc;
+
+use foldhash::{HashMap, HashMapExt};
 
 mod preempt;
 

@@ -182,11 +182,10 @@ fn read_grants(txn: &redb::ReadTransaction, mut take: impl FnMut(Vec<Grant>) -> 
     for entry in txn.open_table(GRANTS).map_err(|e| read_err(e.into()))?.iter().map_err(|e| read_err(e.into()))? {
         let (key, value) = entry.map_err(|e| read_err(e.into()))?;
         let (namespace, token) = key.value();
-        let corrupt = |reason: String| CorruptRecord { table: "grants", key: format!("{namespace}/{token}"), reason };
-        let record: GrantRecord = postcard::from_bytes(value.value()).map_err(|err| corrupt(err.to_string()))?;
+        let record: GrantRecord = decode("grants", format_args!("{namespace}/{token}"), value.value())?;
         let shared = match &name {
             Some(name) if name.as_str() == namespace => name.clone(),
-            _ => name.insert(NamespaceName::new(namespace).map_err(|e| corrupt(e.to_string()))?).clone(),
+            _ => name.insert(GrantRecord::namespace_of(namespace, token)?).clone(),
         };
         batch.push(record.into_grant_of(shared, token)?);
         if batch.len() == GRANT_BATCH && !take(std::mem::replace(&mut batch, Vec::with_capacity(GRANT_BATCH))) {
@@ -286,7 +285,7 @@ fn load_records(db: &Database) -> Result<Loaded, OpenError> {
     for entry in txn.open_table(ALLOCS).map_err(|e| read_err(e.into()))?.iter().map_err(|e| read_err(e.into()))? {
         let (key, value) = entry.map_err(|e| read_err(e.into()))?;
         let (pool, id) = key.value();
-        let record: AllocRecord = decode("allocs", &format!("{pool}/{}", AllocId(id)), value.value())?;
+        let record: AllocRecord = decode("allocs", format_args!("{pool}/{}", AllocId(id)), value.value())?;
         match record.into_alloc(pool, id)? {
             (alloc, None) => live.push(alloc),
             (alloc, Some((ended_at, reason))) => ended.push(EndedAlloc { alloc, ended_at, reason }),

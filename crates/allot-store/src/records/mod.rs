@@ -60,8 +60,14 @@ pub fn encode<T: Serialize>(value: &T) -> Vec<u8> {
     postcard::to_allocvec(value).expect("records always encode")
 }
 
-pub fn decode<'a, T: Deserialize<'a>>(table: &'static str, key: &str, bytes: &'a [u8]) -> Result<T, CorruptRecord> {
-    postcard::from_bytes(bytes).map_err(|err| CorruptRecord { table, key: key.to_owned(), reason: err.to_string() })
+/// Decodes a record of `table`; `key` names it in the error (written out only then: a start
+/// decodes a million grants).
+pub fn decode<'a, T: Deserialize<'a>>(
+    table: &'static str,
+    key: impl std::fmt::Display,
+    bytes: &'a [u8],
+) -> Result<T, CorruptRecord> {
+    postcard::from_bytes(bytes).map_err(|err| CorruptRecord { table, key: key.to_string(), reason: err.to_string() })
 }
 
 /// Decodes a record whose type gained `added` optional fields at its end since the format

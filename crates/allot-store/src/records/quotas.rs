@@ -65,12 +65,16 @@ impl GrantRecord {
     }
 
     pub fn into_grant(self, namespace: &str, token: &str) -> Result<Grant, CorruptRecord> {
-        let name = NamespaceName::new(namespace).map_err(|e| CorruptRecord {
+        self.into_grant_of(GrantRecord::namespace_of(namespace, token)?, token)
+    }
+
+    /// The namespace name of the grant record keyed `namespace`/`token`.
+    pub fn namespace_of(namespace: &str, token: &str) -> Result<NamespaceName, CorruptRecord> {
+        NamespaceName::new(namespace).map_err(|e| CorruptRecord {
             table: "grants",
             key: format!("{namespace}/{token}"),
             reason: e.to_string(),
-        })?;
-        self.into_grant_of(name, token)
+        })
     }
 
     /// [`GrantRecord::into_grant`] with the namespace's name made already (one name shared by

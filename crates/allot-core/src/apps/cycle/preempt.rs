@@ -127,14 +127,13 @@ struct Listed {
 impl Placed {
     /// The plan's victims on the room's pool `spot` are marked: listed no more, counted.
     fn mark(&mut self, spot: usize, victims: &[(TaskRef, Resources)]) {
+        let indexes: Vec<usize> = victims.iter().filter_map(|((app, _), _)| self.app_index(app)).collect();
         let Some((listed, marked)) = self.at.get_mut(spot) else { return };
+        for index in indexes {
+            *marked.entry(index).or_default() += 1;
+        }
         let apps = &self.apps;
         let is = |task: &Listed, victim: &TaskRef| task.task == victim.1 && apps[task.app].0 == victim.0;
-        for ((app, _), _) in victims {
-            if let Some(index) = apps.iter().position(|(a, _)| a == app) {
-                *marked.entry(index).or_default() += 1;
-            }
-        }
         listed.retain(|task| !victims.iter().any(|(victim, _)| is(task, victim)));
     }
 
@@ -643,7 +642,6 @@ impl Scheduler {
         // address (the last one found first), else by name.
         let mut by_addr: Vec<(usize, usize)> = room.spots.iter().enumerate().map(|(i, s)| (s.name.addr(), i)).collect();
         by_addr.sort_unstable();
-        let by_name: std::cell::OnceCell<HashMap<&PoolName, usize>> = std::cell::OnceCell::new();
         let mut last: Option<(usize, usize)> = None;
         let mut spot_of = |pool: &PoolName| {
             let addr = pool.addr();
@@ -652,11 +650,7 @@ impl Scheduler {
             }
             let found = match by_addr.binary_search_by_key(&addr, |(a, _)| *a) {
                 Ok(at) => Some(by_addr[at].1),
-                Err(_) => {
-                    let by_name =
-                        by_name.get_or_init(|| room.spots.iter().enumerate().map(|(i, s)| (&s.name, i)).collect());
-                    by_name.get(pool).copied()
-                }
+                Err(_) => room.spot_of(pool),
             };
             if let Some(i) = found {
                 last = Some((addr, i));
