@@ -560,6 +560,19 @@ impl Run {
         self.next()
     }
 
+    /// Whether the preemption `reason` ended the previous attempt and the current one has not
+    /// begun (it holds only its opening record): the same preemption seen again, as when the
+    /// scheduler died before it took the placement back, and not a second one to count.
+    pub fn preempted_before_this_attempt(&self, reason: &str) -> bool {
+        let mut this_attempt = self.events.iter().rev().take_while(|e| e.attempt == self.attempt);
+        let untouched = this_attempt.all(|e| e.phase == Phase::NotReady && e.version == 0);
+        let ended_by_it =
+            self.events.iter().rev().find(|e| e.attempt + 1 == self.attempt).is_some_and(|e| {
+                e.error.as_ref().is_some_and(|error| error.code == PREEMPTED && error.message == reason)
+            });
+        matches!(self.stage, Stage::Handling) && self.phase == Phase::NotReady && untouched && ended_by_it
+    }
+
     /// Stops the run from outside (its task removed or its application ended): the attempt is
     /// aborted and finalized, then the run ends as aborted. Nothing happens to a run that is
     /// ending already, unless it was about to retry.

@@ -725,6 +725,12 @@ impl Executor {
             // scheduler is told, which takes the placement back.
             if let (Some(t), None) = (&task, &stopped) {
                 if let Some(reason) = &t.preempting {
+                    if run.preempted_before_this_attempt(reason) {
+                        // Ended for it already, and the scheduler not told (it died first, say):
+                        // told now, nothing counted again.
+                        self.apps.finish(&key.app, &key.task, allot_core::apps::TaskEnding::Preempted).await?;
+                        return Ok(());
+                    }
                     if run.next() == Next::Handle {
                         run.preempted(reason, self.policy_of(t), self.now_ms());
                         preempted = true;

@@ -228,3 +228,26 @@ fn an_attempt_whose_placement_was_lost_counts_a_system_failure_and_a_new_one_fol
     assert!(!done.placement_lost("b/2", policy, 4));
     assert_eq!(done.next(), Next::Report(Ending::Succeeded));
 }
+
+#[test]
+fn a_preemption_seen_again_before_the_next_attempt_began_is_the_same_one() {
+    let policy = RetryPolicy { user_attempts: 1, system_retries: 3 };
+    let reason = "preempted for gold/g: its queue is below its guarantee";
+    let mut run = Run::new(0);
+    run.placement_lost("w/1", policy, 1);
+    run.after_round(Ok((Transition::ephemeral(PhaseInfo::running(0, "working")), StateWrite::Unchanged)), policy, 2);
+    assert!(!run.preempted_before_this_attempt(reason), "running, not preempted yet");
+    assert_eq!(run.preempted(reason, policy, 3), Next::EndAttempt { abort: true });
+    assert!(!run.preempted_before_this_attempt(reason), "its attempt is still ending");
+    assert_eq!(run.attempt_finalized(4), Next::Handle);
+    assert_eq!((run.attempt, run.system_failures), (2, 1));
+    // The scheduler died before it took the placement back: the task is seen on it, still marked.
+    assert!(!run.placement_lost("w/1", policy, 5), "its placement noted again, nothing lost");
+    assert!(run.preempted_before_this_attempt(reason), "the same preemption, seen again");
+    assert!(!run.preempted_before_this_attempt("preempted for other/t: it has a higher priority (9)"));
+    // Once the new attempt has begun, a preemption is another one.
+    run.after_round(Ok((Transition::ephemeral(PhaseInfo::queued("again")), StateWrite::Unchanged)), policy, 6);
+    assert!(!run.preempted_before_this_attempt(reason), "the attempt began: a preemption now is a new one");
+    assert_eq!(run.preempted(reason, policy, 7), Next::EndAttempt { abort: true });
+    assert_eq!(run.system_failures, 2);
+}
