@@ -834,7 +834,7 @@ async fn app_queue(state: &ServerState, app: &str, headers: &HeaderMap) -> Resul
     let allot_store::AppsHome::At(base) = state.store.apps_home() else {
         return Err(unknown("no daemon schedules applications right now".to_owned()));
     };
-    let mut asked = state.forwarder.get(format!("{base}/v1/apps/{app}")).header(crate::FORWARDED, "1");
+    let mut asked = state.forwarder.client().get(format!("{base}/v1/apps/{app}")).header(crate::FORWARDED, "1");
     if let Some(credentials) = headers.get(header::AUTHORIZATION) {
         asked = asked.header(header::AUTHORIZATION, credentials);
     }

@@ -42,7 +42,7 @@ pub(crate) async fn to_scheduler(
         AppsHome::At(_) if request.headers().contains_key(&FORWARDED) => {
             unavailable("the scheduling of applications is moving between daemons; retry".to_owned())
         }
-        AppsHome::At(base) => forward(&state.forwarder, &base, request).await.unwrap_or_else(|message| {
+        AppsHome::At(base) => forward(state.forwarder.client(), &base, request).await.unwrap_or_else(|message| {
             unavailable(format!("the daemon that schedules applications ({base}) did not answer: {message}; retry"))
         }),
     }

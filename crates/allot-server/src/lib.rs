@@ -43,7 +43,7 @@ pub use runs_here::{RunCounters, RunsHere};
 pub use threads::ServingThreads;
 
 use std::future::Future;
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
 use allot_core::apps::placement::PlacementRules;
@@ -89,7 +89,7 @@ pub struct Shared {
     /// The longest an allocate may wait for room (the document states it): at most [`MAX_WAIT`].
     pub max_wait: Duration,
     /// Forwards the applications part to the daemon that schedules, on a shared store.
-    pub forwarder: reqwest::Client,
+    pub forwarder: Forwarder,
     /// The executor of the tasks this daemon runs, if it runs any.
     pub executor: Option<Arc<dyn RunsHere>>,
     /// How long a watch stream may stay silent: then it sends a heartbeat (an SSE comment).
@@ -115,13 +115,27 @@ impl std::ops::Deref for ServerState {
     }
 }
 
+/// The HTTP client that forwards calls to the daemon that schedules, built when first used: it
+/// reads the machine's root certificates (a fifth of a daemon's start), and a daemon on its own
+/// never forwards.
+#[derive(Clone, Default)]
+pub struct Forwarder(Arc<OnceLock<reqwest::Client>>);
+
+impl Forwarder {
+    pub fn client(&self) -> &reqwest::Client {
+        self.0.get_or_init(|| {
+            reqwest::Client::builder()
+                .timeout(MAX_WAIT + Duration::from_secs(30))
+                .build()
+                .expect("an HTTP client with a timeout builds")
+        })
+    }
+}
+
 impl ServerState {
     /// The state over `store`, with metrics that select no namespace or pool (totals only).
     pub fn new(store: Arc<dyn Store>) -> ServerState {
-        let forwarder = reqwest::Client::builder()
-            .timeout(MAX_WAIT + Duration::from_secs(30))
-            .build()
-            .expect("an HTTP client with a timeout builds");
+        let forwarder = Forwarder::default();
         ServerState(Arc::new(Shared {
             store,
             metrics: Arc::new(Metrics::default()),
@@ -177,7 +191,7 @@ impl ServerState {
         for cert in reqwest::Certificate::from_pem_bundle(pem)? {
             builder = builder.add_root_certificate(cert);
         }
-        let forwarder = builder.build()?;
+        let forwarder = Forwarder(Arc::new(OnceLock::from(builder.build()?)));
         Ok(self.with(|shared| shared.forwarder = forwarder))
     }
 

@@ -27,6 +27,7 @@ pub mod conformance;
 pub mod embedded;
 #[cfg(feature = "testing")]
 pub mod fault;
+pub mod ids;
 pub mod pools;
 pub mod quiet;
 pub mod quotas;

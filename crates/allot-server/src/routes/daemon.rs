@@ -46,7 +46,7 @@ pub(crate) async fn readyz(State(state): State<ServerState>) -> axum::response::
             false,
             Some("no daemon schedules applications yet (one is being elected, within about 3 s)".to_owned()),
         ),
-        AppsHome::At(base) => match reach(&state.forwarder, &base).await {
+        AppsHome::At(base) => match reach(state.forwarder.client(), &base).await {
             Ok(()) => check("applications", true, Some(format!("served by the daemon that schedules, at {base}"))),
             Err(why) => check(
                 "applications",

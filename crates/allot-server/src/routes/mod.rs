@@ -83,7 +83,8 @@ fn admin(target: Target) -> Need {
 /// The router of the whole API, and the permission of each of its routes.
 pub(crate) fn routes(state: ServerState) -> (Router, Arc<Needs>) {
     use Method as M;
-    let document = Arc::new(openapi(state.max_wait));
+    // Made when first asked for: building it is a fifth of a daemon's start.
+    let (document, max_wait) = (Arc::new(std::sync::OnceLock::new()), state.max_wait);
     let some = Target::Some;
     let declared = Declared { router: Router::new(), needs: Needs::default() }
         .route("/healthz", get(daemon::healthz), &[(M::GET, Need::Open)])
@@ -96,7 +97,7 @@ pub(crate) fn routes(state: ServerState) -> (Router, Arc<Needs>) {
         .route("/metrics", get(metrics::scrape), &[(M::GET, read(Target::Daemon))])
         .route(
             "/openapi.json",
-            get(move || async move { Json(document.as_ref().clone()) }),
+            get(move || async move { Json(document.get_or_init(|| openapi(max_wait)).clone()) }),
             &[(M::GET, read(Target::Daemon))],
         )
         .route("/v1/namespaces", get(quotas::list_namespaces), &[(M::GET, read(some(Kind::Namespace)))])

@@ -175,7 +175,7 @@ async fn logs_from(state: &ServerState, node: &str, app: &str, task: &str, query
     url.path_segments_mut()
         .map_err(|()| unavailable(format!("the daemon `{node}` has no usable URL")))?
         .extend(["v1", "apps", app, "tasks", task, "logs"]);
-    let mut request = state.forwarder.get(url).header(crate::FORWARDED, "1");
+    let mut request = state.forwarder.client().get(url).header(crate::FORWARDED, "1");
     if let Some(stream) = &query.stream {
         request = request.query(&[("stream", stream)]);
     }

@@ -59,7 +59,7 @@ pub(super) fn cycle(shared: &Shared) -> Option<(Duration, Option<Commit>)> {
     let now = shared.clock.now();
     let state = &mut *state;
     let mut world = World { pools: &mut state.pools, ledger: &mut state.ledger };
-    let (report, outcome) = state.sched.schedule(now, &mut world, &mut rand::random);
+    let (report, outcome) = state.sched.schedule(now, &mut world, &mut || shared.ids.next_u64());
     if report.placed + report.reserved + report.taken_over + report.timed_out > 0 {
         tracing::debug!(?report, "scheduling cycle");
     }

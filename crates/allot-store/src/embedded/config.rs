@@ -6,6 +6,7 @@ use std::sync::Arc;
 use allot_core::pools::PoolError;
 
 use crate::clock::{SystemTime, TimeSource};
+use crate::ids::{IdSource, RandomIds};
 use crate::records::{CorruptRecord, FORMAT_VERSION};
 use crate::watch::WatchConfig;
 
@@ -62,6 +63,9 @@ pub struct EmbeddedConfig {
     /// The scheduler's settings from its first cycle on (its tenancy above all: a daemon with
     /// access control places nothing its users may not use, even right after opening).
     pub sched: allot_core::apps::SchedConfig,
+    /// Where the random ids of allocs, sessions and placeholders come from: the machine's
+    /// randomness ([`RandomIds`]) unless a simulation gives a seeded source.
+    pub ids: Arc<dyn IdSource>,
 }
 
 impl std::fmt::Debug for EmbeddedConfig {
@@ -84,6 +88,7 @@ impl EmbeddedConfig {
             time: Arc::new(SystemTime),
             watch: WatchConfig::default(),
             sched: allot_core::apps::SchedConfig::default(),
+            ids: Arc::new(RandomIds),
         }
     }
 
@@ -101,6 +106,12 @@ impl EmbeddedConfig {
     /// The same, the scheduler set as `sched` says from its first cycle.
     pub fn with_sched(mut self, sched: allot_core::apps::SchedConfig) -> EmbeddedConfig {
         self.sched = sched;
+        self
+    }
+
+    /// The same, drawing random ids from `ids`.
+    pub fn with_ids(mut self, ids: Arc<dyn IdSource>) -> EmbeddedConfig {
+        self.ids = ids;
         self
     }
 

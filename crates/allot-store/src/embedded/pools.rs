@@ -109,7 +109,7 @@ impl PoolStore for EmbeddedStore {
     async fn accept(&self, name: PoolName, request: AllocRequest) -> Result<Alloc, StoreError> {
         // Ids are drawn at random [Reflow `newID`]; a taken one is drawn again.
         loop {
-            let id = AllocId(rand::random());
+            let id = AllocId(self.shared.ids.next_u64());
             let request = request.clone();
             match self.mutate_pools(|pools, now| pools.accept(&name, request, id, now)).await {
                 Err(StoreError::Pools(PoolError::AllocIdTaken { .. })) => continue,

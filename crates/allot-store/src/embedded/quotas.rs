@@ -214,7 +214,7 @@ impl QuotaStore for EmbeddedStore {
     }
 
     async fn open_session(&self, ttl_ms: u64, owner: Option<String>) -> Result<SessionInfo, StoreError> {
-        let id = SessionId(rand::random());
+        let id = SessionId(self.shared.ids.next_u128());
         self.mutate(|ledger, now| {
             let (session, effects) = ledger.open_session(id, ttl_ms, owner, now)?;
             Ok((session_info(session, now), effects))

@@ -33,38 +33,47 @@ pub(super) fn run_syncer(shared: &Shared) {
             }
             std::mem::take(&mut *syncs)
         };
-        if batch.is_empty() {
-            let segment = lock(shared).log.segment.clone();
-            if let Err(err) = segment.sync() {
-                tracing::warn!(error = %err, "cannot flush the log to disk");
-            }
-            if *lock_plain(&shared.stop) {
-                return;
-            }
-            continue;
+        if !batch.is_empty() {
+            last_sync = Some(Instant::now());
+            last_batch = batch.len();
         }
-        let mut segments: Vec<&Arc<dyn Segment>> = Vec::new();
-        for pending in &batch {
-            if !segments.iter().any(|s| Arc::ptr_eq(s, &pending.segment)) {
-                segments.push(&pending.segment);
-            }
-        }
-        let started = Instant::now();
-        last_sync = Some(started);
-        last_batch = batch.len();
-        let synced = segments.iter().try_for_each(|segment| segment.sync());
-        match synced {
-            Ok(()) => {
-                shared.stats.commit(batch.len(), started.elapsed());
-                batch.into_iter().for_each(|pending| pending.answer.deliver(shared));
-            }
-            Err(err) => {
-                let reason = format!("the disk failed while making the change durable: {err}");
-                tracing::error!(error = %reason, operations = batch.len(), "sync failed; rebuilding from the store");
-                fail_syncs(shared, lock(shared), &reason, batch);
-            }
+        if !sync_batch(shared, batch) && *lock_plain(&shared.stop) {
+            return;
         }
     }
+}
+
+/// Makes `batch` durable with one sync of each segment it was appended to and answers it, or
+/// fails it (the store then rebuilds from the database); an empty batch flushes the current
+/// segment. Answers whether there was a batch.
+pub(super) fn sync_batch(shared: &Shared, batch: Vec<Pending>) -> bool {
+    if batch.is_empty() {
+        let segment = lock(shared).log.segment.clone();
+        if let Err(err) = segment.sync() {
+            tracing::warn!(error = %err, "cannot flush the log to disk");
+        }
+        return false;
+    }
+    let mut segments: Vec<&Arc<dyn Segment>> = Vec::new();
+    for pending in &batch {
+        if !segments.iter().any(|s| Arc::ptr_eq(s, &pending.segment)) {
+            segments.push(&pending.segment);
+        }
+    }
+    let started = Instant::now();
+    let synced = segments.iter().try_for_each(|segment| segment.sync());
+    match synced {
+        Ok(()) => {
+            shared.stats.commit(batch.len(), started.elapsed());
+            batch.into_iter().for_each(|pending| pending.answer.deliver(shared));
+        }
+        Err(err) => {
+            let reason = format!("the disk failed while making the change durable: {err}");
+            tracing::error!(error = %reason, operations = batch.len(), "sync failed; rebuilding from the store");
+            fail_syncs(shared, lock(shared), &reason, batch);
+        }
+    }
+    true
 }
 
 impl Answer {
@@ -81,6 +90,13 @@ impl Answer {
         for (tx, err) in self.cancelled {
             let _ = tx.send(WaiterAnswer::Cancelled(err));
         }
+    }
+
+    /// The operation is durable and its events were published already (by a rebuild that read
+    /// its record back): its caller and the waiters it woke are told.
+    pub(super) fn deliver_published(mut self, shared: &Shared) {
+        self.events.clear();
+        self.deliver(shared);
     }
 
     pub(super) fn fail(self, err: &StoreError) {

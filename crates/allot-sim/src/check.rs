@@ -1,0 +1,491 @@
+//! What the clients were told, and the invariants the daemon must keep with it.
+//!
+//! Every grant and alloc a client uses is, as far as its answers go, certainly held (with the
+//! fencing number, units or CPUs and lease it was told), certainly gone (refused, released,
+//! freed, or found missing), or in doubt (a call whose answer never came, or a call that may
+//! undo it still running). The daemon must hold everything certainly held whose lease is
+//! certainly running, never hold what is certainly gone (a released token or a freed alloc never
+//! comes back), never be over a quota or a pool's capacity, hand out fencing numbers that only
+//! grow, and keep its watch revisions growing, crashes or not.
+
+use std::collections::BTreeMap;
+
+use allot_api::{
+    Alloc, AllocKeepaliveResponse, AllocList, AllocateResponse, Grant, GrantList, ReleaseResponse, Status,
+};
+use axum::http::{Method, StatusCode};
+
+use crate::plan::{Call, Shape};
+
+/// An invariant broken, said so that a person understands which.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Violation(pub String);
+
+impl Violation {
+    pub fn new(what: impl Into<String>) -> Violation {
+        Violation(what.into())
+    }
+}
+
+impl std::fmt::Display for Violation {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+/// What a client knows of one grant or alloc.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Known {
+    /// Held: `size` (units, or CPUs), `fencing` (grants), and a lease certainly running until
+    /// `alive_until` (the simulation's time; `None`: no lease).
+    Held { size: u64, fencing: u64, alive_until: Option<u64> },
+    /// Never granted, refused, released, freed or found missing.
+    Gone,
+    /// A call whose outcome nobody was told.
+    InDoubt,
+}
+
+/// One grant's or alloc's knowledge, and the calls on it still running that may make it
+/// (`makers`: allocates) or end it (`enders`: releases, frees).
+#[derive(Debug, Clone, Copy)]
+struct Thing {
+    known: Known,
+    makers: u32,
+    enders: u32,
+    /// The highest fencing number of the namespace answered before the last allocate was sent:
+    /// a grant that allocate makes must be numbered above it.
+    fencing_floor: u64,
+}
+
+impl Default for Thing {
+    fn default() -> Thing {
+        Thing { known: Known::Gone, makers: 0, enders: 0, fencing_floor: 0 }
+    }
+}
+
+/// What a call acts on, resolved when it is sent.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Target {
+    /// Namespace `ns`'s token `token` of client `client`.
+    Grant { ns: u8, client: u8, token: u8 },
+    /// A new alloc of pool `pool`.
+    NewAlloc { pool: u8 },
+    /// Pool `pool`'s alloc `id`.
+    Alloc { pool: u8, id: String },
+}
+
+/// What every client was told.
+#[derive(Debug)]
+pub struct Model {
+    shape: Shape,
+    /// By (namespace, client, token).
+    grants: BTreeMap<(u8, u8, u8), Thing>,
+    /// By (pool, id).
+    allocs: BTreeMap<(u8, String), Thing>,
+    /// Each client's allocs, in the order it got them.
+    owned: BTreeMap<u8, Vec<(u8, String)>>,
+    /// The highest fencing number a grant of each namespace was answered with.
+    fencing: Vec<u64>,
+    /// The highest watch revision seen.
+    revision: u64,
+}
+
+impl Model {
+    pub fn new(shape: Shape) -> Model {
+        Model {
+            shape,
+            grants: BTreeMap::new(),
+            allocs: BTreeMap::new(),
+            owned: BTreeMap::new(),
+            fencing: vec![0; usize::from(shape.namespaces)],
+            revision: 0,
+        }
+    }
+
+    pub fn namespace(ns: u8) -> String {
+        format!("sim:ns{ns}")
+    }
+
+    pub fn pool(pool: u8) -> String {
+        format!("sim-pool{pool}")
+    }
+
+    fn token_name(client: u8, token: u8) -> String {
+        format!("c{client}-t{token}")
+    }
+
+    fn thing(&mut self, target: &Target) -> Option<&mut Thing> {
+        match target {
+            Target::Grant { ns, client, token } => Some(self.grants.entry((*ns, *client, *token)).or_default()),
+            Target::NewAlloc { .. } => None,
+            Target::Alloc { pool, id } => Some(self.allocs.entry((*pool, id.clone())).or_default()),
+        }
+    }
+
+    /// What `call` of `client` acts on, or `None` when there is nothing (no alloc to free).
+    pub fn target(&self, client: u8, call: Call) -> Option<Target> {
+        let owned = |alloc: u8| {
+            let owned = self.owned.get(&client).filter(|owned| !owned.is_empty())?;
+            let (pool, id) = &owned[usize::from(alloc) % owned.len()];
+            Some(Target::Alloc { pool: *pool, id: id.clone() })
+        };
+        match call {
+            Call::Allocate { ns, token, .. } | Call::Release { ns, token } | Call::Keepalive { ns, token } => {
+                Some(Target::Grant { ns: ns % self.shape.namespaces, client, token })
+            }
+            Call::Accept { pool, .. } => Some(Target::NewAlloc { pool: pool % self.shape.pools }),
+            Call::Free { alloc } | Call::KeepAlloc { alloc, .. } => owned(alloc),
+        }
+    }
+
+    /// The HTTP call a client makes.
+    pub fn request(call: Call, target: &Target) -> (Method, String, Option<serde_json::Value>) {
+        let path = match target {
+            Target::Grant { ns, client, token } => {
+                format!("/v1/namespaces/{}/grants/{}", Model::namespace(*ns), Model::token_name(*client, *token))
+            }
+            Target::NewAlloc { pool } => format!("/v1/pools/{}/offers/1", Model::pool(*pool)),
+            Target::Alloc { pool, id } => format!("/v1/pools/{}/allocs/{id}", Model::pool(*pool)),
+        };
+        match call {
+            Call::Allocate { units, ttl_ms, wait_ms, .. } => {
+                let mut body = serde_json::json!({ "units": units });
+                if let Some(ttl) = ttl_ms {
+                    body["ttl_ms"] = ttl.into();
+                }
+                if let Some(wait) = wait_ms {
+                    body["wait_ms"] = wait.into();
+                }
+                (Method::PUT, path, Some(body))
+            }
+            Call::Release { .. } | Call::Free { .. } => (Method::DELETE, path, None),
+            Call::Keepalive { .. } => (Method::POST, format!("{path}/keepalive"), None),
+            Call::Accept { min, max, .. } => (
+                Method::POST,
+                path,
+                Some(serde_json::json!({ "min": format!("cpu={min}"), "max": format!("cpu={max}") })),
+            ),
+            Call::KeepAlloc { interval_ms, .. } => {
+                (Method::POST, format!("{path}/keepalive"), Some(serde_json::json!({ "interval_ms": interval_ms })))
+            }
+        }
+    }
+
+    /// A call is sent: until answered, what it may change is in doubt.
+    pub fn sent(&mut self, call: Call, target: &Target) {
+        let floor = match target {
+            Target::Grant { ns, .. } => self.fencing[usize::from(*ns)],
+            _ => 0,
+        };
+        let Some(thing) = self.thing(target) else { return };
+        match call {
+            Call::Allocate { .. } => {
+                thing.makers += 1;
+                thing.fencing_floor = floor;
+                if thing.known == Known::Gone {
+                    thing.known = Known::InDoubt;
+                }
+            }
+            Call::Release { .. } | Call::Free { .. } => {
+                thing.enders += 1;
+                if matches!(thing.known, Known::Held { .. }) {
+                    thing.known = Known::InDoubt;
+                }
+            }
+            Call::Keepalive { .. } | Call::KeepAlloc { .. } | Call::Accept { .. } => {}
+        }
+    }
+
+    /// The call's answer will not reach its client: what it may have changed stays in doubt.
+    pub fn lost(&mut self, call: Call, target: &Target) {
+        if let Some(thing) = self.thing(target) {
+            if matches!(call, Call::Allocate { .. } | Call::Release { .. } | Call::Free { .. }) {
+                thing.known = Known::InDoubt;
+            }
+        }
+    }
+
+    /// The call ended at the daemon (answered, or dropped with its connection).
+    pub fn ended(&mut self, call: Call, target: &Target) {
+        let Some(thing) = self.thing(target) else { return };
+        match call {
+            Call::Allocate { .. } => thing.makers -= 1,
+            Call::Release { .. } | Call::Free { .. } => thing.enders -= 1,
+            _ => {}
+        }
+    }
+
+    /// Client `client` learns the answer to `call` on `target`, sent at `sent_at` and answered
+    /// at `now`, checking it against what it knew.
+    #[allow(clippy::too_many_arguments)]
+    pub fn learn(
+        &mut self,
+        client: u8,
+        call: Call,
+        target: &Target,
+        (sent_at, now): (u64, u64),
+        status: StatusCode,
+        body: &[u8],
+    ) -> Result<(), Violation> {
+        let name = match target {
+            Target::Grant { ns, client, token } => {
+                format!("{}/{}", Model::namespace(*ns), Model::token_name(*client, *token))
+            }
+            Target::NewAlloc { pool } => format!("a new alloc of {}", Model::pool(*pool)),
+            Target::Alloc { pool, id } => format!("{}/{id}", Model::pool(*pool)),
+        };
+        if let Target::NewAlloc { pool } = *target {
+            if status == StatusCode::CREATED {
+                let alloc: Alloc = parse(body)?;
+                let thing = self.allocs.entry((pool, alloc.id.clone())).or_default();
+                if thing.known != Known::Gone || thing.makers + thing.enders > 0 {
+                    return Err(Violation::new(format!("{name}: id {} given again", alloc.id)));
+                }
+                thing.known = held_alloc(&alloc, sent_at)?;
+                self.owned.entry(client).or_default().push((pool, alloc.id));
+            }
+            return Ok(());
+        }
+        let floor = self.thing(target).map_or(0, |thing| thing.fencing_floor);
+        let before = self.thing(target).map_or(Known::Gone, |thing| thing.known);
+        let held_grant = |grant: &Grant| Known::Held {
+            size: grant.units,
+            fencing: grant.fencing,
+            alive_until: grant.expires_in_ms.map(|left| sent_at + left),
+        };
+        let known = match (call, status) {
+            (Call::Allocate { .. }, StatusCode::OK | StatusCode::CREATED) => {
+                let answer: AllocateResponse = parse(body)?;
+                match (answer.status, answer.grant) {
+                    (Status::Granted, Some(grant)) => {
+                        if answer.existing {
+                            if let Known::Held { fencing, .. } = before {
+                                if grant.fencing != fencing {
+                                    return Err(Violation::new(format!(
+                                        "{name}: asked again, the grant came back with fencing {} instead of {fencing}",
+                                        grant.fencing
+                                    )));
+                                }
+                            }
+                        } else if grant.fencing <= floor {
+                            return Err(Violation::new(format!(
+                                "{name}: a new grant with fencing {}, asked for after one with {floor} was answered: \
+                                 fencing numbers must grow",
+                                grant.fencing
+                            )));
+                        }
+                        if let Target::Grant { ns, .. } = target {
+                            let highest = &mut self.fencing[usize::from(*ns)];
+                            *highest = (*highest).max(grant.fencing);
+                        }
+                        held_grant(&grant)
+                    }
+                    (Status::Granted, None) => return Err(Violation::new(format!("{name}: granted without a grant"))),
+                    _ => Known::Gone,
+                }
+            }
+            (Call::Release { .. }, StatusCode::OK) => {
+                let answer: ReleaseResponse = parse(body)?;
+                if let Known::Held { alive_until: None, .. } = before {
+                    if !answer.released {
+                        return Err(Violation::new(format!("{name}: held without a lease, yet release found nothing")));
+                    }
+                }
+                Known::Gone
+            }
+            (Call::Keepalive { .. }, StatusCode::OK) => {
+                let grant: Grant = parse(body)?;
+                if before == Known::Gone {
+                    return Err(Violation::new(format!(
+                        "{name}: a keepalive found a grant its client was told is gone"
+                    )));
+                }
+                held_grant(&grant)
+            }
+            (Call::Free { .. }, StatusCode::OK) => Known::Gone,
+            (Call::KeepAlloc { .. }, StatusCode::OK) => {
+                let answer: AllocKeepaliveResponse = parse(body)?;
+                if before == Known::Gone {
+                    return Err(Violation::new(format!(
+                        "{name}: a keepalive found an alloc its client was told is gone"
+                    )));
+                }
+                held_alloc(&answer.alloc, sent_at)?
+            }
+            (Call::Keepalive { .. } | Call::Free { .. } | Call::KeepAlloc { .. }, StatusCode::NOT_FOUND) => {
+                if let Known::Held { alive_until, .. } = before {
+                    if alive_until.is_none_or(|until| now < until) && !matches!(call, Call::Free { .. }) {
+                        // A keepalive answered while the lease certainly ran must find it.
+                        return Err(Violation::new(format!(
+                            "{name}: its lease was running, yet a keepalive found nothing"
+                        )));
+                    }
+                }
+                Known::Gone
+            }
+            // A keepalive that failed changes nothing; any other failure leaves it in doubt.
+            (Call::Keepalive { .. } | Call::KeepAlloc { .. }, _) => before,
+            _ => Known::InDoubt,
+        };
+        let Some(thing) = self.thing(target) else { return Ok(()) };
+        // A call still running may yet undo what this answer says.
+        let undone = match known {
+            Known::Held { .. } => thing.enders > 0,
+            Known::Gone => thing.makers > 0,
+            Known::InDoubt => false,
+        };
+        thing.known = if undone { Known::InDoubt } else { known };
+        Ok(())
+    }
+
+    /// The watch revision the daemon reads at now: it never goes back.
+    pub fn revision(&mut self, revision: u64) -> Result<(), Violation> {
+        if revision < self.revision {
+            return Err(Violation::new(format!("the watch revision went back from {} to {revision}", self.revision)));
+        }
+        self.revision = revision;
+        Ok(())
+    }
+
+    /// Checks a listing of namespace `ns`'s grants, read at `now`.
+    pub fn grants_hold(&self, ns: u8, body: &[u8], now: u64) -> Result<(), Violation> {
+        let list: GrantList = parse(body)?;
+        let name = Model::namespace(ns);
+        let units: u64 = list.grants.iter().map(|g| g.units).sum();
+        if units > self.shape.quota {
+            return Err(Violation::new(format!("{name} holds {units} units over its quota of {}", self.shape.quota)));
+        }
+        let listed: BTreeMap<String, (u64, u64)> =
+            list.grants.iter().map(|g| (g.token.clone(), (g.units, g.fencing))).collect();
+        let known = self.grants.range((ns, 0, 0)..=(ns, u8::MAX, u8::MAX));
+        let known = known.map(|(&(_, client, token), thing)| (Model::token_name(client, token), thing));
+        held_as_told(&name, known, &listed, now)
+    }
+
+    /// Checks a listing of pool `pool`'s allocs, read at `now`.
+    pub fn allocs_hold(&self, pool: u8, body: &[u8], now: u64) -> Result<(), Violation> {
+        let list: AllocList = parse(body)?;
+        let name = Model::pool(pool);
+        let mut listed = BTreeMap::new();
+        let mut cpus = 0;
+        for alloc in list.allocs.iter().filter(|alloc| alloc.ended.is_none()) {
+            let size = cpus_of(&alloc.resources)?;
+            cpus += size;
+            listed.insert(alloc.id.clone(), (size, 0));
+        }
+        if cpus > self.shape.cpus {
+            return Err(Violation::new(format!("{name} holds allocs of {cpus} CPUs over its {}", self.shape.cpus)));
+        }
+        let known = self.allocs.range((pool, String::new())..(pool + 1, String::new()));
+        held_as_told(&name, known.map(|((_, id), thing)| (id.clone(), thing)), &listed, now)
+    }
+}
+
+/// Everything told held, with its lease running, is listed as told (`listed`: size and fencing
+/// by name); nothing told gone is.
+fn held_as_told<'a>(
+    owner: &str,
+    known: impl Iterator<Item = (String, &'a Thing)>,
+    listed: &BTreeMap<String, (u64, u64)>,
+    now: u64,
+) -> Result<(), Violation> {
+    for (name, thing) in known {
+        match (thing.known, listed.get(&name)) {
+            (Known::Held { size, fencing, alive_until }, found) if alive_until.is_none_or(|until| now < until) => {
+                match found {
+                    None => {
+                        return Err(Violation::new(format!("{owner}/{name}: held as its client was told, lease running, but gone")))
+                    }
+                    Some(&(held_size, held_fencing)) if held_size != size || held_fencing != fencing => {
+                        return Err(Violation::new(format!(
+                            "{owner}/{name}: told {size} with fencing {fencing}, held as {held_size} with {held_fencing}"
+                        )))
+                    }
+                    Some(_) => {}
+                }
+            }
+            (Known::Gone, Some(_)) => {
+                return Err(Violation::new(format!("{owner}/{name}: its client was told it is gone, yet it is held")))
+            }
+            _ => {}
+        }
+    }
+    Ok(())
+}
+
+/// An alloc as its client knows it: its CPUs, and its lease certainly running until the time the
+/// call was sent plus what the answer says is left.
+fn held_alloc(alloc: &Alloc, sent_at: u64) -> Result<Known, Violation> {
+    let left = alloc.expires_in_ms.unwrap_or(0);
+    let alive_until = u64::try_from(left).ok().map(|left| sent_at + left).unwrap_or(sent_at);
+    Ok(Known::Held { size: cpus_of(&alloc.resources)?, fencing: 0, alive_until: Some(alive_until) })
+}
+
+/// The CPUs of a resource text such as `cpu=3`.
+fn cpus_of(resources: &str) -> Result<u64, Violation> {
+    resources.split(',').find_map(|part| part.strip_prefix("cpu=")).map_or(Ok(0), |cpus| {
+        cpus.parse().map_err(|_| Violation::new(format!("resources that do not read: {resources}")))
+    })
+}
+
+fn parse<T: serde::de::DeserializeOwned>(body: &[u8]) -> Result<T, Violation> {
+    serde_json::from_slice(body).map_err(|err| {
+        Violation::new(format!("an answer that does not read: {err}: {}", String::from_utf8_lossy(body)))
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn grant(token: &str, units: u64, fencing: u64) -> serde_json::Value {
+        serde_json::json!({ "namespace": "sim:ns0", "token": token, "units": units, "fencing": fencing })
+    }
+
+    #[test]
+    fn a_grant_told_held_and_missing_or_told_released_and_held_is_a_violation() {
+        let shape = Shape::default();
+        let mut model = Model::new(shape);
+        let call = Call::Allocate { ns: 0, token: 1, units: 2, ttl_ms: None, wait_ms: None };
+        let target = model.target(3, call).unwrap();
+        model.sent(call, &target);
+        model.ended(call, &target);
+        let answer = serde_json::json!({ "status": "Granted", "grant": grant("c3-t1", 2, 5), "existing": false });
+        model.learn(3, call, &target, (0, 0), StatusCode::OK, answer.to_string().as_bytes()).unwrap();
+        let empty = serde_json::json!({ "grants": [] }).to_string();
+        let held = serde_json::json!({ "grants": [grant("c3-t1", 2, 5)] }).to_string();
+        assert!(model.grants_hold(0, held.as_bytes(), 10).is_ok());
+        let gone = model.grants_hold(0, empty.as_bytes(), 10).unwrap_err();
+        assert!(gone.0.contains("c3-t1"), "{gone}");
+
+        let release = Call::Release { ns: 0, token: 1 };
+        model.sent(release, &target);
+        model.ended(release, &target);
+        let released = serde_json::json!({ "released": true }).to_string();
+        model.learn(3, release, &target, (20, 20), StatusCode::OK, released.as_bytes()).unwrap();
+        assert!(model.grants_hold(0, empty.as_bytes(), 30).is_ok());
+        let back = model.grants_hold(0, held.as_bytes(), 30).unwrap_err();
+        assert!(back.0.contains("told it is gone"), "{back}");
+    }
+
+    #[test]
+    fn over_the_quota_and_a_fencing_number_that_does_not_grow_are_violations() {
+        let mut model = Model::new(Shape { quota: 3, ..Shape::default() });
+        let over = serde_json::json!({ "grants": [grant("a", 2, 1), grant("b", 2, 2)] }).to_string();
+        assert!(model.grants_hold(0, over.as_bytes(), 0).unwrap_err().0.contains("over its quota"));
+
+        let first = Call::Allocate { ns: 0, token: 0, units: 1, ttl_ms: None, wait_ms: None };
+        let target = model.target(0, first).unwrap();
+        model.sent(first, &target);
+        model.ended(first, &target);
+        let answer = serde_json::json!({ "status": "Granted", "grant": grant("c0-t0", 1, 7), "existing": false });
+        model.learn(0, first, &target, (0, 0), StatusCode::OK, answer.to_string().as_bytes()).unwrap();
+        let second = Call::Allocate { ns: 0, token: 1, units: 1, ttl_ms: None, wait_ms: None };
+        let target = model.target(0, second).unwrap();
+        model.sent(second, &target);
+        model.ended(second, &target);
+        let stale = serde_json::json!({ "status": "Granted", "grant": grant("c0-t1", 1, 7), "existing": false });
+        let err = model.learn(0, second, &target, (1, 1), StatusCode::OK, stale.to_string().as_bytes()).unwrap_err();
+        assert!(err.0.contains("fencing numbers must grow"), "{err}");
+    }
+}

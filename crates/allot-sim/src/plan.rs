@@ -1,0 +1,132 @@
+//! A run's plan: the steps a seed draws, each a choice the simulation makes (who calls what,
+//! which call goes on, what fails, how much time passes). A step names what it acts on by a
+//! number taken modulo what there is when it runs, so any subsequence of a plan is a plan too:
+//! what shrinking a failing run needs.
+
+use rand::rngs::StdRng;
+use rand::{Rng, SeedableRng};
+
+use crate::disk::Fault;
+
+/// The shape of a run.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Shape {
+    /// Steps drawn.
+    pub steps: usize,
+    /// Clients calling the daemon, each with one call in flight at most.
+    pub clients: u8,
+    /// Namespaces, each of [`Shape::quota`] units.
+    pub namespaces: u8,
+    /// Each namespace's quota.
+    pub quota: u64,
+    /// Tokens per client and namespace.
+    pub tokens: u8,
+    /// Pools, each of [`Shape::cpus`] CPUs.
+    pub pools: u8,
+    /// Each pool's capacity, in CPUs.
+    pub cpus: u64,
+}
+
+impl Default for Shape {
+    fn default() -> Shape {
+        Shape { steps: 300, clients: 6, namespaces: 2, quota: 8, tokens: 3, pools: 2, cpus: 8 }
+    }
+}
+
+/// A call a client makes, over HTTP to the daemon's real handlers.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Call {
+    /// `PUT /v1/namespaces/{ns}/grants/{token}`, with a lease of `ttl_ms` if given, waiting up
+    /// to `wait_ms` for room if given.
+    Allocate { ns: u8, token: u8, units: u8, ttl_ms: Option<u32>, wait_ms: Option<u32> },
+    /// `DELETE /v1/namespaces/{ns}/grants/{token}`.
+    Release { ns: u8, token: u8 },
+    /// `POST /v1/namespaces/{ns}/grants/{token}/keepalive`.
+    Keepalive { ns: u8, token: u8 },
+    /// `POST /v1/pools/{pool}/offers/1`: an alloc of `min` to `max` CPUs.
+    Accept { pool: u8, min: u8, max: u8 },
+    /// `DELETE /v1/pools/{pool}/allocs/{id}` of the client's alloc number `alloc` (modulo those it
+    /// knows of).
+    Free { alloc: u8 },
+    /// `POST /v1/pools/{pool}/allocs/{id}/keepalive` of the client's alloc number `alloc`,
+    /// asking for a lease of `interval_ms`.
+    KeepAlloc { alloc: u8, interval_ms: u32 },
+}
+
+/// One step of a run.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Step {
+    /// Client `client` (modulo the clients) sends `call`, unless a call of its is in flight.
+    Send { client: u8, call: Call },
+    /// The daemon works on call `pick` (modulo those in flight); an answer ready reaches its client.
+    Poll { pick: u16 },
+    /// The network between call `pick`'s client and the daemon breaks: the answer never arrives.
+    /// With `abandon`, the daemon drops the call too (its connection closed mid-way).
+    Cut { pick: u16, abandon: bool },
+    /// Background work of the store: the syncer, the checkpointer, the sweeper.
+    Work(Work),
+    /// Time passes.
+    Advance { ms: u32 },
+    /// The wall clock jumps (back when negative); the monotonic one does not.
+    WallJump { ms: i32 },
+    /// The disk's next operation of the kind fails.
+    Fail(Fault),
+    /// The daemon is killed and started again; with `power`, the machine lost power: what was not
+    /// synced is lost but for a torn share (`torn` thousandths) of it.
+    Crash { power: bool, torn: u16 },
+}
+
+/// The store's background work, each run when the plan says.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Work {
+    Sync,
+    Checkpoint,
+    Sweep,
+}
+
+/// The steps of `seed`'s run.
+pub fn draw(seed: u64, shape: Shape) -> Vec<Step> {
+    let mut rng = StdRng::seed_from_u64(seed);
+    (0..shape.steps).map(|_| step(&mut rng, shape)).collect()
+}
+
+fn step(rng: &mut StdRng, shape: Shape) -> Step {
+    match rng.gen_range(0..100) {
+        0..=29 => Step::Send { client: rng.gen_range(0..shape.clients), call: call(rng, shape) },
+        30..=59 => Step::Poll { pick: rng.gen() },
+        60..=62 => Step::Cut { pick: rng.gen(), abandon: rng.gen() },
+        63..=72 => Step::Work(Work::Sync),
+        73..=76 => Step::Work(Work::Checkpoint),
+        77..=82 => Step::Work(Work::Sweep),
+        83..=91 => Step::Advance { ms: *[1, 10, 100, 1_000, 5_000].get(rng.gen_range(0..5)).expect("in range") },
+        92..=93 => Step::WallJump { ms: rng.gen_range(-3_600_000..3_600_000) },
+        94..=96 => Step::Fail(if rng.gen() { Fault::Write } else { Fault::Sync }),
+        _ => Step::Crash { power: rng.gen_bool(0.5), torn: rng.gen_range(0..=1000) },
+    }
+}
+
+fn call(rng: &mut StdRng, shape: Shape) -> Call {
+    let ns = rng.gen_range(0..shape.namespaces);
+    let token = rng.gen_range(0..shape.tokens);
+    if rng.gen_bool(0.4) {
+        return match rng.gen_range(0..10) {
+            0..=4 => {
+                let min = rng.gen_range(1..=3);
+                Call::Accept { pool: rng.gen_range(0..shape.pools), min, max: min + rng.gen_range(0..=2) }
+            }
+            5..=6 => Call::Free { alloc: rng.gen() },
+            _ => Call::KeepAlloc { alloc: rng.gen(), interval_ms: rng.gen_range(1_000..30_000) },
+        };
+    }
+    match rng.gen_range(0..10) {
+        0..=5 => Call::Allocate {
+            ns,
+            token,
+            units: rng.gen_range(1..=3),
+            ttl_ms: rng.gen_bool(0.5).then(|| rng.gen_range(500..20_000)),
+            wait_ms: rng.gen_bool(0.3).then(|| rng.gen_range(0..5_000)),
+        },
+        6..=8 => Call::Release { ns, token },
+        _ => Call::Keepalive { ns, token },
+    }
+}

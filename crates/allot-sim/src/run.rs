@@ -1,0 +1,458 @@
+//! One run of a plan: the real embedded store (stepped, on a [`SimDisk`]) under the real server's
+//! handlers, called by simulated clients, every step chosen by the plan; what the clients were
+//! told is kept in a [`Model`] and checked against what the daemon holds after every step.
+//!
+//! Determinism: nothing here reads the machine's clock or a random source; the store reads the
+//! [`SimClock`], tokio's timers run on a paused clock moved with it, and every future is polled
+//! by hand, in plan order, on one thread. A run's history (every step and every answer, byte for
+//! byte) is a function of its plan.
+
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{Context, Poll, Waker};
+use std::time::Duration;
+
+use allot_core::pools::LeaseRules;
+use allot_core::watch::Filter;
+use allot_server::{Api, ServerState};
+use allot_store::embedded::Step as StoreStep;
+use allot_store::ids::SeededIds;
+use allot_store::prelude::*;
+use allot_store::{Durability, EmbeddedConfig, EmbeddedStore};
+use allot_store::{WatchError, Watcher};
+use axum::body::Body;
+use axum::http::{Method, Request, StatusCode};
+use bytes::Bytes;
+use tower::Service as _;
+
+use crate::check::{Model, Target, Violation};
+use crate::clock::SimClock;
+use crate::disk::SimDisk;
+use crate::plan::{Call, Shape, Step, Work};
+
+/// An answer: its status and body.
+type Answer = (StatusCode, Bytes);
+type Calling = Pin<Box<dyn Future<Output = Answer> + Send>>;
+
+/// What a run did, and the first invariant it broke.
+#[derive(Debug)]
+pub struct Outcome {
+    /// Every step and what came of it, one line each.
+    pub history: Vec<String>,
+    pub failure: Option<Failure>,
+}
+
+/// An invariant broken at a step.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Failure {
+    /// The step's index in the plan (the plan's length: after the last step, while draining).
+    pub step: usize,
+    pub violation: Violation,
+}
+
+impl std::fmt::Display for Failure {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "at step {}: {}", self.step, self.violation)
+    }
+}
+
+/// The durability a seed runs at: even seeds `disk`, odd ones `process`.
+pub fn durability_of(seed: u64) -> Durability {
+    if seed.is_multiple_of(2) {
+        Durability::Disk
+    } else {
+        Durability::Process
+    }
+}
+
+/// Runs `steps` as `seed`'s run (at its durability, the store's random ids drawn from it), then
+/// lets every call still in flight end (no more faults, time moving on) and checks everything
+/// once more.
+///
+/// A panic anywhere (a debug assertion of the store, say) is a failure of the step it happened in.
+pub fn run(seed: u64, steps: &[Step], shape: Shape) -> Outcome {
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_time()
+        .start_paused(true)
+        .build()
+        .expect("a single-threaded runtime builds");
+    let history = Arc::new(std::sync::Mutex::new(Vec::new()));
+    let played = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        runtime.block_on(async {
+            let mut sim = Sim::start(seed, shape, history.clone());
+            sim.play(steps).await
+        })
+    }));
+    let history = std::mem::take(&mut *history.lock().unwrap_or_else(|poisoned| poisoned.into_inner()));
+    let failure = played.unwrap_or_else(|panic| {
+        let message = panic
+            .downcast_ref::<&str>()
+            .map(|s| (*s).to_owned())
+            .or_else(|| panic.downcast_ref::<String>().cloned())
+            .unwrap_or_else(|| "a panic".to_owned());
+        let step = history.iter().filter(|line| !line.starts_with("drain")).count();
+        Some(Failure { step, violation: Violation::new(format!("panicked: {message}")) })
+    });
+    Outcome { history, failure }
+}
+
+/// A daemon: the store and the API over it.
+struct Daemon {
+    store: Arc<EmbeddedStore>,
+    api: Api,
+}
+
+/// A call in flight.
+struct InFlight {
+    client: u8,
+    call: Call,
+    target: Target,
+    /// The simulation's time when it was sent.
+    sent_at: u64,
+    answer: Calling,
+    /// The network broke: its answer will not reach the client.
+    lost: bool,
+}
+
+struct Sim {
+    shape: Shape,
+    seed: u64,
+    /// How many times the daemon started.
+    starts: u64,
+    durability: Durability,
+    clock: SimClock,
+    disk: SimDisk,
+    /// The kept events' files (real files: the feed's archive is not simulated).
+    events: tempfile::TempDir,
+    daemon: Option<Daemon>,
+    /// A watcher of every event, resumed after each start from the last revision it was given.
+    watcher: Option<Watcher>,
+    /// The last revision the watcher was given.
+    watched: u64,
+    calls: Vec<InFlight>,
+    model: Model,
+    /// Shared with [`run`], which reads it even after a panic.
+    history: Arc<std::sync::Mutex<Vec<String>>>,
+}
+
+fn poll_once(answer: &mut Calling) -> Poll<Answer> {
+    answer.as_mut().poll(&mut Context::from_waker(Waker::noop()))
+}
+
+impl Sim {
+    fn start(seed: u64, shape: Shape, history: Arc<std::sync::Mutex<Vec<String>>>) -> Sim {
+        Sim {
+            shape,
+            seed,
+            starts: 0,
+            durability: durability_of(seed),
+            clock: SimClock::new(),
+            disk: SimDisk::new(),
+            events: tempfile::tempdir().expect("a temporary directory"),
+            daemon: None,
+            watcher: None,
+            watched: 0,
+            calls: Vec::new(),
+            model: Model::new(shape),
+            history,
+        }
+    }
+
+    fn open(&mut self) -> Result<(), String> {
+        let disk = self.disk.clone();
+        // Each start draws its own ids, from the seed and how many starts came before.
+        self.starts += 1;
+        let starts = self.starts;
+        let config = EmbeddedConfig::new(self.events.path())
+            .with_durability(self.durability)
+            .with_time(Arc::new(self.clock.clone()))
+            .with_ids(Arc::new(SeededIds::new(self.seed.wrapping_mul(1_000_003).wrapping_add(starts))));
+        let store = EmbeddedStore::open_stepped(move || disk.database(), self.disk.log(), &config)
+            .map_err(|err| format!("the store does not open again: {err}"))?;
+        // Leases short enough to lapse, and be reclaimed, within a run.
+        store.set_pool_rules(LeaseRules {
+            initial_ms: 10_000,
+            max_ms: 30_000,
+            reclaim_after_ms: 5_000,
+            retention_ms: 60_000,
+        });
+        let store = Arc::new(store);
+        let api = allot_server::api(ServerState::new(store.clone()));
+        let since = (self.watched > 0).then_some(self.watched);
+        let watcher = match store.watch(Filter::default(), since) {
+            // What the watcher missed is no longer kept: it lists again, and watches from now.
+            Err(WatchError::Compacted { .. }) => store.watch(Filter::default(), None),
+            other => other,
+        };
+        self.watcher = Some(watcher.map_err(|err| format!("the watcher cannot resume: {err}"))?);
+        self.daemon = Some(Daemon { store, api });
+        Ok(())
+    }
+
+    fn record(&self, line: String) {
+        self.history.lock().unwrap_or_else(|poisoned| poisoned.into_inner()).push(line);
+    }
+
+    fn daemon(&self) -> &Daemon {
+        self.daemon.as_ref().expect("the daemon runs between steps")
+    }
+
+    fn send(&self, method: Method, path: String, body: Option<serde_json::Value>) -> Calling {
+        let mut api = self.daemon().api.clone();
+        let request = Request::builder()
+            .method(method)
+            .uri(path)
+            .header(axum::http::header::CONTENT_TYPE, "application/json")
+            .body(body.map_or_else(Body::empty, |json| Body::from(json.to_string())))
+            .expect("a valid request");
+        Box::pin(async move {
+            let response = api.call(request).await.unwrap_or_else(|never| match never {});
+            let status = response.status();
+            let bytes = axum::body::to_bytes(response.into_body(), usize::MAX).await.unwrap_or_default();
+            (status, bytes)
+        })
+    }
+
+    /// A call the simulation makes for itself (setting up, observing), answered at once or never.
+    async fn ask(&mut self, method: Method, path: String, body: Option<serde_json::Value>) -> Answer {
+        let mut answer = self.send(method, path, body);
+        match poll_once(&mut answer) {
+            Poll::Ready(answer) => answer,
+            Poll::Pending => {
+                // A change at the disk level waits for a sync.
+                self.work(Work::Sync);
+                match poll_once(&mut answer) {
+                    Poll::Ready(answer) => answer,
+                    Poll::Pending => (StatusCode::REQUEST_TIMEOUT, Bytes::from_static(b"no answer")),
+                }
+            }
+        }
+    }
+
+    async fn play(&mut self, steps: &[Step]) -> Option<Failure> {
+        if let Err(err) = self.open() {
+            return Some(Failure { step: 0, violation: Violation::new(err) });
+        }
+        for ns in 0..self.shape.namespaces {
+            let body = serde_json::json!({ "quota": self.shape.quota });
+            let (status, _) =
+                self.ask(Method::PUT, format!("/v1/namespaces/{}", Model::namespace(ns)), Some(body)).await;
+            assert!(status.is_success(), "the namespaces are made ({status})");
+        }
+        for pool in 0..self.shape.pools {
+            let body = serde_json::json!({ "capacity": format!("cpu={}", self.shape.cpus) });
+            let (status, _) = self.ask(Method::PUT, format!("/v1/pools/{}", Model::pool(pool)), Some(body)).await;
+            assert!(status.is_success(), "the pools are made ({status})");
+        }
+        for (index, step) in steps.iter().enumerate() {
+            let line = match self.step(*step).await {
+                Ok(line) => line,
+                Err(violation) => return Some(Failure { step: index, violation }),
+            };
+            self.record(format!("{index} {step:?}: {line}"));
+            if let Err(violation) = self.check().await {
+                return Some(Failure { step: index, violation });
+            }
+        }
+        let end = steps.len();
+        if let Err(violation) = self.drain().await {
+            return Some(Failure { step: end, violation });
+        }
+        self.check().await.err().map(|violation| Failure { step: end, violation })
+    }
+
+    async fn step(&mut self, step: Step) -> Result<String, Violation> {
+        Ok(match step {
+            Step::Send { client, call } => {
+                let client = client % self.shape.clients;
+                if self.calls.iter().any(|c| c.client == client && !c.lost) {
+                    return Ok("busy".into());
+                }
+                let Some(target) = self.model.target(client, call) else { return Ok("nothing to call on".into()) };
+                let (method, path, body) = Model::request(call, &target);
+                let answer = self.send(method, path, body);
+                self.model.sent(call, &target);
+                self.calls.push(InFlight { client, call, target, sent_at: self.clock.now(), answer, lost: false });
+                "sent".into()
+            }
+            Step::Poll { pick } => {
+                if self.calls.is_empty() {
+                    return Ok("idle".into());
+                }
+                let index = usize::from(pick) % self.calls.len();
+                match poll_once(&mut self.calls[index].answer) {
+                    Poll::Pending => "pending".into(),
+                    Poll::Ready(answer) => self.answered(index, answer)?,
+                }
+            }
+            Step::Cut { pick, abandon } => {
+                if self.calls.is_empty() {
+                    return Ok("idle".into());
+                }
+                let index = usize::from(pick) % self.calls.len();
+                let call = &mut self.calls[index];
+                call.lost = true;
+                self.model.lost(call.call, &call.target);
+                if abandon {
+                    let call = self.calls.remove(index);
+                    self.model.ended(call.call, &call.target);
+                    return Ok("abandoned".into());
+                }
+                "lost".into()
+            }
+            Step::Work(work) => self.work(work),
+            Step::Advance { ms } => {
+                self.clock.advance(u64::from(ms));
+                tokio::time::advance(Duration::from_millis(u64::from(ms))).await;
+                format!("now {}", self.clock.now())
+            }
+            Step::WallJump { ms } => {
+                self.clock.jump_wall(i64::from(ms));
+                "jumped".into()
+            }
+            Step::Fail(fault) => {
+                self.disk.fail_next(fault);
+                "armed".into()
+            }
+            Step::Crash { power, torn } => {
+                for call in std::mem::take(&mut self.calls) {
+                    self.model.lost(call.call, &call.target);
+                    self.model.ended(call.call, &call.target);
+                }
+                // Killed: nothing the dying process does (its destructors) reaches the disk.
+                self.disk.kill();
+                self.watcher = None;
+                self.daemon = None;
+                if power && self.durability == Durability::Disk {
+                    self.disk.power_loss(u32::from(torn));
+                } else {
+                    self.disk.crash();
+                }
+                self.open().map_err(Violation::new)?;
+                "restarted".into()
+            }
+        })
+    }
+
+    fn work(&mut self, work: Work) -> String {
+        let step = match work {
+            Work::Sync => StoreStep::Sync,
+            Work::Checkpoint => StoreStep::Checkpoint,
+            Work::Sweep => StoreStep::Sweep,
+        };
+        match self.daemon().store.step(step) {
+            Ok(()) => "done".into(),
+            Err(err) => format!("failed: {err}"),
+        }
+    }
+
+    /// Call `index` answered: its client learns the answer, unless the network lost it.
+    fn answered(&mut self, index: usize, (status, body): Answer) -> Result<String, Violation> {
+        let call = self.calls.remove(index);
+        let text = String::from_utf8_lossy(&body).into_owned();
+        self.model.ended(call.call, &call.target);
+        if call.lost {
+            return Ok(format!("{} (lost) {text}", status.as_u16()));
+        }
+        let times = (call.sent_at, self.clock.now());
+        self.model.learn(call.client, call.call, &call.target, times, status, &body)?;
+        Ok(format!("{} {text}", status.as_u16()))
+    }
+
+    /// After the plan: no more faults; the daemon works and time moves on until every call has
+    /// its answer (a call that waits for room gets it or is told it timed out).
+    async fn drain(&mut self) -> Result<(), Violation> {
+        self.disk.crash();
+        for _ in 0..200 {
+            if self.calls.is_empty() {
+                return Ok(());
+            }
+            for work in [Work::Sync, Work::Sweep, Work::Checkpoint, Work::Sync] {
+                self.work(work);
+            }
+            let mut index = 0;
+            while index < self.calls.len() {
+                match poll_once(&mut self.calls[index].answer) {
+                    Poll::Ready(answer) => {
+                        let line = self.answered(index, answer)?;
+                        self.record(format!("drain: {line}"));
+                    }
+                    Poll::Pending => index += 1,
+                }
+            }
+            self.clock.advance(100);
+            tokio::time::advance(Duration::from_millis(100)).await;
+        }
+        Err(Violation::new(format!("{} calls never answered after the plan, 20 s on", self.calls.len())))
+    }
+
+    /// Takes every event ready for the watcher: each after the one before, none twice.
+    fn watch(&mut self) -> Result<(), Violation> {
+        let Some(watcher) = self.watcher.as_mut() else { return Ok(()) };
+        loop {
+            let next = {
+                let mut next = std::pin::pin!(watcher.next());
+                next.as_mut().poll(&mut Context::from_waker(Waker::noop()))
+            };
+            match next {
+                Poll::Pending => return Ok(()),
+                Poll::Ready(Ok(event)) => {
+                    if event.revision <= self.watched {
+                        return Err(Violation::new(format!(
+                            "the watcher was given revision {} ({:?} {}) after revision {}",
+                            event.revision, event.kind, event.key, self.watched
+                        )));
+                    }
+                    self.watched = event.revision;
+                }
+                Poll::Ready(Err(WatchError::Behind { .. })) => {
+                    let store = &self.daemon().store;
+                    self.watcher =
+                        Some(store.watch(Filter::default(), Some(self.watched)).map_err(|err| {
+                            Violation::new(format!("the watcher fell behind and cannot resume: {err}"))
+                        })?);
+                    return Ok(());
+                }
+                Poll::Ready(Err(err)) => return Err(Violation::new(format!("the watcher ended: {err}"))),
+            }
+        }
+    }
+
+    /// Checks what the daemon holds against what its clients were told.
+    async fn check(&mut self) -> Result<(), Violation> {
+        self.watch()?;
+        let revision = self.daemon().store.revision();
+        self.model.revision(revision)?;
+        for ns in 0..self.shape.namespaces {
+            let name = Model::namespace(ns);
+            let (status, body) = self.ask(Method::GET, format!("/v1/namespaces/{name}/grants?limit=1000"), None).await;
+            if status == StatusCode::SERVICE_UNAVAILABLE {
+                // The store rebuilds after a failed write: nothing to read until it has.
+                continue;
+            }
+            if status != StatusCode::OK {
+                return Err(Violation::new(format!(
+                    "listing {name}'s grants answered {status}: {}",
+                    String::from_utf8_lossy(&body)
+                )));
+            }
+            self.model.grants_hold(ns, &body, self.clock.now())?;
+        }
+        for pool in 0..self.shape.pools {
+            let name = Model::pool(pool);
+            let (status, body) = self.ask(Method::GET, format!("/v1/pools/{name}/allocs?limit=1000"), None).await;
+            if status == StatusCode::SERVICE_UNAVAILABLE {
+                continue;
+            }
+            if status != StatusCode::OK {
+                return Err(Violation::new(format!(
+                    "listing {name}'s allocs answered {status}: {}",
+                    String::from_utf8_lossy(&body)
+                )));
+            }
+            self.model.allocs_hold(pool, &body, self.clock.now())?;
+        }
+        Ok(())
+    }
+}

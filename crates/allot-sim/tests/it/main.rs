@@ -1,0 +1,4 @@
+//! allot-sim's tests: its seeds in the normal suite, and the seeds that found bugs.
+
+mod regressions;
+mod seeds;
