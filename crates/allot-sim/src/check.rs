@@ -11,11 +11,12 @@
 use std::collections::BTreeMap;
 
 use allot_api::{
-    Alloc, AllocKeepaliveResponse, AllocList, AllocateResponse, Grant, GrantList, ReleaseResponse, Status,
+    Alloc, AllocKeepaliveResponse, AllocList, AllocateResponse, Grant, GrantList, ReleaseResponse, Session,
+    SessionList, Status, WaiterList,
 };
 use axum::http::{Method, StatusCode};
 
-use crate::plan::{Call, Shape};
+use crate::plan::{Call, Shape, APPS_PER_CLIENT};
 
 /// An invariant broken, said so that a person understands which.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -55,19 +56,30 @@ struct Thing {
     /// The highest fencing number of the namespace answered before the last allocate was sent:
     /// a grant that allocate makes must be numbered above it.
     fencing_floor: u64,
+    /// A grant's session (its index in [`Model::sessions`]), as its last allocate asked.
+    session: Option<usize>,
 }
 
 impl Default for Thing {
     fn default() -> Thing {
-        Thing { known: Known::Gone, makers: 0, enders: 0, fencing_floor: 0 }
+        Thing { known: Known::Gone, makers: 0, enders: 0, fencing_floor: 0, session: None }
     }
 }
 
 /// What a call acts on, resolved when it is sent.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Target {
-    /// Namespace `ns`'s token `token` of client `client`.
-    Grant { ns: u8, client: u8, token: u8 },
+    /// Namespace `ns`'s token `token` of client `client`, in session number `session` of
+    /// [`Model::sessions`] if given.
+    Grant { ns: u8, client: u8, token: u8, session: Option<usize> },
+    /// A new session.
+    NewSession,
+    /// Session number `index` of [`Model::sessions`].
+    Session { index: usize },
+    /// Application `app` (submitted, or to submit).
+    App { app: String },
+    /// Task `task` of application `app`.
+    Task { app: String, task: String },
     /// A new alloc of pool `pool`.
     NewAlloc { pool: u8 },
     /// Pool `pool`'s alloc `id`.
@@ -84,6 +96,12 @@ pub struct Model {
     allocs: BTreeMap<(u8, String), Thing>,
     /// Each client's allocs, in the order it got them.
     owned: BTreeMap<u8, Vec<(u8, String)>>,
+    /// Every session opened, in order, by id.
+    sessions: Vec<(String, Thing)>,
+    /// Each client's sessions (indexes in `sessions`).
+    client_sessions: BTreeMap<u8, Vec<usize>>,
+    /// Each application submitted (or perhaps submitted: its answer lost), and its tasks.
+    apps: BTreeMap<String, u8>,
     /// The highest fencing number a grant of each namespace was answered with.
     fencing: Vec<u64>,
     /// The highest watch revision seen.
@@ -97,6 +115,9 @@ impl Model {
             grants: BTreeMap::new(),
             allocs: BTreeMap::new(),
             owned: BTreeMap::new(),
+            sessions: Vec::new(),
+            client_sessions: BTreeMap::new(),
+            apps: BTreeMap::new(),
             fencing: vec![0; usize::from(shape.namespaces)],
             revision: 0,
         }
@@ -116,8 +137,9 @@ impl Model {
 
     fn thing(&mut self, target: &Target) -> Option<&mut Thing> {
         match target {
-            Target::Grant { ns, client, token } => Some(self.grants.entry((*ns, *client, *token)).or_default()),
-            Target::NewAlloc { .. } => None,
+            Target::Grant { ns, client, token, .. } => Some(self.grants.entry((*ns, *client, *token)).or_default()),
+            Target::NewAlloc { .. } | Target::NewSession | Target::App { .. } | Target::Task { .. } => None,
+            Target::Session { index } => Some(&mut self.sessions[*index].1),
             Target::Alloc { pool, id } => Some(self.allocs.entry((*pool, id.clone())).or_default()),
         }
     }
@@ -129,9 +151,28 @@ impl Model {
             let (pool, id) = &owned[usize::from(alloc) % owned.len()];
             Some(Target::Alloc { pool: *pool, id: id.clone() })
         };
+        let session = |session: u8| {
+            let sessions = self.client_sessions.get(&client).filter(|sessions| !sessions.is_empty())?;
+            Some(sessions[usize::from(session) % sessions.len()])
+        };
+        let grant = |ns: u8, token: u8, session: Option<usize>| Target::Grant {
+            ns: ns % self.shape.namespaces,
+            client,
+            token,
+            session,
+        };
         match call {
-            Call::Allocate { ns, token, .. } | Call::Release { ns, token } | Call::Keepalive { ns, token } => {
-                Some(Target::Grant { ns: ns % self.shape.namespaces, client, token })
+            Call::Allocate { ns, token, session: asked, .. } => Some(grant(ns, token, asked.and_then(session))),
+            Call::Release { ns, token } | Call::Keepalive { ns, token } => Some(grant(ns, token, None)),
+            Call::OpenSession { .. } => Some(Target::NewSession),
+            Call::Submit { app, .. } => Some(Target::App { app: format!("a{client}-{}", app % APPS_PER_CLIENT) }),
+            Call::Report { app, task, .. } => {
+                let app = format!("a{client}-{}", app % APPS_PER_CLIENT);
+                let tasks = *self.apps.get(&app)?;
+                Some(Target::Task { task: format!("t{}", task % tasks), app })
+            }
+            Call::KeepSession { session: asked } | Call::CloseSession { session: asked } => {
+                session(asked).map(|index| Target::Session { index })
             }
             Call::Accept { pool, .. } => Some(Target::NewAlloc { pool: pool % self.shape.pools }),
             Call::Free { alloc } | Call::KeepAlloc { alloc, .. } => owned(alloc),
@@ -139,11 +180,15 @@ impl Model {
     }
 
     /// The HTTP call a client makes.
-    pub fn request(call: Call, target: &Target) -> (Method, String, Option<serde_json::Value>) {
+    pub fn request(&self, call: Call, target: &Target) -> (Method, String, Option<serde_json::Value>) {
         let path = match target {
-            Target::Grant { ns, client, token } => {
+            Target::Grant { ns, client, token, .. } => {
                 format!("/v1/namespaces/{}/grants/{}", Model::namespace(*ns), Model::token_name(*client, *token))
             }
+            Target::NewSession => "/v1/sessions".to_owned(),
+            Target::App { .. } => "/v1/apps".to_owned(),
+            Target::Task { app, task } => format!("/v1/apps/{app}/tasks/{task}"),
+            Target::Session { index } => format!("/v1/sessions/{}", self.sessions[*index].0),
             Target::NewAlloc { pool } => format!("/v1/pools/{}/offers/1", Model::pool(*pool)),
             Target::Alloc { pool, id } => format!("/v1/pools/{}/allocs/{id}", Model::pool(*pool)),
         };
@@ -156,10 +201,35 @@ impl Model {
                 if let Some(wait) = wait_ms {
                     body["wait_ms"] = wait.into();
                 }
+                if let Target::Grant { session: Some(index), .. } = target {
+                    body["session"] = self.sessions[*index].0.clone().into();
+                }
                 (Method::PUT, path, Some(body))
             }
-            Call::Release { .. } | Call::Free { .. } => (Method::DELETE, path, None),
-            Call::Keepalive { .. } => (Method::POST, format!("{path}/keepalive"), None),
+            Call::Release { .. } | Call::Free { .. } | Call::CloseSession { .. } => (Method::DELETE, path, None),
+            Call::Keepalive { .. } | Call::KeepSession { .. } => (Method::POST, format!("{path}/keepalive"), None),
+            Call::OpenSession { ttl_ms } => (Method::POST, path, Some(serde_json::json!({ "ttl_ms": ttl_ms }))),
+            Call::Submit { tasks, cpu, gang, seats, .. } => {
+                let Target::App { app } = target else { unreachable!("a submission's target is its application") };
+                let resources = format!("cpu={cpu}");
+                let tokens = if seats {
+                    serde_json::json!([{ "namespace": Model::namespace(0), "units": 1 }])
+                } else {
+                    serde_json::json!([])
+                };
+                let group = gang.then_some("gang");
+                let tasks: Vec<_> = (0..tasks)
+                    .map(|t| serde_json::json!({ "id": format!("t{t}"), "resources": resources, "tokens": tokens, "group": group }))
+                    .collect();
+                let mut body = serde_json::json!({ "id": app, "queue": "root.sim", "tasks": tasks });
+                if gang {
+                    body["task_groups"] = serde_json::json!([{
+                        "name": "gang", "min_members": tasks.len(), "min_resources": resources, "tokens": tokens,
+                    }]);
+                }
+                (Method::POST, path, Some(body))
+            }
+            Call::Report { report, .. } => (Method::POST, format!("{path}/{}", report.as_str()), None),
             Call::Accept { min, max, .. } => (
                 Method::POST,
                 path,
@@ -171,35 +241,61 @@ impl Model {
         }
     }
 
-    /// A call is sent: until answered, what it may change is in doubt.
-    pub fn sent(&mut self, call: Call, target: &Target) {
-        let floor = match target {
-            Target::Grant { ns, .. } => self.fencing[usize::from(*ns)],
-            _ => 0,
+    /// A call is sent at `now`: until answered, what it may change is in doubt.
+    pub fn sent(&mut self, call: Call, target: &Target, now: u64) {
+        let (floor, session) = match target {
+            Target::Grant { ns, session, .. } => (self.fencing[usize::from(*ns)], *session),
+            _ => (0, None),
         };
+        if let (Call::CloseSession { .. }, Target::Session { index }) = (call, target) {
+            self.session_grants_in_doubt(*index);
+        }
         let Some(thing) = self.thing(target) else { return };
         match call {
             Call::Allocate { .. } => {
                 thing.makers += 1;
                 thing.fencing_floor = floor;
+                thing.session = session;
                 if thing.known == Known::Gone {
                     thing.known = Known::InDoubt;
                 }
             }
-            Call::Release { .. } | Call::Free { .. } => {
+            Call::Release { .. } | Call::Free { .. } | Call::CloseSession { .. } => {
                 thing.enders += 1;
                 if matches!(thing.known, Known::Held { .. }) {
                     thing.known = Known::InDoubt;
                 }
             }
-            Call::Keepalive { .. } | Call::KeepAlloc { .. } | Call::Accept { .. } => {}
+            // An alloc's keepalive sets its lease to the interval asked for, which may end it
+            // sooner than the lease it has.
+            Call::KeepAlloc { interval_ms, .. } => {
+                if let Known::Held { alive_until: Some(until), size, fencing } = thing.known {
+                    let alive_until = Some(until.min(now + u64::from(interval_ms)));
+                    thing.known = Known::Held { size, fencing, alive_until };
+                }
+            }
+            Call::Keepalive { .. } | Call::Accept { .. } | Call::OpenSession { .. } | Call::KeepSession { .. } => {}
+            Call::Submit { .. } | Call::Report { .. } => {}
+        }
+    }
+
+    /// The grants held in session `index` may have ended with it.
+    fn session_grants_in_doubt(&mut self, index: usize) {
+        for grant in self.grants.values_mut().filter(|grant| grant.session == Some(index)) {
+            if matches!(grant.known, Known::Held { .. }) {
+                grant.known = Known::InDoubt;
+            }
         }
     }
 
     /// The call's answer will not reach its client: what it may have changed stays in doubt.
     pub fn lost(&mut self, call: Call, target: &Target) {
+        if let (Target::App { app }, Call::Submit { tasks, .. }) = (target, call) {
+            self.apps.entry(app.clone()).or_insert(tasks);
+        }
         if let Some(thing) = self.thing(target) {
-            if matches!(call, Call::Allocate { .. } | Call::Release { .. } | Call::Free { .. }) {
+            let ends = matches!(call, Call::Release { .. } | Call::Free { .. } | Call::CloseSession { .. });
+            if ends || matches!(call, Call::Allocate { .. }) {
                 thing.known = Known::InDoubt;
             }
         }
@@ -210,7 +306,7 @@ impl Model {
         let Some(thing) = self.thing(target) else { return };
         match call {
             Call::Allocate { .. } => thing.makers -= 1,
-            Call::Release { .. } | Call::Free { .. } => thing.enders -= 1,
+            Call::Release { .. } | Call::Free { .. } | Call::CloseSession { .. } => thing.enders -= 1,
             _ => {}
         }
     }
@@ -228,9 +324,13 @@ impl Model {
         body: &[u8],
     ) -> Result<(), Violation> {
         let name = match target {
-            Target::Grant { ns, client, token } => {
+            Target::Grant { ns, client, token, .. } => {
                 format!("{}/{}", Model::namespace(*ns), Model::token_name(*client, *token))
             }
+            Target::NewSession => "a new session".to_owned(),
+            Target::Session { index } => format!("session {}", self.sessions[*index].0),
+            Target::App { app } => format!("application {app}"),
+            Target::Task { app, task } => format!("task {app}/{task}"),
             Target::NewAlloc { pool } => format!("a new alloc of {}", Model::pool(*pool)),
             Target::Alloc { pool, id } => format!("{}/{id}", Model::pool(*pool)),
         };
@@ -246,12 +346,43 @@ impl Model {
             }
             return Ok(());
         }
+        if let (Target::App { app }, Call::Submit { tasks, .. }) = (target, call) {
+            // Known from its first answer on (or from a lost one: it may exist), as submitted.
+            if status.is_success() {
+                self.apps.entry(app.clone()).or_insert(tasks);
+            }
+            return Ok(());
+        }
+        if let Target::Task { .. } = target {
+            return Ok(());
+        }
+        if *target == Target::NewSession {
+            if status.is_success() {
+                let session: Session = parse(body)?;
+                let alive_until = Some(sent_at + session.expires_in_ms);
+                let held = Thing { known: Known::Held { size: 0, fencing: 0, alive_until }, ..Thing::default() };
+                self.sessions.push((session.id, held));
+                self.client_sessions.entry(client).or_default().push(self.sessions.len() - 1);
+            }
+            return Ok(());
+        }
+        // A grant in a session lives at most as long as the session is certainly kept.
+        let session_until = match target {
+            Target::Grant { session: Some(index), .. } => match self.sessions[*index].1.known {
+                Known::Held { alive_until, .. } => alive_until,
+                _ => Some(sent_at),
+            },
+            _ => None,
+        };
         let floor = self.thing(target).map_or(0, |thing| thing.fencing_floor);
         let before = self.thing(target).map_or(Known::Gone, |thing| thing.known);
-        let held_grant = |grant: &Grant| Known::Held {
-            size: grant.units,
-            fencing: grant.fencing,
-            alive_until: grant.expires_in_ms.map(|left| sent_at + left),
+        let held_grant = |grant: &Grant| {
+            let lease = grant.expires_in_ms.map(|left| sent_at + left);
+            let alive_until = match (lease, session_until) {
+                (Some(lease), Some(session)) => Some(lease.min(session)),
+                (lease, session) => lease.or(session),
+            };
+            Known::Held { size: grant.units, fencing: grant.fencing, alive_until }
         };
         let known = match (call, status) {
             (Call::Allocate { .. }, StatusCode::OK | StatusCode::CREATED) => {
@@ -303,6 +434,21 @@ impl Model {
                 held_grant(&grant)
             }
             (Call::Free { .. }, StatusCode::OK) => Known::Gone,
+            (Call::CloseSession { .. }, StatusCode::OK | StatusCode::NO_CONTENT) => {
+                if let Target::Session { index } = target {
+                    self.session_closed(*index);
+                }
+                Known::Gone
+            }
+            (Call::KeepSession { .. }, StatusCode::OK) => {
+                let session: Session = parse(body)?;
+                if before == Known::Gone {
+                    return Err(Violation::new(format!(
+                        "{name}: a keepalive found a session its client was told is gone"
+                    )));
+                }
+                Known::Held { size: 0, fencing: 0, alive_until: Some(sent_at + session.expires_in_ms) }
+            }
             (Call::KeepAlloc { .. }, StatusCode::OK) => {
                 let answer: AllocKeepaliveResponse = parse(body)?;
                 if before == Known::Gone {
@@ -312,9 +458,17 @@ impl Model {
                 }
                 held_alloc(&answer.alloc, sent_at)?
             }
-            (Call::Keepalive { .. } | Call::Free { .. } | Call::KeepAlloc { .. }, StatusCode::NOT_FOUND) => {
+            (
+                Call::Keepalive { .. }
+                | Call::Free { .. }
+                | Call::KeepAlloc { .. }
+                | Call::KeepSession { .. }
+                | Call::CloseSession { .. },
+                StatusCode::NOT_FOUND,
+            ) => {
                 if let Known::Held { alive_until, .. } = before {
-                    if alive_until.is_none_or(|until| now < until) && !matches!(call, Call::Free { .. }) {
+                    let ends = matches!(call, Call::Free { .. } | Call::CloseSession { .. });
+                    if alive_until.is_none_or(|until| now < until) && !ends {
                         // A keepalive answered while the lease certainly ran must find it.
                         return Err(Violation::new(format!(
                             "{name}: its lease was running, yet a keepalive found nothing"
@@ -324,7 +478,7 @@ impl Model {
                 Known::Gone
             }
             // A keepalive that failed changes nothing; any other failure leaves it in doubt.
-            (Call::Keepalive { .. } | Call::KeepAlloc { .. }, _) => before,
+            (Call::Keepalive { .. } | Call::KeepAlloc { .. } | Call::KeepSession { .. }, _) => before,
             _ => Known::InDoubt,
         };
         let Some(thing) = self.thing(target) else { return Ok(()) };
@@ -336,6 +490,47 @@ impl Model {
         };
         thing.known = if undone { Known::InDoubt } else { known };
         Ok(())
+    }
+
+    /// A call that gives back each grant, alloc and session a client may hold.
+    pub fn everything_held(&self) -> Vec<(u8, Call)> {
+        let mut calls = Vec::new();
+        for (&(ns, client, token), thing) in &self.grants {
+            if thing.known != Known::Gone {
+                calls.push((client, Call::Release { ns, token }));
+            }
+        }
+        for (&client, owned) in &self.owned {
+            for (alloc, (pool, id)) in owned.iter().enumerate() {
+                if self.allocs.get(&(*pool, id.clone())).is_some_and(|thing| thing.known != Known::Gone) {
+                    calls.push((client, Call::Free { alloc: alloc as u8 }));
+                }
+            }
+        }
+        for (&client, sessions) in &self.client_sessions {
+            for (session, index) in sessions.iter().enumerate() {
+                if self.sessions[*index].1.known != Known::Gone {
+                    calls.push((client, Call::CloseSession { session: session as u8 }));
+                }
+            }
+        }
+        calls
+    }
+
+    /// Session `index` was closed: its grants ended with it, but those an allocate may yet make.
+    fn session_closed(&mut self, index: usize) {
+        for grant in self.grants.values_mut().filter(|grant| grant.session == Some(index)) {
+            if grant.makers == 0 && grant.known != Known::InDoubt {
+                grant.known = Known::Gone;
+            }
+        }
+    }
+
+    /// Checks a listing of the sessions, read at `now`.
+    pub fn sessions_hold(&self, body: &[u8], now: u64) -> Result<(), Violation> {
+        let list: SessionList = parse(body)?;
+        let listed: BTreeMap<String, (u64, u64)> = list.sessions.iter().map(|s| (s.id.clone(), (0, 0))).collect();
+        held_as_told("sessions", self.sessions.iter().map(|(id, thing)| (id.clone(), thing)), &listed, now)
     }
 
     /// The watch revision the daemon reads at now: it never goes back.
@@ -360,6 +555,24 @@ impl Model {
         let known = self.grants.range((ns, 0, 0)..=(ns, u8::MAX, u8::MAX));
         let known = known.map(|(&(_, client, token), thing)| (Model::token_name(client, token), thing));
         held_as_told(&name, known, &listed, now)
+    }
+
+    /// The first waiter of namespace `ns` (a listing of its waiters, head first) waits only if it
+    /// does not fit beside the grants (a listing of them): first come, first served, and a
+    /// waiter that fits is granted by the change that made room.
+    pub fn head_waits_rightly(&self, ns: u8, grants: &[u8], waiters: &[u8]) -> Result<(), Violation> {
+        let granted: u64 = parse::<GrantList>(grants)?.grants.iter().map(|g| g.units).sum();
+        let Some(head) = parse::<WaiterList>(waiters)?.waiters.into_iter().next() else { return Ok(()) };
+        if granted + head.units <= self.shape.quota {
+            return Err(Violation::new(format!(
+                "{}: the first waiter ({}, {} units) fits ({granted} of {} granted), yet waits",
+                Model::namespace(ns),
+                head.token,
+                head.units,
+                self.shape.quota
+            )));
+        }
+        Ok(())
     }
 
     /// Checks a listing of pool `pool`'s allocs, read at `now`.
@@ -446,9 +659,9 @@ mod tests {
     fn a_grant_told_held_and_missing_or_told_released_and_held_is_a_violation() {
         let shape = Shape::default();
         let mut model = Model::new(shape);
-        let call = Call::Allocate { ns: 0, token: 1, units: 2, ttl_ms: None, wait_ms: None };
+        let call = Call::Allocate { ns: 0, token: 1, units: 2, ttl_ms: None, session: None, wait_ms: None };
         let target = model.target(3, call).unwrap();
-        model.sent(call, &target);
+        model.sent(call, &target, 0);
         model.ended(call, &target);
         let answer = serde_json::json!({ "status": "Granted", "grant": grant("c3-t1", 2, 5), "existing": false });
         model.learn(3, call, &target, (0, 0), StatusCode::OK, answer.to_string().as_bytes()).unwrap();
@@ -459,7 +672,7 @@ mod tests {
         assert!(gone.0.contains("c3-t1"), "{gone}");
 
         let release = Call::Release { ns: 0, token: 1 };
-        model.sent(release, &target);
+        model.sent(release, &target, 20);
         model.ended(release, &target);
         let released = serde_json::json!({ "released": true }).to_string();
         model.learn(3, release, &target, (20, 20), StatusCode::OK, released.as_bytes()).unwrap();
@@ -474,15 +687,15 @@ mod tests {
         let over = serde_json::json!({ "grants": [grant("a", 2, 1), grant("b", 2, 2)] }).to_string();
         assert!(model.grants_hold(0, over.as_bytes(), 0).unwrap_err().0.contains("over its quota"));
 
-        let first = Call::Allocate { ns: 0, token: 0, units: 1, ttl_ms: None, wait_ms: None };
+        let first = Call::Allocate { ns: 0, token: 0, units: 1, ttl_ms: None, session: None, wait_ms: None };
         let target = model.target(0, first).unwrap();
-        model.sent(first, &target);
+        model.sent(first, &target, 0);
         model.ended(first, &target);
         let answer = serde_json::json!({ "status": "Granted", "grant": grant("c0-t0", 1, 7), "existing": false });
         model.learn(0, first, &target, (0, 0), StatusCode::OK, answer.to_string().as_bytes()).unwrap();
-        let second = Call::Allocate { ns: 0, token: 1, units: 1, ttl_ms: None, wait_ms: None };
+        let second = Call::Allocate { ns: 0, token: 1, units: 1, ttl_ms: None, session: None, wait_ms: None };
         let target = model.target(0, second).unwrap();
-        model.sent(second, &target);
+        model.sent(second, &target, 1);
         model.ended(second, &target);
         let stale = serde_json::json!({ "status": "Granted", "grant": grant("c0-t1", 1, 7), "existing": false });
         let err = model.learn(0, second, &target, (1, 1), StatusCode::OK, stale.to_string().as_bytes()).unwrap_err();

@@ -7,6 +7,7 @@
 //! `cargo test -p allot-sim` runs 1,000 seeds; `allot-sim --seeds N` (or `--minutes M`) runs more.
 //! `crates/allot-sim/tests/it/regressions.rs` keeps every seed that found a bug.
 
+pub mod apps;
 pub mod check;
 pub mod clock;
 pub mod disk;

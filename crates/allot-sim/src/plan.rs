@@ -36,9 +36,10 @@ impl Default for Shape {
 /// A call a client makes, over HTTP to the daemon's real handlers.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Call {
-    /// `PUT /v1/namespaces/{ns}/grants/{token}`, with a lease of `ttl_ms` if given, waiting up
-    /// to `wait_ms` for room if given.
-    Allocate { ns: u8, token: u8, units: u8, ttl_ms: Option<u32>, wait_ms: Option<u32> },
+    /// `PUT /v1/namespaces/{ns}/grants/{token}`, with a lease of `ttl_ms` if given, or in the
+    /// client's session number `session` (modulo those it knows of; none if it knows none),
+    /// waiting up to `wait_ms` for room if given.
+    Allocate { ns: u8, token: u8, units: u8, ttl_ms: Option<u32>, session: Option<u8>, wait_ms: Option<u32> },
     /// `DELETE /v1/namespaces/{ns}/grants/{token}`.
     Release { ns: u8, token: u8 },
     /// `POST /v1/namespaces/{ns}/grants/{token}/keepalive`.
@@ -51,6 +52,40 @@ pub enum Call {
     /// `POST /v1/pools/{pool}/allocs/{id}/keepalive` of the client's alloc number `alloc`,
     /// asking for a lease of `interval_ms`.
     KeepAlloc { alloc: u8, interval_ms: u32 },
+    /// `POST /v1/sessions` with a lease of `ttl_ms`.
+    OpenSession { ttl_ms: u32 },
+    /// `POST /v1/sessions/{id}/keepalive` of the client's session number `session`.
+    KeepSession { session: u8 },
+    /// `DELETE /v1/sessions/{id}` of the client's session number `session`: its grants end.
+    CloseSession { session: u8 },
+    /// `POST /v1/apps`: the client's application number `app` (of [`APPS_PER_CLIENT`]), of
+    /// `tasks` tasks of `cpu` CPUs each, a gang of all of them if `gang`, each task also holding
+    /// a unit of the first namespace if `seats`.
+    Submit { app: u8, tasks: u8, cpu: u8, gang: bool, seats: bool },
+    /// `POST /v1/apps/{app}/tasks/{task}/{report}` on the client's application number `app`
+    /// (modulo those it submitted) and its task number `task`.
+    Report { app: u8, task: u8, report: Report },
+}
+
+/// The applications each client submits at most: submitting one again is idempotent.
+pub const APPS_PER_CLIENT: u8 = 2;
+
+/// What a task's runner reports.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Report {
+    Start,
+    Complete,
+    Fail,
+}
+
+impl Report {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Report::Start => "start",
+            Report::Complete => "complete",
+            Report::Fail => "fail",
+        }
+    }
 }
 
 /// One step of a run.
@@ -82,6 +117,8 @@ pub enum Work {
     Sync,
     Checkpoint,
     Sweep,
+    /// The scheduler's cycle.
+    Schedule,
 }
 
 /// The steps of `seed`'s run.
@@ -96,8 +133,9 @@ fn step(rng: &mut StdRng, shape: Shape) -> Step {
         30..=59 => Step::Poll { pick: rng.gen() },
         60..=62 => Step::Cut { pick: rng.gen(), abandon: rng.gen() },
         63..=72 => Step::Work(Work::Sync),
-        73..=76 => Step::Work(Work::Checkpoint),
-        77..=82 => Step::Work(Work::Sweep),
+        73..=75 => Step::Work(Work::Checkpoint),
+        76..=79 => Step::Work(Work::Sweep),
+        80..=82 => Step::Work(Work::Schedule),
         83..=91 => Step::Advance { ms: *[1, 10, 100, 1_000, 5_000].get(rng.gen_range(0..5)).expect("in range") },
         92..=93 => Step::WallJump { ms: rng.gen_range(-3_600_000..3_600_000) },
         94..=96 => Step::Fail(if rng.gen() { Fault::Write } else { Fault::Sync }),
@@ -108,6 +146,27 @@ fn step(rng: &mut StdRng, shape: Shape) -> Step {
 fn call(rng: &mut StdRng, shape: Shape) -> Call {
     let ns = rng.gen_range(0..shape.namespaces);
     let token = rng.gen_range(0..shape.tokens);
+    if rng.gen_bool(0.2) {
+        return match rng.gen_range(0..10) {
+            0..=3 => Call::Submit {
+                app: rng.gen_range(0..APPS_PER_CLIENT),
+                tasks: rng.gen_range(1..=3),
+                cpu: rng.gen_range(1..=3),
+                gang: rng.gen_bool(0.5),
+                seats: rng.gen_bool(0.3),
+            },
+            4..=5 => Call::Report { app: rng.gen(), task: rng.gen(), report: Report::Start },
+            6..=8 => Call::Report { app: rng.gen(), task: rng.gen(), report: Report::Complete },
+            _ => Call::Report { app: rng.gen(), task: rng.gen(), report: Report::Fail },
+        };
+    }
+    if rng.gen_bool(0.15) {
+        return match rng.gen_range(0..10) {
+            0..=3 => Call::OpenSession { ttl_ms: rng.gen_range(1_000..20_000) },
+            4..=7 => Call::KeepSession { session: rng.gen() },
+            _ => Call::CloseSession { session: rng.gen() },
+        };
+    }
     if rng.gen_bool(0.4) {
         return match rng.gen_range(0..10) {
             0..=4 => {
@@ -119,13 +178,17 @@ fn call(rng: &mut StdRng, shape: Shape) -> Call {
         };
     }
     match rng.gen_range(0..10) {
-        0..=5 => Call::Allocate {
-            ns,
-            token,
-            units: rng.gen_range(1..=3),
-            ttl_ms: rng.gen_bool(0.5).then(|| rng.gen_range(500..20_000)),
-            wait_ms: rng.gen_bool(0.3).then(|| rng.gen_range(0..5_000)),
-        },
+        0..=5 => {
+            let session = rng.gen_bool(0.4).then(|| rng.gen());
+            Call::Allocate {
+                ns,
+                token,
+                units: rng.gen_range(1..=3),
+                ttl_ms: (session.is_none() && rng.gen_bool(0.5)).then(|| rng.gen_range(500..20_000)),
+                session,
+                wait_ms: rng.gen_bool(0.3).then(|| rng.gen_range(0..5_000)),
+            }
+        }
         6..=8 => Call::Release { ns, token },
         _ => Call::Keepalive { ns, token },
     }

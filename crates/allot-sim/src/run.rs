@@ -13,6 +13,9 @@ use std::sync::Arc;
 use std::task::{Context, Poll, Waker};
 use std::time::Duration;
 
+use std::collections::BTreeSet;
+
+use allot_api::{AllocList, App, AppList, Task, TaskList};
 use allot_core::pools::LeaseRules;
 use allot_core::watch::Filter;
 use allot_server::{Api, ServerState};
@@ -26,6 +29,7 @@ use axum::http::{Method, Request, StatusCode};
 use bytes::Bytes;
 use tower::Service as _;
 
+use crate::apps;
 use crate::check::{Model, Target, Violation};
 use crate::clock::SimClock;
 use crate::disk::SimDisk;
@@ -245,6 +249,8 @@ impl Sim {
             let (status, _) = self.ask(Method::PUT, format!("/v1/pools/{}", Model::pool(pool)), Some(body)).await;
             assert!(status.is_success(), "the pools are made ({status})");
         }
+        let (status, _) = self.ask(Method::PUT, "/v1/queues/root.sim".to_owned(), Some(serde_json::json!({}))).await;
+        assert!(status.is_success(), "the queue is made ({status})");
         for (index, step) in steps.iter().enumerate() {
             let line = match self.step(*step).await {
                 Ok(line) => line,
@@ -259,6 +265,9 @@ impl Sim {
         if let Err(violation) = self.drain().await {
             return Some(Failure { step: end, violation });
         }
+        if let Err(violation) = self.end_apps().await {
+            return Some(Failure { step: end, violation });
+        }
         self.check().await.err().map(|violation| Failure { step: end, violation })
     }
 
@@ -270,9 +279,9 @@ impl Sim {
                     return Ok("busy".into());
                 }
                 let Some(target) = self.model.target(client, call) else { return Ok("nothing to call on".into()) };
-                let (method, path, body) = Model::request(call, &target);
+                let (method, path, body) = self.model.request(call, &target);
                 let answer = self.send(method, path, body);
-                self.model.sent(call, &target);
+                self.model.sent(call, &target, self.clock.now());
                 self.calls.push(InFlight { client, call, target, sent_at: self.clock.now(), answer, lost: false });
                 "sent".into()
             }
@@ -340,6 +349,7 @@ impl Sim {
             Work::Sync => StoreStep::Sync,
             Work::Checkpoint => StoreStep::Checkpoint,
             Work::Sweep => StoreStep::Sweep,
+            Work::Schedule => StoreStep::Schedule,
         };
         match self.daemon().store.step(step) {
             Ok(()) => "done".into(),
@@ -438,11 +448,26 @@ impl Sim {
                 )));
             }
             self.model.grants_hold(ns, &body, self.clock.now())?;
+            let (status, waiters) = self.ask(Method::GET, format!("/v1/namespaces/{name}/waiters?limit=1"), None).await;
+            if status == StatusCode::OK {
+                self.model.head_waits_rightly(ns, &body, &waiters)?;
+            }
         }
+        let (status, body) = self.ask(Method::GET, "/v1/sessions?limit=1000".to_owned(), None).await;
+        match status {
+            StatusCode::OK => self.model.sessions_hold(&body, self.clock.now())?,
+            StatusCode::SERVICE_UNAVAILABLE => {}
+            _ => {
+                let body = String::from_utf8_lossy(&body);
+                return Err(Violation::new(format!("listing the sessions answered {status}: {body}")));
+            }
+        }
+        let mut live = Some(BTreeSet::new());
         for pool in 0..self.shape.pools {
             let name = Model::pool(pool);
             let (status, body) = self.ask(Method::GET, format!("/v1/pools/{name}/allocs?limit=1000"), None).await;
             if status == StatusCode::SERVICE_UNAVAILABLE {
+                live = None;
                 continue;
             }
             if status != StatusCode::OK {
@@ -452,7 +477,88 @@ impl Sim {
                 )));
             }
             self.model.allocs_hold(pool, &body, self.clock.now())?;
+            if let (Some(live), Ok(list)) = (live.as_mut(), serde_json::from_slice::<AllocList>(&body)) {
+                live.extend(list.allocs.into_iter().filter(|alloc| alloc.ended.is_none()).map(|alloc| alloc.uri));
+            }
         }
+        match self.apps().await {
+            Some(apps) => apps::placed_rightly(&apps, live.as_ref()),
+            None => Ok(()),
+        }
+    }
+
+    /// Every application and its tasks, or `None` while the store cannot be read.
+    async fn apps(&mut self) -> Option<Vec<(App, Vec<Task>)>> {
+        let (status, body) = self.ask(Method::GET, "/v1/apps?limit=1000".to_owned(), None).await;
+        let list: AppList = serde_json::from_slice(&body).ok().filter(|_| status == StatusCode::OK)?;
+        let mut apps = Vec::new();
+        for app in list.apps {
+            let (status, body) = self.ask(Method::GET, format!("/v1/apps/{}/tasks?limit=1000", app.id), None).await;
+            let tasks: TaskList = serde_json::from_slice(&body).ok().filter(|_| status == StatusCode::OK)?;
+            apps.push((app, tasks.tasks));
+        }
+        Some(apps)
+    }
+
+    /// A call made now and waited for (syncing as the disk level needs), its answer learned.
+    async fn call_now(&mut self, client: u8, call: Call) -> Result<(), Violation> {
+        let Some(target) = self.model.target(client, call) else { return Ok(()) };
+        let (method, path, body) = self.model.request(call, &target);
+        let sent_at = self.clock.now();
+        self.model.sent(call, &target, sent_at);
+        let (status, body) = self.ask(method, path, body).await;
+        self.model.ended(call, &target);
+        self.model.learn(client, call, &target, (sent_at, self.clock.now()), status, &body)?;
+        let text = String::from_utf8_lossy(&body);
+        self.record(format!("end: {call:?}: {} {text}", status.as_u16()));
         Ok(())
+    }
+
+    /// After the plan and its calls: the clients give back what they hold, and the tasks placed
+    /// are started and completed, while the scheduler cycles and time moves on, until every
+    /// application has ended (as every application must, once its tasks do).
+    async fn end_apps(&mut self) -> Result<(), Violation> {
+        for (client, call) in self.model.everything_held() {
+            self.call_now(client, call).await?;
+        }
+        for _ in 0..120 {
+            self.work(Work::Schedule);
+            self.work(Work::Sync);
+            let Some(apps) = self.apps().await else {
+                return Err(Violation::new("the store cannot be read after the plan"));
+            };
+            let live: Vec<_> = apps.into_iter().filter(|(app, _)| !apps::ended(&app.state)).collect();
+            if live.is_empty() {
+                return Ok(());
+            }
+            for (app, tasks) in &live {
+                for task in tasks {
+                    let report = match task.state.as_str() {
+                        "Allocated" => "start",
+                        "Running" => "complete",
+                        _ => continue,
+                    };
+                    let path = format!("/v1/apps/{}/tasks/{}/{report}", app.id, task.id);
+                    let (status, body) = self.ask(Method::POST, path, None).await;
+                    let text = String::from_utf8_lossy(&body);
+                    self.record(format!("end: {report} {}/{}: {} {text}", app.id, task.id, status.as_u16()));
+                }
+            }
+            for work in [Work::Sync, Work::Sweep, Work::Checkpoint] {
+                self.work(work);
+            }
+            self.clock.advance(1_000);
+            tokio::time::advance(Duration::from_millis(1_000)).await;
+        }
+        let apps = self.apps().await.unwrap_or_default();
+        let live: Vec<String> = apps
+            .iter()
+            .filter(|(app, _)| !apps::ended(&app.state))
+            .map(|(app, tasks)| {
+                let tasks: Vec<String> = tasks.iter().map(|t| format!("{} {}", t.id, t.state)).collect();
+                format!("{} {} [{}] waiting: {:?}", app.id, app.state, tasks.join(", "), app.waiting)
+            })
+            .collect();
+        Err(Violation::new(format!("applications that never ended, 2 minutes on: {}", live.join("; "))))
     }
 }

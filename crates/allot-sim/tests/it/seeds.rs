@@ -3,8 +3,8 @@
 
 use allot_sim::{check_seed, plan, run, Shape};
 
-/// The suite's runs: 200 steps each (`allot-sim` runs 300 by default).
-const SUITE: Shape = Shape { steps: 200, clients: 6, namespaces: 2, quota: 8, tokens: 3, pools: 2, cpus: 8 };
+/// The suite's runs: 150 steps each (`allot-sim` runs 300 by default).
+const SUITE: Shape = Shape { steps: 150, clients: 6, namespaces: 2, quota: 8, tokens: 3, pools: 2, cpus: 8 };
 
 fn seeds(first: u64) {
     for seed in first..first + 100 {

@@ -1,0 +1,72 @@
+//! The applications' invariants, over what the daemon lists: no alloc holds two things (a task
+//! or placeholder is placed in one place, and an alloc is never given twice); every placement is
+//! on an alloc the pool holds; a gang is held all or nothing (reserving, nothing of it is placed;
+//! before any of its tasks is placed or ended, its placeholders are none or all).
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use allot_api::{App, Task};
+
+use crate::check::Violation;
+
+/// States after which an application does nothing more.
+pub fn ended(state: &str) -> bool {
+    matches!(state, "Completing" | "Completed" | "Failing" | "Failed" | "Rejected")
+}
+
+/// Checks the applications listed (`live`: every live alloc's URI, if the pools could be read).
+pub fn placed_rightly(apps: &[(App, Vec<Task>)], live: Option<&BTreeSet<String>>) -> Result<(), Violation> {
+    let mut seen: BTreeMap<String, String> = BTreeMap::new();
+    for (app, tasks) in apps {
+        let mut placed = Vec::new();
+        for task in tasks.iter().filter(|task| holds(&task.state)) {
+            if let Some(placement) = &task.placement {
+                placed.push((placement.uri.clone(), format!("task {}/{}", app.id, task.id)));
+            }
+        }
+        for placeholder in &app.placeholders {
+            // A placeholder a task took is the task's place, listed with the task.
+            if placeholder.task.is_none() {
+                let what = format!("placeholder {}/{}#{}", app.id, placeholder.group, placeholder.member);
+                placed.push((placeholder.placement.uri.clone(), what));
+            }
+        }
+        for (uri, what) in placed {
+            if live.is_some_and(|live| !live.contains(&uri)) {
+                return Err(Violation::new(format!("{what} is placed on {uri}, which its pool does not hold")));
+            }
+            if let Some(other) = seen.insert(uri.clone(), what.clone()) {
+                return Err(Violation::new(format!("{uri} holds both {other} and {what}")));
+            }
+        }
+        let placeholders = app.placeholders.len();
+        let tasks_placed = tasks.iter().filter(|t| t.placement.is_some() && holds(&t.state)).count();
+        if app.state == "Reserving" && placeholders + tasks_placed > 0 {
+            return Err(Violation::new(format!(
+                "{} is reserving its gang, yet {placeholders} placeholders and {tasks_placed} tasks of it are placed",
+                app.id
+            )));
+        }
+        let tasks_placed_or_ended = tasks_placed > 0 || tasks.iter().any(|t| task_ended(&t.state));
+        for group in &app.task_groups {
+            let members = app.placeholders.iter().filter(|p| p.group == group.name).count();
+            let min = group.min_members as usize;
+            if !tasks_placed_or_ended && members != 0 && members != min {
+                return Err(Violation::new(format!(
+                    "{}'s gang {} holds {members} of its {min} placeholders: all or nothing",
+                    app.id, group.name
+                )));
+            }
+        }
+    }
+    Ok(())
+}
+
+/// States in which a placed task holds its placement.
+fn holds(state: &str) -> bool {
+    matches!(state, "Allocated" | "Running")
+}
+
+fn task_ended(state: &str) -> bool {
+    matches!(state, "Completed" | "Failed" | "Killed" | "Rejected")
+}
