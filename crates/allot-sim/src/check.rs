@@ -53,6 +53,9 @@ struct Thing {
     known: Known,
     makers: u32,
     enders: u32,
+    /// How many makers and enders were ever sent.
+    makers_sent: u64,
+    enders_sent: u64,
     /// The highest fencing number of the namespace answered before the last allocate was sent:
     /// a grant that allocate makes must be numbered above it.
     fencing_floor: u64,
@@ -62,8 +65,23 @@ struct Thing {
 
 impl Default for Thing {
     fn default() -> Thing {
-        Thing { known: Known::Gone, makers: 0, enders: 0, fencing_floor: 0, session: None }
+        let (makers_sent, enders_sent) = (0, 0);
+        Thing { known: Known::Gone, makers: 0, enders: 0, makers_sent, enders_sent, fencing_floor: 0, session: None }
     }
+}
+
+/// The calls that may run beside a call, as it was sent: those of the other kind running then,
+/// and, counted against the totals when it is answered, those sent during its life. Any of them
+/// may be ordered after it, so its answer does not say what holds afterwards.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Overlap {
+    makers: u32,
+    enders: u32,
+    makers_sent: u64,
+    enders_sent: u64,
+    /// The same for the closes of a grant's session.
+    session_closes: u32,
+    session_closes_sent: u64,
 }
 
 /// What a call acts on, resolved when it is sent.
@@ -241,8 +259,9 @@ impl Model {
         }
     }
 
-    /// A call is sent at `now`: until answered, what it may change is in doubt.
-    pub fn sent(&mut self, call: Call, target: &Target, now: u64) {
+    /// A call is sent at `now`: until answered, what it may change is in doubt. Answers what
+    /// may run beside it.
+    pub fn sent(&mut self, call: Call, target: &Target, now: u64) -> Overlap {
         let (floor, session) = match target {
             Target::Grant { ns, session, .. } => (self.fencing[usize::from(*ns)], *session),
             _ => (0, None),
@@ -250,7 +269,20 @@ impl Model {
         if let (Call::CloseSession { .. }, Target::Session { index }) = (call, target) {
             self.session_grants_in_doubt(*index);
         }
-        let Some(thing) = self.thing(target) else { return };
+        let mut overlap = Overlap::default();
+        if let Some(index) = session {
+            let session = &self.sessions[index].1;
+            (overlap.session_closes, overlap.session_closes_sent) = (session.enders, session.enders_sent);
+        }
+        let Some(thing) = self.thing(target) else { return overlap };
+        let (makers, enders) = (thing.makers, thing.enders);
+        match call {
+            Call::Allocate { .. } => thing.makers_sent += 1,
+            Call::Release { .. } | Call::Free { .. } | Call::CloseSession { .. } => thing.enders_sent += 1,
+            _ => {}
+        }
+        (overlap.makers, overlap.enders) = (makers, enders);
+        (overlap.makers_sent, overlap.enders_sent) = (thing.makers_sent, thing.enders_sent);
         match call {
             Call::Allocate { .. } => {
                 thing.makers += 1;
@@ -277,6 +309,7 @@ impl Model {
             Call::Keepalive { .. } | Call::Accept { .. } | Call::OpenSession { .. } | Call::KeepSession { .. } => {}
             Call::Submit { .. } | Call::Report { .. } => {}
         }
+        overlap
     }
 
     /// The grants held in session `index` may have ended with it.
@@ -312,7 +345,7 @@ impl Model {
     }
 
     /// Client `client` learns the answer to `call` on `target`, sent at `sent_at` and answered
-    /// at `now`, checking it against what it knew.
+    /// at `now`, `overlap` what may have run beside it, checking it against what it knew.
     #[allow(clippy::too_many_arguments)]
     pub fn learn(
         &mut self,
@@ -320,6 +353,7 @@ impl Model {
         call: Call,
         target: &Target,
         (sent_at, now): (u64, u64),
+        overlap: Overlap,
         status: StatusCode,
         body: &[u8],
     ) -> Result<(), Violation> {
@@ -481,11 +515,21 @@ impl Model {
             (Call::Keepalive { .. } | Call::KeepAlloc { .. } | Call::KeepSession { .. }, _) => before,
             _ => Known::InDoubt,
         };
+        // A close of the grant's session that ran beside it may have ended it after.
+        let session_closed = match target {
+            Target::Grant { session: Some(index), .. } => {
+                let session = &self.sessions[*index].1;
+                overlap.session_closes > 0 || session.enders_sent > overlap.session_closes_sent
+            }
+            _ => false,
+        };
         let Some(thing) = self.thing(target) else { return Ok(()) };
-        // A call still running may yet undo what this answer says.
+        // A call of the other kind that ran beside this one may have been ordered after it.
+        let makers_beside = overlap.makers > 0 || thing.makers_sent > overlap.makers_sent;
+        let enders_beside = overlap.enders > 0 || thing.enders_sent > overlap.enders_sent;
         let undone = match known {
-            Known::Held { .. } => thing.enders > 0,
-            Known::Gone => thing.makers > 0,
+            Known::Held { .. } => enders_beside || session_closed,
+            Known::Gone => makers_beside,
             Known::InDoubt => false,
         };
         thing.known = if undone { Known::InDoubt } else { known };
@@ -661,10 +705,10 @@ mod tests {
         let mut model = Model::new(shape);
         let call = Call::Allocate { ns: 0, token: 1, units: 2, ttl_ms: None, session: None, wait_ms: None };
         let target = model.target(3, call).unwrap();
-        model.sent(call, &target, 0);
+        let overlap = model.sent(call, &target, 0);
         model.ended(call, &target);
         let answer = serde_json::json!({ "status": "Granted", "grant": grant("c3-t1", 2, 5), "existing": false });
-        model.learn(3, call, &target, (0, 0), StatusCode::OK, answer.to_string().as_bytes()).unwrap();
+        model.learn(3, call, &target, (0, 0), overlap, StatusCode::OK, answer.to_string().as_bytes()).unwrap();
         let empty = serde_json::json!({ "grants": [] }).to_string();
         let held = serde_json::json!({ "grants": [grant("c3-t1", 2, 5)] }).to_string();
         assert!(model.grants_hold(0, held.as_bytes(), 10).is_ok());
@@ -672,10 +716,10 @@ mod tests {
         assert!(gone.0.contains("c3-t1"), "{gone}");
 
         let release = Call::Release { ns: 0, token: 1 };
-        model.sent(release, &target, 20);
+        let overlap = model.sent(release, &target, 20);
         model.ended(release, &target);
         let released = serde_json::json!({ "released": true }).to_string();
-        model.learn(3, release, &target, (20, 20), StatusCode::OK, released.as_bytes()).unwrap();
+        model.learn(3, release, &target, (20, 20), overlap, StatusCode::OK, released.as_bytes()).unwrap();
         assert!(model.grants_hold(0, empty.as_bytes(), 30).is_ok());
         let back = model.grants_hold(0, held.as_bytes(), 30).unwrap_err();
         assert!(back.0.contains("told it is gone"), "{back}");
@@ -689,16 +733,17 @@ mod tests {
 
         let first = Call::Allocate { ns: 0, token: 0, units: 1, ttl_ms: None, session: None, wait_ms: None };
         let target = model.target(0, first).unwrap();
-        model.sent(first, &target, 0);
+        let overlap = model.sent(first, &target, 0);
         model.ended(first, &target);
         let answer = serde_json::json!({ "status": "Granted", "grant": grant("c0-t0", 1, 7), "existing": false });
-        model.learn(0, first, &target, (0, 0), StatusCode::OK, answer.to_string().as_bytes()).unwrap();
+        model.learn(0, first, &target, (0, 0), overlap, StatusCode::OK, answer.to_string().as_bytes()).unwrap();
         let second = Call::Allocate { ns: 0, token: 1, units: 1, ttl_ms: None, session: None, wait_ms: None };
         let target = model.target(0, second).unwrap();
-        model.sent(second, &target, 1);
+        let overlap = model.sent(second, &target, 1);
         model.ended(second, &target);
         let stale = serde_json::json!({ "status": "Granted", "grant": grant("c0-t1", 1, 7), "existing": false });
-        let err = model.learn(0, second, &target, (1, 1), StatusCode::OK, stale.to_string().as_bytes()).unwrap_err();
+        let err =
+            model.learn(0, second, &target, (1, 1), overlap, StatusCode::OK, stale.to_string().as_bytes()).unwrap_err();
         assert!(err.0.contains("fencing numbers must grow"), "{err}");
     }
 }

@@ -30,7 +30,7 @@ use bytes::Bytes;
 use tower::Service as _;
 
 use crate::apps;
-use crate::check::{Model, Target, Violation};
+use crate::check::{Model, Overlap, Target, Violation};
 use crate::clock::SimClock;
 use crate::disk::SimDisk;
 use crate::plan::{Call, Shape, Step, Work};
@@ -112,6 +112,8 @@ struct InFlight {
     client: u8,
     call: Call,
     target: Target,
+    /// What may run beside it.
+    overlap: Overlap,
     /// The simulation's time when it was sent.
     sent_at: u64,
     answer: Calling,
@@ -281,8 +283,9 @@ impl Sim {
                 let Some(target) = self.model.target(client, call) else { return Ok("nothing to call on".into()) };
                 let (method, path, body) = self.model.request(call, &target);
                 let answer = self.send(method, path, body);
-                self.model.sent(call, &target, self.clock.now());
-                self.calls.push(InFlight { client, call, target, sent_at: self.clock.now(), answer, lost: false });
+                let overlap = self.model.sent(call, &target, self.clock.now());
+                let sent_at = self.clock.now();
+                self.calls.push(InFlight { client, call, target, overlap, sent_at, answer, lost: false });
                 "sent".into()
             }
             Step::Poll { pick } => {
@@ -366,7 +369,7 @@ impl Sim {
             return Ok(format!("{} (lost) {text}", status.as_u16()));
         }
         let times = (call.sent_at, self.clock.now());
-        self.model.learn(call.client, call.call, &call.target, times, status, &body)?;
+        self.model.learn(call.client, call.call, &call.target, times, call.overlap, status, &body)?;
         Ok(format!("{} {text}", status.as_u16()))
     }
 
@@ -505,10 +508,10 @@ impl Sim {
         let Some(target) = self.model.target(client, call) else { return Ok(()) };
         let (method, path, body) = self.model.request(call, &target);
         let sent_at = self.clock.now();
-        self.model.sent(call, &target, sent_at);
+        let overlap = self.model.sent(call, &target, sent_at);
         let (status, body) = self.ask(method, path, body).await;
         self.model.ended(call, &target);
-        self.model.learn(client, call, &target, (sent_at, self.clock.now()), status, &body)?;
+        self.model.learn(client, call, &target, (sent_at, self.clock.now()), overlap, status, &body)?;
         let text = String::from_utf8_lossy(&body);
         self.record(format!("end: {call:?}: {} {text}", status.as_u16()));
         Ok(())
