@@ -82,6 +82,8 @@ pub struct Overlap {
     /// The same for the closes of a grant's session.
     session_closes: u32,
     session_closes_sent: u64,
+    /// What the client knew when it sent the call.
+    known: Option<Known>,
 }
 
 /// What a call acts on, resolved when it is sent.
@@ -276,6 +278,7 @@ impl Model {
         }
         let Some(thing) = self.thing(target) else { return overlap };
         let (makers, enders) = (thing.makers, thing.enders);
+        overlap.known = Some(thing.known);
         match call {
             Call::Allocate { .. } => thing.makers_sent += 1,
             Call::Release { .. } | Call::Free { .. } | Call::CloseSession { .. } => thing.enders_sent += 1,
@@ -513,6 +516,8 @@ impl Model {
             }
             // A keepalive that failed changes nothing; any other failure leaves it in doubt.
             (Call::Keepalive { .. } | Call::KeepAlloc { .. } | Call::KeepSession { .. }, _) => before,
+            // "Nothing was changed" (`store_unavailable`): it is as it was when the call was sent.
+            _ if error_code(body).as_deref() == Some("store_unavailable") => overlap.known.unwrap_or(Known::InDoubt),
             _ => Known::InDoubt,
         };
         // A close of the grant's session that ran beside it may have ended it after.
@@ -683,6 +688,11 @@ fn cpus_of(resources: &str) -> Result<u64, Violation> {
     resources.split(',').find_map(|part| part.strip_prefix("cpu=")).map_or(Ok(0), |cpus| {
         cpus.parse().map_err(|_| Violation::new(format!("resources that do not read: {resources}")))
     })
+}
+
+/// The `code` of an error answer.
+fn error_code(body: &[u8]) -> Option<String> {
+    serde_json::from_slice::<allot_api::ErrorBody>(body).ok().map(|error| error.error.code)
 }
 
 fn parse<T: serde::de::DeserializeOwned>(body: &[u8]) -> Result<T, Violation> {
