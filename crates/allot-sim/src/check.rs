@@ -463,11 +463,7 @@ impl Model {
             }
             (Call::Keepalive { .. }, StatusCode::OK) => {
                 let grant: Grant = parse(body)?;
-                if before == Known::Gone {
-                    return Err(Violation::new(format!(
-                        "{name}: a keepalive found a grant its client was told is gone"
-                    )));
-                }
+                kept_alive_what_was_there(before, &name)?;
                 held_grant(&grant)
             }
             (Call::Free { .. }, StatusCode::OK) => Known::Gone,
@@ -479,20 +475,12 @@ impl Model {
             }
             (Call::KeepSession { .. }, StatusCode::OK) => {
                 let session: Session = parse(body)?;
-                if before == Known::Gone {
-                    return Err(Violation::new(format!(
-                        "{name}: a keepalive found a session its client was told is gone"
-                    )));
-                }
+                kept_alive_what_was_there(before, &name)?;
                 Known::Held { size: 0, fencing: 0, alive_until: Some(sent_at + session.expires_in_ms) }
             }
             (Call::KeepAlloc { .. }, StatusCode::OK) => {
                 let answer: AllocKeepaliveResponse = parse(body)?;
-                if before == Known::Gone {
-                    return Err(Violation::new(format!(
-                        "{name}: a keepalive found an alloc its client was told is gone"
-                    )));
-                }
+                kept_alive_what_was_there(before, &name)?;
                 held_alloc(&answer.alloc, sent_at)?
             }
             (
@@ -688,6 +676,17 @@ fn cpus_of(resources: &str) -> Result<u64, Violation> {
     resources.split(',').find_map(|part| part.strip_prefix("cpu=")).map_or(Ok(0), |cpus| {
         cpus.parse().map_err(|_| Violation::new(format!("resources that do not read: {resources}")))
     })
+}
+
+/// A keepalive that found its grant, alloc or session: its client must not have been told it
+/// is gone (nothing comes back once released, freed or closed).
+fn kept_alive_what_was_there(before: Known, name: &str) -> Result<(), Violation> {
+    match before {
+        Known::Gone => {
+            Err(Violation::new(format!("{name}: a keepalive found it, though its client was told it is gone")))
+        }
+        _ => Ok(()),
+    }
 }
 
 /// The `code` of an error answer.

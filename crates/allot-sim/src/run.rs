@@ -439,46 +439,23 @@ impl Sim {
         self.model.revision(revision)?;
         for ns in 0..self.shape.namespaces {
             let name = Model::namespace(ns);
-            let (status, body) = self.ask(Method::GET, format!("/v1/namespaces/{name}/grants?limit=1000"), None).await;
-            if status == StatusCode::SERVICE_UNAVAILABLE {
-                // The store rebuilds after a failed write: nothing to read until it has.
-                continue;
-            }
-            if status != StatusCode::OK {
-                return Err(Violation::new(format!(
-                    "listing {name}'s grants answered {status}: {}",
-                    String::from_utf8_lossy(&body)
-                )));
-            }
+            let Some(body) = self.list(format!("/v1/namespaces/{name}/grants?limit=1000")).await? else { continue };
             self.model.grants_hold(ns, &body, self.clock.now())?;
             let (status, waiters) = self.ask(Method::GET, format!("/v1/namespaces/{name}/waiters?limit=1"), None).await;
             if status == StatusCode::OK {
                 self.model.head_waits_rightly(ns, &body, &waiters)?;
             }
         }
-        let (status, body) = self.ask(Method::GET, "/v1/sessions?limit=1000".to_owned(), None).await;
-        match status {
-            StatusCode::OK => self.model.sessions_hold(&body, self.clock.now())?,
-            StatusCode::SERVICE_UNAVAILABLE => {}
-            _ => {
-                let body = String::from_utf8_lossy(&body);
-                return Err(Violation::new(format!("listing the sessions answered {status}: {body}")));
-            }
+        if let Some(body) = self.list("/v1/sessions?limit=1000".to_owned()).await? {
+            self.model.sessions_hold(&body, self.clock.now())?;
         }
         let mut live = Some(BTreeSet::new());
         for pool in 0..self.shape.pools {
             let name = Model::pool(pool);
-            let (status, body) = self.ask(Method::GET, format!("/v1/pools/{name}/allocs?limit=1000"), None).await;
-            if status == StatusCode::SERVICE_UNAVAILABLE {
+            let Some(body) = self.list(format!("/v1/pools/{name}/allocs?limit=1000")).await? else {
                 live = None;
                 continue;
-            }
-            if status != StatusCode::OK {
-                return Err(Violation::new(format!(
-                    "listing {name}'s allocs answered {status}: {}",
-                    String::from_utf8_lossy(&body)
-                )));
-            }
+            };
             self.model.allocs_hold(pool, &body, self.clock.now())?;
             if let (Some(live), Ok(list)) = (live.as_mut(), serde_json::from_slice::<AllocList>(&body)) {
                 live.extend(list.allocs.into_iter().filter(|alloc| alloc.ended.is_none()).map(|alloc| alloc.uri));
@@ -487,6 +464,17 @@ impl Sim {
         match self.apps().await {
             Some(apps) => apps::placed_rightly(&apps, live.as_ref()),
             None => Ok(()),
+        }
+    }
+
+    /// A listing's body; `None` while the store rebuilds after a failed write (nothing to read
+    /// until it has); any other answer than 200 breaks the rule that a read of what exists works.
+    async fn list(&mut self, path: String) -> Result<Option<Bytes>, Violation> {
+        let (status, body) = self.ask(Method::GET, path.clone(), None).await;
+        match status {
+            StatusCode::OK => Ok(Some(body)),
+            StatusCode::SERVICE_UNAVAILABLE => Ok(None),
+            _ => Err(Violation::new(format!("GET {path} answered {status}: {}", String::from_utf8_lossy(&body)))),
         }
     }
 
