@@ -16,7 +16,7 @@ use allot_api::{
 };
 use axum::http::{Method, StatusCode};
 
-use crate::plan::{Call, Shape, APPS_PER_CLIENT};
+use crate::plan::{Call, Shape, APPS_PER_CLIENT, PROJECT_CAP, SCOPE_CAP};
 
 /// An invariant broken, said so that a person understands which.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -213,8 +213,12 @@ impl Model {
             Target::Alloc { pool, id } => format!("/v1/pools/{}/allocs/{id}", Model::pool(*pool)),
         };
         match call {
-            Call::Allocate { units, ttl_ms, wait_ms, .. } => {
+            Call::Allocate { units, ttl_ms, wait_ms, scope, .. } => {
                 let mut body = serde_json::json!({ "units": units });
+                if let Some(scope) = scope {
+                    body["scope"] = serde_json::json!({ "project": format!("p{}", scope / 2), "namespace": format!("n{}", scope % 2) });
+                    body["caps"] = serde_json::json!({ "project": PROJECT_CAP, "namespace": SCOPE_CAP });
+                }
                 if let Some(ttl) = ttl_ms {
                     body["ttl_ms"] = ttl.into();
                 }
@@ -587,6 +591,25 @@ impl Model {
         if units > self.shape.quota {
             return Err(Violation::new(format!("{name} holds {units} units over its quota of {}", self.shape.quota)));
         }
+        // Every scoped allocate names the same caps: no project or scope ever holds more.
+        let mut projects: BTreeMap<&str, u64> = BTreeMap::new();
+        let mut scopes: BTreeMap<(&str, &str), u64> = BTreeMap::new();
+        for grant in &list.grants {
+            if let Some(scope) = &grant.scope {
+                *projects.entry(&scope.project).or_default() += grant.units;
+                *scopes.entry((&scope.project, &scope.namespace)).or_default() += grant.units;
+            }
+        }
+        if let Some((project, held)) = projects.into_iter().find(|(_, held)| *held > PROJECT_CAP) {
+            return Err(Violation::new(format!(
+                "{name}: project {project} holds {held} units over its cap of {PROJECT_CAP}"
+            )));
+        }
+        if let Some(((project, scope), held)) = scopes.into_iter().find(|(_, held)| *held > SCOPE_CAP) {
+            return Err(Violation::new(format!(
+                "{name}: {project}/{scope} holds {held} units over its cap of {SCOPE_CAP}"
+            )));
+        }
         let listed: BTreeMap<String, (u64, u64)> =
             list.grants.iter().map(|g| (g.token.clone(), (g.units, g.fencing))).collect();
         let known = self.grants.range((ns, 0, 0)..=(ns, u8::MAX, u8::MAX));
@@ -595,12 +618,13 @@ impl Model {
     }
 
     /// The first waiter of namespace `ns` (a listing of its waiters, head first) waits only if it
-    /// does not fit beside the grants (a listing of them): first come, first served, and a
-    /// waiter that fits is granted by the change that made room.
+    /// does not fit beside the grants (a listing of them) or its scope's cap is full: first come,
+    /// first served, and a waiter that fits is granted by the change that made room.
     pub fn head_waits_rightly(&self, ns: u8, grants: &[u8], waiters: &[u8]) -> Result<(), Violation> {
         let granted: u64 = parse::<GrantList>(grants)?.grants.iter().map(|g| g.units).sum();
         let Some(head) = parse::<WaiterList>(waiters)?.waiters.into_iter().next() else { return Ok(()) };
-        if granted + head.units <= self.shape.quota {
+        // One held back by its scope's cap waits for its scope, not for the namespace.
+        if head.blocked_by_cap.is_none() && granted + head.units <= self.shape.quota {
             return Err(Violation::new(format!(
                 "{}: the first waiter ({}, {} units) fits ({granted} of {} granted), yet waits",
                 Model::namespace(ns),
@@ -712,7 +736,8 @@ mod tests {
     fn a_grant_told_held_and_missing_or_told_released_and_held_is_a_violation() {
         let shape = Shape::default();
         let mut model = Model::new(shape);
-        let call = Call::Allocate { ns: 0, token: 1, units: 2, ttl_ms: None, session: None, wait_ms: None };
+        let call =
+            Call::Allocate { ns: 0, token: 1, units: 2, ttl_ms: None, session: None, wait_ms: None, scope: None };
         let target = model.target(3, call).unwrap();
         let overlap = model.sent(call, &target, 0);
         model.ended(call, &target);
@@ -740,13 +765,15 @@ mod tests {
         let over = serde_json::json!({ "grants": [grant("a", 2, 1), grant("b", 2, 2)] }).to_string();
         assert!(model.grants_hold(0, over.as_bytes(), 0).unwrap_err().0.contains("over its quota"));
 
-        let first = Call::Allocate { ns: 0, token: 0, units: 1, ttl_ms: None, session: None, wait_ms: None };
+        let first =
+            Call::Allocate { ns: 0, token: 0, units: 1, ttl_ms: None, session: None, wait_ms: None, scope: None };
         let target = model.target(0, first).unwrap();
         let overlap = model.sent(first, &target, 0);
         model.ended(first, &target);
         let answer = serde_json::json!({ "status": "Granted", "grant": grant("c0-t0", 1, 7), "existing": false });
         model.learn(0, first, &target, (0, 0), overlap, StatusCode::OK, answer.to_string().as_bytes()).unwrap();
-        let second = Call::Allocate { ns: 0, token: 1, units: 1, ttl_ms: None, session: None, wait_ms: None };
+        let second =
+            Call::Allocate { ns: 0, token: 1, units: 1, ttl_ms: None, session: None, wait_ms: None, scope: None };
         let target = model.target(0, second).unwrap();
         let overlap = model.sent(second, &target, 1);
         model.ended(second, &target);

@@ -39,7 +39,17 @@ pub enum Call {
     /// `PUT /v1/namespaces/{ns}/grants/{token}`, with a lease of `ttl_ms` if given, or in the
     /// client's session number `session` (modulo those it knows of; none if it knows none),
     /// waiting up to `wait_ms` for room if given.
-    Allocate { ns: u8, token: u8, units: u8, ttl_ms: Option<u32>, session: Option<u8>, wait_ms: Option<u32> },
+    /// With `scope`, the grant is held by project `p{scope / 2}`'s namespace `n{scope % 2}`,
+    /// under the caps [`PROJECT_CAP`] and [`SCOPE_CAP`].
+    Allocate {
+        ns: u8,
+        token: u8,
+        units: u8,
+        ttl_ms: Option<u32>,
+        session: Option<u8>,
+        wait_ms: Option<u32>,
+        scope: Option<u8>,
+    },
     /// `DELETE /v1/namespaces/{ns}/grants/{token}`.
     Release { ns: u8, token: u8 },
     /// `POST /v1/namespaces/{ns}/grants/{token}/keepalive`.
@@ -66,6 +76,10 @@ pub enum Call {
     /// (modulo those it submitted) and its task number `task`.
     Report { app: u8, task: u8, report: Report },
 }
+
+/// The cap every scoped allocate names for its project, and for its project's namespace.
+pub const PROJECT_CAP: u64 = 5;
+pub const SCOPE_CAP: u64 = 3;
 
 /// The applications each client submits at most: submitting one again is idempotent.
 pub const APPS_PER_CLIENT: u8 = 2;
@@ -187,6 +201,7 @@ fn call(rng: &mut StdRng, shape: Shape) -> Call {
                 ttl_ms: (session.is_none() && rng.gen_bool(0.5)).then(|| rng.gen_range(500..20_000)),
                 session,
                 wait_ms: rng.gen_bool(0.3).then(|| rng.gen_range(0..5_000)),
+                scope: rng.gen_bool(0.4).then(|| rng.gen_range(0..4)),
             }
         }
         6..=8 => Call::Release { ns, token },
