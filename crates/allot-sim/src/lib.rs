@@ -5,7 +5,7 @@
 //! A failing seed is shrunk to the shortest plan that still fails, and printed with its history.
 //!
 //! `cargo test -p allot-sim` runs 1,000 seeds; `allot-sim --seeds N` (or `--minutes M`) runs more.
-//! `crates/allot-sim/tests/it/regressions.rs` keeps every seed that found a bug.
+//! `crates/allot-sim/tests/it/regressions.rs` keeps every plan that found a bug, as shrunk.
 
 pub mod apps;
 pub mod check;
