@@ -59,3 +59,28 @@ fn calls_that_ran_side_by_side_leave_the_outcome_in_doubt() {
         ],
     );
 }
+
+/// At the disk level, a keepalive was answered "not granted" from a grant the sweeper had just
+/// ended, before that expiry was durable; a power loss then undid the expiry, and the grant its
+/// client was told is gone was back. A refusal is now answered only once what it saw is durable
+/// (`State::barrier`). Found by the second long run (seed 15582); its plan, shrunk.
+#[test]
+fn a_refusal_is_answered_once_what_it_saw_is_durable() {
+    holds(
+        15_582,
+        &[
+            Step::Send { client: 0, call: allocate(1, 0, 2, Some(11_247), None) },
+            Step::Poll { pick: 27_334 },
+            Step::Advance { ms: 5_000 },
+            Step::Work(Work::Sync),
+            Step::Advance { ms: 1_000 },
+            Step::Advance { ms: 5_000 },
+            Step::Poll { pick: 19_060 },
+            Step::Send { client: 0, call: Call::Keepalive { ns: 1, token: 0 } },
+            Step::Advance { ms: 1_000 },
+            Step::Work(Work::Sweep),
+            Step::Poll { pick: 60_755 },
+            Step::Crash { power: true, torn: 783 },
+        ],
+    );
+}

@@ -52,12 +52,20 @@ impl EmbeddedStore {
         let (value, rx) = {
             let mut state = self.lock();
             state.usable(&self.shared)?;
-            let (value, op) = change(&mut state.access)?;
-            state.access.version += 1;
-            (value, state.submit_ops(&self.shared, vec![op]))
+            match change(&mut state.access) {
+                Ok((value, op)) => {
+                    state.access.version += 1;
+                    (Ok(value), state.submit_ops(&self.shared, vec![op]))
+                }
+                // A refusal (a name taken) is answered once what it saw is durable.
+                Err(err) => {
+                    let now = self.shared.clock.now();
+                    (Err(err), state.barrier(&self.shared, now))
+                }
+            }
         };
         durable(rx).await?;
-        Ok(value)
+        value
     }
 }
 

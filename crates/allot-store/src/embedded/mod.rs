@@ -348,6 +348,14 @@ impl State {
         }
     }
 
+    /// Answers once everything logged so far is durable: a refusal may rest on changes that are
+    /// not yet (a lease the sweeper just ended, a grant in the way), and is answered only once
+    /// they are, as a change would be (found by the simulator: a keepalive told "not granted"
+    /// of a grant whose expiry a power loss then undid).
+    fn barrier(&mut self, shared: &Shared, now: Millis) -> Commit {
+        self.submit_all(shared, Effects::default(), Vec::new(), Vec::new(), now)
+    }
+
     /// Logs `effects`; the receiver answers once they are durable.
     fn submit(&mut self, shared: &Shared, effects: Effects, now: Millis) -> Commit {
         self.submit_all(shared, effects, Vec::new(), Vec::new(), now)
@@ -781,10 +789,15 @@ impl EmbeddedStore {
             let mut state = self.lock();
             state.usable(&self.shared)?;
             let now = self.shared.clock.now();
-            let (value, effects, pool_changes) = op(&mut state, now)?;
-            (value, state.submit_all(&self.shared, effects, pool_changes, Vec::new(), now))
+            match op(&mut state, now) {
+                Ok((value, effects, pool_changes)) => {
+                    (Ok(value), state.submit_all(&self.shared, effects, pool_changes, Vec::new(), now))
+                }
+                Err(err) => (Err(err), state.barrier(&self.shared, now)),
+            }
         };
         durable(rx).await?;
+        let value = value?;
         if self.shared.sched_waiting.load(Ordering::Relaxed) {
             self.shared.wake_scheduler.notify_one();
         }
@@ -803,11 +816,16 @@ impl EmbeddedStore {
             let now = self.shared.clock.now();
             let state = &mut *state;
             let world = World { pools: &mut state.pools, ledger: &mut state.ledger };
-            let (value, outcome) = op(&mut state.sched, world, now)?;
-            state.check_outcome(&outcome)?;
-            (value, state.submit_outcome(&self.shared, outcome, now))
+            match op(&mut state.sched, world, now) {
+                Ok((value, outcome)) => {
+                    state.check_outcome(&outcome)?;
+                    (Ok(value), state.submit_outcome(&self.shared, outcome, now))
+                }
+                Err(err) => (Err(err), state.barrier(&self.shared, now)),
+            }
         };
         durable(rx).await?;
+        let value = value?;
         self.shared.wake_scheduler.notify_one();
         Ok(value)
     }

@@ -110,8 +110,11 @@ impl QuotaStore for EmbeddedStore {
                 existing: bool,
                 at: Millis,
             },
-            /// A refusal changed nothing and waits for nothing.
-            Answer(Allocation),
+            /// A refusal changed nothing; it is answered once what it saw is durable.
+            Refuse {
+                rx: oneshot::Receiver<Result<(), StoreError>>,
+                answer: Result<Allocation, StoreError>,
+            },
             Wait {
                 waiter: WaiterId,
                 answer: oneshot::Receiver<WaiterAnswer>,
@@ -121,28 +124,35 @@ impl QuotaStore for EmbeddedStore {
             let mut state = self.lock();
             state.usable(&self.shared)?;
             let now = self.shared.clock.now();
-            let (decision, effects) = state.ledger.allocate(request, now, !wait.is_zero())?;
-            match decision {
-                Decision::Granted { grant, existing } => {
-                    let info = grant_info(&state.ledger, grant, now);
-                    Then::Commit { rx: state.submit(&self.shared, effects, now), info, existing, at: now }
-                }
-                Decision::Refused { refusal, place } => Then::Answer(Allocation::Refused { refusal, place }),
-                Decision::Queued { waiter, replaced, .. } => {
-                    let (tx, answer) = oneshot::channel();
-                    let token = request_token.clone();
-                    state.waiters.insert(waiter, Waiting { tx, namespace: namespace.clone(), token: token.clone() });
-                    match replaced {
-                        // Dropping the old sender tells the older call it was taken over; the
-                        // waiter goes on under the same token.
-                        Some(old) => drop(state.waiters.remove(&old)),
-                        None => {
-                            state.drafts.push(feed::waiter(EventKind::WaiterQueued, &namespace, &token, None));
-                            state.flush_drafts(&self.shared);
-                        }
+            match state.ledger.allocate(request, now, !wait.is_zero()) {
+                Err(err) => Then::Refuse { rx: state.barrier(&self.shared, now), answer: Err(err.into()) },
+                Ok((decision, effects)) => match decision {
+                    Decision::Granted { grant, existing } => {
+                        let info = grant_info(&state.ledger, grant, now);
+                        Then::Commit { rx: state.submit(&self.shared, effects, now), info, existing, at: now }
                     }
-                    Then::Wait { waiter, answer }
-                }
+                    Decision::Refused { refusal, place } => {
+                        let answer = Ok(Allocation::Refused { refusal, place });
+                        Then::Refuse { rx: state.barrier(&self.shared, now), answer }
+                    }
+                    Decision::Queued { waiter, replaced, .. } => {
+                        let (tx, answer) = oneshot::channel();
+                        let token = request_token.clone();
+                        state
+                            .waiters
+                            .insert(waiter, Waiting { tx, namespace: namespace.clone(), token: token.clone() });
+                        match replaced {
+                            // Dropping the old sender tells the older call it was taken over; the
+                            // waiter goes on under the same token.
+                            Some(old) => drop(state.waiters.remove(&old)),
+                            None => {
+                                state.drafts.push(feed::waiter(EventKind::WaiterQueued, &namespace, &token, None));
+                                state.flush_drafts(&self.shared);
+                            }
+                        }
+                        Then::Wait { waiter, answer }
+                    }
+                },
             }
         };
         match then {
@@ -153,7 +163,10 @@ impl QuotaStore for EmbeddedStore {
                 info.expires_in_ms = info.expires_in_ms.map(|left| left.saturating_sub(waited));
                 Ok(Allocation::Granted { grant: info, existing })
             }
-            Then::Answer(allocation) => Ok(allocation),
+            Then::Refuse { rx, answer } => {
+                durable(rx).await?;
+                answer
+            }
             Then::Wait { waiter, answer } => self.wait_for(namespace, waiter, answer, wait).await,
         }
     }
