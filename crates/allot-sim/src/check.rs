@@ -48,7 +48,7 @@ enum Known {
 
 /// One grant's or alloc's knowledge, and the calls on it still running that may make it
 /// (`makers`: allocates) or end it (`enders`: releases, frees).
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone)]
 struct Thing {
     known: Known,
     makers: u32,
@@ -61,12 +61,24 @@ struct Thing {
     fencing_floor: u64,
     /// A grant's session (its index in [`Model::sessions`]), as its last allocate asked.
     session: Option<usize>,
+    /// An alloc's keepalives: the earliest its lease may end by each (its send time plus the
+    /// interval asked), and when it ended at the daemon (`None`: it may not have run yet).
+    keeps: Vec<(u64, Option<u64>)>,
 }
 
 impl Default for Thing {
     fn default() -> Thing {
         let (makers_sent, enders_sent) = (0, 0);
-        Thing { known: Known::Gone, makers: 0, enders: 0, makers_sent, enders_sent, fencing_floor: 0, session: None }
+        Thing {
+            known: Known::Gone,
+            makers: 0,
+            enders: 0,
+            makers_sent,
+            enders_sent,
+            fencing_floor: 0,
+            session: None,
+            keeps: Vec::new(),
+        }
     }
 }
 
@@ -84,6 +96,8 @@ pub struct Overlap {
     session_closes_sent: u64,
     /// What the client knew when it sent the call.
     known: Option<Known>,
+    /// An alloc's keepalive: its place in [`Thing::keeps`].
+    keep: Option<usize>,
 }
 
 /// What a call acts on, resolved when it is sent.
@@ -308,10 +322,12 @@ impl Model {
             // An alloc's keepalive sets its lease to the interval asked for, which may end it
             // sooner than the lease it has.
             Call::KeepAlloc { interval_ms, .. } => {
+                let earliest = now + u64::from(interval_ms);
                 if let Known::Held { alive_until: Some(until), size, fencing } = thing.known {
-                    let alive_until = Some(until.min(now + u64::from(interval_ms)));
-                    thing.known = Known::Held { size, fencing, alive_until };
+                    thing.known = Known::Held { size, fencing, alive_until: Some(until.min(earliest)) };
                 }
+                thing.keeps.push((earliest, None));
+                overlap.keep = Some(thing.keeps.len() - 1);
             }
             Call::Keepalive { .. } | Call::Accept { .. } | Call::OpenSession { .. } | Call::KeepSession { .. } => {}
             Call::Submit { .. } | Call::Report { .. } => {}
@@ -342,8 +358,11 @@ impl Model {
     }
 
     /// The call ended at the daemon (answered, or dropped with its connection).
-    pub fn ended(&mut self, call: Call, target: &Target) {
+    pub fn ended(&mut self, call: Call, target: &Target, overlap: &Overlap, now: u64) {
         let Some(thing) = self.thing(target) else { return };
+        if let Some(keep) = overlap.keep.and_then(|keep| thing.keeps.get_mut(keep)) {
+            keep.1 = Some(now);
+        }
         match call {
             Call::Allocate { .. } => thing.makers -= 1,
             Call::Release { .. } | Call::Free { .. } | Call::CloseSession { .. } => thing.enders -= 1,
@@ -528,6 +547,18 @@ impl Model {
             Known::Held { .. } => enders_beside || session_closed,
             Known::Gone => makers_beside,
             Known::InDoubt => false,
+        };
+        // Another keepalive of an alloc that ran beside this call may have been decided after it,
+        // with a shorter interval.
+        let known = match known {
+            Known::Held { size, fencing, alive_until: Some(until) } => {
+                let beside = thing.keeps.iter().enumerate().filter(|(index, (_, ended))| {
+                    Some(*index) != overlap.keep && ended.is_none_or(|ended| ended >= sent_at)
+                });
+                let until = beside.map(|(_, (earliest, _))| *earliest).fold(until, u64::min);
+                Known::Held { size, fencing, alive_until: Some(until) }
+            }
+            known => known,
         };
         thing.known = if undone { Known::InDoubt } else { known };
         Ok(())
@@ -740,7 +771,7 @@ mod tests {
             Call::Allocate { ns: 0, token: 1, units: 2, ttl_ms: None, session: None, wait_ms: None, scope: None };
         let target = model.target(3, call).unwrap();
         let overlap = model.sent(call, &target, 0);
-        model.ended(call, &target);
+        model.ended(call, &target, &overlap, 0);
         let answer = serde_json::json!({ "status": "Granted", "grant": grant("c3-t1", 2, 5), "existing": false });
         model.learn(3, call, &target, (0, 0), overlap, StatusCode::OK, answer.to_string().as_bytes()).unwrap();
         let empty = serde_json::json!({ "grants": [] }).to_string();
@@ -751,7 +782,7 @@ mod tests {
 
         let release = Call::Release { ns: 0, token: 1 };
         let overlap = model.sent(release, &target, 20);
-        model.ended(release, &target);
+        model.ended(release, &target, &overlap, 20);
         let released = serde_json::json!({ "released": true }).to_string();
         model.learn(3, release, &target, (20, 20), overlap, StatusCode::OK, released.as_bytes()).unwrap();
         assert!(model.grants_hold(0, empty.as_bytes(), 30).is_ok());
@@ -769,14 +800,14 @@ mod tests {
             Call::Allocate { ns: 0, token: 0, units: 1, ttl_ms: None, session: None, wait_ms: None, scope: None };
         let target = model.target(0, first).unwrap();
         let overlap = model.sent(first, &target, 0);
-        model.ended(first, &target);
+        model.ended(first, &target, &overlap, 0);
         let answer = serde_json::json!({ "status": "Granted", "grant": grant("c0-t0", 1, 7), "existing": false });
         model.learn(0, first, &target, (0, 0), overlap, StatusCode::OK, answer.to_string().as_bytes()).unwrap();
         let second =
             Call::Allocate { ns: 0, token: 1, units: 1, ttl_ms: None, session: None, wait_ms: None, scope: None };
         let target = model.target(0, second).unwrap();
         let overlap = model.sent(second, &target, 1);
-        model.ended(second, &target);
+        model.ended(second, &target, &overlap, 1);
         let stale = serde_json::json!({ "status": "Granted", "grant": grant("c0-t1", 1, 7), "existing": false });
         let err =
             model.learn(0, second, &target, (1, 1), overlap, StatusCode::OK, stale.to_string().as_bytes()).unwrap_err();

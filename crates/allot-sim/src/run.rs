@@ -308,7 +308,7 @@ impl Sim {
                 self.model.lost(call.call, &call.target);
                 if abandon {
                     let call = self.calls.remove(index);
-                    self.model.ended(call.call, &call.target);
+                    self.model.ended(call.call, &call.target, &call.overlap, self.clock.now());
                     return Ok("abandoned".into());
                 }
                 "lost".into()
@@ -330,7 +330,7 @@ impl Sim {
             Step::Crash { power, torn } => {
                 for call in std::mem::take(&mut self.calls) {
                     self.model.lost(call.call, &call.target);
-                    self.model.ended(call.call, &call.target);
+                    self.model.ended(call.call, &call.target, &call.overlap, self.clock.now());
                 }
                 // Killed: nothing the dying process does (its destructors) reaches the disk.
                 self.disk.kill();
@@ -364,7 +364,7 @@ impl Sim {
     fn answered(&mut self, index: usize, (status, body): Answer) -> Result<String, Violation> {
         let call = self.calls.remove(index);
         let text = String::from_utf8_lossy(&body).into_owned();
-        self.model.ended(call.call, &call.target);
+        self.model.ended(call.call, &call.target, &call.overlap, self.clock.now());
         if call.lost {
             return Ok(format!("{} (lost) {text}", status.as_u16()));
         }
@@ -498,7 +498,7 @@ impl Sim {
         let sent_at = self.clock.now();
         let overlap = self.model.sent(call, &target, sent_at);
         let (status, body) = self.ask(method, path, body).await;
-        self.model.ended(call, &target);
+        self.model.ended(call, &target, &overlap, self.clock.now());
         self.model.learn(client, call, &target, (sent_at, self.clock.now()), overlap, status, &body)?;
         let text = String::from_utf8_lossy(&body);
         self.record(format!("end: {call:?}: {} {text}", status.as_u16()));

@@ -84,3 +84,40 @@ fn a_refusal_is_answered_once_what_it_saw_is_durable() {
         ],
     );
 }
+
+/// The checker's: an alloc's keepalive whose answer was lost was decided after a later one, with
+/// a shorter interval, and the alloc lapsed before the lease its client was told of. Any
+/// keepalive of the alloc that ran beside a call now bounds the lease the call's answer gives.
+/// Found by a run of 300 steps (seed 203265); its plan, shrunk.
+#[test]
+fn a_keepalive_decided_later_may_shorten_an_allocs_lease() {
+    holds(
+        203_265,
+        &[
+            Step::Send { client: 1, call: Call::Accept { pool: 0, min: 3, max: 5 } },
+            Step::Poll { pick: 49_355 },
+            Step::Send { client: 1, call: Call::KeepAlloc { alloc: 52, interval_ms: 5_939 } },
+            Step::Send {
+                client: 0,
+                call: Call::Allocate {
+                    ns: 0,
+                    token: 2,
+                    units: 1,
+                    ttl_ms: None,
+                    session: Some(44),
+                    wait_ms: Some(3_481),
+                    scope: Some(1),
+                },
+            },
+            Step::Cut { pick: 10_992, abandon: false },
+            Step::Poll { pick: 54_115 },
+            Step::Send { client: 1, call: Call::KeepAlloc { alloc: 70, interval_ms: 13_300 } },
+            Step::Poll { pick: 29_593 },
+            Step::Poll { pick: 1_960 },
+            Step::Advance { ms: 5_000 },
+            Step::Advance { ms: 1_000 },
+            Step::Advance { ms: 5_000 },
+            Step::Work(Work::Sweep),
+        ],
+    );
+}
