@@ -221,7 +221,7 @@ impl Sim {
     }
 
     /// A call the simulation makes for itself (setting up, observing), answered at once or never.
-    async fn ask(&mut self, method: Method, path: String, body: Option<serde_json::Value>) -> Answer {
+    fn ask(&mut self, method: Method, path: String, body: Option<serde_json::Value>) -> Answer {
         let mut answer = self.send(method, path, body);
         match poll_once(&mut answer) {
             Poll::Ready(answer) => answer,
@@ -242,16 +242,15 @@ impl Sim {
         }
         for ns in 0..self.shape.namespaces {
             let body = serde_json::json!({ "quota": self.shape.quota });
-            let (status, _) =
-                self.ask(Method::PUT, format!("/v1/namespaces/{}", Model::namespace(ns)), Some(body)).await;
+            let (status, _) = self.ask(Method::PUT, format!("/v1/namespaces/{}", Model::namespace(ns)), Some(body));
             assert!(status.is_success(), "the namespaces are made ({status})");
         }
         for pool in 0..self.shape.pools {
             let body = serde_json::json!({ "capacity": format!("cpu={}", self.shape.cpus) });
-            let (status, _) = self.ask(Method::PUT, format!("/v1/pools/{}", Model::pool(pool)), Some(body)).await;
+            let (status, _) = self.ask(Method::PUT, format!("/v1/pools/{}", Model::pool(pool)), Some(body));
             assert!(status.is_success(), "the pools are made ({status})");
         }
-        let (status, _) = self.ask(Method::PUT, "/v1/queues/root.sim".to_owned(), Some(serde_json::json!({}))).await;
+        let (status, _) = self.ask(Method::PUT, "/v1/queues/root.sim".to_owned(), Some(serde_json::json!({})));
         assert!(status.is_success(), "the queue is made ({status})");
         for (index, step) in steps.iter().enumerate() {
             let line = match self.step(*step).await {
@@ -259,7 +258,7 @@ impl Sim {
                 Err(violation) => return Some(Failure { step: index, violation }),
             };
             self.record(format!("{index} {step:?}: {line}"));
-            if let Err(violation) = self.check().await {
+            if let Err(violation) = self.check() {
                 return Some(Failure { step: index, violation });
             }
         }
@@ -270,7 +269,7 @@ impl Sim {
         if let Err(violation) = self.end_apps().await {
             return Some(Failure { step: end, violation });
         }
-        self.check().await.err().map(|violation| Failure { step: end, violation })
+        self.check().err().map(|violation| Failure { step: end, violation })
     }
 
     async fn step(&mut self, step: Step) -> Result<String, Violation> {
@@ -433,26 +432,26 @@ impl Sim {
     }
 
     /// Checks what the daemon holds against what its clients were told.
-    async fn check(&mut self) -> Result<(), Violation> {
+    fn check(&mut self) -> Result<(), Violation> {
         self.watch()?;
         let revision = self.daemon().store.revision();
         self.model.revision(revision)?;
         for ns in 0..self.shape.namespaces {
             let name = Model::namespace(ns);
-            let Some(body) = self.list(format!("/v1/namespaces/{name}/grants?limit=1000")).await? else { continue };
+            let Some(body) = self.list(format!("/v1/namespaces/{name}/grants?limit=1000"))? else { continue };
             self.model.grants_hold(ns, &body, self.clock.now())?;
-            let (status, waiters) = self.ask(Method::GET, format!("/v1/namespaces/{name}/waiters?limit=1"), None).await;
+            let (status, waiters) = self.ask(Method::GET, format!("/v1/namespaces/{name}/waiters?limit=1"), None);
             if status == StatusCode::OK {
                 self.model.head_waits_rightly(ns, &body, &waiters)?;
             }
         }
-        if let Some(body) = self.list("/v1/sessions?limit=1000".to_owned()).await? {
+        if let Some(body) = self.list("/v1/sessions?limit=1000".to_owned())? {
             self.model.sessions_hold(&body, self.clock.now())?;
         }
         let mut live = Some(BTreeSet::new());
         for pool in 0..self.shape.pools {
             let name = Model::pool(pool);
-            let Some(body) = self.list(format!("/v1/pools/{name}/allocs?limit=1000")).await? else {
+            let Some(body) = self.list(format!("/v1/pools/{name}/allocs?limit=1000"))? else {
                 live = None;
                 continue;
             };
@@ -461,7 +460,7 @@ impl Sim {
                 live.extend(list.allocs.into_iter().filter(|alloc| alloc.ended.is_none()).map(|alloc| alloc.uri));
             }
         }
-        match self.apps().await {
+        match self.apps() {
             Some(apps) => apps::placed_rightly(&apps, live.as_ref()),
             None => Ok(()),
         }
@@ -469,8 +468,8 @@ impl Sim {
 
     /// A listing's body; `None` while the store rebuilds after a failed write (nothing to read
     /// until it has); any other answer than 200 breaks the rule that a read of what exists works.
-    async fn list(&mut self, path: String) -> Result<Option<Bytes>, Violation> {
-        let (status, body) = self.ask(Method::GET, path.clone(), None).await;
+    fn list(&mut self, path: String) -> Result<Option<Bytes>, Violation> {
+        let (status, body) = self.ask(Method::GET, path.clone(), None);
         match status {
             StatusCode::OK => Ok(Some(body)),
             StatusCode::SERVICE_UNAVAILABLE => Ok(None),
@@ -479,12 +478,12 @@ impl Sim {
     }
 
     /// Every application and its tasks, or `None` while the store cannot be read.
-    async fn apps(&mut self) -> Option<Vec<(App, Vec<Task>)>> {
-        let (status, body) = self.ask(Method::GET, "/v1/apps?limit=1000".to_owned(), None).await;
+    fn apps(&mut self) -> Option<Vec<(App, Vec<Task>)>> {
+        let (status, body) = self.ask(Method::GET, "/v1/apps?limit=1000".to_owned(), None);
         let list: AppList = serde_json::from_slice(&body).ok().filter(|_| status == StatusCode::OK)?;
         let mut apps = Vec::new();
         for app in list.apps {
-            let (status, body) = self.ask(Method::GET, format!("/v1/apps/{}/tasks?limit=1000", app.id), None).await;
+            let (status, body) = self.ask(Method::GET, format!("/v1/apps/{}/tasks?limit=1000", app.id), None);
             let tasks: TaskList = serde_json::from_slice(&body).ok().filter(|_| status == StatusCode::OK)?;
             apps.push((app, tasks.tasks));
         }
@@ -492,12 +491,12 @@ impl Sim {
     }
 
     /// A call made now and waited for (syncing as the disk level needs), its answer learned.
-    async fn call_now(&mut self, client: u8, call: Call) -> Result<(), Violation> {
+    fn call_now(&mut self, client: u8, call: Call) -> Result<(), Violation> {
         let Some(target) = self.model.target(client, call) else { return Ok(()) };
         let (method, path, body) = self.model.request(call, &target);
         let sent_at = self.clock.now();
         let overlap = self.model.sent(call, &target, sent_at);
-        let (status, body) = self.ask(method, path, body).await;
+        let (status, body) = self.ask(method, path, body);
         self.model.ended(call, &target, &overlap, self.clock.now());
         self.model.learn(client, call, &target, (sent_at, self.clock.now()), overlap, status, &body)?;
         let text = String::from_utf8_lossy(&body);
@@ -510,12 +509,12 @@ impl Sim {
     /// application has ended (as every application must, once its tasks do).
     async fn end_apps(&mut self) -> Result<(), Violation> {
         for (client, call) in self.model.everything_held() {
-            self.call_now(client, call).await?;
+            self.call_now(client, call)?;
         }
         for _ in 0..120 {
             self.work(Work::Schedule);
             self.work(Work::Sync);
-            let Some(apps) = self.apps().await else {
+            let Some(apps) = self.apps() else {
                 return Err(Violation::new("the store cannot be read after the plan"));
             };
             let live: Vec<_> = apps.into_iter().filter(|(app, _)| !apps::ended(&app.state)).collect();
@@ -530,7 +529,7 @@ impl Sim {
                         _ => continue,
                     };
                     let path = format!("/v1/apps/{}/tasks/{}/{report}", app.id, task.id);
-                    let (status, body) = self.ask(Method::POST, path, None).await;
+                    let (status, body) = self.ask(Method::POST, path, None);
                     let text = String::from_utf8_lossy(&body);
                     self.record(format!("end: {report} {}/{}: {} {text}", app.id, task.id, status.as_u16()));
                 }
@@ -541,7 +540,7 @@ impl Sim {
             self.clock.advance(1_000);
             tokio::time::advance(Duration::from_millis(1_000)).await;
         }
-        let apps = self.apps().await.unwrap_or_default();
+        let apps = self.apps().unwrap_or_default();
         let live: Vec<String> = apps
             .iter()
             .filter(|(app, _)| !apps::ended(&app.state))

@@ -3,12 +3,14 @@
 
 use allot_sim::{check_seed, plan, run, Shape};
 
-/// The suite's runs: 150 steps each (`allot-sim` runs 300 by default).
-const SUITE: Shape = Shape { steps: 150, clients: 6, namespaces: 2, quota: 8, tokens: 3, pools: 2, cpus: 8 };
+/// The suite's runs: 150 steps each (`allot-sim` runs 300 by default), of the default shape.
+fn suite() -> Shape {
+    Shape { steps: 150, ..Shape::default() }
+}
 
 fn seeds(first: u64) {
     for seed in first..first + 100 {
-        if let Err(failure) = check_seed(seed, SUITE) {
+        if let Err(failure) = check_seed(seed, suite()) {
             panic!("{failure}");
         }
     }

@@ -138,6 +138,15 @@ pub enum Step {
 /// Opens the database again, after a failed checkpoint left it unusable.
 type Opener = Box<dyn Fn() -> Result<Database, OpenError> + Send + Sync>;
 
+/// Opens the database on a storage backend `make_backend` makes (each time it is called).
+fn backend_opener<B: StorageBackend>(make_backend: impl Fn() -> B + Send + Sync + 'static) -> Opener {
+    Box::new(move || {
+        redb::Builder::new()
+            .create_with_backend(make_backend())
+            .map_err(|err| OpenError::Database { path: PathBuf::from("<backend>"), reason: redb_error(err) })
+    })
+}
+
 /// Everything the embedded store holds, in memory, logged and checkpointed on disk.
 pub struct EmbeddedStore {
     shared: Arc<Shared>,
@@ -516,12 +525,12 @@ impl State {
                 // `allot-sim` seed 304, a watcher was sent them twice).
                 let waiting = std::mem::take(&mut *lock_plain(&shared.syncs));
                 recover(shared, self);
-                let rebuilt = self.broken.is_none();
                 let unknown = StoreError::OutcomeUnknown(reason.clone());
                 for pending in waiting {
-                    match rebuilt {
-                        true => pending.answer.deliver_published(shared),
-                        false => pending.answer.fail(&unknown),
+                    if self.broken.is_none() {
+                        pending.answer.deliver_published(shared);
+                    } else {
+                        pending.answer.fail(&unknown);
                     }
                 }
                 Err(if cut { StoreError::Unavailable(reason) } else { StoreError::OutcomeUnknown(reason) })
@@ -593,11 +602,7 @@ impl EmbeddedStore {
         durability: Durability,
         time: Arc<dyn TimeSource>,
     ) -> Result<EmbeddedStore, OpenError> {
-        let opener: Opener = Box::new(move || {
-            redb::Builder::new()
-                .create_with_backend(make_backend())
-                .map_err(|err| OpenError::Database { path: PathBuf::from("<backend>"), reason: redb_error(err) })
-        });
+        let opener = backend_opener(make_backend);
         let config = EmbeddedConfig { durability, time, ..EmbeddedConfig::new(PathBuf::new()) };
         EmbeddedStore::open_with(opener, files, events_dir, &config, Background::Spawned)
     }
@@ -613,11 +618,7 @@ impl EmbeddedStore {
         files: Box<dyn LogFiles>,
         config: &EmbeddedConfig,
     ) -> Result<EmbeddedStore, OpenError> {
-        let opener: Opener = Box::new(move || {
-            redb::Builder::new()
-                .create_with_backend(make_backend())
-                .map_err(|err| OpenError::Database { path: PathBuf::from("<backend>"), reason: redb_error(err) })
-        });
+        let opener = backend_opener(make_backend);
         let events = config.data_dir.join(EVENTS_DIR);
         EmbeddedStore::open_with(opener, files, events, config, Background::Stepped)
     }
