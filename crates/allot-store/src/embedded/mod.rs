@@ -14,7 +14,8 @@
 //!    handed to the syncer thread, which makes everything appended so far durable with one direct
 //!    synchronous write (group commit), then answers every operation it covered and hands woken
 //!    waiters their grants. While more than one operation waits, syncs start at most every
-//!    [`SYNC_SPACING`].
+//!    [`SYNC_SPACING`]. An operation that changed nothing, or was refused, waits the same way
+//!    for what it saw (`State::barrier`).
 //! 3. The checkpointer thread seals the log's segment every [`CHECKPOINT_INTERVAL`], writes the
 //!    sealed records into the database in one durable transaction and deletes them. At open, the
 //!    log is replayed into the database the same way before anything is loaded.
@@ -31,6 +32,9 @@
 //! The change feed's events ride in the log record of their change, so they are durable with it;
 //! a checkpoint keeps them in the events' own files (`archive`), from which a reopened store
 //! restores what its feed kept.
+//!
+//! Opened stepped (`open_stepped`, for the simulator), nothing runs in the background: the caller
+//! runs each sync, checkpoint, sweep and scheduling cycle (`step`).
 //!
 //! Modules: one per part (`quotas`, `pools`, `apps`, `runs`); `config` (opening options and
 //! errors), `open` (loading and replay), `wal` (the log), `ops` (writes as data), `feed` (the
