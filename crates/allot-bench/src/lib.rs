@@ -39,6 +39,7 @@
 //!   binary.
 
 mod apps;
+mod backlog;
 mod baseline;
 mod children;
 mod closed;
@@ -116,6 +117,10 @@ enum BenchCommand {
     /// checks all or nothing at every poll.
     #[command(after_help = BENCH_AFTER_HELP)]
     Gangs(GangsBenchArgs),
+    /// Many applications waiting at once: a scheduling cycle with 100,000 tasks pending (in
+    /// process), and a daemon with 10,000 applications of 100 tasks killed and started again.
+    #[command(after_help = BENCH_AFTER_HELP)]
+    Backlog(BacklogBenchArgs),
 }
 
 /// Options shared by every command: how to show progress and results.
@@ -481,6 +486,33 @@ struct LeasesBenchArgs {
 }
 
 #[derive(Debug, Clone, clap::Args)]
+struct BacklogBenchArgs {
+    /// Tasks pending in the in-process cycles.
+    #[arg(long, default_value_t = 100_000)]
+    pending: usize,
+    /// Applications the daemon holds when it is killed (0: no daemon run).
+    #[arg(long, default_value_t = 10_000)]
+    apps: usize,
+    /// Tasks in each application (in process and in the daemon).
+    #[arg(long, default_value_t = 100)]
+    tasks_per_app: usize,
+    /// Tasks the daemon's pools have room for; the rest stay pending.
+    #[arg(long, default_value_t = 1_000)]
+    room: usize,
+    /// Submissions in flight at once, each on its own connection.
+    #[arg(long, default_value_t = 8)]
+    in_flight: usize,
+    /// Exit with an error when a target is missed.
+    #[arg(long)]
+    check: bool,
+    /// Where to make the daemon's scratch directory (see `compare --tmp-dir`).
+    #[arg(long)]
+    tmp_dir: Option<std::path::PathBuf>,
+    #[command(flatten)]
+    output: OutputOpts,
+}
+
+#[derive(Debug, Clone, clap::Args)]
 struct GangsBenchArgs {
     /// How many applications, each with one task group.
     #[arg(long, default_value_t = 100)]
@@ -526,6 +558,7 @@ pub async fn run(args: BenchArgs) -> anyhow::Result<()> {
         BenchCommand::Apps(args) => apps::run(args).await,
         BenchCommand::Gangs(args) => gangs::run(args).await,
         BenchCommand::Leases(args) => leases::run(args).await,
+        BenchCommand::Backlog(args) => backlog::run(args).await,
     }
 }
 

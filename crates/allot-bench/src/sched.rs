@@ -426,7 +426,7 @@ fn setup(tasks: usize, pools: usize, capacity: &Resources) -> anyhow::Result<Set
 }
 
 /// A scheduler with no queue yet, `pools` pools `node-0`.. of `capacity`, no namespace.
-fn empty_world(pools: usize, capacity: &Resources) -> anyhow::Result<(Scheduler, Pools, Ledger)> {
+pub(super) fn empty_world(pools: usize, capacity: &Resources) -> anyhow::Result<(Scheduler, Pools, Ledger)> {
     let mut pool_state = Pools::new(LeaseRules::default());
     for i in 0..pools {
         pool_state.put_pool(&PoolName::new(&format!("node-{i}"))?, capacity.clone());
@@ -435,12 +435,12 @@ fn empty_world(pools: usize, capacity: &Resources) -> anyhow::Result<(Scheduler,
 }
 
 /// An application of user `bench` in `queue`, with no gang.
-fn app_spec(id: &AppId, queue: &str) -> anyhow::Result<AppSpec> {
+pub(super) fn app_spec(id: &AppId, queue: &str) -> anyhow::Result<AppSpec> {
     Ok(AppSpec::new(id.clone(), QueuePath::new(queue)?, "bench"))
 }
 
 /// A preemptable task of `resources`, of no type, at the default priority.
-fn task_spec(id: &str, resources: &Resources) -> anyhow::Result<TaskSpec> {
+pub(super) fn task_spec(id: &str, resources: &Resources) -> anyhow::Result<TaskSpec> {
     Ok(TaskSpec {
         preemptable: true,
         id: TaskId::new(id)?,
@@ -507,7 +507,7 @@ impl Timed {
 }
 
 /// The pool capacity that holds `n` tasks.
-fn capacity_for(n: usize) -> Resources {
+pub(super) fn capacity_for(n: usize) -> Resources {
     format!("cpu={n},mem={}", n * 10).parse().expect("a valid resources text")
 }
 

@@ -32,7 +32,10 @@ use std::sync::Arc;
 
 use foldhash::{HashMap, HashMapExt};
 
+mod alike;
 mod preempt;
+
+pub(crate) use alike::{Failed, FailedShapes, PendingShapesOf, Shape};
 
 use super::runners::{Runners, TaskTypes};
 use super::why::Why;
@@ -408,6 +411,7 @@ impl Scheduler {
         self.stats.cycles += 1;
         self.why_app.clear();
         self.why_task.clear();
+        self.failed_shapes.clear();
         // Kept for the applications this cycle finds still cannot fit.
         let never_fits_before = std::mem::take(&mut self.never_fits);
         let mut lanes = self.lanes();
@@ -623,18 +627,18 @@ impl Scheduler {
                 }
             };
         }
+        let typed = cycle.room.typed;
+        let mut after = cycle.cursors.get(app_id).cloned();
         loop {
-            let Some(pending) = self.pending.get(app_id) else { return false };
-            let next = match cycle.cursors.get(app_id) {
-                Some(after) => pending.range((Bound::Excluded(after), Bound::Unbounded)).next(),
-                None => pending.first(),
-            };
-            let Some(key) = next.cloned() else { return false };
+            if self.every_shape_failed(app_id, typed) {
+                return false;
+            }
+            let Some(key) = self.next_to_try(app_id, after.as_ref(), typed) else { return false };
             let task = key.2.clone();
-            cycle.cursors.insert(app_id.clone(), key);
+            after = Some(key);
             // A task that preempted takes the room held for it.
             let held = (app_id.clone(), task.clone());
-            let given = match self.holders.contains_key(&held) {
+            let given = match !self.holders.is_empty() && self.holders.contains_key(&held) {
                 true => {
                     let given = self.unhold(&held, &mut cycle.room, &mut cycle.held);
                     if given.is_none() {
@@ -650,8 +654,18 @@ impl Scheduler {
                 self.rehold(&held, given, placed.is_ok(), cycle);
             }
             match placed {
-                Ok(()) => return true,
+                Ok(()) => {
+                    if let Some(after) = after {
+                        cycle.cursors.insert(app_id.clone(), after);
+                    }
+                    return true;
+                }
                 Err(why) => {
+                    let tried = self.tasks.get(app_id).and_then(|t| t.get(&task));
+                    if let Some(shape) = tried.and_then(|t| Shape::of(t, self.type_ref(app_id, t, typed))) {
+                        let failed = Failed { shape, task: task.clone(), why: why.clone(), typed };
+                        self.failed_shapes.entry(app_id.clone()).or_default().push(failed);
+                    }
                     // A queue's limit holds the application back, not only this task: it says so;
                     // and so does a task that can never fit (which fails it after a grace) or
                     // that no daemon runs (stranded until one does).
@@ -777,6 +791,7 @@ impl Scheduler {
         if let Some(pending) = self.pending.get_mut(app_id) {
             pending.remove(&pending_key(task));
         }
+        self.pending_shapes.remove(app_id);
         let before = task.state;
         task.state = task_known(task.state, &[TaskEvent::Schedule, TaskEvent::Allocate], &mut cycle.out);
         task.placement = Some(placement);

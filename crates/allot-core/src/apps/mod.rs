@@ -441,6 +441,14 @@ pub struct Scheduler {
     next_seq: u64,
     why_app: HashMap<AppId, Why>,
     why_task: HashMap<(AppId, TaskId), Why>,
+    /// The shapes of each application that found no place in the last cycle: its other pending
+    /// tasks of those shapes were passed over (`cycle::alike`). Not recorded.
+    failed_shapes: cycle::FailedShapes,
+    /// The shapes of each application's pending tasks, worked out when a cycle needs them and
+    /// dropped whenever they may change (a pending task added, placed, ended or given held
+    /// room): with them a cycle passes over an application whose every shape failed without
+    /// looking at its tasks. Not recorded.
+    pending_shapes: cycle::PendingShapesOf,
     stats: SchedStats,
     /// Pools whose executors stopped: nothing is placed on them until they are back. Not
     /// recorded: whoever schedules learns it again from the executors' leases.
@@ -1225,6 +1233,7 @@ impl Scheduler {
             out.apps.push(AppChange::App(app.clone()));
         }
         self.pending.entry(app_id.clone()).or_default().insert(pending_key(&task));
+        self.pending_shapes.remove(app_id);
         self.keep_type(&task);
         self.tasks.entry(app_id.clone()).or_default().insert(task.spec.id.clone(), task.clone());
         self.count(app_id, None, Some(task.state));
@@ -1259,6 +1268,9 @@ impl Scheduler {
         }
         if let Some(why) = self.why_task.get(&(app_id.clone(), task_id.clone())) {
             return Some(why.clone());
+        }
+        if let Some(why) = self.why_like(app_id, task) {
+            return Some(why);
         }
         let app = self.apps.get(app_id)?;
         if app.awaits_gang() {
@@ -1422,6 +1434,7 @@ impl Scheduler {
             if let Some(pending) = self.pending.get_mut(app_id) {
                 pending.remove(&pending_key(&task));
             }
+            self.pending_shapes.remove(app_id);
         }
         self.why_task.remove(&(app_id.clone(), task_id.clone()));
         if matches!(before, TaskState::Allocated | TaskState::Running) {
@@ -1482,8 +1495,10 @@ impl Scheduler {
         self.tasks.remove(id);
         self.counts.remove(id);
         self.pending.remove(id);
+        self.pending_shapes.remove(id);
         self.why_app.remove(id);
         self.why_task.retain(|(app, _), _| app != id);
+        self.failed_shapes.remove(id);
         self.never_fits.remove(id);
         self.task_types.remove(id);
         out.apps.push(AppChange::AppRemoved { id: id.clone() });
@@ -1576,6 +1591,7 @@ impl Scheduler {
             release(placement, now, world, out);
         }
         self.pending.entry(app_id.clone()).or_default().insert(pending_key(&task));
+        self.pending_shapes.remove(app_id);
         out.apps.push(AppChange::Task(task));
         Ok(())
     }

@@ -532,6 +532,59 @@ fn selectors_pick_pools_by_label_and_priority_orders_a_queue() {
 }
 
 #[test]
+fn tasks_like_one_that_found_no_room_are_passed_over_and_say_why_as_it_does() {
+    let mut b = Bench::new();
+    b.pool("p", "cpu=4", &[]);
+    b.queue("root.q", QueueLimits::default());
+    b.submit(app_spec("fill", "root.q")).unwrap();
+    b.add("fill", task("f", "cpu=2")).unwrap();
+    b.cycle();
+    b.submit(app_spec("a", "root.q")).unwrap();
+    // Three alike that do not fit now, then three that do while room lasts: the cycle goes past
+    // the alike ones.
+    for id in ["big-1", "big-2", "big-3"] {
+        b.add("a", task(id, "cpu=3")).unwrap();
+    }
+    for id in ["small-1", "small-2", "small-3"] {
+        b.add("a", task(id, "cpu=1")).unwrap();
+    }
+    b.cycle();
+    assert_eq!(b.state("a", "small-1"), TaskState::Allocated);
+    assert_eq!(b.state("a", "small-2"), TaskState::Allocated);
+    assert_eq!(b.state("a", "small-3"), TaskState::Pending);
+    let first = b.sched.task_why(&aid("a"), &tid("big-1")).unwrap();
+    assert!(first.to_string().starts_with("no matching pool has cpu=3 free"), "{first}");
+    // Each task passed over waits for the same reason as the one tried.
+    for id in ["big-2", "big-3"] {
+        assert_eq!(b.sched.task_why(&aid("a"), &tid(id)), Some(first.clone()), "{id}");
+    }
+    let small = b.sched.task_why(&aid("a"), &tid("small-3")).unwrap();
+    assert!(small.to_string().starts_with("no matching pool has cpu=1 free"), "{small}");
+    // Once room comes, the tasks passed over are placed in their order, in the cycle that finds it.
+    b.pool("large", "cpu=8", &[]);
+    b.cycle();
+    assert_eq!(b.state("a", "big-1"), TaskState::Allocated);
+    assert_eq!(b.state("a", "big-2"), TaskState::Allocated);
+    assert_eq!(b.state("a", "small-3"), TaskState::Allocated);
+    assert_eq!(b.state("a", "big-3"), TaskState::Pending);
+    let why = b.sched.task_why(&aid("a"), &tid("big-3")).unwrap();
+    assert!(why.to_string().starts_with("no matching pool has cpu=3 free"), "{why}");
+    // A task added later is tried although every shape the application had failed.
+    b.cycle();
+    b.add("a", task("late", "cpu=1")).unwrap();
+    b.cycle();
+    assert_eq!(b.state("a", "late"), TaskState::Allocated);
+    // And room freed is found by the task passed over.
+    b.complete("fill", "f");
+    b.cycle();
+    assert_eq!(b.state("a", "big-3"), TaskState::Pending, "p has cpu=2 free, large none");
+    b.complete("a", "small-1");
+    b.cycle();
+    assert_eq!(b.state("a", "big-3"), TaskState::Allocated);
+    b.check();
+}
+
+#[test]
 fn removing_an_application_releases_everything_it_holds() {
     let mut b = Bench::new();
     b.pool("p", "cpu=8", &[]);

@@ -26,6 +26,9 @@
 //! - no loops: a victim's own priority is at most its preemptor's, and its queues stay at or
 //!   above their guarantees, so it cannot preempt back; each preemption is counted on the victim.
 
+use std::cmp::Reverse;
+use std::collections::BinaryHeap;
+
 use foldhash::{HashMap, HashMapExt, HashSet, HashSetExt};
 
 use super::{Cycle, Room};
@@ -424,17 +427,19 @@ impl Scheduler {
         if !self.config.preemption {
             return;
         }
-        let mut waiting: Vec<(i32, u64, TaskRef)> = self
+        // Highest priority first, then the earliest added. The tasks the cycle passed over as
+        // like one that found no room (`alike`) are not here: each comes in after the one
+        // before it preempted.
+        let mut waiting: BinaryHeap<(i32, Reverse<u64>, TaskRef)> = self
             .why_task
             .iter()
             .filter(|(_, why)| matches!(why, Why::NoRoom { .. }))
             .filter_map(|((app, task), _)| {
                 let t = self.tasks.get(app)?.get(task)?;
                 let eligible = t.state == TaskState::Pending && t.held.is_none() && t.spec.group.is_none();
-                eligible.then(|| (t.spec.priority.value(), t.seq, (app.clone(), task.clone())))
+                eligible.then(|| (t.spec.priority.value(), Reverse(t.seq), (app.clone(), task.clone())))
             })
             .collect();
-        waiting.sort_by(|a, b| b.0.cmp(&a.0).then(a.1.cmp(&b.1)));
         let mut flows = Flows { leaving, arriving: HashMap::new() };
         for key in self.holders.keys() {
             let Some(task) = self.tasks.get(&key.0).and_then(|t| t.get(&key.1)) else { continue };
@@ -451,7 +456,7 @@ impl Scheduler {
         let mut cache = PlanCache::default();
         // Each leaf's delay, read once.
         let mut delays: HashMap<QueuePath, u64> = HashMap::new();
-        for (priority, _, key) in waiting {
+        while let Some((priority, _, key)) = waiting.pop() {
             let task = &self.tasks[&key.0][&key.1];
             let leaf = &self.apps[&key.0].spec.queue;
             let from = task.added.max(task.preempted_at.unwrap_or(0));
@@ -506,6 +511,11 @@ impl Scheduler {
             };
             let said = match said {
                 Ok(plan) => {
+                    if let Some((next, why)) = self.next_like(&key.0, &key.1) {
+                        let t = &self.tasks[&key.0][&next];
+                        waiting.push((t.spec.priority.value(), Reverse(t.seq), (key.0.clone(), next.clone())));
+                        self.why_task.insert((key.0.clone(), next), why);
+                    }
                     if let Some(placed) = placed.as_mut() {
                         placed.mark(plan.spot, &plan.victims);
                     }
@@ -940,6 +950,7 @@ impl Scheduler {
         // The preemptor holds the room: its change is recorded after its victims'.
         let Some(task) = self.tasks.get_mut(&key.0).and_then(|t| t.get_mut(&key.1)) else { return };
         task.held = Some(pool.clone());
+        self.pending_shapes.remove(&key.0);
         let (wanted, priority) = (task.spec.resources.clone(), task.spec.priority.value());
         let holder = task.clone();
         add_up(&mut flows.arriving, &leaf, &wanted);
@@ -994,6 +1005,7 @@ impl Scheduler {
     /// may preempt again.
     pub(super) fn drop_hold(&mut self, key: &TaskRef, cycle: &mut Cycle<'_>) {
         self.holders.remove(key);
+        self.pending_shapes.remove(&key.0);
         if let Some(task) = self.tasks.get_mut(&key.0).and_then(|t| t.get_mut(&key.1)) {
             if task.held.take().is_some() {
                 cycle.out.apps.push(AppChange::Task(task.clone()));
@@ -1007,6 +1019,7 @@ impl Scheduler {
         let pending_victims = self.victims.values().any(|(by, _)| by.as_ref() == Some(key));
         if placed || !pending_victims {
             self.holders.remove(key);
+            self.pending_shapes.remove(&key.0);
             if let Some(task) = self.tasks.get_mut(&key.0).and_then(|t| t.get_mut(&key.1)) {
                 task.held = None;
                 if !placed {
