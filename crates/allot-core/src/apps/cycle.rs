@@ -466,9 +466,17 @@ impl Scheduler {
                     }
                     break;
                 }
-                lane.apps.remove(lane.at);
-                if lane.at >= lane.apps.len() {
-                    lane.at = 0;
+                // Nothing more of it this cycle. In a fair lane the others take turns, so it
+                // leaves the ring; in the others the lane only moves on (no shifting of a long
+                // backlog's applications, one by one).
+                match lane.sort {
+                    SortPolicy::Fair => {
+                        lane.apps.remove(lane.at);
+                        if lane.at >= lane.apps.len() {
+                            lane.at = 0;
+                        }
+                    }
+                    SortPolicy::Fifo | SortPolicy::Priority => lane.at += 1,
                 }
             }
             if progressed {

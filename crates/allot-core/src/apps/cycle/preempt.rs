@@ -682,7 +682,12 @@ impl Scheduler {
         // Sized once per run of equal resources (most tasks ask alike).
         let mut sized: Option<&Resources> = None;
         let max_preemptions = self.config.max_preemptions;
-        for (app_id, tasks) in &self.tasks {
+        let placed_in = |app: &AppId| {
+            let counts = self.counts.get(app);
+            [TaskState::Allocated, TaskState::Running].iter().any(|s| counts.and_then(|c| c.get(s)).is_some_and(|n| *n > 0))
+        };
+        // Only the applications with a task placed: a backlog's are passed over at once.
+        for (app_id, tasks) in self.tasks.iter().filter(|(app, _)| placed_in(app)) {
             let mut index = None;
             for task in tasks.values() {
                 let (TaskState::Allocated | TaskState::Running, Some(placement)) = (task.state, &task.placement) else {
