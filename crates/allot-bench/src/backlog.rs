@@ -294,6 +294,9 @@ async fn measure_restart(args: &BacklogBenchArgs) -> anyhow::Result<RestartFigur
     let (first_answer_s, ready_s, scheduling_s) = timer.await.context("the restart's probe")??;
     let restarted_kib = resident_kib(daemon.pid().context("the daemon's process")?)?;
     daemon.stop().await;
+    if args.keep {
+        eprintln!("the daemon's data directory is kept: {}", scratch.keep().join("allot-data").display());
+    }
     Ok(RestartFigures {
         apps: args.apps,
         tasks,

@@ -40,6 +40,13 @@ impl Scratch {
     pub(super) fn join(&self, name: &str) -> PathBuf {
         self.path.join(name)
     }
+
+    /// Keeps the directory (it is not removed when dropped); answers where it is.
+    pub(super) fn keep(self) -> PathBuf {
+        let path = self.path.clone();
+        std::mem::forget(self);
+        path
+    }
 }
 
 impl Drop for Scratch {

@@ -499,6 +499,9 @@ struct BacklogBenchArgs {
     /// Tasks the daemon's pools have room for; the rest stay pending.
     #[arg(long, default_value_t = 1_000)]
     room: usize,
+    /// Keep the daemon's data directory (its path is printed), to start a daemon on it again.
+    #[arg(long)]
+    keep: bool,
     /// Submissions in flight at once, each on its own connection.
     #[arg(long, default_value_t = 8)]
     in_flight: usize,

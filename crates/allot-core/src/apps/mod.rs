@@ -526,7 +526,7 @@ impl Scheduler {
         config: SchedConfig,
         queues: Vec<(QueuePath, QueueLimits)>,
         apps: Vec<App>,
-        tasks: Vec<Task>,
+        tasks: impl IntoIterator<Item = Task>,
     ) -> Scheduler {
         let mut restored = Scheduler::new(config);
         for (path, limits) in queues {
@@ -543,24 +543,52 @@ impl Scheduler {
             }
             restored.apps.insert(app.spec.id.clone(), app);
         }
+        // Taken in runs of one application's tasks (the stores read them in that order), each
+        // run's maps built at once rather than task by task.
+        let mut run: Vec<Task> = Vec::new();
         for task in tasks {
-            restored.next_seq = restored.next_seq.max(task.seq + 1);
-            let Some(app) = restored.apps.get(&task.app) else { continue };
-            let account = Account::of(&app.spec);
+            if run.last().is_some_and(|last| last.app != task.app) {
+                restored.restore_run(std::mem::take(&mut run));
+            }
+            run.push(task);
+        }
+        restored.restore_run(run);
+        restored
+    }
+
+    /// Restores tasks of one application (see `restore`); those of an application not restored
+    /// are dropped.
+    fn restore_run(&mut self, run: Vec<Task>) {
+        let Some(app_id) = run.first().map(|task| task.app.clone()) else { return };
+        let Some(app) = self.apps.get(&app_id) else { return };
+        let account = Account::of(&app.spec);
+        let mut pending = Vec::new();
+        let mut types = Vec::with_capacity(run.len());
+        for task in &run {
+            self.next_seq = self.next_seq.max(task.seq + 1);
             if matches!(task.state, TaskState::Allocated | TaskState::Running) {
                 if let Some(placement) = &task.placement {
-                    restored.charge(&account, &placement.resources, true);
+                    self.charge(&account, &placement.resources, true);
                 }
             }
             if task.state == TaskState::Pending {
-                restored.pending.entry(task.app.clone()).or_default().insert(pending_key(&task));
+                pending.push(pending_key(task));
             }
-            restored.count(&task.app, None, Some(task.state));
-            restored.keep_type(&task);
-            restored.index_preemption(&task);
-            restored.tasks.entry(task.app.clone()).or_default().insert(task.spec.id.clone(), task);
+            *self.counts.entry(app_id.clone()).or_default().entry(task.state).or_default() += 1;
+            types.push((task.spec.id.clone(), task.spec.task_type()));
+            if task.preempting.is_some() || task.held.is_some() {
+                self.index_preemption(task);
+            }
         }
-        restored
+        self.pending.entry(app_id.clone()).or_default().extend(pending);
+        self.task_types.entry(app_id.clone()).or_default().extend(types);
+        let tasks: BTreeMap<TaskId, Task> = run.into_iter().map(|task| (task.spec.id.clone(), task)).collect();
+        match self.tasks.get_mut(&app_id) {
+            Some(known) => known.extend(tasks),
+            None => {
+                self.tasks.insert(app_id, tasks);
+            }
+        }
     }
 
     /// The daemon was down for `down` ms that its clock did not count (the embedded store's

@@ -9,8 +9,8 @@ use std::time::Duration;
 
 use allot_core::apps::queues::{QueueLimits, QueuePath, Queues};
 use allot_core::apps::{
-    AppChange, AppId, AppSpec, QueueView, SchedConfig, SchedError, SchedStats, Scheduler, TaskEnd, TaskId, TaskSpec,
-    World,
+    AppChange, AppId, AppSpec, QueueView, SchedConfig, SchedError, SchedStats, Scheduler, Task, TaskEnd, TaskId,
+    TaskSpec, World,
 };
 use async_trait::async_trait;
 use redb::{ReadTransaction, ReadableTable};
@@ -91,14 +91,43 @@ pub(super) fn load(txn: &ReadTransaction) -> Result<Scheduler, OpenError> {
         let record = crate::records::apps::decode_app(key.value(), value.value())?;
         apps.push(record.into_app(key.value())?);
     }
-    let mut tasks = Vec::new();
+    // The tasks are read and decoded on a thread of their own while the scheduler takes them in
+    // (a million of them are never gathered first); the first that cannot be read fails the open.
+    std::thread::scope(|scope| {
+        let (batches, read) = std::sync::mpsc::sync_channel(4);
+        scope.spawn(move || {
+            if let Err(err) = read_tasks(txn, |batch| batches.send(Ok(batch)).is_ok()) {
+                let _ = batches.send(Err(err));
+            }
+        });
+        let mut unread = None;
+        let tasks = read.into_iter().map_while(|batch| batch.map_err(|err| unread = Some(err)).ok()).flatten();
+        let scheduler = Scheduler::restore(SchedConfig::default(), queues, apps, tasks);
+        match unread {
+            Some(err) => Err(err),
+            None => Ok(scheduler),
+        }
+    })
+}
+
+/// Reads the tasks in key order (each application's together), in batches handed to `take`
+/// until it answers false.
+fn read_tasks(txn: &ReadTransaction, mut take: impl FnMut(Vec<Task>) -> bool) -> Result<(), OpenError> {
+    const BATCH: usize = 4096;
+    let read_err = |err: redb::Error| OpenError::Read(err.to_string());
+    let mut batch = Vec::with_capacity(BATCH);
     for entry in txn.open_table(TASKS).map_err(|e| read_err(e.into()))?.iter().map_err(|e| read_err(e.into()))? {
         let (key, value) = entry.map_err(|e| read_err(e.into()))?;
         let (app, task) = key.value();
-        let record = decode_task(&format!("{app}/{task}"), value.value())?;
-        tasks.push(record.into_task(app, task)?);
+        batch.push(decode_task(&format!("{app}/{task}"), value.value())?.into_task(app, task)?);
+        if batch.len() == BATCH && !take(std::mem::replace(&mut batch, Vec::with_capacity(BATCH))) {
+            return Ok(());
+        }
     }
-    Ok(Scheduler::restore(SchedConfig::default(), queues, apps, tasks))
+    if !batch.is_empty() {
+        take(batch);
+    }
+    Ok(())
 }
 
 /// The writes of application changes.

@@ -15,6 +15,7 @@ use std::ops::Bound;
 use foldhash::HashMap;
 
 use super::super::spec::TokenNeed;
+use super::super::states::TaskState;
 use super::super::why::Why;
 use super::super::{pending_key, AppId, PendingKey, Scheduler, Task, TaskId};
 use crate::pools::Labels;
@@ -109,10 +110,9 @@ impl Scheduler {
 
     /// The distinct shapes of the pending tasks of `app` (see [`PendingShapes`]).
     fn distinct_shapes(&self, app: &AppId, typed: bool) -> Option<Vec<Shape>> {
-        let tasks = self.tasks.get(app)?;
         let mut shapes: Vec<Shape> = Vec::new();
-        for key in self.pending.get(app)? {
-            let task = tasks.get(&key.2)?;
+        // The tasks in order, not each pending one looked up: a backlog's first cycle reads them all.
+        for task in self.tasks.get(app)?.values().filter(|task| task.state == TaskState::Pending) {
             let task_type = self.type_ref(app, task, typed);
             if shapes.iter().any(|shape| shape.fits(task, task_type)) {
                 continue;

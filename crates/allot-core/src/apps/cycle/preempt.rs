@@ -684,7 +684,9 @@ impl Scheduler {
         let max_preemptions = self.config.max_preemptions;
         let placed_in = |app: &AppId| {
             let counts = self.counts.get(app);
-            [TaskState::Allocated, TaskState::Running].iter().any(|s| counts.and_then(|c| c.get(s)).is_some_and(|n| *n > 0))
+            [TaskState::Allocated, TaskState::Running]
+                .iter()
+                .any(|s| counts.and_then(|c| c.get(s)).is_some_and(|n| *n > 0))
         };
         // Only the applications with a task placed: a backlog's are passed over at once.
         for (app_id, tasks) in self.tasks.iter().filter(|(app, _)| placed_in(app)) {
