@@ -64,8 +64,11 @@ pub struct ExecutorConfig {
     pub scan: Duration,
     /// How often it lists them on a store without a change feed (and while it cannot follow it).
     pub scan_without_feed: Duration,
-    /// How often the directories of removed tasks are removed.
+    /// How often the directories of removed tasks are removed, and outputs kept for reuse past
+    /// their retention forgotten.
     pub sweep: Duration,
+    /// How long outputs kept for reuse stay, from when they were kept.
+    pub cache_retention: Duration,
     pub secrets: Secrets,
     /// This daemon, by the URL others reach it at: the name of its executor's lease.
     pub node: String,
@@ -86,6 +89,8 @@ impl ExecutorConfig {
     pub const SCAN: Duration = Duration::from_secs(10);
     /// The default [`ExecutorConfig::scan_without_feed`].
     pub const SCAN_WITHOUT_FEED: Duration = Duration::from_millis(200);
+    /// The default [`ExecutorConfig::cache_retention`]: 30 days.
+    pub const CACHE_RETENTION: Duration = Duration::from_secs(30 * 24 * 3600);
 
     /// `data_dir` is made absolute: tasks' commands run elsewhere and are given paths into it.
     pub fn new(pools: HashSet<PoolName>, data_dir: PathBuf) -> ExecutorConfig {
@@ -98,6 +103,7 @@ impl ExecutorConfig {
             scan: ExecutorConfig::SCAN,
             scan_without_feed: ExecutorConfig::SCAN_WITHOUT_FEED,
             sweep: Duration::from_secs(60),
+            cache_retention: ExecutorConfig::CACHE_RETENTION,
             secrets: Secrets::default(),
             node: "local".to_owned(),
             counters: crate::context::PluginCounters::default(),
@@ -513,9 +519,30 @@ impl Executor {
             if let Err(err) = self.sweep_once().await {
                 tracing::debug!(error = %err, "cannot sweep the task directories now");
             }
+            match self.forget_old_outputs().await {
+                Ok(0) => {}
+                Ok(forgotten) => tracing::debug!(forgotten, "outputs kept for reuse forgotten after their retention"),
+                Err(err) => tracing::debug!(error = %err, "cannot forget old outputs kept for reuse now"),
+            }
             tokio::select! {
                 _ = tokio::time::sleep(self.config.sweep) => {}
                 _ = shutdown.wait_for(|stop| *stop) => return,
+            }
+        }
+    }
+
+    /// Forgets the outputs kept for reuse longer than [`ExecutorConfig::cache_retention`] ago, a
+    /// batch at a time. Every daemon that runs tasks does it; a second one finds nothing to do.
+    async fn forget_old_outputs(&self) -> Result<usize, StoreError> {
+        const BATCH: usize = 1000;
+        let retention = u64::try_from(self.config.cache_retention.as_millis()).unwrap_or(u64::MAX);
+        let kept_before = self.now_ms().saturating_sub(retention);
+        let mut forgotten = 0;
+        loop {
+            let batch = self.store.forget_cached_outputs(kept_before, BATCH).await?;
+            forgotten += batch;
+            if batch < BATCH {
+                return Ok(forgotten);
             }
         }
     }

@@ -3,12 +3,13 @@
 //! (`lua/runs.lua`). A run is written by the daemon that executes its task; the runs that ended
 //! of a removed task or application are forgotten by the scheduler once its records are written.
 //! The catalog of outputs kept for reuse is another hash there, field the cache key, written
-//! once (`HSETNX`). Executors' leases: a hash of node -> pools (JSON), and a key per node that
+//! once (`HSETNX`), with a sorted set of its keys by when they were kept, for their retention. Executors' leases: a hash of node -> pools (JSON), and a key per node that
 //! lives while the executor renews it (`SET ... PX`).
 
 use allot_core::apps::{AppChange, AppId, TaskId};
 use allot_core::pools::PoolName;
 use allot_core::runs::Run;
+use allot_core::Millis;
 use allot_store::records::runs::{CachedRecord, RunRecord};
 use allot_store::{CachedOutputs, ExecutorLease, RunStore, StoreError};
 use async_trait::async_trait;
@@ -70,6 +71,10 @@ impl RedisStore {
         let added = self.inner.eval(&self.inner.scripts.runs, RUNS_PREFIX, &["index"], false).await?.uint()?;
         if added > 0 {
             tracing::info!(runs = added, "runs indexed by application");
+        }
+        let added = self.inner.eval(&self.inner.scripts.runs, RUNS_PREFIX, &["index_catalog"], false).await?.uint()?;
+        if added > 0 {
+            tracing::info!(outputs = added, "kept outputs indexed by when they were kept, for their retention");
         }
         Ok(())
     }
@@ -160,9 +165,13 @@ impl RunStore for RedisStore {
     async fn put_cached_outputs(&self, key: String, entry: CachedOutputs) -> Result<(), StoreError> {
         self.live()?;
         let json = serde_json::to_string(&CachedRecord::of(&entry)).expect("records always encode");
-        let cmd = redis::cmd("HSETNX").arg(CATALOG).arg(key).arg(json).clone();
-        self.inner.conn.write(&cmd, CATALOG).await.map_err(|e| call_error(e, true))?;
-        Ok(())
+        self.runs_call(&["cache", &key, &json, &entry.at.to_string()]).await.map(drop)
+    }
+
+    async fn forget_cached_outputs(&self, kept_before: Millis, limit: usize) -> Result<usize, StoreError> {
+        self.live()?;
+        let forgotten = self.runs_call(&["forget_cached", &kept_before.to_string(), &limit.to_string()]).await?;
+        Ok(usize::try_from(forgotten).unwrap_or(usize::MAX))
     }
 
     async fn renew_executor(

@@ -50,9 +50,23 @@ pub fn runners_of(leases: &[ExecutorLease]) -> allot_core::apps::Runners {
 /// A change of the kept runs, in the order it was made.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum RunChange {
-    Put { app: AppId, task: TaskId, run: Box<Run> },
-    Removed { app: AppId, task: TaskId },
-    Cached { key: String, entry: CachedOutputs },
+    Put {
+        app: AppId,
+        task: TaskId,
+        run: Box<Run>,
+    },
+    Removed {
+        app: AppId,
+        task: TaskId,
+    },
+    Cached {
+        key: String,
+        entry: CachedOutputs,
+    },
+    /// Outputs forgotten after their retention.
+    Uncached {
+        keys: Vec<String>,
+    },
 }
 
 /// The runs of a backend. A write is durable when it answers.
@@ -69,6 +83,9 @@ pub trait RunStore {
     async fn cached_outputs(&self, key: &str) -> Result<Option<CachedOutputs>, StoreError>;
     /// Keeps outputs under a cache key; the first kept stays (a later put is a no-op).
     async fn put_cached_outputs(&self, key: String, entry: CachedOutputs) -> Result<(), StoreError>;
+    /// Forgets at most `limit` of the outputs kept before `kept_before` (their `at`; their
+    /// retention is over), the oldest first; answers how many it forgot.
+    async fn forget_cached_outputs(&self, kept_before: Millis, limit: usize) -> Result<usize, StoreError>;
     /// Renews (or takes) the lease of `node`'s executor, running `pools` with plugins of
     /// `task_types`, for `ttl`.
     async fn renew_executor(

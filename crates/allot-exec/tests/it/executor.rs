@@ -295,6 +295,38 @@ async fn a_task_run_before_with_the_same_type_version_and_inputs_reuses_its_outp
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn outputs_kept_for_reuse_are_forgotten_after_their_retention() {
+    let (dir, store) = new_store().await;
+    let clock = ManualClock::new();
+    let config = |config: &mut ExecutorConfig| {
+        config.clock = Arc::new(clock.clone());
+        config.cache_retention = Duration::from_secs(3600);
+        // Sweeps often: what the test waits for is the clock it moves.
+        config.sweep = Duration::from_millis(10);
+    };
+    let stop = start_with(
+        store.clone(),
+        dir.path(),
+        Arc::new(Probe::default()),
+        PluginCounters::default(),
+        &Default::default(),
+        config,
+    )
+    .await;
+    let spec = serde_json::json!({
+        "type": "shell", "command": "echo '{\"n\": 1}' > \"$ALLOT_OUTPUTS\"", "cache_version": "1", "inputs": { "day": 1 },
+    });
+    let app = submit(&*store, "kept", &[("t", spec)]).await;
+    until("the task completes", async || state(&*store, &app, "t").await == TaskState::Completed).await;
+    let run = store.run(app.clone(), TaskId::new("t").unwrap()).await.unwrap().unwrap();
+    let key = run.cache.expect("a cacheable task's run says what it looked up").key;
+    assert!(store.cached_outputs(&key).await.unwrap().is_some(), "kept");
+    clock.advance(Duration::from_secs(3601));
+    until("the outputs are forgotten", async || store.cached_outputs(&key).await.unwrap().is_none()).await;
+    stop.send_replace(true);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_plugin_sees_the_tasks_metadata_records_events_and_keeps_counters() {
     let (dir, store) = new_store().await;
     let counters = PluginCounters::default();

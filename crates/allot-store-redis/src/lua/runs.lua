@@ -10,6 +10,12 @@
 --   forget_ended(app, task?): forgets the runs that ended of <app> (of its task <task> if given):
 --     they go with their task; answers how many. A run that has not ended stays for its executor.
 --   index(): adds every run to its application's set, once; answers how many were added.
+--   cache(key, record, at): keeps outputs in P:catalog under <key> unless some are kept there
+--     already, and <key> in P:catalog-at at <at>; answers 1 if kept.
+--   forget_cached(before, limit): forgets at most <limit> outputs kept before <before>, the
+--     oldest first; answers how many.
+--   index_catalog(): puts every kept output of P:catalog in P:catalog-at (outputs kept by a
+--     version without it), once; answers how many were added.
 -- Each answers { number }.
 local P = KEYS[1]
 local op = ARGV[1]
@@ -47,6 +53,28 @@ elseif op == 'forget_ended' then
       redis.call('SREM', set_of(app), task)
     end
   end
+  return { n }
+elseif op == 'cache' then
+  if redis.call('HSETNX', P .. ':catalog', ARGV[2], ARGV[3]) == 0 then return { 0 } end
+  redis.call('ZADD', P .. ':catalog-at', ARGV[4], ARGV[2])
+  return { 1 }
+elseif op == 'forget_cached' then
+  local due = redis.call('ZRANGEBYSCORE', P .. ':catalog-at', '-inf', '(' .. ARGV[2], 'LIMIT', 0, ARGV[3])
+  for _, key in ipairs(due) do
+    redis.call('HDEL', P .. ':catalog', key)
+    redis.call('ZREM', P .. ':catalog-at', key)
+  end
+  return { #due }
+elseif op == 'index_catalog' then
+  if redis.call('EXISTS', P .. ':catalog-indexed') == 1 then return { 0 } end
+  local n = 0
+  for _, key in ipairs(redis.call('HKEYS', P .. ':catalog')) do
+    local ok, record = pcall(cjson.decode, redis.call('HGET', P .. ':catalog', key))
+    if ok and type(record.at) == 'number' then
+      n = n + redis.call('ZADD', P .. ':catalog-at', 'NX', record.at, key)
+    end
+  end
+  redis.call('SET', P .. ':catalog-indexed', '1')
   return { n }
 elseif op == 'index' then
   if redis.call('EXISTS', P .. ':indexed') == 1 then return { 0 } end

@@ -144,3 +144,29 @@ async fn runs_kept_by_an_earlier_version_go_with_their_application() {
     assert_eq!(store.run(app, t1).await.unwrap(), None, "the earlier version's run went with its application");
     store.shutdown().await;
 }
+
+/// Outputs kept by a version without the catalog's index by time are indexed at open, so their
+/// retention ends too.
+#[tokio::test]
+async fn outputs_kept_by_an_earlier_version_are_forgotten_after_their_retention() {
+    use allot_store::records::runs::CachedRecord;
+    use allot_store::CachedOutputs;
+
+    let server = RedisServer::start();
+    let entry = |at| CachedOutputs {
+        outputs: "{}".into(),
+        app: allot_core::apps::AppId::new("old-app").unwrap(),
+        task: allot_core::apps::TaskId::new("t1").unwrap(),
+        at,
+    };
+    // As an earlier version left them: the hash only.
+    for (key, at) in [("old-1", 100), ("old-2", 300)] {
+        let json = serde_json::to_string(&CachedRecord::of(&entry(at))).unwrap();
+        server.cli(&["HSETNX", "allot:{allot-runs}:catalog", key, &json]);
+    }
+    let store = support::open(&server.url()).await;
+    assert_eq!(store.forget_cached_outputs(200, 10).await.unwrap(), 1);
+    assert_eq!(store.cached_outputs("old-1").await.unwrap(), None);
+    assert_eq!(store.cached_outputs("old-2").await.unwrap(), Some(entry(300)));
+    store.shutdown().await;
+}

@@ -9,7 +9,7 @@ use allot_core::apps::{AppId, AppSpec, SchedulingPolicy, TaskId, TaskSpec};
 use allot_core::runs::{
     CacheLookup, ExecError, PhaseInfo, PluginState, RetryPolicy, Run, StateWrite, TakenToken, Transition,
 };
-use allot_core::{NamespaceName, Token};
+use allot_core::{Millis, NamespaceName, Token};
 
 use super::Time;
 use crate::Store;
@@ -130,11 +130,34 @@ pub async fn run_runs(store: Arc<dyn Store>, time: &dyn Time) {
     // The catalog: outputs kept under a key, the first kept stays.
     let key = format!("conformance-{}", std::process::id());
     assert_eq!(store.cached_outputs(&key).await.unwrap(), None);
-    let first = crate::CachedOutputs { outputs: r#"{"n":1}"#.into(), app: app.clone(), task: t2, at: 7 };
+    let first = crate::CachedOutputs { outputs: r#"{"n":1}"#.into(), app: app.clone(), task: t2.clone(), at: 7 };
     store.put_cached_outputs(key.clone(), first.clone()).await.unwrap();
-    let later = crate::CachedOutputs { outputs: r#"{"n":2}"#.into(), app, task: TaskId::new("t1").unwrap(), at: 9 };
+    let later = crate::CachedOutputs {
+        outputs: r#"{"n":2}"#.into(),
+        app: app.clone(),
+        task: TaskId::new("t1").unwrap(),
+        at: 9,
+    };
     store.put_cached_outputs(key.clone(), later).await.unwrap();
     assert_eq!(store.cached_outputs(&key).await.unwrap(), Some(first), "the first kept stays");
+    // Retention: the outputs kept before a time go, the oldest first, at most as many as asked.
+    let kept_at = |at: Millis| crate::CachedOutputs { outputs: "{}".into(), app: app.clone(), task: t2.clone(), at };
+    let keys: Vec<String> = (1..=3).map(|i| format!("{key}-{i}")).collect();
+    for (i, key) in keys.iter().enumerate() {
+        store.put_cached_outputs(key.clone(), kept_at(10 + 10 * i as Millis)).await.unwrap();
+    }
+    // Kept at 7 (`first`), 10, 20 and 30: before 25, three; one by one.
+    assert_eq!(store.forget_cached_outputs(25, 1).await.unwrap(), 1);
+    assert_eq!(store.cached_outputs(&key).await.unwrap(), None, "the oldest went first");
+    assert!(store.cached_outputs(&keys[0]).await.unwrap().is_some());
+    assert_eq!(store.forget_cached_outputs(25, 10).await.unwrap(), 2);
+    assert_eq!(store.forget_cached_outputs(25, 10).await.unwrap(), 0, "nothing more is due");
+    assert_eq!(store.cached_outputs(&keys[1]).await.unwrap(), None);
+    assert_eq!(store.cached_outputs(&keys[2]).await.unwrap(), Some(kept_at(30)), "not due yet");
+    // A key forgotten may be kept again.
+    store.put_cached_outputs(keys[0].clone(), kept_at(40)).await.unwrap();
+    assert_eq!(store.cached_outputs(&keys[0]).await.unwrap(), Some(kept_at(40)));
+    assert_eq!(store.forget_cached_outputs(41, 10).await.unwrap(), 2);
     // Executors' leases: live while renewed, kept (not live) after, with their pools and the
     // task types they run.
     let pools = [allot_core::pools::PoolName::new("conformance-w1").unwrap()];

@@ -177,7 +177,7 @@ pub(super) fn runs(change: &RunChange, out: &mut Vec<Draft>) {
             out.push(draft(EventKind::RunRemoved, keys::run(app, task), EventObject::Gone))
         }
         // The catalog of outputs is not watched.
-        RunChange::Cached { .. } => {}
+        RunChange::Cached { .. } | RunChange::Uncached { .. } => {}
     }
 }
 

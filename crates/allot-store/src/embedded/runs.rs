@@ -1,7 +1,7 @@
 //! The runs of the embedded store, and the catalog of outputs kept for reuse: in memory, and
 //! written through the same group commit as everything else.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
 
 use allot_core::apps::{AppChange, AppId, TaskId};
@@ -23,6 +23,8 @@ pub(super) struct Runs {
     /// By application, then task: an application's runs are found without a walk over all.
     runs: BTreeMap<AppId, BTreeMap<TaskId, Run>>,
     catalog: BTreeMap<String, CachedOutputs>,
+    /// The catalog's keys by when their outputs were kept: the oldest go first.
+    kept: BTreeSet<(Millis, String)>,
     /// Executors' leases, by node: in memory only (one daemon uses an embedded store, and its
     /// executor lives and dies with it), each live until a daemon clock time.
     executors: BTreeMap<String, (Vec<PoolName>, Vec<String>, Millis)>,
@@ -62,7 +64,9 @@ pub(super) fn load(txn: &ReadTransaction) -> Result<Runs, OpenError> {
     for entry in txn.open_table(CATALOG).map_err(|e| read_err(e.into()))?.iter().map_err(|e| read_err(e.into()))? {
         let (key, value) = entry.map_err(|e| read_err(e.into()))?;
         let record: CachedRecord = decode("catalog", key.value(), value.value())?;
-        runs.catalog.insert(key.value().to_owned(), record.into_entry(key.value())?);
+        let entry = record.into_entry(key.value())?;
+        runs.kept.insert((entry.at, key.value().to_owned()));
+        runs.catalog.insert(key.value().to_owned(), entry);
     }
     Ok(runs)
 }
@@ -107,6 +111,9 @@ pub(super) fn ops<'a>(changes: impl Iterator<Item = &'a RunChange>, out: &mut Ve
             RunChange::Cached { key, entry } => {
                 out.push(Op::put(Table::Catalog, Op::name(key), encode(&CachedRecord::of(entry))));
             }
+            RunChange::Uncached { keys } => {
+                out.extend(keys.iter().map(|key| Op::Remove(Table::Catalog, Op::name(key))));
+            }
         }
     }
 }
@@ -133,7 +140,15 @@ impl EmbeddedStore {
                     if runs.catalog.contains_key(key) {
                         return Ok(());
                     }
+                    runs.kept.insert((entry.at, key.clone()));
                     runs.catalog.insert(key.clone(), entry.clone());
+                }
+                RunChange::Uncached { keys } => {
+                    for key in keys {
+                        if let Some(entry) = runs.catalog.remove(key) {
+                            runs.kept.remove(&(entry.at, key.clone()));
+                        }
+                    }
                 }
             }
             state.submit_runs(&self.shared, change)
@@ -173,6 +188,19 @@ impl RunStore for EmbeddedStore {
 
     async fn put_cached_outputs(&self, key: String, entry: CachedOutputs) -> Result<(), StoreError> {
         self.change_runs(RunChange::Cached { key, entry }).await
+    }
+
+    async fn forget_cached_outputs(&self, kept_before: Millis, limit: usize) -> Result<usize, StoreError> {
+        let keys: Vec<String> = self.read_state(|state, _| {
+            let due = state.runs.kept.range(..(kept_before, String::new()));
+            Ok(due.take(limit).map(|(_, key)| key.clone()).collect())
+        })?;
+        if keys.is_empty() {
+            return Ok(0);
+        }
+        let forgotten = keys.len();
+        self.change_runs(RunChange::Uncached { keys }).await?;
+        Ok(forgotten)
     }
 
     async fn renew_executor(

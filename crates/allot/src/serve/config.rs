@@ -107,6 +107,7 @@ pub(crate) const SERVE_AFTER_HELP: &str = r#"Configuration file (--config), with
   system_retries = 3            # new attempts after system failures (a daemon lost, a service down)
   scan = "10s"                  # how often the tasks placed here are listed, though the feed brings them
   scan_without_feed = "200ms"   # how often they are listed on a store without a change feed
+  cache_retention = "30days"    # how long outputs kept for reuse (cache_version) stay, from when kept
   [plugins]                     # a plugin's quota is this file's value at every start
   http_jobs = 10                # the http plugin's jobs at once (its quota `http:jobs`)
   [plugins.shell]               # whom shell commands run as
@@ -235,18 +236,23 @@ struct ExecutorFileConfig {
     scan: Option<String>,
     /// How often they are listed on a store without a change feed (default 200 ms).
     scan_without_feed: Option<String>,
+    /// How long outputs kept for reuse stay, from when they were kept (default 30 days).
+    cache_retention: Option<String>,
 }
 
-/// How often the executor lists the tasks placed on its pools, from `[executor]`.
+/// How often the executor lists the tasks placed on its pools, and how long the outputs it keeps
+/// for reuse stay, from `[executor]`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(super) struct Scans {
+pub(super) struct ExecutorTimes {
     /// While it follows the change feed.
     pub(super) scan: Duration,
     /// On a store without one.
     pub(super) without_feed: Duration,
+    /// How long outputs kept for reuse stay (from when they were kept).
+    pub(super) cache_retention: Duration,
 }
 
-fn scans(file: &ExecutorFileConfig) -> anyhow::Result<Scans> {
+fn executor_times(file: &ExecutorFileConfig) -> anyhow::Result<ExecutorTimes> {
     use allot_exec::ExecutorConfig;
     let read = |key: &str, text: &Option<String>, default: Duration| -> anyhow::Result<Duration> {
         let Some(text) = text.as_deref() else { return Ok(default) };
@@ -256,9 +262,10 @@ fn scans(file: &ExecutorFileConfig) -> anyhow::Result<Scans> {
         }
         Ok(duration)
     };
-    Ok(Scans {
+    Ok(ExecutorTimes {
         scan: read("scan", &file.scan, ExecutorConfig::SCAN)?,
         without_feed: read("scan_without_feed", &file.scan_without_feed, ExecutorConfig::SCAN_WITHOUT_FEED)?,
+        cache_retention: read("cache_retention", &file.cache_retention, ExecutorConfig::CACHE_RETENTION)?,
     })
 }
 
@@ -602,7 +609,7 @@ pub(super) struct Config {
     pub(super) apps_dir: Option<PathBuf>,
     pub(super) run_pools: Vec<PoolName>,
     pub(super) retry: allot_core::runs::RetryPolicy,
-    pub(super) scans: Scans,
+    pub(super) executor_times: ExecutorTimes,
     pub(super) plugins: Plugins,
     pub(super) watch: WatchConfig,
     /// Who may do what (`[auth]`); none: everyone may do everything, on loopback only.
@@ -858,7 +865,7 @@ pub(super) fn resolve(args: &ServeArgs) -> anyhow::Result<Config> {
         auth,
         watch: watch_config(&file.watch)?,
         retry: retry_policy(&file.executor)?,
-        scans: scans(&file.executor)?,
+        executor_times: executor_times(&file.executor)?,
         plugins,
         run_pools,
         apps_dir: args.apps_dir.clone().or(file.apps_dir),
@@ -981,12 +988,13 @@ mod tests {
         assert_eq!(rules, ["user (create) under fixed root.users", "tag team"]);
         assert_eq!(file.plugins.external["warehouse"].jobs_quota, Some(4));
         assert_eq!(retry_policy(&file.executor).unwrap(), allot_core::runs::RetryPolicy::new(0, 3));
-        let defaults = Scans {
+        let defaults = ExecutorTimes {
             scan: allot_exec::ExecutorConfig::SCAN,
             without_feed: allot_exec::ExecutorConfig::SCAN_WITHOUT_FEED,
+            cache_retention: allot_exec::ExecutorConfig::CACHE_RETENTION,
         };
-        assert_eq!(scans(&file.executor).unwrap(), defaults, "the help shows the defaults");
-        assert_eq!(scans(&ExecutorFileConfig::default()).unwrap(), defaults);
+        assert_eq!(executor_times(&file.executor).unwrap(), defaults, "the help shows the defaults");
+        assert_eq!(executor_times(&ExecutorFileConfig::default()).unwrap(), defaults);
         assert_eq!(watch_config(&file.watch).unwrap(), WatchConfig::default(), "the help shows the defaults");
     }
 
@@ -1019,11 +1027,17 @@ mod tests {
     #[test]
     fn how_often_the_executor_lists_comes_from_the_file() {
         let file: ConfigFile = toml::from_str("[executor]\nscan = \"1m\"\nscan_without_feed = \"1s\"\n").unwrap();
-        let expected = Scans { scan: Duration::from_secs(60), without_feed: Duration::from_secs(1) };
-        assert_eq!(scans(&file.executor).unwrap(), expected);
+        let expected = ExecutorTimes {
+            scan: Duration::from_secs(60),
+            without_feed: Duration::from_secs(1),
+            cache_retention: allot_exec::ExecutorConfig::CACHE_RETENTION,
+        };
+        assert_eq!(executor_times(&file.executor).unwrap(), expected);
         let file: ConfigFile = toml::from_str("[executor]\nscan = \"0s\"\n").unwrap();
-        assert_eq!(scans(&file.executor).unwrap_err().to_string(), "[executor] scan: must be more than 0");
+        assert_eq!(executor_times(&file.executor).unwrap_err().to_string(), "[executor] scan: must be more than 0");
         let file: ConfigFile = toml::from_str("[executor]\nscan_without_feed = \"often\"\n").unwrap();
-        assert!(scans(&file.executor).unwrap_err().to_string().starts_with("[executor] scan_without_feed: "));
+        assert!(executor_times(&file.executor).unwrap_err().to_string().starts_with("[executor] scan_without_feed: "));
+        let file: ConfigFile = toml::from_str("[executor]\ncache_retention = \"2h\"\n").unwrap();
+        assert_eq!(executor_times(&file.executor).unwrap().cache_retention, Duration::from_secs(7200));
     }
 }

@@ -291,7 +291,7 @@ async fn start_executor(
 ) -> anyhow::Result<Arc<allot_exec::Executor>> {
     let (pools, data_dir, plugins) = (&config.run_pools, &config.data_dir, &config.plugins);
     let peer_roots = config.peer_roots.clone();
-    let (retry, scans) = (config.retry, config.scans);
+    let (retry, times) = (config.retry, config.executor_times);
     use allot_exec::{builtin, Executor, ExecutorConfig, Registry, Secrets, SetupContext, Waker};
 
     // Plugins wake their tasks through the executor, which exists once they are loaded: the
@@ -323,8 +323,9 @@ async fn start_executor(
     config.counters = counters;
     config.node = node;
     config.retry = retry;
-    config.scan = scans.scan;
-    config.scan_without_feed = scans.without_feed;
+    config.scan = times.scan;
+    config.scan_without_feed = times.without_feed;
+    config.cache_retention = times.cache_retention;
     config.token = token;
     config.peer_roots = peer_roots;
     let made = Executor::new(store.clone(), Arc::new(registry), config);
