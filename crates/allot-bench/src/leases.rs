@@ -408,7 +408,7 @@ fn redis_memory(redis: &allot_host::redis::RedisServer) -> anyhow::Result<u64> {
 }
 
 /// The bytes the files under `dir` take on disk (their blocks, as `du` counts them).
-fn disk_usage(dir: &std::path::Path) -> anyhow::Result<u64> {
+pub(super) fn disk_usage(dir: &std::path::Path) -> anyhow::Result<u64> {
     use std::os::unix::fs::MetadataExt;
     let mut total = 0;
     for entry in std::fs::read_dir(dir).with_context(|| format!("cannot read {}", dir.display()))? {

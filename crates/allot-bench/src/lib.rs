@@ -42,6 +42,7 @@ mod apps;
 mod backlog;
 mod baseline;
 mod children;
+mod churn;
 mod closed;
 mod compare;
 mod cpu;
@@ -121,6 +122,10 @@ enum BenchCommand {
     /// process), and a daemon with 10,000 applications of 100 tasks killed and started again.
     #[command(after_help = BENCH_AFTER_HELP)]
     Backlog(BacklogBenchArgs),
+    /// Growth is bounded: tokens, allocs and applications churned at full speed with short
+    /// retentions, the store's size on disk and what it holds sampled as it goes.
+    #[command(after_help = BENCH_AFTER_HELP)]
+    Churn(ChurnBenchArgs),
 }
 
 /// Options shared by every command: how to show progress and results.
@@ -516,6 +521,27 @@ struct BacklogBenchArgs {
 }
 
 #[derive(Debug, Clone, clap::Args)]
+struct ChurnBenchArgs {
+    /// How long the churn lasts.
+    #[arg(long, default_value = "10m", value_parser = crate::duration::parse)]
+    duration: Duration,
+    /// Every retention of the daemon (ended applications and allocs, events, kept outputs).
+    #[arg(long, default_value = "1m", value_parser = crate::duration::parse)]
+    retention: Duration,
+    /// How often the store is sampled.
+    #[arg(long, default_value = "30s", value_parser = crate::duration::parse)]
+    sample: Duration,
+    /// Connections allocating tokens, and as many accepting allocs.
+    #[arg(long, default_value_t = 8)]
+    clients: usize,
+    /// Where to make the daemon's scratch directory (see `compare --tmp-dir`).
+    #[arg(long)]
+    tmp_dir: Option<std::path::PathBuf>,
+    #[command(flatten)]
+    output: OutputOpts,
+}
+
+#[derive(Debug, Clone, clap::Args)]
 struct GangsBenchArgs {
     /// How many applications, each with one task group.
     #[arg(long, default_value_t = 100)]
@@ -562,6 +588,7 @@ pub async fn run(args: BenchArgs) -> anyhow::Result<()> {
         BenchCommand::Gangs(args) => gangs::run(args).await,
         BenchCommand::Leases(args) => leases::run(args).await,
         BenchCommand::Backlog(args) => backlog::run(args).await,
+        BenchCommand::Churn(args) => churn::run(args).await,
     }
 }
 
