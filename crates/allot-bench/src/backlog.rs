@@ -107,15 +107,7 @@ pub(super) async fn run(args: BacklogBenchArgs) -> anyhow::Result<()> {
         checks.push(Check::at_most(what, Some(restart.scheduling_s), MAX_RESTART_S));
     }
     let output = Output { cycle, restart, checks: checks.clone() };
-    if args.output.json {
-        println!("{}", serde_json::to_string_pretty(&output)?);
-    } else {
-        print(&output);
-    }
-    if args.check && checks.iter().any(|c| !c.ok) {
-        bail!("a target was missed");
-    }
-    Ok(())
+    report::finish(&output, args.output.json, print, args.check, &checks)
 }
 
 fn print(o: &Output) {

@@ -194,15 +194,7 @@ pub(super) async fn run(args: LeasesBenchArgs) -> anyhow::Result<()> {
         pairs_before,
         checks: checks.clone(),
     };
-    if args.output.json {
-        println!("{}", serde_json::to_string_pretty(&output)?);
-    } else {
-        print(&output);
-    }
-    if args.check && checks.iter().any(|c| !c.ok) {
-        bail!("a target was missed");
-    }
-    Ok(())
+    report::finish(&output, args.output.json, print, args.check, &checks)
 }
 
 fn print(o: &Output) {

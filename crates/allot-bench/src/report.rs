@@ -42,6 +42,26 @@ impl Check {
     }
 }
 
+/// Shows a benchmark's results (as JSON with `json`, else as `print` writes them), then fails
+/// when `check` is asked and a target of `checks` was missed.
+pub(super) fn finish<T: serde::Serialize>(
+    output: &T,
+    json: bool,
+    print: impl FnOnce(&T),
+    check: bool,
+    checks: &[Check],
+) -> anyhow::Result<()> {
+    if json {
+        println!("{}", serde_json::to_string_pretty(output)?);
+    } else {
+        print(output);
+    }
+    if check && checks.iter().any(|c| !c.ok) {
+        anyhow::bail!("a target was missed");
+    }
+    Ok(())
+}
+
 /// The checks as lines of text.
 pub(super) fn checks(checks: &[Check]) -> String {
     let mut out = String::new();
