@@ -13,6 +13,9 @@
 //! What it shows: the store's size levels off once the retention is reached, at the live state
 //! plus what retention keeps, instead of growing with the work done. No target is checked (the
 //! figures are read against each other).
+//!
+//! With `--redis` the daemon runs on a `redis-server` started for the run (append-only file on):
+//! Redis's `used_memory` is sampled too, and the disk is Redis's directory.
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
@@ -26,7 +29,7 @@ use serde::Serialize;
 use crate::apps::call;
 use crate::children::{self, Scratch};
 use crate::http::Conn;
-use crate::leases::disk_usage;
+use crate::leases::{disk_usage, redis_memory};
 use crate::ChurnBenchArgs;
 
 const NAMESPACE: &str = "churn-tokens";
@@ -37,6 +40,7 @@ const TASKS_PER_APP: usize = 10;
 
 #[derive(Debug, Serialize)]
 struct Output {
+    store: &'static str,
     duration_s: f64,
     retention_s: f64,
     done: Done,
@@ -56,6 +60,8 @@ struct Done {
 struct Sample {
     at_s: f64,
     disk_bytes: u64,
+    /// On Redis: its `used_memory`.
+    redis_used_memory: Option<u64>,
     /// The live state.
     grants: u64,
     allocs: u64,
@@ -96,11 +102,15 @@ pub(super) async fn run(args: ChurnBenchArgs) -> anyhow::Result<()> {
     );
     let config_path = scratch.join("churn.toml");
     std::fs::write(&config_path, config).context("cannot write the daemon's configuration")?;
-    let more: Vec<std::ffi::OsString> =
+    let mut more: Vec<std::ffi::OsString> =
         vec!["--config".into(), config_path.into(), "--run-pool".into(), APP_POOL.into()];
+    let redis = args.redis.then(allot_host::redis::RedisServer::start);
+    if let Some(redis) = &redis {
+        more.extend(["--store".into(), redis.url().into()]);
+    }
     let daemon = children::spawn_daemon_with(&scratch, &more).await?;
     let endpoint = daemon.endpoint.clone();
-    let data = scratch.join("allot-data");
+    let store = Store { data: scratch.join("allot-data"), redis: redis.as_ref() };
     let mut setup = Conn::connect(&endpoint).await?;
     crate::load::setup_namespace(&endpoint, NAMESPACE, args.clients as u64).await?;
     for pool in [ALLOC_POOL, APP_POOL] {
@@ -126,10 +136,16 @@ pub(super) async fn run(args: ChurnBenchArgs) -> anyhow::Result<()> {
     let mut samples = Vec::new();
     while started.elapsed() < args.duration {
         tokio::time::sleep(args.sample.min(args.duration.saturating_sub(started.elapsed()))).await;
-        let sample = sample(&mut setup, &data, started, counters.done()).await?;
+        let sample = sample(&mut setup, &store, started, counters.done()).await?;
         eprintln!(
-            "{:>6.0} s: {} bytes on disk; live {} grants, {} allocs, {} applications; kept {} ended applications",
-            sample.at_s, sample.disk_bytes, sample.grants, sample.allocs, sample.apps_live, sample.apps_ended
+            "{:>6.0} s: {} bytes on disk{}; live {} grants, {} allocs, {} applications; kept {} ended applications",
+            sample.at_s,
+            sample.disk_bytes,
+            sample.redis_used_memory.map(|m| format!(", Redis used_memory {m}")).unwrap_or_default(),
+            sample.grants,
+            sample.allocs,
+            sample.apps_live,
+            sample.apps_ended
         );
         samples.push(sample);
     }
@@ -140,9 +156,10 @@ pub(super) async fn run(args: ChurnBenchArgs) -> anyhow::Result<()> {
     let done = counters.done();
     // Everything ended during the load is past its retention after this long, and swept.
     tokio::time::sleep(args.retention + Duration::from_secs(15)).await;
-    let settled = sample(&mut setup, &data, started, done).await?;
+    let settled = sample(&mut setup, &store, started, done).await?;
     daemon.stop().await;
     let output = Output {
+        store: if args.redis { "redis" } else { "embedded" },
         duration_s: args.duration.as_secs_f64(),
         retention_s: args.retention.as_secs_f64(),
         done,
@@ -160,24 +177,31 @@ pub(super) async fn run(args: ChurnBenchArgs) -> anyhow::Result<()> {
 fn print(o: &Output) {
     let d = &o.done;
     println!(
-        "churn for {:.0} s with every retention {:.0} s: {} token pairs, {} alloc pairs, {} applications of \
-         {TASKS_PER_APP} tasks",
-        o.duration_s, o.retention_s, d.token_pairs, d.alloc_pairs, d.apps
+        "churn on the {} store for {:.0} s with every retention {:.0} s: {} token pairs, {} alloc pairs, {} \
+         applications of {TASKS_PER_APP} tasks",
+        o.store, o.duration_s, o.retention_s, d.token_pairs, d.alloc_pairs, d.apps
     );
     println!(
-        "{:>8} {:>14} {:>8} {:>8} {:>10} {:>12}",
-        "at s", "disk bytes", "grants", "allocs", "apps live", "apps ended"
+        "{:>8} {:>14} {:>14} {:>8} {:>8} {:>10} {:>12}",
+        "at s", "disk bytes", "Redis memory", "grants", "allocs", "apps live", "apps ended"
     );
     for s in o.samples.iter().chain(std::iter::once(&o.settled)) {
+        let memory = s.redis_used_memory.map_or_else(|| "-".to_owned(), |m| m.to_string());
         println!(
-            "{:>8.0} {:>14} {:>8} {:>8} {:>10} {:>12}",
+            "{:>8.0} {:>14} {memory:>14} {:>8} {:>8} {:>10} {:>12}",
             s.at_s, s.disk_bytes, s.grants, s.allocs, s.apps_live, s.apps_ended
         );
     }
     println!("(the last line: the load stopped, the retention passed)");
 }
 
-async fn sample(conn: &mut Conn, data: &std::path::Path, started: Instant, done: Done) -> anyhow::Result<Sample> {
+/// Where the store keeps its state.
+struct Store<'r> {
+    data: std::path::PathBuf,
+    redis: Option<&'r allot_host::redis::RedisServer>,
+}
+
+async fn sample(conn: &mut Conn, store: &Store<'_>, started: Instant, done: Done) -> anyhow::Result<Sample> {
     let namespace: allot_api::Namespace =
         serde_json::from_slice(&call(conn, Method::GET, &format!("/v1/namespaces/{NAMESPACE}"), Vec::new()).await?)?;
     let pool: allot_api::Pool =
@@ -203,7 +227,11 @@ async fn sample(conn: &mut Conn, data: &std::path::Path, started: Instant, done:
     }
     Ok(Sample {
         at_s: started.elapsed().as_secs_f64(),
-        disk_bytes: disk_usage(data)?,
+        disk_bytes: match store.redis {
+            Some(redis) => disk_usage(redis.dir())?,
+            None => disk_usage(&store.data)?,
+        },
+        redis_used_memory: store.redis.map(redis_memory).transpose()?,
         grants: namespace.grants,
         allocs: pool.allocs,
         apps_live,

@@ -393,7 +393,7 @@ async fn count_gone(endpoint: &Endpoint, which: &[usize], namespaces: usize) -> 
 }
 
 /// Redis's `used_memory` (bytes).
-fn redis_memory(redis: &allot_host::redis::RedisServer) -> anyhow::Result<u64> {
+pub(super) fn redis_memory(redis: &allot_host::redis::RedisServer) -> anyhow::Result<u64> {
     let info = redis.cli(&["INFO", "memory"]);
     let line = info.lines().find_map(|l| l.strip_prefix("used_memory:")).context("no used_memory in INFO")?;
     line.trim().parse().context("unreadable used_memory")

@@ -534,6 +534,10 @@ struct ChurnBenchArgs {
     /// Connections allocating tokens, and as many accepting allocs.
     #[arg(long, default_value_t = 8)]
     clients: usize,
+    /// On a Redis store (a `redis-server` started for the run) instead of the embedded one:
+    /// Redis's `used_memory` is sampled too.
+    #[arg(long)]
+    redis: bool,
     /// Where to make the daemon's scratch directory (see `compare --tmp-dir`).
     #[arg(long)]
     tmp_dir: Option<std::path::PathBuf>,
