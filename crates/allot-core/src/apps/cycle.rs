@@ -646,7 +646,7 @@ impl Scheduler {
             after = Some(key);
             // A task that preempted takes the room held for it.
             let held = (app_id.clone(), task.clone());
-            let given = match !self.holders.is_empty() && self.holders.contains_key(&held) {
+            let given = match self.holders.contains_key(&held) {
                 true => {
                     let given = self.unhold(&held, &mut cycle.room, &mut cycle.held);
                     if given.is_none() {

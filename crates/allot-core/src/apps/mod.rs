@@ -574,11 +574,9 @@ impl Scheduler {
             if task.state == TaskState::Pending {
                 pending.push(pending_key(task));
             }
-            *self.counts.entry(app_id.clone()).or_default().entry(task.state).or_default() += 1;
+            self.count(&app_id, None, Some(task.state));
             types.push((task.spec.id.clone(), task.spec.task_type()));
-            if task.preempting.is_some() || task.held.is_some() {
-                self.index_preemption(task);
-            }
+            self.index_preemption(task);
         }
         self.pending.entry(app_id.clone()).or_default().extend(pending);
         self.task_types.entry(app_id.clone()).or_default().extend(types);

@@ -226,12 +226,12 @@ fn wait_with(why_task: &mut HashMap<TaskRef, Why>, key: &TaskRef, preemption: Pr
 impl Scheduler {
     /// Notes a task's preemption marks in the indexes (at restore).
     pub(in crate::apps) fn index_preemption(&mut self, task: &crate::apps::Task) {
-        let key = (task.app.clone(), task.spec.id.clone());
+        let key = || (task.app.clone(), task.spec.id.clone());
         if let Some(p) = &task.preempting {
-            self.victims.insert(key.clone(), (p.by.clone(), p.at));
+            self.victims.insert(key(), (p.by.clone(), p.at));
         }
         if let Some(pool) = &task.held {
-            self.holders.insert(key, pool.clone());
+            self.holders.insert(key(), pool.clone());
         }
     }
 
