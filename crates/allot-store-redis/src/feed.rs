@@ -29,8 +29,8 @@
 //!   then answered "never sent" (`tests/it/outage.rs`, about one run in eight under load); not
 //!   since.)
 //! - **Retention.** The log keeps [`WatchConfig::retain_events`] events and none older than
-//!   `retain_for` (trimmed by each copy); `F:meta` `compacted` says after which revision it
-//!   keeps everything.
+//!   `retain_for` (trimmed by each copy, and each sweep while nothing is copied); `F:meta`
+//!   `compacted` says after which revision it keeps everything.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -86,6 +86,9 @@ pub(crate) async fn run_copier(inner: Arc<Inner>) {
                 _ = sweep.tick() => {
                     let streams = every_stream(&inner);
                     inner.feed.dirty.lock().unwrap_or_else(|p| p.into_inner()).extend(streams);
+                    if let Err(err) = retain(&inner).await {
+                        tracing::debug!(error = %err, "feed: cannot trim the log; trying at the next sweep");
+                    }
                 }
             }
         }
@@ -192,6 +195,22 @@ async fn copy(inner: &Inner, source: &str) -> Result<(), StoreError> {
             "moved" => set_cursor(inner, source, &reply.text()?),
             other => return Err(corrupt(format!("feed copy answer `{other}`"))),
         }
+    }
+}
+
+/// Drops from the log what retention no longer keeps, as each copy does: called each sweep, so
+/// that events older than `retain_for` go while nothing is copied too. This daemon's feed then
+/// keeps no more than the log does.
+async fn retain(inner: &Inner) -> Result<(), StoreError> {
+    let (keep, ms) =
+        (inner.feed.config.retain_events.to_string(), inner.feed.config.retain_for.as_millis().to_string());
+    let mut reply = feed_call(inner, FEED_SLOT, &["retain", &keep, &ms]).await?;
+    match reply.text()?.as_str() {
+        "retained" => {
+            inner.feed.feed.forget_through(reply.uint()?);
+            Ok(())
+        }
+        other => Err(corrupt(format!("feed retain answer `{other}`"))),
     }
 }
 

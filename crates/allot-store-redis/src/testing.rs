@@ -24,11 +24,20 @@ const CLOCK_KEY: &str = "allot:test:now";
 impl TestClock {
     /// Sets the time to `start` (ms), then opens a store on `server` whose functions read it.
     pub async fn open(server: &RedisServer, start: Millis) -> (RedisStore, TestClock) {
+        TestClock::open_configured(server, start, |config| config).await
+    }
+
+    /// As [`TestClock::open`], with the store's configuration changed by `configure`.
+    pub async fn open_configured(
+        server: &RedisServer,
+        start: Millis,
+        configure: impl FnOnce(RedisConfig) -> RedisConfig,
+    ) -> (RedisStore, TestClock) {
         let client = redis::Client::open(server.url()).expect("a Redis address");
         let conn = client.get_multiplexed_async_connection().await.expect("a connection to the test server");
         let mut clock = TestClock { conn, now: start };
         clock.write().await;
-        let config = RedisConfig::parse(&server.url()).expect("a Redis address");
+        let config = configure(RedisConfig::parse(&server.url()).expect("a Redis address"));
         let store = RedisStore::open_with(&config, Scripts::with_test_clock(CLOCK_KEY)).await.expect("the store opens");
         (store, clock)
     }

@@ -199,6 +199,27 @@ impl Feed {
             }
         }
         kept.taps.retain(|_, taps| !taps.is_empty());
+        self.drop_unkept(kept, now);
+    }
+
+    /// Drops what retention no longer keeps at `now`, as a publish does: for a feed that has been
+    /// idle (its stores call it each sweep or checkpoint), whose oldest events aged meanwhile.
+    pub fn expire(&self, now: Millis) {
+        self.drop_unkept(&mut self.lock(), now);
+    }
+
+    /// Drops the events up to `revision` (the shared log this feed mirrors no longer keeps them);
+    /// a watcher resuming from before it is told to list again.
+    pub fn forget_through(&self, revision: u64) {
+        let mut kept = self.lock();
+        while kept.events.front().is_some_and(|k| k.revision <= revision) {
+            let dropped = kept.events.pop_front().expect("not empty");
+            kept.compacted = dropped.revision;
+        }
+    }
+
+    /// Drops the events beyond `retain_events` and those older than `retain_for` before `now`.
+    fn drop_unkept(&self, kept: &mut Kept, now: Millis) {
         let horizon = now.saturating_sub(u64::try_from(self.config.retain_for.as_millis()).unwrap_or(u64::MAX));
         while kept.events.len() > self.config.retain_events || kept.events.front().is_some_and(|k| k.at < horizon) {
             let dropped = kept.events.pop_front().expect("not empty");
@@ -364,6 +385,21 @@ mod tests {
         feed.publish([event(1, "pools/a", 0), event(2, "pools/a", 5)], 5);
         feed.publish([event(3, "pools/a", 12)], 12);
         assert_eq!(feed.kept(), (2, 1));
+        // And by age while nothing is published.
+        feed.expire(16);
+        assert_eq!(feed.kept(), (1, 2));
+        feed.expire(30);
+        assert_eq!(feed.kept(), (0, 3));
+        assert_eq!(feed.subscribe(Filter::default(), Some(3)).map(|w| w.revision()).ok(), Some(3));
+        // And as the log it mirrors keeps them.
+        let feed = Feed::new(config(100, 16), 0);
+        feed.publish((1..=5).map(|r| event(r, "pools/a", 0)), 0);
+        feed.forget_through(3);
+        assert_eq!(feed.kept(), (2, 3));
+        assert_eq!(
+            feed.subscribe(Filter::default(), Some(2)).err(),
+            Some(WatchError::Compacted { since: 2, oldest: 3 })
+        );
     }
 
     #[tokio::test]

@@ -10,7 +10,9 @@
 --   copy(stream, cursor, new cursor, retain events, retain ms, then per event: t, kind, value):
 --     appends the events, in order, if `cursor` is the stream's cursor (else another daemon
 --     copied them: {'moved', cursor}); then drops what retention no longer keeps (by count and
---     by age). {'copied', last revision}
+--     by age: `retain`). {'copied', last revision}
+--   retain(retain events, retain ms): drops what retention no longer keeps, as a copy does (a
+--     daemon calls it each sweep, so that an idle log is trimmed by age too). {'retained', compacted}
 --   trim(through): removes the entries of the stream KEYS[1] up to id `through` (copied).
 --     {entries left}
 -- Invariants: each stream's entries are copied once, in their order (the cursor moves only here,
@@ -20,6 +22,35 @@
 -- and takes everything before as compacted, so a watcher lists again rather than miss a copy
 -- the failover lost.
 local op = ARGV[1]
+
+-- Drops from the log what retention no longer keeps: all but the newest `keep` entries, and
+-- those older than `ms` (at most 10 pages of 1,000 a call; the next call goes on). Sets
+-- `compacted` below the oldest entry left (or to `rev` when none is).
+local function retain(K_LOG, K_META, keep, ms, rev)
+  if redis.call('XLEN', K_LOG) > keep then redis.call('XTRIM', K_LOG, 'MAXLEN', keep) end
+  local horizon = now_ms() - ms
+  for _ = 1, 10 do
+    local page = redis.call('XRANGE', K_LOG, '-', '+', 'COUNT', 1000)
+    local keep_from = nil
+    for _, entry in ipairs(page) do
+      if tonumber(entry[2][4]) >= horizon then keep_from = entry[1]; break end
+    end
+    if keep_from then
+      redis.call('XTRIM', K_LOG, 'MINID', keep_from)
+      break
+    end
+    if #page == 0 then break end
+    local last = page[#page][1]
+    local seq = tonumber(string.match(last, '^0%-(%d+)$'))
+    redis.call('XTRIM', K_LOG, 'MINID', '0-' .. int(seq + 1))
+  end
+  local head = redis.call('XRANGE', K_LOG, '-', '+', 'COUNT', 1)[1]
+  local compacted = rev
+  if head then compacted = tonumber(string.match(head[1], '^0%-(%d+)$')) - 1 end
+  redis.call('HSET', K_META, 'compacted', int(compacted))
+  return compacted
+end
+
 if op == 'copy' then
   local F = KEYS[1]
   local K_LOG, K_META, K_CURSORS = F .. ':log', F .. ':meta', F .. ':cursors'
@@ -38,18 +69,13 @@ if op == 'copy' then
   end
   redis.call('HSET', K_META, 'rev', int(rev), 'rev_by', by)
   redis.call('HSET', K_CURSORS, stream, ARGV[4])
-  local keep, horizon = tonumber(ARGV[5]), now_ms() - tonumber(ARGV[6])
-  if redis.call('XLEN', K_LOG) > keep then redis.call('XTRIM', K_LOG, 'MAXLEN', keep) end
-  for _ = 1, 100 do
-    local head = redis.call('XRANGE', K_LOG, '-', '+', 'COUNT', 1)[1]
-    if not head or tonumber(head[2][4]) >= horizon then break end
-    redis.call('XDEL', K_LOG, head[1])
-  end
-  local head = redis.call('XRANGE', K_LOG, '-', '+', 'COUNT', 1)[1]
-  local compacted = rev
-  if head then compacted = tonumber(string.match(head[1], '^0%-(%d+)$')) - 1 end
-  redis.call('HSET', K_META, 'compacted', int(compacted))
+  retain(K_LOG, K_META, tonumber(ARGV[5]), tonumber(ARGV[6]), rev)
   return { 'copied', rev }
+elseif op == 'retain' then
+  local F = KEYS[1]
+  local K_LOG, K_META = F .. ':log', F .. ':meta'
+  local rev = tonumber(redis.call('HGET', K_META, 'rev') or '0')
+  return { 'retained', int(retain(K_LOG, K_META, tonumber(ARGV[2]), tonumber(ARGV[3]), rev)) }
 elseif op == 'trim' then
   local ms, seq = string.match(ARGV[2], '^(%d+)-(%d+)$')
   redis.call('XTRIM', KEYS[1], 'MINID', ms .. '-' .. int(tonumber(seq) + 1))

@@ -170,3 +170,35 @@ async fn outputs_kept_by_an_earlier_version_are_forgotten_after_their_retention(
     assert_eq!(store.cached_outputs("old-2").await.unwrap(), Some(entry(300)));
     store.shutdown().await;
 }
+
+/// The shared log keeps no event older than `retain_for` while nothing is copied into it too (each
+/// daemon's sweep trims it), and a daemon's feed keeps no more than the log.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn events_past_their_retention_go_from_an_idle_log() {
+    use allot_core::watch::Filter;
+    use allot_core::NamespaceName;
+    use allot_store::{WatchConfig, WatchError};
+
+    let server = RedisServer::start();
+    let start = 1_000_000;
+    let watch = WatchConfig { retain_for: Duration::from_secs(60), ..WatchConfig::default() };
+    let (store, mut clock) = TestClock::open_configured(&server, start, |config| config.with_watch(watch)).await;
+    let first = store.revision();
+    store.put_namespace(NamespaceName::new("hive").unwrap(), 100).await.unwrap();
+    for i in 0..5 {
+        store.allocate(support::request("hive", &format!("t{i}")), Duration::ZERO).await.unwrap();
+    }
+    let log_len = || server.cli(&["XLEN", "allot:{allot-feed}:log"]).trim().parse::<u64>().unwrap();
+    until("the six changes are in the log and the feed", async || log_len() == 6 && store.feed_kept().0 == 6).await;
+    let last = store.revision();
+    let retained = || server.cli(&["HGET", "allot:{allot-feed}:meta", "compacted"]).trim().to_owned();
+    clock.set(&store, start + 61_000).await;
+    until("the idle log trimmed by age", async || log_len() == 0).await;
+    assert_eq!(retained(), last.to_string());
+    until("the daemon's feed trimmed with it", async || store.feed_kept() == (0, last)).await;
+    assert_eq!(
+        store.watch(Filter::default(), Some(first)).err(),
+        Some(WatchError::Compacted { since: first, oldest: last })
+    );
+    store.shutdown().await;
+}

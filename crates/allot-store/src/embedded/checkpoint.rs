@@ -70,7 +70,10 @@ pub(super) fn checkpoint(shared: &Shared) -> Result<(), String> {
     let current = lock(shared).log.number;
     let listed = shared.files.list().map_err(|err| format!("cannot list the log's segments: {err}"))?;
     let sealed: Vec<u64> = listed.into_iter().filter(|n| *n < current).collect();
+    // Events that aged past `retain_for` while nothing was published go too.
+    shared.feed.expire(shared.clock.now());
     if sealed.is_empty() {
+        forget_unkept_events(shared);
         return Ok(());
     }
     {
@@ -88,10 +91,14 @@ pub(super) fn checkpoint(shared: &Shared) -> Result<(), String> {
     for number in sealed {
         shared.files.remove(number).map_err(|err| format!("cannot remove a folded segment: {err}"))?;
     }
-    // The kept events the feed no longer keeps are not kept on disk either.
+    forget_unkept_events(shared);
+    Ok(())
+}
+
+/// The kept events the feed no longer keeps are not kept on disk either.
+fn forget_unkept_events(shared: &Shared) {
     let compacted = shared.feed.kept().1;
     lock_plain(&shared.archive).trim(compacted);
-    Ok(())
 }
 
 impl EmbeddedStore {

@@ -523,6 +523,42 @@ async fn retention_bounds_what_a_reopened_store_keeps() {
     store.shutdown().await;
 }
 
+/// Events that age past `retain_for` go while nothing changes too: from the feed at the next
+/// checkpoint (and from disk with it), not only when a later change is published.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn events_past_their_retention_go_while_the_store_is_idle() {
+    let dir = tempfile::tempdir().unwrap();
+    let clock = ManualClock::new();
+    let watch = WatchConfig { retain_for: Duration::from_secs(60), ..WatchConfig::default() };
+    let store = open(dir.path(), &clock, watch);
+    let start = store.revision();
+    store.put_namespace(ns("hive"), 100).await.unwrap();
+    for i in 0..5 {
+        store.allocate(request("hive", &format!("t{i}"), LeaseRequest::None), Duration::ZERO).await.unwrap();
+    }
+    let last = store.revision();
+    store.checkpoint_now().unwrap();
+    assert_eq!(store.feed_kept(), (6, start), "within their retention, every event is kept");
+    clock.advance(Duration::from_secs(59));
+    store.checkpoint_now().unwrap();
+    assert_eq!(store.feed_kept(), (6, start));
+    clock.advance(Duration::from_secs(2));
+    store.checkpoint_now().unwrap();
+    assert_eq!(store.feed_kept(), (0, last), "a minute later, none is");
+    assert_eq!(
+        store.watch(Filter::default(), Some(start)).err(),
+        Some(WatchError::Compacted { since: start, oldest: last })
+    );
+    let mut from_last = store.watch(Filter::default(), Some(last)).unwrap();
+    store.allocate(request("hive", "late", LeaseRequest::None), Duration::ZERO).await.unwrap();
+    let late = store.revision();
+    assert_eq!(next(&mut from_last).await.revision, late);
+    stop(store, true).await;
+    let store = open(dir.path(), &clock, watch);
+    assert_eq!(store.feed_kept(), (1, last), "reopened, only what retention keeps");
+    store.shutdown().await;
+}
+
 /// An application's life as events: accepted and placed (its task with the alloc it holds, and
 /// the alloc itself), started, failed with its reason, and the alloc ended with it.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
