@@ -56,6 +56,7 @@ mod pools;
 mod redis;
 mod report;
 mod sched;
+mod waiters;
 mod wake;
 mod watch;
 
@@ -126,6 +127,10 @@ enum BenchCommand {
     /// retentions, the store's size on disk and what it holds sampled as it goes.
     #[command(after_help = BENCH_AFTER_HELP)]
     Churn(ChurnBenchArgs),
+    /// Many long-poll waiters on one daemon over HTTP/2: memory per waiter, and the quota handed
+    /// along the queue, in order.
+    #[command(after_help = BENCH_AFTER_HELP)]
+    Waiters(WaitersBenchArgs),
 }
 
 /// Options shared by every command: how to show progress and results.
@@ -546,6 +551,30 @@ struct ChurnBenchArgs {
 }
 
 #[derive(Debug, Clone, clap::Args)]
+struct WaitersBenchArgs {
+    /// How many waiters, each an allocate of one unit waiting on its own HTTP/2 stream.
+    #[arg(long, default_value_t = 100_000)]
+    waiters: usize,
+    /// The HTTP/2 connections they share.
+    #[arg(long, default_value_t = 16)]
+    connections: usize,
+    /// The namespace's quota: held whole while the waiters queue, then handed along the queue.
+    #[arg(long, default_value_t = 100)]
+    quota: u64,
+    /// The daemon's durability level (`disk`, the default, or `process`).
+    #[arg(long, default_value = "disk")]
+    durability: String,
+    /// Exit with an error when a target is missed.
+    #[arg(long)]
+    check: bool,
+    /// Where to make the daemon's scratch directory (see `compare --tmp-dir`).
+    #[arg(long)]
+    tmp_dir: Option<std::path::PathBuf>,
+    #[command(flatten)]
+    output: OutputOpts,
+}
+
+#[derive(Debug, Clone, clap::Args)]
 struct GangsBenchArgs {
     /// How many applications, each with one task group.
     #[arg(long, default_value_t = 100)]
@@ -593,6 +622,7 @@ pub async fn run(args: BenchArgs) -> anyhow::Result<()> {
         BenchCommand::Leases(args) => leases::run(args).await,
         BenchCommand::Backlog(args) => backlog::run(args).await,
         BenchCommand::Churn(args) => churn::run(args).await,
+        BenchCommand::Waiters(args) => waiters::run(args).await,
     }
 }
 

@@ -4,7 +4,8 @@
 //! left hanging. `/healthz` answers 200 (status `starting`: the process is alive) and `/readyz`
 //! 503, as orchestrators expect of a process that is loading.
 //!
-//! Invariant: each answer closes its connection, so a client's next call opens a new one, which
+//! Invariant: each answer closes its connection (an HTTP/2 one once the requests it brought are
+//! answered), so a client's next call opens a new one, which
 //! the daemon's server accepts once [`Starting::ready`] handed it the listener.
 
 use std::io;
@@ -22,6 +23,7 @@ use tokio::net::TcpListener;
 use tokio::sync::oneshot;
 use tokio::task::JoinHandle;
 
+use crate::connections::{http2_builder, protocol_of, Protocol};
 use crate::error::ErrorCode;
 use crate::tls::{Accepting, Tls};
 
@@ -47,9 +49,21 @@ pub fn starting(listener: TcpListener, tls: Option<Arc<Tls>>, backend: &'static 
                     let service = hyper::service::service_fn(move |request: Request<Incoming>| async move {
                         Ok::<_, std::convert::Infallible>(answer(request.uri().path(), backend, since))
                     });
-                    let connection = http1::Builder::new().keep_alive(false).serve_connection(TokioIo::new(io), service);
                     tokio::spawn(async move {
-                        if let Err(err) = connection.await {
+                        let ended = match protocol_of(&io).await {
+                            Protocol::Http1 => {
+                                http1::Builder::new().keep_alive(false).serve_connection(TokioIo::new(io), service).await
+                            }
+                            // The requests already sent are answered, then the connection goes
+                            // (GOAWAY), as an HTTP/1.1 answer closes its own.
+                            Protocol::Http2 => {
+                                let connection = http2_builder().serve_connection(TokioIo::new(io), service);
+                                let mut connection = std::pin::pin!(connection);
+                                connection.as_mut().graceful_shutdown();
+                                connection.await
+                            }
+                        };
+                        if let Err(err) = ended {
                             tracing::trace!(error = %err, "a connection ended with an error while starting");
                         }
                     });

@@ -174,7 +174,7 @@ fn build(files: &TlsFiles) -> Result<(ServerConfig, Option<Arc<dyn ClientCertVer
     let mut config = builder
         .with_single_cert(certificates(&files.cert)?, private_key(&files.key)?)
         .map_err(|e| TlsError::Config(e.to_string()))?;
-    config.alpn_protocols = vec![b"http/1.1".to_vec()];
+    config.alpn_protocols = vec![b"h2".to_vec(), b"http/1.1".to_vec()];
     Ok((config, verifier))
 }
 

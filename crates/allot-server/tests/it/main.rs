@@ -6,6 +6,7 @@ mod apps;
 mod daemon;
 mod placement;
 mod pools;
+mod protocols;
 mod quotas;
 mod support;
 mod watch;

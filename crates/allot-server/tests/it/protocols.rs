@@ -1,0 +1,171 @@
+//! The protocols a daemon speaks on one port: HTTP/1.1, and HTTP/2 with prior knowledge (h2c) or
+//! chosen by ALPN over TLS. Many waiters share one HTTP/2 connection and are handed the quota in
+//! their order; a shutdown does not wait for a connection that never said what it speaks.
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use allot_server::{run, ServerState, Tls, TlsFiles};
+use allot_store::{EmbeddedConfig, EmbeddedStore, Store};
+use http_body_util::{BodyExt, Full};
+use hyper::body::Bytes;
+use hyper::client::conn::http2;
+use hyper::{Method, Request, StatusCode};
+use hyper_util::rt::{TokioExecutor, TokioIo};
+use serde_json::Value;
+use tokio::io::AsyncWriteExt;
+use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::oneshot;
+use tokio::task::JoinHandle;
+
+/// A server on a free loopback port, over a fresh embedded store.
+struct Served {
+    addr: SocketAddr,
+    stop: oneshot::Sender<()>,
+    done: JoinHandle<std::io::Result<()>>,
+    _dir: tempfile::TempDir,
+}
+
+async fn serve(tls: Option<Arc<Tls>>) -> Served {
+    let dir = tempfile::tempdir().unwrap();
+    let store: Arc<dyn Store> = Arc::new(EmbeddedStore::open(&EmbeddedConfig::new(dir.path().join("data"))).unwrap());
+    let mut state = ServerState::new(store);
+    if let Some(tls) = tls {
+        state = state.with_tls(tls);
+    }
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let (stop, stopped) = oneshot::channel::<()>();
+    let done = tokio::spawn(run(listener, state, async move {
+        let _ = stopped.await;
+    }));
+    Served { addr, stop, done, _dir: dir }
+}
+
+impl Served {
+    /// Shuts the server down; fails if that does not end within a minute.
+    async fn shut_down(self) {
+        let _ = self.stop.send(());
+        tokio::time::timeout(Duration::from_secs(60), self.done).await.expect("the server shut down").unwrap().unwrap();
+    }
+}
+
+type H2 = http2::SendRequest<Full<Bytes>>;
+
+/// An HTTP/2 client over `io` (a plain TCP stream: prior knowledge).
+async fn h2_over<IO>(io: IO) -> H2
+where
+    IO: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
+{
+    let (sender, connection) = http2::Builder::new(TokioExecutor::new()).handshake(TokioIo::new(io)).await.unwrap();
+    tokio::spawn(connection);
+    sender
+}
+
+async fn call(h2: &mut H2, method: Method, path: &str, body: &str) -> (StatusCode, Value) {
+    let request = Request::builder()
+        .method(method)
+        .uri(format!("http://localhost{path}"))
+        .header("content-type", "application/json")
+        .body(Full::new(Bytes::from(body.to_owned())))
+        .unwrap();
+    h2.ready().await.unwrap();
+    let answer = h2.send_request(request).await.unwrap();
+    assert_eq!(answer.version(), hyper::Version::HTTP_2);
+    let status = answer.status();
+    let bytes = answer.into_body().collect().await.unwrap().to_bytes();
+    (status, serde_json::from_slice(&bytes).unwrap_or(Value::Null))
+}
+
+/// Twenty allocates wait on one HTTP/2 connection, each sent once the one before is queued; the
+/// quota (one unit) passes from the holder along the queue, each waiter releasing once granted:
+/// their fencing numbers grow in the order they came. HTTP/1.1 on the same port goes on.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn many_waiters_share_one_http2_connection_and_are_served_in_order() {
+    let served = serve(None).await;
+    let mut h2 = h2_over(TcpStream::connect(served.addr).await.unwrap()).await;
+    assert!(call(&mut h2, Method::PUT, "/v1/namespaces/hive", r#"{"quota":1}"#).await.0.is_success());
+    let (status, held) = call(&mut h2, Method::PUT, "/v1/namespaces/hive/grants/holder", "{}").await;
+    assert_eq!((status, held["status"].as_str()), (StatusCode::OK, Some("Granted")), "{held}");
+    let mut waiters = Vec::new();
+    for i in 0..20 {
+        let mut stream = h2.clone();
+        waiters.push(tokio::spawn(async move {
+            let path = format!("/v1/namespaces/hive/grants/w-{i}");
+            let (status, answer) = call(&mut stream, Method::PUT, &path, r#"{"wait_ms":60000}"#).await;
+            assert_eq!((status, answer["status"].as_str()), (StatusCode::OK, Some("Granted")), "{answer}");
+            let fencing = answer["grant"]["fencing"].as_u64().unwrap();
+            assert_eq!(call(&mut stream, Method::DELETE, &path, "").await.0, StatusCode::OK);
+            fencing
+        }));
+        loop {
+            let (_, namespace) = call(&mut h2, Method::GET, "/v1/namespaces/hive", "").await;
+            if namespace["waiters"].as_u64() == Some(i + 1) {
+                break;
+            }
+            tokio::task::yield_now().await;
+        }
+    }
+    let health = reqwest::get(format!("http://{}/healthz", served.addr)).await.unwrap();
+    assert_eq!((health.status(), health.version()), (reqwest::StatusCode::OK, reqwest::Version::HTTP_11));
+    assert_eq!(call(&mut h2, Method::DELETE, "/v1/namespaces/hive/grants/holder", "").await.0, StatusCode::OK);
+    let mut fencing = Vec::new();
+    for waiter in waiters {
+        fencing.push(waiter.await.unwrap());
+    }
+    assert!(fencing.windows(2).all(|pair| pair[0] < pair[1]), "granted in the order they came: {fencing:?}");
+    served.shut_down().await;
+}
+
+/// A connection that sent nothing, and one that sent only the start of HTTP/2's preface, do not
+/// hold a shutdown up; an open HTTP/2 connection is closed by it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_shutdown_does_not_wait_for_connections_that_said_nothing() {
+    let served = serve(None).await;
+    let _silent = TcpStream::connect(served.addr).await.unwrap();
+    let mut partial = TcpStream::connect(served.addr).await.unwrap();
+    partial.write_all(b"PRI * HTTP/2").await.unwrap();
+    let mut h2 = h2_over(TcpStream::connect(served.addr).await.unwrap()).await;
+    assert_eq!(call(&mut h2, Method::GET, "/healthz", "").await.0, StatusCode::OK);
+    served.shut_down().await;
+}
+
+/// Over TLS, a client that offers `h2` by ALPN speaks HTTP/2; one that offers only `http/1.1`
+/// (reqwest here) speaks HTTP/1.1.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn http2_is_chosen_by_alpn_over_tls() {
+    let dir = tempfile::tempdir().unwrap();
+    let certified = rcgen::generate_simple_self_signed(vec!["localhost".to_owned()]).unwrap();
+    let (cert, key) = (dir.path().join("cert.pem"), dir.path().join("key.pem"));
+    std::fs::write(&cert, certified.cert.pem()).unwrap();
+    std::fs::write(&key, certified.key_pair.serialize_pem()).unwrap();
+    let tls = Tls::load(TlsFiles { cert, key, client_ca: None }).unwrap();
+    let served = serve(Some(Arc::new(tls))).await;
+
+    let mut roots = rustls::RootCertStore::empty();
+    roots.add(certified.cert.der().clone()).unwrap();
+    let mut config = rustls::ClientConfig::builder_with_provider(Arc::new(rustls::crypto::ring::default_provider()))
+        .with_safe_default_protocol_versions()
+        .unwrap()
+        .with_root_certificates(roots)
+        .with_no_client_auth();
+    config.alpn_protocols = vec![b"h2".to_vec(), b"http/1.1".to_vec()];
+    let connector = tokio_rustls::TlsConnector::from(Arc::new(config));
+    let tcp = TcpStream::connect(served.addr).await.unwrap();
+    let name = rustls::pki_types::ServerName::try_from("localhost").unwrap();
+    let stream = connector.connect(name, tcp).await.unwrap();
+    assert_eq!(stream.get_ref().1.alpn_protocol(), Some(&b"h2"[..]));
+    let mut h2 = h2_over(stream).await;
+    let (status, health) = call(&mut h2, Method::GET, "/healthz", "").await;
+    assert_eq!(status, StatusCode::OK, "{health}");
+
+    let client = reqwest::Client::builder()
+        .add_root_certificate(reqwest::Certificate::from_pem(certified.cert.pem().as_bytes()).unwrap())
+        .build()
+        .unwrap();
+    let port = served.addr.port();
+    let health = client.get(format!("https://localhost:{port}/healthz")).send().await.unwrap();
+    assert_eq!((health.status(), health.version()), (reqwest::StatusCode::OK, reqwest::Version::HTTP_11));
+    served.shut_down().await;
+}
