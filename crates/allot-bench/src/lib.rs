@@ -552,6 +552,10 @@ struct ChurnBenchArgs {
 
 #[derive(Debug, Clone, clap::Args)]
 struct WaitersBenchArgs {
+    /// A daemon already running (its store fresh), instead of one started for the run: its memory
+    /// is not measured.
+    #[arg(long)]
+    server: Option<String>,
     /// How many waiters, each an allocate of one unit waiting on its own HTTP/2 stream.
     #[arg(long, default_value_t = 100_000)]
     waiters: usize,

@@ -13,6 +13,8 @@
 //! - **order**: the queue's order is read (the waiter list, paged) before the handover; every
 //!   grant's fencing number must grow along it: the quota was handed in arrival order.
 //!
+//! With `--server`, the waiters go to a daemon already running (its memory is not measured).
+//!
 //! Targets: ≤ 4 KiB per waiter, ≥ 5,000 grants/s handed over, every grant in order.
 
 use std::collections::HashMap;
@@ -48,9 +50,10 @@ struct Output {
     quota: u64,
     /// How fast the waiters were queued (sent until all listed).
     queued_per_s: f64,
-    before_kib: u64,
-    with_waiters_kib: u64,
-    bytes_per_waiter: f64,
+    /// The daemon's resident memory (not measured with `--server`).
+    before_kib: Option<u64>,
+    with_waiters_kib: Option<u64>,
+    bytes_per_waiter: Option<f64>,
     handover_s: f64,
     handover_per_s: f64,
     /// Grants whose fencing number is not above the one of the waiter before them in the queue.
@@ -71,9 +74,17 @@ pub(super) async fn run(args: WaitersBenchArgs) -> anyhow::Result<()> {
     }
     let scratch = Scratch::new(args.tmp_dir.as_deref())?;
     let more: Vec<std::ffi::OsString> = vec!["--durability".into(), args.durability.clone().into()];
-    let daemon = children::spawn_daemon_with(&scratch, &more).await?;
-    let endpoint = daemon.endpoint.clone();
-    let pid = daemon.pid().context("the daemon's process")?;
+    let daemon = match &args.server {
+        Some(_) => None,
+        None => Some(children::spawn_daemon_with(&scratch, &more).await?),
+    };
+    let endpoint = match (&daemon, &args.server) {
+        (Some(daemon), _) => daemon.endpoint.clone(),
+        (None, Some(url)) => Endpoint::parse(url)?,
+        (None, None) => unreachable!("a daemon is started when no server is given"),
+    };
+    let pid = daemon.as_ref().and_then(children::Server::pid);
+    let resident = || pid.map(resident_kib).transpose();
     crate::load::setup_namespace(&endpoint, NAMESPACE, args.quota).await?;
     let mut conn = Conn::connect(&endpoint).await?;
     for holder in 0..args.quota {
@@ -87,7 +98,7 @@ pub(super) async fn run(args: WaitersBenchArgs) -> anyhow::Result<()> {
         connections.push(connect_h2(&endpoint).await?);
     }
     tokio::time::sleep(Duration::from_millis(200)).await;
-    let before_kib = resident_kib(pid)?;
+    let before_kib = resident()?;
 
     // Every waiter sent, each on its connection's stream, and listed by the daemon.
     let started = Instant::now();
@@ -106,7 +117,7 @@ pub(super) async fn run(args: WaitersBenchArgs) -> anyhow::Result<()> {
     wait_listed(&mut conn, args.waiters as u64).await?;
     let queued_per_s = args.waiters as f64 / started.elapsed().as_secs_f64();
     tokio::time::sleep(Duration::from_millis(200)).await;
-    let with_waiters_kib = resident_kib(pid)?;
+    let with_waiters_kib = resident()?;
     eprintln!("{} waiters queued ({queued_per_s:.0}/s)", args.waiters);
     let arrival = queue_order(&mut conn).await?;
     if arrival.len() != args.waiters {
@@ -141,11 +152,15 @@ pub(super) async fn run(args: WaitersBenchArgs) -> anyhow::Result<()> {
     let handover_s = last.duration_since(released).as_secs_f64();
     let handover_per_s = args.waiters as f64 / handover_s;
     let out_of_order = out_of_order(&grants, &arrival);
-    daemon.stop().await;
+    if let Some(daemon) = daemon {
+        daemon.stop().await;
+    }
 
-    let bytes_per_waiter = (with_waiters_kib as f64 - before_kib as f64) * 1024.0 / args.waiters as f64;
+    let bytes_per_waiter = before_kib
+        .zip(with_waiters_kib)
+        .map(|(before, with)| (with as f64 - before as f64) * 1024.0 / args.waiters as f64);
     let checks = vec![
-        Check::at_most("memory per waiter (bytes)".into(), Some(bytes_per_waiter), MAX_BYTES_PER_WAITER),
+        Check::at_most("memory per waiter (bytes)".into(), bytes_per_waiter, MAX_BYTES_PER_WAITER),
         Check::at_least("grants handed over per second".into(), Some(handover_per_s), MIN_HANDOVER_PER_S),
         Check::at_most("grants out of the queue's order".into(), Some(out_of_order as f64), 0.0),
     ];
@@ -171,10 +186,9 @@ fn print(o: &Output) {
         "{} waiters on one namespace (quota {}, durability {}) over {} HTTP/2 connections, queued at {:.0}/s",
         o.waiters, o.quota, o.durability, o.connections, o.queued_per_s
     );
-    println!(
-        "  memory: {} KiB before, {} KiB with the waiters ({:.0} bytes per waiter)",
-        o.before_kib, o.with_waiters_kib, o.bytes_per_waiter
-    );
+    if let (Some(before), Some(with), Some(per)) = (o.before_kib, o.with_waiters_kib, o.bytes_per_waiter) {
+        println!("  memory: {before} KiB before, {with} KiB with the waiters ({per:.0} bytes per waiter)");
+    }
     println!(
         "  handover: every waiter granted (and released) within {:.3} s of the quota's release: {:.0} grants/s, {} \
          out of order",

@@ -348,6 +348,123 @@ pub struct WaiterView {
     pub blocked_by_cap: Option<CapLevel>,
 }
 
+/// A namespace's waiters in arrival order, and what finds one without walking the queue: its
+/// arrival number by token and by id (arrival numbers increase along the queue, so a binary search
+/// finds its place), and the units they want together.
+///
+/// Invariant: `by_token` and `by_id` hold exactly the queue's waiters; `units` is their units'
+/// sum. Every change of the queue goes through these methods.
+#[derive(Debug, Clone, Default)]
+struct WaitQueue {
+    queue: VecDeque<Waiter>,
+    by_token: HashMap<Token, u64>,
+    by_id: HashMap<WaiterId, u64>,
+    /// The units wanted (a sum of up to 2^53 each: wider than `u64`).
+    units: u128,
+}
+
+impl std::ops::Deref for WaitQueue {
+    type Target = VecDeque<Waiter>;
+
+    fn deref(&self) -> &VecDeque<Waiter> {
+        &self.queue
+    }
+}
+
+impl WaitQueue {
+    fn push_back(&mut self, waiter: Waiter) {
+        debug_assert!(self.queue.back().is_none_or(|last| last.arrival < waiter.arrival));
+        self.by_token.insert(waiter.request.token.clone(), waiter.arrival);
+        self.by_id.insert(waiter.id, waiter.arrival);
+        self.units += u128::from(waiter.request.units);
+        self.queue.push_back(waiter);
+    }
+
+    fn remove(&mut self, index: usize) -> Option<Waiter> {
+        let waiter = self.queue.remove(index)?;
+        Self::forget(&mut self.by_token, &mut self.by_id, &mut self.units, &waiter);
+        Some(waiter)
+    }
+
+    /// Keeps the waiters `keep` says to keep, in their order.
+    fn retain(&mut self, mut keep: impl FnMut(&Waiter) -> bool) {
+        let (by_token, by_id, units) = (&mut self.by_token, &mut self.by_id, &mut self.units);
+        self.queue.retain(|waiter| {
+            let kept = keep(waiter);
+            if !kept {
+                Self::forget(by_token, by_id, units, waiter);
+            }
+            kept
+        });
+    }
+
+    fn forget(
+        by_token: &mut HashMap<Token, u64>,
+        by_id: &mut HashMap<WaiterId, u64>,
+        units: &mut u128,
+        waiter: &Waiter,
+    ) {
+        by_token.remove(&waiter.request.token);
+        by_id.remove(&waiter.id);
+        *units -= u128::from(waiter.request.units);
+    }
+
+    /// Gives the waiter at `index` a new id (a new call took it over); returns the old one.
+    fn take_over(&mut self, index: usize, id: WaiterId) -> WaiterId {
+        let waiter = &mut self.queue[index];
+        let old = std::mem::replace(&mut waiter.id, id);
+        self.by_id.remove(&old);
+        self.by_id.insert(id, waiter.arrival);
+        old
+    }
+
+    fn index_of_token(&self, token: &Token) -> Option<usize> {
+        self.index_of_arrival(*self.by_token.get(token)?)
+    }
+
+    fn index_of_id(&self, id: WaiterId) -> Option<usize> {
+        self.index_of_arrival(*self.by_id.get(&id)?)
+    }
+
+    fn index_of_arrival(&self, arrival: u64) -> Option<usize> {
+        let index = self.queue.partition_point(|w| w.arrival < arrival);
+        (self.queue.get(index)?.arrival == arrival).then_some(index)
+    }
+
+    /// The units all the waiters want (saturating).
+    fn units(&self) -> u64 {
+        u64::try_from(self.units).unwrap_or(u64::MAX)
+    }
+
+    /// The units the waiters ahead of `index` want (saturating), counted from the nearer end.
+    fn units_before(&self, index: usize) -> u64 {
+        let sum =
+            |waiters: &mut dyn Iterator<Item = &Waiter>| waiters.map(|w| u128::from(w.request.units)).sum::<u128>();
+        let before = if index <= self.queue.len() / 2 {
+            sum(&mut self.queue.iter().take(index))
+        } else {
+            self.units - sum(&mut self.queue.iter().skip(index))
+        };
+        u64::try_from(before).unwrap_or(u64::MAX)
+    }
+
+    /// Checks the invariant; for tests.
+    fn check(&self) -> Result<(), String> {
+        let units: u128 = self.queue.iter().map(|w| u128::from(w.request.units)).sum();
+        let indexed = self.queue.iter().all(|w| {
+            self.by_token.get(&w.request.token) == Some(&w.arrival) && self.by_id.get(&w.id) == Some(&w.arrival)
+        });
+        if units != self.units
+            || !indexed
+            || self.by_token.len() != self.queue.len()
+            || self.by_id.len() != self.queue.len()
+        {
+            return Err("the waiters' indexes disagree with their queue".to_owned());
+        }
+        Ok(())
+    }
+}
+
 #[derive(Debug, Clone)]
 struct Waiter {
     id: WaiterId,
@@ -499,7 +616,7 @@ struct NamespaceState {
     grants: Grants,
     project_units: HashMap<Arc<str>, u64>,
     scope_units: HashMap<Scope, u64>,
-    waiters: VecDeque<Waiter>,
+    waiters: WaitQueue,
     /// True iff a waiter is blocked by the quota: new requests then queue behind it.
     quota_blocked: bool,
     stats: NamespaceStats,
@@ -616,8 +733,7 @@ impl NamespaceState {
     }
 
     fn place_of(&self, index: usize) -> QueuePlace {
-        let units_ahead = self.waiters.iter().take(index).fold(0u64, |sum, w| sum.saturating_add(w.request.units));
-        QueuePlace { position: index + 1, units_ahead }
+        QueuePlace { position: index + 1, units_ahead: self.waiters.units_before(index) }
     }
 
     fn longest_wait(&self, now: Millis) -> u64 {
@@ -786,7 +902,7 @@ impl Ledger {
             }
         }
         // A token already in the queue keeps its place; the new call takes the waiter over.
-        if let Some(index) = state.waiters.iter().position(|w| w.request.token == request.token) {
+        if let Some(index) = state.waiters.index_of_token(&request.token) {
             if let Some(conflict) = waiter_conflict(&state.waiters[index].request, &request) {
                 return Err(conflict.into_error(request.token, true));
             }
@@ -798,7 +914,7 @@ impl Ledger {
             let waiter = WaiterId(self.next_waiter);
             self.next_waiter += 1;
             // The request is the same, so the queue's blocking state does not change.
-            let old = std::mem::replace(&mut state.waiters[index].id, waiter);
+            let old = state.waiters.take_over(index, waiter);
             return Ok((Decision::Queued { waiter, place, replaced: Some(old) }, Effects::default()));
         }
         let refusal = match cap_refusal {
@@ -852,6 +968,11 @@ impl Ledger {
         Ok(())
     }
 
+    /// A waiter's arrival number (it increases along its queue), if it is waiting.
+    pub fn waiter_arrival(&self, namespace: &NamespaceName, waiter: WaiterId) -> Option<u64> {
+        self.namespaces.get(namespace)?.waiters.by_id.get(&waiter).copied()
+    }
+
     /// Takes a waiter out of the queue (its wait timed out or its caller left) and says where it
     /// stood. `None` if it is no longer waiting: it was granted or cancelled meanwhile.
     pub fn cancel_waiter(
@@ -861,7 +982,7 @@ impl Ledger {
         now: Millis,
     ) -> Option<(Refusal, QueuePlace, Effects)> {
         let state = self.namespaces.get_mut(namespace)?;
-        let index = state.waiters.iter().position(|w| w.id == waiter)?;
+        let index = state.waiters.index_of_id(waiter)?;
         let place = state.place_of(index);
         let removed = state.waiters.remove(index)?;
         let refusal = state.cap_refusal(&removed.request).unwrap_or(Refusal::Exhausted);
@@ -1282,6 +1403,7 @@ impl Ledger {
             if state.waiters.iter().zip(state.waiters.iter().skip(1)).any(|(a, b)| a.arrival >= b.arrival) {
                 return Err(format!("{name}: arrival numbers do not increase along the queue"));
             }
+            state.waiters.check().map_err(|err| format!("{name}: {err}"))?;
             let granted: u64 = state.grants.values().map(|g| g.units).sum();
             if granted != state.granted {
                 return Err(format!("{name}: granted {} but grants sum to {granted}", state.granted));
@@ -1442,7 +1564,7 @@ fn view_of(name: &NamespaceName, state: &NamespaceState, now: Millis) -> Namespa
         granted_units: state.granted,
         grants: state.grants.len(),
         waiters: state.waiters.len(),
-        waiting_units: state.waiters.iter().fold(0u64, |sum, w| sum.saturating_add(w.request.units)),
+        waiting_units: state.waiters.units(),
         longest_wait_ms: state.longest_wait(now),
         next_fencing: state.next_fencing,
         stats: state.stats,

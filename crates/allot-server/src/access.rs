@@ -601,8 +601,8 @@ impl From<Withdrawn> for ApiError {
 
 /// Ends when a call that stays open (a long poll, a watch) may no longer go on: its token is
 /// revoked or expires, or `still` no longer holds for its caller under the policy in force (read
-/// again whenever the store's bindings move, and each second). Never ends for a call that is
-/// not checked.
+/// again whenever the store's tokens or bindings move, and when the token expires). Never ends
+/// for a call that is not checked.
 pub(crate) async fn withdrawn(
     access: Option<Arc<Access>>,
     caller: Option<Caller>,
@@ -623,8 +623,22 @@ pub(crate) async fn withdrawn(
         if let Err(denied) = still(&access.policy(), &principal) {
             return Withdrawn::Access(denied);
         }
-        // Expiry is checked each second; a revocation or a binding removed as soon as it is read.
-        let _ = tokio::time::timeout(std::time::Duration::from_secs(1), changes.changed()).await;
+        // A revocation or a binding removed is seen as soon as it is read, an expiry when it
+        // comes: no call wakes for nothing (a daemon may hold 100,000 waiters).
+        let left =
+            token.as_ref().and_then(|t| t.expires).map(|e| e.duration_since(SystemTime::now()).unwrap_or_default());
+        tokio::select! {
+            Ok(()) = changes.changed() => {}
+            () = sleep_or_never(left) => {}
+        }
+    }
+}
+
+/// Sleeps for `left`, or forever when there is nothing to wait for.
+async fn sleep_or_never(left: Option<std::time::Duration>) {
+    match left {
+        Some(left) => tokio::time::sleep(left).await,
+        None => std::future::pending().await,
     }
 }
 

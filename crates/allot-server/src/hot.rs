@@ -166,7 +166,7 @@ impl Api {
                     Err(err) => return refused(err),
                 };
                 let kept = keep_caller.then(|| caller.clone());
-                (kept, Either::Left(Box::pin(answer(self.state.clone(), hot, request, caller, held))))
+                (kept, Either::Left(answer(self.state.clone(), hot, request, caller, held)))
             }
             None => {
                 if let Err(err) = crate::access::authenticate(&self.state, &mut request) {
@@ -212,38 +212,64 @@ fn recognise(request: &Request, needs: GrantNeeds) -> Option<Hot> {
 }
 
 /// Answers `hot`, and counts it as the router's metrics layer would.
-async fn answer(
-    state: ServerState,
-    hot: Hot,
-    request: Request,
-    caller: Caller,
-    held: Option<HeldToken>,
-) -> Result<Response, Infallible> {
+///
+/// Not an `async fn`: what can be done at once (the path read, the access check) is done here,
+/// and the future returned holds only what the call needs while it waits. (An `async fn` keeps
+/// its arguments, the whole request among them, for as long as it lives, beside its locals; a
+/// daemon may hold 100,000 waiting calls.)
+fn answer(state: ServerState, hot: Hot, request: Request, caller: Caller, held: Option<HeldToken>) -> HotFuture {
     let started = Instant::now();
-    let (parts, body) = request.into_parts();
-    let (namespace, token) = grant_path(parts.uri.path()).unwrap_or_default();
-    let caller = &caller;
-    let allowed =
-        caller.check(state.access.as_deref(), hot.permission, resource_of(Kind::Namespace, namespace.to_owned()));
-    let response = match (allowed, hot.call) {
-        (Err(refused), _) => refused.into_response(),
-        (Ok(()), HotCall::Allocate) => match axum::body::to_bytes(body, MAX_BODY_BYTES).await {
-            Ok(bytes) => match json_object(&bytes) {
-                Ok(body) => allocate_grant(&state, namespace, token, body, caller, held).await.into_response(),
-                Err(err) => err.into_response(),
-            },
-            Err(err) => ApiError::invalid_json(format!("cannot read the request body: {err}")).into_response(),
-        },
-        (Ok(()), HotCall::Release { fencing }) => {
-            release_grant(&state, namespace, token, fencing).await.into_response()
-        }
-    };
-    state.metrics.observe_request(&parts.method, GRANT_ROUTE, response.status().as_u16(), started.elapsed());
-    let mut response = response;
+    let (axum::http::request::Parts { method, uri, .. }, body) = request.into_parts();
+    let (namespace, token) = grant_path(uri.path()).unwrap_or_default();
+    if let Err(refused) =
+        caller.check(state.access.as_deref(), hot.permission, resource_of(Kind::Namespace, namespace.to_owned()))
+    {
+        let response = answered(&state, &method, started, refused.into_response());
+        return Box::pin(std::future::ready(Ok(response)));
+    }
+    let grant = GrantPath { namespace: namespace.into(), token: token.into() };
+    Box::pin(async move {
+        let response = match hot.call {
+            HotCall::Allocate => {
+                // A statement of its own, not a `match` on the read: the read's future would then
+                // stay in this one's state while the call waits.
+                let body = read_allocate(body).await;
+                match body {
+                    Ok(body) => allocate_grant(&state, &grant.namespace, &grant.token, body, &caller, held)
+                        .await
+                        .into_response(),
+                    Err(err) => err.into_response(),
+                }
+            }
+            HotCall::Release { fencing } => {
+                release_grant(&state, &grant.namespace, &grant.token, fencing).await.into_response()
+            }
+        };
+        Ok(answered(&state, &method, started, response))
+    })
+}
+
+/// The namespace and token of a call's path, kept without the rest of the request.
+struct GrantPath {
+    namespace: Box<str>,
+    token: Box<str>,
+}
+
+/// The answer to a call of the hot path, counted in the metrics (and marked for the audit trail).
+fn answered(state: &ServerState, method: &Method, started: Instant, mut response: Response) -> Response {
+    state.metrics.observe_request(method, GRANT_ROUTE, response.status().as_u16(), started.elapsed());
     if state.audit.is_some() {
         response.extensions_mut().insert(audit::Route(GRANT_ROUTE.into()));
     }
-    Ok(response)
+    response
+}
+
+/// An allocate's body, read whole (its length is known: see [`recognise`]) and parsed.
+async fn read_allocate(body: axum::body::Body) -> Result<allot_api::Allocate, ApiError> {
+    let bytes = axum::body::to_bytes(body, MAX_BODY_BYTES)
+        .await
+        .map_err(|err| ApiError::invalid_json(format!("cannot read the request body: {err}")))?;
+    json_object(&bytes)
 }
 
 #[cfg(test)]

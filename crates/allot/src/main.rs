@@ -21,6 +21,7 @@ use clap::{Parser, Subcommand};
 /// mimalloc instead of the C library's allocator: glibc's took about 12 µs of the daemon's CPU per
 /// allocate+release pair, and with mimalloc the disk level served more pairs/s in 5 of 5
 /// alternating rounds (docs/benchmarks.md).
+#[cfg(not(feature = "system-allocator"))]
 #[global_allocator]
 static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 

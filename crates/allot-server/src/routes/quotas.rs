@@ -1,6 +1,8 @@
 //! The handlers of the token quotas: namespaces, grants, waiters and sessions; one per route,
 //! each a thin conversion around one `QuotaStore` call.
 
+use std::future::Future;
+
 use crate::access::{withdrawn, Caller, HeldToken, Who};
 use allot_api as api;
 use allot_core::access::{Permission, Resource};
@@ -132,24 +134,60 @@ pub(crate) async fn allocate(
 }
 
 /// What [`allocate`] does, once its path and body are read (the hot path calls it too).
-pub(crate) async fn allocate_grant(
-    state: &ServerState,
+///
+/// Not an `async fn`: the request is checked at once, and the future returned holds only the
+/// store's call while it waits (an `async fn` would keep its arguments beside it; a daemon may
+/// hold 100,000 waiting calls).
+pub(crate) fn allocate_grant<'a>(
+    state: &'a ServerState,
     name: &str,
     token: &str,
     body: api::Allocate,
+    caller: &'a Caller,
+    held: Option<HeldToken>,
+) -> impl Future<Output = Answer<api::AllocateResponse>> + Send + 'a {
+    use futures_util::future::{ready, Either};
+    let (request, wait) = match convert::allocate_request(name, token, body, state.max_wait) {
+        Ok(converted) => converted,
+        // Boxed: the answer is large, and only a refused call pays for it.
+        Err(err) => return Either::Left(Box::pin(ready(Err(err)))),
+    };
+    if matches!(request.lease, allot_core::LeaseRequest::Session(_))
+        || (!wait.is_zero() && state.access.is_some() && *caller != Caller::Anyone)
+    {
+        return Either::Right(Either::Right(Box::pin(allocate_checked(state, request, wait, caller, held))));
+    }
+    let allocation = state.store.allocate(request, wait);
+    Either::Right(Either::Left(async move { Ok(Json(convert::allocation(allocation.await?))) }))
+}
+
+/// [`allocate_grant`] for the calls that need more than the store: a grant joining a session
+/// (only the caller's own), and a wait that ends if access is withdrawn meanwhile.
+async fn allocate_checked(
+    state: &ServerState,
+    request: allot_core::AllocateRequest,
+    wait: std::time::Duration,
     caller: &Caller,
     held: Option<HeldToken>,
 ) -> Answer<api::AllocateResponse> {
-    let (request, wait) = convert::allocate_request(name, token, body, state.max_wait)?;
     if let allot_core::LeaseRequest::Session(id) = request.lease {
-        // A grant attaches only to the caller's own session.
         own_session(state, caller, id).await?;
     }
     if wait.is_zero() || state.access.is_none() || *caller == Caller::Anyone {
         return Ok(Json(convert::allocation(state.store.allocate(request, wait).await?)));
     }
-    // A call that waits ends, as its caller leaving would, when its token is revoked or expires,
-    // or its caller loses `use` on the namespace.
+    allocate_while_allowed(state, request, wait, caller, held).await
+}
+
+/// Allocates, waiting up to `wait`; the call ends, as its caller leaving would, when its token is
+/// revoked or expires, or its caller loses `use` on the namespace.
+async fn allocate_while_allowed(
+    state: &ServerState,
+    request: allot_core::AllocateRequest,
+    wait: std::time::Duration,
+    caller: &Caller,
+    held: Option<HeldToken>,
+) -> Answer<api::AllocateResponse> {
     let namespace = Resource::Namespace(request.namespace.to_string());
     let still = move |policy: &allot_core::access::Policy, principal: &allot_core::access::Principal| {
         policy.check(principal, Permission::Use, namespace.clone())
@@ -181,16 +219,26 @@ pub(crate) async fn release(
     release_grant(&state, &name, &token, query.fencing).await
 }
 
-/// What [`release`] does, once its path and query are read (the hot path calls it too).
-pub(crate) async fn release_grant(
-    state: &ServerState,
+/// What [`release`] does, once its path and query are read (the hot path calls it too). Not an
+/// `async fn`, as [`allocate_grant`].
+pub(crate) fn release_grant<'a>(
+    state: &'a ServerState,
     name: &str,
     token: &str,
     fencing: Option<u64>,
-) -> Answer<api::ReleaseResponse> {
-    let released =
-        state.store.release(convert::namespace_name(name)?, convert::token(token)?, convert::fencing(fencing)?).await?;
-    Ok(Json(api::ReleaseResponse { released: released.is_some(), grant: released.map(convert::grant) }))
+) -> impl Future<Output = Answer<api::ReleaseResponse>> + Send + 'a {
+    use futures_util::future::{ready, Either};
+    let checked =
+        (|| Ok::<_, ApiError>((convert::namespace_name(name)?, convert::token(token)?, convert::fencing(fencing)?)))();
+    let (namespace, token, fencing) = match checked {
+        Ok(checked) => checked,
+        Err(err) => return Either::Left(Box::pin(ready(Err(err)))),
+    };
+    let released = state.store.release(namespace, token, fencing);
+    Either::Right(async move {
+        let released = released.await?;
+        Ok(Json(api::ReleaseResponse { released: released.is_some(), grant: released.map(convert::grant) }))
+    })
 }
 
 #[utoipa::path(post, path = "/v1/namespaces/{namespace}/grants/{token}/keepalive", tag = "grants",

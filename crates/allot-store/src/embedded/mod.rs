@@ -250,6 +250,8 @@ enum WaiterAnswer {
     Granted(Grant),
     Cancelled(LedgerError),
     Failed(StoreError),
+    /// Taken out of the queue (the store shuts down): where it stood.
+    Refused(allot_core::Refusal, allot_core::QueuePlace),
 }
 
 type Ack = oneshot::Sender<Result<(), StoreError>>;
@@ -936,12 +938,9 @@ impl Store for EmbeddedStore {
         if self.shared.shutting_down.swap(true, Ordering::SeqCst) {
             return;
         }
-        // Waiters answer themselves with their place in the queue.
         self.shared.shutdown.send_replace(true);
-        let deadline = Instant::now() + Duration::from_secs(5);
-        while !self.lock().waiters.is_empty() && Instant::now() < deadline {
-            tokio::time::sleep(Duration::from_millis(5)).await;
-        }
+        // Waiters are answered with their place in the queue.
+        self.lock().refuse_every_waiter(&self.shared);
         // A last record holds the clock, so leases resume with the TTL they had left, and the
         // exact next fencing numbers, so numbering resumes without a jump. No grant can follow
         // it: `usable` refuses every operation once `shutting_down` is set.

@@ -1,6 +1,8 @@
 //! The token quotas of the embedded store: each operation is the ledger's, made durable through
 //! the write-ahead log; and the allocate calls that wait in a namespace's queue for their answer.
 
+use std::future::Future;
+use std::pin::Pin;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -96,78 +98,32 @@ impl QuotaStore for EmbeddedStore {
         self.read(|ledger, now| ledger.namespace(&name, now))
     }
 
-    async fn allocate(&self, request: AllocateRequest, wait: Duration) -> Result<Allocation, StoreError> {
-        check_wait(wait)?;
-        let namespace = request.namespace.clone();
-        let request_token = request.token.clone();
-        /// What the call does once the lock is released.
-        enum Then {
-            /// Waits for the grant's commit (an idempotent retry for the commit of the grant it
-            /// repeats), then answers it with its lease as of the decision.
-            Commit {
-                rx: oneshot::Receiver<Result<(), StoreError>>,
-                info: GrantInfo,
-                existing: bool,
-                at: Millis,
-            },
-            /// A refusal changed nothing; it is answered once what it saw is durable.
-            Refuse {
-                rx: oneshot::Receiver<Result<(), StoreError>>,
-                answer: Result<Allocation, StoreError>,
-            },
-            Wait {
-                waiter: WaiterId,
-                answer: oneshot::Receiver<WaiterAnswer>,
-            },
-        }
-        let then = {
-            let mut state = self.lock();
-            state.usable(&self.shared)?;
-            let now = self.shared.clock.now();
-            match state.ledger.allocate(request, now, !wait.is_zero()) {
-                Err(err) => Then::Refuse { rx: state.barrier(&self.shared, now), answer: Err(err.into()) },
-                Ok((decision, effects)) => match decision {
-                    Decision::Granted { grant, existing } => {
-                        let info = grant_info(&state.ledger, grant, now);
-                        Then::Commit { rx: state.submit(&self.shared, effects, now), info, existing, at: now }
-                    }
-                    Decision::Refused { refusal, place } => {
-                        let answer = Ok(Allocation::Refused { refusal, place });
-                        Then::Refuse { rx: state.barrier(&self.shared, now), answer }
-                    }
-                    Decision::Queued { waiter, replaced, .. } => {
-                        let (tx, answer) = oneshot::channel();
-                        let token = request_token.clone();
-                        state
-                            .waiters
-                            .insert(waiter, Waiting { tx, namespace: namespace.clone(), token: token.clone() });
-                        match replaced {
-                            // Dropping the old sender tells the older call it was taken over; the
-                            // waiter goes on under the same token.
-                            Some(old) => drop(state.waiters.remove(&old)),
-                            None => {
-                                state.drafts.push(feed::waiter(EventKind::WaiterQueued, &namespace, &token, None));
-                                state.flush_drafts(&self.shared);
-                            }
-                        }
-                        Then::Wait { waiter, answer }
-                    }
-                },
-            }
-        };
-        match then {
-            Then::Commit { rx, mut info, existing, at } => {
+    /// Not an `async fn`: the ledger decides at once, under the lock, and the future returned
+    /// holds only what its answer waits for (a commit, or a place in the queue). A daemon may hold
+    /// 100,000 waiting calls; an `async fn` would keep the request beside the wait.
+    fn allocate<'life0, 'async_trait>(
+        &'life0 self,
+        request: AllocateRequest,
+        wait: Duration,
+    ) -> Pin<Box<dyn Future<Output = Result<Allocation, StoreError>> + Send + 'async_trait>>
+    where
+        'life0: 'async_trait,
+        Self: 'async_trait,
+    {
+        match self.decide_allocate(request, wait) {
+            Err(err) => Box::pin(std::future::ready(Err(err))),
+            Ok(Then::Commit { rx, mut info, existing, at }) => Box::pin(async move {
                 durable(rx).await?;
                 // The time the commit took counts against the lease.
                 let waited = self.shared.clock.now().saturating_sub(at);
                 info.expires_in_ms = info.expires_in_ms.map(|left| left.saturating_sub(waited));
                 Ok(Allocation::Granted { grant: info, existing })
-            }
-            Then::Refuse { rx, answer } => {
+            }),
+            Ok(Then::Refuse { rx, answer }) => Box::pin(async move {
                 durable(rx).await?;
                 answer
-            }
-            Then::Wait { waiter, answer } => self.wait_for(namespace, waiter, answer, wait).await,
+            }),
+            Ok(Then::Wait { namespace, waiter, answer }) => Box::pin(self.wait_for(namespace, waiter, answer, wait)),
         }
     }
 
@@ -265,36 +221,86 @@ impl QuotaStore for EmbeddedStore {
     }
 }
 
+/// What an allocate call does once the ledger decided (and the lock is released).
+enum Then {
+    /// Waits for the grant's commit (an idempotent retry for the commit of the grant it
+    /// repeats), then answers it with its lease as of the decision.
+    Commit { rx: Commit, info: GrantInfo, existing: bool, at: Millis },
+    /// A refusal changed nothing; it is answered once what it saw is durable.
+    Refuse { rx: Commit, answer: Result<Allocation, StoreError> },
+    /// Queued: waits for its answer.
+    Wait { namespace: NamespaceName, waiter: WaiterId, answer: oneshot::Receiver<WaiterAnswer> },
+}
+
 impl EmbeddedStore {
-    /// Waits for a queued allocate call's answer, until `wait` ends or the store shuts down.
-    async fn wait_for(
+    /// The ledger's decision on an allocate call, under the lock: granted, refused or queued.
+    fn decide_allocate(&self, request: AllocateRequest, wait: Duration) -> Result<Then, StoreError> {
+        check_wait(wait)?;
+        let mut state = self.lock();
+        state.usable(&self.shared)?;
+        let now = self.shared.clock.now();
+        let (namespace, token) = (request.namespace.clone(), request.token.clone());
+        Ok(match state.ledger.allocate(request, now, !wait.is_zero()) {
+            Err(err) => Then::Refuse { rx: state.barrier(&self.shared, now), answer: Err(err.into()) },
+            Ok((decision, effects)) => match decision {
+                Decision::Granted { grant, existing } => {
+                    let info = grant_info(&state.ledger, grant, now);
+                    Then::Commit { rx: state.submit(&self.shared, effects, now), info, existing, at: now }
+                }
+                Decision::Refused { refusal, place } => {
+                    let answer = Ok(Allocation::Refused { refusal, place });
+                    Then::Refuse { rx: state.barrier(&self.shared, now), answer }
+                }
+                Decision::Queued { waiter, replaced, .. } => {
+                    let (tx, answer) = oneshot::channel();
+                    state.waiters.insert(waiter, Waiting { tx, namespace: namespace.clone(), token: token.clone() });
+                    match replaced {
+                        // Dropping the old sender tells the older call it was taken over; the
+                        // waiter goes on under the same token.
+                        Some(old) => drop(state.waiters.remove(&old)),
+                        None => {
+                            state.drafts.push(feed::waiter(EventKind::WaiterQueued, &namespace, &token, None));
+                            state.flush_drafts(&self.shared);
+                        }
+                    }
+                    Then::Wait { namespace, waiter, answer }
+                }
+            },
+        })
+    }
+
+    /// Waits for a queued allocate call's answer, until `wait` ends (or the store, shutting down,
+    /// answers it). (Its
+    /// state is made here and captured, not passed to an `async fn`, which would keep both.)
+    fn wait_for(
         &self,
         namespace: NamespaceName,
         waiter: WaiterId,
         mut answer: oneshot::Receiver<WaiterAnswer>,
         wait: Duration,
-    ) -> Result<Allocation, StoreError> {
+    ) -> impl Future<Output = Result<Allocation, StoreError>> + Send + '_ {
         let mut guard = WaiterGuard { shared: &self.shared, namespace, waiter, armed: true };
-        let mut shutdown = self.shared.shutdown.subscribe();
-        tokio::select! {
-            res = &mut answer => {
-                guard.armed = false;
-                return self.answer_of(res);
+        async move {
+            // At a shutdown the store answers every waiter (`refuse_every_waiter`).
+            tokio::select! {
+                res = &mut answer => {
+                    guard.disarm();
+                    return self.answer_of(res);
+                }
+                _ = tokio::time::sleep(wait) => {}
             }
-            _ = tokio::time::sleep(wait) => {}
-            _ = shutdown.wait_for(|stop| *stop) => {}
-        }
-        guard.armed = false;
-        let cancelled = self.lock().cancel_wait(&self.shared, &guard.namespace, waiter, "timed_out");
-        match cancelled {
-            Some((refusal, place, rx)) => {
-                // Those woken by this cancellation are answered by the committer; this caller
-                // only needs its own answer.
-                drop(rx);
-                Ok(Allocation::Refused { refusal, place: Some(place) })
+            guard.disarm();
+            let cancelled = self.lock().cancel_wait(&self.shared, &guard.namespace, guard.waiter, "timed_out");
+            match cancelled {
+                Some((refusal, place, rx)) => {
+                    // Those woken by this cancellation are answered by the committer; this caller
+                    // only needs its own answer.
+                    drop(rx);
+                    Ok(Allocation::Refused { refusal, place: Some(place) })
+                }
+                // Granted or cancelled meanwhile: the answer is on its way.
+                None => self.answer_of(answer.await),
             }
-            // Granted or cancelled meanwhile: the answer is on its way.
-            None => self.answer_of(answer.await),
         }
     }
 
@@ -307,6 +313,7 @@ impl EmbeddedStore {
             }
             Ok(WaiterAnswer::Cancelled(err)) => Err(err.into()),
             Ok(WaiterAnswer::Failed(err)) => Err(err),
+            Ok(WaiterAnswer::Refused(refusal, place)) => Ok(Allocation::Refused { refusal, place: Some(place) }),
             // A newer call with the same token took this waiter's place.
             Err(_) => Err(StoreError::Invalid("a newer allocate call with the same token took over this wait".into())),
         }
@@ -321,6 +328,13 @@ struct WaiterGuard<'a> {
     armed: bool,
 }
 
+impl WaiterGuard<'_> {
+    /// The call is answered: nothing to undo when it ends.
+    fn disarm(&mut self) {
+        self.armed = false;
+    }
+}
+
 impl Drop for WaiterGuard<'_> {
     fn drop(&mut self) {
         if !self.armed {
@@ -331,6 +345,30 @@ impl Drop for WaiterGuard<'_> {
 }
 
 impl State {
+    /// Takes every waiting call out of its queue, each answered with where it stood (the store
+    /// shuts down). From the back of each queue: no one leaving lets in one behind it.
+    pub(super) fn refuse_every_waiter(&mut self, shared: &Shared) {
+        let mut waiting: Vec<(u64, WaiterId, NamespaceName)> = self
+            .waiters
+            .iter()
+            .filter_map(|(id, w)| Some((self.ledger.waiter_arrival(&w.namespace, *id)?, *id, w.namespace.clone())))
+            .collect();
+        waiting.sort_unstable_by_key(|&(arrival, ..)| std::cmp::Reverse(arrival));
+        for (_, waiter, namespace) in waiting {
+            let now = shared.clock.now();
+            let Some((refusal, place, effects)) = self.ledger.cancel_waiter(&namespace, waiter, now) else { continue };
+            let Some(waiting) = self.waiters.remove(&waiter) else { continue };
+            self.drafts.push(feed::waiter(
+                EventKind::WaiterGaveUp,
+                &waiting.namespace,
+                &waiting.token,
+                Some("shutting_down"),
+            ));
+            drop(self.submit(shared, effects, now));
+            let _ = waiting.tx.send(WaiterAnswer::Refused(refusal, place));
+        }
+    }
+
     /// Takes a waiting call out of its namespace's queue, if it is still there (not granted or
     /// cancelled meanwhile): its refusal and place, and the commit of what its leaving changed
     /// (those it made room for are admitted and answered by the committer).
