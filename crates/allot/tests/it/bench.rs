@@ -81,3 +81,23 @@ fn bench_leases_holds_restarts_and_expires_a_tenth() {
     assert!(report["expiry_window"]["count"].as_u64().unwrap() > 0, "pairs were answered as the tenth expired");
     assert_eq!(report["checks"].as_array().unwrap().len(), 4, "{report}");
 }
+
+/// `allot bench waiters` at a small scale: every waiter queued over HTTP/2, then handed the
+/// quota along the queue, each grant in its order.
+#[test]
+fn bench_waiters_queues_over_http2_and_hands_the_quota_over_in_order() {
+    let output = Command::new(ALLOT)
+        .args(["bench", "waiters", "--waiters", "2000", "--connections", "3", "--quota", "7", "--json"])
+        .output()
+        .expect("run allot bench waiters");
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(output.status.success(), "{stderr}");
+    let report: serde_json::Value = serde_json::from_slice(&output.stdout).expect("JSON on stdout");
+    assert_eq!((report["waiters"].as_u64(), report["connections"].as_u64()), (Some(2000), Some(3)), "{report}");
+    assert_eq!(report["out_of_order"], 0, "every grant in the queue's order: {report}");
+    assert!(report["handover_per_s"].as_f64().unwrap() > 0.0, "{report}");
+    for read in ["before_kib", "with_waiters_kib"] {
+        assert!(report[read].as_u64().is_some_and(|kib| kib > 0), "{read}: {report}");
+    }
+    assert_eq!(report["checks"].as_array().unwrap().len(), 3, "{report}");
+}
