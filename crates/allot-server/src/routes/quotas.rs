@@ -176,18 +176,8 @@ async fn allocate_checked(
     if wait.is_zero() || state.access.is_none() || *caller == Caller::Anyone {
         return Ok(Json(convert::allocation(state.store.allocate(request, wait).await?)));
     }
-    allocate_while_allowed(state, request, wait, caller, held).await
-}
-
-/// Allocates, waiting up to `wait`; the call ends, as its caller leaving would, when its token is
-/// revoked or expires, or its caller loses `use` on the namespace.
-async fn allocate_while_allowed(
-    state: &ServerState,
-    request: allot_core::AllocateRequest,
-    wait: std::time::Duration,
-    caller: &Caller,
-    held: Option<HeldToken>,
-) -> Answer<api::AllocateResponse> {
+    // The call ends, as its caller leaving would, when its token is revoked or expires, or its
+    // caller loses `use` on the namespace.
     let namespace = Resource::Namespace(request.namespace.to_string());
     let still = move |policy: &allot_core::access::Policy, principal: &allot_core::access::Principal| {
         policy.check(principal, Permission::Use, namespace.clone())
