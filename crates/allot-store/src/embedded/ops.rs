@@ -269,7 +269,9 @@ impl<'txn> Tables<'txn> {
 #[derive(Debug, Default)]
 pub(crate) struct Net<'a> {
     under: Vec<(Table, &'a str)>,
-    last: HashMap<(Table, KeyRef<'a>), Last<'a>>,
+    /// Hashed with foldhash, not SipHash: a checkpoint after 100,000 changes hashed them for a
+    /// good part of its CPU (docs/benchmarks.md, "A million leases").
+    last: HashMap<(Table, KeyRef<'a>), Last<'a>, foldhash::fast::RandomState>,
 }
 
 /// The last write of a record in the run, and whether the run created it.
