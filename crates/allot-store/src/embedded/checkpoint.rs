@@ -7,7 +7,6 @@ use super::*;
 
 /// Writes the log into the database every [`CHECKPOINT_INTERVAL`], and once more when stopped.
 pub(super) fn run_checkpointer(shared: &Shared) {
-    lower_this_threads_priority();
     loop {
         let stop = {
             let stop = lock_plain(&shared.stop);
@@ -25,22 +24,6 @@ pub(super) fn run_checkpointer(shared: &Shared) {
         }
         if stop {
             return;
-        }
-    }
-}
-
-/// Gives the calling thread a lower scheduling priority (nice 10): a checkpoint is background
-/// work, and on a busy machine the threads that answer calls come first. A fold of 100,000
-/// changes takes most of a CPU for a second; beside the serving threads on two cores it made
-/// answers wait (docs/benchmarks.md, "A million leases").
-fn lower_this_threads_priority() {
-    #[cfg(target_os = "linux")]
-    {
-        // SAFETY: `gettid` and `setpriority` have no preconditions; on Linux a priority set for a
-        // thread id applies to that thread alone.
-        let changed = unsafe { libc::setpriority(libc::PRIO_PROCESS, libc::gettid() as libc::id_t, 10) };
-        if changed != 0 {
-            tracing::debug!(error = %std::io::Error::last_os_error(), "cannot lower the checkpointer's priority");
         }
     }
 }
