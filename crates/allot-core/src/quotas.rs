@@ -448,8 +448,11 @@ impl WaitQueue {
         u64::try_from(before).unwrap_or(u64::MAX)
     }
 
-    /// Checks the invariant; for tests.
+    /// Checks the invariant, and that arrival numbers increase along the queue; for tests.
     fn check(&self) -> Result<(), String> {
+        if self.queue.iter().zip(self.queue.iter().skip(1)).any(|(a, b)| a.arrival >= b.arrival) {
+            return Err("arrival numbers do not increase along the queue".to_owned());
+        }
         let units: u128 = self.queue.iter().map(|w| u128::from(w.request.units)).sum();
         let indexed = self.queue.iter().all(|w| {
             self.by_token.get(&w.request.token) == Some(&w.arrival) && self.by_id.get(&w.id) == Some(&w.arrival)
@@ -1400,9 +1403,6 @@ impl Ledger {
     pub fn check_invariants(&self) -> Result<(), String> {
         let mut ttl_leases = 0;
         for (name, state) in &self.namespaces {
-            if state.waiters.iter().zip(state.waiters.iter().skip(1)).any(|(a, b)| a.arrival >= b.arrival) {
-                return Err(format!("{name}: arrival numbers do not increase along the queue"));
-            }
             state.waiters.check().map_err(|err| format!("{name}: {err}"))?;
             let granted: u64 = state.grants.values().map(|g| g.units).sum();
             if granted != state.granted {

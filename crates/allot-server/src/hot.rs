@@ -220,39 +220,30 @@ fn recognise(request: &Request, needs: GrantNeeds) -> Option<Hot> {
 fn answer(state: ServerState, hot: Hot, request: Request, caller: Caller, held: Option<HeldToken>) -> HotFuture {
     let started = Instant::now();
     let (axum::http::request::Parts { method, uri, .. }, body) = request.into_parts();
-    let (namespace, token) = grant_path(uri.path()).unwrap_or_default();
+    let (namespace, _) = grant_path(uri.path()).unwrap_or_default();
     if let Err(refused) =
         caller.check(state.access.as_deref(), hot.permission, resource_of(Kind::Namespace, namespace.to_owned()))
     {
         let response = answered(&state, &method, started, refused.into_response());
         return Box::pin(std::future::ready(Ok(response)));
     }
-    let grant = GrantPath { namespace: namespace.into(), token: token.into() };
     Box::pin(async move {
+        // The path is read again from the `Uri` kept: no copy of its parts is made.
+        let (namespace, token) = grant_path(uri.path()).unwrap_or_default();
         let response = match hot.call {
             HotCall::Allocate => {
                 // A statement of its own, not a `match` on the read: the read's future would then
                 // stay in this one's state while the call waits.
                 let body = read_allocate(body).await;
                 match body {
-                    Ok(body) => allocate_grant(&state, &grant.namespace, &grant.token, body, &caller, held)
-                        .await
-                        .into_response(),
+                    Ok(body) => allocate_grant(&state, namespace, token, body, &caller, held).await.into_response(),
                     Err(err) => err.into_response(),
                 }
             }
-            HotCall::Release { fencing } => {
-                release_grant(&state, &grant.namespace, &grant.token, fencing).await.into_response()
-            }
+            HotCall::Release { fencing } => release_grant(&state, namespace, token, fencing).await.into_response(),
         };
         Ok(answered(&state, &method, started, response))
     })
-}
-
-/// The namespace and token of a call's path, kept without the rest of the request.
-struct GrantPath {
-    namespace: Box<str>,
-    token: Box<str>,
 }
 
 /// The answer to a call of the hot path, counted in the metrics (and marked for the audit trail).

@@ -152,13 +152,17 @@ pub(crate) fn allocate_grant<'a>(
         // Boxed: the answer is large, and only a refused call pays for it.
         Err(err) => return Either::Left(Box::pin(ready(Err(err)))),
     };
-    if matches!(request.lease, allot_core::LeaseRequest::Session(_))
-        || (!wait.is_zero() && state.access.is_some() && *caller != Caller::Anyone)
-    {
+    if matches!(request.lease, allot_core::LeaseRequest::Session(_)) || ends_if_withdrawn(state, caller, wait) {
         return Either::Right(Either::Right(Box::pin(allocate_checked(state, request, wait, caller, held))));
     }
     let allocation = state.store.allocate(request, wait);
     Either::Right(Either::Left(async move { Ok(Json(convert::allocation(allocation.await?))) }))
+}
+
+/// Whether an allocate call ends, as its caller leaving would, when its token is revoked or
+/// expires, or its caller loses `use` on the namespace: one that waits, under access control.
+fn ends_if_withdrawn(state: &ServerState, caller: &Caller, wait: std::time::Duration) -> bool {
+    !wait.is_zero() && state.access.is_some() && *caller != Caller::Anyone
 }
 
 /// [`allocate_grant`] for the calls that need more than the store: a grant joining a session
@@ -173,11 +177,9 @@ async fn allocate_checked(
     if let allot_core::LeaseRequest::Session(id) = request.lease {
         own_session(state, caller, id).await?;
     }
-    if wait.is_zero() || state.access.is_none() || *caller == Caller::Anyone {
+    if !ends_if_withdrawn(state, caller, wait) {
         return Ok(Json(convert::allocation(state.store.allocate(request, wait).await?)));
     }
-    // The call ends, as its caller leaving would, when its token is revoked or expires, or its
-    // caller loses `use` on the namespace.
     let namespace = Resource::Namespace(request.namespace.to_string());
     let still = move |policy: &allot_core::access::Policy, principal: &allot_core::access::Principal| {
         policy.check(principal, Permission::Use, namespace.clone())

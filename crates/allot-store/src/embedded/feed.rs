@@ -183,10 +183,10 @@ pub(super) fn runs(change: &RunChange, out: &mut Vec<Draft>) {
 
 impl State {
     /// Forgets a waiting call that leaves the queue ungranted, drafting its event.
-    pub(super) fn gave_up(&mut self, id: WaiterId, cause: &str) {
-        if let Some(waiting) = self.waiters.remove(&id) {
-            self.drafts.push(waiter(EventKind::WaiterGaveUp, &waiting.namespace, &waiting.token, Some(cause)));
-        }
+    pub(super) fn gave_up(&mut self, id: WaiterId, cause: &str) -> Option<super::Waiting> {
+        let waiting = self.waiters.remove(&id)?;
+        self.drafts.push(waiter(EventKind::WaiterGaveUp, &waiting.namespace, &waiting.token, Some(cause)));
+        Some(waiting)
     }
 
     /// Publishes the drafted events that no change goes with, in a record of their own (once it

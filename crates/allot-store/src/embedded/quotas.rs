@@ -270,8 +270,8 @@ impl EmbeddedStore {
     }
 
     /// Waits for a queued allocate call's answer, until `wait` ends (or the store, shutting down,
-    /// answers it). (Its
-    /// state is made here and captured, not passed to an `async fn`, which would keep both.)
+    /// answers it). (Its state is made here and captured, not passed to an `async fn`, which would
+    /// keep both.)
     fn wait_for(
         &self,
         namespace: NamespaceName,
@@ -355,17 +355,11 @@ impl State {
             .collect();
         waiting.sort_unstable_by_key(|&(arrival, ..)| std::cmp::Reverse(arrival));
         for (_, waiter, namespace) in waiting {
-            let now = shared.clock.now();
-            let Some((refusal, place, effects)) = self.ledger.cancel_waiter(&namespace, waiter, now) else { continue };
-            let Some(waiting) = self.waiters.remove(&waiter) else { continue };
-            self.drafts.push(feed::waiter(
-                EventKind::WaiterGaveUp,
-                &waiting.namespace,
-                &waiting.token,
-                Some("shutting_down"),
-            ));
-            drop(self.submit(shared, effects, now));
-            let _ = waiting.tx.send(WaiterAnswer::Refused(refusal, place));
+            if let Some((refusal, place, _, Some(waiting))) =
+                self.take_waiter(shared, &namespace, waiter, "shutting_down")
+            {
+                let _ = waiting.tx.send(WaiterAnswer::Refused(refusal, place));
+            }
         }
     }
 
@@ -379,9 +373,21 @@ impl State {
         waiter: WaiterId,
         cause: &str,
     ) -> Option<(Refusal, QueuePlace, Commit)> {
+        let (refusal, place, commit, _) = self.take_waiter(shared, namespace, waiter, cause)?;
+        Some((refusal, place, commit))
+    }
+
+    /// [`State::cancel_wait`], and the call's waiting entry (where its answer goes), if it has one.
+    fn take_waiter(
+        &mut self,
+        shared: &Shared,
+        namespace: &NamespaceName,
+        waiter: WaiterId,
+        cause: &str,
+    ) -> Option<(Refusal, QueuePlace, Commit, Option<Waiting>)> {
         let now = shared.clock.now();
         let (refusal, place, effects) = self.ledger.cancel_waiter(namespace, waiter, now)?;
-        self.gave_up(waiter, cause);
-        Some((refusal, place, self.submit(shared, effects, now)))
+        let waiting = self.gave_up(waiter, cause);
+        Some((refusal, place, self.submit(shared, effects, now), waiting))
     }
 }
