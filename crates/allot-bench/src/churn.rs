@@ -68,6 +68,9 @@ struct Sample {
     apps_live: u64,
     /// What retention keeps (ended allocs are kept too, at most 1,024 per pool, not counted here).
     apps_ended: u64,
+    /// The runs the store keeps (each application's tasks have one): read from Redis at every
+    /// sample, from the embedded store's files once the daemon stopped (the last sample only).
+    runs: Option<u64>,
     done: Done,
 }
 
@@ -138,14 +141,15 @@ pub(super) async fn run(args: ChurnBenchArgs) -> anyhow::Result<()> {
         tokio::time::sleep(args.sample.min(args.duration.saturating_sub(started.elapsed()))).await;
         let sample = sample(&mut setup, &store, started, counters.done()).await?;
         eprintln!(
-            "{:>6.0} s: {} bytes on disk{}; live {} grants, {} allocs, {} applications; kept {} ended applications",
+            "{:>6.0} s: {} bytes on disk{}; live {} grants, {} allocs, {} applications; kept {} ended applications{}",
             sample.at_s,
             sample.disk_bytes,
             sample.redis_used_memory.map(|m| format!(", Redis used_memory {m}")).unwrap_or_default(),
             sample.grants,
             sample.allocs,
             sample.apps_live,
-            sample.apps_ended
+            sample.apps_ended,
+            sample.runs.map(|r| format!(", {r} runs")).unwrap_or_default()
         );
         samples.push(sample);
     }
@@ -156,8 +160,11 @@ pub(super) async fn run(args: ChurnBenchArgs) -> anyhow::Result<()> {
     let done = counters.done();
     // Everything ended during the load is past its retention after this long, and swept.
     tokio::time::sleep(args.retention + Duration::from_secs(15)).await;
-    let settled = sample(&mut setup, &store, started, done).await?;
+    let mut settled = sample(&mut setup, &store, started, done).await?;
     daemon.stop().await;
+    if store.redis.is_none() {
+        settled.runs = Some(embedded_runs(&store.data).await?);
+    }
     let output = Output {
         store: if args.redis { "redis" } else { "embedded" },
         duration_s: args.duration.as_secs_f64(),
@@ -182,13 +189,14 @@ fn print(o: &Output) {
         o.store, o.duration_s, o.retention_s, d.token_pairs, d.alloc_pairs, d.apps
     );
     println!(
-        "{:>8} {:>14} {:>14} {:>8} {:>8} {:>10} {:>12}",
-        "at s", "disk bytes", "Redis memory", "grants", "allocs", "apps live", "apps ended"
+        "{:>8} {:>14} {:>14} {:>8} {:>8} {:>10} {:>12} {:>8}",
+        "at s", "disk bytes", "Redis memory", "grants", "allocs", "apps live", "apps ended", "runs"
     );
     for s in o.samples.iter().chain(std::iter::once(&o.settled)) {
         let memory = s.redis_used_memory.map_or_else(|| "-".to_owned(), |m| m.to_string());
+        let runs = s.runs.map_or_else(|| "-".to_owned(), |r| r.to_string());
         println!(
-            "{:>8.0} {:>14} {memory:>14} {:>8} {:>8} {:>10} {:>12}",
+            "{:>8.0} {:>14} {memory:>14} {:>8} {:>8} {:>10} {:>12} {runs:>8}",
             s.at_s, s.disk_bytes, s.grants, s.allocs, s.apps_live, s.apps_ended
         );
     }
@@ -236,8 +244,24 @@ async fn sample(conn: &mut Conn, store: &Store<'_>, started: Instant, done: Done
         allocs: pool.allocs,
         apps_live,
         apps_ended,
+        runs: store.redis.map(redis_runs).transpose()?,
         done,
     })
+}
+
+/// The runs a Redis keeps.
+fn redis_runs(redis: &allot_host::redis::RedisServer) -> anyhow::Result<u64> {
+    redis.cli(&["HLEN", "allot:{allot-runs}:runs"]).trim().parse().context("unreadable HLEN of the runs")
+}
+
+/// The runs an embedded store keeps in `data_dir` (its daemon stopped).
+async fn embedded_runs(data_dir: &std::path::Path) -> anyhow::Result<u64> {
+    use allot_store::{RunStore, Store as _};
+    let store = allot_store::EmbeddedStore::open(&allot_store::EmbeddedConfig::new(data_dir))
+        .context("cannot open the stopped daemon's store")?;
+    let runs = store.runs().await?.len() as u64;
+    store.shutdown().await;
+    Ok(runs)
 }
 
 /// Allocates and releases tokens of new names until stopped.

@@ -200,10 +200,19 @@ impl Refusal {
     }
 }
 
-/// A report the task has moved on from (it ended, or went) is not an error.
-fn ignore_moved_on(done: Result<(), Refusal>) -> Result<(), StoreError> {
+/// What became of a report the task may have moved on from: that is not an error.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Reported {
+    /// Taken, or refused in the task's state (it ended meanwhile).
+    Heard,
+    /// The task, or its application, is gone: its run goes too.
+    Gone,
+}
+
+fn ignore_moved_on(done: Result<(), Refusal>) -> Result<Reported, StoreError> {
     match done {
-        Ok(()) | Err(Refusal::Gone | Refusal::Illegal) => Ok(()),
+        Ok(()) | Err(Refusal::Illegal) => Ok(Reported::Heard),
+        Err(Refusal::Gone) => Ok(Reported::Gone),
         Err(Refusal::Failed(err)) => Err(err),
     }
 }
@@ -239,23 +248,10 @@ impl AppsAccess {
         }
     }
 
-    /// The task, or `None` if it (or its application) is gone.
+    /// The task, or `None` if it (or its application) is gone: as last committed, read where
+    /// this daemon is (on Redis, from the task's record: not asked of the daemon that schedules).
     pub(crate) async fn task(&self, app: &AppId, task: &TaskId) -> Result<Option<PlacedTask>, StoreError> {
-        let found: Result<PlacedTask, Refusal> = match self.home()? {
-            Home::Here => match self.store.task(app.clone(), task.clone()).await {
-                Ok(info) => Ok(PlacedTask::from(&info.task)),
-                Err(err) => Err(err.into()),
-            },
-            Home::At(client) => match client.task(app.as_str(), task.as_str()).await {
-                Ok(wire) => from_wire(&wire).map_err(Refusal::Failed),
-                Err(err) => Err(err.into()),
-            },
-        };
-        match found {
-            Ok(task) => Ok(Some(task)),
-            Err(Refusal::Gone) => Ok(None),
-            Err(refusal) => Err(refusal.into_error()),
-        }
+        Ok(self.store.stored_task(app.clone(), task.clone()).await?.as_ref().map(PlacedTask::from))
     }
 
     /// What a run needs of its application (default if it is gone).
@@ -282,7 +278,7 @@ impl AppsAccess {
     }
 
     /// Reports the task running (an illegal report, the task having moved on, is ignored).
-    pub(crate) async fn start(&self, app: &AppId, task: &TaskId) -> Result<(), StoreError> {
+    pub(crate) async fn start(&self, app: &AppId, task: &TaskId) -> Result<Reported, StoreError> {
         let done: Result<(), Refusal> = match self.home()? {
             Home::Here => self.store.start_task(app.clone(), task.clone()).await.map(|_| ()).map_err(Refusal::from),
             Home::At(client) => client.start_task(app.as_str(), task.as_str()).await.map(|_| ()).map_err(Refusal::from),
@@ -299,7 +295,7 @@ impl AppsAccess {
         app: &AppId,
         task: &TaskId,
         ending: TaskEnding,
-    ) -> Result<(), StoreError> {
+    ) -> Result<Reported, StoreError> {
         let (answer, answered) = oneshot::channel();
         let send = {
             let mut ends = self.ends.lock().unwrap_or_else(|p| p.into_inner());

@@ -40,7 +40,7 @@ use allot_store::{Event, Store, StoreError, WatchError, Watcher};
 use tokio::sync::{watch, Notify, OwnedSemaphorePermit, Semaphore};
 use tokio::time::Instant;
 
-use crate::apps::{AppMeta, AppsAccess, PlacedTask};
+use crate::apps::{AppMeta, AppsAccess, PlacedTask, Reported};
 use crate::context::{release, Metadata, RunKey, Secrets, TaskContext, TokenWaits, Tokens, Waker};
 use crate::feed::{Metas, Step};
 use crate::plugin::Plugin;
@@ -662,12 +662,16 @@ impl Executor {
         // its plugin, which needs its spec. Only a reading of the task this run belongs to.
         let placed = driven.placed.lock().unwrap_or_else(|p| p.into_inner()).take();
         let mut last: Option<PlacedTask> = match placed {
-            Some(task) => Some(task),
-            None => self.apps.task(&key.app, &key.task).await?,
+            Some(task) if stored.as_ref().is_some_and(|run| run.belongs_to(task.seq)) => Some(task),
+            // A change from the feed may be old (the feed runs behind the store under load):
+            // the task may have run, ended and gone since. A run starts from the task as it is.
+            _ => self.apps.task(&key.app, &key.task).await?,
         };
         let mut run = match (stored, &last) {
             // Gone before it was run: nothing to do.
             (None, None) => return Ok(()),
+            // Not (or no longer) placed here: nothing to start.
+            (None, Some(task)) if !task.placed_on(&self.config.pools) => return Ok(()),
             (Some(mut run), Some(task)) if run.belongs_to(task.seq) => {
                 // A run kept before runs were numbered is its task's from now on.
                 run.task_seq = Some(task.seq);
@@ -755,8 +759,7 @@ impl Executor {
                     if run.preempted_before_this_attempt(reason) {
                         // Ended for it already, and the scheduler not told (it died first, say):
                         // told now, nothing counted again.
-                        self.apps.finish(&key.app, &key.task, allot_core::apps::TaskEnding::Preempted).await?;
-                        return Ok(());
+                        return self.report(key, allot_core::apps::TaskEnding::Preempted).await;
                     }
                     if run.next() == Next::Handle {
                         run.preempted(reason, self.policy_of(t), self.now_ms());
@@ -797,7 +800,10 @@ impl Executor {
                     // Reported running once a round leaves it running: a task whose first round
                     // ends it goes from Allocated to its end in one report.
                     if task.state == TaskState::Allocated && run.next() == Next::Handle {
-                        self.apps.start(&key.app, &key.task).await?;
+                        if self.apps.start(&key.app, &key.task).await? == Reported::Gone {
+                            // Stopped at the next reading of the task.
+                            reread = true;
+                        }
                         if let Some(last) = &mut last {
                             last.state = TaskState::Running;
                         }
@@ -824,8 +830,7 @@ impl Executor {
                     self.end_attempt(key, &meta, last.as_ref(), &mut run, abort, keep).await?;
                     if preempted && run.next() == Next::Handle {
                         self.stats.preempted.fetch_add(1, Ordering::Relaxed);
-                        self.apps.finish(&key.app, &key.task, allot_core::apps::TaskEnding::Preempted).await?;
-                        return Ok(());
+                        return self.report(key, allot_core::apps::TaskEnding::Preempted).await;
                     }
                 }
                 Next::Report(ending) => {
@@ -851,7 +856,7 @@ impl Executor {
                             Ending::Failed(error) => Some(error.to_string()),
                             Ending::Aborted(reason) => Some(format!("aborted: {reason}")),
                         };
-                        self.apps.finish(&key.app, &key.task, allot_core::apps::TaskEnding::of(failed)).await?;
+                        return self.report(key, allot_core::apps::TaskEnding::of(failed)).await;
                     }
                     return Ok(());
                 }
@@ -890,6 +895,15 @@ impl Executor {
         run.task_seq = Some(task.seq);
         self.store.put_run(key.app.clone(), key.task.clone(), run.clone()).await?;
         Ok(run)
+    }
+
+    /// Tells the scheduler how the task's attempt ended. A task gone meanwhile (its application
+    /// removed) takes its run with it: nothing else would remove it.
+    async fn report(&self, key: &RunKey, ending: allot_core::apps::TaskEnding) -> Result<(), StoreError> {
+        match self.apps.finish(&key.app, &key.task, ending).await? {
+            Reported::Heard => Ok(()),
+            Reported::Gone => self.forget_run(key).await,
+        }
     }
 
     /// Removes a run whose task is gone, and the task's directory.
@@ -1129,3 +1143,7 @@ impl Executor {
         }
     }
 }
+
+#[cfg(test)]
+#[path = "executor_tests.rs"]
+mod tests;

@@ -104,6 +104,16 @@ pub trait AppStore: Send + Sync {
     /// Adds a task to an application; true if it is new.
     async fn add_task(&self, app: AppId, spec: TaskSpec) -> Result<(TaskInfo, bool), StoreError>;
     async fn task(&self, app: AppId, task: TaskId) -> Result<TaskInfo, StoreError>;
+    /// The task as last committed, read on this daemon whoever schedules (`None`: it, or its
+    /// application, is gone): what an executor reads of the tasks it runs. On a Redis store a
+    /// daemon that does not schedule reads the task's record, instead of asking the one that does.
+    async fn stored_task(&self, app: AppId, task: TaskId) -> Result<Option<Task>, StoreError> {
+        match self.task(app, task).await {
+            Ok(info) => Ok(Some(info.task)),
+            Err(StoreError::Apps(SchedError::TaskNotFound { .. } | SchedError::AppNotFound(_))) => Ok(None),
+            Err(err) => Err(err),
+        }
+    }
     /// The tasks placed (Allocated or Running) on one of `pools`: what their executors run.
     async fn placed_on(
         &self,

@@ -20,7 +20,7 @@ mod steps;
 use allot_core::apps::queues::QueueUsage;
 use allot_core::apps::queues::{QueueLimits, QueuePath, Queues};
 use allot_core::apps::{
-    AppId, AppSpec, QueueView, SchedError, SchedStats, Scheduler, TaskEnd, TaskId, TaskSpec, World,
+    AppId, AppSpec, QueueView, SchedError, SchedStats, Scheduler, Task, TaskEnd, TaskId, TaskSpec, World,
 };
 use allot_core::NamespaceName;
 use allot_store::{AppInfo, AppStore, AppsHome, Page, PageRequest, StoreError, Submitted, TaskInfo};
@@ -167,6 +167,21 @@ impl AppStore for RedisStore {
 
     async fn task(&self, app: AppId, task: TaskId) -> Result<TaskInfo, StoreError> {
         self.read_sched(|sched| TaskInfo::of(sched, &app, &task)).await
+    }
+
+    async fn stored_task(&self, app: AppId, task: TaskId) -> Result<Option<Task>, StoreError> {
+        if self.inner.apps.home() == AppsHome::Here {
+            let found = self.read_sched(|sched| match sched.task(&app, &task) {
+                Ok(task) => Ok(Some(task.clone())),
+                Err(SchedError::TaskNotFound { .. } | SchedError::AppNotFound(_)) => Ok(None),
+                Err(err) => Err(err),
+            });
+            // Deposed meanwhile: the record is read as on any other daemon.
+            if let Ok(found) = found.await {
+                return Ok(found);
+            }
+        }
+        self.task_record(&app, &task).await
     }
 
     async fn placed_on(

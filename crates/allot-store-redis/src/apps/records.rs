@@ -4,10 +4,12 @@
 //! takes the lease over, with the intents its predecessor left (see `scheduler.rs`). The records
 //! are the embedded store's record types, JSON-encoded.
 
-use allot_core::apps::{AppChange, SchedConfig, Scheduler};
+use allot_core::apps::{AppChange, AppId, SchedConfig, Scheduler, Task, TaskId};
 use allot_store::records::apps::{AppRecord, QueueRecord, TaskRecord};
 use allot_store::StoreError;
+use redis::Value;
 
+use crate::errors::redis_error;
 use crate::reply::corrupt;
 use crate::store::RedisStore;
 
@@ -72,6 +74,24 @@ impl RedisStore {
                 Err(WriteError::Deposed { current: reply.uint()? })
             }
             other => Err(corrupt(format!("apps write answer `{other}`")).into()),
+        }
+    }
+
+    /// A task as its record has it (`None`: it, or its application, is gone): what the scheduler
+    /// last committed, read on any daemon.
+    pub(crate) async fn task_record(&self, app: &AppId, task: &TaskId) -> Result<Option<Task>, StoreError> {
+        self.live()?;
+        let key = format!("{APPS_PREFIX}:tasks:{app}");
+        let cmd = redis::cmd("HGET").arg(&key).arg(task.as_str()).clone();
+        let name = format!("{app}/{task}");
+        match self.inner.conn.query(&cmd).await.map_err(|e| redis_error(e, false))? {
+            Value::Nil => Ok(None),
+            Value::BulkString(json) => {
+                let record: TaskRecord =
+                    serde_json::from_slice(&json).map_err(|e| corrupt(format!("tasks `{name}`: {e}")))?;
+                Ok(Some(record.into_task(app.as_str(), task.as_str()).map_err(corrupt)?))
+            }
+            other => Err(corrupt(format!("tasks `{name}`: {other:?}"))),
         }
     }
 

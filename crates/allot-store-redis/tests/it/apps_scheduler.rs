@@ -116,3 +116,53 @@ async fn a_placement_redis_refuses_is_undone_and_decided_again() {
     until("t2 is placed once the room is free", async || state("t2").await == TaskState::Allocated).await;
     store.shutdown().await;
 }
+
+/// A daemon that does not schedule reads a task as the scheduler last committed it, from its
+/// record (the executor's reading, without a call to the daemon that schedules): the same task,
+/// placement and number as the scheduler has it, and nothing once it is gone.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_daemon_that_does_not_schedule_reads_a_task_as_committed() {
+    let server = RedisServer::start();
+    let config = RedisConfig::parse(&server.url()).unwrap();
+    let store = RedisStore::open(&config).await.unwrap();
+    let other = RedisStore::open(&config).await.unwrap();
+    let pool = PoolName::new("p").unwrap();
+    store.put_pool(pool.clone(), "cpu=4".parse().unwrap()).await.unwrap();
+    store.start_scheduling("http://127.0.0.1:9");
+    until("this daemon schedules", async || store.apps_home() == AppsHome::Here).await;
+    assert_ne!(other.apps_home(), AppsHome::Here);
+    let app = AppId::new("a").unwrap();
+    let id = TaskId::new("t1").unwrap();
+    assert_eq!(other.stored_task(app.clone(), id.clone()).await.unwrap(), None, "no such application yet");
+    support::add_app(&store, "root.q", &app).await;
+    let spec = TaskSpec {
+        preemptable: true,
+        id: id.clone(),
+        resources: "cpu=1".parse().unwrap(),
+        tokens: Vec::new(),
+        group: None,
+        priority: Default::default(),
+        selector: Default::default(),
+        spec: r#"{"image":"x"}"#.into(),
+    };
+    store.add_task(app.clone(), spec).await.unwrap();
+    until("t1 is placed", async || {
+        store.task(app.clone(), id.clone()).await.unwrap().task.state == TaskState::Allocated
+    })
+    .await;
+    let scheduled = store.task(app.clone(), id.clone()).await.unwrap().task;
+    assert_eq!(store.stored_task(app.clone(), id.clone()).await.unwrap().as_ref(), Some(&scheduled));
+    let read = other.stored_task(app.clone(), id.clone()).await.unwrap().expect("the task's record");
+    assert_eq!(
+        (read.seq, read.state, &read.placement, &read.spec),
+        (scheduled.seq, scheduled.state, &scheduled.placement, &scheduled.spec)
+    );
+    store.finish_task(app.clone(), id.clone(), None).await.unwrap();
+    let read = other.stored_task(app.clone(), id.clone()).await.unwrap().expect("the task's record");
+    assert_eq!(read.state, TaskState::Completed, "a report answered is in the record");
+    store.remove_app(app.clone()).await.unwrap();
+    assert_eq!(other.stored_task(app.clone(), id.clone()).await.unwrap(), None, "gone with its application");
+    assert_eq!(store.stored_task(app, id).await.unwrap(), None);
+    other.shutdown().await;
+    store.shutdown().await;
+}
