@@ -8,8 +8,8 @@
 //!   `allot:feed`; every daemon's subscriber marks it to copy ([`FeedState::mark`]). A copy
 //!   reads the stream after the cursor the log keeps for it, appends those events to the log
 //!   only if the cursor is still where it read it (another daemon may have copied them: it then
-//!   goes on from there), then trims what it copied from the stream and looks again if more
-//!   came. Every [`SWEEP_EVERY`] a daemon marks every stream (every namespace and pool listed,
+//!   goes on from there), then trims what it copied from the stream. A copy is a page: a stream
+//!   with more is copied again at the next turn, after a page of every other marked stream. Every [`SWEEP_EVERY`] a daemon marks every stream (every namespace and pool listed,
 //!   the sessions, applications and runs), so a message lost costs a delay, never an event; and
 //!   it copies every stream when it opens the store (before it serves) and when it subscribes
 //!   again, so that what a daemon killed left in the streams comes before any later change.
@@ -69,9 +69,15 @@ const FIXED_STREAMS: &[&str] = &["allot:{allot-sessions}:feed", "allot:{allot-ap
 /// Copies marked streams into the log, and every stream each [`SWEEP_EVERY`]; every stream at
 /// once at start and after a subscription is made again (events a daemon killed left in the
 /// streams, whose messages nobody heard, come now, not at the next sweep).
+///
+/// Streams are copied in turns of one page each: a stream that never empties (a namespace under
+/// full load) takes one page per turn, and a quiet stream marked meanwhile (the applications')
+/// waits one turn, not until the busy one is empty.
 pub(crate) async fn run_copier(inner: Arc<Inner>) {
     let mut sweep = tokio::time::interval(SWEEP_EVERY);
     sweep.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    // Some stream had more than a page: the next turn starts at once.
+    let mut more = false;
     loop {
         if inner.feed.copy_all_wanted.swap(false, std::sync::atomic::Ordering::SeqCst) {
             if let Err(err) = list_streams(&inner).await {
@@ -82,7 +88,7 @@ pub(crate) async fn run_copier(inner: Arc<Inner>) {
             inner.feed.dirty.lock().unwrap_or_else(|p| p.into_inner()).extend(streams);
         } else {
             tokio::select! {
-                _ = inner.feed.copy_wanted.notified() => {}
+                biased;
                 _ = sweep.tick() => {
                     let streams = every_stream(&inner);
                     inner.feed.dirty.lock().unwrap_or_else(|p| p.into_inner()).extend(streams);
@@ -90,21 +96,40 @@ pub(crate) async fn run_copier(inner: Arc<Inner>) {
                         tracing::debug!(error = %err, "feed: cannot trim the log; trying at the next sweep");
                     }
                 }
+                () = std::future::ready(()), if more => {}
+                _ = inner.feed.copy_wanted.notified() => {}
             }
         }
         let dirty = std::mem::take(&mut *inner.feed.dirty.lock().unwrap_or_else(|p| p.into_inner()));
+        let left = std::sync::atomic::AtomicBool::new(false);
         stream::iter(dirty)
             .for_each_concurrent(8, |source| {
-                let inner = &inner;
+                let (inner, left) = (&inner, &left);
                 async move {
-                    if let Err(err) = copy(inner, &source).await {
-                        tracing::debug!(stream = %source, error = %err, "feed: copy failed; trying again");
-                        inner.feed.dirty.lock().unwrap_or_else(|p| p.into_inner()).insert(source);
+                    match copy(inner, &source).await {
+                        Ok(Copied::All) => {}
+                        Ok(Copied::More) => {
+                            left.store(true, std::sync::atomic::Ordering::Relaxed);
+                            inner.feed.dirty.lock().unwrap_or_else(|p| p.into_inner()).insert(source);
+                        }
+                        // Tried again when marked, or at the next sweep.
+                        Err(err) => {
+                            tracing::debug!(stream = %source, error = %err, "feed: copy failed; trying again");
+                            inner.feed.dirty.lock().unwrap_or_else(|p| p.into_inner()).insert(source);
+                        }
                     }
                 }
             })
             .await;
+        more = left.into_inner();
     }
+}
+
+/// What a turn of [`copy`] left in its stream.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Copied {
+    All,
+    More,
 }
 
 /// Copies every stream into the log now: at open, before this daemon serves, so that events a
@@ -113,7 +138,10 @@ pub(crate) async fn run_copier(inner: Arc<Inner>) {
 pub(crate) async fn copy_every_stream(inner: &Inner) -> Result<(), StoreError> {
     list_streams(inner).await?;
     let results: Vec<Result<(), StoreError>> = stream::iter(every_stream(inner))
-        .map(|source| async move { copy(inner, &source).await })
+        .map(|source| async move {
+            while copy(inner, &source).await? == Copied::More {}
+            Ok(())
+        })
         .buffer_unordered(8)
         .collect()
         .await;
@@ -138,8 +166,8 @@ fn every_stream(inner: &Inner) -> Vec<String> {
     streams
 }
 
-/// Copies what `source` holds into the log, until it is empty.
-async fn copy(inner: &Inner, source: &str) -> Result<(), StoreError> {
+/// Copies a page of what `source` holds into the log; says whether more is left.
+async fn copy(inner: &Inner, source: &str) -> Result<Copied, StoreError> {
     loop {
         let cursor = match cursor_of(inner, source) {
             Some(cursor) => cursor,
@@ -154,7 +182,7 @@ async fn copy(inner: &Inner, source: &str) -> Result<(), StoreError> {
             query(inner, redis::cmd("XRANGE").arg(source).arg(format!("({cursor}")).arg("+").arg("COUNT").arg(PAGE))
                 .await?;
         let entries = entries(value)?;
-        let Some((last, _)) = entries.last() else { return Ok(()) };
+        let Some((last, _)) = entries.last() else { return Ok(Copied::All) };
         let last = last.clone();
         let mut args: Vec<String> = vec![
             "copy".into(),
@@ -187,9 +215,7 @@ async fn copy(inner: &Inner, source: &str) -> Result<(), StoreError> {
                 // A trim is idempotent and needs no replicas: it goes as a call that may be sent
                 // again, on the connection of the slot's own calls.
                 let mut left = inner.eval(&inner.scripts.feed, source, &["trim", &last], false).await?;
-                if left.uint()? == 0 {
-                    return Ok(());
-                }
+                return Ok(if left.uint()? == 0 { Copied::All } else { Copied::More });
             }
             // Another daemon copied them: go on from where it left the cursor.
             "moved" => set_cursor(inner, source, &reply.text()?),
