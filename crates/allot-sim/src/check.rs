@@ -648,21 +648,41 @@ impl Model {
         held_as_told(&name, known, &listed, now)
     }
 
-    /// The first waiter of namespace `ns` (a listing of its waiters, head first) waits only if it
-    /// does not fit beside the grants (a listing of them) or its scope's cap is full: first come,
-    /// first served, and a waiter that fits is granted by the change that made room.
-    pub fn head_waits_rightly(&self, ns: u8, grants: &[u8], waiters: &[u8]) -> Result<(), Violation> {
+    /// The waiters of namespace `ns` (a listing of them all, head first) wait rightly: first come,
+    /// first served, and a waiter that fits is granted by the change that made room. Each is
+    /// listed at its place with the units ahead of it; one held back by its scope's cap waits for
+    /// its scope and holds no one up; the first that is not must not fit beside the grants (a
+    /// listing of them), and everyone behind it waits for it.
+    pub fn waiters_wait_rightly(&self, ns: u8, grants: &[u8], waiters: &[u8]) -> Result<(), Violation> {
         let granted: u64 = parse::<GrantList>(grants)?.grants.iter().map(|g| g.units).sum();
-        let Some(head) = parse::<WaiterList>(waiters)?.waiters.into_iter().next() else { return Ok(()) };
-        // One held back by its scope's cap waits for its scope, not for the namespace.
-        if head.blocked_by_cap.is_none() && granted + head.units <= self.shape.quota {
-            return Err(Violation::new(format!(
-                "{}: the first waiter ({}, {} units) fits ({granted} of {} granted), yet waits",
-                Model::namespace(ns),
-                head.token,
-                head.units,
-                self.shape.quota
-            )));
+        let name = Model::namespace(ns);
+        let mut ahead = 0u64;
+        let mut held_up = false;
+        for (index, waiter) in parse::<WaiterList>(waiters)?.waiters.into_iter().enumerate() {
+            if waiter.position != index as u64 + 1 || waiter.units_ahead != ahead {
+                return Err(Violation::new(format!(
+                    "{name}: waiter {} is listed at place {} with {} units ahead; it is at {} with {ahead}",
+                    waiter.token,
+                    waiter.position,
+                    waiter.units_ahead,
+                    index + 1
+                )));
+            }
+            ahead = ahead.saturating_add(waiter.units);
+            if held_up || waiter.blocked_by_cap.is_some() {
+                continue;
+            }
+            if granted + waiter.units <= self.shape.quota {
+                return Err(Violation::new(format!(
+                    "{name}: waiter {} at place {} ({} units) fits ({granted} of {} granted), and no one \
+                     ahead of it holds it up, yet it waits",
+                    waiter.token,
+                    index + 1,
+                    waiter.units,
+                    self.shape.quota
+                )));
+            }
+            held_up = true;
         }
         Ok(())
     }
@@ -788,6 +808,34 @@ mod tests {
         assert!(model.grants_hold(0, empty.as_bytes(), 30).is_ok());
         let back = model.grants_hold(0, held.as_bytes(), 30).unwrap_err();
         assert!(back.0.contains("told it is gone"), "{back}");
+    }
+
+    fn waiter(position: u64, units_ahead: u64, token: &str, units: u64, capped: bool) -> serde_json::Value {
+        let mut waiter = serde_json::json!({
+            "position": position, "units_ahead": units_ahead, "token": token, "units": units, "waited_ms": 0
+        });
+        if capped {
+            waiter["blocked_by_cap"] = "namespace".into();
+        }
+        waiter
+    }
+
+    #[test]
+    fn a_waiter_that_fits_and_is_held_up_by_no_one_is_a_violation_wherever_it_stands() {
+        let model = Model::new(Shape { quota: 4, ..Shape::default() });
+        let grants = serde_json::json!({ "grants": [grant("a", 3, 1)] }).to_string();
+        let list = |waiters: Vec<serde_json::Value>| serde_json::json!({ "waiters": waiters }).to_string();
+        let check = |waiters| model.waiters_wait_rightly(0, grants.as_bytes(), list(waiters).as_bytes());
+        // Behind a waiter held back by its cap, one that fits waits: wrong.
+        let err = check(vec![waiter(1, 0, "capped", 1, true), waiter(2, 1, "fits", 1, false)]).unwrap_err();
+        assert!(err.0.contains("fits") && err.0.contains("place 2"), "{err}");
+        // Behind one the quota holds back, any waiter waits, even one that fits.
+        assert!(check(vec![waiter(1, 0, "big", 2, false), waiter(2, 2, "small", 1, false)]).is_ok());
+        // A place or the units ahead listed wrong.
+        let err = check(vec![waiter(1, 0, "big", 2, false), waiter(3, 2, "small", 1, false)]).unwrap_err();
+        assert!(err.0.contains("listed at place 3"), "{err}");
+        let err = check(vec![waiter(1, 0, "big", 2, false), waiter(2, 1, "small", 1, false)]).unwrap_err();
+        assert!(err.0.contains("1 units ahead"), "{err}");
     }
 
     #[test]

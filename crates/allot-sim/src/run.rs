@@ -440,9 +440,9 @@ impl Sim {
             let name = Model::namespace(ns);
             let Some(body) = self.list(format!("/v1/namespaces/{name}/grants?limit=1000"))? else { continue };
             self.model.grants_hold(ns, &body, self.clock.now())?;
-            let (status, waiters) = self.ask(Method::GET, format!("/v1/namespaces/{name}/waiters?limit=1"), None);
+            let (status, waiters) = self.ask(Method::GET, format!("/v1/namespaces/{name}/waiters?limit=1000"), None);
             if status == StatusCode::OK {
-                self.model.head_waits_rightly(ns, &body, &waiters)?;
+                self.model.waiters_wait_rightly(ns, &body, &waiters)?;
             }
         }
         if let Some(body) = self.list("/v1/sessions?limit=1000".to_owned())? {
