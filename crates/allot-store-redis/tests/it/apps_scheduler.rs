@@ -70,9 +70,8 @@ async fn a_successor_undoes_what_a_dead_scheduler_made_but_never_recorded() {
     next.shutdown().await;
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_placement_redis_refuses_is_undone_and_decided_again() {
-    let server = RedisServer::start();
+/// Two daemons on `server`: the first schedules, on pool `p` (cpu=4).
+async fn one_schedules(server: &RedisServer) -> (RedisStore, RedisStore, PoolName) {
     let config = RedisConfig::parse(&server.url()).unwrap();
     let store = RedisStore::open(&config).await.unwrap();
     let other = RedisStore::open(&config).await.unwrap();
@@ -80,26 +79,36 @@ async fn a_placement_redis_refuses_is_undone_and_decided_again() {
     store.put_pool(pool.clone(), "cpu=4".parse().unwrap()).await.unwrap();
     store.start_scheduling("http://127.0.0.1:9");
     until("this daemon schedules", async || store.apps_home() == AppsHome::Here).await;
-    let app = AppId::new("a").unwrap();
-    support::add_app(&store, "root.q", &app).await;
-    let task = |id: &str, cpu: &str| TaskSpec {
+    (store, other, pool)
+}
+
+fn task_spec(id: &str, resources: &str) -> TaskSpec {
+    TaskSpec {
         preemptable: true,
         id: TaskId::new(id).unwrap(),
-        resources: cpu.parse().unwrap(),
+        resources: resources.parse().unwrap(),
         tokens: Vec::new(),
         group: None,
         priority: Default::default(),
         selector: Default::default(),
         spec: String::new(),
-    };
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_placement_redis_refuses_is_undone_and_decided_again() {
+    let server = RedisServer::start();
+    let (store, other, pool) = one_schedules(&server).await;
+    let app = AppId::new("a").unwrap();
+    support::add_app(&store, "root.q", &app).await;
     let state = async |id: &str| store.task(app.clone(), TaskId::new(id).unwrap()).await.unwrap().task.state;
-    store.add_task(app.clone(), task("t1", "cpu=1")).await.unwrap();
+    store.add_task(app.clone(), task_spec("t1", "cpu=1")).await.unwrap();
     until("t1 is placed", async || state("t1").await == TaskState::Allocated).await;
     // Another client takes the rest of the pool; the scheduler's view of the pools is younger
     // than a second, so it still sees room for t2, and Redis refuses the placement.
     let request = AllocRequest { min: "cpu=3".parse().unwrap(), owner: "someone".into(), ..AllocRequest::default() };
     let theirs = other.accept(pool.clone(), request).await.unwrap();
-    store.add_task(app.clone(), task("t2", "cpu=2")).await.unwrap();
+    store.add_task(app.clone(), task_spec("t2", "cpu=2")).await.unwrap();
     until("t2 says why it waits", async || {
         store.task(app.clone(), TaskId::new("t2").unwrap()).await.unwrap().why.is_some()
     })
@@ -123,29 +132,13 @@ async fn a_placement_redis_refuses_is_undone_and_decided_again() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_daemon_that_does_not_schedule_reads_a_task_as_committed() {
     let server = RedisServer::start();
-    let config = RedisConfig::parse(&server.url()).unwrap();
-    let store = RedisStore::open(&config).await.unwrap();
-    let other = RedisStore::open(&config).await.unwrap();
-    let pool = PoolName::new("p").unwrap();
-    store.put_pool(pool.clone(), "cpu=4".parse().unwrap()).await.unwrap();
-    store.start_scheduling("http://127.0.0.1:9");
-    until("this daemon schedules", async || store.apps_home() == AppsHome::Here).await;
+    let (store, other, _pool) = one_schedules(&server).await;
     assert_ne!(other.apps_home(), AppsHome::Here);
     let app = AppId::new("a").unwrap();
     let id = TaskId::new("t1").unwrap();
     assert_eq!(other.stored_task(app.clone(), id.clone()).await.unwrap(), None, "no such application yet");
     support::add_app(&store, "root.q", &app).await;
-    let spec = TaskSpec {
-        preemptable: true,
-        id: id.clone(),
-        resources: "cpu=1".parse().unwrap(),
-        tokens: Vec::new(),
-        group: None,
-        priority: Default::default(),
-        selector: Default::default(),
-        spec: r#"{"image":"x"}"#.into(),
-    };
-    store.add_task(app.clone(), spec).await.unwrap();
+    store.add_task(app.clone(), task_spec("t1", "cpu=1")).await.unwrap();
     until("t1 is placed", async || {
         store.task(app.clone(), id.clone()).await.unwrap().task.state == TaskState::Allocated
     })
