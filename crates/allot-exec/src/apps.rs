@@ -209,7 +209,7 @@ pub(crate) enum Reported {
     Gone,
 }
 
-fn ignore_moved_on(done: Result<(), Refusal>) -> Result<Reported, StoreError> {
+fn reported(done: Result<(), Refusal>) -> Result<Reported, StoreError> {
     match done {
         Ok(()) | Err(Refusal::Illegal) => Ok(Reported::Heard),
         Err(Refusal::Gone) => Ok(Reported::Gone),
@@ -283,7 +283,7 @@ impl AppsAccess {
             Home::Here => self.store.start_task(app.clone(), task.clone()).await.map(|_| ()).map_err(Refusal::from),
             Home::At(client) => client.start_task(app.as_str(), task.as_str()).await.map(|_| ()).map_err(Refusal::from),
         };
-        ignore_moved_on(done)
+        reported(done)
     }
 
     /// Reports how the task ended: completed, or failed with a reason (ignored if it ended or
@@ -309,7 +309,7 @@ impl AppsAccess {
         let done = answered
             .await
             .unwrap_or_else(|_| Err(Refusal::Failed(StoreError::Unavailable("the report was not sent".into()))));
-        ignore_moved_on(done)
+        reported(done)
     }
 
     /// Sends the pending reports, a batch at a time, until none is left.

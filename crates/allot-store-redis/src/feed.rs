@@ -9,8 +9,9 @@
 //!   reads the stream after the cursor the log keeps for it, appends those events to the log
 //!   only if the cursor is still where it read it (another daemon may have copied them: it then
 //!   goes on from there), then trims what it copied from the stream. A copy is a page: a stream
-//!   with more is copied again at the next turn, after a page of every other marked stream. Every [`SWEEP_EVERY`] a daemon marks every stream (every namespace and pool listed,
-//!   the sessions, applications and runs), so a message lost costs a delay, never an event; and
+//!   with more is copied again at the next turn, after a page of every other marked stream.
+//!   Every [`SWEEP_EVERY`] a daemon marks every stream (every namespace and pool listed, the
+//!   sessions, applications and runs), so a message lost costs a delay, never an event; and
 //!   it copies every stream when it opens the store (before it serves) and when it subscribes
 //!   again, so that what a daemon killed left in the streams comes before any later change.
 //! - **Order.** The log is one order every daemon reads alike; each stream's events are in it in

@@ -171,11 +171,8 @@ impl AppStore for RedisStore {
 
     async fn stored_task(&self, app: AppId, task: TaskId) -> Result<Option<Task>, StoreError> {
         if self.inner.apps.home() == AppsHome::Here {
-            let found = self.read_sched(|sched| match sched.task(&app, &task) {
-                Ok(task) => Ok(Some(task.clone())),
-                Err(SchedError::TaskNotFound { .. } | SchedError::AppNotFound(_)) => Ok(None),
-                Err(err) => Err(err),
-            });
+            // `Scheduler::task` fails only when the task or its application is gone.
+            let found = self.read_sched(|sched| Ok(sched.task(&app, &task).ok().cloned()));
             // Deposed meanwhile: the record is read as on any other daemon.
             if let Ok(found) = found.await {
                 return Ok(found);
