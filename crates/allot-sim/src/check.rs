@@ -769,7 +769,7 @@ fn error_code(body: &[u8]) -> Option<String> {
     serde_json::from_slice::<allot_api::ErrorBody>(body).ok().map(|error| error.error.code)
 }
 
-fn parse<T: serde::de::DeserializeOwned>(body: &[u8]) -> Result<T, Violation> {
+pub(crate) fn parse<T: serde::de::DeserializeOwned>(body: &[u8]) -> Result<T, Violation> {
     serde_json::from_slice(body).map_err(|err| {
         Violation::new(format!("an answer that does not read: {err}: {}", String::from_utf8_lossy(body)))
     })

@@ -29,7 +29,7 @@ pub struct Shape {
 
 impl Default for Shape {
     fn default() -> Shape {
-        Shape { steps: 300, clients: 6, namespaces: 2, quota: 8, tokens: 3, pools: 2, cpus: 8 }
+        Shape { steps: 300, clients: 6, namespaces: 2, quota: 5, tokens: 3, pools: 2, cpus: 8 }
     }
 }
 
@@ -112,6 +112,12 @@ pub enum Step {
     /// The network between call `pick`'s client and the daemon breaks: the answer never arrives.
     /// With `abandon`, the daemon drops the call too (its connection closed mid-way).
     Cut { pick: u16, abandon: bool },
+    /// The network between client `client` (modulo the clients) and the daemon breaks, until
+    /// healed: every call it sends meanwhile is lost on the way (the client cannot tell whether
+    /// it arrived), and so is every answer due to it (its keepalives stop arriving).
+    Partition { client: u8 },
+    /// The network between client `client` and the daemon works again.
+    Heal { client: u8 },
     /// Background work of the store: the syncer, the checkpointer, the sweeper.
     Work(Work),
     /// Time passes.
@@ -150,7 +156,9 @@ fn step(rng: &mut StdRng, shape: Shape) -> Step {
         73..=75 => Step::Work(Work::Checkpoint),
         76..=79 => Step::Work(Work::Sweep),
         80..=82 => Step::Work(Work::Schedule),
-        83..=91 => Step::Advance { ms: *[1, 10, 100, 1_000, 5_000].get(rng.gen_range(0..5)).expect("in range") },
+        83..=89 => Step::Advance { ms: *[1, 10, 100, 1_000, 5_000].get(rng.gen_range(0..5)).expect("in range") },
+        90 => Step::Partition { client: rng.gen_range(0..shape.clients) },
+        91 => Step::Heal { client: rng.gen_range(0..shape.clients) },
         92..=93 => Step::WallJump { ms: rng.gen_range(-3_600_000..3_600_000) },
         94..=96 => Step::Fail(if rng.gen() { Fault::Write } else { Fault::Sync }),
         _ => Step::Crash { power: rng.gen_bool(0.5), torn: rng.gen_range(0..=1000) },
@@ -160,7 +168,7 @@ fn step(rng: &mut StdRng, shape: Shape) -> Step {
 fn call(rng: &mut StdRng, shape: Shape) -> Call {
     let ns = rng.gen_range(0..shape.namespaces);
     let token = rng.gen_range(0..shape.tokens);
-    if rng.gen_bool(0.2) {
+    if rng.gen_bool(0.15) {
         return match rng.gen_range(0..10) {
             0..=3 => Call::Submit {
                 app: rng.gen_range(0..APPS_PER_CLIENT),
@@ -174,14 +182,14 @@ fn call(rng: &mut StdRng, shape: Shape) -> Call {
             _ => Call::Report { app: rng.gen(), task: rng.gen(), report: Report::Fail },
         };
     }
-    if rng.gen_bool(0.15) {
+    if rng.gen_bool(0.1) {
         return match rng.gen_range(0..10) {
             0..=3 => Call::OpenSession { ttl_ms: rng.gen_range(1_000..20_000) },
             4..=7 => Call::KeepSession { session: rng.gen() },
             _ => Call::CloseSession { session: rng.gen() },
         };
     }
-    if rng.gen_bool(0.4) {
+    if rng.gen_bool(0.3) {
         return match rng.gen_range(0..10) {
             0..=4 => {
                 let min = rng.gen_range(1..=3);
@@ -192,7 +200,7 @@ fn call(rng: &mut StdRng, shape: Shape) -> Call {
         };
     }
     match rng.gen_range(0..10) {
-        0..=5 => {
+        0..=4 => {
             let session = rng.gen_bool(0.4).then(|| rng.gen());
             Call::Allocate {
                 ns,
@@ -200,11 +208,11 @@ fn call(rng: &mut StdRng, shape: Shape) -> Call {
                 units: rng.gen_range(1..=3),
                 ttl_ms: (session.is_none() && rng.gen_bool(0.5)).then(|| rng.gen_range(500..20_000)),
                 session,
-                wait_ms: rng.gen_bool(0.3).then(|| rng.gen_range(0..5_000)),
+                wait_ms: rng.gen_bool(0.5).then(|| rng.gen_range(0..10_000)),
                 scope: rng.gen_bool(0.4).then(|| rng.gen_range(0..4)),
             }
         }
-        6..=8 => Call::Release { ns, token },
+        5..=8 => Call::Release { ns, token },
         _ => Call::Keepalive { ns, token },
     }
 }

@@ -30,10 +30,11 @@ use bytes::Bytes;
 use tower::Service as _;
 
 use crate::apps;
-use crate::check::{Model, Overlap, Target, Violation};
+use crate::check::{parse, Model, Overlap, Target, Violation};
 use crate::clock::SimClock;
 use crate::disk::SimDisk;
 use crate::plan::{Call, Shape, Step, Work};
+use crate::queue::QueueOrder;
 
 /// An answer: its status and body.
 type Answer = (StatusCode, Bytes);
@@ -137,7 +138,11 @@ struct Sim {
     /// The last revision the watcher was given.
     watched: u64,
     calls: Vec<InFlight>,
+    /// The clients cut off from the daemon by a partition.
+    partitioned: BTreeSet<u8>,
     model: Model,
+    /// The waiting queues as last read, to check the next reading against.
+    queues: QueueOrder,
     /// Shared with [`run`], which reads it even after a panic.
     history: Arc<std::sync::Mutex<Vec<String>>>,
 }
@@ -160,7 +165,9 @@ impl Sim {
             watcher: None,
             watched: 0,
             calls: Vec::new(),
+            partitioned: BTreeSet::new(),
             model: Model::new(shape),
+            queues: QueueOrder::new(shape.namespaces),
             history,
         }
     }
@@ -269,6 +276,8 @@ impl Sim {
         if let Err(violation) = self.end_apps().await {
             return Some(Failure { step: end, violation });
         }
+        // Many calls ended since the last reading: the queues' order is not compared across them.
+        self.queues.forget();
         self.check().err().map(|violation| Failure { step: end, violation })
     }
 
@@ -280,6 +289,13 @@ impl Sim {
                     return Ok("busy".into());
                 }
                 let Some(target) = self.model.target(client, call) else { return Ok("nothing to call on".into()) };
+                if self.partitioned.contains(&client) {
+                    // Lost on the way: it never runs, and the client cannot tell.
+                    let overlap = self.model.sent(call, &target, self.clock.now());
+                    self.model.lost(call, &target);
+                    self.model.ended(call, &target, &overlap, self.clock.now());
+                    return Ok("lost on the way (partitioned)".into());
+                }
                 let (method, path, body) = self.model.request(call, &target);
                 let answer = self.send(method, path, body);
                 let overlap = self.model.sent(call, &target, self.clock.now());
@@ -312,6 +328,25 @@ impl Sim {
                 }
                 "lost".into()
             }
+            Step::Partition { client } => {
+                let client = client % self.shape.clients;
+                self.partitioned.insert(client);
+                let mut cut = 0;
+                for call in self.calls.iter_mut().filter(|call| call.client == client && !call.lost) {
+                    call.lost = true;
+                    self.model.lost(call.call, &call.target);
+                    cut += 1;
+                }
+                format!("cut off, {cut} answers to come lost")
+            }
+            Step::Heal { client } => {
+                let client = client % self.shape.clients;
+                if self.partitioned.remove(&client) {
+                    "connected again".into()
+                } else {
+                    "connected".into()
+                }
+            }
             Step::Work(work) => self.work(work),
             Step::Advance { ms } => {
                 self.clock.advance(u64::from(ms));
@@ -333,6 +368,7 @@ impl Sim {
                 }
                 // Killed: nothing the dying process does (its destructors) reaches the disk.
                 self.disk.kill();
+                self.queues.forget();
                 self.watcher = None;
                 self.daemon = None;
                 if power && self.durability == Durability::Disk {
@@ -376,6 +412,7 @@ impl Sim {
     /// its answer (a call that waits for room gets it or is told it timed out).
     async fn drain(&mut self) -> Result<(), Violation> {
         self.disk.crash();
+        self.partitioned.clear();
         for _ in 0..200 {
             if self.calls.is_empty() {
                 return Ok(());
@@ -438,12 +475,18 @@ impl Sim {
         self.model.revision(revision)?;
         for ns in 0..self.shape.namespaces {
             let name = Model::namespace(ns);
-            let Some(body) = self.list(format!("/v1/namespaces/{name}/grants?limit=1000"))? else { continue };
+            let Some(body) = self.list(format!("/v1/namespaces/{name}/grants?limit=1000"))? else {
+                self.queues.forget_namespace(ns);
+                continue;
+            };
             self.model.grants_hold(ns, &body, self.clock.now())?;
             let (status, waiters) = self.ask(Method::GET, format!("/v1/namespaces/{name}/waiters?limit=1000"), None);
-            if status == StatusCode::OK {
-                self.model.waiters_wait_rightly(ns, &body, &waiters)?;
+            if status != StatusCode::OK {
+                self.queues.forget_namespace(ns);
+                continue;
             }
+            self.model.waiters_wait_rightly(ns, &body, &waiters)?;
+            self.queues.served_in_order(ns, &parse(&body)?, &parse(&waiters)?)?;
         }
         if let Some(body) = self.list("/v1/sessions?limit=1000".to_owned())? {
             self.model.sessions_hold(&body, self.clock.now())?;
