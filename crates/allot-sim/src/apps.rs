@@ -1,13 +1,15 @@
 //! The applications' invariants, over what the daemon lists: no alloc holds two things (a task
 //! or placeholder is placed in one place, and an alloc is never given twice); every placement is
 //! on an alloc the pool holds; a gang is held all or nothing (reserving, nothing of it is placed;
-//! before any of its tasks is placed or ended, its placeholders are none or all).
+//! before any of its tasks is placed or ended, its placeholders are none or all); nothing is
+//! placed on a pool, or holds a seat of a namespace, its application's user may not use.
 
 use std::collections::{BTreeMap, BTreeSet};
 
 use allot_api::{App, Task};
 
-use crate::check::Violation;
+use crate::check::{Model, Violation};
+use crate::tenancy;
 
 /// States after which an application does nothing more.
 pub fn ended(state: &str) -> bool {
@@ -31,6 +33,7 @@ pub fn placed_rightly(apps: &[(App, Vec<Task>)], live: Option<&BTreeSet<String>>
                 placed.push((placeholder.placement.uri.clone(), what));
             }
         }
+        may_be_placed(app, tasks)?;
         for (uri, what) in placed {
             if live.is_some_and(|live| !live.contains(&uri)) {
                 return Err(Violation::new(format!("{what} is placed on {uri}, which its pool does not hold")));
@@ -58,6 +61,41 @@ pub fn placed_rightly(apps: &[(App, Vec<Task>)], live: Option<&BTreeSet<String>>
                 )));
             }
         }
+    }
+    Ok(())
+}
+
+/// Everything of `app` placed is on a pool its user may use, with seats of namespaces it may use.
+fn may_be_placed(app: &App, tasks: &[Task]) -> Result<(), Violation> {
+    let Some(team) = (0..2).find(|team| tenancy::user(*team) == app.user) else {
+        return Err(Violation::new(format!("{} was submitted by {}, who is no simulated client", app.id, app.user)));
+    };
+    let forbidden = |uri: &str, seats: &[allot_api::TokenNeed], what: String| {
+        let pool = uri.split_once('/').map_or(uri, |(pool, _)| pool);
+        let pool_allowed = (0..2).any(|p| Model::pool(p) == pool && tenancy::may_use_pool(team, p));
+        let seat = seats
+            .iter()
+            .find(|seat| !(0..2).any(|n| Model::namespace(n) == seat.namespace && tenancy::may_use_namespace(team, n)));
+        match (pool_allowed, seat) {
+            (true, None) => Ok(()),
+            (false, _) => {
+                Err(Violation::new(format!("{what} of {} is placed on {uri}, a pool it may not use", app.user)))
+            }
+            (true, Some(seat)) => Err(Violation::new(format!(
+                "{what} of {} is placed holding a seat of {}, a namespace it may not use",
+                app.user, seat.namespace
+            ))),
+        }
+    };
+    for task in tasks.iter().filter(|task| holds(&task.state)) {
+        if let Some(placement) = &task.placement {
+            forbidden(&placement.uri, &task.tokens, format!("task {}/{}", app.id, task.id))?;
+        }
+    }
+    for placeholder in &app.placeholders {
+        let seats = app.task_groups.iter().find(|g| g.name == placeholder.group).map_or(&[][..], |g| &g.tokens);
+        let what = format!("placeholder {}/{}#{}", app.id, placeholder.group, placeholder.member);
+        forbidden(&placeholder.placement.uri, seats, what)?;
     }
     Ok(())
 }

@@ -16,7 +16,8 @@ use allot_api::{
 };
 use axum::http::{Method, StatusCode};
 
-use crate::plan::{Call, Shape, APPS_PER_CLIENT, PROJECT_CAP, SCOPE_CAP};
+use crate::plan::{Call, Shape, APPS_PER_CLIENT, GANG_RESERVE_TIMEOUT_MS, PROJECT_CAP, SCOPE_CAP};
+use crate::tenancy;
 
 /// An invariant broken, said so that a person understands which.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -169,6 +170,20 @@ impl Model {
         format!("c{client}-t{token}")
     }
 
+    /// Whether `client`'s team may not use what `call` on `target` names (a submission: the seats
+    /// of the first namespace its tasks ask for).
+    fn forbidden(&self, client: u8, call: Call, target: &Target) -> bool {
+        let team = tenancy::team(client);
+        match target {
+            Target::App { .. } => {
+                matches!(call, Call::Submit { seats: true, .. }) && !tenancy::may_use_namespace(team, 0)
+            }
+            Target::Grant { ns, .. } => !tenancy::may_use_namespace(team, *ns),
+            Target::NewAlloc { pool } | Target::Alloc { pool, .. } => !tenancy::may_use_pool(team, *pool),
+            _ => false,
+        }
+    }
+
     fn thing(&mut self, target: &Target) -> Option<&mut Thing> {
         match target {
             Target::Grant { ns, client, token, .. } => Some(self.grants.entry((*ns, *client, *token)).or_default()),
@@ -261,6 +276,9 @@ impl Model {
                     .collect();
                 let mut body = serde_json::json!({ "id": app, "queue": "root.sim", "tasks": tasks });
                 if gang {
+                    // A gang its user's pools can never hold whole (team 1's, on one pool) waits
+                    // this long to be reserved, then is scheduled as tasks.
+                    body["policy"] = serde_json::json!({ "reserve_timeout_ms": GANG_RESERVE_TIMEOUT_MS });
                     body["task_groups"] = serde_json::json!([{
                         "name": "gang", "min_members": tasks.len(), "min_resources": resources, "tokens": tokens,
                     }]);
@@ -394,6 +412,22 @@ impl Model {
             Target::NewAlloc { pool } => format!("a new alloc of {}", Model::pool(*pool)),
             Target::Alloc { pool, id } => format!("{}/{id}", Model::pool(*pool)),
         };
+        // A call on what the client's team may not use is refused, and changes nothing.
+        let forbidden = self.forbidden(client, call, target);
+        if status == StatusCode::FORBIDDEN && !forbidden {
+            return Err(Violation::new(format!(
+                "{name}: refused to {} as forbidden, though it may use it: {}",
+                tenancy::user(tenancy::team(client)),
+                String::from_utf8_lossy(body)
+            )));
+        }
+        if status.is_success() && forbidden {
+            return Err(Violation::new(format!(
+                "{name}: {} may not use it, yet its call succeeded: {}",
+                tenancy::user(tenancy::team(client)),
+                String::from_utf8_lossy(body)
+            )));
+        }
         if let Target::NewAlloc { pool } = *target {
             if status == StatusCode::CREATED {
                 let alloc: Alloc = parse(body)?;
@@ -527,8 +561,11 @@ impl Model {
             }
             // A keepalive that failed changes nothing; any other failure leaves it in doubt.
             (Call::Keepalive { .. } | Call::KeepAlloc { .. } | Call::KeepSession { .. }, _) => before,
-            // "Nothing was changed" (`store_unavailable`): it is as it was when the call was sent.
-            _ if error_code(body).as_deref() == Some("store_unavailable") => overlap.known.unwrap_or(Known::InDoubt),
+            // "Nothing was changed" (`store_unavailable`, `forbidden`): it is as it was when the call
+            // was sent.
+            _ if matches!(error_code(body).as_deref(), Some("store_unavailable" | "forbidden")) => {
+                overlap.known.unwrap_or(Known::InDoubt)
+            }
             _ => Known::InDoubt,
         };
         // A close of the grant's session that ran beside it may have ended it after.
@@ -789,25 +826,46 @@ mod tests {
         let mut model = Model::new(shape);
         let call =
             Call::Allocate { ns: 0, token: 1, units: 2, ttl_ms: None, session: None, wait_ms: None, scope: None };
-        let target = model.target(3, call).unwrap();
+        let target = model.target(2, call).unwrap();
         let overlap = model.sent(call, &target, 0);
         model.ended(call, &target, &overlap, 0);
-        let answer = serde_json::json!({ "status": "Granted", "grant": grant("c3-t1", 2, 5), "existing": false });
-        model.learn(3, call, &target, (0, 0), overlap, StatusCode::OK, answer.to_string().as_bytes()).unwrap();
+        let answer = serde_json::json!({ "status": "Granted", "grant": grant("c2-t1", 2, 5), "existing": false });
+        model.learn(2, call, &target, (0, 0), overlap, StatusCode::OK, answer.to_string().as_bytes()).unwrap();
         let empty = serde_json::json!({ "grants": [] }).to_string();
-        let held = serde_json::json!({ "grants": [grant("c3-t1", 2, 5)] }).to_string();
+        let held = serde_json::json!({ "grants": [grant("c2-t1", 2, 5)] }).to_string();
         assert!(model.grants_hold(0, held.as_bytes(), 10).is_ok());
         let gone = model.grants_hold(0, empty.as_bytes(), 10).unwrap_err();
-        assert!(gone.0.contains("c3-t1"), "{gone}");
+        assert!(gone.0.contains("c2-t1"), "{gone}");
 
         let release = Call::Release { ns: 0, token: 1 };
         let overlap = model.sent(release, &target, 20);
         model.ended(release, &target, &overlap, 20);
         let released = serde_json::json!({ "released": true }).to_string();
-        model.learn(3, release, &target, (20, 20), overlap, StatusCode::OK, released.as_bytes()).unwrap();
+        model.learn(2, release, &target, (20, 20), overlap, StatusCode::OK, released.as_bytes()).unwrap();
         assert!(model.grants_hold(0, empty.as_bytes(), 30).is_ok());
         let back = model.grants_hold(0, held.as_bytes(), 30).unwrap_err();
         assert!(back.0.contains("told it is gone"), "{back}");
+    }
+
+    #[test]
+    fn a_forbidden_call_that_succeeds_or_a_permitted_one_refused_as_forbidden_is_a_violation() {
+        let mut model = Model::new(Shape::default());
+        let call =
+            Call::Allocate { ns: 0, token: 0, units: 1, ttl_ms: None, session: None, wait_ms: None, scope: None };
+        let forbidden = serde_json::json!({ "error": { "code": "forbidden", "message": "no" } }).to_string();
+        let granted = serde_json::json!({ "status": "Granted", "grant": grant("c1-t0", 1, 1), "existing": false });
+        let mut answer = |client: u8, status: StatusCode, body: &[u8]| {
+            let target = model.target(client, call).unwrap();
+            let overlap = model.sent(call, &target, 0);
+            model.ended(call, &target, &overlap, 0);
+            model.learn(client, call, &target, (0, 0), overlap, status, body)
+        };
+        // Client 1 is of team 1, which may not use namespace 0; client 0 is of team 0, which may.
+        assert!(answer(1, StatusCode::FORBIDDEN, forbidden.as_bytes()).is_ok());
+        let err = answer(1, StatusCode::OK, granted.to_string().as_bytes()).unwrap_err();
+        assert!(err.0.contains("team1 may not use it"), "{err}");
+        let err = answer(0, StatusCode::FORBIDDEN, forbidden.as_bytes()).unwrap_err();
+        assert!(err.0.contains("refused to team0 as forbidden"), "{err}");
     }
 
     fn waiter(position: u64, units_ahead: u64, token: &str, units: u64, capped: bool) -> serde_json::Value {

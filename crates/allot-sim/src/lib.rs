@@ -15,6 +15,7 @@ pub mod plan;
 pub mod queue;
 pub mod run;
 pub mod shrink;
+pub mod tenancy;
 
 use std::fmt::Write as _;
 

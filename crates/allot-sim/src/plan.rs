@@ -81,6 +81,9 @@ pub enum Call {
 pub const PROJECT_CAP: u64 = 5;
 pub const SCOPE_CAP: u64 = 3;
 
+/// How long a gang waits to be reserved before its tasks are scheduled one by one.
+pub const GANG_RESERVE_TIMEOUT_MS: u64 = 30_000;
+
 /// The applications each client submits at most: submitting one again is idempotent.
 pub const APPS_PER_CLIENT: u8 = 2;
 

@@ -35,6 +35,7 @@ use crate::clock::SimClock;
 use crate::disk::SimDisk;
 use crate::plan::{Call, Shape, Step, Work};
 use crate::queue::QueueOrder;
+use crate::tenancy;
 
 /// An answer: its status and body.
 type Answer = (StatusCode, Bytes);
@@ -191,7 +192,7 @@ impl Sim {
             retention_ms: 60_000,
         });
         let store = Arc::new(store);
-        let api = allot_server::api(ServerState::new(store.clone()));
+        let api = allot_server::api(ServerState::new(store.clone()).with_access(tenancy::access()));
         let since = (self.watched > 0).then_some(self.watched);
         let watcher = match store.watch(Filter::default(), since) {
             // What the watcher missed is no longer kept: it lists again, and watches from now.
@@ -211,12 +212,14 @@ impl Sim {
         self.daemon.as_ref().expect("the daemon runs between steps")
     }
 
-    fn send(&self, method: Method, path: String, body: Option<serde_json::Value>) -> Calling {
+    /// A call with `token`.
+    fn send(&self, token: &str, method: Method, path: String, body: Option<serde_json::Value>) -> Calling {
         let mut api = self.daemon().api.clone();
         let request = Request::builder()
             .method(method)
             .uri(path)
             .header(axum::http::header::CONTENT_TYPE, "application/json")
+            .header(axum::http::header::AUTHORIZATION, format!("Bearer {token}"))
             .body(body.map_or_else(Body::empty, |json| Body::from(json.to_string())))
             .expect("a valid request");
         Box::pin(async move {
@@ -229,7 +232,12 @@ impl Sim {
 
     /// A call the simulation makes for itself (setting up, observing), answered at once or never.
     fn ask(&mut self, method: Method, path: String, body: Option<serde_json::Value>) -> Answer {
-        let mut answer = self.send(method, path, body);
+        self.ask_as(tenancy::ADMIN_TOKEN, method, path, body)
+    }
+
+    /// [`Sim::ask`], with `token`.
+    fn ask_as(&mut self, token: &str, method: Method, path: String, body: Option<serde_json::Value>) -> Answer {
+        let mut answer = self.send(token, method, path, body);
         match poll_once(&mut answer) {
             Poll::Ready(answer) => answer,
             Poll::Pending => {
@@ -297,7 +305,7 @@ impl Sim {
                     return Ok("lost on the way (partitioned)".into());
                 }
                 let (method, path, body) = self.model.request(call, &target);
-                let answer = self.send(method, path, body);
+                let answer = self.send(&tenancy::token(client), method, path, body);
                 let overlap = self.model.sent(call, &target, self.clock.now());
                 let sent_at = self.clock.now();
                 self.calls.push(InFlight { client, call, target, overlap, sent_at, answer, lost: false });
@@ -539,7 +547,7 @@ impl Sim {
         let (method, path, body) = self.model.request(call, &target);
         let sent_at = self.clock.now();
         let overlap = self.model.sent(call, &target, sent_at);
-        let (status, body) = self.ask(method, path, body);
+        let (status, body) = self.ask_as(&tenancy::token(client), method, path, body);
         self.model.ended(call, &target, &overlap, self.clock.now());
         self.model.learn(client, call, &target, (sent_at, self.clock.now()), overlap, status, &body)?;
         let text = String::from_utf8_lossy(&body);
