@@ -78,17 +78,10 @@ pub fn durability_of(seed: u64) -> Durability {
 ///
 /// A panic anywhere (a debug assertion of the store, say) is a failure of the step it happened in.
 pub fn run(seed: u64, steps: &[Step], shape: Shape) -> Outcome {
-    let runtime = tokio::runtime::Builder::new_current_thread()
-        .enable_time()
-        .start_paused(true)
-        .build()
-        .expect("a single-threaded runtime builds");
     let history = Arc::new(std::sync::Mutex::new(Vec::new()));
     let played = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-        runtime.block_on(async {
-            let mut sim = Sim::start(seed, shape, history.clone());
-            sim.play(steps).await
-        })
+        let mut sim = Sim::start(seed, shape, history.clone());
+        sim.play(steps)
     }));
     let history = std::mem::take(&mut *history.lock().unwrap_or_else(|poisoned| poisoned.into_inner()));
     let failure = played.unwrap_or_else(|panic| {
@@ -103,10 +96,32 @@ pub fn run(seed: u64, steps: &[Step], shape: Shape) -> Outcome {
     Outcome { history, failure }
 }
 
-/// A daemon: the store and the API over it.
+/// A daemon: the store and the API over it, in a process of its own: a single-threaded tokio
+/// runtime whose clock is paused (moved only with the [`SimClock`]). A crash drops the process,
+/// and every task it spawned with it.
 struct Daemon {
     store: Arc<EmbeddedStore>,
     api: Api,
+    process: tokio::runtime::Runtime,
+}
+
+impl Daemon {
+    /// Runs `work` inside the process (polling a future that reads tokio's time needs it).
+    fn within<T>(&self, work: impl FnOnce() -> T) -> T {
+        let _entered = self.process.enter();
+        work()
+    }
+
+    /// The daemon is killed: everything it holds is dropped inside its process, then the process.
+    fn kill(self) {
+        let Daemon { store, api, process } = self;
+        {
+            let _entered = process.enter();
+            drop(api);
+            drop(store);
+        }
+        drop(process);
+    }
 }
 
 /// A call in flight.
@@ -192,7 +207,15 @@ impl Sim {
             retention_ms: 60_000,
         });
         let store = Arc::new(store);
-        let api = allot_server::api(ServerState::new(store.clone()).with_access(tenancy::access()));
+        let process = tokio::runtime::Builder::new_current_thread()
+            .enable_time()
+            .start_paused(true)
+            .build()
+            .expect("a single-threaded runtime builds");
+        let api = {
+            let _entered = process.enter();
+            allot_server::api(ServerState::new(store.clone()).with_access(tenancy::access()))
+        };
         let since = (self.watched > 0).then_some(self.watched);
         let watcher = match store.watch(Filter::default(), since) {
             // What the watcher missed is no longer kept: it lists again, and watches from now.
@@ -200,7 +223,7 @@ impl Sim {
             other => other,
         };
         self.watcher = Some(watcher.map_err(|err| format!("the watcher cannot resume: {err}"))?);
-        self.daemon = Some(Daemon { store, api });
+        self.daemon = Some(Daemon { store, api, process });
         Ok(())
     }
 
@@ -238,12 +261,12 @@ impl Sim {
     /// [`Sim::ask`], with `token`.
     fn ask_as(&mut self, token: &str, method: Method, path: String, body: Option<serde_json::Value>) -> Answer {
         let mut answer = self.send(token, method, path, body);
-        match poll_once(&mut answer) {
+        match self.poll(&mut answer) {
             Poll::Ready(answer) => answer,
             Poll::Pending => {
                 // A change at the disk level waits for a sync.
                 self.work(Work::Sync);
-                match poll_once(&mut answer) {
+                match self.poll(&mut answer) {
                     Poll::Ready(answer) => answer,
                     Poll::Pending => (StatusCode::REQUEST_TIMEOUT, Bytes::from_static(b"no answer")),
                 }
@@ -251,7 +274,18 @@ impl Sim {
         }
     }
 
-    async fn play(&mut self, steps: &[Step]) -> Option<Failure> {
+    /// Polls `answer` once, inside the daemon's process.
+    fn poll(&self, answer: &mut Calling) -> Poll<Answer> {
+        self.daemon().within(|| poll_once(answer))
+    }
+
+    /// Time passes by `ms`: the simulation's clock, and the daemon's timers with it.
+    fn advance(&self, ms: u64) {
+        self.clock.advance(ms);
+        self.daemon().process.block_on(tokio::time::advance(Duration::from_millis(ms)));
+    }
+
+    fn play(&mut self, steps: &[Step]) -> Option<Failure> {
         if let Err(err) = self.open() {
             return Some(Failure { step: 0, violation: Violation::new(err) });
         }
@@ -268,7 +302,7 @@ impl Sim {
         let (status, _) = self.ask(Method::PUT, "/v1/queues/root.sim".to_owned(), Some(serde_json::json!({})));
         assert!(status.is_success(), "the queue is made ({status})");
         for (index, step) in steps.iter().enumerate() {
-            let line = match self.step(*step).await {
+            let line = match self.step(*step) {
                 Ok(line) => line,
                 Err(violation) => return Some(Failure { step: index, violation }),
             };
@@ -278,10 +312,10 @@ impl Sim {
             }
         }
         let end = steps.len();
-        if let Err(violation) = self.drain().await {
+        if let Err(violation) = self.drain() {
             return Some(Failure { step: end, violation });
         }
-        if let Err(violation) = self.end_apps().await {
+        if let Err(violation) = self.end_apps() {
             return Some(Failure { step: end, violation });
         }
         // Many calls ended since the last reading: the queues' order is not compared across them.
@@ -289,7 +323,7 @@ impl Sim {
         self.check().err().map(|violation| Failure { step: end, violation })
     }
 
-    async fn step(&mut self, step: Step) -> Result<String, Violation> {
+    fn step(&mut self, step: Step) -> Result<String, Violation> {
         Ok(match step {
             Step::Send { client, call } => {
                 let client = client % self.shape.clients;
@@ -316,7 +350,11 @@ impl Sim {
                     return Ok("idle".into());
                 }
                 let index = usize::from(pick) % self.calls.len();
-                match poll_once(&mut self.calls[index].answer) {
+                let polled = {
+                    let daemon = self.daemon.as_ref().expect("the daemon runs between steps");
+                    daemon.within(|| poll_once(&mut self.calls[index].answer))
+                };
+                match polled {
                     Poll::Pending => "pending".into(),
                     Poll::Ready(answer) => self.answered(index, answer)?,
                 }
@@ -357,8 +395,7 @@ impl Sim {
             }
             Step::Work(work) => self.work(work),
             Step::Advance { ms } => {
-                self.clock.advance(u64::from(ms));
-                tokio::time::advance(Duration::from_millis(u64::from(ms))).await;
+                self.advance(u64::from(ms));
                 format!("now {}", self.clock.now())
             }
             Step::WallJump { ms } => {
@@ -378,7 +415,9 @@ impl Sim {
                 self.disk.kill();
                 self.queues.forget();
                 self.watcher = None;
-                self.daemon = None;
+                if let Some(daemon) = self.daemon.take() {
+                    daemon.kill();
+                }
                 if power && self.durability == Durability::Disk {
                     self.disk.power_loss(u32::from(torn));
                 } else {
@@ -418,7 +457,7 @@ impl Sim {
 
     /// After the plan: no more faults; the daemon works and time moves on until every call has
     /// its answer (a call that waits for room gets it or is told it timed out).
-    async fn drain(&mut self) -> Result<(), Violation> {
+    fn drain(&mut self) -> Result<(), Violation> {
         self.disk.crash();
         self.partitioned.clear();
         for _ in 0..200 {
@@ -430,7 +469,11 @@ impl Sim {
             }
             let mut index = 0;
             while index < self.calls.len() {
-                match poll_once(&mut self.calls[index].answer) {
+                let polled = {
+                    let daemon = self.daemon.as_ref().expect("the daemon runs between steps");
+                    daemon.within(|| poll_once(&mut self.calls[index].answer))
+                };
+                match polled {
                     Poll::Ready(answer) => {
                         let line = self.answered(index, answer)?;
                         self.record(format!("drain: {line}"));
@@ -438,8 +481,7 @@ impl Sim {
                     Poll::Pending => index += 1,
                 }
             }
-            self.clock.advance(100);
-            tokio::time::advance(Duration::from_millis(100)).await;
+            self.advance(100);
         }
         Err(Violation::new(format!("{} calls never answered after the plan, 20 s on", self.calls.len())))
     }
@@ -449,6 +491,7 @@ impl Sim {
         let Some(watcher) = self.watcher.as_mut() else { return Ok(()) };
         loop {
             let next = {
+                let _entered = self.daemon.as_ref().expect("the daemon runs between steps").process.enter();
                 let mut next = std::pin::pin!(watcher.next());
                 next.as_mut().poll(&mut Context::from_waker(Waker::noop()))
             };
@@ -558,7 +601,7 @@ impl Sim {
     /// After the plan and its calls: the clients give back what they hold, and the tasks placed
     /// are started and completed, while the scheduler cycles and time moves on, until every
     /// application has ended (as every application must, once its tasks do).
-    async fn end_apps(&mut self) -> Result<(), Violation> {
+    fn end_apps(&mut self) -> Result<(), Violation> {
         for (client, call) in self.model.everything_held() {
             self.call_now(client, call)?;
         }
@@ -588,8 +631,7 @@ impl Sim {
             for work in [Work::Sync, Work::Sweep, Work::Checkpoint] {
                 self.work(work);
             }
-            self.clock.advance(1_000);
-            tokio::time::advance(Duration::from_millis(1_000)).await;
+            self.advance(1_000);
         }
         let apps = self.apps().unwrap_or_default();
         let live: Vec<String> = apps
