@@ -343,8 +343,7 @@ impl Tokens {
 
     /// The token this task's attempt holds in a namespace.
     fn token(&self) -> Result<Token, ExecError> {
-        Token::new(&format!("{}:{}:{}", self.run.app, self.run.task, self.attempt))
-            .map_err(|e| ExecError::system("bad_token", e.to_string()))
+        attempt_token(&self.run, self.attempt)
     }
 
     /// Asks for `units` of the plugin's quota `name`: granted now, or waiting in its queue (the
@@ -365,16 +364,17 @@ impl Tokens {
         let scope = self.scope.clone().map_err(|why| ExecError::user("bad_scope", why))?;
         let constraints = if scope.is_some() { caps } else { Constraints::default() };
         let request = AllocateRequest { namespace, token, units, scope, constraints, lease: LeaseRequest::None };
-        // Asked again every round: answered from what this daemon knows, else from the store (an
-        // allocate of a token already held is granted as it is), so after a restart a wait that
-        // was in flight is found again.
-        let status = self.waits.take(&self.store, request, self.run.clone(), self.waker.clone()).await?;
-        // Noted while it waits too: an attempt that ends then releases it, whether the grant
-        // came before the end (released here) or after (released by the wait itself).
+        // Noted before it is asked for: an attempt that ends then releases it, whether the grant
+        // came before the end (released here) or after (released by the wait itself), and also
+        // when the ask failed with its outcome unknown (a failed sync whose write reached the
+        // disk after all: the grant exists, and nothing else would ever release it).
         if !self.taken.contains(&taken) {
             self.taken.push(taken);
         }
-        Ok(status)
+        // Asked again every round: answered from what this daemon knows, else from the store (an
+        // allocate of a token already held is granted as it is), so after a restart a wait that
+        // was in flight is found again.
+        self.waits.take(&self.store, request, self.run.clone(), self.waker.clone()).await
     }
 
     /// Releases what this attempt holds of quota `name` (idempotent).
@@ -385,6 +385,12 @@ impl Tokens {
         self.taken.retain(|t| !(t.namespace == namespace && t.token == token));
         Ok(())
     }
+}
+
+/// The token attempt `attempt` of `run` holds in each of its plugin's namespaces.
+pub(crate) fn attempt_token(run: &RunKey, attempt: u32) -> Result<Token, ExecError> {
+    Token::new(&format!("{}:{}:{}", run.app, run.task, attempt))
+        .map_err(|e| ExecError::system("bad_token", e.to_string()))
 }
 
 /// Releases a token, and forgets its wait if it had one.

@@ -41,7 +41,7 @@ use tokio::sync::{watch, Notify, OwnedSemaphorePermit, Semaphore};
 use tokio::time::Instant;
 
 use crate::apps::{AppMeta, AppsAccess, PlacedTask, Reported};
-use crate::context::{release, Metadata, RunKey, Secrets, TaskContext, TokenWaits, Tokens, Waker};
+use crate::context::{attempt_token, release, Metadata, RunKey, Secrets, TaskContext, TokenWaits, Tokens, Waker};
 use crate::feed::{Metas, Step};
 use crate::plugin::Plugin;
 use crate::registry::Registry;
@@ -262,6 +262,10 @@ pub struct Executor {
     metas: Metas,
     /// The runs of removed tasks were looked for (once per start).
     orphans_looked_for: AtomicBool,
+    /// Runs stopped by an error: driven again at the next list, whatever their task's state (a
+    /// task ended from outside meanwhile is no longer listed as placed here, and its run still
+    /// has its attempt to end and its tokens to give back).
+    stopped: Mutex<std::collections::BTreeSet<RunKey>>,
     parallelism: Parallelism,
     stats: ExecStats,
 }
@@ -279,6 +283,7 @@ impl Executor {
             list_soon: Notify::new(),
             metas: Metas::default(),
             orphans_looked_for: AtomicBool::new(false),
+            stopped: Mutex::default(),
             parallelism: Parallelism::default(),
             stats: ExecStats::default(),
         })
@@ -451,6 +456,10 @@ impl Executor {
                 Err(err) => tracing::debug!(error = %err, "cannot look for the runs of removed tasks yet"),
             }
         }
+        let stopped = std::mem::take(&mut *self.stopped.lock().unwrap_or_else(|p| p.into_inner()));
+        for key in stopped {
+            self.start_driving(key, shutdown);
+        }
         match self.placed_here().await {
             Ok(found) => {
                 for key in found {
@@ -491,7 +500,9 @@ impl Executor {
         tokio::spawn(async move { executor.drive(key, driven, shutdown).await });
     }
 
-    /// The kept runs of this daemon's pools whose task is gone (an ended one is removed here).
+    /// The kept runs of this daemon's pools whose task is gone (an ended one is removed here), or
+    /// ended from outside while the run was not driven (a crash, or an error, between the end and
+    /// the run's next reading): each has its attempt to end and its tokens to give back.
     async fn orphans(&self) -> Result<Vec<RunKey>, StoreError> {
         let mut orphans = Vec::new();
         for (app, task, run) in self.store.runs().await? {
@@ -499,10 +510,15 @@ impl Executor {
             if !pool.is_some_and(|pool| self.config.pools.iter().any(|p| p.as_str() == pool)) {
                 continue;
             }
-            if self.apps.task(&app, &task).await?.is_some() {
-                continue;
-            }
             let key = RunKey { app, task };
+            match self.apps.task(&key.app, &key.task).await? {
+                Some(task) if task.state.is_terminal() && !run.ended() => {
+                    orphans.push(key);
+                    continue;
+                }
+                Some(_) => continue,
+                None => {}
+            }
             if run.ended() {
                 self.forget_run(&key).await?;
             } else {
@@ -635,7 +651,8 @@ impl Executor {
             return;
         }
         if failed {
-            // The next list drives it again, if it is still placed here: soon, not at once.
+            // The next list drives it again: soon, not at once.
+            self.stopped.lock().unwrap_or_else(|p| p.into_inner()).insert(key);
             self.list_soon.notify_one();
         } else if driven.found_again.load(Ordering::SeqCst) {
             // Found placed here after the run last read its task (it left this daemon's pools
@@ -667,6 +684,9 @@ impl Executor {
             // the task may have run, ended and gone since. A run starts from the task as it is.
             _ => self.apps.task(&key.app, &key.task).await?,
         };
+        // Resumed from what the store kept (after a crash, or an error): a round whose run could
+        // not be stored may have taken tokens the kept run does not list.
+        let resumed = stored.is_some();
         let mut run = match (stored, &last) {
             // Gone before it was run: nothing to do.
             (None, None) => return Ok(()),
@@ -827,7 +847,7 @@ impl Executor {
                 }
                 Next::EndAttempt { abort } => {
                     let keep = if replaced { Keep::Nothing } else { Keep::Run };
-                    self.end_attempt(key, &meta, last.as_ref(), &mut run, abort, keep).await?;
+                    self.end_attempt(key, &meta, last.as_ref(), &mut run, abort, keep, resumed).await?;
                     if preempted && run.next() == Next::Handle {
                         self.stats.preempted.fetch_add(1, Ordering::Relaxed);
                         return self.report(key, allot_core::apps::TaskEnding::Preempted).await;
@@ -1083,6 +1103,30 @@ impl Executor {
         }
     }
 
+    /// Releases the token of attempt `attempt` in every namespace of `plugin` (`<plugin>:*`):
+    /// what a round took and its run could not record (the store failed before the run was
+    /// stored, or the daemon died) is held by no lease, and would be held for good.
+    async fn release_unlisted(&self, key: &RunKey, attempt: u32, plugin: &str) -> Result<(), StoreError> {
+        let unavailable = |err: ExecError| StoreError::Unavailable(format!("a token could not be released: {err}"));
+        let token = attempt_token(key, attempt).map_err(unavailable)?;
+        let prefix = format!("{plugin}:");
+        // Namespaces are listed by name: the plugin's follow its id.
+        let mut after = allot_core::NamespaceName::new(plugin).ok();
+        loop {
+            let page = self.store.namespaces(allot_store::PageRequest::new(after, 100)).await?;
+            for namespace in &page.items {
+                if !namespace.name.as_str().starts_with(&prefix) {
+                    return Ok(());
+                }
+                release(&self.store, &self.waits, &namespace.name, &token).await.map_err(unavailable)?;
+            }
+            match page.next {
+                Some(next) => after = Some(next),
+                None => return Ok(()),
+            }
+        }
+    }
+
     /// Keeps a succeeded cacheable task's outputs in the catalog under the key its lookup missed
     /// (the first kept stays, so a report repeated after a crash changes nothing).
     async fn keep_outputs(&self, key: &RunKey, run: &Run) -> Result<(), StoreError> {
@@ -1099,7 +1143,9 @@ impl Executor {
     }
 
     /// Aborts (if asked) and finalizes the attempt, releases its tokens, stores the run (unless
-    /// `keep` says it is another's to write).
+    /// `keep` says it is another's to write). A `resumed` run also gives back the attempt's token
+    /// in every namespace of its plugin, listed or not.
+    #[allow(clippy::too_many_arguments)]
     async fn end_attempt(
         &self,
         key: &RunKey,
@@ -1108,10 +1154,14 @@ impl Executor {
         run: &mut Run,
         abort: bool,
         keep: Keep,
+        resumed: bool,
     ) -> Result<(), StoreError> {
         // An attempt lost with its placement ran elsewhere: its plugin is not called here.
         let task = task.filter(|_| !run.attempt_lost());
         if let Some((spec, plugin)) = task.and_then(|t| self.plugin_for(t).ok()) {
+            if resumed {
+                self.release_unlisted(key, run.attempt, plugin.id()).await?;
+            }
             let mut ctx = self.context(key, meta, task, run, plugin.id(), &spec);
             if abort {
                 if let Err(err) = plugin.abort(&mut ctx).await {

@@ -16,7 +16,7 @@ use allot_api::{
 };
 use axum::http::{Method, StatusCode};
 
-use crate::plan::{Call, Shape, APPS_PER_CLIENT, GANG_RESERVE_TIMEOUT_MS, PROJECT_CAP, SCOPE_CAP};
+use crate::plan::{Call, RunAsks, Shape, APPS_PER_CLIENT, GANG_RESERVE_TIMEOUT_MS, PROJECT_CAP, SCOPE_CAP};
 use crate::tenancy;
 
 /// An invariant broken, said so that a person understands which.
@@ -262,7 +262,7 @@ impl Model {
             Call::Release { .. } | Call::Free { .. } | Call::CloseSession { .. } => (Method::DELETE, path, None),
             Call::Keepalive { .. } | Call::KeepSession { .. } => (Method::POST, format!("{path}/keepalive"), None),
             Call::OpenSession { ttl_ms } => (Method::POST, path, Some(serde_json::json!({ "ttl_ms": ttl_ms }))),
-            Call::Submit { tasks, cpu, gang, seats, .. } => {
+            Call::Submit { tasks, cpu, gang, seats, run, .. } => {
                 let Target::App { app } = target else { unreachable!("a submission's target is its application") };
                 let resources = format!("cpu={cpu}");
                 let tokens = if seats {
@@ -272,7 +272,13 @@ impl Model {
                 };
                 let group = gang.then_some("gang");
                 let tasks: Vec<_> = (0..tasks)
-                    .map(|t| serde_json::json!({ "id": format!("t{t}"), "resources": resources, "tokens": tokens, "group": group }))
+                    .map(|t| {
+                        let asks = RunAsks::of(run);
+                        let spec = serde_json::json!({
+                            "type": "sim", "rounds": asks.rounds, "seat": asks.seat, "end": asks.end, "retries": 1,
+                        });
+                        serde_json::json!({ "id": format!("t{t}"), "resources": resources, "tokens": tokens, "group": group, "spec": spec })
+                    })
                     .collect();
                 let mut body = serde_json::json!({ "id": app, "queue": "root.sim", "tasks": tasks });
                 if gang {

@@ -35,6 +35,8 @@ struct Platters {
     database: File,
     segments: BTreeMap<u64, File>,
     fail_next: Option<Fault>,
+    /// How many faults happened (operations failed on demand).
+    failed: u64,
     /// The process is dead: what it still does (a store's destructor) never reaches the disk.
     frozen: bool,
 }
@@ -132,6 +134,11 @@ impl SimDisk {
         self.platters().fail_next = Some(fault);
     }
 
+    /// How many operations failed on demand so far.
+    pub fn faults(&self) -> u64 {
+        self.platters().failed
+    }
+
     /// The process is killed: from now until [`SimDisk::crash`] or [`SimDisk::power_loss`],
     /// writes and syncs are dropped (they succeed, as far as the dead process can tell).
     pub fn kill(&self) {
@@ -176,6 +183,7 @@ impl SimDisk {
         }
         if platters.fail_next == Some(kind) {
             platters.fail_next = None;
+            platters.failed += 1;
             return Err(match kind {
                 Fault::Write => io::Error::new(io::ErrorKind::StorageFull, "no space left on device (simulated)"),
                 Fault::Sync => io::Error::other("fsync failed: input/output error (simulated)"),

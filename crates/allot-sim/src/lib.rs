@@ -12,6 +12,7 @@ pub mod check;
 pub mod clock;
 pub mod disk;
 pub mod plan;
+pub mod plugin;
 pub mod queue;
 pub mod run;
 pub mod shrink;

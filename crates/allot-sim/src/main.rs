@@ -32,6 +32,9 @@ struct Args {
     /// Seeds run at once, each on a thread of its own (default: one per CPU).
     #[arg(long)]
     jobs: Option<usize>,
+    /// With `--seed`: the daemon's log (its `tracing` lines, at this level) on stderr.
+    #[arg(long, requires = "seed")]
+    log: Option<tracing_subscriber::filter::LevelFilter>,
 }
 
 fn main() -> anyhow::Result<()> {
@@ -40,6 +43,9 @@ fn main() -> anyhow::Result<()> {
     // happens (shrinking runs a failing plan hundreds of times).
     std::panic::set_hook(Box::new(|_| {}));
     let shape = Shape { steps: args.steps, ..Shape::default() };
+    if let Some(level) = args.log {
+        tracing_subscriber::fmt().with_max_level(level).with_writer(std::io::stderr).without_time().init();
+    }
     if let Some(seed) = args.seed {
         return match check_seed(seed, shape) {
             Ok(outcome) => {

@@ -70,8 +70,9 @@ pub enum Call {
     CloseSession { session: u8 },
     /// `POST /v1/apps`: the client's application number `app` (of [`APPS_PER_CLIENT`]), of
     /// `tasks` tasks of `cpu` CPUs each, a gang of all of them if `gang`, each task also holding
-    /// a unit of the first namespace if `seats`.
-    Submit { app: u8, tasks: u8, cpu: u8, gang: bool, seats: bool },
+    /// a unit of the first namespace if `seats`; the executor runs each task with the simulation's
+    /// plugin as `run` says ([`RunAsks::of`]).
+    Submit { app: u8, tasks: u8, cpu: u8, gang: bool, seats: bool, run: u8 },
     /// `POST /v1/apps/{app}/tasks/{task}/{report}` on the client's application number `app`
     /// (modulo those it submitted) and its task number `task`.
     Report { app: u8, task: u8, report: Report },
@@ -86,6 +87,28 @@ pub const GANG_RESERVE_TIMEOUT_MS: u64 = 30_000;
 
 /// The applications each client submits at most: submitting one again is idempotent.
 pub const APPS_PER_CLIENT: u8 = 2;
+
+/// What a task's plugin does ([`crate::plugin`]): its rounds, whether it holds one of the
+/// plugin's seats through them, and how it ends.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RunAsks {
+    pub rounds: u8,
+    pub seat: bool,
+    pub end: &'static str,
+}
+
+impl RunAsks {
+    /// One to three rounds; a seat half the time; ends well half the time, else retried or
+    /// failed for good.
+    pub fn of(run: u8) -> RunAsks {
+        let end = match (run / 6) % 4 {
+            2 => "retry",
+            3 => "fail",
+            _ => "ok",
+        };
+        RunAsks { rounds: 1 + run % 3, seat: (run / 3) % 2 == 1, end }
+    }
+}
 
 /// What a task's runner reports.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -142,6 +165,8 @@ pub enum Work {
     Sweep,
     /// The scheduler's cycle.
     Schedule,
+    /// The executor's turn: it runs until it waits (for the store, a timer, or a wake-up).
+    Execute,
 }
 
 /// The steps of `seed`'s run.
@@ -153,7 +178,8 @@ pub fn draw(seed: u64, shape: Shape) -> Vec<Step> {
 fn step(rng: &mut StdRng, shape: Shape) -> Step {
     match rng.gen_range(0..100) {
         0..=29 => Step::Send { client: rng.gen_range(0..shape.clients), call: call(rng, shape) },
-        30..=59 => Step::Poll { pick: rng.gen() },
+        30..=55 => Step::Poll { pick: rng.gen() },
+        56..=59 => Step::Work(Work::Execute),
         60..=62 => Step::Cut { pick: rng.gen(), abandon: rng.gen() },
         63..=72 => Step::Work(Work::Sync),
         73..=75 => Step::Work(Work::Checkpoint),
@@ -179,6 +205,7 @@ fn call(rng: &mut StdRng, shape: Shape) -> Call {
                 cpu: rng.gen_range(1..=3),
                 gang: rng.gen_bool(0.5),
                 seats: rng.gen_bool(0.3),
+                run: rng.gen(),
             },
             4..=5 => Call::Report { app: rng.gen(), task: rng.gen(), report: Report::Start },
             6..=8 => Call::Report { app: rng.gen(), task: rng.gen(), report: Report::Complete },

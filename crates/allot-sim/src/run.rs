@@ -16,8 +16,9 @@ use std::time::Duration;
 use std::collections::BTreeSet;
 
 use allot_api::{AllocList, App, AppList, Task, TaskList};
-use allot_core::pools::LeaseRules;
+use allot_core::pools::{LeaseRules, PoolName};
 use allot_core::watch::Filter;
+use allot_exec::{Executor, ExecutorConfig, Registry, Secrets, SetupContext, Waker as ExecWaker};
 use allot_server::{Api, ServerState};
 use allot_store::embedded::Step as StoreStep;
 use allot_store::ids::SeededIds;
@@ -34,11 +35,16 @@ use crate::check::{parse, Model, Overlap, Target, Violation};
 use crate::clock::SimClock;
 use crate::disk::SimDisk;
 use crate::plan::{Call, Shape, Step, Work};
+use crate::plugin::SharedJournal;
 use crate::queue::QueueOrder;
 use crate::tenancy;
 
 /// An answer: its status and body.
 type Answer = (StatusCode, Bytes);
+
+/// How many times the executor's turn gives way to the process's tasks: enough for every run
+/// ready to take its next step.
+const EXECUTE_YIELDS: usize = 20;
 type Calling = Pin<Box<dyn Future<Output = Answer> + Send>>;
 
 /// What a run did, and the first invariant it broke.
@@ -102,6 +108,10 @@ pub fn run(seed: u64, steps: &[Step], shape: Shape) -> Outcome {
 struct Daemon {
     store: Arc<EmbeddedStore>,
     api: Api,
+    /// Drives the tasks placed on both pools, as a daemon that runs them does (in the process).
+    executor: Arc<Executor>,
+    /// What the executor's plugin saw in this life of the daemon.
+    journal: SharedJournal,
     process: tokio::runtime::Runtime,
 }
 
@@ -114,10 +124,11 @@ impl Daemon {
 
     /// The daemon is killed: everything it holds is dropped inside its process, then the process.
     fn kill(self) {
-        let Daemon { store, api, process } = self;
+        let Daemon { store, api, executor, process, .. } = self;
         {
             let _entered = process.enter();
             drop(api);
+            drop(executor);
             drop(store);
         }
         drop(process);
@@ -148,6 +159,8 @@ struct Sim {
     disk: SimDisk,
     /// The kept events' files (real files: the feed's archive is not simulated).
     events: tempfile::TempDir,
+    /// The executor's task directories (real files, as the events').
+    tasks: tempfile::TempDir,
     daemon: Option<Daemon>,
     /// A watcher of every event, resumed after each start from the last revision it was given.
     watcher: Option<Watcher>,
@@ -177,6 +190,7 @@ impl Sim {
             clock: SimClock::new(),
             disk: SimDisk::new(),
             events: tempfile::tempdir().expect("a temporary directory"),
+            tasks: tempfile::tempdir().expect("a temporary directory"),
             daemon: None,
             watcher: None,
             watched: 0,
@@ -216,6 +230,9 @@ impl Sim {
             let _entered = process.enter();
             allot_server::api(ServerState::new(store.clone()).with_access(tenancy::access()))
         };
+        let journal = SharedJournal::default();
+        crate::plugin::lock(&journal).disk = Some(self.disk.clone());
+        let executor = self.executor(&process, store.clone(), journal.clone());
         let since = (self.watched > 0).then_some(self.watched);
         let watcher = match store.watch(Filter::default(), since) {
             // What the watcher missed is no longer kept: it lists again, and watches from now.
@@ -223,8 +240,33 @@ impl Sim {
             other => other,
         };
         self.watcher = Some(watcher.map_err(|err| format!("the watcher cannot resume: {err}"))?);
-        self.daemon = Some(Daemon { store, api, process });
+        self.daemon = Some(Daemon { store, api, executor, journal, process });
         Ok(())
+    }
+
+    /// The daemon's executor, running both pools' tasks with the simulation's plugin (writing to
+    /// `journal`), started in `process` (it takes its lease, lists what is placed, then follows the
+    /// change feed).
+    fn executor(
+        &self,
+        process: &tokio::runtime::Runtime,
+        store: Arc<EmbeddedStore>,
+        journal: SharedJournal,
+    ) -> Arc<Executor> {
+        let store: Arc<dyn Store> = store;
+        let setup = |id: &str| SetupContext::new(id, store.clone(), Secrets::default(), ExecWaker::new(|_| {}));
+        let entries = vec![crate::plugin::entry(journal)];
+        let registry = process.block_on(Registry::load(entries, &Default::default(), setup)).expect("the plugin loads");
+        let pools = (0..self.shape.pools).map(|pool| PoolName::new(&Model::pool(pool)).expect("a pool's name"));
+        let mut config = ExecutorConfig::new(pools.collect(), self.tasks.path().to_owned());
+        config.node = "sim".to_owned();
+        config.clock = Arc::new(self.clock.clone());
+        let executor = Executor::new(store, Arc::new(registry), config);
+        // Never stopped: the process is dropped with it when the daemon is killed.
+        let (stop, stopped) = tokio::sync::watch::channel(false);
+        std::mem::forget(stop);
+        process.spawn(executor.clone().run(stopped));
+        executor
     }
 
     fn record(&self, line: String) {
@@ -274,6 +316,15 @@ impl Sim {
         }
     }
 
+    /// The executor's turn: every task of the daemon's process runs until it waits.
+    fn execute(&self) {
+        self.daemon().process.block_on(async {
+            for _ in 0..EXECUTE_YIELDS {
+                tokio::task::yield_now().await;
+            }
+        });
+    }
+
     /// Polls `answer` once, inside the daemon's process.
     fn poll(&self, answer: &mut Calling) -> Poll<Answer> {
         self.daemon().within(|| poll_once(answer))
@@ -294,6 +345,10 @@ impl Sim {
             let (status, _) = self.ask(Method::PUT, format!("/v1/namespaces/{}", Model::namespace(ns)), Some(body));
             assert!(status.is_success(), "the namespaces are made ({status})");
         }
+        let seats = serde_json::json!({ "quota": crate::plugin::SEATS_QUOTA });
+        let (status, _) =
+            self.ask(Method::PUT, format!("/v1/namespaces/{}", crate::plugin::SEATS_NAMESPACE), Some(seats));
+        assert!(status.is_success(), "the plugin's namespace is made ({status})");
         for pool in 0..self.shape.pools {
             let body = serde_json::json!({ "capacity": format!("cpu={}", self.shape.cpus) });
             let (status, _) = self.ask(Method::PUT, format!("/v1/pools/{}", Model::pool(pool)), Some(body));
@@ -316,6 +371,9 @@ impl Sim {
             return Some(Failure { step: end, violation });
         }
         if let Err(violation) = self.end_apps() {
+            return Some(Failure { step: end, violation });
+        }
+        if let Err(violation) = self.seats_given_back() {
             return Some(Failure { step: end, violation });
         }
         // Many calls ended since the last reading: the queues' order is not compared across them.
@@ -435,6 +493,11 @@ impl Sim {
             Work::Checkpoint => StoreStep::Checkpoint,
             Work::Sweep => StoreStep::Sweep,
             Work::Schedule => StoreStep::Schedule,
+            Work::Execute => {
+                self.execute();
+                let rounds = crate::plugin::lock(&self.daemon().journal).rounds;
+                return format!("{rounds} rounds in this life");
+            }
         };
         match self.daemon().store.step(step) {
             Ok(()) => "done".into(),
@@ -464,7 +527,7 @@ impl Sim {
             if self.calls.is_empty() {
                 return Ok(());
             }
-            for work in [Work::Sync, Work::Sweep, Work::Checkpoint, Work::Sync] {
+            for work in [Work::Sync, Work::Sweep, Work::Checkpoint, Work::Execute, Work::Sync] {
                 self.work(work);
             }
             let mut index = 0;
@@ -484,6 +547,37 @@ impl Sim {
             self.advance(100);
         }
         Err(Violation::new(format!("{} calls never answered after the plan, 20 s on", self.calls.len())))
+    }
+
+    /// Once every application has ended, the seats the plugin took are all given back (within a
+    /// simulated minute, the executor working: a run sees its task ended at its next reading):
+    /// every attempt that took one released it, whatever its end.
+    fn seats_given_back(&mut self) -> Result<(), Violation> {
+        let name = crate::plugin::SEATS_NAMESPACE;
+        let mut still = String::new();
+        for _ in 0..60 {
+            let (_, grants) = self.ask(Method::GET, format!("/v1/namespaces/{name}/grants?limit=1000"), None);
+            let (_, waiters) = self.ask(Method::GET, format!("/v1/namespaces/{name}/waiters?limit=1000"), None);
+            let grants: allot_api::GrantList = parse(&grants)?;
+            let waiters: allot_api::WaiterList = parse(&waiters)?;
+            let held: Vec<&str> = grants.grants.iter().map(|g| g.token.as_str()).collect();
+            let waiting: Vec<&str> = waiters.waiters.iter().map(|w| w.token.as_str()).collect();
+            if held.is_empty() && waiting.is_empty() {
+                return Ok(());
+            }
+            still = format!("held by {held:?} and waited for by {waiting:?}");
+            // The run of the first seat held, as the daemon keeps it: why it did not give it back.
+            if let Some((app, task)) = held.first().and_then(|token| token.split_once(':')) {
+                let task = task.split_once(':').map_or(task, |(task, _)| task);
+                let (_, run) = self.ask(Method::GET, format!("/v1/apps/{app}/tasks/{task}/run"), None);
+                still.push_str(&format!("; the run of the first: {}", String::from_utf8_lossy(&run)));
+            }
+            for work in [Work::Execute, Work::Sync, Work::Execute] {
+                self.work(work);
+            }
+            self.advance(1_000);
+        }
+        Err(Violation::new(format!("every application ended, yet a minute on the plugin's seats are {still}")))
     }
 
     /// Takes every event ready for the watcher: each after the one before, none twice.
@@ -522,6 +616,7 @@ impl Sim {
     /// Checks what the daemon holds against what its clients were told.
     fn check(&mut self) -> Result<(), Violation> {
         self.watch()?;
+        crate::plugin::violations(&self.daemon().journal)?;
         let revision = self.daemon().store.revision();
         self.model.revision(revision)?;
         for ns in 0..self.shape.namespaces {
@@ -628,7 +723,7 @@ impl Sim {
                     self.record(format!("end: {report} {}/{}: {} {text}", app.id, task.id, status.as_u16()));
                 }
             }
-            for work in [Work::Sync, Work::Sweep, Work::Checkpoint] {
+            for work in [Work::Sync, Work::Execute, Work::Sync, Work::Sweep, Work::Checkpoint] {
                 self.work(work);
             }
             self.advance(1_000);

@@ -2,7 +2,7 @@
 //! plan a seed draws changes whenever the simulator learns a new kind of step.
 
 use allot_sim::disk::Fault;
-use allot_sim::plan::{Call, Step, Work};
+use allot_sim::plan::{Call, Report, Step, Work};
 use allot_sim::{run, Shape};
 
 fn holds(seed: u64, steps: &[Step]) {
@@ -118,6 +118,65 @@ fn a_keepalive_decided_later_may_shorten_an_allocs_lease() {
             Step::Advance { ms: 1_000 },
             Step::Advance { ms: 5_000 },
             Step::Work(Work::Sweep),
+        ],
+    );
+}
+
+/// The executor's: a seat of the plugin's quota asked for when the disk failed (its sync): the
+/// answer was "outcome unknown", the grant durable after all, and the attempt, which noted a
+/// token only once granted, never gave it back (nor did anyone: a plugin's token has no lease).
+/// A minute after every application had ended, the seats of the first attempts were still held
+/// and the second attempts waited for seats. A token is now noted before it is asked for. Found
+/// by seed 342 (150 steps); its plan, shrunk.
+#[test]
+fn a_run_ended_from_outside_after_a_failed_sync_gives_its_seats_back() {
+    holds(
+        342,
+        &[
+            Step::Send {
+                client: 5,
+                call: Call::Submit { app: 0, tasks: 2, cpu: 1, gang: false, seats: false, run: 245 },
+            },
+            Step::Advance { ms: 5_000 },
+            Step::Poll { pick: 64_853 },
+            Step::Work(Work::Schedule),
+            Step::Crash { power: false, torn: 719 },
+            Step::Work(Work::Execute),
+            Step::Work(Work::Sync),
+            Step::Fail(Fault::Sync),
+            Step::Advance { ms: 10 },
+            Step::Work(Work::Sync),
+        ],
+    );
+}
+
+/// The executor's: a run stopped by a failed write (driven again only "at the next list, if its
+/// task is still placed here"), and its task completed from outside before that list: the list
+/// found nothing placed, so the run never ended its attempt nor gave its seat back. A run
+/// stopped by an error is now driven again whatever its task's state, and at start the runs of
+/// tasks ended from outside are found with those of removed tasks. Found by seed 342 (150 steps,
+/// once the first fix was in); its plan, shrunk.
+#[test]
+fn a_run_stopped_by_a_failed_write_ends_its_attempt_when_its_task_is_ended_from_outside() {
+    holds(
+        342,
+        &[
+            Step::Send {
+                client: 5,
+                call: Call::Submit { app: 0, tasks: 2, cpu: 1, gang: false, seats: false, run: 245 },
+            },
+            Step::Advance { ms: 5_000 },
+            Step::Poll { pick: 64_853 },
+            Step::Work(Work::Schedule),
+            Step::Work(Work::Checkpoint),
+            Step::Crash { power: true, torn: 565 },
+            Step::Advance { ms: 1 },
+            Step::Crash { power: false, torn: 719 },
+            Step::Work(Work::Execute),
+            Step::Fail(Fault::Write),
+            Step::Work(Work::Sync),
+            Step::Send { client: 5, call: Call::Report { app: 68, task: 206, report: Report::Complete } },
+            Step::Advance { ms: 10 },
         ],
     );
 }

@@ -55,15 +55,18 @@ fn a_seed_gives_the_same_history_twice() {
 /// foldhash's), so a history that followed a hash table's order would differ here.
 #[test]
 fn a_seed_gives_the_same_history_in_two_processes() {
-    let replay = || {
-        let out = std::process::Command::new(env!("CARGO_BIN_EXE_allot-sim"))
-            .args(["--seed", "7", "--steps", "150"])
-            .output()
-            .expect("allot-sim runs");
-        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
-        out.stdout
-    };
-    let first = replay();
-    assert!(String::from_utf8_lossy(&first).contains("every invariant held"));
-    assert_eq!(first, replay(), "seed 7 replayed in two processes");
+    // Seeds whose executor runs tasks through rounds, waits for seats and lives through crashes.
+    for seed in ["7", "28", "342"] {
+        let replay = || {
+            let out = std::process::Command::new(env!("CARGO_BIN_EXE_allot-sim"))
+                .args(["--seed", seed, "--steps", "150"])
+                .output()
+                .expect("allot-sim runs");
+            assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+            out.stdout
+        };
+        let first = replay();
+        assert!(String::from_utf8_lossy(&first).contains("every invariant held"));
+        assert_eq!(first, replay(), "seed {seed} replayed in two processes");
+    }
 }
