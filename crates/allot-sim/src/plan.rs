@@ -88,7 +88,7 @@ pub const GANG_RESERVE_TIMEOUT_MS: u64 = 30_000;
 /// The applications each client submits at most: submitting one again is idempotent.
 pub const APPS_PER_CLIENT: u8 = 2;
 
-/// What a task's plugin does ([`crate::plugin`]): its rounds, whether it holds one of the
+/// What a task's plugin does (the simulation's, `plugin.rs`): its rounds, whether it holds one of the
 /// plugin's seats through them, and how it ends.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct RunAsks {
