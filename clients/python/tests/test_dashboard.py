@@ -212,7 +212,9 @@ def test_the_pages_show_the_state_live(browser: Any, ui_daemon: Daemon) -> None:
         huge_waits = client.task("ui-big", "huge")["waiting"]
         # The message counts down ("it may preempt in 25s"): the page and the API, read a moment
         # apart, may be a second apart.
-        ticking = lambda message: re.sub(r"\b\d+s\b", "Ns", message.replace("`", ""))
+        def ticking(message: str) -> str:
+            return re.sub(r"\b\d+s\b", "Ns", message.replace("`", ""))
+
         assert huge_waits is not None and ticking(huge_waits["message"]) in ticking(page) and "waiting" in page, page
         shoot(browser, "app-waiting")
 
