@@ -1159,7 +1159,9 @@ impl Executor {
         // An attempt lost with its placement ran elsewhere: its plugin is not called here.
         let task = task.filter(|_| !run.attempt_lost());
         if let Some((spec, plugin)) = task.and_then(|t| self.plugin_for(t).ok()) {
-            if resumed {
+            // Not for a run whose task was replaced: the new task's attempts hold tokens of the
+            // same names.
+            if resumed && keep == Keep::Run {
                 self.release_unlisted(key, run.attempt, plugin.id()).await?;
             }
             let mut ctx = self.context(key, meta, task, run, plugin.id(), &spec);
