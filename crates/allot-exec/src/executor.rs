@@ -507,11 +507,20 @@ impl Executor {
         let mut orphans = Vec::new();
         for (app, task, run) in self.store.runs().await? {
             let pool = run.alloc.as_deref().and_then(|alloc| alloc.split_once('/')).map(|(pool, _)| pool);
-            if !pool.is_some_and(|pool| self.config.pools.iter().any(|p| p.as_str() == pool)) {
+            let ours = |pool: &str| self.config.pools.iter().any(|p| p.as_str() == pool);
+            // A run that has not noted its placement yet (it does with its first round's write) is
+            // this daemon's if its task is (or was, a task ended keeps where it ran) placed here.
+            if pool.is_some_and(|pool| !ours(pool)) {
                 continue;
             }
             let key = RunKey { app, task };
-            match self.apps.task(&key.app, &key.task).await? {
+            let found = self.apps.task(&key.app, &key.task).await?;
+            if pool.is_none()
+                && !found.as_ref().and_then(|t| t.placement.as_ref()).is_some_and(|p| ours(p.pool.as_str()))
+            {
+                continue;
+            }
+            match found {
                 Some(task) if task.state.is_terminal() && !run.ended() => {
                     orphans.push(key);
                     continue;

@@ -180,3 +180,35 @@ fn a_run_stopped_by_a_failed_write_ends_its_attempt_when_its_task_is_ended_from_
         ],
     );
 }
+
+/// The executor's: a run kept before its first round's write (which notes its placement), its
+/// round's seat taken, then a failed write and a crash; after the restart its task had ended.
+/// The list at start skipped runs that named no placement, so the run was never ended and its
+/// seat never given back. Such a run is now the daemon's when its task's placement is. Found by
+/// seed 5000166 (300 steps); its plan, shrunk.
+#[test]
+fn a_run_that_noted_no_placement_yet_is_found_at_start_when_its_task_has_ended() {
+    holds(
+        5_000_166,
+        &[
+            Step::Advance { ms: 1 },
+            Step::Send {
+                client: 1,
+                call: Call::Submit { app: 0, tasks: 2, cpu: 1, gang: true, seats: false, run: 40 },
+            },
+            Step::Poll { pick: 26_490 },
+            Step::Work(Work::Sync),
+            Step::Work(Work::Schedule),
+            Step::Poll { pick: 40_472 },
+            Step::Send { client: 0, call: allocate(0, 0, 1, Some(14_564), Some(5_900)) },
+            Step::Send { client: 1, call: Call::Report { app: 226, task: 188, report: Report::Fail } },
+            Step::Work(Work::Sync),
+            Step::Advance { ms: 10 },
+            Step::Fail(Fault::Write),
+            Step::Poll { pick: 14_924 },
+            Step::Advance { ms: 1 },
+            Step::Poll { pick: 16_058 },
+            Step::Crash { power: false, torn: 244 },
+        ],
+    );
+}
