@@ -7,6 +7,9 @@
 //! certainly running, never hold what is certainly gone (a released token or a freed alloc never
 //! comes back), never be over a quota or a pool's capacity, hand out fencing numbers that only
 //! grow, and keep its watch revisions growing, crashes or not.
+//!
+//! At length, as one thing: the model of what every client knows, and each check of the daemon
+//! against it, kept together because every check reads the same knowledge.
 
 use std::collections::BTreeMap;
 
@@ -658,8 +661,7 @@ impl Model {
     }
 
     /// Checks a listing of namespace `ns`'s grants, read at `now`.
-    pub fn grants_hold(&self, ns: u8, body: &[u8], now: u64) -> Result<(), Violation> {
-        let list: GrantList = parse(body)?;
+    pub fn grants_hold(&self, ns: u8, list: &GrantList, now: u64) -> Result<(), Violation> {
         let name = Model::namespace(ns);
         let units: u64 = list.grants.iter().map(|g| g.units).sum();
         if units > self.shape.quota {
@@ -696,12 +698,12 @@ impl Model {
     /// listed at its place with the units ahead of it; one held back by its scope's cap waits for
     /// its scope and holds no one up; the first that is not must not fit beside the grants (a
     /// listing of them), and everyone behind it waits for it.
-    pub fn waiters_wait_rightly(&self, ns: u8, grants: &[u8], waiters: &[u8]) -> Result<(), Violation> {
-        let granted: u64 = parse::<GrantList>(grants)?.grants.iter().map(|g| g.units).sum();
+    pub fn waiters_wait_rightly(&self, ns: u8, grants: &GrantList, waiters: &WaiterList) -> Result<(), Violation> {
+        let granted: u64 = grants.grants.iter().map(|g| g.units).sum();
         let name = Model::namespace(ns);
         let mut ahead = 0u64;
         let mut held_up = false;
-        for (index, waiter) in parse::<WaiterList>(waiters)?.waiters.into_iter().enumerate() {
+        for (index, waiter) in waiters.waiters.iter().enumerate() {
             if waiter.position != index as u64 + 1 || waiter.units_ahead != ahead {
                 return Err(Violation::new(format!(
                     "{name}: waiter {} is listed at place {} with {} units ahead; it is at {} with {ahead}",
@@ -839,8 +841,8 @@ mod tests {
         model.learn(2, call, &target, (0, 0), overlap, StatusCode::OK, answer.to_string().as_bytes()).unwrap();
         let empty = serde_json::json!({ "grants": [] }).to_string();
         let held = serde_json::json!({ "grants": [grant("c2-t1", 2, 5)] }).to_string();
-        assert!(model.grants_hold(0, held.as_bytes(), 10).is_ok());
-        let gone = model.grants_hold(0, empty.as_bytes(), 10).unwrap_err();
+        assert!(model.grants_hold(0, &parse(held.as_bytes()).unwrap(), 10).is_ok());
+        let gone = model.grants_hold(0, &parse(empty.as_bytes()).unwrap(), 10).unwrap_err();
         assert!(gone.0.contains("c2-t1"), "{gone}");
 
         let release = Call::Release { ns: 0, token: 1 };
@@ -848,8 +850,8 @@ mod tests {
         model.ended(release, &target, &overlap, 20);
         let released = serde_json::json!({ "released": true }).to_string();
         model.learn(2, release, &target, (20, 20), overlap, StatusCode::OK, released.as_bytes()).unwrap();
-        assert!(model.grants_hold(0, empty.as_bytes(), 30).is_ok());
-        let back = model.grants_hold(0, held.as_bytes(), 30).unwrap_err();
+        assert!(model.grants_hold(0, &parse(empty.as_bytes()).unwrap(), 30).is_ok());
+        let back = model.grants_hold(0, &parse(held.as_bytes()).unwrap(), 30).unwrap_err();
         assert!(back.0.contains("told it is gone"), "{back}");
     }
 
@@ -889,7 +891,8 @@ mod tests {
         let model = Model::new(Shape { quota: 4, ..Shape::default() });
         let grants = serde_json::json!({ "grants": [grant("a", 3, 1)] }).to_string();
         let list = |waiters: Vec<serde_json::Value>| serde_json::json!({ "waiters": waiters }).to_string();
-        let check = |waiters| model.waiters_wait_rightly(0, grants.as_bytes(), list(waiters).as_bytes());
+        let grants = parse(grants.as_bytes()).unwrap();
+        let check = |waiters| model.waiters_wait_rightly(0, &grants, &parse(list(waiters).as_bytes()).unwrap());
         // Behind a waiter held back by its cap, one that fits waits: wrong.
         let err = check(vec![waiter(1, 0, "capped", 1, true), waiter(2, 1, "fits", 1, false)]).unwrap_err();
         assert!(err.0.contains("fits") && err.0.contains("place 2"), "{err}");
@@ -906,7 +909,7 @@ mod tests {
     fn over_the_quota_and_a_fencing_number_that_does_not_grow_are_violations() {
         let mut model = Model::new(Shape { quota: 3, ..Shape::default() });
         let over = serde_json::json!({ "grants": [grant("a", 2, 1), grant("b", 2, 2)] }).to_string();
-        assert!(model.grants_hold(0, over.as_bytes(), 0).unwrap_err().0.contains("over its quota"));
+        assert!(model.grants_hold(0, &parse(over.as_bytes()).unwrap(), 0).unwrap_err().0.contains("over its quota"));
 
         let first =
             Call::Allocate { ns: 0, token: 0, units: 1, ttl_ms: None, session: None, wait_ms: None, scope: None };

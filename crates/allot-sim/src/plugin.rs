@@ -9,7 +9,7 @@
 //! the disk failed since: a run whose ending could not be stored replays its last round, as after
 //! a crash), and no two rounds of one task run at once (a task driven in two places).
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::sync::{Arc, Mutex};
 
 use allot_core::runs::{ExecError, PhaseInfo, Transition};
@@ -25,26 +25,33 @@ pub const SEATS_NAMESPACE: &str = "sim:seats";
 pub const SEATS_QUOTA: u64 = 2;
 
 /// What the plugin saw in one life of the daemon, and what broke its rules.
-#[derive(Debug, Default)]
+#[derive(Debug)]
 pub struct Journal {
     /// Each (run, attempt) finalized in this life, and how many disk faults had happened then.
     finalized: BTreeMap<(String, u32), u64>,
     /// The runs in a round now.
-    in_round: BTreeMap<String, ()>,
+    in_round: BTreeSet<String>,
     pub violations: Vec<String>,
     /// Rounds called, in all.
     pub rounds: u64,
     /// The disk the daemon's store is on: how many of its operations failed.
-    pub disk: Option<SimDisk>,
+    disk: SimDisk,
 }
 
 /// A journal the plugin writes and the simulation reads.
 pub type SharedJournal = Arc<Mutex<Journal>>;
 
+/// A new journal, for one life of the daemon whose store is on `disk`.
+pub fn journal(disk: SimDisk) -> SharedJournal {
+    let journal =
+        Journal { finalized: BTreeMap::new(), in_round: BTreeSet::new(), violations: Vec::new(), rounds: 0, disk };
+    Arc::new(Mutex::new(journal))
+}
+
 impl Journal {
     /// The disk's faults so far.
     fn faults(&self) -> u64 {
-        self.disk.as_ref().map_or(0, SimDisk::faults)
+        self.disk.faults()
     }
 }
 
@@ -97,7 +104,7 @@ impl SimPlugin {
             let broken = format!("{run}: a round of attempt {} after its finalize", ctx.attempt);
             journal.violations.push(broken);
         }
-        if journal.in_round.insert(run.clone(), ()).is_some() {
+        if !journal.in_round.insert(run.clone()) {
             journal.violations.push(format!("{run}: two rounds at once (driven in two places)"));
         }
     }

@@ -41,11 +41,11 @@ use crate::tenancy;
 
 /// An answer: its status and body.
 type Answer = (StatusCode, Bytes);
+type Calling = Pin<Box<dyn Future<Output = Answer> + Send>>;
 
 /// How many times the executor's turn gives way to the process's tasks: enough for every run
 /// ready to take its next step.
 const EXECUTE_YIELDS: usize = 20;
-type Calling = Pin<Box<dyn Future<Output = Answer> + Send>>;
 
 /// What a run did, and the first invariant it broke.
 #[derive(Debug)]
@@ -108,10 +108,10 @@ pub fn run(seed: u64, steps: &[Step], shape: Shape) -> Outcome {
 struct Daemon {
     store: Arc<EmbeddedStore>,
     api: Api,
-    /// Drives the tasks placed on both pools, as a daemon that runs them does (in the process).
-    executor: Arc<Executor>,
-    /// What the executor's plugin saw in this life of the daemon.
+    /// What the daemon's executor's plugin saw in this life of the daemon.
     journal: SharedJournal,
+    /// Kept (never sent) so that the executor runs until the process is dropped.
+    _stop_executor: tokio::sync::watch::Sender<bool>,
     process: tokio::runtime::Runtime,
 }
 
@@ -124,11 +124,10 @@ impl Daemon {
 
     /// The daemon is killed: everything it holds is dropped inside its process, then the process.
     fn kill(self) {
-        let Daemon { store, api, executor, process, .. } = self;
+        let Daemon { store, api, process, .. } = self;
         {
             let _entered = process.enter();
             drop(api);
-            drop(executor);
             drop(store);
         }
         drop(process);
@@ -230,9 +229,8 @@ impl Sim {
             let _entered = process.enter();
             allot_server::api(ServerState::new(store.clone()).with_access(tenancy::access()))
         };
-        let journal = SharedJournal::default();
-        crate::plugin::lock(&journal).disk = Some(self.disk.clone());
-        let executor = self.executor(&process, store.clone(), journal.clone());
+        let journal = crate::plugin::journal(self.disk.clone());
+        let stop_executor = self.start_executor(&process, store.clone(), journal.clone());
         let since = (self.watched > 0).then_some(self.watched);
         let watcher = match store.watch(Filter::default(), since) {
             // What the watcher missed is no longer kept: it lists again, and watches from now.
@@ -240,19 +238,20 @@ impl Sim {
             other => other,
         };
         self.watcher = Some(watcher.map_err(|err| format!("the watcher cannot resume: {err}"))?);
-        self.daemon = Some(Daemon { store, api, executor, journal, process });
+        self.daemon = Some(Daemon { store, api, journal, _stop_executor: stop_executor, process });
         Ok(())
     }
 
-    /// The daemon's executor, running both pools' tasks with the simulation's plugin (writing to
-    /// `journal`), started in `process` (it takes its lease, lists what is placed, then follows the
-    /// change feed).
-    fn executor(
+    /// Starts the daemon's executor in `process`, running both pools' tasks with the simulation's
+    /// plugin (writing to `journal`): it takes its lease, lists what is placed, then follows the
+    /// change feed. Returns what would stop it, kept while the daemon lives: it is never sent, the
+    /// process being dropped with the executor when the daemon is killed.
+    fn start_executor(
         &self,
         process: &tokio::runtime::Runtime,
         store: Arc<EmbeddedStore>,
         journal: SharedJournal,
-    ) -> Arc<Executor> {
+    ) -> tokio::sync::watch::Sender<bool> {
         let store: Arc<dyn Store> = store;
         let setup = |id: &str| SetupContext::new(id, store.clone(), Secrets::default(), ExecWaker::new(|_| {}));
         let entries = vec![crate::plugin::entry(journal)];
@@ -262,11 +261,9 @@ impl Sim {
         config.node = "sim".to_owned();
         config.clock = Arc::new(self.clock.clone());
         let executor = Executor::new(store, Arc::new(registry), config);
-        // Never stopped: the process is dropped with it when the daemon is killed.
         let (stop, stopped) = tokio::sync::watch::channel(false);
-        std::mem::forget(stop);
-        process.spawn(executor.clone().run(stopped));
-        executor
+        process.spawn(executor.run(stopped));
+        stop
     }
 
     fn record(&self, line: String) {
@@ -323,6 +320,13 @@ impl Sim {
                 tokio::task::yield_now().await;
             }
         });
+    }
+
+    /// Polls call `index` in flight once, inside the daemon's process.
+    fn poll_call(&mut self, index: usize) -> Poll<Answer> {
+        let Sim { daemon, calls, .. } = self;
+        let daemon = daemon.as_ref().expect("the daemon runs between steps");
+        daemon.within(|| poll_once(&mut calls[index].answer))
     }
 
     /// Polls `answer` once, inside the daemon's process.
@@ -408,11 +412,7 @@ impl Sim {
                     return Ok("idle".into());
                 }
                 let index = usize::from(pick) % self.calls.len();
-                let polled = {
-                    let daemon = self.daemon.as_ref().expect("the daemon runs between steps");
-                    daemon.within(|| poll_once(&mut self.calls[index].answer))
-                };
-                match polled {
+                match self.poll_call(index) {
                     Poll::Pending => "pending".into(),
                     Poll::Ready(answer) => self.answered(index, answer)?,
                 }
@@ -532,11 +532,7 @@ impl Sim {
             }
             let mut index = 0;
             while index < self.calls.len() {
-                let polled = {
-                    let daemon = self.daemon.as_ref().expect("the daemon runs between steps");
-                    daemon.within(|| poll_once(&mut self.calls[index].answer))
-                };
-                match polled {
+                match self.poll_call(index) {
                     Poll::Ready(answer) => {
                         let line = self.answered(index, answer)?;
                         self.record(format!("drain: {line}"));
@@ -625,14 +621,16 @@ impl Sim {
                 self.queues.forget_namespace(ns);
                 continue;
             };
-            self.model.grants_hold(ns, &body, self.clock.now())?;
+            let grants = parse(&body)?;
+            self.model.grants_hold(ns, &grants, self.clock.now())?;
             let (status, waiters) = self.ask(Method::GET, format!("/v1/namespaces/{name}/waiters?limit=1000"), None);
             if status != StatusCode::OK {
                 self.queues.forget_namespace(ns);
                 continue;
             }
-            self.model.waiters_wait_rightly(ns, &body, &waiters)?;
-            self.queues.served_in_order(ns, &parse(&body)?, &parse(&waiters)?)?;
+            let waiters = parse(&waiters)?;
+            self.model.waiters_wait_rightly(ns, &grants, &waiters)?;
+            self.queues.served_in_order(ns, &grants, &waiters)?;
         }
         if let Some(body) = self.list("/v1/sessions?limit=1000".to_owned())? {
             self.model.sessions_hold(&body, self.clock.now())?;
