@@ -73,31 +73,63 @@ async fn reload_on_hangup(audit: Option<Arc<allot_server::Audit>>, tls: Option<A
     let _ = (audit, tls);
 }
 
-async fn shutdown_signal() {
-    let interrupt = tokio::signal::ctrl_c();
+/// SIGTERM and SIGINT, listened for from the daemon's first step: a signal that arrives while
+/// the daemon starts (after it printed its address, before it serves) ends it cleanly once it
+/// serves, instead of killing it with the signal's default action.
+struct ShutdownSignal {
     #[cfg(unix)]
-    {
-        let mut terminate = match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
-            Ok(signal) => signal,
-            Err(err) => {
-                tracing::error!(error = %err, "cannot listen for SIGTERM");
-                let _ = interrupt.await;
-                return;
+    terminate: Option<tokio::signal::unix::Signal>,
+    #[cfg(unix)]
+    interrupt: Option<tokio::signal::unix::Signal>,
+}
+
+impl ShutdownSignal {
+    fn listen() -> Self {
+        #[cfg(unix)]
+        {
+            use tokio::signal::unix::{signal, SignalKind};
+            let listen = |kind: SignalKind, name: &str| match signal(kind) {
+                Ok(signal) => Some(signal),
+                Err(err) => {
+                    tracing::error!(error = %err, "cannot listen for {name}");
+                    None
+                }
+            };
+            Self {
+                terminate: listen(SignalKind::terminate(), "SIGTERM"),
+                interrupt: listen(SignalKind::interrupt(), "SIGINT"),
             }
-        };
-        tokio::select! {
-            _ = interrupt => tracing::info!("SIGINT received"),
-            _ = terminate.recv() => tracing::info!("SIGTERM received"),
         }
+        #[cfg(not(unix))]
+        Self {}
     }
-    #[cfg(not(unix))]
-    {
-        let _ = interrupt.await;
+
+    async fn received(mut self) {
+        #[cfg(unix)]
+        {
+            async fn next(signal: &mut Option<tokio::signal::unix::Signal>) {
+                match signal {
+                    Some(signal) => {
+                        signal.recv().await;
+                    }
+                    None => std::future::pending().await,
+                }
+            }
+            tokio::select! {
+                _ = next(&mut self.interrupt) => tracing::info!("SIGINT received"),
+                _ = next(&mut self.terminate) => tracing::info!("SIGTERM received"),
+            }
+        }
+        #[cfg(not(unix))]
+        {
+            let _ = tokio::signal::ctrl_c().await;
+        }
     }
 }
 
 pub(crate) async fn run(args: ServeArgs) -> anyhow::Result<()> {
     init_logging(args.log_format);
+    let shutdown = ShutdownSignal::listen();
     let mut config = resolve(&args)?;
     // Listening first: on Redis, the other daemons reach this one at its address if it schedules.
     let listener = tokio::net::TcpListener::bind(config.listen)
@@ -265,7 +297,7 @@ pub(crate) async fn run(args: ServeArgs) -> anyhow::Result<()> {
     let names: Vec<&str> = std::iter::once(http.name()).chain(directory.as_ref().map(|d| d.name())).collect();
     tracing::info!(sources = ?names, "taking applications in");
     let failed = tokio::select! {
-        _ = shutdown_signal() => None,
+        _ = shutdown.received() => None,
         result = http.failed() => Some(result),
     };
     stop_executor.send_replace(true);
