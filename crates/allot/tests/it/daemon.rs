@@ -97,6 +97,18 @@ async fn a_release_wakes_the_waiter_and_sigterm_answers_waiters() {
     assert_eq!(after.grant.unwrap().fencing, 3);
 }
 
+/// SIGTERM sent the moment the daemon prints its address (while it still starts its executor and
+/// sources) ends it cleanly: the signal is listened for from the start, not only once it serves.
+#[test]
+fn sigterm_right_after_the_address_line_is_a_clean_stop() {
+    let (_dir, data) = data_dir();
+    for round in 0..5 {
+        let daemon = Daemon::start(&data, &["--pool", "w=cpu=1", "--run-pool", "w"]);
+        let status = daemon.terminate();
+        assert!(status.success(), "round {round}: the daemon ended with {status} on SIGTERM");
+    }
+}
+
 #[tokio::test]
 async fn a_waiter_whose_client_goes_away_leaves_the_queue() {
     let (_dir, data) = data_dir();
