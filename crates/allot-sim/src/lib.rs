@@ -4,7 +4,11 @@
 //! syncs, clock jumps, answers lost on the network), every invariant checked after every step.
 //! A failing seed is shrunk to the shortest plan that still fails, and printed with its history.
 //!
-//! `cargo test -p allot-sim` runs 1,000 seeds; `allot-sim --seeds N` (or `--minutes M`) runs more.
+//! The Redis-shaped part runs apart ([`replicated`]): the real Redis store on real `redis-server`
+//! processes, a primary and its asynchronous replica, failed over at random.
+//!
+//! `cargo test -p allot-sim` runs 1,000 seeds; `allot-sim --seeds N` (or `--minutes M`) runs more;
+//! `allot-sim --redis` runs replicated seeds.
 //! `crates/allot-sim/tests/it/regressions.rs` keeps every plan that found a bug, as shrunk.
 
 pub mod apps;
@@ -14,6 +18,7 @@ pub mod disk;
 pub mod plan;
 pub mod plugin;
 pub mod queue;
+pub mod replicated;
 pub mod run;
 pub mod shrink;
 pub mod tenancy;

@@ -7,7 +7,7 @@ use std::time::{Duration, Instant};
 use anyhow::bail;
 use clap::Parser;
 
-use allot_sim::{check_seed, SeedFailure, Shape};
+use allot_sim::{check_seed, replicated, Shape};
 
 /// Runs seeded simulations of allot (the real store and handlers, faults at every step) and
 /// checks every invariant after every step; a failing seed is shrunk and printed with its history.
@@ -35,21 +35,38 @@ struct Args {
     /// With `--seed`: the daemon's log (its `tracing` lines, at this level) on stderr.
     #[arg(long, requires = "seed")]
     log: Option<tracing_subscriber::filter::LevelFilter>,
+    /// Runs the Redis-shaped part instead: the Redis store on a real primary and replica
+    /// (`redis-server` on the PATH), the link cut and the primary failed over at random.
+    #[arg(long)]
+    redis: bool,
 }
+
+/// Runs `seed`: its history, or its failure (shrunk) said in full.
+fn check(args: &Args, seed: u64) -> Result<Vec<String>, String> {
+    if args.redis {
+        let steps = args.steps.min(REDIS_STEPS);
+        replicated::check_seed(seed, steps).map(|outcome| outcome.history).map_err(|failure| failure.to_string())
+    } else {
+        let shape = Shape { steps: args.steps, ..Shape::default() };
+        check_seed(seed, shape).map(|outcome| outcome.history).map_err(|failure| failure.to_string())
+    }
+}
+
+/// The most steps of a replicated run (each Redis call is a real one).
+const REDIS_STEPS: usize = 120;
 
 fn main() -> anyhow::Result<()> {
     let args = Args::parse();
     // A panic is a failing run, reported with its seed and shrunk history: not printed as it
     // happens (shrinking runs a failing plan hundreds of times).
     std::panic::set_hook(Box::new(|_| {}));
-    let shape = Shape { steps: args.steps, ..Shape::default() };
     if let Some(level) = args.log {
         tracing_subscriber::fmt().with_max_level(level).with_writer(std::io::stderr).without_time().init();
     }
     if let Some(seed) = args.seed {
-        return match check_seed(seed, shape) {
-            Ok(outcome) => {
-                outcome.history.iter().for_each(|line| println!("{line}"));
+        return match check(&args, seed) {
+            Ok(history) => {
+                history.iter().for_each(|line| println!("{line}"));
                 println!("seed {seed}: every invariant held");
                 Ok(())
             }
@@ -62,7 +79,7 @@ fn main() -> anyhow::Result<()> {
     let jobs = args.jobs.unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get())).max(1);
     let next = AtomicU64::new(args.first);
     let (ran, stop) = (AtomicU64::new(0), AtomicBool::new(false));
-    let failures: Mutex<Vec<Box<SeedFailure>>> = Mutex::new(Vec::new());
+    let failures: Mutex<Vec<(u64, String)>> = Mutex::new(Vec::new());
     std::thread::scope(|scope| {
         for _ in 0..jobs {
             scope.spawn(|| {
@@ -71,13 +88,13 @@ fn main() -> anyhow::Result<()> {
                     if seed >= end {
                         break;
                     }
-                    match check_seed(seed, shape) {
+                    match check(&args, seed) {
                         Ok(_) => {
                             ran.fetch_add(1, Ordering::Relaxed);
                         }
                         Err(failure) => {
                             stop.store(true, Ordering::Relaxed);
-                            failures.lock().unwrap_or_else(|p| p.into_inner()).push(failure);
+                            failures.lock().unwrap_or_else(|p| p.into_inner()).push((seed, failure));
                         }
                     }
                 }
@@ -86,14 +103,15 @@ fn main() -> anyhow::Result<()> {
     });
     let ran = ran.into_inner();
     let mut failures = failures.into_inner().unwrap_or_else(|p| p.into_inner());
-    failures.sort_by_key(|failure| failure.seed);
-    if let Some(failure) = failures.first() {
+    failures.sort();
+    if let Some((_, failure)) = failures.first() {
         bail!("{failure}\n({ran} seeds passed)");
     }
+    let (what, steps) =
+        if args.redis { ("replicated seeds", args.steps.min(REDIS_STEPS)) } else { ("seeds", args.steps) };
     println!(
-        "{ran} seeds from {} of {} steps, {jobs} at a time: every invariant held, in {:.1} s",
+        "{ran} {what} from {} of {steps} steps, {jobs} at a time: every invariant held, in {:.1} s",
         args.first,
-        shape.steps,
         started.elapsed().as_secs_f64()
     );
     Ok(())

@@ -2,11 +2,9 @@
 //! removing chunks of steps, halving their size down to one step, until no removal keeps it
 //! failing (delta debugging). Any subsequence of a plan is a plan ([`crate::plan`]).
 
-use crate::plan::Step;
-
 /// The shortest plan found, from `steps`, for which `fails` holds (it must hold for `steps`).
 /// Tries at most `budget` plans.
-pub fn shrink(steps: &[Step], mut budget: usize, mut fails: impl FnMut(&[Step]) -> bool) -> Vec<Step> {
+pub fn shrink<Step: Copy>(steps: &[Step], mut budget: usize, mut fails: impl FnMut(&[Step]) -> bool) -> Vec<Step> {
     let mut plan = steps.to_vec();
     let mut chunk = plan.len().div_ceil(2).max(1);
     loop {
@@ -35,6 +33,7 @@ pub fn shrink(steps: &[Step], mut budget: usize, mut fails: impl FnMut(&[Step]) 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::plan::Step;
 
     #[test]
     fn shrinks_to_the_steps_that_matter() {

@@ -28,15 +28,16 @@ macro_rules! operations {
             }
 
             /// The library for one Redis whose functions take the time from key `clock` while
-            /// it is set (see `testing::TestClock`), instead of Redis's `TIME`.
+            /// it is set (see `testing::TestClock`), instead of Redis's `TIME`; its changes
+            /// check for `min_replicas` first, as [`Scripts::new`]'s.
             #[cfg(feature = "testing")]
-            pub(crate) fn with_test_clock(key: &str) -> Scripts {
+            pub(crate) fn with_test_clock(key: &str, min_replicas: u32) -> Scripts {
                 let clock = format!(
                     "local function now_ms()\n  local set = redis.call('GET', '{key}')\n  \
                      if set then return tonumber(set) end\n  local t = redis.call('TIME')\n  \
                      return tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)\nend\n"
                 );
-                Scripts::build(false, 0, clock)
+                Scripts::build(false, min_replicas, clock)
             }
 
             /// `clock` defines `now_ms()`, the time the functions read.

@@ -38,7 +38,8 @@ impl TestClock {
         let mut clock = TestClock { conn, now: start };
         clock.write().await;
         let config = configure(RedisConfig::parse(&server.url()).expect("a Redis address"));
-        let store = RedisStore::open_with(&config, Scripts::with_test_clock(CLOCK_KEY)).await.expect("the store opens");
+        let scripts = Scripts::with_test_clock(CLOCK_KEY, config.min_replicas);
+        let store = RedisStore::open_with(&config, scripts).await.expect("the store opens");
         (store, clock)
     }
 

@@ -18,9 +18,9 @@
 -- Invariants: each stream's entries are copied once, in their order (the cursor moves only here,
 -- and only from the value the copier read). A revision is never given to two events: a primary
 -- other than the one that gave the last revision (a replica promoted, which may lack the last
--- copies; or a restart) first moves the revisions past anything the one before could have given
--- and takes everything before as compacted, so a watcher lists again rather than miss a copy
--- the failover lost.
+-- copies; or a restart) first moves the revisions to a floor from its clock, past anything a
+-- primary before it gave (`fresh_floor`, as fencing numbers), and takes everything before as
+-- compacted, so a watcher lists again rather than miss a copy the failover lost.
 local op = ARGV[1]
 
 -- Drops from the log what retention no longer keeps: all but the newest `keep` entries, and
@@ -60,7 +60,7 @@ if op == 'copy' then
   local meta = redis.call('HMGET', K_META, 'rev', 'rev_by')
   local rev, by = tonumber(meta[1] or '0'), replication_id()
   if meta[2] and meta[2] ~= by then
-    rev = (math.floor(rev / FENCING_EPOCH) + 1) * FENCING_EPOCH
+    rev = fresh_floor(rev)
     redis.call('DEL', K_LOG)
   end
   for i = 7, #ARGV, 3 do

@@ -192,12 +192,31 @@ local function read_counts(r)
     skipped = tonumber(v[4] or '0'), held_p = held_p, held_s = held_s }
 end
 
--- Fencing numbers never go back, even when a failover loses the last writes: a namespace notes
+-- Fencing numbers never go back, even when failovers lose the last writes: a namespace notes
 -- the replication ID of the primary that gave its last number (`fencing_by`). A primary with
 -- another one (a replica promoted in its place, which may lack the last numbers its predecessor
--- gave; or the primary restarted) first moves the numbers up to the next multiple of 2^32, above
--- anything the one before could have given; `fencing_skipped` counts the numbers passed over.
+-- gave; or the primary restarted) first moves the numbers up to a floor taken from its clock
+-- (`fresh_floor`), above anything a primary before it gave; `fencing_skipped` counts the numbers
+-- passed over. The floor is not taken from the counter: a replica promoted after a promoted
+-- primary whose first numbers it lacks would move the counter to where its predecessor did, and
+-- give those numbers again (found by `allot-sim --redis`).
+--
+-- The floor is 1,024 per ms since 2025 (6.2e13 in late 2026, 2^53, the last integer a Lua number
+-- holds exactly, in 2303): above every number a primary that lived before now gave, as long as
+-- no primary gave more than 1,024 numbers per ms of its life (Redis runs a namespace's grants one
+-- at a time, at well under 1,000 per ms) and the new primary's clock is not behind the old one's
+-- by more than the failover took. A clock before 2025 (a test's) has no floor: the counter moves
+-- to its next multiple of 2^32 instead.
 local FENCING_EPOCH = 4294967296
+local FLOOR_FROM_MS, FLOOR_PER_MS = 1735689600000, 1024
+
+-- Where a primary that did not give `current` continues from (see above).
+local function fresh_floor(current)
+  local ms = now_ms() - FLOOR_FROM_MS
+  local floor = (math.floor(current / FENCING_EPOCH) + 1) * FENCING_EPOCH
+  if ms > 0 then floor = ms * FLOOR_PER_MS end
+  return math.max(floor, current)
+end
 
 local function replication_id()
   return string.match(redis.call('INFO', 'replication'), 'master_replid:(%w+)') or ''
@@ -230,7 +249,7 @@ local function add_units(g, sign, new_fencing, counts)
   if new_fencing then
     local by, skipped = replication_id(), counts.skipped
     if counts.fencing_by and counts.fencing_by ~= by then
-      local jumped = (math.floor(fencing / FENCING_EPOCH) + 1) * FENCING_EPOCH
+      local jumped = fresh_floor(fencing)
       skipped, fencing = skipped + jumped - fencing, jumped
     end
     fencing = fencing + 1

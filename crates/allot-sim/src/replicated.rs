@@ -1,0 +1,784 @@
+//! The Redis-shaped part under failover: the real Redis store (its function library on real
+//! `redis-server` processes, a primary and an asynchronous replica) under the real server's
+//! handlers, driven through a seeded plan of grants, releases, keepalives and time, with the
+//! replication link cut and healed and the primary failed over to its replica at random. A
+//! failover after a cut loses the primary's last writes, as Redis documents; the checks say what
+//! may be lost and what never:
+//!
+//! - at `--redis-min-replicas 0`, only changes made while the link was cut (acknowledged or not);
+//!   at 1, only changes never acknowledged (a change is answered once its replica has it);
+//! - never more units granted than the quota, and no refusal while the room was certainly there;
+//! - a fencing number never given twice in a namespace, lost writes or not (each one given is
+//!   above every one a client was told before);
+//! - the change feed's revisions only grow for a watcher that lives through the failover: it is
+//!   told to list again, never handed other events under revisions it saw;
+//! - a lease lapses when it should, and not before.
+//!
+//! Determinism: Redis's clock is the simulation's (`TestClock`: the functions read the time from
+//! a key), calls run one at a time to their answer, and a cut or a failover first waits until the
+//! replica holds everything the primary acknowledged, so what a failover loses is exactly what the
+//! plan did while cut. What timing may still move (when the feed copies events into its log) is
+//! not recorded in the history; errors are recorded by their code (their messages name ports).
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use allot_api::{AllocateResponse, Grant, GrantList, ReleaseResponse, Status};
+use allot_core::watch::Filter;
+use allot_server::{Api, ServerState};
+use allot_store::prelude::*;
+use allot_store::{WatchError, Watcher};
+use allot_store_redis::testing::{RedisServer, TestClock};
+use allot_store_redis::RedisStore;
+use axum::body::Body;
+use axum::http::{Method, Request, StatusCode};
+use rand::rngs::StdRng;
+use rand::{Rng, SeedableRng};
+use tower::ServiceExt as _;
+
+use crate::check::Violation;
+use crate::run::{Failure, Outcome};
+
+/// Clients, namespaces, each namespace's quota, tokens per client.
+const CLIENTS: u8 = 3;
+const NAMESPACES: u8 = 2;
+const QUOTA: u64 = 4;
+const TOKENS: u8 = 3;
+/// Where the simulation's clock starts (ms): 2026-11-30, as Redis's clock would read.
+const START_MS: u64 = 1_795_996_800_000;
+/// How long a failover takes at least, on Redis's clock: the primary must be seen dead first
+/// (Redis Cluster's `cluster-node-timeout` is 15 s by default, Sentinel's
+/// `down-after-milliseconds` 30 s). The promoted primary's fencing numbers are above its
+/// predecessors' by a floor taken from its clock, so some time passes in every failover.
+const FAILOVER_MS: u64 = 1_000;
+/// How long the harness waits for a replica to catch up before it calls the run broken.
+const CATCH_UP: Duration = Duration::from_secs(30);
+
+/// A step of a replicated run. As in [`crate::plan`], a step names what it acts on by numbers
+/// taken modulo what there is, so any subsequence of a plan is a plan.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Step {
+    /// `PUT /v1/namespaces/{ns}/grants/c{client}-t{token}`: `units`, a lease of `ttl_ms`.
+    Grant { client: u8, ns: u8, token: u8, units: u8, ttl_ms: u32 },
+    /// `DELETE` of that grant.
+    Release { client: u8, ns: u8, token: u8 },
+    /// `POST .../keepalive` of that grant.
+    Keepalive { client: u8, ns: u8, token: u8 },
+    /// The simulation's time moves on by `ms` (Redis's with it), and the leases due lapse.
+    Advance { ms: u32 },
+    /// The replication link is cut: the replica stops (its process paused) once it holds
+    /// everything, and the primary drops it.
+    Cut,
+    /// The replica runs again and catches up.
+    Heal,
+    /// The primary dies; the replica (paused or not) is promoted, the daemon restarts on it, and a
+    /// new replica of it starts.
+    Failover,
+    /// The daemon restarts on the same primary.
+    Restart,
+}
+
+/// The plan of `seed`: `steps` steps.
+pub fn draw(seed: u64, steps: usize) -> Vec<Step> {
+    let mut rng = StdRng::seed_from_u64(seed ^ 0x0072_6564_6973);
+    (0..steps)
+        .map(|_| {
+            let (client, ns, token) =
+                (rng.gen_range(0..CLIENTS), rng.gen_range(0..NAMESPACES), rng.gen_range(0..TOKENS));
+            match rng.gen_range(0..100) {
+                0..40 => {
+                    Step::Grant { client, ns, token, units: rng.gen_range(1..=2), ttl_ms: rng.gen_range(1..=6) * 1_000 }
+                }
+                40..58 => Step::Release { client, ns, token },
+                58..70 => Step::Keepalive { client, ns, token },
+                70..84 => Step::Advance { ms: rng.gen_range(1..=4) * 500 },
+                84..89 => Step::Cut,
+                89..94 => Step::Heal,
+                94..98 => Step::Failover,
+                _ => Step::Restart,
+            }
+        })
+        .collect()
+}
+
+/// The replicas a seed's changes wait for: even seeds none (Redis's default), odd ones one.
+pub fn min_replicas_of(seed: u64) -> u32 {
+    u32::from(!seed.is_multiple_of(2))
+}
+
+/// A seed whose replicated run broke an invariant, shrunk.
+#[derive(Debug)]
+pub struct SeedFailure {
+    pub seed: u64,
+    pub steps: usize,
+    pub failure: Failure,
+    pub shrunk: Vec<Step>,
+    pub shrunk_outcome: Outcome,
+}
+
+impl std::fmt::Display for SeedFailure {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let replicas = min_replicas_of(self.seed);
+        writeln!(f, "replicated seed {} (min replicas {replicas}) failed {}", self.seed, self.failure)?;
+        let shrunk = self.shrunk_outcome.failure.as_ref().map_or_else(|| "?".to_owned(), ToString::to_string);
+        writeln!(f, "shrunk to {} steps, failing {shrunk}; its history:", self.shrunk.len())?;
+        for line in &self.shrunk_outcome.history {
+            writeln!(f, "  {line}")?;
+        }
+        write!(f, "replay: allot-sim --redis --seed {} --steps {}", self.seed, self.steps)
+    }
+}
+
+/// Runs `seed`'s plan of `steps` steps; a failure is shrunk (within a few dozen runs: each
+/// starts Redis processes) before it is returned.
+pub fn check_seed(seed: u64, steps: usize) -> Result<Outcome, Box<SeedFailure>> {
+    let plan = draw(seed, steps);
+    let outcome = run(seed, &plan);
+    let Some(failure) = outcome.failure.clone() else { return Ok(outcome) };
+    let shrunk = crate::shrink::shrink(&plan, 60, |plan| run(seed, plan).failure.is_some());
+    let shrunk_outcome = run(seed, &shrunk);
+    Err(Box::new(SeedFailure { seed, steps, failure, shrunk, shrunk_outcome }))
+}
+
+/// Runs `steps` as `seed`'s replicated run, every invariant checked after every step. A panic is
+/// a failure of the step it happened in.
+pub fn run(seed: u64, steps: &[Step]) -> Outcome {
+    let history = Arc::new(std::sync::Mutex::new(Vec::new()));
+    let played = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().expect("a runtime builds");
+        let mut sim = runtime.block_on(Sim::start(min_replicas_of(seed), history.clone()));
+        let failure = runtime.block_on(sim.play(steps));
+        runtime.block_on(sim.stop());
+        failure
+    }));
+    let history = std::mem::take(&mut *history.lock().unwrap_or_else(|poisoned| poisoned.into_inner()));
+    let failure = played.unwrap_or_else(|panic| {
+        let message = panic
+            .downcast_ref::<&str>()
+            .map(|s| (*s).to_owned())
+            .or_else(|| panic.downcast_ref::<String>().cloned())
+            .unwrap_or_else(|| "a panic".to_owned());
+        Some(Failure { step: history.len(), violation: Violation::new(format!("panicked: {message}")) })
+    });
+    Outcome { history, failure }
+}
+
+/// What the clients know of one grant.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Known {
+    /// Held with `fencing`, its lease running until `until` (Redis's time, ms).
+    Held { units: u64, fencing: u64, until: u64 },
+    /// Never granted, released, lapsed, or found missing.
+    Gone,
+    /// An answer nobody has (the call's outcome unknown, or a change a failover may have lost):
+    /// learned from the next listing.
+    InDoubt,
+}
+
+/// One grant's knowledge; `at_risk`: the last change to it is one a failover may lose.
+#[derive(Debug, Clone, Copy)]
+struct Grip {
+    known: Known,
+    at_risk: bool,
+}
+
+/// What the clients were told, per `(namespace, token)`, and the highest fencing number a
+/// client may hold per namespace.
+#[derive(Debug, Default)]
+struct Model {
+    grips: BTreeMap<(u8, String), Grip>,
+    highest_fencing: BTreeMap<u8, u64>,
+}
+
+impl Model {
+    fn grip(&mut self, ns: u8, token: &str) -> &mut Grip {
+        self.grips.entry((ns, token.to_owned())).or_insert(Grip { known: Known::Gone, at_risk: false })
+    }
+
+    /// A fencing number given in `ns` now: above every one given before.
+    fn fencing_given(&mut self, ns: u8, token: &str, fencing: u64) -> Result<(), Violation> {
+        let highest = self.highest_fencing.entry(ns).or_default();
+        if fencing <= *highest {
+            return Err(Violation::new(format!(
+                "{token} in {} was given fencing number {fencing}, not above {highest} given before",
+                namespace(ns)
+            )));
+        }
+        *highest = fencing;
+        Ok(())
+    }
+}
+
+fn namespace(ns: u8) -> String {
+    format!("sim:r{ns}")
+}
+
+fn token(client: u8, token: u8) -> String {
+    format!("c{client}-t{token}")
+}
+
+/// The primary, its replica, and whether the link between them is cut: the process id of the
+/// replica, paused (it cannot be asked for it then).
+struct Pair {
+    primary: RedisServer,
+    replica: RedisServer,
+    cut: Option<String>,
+}
+
+impl Pair {
+    async fn start() -> Pair {
+        let primary = RedisServer::start();
+        let replica = start_replica_of(&primary).await;
+        Pair { primary, replica, cut: None }
+    }
+}
+
+/// A daemon on the primary: its store and the API over it, and the clock its functions read.
+struct Daemon {
+    store: Arc<RedisStore>,
+    api: Api,
+    clock: TestClock,
+}
+
+struct Sim {
+    min_replicas: u32,
+    pair: Pair,
+    daemon: Option<Daemon>,
+    now: u64,
+    model: Model,
+    watcher: Option<Watcher>,
+    watched: u64,
+    history: Arc<std::sync::Mutex<Vec<String>>>,
+}
+
+impl Sim {
+    async fn start(min_replicas: u32, history: Arc<std::sync::Mutex<Vec<String>>>) -> Sim {
+        let pair = Pair::start().await;
+        let mut sim = Sim {
+            min_replicas,
+            pair,
+            daemon: None,
+            now: START_MS,
+            model: Model::default(),
+            watcher: None,
+            watched: 0,
+            history,
+        };
+        sim.open().await;
+        for ns in 0..NAMESPACES {
+            let path = format!("/v1/namespaces/{}", namespace(ns));
+            let (status, body) = sim.call(Method::PUT, path, Some(serde_json::json!({ "quota": QUOTA }))).await;
+            assert!(status.is_success(), "the namespaces are made: {status} {}", String::from_utf8_lossy(&body));
+        }
+        sim
+    }
+
+    /// Opens the daemon on the primary, its clock at the simulation's time, and resumes the
+    /// watcher from the last revision it was given.
+    async fn open(&mut self) {
+        let replicas = self.min_replicas;
+        let (store, mut clock) =
+            TestClock::open_configured(&self.pair.primary, self.now, |config| config.with_min_replicas(replicas)).await;
+        let store = Arc::new(store);
+        clock.set(&store, self.now).await;
+        let api = allot_server::api(ServerState::new(store.clone()));
+        let since = (self.watched > 0).then_some(self.watched);
+        let watcher = match store.watch(Filter::default(), since) {
+            // What the watcher missed is no longer kept (or was lost): it lists again.
+            Err(WatchError::Compacted { .. }) => store.watch(Filter::default(), None),
+            other => other,
+        };
+        self.watcher = Some(watcher.expect("the watcher resumes"));
+        self.daemon = Some(Daemon { store, api, clock });
+    }
+
+    async fn close(&mut self) {
+        self.watcher = None;
+        if let Some(daemon) = self.daemon.take() {
+            daemon.store.shutdown().await;
+        }
+    }
+
+    async fn stop(&mut self) {
+        self.close().await;
+        if let Some(pid) = self.pair.cut.take() {
+            signal(&pid, "-CONT");
+        }
+    }
+
+    fn record(&self, line: String) {
+        tracing::info!("{line}");
+        self.history.lock().unwrap_or_else(|poisoned| poisoned.into_inner()).push(line);
+    }
+
+    fn daemon(&self) -> &Daemon {
+        self.daemon.as_ref().expect("the daemon runs between steps")
+    }
+
+    async fn call(&self, method: Method, path: String, body: Option<serde_json::Value>) -> (StatusCode, bytes::Bytes) {
+        let request = Request::builder()
+            .method(method)
+            .uri(path)
+            .header(axum::http::header::CONTENT_TYPE, "application/json")
+            .body(body.map_or_else(Body::empty, |json| Body::from(json.to_string())))
+            .expect("a valid request");
+        let response = self.daemon().api.clone().oneshot(request).await.unwrap_or_else(|never| match never {});
+        let status = response.status();
+        (status, axum::body::to_bytes(response.into_body(), usize::MAX).await.unwrap_or_default())
+    }
+
+    async fn play(&mut self, steps: &[Step]) -> Option<Failure> {
+        for (index, step) in steps.iter().enumerate() {
+            let checked = match self.step(*step).await {
+                Ok(line) => {
+                    self.record(format!("{index} {step:?}: {line}"));
+                    self.check().await
+                }
+                Err(violation) => Err(violation),
+            };
+            if let Err(violation) = checked {
+                tracing::warn!(step = index, "{violation}");
+                return Some(Failure { step: index, violation });
+            }
+        }
+        None
+    }
+
+    /// The clock moved to `now` and the primary swept: the leases due lapsed. The sweep writes:
+    /// while cut, at one replica required, it is refused, and the lapsed grants stay until the
+    /// link heals (safe: their units stay taken).
+    fn leases_lapse(&mut self) {
+        let (now, at_risk) = (self.now, self.acknowledged_at_risk());
+        let refused = self.pair.cut.is_some() && self.min_replicas > 0;
+        for grip in self.model.grips.values_mut() {
+            if let Known::Held { until, .. } = grip.known {
+                // Due before now: the sweep ended it. Due right now: either way.
+                if until < now && !refused {
+                    *grip = Grip { known: Known::Gone, at_risk: at_risk || grip.at_risk };
+                } else if until <= now {
+                    grip.known = Known::InDoubt;
+                }
+            }
+        }
+    }
+
+    /// Whether a change made now may be lost by a failover even once acknowledged.
+    fn acknowledged_at_risk(&self) -> bool {
+        self.pair.cut.is_some() && self.min_replicas == 0
+    }
+
+    async fn step(&mut self, step: Step) -> Result<String, Violation> {
+        Ok(match step {
+            Step::Grant { client, ns, token: t, units, ttl_ms } => {
+                let name = token(client, t);
+                let path = format!("/v1/namespaces/{}/grants/{name}", namespace(ns));
+                let body = serde_json::json!({ "units": units, "ttl_ms": ttl_ms });
+                let (status, body) = self.call(Method::PUT, path, Some(body)).await;
+                self.granted(ns, &name, u64::from(units), status, &body)?
+            }
+            Step::Release { client, ns, token: t } => {
+                let name = token(client, t);
+                let path = format!("/v1/namespaces/{}/grants/{name}", namespace(ns));
+                let (status, body) = self.call(Method::DELETE, path, None).await;
+                self.released(ns, &name, status, &body)?
+            }
+            Step::Keepalive { client, ns, token: t } => {
+                let name = token(client, t);
+                let path = format!("/v1/namespaces/{}/grants/{name}/keepalive", namespace(ns));
+                let (status, body) = self.call(Method::POST, path, None).await;
+                self.kept_alive(ns, &name, status, &body)?
+            }
+            Step::Advance { ms } => {
+                self.now += u64::from(ms);
+                let now = self.now;
+                let daemon = self.daemon.as_mut().expect("the daemon runs between steps");
+                daemon.clock.set(&daemon.store, now).await;
+                self.leases_lapse();
+                format!("now {now}")
+            }
+            Step::Cut => {
+                if self.pair.cut.is_some() {
+                    return Ok("already cut".into());
+                }
+                caught_up(&self.pair.primary, &self.pair.replica).await;
+                let pid = pid_of(&self.pair.replica);
+                signal(&pid, "-STOP");
+                self.pair.primary.cli(&["CLIENT", "KILL", "TYPE", "replica"]);
+                self.pair.cut = Some(pid);
+                "cut".into()
+            }
+            Step::Heal => {
+                let Some(pid) = self.pair.cut.take() else { return Ok("not cut".into()) };
+                signal(&pid, "-CONT");
+                caught_up(&self.pair.primary, &self.pair.replica).await;
+                // The replica holds everything now: nothing is at risk.
+                self.model.grips.values_mut().for_each(|grip| grip.at_risk = false);
+                "healed, the replica caught up".into()
+            }
+            Step::Failover => {
+                let cut = self.pair.cut.take();
+                let lossy = cut.is_some();
+                if !lossy {
+                    caught_up(&self.pair.primary, &self.pair.replica).await;
+                }
+                self.close().await;
+                self.pair.primary.stop();
+                if let Some(pid) = cut {
+                    signal(&pid, "-CONT");
+                }
+                // The replica is promoted; a new server becomes its replica; the dead primary goes.
+                self.now += FAILOVER_MS;
+                let promoted = std::mem::replace(&mut self.pair.replica, RedisServer::start());
+                promoted.cli(&["REPLICAOF", "NO", "ONE"]);
+                self.pair.primary = promoted;
+                attach(&self.pair.primary, &self.pair.replica).await;
+                for grip in self.model.grips.values_mut() {
+                    if std::mem::take(&mut grip.at_risk) {
+                        grip.known = Known::InDoubt;
+                    }
+                }
+                // The promoted primary's clock has moved on by the failover's time.
+                self.open().await;
+                self.leases_lapse();
+                if lossy {
+                    "failed over, losing the writes made while cut".into()
+                } else {
+                    "failed over, the replica had everything".into()
+                }
+            }
+            Step::Restart => {
+                if self.pair.cut.is_some() && self.min_replicas > 0 {
+                    // Its start writes (the feed's copies), which the primary refuses without its
+                    // replica: it would wait for the link to heal.
+                    return Ok("not restarted: the primary lacks the replica the daemon requires".into());
+                }
+                self.close().await;
+                self.open().await;
+                "restarted".into()
+            }
+        })
+    }
+
+    /// The answer to a grant of `units` to `name` in `ns`.
+    fn granted(
+        &mut self,
+        ns: u8,
+        name: &str,
+        units: u64,
+        status: StatusCode,
+        body: &[u8],
+    ) -> Result<String, Violation> {
+        let at_risk = self.acknowledged_at_risk();
+        let now = self.now;
+        if !status.is_success() {
+            return Ok(self.failed(ns, name, status, body));
+        }
+        let answer: AllocateResponse = parse(body)?;
+        let certain_room = self.certain_room(ns);
+        let grip = *self.model.grip(ns, name);
+        match (answer.status, answer.grant) {
+            (Status::Granted, Some(grant)) => {
+                let fencing = grant.fencing;
+                match grip.known {
+                    Known::Held { fencing: told, .. } if answer.existing && told != fencing => {
+                        return Err(Violation::new(format!(
+                            "{name} granted again with fencing {fencing}, told {told} before"
+                        )));
+                    }
+                    Known::Gone if answer.existing => {
+                        return Err(Violation::new(format!("{name}, released or lapsed, was still granted")));
+                    }
+                    _ if !answer.existing => self.model.fencing_given(ns, name, fencing)?,
+                    _ => {}
+                }
+                let until = now + grant.expires_in_ms.unwrap_or(0);
+                *self.model.grip(ns, name) = Grip {
+                    known: Known::Held { units: grant.units, fencing, until },
+                    at_risk: at_risk || grip.at_risk,
+                };
+            }
+            (Status::Exhausted, _) => {
+                if let Some(free) = certain_room.filter(|free| *free >= units) {
+                    if matches!(grip.known, Known::Gone) {
+                        return Err(Violation::new(format!(
+                            "{name} was refused {units} units with {free} certainly free"
+                        )));
+                    }
+                }
+            }
+            (other, _) => return Err(Violation::new(format!("{name}: an allocate answered {other:?}"))),
+        }
+        Ok(format!("{} {}", status.as_u16(), String::from_utf8_lossy(body)))
+    }
+
+    /// The units of `ns` certainly free, if every grant in it is certain.
+    fn certain_room(&self, ns: u8) -> Option<u64> {
+        let mut held = 0;
+        for ((n, _), grip) in &self.model.grips {
+            if *n != ns {
+                continue;
+            }
+            match grip.known {
+                _ if grip.at_risk => return None,
+                Known::InDoubt => return None,
+                Known::Held { units, .. } => held += units,
+                Known::Gone => {}
+            }
+        }
+        Some(QUOTA.saturating_sub(held))
+    }
+
+    fn released(&mut self, ns: u8, name: &str, status: StatusCode, body: &[u8]) -> Result<String, Violation> {
+        if !status.is_success() {
+            return Ok(self.failed(ns, name, status, body));
+        }
+        let answer: ReleaseResponse = parse(body)?;
+        let at_risk = self.acknowledged_at_risk();
+        let grip = self.model.grip(ns, name);
+        match grip.known {
+            Known::Held { .. } if !answer.released && !grip.at_risk => {
+                return Err(Violation::new(format!("{name} was held, yet its release found nothing")));
+            }
+            Known::Gone if answer.released && !grip.at_risk => {
+                return Err(Violation::new(format!("{name}, released or lapsed, was released again")));
+            }
+            _ => {}
+        }
+        *grip = Grip { known: Known::Gone, at_risk: at_risk || grip.at_risk };
+        Ok(format!("{} {}", status.as_u16(), String::from_utf8_lossy(body)))
+    }
+
+    fn kept_alive(&mut self, ns: u8, name: &str, status: StatusCode, body: &[u8]) -> Result<String, Violation> {
+        let at_risk = self.acknowledged_at_risk();
+        let now = self.now;
+        let grip = self.model.grip(ns, name);
+        if status == StatusCode::NOT_FOUND {
+            if matches!(grip.known, Known::Held { .. }) && !grip.at_risk {
+                return Err(Violation::new(format!("{name} was held, yet its keepalive found nothing")));
+            }
+            grip.known = Known::Gone;
+            return Ok(format!("{} {}", status.as_u16(), code_of(body)));
+        }
+        if !status.is_success() {
+            return Ok(self.failed(ns, name, status, body));
+        }
+        let grant: Grant = parse(body)?;
+        if matches!(grip.known, Known::Gone) && !grip.at_risk {
+            return Err(Violation::new(format!("{name}, released or lapsed, was kept alive")));
+        }
+        let until = now + grant.expires_in_ms.unwrap_or(0);
+        *grip = Grip {
+            known: Known::Held { units: grant.units, fencing: grant.fencing, until },
+            at_risk: at_risk || grip.at_risk,
+        };
+        Ok(format!("{} {}", status.as_u16(), String::from_utf8_lossy(body)))
+    }
+
+    /// A call that failed: refused before anything was written (too few replicas, Redis not
+    /// reachable), or with its outcome unknown (the grant in doubt until the next listing).
+    fn failed(&mut self, ns: u8, name: &str, status: StatusCode, body: &[u8]) -> String {
+        let code = code_of(body);
+        if code == "store_outcome_unknown" {
+            let at_risk = self.pair.cut.is_some();
+            *self.model.grip(ns, name) = Grip { known: Known::InDoubt, at_risk };
+        }
+        format!("{} {code}", status.as_u16())
+    }
+
+    /// Checks what the primary holds against what the clients were told, and learns what was in
+    /// doubt.
+    async fn check(&mut self) -> Result<(), Violation> {
+        self.watch()?;
+        let now = self.now;
+        for ns in 0..NAMESPACES {
+            let path = format!("/v1/namespaces/{}/grants?limit=1000", namespace(ns));
+            let (status, body) = self.call(Method::GET, path.clone(), None).await;
+            if status != StatusCode::OK {
+                return Err(Violation::new(format!("GET {path} answered {status}: {}", code_of(&body))));
+            }
+            let list: GrantList = parse(&body)?;
+            let total: u64 = list.grants.iter().map(|grant| grant.units).sum();
+            if total > QUOTA {
+                return Err(Violation::new(format!("{} grants {total} units over its quota {QUOTA}", namespace(ns))));
+            }
+            let listed: BTreeMap<&str, &Grant> =
+                list.grants.iter().map(|grant| (grant.token.as_str(), grant)).collect();
+            for ((n, name), grip) in self.model.grips.iter_mut().filter(|((n, _), _)| *n == ns) {
+                let held = listed.get(name.as_str());
+                match (grip.known, held) {
+                    (Known::Held { fencing, until, .. }, Some(grant)) => {
+                        if grant.fencing != fencing && !grip.at_risk {
+                            return Err(Violation::new(format!(
+                                "{name} in {} holds fencing {}, its client was told {fencing}",
+                                namespace(*n),
+                                grant.fencing
+                            )));
+                        }
+                        let listed_until = now + grant.expires_in_ms.unwrap_or(0);
+                        if listed_until != until && !grip.at_risk {
+                            return Err(Violation::new(format!(
+                                "{name}'s lease ends at {listed_until}, its client was told {until}"
+                            )));
+                        }
+                    }
+                    (Known::Held { until, .. }, None) if !grip.at_risk && until > now => {
+                        return Err(Violation::new(format!(
+                            "{name} in {}, acknowledged and alive until {until} (now {now}), is gone",
+                            namespace(*n)
+                        )));
+                    }
+                    (Known::Gone, Some(grant)) if !grip.at_risk => {
+                        return Err(Violation::new(format!(
+                            "{name} in {}, released or lapsed, is held again (fencing {})",
+                            namespace(*n),
+                            grant.fencing
+                        )));
+                    }
+                    _ => {}
+                }
+                // What the primary holds is what there is from now on (certain unless a failover
+                // may still undo it).
+                grip.known = match held {
+                    Some(grant) => Known::Held {
+                        units: grant.units,
+                        fencing: grant.fencing,
+                        until: now + grant.expires_in_ms.unwrap_or(0),
+                    },
+                    None => Known::Gone,
+                };
+            }
+            // A grant a client never heard of holds a fencing number it may have been given.
+            for grant in &list.grants {
+                let highest = self.model.highest_fencing.entry(ns).or_default();
+                *highest = (*highest).max(grant.fencing);
+                if !self.model.grips.contains_key(&(ns, grant.token.clone())) {
+                    return Err(Violation::new(format!(
+                        "{} holds {}, which nobody asked for",
+                        namespace(ns),
+                        grant.token
+                    )));
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Takes every event ready for the watcher: each after the one before, none twice.
+    fn watch(&mut self) -> Result<(), Violation> {
+        let Some(watcher) = self.watcher.as_mut() else { return Ok(()) };
+        loop {
+            let next = {
+                let mut next = std::pin::pin!(watcher.next());
+                next.as_mut().poll(&mut std::task::Context::from_waker(std::task::Waker::noop()))
+            };
+            match next {
+                std::task::Poll::Pending => return Ok(()),
+                std::task::Poll::Ready(Ok(event)) => {
+                    if event.revision <= self.watched {
+                        return Err(Violation::new(format!(
+                            "the watcher was given revision {} ({:?} {}) after revision {}",
+                            event.revision, event.kind, event.key, self.watched
+                        )));
+                    }
+                    self.watched = event.revision;
+                }
+                std::task::Poll::Ready(Err(WatchError::Behind { .. } | WatchError::Compacted { .. })) => {
+                    // It lists again, then watches from now.
+                    self.watcher = Some(
+                        self.daemon()
+                            .store
+                            .watch(Filter::default(), None)
+                            .map_err(|err| Violation::new(format!("the watcher cannot start again: {err}")))?,
+                    );
+                    return Ok(());
+                }
+                std::task::Poll::Ready(Err(err)) => return Err(Violation::new(format!("the watcher ended: {err}"))),
+            }
+        }
+    }
+}
+
+use std::future::Future as _;
+
+fn parse<T: serde::de::DeserializeOwned>(body: &[u8]) -> Result<T, Violation> {
+    serde_json::from_slice(body)
+        .map_err(|err| Violation::new(format!("an answer did not parse ({err}): {}", String::from_utf8_lossy(body))))
+}
+
+/// An error answer's code (its message may name ports, which differ from run to run).
+fn code_of(body: &[u8]) -> String {
+    serde_json::from_slice::<allot_api::ErrorBody>(body).map_or_else(|_| "?".to_owned(), |error| error.error.code)
+}
+
+/// `server`'s process id, as it says.
+fn pid_of(server: &RedisServer) -> String {
+    let info = server.cli(&["INFO", "server"]);
+    field(&info, "process_id").unwrap_or_else(|| panic!("no process_id in INFO: {info}"))
+}
+
+/// Sends `sig` (`-STOP`, `-CONT`) to process `pid`.
+fn signal(pid: &str, sig: &str) {
+    let status = std::process::Command::new("kill").args([sig, pid]).status().expect("kill runs");
+    assert!(status.success(), "kill {sig} {pid}");
+}
+
+/// A new server, made a replica of `primary`; returns once it caught up.
+async fn start_replica_of(primary: &RedisServer) -> RedisServer {
+    let replica = RedisServer::start();
+    attach(primary, &replica).await;
+    replica
+}
+
+/// Makes `replica` a replica of `primary`; returns once it caught up.
+async fn attach(primary: &RedisServer, replica: &RedisServer) {
+    // Redis waits 5 s by default before it sends the first copy, for more replicas to join.
+    primary.cli(&["CONFIG", "SET", "repl-diskless-sync-delay", "0"]);
+    replica.cli(&["REPLICAOF", "127.0.0.1", &port_of(primary)]);
+    caught_up(primary, replica).await;
+}
+
+fn port_of(server: &RedisServer) -> String {
+    server.url().rsplit(':').next().expect("a port in the URL").to_owned()
+}
+
+/// Waits until `replica` is attached to `primary` (online, acknowledging) and holds everything
+/// the primary wrote.
+async fn caught_up(primary: &RedisServer, replica: &RedisServer) {
+    let started = Instant::now();
+    loop {
+        let info = primary.cli(&["INFO", "replication"]);
+        let offset = field(&info, "master_repl_offset");
+        let attached = info.lines().filter(|line| line.starts_with("slave")).any(|line| {
+            let part = |name: &str| line.split(',').find_map(|f| f.strip_prefix(name)).map(str::to_owned);
+            let lag = part("lag=").and_then(|lag| lag.trim().parse::<i64>().ok());
+            line.contains("state=online")
+                && lag.is_some_and(|lag| lag <= 1)
+                && part("offset=").is_some_and(|at| Some(at.trim().to_owned()) == offset)
+        });
+        let replica_at = field(&replica.cli(&["INFO", "replication"]), "slave_repl_offset");
+        if attached && replica_at.is_some() && replica_at == offset {
+            return;
+        }
+        assert!(started.elapsed() < CATCH_UP, "the replica did not catch up within {CATCH_UP:?}: {info}");
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+}
+
+fn field(info: &str, name: &str) -> Option<String> {
+    info.lines().find_map(|line| line.strip_prefix(name)?.strip_prefix(':')).map(|value| value.trim().to_owned())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_plan_is_a_function_of_its_seed() {
+        assert_eq!(draw(3, 50), draw(3, 50));
+        assert_ne!(draw(3, 50), draw(4, 50));
+        let plan = draw(11, 400);
+        assert!(plan.iter().any(|step| matches!(step, Step::Failover)), "failovers are drawn");
+        assert!(plan.iter().any(|step| matches!(step, Step::Cut)), "cuts are drawn");
+    }
+}
