@@ -336,3 +336,42 @@ async fn fencing_numbers_never_go_back_across_two_failovers_when_the_second_lose
     );
     on_c.shutdown().await;
 }
+
+/// The feed's revisions across the same two failovers: C, lacking B's copies into the log, gives
+/// revisions above B's, and a watcher resuming from one of B's is told to list again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn feed_revisions_never_go_back_across_two_failovers_when_the_second_loses_the_first_ones_copies() {
+    let mut a = RedisServer::start();
+    let mut b = replica_of(&a).await;
+    let store = open(&a, 0).await;
+    store.put_namespace(NamespaceName::new("replicated").unwrap(), 100).await.unwrap();
+    fencing_of(&store, "a-0").await;
+    read_up_to(&store, 2).await;
+    until("B has A's copies", async || b.cli(&["HGET", "allot:{allot-feed}:meta", "rev"]).trim() == "2").await;
+    store.shutdown().await;
+    a.stop();
+    b.cli(&["REPLICAOF", "NO", "ONE"]);
+    let c = replica_of(&b).await;
+    until("C has them too", async || c.cli(&["HGET", "allot:{allot-feed}:meta", "rev"]).trim() == "2").await;
+    let pid = cut_replication(&b, &c);
+    let on_b = open(&b, 0).await;
+    for i in 0..5 {
+        fencing_of(&on_b, &format!("b-{i}")).await;
+    }
+    until("B copied its events", async || on_b.revision() > 2).await;
+    let seen_on_b = on_b.revision();
+    on_b.shutdown().await;
+    b.stop();
+    signal(&pid, "-CONT");
+    c.cli(&["REPLICAOF", "NO", "ONE"]);
+    let on_c = open(&c, 0).await;
+    fencing_of(&on_c, "c-0").await;
+    until(&format!("a revision above B's {seen_on_b}"), async || on_c.revision() > seen_on_b).await;
+    let resumed = on_c.watch(allot_core::watch::Filter::default(), Some(seen_on_b));
+    assert!(
+        matches!(resumed, Err(allot_store::WatchError::Compacted { .. })),
+        "a watcher resuming from B's revision {seen_on_b} must list again: {:?}",
+        resumed.map(|_| ())
+    );
+    on_c.shutdown().await;
+}
