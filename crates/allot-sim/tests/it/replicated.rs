@@ -25,13 +25,14 @@ fn replicated_seeds_16_to_31() {
     seeds(16..32, STEPS);
 }
 
-/// Seeds 4, 6 and 12 (at 120 steps) gave a fencing number twice: a replica promoted after a
-/// promoted primary whose first numbers it lacked moved its counter to where its predecessor had.
-/// `allot-store-redis`'s `replicas::fencing_numbers_never_go_back_across_two_failovers_…` keeps
-/// the same history at its shortest.
+/// Seeds that gave a fencing number twice (at 120 steps). 4, 6 and 12: a replica promoted after a
+/// promoted primary whose first numbers it lacked moved its counter to where its predecessor had
+/// (`allot-store-redis`'s `replicas::fencing_numbers_never_go_back_across_two_failovers_…`).
+/// 1020: a namespace whose first number a failover lost gave it again
+/// (`replicas::a_namespaces_first_numbers_are_not_given_again_when_a_failover_lost_them`).
 #[test]
 fn seeds_that_gave_a_fencing_number_twice() {
-    seeds([4, 6, 12], 120);
+    seeds([4, 6, 12, 1020], 120);
 }
 
 #[test]

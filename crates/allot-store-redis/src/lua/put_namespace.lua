@@ -14,7 +14,10 @@ end
 redis.call('HSET', K_NS, 'quota', int(quota))
 if created then
   local fencing = redis.call('GET', K_FENCING) or '0'
-  redis.call('HSET', K_NS, 'granted', 0, 'fencing', fencing, 'fencing_base', fencing)
+  -- The primary the counter is known from, from the start: a namespace whose first numbers a
+  -- failover lost does not give them again (see `fresh_floor`).
+  local by = redis.call('GET', K_FENCING .. '_by') or replication_id()
+  redis.call('HSET', K_NS, 'granted', 0, 'fencing', fencing, 'fencing_base', fencing, 'fencing_by', by)
   redis.call('PERSIST', K_WOKEN)
 end
 local woken = {}

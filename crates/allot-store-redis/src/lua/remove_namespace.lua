@@ -24,6 +24,8 @@ for i = 2, #all, 2 do
   end
 end
 redis.call('SET', K_FENCING, redis.call('HGET', K_NS, 'fencing') or '0')
+local fencing_by = redis.call('HGET', K_NS, 'fencing_by')
+if fencing_by then redis.call('SET', K_FENCING .. '_by', fencing_by) end
 redis.call('DEL', K_NS, K_GRANTS, K_LEASES, K_CLOSED, K_QUEUE, K_WREQ, K_WTOK, K_WDL)
 -- The answers stay a while for their callers to claim.
 redis.call('PEXPIRE', K_WOKEN, 2 * GRACE_MS)

@@ -375,3 +375,26 @@ async fn feed_revisions_never_go_back_across_two_failovers_when_the_second_loses
     );
     on_c.shutdown().await;
 }
+
+/// A namespace whose first numbers a failover lost: the promoted replica knows the namespace but
+/// no number of it, and gave number 1 again (found by `allot-sim --redis`, seed 1020). A
+/// namespace notes the primary it was made on, so a grant on another one moves to the floor.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_namespaces_first_numbers_are_not_given_again_when_a_failover_lost_them() {
+    let mut primary = RedisServer::start();
+    let replica = replica_of(&primary).await;
+    let store = open(&primary, 0).await;
+    store.put_namespace(NamespaceName::new("replicated").unwrap(), 100).await.unwrap();
+    until("the replica has the namespace", async || replica.cli(&["EXISTS", "allot:{replicated}:ns"]).trim() == "1")
+        .await;
+    let pid = cut_replication(&primary, &replica);
+    let first = fencing_of(&store, "lost").await;
+    store.shutdown().await;
+    primary.stop();
+    signal(&pid, "-CONT");
+    replica.cli(&["REPLICAOF", "NO", "ONE"]);
+    let promoted = open(&replica, 0).await;
+    let after = fencing_of(&promoted, "after").await;
+    assert!(after > first, "fencing number {after} after a failover that lost the namespace's first, {first}");
+    promoted.shutdown().await;
+}
