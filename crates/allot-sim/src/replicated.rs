@@ -153,14 +153,8 @@ pub fn run(seed: u64, steps: &[Step]) -> Outcome {
         failure
     }));
     let history = std::mem::take(&mut *history.lock().unwrap_or_else(|poisoned| poisoned.into_inner()));
-    let failure = played.unwrap_or_else(|panic| {
-        let message = panic
-            .downcast_ref::<&str>()
-            .map(|s| (*s).to_owned())
-            .or_else(|| panic.downcast_ref::<String>().cloned())
-            .unwrap_or_else(|| "a panic".to_owned());
-        Some(Failure { step: history.len(), violation: Violation::new(format!("panicked: {message}")) })
-    });
+    let failure = played
+        .unwrap_or_else(|panic| Some(Failure { step: history.len(), violation: crate::run::panicked(panic.as_ref()) }));
     Outcome { history, failure }
 }
 

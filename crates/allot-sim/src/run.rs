@@ -91,15 +91,20 @@ pub fn run(seed: u64, steps: &[Step], shape: Shape) -> Outcome {
     }));
     let history = std::mem::take(&mut *history.lock().unwrap_or_else(|poisoned| poisoned.into_inner()));
     let failure = played.unwrap_or_else(|panic| {
-        let message = panic
-            .downcast_ref::<&str>()
-            .map(|s| (*s).to_owned())
-            .or_else(|| panic.downcast_ref::<String>().cloned())
-            .unwrap_or_else(|| "a panic".to_owned());
         let step = history.iter().filter(|line| !line.starts_with("drain")).count();
-        Some(Failure { step, violation: Violation::new(format!("panicked: {message}")) })
+        Some(Failure { step, violation: panicked(panic.as_ref()) })
     });
     Outcome { history, failure }
+}
+
+/// A panic, as the violation of the step it happened in.
+pub(crate) fn panicked(panic: &(dyn std::any::Any + Send)) -> Violation {
+    let message = panic
+        .downcast_ref::<&str>()
+        .map(|s| (*s).to_owned())
+        .or_else(|| panic.downcast_ref::<String>().cloned())
+        .unwrap_or_else(|| "a panic".to_owned());
+    Violation::new(format!("panicked: {message}"))
 }
 
 /// A daemon: the store and the API over it, in a process of its own: a single-threaded tokio
