@@ -137,6 +137,12 @@ enum Copied {
 /// daemon killed left in the streams (their messages heard by nobody) take their revisions
 /// before any change this daemon makes, not at the next sweep after them.
 pub(crate) async fn copy_every_stream(inner: &Inner) -> Result<(), StoreError> {
+    // A log that no primary has given a revision yet notes this one: a replica promoted without
+    // its first copies then starts above them (`fresh_floor`), not at 1 again. Best effort: a
+    // primary short of the replicas required refuses it, and the daemon starts all the same.
+    if let Err(err) = feed_call(inner, FEED_SLOT, &["note"]).await {
+        tracing::debug!(error = %err, "cannot note this primary in the feed's log");
+    }
     list_streams(inner).await?;
     let results: Vec<Result<(), StoreError>> = stream::iter(every_stream(inner))
         .map(|source| async move {

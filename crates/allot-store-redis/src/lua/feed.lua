@@ -15,6 +15,9 @@
 --     daemon calls it each sweep, so that an idle log is trimmed by age too). {'retained', compacted}
 --   trim(through): removes the entries of the stream KEYS[1] up to id `through` (copied).
 --     {entries left}
+--   note(): a log no primary gave a revision yet notes this primary as the one that gave its
+--     last (none), so that a replica promoted without its first copies starts above them
+--     (every daemon calls it as it opens). {'noted'}
 -- Invariants: each stream's entries are copied once, in their order (the cursor moves only here,
 -- and only from the value the copier read). A revision is never given to two events: a primary
 -- other than the one that gave the last revision (a replica promoted, which may lack the last
@@ -71,6 +74,9 @@ if op == 'copy' then
   redis.call('HSET', K_CURSORS, stream, ARGV[4])
   retain(K_LOG, K_META, tonumber(ARGV[5]), tonumber(ARGV[6]), rev)
   return { 'copied', rev }
+elseif op == 'note' then
+  redis.call('HSETNX', KEYS[1] .. ':meta', 'rev_by', replication_id())
+  return { 'noted' }
 elseif op == 'retain' then
   local F = KEYS[1]
   local K_LOG, K_META = F .. ':log', F .. ':meta'

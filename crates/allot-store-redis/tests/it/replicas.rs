@@ -398,3 +398,36 @@ async fn a_namespaces_first_numbers_are_not_given_again_when_a_failover_lost_the
     assert!(after > first, "fencing number {after} after a failover that lost the namespace's first, {first}");
     promoted.shutdown().await;
 }
+
+/// A log whose first copies a failover lost: the first daemon's open notes its primary in the
+/// log, so the promoted replica, which has that note and no copy, starts its revisions above the
+/// lost ones instead of at 1 again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn feed_revisions_are_not_given_again_when_a_failover_lost_the_logs_first_copies() {
+    let mut primary = RedisServer::start();
+    let replica = replica_of(&primary).await;
+    let store = open(&primary, 0).await;
+    until("the replica has the log's note", async || {
+        replica.cli(&["HEXISTS", "allot:{allot-feed}:meta", "rev_by"]).trim() == "1"
+    })
+    .await;
+    let pid = cut_replication(&primary, &replica);
+    store.put_namespace(NamespaceName::new("replicated").unwrap(), 100).await.unwrap();
+    fencing_of(&store, "lost").await;
+    read_up_to(&store, 2).await;
+    let lost = store.revision();
+    store.shutdown().await;
+    primary.stop();
+    signal(&pid, "-CONT");
+    replica.cli(&["REPLICAOF", "NO", "ONE"]);
+    let promoted = open(&replica, 0).await;
+    promoted.put_namespace(NamespaceName::new("replicated").unwrap(), 100).await.unwrap();
+    until(&format!("a revision above the lost {lost}"), async || promoted.revision() > lost).await;
+    let resumed = promoted.watch(allot_core::watch::Filter::default(), Some(lost));
+    assert!(
+        matches!(resumed, Err(allot_store::WatchError::Compacted { .. })),
+        "a watcher resuming from the lost revision {lost} must list again: {:?}",
+        resumed.map(|_| ())
+    );
+    promoted.shutdown().await;
+}
