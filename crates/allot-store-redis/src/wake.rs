@@ -125,8 +125,8 @@ async fn claim(
 ) -> Result<Option<Allocation>, StoreError> {
     let wid_text = wid.to_string();
     let args = match cancel {
-        Some(why) => [wid_text.as_str(), "1", why],
-        None => [wid_text.as_str(), "0", ""],
+        Some(why) => [wid_text.as_str(), "1", why, token.as_str()],
+        None => [wid_text.as_str(), "0", "", token.as_str()],
     };
     let mut reply = inner.eval(&inner.scripts.claim, key, &args, true).await?;
     match reply.text()?.as_str() {
@@ -143,7 +143,7 @@ async fn claim(
         "error" => Err(reply::error(namespace, Some(token), &mut reply)?),
         "gone" => Err(StoreError::Invalid(
             "a newer allocate call with the same token took over this wait, or the grant it won was \
-             already released"
+             already released, or Redis lost the wait (a failover or restart that lost its last writes)"
                 .into(),
         )),
         other => Err(corrupt(format!("claim reply `{other}`"))),

@@ -5,7 +5,7 @@
 use allot_store::prelude::*;
 use std::time::Duration;
 
-use allot_core::NamespaceName;
+use allot_core::{NamespaceName, Token};
 use allot_store::StoreError;
 use allot_store_redis::testing::RedisServer;
 use allot_store_redis::RedisStore;
@@ -114,4 +114,50 @@ async fn wait_until_held(servers: &[RedisServer]) {
         info.lines().any(|line| line.trim().strip_prefix("blocked_clients:").is_some_and(|n| n != "0"))
     };
     until("the call reached a server", async || servers.iter().any(held)).await;
+}
+
+/// A Redis that lost its last writes (a failover to a replica that lacked them, or a restart
+/// without them) gives the waiter ids it lost again. A call still waiting on a lost id must not
+/// take the place or the answer of the other caller's waiter given that id: here the first
+/// caller's wait ends, and withdrawing its (lost) waiter must leave the second caller's alone.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_wait_lost_with_the_last_writes_leaves_another_callers_waiter_alone() {
+    let server = RedisServer::start();
+    let store = std::sync::Arc::new(support::open(&server.url()).await);
+    store.put_namespace(NamespaceName::new("lost").unwrap(), 1).await.unwrap();
+    store.allocate(request("lost", "holder"), Duration::ZERO).await.unwrap();
+    // Its wait ends after the second caller queued (a few Redis calls away; on a machine stalled
+    // longer than that the first call ends first and the test checks less, but still passes).
+    let first = {
+        let store = store.clone();
+        tokio::spawn(async move { store.allocate(request("lost", "first"), Duration::from_secs(5)).await })
+    };
+    until("the first caller waits", async || server.cli(&["HGET", "allot:{lost}:wtok", "first"]).trim() == "1").await;
+    // Its waiter lost, as the writes that made it would be (the id counter back where it was).
+    for args in [
+        &["ZREM", "allot:{lost}:queue", "1"][..],
+        &["HDEL", "allot:{lost}:wreq", "1"],
+        &["HDEL", "allot:{lost}:wtok", "first"],
+        &["ZREM", "allot:{lost}:wdl", "1"],
+        &["HINCRBY", "allot:{lost}:ns", "waiting_units", "-1"],
+        &["SET", "allot:{lost}:wseq", "0"],
+    ] {
+        server.cli(args);
+    }
+    let second = {
+        let store = store.clone();
+        tokio::spawn(async move { store.allocate(request("lost", "second"), Duration::from_secs(60)).await })
+    };
+    until("the second caller waits under the lost id", async || {
+        server.cli(&["HGET", "allot:{lost}:wtok", "second"]).trim() == "1"
+    })
+    .await;
+    let first = first.await.unwrap();
+    assert!(!matches!(first, Ok(allot_store::Allocation::Granted { .. })), "the lost wait: {first:?}");
+    store.release(NamespaceName::new("lost").unwrap(), Token::new("holder").unwrap(), None).await.unwrap();
+    let second = second.await.unwrap();
+    assert!(
+        matches!(&second, Ok(allot_store::Allocation::Granted { grant, .. }) if grant.grant.token.as_str() == "second"),
+        "the second caller's grant: {second:?}"
+    );
 }
