@@ -9,13 +9,21 @@
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 local op, me, ttl = ARGV[1], ARGV[2], tonumber(ARGV[3])
-local l = redis.call('HMGET', KEYS[1], 'holder', 'expires', 'fencing')
+local l = redis.call('HMGET', KEYS[1], 'holder', 'expires', 'fencing', 'fencing_by')
 local holder, expires, fencing = l[1], tonumber(l[2] or '0'), tonumber(l[3] or '0')
 local running = holder ~= false and expires > now
 if op == 'acquire' then
   if running and holder ~= me then return { 'held', holder, fencing, expires - now } end
+  -- A primary that did not give the lease's last term (a replica promoted, which may lack the
+  -- terms given after its last copy, or a restart) starts a new term above every one before it
+  -- (`fresh_floor`, as fencing numbers): a deposed scheduler whose term the failover lost has its
+  -- writes refused, instead of sharing its number with the next scheduler.
+  local by = replication_id()
+  if l[4] and l[4] ~= by then
+    fencing, running = fresh_floor(fencing), false
+  end
   if not running then fencing = fencing + 1 end
-  redis.call('HSET', KEYS[1], 'holder', me, 'expires', now + ttl, 'fencing', fencing)
+  redis.call('HSET', KEYS[1], 'holder', me, 'expires', now + ttl, 'fencing', int(fencing), 'fencing_by', by)
   return { 'mine', me, fencing, ttl }
 elseif op == 'release' then
   if running and holder == me then redis.call('HSET', KEYS[1], 'expires', 0) end

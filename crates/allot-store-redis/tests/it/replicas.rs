@@ -431,3 +431,43 @@ async fn feed_revisions_are_not_given_again_when_a_failover_lost_the_logs_first_
     );
     promoted.shutdown().await;
 }
+
+/// The scheduler's lease across a failover that lost its last term: D1's term, given while the
+/// replica was cut off, is lost; the promoted replica's next term must be above it, or D1 (which
+/// learns it was deposed only at its next renewal) and the new scheduler would write under one
+/// number, both accepted.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_scheduler_term_lost_in_a_failover_is_not_given_again() {
+    use allot_store_redis::apps::lease::LeaseState;
+    let mut primary = RedisServer::start();
+    let replica = replica_of(&primary).await;
+    let store = open(&primary, 0).await;
+    let short = Duration::from_millis(300);
+    let Ok(LeaseState::Mine { fencing: first, .. }) = store.acquire_sched_lease("d0", short).await else {
+        panic!("d0 takes the first term")
+    };
+    until("the replica has the first term", async || {
+        replica.cli(&["HGET", "allot:{allot-apps}:lease", "fencing"]).trim() == first.to_string()
+    })
+    .await;
+    let pid = cut_replication(&primary, &replica);
+    store.release_sched_lease("d0").await.unwrap();
+    let Ok(LeaseState::Mine { fencing: lost, .. }) = store.acquire_sched_lease("d1", Duration::from_secs(60)).await
+    else {
+        panic!("d1 takes the next term")
+    };
+    store.shutdown().await;
+    primary.stop();
+    signal(&pid, "-CONT");
+    replica.cli(&["REPLICAOF", "NO", "ONE"]);
+    let promoted = open(&replica, 0).await;
+    // d0's term, as the replica has it, runs out; then d2 takes the lease.
+    let taken = loop {
+        match promoted.acquire_sched_lease("d2", Duration::from_secs(60)).await.unwrap() {
+            LeaseState::Mine { fencing, .. } => break fencing,
+            LeaseState::Held { left, .. } => tokio::time::sleep(left).await,
+        }
+    };
+    assert!(taken > lost, "d2's term {taken} after a failover that lost d1's term {lost}");
+    promoted.shutdown().await;
+}
