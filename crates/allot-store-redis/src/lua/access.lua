@@ -3,13 +3,25 @@
 --   P:tokens    hash: name -> token record (JSON: the token's hash, never the token)
 --   P:bindings  hash: name -> binding record (JSON)
 --   P:version   integer: moves with every change (daemons read everything again when it moves)
+--   P:version_by the replication ID of the primary that gave the version (see `bump`)
 --   add_token(name, record): { 1 }, or { 0 } if the name is in use.
 --   revoke_token(name): { 1, record }, or { 0 } if there is none.
 --   put_binding(name, record): { 1 }.
 --   remove_binding(name): { 1, record }, or { 0 } if there is none.
 local P = KEYS[1]
 local op = ARGV[1]
-local function bump() redis.call('INCR', P .. ':version') end
+-- The version moves by one at each change; on a primary that did not give its last value (a
+-- replica promoted, which may lack the last changes, or a restart) it first moves up to
+-- `fresh_floor`, as fencing numbers do: a daemon that read a version the failover lost must see
+-- the next one as moved, not as the one it has (it would keep tokens and bindings since changed).
+local function bump()
+  local by = replication_id()
+  local version = tonumber(redis.call('GET', P .. ':version') or '0')
+  local was = redis.call('GET', P .. ':version_by')
+  if was and was ~= by then version = fresh_floor(version) end
+  redis.call('SET', P .. ':version', int(version + 1))
+  redis.call('SET', P .. ':version_by', by)
+end
 if op == 'add_token' then
   if redis.call('HSETNX', P .. ':tokens', ARGV[2], ARGV[3]) == 0 then return { 0 } end
   bump()

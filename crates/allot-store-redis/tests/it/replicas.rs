@@ -471,3 +471,38 @@ async fn a_scheduler_term_lost_in_a_failover_is_not_given_again() {
     assert!(taken > lost, "d2's term {taken} after a failover that lost d1's term {lost}");
     promoted.shutdown().await;
 }
+
+/// The access part's version across a failover that lost its last change: a daemon that read
+/// the lost version must see the promoted replica's next change as a move (it compares for
+/// equality), not as the version it has, or it keeps tokens and bindings since changed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_access_version_lost_in_a_failover_is_not_given_again() {
+    use allot_store::access::BindingRecord;
+    let binding = |name: &str| BindingRecord {
+        name: name.to_owned(),
+        role: "viewer".to_owned(),
+        users: vec!["someone".to_owned()],
+        groups: Vec::new(),
+    };
+    let mut primary = RedisServer::start();
+    let replica = replica_of(&primary).await;
+    let store = open(&primary, 0).await;
+    store.put_binding(binding("kept")).await.unwrap();
+    let kept = store.access_version().await.unwrap();
+    until("the replica has the first change", async || {
+        replica.cli(&["GET", "allot:{allot-access}:version"]).trim() == kept.to_string()
+    })
+    .await;
+    let pid = cut_replication(&primary, &replica);
+    store.put_binding(binding("lost")).await.unwrap();
+    let lost = store.access_version().await.unwrap();
+    store.shutdown().await;
+    primary.stop();
+    signal(&pid, "-CONT");
+    replica.cli(&["REPLICAOF", "NO", "ONE"]);
+    let promoted = open(&replica, 0).await;
+    promoted.put_binding(binding("after")).await.unwrap();
+    let after = promoted.access_version().await.unwrap();
+    assert_ne!(after, lost, "the version after the failover is the one its lost change gave");
+    promoted.shutdown().await;
+}
