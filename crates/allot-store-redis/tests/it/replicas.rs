@@ -462,12 +462,15 @@ async fn a_scheduler_term_lost_in_a_failover_is_not_given_again() {
     replica.cli(&["REPLICAOF", "NO", "ONE"]);
     let promoted = open(&replica, 0).await;
     // d0's term, as the replica has it, runs out; then d2 takes the lease.
-    let taken = loop {
+    let mut taken = 0;
+    until("d2 takes the lease", async || {
         match promoted.acquire_sched_lease("d2", Duration::from_secs(60)).await.unwrap() {
-            LeaseState::Mine { fencing, .. } => break fencing,
-            LeaseState::Held { left, .. } => tokio::time::sleep(left).await,
+            LeaseState::Mine { fencing, .. } => taken = fencing,
+            LeaseState::Held { .. } => {}
         }
-    };
+        taken > 0
+    })
+    .await;
     assert!(taken > lost, "d2's term {taken} after a failover that lost d1's term {lost}");
     promoted.shutdown().await;
 }
