@@ -21,6 +21,7 @@
 //! not recorded in the history; errors are recorded by their code (their messages name ports).
 
 use std::collections::BTreeMap;
+use std::future::Future as _;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -37,7 +38,7 @@ use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use tower::ServiceExt as _;
 
-use crate::check::Violation;
+use crate::check::{parse, Violation};
 use crate::run::{Failure, Outcome};
 
 /// Clients, namespaces, each namespace's quota, tokens per client.
@@ -691,13 +692,6 @@ impl Sim {
             }
         }
     }
-}
-
-use std::future::Future as _;
-
-fn parse<T: serde::de::DeserializeOwned>(body: &[u8]) -> Result<T, Violation> {
-    serde_json::from_slice(body)
-        .map_err(|err| Violation::new(format!("an answer did not parse ({err}): {}", String::from_utf8_lossy(body))))
 }
 
 /// An error answer's code (its message may name ports, which differ from run to run).

@@ -15,10 +15,8 @@ local op = ARGV[1]
 -- `fresh_floor`, as fencing numbers do: a daemon that read a version the failover lost must see
 -- the next one as moved, not as the one it has (it would keep tokens and bindings since changed).
 local function bump()
-  local by = replication_id()
-  local version = tonumber(redis.call('GET', P .. ':version') or '0')
-  local was = redis.call('GET', P .. ':version_by')
-  if was and was ~= by then version = fresh_floor(version) end
+  local version, _, by =
+    carried_on(tonumber(redis.call('GET', P .. ':version') or '0'), redis.call('GET', P .. ':version_by'))
   redis.call('SET', P .. ':version', int(version + 1))
   redis.call('SET', P .. ':version_by', by)
 end

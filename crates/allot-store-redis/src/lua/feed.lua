@@ -61,11 +61,8 @@ if op == 'copy' then
   local cursor = redis.call('HGET', K_CURSORS, stream) or '0-0'
   if cursor ~= ARGV[3] then return { 'moved', cursor } end
   local meta = redis.call('HMGET', K_META, 'rev', 'rev_by')
-  local rev, by = tonumber(meta[1] or '0'), replication_id()
-  if meta[2] and meta[2] ~= by then
-    rev = fresh_floor(rev)
-    redis.call('DEL', K_LOG)
-  end
+  local rev, moved, by = carried_on(tonumber(meta[1] or '0'), meta[2])
+  if moved then redis.call('DEL', K_LOG) end
   for i = 7, #ARGV, 3 do
     rev = rev + 1
     redis.call('XADD', K_LOG, '0-' .. int(rev), 's', stream, 't', ARGV[i], 'k', ARGV[i + 1], 'v', ARGV[i + 2])

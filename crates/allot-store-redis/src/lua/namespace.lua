@@ -222,6 +222,17 @@ local function replication_id()
   return string.match(redis.call('INFO', 'replication'), 'master_replid:(%w+)') or ''
 end
 
+-- A counter given by the primary `given_by` (false or nil: none noted), as this primary
+-- continues it: the same value if this primary gave it, else `fresh_floor` (see above). Returns
+-- the value, whether it moved, and this primary's replication ID, to note beside the next value.
+-- Every counter a failover may roll back (fencing numbers, feed revisions, scheduler terms, the
+-- access version) goes through here.
+local function carried_on(current, given_by)
+  local by = replication_id()
+  if given_by and given_by ~= by then return fresh_floor(current), true, by end
+  return current, false, by
+end
+
 -- The refusal a cap gives `r`, as {level, cap, held}, or nil.
 local function cap_refusal(r, counts)
   if r.project == '' then return nil end
@@ -247,12 +258,9 @@ local function add_units(g, sign, new_fencing, counts)
   counts = counts or read_counts(g)
   local fencing = counts.fencing
   if new_fencing then
-    local by, skipped = replication_id(), counts.skipped
-    if counts.fencing_by and counts.fencing_by ~= by then
-      local jumped = fresh_floor(fencing)
-      skipped, fencing = skipped + jumped - fencing, jumped
-    end
-    fencing = fencing + 1
+    local carried, _, by = carried_on(fencing, counts.fencing_by)
+    local skipped = counts.skipped + carried - fencing
+    fencing = carried + 1
     redis.call('HSET', K_NS, 'granted', int(counts.granted + units), 'fencing', int(fencing), 'fencing_by', by,
       'fencing_skipped', int(skipped))
   else

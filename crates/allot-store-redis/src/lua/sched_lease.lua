@@ -18,11 +18,9 @@ if op == 'acquire' then
   -- terms given after its last copy, or a restart) starts a new term above every one before it
   -- (`fresh_floor`, as fencing numbers): a deposed scheduler whose term the failover lost has its
   -- writes refused, instead of sharing its number with the next scheduler.
-  local by = replication_id()
-  if l[4] and l[4] ~= by then
-    fencing, running = fresh_floor(fencing), false
-  end
-  if not running then fencing = fencing + 1 end
+  local moved, by
+  fencing, moved, by = carried_on(fencing, l[4])
+  if moved or not running then fencing = fencing + 1 end
   redis.call('HSET', KEYS[1], 'holder', me, 'expires', now + ttl, 'fencing', int(fencing), 'fencing_by', by)
   return { 'mine', me, fencing, ttl }
 elseif op == 'release' then
