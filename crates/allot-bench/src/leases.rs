@@ -64,6 +64,10 @@ struct Output {
     disk_bytes_per_grant: f64,
     restart_first_answer_s: Option<f64>,
     restart_serving_s: f64,
+    /// The embedded store's open after the restart, from the daemon's log: milliseconds spent
+    /// writing the log's tail into the database, and reading the records.
+    restart_fold_ms: Option<u64>,
+    restart_read_ms: Option<u64>,
     /// The grants the daemon held after the restart (every one, or the bench fails).
     restored: u64,
     expired: usize,
@@ -101,10 +105,18 @@ pub(super) async fn run(args: LeasesBenchArgs) -> anyhow::Result<()> {
 
     // Killed, and started again where its clients look for it.
     let listen = endpoint.authority.clone();
-    let killed = Instant::now();
+    let mut killed = Instant::now();
     daemon.kill().await;
+    if args.keep {
+        // The data as the kill left it, for a look at the restart (`allot serve --data-dir` on a
+        // copy of it); the copy's time is not counted in the restart's.
+        let copying = Instant::now();
+        copy_dir(&scratch.join("allot-data"), &scratch.join("killed-data"))?;
+        killed += copying.elapsed();
+    }
     let (daemon, first_answer, serving) = restart(&scratch, &listen, &durability, killed).await?;
     let pid = daemon.pid().context("the daemon's process")?;
+    let opened = store_open_times(&scratch.join("allot-again.log"));
     let restarted_kib = resident_kib(pid)?;
     let restored = count_grants(&endpoint, args.namespaces).await?;
     if restored != args.grants as u64 {
@@ -147,6 +159,9 @@ pub(super) async fn run(args: LeasesBenchArgs) -> anyhow::Result<()> {
         expired = count_gone(&endpoint, &tenth, args.namespaces).await?;
     }
     daemon.stop().await;
+    if args.keep {
+        eprintln!("kept: {} (the data as the kill left it in killed-data)", scratch.keep().display());
+    }
 
     let per_grant = |kib_more: i64| kib_more as f64 * 1024.0 / args.grants as f64;
     let redis_bytes_per_grant =
@@ -188,6 +203,8 @@ pub(super) async fn run(args: LeasesBenchArgs) -> anyhow::Result<()> {
         disk_bytes_per_grant,
         restart_first_answer_s: first_answer,
         restart_serving_s: serving,
+        restart_fold_ms: opened.map(|o| o.0),
+        restart_read_ms: opened.map(|o| o.1),
         restored,
         expired,
         expiry_window,
@@ -216,6 +233,9 @@ fn print(o: &Output) {
         "  restart: first answer {first}, serving {:.3} s after the kill, with all {} grants",
         o.restart_serving_s, o.restored
     );
+    if let (Some(fold), Some(read)) = (o.restart_fold_ms, o.restart_read_ms) {
+        println!("  the store's open: the log's tail written into the database in {fold} ms, the records and kept events read in {read} ms");
+    }
     println!(
         "  a tenth ({}) expiring at once: answers around that moment p50 {:.2} ms p99 {:.2} ms max {:.2} ms ({} \
          pairs); before it p99 {:.2} ms max {:.2} ms",
@@ -289,6 +309,33 @@ async fn each(
         client.await??;
     }
     Ok(())
+}
+
+/// Copies the directory `from` (files and directories only) to `to`.
+fn copy_dir(from: &std::path::Path, to: &std::path::Path) -> anyhow::Result<()> {
+    std::fs::create_dir_all(to).with_context(|| format!("cannot create {}", to.display()))?;
+    for entry in std::fs::read_dir(from).with_context(|| format!("cannot read {}", from.display()))? {
+        let entry = entry?;
+        let target = to.join(entry.file_name());
+        if entry.file_type()?.is_dir() {
+            copy_dir(&entry.path(), &target)?;
+        } else {
+            std::fs::copy(entry.path(), &target).with_context(|| format!("cannot copy {}", entry.path().display()))?;
+        }
+    }
+    Ok(())
+}
+
+/// The embedded store's last open in the daemon's log `log`: the milliseconds of its fold and of
+/// its read (the `fold_ms` and `read_ms` of its line), if the log has them.
+fn store_open_times(log: &std::path::Path) -> Option<(u64, u64)> {
+    let text = std::fs::read_to_string(log).ok()?;
+    let line = text.lines().rev().find(|line| line.contains("fold_ms="))?;
+    let field = |name: &str| -> Option<u64> {
+        let rest = &line[line.find(name)? + name.len()..];
+        rest.split(|c: char| !c.is_ascii_digit()).next()?.parse().ok()
+    };
+    Some((field("fold_ms=")?, field("read_ms=")?))
 }
 
 /// Starts the daemon again on `listen`, and times from `killed` its first answer and its first

@@ -491,6 +491,10 @@ struct LeasesBenchArgs {
     /// Where to make the daemon's scratch directory (see `compare --tmp-dir`).
     #[arg(long)]
     tmp_dir: Option<std::path::PathBuf>,
+    /// Keep the scratch directory (the daemons' logs, their data, and a copy of the data as the
+    /// kill left it) and say where it is: to look into the restart afterwards.
+    #[arg(long)]
+    keep: bool,
     #[command(flatten)]
     output: OutputOpts,
 }

@@ -487,8 +487,11 @@ enum LeaseKey {
 #[derive(Debug)]
 pub struct Restoring {
     ledger: Ledger,
-    /// Every lease, gathered, then built into the ledger's set at once (sorted, not one by one).
+    /// Every grant's lease, gathered in the order the grants come, then built into the ledger's
+    /// set at once (sorted, not one by one).
     leases: Vec<(Millis, LeaseKey)>,
+    /// The sessions' leases, in the order of their ids.
+    session_leases: Vec<(Millis, LeaseKey)>,
 }
 
 impl Restoring {
@@ -539,7 +542,13 @@ impl Restoring {
     pub fn finish(self) -> Ledger {
         let mut ledger = self.ledger;
         let mut leases = self.leases;
-        leases.sort_unstable();
+        leases.extend(self.session_leases);
+        // Sorted by deadline alone, and stably: the leases of one deadline stay in the order they
+        // came, which is their own order when the grants came in key order (as a store reads
+        // them), grants before sessions. The set's own sort then finds them in order in one
+        // pass; comparing names for every pair took most of a restart's sort (100 of 124 ms at a
+        // million grants).
+        leases.sort_by_key(|(deadline, _)| *deadline);
         ledger.leases = leases.into_iter().collect();
         ledger
     }
@@ -776,12 +785,12 @@ impl Ledger {
                 NamespaceState { quota, next_fencing, fencing_bound: next_fencing, ..NamespaceState::default() };
             ledger.namespaces.insert(name, state);
         }
-        let mut leases = Vec::with_capacity(sessions.len());
+        let mut session_leases = Vec::with_capacity(sessions.len());
         for (id, ttl_ms, deadline, owner) in sessions {
             ledger.sessions.insert(id, Session { id, ttl_ms, deadline, grants: BTreeSet::new(), owner });
-            leases.push((deadline, LeaseKey::Session(id)));
+            session_leases.push((deadline, LeaseKey::Session(id)));
         }
-        Restoring { ledger, leases }
+        Restoring { ledger, leases: Vec::new(), session_leases }
     }
 
     /// Takes over what lives only in memory from `previous` when a ledger is rebuilt from the

@@ -275,6 +275,16 @@ impl LogFiles for SimLog {
         map.make_read_only()
     }
 
+    fn sync(&self, number: u64) -> io::Result<()> {
+        if !self.0.check(Fault::Sync)? {
+            return Ok(());
+        }
+        if let Some(file) = self.0.platters().segments.get_mut(&number) {
+            file.sync();
+        }
+        Ok(())
+    }
+
     fn remove(&self, number: u64) -> io::Result<()> {
         let mut platters = self.0.platters();
         if !platters.frozen {

@@ -137,6 +137,14 @@ impl LogFiles for FlakyLog {
     fn remove(&self, number: u64) -> std::io::Result<()> {
         self.inner.remove(number)
     }
+
+    fn sync(&self, number: u64) -> std::io::Result<()> {
+        full_disk(&self.faults)?;
+        if self.faults.fail_syncs.load(Ordering::SeqCst) {
+            return Err(std::io::Error::other("fsync failed: input/output error"));
+        }
+        self.inner.sync(number)
+    }
 }
 
 impl Segment for FlakySegment {

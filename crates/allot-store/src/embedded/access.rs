@@ -4,9 +4,9 @@
 
 use std::collections::BTreeMap;
 
+use super::read::Records;
 use allot_core::access::AccessError;
 use async_trait::async_trait;
-use redb::{ReadTransaction, ReadableTable};
 
 use super::ops::{Op, Table};
 use super::{durable, EmbeddedStore, OpenError};
@@ -28,18 +28,16 @@ impl Access {
     }
 }
 
-pub(super) fn load(txn: &ReadTransaction) -> Result<Access, OpenError> {
-    let read_err = |err: redb::Error| OpenError::Read(err.to_string());
+pub(super) fn load(records: &Records<'_, '_>) -> Result<Access, OpenError> {
     let mut access = Access { version: 1, ..Access::default() };
-    for entry in txn.open_table(ACCESS).map_err(|e| read_err(e.into()))?.iter().map_err(|e| read_err(e.into()))? {
-        let (key, value) = entry.map_err(|e| read_err(e.into()))?;
-        let key = key.value();
+    records.names(ACCESS, Table::Access, |key, value| {
         if let Some(name) = key.strip_prefix("token/") {
-            access.tokens.insert(name.to_owned(), decode("access", key, value.value())?);
+            access.tokens.insert(name.to_owned(), decode("access", key, value)?);
         } else if let Some(name) = key.strip_prefix("binding/") {
-            access.bindings.insert(name.to_owned(), decode("access", key, value.value())?);
+            access.bindings.insert(name.to_owned(), decode("access", key, value)?);
         }
-    }
+        Ok(())
+    })?;
     Ok(access)
 }
 

@@ -7,13 +7,13 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Duration;
 
+use super::read::Records;
 use allot_core::apps::queues::{QueueLimits, QueuePath, Queues};
 use allot_core::apps::{
     AppChange, AppId, AppSpec, QueueView, SchedConfig, SchedError, SchedStats, Scheduler, Task, TaskEnd, TaskId,
     TaskSpec, World,
 };
 use async_trait::async_trait;
-use redb::{ReadTransaction, ReadableTable};
 
 use super::ops::{Op, Table};
 use super::{durable, lock, Commit, EmbeddedStore, OpenError, Shared};
@@ -77,26 +77,25 @@ pub(super) fn cycle(shared: &Shared) -> Option<(Duration, Option<Commit>)> {
 }
 
 /// Reads the applications part of the file into a scheduler.
-pub(super) fn load(txn: &ReadTransaction) -> Result<Scheduler, OpenError> {
-    let read_err = |err: redb::Error| OpenError::Read(err.to_string());
+pub(super) fn load(records: &Records<'_, '_>) -> Result<Scheduler, OpenError> {
     let mut queues = Vec::new();
-    for entry in txn.open_table(QUEUES).map_err(|e| read_err(e.into()))?.iter().map_err(|e| read_err(e.into()))? {
-        let (key, value) = entry.map_err(|e| read_err(e.into()))?;
-        let record: QueueRecord = decode_grown("queues", key.value(), value.value(), QUEUE_FIELDS_ADDED)?;
-        queues.push(record.into_queue(key.value())?);
-    }
+    records.names(QUEUES, Table::Queues, |key, value| {
+        let record: QueueRecord = decode_grown("queues", key, value, QUEUE_FIELDS_ADDED)?;
+        queues.push(record.into_queue(key)?);
+        Ok(())
+    })?;
     let mut apps = Vec::new();
-    for entry in txn.open_table(APPS).map_err(|e| read_err(e.into()))?.iter().map_err(|e| read_err(e.into()))? {
-        let (key, value) = entry.map_err(|e| read_err(e.into()))?;
-        let record = crate::records::apps::decode_app(key.value(), value.value())?;
-        apps.push(record.into_app(key.value())?);
-    }
+    records.names(APPS, Table::Apps, |key, value| {
+        let record = crate::records::apps::decode_app(key, value)?;
+        apps.push(record.into_app(key)?);
+        Ok(())
+    })?;
     // The tasks are read and decoded on a thread of their own while the scheduler takes them in
     // (a million of them are never gathered first); the first that cannot be read fails the open.
     std::thread::scope(|scope| {
         let (batches, read) = std::sync::mpsc::sync_channel(4);
         scope.spawn(move || {
-            if let Err(err) = read_tasks(txn, |batch| batches.send(Ok(batch)).is_ok()) {
+            if let Err(err) = read_tasks(records, |batch| batches.send(Ok(batch)).is_ok()) {
                 let _ = batches.send(Err(err));
             }
         });
@@ -112,19 +111,21 @@ pub(super) fn load(txn: &ReadTransaction) -> Result<Scheduler, OpenError> {
 
 /// Reads the tasks in key order (each application's together), in batches handed to `take`
 /// until it answers false.
-fn read_tasks(txn: &ReadTransaction, mut take: impl FnMut(Vec<Task>) -> bool) -> Result<(), OpenError> {
+fn read_tasks(records: &Records<'_, '_>, mut take: impl FnMut(Vec<Task>) -> bool) -> Result<(), OpenError> {
     const BATCH: usize = 4096;
-    let read_err = |err: redb::Error| OpenError::Read(err.to_string());
     let mut batch = Vec::with_capacity(BATCH);
-    for entry in txn.open_table(TASKS).map_err(|e| read_err(e.into()))?.iter().map_err(|e| read_err(e.into()))? {
-        let (key, value) = entry.map_err(|e| read_err(e.into()))?;
-        let (app, task) = key.value();
-        batch.push(decode_task(&format!("{app}/{task}"), value.value())?.into_task(app, task)?);
-        if batch.len() == BATCH && !take(std::mem::replace(&mut batch, Vec::with_capacity(BATCH))) {
+    let mut stopped = false;
+    records.pairs(TASKS, Table::Tasks, |app, task, value| {
+        if stopped {
             return Ok(());
         }
-    }
-    if !batch.is_empty() {
+        batch.push(decode_task(&format!("{app}/{task}"), value)?.into_task(app, task)?);
+        if batch.len() == BATCH && !take(std::mem::replace(&mut batch, Vec::with_capacity(BATCH))) {
+            stopped = true;
+        }
+        Ok(())
+    })?;
+    if !batch.is_empty() && !stopped {
         take(batch);
     }
     Ok(())

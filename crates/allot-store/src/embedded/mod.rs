@@ -53,6 +53,7 @@ mod open;
 mod ops;
 mod pools;
 mod quotas;
+mod read;
 mod recover;
 mod runs;
 mod sweeper;
@@ -62,7 +63,7 @@ pub mod wal;
 use self::archive::Archive;
 pub use self::archive::EVENTS_DIR;
 use self::checkpoint::{checkpoint, run_checkpointer};
-use self::open::{count_downtime, load, open_file, Loaded};
+use self::open::{count_downtime, open_file, Loaded, Opened};
 use self::recover::recover;
 use self::sweeper::run_sweeper;
 use self::syncer::run_syncer;
@@ -663,11 +664,15 @@ impl EmbeddedStore {
         let db = opener()?;
         let mut archive = Archive::open(events_dir.clone())
             .map_err(|source| OpenError::DataDir { path: events_dir.clone(), source })?;
-        let (Loaded { ledger, pools, mut sched, runs, access, clock, seq }, last_segment, _) =
-            load(&db, files.as_ref(), None, &mut archive)?;
+        let wall = time.wall_ms();
+        let Opened { loaded, last_segment, tail_unfolded, feed, start } =
+            open::open(&db, files.as_ref(), &mut archive, watch_config, wall)?;
+        let Loaded { ledger, pools, mut sched, runs, access, clock, seq } = loaded;
         sched.set_config(config.sched.clone());
-        let clock = count_downtime(&db, &mut sched, clock, time.wall_ms())?;
-        let (feed, start) = archive.reopen_feed(seq, watch_config, clock)?;
+        let clock = count_downtime(&db, &mut sched, clock, wall, || match tail_unfolded {
+            true => open::fold_log(&db, files.as_ref(), None, &mut archive).map(drop),
+            false => Ok(()),
+        })?;
         let number = last_segment + 1;
         let segment = files
             .create(number, wal::SEGMENT_BYTES)

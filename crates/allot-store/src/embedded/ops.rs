@@ -17,7 +17,7 @@ use crate::records::runs::{CATALOG, RUNS};
 use crate::records::{ALLOCS, GRANTS, NAMESPACES, POOLS, POOL_LABELS, RETIRED_FENCING, SESSIONS};
 
 /// A table of the database (see [`crate::records`]).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
 pub(crate) enum Table {
     Namespaces,
     RetiredFencing,
@@ -90,8 +90,9 @@ pub(crate) enum OpRef<'a> {
     Create(Table, #[serde(borrow)] KeyRef<'a>, &'a [u8]),
 }
 
-/// A [`Key`] read in place.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Deserialize)]
+/// A [`Key`] read in place. Ordered as the database orders a table's keys (each table has keys
+/// of one shape: their fields in turn, text by its bytes).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Deserialize)]
 pub(crate) enum KeyRef<'a> {
     Name(&'a str),
     Pair(&'a str, &'a str),
@@ -145,7 +146,7 @@ impl<'a> KeyRef<'a> {
     }
 
     /// The first part of a two-part key.
-    fn first(&self) -> Option<&'a str> {
+    pub(crate) fn first(&self) -> Option<&'a str> {
         match *self {
             KeyRef::Pair(first, _) | KeyRef::Numbered(first, _) => Some(first),
             KeyRef::Name(_) | KeyRef::Id(_) => None,
@@ -315,14 +316,58 @@ impl<'a> Net<'a> {
         }
     }
 
-    /// Ops with the same effect as everything added, in an order that keeps it.
-    pub(crate) fn ops(self) -> impl Iterator<Item = Op> + 'a {
-        let under = self.under.into_iter().map(|(table, first)| OpRef::RemoveUnder(table, first));
-        let last = self.last.into_iter().map(|((table, key), last)| match last.value {
+    /// What was added, settled: its removals by prefix, and each record's last write in the
+    /// tables' key order.
+    pub(crate) fn settle(self) -> Settled<'a> {
+        let mut last: Vec<_> = self.last.into_iter().map(|(at, last)| (at, last.value)).collect();
+        last.sort_unstable_by(|a, b| a.0.cmp(&b.0));
+        let mut removed = self.under.clone();
+        removed.sort_unstable();
+        Settled { under: self.under, removed, last }
+    }
+}
+
+/// The net of a run of ops (a [`Net`], settled): what a checkpoint writes, and what the store
+/// reads over the database at open instead of writing it first (`read::Records`).
+#[derive(Debug, Default)]
+pub(crate) struct Settled<'a> {
+    /// The removals by prefix, in the order they came.
+    under: Vec<(Table, &'a str)>,
+    /// The same, sorted.
+    removed: Vec<(Table, &'a str)>,
+    /// Each record's last write, in the tables' key order.
+    last: Vec<Write<'a>>,
+}
+
+/// A record's last write in a run: its table and key, and its value (`None`: removed).
+pub(crate) type Write<'a> = ((Table, KeyRef<'a>), Option<&'a [u8]>);
+
+impl<'a> Settled<'a> {
+    /// Ops with the same effect as the run, in an order that keeps it: the removals by prefix,
+    /// then each record's last write in the tables' key order. In key order, consecutive writes
+    /// fall on the same pages of the database: a checkpoint of 50,000 new grants into a database
+    /// of a million wrote them in 354 ms in hash order, 76-100 ms in key order (its cache holds a
+    /// fraction of the pages; docs/benchmarks.md, "A million leases").
+    pub(crate) fn ops(&self) -> impl Iterator<Item = Op> + '_ {
+        let under = self.under.iter().map(|&(table, first)| OpRef::RemoveUnder(table, first));
+        let last = self.last.iter().map(|&((table, key), value)| match value {
             Some(value) => OpRef::Put(table, key, value),
             None => OpRef::Remove(table, key),
         });
         under.chain(last).map(OpRef::to_op)
+    }
+
+    /// The last writes of `table`'s records, in key order.
+    pub(crate) fn writes_of(&self, table: Table) -> &[Write<'a>] {
+        let start = self.last.partition_point(|((t, _), _)| *t < table);
+        let end = self.last.partition_point(|((t, _), _)| *t <= table);
+        &self.last[start..end]
+    }
+
+    /// Whether the run removed every record of `table` whose key starts with `first` (the
+    /// records written after that removal are among [`Settled::writes_of`]).
+    pub(crate) fn removes_under(&self, table: Table, first: &str) -> bool {
+        self.removed.binary_search(&(table, first)).is_ok()
     }
 }
 
@@ -370,6 +415,26 @@ mod tests {
         out
     }
 
+    /// [`contents`] as the store reads them at open, with `tail` laid over the database.
+    fn contents_over(db: &redb::Database, tail: &Settled<'_>) -> Vec<(String, Vec<u8>)> {
+        let txn = db.begin_read().unwrap();
+        let records = super::super::read::Records::new(&txn, tail);
+        let mut out = Vec::new();
+        records
+            .pairs(GRANTS, Table::Grants, |a, b, value| {
+                out.push((format!("grant {:?}", (a, b)), value.to_vec()));
+                Ok(())
+            })
+            .unwrap();
+        records
+            .names(NAMESPACES, Table::Namespaces, |name, value| {
+                out.push((format!("namespace {name}"), value.to_vec()));
+                Ok(())
+            })
+            .unwrap();
+        out
+    }
+
     fn write(db: &redb::Database, ops: impl IntoIterator<Item = Op>) {
         let txn = db.begin_write().unwrap();
         {
@@ -382,7 +447,7 @@ mod tests {
     }
 
     #[test]
-    fn the_net_effect_of_ops_equals_writing_them_one_by_one() {
+    fn the_net_effect_of_ops_written_or_read_over_equals_writing_them_one_by_one() {
         let mut rng = rand::rngs::StdRng::seed_from_u64(7);
         let (one_by_one, net_db) = (database(), database());
         // Each round on namespaces of its own.
@@ -427,7 +492,10 @@ mod tests {
             write(&one_by_one, ops.clone());
             let mut net = Net::default();
             ops.iter().for_each(|op| net.add(OpRef::of(op)));
-            write(&net_db, net.ops());
+            let settled = net.settle();
+            // Read over the database as at open, the net is what writing the ops gives.
+            assert_eq!(contents_over(&net_db, &settled), contents(&one_by_one), "round {round}, read over: {ops:?}");
+            write(&net_db, settled.ops());
             // What is read in place is what was written.
             for op in &ops {
                 let bytes = postcard::to_allocvec(op).unwrap();
@@ -447,11 +515,11 @@ mod tests {
         ];
         let mut net = Net::default();
         ops.iter().for_each(|op| net.add(OpRef::of(op)));
-        assert_eq!(net.ops().count(), 0);
+        assert_eq!(net.settle().ops().count(), 0);
 
         // A record that may exist from before the run is still removed.
         let mut net = Net::default();
         ops[1..].iter().for_each(|op| net.add(OpRef::of(op)));
-        assert_eq!(net.ops().collect::<Vec<_>>(), vec![Op::Remove(Table::Grants, key())]);
+        assert_eq!(net.settle().ops().collect::<Vec<_>>(), vec![Op::Remove(Table::Grants, key())]);
     }
 }

@@ -39,7 +39,7 @@ pub(super) fn recover(shared: &Shared, state: &mut State) {
             None => (shared.opener)(),
         };
         reopened.and_then(|database| {
-            let loaded = load(&database, shared.files.as_ref(), Some(current), &mut lock_plain(&shared.archive));
+            let loaded = load(&database, shared.files.as_ref(), current, &mut lock_plain(&shared.archive));
             if loaded.is_ok() {
                 *db = Some(database);
             }
@@ -47,7 +47,7 @@ pub(super) fn recover(shared: &Shared, state: &mut State) {
         })
     };
     let loaded = match rebuilt {
-        Ok((loaded, _, events)) => {
+        Ok((loaded, events)) => {
             publish_recovered(shared, &events);
             loaded
         }

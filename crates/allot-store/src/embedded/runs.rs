@@ -4,12 +4,12 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
 
+use super::read::Records;
 use allot_core::apps::{AppChange, AppId, TaskId};
 use allot_core::pools::PoolName;
 use allot_core::runs::Run;
 use allot_core::Millis;
 use async_trait::async_trait;
-use redb::{ReadTransaction, ReadableTable};
 
 use super::ops::{Op, Table};
 use super::{durable, EmbeddedStore, OpenError};
@@ -48,26 +48,24 @@ impl Runs {
     }
 }
 
-pub(super) fn load(txn: &ReadTransaction) -> Result<Runs, OpenError> {
-    let read_err = |err: redb::Error| OpenError::Read(err.to_string());
+pub(super) fn load(records: &Records<'_, '_>) -> Result<Runs, OpenError> {
     let mut runs = Runs::default();
-    for entry in txn.open_table(RUNS).map_err(|e| read_err(e.into()))?.iter().map_err(|e| read_err(e.into()))? {
-        let (key, value) = entry.map_err(|e| read_err(e.into()))?;
-        let (app, task) = key.value();
+    records.pairs(RUNS, Table::Runs, |app, task, value| {
         let name = format!("{app}/{task}");
-        let record: RunRecord = crate::records::decode_grown("runs", &name, value.value(), RUN_FIELDS_ADDED)?;
+        let record: RunRecord = crate::records::decode_grown("runs", &name, value, RUN_FIELDS_ADDED)?;
         let corrupt = |reason: String| crate::records::CorruptRecord { table: "runs", key: name.clone(), reason };
         let app = AppId::new(app).map_err(|e| corrupt(e.to_string()))?;
         let task = TaskId::new(task).map_err(|e| corrupt(e.to_string()))?;
         runs.runs.entry(app).or_default().insert(task, record.into_run(&name)?);
-    }
-    for entry in txn.open_table(CATALOG).map_err(|e| read_err(e.into()))?.iter().map_err(|e| read_err(e.into()))? {
-        let (key, value) = entry.map_err(|e| read_err(e.into()))?;
-        let record: CachedRecord = decode("catalog", key.value(), value.value())?;
-        let entry = record.into_entry(key.value())?;
-        runs.kept.insert((entry.at, key.value().to_owned()));
-        runs.catalog.insert(key.value().to_owned(), entry);
-    }
+        Ok(())
+    })?;
+    records.names(CATALOG, Table::Catalog, |key, value| {
+        let record: CachedRecord = decode("catalog", key, value)?;
+        let entry = record.into_entry(key)?;
+        runs.kept.insert((entry.at, key.to_owned()));
+        runs.catalog.insert(key.to_owned(), entry);
+        Ok(())
+    })?;
     Ok(runs)
 }
 

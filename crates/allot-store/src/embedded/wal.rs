@@ -280,6 +280,8 @@ pub trait LogFiles: Send + Sync {
     fn read(&self, number: u64) -> io::Result<Mmap>;
     /// Removes a checkpointed segment (keeping it for reuse while there are few spares).
     fn remove(&self, number: u64) -> io::Result<()>;
+    /// Makes durable what segment `number` holds (what a process that crashed wrote into it).
+    fn sync(&self, number: u64) -> io::Result<()>;
 }
 
 /// The log's files in a directory.
@@ -376,6 +378,10 @@ impl LogFiles for DirLog {
         // SAFETY: as for `FileSegment::new`; a segment being read is sealed (nothing appends to
         // it) or read under the state lock (nothing can).
         unsafe { Mmap::map(&file) }
+    }
+
+    fn sync(&self, number: u64) -> io::Result<()> {
+        File::open(self.path(number))?.sync_data()
     }
 
     fn remove(&self, number: u64) -> io::Result<()> {
