@@ -407,7 +407,7 @@ pub(super) fn open(
     });
     let (loaded, (feed, start)) = (loaded?, reopened?);
     tracing::info!(
-        fold_ms = replayed_in.as_millis() as u64,
+        log_ms = replayed_in.as_millis() as u64,
         read_ms = (started.elapsed() - replayed_in).as_millis() as u64,
         records_unfolded = tail_unfolded,
         "the log read, the records and the kept events read"
