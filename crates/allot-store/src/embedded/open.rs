@@ -221,6 +221,14 @@ struct Tail<'s> {
     clock: Millis,
 }
 
+impl Tail<'_> {
+    /// No tail: the database holds the whole log.
+    fn none(db: &Database) -> Result<Tail<'static>, OpenError> {
+        let (seq, clock, _) = recorded(db)?;
+        Ok(Tail { settled: Settled::default(), seq, clock: clock.unwrap_or(0) })
+    }
+}
+
 fn load_records(db: &Database, tail: &Tail<'_>) -> Result<Loaded, OpenError> {
     let read_err = |err: redb::Error| OpenError::Read(err.to_string());
     let txn = db.begin_read().map_err(|e| read_err(e.into()))?;
@@ -331,9 +339,7 @@ pub(super) fn load(
 ) -> Result<(Loaded, Vec<wal::Events>), OpenError> {
     prepare(db)?;
     let events = fold_log(db, files, Some(upto), archive)?;
-    let (seq, clock, _) = recorded(db)?;
-    let tail = Tail { settled: Settled::default(), seq, clock: clock.unwrap_or(0) };
-    Ok((load_records(db, &tail)?, events))
+    Ok((load_records(db, &Tail::none(db)?)?, events))
 }
 
 /// What [`open`] reads.
@@ -394,8 +400,7 @@ pub(super) fn open(
         }
         _ => {
             fold_log(db, files, None, archive)?;
-            let (seq, clock, _) = recorded(db)?;
-            (Tail { settled: Settled::default(), seq, clock: clock.unwrap_or(0) }, false)
+            (Tail::none(db)?, false)
         }
     };
     let replayed_in = started.elapsed();

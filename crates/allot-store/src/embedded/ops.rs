@@ -321,9 +321,11 @@ impl<'a> Net<'a> {
     pub(crate) fn settle(self) -> Settled<'a> {
         let mut last: Vec<_> = self.last.into_iter().map(|(at, last)| (at, last.value)).collect();
         last.sort_unstable_by(|a, b| a.0.cmp(&b.0));
-        let mut removed = self.under.clone();
-        removed.sort_unstable();
-        Settled { under: self.under, removed, last }
+        // Removals by prefix go before every write, and removals commute: their order does not
+        // matter.
+        let mut under = self.under;
+        under.sort_unstable();
+        Settled { under, last }
     }
 }
 
@@ -331,10 +333,8 @@ impl<'a> Net<'a> {
 /// reads over the database at open instead of writing it first (`read::Records`).
 #[derive(Debug, Default)]
 pub(crate) struct Settled<'a> {
-    /// The removals by prefix, in the order they came.
+    /// The removals by prefix, sorted.
     under: Vec<(Table, &'a str)>,
-    /// The same, sorted.
-    removed: Vec<(Table, &'a str)>,
     /// Each record's last write, in the tables' key order.
     last: Vec<Write<'a>>,
 }
@@ -367,7 +367,7 @@ impl<'a> Settled<'a> {
     /// Whether the run removed every record of `table` whose key starts with `first` (the
     /// records written after that removal are among [`Settled::writes_of`]).
     pub(crate) fn removes_under(&self, table: Table, first: &str) -> bool {
-        self.removed.binary_search(&(table, first)).is_ok()
+        self.under.binary_search(&(table, first)).is_ok()
     }
 }
 
