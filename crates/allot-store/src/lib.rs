@@ -33,6 +33,7 @@ pub mod quiet;
 pub mod quotas;
 pub mod records;
 pub mod runs;
+pub mod snapshot;
 pub mod watch;
 
 /// The traits whose methods a caller of `dyn Store` uses: `use allot_store::prelude::*;`.

@@ -32,6 +32,8 @@ pub(super) fn run_checkpointer(shared: &Shared) {
 /// database (their events kept first), then deletes them; deletes the kept events' segments the
 /// feed no longer keeps.
 pub(super) fn checkpoint(shared: &Shared) -> Result<(), String> {
+    // One at a time: the checkpointer's, and one a snapshot asks for.
+    let _checkpointing = lock_plain(&shared.checkpointing);
     let reserved = {
         let mut state = lock(shared);
         (state.broken.is_none() && state.log.len > 0).then(|| {

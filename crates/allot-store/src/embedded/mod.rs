@@ -56,6 +56,7 @@ mod quotas;
 mod read;
 mod recover;
 mod runs;
+pub mod snapshot;
 mod sweeper;
 mod syncer;
 pub mod wal;
@@ -181,6 +182,8 @@ struct Shared {
     files: Box<dyn LogFiles>,
     /// The checkpoints' database; `None` after a failed checkpoint, until reopened.
     db: Mutex<Option<Database>>,
+    /// Held through a checkpoint: the checkpointer's and a snapshot's take turns.
+    checkpointing: Mutex<()>,
     /// The kept events' files, written with the database (locked after it).
     archive: Mutex<Archive>,
     opener: Opener,
@@ -696,6 +699,7 @@ impl EmbeddedStore {
             durability,
             files,
             db: Mutex::new(Some(db)),
+            checkpointing: Mutex::new(()),
             archive: Mutex::new(archive),
             opener,
             syncs: Mutex::new(Vec::new()),

@@ -108,7 +108,7 @@ pub(super) fn count_downtime(
 }
 
 /// Creates the tables of a new database, and checks the format of an existing one.
-fn prepare(db: &Database) -> Result<(), OpenError> {
+pub(super) fn prepare(db: &Database) -> Result<(), OpenError> {
     let read_err = |err: redb::Error| OpenError::Read(err.to_string());
     let initialized = match db.begin_read().map_err(|e| read_err(e.into()))?.open_table(META) {
         Ok(_) => true,
@@ -214,7 +214,7 @@ fn read_grants(records: &Records<'_, '_>, mut take: impl FnMut(Vec<Grant>) -> bo
 
 /// The log's records that the database does not hold yet, to read over it, and where they leave
 /// the record numbers and the clock.
-struct Tail<'s> {
+pub(super) struct Tail<'s> {
     settled: Settled<'s>,
     /// The number of the last record, and the daemon clock at it.
     seq: u64,
@@ -223,13 +223,13 @@ struct Tail<'s> {
 
 impl Tail<'_> {
     /// No tail: the database holds the whole log.
-    fn none(db: &Database) -> Result<Tail<'static>, OpenError> {
+    pub(super) fn none(db: &Database) -> Result<Tail<'static>, OpenError> {
         let (seq, clock, _) = recorded(db)?;
         Ok(Tail { settled: Settled::default(), seq, clock: clock.unwrap_or(0) })
     }
 }
 
-fn load_records(db: &Database, tail: &Tail<'_>) -> Result<Loaded, OpenError> {
+pub(super) fn load_records(db: &Database, tail: &Tail<'_>) -> Result<Loaded, OpenError> {
     let read_err = |err: redb::Error| OpenError::Read(err.to_string());
     let txn = db.begin_read().map_err(|e| read_err(e.into()))?;
     let records = Records::new(&txn, &tail.settled);

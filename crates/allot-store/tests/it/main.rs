@@ -2,5 +2,6 @@
 //! across restarts and crashes, and on a disk that fails.
 
 mod embedded;
+mod snapshot;
 mod support;
 mod watch;
