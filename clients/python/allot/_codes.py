@@ -58,6 +58,12 @@ class Internal(Unavailable):
     code = "internal"
 
 
+class Unsupported(InvalidRequest):
+    """``unsupported`` (501)."""
+
+    code = "unsupported"
+
+
 class StoreUnavailable(Unavailable):
     """``store_unavailable`` (503)."""
 
@@ -398,6 +404,7 @@ ERRORS: Dict[str, Type[AllotError]] = {
     "method_not_allowed": MethodNotAllowed,
     "payload_too_large": PayloadTooLarge,
     "internal": Internal,
+    "unsupported": Unsupported,
     "store_unavailable": StoreUnavailable,
     "store_outcome_unknown": StoreOutcomeUnknown,
     "not_enough_replicas": NotEnoughReplicas,
@@ -458,4 +465,4 @@ ERRORS: Dict[str, Type[AllotError]] = {
     "forbidden": Forbidden,
 }
 
-__all__ = ["InvalidJson", "InvalidArgument", "InvalidName", "InvalidCursor", "NotFound", "MethodNotAllowed", "PayloadTooLarge", "Internal", "StoreUnavailable", "StoreOutcomeUnknown", "NotEnoughReplicas", "ShuttingDown", "Starting", "StoreFailed", "CapsWithoutScope", "NamespaceNotFound", "GrantNotFound", "SessionNotFound", "StaleFencing", "TokenConflict", "NamespaceInUse", "InvalidResources", "PoolNotFound", "AllocNotFound", "OfferNotFound", "OfferExpired", "ExceedsCapacity", "PoolStopped", "PoolCordoned", "PoolInUse", "AllocEnded", "AllocIdTaken", "HeldByScheduler", "InvalidQueue", "QueueNotFound", "AppNotFound", "TaskNotFound", "QueueInUse", "QueueNotALeaf", "NoUsableQueue", "AppConflict", "TaskConflict", "TaskGroupConflict", "AppEnded", "GangNeverFits", "GangExceedsQueue", "GangExceedsQuota", "TaskNeverFits", "TokensExceedQuota", "TaskTypeUnknown", "LargerThanTaskGroup", "IllegalTransition", "UnknownTaskGroup", "UnknownPriorityClass", "RunNotFound", "LogsNotFound", "RunNotHere", "RevisionCompacted", "WatchUnsupported", "ApiTokenNotFound", "BindingNotFound", "ApiTokenExists", "UnknownRole", "ERRORS"]
+__all__ = ["InvalidJson", "InvalidArgument", "InvalidName", "InvalidCursor", "NotFound", "MethodNotAllowed", "PayloadTooLarge", "Internal", "Unsupported", "StoreUnavailable", "StoreOutcomeUnknown", "NotEnoughReplicas", "ShuttingDown", "Starting", "StoreFailed", "CapsWithoutScope", "NamespaceNotFound", "GrantNotFound", "SessionNotFound", "StaleFencing", "TokenConflict", "NamespaceInUse", "InvalidResources", "PoolNotFound", "AllocNotFound", "OfferNotFound", "OfferExpired", "ExceedsCapacity", "PoolStopped", "PoolCordoned", "PoolInUse", "AllocEnded", "AllocIdTaken", "HeldByScheduler", "InvalidQueue", "QueueNotFound", "AppNotFound", "TaskNotFound", "QueueInUse", "QueueNotALeaf", "NoUsableQueue", "AppConflict", "TaskConflict", "TaskGroupConflict", "AppEnded", "GangNeverFits", "GangExceedsQueue", "GangExceedsQuota", "TaskNeverFits", "TokensExceedQuota", "TaskTypeUnknown", "LargerThanTaskGroup", "IllegalTransition", "UnknownTaskGroup", "UnknownPriorityClass", "RunNotFound", "LogsNotFound", "RunNotHere", "RevisionCompacted", "WatchUnsupported", "ApiTokenNotFound", "BindingNotFound", "ApiTokenExists", "UnknownRole", "ERRORS"]

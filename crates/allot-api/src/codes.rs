@@ -61,6 +61,7 @@ error_codes! {
     ShuttingDown = "shutting_down", Daemon, 503;
     Starting = "starting", Daemon, 503;
     StoreFailed = "store_failed", Daemon, 503;
+    Unsupported = "unsupported", Daemon, 501;
     Unauthenticated = "unauthenticated", Access, 401;
     Forbidden = "forbidden", Access, 403;
     CapsWithoutScope = "caps_without_scope", Quotas, 400;

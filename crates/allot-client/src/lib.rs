@@ -24,6 +24,7 @@ mod path;
 pub mod pools;
 mod quotas;
 mod runs;
+mod snapshot;
 pub mod sse;
 mod watch;
 
@@ -35,6 +36,7 @@ use serde::de::DeserializeOwned;
 
 pub use crate::error::ClientError;
 use crate::error::{decode_error, snippet};
+pub use crate::snapshot::SnapshotStream;
 pub use crate::watch::{WatchFilter, DEFAULT_WATCH_RECONNECT, WATCH_IDLE_TIMEOUT};
 
 /// How long a connection to the daemon may take to open.

@@ -225,6 +225,7 @@ impl From<StoreError> for ApiError {
             StoreError::Pools(err) => err.into(),
             StoreError::Apps(err) => err.into(),
             StoreError::Access(err) => err.into(),
+            StoreError::Unsupported(message) => ApiError::of(ErrorCode::Unsupported, message),
         }
     }
 }

@@ -245,6 +245,7 @@ stayed listed."
     paths(
         routes::daemon::healthz,
         routes::daemon::readyz,
+        routes::daemon::snapshot,
         routes::quotas::list_namespaces,
         routes::quotas::get_namespace,
         routes::quotas::put_namespace,

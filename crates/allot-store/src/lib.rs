@@ -208,6 +208,9 @@ pub enum StoreError {
     /// A change of the API tokens or bindings kept in the store was refused.
     #[error(transparent)]
     Access(allot_core::access::AccessError),
+    /// Something this backend does not do (yet): the message says what, and what does.
+    #[error("{0}")]
+    Unsupported(String),
 }
 
 /// The upper bounds (µs) of the buckets of the commit-time histogram; a last bucket holds the rest.
@@ -261,4 +264,18 @@ pub trait Store:
     /// Stops taking work, answers every waiter with its place, makes everything durable and
     /// stops background tasks. Later calls fail with [`StoreError::ShuttingDown`].
     async fn shutdown(&self);
+
+    /// Writes a point-in-time archive of everything the store holds ([`snapshot`]) to `out`,
+    /// while operations go on, and answers its header and what it wrote. Blocking: call it off
+    /// the async runtime's threads.
+    fn snapshot(
+        &self,
+        out: &mut dyn std::io::Write,
+    ) -> Result<(snapshot::SnapshotHeader, snapshot::SnapshotSummary), StoreError> {
+        let _ = out;
+        Err(StoreError::Unsupported(format!(
+            "snapshots of the {} store are not built yet: take one from a daemon on the embedded store",
+            self.backend()
+        )))
+    }
 }

@@ -200,6 +200,9 @@ impl SnapshotSummary {
     }
 }
 
+/// A record read: its table, key and value.
+pub type Record<'r> = (Table, &'r [u8], &'r [u8]);
+
 /// Reads an archive record by record, checking its checksum at the end: what was read is to be
 /// used only once [`SnapshotReader::next`] answered `Ok(None)`.
 pub struct SnapshotReader<R: Read> {
@@ -209,6 +212,8 @@ pub struct SnapshotReader<R: Read> {
     counts: Vec<(Table, u64)>,
     key: Vec<u8>,
     value: Vec<u8>,
+    /// The checksum, once the end was read and it matched.
+    sha256: Option<String>,
 }
 
 impl<R: Read> SnapshotReader<R> {
@@ -250,7 +255,15 @@ impl<R: Read> SnapshotReader<R> {
                 supported: crate::records::FORMAT_VERSION,
             });
         }
-        Ok(SnapshotReader { input, header, last: None, counts: Vec::new(), key: Vec::new(), value: Vec::new() })
+        Ok(SnapshotReader {
+            input,
+            header,
+            last: None,
+            counts: Vec::new(),
+            key: Vec::new(),
+            value: Vec::new(),
+            sha256: None,
+        })
     }
 
     pub fn header(&self) -> &SnapshotHeader {
@@ -259,7 +272,7 @@ impl<R: Read> SnapshotReader<R> {
 
     /// The next record, or `None` at the end once the checksum matched.
     #[allow(clippy::should_implement_trait)] // it lends its buffers: not an `Iterator`
-    pub fn next(&mut self) -> Result<Option<(Table, &[u8], &[u8])>, SnapshotError> {
+    pub fn next(&mut self) -> Result<Option<Record<'_>>, SnapshotError> {
         let mut byte = [0u8];
         self.input.read_exact(&mut byte).map_err(SnapshotError::from_read)?;
         if byte[0] == END {
@@ -273,6 +286,7 @@ impl<R: Read> SnapshotReader<R> {
             if self.input.inner.read(&mut more)? != 0 {
                 return Err(SnapshotError::Damaged("bytes after its checksum".into()));
             }
+            self.sha256 = Some(hex(&computed));
             return Ok(None);
         }
         let table = Table::of(byte[0])
@@ -290,9 +304,15 @@ impl<R: Read> SnapshotReader<R> {
         Ok(Some((table, &self.key, &self.value)))
     }
 
-    /// The records read so far, by table; with the checksum once the end was read.
+    /// The records read so far, by table, and the bytes; with the checksum once the end was
+    /// read (empty before).
     pub fn summary(&self) -> SnapshotSummary {
-        SnapshotSummary { sha256: String::new(), bytes: self.input.bytes, records: self.counts.clone() }
+        let whole = self.sha256.is_some();
+        SnapshotSummary {
+            sha256: self.sha256.clone().unwrap_or_default(),
+            bytes: self.input.bytes + if whole { 32 } else { 0 },
+            records: self.counts.clone(),
+        }
     }
 }
 
@@ -300,8 +320,7 @@ impl<R: Read> SnapshotReader<R> {
 pub fn verify(input: impl Read) -> Result<(SnapshotHeader, SnapshotSummary), SnapshotError> {
     let mut reader = SnapshotReader::new(input)?;
     while reader.next()?.is_some() {}
-    let mut summary = reader.summary();
-    summary.bytes += 32;
+    let summary = reader.summary();
     Ok((reader.header, summary))
 }
 
@@ -386,7 +405,7 @@ pub fn encode_key<K: Serialize + ?Sized>(key: &K, out: &mut Vec<u8>) {
 /// A key read back; `None` if the bytes are not exactly one key of this type.
 pub fn decode_key<'a, K: Deserialize<'a>>(bytes: &'a [u8]) -> Option<K> {
     match postcard::take_from_bytes::<K>(bytes) {
-        Ok((key, rest)) if rest.is_empty() => Some(key),
+        Ok((key, [])) => Some(key),
         _ => None,
     }
 }

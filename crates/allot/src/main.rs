@@ -86,6 +86,10 @@ enum Command {
     /// you name, e.g. `allot whoami use:namespace:hive:a admin:daemon`.
     #[command(after_help = cli::EXIT_CODES)]
     Whoami(cli::access::WhoamiArgs),
+    /// Save a daemon's whole store to one archive while it serves, check an archive, restore one
+    /// into a new data directory.
+    #[command(subcommand)]
+    Snapshot(cli::snapshot::SnapshotCommand),
     /// Measure a daemon under load (and compare it with a baseline server).
     #[command(after_help = allot_bench::BENCH_AFTER_HELP)]
     Bench(allot_bench::BenchArgs),
@@ -101,7 +105,7 @@ fn main() -> ExitCode {
     {
         return cli::usage_error(
             "--server, --json and --quiet before the command are options of the CLI commands (quota, token, \
-             session, pool, alloc, queue, app, task, run, watch, api-token, binding, whoami); `allot serve` listens with --listen, and `allot bench` takes its options \
+             session, pool, alloc, queue, app, task, run, watch, api-token, binding, whoami, snapshot save); `allot serve` listens with --listen, and `allot bench` takes its options \
              after its command, e.g. `allot bench pairs --server URL --json`",
         );
     }
@@ -139,6 +143,7 @@ fn main() -> ExitCode {
             Command::ApiToken(command) => cli::access::api_token(command, &args.before).await,
             Command::Binding(command) => cli::access::binding(command, &args.before).await,
             Command::Whoami(command) => cli::access::whoami(command, &args.before).await,
+            Command::Snapshot(command) => cli::snapshot::snapshot(command, &args.before).await,
             Command::Bench(args) => allot_bench::run(args).await.map(|()| ExitCode::SUCCESS),
             Command::BaselineServer(args) => allot_bench::baseline_server(args).await.map(|()| ExitCode::SUCCESS),
         }

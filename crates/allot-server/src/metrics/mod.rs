@@ -180,6 +180,9 @@ pub struct Metrics {
     watchers: Gauge,
     /// Audited calls, by outcome.
     audited: Family<OutcomeLabels, Counter>,
+    /// Scheduled backups, by outcome, and when the last one succeeded.
+    backups: Family<OutcomeLabels, Counter>,
+    backup_success: Gauge,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Hash, EncodeLabelSet)]
@@ -243,16 +246,37 @@ impl Metrics {
             "Calls written to the audit trail (changes and refusals), by outcome: ok, refused, failed",
             audited.clone(),
         );
+        let backups = Family::<OutcomeLabels, Counter>::default();
+        registry.register(
+            "allot_backups",
+            "Scheduled backups ([backup] in the daemon's file), by outcome: ok, failed",
+            backups.clone(),
+        );
+        let backup_success = Gauge::default();
+        registry.register(
+            "allot_backup_last_success_timestamp_seconds",
+            "When the last scheduled backup was written whole (Unix seconds; 0: none yet)",
+            backup_success.clone(),
+        );
         let snapshot = Arc::new(Mutex::new(Snapshot::default()));
         registry.register_collector(Box::new(StoreCollector { snapshot: snapshot.clone() }));
         static NEXT_ID: AtomicU64 = AtomicU64::new(0);
         let id = NEXT_ID.fetch_add(1, Ordering::Relaxed);
-        Metrics { id, config, registry, requests, snapshot, watchers, audited }
+        Metrics { id, config, registry, requests, snapshot, watchers, audited, backups, backup_success }
     }
 
     /// Counts a call written to the audit trail.
     pub(crate) fn audited(&self, outcome: &'static str) {
         self.audited.get_or_create(&OutcomeLabels { outcome }).inc();
+    }
+
+    /// Counts a scheduled backup: written whole at `written` (Unix seconds), or failed (`None`).
+    pub fn backed_up(&self, written: Option<u64>) {
+        let outcome = if written.is_some() { "ok" } else { "failed" };
+        self.backups.get_or_create(&OutcomeLabels { outcome }).inc();
+        if let Some(at) = written {
+            self.backup_success.set(at as i64);
+        }
     }
 
     /// Counts a watch stream as open until the guard is dropped.

@@ -79,3 +79,74 @@ async fn reach(client: &reqwest::Client, base: &str) -> Result<(), String> {
         status => Err(format!("it answered {status}")),
     }
 }
+
+/// What the snapshot's writer hands the answer: bytes of the archive, or why it stopped.
+enum Piece {
+    Bytes(bytes::Bytes),
+    Failed(allot_store::StoreError),
+}
+
+/// Hands what the store writes to the answer's body, a write at a time (the store writes through
+/// a buffer of its own); fails once the caller went away.
+struct ToBody(tokio::sync::mpsc::Sender<Piece>);
+
+impl std::io::Write for ToBody {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        let piece = Piece::Bytes(bytes::Bytes::copy_from_slice(buf));
+        self.0.blocking_send(piece).map_err(|_| std::io::Error::from(std::io::ErrorKind::BrokenPipe))?;
+        Ok(buf.len())
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+/// A point-in-time archive of everything the store holds, for `allot snapshot save` (its layout:
+/// docs/design.md, "Snapshots"), streamed while it is read; operations go on meanwhile.
+#[utoipa::path(get, path = "/v1/snapshot", tag = "daemon",
+    responses(
+        (status = 200, content_type = "application/octet-stream",
+            description = "the archive: a header line (its format, the revision it holds every change up to, when it was taken), \
+                the records, and the SHA-256 of all of it at its end. An answer cut short lacks that checksum: \
+                `allot snapshot status FILE` tells a whole archive from a broken one."),
+        (status = 501, body = api::ErrorBody, description = "unsupported: this daemon's store takes no snapshots (Redis, for now)"),
+        (status = 503, body = api::ErrorBody, description = "store_unavailable: the log could not be written into the database first")))]
+pub(crate) async fn snapshot(
+    State(state): State<ServerState>,
+) -> Result<axum::response::Response, crate::error::ApiError> {
+    use futures_util::StreamExt;
+    let (pieces, mut received) = tokio::sync::mpsc::channel::<Piece>(4);
+    let store = state.store.clone();
+    tokio::task::spawn_blocking(move || {
+        let mut body = ToBody(pieces.clone());
+        if let Err(err) = store.snapshot(&mut body) {
+            tracing::warn!(error = %err, "snapshot failed");
+            let _ = pieces.blocking_send(Piece::Failed(err));
+        }
+    });
+    let first = match received.recv().await {
+        Some(Piece::Bytes(first)) => first,
+        Some(Piece::Failed(err)) => return Err(err.into()),
+        None => {
+            return Err(crate::error::ApiError::of(
+                allot_api::ErrorCode::Internal,
+                "the snapshot's writer stopped without a word",
+            ))
+        }
+    };
+    // A failure after the first bytes cuts the answer short: the archive then lacks its checksum.
+    let rest = futures_util::stream::unfold(received, |mut received| async move {
+        match received.recv().await {
+            Some(Piece::Bytes(bytes)) => Some((Ok(bytes), received)),
+            Some(Piece::Failed(err)) => Some((Err(std::io::Error::other(err.to_string())), received)),
+            None => None,
+        }
+    });
+    let body = futures_util::stream::once(async move { Ok::<_, std::io::Error>(first) }).chain(rest);
+    let headers = [
+        (axum::http::header::CONTENT_TYPE, "application/octet-stream"),
+        (axum::http::header::CONTENT_DISPOSITION, "attachment; filename=\"allot.snapshot\""),
+    ];
+    Ok((headers, axum::body::Body::from_stream(body)).into_response())
+}

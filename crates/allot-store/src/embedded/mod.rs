@@ -938,6 +938,13 @@ impl Store for EmbeddedStore {
         self.shared.stats.read()
     }
 
+    fn snapshot(
+        &self,
+        out: &mut dyn std::io::Write,
+    ) -> Result<(crate::snapshot::SnapshotHeader, crate::snapshot::SnapshotSummary), StoreError> {
+        EmbeddedStore::snapshot(self, out)
+    }
+
     async fn check_ready(&self) -> Result<(), StoreError> {
         self.lock().usable(&self.shared)
     }

@@ -125,7 +125,7 @@ impl EmbeddedStore {
         let mut writer =
             SnapshotWriter::new(std::io::BufWriter::with_capacity(1 << 20, out), &header).map_err(write_err)?;
         dump_tables(&txn, &mut writer).map_err(|err| match err {
-            Dumped::Read(err) => read_err(err),
+            Dumped::Read(err) => unavailable("cannot read the database", err),
             Dumped::Write(err) => write_err(err),
         })?;
         let summary = writer.finish().map_err(write_err)?;
@@ -135,13 +135,13 @@ impl EmbeddedStore {
 }
 
 enum Dumped {
-    Read(redb::Error),
+    Read(String),
     Write(std::io::Error),
 }
 
 impl From<redb::Error> for Dumped {
     fn from(err: redb::Error) -> Dumped {
-        Dumped::Read(err)
+        Dumped::Read(err.to_string())
     }
 }
 
@@ -248,7 +248,7 @@ fn build(input: impl Read, dir: &Path, options: &RestoreOptions) -> Result<Resto
     let header = reader.header().clone();
     let txn = open::begin_write(&db).map_err(RestoreError::Database)?;
     {
-        let mut tables = Tables::open(&txn).map_err(db_err)?;
+        let mut tables = Tables::open(&txn).map_err(|e| db_err(e.into()))?;
         while let Some((table, key, value)) = reader.next()? {
             tables.insert(table, key, value)?;
         }
@@ -276,8 +276,7 @@ fn build(input: impl Read, dir: &Path, options: &RestoreOptions) -> Result<Resto
     txn.commit().map_err(|e| db_err(e.into()))?;
     // Every record decodes, and they fit together, as at a start.
     load_records(&db, &Tail::none(&db)?)?;
-    let mut summary = reader.summary();
-    summary.bytes += 32;
+    let summary = reader.summary();
     Ok(Restored { header, summary, first_revision: window_of(seq + 1), clock_ms: clock })
 }
 
@@ -299,7 +298,7 @@ struct Tables<'t> {
 }
 
 impl<'t> Tables<'t> {
-    fn open(txn: &'t WriteTransaction) -> Result<Tables<'t>, redb::Error> {
+    fn open(txn: &'t WriteTransaction) -> Result<Tables<'t>, redb::TableError> {
         Ok(Tables {
             namespaces: txn.open_table(NAMESPACES)?,
             retired: txn.open_table(RETIRED_FENCING)?,

@@ -17,6 +17,7 @@ mod apps_output;
 mod follow;
 pub(crate) mod pools;
 pub(crate) mod quotas;
+pub(crate) mod snapshot;
 pub(crate) mod submit_follow;
 pub(crate) mod watch;
 

@@ -98,6 +98,10 @@ pub(crate) const SERVE_AFTER_HELP: &str = r#"Configuration file (--config), with
   [priority_classes]            # named priorities for applications and tasks (priority_class = "high")
   high = 1000
   normal = 0
+  [backup]                      # scheduled snapshots of the store (embedded), as `allot snapshot save` writes them
+  every = "1h"                  # how often (default 1h)
+  dir = "/var/backups/allot"    # where (each file allot-<time>.snapshot)
+  keep = 24                     # the newest kept; older ones are removed (default 24)
   [watch]                       # the change feed (GET /v1/watch); on Redis, the shared log
   retain_events = 100000        # the most events kept for watchers that resume
   retain_for = "1h"             # events older than this are not kept
@@ -201,6 +205,8 @@ struct ConfigFile {
     priority_classes: BTreeMap<String, i32>,
     #[serde(default)]
     watch: WatchFileConfig,
+    /// Scheduled snapshots.
+    backup: Option<BackupFileConfig>,
     #[serde(default)]
     executor: ExecutorFileConfig,
     #[serde(default)]
@@ -220,6 +226,43 @@ struct ConfigFile {
     redis_ca_cert: Option<PathBuf>,
     /// `--peer-ca-cert`.
     peer_ca_cert: Option<PathBuf>,
+}
+
+/// `[backup]`: scheduled snapshots of the store.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct BackupFileConfig {
+    every: Option<String>,
+    dir: Option<PathBuf>,
+    keep: Option<usize>,
+}
+
+/// Scheduled snapshots, from `[backup]`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(super) struct BackupConfig {
+    pub(super) every: Duration,
+    pub(super) dir: PathBuf,
+    pub(super) keep: usize,
+}
+
+fn backup_config(file: Option<BackupFileConfig>, store: &StoreChoice) -> anyhow::Result<Option<BackupConfig>> {
+    let Some(file) = file else { return Ok(None) };
+    if matches!(store, StoreChoice::Redis(_)) {
+        bail!("[backup]: snapshots are taken from the embedded store; a daemon on Redis takes none yet");
+    }
+    let every = match file.every.as_deref() {
+        None => Duration::from_secs(3600),
+        Some(text) => allot_bench::duration::parse(text).map_err(|err| anyhow::anyhow!("[backup] every: {err}"))?,
+    };
+    if every < Duration::from_secs(1) {
+        bail!("[backup] every: at least 1s");
+    }
+    let dir = file.dir.ok_or_else(|| anyhow::anyhow!("[backup] dir: where to write the backups is needed"))?;
+    let keep = file.keep.unwrap_or(24);
+    if keep == 0 {
+        bail!("[backup] keep: at least 1 (the newest backup is always kept)");
+    }
+    Ok(Some(BackupConfig { every, dir, keep }))
 }
 
 /// `[executor]`: the retry budgets of the tasks this daemon runs [Flyte's `RetryStrategy`
@@ -618,6 +661,8 @@ pub(super) struct Config {
     pub(super) audit: Option<allot_server::AuditSink>,
     /// HTTPS, if configured.
     pub(super) tls: Option<allot_server::TlsFiles>,
+    /// Scheduled snapshots, if configured.
+    pub(super) backup: Option<BackupConfig>,
     /// The certificates (PEM) this daemon trusts, besides the system's CAs, in its calls to the
     /// other daemons: `--peer-ca-cert`, else (with HTTPS) its own certificate's chain.
     pub(super) peer_roots: Option<Vec<u8>>,
@@ -858,8 +903,10 @@ pub(super) fn resolve(args: &ServeArgs) -> anyhow::Result<Config> {
         ),
         (None, None) => None,
     };
+    let backup = backup_config(file.backup, &store)?;
     Ok(Config {
         tls,
+        backup,
         peer_roots,
         audit,
         auth,

@@ -4,6 +4,7 @@
 //! or SIGINT.
 
 mod auth;
+mod backup;
 mod config;
 mod flags;
 
@@ -281,6 +282,9 @@ pub(crate) async fn run(args: ServeArgs) -> anyhow::Result<()> {
         }
         state = state.with_executor(Arc::new(RunsHere(executor.clone())));
         tokio::spawn(executor.run(executor_stopped));
+    }
+    if let Some(backup) = config.backup.clone() {
+        tokio::spawn(backup::run(store.clone(), state.metrics.clone(), backup));
     }
     // The sources of applications: the API, and the directory of application files if one is set.
     let mut http = HttpApi::new(listener, state, serving_threads(&args));

@@ -25,6 +25,7 @@ mod redis_failover;
 mod routes;
 mod sched_crash;
 mod shipped;
+mod snapshot;
 mod sources;
 mod submit_follow;
 mod support;

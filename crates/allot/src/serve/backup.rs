@@ -1,0 +1,89 @@
+//! Scheduled backups (`[backup]`): every `every`, a snapshot of the store written into `dir` as
+//! `allot snapshot save` writes one (beside it first, checked whole, then renamed), and the oldest
+//! beyond `keep` removed. Each outcome is a line of the log and counted in `/metrics`
+//! (`allot_backups_total`, `allot_backup_last_success_timestamp_seconds`).
+
+use std::fs::{self, File};
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use allot_store::snapshot::verify;
+use allot_store::Store;
+
+use super::config::BackupConfig;
+
+const PREFIX: &str = "allot-";
+const SUFFIX: &str = ".snapshot";
+const PARTIAL: &str = ".partial";
+
+/// Takes a backup every `config.every`, from the first one `every` after the start, until the
+/// process ends.
+pub(super) async fn run(store: Arc<dyn Store>, metrics: Arc<allot_server::Metrics>, config: BackupConfig) {
+    let mut ticks = tokio::time::interval_at(tokio::time::Instant::now() + config.every, config.every);
+    ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        ticks.tick().await;
+        let (store, taken) = (store.clone(), config.clone());
+        let outcome = tokio::task::spawn_blocking(move || back_up(store.as_ref(), &taken))
+            .await
+            .unwrap_or_else(|panic| Err(format!("the backup stopped: {panic}")));
+        match outcome {
+            Ok((path, revision, bytes, removed)) => {
+                tracing::info!(path = %path.display(), revision, bytes, removed, "backup written");
+                metrics.backed_up(Some(unix_seconds()));
+            }
+            Err(reason) => {
+                tracing::error!(dir = %config.dir.display(), %reason, "backup failed");
+                metrics.backed_up(None);
+            }
+        }
+    }
+}
+
+/// Writes one backup; answers its path, revision and size, and how many older ones it removed.
+fn back_up(store: &dyn Store, config: &BackupConfig) -> Result<(PathBuf, u64, u64, usize), String> {
+    let dir = &config.dir;
+    fs::create_dir_all(dir).map_err(|err| format!("cannot make {}: {err}", dir.display()))?;
+    let stamp = humantime::format_rfc3339_millis(std::time::SystemTime::now()).to_string().replace(':', "-");
+    let path = dir.join(format!("{PREFIX}{stamp}{SUFFIX}"));
+    let partial = dir.join(format!("{PREFIX}{stamp}{SUFFIX}{PARTIAL}"));
+    let written = (|| {
+        let mut out = File::create(&partial).map_err(|err| format!("cannot write {}: {err}", partial.display()))?;
+        store.snapshot(&mut out).map_err(|err| err.to_string())?;
+        out.sync_all().map_err(|err| format!("cannot write {}: {err}", partial.display()))?;
+        let input = File::open(&partial).map_err(|err| format!("cannot read {}: {err}", partial.display()))?;
+        let (header, summary) = verify(std::io::BufReader::with_capacity(1 << 20, input))
+            .map_err(|err| format!("the backup written is not whole: {err}"))?;
+        fs::rename(&partial, &path).map_err(|err| format!("cannot write {}: {err}", path.display()))?;
+        File::open(dir)
+            .and_then(|dir| dir.sync_all())
+            .map_err(|err| format!("cannot sync {}: {err}", dir.display()))?;
+        Ok::<_, String>((header.revision, summary.bytes))
+    })();
+    let (revision, bytes) = written.inspect_err(|_| {
+        let _ = fs::remove_file(&partial);
+    })?;
+    Ok((path, revision, bytes, prune(dir, config.keep)))
+}
+
+/// Removes the oldest backups beyond the newest `keep`, and what a backup cut short by a stop
+/// left; answers how many backups it removed.
+fn prune(dir: &Path, keep: usize) -> usize {
+    let Ok(entries) = fs::read_dir(dir) else { return 0 };
+    let mut backups = Vec::new();
+    for name in entries.flatten().map(|entry| entry.file_name().to_string_lossy().into_owned()) {
+        if name.starts_with(PREFIX) && name.ends_with(SUFFIX) {
+            backups.push(name);
+        } else if name.starts_with(PREFIX) && name.ends_with(PARTIAL) {
+            let _ = fs::remove_file(dir.join(&name));
+        }
+    }
+    // The names hold the time they were taken, in a form that sorts as time does.
+    backups.sort_unstable();
+    let old = backups.len().saturating_sub(keep);
+    backups[..old].iter().filter(|name| fs::remove_file(dir.join(name.as_str())).is_ok()).count()
+}
+
+fn unix_seconds() -> u64 {
+    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |since| since.as_secs())
+}

@@ -1,0 +1,249 @@
+//! `allot snapshot`: saved from a daemon while clients change its store, checked, restored into a
+//! new data directory and served again.
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+use std::process::{Command, Output};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+
+use allot_client::{Allocate, Client};
+
+use crate::access::make_token;
+use crate::support::{api_call, data_dir, Daemon, ALLOT};
+
+fn cli(args: &[&str], server: Option<&str>, token: Option<&str>) -> Output {
+    let mut command = Command::new(ALLOT);
+    command.args(args).env_remove("ALLOT_SERVER").env_remove("ALLOT_TOKEN");
+    if let Some(server) = server {
+        command.env("ALLOT_SERVER", server);
+    }
+    if let Some(token) = token {
+        command.env("ALLOT_TOKEN", token);
+    }
+    command.output().unwrap()
+}
+
+fn text(output: &Output) -> String {
+    format!("{}{}", String::from_utf8_lossy(&output.stdout), String::from_utf8_lossy(&output.stderr))
+}
+
+/// Every grant of `namespace`: token -> fencing number.
+async fn grants(client: &Client, namespace: &str) -> BTreeMap<String, u64> {
+    client.grants(namespace).await.unwrap().grants.into_iter().map(|g| (g.token, g.fencing)).collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_snapshot_taken_under_writes_restores_every_change_acknowledged_before_it_and_none_after() {
+    let (dir, data) = data_dir();
+    let daemon = tokio::task::spawn_blocking(move || Daemon::start(&data, &[])).await.unwrap();
+    let client = daemon.client();
+    client.put_namespace("hive", 1_000_000).await.unwrap();
+    client.put_pool("gpu", "cpu=8,mem=16Gi").await.unwrap();
+    let session = client.open_session(600_000).await.unwrap();
+    let leased = Allocate { ttl_ms: Some(600_000), ..Allocate::default() };
+    client.allocate("hive", "leased", &leased).await.unwrap();
+    let in_session = Allocate { session: Some(session.id.clone()), ..Allocate::default() };
+    client.allocate("hive", "in-session", &in_session).await.unwrap();
+
+    // A writer allocates without pause; each grant acknowledged is noted with its fencing number,
+    // in order, and whether the save had started (or ended) when it was acknowledged.
+    let (save_started, save_ended) = (Arc::new(AtomicBool::new(false)), Arc::new(AtomicBool::new(false)));
+    let acknowledged = Arc::new(Mutex::new(Vec::<(String, u64, bool, bool)>::new()));
+    let writer = {
+        let (client, started, ended, acknowledged) =
+            (daemon.client(), save_started.clone(), save_ended.clone(), acknowledged.clone());
+        tokio::spawn(async move {
+            let mut i = 0u64;
+            // Goes on until a few grants were acknowledged after the save ended.
+            loop {
+                let (before, after) = (started.load(Ordering::SeqCst), ended.load(Ordering::SeqCst));
+                let token = format!("w{i:06}");
+                let answer = client.allocate("hive", &token, &Allocate::default()).await.unwrap();
+                let fencing = answer.grant.unwrap().fencing;
+                acknowledged.lock().unwrap().push((token, fencing, before, after));
+                i += 1;
+                let done_after = acknowledged.lock().unwrap().iter().filter(|a| a.3).count();
+                if done_after >= 20 {
+                    return;
+                }
+            }
+        })
+    };
+    // Some writes before the save.
+    crate::support::eventually(crate::support::PATIENCE, async || acknowledged.lock().unwrap().len() >= 200).await;
+    let archive = dir.path().join("hive.snapshot");
+    save_started.store(true, Ordering::SeqCst);
+    let saved = {
+        let (archive, url) = (archive.clone(), daemon.url.clone());
+        tokio::task::spawn_blocking(move || {
+            cli(&["snapshot", "save", archive.to_str().unwrap(), "--json"], Some(&url), None)
+        })
+        .await
+        .unwrap()
+    };
+    save_ended.store(true, Ordering::SeqCst);
+    assert!(saved.status.success(), "{}", text(&saved));
+    let described: serde_json::Value = serde_json::from_slice(&saved.stdout).unwrap();
+    let revision = described["revision"].as_u64().unwrap();
+    writer.await.unwrap();
+    let original = grants(&client, "hive").await;
+    assert!(!dir.path().join("hive.snapshot.partial").exists(), "the partial file is gone");
+
+    // `status` checks it and says what it holds.
+    let status = cli(&["snapshot", "status", archive.to_str().unwrap()], None, None);
+    assert!(status.status.success(), "{}", text(&status));
+    assert!(text(&status).contains(&format!("revision {revision}")), "{}", text(&status));
+    assert!(text(&status).contains("pools 1") && text(&status).contains("sessions 1"), "{}", text(&status));
+
+    // Restored into a new data directory, and served.
+    let restored_dir = dir.path().join("restored");
+    let restore = cli(
+        &["snapshot", "restore", archive.to_str().unwrap(), "--data-dir", restored_dir.to_str().unwrap(), "--json"],
+        None,
+        None,
+    );
+    assert!(restore.status.success(), "{}", text(&restore));
+    let outcome: serde_json::Value = serde_json::from_slice(&restore.stdout).unwrap();
+    let first_revision = outcome["first_revision"].as_u64().unwrap();
+    assert!(first_revision > revision, "{outcome}");
+    let copy = tokio::task::spawn_blocking(move || Daemon::start(&restored_dir, &[])).await.unwrap();
+    let copied = copy.client();
+    let restored = grants(&copied, "hive").await;
+    let noted = acknowledged.lock().unwrap().clone();
+    for (token, fencing, save_had_started, _) in &noted {
+        match restored.get(token) {
+            Some(kept) => assert_eq!(kept, fencing, "{token} came back with another fencing number"),
+            None => assert!(*save_had_started, "{token}, acknowledged before the save began, was lost"),
+        }
+    }
+    for (token, _, _, save_had_ended) in &noted {
+        assert!(!(*save_had_ended && restored.contains_key(token)), "{token}, acknowledged after the save, is in it");
+    }
+    assert!(restored.len() < original.len(), "the writes after the save are not in it");
+    for token in ["leased", "in-session"] {
+        assert_eq!(restored.get(token), original.get(token), "{token}");
+    }
+    let kept_session = copied.session(&session.id).await.unwrap();
+    assert_eq!(kept_session.id, session.id);
+    assert_eq!(copied.pool("gpu").await.unwrap().name, "gpu");
+    // Fencing numbers go on above every one it held.
+    let highest = restored.values().max().copied().unwrap();
+    let next = copied.allocate("hive", "after-restore", &Allocate::default()).await.unwrap();
+    assert!(next.grant.unwrap().fencing > highest);
+    // A watcher of the first daemon, resuming on the restored one, lists again.
+    for since in [revision, first_revision - 1] {
+        let (status, body) =
+            api_call(&copy.url, None, reqwest::Method::GET, &format!("/v1/watch?since={since}"), None).await;
+        assert_eq!(status, 410, "resume from {since}: {body}");
+        assert_eq!(body["error"]["code"], "revision_compacted");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_damaged_archive_is_refused_and_only_admins_take_snapshots() {
+    let (dir, data) = data_dir();
+    let (admin, admin_entry) = make_token("root", &[]);
+    let (reader, reader_entry) = make_token("auditor", &[]);
+    let config = dir.path().join("allot.toml");
+    std::fs::write(
+        &config,
+        format!(
+            "[auth]\n{admin_entry}\n{reader_entry}\n[[auth.bindings]]\nrole = \"admin\"\nusers = [\"root\"]\n\
+             [[auth.bindings]]\nrole = \"reader\"\nusers = [\"auditor\"]\n"
+        ),
+    )
+    .unwrap();
+    let config_arg = config.to_str().unwrap().to_owned();
+    let daemon = tokio::task::spawn_blocking(move || Daemon::start(&data, &["--config", &config_arg])).await.unwrap();
+    let archive = dir.path().join("all.snapshot");
+    let path = archive.to_str().unwrap().to_owned();
+    let url = daemon.url.clone();
+    tokio::task::spawn_blocking(move || {
+        let set = cli(&["quota", "set", "hive", "3"], Some(&url), Some(&admin));
+        assert!(set.status.success(), "{}", text(&set));
+        for (token, expected) in [(None, "unauthenticated"), (Some(reader.as_str()), "forbidden")] {
+            let refused = cli(&["snapshot", "save", &path], Some(&url), token);
+            assert_eq!(refused.status.code(), Some(1), "{}", text(&refused));
+            assert!(text(&refused).contains(expected), "{}", text(&refused));
+            assert!(!archive.exists(), "a refused save left a file");
+        }
+        let saved = cli(&["snapshot", "save", &path], Some(&url), Some(&admin));
+        assert!(saved.status.success(), "{}", text(&saved));
+
+        let bytes = std::fs::read(&archive).unwrap();
+        let damaged = archive.with_extension("damaged");
+        let mut altered = bytes.clone();
+        let at = altered.len() - 40;
+        altered[at] ^= 0x01;
+        std::fs::write(&damaged, &altered).unwrap();
+        let cut = archive.with_extension("cut");
+        std::fs::write(&cut, &bytes[..bytes.len() / 2]).unwrap();
+        let target = archive.with_extension("restored");
+        for (file, expected) in [(&damaged, "checksum does not match"), (&cut, "incomplete")] {
+            let status = cli(&["snapshot", "status", file.to_str().unwrap()], None, None);
+            assert_eq!(status.status.code(), Some(1), "{}", text(&status));
+            assert!(text(&status).contains(expected), "{}", text(&status));
+            let restore = cli(
+                &["snapshot", "restore", file.to_str().unwrap(), "--data-dir", target.to_str().unwrap()],
+                None,
+                None,
+            );
+            assert_eq!(restore.status.code(), Some(1), "{}", text(&restore));
+            assert!(text(&restore).contains(expected), "{}", text(&restore));
+            assert!(!target.exists(), "a refused restore made {}", target.display());
+        }
+    })
+    .await
+    .unwrap();
+}
+
+/// The value of a metric at the daemon's `/metrics` (0 if absent).
+async fn metric(url: &str, name: &str) -> f64 {
+    let text = reqwest::get(format!("{url}/metrics")).await.unwrap().text().await.unwrap();
+    text.lines()
+        .filter(|line| line.starts_with(name))
+        .find_map(|line| line.rsplit(' ').next()?.parse().ok())
+        .unwrap_or(0.0)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn scheduled_backups_are_written_whole_and_the_oldest_removed() {
+    let (dir, data) = data_dir();
+    let backups = dir.path().join("backups");
+    let config = dir.path().join("allot.toml");
+    std::fs::write(&config, format!("[backup]\nevery = \"1s\"\ndir = {:?}\nkeep = 2\n", backups.to_str().unwrap()))
+        .unwrap();
+    let config_arg = config.to_str().unwrap().to_owned();
+    let daemon = tokio::task::spawn_blocking(move || Daemon::start(&data, &["--config", &config_arg])).await.unwrap();
+    daemon.client().put_namespace("hive", 3).await.unwrap();
+    let url = daemon.url.clone();
+    let listed = || -> Vec<PathBuf> {
+        let mut names: Vec<PathBuf> = std::fs::read_dir(&backups)
+            .map(|entries| entries.flatten().map(|e| e.path()).collect())
+            .unwrap_or_default();
+        names.sort();
+        names
+    };
+    let written = crate::support::eventually(crate::support::PATIENCE, async || {
+        metric(&url, "allot_backups_total{outcome=\"ok\"}").await >= 3.0
+    })
+    .await;
+    assert!(written, "three backups were never written: {:?}", listed());
+    assert!(metric(&url, "allot_backup_last_success_timestamp_seconds").await > 1.7e9);
+    let files = listed();
+    // The newest two are kept (a third may be on its way).
+    let whole: Vec<&PathBuf> = files.iter().filter(|f| f.extension().is_some_and(|e| e == "snapshot")).collect();
+    assert!((2..=3).contains(&whole.len()), "{files:?}");
+    // The newest, copied before a later backup can remove it, is whole.
+    let copy = dir.path().join("newest.snapshot");
+    let copied = crate::support::eventually(crate::support::PATIENCE, async || {
+        let newest = listed().into_iter().filter(|f| f.extension().is_some_and(|e| e == "snapshot")).next_back();
+        newest.is_some_and(|newest| std::fs::copy(newest, &copy).is_ok())
+    })
+    .await;
+    assert!(copied);
+    let status = cli(&["snapshot", "status", copy.to_str().unwrap()], None, None);
+    assert!(status.status.success() && text(&status).contains("namespaces 1"), "{}", text(&status));
+    assert_eq!(metric(&url, "allot_backups_total{outcome=\"failed\"}").await, 0.0);
+}
