@@ -238,7 +238,7 @@ async fn scheduled_backups_are_written_whole_and_the_oldest_removed() {
     // The newest, copied before a later backup can remove it, is whole.
     let copy = dir.path().join("newest.snapshot");
     let copied = crate::support::eventually(crate::support::PATIENCE, async || {
-        let newest = listed().into_iter().filter(|f| f.extension().is_some_and(|e| e == "snapshot")).next_back();
+        let newest = listed().into_iter().rfind(|f| f.extension().is_some_and(|e| e == "snapshot"));
         newest.is_some_and(|newest| std::fs::copy(newest, &copy).is_ok())
     })
     .await;
