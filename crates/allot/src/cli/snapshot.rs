@@ -203,10 +203,24 @@ fn offline(json: bool, outcome: anyhow::Result<Described>) -> ExitCode {
 }
 
 fn status(file: &Path) -> anyhow::Result<Described> {
-    let input = File::open(file).map_err(|err| anyhow::anyhow!("cannot read {}: {err}", file.display()))?;
-    let (header, summary) = verify(std::io::BufReader::with_capacity(1 << 20, input))
-        .map_err(|err| anyhow::anyhow!("{}: {err}", file.display()))?;
+    let (header, summary) = check(file).map_err(|err| anyhow::anyhow!("{err}"))?;
     Ok(Described::of(file, &header, &summary))
+}
+
+/// Reads the archive `file` whole, checking it.
+fn check(file: &Path) -> Result<(SnapshotHeader, SnapshotSummary), String> {
+    let input = File::open(file).map_err(|err| format!("cannot read {}: {err}", file.display()))?;
+    verify(std::io::BufReader::with_capacity(1 << 20, input)).map_err(|err| format!("{}: {err}", file.display()))
+}
+
+/// Checks the archive written (and synced) at `partial` whole, then renames it to `file`,
+/// durably: whatever is at `file` is a whole archive. `save` and scheduled backups end so.
+pub(crate) fn seal(partial: &Path, file: &Path) -> Result<(SnapshotHeader, SnapshotSummary), String> {
+    let checked = check(partial).map_err(|err| format!("the archive written is not whole: {err}"))?;
+    fs::rename(partial, file).map_err(|err| format!("cannot write {}: {err}", file.display()))?;
+    let dir = file.parent().filter(|dir| !dir.as_os_str().is_empty()).unwrap_or(Path::new("."));
+    File::open(dir).and_then(|dir| dir.sync_all()).map_err(|err| format!("cannot sync {}: {err}", dir.display()))?;
+    Ok(checked)
 }
 
 fn restore_into(file: &Path, data_dir: &Path, options: &RestoreOptions) -> anyhow::Result<Described> {
@@ -244,13 +258,7 @@ async fn save(file: PathBuf, common: &Common) -> Result<u8, Failed> {
         }
         let out = out.into_inner().map_err(|err| cannot("write", &partial, err.into_error()))?;
         out.sync_all().map_err(|err| cannot("write", &partial, err))?;
-        let input = File::open(&partial).map_err(|err| cannot("read", &partial, err))?;
-        let (header, summary) = verify(std::io::BufReader::with_capacity(1 << 20, input))
-            .map_err(|err| Failed::Here(format!("the archive the daemon sent is not whole: {err}")))?;
-        fs::rename(&partial, &file).map_err(|err| cannot("write", &file, err))?;
-        if let Some(dir) = file.parent().filter(|dir| !dir.as_os_str().is_empty()) {
-            let _ = File::open(dir).and_then(|dir| dir.sync_all());
-        }
+        let (header, summary) = seal(&partial, &file).map_err(Failed::Here)?;
         Ok::<_, Failed>(Described::of(&file, &header, &summary))
     }
     .await;

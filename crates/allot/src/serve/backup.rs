@@ -7,7 +7,6 @@ use std::fs::{self, File};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use allot_store::snapshot::verify;
 use allot_store::Store;
 
 use super::config::BackupConfig;
@@ -51,13 +50,7 @@ fn back_up(store: &dyn Store, config: &BackupConfig) -> Result<(PathBuf, u64, u6
         let mut out = File::create(&partial).map_err(|err| format!("cannot write {}: {err}", partial.display()))?;
         store.snapshot(&mut out).map_err(|err| err.to_string())?;
         out.sync_all().map_err(|err| format!("cannot write {}: {err}", partial.display()))?;
-        let input = File::open(&partial).map_err(|err| format!("cannot read {}: {err}", partial.display()))?;
-        let (header, summary) = verify(std::io::BufReader::with_capacity(1 << 20, input))
-            .map_err(|err| format!("the backup written is not whole: {err}"))?;
-        fs::rename(&partial, &path).map_err(|err| format!("cannot write {}: {err}", path.display()))?;
-        File::open(dir)
-            .and_then(|dir| dir.sync_all())
-            .map_err(|err| format!("cannot sync {}: {err}", dir.display()))?;
+        let (header, summary) = crate::cli::snapshot::seal(&partial, &path)?;
         Ok::<_, String>((header.revision, summary.bytes))
     })();
     let (revision, bytes) = written.inspect_err(|_| {
