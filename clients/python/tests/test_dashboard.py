@@ -68,6 +68,22 @@ def until(what: str, check: Callable[[], Any], seconds: float = 10) -> Any:
         time.sleep(0.02)
 
 
+def click(browser: Any, css: str) -> None:
+    """Clicks the element `css` selects. A live page may draw its content again between the find and
+    the click (a change came through the feed): then the element is found again."""
+    from selenium.common.exceptions import StaleElementReferenceException
+    from selenium.webdriver.common.by import By
+
+    def clicked() -> bool:
+        try:
+            browser.find_element(By.CSS_SELECTOR, css).click()
+            return True
+        except StaleElementReferenceException:
+            return False
+
+    until(f"{css} clicked", clicked)
+
+
 def text(browser: Any) -> str:
     return str(browser.execute_script("return document.getElementById('main').innerText"))
 
@@ -297,9 +313,7 @@ def test_the_pages_answer_quickly_with_many_things(browser: Any, data_root: Path
         shoot(browser, "many-tasks")
         open_page(browser, daemon.url + "/ui/namespaces")
         assert "many:0000" in text(browser) and "Showing 200 of 1000" in text(browser)
-        from selenium.webdriver.common.by import By
-
-        browser.find_element(By.CSS_SELECTOR, "[data-show-all]").click()
+        click(browser, "[data-show-all]")
         until("every namespace is shown", lambda: "many:0999" in text(browser))
     finally:
         daemon.stop()
@@ -361,7 +375,7 @@ def test_with_access_control_the_token_is_asked_once_and_actions_follow_permissi
         alert.dismiss()
         with Client(daemon.url, token=admin) as client:
             assert [g["token"] for g in client.grants("team:a")] == ["job-1"], "dismissed: nothing released"
-            browser.find_element(By.CSS_SELECTOR, "[data-release]").click()
+            click(browser, "[data-release]")
             until("asked again", lambda: _alert(browser)).accept()
             until("released", lambda: not list(client.grants("team:a")))
         until("the page shows it", lambda: "Nothing granted." in text(browser))
@@ -535,9 +549,7 @@ def test_the_pages_answer_a_new_users_questions(browser: Any, data_root: Path) -
             client.submit_app({"id": "elsewhere", "queue": "root.q2", "tasks": [{"id": "quick", "resources": "cpu=1", "selector": worker, "spec": {"type": "noop"}}]})
             open_page(browser, daemon.url + "/ui/queues")
             assert "Share" not in column_heads(browser), column_heads(browser)
-            from selenium.webdriver.common.by import By
-
-            browser.find_element(By.CSS_SELECTOR, "a[href='/ui/apps?queue=root.q1']").click()
+            click(browser, "a[href='/ui/apps?queue=root.q1']")
             until("the applications of root.q1", lambda: browser.current_url.endswith("/ui/apps?queue=root.q1") and "stranded" in text(browser))
             page = words_of(browser)
             assert "root.q1" in page and "elsewhere" not in page, page
@@ -561,6 +573,8 @@ def test_the_pages_answer_a_new_users_questions(browser: Any, data_root: Path) -
             open_page(browser, daemon.url + "/ui/apps/refused")
             page = text(browser)
             assert "pool x said <img src=x id=injected> no" in page and "`" not in page, page
+            from selenium.webdriver.common.by import By
+
             assert not browser.find_elements(By.ID, "injected"), "API text is never markup"
             open_page(browser, daemon.url + "/ui/apps/stranded/tasks/alone")
             assert "`" not in text(browser) and "no daemon runs pool idle" in text(browser), text(browser)

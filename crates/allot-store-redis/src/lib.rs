@@ -57,6 +57,7 @@ mod reply;
 mod runs;
 mod scripts;
 mod sessions;
+pub mod snapshot;
 mod store;
 mod sweep;
 #[cfg(feature = "testing")]
@@ -211,6 +212,16 @@ impl Store for RedisStore {
                 conn::RESPONSE_TIMEOUT.as_millis()
             ))),
         }
+    }
+
+    /// Slot by slot (`snapshot.rs`), on the runtime this is called from (off its threads).
+    fn snapshot(
+        &self,
+        out: &mut dyn std::io::Write,
+    ) -> Result<(allot_store::snapshot::SnapshotHeader, allot_store::snapshot::SnapshotSummary), StoreError> {
+        let runtime = tokio::runtime::Handle::try_current()
+            .map_err(|_| StoreError::Unavailable("a Redis snapshot is taken on the daemon's runtime".into()))?;
+        runtime.block_on(self.snapshot_to(out))
     }
 
     async fn shutdown(&self) {

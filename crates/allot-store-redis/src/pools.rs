@@ -28,13 +28,13 @@ pub(crate) fn prefix(pool: &PoolName) -> String {
 }
 
 /// `name units frac` items joined by `,`: exact in Lua's doubles (see `lua/pool.lua`).
-fn encode(resources: &Resources) -> String {
+pub(crate) fn encode(resources: &Resources) -> String {
     let items: Vec<String> =
         resources.iter().map(|(name, milli)| format!("{} {} {}", name, milli / 1000, milli % 1000)).collect();
     items.join(",")
 }
 
-fn decode(text: &str) -> Result<Resources, StoreError> {
+pub(crate) fn decode(text: &str) -> Result<Resources, StoreError> {
     let mut resources = Resources::new();
     for item in text.split(',').filter(|i| !i.is_empty()) {
         let mut parts = item.split(' ');

@@ -65,6 +65,8 @@ impl QuotaStore for RedisStore {
     async fn remove_namespace(&self, name: NamespaceName, force: bool) -> Result<usize, StoreError> {
         self.live()?;
         let inner = &self.inner;
+        // Listed as retired first: its fencing counter, kept when it goes, is in every snapshot.
+        registry::register(inner, "add", "retired", name.as_str()).await?;
         let mut reply =
             inner.eval(&inner.scripts.remove_namespace, &prefix(&name), &[if force { "1" } else { "0" }], true).await?;
         match reply.text()?.as_str() {

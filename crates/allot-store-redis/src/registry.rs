@@ -16,6 +16,7 @@ use crate::store::Inner;
 const REGISTRY_SLOT: &str = "allot:{allot-registry}";
 const NAMESPACES: &str = "allot:{allot-registry}:namespaces";
 const POOLS: &str = "allot:{allot-registry}:pools";
+const RETIRED: &str = "allot:{allot-registry}:retired";
 
 /// Every namespace listed (the sweepers' list).
 pub(crate) async fn namespaces(inner: &Inner) -> Result<Vec<NamespaceName>, StoreError> {
@@ -29,7 +30,13 @@ pub(crate) async fn pools(inner: &Inner) -> Result<Vec<PoolName>, StoreError> {
     Ok(names.iter().filter_map(|name| PoolName::new(name).ok()).collect())
 }
 
-/// Adds a name to a registry (`kind`: `namespaces` or `pools`), or removes it (`op`).
+/// The namespaces removed (and perhaps made again) since this list began: their fencing
+/// counters outlive them (`lua/remove_namespace.lua`).
+pub(crate) async fn retired(inner: &Inner) -> Result<Vec<String>, StoreError> {
+    registry_members(inner, RETIRED).await
+}
+
+/// Adds a name to a registry (`kind`: `namespaces`, `pools` or `retired`), or removes it (`op`).
 pub(crate) async fn register(inner: &Inner, op: &str, kind: &str, name: &str) -> Result<(), StoreError> {
     inner.eval(&inner.scripts.registry, REGISTRY_SLOT, &[op, kind, name], true).await?;
     Ok(())

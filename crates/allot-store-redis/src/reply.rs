@@ -60,6 +60,11 @@ impl Reply {
         }
     }
 
+    /// The next item as it came (an array, say).
+    pub(crate) fn value(&mut self) -> Result<Value, StoreError> {
+        self.0.pop_front().ok_or_else(|| corrupt("expected an item, got nothing"))
+    }
+
     pub(crate) fn uint(&mut self) -> Result<u64, StoreError> {
         u64::try_from(self.int()?).map_err(|_| corrupt("a negative count"))
     }

@@ -83,6 +83,7 @@ operations!(
     runs,
     feed,
     access,
+    snapshot,
 );
 
 const PRELUDE: &str = include_str!("lua/namespace.lua");
@@ -135,7 +136,7 @@ fn version(prelude: &str, bodies: &[(&str, &str)]) -> String {
 /// The functions that work on their own keys (sessions, pools): they take `KEYS` and `ARGV` as
 /// they are and skip `bind`, which builds a namespace's key names.
 const OWN_KEYS: &[&str] =
-    &["session_grants", "sessions", "pool", "registry", "sched_lease", "apps", "runs", "feed", "access"];
+    &["session_grants", "sessions", "pool", "registry", "sched_lease", "apps", "runs", "feed", "access", "snapshot"];
 
 fn library(version: &str, prelude: &str, bodies: &[(&str, &str)], checked: bool) -> String {
     let mut text = format!("#!lua name=allot_{version}\n{prelude}\nlocal BODIES = {{}}\n");

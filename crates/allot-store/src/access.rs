@@ -17,7 +17,7 @@ pub struct ApiTokenRecord {
     pub hash: String,
     pub user: String,
     pub groups: Vec<String>,
-    /// When it was made (the store's clock, ms).
+    /// When it was made (Unix ms, the wall clock).
     pub created: Millis,
     /// When it stops being accepted (ms), if ever.
     pub expires: Option<Millis>,

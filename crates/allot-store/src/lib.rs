@@ -34,6 +34,7 @@ pub mod quotas;
 pub mod records;
 pub mod runs;
 pub mod snapshot;
+pub mod snapshot_rebase;
 pub mod watch;
 
 /// The traits whose methods a caller of `dyn Store` uses: `use allot_store::prelude::*;`.

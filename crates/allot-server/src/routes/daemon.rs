@@ -103,15 +103,17 @@ impl std::io::Write for ToBody {
 }
 
 /// A point-in-time archive of everything the store holds, for `allot snapshot save` (its layout:
-/// docs/design.md, "Snapshots"), streamed while it is read; operations go on meanwhile.
+/// docs/design.md, "Snapshots"), streamed while it is read; operations go on meanwhile. On Redis
+/// it is taken by the daemon that schedules applications (another forwards the call there).
 #[utoipa::path(get, path = "/v1/snapshot", tag = "daemon",
     responses(
         (status = 200, content_type = "application/octet-stream",
             description = "the archive: a header line (its format, the revision it holds every change up to, when it was taken), \
                 the records, and the SHA-256 of all of it at its end. An answer cut short lacks that checksum: \
                 `allot snapshot status FILE` tells a whole archive from a broken one."),
-        (status = 501, body = api::ErrorBody, description = "unsupported: this daemon's store takes no snapshots (Redis, for now)"),
-        (status = 503, body = api::ErrorBody, description = "store_unavailable: the log could not be written into the database first")))]
+        (status = 501, body = api::ErrorBody, description = "unsupported: this daemon's store takes no snapshots"),
+        (status = 503, body = api::ErrorBody, description = "store_unavailable: the log could not be written into the database first, \
+            Redis could not be read, or (on Redis) no daemon schedules applications right now: retry")))]
 pub(crate) async fn snapshot(
     State(state): State<ServerState>,
 ) -> Result<axum::response::Response, crate::error::ApiError> {

@@ -207,7 +207,7 @@ pub(crate) fn routes(state: ServerState) -> (Router, Arc<Needs>) {
         // Any caller may ask who it is and what it may do.
         .route("/v1/whoami", get(access::whoami), &[(M::GET, Need::Authenticated)])
         // The whole store, API tokens' hashes among it: the daemon's admins only.
-        .route("/v1/snapshot", get(daemon::snapshot), &[(M::GET, admin(Target::Daemon))])
+        .scheduled("/v1/snapshot", get(daemon::snapshot), &[(M::GET, admin(Target::Daemon))])
         // The filter names what is watched: the handler checks `read` on it.
         .route("/v1/watch", get(watch::watch), &[(M::GET, read(Target::Named))]);
     let needs = Arc::new(declared.needs);

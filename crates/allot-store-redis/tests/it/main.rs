@@ -11,4 +11,5 @@ mod differential;
 mod ended_allocs;
 mod outage;
 mod replicas;
+mod snapshot;
 mod support;

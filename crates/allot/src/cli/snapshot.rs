@@ -35,9 +35,14 @@ Exit codes:
   2  usage error";
 
 const RESTORE_AFTER_HELP: &str = "\
-Makes a new data directory for `allot serve --data-dir DIR` (DIR must not exist, or be empty); no
-daemon is needed. The archive is checked whole and its records loaded as a start would load them
-before DIR appears: a refused archive leaves nothing behind.
+With --data-dir, makes a new data directory for `allot serve --data-dir DIR` (DIR must not exist,
+or be empty); no daemon is needed. The archive is checked whole and its records loaded as a start
+would load them before DIR appears: a refused archive leaves nothing behind.
+
+With --store redis://HOST:PORT (or redis+cluster://NODE,NODE...), fills that Redis for daemons
+started with the same --store. The archive is checked whole first; a Redis that holds allot's
+state is refused unless --replace (one server: what allot keeps there is removed first). Stop the
+daemons that use that Redis while it runs. Times move onto Redis's clock as --leases says.
 
 The restored daemon's revisions start above the archive's by at least --bump-revision, and it
 keeps no events from before: a watcher resuming from an earlier revision is told to list again
@@ -45,7 +50,8 @@ keeps no events from before: a watcher resuming from an earlier revision is told
 
 Exit codes:
   0  restored
-  1  error: the archive is damaged or of another version, DIR holds files, or DIR cannot be written
+  1  error: the archive is damaged or of another version, DIR holds files or cannot be written,
+     or the Redis holds allot's state or cannot be reached
   2  usage error";
 
 #[derive(Debug, clap::Subcommand)]
@@ -69,14 +75,22 @@ pub(crate) enum SnapshotCommand {
         #[arg(long)]
         json: bool,
     },
-    /// Make a new data directory for the embedded store from an archive.
+    /// Make a new data directory for the embedded store, or fill an empty Redis, from an archive.
     #[command(after_help = RESTORE_AFTER_HELP)]
+    #[command(group(clap::ArgGroup::new("target").required(true).args(["data_dir", "store"])))]
     Restore {
         /// The archive.
         file: PathBuf,
         /// The data directory to make (it must not exist, or be empty).
         #[arg(long, value_name = "DIR")]
-        data_dir: PathBuf,
+        data_dir: Option<PathBuf>,
+        /// The Redis to fill instead (`redis://HOST:PORT`, `rediss://...`, or
+        /// `redis+cluster://NODE,NODE...`).
+        #[arg(long, value_name = "ADDRESS")]
+        store: Option<String>,
+        /// With --store: remove what allot keeps in that Redis first (one server, not a cluster).
+        #[arg(long, requires = "store")]
+        replace: bool,
         /// How the time since the snapshot counts: `resume` (leases, sessions and allocs go on
         /// with the time they had left when it was taken) or `expire` (what would have expired
         /// since, expires at the first start).
@@ -111,9 +125,12 @@ struct Described {
     sha256: String,
     /// Records by table, in the archive's order.
     records: Vec<(String, u64)>,
-    /// After a restore: the data directory made, and the restored daemon's first revision.
+    /// After a restore: the data directory made (or the Redis filled), and the restored
+    /// daemon's first revision.
     #[serde(skip_serializing_if = "Option::is_none")]
     data_dir: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    store: Option<String>,
     #[serde(skip_serializing_if = "Option::is_none")]
     first_revision: Option<u64>,
 }
@@ -130,6 +147,7 @@ impl Described {
             sha256: summary.sha256.clone(),
             records: summary.records.iter().map(|(table, n)| (table.name().to_owned(), *n)).collect(),
             data_dir: None,
+            store: None,
             first_revision: None,
         }
     }
@@ -150,6 +168,11 @@ impl Described {
         if let (Some(dir), Some(first)) = (&self.data_dir, self.first_revision) {
             text.push_str(&format!(
                 "restored into {dir}; its revisions start at {first}\nstart it with: allot serve --data-dir {dir}\n"
+            ));
+        }
+        if let (Some(store), Some(first)) = (&self.store, self.first_revision) {
+            text.push_str(&format!(
+                "restored into {store}; its revisions start at {first}\nstart the daemons with: allot serve --store {store}\n"
             ));
         }
         text
@@ -173,7 +196,7 @@ pub(crate) async fn snapshot(command: SnapshotCommand, before: &Common) -> anyho
             })
         }
         SnapshotCommand::Status { file, json } => Ok(offline(json, status(&file))),
-        SnapshotCommand::Restore { file, data_dir, leases, bump_revision, json } => {
+        SnapshotCommand::Restore { file, data_dir, store, replace, leases, bump_revision, json } => {
             let leases = match leases {
                 Leases::Resume => LeaseTime::Resume,
                 Leases::Expire => LeaseTime::Expire,
@@ -182,7 +205,12 @@ pub(crate) async fn snapshot(command: SnapshotCommand, before: &Common) -> anyho
                 .duration_since(std::time::UNIX_EPOCH)
                 .map_or(0, |since| since.as_millis() as u64);
             let options = RestoreOptions { leases, bump_revision, now_ms };
-            Ok(offline(json, restore_into(&file, &data_dir, &options)))
+            let outcome = match (data_dir, store) {
+                (Some(data_dir), _) => restore_into(&file, &data_dir, &options),
+                (None, Some(address)) => restore_into_redis(&file, &address, &options, replace).await,
+                (None, None) => unreachable!("clap requires one of --data-dir and --store"),
+            };
+            Ok(offline(json, outcome))
         }
     }
 }
@@ -228,6 +256,27 @@ fn restore_into(file: &Path, data_dir: &Path, options: &RestoreOptions) -> anyho
     let restored = restore(input, data_dir, options).map_err(|err| anyhow::anyhow!("{}: {err}", file.display()))?;
     let mut described = Described::of(file, &restored.header, &restored.summary);
     described.data_dir = Some(data_dir.display().to_string());
+    described.first_revision = Some(restored.first_revision);
+    Ok(described)
+}
+
+/// Fills the Redis at `address` from the archive `file` (see `allot_store_redis::snapshot`).
+async fn restore_into_redis(
+    file: &Path,
+    address: &str,
+    options: &RestoreOptions,
+    replace: bool,
+) -> anyhow::Result<Described> {
+    let config = allot_store_redis::RedisConfig::parse(address).map_err(|err| anyhow::anyhow!("{err}"))?;
+    let redacted = config.redacted_urls().join(",");
+    let store = tokio::time::timeout(std::time::Duration::from_secs(30), allot_store_redis::RedisStore::open(&config))
+        .await
+        .map_err(|_| anyhow::anyhow!("cannot reach Redis at {redacted} within 30 s"))??;
+    let restored = store.restore(file, options, replace).await;
+    allot_store::Store::shutdown(&store).await;
+    let restored = restored.map_err(|err| anyhow::anyhow!("{}: {err}", file.display()))?;
+    let mut described = Described::of(file, &restored.header, &restored.summary);
+    described.store = Some(redacted);
     described.first_revision = Some(restored.first_revision);
     Ok(described)
 }

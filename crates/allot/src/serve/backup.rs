@@ -1,7 +1,9 @@
 //! Scheduled backups (`[backup]`): every `every`, a snapshot of the store written into `dir` as
 //! `allot snapshot save` writes one (beside it first, checked whole, then renamed), and the oldest
 //! beyond `keep` removed. Each outcome is a line of the log and counted in `/metrics`
-//! (`allot_backups_total`, `allot_backup_last_success_timestamp_seconds`).
+//! (`allot_backups_total`, `allot_backup_last_success_timestamp_seconds`). On Redis, where
+//! several daemons may have `[backup]`, only the one that schedules applications takes them (its
+//! snapshot is the one whose applications agree with the pools: `allot_store_redis::snapshot`).
 
 use std::fs::{self, File};
 use std::path::{Path, PathBuf};
@@ -22,6 +24,10 @@ pub(super) async fn run(store: Arc<dyn Store>, metrics: Arc<allot_server::Metric
     ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
         ticks.tick().await;
+        if store.apps_home() != allot_store::AppsHome::Here {
+            tracing::debug!("backup: another daemon schedules applications and takes the backups");
+            continue;
+        }
         let (store, taken) = (store.clone(), config.clone());
         let outcome = tokio::task::spawn_blocking(move || back_up(store.as_ref(), &taken))
             .await

@@ -98,7 +98,7 @@ pub(crate) const SERVE_AFTER_HELP: &str = r#"Configuration file (--config), with
   [priority_classes]            # named priorities for applications and tasks (priority_class = "high")
   high = 1000
   normal = 0
-  [backup]                      # scheduled snapshots of the store (embedded), as `allot snapshot save` writes them
+  [backup]                      # scheduled snapshots of the store, as `allot snapshot save` writes them (on Redis: by the daemon that schedules)
   every = "1h"                  # how often (default 1h)
   dir = "/var/backups/allot"    # where (each file allot-<time>.snapshot)
   keep = 24                     # the newest kept; older ones are removed (default 24)
@@ -245,11 +245,8 @@ pub(super) struct BackupConfig {
     pub(super) keep: usize,
 }
 
-fn backup_config(file: Option<BackupFileConfig>, store: &StoreChoice) -> anyhow::Result<Option<BackupConfig>> {
+fn backup_config(file: Option<BackupFileConfig>) -> anyhow::Result<Option<BackupConfig>> {
     let Some(file) = file else { return Ok(None) };
-    if matches!(store, StoreChoice::Redis(_)) {
-        bail!("[backup]: snapshots are taken from the embedded store; a daemon on Redis takes none yet");
-    }
     let every = match file.every.as_deref() {
         None => Duration::from_secs(3600),
         Some(text) => allot_bench::duration::parse(text).map_err(|err| anyhow::anyhow!("[backup] every: {err}"))?,
@@ -903,7 +900,7 @@ pub(super) fn resolve(args: &ServeArgs) -> anyhow::Result<Config> {
         ),
         (None, None) => None,
     };
-    let backup = backup_config(file.backup, &store)?;
+    let backup = backup_config(file.backup)?;
     Ok(Config {
         tls,
         backup,
