@@ -214,14 +214,22 @@ impl Store for RedisStore {
         }
     }
 
-    /// Slot by slot (`snapshot.rs`), on the runtime this is called from (off its threads).
+    /// Slot by slot (`snapshot.rs`), on the runtime this is called from (off its threads), into
+    /// a temporary file first: `out` may block (an answer's body), which it must not do on the
+    /// runtime, and the scheduling pauses only while Redis is read.
     fn snapshot(
         &self,
         out: &mut dyn std::io::Write,
     ) -> Result<(allot_store::snapshot::SnapshotHeader, allot_store::snapshot::SnapshotSummary), StoreError> {
+        use std::io::Seek;
         let runtime = tokio::runtime::Handle::try_current()
             .map_err(|_| StoreError::Unavailable("a Redis snapshot is taken on the daemon's runtime".into()))?;
-        runtime.block_on(self.snapshot_to(out))
+        let failed = |err: std::io::Error| StoreError::Unavailable(format!("cannot write the snapshot: {err}"));
+        let mut file = tempfile::tempfile().map_err(failed)?;
+        let taken = runtime.block_on(self.snapshot_to(&mut file))?;
+        file.rewind().map_err(failed)?;
+        std::io::copy(&mut file, out).map_err(failed)?;
+        Ok(taken)
     }
 
     async fn shutdown(&self) {

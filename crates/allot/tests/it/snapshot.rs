@@ -247,3 +247,108 @@ async fn scheduled_backups_are_written_whole_and_the_oldest_removed() {
     assert!(status.status.success() && text(&status).contains("namespaces 1"), "{}", text(&status));
     assert_eq!(metric(&url, "allot_backups_total{outcome=\"failed\"}").await, 0.0);
 }
+
+/// Every grant of `namespace`: token -> (fencing number, time left).
+async fn leases(client: &Client, namespace: &str) -> BTreeMap<String, (u64, Option<u64>)> {
+    let grants = client.grants(namespace).await.unwrap().grants;
+    grants.into_iter().map(|g| (g.token, (g.fencing, g.expires_in_ms))).collect()
+}
+
+/// Saves the store of the daemon at `url` to `archive` with the CLI; on Redis, waits for a
+/// daemon to schedule (which takes it) first.
+async fn save(url: &str, archive: &std::path::Path) -> u64 {
+    let (url, path) = (url.to_owned(), archive.to_owned());
+    let mut last = String::new();
+    let saved = crate::support::eventually(crate::support::PATIENCE, async || {
+        let (url, path) = (url.clone(), path.clone());
+        let output = tokio::task::spawn_blocking(move || {
+            cli(&["snapshot", "save", path.to_str().unwrap(), "--json"], Some(&url), None)
+        })
+        .await
+        .unwrap();
+        last = text(&output);
+        output.status.success()
+    })
+    .await;
+    assert!(saved, "the save never succeeded: {last}");
+    let described: serde_json::Value = serde_json::from_str(&last).unwrap();
+    described["revision"].as_u64().unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_store_moves_from_the_embedded_store_to_redis_and_back() {
+    let (dir, data) = data_dir();
+    let embedded = tokio::task::spawn_blocking(move || Daemon::start(&data, &[])).await.unwrap();
+    let client = embedded.client();
+    client.put_namespace("hive", 100).await.unwrap();
+    client.put_pool("gpu", "cpu=8,mem=16Gi").await.unwrap();
+    client.allocate("hive", "plain", &Allocate::default()).await.unwrap();
+    let leased = Allocate { ttl_ms: Some(3_600_000), ..Allocate::default() };
+    client.allocate("hive", "leased", &leased).await.unwrap();
+    let session = client.open_session(3_600_000).await.unwrap();
+    let in_session = Allocate { session: Some(session.id.clone()), ..Allocate::default() };
+    client.allocate("hive", "in-session", &in_session).await.unwrap();
+    let first = dir.path().join("first.snapshot");
+    let revision = save(&embedded.url, &first).await;
+    let before = leases(&client, "hive").await;
+    drop(embedded);
+
+    // Into an empty Redis, served by two daemons; a second restore is refused.
+    let redis = allot_store_redis::testing::RedisServer::start();
+    let url = redis.url();
+    let restore = |archive: &std::path::Path, extra: &[&str]| {
+        let mut args = vec!["snapshot", "restore", archive.to_str().unwrap(), "--store", url.as_str(), "--json"];
+        args.extend_from_slice(extra);
+        cli(&args, None, None)
+    };
+    let restored = restore(&first, &[]);
+    assert!(restored.status.success(), "{}", text(&restored));
+    let outcome: serde_json::Value = serde_json::from_slice(&restored.stdout).unwrap();
+    assert!(outcome["first_revision"].as_u64().unwrap() > revision, "{outcome}");
+    let refused = restore(&first, &[]);
+    assert_eq!(refused.status.code(), Some(1));
+    assert!(text(&refused).contains("already holds allot's state"), "{}", text(&refused));
+    let (one_dir, one) = data_dir();
+    let (two_dir, two) = data_dir();
+    let args = |data: PathBuf| {
+        let url = url.clone();
+        move || Daemon::start(&data, &["--store", url.as_str()])
+    };
+    let first_daemon = tokio::task::spawn_blocking(args(one)).await.unwrap();
+    let second_daemon = tokio::task::spawn_blocking(args(two)).await.unwrap();
+    let on_redis = leases(&second_daemon.client(), "hive").await;
+    assert_eq!(on_redis.keys().collect::<Vec<_>>(), before.keys().collect::<Vec<_>>());
+    for (token, (fencing, left)) in &on_redis {
+        let (fencing_before, left_before) = before[token];
+        assert_eq!(*fencing, fencing_before, "{token} kept its fencing number");
+        match (left, left_before) {
+            (Some(left), Some(before)) => assert!(*left <= before && before - left < 600_000, "{token}: {left} of {before}"),
+            (left, before) => assert_eq!(*left, before, "{token}"),
+        }
+    }
+    assert_eq!(second_daemon.client().session(&session.id).await.unwrap().id, session.id);
+    assert_eq!(first_daemon.client().pool("gpu").await.unwrap().name, "gpu");
+
+    // Taken through either daemon (the one that schedules takes it), into a new data directory.
+    let second = dir.path().join("second.snapshot");
+    save(&second_daemon.url, &second).await;
+    let status = cli(&["snapshot", "status", second.to_str().unwrap()], None, None);
+    assert!(text(&status).contains("from the redis store"), "{}", text(&status));
+    let back_dir = dir.path().join("back");
+    let back = cli(
+        &["snapshot", "restore", second.to_str().unwrap(), "--data-dir", back_dir.to_str().unwrap()],
+        None,
+        None,
+    );
+    assert!(back.status.success(), "{}", text(&back));
+    drop((first_daemon, second_daemon, one_dir, two_dir));
+    let copy = tokio::task::spawn_blocking(move || Daemon::start(&back_dir, &[])).await.unwrap();
+    let copied = leases(&copy.client(), "hive").await;
+    let fencing = |grants: &BTreeMap<String, (u64, Option<u64>)>| -> Vec<(String, u64)> {
+        grants.iter().map(|(token, (fencing, _))| (token.clone(), *fencing)).collect()
+    };
+    assert_eq!(fencing(&copied), fencing(&before), "the grants came back with their fencing numbers");
+    let highest = copied.values().map(|(fencing, _)| *fencing).max().unwrap();
+    let next = copy.client().allocate("hive", "after", &Allocate::default()).await.unwrap();
+    assert!(next.grant.unwrap().fencing > highest);
+}
