@@ -22,7 +22,7 @@ use allot_store::snapshot::{SnapshotHeader, SnapshotReader, Table};
 use allot_store::snapshot_rebase::rebase;
 use allot_store::{read_all, Allocation, EmbeddedConfig, EmbeddedStore, Store, WatchError};
 use allot_store_redis::snapshot::RestoreError;
-use allot_store_redis::testing::{RedisServer, TestClock};
+use allot_store_redis::testing::{RedisCluster, RedisServer, TestClock};
 
 use crate::support::until;
 
@@ -168,17 +168,23 @@ fn records(archive: &[u8]) -> Vec<Record> {
     records
 }
 
+/// An archive of an embedded store [`fill`]ed, taken 10 s later.
+async fn filled_archive(config: &EmbeddedConfig, clock: &ManualClock) -> (Vec<u8>, SnapshotHeader, AppId) {
+    let embedded = EmbeddedStore::open(config).unwrap();
+    let app = fill(&embedded).await;
+    clock.advance(Duration::from_millis(10_000));
+    let mut archive = Vec::new();
+    let (header, _) = embedded.snapshot(&mut archive).unwrap();
+    embedded.shutdown().await;
+    (archive, header, app)
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_archive_moves_embedded_to_redis_to_embedded_and_keeps_every_record() {
     let dirs = tempfile::tempdir().unwrap();
     let clock = ManualClock::new();
     let config = |dir: &str| EmbeddedConfig::new(dirs.path().join(dir)).with_time(Arc::new(clock.clone()));
-    let embedded = EmbeddedStore::open(&config("a")).unwrap();
-    let app = fill(&embedded).await;
-    clock.advance(Duration::from_millis(10_000));
-    let mut first = Vec::new();
-    let (first_header, _) = embedded.snapshot(&mut first).unwrap();
-    embedded.shutdown().await;
+    let (first, first_header, app) = filled_archive(&config("a"), &clock).await;
     let first_file = dirs.path().join("first.snapshot");
     std::fs::write(&first_file, &first).unwrap();
 
@@ -274,5 +280,38 @@ async fn a_damaged_archive_writes_nothing_into_redis() {
     assert!(matches!(refused, Err(RestoreError::Snapshot(_))), "{refused:?}");
     let listed = read_all(|page| redis.namespaces(page)).await.unwrap();
     assert!(listed.is_empty(), "nothing was written: {listed:?}");
+    redis.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_archive_restores_into_a_redis_cluster_and_comes_back_the_same() {
+    let dirs = tempfile::tempdir().unwrap();
+    let clock = ManualClock::new();
+    let config = EmbeddedConfig::new(dirs.path().join("a")).with_time(Arc::new(clock.clone()));
+    let (first, first_header, _) = filled_archive(&config, &clock).await;
+    let file = dirs.path().join("first.snapshot");
+    std::fs::write(&file, &first).unwrap();
+
+    let cluster = RedisCluster::start(3);
+    let redis = crate::support::open(&cluster.address()).await;
+    let wall = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_millis() as u64;
+    let options = RestoreOptions { leases: LeaseTime::Resume, bump_revision: DEFAULT_BUMP_REVISION, now_ms: wall };
+    let restored = redis.restore(&file, &options, false).await.unwrap();
+    let replaced = redis.restore(&file, &options, true).await;
+    assert!(matches!(replaced, Err(RestoreError::ReplaceOnCluster)), "{replaced:?}");
+
+    // Taken again slot by slot, across the three primaries: the records the archive held, moved
+    // onto Redis's clock by what the restore moved them by.
+    let mut second = Vec::new();
+    redis.snapshot_to(&mut second).await.unwrap();
+    let back = first_header.clock_ms as i64 - restored.clock_ms as i64;
+    let moved_back: Vec<Record> = records(&second)
+        .into_iter()
+        .map(|(table, key, value)| {
+            let value = rebase(table, &key, &value, back).unwrap();
+            (table, key, value)
+        })
+        .collect();
+    assert_eq!(moved_back, records(&first));
     redis.shutdown().await;
 }

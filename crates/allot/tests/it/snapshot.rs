@@ -322,7 +322,9 @@ async fn a_store_moves_from_the_embedded_store_to_redis_and_back() {
         let (fencing_before, left_before) = before[token];
         assert_eq!(*fencing, fencing_before, "{token} kept its fencing number");
         match (left, left_before) {
-            (Some(left), Some(before)) => assert!(*left <= before && before - left < 600_000, "{token}: {left} of {before}"),
+            (Some(left), Some(before)) => {
+                assert!(*left <= before && before - left < 600_000, "{token}: {left} of {before}")
+            }
             (left, before) => assert_eq!(*left, before, "{token}"),
         }
     }
@@ -335,11 +337,8 @@ async fn a_store_moves_from_the_embedded_store_to_redis_and_back() {
     let status = cli(&["snapshot", "status", second.to_str().unwrap()], None, None);
     assert!(text(&status).contains("from the redis store"), "{}", text(&status));
     let back_dir = dir.path().join("back");
-    let back = cli(
-        &["snapshot", "restore", second.to_str().unwrap(), "--data-dir", back_dir.to_str().unwrap()],
-        None,
-        None,
-    );
+    let back =
+        cli(&["snapshot", "restore", second.to_str().unwrap(), "--data-dir", back_dir.to_str().unwrap()], None, None);
     assert!(back.status.success(), "{}", text(&back));
     drop((first_daemon, second_daemon, one_dir, two_dir));
     let copy = tokio::task::spawn_blocking(move || Daemon::start(&back_dir, &[])).await.unwrap();
