@@ -5,8 +5,10 @@ from __future__ import annotations
 
 import functools
 import json
+import os
 import warnings
 from contextlib import asynccontextmanager
+from pathlib import Path
 from typing import Any, AsyncGenerator, AsyncIterator, Awaitable, Callable, Dict, List, Mapping, Optional, Sequence, Tuple, TypeVar, Union, cast
 
 import httpx
@@ -15,6 +17,8 @@ from . import models as m
 from ._resources import OFFER_GONE, amount_to_take, format_resources, parse_resources, pick_offers
 from ._sse import EventStream
 from ._util import (
+    check_snapshot,
+    sync_directory,
     APP_ENDED,
     SYSTEM_CLOCK,
     TASK_ENDED,
@@ -138,6 +142,38 @@ class AsyncClient:
     async def ready(self) -> m.Readiness:
         """``GET /readyz``: the daemon can serve (its store answers)."""
         return cast(m.Readiness, await self._call("GET", "/readyz"))
+
+    # ---- snapshots ----
+
+    async def save_snapshot(self, path: Union[str, "os.PathLike[str]"]) -> Dict[str, Any]:
+        """``GET /v1/snapshot``: saves a point-in-time archive of everything the daemon's store
+        holds to ``path`` while the daemon serves (it needs the daemon's ``admin`` permission), as
+        ``allot snapshot save`` does: written beside it first (``path.partial``), synced, checked
+        whole, then renamed into place, so ``path`` is a whole archive or left as it was. Answers
+        the archive's header (``revision``, ``taken_at_ms``, ``backend``, ...) with its ``bytes``
+        and ``sha256``. ``allot snapshot restore`` makes a store of it."""
+        target = Path(path)
+        partial = target.with_name(target.name + ".partial")
+        timeout = httpx.Timeout(self.options.timeout, read=3600.0)
+        try:
+            with open(partial, "wb") as out:
+                async with self._http.stream("GET", "/v1/snapshot", timeout=timeout) as answer:
+                    if answer.status_code >= 400:
+                        raise_for(answer.status_code, await answer.aread())
+                    async for chunk in answer.aiter_bytes():
+                        out.write(chunk)
+                out.flush()
+                os.fsync(out.fileno())
+            described = check_snapshot(partial)
+            os.replace(partial, target)
+            sync_directory(target.parent)
+        except httpx.TransportError as err:
+            partial.unlink(missing_ok=True)
+            raise connection_failed(err, self.options.url) from err
+        except BaseException:
+            partial.unlink(missing_ok=True)
+            raise
+        return described
 
     # ---- token quotas ----
 

@@ -5,6 +5,7 @@ clock their helpers read)."""
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import json
 import os
 import secrets
@@ -126,6 +127,60 @@ def raise_for(status: int, body: bytes) -> None:
     except (ValueError, KeyError, TypeError):
         pass
     raise error_for(status, code, message)
+
+
+SNAPSHOT_MAGIC = b"allot-snapshot\n"
+
+
+def check_snapshot(path: Path) -> Dict[str, Any]:
+    """Reads the archive at ``path`` whole and checks it as ``allot snapshot status`` does: its
+    first line, its header, and the SHA-256 of everything before its last 32 bytes, which they
+    hold. Answers the header with the archive's ``bytes`` and ``sha256``; raises ``AllotError``
+    (code ``snapshot_damaged``) for an archive cut short or altered."""
+    def damaged(why: str) -> AllotError:
+        return AllotError(f"{path}: {why}", code="snapshot_damaged")
+
+    digest = hashlib.sha256()
+    size = path.stat().st_size
+    if size < len(SNAPSHOT_MAGIC) + 33:
+        raise damaged("not an allot snapshot, or one cut short")
+    with open(path, "rb") as archive:
+        first = archive.readline()
+        header_line = archive.readline()
+        if first != SNAPSHOT_MAGIC:
+            raise damaged("not an allot snapshot (it does not start with `allot-snapshot`)")
+        digest.update(first)
+        digest.update(header_line)
+        left = size - len(first) - len(header_line) - 32
+        if left < 1:
+            raise damaged("cut short before its checksum")
+        while left > 0:
+            chunk = archive.read(min(left, 1 << 20))
+            if not chunk:
+                raise damaged("cut short")
+            if left == len(chunk) and chunk[-1:] != b"\xff":
+                raise damaged("cut short: its records do not end where its checksum starts")
+            digest.update(chunk)
+            left -= len(chunk)
+        recorded = archive.read(32)
+    if recorded != digest.digest():
+        raise damaged(f"its checksum does not match its content (recorded {recorded.hex()}, computed {digest.hexdigest()})")
+    try:
+        header: Dict[str, Any] = json.loads(header_line)
+    except ValueError as err:
+        raise damaged(f"its header does not read: {err}") from err
+    return {**header, "bytes": size, "sha256": digest.hexdigest()}
+
+
+def sync_directory(path: Path) -> None:
+    """Makes a rename in ``path`` durable (POSIX; nothing elsewhere)."""
+    if os.name != "posix":
+        return
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
 
 
 def connection_failed(err: Exception, url: str) -> AllotError:

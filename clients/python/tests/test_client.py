@@ -397,3 +397,23 @@ def test_tasks_reported_by_hand_on_a_pool_no_daemon_runs(client: Client) -> None
     assert client.complete_app("py-hand")["state"] in ("Completing", "Completed")
     client.remove_app("py-hand")
     client.remove_pool("py-hand", force=True)
+
+
+def test_save_snapshot_writes_a_whole_archive_or_nothing(client: Client, tmp_path: Path) -> None:
+    client.put_namespace("py:snapshot", 3)
+    client.allocate("py:snapshot", "kept")
+    archive = tmp_path / "store.snapshot"
+    described = client.save_snapshot(archive)
+    assert described["backend"] == "embedded" and described["revision"] > 0, described
+    assert described["bytes"] == archive.stat().st_size and len(described["sha256"]) == 64
+    assert not (tmp_path / "store.snapshot.partial").exists()
+    # A copy cut short, or altered, is refused by the same check.
+    from allot._util import check_snapshot
+
+    data = archive.read_bytes()
+    for broken in (data[:-1], data[:-40] + bytes([data[-40] ^ 0x55]) + data[-39:]):
+        copy = tmp_path / "broken.snapshot"
+        copy.write_bytes(broken)
+        with pytest.raises(allot.AllotError) as refused:
+            check_snapshot(copy)
+        assert refused.value.code == "snapshot_damaged", refused.value
