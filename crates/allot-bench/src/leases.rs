@@ -15,8 +15,13 @@
 //!   ends them all at the same moment, while `--clients` connections run allocate+release pairs
 //!   in another namespace; the answers' latencies around that moment (max and p99).
 //!
+//! - **a snapshot while serving** (issue 44, point 1): `--clients` connections run pairs for
+//!   [`PAIRS_ALONE`], then again while `allot snapshot save` takes the whole store (every grant);
+//!   the pairs/s of the two, and the answers' latencies during the snapshot.
+//!
 //! Targets: ≤ 512 bytes of memory and ≤ 200 bytes of disk per grant, the restart ≤ 1 s, no
-//! answer slower than 50 ms while the tenth expires.
+//! answer slower than 50 ms while the tenth expires; during the snapshot at least 0.8 of the
+//! pairs/s without it, and no answer slower than 50 ms.
 //!
 //! With `--redis`, the daemon runs on a `redis-server` started for the run: Redis's
 //! `used_memory` per grant and its files' blocks per grant are reported, with no targets.
@@ -41,6 +46,10 @@ const MAX_BYTES_PER_GRANT: f64 = 512.0;
 const MAX_DISK_PER_GRANT: f64 = 200.0;
 const MAX_RESTART_S: f64 = 1.0;
 const MAX_EXPIRY_LATENCY_MS: f64 = 50.0;
+const MIN_PAIRS_DURING_SNAPSHOT: f64 = 0.8;
+const MAX_SNAPSHOT_LATENCY_MS: f64 = 50.0;
+/// How long pairs run alone, for the pairs/s a snapshot is compared with.
+const PAIRS_ALONE: Duration = Duration::from_secs(3);
 /// The TTL of the grants that do not expire during the run.
 const LONG_TTL_MS: u64 = 3_600_000;
 /// The namespace of the pairs measured while the tenth expires.
@@ -74,7 +83,21 @@ struct Output {
     expired: usize,
     expiry_window: Latency,
     pairs_before: Latency,
+    /// Pairs alone, then while a snapshot of every grant is taken (`allot snapshot save`).
+    snapshot: SnapshotUnderLoad,
     checks: Vec<Check>,
+}
+
+#[derive(Debug, Serialize)]
+struct SnapshotUnderLoad {
+    seconds: f64,
+    bytes: u64,
+    pairs_per_s_alone: f64,
+    pairs_per_s_during: f64,
+    /// `pairs_per_s_during / pairs_per_s_alone`.
+    ratio: f64,
+    answers_alone: Latency,
+    answers_during: Latency,
 }
 
 pub(super) async fn run(args: LeasesBenchArgs) -> anyhow::Result<()> {
@@ -138,6 +161,8 @@ pub(super) async fn run(args: LeasesBenchArgs) -> anyhow::Result<()> {
         kib
     };
     eprintln!("restarted: serving {serving:.3} s after the kill");
+    let snapshot = snapshot_under_load(&endpoint, &args, &scratch.join("bench.snapshot")).await?;
+    eprintln!("snapshot of every grant taken in {:.3} s while pairs ran", snapshot.seconds);
 
     // A tenth, released and allocated again so that their leases all end at one moment.
     let tenth: Vec<usize> = (0..args.grants).step_by(10).collect();
@@ -186,6 +211,16 @@ pub(super) async fn run(args: LeasesBenchArgs) -> anyhow::Result<()> {
                 Some(expiry_window.max),
                 MAX_EXPIRY_LATENCY_MS,
             ),
+            Check::at_least(
+                "pairs/s during a snapshot of every grant, over pairs/s without".into(),
+                Some(snapshot.ratio),
+                MIN_PAIRS_DURING_SNAPSHOT,
+            ),
+            Check::at_most(
+                "slowest answer during the snapshot (ms)".into(),
+                Some(snapshot.answers_during.max),
+                MAX_SNAPSHOT_LATENCY_MS,
+            ),
         ],
     };
     let output = Output {
@@ -210,6 +245,7 @@ pub(super) async fn run(args: LeasesBenchArgs) -> anyhow::Result<()> {
         expired,
         expiry_window,
         pairs_before,
+        snapshot,
         checks: checks.clone(),
     };
     report::finish(&output, args.output.json, print, args.check, &checks)
@@ -247,6 +283,20 @@ fn print(o: &Output) {
         o.expiry_window.count,
         o.pairs_before.p99,
         o.pairs_before.max
+    );
+    let snap = &o.snapshot;
+    println!(
+        "  a snapshot of every grant ({} bytes) taken in {:.3} s: pairs {:.0}/s during it against {:.0}/s alone ({:.2}); \
+         answers during it p99 {:.2} ms max {:.2} ms (alone p99 {:.2} ms max {:.2} ms)",
+        snap.bytes,
+        snap.seconds,
+        snap.pairs_per_s_during,
+        snap.pairs_per_s_alone,
+        snap.ratio,
+        snap.answers_during.p99,
+        snap.answers_during.max,
+        snap.answers_alone.p99,
+        snap.answers_alone.max
     );
     println!("targets:");
     print!("{}", report::checks(&o.checks));
@@ -410,6 +460,83 @@ async fn pairs_around(
         around.extend(a);
     }
     Ok((Latency::from_nanos(before), Latency::from_nanos(around)))
+}
+
+/// Pairs for [`PAIRS_ALONE`], then pairs while `allot snapshot save FILE` runs against the
+/// daemon (this binary, as a child).
+async fn snapshot_under_load(
+    endpoint: &Endpoint,
+    args: &LeasesBenchArgs,
+    file: &std::path::Path,
+) -> anyhow::Result<SnapshotUnderLoad> {
+    let ((), alone_pairs, alone_s, answers_alone) =
+        pairs_until(endpoint, args, tokio::time::sleep(PAIRS_ALONE)).await?;
+    let exe = std::env::current_exe().context("this binary's path")?;
+    let scheme = if endpoint.tls.is_some() { "https" } else { "http" };
+    let mut save = tokio::process::Command::new(exe);
+    save.args(["snapshot", "save"])
+        .arg(file)
+        .env("ALLOT_SERVER", format!("{scheme}://{}{}", endpoint.authority, endpoint.prefix));
+    save.env_remove("ALLOT_TOKEN").stdout(std::process::Stdio::null()).kill_on_drop(true);
+    let started = Instant::now();
+    let (saved, during_pairs, during_s, answers_during) = pairs_until(endpoint, args, save.output()).await?;
+    let seconds = started.elapsed().as_secs_f64();
+    let saved = saved.context("running `allot snapshot save`")?;
+    if !saved.status.success() {
+        bail!("`allot snapshot save` failed: {}", String::from_utf8_lossy(&saved.stderr));
+    }
+    let bytes =
+        std::fs::metadata(file).with_context(|| format!("the snapshot {} was not written", file.display()))?.len();
+    std::fs::remove_file(file).ok();
+    let (alone, during) = (alone_pairs as f64 / alone_s, during_pairs as f64 / during_s);
+    Ok(SnapshotUnderLoad {
+        seconds,
+        bytes,
+        pairs_per_s_alone: alone,
+        pairs_per_s_during: during,
+        ratio: during / alone,
+        answers_alone,
+        answers_during,
+    })
+}
+
+/// Allocate+release pairs on `--clients` connections until `done` ends: what it answered, how
+/// many pairs, in how many seconds, and the answers' latencies.
+async fn pairs_until<T>(
+    endpoint: &Endpoint,
+    args: &LeasesBenchArgs,
+    done: impl std::future::Future<Output = T>,
+) -> anyhow::Result<(T, u64, f64, Latency)> {
+    let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let mut clients = Vec::new();
+    for c in 0..args.clients {
+        let mut conn = Conn::connect(endpoint).await?;
+        let stop = stop.clone();
+        clients.push(tokio::spawn(async move {
+            let mut answers = Vec::new();
+            let path = format!("/v1/namespaces/{PAIRS_NAMESPACE}/grants/pair-{c}");
+            while !stop.load(Ordering::Relaxed) {
+                for method in [Method::PUT, Method::DELETE] {
+                    let sent = Instant::now();
+                    let (status, answer) = conn.request(method, &path, Bytes::new()).await?;
+                    if status != StatusCode::OK {
+                        bail!("{path}: {status}: {}", String::from_utf8_lossy(&answer));
+                    }
+                    answers.push(sent.elapsed().as_nanos() as u64);
+                }
+            }
+            Ok::<_, anyhow::Error>(answers)
+        }));
+    }
+    let started = Instant::now();
+    let outcome = done.await;
+    stop.store(true, Ordering::Relaxed);
+    let seconds = started.elapsed().as_secs_f64();
+    let mut answers = Vec::new();
+    for client in clients {
+        answers.extend(client.await??);
+    }
+    Ok((outcome, (answers.len() / 2) as u64, seconds, Latency::from_nanos(answers)))
 }
 
 /// The grants the `namespaces` hold, by their counts.

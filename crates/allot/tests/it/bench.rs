@@ -58,7 +58,8 @@ fn bench_compare_pins_the_servers_and_the_load_generator_apart() {
 }
 
 /// `allot bench leases` at a small scale: the grants are held, the daemon killed and started
-/// again on its data (every grant read back), and the tenth given one deadline all expire.
+/// again on its data (every grant read back), a snapshot of them taken while pairs run, and the
+/// tenth given one deadline all expire.
 #[test]
 fn bench_leases_holds_restarts_and_expires_a_tenth() {
     let output = Command::new(ALLOT)
@@ -79,7 +80,12 @@ fn bench_leases_holds_restarts_and_expires_a_tenth() {
         assert!(report[read].as_u64().is_some_and(|kib| kib > 0), "{read}: {report}");
     }
     assert!(report["expiry_window"]["count"].as_u64().unwrap() > 0, "pairs were answered as the tenth expired");
-    assert_eq!(report["checks"].as_array().unwrap().len(), 4, "{report}");
+    // A snapshot of every grant was taken while pairs ran.
+    let snapshot = &report["snapshot"];
+    assert!(snapshot["bytes"].as_u64().unwrap() > 3000 * 20, "{report}");
+    assert!(snapshot["answers_during"]["count"].as_u64().unwrap() > 0, "pairs ran during the snapshot: {report}");
+    assert!(snapshot["ratio"].as_f64().unwrap() > 0.0, "{report}");
+    assert_eq!(report["checks"].as_array().unwrap().len(), 6, "{report}");
 }
 
 /// `allot bench waiters` at a small scale: every waiter queued over HTTP/2, then handed the
