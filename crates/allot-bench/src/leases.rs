@@ -16,8 +16,9 @@
 //!   in another namespace; the answers' latencies around that moment (max and p99).
 //!
 //! - **a snapshot while serving** (issue 44, point 1): `--clients` connections run pairs for
-//!   [`PAIRS_ALONE`], then again while `allot snapshot save` takes the whole store (every grant);
-//!   the pairs/s of the two, and the answers' latencies during the snapshot.
+//!   [`PAIRS_ALONE`], then again while `allot snapshot save` (under `nice -n 19`, as a backup job
+//!   beside the daemon would run) takes the whole store (every grant); the pairs/s of the two,
+//!   and the answers' latencies during the snapshot.
 //!
 //! Targets: ≤ 512 bytes of memory and ≤ 200 bytes of disk per grant, the restart ≤ 1 s, no
 //! answer slower than 50 ms while the tenth expires; during the snapshot at least 0.8 of the
@@ -473,8 +474,11 @@ async fn snapshot_under_load(
         pairs_until(endpoint, args, tokio::time::sleep(PAIRS_ALONE)).await?;
     let exe = std::env::current_exe().context("this binary's path")?;
     let scheme = if endpoint.tls.is_some() { "https" } else { "http" };
-    let mut save = tokio::process::Command::new(exe);
-    save.args(["snapshot", "save"])
+    // The saving client at the lowest priority, as a backup job beside the daemon would run.
+    let mut save = tokio::process::Command::new("nice");
+    save.args(["-n", "19"])
+        .arg(exe)
+        .args(["snapshot", "save"])
         .arg(file)
         .env("ALLOT_SERVER", format!("{scheme}://{}{}", endpoint.authority, endpoint.prefix));
     save.env_remove("ALLOT_TOKEN").stdout(std::process::Stdio::null()).kill_on_drop(true);

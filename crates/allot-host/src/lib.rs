@@ -5,5 +5,6 @@
 //! tasks or processes make true. Nothing here knows allot's stores or API.
 
 pub mod affinity;
+pub mod priority;
 pub mod redis;
 pub mod wait;

@@ -59,8 +59,9 @@ const SESSIONS_SLOT: &str = "allot:{allot-sessions}";
 const RUNS_SLOT: &str = "allot:{allot-runs}";
 const ACCESS_SLOT: &str = "allot:{allot-access}";
 const FEED_SLOT: &str = "allot:{allot-feed}";
-/// Records written per call of a restore.
+/// Records written per call of a restore, and the bytes after which a call goes out sooner.
 const BATCH: usize = 500;
+const BATCH_BYTES: usize = 8 << 20;
 /// The expiry `lua/pool.lua` gives an alloc the scheduler holds (its `HELD`).
 const HELD_EXPIRY: u64 = 99_999_999_999_999;
 
@@ -481,6 +482,15 @@ impl RedisStore {
             }
         }
         writes.flush().await?;
+        // A grant held under a session the archive lacks ended with it: its lease is due now,
+        // and the namespace's sweep ends it.
+        for (id, namespaces) in session_namespaces {
+            let id = SessionId(id).to_string();
+            for name in namespaces {
+                let Ok(namespace) = NamespaceName::new(&name) else { continue };
+                call(inner, &prefix(&namespace), &["session_lease", &id, "0"], true).await?;
+            }
+        }
         call(inner, RUNS_SLOT, &["indexed", "indexed", "catalog-indexed"], true).await?;
         call(inner, ACCESS_SLOT, &["access_moved"], true).await?;
         let revision = header.revision.saturating_add(options.bump_revision);
@@ -498,11 +508,12 @@ struct Writes<'a> {
     head: Vec<String>,
     args: Vec<String>,
     records: usize,
+    bytes: usize,
 }
 
 impl<'a> Writes<'a> {
     fn new(inner: &'a Inner) -> Writes<'a> {
-        Writes { inner, key: String::new(), head: Vec::new(), args: Vec::new(), records: 0 }
+        Writes { inner, key: String::new(), head: Vec::new(), args: Vec::new(), records: 0, bytes: 0 }
     }
 
     async fn push(
@@ -511,12 +522,16 @@ impl<'a> Writes<'a> {
         head: &[&str],
         items: impl IntoIterator<Item = String>,
     ) -> Result<(), StoreError> {
-        if key != self.key || self.head.iter().map(String::as_str).ne(head.iter().copied()) || self.records >= BATCH {
+        let full = self.records >= BATCH || self.bytes >= BATCH_BYTES;
+        if full || key != self.key || self.head.iter().map(String::as_str).ne(head.iter().copied()) {
             self.flush().await?;
             self.key = key;
             self.head = head.iter().map(|h| (*h).to_owned()).collect();
         }
-        self.args.extend(items);
+        for item in items {
+            self.bytes += item.len();
+            self.args.push(item);
+        }
         self.records += 1;
         Ok(())
     }
@@ -528,6 +543,7 @@ impl<'a> Writes<'a> {
         }
         self.args.clear();
         self.records = 0;
+        self.bytes = 0;
         Ok(())
     }
 }

@@ -119,14 +119,22 @@ pub(crate) async fn snapshot(
 ) -> Result<axum::response::Response, crate::error::ApiError> {
     use futures_util::StreamExt;
     let (pieces, mut received) = tokio::sync::mpsc::channel::<Piece>(4);
-    let store = state.store.clone();
-    tokio::task::spawn_blocking(move || {
+    let (store, runtime) = (state.store.clone(), tokio::runtime::Handle::current());
+    // At the lowest priority: the calls served meanwhile keep the CPU they need.
+    let started = allot_host::priority::spawn_lowest("allot-snapshot", move || {
+        let _runtime = runtime.enter();
         let mut body = ToBody(pieces.clone());
         if let Err(err) = store.snapshot(&mut body) {
             tracing::warn!(error = %err, "snapshot failed");
             let _ = pieces.blocking_send(Piece::Failed(err));
         }
     });
+    if let Err(err) = started {
+        return Err(crate::error::ApiError::of(
+            allot_api::ErrorCode::Internal,
+            &format!("cannot start the snapshot's thread: {err}"),
+        ));
+    }
     let first = match received.recv().await {
         Some(Piece::Bytes(first)) => first,
         Some(Piece::Failed(err)) => return Err(err.into()),

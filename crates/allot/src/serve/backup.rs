@@ -28,10 +28,17 @@ pub(super) async fn run(store: Arc<dyn Store>, metrics: Arc<allot_server::Metric
             tracing::debug!("backup: another daemon schedules applications and takes the backups");
             continue;
         }
-        let (store, taken) = (store.clone(), config.clone());
-        let outcome = tokio::task::spawn_blocking(move || back_up(store.as_ref(), &taken))
-            .await
-            .unwrap_or_else(|panic| Err(format!("the backup stopped: {panic}")));
+        let (store, taken, runtime) = (store.clone(), config.clone(), tokio::runtime::Handle::current());
+        let (done, outcome) = tokio::sync::oneshot::channel();
+        // At the lowest priority, as `GET /v1/snapshot` takes one.
+        let started = allot_host::priority::spawn_lowest("allot-backup", move || {
+            let _runtime = runtime.enter();
+            let _ = done.send(back_up(store.as_ref(), &taken));
+        });
+        let outcome = match started {
+            Ok(_) => outcome.await.unwrap_or_else(|_| Err("the backup stopped".to_owned())),
+            Err(err) => Err(format!("cannot start the backup's thread: {err}")),
+        };
         match outcome {
             Ok((path, revision, bytes, removed)) => {
                 tracing::info!(path = %path.display(), revision, bytes, removed, "backup written");
