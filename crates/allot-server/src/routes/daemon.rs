@@ -132,7 +132,7 @@ pub(crate) async fn snapshot(
     if let Err(err) = started {
         return Err(crate::error::ApiError::of(
             allot_api::ErrorCode::Internal,
-            &format!("cannot start the snapshot's thread: {err}"),
+            format!("cannot start the snapshot's thread: {err}"),
         ));
     }
     let first = match received.recv().await {
