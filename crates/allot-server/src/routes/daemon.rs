@@ -120,10 +120,11 @@ pub(crate) async fn snapshot(
     use futures_util::StreamExt;
     let (pieces, mut received) = tokio::sync::mpsc::channel::<Piece>(4);
     let (store, runtime) = (state.store.clone(), tokio::runtime::Handle::current());
-    // At the lowest priority: the calls served meanwhile keep the CPU they need.
-    let started = allot_host::priority::spawn_lowest("allot-snapshot", move || {
+    // On a thread of its own, lowered to the lowest priority once the read began: the calls
+    // served meanwhile keep the CPU they need.
+    let started = std::thread::Builder::new().name("allot-snapshot".into()).spawn(move || {
         let _runtime = runtime.enter();
-        let mut body = ToBody(pieces.clone());
+        let mut body = allot_host::priority::LowerOnFirstWrite::new(ToBody(pieces.clone()));
         if let Err(err) = store.snapshot(&mut body) {
             tracing::warn!(error = %err, "snapshot failed");
             let _ = pieces.blocking_send(Piece::Failed(err));

@@ -30,8 +30,8 @@ pub(super) async fn run(store: Arc<dyn Store>, metrics: Arc<allot_server::Metric
         }
         let (store, taken, runtime) = (store.clone(), config.clone(), tokio::runtime::Handle::current());
         let (done, outcome) = tokio::sync::oneshot::channel();
-        // At the lowest priority, as `GET /v1/snapshot` takes one.
-        let started = allot_host::priority::spawn_lowest("allot-backup", move || {
+        // On a thread of its own, lowered once the read began, as `GET /v1/snapshot` takes one.
+        let started = std::thread::Builder::new().name("allot-backup".into()).spawn(move || {
             let _runtime = runtime.enter();
             let _ = done.send(back_up(store.as_ref(), &taken));
         });
@@ -60,8 +60,10 @@ fn back_up(store: &dyn Store, config: &BackupConfig) -> Result<(PathBuf, u64, u6
     let path = dir.join(format!("{PREFIX}{stamp}{SUFFIX}"));
     let partial = dir.join(format!("{PREFIX}{stamp}{SUFFIX}{PARTIAL}"));
     let written = (|| {
-        let mut out = File::create(&partial).map_err(|err| format!("cannot write {}: {err}", partial.display()))?;
+        let file = File::create(&partial).map_err(|err| format!("cannot write {}: {err}", partial.display()))?;
+        let mut out = allot_host::priority::LowerOnFirstWrite::new(file);
         store.snapshot(&mut out).map_err(|err| err.to_string())?;
+        let out = out.into_inner();
         out.sync_all().map_err(|err| format!("cannot write {}: {err}", partial.display()))?;
         let (header, summary) = crate::cli::snapshot::seal(&partial, &path)?;
         Ok::<_, String>((header.revision, summary.bytes))
