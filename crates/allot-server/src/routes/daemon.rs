@@ -124,7 +124,7 @@ pub(crate) async fn snapshot(
     // served meanwhile keep the CPU they need.
     let started = std::thread::Builder::new().name("allot-snapshot".into()).spawn(move || {
         let _runtime = runtime.enter();
-        let mut body = allot_host::priority::LowerOnFirstWrite::new(ToBody(pieces.clone()));
+        let mut body = allot_host::priority::LowerWhenLarge::new(ToBody(pieces.clone()));
         if let Err(err) = store.snapshot(&mut body) {
             tracing::warn!(error = %err, "snapshot failed");
             let _ = pieces.blocking_send(Piece::Failed(err));

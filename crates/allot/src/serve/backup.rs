@@ -61,7 +61,7 @@ fn back_up(store: &dyn Store, config: &BackupConfig) -> Result<(PathBuf, u64, u6
     let partial = dir.join(format!("{PREFIX}{stamp}{SUFFIX}{PARTIAL}"));
     let written = (|| {
         let file = File::create(&partial).map_err(|err| format!("cannot write {}: {err}", partial.display()))?;
-        let mut out = allot_host::priority::LowerOnFirstWrite::new(file);
+        let mut out = allot_host::priority::LowerWhenLarge::new(file);
         store.snapshot(&mut out).map_err(|err| err.to_string())?;
         let out = out.into_inner();
         out.sync_all().map_err(|err| format!("cannot write {}: {err}", partial.display()))?;
