@@ -69,16 +69,20 @@ struct Record {
     h: Option<u8>,
 }
 
-/// Labels: cjson writes an empty table as `{}`, and a table as an object of strings.
-fn labels<'de, D: serde::Deserializer<'de>>(deserializer: D) -> Result<BTreeMap<String, String>, D::Error> {
-    use serde::Deserialize;
-    let value = serde_json::Value::deserialize(deserializer)?;
+/// Labels as Redis keeps them: cjson writes an empty table as `{}`, and a table as an object of
+/// strings; anything else is none.
+pub(crate) fn labels_of(value: serde_json::Value) -> BTreeMap<String, String> {
     match value {
         serde_json::Value::Object(map) => {
-            Ok(map.into_iter().filter_map(|(k, v)| v.as_str().map(|v| (k, v.to_owned()))).collect())
+            map.into_iter().filter_map(|(k, v)| v.as_str().map(|v| (k, v.to_owned()))).collect()
         }
-        _ => Ok(BTreeMap::new()),
+        _ => BTreeMap::new(),
     }
+}
+
+fn labels<'de, D: serde::Deserializer<'de>>(deserializer: D) -> Result<BTreeMap<String, String>, D::Error> {
+    use serde::Deserialize;
+    Ok(labels_of(serde_json::Value::deserialize(deserializer)?))
 }
 
 fn reason(text: &str) -> Result<EndReason, StoreError> {
@@ -198,12 +202,7 @@ pub(crate) fn view_of(pool: &PoolName, reply: &mut Reply) -> Result<PoolView, St
         freed: reply.uint()?,
         reclaimed: reply.uint()?,
     };
-    let labels = match serde_json::from_str::<serde_json::Value>(&reply.text()?).map_err(corrupt)? {
-        serde_json::Value::Object(map) => {
-            map.into_iter().filter_map(|(k, v)| v.as_str().map(|v| (k, v.to_owned()))).collect()
-        }
-        _ => BTreeMap::new(),
-    };
+    let labels = labels_of(serde_json::from_str(&reply.text()?).map_err(corrupt)?);
     // Events written before pools had them end here: nothing occupied, not cordoned.
     let mut optional = || if reply.is_empty() { Ok(String::new()) } else { reply.text() };
     let occupied = decode(&optional()?)?;

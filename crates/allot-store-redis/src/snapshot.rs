@@ -30,7 +30,7 @@ use std::io::{BufReader, BufWriter, Read, Seek, SeekFrom, Write};
 use std::path::{Path, PathBuf};
 
 use allot_core::pools::{Labels, PoolName, HELD};
-use allot_core::{NamespaceName, SessionId};
+use allot_core::{NamespaceName, Resources, SessionId};
 use allot_store::access::{ApiTokenRecord, BindingRecord};
 use allot_store::embedded::snapshot::{LeaseTime, RestoreOptions, Restored};
 use allot_store::records::access::{binding_key, token_key};
@@ -187,7 +187,8 @@ impl RedisStore {
             encode_key(pool.as_str(), &mut key);
             writer.record(Table::Pools, &key, &records::encode(&record)).map_err(written)?;
             if let Some(json) = hash.get("labels") {
-                labels.push((key.clone(), records::encode(&labels_of(json))));
+                let read: Labels = serde_json::from_str(json).map(pools::labels_of).unwrap_or_default();
+                labels.push((key.clone(), records::encode(&read)));
             }
             let mut these = Vec::new();
             for (id, json) in pairs(reply.value()?)?.into_iter().chain(pairs(reply.value()?)?) {
@@ -428,8 +429,10 @@ impl RedisStore {
                     let (name, id): (&str, u64) = decode_key(key).ok_or_else(|| bad("not an alloc's key"))?;
                     let record: AllocRecord = decoded(table, key, &value)?;
                     let pool = PoolName::new(name).map_err(|e| bad(&e.to_string()))?;
+                    let resources =
+                        resources_from(record.resources.clone(), "allocs", name).map_err(|e| bad(&e.to_string()))?;
                     let id = allot_core::pools::AllocId(id).to_string();
-                    writes.push(pools::prefix(&pool), &["allocs_load"], [id, alloc_json(&record)]).await?;
+                    writes.push(pools::prefix(&pool), &["allocs_load"], [id, alloc_json(&record, &resources)]).await?;
                 }
                 Table::Queues => {
                     let path: &str = decode_key(key).ok_or_else(|| bad("not a queue path"))?;
@@ -652,11 +655,9 @@ fn grant_text(record: &GrantRecord) -> String {
 
 /// An alloc record as `lua/pool.lua` writes it (absent fields left out: a JSON `null` reads as
 /// true in Lua).
-fn alloc_json(record: &AllocRecord) -> String {
-    let resources = record.resources.iter().filter(|(_, milli)| *milli > 0);
-    let r: Vec<String> = resources.map(|(name, milli)| format!("{name} {} {}", milli / 1000, milli % 1000)).collect();
+fn alloc_json(record: &AllocRecord, resources: &Resources) -> String {
     let mut object = serde_json::Map::new();
-    object.insert("r".into(), r.join(",").into());
+    object.insert("r".into(), pools::encode(resources).into());
     object.insert("o".into(), record.owner.clone().into());
     object.insert("l".into(), serde_json::to_value(&record.labels).expect("labels always encode"));
     object.insert("c".into(), record.created.into());
@@ -678,16 +679,6 @@ fn alloc_json(record: &AllocRecord) -> String {
         object.insert("er".into(), reason.into());
     }
     serde_json::Value::Object(object).to_string()
-}
-
-/// Labels as a pool's hash keeps them (a JSON object of strings; anything else: none).
-fn labels_of(json: &str) -> Labels {
-    match serde_json::from_str::<serde_json::Value>(json) {
-        Ok(serde_json::Value::Object(map)) => {
-            map.into_iter().filter_map(|(k, v)| v.as_str().map(|v| (k, v.to_owned()))).collect()
-        }
-        _ => Labels::new(),
-    }
 }
 
 fn bad_record(table: Table, key: &[u8], reason: &str) -> RebaseError {
