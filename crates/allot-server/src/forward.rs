@@ -86,7 +86,8 @@ mod tests {
     use crate::ServerState;
 
     /// The daemon that schedules serves the applications part, but for what the daemon that runs
-    /// a task serves itself (its logs, on its machine, and its wake-ups); any daemon the rest.
+    /// a task serves itself (its logs, on its machine, and its wake-ups), and the snapshot (it
+    /// reads the applications part under the scheduler's lock); any daemon the rest.
     #[tokio::test]
     async fn the_scheduler_serves_the_applications_part() {
         let dir = tempfile::tempdir().unwrap();
@@ -96,7 +97,8 @@ mod tests {
         for (method, path, _) in needs.all() {
             let apps_part = ["/v1/apps", "/v1/queues", "/v1/tasks"].iter().any(|root| path.starts_with(root));
             let runner_side = path.ends_with("/logs") || path.ends_with("/wake");
-            let expected = if apps_part && !runner_side { Home::Scheduler } else { Home::Any };
+            let snapshot = path == "/v1/snapshot";
+            let expected = if (apps_part && !runner_side) || snapshot { Home::Scheduler } else { Home::Any };
             assert_eq!(needs.home(method, path), expected, "{method} {path}");
             scheduled += usize::from(expected == Home::Scheduler);
         }
