@@ -122,11 +122,13 @@ class AsyncClient:
                 raise_for(answer.status_code, answer.content)
             return answer.json() if answer.content else None
 
-    async def _pages(self, path: str, field: str, limit: Optional[int]) -> AsyncIterator[Any]:
-        """Every item of a paged list, page after page."""
+    async def _pages(
+        self, path: str, field: str, limit: Optional[int], params: Optional[Dict[str, Any]] = None
+    ) -> AsyncIterator[Any]:
+        """Every item of a paged list, page after page (``params``: the list's other query)."""
         cursor: Optional[str] = None
         while True:
-            page = await self._call("GET", path, params={"limit": limit, "cursor": cursor})
+            page = await self._call("GET", path, params={**(params or {}), "limit": limit, "cursor": cursor})
             for item in page[field]:
                 yield item
             cursor = page.get("next_cursor")
@@ -396,8 +398,11 @@ class AsyncClient:
     async def app(self, app: str) -> m.App:
         return cast(m.App, await self._call("GET", f"/v1/apps/{seg(app)}"))
 
-    async def apps(self, *, page_size: Optional[int] = None) -> AsyncIterator[m.App]:
-        async for item in self._pages("/v1/apps", "apps", page_size):
+    async def apps(self, *, sort: str = "id", page_size: Optional[int] = None) -> AsyncIterator[m.App]:
+        """Every application, in the order ``sort`` says: ``id``, ``submitted`` or ``ended``
+        (``-submitted``, ``-ended``: the newest first; by end, those not ended come last). Each
+        has ``submitted_at`` and, once it ended, ``ended_at`` (RFC 3339 timestamps)."""
+        async for item in self._pages("/v1/apps", "apps", page_size, {"sort": sort}):
             yield item
 
     async def remove_app(self, app: str) -> m.App:

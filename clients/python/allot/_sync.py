@@ -125,11 +125,13 @@ class Client:
                 raise_for(answer.status_code, answer.content)
             return answer.json() if answer.content else None
 
-    def _pages(self, path: str, field: str, limit: Optional[int]) -> Iterator[Any]:
-        """Every item of a paged list, page after page."""
+    def _pages(
+        self, path: str, field: str, limit: Optional[int], params: Optional[Dict[str, Any]] = None
+    ) -> Iterator[Any]:
+        """Every item of a paged list, page after page (``params``: the list's other query)."""
         cursor: Optional[str] = None
         while True:
-            page = self._call("GET", path, params={"limit": limit, "cursor": cursor})
+            page = self._call("GET", path, params={**(params or {}), "limit": limit, "cursor": cursor})
             for item in page[field]:
                 yield item
             cursor = page.get("next_cursor")
@@ -399,8 +401,11 @@ class Client:
     def app(self, app: str) -> m.App:
         return cast(m.App, self._call("GET", f"/v1/apps/{seg(app)}"))
 
-    def apps(self, *, page_size: Optional[int] = None) -> Iterator[m.App]:
-        for item in self._pages("/v1/apps", "apps", page_size):
+    def apps(self, *, sort: str = "id", page_size: Optional[int] = None) -> Iterator[m.App]:
+        """Every application, in the order ``sort`` says: ``id``, ``submitted`` or ``ended``
+        (``-submitted``, ``-ended``: the newest first; by end, those not ended come last). Each
+        has ``submitted_at`` and, once it ended, ``ended_at`` (RFC 3339 timestamps)."""
+        for item in self._pages("/v1/apps", "apps", page_size, {"sort": sort}):
             yield item
 
     def remove_app(self, app: str) -> m.App:

@@ -152,6 +152,8 @@ class ApiTokenList(TypedDict):
 
 
 class App(TypedDict):
+    ended_at: NotRequired[Optional[str]]
+    """When it ended (Completed, Failed, Rejected), if it has."""
     id: str
     placeholders: List[Placeholder]
     placeholders_expire_in_ms: NotRequired[Optional[int]]
@@ -174,6 +176,10 @@ class App(TypedDict):
     """New, Accepted (nothing placed yet), Reserving (waiting for its gang to be reserved), Running
     (something placed, or its gang reserved), Resuming, Completing, Completed, Failing, Failed,
     Rejected.
+    """
+    submitted_at: NotRequired[str]
+    """When it was submitted (RFC 3339, UTC, milliseconds), by the daemon's wall clock [YuniKorn's
+    `submissionTime`]; in a watch event, by the store's clock as its `at_ms`.
     """
     submitted_ms_ago: NotRequired[int]
     """How long ago it was submitted (the daemon's clock)."""

@@ -128,6 +128,19 @@ def test_queues_applications_and_tasks(client: Client) -> None:
     assert client.fail_app("py-app", "given up")["state"] in ("Failing", "Failed")
     with pytest.raises(allot.AppEnded):
         client.complete_app("py-app")
+    # Submission and end as timestamps, and lists in those orders.
+    client.submit_app({"id": "py-later", "queue": "root.py"})
+    later = client.app("py-later")
+    assert later["submitted_at"].endswith("Z") and later["ended_at"] is None
+    by_submission = [a["id"] for a in client.apps(sort="submitted", page_size=1)]
+    assert by_submission.index("py-app") < by_submission.index("py-later")
+    newest = [a["id"] for a in client.apps(sort="-submitted")]
+    assert newest.index("py-later") < newest.index("py-app")
+    # The latest ended first, those not ended (``py-later``) last.
+    ends = [a.get("ended_at") for a in client.apps(sort="-ended")]
+    done = [e for e in ends if e is not None]
+    assert ends[: len(done)] == done and done == sorted(done, reverse=True) and ends[-1] is None
+    client.remove_app("py-later")
     client.remove_app("py-app")
     client.remove_queue("root.py")
     with pytest.raises(allot.QueueNotFound):

@@ -365,6 +365,13 @@ pub struct App {
     /// How long ago it was submitted (the daemon's clock).
     #[serde(default)]
     pub submitted_ms_ago: u64,
+    /// When it was submitted (RFC 3339, UTC, milliseconds), by the daemon's wall clock
+    /// [YuniKorn's `submissionTime`]; in a watch event, by the store's clock as its `at_ms`.
+    #[serde(default)]
+    pub submitted_at: String,
+    /// When it ended (Completed, Failed, Rejected), if it has.
+    #[serde(default)]
+    pub ended_at: Option<String>,
     /// Only in the answer to its removal: what the removal ended.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub released: Option<Released>,
@@ -388,6 +395,36 @@ pub struct SubmitAppResponse {
     pub app: App,
     /// The tasks submitted with it.
     pub tasks: Vec<Task>,
+}
+
+/// The order of `GET /v1/apps`: by id (the default), by submission or by end (`-` first: the
+/// newest first). By end, the applications that have not ended come last.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+pub enum AppSort {
+    #[default]
+    #[serde(rename = "id")]
+    Id,
+    #[serde(rename = "submitted")]
+    Submitted,
+    #[serde(rename = "-submitted")]
+    SubmittedNewestFirst,
+    #[serde(rename = "ended")]
+    Ended,
+    #[serde(rename = "-ended")]
+    EndedNewestFirst,
+}
+
+impl AppSort {
+    /// The query parameter's value.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            AppSort::Id => "id",
+            AppSort::Submitted => "submitted",
+            AppSort::SubmittedNewestFirst => "-submitted",
+            AppSort::Ended => "ended",
+            AppSort::EndedNewestFirst => "-ended",
+        }
+    }
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]

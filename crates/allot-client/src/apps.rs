@@ -41,6 +41,17 @@ impl Client {
         self.page("/v1/apps", page).await
     }
 
+    /// `GET /v1/apps?sort=...`: every application in `sort`'s order, every page.
+    pub async fn apps_in_order(&self, sort: AppSort) -> Result<AppList, ClientError> {
+        self.all_pages(&format!("/v1/apps?sort={}", sort.as_str())).await
+    }
+
+    /// `GET /v1/apps?sort=...`: one page of the applications in `sort`'s order (the cursor is of
+    /// a page in the same order).
+    pub async fn apps_page_in_order(&self, sort: AppSort, page: &PageArgs) -> Result<AppList, ClientError> {
+        self.page(&format!("/v1/apps?sort={}", sort.as_str()), page).await
+    }
+
     /// `GET /v1/apps/{app}`: its state, tasks by state, placeholders, and why it waits.
     pub async fn app(&self, app: &str) -> Result<App, ClientError> {
         self.json(self.request(Method::GET, &app_path(app)?)?).await

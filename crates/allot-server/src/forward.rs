@@ -17,6 +17,9 @@ use crate::access::{Home, Needs};
 use crate::error::ApiError;
 use crate::{ServerState, FORWARDED, MAX_SUBMIT_BODY_BYTES};
 
+/// How long a forwarded snapshot may take, start to end.
+const SNAPSHOT_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(6 * 3600);
+
 fn unavailable(message: String) -> Response {
     ApiError::new(StatusCode::SERVICE_UNAVAILABLE, "store_unavailable", message).into_response()
 }
@@ -59,16 +62,33 @@ async fn forward(client: &reqwest::Client, base: &str, request: Request) -> Resu
             outgoing = outgoing.header(name, value);
         }
     }
+    if path.starts_with("/v1/snapshot") {
+        // An archive may take long and be large: it streams through, with time for it.
+        outgoing = outgoing.timeout(SNAPSHOT_TIMEOUT);
+    }
     let answer = outgoing.send().await.map_err(|e| e.to_string())?;
     let status = answer.status();
     let mut headers = Vec::new();
-    for name in [header::CONTENT_TYPE, header::RETRY_AFTER, header::LOCATION, crate::routes::watch::REVISION] {
+    for name in [
+        header::CONTENT_TYPE,
+        header::CONTENT_DISPOSITION,
+        header::RETRY_AFTER,
+        header::LOCATION,
+        crate::routes::watch::REVISION,
+    ] {
         if let Some(value) = answer.headers().get(&name) {
             headers.push((name, value.clone()));
         }
     }
-    let bytes = answer.bytes().await.map_err(|e| e.to_string())?;
-    let mut response = Response::new(Body::from(bytes));
+    let streamed = answer.headers().get(header::CONTENT_TYPE).is_some_and(|t| t == "application/octet-stream");
+    // An archive is passed on as it comes (a break shows as a truncated archive, which its
+    // checksum tells); every other answer is read whole, so that a break is a 503 to retry.
+    let body = if streamed {
+        Body::from_stream(answer.bytes_stream())
+    } else {
+        Body::from(answer.bytes().await.map_err(|e| e.to_string())?)
+    };
+    let mut response = Response::new(body);
     *response.status_mut() = status;
     for (name, value) in headers {
         response.headers_mut().insert(name, value);

@@ -8,7 +8,7 @@
 //! listed.
 
 use allot_core::apps::spec::ID_PATTERN;
-use allot_core::apps::{AppId, TaskId};
+use allot_core::apps::{AppId, AppOrder, AppPlace, TaskId};
 use allot_core::pools::{AllocId, PoolName, ALLOC_ID_PATTERN};
 use allot_core::{
     NamespaceName, SessionId, Token, MAX_NAME_CHARS, NAMESPACE_PATTERN, NAME_PATTERN, SESSION_ID_PATTERN,
@@ -39,6 +39,10 @@ pub(crate) struct PageQuery {
 }
 
 impl PageQuery {
+    pub(crate) fn new(limit: Option<u64>, cursor: Option<String>) -> PageQuery {
+        PageQuery { limit, cursor }
+    }
+
     /// The store's page request, or a 400 for a limit out of range or a cursor this list did not
     /// give.
     pub(crate) fn request<K: CursorKey>(&self) -> Result<PageRequest<K>, ApiError> {
@@ -153,16 +157,52 @@ impl CursorKey for AllocId {
     }
 }
 
-impl CursorKey for AppId {
+/// Where a list of applications goes on: its order and the place in it. An id (by id); `~s` and
+/// the submission number (by submission; `~S` the newest first); `~e`, when it ended (`-`: not
+/// yet), `~` and the submission number (by end; `~E` the latest first). An id never holds `~`.
+/// A cursor carries its list's order: the pages after the first go on in it.
+impl CursorKey for (AppOrder, AppPlace) {
     const TAG: char = 'x';
     fn text(&self) -> String {
-        self.as_str().to_owned()
+        let (order, place) = self;
+        let letter = |asc: char, descending: bool| if descending { asc.to_ascii_uppercase() } else { asc };
+        match (order, place) {
+            (AppOrder::Submitted { descending }, AppPlace::Submitted { seq }) => {
+                format!("~{}{seq}", letter('s', *descending))
+            }
+            (AppOrder::Ended { descending }, AppPlace::Ended { at, seq }) => {
+                let at = at.map_or_else(|| "-".to_owned(), |at| at.to_string());
+                format!("~{}{at}~{seq}", letter('e', *descending))
+            }
+            (_, AppPlace::Id(id)) => id.as_str().to_owned(),
+            // A page's place is of its order's kind (`Scheduler::apps_in_order`).
+            (_, place) => unreachable!("{place:?} in a list by {order:?}"),
+        }
     }
     fn parse(text: &str) -> Option<Self> {
-        AppId::new(text).ok()
+        let number = |text: &str| -> Option<u64> {
+            (!text.is_empty() && text.bytes().all(|b| b.is_ascii_digit())).then(|| text.parse().ok()).flatten()
+        };
+        let Some(rest) = text.strip_prefix('~') else {
+            return AppId::new(text).ok().map(|id| (AppOrder::Id, AppPlace::Id(id)));
+        };
+        let mut chars = rest.chars();
+        let kind = chars.next()?;
+        let rest = chars.as_str();
+        let descending = kind.is_ascii_uppercase();
+        match kind.to_ascii_lowercase() {
+            's' => Some((AppOrder::Submitted { descending }, AppPlace::Submitted { seq: number(rest)? })),
+            'e' => {
+                let (at, seq) = rest.split_once('~')?;
+                let at = if at == "-" { None } else { Some(number(at)?) };
+                Some((AppOrder::Ended { descending }, AppPlace::Ended { at, seq: number(seq)? }))
+            }
+            _ => None,
+        }
     }
     fn schema() -> (String, Option<usize>) {
-        (tagged(Self::TAG, ID_PATTERN), None)
+        let id = ID_PATTERN.strip_prefix('^').and_then(|p| p.strip_suffix('$')).expect("anchored pattern");
+        (format!("^{}({id}|~[sS][0-9]{{1,19}}|~[eE]([0-9]{{1,19}}|-)~[0-9]{{1,19}})$", Self::TAG), None)
     }
 }
 
@@ -213,7 +253,7 @@ pub(crate) fn cursor_schemas() -> [(&'static str, Value); 8] {
         ("/v1/sessions", schema::<SessionId>()),
         ("/v1/pools", schema::<PoolName>()),
         ("/v1/pools/{pool}/allocs", schema::<AllocId>()),
-        ("/v1/apps", schema::<AppId>()),
+        ("/v1/apps", schema::<(AppOrder, AppPlace)>()),
         ("/v1/apps/{app}/tasks", schema::<TaskId>()),
     ]
 }

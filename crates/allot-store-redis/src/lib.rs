@@ -189,6 +189,11 @@ impl Store for RedisStore {
         pools::now(&self.inner)
     }
 
+    /// Redis's clock is a wall clock (`TIME`).
+    fn wall_ms(&self) -> allot_core::Millis {
+        self.now()
+    }
+
     fn commit_stats(&self) -> CommitStats {
         let calls = self.inner.calls.load(Ordering::Relaxed);
         CommitStats {

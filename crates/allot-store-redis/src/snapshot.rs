@@ -64,6 +64,9 @@ const BATCH: usize = 500;
 const BATCH_BYTES: usize = 8 << 20;
 /// The expiry `lua/pool.lua` gives an alloc the scheduler holds (its `HELD`).
 const HELD_EXPIRY: u64 = 99_999_999_999_999;
+/// Set while a restore writes (what it restores, and since when): a daemon does not start on a
+/// Redis that holds it, and only a restore with `--replace` goes on from it.
+const RESTORING_KEY: &str = "allot:{allot-registry}:restoring";
 
 /// Why a restore into Redis made nothing (or, for `Store`, stopped part way: see the message).
 #[derive(Debug, thiserror::Error)]
@@ -76,6 +79,8 @@ pub enum RestoreError {
     Read { path: PathBuf, source: std::io::Error },
     #[error("this Redis already holds allot's state ({what}): a restore fills an empty one (pass --replace to remove what it holds first)")]
     NotEmpty { what: String },
+    #[error("a daemon ({holder}) is using this Redis (it holds the scheduler's lease for {left_ms} ms more): stop every daemon that uses it, then restore")]
+    InUse { holder: String, left_ms: u64 },
     #[error("--replace empties one Redis server, not a cluster: empty the cluster first (FLUSHALL on every primary), then restore")]
     ReplaceOnCluster,
     #[error(
@@ -315,13 +320,19 @@ impl RedisStore {
             return Err(err.into());
         }
         let header = reader.header().clone();
-        if let Some(what) = held_state(inner).await? {
-            if !replace {
-                return Err(RestoreError::NotEmpty { what });
-            }
-            if inner.conn.cluster().is_some() {
-                return Err(RestoreError::ReplaceOnCluster);
-            }
+        if let Some((holder, left_ms)) = scheduler_running(inner).await? {
+            return Err(RestoreError::InUse { holder, left_ms });
+        }
+        let held = held_state(inner).await?;
+        if let (Some(what), false) = (&held, replace) {
+            return Err(RestoreError::NotEmpty { what: what.clone() });
+        }
+        if held.is_some() && inner.conn.cluster().is_some() {
+            return Err(RestoreError::ReplaceOnCluster);
+        }
+        let marker = format!("{} taken at revision {} ({})", path.display(), header.revision, header.backend);
+        query(inner, redis::cmd("SET").arg(RESTORING_KEY).arg(&marker)).await?;
+        if held.is_some() {
             remove_everything(inner).await?;
         }
 
@@ -498,6 +509,7 @@ impl RedisStore {
         call(inner, ACCESS_SLOT, &["access_moved"], true).await?;
         let revision = header.revision.saturating_add(options.bump_revision);
         let revision = call(inner, FEED_SLOT, &["feed_load", &revision.to_string()], true).await?.uint()?;
+        query(inner, redis::cmd("DEL").arg(RESTORING_KEY)).await?;
         let summary = reader.summary();
         tracing::info!(revision = header.revision, first_revision = revision + 1, "snapshot restored into redis");
         Ok(Restored { header, summary, first_revision: revision + 1, clock_ms: now })
@@ -592,8 +604,46 @@ async fn scan(inner: &Inner, pattern: &str) -> Result<Vec<String>, StoreError> {
     }
 }
 
+impl RedisStore {
+    /// What a restore that did not finish was restoring, if one left this Redis part written.
+    pub async fn unfinished_restore(&self) -> Result<Option<String>, StoreError> {
+        match query(&self.inner, redis::cmd("GET").arg(RESTORING_KEY)).await? {
+            Value::Nil => Ok(None),
+            value => Ok(Some(into_text(value).map_err(|v| corrupt(format!("the restore's mark read as {v:?}")))?)),
+        }
+    }
+}
+
+async fn query(inner: &Inner, command: &redis::Cmd) -> Result<Value, StoreError> {
+    inner.conn.query(command).await.map_err(|e| redis_error(e, false))
+}
+
+/// The daemon holding the scheduler's lease, and for how long more, if one does: every daemon
+/// on a Redis takes or renews that lease, so a running one means the Redis is in use.
+async fn scheduler_running(inner: &Inner) -> Result<Option<(String, u64)>, StoreError> {
+    let now = call(inner, FEED_SLOT, &["now"], false).await?.uint()?;
+    let lease =
+        query(inner, redis::cmd("HMGET").arg(crate::apps::lease::LEASE_KEY).arg("holder").arg("expires")).await?;
+    let fields = match lease {
+        Value::Array(fields) => fields,
+        other => return Err(corrupt(format!("the scheduler's lease read as {other:?}"))),
+    };
+    let text = |value: Option<&Value>| match value {
+        Some(Value::Nil) | None => Ok(None),
+        Some(value) => {
+            into_text(value.clone()).map(Some).map_err(|v| corrupt(format!("the scheduler's lease read as {v:?}")))
+        }
+    };
+    let (holder, expires) = (text(fields.first())?, text(fields.get(1))?);
+    let expires = expires.map(|e| number(&e)).transpose()?.unwrap_or(0);
+    Ok(holder.filter(|_| expires > now).map(|holder| (holder, expires - now)))
+}
+
 /// The first allot state found, named, if this Redis holds any.
 async fn held_state(inner: &Inner) -> Result<Option<String>, StoreError> {
+    if let Value::Int(1) = query(inner, redis::cmd("EXISTS").arg(RESTORING_KEY)).await? {
+        return Ok(Some("a restore that did not finish".to_owned()));
+    }
     let checks = [
         ("SCARD", "allot:{allot-registry}:namespaces", "namespaces"),
         ("SCARD", "allot:{allot-registry}:pools", "pools"),
@@ -615,12 +665,12 @@ async fn held_state(inner: &Inner) -> Result<Option<String>, StoreError> {
 }
 
 /// Removes every key of allot's on one server, but the change feed's revision (which never
-/// goes back).
+/// goes back) and the mark of the restore under way.
 async fn remove_everything(inner: &Inner) -> Result<(), StoreError> {
-    let keep = format!("{FEED_SLOT}:meta");
+    let keep = [format!("{FEED_SLOT}:meta"), RESTORING_KEY.to_owned()];
     let mut keys = scan(inner, "allot:{*").await?;
     keys.extend(scan(inner, "allot:pool:*").await?);
-    keys.retain(|key| *key != keep);
+    keys.retain(|key| !keep.contains(key));
     for chunk in keys.chunks(BATCH) {
         inner.conn.query(redis::cmd("UNLINK").arg(chunk)).await.map_err(|e| redis_error(e, false))?;
     }

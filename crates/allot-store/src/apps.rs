@@ -7,8 +7,8 @@ use std::collections::BTreeMap;
 use allot_core::apps::queues::{QueueLimits, QueuePath, Queues};
 use allot_core::apps::states::TaskState;
 use allot_core::apps::{
-    App, AppId, AppSpec, QueueView, Released, Removed, SchedError, SchedStats, Scheduler, Task, TaskEnd, TaskEnding,
-    TaskId, TaskSpec, Why,
+    App, AppId, AppOrder, AppPlace, AppSpec, QueueView, Released, Removed, SchedError, SchedStats, Scheduler, Task,
+    TaskEnd, TaskEnding, TaskId, TaskSpec, Why,
 };
 use async_trait::async_trait;
 
@@ -95,6 +95,12 @@ pub trait AppStore: Send + Sync {
     async fn app(&self, id: AppId) -> Result<AppInfo, StoreError>;
     /// A page of the applications, ordered by id.
     async fn apps(&self, page: PageRequest<AppId>) -> Result<Page<AppInfo, AppId>, StoreError>;
+    /// A page of the applications in `order` (`Scheduler::apps_in_order`).
+    async fn apps_in_order(
+        &self,
+        order: AppOrder,
+        page: PageRequest<AppPlace>,
+    ) -> Result<Page<AppInfo, AppPlace>, StoreError>;
     /// Removes an application and everything it holds; answers what it became (its end state)
     /// and what was released.
     async fn remove_app(&self, id: AppId) -> Result<AppInfo, StoreError>;

@@ -111,6 +111,11 @@ impl<K> PageRequest<K> {
     pub fn limit(&self) -> usize {
         self.limit
     }
+
+    /// The same page, its key converted.
+    pub fn map<L>(self, convert: impl FnOnce(K) -> L) -> PageRequest<L> {
+        PageRequest { after: self.after.map(convert), limit: self.limit }
+    }
 }
 
 /// One page of a list, in the list's order.
@@ -252,6 +257,9 @@ pub trait Store:
     fn durability(&self) -> &'static str;
     /// The store's clock now (ms), the time base of allocs' `created`, `expires`...
     fn now(&self) -> Millis;
+    /// The wall clock now (ms since the Unix epoch), read from the store's time source: a time of
+    /// the store's clock is shown as a timestamp by its distance from [`Store::now`].
+    fn wall_ms(&self) -> Millis;
 
     fn commit_stats(&self) -> CommitStats;
 

@@ -20,6 +20,7 @@
 
 pub mod admission;
 mod cycle;
+pub mod order;
 pub mod placement;
 pub mod priority;
 pub mod queues;
@@ -34,6 +35,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use foldhash::{HashMap, HashMapExt};
 
 pub use cycle::CycleReport;
+pub use order::{AppOrder, AppPlace};
 pub use runners::{Runner, Runners, TaskTypes, EVERY_TYPE};
 pub use spec::{
     AppId, AppSpec, GangStyle, GroupName, QueueRule, SchedulingPolicy, TaskGroup, TaskId, TaskSpec, TokenNeed,

@@ -6,8 +6,8 @@ use allot_core::apps::queues::{PreemptionPolicy, QueueLimits, QueuePath, SortPol
 use allot_core::apps::spec::{DEFAULT_PLACEHOLDER_TIMEOUT_MS, MAX_TIMEOUT_MS};
 use allot_core::apps::states::TaskState;
 use allot_core::apps::{
-    AppId, AppSpec, GangStyle, GroupName, HeldTokens, Placement, QueueRule, QueueView, SchedulingPolicy, TaskGroup,
-    TaskId, TaskSpec, TokenNeed, Why,
+    AppId, AppOrder, AppSpec, GangStyle, GroupName, HeldTokens, Placement, QueueRule, QueueView, SchedulingPolicy,
+    TaskGroup, TaskId, TaskSpec, TokenNeed, Why,
 };
 use allot_core::{Millis, MAX_UNITS};
 use allot_store::{AppInfo, TaskInfo};
@@ -217,7 +217,45 @@ fn held(h: &HeldTokens) -> api::HeldTokens {
     api::HeldTokens { namespace: h.namespace.to_string(), token: h.token.to_string(), units: h.units }
 }
 
-pub(crate) fn app(info: AppInfo, now: Millis) -> api::App {
+/// The store's clock and the wall clock at one moment: the store's times (on its clock) are
+/// given as timestamps by their distance from now.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Times {
+    now: Millis,
+    wall: Millis,
+}
+
+impl Times {
+    pub(crate) fn of(store: &dyn allot_store::Store) -> Times {
+        Times { now: store.now(), wall: store.wall_ms() }
+    }
+
+    /// At `now` of the store's clock, read as milliseconds since the Unix epoch (as a watch
+    /// event's `at_ms` is: its frame is encoded once, for every watcher, at any later time).
+    pub(crate) fn on_store_clock(now: Millis) -> Times {
+        Times { now, wall: now }
+    }
+
+    /// The store's time `at` as an RFC 3339 timestamp (UTC, milliseconds).
+    pub(crate) fn timestamp(self, at: Millis) -> String {
+        let wall = (self.wall + at).saturating_sub(self.now);
+        humantime::format_rfc3339_millis(std::time::UNIX_EPOCH + std::time::Duration::from_millis(wall)).to_string()
+    }
+}
+
+/// The core's order of a list of applications.
+pub(crate) fn app_order(sort: api::AppSort) -> AppOrder {
+    match sort {
+        api::AppSort::Id => AppOrder::Id,
+        api::AppSort::Submitted => AppOrder::Submitted { descending: false },
+        api::AppSort::SubmittedNewestFirst => AppOrder::Submitted { descending: true },
+        api::AppSort::Ended => AppOrder::Ended { descending: false },
+        api::AppSort::EndedNewestFirst => AppOrder::Ended { descending: true },
+    }
+}
+
+pub(crate) fn app(info: AppInfo, times: Times) -> api::App {
+    let now = times.now;
     let AppInfo { app, tasks, why, released } = info;
     let spec = &app.spec;
     let expires = app
@@ -269,6 +307,8 @@ pub(crate) fn app(info: AppInfo, now: Millis) -> api::App {
         waiting: waiting(why),
         reason: app.reason.clone(),
         submitted_ms_ago: now.saturating_sub(app.submitted),
+        submitted_at: times.timestamp(app.submitted),
+        ended_at: app.ended_at.map(|at| times.timestamp(at)),
         released: released.map(|released| {
             let resources = released
                 .placements

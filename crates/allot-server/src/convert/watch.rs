@@ -48,9 +48,10 @@ fn object(event: &Event) -> api::WatchObject {
         EventObject::Alloc(alloc) => Wire::Alloc(pools::alloc(alloc, None, at)),
         EventObject::EndedAlloc(ended) => Wire::Alloc(pools::ended_alloc(ended, at)),
         EventObject::Queue(view) => Wire::Queue(apps::queue(*view)),
-        EventObject::App(app) => {
-            Wire::App(apps::app(AppInfo { app: *app, tasks: BTreeMap::new(), why: None, released: None }, at))
-        }
+        EventObject::App(app) => Wire::App(apps::app(
+            AppInfo { app: *app, tasks: BTreeMap::new(), why: None, released: None },
+            apps::Times::on_store_clock(at),
+        )),
         EventObject::Task(task) => Wire::Task(apps::task(TaskInfo { task: *task, why: None }, at)),
         EventObject::Run(run) => {
             let (app, task) = run_of(&event.key);

@@ -12,7 +12,7 @@ use super::runs::note_unrun_pools;
 use super::{Answer, UNAVAILABLE};
 use crate::access::Who;
 use crate::audit::Noted;
-use crate::convert::apps::{self as convert, app_id, queue_path, task_id};
+use crate::convert::apps::{self as convert, app_id, queue_path, task_id, Times};
 use crate::error::ApiError;
 use crate::error::ErrorCode;
 use crate::extract::{JsonBody, QueryArgs, Segments};
@@ -21,7 +21,7 @@ use crate::ServerState;
 use allot_core::apps::admission::{self, AppAction, Caller};
 use allot_core::apps::placement::{PlacementRules, Request};
 use allot_core::apps::queues::Queues;
-use allot_core::apps::{AppId, TaskEnding};
+use allot_core::apps::{AppId, AppOrder, AppPlace, TaskEnding};
 
 /// Every queue, in path order.
 #[utoipa::path(get, path = "/v1/queues", tag = "apps",
@@ -81,21 +81,41 @@ pub(crate) async fn remove_queue(
     Ok(Json(api::RemovedQueue { path }))
 }
 
-/// A page of the applications, ordered by id.
-#[utoipa::path(get, path = "/v1/apps", tag = "apps", params(PageQuery),
-    responses((status = 200, body = api::AppList), (status = 400, body = api::ErrorBody, description = "invalid_argument (limit) or invalid_cursor"),
+/// The query of `GET /v1/apps`.
+#[derive(Debug, serde::Deserialize, utoipa::IntoParams)]
+#[serde(deny_unknown_fields)]
+#[into_params(parameter_in = Query)]
+pub(crate) struct AppsQuery {
+    /// Items per page: 1 to 1000, 100 when absent.
+    #[param(minimum = 1, maximum = 1000)]
+    limit: Option<u64>,
+    /// Where the page starts: the `next_cursor` of the page before (it goes on in that page's
+    /// order, whatever `sort` says). Absent for the first page.
+    cursor: Option<String>,
+    /// The order: `id` (the default), `submitted`, `ended`; `-submitted` and `-ended` the newest
+    /// first. By end, the applications that have not ended come last.
+    #[param(inline)]
+    sort: Option<api::AppSort>,
+}
+
+/// A page of the applications, by id or in the order asked.
+#[utoipa::path(get, path = "/v1/apps", tag = "apps", params(AppsQuery),
+    responses((status = 200, body = api::AppList), (status = 400, body = api::ErrorBody, description = "invalid_argument (limit, sort) or invalid_cursor"),
         (status = 503, body = api::ErrorBody, description = UNAVAILABLE)))]
 pub(crate) async fn list_apps(
     State(state): State<ServerState>,
     who: Who,
-    QueryArgs(query): QueryArgs<PageQuery>,
+    QueryArgs(query): QueryArgs<AppsQuery>,
 ) -> Answer<api::AppList> {
-    let page = state.store.apps(query.request()?).await?;
-    let now = state.store.now();
+    // A cursor goes on in its list's order; `sort` orders the first page.
+    let request = PageQuery::new(query.limit, query.cursor).request::<(AppOrder, AppPlace)>()?;
+    let order = request.after().map_or_else(|| convert::app_order(query.sort.unwrap_or_default()), |(order, _)| *order);
+    let page = state.store.apps_in_order(order, request.map(|(_, place)| place)).await?;
+    let times = Times::of(state.store.as_ref());
     let visible = |info: &allot_store::AppInfo| who.may_read(&Resource::Queue(info.app.spec.queue.to_string()));
     Ok(Json(api::AppList {
-        apps: page.items.into_iter().filter(visible).map(|info| convert::app(info, now)).collect(),
-        next_cursor: cursor(page.next),
+        apps: page.items.into_iter().filter(visible).map(|info| convert::app(info, times)).collect(),
+        next_cursor: cursor(page.next.map(|place| (order, place))),
     }))
 }
 
@@ -162,7 +182,7 @@ async fn submit_as(
     // application is submitted at the speed of one write.
     let (info, created, added) = store.submit_app(spec, tasks).await?;
     let tasks = added.into_iter().map(|(info, _)| convert::task(info, store.now())).collect();
-    Ok(api::SubmitAppResponse { created, app: convert::app(info, store.now()), tasks })
+    Ok(api::SubmitAppResponse { created, app: convert::app(info, Times::of(store)), tasks })
 }
 
 /// A refusal of the door, as the API answers it.
@@ -207,7 +227,7 @@ async fn may_change_app(
         (status = 404, body = api::ErrorBody, description = "app_not_found"), (status = 503, body = api::ErrorBody, description = UNAVAILABLE)))]
 pub(crate) async fn get_app(State(state): State<ServerState>, Segments(id): Segments<String>) -> Answer<api::App> {
     let info = state.store.app(app_id(&id)?).await?;
-    Ok(Json(convert::app(info, state.store.now())))
+    Ok(Json(convert::app(info, Times::of(state.store.as_ref()))))
 }
 
 /// Removes an application: its tasks end, and every alloc and grant it holds is released.
@@ -223,7 +243,7 @@ pub(crate) async fn remove_app(
     let id = app_id(&id)?;
     may_change(&state, &who, &id, AppAction::End).await?;
     let info = state.store.remove_app(id).await?;
-    Ok(Json(convert::app(info, state.store.now())))
+    Ok(Json(convert::app(info, Times::of(state.store.as_ref()))))
 }
 
 /// Reports the application complete: tasks that have not ended are killed, everything it holds
@@ -241,7 +261,7 @@ pub(crate) async fn complete_app(
     let id = app_id(&id)?;
     may_change(&state, &who, &id, AppAction::End).await?;
     let info = state.store.complete_app(id).await?;
-    Ok(Json(convert::app(info, state.store.now())))
+    Ok(Json(convert::app(info, Times::of(state.store.as_ref()))))
 }
 
 /// Reports the application failed: tasks not placed fail, placed ones are killed, everything it
@@ -261,7 +281,7 @@ pub(crate) async fn fail_app(
     may_change(&state, &who, &id, AppAction::End).await?;
     let reason = body.reason.unwrap_or_else(|| "reported failed".to_owned());
     let info = state.store.fail_app(id, reason).await?;
-    Ok(Json(convert::app(info, state.store.now())))
+    Ok(Json(convert::app(info, Times::of(state.store.as_ref()))))
 }
 
 /// A page of the application's tasks, ordered by id.

@@ -20,7 +20,8 @@ mod steps;
 use allot_core::apps::queues::QueueUsage;
 use allot_core::apps::queues::{QueueLimits, QueuePath, Queues};
 use allot_core::apps::{
-    AppId, AppSpec, QueueView, SchedError, SchedStats, Scheduler, Task, TaskEnd, TaskId, TaskSpec, World,
+    AppId, AppOrder, AppPlace, AppSpec, QueueView, SchedError, SchedStats, Scheduler, Task, TaskEnd, TaskId, TaskSpec,
+    World,
 };
 use allot_core::NamespaceName;
 use allot_store::{AppInfo, AppStore, AppsHome, Page, PageRequest, StoreError, Submitted, TaskInfo};
@@ -116,6 +117,19 @@ impl AppStore for RedisStore {
             let apps = sched.apps_after(page.after(), page.limit() + 1);
             let infos = apps.into_iter().map(|app| AppInfo::of(sched, &app.spec.id)).collect::<Result<Vec<_>, _>>()?;
             Ok(Page::from_read(infos, page.limit(), |info| info.app.spec.id.clone()))
+        })
+        .await
+    }
+
+    async fn apps_in_order(
+        &self,
+        order: AppOrder,
+        page: PageRequest<AppPlace>,
+    ) -> Result<Page<AppInfo, AppPlace>, StoreError> {
+        self.read_sched(|sched| {
+            let apps = sched.apps_in_order(order, page.after(), page.limit() + 1)?;
+            let infos = apps.into_iter().map(|app| AppInfo::of(sched, &app.spec.id)).collect::<Result<Vec<_>, _>>()?;
+            Ok(Page::from_read(infos, page.limit(), |info| info.app.place(order)))
         })
         .await
     }

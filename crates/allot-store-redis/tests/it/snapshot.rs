@@ -315,3 +315,60 @@ async fn an_archive_restores_into_a_redis_cluster_and_comes_back_the_same() {
     assert_eq!(moved_back, records(&first));
     redis.shutdown().await;
 }
+
+/// A restore that stops part way (here Redis runs out of memory) leaves its mark: a second
+/// restore without `replace` is refused, and one with it starts over and removes the mark. A
+/// Redis a daemon uses (the scheduler's lease running) is refused even with `replace`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_restore_stopped_part_way_is_marked_and_one_into_a_redis_in_use_refused() {
+    let dirs = tempfile::tempdir().unwrap();
+    let clock = ManualClock::new();
+    let embedded =
+        EmbeddedStore::open(&EmbeddedConfig::new(dirs.path().join("a")).with_time(Arc::new(clock.clone()))).unwrap();
+    embedded.put_namespace(ns("hive"), 1_000_000).await.unwrap();
+    for i in 0..20_000 {
+        embedded
+            .allocate(grant("hive", &format!("grant-{i:05}"), LeaseRequest::None, None), Duration::ZERO)
+            .await
+            .unwrap();
+    }
+    let file = dirs.path().join("big.snapshot");
+    let mut archive = Vec::new();
+    embedded.snapshot(&mut archive).unwrap();
+    embedded.shutdown().await;
+    std::fs::write(&file, &archive).unwrap();
+
+    let server = RedisServer::start();
+    let redis = crate::support::open(&server.url()).await;
+    let raw = redis::Client::open(server.url()).unwrap();
+    let mut raw = raw.get_multiplexed_async_connection().await.unwrap();
+    let info: String = redis::cmd("INFO").arg("memory").query_async(&mut raw).await.unwrap();
+    let used: u64 = info.lines().find_map(|l| l.strip_prefix("used_memory:")).unwrap().trim().parse().unwrap();
+    // 20,000 grants take megabytes in Redis: this stops the restore within its first calls.
+    let _: () =
+        redis::cmd("CONFIG").arg("SET").arg("maxmemory").arg(used + 256 * 1024).query_async(&mut raw).await.unwrap();
+    let options = RestoreOptions { leases: LeaseTime::Resume, bump_revision: 1, now_ms: clock.wall_ms() };
+    let stopped = redis.restore(&file, &options, false).await;
+    assert!(matches!(stopped, Err(RestoreError::Store(_))), "{stopped:?}");
+    assert!(stopped.unwrap_err().to_string().contains("restore again with --replace"));
+    let mark = redis.unfinished_restore().await.unwrap();
+    assert!(mark.as_deref().is_some_and(|m| m.contains("big.snapshot")), "{mark:?}");
+    let _: () = redis::cmd("CONFIG").arg("SET").arg("maxmemory").arg(0).query_async(&mut raw).await.unwrap();
+    let again = redis.restore(&file, &options, false).await;
+    assert!(
+        matches!(&again, Err(RestoreError::NotEmpty { what }) if what == "a restore that did not finish"),
+        "{again:?}"
+    );
+    let restored = redis.restore(&file, &options, true).await.unwrap();
+    assert_eq!(restored.summary.count(Table::Grants), 20_000);
+    assert_eq!(redis.unfinished_restore().await.unwrap(), None, "the mark is gone once it finished");
+    let grants = read_all(|page| redis.grants(ns("hive"), page)).await.unwrap();
+    assert_eq!(grants.len(), 20_000);
+
+    redis.acquire_sched_lease("daemon-a", Duration::from_secs(60)).await.unwrap();
+    let in_use = redis.restore(&file, &options, true).await;
+    assert!(matches!(&in_use, Err(RestoreError::InUse { holder, .. }) if holder == "daemon-a"), "{in_use:?}");
+    redis.release_sched_lease("daemon-a").await.unwrap();
+    redis.restore(&file, &options, true).await.unwrap();
+    redis.shutdown().await;
+}

@@ -10,8 +10,8 @@ use std::time::Duration;
 use super::read::Records;
 use allot_core::apps::queues::{QueueLimits, QueuePath, Queues};
 use allot_core::apps::{
-    AppChange, AppId, AppSpec, QueueView, SchedConfig, SchedError, SchedStats, Scheduler, Task, TaskEnd, TaskId,
-    TaskSpec, World,
+    AppChange, AppId, AppOrder, AppPlace, AppSpec, QueueView, SchedConfig, SchedError, SchedStats, Scheduler, Task,
+    TaskEnd, TaskId, TaskSpec, World,
 };
 use async_trait::async_trait;
 
@@ -231,6 +231,18 @@ impl AppStore for EmbeddedStore {
             let apps = sched.apps_after(page.after(), page.limit() + 1);
             let infos = apps.into_iter().map(|app| AppInfo::of(sched, &app.spec.id)).collect::<Result<Vec<_>, _>>()?;
             Ok(Page::from_read(infos, page.limit(), |info| info.app.spec.id.clone()))
+        })
+    }
+
+    async fn apps_in_order(
+        &self,
+        order: AppOrder,
+        page: PageRequest<AppPlace>,
+    ) -> Result<Page<AppInfo, AppPlace>, StoreError> {
+        self.read_sched(|sched| {
+            let apps = sched.apps_in_order(order, page.after(), page.limit() + 1)?;
+            let infos = apps.into_iter().map(|app| AppInfo::of(sched, &app.spec.id)).collect::<Result<Vec<_>, _>>()?;
+            Ok(Page::from_read(infos, page.limit(), |info| info.app.place(order)))
         })
     }
 

@@ -934,6 +934,10 @@ impl Store for EmbeddedStore {
         self.shared.clock.now()
     }
 
+    fn wall_ms(&self) -> Millis {
+        self.shared.clock.source.wall_ms()
+    }
+
     fn commit_stats(&self) -> CommitStats {
         self.shared.stats.read()
     }

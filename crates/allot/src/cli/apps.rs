@@ -5,7 +5,7 @@
 
 use std::process::ExitCode;
 
-use allot_client::{AddTask, ClientError, PutQueue, SortPolicy, TokenNeed};
+use allot_client::{AddTask, AppSort, ClientError, PutQueue, SortPolicy, TokenNeed};
 
 use super::apps_output::{
     app_details, app_line, app_table, limits_line, queue_details, queue_table, run_timeline, task_details, task_line,
@@ -42,6 +42,17 @@ pub(crate) enum Preemption {
     Fence,
     /// Its tasks, and those below, are never preempted.
     Disabled,
+}
+
+/// The order of `allot app list`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub(crate) enum ListOrder {
+    /// By id.
+    Id,
+    /// By submission time.
+    Submitted,
+    /// By end time (those not ended last).
+    Ended,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
@@ -179,9 +190,15 @@ pub(crate) enum AppCommand {
         #[command(flatten)]
         common: Common,
     },
-    /// List the applications: queue, user, state and tasks by state.
+    /// List the applications: queue, user, state, tasks by state and when each was submitted.
     #[command(after_help = EXIT_CODES)]
     List {
+        /// The order: by id, submission time or end time.
+        #[arg(long, value_enum, default_value = "id")]
+        sort: ListOrder,
+        /// With `--sort submitted` or `ended`: the newest first.
+        #[arg(long)]
+        newest_first: bool,
         #[command(flatten)]
         common: Common,
     },
@@ -395,7 +412,7 @@ pub(crate) async fn app(command: AppCommand, before: &Common) -> anyhow::Result<
         before,
         |command| match command {
             AppCommand::Submit { common, .. }
-            | AppCommand::List { common }
+            | AppCommand::List { common, .. }
             | AppCommand::Show { common, .. }
             | AppCommand::Complete { common, .. }
             | AppCommand::Fail { common, .. }
@@ -514,8 +531,19 @@ async fn run_app(command: &AppCommand) -> Result<u8, ClientError> {
                 }
             })
         }
-        AppCommand::List { common } => {
-            let answer = client(common)?.apps().await?;
+        AppCommand::List { sort, newest_first, common } => {
+            let sort = match (sort, newest_first) {
+                (ListOrder::Id, false) => AppSort::Id,
+                (ListOrder::Id, true) => {
+                    eprintln!("error: --newest-first goes with --sort submitted or --sort ended");
+                    return Ok(EXIT_USAGE);
+                }
+                (ListOrder::Submitted, false) => AppSort::Submitted,
+                (ListOrder::Submitted, true) => AppSort::SubmittedNewestFirst,
+                (ListOrder::Ended, false) => AppSort::Ended,
+                (ListOrder::Ended, true) => AppSort::EndedNewestFirst,
+            };
+            let answer = client(common)?.apps_in_order(sort).await?;
             emit(common, &answer, |list| app_table(&list.apps))
         }
         AppCommand::Show { id, common } => {

@@ -197,6 +197,7 @@ pub(crate) fn app_table(apps: &[App]) -> String {
         ("STATE", Align::Left),
         ("TASKS", Align::Left),
         ("WAITING", Align::Left),
+        ("SUBMITTED", Align::Left),
     ]);
     for app in apps {
         table.row(vec![
@@ -206,6 +207,7 @@ pub(crate) fn app_table(apps: &[App]) -> String {
             app.state.clone(),
             tasks_by_state(&app.tasks),
             app.waiting.as_ref().map_or_else(|| "-".to_owned(), |w| w.code.clone()),
+            app.submitted_at.clone(),
         ]);
     }
     table.render()

@@ -184,6 +184,12 @@ pub(crate) async fn run(args: ServeArgs) -> anyhow::Result<()> {
             );
             let redis = redis.clone().with_watch(config.watch);
             let store = RedisStore::open(&redis).await.context("cannot open the Redis store")?;
+            if let Some(what) = store.unfinished_restore().await.context("cannot read the Redis store")? {
+                anyhow::bail!(
+                    "this Redis holds part of a restore that did not finish ({what}): restore again with \
+                     `allot snapshot restore FILE --store URL --replace` before a daemon serves it"
+                );
+            }
             store.set_pool_rules(config.pool_rules);
             store.set_sched_config(config.sched.clone());
             if args.advertise.is_none() && address.ip().is_unspecified() {

@@ -119,6 +119,74 @@ async fn answers(client: &Client) {
     let removed = client.remove_app("small").await.unwrap();
     assert_eq!(removed.state, "Failed");
     assert!(removed.released.unwrap().placements.is_empty());
+    orders(client).await;
+}
+
+fn wall_now() -> std::time::SystemTime {
+    std::time::SystemTime::now()
+}
+
+/// When an application was submitted and ended, as timestamps, and lists in those orders.
+async fn orders(client: &Client) {
+    let before = wall_now() - Duration::from_secs(1);
+    // Submitted in an order that is not their ids'.
+    let ids = ["order-c", "order-a", "order-d", "order-b"];
+    for id in ids {
+        client.submit_app(&submit(json!({"id": id, "queue": "root.answers"}))).await.unwrap();
+    }
+    // Two end: `order-c` first, then `order-d` (in one millisecond or not: submitted in that
+    // order too, they are listed in it).
+    client.fail_app("order-c", Some("first to end")).await.unwrap();
+    client.fail_app("order-d", Some("second to end")).await.unwrap();
+    let after = wall_now() + Duration::from_secs(1);
+    let listed = |apps: Vec<allot_api::App>| -> Vec<String> {
+        apps.into_iter().map(|app| app.id).filter(|id| id.starts_with("order-")).collect()
+    };
+    let in_order = async |sort| listed(client.apps_in_order(sort).await.unwrap().apps);
+    use allot_api::AppSort;
+    assert_eq!(in_order(AppSort::Id).await, ["order-a", "order-b", "order-c", "order-d"]);
+    assert_eq!(in_order(AppSort::Submitted).await, ids);
+    assert_eq!(in_order(AppSort::SubmittedNewestFirst).await, ["order-b", "order-d", "order-a", "order-c"]);
+    // Ended first (by end), then the rest in submission order, whichever the direction.
+    assert_eq!(in_order(AppSort::Ended).await, ["order-c", "order-d", "order-a", "order-b"]);
+    assert_eq!(in_order(AppSort::EndedNewestFirst).await, ["order-d", "order-c", "order-a", "order-b"]);
+
+    // Page by page, one at a time, the same order.
+    let mut paged = Vec::new();
+    let mut page = allot_client::PageArgs { limit: Some(1), cursor: None };
+    loop {
+        let list = client.apps_page_in_order(AppSort::SubmittedNewestFirst, &page).await.unwrap();
+        paged.extend(listed(list.apps));
+        match list.next_cursor {
+            Some(cursor) => page.cursor = Some(cursor),
+            None => break,
+        }
+    }
+    assert_eq!(paged, ["order-b", "order-d", "order-a", "order-c"]);
+    // A cursor goes on in its own list's order, whatever `sort` says.
+    let first = client.apps_page_in_order(AppSort::Submitted, &allot_client::PageArgs { limit: Some(1), cursor: None });
+    let first = first.await.unwrap();
+    let next = allot_client::PageArgs { limit: Some(1000), cursor: first.next_cursor };
+    let rest = client.apps_page_in_order(AppSort::Id, &next).await.unwrap();
+    let all = listed(client.apps_in_order(AppSort::Submitted).await.unwrap().apps);
+    assert_eq!(listed(first.apps.into_iter().chain(rest.apps).collect()), all);
+
+    // The timestamps: within the test's time, in submission order, the end after it.
+    let timestamp = |text: &str| humantime::parse_rfc3339(text).unwrap_or_else(|e| panic!("`{text}`: {e}"));
+    let mut last = before;
+    for id in ids {
+        let app = client.app(id).await.unwrap();
+        let submitted = timestamp(&app.submitted_at);
+        assert!(submitted >= last && submitted <= after, "{id}: {}", app.submitted_at);
+        last = submitted;
+        match app.ended_at.as_deref() {
+            Some(ended) => {
+                assert!(["order-c", "order-d"].contains(&id), "{id} has not ended");
+                assert!(timestamp(ended) >= submitted && timestamp(ended) <= after, "{id}: {ended}");
+            }
+            None => assert!(["order-a", "order-b"].contains(&id), "{id} ended: {app:?}"),
+        }
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -35,9 +35,34 @@ async fn grants(client: &Client, namespace: &str) -> BTreeMap<String, u64> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_snapshot_taken_under_writes_restores_every_change_acknowledged_before_it_and_none_after() {
+    save_under_writes_and_restore(None).await;
+}
+
+/// The same through a daemon on Redis: the archive, taken while a writer goes on, restores into a
+/// data directory with every grant acknowledged before the save and none after.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_snapshot_of_redis_taken_under_writes_restores_every_change_acknowledged_before_it() {
+    let redis = allot_store_redis::testing::RedisServer::start();
+    save_under_writes_and_restore(Some(&redis.url())).await;
+}
+
+/// Saves the store of a daemon (embedded, or on the Redis at `redis`) while a writer allocates
+/// without pause, restores the archive into a new data directory and compares every grant the
+/// writer saw acknowledged.
+async fn save_under_writes_and_restore(redis: Option<&str>) {
     let (dir, data) = data_dir();
-    let daemon = tokio::task::spawn_blocking(move || Daemon::start(&data, &[])).await.unwrap();
+    let store_args: Vec<String> = redis.map(|url| vec!["--store".to_owned(), url.to_owned()]).unwrap_or_default();
+    let daemon = tokio::task::spawn_blocking(move || {
+        let args: Vec<&str> = store_args.iter().map(String::as_str).collect();
+        Daemon::start(&data, &args)
+    })
+    .await
+    .unwrap();
     let client = daemon.client();
+    if redis.is_some() {
+        // A daemon on Redis takes snapshots once it schedules: wait for that before timing one.
+        save(&daemon.url, &dir.path().join("warm-up.snapshot")).await;
+    }
     client.put_namespace("hive", 1_000_000).await.unwrap();
     client.put_pool("gpu", "cpu=8,mem=16Gi").await.unwrap();
     let session = client.open_session(600_000).await.unwrap();
@@ -334,6 +359,10 @@ async fn a_store_moves_from_the_embedded_store_to_redis_and_back() {
     // Taken through either daemon (the one that schedules takes it), into a new data directory.
     let second = dir.path().join("second.snapshot");
     save(&second_daemon.url, &second).await;
+    // Not into a Redis that daemons use, even told to replace what it holds.
+    let in_use = restore(&first, &["--replace"]);
+    assert_eq!(in_use.status.code(), Some(1), "{}", text(&in_use));
+    assert!(text(&in_use).contains("is using this Redis"), "{}", text(&in_use));
     let status = cli(&["snapshot", "status", second.to_str().unwrap()], None, None);
     assert!(text(&status).contains("from the redis store"), "{}", text(&status));
     let back_dir = dir.path().join("back");
@@ -341,6 +370,30 @@ async fn a_store_moves_from_the_embedded_store_to_redis_and_back() {
         cli(&["snapshot", "restore", second.to_str().unwrap(), "--data-dir", back_dir.to_str().unwrap()], None, None);
     assert!(back.status.success(), "{}", text(&back));
     drop((first_daemon, second_daemon, one_dir, two_dir));
+    // What a restore stopped part way leaves: no daemon serves that Redis until one finishes.
+    let raw = redis::Client::open(url.as_str()).unwrap();
+    let mut raw = raw.get_multiplexed_async_connection().await.unwrap();
+    let _: () = redis::cmd("SET")
+        .arg("allot:{allot-registry}:restoring")
+        .arg("x.snapshot")
+        .query_async(&mut raw)
+        .await
+        .unwrap();
+    let (_, data) = data_dir();
+    let refused = tokio::task::spawn_blocking({
+        let url = url.clone();
+        move || {
+            Command::new(ALLOT)
+                .args(["serve", "--listen", "127.0.0.1:0", "--store", url.as_str(), "--data-dir"])
+                .arg(&data)
+                .output()
+                .unwrap()
+        }
+    })
+    .await
+    .unwrap();
+    assert!(!refused.status.success());
+    assert!(text(&refused).contains("a restore that did not finish (x.snapshot)"), "{}", text(&refused));
     let copy = tokio::task::spawn_blocking(move || Daemon::start(&back_dir, &[])).await.unwrap();
     let copied = leases(&copy.client(), "hive").await;
     let fencing = |grants: &BTreeMap<String, (u64, Option<u64>)>| -> Vec<(String, u64)> {
