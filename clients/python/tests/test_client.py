@@ -137,9 +137,9 @@ def test_queues_applications_and_tasks(client: Client) -> None:
     newest = [a["id"] for a in client.apps(sort="-submitted")]
     assert newest.index("py-later") < newest.index("py-app")
     # The latest ended first, those not ended (``py-later``) last.
-    ends = [a.get("ended_at") for a in client.apps(sort="-ended")]
-    done = [e for e in ends if e is not None]
-    assert ends[: len(done)] == done and done == sorted(done, reverse=True) and ends[-1] is None
+    ended_at = [a.get("ended_at") for a in client.apps(sort="-ended")]
+    done = [e for e in ended_at if e is not None]
+    assert ended_at[: len(done)] == done and done == sorted(done, reverse=True) and ended_at[-1] is None
     client.remove_app("py-later")
     client.remove_app("py-app")
     client.remove_queue("root.py")
