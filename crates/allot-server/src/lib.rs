@@ -266,6 +266,7 @@ stayed listed."
         routes::pools::put_pool,
         routes::pools::remove_pool,
         routes::pools::list_offers,
+        routes::pools::get_offer,
         routes::pools::accept,
         routes::pools::list_allocs,
         routes::pools::get_alloc,

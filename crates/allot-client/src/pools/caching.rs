@@ -285,6 +285,24 @@ impl PoolSource for CachingPool {
         }
     }
 
+    /// From the cache while it is fresh (what is left of the offer after the accepts through
+    /// it), else from the pool.
+    async fn offer(&self, id: &str) -> Result<PoolOffer, PoolCallError> {
+        {
+            let state = lock(&self.cache.state);
+            if state.is_fresh(Instant::now(), self.cache.ttl) {
+                if let Some(offer) = state.valid_offers().into_iter().find(|offer| offer.id == id) {
+                    return Ok(offer);
+                }
+            }
+        }
+        self.source.offer(id).await
+    }
+
+    async fn allocs(&self) -> Result<Vec<api::Alloc>, PoolCallError> {
+        self.source.allocs().await
+    }
+
     async fn accept(&self, offer: &str, request: &AllocNeed) -> Result<api::Alloc, PoolCallError> {
         let reservation = {
             let mut state = lock(&self.cache.state);

@@ -82,6 +82,13 @@ impl Client {
         self.json(self.request(Method::GET, &path)?).await
     }
 
+    /// `GET /v1/pools/{pool}/offers/{offer}`: one offer (`offer_not_found` when the pool has
+    /// nothing free, or no offer of that id).
+    pub async fn offer(&self, pool: &str, offer: &str) -> Result<Offer, ClientError> {
+        let path = format!("{}/offers/{}", pool_path(pool)?, segment("offer", offer)?);
+        self.json(self.request(Method::GET, &path)?).await
+    }
+
     /// `POST /v1/pools/{pool}/offers/{offer}`: accepts an offer. `offer_expired` (409) means the
     /// room is gone: try another offer.
     pub async fn accept(&self, pool: &str, offer: &str, request: &Accept) -> Result<Alloc, ClientError> {

@@ -277,6 +277,25 @@ pub struct PoolFailure {
     pub error: PoolCallError,
 }
 
+/// What [`Mux::allocs`] got: the live allocs of the pools that answered, and which pools
+/// failed or did not answer by the deadline.
+#[derive(Debug, Clone, Default)]
+pub struct AllocReport {
+    pub allocs: Vec<api::Alloc>,
+    /// How many pools were asked.
+    pub asked: usize,
+    pub failed: Vec<PoolFailure>,
+    /// The pools that had not answered by the deadline (in name order).
+    pub timed_out: Vec<String>,
+}
+
+impl AllocReport {
+    /// True when every pool answered.
+    pub fn is_complete(&self) -> bool {
+        self.failed.is_empty() && self.timed_out.is_empty()
+    }
+}
+
 /// What [`Mux::offers`] (or [`PoolSet::offers_within`]) got: the offers, and which pools failed
 /// or did not answer by the deadline.
 #[derive(Debug, Clone, Default)]

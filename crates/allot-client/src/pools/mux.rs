@@ -24,7 +24,8 @@ pub struct Mux {
     pools: RwLock<Arc<PoolMap>>,
     /// Serialises changes to the pool set; the caches by pool name when caching is on.
     caches: Mutex<HashMap<String, CachingPool>>,
-    caching: Option<Duration>,
+    /// The caches' time to live; none: no caching. Changed under `caches`' lock.
+    caching: RwLock<Option<Duration>>,
     concurrency: usize,
 }
 
@@ -38,7 +39,7 @@ impl fmt::Debug for Mux {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("Mux")
             .field("pools", &self.pool_names())
-            .field("caching", &self.caching)
+            .field("caching", &self.caching())
             .field("concurrency", &self.concurrency)
             .finish()
     }
@@ -50,14 +51,14 @@ impl Mux {
         Mux {
             pools: RwLock::new(Arc::new(PoolMap::new())),
             caches: Mutex::new(HashMap::new()),
-            caching: None,
+            caching: RwLock::new(None),
             concurrency: DEFAULT_MUX_CONCURRENCY,
         }
     }
 
     /// An empty mux that serves every pool through a [`CachingPool`] whose offers live `ttl`.
     pub fn with_caching(ttl: Duration) -> Mux {
-        Mux { caching: Some(ttl), ..Mux::new() }
+        Mux { caching: RwLock::new(Some(ttl)), ..Mux::new() }
     }
 
     /// Sets how many pools [`Mux::offers`] asks at the same time (at least 1).
@@ -69,7 +70,34 @@ impl Mux {
 
     /// The cache time to live, when caching is on.
     pub fn caching(&self) -> Option<Duration> {
-        self.caching
+        *self.caching.read().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Turns caching on (offers cached `ttl`) or off (`None`) now, for every pool in the mux and
+    /// those added after [Reflow's `Mux.SetCaching`]. Turned on, each pool gets a fresh cache (a
+    /// cache of the same time to live is kept); turned off, calls go to the pools themselves.
+    pub fn set_caching(&self, ttl: Option<Duration>) {
+        let mut caches = lock(&self.caches);
+        let mut caching = self.caching.write().unwrap_or_else(PoisonError::into_inner);
+        if *caching == ttl {
+            return;
+        }
+        *caching = ttl;
+        let sources: Vec<Arc<dyn PoolSource>> = self
+            .snapshot()
+            .iter()
+            .map(|(name, pool)| caches.get(name).map_or_else(|| pool.clone(), |cache| cache.source().clone()))
+            .collect();
+        caches.clear();
+        let mut map = PoolMap::new();
+        let mut new_caches = HashMap::new();
+        for source in sources {
+            let name = source.name().to_owned();
+            let pool = wrap(ttl, &HashMap::new(), source, &mut new_caches);
+            map.insert(name, pool);
+        }
+        *caches = new_caches;
+        *self.pools.write().unwrap_or_else(PoisonError::into_inner) = Arc::new(map);
     }
 
     /// Replaces the set of pools. With caching, a pool whose name was already in the mux keeps
@@ -137,14 +165,7 @@ impl Mux {
         pool: Arc<dyn PoolSource>,
         new_caches: &mut HashMap<String, CachingPool>,
     ) -> Arc<dyn PoolSource> {
-        let Some(ttl) = self.caching else { return pool };
-        let name = pool.name().to_owned();
-        let caching = match existing.get(&name) {
-            Some(old) => old.with_source(pool),
-            None => CachingPool::new(pool, ttl),
-        };
-        new_caches.insert(name, caching.clone());
-        Arc::new(caching)
+        wrap(self.caching(), existing, pool, new_caches)
     }
 
     fn snapshot(&self) -> Arc<PoolMap> {
@@ -182,33 +203,51 @@ impl Mux {
     /// by `timeout` with what it got: the offers, the pools that failed (with their error) and
     /// those that had not answered (abandoned, their calls cancelled).
     pub async fn offers(&self, timeout: Duration) -> OfferReport {
+        let (offers, asked, failed, timed_out) =
+            self.ask_every_pool(timeout, |pool| async move { pool.offers().await }).await;
+        OfferReport { offers: offers.into_iter().flatten().collect(), asked, failed, timed_out }
+    }
+
+    /// Calls `ask` on every pool, at most [`Mux::with_concurrency`] at a time, until `timeout`:
+    /// the answers, how many pools were asked, the failures and the pools that had not answered
+    /// (abandoned, their calls cancelled), both in name order.
+    async fn ask_every_pool<T, F, Fut>(
+        &self,
+        timeout: Duration,
+        ask: F,
+    ) -> (Vec<T>, usize, Vec<PoolFailure>, Vec<String>)
+    where
+        T: Send + 'static,
+        F: Fn(Arc<dyn PoolSource>) -> Fut,
+        Fut: std::future::Future<Output = Result<T, PoolCallError>> + Send + 'static,
+    {
         let pools = self.snapshot();
         let deadline = later(Instant::now(), timeout);
         let permits = Arc::new(Semaphore::new(self.concurrency));
         let mut tasks = JoinSet::new();
         let mut pending = HashMap::with_capacity(pools.len());
         for (name, pool) in pools.iter() {
-            let (pool, permits) = (pool.clone(), permits.clone());
+            let (call, permits) = (ask(pool.clone()), permits.clone());
             let handle = tasks.spawn(async move {
                 let _permit = permits.acquire_owned().await;
-                pool.offers().await
+                call.await
             });
             pending.insert(handle.id(), name.clone());
         }
-        let mut report = OfferReport { asked: pools.len(), ..OfferReport::default() };
+        let (mut answers, mut failed) = (Vec::new(), Vec::new());
         while let Ok(Some(joined)) = tokio::time::timeout_at(deadline, tasks.join_next_with_id()).await {
             match joined {
                 Ok((id, result)) => {
                     let pool = pending.remove(&id).unwrap_or_default();
                     match result {
-                        Ok(offers) => report.offers.extend(offers),
-                        Err(error) => report.failed.push(PoolFailure { pool, error }),
+                        Ok(answer) => answers.push(answer),
+                        Err(error) => failed.push(PoolFailure { pool, error }),
                     }
                 }
                 Err(err) => {
                     let pool = pending.remove(&err.id()).unwrap_or_default();
                     let error = PoolCallError::Panicked { pool: pool.clone(), detail: err.to_string() };
-                    report.failed.push(PoolFailure { pool, error });
+                    failed.push(PoolFailure { pool, error });
                 }
             }
         }
@@ -216,9 +255,23 @@ impl Mux {
         tasks.abort_all();
         let mut timed_out: Vec<String> = pending.into_values().collect();
         timed_out.sort();
-        report.timed_out = timed_out;
-        report.failed.sort_by(|a, b| a.pool.cmp(&b.pool));
-        report
+        failed.sort_by(|a: &PoolFailure, b: &PoolFailure| a.pool.cmp(&b.pool));
+        (answers, pools.len(), failed, timed_out)
+    }
+
+    /// Lists the live allocs of every pool, at most [`Mux::with_concurrency`] pools at a time,
+    /// and answers by `timeout` with what it got [Reflow's `Mux.Allocs()`]: the allocs, the pools
+    /// that failed (with their error) and those that had not answered.
+    pub async fn allocs(&self, timeout: Duration) -> AllocReport {
+        let (allocs, asked, failed, timed_out) =
+            self.ask_every_pool(timeout, |pool| async move { pool.allocs().await }).await;
+        AllocReport { allocs: allocs.into_iter().flatten().collect(), asked, failed, timed_out }
+    }
+
+    /// The offer at `uri` (`pool/offer`) [Reflow's `Mux.Offer(uri)`].
+    pub async fn offer(&self, uri: &str) -> Result<PoolOffer, PoolCallError> {
+        let (pool, offer) = split_uri(uri)?;
+        self.route(pool)?.offer(offer).await
     }
 
     /// Accepts `offer` in its pool.
@@ -243,6 +296,23 @@ impl Mux {
         let (pool, alloc) = split_uri(uri)?;
         self.route(pool)?.free(alloc).await
     }
+}
+
+/// With caching (`ttl`), `pool` behind its cache (the existing one of its name, if any).
+fn wrap(
+    ttl: Option<Duration>,
+    existing: &HashMap<String, CachingPool>,
+    pool: Arc<dyn PoolSource>,
+    new_caches: &mut HashMap<String, CachingPool>,
+) -> Arc<dyn PoolSource> {
+    let Some(ttl) = ttl else { return pool };
+    let name = pool.name().to_owned();
+    let caching = match existing.get(&name) {
+        Some(old) if old.ttl() == ttl => old.with_source(pool),
+        _ => CachingPool::new(pool, ttl),
+    };
+    new_caches.insert(name, caching.clone());
+    Arc::new(caching)
 }
 
 #[async_trait]

@@ -18,6 +18,13 @@ pub trait PoolSource: Send + Sync {
     /// The pool's offers now.
     async fn offers(&self) -> Result<Vec<PoolOffer>, PoolCallError>;
 
+    /// One offer by its id [Reflow's `Pool.Offer(id)`]; `offer_not_found` when the pool has no
+    /// such offer now.
+    async fn offer(&self, id: &str) -> Result<PoolOffer, PoolCallError>;
+
+    /// Every alloc of the pool that is live now [Reflow's `Pool.Allocs()`].
+    async fn allocs(&self) -> Result<Vec<api::Alloc>, PoolCallError>;
+
     /// Accepts offer `offer` (an id from [`PoolSource::offers`]) with `request`.
     async fn accept(&self, offer: &str, request: &AllocNeed) -> Result<api::Alloc, PoolCallError>;
 
@@ -39,6 +46,14 @@ impl<T: PoolSource + ?Sized> PoolSource for Arc<T> {
 
     async fn offers(&self) -> Result<Vec<PoolOffer>, PoolCallError> {
         (**self).offers().await
+    }
+
+    async fn offer(&self, id: &str) -> Result<PoolOffer, PoolCallError> {
+        (**self).offer(id).await
+    }
+
+    async fn allocs(&self) -> Result<Vec<api::Alloc>, PoolCallError> {
+        (**self).allocs().await
     }
 
     async fn accept(&self, offer: &str, request: &AllocNeed) -> Result<api::Alloc, PoolCallError> {
@@ -86,6 +101,14 @@ impl DaemonPool {
     fn error(&self, err: ClientError) -> PoolCallError {
         PoolCallError::from_client(&self.name, None, err)
     }
+
+    fn pool_offer(&self, offer: api::Offer) -> Result<PoolOffer, PoolCallError> {
+        let available = offer.available.parse().map_err(|err| PoolCallError::BadAnswer {
+            pool: self.name.clone(),
+            detail: format!("offer {} available `{}`: {err}", offer.id, offer.available),
+        })?;
+        Ok(PoolOffer { pool: self.name.clone(), id: offer.id, available })
+    }
 }
 
 #[async_trait]
@@ -96,16 +119,20 @@ impl PoolSource for DaemonPool {
 
     async fn offers(&self) -> Result<Vec<PoolOffer>, PoolCallError> {
         let list = self.client.offers(&self.name).await.map_err(|err| self.error(err))?;
-        list.offers
-            .into_iter()
-            .map(|offer| {
-                let available = offer.available.parse().map_err(|err| PoolCallError::BadAnswer {
-                    pool: self.name.clone(),
-                    detail: format!("offer {} available `{}`: {err}", offer.id, offer.available),
-                })?;
-                Ok(PoolOffer { pool: self.name.clone(), id: offer.id, available })
-            })
-            .collect()
+        list.offers.into_iter().map(|offer| self.pool_offer(offer)).collect()
+    }
+
+    async fn offer(&self, id: &str) -> Result<PoolOffer, PoolCallError> {
+        let offer = self
+            .client
+            .offer(&self.name, id)
+            .await
+            .map_err(|err| PoolCallError::from_client(&self.name, Some(id), err))?;
+        self.pool_offer(offer)
+    }
+
+    async fn allocs(&self) -> Result<Vec<api::Alloc>, PoolCallError> {
+        Ok(self.client.allocs(&self.name).await.map_err(|err| self.error(err))?.allocs)
     }
 
     async fn accept(&self, offer: &str, request: &AllocNeed) -> Result<api::Alloc, PoolCallError> {

@@ -142,7 +142,11 @@ pub(crate) fn routes(state: ServerState) -> (Router, Arc<Needs>) {
             &[(M::GET, read(POOL)), (M::PUT, admin(POOL)), (M::DELETE, admin(POOL))],
         )
         .route("/v1/pools/{pool}/offers", get(pools::list_offers), &[(M::GET, read(POOL))])
-        .route("/v1/pools/{pool}/offers/{offer}", post(pools::accept), &[(M::POST, work(POOL))])
+        .route(
+            "/v1/pools/{pool}/offers/{offer}",
+            get(pools::get_offer).post(pools::accept),
+            &[(M::GET, read(POOL)), (M::POST, work(POOL))],
+        )
         .route("/v1/pools/{pool}/allocs", get(pools::list_allocs), &[(M::GET, read(POOL))])
         .route(
             "/v1/pools/{pool}/allocs/{alloc}",

@@ -111,6 +111,29 @@ pub(crate) async fn list_offers(
     Ok(Json(api::OfferList { offers: offer.into_iter().map(convert::offer).collect() }))
 }
 
+/// One offer of the pool, by its id [Reflow's `Pool.Offer(id)`]: what is free now. A pool that
+/// has nothing free has no offer (`offer_not_found`), as its list of offers is then empty.
+#[utoipa::path(get, path = "/v1/pools/{pool}/offers/{offer}", tag = "pools",
+    params(("pool" = String, Path), ("offer" = String, Path, description = "the offer's id (`1`)")),
+    responses((status = 200, body = api::Offer), (status = 400, body = api::ErrorBody, description = "invalid_name"),
+        (status = 404, body = api::ErrorBody, description = "pool_not_found or offer_not_found: no such offer, or the pool has nothing free now"),
+        (status = 503, body = api::ErrorBody, description = "store_unavailable, store_outcome_unknown, not_enough_replicas or shutting_down")))]
+pub(crate) async fn get_offer(
+    State(state): State<ServerState>,
+    Segments((name, offer)): Segments<(String, String)>,
+) -> Answer<api::Offer> {
+    let pool = convert::pool_name(&name)?;
+    let found = state.store.offer(pool.clone()).await?.filter(|_| offer == OFFER_ID);
+    found.map(|found| Json(convert::offer(found))).ok_or_else(|| {
+        let message = if offer == OFFER_ID {
+            format!("pool `{pool}` has no offer now: nothing of it is free (see GET /v1/pools/{{pool}}/offers)")
+        } else {
+            format!("pool `{pool}` has no offer `{offer}`: its one offer is `{OFFER_ID}` (see GET /v1/pools/{{pool}}/offers)")
+        };
+        ApiError::new(StatusCode::NOT_FOUND, "offer_not_found", message)
+    })
+}
+
 /// Accepts an offer: makes an alloc with at least `min` and at most `max`.
 #[utoipa::path(post, path = "/v1/pools/{pool}/offers/{offer}", tag = "pools",
     params(("pool" = String, Path), ("offer" = String, Path, description = "the offer's id (`1`)")),

@@ -177,6 +177,14 @@ impl PoolSource for Counted {
         self.pool.offers().await
     }
 
+    async fn offer(&self, id: &str) -> Result<PoolOffer, PoolCallError> {
+        self.pool.offer(id).await
+    }
+
+    async fn allocs(&self) -> Result<Vec<Alloc>, PoolCallError> {
+        self.pool.allocs().await
+    }
+
     async fn accept(&self, offer: &str, request: &AllocNeed) -> Result<Alloc, PoolCallError> {
         self.accepts.fetch_add(1, Ordering::SeqCst);
         self.pool.accept(offer, request).await

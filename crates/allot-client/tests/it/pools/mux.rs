@@ -53,6 +53,21 @@ async fn mux_routes_by_uri_and_reports_failing_and_slow_pools() {
     let alloc = allocate(&*mux, &request, &options).await.unwrap();
     assert_eq!((alloc.pool.as_str(), alloc.resources.as_str()), ("a2", "cpu=3"), "a2 is the tightest fit");
 
+    // One offer by its URI; the allocs of every pool, the broken ones reported.
+    assert_eq!(mux.offer("a1/1").await.unwrap().available, r("cpu=2"));
+    assert_eq!(mux.offer("a2/1").await.unwrap().available, r("cpu=1"), "what the alloc left");
+    let err = mux.offer("a1/2").await.unwrap_err();
+    assert_eq!(err.code(), Some("offer_not_found"), "{err}");
+    let err = mux.offer("dead/1").await.unwrap_err();
+    assert!(err.is_retryable(), "{err}");
+    let report = mux.allocs(Duration::from_millis(300)).await;
+    let uris: Vec<&str> = report.allocs.iter().map(|a| a.uri.as_str()).collect();
+    assert_eq!(uris, [alloc.uri.as_str()]);
+    assert_eq!(report.asked, 5);
+    assert_eq!(report.failed.iter().map(|f| f.pool.as_str()).collect::<Vec<_>>(), ["dead"]);
+    assert_eq!(report.timed_out, ["silent"]);
+    assert!(!report.is_complete());
+
     // URI routing.
     let on_b = mux.accept(&PoolOffer::new("b1", "1", r("cpu=8")), &AllocNeed::new(r("cpu=1"))).await.unwrap();
     assert_eq!(on_b.uri, format!("b1/{}", on_b.id));
@@ -91,4 +106,37 @@ async fn mux_caches_survive_set_pools() {
     mux.set_pools([x.clone() as Arc<dyn PoolSource>, y.clone()]).unwrap();
     mux.offers(Duration::from_secs(5)).await;
     assert_eq!((x.offers_calls(), y.offers_calls()), (1, 2), "y's cache was dropped with it");
+}
+
+/// Caching turned on and off at run time (Reflow's `SetCaching`): on, the pools' offers come from
+/// their caches; off, every call goes to the pools again; the pools stay the same.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn mux_caching_is_turned_on_and_off_at_run_time() {
+    let dir = tempfile::tempdir().unwrap();
+    let daemon = Daemon::start(dir.path()).await;
+    daemon.put_pools(["x".to_owned()], "cpu=2").await;
+    let mux = Mux::new();
+    let x = Counted::new(daemon.pool("x"));
+    mux.add_pool(x.clone()).unwrap();
+    async fn asked(mux: &Mux) -> usize {
+        mux.offers(Duration::from_secs(5)).await.offers.len()
+    }
+    assert_eq!((asked(&mux).await, asked(&mux).await), (1, 1));
+    assert_eq!(x.offers_calls(), 2, "without caching every call asks the pool");
+
+    mux.set_caching(Some(Duration::from_secs(3600)));
+    assert_eq!(mux.caching(), Some(Duration::from_secs(3600)));
+    assert_eq!((asked(&mux).await, asked(&mux).await), (1, 1));
+    assert_eq!(x.offers_calls(), 3, "cached: asked once");
+    assert!(mux.caching_pool("x").is_some());
+    // An offer read through the cache is what the cache holds.
+    assert_eq!(mux.offer("x/1").await.unwrap().available, r("cpu=2"));
+    assert_eq!(x.offers_calls(), 3);
+
+    mux.set_caching(None);
+    assert_eq!(mux.caching(), None);
+    assert!(mux.caching_pool("x").is_none());
+    assert_eq!(asked(&mux).await, 1);
+    assert_eq!(x.offers_calls(), 4, "off again: the pool is asked");
+    assert_eq!(mux.pool_names(), ["x"]);
 }
