@@ -56,6 +56,9 @@ enum Command {
     /// Accept offers, keep allocs alive, free and inspect them (`pool/alloc`).
     #[command(subcommand)]
     Alloc(cli::pools::AllocCommand),
+    /// Read a pool's offer by its URI (`pool/offer`).
+    #[command(subcommand)]
+    Offer(cli::pools::OfferCommand),
     /// Create, change, list and remove queues (`root.a.b`) and their limits.
     #[command(subcommand)]
     Queue(cli::apps::QueueCommand),
@@ -129,6 +132,7 @@ fn main() -> ExitCode {
             Command::Session(command) => cli::quotas::session(command, &args.before).await,
             Command::Pool(command) => cli::pools::pool(command, &args.before).await,
             Command::Alloc(command) => cli::pools::alloc(command, &args.before).await,
+            Command::Offer(command) => cli::pools::offer(command, &args.before).await,
             Command::Queue(command) => cli::apps::queue(command, &args.before).await,
             Command::App(cli::apps::AppCommand::Submit { file, follow: true, follow_args, common }) => {
                 cli::submit_follow::submit_and_follow(&file, follow_args, common, &args.before).await

@@ -161,11 +161,16 @@ impl Common {
 }
 
 pub(crate) fn client(common: &Common) -> Result<Client, ClientError> {
+    client_at(common, &common.server())
+}
+
+/// A client of the daemon at `server`, with `common`'s token and TLS settings.
+pub(crate) fn client_at(common: &Common, server: &str) -> Result<Client, ClientError> {
     // A person at a terminal wants an answer soon; scripts that must not lose a release can
     // run the command again.
     let client = match common.tls()? {
-        Some(tls) => Client::with_tls(&common.server(), &tls)?,
-        None => Client::new(&common.server())?,
+        Some(tls) => Client::with_tls(server, &tls)?,
+        None => Client::new(server)?,
     };
     let client = client.with_release_retry(std::time::Duration::from_secs(10));
     Ok(match common.token() {

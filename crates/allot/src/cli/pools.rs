@@ -6,13 +6,16 @@ use std::process::ExitCode;
 use std::time::Duration;
 
 use allot_client::{
-    Accept, Alloc, AllocKeepaliveResponse, AllocList, ClientError, OfferList, Pool, PoolList, PutPoolResponse,
+    Accept, Alloc, AllocKeepaliveResponse, AllocList, ClientError, Offer, OfferList, Pool, PoolList, PutPoolResponse,
     RemovedPool,
 };
 
+use allot_client::pools::{DaemonPool, Mux, PoolCallError};
+use std::sync::Arc;
+
 use super::{
-    client, count, dispatch, emit, emit_ids, format_ms, human, ids, key_values, or_dash, show, Align, Common, Table,
-    EXIT_CODES,
+    client, client_at, count, dispatch, emit, emit_ids, format_ms, human, ids, key_values, or_dash, show, Align,
+    Common, Table, EXIT_CODES, EXIT_ERROR, EXIT_USAGE,
 };
 
 /// The id of a pool's one offer.
@@ -174,14 +177,77 @@ pub(crate) enum AllocCommand {
         #[command(flatten)]
         common: Common,
     },
-    /// List a pool's live allocs.
+    /// List the live allocs of pools [Reflow's `Mux.Allocs`]: those named, or every pool of the
+    /// daemon (`--all`) and of each `--daemon`. A pool that does not answer is reported (exit 1)
+    /// after what the others listed.
     #[command(after_help = EXIT_CODES)]
     List {
-        /// The pool.
-        pool: String,
+        /// The pools (on the daemon of `--server`).
+        pools: Vec<String>,
+        /// Every pool of the daemon of `--server`.
+        #[arg(long)]
+        all: bool,
+        /// Also every pool of this daemon (its URL); repeatable. Pool names must not repeat.
+        #[arg(long = "daemon", value_name = "URL")]
+        daemons: Vec<String>,
+        /// How long to wait for the pools' answers.
+        #[arg(long, default_value = "10s", value_parser = allot_bench::duration::parse)]
+        timeout: Duration,
         #[command(flatten)]
         common: Common,
     },
+}
+
+/// `allot offer ...`: offers by their URI, `pool/offer`.
+#[derive(Debug, clap::Subcommand)]
+pub(crate) enum OfferCommand {
+    /// Show one offer, `pool/offer` [Reflow's `Mux.Offer(uri)`]: what is free in the pool now
+    /// (exit 1, `offer_not_found`, when nothing is).
+    #[command(after_help = EXIT_CODES)]
+    Get {
+        /// The offer's URI, `pool/offer` (a pool's one offer is `1`).
+        uri: String,
+        #[command(flatten)]
+        common: Common,
+    },
+}
+
+/// Runs an `allot offer` command; `before` holds the options given before the command.
+pub(crate) async fn offer(command: OfferCommand, before: &Common) -> anyhow::Result<ExitCode> {
+    dispatch(
+        command,
+        before,
+        |command| match command {
+            OfferCommand::Get { common, .. } => common,
+        },
+        |command| async move {
+            match &command {
+                OfferCommand::Get { uri, common } => {
+                    let Some((pool, id)) = uri.split_once('/') else {
+                        return Err(ClientError::InvalidUrl(format!(
+                            "`{uri}` is not an offer URI: use POOL/OFFER, e.g. worker-1/1"
+                        )));
+                    };
+                    let answer = client(common)?.offer(pool, id).await?;
+                    emit(common, &answer, |offer| format!("{}/{}: {}\n", offer.pool, offer.id, human(&offer.available)))
+                }
+            }
+        },
+    )
+    .await
+}
+
+/// What `allot alloc list` found: the allocs, and the pools that did not answer.
+#[derive(Debug, serde::Serialize)]
+struct AllocsFound {
+    allocs: Vec<Alloc>,
+    failed: Vec<FailedPool>,
+}
+
+#[derive(Debug, serde::Serialize)]
+struct FailedPool {
+    pool: String,
+    error: String,
 }
 
 /// Runs an `allot pool` command; `before` holds the options given before the command.
@@ -330,9 +396,38 @@ async fn run_alloc(command: &AllocCommand) -> Result<u8, ClientError> {
             let answer = client(common)?.free_alloc(pool, id).await?;
             emit(common, &answer, |alloc| format!("freed {}: {}\n", alloc.uri, human(&alloc.resources)))
         }
-        AllocCommand::List { pool, common } => {
-            let answer = client(common)?.allocs(pool).await?;
-            emit(common, &answer, |list| alloc_table(&list.allocs))
+        AllocCommand::List { pools, all, daemons, timeout, common } => {
+            if pools.is_empty() && !*all && daemons.is_empty() {
+                eprintln!("error: name the pools, or give --all or --daemon URL");
+                return Ok(EXIT_USAGE);
+            }
+            let home = client(common)?;
+            let mux = Mux::new();
+            let added = |err: PoolCallError| ClientError::InvalidUrl(err.to_string());
+            for pool in pools {
+                mux.add_pool(Arc::new(DaemonPool::new(home.clone(), pool.clone()).map_err(added)?)).map_err(added)?;
+            }
+            if *all {
+                mux.add_daemon(&home).await.map_err(added)?;
+            }
+            for daemon in daemons {
+                mux.add_daemon(&client_at(common, daemon)?).await.map_err(added)?;
+            }
+            let report = mux.allocs(*timeout).await;
+            let mut failed: Vec<FailedPool> =
+                report.failed.iter().map(|f| FailedPool { pool: f.pool.clone(), error: f.error.to_string() }).collect();
+            failed.extend(report.timed_out.iter().map(|pool| FailedPool {
+                pool: pool.clone(),
+                error: format!("no answer within {}", format_ms(timeout.as_millis() as u64)),
+            }));
+            let mut allocs = report.allocs;
+            allocs.sort_by(|a, b| (&a.pool, &a.id).cmp(&(&b.pool, &b.id)));
+            let found = AllocsFound { allocs, failed };
+            for pool in &found.failed {
+                eprintln!("error: pool {}: {}", show(&pool.pool), pool.error);
+            }
+            let code = emit(common, &found, |found| alloc_table(&found.allocs))?;
+            Ok(if found.failed.is_empty() { code } else { EXIT_ERROR })
         }
     }
 }
@@ -495,5 +590,7 @@ ids!(
     OfferList => |it| it.offers.iter().map(|offer| format!("{}/{}", offer.pool, offer.id)).collect(),
     Alloc => |it| vec![it.uri.clone()],
     AllocList => |it| it.allocs.iter().map(|alloc| alloc.uri.clone()).collect(),
+    AllocsFound => |it| it.allocs.iter().map(|alloc| alloc.uri.clone()).collect(),
+    Offer => |it| vec![format!("{}/{}", it.pool, it.id)],
     AllocKeepaliveResponse => |it| it.alloc.ids(),
 );

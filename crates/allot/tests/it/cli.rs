@@ -104,6 +104,51 @@ async fn pools_and_allocs_from_the_command_line() {
     .unwrap();
 }
 
+/// Reflow's mux from the command line: the allocs of several pools on two daemons in one list,
+/// a pool that cannot answer reported after it; one offer by its URI.
+#[tokio::test]
+async fn allocs_of_several_pools_and_daemons_and_one_offer_by_its_uri() {
+    let ((_a_dir, a_data), (_b_dir, b_data)) = (data_dir(), data_dir());
+    let a = tokio::task::spawn_blocking(move || Daemon::start(&a_data, &[])).await.unwrap();
+    let b = tokio::task::spawn_blocking(move || Daemon::start(&b_data, &[])).await.unwrap();
+    tokio::task::spawn_blocking(move || {
+        let text = |output: &Output| String::from_utf8_lossy(&output.stdout).into_owned();
+        let errors = |output: &Output| String::from_utf8_lossy(&output.stderr).into_owned();
+        for (daemon, pool) in [(&a, "a1"), (&a, "a2"), (&b, "b1")] {
+            assert_eq!(code(&allot(daemon, &["pool", "set", pool, "cpu=4"])), 0);
+        }
+        let mut uris = Vec::new();
+        for (daemon, pool) in [(&a, "a1"), (&a, "a2"), (&b, "b1")] {
+            let accepted = allot(daemon, &["-q", "alloc", "accept", pool, "cpu=1"]);
+            assert_eq!(code(&accepted), 0, "{accepted:?}");
+            uris.push(text(&accepted).trim().to_owned());
+        }
+        let both = allot(&a, &["alloc", "list", "--all", "--daemon", &b.url, "--json"]);
+        assert_eq!(code(&both), 0, "{both:?}");
+        let found: serde_json::Value = serde_json::from_slice(&both.stdout).unwrap();
+        let listed: Vec<&str> = found["allocs"].as_array().unwrap().iter().map(|a| a["uri"].as_str().unwrap()).collect();
+        assert_eq!(listed, uris.iter().map(String::as_str).collect::<Vec<_>>());
+        assert_eq!(found["failed"], serde_json::json!([]));
+        let named = allot(&a, &["-q", "alloc", "list", "a2", "nope"]);
+        assert_eq!(code(&named), 1, "a pool that is not there is reported: {named:?}");
+        assert_eq!(text(&named).trim(), uris[1]);
+        assert!(errors(&named).contains("pool nope") && errors(&named).contains("pool_not_found"), "{named:?}");
+        let usage = allot(&a, &["alloc", "list"]);
+        assert_eq!(code(&usage), 2, "{usage:?}");
+
+        let offer = allot(&a, &["offer", "get", "a1/1"]);
+        assert_eq!((code(&offer), text(&offer)), (0, "a1/1: cpu=3\n".to_owned()), "{offer:?}");
+        let none = allot(&a, &["offer", "get", "a1/2"]);
+        assert_eq!(code(&none), 1);
+        assert!(errors(&none).contains("offer_not_found"), "{none:?}");
+        let not_uri = allot(&a, &["offer", "get", "a1"]);
+        assert_eq!(code(&not_uri), 2, "a usage error");
+        assert!(errors(&not_uri).contains("POOL/OFFER"), "{not_uri:?}");
+    })
+    .await
+    .unwrap();
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_waiting_alloc_says_the_daemon_restarted_and_waits_again() {
     let (_dir, data) = data_dir();
