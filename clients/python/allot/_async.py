@@ -313,6 +313,11 @@ class AsyncClient:
         answer = await self._call("GET", f"/v1/pools/{seg(pool)}/offers")
         return cast(List[m.Offer], answer["offers"])
 
+    async def offer(self, pool: str, offer: str) -> m.Offer:
+        """One offer by its id (Reflow's ``Pool.Offer``): what is free in the pool now;
+        ``OfferNotFound`` when nothing is (or no offer has that id)."""
+        return cast(m.Offer, await self._call("GET", f"/v1/pools/{seg(pool)}/offers/{seg(offer)}"))
+
     async def accept(
         self,
         pool: str,
@@ -342,6 +347,19 @@ class AsyncClient:
     async def allocs(self, pool: str, *, page_size: Optional[int] = None) -> AsyncIterator[m.Alloc]:
         async for item in self._pages(f"/v1/pools/{seg(pool)}/allocs", "allocs", page_size):
             yield item
+
+    async def allocs_of_pools(self, pools: Optional[Sequence[str]] = None) -> Dict[str, Any]:
+        """The live allocs of several pools (Reflow's ``Mux.Allocs``): of ``pools``, or of every
+        pool of the daemon. A pool that fails is reported, not raised: answers
+        ``{"allocs": [...], "failed": [{"pool": ..., "error": ...}]}``."""
+        names = list(pools) if pools is not None else [p["name"] async for p in self.pools()]
+        found: Dict[str, Any] = {"allocs": [], "failed": []}
+        for name in names:
+            try:
+                found["allocs"].extend([alloc async for alloc in self.allocs(name)])
+            except AllotError as err:
+                found["failed"].append({"pool": name, "error": str(err)})
+        return found
 
     async def keepalive_alloc(self, pool: str, alloc: str, interval_ms: int) -> m.AllocKeepaliveResponse:
         """Keeps an alloc alive for ``interval_ms`` more (the pool may grant less)."""

@@ -316,6 +316,11 @@ class Client:
         answer = self._call("GET", f"/v1/pools/{seg(pool)}/offers")
         return cast(List[m.Offer], answer["offers"])
 
+    def offer(self, pool: str, offer: str) -> m.Offer:
+        """One offer by its id (Reflow's ``Pool.Offer``): what is free in the pool now;
+        ``OfferNotFound`` when nothing is (or no offer has that id)."""
+        return cast(m.Offer, self._call("GET", f"/v1/pools/{seg(pool)}/offers/{seg(offer)}"))
+
     def accept(
         self,
         pool: str,
@@ -345,6 +350,19 @@ class Client:
     def allocs(self, pool: str, *, page_size: Optional[int] = None) -> Iterator[m.Alloc]:
         for item in self._pages(f"/v1/pools/{seg(pool)}/allocs", "allocs", page_size):
             yield item
+
+    def allocs_of_pools(self, pools: Optional[Sequence[str]] = None) -> Dict[str, Any]:
+        """The live allocs of several pools (Reflow's ``Mux.Allocs``): of ``pools``, or of every
+        pool of the daemon. A pool that fails is reported, not raised: answers
+        ``{"allocs": [...], "failed": [{"pool": ..., "error": ...}]}``."""
+        names = list(pools) if pools is not None else [p["name"] for p in self.pools()]
+        found: Dict[str, Any] = {"allocs": [], "failed": []}
+        for name in names:
+            try:
+                found["allocs"].extend([alloc for alloc in self.allocs(name)])
+            except AllotError as err:
+                found["failed"].append({"pool": name, "error": str(err)})
+        return found
 
     def keepalive_alloc(self, pool: str, alloc: str, interval_ms: int) -> m.AllocKeepaliveResponse:
         """Keeps an alloc alive for ``interval_ms`` more (the pool may grant less)."""

@@ -96,6 +96,14 @@ def test_pools_offers_and_allocs(client: Client) -> None:
     assert alloc["resources"] == "cpu=2" and alloc["owner"] == "tests"
     assert client.alloc("py-pool", alloc["id"])["id"] == alloc["id"]
     assert [a["id"] for a in client.allocs("py-pool")] == [alloc["id"]]
+    # Reflow's mux: one offer by its id, the allocs of several pools with the failures reported.
+    assert client.offer("py-pool", offer["id"])["available"] == "cpu=2,mem=8GiB"
+    with pytest.raises(allot.OfferNotFound):
+        client.offer("py-pool", "2")
+    found = client.allocs_of_pools(["py-pool", "py-none"])
+    assert [a["id"] for a in found["allocs"]] == [alloc["id"]]
+    assert [f["pool"] for f in found["failed"]] == ["py-none"] and "pool_not_found" in found["failed"][0]["error"]
+    assert alloc["id"] in [a["id"] for a in client.allocs_of_pools()["allocs"]]
     assert client.keepalive_alloc("py-pool", alloc["id"], 60_000)["alloc"]["id"] == alloc["id"]
     client.free_alloc("py-pool", alloc["id"])
     with pytest.raises(allot.AllocEnded):
