@@ -165,18 +165,16 @@ impl CursorKey for (AppOrder, AppPlace) {
     const TAG: char = 'x';
     fn text(&self) -> String {
         let (order, place) = self;
-        let letter = |asc: char, descending: bool| if descending { asc.to_ascii_uppercase() } else { asc };
-        match (order, place) {
-            (AppOrder::Submitted { descending }, AppPlace::Submitted { seq }) => {
-                format!("~{}{seq}", letter('s', *descending))
-            }
-            (AppOrder::Ended { descending }, AppPlace::Ended { at, seq }) => {
+        let descending =
+            matches!(order, AppOrder::Submitted { descending: true } | AppOrder::Ended { descending: true });
+        let letter = |asc: char| if descending { asc.to_ascii_uppercase() } else { asc };
+        match place {
+            AppPlace::Id(id) => id.as_str().to_owned(),
+            AppPlace::Submitted { seq } => format!("~{}{seq}", letter('s')),
+            AppPlace::Ended { at, seq } => {
                 let at = at.map_or_else(|| "-".to_owned(), |at| at.to_string());
-                format!("~{}{at}~{seq}", letter('e', *descending))
+                format!("~{}{at}~{seq}", letter('e'))
             }
-            (_, AppPlace::Id(id)) => id.as_str().to_owned(),
-            // A page's place is of its order's kind (`Scheduler::apps_in_order`).
-            (_, place) => unreachable!("{place:?} in a list by {order:?}"),
         }
     }
     fn parse(text: &str) -> Option<Self> {

@@ -95,12 +95,10 @@ impl Scheduler {
                 "{after:?} is not a place in a list of applications by {order:?}"
             )));
         }
-        if order == AppOrder::Id {
-            let after = after.map(|place| match place {
-                AppPlace::Id(id) => id,
-                _ => unreachable!("checked to fit"),
-            });
-            return Ok(self.apps_after(after, limit));
+        match (order, after) {
+            (AppOrder::Id, Some(AppPlace::Id(id))) => return Ok(self.apps_after(Some(id), limit)),
+            (AppOrder::Id, _) => return Ok(self.apps_after(None, limit)),
+            _ => {}
         }
         let mut apps: Vec<(AppPlace, &App)> = self
             .apps

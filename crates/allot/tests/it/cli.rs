@@ -126,7 +126,8 @@ async fn allocs_of_several_pools_and_daemons_and_one_offer_by_its_uri() {
         let both = allot(&a, &["alloc", "list", "--all", "--daemon", &b.url, "--json"]);
         assert_eq!(code(&both), 0, "{both:?}");
         let found: serde_json::Value = serde_json::from_slice(&both.stdout).unwrap();
-        let listed: Vec<&str> = found["allocs"].as_array().unwrap().iter().map(|a| a["uri"].as_str().unwrap()).collect();
+        let listed: Vec<&str> =
+            found["allocs"].as_array().unwrap().iter().map(|a| a["uri"].as_str().unwrap()).collect();
         assert_eq!(listed, uris.iter().map(String::as_str).collect::<Vec<_>>());
         assert_eq!(found["failed"], serde_json::json!([]));
         let named = allot(&a, &["-q", "alloc", "list", "a2", "nope"]);
