@@ -25,6 +25,18 @@ pub struct AppInfo {
 }
 
 impl AppInfo {
+    /// A page of the applications in `order`, as `AppStore::apps_in_order` answers it (every
+    /// backend reads it from its scheduler's state).
+    pub fn page_in_order(
+        sched: &Scheduler,
+        order: AppOrder,
+        page: &PageRequest<AppPlace>,
+    ) -> Result<Page<AppInfo, AppPlace>, SchedError> {
+        let apps = sched.apps_in_order(order, page.after(), page.limit() + 1)?;
+        let infos = apps.into_iter().map(|app| AppInfo::of(sched, &app.spec.id)).collect::<Result<Vec<_>, _>>()?;
+        Ok(Page::from_read(infos, page.limit(), |info| info.app.place(order)))
+    }
+
     /// Application `id` as the scheduler holds it now.
     pub fn of(sched: &Scheduler, id: &AppId) -> Result<AppInfo, SchedError> {
         Ok(AppInfo {

@@ -126,12 +126,7 @@ impl AppStore for RedisStore {
         order: AppOrder,
         page: PageRequest<AppPlace>,
     ) -> Result<Page<AppInfo, AppPlace>, StoreError> {
-        self.read_sched(|sched| {
-            let apps = sched.apps_in_order(order, page.after(), page.limit() + 1)?;
-            let infos = apps.into_iter().map(|app| AppInfo::of(sched, &app.spec.id)).collect::<Result<Vec<_>, _>>()?;
-            Ok(Page::from_read(infos, page.limit(), |info| info.app.place(order)))
-        })
-        .await
+        self.read_sched(|sched| AppInfo::page_in_order(sched, order, &page)).await
     }
 
     async fn remove_app(&self, id: AppId) -> Result<AppInfo, StoreError> {
