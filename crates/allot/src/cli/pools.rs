@@ -403,15 +403,21 @@ async fn run_alloc(command: &AllocCommand) -> Result<u8, ClientError> {
             }
             let home = client(common)?;
             let mux = Mux::new();
+            // A name that is no pool's, or one given twice, is a usage error; a daemon that
+            // cannot list its pools is the daemon's error, as any other call's.
             let added = |err: PoolCallError| ClientError::InvalidUrl(err.to_string());
-            for pool in pools {
-                mux.add_pool(Arc::new(DaemonPool::new(home.clone(), pool.clone()).map_err(added)?)).map_err(added)?;
-            }
+            let mut listed = pools
+                .iter()
+                .map(|pool| DaemonPool::new(home.clone(), pool.clone()).map_err(added))
+                .collect::<Result<Vec<_>, _>>()?;
             if *all {
-                mux.add_daemon(&home).await.map_err(added)?;
+                listed.extend(DaemonPool::all(&home).await?);
             }
             for daemon in daemons {
-                mux.add_daemon(&client_at(common, daemon)?).await.map_err(added)?;
+                listed.extend(DaemonPool::all(&client_at(common, daemon)?).await?);
+            }
+            for pool in listed {
+                mux.add_pool(Arc::new(pool)).map_err(added)?;
             }
             let report = mux.allocs(*timeout).await;
             let mut failed: Vec<FailedPool> =

@@ -136,6 +136,10 @@ async fn allocs_of_several_pools_and_daemons_and_one_offer_by_its_uri() {
         assert!(errors(&named).contains("pool nope") && errors(&named).contains("pool_not_found"), "{named:?}");
         let usage = allot(&a, &["alloc", "list"]);
         assert_eq!(code(&usage), 2, "{usage:?}");
+        // A daemon that does not answer is an error of the call (1), not of its usage.
+        let closed = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap();
+        let dead = allot(&a, &["alloc", "list", "--all", "--daemon", &format!("http://{closed}")]);
+        assert_eq!(code(&dead), 1, "{dead:?}");
 
         let offer = allot(&a, &["offer", "get", "a1/1"]);
         assert_eq!((code(&offer), text(&offer)), (0, "a1/1: cpu=3\n".to_owned()), "{offer:?}");
