@@ -327,14 +327,17 @@ class AsyncClient:
         max_resources: Optional[str] = None,
         labels: Optional[Mapping[str, str]] = None,
         owner: Optional[str] = None,
+        metadata: Optional[Mapping[str, Any]] = None,
     ) -> m.Alloc:
         """Accepts an offer: an alloc of at least ``min_resources`` (and at most
-        ``max_resources``)."""
+        ``max_resources``), with the owner's ``labels`` and ``metadata`` (a JSON object of at most
+        16 KiB: what runs in it, its results)."""
         body: Dict[str, Any] = {
             "min": min_resources,
             "max": max_resources,
             "labels": dict(labels or {}),
             "owner": owner,
+            "metadata": None if metadata is None else dict(metadata),
         }
         path = f"/v1/pools/{seg(pool)}/offers/{seg(offer)}"
         return cast(m.Alloc, await self._call("POST", path, body=body, idempotent=False))
@@ -365,6 +368,31 @@ class AsyncClient:
         """Keeps an alloc alive for ``interval_ms`` more (the pool may grant less)."""
         path = f"/v1/pools/{seg(pool)}/allocs/{seg(alloc)}/keepalive"
         return cast(m.AllocKeepaliveResponse, await self._call("POST", path, body={"interval_ms": interval_ms}))
+
+    async def annotate_alloc(
+        self,
+        pool: str,
+        alloc: str,
+        *,
+        labels: Optional[Mapping[str, str]] = None,
+        remove_labels: Sequence[str] = (),
+        metadata: Optional[Mapping[str, Any]] = None,
+        clear_metadata: bool = False,
+    ) -> m.Alloc:
+        """Changes the labels and metadata of a live alloc (Reflow: an alloc's execs and their
+        results): ``labels`` set, ``remove_labels`` removed, ``metadata`` replaced or cleared; the
+        rest is kept, and the lease is not renewed."""
+        body: Dict[str, Any] = {"labels": dict(labels or {}), "remove_labels": list(remove_labels)}
+        if metadata is not None:
+            body["metadata"] = dict(metadata)
+        if clear_metadata:
+            body["clear_metadata"] = True
+        return cast(m.Alloc, await self._call("PATCH", f"/v1/pools/{seg(pool)}/allocs/{seg(alloc)}", body=body))
+
+    async def alloc_run(self, pool: str, alloc: str) -> m.TaskRun:
+        """The run (phases, outputs) of the task in an alloc the scheduler holds, while the
+        alloc is kept."""
+        return cast(m.TaskRun, await self._call("GET", f"/v1/pools/{seg(pool)}/allocs/{seg(alloc)}/run"))
 
     async def free_alloc(self, pool: str, alloc: str) -> m.Alloc:
         """Frees an alloc: its resources go back to the pool."""

@@ -17,12 +17,19 @@ else:
 class Accept(TypedDict):
     """`POST /v1/pools/{pool}/offers/{offer}`: accept the offer."""
     labels: NotRequired[Dict[str, str]]
+    """The owner's labels (keys and values at most 16 KiB in all; keys starting with `allot/` are
+    allot's own, and refused).
+    """
     max: NotRequired[Optional[str]]
     """`name=quantity` items joined by `,`, e.g. `cpu=4,mem=16GiB,gpu=1`. A name is a-z first, then
     a-z, 0-9, `_`, `-`, `.` (at most 64); a quantity has up to 3 decimals and a unit (`m`,
     `k`/`K`, `M`, `G`, `T`, `P`, `Ki`..`Pi`, optionally followed by `B`), with at most 16 digits
     before the point in plain units (fewer in larger units). A name given twice counts once,
     with its largest quantity.
+    """
+    metadata: NotRequired[Optional[Dict[str, Any]]]
+    """The owner's free-form metadata: a JSON object, at most 16 KiB written compactly (what runs
+    in the alloc, its results [Reflow: an alloc's execs]). `null` is none.
     """
     min: str
     """`name=quantity` items joined by `,`, e.g. `cpu=4,mem=16GiB,gpu=1`; at least one quantity
@@ -87,9 +94,12 @@ class Alloc(TypedDict):
     id: str
     labels: NotRequired[Dict[str, str]]
     last_keepalive_ms_ago: NotRequired[Optional[int]]
+    metadata: NotRequired[Optional[Dict[str, Any]]]
+    """The owner's free-form metadata; absent when it has none."""
     owner: str
     pool: str
     resources: str
+    task: NotRequired[Optional[AllocTask]]
     uri: str
     """`pool/alloc`, the alloc's address in a mux of pools."""
 
@@ -111,6 +121,17 @@ class AllocList(TypedDict):
     allocs: List[Alloc]
     next_cursor: NotRequired[Optional[str]]
     """Where the next page starts: give it as `cursor`. `null` on the last page."""
+
+
+class AllocTask(TypedDict):
+    """What an alloc the scheduler holds has in it: a task of an application, or a placeholder of
+    its gang until a task of the group takes it over.
+    """
+    app: str
+    placeholder: NotRequired[Optional[str]]
+    """The gang placeholder in it (`group#member`), until a task takes it over."""
+    task: NotRequired[Optional[str]]
+    """The task in it; its run (and outputs) at `GET /v1/pools/{pool}/allocs/{alloc}/run`."""
 
 
 class Allocate(TypedDict):
@@ -135,6 +156,22 @@ class AllocateResponse(TypedDict):
     grant: NotRequired[Optional[Grant]]
     queue: NotRequired[Optional[QueuePlace]]
     status: Status
+
+
+class AnnotateAlloc(TypedDict):
+    """`PATCH /v1/pools/{pool}/allocs/{alloc}`: change what the owner attaches to a live alloc.
+    What is not given is kept; the lease is not renewed.
+    """
+    clear_metadata: NotRequired[bool]
+    """Removes the metadata (not with `metadata`)."""
+    labels: NotRequired[Dict[str, str]]
+    """Labels to set (added or changed)."""
+    metadata: NotRequired[Optional[Dict[str, Any]]]
+    """New metadata, replacing what it had (a JSON object, at most 16 KiB); absent or `null` keeps
+    it.
+    """
+    remove_labels: NotRequired[List[str]]
+    """Labels to remove."""
 
 
 class ApiToken(TypedDict):
@@ -975,7 +1012,7 @@ class WatchAllocEvent(TypedDict):
     """The object's key, e.g. `namespaces/hive/grants/t1`, `pools/p/allocs/3`, `queues/root.a`,
     `apps/etl/tasks/t1/run`: what a `prefix` filter matches.
     """
-    kind: Literal["alloc.made", "alloc.renewed", "alloc.ended"]
+    kind: Literal["alloc.made", "alloc.renewed", "alloc.annotated", "alloc.ended"]
     """What changed, e.g. `grant.granted` (the list is in the document's `WatchEvent` schema)."""
     object: Optional[Alloc]
     revision: int

@@ -105,6 +105,15 @@ def test_pools_offers_and_allocs(client: Client) -> None:
     assert [f["pool"] for f in found["failed"]] == ["py-none"] and "pool_not_found" in found["failed"][0]["error"]
     assert alloc["id"] in [a["id"] for a in client.allocs_of_pools()["allocs"]]
     assert client.keepalive_alloc("py-pool", alloc["id"], 60_000)["alloc"]["id"] == alloc["id"]
+    # What runs in it: the owner's labels and metadata, changed while it lives.
+    noted = client.annotate_alloc("py-pool", alloc["id"], labels={"step": "1"}, metadata={"exec": "e1", "n": [1, 2.5]})
+    assert noted["labels"] == {"step": "1"} and noted["metadata"] == {"exec": "e1", "n": [1, 2.5]}
+    noted = client.annotate_alloc("py-pool", alloc["id"], remove_labels=["step"], clear_metadata=True)
+    assert noted["labels"] == {} and "metadata" not in noted
+    with pytest.raises(allot.InvalidArgument):
+        client.annotate_alloc("py-pool", alloc["id"], labels={"allot/task": "t"})
+    with pytest.raises(allot.TaskNotFound):
+        client.alloc_run("py-pool", alloc["id"])
     client.free_alloc("py-pool", alloc["id"])
     with pytest.raises(allot.AllocEnded):
         client.keepalive_alloc("py-pool", alloc["id"], 60_000)

@@ -136,8 +136,49 @@ pub struct Accept {
     pub max: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub owner: Option<String>,
+    /// The owner's labels (keys and values at most 16 KiB in all; keys starting with `allot/`
+    /// are allot's own, and refused).
     #[serde(default, skip_serializing_if = "std::collections::BTreeMap::is_empty")]
     pub labels: std::collections::BTreeMap<String, String>,
+    /// The owner's free-form metadata: a JSON object, at most 16 KiB written compactly (what runs
+    /// in the alloc, its results [Reflow: an alloc's execs]). `null` is none.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schema(value_type = Option<Object>)]
+    pub metadata: Option<serde_json::Value>,
+}
+
+/// `PATCH /v1/pools/{pool}/allocs/{alloc}`: change what the owner attaches to a live alloc. What
+/// is not given is kept; the lease is not renewed.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct AnnotateAlloc {
+    /// Labels to set (added or changed).
+    #[serde(default, skip_serializing_if = "std::collections::BTreeMap::is_empty")]
+    pub labels: std::collections::BTreeMap<String, String>,
+    /// Labels to remove.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub remove_labels: Vec<String>,
+    /// New metadata, replacing what it had (a JSON object, at most 16 KiB); absent or `null`
+    /// keeps it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schema(value_type = Option<Object>)]
+    pub metadata: Option<serde_json::Value>,
+    /// Removes the metadata (not with `metadata`).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub clear_metadata: bool,
+}
+
+/// What an alloc the scheduler holds has in it: a task of an application, or a placeholder of
+/// its gang until a task of the group takes it over.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+pub struct AllocTask {
+    pub app: String,
+    /// The task in it; its run (and outputs) at `GET /v1/pools/{pool}/allocs/{alloc}/run`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub task: Option<String>,
+    /// The gang placeholder in it (`group#member`), until a task takes it over.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub placeholder: Option<String>,
 }
 
 /// Why an alloc ended.
@@ -161,6 +202,13 @@ pub struct Alloc {
     pub owner: String,
     #[serde(default)]
     pub labels: std::collections::BTreeMap<String, String>,
+    /// The owner's free-form metadata; absent when it has none.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schema(value_type = Option<Object>)]
+    pub metadata: Option<serde_json::Value>,
+    /// For an alloc the scheduler holds: the task or gang placeholder in it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub task: Option<AllocTask>,
     pub created_ms_ago: u64,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub last_keepalive_ms_ago: Option<u64>,

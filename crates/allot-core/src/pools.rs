@@ -148,16 +148,38 @@ pub struct AllocRequest {
     pub max: Option<Resources>,
     pub owner: String,
     pub labels: BTreeMap<String, String>,
+    /// Its owner's free-form metadata: JSON text, at most [`MAX_ALLOC_METADATA_BYTES`].
+    pub metadata: Option<String>,
+}
+
+/// The most an alloc's metadata may hold (its JSON text, in bytes): what an owner says of the
+/// work in it, not the work's data.
+pub const MAX_ALLOC_METADATA_BYTES: usize = 16 * 1024;
+
+/// The most an alloc's labels may hold (their keys and values, in bytes).
+pub const MAX_ALLOC_LABEL_BYTES: usize = 16 * 1024;
+
+/// Checks the size of what an owner attaches to an alloc: its labels and its metadata.
+pub fn check_alloc_notes(labels: &Labels, metadata: Option<&str>) -> Result<(), PoolError> {
+    let label_bytes: usize = labels.iter().map(|(key, value)| key.len() + value.len()).sum();
+    if label_bytes > MAX_ALLOC_LABEL_BYTES {
+        return Err(PoolError::TooLarge { what: "labels", bytes: label_bytes, max: MAX_ALLOC_LABEL_BYTES });
+    }
+    let metadata_bytes = metadata.map_or(0, str::len);
+    if metadata_bytes > MAX_ALLOC_METADATA_BYTES {
+        return Err(PoolError::TooLarge { what: "metadata", bytes: metadata_bytes, max: MAX_ALLOC_METADATA_BYTES });
+    }
+    Ok(())
 }
 
 impl AllocRequest {
-    /// Checks what the request says by itself: some `min`. Every backend checks this before it
-    /// looks at any pool.
+    /// Checks what the request says by itself: some `min`, labels and metadata within their
+    /// bounds. Every backend checks this before it looks at any pool.
     pub fn check(&self) -> Result<(), PoolError> {
         if self.min.is_empty() {
             return Err(PoolError::EmptyRequest);
         }
-        Ok(())
+        check_alloc_notes(&self.labels, self.metadata.as_deref())
     }
 
     /// The most the alloc may take: `max` raised to `min` per resource (so `max cpu=4` with
@@ -178,10 +200,37 @@ pub struct Alloc {
     pub resources: Resources,
     pub owner: String,
     pub labels: BTreeMap<String, String>,
+    /// Its owner's free-form metadata (JSON text), if any.
+    pub metadata: Option<String>,
     pub created: Millis,
     /// `None` until the first keepalive.
     pub last_keepalive: Option<Millis>,
     pub expires: Millis,
+}
+
+/// A change of what an owner attaches to its alloc ([`Pools::annotate`]): what is not given is
+/// kept.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct AllocNotes {
+    /// Labels to set (a value) or remove (`None`).
+    pub labels: BTreeMap<String, Option<String>>,
+    /// New metadata: `Some(None)` removes it.
+    pub metadata: Option<Option<String>>,
+}
+
+impl AllocNotes {
+    /// `alloc`'s labels and metadata with these changes made.
+    pub fn apply(&self, alloc: &Alloc) -> (Labels, Option<String>) {
+        let mut labels = alloc.labels.clone();
+        for (key, value) in &self.labels {
+            match value {
+                Some(value) => labels.insert(key.clone(), value.clone()),
+                None => labels.remove(key),
+            };
+        }
+        let metadata = self.metadata.clone().unwrap_or_else(|| alloc.metadata.clone());
+        (labels, metadata)
+    }
 }
 
 /// Why an alloc ended.
@@ -288,6 +337,8 @@ pub enum PoolChange {
     },
     /// Insert or update a live alloc.
     Alloc(Alloc),
+    /// Its owner changed a live alloc's labels or metadata (stored as [`PoolChange::Alloc`]).
+    AllocAnnotated(Alloc),
     /// An alloc ended; it is kept as ended until dropped.
     AllocEnded(EndedAlloc),
     /// An ended alloc's retention is over.
@@ -351,7 +402,7 @@ pub enum PoolError {
     OfferExpired { pool: PoolName, wanted: Resources, free: Box<Resources> },
     #[error("alloc `{pool}/{id}` does not exist")]
     AllocNotFound { pool: PoolName, id: AllocId },
-    #[error("alloc `{pool}/{id}` has ended ({reason}); it cannot be kept alive")]
+    #[error("alloc `{pool}/{id}` has ended ({reason}); it can no longer be kept alive or changed")]
     AllocEnded { pool: PoolName, id: AllocId, reason: EndReason },
     #[error("alloc id `{pool}/{id}` is already taken")]
     AllocIdTaken { pool: PoolName, id: AllocId },
@@ -365,6 +416,8 @@ pub enum PoolError {
     /// The alloc holds a placed task of an application: it ends with the task, not by hand.
     #[error("alloc `{pool}/{id}` is held by the scheduler for `{owner}`; complete or remove the task instead")]
     HeldByScheduler { pool: PoolName, id: AllocId, owner: String },
+    #[error("an alloc's {what} may hold at most {max} bytes, got {bytes}")]
+    TooLarge { what: &'static str, bytes: usize, max: usize },
 }
 
 /// A pool's labels, or a selector over them: a selector matches a pool that has every one of its
@@ -386,6 +439,30 @@ pub fn is_task_type(name: &str) -> bool {
 pub fn plugins_of(labels: &Labels) -> Option<Vec<&str>> {
     let listed = labels.get(PLUGINS_LABEL)?;
     Some(listed.split(',').map(str::trim).filter(|t| !t.is_empty()).collect())
+}
+
+/// What a label key starting with this is kept for: allot's own labels ([`PLUGINS_LABEL`], and
+/// those the scheduler gives the allocs it holds). Owners do not set them.
+pub const RESERVED_LABEL_PREFIX: &str = "allot/";
+
+/// The label of an alloc the scheduler holds: the application it holds it for.
+pub const APP_LABEL: &str = "allot/app";
+
+/// The label of an alloc the scheduler holds: the task in it.
+pub const TASK_LABEL: &str = "allot/task";
+
+/// The label of an alloc the scheduler holds for a gang: the placeholder in it
+/// (`group#member`), until a task of the group takes it over.
+pub const PLACEHOLDER_LABEL: &str = "allot/placeholder";
+
+/// The labels of an alloc the scheduler holds for task `task` of application `app`.
+pub fn task_labels(app: &str, task: &str) -> Labels {
+    Labels::from([(APP_LABEL.to_owned(), app.to_owned()), (TASK_LABEL.to_owned(), task.to_owned())])
+}
+
+/// The labels of an alloc the scheduler holds for member `member` of gang group `group`.
+pub fn placeholder_labels(app: &str, group: &str, member: u32) -> Labels {
+    Labels::from([(APP_LABEL.to_owned(), app.to_owned()), (PLACEHOLDER_LABEL.to_owned(), format!("{group}#{member}"))])
 }
 
 /// True if `labels` has every label of `selector`, with the same value.
@@ -734,6 +811,7 @@ impl Pools {
             resources,
             owner: request.owner,
             labels: request.labels,
+            metadata: request.metadata,
             created: now,
             last_keepalive: None,
             expires,
@@ -780,6 +858,45 @@ impl Pools {
         self.leases.insert((alloc.expires, name.clone(), id));
         let alloc = alloc.clone();
         Ok((granted, alloc.clone(), vec![PoolChange::Alloc(alloc)]))
+    }
+
+    /// Changes the labels and metadata its owner attaches to a live alloc (what ran in it, its
+    /// results) [Reflow: an alloc's execs and their results]. The lease is not renewed. An alloc
+    /// the scheduler holds is its task's: [`PoolError::HeldByScheduler`].
+    pub fn annotate(
+        &mut self,
+        name: &PoolName,
+        id: AllocId,
+        notes: &AllocNotes,
+    ) -> Result<(Alloc, Vec<PoolChange>), PoolError> {
+        let pool = self.pools.get_mut(name).ok_or_else(|| PoolError::PoolNotFound(name.clone()))?;
+        let Some(alloc) = pool.allocs.get_mut(&id) else {
+            return Err(match pool.ended.get(&id) {
+                Some(ended) => PoolError::AllocEnded { pool: name.clone(), id, reason: ended.reason },
+                None => PoolError::AllocNotFound { pool: name.clone(), id },
+            });
+        };
+        if alloc.expires == HELD {
+            return Err(PoolError::HeldByScheduler { pool: name.clone(), id, owner: alloc.owner.clone() });
+        }
+        let (labels, metadata) = notes.apply(alloc);
+        check_alloc_notes(&labels, metadata.as_deref())?;
+        alloc.labels = labels;
+        alloc.metadata = metadata;
+        let alloc = alloc.clone();
+        Ok((alloc.clone(), vec![PoolChange::AllocAnnotated(alloc)]))
+    }
+
+    /// Gives an alloc the scheduler holds new labels ([`task_labels`] when a task takes a
+    /// placeholder over). Nothing for an alloc that is not held.
+    pub fn relabel_held(&mut self, name: &PoolName, id: AllocId, labels: Labels) -> Vec<PoolChange> {
+        match self.pools.get_mut(name).and_then(|pool| pool.allocs.get_mut(&id)) {
+            Some(alloc) if alloc.expires == HELD && alloc.labels != labels => {
+                alloc.labels = labels;
+                vec![PoolChange::AllocAnnotated(alloc.clone())]
+            }
+            _ => Vec::new(),
+        }
     }
 
     /// Frees an alloc. Freeing an alloc that already ended answers its record again.

@@ -55,6 +55,7 @@ kinds! {
     PoolRemoved => "pool.removed", "A pool was removed.";
     AllocMade => "alloc.made", "An alloc was made from a pool's offer.";
     AllocRenewed => "alloc.renewed", "An alloc was kept alive.";
+    AllocAnnotated => "alloc.annotated", "An alloc's labels or metadata were changed (by its owner, or by the scheduler when a task took a placeholder's alloc over).";
     AllocEnded => "alloc.ended", "An alloc ended: freed, reclaimed, or with its pool.";
     QueuePut => "queue.put", "A queue was created or its limits changed.";
     QueueRemoved => "queue.removed", "A queue was removed.";

@@ -484,7 +484,9 @@ pub(crate) fn watched(filter: &allot_core::watch::Filter) -> Vec<Resource> {
         let mut kinds: Vec<Kind> = all
             .iter()
             .map(|kind| match kind {
-                E::PoolPut | E::PoolRemoved | E::AllocMade | E::AllocRenewed | E::AllocEnded => Kind::Pool,
+                E::PoolPut | E::PoolRemoved | E::AllocMade | E::AllocRenewed | E::AllocAnnotated | E::AllocEnded => {
+                    Kind::Pool
+                }
                 E::QueuePut
                 | E::QueueRemoved
                 | E::AppChanged

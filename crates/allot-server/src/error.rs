@@ -142,7 +142,9 @@ impl From<PoolError> for ApiError {
             PoolError::ExceedsCapacity { .. } => ErrorCode::ExceedsCapacity,
             // The scheduler frees it when its task ends.
             PoolError::HeldByScheduler { .. } => ErrorCode::HeldByScheduler,
-            PoolError::EmptyRequest | PoolError::OutOfRange { .. } => ErrorCode::InvalidArgument,
+            PoolError::EmptyRequest | PoolError::OutOfRange { .. } | PoolError::TooLarge { .. } => {
+                ErrorCode::InvalidArgument
+            }
         };
         ApiError::of(code, err.to_string())
     }

@@ -106,8 +106,9 @@ mod tests {
     use crate::ServerState;
 
     /// The daemon that schedules serves the applications part, but for what the daemon that runs
-    /// a task serves itself (its logs, on its machine, and its wake-ups), and the snapshot (it
-    /// reads the applications part under the scheduler's lock); any daemon the rest.
+    /// a task serves itself (its logs, on its machine, and its wake-ups), the snapshot (it reads
+    /// the applications part under the scheduler's lock) and the run of the task in an alloc;
+    /// any daemon the rest.
     #[tokio::test]
     async fn the_scheduler_serves_the_applications_part() {
         let dir = tempfile::tempdir().unwrap();
@@ -118,7 +119,9 @@ mod tests {
             let apps_part = ["/v1/apps", "/v1/queues", "/v1/tasks"].iter().any(|root| path.starts_with(root));
             let runner_side = path.ends_with("/logs") || path.ends_with("/wake");
             let snapshot = path == "/v1/snapshot";
-            let expected = if (apps_part && !runner_side) || snapshot { Home::Scheduler } else { Home::Any };
+            let alloc_run = path == "/v1/pools/{pool}/allocs/{alloc}/run";
+            let expected =
+                if (apps_part && !runner_side) || snapshot || alloc_run { Home::Scheduler } else { Home::Any };
             assert_eq!(needs.home(method, path), expected, "{method} {path}");
             scheduled += usize::from(expected == Home::Scheduler);
         }

@@ -272,6 +272,8 @@ stayed listed."
         routes::pools::get_alloc,
         routes::pools::free_alloc,
         routes::pools::keepalive_alloc,
+        routes::pools::annotate_alloc,
+        routes::runs::get_alloc_run,
         routes::pools::stop_if_idle,
         routes::pools::cordon,
         routes::pools::drain,

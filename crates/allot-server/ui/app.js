@@ -345,6 +345,18 @@ async function poolsPage() {
   };
 }
 
+
+// What an alloc has in it: the task (or gang placeholder) the scheduler holds it for, else its
+// owner's labels and metadata.
+function allocHolds(a) {
+  if (a.task && a.task.task) return h`task <a href="/ui/apps/${seg(a.task.app)}/tasks/${seg(a.task.task)}">${a.task.task}</a> of <a href="/ui/apps/${seg(a.task.app)}">${a.task.app}</a>`;
+  if (a.task) return h`placeholder ${a.task.placeholder || "?"} of <a href="/ui/apps/${seg(a.task.app)}">${a.task.app}</a>`;
+  const labels = Object.entries(a.labels || {}).map(([k, v]) => `${k}=${v}`).join(", ");
+  const metadata = a.metadata ? JSON.stringify(a.metadata) : "";
+  const shown = metadata.length > 120 ? `${metadata.slice(0, 119)}…` : metadata;
+  if (!labels && !shown) return "—";
+  return h`${labels}${labels && shown ? " " : ""}${shown ? h`<span class="mono" title="${metadata}">${shown}</span>` : ""}`;
+}
 async function poolPage(name) {
   const [pool, allocs, can] = await Promise.all([
     api(`/v1/pools/${seg(name)}`),
@@ -358,7 +370,7 @@ async function poolPage(name) {
     : pool.cordon
       ? h`<p><button data-order="uncordon">Uncordon</button>${pool.cordon.drain_in_ms === undefined || pool.cordon.drain_in_ms === null ? h` <button class="danger" data-order="drain">Drain</button>` : ""}</p>`
       : h`<p><button data-order="cordon">Cordon</button> <button class="danger" data-order="drain">Drain</button></p>`;
-  const rows = allocs.map((a) => h`<tr><td class="mono">${a.id}</td><td>${a.owner || "—"}</td><td>${a.resources}</td><td>${a.held_by === "scheduler" ? "held by the scheduler" : a.expires_in_ms === null || a.expires_in_ms === undefined ? "—" : a.expires_in_ms <= 0 ? tag("warn", "lapsed") : `expires in ${ms(a.expires_in_ms)}`}</td><td class="num">${ms(a.created_ms_ago)}</td><td>${canFree && a.held_by !== "scheduler" ? h`<button class="danger" data-free="${a.id}">Free</button>` : ""}</td></tr>`);
+  const rows = allocs.map((a) => h`<tr><td class="mono">${a.id}</td><td>${a.owner || "—"}</td><td>${allocHolds(a)}</td><td>${a.resources}</td><td>${a.held_by === "scheduler" ? "held by the scheduler" : a.expires_in_ms === null || a.expires_in_ms === undefined ? "—" : a.expires_in_ms <= 0 ? tag("warn", "lapsed") : `expires in ${ms(a.expires_in_ms)}`}</td><td class="num">${ms(a.created_ms_ago)}</td><td>${canFree && a.held_by !== "scheduler" ? h`<button class="danger" data-free="${a.id}">Free</button>` : ""}</td></tr>`);
   return {
     title: `Pool ${name}`,
     nav: "pools",
@@ -376,7 +388,7 @@ async function poolPage(name) {
         ["since start", `${pool.stats.accepted} accepted, ${pool.stats.freed} freed, ${pool.stats.reclaimed} reclaimed`],
       ])}
       ${orders}
-      <h2>Allocs</h2>${table(["Alloc", "Owner", "Resources", "Lease", "#Age", ""], rows, "No alloc.")}`,
+      <h2>Allocs</h2>${table(["Alloc", "Owner", "In it", "Resources", "Lease", "#Age", ""], rows, "No alloc.")}`,
     bind: () => {
       main.querySelectorAll("[data-free]").forEach((button) =>
         button.addEventListener("click", () =>

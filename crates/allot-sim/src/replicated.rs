@@ -407,8 +407,16 @@ impl Sim {
                 let Some(pid) = self.pair.cut.take() else { return Ok("not cut".into()) };
                 signal(&pid, "-CONT");
                 caught_up(&self.pair.primary, &self.pair.replica).await;
-                // The replica holds everything now: nothing is at risk.
-                self.model.grips.values_mut().for_each(|grip| grip.at_risk = false);
+                // The replica holds everything now: nothing is at risk. A lease that lapsed while
+                // the sweep was refused (one replica required) may be swept from now on, by the
+                // daemon's own sweeper, whose rounds follow the real clock: in doubt until listed.
+                let now = self.now;
+                for grip in self.model.grips.values_mut() {
+                    grip.at_risk = false;
+                    if matches!(grip.known, Known::Held { until, .. } if until <= now) {
+                        grip.known = Known::InDoubt;
+                    }
+                }
                 "healed, the replica caught up".into()
             }
             Step::Failover => {

@@ -454,7 +454,10 @@ fn event(revision: u64, fields: &[String]) -> Result<Event, StoreError> {
             )
         }
         (Slot::Pool(pool), EventKind::PoolRemoved) => (keys::pool(pool), EventObject::Gone),
-        (Slot::Pool(pool), EventKind::AllocMade | EventKind::AllocRenewed | EventKind::AllocEnded) => {
+        (
+            Slot::Pool(pool),
+            EventKind::AllocMade | EventKind::AllocRenewed | EventKind::AllocAnnotated | EventKind::AllocEnded,
+        ) => {
             let object = match pools::record(pool, id, object)? {
                 allot_core::pools::AllocState::Live(alloc) => EventObject::Alloc(alloc),
                 allot_core::pools::AllocState::Ended(ended) => EventObject::EndedAlloc(ended),

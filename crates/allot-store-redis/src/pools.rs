@@ -8,8 +8,8 @@ use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
 use allot_core::pools::{
-    Alloc, AllocId, AllocRequest, AllocState, Cordon, CordonOrder, EndReason, EndedAlloc, Labels, LeaseRules, Offer,
-    PoolError, PoolName, PoolStats, PoolView, HELD,
+    check_alloc_notes, Alloc, AllocId, AllocNotes, AllocRequest, AllocState, Cordon, CordonOrder, EndReason,
+    EndedAlloc, Labels, LeaseRules, Offer, PoolError, PoolName, PoolStats, PoolView, HELD,
 };
 use allot_core::{Millis, ResourceName, Resources};
 use allot_store::{Page, PageRequest, PoolStore, StoreError};
@@ -67,6 +67,9 @@ struct Record {
     /// 1 for an alloc the scheduler holds (no lease).
     #[serde(default)]
     h: Option<u8>,
+    /// Its owner's metadata (JSON text).
+    #[serde(default)]
+    m: Option<String>,
 }
 
 /// Labels as Redis keeps them: cjson writes an empty table as `{}`, and a table as an object of
@@ -104,6 +107,7 @@ pub(crate) fn record(pool: &PoolName, id: &str, json: &str) -> Result<AllocState
         resources: decode(&record.r)?,
         owner: record.o,
         labels: record.l,
+        metadata: record.m,
         created: record.c,
         last_keepalive: (record.k > 0).then_some(record.k),
         expires: if record.h == Some(1) { HELD } else { record.e },
@@ -184,6 +188,10 @@ fn error(pool: &PoolName, args: &[&str], reply: &mut Reply) -> Result<StoreError
             )))
         }
         "held_by_scheduler" => PoolError::HeldByScheduler { pool: pool.clone(), id: id()?, owner: reply.text()? },
+        "too_large" => {
+            let _what = reply.text()?;
+            PoolError::TooLarge { what: "labels", bytes: reply.uint()? as usize, max: reply.uint()? as usize }
+        }
         other => return Err(corrupt(format!("pool error `{other}`"))),
     };
     Ok(StoreError::Pools(err))
@@ -314,7 +322,8 @@ async fn accept_held(
     let (min, max) = (encode(&request.min), encode(&request.upper()));
     let labels = serde_json::to_string(&request.labels).map_err(|e| StoreError::Invalid(e.to_string()))?;
     let (id, fencing) = (id.to_string(), fencing.to_string());
-    let args = ["accept", &id, &min, &max, &request.owner, &labels, "0", "1", &fencing];
+    let metadata = request.metadata.as_deref().unwrap_or("");
+    let args = ["accept", &id, &min, &max, &request.owner, &labels, "0", "1", &fencing, metadata];
     let (_, mut reply) = call(inner, &pool, &args, true).await?;
     let json = reply.text()?;
     saw_clock(inner, reply.uint()?);
@@ -337,7 +346,8 @@ async fn accept_as(inner: &Inner, pool: PoolName, request: AllocRequest) -> Resu
     loop {
         // Ids are drawn at random [Reflow `newID`]; a taken one is drawn again.
         let id = AllocId(rand::random()).to_string();
-        let args = ["accept", &id, &min, &max, &request.owner, &labels, &initial, "0"];
+        let metadata = request.metadata.as_deref().unwrap_or("");
+        let args = ["accept", &id, &min, &max, &request.owner, &labels, &initial, "0", "", metadata];
         match call(inner, &pool, &args, true).await {
             Err(StoreError::Pools(PoolError::AllocIdTaken { .. })) => continue,
             Err(err) => return Err(err),
@@ -359,6 +369,46 @@ async fn keepalive(inner: &Inner, pool: PoolName, id: AllocId, interval_ms: u64)
     saw_clock(inner, reply.uint()?);
     let granted = reply.uint()?;
     Ok((granted, live(record(&pool, &id_text, &json)?)?))
+}
+
+async fn annotate(inner: &Inner, pool: PoolName, id: AllocId, notes: AllocNotes) -> Result<Alloc, StoreError> {
+    // What the change leaves is checked by the function (the labels it keeps are there only).
+    let set: BTreeMap<String, String> =
+        notes.labels.iter().filter_map(|(k, v)| Some((k.clone(), v.clone()?))).collect();
+    check_alloc_notes(&set, notes.metadata.as_ref().and_then(Option::as_deref))?;
+    let changes: serde_json::Map<String, serde_json::Value> = notes
+        .labels
+        .into_iter()
+        .map(|(key, value)| (key, value.map_or(serde_json::Value::Bool(false), serde_json::Value::String)))
+        .collect();
+    let changes = serde_json::Value::Object(changes).to_string();
+    let (op, text) = match &notes.metadata {
+        None => ("keep", ""),
+        Some(None) => ("clear", ""),
+        Some(Some(text)) => ("set", text.as_str()),
+    };
+    let id_text = id.to_string();
+    let (_, mut reply) = call(inner, &pool, &["annotate", &id_text, &changes, op, text], true).await?;
+    let json = reply.text()?;
+    saw_clock(inner, reply.uint()?);
+    live(record(&pool, &id_text, &json)?)
+}
+
+/// Names what is in an alloc the scheduler holds, in term `fencing`; one that is gone or not
+/// held is no error.
+async fn label_held(
+    inner: &Inner,
+    pool: PoolName,
+    id: AllocId,
+    labels: &Labels,
+    fencing: u64,
+) -> Result<(), StoreError> {
+    let labels = serde_json::to_string(labels).map_err(|e| StoreError::Invalid(e.to_string()))?;
+    let args = ["label_held", &id.to_string(), &labels, &fencing.to_string()];
+    match call(inner, &pool, &args, true).await {
+        Ok(_) | Err(StoreError::Pools(PoolError::PoolNotFound(_))) => Ok(()),
+        Err(err) => Err(err),
+    }
 }
 
 async fn free(inner: &Inner, pool: PoolName, id: AllocId) -> Result<EndedAlloc, StoreError> {
@@ -487,6 +537,11 @@ impl PoolStore for RedisStore {
         keepalive(&self.inner, name, id, interval_ms).await
     }
 
+    async fn annotate_alloc(&self, name: PoolName, id: AllocId, notes: AllocNotes) -> Result<Alloc, StoreError> {
+        self.live()?;
+        annotate(&self.inner, name, id, notes).await
+    }
+
     async fn free_alloc(&self, name: PoolName, id: AllocId) -> Result<EndedAlloc, StoreError> {
         self.live()?;
         free(&self.inner, name, id).await
@@ -550,6 +605,18 @@ impl RedisStore {
     /// Ends an alloc the scheduler holds (its task ended), in the scheduler's term `fencing`.
     pub async fn end_held_alloc(&self, pool: PoolName, id: AllocId, fencing: u64) -> Result<(), StoreError> {
         end_held(&self.inner, pool, id, fencing).await
+    }
+
+    /// Names what is in an alloc the scheduler holds (a task that took a placeholder over), in
+    /// the scheduler's term `fencing`.
+    pub async fn label_held_alloc(
+        &self,
+        pool: PoolName,
+        id: AllocId,
+        labels: &Labels,
+        fencing: u64,
+    ) -> Result<(), StoreError> {
+        label_held(&self.inner, pool, id, labels, fencing).await
     }
 }
 

@@ -438,7 +438,9 @@ impl RedisStore {
                 }
                 Table::Allocs => {
                     let (name, id): (&str, u64) = decode_key(key).ok_or_else(|| bad("not an alloc's key"))?;
-                    let record: AllocRecord = decoded(table, key, &value)?;
+                    // An archive of an older allot holds allocs without metadata.
+                    let record: AllocRecord =
+                        records::decode_alloc("", &value).map_err(|err| bad_record(table, key, &err.reason))?;
                     let pool = PoolName::new(name).map_err(|e| bad(&e.to_string()))?;
                     let resources =
                         resources_from(record.resources.clone(), "allocs", name).map_err(|e| bad(&e.to_string()))?;
@@ -727,6 +729,9 @@ fn alloc_json(record: &AllocRecord, resources: &Resources) -> String {
         };
         object.insert("ea".into(), at.into());
         object.insert("er".into(), reason.into());
+    }
+    if let Some(metadata) = &record.metadata {
+        object.insert("m".into(), metadata.clone().into());
     }
     serde_json::Value::Object(object).to_string()
 }

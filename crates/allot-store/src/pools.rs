@@ -1,7 +1,7 @@
 //! The leased resource pools part of a backend: pools, their offer, and allocs under leases.
 
 use allot_core::pools::{
-    Alloc, AllocId, AllocRequest, AllocState, CordonOrder, EndedAlloc, Labels, Offer, PoolName, PoolView,
+    Alloc, AllocId, AllocNotes, AllocRequest, AllocState, CordonOrder, EndedAlloc, Labels, Offer, PoolName, PoolView,
 };
 use allot_core::Resources;
 use async_trait::async_trait;
@@ -27,6 +27,8 @@ pub trait PoolStore: Send + Sync {
     async fn accept(&self, name: PoolName, request: AllocRequest) -> Result<Alloc, StoreError>;
     /// Renews an alloc's lease; returns the interval granted (ms) and the alloc.
     async fn keepalive_alloc(&self, name: PoolName, id: AllocId, interval_ms: u64) -> Result<(u64, Alloc), StoreError>;
+    /// Changes a live alloc's labels and metadata (its owner's notes); the lease is not renewed.
+    async fn annotate_alloc(&self, name: PoolName, id: AllocId, notes: AllocNotes) -> Result<Alloc, StoreError>;
     async fn free_alloc(&self, name: PoolName, id: AllocId) -> Result<EndedAlloc, StoreError>;
     async fn inspect_alloc(&self, name: PoolName, id: AllocId) -> Result<AllocState, StoreError>;
     /// A page of the live allocs of a pool, ordered by id.

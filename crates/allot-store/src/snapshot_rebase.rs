@@ -33,7 +33,7 @@ use crate::access::{ApiTokenRecord, BindingRecord};
 use crate::records::apps::{decode_app, decode_task, QueueRecord, QUEUE_FIELDS_ADDED};
 use crate::records::runs::{CachedRecord, RunRecord, RUN_FIELDS_ADDED};
 use crate::records::{
-    decode, decode_grown, encode, AllocRecord, CorruptRecord, GrantRecord, LeaseRecord, NamespaceRecord, PoolRecord,
+    decode, decode_alloc, decode_grown, encode, CorruptRecord, GrantRecord, LeaseRecord, NamespaceRecord, PoolRecord,
     SessionRecord, POOL_FIELDS_ADDED, SESSION_FIELDS_ADDED,
 };
 use crate::snapshot::{decode_key, hex, Table};
@@ -101,7 +101,7 @@ pub fn rebase(table: Table, key: &[u8], value: &[u8], shift: i64) -> Result<Vec<
         }
         Table::Allocs => {
             decode_key::<(&str, u64)>(key).ok_or_else(bad_key)?;
-            let mut record: AllocRecord = decode(name, "", value).map_err(corrupt)?;
+            let mut record = decode_alloc("", value).map_err(corrupt)?;
             at(&mut record.created);
             record.last_keepalive.as_mut().map(at);
             // A held alloc's `expires` is `HELD`, which `shifted` leaves as it is.
@@ -190,6 +190,7 @@ mod tests {
     use super::*;
     use crate::records::apps::{AppRecord, PlacementRecord, SlotRecord, TaskRecord, APP_FIELDS_ADDED};
     use crate::records::runs::RunRecord;
+    use crate::records::AllocRecord;
     use crate::snapshot::encode_key;
 
     /// A key as an archive holds it.
@@ -218,6 +219,7 @@ mod tests {
             last_keepalive: Some(12_000),
             expires,
             ended: Some((15_000, 1)),
+            metadata: Some(r#"{"step":3}"#.into()),
         }
     }
 

@@ -220,6 +220,7 @@ pub async fn allocate<P: PoolSet + ?Sized>(
                 max: (take != request.min).then_some(take),
                 owner: request.owner.clone(),
                 labels: request.labels.clone(),
+                metadata: request.metadata.clone(),
             };
             match pools.accept_offer(offer, &accept).await {
                 Ok(alloc) => return Ok(alloc),

@@ -127,6 +127,19 @@ impl Client {
         self.json(self.request(Method::POST, &path)?.json(&body)).await
     }
 
+    /// `PATCH /v1/pools/{pool}/allocs/{alloc}`: changes the labels and metadata an owner
+    /// attaches to its live alloc (what runs in it, its results); what `notes` does not name is
+    /// kept, and the lease is not renewed.
+    pub async fn annotate_alloc(&self, pool: &str, alloc: &str, notes: &AnnotateAlloc) -> Result<Alloc, ClientError> {
+        self.json(self.request(Method::PATCH, &alloc_path(pool, alloc)?)?.json(notes)).await
+    }
+
+    /// `GET /v1/pools/{pool}/allocs/{alloc}/run`: the run (phases, outputs) of the task in an
+    /// alloc the scheduler holds, while the alloc is kept.
+    pub async fn alloc_run(&self, pool: &str, alloc: &str) -> Result<TaskRun, ClientError> {
+        self.json(self.request(Method::GET, &format!("{}/run", alloc_path(pool, alloc)?))?).await
+    }
+
     /// `DELETE /v1/pools/{pool}/allocs/{alloc}`: frees an alloc.
     pub async fn free_alloc(&self, pool: &str, alloc: &str) -> Result<Alloc, ClientError> {
         self.json(self.request(Method::DELETE, &alloc_path(pool, alloc)?)?).await

@@ -217,6 +217,8 @@ pub struct AllocNeed {
     pub max: Option<Resources>,
     pub owner: Option<String>,
     pub labels: BTreeMap<String, String>,
+    /// The owner's free-form metadata (a JSON object, at most 16 KiB).
+    pub metadata: Option<serde_json::Value>,
 }
 
 impl AllocNeed {
@@ -242,6 +244,13 @@ impl AllocNeed {
         self
     }
 
+    /// The owner's metadata: a JSON object, shown with the alloc (API, watch, dashboard).
+    #[must_use]
+    pub fn with_metadata(mut self, metadata: serde_json::Value) -> AllocNeed {
+        self.metadata = Some(metadata);
+        self
+    }
+
     /// The most to take, as the daemon reads it: `max` raised to `min` per resource, or `min`
     /// when there is no `max`.
     pub fn max_or_min(&self) -> Resources {
@@ -258,6 +267,7 @@ impl AllocNeed {
             max: self.max.as_ref().map(Resources::to_string),
             owner: self.owner.clone(),
             labels: self.labels.clone(),
+            metadata: self.metadata.clone(),
         }
     }
 }

@@ -48,7 +48,7 @@ use crate::access::{Principal, Resource};
 use crate::apps::queues::{limit_at, LimitHit, QueuePath, QueueUsage, SortPolicy};
 use crate::apps::states::{AppEvent, AppState, TaskEvent};
 use crate::names::Token;
-use crate::pools::{plugins_of, selector_matches, AllocId, AllocRequest, Labels, PoolError, PoolName, Pools};
+use crate::pools::{self, plugins_of, selector_matches, AllocId, AllocRequest, Labels, PoolError, PoolName, Pools};
 use crate::quotas::{AllocateRequest, Constraints, Decision, LeaseRequest, Millis, TokenShortage};
 use crate::resources::{Resources, SizeWeights};
 
@@ -711,7 +711,7 @@ impl Scheduler {
             let runs = |pool: &PoolName| !cycle.room.typed || cycle.room.runs(pool, task_type.as_deref());
             let free = |s: &Slot| s.task.is_none() && &s.group == group && runs(&s.placement.pool);
             if let Some(slot) = app.slots.iter().position(free) {
-                self.take_over(app_id, task_id, slot, cycle);
+                self.take_over(app_id, task_id, slot, world, cycle);
                 return Ok(());
             }
         }
@@ -761,7 +761,8 @@ impl Scheduler {
         }
         let owner = format!("{app_id}/{task_id}");
         let token = format!("{app_id}:{task_id}");
-        let placement = commit(spot, &wanted, owner, &token, &needs, world, cycle)?;
+        let labels = pools::task_labels(app_id.as_str(), task_id.as_str());
+        let placement = commit(spot, &wanted, (owner, labels), &token, &needs, world, cycle)?;
         let account = Account::of(&app.spec);
         self.charge(&account, &placement.resources, true);
         let Some(app) = self.apps.get_mut(app_id) else {
@@ -812,13 +813,23 @@ impl Scheduler {
     }
 
     /// A task takes placeholder `slot` of its application over, in place.
-    fn take_over(&mut self, app_id: &AppId, task_id: &TaskId, slot: usize, cycle: &mut Cycle<'_>) {
+    fn take_over(
+        &mut self,
+        app_id: &AppId,
+        task_id: &TaskId,
+        slot: usize,
+        world: &mut World<'_>,
+        cycle: &mut Cycle<'_>,
+    ) {
         let Some(taken) = self.apps.get_mut(app_id).and_then(|app| app.slots.get_mut(slot)) else {
             cycle.out.broken.push(format!("application `{app_id}` has no placeholder {slot} to take over"));
             return;
         };
         taken.task = Some(task_id.clone());
         let placement = taken.placement.clone();
+        // The alloc now names the task in it, not the placeholder.
+        let labels = pools::task_labels(app_id.as_str(), task_id.as_str());
+        cycle.out.pools.extend(world.pools.relabel_held(&placement.pool, placement.alloc, labels));
         let member = taken.member;
         let Some(app) = self.apps.get(app_id) else { return };
         cycle.out.apps.push(AppChange::App(app.clone()));
@@ -917,7 +928,8 @@ impl Scheduler {
         for ((group, member, wanted, _, needs), spot) in members.into_iter().zip(spots.iter().copied()) {
             let owner = format!("{app_id}/{group}#{member}");
             let token = format!("{app_id}:{group}#{member}");
-            match commit(spot, &wanted, owner, &token, &needs, world, cycle) {
+            let labels = pools::placeholder_labels(app_id.as_str(), group.as_str(), member);
+            match commit(spot, &wanted, (owner, labels), &token, &needs, world, cycle) {
                 Ok(placement) => slots.push(Slot { group, member, placement, task: None }),
                 Err(why) => {
                     // Not expected (everything was checked): undo what was taken.
@@ -1139,7 +1151,7 @@ fn tokens_why(shortage: TokenShortage) -> Why {
 fn commit(
     spot: usize,
     wanted: &Resources,
-    owner: String,
+    (owner, labels): (String, Labels),
     token: &str,
     needs: &[TokenNeed],
     world: &mut World<'_>,
@@ -1151,7 +1163,7 @@ fn commit(
         return Err(Why::NoRoom { wanted: wanted.clone(), closest: None });
     };
     let pool = cycle.room.spots[spot].name.clone();
-    let request = AllocRequest { min: wanted.clone(), max: None, owner, labels: Labels::new() };
+    let request = AllocRequest { min: wanted.clone(), max: None, owner, labels, metadata: None };
     let mut attempts = 0;
     let (alloc, changes) = loop {
         let id = AllocId((cycle.ids)());

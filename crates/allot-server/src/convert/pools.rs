@@ -1,8 +1,9 @@
 //! Conversions of pools, offers and allocs between wire types and domain types.
 
+use allot_api::ErrorCode;
 use allot_core::pools::{
-    plugins_of, Alloc, AllocId, AllocRequest, AllocState, EndReason, EndedAlloc, Offer, PoolName, PoolView, HELD,
-    OFFER_ID, PLUGINS_LABEL,
+    plugins_of, Alloc, AllocId, AllocNotes, AllocRequest, AllocState, EndReason, EndedAlloc, Offer, PoolName, PoolView,
+    APP_LABEL, HELD, OFFER_ID, PLACEHOLDER_LABEL, PLUGINS_LABEL, RESERVED_LABEL_PREFIX, TASK_LABEL,
 };
 use allot_core::{Millis, Resources};
 
@@ -23,11 +24,68 @@ pub(crate) fn resources(text: &str) -> Result<Resources, ApiError> {
 }
 
 pub(crate) fn alloc_request(body: allot_api::Accept) -> Result<AllocRequest, ApiError> {
+    owner_labels(body.labels.keys())?;
     Ok(AllocRequest {
         min: resources(&body.min)?,
         max: body.max.as_deref().map(resources).transpose()?,
         owner: body.owner.unwrap_or_default(),
         labels: body.labels,
+        metadata: body.metadata.map(metadata_text).transpose()?.flatten(),
+    })
+}
+
+/// Refuses a label an owner may not set: allot's own (`allot/...`).
+fn owner_labels<'a>(mut keys: impl Iterator<Item = &'a String>) -> Result<(), ApiError> {
+    match keys.find(|key| key.starts_with(RESERVED_LABEL_PREFIX)) {
+        Some(key) => Err(ApiError::of(
+            ErrorCode::InvalidArgument,
+            format!("label `{key}` is allot's own (`{RESERVED_LABEL_PREFIX}...`): an owner cannot set or remove it"),
+        )),
+        None => Ok(()),
+    }
+}
+
+/// An owner's metadata as stored: compact JSON text of an object; `null` is none.
+fn metadata_text(value: serde_json::Value) -> Result<Option<String>, ApiError> {
+    match value {
+        serde_json::Value::Null => Ok(None),
+        serde_json::Value::Object(_) => Ok(Some(value.to_string())),
+        _ => Err(ApiError::of(ErrorCode::InvalidArgument, "an alloc's `metadata` must be a JSON object (or null)")),
+    }
+}
+
+/// What `PATCH /v1/pools/{pool}/allocs/{alloc}` changes.
+pub(crate) fn alloc_notes(body: allot_api::AnnotateAlloc) -> Result<AllocNotes, ApiError> {
+    owner_labels(body.labels.keys().chain(&body.remove_labels))?;
+    if body.clear_metadata && body.metadata.as_ref().is_some_and(|m| !m.is_null()) {
+        return Err(ApiError::of(ErrorCode::InvalidArgument, "give `metadata` or `clear_metadata`, not both"));
+    }
+    let mut labels: std::collections::BTreeMap<String, Option<String>> =
+        body.remove_labels.into_iter().map(|key| (key, None)).collect();
+    for (key, value) in body.labels {
+        if labels.contains_key(&key) {
+            let message = format!("label `{key}` is both set and removed");
+            return Err(ApiError::of(ErrorCode::InvalidArgument, message));
+        }
+        labels.insert(key, Some(value));
+    }
+    let metadata = match (body.clear_metadata, body.metadata.map(metadata_text).transpose()?.flatten()) {
+        (true, _) => Some(None),
+        (false, Some(text)) => Some(Some(text)),
+        (false, None) => None,
+    };
+    Ok(AllocNotes { labels, metadata })
+}
+
+/// What an alloc the scheduler holds has in it, from the labels the scheduler gave it.
+pub(crate) fn alloc_task(alloc: &Alloc) -> Option<allot_api::AllocTask> {
+    if alloc.expires != HELD {
+        return None;
+    }
+    Some(allot_api::AllocTask {
+        app: alloc.labels.get(APP_LABEL)?.clone(),
+        task: alloc.labels.get(TASK_LABEL).cloned(),
+        placeholder: alloc.labels.get(PLACEHOLDER_LABEL).cloned(),
     })
 }
 
@@ -133,6 +191,7 @@ pub(crate) fn alloc(alloc: Alloc, ended: Option<(Millis, EndReason)>, now: Milli
         EndReason::PoolStopped => allot_api::EndReason::PoolStopped,
         EndReason::PoolRemoved => allot_api::EndReason::PoolRemoved,
     };
+    let task = alloc_task(&alloc);
     allot_api::Alloc {
         uri: format!("{}/{}", alloc.pool, alloc.id),
         pool: alloc.pool.to_string(),
@@ -140,6 +199,9 @@ pub(crate) fn alloc(alloc: Alloc, ended: Option<(Millis, EndReason)>, now: Milli
         resources: alloc.resources.to_string(),
         owner: alloc.owner,
         labels: alloc.labels,
+        // Stored as the edge wrote it: JSON text of an object.
+        metadata: alloc.metadata.and_then(|text| serde_json::from_str(&text).ok()),
+        task,
         created_ms_ago: now.saturating_sub(alloc.created),
         last_keepalive_ms_ago: alloc.last_keepalive.map(|at| now.saturating_sub(at)),
         expires_in_ms: (alloc.expires != HELD).then(|| alloc.expires as i64 - now as i64),

@@ -150,9 +150,11 @@ pub(crate) fn routes(state: ServerState) -> (Router, Arc<Needs>) {
         .route("/v1/pools/{pool}/allocs", get(pools::list_allocs), &[(M::GET, read(POOL))])
         .route(
             "/v1/pools/{pool}/allocs/{alloc}",
-            get(pools::get_alloc).delete(pools::free_alloc),
-            &[(M::GET, read(POOL)), (M::DELETE, work(POOL))],
+            get(pools::get_alloc).delete(pools::free_alloc).patch(pools::annotate_alloc),
+            &[(M::GET, read(POOL)), (M::DELETE, work(POOL)), (M::PATCH, work(POOL))],
         )
+        // The run of the task in an alloc: the handler also checks `read` on its application.
+        .scheduled("/v1/pools/{pool}/allocs/{alloc}/run", get(runs::get_alloc_run), &[(M::GET, read(POOL))])
         .route("/v1/pools/{pool}/allocs/{alloc}/keepalive", post(pools::keepalive_alloc), &[(M::POST, work(POOL))])
         .route("/v1/pools/{pool}/stop-if-idle", post(pools::stop_if_idle), &[(M::POST, admin(POOL))])
         .route("/v1/pools/{pool}/cordon", post(pools::cordon), &[(M::POST, admin(POOL))])

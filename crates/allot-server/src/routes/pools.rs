@@ -207,6 +207,25 @@ pub(crate) async fn free_alloc(
     Ok(Json(convert::ended_alloc(ended, state.store.now())))
 }
 
+/// Changes the labels and metadata its owner attaches to a live alloc (what runs in it, its
+/// results); what the body does not name is kept, and the lease is not renewed.
+#[utoipa::path(patch, path = "/v1/pools/{pool}/allocs/{alloc}", tag = "pools",
+    params(("pool" = String, Path), ("alloc" = String, Path, description = "16 hex digits")),
+    request_body = api::AnnotateAlloc,
+    responses((status = 200, body = api::Alloc), (status = 400, body = api::ErrorBody, description = "invalid_name, invalid_argument (an `allot/` label, metadata not an object, more than 16 KiB of labels or of metadata) or invalid_json"),
+        (status = 404, body = api::ErrorBody, description = "pool_not_found or alloc_not_found"),
+        (status = 409, body = api::ErrorBody, description = "alloc_ended, or held_by_scheduler (the alloc of a task)"),
+        (status = 503, body = api::ErrorBody, description = "store_unavailable, store_outcome_unknown, not_enough_replicas or shutting_down")))]
+pub(crate) async fn annotate_alloc(
+    State(state): State<ServerState>,
+    Segments((name, id)): Segments<(String, String)>,
+    JsonBody(body): JsonBody<api::AnnotateAlloc>,
+) -> Answer<api::Alloc> {
+    let notes = convert::alloc_notes(body)?;
+    let alloc = state.store.annotate_alloc(convert::pool_name(&name)?, convert::alloc_id(&id)?, notes).await?;
+    Ok(Json(convert::alloc(alloc, None, state.store.now())))
+}
+
 /// Renews an alloc's lease; answers the interval granted. `alloc_ended` (409) is final.
 #[utoipa::path(post, path = "/v1/pools/{pool}/allocs/{alloc}/keepalive", tag = "pools",
     params(("pool" = String, Path), ("alloc" = String, Path)),

@@ -2,7 +2,10 @@
 //! wake-up; each is answered by the daemon that runs the task (asked by the one that was called).
 
 use allot_api as api;
+use allot_api::ErrorCode;
+use allot_core::access::{Permission, Resource};
 use allot_core::apps::states::TaskState;
+use allot_core::pools::AllocState;
 use allot_store::{ExecutorLease, StoreError};
 use axum::extract::State;
 use axum::http::StatusCode;
@@ -79,6 +82,48 @@ pub(crate) async fn get_task_run(
                 format!("task `{task}` of application `{app}` has not been run: {why}"),
             ))
         }
+    }
+}
+
+/// The run of the task in an alloc the scheduler holds (its phases and, once it succeeded, its
+/// outputs), while the alloc is kept: live, or ended and not yet dropped [Reflow: the results of
+/// an alloc's execs]. The caller must also be allowed to read the task's application.
+#[utoipa::path(get, path = "/v1/pools/{pool}/allocs/{alloc}/run", tag = "pools",
+    params(("pool" = String, Path), ("alloc" = String, Path, description = "16 hex digits")),
+    responses((status = 200, body = api::TaskRun), (status = 400, body = api::ErrorBody, description = "invalid_name or invalid_argument"),
+        (status = 403, body = api::ErrorBody, description = "forbidden: the caller may read the pool, not the task's application"),
+        (status = 404, body = api::ErrorBody, description = "alloc_not_found; task_not_found (the alloc holds no task, or a gang placeholder); app_not_found; run_not_found"),
+        (status = 503, body = api::ErrorBody, description = UNAVAILABLE)))]
+pub(crate) async fn get_alloc_run(
+    State(state): State<ServerState>,
+    who: crate::access::Who,
+    Segments((pool, alloc)): Segments<(String, String)>,
+) -> Answer<api::TaskRun> {
+    use crate::convert::pools::{alloc_id, alloc_task, pool_name};
+    let found = state.store.inspect_alloc(pool_name(&pool)?, alloc_id(&alloc)?).await?;
+    let alloc = match found {
+        AllocState::Live(alloc) => alloc,
+        AllocState::Ended(ended) => ended.alloc,
+    };
+    let uri = format!("{}/{}", alloc.pool, alloc.id);
+    let not_found = |why: String| ApiError::of(ErrorCode::TaskNotFound, format!("alloc `{uri}` {why}"));
+    let Some(held) = alloc_task(&alloc) else {
+        return Err(not_found("holds no task: only the allocs the scheduler holds for tasks do".to_owned()));
+    };
+    let Some(task) = held.task else {
+        let placeholder = held.placeholder.unwrap_or_default();
+        let why = format!("holds placeholder `{placeholder}` of application `{}`: no task has taken it over", held.app);
+        return Err(not_found(why));
+    };
+    let (app_id, task_id) = (app_id(&held.app)?, task_id(&task)?);
+    let info = state.store.app(app_id.clone()).await?;
+    who.check(Permission::Read, Resource::Queue(info.app.spec.queue.to_string()))?;
+    match state.store.run(app_id, task_id).await? {
+        Some(run) => Ok(Json(convert::task_run(&held.app, &task, run))),
+        None => Err(ApiError::of(
+            ErrorCode::RunNotFound,
+            format!("task `{task}` of application `{}` (in alloc `{uri}`) has not been run", held.app),
+        )),
     }
 }
 

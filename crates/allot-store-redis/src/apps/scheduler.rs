@@ -223,10 +223,14 @@ impl RedisStore {
         let pool_name = |name: &str| PoolName::new(name).map_err(corrupt);
         let alloc_id = |id: &str| AllocId::parse(id).map_err(corrupt);
         match step {
-            Step::Accept { pool, id, resources, owner } => {
+            Step::Accept { pool, id, resources, owner, labels } => {
                 let min: Resources = resources.parse().map_err(corrupt)?;
-                let request = AllocRequest { min, max: None, owner: owner.clone(), labels: Labels::new() };
+                let request =
+                    AllocRequest { min, max: None, owner: owner.clone(), labels: labels.clone(), metadata: None };
                 self.accept_held_alloc(pool_name(pool)?, request, alloc_id(id)?, fencing).await.map(|_| ())
+            }
+            Step::Label { pool, id, labels } => {
+                self.label_held_alloc(pool_name(pool)?, alloc_id(id)?, labels, fencing).await
             }
             Step::End { pool, id } => self.end_held_alloc(pool_name(pool)?, alloc_id(id)?, fencing).await,
             Step::Take { namespace, token, units } => {
@@ -291,6 +295,7 @@ impl RedisStore {
                 resources: p.resources.clone(),
                 owner: String::new(),
                 labels: Labels::new(),
+                metadata: None,
                 created: p.at,
                 last_keepalive: None,
                 expires: HELD,
@@ -314,6 +319,7 @@ impl RedisStore {
                         resources: others,
                         owner: OTHERS.to_owned(),
                         labels: Labels::new(),
+                        metadata: None,
                         created: 0,
                         last_keepalive: None,
                         expires: HELD - 1,
@@ -408,7 +414,7 @@ impl RedisStore {
                 Step::Accept { id, .. } if held.contains(id) => None,
                 Step::Take { namespace, token, .. } if granted.contains(&(namespace.clone(), token.clone())) => None,
                 Step::Accept { .. } | Step::Take { .. } => undo(step),
-                Step::End { .. } | Step::Drop { .. } => Some(step.clone()),
+                Step::End { .. } | Step::Drop { .. } | Step::Label { .. } => Some(step.clone()),
             };
             if let Some(todo) = todo {
                 self.step(&todo, fencing).await?;

@@ -4,7 +4,7 @@
 //! namespace and ids as text, so intents read back by a successor are the same steps.
 
 use allot_core::apps::Outcome;
-use allot_core::pools::{AllocId, PoolChange, HELD};
+use allot_core::pools::{AllocId, Labels, PoolChange, HELD};
 use allot_core::Change;
 use serde::{Deserialize, Serialize};
 
@@ -13,7 +13,18 @@ use serde::{Deserialize, Serialize};
 #[serde(tag = "k", rename_all = "snake_case")]
 pub(crate) enum Step {
     /// Make a held alloc.
-    Accept { pool: String, id: String, resources: String, owner: String },
+    Accept {
+        pool: String,
+        id: String,
+        resources: String,
+        owner: String,
+        /// What is in it (`allot/app`, `allot/task` or `allot/placeholder`); absent in intents
+        /// written before held allocs had labels.
+        #[serde(default, skip_serializing_if = "Labels::is_empty")]
+        labels: Labels,
+    },
+    /// Name what is in a held alloc (a task took a placeholder over).
+    Label { pool: String, id: String, labels: Labels },
     /// Grant a placement's tokens.
     Take { namespace: String, token: String, units: u64 },
     /// End a held alloc.
@@ -32,7 +43,21 @@ pub(crate) fn steps(outcome: &Outcome) -> (Vec<Step>, Vec<Step>) {
                 id: alloc.id.to_string(),
                 resources: alloc.resources.to_string(),
                 owner: alloc.owner.clone(),
+                labels: alloc.labels.clone(),
             }),
+            PoolChange::AllocAnnotated(alloc) if alloc.expires == HELD => {
+                let (pool, id) = (alloc.pool.to_string(), alloc.id.to_string());
+                // An alloc made in the same outcome is made with its last labels: the steps of
+                // one outcome run at once, so a label step could come before its make.
+                let made = makes.iter_mut().find_map(|step| match step {
+                    Step::Accept { pool: p, id: i, labels, .. } if *p == pool && *i == id => Some(labels),
+                    _ => None,
+                });
+                match made {
+                    Some(labels) => *labels = alloc.labels.clone(),
+                    None => makes.push(Step::Label { pool, id, labels: alloc.labels.clone() }),
+                }
+            }
             PoolChange::AllocEnded(ended) if ended.alloc.expires == HELD => {
                 ends.push(Step::End { pool: ended.alloc.pool.to_string(), id: ended.alloc.id.to_string() })
             }

@@ -5,7 +5,8 @@
 --               manage: never offered), cordon_since and drain_at (ms; absent when not
 --               cordoned, not drained); the pool exists iff this key does
 --   Q:allocs    hash alloc id -> live alloc (JSON: r resources, o owner, l labels, c created,
---               k last keepalive or 0, e expires)
+--               k last keepalive or 0, e expires, m its owner's metadata as JSON text, kept as
+--               a string so that cjson never rewrites it)
 --   Q:leases    zset alloc id -> expires
 --   Q:ended     hash alloc id -> ended alloc (the same JSON plus ea ended at, er reason)
 --   Q:endings   zset alloc id -> ended at
@@ -112,7 +113,7 @@ local function held(allocs, only_live)
 end
 
 local function encode_alloc(a)
-  return cjson.encode({ r = a.r, o = a.o, l = a.l, c = a.c, k = a.k, e = a.e, ea = a.ea, er = a.er, h = a.h })
+  return cjson.encode({ r = a.r, o = a.o, l = a.l, c = a.c, k = a.k, e = a.e, ea = a.ea, er = a.er, h = a.h, m = a.m })
 end
 
 local function end_alloc(a, reason)
@@ -241,7 +242,7 @@ elseif op == 'offer' then
   return { 'offer', format(sub(usable(), held(load_allocs(), true))) }
 elseif op == 'accept' then
   -- accept(id, min, max (at least min: `AllocRequest::upper`), owner, labels JSON, initial lease ms,
-  -- held): with held = '1', an alloc the scheduler holds for a task: no lease (`h`, and an expiry
+  -- held, fencing, metadata ('' for none)): with held = '1', an alloc the scheduler holds for a task: no lease (`h`, and an expiry
   -- past any time, so the sweeper never reaches it) until the task ends (`end_held`).
   -- A held accept carries the scheduler's fencing number (ARGV[9]); it is idempotent (the
   -- scheduler names the id, and a retry finds its alloc).
@@ -286,6 +287,7 @@ elseif op == 'accept' then
   local a = { id = id, r = format(resources), o = ARGV[5], l = cjson.decode(ARGV[6]), c = now, k = 0,
     e = now + tonumber(ARGV[7]) }
   if ARGV[8] == '1' then a.e, a.h = HELD, 1 end
+  if ARGV[10] and ARGV[10] ~= '' then a.m = ARGV[10] end
   local record = encode_alloc(a)
   redis.call('HSET', K_ALLOCS, id, record)
   redis.call('ZADD', K_LEASES, a.e, id)
@@ -312,6 +314,46 @@ elseif op == 'keepalive' then
   redis.call('ZADD', K_LEASES, a.e, id)
   emit('alloc.renewed', id, nil, record)
   return { 'alloc', record, now, granted }
+elseif op == 'annotate' then
+  -- annotate(id, label changes (a JSON object: a value sets the label, false removes it),
+  -- metadata ('keep', 'clear' or 'set'), metadata text): its owner's notes (`Pools::annotate`);
+  -- the lease is not renewed. The labels may hold at most MAX_ALLOC_LABEL_BYTES once changed.
+  local id = ARGV[2]
+  local record = redis.call('HGET', K_ALLOCS, id)
+  if not record then
+    local ended = redis.call('HGET', K_ENDED, id)
+    if ended then return { 'err', 'alloc_ended', cjson.decode(ended).er } end
+    return { 'err', 'alloc_not_found' }
+  end
+  local a = cjson.decode(record)
+  if a.h == 1 then return { 'err', 'held_by_scheduler', a.o } end
+  if type(a.l) ~= 'table' then a.l = {} end
+  for key, value in pairs(cjson.decode(ARGV[3])) do
+    if value == false then a.l[key] = nil else a.l[key] = value end
+  end
+  local bytes = 0
+  for key, value in pairs(a.l) do bytes = bytes + #key + #value end
+  if bytes > 16384 then return { 'err', 'too_large', 'labels', bytes, 16384 } end
+  if ARGV[4] == 'clear' then a.m = nil elseif ARGV[4] == 'set' then a.m = ARGV[5] end
+  record = encode_alloc(a)
+  redis.call('HSET', K_ALLOCS, id, record)
+  emit('alloc.annotated', id, nil, record)
+  return { 'alloc', record, now }
+elseif op == 'label_held' then
+  -- label_held(id, labels JSON, fencing): the scheduler names what is in an alloc it holds (a
+  -- task that took a placeholder over). Nothing for an alloc that is gone or not held.
+  local deposed = sched_fence(ARGV[4])
+  if deposed then return deposed end
+  local id = ARGV[2]
+  local record = redis.call('HGET', K_ALLOCS, id)
+  if not record then return { 'none' } end
+  local a = cjson.decode(record)
+  if a.h ~= 1 then return { 'none' } end
+  a.l = cjson.decode(ARGV[3])
+  record = encode_alloc(a)
+  redis.call('HSET', K_ALLOCS, id, record)
+  emit('alloc.annotated', id, nil, record)
+  return { 'alloc', record, now }
 elseif op == 'free' then
   -- free(id, 'held', fencing): the scheduler ends an alloc it holds.
   local id = ARGV[2]

@@ -68,6 +68,7 @@ async fn fill(store: &EmbeddedStore) -> AppId {
         max: None,
         owner: owner.into(),
         labels: [("job".to_owned(), owner.to_owned())].into(),
+        metadata: Some(format!(r#"{{"by":"{owner}","n":[1,2.5,null]}}"#)),
     };
     store.accept(gpu.clone(), request("kept")).await.unwrap();
     let freed = store.accept(gpu.clone(), request("freed")).await.unwrap();

@@ -4,7 +4,10 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use allot_core::pools::{AllocId, AllocRequest, AllocState, CordonOrder, EndReason, PoolError, PoolName};
+use allot_core::pools::{
+    AllocId, AllocNotes, AllocRequest, AllocState, CordonOrder, EndReason, PoolError, PoolName, MAX_ALLOC_LABEL_BYTES,
+    MAX_ALLOC_METADATA_BYTES,
+};
 use allot_core::Resources;
 
 use crate::{read_all, PageRequest, Store, StoreError};
@@ -22,6 +25,7 @@ pub async fn run_pools(store: Arc<dyn Store>, time: &dyn Time) {
         concurrent_accepts_never_over_allocate(store.clone()),
         pools_and_allocs_page_by_name_and_id(store_ref),
         cordoned_and_occupied_pools(store_ref),
+        allocs_carry_their_owners_notes(store_ref),
     );
     lapsed_allocs_are_offered_and_reclaimed_when_needed(store_ref, time).await;
     an_idle_pool_stops(store_ref, time).await;
@@ -135,6 +139,71 @@ async fn allocs_end_and_say_why(store: &dyn Store) {
         live => panic!("{live:?}"),
     }
     let missing = store.inspect_alloc(name.clone(), AllocId(42)).await;
+    assert!(matches!(missing, Err(StoreError::Pools(PoolError::AllocNotFound { .. }))), "{missing:?}");
+}
+
+/// An owner's labels and metadata travel with its alloc, exactly as given, and change only as
+/// asked: within their bounds, while the alloc lives, without renewing its lease.
+async fn allocs_carry_their_owners_notes(store: &dyn Store) {
+    let name = pool_name("notes");
+    store.put_pool(name.clone(), res("cpu=2")).await.unwrap();
+    // Text a JSON encoder may rewrite (escapes, a slash, non-ASCII, a long number): kept as is.
+    let metadata = r#"{"exec":"sha256:ab/cd","results":[1,2.50,12345678901234567890],"note":"ü "q" 
+"}"#;
+    let request = AllocRequest {
+        labels: [("job".to_owned(), "etl".to_owned())].into(),
+        metadata: Some(metadata.to_owned()),
+        ..wants("cpu=1", None)
+    };
+    let alloc = store.accept(name.clone(), request).await.unwrap();
+    assert_eq!(alloc.metadata.as_deref(), Some(metadata));
+    let read = |state: AllocState| match state {
+        AllocState::Live(alloc) => alloc,
+        AllocState::Ended(ended) => ended.alloc,
+    };
+    assert_eq!(read(store.inspect_alloc(name.clone(), alloc.id).await.unwrap()), alloc, "read back as made");
+
+    let notes = AllocNotes {
+        labels: [("step".to_owned(), Some("2".to_owned())), ("job".to_owned(), None)].into(),
+        metadata: Some(Some(r#"{"done":true}"#.to_owned())),
+    };
+    let changed = store.annotate_alloc(name.clone(), alloc.id, notes).await.unwrap();
+    assert_eq!(changed.labels, [("step".to_owned(), "2".to_owned())].into());
+    assert_eq!(changed.metadata.as_deref(), Some(r#"{"done":true}"#));
+    assert_eq!(
+        (changed.expires, changed.last_keepalive),
+        (alloc.expires, alloc.last_keepalive),
+        "the lease is as it was"
+    );
+    assert_eq!(read(store.inspect_alloc(name.clone(), alloc.id).await.unwrap()), changed);
+    let kept = store.annotate_alloc(name.clone(), alloc.id, AllocNotes::default()).await.unwrap();
+    assert_eq!(kept, changed, "nothing asked, nothing changed");
+
+    // Over a bound: refused, and nothing changed.
+    let big = "x".repeat(MAX_ALLOC_LABEL_BYTES);
+    let too_many = AllocNotes { labels: [("big".to_owned(), Some(big))].into(), ..AllocNotes::default() };
+    let refused = store.annotate_alloc(name.clone(), alloc.id, too_many).await;
+    assert!(matches!(refused, Err(StoreError::Pools(PoolError::TooLarge { what: "labels", .. }))), "{refused:?}");
+    let huge = format!(r#"{{"x":"{}"}}"#, "y".repeat(MAX_ALLOC_METADATA_BYTES));
+    let too_big = AllocNotes { metadata: Some(Some(huge.clone())), ..AllocNotes::default() };
+    let refused = store.annotate_alloc(name.clone(), alloc.id, too_big).await;
+    assert!(matches!(refused, Err(StoreError::Pools(PoolError::TooLarge { what: "metadata", .. }))), "{refused:?}");
+    let refused = store.accept(name.clone(), AllocRequest { metadata: Some(huge), ..wants("cpu=1", None) }).await;
+    assert!(matches!(refused, Err(StoreError::Pools(PoolError::TooLarge { .. }))), "{refused:?}");
+    assert_eq!(read(store.inspect_alloc(name.clone(), alloc.id).await.unwrap()), changed);
+
+    let cleared = AllocNotes { metadata: Some(None), ..AllocNotes::default() };
+    let cleared = store.annotate_alloc(name.clone(), alloc.id, cleared).await.unwrap();
+    assert_eq!((cleared.metadata, cleared.labels.len()), (None, 1));
+
+    // Ended: its record keeps what it carried, and changes no more.
+    let last = AllocNotes { metadata: Some(Some(r#"{"exit":0}"#.to_owned())), ..AllocNotes::default() };
+    store.annotate_alloc(name.clone(), alloc.id, last).await.unwrap();
+    let ended = store.free_alloc(name.clone(), alloc.id).await.unwrap();
+    assert_eq!(ended.alloc.metadata.as_deref(), Some(r#"{"exit":0}"#));
+    let late = store.annotate_alloc(name.clone(), alloc.id, AllocNotes::default()).await;
+    assert!(matches!(late, Err(StoreError::Pools(PoolError::AllocEnded { .. }))), "{late:?}");
+    let missing = store.annotate_alloc(name.clone(), AllocId(42), AllocNotes::default()).await;
     assert!(matches!(missing, Err(StoreError::Pools(PoolError::AllocNotFound { .. }))), "{missing:?}");
 }
 

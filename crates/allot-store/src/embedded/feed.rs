@@ -129,6 +129,9 @@ pub(super) fn pools(pools: &Pools, changes: &[PoolChange], now: Millis, out: &mu
                 let kind = if alloc.last_keepalive.is_none() { EventKind::AllocMade } else { EventKind::AllocRenewed };
                 draft(kind, keys::alloc(&alloc.pool, alloc.id), EventObject::Alloc(alloc.clone()))
             }
+            PoolChange::AllocAnnotated(alloc) => {
+                draft(EventKind::AllocAnnotated, keys::alloc(&alloc.pool, alloc.id), EventObject::Alloc(alloc.clone()))
+            }
             PoolChange::AllocEnded(ended) => Draft {
                 kind: EventKind::AllocEnded,
                 key: keys::alloc(&ended.alloc.pool, ended.alloc.id),

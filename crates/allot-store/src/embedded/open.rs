@@ -18,7 +18,7 @@ use crate::records::access::ACCESS;
 use crate::records::apps::{APPS, QUEUES, TASKS};
 use crate::records::runs::{CATALOG, RUNS};
 use crate::records::{
-    decode, decode_grown, resources_from, AllocRecord, CorruptRecord, GrantRecord, NamespaceRecord, PoolRecord,
+    decode, decode_alloc, decode_grown, resources_from, CorruptRecord, GrantRecord, NamespaceRecord, PoolRecord,
     SessionRecord, ALLOCS, FORMAT_VERSION, GRANTS, META, META_CLOCK, META_EVENTS_SEQ, META_FORMAT, META_SEQ,
     META_WALL_OFFSET, NAMESPACES, POOLS, POOL_FIELDS_ADDED, POOL_LABELS, RETIRED_FENCING, SESSIONS,
 };
@@ -303,7 +303,7 @@ pub(super) fn load_records(db: &Database, tail: &Tail<'_>) -> Result<Loaded, Ope
     })?;
     let (mut live, mut ended) = (Vec::new(), Vec::new());
     records.numbered(ALLOCS, Table::Allocs, |pool, id, value| {
-        let record: AllocRecord = decode("allocs", format_args!("{pool}/{}", AllocId(id)), value)?;
+        let record = decode_alloc(format_args!("{pool}/{}", AllocId(id)), value)?;
         match record.into_alloc(pool, id)? {
             (alloc, None) => live.push(alloc),
             (alloc, Some((ended_at, reason))) => ended.push(EndedAlloc { alloc, ended_at, reason }),

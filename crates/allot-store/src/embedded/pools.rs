@@ -2,8 +2,8 @@
 //! write-ahead log.
 
 use allot_core::pools::{
-    Alloc, AllocId, AllocRequest, AllocState, CordonOrder, EndedAlloc, Labels, Offer, PoolChange, PoolError, PoolName,
-    PoolSettings, PoolView,
+    Alloc, AllocId, AllocNotes, AllocRequest, AllocState, CordonOrder, EndedAlloc, Labels, Offer, PoolChange,
+    PoolError, PoolName, PoolSettings, PoolView,
 };
 use allot_core::Resources;
 use async_trait::async_trait;
@@ -37,7 +37,7 @@ pub(super) fn ops<'a>(changes: impl Iterator<Item = &'a PoolChange>, out: &mut V
                 out.push(Op::Remove(Table::PoolLabels, Op::name(name.as_str())));
                 out.push(Op::RemoveUnder(Table::Allocs, name.as_str().to_owned()));
             }
-            PoolChange::Alloc(alloc) => {
+            PoolChange::Alloc(alloc) | PoolChange::AllocAnnotated(alloc) => {
                 let key = Key::Numbered(alloc.pool.as_str().to_owned(), alloc.id.0);
                 out.push(Op::put(Table::Allocs, key, encode(&AllocRecord::live(alloc))));
             }
@@ -124,6 +124,10 @@ impl PoolStore for EmbeddedStore {
             Ok(((granted, alloc), changes))
         })
         .await
+    }
+
+    async fn annotate_alloc(&self, name: PoolName, id: AllocId, notes: AllocNotes) -> Result<Alloc, StoreError> {
+        self.mutate_pools(|pools, _| pools.annotate(&name, id, &notes)).await
     }
 
     async fn free_alloc(&self, name: PoolName, id: AllocId) -> Result<EndedAlloc, StoreError> {

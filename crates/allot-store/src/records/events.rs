@@ -16,7 +16,9 @@ use serde::{Deserialize, Serialize};
 
 use super::apps::{AppRecord, QueueRecord, TaskRecord};
 use super::runs::RunRecord;
-use super::{resources_from, resources_record, AllocRecord, CorruptRecord, GrantRecord, ResourcesRecord};
+use super::{
+    resources_from, resources_record, AllocRecord, AllocRecordV0, CorruptRecord, GrantRecord, ResourcesRecord,
+};
 use crate::watch::{Event, EventObject};
 use crate::{GrantInfo, SessionInfo};
 
@@ -48,15 +50,17 @@ pub enum ObjectRecord<'a> {
     },
     Session(SessionInfoRecord),
     Pool(PoolViewRecord),
+    /// A live alloc as written before allocs had metadata (`Alloc1` since).
     Alloc {
         pool: Cow<'a, str>,
         id: u64,
-        alloc: AllocRecord,
+        alloc: AllocRecordV0,
     },
+    /// An ended alloc as written before allocs had metadata (`EndedAlloc1` since).
     EndedAlloc {
         pool: Cow<'a, str>,
         id: u64,
-        alloc: AllocRecord,
+        alloc: AllocRecordV0,
     },
     Queue(Box<QueueViewRecord>),
     App {
@@ -76,6 +80,18 @@ pub enum ObjectRecord<'a> {
     /// A pool with what is occupied and its cordon (since, drain at) (written since pools have
     /// them; `Pool` is read as one with neither).
     PoolRoom(PoolViewRecord, ResourcesRecord, Option<(Millis, Option<Millis>)>),
+    /// A live alloc, with its metadata.
+    Alloc1 {
+        pool: Cow<'a, str>,
+        id: u64,
+        alloc: AllocRecord,
+    },
+    /// An ended alloc, with its metadata.
+    EndedAlloc1 {
+        pool: Cow<'a, str>,
+        id: u64,
+        alloc: AllocRecord,
+    },
 }
 
 /// A namespace's view (`NamespaceView`).
@@ -186,6 +202,14 @@ impl<'a> EventRecord<'a> {
     }
 }
 
+/// The object of an `alloc.ended` event.
+fn ended_alloc(record: AllocRecord, pool: &str, id: u64, r: &Reader) -> Result<EventObject, CorruptRecord> {
+    match record.into_alloc(pool, id)? {
+        (alloc, Some((ended_at, reason))) => Ok(EventObject::EndedAlloc(EndedAlloc { alloc, ended_at, reason })),
+        (_, None) => Err(r.err("an ended alloc without its end")),
+    }
+}
+
 /// Turns errors of the core's constructors into [`CorruptRecord`]s of one event.
 struct Reader {
     key: String,
@@ -278,12 +302,12 @@ impl<'a> ObjectRecord<'a> {
                 resources_record(&view.occupied),
                 view.cordon.map(|c| (c.since, c.drain_at)),
             ),
-            EventObject::Alloc(alloc) => ObjectRecord::Alloc {
+            EventObject::Alloc(alloc) => ObjectRecord::Alloc1 {
                 pool: Cow::Borrowed(alloc.pool.as_str()),
                 id: alloc.id.0,
                 alloc: AllocRecord::live(alloc),
             },
-            EventObject::EndedAlloc(ended) => ObjectRecord::EndedAlloc {
+            EventObject::EndedAlloc(ended) => ObjectRecord::EndedAlloc1 {
                 pool: Cow::Borrowed(ended.alloc.pool.as_str()),
                 id: ended.alloc.id.0,
                 alloc: AllocRecord::ended(ended),
@@ -354,11 +378,12 @@ impl<'a> ObjectRecord<'a> {
                     stats: PoolStats { accepted, offer_expired, freed, reclaimed },
                 }))
             }
-            ObjectRecord::Alloc { pool, id, alloc } => EventObject::Alloc(alloc.into_alloc(&pool, id)?.0),
-            ObjectRecord::EndedAlloc { pool, id, alloc } => match alloc.into_alloc(&pool, id)? {
-                (alloc, Some((ended_at, reason))) => EventObject::EndedAlloc(EndedAlloc { alloc, ended_at, reason }),
-                (_, None) => return Err(r.err("an ended alloc without its end")),
-            },
+            ObjectRecord::Alloc { pool, id, alloc } => {
+                EventObject::Alloc(AllocRecord::from(alloc).into_alloc(&pool, id)?.0)
+            }
+            ObjectRecord::Alloc1 { pool, id, alloc } => EventObject::Alloc(alloc.into_alloc(&pool, id)?.0),
+            ObjectRecord::EndedAlloc { pool, id, alloc } => ended_alloc(AllocRecord::from(alloc), &pool, id, r)?,
+            ObjectRecord::EndedAlloc1 { pool, id, alloc } => ended_alloc(alloc, &pool, id, r)?,
             ObjectRecord::Queue(v) => {
                 let (path, limits) = v.limits.into_queue(&v.path)?;
                 let usage = |entries: Vec<(String, u64, ResourcesRecord)>| {

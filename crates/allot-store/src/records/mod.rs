@@ -75,7 +75,7 @@ pub fn decode<'a, T: Deserialize<'a>>(
 /// `Option`'s `None` is one zero byte in postcard).
 pub fn decode_grown<T: serde::de::DeserializeOwned>(
     table: &'static str,
-    key: &str,
+    key: impl std::fmt::Display + Copy,
     bytes: &[u8],
     added: usize,
 ) -> Result<T, CorruptRecord> {

@@ -41,6 +41,44 @@ pub struct AllocRecord {
     pub expires: Millis,
     /// When and why it ended (0 freed, 1 reclaimed, 2 pool stopped, 3 pool removed).
     pub ended: Option<(Millis, u8)>,
+    /// Grown field (read with [`decode_alloc`]): its owner's metadata (JSON text).
+    pub metadata: Option<String>,
+}
+
+/// How many fields [`AllocRecord`] gained at its end since its format began.
+pub const ALLOC_FIELDS_ADDED: usize = 1;
+
+/// Decodes an alloc record, one written before the fields it gained too.
+pub fn decode_alloc(key: impl std::fmt::Display + Copy, bytes: &[u8]) -> Result<AllocRecord, CorruptRecord> {
+    super::decode_grown("allocs", key, bytes, ALLOC_FIELDS_ADDED)
+}
+
+/// An alloc as the change feed's events written before allocs had metadata hold it (inside an
+/// event, a record cannot grow at its end): read, never written.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct AllocRecordV0 {
+    pub resources: ResourcesRecord,
+    pub owner: String,
+    pub labels: BTreeMap<String, String>,
+    pub created: Millis,
+    pub last_keepalive: Option<Millis>,
+    pub expires: Millis,
+    pub ended: Option<(Millis, u8)>,
+}
+
+impl From<AllocRecordV0> for AllocRecord {
+    fn from(v0: AllocRecordV0) -> AllocRecord {
+        AllocRecord {
+            resources: v0.resources,
+            owner: v0.owner,
+            labels: v0.labels,
+            created: v0.created,
+            last_keepalive: v0.last_keepalive,
+            expires: v0.expires,
+            ended: v0.ended,
+            metadata: None,
+        }
+    }
 }
 
 pub fn resources_record(resources: &Resources) -> ResourcesRecord {
@@ -79,6 +117,7 @@ impl AllocRecord {
             last_keepalive: alloc.last_keepalive,
             expires: alloc.expires,
             ended: None,
+            metadata: alloc.metadata.clone(),
         }
     }
 
@@ -96,6 +135,7 @@ impl AllocRecord {
             resources: resources_from(self.resources, "allocs", &key)?,
             owner: self.owner,
             labels: self.labels,
+            metadata: self.metadata,
             created: self.created,
             last_keepalive: self.last_keepalive,
             expires: self.expires,

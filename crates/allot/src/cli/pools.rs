@@ -6,8 +6,8 @@ use std::process::ExitCode;
 use std::time::Duration;
 
 use allot_client::{
-    Accept, Alloc, AllocKeepaliveResponse, AllocList, ClientError, Offer, OfferList, Pool, PoolList, PutPoolResponse,
-    RemovedPool,
+    Accept, Alloc, AllocKeepaliveResponse, AllocList, AnnotateAlloc, ClientError, Offer, OfferList, Pool, PoolList,
+    PutPoolResponse, RemovedPool,
 };
 
 use allot_client::pools::{DaemonPool, Mux, PoolCallError};
@@ -147,6 +147,39 @@ pub(crate) enum AllocCommand {
         /// A label, `KEY=VALUE`; repeatable.
         #[arg(long = "label", value_name = "KEY=VALUE")]
         labels: Vec<String>,
+        /// The owner's metadata: a JSON object (at most 16 KiB), e.g. `'{"job": "etl-7"}'`.
+        #[arg(long, value_name = "JSON")]
+        metadata: Option<String>,
+        #[command(flatten)]
+        common: Common,
+    },
+    /// Change the labels and metadata of a live alloc (`pool/alloc`): what runs in it, its
+    /// results [Reflow: an alloc's execs]. What is not named is kept; the lease is not renewed.
+    #[command(after_help = EXIT_CODES)]
+    Annotate {
+        /// The alloc's URI, `pool/alloc`.
+        uri: String,
+        /// A label to set, `KEY=VALUE`; repeatable.
+        #[arg(long = "label", value_name = "KEY=VALUE")]
+        labels: Vec<String>,
+        /// A label to remove; repeatable.
+        #[arg(long = "remove-label", value_name = "KEY")]
+        remove_labels: Vec<String>,
+        /// New metadata, replacing what it had: a JSON object (at most 16 KiB).
+        #[arg(long, value_name = "JSON", conflicts_with = "clear_metadata")]
+        metadata: Option<String>,
+        /// Remove the metadata.
+        #[arg(long)]
+        clear_metadata: bool,
+        #[command(flatten)]
+        common: Common,
+    },
+    /// Show the run of the task in an alloc the scheduler holds (`pool/alloc`): its phases and,
+    /// once it succeeded, its outputs; while the alloc is kept.
+    #[command(after_help = EXIT_CODES)]
+    Run {
+        /// The alloc's URI, `pool/alloc`.
+        uri: String,
         #[command(flatten)]
         common: Common,
     },
@@ -278,6 +311,8 @@ pub(crate) async fn alloc(command: AllocCommand, before: &Common) -> anyhow::Res
         before,
         |command| match command {
             AllocCommand::Accept { common, .. }
+            | AllocCommand::Annotate { common, .. }
+            | AllocCommand::Run { common, .. }
             | AllocCommand::Get { common, .. }
             | AllocCommand::Keepalive { common, .. }
             | AllocCommand::Free { common, .. }
@@ -366,14 +401,14 @@ async fn run_pool(command: &PoolCommand) -> Result<u8, ClientError> {
 
 async fn run_alloc(command: &AllocCommand) -> Result<u8, ClientError> {
     match command {
-        AllocCommand::Accept { pool, min, max, owner, labels, common } => {
-            let mut request = Accept { min: min.clone(), max: max.clone(), owner: owner.clone(), ..Accept::default() };
-            for label in labels {
-                let Some((key, value)) = label.split_once('=') else {
-                    return Err(ClientError::InvalidUrl(format!("--label takes KEY=VALUE, got `{label}`")));
-                };
-                request.labels.insert(key.to_owned(), value.to_owned());
-            }
+        AllocCommand::Accept { pool, min, max, owner, labels, metadata, common } => {
+            let request = Accept {
+                min: min.clone(),
+                max: max.clone(),
+                owner: owner.clone(),
+                labels: key_value_labels(labels)?,
+                metadata: metadata.as_deref().map(json_object).transpose()?,
+            };
             let answer = client(common)?.accept(pool, OFFER, &request).await?;
             emit(common, &answer, |alloc| {
                 format!("accepted {}: {} (lease {})\n", alloc.uri, human(&alloc.resources), lease(alloc))
@@ -383,6 +418,22 @@ async fn run_alloc(command: &AllocCommand) -> Result<u8, ClientError> {
             let (pool, id) = split_uri(uri)?;
             let answer = client(common)?.alloc(pool, id).await?;
             emit(common, &answer, alloc_details)
+        }
+        AllocCommand::Annotate { uri, labels, remove_labels, metadata, clear_metadata, common } => {
+            let (pool, id) = split_uri(uri)?;
+            let notes = AnnotateAlloc {
+                labels: key_value_labels(labels)?,
+                remove_labels: remove_labels.clone(),
+                metadata: metadata.as_deref().map(json_object).transpose()?,
+                clear_metadata: *clear_metadata,
+            };
+            let answer = client(common)?.annotate_alloc(pool, id, &notes).await?;
+            emit(common, &answer, alloc_details)
+        }
+        AllocCommand::Run { uri, common } => {
+            let (pool, id) = split_uri(uri)?;
+            let answer = client(common)?.alloc_run(pool, id).await?;
+            emit(common, &answer, crate::cli::apps_output::run_timeline)
         }
         AllocCommand::Keepalive { uri, interval, common } => {
             let (pool, id) = split_uri(uri)?;
@@ -570,20 +621,50 @@ fn alloc_table(allocs: &[Alloc]) -> String {
     table.render()
 }
 
+/// `--label KEY=VALUE`s as labels.
+fn key_value_labels(labels: &[String]) -> Result<std::collections::BTreeMap<String, String>, ClientError> {
+    labels
+        .iter()
+        .map(|label| match label.split_once('=') {
+            Some((key, value)) => Ok((key.to_owned(), value.to_owned())),
+            None => Err(ClientError::InvalidUrl(format!("--label takes KEY=VALUE, got `{label}`"))),
+        })
+        .collect()
+}
+
+/// `--metadata JSON`: a JSON object.
+fn json_object(text: &str) -> Result<serde_json::Value, ClientError> {
+    match serde_json::from_str::<serde_json::Value>(text) {
+        Ok(value) if value.is_object() => Ok(value),
+        Ok(_) => Err(ClientError::InvalidUrl(format!("--metadata takes a JSON object, got `{text}`"))),
+        Err(err) => Err(ClientError::InvalidUrl(format!("--metadata is not JSON ({err}): `{text}`"))),
+    }
+}
+
 fn alloc_details(alloc: &Alloc) -> String {
     let labels: Vec<String> = alloc.labels.iter().map(|(k, v)| format!("{k}={v}")).collect();
-    key_values(&[
-        ("alloc", alloc.uri.clone()),
-        ("resources", human(&alloc.resources)),
-        ("owner", show(&alloc.owner)),
+    let holds = alloc.task.as_ref().map(|held| match (&held.task, &held.placeholder) {
+        (Some(task), _) => format!("task {task} of application {}", held.app),
+        (None, placeholder) => {
+            format!("placeholder {} of application {}", placeholder.as_deref().unwrap_or("?"), held.app)
+        }
+    });
+    let mut pairs =
+        vec![("alloc", alloc.uri.clone()), ("resources", human(&alloc.resources)), ("owner", show(&alloc.owner))];
+    if let Some(holds) = holds {
+        pairs.push(("holds", holds));
+    }
+    pairs.extend([
         ("labels", if labels.is_empty() { "-".to_owned() } else { labels.join(",") }),
+        ("metadata", alloc.metadata.as_ref().map_or_else(|| "-".to_owned(), serde_json::Value::to_string)),
         ("created", format!("{} ago", format_ms(alloc.created_ms_ago))),
         (
             "keepalive",
             alloc.last_keepalive_ms_ago.map_or_else(|| "never".to_owned(), |ms| format!("{} ago", format_ms(ms))),
         ),
         ("lease", lease(alloc)),
-    ])
+    ]);
+    key_values(&pairs)
 }
 
 // What `-q` prints for each answer: the ids it names.

@@ -80,6 +80,19 @@ async fn answers(client: &Client) {
         assert_eq!(alloc.held_by.as_deref(), Some("scheduler"), "{alloc:?}");
         assert!(alloc.owner.starts_with("gang/"), "{alloc:?}");
     }
+    // And what is in each: the task that took a placeholder over, and the placeholder left.
+    let mut holds = Vec::new();
+    let named = eventually(Duration::from_secs(10), async || {
+        let allocs = client.allocs("answers").await.unwrap().allocs;
+        holds = allocs.into_iter().filter_map(|a| a.task).map(|t| (t.app, t.task, t.placeholder)).collect();
+        holds.sort();
+        holds.iter().any(|(_, task, _)| task.is_some())
+    })
+    .await;
+    assert!(named && holds.len() == 2, "{holds:?}");
+    assert!(holds.iter().all(|(app, _, _)| app == "gang"), "{holds:?}");
+    assert_eq!((holds[0].1.as_deref(), holds[1].1.as_deref()), (None, Some("m0")), "{holds:?}");
+    assert!(holds[0].2.as_ref().is_some_and(|p| p.starts_with("g#")) && holds[1].2.is_none(), "{holds:?}");
     let raw: serde_json::Value =
         reqwest::get(format!("{}/v1/pools/answers/allocs", client.base_url())).await.unwrap().json().await.unwrap();
     assert!(raw["allocs"][0]["expires_in_ms"].is_null(), "{raw}");

@@ -521,3 +521,107 @@ async fn a_plugins_quota_follows_the_daemons_file_across_a_restart() {
     let line = log.lines().find(|l| l.contains("plugin quota changed")).unwrap_or_else(|| panic!("{log}"));
     assert!(line.contains("was=2") && line.contains("quota=5"), "{line}");
 }
+
+/// An alloc says what runs in it [Reflow: an alloc's execs and their results]: its owner's
+/// labels and metadata (given at accept, changed later, in the API and the watch), and for an
+/// alloc the scheduler holds, the gang placeholder or the task in it, with the task's run and
+/// outputs reachable from the alloc while the alloc is kept (after the task ended too).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn allocs_say_what_runs_in_them() {
+    use allot_client::{Accept, AnnotateAlloc, WatchFilter, WatchObject};
+    use futures_util::StreamExt;
+    use serde_json::json;
+
+    let (_dir, data) = data_dir();
+    let daemon = Daemon::start(&data, &["--pool", "w=cpu=2", "--run-pool", "w", "--pool", "mine=cpu=2"]);
+    let client = daemon.client();
+    let filter = WatchFilter { kinds: vec!["alloc.made".into(), "alloc.annotated".into()], prefixes: Vec::new() };
+    // From the revision of a list (its `Allot-Revision`), as a watcher resumes.
+    let listed = reqwest::get(format!("{}/v1/pools", client.base_url())).await.unwrap();
+    let revision = listed.headers()["allot-revision"].to_str().unwrap().parse::<u64>().unwrap();
+    let mut events = client.watch(filter, Some(revision));
+
+    // An owner's alloc: labels and metadata at accept, then changed.
+    let made = json!({"exec": "e1", "digest": "sha256:ab/cd", "size": 12345678901234_u64});
+    let accept = Accept {
+        min: "cpu=1".into(),
+        labels: [("job".to_owned(), "etl".to_owned())].into(),
+        metadata: Some(made.clone()),
+        ..Accept::default()
+    };
+    let alloc = client.accept("mine", "1", &accept).await.unwrap();
+    assert_eq!((alloc.metadata.as_ref(), alloc.task.as_ref()), (Some(&made), None));
+    let done = json!({"exec": "e1", "exit": 0, "results": ["s3://out/1"]});
+    let notes = AnnotateAlloc {
+        labels: [("result".to_owned(), "ok".to_owned())].into(),
+        remove_labels: vec!["job".into()],
+        metadata: Some(done.clone()),
+        clear_metadata: false,
+    };
+    let changed = client.annotate_alloc("mine", &alloc.id, &notes).await.unwrap();
+    assert_eq!(changed.labels, [("result".to_owned(), "ok".to_owned())].into());
+    assert_eq!((changed.metadata.as_ref(), changed.expires_in_ms.is_some()), (Some(&done), true));
+    assert_eq!(client.alloc("mine", &alloc.id).await.unwrap().metadata, Some(done.clone()));
+    // Refused, with nothing changed: allot's own labels, metadata that is not an object or is
+    // too large, both a new metadata and its removal.
+    let refusals = [
+        AnnotateAlloc { labels: [("allot/task".to_owned(), "t".to_owned())].into(), ..AnnotateAlloc::default() },
+        AnnotateAlloc { metadata: Some(json!([1, 2])), ..AnnotateAlloc::default() },
+        AnnotateAlloc { metadata: Some(json!({"x": "y".repeat(17 * 1024)})), ..AnnotateAlloc::default() },
+        AnnotateAlloc { metadata: Some(json!({})), clear_metadata: true, ..AnnotateAlloc::default() },
+    ];
+    for refused in refusals {
+        let err = client.annotate_alloc("mine", &alloc.id, &refused).await.unwrap_err();
+        assert_eq!((err.status(), err.code()), (Some(400), Some("invalid_argument")), "{refused:?}: {err}");
+    }
+    assert_eq!(client.alloc("mine", &alloc.id).await.unwrap().metadata, Some(done.clone()));
+    // The watch carried both, with the metadata.
+    let mut seen = Vec::new();
+    while seen.len() < 2 {
+        let event = tokio::time::timeout(Duration::from_secs(30), events.next()).await.unwrap().unwrap().unwrap();
+        if let WatchObject::Alloc(watched) = event.object {
+            if watched.id == alloc.id {
+                seen.push((event.kind, watched.metadata));
+            }
+        }
+    }
+    assert_eq!(seen, [("alloc.made".to_owned(), Some(made)), ("alloc.annotated".to_owned(), Some(done))]);
+    let none = client.alloc_run("mine", &alloc.id).await.unwrap_err();
+    assert_eq!(none.code(), Some("task_not_found"), "{none}");
+
+    // A gang's placeholder: its alloc names it.
+    client.put_queue("root.held", &Default::default()).await.unwrap();
+    let app: SubmitApp = serde_json::from_value(json!({"id": "held", "queue": "root.held", "user": "me",
+        "task_groups": [{"name": "g", "min_members": 1, "min_resources": "cpu=1", "selector": {}}]}))
+    .unwrap();
+    client.submit_app(&app).await.unwrap();
+    let mut held = None;
+    let reserved = eventually(Duration::from_secs(20), async || {
+        held = client.allocs("w").await.unwrap().allocs.into_iter().find(|a| a.task.is_some());
+        held.is_some()
+    })
+    .await;
+    assert!(reserved, "the placeholder is held");
+    let held = held.unwrap();
+    let holds = held.task.clone().unwrap();
+    assert_eq!((holds.app.as_str(), holds.task, holds.placeholder.as_deref()), ("held", None, Some("g#0")));
+    let waiting = client.alloc_run("w", &held.id).await.unwrap_err();
+    assert!(waiting.code() == Some("task_not_found") && waiting.to_string().contains("placeholder `g#0`"), "{waiting}");
+    // A task of the group takes it over: the alloc names the task, and its run and outputs are
+    // read from the alloc, live or ended.
+    let member =
+        AddTask { group: Some("g".to_owned()), ..task("t", json!({ "type": "noop", "inputs": {"answer": 42} })) };
+    client.add_task("held", &member).await.unwrap();
+    let mut run = None;
+    let ran = eventually(Duration::from_secs(20), async || {
+        run = client.alloc_run("w", &held.id).await.ok().filter(|r| r.outputs.is_some());
+        run.is_some()
+    })
+    .await;
+    assert!(ran, "the task's run is read from its alloc");
+    let run = run.unwrap();
+    assert_eq!((run.app.as_str(), run.task.as_str(), run.outputs), ("held", "t", Some(json!({"answer": 42}))));
+    let now = client.alloc("w", &held.id).await.unwrap();
+    let holds = now.task.unwrap();
+    assert_eq!((holds.task.as_deref(), holds.placeholder), (Some("t"), None), "the task, not the placeholder");
+}
