@@ -380,13 +380,15 @@ class AsyncClient:
         clear_metadata: bool = False,
     ) -> m.Alloc:
         """Changes the labels and metadata of a live alloc (Reflow: an alloc's execs and their
-        results): ``labels`` set, ``remove_labels`` removed, ``metadata`` replaced or cleared; the
-        rest is kept, and the lease is not renewed."""
+        results): ``remove_labels`` removed, then ``labels`` set; ``metadata`` replaced, or
+        removed with ``clear_metadata``; the rest is kept, and the lease is not renewed."""
+        if clear_metadata and metadata is not None:
+            raise ValueError("give metadata or clear_metadata, not both")
         body: Dict[str, Any] = {"labels": dict(labels or {}), "remove_labels": list(remove_labels)}
         if metadata is not None:
             body["metadata"] = dict(metadata)
         if clear_metadata:
-            body["clear_metadata"] = True
+            body["metadata"] = None
         return cast(m.Alloc, await self._call("PATCH", f"/v1/pools/{seg(pool)}/allocs/{seg(alloc)}", body=body))
 
     async def alloc_run(self, pool: str, alloc: str) -> m.TaskRun:

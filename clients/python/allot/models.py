@@ -162,13 +162,11 @@ class AnnotateAlloc(TypedDict):
     """`PATCH /v1/pools/{pool}/allocs/{alloc}`: change what the owner attaches to a live alloc.
     What is not given is kept; the lease is not renewed.
     """
-    clear_metadata: NotRequired[bool]
-    """Removes the metadata (not with `metadata`)."""
     labels: NotRequired[Dict[str, str]]
-    """Labels to set (added or changed)."""
+    """Labels to set (added or changed), after `remove_labels` are removed: a label in both is set."""
     metadata: NotRequired[Optional[Dict[str, Any]]]
-    """New metadata, replacing what it had (a JSON object, at most 16 KiB); absent or `null` keeps
-    it.
+    """New metadata, replacing what it had (a JSON object, at most 16 KiB); `null` removes it;
+    absent keeps it.
     """
     remove_labels: NotRequired[List[str]]
     """Labels to remove."""

@@ -152,20 +152,23 @@ pub struct Accept {
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct AnnotateAlloc {
-    /// Labels to set (added or changed).
+    /// Labels to set (added or changed), after `remove_labels` are removed: a label in both is
+    /// set.
     #[serde(default, skip_serializing_if = "std::collections::BTreeMap::is_empty")]
     pub labels: std::collections::BTreeMap<String, String>,
     /// Labels to remove.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub remove_labels: Vec<String>,
-    /// New metadata, replacing what it had (a JSON object, at most 16 KiB); absent or `null`
-    /// keeps it.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    /// New metadata, replacing what it had (a JSON object, at most 16 KiB); `null` removes it;
+    /// absent keeps it.
+    #[serde(default, skip_serializing_if = "Option::is_none", deserialize_with = "present")]
     #[schema(value_type = Option<Object>)]
-    pub metadata: Option<serde_json::Value>,
-    /// Removes the metadata (not with `metadata`).
-    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
-    pub clear_metadata: bool,
+    pub metadata: Option<Option<serde_json::Value>>,
+}
+
+/// A field that may be absent (`None`), `null` (`Some(None)`) or a value.
+fn present<'de, D: serde::Deserializer<'de>>(deserializer: D) -> Result<Option<Option<serde_json::Value>>, D::Error> {
+    Option::<serde_json::Value>::deserialize(deserializer).map(Some)
 }
 
 /// What an alloc the scheduler holds has in it: a task of an application, or a placeholder of

@@ -1,10 +1,14 @@
-//! Sources of applications [YuniKorn `AppManager`]: each has a name, is initialised (checks its
-//! configuration and, like YuniKorn's `Recoverable`, lists what already exists), started and
-//! stopped. Two are built in: the HTTP API, and a directory of application files.
+//! Sources of applications [YuniKorn's `AppManager`, what its shims implement]: each has a name,
+//! is initialised (checks its configuration and, like YuniKorn's `Recoverable`, lists what
+//! already exists), started and stopped. Two are built in: the HTTP API, and a directory of
+//! application files. A source of one's own (a shim over another system's jobs) implements
+//! [`AppManager`] and is given to `allot serve` by a binary of its own that calls
+//! [`crate::main_with_sources`]: `examples/line_source.rs` turns the lines of a file into
+//! applications.
 //!
-//! Everything a source submits goes to the store (through `allot_server::submit`, as the API's
-//! `POST /v1/apps` does): a source holds no state the store does not have, so a restart loses
-//! nothing.
+//! Everything a source submits goes to the store (through [`SourceContext::submit`], as the
+//! API's `POST /v1/apps` does): a source holds no state the store does not have, so a restart
+//! loses nothing.
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -19,17 +23,53 @@ use async_trait::async_trait;
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
 
-/// A source of applications.
+/// A source of applications. The daemon calls [`AppManager::init`] once (a failure stops its
+/// start), then [`AppManager::start`], and [`AppManager::stop`] when it shuts down; a source
+/// takes applications in between, in tasks of its own, through its [`SourceContext`].
 #[async_trait]
-pub(crate) trait AppManager: Send {
+pub trait AppManager: Send {
+    /// A short name for the logs, e.g. `directory`.
     fn name(&self) -> &'static str;
     /// Checks the configuration and takes in what already exists; fails the daemon's start.
     async fn init(&mut self) -> anyhow::Result<()>;
-    /// Starts taking applications in, in the background.
+    /// Starts taking applications in, in the background: returns soon.
     async fn start(&mut self) -> anyhow::Result<()>;
     /// Stops taking applications in, and waits until it has.
     async fn stop(&mut self);
 }
+
+/// What a source is given: the daemon's store, and how it submits to it.
+#[derive(Clone)]
+pub struct SourceContext {
+    store: Arc<dyn Store>,
+    /// The placement rules, for an application that names no queue.
+    rules: Arc<PlacementRules>,
+}
+
+impl SourceContext {
+    pub(crate) fn new(store: Arc<dyn Store>, rules: Arc<PlacementRules>) -> SourceContext {
+        SourceContext { store, rules }
+    }
+
+    /// The daemon's store (to read what exists, or remove an application its source dropped).
+    pub fn store(&self) -> &Arc<dyn Store> {
+        &self.store
+    }
+
+    /// Submits an application as `POST /v1/apps` does, for a trusted source: any queue may be
+    /// used, and the placement rules choose one when it names none. Submitting the same
+    /// application again adds its new tasks (what the API answers `created: false`); a change
+    /// of its own fields is refused with `app_conflict`.
+    pub async fn submit(
+        &self,
+        app: allot_api::SubmitApp,
+    ) -> Result<allot_api::SubmitAppResponse, allot_server::ApiError> {
+        allot_server::submit(&*self.store, &self.rules, app).await
+    }
+}
+
+/// Makes a source once the daemon's store is open ([`crate::main_with_sources`]).
+pub type SourceMaker = Box<dyn FnOnce(SourceContext) -> Box<dyn AppManager> + Send>;
 
 /// The HTTP API: `allot_server::run` on a listener, until stopped.
 pub(crate) struct HttpApi {
@@ -128,7 +168,8 @@ pub(crate) struct DirectorySource {
 type Seen = BTreeMap<String, (Option<SystemTime>, u64, Option<AppId>)>;
 
 impl DirectorySource {
-    pub(crate) fn new(dir: PathBuf, store: Arc<dyn Store>, rules: Arc<PlacementRules>) -> DirectorySource {
+    pub(crate) fn new(dir: PathBuf, context: SourceContext) -> DirectorySource {
+        let SourceContext { store, rules } = context;
         DirectorySource { dir, store, rules, stop: watch::channel(false).0, scanner: None, seen: None }
     }
 }

@@ -54,25 +54,16 @@ fn metadata_text(value: serde_json::Value) -> Result<Option<String>, ApiError> {
     }
 }
 
-/// What `PATCH /v1/pools/{pool}/allocs/{alloc}` changes.
+/// What `PATCH /v1/pools/{pool}/allocs/{alloc}` changes: the labels removed, then those set (a
+/// label in both is set); the metadata replaced, removed (`null`) or kept (absent).
 pub(crate) fn alloc_notes(body: allot_api::AnnotateAlloc) -> Result<AllocNotes, ApiError> {
     owner_labels(body.labels.keys().chain(&body.remove_labels))?;
-    if body.clear_metadata && body.metadata.as_ref().is_some_and(|m| !m.is_null()) {
-        return Err(ApiError::of(ErrorCode::InvalidArgument, "give `metadata` or `clear_metadata`, not both"));
-    }
     let mut labels: std::collections::BTreeMap<String, Option<String>> =
         body.remove_labels.into_iter().map(|key| (key, None)).collect();
-    for (key, value) in body.labels {
-        if labels.contains_key(&key) {
-            let message = format!("label `{key}` is both set and removed");
-            return Err(ApiError::of(ErrorCode::InvalidArgument, message));
-        }
-        labels.insert(key, Some(value));
-    }
-    let metadata = match (body.clear_metadata, body.metadata.map(metadata_text).transpose()?.flatten()) {
-        (true, _) => Some(None),
-        (false, Some(text)) => Some(Some(text)),
-        (false, None) => None,
+    labels.extend(body.labels.into_iter().map(|(key, value)| (key, Some(value))));
+    let metadata = match body.metadata {
+        None => None,
+        Some(value) => Some(value.map(metadata_text).transpose()?.flatten()),
     };
     Ok(AllocNotes { labels, metadata })
 }

@@ -421,12 +421,13 @@ async fn run_alloc(command: &AllocCommand) -> Result<u8, ClientError> {
         }
         AllocCommand::Annotate { uri, labels, remove_labels, metadata, clear_metadata, common } => {
             let (pool, id) = split_uri(uri)?;
-            let notes = AnnotateAlloc {
-                labels: key_value_labels(labels)?,
-                remove_labels: remove_labels.clone(),
-                metadata: metadata.as_deref().map(json_object).transpose()?,
-                clear_metadata: *clear_metadata,
+            let metadata = match (metadata, *clear_metadata) {
+                (_, true) => Some(None),
+                (Some(text), false) => Some(Some(json_object(text)?)),
+                (None, false) => None,
             };
+            let notes =
+                AnnotateAlloc { labels: key_value_labels(labels)?, remove_labels: remove_labels.clone(), metadata };
             let answer = client(common)?.annotate_alloc(pool, id, &notes).await?;
             emit(common, &answer, alloc_details)
         }

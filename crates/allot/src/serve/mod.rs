@@ -20,7 +20,7 @@ use config::{resolve, StoreChoice};
 pub(crate) use flags::{no_transparent_huge_pages, worker_threads, ServeArgs};
 use flags::{serving_threads, LogFormat};
 
-use crate::sources::{AppManager, DirectorySource, HttpApi};
+use crate::sources::{AppManager, DirectorySource, HttpApi, SourceContext, SourceMaker};
 
 /// Logs on stderr, filtered by `RUST_LOG`: a level (`info`, the default) and `target=level`
 /// items, comma-separated (e.g. `info,allot_store=debug`).
@@ -128,7 +128,7 @@ impl ShutdownSignal {
     }
 }
 
-pub(crate) async fn run(args: ServeArgs) -> anyhow::Result<()> {
+pub(crate) async fn run(args: ServeArgs, sources: Vec<SourceMaker>) -> anyhow::Result<()> {
     init_logging(args.log_format);
     let shutdown = ShutdownSignal::listen();
     let mut config = resolve(&args)?;
@@ -293,26 +293,34 @@ pub(crate) async fn run(args: ServeArgs) -> anyhow::Result<()> {
         tokio::spawn(backup::run(store.clone(), state.metrics.clone(), backup));
     }
     // The sources of applications: the API, and the directory of application files if one is set.
+    // The sources of applications: the API, the directory of application files if one is set,
+    // and those of a shim (`main_with_sources`).
     let mut http = HttpApi::new(listener, state, serving_threads(&args));
-    let rules = Arc::new(config.placement.clone());
-    let mut directory = config.apps_dir.map(|dir| DirectorySource::new(dir, store.clone(), rules));
-    if let Some(directory) = &mut directory {
-        directory.init().await.context("the applications directory")?;
+    let context = SourceContext::new(store.clone(), Arc::new(config.placement.clone()));
+    let mut others: Vec<Box<dyn AppManager>> = Vec::new();
+    if let Some(dir) = config.apps_dir {
+        others.push(Box::new(DirectorySource::new(dir, context.clone())));
+    }
+    others.extend(sources.into_iter().map(|make| make(context.clone())));
+    for source in &mut others {
+        let name = source.name();
+        source.init().await.with_context(|| format!("the source of applications `{name}`"))?;
     }
     http.init().await?;
     http.start().await?;
-    if let Some(directory) = &mut directory {
-        directory.start().await?;
+    for source in &mut others {
+        let name = source.name();
+        source.start().await.with_context(|| format!("the source of applications `{name}`"))?;
     }
-    let names: Vec<&str> = std::iter::once(http.name()).chain(directory.as_ref().map(|d| d.name())).collect();
+    let names: Vec<&str> = std::iter::once(http.name()).chain(others.iter().map(|s| s.name())).collect();
     tracing::info!(sources = ?names, "taking applications in");
     let failed = tokio::select! {
         _ = shutdown.received() => None,
         result = http.failed() => Some(result),
     };
     stop_executor.send_replace(true);
-    if let Some(directory) = &mut directory {
-        directory.stop().await;
+    for source in &mut others {
+        source.stop().await;
     }
     match failed {
         Some(result) => result.context("server failed"),

@@ -601,3 +601,61 @@ async fn the_audit_trail_names_what_was_made_each_refused_item_and_both_request_
     assert_eq!(batch, 2, "the batch's line, and its one refused item's: {lines:?}");
     drop(dir);
 }
+
+/// An alloc the scheduler holds leads to its task's run, and only for whoever may read the task's
+/// application: a team that may read every pool reads the alloc, not another team's run through
+/// it; nor may it change an alloc of a pool it may only read.
+#[tokio::test]
+async fn the_run_in_an_alloc_is_read_only_by_who_may_read_its_application() {
+    let (dir, data) = data_dir();
+    let (ada, ada_entry) = make_token("ada", &["team-a"]);
+    let (bob, bob_entry) = make_token("bob", &["team-b"]);
+    let config = dir.path().join("allot.toml");
+    std::fs::write(
+        &config,
+        format!(
+            "[pools]\nshared = \"cpu=2\"\n[queues.\"root.a\"]\n[auth]\n{ada_entry}\n{bob_entry}\n\
+             [auth.roles.a]\nuse = [\"queue:root.a\", \"pool:shared\"]\n\
+             [auth.roles.b]\nread = [\"pool:*\"]\n\
+             [[auth.bindings]]\nrole = \"a\"\ngroups = [\"team-a\"]\n\
+             [[auth.bindings]]\nrole = \"b\"\ngroups = [\"team-b\"]\n"
+        ),
+    )
+    .unwrap();
+    let daemon = Daemon::start(&data, &["--config", config.to_str().unwrap(), "--run-pool", "shared"]);
+    let http = reqwest::Client::new();
+    let call = |token: &str, method: reqwest::Method, path: &str, body: Option<serde_json::Value>| {
+        let request = http.request(method, format!("{}{path}", daemon.url)).bearer_auth(token);
+        match body {
+            Some(body) => request.json(&body),
+            None => request,
+        }
+    };
+    let app = serde_json::json!({"id": "a1", "queue": "root.a", "tasks": [
+        {"id": "t", "resources": "cpu=1", "spec": {"type": "noop", "inputs": {"secret": "a's"}}}]});
+    let submitted = call(&ada, reqwest::Method::POST, "/v1/apps", Some(app)).send().await.unwrap();
+    assert_eq!(submitted.status(), 201);
+    // The task's alloc, once its run succeeded (it ended: the alloc is kept, answered with 410).
+    let mut alloc = String::new();
+    let ran = eventually(std::time::Duration::from_secs(20), async || {
+        let answer = call(&ada, reqwest::Method::GET, "/v1/apps/a1/tasks/t", None).send().await.unwrap();
+        let task: serde_json::Value = answer.json().await.unwrap();
+        alloc = task["placement"]["alloc"].as_str().unwrap_or_default().to_owned();
+        task["state"] == "Completed" && !alloc.is_empty()
+    })
+    .await;
+    assert!(ran, "the task ran");
+    let path = format!("/v1/pools/shared/allocs/{alloc}");
+    let read = call(&bob, reqwest::Method::GET, &path, None).send().await.unwrap();
+    assert!([200, 410].contains(&read.status().as_u16()), "team b may read the pool's allocs: {}", read.status());
+    let refused = call(&bob, reqwest::Method::GET, &format!("{path}/run"), None).send().await.unwrap();
+    assert_eq!(refused.status(), 403, "not another team's run");
+    let body = refused.text().await.unwrap();
+    assert!(body.contains("forbidden") && !body.contains("a's"), "{body}");
+    let run: serde_json::Value =
+        call(&ada, reqwest::Method::GET, &format!("{path}/run"), None).send().await.unwrap().json().await.unwrap();
+    assert_eq!(run["outputs"], serde_json::json!({"secret": "a's"}), "{run}");
+    let notes = serde_json::json!({"metadata": {"x": 1}});
+    let changed = call(&bob, reqwest::Method::PATCH, &path, Some(notes)).send().await.unwrap();
+    assert_eq!(changed.status(), 403, "changing an alloc needs `use` on its pool");
+}

@@ -555,20 +555,19 @@ async fn allocs_say_what_runs_in_them() {
     let notes = AnnotateAlloc {
         labels: [("result".to_owned(), "ok".to_owned())].into(),
         remove_labels: vec!["job".into()],
-        metadata: Some(done.clone()),
-        clear_metadata: false,
+        metadata: Some(Some(done.clone())),
     };
     let changed = client.annotate_alloc("mine", &alloc.id, &notes).await.unwrap();
     assert_eq!(changed.labels, [("result".to_owned(), "ok".to_owned())].into());
     assert_eq!((changed.metadata.as_ref(), changed.expires_in_ms.is_some()), (Some(&done), true));
     assert_eq!(client.alloc("mine", &alloc.id).await.unwrap().metadata, Some(done.clone()));
     // Refused, with nothing changed: allot's own labels, metadata that is not an object or is
-    // too large, both a new metadata and its removal.
+    // too large.
     let refusals = [
         AnnotateAlloc { labels: [("allot/task".to_owned(), "t".to_owned())].into(), ..AnnotateAlloc::default() },
-        AnnotateAlloc { metadata: Some(json!([1, 2])), ..AnnotateAlloc::default() },
-        AnnotateAlloc { metadata: Some(json!({"x": "y".repeat(17 * 1024)})), ..AnnotateAlloc::default() },
-        AnnotateAlloc { metadata: Some(json!({})), clear_metadata: true, ..AnnotateAlloc::default() },
+        AnnotateAlloc { remove_labels: vec!["allot/app".to_owned()], ..AnnotateAlloc::default() },
+        AnnotateAlloc { metadata: Some(Some(json!([1, 2]))), ..AnnotateAlloc::default() },
+        AnnotateAlloc { metadata: Some(Some(json!({"x": "y".repeat(17 * 1024)}))), ..AnnotateAlloc::default() },
     ];
     for refused in refusals {
         let err = client.annotate_alloc("mine", &alloc.id, &refused).await.unwrap_err();

@@ -59,3 +59,46 @@ async fn application_files_come_and_go_with_their_applications() {
     let ids: Vec<String> = client.apps().await.unwrap().apps.into_iter().map(|a| a.id).collect();
     assert_eq!(ids, ["dir-app-3"], "listed at start: the new file's application, not the removed file's");
 }
+
+/// A source of one's own (`examples/line_source.rs`, a shim's binary that is `allot` with one more
+/// source): the lines of a file become applications, those there at start and those added later;
+/// a line that is not an application is skipped, and the daemon serves as `allot serve` does.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_source_of_ones_own_turns_the_lines_of_a_file_into_applications() {
+    // Built with the tests (`--all-targets`), beside the `allot` binary.
+    let example = std::path::Path::new(crate::support::ALLOT).parent().unwrap().join("examples/line_source");
+    assert!(
+        example.exists(),
+        "{} was not built: run the tests with `cargo nextest run --workspace --all-targets` (or `cargo build -p allot --example line_source`)",
+        example.display()
+    );
+    let (dir, data) = data_dir();
+    let lines = dir.path().join("jobs.txt");
+    std::fs::write(&lines, "# id queue resources\nfirst root.lines cpu=1\n").unwrap();
+    let config = dir.path().join("allot.toml");
+    std::fs::write(&config, "[queues.\"root.lines\"]\n[pools]\nworker = \"cpu=4\"\n").unwrap();
+    let daemon = Daemon::start_program(
+        &example,
+        &[("ALLOT_LINES", lines.to_str().unwrap())],
+        std::path::Path::new("."),
+        "127.0.0.1:0",
+        &data,
+        &["--config", config.to_str().unwrap()],
+    );
+    let client = daemon.client();
+    // Taken in at start: there before the daemon served.
+    let first = client.app("first").await.unwrap();
+    assert_eq!((first.queue.as_str(), first.tasks.values().sum::<u64>()), ("root.lines", 1), "{first:?}");
+    // Added later, with a line that is no application between.
+    let mut text = std::fs::read_to_string(&lines).unwrap();
+    text.push_str("not an application\nsecond root.lines cpu=2\n");
+    std::fs::write(&lines, text).unwrap();
+    let placed = eventually(Duration::from_secs(10), async || {
+        client.app("second").await.is_ok_and(|app| app.tasks.get("Allocated") == Some(&1))
+    })
+    .await;
+    assert!(placed, "the added line's application was submitted and placed: {:?}", client.app("second").await);
+    let log = std::fs::read_to_string(data.with_extension("log")).unwrap();
+    assert!(log.contains("not `<id> <queue> <resources>`; skipped"), "{log}");
+    assert!(log.contains("lines"), "the source is named in the log: {log}");
+}
