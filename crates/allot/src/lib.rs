@@ -2,7 +2,7 @@
 //! CLI, which talks to a daemon over HTTP through `allot-client`; `allot bench` is the load
 //! generator, whose commands the `allot-bench` crate holds. The `allot` binary is [`main`]; a
 //! shim that brings applications in from a system of its own is a binary of its own that calls
-//! [`main_with_sources`] with its [`sources::AppManager`] (see `examples/line_source.rs`), and is
+//! [`main_with_sources`] with its [`sources::AppManager`] (see the crate `allot-source-example`), and is
 //! `allot` in every other way. This file parses the command line and hands each command to its
 //! module:
 //!

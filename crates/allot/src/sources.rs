@@ -3,7 +3,7 @@
 //! already exists), started and stopped. Two are built in: the HTTP API, and a directory of
 //! application files. A source of one's own (a shim over another system's jobs) implements
 //! [`AppManager`] and is given to `allot serve` by a binary of its own that calls
-//! [`crate::main_with_sources`]: `examples/line_source.rs` turns the lines of a file into
+//! [`crate::main_with_sources`]: the crate `allot-source-example` turns the lines of a file into
 //! applications.
 //!
 //! Everything a source submits goes to the store (through [`SourceContext::submit`], as the

@@ -27,26 +27,12 @@ impl Daemon {
 
     /// As [`Daemon::start_on`], in the working directory `dir` (its relative paths read from there).
     pub(crate) fn start_in(dir: &Path, listen: &str, data_dir: &Path, args: &[&str]) -> Daemon {
-        Daemon::start_program(Path::new(ALLOT), &[], dir, listen, data_dir, args)
-    }
-
-    /// As [`Daemon::start_in`], with another program that is `allot` (a shim's binary) and these
-    /// environment variables.
-    pub(crate) fn start_program(
-        program: &Path,
-        envs: &[(&str, &str)],
-        dir: &Path,
-        listen: &str,
-        data_dir: &Path,
-        args: &[&str],
-    ) -> Daemon {
         let log = std::fs::OpenOptions::new()
             .create(true)
             .append(true)
             .open(data_dir.with_extension("log"))
             .expect("daemon log file");
-        let mut child = Command::new(program)
-            .envs(envs.iter().copied())
+        let mut child = Command::new(ALLOT)
             .current_dir(dir)
             .args(["serve", "--listen", listen, "--data-dir"])
             .arg(data_dir)

@@ -5,7 +5,7 @@
 //! it). Lines added later are taken in as the file grows; a line seen before submits nothing new.
 //!
 //! ```sh
-//! ALLOT_LINES=jobs.txt cargo run -p allot --example line_source -- serve --pool worker=cpu=8
+//! ALLOT_LINES=jobs.txt cargo run -p allot-source-example -- serve --pool worker=cpu=8
 //! ```
 //!
 //! It is `allot` in every other way: the same flags, the same API, the same CLI commands.
