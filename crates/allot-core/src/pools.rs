@@ -348,6 +348,21 @@ pub enum PoolChange {
     },
 }
 
+/// A live alloc of `pools`, or why there is none: its pool does not exist, it ended, or it never
+/// was.
+fn live_alloc<'a>(
+    pools: &'a mut BTreeMap<PoolName, PoolState>,
+    name: &PoolName,
+    id: AllocId,
+) -> Result<&'a mut Alloc, PoolError> {
+    let pool = pools.get_mut(name).ok_or_else(|| PoolError::PoolNotFound(name.clone()))?;
+    match (pool.allocs.get_mut(&id), pool.ended.get(&id)) {
+        (Some(alloc), _) => Ok(alloc),
+        (None, Some(ended)) => Err(PoolError::AllocEnded { pool: name.clone(), id, reason: ended.reason }),
+        (None, None) => Err(PoolError::AllocNotFound { pool: name.clone(), id }),
+    }
+}
+
 /// A pool the scheduler must take tasks from (see [`Pools::strained`]).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Strain {
@@ -841,13 +856,7 @@ impl Pools {
         now: Millis,
     ) -> Result<(u64, Alloc, Vec<PoolChange>), PoolError> {
         let granted = self.rules.grant(interval_ms)?;
-        let pool = self.pools.get_mut(name).ok_or_else(|| PoolError::PoolNotFound(name.clone()))?;
-        let Some(alloc) = pool.allocs.get_mut(&id) else {
-            return Err(match pool.ended.get(&id) {
-                Some(ended) => PoolError::AllocEnded { pool: name.clone(), id, reason: ended.reason },
-                None => PoolError::AllocNotFound { pool: name.clone(), id },
-            });
-        };
+        let alloc = live_alloc(&mut self.pools, name, id)?;
         if alloc.expires == HELD {
             // The scheduler holds it until its task ends: a keepalive changes nothing.
             return Ok((granted, alloc.clone(), Vec::new()));
@@ -869,13 +878,7 @@ impl Pools {
         id: AllocId,
         notes: &AllocNotes,
     ) -> Result<(Alloc, Vec<PoolChange>), PoolError> {
-        let pool = self.pools.get_mut(name).ok_or_else(|| PoolError::PoolNotFound(name.clone()))?;
-        let Some(alloc) = pool.allocs.get_mut(&id) else {
-            return Err(match pool.ended.get(&id) {
-                Some(ended) => PoolError::AllocEnded { pool: name.clone(), id, reason: ended.reason },
-                None => PoolError::AllocNotFound { pool: name.clone(), id },
-            });
-        };
+        let alloc = live_alloc(&mut self.pools, name, id)?;
         if alloc.expires == HELD {
             return Err(PoolError::HeldByScheduler { pool: name.clone(), id, owner: alloc.owner.clone() });
         }

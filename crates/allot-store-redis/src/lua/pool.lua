@@ -171,6 +171,15 @@ end
 
 local NOT_FOUND = { 'err', 'pool_not_found' }
 
+-- A live alloc's record; or nil and the error to answer (it ended, or never was).
+local function live_record(id)
+  local record = redis.call('HGET', K_ALLOCS, id)
+  if record then return record end
+  local ended = redis.call('HGET', K_ENDED, id)
+  if ended then return nil, { 'err', 'alloc_ended', cjson.decode(ended).er } end
+  return nil, { 'err', 'alloc_not_found' }
+end
+
 -- The scheduler's fencing number on this pool (Q:pool `sched_fence`, the highest seen): a held
 -- alloc made or ended in an older term is refused, so a deposed scheduler changes nothing here
 -- once its successor has touched the pool. Answers the refusal, or nil (and raises the mark).
@@ -298,12 +307,8 @@ elseif op == 'keepalive' then
   -- keepalive(id, granted ms): the daemon capped the interval by its lease rules. Revives a
   -- lapsed alloc not yet reclaimed.
   local id = ARGV[2]
-  local record = redis.call('HGET', K_ALLOCS, id)
-  if not record then
-    local ended = redis.call('HGET', K_ENDED, id)
-    if ended then return { 'err', 'alloc_ended', cjson.decode(ended).er } end
-    return { 'err', 'alloc_not_found' }
-  end
+  local record, missing = live_record(id)
+  if not record then return missing end
   local granted = tonumber(ARGV[3])
   local a = cjson.decode(record)
   -- The scheduler holds it until its task ends: a keepalive changes nothing.
@@ -319,12 +324,8 @@ elseif op == 'annotate' then
   -- metadata ('keep', 'clear' or 'set'), metadata text): its owner's notes (`Pools::annotate`);
   -- the lease is not renewed. The labels may hold at most MAX_ALLOC_LABEL_BYTES once changed.
   local id = ARGV[2]
-  local record = redis.call('HGET', K_ALLOCS, id)
-  if not record then
-    local ended = redis.call('HGET', K_ENDED, id)
-    if ended then return { 'err', 'alloc_ended', cjson.decode(ended).er } end
-    return { 'err', 'alloc_not_found' }
-  end
+  local record, missing = live_record(id)
+  if not record then return missing end
   local a = cjson.decode(record)
   if a.h == 1 then return { 'err', 'held_by_scheduler', a.o } end
   if type(a.l) ~= 'table' then a.l = {} end
