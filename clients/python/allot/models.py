@@ -749,10 +749,19 @@ class RunError(TypedDict):
 class RunEvent(TypedDict):
     """A change of a task's run: one per attempt, phase and version."""
     at_ms: int
-    """When, in ms since the epoch."""
+    """When it was recorded, in ms since the epoch."""
     attempt: int
+    custom_info: NotRequired[Optional[Dict[str, Any]]]
+    """What the plugin tells of it for the front end (an outside job's id and link): a JSON object
+    of at most 16 KiB.
+    """
     error: NotRequired[Optional[RunError]]
     logs: NotRequired[List[RunLog]]
+    """Links to its logs or consoles."""
+    occurred_at_ms: NotRequired[Optional[int]]
+    """When it happened, as the plugin reported it (a job that its service says started earlier
+    than the round that saw it), in ms since the epoch: never after `at_ms`.
+    """
     phase: str
     """NotReady, WaitingForResources, Queued, Initializing, Running, Success, RetryableFailure or
     PermanentFailure.

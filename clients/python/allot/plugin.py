@@ -35,8 +35,9 @@ from __future__ import annotations
 import json
 import threading
 from dataclasses import dataclass, field
+from datetime import datetime, timezone
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from typing import Any, Callable, Dict, Optional, Sequence, Tuple, Type
+from typing import Any, Callable, Dict, Optional, Sequence, Tuple, Type, Union
 
 __all__ = ["JobNotFound", "Plugin", "PluginServer", "Refused", "Status", "Task", "serve"]
 
@@ -63,37 +64,70 @@ class Task:
 @dataclass(frozen=True)
 class Status:
     """Where a job is. ``failed`` fails the task (a user failure, retried within the task's
-    ``retries``); ``retryable`` asks for a new attempt; ``outputs`` become the run's outputs."""
+    ``retries``); ``retryable`` asks for a new attempt; ``outputs`` become the run's outputs.
+
+    What a front end shows of the job (Flyte's ``TaskInfo``): ``log_links``, ``custom_info``
+    (a JSON object of at most 16 KiB, such as the job's id and its page on the service) and
+    ``occurred_at``, when the phase really began (a ``datetime``, or seconds since the epoch),
+    when the service knows it better than the poll that saw it. A change of the links or of the
+    custom information is an event of the run's timeline of its own."""
 
     phase: str
     message: str = ""
     outputs: Optional[Dict[str, Any]] = None
     #: (name, uri) of logs or consoles to show with the run.
     log_links: Sequence[Tuple[str, str]] = field(default_factory=tuple)
+    #: What the front end shows of the job: a JSON object.
+    custom_info: Optional[Dict[str, Any]] = None
+    #: When the phase began: a ``datetime`` (naive ones are taken as UTC) or seconds since the epoch.
+    occurred_at: Optional[Union[datetime, float]] = None
 
     def __post_init__(self) -> None:
         if self.phase not in PHASES:
             raise ValueError(f"phase `{self.phase}` is not one of {', '.join(PHASES)}")
+        if self.custom_info is not None and not isinstance(self.custom_info, dict):
+            raise ValueError("custom_info is a JSON object (a dict)")
+        at = self.occurred_at_ms()
+        if at is not None and at < 0:
+            raise ValueError("occurred_at is before the epoch")
 
     @staticmethod
-    def pending(message: str = "") -> "Status":
-        return Status("pending", message)
+    def pending(message: str = "", occurred_at: Optional[Union[datetime, float]] = None) -> "Status":
+        return Status("pending", message, occurred_at=occurred_at)
 
     @staticmethod
-    def running(message: str = "", log_links: Sequence[Tuple[str, str]] = ()) -> "Status":
-        return Status("running", message, log_links=tuple(log_links))
+    def running(
+        message: str = "",
+        log_links: Sequence[Tuple[str, str]] = (),
+        custom_info: Optional[Dict[str, Any]] = None,
+        occurred_at: Optional[Union[datetime, float]] = None,
+    ) -> "Status":
+        return Status("running", message, log_links=tuple(log_links), custom_info=custom_info, occurred_at=occurred_at)
 
     @staticmethod
-    def succeeded(outputs: Optional[Dict[str, Any]] = None, message: str = "") -> "Status":
-        return Status("succeeded", message, outputs)
+    def succeeded(
+        outputs: Optional[Dict[str, Any]] = None, message: str = "", occurred_at: Optional[Union[datetime, float]] = None
+    ) -> "Status":
+        return Status("succeeded", message, outputs, occurred_at=occurred_at)
 
     @staticmethod
-    def failed(message: str) -> "Status":
-        return Status("failed", message)
+    def failed(message: str, occurred_at: Optional[Union[datetime, float]] = None) -> "Status":
+        return Status("failed", message, occurred_at=occurred_at)
 
     @staticmethod
-    def retryable(message: str) -> "Status":
-        return Status("retryable", message)
+    def retryable(message: str, occurred_at: Optional[Union[datetime, float]] = None) -> "Status":
+        return Status("retryable", message, occurred_at=occurred_at)
+
+    def occurred_at_ms(self) -> Optional[int]:
+        """``occurred_at`` in ms since the epoch, as the protocol carries it."""
+        at = self.occurred_at
+        if at is None:
+            return None
+        if isinstance(at, datetime):
+            if at.tzinfo is None:
+                at = at.replace(tzinfo=timezone.utc)
+            return int(at.timestamp() * 1000)
+        return int(float(at) * 1000)
 
     def wire(self) -> Dict[str, Any]:
         body: Dict[str, Any] = {"phase": self.phase, "message": self.message}
@@ -101,6 +135,11 @@ class Status:
             body["outputs"] = self.outputs
         if self.log_links:
             body["log_links"] = [{"name": name, "uri": uri} for name, uri in self.log_links]
+        if self.custom_info is not None:
+            body["custom_info"] = self.custom_info
+        at = self.occurred_at_ms()
+        if at is not None:
+            body["occurred_at_ms"] = at
         return body
 
 

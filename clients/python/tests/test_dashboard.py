@@ -19,6 +19,7 @@ import pytest
 
 import allot
 from allot import Client
+from allot.plugin import Plugin, PluginServer, Status, Task
 
 from .conftest import REPO, Daemon, allot_bin, new_daemon
 
@@ -285,6 +286,58 @@ def test_a_drained_pool_and_its_task_being_preempted_are_shown(browser: Any, ui_
         assert "offering" in text(browser), text(browser)
         client.finish_tasks([{"app": "ui-drain", "task": "t", "outcome": "failed", "reason": "done"}])
     assert console_errors(browser) == []
+
+
+class Linked(Plugin):
+    """A job that runs until ``finish`` is set, with a console link, one address that is not a
+    web page (shown, never a link) and its custom information."""
+
+    task_types = ["linked"]
+
+    def __init__(self) -> None:
+        self.finish = threading.Event()
+
+    def create(self, task: Task) -> str:
+        return "job-9"
+
+    def get(self, job: str) -> Status:
+        if self.finish.is_set():
+            return Status.succeeded()
+        links = [("console", f"https://jobs.example/{job}"), ("trap", "javascript:alert(1)")]
+        return Status.running("working", log_links=links, custom_info={"job_id": job}, occurred_at=time.time() - 3)
+
+
+def test_a_runs_links_custom_info_and_start_are_shown(browser: Any, data_root: Path) -> None:
+    plugin = Linked()
+    with PluginServer(plugin) as server:
+        config = f'[plugins.external.linked]\nurl = "{server.url}"\ntask_types = ["linked"]\n'
+        daemon = new_daemon(data_root, "--pool", "worker=cpu=4", "--run-pool", "worker", config=config)
+        try:
+            with Client(daemon.url) as client:
+                client.put_queue("root.linked")
+                task = {"id": "t", "resources": "cpu=1", "spec": {"type": "linked", "inputs": {}, "poll_seconds": 0.05}}
+                client.submit_app({"id": "linked", "queue": "root.linked", "tasks": [task]})
+                until("the job is seen running", lambda: client.task("linked", "t")["state"] == "Running" and any(
+                    e["phase"] == "Running" for e in client.task_run("linked", "t")["events"]))
+                open_page(browser, daemon.url + "/ui/apps/linked/tasks/t")
+                page = text(browser)
+                assert "before it was seen" in page and "job-9" in page, page
+                # Read at once, in the page: it is drawn again while the task runs.
+                anchors, custom = browser.execute_script(
+                    "return [Object.fromEntries([...document.querySelectorAll('a[target=_blank]')]"
+                    ".map((a) => [a.textContent, a.getAttribute('href')])),"
+                    " document.querySelector('[data-custom-info]').textContent]"
+                )
+                assert anchors.get("console") == "https://jobs.example/job-9", anchors
+                assert "trap" not in anchors and "javascript:alert(1)" in page, (anchors, page)
+                assert json.loads(custom) == {"job_id": "job-9"}, custom
+                shoot(browser, "task-told")
+                assert console_errors(browser) == []
+                plugin.finish.set()
+        finally:
+            browser.get("about:blank")  # the page stops reading the daemon before it stops
+            forget_console(browser)
+            daemon.stop()
 
 
 def test_the_pages_answer_quickly_with_many_things(browser: Any, data_root: Path) -> None:

@@ -9,6 +9,7 @@ import subprocess
 import sys
 import threading
 import time
+from datetime import datetime, timedelta, timezone
 from pathlib import Path
 from typing import Dict, List
 
@@ -19,6 +20,7 @@ import allot
 from allot import Client
 from allot.plugin import JobNotFound, Plugin, PluginServer, Refused, Status, Task
 
+from .clock import until
 from .conftest import REPO, allot_bin, new_daemon
 
 PACKAGE = Path(__file__).resolve().parents[1]
@@ -84,6 +86,77 @@ def test_a_plugin_on_the_kit_runs_a_daemons_tasks(data_root: Path) -> None:
             daemon.stop()
 
 
+class Told(Plugin):
+    """A job that runs until ``finish`` is set, saying what a front end shows of it (Flyte's
+    ``TaskInfo``): when it began (3 s before it was created), its console and its custom
+    information; the second link comes once ``more`` is set."""
+
+    task_types = ["told"]
+
+    def __init__(self) -> None:
+        self.began = datetime.now(timezone.utc) - timedelta(seconds=3)
+        self.more = threading.Event()
+        self.finish = threading.Event()
+
+    def create(self, task: Task) -> str:
+        return "job-7"
+
+    def get(self, job: str) -> Status:
+        if self.finish.is_set():
+            return Status.succeeded({"rows": 3}, occurred_at=self.began.timestamp() + 1)
+        links = [("console", f"https://jobs.example/{job}")]
+        if self.more.is_set():
+            links.append(("logs", f"https://logs.example/{job}"))
+        return Status.running("working", log_links=links, custom_info={"job_id": job}, occurred_at=self.began)
+
+
+def test_a_plugin_says_when_a_phase_began_its_links_and_custom_info(data_root: Path) -> None:
+    plugin = Told()
+    began_ms = int(plugin.began.timestamp() * 1000)
+    with PluginServer(plugin) as server:
+        config = f'[plugins.external.told]\nurl = "{server.url}"\ntask_types = ["told"]\n'
+        daemon = new_daemon(data_root, "--pool", "worker=cpu=4", "--run-pool", "worker", config=config)
+        try:
+            with Client(daemon.url) as client:
+                client.put_queue("root.told")
+                task = {"id": "t", "resources": "cpu=1", "spec": {"type": "told", "inputs": {}, "poll_seconds": 0.05}}
+                client.submit_app({"id": "told", "queue": "root.told", "tasks": [task]})
+
+                def running(links: int) -> bool:
+                    try:
+                        events = client.task_run("told", "t")["events"]
+                    except allot.NotFoundError:
+                        return False
+                    return any(e["phase"] == "Running" and len(e.get("logs", [])) == links for e in events)
+
+                until("the job is seen running", lambda: running(1))
+                plugin.more.set()
+                until("its second link is seen", lambda: running(2))
+                shown = subprocess.run(
+                    [allot_bin(), "task", "show", "told", "t", "--server", daemon.url], capture_output=True, text=True, check=True
+                ).stdout
+                assert "custom info: {\"job_id\":\"job-7\"}" in shown, shown
+                assert "logs: https://logs.example/job-7" in shown and "console: https://jobs.example/job-7" in shown, shown
+                plugin.finish.set()
+                until("the task succeeds", lambda: client.task_run("told", "t")["stage"] == "ended")
+                events = client.task_run("told", "t")["events"]
+                running_events = [e for e in events if e["phase"] == "Running"]
+                assert [e["version"] for e in running_events] == [0, 1], events
+                for event in running_events:
+                    assert event.get("occurred_at_ms") == began_ms, event
+                    assert event["at_ms"] >= began_ms + 3000
+                    assert event.get("custom_info") == {"job_id": "job-7"}
+                assert [link["name"] for link in running_events[1].get("logs", [])] == ["console", "logs"]
+                success = next(e for e in events if e["phase"] == "Success")
+                assert success.get("occurred_at_ms") == began_ms + 1000 and "custom_info" not in success
+                timeline = subprocess.run(
+                    [allot_bin(), "task", "events", "told", "t", "--server", daemon.url], capture_output=True, text=True, check=True
+                ).stdout
+                assert "OCCURRED (UTC)" in timeline and "attempt 1 Running v1:" in timeline, timeline
+        finally:
+            daemon.stop()
+
+
 class Buggy(Plugin):
     """A plugin with a bug: its lookups raise ``KeyError``."""
 
@@ -143,6 +216,10 @@ def test_the_kit_answers_the_protocol_and_creates_once_per_key() -> None:
         assert refused.status_code == 400 and "inputs.text" in refused.json()["error"]
     with pytest.raises(ValueError):
         Status("done")
+    with pytest.raises(ValueError):
+        Status.running(custom_info=["not", "an", "object"])  # type: ignore[arg-type]
+    wire = Status.running(custom_info={"id": "j"}, occurred_at=datetime(2026, 1, 2, tzinfo=timezone.utc)).wire()
+    assert wire["custom_info"] == {"id": "j"} and wire["occurred_at_ms"] == 1767312000000
 
 
 def test_tokens_and_access(data_root: Path) -> None:

@@ -30,12 +30,22 @@ pub struct RunEvent {
     pub phase: String,
     pub version: u32,
     pub reason: String,
-    /// When, in ms since the epoch.
+    /// When it was recorded, in ms since the epoch.
     pub at_ms: u64,
+    /// When it happened, as the plugin reported it (a job that its service says started earlier
+    /// than the round that saw it), in ms since the epoch: never after `at_ms`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub occurred_at_ms: Option<u64>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub error: Option<RunError>,
+    /// Links to its logs or consoles.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub logs: Vec<RunLog>,
+    /// What the plugin tells of it for the front end (an outside job's id and link): a JSON
+    /// object of at most 16 KiB.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schema(value_type = Option<Object>)]
+    pub custom_info: Option<serde_json::Value>,
 }
 
 /// How a task is being run by its plugin, and its phase timeline.

@@ -132,8 +132,9 @@ pub struct LogLink {
     pub uri: String,
 }
 
-/// What a plugin reports of a task in a round: its phase, and a version the plugin raises when
-/// something new is worth an event within the same phase (progress, a new log link).
+/// What a plugin reports of a task in a round [Flyte's `PhaseInfo` and `TaskInfo`]: its phase,
+/// and a version the plugin raises when something new is worth an event within the same phase
+/// (progress, a new log link, new custom information).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct PhaseInfo {
     pub phase: Phase,
@@ -142,11 +143,30 @@ pub struct PhaseInfo {
     pub logs: Vec<LogLink>,
     /// Set for the failure phases.
     pub error: Option<ExecError>,
+    /// When the phase really began, as the plugin knows it (an outside service saying its job
+    /// started 3 s ago); the event keeps it beside the time it was recorded, and never after
+    /// that time (a service whose clock is ahead).
+    pub occurred_at: Option<Millis>,
+    /// What the plugin tells the front end of it (an outside job's id and link): a JSON
+    /// object's text, at most [`MAX_CUSTOM_INFO_BYTES`] (more is left out of the event, which
+    /// says so).
+    pub custom_info: Option<String>,
 }
+
+/// The most custom information an event keeps (its JSON text, in bytes).
+pub const MAX_CUSTOM_INFO_BYTES: usize = 16 * 1024;
 
 impl PhaseInfo {
     pub fn new(phase: Phase, version: u32, reason: impl Into<String>) -> PhaseInfo {
-        PhaseInfo { phase, version, reason: reason.into(), logs: Vec::new(), error: None }
+        PhaseInfo {
+            phase,
+            version,
+            reason: reason.into(),
+            logs: Vec::new(),
+            error: None,
+            occurred_at: None,
+            custom_info: None,
+        }
     }
 
     pub fn not_ready(reason: impl Into<String>) -> PhaseInfo {
@@ -182,6 +202,23 @@ impl PhaseInfo {
     #[must_use]
     pub fn with_logs(self, logs: Vec<LogLink>) -> PhaseInfo {
         PhaseInfo { logs, ..self }
+    }
+
+    /// The phase began at `at` (ms since the epoch), not when the round saw it.
+    #[must_use]
+    pub fn occurred_at(self, at: Millis) -> PhaseInfo {
+        PhaseInfo { occurred_at: Some(at), ..self }
+    }
+
+    /// Custom information for the front end: a JSON object (anything else is kept under
+    /// `"value"`).
+    #[must_use]
+    pub fn with_custom_info(self, info: serde_json::Value) -> PhaseInfo {
+        let object = match info {
+            serde_json::Value::Object(map) => map,
+            other => serde_json::Map::from_iter([("value".to_owned(), other)]),
+        };
+        PhaseInfo { custom_info: Some(serde_json::Value::Object(object).to_string()), ..self }
     }
 }
 
@@ -239,7 +276,13 @@ pub struct Event {
     pub reason: String,
     pub logs: Vec<LogLink>,
     pub error: Option<ExecError>,
+    /// When it was recorded.
     pub at: Millis,
+    /// When it happened, as the plugin reported it (see [`PhaseInfo::occurred_at`]): never after
+    /// `at`.
+    pub occurred_at: Option<Millis>,
+    /// The plugin's custom information (a JSON object's text).
+    pub custom_info: Option<String>,
 }
 
 /// How many times a task may run again [Flyte's `RetryStrategy` and
@@ -528,6 +571,8 @@ impl Run {
                 logs: Vec::new(),
                 error: None,
                 at: now,
+                occurred_at: None,
+                custom_info: None,
             });
         }
     }
@@ -639,22 +684,39 @@ impl Run {
         self.stage = Stage::Ending { abort, then };
     }
 
-    /// Takes the phase; a new (phase, version) in this attempt is an event.
+    /// Takes the phase; a new (phase, version) in this attempt is an event. A new version of the
+    /// same phase is kept while the run holds fewer than [`MAX_EVENTS`] events; a new phase
+    /// always is.
     fn record(&mut self, info: &PhaseInfo, now: Millis) {
         let seen =
             self.events.iter().any(|e| e.attempt == self.attempt && e.phase == info.phase && e.version == info.version);
+        let new_phase = self.phase != info.phase || self.events.last().is_none_or(|e| e.attempt != self.attempt);
         self.phase = info.phase;
         self.version = info.version;
-        if !seen {
-            self.events.push(Event {
-                attempt: self.attempt,
-                phase: info.phase,
-                version: info.version,
-                reason: info.reason.clone(),
-                logs: info.logs.clone(),
-                error: info.error.clone(),
-                at: now,
-            });
+        if seen || (!new_phase && self.events.len() >= MAX_EVENTS) {
+            return;
         }
+        let mut reason = info.reason.clone();
+        let custom_info = match &info.custom_info {
+            Some(text) if text.len() > MAX_CUSTOM_INFO_BYTES => {
+                reason.push_str(&format!(
+                    " (custom info of {} bytes left out: at most {MAX_CUSTOM_INFO_BYTES})",
+                    text.len()
+                ));
+                None
+            }
+            other => other.clone(),
+        };
+        self.events.push(Event {
+            attempt: self.attempt,
+            phase: info.phase,
+            version: info.version,
+            reason,
+            logs: info.logs.clone(),
+            error: info.error.clone(),
+            at: now,
+            occurred_at: info.occurred_at.map(|at| at.min(now)),
+            custom_info,
+        });
     }
 }

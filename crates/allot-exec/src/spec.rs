@@ -107,7 +107,7 @@ impl RunSpec {
 }
 
 /// Hex SHA-256 of `parts`, each preceded by its length (so parts cannot run into each other).
-fn hex_digest(parts: &[&[u8]]) -> String {
+pub(crate) fn hex_digest(parts: &[&[u8]]) -> String {
     let mut digest = Sha256::new();
     for part in parts {
         digest.update((part.len() as u64).to_be_bytes());

@@ -560,6 +560,11 @@ function preemption(task) {
 
 const jsonBlock = (value) => h`<pre class="logs">${JSON.stringify(value, null, 2)}</pre>`;
 
+/** A plugin's log links: a link where the address is http(s), its text otherwise (never a
+ *  `javascript:` link). */
+const logLinks = (logs) =>
+  logs.map((l, i) => h`${i ? ", " : ""}${/^https?:\/\//i.test(l.uri) ? h`<a href="${l.uri}" rel="noopener noreferrer" target="_blank">${l.name}</a>` : h`${l.name} <span class="mono">${l.uri}</span>`}`);
+
 async function taskPage(id, taskId) {
   const task = await api(`/v1/apps/${seg(id)}/tasks/${seg(taskId)}`);
   let run = null;
@@ -573,10 +578,16 @@ async function taskPage(id, taskId) {
       if (!(err instanceof ApiError) || err.status === 403) throw err;
     }
   }
+  // Logs the daemon keeps in files (the shell plugin's): read only those the attempt has.
+  const fileLog = (l) => l.uri.startsWith("file://");
+  const kept = (stream) => run.events.some((e) => e.attempt === run.attempt && (e.logs || []).some((l) => l.name === stream && fileLog(l)));
   if (run) {
-    [logs.stderr, logs.stdout] = await Promise.all(["stderr", "stdout"].map((s) => logEnd(id, taskId, s, run.attempt)));
+    [logs.stderr, logs.stdout] = await Promise.all(["stderr", "stdout"].map((s) => (kept(s) ? logEnd(id, taskId, s, run.attempt) : null)));
   }
-  const events = run ? run.events.map((e) => h`<tr><td class="mono">${clock(e.at_ms)}</td><td class="num">${e.attempt}</td><td>${stateTag(e.phase)}</td><td>${e.reason ? prose(e.reason) : ""}${e.error ? h` <span class="error">${e.error.code}: ${prose(e.error.message)}</span>` : ""}</td></tr>`) : [];
+  // What a plugin told of an event (Flyte's TaskInfo): when it really happened, its log links,
+  // its custom information.
+  const told = (e) => h`${e.occurred_at_ms !== undefined && e.occurred_at_ms !== null ? h`<div class="muted">began ${clock(e.occurred_at_ms)} (${ms(e.at_ms - e.occurred_at_ms)} before it was seen)</div>` : ""}${(e.logs || []).some((l) => !fileLog(l)) ? h`<div>logs: ${logLinks(e.logs.filter((l) => !fileLog(l)))}</div>` : ""}${e.custom_info ? h`<div class="mono" data-custom-info>${JSON.stringify(e.custom_info)}</div>` : ""}`;
+  const events = run ? run.events.map((e) => h`<tr><td class="mono">${clock(e.at_ms)}</td><td class="num">${e.attempt}</td><td>${stateTag(e.phase)}${e.version ? ` v${e.version}` : ""}</td><td>${e.reason ? prose(e.reason) : ""}${e.error ? h` <span class="error">${e.error.code}: ${prose(e.error.message)}</span>` : ""}${told(e)}</td></tr>`) : [];
   const log = (stream, what) => {
     const kept = logs[stream];
     if (!kept) return "";

@@ -35,7 +35,7 @@ use allot_store::access::{ApiTokenRecord, BindingRecord};
 use allot_store::embedded::snapshot::{LeaseTime, RestoreOptions, Restored};
 use allot_store::records::access::{binding_key, token_key};
 use allot_store::records::apps::{AppRecord, QueueRecord, TaskRecord};
-use allot_store::records::runs::{CachedRecord, RunRecord};
+use allot_store::records::runs::{CachedRecord, RunRow};
 use allot_store::records::{
     self, resources_from, resources_record, AllocRecord, GrantRecord, LeaseRecord, NamespaceRecord, PoolRecord,
     ResourcesRecord, SessionRecord, FORMAT_VERSION,
@@ -257,7 +257,12 @@ impl RedisStore {
         let mut runs = BTreeMap::new();
         for (field, json_text) in pairs(reply.value()?)? {
             let (app, task) = field.split_once('/').ok_or_else(|| corrupt(format!("run field `{field}`")))?;
-            runs.insert((app.to_owned(), task.to_owned()), records::encode(&json::<RunRecord>("runs", &json_text)?));
+            runs.insert(
+                (app.to_owned(), task.to_owned()),
+                records::encode(
+                    &RunRow::from_json(json_text.as_bytes()).map_err(|e| corrupt(format!("runs record: {e}")))?,
+                ),
+            );
         }
         let mut catalog = BTreeMap::new();
         for (name, json_text) in pairs(reply.value()?)? {
@@ -471,8 +476,8 @@ impl RedisStore {
                 }
                 Table::Runs => {
                     let (app, task): (&str, &str) = decode_key(key).ok_or_else(|| bad("not a run's key"))?;
-                    let record: RunRecord = decoded(table, key, &value)?;
-                    let item = [app.to_owned(), task.to_owned(), to_json(&record)];
+                    let record: RunRow = decoded(table, key, &value)?;
+                    let item = [app.to_owned(), task.to_owned(), record.to_json()];
                     writes.push(RUNS_SLOT.to_owned(), &["runs_load"], item).await?;
                 }
                 Table::Catalog => {

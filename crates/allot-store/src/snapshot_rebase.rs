@@ -31,7 +31,7 @@ use allot_core::Millis;
 
 use crate::access::{ApiTokenRecord, BindingRecord};
 use crate::records::apps::{decode_app, decode_task, QueueRecord, QUEUE_FIELDS_ADDED};
-use crate::records::runs::{CachedRecord, RunRecord, RUN_FIELDS_ADDED};
+use crate::records::runs::{CachedRecord, RunRow, RUN_FIELDS_ADDED};
 use crate::records::{
     decode, decode_alloc, decode_grown, encode, CorruptRecord, GrantRecord, LeaseRecord, NamespaceRecord, PoolRecord,
     SessionRecord, POOL_FIELDS_ADDED, SESSION_FIELDS_ADDED,
@@ -143,7 +143,7 @@ pub fn rebase(table: Table, key: &[u8], value: &[u8], shift: i64) -> Result<Vec<
         // Wall clock: `started` and the events' `at` stay.
         Table::Runs => {
             decode_key::<(&str, &str)>(key).ok_or_else(bad_key)?;
-            encode(&decode_grown::<RunRecord>(name, "", value, RUN_FIELDS_ADDED).map_err(corrupt)?)
+            encode(&decode_grown::<RunRow>(name, "", value, RUN_FIELDS_ADDED).map_err(corrupt)?)
         }
         // Wall clock: `at` stays.
         Table::Catalog => {
@@ -189,7 +189,7 @@ mod tests {
 
     use super::*;
     use crate::records::apps::{AppRecord, PlacementRecord, SlotRecord, TaskRecord, APP_FIELDS_ADDED};
-    use crate::records::runs::RunRecord;
+    use crate::records::runs::RunRow;
     use crate::records::AllocRecord;
     use crate::snapshot::encode_key;
 
@@ -316,7 +316,7 @@ mod tests {
             (Table::Queues, key_of("root.q"), encode(&queue)),
             (Table::Apps, key_of("a"), encode(&app())),
             (Table::Tasks, key_of(&("a", "t")), encode(&task())),
-            (Table::Runs, key_of(&("a", "t")), encode(&RunRecord::of(&crate::conformance::sample_run()))),
+            (Table::Runs, key_of(&("a", "t")), encode(&RunRow::of(&crate::conformance::sample_run()))),
             (Table::Catalog, key_of("cache-key"), encode(&cached)),
             (Table::Access, key_of("token/ci"), encode(&token)),
             (Table::Access, key_of("binding/b"), encode(&binding)),

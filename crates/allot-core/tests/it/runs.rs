@@ -3,7 +3,8 @@
 //! crash, and random rounds that always end.
 
 use allot_core::runs::{
-    Ending, ExecError, Next, Phase, PhaseInfo, PluginState, RetryPolicy, Run, StateWrite, TakenToken, Transition,
+    Ending, ExecError, LogLink, Next, Phase, PhaseInfo, PluginState, RetryPolicy, Run, StateWrite, TakenToken,
+    Transition, MAX_CUSTOM_INFO_BYTES, MAX_EVENTS,
 };
 use allot_core::{NamespaceName, Token};
 use proptest::prelude::*;
@@ -250,4 +251,54 @@ fn a_preemption_seen_again_before_the_next_attempt_began_is_the_same_one() {
     assert!(!run.preempted_before_this_attempt(reason), "the attempt began: a preemption now is a new one");
     assert_eq!(run.preempted(reason, policy, 7), Next::EndAttempt { abort: true });
     assert_eq!(run.system_failures, 2);
+}
+
+/// Flyte's `TaskInfo`: an event keeps when its phase really began (never after it was recorded)
+/// and the plugin's custom information (left out, and said so, past its bound).
+#[test]
+fn an_event_keeps_when_its_phase_began_and_the_plugins_custom_info() {
+    let mut run = Run::new(1_000);
+    let policy = RetryPolicy::default();
+    let info = PhaseInfo::running(0, "job started")
+        .occurred_at(2_000)
+        .with_custom_info(serde_json::json!({"job": "j-1"}))
+        .with_logs(vec![LogLink { name: "console".into(), uri: "https://jobs.example/j-1".into() }]);
+    run.after_round(Ok((Transition::ephemeral(info), StateWrite::Unchanged)), policy, 5_000);
+    let event = run.events.last().unwrap();
+    assert_eq!((event.at, event.occurred_at), (5_000, Some(2_000)));
+    assert_eq!(event.custom_info.as_deref(), Some(r#"{"job":"j-1"}"#));
+    assert_eq!(event.logs.len(), 1);
+
+    // A service whose clock is ahead: the phase did not begin after the round saw it.
+    let ahead = PhaseInfo::running(1, "on").occurred_at(9_000);
+    run.after_round(Ok((Transition::ephemeral(ahead), StateWrite::Unchanged)), policy, 6_000);
+    assert_eq!(run.events.last().unwrap().occurred_at, Some(6_000));
+
+    // Custom information past its bound is left out; the event says so.
+    let big = serde_json::json!({"blob": "x".repeat(MAX_CUSTOM_INFO_BYTES)});
+    let info = PhaseInfo::running(2, "big").with_custom_info(big);
+    run.after_round(Ok((Transition::ephemeral(info), StateWrite::Unchanged)), policy, 7_000);
+    let event = run.events.last().unwrap();
+    assert_eq!(event.custom_info, None);
+    assert!(event.reason.starts_with("big (custom info of") && event.reason.contains("left out"), "{}", event.reason);
+
+    // Anything but an object is kept under "value".
+    let info = PhaseInfo::running(3, "n").with_custom_info(serde_json::json!(7));
+    run.after_round(Ok((Transition::ephemeral(info), StateWrite::Unchanged)), policy, 8_000);
+    assert_eq!(run.events.last().unwrap().custom_info.as_deref(), Some(r#"{"value":7}"#));
+}
+
+/// New versions of one phase are kept up to [`MAX_EVENTS`] events; a new phase always is.
+#[test]
+fn versions_of_a_phase_are_bounded_and_phase_changes_are_kept() {
+    let mut run = Run::new(0);
+    let policy = RetryPolicy::default();
+    for version in 0..(MAX_EVENTS as u32 + 10) {
+        let info = PhaseInfo::running(version, format!("progress {version}"));
+        run.after_round(Ok((Transition::ephemeral(info), StateWrite::Unchanged)), policy, u64::from(version));
+    }
+    assert_eq!(run.events.len(), MAX_EVENTS);
+    assert_eq!(run.version, MAX_EVENTS as u32 + 9, "the run is at the version reported");
+    run.after_round(Ok((Transition::ephemeral(PhaseInfo::success("done")), StateWrite::Unchanged)), policy, 9_999);
+    assert_eq!(run.events.last().unwrap().phase, Phase::Success);
 }

@@ -10,8 +10,11 @@
 //! - `POST {url}` with `{"task_type", "app", "task", "attempt", "inputs", "spec"}` and the header
 //!   `Idempotency-Key: <app>/<task>/<attempt>` (a create repeated after a crash names the same
 //!   job) answers `{"resource_meta": "<job id>"}`;
-//! - `GET {url}/{job id}` answers `{"phase": "running" | "succeeded" | "failed" | "retryable",
-//!   "message": "...", "outputs": {...}, "log_links": [{"name", "uri"}]}`;
+//! - `GET {url}/{job id}` answers `{"phase": "pending" | "running" | "succeeded" | "failed" |
+//!   "retryable", "message": "...", "outputs": {...}, "log_links": [{"name", "uri"}],
+//!   "custom_info": {...}, "occurred_at_ms": <ms since the epoch>}` (Flyte's `TaskInfo`: when the
+//!   phase really began, and what the front end shows of the job); a change of the log links or
+//!   of the custom information within a phase is a new version of it, so an event;
 //! - `DELETE {url}/{job id}` stops it (an abort); 404 is taken as already gone.
 //!
 //! A job is polled every `spec.poll_seconds` (default 1) without holding a thread, and woken at
@@ -22,7 +25,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use allot_core::runs::{ExecError, LogLink, PhaseInfo, Transition};
+use allot_core::runs::{ExecError, LogLink, Phase, PhaseInfo, Transition};
 use async_trait::async_trait;
 use serde::{Deserialize, Serialize};
 
@@ -90,6 +93,34 @@ pub(super) fn external_entry(id: &str, url: &str, task_types: &[&str], quota: Op
 struct State {
     /// The job, as the service named it.
     job: String,
+    /// The version of the phase last reported: raised when what the service shows of the job
+    /// (its phase, log links, custom information) changes, so that the change is an event.
+    #[serde(default)]
+    version: u32,
+    /// SHA-256 (hex) of what the service showed at `version` (empty before it showed anything).
+    #[serde(default)]
+    shown: String,
+}
+
+impl State {
+    fn created(job: String) -> State {
+        State { job, version: 0, shown: String::new() }
+    }
+
+    /// Takes what the service shows of the job now: answers whether it is new (the version
+    /// to report is then `version`).
+    fn show(&mut self, status: &JobStatus) -> bool {
+        let shown = serde_json::to_vec(&(&status.phase, &status.log_links, &status.custom_info)).unwrap_or_default();
+        let shown = crate::spec::hex_digest(&[&shown]);
+        if self.shown == shown {
+            return false;
+        }
+        if !self.shown.is_empty() {
+            self.version = self.version.saturating_add(1);
+        }
+        self.shown = shown;
+        true
+    }
 }
 
 #[derive(Serialize)]
@@ -107,7 +138,7 @@ struct Created {
     resource_meta: String,
 }
 
-#[derive(Deserialize)]
+#[derive(Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 enum JobPhase {
     Pending,
@@ -126,9 +157,15 @@ struct JobStatus {
     outputs: Option<serde_json::Value>,
     #[serde(default)]
     log_links: Vec<LinkWire>,
+    /// What the front end shows of the job (an object).
+    #[serde(default)]
+    custom_info: Option<serde_json::Map<String, serde_json::Value>>,
+    /// When the phase began, as the service knows it.
+    #[serde(default)]
+    occurred_at_ms: Option<u64>,
 }
 
-#[derive(Deserialize)]
+#[derive(Serialize, Deserialize)]
 struct LinkWire {
     name: String,
     uri: String,
@@ -241,8 +278,8 @@ impl Plugin for JobPlugin {
 
     async fn handle(&self, ctx: &mut TaskContext) -> Result<Transition, ExecError> {
         let url = self.url(ctx)?;
-        let job = match ctx.state_json::<State>(STATE_VERSION) {
-            Some(state) => state.job,
+        let mut state = match ctx.state_json::<State>(STATE_VERSION) {
+            Some(state) => state,
             None => {
                 if self.quota {
                     let status = ctx.tokens.take(JOBS_QUOTA, 1).await?;
@@ -253,18 +290,22 @@ impl Plugin for JobPlugin {
                 }
                 let job = self.create(ctx, &url).await?;
                 self.metrics.inc("jobs_created");
-                ctx.put_state_json(STATE_VERSION, &State { job: job.clone() });
+                ctx.put_state_json(STATE_VERSION, &State::created(job.clone()));
                 Self::poll_later(ctx);
                 // Stored before anything else happens: a round replayed after a crash polls
                 // this job instead of creating another.
                 return Ok(Transition::barrier(PhaseInfo::queued(format!("job `{job}` created"))));
             }
         };
-        let status = self.status(ctx, &url, &job).await?;
-        let message = if status.message.is_empty() { format!("job `{job}`") } else { status.message };
+        let status = self.status(ctx, &url, &state.job).await?;
+        if state.show(&status) {
+            ctx.put_state_json(STATE_VERSION, &state);
+        }
+        let version = state.version;
+        let message = if status.message.is_empty() { format!("job `{}`", state.job) } else { status.message };
         let info = match status.phase {
-            JobPhase::Pending => PhaseInfo::queued(message),
-            JobPhase::Running => PhaseInfo::running(0, message),
+            JobPhase::Pending => PhaseInfo::new(Phase::Queued, version, message),
+            JobPhase::Running => PhaseInfo::running(version, message),
             JobPhase::Succeeded => {
                 if let Some(outputs) = status.outputs {
                     ctx.set_outputs(outputs)?;
@@ -281,7 +322,14 @@ impl Plugin for JobPlugin {
             Self::poll_later(ctx);
         }
         let logs = status.log_links.into_iter().map(|l| LogLink { name: l.name, uri: l.uri }).collect();
-        Ok(Transition::ephemeral(info.with_logs(logs)))
+        let mut info = info.with_logs(logs);
+        if let Some(custom) = status.custom_info {
+            info = info.with_custom_info(serde_json::Value::Object(custom));
+        }
+        if let Some(at) = status.occurred_at_ms {
+            info = info.occurred_at(at);
+        }
+        Ok(Transition::ephemeral(info))
     }
 
     async fn abort(&self, ctx: &mut TaskContext) -> Result<(), ExecError> {

@@ -130,3 +130,74 @@ async fn http_jobs_of_a_removed_application_are_deleted_and_their_tokens_release
     assert_eq!(service.created.load(Ordering::SeqCst), 3);
     assert_eq!(store.namespace(jobs).await.unwrap().granted_units, 0);
 }
+
+/// A service whose one job is running until `stage` says otherwise: at stage 0 with one log link
+/// and its custom information, at 1 with a second link, at 2 succeeded. It says the job began at
+/// `began_ms`.
+async fn told_job_service(stage: Arc<AtomicU32>, began_ms: u64) -> String {
+    use axum::extract::State;
+    use axum::routing::{get, post};
+    let create = async || axum::Json(serde_json::json!({ "resource_meta": "job-7" }));
+    let read = async move |State(stage): State<Arc<AtomicU32>>| {
+        let console = serde_json::json!({ "name": "console", "uri": "https://jobs.example/job-7" });
+        let logs = serde_json::json!({ "name": "logs", "uri": "https://logs.example/job-7" });
+        let custom = serde_json::json!({ "job_id": "job-7", "link": "https://jobs.example/job-7" });
+        axum::Json(match stage.load(Ordering::SeqCst) {
+            0 => serde_json::json!({
+                "phase": "running", "log_links": [console], "custom_info": custom, "occurred_at_ms": began_ms,
+            }),
+            1 => serde_json::json!({
+                "phase": "running", "log_links": [console, logs], "custom_info": custom, "occurred_at_ms": began_ms,
+            }),
+            _ => serde_json::json!({ "phase": "succeeded", "outputs": { "rows": 3 } }),
+        })
+    };
+    let app = axum::Router::new()
+        .route("/jobs", post(create))
+        .route("/jobs/{id}", get(read).delete(async || axum::http::StatusCode::NO_CONTENT))
+        .with_state(stage);
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let url = format!("http://{}/jobs", listener.local_addr().unwrap());
+    tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
+    url
+}
+
+/// Flyte's `TaskInfo` through the job protocol: when the service says the job began, its custom
+/// information and its log links are in the run's events; a change of the links within the phase
+/// is a new version of it, so an event of its own.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_jobs_start_custom_info_and_links_are_in_its_run() {
+    let s = setup_with_http_quota().await;
+    let store = &*s.store;
+    let stage = Arc::new(AtomicU32::new(0));
+    let now_ms = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_millis() as u64;
+    let began_ms = now_ms - 3_000;
+    let url = told_job_service(stage.clone(), began_ms).await;
+    let spec = serde_json::json!({ "type": "http", "url": url, "poll_seconds": 0.05 });
+    let app = submit(store, "told", &[("t", spec)]).await;
+    let task = TaskId::new("t").unwrap();
+    let running = async |links: usize| {
+        let run = store.run(app.clone(), task.clone()).await.unwrap();
+        run.is_some_and(|r| r.events.iter().any(|e| e.phase == Phase::Running && e.logs.len() == links))
+    };
+    until("the job is seen running with its console", async || running(1).await).await;
+    stage.store(1, Ordering::SeqCst);
+    until("the job's second link is seen", async || running(2).await).await;
+    stage.store(2, Ordering::SeqCst);
+    until("the task completes", async || state(store, &app, "t").await == TaskState::Completed).await;
+
+    let run = store.run(app.clone(), task).await.unwrap().unwrap();
+    let running: Vec<_> = run.events.iter().filter(|e| e.phase == Phase::Running).collect();
+    assert_eq!(running.len(), 2, "one event per version of the running phase: {:?}", run.events);
+    assert_eq!((running[0].version, running[1].version), (0, 1));
+    for event in &running {
+        assert_eq!(event.occurred_at, Some(began_ms), "when the service says the job began");
+        assert!(event.at >= began_ms + 3_000, "recorded when the round saw it");
+        let custom: serde_json::Value = serde_json::from_str(event.custom_info.as_deref().unwrap()).unwrap();
+        assert_eq!(custom["job_id"], "job-7");
+    }
+    assert_eq!(running[1].logs[1].uri, "https://logs.example/job-7");
+    let done = run.events.iter().find(|e| e.phase == Phase::Success).unwrap();
+    assert_eq!((done.occurred_at, done.custom_info.as_deref()), (None, None), "nothing said, nothing kept");
+    s.stop.send_replace(true);
+}

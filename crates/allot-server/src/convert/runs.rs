@@ -48,8 +48,10 @@ pub(crate) fn task_run(app: &str, task: &str, run: allot_core::runs::Run) -> api
                 version: e.version,
                 reason: e.reason.clone(),
                 at_ms: e.at,
+                occurred_at_ms: e.occurred_at,
                 error: e.error.as_ref().map(error),
                 logs: e.logs.iter().map(|l| api::RunLog { name: l.name.clone(), uri: l.uri.clone() }).collect(),
+                custom_info: e.custom_info.as_deref().and_then(|text| serde_json::from_str(text).ok()),
             })
             .collect(),
     }

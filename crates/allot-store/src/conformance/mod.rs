@@ -22,7 +22,7 @@ pub use access::run_access;
 pub use apps::run_apps;
 pub use pools::run_pools;
 pub use quotas::run;
-pub use runs::{run_runs, sample_run};
+pub use runs::{run_runs, sample_run, without_details};
 pub use watch::run_watch;
 
 use std::sync::Arc;

@@ -18,8 +18,12 @@ use crate::Store;
 pub fn sample_run() -> Run {
     let mut run = Run::new(1_000);
     let put = StateWrite::Put(PluginState { version: 3, bytes: vec![0, 1, 2, 255] });
-    run.after_round(Ok((Transition::ephemeral(PhaseInfo::queued("created")), put)), RetryPolicy::default(), 1_001);
-    run.record_barrier(&Transition::barrier(PhaseInfo::running(2, "launched")));
+    let queued = PhaseInfo::queued("created")
+        .occurred_at(1_000)
+        .with_custom_info(serde_json::json!({"job": "j-1", "link": "https://jobs.example/j-1"}));
+    run.after_round(Ok((Transition::ephemeral(queued), put)), RetryPolicy::default(), 1_001);
+    let launched = PhaseInfo::running(2, "launched").occurred_at(1_001).with_custom_info(serde_json::json!({"n": 1}));
+    run.record_barrier(&Transition::barrier(launched));
     run.took(TakenToken { namespace: NamespaceName::new("web:api").unwrap(), token: Token::new("a:t:1").unwrap() });
     let error = ExecError::user("exit_2", "exit status 2");
     let failure = Transition::ephemeral(PhaseInfo::retryable(error));
@@ -36,6 +40,18 @@ pub fn sample_run() -> Run {
         inputs_digest: "i".repeat(64),
         hit: Some("other/task".to_owned()),
     });
+    run
+}
+
+/// `run` as a version before events had details keeps it: without when they occurred and their
+/// custom information.
+pub fn without_details(mut run: Run) -> Run {
+    for event in &mut run.events {
+        (event.occurred_at, event.custom_info) = (None, None);
+    }
+    if let Some((_, transition)) = run.barrier.as_mut() {
+        (transition.info.occurred_at, transition.info.custom_info) = (None, None);
+    }
     run
 }
 

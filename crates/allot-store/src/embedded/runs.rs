@@ -13,7 +13,7 @@ use async_trait::async_trait;
 
 use super::ops::{Op, Table};
 use super::{durable, EmbeddedStore, OpenError};
-use crate::records::runs::{CachedRecord, RunRecord, CATALOG, RUNS, RUN_FIELDS_ADDED};
+use crate::records::runs::{CachedRecord, RunRow, CATALOG, RUNS, RUN_FIELDS_ADDED};
 use crate::records::{decode, encode};
 use crate::runs::{CachedOutputs, ExecutorLease, RunChange, RunStore};
 use crate::StoreError;
@@ -52,7 +52,7 @@ pub(super) fn load(records: &Records<'_, '_>) -> Result<Runs, OpenError> {
     let mut runs = Runs::default();
     records.pairs(RUNS, Table::Runs, |app, task, value| {
         let name = format!("{app}/{task}");
-        let record: RunRecord = crate::records::decode_grown("runs", &name, value, RUN_FIELDS_ADDED)?;
+        let record: RunRow = crate::records::decode_grown("runs", &name, value, RUN_FIELDS_ADDED)?;
         let corrupt = |reason: String| crate::records::CorruptRecord { table: "runs", key: name.clone(), reason };
         let app = AppId::new(app).map_err(|e| corrupt(e.to_string()))?;
         let task = TaskId::new(task).map_err(|e| corrupt(e.to_string()))?;
@@ -101,7 +101,7 @@ pub(super) fn ops<'a>(changes: impl Iterator<Item = &'a RunChange>, out: &mut Ve
     for change in changes {
         match change {
             RunChange::Put { app, task, run } => {
-                out.push(Op::put(Table::Runs, Op::pair(app.as_str(), task.as_str()), encode(&RunRecord::of(run))));
+                out.push(Op::put(Table::Runs, Op::pair(app.as_str(), task.as_str()), encode(&RunRow::of(run))));
             }
             RunChange::Removed { app, task } => {
                 out.push(Op::Remove(Table::Runs, Op::pair(app.as_str(), task.as_str())));

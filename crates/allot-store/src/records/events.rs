@@ -15,7 +15,7 @@ use allot_core::{Millis, NamespaceName, NamespaceStats, NamespaceView, Session, 
 use serde::{Deserialize, Serialize};
 
 use super::apps::{AppRecord, QueueRecord, TaskRecord};
-use super::runs::RunRecord;
+use super::runs::{RunRecord, RunRow};
 use super::{
     resources_from, resources_record, AllocRecord, AllocRecordV0, CorruptRecord, GrantRecord, ResourcesRecord,
 };
@@ -72,6 +72,7 @@ pub enum ObjectRecord<'a> {
         id: Cow<'a, str>,
         task: Box<TaskRecord>,
     },
+    /// A run as written before its events had details (`Run1` since).
     Run(Box<RunRecord>),
     Gone,
     /// A session with its owner (written since sessions have one; `Session` is read as one
@@ -92,6 +93,8 @@ pub enum ObjectRecord<'a> {
         id: u64,
         alloc: AllocRecord,
     },
+    /// A run, with what its events say of when they occurred and their custom information.
+    Run1(Box<RunRow>),
 }
 
 /// A namespace's view (`NamespaceView`).
@@ -332,7 +335,7 @@ impl<'a> ObjectRecord<'a> {
                 id: Cow::Borrowed(task.spec.id.as_str()),
                 task: Box::new(TaskRecord::of(task)),
             },
-            EventObject::Run(run) => ObjectRecord::Run(Box::new(RunRecord::of(run))),
+            EventObject::Run(run) => ObjectRecord::Run1(Box::new(RunRow::of(run))),
             EventObject::Gone => ObjectRecord::Gone,
         }
     }
@@ -420,7 +423,43 @@ impl<'a> ObjectRecord<'a> {
             ObjectRecord::App { id, app } => EventObject::App(Box::new(app.into_app(&id)?)),
             ObjectRecord::Task { app, id, task } => EventObject::Task(Box::new(task.into_task(&app, &id)?)),
             ObjectRecord::Run(run) => EventObject::Run(Box::new(run.into_run(&r.key)?)),
+            ObjectRecord::Run1(run) => EventObject::Run(Box::new(run.into_run(&r.key)?)),
             ObjectRecord::Gone => EventObject::Gone,
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A run's event written before events had details (the `Run` object) still reads, among
+    /// other events, as a run without them; one written now keeps them.
+    #[test]
+    fn runs_in_events_of_an_earlier_version_read_back() {
+        let run = crate::conformance::sample_run();
+        let record = |revision, object| EventRecord {
+            revision,
+            kind: Cow::Borrowed("run.changed"),
+            key: Cow::Borrowed("a/t"),
+            cause: None,
+            at: 5,
+            object,
+        };
+        let older = vec![
+            record(1, ObjectRecord::Run(Box::new(RunRecord::of(&run)))),
+            record(2, ObjectRecord::Run1(Box::new(RunRow::of(&run)))),
+        ];
+        let events = decode_events(&postcard::to_allocvec(&older).unwrap()).unwrap();
+        let without = crate::conformance::without_details(run.clone());
+        assert_ne!(without, run, "the sample's events have details");
+        let runs: Vec<_> = events
+            .into_iter()
+            .map(|e| match e.object {
+                EventObject::Run(run) => *run,
+                other => panic!("not a run: {other:?}"),
+            })
+            .collect();
+        assert_eq!(runs, vec![without, run]);
     }
 }

@@ -1,6 +1,6 @@
 //! Records of task runs (`allot_core::runs::Run`): `runs`: (application id, task id) ->
-//! [`RunRecord`]. Phases, kinds and stages are stored by name, so a reordering of the enums
-//! cannot misread a file.
+//! [`RunRow`] (a [`RunRecord`], then what its events say beyond it). Phases, kinds and stages are
+//! stored by name, so a reordering of the enums cannot misread a file.
 
 use allot_core::runs::{
     AfterAttempt, CacheLookup, Ending, ErrorKind, Event, ExecError, LogLink, Phase, PhaseInfo, PluginState, Run, Stage,
@@ -112,9 +112,103 @@ pub struct RunRecord {
     pub cache: Option<CacheRecord>,
 }
 
-/// The fields [`RunRecord`] gained after the format began: a record written before ends where
-/// they start.
-pub const RUN_FIELDS_ADDED: usize = 3;
+/// The fields [`RunRow`] gained after the format began (three of its [`RunRecord`], then its
+/// `details`): a record written before ends where they start.
+pub const RUN_FIELDS_ADDED: usize = 4;
+
+/// A run as kept since its events say when they occurred and carry custom information: its
+/// [`RunRecord`] (as the feed's events written before hold it), then those details, `None` when
+/// no event has any (the bytes are then a [`RunRecord`] and one zero).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RunRow {
+    pub run: RunRecord,
+    pub details: Option<RunDetailsRecord>,
+}
+
+/// What a run's events say beyond [`EventRecord`]: one entry per event, in order, and one for the
+/// recorded transition's phase info.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RunDetailsRecord {
+    pub events: Vec<EventDetailsRecord>,
+    pub barrier: Option<EventDetailsRecord>,
+}
+
+/// When an event occurred (ms since the epoch) and its custom information (JSON text).
+#[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize)]
+pub struct EventDetailsRecord {
+    pub occurred_at: Option<u64>,
+    pub custom_info: Option<String>,
+}
+
+impl EventDetailsRecord {
+    fn of(occurred_at: Option<u64>, custom_info: &Option<String>) -> EventDetailsRecord {
+        EventDetailsRecord { occurred_at, custom_info: custom_info.clone() }
+    }
+
+    fn is_empty(&self) -> bool {
+        self.occurred_at.is_none() && self.custom_info.is_none()
+    }
+}
+
+/// A [`RunRow`] as Redis keeps it: the [`RunRecord`]'s JSON object with a `details` member when
+/// there are details (what earlier versions wrote reads as without).
+#[derive(Serialize)]
+struct RunJsonOut<'a> {
+    #[serde(flatten)]
+    run: &'a RunRecord,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    details: &'a Option<RunDetailsRecord>,
+}
+
+#[derive(Deserialize)]
+struct RunJsonIn {
+    #[serde(flatten)]
+    run: RunRecord,
+    #[serde(default)]
+    details: Option<RunDetailsRecord>,
+}
+
+impl RunRow {
+    pub fn of(run: &Run) -> RunRow {
+        let events: Vec<EventDetailsRecord> =
+            run.events.iter().map(|e| EventDetailsRecord::of(e.occurred_at, &e.custom_info)).collect();
+        let barrier = run
+            .barrier
+            .as_ref()
+            .map(|(_, t)| EventDetailsRecord::of(t.info.occurred_at, &t.info.custom_info))
+            .filter(|d| !d.is_empty());
+        let details =
+            (barrier.is_some() || events.iter().any(|d| !d.is_empty())).then_some(RunDetailsRecord { events, barrier });
+        RunRow { run: RunRecord::of(run), details }
+    }
+
+    pub fn into_run(self, key: &str) -> Result<Run, CorruptRecord> {
+        let mut run = self.run.into_run(key)?;
+        let Some(details) = self.details else { return Ok(run) };
+        if details.events.len() != run.events.len() {
+            let reason = format!("details of {} events for {} events", details.events.len(), run.events.len());
+            return Err(CorruptRecord { table: "runs", key: key.to_owned(), reason });
+        }
+        for (event, detail) in run.events.iter_mut().zip(details.events) {
+            (event.occurred_at, event.custom_info) = (detail.occurred_at, detail.custom_info);
+        }
+        if let (Some((_, transition)), Some(detail)) = (run.barrier.as_mut(), details.barrier) {
+            (transition.info.occurred_at, transition.info.custom_info) = (detail.occurred_at, detail.custom_info);
+        }
+        Ok(run)
+    }
+
+    /// Its JSON text, as Redis keeps it.
+    pub fn to_json(&self) -> String {
+        serde_json::to_string(&RunJsonOut { run: &self.run, details: &self.details }).expect("records always encode")
+    }
+
+    /// Reads what [`RunRow::to_json`] wrote, or a [`RunRecord`]'s JSON of an earlier version.
+    pub fn from_json(json: &[u8]) -> Result<RunRow, serde_json::Error> {
+        let RunJsonIn { run, details } = serde_json::from_slice(json)?;
+        Ok(RunRow { run, details })
+    }
+}
 
 /// What the output cache looked up (`CacheLookup`).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -181,13 +275,12 @@ fn info_record(info: &PhaseInfo) -> PhaseInfoRecord {
     }
 }
 
+/// The phase info of a record, without what [`RunDetailsRecord`] keeps.
 fn info_from(r: PhaseInfoRecord) -> Result<PhaseInfo, String> {
     Ok(PhaseInfo {
-        phase: phase_from(&r.phase)?,
-        version: r.version,
-        reason: r.reason,
         logs: r.logs.into_iter().map(|(name, uri)| LogLink { name, uri }).collect(),
         error: r.error.map(error_from).transpose()?,
+        ..PhaseInfo::new(phase_from(&r.phase)?, r.version, r.reason)
     })
 }
 
@@ -227,11 +320,9 @@ impl RunRecord {
                 .map(|e| EventRecord {
                     attempt: e.attempt,
                     info: info_record(&PhaseInfo {
-                        phase: e.phase,
-                        version: e.version,
-                        reason: e.reason.clone(),
                         logs: e.logs.clone(),
                         error: e.error.clone(),
+                        ..PhaseInfo::new(e.phase, e.version, e.reason.clone())
                     }),
                     at: e.at,
                 })
@@ -287,6 +378,8 @@ impl RunRecord {
                             logs: info.logs,
                             error: info.error,
                             at: e.at,
+                            occurred_at: None,
+                            custom_info: None,
                         })
                     })
                     .collect::<Result<_, String>>()?,
@@ -331,19 +424,38 @@ mod tests {
     /// fields absent (Redis's JSON: `allot-store-redis`'s runs).
     #[test]
     fn a_run_kept_by_an_earlier_version_reads_back() {
-        let mut run = crate::conformance::sample_run();
+        assert!(RunRow::of(&crate::conformance::sample_run()).details.is_some(), "the sample has details");
+        let mut run = crate::conformance::without_details(crate::conformance::sample_run());
         run.task_seq = None;
         run.cache = None;
-        let bytes = encode(&RunRecord::of(&run));
-        // Each `None` is one zero byte at the end: without `task_seq` and `cache`, then without
-        // `alloc` too.
-        for (missing, alloc) in [(2, run.alloc.clone()), (3, None)] {
+        let bytes = encode(&RunRow::of(&run));
+        // Each `None` is one zero byte at the end: without `details`, `task_seq` and `cache`,
+        // then without `alloc` too.
+        for (missing, alloc) in [(1, run.alloc.clone()), (3, run.alloc.clone()), (4, None)] {
             run.alloc = alloc;
-            let bytes = encode(&RunRecord::of(&run));
+            let bytes = encode(&RunRow::of(&run));
             let older = &bytes[..bytes.len() - missing];
-            let record: RunRecord = decode_grown("runs", "a/t", older, RUN_FIELDS_ADDED).unwrap();
+            let record: RunRow = decode_grown("runs", "a/t", older, RUN_FIELDS_ADDED).unwrap();
             assert_eq!(record.into_run("a/t").unwrap(), run);
         }
         assert!(!bytes.is_empty());
+    }
+
+    /// Events' details read back in both encodings, and a run's JSON of an earlier version
+    /// (a flat [`RunRecord`]) reads as one without them.
+    #[test]
+    fn details_of_events_read_back() {
+        let run = crate::conformance::sample_run();
+        let row = RunRow::of(&run);
+        let record: RunRow = decode_grown("runs", "a/t", &encode(&row), RUN_FIELDS_ADDED).unwrap();
+        assert_eq!(record.into_run("a/t").unwrap(), run);
+        assert_eq!(RunRow::from_json(row.to_json().as_bytes()).unwrap().into_run("a/t").unwrap(), run);
+        let flat = serde_json::to_string(&row.run).unwrap();
+        let older = RunRow::from_json(flat.as_bytes()).unwrap();
+        assert_eq!(older.details, None);
+        let mut details = row.details.clone().unwrap();
+        details.events.pop();
+        let torn = RunRow { run: row.run, details: Some(details) };
+        assert!(torn.into_run("a/t").is_err(), "details must name every event");
     }
 }

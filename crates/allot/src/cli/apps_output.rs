@@ -364,11 +364,12 @@ pub(crate) fn run_timeline(run: &TaskRun) -> String {
         ("PHASE", Align::Left),
         ("VERSION", Align::Right),
         ("AT (UTC)", Align::Left),
+        ("OCCURRED (UTC)", Align::Left),
         ("REASON", Align::Left),
     ]);
+    // What plugins told of their events beyond the table: log links and custom information.
+    let mut told = String::new();
     for event in &run.events {
-        let at =
-            humantime::format_rfc3339_millis(std::time::UNIX_EPOCH + std::time::Duration::from_millis(event.at_ms));
         let reason = match &event.error {
             Some(error) => format!("{} ({} error {})", event.reason, error.kind, error.code),
             None => event.reason.clone(),
@@ -377,12 +378,60 @@ pub(crate) fn run_timeline(run: &TaskRun) -> String {
             event.attempt.to_string(),
             event.phase.clone(),
             event.version.to_string(),
-            at.to_string(),
+            utc(event.at_ms),
+            event.occurred_at_ms.map_or_else(|| "-".to_owned(), utc),
             reason,
         ]);
+        if event.logs.is_empty() && event.custom_info.is_none() {
+            continue;
+        }
+        told.push_str(&format!("attempt {} {} v{}:\n", event.attempt, event.phase, event.version));
+        for log in &event.logs {
+            told.push_str(&format!("  log {}: {}\n", show(&log.name), show(&log.uri)));
+        }
+        if let Some(info) = &event.custom_info {
+            told.push_str(&format!("  custom info: {}\n", json_text(info)));
+        }
     }
     out.push_str(&table.render());
+    if !told.is_empty() {
+        out.push('\n');
+        out.push_str(&told);
+    }
     out
+}
+
+/// A time in ms since the epoch, in UTC (RFC 3339).
+fn utc(ms: u64) -> String {
+    humantime::format_rfc3339_millis(std::time::UNIX_EPOCH + std::time::Duration::from_millis(ms)).to_string()
+}
+
+/// JSON as text, quoted again if a string in it holds what a terminal takes as a control.
+fn json_text(value: &serde_json::Value) -> String {
+    let text = value.to_string();
+    if text.chars().any(char::is_control) {
+        format!("{text:?}")
+    } else {
+        text
+    }
+}
+
+/// What the plugin last told of the current attempt: since when its phase is (as the plugin
+/// says it began), its log links and its custom information.
+fn attempt_pairs(run: &TaskRun) -> Vec<(&'static str, String)> {
+    let attempt: Vec<_> = run.events.iter().filter(|e| e.attempt == run.attempt).collect();
+    let mut pairs = Vec::new();
+    if let Some(first) = attempt.iter().find(|e| e.phase == run.phase) {
+        pairs.push(("phase since", utc(first.occurred_at_ms.unwrap_or(first.at_ms))));
+    }
+    if let Some(event) = attempt.iter().rev().find(|e| !e.logs.is_empty()) {
+        let links: Vec<String> = event.logs.iter().map(|l| format!("{}: {}", show(&l.name), show(&l.uri))).collect();
+        pairs.push(("logs", links.join(", ")));
+    }
+    if let Some(info) = attempt.iter().rev().find_map(|e| e.custom_info.as_ref()) {
+        pairs.push(("custom info", json_text(info)));
+    }
+    pairs
 }
 
 pub(crate) fn task_table(tasks: &[Task]) -> String {
@@ -476,6 +525,7 @@ pub(crate) fn task_details(task: &Task, run: Option<&TaskRun>) -> String {
     ];
     if let Some(run) = run {
         pairs.push(("attempt", format!("{}: {}", run.attempt, phase_shown(run))));
+        pairs.extend(attempt_pairs(run));
         pairs.extend(cache_pairs(run));
     }
     key_values(&pairs)
