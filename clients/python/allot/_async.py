@@ -516,6 +516,26 @@ class AsyncClient:
         """Asks the executor to look at a task now (an outside job it waits for has ended)."""
         return cast(m.Woken, await self._call("POST", f"/v1/apps/{seg(app)}/tasks/{seg(task)}/wake"))
 
+    async def catalog_lookup(
+        self, app: str, task: str, name: str, version: str, inputs: Any = None
+    ) -> m.CatalogFound:
+        """Looks up entry ``name`` at ``version`` for ``inputs`` in the catalog of the plugin that
+        runs ``task`` (Flyte's ``Catalog().Download``), in its application's queue: a plugin's
+        call, on the daemon that runs the task, while it runs (``run_not_here`` otherwise)."""
+        body = {"name": name, "version": version, "inputs": inputs}
+        path = f"/v1/apps/{seg(app)}/tasks/{seg(task)}/catalog/lookup"
+        return cast(m.CatalogFound, await self._call("POST", path, body=body))
+
+    async def catalog_put(
+        self, app: str, task: str, name: str, version: str, outputs: Any, inputs: Any = None
+    ) -> m.CatalogKept:
+        """Keeps ``outputs`` as entry ``name`` at ``version`` for ``inputs`` in the catalog of
+        the plugin that runs ``task`` (Flyte's ``Catalog().Upload``); an entry kept before under
+        the key stays (``created`` is false, and it is answered)."""
+        body = {"name": name, "version": version, "inputs": inputs, "outputs": outputs}
+        path = f"/v1/apps/{seg(app)}/tasks/{seg(task)}/catalog"
+        return cast(m.CatalogKept, await self._call("POST", path, body=body))
+
     # ---- identity and access ----
 
     async def whoami(self, *checks: str) -> m.WhoAmI:

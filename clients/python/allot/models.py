@@ -259,6 +259,55 @@ class Caps(TypedDict):
     project: NotRequired[Optional[int]]
 
 
+class CatalogEntry(TypedDict):
+    """An entry of a plugin's catalog."""
+    app: str
+    """The task whose plugin kept it."""
+    kept_at_ms: int
+    """When it was kept, in ms since the epoch."""
+    key: str
+    """Its key: SHA-256 (hex) of the plugin, the queue, the name, the version and the inputs."""
+    outputs: Dict[str, Any]
+    task: str
+
+
+class CatalogFound(TypedDict):
+    """What a lookup found."""
+    entry: NotRequired[Optional[CatalogEntry]]
+    key: str
+
+
+class CatalogKept(TypedDict):
+    """What a put kept."""
+    created: bool
+    """Whether the entry is the one just put (`false`: another was kept before, and stays)."""
+    entry: CatalogEntry
+
+
+class CatalogLookup(TypedDict):
+    """An entry of a plugin's catalog to look up [Flyte `Catalog().Download`]: its name, version
+    and inputs. The entries a call reaches are those of the plugin that runs the task named in
+    the path, in its application's queue.
+    """
+    inputs: NotRequired[Dict[str, Any]]
+    """Any JSON (the order of an object's keys does not count)."""
+    name: str
+    """1 to 256 bytes."""
+    version: str
+    """1 to 256 bytes: a new version is a new entry."""
+
+
+class CatalogPut(TypedDict):
+    """Outputs to keep in a plugin's catalog [Flyte `Catalog().Upload`]: the first kept under a key
+    stays until its retention is over.
+    """
+    inputs: NotRequired[Dict[str, Any]]
+    name: str
+    outputs: Dict[str, Any]
+    """At most the daemon's `max_output_bytes` (1 MiB by default), as JSON text."""
+    version: str
+
+
 class CreateApiToken(TypedDict):
     """`POST /v1/api-tokens`: make a token for a user."""
     groups: NotRequired[List[str]]

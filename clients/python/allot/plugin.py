@@ -39,7 +39,7 @@ from datetime import datetime, timezone
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any, Callable, Dict, Optional, Sequence, Tuple, Type, Union
 
-__all__ = ["JobNotFound", "Plugin", "PluginServer", "Refused", "Status", "Task", "serve"]
+__all__ = ["Catalog", "JobNotFound", "Plugin", "PluginServer", "Refused", "Status", "Task", "serve"]
 
 #: Where allot sends a job's state: a task's phases.
 PHASES = ("pending", "running", "succeeded", "failed", "retryable")
@@ -59,6 +59,8 @@ class Task:
     spec: Dict[str, Any]
     #: ``<app>/<task>/<attempt>``: the same for a create repeated after a crash.
     key: str
+    #: The URL of the daemon that runs the task: where :meth:`Plugin.catalog` reaches.
+    daemon: str = ""
 
 
 @dataclass(frozen=True)
@@ -143,6 +145,40 @@ class Status:
         return body
 
 
+class Catalog:
+    """The plugin's own entries of allot's catalog, for a task it runs (Flyte's
+    ``TaskExecutionContext.Catalog()``): outputs it keeps and looks up itself, a part of its work
+    done before. Entries are the plugin's and the task's queue's: no other plugin or queue reaches
+    them. The first entry kept under a name, version and inputs stays until its retention is over.
+    Calls go to the daemon that runs the task, while it runs, with the plugin's ``token`` (or
+    ``ALLOT_TOKEN``): with access control on, a token that may ``use`` the task's queue."""
+
+    def __init__(self, task: Task, token: Optional[str] = None) -> None:
+        if not task.daemon:
+            raise ValueError("the task names no daemon: allot sends it with every create")
+        self.task = task
+        self._token = token
+
+    def _client(self) -> Any:
+        from . import Client  # the HTTP client, loaded when a plugin first reaches its catalog
+
+        return Client(self.task.daemon, token=self._token)
+
+    def get(self, name: str, version: str, inputs: Any = None) -> Optional[Dict[str, Any]]:
+        """The entry kept as ``name`` at ``version`` for ``inputs`` (``key``, ``outputs``,
+        ``app``, ``task``, ``kept_at_ms``), or ``None``."""
+        with self._client() as client:
+            found = client.catalog_lookup(self.task.app, self.task.task, name, version, inputs)
+        entry = found.get("entry")
+        return dict(entry) if entry else None
+
+    def put(self, name: str, version: str, outputs: Any, inputs: Any = None) -> Dict[str, Any]:
+        """Keeps ``outputs`` as ``name`` at ``version`` for ``inputs``, unless an entry is kept
+        there already: answers ``{"created": bool, "entry": {...}}`` (the entry that stays)."""
+        with self._client() as client:
+            return dict(client.catalog_put(self.task.app, self.task.task, name, version, outputs, inputs))
+
+
 class Refused(Exception):
     """Raised by ``create``: the task cannot run (bad inputs); allot fails it for good."""
 
@@ -168,6 +204,13 @@ class Plugin:
 
     def delete(self, job: str) -> None:
         """Stops job ``job`` (the task was aborted). By default, nothing to stop."""
+
+    #: The API token the plugin calls the daemon with (its catalog); ``None``: ``ALLOT_TOKEN``.
+    token: Optional[str] = None
+
+    def catalog(self, task: Task) -> Catalog:
+        """The plugin's entries of allot's catalog, for ``task`` (see :class:`Catalog`)."""
+        return Catalog(task, token=self.token)
 
 
 class _Jobs:
@@ -246,6 +289,7 @@ def _handler(plugin: Plugin, base: str, jobs: _Jobs) -> Type[BaseHTTPRequestHand
                     inputs=body.get("inputs"),
                     spec=dict(body.get("spec") or {}),
                     key=self.headers.get("Idempotency-Key") or f"{body['app']}/{body['task']}/{body.get('attempt', 1)}",
+                    daemon=str(body.get("daemon") or ""),
                 )
             except (ValueError, KeyError, TypeError) as err:
                 return self._error(400, f"not a task: {err}")

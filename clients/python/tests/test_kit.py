@@ -157,6 +157,65 @@ def test_a_plugin_says_when_a_phase_began_its_links_and_custom_info(data_root: P
             daemon.stop()
 
 
+class Memo(Plugin):
+    """Counts the words of ``inputs.text``, keeping each count in its catalog: a text counted
+    before (in the same queue) is not counted again. Its jobs end at once."""
+
+    task_types = ["memo"]
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.results: Dict[str, Dict[str, object]] = {}
+
+    def create(self, task: Task) -> str:
+        catalog = self.catalog(task)
+        text = str(task.inputs["text"])
+        found = catalog.get("words", "1", {"text": text})
+        if found is None:
+            kept = catalog.put("words", "1", {"words": len(text.split())}, {"text": text})
+            result: Dict[str, object] = {"words": kept["entry"]["outputs"]["words"], "counted": kept["created"]}
+        else:
+            result = {"words": found["outputs"]["words"], "counted": False, "from": f"{found['app']}/{found['task']}"}
+        with self.lock:
+            self.results[task.key] = result
+        return task.key.replace("/", "-")
+
+    def get(self, job: str) -> Status:
+        with self.lock:
+            result = next(r for k, r in self.results.items() if k.replace("/", "-") == job)
+        return Status.succeeded(dict(result))
+
+
+def test_a_plugin_keeps_and_looks_up_its_own_catalog_entries(data_root: Path) -> None:
+    plugin = Memo()
+    with PluginServer(plugin) as server:
+        config = f'[plugins.external.memo]\nurl = "{server.url}"\ntask_types = ["memo"]\n'
+        daemon = new_daemon(data_root, "--pool", "worker=cpu=4", "--run-pool", "worker", config=config)
+        try:
+            with Client(daemon.url) as client:
+                for queue in ("root.memo-a", "root.memo-b"):
+                    client.put_queue(queue)
+
+                def run(app: str, queue: str, text: str) -> Dict[str, object]:
+                    spec = {"type": "memo", "inputs": {"text": text}, "poll_seconds": 0.05}
+                    source = {"id": app, "queue": queue, "tasks": [{"id": "t", "resources": "cpu=1", "spec": spec}]}
+                    assert client.submit_and_follow(source, timeout=60)["state"] == "Completed"
+                    return dict(client.task_run(app, "t")["outputs"] or {})
+
+                assert run("memo-1", "root.memo-a", "one two three") == {"words": 3, "counted": True}
+                # The same text in the same queue: taken from the catalog.
+                assert run("memo-2", "root.memo-a", "one two three") == {"words": 3, "counted": False, "from": "memo-1/t"}
+                # Another queue does not reach the first one's entries.
+                assert run("memo-3", "root.memo-b", "one two three") == {"words": 3, "counted": True}
+                # Only while the task runs, on the daemon that runs it.
+                with pytest.raises(allot.RunNotHere):
+                    client.catalog_lookup("memo-1", "t", "words", "1", {"text": "one two three"})
+                with pytest.raises(allot.NotFoundError):
+                    client.catalog_put("nope", "t", "words", "1", {"words": 0})
+        finally:
+            daemon.stop()
+
+
 class Buggy(Plugin):
     """A plugin with a bug: its lookups raise ``KeyError``."""
 

@@ -116,3 +116,64 @@ pub struct Woken {
     pub app: String,
     pub task: String,
 }
+
+/// An entry of a plugin's catalog to look up [Flyte `Catalog().Download`]: its name, version and
+/// inputs. The entries a call reaches are those of the plugin that runs the task named in the
+/// path, in its application's queue.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct CatalogLookup {
+    /// 1 to 256 bytes.
+    pub name: String,
+    /// 1 to 256 bytes: a new version is a new entry.
+    pub version: String,
+    /// Any JSON (the order of an object's keys does not count).
+    #[serde(default)]
+    #[schema(value_type = Object)]
+    pub inputs: serde_json::Value,
+}
+
+/// Outputs to keep in a plugin's catalog [Flyte `Catalog().Upload`]: the first kept under a key
+/// stays until its retention is over.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct CatalogPut {
+    pub name: String,
+    pub version: String,
+    #[serde(default)]
+    #[schema(value_type = Object)]
+    pub inputs: serde_json::Value,
+    /// At most the daemon's `max_output_bytes` (1 MiB by default), as JSON text.
+    #[schema(value_type = Object)]
+    pub outputs: serde_json::Value,
+}
+
+/// An entry of a plugin's catalog.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
+pub struct CatalogEntry {
+    /// Its key: SHA-256 (hex) of the plugin, the queue, the name, the version and the inputs.
+    pub key: String,
+    #[schema(value_type = Object)]
+    pub outputs: serde_json::Value,
+    /// The task whose plugin kept it.
+    pub app: String,
+    pub task: String,
+    /// When it was kept, in ms since the epoch.
+    pub kept_at_ms: u64,
+}
+
+/// What a lookup found.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
+pub struct CatalogFound {
+    pub key: String,
+    /// `null`: nothing is kept under the key.
+    pub entry: Option<CatalogEntry>,
+}
+
+/// What a put kept.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
+pub struct CatalogKept {
+    /// Whether the entry is the one just put (`false`: another was kept before, and stays).
+    pub created: bool,
+    pub entry: CatalogEntry,
+}

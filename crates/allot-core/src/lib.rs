@@ -21,6 +21,7 @@
 
 pub mod access;
 pub mod apps;
+pub mod catalog;
 pub mod clock;
 pub mod names;
 pub mod pools;

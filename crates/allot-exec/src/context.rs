@@ -455,6 +455,9 @@ pub struct Metadata {
     pub resources: String,
     /// The task may be stopped at any time (and retried elsewhere) without it being a failure.
     pub interruptible: bool,
+    /// The daemon that runs it, by its URL (where an outside job calls back: its wake-up, the
+    /// catalog).
+    pub node: String,
 }
 
 /// What a plugin gets for a round [Flyte `TaskExecutionContext`].
@@ -471,6 +474,8 @@ pub struct TaskContext {
     pub max_output_bytes: usize,
     pub secrets: Secrets,
     pub tokens: Tokens,
+    /// The plugin's own entries of the catalog, in the task's queue [Flyte `Catalog()`].
+    pub catalog: crate::catalog::Catalog,
     /// Where the plugin reads the time: the executor's clock.
     pub clock: Arc<dyn TimeSource>,
     pub(crate) state: Option<PluginState>,
@@ -501,6 +506,7 @@ impl TaskContext {
         state: Option<PluginState>,
         waker: Waker,
     ) -> TaskContext {
+        let catalog = crate::catalog::Catalog::detached(run.clone());
         TaskContext {
             run,
             attempt,
@@ -512,6 +518,7 @@ impl TaskContext {
             max_output_bytes: 1 << 20,
             secrets: Secrets::default(),
             tokens,
+            catalog,
             clock: Arc::new(SystemTime),
             state,
             write: StateWrite::Unchanged,

@@ -41,11 +41,13 @@ use tokio::sync::{watch, Notify, OwnedSemaphorePermit, Semaphore};
 use tokio::time::Instant;
 
 use crate::apps::{AppMeta, AppsAccess, PlacedTask, Reported};
+use crate::catalog::Catalog;
 use crate::context::{attempt_token, release, Metadata, RunKey, Secrets, TaskContext, TokenWaits, Tokens, Waker};
 use crate::feed::{Metas, Step};
 use crate::plugin::Plugin;
 use crate::registry::Registry;
 use crate::spec::RunSpec;
+use allot_core::catalog::CatalogScope;
 
 /// How an executor runs.
 #[derive(Debug, Clone)]
@@ -125,6 +127,8 @@ struct Driven {
     /// The task as the change that placed it here carried it: the run's first reading, instead
     /// of asking the scheduling daemon (a later change wakes it to read again).
     placed: Mutex<Option<PlacedTask>>,
+    /// Whose catalog entries its plugin reaches (its plugin, its queue), from its last round.
+    scope: Mutex<Option<CatalogScope>>,
 }
 
 type Active = Arc<Mutex<HashMap<RunKey, Arc<Driven>>>>;
@@ -305,6 +309,15 @@ impl Executor {
             }
             None => false,
         }
+    }
+
+    /// Whose catalog entries the plugin of a run this executor drives now reaches, for its
+    /// calls from outside (an external plugin's); `None` if it does not drive it, or its first
+    /// round has not come.
+    pub fn catalog_scope(&self, run: &RunKey) -> Option<CatalogScope> {
+        let driven = self.active.lock().unwrap_or_else(|p| p.into_inner()).get(run).cloned()?;
+        let scope = driven.scope.lock().unwrap_or_else(|p| p.into_inner()).clone();
+        scope
     }
 
     /// What it did since it started.
@@ -984,6 +997,15 @@ impl Executor {
         ctx.max_output_bytes = self.config.max_output_bytes;
         ctx.secrets = self.config.secrets.clone();
         ctx.clock = self.config.clock.clone();
+        let scope = CatalogScope {
+            plugin: plugin.to_owned(),
+            queue: meta.queue.clone(),
+            max_output_bytes: self.config.max_output_bytes,
+        };
+        if let Some(driven) = self.active.lock().unwrap_or_else(|p| p.into_inner()).get(key) {
+            *driven.scope.lock().unwrap_or_else(|p| p.into_inner()) = Some(scope.clone());
+        }
+        ctx.catalog = Catalog::new(self.store.clone(), scope, key.clone(), self.config.clock.clone());
         let placement = task.and_then(|t| t.placement.as_ref());
         let text = |value: &serde_json::Value| value.as_str().map_or_else(|| value.to_string(), str::to_owned);
         ctx.metadata = Metadata {
@@ -1000,6 +1022,7 @@ impl Executor {
             alloc: placement.map(|p| p.uri()).unwrap_or_default(),
             resources: placement.map(|p| p.resources.clone()).unwrap_or_default(),
             interruptible: spec.spec.get("interruptible").and_then(|i| i.as_bool()).unwrap_or(false),
+            node: self.config.node.clone(),
         };
         ctx
     }

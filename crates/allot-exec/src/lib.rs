@@ -2,6 +2,7 @@
 //!
 //! - `plugin`: the [`Plugin`] trait and its [`PluginEntry`];
 //! - `registry`: which plugin runs a task, loaded once at start;
+//! - `catalog`: the outputs a plugin keeps and looks up itself;
 //! - `context`: what a plugin is given at start and for each round, with the resource manager
 //!   (allot's own token quotas, woken on release rather than polled);
 //! - `spec`: what a task's spec says to the executor (its type, plugin, retries, cache key);
@@ -16,6 +17,7 @@
 
 pub mod apps;
 pub mod builtin;
+pub mod catalog;
 pub mod context;
 pub mod executor;
 mod feed;
@@ -23,6 +25,7 @@ pub mod plugin;
 pub mod registry;
 pub mod spec;
 
+pub use catalog::{Catalog, CatalogEntry, Kept};
 pub use context::{
     Metadata, MetricsScope, PluginCounters, RoundOutput, RunKey, Secrets, SetupContext, TaskContext, TokenStatus,
     TokenWaits, Tokens, Waker,

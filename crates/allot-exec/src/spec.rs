@@ -3,8 +3,8 @@
 //! its outputs in the catalog [Flyte's catalog key: the task's identity, version, interface and
 //! inputs], which covers everything in the spec that decides what the task does.
 
+use allot_core::catalog::{canonical, hex_digest};
 use allot_core::runs::{CacheLookup, ExecError, RetryPolicy};
-use sha2::{Digest, Sha256};
 
 use crate::plugin::Plugin;
 
@@ -106,65 +106,9 @@ impl RunSpec {
     }
 }
 
-/// Hex SHA-256 of `parts`, each preceded by its length (so parts cannot run into each other).
-pub(crate) fn hex_digest(parts: &[&[u8]]) -> String {
-    let mut digest = Sha256::new();
-    for part in parts {
-        digest.update((part.len() as u64).to_be_bytes());
-        digest.update(part);
-    }
-    digest.finalize().iter().map(|b| format!("{b:02x}")).collect()
-}
-
-/// JSON text with every object's keys sorted, whatever order the value keeps them in: equal
-/// values give equal text.
-fn canonical(value: &serde_json::Value) -> String {
-    let mut out = String::new();
-    write_canonical(value, &mut out);
-    out
-}
-
-fn write_canonical(value: &serde_json::Value, out: &mut String) {
-    match value {
-        serde_json::Value::Object(fields) => {
-            let mut keys: Vec<&String> = fields.keys().collect();
-            keys.sort();
-            out.push('{');
-            for (i, key) in keys.into_iter().enumerate() {
-                if i > 0 {
-                    out.push(',');
-                }
-                out.push_str(&serde_json::Value::String(key.clone()).to_string());
-                out.push(':');
-                write_canonical(&fields[key], out);
-            }
-            out.push('}');
-        }
-        serde_json::Value::Array(items) => {
-            out.push('[');
-            for (i, item) in items.iter().enumerate() {
-                if i > 0 {
-                    out.push(',');
-                }
-                write_canonical(item, out);
-            }
-            out.push(']');
-        }
-        other => out.push_str(&other.to_string()),
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn canonical_text_sorts_keys_at_every_depth() {
-        let a: serde_json::Value = serde_json::from_str(r#"{"b": [{"y": 1, "x": 2}], "a": "t"}"#).unwrap();
-        let b: serde_json::Value = serde_json::from_str(r#"{"a": "t", "b": [{"x": 2, "y": 1}]}"#).unwrap();
-        assert_eq!(canonical(&a), canonical(&b));
-        assert_eq!(canonical(&a), r#"{"a":"t","b":[{"x":2,"y":1}]}"#);
-    }
 
     #[test]
     fn retries_are_a_whole_number_up_to_the_most() {

@@ -106,7 +106,7 @@ mod tests {
     use crate::ServerState;
 
     /// The daemon that schedules serves the applications part, but for what the daemon that runs
-    /// a task serves itself (its logs, on its machine, and its wake-ups), the snapshot (it reads
+    /// a task serves itself (its logs, on its machine, its wake-ups and its plugin's catalog), the snapshot (it reads
     /// the applications part under the scheduler's lock) and the run of the task in an alloc;
     /// any daemon the rest.
     #[tokio::test]
@@ -117,7 +117,7 @@ mod tests {
         let mut scheduled = 0;
         for (method, path, _) in needs.all() {
             let apps_part = ["/v1/apps", "/v1/queues", "/v1/tasks"].iter().any(|root| path.starts_with(root));
-            let runner_side = path.ends_with("/logs") || path.ends_with("/wake");
+            let runner_side = path.ends_with("/logs") || path.ends_with("/wake") || path.contains("/catalog");
             let snapshot = path == "/v1/snapshot";
             let alloc_run = path == "/v1/pools/{pool}/allocs/{alloc}/run";
             let expected =

@@ -294,6 +294,8 @@ stayed listed."
         routes::runs::get_task_run,
         routes::runs::get_task_logs,
         routes::runs::wake_task,
+        routes::runs::catalog_lookup,
+        routes::runs::catalog_put,
         routes::apps::remove_task,
         routes::apps::start_task,
         routes::apps::complete_task,

@@ -10,6 +10,9 @@ pub trait RunsHere: Send + Sync {
     fn node(&self) -> &str;
     /// Wakes the run of `task` of `app` for a round now, if this daemon drives it; false if not.
     fn wake(&self, app: &AppId, task: &TaskId) -> bool;
+    /// Whose catalog entries the plugin of the run of `task` of `app` reaches, if this daemon
+    /// drives it now.
+    fn catalog_scope(&self, app: &AppId, task: &TaskId) -> Option<allot_core::catalog::CatalogScope>;
     /// Its counters now.
     fn counters(&self) -> RunCounters;
 }

@@ -59,7 +59,7 @@ pub use apps::{AppInfo, AppStore, AppsHome, Submitted, TaskInfo};
 pub use embedded::{Durability, EmbeddedConfig, EmbeddedStore};
 pub use pools::PoolStore;
 pub use quotas::{expires_in, Allocation, GrantInfo, QuotaStore, SessionInfo};
-pub use runs::{runners_of, CachedOutputs, ExecutorLease, RunChange, RunStore};
+pub use runs::{keep_first, runners_of, CachedOutputs, ExecutorLease, RunChange, RunStore};
 pub use watch::{Event, EventObject, WatchConfig, WatchError, WatchStore, Watcher};
 
 /// The longest an allocate call may wait for room.

@@ -24,6 +24,22 @@ pub struct CachedOutputs {
     pub at: Millis,
 }
 
+/// Keeps `entry` under `key` unless outputs are kept there already (they stay): answers what is
+/// kept now, and whether it is `entry` (a plugin's catalog, `allot_core::catalog`).
+pub async fn keep_first(
+    store: &(impl RunStore + ?Sized),
+    key: &str,
+    entry: CachedOutputs,
+) -> Result<(CachedOutputs, bool), StoreError> {
+    store.put_cached_outputs(key.to_owned(), entry.clone()).await?;
+    let kept = store
+        .cached_outputs(key)
+        .await?
+        .ok_or_else(|| StoreError::Unavailable(format!("catalog entry {key} was not found right after it was kept")))?;
+    let created = kept == entry;
+    Ok((kept, created))
+}
+
 /// A daemon's executor, the pools whose tasks it runs and the task types its plugins run, as
 /// its lease says: `live` while it renews the lease. Whoever schedules places a task with a type
 /// only where a live executor runs it (`Scheduler::set_runners`), and takes the pools of

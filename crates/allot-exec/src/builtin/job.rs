@@ -7,7 +7,9 @@
 //!   language; a quota is optional.
 //!
 //! The protocol (HTTP/JSON, Flyte's agent protocol: create, get, delete):
-//! - `POST {url}` with `{"task_type", "app", "task", "attempt", "inputs", "spec"}` and the header
+//! - `POST {url}` with `{"task_type", "app", "task", "attempt", "inputs", "spec", "daemon"}` (the
+//!   URL of the daemon that runs the task, for the plugin's calls back: its catalog, a wake-up) and
+//!   the header
 //!   `Idempotency-Key: <app>/<task>/<attempt>` (a create repeated after a crash names the same
 //!   job) answers `{"resource_meta": "<job id>"}`;
 //! - `GET {url}/{job id}` answers `{"phase": "pending" | "running" | "succeeded" | "failed" |
@@ -111,7 +113,7 @@ impl State {
     /// to report is then `version`).
     fn show(&mut self, status: &JobStatus) -> bool {
         let shown = serde_json::to_vec(&(&status.phase, &status.log_links, &status.custom_info)).unwrap_or_default();
-        let shown = crate::spec::hex_digest(&[&shown]);
+        let shown = allot_core::catalog::hex_digest(&[&shown]);
         if self.shown == shown {
             return false;
         }
@@ -131,6 +133,9 @@ struct CreateBody<'a> {
     attempt: u32,
     inputs: &'a serde_json::Value,
     spec: &'a serde_json::Value,
+    /// The daemon that runs the task (its URL): where the plugin reaches its catalog and wakes
+    /// the task.
+    daemon: &'a str,
 }
 
 #[derive(Deserialize)]
@@ -230,6 +235,7 @@ impl JobPlugin {
             attempt: ctx.attempt,
             inputs: &ctx.inputs,
             spec: &ctx.spec,
+            daemon: &ctx.metadata.node,
         };
         let key = format!("{}/{}/{}", ctx.run.app, ctx.run.task, ctx.attempt);
         let request = self.client.post(url).header("Idempotency-Key", key).json(&body);

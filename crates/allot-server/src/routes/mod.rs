@@ -193,6 +193,9 @@ pub(crate) fn routes(state: ServerState) -> (Router, Arc<Needs>) {
         // A task's logs and wake-ups are served by the daemon that runs it, on its machine.
         .route("/v1/apps/{app}/tasks/{task}/logs", get(runs::get_task_logs), &[(M::GET, read(APP))])
         .route("/v1/apps/{app}/tasks/{task}/wake", post(runs::wake_task), &[(M::POST, work(APP))])
+        // A plugin's catalog, reached for the task it runs (its plugin and queue are the scope).
+        .route("/v1/apps/{app}/tasks/{task}/catalog", post(runs::catalog_put), &[(M::POST, work(APP))])
+        .route("/v1/apps/{app}/tasks/{task}/catalog/lookup", post(runs::catalog_lookup), &[(M::POST, work(APP))])
         .scheduled("/v1/apps/{app}/tasks/{task}/start", post(apps::start_task), &[(M::POST, work(APP))])
         .scheduled("/v1/apps/{app}/tasks/{task}/complete", post(apps::complete_task), &[(M::POST, work(APP))])
         .scheduled("/v1/apps/{app}/tasks/{task}/fail", post(apps::fail_task), &[(M::POST, work(APP))])

@@ -5,8 +5,9 @@ use allot_api as api;
 use allot_api::ErrorCode;
 use allot_core::access::{Permission, Resource};
 use allot_core::apps::states::TaskState;
+use allot_core::catalog::{check_outputs, plugin_catalog_key, CatalogScope};
 use allot_core::pools::AllocState;
-use allot_store::{ExecutorLease, StoreError};
+use allot_store::{keep_first, ExecutorLease, StoreError};
 use axum::extract::State;
 use axum::http::StatusCode;
 use axum::Json;
@@ -15,7 +16,7 @@ use super::{Answer, UNAVAILABLE};
 use crate::convert::apps::{app_id, task_id};
 use crate::convert::runs as convert;
 use crate::error::ApiError;
-use crate::extract::{QueryArgs, Segments};
+use crate::extract::{JsonBody, QueryArgs, Segments};
 use crate::ServerState;
 
 /// A placed task with a type that nothing has started waits for a daemon that runs its pool: when
@@ -291,4 +292,84 @@ pub(crate) async fn wake_task(
             ))
         }
     }
+}
+
+/// Whose catalog entries the plugin of a task this daemon runs now reaches; `run_not_here`
+/// otherwise (a task that does not exist is its own 404).
+async fn catalog_scope(state: &ServerState, app: &str, task: &str) -> Result<CatalogScope, ApiError> {
+    let (app_key, task_key) = (app_id(app)?, task_id(task)?);
+    if let Some(scope) = state.executor.as_ref().and_then(|executor| executor.catalog_scope(&app_key, &task_key)) {
+        return Ok(scope);
+    }
+    if let Err(err @ StoreError::Apps(_)) = state.store.task(app_key, task_key).await {
+        return Err(err.into());
+    }
+    Err(ApiError::new(
+        StatusCode::CONFLICT,
+        "run_not_here",
+        format!(
+            "this daemon does not run task `{task}` of application `{app}` now: its plugin's catalog is reached \
+             through the daemon that runs it (the `daemon` of the job's create), while it runs"
+        ),
+    ))
+}
+
+fn catalog_entry(key: String, kept: allot_store::CachedOutputs) -> Result<api::CatalogEntry, ApiError> {
+    let outputs = serde_json::from_str(&kept.outputs).map_err(|e| {
+        ApiError::new(StatusCode::SERVICE_UNAVAILABLE, "store_unavailable", format!("catalog entry {key}: {e}"))
+    })?;
+    Ok(api::CatalogEntry { key, outputs, app: kept.app.to_string(), task: kept.task.to_string(), kept_at_ms: kept.at })
+}
+
+/// Looks up an entry of the catalog of the plugin that runs the task, in its application's queue
+/// [Flyte `Catalog().Download`]: for an outside plugin (the kit's `catalog`), while the task runs
+/// on this daemon.
+#[utoipa::path(post, path = "/v1/apps/{app}/tasks/{task}/catalog/lookup", tag = "apps",
+    params(("app" = String, Path, description = "the application's id"), ("task" = String, Path, description = "the task's id")),
+    request_body = api::CatalogLookup,
+    responses((status = 200, body = api::CatalogFound), (status = 400, body = api::ErrorBody, description = "invalid_argument, invalid_json"),
+        (status = 404, body = api::ErrorBody, description = "app_not_found or task_not_found"),
+        (status = 409, body = api::ErrorBody, description = "run_not_here: the task exists, and this daemon does not run it now"),
+        (status = 503, body = api::ErrorBody, description = UNAVAILABLE)))]
+pub(crate) async fn catalog_lookup(
+    State(state): State<ServerState>,
+    Segments((app, task)): Segments<(String, String)>,
+    JsonBody(body): JsonBody<api::CatalogLookup>,
+) -> Answer<api::CatalogFound> {
+    let scope = catalog_scope(&state, &app, &task).await?;
+    let key = plugin_catalog_key(&scope, &body.name, &body.version, &body.inputs)
+        .map_err(|e| ApiError::invalid_argument(e.to_string()))?;
+    let entry = match state.store.cached_outputs(&key).await? {
+        Some(kept) => Some(catalog_entry(key.clone(), kept)?),
+        None => None,
+    };
+    Ok(Json(api::CatalogFound { key, entry }))
+}
+
+/// Keeps outputs in the catalog of the plugin that runs the task, in its application's queue
+/// [Flyte `Catalog().Upload`]: 201 when kept, 200 when another entry was kept under the key
+/// before (it stays, and is answered).
+#[utoipa::path(post, path = "/v1/apps/{app}/tasks/{task}/catalog", tag = "apps",
+    params(("app" = String, Path, description = "the application's id"), ("task" = String, Path, description = "the task's id")),
+    request_body = api::CatalogPut,
+    responses((status = 201, body = api::CatalogKept), (status = 200, body = api::CatalogKept, description = "kept before: that entry stays"),
+        (status = 400, body = api::ErrorBody, description = "invalid_argument, invalid_json"),
+        (status = 404, body = api::ErrorBody, description = "app_not_found or task_not_found"),
+        (status = 409, body = api::ErrorBody, description = "run_not_here: the task exists, and this daemon does not run it now"),
+        (status = 503, body = api::ErrorBody, description = UNAVAILABLE)))]
+pub(crate) async fn catalog_put(
+    State(state): State<ServerState>,
+    Segments((app, task)): Segments<(String, String)>,
+    JsonBody(body): JsonBody<api::CatalogPut>,
+) -> Result<(StatusCode, Json<api::CatalogKept>), ApiError> {
+    let scope = catalog_scope(&state, &app, &task).await?;
+    let invalid = |e: allot_core::catalog::CatalogError| ApiError::invalid_argument(e.to_string());
+    let key = plugin_catalog_key(&scope, &body.name, &body.version, &body.inputs).map_err(invalid)?;
+    let outputs = body.outputs.to_string();
+    check_outputs(&scope, &outputs).map_err(invalid)?;
+    let at = state.store.wall_ms();
+    let entry = allot_store::CachedOutputs { outputs, app: app_id(&app)?, task: task_id(&task)?, at };
+    let (kept, created) = keep_first(&*state.store, &key, entry).await?;
+    let status = if created { StatusCode::CREATED } else { StatusCode::OK };
+    Ok((status, Json(api::CatalogKept { created, entry: catalog_entry(key, kept)? })))
 }

@@ -397,6 +397,14 @@ impl allot_server::RunsHere for RunsHere {
         self.0.wake_driven(&allot_exec::RunKey { app: app.clone(), task: task.clone() })
     }
 
+    fn catalog_scope(
+        &self,
+        app: &allot_core::apps::AppId,
+        task: &allot_core::apps::TaskId,
+    ) -> Option<allot_core::catalog::CatalogScope> {
+        self.0.catalog_scope(&allot_exec::RunKey { app: app.clone(), task: task.clone() })
+    }
+
     fn counters(&self) -> allot_server::RunCounters {
         let counts = self.0.stats().counts();
         allot_server::RunCounters {
