@@ -4,6 +4,7 @@ use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use allot_core::apps::states::TaskState;
 use allot_core::apps::{AppId, TaskId};
 use allot_core::clock::ManualClock;
 use allot_core::runs::{ExecError, Phase, PhaseInfo, StateWrite, Transition};
@@ -183,4 +184,36 @@ async fn a_plugins_quota_takes_the_configured_value_at_every_registration() {
     store.put_namespace(namespace.clone(), 7).await.unwrap();
     setup.register_quota("api", 5).await.unwrap();
     assert_eq!(store.namespace(namespace).await.unwrap().quota, 5, "a change at runtime lasts until the next start");
+}
+
+/// Flyte's `Catalog()` for a plugin: the first task keeps an entry, the next one with the same
+/// inputs finds it (with who kept it), other inputs are another entry, and a name out of bounds
+/// fails the task as the plugin's error.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_plugin_keeps_and_finds_its_own_catalog_entries() {
+    let s = crate::support::setup().await;
+    let store = &*s.store;
+    let memo = |text: &str| serde_json::json!({ "type": "probe", "mode": "memo", "inputs": { "text": text } });
+    let outputs = async |app: &AppId, task: &str| {
+        let run = store.run(app.clone(), TaskId::new(task).unwrap()).await.unwrap().unwrap();
+        serde_json::from_str::<serde_json::Value>(run.outputs.as_deref().unwrap()).unwrap()
+    };
+    let first = crate::support::submit(store, "memo-1", &[("t", memo("a b"))]).await;
+    until("the first task completes", async || crate::support::state(store, &first, "t").await == TaskState::Completed)
+        .await;
+    assert_eq!(outputs(&first, "t").await, serde_json::json!({ "created": true, "queue": "root.q" }));
+    let second = crate::support::submit(store, "memo-2", &[("t", memo("a b")), ("u", memo("c"))]).await;
+    for task in ["t", "u"] {
+        until(task, async || crate::support::state(store, &second, task).await == TaskState::Completed).await;
+    }
+    assert_eq!(outputs(&second, "t").await, serde_json::json!({ "from": "memo-1/t", "kept": { "n": 1 } }));
+    assert_eq!(outputs(&second, "u").await["created"], true, "other inputs are another entry");
+    let long = serde_json::json!({ "type": "probe", "mode": "memo", "entry": "x".repeat(300), "inputs": {} });
+    let bad = crate::support::submit(store, "memo-3", &[("t", long)]).await;
+    until("the bad name fails the task", async || crate::support::state(store, &bad, "t").await == TaskState::Failed)
+        .await;
+    let run = store.run(bad, TaskId::new("t").unwrap()).await.unwrap().unwrap();
+    let error = run.events.iter().find_map(|e| e.error.clone()).unwrap();
+    assert_eq!((error.code.as_str(), error.kind), ("bad_catalog_entry", allot_core::runs::ErrorKind::User));
+    s.stop.send_replace(true);
 }

@@ -64,6 +64,22 @@ impl Plugin for ProbePlugin {
                     waiting => Ok(Transition::ephemeral(PhaseInfo::waiting_for_resources(waiting.why("probe:desks")))),
                 }
             }
+            // Its own catalog: the entry `words` for its inputs, kept by the first task to look.
+            Some("memo") => {
+                let inputs = ctx.inputs.clone();
+                let name = ctx.spec.get("entry").and_then(|e| e.as_str()).unwrap_or("words").to_owned();
+                let outputs = match ctx.catalog.get(&name, "1", &inputs).await? {
+                    Some(found) => {
+                        serde_json::json!({ "from": format!("{}/{}", found.app, found.task), "kept": found.outputs })
+                    }
+                    None => {
+                        let kept = ctx.catalog.put(&name, "1", &inputs, &serde_json::json!({ "n": 1 })).await?;
+                        serde_json::json!({ "created": kept.created, "queue": ctx.catalog.scope().queue })
+                    }
+                };
+                ctx.set_outputs(outputs)?;
+                Ok(Transition::ephemeral(PhaseInfo::success("remembered")))
+            }
             Some("system_fail") => {
                 Ok(Transition::ephemeral(PhaseInfo::retryable(ExecError::system("lost", "the service went away"))))
             }

@@ -154,8 +154,14 @@ pub async fn run_runs(store: Arc<dyn Store>, time: &dyn Time) {
         task: TaskId::new("t1").unwrap(),
         at: 9,
     };
-    store.put_cached_outputs(key.clone(), later).await.unwrap();
-    assert_eq!(store.cached_outputs(&key).await.unwrap(), Some(first), "the first kept stays");
+    store.put_cached_outputs(key.clone(), later.clone()).await.unwrap();
+    assert_eq!(store.cached_outputs(&key).await.unwrap(), Some(first.clone()), "the first kept stays");
+    // A plugin's put answers what is kept, and whether it is its own.
+    assert_eq!(crate::keep_first(store, &key, later).await.unwrap(), (first.clone(), false));
+    let own = format!("{key}-own");
+    assert_eq!(crate::keep_first(store, &own, first.clone()).await.unwrap(), (first.clone(), true));
+    assert_eq!(store.forget_cached_outputs(8, 10).await.unwrap(), 2, "both kept at 7");
+    store.put_cached_outputs(key.clone(), first.clone()).await.unwrap();
     // Retention: the outputs kept before a time go, the oldest first, at most as many as asked.
     let kept_at = |at: Millis| crate::CachedOutputs { outputs: "{}".into(), app: app.clone(), task: t2.clone(), at };
     let keys: Vec<String> = (1..=3).map(|i| format!("{key}-{i}")).collect();
