@@ -17,8 +17,6 @@ use allot_core::runs::ExecError;
 use allot_core::Millis;
 use allot_store::{keep_first, CachedOutputs, Store};
 
-use crate::context::RunKey;
-
 /// An entry of the catalog.
 #[derive(Debug, Clone, PartialEq)]
 pub struct CatalogEntry {
@@ -54,25 +52,33 @@ pub struct Kept {
 pub struct Catalog {
     store: Option<Arc<dyn Store>>,
     scope: CatalogScope,
-    run: RunKey,
+    /// The task whose plugin calls: what it keeps is said to be this task's.
+    app: AppId,
+    task: TaskId,
     clock: Arc<dyn TimeSource>,
 }
 
 impl std::fmt::Debug for Catalog {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Catalog").field("scope", &self.scope).field("run", &self.run).finish_non_exhaustive()
+        let task = format!("{}/{}", self.app, self.task);
+        f.debug_struct("Catalog").field("scope", &self.scope).field("task", &task).finish_non_exhaustive()
     }
 }
 
 impl Catalog {
-    pub fn new(store: Arc<dyn Store>, scope: CatalogScope, run: RunKey, clock: Arc<dyn TimeSource>) -> Catalog {
-        Catalog { store: Some(store), scope, run, clock }
+    pub fn new(
+        store: Arc<dyn Store>,
+        scope: CatalogScope,
+        (app, task): (AppId, TaskId),
+        clock: Arc<dyn TimeSource>,
+    ) -> Catalog {
+        Catalog { store: Some(store), scope, app, task, clock }
     }
 
     /// A catalog that reaches no store (a context made outside an executor): every call fails.
-    pub fn detached(run: RunKey) -> Catalog {
+    pub fn detached((app, task): (AppId, TaskId)) -> Catalog {
         let scope = CatalogScope { plugin: String::new(), queue: String::new(), max_output_bytes: 0 };
-        Catalog { store: None, scope, run, clock: Arc::new(allot_core::clock::SystemTime) }
+        Catalog { store: None, scope, app, task, clock: Arc::new(allot_core::clock::SystemTime) }
     }
 
     pub fn scope(&self) -> &CatalogScope {
@@ -115,12 +121,8 @@ impl Catalog {
         let key = self.key(name, version, inputs)?;
         let text = outputs.to_string();
         check_outputs(&self.scope, &text).map_err(|e| ExecError::user("outputs_too_large", e.to_string()))?;
-        let entry = CachedOutputs {
-            outputs: text,
-            app: self.run.app.clone(),
-            task: self.run.task.clone(),
-            at: self.clock.wall_ms(),
-        };
+        let entry =
+            CachedOutputs { outputs: text, app: self.app.clone(), task: self.task.clone(), at: self.clock.wall_ms() };
         let (kept, created) = keep_first(&**self.store()?, &key, entry).await.map_err(store_error)?;
         Ok(Kept { entry: CatalogEntry::of(key, kept)?, created })
     }

@@ -506,7 +506,7 @@ impl TaskContext {
         state: Option<PluginState>,
         waker: Waker,
     ) -> TaskContext {
-        let catalog = crate::catalog::Catalog::detached(run.clone());
+        let catalog = crate::catalog::Catalog::detached((run.app.clone(), run.task.clone()));
         TaskContext {
             run,
             attempt,

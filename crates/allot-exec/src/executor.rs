@@ -1005,7 +1005,8 @@ impl Executor {
         if let Some(driven) = self.active.lock().unwrap_or_else(|p| p.into_inner()).get(key) {
             *driven.scope.lock().unwrap_or_else(|p| p.into_inner()) = Some(scope.clone());
         }
-        ctx.catalog = Catalog::new(self.store.clone(), scope, key.clone(), self.config.clock.clone());
+        ctx.catalog =
+            Catalog::new(self.store.clone(), scope, (key.app.clone(), key.task.clone()), self.config.clock.clone());
         let placement = task.and_then(|t| t.placement.as_ref());
         let text = |value: &serde_json::Value| value.as_str().map_or_else(|| value.to_string(), str::to_owned);
         ctx.metadata = Metadata {
