@@ -9,9 +9,13 @@ import subprocess
 import tempfile
 import threading
 from pathlib import Path
-from typing import Iterator, List, Optional
+from contextlib import contextmanager
+from typing import TYPE_CHECKING, Iterator, List, Optional
 
 import pytest
+
+if TYPE_CHECKING:
+    from allot.plugin import Plugin
 
 REPO = Path(__file__).resolve().parents[3]
 
@@ -93,6 +97,22 @@ def new_daemon(root: Path, *args: str, config: str = "") -> Daemon:
     path = root / f"daemon-{_count}.toml"
     path.write_text(CONFIG + config)
     return Daemon(root / f"daemon-{_count}", ["--config", str(path), *args])
+
+
+@contextmanager
+def plugin_daemon(root: Path, plugin: "Plugin", plugin_id: str, extra: str = "") -> Iterator[Daemon]:
+    """``plugin`` served by the kit, and a daemon (pool ``worker``, which it runs) that runs
+    its task types through it as external plugin ``plugin_id`` (``extra``: more of its table)."""
+    from allot.plugin import PluginServer
+
+    with PluginServer(plugin) as server:
+        types = ", ".join(f'"{t}"' for t in plugin.task_types)
+        config = f'[plugins.external.{plugin_id}]\nurl = "{server.url}"\ntask_types = [{types}]\n{extra}'
+        daemon = new_daemon(root, "--pool", "worker=cpu=4", "--run-pool", "worker", config=config)
+        try:
+            yield daemon
+        finally:
+            daemon.stop()
 
 
 @pytest.fixture(scope="session")

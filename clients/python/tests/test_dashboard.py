@@ -19,9 +19,9 @@ import pytest
 
 import allot
 from allot import Client
-from allot.plugin import Plugin, PluginServer, Status, Task
+from allot.plugin import Plugin, Status, Task
 
-from .conftest import REPO, Daemon, allot_bin, new_daemon
+from .conftest import REPO, Daemon, allot_bin, new_daemon, plugin_daemon
 
 SHOTS = REPO / "target" / "ui-screenshots"
 PHONE = (390, 844)
@@ -309,9 +309,7 @@ class Linked(Plugin):
 
 def test_a_runs_links_custom_info_and_start_are_shown(browser: Any, data_root: Path) -> None:
     plugin = Linked()
-    with PluginServer(plugin) as server:
-        config = f'[plugins.external.linked]\nurl = "{server.url}"\ntask_types = ["linked"]\n'
-        daemon = new_daemon(data_root, "--pool", "worker=cpu=4", "--run-pool", "worker", config=config)
+    with plugin_daemon(data_root, plugin, "linked") as daemon:
         try:
             with Client(daemon.url) as client:
                 client.put_queue("root.linked")
@@ -337,7 +335,6 @@ def test_a_runs_links_custom_info_and_start_are_shown(browser: Any, data_root: P
         finally:
             browser.get("about:blank")  # the page stops reading the daemon before it stops
             forget_console(browser)
-            daemon.stop()
 
 
 def test_the_pages_answer_quickly_with_many_things(browser: Any, data_root: Path) -> None:

@@ -21,7 +21,7 @@ from allot import Client
 from allot.plugin import JobNotFound, Plugin, PluginServer, Refused, Status, Task
 
 from .clock import until
-from .conftest import REPO, allot_bin, new_daemon
+from .conftest import REPO, allot_bin, new_daemon, plugin_daemon
 
 PACKAGE = Path(__file__).resolve().parents[1]
 
@@ -61,29 +61,24 @@ class Upper(Plugin):
 
 def test_a_plugin_on_the_kit_runs_a_daemons_tasks(data_root: Path) -> None:
     plugin = Upper()
-    with PluginServer(plugin) as server:
-        config = f'[plugins.external.upper]\nurl = "{server.url}"\ntask_types = ["upper"]\njobs_quota = 2\n'
-        daemon = new_daemon(data_root, "--pool", "worker=cpu=4", "--run-pool", "worker", config=config)
-        try:
-            with Client(daemon.url) as client:
-                client.put_queue("root.kit")
-                tasks = [
-                    {"id": f"t{i}", "resources": "cpu=1", "spec": {"type": "upper", "inputs": {"text": f"hello {i}"}, "poll_seconds": 0.05}}
-                    for i in range(3)
-                ]
-                ended = client.submit_and_follow({"id": "kit", "queue": "root.kit", "tasks": tasks}, timeout=60)
-                assert ended["state"] == "Completed"
-                for i in range(3):
-                    run = client.task_run("kit", f"t{i}")
-                    assert run["outputs"] == {"text": f"HELLO {i}"}, run
-                assert plugin.creates == 3
-                # Bad inputs: refused by the plugin, the task fails for good.
-                bad = {"id": "kit-bad", "queue": "root.kit", "tasks": [{"id": "b", "resources": "cpu=1", "spec": {"type": "upper", "inputs": {}}}]}
-                with pytest.raises(allot.AppFailed):
-                    client.submit_and_follow(bad, timeout=60)
-                assert "inputs.text is missing" in str(client.task_run("kit-bad", "b"))
-        finally:
-            daemon.stop()
+    with plugin_daemon(data_root, plugin, "upper", "jobs_quota = 2\n") as daemon:
+        with Client(daemon.url) as client:
+            client.put_queue("root.kit")
+            tasks = [
+                {"id": f"t{i}", "resources": "cpu=1", "spec": {"type": "upper", "inputs": {"text": f"hello {i}"}, "poll_seconds": 0.05}}
+                for i in range(3)
+            ]
+            ended = client.submit_and_follow({"id": "kit", "queue": "root.kit", "tasks": tasks}, timeout=60)
+            assert ended["state"] == "Completed"
+            for i in range(3):
+                run = client.task_run("kit", f"t{i}")
+                assert run["outputs"] == {"text": f"HELLO {i}"}, run
+            assert plugin.creates == 3
+            # Bad inputs: refused by the plugin, the task fails for good.
+            bad = {"id": "kit-bad", "queue": "root.kit", "tasks": [{"id": "b", "resources": "cpu=1", "spec": {"type": "upper", "inputs": {}}}]}
+            with pytest.raises(allot.AppFailed):
+                client.submit_and_follow(bad, timeout=60)
+            assert "inputs.text is missing" in str(client.task_run("kit-bad", "b"))
 
 
 class Told(Plugin):
@@ -113,48 +108,43 @@ class Told(Plugin):
 def test_a_plugin_says_when_a_phase_began_its_links_and_custom_info(data_root: Path) -> None:
     plugin = Told()
     began_ms = int(plugin.began.timestamp() * 1000)
-    with PluginServer(plugin) as server:
-        config = f'[plugins.external.told]\nurl = "{server.url}"\ntask_types = ["told"]\n'
-        daemon = new_daemon(data_root, "--pool", "worker=cpu=4", "--run-pool", "worker", config=config)
-        try:
-            with Client(daemon.url) as client:
-                client.put_queue("root.told")
-                task = {"id": "t", "resources": "cpu=1", "spec": {"type": "told", "inputs": {}, "poll_seconds": 0.05}}
-                client.submit_app({"id": "told", "queue": "root.told", "tasks": [task]})
+    with plugin_daemon(data_root, plugin, "told") as daemon:
+        with Client(daemon.url) as client:
+            client.put_queue("root.told")
+            task = {"id": "t", "resources": "cpu=1", "spec": {"type": "told", "inputs": {}, "poll_seconds": 0.05}}
+            client.submit_app({"id": "told", "queue": "root.told", "tasks": [task]})
 
-                def running(links: int) -> bool:
-                    try:
-                        events = client.task_run("told", "t")["events"]
-                    except allot.NotFoundError:
-                        return False
-                    return any(e["phase"] == "Running" and len(e.get("logs", [])) == links for e in events)
+            def running(links: int) -> bool:
+                try:
+                    events = client.task_run("told", "t")["events"]
+                except allot.NotFoundError:
+                    return False
+                return any(e["phase"] == "Running" and len(e.get("logs", [])) == links for e in events)
 
-                until("the job is seen running", lambda: running(1))
-                plugin.more.set()
-                until("its second link is seen", lambda: running(2))
-                shown = subprocess.run(
-                    [allot_bin(), "task", "show", "told", "t", "--server", daemon.url], capture_output=True, text=True, check=True
-                ).stdout
-                assert "custom info: {\"job_id\":\"job-7\"}" in shown, shown
-                assert "logs: https://logs.example/job-7" in shown and "console: https://jobs.example/job-7" in shown, shown
-                plugin.finish.set()
-                until("the task succeeds", lambda: client.task_run("told", "t")["stage"] == "ended")
-                events = client.task_run("told", "t")["events"]
-                running_events = [e for e in events if e["phase"] == "Running"]
-                assert [e["version"] for e in running_events] == [0, 1], events
-                for event in running_events:
-                    assert event.get("occurred_at_ms") == began_ms, event
-                    assert event["at_ms"] >= began_ms + 3000
-                    assert event.get("custom_info") == {"job_id": "job-7"}
-                assert [link["name"] for link in running_events[1].get("logs", [])] == ["console", "logs"]
-                success = next(e for e in events if e["phase"] == "Success")
-                assert success.get("occurred_at_ms") == began_ms + 1000 and "custom_info" not in success
-                timeline = subprocess.run(
-                    [allot_bin(), "task", "events", "told", "t", "--server", daemon.url], capture_output=True, text=True, check=True
-                ).stdout
-                assert "OCCURRED (UTC)" in timeline and "attempt 1 Running v1:" in timeline, timeline
-        finally:
-            daemon.stop()
+            until("the job is seen running", lambda: running(1))
+            plugin.more.set()
+            until("its second link is seen", lambda: running(2))
+            shown = subprocess.run(
+                [allot_bin(), "task", "show", "told", "t", "--server", daemon.url], capture_output=True, text=True, check=True
+            ).stdout
+            assert "custom info: {\"job_id\":\"job-7\"}" in shown, shown
+            assert "logs: https://logs.example/job-7" in shown and "console: https://jobs.example/job-7" in shown, shown
+            plugin.finish.set()
+            until("the task succeeds", lambda: client.task_run("told", "t")["stage"] == "ended")
+            events = client.task_run("told", "t")["events"]
+            running_events = [e for e in events if e["phase"] == "Running"]
+            assert [e["version"] for e in running_events] == [0, 1], events
+            for event in running_events:
+                assert event.get("occurred_at_ms") == began_ms, event
+                assert event["at_ms"] >= began_ms + 3000
+                assert event.get("custom_info") == {"job_id": "job-7"}
+            assert [link["name"] for link in running_events[1].get("logs", [])] == ["console", "logs"]
+            success = next(e for e in events if e["phase"] == "Success")
+            assert success.get("occurred_at_ms") == began_ms + 1000 and "custom_info" not in success
+            timeline = subprocess.run(
+                [allot_bin(), "task", "events", "told", "t", "--server", daemon.url], capture_output=True, text=True, check=True
+            ).stdout
+            assert "OCCURRED (UTC)" in timeline and "attempt 1 Running v1:" in timeline, timeline
 
 
 class Memo(Plugin):
@@ -188,32 +178,27 @@ class Memo(Plugin):
 
 def test_a_plugin_keeps_and_looks_up_its_own_catalog_entries(data_root: Path) -> None:
     plugin = Memo()
-    with PluginServer(plugin) as server:
-        config = f'[plugins.external.memo]\nurl = "{server.url}"\ntask_types = ["memo"]\n'
-        daemon = new_daemon(data_root, "--pool", "worker=cpu=4", "--run-pool", "worker", config=config)
-        try:
-            with Client(daemon.url) as client:
-                for queue in ("root.memo-a", "root.memo-b"):
-                    client.put_queue(queue)
+    with plugin_daemon(data_root, plugin, "memo") as daemon:
+        with Client(daemon.url) as client:
+            for queue in ("root.memo-a", "root.memo-b"):
+                client.put_queue(queue)
 
-                def run(app: str, queue: str, text: str) -> Dict[str, object]:
-                    spec = {"type": "memo", "inputs": {"text": text}, "poll_seconds": 0.05}
-                    source = {"id": app, "queue": queue, "tasks": [{"id": "t", "resources": "cpu=1", "spec": spec}]}
-                    assert client.submit_and_follow(source, timeout=60)["state"] == "Completed"
-                    return dict(client.task_run(app, "t")["outputs"] or {})
+            def run(app: str, queue: str, text: str) -> Dict[str, object]:
+                spec = {"type": "memo", "inputs": {"text": text}, "poll_seconds": 0.05}
+                source = {"id": app, "queue": queue, "tasks": [{"id": "t", "resources": "cpu=1", "spec": spec}]}
+                assert client.submit_and_follow(source, timeout=60)["state"] == "Completed"
+                return dict(client.task_run(app, "t")["outputs"] or {})
 
-                assert run("memo-1", "root.memo-a", "one two three") == {"words": 3, "counted": True}
-                # The same text in the same queue: taken from the catalog.
-                assert run("memo-2", "root.memo-a", "one two three") == {"words": 3, "counted": False, "from": "memo-1/t"}
-                # Another queue does not reach the first one's entries.
-                assert run("memo-3", "root.memo-b", "one two three") == {"words": 3, "counted": True}
-                # Only while the task runs, on the daemon that runs it.
-                with pytest.raises(allot.RunNotHere):
-                    client.catalog_lookup("memo-1", "t", "words", "1", {"text": "one two three"})
-                with pytest.raises(allot.NotFoundError):
-                    client.catalog_put("nope", "t", "words", "1", {"words": 0})
-        finally:
-            daemon.stop()
+            assert run("memo-1", "root.memo-a", "one two three") == {"words": 3, "counted": True}
+            # The same text in the same queue: taken from the catalog.
+            assert run("memo-2", "root.memo-a", "one two three") == {"words": 3, "counted": False, "from": "memo-1/t"}
+            # Another queue does not reach the first one's entries.
+            assert run("memo-3", "root.memo-b", "one two three") == {"words": 3, "counted": True}
+            # Only while the task runs, on the daemon that runs it.
+            with pytest.raises(allot.RunNotHere):
+                client.catalog_lookup("memo-1", "t", "words", "1", {"text": "one two three"})
+            with pytest.raises(allot.NotFoundError):
+                client.catalog_put("nope", "t", "words", "1", {"words": 0})
 
 
 class Buggy(Plugin):
