@@ -1,4 +1,5 @@
-//! The runs' routes: how a task is being run by its plugin, its logs, and its wake-up.
+//! The runs' routes: how a task is being run by its plugin, its logs, its wake-up, and its
+//! plugin's catalog.
 
 use reqwest::Method;
 
@@ -36,5 +37,23 @@ impl Client {
     /// on the daemon that runs it.
     pub async fn wake_task(&self, app: &str, task: &str) -> Result<Woken, ClientError> {
         self.json(self.request(Method::POST, &format!("{}/wake", task_path(app, task)?))?).await
+    }
+
+    /// `POST /v1/apps/{app}/tasks/{task}/catalog/lookup`: an entry of the catalog of the plugin
+    /// that runs the task, in its queue (a plugin's call, on the daemon that runs the task).
+    pub async fn catalog_lookup(
+        &self,
+        app: &str,
+        task: &str,
+        lookup: &CatalogLookup,
+    ) -> Result<CatalogFound, ClientError> {
+        let path = format!("{}/catalog/lookup", task_path(app, task)?);
+        self.json(self.request(Method::POST, &path)?.json(lookup)).await
+    }
+
+    /// `POST /v1/apps/{app}/tasks/{task}/catalog`: keeps outputs in the catalog of the plugin that
+    /// runs the task, unless an entry is kept under their key already (`created` false: it stays).
+    pub async fn catalog_put(&self, app: &str, task: &str, put: &CatalogPut) -> Result<CatalogKept, ClientError> {
+        self.json(self.request(Method::POST, &format!("{}/catalog", task_path(app, task)?))?.json(put)).await
     }
 }

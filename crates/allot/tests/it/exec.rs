@@ -624,3 +624,54 @@ async fn allocs_say_what_runs_in_them() {
     let holds = now.task.unwrap();
     assert_eq!((holds.task.as_deref(), holds.placeholder), (Some("t"), None), "the task, not the placeholder");
 }
+
+/// A plugin's catalog over HTTP (what an external plugin calls, the Rust client here): reached
+/// for a task while it runs on the daemon, keyed by name, version and inputs, the first put
+/// staying; a task not running here is `run_not_here`, a name out of bounds a 400.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_running_tasks_plugin_catalog_is_reached_over_http() {
+    use allot_client::{CatalogLookup, CatalogPut};
+    use serde_json::json;
+
+    let (_dir, data) = data_dir();
+    let daemon = Daemon::start(&data, &["--pool", "w=cpu=2", "--run-pool", "w"]);
+    let client = daemon.client();
+    client.put_queue("root.cat", &Default::default()).await.unwrap();
+    let app: SubmitApp = serde_json::from_value(json!({"id": "cat", "queue": "root.cat", "user": "me",
+        "tasks": [{"id": "long", "resources": "cpu=1", "spec": {"type": "sleep", "seconds": 600}}]}))
+    .unwrap();
+    client.submit_app(&app).await.unwrap();
+    let lookup = CatalogLookup { name: "part".into(), version: "1".into(), inputs: json!({"n": 1}) };
+    // Until the task's first round, the daemon does not run it yet.
+    let found =
+        eventually(Duration::from_secs(20), async || client.catalog_lookup("cat", "long", &lookup).await.is_ok()).await;
+    assert!(found, "the running task's catalog is reached");
+    assert_eq!(client.catalog_lookup("cat", "long", &lookup).await.unwrap().entry, None);
+    let put =
+        CatalogPut { name: "part".into(), version: "1".into(), inputs: json!({"n": 1}), outputs: json!({"rows": 3}) };
+    let kept = client.catalog_put("cat", "long", &put).await.unwrap();
+    assert!(kept.created);
+    assert_eq!(
+        (kept.entry.app.as_str(), kept.entry.task.as_str(), &kept.entry.outputs),
+        ("cat", "long", &json!({"rows": 3}))
+    );
+    let again =
+        client.catalog_put("cat", "long", &CatalogPut { outputs: json!({"rows": 4}), ..put.clone() }).await.unwrap();
+    assert_eq!((again.created, again.entry.outputs.clone()), (false, json!({"rows": 3})), "the first put stays");
+    let found = client.catalog_lookup("cat", "long", &lookup).await.unwrap();
+    assert_eq!((found.key, found.entry.map(|e| e.outputs)), (kept.entry.key, Some(json!({"rows": 3}))));
+    let other = CatalogLookup { inputs: json!({"n": 2}), ..lookup.clone() };
+    assert_eq!(client.catalog_lookup("cat", "long", &other).await.unwrap().entry, None, "other inputs, other entry");
+    // Refused: a name out of bounds, a task that does not exist, a task that is not running.
+    let long = CatalogLookup { name: "x".repeat(257), ..lookup.clone() };
+    let err = client.catalog_lookup("cat", "long", &long).await.unwrap_err();
+    assert_eq!((err.status(), err.code()), (Some(400), Some("invalid_argument")), "{err}");
+    let err = client.catalog_lookup("cat", "nope", &lookup).await.unwrap_err();
+    assert_eq!(err.code(), Some("task_not_found"), "{err}");
+    client.remove_app("cat").await.unwrap();
+    let gone = eventually(Duration::from_secs(20), async || {
+        client.catalog_put("cat", "long", &put).await.is_err_and(|e| e.code() == Some("app_not_found"))
+    })
+    .await;
+    assert!(gone, "no catalog for a task that is gone");
+}
