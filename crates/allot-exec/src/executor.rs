@@ -127,7 +127,7 @@ struct Driven {
     /// The task as the change that placed it here carried it: the run's first reading, instead
     /// of asking the scheduling daemon (a later change wakes it to read again).
     placed: Mutex<Option<PlacedTask>>,
-    /// Whose catalog entries its plugin reaches (its plugin, its queue), from its last round.
+    /// Whose catalog entries its plugin reaches (its plugin, its queue), set as it is driven.
     scope: Mutex<Option<CatalogScope>>,
 }
 
@@ -312,8 +312,8 @@ impl Executor {
     }
 
     /// Whose catalog entries the plugin of a run this executor drives now reaches, for its
-    /// calls from outside (an external plugin's); `None` if it does not drive it, or its first
-    /// round has not come.
+    /// calls from outside (an external plugin's); `None` if it does not drive it (or its task
+    /// names no plugin this daemon has).
     pub fn catalog_scope(&self, run: &RunKey) -> Option<CatalogScope> {
         let driven = self.active.lock().unwrap_or_else(|p| p.into_inner()).get(run).cloned()?;
         let scope = driven.scope.lock().unwrap_or_else(|p| p.into_inner()).clone();
@@ -726,6 +726,11 @@ impl Executor {
         let mut streak = 0;
         // The application's parallelism: a run holds a slot while it is past waiting to begin.
         let meta = self.app_meta(&key.app).await?;
+        // Its plugin's catalog, for the plugin's calls from outside (once: neither the plugin nor
+        // the queue of a run's task changes).
+        if let Some(Ok((_, plugin))) = last.as_ref().map(|task| self.plugin_for(task)) {
+            *driven.scope.lock().unwrap_or_else(|p| p.into_inner()) = Some(self.scope_of(plugin.id(), &meta));
+        }
         let max_parallelism = meta.max_parallelism;
         let parallelism = max_parallelism.map(|max| self.parallelism.of(&key.app, max));
         let mut slot: Option<OwnedSemaphorePermit> = None;
@@ -969,6 +974,15 @@ impl Executor {
         crate::spec::parse(&task.spec).map_or(self.config.retry, |spec| spec.policy(self.config.retry))
     }
 
+    /// Whose catalog entries the plugin `plugin` reaches for a task of the application `meta`.
+    fn scope_of(&self, plugin: &str, meta: &AppMeta) -> CatalogScope {
+        CatalogScope {
+            plugin: plugin.to_owned(),
+            queue: meta.queue.clone(),
+            max_output_bytes: self.config.max_output_bytes,
+        }
+    }
+
     /// A round's context for `task`'s current attempt.
     fn context(
         &self,
@@ -997,14 +1011,7 @@ impl Executor {
         ctx.max_output_bytes = self.config.max_output_bytes;
         ctx.secrets = self.config.secrets.clone();
         ctx.clock = self.config.clock.clone();
-        let scope = CatalogScope {
-            plugin: plugin.to_owned(),
-            queue: meta.queue.clone(),
-            max_output_bytes: self.config.max_output_bytes,
-        };
-        if let Some(driven) = self.active.lock().unwrap_or_else(|p| p.into_inner()).get(key) {
-            *driven.scope.lock().unwrap_or_else(|p| p.into_inner()) = Some(scope.clone());
-        }
+        let scope = self.scope_of(plugin, meta);
         ctx.catalog =
             Catalog::new(self.store.clone(), scope, (key.app.clone(), key.task.clone()), self.config.clock.clone());
         let placement = task.and_then(|t| t.placement.as_ref());
