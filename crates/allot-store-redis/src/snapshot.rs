@@ -1,6 +1,7 @@
 //! Snapshots of a Redis store, and restores into one. The archive is the one every backend writes
 //! (`allot_store::snapshot`): the embedded store's records, so an archive moves between the two
-//! stores (docs/design.md, "Snapshots").
+//! stores (docs/design.md, "Snapshots"). At length, as one thing: taking and restoring walk the
+//! same slots with the same records, each table's way both ways side by side.
 //!
 //! **Taken slot by slot.** Each namespace, each pool, the sessions, the applications, the runs
 //! and the access records live in a hash slot of their own (on a cluster, perhaps on different
