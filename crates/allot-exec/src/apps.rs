@@ -9,6 +9,7 @@ use allot_api::ErrorCode;
 use allot_core::apps::states::TaskState;
 use allot_core::apps::{AppId, AppSpec, SchedError, Task, TaskEnd, TaskEnding, TaskId};
 use allot_core::pools::PoolName;
+use allot_core::runs::Run;
 use allot_store::{AppsHome, Store, StoreError};
 use tokio::sync::oneshot;
 
@@ -133,10 +134,13 @@ pub(crate) struct AppsAccess {
     ends: Mutex<Ends>,
 }
 
+/// A task's end, with its run as it ended when that is not stored yet.
+type EndWithRun = (TaskEnd, Option<Run>);
+
 /// Task ends waiting for the call that sends them, each with its reporter's answer.
 #[derive(Default)]
 struct Ends {
-    pending: Vec<(TaskEnd, oneshot::Sender<Result<(), Refusal>>)>,
+    pending: Vec<(EndWithRun, oneshot::Sender<Result<(), Refusal>>)>,
     /// A task is sending: it takes what is pending when its call returns.
     sending: bool,
 }
@@ -287,19 +291,21 @@ impl AppsAccess {
     }
 
     /// Reports how the task ended: completed, or failed with a reason (ignored if it ended or
-    /// went meanwhile). Reports made while one is being sent go together in the next call (one
-    /// commit for them all, and over HTTP one request), so a busy executor reports in batches
-    /// without waiting for a batch to fill.
+    /// went meanwhile), with its `run` as it ended stored first (in the same commit where the
+    /// store keeps both). Reports made while one is being sent go together in the next call
+    /// (one commit for them all, and over HTTP one request), so a busy executor reports in
+    /// batches without waiting for a batch to fill.
     pub(crate) async fn finish(
         self: &Arc<Self>,
         app: &AppId,
         task: &TaskId,
         ending: TaskEnding,
+        run: Option<Run>,
     ) -> Result<Reported, StoreError> {
         let (answer, answered) = oneshot::channel();
         let send = {
             let mut ends = self.ends.lock().unwrap_or_else(|p| p.into_inner());
-            ends.pending.push((TaskEnd { app: app.clone(), task: task.clone(), ending }, answer));
+            ends.pending.push(((TaskEnd { app: app.clone(), task: task.clone(), ending }, run), answer));
             !std::mem::replace(&mut ends.sending, true)
         };
         if send {
@@ -324,7 +330,7 @@ impl AppsAccess {
                 let count = ends.pending.len().min(MAX_ENDS_AT_ONCE);
                 ends.pending.drain(..count).collect()
             };
-            let (reports, answers): (Vec<TaskEnd>, Vec<_>) = batch.into_iter().unzip();
+            let (reports, answers): (Vec<EndWithRun>, Vec<_>) = batch.into_iter().unzip();
             let count = reports.len();
             let mut results = match self.finish_all(reports).await {
                 Ok(results) => results,
@@ -337,18 +343,27 @@ impl AppsAccess {
         }
     }
 
-    /// Reports the ends of several tasks in one call: one result per report, in order.
-    async fn finish_all(&self, reports: Vec<TaskEnd>) -> Result<Vec<Result<(), Refusal>>, StoreError> {
+    /// Reports the ends of several tasks in one call, each with its run stored first: one result
+    /// per report, in order.
+    async fn finish_all(&self, reports: Vec<EndWithRun>) -> Result<Vec<Result<(), Refusal>>, StoreError> {
         match self.home()? {
             Home::Here => Ok(self
                 .store
-                .finish_tasks(reports)
+                .finish_runs(reports)
                 .await?
                 .into_iter()
                 .map(|r| r.map(|_| ()).map_err(|e| Refusal::from(StoreError::Apps(e))))
                 .collect()),
             Home::At(client) => {
-                let wire = reports
+                // The runs are this daemon's to write, then the reports the other's.
+                let mut ends = Vec::with_capacity(reports.len());
+                for (end, run) in reports {
+                    if let Some(run) = run {
+                        self.store.put_run(end.app.clone(), end.task.clone(), run).await?;
+                    }
+                    ends.push(end);
+                }
+                let wire = ends
                     .into_iter()
                     .map(|end| allot_client::TaskEnd {
                         app: end.app.to_string(),

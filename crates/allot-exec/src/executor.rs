@@ -239,6 +239,9 @@ const STREAK: u32 = 8;
 enum Keep {
     /// The run, as usual.
     Run,
+    /// The run, or, when the attempt ends the task, nothing yet: the run goes with the report of
+    /// the task's end, in the same commit.
+    WithReport,
     /// Nothing: the kept run is another task's now (removed and added again under the same id).
     Nothing,
 }
@@ -742,6 +745,8 @@ impl Executor {
         let mut replaced = false;
         // The scheduler preempts the task: once the attempt has ended, it is told so.
         let mut preempted = false;
+        // The attempt ended the task and its run is not stored yet: it goes with the report.
+        let mut unsaved = false;
         loop {
             if *shutdown.borrow() {
                 return Ok(());
@@ -806,7 +811,7 @@ impl Executor {
                     if run.preempted_before_this_attempt(reason) {
                         // Ended for it already, and the scheduler not told (it died first, say):
                         // told now, nothing counted again.
-                        return self.report(key, allot_core::apps::TaskEnding::Preempted).await;
+                        return self.report(key, allot_core::apps::TaskEnding::Preempted, None).await;
                     }
                     if run.next() == Next::Handle {
                         run.preempted(reason, self.policy_of(t), self.now_ms());
@@ -873,11 +878,15 @@ impl Executor {
                     }
                 }
                 Next::EndAttempt { abort } => {
-                    let keep = if replaced { Keep::Nothing } else { Keep::Run };
-                    self.end_attempt(key, &meta, last.as_ref(), &mut run, abort, keep, resumed).await?;
+                    let keep = match (replaced, gone || preempted || stopped.is_some()) {
+                        (true, _) => Keep::Nothing,
+                        (false, true) => Keep::Run,
+                        (false, false) => Keep::WithReport,
+                    };
+                    unsaved = self.end_attempt(key, &meta, last.as_ref(), &mut run, abort, keep, resumed).await?;
                     if preempted && run.next() == Next::Handle {
                         self.stats.preempted.fetch_add(1, Ordering::Relaxed);
-                        return self.report(key, allot_core::apps::TaskEnding::Preempted).await;
+                        return self.report(key, allot_core::apps::TaskEnding::Preempted, None).await;
                     }
                 }
                 Next::Report(ending) => {
@@ -903,7 +912,12 @@ impl Executor {
                             Ending::Failed(error) => Some(error.to_string()),
                             Ending::Aborted(reason) => Some(format!("aborted: {reason}")),
                         };
-                        return self.report(key, allot_core::apps::TaskEnding::of(failed)).await;
+                        return self
+                            .report(key, allot_core::apps::TaskEnding::of(failed), unsaved.then_some(run))
+                            .await;
+                    }
+                    if unsaved {
+                        self.store.put_run(key.app.clone(), key.task.clone(), run).await?;
                     }
                     return Ok(());
                 }
@@ -946,8 +960,13 @@ impl Executor {
 
     /// Tells the scheduler how the task's attempt ended. A task gone meanwhile (its application
     /// removed) takes its run with it: nothing else would remove it.
-    async fn report(&self, key: &RunKey, ending: allot_core::apps::TaskEnding) -> Result<(), StoreError> {
-        match self.apps.finish(&key.app, &key.task, ending).await? {
+    async fn report(
+        &self,
+        key: &RunKey,
+        ending: allot_core::apps::TaskEnding,
+        run: Option<Run>,
+    ) -> Result<(), StoreError> {
+        match self.apps.finish(&key.app, &key.task, ending, run).await? {
             Reported::Heard => Ok(()),
             Reported::Gone => self.forget_run(key).await,
         }
@@ -1183,8 +1202,10 @@ impl Executor {
     }
 
     /// Aborts (if asked) and finalizes the attempt, releases its tokens, stores the run (unless
-    /// `keep` says it is another's to write). A `resumed` run also gives back the attempt's token
-    /// in every namespace of its plugin, listed or not.
+    /// `keep` says it is another's to write, or that an attempt that ends the task goes with the
+    /// report: then `true`, not stored yet). A `resumed` run also gives back the attempt's token
+    /// in every namespace of its plugin, listed or not. Until the run is stored, a crash replays
+    /// the attempt's last round (as between a round and its store), which `handle` allows.
     #[allow(clippy::too_many_arguments)]
     async fn end_attempt(
         &self,
@@ -1195,13 +1216,13 @@ impl Executor {
         abort: bool,
         keep: Keep,
         resumed: bool,
-    ) -> Result<(), StoreError> {
+    ) -> Result<bool, StoreError> {
         // An attempt lost with its placement ran elsewhere: its plugin is not called here.
         let task = task.filter(|_| !run.attempt_lost());
         if let Some((spec, plugin)) = task.and_then(|t| self.plugin_for(t).ok()) {
             // Not for a run whose task was replaced: the new task's attempts hold tokens of the
             // same names.
-            if resumed && keep == Keep::Run {
+            if resumed && keep != Keep::Nothing {
                 self.release_unlisted(key, run.attempt, plugin.id()).await?;
             }
             let mut ctx = self.context(key, meta, task, run, plugin.id(), &spec);
@@ -1220,18 +1241,23 @@ impl Executor {
         for token in std::mem::take(&mut run.tokens) {
             if let Err(err) = release(&self.store, &self.waits, &token.namespace, &token.token).await {
                 run.tokens.push(token);
-                if keep == Keep::Run {
+                if keep != Keep::Nothing {
                     self.store.put_run(key.app.clone(), key.task.clone(), run.clone()).await?;
                 }
                 return Err(StoreError::Unavailable(format!("a token could not be released: {err}")));
             }
         }
-        if run.attempt_finalized(self.now_ms()) == Next::Handle {
+        let retried = run.attempt_finalized(self.now_ms()) == Next::Handle;
+        if retried {
             self.stats.retried.fetch_add(1, Ordering::Relaxed);
         }
         match keep {
-            Keep::Run => self.store.put_run(key.app.clone(), key.task.clone(), run.clone()).await,
-            Keep::Nothing => Ok(()),
+            Keep::WithReport if !retried => Ok(true),
+            Keep::Run | Keep::WithReport => {
+                self.store.put_run(key.app.clone(), key.task.clone(), run.clone()).await?;
+                Ok(false)
+            }
+            Keep::Nothing => Ok(false),
         }
     }
 }

@@ -19,7 +19,7 @@ use std::time::Instant;
 use allot_core::access::{Kind, Permission};
 use axum::body::HttpBody as _;
 use axum::extract::{ConnectInfo, Query, Request};
-use axum::http::{HeaderName, HeaderValue, Method};
+use axum::http::{HeaderName, Method};
 use axum::response::{IntoResponse, Response};
 use axum::routing::future::RouteFuture;
 use axum::Router;
@@ -126,16 +126,12 @@ impl Service<Request> for Api {
                 call.route = response.extensions_mut().remove::<audit::Route>().map(|route| route.0);
                 state.metrics.audited(audit::outcome(status));
                 // The caller's id back when it gave one, the daemon's own always.
-                let id = HeaderValue::from_str(call.caller_request_id.as_ref().unwrap_or(&call.request_id)).ok();
-                let own = HeaderValue::from_str(&call.request_id).ok();
+                let own = call.request_id.header();
+                let id = call.caller_request_id.clone().unwrap_or_else(|| own.clone());
                 let noted = response.extensions_mut().remove::<audit::Noted>().unwrap_or_default();
                 audit.record(call, status, noted);
-                if let Some(id) = id {
-                    response.headers_mut().insert(REQUEST_ID, id);
-                }
-                if let Some(own) = own {
-                    response.headers_mut().insert(ALLOT_REQUEST_ID, own);
-                }
+                response.headers_mut().insert(REQUEST_ID, id);
+                response.headers_mut().insert(ALLOT_REQUEST_ID, own);
             }
             Ok(response)
         }))
@@ -394,7 +390,8 @@ mod tests {
                 let mut call = request(method.clone(), &uri, body);
                 if let Some(token) = token {
                     let bearer = format!("Bearer {token}");
-                    call.headers_mut().insert(header::AUTHORIZATION, HeaderValue::from_str(&bearer).unwrap());
+                    call.headers_mut()
+                        .insert(header::AUTHORIZATION, axum::http::HeaderValue::from_str(&bearer).unwrap());
                 }
                 let (mut parts, body) = api.clone().oneshot(call).await.unwrap().into_parts();
                 parts.headers.remove(ALLOT_REQUEST_ID);

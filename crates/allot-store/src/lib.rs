@@ -274,6 +274,25 @@ pub trait Store:
     /// stops background tasks. Later calls fail with [`StoreError::ShuttingDown`].
     async fn shutdown(&self);
 
+    /// Reports the ends of tasks, as [`AppStore::finish_tasks`] does (one answer per report, in
+    /// order), each with the run it ended stored first ([`RunStore::put_run`]): on a store that
+    /// keeps both, in one commit (a crash keeps the runs and the reports, or neither); here, the
+    /// runs, then the reports (a crash between leaves ended runs, whose executor reports them
+    /// again).
+    async fn finish_runs(
+        &self,
+        ends: Vec<(allot_core::apps::TaskEnd, Option<allot_core::runs::Run>)>,
+    ) -> Result<Vec<Result<TaskInfo, allot_core::apps::SchedError>>, StoreError> {
+        let mut reports = Vec::with_capacity(ends.len());
+        for (end, run) in ends {
+            if let Some(run) = run {
+                self.put_run(end.app.clone(), end.task.clone(), run).await?;
+            }
+            reports.push(end);
+        }
+        self.finish_tasks(reports).await
+    }
+
     /// Writes a point-in-time archive of everything the store holds ([`snapshot`]) to `out`,
     /// while operations go on, and answers its header and what it wrote. Blocking: call it off
     /// the async runtime's threads.

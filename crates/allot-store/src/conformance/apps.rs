@@ -29,6 +29,7 @@ pub async fn run_apps(store: Arc<dyn Store>, time: &dyn Time) {
         submission_is_idempotent_and_checked(store),
         a_pool_removed_with_force_fails_the_tasks_placed_on_it(store),
         task_ends_reported_together_are_each_answered(store),
+        task_ends_reported_with_their_runs_keep_both(store),
         group_limits_bind_the_primary_group(store),
         a_placement_rule_that_creates_makes_the_queue_with_the_application(store),
     );
@@ -202,6 +203,48 @@ async fn task_ends_reported_together_are_each_answered(store: &dyn Store) {
     let refused = store.finish_tasks(vec![end(&placed[1], None)]).await.unwrap();
     assert!(matches!(refused[..], [Err(SchedError::Illegal(_))]), "{refused:?}");
     assert!(store.finish_tasks(Vec::new()).await.unwrap().is_empty());
+    store.remove_app(id).await.unwrap();
+}
+
+/// Task ends reported with the runs that ended them (`Store::finish_runs`): each answered as
+/// `finish_tasks` answers it, and every run given kept, the refused reports' too (the executor
+/// removes a run whose task is gone).
+async fn task_ends_reported_with_their_runs_keep_both(store: &dyn Store) {
+    let (q, p) = (queue("runends"), pool("runends"));
+    store.put_queue(q.clone(), QueueLimits::default()).await.unwrap();
+    labelled_pool(store, &p, "cpu=2").await;
+    let spec = app("runends", q);
+    let id = spec.id.clone();
+    store.add_app(spec).await.unwrap();
+    for name in ["t1", "t2"] {
+        store.add_task(id.clone(), task(name, "cpu=1", &p)).await.unwrap();
+    }
+    eventually("both tasks are placed", || async { store.pool(p.clone()).await.unwrap().allocs == 2 }).await;
+    let (t1, t2, gone) = (TaskId::new("t1").unwrap(), TaskId::new("t2").unwrap(), TaskId::new("gone").unwrap());
+    let end = |task: &TaskId, failed: Option<&str>| TaskEnd {
+        app: id.clone(),
+        task: task.clone(),
+        ending: TaskEnding::of(failed.map(str::to_owned)),
+    };
+    let mut ended = allot_core::runs::Run::new(5);
+    ended.task_seq = Some(7);
+    let answers = store
+        .finish_runs(vec![
+            (end(&t1, None), Some(ended.clone())),
+            (end(&gone, None), Some(ended.clone())),
+            (end(&t2, Some("exit 1")), None),
+        ])
+        .await
+        .unwrap();
+    assert_eq!(answers.len(), 3, "one answer per report: {answers:?}");
+    assert_eq!(answers[0].as_ref().unwrap().task.state, TaskState::Completed);
+    assert!(matches!(answers[1], Err(SchedError::TaskNotFound { .. })), "{:?}", answers[1]);
+    assert_eq!(answers[2].as_ref().unwrap().task.state, TaskState::Failed);
+    assert_eq!(store.run(id.clone(), t1.clone()).await.unwrap(), Some(ended.clone()));
+    assert_eq!(store.run(id.clone(), gone.clone()).await.unwrap(), Some(ended));
+    assert_eq!(store.run(id.clone(), t2).await.unwrap(), None, "no run given, none kept");
+    assert_eq!(store.pool(p.clone()).await.unwrap().allocs, 0, "both ends released their allocs");
+    store.remove_run(id.clone(), gone).await.unwrap();
     store.remove_app(id).await.unwrap();
 }
 

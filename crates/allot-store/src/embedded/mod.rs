@@ -408,12 +408,13 @@ impl State {
         self.log_and_answer(shared, ops, Vec::new(), Vec::new(), drafts, shared.clock.now())
     }
 
-    /// Logs a change of the kept runs.
+    /// Logs a change of the kept runs, and makes it.
     fn submit_runs(&mut self, shared: &Shared, change: RunChange) -> Commit {
         let mut ops = Vec::new();
         runs::ops(std::iter::once(&change), &mut ops);
         let mut drafts = std::mem::take(&mut self.drafts);
         feed::runs(&change, &mut drafts);
+        runs::apply(&mut self.runs, change);
         self.log_and_answer(shared, ops, Vec::new(), Vec::new(), drafts, shared.clock.now())
     }
 
@@ -427,7 +428,27 @@ impl State {
         app_changes: Vec<AppChange>,
         now: Millis,
     ) -> Commit {
+        self.submit_all_and_runs(shared, effects, pool_changes, app_changes, Vec::new(), now)
+    }
+
+    /// [`State::submit_all`], with changes of the kept runs first in the same record (their
+    /// events before the others'), made to the state here.
+    fn submit_all_and_runs(
+        &mut self,
+        shared: &Shared,
+        effects: Effects,
+        pool_changes: Vec<PoolChange>,
+        app_changes: Vec<AppChange>,
+        run_changes: Vec<RunChange>,
+        now: Millis,
+    ) -> Commit {
         let mut drafts = std::mem::take(&mut self.drafts);
+        let mut ops = Vec::new();
+        runs::ops(run_changes.iter(), &mut ops);
+        for change in run_changes {
+            feed::runs(&change, &mut drafts);
+            runs::apply(&mut self.runs, change);
+        }
         feed::quotas(&self.ledger, &effects.changes, now, &mut drafts);
         feed::pools(&self.pools, &pool_changes, now, &mut drafts);
         feed::apps(&self.sched, &app_changes, &mut drafts);
@@ -448,7 +469,6 @@ impl State {
                 cancelled.push((waiting.tx, err));
             }
         }
-        let mut ops = Vec::new();
         quotas::ops(effects.changes.iter(), &mut ops);
         pools::ops(pool_changes.iter(), &mut ops);
         apps::ops(app_changes.iter(), &mut ops);
@@ -826,6 +846,16 @@ impl EmbeddedStore {
         &self,
         op: impl FnOnce(&mut Scheduler, World<'_>, Millis) -> Result<(T, Outcome), StoreError>,
     ) -> Result<T, StoreError> {
+        self.commit_sched_and_runs(Vec::new(), op).await
+    }
+
+    /// [`EmbeddedStore::commit_sched`], with `run_changes` made in the same record (before
+    /// the scheduler's changes) when the operation succeeds.
+    async fn commit_sched_and_runs<T>(
+        &self,
+        run_changes: Vec<RunChange>,
+        op: impl FnOnce(&mut Scheduler, World<'_>, Millis) -> Result<(T, Outcome), StoreError>,
+    ) -> Result<T, StoreError> {
         let (value, rx) = {
             let mut state = self.lock();
             state.usable(&self.shared)?;
@@ -835,7 +865,15 @@ impl EmbeddedStore {
             match op(&mut state.sched, world, now) {
                 Ok((value, outcome)) => {
                     state.check_outcome(&outcome)?;
-                    (Ok(value), state.submit_outcome(&self.shared, outcome, now))
+                    let commit = state.submit_all_and_runs(
+                        &self.shared,
+                        outcome.ledger,
+                        outcome.pools,
+                        outcome.apps,
+                        run_changes,
+                        now,
+                    );
+                    (Ok(value), commit)
                 }
                 Err(err) => (Err(err), state.barrier(&self.shared, now)),
             }
@@ -951,6 +989,27 @@ impl Store for EmbeddedStore {
 
     async fn check_ready(&self) -> Result<(), StoreError> {
         self.lock().usable(&self.shared)
+    }
+
+    async fn finish_runs(
+        &self,
+        ends: Vec<(allot_core::apps::TaskEnd, Option<allot_core::runs::Run>)>,
+    ) -> Result<Vec<Result<crate::TaskInfo, allot_core::apps::SchedError>>, StoreError> {
+        let mut reports = Vec::with_capacity(ends.len());
+        let mut runs = Vec::new();
+        for (end, run) in ends {
+            if let Some(run) = run {
+                runs.push(RunChange::Put { app: end.app.clone(), task: end.task.clone(), run: Box::new(run) });
+            }
+            reports.push(end);
+        }
+        // The runs and the reports in one record.
+        self.commit_sched_and_runs(runs, |sched, mut world, now| {
+            let (answers, outcome) = sched.finish_tasks(reports, now, &mut world);
+            let answers = answers.into_iter().map(|a| a.map(|task| crate::TaskInfo { task, why: None })).collect();
+            Ok((answers, outcome))
+        })
+        .await
     }
 
     async fn shutdown(&self) {

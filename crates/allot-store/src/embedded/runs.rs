@@ -121,37 +121,45 @@ impl EmbeddedStore {
         let rx = {
             let mut state = self.lock();
             state.usable(&self.shared)?;
-            let runs = &mut state.runs;
-            match &change {
-                RunChange::Put { app, task, run } => {
-                    runs.runs.entry(app.clone()).or_default().insert(task.clone(), (**run).clone());
-                }
-                RunChange::Removed { app, task } => {
-                    if let Some(tasks) = runs.runs.get_mut(app) {
-                        tasks.remove(task);
-                        if tasks.is_empty() {
-                            runs.runs.remove(app);
-                        }
-                    }
-                }
-                RunChange::Cached { key, entry } => {
-                    if runs.catalog.contains_key(key) {
-                        return Ok(());
-                    }
-                    runs.kept.insert((entry.at, key.clone()));
-                    runs.catalog.insert(key.clone(), entry.clone());
-                }
-                RunChange::Uncached { keys } => {
-                    for key in keys {
-                        if let Some(entry) = runs.catalog.remove(key) {
-                            runs.kept.remove(&(entry.at, key.clone()));
-                        }
-                    }
+            if let RunChange::Cached { key, .. } = &change {
+                // The first kept stays.
+                if state.runs.catalog.contains_key(key) {
+                    return Ok(());
                 }
             }
             state.submit_runs(&self.shared, change)
         };
         durable(rx).await
+    }
+}
+
+/// Makes `change` to the runs in memory (its writes and events are drafted from it first).
+pub(super) fn apply(runs: &mut Runs, change: RunChange) {
+    match change {
+        RunChange::Put { app, task, run } => {
+            runs.runs.entry(app).or_default().insert(task, *run);
+        }
+        RunChange::Removed { app, task } => {
+            if let Some(tasks) = runs.runs.get_mut(&app) {
+                tasks.remove(&task);
+                if tasks.is_empty() {
+                    runs.runs.remove(&app);
+                }
+            }
+        }
+        RunChange::Cached { key, entry } => {
+            if !runs.catalog.contains_key(&key) {
+                runs.kept.insert((entry.at, key.clone()));
+                runs.catalog.insert(key, entry);
+            }
+        }
+        RunChange::Uncached { keys } => {
+            for key in keys {
+                if let Some(entry) = runs.catalog.remove(&key) {
+                    runs.kept.remove(&(entry.at, key));
+                }
+            }
+        }
     }
 }
 
