@@ -356,14 +356,8 @@ impl AppsAccess {
                 .collect()),
             Home::At(client) => {
                 // The runs are this daemon's to write, then the reports the other's.
-                let mut ends = Vec::with_capacity(reports.len());
-                for (end, run) in reports {
-                    if let Some(run) = run {
-                        self.store.put_run(end.app.clone(), end.task.clone(), run).await?;
-                    }
-                    ends.push(end);
-                }
-                let wire = ends
+                let wire = allot_store::put_runs_of_ends(&*self.store, reports)
+                    .await?
                     .into_iter()
                     .map(|end| allot_client::TaskEnd {
                         app: end.app.to_string(),

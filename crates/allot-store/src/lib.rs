@@ -59,7 +59,7 @@ pub use apps::{AppInfo, AppStore, AppsHome, Submitted, TaskInfo};
 pub use embedded::{Durability, EmbeddedConfig, EmbeddedStore};
 pub use pools::PoolStore;
 pub use quotas::{expires_in, Allocation, GrantInfo, QuotaStore, SessionInfo};
-pub use runs::{keep_first, runners_of, CachedOutputs, ExecutorLease, RunChange, RunStore};
+pub use runs::{keep_first, put_runs_of_ends, runners_of, CachedOutputs, ExecutorLease, RunChange, RunStore};
 pub use watch::{Event, EventObject, WatchConfig, WatchError, WatchStore, Watcher};
 
 /// The longest an allocate call may wait for room.
@@ -283,13 +283,7 @@ pub trait Store:
         &self,
         ends: Vec<(allot_core::apps::TaskEnd, Option<allot_core::runs::Run>)>,
     ) -> Result<Vec<Result<TaskInfo, allot_core::apps::SchedError>>, StoreError> {
-        let mut reports = Vec::with_capacity(ends.len());
-        for (end, run) in ends {
-            if let Some(run) = run {
-                self.put_run(end.app.clone(), end.task.clone(), run).await?;
-            }
-            reports.push(end);
-        }
+        let reports = runs::put_runs_of_ends(self, ends).await?;
         self.finish_tasks(reports).await
     }
 

@@ -3,7 +3,7 @@
 
 use std::time::Duration;
 
-use allot_core::apps::{AppId, TaskId};
+use allot_core::apps::{AppId, TaskEnd, TaskId};
 use allot_core::pools::PoolName;
 use allot_core::runs::Run;
 use allot_core::Millis;
@@ -52,6 +52,23 @@ pub struct ExecutorLease {
     /// `*` (`allot_core::apps::EVERY_TYPE`): every type (it has a default plugin).
     pub task_types: Vec<String>,
     pub live: bool,
+}
+
+/// Stores each run given with a task's end ([`RunStore::put_run`]), in order, and answers the
+/// ends: what reporting ends with their runs does where the runs and the reports are not one
+/// commit (the runs first: a crash between leaves ended runs, which their executor reports again).
+pub async fn put_runs_of_ends<S: RunStore + ?Sized>(
+    store: &S,
+    ends: Vec<(TaskEnd, Option<Run>)>,
+) -> Result<Vec<TaskEnd>, StoreError> {
+    let mut reports = Vec::with_capacity(ends.len());
+    for (end, run) in ends {
+        if let Some(run) = run {
+            store.put_run(end.app.clone(), end.task.clone(), run).await?;
+        }
+        reports.push(end);
+    }
+    Ok(reports)
 }
 
 /// What the scheduler makes of every lease.

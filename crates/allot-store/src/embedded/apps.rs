@@ -303,12 +303,7 @@ impl AppStore for EmbeddedStore {
     }
 
     async fn finish_tasks(&self, ends: Vec<TaskEnd>) -> Result<Vec<Result<TaskInfo, SchedError>>, StoreError> {
-        self.commit_sched(|sched, mut world, now| {
-            let (answers, outcome) = sched.finish_tasks(ends, now, &mut world);
-            let answers = answers.into_iter().map(|a| a.map(|task| TaskInfo { task, why: None })).collect();
-            Ok((answers, outcome))
-        })
-        .await
+        crate::Store::finish_runs(self, ends.into_iter().map(|end| (end, None)).collect()).await
     }
 
     async fn remove_task(&self, app: AppId, task: TaskId) -> Result<TaskInfo, StoreError> {
