@@ -641,8 +641,12 @@ impl Sim {
                     _ => {}
                 }
                 // What the primary holds is what there is from now on (certain unless a failover
-                // may still undo it).
+                // may still undo it). A grant whose lease has run out but that is not swept yet
+                // (the sweep was refused while the link was cut, or is due right now) is in doubt:
+                // the daemon's own sweeper, whose rounds follow the real clock, may end it before
+                // the next step, or not.
                 grip.known = match held {
+                    Some(grant) if grant.expires_in_ms == Some(0) => Known::InDoubt,
                     Some(grant) => Known::Held {
                         units: grant.units,
                         fencing: grant.fencing,
