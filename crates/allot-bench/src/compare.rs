@@ -241,22 +241,31 @@ pub(super) async fn run(args: CompareArgs) -> anyhow::Result<()> {
         }
     }
 
+    let pids: Vec<u32> = servers.iter().filter_map(Server::pid).collect();
     // Rounds outermost, so a slow spell of the machine hits every target alike.
     let mut results = Vec::new();
     for round in 1..=args.rounds {
         for &clients in &args.clients {
             for target in &targets {
+                // What the target before left to do (a daemon's checkpoint of the log its pairs
+                // wrote, etcd's compaction) runs on the same CPUs: it is done before this one
+                // is measured, or it would be counted against this one.
+                let settled = crate::cpu::settle(&pids).await;
                 let spec = LoadSpec::new(clients, args.duration, &args.load, &args.output);
                 match load::run_load(target, &spec).await {
-                    Ok(result) => {
+                    Ok(mut result) => {
+                        result.settled_ms = Some(settled.waited.as_millis() as u64);
+                        result.settled = Some(settled.quiet);
                         if !args.output.json {
                             eprintln!(
-                                "round {round}: {} × {clients}: {:.0} pairs/s, p99 {:.3} ms, {} µs CPU/pair, steal {}",
+                                "round {round}: {} × {clients}: {:.0} pairs/s, p99 {:.3} ms, {} µs CPU/pair, steal {}, \
+                                 settled {}",
                                 target.name,
                                 result.pairs_per_s,
                                 result.request_ms.p99,
                                 result.server_cpu_us_per_pair.map_or_else(|| "-".to_owned(), |c| format!("{c:.1}")),
                                 result.steal_pct.map_or_else(|| "-".to_owned(), |s| format!("{s:.1}%")),
+                                settled.describe(),
                             );
                         }
                         results.push(result);

@@ -3,6 +3,8 @@
 //! run-to-run noise, so the benchmarks report it next to their numbers. And a server process's,
 //! from `/proc/<pid>/stat`, for its CPU time per pair.
 
+use std::time::{Duration, Instant};
+
 use serde::Serialize;
 
 /// The counters of the `cpu` line of `/proc/stat`, in clock ticks.
@@ -64,6 +66,52 @@ pub(super) fn process_cpu_seconds(pid: u32) -> Option<f64> {
     let utime: u64 = fields.get(11)?.parse().ok()?;
     let stime: u64 = fields.get(12)?.parse().ok()?;
     Some((utime + stime) as f64 / 100.0)
+}
+
+/// How long the servers took to fall quiet before a target was measured.
+pub(super) struct Settled {
+    pub(super) waited: Duration,
+    pub(super) quiet: bool,
+}
+
+impl Settled {
+    pub(super) fn describe(&self) -> String {
+        let ms = self.waited.as_millis();
+        if self.quiet {
+            format!("after {ms} ms")
+        } else {
+            format!("not within {ms} ms")
+        }
+    }
+}
+
+/// A spell of [`QUIET_SPELL`] in which no server used more than [`QUIET_TICKS`] of CPU time is
+/// quiet. `/proc` counts CPU time in ticks of 10 ms.
+const QUIET_SPELL: Duration = Duration::from_millis(200);
+const QUIET_TICKS: f64 = 0.02;
+/// The longest wait for the servers to fall quiet; a target is measured anyway after it (and
+/// its line says so).
+const MAX_SETTLE: Duration = Duration::from_secs(20);
+
+/// Waits until no server works in the background any more: a spell of [`QUIET_SPELL`] in which
+/// each used at most [`QUIET_TICKS`] seconds of CPU. What a server does after its load
+/// (a daemon's checkpoint of the log its pairs wrote, etcd's compaction) runs on the same CPUs as
+/// the next load: measured before it is done, it would be counted against the next one.
+pub(super) async fn settle(pids: &[u32]) -> Settled {
+    let started = Instant::now();
+    let read = || pids.iter().map(|pid| process_cpu_seconds(*pid).unwrap_or(0.0)).collect::<Vec<_>>();
+    let mut before = read();
+    loop {
+        tokio::time::sleep(QUIET_SPELL).await;
+        let now = read();
+        if now.iter().zip(&before).all(|(now, before)| now - before <= QUIET_TICKS + 1e-9) {
+            return Settled { waited: started.elapsed(), quiet: true };
+        }
+        if started.elapsed() >= MAX_SETTLE {
+            return Settled { waited: started.elapsed(), quiet: false };
+        }
+        before = now;
+    }
 }
 
 #[cfg(test)]

@@ -178,6 +178,13 @@ pub(super) struct LoadResult {
     /// The first error seen, for diagnosis.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub(super) first_error: Option<String>,
+    /// How long the servers took to fall quiet before this load (`bench compare`: what the
+    /// target before left to do is not counted against this one), in ms; `settled: false` when
+    /// they did not within the longest wait, and the load ran anyway.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub(super) settled_ms: Option<u64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub(super) settled: Option<bool>,
 }
 
 /// A short id that makes this run's tokens differ from every earlier run's.
@@ -531,6 +538,8 @@ pub(super) async fn run_load(target: &Target, spec: &LoadSpec) -> anyhow::Result
         server_cpus: server_cpu.map(|cpu| cpu / seconds),
         steal_pct,
         first_error: samples.first_error,
+        settled_ms: None,
+        settled: None,
     })
 }
 

@@ -221,14 +221,20 @@ async fn measure(args: &WatchArgs, server: &Server) -> anyhow::Result<WatchOutpu
     let mut lags = Vec::new();
     let others = format!("prefix=pools/bench-others-{}", load::run_id());
     let everything = format!("prefix=namespaces/{}", encode_segment(&namespace));
+    // Each load starts once the daemon is done with the one before (its checkpoint of the log the
+    // pairs wrote), which would otherwise be counted against it.
+    let pids: Vec<u32> = server.pid().into_iter().collect();
     for _ in 0..args.rounds {
+        crate::cpu::settle(&pids).await;
         let alone = load::run_load(&target, &spec).await?;
         without.push(alone.pairs_per_s);
         us_per_pair.extend(alone.server_cpu_us_per_pair);
         let readers = attach(&endpoint, args.watchers, &others).await?;
+        crate::cpu::settle(&pids).await;
         with.push(load::run_load(&target, &spec).await?.pairs_per_s);
         readers.stop();
         let readers = attach(&endpoint, args.watchers, &everything).await?;
+        crate::cpu::settle(&pids).await;
         let before = Usage::now(server.pid(), &readers);
         let loaded = load::run_load(&target, &spec).await?;
         let usage = Usage::now(server.pid(), &readers).since(&before);

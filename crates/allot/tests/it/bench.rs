@@ -54,6 +54,9 @@ fn bench_compare_pins_the_servers_and_the_load_generator_apart() {
         // run on a busy machine reads 0.
         assert!(result["server_cpu_us_per_pair"].as_f64().unwrap() >= 0.0, "{result:#}");
         assert!((0.0..=100.0).contains(&result["steal_pct"].as_f64().unwrap()), "{result:#}");
+        // Each target is measured once the servers fell quiet (idle ones do within the wait).
+        assert!(result["settled_ms"].as_u64().is_some(), "{result:#}");
+        assert_eq!(result["settled"], true, "{result:#}");
     }
 }
 
