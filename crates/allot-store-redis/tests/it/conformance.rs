@@ -203,6 +203,34 @@ async fn events_past_their_retention_go_from_an_idle_log() {
     store.shutdown().await;
 }
 
+/// Retention by age reads the log a page at a time, pages growing from a few entries: every aged
+/// event goes, across pages, and no event younger than `retain_for`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_aged_event_goes_across_pages_and_no_young_one() {
+    use allot_core::NamespaceName;
+    use allot_store::WatchConfig;
+
+    let server = RedisServer::start();
+    let start = 1_000_000;
+    let watch = WatchConfig { retain_for: Duration::from_secs(60), ..WatchConfig::default() };
+    let (store, mut clock) = TestClock::open_configured(&server, start, |config| config.with_watch(watch)).await;
+    store.put_namespace(NamespaceName::new("hive").unwrap(), 1_000).await.unwrap();
+    for i in 0..700 {
+        store.allocate(support::request("hive", &format!("old{i}")), Duration::ZERO).await.unwrap();
+    }
+    let log_len = || server.cli(&["XLEN", "allot:{allot-feed}:log"]).trim().parse::<u64>().unwrap();
+    until("the 701 changes are in the log", async || log_len() == 701).await;
+    let aged = store.revision();
+    clock.set(&store, start + 61_000).await;
+    for i in 0..3 {
+        store.allocate(support::request("hive", &format!("new{i}")), Duration::ZERO).await.unwrap();
+    }
+    until("the aged events gone, the young ones kept", async || log_len() == 3).await;
+    let compacted = server.cli(&["HGET", "allot:{allot-feed}:meta", "compacted"]).trim().to_owned();
+    assert_eq!(compacted, aged.to_string());
+    store.shutdown().await;
+}
+
 /// A stream that does not empty (a namespace under full load) does not hold the others back:
 /// streams are copied into the log a page each in turn, so a change of a quiet stream made while
 /// a busy one is being copied comes a page or so later, not once the busy one is empty (before,
