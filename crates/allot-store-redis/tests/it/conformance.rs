@@ -171,30 +171,55 @@ async fn outputs_kept_by_an_earlier_version_are_forgotten_after_their_retention(
     store.shutdown().await;
 }
 
+/// Where the retention tests' clock starts (ms), and how long their feed keeps events.
+const RETENTION_START: u64 = 1_000_000;
+const RETAIN_FOR: Duration = Duration::from_secs(60);
+
+/// A store on `server` whose clock starts at [`RETENTION_START`] and whose feed keeps events
+/// [`RETAIN_FOR`].
+async fn retention_store(server: &RedisServer) -> (RedisStore, TestClock) {
+    let watch = allot_store::WatchConfig { retain_for: RETAIN_FOR, ..allot_store::WatchConfig::default() };
+    TestClock::open_configured(server, RETENTION_START, |config| config.with_watch(watch)).await
+}
+
+/// Namespace `hive` of `quota` units, and `grants` grants `{prefix}{i}` in it.
+async fn hive(store: &RedisStore, quota: u64, grants: usize, prefix: &str) {
+    store.put_namespace(allot_core::NamespaceName::new("hive").unwrap(), quota).await.unwrap();
+    grant_in_hive(store, grants, prefix).await;
+}
+
+async fn grant_in_hive(store: &RedisStore, grants: usize, prefix: &str) {
+    for i in 0..grants {
+        store.allocate(support::request("hive", &format!("{prefix}{i}")), Duration::ZERO).await.unwrap();
+    }
+}
+
+/// The shared log's length, and the revision below its oldest entry (`compacted`).
+fn log_len(server: &RedisServer) -> u64 {
+    server.cli(&["XLEN", "allot:{allot-feed}:log"]).trim().parse().unwrap()
+}
+
+fn compacted(server: &RedisServer) -> String {
+    server.cli(&["HGET", "allot:{allot-feed}:meta", "compacted"]).trim().to_owned()
+}
+
 /// The shared log keeps no event older than `retain_for` while nothing is copied into it too (each
 /// daemon's sweep trims it), and a daemon's feed keeps no more than the log.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn events_past_their_retention_go_from_an_idle_log() {
     use allot_core::watch::Filter;
-    use allot_core::NamespaceName;
-    use allot_store::{WatchConfig, WatchError};
+    use allot_store::WatchError;
 
     let server = RedisServer::start();
-    let start = 1_000_000;
-    let watch = WatchConfig { retain_for: Duration::from_secs(60), ..WatchConfig::default() };
-    let (store, mut clock) = TestClock::open_configured(&server, start, |config| config.with_watch(watch)).await;
+    let (store, mut clock) = retention_store(&server).await;
     let first = store.revision();
-    store.put_namespace(NamespaceName::new("hive").unwrap(), 100).await.unwrap();
-    for i in 0..5 {
-        store.allocate(support::request("hive", &format!("t{i}")), Duration::ZERO).await.unwrap();
-    }
-    let log_len = || server.cli(&["XLEN", "allot:{allot-feed}:log"]).trim().parse::<u64>().unwrap();
-    until("the six changes are in the log and the feed", async || log_len() == 6 && store.feed_kept().0 == 6).await;
+    hive(&store, 100, 5, "t").await;
+    let in_log = async || log_len(&server) == 6 && store.feed_kept().0 == 6;
+    until("the six changes are in the log and the feed", in_log).await;
     let last = store.revision();
-    let retained = || server.cli(&["HGET", "allot:{allot-feed}:meta", "compacted"]).trim().to_owned();
-    clock.set(&store, start + 61_000).await;
-    until("the idle log trimmed by age", async || log_len() == 0).await;
-    assert_eq!(retained(), last.to_string());
+    clock.set(&store, RETENTION_START + RETAIN_FOR.as_millis() as u64 + 1_000).await;
+    until("the idle log trimmed by age", async || log_len(&server) == 0).await;
+    assert_eq!(compacted(&server), last.to_string());
     until("the daemon's feed trimmed with it", async || store.feed_kept() == (0, last)).await;
     assert_eq!(
         store.watch(Filter::default(), Some(first)).err(),
@@ -207,27 +232,15 @@ async fn events_past_their_retention_go_from_an_idle_log() {
 /// event goes, across pages, and no event younger than `retain_for`.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn every_aged_event_goes_across_pages_and_no_young_one() {
-    use allot_core::NamespaceName;
-    use allot_store::WatchConfig;
-
     let server = RedisServer::start();
-    let start = 1_000_000;
-    let watch = WatchConfig { retain_for: Duration::from_secs(60), ..WatchConfig::default() };
-    let (store, mut clock) = TestClock::open_configured(&server, start, |config| config.with_watch(watch)).await;
-    store.put_namespace(NamespaceName::new("hive").unwrap(), 1_000).await.unwrap();
-    for i in 0..700 {
-        store.allocate(support::request("hive", &format!("old{i}")), Duration::ZERO).await.unwrap();
-    }
-    let log_len = || server.cli(&["XLEN", "allot:{allot-feed}:log"]).trim().parse::<u64>().unwrap();
-    until("the 701 changes are in the log", async || log_len() == 701).await;
+    let (store, mut clock) = retention_store(&server).await;
+    hive(&store, 1_000, 700, "old").await;
+    until("the 701 changes are in the log", async || log_len(&server) == 701).await;
     let aged = store.revision();
-    clock.set(&store, start + 61_000).await;
-    for i in 0..3 {
-        store.allocate(support::request("hive", &format!("new{i}")), Duration::ZERO).await.unwrap();
-    }
-    until("the aged events gone, the young ones kept", async || log_len() == 3).await;
-    let compacted = server.cli(&["HGET", "allot:{allot-feed}:meta", "compacted"]).trim().to_owned();
-    assert_eq!(compacted, aged.to_string());
+    clock.set(&store, RETENTION_START + RETAIN_FOR.as_millis() as u64 + 1_000).await;
+    grant_in_hive(&store, 3, "new").await;
+    until("the aged events gone, the young ones kept", async || log_len(&server) == 3).await;
+    assert_eq!(compacted(&server), aged.to_string());
     store.shutdown().await;
 }
 
