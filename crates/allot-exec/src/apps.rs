@@ -140,7 +140,9 @@ type EndWithRun = (TaskEnd, Option<Run>);
 /// Task ends waiting for the call that sends them, each with its reporter's answer.
 #[derive(Default)]
 struct Ends {
-    pending: Vec<(EndWithRun, oneshot::Sender<Result<(), Refusal>>)>,
+    /// In the order they came; sent from the front, a batch at a time (a queue: thousands may
+    /// wait while a batch is sent, and taking a batch moves none of them).
+    pending: std::collections::VecDeque<(EndWithRun, oneshot::Sender<Result<(), Refusal>>)>,
     /// A task is sending: it takes what is pending when its call returns.
     sending: bool,
 }
@@ -305,7 +307,7 @@ impl AppsAccess {
         let (answer, answered) = oneshot::channel();
         let send = {
             let mut ends = self.ends.lock().unwrap_or_else(|p| p.into_inner());
-            ends.pending.push(((TaskEnd { app: app.clone(), task: task.clone(), ending }, run), answer));
+            ends.pending.push_back(((TaskEnd { app: app.clone(), task: task.clone(), ending }, run), answer));
             !std::mem::replace(&mut ends.sending, true)
         };
         if send {

@@ -712,6 +712,8 @@ impl Executor {
         // Resumed from what the store kept (after a crash, or an error): a round whose run could
         // not be stored may have taken tokens the kept run does not list.
         let resumed = stored.is_some();
+        // The plugin of the run's task (none for a task gone, or one no plugin here runs).
+        let plugin = last.as_ref().and_then(|task| self.plugin_for(task).ok().map(|(_, plugin)| plugin));
         let mut run = match (stored, &last) {
             // Gone before it was run: nothing to do.
             (None, None) => return Ok(()),
@@ -724,14 +726,17 @@ impl Executor {
             }
             // A run whose task is gone: stopped below, then removed.
             (Some(run), None) => run,
-            (stale, Some(task)) => self.fresh_run(key, task, stale).await?,
+            (stale, Some(task)) => {
+                let store_first = plugin.as_ref().is_none_or(|plugin| plugin.properties().acts_outside);
+                self.fresh_run(key, task, stale, store_first).await?
+            }
         };
         let mut streak = 0;
         // The application's parallelism: a run holds a slot while it is past waiting to begin.
         let meta = self.app_meta(&key.app).await?;
         // Its plugin's catalog, for the plugin's calls from outside (once: neither the plugin nor
         // the queue of a run's task changes).
-        if let Some(Ok((_, plugin))) = last.as_ref().map(|task| self.plugin_for(task)) {
+        if let Some(plugin) = &plugin {
             *driven.scope.lock().unwrap_or_else(|p| p.into_inner()) = Some(self.scope_of(plugin.id(), &meta));
         }
         let max_parallelism = meta.max_parallelism;
@@ -927,10 +932,17 @@ impl Executor {
 
     /// The first run of `task`: its directory emptied (a task removed and added again under the
     /// same id starts from nothing: a shell command's marker there would be taken for its own),
-    /// then stored before any round (a restart resumes it, and does not empty its directory
-    /// again). A `stale` run of an earlier task of the same id, whose executor stopped before it
-    /// could remove it, has its tokens released.
-    async fn fresh_run(&self, key: &RunKey, task: &PlacedTask, stale: Option<Run>) -> Result<Run, StoreError> {
+    /// then, if `store_first` (its plugin acts outside the run), stored before any round (a
+    /// restart resumes it, and does not empty its directory again). A `stale` run of an earlier
+    /// task of the same id, whose executor stopped before it could remove it, has its tokens
+    /// released.
+    async fn fresh_run(
+        &self,
+        key: &RunKey,
+        task: &PlacedTask,
+        stale: Option<Run>,
+        store_first: bool,
+    ) -> Result<Run, StoreError> {
         if let Some(stale) = stale {
             tracing::info!(run = %key, "the kept run is of an earlier task of the same id: the task runs afresh");
             for token in &stale.tokens {
@@ -954,7 +966,9 @@ impl Executor {
         }
         let mut run = Run::new(self.now_ms());
         run.task_seq = Some(task.seq);
-        self.store.put_run(key.app.clone(), key.task.clone(), run.clone()).await?;
+        if store_first {
+            self.store.put_run(key.app.clone(), key.task.clone(), run.clone()).await?;
+        }
         Ok(run)
     }
 

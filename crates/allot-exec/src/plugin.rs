@@ -16,11 +16,18 @@ pub struct PluginProperties {
     /// Whether a task whose type, version and inputs ran successfully before may reuse its
     /// recorded outputs instead of running again (a task may turn it off too).
     pub caching: bool,
+    /// Whether its rounds act outside the run: start processes or jobs, call services, take
+    /// tokens, write the task's directory. A run of such a plugin is stored before its first
+    /// round, so that a restart finds what that round began (and leaves the task's directory
+    /// as it was). A run of a plugin whose rounds only compute is first stored with its first
+    /// round's outcome (with the task's end, when that round ends it): a restart before runs
+    /// that round afresh.
+    pub acts_outside: bool,
 }
 
 impl Default for PluginProperties {
     fn default() -> PluginProperties {
-        PluginProperties { caching: true }
+        PluginProperties { caching: true, acts_outside: true }
     }
 }
 

@@ -6,7 +6,7 @@ use allot_core::runs::{ExecError, PhaseInfo, Transition};
 use async_trait::async_trait;
 
 use crate::context::TaskContext;
-use crate::plugin::{Plugin, PluginEntry};
+use crate::plugin::{Plugin, PluginEntry, PluginProperties};
 
 struct Noop;
 
@@ -18,6 +18,10 @@ pub(super) fn entry() -> PluginEntry {
 impl Plugin for Noop {
     fn id(&self) -> &str {
         "noop"
+    }
+
+    fn properties(&self) -> PluginProperties {
+        PluginProperties { acts_outside: false, ..PluginProperties::default() }
     }
 
     async fn handle(&self, ctx: &mut TaskContext) -> Result<Transition, ExecError> {

@@ -53,6 +53,49 @@ async fn placed_tasks_run_with_their_plugins_and_end() {
     s.stop.send_replace(true);
 }
 
+/// A run is in the store before its plugin's first round when the plugin acts outside the run (a
+/// restart finds what the round began); a `noop` run, whose round only computes, is first
+/// written with its end, in the commit that reports it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_run_is_stored_before_its_first_round_only_when_its_plugin_acts_outside() {
+    let s = setup().await;
+    let store = &*s.store;
+    let mut feed = store.watch(allot_core::watch::Filter::default(), Some(store.revision())).unwrap();
+    let app = submit(
+        store,
+        "first",
+        &[
+            ("computes", serde_json::json!({ "type": "noop" })),
+            ("acts", serde_json::json!({ "type": "probe", "mode": "observe" })),
+        ],
+    )
+    .await;
+    // The runs' writes, in order, as (task, phase) until both tasks have completed.
+    let mut writes: Vec<(String, Phase)> = Vec::new();
+    let mut completed = 0;
+    while completed < 2 {
+        let event = feed.next().await.unwrap();
+        match &event.object {
+            allot_store::EventObject::Run(run) => {
+                let task = event.key.trim_end_matches("/run").rsplit('/').next().unwrap().to_owned();
+                writes.push((task, run.phase));
+            }
+            allot_store::EventObject::Task(task) if task.state == TaskState::Completed => completed += 1,
+            _ => {}
+        }
+    }
+    let of = |task: &str| writes.iter().filter(|(t, _)| t == task).map(|(_, phase)| *phase).collect::<Vec<_>>();
+    assert_eq!(of("computes"), [Phase::Success], "one write, with its end: {writes:?}");
+    let acts = of("acts");
+    assert_eq!(acts.len(), 2, "stored before its round, then with its end: {writes:?}");
+    assert_ne!(acts[0], Phase::Success, "{writes:?}");
+    assert_eq!(acts[1], Phase::Success, "{writes:?}");
+    assert_eq!(s.probe.handled.load(Ordering::SeqCst), 1);
+    let kept = store.run(app.clone(), TaskId::new("computes").unwrap()).await.unwrap().unwrap();
+    assert_eq!(kept.phase, Phase::Success, "the run is kept");
+    s.stop.send_replace(true);
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_failed_attempt_is_aborted_finalized_and_retried_within_its_budget() {
     let s = setup().await;
