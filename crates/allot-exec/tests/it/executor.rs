@@ -70,21 +70,21 @@ async fn a_run_is_stored_before_its_first_round_only_when_its_plugin_acts_outsid
         ],
     )
     .await;
-    // The runs' writes, in order, as (task, phase) until both tasks have completed.
+    // The runs' writes, in order, as (run key, phase) until both tasks have completed.
     let mut writes: Vec<(String, Phase)> = Vec::new();
     let mut completed = 0;
     while completed < 2 {
         let event = feed.next().await.unwrap();
         match &event.object {
-            allot_store::EventObject::Run(run) => {
-                let task = event.key.trim_end_matches("/run").rsplit('/').next().unwrap().to_owned();
-                writes.push((task, run.phase));
-            }
+            allot_store::EventObject::Run(run) => writes.push((event.key.clone(), run.phase)),
             allot_store::EventObject::Task(task) if task.state == TaskState::Completed => completed += 1,
             _ => {}
         }
     }
-    let of = |task: &str| writes.iter().filter(|(t, _)| t == task).map(|(_, phase)| *phase).collect::<Vec<_>>();
+    let of = |task: &str| {
+        let key = allot_core::watch::keys::run(&app, task);
+        writes.iter().filter(|(k, _)| *k == key).map(|(_, phase)| *phase).collect::<Vec<_>>()
+    };
     assert_eq!(of("computes"), [Phase::Success], "one write, with its end: {writes:?}");
     let acts = of("acts");
     assert_eq!(acts.len(), 2, "stored before its round, then with its end: {writes:?}");
