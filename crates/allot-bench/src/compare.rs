@@ -10,6 +10,7 @@ use serde::Serialize;
 
 use crate::children::{self, Scratch, Server};
 use crate::load::{self, LoadResult, LoadSpec, Target};
+use crate::own_work::OwnWork;
 use crate::report::{self, Check, Summary};
 use crate::CompareArgs;
 
@@ -56,6 +57,22 @@ struct CompareOutput {
     /// The CPUs of the servers and of the load generator, with `--pin`.
     #[serde(skip_serializing_if = "Option::is_none")]
     placement: Option<Placement>,
+    /// allot's own work per pair, measured in this process without sockets.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    own_work: Option<OwnWork>,
+    /// Per number of clients, the CPU per pair the target leaves allot above the HTTP stack:
+    /// [`PROCESS_CPU_VS_THROTTLE`] × Throttle's less the baseline's, beside allot's measured.
+    room: Vec<Room>,
+}
+
+/// What the CPU target leaves allot's own work at one number of clients, in µs per pair.
+#[derive(Serialize)]
+struct Room {
+    clients: usize,
+    /// [`PROCESS_CPU_VS_THROTTLE`] × Throttle's CPU per pair − the baseline's.
+    room_us_per_pair: f64,
+    /// allot-process's CPU per pair − the baseline's.
+    allot_us_per_pair: f64,
 }
 
 /// Which CPUs the servers and the load generator run on (`--pin`; `bench watch --pin` too).
@@ -278,15 +295,38 @@ pub(super) async fn run(args: CompareArgs) -> anyhow::Result<()> {
     for server in servers {
         server.stop().await;
     }
+    // The probe, with the servers stopped and the load generator idle.
+    let probe_for = args.duration.min(std::time::Duration::from_secs(2));
+    let own_work = match crate::own_work::measure(probe_for, placement.as_ref().map(|p| p.servers.clone())) {
+        Ok(own) => Some(own),
+        Err(err) => {
+            skip(&mut skipped, format!("allot's own work in process: {err:#}"));
+            None
+        }
+    };
 
     let summaries = report::summaries(&results);
     let checks = checks(&args.clients, &summaries);
+    let room = room(&args.clients, &summaries);
     if args.output.json {
-        let output = CompareOutput { results, summaries, checks: checks.clone(), skipped, placement };
+        let output = CompareOutput { results, summaries, checks: checks.clone(), skipped, placement, own_work, room };
         println!("{}", serde_json::to_string_pretty(&output)?);
     } else {
         println!("medians of {} round(s) of {:?} each", args.rounds, args.duration);
         print!("{}", report::summary_table(&summaries));
+        if let Some(own) = own_work {
+            println!(
+                "allot's own work in process, no sockets: the API {:.2} µs CPU/pair, of which the store {:.2}",
+                own.api_us_per_pair, own.store_us_per_pair
+            );
+        }
+        for room in &room {
+            println!(
+                "at {} clients: allot-process {:.1} µs CPU/pair above the baseline; the CPU target leaves {:.1} \
+                 ({PROCESS_CPU_VS_THROTTLE} × throttle − baseline)",
+                room.clients, room.allot_us_per_pair, room.room_us_per_pair
+            );
+        }
         println!("targets:");
         print!("{}", report::checks(&checks));
     }
@@ -322,6 +362,22 @@ fn skip(skipped: &mut Vec<String>, reason: String) {
 }
 
 /// The targets of each durability level, on the medians of the rounds.
+/// Per number of clients with the three rows measured, the room the CPU target leaves allot.
+fn room(clients: &[usize], summaries: &[Summary]) -> Vec<Room> {
+    let cpu = |target: &str, n: usize| {
+        summaries.iter().find(|s| s.target == target && s.clients == n).and_then(|s| s.server_cpu_us_per_pair)
+    };
+    let room = |n: usize| {
+        let (allot, throttle, baseline) = (cpu(PROCESS, n)?, cpu("throttle", n)?, cpu("baseline", n)?);
+        Some(Room {
+            clients: n,
+            room_us_per_pair: PROCESS_CPU_VS_THROTTLE * throttle - baseline,
+            allot_us_per_pair: allot - baseline,
+        })
+    };
+    clients.iter().filter_map(|&n| room(n)).collect()
+}
+
 fn checks(clients: &[usize], summaries: &[Summary]) -> Vec<Check> {
     let find = |target: &str, n: usize| summaries.iter().find(|s| s.target == target && s.clients == n);
     let ratio = |target: &str, other: &str, n: usize| {
@@ -392,7 +448,8 @@ fn checks(clients: &[usize], summaries: &[Summary]) -> Vec<Check> {
 
 #[cfg(test)]
 mod tests {
-    use super::Placement;
+    use super::{room, Placement, PROCESS};
+    use crate::report::Summary;
 
     fn placement(servers: &[usize], load: &[usize]) -> Placement {
         Placement { servers: servers.to_vec(), load: load.to_vec(), allowed: Default::default() }
@@ -405,5 +462,37 @@ mod tests {
         assert_eq!(Placement::split(&[0, 1, 2, 3]), Some(placement(&[0, 1], &[2, 3])));
         assert_eq!(Placement::split(&[3]), None, "one CPU cannot be split");
         assert_eq!(Placement::split(&[]), None);
+    }
+
+    fn summary(target: &str, clients: usize, cpu: Option<f64>) -> Summary {
+        Summary {
+            target: target.to_owned(),
+            clients,
+            rounds: 1,
+            pairs_per_s: 1.0,
+            p50_ms: 0.0,
+            p99_ms: 0.0,
+            server_cpu_us_per_pair: cpu,
+            p99_ms_worst: 0.0,
+            max_ms: 0.0,
+            errors: 0,
+        }
+    }
+
+    #[test]
+    fn the_room_is_what_the_cpu_target_leaves_above_the_baseline() {
+        let summaries = [
+            summary("baseline", 16, Some(17.0)),
+            summary(PROCESS, 16, Some(24.0)),
+            summary("throttle", 16, Some(20.0)),
+            // No Throttle at 64 clients: no room to tell.
+            summary("baseline", 64, Some(15.0)),
+            summary(PROCESS, 64, Some(22.0)),
+        ];
+        let rooms = room(&[16, 64], &summaries);
+        assert_eq!(rooms.len(), 1, "only where Throttle, the baseline and allot were measured");
+        assert_eq!(rooms[0].clients, 16);
+        assert!((rooms[0].room_us_per_pair - 1.0).abs() < 1e-9, "0.9 × 20 − 17: {}", rooms[0].room_us_per_pair);
+        assert!((rooms[0].allot_us_per_pair - 7.0).abs() < 1e-9);
     }
 }

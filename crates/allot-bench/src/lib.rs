@@ -52,6 +52,7 @@ mod http;
 mod latency;
 mod leases;
 mod load;
+mod own_work;
 mod pools;
 mod redis;
 mod report;
