@@ -19,10 +19,10 @@ use std::time::Instant;
 use allot_core::access::{Kind, Permission};
 use axum::body::HttpBody as _;
 use axum::extract::{ConnectInfo, Query, Request};
-use axum::http::{HeaderName, Method};
+use axum::http::{header, HeaderName, HeaderValue, Method};
 use axum::response::{IntoResponse, Response};
 use axum::routing::future::RouteFuture;
-use axum::Router;
+use axum::{Json, Router};
 use futures_util::future::Either;
 use tower::Service;
 
@@ -232,11 +232,11 @@ fn answer(state: ServerState, hot: Hot, request: Request, caller: Caller, held: 
                 // stay in this one's state while the call waits.
                 let body = read_allocate(body).await;
                 match body {
-                    Ok(body) => allocate_grant(&state, namespace, token, body, &caller, held).await.into_response(),
+                    Ok(body) => json_answer(allocate_grant(&state, namespace, token, body, &caller, held).await),
                     Err(err) => err.into_response(),
                 }
             }
-            HotCall::Release { fencing } => release_grant(&state, namespace, token, fencing).await.into_response(),
+            HotCall::Release { fencing } => json_answer(release_grant(&state, namespace, token, fencing).await),
         };
         Ok(answered(&state, &method, started, response))
     })
@@ -250,6 +250,23 @@ fn answered(state: &ServerState, method: &Method, started: Instant, mut response
     }
     response
 }
+
+/// An answer as the router's `Json` would make it, its body written into a `Vec`: serde_json
+/// writes a small answer in a few dozen pieces, each cheaper appended to a `Vec` than through
+/// `BytesMut`'s writer, which axum's `Json` uses (about 0.2 µs of the 2.2 µs per pair the API
+/// adds over the store in `allot bench compare`'s probe of allot's own work).
+fn json_answer<T: serde::Serialize>(answer: Result<Json<T>, ApiError>) -> Response {
+    match answer {
+        Ok(Json(body)) => match serde_json::to_vec(&body) {
+            Ok(bytes) => ([(header::CONTENT_TYPE, JSON)], bytes).into_response(),
+            Err(_) => Json(body).into_response(),
+        },
+        Err(err) => err.into_response(),
+    }
+}
+
+/// The content type of a JSON answer, as axum's `Json` sets it.
+const JSON: HeaderValue = HeaderValue::from_static("application/json");
 
 /// An allocate's body, read whole (its length is known: see [`recognise`]) and parsed.
 async fn read_allocate(body: axum::body::Body) -> Result<allot_api::Allocate, ApiError> {
