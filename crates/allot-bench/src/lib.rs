@@ -92,6 +92,9 @@ enum BenchCommand {
     /// The same pairs against the baseline server, a fresh daemon and Throttle, one after another.
     #[command(after_help = BENCH_AFTER_HELP)]
     Compare(CompareArgs),
+    /// allot's own work per allocate+release pair, in this process without sockets: the whole
+    /// API, and the store alone (the part `compare` cannot tell from the HTTP stack).
+    OwnWork(OwnWorkArgs),
     /// How long after a release the next waiter gets its grant.
     #[command(after_help = BENCH_AFTER_HELP)]
     Wake(WakeArgs),
@@ -616,11 +619,26 @@ struct GangsBenchArgs {
     output: OutputOpts,
 }
 
+#[derive(Debug, clap::Args)]
+struct OwnWorkArgs {
+    /// How long to measure each of the two, per round.
+    #[arg(long, default_value = "2s", value_parser = crate::duration::parse)]
+    duration: Duration,
+    #[arg(long, default_value_t = 3)]
+    rounds: usize,
+    /// Run on this CPU only (as `compare --pin` runs its servers).
+    #[arg(long)]
+    cpu: Option<usize>,
+    #[command(flatten)]
+    output: OutputOpts,
+}
+
 /// Runs `allot bench`.
 pub async fn run(args: BenchArgs) -> anyhow::Result<()> {
     match args.command {
         BenchCommand::Pairs(args) => pairs(args).await,
         BenchCommand::Compare(args) => compare::run(args).await,
+        BenchCommand::OwnWork(args) => own_work::run(args).await,
         BenchCommand::Wake(args) => wake::run(args).await,
         BenchCommand::Watch(args) => watch::run(args).await,
         BenchCommand::Redis(args) => redis::run(args).await,

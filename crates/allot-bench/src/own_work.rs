@@ -34,6 +34,36 @@ pub(crate) struct OwnWork {
     pub(crate) store_us_per_pair: f64,
 }
 
+/// `allot bench own-work`: the probe alone, in rounds.
+pub(crate) async fn run(args: crate::OwnWorkArgs) -> anyhow::Result<()> {
+    anyhow::ensure!(args.rounds >= 1, "--rounds must be at least 1");
+    let cpus = args.cpu.map(|cpu| vec![cpu]);
+    let mut rounds = Vec::new();
+    for round in 1..=args.rounds {
+        let (duration, cpus) = (args.duration, cpus.clone());
+        let own = tokio::task::spawn_blocking(move || measure(duration, cpus)).await??;
+        if !args.output.json {
+            println!(
+                "round {round}: the API {:.2} µs CPU/pair, of which the store {:.2}",
+                own.api_us_per_pair, own.store_us_per_pair
+            );
+        }
+        rounds.push(own);
+    }
+    let median = |of: fn(&OwnWork) -> f64| crate::report::median(rounds.iter().map(of).collect()).unwrap_or(f64::NAN);
+    let medians =
+        OwnWork { api_us_per_pair: median(|o| o.api_us_per_pair), store_us_per_pair: median(|o| o.store_us_per_pair) };
+    if args.output.json {
+        println!("{}", serde_json::to_string_pretty(&serde_json::json!({ "rounds": rounds, "median": medians }))?);
+    } else {
+        println!(
+            "median: the API {:.2} µs CPU/pair, of which the store {:.2}",
+            medians.api_us_per_pair, medians.store_us_per_pair
+        );
+    }
+    Ok(())
+}
+
 /// Measures both for about `duration` each, on a thread restricted to `cpus` (if any).
 pub(crate) fn measure(duration: Duration, cpus: Option<Vec<usize>>) -> anyhow::Result<OwnWork> {
     let probe = std::thread::spawn(move || -> anyhow::Result<OwnWork> {
