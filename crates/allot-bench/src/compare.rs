@@ -297,7 +297,9 @@ pub(super) async fn run(args: CompareArgs) -> anyhow::Result<()> {
     }
     // The probe, with the servers stopped and the load generator idle.
     let probe_for = args.duration.min(std::time::Duration::from_secs(2));
-    let own_work = match crate::own_work::measure(probe_for, placement.as_ref().map(|p| p.servers.clone())) {
+    let servers = placement.as_ref().map(|p| p.servers.clone());
+    let measured = tokio::task::spawn_blocking(move || crate::own_work::measure(probe_for, servers)).await;
+    let own_work = match measured.map_err(anyhow::Error::from).and_then(|measured| measured) {
         Ok(own) => Some(own),
         Err(err) => {
             skip(&mut skipped, format!("allot's own work in process: {err:#}"));
