@@ -110,7 +110,7 @@ impl Placement {
 }
 
 /// Runs `allot bench compare`.
-pub(super) async fn run(args: CompareArgs) -> anyhow::Result<()> {
+pub(super) async fn run(args: CompareArgs, api_over: crate::ApiOver) -> anyhow::Result<()> {
     if args.clients.is_empty() || args.clients.contains(&0) {
         bail!("--clients must list numbers of clients of at least 1, e.g. 16,64");
     }
@@ -298,7 +298,7 @@ pub(super) async fn run(args: CompareArgs) -> anyhow::Result<()> {
     // The probe, with the servers stopped and the load generator idle.
     let probe_for = args.duration.min(std::time::Duration::from_secs(2));
     let servers = placement.as_ref().map(|p| p.servers.clone());
-    let measured = tokio::task::spawn_blocking(move || crate::own_work::measure(probe_for, servers)).await;
+    let measured = tokio::task::spawn_blocking(move || crate::own_work::measure(probe_for, servers, api_over)).await;
     let own_work = match measured.map_err(anyhow::Error::from).and_then(|measured| measured) {
         Ok(own) => Some(own),
         Err(err) => {

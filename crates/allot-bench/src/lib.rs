@@ -66,6 +66,7 @@ use std::time::Duration;
 use anyhow::{bail, Context};
 
 pub use baseline::{baseline_server, BaselineArgs};
+pub use own_work::ApiOver;
 
 /// `allot bench --help` after the options.
 pub const BENCH_AFTER_HELP: &str = "\
@@ -94,6 +95,7 @@ enum BenchCommand {
     Compare(CompareArgs),
     /// allot's own work per allocate+release pair, in this process without sockets: the whole
     /// API, and the store alone (the part `compare` cannot tell from the HTTP stack).
+    #[command(after_help = BENCH_AFTER_HELP)]
     OwnWork(OwnWorkArgs),
     /// How long after a release the next waiter gets its grant.
     #[command(after_help = BENCH_AFTER_HELP)]
@@ -624,6 +626,7 @@ struct OwnWorkArgs {
     /// How long to measure each of the two, per round.
     #[arg(long, default_value = "2s", value_parser = crate::duration::parse)]
     duration: Duration,
+    /// How many rounds (both measured in each); the last line shows the medians.
     #[arg(long, default_value_t = 3)]
     rounds: usize,
     /// Run on this CPU only (as `compare --pin` runs its servers).
@@ -633,12 +636,13 @@ struct OwnWorkArgs {
     output: OutputOpts,
 }
 
-/// Runs `allot bench`.
-pub async fn run(args: BenchArgs) -> anyhow::Result<()> {
+/// Runs `allot bench`; `api_over` builds the daemon's API for the probe of allot's own work
+/// (`compare`, `own-work`).
+pub async fn run(args: BenchArgs, api_over: ApiOver) -> anyhow::Result<()> {
     match args.command {
         BenchCommand::Pairs(args) => pairs(args).await,
-        BenchCommand::Compare(args) => compare::run(args).await,
-        BenchCommand::OwnWork(args) => own_work::run(args).await,
+        BenchCommand::Compare(args) => compare::run(args, api_over).await,
+        BenchCommand::OwnWork(args) => own_work::run(args, api_over).await,
         BenchCommand::Wake(args) => wake::run(args).await,
         BenchCommand::Watch(args) => watch::run(args).await,
         BenchCommand::Redis(args) => redis::run(args).await,

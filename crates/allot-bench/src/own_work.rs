@@ -5,7 +5,8 @@
 //!
 //! - `api`: the whole API service as `allot serve` builds it (the hot path's recognition and
 //!   access check, the body's JSON, the store, metrics, the JSON answer), handed requests made in
-//!   memory; the answers' bodies are read.
+//!   memory; the answers' bodies are read. The binary gives it ([`ApiOver`]): the load generator
+//!   does not link the server.
 //! - `store`: the embedded store at the `process` level called directly (the ledger's decision,
 //!   the log record with its events, the change feed).
 //!
@@ -13,15 +14,18 @@
 //! the CPU counted is the whole process's (the store's checkpointer among it), while the load
 //! generator is idle.
 
+use std::convert::Infallible;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use allot_core::{AllocateRequest, Constraints, LeaseRequest, NamespaceName, Token};
-use allot_store::{Durability, EmbeddedConfig, EmbeddedStore, QuotaStore, Store as _};
+use allot_store::{Durability, EmbeddedConfig, EmbeddedStore, QuotaStore, Store};
 use anyhow::Context as _;
 use axum::body::Body;
 use axum::http::{Method, Request};
+use axum::response::Response;
 use serde::Serialize;
+use tower::util::BoxCloneSyncService;
 use tower::ServiceExt as _;
 
 /// Tokens cycled through, one per client of the load's smallest count.
@@ -35,13 +39,13 @@ pub(crate) struct OwnWork {
 }
 
 /// `allot bench own-work`: the probe alone, in rounds.
-pub(crate) async fn run(args: crate::OwnWorkArgs) -> anyhow::Result<()> {
+pub(crate) async fn run(args: crate::OwnWorkArgs, api_over: ApiOver) -> anyhow::Result<()> {
     anyhow::ensure!(args.rounds >= 1, "--rounds must be at least 1");
     let cpus = args.cpu.map(|cpu| vec![cpu]);
     let mut rounds = Vec::new();
     for round in 1..=args.rounds {
         let (duration, cpus) = (args.duration, cpus.clone());
-        let own = tokio::task::spawn_blocking(move || measure(duration, cpus)).await??;
+        let own = tokio::task::spawn_blocking(move || measure(duration, cpus, api_over)).await??;
         if !args.output.json {
             println!(
                 "round {round}: the API {:.2} µs CPU/pair, of which the store {:.2}",
@@ -64,8 +68,12 @@ pub(crate) async fn run(args: crate::OwnWorkArgs) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// The daemon's whole API over a store, as `allot serve` builds it, boxed (which adds one
+/// allocation per call to what the probe measures).
+pub type ApiOver = fn(Arc<dyn Store>) -> BoxCloneSyncService<Request<Body>, Response, Infallible>;
+
 /// Measures both for about `duration` each, on a thread restricted to `cpus` (if any).
-pub(crate) fn measure(duration: Duration, cpus: Option<Vec<usize>>) -> anyhow::Result<OwnWork> {
+pub(crate) fn measure(duration: Duration, cpus: Option<Vec<usize>>, api_over: ApiOver) -> anyhow::Result<OwnWork> {
     let probe = std::thread::spawn(move || -> anyhow::Result<OwnWork> {
         if let Some(cpus) = &cpus {
             allot_host::affinity::restrict_thread(0, cpus).context("cannot move the probe to the servers' CPUs")?;
@@ -73,7 +81,7 @@ pub(crate) fn measure(duration: Duration, cpus: Option<Vec<usize>>) -> anyhow::R
         let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
         let scratch = tempfile::tempdir()?;
         let store_us_per_pair = runtime.block_on(store_pairs(&scratch.path().join("store"), duration))?;
-        let api_us_per_pair = runtime.block_on(api_pairs(&scratch.path().join("api"), duration))?;
+        let api_us_per_pair = runtime.block_on(api_pairs(&scratch.path().join("api"), duration, api_over))?;
         Ok(OwnWork { api_us_per_pair, store_us_per_pair })
     });
     probe.join().map_err(|_| anyhow::anyhow!("the probe of allot's own work panicked"))?
@@ -125,9 +133,9 @@ async fn store_pairs(dir: &std::path::Path, duration: Duration) -> anyhow::Resul
     measured
 }
 
-async fn api_pairs(dir: &std::path::Path, duration: Duration) -> anyhow::Result<f64> {
+async fn api_pairs(dir: &std::path::Path, duration: Duration, api_over: ApiOver) -> anyhow::Result<f64> {
     let store = open(dir).await?;
-    let api = allot_server::api(allot_server::ServerState::new(store.clone()));
+    let api = api_over(store.clone());
     let paths: Vec<String> = (0..TOKENS).map(|i| format!("/v1/namespaces/bench/grants/token-{i}")).collect();
     let measured = per_pair(duration, async |i| {
         for (method, body) in [(Method::PUT, r#"{"units":1}"#), (Method::DELETE, "")] {

@@ -154,7 +154,7 @@ pub fn main_with_sources(sources: Vec<SourceMaker>) -> ExitCode {
             Command::Binding(command) => cli::access::binding(command, &args.before).await,
             Command::Whoami(command) => cli::access::whoami(command, &args.before).await,
             Command::Snapshot(command) => cli::snapshot::snapshot(command, &args.before).await,
-            Command::Bench(args) => allot_bench::run(args).await.map(|()| ExitCode::SUCCESS),
+            Command::Bench(args) => allot_bench::run(args, bench_api).await.map(|()| ExitCode::SUCCESS),
             Command::BaselineServer(args) => allot_bench::baseline_server(args).await.map(|()| ExitCode::SUCCESS),
         }
     });
@@ -165,6 +165,14 @@ pub fn main_with_sources(sources: Vec<SourceMaker>) -> ExitCode {
             ExitCode::from(cli::EXIT_ERROR)
         }
     }
+}
+
+/// The daemon's API over `store`, for `allot bench`'s probe of allot's own work (the load
+/// generator does not link the server: the binary hands it this).
+fn bench_api(
+    store: std::sync::Arc<dyn allot_store::Store>,
+) -> tower::util::BoxCloneSyncService<axum::extract::Request, axum::response::Response, std::convert::Infallible> {
+    tower::util::BoxCloneSyncService::new(allot_server::api(allot_server::ServerState::new(store)))
 }
 
 #[cfg(test)]
