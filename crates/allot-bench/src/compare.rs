@@ -363,12 +363,14 @@ fn skip(skipped: &mut Vec<String>, reason: String) {
     skipped.push(reason);
 }
 
-/// The targets of each durability level, on the medians of the rounds.
+/// The medians of `target` at `clients` clients, if measured.
+fn find<'a>(summaries: &'a [Summary], target: &str, clients: usize) -> Option<&'a Summary> {
+    summaries.iter().find(|s| s.target == target && s.clients == clients)
+}
+
 /// Per number of clients with the three rows measured, the room the CPU target leaves allot.
 fn room(clients: &[usize], summaries: &[Summary]) -> Vec<Room> {
-    let cpu = |target: &str, n: usize| {
-        summaries.iter().find(|s| s.target == target && s.clients == n).and_then(|s| s.server_cpu_us_per_pair)
-    };
+    let cpu = |target: &str, n: usize| find(summaries, target, n).and_then(|s| s.server_cpu_us_per_pair);
     let room = |n: usize| {
         let (allot, throttle, baseline) = (cpu(PROCESS, n)?, cpu("throttle", n)?, cpu("baseline", n)?);
         Some(Room {
@@ -380,8 +382,9 @@ fn room(clients: &[usize], summaries: &[Summary]) -> Vec<Room> {
     clients.iter().filter_map(|&n| room(n)).collect()
 }
 
+/// The targets of each durability level, on the medians of the rounds.
 fn checks(clients: &[usize], summaries: &[Summary]) -> Vec<Check> {
-    let find = |target: &str, n: usize| summaries.iter().find(|s| s.target == target && s.clients == n);
+    let find = |target: &str, n: usize| find(summaries, target, n);
     let ratio = |target: &str, other: &str, n: usize| {
         let (a, b) = (find(target, n)?, find(other, n)?);
         (b.pairs_per_s > 0.0).then(|| a.pairs_per_s / b.pairs_per_s)
