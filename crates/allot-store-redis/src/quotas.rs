@@ -375,3 +375,74 @@ impl DirectScripts {
         Ok(reply.text()? == "released")
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use allot_core::Constraints;
+    use allot_store::Store;
+    use redis::Value;
+
+    use super::*;
+    use crate::testing::{RedisServer, TestClock};
+
+    /// Queues `request` as a waiting allocate does, with no call waiting for the answer yet:
+    /// the waiter's id.
+    async fn queue(store: &RedisStore, request: &AllocateRequest) -> u64 {
+        let fields = RequestArgs::new(request, 0);
+        let mut args: Vec<&str> = fields.0.iter().map(String::as_str).collect();
+        args.push("60000");
+        let inner = &store.inner;
+        let mut reply = inner.eval(&inner.scripts.allocate, &prefix(&request.namespace), &args, true).await.unwrap();
+        assert_eq!(reply.text().unwrap(), "queued");
+        reply.uint().unwrap()
+    }
+
+    async fn answers_kept(store: &RedisStore, name: &NamespaceName) -> i64 {
+        let hlen = redis::cmd("HLEN").arg(format!("{}:woken", prefix(name))).to_owned();
+        match store.inner.conn.query(&hlen).await.unwrap() {
+            Value::Int(n) => n,
+            other => panic!("HLEN answered {other:?}"),
+        }
+    }
+
+    /// Regression (seen once in CI, in `quotas_over_time_answer_like_the_ledger`): a sweep that ran
+    /// between a namespace's removal and the moment a waiting call claimed its answer deleted
+    /// the answer, and the call failed with "a newer allocate call ... took over this wait"
+    /// instead of being told the namespace is gone. A namespace made again under the same name
+    /// keeps such answers for the grace time only.
+    #[tokio::test]
+    async fn a_waiter_of_a_removed_namespace_is_told_so_even_after_a_sweep() {
+        let server = RedisServer::start();
+        let (store, mut clock) = TestClock::open(&server, 1_700_000_000_000).await;
+        let name = NamespaceName::new("removed-while-waiting").unwrap();
+        let request = |token: &str| AllocateRequest {
+            namespace: name.clone(),
+            token: Token::new(token).unwrap(),
+            units: 1,
+            scope: None,
+            constraints: Constraints::default(),
+            lease: LeaseRequest::None,
+        };
+        store.put_namespace(name.clone(), 1).await.unwrap();
+        store.allocate(request("held"), Duration::ZERO).await.unwrap();
+        let first = queue(&store, &request("first")).await;
+        let second = queue(&store, &request("second")).await;
+        store.remove_namespace(name.clone(), true).await.unwrap();
+        crate::sweep::sweep(&store.inner, std::slice::from_ref(&name), &[]).await;
+
+        let token = Token::new("first").unwrap();
+        let answer =
+            wake::wait_for(&store.inner, name.clone(), token, prefix(&name), first, Duration::from_secs(5)).await;
+        assert!(
+            matches!(&answer, Err(StoreError::Quotas(LedgerError::NamespaceNotFound(n))) if *n == name),
+            "the waiter is told its namespace is gone: {answer:?}"
+        );
+
+        // Made again: the answer nobody claimed yet is kept for the grace time, then dropped.
+        store.put_namespace(name.clone(), 1).await.unwrap();
+        assert_eq!(answers_kept(&store, &name).await, 1, "the answer of waiter {second} is kept");
+        clock.set(&store, clock.now() + 31_000).await;
+        assert_eq!(answers_kept(&store, &name).await, 0, "after the grace time nobody will claim it");
+        store.shutdown().await;
+    }
+}

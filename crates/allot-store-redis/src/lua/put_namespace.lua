@@ -18,7 +18,11 @@ if created then
   -- failover lost does not give them again (see `fresh_floor`).
   local by = redis.call('GET', K_FENCING .. '_by') or replication_id()
   redis.call('HSET', K_NS, 'granted', 0, 'fencing', fencing, 'fencing_base', fencing, 'fencing_by', by)
-  redis.call('PERSIST', K_WOKEN)
+  -- Answers left by a removed namespace of this name no longer expire with it: the new one's
+  -- answers go in the same hash. Their callers have the grace time to claim them, as any.
+  if redis.call('PERSIST', K_WOKEN) == 1 then
+    for _, wid in ipairs(redis.call('HKEYS', K_WOKEN)) do redis.call('ZADD', K_WDL, now - 1, wid) end
+  end
 end
 local woken = {}
 admit(now, woken)

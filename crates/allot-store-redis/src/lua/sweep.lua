@@ -2,7 +2,10 @@
 -- waiters into what was freed. Replies {expired, next deadline in ms from now or -1}.
 local now = now_ms()
 if redis.call('EXISTS', K_NS) == 0 then
-  redis.call('DEL', K_WOKEN, K_WDL)
+  -- A removed namespace's answers (namespace_not_found) stay for their callers to claim until
+  -- they expire (`remove_namespace` sets when; a key of an earlier version gets it here).
+  if redis.call('PTTL', K_WOKEN) == -1 then redis.call('PEXPIRE', K_WOKEN, 2 * GRACE_MS) end
+  redis.call('DEL', K_WDL)
   return { 0, -1 }
 end
 local expired = 0
