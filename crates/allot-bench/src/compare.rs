@@ -57,6 +57,8 @@ struct CompareOutput {
     /// The CPUs of the servers and of the load generator, with `--pin`.
     #[serde(skip_serializing_if = "Option::is_none")]
     placement: Option<Placement>,
+    /// The query of the watcher of another namespace attached to every allot daemon throughout.
+    watcher: String,
     /// allot's own work per pair, measured in this process without sockets.
     #[serde(skip_serializing_if = "Option::is_none")]
     own_work: Option<OwnWork>,
@@ -182,6 +184,11 @@ pub(super) async fn run(args: CompareArgs, api_over: crate::ApiOver) -> anyhow::
             ca_pem = Some(ca);
         }
     }
+    // Every daemon serves the pairs with a watcher of another namespace attached (what a
+    // dashboard or a shim of another team is to a busy namespace), kept open through every round.
+    let watched = format!("{namespace}-watched");
+    let watch_query = format!("prefix=namespaces/{}", crate::http::encode_segment(&watched));
+    let mut watchers: Vec<(&str, crate::watch::Readers)> = Vec::new();
     for (name, child_args, token) in spawns {
         let started =
             children::spawn_listening(name, &exe, &child_args, scratch.join(&format!("{name}.log")), server_cpus).await;
@@ -203,6 +210,16 @@ pub(super) async fn run(args: CompareArgs, api_over: crate::ApiOver) -> anyhow::
         match load::setup_namespace(&server.endpoint, &namespace, quota).await {
             Ok(()) => targets.push(Target::allot(name, server.endpoint.clone(), &namespace).with_pid(server.pid())),
             Err(err) => skip(&mut skipped, format!("{name}: cannot set up namespace `{namespace}`: {err:#}")),
+        }
+        if name != "baseline" {
+            let attached = async {
+                load::setup_namespace(&server.endpoint, &watched, 1).await?;
+                crate::watch::attach(&server.endpoint, 1, &watch_query).await
+            };
+            match attached.await {
+                Ok(readers) => watchers.push((name, readers)),
+                Err(err) => skip(&mut skipped, format!("{name}: cannot attach a watcher of `{watched}`: {err:#}")),
+            }
         }
         servers.push(server);
     }
@@ -292,6 +309,15 @@ pub(super) async fn run(args: CompareArgs, api_over: crate::ApiOver) -> anyhow::
             }
         }
     }
+    // Each watcher must have stayed attached through every round.
+    let detached: Vec<(String, usize)> = watchers
+        .into_iter()
+        .map(|(name, readers)| {
+            let ended = readers.ended();
+            readers.stop();
+            (name.to_owned(), ended)
+        })
+        .collect();
     for server in servers {
         server.stop().await;
     }
@@ -308,13 +334,26 @@ pub(super) async fn run(args: CompareArgs, api_over: crate::ApiOver) -> anyhow::
     };
 
     let summaries = report::summaries(&results);
-    let checks = checks(&args.clients, &summaries);
+    let mut checks = checks(&args.clients, &summaries);
+    checks.extend(watcher_checks(&targets, &detached));
     let room = room(&args.clients, &summaries);
     if args.output.json {
-        let output = CompareOutput { results, summaries, checks: checks.clone(), skipped, placement, own_work, room };
+        let output = CompareOutput {
+            results,
+            summaries,
+            checks: checks.clone(),
+            skipped,
+            placement,
+            watcher: watch_query,
+            own_work,
+            room,
+        };
         println!("{}", serde_json::to_string_pretty(&output)?);
     } else {
-        println!("medians of {} round(s) of {:?} each", args.rounds, args.duration);
+        println!(
+            "medians of {} round(s) of {:?} each; every allot daemon with a watcher of `{watch_query}` attached",
+            args.rounds, args.duration
+        );
         print!("{}", report::summary_table(&summaries));
         if let Some(own) = own_work {
             println!(
@@ -380,6 +419,19 @@ fn room(clients: &[usize], summaries: &[Summary]) -> Vec<Room> {
         })
     };
     clients.iter().filter_map(|&n| room(n)).collect()
+}
+
+/// Every allot daemon measured kept its watcher of another namespace attached through every
+/// round (`detached`: per daemon that had one, how many of its watchers ended).
+fn watcher_checks(targets: &[Target], detached: &[(String, usize)]) -> Vec<Check> {
+    targets
+        .iter()
+        .filter(|target| target.name.starts_with("allot-"))
+        .map(|target| {
+            let ended = detached.iter().find(|(name, _)| *name == target.name).map(|(_, ended)| *ended as f64);
+            Check::at_most(format!("{}: watchers of another namespace that ended", target.name), ended, 0.0)
+        })
+        .collect()
 }
 
 /// The targets of each durability level, on the medians of the rounds.
@@ -453,11 +505,28 @@ fn checks(clients: &[usize], summaries: &[Summary]) -> Vec<Check> {
 
 #[cfg(test)]
 mod tests {
-    use super::{room, Placement, PROCESS};
+    use super::{room, watcher_checks, Placement, DISK, PROCESS, PROCESS_AUTH};
+    use crate::http::Endpoint;
+    use crate::load::Target;
     use crate::report::Summary;
 
     fn placement(servers: &[usize], load: &[usize]) -> Placement {
         Placement { servers: servers.to_vec(), load: load.to_vec(), allowed: Default::default() }
+    }
+
+    #[test]
+    fn every_allot_daemon_keeps_its_watcher_of_another_namespace() {
+        let endpoint = Endpoint::parse("http://127.0.0.1:1").unwrap();
+        let targets: Vec<Target> = ["baseline", DISK, PROCESS, PROCESS_AUTH]
+            .into_iter()
+            .map(|name| Target::allot(name, endpoint.clone(), "bench"))
+            .collect();
+        // The disk level's watcher stayed, the process level's ended, the token's never attached.
+        let detached = vec![(DISK.to_owned(), 0), (PROCESS.to_owned(), 1)];
+        let checks = watcher_checks(&targets, &detached);
+        let outcome: Vec<(bool, Option<f64>)> = checks.iter().map(|c| (c.ok, c.value)).collect();
+        assert_eq!(outcome, vec![(true, Some(0.0)), (false, Some(1.0)), (false, None)], "{:?}", checks);
+        assert!(checks.iter().all(|c| !c.what.starts_with("baseline")), "the baseline holds no watcher");
     }
 
     #[test]

@@ -107,7 +107,26 @@ pub(super) struct Conn {
 }
 
 /// A connection, plain or over TLS.
-type Stream = tokio_util::either::Either<TcpStream, Box<tokio_rustls::client::TlsStream<TcpStream>>>;
+pub(super) type Stream = tokio_util::either::Either<TcpStream, Box<tokio_rustls::client::TlsStream<TcpStream>>>;
+
+/// A connection to `endpoint` (TCP_NODELAY on), over TLS for an `https://` one.
+pub(super) async fn open_stream(endpoint: &Endpoint) -> anyhow::Result<Stream> {
+    let stream = match tokio::time::timeout(CONNECT_TIMEOUT, TcpStream::connect(&endpoint.authority)).await {
+        Ok(connected) => connected.with_context(|| format!("cannot connect to {}", endpoint.url()))?,
+        Err(_) => bail!("cannot connect to {} within {CONNECT_TIMEOUT:?}", endpoint.url()),
+    };
+    stream.set_nodelay(true)?;
+    Ok(match (&endpoint.tls, endpoint.secure) {
+        (Some(config), true) => {
+            let host = endpoint.authority.rsplit_once(':').map_or(endpoint.authority.as_str(), |(host, _)| host);
+            let name = rustls::pki_types::ServerName::try_from(host.to_owned()).context("the server's name")?;
+            let connector = tokio_rustls::TlsConnector::from(config.clone());
+            Stream::Right(Box::new(connector.connect(name, stream).await.context("the TLS handshake")?))
+        }
+        (None, true) => bail!("{}: an https:// server needs its CA (Endpoint::with_ca)", endpoint.url()),
+        _ => Stream::Left(stream),
+    })
+}
 
 /// The head of an answer: its status, the length of the head and how the body is framed.
 struct Head {
@@ -127,21 +146,7 @@ enum Framing {
 impl Conn {
     /// Opens a connection (TCP_NODELAY on).
     pub(super) async fn connect(endpoint: &Endpoint) -> anyhow::Result<Conn> {
-        let stream = match tokio::time::timeout(CONNECT_TIMEOUT, TcpStream::connect(&endpoint.authority)).await {
-            Ok(connected) => connected.with_context(|| format!("cannot connect to {}", endpoint.url()))?,
-            Err(_) => bail!("cannot connect to {} within {CONNECT_TIMEOUT:?}", endpoint.url()),
-        };
-        stream.set_nodelay(true)?;
-        let stream = match (&endpoint.tls, endpoint.secure) {
-            (Some(config), true) => {
-                let host = endpoint.authority.rsplit_once(':').map_or(endpoint.authority.as_str(), |(host, _)| host);
-                let name = rustls::pki_types::ServerName::try_from(host.to_owned()).context("the server's name")?;
-                let connector = tokio_rustls::TlsConnector::from(config.clone());
-                Stream::Right(Box::new(connector.connect(name, stream).await.context("the TLS handshake")?))
-            }
-            (None, true) => bail!("{}: an https:// server needs its CA (Endpoint::with_ca)", endpoint.url()),
-            _ => Stream::Left(stream),
-        };
+        let stream = open_stream(endpoint).await?;
         Ok(Conn {
             endpoint: endpoint.clone(),
             stream: Some(stream),

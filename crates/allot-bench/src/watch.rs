@@ -30,14 +30,13 @@ use hyper::body::Bytes;
 use hyper::{Method, StatusCode};
 use serde::Serialize;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::net::TcpStream;
 use tokio::sync::mpsc;
 
 use allot_client::sse;
 
 use crate::children::{self, Scratch, Server};
 use crate::compare::Placement;
-use crate::http::{encode_segment, Conn, Endpoint};
+use crate::http::{encode_segment, open_stream, Conn, Endpoint, Stream};
 use crate::latency::Latency;
 use crate::load::{self, LoadSpec, Target};
 use crate::report::{self, Check};
@@ -462,7 +461,7 @@ fn key_of(data: &str) -> Option<String> {
 
 /// Watchers read to the end, each by a task of its own, the events they received, and the lag
 /// of each event at the first of them (ms).
-struct Readers {
+pub(super) struct Readers {
     tasks: Vec<tokio::task::JoinHandle<()>>,
     events: Arc<AtomicU64>,
     lags: Arc<std::sync::Mutex<Vec<i64>>>,
@@ -470,17 +469,17 @@ struct Readers {
 
 impl Readers {
     /// How many have ended (their stream did).
-    fn ended(&self) -> usize {
+    pub(super) fn ended(&self) -> usize {
         self.tasks.iter().filter(|task| task.is_finished()).count()
     }
 
-    fn stop(self) {
+    pub(super) fn stop(self) {
         self.tasks.into_iter().for_each(|task| task.abort());
     }
 }
 
 /// `count` watchers of `query`.
-async fn attach(endpoint: &Endpoint, count: usize, query: &str) -> anyhow::Result<Readers> {
+pub(super) async fn attach(endpoint: &Endpoint, count: usize, query: &str) -> anyhow::Result<Readers> {
     let events = Arc::new(AtomicU64::new(0));
     let lags = Arc::new(std::sync::Mutex::new(Vec::new()));
     let mut tasks = Vec::with_capacity(count);
@@ -572,7 +571,7 @@ pub(super) fn resident_kib(pid: u32) -> anyhow::Result<u64> {
 /// A watch over one raw HTTP/1.1 connection: the answer's chunks decoded as they come, and read
 /// into messages by the client's Server-Sent Events parser.
 struct EventStream {
-    stream: TcpStream,
+    stream: Stream,
     /// Bytes read and not decoded yet.
     input: BytesMut,
     messages: sse::Parser,
@@ -581,11 +580,10 @@ struct EventStream {
 
 impl EventStream {
     async fn open(endpoint: &Endpoint, query: &str) -> anyhow::Result<EventStream> {
-        let mut stream = TcpStream::connect(&endpoint.authority).await.context("cannot connect")?;
-        stream.set_nodelay(true)?;
+        let mut stream = open_stream(endpoint).await?;
         let request = format!(
-            "GET {}/v1/watch?{query} HTTP/1.1\r\nhost: {}\r\naccept: text/event-stream\r\n\r\n",
-            endpoint.prefix, endpoint.authority
+            "GET {}/v1/watch?{query} HTTP/1.1\r\nhost: {}\r\naccept: text/event-stream\r\n{}\r\n",
+            endpoint.prefix, endpoint.authority, endpoint.headers
         );
         stream.write_all(request.as_bytes()).await?;
         let mut input = BytesMut::with_capacity(4096);

@@ -43,6 +43,14 @@ fn bench_compare_pins_the_servers_and_the_load_generator_apart() {
         assert_eq!(cpu_list(allowed[name].as_str().unwrap()), servers, "{name}: {report:#}");
     }
     assert_eq!(cpu_list(allowed["load"].as_str().unwrap()), load, "{report:#}");
+    // Each daemon served with a watcher of another namespace attached, through every round.
+    assert!(report["watcher"].as_str().is_some_and(|q| q.starts_with("prefix=namespaces/")), "{report:#}");
+    let checks = report["checks"].as_array().expect("checks");
+    for name in ["allot-disk", "allot-process"] {
+        let what = format!("{name}: watchers of another namespace that ended");
+        let check = checks.iter().find(|c| c["what"] == what.as_str()).unwrap_or_else(|| panic!("{what}: {report:#}"));
+        assert_eq!((check["ok"].as_bool(), check["value"].as_f64()), (Some(true), Some(0.0)), "{report:#}");
+    }
 
     let results = report["results"].as_array().expect("results");
     let targets: Vec<&str> = results.iter().map(|r| r["target"].as_str().unwrap()).collect();
