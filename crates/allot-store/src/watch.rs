@@ -22,6 +22,7 @@ use allot_core::watch::{EventKind, Filter};
 use allot_core::{Millis, NamespaceName, NamespaceView, Token};
 use tokio::sync::mpsc;
 
+use crate::records::events::{self, EncodedEvents};
 use crate::{GrantInfo, SessionInfo};
 
 /// One change, as watchers see it.
@@ -118,7 +119,15 @@ pub struct Feed {
 
 #[derive(Debug)]
 struct Kept {
+    /// The kept events' records (`records::events::EventRecord`), back to back, oldest first: one
+    /// buffer, so that dropping the oldest frees nothing and reads none of them (as objects they
+    /// were cold in the cache by then, and dropping them was most of a publish).
+    records: VecDeque<u8>,
+    /// Per kept event, oldest first: what retention and resuming read without decoding it.
     events: VecDeque<KeptEvent>,
+    /// The bytes dropped from the front of `records` since the start: a kept event's `end` less
+    /// this is where its record ends in `records`.
+    dropped_bytes: u64,
     /// Every event after this revision is kept (or none was published after it).
     compacted: u64,
     /// The last revision published.
@@ -129,20 +138,13 @@ struct Kept {
     closed: bool,
 }
 
-/// A kept event, with what retention reads of it beside it: the oldest are checked on every
-/// publish, long after they were last touched, and reading them through the `Arc` would miss the
-/// cache every time.
-#[derive(Debug)]
+/// A kept event: its revision and time, and where its record ends (counted in every byte ever
+/// appended to `Kept::records`; it starts where the one before it ends).
+#[derive(Debug, Clone, Copy)]
 struct KeptEvent {
     revision: u64,
     at: Millis,
-    event: Arc<Event>,
-}
-
-impl KeptEvent {
-    fn new(event: Arc<Event>) -> KeptEvent {
-        KeptEvent { revision: event.revision, at: event.at, event }
-    }
+    end: u64,
 }
 
 /// Where a live watcher's events go.
@@ -165,8 +167,20 @@ impl Feed {
         debug_assert!(events.windows(2).all(|pair| pair[0].revision < pair[1].revision), "in revision order");
         debug_assert!(events.first().is_none_or(|first| first.revision > compacted), "after `compacted`");
         debug_assert!(events.last().is_none_or(|last| last.revision <= start) && compacted <= start);
-        let events = events.into_iter().map(|event| KeptEvent::new(Arc::new(event))).collect();
-        let kept = Kept { events, compacted, last: start, taps: HashMap::new(), closed: false };
+        let mut kept = Kept {
+            records: VecDeque::new(),
+            events: VecDeque::new(),
+            dropped_bytes: 0,
+            compacted,
+            last: compacted,
+            taps: HashMap::new(),
+            closed: false,
+        };
+        let encoded = EncodedEvents::encode(&events);
+        for (event, record) in events.iter().zip(encoded.records()) {
+            kept.keep(event, record);
+        }
+        kept.last = start;
         Feed { config, kept: Arc::new(Mutex::new(kept)) }
     }
 
@@ -178,15 +192,28 @@ impl Feed {
     /// keeps (by count, and those older than `retain_for` before `now`). Never waits for a
     /// watcher: one whose buffer is full is ended as behind.
     pub fn publish(&self, events: impl IntoIterator<Item = Event>, now: Millis) {
+        let events: Vec<Event> = events.into_iter().collect();
+        let encoded = EncodedEvents::encode(&events);
+        self.publish_encoded(events, &encoded, now);
+    }
+
+    /// [`Feed::publish`] of events already encoded (`encoded` holds the records of `events`, in
+    /// the same order): what a store that wrote them to its log gives.
+    pub fn publish_encoded(&self, events: Vec<Event>, encoded: &EncodedEvents, now: Millis) {
+        debug_assert_eq!(events.len(), encoded.len(), "a record per event");
         let mut kept = self.lock();
         let kept = &mut *kept;
-        for event in events {
+        for (event, record) in events.into_iter().zip(encoded.records()) {
             debug_assert!(event.revision > kept.last, "events are published in revision order");
-            kept.last = event.revision;
-            let event = Arc::new(event);
-            kept.events.push_back(KeptEvent::new(event.clone()));
+            kept.keep(&event, record);
+            // Shared with the watchers it is for, if any; else dropped here, still in the cache.
+            let mut owned = Some(event);
+            let mut shared: Option<Arc<Event>> = None;
             for (filter, taps) in &mut kept.taps {
-                if filter.matches(event.kind, &event.key) {
+                let current = shared.as_deref().or(owned.as_ref());
+                let matches = current.is_some_and(|event| filter.matches(event.kind, &event.key));
+                if matches {
+                    let event = shared.get_or_insert_with(|| Arc::new(owned.take().expect("not shared yet")));
                     taps.retain(|tap| match tap.tx.try_send(event.clone()) {
                         Ok(()) => true,
                         Err(mpsc::error::TrySendError::Full(_)) => {
@@ -205,7 +232,13 @@ impl Feed {
     /// Drops what retention no longer keeps at `now`, as a publish does: for a feed that has been
     /// idle (its stores call it each sweep or checkpoint), whose oldest events aged meanwhile.
     pub fn expire(&self, now: Millis) {
-        self.drop_unkept(&mut self.lock(), now);
+        let mut kept = self.lock();
+        self.drop_unkept(&mut kept, now);
+        // After a burst, the records' buffer gives back what it no longer needs.
+        if kept.records.capacity() > 4 * kept.records.len() + (1 << 20) {
+            let keep = 2 * kept.records.len();
+            kept.records.shrink_to(keep);
+        }
     }
 
     /// Drops the events up to `revision` (the shared log this feed mirrors no longer keeps them);
@@ -213,8 +246,7 @@ impl Feed {
     pub fn forget_through(&self, revision: u64) {
         let mut kept = self.lock();
         while kept.events.front().is_some_and(|k| k.revision <= revision) {
-            let dropped = kept.events.pop_front().expect("not empty");
-            kept.compacted = dropped.revision;
+            kept.drop_oldest();
         }
     }
 
@@ -222,8 +254,7 @@ impl Feed {
     fn drop_unkept(&self, kept: &mut Kept, now: Millis) {
         let horizon = now.saturating_sub(u64::try_from(self.config.retain_for.as_millis()).unwrap_or(u64::MAX));
         while kept.events.len() > self.config.retain_events || kept.events.front().is_some_and(|k| k.at < horizon) {
-            let dropped = kept.events.pop_front().expect("not empty");
-            kept.compacted = dropped.revision;
+            kept.drop_oldest();
         }
     }
 
@@ -232,7 +263,9 @@ impl Feed {
     /// mirrors another whose events it could not all read.
     pub fn skip_to(&self, revision: u64) {
         let mut kept = self.lock();
-        kept.events.clear();
+        while !kept.events.is_empty() {
+            kept.drop_oldest();
+        }
         kept.compacted = kept.compacted.max(revision);
         kept.last = kept.last.max(revision);
         for taps in kept.taps.values() {
@@ -278,8 +311,7 @@ impl Feed {
             return Err(WatchError::Compacted { since, oldest: kept.compacted });
         }
         // Under the lock: the backlog and the live events meet without a gap or an overlap.
-        let backlog = kept.events.iter().filter(|k| k.revision > since && filter.matches(k.event.kind, &k.event.key));
-        let backlog = backlog.map(|k| k.event.clone()).collect();
+        let backlog = kept.backlog(&filter, since)?;
         let (tx, live) = mpsc::channel(self.config.buffer.max(1));
         let behind = Arc::new(AtomicBool::new(false));
         kept.taps.entry(filter).or_default().push(Tap { tx, behind: behind.clone() });
@@ -300,6 +332,69 @@ pub struct Watcher {
 
 fn lock(kept: &Mutex<Kept>) -> MutexGuard<'_, Kept> {
     kept.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
+impl Kept {
+    /// Keeps `event`, whose record is `record`, as the newest.
+    fn keep(&mut self, event: &Event, record: &[u8]) {
+        self.last = event.revision;
+        self.records.extend(record);
+        let end = self.dropped_bytes + self.records.len() as u64;
+        self.events.push_back(KeptEvent { revision: event.revision, at: event.at, end });
+    }
+
+    /// Drops the oldest kept event (there is one).
+    fn drop_oldest(&mut self) {
+        let dropped = self.events.pop_front().expect("an event is kept");
+        self.records.drain(..(dropped.end - self.dropped_bytes) as usize);
+        self.dropped_bytes = dropped.end;
+        self.compacted = dropped.revision;
+    }
+
+    /// The record of the kept event at `index`, in one piece.
+    fn record(&self, index: usize) -> std::borrow::Cow<'_, [u8]> {
+        let start = match index {
+            0 => self.dropped_bytes,
+            _ => self.events[index - 1].end,
+        };
+        let (start, end) =
+            ((start - self.dropped_bytes) as usize, (self.events[index].end - self.dropped_bytes) as usize);
+        let (front, back) = self.records.as_slices();
+        if end <= front.len() {
+            std::borrow::Cow::Borrowed(&front[start..end])
+        } else if start >= front.len() {
+            std::borrow::Cow::Borrowed(&back[start - front.len()..end - front.len()])
+        } else {
+            std::borrow::Cow::Owned(self.records.range(start..end).copied().collect())
+        }
+    }
+
+    /// The kept events after `since` that `filter` takes, decoded. Only those it takes are: the
+    /// filter reads a record's kind and key in place.
+    fn backlog(&self, filter: &Filter, since: u64) -> Result<VecDeque<Arc<Event>>, WatchError> {
+        let first = self.events.partition_point(|k| k.revision <= since);
+        let mut backlog = VecDeque::new();
+        for index in first..self.events.len() {
+            let record = self.record(index);
+            let wanted = events::kind_and_key(&record).map(|(kind, key)| filter.matches(kind, key));
+            let event = match wanted {
+                Some(false) => continue,
+                Some(true) => events::decode_event(&record).ok(),
+                None => None,
+            };
+            match event {
+                Some(event) => backlog.push_back(Arc::new(event)),
+                // The feed encoded it: a record it cannot read back is a bug. The watcher is
+                // told to list again rather than be handed a gap.
+                None => {
+                    let revision = self.events[index].revision;
+                    tracing::error!(revision, "a kept event does not decode; watchers resuming before it list again");
+                    return Err(WatchError::Compacted { since, oldest: revision });
+                }
+            }
+        }
+        Ok(backlog)
+    }
 }
 
 impl Watcher {
@@ -400,6 +495,44 @@ mod tests {
             feed.subscribe(Filter::default(), Some(2)).err(),
             Some(WatchError::Compacted { since: 2, oldest: 3 })
         );
+    }
+
+    /// The kept records are one ring of bytes: as the oldest go and new ones come, records lie
+    /// across its end; a watcher resuming from any kept revision gets each one whole, filtered.
+    #[tokio::test]
+    async fn kept_events_read_back_whole_wherever_they_lie_in_the_ring() {
+        let feed = Feed::new(config(7, 64), 0);
+        let key =
+            |r: u64| format!("pools/{}/{}", if r.is_multiple_of(3) { "a" } else { "b" }, "x".repeat((r * 7 % 40) as usize));
+        let mut published = Vec::new();
+        for revision in 1..=200 {
+            let event = event(revision, &key(revision), revision);
+            published.push(event.clone());
+            feed.publish([event], revision);
+            let (count, oldest) = feed.kept();
+            assert_eq!((count, oldest), (revision.min(7) as usize, revision.saturating_sub(7)));
+            for (filter, prefix) in [(Filter::default(), "pools/"), (pools_a(), "pools/a/")] {
+                for since in oldest..=revision {
+                    let mut watcher = feed.subscribe(filter.clone(), Some(since)).unwrap();
+                    let expected = published[since as usize..].iter().filter(|e| e.key.starts_with(prefix));
+                    let expected: Vec<Event> = expected.cloned().collect();
+                    // All of its backlog is there at once: the live events are published later.
+                    let mut got = Vec::new();
+                    while got.len() < expected.len() {
+                        match watcher.backlog.pop_front() {
+                            Some(event) => got.push((*event).clone()),
+                            None => break,
+                        }
+                    }
+                    assert_eq!(got, expected, "after {since} at {revision}, {prefix}");
+                    assert!(watcher.backlog.is_empty());
+                }
+            }
+        }
+    }
+
+    fn pools_a() -> Filter {
+        Filter { kinds: vec![], prefixes: vec!["pools/a".into()] }
     }
 
     #[tokio::test]

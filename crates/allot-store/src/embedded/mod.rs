@@ -91,6 +91,7 @@ use allot_core::watch::{EventKind, Filter};
 use allot_core::Token;
 
 use self::feed::Draft;
+use crate::records::events::EncodedEvents;
 use crate::runs::RunChange;
 use crate::watch::{Event, Feed, WatchError, WatchStore, Watcher};
 use crate::{expires_in, CommitStats, GrantInfo, SessionInfo, Store, StoreError, COMMIT_BUCKETS_MICROS};
@@ -267,8 +268,10 @@ struct Answer {
     ack: Ack,
     woken: Vec<(oneshot::Sender<WaiterAnswer>, Grant)>,
     cancelled: Vec<(oneshot::Sender<WaiterAnswer>, LedgerError)>,
-    /// The operation's events, published when it is durable.
+    /// The operation's events, published when it is durable, and their records as its log
+    /// record holds them (the feed keeps those).
     events: Vec<Event>,
+    encoded: EncodedEvents,
     /// The daemon clock the operation decided at: the feed drops events older than its
     /// retention as of then.
     at: Millis,
@@ -362,7 +365,7 @@ impl State {
 
     /// Logs the daemon clock, so leases keep their remaining time across a restart.
     fn checkpoint_clock(&mut self, shared: &Shared) {
-        if self.append(shared, Vec::new(), &[], shared.clock.now()).is_err() {
+        if self.append(shared, Vec::new(), &mut EncodedEvents::default(), shared.clock.now()).is_err() {
             tracing::warn!("the daemon clock could not be logged");
         }
     }
@@ -489,10 +492,11 @@ impl State {
     ) -> Commit {
         let (ack, rx) = oneshot::channel();
         let events = self.stamp(drafts, now);
+        let mut encoded = EncodedEvents::encode(&events);
         // Events ride in a record, so they are durable with it (one of their own, if need be).
         let appended =
-            if ops.is_empty() && events.is_empty() { Ok(()) } else { self.append(shared, ops, &events, now) };
-        let answer = Answer { ack, woken, cancelled, events, at: now };
+            if ops.is_empty() && events.is_empty() { Ok(()) } else { self.append(shared, ops, &mut encoded, now) };
+        let answer = Answer { ack, woken, cancelled, events, encoded, at: now };
         match appended {
             Err(err) => answer.fail(&err),
             Ok(()) => match shared.durability {
@@ -515,14 +519,23 @@ impl State {
 
     /// Appends one record, with `events`. On failure the state is rebuilt from the store before
     /// this returns.
-    fn append(&mut self, shared: &Shared, ops: Vec<Op>, events: &[Event], now: Millis) -> Result<(), StoreError> {
+    fn append(
+        &mut self,
+        shared: &Shared,
+        ops: Vec<Op>,
+        events: &mut EncodedEvents,
+        now: Millis,
+    ) -> Result<(), StoreError> {
         let operations = usize::from(!ops.is_empty());
-        let events = events
-            .last()
-            .map(|last| wal::Events { last: last.revision, bytes: crate::records::events::encode_events(events) });
-        let record = WalRecord { seq: self.log.seq + 1, clock: now, ops, events };
+        let record_events =
+            events.last_revision().map(|last| wal::Events { last, bytes: std::mem::take(&mut events.bytes) });
+        let mut record = WalRecord { seq: self.log.seq + 1, clock: now, ops, events: record_events };
         let mut frame = std::mem::take(&mut self.log.frame);
         record.frame_into(&mut frame);
+        // The events' bytes go back to the feed's copy.
+        if let Some(written) = record.events.take() {
+            events.bytes = written.bytes;
+        }
         let started = Instant::now();
         let appended = match self.room_for(shared, frame.len() as u64) {
             Ok(()) => self.log.segment.append(self.log.len, &frame),

@@ -81,7 +81,7 @@ impl Answer {
     /// waiters it woke get their grants (so a caller with its answer finds the change in the feed).
     pub(super) fn deliver(self, shared: &Shared) {
         if !self.events.is_empty() {
-            shared.feed.publish(self.events, self.at);
+            shared.feed.publish_encoded(self.events, &self.encoded, self.at);
         }
         let _ = self.ack.send(Ok(()));
         for (tx, grant) in self.woken {

@@ -164,19 +164,80 @@ fn usage_record(usage: &BTreeMap<String, (u64, allot_core::Resources)>) -> Vec<(
 
 /// The encoding of a sequence of events: postcard, as a sequence of [`EventRecord`]s.
 pub fn encode_events(events: &[Event]) -> Vec<u8> {
-    struct Seq<'a>(&'a [Event]);
-    impl Serialize for Seq<'_> {
-        fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
-            serializer.collect_seq(self.0.iter().map(EventRecord::of))
-        }
-    }
-    postcard::to_extend(&Seq(events), Vec::with_capacity(96 * events.len())).expect("events always encode")
+    EncodedEvents::encode(events).bytes
 }
 
 /// Reads what [`encode_events`] wrote.
 pub fn decode_events(bytes: &[u8]) -> Result<Vec<Event>, CorruptRecord> {
     let records: Vec<EventRecord<'static>> = super::decode("events", "", bytes)?;
     records.into_iter().map(EventRecord::into_event).collect()
+}
+
+/// Events as [`encode_events`] encodes them (the sequence's length, then each event's
+/// [`EventRecord`]), with where each record ends: the log writes the whole, the change feed keeps
+/// each event's record as it is, so an event is encoded once.
+#[derive(Debug, Default)]
+pub struct EncodedEvents {
+    pub(crate) bytes: Vec<u8>,
+    /// Where the first record starts (after the sequence's length).
+    start: usize,
+    /// Where each record ends, in order.
+    ends: Vec<usize>,
+    /// The revision of the last event.
+    last: Option<u64>,
+}
+
+impl EncodedEvents {
+    pub fn encode(events: &[Event]) -> EncodedEvents {
+        // A sequence's length as postcard writes it, a varint, as it writes a `usize`.
+        let bytes = Vec::with_capacity(2 + 96 * events.len());
+        let mut bytes = postcard::to_extend(&events.len(), bytes).expect("a length always encodes");
+        let start = bytes.len();
+        let mut ends = Vec::with_capacity(events.len());
+        for event in events {
+            bytes = postcard::to_extend(&EventRecord::of(event), bytes).expect("events always encode");
+            ends.push(bytes.len());
+        }
+        EncodedEvents { bytes, start, ends, last: events.last().map(|event| event.revision) }
+    }
+
+    /// The revision of the last event, if any.
+    pub fn last_revision(&self) -> Option<u64> {
+        self.last
+    }
+
+    pub fn len(&self) -> usize {
+        self.ends.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.ends.is_empty()
+    }
+
+    /// Each event's record, in order.
+    pub fn records(&self) -> impl Iterator<Item = &[u8]> {
+        let starts = std::iter::once(self.start).chain(self.ends.iter().copied());
+        starts.zip(self.ends.iter().copied()).map(|(start, end)| &self.bytes[start..end])
+    }
+}
+
+/// Reads one event's record, as [`EncodedEvents::records`] gives it.
+pub fn decode_event(bytes: &[u8]) -> Result<Event, CorruptRecord> {
+    super::decode::<EventRecord<'static>>("events", "", bytes)?.into_event()
+}
+
+/// The kind and key of an event's record, read without decoding the rest: what a watcher's
+/// filter looks at. `None` for a record that does not start as an [`EventRecord`] does.
+pub fn kind_and_key(bytes: &[u8]) -> Option<(EventKind, &str)> {
+    /// The first fields of an [`EventRecord`], borrowed.
+    #[derive(Deserialize)]
+    struct Head<'a> {
+        _revision: u64,
+        kind: &'a str,
+        key: &'a str,
+    }
+    let (head, _) = postcard::take_from_bytes::<Head<'_>>(bytes).ok()?;
+    Some((EventKind::parse(head.kind)?, head.key))
 }
 
 impl<'a> EventRecord<'a> {
@@ -432,6 +493,39 @@ impl<'a> ObjectRecord<'a> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Events encoded one by one read back the same, alone and as the log's sequence, which is
+    /// byte for byte what postcard writes for the sequence of their records.
+    #[test]
+    fn events_encoded_one_by_one_make_the_logs_sequence() {
+        let event = |revision, kind, key: &str, cause: Option<&str>, object| Event {
+            revision,
+            kind,
+            key: key.to_owned(),
+            cause: cause.map(str::to_owned),
+            at: 1_000 + revision,
+            object,
+        };
+        let waiter =
+            EventObject::Waiter { namespace: NamespaceName::new("web").unwrap(), token: Token::new("t").unwrap() };
+        let run = EventObject::Run(Box::new(crate::conformance::sample_run()));
+        let events = vec![
+            event(7, EventKind::WaiterGaveUp, "namespaces/web/waiters/t", Some("timed_out"), waiter),
+            event(9, EventKind::RunChanged, "apps/a/tasks/t/run", None, run),
+            event(300, EventKind::PoolRemoved, "pools/p", None, EventObject::Gone),
+        ];
+        let encoded = EncodedEvents::encode(&events);
+        let records: Vec<EventRecord<'_>> = events.iter().map(EventRecord::of).collect();
+        assert_eq!(encoded.bytes, postcard::to_allocvec(&records).unwrap());
+        assert_eq!(decode_events(&encoded.bytes).unwrap(), events);
+        assert_eq!(encoded.len(), events.len());
+        for (record, event) in encoded.records().zip(&events) {
+            assert_eq!(decode_event(record).unwrap(), *event);
+            assert_eq!(kind_and_key(record), Some((event.kind, event.key.as_str())));
+        }
+        assert!(EncodedEvents::encode(&[]).is_empty());
+        assert_eq!(kind_and_key(&[0xff]), None);
+    }
 
     /// A run's event written before events had details (the `Run` object) still reads, among
     /// other events, as a run without them; one written now keeps them.
