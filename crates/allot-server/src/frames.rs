@@ -7,6 +7,10 @@
 //! watchers of a busy key the conversion to the wire type and the JSON encoding are then done
 //! once per event, not once per event per watcher.
 //!
+//! With one stream open, nothing is shared: its frames are written straight into its chunk, and
+//! the cache is left alone (keeping a frame, then dropping it long after, cold in the cache, cost
+//! more than encoding it).
+//!
 //! The cache is keyed by revision (the feed gives every event a revision of its own, increasing
 //! in publishing order, and a daemon's state serves one store) and keeps the frames of the newest
 //! revisions encoded, at most [`MAX_FRAMES`] of them and [`MAX_BYTES`] in all: live watchers are
@@ -16,6 +20,7 @@
 //! streams on several serving threads ask for it at the same moment.
 
 use std::collections::VecDeque;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 
 use allot_store::Event;
@@ -33,6 +38,8 @@ pub(crate) const MAX_BYTES: usize = 8 << 20;
 #[derive(Debug)]
 pub(crate) struct Frames {
     cache: Mutex<Cache>,
+    /// The streams open ([`Reader`]s).
+    streams: AtomicUsize,
     max_frames: usize,
     max_bytes: usize,
 }
@@ -56,7 +63,13 @@ impl Default for Frames {
 impl Frames {
     /// A cache that keeps at most `max_frames` frames and `max_bytes` bytes of them.
     pub(crate) fn with_limits(max_frames: usize, max_bytes: usize) -> Frames {
-        Frames { cache: Mutex::new(Cache::default()), max_frames, max_bytes }
+        Frames { cache: Mutex::new(Cache::default()), streams: AtomicUsize::new(0), max_frames, max_bytes }
+    }
+
+    /// A stream's handle on the frames, counted while it is open.
+    pub(crate) fn reader(self: &Arc<Frames>) -> Reader {
+        self.streams.fetch_add(1, Ordering::Relaxed);
+        Reader(self.clone())
     }
 
     fn lock(&self) -> MutexGuard<'_, Cache> {
@@ -120,18 +133,48 @@ impl Frames {
     }
 }
 
+/// An open stream's handle on the [`Frames`] of its daemon.
+#[derive(Debug)]
+pub(crate) struct Reader(Arc<Frames>);
+
+impl Reader {
+    /// The frames of `events`, in order, appended to `out`: from the cache while other streams
+    /// are open, else encoded straight into `out`.
+    pub(crate) fn write(&self, events: &[Arc<Event>], chunk: &mut Vec<Bytes>, out: &mut Vec<u8>) {
+        if self.0.streams.load(Ordering::Relaxed) > 1 {
+            self.0.extend(events, chunk);
+            return;
+        }
+        out.reserve(512 * events.len());
+        for event in events {
+            encode_into(event, out);
+        }
+    }
+}
+
+impl Drop for Reader {
+    fn drop(&mut self) {
+        self.0.streams.fetch_sub(1, Ordering::Relaxed);
+    }
+}
+
 /// An event's Server-Sent Events message.
 pub(crate) fn encode(event: &Event) -> Bytes {
     let mut frame = Vec::with_capacity(512);
+    encode_into(event, &mut frame);
+    Bytes::from(frame)
+}
+
+/// An event's Server-Sent Events message, appended to `frame`.
+fn encode_into(event: &Event, frame: &mut Vec<u8>) {
     frame.extend_from_slice(b"id: ");
     frame.extend_from_slice(itoa::Buffer::new().format(event.revision).as_bytes());
     frame.extend_from_slice(b"\nevent: ");
     frame.extend_from_slice(event.kind.name().as_bytes());
     frame.extend_from_slice(b"\ndata: ");
     // Writing to a Vec fails only when the JSON of a wire type cannot be made, which it always can.
-    let _ = serde_json::to_writer(&mut frame, &convert::event(event));
+    let _ = serde_json::to_writer(&mut *frame, &convert::event(event));
     frame.extend_from_slice(b"\n\n");
-    Bytes::from(frame)
 }
 
 #[cfg(test)]

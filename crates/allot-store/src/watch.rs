@@ -502,8 +502,9 @@ mod tests {
     #[tokio::test]
     async fn kept_events_read_back_whole_wherever_they_lie_in_the_ring() {
         let feed = Feed::new(config(7, 64), 0);
-        let key =
-            |r: u64| format!("pools/{}/{}", if r.is_multiple_of(3) { "a" } else { "b" }, "x".repeat((r * 7 % 40) as usize));
+        let key = |r: u64| {
+            format!("pools/{}/{}", if r.is_multiple_of(3) { "a" } else { "b" }, "x".repeat((r * 7 % 40) as usize))
+        };
         let mut published = Vec::new();
         for revision in 1..=200 {
             let event = event(revision, &key(revision), revision);

@@ -31,13 +31,13 @@ use axum::http::header::{CACHE_CONTROL, CONTENT_TYPE};
 use axum::http::{HeaderMap, HeaderName, HeaderValue, Method};
 use axum::middleware::Next;
 use axum::response::Response;
-use bytes::{Bytes, BytesMut};
+use bytes::Bytes;
 use futures_util::{FutureExt as _, Stream};
 use tokio::time::{Instant, Sleep};
 
 use crate::error::{ApiError, ErrorCode};
 use crate::extract::QueryArgs;
-use crate::frames::Frames;
+use crate::frames::{self, Frames};
 use crate::metrics::Watching;
 use crate::ServerState;
 
@@ -191,7 +191,7 @@ const HEARTBEAT: &[u8] = b": heartbeat\n\n";
 /// ready (up to [`MAX_CHUNK_EVENTS`]), their frames encoded once for every stream ([`Frames`]).
 struct Streaming {
     watcher: Watcher,
-    frames: Arc<Frames>,
+    frames: frames::Reader,
     heartbeat: Duration,
     /// When the last chunk was written.
     written: Instant,
@@ -213,7 +213,7 @@ impl Streaming {
         let sent = watcher.revision();
         Streaming {
             watcher,
-            frames,
+            frames: frames.reader(),
             heartbeat,
             written: Instant::now(),
             silence: Box::pin(tokio::time::sleep(heartbeat)),
@@ -274,7 +274,9 @@ impl Streaming {
         if let Some(last) = self.ready.last() {
             self.sent = last.revision;
         }
-        self.frames.extend(&self.ready, &mut self.chunk);
+        // The frames go into `body` (this stream alone) or `chunk` (shared with others).
+        let mut body = Vec::new();
+        self.frames.write(&self.ready, &mut self.chunk, &mut body);
         self.ready.clear();
         if let Some(err) = end {
             self.ended = true;
@@ -284,17 +286,15 @@ impl Streaming {
             }
         }
         self.written = Instant::now();
-        match self.chunk.len() {
-            0 => None,
-            1 => self.chunk.pop(),
-            _ => {
-                let mut body = BytesMut::with_capacity(self.chunk.iter().map(Bytes::len).sum());
-                for frame in self.chunk.drain(..) {
-                    body.extend_from_slice(&frame);
-                }
-                Some(body.freeze())
-            }
+        // One shared frame goes as it is; else every frame, one after the other.
+        if body.is_empty() && self.chunk.len() <= 1 {
+            return self.chunk.pop();
         }
+        body.reserve(self.chunk.iter().map(Bytes::len).sum());
+        for frame in self.chunk.drain(..) {
+            body.extend_from_slice(&frame);
+        }
+        Some(Bytes::from(body))
     }
 
     /// `: heartbeat`, with an `id:` when the watcher has passed revisions its filter did not take.
@@ -399,6 +399,37 @@ mod tests {
         let (one, two) = (read(&mut one[0], 1).await, read(&mut two[0], 1).await);
         assert_eq!(one[0].as_ptr(), two[0].as_ptr());
         assert_eq!(frames.encoded(), 11);
+    }
+
+    /// A stream open alone writes its frames itself, the same bytes, and keeps none; once a
+    /// second opens, they share the cache, and when it closes the first is alone again.
+    #[tokio::test]
+    async fn a_stream_alone_encodes_its_own_frames_the_same() {
+        let feed = Feed::new(WatchConfig::default(), 0);
+        let frames = Arc::new(Frames::default());
+        let metrics = Metrics::default();
+        let open = || {
+            let watcher = feed.subscribe(Filter::default(), None).unwrap();
+            Streaming::new(watcher, frames.clone(), Duration::from_secs(60), metrics.watching())
+        };
+        let bytes = |revisions: std::ops::RangeInclusive<u64>| -> Vec<u8> {
+            revisions.flat_map(|r| crate::frames::encode(&event(r)).to_vec()).collect()
+        };
+        let mut alone = open();
+        feed.publish((1..=3).map(event), 0);
+        assert_eq!(read(&mut alone, 3).await.concat(), bytes(1..=3));
+        assert_eq!(frames.encoded(), 0, "nothing kept for a stream alone");
+
+        let mut second = open();
+        feed.publish((4..=5).map(event), 0);
+        assert_eq!(read(&mut alone, 2).await.concat(), bytes(4..=5));
+        assert_eq!(read(&mut second, 2).await.concat(), bytes(4..=5));
+        assert_eq!(frames.encoded(), 2, "shared by two streams: encoded once");
+
+        drop(second);
+        feed.publish([event(6)], 0);
+        assert_eq!(read(&mut alone, 1).await.concat(), bytes(6..=6));
+        assert_eq!(frames.encoded(), 2);
     }
 
     #[tokio::test]
