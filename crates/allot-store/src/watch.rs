@@ -322,7 +322,7 @@ impl Feed {
 /// One watcher: the kept events it starts with, then the live ones its filter takes.
 #[derive(Debug)]
 pub struct Watcher {
-    backlog: VecDeque<Arc<Event>>,
+    backlog: Backlog,
     live: mpsc::Receiver<Arc<Event>>,
     behind: Arc<AtomicBool>,
     last: u64,
@@ -369,31 +369,54 @@ impl Kept {
         }
     }
 
-    /// The kept events after `since` that `filter` takes, decoded. Only those it takes are: the
-    /// filter reads a record's kind and key in place.
-    fn backlog(&self, filter: &Filter, since: u64) -> Result<VecDeque<Arc<Event>>, WatchError> {
+    /// The records of the kept events after `since` that `filter` takes (it reads a record's
+    /// kind and key in place), copied: they are decoded as the watcher takes them, not under the
+    /// feed's lock, which every commit waits for.
+    fn backlog(&self, filter: &Filter, since: u64) -> Result<Backlog, WatchError> {
         let first = self.events.partition_point(|k| k.revision <= since);
-        let mut backlog = VecDeque::new();
+        let mut backlog = Backlog::default();
         for index in first..self.events.len() {
             let record = self.record(index);
-            let wanted = events::kind_and_key(&record).map(|(kind, key)| filter.matches(kind, key));
-            let event = match wanted {
-                Some(false) => continue,
-                Some(true) => events::decode_event(&record).ok(),
-                None => None,
-            };
-            match event {
-                Some(event) => backlog.push_back(Arc::new(event)),
-                // The feed encoded it: a record it cannot read back is a bug. The watcher is
-                // told to list again rather than be handed a gap.
+            match events::kind_and_key(&record).map(|(kind, key)| filter.matches(kind, key)) {
+                Some(false) => {}
+                Some(true) => {
+                    backlog.bytes.extend_from_slice(&record);
+                    backlog.ends.push_back(backlog.bytes.len());
+                }
+                // The feed encoded it: a record it cannot read is a bug. The watcher is told to
+                // list again rather than be handed a gap.
                 None => {
                     let revision = self.events[index].revision;
-                    tracing::error!(revision, "a kept event does not decode; watchers resuming before it list again");
+                    tracing::error!(revision, "a kept event does not read; watchers resuming before it list again");
                     return Err(WatchError::Compacted { since, oldest: revision });
                 }
             }
         }
         Ok(backlog)
+    }
+}
+
+/// The kept events a watcher starts with, as their records, decoded one at a time as it takes
+/// them.
+#[derive(Debug, Default)]
+struct Backlog {
+    bytes: Vec<u8>,
+    /// Where each record not taken yet ends in `bytes`; the next starts at `taken`.
+    ends: VecDeque<usize>,
+    taken: usize,
+}
+
+impl Backlog {
+    fn is_empty(&self) -> bool {
+        self.ends.is_empty()
+    }
+
+    /// The next event, if any is left.
+    fn pop(&mut self) -> Option<Result<Event, crate::records::CorruptRecord>> {
+        let end = self.ends.pop_front()?;
+        let record = &self.bytes[self.taken..end];
+        self.taken = end;
+        Some(events::decode_event(record))
     }
 }
 
@@ -415,8 +438,14 @@ impl Watcher {
 
     /// The next event its filter takes; waits for one.
     pub async fn next(&mut self) -> Result<Arc<Event>, WatchError> {
-        let event = match self.backlog.pop_front() {
-            Some(event) => event,
+        let event = match self.backlog.pop() {
+            Some(Ok(event)) => Arc::new(event),
+            // The feed encoded it: a record it cannot decode is a bug. The watcher is told to
+            // list again rather than be handed a gap.
+            Some(Err(err)) => {
+                tracing::error!(error = %err, after = self.last, "a kept event does not decode; the watcher lists again");
+                return Err(WatchError::Compacted { since: self.last, oldest: self.last });
+            }
             None => match self.live.recv().await {
                 Some(event) => event,
                 None if self.behind.load(Ordering::Acquire) => {
@@ -520,8 +549,8 @@ mod tests {
                     // All of its backlog is there at once: the live events are published later.
                     let mut got = Vec::new();
                     while got.len() < expected.len() {
-                        match watcher.backlog.pop_front() {
-                            Some(event) => got.push((*event).clone()),
+                        match watcher.backlog.pop() {
+                            Some(event) => got.push(event.unwrap()),
                             None => break,
                         }
                     }
