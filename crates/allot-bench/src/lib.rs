@@ -9,7 +9,8 @@
 //!
 //! - `allot bench pairs --server URL`: that load against a running daemon.
 //! - `allot bench compare`: starts the baseline server, a fresh daemon (durability on) and, when it
-//!   is installed, Throttle, and runs the same load against each in turn; prints a table with every
+//!   is installed, Throttle, and runs the same load against each in turn (each daemon with a watcher
+//!   of another namespace attached); prints a table with every
 //!   target's pairs/s as a ratio of the baseline's, measured in the same run. On a small machine the
 //!   load generator and the server share the cores, so only such ratios compare across machines.
 //! - `allot bench wake`: how long after a release the next waiter gets its grant.
