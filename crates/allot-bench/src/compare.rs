@@ -11,6 +11,7 @@ use serde::Serialize;
 use crate::children::{self, Scratch, Server};
 use crate::load::{self, LoadResult, LoadSpec, Target};
 use crate::own_work::OwnWork;
+use crate::placement::Placement;
 use crate::report::{self, Check, Summary};
 use crate::CompareArgs;
 
@@ -75,40 +76,6 @@ struct Room {
     room_us_per_pair: f64,
     /// allot-process's CPU per pair − the baseline's.
     allot_us_per_pair: f64,
-}
-
-/// Which CPUs the servers and the load generator run on (`--pin`; `bench watch --pin` too).
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
-pub(super) struct Placement {
-    pub(super) servers: Vec<usize>,
-    pub(super) load: Vec<usize>,
-    /// What the kernel says each process may run on (`Cpus_allowed_list` of `/proc/<pid>/status`),
-    /// by server name, and `load` for this process: how the pinning came out.
-    #[serde(skip_serializing_if = "std::collections::BTreeMap::is_empty")]
-    allowed: std::collections::BTreeMap<String, String>,
-}
-
-impl Placement {
-    /// With `pin`, the CPUs this process may use split in two; an error with fewer than 2.
-    pub(super) fn pinned(pin: bool) -> anyhow::Result<Option<Placement>> {
-        if !pin {
-            return Ok(None);
-        }
-        let cpus = allot_host::affinity::allowed_cpus();
-        let Some(placement) = Placement::split(&cpus) else {
-            bail!("--pin needs at least 2 CPUs to split between the servers and the load generator; this process may use {}", cpus.len());
-        };
-        Ok(Some(placement))
-    }
-
-    /// The first half of `cpus` (rounded down) for the servers, the rest for the load generator;
-    /// `None` with fewer than 2 CPUs.
-    fn split(cpus: &[usize]) -> Option<Placement> {
-        (cpus.len() >= 2).then(|| {
-            let (servers, load) = cpus.split_at(cpus.len() / 2);
-            Placement { servers: servers.to_vec(), load: load.to_vec(), allowed: Default::default() }
-        })
-    }
 }
 
 /// Runs `allot bench compare`.
@@ -505,14 +472,10 @@ fn checks(clients: &[usize], summaries: &[Summary]) -> Vec<Check> {
 
 #[cfg(test)]
 mod tests {
-    use super::{room, watcher_checks, Placement, DISK, PROCESS, PROCESS_AUTH};
+    use super::{room, watcher_checks, DISK, PROCESS, PROCESS_AUTH};
     use crate::http::Endpoint;
     use crate::load::Target;
     use crate::report::Summary;
-
-    fn placement(servers: &[usize], load: &[usize]) -> Placement {
-        Placement { servers: servers.to_vec(), load: load.to_vec(), allowed: Default::default() }
-    }
 
     #[test]
     fn every_allot_daemon_keeps_its_watcher_of_another_namespace() {
@@ -527,15 +490,6 @@ mod tests {
         let outcome: Vec<(bool, Option<f64>)> = checks.iter().map(|c| (c.ok, c.value)).collect();
         assert_eq!(outcome, vec![(true, Some(0.0)), (false, Some(1.0)), (false, None)], "{:?}", checks);
         assert!(checks.iter().all(|c| !c.what.starts_with("baseline")), "the baseline holds no watcher");
-    }
-
-    #[test]
-    fn pinning_splits_the_cpus_in_two_halves() {
-        assert_eq!(Placement::split(&[0, 1]), Some(placement(&[0], &[1])));
-        assert_eq!(Placement::split(&[0, 2, 5]), Some(placement(&[0], &[2, 5])));
-        assert_eq!(Placement::split(&[0, 1, 2, 3]), Some(placement(&[0, 1], &[2, 3])));
-        assert_eq!(Placement::split(&[3]), None, "one CPU cannot be split");
-        assert_eq!(Placement::split(&[]), None);
     }
 
     fn summary(target: &str, clients: usize, cpu: Option<f64>) -> Summary {

@@ -54,6 +54,7 @@ mod latency;
 mod leases;
 mod load;
 mod own_work;
+mod placement;
 mod pools;
 mod redis;
 mod report;

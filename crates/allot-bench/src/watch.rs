@@ -35,10 +35,10 @@ use tokio::sync::mpsc;
 use allot_client::sse;
 
 use crate::children::{self, Scratch, Server};
-use crate::compare::Placement;
 use crate::http::{encode_segment, open_stream, Conn, Endpoint, Stream};
 use crate::latency::Latency;
 use crate::load::{self, LoadSpec, Target};
+use crate::placement::Placement;
 use crate::report::{self, Check};
 use crate::WatchArgs;
 

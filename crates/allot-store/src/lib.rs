@@ -25,6 +25,7 @@ pub use allot_core::clock;
 #[cfg(feature = "testing")]
 pub mod conformance;
 pub mod embedded;
+mod event;
 #[cfg(feature = "testing")]
 pub mod fault;
 pub mod ids;

@@ -19,7 +19,7 @@ use super::runs::{RunRecord, RunRow};
 use super::{
     resources_from, resources_record, AllocRecord, AllocRecordV0, CorruptRecord, GrantRecord, ResourcesRecord,
 };
-use crate::watch::{Event, EventObject};
+use crate::event::{Event, EventObject};
 use crate::{GrantInfo, SessionInfo};
 
 /// One event.
