@@ -16,61 +16,82 @@ pub struct Message {
 /// Reads messages out of the bytes it is fed.
 #[derive(Debug, Default)]
 pub struct Parser {
-    /// Bytes of a line not ended yet.
+    /// Bytes of a line not ended yet (a line cut between two feeds).
     partial: Vec<u8>,
-    /// Lines read and not yet made into messages.
-    lines: std::collections::VecDeque<String>,
+    /// Messages read whole and not taken yet.
+    ready: std::collections::VecDeque<Message>,
     /// The last byte fed was a CR: a LF right after it ends no second line.
     after_cr: bool,
+    /// The message being read.
     message: Message,
 }
 
 impl Parser {
-    /// Takes the next bytes of the stream, in any chunks.
-    pub fn feed(&mut self, bytes: &[u8]) {
-        for &byte in bytes {
-            let after_cr = std::mem::replace(&mut self.after_cr, byte == b'\r');
-            match byte {
-                b'\n' if after_cr => {}
-                b'\n' | b'\r' => {
-                    let line = String::from_utf8_lossy(&self.partial).into_owned();
-                    self.lines.push_back(line);
-                    self.partial.clear();
+    /// Takes the next bytes of the stream, in any chunks. Each line is read where it lies in
+    /// `bytes` (copied only when cut between two feeds), and applied to the message at once.
+    pub fn feed(&mut self, mut bytes: &[u8]) {
+        if bytes.is_empty() {
+            return;
+        }
+        if std::mem::take(&mut self.after_cr) && bytes[0] == b'\n' {
+            bytes = &bytes[1..];
+        }
+        while let Some(end) = bytes.iter().position(|&b| b == b'\n' || b == b'\r') {
+            if self.partial.is_empty() {
+                self.line(&bytes[..end]);
+            } else {
+                self.partial.extend_from_slice(&bytes[..end]);
+                let line = std::mem::take(&mut self.partial);
+                self.line(&line);
+                self.partial = line;
+                self.partial.clear();
+            }
+            let cr = bytes[end] == b'\r';
+            bytes = &bytes[end + 1..];
+            if cr {
+                match bytes.first() {
+                    Some(b'\n') => bytes = &bytes[1..],
+                    Some(_) => {}
+                    None => self.after_cr = true,
                 }
-                _ => self.partial.push(byte),
             }
         }
+        self.partial.extend_from_slice(bytes);
     }
 
     /// The next whole message, if one has been fed.
     pub fn message(&mut self) -> Option<Message> {
-        while let Some(line) = self.lines.pop_front() {
-            if line.is_empty() {
-                let mut message = std::mem::take(&mut self.message);
-                if message == Message::default() {
-                    continue;
-                }
-                // Each data line added itself and a LF: the last LF is not the data's.
-                if let Some(data) = &mut message.data {
-                    data.pop();
-                }
-                return Some(message);
+        self.ready.pop_front()
+    }
+
+    /// One line, without its end: a field of the message, or the blank line that ends it.
+    fn line(&mut self, line: &[u8]) {
+        if line.is_empty() {
+            let mut message = std::mem::take(&mut self.message);
+            if message == Message::default() {
+                return;
             }
-            let (field, value) = line.split_once(':').unwrap_or((&line, ""));
-            let value = value.strip_prefix(' ').unwrap_or(value);
-            match field {
-                "data" => {
-                    let data = self.message.data.get_or_insert_with(String::new);
-                    data.push_str(value);
-                    data.push('\n');
-                }
-                "id" if !value.contains('\0') => self.message.id = Some(value.to_owned()),
-                "event" => self.message.event = Some(value.to_owned()),
-                // Comments (`: heartbeat`), `retry` and unknown fields.
-                _ => {}
+            // Each data line added itself and a LF: the last LF is not the data's.
+            if let Some(data) = &mut message.data {
+                data.pop();
             }
+            self.ready.push_back(message);
+            return;
         }
-        None
+        let line = String::from_utf8_lossy(line);
+        let (field, value) = line.split_once(':').unwrap_or((&line, ""));
+        let value = value.strip_prefix(' ').unwrap_or(value);
+        match field {
+            "data" => {
+                let data = self.message.data.get_or_insert_with(String::new);
+                data.push_str(value);
+                data.push('\n');
+            }
+            "id" if !value.contains('\0') => self.message.id = Some(value.to_owned()),
+            "event" => self.message.event = Some(value.to_owned()),
+            // Comments (`: heartbeat`), `retry` and unknown fields.
+            _ => {}
+        }
     }
 }
 
