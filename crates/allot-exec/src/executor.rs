@@ -930,10 +930,12 @@ impl Executor {
         }
     }
 
-    /// The first run of `task`: its directory emptied (a task removed and added again under the
-    /// same id starts from nothing: a shell command's marker there would be taken for its own),
-    /// then, if `store_first` (its plugin acts outside the run), stored before any round (a
-    /// restart resumes it, and does not empty its directory again). A `stale` run of an earlier
+    /// The first run of `task`. If `store_first` (its plugin acts outside the run, the task's
+    /// directory among it): its directory emptied (a task removed and added again under the same
+    /// id starts from nothing: a shell command's marker there would be taken for its own), then
+    /// the run stored before any round (a restart resumes it, and does not empty its directory
+    /// again). A plugin that does not act outside never reads the directory: it is left alone (a
+    /// system call per task saved; `forget_run` and the sweep remove it with the task). A `stale` run of an earlier
     /// task of the same id, whose executor stopped before it could remove it, has its tokens
     /// released.
     async fn fresh_run(
@@ -953,20 +955,20 @@ impl Executor {
                 }
             }
         }
-        let dir = self.task_dir(key);
-        match std::fs::remove_dir_all(&dir) {
-            Ok(()) => {}
-            Err(err) if err.kind() == std::io::ErrorKind::NotFound => {}
-            Err(err) => {
-                return Err(StoreError::Unavailable(format!(
-                    "cannot empty the task's directory {}: {err}",
-                    dir.display()
-                )))
-            }
-        }
         let mut run = Run::new(self.now_ms());
         run.task_seq = Some(task.seq);
         if store_first {
+            let dir = self.task_dir(key);
+            match std::fs::remove_dir_all(&dir) {
+                Ok(()) => {}
+                Err(err) if err.kind() == std::io::ErrorKind::NotFound => {}
+                Err(err) => {
+                    return Err(StoreError::Unavailable(format!(
+                        "cannot empty the task's directory {}: {err}",
+                        dir.display()
+                    )))
+                }
+            }
             self.store.put_run(key.app.clone(), key.task.clone(), run.clone()).await?;
         }
         Ok(run)

@@ -185,9 +185,10 @@ pub(crate) async fn watch(
 /// The most events written in one chunk of the body.
 const MAX_CHUNK_EVENTS: usize = 256;
 
-/// A stream busy with events writes at most one chunk per this interval: the events that come
-/// within it of the last chunk wait for its end and go together (one write and one wake-up of the
-/// client per interval, instead of one per few events); an event after a quiet spell goes at once.
+/// A stream busy with events writes at most one chunk per this interval: when the last chunk held
+/// several events, the events that come within the interval after it wait for its end and go
+/// together (one write and one wake-up of the client per interval, instead of one per few
+/// events). An event after a quiet spell, or after a chunk of one, goes at once.
 const COALESCE: Duration = Duration::from_millis(1);
 
 /// A heartbeat that carries no revision.
@@ -208,8 +209,9 @@ struct Streaming {
     sent: u64,
     /// The last message was sent; the stream ends.
     ended: bool,
-    /// The last chunk held [`MAX_CHUNK_EVENTS`]: the next is not held back by [`COALESCE`].
-    full: bool,
+    /// How many events the last chunk held: one (a quiet stream) or [`MAX_CHUNK_EVENTS`] (a
+    /// stream writing as fast as it can), and the next chunk is not held back by [`COALESCE`].
+    last_events: usize,
     /// The events of the chunk being made, and their frames (kept to reuse their memory).
     ready: Vec<Arc<Event>>,
     chunk: Vec<Bytes>,
@@ -227,7 +229,7 @@ impl Streaming {
             silence: Box::pin(tokio::time::sleep(heartbeat)),
             sent,
             ended: false,
-            full: false,
+            last_events: 0,
             ready: Vec::new(),
             chunk: Vec::new(),
             _open: open,
@@ -267,10 +269,9 @@ impl Streaming {
         let mut end = match first {
             Ok(event) => {
                 self.ready.push(event);
-                // Busy: what else comes before the interval ends goes in this chunk (unless the
-                // last chunk was full: then the stream writes as fast as it can).
+                // Busy: what else comes before the interval ends goes in this chunk.
                 let due = self.written + COALESCE;
-                if !self.full && Instant::now() < due {
+                if (2..MAX_CHUNK_EVENTS).contains(&self.last_events) && Instant::now() < due {
                     tokio::time::sleep_until(due).await;
                 }
                 None
@@ -286,7 +287,7 @@ impl Streaming {
                 None => break,
             }
         }
-        self.full = self.ready.len() == MAX_CHUNK_EVENTS;
+        self.last_events = self.ready.len();
         if let Some(last) = self.ready.last() {
             self.sent = last.revision;
         }
@@ -448,9 +449,9 @@ mod tests {
         assert_eq!(frames.encoded(), 2);
     }
 
-    /// While events keep coming, a chunk waits until [`COALESCE`] after the last one, and what
-    /// comes meanwhile goes with it; an event after a quiet spell goes at once. (Time paused: it
-    /// moves only when every task waits.)
+    /// While events keep coming (the last chunk held several), a chunk waits until [`COALESCE`]
+    /// after the last one, and what comes meanwhile goes with it; an event after a quiet spell, or
+    /// after a chunk of one, goes at once. (Time paused: it moves only when every task waits.)
     #[tokio::test(start_paused = true)]
     async fn a_busy_stream_writes_at_most_one_chunk_per_interval() {
         let feed = Feed::new(WatchConfig::default(), 0);
@@ -461,18 +462,20 @@ mod tests {
             revisions.flat_map(|r| crate::frames::encode(&event(r)).to_vec()).collect::<Vec<u8>>().into()
         };
         tokio::time::advance(COALESCE * 2).await;
-        feed.publish([event(1)], 0);
-        assert_eq!(stream.next().now_or_never(), Some(Some(bytes(1..=1))), "after a quiet spell: at once");
+        feed.publish((1..=2).map(event), 0);
+        assert_eq!(stream.next().now_or_never(), Some(Some(bytes(1..=2))), "after a quiet spell: at once");
 
         let started = Instant::now();
-        feed.publish([event(2)], 0);
-        let (chunk, ()) = tokio::join!(stream.next(), async { feed.publish([event(3)], 0) });
-        assert_eq!(chunk, Some(bytes(2..=3)), "the event that came while the chunk waited is in it");
+        feed.publish([event(3)], 0);
+        let (chunk, ()) = tokio::join!(stream.next(), async { feed.publish([event(4)], 0) });
+        assert_eq!(chunk, Some(bytes(3..=4)), "the event that came while the chunk waited is in it");
         assert_eq!(Instant::now() - started, COALESCE);
 
         tokio::time::advance(COALESCE).await;
-        feed.publish([event(4)], 0);
-        assert_eq!(stream.next().now_or_never(), Some(Some(bytes(4..=4))), "the interval passed: at once");
+        feed.publish([event(5)], 0);
+        assert_eq!(stream.next().now_or_never(), Some(Some(bytes(5..=5))), "the interval passed: at once");
+        feed.publish([event(6)], 0);
+        assert_eq!(stream.next().now_or_never(), Some(Some(bytes(6..=6))), "after a chunk of one: at once");
     }
 
     #[tokio::test]
