@@ -11,9 +11,8 @@
 //!
 //! The fan-out is kept cheap: an event's message is encoded once for every stream (`frames.rs`),
 //! and a stream writes every event its watcher has ready as one chunk of the body (taken without
-//! waiting, `Watcher::next` being cancel-safe), at most one per [`COALESCE`] while events keep
-//! coming, so a busy watcher costs a write per batch, not per event. The body is a plain stream
-//! of those bytes (`text/event-stream`, `no-cache`).
+//! waiting, `Watcher::next` being cancel-safe), so a busy watcher costs a write per batch, not
+//! per event. The body is a plain stream of those bytes (`text/event-stream`, `no-cache`).
 
 use allot_core::access::Permission;
 
@@ -185,12 +184,6 @@ pub(crate) async fn watch(
 /// The most events written in one chunk of the body.
 const MAX_CHUNK_EVENTS: usize = 256;
 
-/// A stream busy with events writes at most one chunk per this interval: when the last chunk held
-/// several events, the events that come within the interval after it wait for its end and go
-/// together (one write and one wake-up of the client per interval, instead of one per few
-/// events). An event after a quiet spell, or after a chunk of one, goes at once.
-const COALESCE: Duration = Duration::from_millis(1);
-
 /// A heartbeat that carries no revision.
 const HEARTBEAT: &[u8] = b": heartbeat\n\n";
 
@@ -209,9 +202,6 @@ struct Streaming {
     sent: u64,
     /// The last message was sent; the stream ends.
     ended: bool,
-    /// How many events the last chunk held: one (a quiet stream) or [`MAX_CHUNK_EVENTS`] (a
-    /// stream writing as fast as it can), and the next chunk is not held back by [`COALESCE`].
-    last_events: usize,
     /// The events of the chunk being made, and their frames (kept to reuse their memory).
     ready: Vec<Arc<Event>>,
     chunk: Vec<Bytes>,
@@ -229,7 +219,6 @@ impl Streaming {
             silence: Box::pin(tokio::time::sleep(heartbeat)),
             sent,
             ended: false,
-            last_events: 0,
             ready: Vec::new(),
             chunk: Vec::new(),
             _open: open,
@@ -269,11 +258,6 @@ impl Streaming {
         let mut end = match first {
             Ok(event) => {
                 self.ready.push(event);
-                // Busy: what else comes before the interval ends goes in this chunk.
-                let due = self.written + COALESCE;
-                if (2..MAX_CHUNK_EVENTS).contains(&self.last_events) && Instant::now() < due {
-                    tokio::time::sleep_until(due).await;
-                }
                 None
             }
             Err(err) => Some(err),
@@ -287,7 +271,6 @@ impl Streaming {
                 None => break,
             }
         }
-        self.last_events = self.ready.len();
         if let Some(last) = self.ready.last() {
             self.sent = last.revision;
         }
@@ -447,35 +430,6 @@ mod tests {
         feed.publish([event(6)], 0);
         assert_eq!(read(&mut alone, 1).await.concat(), bytes(6..=6));
         assert_eq!(frames.encoded(), 2);
-    }
-
-    /// While events keep coming (the last chunk held several), a chunk waits until [`COALESCE`]
-    /// after the last one, and what comes meanwhile goes with it; an event after a quiet spell, or
-    /// after a chunk of one, goes at once. (Time paused: it moves only when every task waits.)
-    #[tokio::test(start_paused = true)]
-    async fn a_busy_stream_writes_at_most_one_chunk_per_interval() {
-        let feed = Feed::new(WatchConfig::default(), 0);
-        let metrics = Metrics::default();
-        let watcher = feed.subscribe(Filter::default(), None).unwrap();
-        let mut stream = Streaming::new(watcher, Arc::default(), Duration::from_secs(60), metrics.watching());
-        let bytes = |revisions: std::ops::RangeInclusive<u64>| -> Bytes {
-            revisions.flat_map(|r| crate::frames::encode(&event(r)).to_vec()).collect::<Vec<u8>>().into()
-        };
-        tokio::time::advance(COALESCE * 2).await;
-        feed.publish((1..=2).map(event), 0);
-        assert_eq!(stream.next().now_or_never(), Some(Some(bytes(1..=2))), "after a quiet spell: at once");
-
-        let started = Instant::now();
-        feed.publish([event(3)], 0);
-        let (chunk, ()) = tokio::join!(stream.next(), async { feed.publish([event(4)], 0) });
-        assert_eq!(chunk, Some(bytes(3..=4)), "the event that came while the chunk waited is in it");
-        assert_eq!(Instant::now() - started, COALESCE);
-
-        tokio::time::advance(COALESCE).await;
-        feed.publish([event(5)], 0);
-        assert_eq!(stream.next().now_or_never(), Some(Some(bytes(5..=5))), "the interval passed: at once");
-        feed.publish([event(6)], 0);
-        assert_eq!(stream.next().now_or_never(), Some(Some(bytes(6..=6))), "after a chunk of one: at once");
     }
 
     #[tokio::test]
