@@ -40,11 +40,12 @@ impl Parser {
             if self.partial.is_empty() {
                 self.line(&bytes[..end]);
             } else {
-                self.partial.extend_from_slice(&bytes[..end]);
-                let line = std::mem::take(&mut self.partial);
+                // The line's start came in an earlier feed; its buffer is kept for the next one.
+                let mut line = std::mem::take(&mut self.partial);
+                line.extend_from_slice(&bytes[..end]);
                 self.line(&line);
+                line.clear();
                 self.partial = line;
-                self.partial.clear();
             }
             let cr = bytes[end] == b'\r';
             bytes = &bytes[end + 1..];

@@ -935,9 +935,9 @@ impl Executor {
     /// id starts from nothing: a shell command's marker there would be taken for its own), then
     /// the run stored before any round (a restart resumes it, and does not empty its directory
     /// again). A plugin that does not act outside never reads the directory: it is left alone (a
-    /// system call per task saved; `forget_run` and the sweep remove it with the task). A `stale` run of an earlier
-    /// task of the same id, whose executor stopped before it could remove it, has its tokens
-    /// released.
+    /// system call per task saved; `forget_run` and the sweep remove it with the task). A `stale`
+    /// run of an earlier task of the same id, whose executor stopped before it could remove it,
+    /// has its tokens released.
     async fn fresh_run(
         &self,
         key: &RunKey,
