@@ -18,6 +18,7 @@ use std::time::{Duration, Instant};
 use redis::aio::MultiplexedConnection;
 use redis::cluster::{ClusterClient, ClusterClientBuilder};
 use redis::cluster_async::ClusterConnection;
+use redis::cluster_routing::{RoutingInfo, SingleNodeRoutingInfo};
 use redis::{AsyncConnectionConfig, RedisError, Value};
 use tokio::sync::watch;
 
@@ -86,6 +87,31 @@ impl ClusterLink {
     /// The addresses to reach the cluster at: the primaries last seen, then the seeds.
     pub(crate) fn addresses(&self) -> Vec<String> {
         addresses(&self.map.lock().unwrap_or_else(|p| p.into_inner()), &self.seeds)
+    }
+
+    /// The primaries that serve the cluster's slots (`host:port`), as the slot map reads now;
+    /// `None` if no node answers.
+    pub(crate) async fn primaries(&self) -> Option<Vec<String>> {
+        let map = read_map(&mut None, &self.addresses()).await?;
+        let mut primaries: Vec<String> = map.into_iter().map(|(_, _, primary)| primary).collect();
+        primaries.sort();
+        primaries.dedup();
+        Some(primaries)
+    }
+
+    /// Sends `cmd` to the node at `address` (`host:port`), whatever keys it names: for the calls
+    /// that read one server's keyspace (`SCAN`).
+    pub(crate) async fn query_node(&self, cmd: &redis::Cmd, address: &str) -> Result<Value, RedisError> {
+        let (host, port) = address
+            .rsplit_once(':')
+            .and_then(|(host, port)| Some((host.to_owned(), port.parse().ok()?)))
+            .ok_or_else(|| {
+                RedisError::from((redis::ErrorKind::InvalidClientConfig, "not a node's address", address.to_owned()))
+            })?;
+        let routing = RoutingInfo::SingleNode(SingleNodeRoutingInfo::ByAddress { host, port });
+        let result = self.conn(READ_LANE).route_command(cmd.clone(), routing).await;
+        self.note(&result);
+        result
     }
 
     /// Notes how a call went: a failure that a topology change could explain makes the watcher

@@ -18,8 +18,8 @@
 //!   is taken on the daemon that schedules (the edge sends `GET /v1/snapshot` there), which
 //!   does not schedule until it is taken (quotas and pools go on meanwhile).
 //!
-//! **Restored** into a Redis that holds no allot state (or, told to, after removing what one
-//! server holds), from an archive checked whole first: a damaged archive writes nothing. Times
+//! **Restored** into a Redis that holds no allot state (or, told to, after removing what it
+//! holds, from every primary of a cluster), from an archive checked whole first: a damaged archive writes nothing. Times
 //! move onto Redis's clock (`--leases resume`: each lease has what it had left; `expire`: less
 //! the time since the snapshot), fencing counters go on from the archive's, and the change feed
 //! gives revisions above the archive's (by the restore's margin) and keeps nothing before: a
@@ -82,8 +82,6 @@ pub enum RestoreError {
     NotEmpty { what: String },
     #[error("a daemon ({holder}) is using this Redis (it holds the scheduler's lease for {left_ms} ms more): stop every daemon that uses it, then restore")]
     InUse { holder: String, left_ms: u64 },
-    #[error("--replace empties one Redis server, not a cluster: empty the cluster first (FLUSHALL on every primary), then restore")]
-    ReplaceOnCluster,
     #[error(
         "the restore stopped part way, and this Redis holds part of the archive (restore again with --replace): {0}"
     )]
@@ -302,7 +300,7 @@ impl RedisStore {
 
     /// Restores the archive at `path` into this store's Redis: checked whole first, then written
     /// slot by slot (see the module's documentation). Refuses a Redis that holds allot's state,
-    /// unless `replace` (one server only): then removes it first. The daemons that use this Redis
+    /// unless `replace`: then removes it first (on a cluster, from every primary). The daemons that use this Redis
     /// should be stopped meanwhile.
     pub async fn restore(
         &self,
@@ -332,9 +330,6 @@ impl RedisStore {
         let held = held_state(inner).await?;
         if let (Some(what), false) = (&held, replace) {
             return Err(RestoreError::NotEmpty { what: what.clone() });
-        }
-        if held.is_some() && inner.conn.cluster().is_some() {
-            return Err(RestoreError::ReplaceOnCluster);
         }
         let marker = format!("{} taken at revision {} ({})", path.display(), header.revision, header.backend);
         query(inner, redis::cmd("SET").arg(RESTORING_KEY).arg(&marker)).await?;
@@ -598,12 +593,32 @@ async fn retired_names(inner: &Inner) -> Result<Vec<String>, StoreError> {
     Ok(names)
 }
 
-/// Every key of one server that matches `pattern`.
+/// Every key of allot's Redis that matches `pattern`: of its one server, or of every primary of
+/// its cluster (each primary holds its own slots' keys, and `SCAN` reads one node).
 async fn scan(inner: &Inner, pattern: &str) -> Result<Vec<String>, StoreError> {
+    let Some(cluster) = inner.conn.cluster() else { return scan_node(inner, pattern, None).await };
+    let primaries = cluster
+        .primaries()
+        .await
+        .ok_or_else(|| StoreError::Unavailable("no node of the Redis Cluster answers with its slot map".into()))?;
+    let mut keys = Vec::new();
+    for primary in primaries {
+        keys.extend(scan_node(inner, pattern, Some(&primary)).await?);
+    }
+    Ok(keys)
+}
+
+/// Every key of one server that matches `pattern`: the standalone one, or the cluster's node at
+/// `node`.
+async fn scan_node(inner: &Inner, pattern: &str, node: Option<&str>) -> Result<Vec<String>, StoreError> {
     let (mut cursor, mut keys) = (0u64, Vec::new());
     loop {
         let cmd = redis::cmd("SCAN").arg(cursor).arg("MATCH").arg(pattern).arg("COUNT").arg(1000).clone();
-        let mut reply = Reply::new(inner.conn.query(&cmd).await.map_err(|e| redis_error(e, false))?)?;
+        let answer = match (node, inner.conn.cluster()) {
+            (Some(node), Some(cluster)) => cluster.query_node(&cmd, node).await,
+            _ => inner.conn.query(&cmd).await,
+        };
+        let mut reply = Reply::new(answer.map_err(|e| redis_error(e, false))?)?;
         cursor = number(&reply.text()?)?;
         keys.extend(Reply::new(reply.value()?)?.rest_texts()?);
         if cursor == 0 {
@@ -672,7 +687,8 @@ async fn held_state(inner: &Inner) -> Result<Option<String>, StoreError> {
     Ok(None)
 }
 
-/// Removes every key of allot's on one server, but the change feed's revision (which never
+/// Removes every key of allot's (on a cluster, from every primary; `UNLINK` of many keys is
+/// split by slot by the client), but the change feed's revision (which never
 /// goes back) and the mark of the restore under way.
 async fn remove_everything(inner: &Inner) -> Result<(), StoreError> {
     let keep = [format!("{FEED_SLOT}:meta"), RESTORING_KEY.to_owned()];

@@ -297,12 +297,19 @@ async fn an_archive_restores_into_a_redis_cluster_and_comes_back_the_same() {
     let redis = crate::support::open(&cluster.address()).await;
     let wall = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_millis() as u64;
     let options = RestoreOptions { leases: LeaseTime::Resume, bump_revision: DEFAULT_BUMP_REVISION, now_ms: wall };
-    let restored = redis.restore(&file, &options, false).await.unwrap();
-    let replaced = redis.restore(&file, &options, true).await;
-    assert!(matches!(replaced, Err(RestoreError::ReplaceOnCluster)), "{replaced:?}");
+    redis.restore(&file, &options, false).await.unwrap();
+    // Changed after the restore, on slots of every primary: a restore without `--replace` is
+    // refused; with it, what the cluster held is removed from every primary first.
+    for name in ["extra-1", "extra-2", "extra-3", "extra-4", "extra-5", "extra-6"] {
+        redis.put_namespace(ns(name), 3).await.unwrap();
+    }
+    redis.put_namespace(ns("hive"), 99).await.unwrap();
+    let refused = redis.restore(&file, &options, false).await;
+    assert!(matches!(refused, Err(RestoreError::NotEmpty { .. })), "{refused:?}");
+    let restored = redis.restore(&file, &options, true).await.unwrap();
 
-    // Taken again slot by slot, across the three primaries: the records the archive held, moved
-    // onto Redis's clock by what the restore moved them by.
+    // Taken again slot by slot, across the three primaries: the records the archive held (and
+    // none of the later ones), moved onto Redis's clock by what the restore moved them by.
     let mut second = Vec::new();
     redis.snapshot_to(&mut second).await.unwrap();
     let back = first_header.clock_ms as i64 - restored.clock_ms as i64;

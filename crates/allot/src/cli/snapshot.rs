@@ -41,8 +41,9 @@ would load them before DIR appears: a refused archive leaves nothing behind.
 
 With --store redis://HOST:PORT (or redis+cluster://NODE,NODE...), fills that Redis for daemons
 started with the same --store. The archive is checked whole first; a Redis that holds allot's
-state is refused unless --replace (one server: what allot keeps there is removed first). Stop the
-daemons that use that Redis while it runs. Times move onto Redis's clock as --leases says.
+state is refused unless --replace (what allot keeps there is removed first, from every primary of
+a cluster). Stop the daemons that use that Redis while it runs. Times move onto Redis's clock as
+--leases says.
 
 The restored daemon's revisions start above the archive's by at least --bump-revision, and it
 keeps no events from before: a watcher resuming from an earlier revision is told to list again
@@ -88,7 +89,7 @@ pub(crate) enum SnapshotCommand {
         /// `redis+cluster://NODE,NODE...`).
         #[arg(long, value_name = "ADDRESS")]
         store: Option<String>,
-        /// With --store: remove what allot keeps in that Redis first (one server, not a cluster).
+        /// With --store: remove what allot keeps in that Redis first (on a cluster, on every primary).
         #[arg(long, requires = "store")]
         replace: bool,
         /// How the time since the snapshot counts: `resume` (leases, sessions and allocs go on
