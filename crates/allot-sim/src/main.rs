@@ -11,17 +11,28 @@ use allot_sim::{check_seed, replicated, Shape};
 
 /// Runs seeded simulations of allot (the real store and handlers, faults at every step) and
 /// checks every invariant after every step; a failing seed is shrunk and printed with its history.
+/// Seeds run when neither a count nor a time is given.
+const DEFAULT_SEEDS: u64 = 1_000;
+
+/// `--minutes`: a positive number of minutes.
+fn minutes(text: &str) -> Result<f64, String> {
+    match text.parse::<f64>() {
+        Ok(minutes) if minutes.is_finite() && minutes > 0.0 => Ok(minutes),
+        _ => Err(format!("`{text}` is not a positive number of minutes")),
+    }
+}
+
 #[derive(Debug, Parser)]
 #[command(name = "allot-sim", version)]
 struct Args {
     /// Replays this one seed, printing its history.
     #[arg(long, conflicts_with_all = ["seeds", "minutes"])]
     seed: Option<u64>,
-    /// Runs this many seeds, from `--first`.
-    #[arg(long, default_value_t = 1_000)]
-    seeds: u64,
-    /// Runs seeds for this many minutes instead of a count.
+    /// Runs this many seeds, from `--first` (1,000 when neither this nor `--minutes` is given).
     #[arg(long)]
+    seeds: Option<u64>,
+    /// Runs seeds for this many minutes (with `--seeds`, stops at whichever comes first).
+    #[arg(long, value_parser = minutes)]
     minutes: Option<f64>,
     /// The first seed.
     #[arg(long, default_value_t = 0)]
@@ -75,7 +86,12 @@ fn main() -> anyhow::Result<()> {
     }
     let started = Instant::now();
     let until = args.minutes.map(|m| started + Duration::from_secs_f64(m * 60.0));
-    let end = args.first.saturating_add(if until.is_some() { u64::MAX - args.first } else { args.seeds });
+    let seeds = match (args.seeds, until) {
+        (Some(seeds), _) => seeds,
+        (None, Some(_)) => u64::MAX - args.first,
+        (None, None) => DEFAULT_SEEDS,
+    };
+    let end = args.first.saturating_add(seeds);
     let jobs = args.jobs.unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get())).max(1);
     let next = AtomicU64::new(args.first);
     let (ran, stop) = (AtomicU64::new(0), AtomicBool::new(false));

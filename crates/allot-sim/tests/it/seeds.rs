@@ -70,3 +70,21 @@ fn a_seed_gives_the_same_history_in_two_processes() {
         assert_eq!(first, replay(), "seed {seed} replayed in two processes");
     }
 }
+
+/// `--seeds` and `--minutes` together stop at whichever comes first; a time that is not a
+/// positive number of minutes is refused.
+#[test]
+fn a_count_of_seeds_bounds_a_timed_run() {
+    let run = |args: &[&str]| {
+        std::process::Command::new(env!("CARGO_BIN_EXE_allot-sim")).args(args).output().expect("allot-sim runs")
+    };
+    let out = run(&["--seeds", "3", "--minutes", "600", "--steps", "20", "--jobs", "1"]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let said = String::from_utf8_lossy(&out.stdout);
+    assert!(said.contains("3 seeds from 0"), "{said}");
+    for minutes in ["0", "-1", "soon"] {
+        let out = run(&[&format!("--minutes={minutes}")]);
+        assert_eq!(out.status.code(), Some(2), "--minutes {minutes}");
+        assert!(String::from_utf8_lossy(&out.stderr).contains("positive number of minutes"), "--minutes {minutes}");
+    }
+}
