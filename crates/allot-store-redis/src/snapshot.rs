@@ -670,6 +670,8 @@ async fn held_state(inner: &Inner) -> Result<Option<String>, StoreError> {
     let checks = [
         ("SCARD", "allot:{allot-registry}:namespaces", "namespaces"),
         ("SCARD", "allot:{allot-registry}:pools", "pools"),
+        // A removed namespace's fencing counter: restoring over it could give its numbers again.
+        ("SCARD", "allot:{allot-registry}:retired", "fencing numbers of removed namespaces"),
         ("ZCARD", "allot:{allot-sessions}:index", "sessions"),
         ("HLEN", "allot:{allot-apps}:queues", "queues"),
         ("HLEN", "allot:{allot-apps}:apps", "applications"),

@@ -29,6 +29,11 @@ pub enum WatchError {
     /// revision.
     #[error("the events after revision {since} are no longer kept (the oldest kept is {oldest}): list again and watch from the list's revision")]
     Compacted { since: u64, oldest: u64 },
+    /// `since` is above every revision this store gave: it came from another store (the one a
+    /// snapshot restored here was taken from, which went on after it). List again, then watch
+    /// from the list's revision.
+    #[error("revision {since} was never given by this store (its newest is {newest}): list again and watch from the list's revision")]
+    Ahead { since: u64, newest: u64 },
     /// The watcher fell further behind than its buffer; resume from `resume`.
     #[error("the watcher fell behind by more than {buffer} events; resume from revision {resume}")]
     Behind { resume: u64, buffer: usize },

@@ -112,6 +112,18 @@ fn refused(err: WatchError) -> ApiError {
                 ),
             )
         },
+        // The same answer as a revision no longer kept: the caller lists again.
+        WatchError::Ahead { since, newest } => ApiError {
+            compact_revision: Some(newest),
+            ..ApiError::of(
+                ErrorCode::RevisionCompacted,
+                format!(
+                    "revision {since} was never given by this daemon's store (its newest is {newest}; a store restored \
+                     from a snapshot starts above the snapshot's revision, not above what came after it). List again, \
+                     then watch from the list's revision (its Allot-Revision header)"
+                ),
+            )
+        },
         WatchError::Unsupported { .. } => ApiError::of(ErrorCode::WatchUnsupported, message),
         WatchError::Closed => ApiError::of(ErrorCode::ShuttingDown, message),
         // Not an answer to a watch that starts; retry.

@@ -380,3 +380,35 @@ async fn a_restore_stopped_part_way_is_marked_and_one_into_a_redis_in_use_refuse
     redis.restore(&file, &options, true).await.unwrap();
     redis.shutdown().await;
 }
+
+/// A Redis whose only state is a removed namespace's fencing counter is not empty: a restore over
+/// it could give that namespace's numbers again, so it needs `--replace`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_removed_namespaces_fencing_counter_is_state_a_restore_keeps() {
+    let dirs = tempfile::tempdir().unwrap();
+    let clock = ManualClock::new();
+    let embedded =
+        EmbeddedStore::open(&EmbeddedConfig::new(dirs.path().join("a")).with_time(Arc::new(clock.clone()))).unwrap();
+    embedded.put_namespace(ns("hive"), 10).await.unwrap();
+    let mut archive = Vec::new();
+    embedded.snapshot(&mut archive).unwrap();
+    embedded.shutdown().await;
+    let file = dirs.path().join("a.snapshot");
+    std::fs::write(&file, &archive).unwrap();
+
+    let server = RedisServer::start();
+    let redis = crate::support::open(&server.url()).await;
+    redis.put_namespace(ns("gone"), 5).await.unwrap();
+    redis.allocate(grant("gone", "t", LeaseRequest::None, None), Duration::ZERO).await.unwrap();
+    redis.remove_namespace(ns("gone"), true).await.unwrap();
+    let options = RestoreOptions { leases: LeaseTime::Resume, bump_revision: 1, now_ms: clock.wall_ms() };
+    let refused = redis.restore(&file, &options, false).await;
+    assert!(
+        matches!(&refused, Err(RestoreError::NotEmpty { what }) if what.contains("removed namespaces")),
+        "{refused:?}"
+    );
+    redis.restore(&file, &options, true).await.unwrap();
+    let listed = read_all(|page| redis.namespaces(page)).await.unwrap();
+    assert_eq!(listed.iter().map(|n| n.name.as_str()).collect::<Vec<_>>(), ["hive"]);
+    redis.shutdown().await;
+}

@@ -959,6 +959,12 @@ impl WatchStore for EmbeddedStore {
         if self.shared.shutting_down.load(Ordering::SeqCst) {
             return Err(WatchError::Closed);
         }
+        // Every revision a caller can know was published before it asked: one above the newest
+        // is another store's (one that went on after the snapshot restored here).
+        let newest = self.shared.feed.revision();
+        if let Some(since) = since.filter(|since| *since > newest) {
+            return Err(WatchError::Ahead { since, newest });
+        }
         self.shared.feed.subscribe(filter, since)
     }
 

@@ -56,8 +56,10 @@ pub struct RestoreOptions {
     pub now_ms: Millis,
 }
 
-/// The default of [`RestoreOptions::bump_revision`]: a million commits' revisions.
-pub const DEFAULT_BUMP_REVISION: u64 = 1_000_000 << WINDOW_BITS;
+/// The default of [`RestoreOptions::bump_revision`]: a billion commits' revisions (etcd's advice
+/// for `--bump-revision`), hours of the busiest daemon going on after its snapshot. A watcher
+/// whose revision is above the restored store's newest is refused too ([`crate::WatchError::Ahead`]).
+pub const DEFAULT_BUMP_REVISION: u64 = 1_000_000_000 << WINDOW_BITS;
 
 /// What a restore made.
 #[derive(Debug, Clone)]

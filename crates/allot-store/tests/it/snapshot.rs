@@ -80,8 +80,23 @@ async fn a_snapshot_restores_what_it_held_and_nothing_after() {
         assert!(matches!(refused, Some(WatchError::Compacted { .. })), "resume from {since}: {refused:?}");
     }
     assert!(copy.revision() >= restored.first_revision);
+
+    // Restored with a bump the first store then went past: a watcher resuming from the first
+    // store's newest revision is told to list again, not fed this store's events below it.
+    let small = RestoreOptions { bump_revision: 1, ..options };
+    let behind = restore(&archive[..], &dirs.path().join("c"), &small).unwrap();
+    for i in 0..3 {
+        store.allocate(request("hive", &format!("after-{i}"), LeaseRequest::None), Duration::ZERO).await.unwrap();
+    }
+    let third = open_on(&dirs.path().join("c"), &clock);
+    assert!(store.revision() > third.revision(), "the first store went past the restored one's start");
+    let refused = third.watch(allot_core::watch::Filter::default(), Some(store.revision())).err();
+    assert_eq!(refused, Some(WatchError::Ahead { since: store.revision(), newest: third.revision() }));
+    assert!(third.revision() >= behind.first_revision);
+    assert!(third.watch(allot_core::watch::Filter::default(), Some(third.revision())).is_ok(), "its own newest");
     store.shutdown().await;
     copy.shutdown().await;
+    third.shutdown().await;
 }
 
 /// Snapshot, restore, snapshot again: the same records, byte for byte.

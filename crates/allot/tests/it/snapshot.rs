@@ -156,8 +156,9 @@ async fn save_under_writes_and_restore(redis: Option<&str>) {
     let highest = restored.values().max().copied().unwrap();
     let next = copied.allocate("hive", "after-restore", &Allocate::default()).await.unwrap();
     assert!(next.grant.unwrap().fencing > highest);
-    // A watcher of the first daemon, resuming on the restored one, lists again.
-    for since in [revision, first_revision - 1] {
+    // A watcher of the first daemon, resuming on the restored one, lists again: from before the
+    // restored daemon's first revision, or from above its newest (the first daemon went on).
+    for since in [revision, first_revision - 1, u64::MAX / 2] {
         let (status, body) =
             api_call(&copy.url, None, reqwest::Method::GET, &format!("/v1/watch?since={since}"), None).await;
         assert_eq!(status, 410, "resume from {since}: {body}");
