@@ -1,13 +1,16 @@
 //! A model test of preemption (issue 42, point 4): random queues with guarantees, applications
 //! of random priorities arriving and ending, cycles and time passing; then a quiet phase with no
-//! arrivals. Checked after every step: every invariant of the scheduler and the pools, never
+//! arrivals. Checked after every cycle: every invariant of the scheduler and the pools, never
 //! more allocated than the pool holds, no queue ever taken below its guarantee by what is being
-//! preempted. Checked after the quiet phase: preemption has stopped (no state repeats: the last
-//! rounds preempt nothing), no task was preempted more than `max_preemptions` times, and no
-//! preemption the rules allow is left undone (no queue below its guarantee with a task waiting
-//! while a queue above its guarantee holds a task of lower or equal priority).
+//! preempted, and no cycle that decides a preemption finds the tasks placed as at an earlier
+//! such cycle (a preemption loop: A takes B's room, then B takes A's). Checked in the quiet
+//! phase, round by round: a queue owed its guarantee (below it, a task of its waiting past the
+//! delay, a task it may take in a queue above its guarantee) is no longer owed after one cycle
+//! plus the victims' grace and the cycle that ends it. Checked after the quiet phase: preemption
+//! has stopped (the last rounds preempt nothing), no task was preempted more than
+//! `max_preemptions` times, and no preemption the rules allow is left undone.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 
 use allot_core::apps::priority::Priority;
 use allot_core::apps::queues::{QueueLimits, QueuePath};
@@ -63,6 +66,9 @@ struct Model {
     guarantees: [u64; QUEUES],
     /// Each application: its queue and how many tasks.
     apps: Vec<(usize, u8)>,
+    /// Where every task stood ([`Model::placements`]) before each cycle that decided a
+    /// preemption.
+    decided_at: BTreeSet<Vec<u8>>,
 }
 
 fn queue(i: usize) -> String {
@@ -85,10 +91,10 @@ impl Model {
             let limits = QueueLimits { guaranteed: res(&format!("cpu={guarantee}")), ..QueueLimits::default() };
             b.queue(&queue(i), limits);
         }
-        Model { b, capacity, guarantees, apps: Vec::new() }
+        Model { b, capacity, guarantees, apps: Vec::new(), decided_at: BTreeSet::new() }
     }
 
-    fn apply(&mut self, op: &Op) {
+    fn apply(&mut self, op: &Op) -> Result<(), String> {
         match *op {
             Op::Submit { queue: q, priority, tasks } => {
                 let id = format!("a{}", self.apps.len());
@@ -99,9 +105,7 @@ impl Model {
                 }
                 self.apps.push((q, tasks));
             }
-            Op::Cycle => {
-                self.b.cycle();
-            }
+            Op::Cycle => return self.cycle(),
             Op::Wait { ms } => self.b.now += u64::from(ms),
             Op::Finish { app, task } | Op::ExecutorEnds { app, task }
                 if app >= self.apps.len() || task >= self.apps[app].1 => {}
@@ -122,6 +126,83 @@ impl Model {
                 }
             }
         }
+        Ok(())
+    }
+
+    /// One cycle; fails if it decides a preemption with the tasks placed as before an earlier
+    /// cycle that decided one.
+    fn cycle(&mut self) -> Result<(), String> {
+        let before = self.placements();
+        let marked = |m: &Model| -> Vec<Option<allot_core::apps::Preempting>> {
+            m.each_task().into_iter().map(|t| t.preempting).collect()
+        };
+        let marked_before = marked(self);
+        self.b.cycle();
+        // A task marked now that was not (or by another preemptor) before.
+        let decided = marked(self).iter().zip(&marked_before).any(|(after, before)| after.is_some() && after != before);
+        if decided && !self.decided_at.insert(before.clone()) {
+            return Err(format!(
+                "a preemption loop: a cycle decided a preemption with the tasks placed as before an earlier one that \
+                 did ({before:?})"
+            ));
+        }
+        Ok(())
+    }
+
+    /// Every task, by application then task.
+    fn each_task(&self) -> Vec<allot_core::apps::Task> {
+        let mut all = Vec::new();
+        for (i, (_, n)) in self.apps.iter().enumerate() {
+            for t in 0..*n {
+                all.push(self.b.sched.task(&aid(&format!("a{i}")), &tid(&format!("t{t}"))).unwrap().clone());
+            }
+        }
+        all
+    }
+
+    /// Where every task stands: waiting (0, or 3 with room held for it), placed (1, or 4 while
+    /// being preempted), ended (2).
+    fn placements(&self) -> Vec<u8> {
+        let of = |t: &allot_core::apps::Task| match t.state {
+            TaskState::Allocated | TaskState::Running if t.preempting.is_some() => 4,
+            TaskState::Allocated | TaskState::Running => 1,
+            state if state.is_terminal() => 2,
+            _ if t.held.is_some() => 3,
+            _ => 0,
+        };
+        self.each_task().iter().map(of).collect()
+    }
+
+    /// The queues owed their guarantee now: below it, with a task waiting that may preempt (it
+    /// waited the delay since it was added and since it was last preempted), while a queue above
+    /// its guarantee holds a task it may take (of lower or equal priority, not yet protected).
+    fn owed(&self) -> BTreeSet<usize> {
+        let (tasks, now) = (self.each_task(), self.b.now);
+        let delay = DEFAULT_PREEMPTION_DELAY_MS;
+        let queue_of = |t: &allot_core::apps::Task| self.apps[t.app.as_str()[1..].parse::<usize>().unwrap()].0;
+        let mut owed = BTreeSet::new();
+        for q in (0..QUEUES).filter(|q| self.used(*q) < self.guarantees[*q]) {
+            let may_preempt = |t: &&allot_core::apps::Task| {
+                queue_of(t) == q
+                    && t.state == TaskState::Pending
+                    && now >= t.added + delay
+                    && t.preempted_at.is_none_or(|at| now >= at + delay)
+            };
+            let Some(top) = tasks.iter().filter(may_preempt).map(|t| t.spec.priority.value()).max() else { continue };
+            let takeable = (0..QUEUES).filter(|r| *r != q && self.used(*r) > self.guarantees[*r]).any(|r| {
+                tasks.iter().any(|t| {
+                    queue_of(t) == r
+                        && matches!(t.state, TaskState::Allocated | TaskState::Running)
+                        && t.preempting.is_none()
+                        && t.spec.priority.value() <= top
+                        && t.preemptions < MAX_PREEMPTIONS
+                })
+            });
+            if takeable {
+                owed.insert(q);
+            }
+        }
+        owed
     }
 
     fn used(&self, q: usize) -> u64 {
@@ -233,7 +314,7 @@ proptest! {
         }
         let mut m = Model::new(capacity, guarantees);
         for op in &ops {
-            m.apply(op);
+            m.apply(op).map_err(|e| TestCaseError::fail(format!("after {op:?}: {e}")))?;
             // Between cycles a task may end on its own under a preemption decided before: the
             // next cycle calls off what is no longer allowed, before any grace ends.
             if matches!(op, Op::Cycle) {
@@ -242,14 +323,26 @@ proptest! {
         }
         // The quiet phase: nothing arrives or ends by itself; each round lets a delay and a grace
         // pass. Every task may be preempted at most MAX_PREEMPTIONS times, so it settles.
+        // First every waiting task waits out the delay. Each round then is one cycle, the
+        // victims' grace, and the cycle that ends it: what a queue was owed at a round's start,
+        // it is no longer owed at its end.
         let round = DEFAULT_PREEMPTION_DELAY_MS.max(DEFAULT_PREEMPTION_GRACE_MS);
+        m.b.now += DEFAULT_PREEMPTION_DELAY_MS;
         let tasks = m.tasks().len() as u32;
         let mut history: BTreeMap<u32, u32> = BTreeMap::new();
         for i in 0..(tasks * MAX_PREEMPTIONS + 4) {
-            m.b.cycle();
+            let owed = m.owed();
+            m.cycle().map_err(|e| TestCaseError::fail(format!("quiet round {i}: {e}")))?;
             m.b.now += round;
-            m.b.cycle();
+            m.cycle().map_err(|e| TestCaseError::fail(format!("quiet round {i}: {e}")))?;
             m.check().map_err(|e| TestCaseError::fail(format!("quiet round {i}: {e}")))?;
+            let still: Vec<usize> = m.owed().intersection(&owed).copied().collect();
+            prop_assert!(
+                still.is_empty(),
+                "quiet round {i}: queues {still:?} still owed their guarantee after a cycle and the grace \
+                 (guarantees {guarantees:?}, capacity {capacity}, uses {:?})",
+                (0..QUEUES).map(|q| m.used(q)).collect::<Vec<_>>()
+            );
             history.insert(i, m.preemptions());
         }
         let last: Vec<u32> = history.values().rev().take(3).copied().collect();

@@ -90,6 +90,10 @@ impl PlanCache {
 /// every pool: a plan that stops early (at a pool no other can beat, see `Placed::floor`) costs
 /// little, and more plans are made.
 const MAX_PLANS_PER_CYCLE: usize = 16;
+
+/// A task that may preempt, in the order a cycle's preemptions take them (the greatest first):
+/// whether its queue is below its guarantee, its priority, how early it was added.
+type Waiting = (bool, i32, Reverse<u64>, TaskRef);
 /// The most tasks still inside their delay one cycle says whom they would preempt for.
 const MAX_PREVIEWS_PER_CYCLE: usize = 4;
 
@@ -427,24 +431,21 @@ impl Scheduler {
         if !self.config.preemption {
             return;
         }
-        // Highest priority first, then the earliest added. The tasks the cycle passed over as
-        // like one that found no room (`alike`) are not here: each comes in after the one
-        // before it preempted.
-        let mut waiting: BinaryHeap<(i32, Reverse<u64>, TaskRef)> = self
+        let mut flows = Flows { leaving, arriving: self.arriving() };
+        // A task whose queue is below its guarantee first (a queue's guarantee is restored
+        // before any borrowing queue's priorities are served), then the highest priority, then
+        // the earliest added. The tasks the cycle passed over as like one that found no room
+        // (`alike`) are not here: each comes in after the one before it preempted.
+        let mut waiting: BinaryHeap<Waiting> = self
             .why_task
             .iter()
             .filter(|(_, why)| matches!(why, Why::NoRoom { .. }))
             .filter_map(|((app, task), _)| {
                 let t = self.tasks.get(app)?.get(task)?;
                 let eligible = t.state == TaskState::Pending && t.held.is_none() && t.spec.group.is_none();
-                eligible.then(|| (t.spec.priority.value(), Reverse(t.seq), (app.clone(), task.clone())))
+                eligible.then(|| self.preemption_order(t, &flows))
             })
             .collect();
-        let mut flows = Flows { leaving, arriving: HashMap::new() };
-        for key in self.holders.keys() {
-            let Some(task) = self.tasks.get(&key.0).and_then(|t| t.get(&key.1)) else { continue };
-            add_up(&mut flows.arriving, &self.apps[&key.0].spec.queue, &task.spec.resources);
-        }
         // Planning reads the allocs of every pool a task may use: a cycle's plans look at a
         // bounded number of pools and placed tasks, and it plans for one task of an application
         // whose plan failed; a shape that failed is not planned again.
@@ -456,8 +457,14 @@ impl Scheduler {
         let mut cache = PlanCache::default();
         // Each leaf's delay, read once.
         let mut delays: HashMap<QueuePath, u64> = HashMap::new();
-        while let Some((priority, _, key)) = waiting.pop() {
+        while let Some((restored, priority, _, key)) = waiting.pop() {
             let task = &self.tasks[&key.0][&key.1];
+            // The room held since it was ordered may have filled its queue's guarantee: then it
+            // comes in again where it now belongs (this only goes from restoring to not).
+            if restored && !self.preemption_order(task, &flows).0 {
+                waiting.push(self.preemption_order(task, &flows));
+                continue;
+            }
             let leaf = &self.apps[&key.0].spec.queue;
             let from = task.added.max(task.preempted_at.unwrap_or(0));
             let delay = match delays.get(leaf) {
@@ -512,8 +519,7 @@ impl Scheduler {
             let said = match said {
                 Ok(plan) => {
                     if let Some((next, why)) = self.next_like(&key.0, &key.1) {
-                        let t = &self.tasks[&key.0][&next];
-                        waiting.push((t.spec.priority.value(), Reverse(t.seq), (key.0.clone(), next.clone())));
+                        waiting.push(self.preemption_order(&self.tasks[&key.0][&next], &flows));
                         self.why_task.insert((key.0.clone(), next), why);
                     }
                     if let Some(placed) = placed.as_mut() {
@@ -531,6 +537,23 @@ impl Scheduler {
             };
             wait_with(&mut self.why_task, &key, Preemption::Cannot(said));
         }
+    }
+
+    /// Where a waiting task comes in the cycle's preemptions ([`Waiting`]).
+    fn preemption_order(&self, task: &crate::apps::Task, flows: &Flows) -> Waiting {
+        let restores = self.below_guarantee(&self.apps[&task.app].spec.queue, &task.spec.resources, flows);
+        (restores, task.spec.priority.value(), Reverse(task.seq), (task.app.clone(), task.spec.id.clone()))
+    }
+
+    /// What the tasks with room held for them will use once placed, per queue (and every queue
+    /// above it).
+    fn arriving(&self) -> HashMap<QueuePath, Resources> {
+        let mut arriving = HashMap::new();
+        for key in self.holders.keys() {
+            let Some(task) = self.tasks.get(&key.0).and_then(|t| t.get(&key.1)) else { continue };
+            add_up(&mut arriving, &self.apps[&key.0].spec.queue, &task.spec.resources);
+        }
+        arriving
     }
 
     /// Preemptions decided earlier and not carried out yet are called off where they are no
@@ -554,6 +577,8 @@ impl Scheduler {
                 }
             }
         }
+        // A queue's tasks with room held for them count as its own: they are placed into it.
+        let arriving = self.arriving();
         let empty = Resources::new();
         for (victim, by, _) in marked {
             let Some(task) = self.tasks.get(&victim.0).and_then(|t| t.get(&victim.1)) else { continue };
@@ -570,10 +595,11 @@ impl Scheduler {
                 let Some(limits) = self.queues.get(&queue) else { return false };
                 let used = self.usage.get(&queue).map_or(&empty, |u| &u.allocated);
                 let gone = leaving.get(&queue).unwrap_or(&empty);
+                let coming = arriving.get(&queue).unwrap_or(&empty);
                 limits.guaranteed.iter().any(|(name, guarantee)| {
                     let name = name.as_str();
-                    placement.resources.get_milli(name) > 0
-                        && used.get_milli(name).saturating_sub(gone.get_milli(name)) < guarantee
+                    let left = used.get_milli(name).saturating_add(coming.get_milli(name));
+                    placement.resources.get_milli(name) > 0 && left.saturating_sub(gone.get_milli(name)) < guarantee
                 })
             });
             if waits && !below {
@@ -920,7 +946,8 @@ impl Scheduler {
     }
 
     /// Whether taking `resources` more (beyond `taken` by this plan and what is leaving already)
-    /// would leave a queue from `leaf` up, not on the preemptor's `path`, below its guarantee.
+    /// would leave a queue from `leaf` up, not on the preemptor's `path`, below its guarantee;
+    /// its tasks with room held for them count as its own (they are placed into it).
     fn below_its_guarantee(
         &self,
         leaf: &QueuePath,
@@ -935,11 +962,13 @@ impl Scheduler {
             let used = self.usage.get(queue).map_or(&empty, |u| &u.allocated);
             let already = taken.get(queue).unwrap_or(&empty);
             let leaving = flows.leaving.get(queue).unwrap_or(&empty);
+            let arriving = flows.arriving.get(queue).unwrap_or(&empty);
             limits.guaranteed.iter().any(|(name, guarantee)| {
                 let name = name.as_str();
                 let take = resources.get_milli(name);
                 let left = used
                     .get_milli(name)
+                    .saturating_add(arriving.get_milli(name))
                     .saturating_sub(leaving.get_milli(name))
                     .saturating_sub(already.get_milli(name))
                     .saturating_sub(take);
