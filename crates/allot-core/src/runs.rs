@@ -605,6 +605,12 @@ impl Run {
         self.next()
     }
 
+    /// How many attempts a preemption ended.
+    pub fn preemptions(&self) -> u32 {
+        let preempted = |e: &&Event| e.error.as_ref().is_some_and(|error| error.code == PREEMPTED);
+        self.events.iter().filter(preempted).count() as u32
+    }
+
     /// Whether the preemption `reason` ended the previous attempt and the current one has not
     /// begun (it holds only its opening record): the same preemption seen again, as when the
     /// scheduler died before it took the placement back, and not a second one to count.

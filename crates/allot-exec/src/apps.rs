@@ -25,6 +25,15 @@ pub struct PlacedTask {
     pub spec: String,
     /// While the scheduler preempts it: why (its attempt is to be ended).
     pub preempting: Option<String>,
+    /// How many times it was preempted.
+    pub preemptions: u32,
+    /// Why it waited last, when a preemption took its placement back (`preempted for ...`).
+    pub preempted_for: Option<String>,
+}
+
+/// `reason`, when it is a preemption's.
+fn preempted_for(reason: Option<&str>) -> Option<String> {
+    reason.filter(|r| r.starts_with(allot_core::apps::PREEMPTED_REASON_PREFIX)).map(str::to_owned)
 }
 
 /// What a run needs of its application.
@@ -91,6 +100,8 @@ impl From<&Task> for PlacedTask {
                 Some((app, task)) => format!("preempted for {app}/{task}: {}", p.reason),
                 None => format!("preempted: {}", p.reason),
             }),
+            preemptions: task.preemptions,
+            preempted_for: preempted_for(task.reason.as_deref()),
         }
     }
 }
@@ -115,7 +126,8 @@ fn from_wire(task: &allot_client::Task) -> Result<PlacedTask, StoreError> {
         Some(by) => format!("preempted for {by}: {}", p.reason),
         None => format!("preempted: {}", p.reason),
     });
-    Ok(PlacedTask { seq: task.seq, state, placement, spec, preempting })
+    let (preemptions, preempted_for) = (task.preemptions, preempted_for(task.reason.as_deref()));
+    Ok(PlacedTask { seq: task.seq, state, placement, spec, preempting, preemptions, preempted_for })
 }
 
 /// The most task ends reported in one call (the route takes 1,000).

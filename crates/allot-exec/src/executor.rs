@@ -246,6 +246,10 @@ enum Keep {
     Nothing,
 }
 
+/// Why an attempt ended, when a preemption took its placement back and the task's reason no
+/// longer says it.
+const PREEMPTED_WITHOUT_ITS_EXECUTOR: &str = "preempted: its placement was taken back before its attempt ended";
+
 /// The first characters of a cache key, enough to tell keys apart in a timeline.
 fn short_key(key: &str) -> &str {
     key.get(..12).unwrap_or(key)
@@ -788,6 +792,18 @@ impl Executor {
                     .map(|t| format!("the task was ended from outside ({:?})", t.state))
             };
             if let (Some(t), None) = (&task, &stopped) {
+                // A preemption took the placement back before this attempt ended (its grace ran
+                // out first, or no executor ran meanwhile): the attempt ends now as preempted
+                // (aborted, finalized, its tokens released), counted once; the scheduler needs
+                // no report, and whatever placement the task has now starts a new attempt.
+                if run.alloc.is_some() && t.preempting.is_none() && t.preemptions > run.preemptions() {
+                    let reason = t.preempted_for.as_deref().unwrap_or(PREEMPTED_WITHOUT_ITS_EXECUTOR);
+                    if let Next::EndAttempt { abort } = run.preempted(reason, self.policy_of(t), self.now_ms()) {
+                        self.end_attempt(key, &meta, last.as_ref(), &mut run, abort, Keep::Run, resumed).await?;
+                        self.stats.preempted.fetch_add(1, Ordering::Relaxed);
+                        tracing::info!(run = %key, "preempted before its attempt ended: ended here now");
+                    }
+                }
                 let here = t.placement.as_ref().filter(|_| t.placed_on(&self.config.pools));
                 let Some(placement) = here else {
                     // Waiting to be placed again, or placed elsewhere (its pool was taken as

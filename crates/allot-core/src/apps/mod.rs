@@ -65,6 +65,9 @@ pub const DEFAULT_NEVER_FITS_GRACE_MS: u64 = 300_000;
 /// How long a preempted task's executor has to end it, by default (Kubernetes' termination
 /// grace).
 pub const DEFAULT_PREEMPTION_GRACE_MS: u64 = 30_000;
+/// How the reason a task waits again after its preemption begins (`preempted for app/task: ...`,
+/// or `preempted: ...` when its pool preempted it).
+pub const PREEMPTED_REASON_PREFIX: &str = "preempted";
 /// How long a task waits before it may preempt, by default [YuniKorn `preemption.delay`].
 pub const DEFAULT_PREEMPTION_DELAY_MS: u64 = 30_000;
 /// How many times a task may be preempted before it is protected, by default.

@@ -734,3 +734,64 @@ async fn a_plugins_tokens_carry_the_tasks_scope_and_its_caps() {
     assert_eq!(alpha.grant.scope.as_ref().map(|s| s.namespace.to_string()).as_deref(), Some("default"));
     s.stop.send_replace(true);
 }
+
+/// A victim whose attempt did not end within its preemption's grace (its round was busy) has its
+/// placement taken back by the scheduler alone; its executor then ends the attempt as preempted
+/// (aborted and finalized), and the run counts it once, as a system failure, not as a placement
+/// lost. The task runs again once the room is back.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_victim_whose_grace_ran_out_ends_its_attempt_as_preempted() {
+    use allot_core::apps::queues::{QueueLimits, QueuePath};
+    use allot_core::apps::{AppSpec, SchedConfig};
+    use allot_core::pools::PoolName;
+    use allot_store::{AppStore as _, PoolStore as _};
+
+    let dir = tempfile::tempdir().unwrap();
+    let sched = SchedConfig { preemption_grace_ms: 0, ..SchedConfig::default() };
+    let store = new_store_in(&dir, |config| config.with_sched(sched)).await;
+    store.put_pool(PoolName::new("local").unwrap(), "cpu=1".parse().unwrap()).await.unwrap();
+    let gold =
+        QueueLimits { guaranteed: "cpu=1".parse().unwrap(), preemption_delay_ms: Some(0), ..QueueLimits::default() };
+    store.put_queue(QueuePath::new("root.gold").unwrap(), gold).await.unwrap();
+    let s = started(dir, store.clone()).await;
+    let store = &*s.store;
+    let batch = submit(store, "batch", &[("v", serde_json::json!({ "type": "probe", "mode": "stall" }))]).await;
+    until("the victim's first round began", async || s.probe.handled.load(Ordering::SeqCst) >= 1).await;
+
+    let gold = AppId::new("gold").unwrap();
+    let spec = AppSpec {
+        id: gold.clone(),
+        queue: QueuePath::new("root.gold").unwrap(),
+        user: "u".into(),
+        user_groups: Vec::new(),
+        tags: Default::default(),
+        groups: Vec::new(),
+        policy: Default::default(),
+        queue_rule: None,
+        priority: Default::default(),
+    };
+    store.add_app(spec).await.unwrap();
+    store.add_task(gold.clone(), task_spec("g", &serde_json::json!({ "type": "probe" }))).await.unwrap();
+    // The victim's round still runs: the grace (none) ends first, and the scheduler takes its
+    // room back for gold's task, which runs and completes.
+    until("gold's task completed", async || state(store, &gold, "g").await == TaskState::Completed).await;
+    assert_eq!(s.probe.aborted.load(Ordering::SeqCst), 0, "the victim's attempt was not ended yet");
+
+    s.probe.gate.notify_one();
+    let victim = TaskId::new("v").unwrap();
+    let run = async || store.run(batch.clone(), victim.clone()).await.unwrap().unwrap();
+    until("the victim's attempt ended as preempted and it runs again", async || {
+        let run = run().await;
+        run.attempt == 2 && run.phase == Phase::Running
+    })
+    .await;
+    let run = run().await;
+    let codes: Vec<&str> = run.events.iter().filter_map(|e| e.error.as_ref().map(|err| err.code.as_str())).collect();
+    assert_eq!(codes, ["preempted"], "{:?}", run.events);
+    assert_eq!((run.system_failures, run.user_failures), (1, 0));
+    assert_eq!(s.probe.aborted.load(Ordering::SeqCst), 1);
+    until("the first attempt finalized", async || s.probe.finalized.load(Ordering::SeqCst) >= 1).await;
+    let task = store.task(batch.clone(), victim.clone()).await.unwrap();
+    assert_eq!(task.task.preemptions, 1, "{task:?}");
+    s.stop.send_replace(true);
+}

@@ -26,6 +26,8 @@ pub(crate) struct Probe {
     pub(crate) handled: AtomicU32,
     pub(crate) aborted: AtomicU32,
     pub(crate) finalized: AtomicU32,
+    /// What a `stall` task's first round waits for.
+    pub(crate) gate: tokio::sync::Notify,
 }
 
 pub(crate) struct ProbePlugin(Arc<Probe>);
@@ -79,6 +81,13 @@ impl Plugin for ProbePlugin {
                 };
                 ctx.set_outputs(outputs)?;
                 Ok(Transition::ephemeral(PhaseInfo::success("remembered")))
+            }
+            // The first round of all waits for the gate, then every round says it runs.
+            Some("stall") => {
+                if self.0.handled.load(Ordering::SeqCst) == 1 {
+                    self.0.gate.notified().await;
+                }
+                Ok(Transition::ephemeral(PhaseInfo::running(0, "stalled")))
             }
             Some("system_fail") => {
                 Ok(Transition::ephemeral(PhaseInfo::retryable(ExecError::system("lost", "the service went away"))))

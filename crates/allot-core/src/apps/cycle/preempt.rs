@@ -414,9 +414,10 @@ impl Scheduler {
         // A marked task is placed (an invariant): the requeue below takes, and stores these.
         record.preemptions = record.preemptions.saturating_add(1);
         record.preempted_at = Some(now);
+        const PREFIX: &str = crate::apps::PREEMPTED_REASON_PREFIX;
         let reason = match &preempting.by {
-            Some(by) => format!("preempted for {}/{}: {}", by.0, by.1, preempting.reason),
-            None => format!("preempted: {}", preempting.reason),
+            Some(by) => format!("{PREFIX} for {}/{}: {}", by.0, by.1, preempting.reason),
+            None => format!("{PREFIX}: {}", preempting.reason),
         };
         self.requeue(app, task, &reason, now, world, out)?;
         self.stats.preemptions += 1;
