@@ -213,6 +213,9 @@ pub fn restore(input: impl Read, data_dir: &Path, options: &RestoreOptions) -> R
     if fs::read_dir(data_dir).is_ok_and(|mut entries| entries.next().is_some()) {
         return Err(RestoreError::NotEmpty { path: data_dir.to_owned() });
     }
+    if data_dir.is_dir() {
+        return restore_into(input, data_dir, options);
+    }
     let name = data_dir.file_name().map_or_else(|| "data".into(), |name| name.to_string_lossy().into_owned());
     let parent = match data_dir.parent() {
         Some(parent) if !parent.as_os_str().is_empty() => parent.to_owned(),
@@ -237,6 +240,34 @@ pub fn restore(input: impl Read, data_dir: &Path, options: &RestoreOptions) -> R
         revision = restored.header.revision,
         first_revision = restored.first_revision,
         "snapshot restored"
+    );
+    Ok(restored)
+}
+
+/// [`restore`] into `data_dir`, an empty directory that stays (a mount point, say, which cannot
+/// be replaced, with its owner and mode): built in a directory inside it, whose files are moved
+/// up once every record loaded, the database last (a directory with the database holds the
+/// rest). A refused archive leaves it empty.
+fn restore_into(input: impl Read, data_dir: &Path, options: &RestoreOptions) -> Result<Restored, RestoreError> {
+    let written = |source| RestoreError::Write { path: data_dir.to_owned(), source };
+    let building = tempfile::Builder::new().prefix(".restoring-").tempdir_in(data_dir).map_err(written)?;
+    let restored = build(input, building.path(), options)?;
+    let mut entries: Vec<std::ffi::OsString> = fs::read_dir(building.path())
+        .map_err(written)?
+        .map(|e| e.map(|e| e.file_name()))
+        .collect::<Result<_, _>>()
+        .map_err(written)?;
+    entries.sort_by_key(|name| name.as_os_str() == DB_FILE);
+    for name in entries {
+        fs::rename(building.path().join(&name), data_dir.join(&name)).map_err(written)?;
+    }
+    drop(building);
+    fs::File::open(data_dir).and_then(|dir| dir.sync_all()).map_err(written)?;
+    tracing::info!(
+        path = %data_dir.display(),
+        revision = restored.header.revision,
+        first_revision = restored.first_revision,
+        "snapshot restored into the directory there"
     );
     Ok(restored)
 }

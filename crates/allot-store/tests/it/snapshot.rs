@@ -182,7 +182,19 @@ async fn a_damaged_archive_or_a_used_directory_restores_nothing() {
     let reopened = open_on(&dirs.path().join("a"), &clock);
     assert_eq!(tokens(&reopened, "hive").await.len(), 1);
     reopened.shutdown().await;
-    // An empty directory is fine.
+    // An empty directory (a mount point, say) is filled where it is, keeping its mode; a refused
+    // archive leaves it empty.
     std::fs::create_dir(&target).unwrap();
+    use std::os::unix::fs::PermissionsExt as _;
+    std::fs::set_permissions(&target, std::fs::Permissions::from_mode(0o750)).unwrap();
+    assert!(restore(&altered[..], &target, &options).is_err());
+    assert_eq!(std::fs::read_dir(&target).unwrap().count(), 0, "a refused archive left something in it");
     restore(&archive[..], &target, &options).unwrap();
+    assert_eq!(std::fs::metadata(&target).unwrap().permissions().mode() & 0o777, 0o750);
+    let names: Vec<String> =
+        std::fs::read_dir(&target).unwrap().map(|e| e.unwrap().file_name().to_string_lossy().into_owned()).collect();
+    assert!(names.iter().all(|name| !name.starts_with(".restoring")), "{names:?}");
+    let restored = open_on(&target, &clock);
+    assert_eq!(tokens(&restored, "hive").await.len(), 1);
+    restored.shutdown().await;
 }

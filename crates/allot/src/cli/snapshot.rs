@@ -36,8 +36,9 @@ Exit codes:
 
 const RESTORE_AFTER_HELP: &str = "\
 With --data-dir, makes a new data directory for `allot serve --data-dir DIR` (DIR must not exist,
-or be empty); no daemon is needed. The archive is checked whole and its records loaded as a start
-would load them before DIR appears: a refused archive leaves nothing behind.
+or be empty: an empty one, a mount point say, is filled where it is); no daemon is needed. The
+archive is checked whole and its records loaded as a start would load them before anything
+appears in DIR: a refused archive leaves nothing behind.
 
 With --store redis://HOST:PORT (or redis+cluster://NODE,NODE...), fills that Redis for daemons
 started with the same --store. The archive is checked whole first; a Redis that holds allot's

@@ -80,10 +80,10 @@ fn prune(dir: &Path, keep: usize) -> usize {
     let Ok(entries) = fs::read_dir(dir) else { return 0 };
     let mut backups = Vec::new();
     for name in entries.flatten().map(|entry| entry.file_name().to_string_lossy().into_owned()) {
-        if name.starts_with(PREFIX) && name.ends_with(SUFFIX) {
-            backups.push(name);
-        } else if name.starts_with(PREFIX) && name.ends_with(PARTIAL) {
+        if name.strip_suffix(PARTIAL).is_some_and(is_backup) {
             let _ = fs::remove_file(dir.join(&name));
+        } else if is_backup(&name) {
+            backups.push(name);
         }
     }
     // The names hold the time they were taken, in a form that sorts as time does.
@@ -92,6 +92,42 @@ fn prune(dir: &Path, keep: usize) -> usize {
     backups[..old].iter().filter(|name| fs::remove_file(dir.join(name.as_str())).is_ok()).count()
 }
 
+/// Whether `name` is one this daemon gives its backups: `allot-` and the time it was taken
+/// (RFC 3339 to the millisecond, `:` written `-`), then `.snapshot`. Another file in the
+/// directory (an archive saved by hand, say) is never counted or removed.
+fn is_backup(name: &str) -> bool {
+    let Some(stamp) = name.strip_prefix(PREFIX).and_then(|rest| rest.strip_suffix(SUFFIX)) else { return false };
+    let mut time = stamp.as_bytes().to_vec();
+    for at in [13, 16] {
+        match time.get_mut(at) {
+            Some(byte @ b'-') => *byte = b':',
+            _ => return false,
+        }
+    }
+    stamp.len() == "2026-01-01T00-00-00.000Z".len()
+        && std::str::from_utf8(&time).is_ok_and(|time| humantime::parse_rfc3339(time).is_ok())
+}
+
 fn unix_seconds() -> u64 {
     std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |since| since.as_secs())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::is_backup;
+
+    #[test]
+    fn only_the_daemons_own_backups_are_pruned() {
+        assert!(is_backup("allot-2026-12-02T16-42-05.123Z.snapshot"));
+        for name in [
+            "allot-before-upgrade.snapshot",
+            "allot-2026-12-02.snapshot",
+            "allot-2026-12-02T16:42:05.123Z.snapshot",
+            "allot-2026-12-02T16-42-05.123Z.snapshot.bak",
+            "mine-2026-12-02T16-42-05.123Z.snapshot",
+            "allot-2026-13-02T16-42-05.123Z.snapshot",
+        ] {
+            assert!(!is_backup(name), "{name}");
+        }
+    }
 }

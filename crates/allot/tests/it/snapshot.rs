@@ -1,7 +1,7 @@
 //! `allot snapshot`: saved from a daemon while clients change its store, checked, restored into a
 //! new data directory and served again.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 use std::path::PathBuf;
 use std::process::{Command, Output};
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -71,13 +71,15 @@ async fn save_under_writes_and_restore(redis: Option<&str>) {
     let in_session = Allocate { session: Some(session.id.clone()), ..Allocate::default() };
     client.allocate("hive", "in-session", &in_session).await.unwrap();
 
-    // A writer allocates without pause; each grant acknowledged is noted with its fencing number,
-    // in order, and whether the save had started (or ended) when it was acknowledged.
+    // A writer allocates without pause, and releases every third grant two calls later; each
+    // grant acknowledged is noted with its fencing number, in order, and whether the save had
+    // started (or ended) when it was asked; each release too.
     let (save_started, save_ended) = (Arc::new(AtomicBool::new(false)), Arc::new(AtomicBool::new(false)));
     let acknowledged = Arc::new(Mutex::new(Vec::<(String, u64, bool, bool)>::new()));
+    let released = Arc::new(Mutex::new(Vec::<(String, bool, bool)>::new()));
     let writer = {
-        let (client, started, ended, acknowledged) =
-            (daemon.client(), save_started.clone(), save_ended.clone(), acknowledged.clone());
+        let (client, started, ended, acknowledged, released) =
+            (daemon.client(), save_started.clone(), save_ended.clone(), acknowledged.clone(), released.clone());
         tokio::spawn(async move {
             let mut i = 0u64;
             // Goes on until a few grants were acknowledged after the save ended.
@@ -87,6 +89,12 @@ async fn save_under_writes_and_restore(redis: Option<&str>) {
                 let answer = client.allocate("hive", &token, &Allocate::default()).await.unwrap();
                 let fencing = answer.grant.unwrap().fencing;
                 acknowledged.lock().unwrap().push((token, fencing, before, after));
+                if i >= 2 && i % 3 == 2 {
+                    let (before, after) = (started.load(Ordering::SeqCst), ended.load(Ordering::SeqCst));
+                    let token = format!("w{:06}", i - 2);
+                    client.release("hive", &token, None).await.unwrap();
+                    released.lock().unwrap().push((token, before, after));
+                }
                 i += 1;
                 let done_after = acknowledged.lock().unwrap().iter().filter(|a| a.3).count();
                 if done_after >= 20 {
@@ -136,12 +144,20 @@ async fn save_under_writes_and_restore(redis: Option<&str>) {
     let copied = copy.client();
     let restored = grants(&copied, "hive").await;
     let noted = acknowledged.lock().unwrap().clone();
+    let releases: HashMap<String, (bool, bool)> =
+        released.lock().unwrap().iter().map(|(token, started, ended)| (token.clone(), (*started, *ended))).collect();
     for (token, fencing, save_had_started, _) in &noted {
-        match restored.get(token) {
-            Some(kept) => assert_eq!(kept, fencing, "{token} came back with another fencing number"),
-            None => assert!(*save_had_started, "{token}, acknowledged before the save began, was lost"),
+        match (restored.get(token), releases.get(token)) {
+            (Some(_), Some((false, _))) => panic!("{token}, released before the save began, came back"),
+            (Some(kept), _) => assert_eq!(kept, fencing, "{token} came back with another fencing number"),
+            // Released after the save ended: it was held when the save was taken.
+            (None, Some((_, true))) | (None, None) => {
+                assert!(*save_had_started, "{token}, acknowledged before the save began, was lost")
+            }
+            (None, Some(_)) => {}
         }
     }
+    assert!(releases.values().any(|(started, _)| !started), "some releases came before the save");
     for (token, _, _, save_had_ended) in &noted {
         assert!(!(*save_had_ended && restored.contains_key(token)), "{token}, acknowledged after the save, is in it");
     }
