@@ -741,9 +741,8 @@ async fn a_plugins_tokens_carry_the_tasks_scope_and_its_caps() {
 /// lost. The task runs again once the room is back.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_victim_whose_grace_ran_out_ends_its_attempt_as_preempted() {
-    use allot_core::apps::queues::{QueueLimits, QueuePath};
-    use allot_core::apps::{AppSpec, SchedConfig};
-    use allot_core::pools::PoolName;
+    use allot_core::apps::queues::QueueLimits;
+    use allot_core::apps::SchedConfig;
     use allot_store::{AppStore as _, PoolStore as _};
 
     let dir = tempfile::tempdir().unwrap();
@@ -758,20 +757,8 @@ async fn a_victim_whose_grace_ran_out_ends_its_attempt_as_preempted() {
     let batch = submit(store, "batch", &[("v", serde_json::json!({ "type": "probe", "mode": "stall" }))]).await;
     until("the victim's first round began", async || s.probe.handled.load(Ordering::SeqCst) >= 1).await;
 
-    let gold = AppId::new("gold").unwrap();
-    let spec = AppSpec {
-        id: gold.clone(),
-        queue: QueuePath::new("root.gold").unwrap(),
-        user: "u".into(),
-        user_groups: Vec::new(),
-        tags: Default::default(),
-        groups: Vec::new(),
-        policy: Default::default(),
-        queue_rule: None,
-        priority: Default::default(),
-    };
-    store.add_app(spec).await.unwrap();
-    store.add_task(gold.clone(), task_spec("g", &serde_json::json!({ "type": "probe" }))).await.unwrap();
+    let probe = serde_json::json!({ "type": "probe" });
+    let gold = submit_in(store, "gold", "root.gold", Default::default(), &[("g", probe)]).await;
     // The victim's round still runs: the grace (none) ends first, and the scheduler takes its
     // room back for gold's task, which runs and completes.
     until("gold's task completed", async || state(store, &gold, "g").await == TaskState::Completed).await;

@@ -220,10 +220,21 @@ pub(crate) async fn submit_with(
     policy: SchedulingPolicy,
     tasks: &[(&str, serde_json::Value)],
 ) -> AppId {
+    submit_in(store, app, "root.q", policy, tasks).await
+}
+
+/// Application `app` in `queue`, with `tasks`.
+pub(crate) async fn submit_in(
+    store: &dyn Store,
+    app: &str,
+    queue: &str,
+    policy: SchedulingPolicy,
+    tasks: &[(&str, serde_json::Value)],
+) -> AppId {
     let id = AppId::new(app).unwrap();
     let spec = AppSpec {
         id: id.clone(),
-        queue: QueuePath::new("root.q").unwrap(),
+        queue: QueuePath::new(queue).unwrap(),
         user: "u".into(),
         user_groups: Vec::new(),
         tags: Default::default(),

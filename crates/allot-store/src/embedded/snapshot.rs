@@ -235,13 +235,18 @@ pub fn restore(input: impl Read, data_dir: &Path, options: &RestoreOptions) -> R
         written(source)
     })?;
     fs::File::open(&parent).and_then(|dir| dir.sync_all()).map_err(written)?;
+    Ok(restored_at(data_dir, restored))
+}
+
+/// `restored`, logged.
+fn restored_at(data_dir: &Path, restored: Restored) -> Restored {
     tracing::info!(
         path = %data_dir.display(),
         revision = restored.header.revision,
         first_revision = restored.first_revision,
         "snapshot restored"
     );
-    Ok(restored)
+    restored
 }
 
 /// [`restore`] into `data_dir`, an empty directory that stays (a mount point, say, which cannot
@@ -263,13 +268,7 @@ fn restore_into(input: impl Read, data_dir: &Path, options: &RestoreOptions) -> 
     }
     drop(building);
     fs::File::open(data_dir).and_then(|dir| dir.sync_all()).map_err(written)?;
-    tracing::info!(
-        path = %data_dir.display(),
-        revision = restored.header.revision,
-        first_revision = restored.first_revision,
-        "snapshot restored into the directory there"
-    );
-    Ok(restored)
+    Ok(restored_at(data_dir, restored))
 }
 
 /// Writes the archive's records into a new database in `dir`, and loads them as a start would.
