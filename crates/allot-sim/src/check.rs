@@ -11,7 +11,7 @@
 //! At length, as one thing: the model of what every client knows, and each check of the daemon
 //! against it, kept together because every check reads the same knowledge.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 
 use allot_api::{
     Alloc, AllocKeepaliveResponse, AllocList, AllocateResponse, Grant, GrantList, ReleaseResponse, Session,
@@ -140,6 +140,8 @@ pub struct Model {
     client_sessions: BTreeMap<u8, Vec<usize>>,
     /// Each application submitted (or perhaps submitted: its answer lost), and its tasks.
     apps: BTreeMap<String, u8>,
+    /// The applications whose submission was acknowledged: each survives every crash.
+    acknowledged_apps: BTreeSet<String>,
     /// The highest fencing number a grant of each namespace was answered with.
     fencing: Vec<u64>,
     /// The highest watch revision seen.
@@ -156,6 +158,7 @@ impl Model {
             sessions: Vec::new(),
             client_sessions: BTreeMap::new(),
             apps: BTreeMap::new(),
+            acknowledged_apps: BTreeSet::new(),
             fencing: vec![0; usize::from(shape.namespaces)],
             revision: 0,
         }
@@ -362,6 +365,16 @@ impl Model {
         overlap
     }
 
+    /// Every application whose submission was acknowledged is among `listed` (ended ones are
+    /// kept an hour of the daemon's time, longer than a plan runs).
+    pub fn apps_hold<'a>(&self, listed: impl Iterator<Item = &'a str>) -> Result<(), Violation> {
+        let listed: BTreeSet<&str> = listed.collect();
+        match self.acknowledged_apps.iter().find(|app| !listed.contains(app.as_str())) {
+            Some(app) => Err(Violation::new(format!("application {app}, whose submission was acknowledged, is gone"))),
+            None => Ok(()),
+        }
+    }
+
     /// The grants held in session `index` may have ended with it.
     fn session_grants_in_doubt(&mut self, index: usize) {
         for grant in self.grants.values_mut().filter(|grant| grant.session == Some(index)) {
@@ -453,6 +466,7 @@ impl Model {
             // Known from its first answer on (or from a lost one: it may exist), as submitted.
             if status.is_success() {
                 self.apps.entry(app.clone()).or_insert(tasks);
+                self.acknowledged_apps.insert(app.clone());
             }
             return Ok(());
         }

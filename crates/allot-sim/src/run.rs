@@ -653,7 +653,10 @@ impl Sim {
             }
         }
         match self.apps() {
-            Some(apps) => apps::placed_rightly(&apps, live.as_ref()),
+            Some(apps) => {
+                self.model.apps_hold(apps.iter().map(|(app, _)| app.id.as_str()))?;
+                apps::placed_rightly(&apps, live.as_ref())
+            }
             None => Ok(()),
         }
     }
