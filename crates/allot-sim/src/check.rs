@@ -19,7 +19,7 @@ use allot_api::{
 };
 use axum::http::{Method, StatusCode};
 
-use crate::plan::{Call, RunAsks, Shape, APPS_PER_CLIENT, GANG_RESERVE_TIMEOUT_MS, PROJECT_CAP, SCOPE_CAP};
+use crate::plan::{Call, Report, RunAsks, Shape, APPS_PER_CLIENT, GANG_RESERVE_TIMEOUT_MS, PROJECT_CAP, SCOPE_CAP};
 use crate::tenancy;
 
 /// An invariant broken, said so that a person understands which.
@@ -142,6 +142,8 @@ pub struct Model {
     apps: BTreeMap<String, u8>,
     /// The applications whose submission was acknowledged: each survives every crash.
     acknowledged_apps: BTreeSet<String>,
+    /// The tasks whose report of their end (complete, fail) was acknowledged: each stays ended.
+    ended_tasks: BTreeSet<(String, String)>,
     /// The highest fencing number a grant of each namespace was answered with.
     fencing: Vec<u64>,
     /// The highest watch revision seen.
@@ -159,6 +161,7 @@ impl Model {
             client_sessions: BTreeMap::new(),
             apps: BTreeMap::new(),
             acknowledged_apps: BTreeSet::new(),
+            ended_tasks: BTreeSet::new(),
             fencing: vec![0; usize::from(shape.namespaces)],
             revision: 0,
         }
@@ -367,12 +370,24 @@ impl Model {
 
     /// Every application whose submission was acknowledged is among `listed` (ended ones are
     /// kept an hour of the daemon's time, longer than a plan runs).
-    pub fn apps_hold<'a>(&self, listed: impl Iterator<Item = &'a str>) -> Result<(), Violation> {
-        let listed: BTreeSet<&str> = listed.collect();
-        match self.acknowledged_apps.iter().find(|app| !listed.contains(app.as_str())) {
-            Some(app) => Err(Violation::new(format!("application {app}, whose submission was acknowledged, is gone"))),
-            None => Ok(()),
+    /// And every task whose end was acknowledged is ended.
+    pub fn apps_hold(&self, listed: &[(allot_api::App, Vec<allot_api::Task>)]) -> Result<(), Violation> {
+        let ids: BTreeSet<&str> = listed.iter().map(|(app, _)| app.id.as_str()).collect();
+        if let Some(app) = self.acknowledged_apps.iter().find(|app| !ids.contains(app.as_str())) {
+            return Err(Violation::new(format!("application {app}, whose submission was acknowledged, is gone")));
         }
+        for (app, tasks) in listed {
+            for task in tasks {
+                let ended = matches!(task.state.as_str(), "Completed" | "Failed" | "Killed" | "Rejected");
+                if !ended && self.ended_tasks.contains(&(app.id.clone(), task.id.clone())) {
+                    return Err(Violation::new(format!(
+                        "task {}/{}, whose end was acknowledged, is {} again",
+                        app.id, task.id, task.state
+                    )));
+                }
+            }
+        }
+        Ok(())
     }
 
     /// The grants held in session `index` may have ended with it.
@@ -470,7 +485,11 @@ impl Model {
             }
             return Ok(());
         }
-        if let Target::Task { .. } = target {
+        if let Target::Task { app, task } = target {
+            let ends = matches!(call, Call::Report { report: Report::Complete | Report::Fail, .. });
+            if ends && status.is_success() {
+                self.ended_tasks.insert((app.clone(), task.clone()));
+            }
             return Ok(());
         }
         if *target == Target::NewSession {

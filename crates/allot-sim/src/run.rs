@@ -654,7 +654,7 @@ impl Sim {
         }
         match self.apps() {
             Some(apps) => {
-                self.model.apps_hold(apps.iter().map(|(app, _)| app.id.as_str()))?;
+                self.model.apps_hold(&apps)?;
                 apps::placed_rightly(&apps, live.as_ref())
             }
             None => Ok(()),
