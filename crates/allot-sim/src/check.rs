@@ -17,6 +17,7 @@ use allot_api::{
     Alloc, AllocKeepaliveResponse, AllocList, AllocateResponse, Grant, GrantList, ReleaseResponse, Session,
     SessionList, Status, WaiterList,
 };
+use allot_core::apps::states::TaskState;
 use axum::http::{Method, StatusCode};
 
 use crate::plan::{Call, Report, RunAsks, Shape, APPS_PER_CLIENT, GANG_RESERVE_TIMEOUT_MS, PROJECT_CAP, SCOPE_CAP};
@@ -369,8 +370,8 @@ impl Model {
     }
 
     /// Every application whose submission was acknowledged is among `listed` (ended ones are
-    /// kept an hour of the daemon's time, longer than a plan runs).
-    /// And every task whose end was acknowledged is ended.
+    /// kept an hour of the daemon's time, longer than a plan runs), and every task whose end was
+    /// acknowledged is ended.
     pub fn apps_hold(&self, listed: &[(allot_api::App, Vec<allot_api::Task>)]) -> Result<(), Violation> {
         let ids: BTreeSet<&str> = listed.iter().map(|(app, _)| app.id.as_str()).collect();
         if let Some(app) = self.acknowledged_apps.iter().find(|app| !ids.contains(app.as_str())) {
@@ -378,7 +379,8 @@ impl Model {
         }
         for (app, tasks) in listed {
             for task in tasks {
-                let ended = matches!(task.state.as_str(), "Completed" | "Failed" | "Killed" | "Rejected");
+                let state = TaskState::ALL.iter().find(|state| state.name() == task.state);
+                let ended = state.is_some_and(|state| state.is_terminal());
                 if !ended && self.ended_tasks.contains(&(app.id.clone(), task.id.clone())) {
                     return Err(Violation::new(format!(
                         "task {}/{}, whose end was acknowledged, is {} again",

@@ -18,12 +18,12 @@
 //!   is taken on the daemon that schedules (the edge sends `GET /v1/snapshot` there), which
 //!   does not schedule until it is taken (quotas and pools go on meanwhile).
 //!
-//! **Restored** into a Redis that holds no allot state (or, told to, after removing what it
-//! holds, from every primary of a cluster), from an archive checked whole first: a damaged archive writes nothing. Times
-//! move onto Redis's clock (`--leases resume`: each lease has what it had left; `expire`: less
-//! the time since the snapshot), fencing counters go on from the archive's, and the change feed
-//! gives revisions above the archive's (by the restore's margin) and keeps nothing before: a
-//! watcher resuming from an older revision is told to list again (410).
+//! **Restored** into a Redis that holds no allot state (or, told to, after removing what it holds,
+//! from every primary of a cluster), from an archive checked whole first: a damaged archive writes
+//! nothing. Times move onto Redis's clock (`--leases resume`: each lease has what it had left;
+//! `expire`: less the time since the snapshot), fencing counters go on from the archive's, and the
+//! change feed gives revisions above the archive's (by the restore's margin) and keeps nothing
+//! before: a watcher resuming from an older revision is told to list again (410).
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::fs::File;
@@ -50,6 +50,7 @@ use allot_store::StoreError;
 use redis::Value;
 
 use crate::apps::records::APPS_PREFIX;
+use crate::cluster::ClusterLink;
 use crate::errors::redis_error;
 use crate::keys::{prefix, unescape_tag};
 use crate::reply::{corrupt, into_text, Reply};
@@ -300,8 +301,8 @@ impl RedisStore {
 
     /// Restores the archive at `path` into this store's Redis: checked whole first, then written
     /// slot by slot (see the module's documentation). Refuses a Redis that holds allot's state,
-    /// unless `replace`: then removes it first (on a cluster, from every primary). The daemons that use this Redis
-    /// should be stopped meanwhile.
+    /// unless `replace`: then removes it first (on a cluster, from every primary). The daemons
+    /// that use this Redis should be stopped meanwhile.
     pub async fn restore(
         &self,
         path: &Path,
@@ -603,20 +604,24 @@ async fn scan(inner: &Inner, pattern: &str) -> Result<Vec<String>, StoreError> {
         .ok_or_else(|| StoreError::Unavailable("no node of the Redis Cluster answers with its slot map".into()))?;
     let mut keys = Vec::new();
     for primary in primaries {
-        keys.extend(scan_node(inner, pattern, Some(&primary)).await?);
+        keys.extend(scan_node(inner, pattern, Some((&cluster, &primary))).await?);
     }
     Ok(keys)
 }
 
-/// Every key of one server that matches `pattern`: the standalone one, or the cluster's node at
-/// `node`.
-async fn scan_node(inner: &Inner, pattern: &str, node: Option<&str>) -> Result<Vec<String>, StoreError> {
+/// Every key of one server that matches `pattern`: the standalone one, or a cluster's node at an
+/// address.
+async fn scan_node(
+    inner: &Inner,
+    pattern: &str,
+    node: Option<(&ClusterLink, &str)>,
+) -> Result<Vec<String>, StoreError> {
     let (mut cursor, mut keys) = (0u64, Vec::new());
     loop {
         let cmd = redis::cmd("SCAN").arg(cursor).arg("MATCH").arg(pattern).arg("COUNT").arg(1000).clone();
-        let answer = match (node, inner.conn.cluster()) {
-            (Some(node), Some(cluster)) => cluster.query_node(&cmd, node).await,
-            _ => inner.conn.query(&cmd).await,
+        let answer = match node {
+            Some((cluster, address)) => cluster.query_node(&cmd, address).await,
+            None => inner.conn.query(&cmd).await,
         };
         let mut reply = Reply::new(answer.map_err(|e| redis_error(e, false))?)?;
         cursor = number(&reply.text()?)?;
@@ -689,9 +694,9 @@ async fn held_state(inner: &Inner) -> Result<Option<String>, StoreError> {
     Ok(None)
 }
 
-/// Removes every key of allot's (on a cluster, from every primary; `UNLINK` of many keys is
-/// split by slot by the client), but the change feed's revision (which never
-/// goes back) and the mark of the restore under way.
+/// Removes every key of allot's (on a cluster, from every primary; the client splits an
+/// `UNLINK` of many keys by slot), but the change feed's revision (which never goes back) and
+/// the mark of the restore under way.
 async fn remove_everything(inner: &Inner) -> Result<(), StoreError> {
     let keep = [format!("{FEED_SLOT}:meta"), RESTORING_KEY.to_owned()];
     let mut keys = scan(inner, "allot:{*").await?;

@@ -91,11 +91,12 @@ impl PlanCache {
 /// little, and more plans are made.
 const MAX_PLANS_PER_CYCLE: usize = 16;
 
+/// The most tasks still inside their delay one cycle says whom they would preempt for.
+const MAX_PREVIEWS_PER_CYCLE: usize = 4;
+
 /// A task that may preempt, in the order a cycle's preemptions take them (the greatest first):
 /// whether its queue is below its guarantee, its priority, how early it was added.
 type Waiting = (bool, i32, Reverse<u64>, TaskRef);
-/// The most tasks still inside their delay one cycle says whom they would preempt for.
-const MAX_PREVIEWS_PER_CYCLE: usize = 4;
 
 const OWN_APPLICATION: &str = "the tasks that hold the room are of its own application";
 const BEING_PREEMPTED: &str = "the tasks that hold the room are being preempted already";
@@ -462,9 +463,12 @@ impl Scheduler {
             let task = &self.tasks[&key.0][&key.1];
             // The room held since it was ordered may have filled its queue's guarantee: then it
             // comes in again where it now belongs (this only goes from restoring to not).
-            if restored && !self.preemption_order(task, &flows).0 {
-                waiting.push(self.preemption_order(task, &flows));
-                continue;
+            if restored {
+                let now = self.preemption_order(task, &flows);
+                if !now.0 {
+                    waiting.push(now);
+                    continue;
+                }
             }
             let leaf = &self.apps[&key.0].spec.queue;
             let from = task.added.max(task.preempted_at.unwrap_or(0));
