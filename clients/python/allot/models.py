@@ -189,6 +189,10 @@ class ApiTokenList(TypedDict):
 class App(TypedDict):
     ended_at: NotRequired[Optional[str]]
     """When it ended (Completed, Failed, Rejected), if it has."""
+    held_on: NotRequired[List[str]]
+    """While its gang waits for the tasks it preempted to end: for each member of its gang (group
+    by group), the pool whose room is held for it.
+    """
     id: str
     placeholders: List[Placeholder]
     placeholders_expire_in_ms: NotRequired[Optional[int]]

@@ -355,6 +355,10 @@ pub struct App {
     /// Its tasks by state.
     pub tasks: BTreeMap<String, u64>,
     pub placeholders: Vec<Placeholder>,
+    /// While its gang waits for the tasks it preempted to end: for each member of its gang (group
+    /// by group), the pool whose room is held for it.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub held_on: Vec<String>,
     /// While a placeholder waits for a task to take it over: the time left before the
     /// placeholder timeout.
     pub placeholders_expire_in_ms: Option<u64>,

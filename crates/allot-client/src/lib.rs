@@ -95,11 +95,22 @@ impl Client {
         Client::with_http_client(base_url, http)
     }
 
+    /// Like [`Client::new`], every call over HTTP/2 (for `http://`, h2c with prior knowledge: the
+    /// daemon speaks both on one port). Calls then share one connection as streams: many long-poll
+    /// waiters and watches cost the daemon a few KiB each instead of a connection each
+    /// (docs/benchmarks.md, "Many waiters"). A daemon behind a proxy that speaks only HTTP/1.1
+    /// needs [`Client::new`].
+    pub fn new_http2(base_url: &str) -> Result<Client, ClientError> {
+        let http = reqwest::Client::builder().connect_timeout(CONNECT_TIMEOUT).http2_prior_knowledge().build()?;
+        Client::with_http_client(base_url, http)
+    }
+
     /// Like [`Client::new`], for a daemon served over HTTPS (`https://...`): trusting `tls`'s CA
-    /// besides the system's, and presenting its client certificate (mutual TLS).
+    /// besides the system's, and presenting its client certificate (mutual TLS). Over HTTP/1.1;
+    /// give [`Client::with_http_client`] a client of your own for HTTP/2 over TLS.
     pub fn with_tls(base_url: &str, tls: &TlsOptions) -> Result<Client, ClientError> {
         let bad = |what: &str, err: reqwest::Error| ClientError::InvalidTls(format!("{what}: {err}"));
-        let mut builder = reqwest::Client::builder().use_rustls_tls().connect_timeout(CONNECT_TIMEOUT);
+        let mut builder = reqwest::Client::builder().use_rustls_tls().http1_only().connect_timeout(CONNECT_TIMEOUT);
         if let Some(pem) = &tls.ca_cert_pem {
             for cert in reqwest::Certificate::from_pem_bundle(pem).map_err(|e| bad("the CA certificate", e))? {
                 builder = builder.add_root_certificate(cert);

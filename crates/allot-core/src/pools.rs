@@ -735,12 +735,18 @@ impl Pools {
     /// The pool's offer: everything not held by an alloc whose lease is running (lapsed allocs
     /// are offered: an accept reclaims them). `None` when nothing is free or the pool is stopped.
     pub fn offer(&self, name: &PoolName, now: Millis) -> Result<Option<Offer>, PoolError> {
+        self.offer_sparing(name, now, &Resources::new())
+    }
+
+    /// [`Pools::offer`], `spared` left out of it: the room the scheduler holds on the pool for a
+    /// preemptor (`Scheduler::room_held`), which no alloc of an outside worker may take.
+    pub fn offer_sparing(&self, name: &PoolName, now: Millis, spared: &Resources) -> Result<Option<Offer>, PoolError> {
         let pool = self.pools.get(name).ok_or_else(|| PoolError::PoolNotFound(name.clone()))?;
         if pool.stopped || pool.cordon.is_some() {
             return Ok(None);
         }
         let (live, _) = pool.held_by_state(now);
-        let available = pool.usable.saturating_sub(&live);
+        let available = pool.usable.saturating_sub(&live).saturating_sub(spared);
         Ok((!available.is_empty()).then(|| Offer { pool: name.clone(), available }))
     }
 
@@ -755,8 +761,20 @@ impl Pools {
         id: AllocId,
         now: Millis,
     ) -> Result<(Alloc, Vec<PoolChange>), PoolError> {
+        self.accept_sparing(name, request, id, now, &Resources::new())
+    }
+
+    /// [`Pools::accept`], leaving `spared` free (see [`Pools::offer_sparing`]).
+    pub fn accept_sparing(
+        &mut self,
+        name: &PoolName,
+        request: AllocRequest,
+        id: AllocId,
+        now: Millis,
+        spared: &Resources,
+    ) -> Result<(Alloc, Vec<PoolChange>), PoolError> {
         let expires = now + self.rules.initial_ms;
-        self.make_alloc(name, request, id, now, expires)
+        self.make_alloc(name, request, id, now, expires, spared)
     }
 
     /// Accepts like [`Pools::accept`] for a task the scheduler places: the alloc has no lease
@@ -768,7 +786,7 @@ impl Pools {
         id: AllocId,
         now: Millis,
     ) -> Result<(Alloc, Vec<PoolChange>), PoolError> {
-        self.make_alloc(name, request, id, now, HELD)
+        self.make_alloc(name, request, id, now, HELD, &Resources::new())
     }
 
     fn make_alloc(
@@ -778,6 +796,7 @@ impl Pools {
         id: AllocId,
         now: Millis,
         expires: Millis,
+        spared: &Resources,
     ) -> Result<(Alloc, Vec<PoolChange>), PoolError> {
         request.check()?;
         let Pools { pools, leases, endings, .. } = self;
@@ -800,7 +819,7 @@ impl Pools {
         }
         let mut held = pool.held();
         let mut victims = Vec::new();
-        let mut free = pool.usable.saturating_sub(&held);
+        let mut free = pool.usable.saturating_sub(&held).saturating_sub(spared);
         // The lapsed allocs are looked at only when the live ones leave no room (a walk over the
         // pool's allocs: not on every accept of a large pool).
         let mut lapsed: Vec<&Alloc> = Vec::new();
@@ -812,7 +831,7 @@ impl Pools {
         while !free.fits(&request.min) {
             let Some(victim) = lapsed.pop() else { break };
             held = held.saturating_sub(&victim.resources);
-            free = pool.usable.saturating_sub(&held);
+            free = pool.usable.saturating_sub(&held).saturating_sub(spared);
             victims.push(victim.id);
         }
         if !free.fits(&request.min) {

@@ -618,6 +618,17 @@ impl RedisStore {
     ) -> Result<(), StoreError> {
         label_held(&self.inner, pool, id, labels, fencing).await
     }
+
+    /// Sets the room the scheduler holds on the pool for preemptors (none: `spared` empty), in
+    /// its term `fencing`: no alloc but the scheduler's own takes it, and no offer shows it. A
+    /// pool that is gone holds nothing.
+    pub async fn spare_pool(&self, pool: PoolName, spared: &Resources, fencing: u64) -> Result<(), StoreError> {
+        let (spared, fencing) = (encode(spared), fencing.to_string());
+        match call(&self.inner, &pool, &["spare", &spared, &fencing], true).await {
+            Ok(_) | Err(StoreError::Pools(PoolError::PoolNotFound(_))) => Ok(()),
+            Err(err) => Err(err),
+        }
+    }
 }
 
 #[cfg(test)]

@@ -257,6 +257,7 @@ mod tests {
             queue_rule: None,
             priority: Some(1),
             priority_class: None,
+            held: Vec::new(),
         }
     }
 

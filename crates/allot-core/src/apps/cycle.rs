@@ -41,7 +41,7 @@ use super::runners::{Runners, TaskTypes};
 use super::why::Why;
 use super::{
     pending_key, release, resources_never_fit, task_known, tokens_never_fit, transition_known, Account, AppChange,
-    AppId, GangStyle, GroupName, HeldTokens, Outcome, PendingKey, Placement, Scheduler, Slot, TaskId, TokenNeed, World,
+    AppId, GangStyle, HeldTokens, Outcome, PendingKey, Placement, Scheduler, Slot, TaskId, TokenNeed, World,
     RESERVATION_TIMEOUT,
 };
 use crate::access::{Principal, Resource};
@@ -66,6 +66,7 @@ pub struct CycleReport {
 }
 
 /// One pool as the cycle sees it.
+#[derive(Clone)]
 struct Spot {
     name: PoolName,
     free: Resources,
@@ -92,6 +93,7 @@ impl Spot {
 }
 
 /// What is free in every pool, indexed by weighted size for best fit.
+#[derive(Clone)]
 struct Room {
     spots: Vec<Spot>,
     index: BTreeSet<(u64, usize)>,
@@ -838,36 +840,39 @@ impl Scheduler {
         cycle.report.taken_over += 1;
     }
 
-    /// Reserves every placeholder of the application's gang, or none.
+    /// Reserves every placeholder of the application's gang, or none; a gang with room held for
+    /// it (it preempted) takes that room.
     fn reserve(&mut self, app_id: &AppId, world: &mut World<'_>, cycle: &mut Cycle<'_>) -> Result<(), Why> {
+        let given = self.unhold_gang(app_id, cycle);
+        let reserved = self.reserve_now(app_id, world, cycle);
+        match given {
+            Some(given) => self.rehold_gang(app_id, given, reserved, cycle),
+            None => reserved,
+        }
+    }
+
+    /// The task types of the application's gang members known now: a placeholder goes where
+    /// they all run.
+    fn gang_types(&self, app_id: &AppId, typed: bool) -> Vec<Option<String>> {
+        self.tasks.get(app_id).filter(|_| typed).map_or_else(Vec::new, |tasks| {
+            let mut types: Vec<Option<String>> =
+                tasks.values().filter(|t| t.spec.group.is_some()).map(|t| self.type_of(app_id, &t.spec.id)).collect();
+            types.sort();
+            types.dedup();
+            types
+        })
+    }
+
+    fn reserve_now(&mut self, app_id: &AppId, world: &mut World<'_>, cycle: &mut Cycle<'_>) -> Result<(), Why> {
         let app = &self.apps[app_id];
-        let members: Vec<(GroupName, u32, Resources, Labels, Vec<TokenNeed>)> = app
-            .spec
-            .groups
-            .iter()
-            .flat_map(|g| {
-                (0..g.min_members)
-                    .map(|m| (g.name.clone(), m, g.min_resources.clone(), g.selector.clone(), g.tokens.clone()))
-            })
-            .collect();
+        let members = app.gang_members();
         let total = members.iter().fold(Resources::new(), |sum, m| sum.checked_add(&m.2).unwrap_or(sum));
         if let Some(hit) =
             self.limit_hit(app_id, &total, !app.counted).or_else(|| self.lend_hit(app_id, &total, &cycle.room))
         {
             return Err(Why::GangNotReserved { member: None, cause: Some(Box::new(Why::QueueLimit(hit))) });
         }
-        // A placeholder goes where the types of its group's tasks known now all run.
-        let types: Vec<Option<String>> =
-            self.tasks.get(app_id).filter(|_| cycle.room.typed).map_or_else(Vec::new, |tasks| {
-                let mut types: Vec<Option<String>> = tasks
-                    .values()
-                    .filter(|t| t.spec.group.is_some())
-                    .map(|t| self.type_of(app_id, &t.spec.id))
-                    .collect();
-                types.sort();
-                types.dedup();
-                types
-            });
+        let types = self.gang_types(app_id, cycle.room.typed);
         if let Some(never) = types.iter().flatten().find_map(|t| self.type_never_runs(t)) {
             return Err(Why::CanNeverFit(never));
         }
@@ -947,6 +952,8 @@ impl Scheduler {
         };
         let (account, counted) = (Account::of(&app.spec), app.counted);
         app.slots = slots;
+        // Reserved: it holds no room any more.
+        app.held.clear();
         app.reserved_at = Some(cycle.now);
         app.counted = true;
         transition_known(app, &[AppEvent::Run], &mut cycle.out);
@@ -1118,11 +1125,7 @@ fn app_deadline(app: &super::App, config: &super::SchedConfig) -> Option<Millis>
 }
 
 /// Room for every member of a gang, on a scratch copy of what is free: the spot of each.
-fn room_for_members(
-    members: &[(GroupName, u32, Resources, Labels, Vec<TokenNeed>)],
-    room: &Room,
-    allowed: Option<&Allowed>,
-) -> Result<Vec<usize>, Why> {
+fn room_for_members(members: &[super::GangMember], room: &Room, allowed: Option<&Allowed>) -> Result<Vec<usize>, Why> {
     let mut promised: HashMap<usize, Resources> = HashMap::new();
     let mut spots = Vec::with_capacity(members.len());
     for (group, member, wanted, selector, _) in members {

@@ -167,9 +167,29 @@ pub struct App {
     pub reason: Option<String>,
     /// When it ended: it is forgotten [`SchedConfig::retention_ms`] later.
     pub ended_at: Option<Millis>,
+    /// While its gang waits for the tasks it preempted to end: for each member of its gang (in
+    /// [`App::gang_members`]' order), the pool whose room is held for it. Empty when nothing is
+    /// held; meaningless once its gang no longer waits (the scheduler then ignores it).
+    pub held: Vec<PoolName>,
 }
 
+/// A member of a gang as it is reserved: its group, its number, what it holds, its group's
+/// selector and token needs.
+pub type GangMember = (GroupName, u32, Resources, Labels, Vec<TokenNeed>);
+
 impl App {
+    /// Every placeholder its gang reserves, group by group.
+    pub fn gang_members(&self) -> Vec<GangMember> {
+        self.spec
+            .groups
+            .iter()
+            .flat_map(|g| {
+                (0..g.min_members)
+                    .map(|m| (g.name.clone(), m, g.min_resources.clone(), g.selector.clone(), g.tokens.clone()))
+            })
+            .collect()
+    }
+
     /// True while it waits for its gang to be reserved (Reserving): nothing of it is placed
     /// before.
     pub fn awaits_gang(&self) -> bool {
@@ -470,6 +490,9 @@ pub struct Scheduler {
     victims: BTreeMap<TaskKey, (Option<TaskKey>, Millis)>,
     /// The pending tasks with room held for them: an index of `Task::held`, kept as `victims`.
     holders: BTreeMap<(AppId, TaskId), PoolName>,
+    /// The applications whose gangs have room held for them: an index of `App::held`, kept as
+    /// `victims`.
+    gang_holders: BTreeSet<AppId>,
     /// The earliest time a task that found no room may preempt (its queue's delay), as the last
     /// cycle saw it: the scheduler runs a cycle then.
     next_preemption: Option<Millis>,
@@ -545,6 +568,9 @@ impl Scheduler {
             }
             for slot in app.slots.iter().filter(|s| s.task.is_none()) {
                 restored.charge(&Account::of(&app.spec), &slot.placement.resources, true);
+            }
+            if !app.held.is_empty() {
+                restored.gang_holders.insert(app.spec.id.clone());
             }
             restored.apps.insert(app.spec.id.clone(), app);
         }
@@ -865,6 +891,7 @@ impl Scheduler {
             completing_since: None,
             reason: None,
             ended_at: None,
+            held: Vec::new(),
         };
         transition(&mut app, &[AppEvent::Accept])?;
         if !app.spec.groups.is_empty() {
@@ -1306,8 +1333,12 @@ impl Scheduler {
         let app = self.apps.get(app_id)?;
         if app.awaits_gang() {
             return Some(match self.why_app.get(app_id) {
-                Some(why @ Why::GangNotReserved { .. }) => why.clone(),
-                Some(why @ Why::QueueLimit(_)) => why.clone(),
+                Some(
+                    why @ (Why::GangNotReserved { .. }
+                    | Why::QueueLimit(_)
+                    | Why::NoRoomYet { .. }
+                    | Why::Preempting { .. }),
+                ) => why.clone(),
                 _ => Why::AfterGang,
             });
         }

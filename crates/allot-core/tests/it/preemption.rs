@@ -293,3 +293,105 @@ fn a_task_whose_held_pool_is_lost_holds_nothing_and_may_preempt_again() {
     let task = b.sched.task(&aid("high"), &tid("t")).unwrap();
     assert_ne!(task.held.as_ref(), Some(&held), "nothing is held on a pool that is down");
 }
+
+/// What is allocated on each of `pools` never exceeds its capacity.
+fn no_overcommit_on(b: &Bench, pools: &[&str]) {
+    for name in pools {
+        let pool = b.pools.pool(&PoolName::new(name).unwrap(), b.now).unwrap();
+        assert!(pool.capacity.fits(&pool.allocated), "{name}: {} allocated of {}", pool.allocated, pool.capacity);
+    }
+}
+
+fn marked(b: &Bench, app: &str, n: usize) -> Vec<String> {
+    (0..n)
+        .filter(|i| b.sched.task(&aid(app), &tid(&format!("t{i}"))).unwrap().preempting.is_some())
+        .map(|i| format!("t{i}"))
+        .collect()
+}
+
+#[test]
+fn a_gang_below_its_guarantee_preempts_for_every_member_at_once_and_nobody_takes_its_room() {
+    let mut b = Bench::new();
+    b.pool("p", "cpu=4", &[]);
+    b.pool("q", "cpu=4", &[]);
+    b.queue("root.a", guaranteed("cpu=4"));
+    b.queue("root.b", QueueLimits::default());
+    b.queue("root.c", QueueLimits::default());
+    b.submit(app_spec("batch", "root.b")).unwrap();
+    tasks(&mut b, "batch", 8, 0);
+    b.cycle();
+    assert_eq!(used(&b, "root.b"), 8, "b borrows every pool");
+    // A gang of two members of cpu=2: with it, a is at its guarantee.
+    let mut gang = app_spec("gang", "root.a");
+    gang.groups = vec![group("workers", 2, "cpu=2")];
+    b.submit(gang).unwrap();
+    for m in 0..2 {
+        b.add("gang", member(&format!("w{m}"), "workers", "cpu=2")).unwrap();
+    }
+    b.cycle();
+    let why = b.sched.app_why(&aid("gang")).unwrap().to_string();
+    assert!(why.contains("it may preempt in 30s"), "{why}");
+    assert!(b.sched.task_why(&aid("gang"), &tid("w0")).unwrap().to_string().contains("it may preempt"));
+    b.now += DELAY;
+    b.cycle();
+    no_overcommit_on(&b, &["p", "q"]);
+    // Room for both members at once: four of b's tasks, and no more; the first pool that has
+    // them (the youngest there first), for both.
+    assert_eq!(marked(&b, "batch", 8), ["t0", "t1", "t2", "t3"]);
+    let app = b.sched.app(&aid("gang")).unwrap();
+    let p = PoolName::new("p").unwrap();
+    assert_eq!(app.held, [p.clone(), p], "room held for each member");
+    assert!(app.slots.is_empty(), "nothing of the gang is placed before its victims end");
+    assert_eq!(b.sched.app_why(&aid("gang")).unwrap().code(), "preempting");
+    // Another queue's application arrives, as urgent as b's tasks: it may not preempt them, and
+    // the room the victims free is the gang's.
+    b.submit(app_spec("other", "root.c")).unwrap();
+    tasks(&mut b, "other", 4, 0);
+    b.cycle();
+    assert_eq!(b.sched.app_why(&aid("gang")).unwrap().code(), "preempting", "the gang still waits for its room");
+    b.now += GRACE;
+    b.cycle();
+    b.cycle();
+    no_overcommit_on(&b, &["p", "q"]);
+    let app = b.sched.app(&aid("gang")).unwrap();
+    assert_eq!(app.slots.len(), 2, "the whole gang is reserved");
+    assert!(app.held.is_empty(), "reserved, it holds no room any more");
+    assert_eq!((b.state("gang", "w0"), b.state("gang", "w1")), (TaskState::Allocated, TaskState::Allocated));
+    assert_eq!(placed(&b, "other"), 0, "nobody took the room held for the gang");
+    assert_eq!((used(&b, "root.a"), used(&b, "root.b")), (4, 4));
+    let victim = b.sched.task(&aid("batch"), &tid("t3")).unwrap();
+    assert_eq!((victim.state, victim.preemptions), (TaskState::Pending, 1));
+    assert!(victim.reason.as_deref().unwrap().starts_with("preempted for gang/workers"), "{:?}", victim.reason);
+    // And nothing more moves.
+    b.now += DELAY + GRACE;
+    b.cycle();
+    assert!(marked(&b, "batch", 8).is_empty(), "b's waiting tasks do not preempt back");
+    assert_eq!((used(&b, "root.a"), used(&b, "root.b")), (4, 4));
+}
+
+#[test]
+fn a_gang_preempts_all_of_its_room_or_none() {
+    let mut b = Bench::new();
+    b.pool("p", "cpu=4", &[]);
+    b.queue("root.a", guaranteed("cpu=4"));
+    b.queue("root.b", QueueLimits::default());
+    b.submit(app_spec("batch", "root.b")).unwrap();
+    tasks(&mut b, "batch", 2, 0);
+    // Two of the pool's four are held by tasks that may not be preempted.
+    b.submit(app_spec("pinned", "root.b")).unwrap();
+    for i in 0..2 {
+        b.add("pinned", TaskSpec { preemptable: false, ..task(&format!("t{i}"), "cpu=1") }).unwrap();
+    }
+    b.cycle();
+    let mut gang = app_spec("gang", "root.a");
+    gang.groups = vec![group("workers", 3, "cpu=1")];
+    b.submit(gang).unwrap();
+    b.now += DELAY;
+    b.cycle();
+    // Two members could have room, the third not: nothing is taken.
+    assert!(marked(&b, "batch", 2).is_empty(), "no victim for a gang that cannot have all its room");
+    assert!(b.sched.app(&aid("gang")).unwrap().held.is_empty());
+    let why = b.sched.app_why(&aid("gang")).unwrap().to_string();
+    assert!(why.contains("it cannot preempt"), "{why}");
+    assert!(why.contains("preemptable: false"), "{why}");
+}

@@ -8,7 +8,8 @@
 //! delay, a task it may take in a queue above its guarantee) is no longer owed after one cycle
 //! plus the victims' grace and the cycle that ends it. Checked after the quiet phase: preemption
 //! has stopped (the last rounds preempt nothing), no task was preempted more than
-//! `max_preemptions` times, and no preemption the rules allow is left undone.
+//! `max_preemptions` times, and no preemption the rules allow is left undone, for a task or for a
+//! gang (whose members all fit in its queue's guarantee, with as many tasks it may take).
 
 use std::collections::{BTreeMap, BTreeSet};
 
@@ -19,7 +20,7 @@ use allot_core::apps::{SchedConfig, TaskSpec, World, DEFAULT_PREEMPTION_DELAY_MS
 use allot_core::pools::PoolName;
 use proptest::prelude::*;
 
-use super::apps::{aid, app_spec, res, task, tid, Bench};
+use super::apps::{aid, app_spec, group, member, res, task, tid, Bench};
 
 const QUEUES: usize = 3;
 const MAX_PREEMPTIONS: u32 = 3;
@@ -31,6 +32,13 @@ enum Op {
         queue: usize,
         priority: i32,
         tasks: u8,
+    },
+    /// An application of `priority` in queue `queue` whose gang is `members` members of one cpu,
+    /// each a task.
+    SubmitGang {
+        queue: usize,
+        priority: i32,
+        members: u8,
     },
     Cycle,
     /// Time passes (up to a delay and a grace).
@@ -52,6 +60,7 @@ enum Op {
 fn op() -> impl Strategy<Value = Op> {
     prop_oneof![
         (0..QUEUES, 0..3i32, 1..5u8).prop_map(|(queue, priority, tasks)| Op::Submit { queue, priority, tasks }),
+        (0..QUEUES, 0..3i32, 1..4u8).prop_map(|(queue, priority, members)| Op::SubmitGang { queue, priority, members }),
         Just(Op::Cycle),
         Just(Op::Cycle),
         (0..70_000u32).prop_map(|ms| Op::Wait { ms }),
@@ -66,6 +75,8 @@ struct Model {
     guarantees: [u64; QUEUES],
     /// Each application: its queue and how many tasks.
     apps: Vec<(usize, u8)>,
+    /// The applications with a gang (of all their tasks), by arrival.
+    gangs: BTreeSet<usize>,
     /// Where every task stood ([`Model::placements`]) before each cycle that decided a
     /// preemption.
     decided_at: BTreeSet<Vec<u8>>,
@@ -91,7 +102,7 @@ impl Model {
             let limits = QueueLimits { guaranteed: res(&format!("cpu={guarantee}")), ..QueueLimits::default() };
             b.queue(&queue(i), limits);
         }
-        Model { b, capacity, guarantees, apps: Vec::new(), decided_at: BTreeSet::new() }
+        Model { b, capacity, guarantees, apps: Vec::new(), gangs: BTreeSet::new(), decided_at: BTreeSet::new() }
     }
 
     fn apply(&mut self, op: &Op) -> Result<(), String> {
@@ -104,6 +115,18 @@ impl Model {
                     self.b.add(&id, spec).unwrap();
                 }
                 self.apps.push((q, tasks));
+            }
+            Op::SubmitGang { queue: q, priority, members } => {
+                let id = format!("a{}", self.apps.len());
+                let mut spec = app_spec(&id, &queue(q));
+                spec.groups = vec![group("g", u32::from(members), "cpu=1")];
+                self.b.submit(spec).unwrap();
+                for t in 0..members {
+                    let spec = TaskSpec { priority: Priority::of(priority), ..member(&format!("t{t}"), "g", "cpu=1") };
+                    self.b.add(&id, spec).unwrap();
+                }
+                self.gangs.insert(self.apps.len());
+                self.apps.push((q, members));
             }
             Op::Cycle => return self.cycle(),
             Op::Wait { ms } => self.b.now += u64::from(ms),
@@ -167,10 +190,20 @@ impl Model {
             TaskState::Allocated | TaskState::Running if t.preempting.is_some() => 4,
             TaskState::Allocated | TaskState::Running => 1,
             state if state.is_terminal() => 2,
-            _ if t.held.is_some() => 3,
+            _ if self.held(t) => 3,
             _ => 0,
         };
         self.each_task().iter().map(of).collect()
+    }
+
+    /// Whether room is held for a task: for itself, or for its application's gang.
+    fn held(&self, t: &allot_core::apps::Task) -> bool {
+        t.held.is_some()
+            || (t.state == TaskState::Pending && self.b.sched.app(&t.app).is_ok_and(|app| !app.held.is_empty()))
+    }
+
+    fn is_gang(&self, t: &allot_core::apps::Task) -> bool {
+        self.gangs.contains(&t.app.as_str()[1..].parse::<usize>().unwrap())
     }
 
     /// The queues owed their guarantee now: below it, with a task waiting that may preempt (it
@@ -182,8 +215,10 @@ impl Model {
         let queue_of = |t: &allot_core::apps::Task| self.apps[t.app.as_str()[1..].parse::<usize>().unwrap()].0;
         let mut owed = BTreeSet::new();
         for q in (0..QUEUES).filter(|q| self.used(*q) < self.guarantees[*q]) {
+            // A gang's members preempt together, not each alone: see `undone`.
             let may_preempt = |t: &&allot_core::apps::Task| {
                 queue_of(t) == q
+                    && !self.is_gang(t)
                     && t.state == TaskState::Pending
                     && now >= t.added + delay
                     && t.preempted_at.is_none_or(|at| now >= at + delay)
@@ -192,6 +227,7 @@ impl Model {
             let takeable = (0..QUEUES).filter(|r| *r != q && self.used(*r) > self.guarantees[*r]).any(|r| {
                 tasks.iter().any(|t| {
                     queue_of(t) == r
+                        && !self.is_gang(t)
                         && matches!(t.state, TaskState::Allocated | TaskState::Running)
                         && t.preempting.is_none()
                         && t.spec.priority.value() <= top
@@ -210,20 +246,21 @@ impl Model {
         view.usage.allocated.get_milli("cpu") / 1000
     }
 
-    /// Every task: (queue, priority, state, being preempted, preemptions, room held for it).
-    fn tasks(&self) -> Vec<(usize, i32, TaskState, bool, u32, bool)> {
+    /// Every task: (queue, priority, state, being preempted, preemptions, room held for it, a
+    /// gang's member).
+    fn tasks(&self) -> Vec<(usize, i32, TaskState, bool, u32, bool, bool)> {
         let mut all = Vec::new();
         for (i, (q, n)) in self.apps.iter().enumerate() {
             for t in 0..*n {
                 let task = self.b.sched.task(&aid(&format!("a{i}")), &tid(&format!("t{t}"))).unwrap();
-                let held = task.held.is_some();
                 all.push((
                     *q,
                     task.spec.priority.value(),
                     task.state,
                     task.preempting.is_some(),
                     task.preemptions,
-                    held,
+                    self.held(task),
+                    self.gangs.contains(&i),
                 ));
             }
         }
@@ -263,8 +300,12 @@ impl Model {
     /// may still be taken.
     fn undone(&self) -> Option<String> {
         let tasks = self.tasks();
+        if let Some(gang) = self.gang_undone(&tasks) {
+            return Some(gang);
+        }
         for q in 0..QUEUES {
-            let Some(top) = tasks.iter().filter(|t| t.0 == q && t.2 == TaskState::Pending).map(|t| t.1).max() else {
+            let waiting = tasks.iter().filter(|t| t.0 == q && !t.6 && t.2 == TaskState::Pending);
+            let Some(top) = waiting.map(|t| t.1).max() else {
                 continue;
             };
             if self.used(q) >= self.guarantees[q] {
@@ -273,6 +314,7 @@ impl Model {
             for r in (0..QUEUES).filter(|r| *r != q && self.used(*r) > self.guarantees[*r]) {
                 let takeable = tasks.iter().any(|t| {
                     t.0 == r
+                        && !t.6
                         && matches!(t.2, TaskState::Allocated | TaskState::Running)
                         && t.1 <= top
                         && t.4 < MAX_PREEMPTIONS
@@ -287,6 +329,45 @@ impl Model {
                         self.guarantees[r]
                     ));
                 }
+            }
+        }
+        None
+    }
+
+    /// A gang left waiting though the rules let it preempt: all its members fit in its queue's
+    /// guarantee, and the room free with the tasks it may take (of lower or equal priority, in
+    /// queues above their guarantees, as many as keep them at it) hold them.
+    fn gang_undone(&self, tasks: &[(usize, i32, TaskState, bool, u32, bool, bool)]) -> Option<String> {
+        let pool = self.b.pools.pool(&PoolName::new("p").unwrap(), self.b.now).unwrap();
+        let free = self.capacity - pool.allocated.get_milli("cpu") / 1000;
+        for &g in &self.gangs {
+            let (q, members) = self.apps[g];
+            let app = self.b.sched.app(&aid(&format!("a{g}"))).unwrap();
+            if !app.awaits_gang() || self.used(q) + u64::from(members) > self.guarantees[q] {
+                continue;
+            }
+            let priority = self.b.sched.task(&aid(&format!("a{g}")), &tid("t0")).unwrap().spec.priority.value();
+            let mut supply = free;
+            for r in (0..QUEUES).filter(|r| *r != q && self.used(*r) > self.guarantees[*r]) {
+                let takeable = tasks
+                    .iter()
+                    .filter(|t| {
+                        t.0 == r
+                            && !t.6
+                            && matches!(t.2, TaskState::Allocated | TaskState::Running)
+                            && t.1 <= priority
+                            && t.4 < MAX_PREEMPTIONS
+                    })
+                    .count() as u64;
+                supply += takeable.min(self.used(r) - self.guarantees[r]);
+            }
+            if supply >= u64::from(members) {
+                return Some(format!(
+                    "the gang of a{g} ({members} members, priority {priority}) waits in queue {q} (uses {} of its \
+                     guarantee {}), with {free} free and room for {supply} in all it may take",
+                    self.used(q),
+                    self.guarantees[q]
+                ));
             }
         }
         None

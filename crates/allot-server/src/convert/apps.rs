@@ -293,6 +293,7 @@ pub(crate) fn app(info: AppInfo, times: Times) -> api::App {
         priority: spec.priority.value(),
         priority_class: spec.priority.class.clone(),
         tasks: tasks.into_iter().map(|(state, n): (TaskState, u64)| (state.name().to_owned(), n)).collect(),
+        held_on: if app.awaits_gang() { app.held.iter().map(|pool| pool.to_string()).collect() } else { Vec::new() },
         placeholders: app
             .slots
             .iter()

@@ -29,6 +29,9 @@ pub(crate) struct Leader {
     pub(crate) mirror_read: Option<Instant>,
     /// When the executors' leases were last read.
     pub(crate) executors_read: Option<Instant>,
+    /// The room held for preemptors as last written to the pools (`spare`); `None` until first
+    /// written in this term, when every pool is written.
+    pub(crate) spared: Option<std::collections::BTreeMap<allot_core::pools::PoolName, allot_core::Resources>>,
 }
 
 /// The applications part of a Redis store: who schedules, and the scheduler if it is this daemon.

@@ -21,7 +21,7 @@
 //!   the new fencing number (so the predecessor, if it still runs, is refused there from then
 //!   on). Nothing is placed before that.
 
-use std::collections::{HashMap, HashSet};
+use std::collections::{BTreeSet, HashMap, HashSet};
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -174,6 +174,9 @@ impl RedisStore {
                 "the scheduler found its state inconsistent ({broken}); it loads it again from Redis"
             ))));
         }
+        // The room held for preemptors is spared in the pools before anything is made or ended:
+        // the ends may free a victim's room, which no outside worker's alloc may take.
+        self.spare(l).await?;
         let (makes, mut ends) = steps(outcome);
         if !makes.is_empty() {
             let mut intents = makes.clone();
@@ -206,6 +209,40 @@ impl RedisStore {
                 l.unfinished.push(step);
             }
         }
+        Ok(())
+    }
+
+    /// Writes the room held for preemptors on each pool where it changed since it was last
+    /// written (on every pool, the first time in a term: a predecessor's may be left).
+    async fn spare(&self, l: &mut Leader) -> Result<(), StoreError> {
+        let held = l.sched.room_held();
+        let changed: Vec<(PoolName, Resources)> = match &l.spared {
+            Some(before) => {
+                let mut pools: BTreeSet<&PoolName> = before.keys().collect();
+                pools.extend(held.keys());
+                pools
+                    .into_iter()
+                    .filter(|pool| before.get(*pool) != held.get(*pool))
+                    .map(|pool| (pool.clone(), held.get(pool).cloned().unwrap_or_default()))
+                    .collect()
+            }
+            None => l
+                .pools
+                .pools_after(None, usize::MAX, self.now())
+                .into_iter()
+                .map(|view| {
+                    let spared = held.get(&view.name).cloned().unwrap_or_default();
+                    (view.name, spared)
+                })
+                .collect(),
+        };
+        for chunk in changed.chunks(STEPS_AT_ONCE) {
+            let written = chunk.iter().map(|(pool, spared)| self.spare_pool(pool.clone(), spared, l.fencing));
+            if let Some(Err(err)) = futures_util::future::join_all(written).await.into_iter().find(Result::is_err) {
+                return Err(err);
+            }
+        }
+        l.spared = Some(held);
         Ok(())
     }
 
@@ -431,6 +468,7 @@ impl RedisStore {
             unfinished: Vec::new(),
             mirror_read: Some(Instant::now()),
             executors_read: None,
+            spared: None,
         };
         let mut outcome = pools_gone(&mut leader, self.now());
         let seeds = std::mem::take(&mut *self.inner.apps.seeds.lock().unwrap_or_else(|p| p.into_inner()));

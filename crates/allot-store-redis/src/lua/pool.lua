@@ -3,7 +3,9 @@
 --   Q:pool      hash: capacity, stopped (0/1), stat_accepted, stat_offer_expired, stat_freed,
 --               stat_reclaimed, labels (a JSON object), occupied (held by things allot does not
 --               manage: never offered), cordon_since and drain_at (ms; absent when not
---               cordoned, not drained); the pool exists iff this key does
+--               cordoned, not drained), spared (the room the scheduler holds for preemptors:
+--               never offered, and left free by every alloc but the scheduler's own); the pool
+--               exists iff this key does
 --   Q:allocs    hash alloc id -> live alloc (JSON: r resources, o owner, l labels, c created,
 --               k last keepalive or 0, e expires, m its owner's metadata as JSON text, kept as
 --               a string so that cjson never rewrites it)
@@ -142,6 +144,9 @@ end
 
 local function cordoned() return redis.call('HEXISTS', K_POOL, 'cordon_since') == 1 end
 
+-- The room the scheduler holds here for preemptors (set by `spare`).
+local function spared() return parse(redis.call('HGET', K_POOL, 'spared') or '') end
+
 local function view()
   local p = redis.call('HMGET', K_POOL, 'capacity', 'stopped', 'stat_accepted', 'stat_offer_expired', 'stat_freed',
     'stat_reclaimed', 'labels', 'occupied', 'cordon_since', 'drain_at')
@@ -248,7 +253,14 @@ elseif op == 'cordon' then
   return view()
 elseif op == 'offer' then
   if redis.call('HGET', K_POOL, 'stopped') == '1' or cordoned() then return { 'offer', '' } end
-  return { 'offer', format(sub(usable(), held(load_allocs(), true))) }
+  return { 'offer', format(sub(sub(usable(), held(load_allocs(), true)), spared())) }
+elseif op == 'spare' then
+  -- spare(resources ('' for none), fencing): the room the scheduler holds here for preemptors,
+  -- in its term (fenced as its held allocs are).
+  local deposed = sched_fence(ARGV[3])
+  if deposed then return deposed end
+  if ARGV[2] == '' then redis.call('HDEL', K_POOL, 'spared') else redis.call('HSET', K_POOL, 'spared', ARGV[2]) end
+  return { 'spared' }
 elseif op == 'accept' then
   -- accept(id, min, max (at least min: `AllocRequest::upper`), owner, labels JSON, initial lease ms,
   -- held, fencing, metadata ('' for none)): with held = '1', an alloc the scheduler holds for a task: no lease (`h`, and an expiry
@@ -271,6 +283,8 @@ elseif op == 'accept' then
   local capacity = parse(redis.call('HGET', K_POOL, 'capacity'))
   if not fits(capacity, want_min) then return { 'err', 'exceeds_capacity', ARGV[3], format(capacity) } end
   capacity = usable()
+  -- Every alloc but the scheduler's own leaves the room held for preemptors free.
+  if ARGV[8] ~= '1' then capacity = sub(capacity, spared()) end
   local allocs = load_allocs()
   local used = held(allocs, false)
   local lapsed = {}

@@ -5,7 +5,7 @@ use allot_core::pools::{
     Alloc, AllocId, AllocNotes, AllocRequest, AllocState, CordonOrder, EndedAlloc, Labels, Offer, PoolChange,
     PoolError, PoolName, PoolSettings, PoolView,
 };
-use allot_core::Resources;
+use allot_core::{Effects, Resources};
 use async_trait::async_trait;
 
 use super::ops::{Key, Op, Table};
@@ -102,16 +102,28 @@ impl PoolStore for EmbeddedStore {
         self.read_pools(|pools, now| pools.pool(&name, now))
     }
 
+    /// The room held there for a preemptor is not offered.
     async fn offer(&self, name: PoolName) -> Result<Option<Offer>, StoreError> {
-        self.read_pools(|pools, now| pools.offer(&name, now))
+        self.read_state(|state, now| {
+            let spared = state.sched.room_held().remove(&name).unwrap_or_default();
+            Ok(state.pools.offer_sparing(&name, now, &spared)?)
+        })
     }
 
+    /// The room held there for a preemptor is left free.
     async fn accept(&self, name: PoolName, request: AllocRequest) -> Result<Alloc, StoreError> {
         // Ids are drawn at random [Reflow `newID`]; a taken one is drawn again.
         loop {
             let id = AllocId(self.shared.ids.next_u64());
             let request = request.clone();
-            match self.mutate_pools(|pools, now| pools.accept(&name, request, id, now)).await {
+            let accepted = self
+                .commit(|state, now| {
+                    let spared = state.sched.room_held().remove(&name).unwrap_or_default();
+                    let (alloc, changes) = state.pools.accept_sparing(&name, request, id, now, &spared)?;
+                    Ok((alloc, Effects::default(), changes))
+                })
+                .await;
+            match accepted {
                 Err(StoreError::Pools(PoolError::AllocIdTaken { .. })) => continue,
                 res => return res,
             }

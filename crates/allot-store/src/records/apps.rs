@@ -108,11 +108,14 @@ pub struct AppRecord {
     /// Its priority (an older record: 0) and the class it came from.
     pub priority: Option<i32>,
     pub priority_class: Option<String>,
+    /// The pools where room is held for its gang's members (`App::held`).
+    #[serde(default)]
+    pub held: Vec<String>,
 }
 
 /// The fields [`AppRecord`] gained since the format began (an empty list is one zero byte, as
 /// a `None` is).
-pub const APP_FIELDS_ADDED: usize = 5;
+pub const APP_FIELDS_ADDED: usize = 6;
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct TaskRecord {
@@ -325,6 +328,7 @@ impl AppRecord {
             queue_rule: spec.queue_rule.as_ref().map(|p| (p.rule.clone(), p.create)),
             priority: spec.priority.value,
             priority_class: spec.priority.class.clone(),
+            held: app.held.iter().map(|pool| pool.to_string()).collect(),
         }
     }
 
@@ -387,6 +391,7 @@ impl AppRecord {
             completing_since: self.completing_since,
             reason: self.reason,
             ended_at: self.ended_at,
+            held: self.held.iter().map(|pool| PoolName::new(pool).map_err(|e| r.err(e))).collect::<Result<_, _>>()?,
         })
     }
 }
@@ -586,19 +591,21 @@ mod tests {
             queue_rule: Some(("user".into(), true)),
             priority: Some(7),
             priority_class: Some("high".into()),
+            held: vec!["p".into(), "q".into()],
         };
         let bytes = crate::records::encode(&record);
         assert_eq!(decode_app("a", &bytes).unwrap(), record);
-        // Before the priority, the placement and the groups: they read as none.
+        // Before the held room, the priority, the placement and the groups: they read as none.
         let newer = AppRecord {
             user_groups: Vec::new(),
             queue_rule: None,
             priority: None,
             priority_class: None,
+            held: Vec::new(),
             ..record.clone()
         };
         let older = crate::records::encode(&newer);
-        let older = &older[..older.len() - 4];
+        let older = &older[..older.len() - 5];
         assert_eq!(decode_app("a", older).unwrap(), AppRecord { max_parallelism: Some(3), ..newer.clone() });
         // Before the parallelism too.
         let older = crate::records::encode(&AppRecord { max_parallelism: None, ..newer });

@@ -97,6 +97,52 @@ async fn a_release_wakes_the_waiter_and_sigterm_answers_waiters() {
     assert_eq!(after.grant.unwrap().fencing, 3);
 }
 
+/// The daemon's open sockets (its listener and its connections), from `/proc`.
+fn sockets(pid: u32) -> usize {
+    let fds = std::fs::read_dir(format!("/proc/{pid}/fd")).unwrap();
+    fds.filter_map(Result::ok)
+        .filter(|fd| std::fs::read_link(fd.path()).is_ok_and(|to| to.to_string_lossy().starts_with("socket:")))
+        .count()
+}
+
+/// A client over HTTP/2 keeps its many waiters on one connection: the daemon holds no socket per
+/// waiter, and hands the quota to them in their order as it frees.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn waiters_of_an_http2_client_share_one_connection_and_are_served_in_order() {
+    const WAITERS: usize = 60;
+    let (_dir, data) = data_dir();
+    let daemon = Daemon::start(&data, &["--quota", "gpu=1"]);
+    let client = allot_client::Client::new_http2(&daemon.url).unwrap();
+    let before = sockets(daemon.pid());
+    client.allocate("gpu", "holder", &Allocate::default()).await.unwrap();
+    let mut waiting = Vec::with_capacity(WAITERS);
+    for i in 0..WAITERS {
+        let asking = client.clone();
+        let token = format!("w{i:02}");
+        waiting.push(tokio::spawn(async move {
+            asking.allocate("gpu", &token, &Allocate { wait_ms: Some(60_000), ..Allocate::default() }).await
+        }));
+        // In order: each is queued before the next asks.
+        let queued =
+            eventually(Duration::from_secs(10), async || client.waiters("gpu").await.unwrap().waiters.len() == i + 1)
+                .await;
+        assert!(queued, "waiter {i} is queued");
+    }
+    let during = sockets(daemon.pid());
+    assert!(
+        during <= before + 2,
+        "{WAITERS} waiters over HTTP/2 hold {during} sockets of the daemon (before: {before})"
+    );
+    let mut holder = "holder".to_owned();
+    for (i, waiter) in waiting.into_iter().enumerate() {
+        client.release("gpu", &holder, None).await.unwrap();
+        let answer = waiter.await.unwrap().unwrap();
+        assert_eq!(answer.status, Status::Granted, "waiter {i}");
+        holder = answer.grant.unwrap().token;
+        assert_eq!(holder, format!("w{i:02}"), "served in the queue's order");
+    }
+}
+
 /// SIGTERM sent the moment the daemon prints its address (while it still starts its executor and
 /// sources) ends it cleanly: the signal is listened for from the start, not only once it serves.
 #[test]

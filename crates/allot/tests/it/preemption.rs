@@ -9,7 +9,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use allot_client::{AddTask, Client, PutQueue, SubmitApp};
+use allot_client::{Accept, AddTask, Client, PutQueue, SubmitApp};
 use allot_core::Resources;
 use allot_store_redis::testing::RedisServer;
 
@@ -212,4 +212,117 @@ async fn preemption_never_breaks_a_gang_on_either_store() {
     let on = scheduler_and_runner(&redis, &["--pool", "w=cpu=4", "--run-pool", "w"]).await;
     queues(&on.second.client()).await;
     never_overcommitted(on.second.client(), gang_kept(&on.second.client())).await;
+}
+
+/// Two tasks fill the pool; a gang of two in a queue below its guarantee preempts both at once,
+/// is reserved once they have ended, runs and completes; then they run again.
+async fn gang_preempts(client: &Client) {
+    let gold = PutQueue { guaranteed: Some("cpu=2".into()), preemption_delay_ms: Some(0), ..PutQueue::default() };
+    client.put_queue("root.gold", &gold).await.unwrap();
+    client.put_queue("root.batch", &PutQueue::default()).await.unwrap();
+    let batch = app("batch", "root.batch", vec![sleeper("b0", 3600.0), sleeper("b1", 3600.0)]);
+    client.submit_app(&batch).await.unwrap();
+    let both = eventually(Duration::from_secs(20), async || {
+        running(client, "batch", "b0").await && running(client, "batch", "b1").await
+    })
+    .await;
+    assert!(both, "the batch runs: {:?}", client.tasks("batch").await.unwrap().tasks);
+    let member = |id: &str| AddTask { group: Some("pair".into()), ..sleeper(id, 0.2) };
+    let gang = serde_json::json!({
+        "id": "gang", "queue": "root.gold", "user": "me",
+        "task_groups": [{ "name": "pair", "min_members": 2, "min_resources": "cpu=1" }],
+    });
+    let gang = SubmitApp { tasks: vec![member("m0"), member("m1")], ..serde_json::from_value(gang).unwrap() };
+    client.submit_app(&gang).await.unwrap();
+    let done = eventually(Duration::from_secs(30), async || {
+        client.app("gang").await.is_ok_and(|app| app.tasks.get("Completed") == Some(&2))
+    })
+    .await;
+    assert!(done, "the gang ran: {:?} {:?}", client.app("gang").await, client.tasks("batch").await);
+    let again = eventually(Duration::from_secs(30), async || {
+        running(client, "batch", "b0").await && running(client, "batch", "b1").await
+    })
+    .await;
+    let tasks = client.tasks("batch").await.unwrap().tasks;
+    assert!(again, "the batch runs again once room is back: {tasks:?}");
+    for task in &tasks {
+        assert_eq!(task.preemptions, 1, "both taken for the gang, once: {task:?}");
+        let run = client.task_run("batch", &task.id).await.unwrap();
+        assert_eq!((run.system_failures, run.user_failures), (1, 0), "{run:?}");
+        let reason = run.events.iter().filter_map(|e| e.error.as_ref()).find(|err| err.code == "preempted");
+        assert!(reason.is_some_and(|err| err.message.contains("gang/pair")), "{run:?}");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_gang_below_its_guarantee_preempts_for_all_its_members_on_either_store() {
+    let (_dir, data) = data_dir();
+    let daemon = Daemon::start(&data, &["--pool", "w=cpu=2", "--run-pool", "w"]);
+    never_overcommitted(daemon.client(), gang_preempts(&daemon.client())).await;
+    drop(daemon);
+
+    let redis = RedisServer::start();
+    let on = scheduler_and_runner(&redis, &["--pool", "w=cpu=2", "--run-pool", "w"]).await;
+    never_overcommitted(on.second.client(), gang_preempts(&on.second.client())).await;
+}
+
+/// A task on its own (no type: run by whoever reports it), placed where no executor runs.
+fn untyped(id: &str, resources: &str) -> AddTask {
+    serde_json::from_value(serde_json::json!({ "id": id, "resources": resources })).unwrap()
+}
+
+/// Two tasks hold two of the pool's three cpus; a task of a queue below its guarantee needs two:
+/// it preempts one and the room held for it is the free cpu and the victim's. While the victim
+/// runs on, an outside worker is offered none of it and may not take it (Reflow's client side);
+/// once the victim ends, the preemptor takes it all.
+async fn held_room_is_no_outsiders(client: &Client) {
+    let gold = PutQueue { guaranteed: Some("cpu=2".into()), preemption_delay_ms: Some(0), ..PutQueue::default() };
+    client.put_queue("root.gold", &gold).await.unwrap();
+    client.put_queue("root.batch", &PutQueue::default()).await.unwrap();
+    client.submit_app(&app("batch", "root.batch", vec![untyped("b0", "cpu=1"), untyped("b1", "cpu=1")])).await.unwrap();
+    let placed = eventually(Duration::from_secs(20), async || {
+        let tasks = client.tasks("batch").await.unwrap().tasks;
+        tasks.iter().all(|t| t.state == "Allocated")
+    })
+    .await;
+    assert!(placed, "the batch is placed: {:?}", client.tasks("batch").await);
+    let free = client.offers("w").await.unwrap().offers;
+    assert_eq!(free.iter().map(|o| o.available.as_str()).collect::<Vec<_>>(), ["cpu=1"], "one cpu free");
+    client.submit_app(&app("gold", "root.gold", vec![untyped("g", "cpu=2")])).await.unwrap();
+    let mut victim = None;
+    let chosen = eventually(Duration::from_secs(20), async || {
+        let tasks = client.tasks("batch").await.unwrap().tasks;
+        victim = tasks.iter().find(|t| t.preempting.is_some()).map(|t| t.id.clone());
+        victim.is_some()
+    })
+    .await;
+    assert!(chosen, "a victim is chosen: {:?}", client.tasks("batch").await);
+    let victim = victim.unwrap();
+    assert_eq!(client.task("gold", "g").await.unwrap().held_on.as_deref(), Some("w"));
+    // The free cpu is held for gold: not offered, not taken by an outside alloc.
+    assert!(client.offers("w").await.unwrap().offers.is_empty(), "the room held is not offered");
+    let outside = Accept { min: "cpu=1".into(), owner: Some("outside".into()), ..Accept::default() };
+    let refused = client.accept("w", "1", &outside).await;
+    assert_eq!(refused.as_ref().err().and_then(|e| e.code()), Some("offer_expired"), "{refused:?}");
+    // The victim ends (its owner reports it done): gold takes the room, all of it.
+    client.complete_task("batch", &victim).await.unwrap();
+    let gold_placed = eventually(Duration::from_secs(20), async || {
+        client.task("gold", "g").await.is_ok_and(|t| t.state == "Allocated")
+    })
+    .await;
+    assert!(gold_placed, "gold is placed: {:?}", client.task("gold", "g").await);
+    let refused = client.accept("w", "1", &outside).await;
+    assert_eq!(refused.as_ref().err().and_then(|e| e.code()), Some("offer_expired"), "{refused:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn room_held_for_a_preemptor_is_neither_offered_nor_taken_by_an_outside_alloc_on_either_store() {
+    let (_dir, data) = data_dir();
+    let daemon = Daemon::start(&data, &["--pool", "w=cpu=3"]);
+    never_overcommitted(daemon.client(), held_room_is_no_outsiders(&daemon.client())).await;
+    drop(daemon);
+
+    let redis = RedisServer::start();
+    let on = scheduler_and_runner(&redis, &["--pool", "w=cpu=3"]).await;
+    never_overcommitted(on.second.client(), held_room_is_no_outsiders(&on.second.client())).await;
 }

@@ -92,6 +92,11 @@ impl Daemon {
         assert!(status.success(), "kill -{name}");
     }
 
+    /// The daemon's process id.
+    pub(crate) fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
     pub(crate) fn address(&self) -> String {
         self.url.trim_start_matches("http://").to_owned()
     }

@@ -94,9 +94,16 @@ const MAX_PLANS_PER_CYCLE: usize = 16;
 /// The most tasks still inside their delay one cycle says whom they would preempt for.
 const MAX_PREVIEWS_PER_CYCLE: usize = 4;
 
-/// A task that may preempt, in the order a cycle's preemptions take them (the greatest first):
-/// whether its queue is below its guarantee, its priority, how early it was added.
-type Waiting = (bool, i32, Reverse<u64>, TaskRef);
+/// What may preempt, in the order a cycle's preemptions take them (the greatest first): whether
+/// its queue is below its guarantee, its priority, how early it was added.
+type Waiting = (bool, i32, Reverse<u64>, Wants);
+
+/// A task that found no room, or an application whose gang found none.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
+enum Wants {
+    Task(TaskRef),
+    Gang(AppId),
+}
 
 const OWN_APPLICATION: &str = "the tasks that hold the room are of its own application";
 const BEING_PREEMPTED: &str = "the tasks that hold the room are being preempted already";
@@ -105,6 +112,7 @@ const BEING_PREEMPTED: &str = "the tasks that hold the room are being preempted 
 /// index in the room), those not marked by this cycle, and those it marked counted by
 /// application (refused without a look up). What a plan reads of a task is read once, when
 /// listed: during a cycle's planning nothing changes a placed task but its mark.
+#[derive(Clone)]
 struct Placed {
     at: Vec<(Vec<Listed>, HashMap<usize, usize>)>,
     /// The applications with placed tasks, and their queues.
@@ -119,6 +127,7 @@ struct Placed {
 }
 
 /// A placed task as plans read it.
+#[derive(Clone)]
 struct Listed {
     /// Its application, by its index in `Placed::apps`.
     app: usize,
@@ -151,6 +160,23 @@ impl Placed {
     }
 }
 
+/// What a plan makes room for: a task, or a member of a gang.
+#[derive(Clone, Copy)]
+struct Want<'a> {
+    app: &'a AppId,
+    leaf: &'a QueuePath,
+    wanted: &'a Resources,
+    selector: &'a crate::pools::Labels,
+    priority: i32,
+    /// Whether the preemptor's queues are below their guarantees with it placed.
+    below: bool,
+}
+
+/// What every member of an application's gang holds together.
+fn gang_total(app: &crate::apps::App) -> Resources {
+    app.gang_members().iter().fold(Resources::new(), |sum, m| sum.checked_add(&m.2).unwrap_or(sum))
+}
+
 /// Victims on one pool for one preemptor.
 struct Plan {
     spot: usize,
@@ -162,7 +188,7 @@ struct Plan {
 /// What preemptions decided and not yet carried out will move, per queue (and every queue above
 /// it): what the victims being preempted will leave, what the tasks with room held will take.
 /// Guarantees are judged on usage after both.
-#[derive(Default)]
+#[derive(Default, Clone)]
 struct Flows {
     leaving: HashMap<QueuePath, Resources>,
     arriving: HashMap<QueuePath, Resources>,
@@ -249,17 +275,44 @@ impl Scheduler {
             task(key).is_some_and(|t| t.state == TaskState::Pending && t.held.as_ref() == Some(pool))
         });
         self.victims.retain(|key, _| task(key).is_some_and(|t| t.preempting.is_some()));
-        if self.holders.is_empty() {
-            return HashMap::new();
+        let apps = &self.apps;
+        self.gang_holders.retain(|app| apps.get(app).is_some_and(|a| a.awaits_gang() && !a.held.is_empty()));
+        self.room_held().into_iter().collect()
+    }
+
+    /// The room held on each pool for preemptors: what the tasks and gangs that preempted still
+    /// need there beyond what the tasks being preempted there will free. Every placement but a
+    /// holder's, the scheduler's own and an outside worker's alike, is to leave it free.
+    pub fn room_held(&self) -> std::collections::BTreeMap<PoolName, Resources> {
+        let mut held = std::collections::BTreeMap::new();
+        if self.holders.is_empty() && self.gang_holders.is_empty() {
+            return held;
         }
-        let mut held: HashMap<PoolName, Resources> = HashMap::new();
+        let task = |key: &TaskRef| self.tasks.get(&key.0).and_then(|t| t.get(&key.1));
+        let mut add = |pool: &PoolName, resources: &Resources| {
+            let sum: &mut Resources = held.entry(pool.clone()).or_default();
+            *sum = sum.checked_add(resources).unwrap_or_else(|| sum.clone());
+        };
         for (key, pool) in &self.holders {
-            let Some(t) = task(key) else { continue };
-            let sum = held.entry(pool.clone()).or_default();
-            *sum = sum.checked_add(&t.spec.resources).unwrap_or_else(|| sum.clone());
+            // An entry not (or no longer) so in its task is stale: it holds nothing.
+            let Some(t) = task(key).filter(|t| t.state == TaskState::Pending && t.held.as_ref() == Some(pool)) else {
+                continue;
+            };
+            add(pool, &t.spec.resources);
+        }
+        for app in self.gang_holders.iter().filter_map(|app| self.apps.get(app)) {
+            if !app.awaits_gang() {
+                continue;
+            }
+            for ((_, _, wanted, _, _), pool) in app.gang_members().iter().zip(&app.held) {
+                add(pool, wanted);
+            }
         }
         for key in self.victims.keys() {
-            let Some(placement) = task(key).and_then(|t| t.placement.as_ref()) else { continue };
+            let Some(placement) = task(key).filter(|t| t.preempting.is_some()).and_then(|t| t.placement.as_ref())
+            else {
+                continue;
+            };
             if let Some(sum) = held.get_mut(&placement.pool) {
                 *sum = sum.saturating_sub(&placement.resources);
             }
@@ -448,6 +501,15 @@ impl Scheduler {
                 eligible.then(|| self.preemption_order(t, &flows))
             })
             .collect();
+        // And each gang that found no room, holding none.
+        let gangs: Vec<Waiting> = self
+            .why_app
+            .iter()
+            .filter(|(_, why)| matches!(why, Why::GangNotReserved { cause: Some(cause), .. } if matches!(**cause, Why::NoRoom { .. })))
+            .filter_map(|(app, _)| self.apps.get(app).filter(|a| a.awaits_gang() && a.held.is_empty()))
+            .map(|app| self.gang_order(app, &flows))
+            .collect();
+        waiting.extend(gangs);
         // Planning reads the allocs of every pool a task may use: a cycle's plans look at a
         // bounded number of pools and placed tasks, and it plans for one task of an application
         // whose plan failed; a shape that failed is not planned again.
@@ -459,7 +521,28 @@ impl Scheduler {
         let mut cache = PlanCache::default();
         // Each leaf's delay, read once.
         let mut delays: HashMap<QueuePath, u64> = HashMap::new();
-        while let Some((restored, priority, _, key)) = waiting.pop() {
+        while let Some((restored, priority, _, wants)) = waiting.pop() {
+            let key = match wants {
+                Wants::Task(key) => key,
+                Wants::Gang(app) => {
+                    if restored {
+                        let now = self.gang_order(&self.apps[&app], &flows);
+                        if !now.0 {
+                            waiting.push(now);
+                            continue;
+                        }
+                    }
+                    if placed
+                        .as_ref()
+                        .is_some_and(|p| cache.looked >= MAX_PLANS_PER_CYCLE * (p.count + p.at.len()).max(1))
+                    {
+                        break;
+                    }
+                    let placed = placed.get_or_insert_with(|| self.placed_by_pool(&cycle.room));
+                    self.preempt_for_gang(&app, world, cycle, &mut flows, placed, &mut cache);
+                    continue;
+                }
+            };
             let task = &self.tasks[&key.0][&key.1];
             // The room held since it was ordered may have filled its queue's guarantee: then it
             // comes in again where it now belongs (this only goes from restoring to not).
@@ -547,7 +630,256 @@ impl Scheduler {
     /// Where a waiting task comes in the cycle's preemptions ([`Waiting`]).
     fn preemption_order(&self, task: &crate::apps::Task, flows: &Flows) -> Waiting {
         let restores = self.below_guarantee(&self.apps[&task.app].spec.queue, &task.spec.resources, flows);
-        (restores, task.spec.priority.value(), Reverse(task.seq), (task.app.clone(), task.spec.id.clone()))
+        (restores, task.spec.priority.value(), Reverse(task.seq), Wants::Task((task.app.clone(), task.spec.id.clone())))
+    }
+
+    /// Where a waiting gang comes in the cycle's preemptions: as a task of its application's
+    /// priority asking for every member at once.
+    fn gang_order(&self, app: &crate::apps::App, flows: &Flows) -> Waiting {
+        let restores = self.below_guarantee(&app.spec.queue, &gang_total(app), flows);
+        (restores, self.app_priority(&app.spec.id), Reverse(app.seq), Wants::Gang(app.spec.id.clone()))
+    }
+
+    /// A gang that found no room preempts for all its members at once, or not at all: victims
+    /// for each member (on as many pools as it takes), the room held for each until the gang
+    /// is reserved. Whether it may, and whom it may take, go by the rules of a task's
+    /// preemption, its delay counted from its submission.
+    fn preempt_for_gang(
+        &mut self,
+        app_id: &AppId,
+        world: &World<'_>,
+        cycle: &mut Cycle<'_>,
+        flows: &mut Flows,
+        placed: &mut Placed,
+        cache: &mut PlanCache,
+    ) {
+        let app = &self.apps[app_id];
+        let may_from = app.submitted.saturating_add(self.preemption_delay(&app.spec.queue));
+        if cycle.now < may_from {
+            self.next_preemption = Some(self.next_preemption.map_or(may_from, |n| n.min(may_from)));
+            let said = Preemption::In { seconds: (may_from - cycle.now).div_ceil(1000), whom: None };
+            self.gang_waits(app_id, said);
+            return;
+        }
+        match self.plan_gang(app_id, world, cycle, flows, placed, cache) {
+            Ok(plans) => {
+                for plan in &plans {
+                    placed.mark(plan.spot, &plan.victims);
+                    cache.taken_from(plan.spot);
+                }
+                self.carry_out_gang(app_id, plans, cycle, flows);
+            }
+            Err(said) => self.gang_waits(app_id, Preemption::Cannot(said)),
+        }
+    }
+
+    /// A gang with no room says what preemption says of it too.
+    fn gang_waits(&mut self, app_id: &AppId, preemption: Preemption) {
+        if let Some(why) = self.why_app.get_mut(app_id) {
+            let room = std::mem::replace(why, Why::AfterGang);
+            *why = Why::NoRoomYet { room: Box::new(room), preemption };
+        }
+    }
+
+    /// Victims for every member of the gang, in order, each plan made on the room and the
+    /// placed tasks as the plans before it leave them; or why there are none.
+    fn plan_gang(
+        &self,
+        app_id: &AppId,
+        world: &World<'_>,
+        cycle: &mut Cycle<'_>,
+        flows: &Flows,
+        placed: &Placed,
+        cache: &mut PlanCache,
+    ) -> Result<Vec<Plan>, String> {
+        let app = &self.apps[app_id];
+        let members = app.gang_members();
+        let mut units: std::collections::BTreeMap<&crate::names::NamespaceName, u64> = Default::default();
+        for need in members.iter().flat_map(|m| &m.4) {
+            *units.entry(&need.namespace).or_default() += need.units;
+        }
+        for (namespace, units) in units {
+            if world.ledger.room_for(namespace, units).is_err() {
+                return Err(format!(
+                    "it cannot preempt: the tokens its gang needs of `{namespace}` are short as well, and preemption \
+                     frees pools, not tokens"
+                ));
+            }
+        }
+        let below = self.below_guarantee(&app.spec.queue, &gang_total(app), flows);
+        // As its reservation would: on the pools live executors run if it can, else on the others.
+        let types = self.gang_types(app_id, cycle.room.typed);
+        let sides: &[Option<bool>] = match cycle.room.typed && types.iter().all(Option::is_none) {
+            true => &[Some(true), Some(false)],
+            false => &[None],
+        };
+        let mut said = String::new();
+        for side in sides {
+            let allowed = self.allowed(app_id, &types, *side, cycle);
+            match self.plan_members(app_id, &members, below, allowed.as_ref(), cycle, flows, placed, cache) {
+                Ok(plans) => return Ok(plans),
+                Err(why) => said = why,
+            }
+        }
+        Err(said)
+    }
+
+    /// [`Scheduler::plan_gang`] on the pools `allowed`.
+    #[allow(clippy::too_many_arguments)]
+    fn plan_members(
+        &self,
+        app_id: &AppId,
+        members: &[crate::apps::GangMember],
+        below: bool,
+        allowed: Option<&super::Allowed>,
+        cycle: &Cycle<'_>,
+        flows: &Flows,
+        placed: &Placed,
+        cache: &mut PlanCache,
+    ) -> Result<Vec<Plan>, String> {
+        let leaf = &self.apps[app_id].spec.queue;
+        let priority = self.app_priority(app_id);
+        let (mut room, mut placed, mut flows) = (cycle.room.clone(), placed.clone(), flows.clone());
+        let mut plans = Vec::with_capacity(members.len());
+        for (_, _, wanted, selector, _) in members {
+            // Plans read what is free in `room`, which changes from member to member.
+            cache.free_fits = None;
+            if let Ok(spot) = room.best_fit(wanted, selector, &HashMap::new(), allowed) {
+                room.take(spot, wanted);
+                plans.push(Plan { spot, victims: Vec::new(), below });
+                continue;
+            }
+            let want = Want { app: app_id, leaf, wanted, selector, priority, below };
+            let plan = match self.plan_for(&want, allowed, &room, &flows, &placed, cache) {
+                Ok(plan) => plan,
+                Err(said) => {
+                    cache.free_fits = None;
+                    return Err(said);
+                }
+            };
+            let freed = plan.victims.iter().fold(Resources::new(), |sum, (_, r)| sum.checked_add(r).unwrap_or(sum));
+            room.set_free(plan.spot, |free| {
+                free.checked_add(&freed).unwrap_or_else(|| free.clone()).saturating_sub(wanted)
+            });
+            placed.mark(plan.spot, &plan.victims);
+            for ((victim_app, _), resources) in &plan.victims {
+                add_up(&mut flows.leaving, &self.apps[victim_app].spec.queue, resources);
+            }
+            plans.push(plan);
+        }
+        cache.free_fits = None;
+        if plans.iter().all(|plan| plan.victims.is_empty()) {
+            return Err("it cannot preempt: its gang finds room without taking any task, on pools it may not use yet"
+                .to_owned());
+        }
+        Ok(plans)
+    }
+
+    /// Marks every member's victims and holds the room of every member for the gang.
+    fn carry_out_gang(&mut self, app_id: &AppId, plans: Vec<Plan>, cycle: &mut Cycle<'_>, flows: &mut Flows) {
+        let Some(app) = self.apps.get(app_id) else { return };
+        let members = app.gang_members();
+        let Some(Ok(by)) = members.first().map(|m| TaskId::new(m.0.as_str()).map(|group| (app_id.clone(), group)))
+        else {
+            return;
+        };
+        let (leaf, total) = (app.spec.queue.clone(), gang_total(app));
+        let reason = match plans.first().is_some_and(|plan| plan.below) {
+            true => "its queue is below its guarantee (for its gang)".to_owned(),
+            false => format!("it has a higher priority ({}, for its gang)", self.app_priority(app_id)),
+        };
+        let mut held = Vec::with_capacity(plans.len());
+        let mut names = Vec::new();
+        let mut shown: Option<PoolName> = None;
+        for ((_, _, wanted, _, _), plan) in members.iter().zip(plans) {
+            let pool = cycle.room.spots[plan.spot].name.clone();
+            if !plan.victims.is_empty() && shown.is_none() {
+                shown = Some(pool.clone());
+            }
+            let freed = self.mark_victims(&by, &plan.victims, &reason, cycle, flows, &mut names);
+            self.hold(plan.spot, &wanted.saturating_sub(&freed), cycle);
+            held.push(pool);
+        }
+        add_up(&mut flows.arriving, &leaf, &total);
+        if let Some(app) = self.apps.get_mut(app_id) {
+            app.held = held;
+            cycle.out.apps.push(AppChange::App(app.clone()));
+        }
+        self.gang_holders.insert(app_id.clone());
+        self.stats.preemption_decisions += 1;
+        if let Some(pool) = shown {
+            let grace_ms = self.config.preemption_grace_ms;
+            self.why_app.insert(app_id.clone(), Why::Preempting { pool, victims: names, grace_ms });
+        }
+    }
+
+    /// Before a gang's reservation: the room held for its members is given back to the room,
+    /// so that it may take it. Answers what was given back, by spot, and whether a pool it held
+    /// room on is gone or down; `None` when it holds no room.
+    pub(super) fn unhold_gang(&self, app_id: &AppId, cycle: &mut Cycle<'_>) -> Option<(Vec<(usize, Resources)>, bool)> {
+        if !self.gang_holders.contains(app_id) {
+            return None;
+        }
+        let app = self.apps.get(app_id).filter(|app| !app.held.is_empty())?;
+        let (mut given, mut lost) = (Vec::with_capacity(app.held.len()), false);
+        for ((_, _, wanted, _, _), pool) in app.gang_members().iter().zip(&app.held) {
+            let Some(i) = cycle.room.spot_of(pool) else {
+                lost = true;
+                continue;
+            };
+            let portion = cycle.held.get(&i).map(|h| h.min(wanted)).unwrap_or_default();
+            cycle.room.give_back(i, &portion);
+            if let Some(h) = cycle.held.get_mut(&i) {
+                *h = h.saturating_sub(&portion);
+            }
+            given.push((i, portion));
+        }
+        Some((given, lost))
+    }
+
+    /// After a gang's reservation: reserved, or with no victim left to wait for, or a pool it
+    /// held room on lost, it holds nothing any more (and, not reserved, may preempt again);
+    /// else the room is held again, and it says so.
+    pub(super) fn rehold_gang(
+        &mut self,
+        app_id: &AppId,
+        (given, lost): (Vec<(usize, Resources)>, bool),
+        reserved: Result<(), Why>,
+        cycle: &mut Cycle<'_>,
+    ) -> Result<(), Why> {
+        let mut victims: Vec<String> = Vec::new();
+        let mut pool = None;
+        for ((app, task), (by, _)) in &self.victims {
+            if by.as_ref().is_some_and(|by| by.0 == *app_id) {
+                victims.push(format!("{app}/{task}"));
+                if pool.is_none() {
+                    pool = self
+                        .tasks
+                        .get(app)
+                        .and_then(|t| t.get(task))
+                        .and_then(|t| t.placement.as_ref())
+                        .map(|p| p.pool.clone());
+                }
+            }
+        }
+        match (reserved, lost, pool) {
+            (Err(_), false, Some(pool)) => {
+                for (i, portion) in given {
+                    self.hold(i, &portion, cycle);
+                }
+                Err(Why::Preempting { pool, victims, grace_ms: self.config.preemption_grace_ms })
+            }
+            (reserved, ..) => {
+                self.gang_holders.remove(app_id);
+                if let Some(app) = self.apps.get_mut(app_id) {
+                    if !app.held.is_empty() {
+                        app.held.clear();
+                        cycle.out.apps.push(AppChange::App(app.clone()));
+                    }
+                }
+                reserved
+            }
+        }
     }
 
     /// What the tasks with room held for them will use once placed, per queue (and every queue
@@ -557,6 +889,11 @@ impl Scheduler {
         for key in self.holders.keys() {
             let Some(task) = self.tasks.get(&key.0).and_then(|t| t.get(&key.1)) else { continue };
             add_up(&mut arriving, &self.apps[&key.0].spec.queue, &task.spec.resources);
+        }
+        for app in self.gang_holders.iter().filter_map(|app| self.apps.get(app)) {
+            if app.awaits_gang() && !app.held.is_empty() {
+                add_up(&mut arriving, &app.spec.queue, &gang_total(app));
+            }
         }
         arriving
     }
@@ -588,11 +925,7 @@ impl Scheduler {
         for (victim, by, _) in marked {
             let Some(task) = self.tasks.get(&victim.0).and_then(|t| t.get(&victim.1)) else { continue };
             let Some(placement) = task.placement.clone() else { continue };
-            let waits = self
-                .tasks
-                .get(&by.0)
-                .and_then(|t| t.get(&by.1))
-                .is_some_and(|t| t.state == TaskState::Pending && t.held.is_some());
+            let waits = self.waits_for_room(&by);
             let path: Vec<QueuePath> =
                 self.apps.get(&by.0).map(|app| app.spec.queue.up_to_root().collect()).unwrap_or_default();
             let leaf = self.apps[&victim.0].spec.queue.clone();
@@ -622,6 +955,18 @@ impl Scheduler {
             }
         }
         leaving
+    }
+
+    /// Whether the preemptor `by` still waits for the room its victims free: a task pending with
+    /// room held for it, or (`by` naming an application waiting for its gang) a gang holding room.
+    fn waits_for_room(&self, by: &TaskRef) -> bool {
+        if let Some(app) = self.apps.get(&by.0).filter(|app| app.awaits_gang()) {
+            return !app.held.is_empty();
+        }
+        self.tasks
+            .get(&by.0)
+            .and_then(|t| t.get(&by.1))
+            .is_some_and(|t| t.state == TaskState::Pending && t.held.is_some())
     }
 
     /// The delay a task of `leaf` waits before it may preempt: the nearest queue's that sets one.
@@ -789,27 +1134,47 @@ impl Scheduler {
                 ));
             }
         }
-        let wanted = task.spec.resources.clone();
-        let selector = task.spec.selector.clone();
-        let priority = task.spec.priority.value();
-        let below = self.below_guarantee(&leaf, &wanted, flows);
-        let of_leaf = match cache.leaves.get(&leaf) {
+        let wanted = &task.spec.resources;
+        let below = self.below_guarantee(&leaf, wanted, flows);
+        let task_type = if cycle.room.typed { self.type_of(&key.0, &key.1) } else { None };
+        let allowed = self.allowed(&key.0, &[task_type], None, cycle);
+        let want = Want {
+            app: &key.0,
+            leaf: &leaf,
+            wanted,
+            selector: &task.spec.selector,
+            priority: task.spec.priority.value(),
+            below,
+        };
+        self.plan_for(&want, allowed.as_ref(), &cycle.room, flows, placed, cache)
+    }
+
+    /// The victims on one pool of `room` that make room for `want`, or why there are none.
+    fn plan_for(
+        &self,
+        want: &Want<'_>,
+        allowed: Option<&super::Allowed>,
+        room: &Room,
+        flows: &Flows,
+        placed: &Placed,
+        cache: &mut PlanCache,
+    ) -> Result<Plan, String> {
+        let Want { app: app_id, leaf, wanted, selector, priority, below } = *want;
+        let of_leaf = match cache.leaves.get(leaf) {
             Some(of_leaf) => of_leaf.clone(),
             None => {
-                let of_leaf = std::rc::Rc::new((leaf.up_to_root().collect(), self.preemption_fence(&leaf)));
+                let of_leaf = std::rc::Rc::new((leaf.up_to_root().collect(), self.preemption_fence(leaf)));
                 cache.leaves.insert(leaf.clone(), of_leaf.clone());
                 of_leaf
             }
         };
         let (path, fence): (&Vec<QueuePath>, &QueuePath) = (&of_leaf.0, &of_leaf.1);
-        let task_type = if cycle.room.typed { self.type_of(&key.0, &key.1) } else { None };
-        let allowed = self.allowed(&key.0, &[task_type], None, cycle);
         let mut refusals = Refusals::default();
         let mut best: Option<((i32, usize, u64), Plan)> = None;
         let mut seen: Vec<Seen> = Vec::new();
-        let own = placed.app_index(&key.0);
-        for (i, spot) in cycle.room.spots.iter().enumerate() {
-            if !selector_matches(&selector, &spot.labels) || allowed.as_ref().is_some_and(|a| !a.takes(i)) {
+        let own = placed.app_index(app_id);
+        for (i, spot) in room.spots.iter().enumerate() {
+            if !selector_matches(selector, &spot.labels) || allowed.is_some_and(|a| !a.takes(i)) {
                 continue;
             }
             // The placed tasks here that may be taken, lowest priority first, then youngest (placed
@@ -840,7 +1205,7 @@ impl Scheduler {
                     None => {
                         let cycle_key = (victim.app, victim_priority, leaf.clone(), priority);
                         let queues = *cache.seen.entry(cycle_key).or_insert_with(|| {
-                            self.seen_from((victim_leaf, victim_priority), (&leaf, path, priority), fence)
+                            self.seen_from((victim_leaf, victim_priority), (leaf, path, priority), fence)
                         });
                         seen.push((victim.app, victim_priority, queues));
                         queues
@@ -855,7 +1220,7 @@ impl Scheduler {
                 };
                 // Restoring a guarantee takes from other queues only: a victim of its own queue
                 // would leave the queue where it was. A higher priority takes within it too.
-                let allowed_by_priority = if below { theirs <= ours && *victim_leaf != leaf } else { theirs < ours };
+                let allowed_by_priority = if below { theirs <= ours && victim_leaf != leaf } else { theirs < ours };
                 if !allowed_by_priority {
                     refusals.note(match below {
                         true => "the tasks that hold the room have a higher priority",
@@ -867,7 +1232,7 @@ impl Scheduler {
             }
             // Nothing to take here: only room already free would do (not expected, as the task
             // found none), and the pool is passed without a look at its sums.
-            if candidates.is_empty() && !cache.free_fits(&cycle.room, i, &wanted) {
+            if candidates.is_empty() && !cache.free_fits(room, i, wanted) {
                 continue;
             }
             candidates.sort_by(|a, b| a.0.cmp(&b.0).then(b.1.cmp(&a.1)));
@@ -875,7 +1240,7 @@ impl Scheduler {
             let mut freed = Resources::new();
             let mut taken: HashMap<QueuePath, Resources> = HashMap::new();
             let mut chosen: Vec<(&Listed, &Resources, &QueuePath)> = Vec::new();
-            let fits = |freed: &Resources| free.checked_add(freed).is_some_and(|room| room.fits(&wanted));
+            let fits = |freed: &Resources| free.checked_add(freed).is_some_and(|room| room.fits(wanted));
             for (_, _, victim, victim_leaf) in candidates {
                 let resources = &placed.shapes[victim.shape];
                 if fits(&freed) {
@@ -910,7 +1275,7 @@ impl Scheduler {
                 }
             }
             let worst = chosen.iter().map(|(v, ..)| v.priority).max().unwrap_or(i32::MIN);
-            let size = chosen.iter().map(|(_, r, _)| r.size(&cycle.room.weights) as u64).sum();
+            let size = chosen.iter().map(|(_, r, _)| r.size(&room.weights) as u64).sum();
             let score = (worst, chosen.len(), size);
             if best.as_ref().is_none_or(|(b, _)| score < *b) {
                 let victims = chosen
@@ -984,9 +1349,7 @@ impl Scheduler {
 
     /// Marks the plan's victims and holds the room for the preemptor.
     fn carry_out(&mut self, key: &TaskRef, plan: Plan, cycle: &mut Cycle<'_>, flows: &mut Flows) {
-        let now = cycle.now;
-        let spot = &cycle.room.spots[plan.spot];
-        let pool = spot.name.clone();
+        let pool = cycle.room.spots[plan.spot].name.clone();
         let leaf = self.apps[&key.0].spec.queue.clone();
         // The preemptor holds the room: its change is recorded after its victims'.
         let Some(task) = self.tasks.get_mut(&key.0).and_then(|t| t.get_mut(&key.1)) else { return };
@@ -999,28 +1362,47 @@ impl Scheduler {
             true => "its queue is below its guarantee".to_owned(),
             false => format!("it has a higher priority ({priority})"),
         };
-        let mut freed = Resources::new();
         let mut names = Vec::with_capacity(plan.victims.len());
-        for (victim, resources) in &plan.victims {
+        let freed = self.mark_victims(key, &plan.victims, &reason, cycle, flows, &mut names);
+        cycle.out.apps.push(AppChange::Task(holder));
+        self.holders.insert(key.clone(), pool.clone());
+        // What it needs beyond what its victims free is taken from the room now, for it.
+        self.hold(plan.spot, &wanted.saturating_sub(&freed), cycle);
+        self.stats.preemption_decisions += 1;
+        self.why_task
+            .insert(key.clone(), Why::Preempting { pool, victims: names, grace_ms: self.config.preemption_grace_ms });
+    }
+
+    /// Marks `victims` as preempted for `by`, each named in `names`; answers what they free.
+    fn mark_victims(
+        &mut self,
+        by: &TaskRef,
+        victims: &[(TaskRef, Resources)],
+        reason: &str,
+        cycle: &mut Cycle<'_>,
+        flows: &mut Flows,
+        names: &mut Vec<String>,
+    ) -> Resources {
+        let now = cycle.now;
+        let mut freed = Resources::new();
+        for (victim, resources) in victims {
             let Some(task) = self.tasks.get_mut(&victim.0).and_then(|t| t.get_mut(&victim.1)) else { continue };
-            task.preempting = Some(Preempting { by: Some(key.clone()), at: now, reason: reason.clone() });
+            task.preempting = Some(Preempting { by: Some(by.clone()), at: now, reason: reason.to_owned() });
             cycle.out.apps.push(AppChange::Task(task.clone()));
-            self.victims.insert(victim.clone(), (Some(key.clone()), now));
+            self.victims.insert(victim.clone(), (Some(by.clone()), now));
             add_up(&mut flows.leaving, &self.apps[&victim.0].spec.queue, resources);
             freed = freed.checked_add(resources).unwrap_or(freed);
             names.push(format!("{}/{}", victim.0, victim.1));
         }
-        cycle.out.apps.push(AppChange::Task(holder));
-        self.holders.insert(key.clone(), pool.clone());
-        // What it needs beyond what its victims free is taken from the room now, for it.
-        let now_free = &cycle.room.spots[plan.spot].free;
-        let hold = wanted.saturating_sub(&freed).min(now_free);
-        cycle.room.take(plan.spot, &hold);
-        let held = cycle.held.entry(plan.spot).or_default();
+        freed
+    }
+
+    /// Takes up to `wanted` of what is free on `spot` out of the cycle's room, held.
+    fn hold(&self, spot: usize, wanted: &Resources, cycle: &mut Cycle<'_>) {
+        let hold = wanted.min(&cycle.room.spots[spot].free);
+        cycle.room.take(spot, &hold);
+        let held = cycle.held.entry(spot).or_default();
         *held = held.checked_add(&hold).unwrap_or_else(|| held.clone());
-        self.stats.preemption_decisions += 1;
-        self.why_task
-            .insert(key.clone(), Why::Preempting { pool, victims: names, grace_ms: self.config.preemption_grace_ms });
     }
 
     /// Before a holder's placement: the room held for it on its pool is given back to the room,
