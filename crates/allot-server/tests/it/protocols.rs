@@ -160,7 +160,9 @@ async fn http2_is_chosen_by_alpn_over_tls() {
     let (status, health) = call(&mut h2, Method::GET, "/healthz", "").await;
     assert_eq!(status, StatusCode::OK, "{health}");
 
+    // A client that offers only HTTP/1.1 gets it.
     let client = reqwest::Client::builder()
+        .http1_only()
         .add_root_certificate(reqwest::Certificate::from_pem(certified.cert.pem().as_bytes()).unwrap())
         .build()
         .unwrap();
