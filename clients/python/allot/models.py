@@ -49,7 +49,8 @@ class AddTask(TypedDict):
     """1 to 100 of A-Z, a-z, 0-9, `.`, `_`, `-`, starting with a letter or digit"""
     preemptable: NotRequired[Optional[bool]]
     """Whether the scheduler may preempt it for a task of higher priority or of a queue below its
-    guarantee (default true; also read as Flyte's `interruptible`). A gang member never is.
+    guarantee (default true; also read as Flyte's `interruptible`). A gang's members are taken
+    whole or not at all: one that may not be keeps its whole gang.
     """
     priority: NotRequired[Optional[int]]
     """Higher first: in its application, and for its application in a queue sorted by `priority`.

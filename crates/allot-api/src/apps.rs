@@ -229,7 +229,8 @@ pub struct AddTask {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub priority_class: Option<String>,
     /// Whether the scheduler may preempt it for a task of higher priority or of a queue below
-    /// its guarantee (default true; also read as Flyte's `interruptible`). A gang member never is.
+    /// its guarantee (default true; also read as Flyte's `interruptible`). A gang's members are taken
+    /// whole or not at all: one that may not be keeps its whole gang.
     #[serde(default, skip_serializing_if = "Option::is_none", alias = "interruptible")]
     pub preemptable: Option<bool>,
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]

@@ -258,6 +258,7 @@ mod tests {
             priority: Some(1),
             priority_class: None,
             held: Vec::new(),
+            gang_preempted_at: None,
         }
     }
 

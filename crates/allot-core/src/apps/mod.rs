@@ -171,6 +171,9 @@ pub struct App {
     /// [`App::gang_members`]' order), the pool whose room is held for it. Empty when nothing is
     /// held; meaningless once its gang no longer waits (the scheduler then ignores it).
     pub held: Vec<PoolName>,
+    /// When its gang was last taken back whole by preemption: it is reserved again, its reserve
+    /// timeout and its own preemption delay counted from then.
+    pub gang_preempted_at: Option<Millis>,
 }
 
 /// A member of a gang as it is reserved: its group, its number, what it holds, its group's
@@ -209,7 +212,13 @@ impl App {
 
     fn reserve_deadline(&self) -> Option<Millis> {
         let timeout = self.spec.policy.reserve_timeout_ms?;
-        self.awaits_gang().then(|| spec::after(self.submitted, timeout))
+        self.awaits_gang().then(|| spec::after(self.reserving_since(), timeout))
+    }
+
+    /// Since when it waits for its gang to be reserved: its submission, or the last time its
+    /// gang was taken back by preemption.
+    pub fn reserving_since(&self) -> Millis {
+        self.submitted.max(self.gang_preempted_at.unwrap_or(0))
     }
 
     fn placeholder_deadline(&self) -> Option<Millis> {
@@ -892,6 +901,7 @@ impl Scheduler {
             reason: None,
             ended_at: None,
             held: Vec::new(),
+            gang_preempted_at: None,
         };
         transition(&mut app, &[AppEvent::Accept])?;
         if !app.spec.groups.is_empty() {
@@ -1506,6 +1516,10 @@ impl Scheduler {
             }
         }
         out.apps.push(AppChange::Task(task.clone()));
+        // The last member placed of a gang being taken back by preemption ended otherwise.
+        if task.slot.is_some() && matches!(before, TaskState::Allocated | TaskState::Running) {
+            self.regang(app_id, now, world, out);
+        }
         if settle {
             self.settle(app_id, now, world, out);
         }

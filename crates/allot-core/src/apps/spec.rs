@@ -303,7 +303,8 @@ pub struct TaskSpec {
     /// Higher first, in a queue whose sort policy is `priority`, and inside its application. As
     /// asked; once added, resolved (naming nothing, its application's).
     pub priority: Priority,
-    /// Whether the scheduler may preempt it (Flyte's `interruptible`); a gang member never is.
+    /// Whether the scheduler may preempt it (Flyte's `interruptible`); a gang member only with its
+    /// whole gang.
     pub preemptable: bool,
     pub selector: Labels,
     /// Opaque to allot: whatever the one who runs the task needs (JSON text at the API).

@@ -128,6 +128,8 @@ pub const APP_TRANSITIONS: &[(AppState, AppEvent, AppState)] = {
         (S::Reserving, E::Resume, S::Resuming),
         (S::Reserving, E::Complete, S::Completing),
         (S::Reserving, E::Fail, S::Failing),
+        // Its gang taken back whole by preemption: reserved again.
+        (S::Running, E::Reserve, S::Reserving),
         (S::Running, E::Resume, S::Resuming),
         (S::Running, E::Complete, S::Completing),
         (S::Running, E::Fail, S::Failing),

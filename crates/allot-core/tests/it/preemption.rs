@@ -244,21 +244,120 @@ fn a_preemption_fence_keeps_a_queues_tasks_from_taking_outside_it() {
     assert!(why.contains("preemption fence"), "{why}");
 }
 
-#[test]
-fn a_gang_is_never_broken_by_preemption() {
-    let mut b = Bench::new();
-    b.pool("p", "cpu=2", &[]);
-    b.queue("root.q", QueueLimits::default());
-    // A gang of two members holds the whole pool.
+/// The executor of a task being preempted ends it: its placement is released.
+fn executor_ends(b: &mut Bench, app: &str, task: &str) {
+    let now = b.now;
+    let mut world = World { pools: &mut b.pools, ledger: &mut b.ledger };
+    b.sched.preempted(&aid(app), &tid(task), now, &mut world).unwrap();
+    b.check();
+}
+
+/// A gang of two members of cpu=1 in `root.q`, reserved on pool `p` and placed.
+fn placed_gang(b: &mut Bench, preemptable: [bool; 2]) {
     let mut gang = app_spec("gang", "root.q");
     gang.groups = vec![group("workers", 2, "cpu=1")];
+    b.submit(gang).unwrap();
+    for (m, preemptable) in preemptable.into_iter().enumerate() {
+        b.add("gang", TaskSpec { preemptable, ..member(&format!("w{m}"), "workers", "cpu=1") }).unwrap();
+    }
+    b.cycle();
+    b.cycle();
+    assert_eq!((b.state("gang", "w0"), b.state("gang", "w1")), (TaskState::Allocated, TaskState::Allocated));
+}
+
+#[test]
+fn a_gang_is_taken_whole_and_reserved_again_never_placed_in_part() {
+    let mut b = Bench::new();
+    b.pool("p", "cpu=2", &[("zone", "a")]);
+    // Room where a member taken back could go alone, if it were let.
+    b.pool("spare", "cpu=1", &[("zone", "b")]);
+    b.queue("root.q", QueueLimits::default());
+    let mut gang = app_spec("gang", "root.q");
+    gang.groups = vec![group("workers", 2, "cpu=1")];
+    gang.groups[0].selector = [("zone".to_owned(), "a".to_owned())].into();
     b.submit(gang).unwrap();
     for m in 0..2 {
         b.add("gang", member(&format!("w{m}"), "workers", "cpu=1")).unwrap();
     }
     b.cycle();
     b.cycle();
-    assert_eq!(b.state("gang", "w0"), TaskState::Allocated);
+    assert_eq!((b.state("gang", "w0"), b.state("gang", "w1")), (TaskState::Allocated, TaskState::Allocated));
+    // An urgent task that needs one of the gang's two places: the whole gang goes.
+    b.submit(app_spec("urgent", "root.q")).unwrap();
+    let spec = TaskSpec { priority: Priority::of(100), ..task("t", "cpu=1") };
+    b.add("urgent", TaskSpec { selector: [("zone".to_owned(), "a".to_owned())].into(), ..spec }).unwrap();
+    b.now += DELAY;
+    b.cycle();
+    let members = |b: &Bench| -> Vec<bool> {
+        (0..2).map(|m| b.sched.task(&aid("gang"), &tid(&format!("w{m}"))).unwrap().preempting.is_some()).collect()
+    };
+    assert_eq!(members(&b), [true, true], "both members are taken, or neither");
+    assert_eq!(b.sched.task_why(&aid("urgent"), &tid("t")).unwrap().code(), "preempting");
+    // One member's executor ends it: it waits for its gang, even with room for it alone.
+    executor_ends(&mut b, "gang", "w0");
+    b.cycle();
+    no_overcommit_on(&b, &["p", "spare"]);
+    assert_eq!(b.state("urgent", "t"), TaskState::Allocated, "the room w0 freed was held for the preemptor");
+    assert_eq!(b.state("gang", "w0"), TaskState::Pending);
+    assert_eq!(b.sched.task_why(&aid("gang"), &tid("w0")).unwrap().code(), "after_gang");
+    assert_eq!(b.state("gang", "w1"), TaskState::Allocated, "w1 runs on until its executor ends it");
+    // The preemptor is placed: the gang's last mark is not called off for that.
+    assert_eq!(members(&b), [false, true]);
+    executor_ends(&mut b, "gang", "w1");
+    let app = b.sched.app(&aid("gang")).unwrap();
+    assert_eq!(app.state.name(), "Reserving", "the gang waits to be reserved again");
+    assert!(app.slots.is_empty() && app.reserved_at.is_none());
+    assert_eq!(app.gang_preempted_at, Some(b.now));
+    b.cycle();
+    // One place on `p` for two members: nothing of it is placed.
+    assert_eq!((b.state("gang", "w0"), b.state("gang", "w1")), (TaskState::Pending, TaskState::Pending));
+    let pool = b.pools.pool(&PoolName::new("spare").unwrap(), b.now).unwrap();
+    assert!(pool.allocated.is_empty(), "no member went alone to the spare pool");
+    for m in ["w0", "w1"] {
+        let member = b.sched.task(&aid("gang"), &tid(m)).unwrap();
+        assert_eq!(member.preemptions, 1);
+        assert!(member.reason.as_deref().unwrap().starts_with("preempted for urgent/t"), "{:?}", member.reason);
+    }
+    // The urgent task ends: the gang is reserved again, whole.
+    b.complete("urgent", "t");
+    b.cycle();
+    b.cycle();
+    assert_eq!((b.state("gang", "w0"), b.state("gang", "w1")), (TaskState::Allocated, TaskState::Allocated));
+    assert_eq!(b.sched.app(&aid("gang")).unwrap().state.name(), "Running");
+    no_overcommit_on(&b, &["p", "spare"]);
+}
+
+#[test]
+fn a_gang_being_taken_whose_last_member_fails_otherwise_is_reserved_again() {
+    let mut b = Bench::new();
+    b.pool("p", "cpu=2", &[]);
+    b.queue("root.q", QueueLimits::default());
+    placed_gang(&mut b, [true, true]);
+    b.submit(app_spec("urgent", "root.q")).unwrap();
+    b.add("urgent", TaskSpec { priority: Priority::of(100), ..task("t", "cpu=1") }).unwrap();
+    b.now += DELAY;
+    b.cycle();
+    executor_ends(&mut b, "gang", "w0");
+    // The pool's executors stop before w1's ends it: w1 fails there, as a gang member does.
+    {
+        let now = b.now;
+        let mut world = World { pools: &mut b.pools, ledger: &mut b.ledger };
+        b.sched.pool_lost(&PoolName::new("p").unwrap(), "its executor stopped", now, &mut world);
+    }
+    b.check();
+    assert_eq!(b.state("gang", "w1"), TaskState::Failed);
+    let app = b.sched.app(&aid("gang")).unwrap();
+    assert_eq!(app.state.name(), "Reserving", "w0 does not wait for a gang that is gone");
+    assert!(app.slots.is_empty());
+    assert_eq!(b.sched.task(&aid("gang"), &tid("w0")).unwrap().slot, None);
+}
+
+#[test]
+fn a_gang_with_a_member_that_may_not_be_taken_is_not_taken_at_all() {
+    let mut b = Bench::new();
+    b.pool("p", "cpu=2", &[]);
+    b.queue("root.q", QueueLimits::default());
+    placed_gang(&mut b, [true, false]);
     b.submit(app_spec("urgent", "root.q")).unwrap();
     b.add("urgent", TaskSpec { priority: Priority::of(100), ..task("t", "cpu=1") }).unwrap();
     b.now += DELAY;
@@ -267,7 +366,26 @@ fn a_gang_is_never_broken_by_preemption() {
         assert!(b.sched.task(&aid("gang"), &tid(&format!("w{m}"))).unwrap().preempting.is_none());
     }
     let why = b.sched.task_why(&aid("urgent"), &tid("t")).unwrap().to_string();
-    assert!(why.contains("gang members"), "{why}");
+    assert!(why.contains("gang"), "{why}");
+}
+
+#[test]
+fn a_single_task_is_taken_rather_than_a_whole_gang() {
+    let mut b = Bench::new();
+    b.pool("p", "cpu=3", &[]);
+    b.queue("root.q", QueueLimits::default());
+    placed_gang(&mut b, [true, true]);
+    b.submit(app_spec("batch", "root.q")).unwrap();
+    tasks(&mut b, "batch", 1, 0);
+    b.cycle();
+    b.submit(app_spec("urgent", "root.q")).unwrap();
+    b.add("urgent", TaskSpec { priority: Priority::of(100), ..task("t", "cpu=1") }).unwrap();
+    b.now += DELAY;
+    b.cycle();
+    assert_eq!(marked(&b, "batch", 1), ["t0"], "one victim rather than two");
+    for m in 0..2 {
+        assert!(b.sched.task(&aid("gang"), &tid(&format!("w{m}"))).unwrap().preempting.is_none());
+    }
 }
 
 #[test]

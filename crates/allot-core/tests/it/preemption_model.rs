@@ -232,13 +232,30 @@ impl Model {
                         && t.preempting.is_none()
                         && t.spec.priority.value() <= top
                         && t.preemptions < MAX_PREEMPTIONS
-                })
+                }) || self.gang_takeable(r, top)
             });
             if takeable {
                 owed.insert(q);
             }
         }
         owed
+    }
+
+    /// Whether a whole gang of queue `r` may be taken by a task of priority `top`: every member
+    /// placed, none marked, of lower or equal priority, none protected, and `r` left at or above
+    /// its guarantee without it.
+    fn gang_takeable(&self, r: usize, top: i32) -> bool {
+        self.gangs.iter().filter(|g| self.apps[**g].0 == r).any(|&g| {
+            let members: Vec<allot_core::apps::Task> = (0..self.apps[g].1)
+                .map(|t| self.b.sched.task(&aid(&format!("a{g}")), &tid(&format!("t{t}"))).unwrap().clone())
+                .collect();
+            members.iter().all(|t| {
+                matches!(t.state, TaskState::Allocated | TaskState::Running)
+                    && t.preempting.is_none()
+                    && t.spec.priority.value() <= top
+                    && t.preemptions < MAX_PREEMPTIONS
+            }) && self.used(r) >= self.guarantees[r] + members.len() as u64
+        })
     }
 
     fn used(&self, q: usize) -> u64 {
@@ -292,6 +309,27 @@ impl Model {
         if let Some(t) = tasks.iter().find(|t| t.4 > MAX_PREEMPTIONS) {
             return Err(format!("a task preempted {} times", t.4));
         }
+        // A gang is placed whole or not at all: while part of it is placed and none of it has
+        // ended, every member placed is being taken back.
+        for &g in &self.gangs {
+            let members: Vec<allot_core::apps::Task> = (0..self.apps[g].1)
+                .map(|t| self.b.sched.task(&aid(&format!("a{g}")), &tid(&format!("t{t}"))).unwrap().clone())
+                .collect();
+            let placed: Vec<&allot_core::apps::Task> =
+                members.iter().filter(|t| matches!(t.state, TaskState::Allocated | TaskState::Running)).collect();
+            let ended = members.iter().any(|t| t.state.is_terminal());
+            if !ended
+                && !placed.is_empty()
+                && placed.len() < members.len()
+                && placed.iter().any(|t| t.preempting.is_none())
+            {
+                return Err(format!(
+                    "the gang of a{g} is held in part: {} of {} members placed",
+                    placed.len(),
+                    members.len()
+                ));
+            }
+        }
         Ok(())
     }
 
@@ -318,7 +356,7 @@ impl Model {
                         && matches!(t.2, TaskState::Allocated | TaskState::Running)
                         && t.1 <= top
                         && t.4 < MAX_PREEMPTIONS
-                });
+                }) || self.gang_takeable(r, top);
                 if takeable {
                     return Some(format!(
                         "queue {q} uses {} of its guarantee {} with a task of priority {top} waiting, and queue {r} \

@@ -111,11 +111,14 @@ pub struct AppRecord {
     /// The pools where room is held for its gang's members (`App::held`).
     #[serde(default)]
     pub held: Vec<String>,
+    /// When its gang was last taken back whole by preemption (`App::gang_preempted_at`).
+    #[serde(default)]
+    pub gang_preempted_at: Option<Millis>,
 }
 
 /// The fields [`AppRecord`] gained since the format began (an empty list is one zero byte, as
 /// a `None` is).
-pub const APP_FIELDS_ADDED: usize = 6;
+pub const APP_FIELDS_ADDED: usize = 7;
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct TaskRecord {
@@ -329,6 +332,7 @@ impl AppRecord {
             priority: spec.priority.value,
             priority_class: spec.priority.class.clone(),
             held: app.held.iter().map(|pool| pool.to_string()).collect(),
+            gang_preempted_at: app.gang_preempted_at,
         }
     }
 
@@ -392,6 +396,7 @@ impl AppRecord {
             reason: self.reason,
             ended_at: self.ended_at,
             held: self.held.iter().map(|pool| PoolName::new(pool).map_err(|e| r.err(e))).collect::<Result<_, _>>()?,
+            gang_preempted_at: self.gang_preempted_at,
         })
     }
 }
@@ -592,20 +597,23 @@ mod tests {
             priority: Some(7),
             priority_class: Some("high".into()),
             held: vec!["p".into(), "q".into()],
+            gang_preempted_at: Some(9),
         };
         let bytes = crate::records::encode(&record);
         assert_eq!(decode_app("a", &bytes).unwrap(), record);
-        // Before the held room, the priority, the placement and the groups: they read as none.
+        // Before the gang's preemption, the held room, the priority, the placement and the
+        // groups: they read as none.
         let newer = AppRecord {
             user_groups: Vec::new(),
             queue_rule: None,
             priority: None,
             priority_class: None,
             held: Vec::new(),
+            gang_preempted_at: None,
             ..record.clone()
         };
         let older = crate::records::encode(&newer);
-        let older = &older[..older.len() - 5];
+        let older = &older[..older.len() - 6];
         assert_eq!(decode_app("a", older).unwrap(), AppRecord { max_parallelism: Some(3), ..newer.clone() });
         // Before the parallelism too.
         let older = crate::records::encode(&AppRecord { max_parallelism: None, ..newer });

@@ -164,8 +164,8 @@ async fn on_redis_the_scheduler_killed_mid_preemption_another_daemon_carries_it_
 }
 
 /// A gang of two and two tasks on their own fill the pool; a task of a queue below its guarantee
-/// preempts: only a task on its own goes, never a gang member (a gang is never left below its
-/// minimum). Answers the victim.
+/// preempts: one task on its own goes rather than the whole gang (a gang is never left below its
+/// minimum: it goes whole or not at all, and one victim is fewer than two). Answers the victim.
 async fn gang_kept(client: &Client) -> String {
     let member = |id: &str| AddTask { group: Some("pair".into()), ..sleeper(id, 3600.0) };
     let gang = serde_json::json!({
@@ -264,6 +264,78 @@ async fn a_gang_below_its_guarantee_preempts_for_all_its_members_on_either_store
     let redis = RedisServer::start();
     let on = scheduler_and_runner(&redis, &["--pool", "w=cpu=2", "--run-pool", "w"]).await;
     never_overcommitted(on.second.client(), gang_preempts(&on.second.client())).await;
+}
+
+/// A gang of two fills the pool; a task of a queue below its guarantee needs one of its places:
+/// the whole gang is taken (never one member alone), waits to be reserved again, and runs again
+/// once the preemptor is done. A checker reads the gang's tasks meanwhile: while one member is
+/// placed and the other not, the one placed is being taken back.
+async fn gang_taken_whole(client: &Client) {
+    queues(client).await;
+    let member = |id: &str| AddTask { group: Some("pair".into()), ..sleeper(id, 3600.0) };
+    let gang = serde_json::json!({
+        "id": "gang", "queue": "root.batch", "user": "me",
+        "task_groups": [{ "name": "pair", "min_members": 2, "min_resources": "cpu=1" }],
+    });
+    let gang = SubmitApp { tasks: vec![member("m0"), member("m1")], ..serde_json::from_value(gang).unwrap() };
+    client.submit_app(&gang).await.unwrap();
+    let both = eventually(Duration::from_secs(30), async || {
+        running(client, "gang", "m0").await && running(client, "gang", "m1").await
+    })
+    .await;
+    assert!(both, "the gang runs: {:?}", client.tasks("gang").await);
+    let stop = Arc::new(AtomicBool::new(false));
+    let (stopped, reader) = (stop.clone(), client.clone());
+    let checker = tokio::spawn(async move {
+        let (mut in_part, mut reads) = (None, 0);
+        while !stopped.load(Ordering::SeqCst) {
+            if let Ok(list) = reader.tasks("gang").await {
+                let placed = |t: &&allot_client::Task| matches!(t.state.as_str(), "Allocated" | "Running");
+                let on: Vec<&allot_client::Task> = list.tasks.iter().filter(placed).collect();
+                if on.len() == 1 && on[0].preempting.is_none() {
+                    in_part = Some(format!("{:?}", list.tasks));
+                }
+                reads += 1;
+            }
+            tokio::task::yield_now().await;
+        }
+        (in_part, reads)
+    });
+    client.submit_app(&app("gold", "root.gold", vec![sleeper("g", 0.2)])).await.unwrap();
+    let done = eventually(Duration::from_secs(30), async || {
+        client.task("gold", "g").await.is_ok_and(|t| t.state == "Completed")
+    })
+    .await;
+    assert!(done, "gold's task ran: {:?} {:?}", client.task("gold", "g").await, client.tasks("gang").await);
+    let again = eventually(Duration::from_secs(30), async || {
+        running(client, "gang", "m0").await && running(client, "gang", "m1").await
+    })
+    .await;
+    assert!(again, "the gang runs again, whole: {:?} {:?}", client.app("gang").await, client.tasks("gang").await);
+    stop.store(true, Ordering::SeqCst);
+    let (in_part, reads) = checker.await.unwrap();
+    assert!(in_part.is_none() && reads > 0, "the gang was never placed in part ({reads} reads): {in_part:?}");
+    for member in ["m0", "m1"] {
+        let task = client.task("gang", member).await.unwrap();
+        assert_eq!(task.preemptions, 1, "every member taken, once: {task:?}");
+        let run = client.task_run("gang", member).await.unwrap();
+        assert_eq!((run.system_failures, run.user_failures, run.attempt), (1, 0, 2), "{run:?}");
+        let reason = run.events.iter().filter_map(|e| e.error.as_ref()).find(|err| err.code == "preempted");
+        assert!(reason.is_some_and(|err| err.message.contains("gold/g")), "{run:?}");
+    }
+    assert_eq!(client.app("gang").await.unwrap().state, "Running");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_gang_is_preempted_whole_and_runs_again_whole_on_either_store() {
+    let (_dir, data) = data_dir();
+    let daemon = Daemon::start(&data, &["--pool", "w=cpu=2", "--run-pool", "w"]);
+    never_overcommitted(daemon.client(), gang_taken_whole(&daemon.client())).await;
+    drop(daemon);
+
+    let redis = RedisServer::start();
+    let on = scheduler_and_runner(&redis, &["--pool", "w=cpu=2", "--run-pool", "w"]).await;
+    never_overcommitted(on.second.client(), gang_taken_whole(&on.second.client())).await;
 }
 
 /// A task on its own (no type: run by whoever reports it), placed where no executor runs.

@@ -11,12 +11,14 @@
 //! either whose queues are below their guarantees with it placed (then it takes tasks of lower
 //! or equal priority), or that has a higher priority than its victims (where the fences allow).
 //!
-//! Who may be taken: a placed task of another application, preemptable, not a gang member (a
-//! gang is never left below its minimum: none of it is taken), taken fewer than
+//! Who may be taken: a placed task of another application, preemptable, taken fewer than
 //! `max_preemptions` times, not already being preempted, inside the preemptor's fence, in no
-//! queue with preemption `disabled`, and only where taking it leaves each of its queues (those
-//! not above the preemptor too) at or above its guarantee. Lowest priority first, then the
-//! youngest; then a last pass drops every victim not needed.
+//! queue with preemption `disabled`, and only where taking it leaves each of its queues at or
+//! above its guarantee (a queue above the preemptor too gains what the preemptor holds). A
+//! reserved gang's members go whole or not at all (a gang is never left below its minimum): all
+//! of them or none, as one victim of its highest member's priority, and only once every member
+//! is placed and may be taken; once taken back, it waits to be reserved again (`regang`).
+//! Lowest priority first, then the youngest; then a last pass drops every victim not needed.
 //!
 //! Invariants:
 //! - no overcommit: a victim keeps its placement until it has ended (its executor ends the
@@ -26,6 +28,7 @@
 //! - no loops: a victim's own priority is at most its preemptor's, and its queues stay at or
 //!   above their guarantees, so it cannot preempt back; each preemption is counted on the victim.
 
+use std::borrow::Cow;
 use std::cmp::Reverse;
 use std::collections::BinaryHeap;
 
@@ -107,6 +110,7 @@ enum Wants {
 
 const OWN_APPLICATION: &str = "the tasks that hold the room are of its own application";
 const BEING_PREEMPTED: &str = "the tasks that hold the room are being preempted already";
+const GANG_KEPT: &str = "the tasks that hold the room are gang members, and a gang is never broken";
 
 /// The placed tasks on each pool of the cycle's room as its plans see them: for each (by its
 /// index in the room), those not marked by this cycle, and those it marked counted by
@@ -117,6 +121,8 @@ struct Placed {
     at: Vec<(Vec<Listed>, HashMap<usize, usize>)>,
     /// The applications with placed tasks, and their queues.
     apps: Vec<(AppId, QueuePath)>,
+    /// The gangs that may be taken whole.
+    gangs: Vec<PlacedGang>,
     /// What placed tasks hold, each once per run of tasks that hold alike.
     shapes: Vec<Resources>,
     /// How many are placed.
@@ -139,6 +145,25 @@ struct Listed {
     shape: usize,
     /// The rule that keeps it from being taken whatever the preemptor, if any.
     rule: Option<&'static str>,
+    /// The gang it is a member of (by its index in `Placed::gangs`): taken whole or not at all.
+    gang: Option<usize>,
+}
+
+/// A reserved gang whose every member is placed and may be taken: all of it goes, or none.
+#[derive(Clone)]
+struct PlacedGang {
+    /// Every member: its id, what it holds, its pool's index in the room (if there).
+    members: Vec<(TaskId, Resources, Option<usize>)>,
+    /// What all its members hold.
+    total: Resources,
+}
+
+impl PlacedGang {
+    /// What its members hold on the room's pool `spot`.
+    fn on(&self, spot: usize) -> Resources {
+        let here = self.members.iter().filter(|m| m.2 == Some(spot));
+        here.fold(Resources::new(), |sum, m| sum.checked_add(&m.1).unwrap_or(sum))
+    }
 }
 
 impl Placed {
@@ -151,7 +176,14 @@ impl Placed {
         }
         let apps = &self.apps;
         let is = |task: &Listed, victim: &TaskRef| task.task == victim.1 && apps[task.app].0 == victim.0;
+        let before = listed.len();
         listed.retain(|task| !victims.iter().any(|(victim, _)| is(task, victim)));
+        // A gang's members on other pools go with it.
+        if before - listed.len() < victims.len() {
+            for (listed, _) in self.at.iter_mut() {
+                listed.retain(|task| !victims.iter().any(|(victim, _)| is(task, victim)));
+            }
+        }
     }
 
     /// The index of `app` in `apps`, if it has placed tasks.
@@ -180,7 +212,10 @@ fn gang_total(app: &crate::apps::App) -> Resources {
 /// Victims on one pool for one preemptor.
 struct Plan {
     spot: usize,
+    /// Every task taken: those on the pool, and the other members of a gang taken whole.
     victims: Vec<(TaskRef, Resources)>,
+    /// What the victims free on the pool.
+    freed: Resources,
     /// Whether the preemptor's queues are below their guarantees (else it preempts by priority).
     below: bool,
 }
@@ -473,9 +508,44 @@ impl Scheduler {
             Some(by) => format!("{PREFIX} for {}/{}: {}", by.0, by.1, preempting.reason),
             None => format!("{PREFIX}: {}", preempting.reason),
         };
+        let member = record.slot.is_some();
         self.requeue(app, task, &reason, now, world, out)?;
         self.stats.preemptions += 1;
+        if member {
+            self.regang(app, now, world, out);
+        }
         Ok(())
+    }
+
+    /// A gang taken back by preemption, once none of its members is placed any more: its
+    /// placeholders are gone (each went with its member's placement), and it waits to be
+    /// reserved again, its members with it. Until then its members taken back wait
+    /// ([`Why::AfterGang`]): a gang is never placed in part.
+    pub(in crate::apps) fn regang(&mut self, app_id: &AppId, now: Millis, world: &mut World<'_>, out: &mut Outcome) {
+        let Some(tasks) = self.tasks.get(app_id) else { return };
+        let members: Vec<&crate::apps::Task> = tasks.values().filter(|t| t.slot.is_some()).collect();
+        // Taken back: waiting, yet still on its placeholder's number.
+        let taken_back = members.iter().any(|t| t.state == TaskState::Pending);
+        let placed = members.iter().any(|t| matches!(t.state, TaskState::Allocated | TaskState::Running));
+        if !taken_back || placed {
+            return;
+        }
+        let members: Vec<TaskId> = members.iter().map(|t| t.spec.id.clone()).collect();
+        for member in &members {
+            if let Some(task) = self.tasks.get_mut(app_id).and_then(|t| t.get_mut(member)) {
+                task.slot = None;
+                out.apps.push(AppChange::Task(task.clone()));
+            }
+        }
+        self.release_slots(app_id, false, now, world, out);
+        let Some(app) = self.apps.get_mut(app_id) else { return };
+        if app.state != crate::apps::states::AppState::Running {
+            return;
+        }
+        app.reserved_at = None;
+        app.gang_preempted_at = Some(now);
+        crate::apps::transition_known(app, &[crate::apps::states::AppEvent::Reserve], out);
+        out.apps.push(AppChange::App(app.clone()));
     }
 
     /// After the cycle's placements: each pending task that found no room and may preempt
@@ -654,7 +724,7 @@ impl Scheduler {
         cache: &mut PlanCache,
     ) {
         let app = &self.apps[app_id];
-        let may_from = app.submitted.saturating_add(self.preemption_delay(&app.spec.queue));
+        let may_from = app.reserving_since().saturating_add(self.preemption_delay(&app.spec.queue));
         if cycle.now < may_from {
             self.next_preemption = Some(self.next_preemption.map_or(may_from, |n| n.min(may_from)));
             let said = Preemption::In { seconds: (may_from - cycle.now).div_ceil(1000), whom: None };
@@ -746,7 +816,7 @@ impl Scheduler {
             cache.free_fits = None;
             if let Ok(spot) = room.best_fit(wanted, selector, &HashMap::new(), allowed) {
                 room.take(spot, wanted);
-                plans.push(Plan { spot, victims: Vec::new(), below });
+                plans.push(Plan { spot, victims: Vec::new(), freed: Resources::new(), below });
                 continue;
             }
             let want = Want { app: app_id, leaf, wanted, selector, priority, below };
@@ -757,9 +827,8 @@ impl Scheduler {
                     return Err(said);
                 }
             };
-            let freed = plan.victims.iter().fold(Resources::new(), |sum, (_, r)| sum.checked_add(r).unwrap_or(sum));
             room.set_free(plan.spot, |free| {
-                free.checked_add(&freed).unwrap_or_else(|| free.clone()).saturating_sub(wanted)
+                free.checked_add(&plan.freed).unwrap_or_else(|| free.clone()).saturating_sub(wanted)
             });
             placed.mark(plan.spot, &plan.victims);
             for ((victim_app, _), resources) in &plan.victims {
@@ -796,8 +865,8 @@ impl Scheduler {
             if !plan.victims.is_empty() && shown.is_none() {
                 shown = Some(pool.clone());
             }
-            let freed = self.mark_victims(&by, &plan.victims, &reason, cycle, flows, &mut names);
-            self.hold(plan.spot, &wanted.saturating_sub(&freed), cycle);
+            self.mark_victims(&by, &plan.victims, &reason, cycle, flows, &mut names);
+            self.hold(plan.spot, &wanted.saturating_sub(&plan.freed), cycle);
             held.push(pool);
         }
         add_up(&mut flows.arriving, &leaf, &total);
@@ -922,6 +991,7 @@ impl Scheduler {
         // A queue's tasks with room held for them count as its own: they are placed into it.
         let arriving = self.arriving();
         let empty = Resources::new();
+        let mut gangs_off: std::collections::BTreeSet<AppId> = std::collections::BTreeSet::new();
         for (victim, by, _) in marked {
             let Some(task) = self.tasks.get(&victim.0).and_then(|t| t.get(&victim.1)) else { continue };
             let Some(placement) = task.placement.clone() else { continue };
@@ -943,18 +1013,51 @@ impl Scheduler {
             if waits && !below {
                 continue;
             }
-            for queue in leaf.up_to_root() {
-                if let Some(sum) = leaving.get_mut(&queue) {
-                    *sum = sum.saturating_sub(&placement.resources);
-                }
+            // A gang's marks are called off together, below.
+            if task.slot.is_some() {
+                gangs_off.insert(victim.0.clone());
+                continue;
             }
-            self.victims.remove(&victim);
-            if let Some(task) = self.tasks.get_mut(&victim.0).and_then(|t| t.get_mut(&victim.1)) {
-                task.preempting = None;
-                out.apps.push(AppChange::Task(task.clone()));
+            self.call_off(&victim, &leaf, &placement.resources, &mut leaving, out);
+        }
+        for app in gangs_off {
+            let Some(tasks) = self.tasks.get(&app) else { continue };
+            // Once one of its members was taken back, the rest of it goes too.
+            if tasks.values().any(|t| t.slot.is_some() && t.state == TaskState::Pending) {
+                continue;
+            }
+            let marked: Vec<(TaskRef, Resources)> = tasks
+                .values()
+                .filter(|t| t.slot.is_some() && t.preempting.is_some())
+                .filter_map(|t| Some(((app.clone(), t.spec.id.clone()), t.placement.as_ref()?.resources.clone())))
+                .collect();
+            let leaf = self.apps[&app].spec.queue.clone();
+            for (victim, resources) in marked {
+                self.call_off(&victim, &leaf, &resources, &mut leaving, out);
             }
         }
         leaving
+    }
+
+    /// A victim's mark is called off: it runs on, and no longer counts as leaving its queues.
+    fn call_off(
+        &mut self,
+        victim: &TaskRef,
+        leaf: &QueuePath,
+        resources: &Resources,
+        leaving: &mut HashMap<QueuePath, Resources>,
+        out: &mut Outcome,
+    ) {
+        for queue in leaf.up_to_root() {
+            if let Some(sum) = leaving.get_mut(&queue) {
+                *sum = sum.saturating_sub(resources);
+            }
+        }
+        self.victims.remove(victim);
+        if let Some(task) = self.tasks.get_mut(&victim.0).and_then(|t| t.get_mut(&victim.1)) {
+            task.preempting = None;
+            out.apps.push(AppChange::Task(task.clone()));
+        }
     }
 
     /// Whether the preemptor `by` still waits for the room its victims free: a task pending with
@@ -1053,6 +1156,7 @@ impl Scheduler {
         let mut at: Vec<(Vec<Listed>, HashMap<usize, usize>)> = Vec::with_capacity(room.spots.len());
         at.resize_with(room.spots.len(), || (Vec::with_capacity(per_pool), HashMap::new()));
         let mut apps: Vec<(AppId, QueuePath)> = Vec::new();
+        let mut gangs: Vec<PlacedGang> = Vec::new();
         let mut shapes: Vec<Resources> = Vec::new();
         let (mut count, mut priority, mut size) = (0, i32::MAX, u64::MAX);
         // Sized once per run of equal resources (most tasks ask alike).
@@ -1067,6 +1171,9 @@ impl Scheduler {
         // Only the applications with a task placed: a backlog's are passed over at once.
         for (app_id, tasks) in self.tasks.iter().filter(|(app, _)| placed_in(app)) {
             let mut index = None;
+            // Its reserved gang, read at its first member: taken whole (its index in `gangs`,
+            // and its members' priority: the highest of them), or the rule that keeps it.
+            let mut gang: Option<Result<(usize, i32), &'static str>> = None;
             for task in tasks.values() {
                 let (TaskState::Allocated | TaskState::Running, Some(placement)) = (task.state, &task.placement) else {
                     continue;
@@ -1082,10 +1189,18 @@ impl Scheduler {
                 };
                 let rule = if task.preempting.is_some() {
                     Some(BEING_PREEMPTED)
+                } else if task.slot.is_some() {
+                    // Its gang's rules are its own: what keeps one member keeps every one.
+                    let found = gang.get_or_insert_with(|| {
+                        let found = self.placed_gang(app_id, tasks, &mut spot_of)?;
+                        gangs.push(found.0);
+                        Ok((gangs.len() - 1, found.1))
+                    });
+                    found.err()
                 } else if !task.spec.preemptable {
                     Some("the tasks that hold the room may not be preempted (preemptable: false)")
-                } else if task.spec.group.is_some() || task.slot.is_some() {
-                    Some("the tasks that hold the room are gang members, and a gang is never broken")
+                } else if task.spec.group.is_some() {
+                    Some(GANG_KEPT)
                 } else if task.preemptions >= max_preemptions {
                     Some("the tasks that hold the room were preempted max_preemptions times and are protected")
                 } else {
@@ -1094,13 +1209,15 @@ impl Scheduler {
                 if shapes.last() != Some(&placement.resources) {
                     shapes.push(placement.resources.clone());
                 }
+                let in_gang = gang.and_then(Result::ok).filter(|_| task.slot.is_some() && rule.is_none());
                 listed.push(Listed {
                     app,
                     task: task.spec.id.clone(),
-                    priority: task.spec.priority.value(),
+                    priority: in_gang.map_or(task.spec.priority.value(), |(_, priority)| priority),
                     age: (placement.at, task.seq),
                     shape: shapes.len() - 1,
                     rule,
+                    gang: in_gang.map(|(g, _)| g),
                 });
                 count += 1;
                 priority = priority.min(task.spec.priority.value());
@@ -1110,7 +1227,45 @@ impl Scheduler {
                 }
             }
         }
-        Placed { at, apps, shapes, count, floor: (priority, 1, size) }
+        Placed { at, apps, gangs, shapes, count, floor: (priority, 1, size) }
+    }
+
+    /// The application's reserved gang as plans take it, whole, with its members' priority (the
+    /// highest of them); or the rule that keeps it: it is not running on every placeholder, or
+    /// one of its members may not be taken.
+    fn placed_gang(
+        &self,
+        app_id: &AppId,
+        tasks: &std::collections::BTreeMap<TaskId, crate::apps::Task>,
+        spot_of: &mut impl FnMut(&PoolName) -> Option<usize>,
+    ) -> Result<(PlacedGang, i32), &'static str> {
+        let app = self.apps.get(app_id).ok_or(GANG_KEPT)?;
+        if app.state != crate::apps::states::AppState::Running || app.slots.is_empty() {
+            return Err(GANG_KEPT);
+        }
+        let mut gang = PlacedGang { members: Vec::with_capacity(app.slots.len()), total: Resources::new() };
+        let mut priority = i32::MIN;
+        for slot in &app.slots {
+            let member = slot.task.as_ref().and_then(|t| tasks.get(t)).ok_or(GANG_KEPT)?;
+            let (TaskState::Allocated | TaskState::Running, Some(placement)) = (member.state, &member.placement) else {
+                return Err(GANG_KEPT);
+            };
+            if member.preempting.is_some() {
+                return Err(BEING_PREEMPTED);
+            }
+            if !member.spec.preemptable {
+                return Err("the tasks that hold the room are members of a gang that may not be preempted \
+                            (preemptable: false), and a gang goes whole or not at all");
+            }
+            if member.preemptions >= self.config.max_preemptions {
+                return Err("the tasks that hold the room are members of a gang preempted max_preemptions times, \
+                            which is protected");
+            }
+            priority = priority.max(member.spec.priority.value());
+            gang.total = gang.total.checked_add(&placement.resources).unwrap_or_else(|| gang.total.clone());
+            gang.members.push((member.spec.id.clone(), placement.resources.clone(), spot_of(&placement.pool)));
+        }
+        Ok((gang, priority))
     }
 
     /// The victims on one pool that make room for the task, or why there are none.
@@ -1239,27 +1394,32 @@ impl Scheduler {
             let free = &spot.free;
             let mut freed = Resources::new();
             let mut taken: HashMap<QueuePath, Resources> = HashMap::new();
-            let mut chosen: Vec<(&Listed, &Resources, &QueuePath)> = Vec::new();
+            // Each victim (a gang taken whole is one): what it frees here, what it holds in all.
+            let mut chosen: Vec<(&Listed, Cow<Resources>, &Resources)> = Vec::new();
             let fits = |freed: &Resources| free.checked_add(freed).is_some_and(|room| room.fits(wanted));
             for (_, _, victim, victim_leaf) in candidates {
-                let resources = &placed.shapes[victim.shape];
                 if fits(&freed) {
                     break;
                 }
+                let (here, resources) = match victim.gang {
+                    None => (Cow::Borrowed(&placed.shapes[victim.shape]), &placed.shapes[victim.shape]),
+                    // A gang is one victim, once, whichever of its members comes first.
+                    Some(g) if chosen.iter().any(|(v, ..)| v.gang == Some(g)) => continue,
+                    Some(g) => (Cow::Owned(placed.gangs[g].on(i)), &placed.gangs[g].total),
+                };
                 // Only what helps: a victim holding none of what is lacking frees nothing needed.
                 let lacking = wanted.saturating_sub(&free.checked_add(&freed).unwrap_or_default());
-                if !lacking.iter().any(|(name, _)| resources.get_milli(name.as_str()) > 0) {
+                if !lacking.iter().any(|(name, _)| here.get_milli(name.as_str()) > 0) {
                     continue;
                 }
-                if self.below_its_guarantee(victim_leaf, path, resources, &taken, flows) {
+                if self.below_its_guarantee(victim_leaf, (path, wanted), resources, &taken, flows) {
                     refusals
                         .note("taking the tasks that hold the room would leave their queues below their guarantees");
                     continue;
                 }
-                let outside = victim_leaf.ancestors().filter(|q| !path.iter().any(|p| p.as_str() == *q));
-                add_up_from(&mut taken, outside, resources);
-                freed = freed.checked_add(resources).unwrap_or(freed);
-                chosen.push((victim, resources, victim_leaf));
+                add_up(&mut taken, victim_leaf, resources);
+                freed = freed.checked_add(&here).unwrap_or(freed);
+                chosen.push((victim, here, resources));
             }
             if !fits(&freed) {
                 continue;
@@ -1268,21 +1428,28 @@ impl Scheduler {
             let mut index = chosen.len();
             while index > 0 {
                 index -= 1;
-                let without = freed.saturating_sub(chosen[index].1);
+                let without = freed.saturating_sub(&chosen[index].1);
                 if fits(&without) {
                     freed = without;
                     chosen.remove(index);
                 }
             }
             let worst = chosen.iter().map(|(v, ..)| v.priority).max().unwrap_or(i32::MIN);
-            let size = chosen.iter().map(|(_, r, _)| r.size(&room.weights) as u64).sum();
-            let score = (worst, chosen.len(), size);
+            let count = chosen.iter().map(|(v, ..)| v.gang.map_or(1, |g| placed.gangs[g].members.len())).sum();
+            let size = chosen.iter().map(|(.., r)| r.size(&room.weights) as u64).sum();
+            let score = (worst, count, size);
             if best.as_ref().is_none_or(|(b, _)| score < *b) {
-                let victims = chosen
-                    .into_iter()
-                    .map(|(v, r, _)| ((placed.apps[v.app].0.clone(), v.task.clone()), r.clone()))
-                    .collect();
-                best = Some((score, Plan { spot: i, victims, below }));
+                let mut victims = Vec::with_capacity(count);
+                for (v, _, r) in chosen {
+                    let app = &placed.apps[v.app].0;
+                    match v.gang {
+                        None => victims.push(((app.clone(), v.task.clone()), r.clone())),
+                        Some(g) => victims.extend(
+                            placed.gangs[g].members.iter().map(|(task, r, _)| ((app.clone(), task.clone()), r.clone())),
+                        ),
+                    }
+                }
+                best = Some((score, Plan { spot: i, victims, freed, below }));
             }
             // No later pool does better than the floor, and a tie keeps the first pool: done.
             if best.as_ref().is_some_and(|(b, _)| *b <= placed.floor) {
@@ -1316,19 +1483,22 @@ impl Scheduler {
     }
 
     /// Whether taking `resources` more (beyond `taken` by this plan and what is leaving already)
-    /// would leave a queue from `leaf` up, not on the preemptor's `path`, below its guarantee;
-    /// its tasks with room held for them count as its own (they are placed into it).
+    /// would leave a queue from `leaf` up below its guarantee; its tasks with room held for them
+    /// count as its own (they are placed into it). A queue on the preemptor's `path` gains what
+    /// the preemptor `wanted` too: it is refused only if it ends lower than it is, and below its
+    /// guarantee (a gang taken whole for a smaller preemptor of its own queue).
     fn below_its_guarantee(
         &self,
         leaf: &QueuePath,
-        path: &[QueuePath],
+        (path, wanted): (&[QueuePath], &Resources),
         resources: &Resources,
         taken: &HashMap<QueuePath, Resources>,
         flows: &Flows,
     ) -> bool {
         let empty = Resources::new();
-        leaf.ancestors().filter(|q| !path.iter().any(|p| p.as_str() == *q)).any(|queue| {
+        leaf.ancestors().any(|queue| {
             let Some(limits) = self.queues.get_str(queue) else { return false };
+            let on_path = path.iter().any(|p| p.as_str() == queue);
             let used = self.usage.get(queue).map_or(&empty, |u| &u.allocated);
             let already = taken.get(queue).unwrap_or(&empty);
             let leaving = flows.leaving.get(queue).unwrap_or(&empty);
@@ -1336,13 +1506,18 @@ impl Scheduler {
             limits.guaranteed.iter().any(|(name, guarantee)| {
                 let name = name.as_str();
                 let take = resources.get_milli(name);
-                let left = used
+                let now = used
                     .get_milli(name)
                     .saturating_add(arriving.get_milli(name))
-                    .saturating_sub(leaving.get_milli(name))
-                    .saturating_sub(already.get_milli(name))
-                    .saturating_sub(take);
-                take > 0 && left < guarantee
+                    .saturating_sub(leaving.get_milli(name));
+                let left = now.saturating_sub(already.get_milli(name)).saturating_sub(take);
+                match on_path {
+                    false => take > 0 && left < guarantee,
+                    true => {
+                        let left = left.saturating_add(wanted.get_milli(name));
+                        take > 0 && left < now && left < guarantee
+                    }
+                }
             })
         })
     }
@@ -1363,17 +1538,17 @@ impl Scheduler {
             false => format!("it has a higher priority ({priority})"),
         };
         let mut names = Vec::with_capacity(plan.victims.len());
-        let freed = self.mark_victims(key, &plan.victims, &reason, cycle, flows, &mut names);
+        self.mark_victims(key, &plan.victims, &reason, cycle, flows, &mut names);
         cycle.out.apps.push(AppChange::Task(holder));
         self.holders.insert(key.clone(), pool.clone());
-        // What it needs beyond what its victims free is taken from the room now, for it.
-        self.hold(plan.spot, &wanted.saturating_sub(&freed), cycle);
+        // What it needs beyond what its victims free there is taken from the room now, for it.
+        self.hold(plan.spot, &wanted.saturating_sub(&plan.freed), cycle);
         self.stats.preemption_decisions += 1;
         self.why_task
             .insert(key.clone(), Why::Preempting { pool, victims: names, grace_ms: self.config.preemption_grace_ms });
     }
 
-    /// Marks `victims` as preempted for `by`, each named in `names`; answers what they free.
+    /// Marks `victims` as preempted for `by`, each named in `names`.
     fn mark_victims(
         &mut self,
         by: &TaskRef,
@@ -1382,19 +1557,16 @@ impl Scheduler {
         cycle: &mut Cycle<'_>,
         flows: &mut Flows,
         names: &mut Vec<String>,
-    ) -> Resources {
+    ) {
         let now = cycle.now;
-        let mut freed = Resources::new();
         for (victim, resources) in victims {
             let Some(task) = self.tasks.get_mut(&victim.0).and_then(|t| t.get_mut(&victim.1)) else { continue };
             task.preempting = Some(Preempting { by: Some(by.clone()), at: now, reason: reason.to_owned() });
             cycle.out.apps.push(AppChange::Task(task.clone()));
             self.victims.insert(victim.clone(), (Some(by.clone()), now));
             add_up(&mut flows.leaving, &self.apps[&victim.0].spec.queue, resources);
-            freed = freed.checked_add(resources).unwrap_or(freed);
             names.push(format!("{}/{}", victim.0, victim.1));
         }
-        freed
     }
 
     /// Takes up to `wanted` of what is free on `spot` out of the cycle's room, held.
