@@ -449,6 +449,8 @@ fn a_gang_below_its_guarantee_preempts_for_every_member_at_once_and_nobody_takes
     b.cycle();
     let why = b.sched.app_why(&aid("gang")).unwrap().to_string();
     assert!(why.contains("it may preempt in 30s"), "{why}");
+    // Whom it would take, as things are: what it takes once the delay is over (below).
+    assert!(why.contains("it would preempt batch/t3, batch/t2, batch/t1, batch/t0 on pool `p` for its gang"), "{why}");
     assert!(b.sched.task_why(&aid("gang"), &tid("w0")).unwrap().to_string().contains("it may preempt"));
     b.now += DELAY;
     b.cycle();

@@ -609,7 +609,10 @@ impl Scheduler {
                         break;
                     }
                     let placed = placed.get_or_insert_with(|| self.placed_by_pool(&cycle.room));
-                    self.preempt_for_gang(&app, world, cycle, &mut flows, placed, &mut cache);
+                    let preview = previewed < MAX_PREVIEWS_PER_CYCLE;
+                    if self.preempt_for_gang(&app, preview, world, cycle, &mut flows, placed, &mut cache) {
+                        previewed += 1;
+                    }
                     continue;
                 }
             };
@@ -713,23 +716,47 @@ impl Scheduler {
     /// A gang that found no room preempts for all its members at once, or not at all: victims
     /// for each member (on as many pools as it takes), the room held for each until the gang
     /// is reserved. Whether it may, and whom it may take, go by the rules of a task's
-    /// preemption, its delay counted from its submission.
+    /// preemption, its delay counted from its submission (or from when it was itself taken
+    /// back). Inside its delay it says whom it would take, if `preview`: answers whether it
+    /// looked.
+    #[allow(clippy::too_many_arguments)]
     fn preempt_for_gang(
         &mut self,
         app_id: &AppId,
+        preview: bool,
         world: &World<'_>,
         cycle: &mut Cycle<'_>,
         flows: &mut Flows,
         placed: &mut Placed,
         cache: &mut PlanCache,
-    ) {
+    ) -> bool {
         let app = &self.apps[app_id];
         let may_from = app.reserving_since().saturating_add(self.preemption_delay(&app.spec.queue));
         if cycle.now < may_from {
             self.next_preemption = Some(self.next_preemption.map_or(may_from, |n| n.min(may_from)));
-            let said = Preemption::In { seconds: (may_from - cycle.now).div_ceil(1000), whom: None };
+            // Not for a gang waiting out the delay since it was taken back itself: what it
+            // would take is what was just taken from it.
+            let preview = preview && app.gang_preempted_at.is_none();
+            let whom = preview.then(|| match self.plan_gang(app_id, world, cycle, flows, placed, cache) {
+                Ok(plans) => {
+                    let mut pools: Vec<&PoolName> = Vec::new();
+                    let mut names: Vec<String> = Vec::new();
+                    for plan in plans.iter().filter(|plan| !plan.victims.is_empty()) {
+                        let pool = &cycle.room.spots[plan.spot].name;
+                        if !pools.contains(&pool) {
+                            pools.push(pool);
+                        }
+                        names.extend(plan.victims.iter().map(|((app, task), _)| format!("{app}/{task}")));
+                    }
+                    let pools: Vec<String> = pools.iter().map(|pool| format!("`{pool}`")).collect();
+                    let on = if pools.len() == 1 { "pool" } else { "pools" };
+                    format!("it would preempt {} on {on} {} for its gang", names.join(", "), pools.join(", "))
+                }
+                Err(rule) => rule,
+            });
+            let said = Preemption::In { seconds: (may_from - cycle.now).div_ceil(1000), whom };
             self.gang_waits(app_id, said);
-            return;
+            return preview;
         }
         match self.plan_gang(app_id, world, cycle, flows, placed, cache) {
             Ok(plans) => {
@@ -741,6 +768,7 @@ impl Scheduler {
             }
             Err(said) => self.gang_waits(app_id, Preemption::Cannot(said)),
         }
+        false
     }
 
     /// A gang with no room says what preemption says of it too.
