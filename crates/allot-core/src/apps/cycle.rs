@@ -596,12 +596,31 @@ impl Scheduler {
     }
 
     /// The first limit, from the application's leaf queue up, that `wanted` more would break.
-    fn limit_hit(&self, app: &AppId, wanted: &Resources, starts_app: bool) -> Option<LimitHit> {
+    /// What preemption holds for other tasks and gangs (`holding`: not this task itself) counts
+    /// as used: the room a queue's preemptions free under its max is theirs.
+    fn limit_hit(
+        &self,
+        app: &AppId,
+        wanted: &Resources,
+        starts_app: bool,
+        holding: Option<&TaskId>,
+    ) -> Option<LimitHit> {
+        let app_id = app;
         let app = &self.apps[app];
         let nothing = QueueUsage::default();
+        let held = !self.holders.is_empty() || !self.gang_holders.is_empty();
         app.spec.queue.up_to_root().find_map(|queue| {
             let limits = self.queues.get(&queue)?;
-            let used = self.usage.get(&queue).unwrap_or(&nothing);
+            let mut used = self.usage.get(&queue).unwrap_or(&nothing);
+            let with_held;
+            if held {
+                let others = self.held_under(&queue, (app_id, holding));
+                if !others.is_empty() {
+                    let allocated = used.allocated.checked_add(&others).unwrap_or_else(|| used.allocated.clone());
+                    with_held = QueueUsage { allocated, ..used.clone() };
+                    used = &with_held;
+                }
+            }
             let limit = limit_at(limits, used, app.spec.owner(), wanted, starts_app)?;
             Some(LimitHit { queue, limit })
         })
@@ -620,7 +639,7 @@ impl Scheduler {
     fn step_app(&mut self, app_id: &AppId, world: &mut World<'_>, cycle: &mut Cycle<'_>) -> bool {
         let app = &self.apps[app_id];
         if !app.counted {
-            if let Some(hit) = self.limit_hit(app_id, &Resources::new(), true) {
+            if let Some(hit) = self.limit_hit(app_id, &Resources::new(), true, None) {
                 self.why_app.insert(app_id.clone(), Why::QueueLimit(hit));
                 return false;
             }
@@ -688,7 +707,10 @@ impl Scheduler {
                     if let Why::CanNeverFit(never) = &why {
                         self.mark_never_fits(app_id, format!("task `{task}` can never fit: {never}"), cycle);
                     }
-                    self.why_task.insert((app_id.clone(), task), why);
+                    // Room still held for it: it waits for its victims, and says so.
+                    let key = (app_id.clone(), task);
+                    let why = self.still_preempting(&key).unwrap_or(why);
+                    self.why_task.insert(key, why);
                 }
             }
         }
@@ -730,8 +752,9 @@ impl Scheduler {
         selector.extend(task.spec.selector.iter().map(|(k, v)| (k.clone(), v.clone())));
         let wanted = task.spec.resources.clone();
         let needs = task.spec.tokens.clone();
-        if let Some(hit) =
-            self.limit_hit(app_id, &wanted, !app.counted).or_else(|| self.lend_hit(app_id, &wanted, &cycle.room))
+        if let Some(hit) = self
+            .limit_hit(app_id, &wanted, !app.counted, Some(task_id))
+            .or_else(|| self.lend_hit(app_id, &wanted, &cycle.room))
         {
             return Err(Why::QueueLimit(hit));
         }
@@ -873,7 +896,7 @@ impl Scheduler {
         let members = app.gang_members();
         let total = members.iter().fold(Resources::new(), |sum, m| sum.checked_add(&m.2).unwrap_or(sum));
         if let Some(hit) =
-            self.limit_hit(app_id, &total, !app.counted).or_else(|| self.lend_hit(app_id, &total, &cycle.room))
+            self.limit_hit(app_id, &total, !app.counted, None).or_else(|| self.lend_hit(app_id, &total, &cycle.room))
         {
             return Err(Why::GangNotReserved { member: None, cause: Some(Box::new(Why::QueueLimit(hit))) });
         }

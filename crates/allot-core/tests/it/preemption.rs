@@ -515,3 +515,100 @@ fn a_gang_preempts_all_of_its_room_or_none() {
     assert!(why.contains("it cannot preempt"), "{why}");
     assert!(why.contains("preemptable: false"), "{why}");
 }
+
+/// The queue `root.team` may hold cpu=2 in all (its `max`), over two leaves; `root.other` has
+/// no limit; the pool has room to spare.
+fn team_at_its_max(b: &mut Bench) {
+    b.pool("p", "cpu=10", &[]);
+    b.queue("root.team", QueueLimits { max: Some(res("cpu=2")), ..QueueLimits::default() });
+    b.queue("root.team.a", QueueLimits::default());
+    b.queue("root.team.b", QueueLimits::default());
+    b.queue("root.other", QueueLimits::default());
+    b.submit(app_spec("batch", "root.team.a")).unwrap();
+    tasks(b, "batch", 3, 0);
+    b.submit(app_spec("other", "root.other")).unwrap();
+    tasks(b, "other", 2, 0);
+    b.cycle();
+    assert_eq!((placed(b, "batch"), placed(b, "other"), used(b, "root.team")), (2, 2, 2));
+}
+
+#[test]
+fn a_task_held_back_by_its_queues_max_takes_a_lower_priority_task_of_that_queue_and_its_room_stays_its() {
+    let mut b = Bench::new();
+    team_at_its_max(&mut b);
+    b.submit(app_spec("urgent", "root.team.b")).unwrap();
+    b.add("urgent", TaskSpec { priority: Priority::of(10), ..task("t", "cpu=1") }).unwrap();
+    b.cycle();
+    let why = b.sched.task_why(&aid("urgent"), &tid("t")).unwrap();
+    assert_eq!(why.code(), "queue_limit");
+    assert!(why.to_string().contains("it may preempt in 30s"), "{why}");
+    assert!(why.to_string().contains("it would preempt batch/t1"), "{why}");
+    b.now += DELAY;
+    b.cycle();
+    // One of the team's tasks, of a lower priority, the youngest; never one outside the team.
+    assert_eq!(marked(&b, "batch", 3), ["t1"]);
+    assert!(marked(&b, "other", 2).is_empty());
+    assert_eq!(b.sched.task_why(&aid("urgent"), &tid("t")).unwrap().code(), "preempting");
+    // The team's waiting task of a lower priority does not take what the victim frees.
+    b.cycle();
+    assert_eq!(b.sched.task_why(&aid("urgent"), &tid("t")).unwrap().code(), "preempting");
+    executor_ends(&mut b, "batch", "t1");
+    b.cycle();
+    b.check();
+    assert_eq!(b.state("urgent", "t"), TaskState::Allocated);
+    assert_eq!((b.state("batch", "t1"), b.state("batch", "t2")), (TaskState::Pending, TaskState::Pending));
+    assert_eq!(used(&b, "root.team"), 2, "never over its max");
+    // Nothing preempts back, however long it waits.
+    b.now += DELAY + GRACE;
+    b.cycle();
+    assert!(marked(&b, "batch", 3).is_empty());
+    assert_eq!(b.state("urgent", "t"), TaskState::Allocated);
+}
+
+#[test]
+fn a_task_held_back_by_its_queues_max_takes_nothing_of_an_equal_priority_nor_outside_its_queue() {
+    let mut b = Bench::new();
+    team_at_its_max(&mut b);
+    b.submit(app_spec("peer", "root.team.b")).unwrap();
+    tasks(&mut b, "peer", 1, 0);
+    b.now += DELAY;
+    b.cycle();
+    assert!(marked(&b, "batch", 3).is_empty() && marked(&b, "other", 2).is_empty());
+    // Nothing of a lower priority under the queue: it waits on the limit, and no more is said.
+    let why = b.sched.task_why(&aid("peer"), &tid("t0")).unwrap();
+    assert_eq!(why.code(), "queue_limit");
+    assert!(!why.to_string().contains("preempt"), "{why}");
+}
+
+#[test]
+fn room_a_whole_gang_frees_beyond_its_preemptors_need_goes_to_the_queue_still_owed_its_guarantee() {
+    let mut b = Bench::new();
+    b.pool("p", "cpu=3", &[]);
+    b.queue("root.a", guaranteed("cpu=2"));
+    b.queue("root.b", QueueLimits::default());
+    b.queue("root.c", QueueLimits::default());
+    let mut gang = app_spec("gang", "root.b");
+    gang.groups = vec![group("workers", 3, "cpu=1")];
+    b.submit(gang).unwrap();
+    for m in 0..3 {
+        b.add("gang", member(&format!("w{m}"), "workers", "cpu=1")).unwrap();
+    }
+    b.cycle();
+    b.cycle();
+    // `a` is owed cpu=2; `c`, of a higher priority, is owed nothing and comes first otherwise.
+    b.submit(app_spec("a", "root.a")).unwrap();
+    tasks(&mut b, "a", 2, 0);
+    b.submit(app_spec("c", "root.c")).unwrap();
+    tasks(&mut b, "c", 2, 5);
+    b.now += DELAY;
+    b.cycle();
+    let held = |b: &Bench, task: &str| b.sched.task(&aid("a"), &tid(task)).unwrap().held.is_some();
+    assert!(held(&b, "t0") && held(&b, "t1"), "the gang frees room for both of a's tasks, held for them");
+    for m in ["w0", "w1", "w2"] {
+        executor_ends(&mut b, "gang", m);
+    }
+    b.cycle();
+    no_overcommit(&b);
+    assert_eq!((b.state("a", "t0"), b.state("a", "t1")), (TaskState::Allocated, TaskState::Allocated));
+    assert_eq!((used(&b, "root.a"), placed(&b, "c")), (2, 1), "c has what is left");
+}

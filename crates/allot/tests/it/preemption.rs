@@ -338,6 +338,50 @@ async fn a_gang_is_preempted_whole_and_runs_again_whole_on_either_store() {
     never_overcommitted(on.second.client(), gang_taken_whole(&on.second.client())).await;
 }
 
+/// The queue `root.team` may hold cpu=1 (its `max`) on a pool with room to spare; a batch task
+/// of priority 0 holds it; an urgent task of priority 10 in the same queue takes its place, runs
+/// and completes; then the batch task runs again. Nothing outside the queue is touched.
+async fn ceiling_preempts(client: &Client) {
+    let team = PutQueue { max: Some("cpu=1".into()), preemption_delay_ms: Some(0), ..PutQueue::default() };
+    client.put_queue("root.team", &team).await.unwrap();
+    client.put_queue("root.other", &PutQueue::default()).await.unwrap();
+    client.submit_app(&app("batch", "root.team", vec![sleeper("b", 3600.0)])).await.unwrap();
+    client.submit_app(&app("other", "root.other", vec![sleeper("o", 3600.0)])).await.unwrap();
+    let both = eventually(Duration::from_secs(20), async || {
+        running(client, "batch", "b").await && running(client, "other", "o").await
+    })
+    .await;
+    assert!(both, "batch and other run: {:?} {:?}", client.tasks("batch").await, client.tasks("other").await);
+    let urgent = AddTask { priority: Some(10), ..sleeper("u", 0.2) };
+    client.submit_app(&app("urgent", "root.team", vec![urgent])).await.unwrap();
+    let done = eventually(Duration::from_secs(30), async || {
+        client.task("urgent", "u").await.is_ok_and(|t| t.state == "Completed")
+    })
+    .await;
+    assert!(done, "the urgent task ran: {:?} {:?}", client.task("urgent", "u").await, client.tasks("batch").await);
+    let again = eventually(Duration::from_secs(30), async || running(client, "batch", "b").await).await;
+    let task = client.task("batch", "b").await.unwrap();
+    assert!(again, "the batch task runs again once its queue has room: {task:?}");
+    assert_eq!(task.preemptions, 1, "{task:?}");
+    let run = client.task_run("batch", "b").await.unwrap();
+    let reason = run.events.iter().filter_map(|e| e.error.as_ref()).find(|err| err.code == "preempted");
+    assert!(reason.is_some_and(|err| err.message.contains("urgent/u")), "{run:?}");
+    let other = client.task("other", "o").await.unwrap();
+    assert_eq!((other.preemptions, other.state.as_str()), (0, "Running"), "{other:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_task_held_back_by_its_queues_max_preempts_a_lower_priority_one_of_that_queue_on_either_store() {
+    let (_dir, data) = data_dir();
+    let daemon = Daemon::start(&data, &["--pool", "w=cpu=4", "--run-pool", "w"]);
+    ceiling_preempts(&daemon.client()).await;
+    drop(daemon);
+
+    let redis = RedisServer::start();
+    let on = scheduler_and_runner(&redis, &["--pool", "w=cpu=4", "--run-pool", "w"]).await;
+    ceiling_preempts(&on.second.client()).await;
+}
+
 /// A task on its own (no type: run by whoever reports it), placed where no executor runs.
 fn untyped(id: &str, resources: &str) -> AddTask {
     serde_json::from_value(serde_json::json!({ "id": id, "resources": resources })).unwrap()

@@ -9,7 +9,10 @@
 //! Who may preempt: a task that has waited its queue's `preemption_delay` (since it was added, or
 //! last preempted itself), whose tokens are there (preemption frees pools, not tokens), and
 //! either whose queues are below their guarantees with it placed (then it takes tasks of lower
-//! or equal priority), or that has a higher priority than its victims (where the fences allow).
+//! or equal priority), or that has a higher priority than its victims (where the fences allow);
+//! one its queue's own ceiling (`max`, `borrow_limit`) holds back takes only tasks of a lower
+//! priority under that queue, as many as free what the ceiling needs too. Room a decision frees
+//! beyond its preemptor's need is held for the next tasks owed their guarantee (`claim_surplus`).
 //!
 //! Who may be taken: a placed task of another application, preemptable, taken fewer than
 //! `max_preemptions` times, not already being preempted, inside the preemptor's fence, in no
@@ -110,6 +113,7 @@ enum Wants {
 
 const OWN_APPLICATION: &str = "the tasks that hold the room are of its own application";
 const BEING_PREEMPTED: &str = "the tasks that hold the room are being preempted already";
+const OUTSIDE_CEILING: &str = "the tasks that hold the room are outside the queue whose limit holds it back";
 const GANG_KEPT: &str = "the tasks that hold the room are gang members, and a gang is never broken";
 
 /// The placed tasks on each pool of the cycle's room as its plans see them: for each (by its
@@ -202,6 +206,20 @@ struct Want<'a> {
     priority: i32,
     /// Whether the preemptor's queues are below their guarantees with it placed.
     below: bool,
+    /// The queue whose max (or borrow limit) holds it back, and what its tasks must free of it:
+    /// then its victims are of that queue, of lower priority, and free that too.
+    ceiling: Option<(&'a QueuePath, &'a Resources)>,
+}
+
+/// The queue whose resource ceiling (its `max`, or its guarantee and `borrow_limit`) keeps a task
+/// from being placed, if that is what `why` says.
+fn ceiling_hit(why: &Why) -> Option<&crate::apps::queues::LimitHit> {
+    use crate::apps::queues::Limit;
+    match why {
+        Why::QueueLimit(hit) if matches!(hit.limit, Limit::Max { .. } | Limit::Borrow { .. }) => Some(hit),
+        Why::NoRoomYet { room, .. } => ceiling_hit(room),
+        _ => None,
+    }
 }
 
 /// What every member of an application's gang holds together.
@@ -561,16 +579,33 @@ impl Scheduler {
         // before any borrowing queue's priorities are served), then the highest priority, then
         // the earliest added. The tasks the cycle passed over as like one that found no room
         // (`alike`) are not here: each comes in after the one before it preempted.
+        let eligible =
+            |t: &&crate::apps::Task| t.state == TaskState::Pending && t.held.is_none() && t.spec.group.is_none();
         let mut waiting: BinaryHeap<Waiting> = self
             .why_task
             .iter()
             .filter(|(_, why)| matches!(why, Why::NoRoom { .. }))
-            .filter_map(|((app, task), _)| {
-                let t = self.tasks.get(app)?.get(task)?;
-                let eligible = t.state == TaskState::Pending && t.held.is_none() && t.spec.group.is_none();
-                eligible.then(|| self.preemption_order(t, &flows))
-            })
+            .filter_map(|((app, task), _)| self.tasks.get(app)?.get(task).filter(eligible))
+            .map(|t| self.preemption_order(t, &flows))
             .collect();
+        // And each task its queue's limit holds back, where a task of a lower priority is placed
+        // under that queue (the only ones it may take) and the limit can hold it at all.
+        let held_back: Vec<(&crate::apps::Task, &QueuePath)> = self
+            .why_task
+            .iter()
+            .filter_map(|((app, task), why)| {
+                Some((self.tasks.get(app)?.get(task).filter(eligible)?, &ceiling_hit(why)?.queue))
+            })
+            .filter(|(t, queue)| self.under_ceiling(queue, &t.spec.resources))
+            .collect();
+        if !held_back.is_empty() {
+            let lowest = self.lowest_priority_under(held_back.iter().map(|(_, queue)| *queue));
+            for (t, queue) in held_back {
+                if lowest.get(queue).is_some_and(|low| *low < t.spec.priority.value()) {
+                    waiting.push(self.preemption_order(t, &flows));
+                }
+            }
+        }
         // And each gang that found no room, holding none.
         let gangs: Vec<Waiting> = self
             .why_app
@@ -591,6 +626,8 @@ impl Scheduler {
         let mut cache = PlanCache::default();
         // Each leaf's delay, read once.
         let mut delays: HashMap<QueuePath, u64> = HashMap::new();
+        // By spot: what the victims marked this cycle free beyond what their preemptors need.
+        let mut surplus: HashMap<usize, Resources> = HashMap::new();
         while let Some((restored, priority, _, wants)) = waiting.pop() {
             let key = match wants {
                 Wants::Task(key) => key,
@@ -661,9 +698,19 @@ impl Scheduler {
             if placed.as_ref().is_some_and(|p| cache.looked >= MAX_PLANS_PER_CYCLE * (p.count + p.at.len()).max(1)) {
                 break;
             }
+            // Room a decision of this cycle frees beyond its preemptor's need (a gang taken whole,
+            // a large victim) goes first to a task owed its queue's guarantee, held for it.
+            if restored && self.claim_surplus(&key, &mut surplus, cycle, &mut flows) {
+                if let Some((next, why)) = self.next_like(&key.0, &key.1) {
+                    waiting.push(self.preemption_order(&self.tasks[&key.0][&next], &flows));
+                    self.why_task.insert((key.0.clone(), next), why);
+                }
+                continue;
+            }
             if failed_apps.contains(&key.0) {
                 continue;
             }
+            let task = &self.tasks[&key.0][&key.1];
             let shape = (
                 task.spec.resources.clone(),
                 task.spec.selector.clone(),
@@ -687,6 +734,11 @@ impl Scheduler {
                         placed.mark(plan.spot, &plan.victims);
                     }
                     cache.taken_from(plan.spot);
+                    let extra = plan.freed.saturating_sub(&self.tasks[&key.0][&key.1].spec.resources);
+                    if !extra.is_empty() {
+                        let sum = surplus.entry(plan.spot).or_default();
+                        *sum = sum.checked_add(&extra).unwrap_or_else(|| sum.clone());
+                    }
                     self.carry_out(&key, plan, cycle, &mut flows);
                     continue;
                 }
@@ -847,7 +899,7 @@ impl Scheduler {
                 plans.push(Plan { spot, victims: Vec::new(), freed: Resources::new(), below });
                 continue;
             }
-            let want = Want { app: app_id, leaf, wanted, selector, priority, below };
+            let want = Want { app: app_id, leaf, wanted, selector, priority, below, ceiling: None };
             let plan = match self.plan_for(&want, allowed, &room, &flows, &placed, cache) {
                 Ok(plan) => plan,
                 Err(said) => {
@@ -977,6 +1029,29 @@ impl Scheduler {
                 reserved
             }
         }
+    }
+
+    /// What the tasks and gangs with room held for them will use once placed, in `queue` and the
+    /// queues under it, but for what `except` names: an application's task, or (with no task)
+    /// everything of the application.
+    pub(super) fn held_under(&self, queue: &QueuePath, except: (&AppId, Option<&TaskId>)) -> Resources {
+        let under =
+            |app: &AppId| self.apps.get(app).is_some_and(|a| a.spec.queue.ancestors().any(|q| q == queue.as_str()));
+        let mut held = Resources::new();
+        for (app, task) in self.holders.keys() {
+            if (app == except.0 && except.1.is_none_or(|t| t == task)) || !under(app) {
+                continue;
+            }
+            if let Some(task) = self.tasks.get(app).and_then(|t| t.get(task)) {
+                held = held.checked_add(&task.spec.resources).unwrap_or(held);
+            }
+        }
+        for app in self.gang_holders.iter().filter(|app| !(*app == except.0 && except.1.is_none()) && under(app)) {
+            if let Some(app) = self.apps.get(app).filter(|a| a.awaits_gang() && !a.held.is_empty()) {
+                held = held.checked_add(&gang_total(app)).unwrap_or(held);
+            }
+        }
+        held
     }
 
     /// What the tasks with room held for them will use once placed, per queue (and every queue
@@ -1318,7 +1393,19 @@ impl Scheduler {
             }
         }
         let wanted = &task.spec.resources;
-        let below = self.below_guarantee(&leaf, wanted, flows);
+        let hit = self.why_task.get(key).and_then(ceiling_hit).map(|hit| hit.queue.clone());
+        let excess = hit.as_ref().map(|queue| self.over_ceiling(queue, wanted, flows));
+        let ceiling = match (&hit, &excess) {
+            (Some(queue), Some(excess)) if excess.is_empty() => {
+                return Err(format!(
+                    "it cannot preempt: the tasks leaving its queue `{queue}` free what its limit needs"
+                ));
+            }
+            (Some(queue), Some(excess)) => Some((queue, excess)),
+            _ => None,
+        };
+        // Held back by its queue's own limit, it takes by priority, from that queue.
+        let below = ceiling.is_none() && self.below_guarantee(&leaf, wanted, flows);
         let task_type = if cycle.room.typed { self.type_of(&key.0, &key.1) } else { None };
         let allowed = self.allowed(&key.0, &[task_type], None, cycle);
         let want = Want {
@@ -1328,8 +1415,72 @@ impl Scheduler {
             selector: &task.spec.selector,
             priority: task.spec.priority.value(),
             below,
+            ceiling,
         };
         self.plan_for(&want, allowed.as_ref(), &cycle.room, flows, placed, cache)
+    }
+
+    /// Whether `wanted` alone fits under `queue`'s ceiling (else nothing taken there helps).
+    fn under_ceiling(&self, queue: &QueuePath, wanted: &Resources) -> bool {
+        let Some(limits) = self.queues.get(queue) else { return false };
+        let fits_max = limits.max.as_ref().is_none_or(|max| max.fits(wanted));
+        let fits_borrow = limits.borrow_limit.as_ref().is_none_or(|limit| {
+            limit.iter().all(|(name, borrow)| {
+                let cap = limits.guaranteed.get_milli(name.as_str()).saturating_add(borrow);
+                wanted.get_milli(name.as_str()) <= cap
+            })
+        });
+        fits_max && fits_borrow
+    }
+
+    /// The lowest priority of a task placed under each of `queues` (those with none placed are
+    /// left out): one pass over the placed tasks.
+    fn lowest_priority_under<'a>(&self, queues: impl Iterator<Item = &'a QueuePath>) -> HashMap<QueuePath, i32> {
+        let wanted: HashSet<&str> = queues.map(QueuePath::as_str).collect();
+        let mut lowest: HashMap<QueuePath, i32> = HashMap::new();
+        for (app_id, tasks) in &self.tasks {
+            let Some(app) = self.apps.get(app_id) else { continue };
+            let under: Vec<&str> = app.spec.queue.ancestors().filter(|q| wanted.contains(q)).collect();
+            if under.is_empty() {
+                continue;
+            }
+            let placed = tasks.values().filter(|t| matches!(t.state, TaskState::Allocated | TaskState::Running));
+            let Some(low) = placed.map(|t| t.spec.priority.value()).min() else { continue };
+            for queue in under {
+                let entry = lowest.entry(QueuePath::of_ancestor(queue)).or_insert(low);
+                *entry = (*entry).min(low);
+            }
+        }
+        lowest
+    }
+
+    /// What of `queue`'s ceiling (its `max`, and its guarantee plus `borrow_limit`) `wanted` more
+    /// would exceed, with what is leaving it and what is held for others counted.
+    fn over_ceiling(&self, queue: &QueuePath, wanted: &Resources, flows: &Flows) -> Resources {
+        let Some(limits) = self.queues.get(queue) else { return Resources::new() };
+        let empty = Resources::new();
+        let used = self.usage.get(queue).map_or(&empty, |u| &u.allocated);
+        let (arriving, leaving) =
+            (flows.arriving.get(queue).unwrap_or(&empty), flows.leaving.get(queue).unwrap_or(&empty));
+        let now = used.checked_add(arriving).unwrap_or_else(|| used.clone()).saturating_sub(leaving);
+        let mut caps: Vec<(String, u64)> = Vec::new();
+        if let Some(max) = &limits.max {
+            caps.extend(max.iter().map(|(name, cap)| (name.to_string(), cap)));
+        }
+        if let Some(limit) = &limits.borrow_limit {
+            for (name, borrow) in limit.iter() {
+                let cap = limits.guaranteed.get_milli(name.as_str()).saturating_add(borrow);
+                caps.push((name.to_string(), cap));
+            }
+        }
+        let mut excess = Resources::new();
+        for (name, cap) in caps {
+            let over = now.get_milli(&name).saturating_add(wanted.get_milli(&name)).saturating_sub(cap);
+            if over > excess.get_milli(&name) {
+                excess = excess.with_milli(&name, over);
+            }
+        }
+        excess
     }
 
     /// The victims on one pool of `room` that make room for `want`, or why there are none.
@@ -1342,7 +1493,7 @@ impl Scheduler {
         placed: &Placed,
         cache: &mut PlanCache,
     ) -> Result<Plan, String> {
-        let Want { app: app_id, leaf, wanted, selector, priority, below } = *want;
+        let Want { app: app_id, leaf, wanted, selector, priority, below, ceiling } = *want;
         let of_leaf = match cache.leaves.get(leaf) {
             Some(of_leaf) => of_leaf.clone(),
             None => {
@@ -1382,6 +1533,10 @@ impl Scheduler {
                 }
                 let victim_priority = victim.priority;
                 let victim_leaf = &placed.apps[victim.app].1;
+                if ceiling.is_some_and(|(queue, _)| !victim_leaf.ancestors().any(|q| q == queue.as_str())) {
+                    refusals.note(OUTSIDE_CEILING);
+                    continue;
+                }
                 let known = seen.iter().find(|(a, p, _)| *a == victim.app && *p == victim_priority);
                 let queues = match known {
                     Some((.., queues)) => *queues,
@@ -1415,7 +1570,7 @@ impl Scheduler {
             }
             // Nothing to take here: only room already free would do (not expected, as the task
             // found none), and the pool is passed without a look at its sums.
-            if candidates.is_empty() && !cache.free_fits(room, i, wanted) {
+            if candidates.is_empty() && (ceiling.is_some() || !cache.free_fits(room, i, wanted)) {
                 continue;
             }
             candidates.sort_by(|a, b| a.0.cmp(&b.0).then(b.1.cmp(&a.1)));
@@ -1424,9 +1579,14 @@ impl Scheduler {
             let mut taken: HashMap<QueuePath, Resources> = HashMap::new();
             // Each victim (a gang taken whole is one): what it frees here, what it holds in all.
             let mut chosen: Vec<(&Listed, Cow<Resources>, &Resources)> = Vec::new();
-            let fits = |freed: &Resources| free.checked_add(freed).is_some_and(|room| room.fits(wanted));
+            // And, under a queue's limit, what all the victims free of it (wherever they are).
+            let mut freed_in_queue = Resources::new();
+            let fits = |freed: &Resources, in_queue: &Resources| {
+                free.checked_add(freed).is_some_and(|room| room.fits(wanted))
+                    && ceiling.is_none_or(|(_, excess)| in_queue.fits(excess))
+            };
             for (_, _, victim, victim_leaf) in candidates {
-                if fits(&freed) {
+                if fits(&freed, &freed_in_queue) {
                     break;
                 }
                 let (here, resources) = match victim.gang {
@@ -1437,7 +1597,11 @@ impl Scheduler {
                 };
                 // Only what helps: a victim holding none of what is lacking frees nothing needed.
                 let lacking = wanted.saturating_sub(&free.checked_add(&freed).unwrap_or_default());
-                if !lacking.iter().any(|(name, _)| here.get_milli(name.as_str()) > 0) {
+                let lacking_in_queue = ceiling.map(|(_, excess)| excess.saturating_sub(&freed_in_queue));
+                let helps = lacking.iter().any(|(name, _)| here.get_milli(name.as_str()) > 0)
+                    || lacking_in_queue
+                        .is_some_and(|l| l.iter().any(|(name, _)| resources.get_milli(name.as_str()) > 0));
+                if !helps {
                     continue;
                 }
                 if self.below_its_guarantee(victim_leaf, (path, wanted), resources, &taken, flows) {
@@ -1447,9 +1611,10 @@ impl Scheduler {
                 }
                 add_up(&mut taken, victim_leaf, resources);
                 freed = freed.checked_add(&here).unwrap_or(freed);
+                freed_in_queue = freed_in_queue.checked_add(resources).unwrap_or(freed_in_queue);
                 chosen.push((victim, here, resources));
             }
-            if !fits(&freed) {
+            if !fits(&freed, &freed_in_queue) {
                 continue;
             }
             // As little as possible: drop, last chosen first, every victim the room does not need.
@@ -1457,8 +1622,9 @@ impl Scheduler {
             while index > 0 {
                 index -= 1;
                 let without = freed.saturating_sub(&chosen[index].1);
-                if fits(&without) {
-                    freed = without;
+                let without_in_queue = freed_in_queue.saturating_sub(chosen[index].2);
+                if fits(&without, &without_in_queue) {
+                    (freed, freed_in_queue) = (without, without_in_queue);
                     chosen.remove(index);
                 }
             }
@@ -1550,6 +1716,47 @@ impl Scheduler {
         })
     }
 
+    /// A task owed its queue's guarantee takes room that victims marked this cycle free beyond
+    /// their preemptors' need, where it fits: the room is held for it as for a preemptor, and it
+    /// waits for those victims. Answers whether it did.
+    fn claim_surplus(
+        &mut self,
+        key: &TaskRef,
+        surplus: &mut HashMap<usize, Resources>,
+        cycle: &mut Cycle<'_>,
+        flows: &mut Flows,
+    ) -> bool {
+        if surplus.is_empty() {
+            return false;
+        }
+        let task = &self.tasks[&key.0][&key.1];
+        let wanted = task.spec.resources.clone();
+        let task_type = if cycle.room.typed { self.type_of(&key.0, &key.1) } else { None };
+        let allowed = self.allowed(&key.0, &[task_type], None, cycle);
+        let fits = |spot: usize, extra: &Resources| {
+            extra.fits(&wanted)
+                && cycle.room.spots.get(spot).is_some_and(|s| selector_matches(&task.spec.selector, &s.labels))
+                && allowed.as_ref().is_none_or(|a| a.takes(spot))
+        };
+        let Some(spot) = surplus.iter().filter(|(spot, extra)| fits(**spot, extra)).map(|(spot, _)| *spot).min() else {
+            return false;
+        };
+        if let Some(extra) = surplus.get_mut(&spot) {
+            *extra = extra.saturating_sub(&wanted);
+        }
+        let pool = cycle.room.spots[spot].name.clone();
+        let Some(task) = self.tasks.get_mut(&key.0).and_then(|t| t.get_mut(&key.1)) else { return false };
+        task.held = Some(pool.clone());
+        cycle.out.apps.push(AppChange::Task(task.clone()));
+        self.pending_shapes.remove(&key.0);
+        add_up(&mut flows.arriving, &self.apps[&key.0].spec.queue, &wanted);
+        self.holders.insert(key.clone(), pool);
+        if let Some(why) = self.still_preempting(key) {
+            self.why_task.insert(key.clone(), why);
+        }
+        true
+    }
+
     /// Marks the plan's victims and holds the room for the preemptor.
     fn carry_out(&mut self, key: &TaskRef, plan: Plan, cycle: &mut Cycle<'_>, flows: &mut Flows) {
         let pool = cycle.room.spots[plan.spot].name.clone();
@@ -1624,6 +1831,35 @@ impl Scheduler {
         Some((i, portion))
     }
 
+    /// What a task with room held for it waits for: its victims, on its pool.
+    pub(super) fn still_preempting(&self, key: &TaskRef) -> Option<Why> {
+        let pool = self.holders.get(key)?.clone();
+        let mut victims: Vec<String> =
+            self.victims_for(key).iter().map(|(app, task)| format!("{app}/{task}")).collect();
+        victims.sort();
+        Some(Why::Preempting { pool, victims, grace_ms: self.config.preemption_grace_ms })
+    }
+
+    /// The victims a task with room held for it waits for: those marked for it, else (room it
+    /// took beyond another preemptor's need) those leaving its pool for a preemptor.
+    fn victims_for(&self, key: &TaskRef) -> Vec<&TaskRef> {
+        let own: Vec<&TaskRef> =
+            self.victims.iter().filter(|(_, (by, _))| by.as_ref() == Some(key)).map(|(victim, _)| victim).collect();
+        if !own.is_empty() {
+            return own;
+        }
+        let Some(pool) = self.holders.get(key) else { return own };
+        let on_pool = |victim: &TaskRef| {
+            let task = self.tasks.get(&victim.0).and_then(|t| t.get(&victim.1));
+            task.and_then(|t| t.placement.as_ref()).is_some_and(|p| &p.pool == pool)
+        };
+        self.victims
+            .iter()
+            .filter(|(victim, (by, _))| by.is_some() && on_pool(victim))
+            .map(|(victim, _)| victim)
+            .collect()
+    }
+
     /// The task holds no room any more (its pool is gone or down): it waits as any task, and
     /// may preempt again.
     pub(super) fn drop_hold(&mut self, key: &TaskRef, cycle: &mut Cycle<'_>) {
@@ -1639,7 +1875,7 @@ impl Scheduler {
     /// After a holder's placement: placed, it holds nothing any more; not placed, the room is
     /// held again, unless nothing is preempted for it any more (then it waits as any task).
     pub(super) fn rehold(&mut self, key: &TaskRef, given: (usize, Resources), placed: bool, cycle: &mut Cycle<'_>) {
-        let pending_victims = self.victims.values().any(|(by, _)| by.as_ref() == Some(key));
+        let pending_victims = !self.victims_for(key).is_empty();
         if placed || !pending_victims {
             self.holders.remove(key);
             self.pending_shapes.remove(&key.0);
