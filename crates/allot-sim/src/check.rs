@@ -18,6 +18,7 @@ use allot_api::{
     SessionList, Status, WaiterList,
 };
 use allot_core::apps::states::TaskState;
+use allot_core::Millis;
 use axum::http::{Method, StatusCode};
 
 use crate::plan::{Call, Report, RunAsks, Shape, APPS_PER_CLIENT, GANG_RESERVE_TIMEOUT_MS, PROJECT_CAP, SCOPE_CAP};
@@ -141,8 +142,14 @@ pub struct Model {
     client_sessions: BTreeMap<u8, Vec<usize>>,
     /// Each application submitted (or perhaps submitted: its answer lost), and its tasks.
     apps: BTreeMap<String, u8>,
-    /// The applications whose submission was acknowledged: each survives every crash.
+    /// The applications whose submission was acknowledged: each survives every crash, until
+    /// the daemon's wall clock may have passed its retention since it ended.
     acknowledged_apps: BTreeSet<String>,
+    /// The daemon's wall clock at the last reading.
+    wall: Millis,
+    /// For each application submitted: the lowest and the highest reading of the wall clock
+    /// since its submission was sent (it jumps, back and forth).
+    app_walls: BTreeMap<String, (Millis, Millis)>,
     /// The tasks whose report of their end (complete, fail) was acknowledged: each stays ended.
     ended_tasks: BTreeSet<(String, String)>,
     /// The highest fencing number a grant of each namespace was answered with.
@@ -162,6 +169,8 @@ impl Model {
             client_sessions: BTreeMap::new(),
             apps: BTreeMap::new(),
             acknowledged_apps: BTreeSet::new(),
+            wall: 0,
+            app_walls: BTreeMap::new(),
             ended_tasks: BTreeSet::new(),
             fencing: vec![0; usize::from(shape.namespaces)],
             revision: 0,
@@ -315,7 +324,18 @@ impl Model {
 
     /// A call is sent at `now`: until answered, what it may change is in doubt. Answers what
     /// may run beside it.
+    /// The daemon's wall clock reads `wall` now.
+    pub fn wall_reading(&mut self, wall: Millis) {
+        self.wall = wall;
+        for (low, high) in self.app_walls.values_mut() {
+            (*low, *high) = ((*low).min(wall), (*high).max(wall));
+        }
+    }
+
     pub fn sent(&mut self, call: Call, target: &Target, now: u64) -> Overlap {
+        if let (Call::Submit { .. }, Target::App { app }) = (call, target) {
+            self.app_walls.entry(app.clone()).or_insert((self.wall, self.wall));
+        }
         let (floor, session) = match target {
             Target::Grant { ns, session, .. } => (self.fencing[usize::from(*ns)], *session),
             _ => (0, None),
@@ -369,12 +389,17 @@ impl Model {
         overlap
     }
 
-    /// Every application whose submission was acknowledged is among `listed` (ended ones are
-    /// kept an hour of the daemon's time, longer than a plan runs), and every task whose end was
+    /// Every application whose submission was acknowledged is among `listed`, unless the
+    /// daemon's wall clock moved on by its retention since (an ended one is forgotten that long
+    /// after its end by the daemon's wall clock, which jumps), and every task whose end was
     /// acknowledged is ended.
     pub fn apps_hold(&self, listed: &[(allot_api::App, Vec<allot_api::Task>)]) -> Result<(), Violation> {
         let ids: BTreeSet<&str> = listed.iter().map(|(app, _)| app.id.as_str()).collect();
-        if let Some(app) = self.acknowledged_apps.iter().find(|app| !ids.contains(app.as_str())) {
+        let retention = allot_core::apps::SchedConfig::default().retention_ms;
+        let may_be_forgotten =
+            |app: &String| self.app_walls.get(app).is_some_and(|(low, high)| high.saturating_sub(*low) >= retention);
+        let gone = self.acknowledged_apps.iter().find(|app| !ids.contains(app.as_str()) && !may_be_forgotten(app));
+        if let Some(app) = gone {
             return Err(Violation::new(format!("application {app}, whose submission was acknowledged, is gone")));
         }
         for (app, tasks) in listed {

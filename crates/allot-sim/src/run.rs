@@ -16,6 +16,7 @@ use std::time::Duration;
 use std::collections::BTreeSet;
 
 use allot_api::{AllocList, App, AppList, Task, TaskList};
+use allot_core::clock::TimeSource as _;
 use allot_core::pools::{LeaseRules, PoolName};
 use allot_core::watch::Filter;
 use allot_exec::{Executor, ExecutorConfig, Registry, Secrets, SetupContext, Waker as ExecWaker};
@@ -366,6 +367,7 @@ impl Sim {
         let (status, _) = self.ask(Method::PUT, "/v1/queues/root.sim".to_owned(), Some(serde_json::json!({})));
         assert!(status.is_success(), "the queue is made ({status})");
         for (index, step) in steps.iter().enumerate() {
+            self.model.wall_reading(self.clock.wall_ms());
             let line = match self.step(*step) {
                 Ok(line) => line,
                 Err(violation) => return Some(Failure { step: index, violation }),
@@ -616,6 +618,7 @@ impl Sim {
 
     /// Checks what the daemon holds against what its clients were told.
     fn check(&mut self) -> Result<(), Violation> {
+        self.model.wall_reading(self.clock.wall_ms());
         self.watch()?;
         crate::plugin::violations(&self.daemon().journal)?;
         let revision = self.daemon().store.revision();

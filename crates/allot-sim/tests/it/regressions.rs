@@ -230,3 +230,30 @@ fn what_a_reopened_store_read_from_its_log_survives_a_power_loss() {
         ],
     );
 }
+
+/// The checker's: an application ended and was forgotten after its retention by the daemon's
+/// wall clock, which jumped forward by more than an hour; the checker still wanted every
+/// acknowledged submission listed. Now it allows one gone once the wall clock has moved its
+/// retention since the submission. Found by seed 40000115 of a long run; its plan, shrunk.
+#[test]
+fn an_application_forgotten_after_its_retention_by_a_wall_clock_that_jumped_is_not_lost() {
+    holds(
+        40_000_115,
+        &[
+            Step::Work(Work::Execute),
+            Step::Send {
+                client: 2,
+                call: Call::Submit { app: 0, tasks: 2, cpu: 2, gang: false, seats: false, run: 147 },
+            },
+            Step::WallJump { ms: 1_072_558 },
+            Step::Poll { pick: 1_931 },
+            Step::Work(Work::Schedule),
+            Step::Work(Work::Execute),
+            Step::Crash { power: true, torn: 371 },
+            Step::WallJump { ms: 1_239_929 },
+            Step::WallJump { ms: 3_190_829 },
+            Step::Work(Work::Schedule),
+            Step::Crash { power: true, torn: 174 },
+        ],
+    );
+}
