@@ -613,7 +613,8 @@ impl Scheduler {
             let limits = self.queues.get(&queue)?;
             let mut used = self.usage.get(&queue).unwrap_or(&nothing);
             let with_held;
-            if held {
+            // Only a queue's own ceilings read what it has allocated.
+            if held && (limits.max.is_some() || limits.borrow_limit.is_some()) {
                 let others = self.held_under(&queue, (app_id, holding));
                 if !others.is_empty() {
                     let allocated = used.allocated.checked_add(&others).unwrap_or_else(|| used.allocated.clone());

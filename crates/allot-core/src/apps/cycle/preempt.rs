@@ -1875,8 +1875,7 @@ impl Scheduler {
     /// After a holder's placement: placed, it holds nothing any more; not placed, the room is
     /// held again, unless nothing is preempted for it any more (then it waits as any task).
     pub(super) fn rehold(&mut self, key: &TaskRef, given: (usize, Resources), placed: bool, cycle: &mut Cycle<'_>) {
-        let pending_victims = !self.victims_for(key).is_empty();
-        if placed || !pending_victims {
+        if placed || self.victims_for(key).is_empty() {
             self.holders.remove(key);
             self.pending_shapes.remove(&key.0);
             if let Some(task) = self.tasks.get_mut(&key.0).and_then(|t| t.get_mut(&key.1)) {
