@@ -269,8 +269,10 @@ async fn a_gang_below_its_guarantee_preempts_for_all_its_members_on_either_store
 /// A gang of two fills the pool; a task of a queue below its guarantee needs one of its places:
 /// the whole gang is taken (never one member alone), waits to be reserved again, and runs again
 /// once the preemptor is done. A checker reads the gang's tasks meanwhile: while one member is
-/// placed and the other not, the one placed is being taken back.
-async fn gang_taken_whole(client: &Client) {
+/// placed and the other not, the one placed is being taken back. With `failover` (the daemon
+/// that schedules, the Redis, the URL of the one that takes over), that daemon is killed (SIGKILL)
+/// once the gang is marked, and the other carries the preemption and the new reservation through.
+async fn gang_taken_whole(client: &Client, failover: Option<(Daemon, &RedisServer, &str)>) {
     queues(client).await;
     let member = |id: &str| AddTask { group: Some("pair".into()), ..sleeper(id, 3600.0) };
     let gang = serde_json::json!({
@@ -302,6 +304,19 @@ async fn gang_taken_whole(client: &Client) {
         (in_part, reads)
     });
     client.submit_app(&app("gold", "root.gold", vec![sleeper("g", 0.2)])).await.unwrap();
+    if let Some((scheduler_daemon, redis, next)) = failover {
+        let marked = eventually(Duration::from_secs(30), async || {
+            client
+                .tasks("gang")
+                .await
+                .is_ok_and(|l| l.tasks.iter().any(|t| t.preempting.is_some() || t.preemptions > 0))
+        })
+        .await;
+        assert!(marked, "the gang is taken: {:?}", client.tasks("gang").await);
+        scheduler_daemon.kill9();
+        let took_over = eventually(Duration::from_secs(30), async || scheduler(redis) == next).await;
+        assert!(took_over, "the other daemon schedules");
+    }
     let done = eventually(Duration::from_secs(30), async || {
         client.task("gold", "g").await.is_ok_and(|t| t.state == "Completed")
     })
@@ -330,12 +345,22 @@ async fn gang_taken_whole(client: &Client) {
 async fn a_gang_is_preempted_whole_and_runs_again_whole_on_either_store() {
     let (_dir, data) = data_dir();
     let daemon = Daemon::start(&data, &["--pool", "w=cpu=2", "--run-pool", "w"]);
-    never_overcommitted(daemon.client(), gang_taken_whole(&daemon.client())).await;
+    never_overcommitted(daemon.client(), gang_taken_whole(&daemon.client(), None)).await;
     drop(daemon);
 
     let redis = RedisServer::start();
     let on = scheduler_and_runner(&redis, &["--pool", "w=cpu=2", "--run-pool", "w"]).await;
-    never_overcommitted(on.second.client(), gang_taken_whole(&on.second.client())).await;
+    never_overcommitted(on.second.client(), gang_taken_whole(&on.second.client(), None)).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn on_redis_the_scheduler_killed_while_a_gang_is_taken_another_daemon_carries_it_through_whole() {
+    let redis = RedisServer::start();
+    let on = scheduler_and_runner(&redis, &["--pool", "w=cpu=2", "--run-pool", "w"]).await;
+    let (first, second, _dirs) = (on.first, on.second, on._dirs);
+    let client = second.client();
+    let failover = Some((first, &redis, second.url.as_str()));
+    never_overcommitted(second.client(), gang_taken_whole(&client, failover)).await;
 }
 
 /// The queue `root.team` may hold cpu=1 (its `max`) on a pool with room to spare; a batch task
