@@ -296,7 +296,10 @@ impl Model {
                         let spec = serde_json::json!({
                             "type": "sim", "rounds": asks.rounds, "seat": asks.seat, "end": asks.end, "retries": 1,
                         });
-                        serde_json::json!({ "id": format!("t{t}"), "resources": resources, "tokens": tokens, "group": group, "spec": spec })
+                        serde_json::json!({
+                            "id": format!("t{t}"), "resources": resources, "tokens": tokens, "group": group, "spec": spec,
+                            "priority": asks.priority,
+                        })
                     })
                     .collect();
                 let mut body = serde_json::json!({ "id": app, "queue": "root.sim", "tasks": tasks });

@@ -95,18 +95,21 @@ pub struct RunAsks {
     pub rounds: u8,
     pub seat: bool,
     pub end: &'static str,
+    /// The task's priority: a task of a higher one preempts one of a lower one (the queue's
+    /// `preemption_delay` is short).
+    pub priority: i32,
 }
 
 impl RunAsks {
     /// One to three rounds; a seat half the time; ends well half the time, else retried or
-    /// failed for good.
+    /// failed for good; a priority of 0, 1 or 2.
     pub fn of(run: u8) -> RunAsks {
         let end = match (run / 6) % 4 {
             2 => "retry",
             3 => "fail",
             _ => "ok",
         };
-        RunAsks { rounds: 1 + run % 3, seat: (run / 3) % 2 == 1, end }
+        RunAsks { rounds: 1 + run % 3, seat: (run / 3) % 2 == 1, end, priority: i32::from((run / 24) % 3) }
     }
 }
 

@@ -364,7 +364,9 @@ impl Sim {
             let (status, _) = self.ask(Method::PUT, format!("/v1/pools/{}", Model::pool(pool)), Some(body));
             assert!(status.is_success(), "the pools are made ({status})");
         }
-        let (status, _) = self.ask(Method::PUT, "/v1/queues/root.sim".to_owned(), Some(serde_json::json!({})));
+        // Tasks of a higher priority preempt those of a lower one at once.
+        let queue = serde_json::json!({ "preemption_delay_ms": 0 });
+        let (status, _) = self.ask(Method::PUT, "/v1/queues/root.sim".to_owned(), Some(queue));
         assert!(status.is_success(), "the queue is made ({status})");
         for (index, step) in steps.iter().enumerate() {
             self.model.wall_reading(self.clock.wall_ms());
