@@ -88,3 +88,15 @@ fn a_count_of_seeds_bounds_a_timed_run() {
         assert!(String::from_utf8_lossy(&out.stderr).contains("positive number of minutes"), "--minutes {minutes}");
     }
 }
+
+/// Preemption runs in the simulation: a seed where a task of a higher priority takes a lower
+/// one's place, through the same checks (the victim seen being preempted, or preempted before).
+#[test]
+fn a_seed_preempts() {
+    let seed = 18;
+    let steps = plan::draw(seed, Shape::default());
+    let outcome = run::run(seed, &steps, Shape::default());
+    assert!(outcome.failure.is_none(), "seed {seed}: {:?}", outcome.failure);
+    let preempted = |line: &&String| line.contains("\"preempting\":{") || line.contains("\"preemptions\":1");
+    assert!(outcome.history.iter().any(|line| preempted(&line)), "seed {seed}: nothing was preempted");
+}
