@@ -327,16 +327,23 @@ fn a_gang_is_taken_whole_and_reserved_again_never_placed_in_part() {
     no_overcommit_on(&b, &["p", "spare"]);
 }
 
-#[test]
-fn a_gang_being_taken_whose_last_member_fails_otherwise_is_reserved_again() {
+/// A gang of two fills pool `p` of `root.q`; a task of priority 100 arrives there and a cycle
+/// runs once its delay has passed.
+fn urgent_beside_a_gang(preemptable: [bool; 2]) -> Bench {
     let mut b = Bench::new();
     b.pool("p", "cpu=2", &[]);
     b.queue("root.q", QueueLimits::default());
-    placed_gang(&mut b, [true, true]);
+    placed_gang(&mut b, preemptable);
     b.submit(app_spec("urgent", "root.q")).unwrap();
     b.add("urgent", TaskSpec { priority: Priority::of(100), ..task("t", "cpu=1") }).unwrap();
     b.now += DELAY;
     b.cycle();
+    b
+}
+
+#[test]
+fn a_gang_being_taken_whose_last_member_fails_otherwise_is_reserved_again() {
+    let mut b = urgent_beside_a_gang([true, true]);
     executor_ends(&mut b, "gang", "w0");
     // The pool's executors stop before w1's ends it: w1 fails there, as a gang member does.
     {
@@ -354,14 +361,7 @@ fn a_gang_being_taken_whose_last_member_fails_otherwise_is_reserved_again() {
 
 #[test]
 fn a_gang_with_a_member_that_may_not_be_taken_is_not_taken_at_all() {
-    let mut b = Bench::new();
-    b.pool("p", "cpu=2", &[]);
-    b.queue("root.q", QueueLimits::default());
-    placed_gang(&mut b, [true, false]);
-    b.submit(app_spec("urgent", "root.q")).unwrap();
-    b.add("urgent", TaskSpec { priority: Priority::of(100), ..task("t", "cpu=1") }).unwrap();
-    b.now += DELAY;
-    b.cycle();
+    let mut b = urgent_beside_a_gang([true, false]);
     for m in 0..2 {
         assert!(b.sched.task(&aid("gang"), &tid(&format!("w{m}"))).unwrap().preempting.is_none());
     }

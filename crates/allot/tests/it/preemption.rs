@@ -25,6 +25,17 @@ fn app(id: &str, queue: &str, tasks: Vec<AddTask>) -> SubmitApp {
     SubmitApp { tasks, ..serde_json::from_value(app).unwrap() }
 }
 
+/// Application `gang` in `queue`: a gang of two members, `m0` and `m1`, of cpu=1 each, each
+/// sleeping `seconds`.
+fn pair_gang(queue: &str, seconds: f64) -> SubmitApp {
+    let member = |id: &str| AddTask { group: Some("pair".into()), ..sleeper(id, seconds) };
+    let gang = serde_json::json!({
+        "id": "gang", "queue": queue, "user": "me",
+        "task_groups": [{ "name": "pair", "min_members": 2, "min_resources": "cpu=1" }],
+    });
+    SubmitApp { tasks: vec![member("m0"), member("m1")], ..serde_json::from_value(gang).unwrap() }
+}
+
 /// Runs `work` while a checker reads every pool through `client`; fails if one ever held more
 /// than its capacity (or was never read).
 pub(crate) async fn never_overcommitted<T>(client: Client, work: impl std::future::Future<Output = T>) -> T {
@@ -167,13 +178,7 @@ async fn on_redis_the_scheduler_killed_mid_preemption_another_daemon_carries_it_
 /// preempts: one task on its own goes rather than the whole gang (a gang is never left below its
 /// minimum: it goes whole or not at all, and one victim is fewer than two). Answers the victim.
 async fn gang_kept(client: &Client) -> String {
-    let member = |id: &str| AddTask { group: Some("pair".into()), ..sleeper(id, 3600.0) };
-    let gang = serde_json::json!({
-        "id": "gang", "queue": "root.batch", "user": "me",
-        "task_groups": [{ "name": "pair", "min_members": 2, "min_resources": "cpu=1" }],
-    });
-    let gang = SubmitApp { tasks: vec![member("m0"), member("m1")], ..serde_json::from_value(gang).unwrap() };
-    client.submit_app(&gang).await.unwrap();
+    client.submit_app(&pair_gang("root.batch", 3600.0)).await.unwrap();
     let solo = app("solo", "root.batch", vec![sleeper("s0", 3600.0), sleeper("s1", 3600.0)]);
     client.submit_app(&solo).await.unwrap();
     let all = eventually(Duration::from_secs(30), async || {
@@ -227,13 +232,7 @@ async fn gang_preempts(client: &Client) {
     })
     .await;
     assert!(both, "the batch runs: {:?}", client.tasks("batch").await.unwrap().tasks);
-    let member = |id: &str| AddTask { group: Some("pair".into()), ..sleeper(id, 0.2) };
-    let gang = serde_json::json!({
-        "id": "gang", "queue": "root.gold", "user": "me",
-        "task_groups": [{ "name": "pair", "min_members": 2, "min_resources": "cpu=1" }],
-    });
-    let gang = SubmitApp { tasks: vec![member("m0"), member("m1")], ..serde_json::from_value(gang).unwrap() };
-    client.submit_app(&gang).await.unwrap();
+    client.submit_app(&pair_gang("root.gold", 0.2)).await.unwrap();
     let done = eventually(Duration::from_secs(30), async || {
         client.app("gang").await.is_ok_and(|app| app.tasks.get("Completed") == Some(&2))
     })
@@ -274,13 +273,7 @@ async fn a_gang_below_its_guarantee_preempts_for_all_its_members_on_either_store
 /// once the gang is marked, and the other carries the preemption and the new reservation through.
 async fn gang_taken_whole(client: &Client, failover: Option<(Daemon, &RedisServer, &str)>) {
     queues(client).await;
-    let member = |id: &str| AddTask { group: Some("pair".into()), ..sleeper(id, 3600.0) };
-    let gang = serde_json::json!({
-        "id": "gang", "queue": "root.batch", "user": "me",
-        "task_groups": [{ "name": "pair", "min_members": 2, "min_resources": "cpu=1" }],
-    });
-    let gang = SubmitApp { tasks: vec![member("m0"), member("m1")], ..serde_json::from_value(gang).unwrap() };
-    client.submit_app(&gang).await.unwrap();
+    client.submit_app(&pair_gang("root.batch", 3600.0)).await.unwrap();
     let both = eventually(Duration::from_secs(30), async || {
         running(client, "gang", "m0").await && running(client, "gang", "m1").await
     })
