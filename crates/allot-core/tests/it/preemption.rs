@@ -361,7 +361,7 @@ fn a_gang_being_taken_whose_last_member_fails_otherwise_is_reserved_again() {
 
 #[test]
 fn a_gang_with_a_member_that_may_not_be_taken_is_not_taken_at_all() {
-    let mut b = urgent_beside_a_gang([true, false]);
+    let b = urgent_beside_a_gang([true, false]);
     for m in 0..2 {
         assert!(b.sched.task(&aid("gang"), &tid(&format!("w{m}"))).unwrap().preempting.is_none());
     }
