@@ -728,13 +728,13 @@ impl Scheduler {
     ) -> Result<(), Why> {
         let app = &self.apps[app_id];
         let task = &self.tasks[app_id][task_id];
-        // A task's type (read from its spec when it was added) matters only when some pool does
-        // not run every type.
         // A member of a gang being taken back by preemption (it ended, others still end) waits
         // for the gang to be reserved again: no member is placed alone.
         if task.slot.is_some() {
             return Err(Why::AfterGang);
         }
+        // A task's type (read from its spec when it was added) matters only when some pool does
+        // not run every type.
         let typed = cycle.room.typed && !task.spec.spec.is_empty();
         let task_type = if typed { self.type_of(app_id, task_id) } else { None };
         if let Some(group) = &task.spec.group {

@@ -1031,41 +1031,40 @@ impl Scheduler {
         }
     }
 
+    /// Everything room is held for: each task (its application, itself, what it wants) and each
+    /// gang still waiting to be reserved (its application, no task, what all its members want).
+    fn holds(&self) -> impl Iterator<Item = (&crate::apps::App, Option<&TaskId>, Resources)> + '_ {
+        let tasks = self.holders.keys().filter_map(|(app, task)| {
+            let resources = self.tasks.get(app)?.get(task)?.spec.resources.clone();
+            Some((self.apps.get(app)?, Some(task), resources))
+        });
+        let gangs = self
+            .gang_holders
+            .iter()
+            .filter_map(|app| self.apps.get(app))
+            .filter(|a| a.awaits_gang() && !a.held.is_empty());
+        tasks.chain(gangs.map(|app| (app, None, gang_total(app))))
+    }
+
     /// What the tasks and gangs with room held for them will use once placed, in `queue` and the
     /// queues under it, but for what `except` names: an application's task, or (with no task)
     /// everything of the application.
     pub(super) fn held_under(&self, queue: &QueuePath, except: (&AppId, Option<&TaskId>)) -> Resources {
-        let under =
-            |app: &AppId| self.apps.get(app).is_some_and(|a| a.spec.queue.ancestors().any(|q| q == queue.as_str()));
-        let mut held = Resources::new();
-        for (app, task) in self.holders.keys() {
-            if (app == except.0 && except.1.is_none_or(|t| t == task)) || !under(app) {
-                continue;
-            }
-            if let Some(task) = self.tasks.get(app).and_then(|t| t.get(task)) {
-                held = held.checked_add(&task.spec.resources).unwrap_or(held);
-            }
-        }
-        for app in self.gang_holders.iter().filter(|app| !(*app == except.0 && except.1.is_none()) && under(app)) {
-            if let Some(app) = self.apps.get(app).filter(|a| a.awaits_gang() && !a.held.is_empty()) {
-                held = held.checked_add(&gang_total(app)).unwrap_or(held);
-            }
-        }
-        held
+        let excepted = |app: &crate::apps::App, task: Option<&TaskId>| {
+            &app.spec.id == except.0 && (except.1.is_none() || task == except.1)
+        };
+        self.holds()
+            .filter(|(app, task, _)| !excepted(app, *task))
+            .filter(|(app, ..)| app.spec.queue.ancestors().any(|q| q == queue.as_str()))
+            .fold(Resources::new(), |held, (.., resources)| held.checked_add(&resources).unwrap_or(held))
     }
 
-    /// What the tasks with room held for them will use once placed, per queue (and every queue
-    /// above it).
+    /// What the tasks and gangs with room held for them will use once placed, per queue (and
+    /// every queue above it).
     fn arriving(&self) -> HashMap<QueuePath, Resources> {
         let mut arriving = HashMap::new();
-        for key in self.holders.keys() {
-            let Some(task) = self.tasks.get(&key.0).and_then(|t| t.get(&key.1)) else { continue };
-            add_up(&mut arriving, &self.apps[&key.0].spec.queue, &task.spec.resources);
-        }
-        for app in self.gang_holders.iter().filter_map(|app| self.apps.get(app)) {
-            if app.awaits_gang() && !app.held.is_empty() {
-                add_up(&mut arriving, &app.spec.queue, &gang_total(app));
-            }
+        for (app, _, resources) in self.holds() {
+            add_up(&mut arriving, &app.spec.queue, &resources);
         }
         arriving
     }
