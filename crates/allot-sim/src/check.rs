@@ -17,7 +17,7 @@ use allot_api::{
     Alloc, AllocKeepaliveResponse, AllocList, AllocateResponse, Grant, GrantList, ReleaseResponse, Session,
     SessionList, Status, WaiterList,
 };
-use allot_core::apps::states::TaskState;
+use allot_core::apps::states::{AppState, TaskState};
 use allot_core::Millis;
 use axum::http::{Method, StatusCode};
 
@@ -152,6 +152,12 @@ pub struct Model {
     app_walls: BTreeMap<String, (Millis, Millis)>,
     /// The tasks whose report of their end (complete, fail) was acknowledged: each stays ended.
     ended_tasks: BTreeSet<(String, String)>,
+    /// The tasks and applications the change feed told ended (by the executor's reports, the
+    /// scheduler, the clients): an event is published once its change is durable, so each stays
+    /// ended while its application is kept. The task's number tells it from a task added again
+    /// under its id after its application was forgotten.
+    published_ends: BTreeMap<(String, String), u64>,
+    published_app_ends: BTreeSet<String>,
     /// The highest fencing number a grant of each namespace was answered with.
     fencing: Vec<u64>,
     /// The highest watch revision seen.
@@ -172,6 +178,8 @@ impl Model {
             wall: 0,
             app_walls: BTreeMap::new(),
             ended_tasks: BTreeSet::new(),
+            published_ends: BTreeMap::new(),
+            published_app_ends: BTreeSet::new(),
             fencing: vec![0; usize::from(shape.namespaces)],
             revision: 0,
         }
@@ -406,18 +414,52 @@ impl Model {
             return Err(Violation::new(format!("application {app}, whose submission was acknowledged, is gone")));
         }
         for (app, tasks) in listed {
+            let app_ended = AppState::ALL.iter().any(|state| state.name() == app.state && state.is_terminal());
+            if !app_ended && self.published_app_ends.contains(&app.id) && !may_be_forgotten(&app.id) {
+                return Err(Violation::new(format!(
+                    "application {}, published as ended on the change feed, is {} again",
+                    app.id, app.state
+                )));
+            }
             for task in tasks {
                 let state = TaskState::ALL.iter().find(|state| state.name() == task.state);
                 let ended = state.is_some_and(|state| state.is_terminal());
-                if !ended && self.ended_tasks.contains(&(app.id.clone(), task.id.clone())) {
+                let key = (app.id.clone(), task.id.clone());
+                if !ended && self.ended_tasks.contains(&key) {
                     return Err(Violation::new(format!(
                         "task {}/{}, whose end was acknowledged, is {} again",
+                        app.id, task.id, task.state
+                    )));
+                }
+                if !ended && self.published_ends.get(&key) == Some(&task.seq) && !may_be_forgotten(&app.id) {
+                    return Err(Violation::new(format!(
+                        "task {}/{}, published as ended on the change feed, is {} again",
                         app.id, task.id, task.state
                     )));
                 }
             }
         }
         Ok(())
+    }
+
+    /// An event the change feed gave the simulation's watcher: a task or an application it tells
+    /// ended must stay so (the event is published once its change is durable, at the store's
+    /// durability, whoever made it: the executor reporting a run's end, the scheduler, a client).
+    pub fn published(&mut self, event: &allot_store::Event) {
+        match &event.object {
+            allot_store::EventObject::Task(task) if task.state.is_terminal() => {
+                self.published_task_end(task.app.as_str(), task.spec.id.as_str(), task.seq);
+            }
+            allot_store::EventObject::App(app) if app.state.is_terminal() => {
+                self.published_app_ends.insert(app.spec.id.to_string());
+            }
+            _ => {}
+        }
+    }
+
+    /// The feed told task `task` (number `seq`) of application `app` ended.
+    fn published_task_end(&mut self, app: &str, task: &str, seq: u64) {
+        self.published_ends.insert((app.to_owned(), task.to_owned()), seq);
     }
 
     /// The grants held in session `index` may have ended with it.
@@ -889,6 +931,38 @@ mod tests {
 
     fn grant(token: &str, units: u64, fencing: u64) -> serde_json::Value {
         serde_json::json!({ "namespace": "sim:ns0", "token": token, "units": units, "fencing": fencing })
+    }
+
+    fn listed_app(state: &str, task_state: &str, seq: u64) -> (allot_api::App, Vec<allot_api::Task>) {
+        let app = serde_json::json!({
+            "id": "c0-a0", "queue": "root.sim", "user": "c0", "tags": {}, "state": state,
+            "task_groups": [], "policy": {}, "tasks": {}, "placeholders": [],
+            "placeholders_expire_in_ms": null, "waiting": null, "reason": null,
+        });
+        let task = serde_json::json!({
+            "app": "c0-a0", "id": "t0", "seq": seq, "state": task_state, "resources": "cpu=1",
+            "tokens": [], "group": null, "priority": 0, "selector": {}, "spec": null,
+            "placement": null, "waiting": null, "reason": null,
+        });
+        (serde_json::from_value(app).unwrap(), vec![serde_json::from_value(task).unwrap()])
+    }
+
+    /// What the change feed told ended (an executor's report, say) stays ended: a task or an
+    /// application listed as running again is a violation; a task of another number under the
+    /// same id (added again after its application was forgotten) is not that task.
+    #[test]
+    fn a_task_or_application_the_feed_told_ended_and_listed_running_again_is_a_violation() {
+        let mut model = Model::new(Shape::default());
+        assert!(model.apps_hold(&[listed_app("Running", "Running", 7)]).is_ok());
+        model.published_task_end("c0-a0", "t0", 7);
+        assert!(model.apps_hold(&[listed_app("Running", "Completed", 7)]).is_ok());
+        let err = model.apps_hold(&[listed_app("Running", "Running", 7)]).unwrap_err();
+        assert!(err.to_string().contains("task c0-a0/t0, published as ended on the change feed, is Running again"));
+        assert!(model.apps_hold(&[listed_app("Running", "Running", 8)]).is_ok());
+        model.published_app_ends.insert("c0-a0".to_owned());
+        assert!(model.apps_hold(&[listed_app("Completed", "Completed", 7)]).is_ok());
+        let err = model.apps_hold(&[listed_app("Running", "Completed", 7)]).unwrap_err();
+        assert!(err.to_string().contains("application c0-a0, published as ended on the change feed, is Running again"));
     }
 
     #[test]

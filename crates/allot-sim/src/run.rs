@@ -604,6 +604,7 @@ impl Sim {
                         )));
                     }
                     self.watched = event.revision;
+                    self.model.published(&event);
                 }
                 Poll::Ready(Err(WatchError::Behind { .. })) => {
                     let store = &self.daemon().store;
