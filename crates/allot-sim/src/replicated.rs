@@ -12,7 +12,9 @@
 //!   above every one a client was told before);
 //! - the change feed's revisions only grow for a watcher that lives through the failover: it is
 //!   told to list again, never handed other events under revisions it saw;
-//! - a lease lapses when it should, and not before.
+//! - a lease lapses when it should, and not before;
+//! - a pool never holds more than its capacity in live allocs; an alloc acknowledged (and not at
+//!   risk) is held while its lease certainly runs, and one freed never comes back.
 //!
 //! Determinism: Redis's clock is the simulation's (`TestClock`: the functions read the time from
 //! a key), calls run one at a time to their answer, and a cut or a failover first waits until the
@@ -46,6 +48,12 @@ const CLIENTS: u8 = 3;
 const NAMESPACES: u8 = 2;
 const QUOTA: u64 = 4;
 const TOKENS: u8 = 3;
+/// The pool the clients take allocs of, and its CPUs.
+const POOL: &str = "sim-rpool";
+const CAPACITY: u64 = 4;
+/// The allocs' leases (short enough to lapse within a run), as the embedded simulation has them.
+const POOL_RULES: allot_core::pools::LeaseRules =
+    allot_core::pools::LeaseRules { initial_ms: 10_000, max_ms: 30_000, reclaim_after_ms: 5_000, retention_ms: 60_000 };
 /// Where the simulation's clock starts (ms): 2026-11-30, as Redis's clock would read.
 const START_MS: u64 = 1_795_996_800_000;
 /// How long a failover takes at least, on Redis's clock: the primary must be seen dead first
@@ -78,10 +86,39 @@ pub enum Step {
     Failover,
     /// The daemon restarts on the same primary.
     Restart,
+    /// `POST /v1/pools/sim-rpool/offers/1`: an alloc of `min` to `max` CPUs for `client`.
+    Accept { client: u8, min: u8, max: u8 },
+    /// `DELETE` of the client's alloc number `alloc` (modulo those it got).
+    Free { client: u8, alloc: u8 },
+    /// `POST .../keepalive` of the client's alloc number `alloc`, asking for `interval_ms`.
+    KeepAlloc { client: u8, alloc: u8, interval_ms: u32 },
 }
 
-/// The plan of `seed`: `steps` steps.
+/// The plan of `seed`: `steps` steps of grants, time and the link, with the pool's steps drawn
+/// apart and put between them (about one for every four), so that the plans drawn before the
+/// pool joined are still there, step for step.
 pub fn draw(seed: u64, steps: usize) -> Vec<Step> {
+    let mut pools = StdRng::seed_from_u64(seed ^ 0x706f_6f6c);
+    let mut plan = Vec::with_capacity(steps + steps / 3);
+    for step in draw_quotas(seed, steps) {
+        if pools.gen_range(0..4) == 0 {
+            let (client, alloc) = (pools.gen_range(0..CLIENTS), pools.gen_range(0..8));
+            plan.push(match pools.gen_range(0..10) {
+                0..5 => {
+                    let min = pools.gen_range(1..=2);
+                    Step::Accept { client, min, max: pools.gen_range(min..=3) }
+                }
+                5..8 => Step::Free { client, alloc },
+                _ => Step::KeepAlloc { client, alloc, interval_ms: pools.gen_range(1..=6) * 1_000 },
+            });
+        }
+        plan.push(step);
+    }
+    plan
+}
+
+/// The grants', time's and the link's steps of `seed`'s plan.
+fn draw_quotas(seed: u64, steps: usize) -> Vec<Step> {
     let mut rng = StdRng::seed_from_u64(seed ^ 0x0072_6564_6973);
     (0..steps)
         .map(|_| {
@@ -179,11 +216,13 @@ struct Grip {
 }
 
 /// What the clients were told, per `(namespace, token)`, and the highest fencing number a
-/// client may hold per namespace.
+/// client may hold per namespace; and of the pool's allocs, per `(client, number)`: its id and
+/// what the client knows of it (`units` its CPUs, `fencing` 0).
 #[derive(Debug, Default)]
 struct Model {
     grips: BTreeMap<(u8, String), Grip>,
     highest_fencing: BTreeMap<u8, u64>,
+    allocs: BTreeMap<(u8, usize), (String, Grip)>,
 }
 
 impl Model {
@@ -266,6 +305,10 @@ impl Sim {
             let (status, body) = sim.call(Method::PUT, path, Some(serde_json::json!({ "quota": QUOTA }))).await;
             assert!(status.is_success(), "the namespaces are made: {status} {}", String::from_utf8_lossy(&body));
         }
+        let path = format!("/v1/pools/{POOL}");
+        let (status, body) =
+            sim.call(Method::PUT, path, Some(serde_json::json!({ "capacity": format!("cpu={CAPACITY}") }))).await;
+        assert!(status.is_success(), "the pool is made: {status} {}", String::from_utf8_lossy(&body));
         sim
     }
 
@@ -275,6 +318,7 @@ impl Sim {
         let replicas = self.min_replicas;
         let (store, mut clock) =
             TestClock::open_configured(&self.pair.primary, self.now, |config| config.with_min_replicas(replicas)).await;
+        store.set_pool_rules(POOL_RULES);
         let store = Arc::new(store);
         clock.set(&store, self.now).await;
         let api = allot_server::api(ServerState::new(store.clone()));
@@ -346,6 +390,13 @@ impl Sim {
     fn leases_lapse(&mut self) {
         let (now, at_risk) = (self.now, self.acknowledged_at_risk());
         let refused = self.pair.cut.is_some() && self.min_replicas > 0;
+        // An alloc whose lease ran out is reclaimed later (or at once by an accept that needs
+        // its room): in doubt until listed.
+        for (_, grip) in self.model.allocs.values_mut() {
+            if matches!(grip.known, Known::Held { until, .. } if until <= now) {
+                grip.known = Known::InDoubt;
+            }
+        }
         for grip in self.model.grips.values_mut() {
             if let Known::Held { until, .. } = grip.known {
                 // Due before now: the sweep ended it. Due right now: either way.
@@ -411,7 +462,8 @@ impl Sim {
                 // the sweep was refused (one replica required) may be swept from now on, by the
                 // daemon's own sweeper, whose rounds follow the real clock: in doubt until listed.
                 let now = self.now;
-                for grip in self.model.grips.values_mut() {
+                let allocs = self.model.allocs.values_mut().map(|(_, grip)| grip);
+                for grip in self.model.grips.values_mut().chain(allocs) {
                     grip.at_risk = false;
                     if matches!(grip.known, Known::Held { until, .. } if until <= now) {
                         grip.known = Known::InDoubt;
@@ -436,7 +488,8 @@ impl Sim {
                 promoted.cli(&["REPLICAOF", "NO", "ONE"]);
                 self.pair.primary = promoted;
                 attach(&self.pair.primary, &self.pair.replica).await;
-                for grip in self.model.grips.values_mut() {
+                let allocs = self.model.allocs.values_mut().map(|(_, grip)| grip);
+                for grip in self.model.grips.values_mut().chain(allocs) {
                     if std::mem::take(&mut grip.at_risk) {
                         grip.known = Known::InDoubt;
                     }
@@ -460,7 +513,156 @@ impl Sim {
                 self.open().await;
                 "restarted".into()
             }
+            Step::Accept { client, min, max } => {
+                let path = format!("/v1/pools/{POOL}/offers/1");
+                let body = serde_json::json!({ "min": format!("cpu={min}"), "max": format!("cpu={max}") });
+                let (status, body) = self.call(Method::POST, path, Some(body)).await;
+                self.accepted(client, status, &body)?
+            }
+            Step::Free { client, alloc } => {
+                let Some((key, id)) = self.alloc_of(client, alloc) else { return Ok("no alloc to free".into()) };
+                let (status, body) = self.call(Method::DELETE, format!("/v1/pools/{POOL}/allocs/{id}"), None).await;
+                self.freed(key, status, &body)?
+            }
+            Step::KeepAlloc { client, alloc, interval_ms } => {
+                let Some((key, id)) = self.alloc_of(client, alloc) else { return Ok("no alloc to keep".into()) };
+                let path = format!("/v1/pools/{POOL}/allocs/{id}/keepalive");
+                let body = serde_json::json!({ "interval_ms": interval_ms });
+                let (status, body) = self.call(Method::POST, path, Some(body)).await;
+                self.alloc_kept(key, status, &body)?
+            }
         })
+    }
+
+    /// Client `client`'s alloc number `number` (modulo those it got), and its id.
+    fn alloc_of(&self, client: u8, number: u8) -> Option<((u8, usize), String)> {
+        let got = self.model.allocs.keys().filter(|(c, _)| *c == client).count();
+        let key = (client, usize::from(number) % got.max(1));
+        self.model.allocs.get(&key).map(|(id, _)| (key, id.clone()))
+    }
+
+    /// The answer to an accept of client `client`. Its id is kept, not told in the history
+    /// (ids are drawn at random).
+    fn accepted(&mut self, client: u8, status: StatusCode, body: &[u8]) -> Result<String, Violation> {
+        if status != StatusCode::CREATED {
+            // An accept whose outcome is unknown may have made an alloc nobody knows: the
+            // listing tells (see `check_pool`).
+            return Ok(format!("{} {}", status.as_u16(), code_of(body)));
+        }
+        let alloc: allot_api::Alloc = parse(body)?;
+        let cpus = cpus_of(&alloc.resources)?;
+        if self.model.allocs.values().any(|(id, _)| *id == alloc.id) {
+            return Err(Violation::new(format!("alloc id {} given again", alloc.id)));
+        }
+        let number = self.model.allocs.keys().filter(|(c, _)| *c == client).count();
+        let until = self.now + u64::try_from(alloc.expires_in_ms.unwrap_or(0)).unwrap_or(0);
+        let grip = Grip { known: Known::Held { units: cpus, fencing: 0, until }, at_risk: self.acknowledged_at_risk() };
+        self.model.allocs.insert((client, number), (alloc.id, grip));
+        Ok(format!("201 alloc c{client}#{number} of cpu={cpus}, its lease until {until}"))
+    }
+
+    fn freed(&mut self, key: (u8, usize), status: StatusCode, body: &[u8]) -> Result<String, Violation> {
+        let at_risk = self.acknowledged_at_risk();
+        let name = format!("alloc c{}#{}", key.0, key.1);
+        let Some((_, grip)) = self.model.allocs.get_mut(&key) else { return Ok("unknown".into()) };
+        if status == StatusCode::NOT_FOUND {
+            if matches!(grip.known, Known::Held { .. }) && !grip.at_risk {
+                return Err(Violation::new(format!("{name} was held, yet its free found nothing")));
+            }
+            grip.known = Known::Gone;
+            return Ok(format!("{} {}", status.as_u16(), code_of(body)));
+        }
+        if !status.is_success() {
+            if code_of(body) == "store_outcome_unknown" {
+                *grip = Grip { known: Known::InDoubt, at_risk: self.pair.cut.is_some() };
+            }
+            return Ok(format!("{} {}", status.as_u16(), code_of(body)));
+        }
+        *grip = Grip { known: Known::Gone, at_risk: at_risk || grip.at_risk };
+        Ok(format!("{} freed {name}", status.as_u16()))
+    }
+
+    fn alloc_kept(&mut self, key: (u8, usize), status: StatusCode, body: &[u8]) -> Result<String, Violation> {
+        let (at_risk, now, cut) = (self.acknowledged_at_risk(), self.now, self.pair.cut.is_some());
+        let name = format!("alloc c{}#{}", key.0, key.1);
+        let Some((_, grip)) = self.model.allocs.get_mut(&key) else { return Ok("unknown".into()) };
+        if status == StatusCode::NOT_FOUND || status == StatusCode::GONE {
+            if matches!(grip.known, Known::Held { .. }) && !grip.at_risk {
+                return Err(Violation::new(format!("{name} was held, yet its keepalive found it {}", code_of(body))));
+            }
+            grip.known = Known::Gone;
+            return Ok(format!("{} {}", status.as_u16(), code_of(body)));
+        }
+        if !status.is_success() {
+            if code_of(body) == "store_outcome_unknown" {
+                *grip = Grip { known: Known::InDoubt, at_risk: cut };
+            }
+            return Ok(format!("{} {}", status.as_u16(), code_of(body)));
+        }
+        let kept: allot_api::AllocKeepaliveResponse = parse(body)?;
+        if matches!(grip.known, Known::Gone) && !grip.at_risk {
+            return Err(Violation::new(format!("{name}, freed or found gone, was kept alive")));
+        }
+        let until = now + kept.interval_ms;
+        let cpus = cpus_of(&kept.alloc.resources)?;
+        *grip = Grip { known: Known::Held { units: cpus, fencing: 0, until }, at_risk: at_risk || grip.at_risk };
+        Ok(format!("{} kept {name} until {until}", status.as_u16()))
+    }
+
+    /// The pool's allocs as the primary lists them: never over its capacity; what a client was
+    /// told held (and no failover may undo) is there while its lease certainly runs; what it was
+    /// told freed or gone is not. What was in doubt is learned.
+    async fn check_pool(&mut self) -> Result<(), Violation> {
+        let now = self.now;
+        let path = format!("/v1/pools/{POOL}/allocs?limit=1000");
+        let (status, body) = self.call(Method::GET, path.clone(), None).await;
+        if status != StatusCode::OK {
+            return Err(Violation::new(format!("GET {path} answered {status}: {}", code_of(&body))));
+        }
+        let list: allot_api::AllocList = parse(&body)?;
+        let live: BTreeMap<&str, &allot_api::Alloc> =
+            list.allocs.iter().filter(|alloc| alloc.ended.is_none()).map(|alloc| (alloc.id.as_str(), alloc)).collect();
+        let mut total = 0;
+        for alloc in live.values() {
+            total += cpus_of(&alloc.resources)?;
+        }
+        if total > CAPACITY {
+            return Err(Violation::new(format!(
+                "{POOL} holds {total} CPUs in live allocs, over its capacity {CAPACITY}"
+            )));
+        }
+        // Learned while a failover may lose what the primary holds (cut, no replica required):
+        // an alloc another's accept reclaimed meanwhile, say, may come back.
+        let learned_at_risk = self.acknowledged_at_risk();
+        for ((client, number), (id, grip)) in &mut self.model.allocs {
+            let listed = live.get(id.as_str());
+            let name = format!("alloc c{client}#{number}");
+            match (grip.known, listed) {
+                (Known::Held { until, .. }, None) if !grip.at_risk && until > now => {
+                    return Err(Violation::new(format!(
+                        "{name}, acknowledged and alive until {until} (now {now}), is gone"
+                    )));
+                }
+                (Known::Gone, Some(_)) if !grip.at_risk => {
+                    return Err(Violation::new(format!("{name}, freed or found gone, is held again")));
+                }
+                _ => {}
+            }
+            // What the primary holds is what there is from now on; a lease run out but not
+            // reclaimed yet is in doubt (the daemon's own sweeper may reclaim it any time).
+            let known = match listed {
+                Some(alloc) => match alloc.expires_in_ms.and_then(|left| u64::try_from(left).ok()) {
+                    Some(left) if left > 0 => {
+                        Known::Held { units: cpus_of(&alloc.resources)?, fencing: 0, until: now + left }
+                    }
+                    _ => Known::InDoubt,
+                },
+                None => Known::Gone,
+            };
+            grip.at_risk |= learned_at_risk && known != grip.known;
+            grip.known = known;
+        }
+        Ok(())
     }
 
     /// The answer to a grant of `units` to `name` in `ns`.
@@ -593,6 +795,7 @@ impl Sim {
     /// doubt.
     async fn check(&mut self) -> Result<(), Violation> {
         self.watch()?;
+        self.check_pool().await?;
         let now = self.now;
         for ns in 0..NAMESPACES {
             let path = format!("/v1/namespaces/{}/grants?limit=1000", namespace(ns));
@@ -761,6 +964,13 @@ async fn caught_up(primary: &RedisServer, replica: &RedisServer) {
     }
 }
 
+/// The CPUs of a resource text such as `cpu=3`.
+fn cpus_of(resources: &str) -> Result<u64, Violation> {
+    resources.split(',').find_map(|part| part.strip_prefix("cpu=")).map_or(Ok(0), |cpus| {
+        cpus.parse().map_err(|_| Violation::new(format!("resources that do not read: {resources}")))
+    })
+}
+
 fn field(info: &str, name: &str) -> Option<String> {
     info.lines().find_map(|line| line.strip_prefix(name)?.strip_prefix(':')).map(|value| value.trim().to_owned())
 }
@@ -776,5 +986,12 @@ mod tests {
         let plan = draw(11, 400);
         assert!(plan.iter().any(|step| matches!(step, Step::Failover)), "failovers are drawn");
         assert!(plan.iter().any(|step| matches!(step, Step::Cut)), "cuts are drawn");
+        assert!(plan.iter().any(|step| matches!(step, Step::Accept { .. })), "accepts are drawn");
+        // The pool's steps go between the steps drawn before the pool joined, which stay as they were.
+        let quotas: Vec<Step> = plan
+            .into_iter()
+            .filter(|step| !matches!(step, Step::Accept { .. } | Step::Free { .. } | Step::KeepAlloc { .. }))
+            .collect();
+        assert_eq!(quotas, draw_quotas(11, 400));
     }
 }

@@ -1,6 +1,6 @@
 //! The Redis-shaped part in the normal test suite: seeds on a real primary and replica
-//! (`redis-server` on the PATH), the seeds that found a bug, and a seed run twice giving the same
-//! history, byte for byte.
+//! (`redis-server` on the PATH), grants and a pool's allocs under failover; the seeds that found a
+//! bug; and a seed run twice giving the same history, byte for byte.
 
 use allot_sim::replicated;
 
@@ -49,6 +49,7 @@ fn a_replicated_seed_gives_the_same_history_twice() {
         assert!(first.failure.is_none(), "seed {seed}: {:?}", first.failure);
         assert!(first.history.iter().any(|line| line.contains("losing the writes made while cut")), "seed {seed}");
         assert!(first.history.iter().any(|line| line.contains("\"status\":\"Granted\"")), "seed {seed}");
+        assert!(first.history.iter().any(|line| line.contains(": 201 alloc ")), "seed {seed}: allocs taken");
         assert_eq!(first.history, second.history, "seed {seed} ran twice");
     }
 }
