@@ -13,6 +13,8 @@
 //! - the change feed's revisions only grow for a watcher that lives through the failover: it is
 //!   told to list again, never handed other events under revisions it saw;
 //! - a lease lapses when it should, and not before;
+//! - a session acknowledged (and not at risk) is listed while its lease certainly runs, and its
+//!   grants held with it; one closed never comes back, nor do its grants;
 //! - a pool never holds more than its capacity in live allocs; an alloc acknowledged (and not at
 //!   risk) is held while its lease certainly runs, and one freed never comes back.
 //!
@@ -86,6 +88,15 @@ pub enum Step {
     Failover,
     /// The daemon restarts on the same primary.
     Restart,
+    /// `POST /v1/sessions`: a session of `client`, with a lease of `ttl_ms`.
+    OpenSession { client: u8, ttl_ms: u32 },
+    /// `PUT` of grant `c{client}-t{token}` of `units` in `ns`, in the client's session number
+    /// `session` (modulo those it opened).
+    SessionGrant { client: u8, ns: u8, token: u8, units: u8, session: u8 },
+    /// `POST /v1/sessions/{id}/keepalive` of the client's session number `session`.
+    KeepSession { client: u8, session: u8 },
+    /// `DELETE /v1/sessions/{id}` of the client's session number `session`: its grants end.
+    CloseSession { client: u8, session: u8 },
     /// `POST /v1/pools/sim-rpool/offers/1`: an alloc of `min` to `max` CPUs for `client`.
     Accept { client: u8, min: u8, max: u8 },
     /// `DELETE` of the client's alloc number `alloc` (modulo those it got).
@@ -94,13 +105,29 @@ pub enum Step {
     KeepAlloc { client: u8, alloc: u8, interval_ms: u32 },
 }
 
-/// The plan of `seed`: `steps` steps of grants, time and the link, with the pool's steps drawn
-/// apart and put between them (about one for every four), so that the plans drawn before the
-/// pool joined are still there, step for step.
+/// The plan of `seed`: `steps` steps of grants, time and the link, with the pool's steps and the
+/// sessions' drawn apart and put between them (about one of each for every four), so that the
+/// plans drawn before they joined are still there, step for step.
 pub fn draw(seed: u64, steps: usize) -> Vec<Step> {
     let mut pools = StdRng::seed_from_u64(seed ^ 0x706f_6f6c);
-    let mut plan = Vec::with_capacity(steps + steps / 3);
+    let mut sessions = StdRng::seed_from_u64(seed ^ 0x7365_7373);
+    let mut plan = Vec::with_capacity(steps + steps / 2);
     for step in draw_quotas(seed, steps) {
+        if sessions.gen_range(0..4) == 0 {
+            let (client, session) = (sessions.gen_range(0..CLIENTS), sessions.gen_range(0..4));
+            plan.push(match sessions.gen_range(0..10) {
+                0..3 => Step::OpenSession { client, ttl_ms: sessions.gen_range(2..=8) * 1_000 },
+                3..6 => Step::SessionGrant {
+                    client,
+                    ns: sessions.gen_range(0..NAMESPACES),
+                    token: sessions.gen_range(0..TOKENS),
+                    units: sessions.gen_range(1..=2),
+                    session,
+                },
+                6..8 => Step::KeepSession { client, session },
+                _ => Step::CloseSession { client, session },
+            });
+        }
         if pools.gen_range(0..4) == 0 {
             let (client, alloc) = (pools.gen_range(0..CLIENTS), pools.gen_range(0..8));
             plan.push(match pools.gen_range(0..10) {
@@ -223,11 +250,46 @@ struct Model {
     grips: BTreeMap<(u8, String), Grip>,
     highest_fencing: BTreeMap<u8, u64>,
     allocs: BTreeMap<(u8, usize), (String, Grip)>,
+    /// The sessions opened, in order: the client's, its id, what it knows of the session
+    /// (`units` 0, `fencing` 0).
+    sessions: Vec<(u8, String, Grip)>,
+    /// The grants held in a session (by the session's index in `sessions`): a session grant's
+    /// lease is its session's (`until` is `u64::MAX` in its grip), and it ends with it.
+    in_session: BTreeMap<(u8, String), usize>,
 }
 
 impl Model {
     fn grip(&mut self, ns: u8, token: &str) -> &mut Grip {
         self.grips.entry((ns, token.to_owned())).or_insert(Grip { known: Known::Gone, at_risk: false })
+    }
+
+    /// Where the lease of `grant` (token `token` of `ns`), as answered `now`, runs until: its
+    /// session's (`u64::MAX`, the session's grip saying), or its own. Notes which session holds it.
+    fn until_of(&mut self, ns: u8, token: &str, grant: &Grant, now: u64) -> u64 {
+        let key = (ns, token.to_owned());
+        let session = grant.session.as_ref().and_then(|id| self.sessions.iter().position(|(_, s, _)| s == id));
+        match session {
+            Some(index) => {
+                self.in_session.insert(key, index);
+                u64::MAX
+            }
+            None => {
+                self.in_session.remove(&key);
+                now + grant.expires_in_ms.unwrap_or(0)
+            }
+        }
+    }
+
+    /// Session `index` is gone (`known`), or in doubt: so are its grants.
+    fn session_ended(&mut self, index: usize, known: Known, at_risk: bool) {
+        for (key, _) in self.in_session.iter().filter(|(_, s)| **s == index) {
+            if let Some(grip) = self.grips.get_mut(key) {
+                *grip = Grip { known, at_risk: at_risk || grip.at_risk };
+            }
+        }
+        if !matches!(known, Known::InDoubt) {
+            self.in_session.retain(|_, s| *s != index);
+        }
     }
 
     /// A fencing number given in `ns` now: above every one given before.
@@ -390,6 +452,16 @@ impl Sim {
     fn leases_lapse(&mut self) {
         let (now, at_risk) = (self.now, self.acknowledged_at_risk());
         let refused = self.pair.cut.is_some() && self.min_replicas > 0;
+        // A session whose lease ran out is ended by the sweep (refused while cut at one replica
+        // required), its grants with it: in doubt until listed.
+        let lapsed: Vec<usize> = (self.model.sessions.iter().enumerate())
+            .filter(|(_, (_, _, grip))| matches!(grip.known, Known::Held { until, .. } if until <= now))
+            .map(|(index, _)| index)
+            .collect();
+        for index in lapsed {
+            self.model.sessions[index].2.known = Known::InDoubt;
+            self.model.session_ended(index, Known::InDoubt, false);
+        }
         // An alloc whose lease ran out is reclaimed later (or at once by an accept that needs
         // its room): in doubt until listed.
         for (_, grip) in self.model.allocs.values_mut() {
@@ -463,7 +535,8 @@ impl Sim {
                 // daemon's own sweeper, whose rounds follow the real clock: in doubt until listed.
                 let now = self.now;
                 let allocs = self.model.allocs.values_mut().map(|(_, grip)| grip);
-                for grip in self.model.grips.values_mut().chain(allocs) {
+                let sessions = self.model.sessions.iter_mut().map(|(_, _, grip)| grip);
+                for grip in self.model.grips.values_mut().chain(allocs).chain(sessions) {
                     grip.at_risk = false;
                     if matches!(grip.known, Known::Held { until, .. } if until <= now) {
                         grip.known = Known::InDoubt;
@@ -489,7 +562,8 @@ impl Sim {
                 self.pair.primary = promoted;
                 attach(&self.pair.primary, &self.pair.replica).await;
                 let allocs = self.model.allocs.values_mut().map(|(_, grip)| grip);
-                for grip in self.model.grips.values_mut().chain(allocs) {
+                let sessions = self.model.sessions.iter_mut().map(|(_, _, grip)| grip);
+                for grip in self.model.grips.values_mut().chain(allocs).chain(sessions) {
                     if std::mem::take(&mut grip.at_risk) {
                         grip.known = Known::InDoubt;
                     }
@@ -513,6 +587,35 @@ impl Sim {
                 self.open().await;
                 "restarted".into()
             }
+            Step::OpenSession { client, ttl_ms } => {
+                let body = serde_json::json!({ "ttl_ms": ttl_ms });
+                let (status, body) = self.call(Method::POST, "/v1/sessions".to_owned(), Some(body)).await;
+                self.session_opened(client, status, &body)?
+            }
+            Step::SessionGrant { client, ns, token: t, units, session } => {
+                let Some((index, id)) = self.session_of(client, session) else { return Ok("no session".into()) };
+                let name = token(client, t);
+                let path = format!("/v1/namespaces/{}/grants/{name}", namespace(ns));
+                let body = serde_json::json!({ "units": units, "session": id });
+                let (status, body) = self.call(Method::PUT, path, Some(body)).await;
+                if status == StatusCode::NOT_FOUND || status == StatusCode::GONE {
+                    // Its session is gone: nothing was granted.
+                    return Ok(format!("{} {}", status.as_u16(), code_of(&body)));
+                }
+                // The session's id is drawn at random: the history names it by its number.
+                self.granted(ns, &name, u64::from(units), status, &body)?.replace(&id, &format!("session {index}"))
+            }
+            Step::KeepSession { client, session } => {
+                let Some((index, id)) = self.session_of(client, session) else { return Ok("no session".into()) };
+                let path = format!("/v1/sessions/{id}/keepalive");
+                let (status, body) = self.call(Method::POST, path, None).await;
+                self.session_kept(index, status, &body)?
+            }
+            Step::CloseSession { client, session } => {
+                let Some((index, id)) = self.session_of(client, session) else { return Ok("no session".into()) };
+                let (status, body) = self.call(Method::DELETE, format!("/v1/sessions/{id}"), None).await;
+                self.session_closed(index, status, &body)?
+            }
             Step::Accept { client, min, max } => {
                 let path = format!("/v1/pools/{POOL}/offers/1");
                 let body = serde_json::json!({ "min": format!("cpu={min}"), "max": format!("cpu={max}") });
@@ -532,6 +635,130 @@ impl Sim {
                 self.alloc_kept(key, status, &body)?
             }
         })
+    }
+
+    /// Client `client`'s session number `number` (modulo those it opened): its index and id.
+    fn session_of(&self, client: u8, number: u8) -> Option<(usize, String)> {
+        let mine: Vec<usize> =
+            (self.model.sessions.iter().enumerate()).filter(|(_, (c, _, _))| *c == client).map(|(i, _)| i).collect();
+        let index = *mine.get(usize::from(number) % mine.len().max(1))?;
+        Some((index, self.model.sessions[index].1.clone()))
+    }
+
+    /// The answer to a session opened by `client` (its id kept, not told in the history).
+    fn session_opened(&mut self, client: u8, status: StatusCode, body: &[u8]) -> Result<String, Violation> {
+        if !status.is_success() {
+            return Ok(format!("{} {}", status.as_u16(), code_of(body)));
+        }
+        let session: allot_api::Session = parse(body)?;
+        let until = self.now + session.expires_in_ms;
+        let grip = Grip { known: Known::Held { units: 0, fencing: 0, until }, at_risk: self.acknowledged_at_risk() };
+        self.model.sessions.push((client, session.id, grip));
+        Ok(format!("{} session {} until {until}", status.as_u16(), self.model.sessions.len() - 1))
+    }
+
+    fn session_kept(&mut self, index: usize, status: StatusCode, body: &[u8]) -> Result<String, Violation> {
+        let (at_risk, now, cut) = (self.acknowledged_at_risk(), self.now, self.pair.cut.is_some());
+        let grip = self.model.sessions[index].2;
+        if status == StatusCode::NOT_FOUND || status == StatusCode::GONE {
+            if matches!(grip.known, Known::Held { .. }) && !grip.at_risk {
+                return Err(Violation::new(format!(
+                    "session {index} was held, yet its keepalive found it {}",
+                    code_of(body)
+                )));
+            }
+            self.model.sessions[index].2.known = Known::Gone;
+            self.model.session_ended(index, Known::InDoubt, grip.at_risk);
+            return Ok(format!("{} {}", status.as_u16(), code_of(body)));
+        }
+        if !status.is_success() {
+            if code_of(body) == "store_outcome_unknown" {
+                self.model.sessions[index].2 = Grip { known: Known::InDoubt, at_risk: cut };
+            }
+            return Ok(format!("{} {}", status.as_u16(), code_of(body)));
+        }
+        let session: allot_api::Session = parse(body)?;
+        if matches!(grip.known, Known::Gone) && !grip.at_risk {
+            return Err(Violation::new(format!("session {index}, closed or found gone, was kept alive")));
+        }
+        let until = now + session.expires_in_ms;
+        self.model.sessions[index].2 =
+            Grip { known: Known::Held { units: 0, fencing: 0, until }, at_risk: at_risk || grip.at_risk };
+        Ok(format!("{} session {index} until {until}", status.as_u16()))
+    }
+
+    fn session_closed(&mut self, index: usize, status: StatusCode, body: &[u8]) -> Result<String, Violation> {
+        let (at_risk, cut) = (self.acknowledged_at_risk(), self.pair.cut.is_some());
+        let grip = self.model.sessions[index].2;
+        if status == StatusCode::NOT_FOUND || status == StatusCode::GONE {
+            if matches!(grip.known, Known::Held { .. }) && !grip.at_risk {
+                return Err(Violation::new(format!(
+                    "session {index} was held, yet its close found it {}",
+                    code_of(body)
+                )));
+            }
+            self.model.sessions[index].2.known = Known::Gone;
+            self.model.session_ended(index, Known::InDoubt, grip.at_risk);
+            return Ok(format!("{} {}", status.as_u16(), code_of(body)));
+        }
+        if !status.is_success() {
+            if code_of(body) == "store_outcome_unknown" {
+                self.model.sessions[index].2 = Grip { known: Known::InDoubt, at_risk: cut };
+                self.model.session_ended(index, Known::InDoubt, cut);
+            }
+            return Ok(format!("{} {}", status.as_u16(), code_of(body)));
+        }
+        let at_risk = at_risk || grip.at_risk;
+        self.model.sessions[index].2 = Grip { known: Known::Gone, at_risk };
+        self.model.session_ended(index, Known::Gone, at_risk);
+        Ok(format!("{} session {index} closed", status.as_u16()))
+    }
+
+    /// The sessions as the primary lists them: what a client was told open (and no failover may
+    /// undo) is there while its lease certainly runs; what it was told closed or gone is not.
+    /// What was in doubt is learned (a session found gone leaves its grants in doubt: the
+    /// grants' listing tells).
+    async fn check_sessions(&mut self) -> Result<(), Violation> {
+        let now = self.now;
+        let (status, body) = self.call(Method::GET, "/v1/sessions?limit=1000".to_owned(), None).await;
+        if status != StatusCode::OK {
+            return Err(Violation::new(format!("GET /v1/sessions answered {status}: {}", code_of(&body))));
+        }
+        let list: allot_api::SessionList = parse(&body)?;
+        let listed: BTreeMap<&str, &allot_api::Session> = list.sessions.iter().map(|s| (s.id.as_str(), s)).collect();
+        let learned_at_risk = self.acknowledged_at_risk();
+        let mut gone = Vec::new();
+        for (index, (_, id, grip)) in self.model.sessions.iter_mut().enumerate() {
+            let session = listed.get(id.as_str());
+            match (grip.known, session) {
+                (Known::Held { until, .. }, None) if !grip.at_risk && until > now => {
+                    return Err(Violation::new(format!(
+                        "session {index}, acknowledged and alive until {until} (now {now}), is gone"
+                    )));
+                }
+                (Known::Gone, Some(_)) if !grip.at_risk => {
+                    return Err(Violation::new(format!("session {index}, closed or found gone, is open again")));
+                }
+                _ => {}
+            }
+            let known = match session {
+                Some(session) if session.expires_in_ms > 0 => {
+                    Known::Held { units: 0, fencing: 0, until: now + session.expires_in_ms }
+                }
+                Some(_) => Known::InDoubt,
+                None => Known::Gone,
+            };
+            if known == Known::Gone && grip.known != Known::Gone {
+                gone.push(index);
+            }
+            grip.at_risk |= learned_at_risk && known != grip.known;
+            grip.known = known;
+        }
+        for index in gone {
+            let at_risk = self.model.sessions[index].2.at_risk;
+            self.model.session_ended(index, Known::InDoubt, at_risk);
+        }
+        Ok(())
     }
 
     /// Client `client`'s alloc number `number` (modulo those it got), and its id.
@@ -697,7 +924,7 @@ impl Sim {
                     _ if !answer.existing => self.model.fencing_given(ns, name, fencing)?,
                     _ => {}
                 }
-                let until = now + grant.expires_in_ms.unwrap_or(0);
+                let until = self.model.until_of(ns, name, &grant, now);
                 *self.model.grip(ns, name) = Grip {
                     known: Known::Held { units: grant.units, fencing, until },
                     at_risk: at_risk || grip.at_risk,
@@ -772,7 +999,8 @@ impl Sim {
         if matches!(grip.known, Known::Gone) && !grip.at_risk {
             return Err(Violation::new(format!("{name}, released or lapsed, was kept alive")));
         }
-        let until = now + grant.expires_in_ms.unwrap_or(0);
+        let until = self.model.until_of(ns, name, &grant, now);
+        let grip = self.model.grip(ns, name);
         *grip = Grip {
             known: Known::Held { units: grant.units, fencing: grant.fencing, until },
             at_risk: at_risk || grip.at_risk,
@@ -796,6 +1024,7 @@ impl Sim {
     async fn check(&mut self) -> Result<(), Violation> {
         self.watch()?;
         self.check_pool().await?;
+        self.check_sessions().await?;
         let now = self.now;
         for ns in 0..NAMESPACES {
             let path = format!("/v1/namespaces/{}/grants?limit=1000", namespace(ns));
@@ -822,7 +1051,8 @@ impl Sim {
                             )));
                         }
                         let listed_until = now + grant.expires_in_ms.unwrap_or(0);
-                        if listed_until != until && !grip.at_risk {
+                        // A session grant's lease is its session's, checked with the sessions.
+                        if listed_until != until && until != u64::MAX && !grip.at_risk {
                             return Err(Violation::new(format!(
                                 "{name}'s lease ends at {listed_until}, its client was told {until}"
                             )));
@@ -850,6 +1080,9 @@ impl Sim {
                 // the next step, or not.
                 grip.known = match held {
                     Some(grant) if grant.expires_in_ms == Some(0) => Known::InDoubt,
+                    Some(grant) if grant.session.is_some() => {
+                        Known::Held { units: grant.units, fencing: grant.fencing, until: u64::MAX }
+                    }
                     Some(grant) => Known::Held {
                         units: grant.units,
                         fencing: grant.fencing,
@@ -987,10 +1220,22 @@ mod tests {
         assert!(plan.iter().any(|step| matches!(step, Step::Failover)), "failovers are drawn");
         assert!(plan.iter().any(|step| matches!(step, Step::Cut)), "cuts are drawn");
         assert!(plan.iter().any(|step| matches!(step, Step::Accept { .. })), "accepts are drawn");
+        assert!(plan.iter().any(|step| matches!(step, Step::SessionGrant { .. })), "grants in sessions are drawn");
         // The pool's steps go between the steps drawn before the pool joined, which stay as they were.
         let quotas: Vec<Step> = plan
             .into_iter()
-            .filter(|step| !matches!(step, Step::Accept { .. } | Step::Free { .. } | Step::KeepAlloc { .. }))
+            .filter(|step| {
+                !matches!(
+                    step,
+                    Step::Accept { .. }
+                        | Step::Free { .. }
+                        | Step::KeepAlloc { .. }
+                        | Step::OpenSession { .. }
+                        | Step::SessionGrant { .. }
+                        | Step::KeepSession { .. }
+                        | Step::CloseSession { .. }
+                )
+            })
             .collect();
         assert_eq!(quotas, draw_quotas(11, 400));
     }

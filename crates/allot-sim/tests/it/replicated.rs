@@ -1,5 +1,5 @@
 //! The Redis-shaped part in the normal test suite: seeds on a real primary and replica
-//! (`redis-server` on the PATH), grants and a pool's allocs under failover; the seeds that found a
+//! (`redis-server` on the PATH), grants, sessions and a pool's allocs under failover; the seeds that found a
 //! bug; and a seed run twice giving the same history, byte for byte.
 
 use allot_sim::replicated;
@@ -50,6 +50,7 @@ fn a_replicated_seed_gives_the_same_history_twice() {
         assert!(first.history.iter().any(|line| line.contains("losing the writes made while cut")), "seed {seed}");
         assert!(first.history.iter().any(|line| line.contains("\"status\":\"Granted\"")), "seed {seed}");
         assert!(first.history.iter().any(|line| line.contains(": 201 alloc ")), "seed {seed}: allocs taken");
+        assert!(first.history.iter().any(|line| line.contains(": 201 session ")), "seed {seed}: sessions opened");
         assert_eq!(first.history, second.history, "seed {seed} ran twice");
     }
 }
