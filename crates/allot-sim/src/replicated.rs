@@ -599,7 +599,14 @@ impl Sim {
                 let body = serde_json::json!({ "units": units, "session": id });
                 let (status, body) = self.call(Method::PUT, path, Some(body)).await;
                 if status == StatusCode::NOT_FOUND || status == StatusCode::GONE {
-                    // Its session is gone: nothing was granted.
+                    // Its session is gone: nothing was granted. Not one certainly open, though.
+                    let (now, grip) = (self.now, self.model.sessions[index].2);
+                    if matches!(grip.known, Known::Held { until, .. } if until > now) && !grip.at_risk {
+                        return Err(Violation::new(format!(
+                            "a grant in session {index}, open as far as its client knows, found it {}",
+                            code_of(&body)
+                        )));
+                    }
                     return Ok(format!("{} {}", status.as_u16(), code_of(&body)));
                 }
                 // The session's id is drawn at random: the history names it by its number.
