@@ -667,22 +667,13 @@ impl Sim {
     fn session_kept(&mut self, index: usize, status: StatusCode, body: &[u8]) -> Result<String, Violation> {
         let (at_risk, now, cut) = (self.acknowledged_at_risk(), self.now, self.pair.cut.is_some());
         let grip = self.model.sessions[index].2;
-        if status == StatusCode::NOT_FOUND || status == StatusCode::GONE {
-            if matches!(grip.known, Known::Held { .. }) && !grip.at_risk {
-                return Err(Violation::new(format!(
-                    "session {index} was held, yet its keepalive found it {}",
-                    code_of(body)
-                )));
+        let name = format!("session {index}");
+        if let Some(line) = not_done(&mut self.model.sessions[index].2, &name, "keepalive", status, body, cut) {
+            // Found gone, or in doubt: so are its grants.
+            if self.model.sessions[index].2.known != grip.known {
+                self.model.session_ended(index, Known::InDoubt, grip.at_risk || cut);
             }
-            self.model.sessions[index].2.known = Known::Gone;
-            self.model.session_ended(index, Known::InDoubt, grip.at_risk);
-            return Ok(format!("{} {}", status.as_u16(), code_of(body)));
-        }
-        if !status.is_success() {
-            if code_of(body) == "store_outcome_unknown" {
-                self.model.sessions[index].2 = Grip { known: Known::InDoubt, at_risk: cut };
-            }
-            return Ok(format!("{} {}", status.as_u16(), code_of(body)));
+            return line;
         }
         let session: allot_api::Session = parse(body)?;
         if matches!(grip.known, Known::Gone) && !grip.at_risk {
@@ -697,23 +688,12 @@ impl Sim {
     fn session_closed(&mut self, index: usize, status: StatusCode, body: &[u8]) -> Result<String, Violation> {
         let (at_risk, cut) = (self.acknowledged_at_risk(), self.pair.cut.is_some());
         let grip = self.model.sessions[index].2;
-        if status == StatusCode::NOT_FOUND || status == StatusCode::GONE {
-            if matches!(grip.known, Known::Held { .. }) && !grip.at_risk {
-                return Err(Violation::new(format!(
-                    "session {index} was held, yet its close found it {}",
-                    code_of(body)
-                )));
+        let name = format!("session {index}");
+        if let Some(line) = not_done(&mut self.model.sessions[index].2, &name, "close", status, body, cut) {
+            if self.model.sessions[index].2.known != grip.known {
+                self.model.session_ended(index, Known::InDoubt, grip.at_risk || cut);
             }
-            self.model.sessions[index].2.known = Known::Gone;
-            self.model.session_ended(index, Known::InDoubt, grip.at_risk);
-            return Ok(format!("{} {}", status.as_u16(), code_of(body)));
-        }
-        if !status.is_success() {
-            if code_of(body) == "store_outcome_unknown" {
-                self.model.sessions[index].2 = Grip { known: Known::InDoubt, at_risk: cut };
-                self.model.session_ended(index, Known::InDoubt, cut);
-            }
-            return Ok(format!("{} {}", status.as_u16(), code_of(body)));
+            return line;
         }
         let at_risk = at_risk || grip.at_risk;
         self.model.sessions[index].2 = Grip { known: Known::Gone, at_risk };
@@ -736,30 +716,14 @@ impl Sim {
         let learned_at_risk = self.acknowledged_at_risk();
         let mut gone = Vec::new();
         for (index, (_, id, grip)) in self.model.sessions.iter_mut().enumerate() {
-            let session = listed.get(id.as_str());
-            match (grip.known, session) {
-                (Known::Held { until, .. }, None) if !grip.at_risk && until > now => {
-                    return Err(Violation::new(format!(
-                        "session {index}, acknowledged and alive until {until} (now {now}), is gone"
-                    )));
-                }
-                (Known::Gone, Some(_)) if !grip.at_risk => {
-                    return Err(Violation::new(format!("session {index}, closed or found gone, is open again")));
-                }
-                _ => {}
-            }
-            let known = match session {
-                Some(session) if session.expires_in_ms > 0 => {
-                    Known::Held { units: 0, fencing: 0, until: now + session.expires_in_ms }
-                }
-                Some(_) => Known::InDoubt,
-                None => Known::Gone,
-            };
-            if known == Known::Gone && grip.known != Known::Gone {
+            let session = listed.get(id.as_str()).map(|session| match session.expires_in_ms {
+                0 => Known::InDoubt,
+                left => Known::Held { units: 0, fencing: 0, until: now + left },
+            });
+            if session.is_none() && grip.known != Known::Gone {
                 gone.push(index);
             }
-            grip.at_risk |= learned_at_risk && known != grip.known;
-            grip.known = known;
+            listed_as_told(grip, &format!("session {index}"), session, now, learned_at_risk)?;
         }
         for index in gone {
             let at_risk = self.model.sessions[index].2.at_risk;
@@ -796,21 +760,11 @@ impl Sim {
     }
 
     fn freed(&mut self, key: (u8, usize), status: StatusCode, body: &[u8]) -> Result<String, Violation> {
-        let at_risk = self.acknowledged_at_risk();
+        let (at_risk, cut) = (self.acknowledged_at_risk(), self.pair.cut.is_some());
         let name = format!("alloc c{}#{}", key.0, key.1);
         let Some((_, grip)) = self.model.allocs.get_mut(&key) else { return Ok("unknown".into()) };
-        if status == StatusCode::NOT_FOUND {
-            if matches!(grip.known, Known::Held { .. }) && !grip.at_risk {
-                return Err(Violation::new(format!("{name} was held, yet its free found nothing")));
-            }
-            grip.known = Known::Gone;
-            return Ok(format!("{} {}", status.as_u16(), code_of(body)));
-        }
-        if !status.is_success() {
-            if code_of(body) == "store_outcome_unknown" {
-                *grip = Grip { known: Known::InDoubt, at_risk: self.pair.cut.is_some() };
-            }
-            return Ok(format!("{} {}", status.as_u16(), code_of(body)));
+        if let Some(line) = not_done(grip, &name, "free", status, body, cut) {
+            return line;
         }
         *grip = Grip { known: Known::Gone, at_risk: at_risk || grip.at_risk };
         Ok(format!("{} freed {name}", status.as_u16()))
@@ -820,18 +774,8 @@ impl Sim {
         let (at_risk, now, cut) = (self.acknowledged_at_risk(), self.now, self.pair.cut.is_some());
         let name = format!("alloc c{}#{}", key.0, key.1);
         let Some((_, grip)) = self.model.allocs.get_mut(&key) else { return Ok("unknown".into()) };
-        if status == StatusCode::NOT_FOUND || status == StatusCode::GONE {
-            if matches!(grip.known, Known::Held { .. }) && !grip.at_risk {
-                return Err(Violation::new(format!("{name} was held, yet its keepalive found it {}", code_of(body))));
-            }
-            grip.known = Known::Gone;
-            return Ok(format!("{} {}", status.as_u16(), code_of(body)));
-        }
-        if !status.is_success() {
-            if code_of(body) == "store_outcome_unknown" {
-                *grip = Grip { known: Known::InDoubt, at_risk: cut };
-            }
-            return Ok(format!("{} {}", status.as_u16(), code_of(body)));
+        if let Some(line) = not_done(grip, &name, "keepalive", status, body, cut) {
+            return line;
         }
         let kept: allot_api::AllocKeepaliveResponse = parse(body)?;
         if matches!(grip.known, Known::Gone) && !grip.at_risk {
@@ -869,32 +813,18 @@ impl Sim {
         // an alloc another's accept reclaimed meanwhile, say, may come back.
         let learned_at_risk = self.acknowledged_at_risk();
         for ((client, number), (id, grip)) in &mut self.model.allocs {
-            let listed = live.get(id.as_str());
-            let name = format!("alloc c{client}#{number}");
-            match (grip.known, listed) {
-                (Known::Held { until, .. }, None) if !grip.at_risk && until > now => {
-                    return Err(Violation::new(format!(
-                        "{name}, acknowledged and alive until {until} (now {now}), is gone"
-                    )));
-                }
-                (Known::Gone, Some(_)) if !grip.at_risk => {
-                    return Err(Violation::new(format!("{name}, freed or found gone, is held again")));
-                }
-                _ => {}
-            }
-            // What the primary holds is what there is from now on; a lease run out but not
-            // reclaimed yet is in doubt (the daemon's own sweeper may reclaim it any time).
-            let known = match listed {
-                Some(alloc) => match alloc.expires_in_ms.and_then(|left| u64::try_from(left).ok()) {
+            // A lease run out but not reclaimed yet is in doubt (the daemon's own sweeper may
+            // reclaim it any time).
+            let listed = match live.get(id.as_str()) {
+                Some(alloc) => Some(match alloc.expires_in_ms.and_then(|left| u64::try_from(left).ok()) {
                     Some(left) if left > 0 => {
                         Known::Held { units: cpus_of(&alloc.resources)?, fencing: 0, until: now + left }
                     }
                     _ => Known::InDoubt,
-                },
-                None => Known::Gone,
+                }),
+                None => None,
             };
-            grip.at_risk |= learned_at_risk && known != grip.known;
-            grip.known = known;
+            listed_as_told(grip, &format!("alloc c{client}#{number}"), listed, now, learned_at_risk)?;
         }
         Ok(())
     }
@@ -1147,6 +1077,58 @@ impl Sim {
             }
         }
     }
+}
+
+/// A session or an alloc (`name`) as the primary lists it (`listed`: what it holds, `None` if not
+/// listed) against what its client was told (`grip`): held while its lease certainly runs, and
+/// never back once ended, unless a failover may undo what the client knows. Then `grip` learns
+/// the listing; a change learned while a failover may lose it (`learned_at_risk`) is at risk.
+fn listed_as_told(
+    grip: &mut Grip,
+    name: &str,
+    listed: Option<Known>,
+    now: u64,
+    learned_at_risk: bool,
+) -> Result<(), Violation> {
+    match (grip.known, listed) {
+        (Known::Held { until, .. }, None) if !grip.at_risk && until > now => {
+            return Err(Violation::new(format!("{name}, acknowledged and alive until {until} (now {now}), is gone")));
+        }
+        (Known::Gone, Some(_)) if !grip.at_risk => {
+            return Err(Violation::new(format!("{name}, ended as its client knows, is held again")));
+        }
+        _ => {}
+    }
+    let known = listed.unwrap_or(Known::Gone);
+    grip.at_risk |= learned_at_risk && known != grip.known;
+    grip.known = known;
+    Ok(())
+}
+
+/// What an answer to `call` on `name` (a session's or an alloc's) that did not succeed teaches, or
+/// `None` if it succeeded: found gone (a violation if its client knew it held, and no failover
+/// may undo that), refused before anything was written, or with its outcome unknown (then in
+/// doubt, at risk if the link is `cut`). The line for the history, or the violation.
+fn not_done(
+    grip: &mut Grip,
+    name: &str,
+    call: &str,
+    status: StatusCode,
+    body: &[u8],
+    cut: bool,
+) -> Option<Result<String, Violation>> {
+    let code = code_of(body);
+    if status == StatusCode::NOT_FOUND || status == StatusCode::GONE {
+        if matches!(grip.known, Known::Held { .. }) && !grip.at_risk {
+            return Some(Err(Violation::new(format!("{name} was held, yet its {call} found it {code}"))));
+        }
+        grip.known = Known::Gone;
+    } else if status.is_success() {
+        return None;
+    } else if code == "store_outcome_unknown" {
+        *grip = Grip { known: Known::InDoubt, at_risk: cut };
+    }
+    Some(Ok(format!("{} {code}", status.as_u16())))
 }
 
 /// An error answer's code (its message may name ports, which differ from run to run).
