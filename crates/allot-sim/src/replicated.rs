@@ -523,6 +523,7 @@ impl Sim {
                 let pid = pid_of(&self.pair.replica);
                 signal(&pid, "-STOP");
                 self.pair.primary.cli(&["CLIENT", "KILL", "TYPE", "replica"]);
+                dropped(&self.pair.primary).await;
                 self.pair.cut = Some(pid);
                 "cut".into()
             }
@@ -661,7 +662,8 @@ impl Sim {
         let until = self.now + session.expires_in_ms;
         let grip = Grip { known: Known::Held { units: 0, fencing: 0, until }, at_risk: self.acknowledged_at_risk() };
         self.model.sessions.push((client, session.id, grip));
-        Ok(format!("{} session {} until {until}", status.as_u16(), self.model.sessions.len() - 1))
+        // Its lease is not told, as an alloc's.
+        Ok(format!("{} session {}", status.as_u16(), self.model.sessions.len() - 1))
     }
 
     fn session_kept(&mut self, index: usize, status: StatusCode, body: &[u8]) -> Result<String, Violation> {
@@ -682,7 +684,7 @@ impl Sim {
         let until = now + session.expires_in_ms;
         self.model.sessions[index].2 =
             Grip { known: Known::Held { units: 0, fencing: 0, until }, at_risk: at_risk || grip.at_risk };
-        Ok(format!("{} session {index} until {until}", status.as_u16()))
+        Ok(format!("{} session {index} kept", status.as_u16()))
     }
 
     fn session_closed(&mut self, index: usize, status: StatusCode, body: &[u8]) -> Result<String, Violation> {
@@ -756,7 +758,9 @@ impl Sim {
         let until = self.now + u64::try_from(alloc.expires_in_ms.unwrap_or(0)).unwrap_or(0);
         let grip = Grip { known: Known::Held { units: cpus, fencing: 0, until }, at_risk: self.acknowledged_at_risk() };
         self.model.allocs.insert((client, number), (alloc.id, grip));
-        Ok(format!("201 alloc c{client}#{number} of cpu={cpus}, its lease until {until}"))
+        // Its lease is not told: read after a failover, what is left of it may be a few ms
+        // short of the whole (the daemon counts the real time since it last read Redis's clock).
+        Ok(format!("201 alloc c{client}#{number} of cpu={cpus}"))
     }
 
     fn freed(&mut self, key: (u8, usize), status: StatusCode, body: &[u8]) -> Result<String, Violation> {
@@ -1161,6 +1165,23 @@ async fn attach(primary: &RedisServer, replica: &RedisServer) {
     primary.cli(&["CONFIG", "SET", "repl-diskless-sync-delay", "0"]);
     replica.cli(&["REPLICAOF", "127.0.0.1", &port_of(primary)]);
     caught_up(primary, replica).await;
+}
+
+/// Waits until `primary` lists no replica: a replica's connection killed may still be listed
+/// for a moment (freed asynchronously), and a change meanwhile would pass the store's check of
+/// its replicas and then wait for one in vain (found by the suite's determinism test, seed 5: a
+/// grant after a cut answered `store_outcome_unknown` once in a few runs, `not_enough_replicas`
+/// otherwise).
+async fn dropped(primary: &RedisServer) {
+    let started = Instant::now();
+    loop {
+        let info = primary.cli(&["INFO", "replication"]);
+        if field(&info, "connected_slaves").as_deref() == Some("0") {
+            return;
+        }
+        assert!(started.elapsed() < CATCH_UP, "the primary still lists its replica after {CATCH_UP:?}: {info}");
+        tokio::time::sleep(Duration::from_millis(2)).await;
+    }
 }
 
 fn port_of(server: &RedisServer) -> String {
