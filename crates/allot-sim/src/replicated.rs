@@ -280,15 +280,13 @@ impl Model {
         }
     }
 
-    /// Session `index` is gone (`known`), or in doubt: so are its grants.
+    /// Session `index` is gone (`known`), or in doubt: so are its grants. They stay noted as
+    /// its (a failover may bring them back with it) until listed or granted otherwise.
     fn session_ended(&mut self, index: usize, known: Known, at_risk: bool) {
         for (key, _) in self.in_session.iter().filter(|(_, s)| **s == index) {
             if let Some(grip) = self.grips.get_mut(key) {
                 *grip = Grip { known, at_risk: at_risk || grip.at_risk };
             }
-        }
-        if !matches!(known, Known::InDoubt) {
-            self.in_session.retain(|_, s| *s != index);
         }
     }
 
@@ -1043,6 +1041,9 @@ impl Sim {
                         grant.token
                     )));
                 }
+                // Which session holds it, as listed (a failover may have brought back a grant
+                // its client knew ended with its session).
+                self.model.until_of(ns, &grant.token, grant, now);
             }
         }
         Ok(())

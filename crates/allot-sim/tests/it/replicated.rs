@@ -54,3 +54,11 @@ fn a_replicated_seed_gives_the_same_history_twice() {
         assert_eq!(first.history, second.history, "seed {seed} ran twice");
     }
 }
+
+/// Seed 7592 (at 120 steps) failed the checker, not the store: a session closed while cut came
+/// back with its grant through the failover, and the checker, which had forgotten the grant was
+/// the session's, took it as held for good once the session was closed again.
+#[test]
+fn a_session_grant_brought_back_by_a_failover_ends_with_its_session() {
+    seeds([7592], 120);
+}
