@@ -897,7 +897,7 @@ fn held_alloc(alloc: &Alloc, sent_at: u64) -> Result<Known, Violation> {
 }
 
 /// The CPUs of a resource text such as `cpu=3`.
-fn cpus_of(resources: &str) -> Result<u64, Violation> {
+pub(crate) fn cpus_of(resources: &str) -> Result<u64, Violation> {
     resources.split(',').find_map(|part| part.strip_prefix("cpu=")).map_or(Ok(0), |cpus| {
         cpus.parse().map_err(|_| Violation::new(format!("resources that do not read: {resources}")))
     })

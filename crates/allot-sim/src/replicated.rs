@@ -18,6 +18,9 @@
 //! - a pool never holds more than its capacity in live allocs; an alloc acknowledged (and not at
 //!   risk) is held while its lease certainly runs, and one freed never comes back.
 //!
+//! One file for one model: grants, sessions and allocs share the link's state (cut, at risk, a
+//! failover's losses) that every check reads, as `check.rs` keeps the embedded simulation's.
+//!
 //! Determinism: Redis's clock is the simulation's (`TestClock`: the functions read the time from
 //! a key), calls run one at a time to their answer, and a cut or a failover first waits until the
 //! replica holds everything the primary acknowledged, so what a failover loses is exactly what the
@@ -42,7 +45,7 @@ use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use tower::ServiceExt as _;
 
-use crate::check::{parse, Violation};
+use crate::check::{cpus_of, parse, Violation};
 use crate::run::{Failure, Outcome};
 
 /// Clients, namespaces, each namespace's quota, tokens per client.
@@ -1206,13 +1209,6 @@ async fn caught_up(primary: &RedisServer, replica: &RedisServer) {
         assert!(started.elapsed() < CATCH_UP, "the replica did not catch up within {CATCH_UP:?}: {info}\n{theirs}");
         tokio::time::sleep(Duration::from_millis(2)).await;
     }
-}
-
-/// The CPUs of a resource text such as `cpu=3`.
-fn cpus_of(resources: &str) -> Result<u64, Violation> {
-    resources.split(',').find_map(|part| part.strip_prefix("cpu=")).map_or(Ok(0), |cpus| {
-        cpus.parse().map_err(|_| Violation::new(format!("resources that do not read: {resources}")))
-    })
 }
 
 fn field(info: &str, name: &str) -> Option<String> {
