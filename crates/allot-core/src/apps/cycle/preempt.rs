@@ -700,12 +700,17 @@ impl Scheduler {
             }
             // Room a decision of this cycle frees beyond its preemptor's need (a gang taken whole,
             // a large victim) goes first to a task owed its queue's guarantee, held for it.
-            if restored && self.claim_surplus(&key, &mut surplus, cycle, &mut flows) {
-                if let Some((next, why)) = self.next_like(&key.0, &key.1) {
-                    waiting.push(self.preemption_order(&self.tasks[&key.0][&next], &flows));
-                    self.why_task.insert((key.0.clone(), next), why);
+            if restored && !surplus.is_empty() {
+                // The next task like it is found before it holds room (one holding room has no
+                // like).
+                let next = self.next_like(&key.0, &key.1);
+                if self.claim_surplus(&key, &mut surplus, cycle, &mut flows) {
+                    if let Some((next, why)) = next {
+                        waiting.push(self.preemption_order(&self.tasks[&key.0][&next], &flows));
+                        self.why_task.insert((key.0.clone(), next), why);
+                    }
+                    continue;
                 }
-                continue;
             }
             if failed_apps.contains(&key.0) {
                 continue;
