@@ -224,7 +224,7 @@ fn reachable(from: AppState, to: AppState) -> bool {
 }
 
 proptest! {
-    #![proptest_config(ProptestConfig { cases: 300, ..ProptestConfig::default() })]
+    #![proptest_config(ProptestConfig { cases: super::cases(300), ..ProptestConfig::default() })]
 
     #[test]
     fn random_operations_keep_every_invariant_and_applications_end_with_their_tasks(ops in proptest::collection::vec(op(), 1..80)) {

@@ -166,7 +166,7 @@ impl Model {
 }
 
 proptest! {
-    #![proptest_config(ProptestConfig { cases: 200, ..ProptestConfig::default() })]
+    #![proptest_config(ProptestConfig { cases: super::cases(200), ..ProptestConfig::default() })]
 
     #[test]
     fn pools_that_change_preempt_what_no_longer_fits_and_nothing_more(

@@ -416,11 +416,6 @@ impl Model {
     }
 }
 
-/// `default` cases unless `PROPTEST_CASES` says otherwise (for longer runs).
-fn cases(default: u32) -> u32 {
-    std::env::var("PROPTEST_CASES").ok().and_then(|v| v.parse().ok()).unwrap_or(default)
-}
-
 /// One history: its steps with the checks of every step, then the quiet phase and its checks.
 fn run(capacity: u64, shares: [u64; QUEUES], ops: &[Op]) -> Result<(), TestCaseError> {
     // Guarantees that the pool can keep together.
@@ -471,7 +466,7 @@ fn run(capacity: u64, shares: [u64; QUEUES], ops: &[Op]) -> Result<(), TestCaseE
 }
 
 proptest! {
-    #![proptest_config(ProptestConfig { cases: cases(200), ..ProptestConfig::default() })]
+    #![proptest_config(ProptestConfig { cases: super::cases(200), ..ProptestConfig::default() })]
 
     #[test]
     fn preemption_restores_guarantees_and_priorities_without_loops_or_overcommit(

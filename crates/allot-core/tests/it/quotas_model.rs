@@ -482,7 +482,7 @@ fn compare(ledger: &Ledger, model: &Model) -> Result<(), TestCaseError> {
 
 /// `cases` unless `PROPTEST_CASES` says otherwise (for longer runs).
 fn config(cases: u32) -> Config {
-    let cases = std::env::var("PROPTEST_CASES").ok().and_then(|v| v.parse().ok()).unwrap_or(cases);
+    let cases = super::cases(cases);
     // No regression files: the failing sequence is printed instead.
     Config { cases, failure_persistence: None, ..Config::default() }
 }

@@ -126,7 +126,7 @@ fn trespass(policy: &Policy, user: &Principal, placement: &Placement) -> Option<
 }
 
 proptest! {
-    #![proptest_config(ProptestConfig { cases: 96, ..ProptestConfig::default() })]
+    #![proptest_config(ProptestConfig { cases: super::cases(96), ..ProptestConfig::default() })]
 
     #[test]
     fn nothing_is_placed_where_its_user_may_not_go(
