@@ -4,9 +4,10 @@
 //! what a user may use and which pools run a task's type) and the commit of one placement are
 //! the steps of one loop over one `Cycle`'s state; apart they would pass that state around.
 //!
-//! Order: sibling queues by fair share (what they use over what they are guaranteed, the most
-//! dominant resource; queues with no guarantee after the others, least used first), from the
-//! top of the tree down; inside a leaf queue, applications by its sort policy (`fifo`:
+//! Order: sibling queues by the priority each shows (of what it still has to place), then by
+//! fair share (what they use over what they are guaranteed, the most dominant resource; queues
+//! with no guarantee after the others, least used first), both as they are at each placement,
+//! from the top of the tree down; inside a leaf queue, applications by its sort policy (`fifo`:
 //! submission order, each application placing all it can before the next; `priority`: the
 //! highest pending task first; `fair`: round robin, least used first); inside an application,
 //! tasks by priority, then order of adding.
@@ -372,6 +373,71 @@ struct Lane {
     sort: SortPolicy,
 }
 
+/// The priority each queue with work shows its parent [YuniKorn's `GetCurrentPriority`]: a
+/// leaf, the highest of its applications' still to be placed in this cycle; a parent, the
+/// highest its children show; each plus its `priority_offset`, or that alone when fenced.
+#[derive(Default)]
+struct ShownPriorities {
+    /// Per queue, how many of its applications and children show each priority.
+    inside: HashMap<QueuePath, BTreeMap<i32, u32>>,
+    shown: HashMap<QueuePath, i32>,
+}
+
+impl ShownPriorities {
+    fn of(&self, queue: &QueuePath) -> i32 {
+        self.shown.get(queue).copied().unwrap_or(i32::MIN)
+    }
+
+    /// One of `queue`'s applications or children shows `new` instead of `old` (none: not
+    /// counted); what its ancestors show follows.
+    fn change(&mut self, queues: &super::queues::Queues, queue: &QueuePath, old: Option<i32>, new: Option<i32>) {
+        if old == new {
+            return;
+        }
+        self.update(queues, queue, |inside| {
+            if let Some(old) = old {
+                if let Some(count) = inside.get_mut(&old) {
+                    *count -= 1;
+                    if *count == 0 {
+                        inside.remove(&old);
+                    }
+                }
+            }
+            if let Some(new) = new {
+                *inside.entry(new).or_default() += 1;
+            }
+        });
+    }
+
+    /// Changes what `queue`'s applications and children show, and what its ancestors show with
+    /// it.
+    fn update(
+        &mut self,
+        queues: &super::queues::Queues,
+        queue: &QueuePath,
+        edit: impl FnOnce(&mut BTreeMap<i32, u32>),
+    ) {
+        if !self.inside.contains_key(queue) {
+            self.inside.insert(queue.clone(), BTreeMap::new());
+        }
+        let Some(inside) = self.inside.get_mut(queue) else { return };
+        edit(inside);
+        let top = inside.last_key_value().map(|(priority, _)| *priority);
+        let limits = queues.get(queue);
+        let (policy, offset) = limits.map_or_else(Default::default, |l| (l.priority_policy, l.priority_offset));
+        let value = super::priority::shown(policy, offset, top);
+        let before = match value {
+            Some(value) => self.shown.insert(queue.clone(), value),
+            None => self.shown.remove(queue),
+        };
+        if before != value {
+            if let Some(parent) = queue.parent() {
+                self.change(queues, &parent, before, value);
+            }
+        }
+    }
+}
+
 /// What a cycle carries from step to step.
 struct Cycle<'c> {
     now: Millis,
@@ -450,18 +516,36 @@ impl Scheduler {
         for (i, held) in &cycle.held {
             cycle.room.take(*i, held);
         }
-        let priorities = self.queue_priorities(&lanes);
+        let mut priorities = self.queue_priorities(&lanes);
+        // With one lane there is no order to keep.
+        let ordered = lanes.len() > 1;
         let mut heap: BinaryHeap<Reverse<(Vec<u64>, usize)>> = lanes
             .iter()
             .enumerate()
             .map(|(i, lane)| Reverse((self.fair_key(&lane.ancestors, &priorities), i)))
             .collect();
-        while let Some(Reverse((_, i))) = heap.pop() {
+        while let Some(Reverse((key, i))) = heap.pop() {
+            // A lane's key only grows in a cycle (its queues use more, show lower priorities as
+            // their work is placed) and moves with its siblings' placements too: one found stale
+            // goes back in its place.
+            if !heap.is_empty() {
+                let now_key = self.fair_key(&lanes[i].ancestors, &priorities);
+                if now_key > key {
+                    heap.push(Reverse((now_key, i)));
+                    continue;
+                }
+            }
             let lane = &mut lanes[i];
             let mut progressed = false;
             while lane.at < lane.apps.len() {
                 let app = lane.apps[lane.at].clone();
-                if self.step_app(&app, world, &mut cycle) {
+                let before = ordered.then(|| self.app_priority(&app));
+                let stepped = self.step_app(&app, world, &mut cycle);
+                if let (Some(before), Some(leaf)) = (before, lane.ancestors.last()) {
+                    let after = stepped.then(|| self.waiting_priority(&app)).flatten();
+                    priorities.change(&self.queues, leaf, Some(before), after);
+                }
+                if stepped {
                     progressed = true;
                     if lane.sort == SortPolicy::Fair {
                         lane.at = (lane.at + 1) % lane.apps.len();
@@ -541,40 +625,40 @@ impl Scheduler {
         }
     }
 
-    /// The priority each queue with work shows its parent this cycle [YuniKorn's
-    /// `GetCurrentPriority`]: a leaf, the highest of its applications'; a parent, the highest its
-    /// children show; each plus its `priority_offset`, or that alone when fenced. Taken once, at
-    /// the start of the cycle.
-    fn queue_priorities(&self, lanes: &[Lane]) -> HashMap<QueuePath, i32> {
-        let mut inside: BTreeMap<QueuePath, i32> = BTreeMap::new();
+    /// What an application still waiting to be placed waits with (see `app_priority`); none
+    /// once it has nothing left to place.
+    fn waiting_priority(&self, id: &AppId) -> Option<i32> {
+        let pending = self.pending.get(id).is_some_and(|p| !p.is_empty());
+        (pending || self.apps[id].awaits_gang()).then(|| self.app_priority(id))
+    }
+
+    /// The priority each queue with work shows its parent at the start of the cycle, kept up
+    /// to date by the cycle as it places.
+    fn queue_priorities(&self, lanes: &[Lane]) -> ShownPriorities {
+        let mut shown = ShownPriorities::default();
         for lane in lanes {
             let Some(leaf) = lane.ancestors.last() else { continue };
-            let top = lane.apps.iter().map(|id| self.app_priority(id)).max().unwrap_or(i32::MIN);
-            inside.insert(leaf.clone(), top);
-        }
-        let mut shown: HashMap<QueuePath, i32> = HashMap::new();
-        // Children first: a child's path sorts after its parent's.
-        while let Some((queue, top)) = inside.pop_last() {
-            let limits = self.queues.get(&queue);
-            let (policy, offset) = limits.map_or_else(Default::default, |l| (l.priority_policy, l.priority_offset));
-            let Some(value) = super::priority::shown(policy, offset, Some(top)) else { continue };
-            if let Some(parent) = queue.parent() {
-                let entry = inside.entry(parent).or_insert(i32::MIN);
-                *entry = (*entry).max(value);
+            let mut counts: BTreeMap<i32, u32> = BTreeMap::new();
+            for id in &lane.apps {
+                *counts.entry(self.app_priority(id)).or_default() += 1;
             }
-            shown.insert(queue, value);
+            shown.update(&self.queues, leaf, |inside| {
+                for (priority, count) in counts {
+                    *inside.entry(priority).or_default() += count;
+                }
+            });
         }
         shown
     }
 
     /// A leaf's key among the others: for each queue from the top of the tree down to the leaf,
     /// the priority it shows (higher first), then its fair share (lower first).
-    fn fair_key(&self, ancestors: &[QueuePath], priorities: &HashMap<QueuePath, i32>) -> Vec<u64> {
+    fn fair_key(&self, ancestors: &[QueuePath], priorities: &ShownPriorities) -> Vec<u64> {
         ancestors
             .iter()
             .skip(1)
             .flat_map(|queue| {
-                let priority = priorities.get(queue).copied().unwrap_or(i32::MIN);
+                let priority = priorities.of(queue);
                 // Higher first in a min-heap: i32::MAX maps to 0.
                 let priority_key = (i64::from(i32::MAX) - i64::from(priority)) as u64;
                 let used = self.usage.get(queue).map(|u| &u.allocated);

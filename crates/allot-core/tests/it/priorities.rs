@@ -183,3 +183,26 @@ fn a_lend_limit_keeps_the_rest_of_an_unused_guarantee_free_for_its_queue() {
     b.cycle();
     assert_eq!(used(&b, "root.owner"), 10);
 }
+
+/// A queue shows the priority of what it still has to place, not of what it had at the start of
+/// the cycle [YuniKorn keeps a queue's current priority as its asks change]: once its one urgent
+/// task is placed, its bulk waits its turn by fair share with a sibling's of the same priority.
+#[test]
+fn a_queue_shows_the_priority_of_what_it_still_has_to_place_in_a_cycle() {
+    let mut b = Bench::new();
+    b.pool("p", "cpu=4", &[]);
+    let half = || QueueLimits { guaranteed: res("cpu=2"), ..QueueLimits::default() };
+    b.queue("root.a", half());
+    b.queue("root.b", half());
+    b.submit(app_spec("urgent", "root.a")).unwrap();
+    b.add("urgent", TaskSpec { priority: Priority::of(10), ..task("t", "cpu=1") }).unwrap();
+    b.submit(app_spec("bulk", "root.a")).unwrap();
+    b.submit(app_spec("other", "root.b")).unwrap();
+    for i in 0..4 {
+        b.add("bulk", task(&format!("t{i}"), "cpu=1")).unwrap();
+        b.add("other", task(&format!("t{i}"), "cpu=1")).unwrap();
+    }
+    b.cycle();
+    assert_eq!(b.state("urgent", "t"), TaskState::Allocated, "the higher priority first");
+    assert_eq!((used(&b, "root.a"), used(&b, "root.b")), (2, 2), "then by fair share");
+}
