@@ -499,3 +499,25 @@ fn the_room_a_gang_frees_beyond_its_preemptors_need_goes_to_every_alike_task_sti
         panic!("{e}");
     }
 }
+
+/// Another (a longer run's, seed 101): a gang of one taken a whole gang of two; the cpu it
+/// freed beyond its need went to nobody, so a queue owed its guarantee waited for a task of a
+/// sibling to be placed there first and preempted it a grace later.
+#[test]
+fn the_room_a_gang_taken_for_a_gang_frees_beyond_its_need_goes_to_a_task_still_owed() {
+    use Op::*;
+    let ops = [
+        SubmitGang { queue: 2, priority: 0, members: 2 },
+        Submit { queue: 2, priority: 1, tasks: 3 },
+        Submit { queue: 1, priority: 0, tasks: 2 },
+        Submit { queue: 0, priority: 0, tasks: 1 },
+        SubmitGang { queue: 2, priority: 1, members: 1 },
+        Cycle,
+        SubmitGang { queue: 1, priority: 2, members: 1 },
+        Finish { app: 4, task: 0 },
+        Submit { queue: 0, priority: 0, tasks: 1 },
+    ];
+    if let Err(e) = run(6, [1, 2, 3], &ops) {
+        panic!("{e}");
+    }
+}

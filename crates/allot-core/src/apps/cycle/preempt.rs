@@ -647,7 +647,8 @@ impl Scheduler {
                     }
                     let placed = placed.get_or_insert_with(|| self.placed_by_pool(&cycle.room));
                     let preview = previewed < MAX_PREVIEWS_PER_CYCLE;
-                    if self.preempt_for_gang(&app, preview, world, cycle, &mut flows, placed, &mut cache) {
+                    let scratch = (placed, &mut cache, &mut surplus);
+                    if self.preempt_for_gang(&app, preview, world, cycle, &mut flows, scratch) {
                         previewed += 1;
                     }
                     continue;
@@ -775,8 +776,7 @@ impl Scheduler {
     /// is reserved. Whether it may, and whom it may take, go by the rules of a task's
     /// preemption, its delay counted from its submission (or from when it was itself taken
     /// back). Inside its delay it says whom it would take, if `preview`: answers whether it
-    /// looked.
-    #[allow(clippy::too_many_arguments)]
+    /// looked. What its victims free beyond its members' need is added to `surplus`, by spot.
     fn preempt_for_gang(
         &mut self,
         app_id: &AppId,
@@ -784,8 +784,7 @@ impl Scheduler {
         world: &World<'_>,
         cycle: &mut Cycle<'_>,
         flows: &mut Flows,
-        placed: &mut Placed,
-        cache: &mut PlanCache,
+        (placed, cache, surplus): (&mut Placed, &mut PlanCache, &mut HashMap<usize, Resources>),
     ) -> bool {
         let app = &self.apps[app_id];
         let may_from = app.reserving_since().saturating_add(self.preemption_delay(&app.spec.queue));
@@ -821,7 +820,7 @@ impl Scheduler {
                     placed.mark(plan.spot, &plan.victims);
                     cache.taken_from(plan.spot);
                 }
-                self.carry_out_gang(app_id, plans, cycle, flows);
+                self.carry_out_gang(app_id, plans, cycle, flows, surplus);
             }
             Err(said) => self.gang_waits(app_id, Preemption::Cannot(said)),
         }
@@ -929,8 +928,17 @@ impl Scheduler {
         Ok(plans)
     }
 
-    /// Marks every member's victims and holds the room of every member for the gang.
-    fn carry_out_gang(&mut self, app_id: &AppId, plans: Vec<Plan>, cycle: &mut Cycle<'_>, flows: &mut Flows) {
+    /// Marks every member's victims and holds the room of every member for the gang; adds to
+    /// `surplus` what the victims free on each spot beyond the members placed there need (a
+    /// whole gang taken for a smaller one), which goes to the next tasks owed their guarantee.
+    fn carry_out_gang(
+        &mut self,
+        app_id: &AppId,
+        plans: Vec<Plan>,
+        cycle: &mut Cycle<'_>,
+        flows: &mut Flows,
+        surplus: &mut HashMap<usize, Resources>,
+    ) {
         let Some(app) = self.apps.get(app_id) else { return };
         let members = app.gang_members();
         let Some(Ok(by)) = members.first().map(|m| TaskId::new(m.0.as_str()).map(|group| (app_id.clone(), group)))
@@ -945,6 +953,8 @@ impl Scheduler {
         let mut held = Vec::with_capacity(plans.len());
         let mut names = Vec::new();
         let mut shown: Option<PoolName> = None;
+        // By spot: what the victims there free, and what the members placed there take.
+        let mut by_spot: HashMap<usize, (Resources, Resources)> = HashMap::new();
         for ((_, _, wanted, _, _), plan) in members.iter().zip(plans) {
             let pool = cycle.room.spots[plan.spot].name.clone();
             if !plan.victims.is_empty() && shown.is_none() {
@@ -952,7 +962,17 @@ impl Scheduler {
             }
             self.mark_victims(&by, &plan.victims, &reason, cycle, flows, &mut names);
             self.hold(plan.spot, &wanted.saturating_sub(&plan.freed), cycle);
+            let (freed, taken) = by_spot.entry(plan.spot).or_default();
+            *freed = freed.checked_add(&plan.freed).unwrap_or_else(|| freed.clone());
+            *taken = taken.checked_add(wanted).unwrap_or_else(|| taken.clone());
             held.push(pool);
+        }
+        for (spot, (freed, taken)) in by_spot {
+            let extra = freed.saturating_sub(&taken);
+            if !extra.is_empty() {
+                let sum = surplus.entry(spot).or_default();
+                *sum = sum.checked_add(&extra).unwrap_or_else(|| sum.clone());
+            }
         }
         add_up(&mut flows.arriving, &leaf, &total);
         if let Some(app) = self.apps.get_mut(app_id) {
