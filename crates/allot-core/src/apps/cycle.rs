@@ -374,7 +374,8 @@ struct Lane {
 }
 
 /// The priority each queue with work shows its parent [YuniKorn's `GetCurrentPriority`]: a
-/// leaf, the highest of its applications' still to be placed in this cycle; a parent, the
+/// leaf, the highest its applications show (`Scheduler::shown_priority`) of what they still
+/// have to place in this cycle; a parent, the
 /// highest its children show; each plus its `priority_offset`, or that alone when fenced.
 #[derive(Default)]
 struct ShownPriorities {
@@ -454,6 +455,9 @@ struct Cycle<'c> {
     never_fits_before: HashMap<AppId, (Millis, String)>,
     /// By spot: the room held there for tasks that preempted (taken out of `room`).
     held: HashMap<usize, Resources>,
+    /// By queue (and every queue above): what the tasks and gangs with room held for them
+    /// will use once placed, less what of it the cycle placed. A queue's fair share counts it.
+    arriving: HashMap<QueuePath, Resources>,
 }
 
 impl Scheduler {
@@ -506,6 +510,7 @@ impl Scheduler {
             filters: Filters::default(),
             never_fits_before,
             held: HashMap::new(),
+            arriving: self.arriving(),
         };
         // The room held for preemptors is no one else's.
         for (i, spot) in cycle.room.spots.iter().enumerate() {
@@ -522,14 +527,14 @@ impl Scheduler {
         let mut heap: BinaryHeap<Reverse<(Vec<u64>, usize)>> = lanes
             .iter()
             .enumerate()
-            .map(|(i, lane)| Reverse((self.fair_key(&lane.ancestors, &priorities), i)))
+            .map(|(i, lane)| Reverse((self.fair_key(&lane.ancestors, &priorities, &cycle.arriving), i)))
             .collect();
         while let Some(Reverse((key, i))) = heap.pop() {
             // A lane's key only grows in a cycle (its queues use more, show lower priorities as
             // their work is placed) and moves with its siblings' placements too: one found stale
             // goes back in its place.
             if !heap.is_empty() {
-                let now_key = self.fair_key(&lanes[i].ancestors, &priorities);
+                let now_key = self.fair_key(&lanes[i].ancestors, &priorities, &cycle.arriving);
                 if now_key > key {
                     heap.push(Reverse((now_key, i)));
                     continue;
@@ -539,11 +544,11 @@ impl Scheduler {
             let mut progressed = false;
             while lane.at < lane.apps.len() {
                 let app = lane.apps[lane.at].clone();
-                let before = ordered.then(|| self.app_priority(&app));
+                let before = ordered.then(|| self.shown_priority(&app));
                 let stepped = self.step_app(&app, world, &mut cycle);
                 if let (Some(before), Some(leaf)) = (before, lane.ancestors.last()) {
-                    let after = stepped.then(|| self.waiting_priority(&app)).flatten();
-                    priorities.change(&self.queues, leaf, Some(before), after);
+                    let after = stepped.then(|| self.shown_priority(&app)).flatten();
+                    priorities.change(&self.queues, leaf, before, after);
                 }
                 if stepped {
                     progressed = true;
@@ -566,7 +571,7 @@ impl Scheduler {
                 }
             }
             if progressed {
-                heap.push(Reverse((self.fair_key(&lanes[i].ancestors, &priorities), i)));
+                heap.push(Reverse((self.fair_key(&lanes[i].ancestors, &priorities, &cycle.arriving), i)));
             }
         }
         self.preempt(world, &mut cycle);
@@ -625,11 +630,19 @@ impl Scheduler {
         }
     }
 
-    /// What an application still waiting to be placed waits with (see `app_priority`); none
-    /// once it has nothing left to place.
-    fn waiting_priority(&self, id: &AppId) -> Option<i32> {
-        let pending = self.pending.get(id).is_some_and(|p| !p.is_empty());
-        (pending || self.apps[id].awaits_gang()).then(|| self.app_priority(id))
+    /// The priority an application shows its queue: of its first pending task with no room
+    /// held for it (one with room held takes it whatever the order), or, while its gang waits
+    /// to be reserved holding no room, what it waits with; none when nothing else of it waits.
+    fn shown_priority(&self, id: &AppId) -> Option<i32> {
+        let app = &self.apps[id];
+        if app.awaits_gang() {
+            return app.held.is_empty().then(|| self.app_priority(id));
+        }
+        let tasks = self.tasks.get(id);
+        let unheld = |key: &&PendingKey| {
+            self.holders.is_empty() || tasks.and_then(|t| t.get(&key.2)).is_none_or(|t| t.held.is_none())
+        };
+        self.pending.get(id)?.iter().find(unheld).map(|key| key.0 .0)
     }
 
     /// The priority each queue with work shows its parent at the start of the cycle, kept up
@@ -639,8 +652,8 @@ impl Scheduler {
         for lane in lanes {
             let Some(leaf) = lane.ancestors.last() else { continue };
             let mut counts: BTreeMap<i32, u32> = BTreeMap::new();
-            for id in &lane.apps {
-                *counts.entry(self.app_priority(id)).or_default() += 1;
+            for priority in lane.apps.iter().filter_map(|id| self.shown_priority(id)) {
+                *counts.entry(priority).or_default() += 1;
             }
             shown.update(&self.queues, leaf, |inside| {
                 for (priority, count) in counts {
@@ -652,8 +665,14 @@ impl Scheduler {
     }
 
     /// A leaf's key among the others: for each queue from the top of the tree down to the leaf,
-    /// the priority it shows (higher first), then its fair share (lower first).
-    fn fair_key(&self, ancestors: &[QueuePath], priorities: &ShownPriorities) -> Vec<u64> {
+    /// the priority it shows (higher first), then its fair share (lower first), counting the
+    /// room held for it (`arriving`) as used.
+    fn fair_key(
+        &self,
+        ancestors: &[QueuePath],
+        priorities: &ShownPriorities,
+        arriving: &HashMap<QueuePath, Resources>,
+    ) -> Vec<u64> {
         ancestors
             .iter()
             .skip(1)
@@ -661,9 +680,10 @@ impl Scheduler {
                 let priority = priorities.of(queue);
                 // Higher first in a min-heap: i32::MAX maps to 0.
                 let priority_key = (i64::from(i32::MAX) - i64::from(priority)) as u64;
-                let used = self.usage.get(queue).map(|u| &u.allocated);
                 let empty = Resources::new();
-                let used = used.unwrap_or(&empty);
+                let allocated = self.usage.get(queue).map_or(&empty, |u| &u.allocated);
+                let held = arriving.get(queue).and_then(|held| allocated.checked_add(held));
+                let used = held.as_ref().unwrap_or(allocated);
                 let guaranteed = self.queues.get(queue).map(|l| &l.guaranteed);
                 let share = match guaranteed.filter(|g| g.iter().any(|(_, v)| v > 0)) {
                     Some(guaranteed) => guaranteed
@@ -765,6 +785,10 @@ impl Scheduler {
             };
             let placed = self.place_task(app_id, &task, world, cycle);
             if let Some(given) = given {
+                if placed.is_ok() {
+                    let resources = self.tasks.get(app_id).and_then(|t| t.get(&task)).map(|t| &t.spec.resources);
+                    arrived(&mut cycle.arriving, &self.apps[app_id].spec.queue, resources);
+                }
                 self.rehold(&held, given, placed.is_ok(), cycle);
             }
             match placed {
@@ -959,7 +983,13 @@ impl Scheduler {
         let given = self.unhold_gang(app_id, cycle);
         let reserved = self.reserve_now(app_id, world, cycle);
         match given {
-            Some(given) => self.rehold_gang(app_id, given, reserved, cycle),
+            Some(given) => {
+                if reserved.is_ok() {
+                    let app = &self.apps[app_id];
+                    arrived(&mut cycle.arriving, &app.spec.queue, Some(&preempt::gang_total(app)));
+                }
+                self.rehold_gang(app_id, given, reserved, cycle)
+            }
             None => reserved,
         }
     }
@@ -1238,6 +1268,17 @@ fn app_deadline(app: &super::App, config: &super::SchedConfig) -> Option<Millis>
 }
 
 /// Room for every member of a gang, on a scratch copy of what is free: the spot of each.
+/// Room held for work of `leaf` was taken by it: `resources` (if known) come off what is
+/// arriving in `leaf` and every queue above.
+fn arrived(arriving: &mut HashMap<QueuePath, Resources>, leaf: &QueuePath, resources: Option<&Resources>) {
+    let Some(resources) = resources.filter(|_| !arriving.is_empty()) else { return };
+    for queue in leaf.ancestors() {
+        if let Some(sum) = arriving.get_mut(queue) {
+            *sum = sum.saturating_sub(resources);
+        }
+    }
+}
+
 fn room_for_members(members: &[super::GangMember], room: &Room, allowed: Option<&Allowed>) -> Result<Vec<usize>, Why> {
     let mut promised: HashMap<usize, Resources> = HashMap::new();
     let mut spots = Vec::with_capacity(members.len());

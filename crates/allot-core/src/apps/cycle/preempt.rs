@@ -223,7 +223,7 @@ fn ceiling_hit(why: &Why) -> Option<&crate::apps::queues::LimitHit> {
 }
 
 /// What every member of an application's gang holds together.
-fn gang_total(app: &crate::apps::App) -> Resources {
+pub(super) fn gang_total(app: &crate::apps::App) -> Resources {
     app.gang_members().iter().fold(Resources::new(), |sum, m| sum.checked_add(&m.2).unwrap_or(sum))
 }
 
@@ -1086,7 +1086,7 @@ impl Scheduler {
 
     /// What the tasks and gangs with room held for them will use once placed, per queue (and
     /// every queue above it).
-    fn arriving(&self) -> HashMap<QueuePath, Resources> {
+    pub(super) fn arriving(&self) -> HashMap<QueuePath, Resources> {
         let mut arriving = HashMap::new();
         for (app, _, resources) in self.holds() {
             add_up(&mut arriving, &app.spec.queue, &resources);
