@@ -1267,7 +1267,6 @@ fn app_deadline(app: &super::App, config: &super::SchedConfig) -> Option<Millis>
     [app.reserve_deadline(), app.placeholder_deadline(), completing, forget].into_iter().flatten().min()
 }
 
-/// Room for every member of a gang, on a scratch copy of what is free: the spot of each.
 /// Room held for work of `leaf` was taken by it: `resources` (if known) come off what is
 /// arriving in `leaf` and every queue above.
 fn arrived(arriving: &mut HashMap<QueuePath, Resources>, leaf: &QueuePath, resources: Option<&Resources>) {
@@ -1279,6 +1278,7 @@ fn arrived(arriving: &mut HashMap<QueuePath, Resources>, leaf: &QueuePath, resou
     }
 }
 
+/// Room for every member of a gang, on a scratch copy of what is free: the spot of each.
 fn room_for_members(members: &[super::GangMember], room: &Room, allowed: Option<&Allowed>) -> Result<Vec<usize>, Why> {
     let mut promised: HashMap<usize, Resources> = HashMap::new();
     let mut spots = Vec::with_capacity(members.len());
