@@ -630,19 +630,11 @@ impl Scheduler {
         }
     }
 
-    /// The priority an application shows its queue: of its first pending task with no room
-    /// held for it (one with room held takes it whatever the order), or, while its gang waits
-    /// to be reserved holding no room, what it waits with; none when nothing else of it waits.
+    /// The priority an application shows its queue: what it waits with (`app_priority`) while
+    /// it has a task pending or a gang to reserve; none once nothing of it waits.
     fn shown_priority(&self, id: &AppId) -> Option<i32> {
-        let app = &self.apps[id];
-        if app.awaits_gang() {
-            return app.held.is_empty().then(|| self.app_priority(id));
-        }
-        let tasks = self.tasks.get(id);
-        let unheld = |key: &&PendingKey| {
-            self.holders.is_empty() || tasks.and_then(|t| t.get(&key.2)).is_none_or(|t| t.held.is_none())
-        };
-        self.pending.get(id)?.iter().find(unheld).map(|key| key.0 .0)
+        let pending = self.pending.get(id).is_some_and(|p| !p.is_empty());
+        (pending || self.apps[id].awaits_gang()).then(|| self.app_priority(id))
     }
 
     /// The priority each queue with work shows its parent at the start of the cycle, kept up

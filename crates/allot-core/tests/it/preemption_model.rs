@@ -524,10 +524,10 @@ fn the_room_a_gang_taken_for_a_gang_frees_beyond_its_need_goes_to_a_task_still_o
 
 /// A third (seed 303): a queue's task of the highest priority, below its guarantee, waited
 /// while a sibling's task of the lowest was placed in the one free cpu, and preempted it a grace
-/// later: the sibling showed the priority of its task with room held (placed in that room
-/// whatever the order), and its fair share left out that room.
+/// later: the sibling's fair share left out the room held for its own preemptors, so it came
+/// first.
 #[test]
-fn room_held_for_a_queues_task_counts_in_its_share_and_not_in_the_priority_it_shows() {
+fn the_room_held_for_a_queues_preemptors_counts_in_its_fair_share() {
     use Op::*;
     let ops = [
         SubmitGang { queue: 2, priority: 0, members: 2 },
