@@ -529,11 +529,15 @@ impl Scheduler {
             .enumerate()
             .map(|(i, lane)| Reverse((self.fair_key(&lane.ancestors, &priorities, &cycle.arriving), i)))
             .collect();
+        // What the application last stepped shows, by its lane and place in it: only its own
+        // steps change that, so stepping it again starts from there.
+        let mut last_shown: Option<((usize, usize), Option<i32>)> = None;
         while let Some(Reverse((key, i))) = heap.pop() {
             // A lane's key only grows in a cycle (its queues use more, show lower priorities as
-            // their work is placed) and moves with its siblings' placements too: one found stale
-            // goes back in its place.
-            if !heap.is_empty() {
+            // their work is placed). Under a parent other than the root it moves with its
+            // siblings' placements too: one found stale goes back in its place. A leaf of the
+            // root's changes only by its own steps, after which it went back with its key new.
+            if lanes[i].ancestors.len() > 2 && !heap.is_empty() {
                 let now_key = self.fair_key(&lanes[i].ancestors, &priorities, &cycle.arriving);
                 if now_key > key {
                     heap.push(Reverse((now_key, i)));
@@ -544,11 +548,16 @@ impl Scheduler {
             let mut progressed = false;
             while lane.at < lane.apps.len() {
                 let app = lane.apps[lane.at].clone();
-                let before = ordered.then(|| self.shown_priority(&app));
+                let before = ordered.then(|| match last_shown {
+                    Some((at, shown)) if at == (i, lane.at) => shown,
+                    _ => self.shown_priority(&app),
+                });
                 let stepped = self.step_app(&app, world, &mut cycle);
+                last_shown = None;
                 if let (Some(before), Some(leaf)) = (before, lane.ancestors.last()) {
                     let after = stepped.then(|| self.shown_priority(&app)).flatten();
                     priorities.change(&self.queues, leaf, before, after);
+                    last_shown = stepped.then_some(((i, lane.at), after));
                 }
                 if stepped {
                     progressed = true;
