@@ -418,12 +418,16 @@ impl ShownPriorities {
         queue: &QueuePath,
         edit: impl FnOnce(&mut BTreeMap<i32, u32>),
     ) {
-        if !self.inside.contains_key(queue) {
-            self.inside.insert(queue.clone(), BTreeMap::new());
-        }
-        let Some(inside) = self.inside.get_mut(queue) else { return };
+        let inside = match self.inside.get_mut(queue) {
+            Some(inside) => inside,
+            None => self.inside.entry(queue.clone()).or_default(),
+        };
+        let top_before = inside.last_key_value().map(|(priority, _)| *priority);
         edit(inside);
         let top = inside.last_key_value().map(|(priority, _)| *priority);
+        if top == top_before && self.shown.contains_key(queue) == top.is_some() {
+            return;
+        }
         let limits = queues.get(queue);
         let (policy, offset) = limits.map_or_else(Default::default, |l| (l.priority_policy, l.priority_offset));
         let value = super::priority::shown(policy, offset, top);
