@@ -484,42 +484,44 @@ proptest! {
 /// holding room has no like), so the second preempted a task placed again meanwhile: its queue
 /// waited a second grace, its victim was preempted twice.
 #[test]
-fn the_room_a_gang_frees_beyond_its_preemptors_need_goes_to_every_alike_task_still_owed() {
+fn the_room_a_gang_frees_beyond_its_preemptors_need_goes_to_every_alike_task_still_owed() -> Result<(), TestCaseError> {
     use Op::*;
-    let ops = [
-        SubmitGang { queue: 2, priority: 2, members: 2 },
-        SubmitGang { queue: 2, priority: 0, members: 3 },
-        Cycle,
-        Submit { queue: 0, priority: 0, tasks: 2 },
-        Cycle,
-        Submit { queue: 0, priority: 2, tasks: 2 },
-        Submit { queue: 1, priority: 0, tasks: 2 },
-    ];
-    if let Err(e) = run(7, [3, 2, 0], &ops) {
-        panic!("{e}");
-    }
+    run(
+        7,
+        [3, 2, 0],
+        &[
+            SubmitGang { queue: 2, priority: 2, members: 2 },
+            SubmitGang { queue: 2, priority: 0, members: 3 },
+            Cycle,
+            Submit { queue: 0, priority: 0, tasks: 2 },
+            Cycle,
+            Submit { queue: 0, priority: 2, tasks: 2 },
+            Submit { queue: 1, priority: 0, tasks: 2 },
+        ],
+    )
 }
 
 /// Another (a longer run's, seed 101): a gang of one taken a whole gang of two; the cpu it
 /// freed beyond its need went to nobody, so a queue owed its guarantee waited for a task of a
 /// sibling to be placed there first and preempted it a grace later.
 #[test]
-fn the_room_a_gang_taken_for_a_gang_frees_beyond_its_need_goes_to_a_task_still_owed() {
+fn the_room_a_gang_taken_for_a_gang_frees_beyond_its_need_goes_to_a_task_still_owed() -> Result<(), TestCaseError> {
     use Op::*;
-    let ops = [
-        SubmitGang { queue: 2, priority: 0, members: 2 },
-        Submit { queue: 2, priority: 1, tasks: 3 },
-        Submit { queue: 1, priority: 0, tasks: 2 },
-        Submit { queue: 0, priority: 0, tasks: 1 },
-        SubmitGang { queue: 2, priority: 1, members: 1 },
-        Cycle,
-        SubmitGang { queue: 1, priority: 2, members: 1 },
-        Finish { app: 4, task: 0 },
-        Submit { queue: 0, priority: 0, tasks: 1 },
-    ];
-    if let Err(e) = run(6, [1, 2, 3], &ops) {
-        panic!("{e}");
-    }
+    run(
+        6,
+        [1, 2, 3],
+        &[
+            SubmitGang { queue: 2, priority: 0, members: 2 },
+            Submit { queue: 2, priority: 1, tasks: 3 },
+            Submit { queue: 1, priority: 0, tasks: 2 },
+            Submit { queue: 0, priority: 0, tasks: 1 },
+            SubmitGang { queue: 2, priority: 1, members: 1 },
+            Cycle,
+            SubmitGang { queue: 1, priority: 2, members: 1 },
+            Finish { app: 4, task: 0 },
+            Submit { queue: 0, priority: 0, tasks: 1 },
+        ],
+    )
 }
 
 /// A third (seed 303): a queue's task of the highest priority, below its guarantee, waited
@@ -527,17 +529,18 @@ fn the_room_a_gang_taken_for_a_gang_frees_beyond_its_need_goes_to_a_task_still_o
 /// later: the sibling's fair share left out the room held for its own preemptors, so it came
 /// first.
 #[test]
-fn the_room_held_for_a_queues_preemptors_counts_in_its_fair_share() {
+fn the_room_held_for_a_queues_preemptors_counts_in_its_fair_share() -> Result<(), TestCaseError> {
     use Op::*;
-    let ops = [
-        SubmitGang { queue: 2, priority: 0, members: 2 },
-        Submit { queue: 2, priority: 0, tasks: 3 },
-        Submit { queue: 2, priority: 2, tasks: 2 },
-        Cycle,
-        Submit { queue: 0, priority: 2, tasks: 2 },
-        Submit { queue: 1, priority: 2, tasks: 2 },
-    ];
-    if let Err(e) = run(5, [2, 2, 1], &ops) {
-        panic!("{e}");
-    }
+    run(
+        5,
+        [2, 2, 1],
+        &[
+            SubmitGang { queue: 2, priority: 0, members: 2 },
+            Submit { queue: 2, priority: 0, tasks: 3 },
+            Submit { queue: 2, priority: 2, tasks: 2 },
+            Cycle,
+            Submit { queue: 0, priority: 2, tasks: 2 },
+            Submit { queue: 1, priority: 2, tasks: 2 },
+        ],
+    )
 }
