@@ -147,8 +147,10 @@ pub struct Model {
     acknowledged_apps: BTreeSet<String>,
     /// The daemon's wall clock at the last reading.
     wall: Millis,
-    /// For each application submitted: the lowest and the highest reading of the wall clock
-    /// since its submission was sent (it jumps, back and forth).
+    /// For each application submitted: the last reading of the wall clock, and how far it moved
+    /// forward in all since its submission was sent. It jumps back and forth; the daemon's
+    /// applications' timers count every forward move between two opens as downtime and never go
+    /// back, so the sum of the forward moves bounds how far they went.
     app_walls: BTreeMap<String, (Millis, Millis)>,
     /// The tasks whose report of their end (complete, fail) was acknowledged: each stays ended.
     ended_tasks: BTreeSet<(String, String)>,
@@ -158,6 +160,9 @@ pub struct Model {
     /// under its id after its application was forgotten.
     published_ends: BTreeMap<(String, String), u64>,
     published_app_ends: BTreeSet<String>,
+    /// The applications listed ended at some check: with those the feed told ended, the only
+    /// ones the daemon may forget.
+    seen_ended_apps: BTreeSet<String>,
     /// The highest fencing number a grant of each namespace was answered with.
     fencing: Vec<u64>,
     /// The highest watch revision seen.
@@ -180,6 +185,7 @@ impl Model {
             ended_tasks: BTreeSet::new(),
             published_ends: BTreeMap::new(),
             published_app_ends: BTreeSet::new(),
+            seen_ended_apps: BTreeSet::new(),
             fencing: vec![0; usize::from(shape.namespaces)],
             revision: 0,
         }
@@ -338,14 +344,15 @@ impl Model {
     /// The daemon's wall clock reads `wall` now.
     pub fn wall_reading(&mut self, wall: Millis) {
         self.wall = wall;
-        for (low, high) in self.app_walls.values_mut() {
-            (*low, *high) = ((*low).min(wall), (*high).max(wall));
+        for (last, forward) in self.app_walls.values_mut() {
+            *forward = forward.saturating_add(wall.saturating_sub(*last));
+            *last = wall;
         }
     }
 
     pub fn sent(&mut self, call: Call, target: &Target, now: u64) -> Overlap {
         if let (Call::Submit { .. }, Target::App { app }) = (call, target) {
-            self.app_walls.entry(app.clone()).or_insert((self.wall, self.wall));
+            self.app_walls.entry(app.clone()).or_insert((self.wall, 0));
         }
         let (floor, session) = match target {
             Target::Grant { ns, session, .. } => (self.fencing[usize::from(*ns)], *session),
@@ -400,15 +407,22 @@ impl Model {
         overlap
     }
 
-    /// Every application whose submission was acknowledged is among `listed`, unless the
-    /// daemon's wall clock moved on by its retention since (an ended one is forgotten that long
-    /// after its end by the daemon's wall clock, which jumps), and every task whose end was
-    /// acknowledged is ended.
-    pub fn apps_hold(&self, listed: &[(allot_api::App, Vec<allot_api::Task>)]) -> Result<(), Violation> {
+    /// Every application whose submission was acknowledged is among `listed`, unless it was
+    /// seen ended and the daemon's wall clock moved forward by its retention since (an ended one
+    /// is forgotten that long after its end by the applications' timers, which count the wall
+    /// clock's forward jumps), and every task whose end was acknowledged is ended.
+    pub fn apps_hold(&mut self, listed: &[(allot_api::App, Vec<allot_api::Task>)]) -> Result<(), Violation> {
+        for (app, _) in listed {
+            if AppState::ALL.iter().any(|state| state.name() == app.state && state.is_terminal()) {
+                self.seen_ended_apps.insert(app.id.clone());
+            }
+        }
         let ids: BTreeSet<&str> = listed.iter().map(|(app, _)| app.id.as_str()).collect();
         let retention = allot_core::apps::SchedConfig::default().retention_ms;
-        let may_be_forgotten =
-            |app: &String| self.app_walls.get(app).is_some_and(|(low, high)| high.saturating_sub(*low) >= retention);
+        let may_be_forgotten = |app: &String| {
+            let ended = self.seen_ended_apps.contains(app) || self.published_app_ends.contains(app);
+            ended && self.app_walls.get(app).is_some_and(|(_, forward)| *forward >= retention)
+        };
         let gone = self.acknowledged_apps.iter().find(|app| !ids.contains(app.as_str()) && !may_be_forgotten(app));
         if let Some(app) = gone {
             return Err(Violation::new(format!("application {app}, whose submission was acknowledged, is gone")));
