@@ -735,6 +735,9 @@ impl Executor {
                 self.fresh_run(key, task, stale, store_first).await?
             }
         };
+        // A run found already ended (a list or a late change found its task after the driver
+        // that ended it let go): it is reported again, but its ending was counted then.
+        let ended_before = matches!(run.next(), Next::Report(_));
         let mut streak = 0;
         // The application's parallelism: a run holds a slot while it is past waiting to begin.
         let meta = self.app_meta(&key.app).await?;
@@ -916,7 +919,9 @@ impl Executor {
                         Ending::Failed(_) => &self.stats.failed,
                         Ending::Aborted(_) => &self.stats.aborted,
                     };
-                    counter.fetch_add(1, Ordering::Relaxed);
+                    if !ended_before {
+                        counter.fetch_add(1, Ordering::Relaxed);
+                    }
                     if replaced {
                         return Ok(());
                     }
