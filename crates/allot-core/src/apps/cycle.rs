@@ -35,8 +35,10 @@ use foldhash::{HashMap, HashMapExt};
 
 mod alike;
 mod preempt;
+mod shown;
 
 pub(crate) use alike::{Failed, FailedShapes, PendingShapesOf, Shape};
+use shown::ShownPriorities;
 
 use super::runners::{Runners, TaskTypes};
 use super::why::Why;
@@ -371,76 +373,6 @@ struct Lane {
     apps: Vec<AppId>,
     at: usize,
     sort: SortPolicy,
-}
-
-/// The priority each queue with work shows its parent [YuniKorn's `GetCurrentPriority`]: a
-/// leaf, the highest its applications show (`Scheduler::shown_priority`) of what they still
-/// have to place in this cycle; a parent, the
-/// highest its children show; each plus its `priority_offset`, or that alone when fenced.
-#[derive(Default)]
-struct ShownPriorities {
-    /// Per queue, how many of its applications and children show each priority.
-    inside: HashMap<QueuePath, BTreeMap<i32, u32>>,
-    shown: HashMap<QueuePath, i32>,
-}
-
-impl ShownPriorities {
-    fn of(&self, queue: &QueuePath) -> i32 {
-        self.shown.get(queue).copied().unwrap_or(i32::MIN)
-    }
-
-    /// One of `queue`'s applications or children shows `new` instead of `old` (none: not
-    /// counted); what its ancestors show follows.
-    fn change(&mut self, queues: &super::queues::Queues, queue: &QueuePath, old: Option<i32>, new: Option<i32>) {
-        if old == new {
-            return;
-        }
-        self.update(queues, queue, |inside| {
-            if let Some(old) = old {
-                if let Some(count) = inside.get_mut(&old) {
-                    *count -= 1;
-                    if *count == 0 {
-                        inside.remove(&old);
-                    }
-                }
-            }
-            if let Some(new) = new {
-                *inside.entry(new).or_default() += 1;
-            }
-        });
-    }
-
-    /// Changes what `queue`'s applications and children show, and what its ancestors show with
-    /// it.
-    fn update(
-        &mut self,
-        queues: &super::queues::Queues,
-        queue: &QueuePath,
-        edit: impl FnOnce(&mut BTreeMap<i32, u32>),
-    ) {
-        let inside = match self.inside.get_mut(queue) {
-            Some(inside) => inside,
-            None => self.inside.entry(queue.clone()).or_default(),
-        };
-        let top_before = inside.last_key_value().map(|(priority, _)| *priority);
-        edit(inside);
-        let top = inside.last_key_value().map(|(priority, _)| *priority);
-        if top == top_before && self.shown.contains_key(queue) == top.is_some() {
-            return;
-        }
-        let limits = queues.get(queue);
-        let (policy, offset) = limits.map_or_else(Default::default, |l| (l.priority_policy, l.priority_offset));
-        let value = super::priority::shown(policy, offset, top);
-        let before = match value {
-            Some(value) => self.shown.insert(queue.clone(), value),
-            None => self.shown.remove(queue),
-        };
-        if before != value {
-            if let Some(parent) = queue.parent() {
-                self.change(queues, &parent, before, value);
-            }
-        }
-    }
 }
 
 /// What a cycle carries from step to step.

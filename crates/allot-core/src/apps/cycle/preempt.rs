@@ -222,6 +222,16 @@ fn ceiling_hit(why: &Why) -> Option<&crate::apps::queues::LimitHit> {
     }
 }
 
+/// Adds to `surplus` on `spot` what victims free there (`freed`) beyond what their preemptors
+/// take (`taken`).
+fn spare(surplus: &mut HashMap<usize, Resources>, spot: usize, freed: &Resources, taken: &Resources) {
+    let extra = freed.saturating_sub(taken);
+    if !extra.is_empty() {
+        let sum = surplus.entry(spot).or_default();
+        *sum = sum.checked_add(&extra).unwrap_or_else(|| sum.clone());
+    }
+}
+
 /// What every member of an application's gang holds together.
 pub(super) fn gang_total(app: &crate::apps::App) -> Resources {
     app.gang_members().iter().fold(Resources::new(), |sum, m| sum.checked_add(&m.2).unwrap_or(sum))
@@ -740,11 +750,7 @@ impl Scheduler {
                         placed.mark(plan.spot, &plan.victims);
                     }
                     cache.taken_from(plan.spot);
-                    let extra = plan.freed.saturating_sub(&self.tasks[&key.0][&key.1].spec.resources);
-                    if !extra.is_empty() {
-                        let sum = surplus.entry(plan.spot).or_default();
-                        *sum = sum.checked_add(&extra).unwrap_or_else(|| sum.clone());
-                    }
+                    spare(&mut surplus, plan.spot, &plan.freed, &self.tasks[&key.0][&key.1].spec.resources);
                     self.carry_out(&key, plan, cycle, &mut flows);
                     continue;
                 }
@@ -968,11 +974,7 @@ impl Scheduler {
             held.push(pool);
         }
         for (spot, (freed, taken)) in by_spot {
-            let extra = freed.saturating_sub(&taken);
-            if !extra.is_empty() {
-                let sum = surplus.entry(spot).or_default();
-                *sum = sum.checked_add(&extra).unwrap_or_else(|| sum.clone());
-            }
+            spare(surplus, spot, &freed, &taken);
         }
         add_up(&mut flows.arriving, &leaf, &total);
         if let Some(app) = self.apps.get_mut(app_id) {
