@@ -4,7 +4,8 @@
 //! what a user may use and which pools run a task's type) and the commit of one placement are
 //! the steps of one loop over one `Cycle`'s state; apart they would pass that state around.
 //!
-//! Order: sibling queues by the priority each shows (of what it still has to place), then by
+//! Order: sibling queues by the priority each shows (a leaf, that of the application it places
+//! next; a parent, the highest of its children's), then by
 //! fair share (what they use over what they are guaranteed, the most dominant resource; queues
 //! with no guarantee after the others, least used first), both as they are at each placement,
 //! from the top of the tree down; inside a leaf queue, applications by its sort policy (`fifo`:
@@ -371,8 +372,28 @@ type ClassKey = (Option<Principal>, Option<String>, Option<bool>);
 struct Lane {
     ancestors: Vec<QueuePath>,
     apps: Vec<AppId>,
+    /// The application it places next.
     at: usize,
     sort: SortPolicy,
+    /// The priority it shows its queue: that of the application it places next.
+    shown: Option<i32>,
+}
+
+impl Lane {
+    /// Nothing more of the application it places next this cycle. In a fair lane the others
+    /// take turns, so it leaves the ring; in the others the lane only moves on (no shifting of
+    /// a long backlog's applications, one by one).
+    fn skip(&mut self) {
+        match self.sort {
+            SortPolicy::Fair => {
+                self.apps.remove(self.at);
+                if self.at >= self.apps.len() {
+                    self.at = 0;
+                }
+            }
+            SortPolicy::Fifo | SortPolicy::Priority => self.at += 1,
+        }
+    }
 }
 
 /// What a cycle carries from step to step.
@@ -457,7 +478,7 @@ impl Scheduler {
         for (i, held) in &cycle.held {
             cycle.room.take(*i, held);
         }
-        let mut priorities = self.queue_priorities(&lanes);
+        let mut priorities = self.queue_priorities(&mut lanes);
         // With one lane there is no order to keep.
         let ordered = lanes.len() > 1;
         let mut heap: BinaryHeap<Reverse<(Vec<u64>, usize)>> = lanes
@@ -465,9 +486,6 @@ impl Scheduler {
             .enumerate()
             .map(|(i, lane)| Reverse((self.fair_key(&lane.ancestors, &priorities, &cycle.arriving), i)))
             .collect();
-        // What the application last stepped shows, by its lane and place in it: only its own
-        // steps change that, so stepping it again starts from there.
-        let mut last_shown: Option<((usize, usize), Option<i32>)> = None;
         while let Some(Reverse((key, i))) = heap.pop() {
             // A lane's key only grows in a cycle (its queues use more, show lower priorities as
             // their work is placed). Under a parent other than the root it moves with its
@@ -481,41 +499,36 @@ impl Scheduler {
                 }
             }
             let lane = &mut lanes[i];
-            let mut progressed = false;
+            let mut requeue = false;
             while lane.at < lane.apps.len() {
                 let app = lane.apps[lane.at].clone();
-                let before = ordered.then(|| match last_shown {
-                    Some((at, shown)) if at == (i, lane.at) => shown,
-                    _ => self.shown_priority(&app),
-                });
                 let stepped = self.step_app(&app, world, &mut cycle);
-                last_shown = None;
-                if let (Some(before), Some(leaf)) = (before, lane.ancestors.last()) {
-                    let after = stepped.then(|| self.shown_priority(&app)).flatten();
-                    priorities.change(&self.queues, leaf, before, after);
-                    last_shown = stepped.then_some(((i, lane.at), after));
-                }
                 if stepped {
-                    progressed = true;
                     if lane.sort == SortPolicy::Fair {
                         lane.at = (lane.at + 1) % lane.apps.len();
                     }
+                } else {
+                    lane.skip();
+                }
+                // The lane shows what it places next: a change of it moves the lane's key.
+                let mut moved = false;
+                if ordered {
+                    let next = self.next_shown(lane);
+                    if next != lane.shown {
+                        if let Some(leaf) = lane.ancestors.last() {
+                            priorities.change(&self.queues, leaf, lane.shown, next);
+                        }
+                        lane.shown = next;
+                        moved = true;
+                    }
+                }
+                // One step, then the lane takes its turn again among the others.
+                if stepped || moved {
+                    requeue = lane.at < lane.apps.len();
                     break;
                 }
-                // Nothing more of it this cycle. In a fair lane the others take turns, so it
-                // leaves the ring; in the others the lane only moves on (no shifting of a long
-                // backlog's applications, one by one).
-                match lane.sort {
-                    SortPolicy::Fair => {
-                        lane.apps.remove(lane.at);
-                        if lane.at >= lane.apps.len() {
-                            lane.at = 0;
-                        }
-                    }
-                    SortPolicy::Fifo | SortPolicy::Priority => lane.at += 1,
-                }
             }
-            if progressed {
+            if requeue {
                 heap.push(Reverse((self.fair_key(&lanes[i].ancestors, &priorities, &cycle.arriving), i)));
             }
         }
@@ -556,7 +569,7 @@ impl Scheduler {
                 keyed.sort_by(|a, b| a.0.partial_cmp(&b.0).unwrap_or(std::cmp::Ordering::Equal));
                 let mut ancestors: Vec<QueuePath> = queue.up_to_root().collect();
                 ancestors.reverse();
-                Lane { ancestors, apps: keyed.into_iter().map(|(_, id)| id).collect(), at: 0, sort }
+                Lane { ancestors, apps: keyed.into_iter().map(|(_, id)| id).collect(), at: 0, sort, shown: None }
             })
             .collect()
     }
@@ -582,23 +595,28 @@ impl Scheduler {
         (pending || self.apps[id].awaits_gang()).then(|| self.app_priority(id))
     }
 
-    /// The priority each queue with work shows its parent at the start of the cycle, kept up
-    /// to date by the cycle as it places.
-    fn queue_priorities(&self, lanes: &[Lane]) -> ShownPriorities {
+    /// The priority each queue with work shows its parent at the start of the cycle (a leaf:
+    /// what the application it places first shows), kept up to date by the cycle as it places.
+    fn queue_priorities(&self, lanes: &mut [Lane]) -> ShownPriorities {
         let mut shown = ShownPriorities::default();
         for lane in lanes {
-            let Some(leaf) = lane.ancestors.last() else { continue };
-            let mut counts: BTreeMap<i32, u32> = BTreeMap::new();
-            for priority in lane.apps.iter().filter_map(|id| self.shown_priority(id)) {
-                *counts.entry(priority).or_default() += 1;
+            lane.shown = self.next_shown(lane);
+            if let Some(leaf) = lane.ancestors.last() {
+                shown.change(&self.queues, leaf, None, lane.shown);
             }
-            shown.update(&self.queues, leaf, |inside| {
-                for (priority, count) in counts {
-                    *inside.entry(priority).or_default() += count;
-                }
-            });
         }
         shown
+    }
+
+    /// What the application a lane places next shows, past those with nothing left to place.
+    fn next_shown(&self, lane: &mut Lane) -> Option<i32> {
+        while let Some(id) = lane.apps.get(lane.at) {
+            if let Some(shown) = self.shown_priority(id) {
+                return Some(shown);
+            }
+            lane.skip();
+        }
+        None
     }
 
     /// A leaf's key among the others: for each queue from the top of the tree down to the leaf,

@@ -544,3 +544,29 @@ fn the_room_held_for_a_queues_preemptors_counts_in_its_fair_share() -> Result<()
         ],
     )
 }
+
+/// A fourth (seed 1010): a FIFO queue above its guarantee showed the highest priority of its
+/// applications (1, a gang that could not be reserved) but placed the one it places next (of
+/// priority 0) in the two free cpus, ahead of a sibling below its guarantee; that sibling's task
+/// preempted them a grace later.
+#[test]
+fn a_fifo_queue_shows_the_priority_of_the_application_it_places_next() -> Result<(), TestCaseError> {
+    use Op::*;
+    run(
+        9,
+        [1, 2, 0],
+        &[
+            SubmitGang { queue: 2, priority: 1, members: 3 },
+            Submit { queue: 2, priority: 0, tasks: 2 },
+            Submit { queue: 2, priority: 1, tasks: 3 },
+            SubmitGang { queue: 0, priority: 1, members: 2 },
+            Wait { ms: 20236 },
+            Cycle,
+            Submit { queue: 1, priority: 0, tasks: 2 },
+            SubmitGang { queue: 2, priority: 2, members: 1 },
+            SubmitGang { queue: 2, priority: 2, members: 3 },
+            Wait { ms: 9764 },
+            Cycle,
+        ],
+    )
+}

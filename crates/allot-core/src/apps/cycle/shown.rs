@@ -1,8 +1,8 @@
 //! The priority each queue with work shows its parent in a cycle [YuniKorn's
-//! `GetCurrentPriority`]: a leaf, the highest its applications show
-//! (`Scheduler::shown_priority`) of what they still have to place in this cycle; a parent, the
-//! highest its children show; each plus its `priority_offset`, or that alone when fenced. Kept
-//! as counts of each priority per queue, so a change moves only what it touches, up the tree.
+//! `GetCurrentPriority`]: a leaf, what the application it places next shows
+//! (`Scheduler::shown_priority`, kept by its `Lane`); a parent, the highest its children show;
+//! each plus its `priority_offset`, or that alone when fenced. Kept as counts of each priority
+//! per queue, so a change moves only what it touches, up the tree.
 
 use std::collections::BTreeMap;
 
@@ -14,7 +14,7 @@ use crate::apps::queues::{QueuePath, Queues};
 /// What each queue with work shows, kept through one cycle.
 #[derive(Default)]
 pub(super) struct ShownPriorities {
-    /// Per queue, how many of its applications and children show each priority.
+    /// Per queue, how many of its children (of a leaf, its lane) show each priority.
     inside: HashMap<QueuePath, BTreeMap<i32, u32>>,
     shown: HashMap<QueuePath, i32>,
 }
