@@ -1,8 +1,10 @@
 //! Where the Redis backend connects: the `--store` address read into a [`RedisConfig`] (one
 //! server, or the seed nodes of a cluster), and how many replicas must have a change.
 
+use std::sync::Arc;
 use std::time::Duration;
 
+use allot_core::clock::{SystemTime, TimeSource};
 use allot_store::WatchConfig;
 
 /// How often, by default, the daemon that schedules reads the pools and quotas again while
@@ -14,7 +16,7 @@ const DEFAULT_SCHED_REFRESH: Duration = Duration::from_secs(1);
 const DEFAULT_WAKE_POLL: Duration = Duration::from_millis(250);
 
 /// Where the Redis backend connects.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone)]
 pub struct RedisConfig {
     /// Server URLs: one standalone server, or seed nodes of a cluster.
     pub urls: Vec<String>,
@@ -34,6 +36,10 @@ pub struct RedisConfig {
     /// How often a waiting allocate checks its answer without a wake-up message (one that was
     /// lost, or published while the subscriber reconnected).
     pub wake_poll: Duration,
+    /// Where the daemon reads the time it decides by (the scheduler's lease, how old its
+    /// readings of Redis are, when a pool is next swept): the machine's clocks by default.
+    /// Redis's own clock (`TIME`) decides leases' deadlines; this one relates them to now.
+    pub time: Arc<dyn TimeSource>,
 }
 
 /// `url` with its password (`user:password@`) replaced by `***`.
@@ -76,6 +82,7 @@ impl RedisConfig {
                 tls_ca: None,
                 sched_refresh: DEFAULT_SCHED_REFRESH,
                 wake_poll: DEFAULT_WAKE_POLL,
+                time: Arc::new(SystemTime),
             });
         }
         if !(address.starts_with("redis://") || address.starts_with("rediss://")) {
@@ -90,6 +97,7 @@ impl RedisConfig {
             tls_ca: None,
             sched_refresh: DEFAULT_SCHED_REFRESH,
             wake_poll: DEFAULT_WAKE_POLL,
+            time: Arc::new(SystemTime),
         })
     }
 
@@ -133,6 +141,11 @@ impl RedisConfig {
     /// A waiting allocate checks its answer every `poll` even without a wake-up message.
     pub fn with_wake_poll(self, poll: Duration) -> RedisConfig {
         RedisConfig { wake_poll: poll, ..self }
+    }
+
+    /// Reads the time from `time` instead of the machine's clocks.
+    pub fn with_time(self, time: Arc<dyn TimeSource>) -> RedisConfig {
+        RedisConfig { time, ..self }
     }
 }
 

@@ -5,7 +5,7 @@
 //! by default).
 
 use std::collections::BTreeMap;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use allot_core::pools::{
     check_alloc_notes, Alloc, AllocId, AllocNotes, AllocRequest, AllocState, Cordon, CordonOrder, EndReason,
@@ -138,13 +138,13 @@ pub(crate) fn rules(inner: &Inner) -> LeaseRules {
 
 /// Remembers Redis's clock, so `Store::now` can relate allocs' times to now.
 fn saw_clock(inner: &Inner, now: u64) {
-    *inner.redis_clock.lock().unwrap_or_else(|p| p.into_inner()) = Some((now, Instant::now()));
+    *inner.redis_clock.lock().unwrap_or_else(|p| p.into_inner()) = Some((now, inner.time.monotonic_ms()));
 }
 
 pub(crate) fn now(inner: &Inner) -> Millis {
     match *inner.redis_clock.lock().unwrap_or_else(|p| p.into_inner()) {
-        Some((at, seen)) => at + seen.elapsed().as_millis() as u64,
-        None => std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_millis() as u64),
+        Some((at, seen)) => at + inner.time.monotonic_ms().saturating_sub(seen),
+        None => inner.time.wall_ms(),
     }
 }
 
@@ -464,7 +464,7 @@ const MAX_SWEEP_PUT_OFF: Duration = Duration::from_secs(1);
 pub(crate) async fn sweep_all(inner: &Inner, names: &[PoolName]) {
     let rules = rules(inner);
     let (reclaim, retention) = (rules.reclaim_after_ms.to_string(), rules.retention_ms.to_string());
-    let now = Instant::now();
+    let now = inner.time.monotonic_ms();
     let due: Vec<&PoolName> = {
         let mut sweeps = inner.pool_sweeps.lock().unwrap_or_else(|p| p.into_inner());
         if sweeps.len() > names.len() {
@@ -480,11 +480,12 @@ pub(crate) async fn sweep_all(inner: &Inner, names: &[PoolName]) {
                 match call(inner, name, &["sweep", reclaim, retention], true).await {
                     Ok((_, mut reply)) => {
                         let next_in = reply.uint().and_then(|_| reply.uint()).and_then(|_| reply.int());
+                        let most = MAX_SWEEP_PUT_OFF.as_millis() as u64;
                         let put_off = match next_in {
-                            Ok(ms) if ms >= 0 => Duration::from_millis(ms as u64).min(MAX_SWEEP_PUT_OFF),
-                            _ => MAX_SWEEP_PUT_OFF,
+                            Ok(ms) if ms >= 0 => (ms as u64).min(most),
+                            _ => most,
                         };
-                        let next = Instant::now() + put_off;
+                        let next = inner.time.monotonic_ms() + put_off;
                         inner.pool_sweeps.lock().unwrap_or_else(|p| p.into_inner()).insert(name.clone(), next);
                     }
                     Err(err) => tracing::debug!(pool = %name, error = %err, "pool sweep failed"),

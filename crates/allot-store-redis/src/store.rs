@@ -8,6 +8,9 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
+use allot_core::clock::TimeSource;
+use allot_core::Millis;
+
 use allot_store::watch::Feed;
 use allot_store::{StoreError, WatchConfig};
 use redis::Value;
@@ -31,8 +34,10 @@ pub struct RedisStore {
 
 pub(crate) struct Inner {
     pub(crate) pool_rules: Mutex<allot_core::pools::LeaseRules>,
-    /// Redis's clock (ms) at the last pool call, and the local instant it was read.
-    pub(crate) redis_clock: Mutex<Option<(u64, Instant)>>,
+    /// Redis's clock (ms) at the last pool call, and the daemon's monotonic reading then.
+    pub(crate) redis_clock: Mutex<Option<(u64, Millis)>>,
+    /// The daemon's clock (`RedisConfig::time`).
+    pub(crate) time: Arc<dyn TimeSource>,
     pub(crate) conn: Conn,
     /// The change feed's own connection: its copies (which wait for the replicas with
     /// `--redis-min-replicas`) never queue ahead of a caller's change.
@@ -54,8 +59,9 @@ pub(crate) struct Inner {
     pub(crate) apps: Apps,
     /// The change feed as this daemon copies and reads it.
     pub(crate) feed: FeedState,
-    /// When each pool is next swept (`pools::sweep_all`): none yet is now.
-    pub(crate) pool_sweeps: Mutex<HashMap<allot_core::pools::PoolName, Instant>>,
+    /// When each pool is next swept (`pools::sweep_all`), on the daemon's monotonic clock: none
+    /// yet is now.
+    pub(crate) pool_sweeps: Mutex<HashMap<allot_core::pools::PoolName, Millis>>,
     /// The namespaces and pools listed, as the sweeper last read them (the feed's copier looks
     /// at their streams too).
     pub(crate) listed: Mutex<Listed>,
@@ -73,6 +79,7 @@ impl Inner {
         let (shutdown, _) = watch::channel(false);
         Inner {
             redis_clock: Mutex::new(None),
+            time: config.time.clone(),
             pool_rules: Mutex::new(allot_core::pools::LeaseRules::default()),
             conn,
             feed_conn,
@@ -84,7 +91,7 @@ impl Inner {
             calls: AtomicU64::new(0),
             call_micros: AtomicU64::new(0),
             failures: AtomicU64::new(0),
-            apps: Apps::new(config.sched_refresh),
+            apps: Apps::new(config.sched_refresh, config.time.clone()),
             feed: FeedState::new(config.watch),
             pool_sweeps: Mutex::default(),
             listed: Mutex::default(),

@@ -4,7 +4,7 @@
 //! idempotent, so daemons that share a Redis sweep side by side.
 
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use allot_core::pools::PoolName;
 use allot_core::NamespaceName;
@@ -20,17 +20,18 @@ pub const SWEEP_INTERVAL: Duration = Duration::from_millis(100);
 /// Sweeps each [`SWEEP_INTERVAL`]; the lists of namespaces and pools are read again every second
 /// (and kept in `Inner::listed` for the feed's copier).
 pub(crate) async fn run_sweeper(inner: Arc<Inner>) {
-    let mut listed = Instant::now() - Duration::from_secs(60);
+    // When the lists were last read (the daemon's monotonic clock): never yet.
+    let mut listed: Option<allot_core::Millis> = None;
     let mut ticker = tokio::time::interval(SWEEP_INTERVAL);
     ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
         ticker.tick().await;
-        if listed.elapsed() >= Duration::from_secs(1) {
+        if listed.is_none_or(|at| inner.time.monotonic_ms().saturating_sub(at) >= 1000) {
             match (registry::namespaces(&inner).await, registry::pools(&inner).await) {
                 (Ok(namespaces), Ok(pools)) => {
                     *inner.listed.lock().unwrap_or_else(|p| p.into_inner()) =
                         Listed { namespaces: namespaces.into(), pools: pools.into() };
-                    listed = Instant::now();
+                    listed = Some(inner.time.monotonic_ms());
                 }
                 (Err(err), _) | (_, Err(err)) => {
                     tracing::debug!(error = %err, "sweep: cannot list namespaces and pools");

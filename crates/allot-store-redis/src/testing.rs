@@ -72,3 +72,19 @@ impl TestClock {
         set.query_async::<()>(&mut self.conn).await.expect("the clock is set");
     }
 }
+
+/// Enters `store` in the election of the scheduler as `advertise`, without starting the daemon's
+/// tasks that renew its lease and run its rounds: [`schedule_once`] does what they would, when
+/// the caller says. Answers its name in the election.
+pub fn join_election(store: &RedisStore, advertise: &str) -> String {
+    store.enter_election(advertise)
+}
+
+/// One renewal of the scheduler's lease and one turn of scheduling by `holder` (from
+/// [`join_election`]), as the daemon's own tasks do them; the time is the store's
+/// `RedisConfig::time` and its functions' clock. Answers how long the daemon would wait before
+/// its next turn.
+pub async fn schedule_once(store: &RedisStore, holder: &str) -> std::time::Duration {
+    store.renew_lease(holder).await;
+    store.scheduling_turn(holder).await
+}

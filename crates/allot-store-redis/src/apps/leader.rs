@@ -4,13 +4,14 @@
 //! (`run_lease`) and the rounds (`run`) in `scheduler.rs`.
 
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::Mutex;
-use std::time::{Duration, Instant};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
 
 use allot_core::apps::queues::{QueueLimits, QueuePath};
 use allot_core::apps::{SchedConfig, SchedStats, Scheduler};
+use allot_core::clock::TimeSource;
 use allot_core::pools::Pools;
-use allot_core::Ledger;
+use allot_core::{Ledger, Millis};
 use allot_store::AppsHome;
 use tokio::sync::Notify;
 
@@ -25,10 +26,11 @@ pub(crate) struct Leader {
     pub(crate) ledger: Ledger,
     /// Ends that failed (Redis unreachable): carried in the intents and tried again.
     pub(crate) unfinished: Vec<Step>,
-    /// When the mirror was last read; `None` when it must be read before the next cycle.
-    pub(crate) mirror_read: Option<Instant>,
+    /// When the mirror was last read (the daemon's monotonic clock); `None` when it must be
+    /// read before the next cycle.
+    pub(crate) mirror_read: Option<Millis>,
     /// When the executors' leases were last read.
-    pub(crate) executors_read: Option<Instant>,
+    pub(crate) executors_read: Option<Millis>,
     /// The room held for preemptors as last written to the pools (`spare`); `None` until first
     /// written in this term, when every pool is written.
     pub(crate) spared: Option<std::collections::BTreeMap<allot_core::pools::PoolName, allot_core::Resources>>,
@@ -39,8 +41,9 @@ pub(crate) struct Apps {
     /// This daemon's name in the lease: its base URL, a space, and a nonce.
     pub(crate) holder: Mutex<Option<String>>,
     pub(crate) leader: tokio::sync::Mutex<Option<Leader>>,
-    /// This daemon's lease, as last renewed: its term, and until when it surely runs.
-    pub(crate) lease: Mutex<Option<(u64, Instant)>>,
+    /// This daemon's lease, as last renewed: its term, and until when it surely runs (the
+    /// daemon's monotonic clock).
+    pub(crate) lease: Mutex<Option<(u64, Millis)>>,
     pub(crate) home: Mutex<AppsHome>,
     pub(crate) config: Mutex<SchedConfig>,
     /// Queues of the configuration file, registered by this daemon when it schedules.
@@ -53,10 +56,12 @@ pub(crate) struct Apps {
     /// How old the scheduler's mirror may grow while something waits (others free room and
     /// tokens too): `--redis-sched-refresh`.
     pub(crate) refresh: Duration,
+    /// The daemon's clock.
+    pub(crate) time: Arc<dyn TimeSource>,
 }
 
 impl Apps {
-    pub(crate) fn new(refresh: Duration) -> Apps {
+    pub(crate) fn new(refresh: Duration, time: Arc<dyn TimeSource>) -> Apps {
         Apps {
             holder: Mutex::new(None),
             leader: tokio::sync::Mutex::new(None),
@@ -68,6 +73,7 @@ impl Apps {
             wake: Notify::new(),
             room_made: AtomicBool::new(false),
             refresh,
+            time,
         }
     }
 
@@ -89,7 +95,8 @@ impl Apps {
     /// The term of this daemon's running lease, if it holds one.
     pub(crate) fn term(&self) -> Option<u64> {
         let lease = *self.lease.lock().unwrap_or_else(|p| p.into_inner());
-        lease.filter(|(_, until)| *until > Instant::now()).map(|(fencing, _)| fencing)
+        let now = self.time.monotonic_ms();
+        lease.filter(|(_, until)| *until > now).map(|(fencing, _)| fencing)
     }
 
     /// The leader's state, if this daemon holds the lease in its term.

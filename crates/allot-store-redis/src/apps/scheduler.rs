@@ -24,7 +24,7 @@
 use std::collections::{BTreeSet, HashMap, HashSet};
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use allot_core::apps::queues::{QueueLimits, QueuePath};
 use allot_core::apps::{Outcome, SchedConfig, SchedError, Scheduler, World};
@@ -89,11 +89,94 @@ impl RedisStore {
     /// Starts taking part in the election of the scheduler, as `advertise` (this daemon's base
     /// URL, where the others forward the applications part while it schedules).
     pub fn start_scheduling(&self, advertise: &str) {
-        let holder = format!("{advertise} {:016x}", rand::random::<u64>());
-        *self.inner.apps.holder.lock().unwrap_or_else(|p| p.into_inner()) = Some(holder.clone());
+        let holder = self.enter_election(advertise);
         let lease = tokio::spawn(run_lease(self.inner.clone(), holder));
         let rounds = tokio::spawn(run(self.inner.clone()));
         self.tasks.lock().unwrap_or_else(|p| p.into_inner()).extend([lease, rounds]);
+    }
+
+    /// Takes part in the election as `advertise` without starting the daemon's tasks: the
+    /// caller renews the lease and runs the turns (`renew_lease`, `scheduling_turn`).
+    pub(crate) fn enter_election(&self, advertise: &str) -> String {
+        let holder = format!("{advertise} {:016x}", rand::random::<u64>());
+        *self.inner.apps.holder.lock().unwrap_or_else(|p| p.into_inner()) = Some(holder.clone());
+        holder
+    }
+
+    /// Takes or renews the scheduler's lease once, and says who schedules. A lease is taken to
+    /// run `LEASE_TTL` less `LEASE_MARGIN` from when it was asked for, on this daemon's clock.
+    pub(crate) async fn renew_lease(&self, holder: &str) {
+        let inner = &self.inner;
+        let asked = inner.time.monotonic_ms();
+        let lease = self.acquire_sched_lease(holder, LEASE_TTL).await;
+        let mine = match lease {
+            Ok(LeaseState::Mine { fencing, .. }) => {
+                Some((fencing, asked + (LEASE_TTL - LEASE_MARGIN).as_millis() as Millis))
+            }
+            Ok(LeaseState::Held { holder: other, .. }) => {
+                let url = other.split_whitespace().next().unwrap_or_default().to_owned();
+                inner.apps.set_home(AppsHome::At(url));
+                None
+            }
+            Err(err) => {
+                if let Some(held_back) = LEASE_UNREACHABLE.admit() {
+                    tracing::warn!(error = %err, more_since_last = held_back, "cannot reach the scheduler's lease");
+                }
+                // Ours runs on until its time, unless renewed.
+                let kept = *inner.apps.lease.lock().unwrap_or_else(|p| p.into_inner());
+                if kept.is_none() {
+                    inner.apps.set_home(AppsHome::Unknown);
+                }
+                kept
+            }
+        };
+        let changed = {
+            let mut lease = inner.apps.lease.lock().unwrap_or_else(|p| p.into_inner());
+            let changed = lease.map(|(f, _)| f) != mine.map(|(f, _)| f);
+            *lease = mine;
+            changed
+        };
+        if changed {
+            inner.apps.wake.notify_one();
+        }
+    }
+
+    /// One turn of scheduling as `holder`: in a new term, the records loaded first; while this
+    /// daemon holds the lease, one round. Answers how long to wait before the next turn.
+    pub(crate) async fn scheduling_turn(&self, holder: &str) -> Duration {
+        let inner = &self.inner;
+        let mut guard = inner.apps.leader.lock().await;
+        let term = inner.apps.term();
+        if guard.as_ref().map(|l| l.fencing) != term {
+            *guard = None;
+            if let Some(fencing) = term {
+                match self.take_over(holder, fencing).await {
+                    Ok(l) => *guard = Some(l),
+                    Err(err) => {
+                        if let Some(held_back) = TAKEOVER_FAILED.admit() {
+                            tracing::warn!(error = %err, more_since_last = held_back, "could not take the scheduling over; retrying");
+                        }
+                    }
+                }
+            }
+        }
+        if term.is_some() {
+            inner.apps.set_home(if guard.is_some() { AppsHome::Here } else { AppsHome::Unknown });
+        }
+        match guard.as_mut() {
+            Some(l) => match self.round(holder, l).await {
+                Ok(wait) => wait,
+                Err(err) => {
+                    if let Some(held_back) = ROUND_FAILED.admit() {
+                        tracing::warn!(error = %err, more_since_last = held_back, "a scheduling round failed; loading the records again");
+                    }
+                    *guard = None;
+                    RETRY_INTERVAL
+                }
+            },
+            None if term.is_some() => RETRY_INTERVAL,
+            None => RENEW_EVERY,
+        }
     }
 
     /// The scheduler's settings, used from the next time this daemon takes the lease.
@@ -141,7 +224,7 @@ impl RedisStore {
             Fresh::Namespaces(also) => l.ledger = self.read_ledger(&l.sched, also).await?,
             Fresh::All(also, types) => {
                 (l.pools, l.ledger) = self.read_mirror(&l.sched, also).await?;
-                l.mirror_read = Some(Instant::now());
+                l.mirror_read = Some(self.inner.time.monotonic_ms());
                 if types.iter().any(|t| !l.sched.runners().knows(t)) {
                     let leases = allot_store::RunStore::executors(self).await?;
                     l.sched.set_runners(allot_store::runners_of(&leases));
@@ -466,7 +549,7 @@ impl RedisStore {
             pools,
             ledger,
             unfinished: Vec::new(),
-            mirror_read: Some(Instant::now()),
+            mirror_read: Some(self.inner.time.monotonic_ms()),
             executors_read: None,
             spared: None,
         };
@@ -487,9 +570,11 @@ impl RedisStore {
     /// wait before the next round.
     async fn round(&self, holder: &str, l: &mut Leader) -> Result<Duration, StoreError> {
         let now = self.now();
-        if l.executors_read.is_none_or(|at| at.elapsed() >= EXECUTORS_EVERY) {
+        // How long since a reading of the daemon's monotonic clock.
+        let since = |at: Millis| Duration::from_millis(self.inner.time.monotonic_ms().saturating_sub(at));
+        if l.executors_read.is_none_or(|at| since(at) >= EXECUTORS_EVERY) {
             let leases = allot_store::RunStore::executors(self).await?;
-            l.executors_read = Some(Instant::now());
+            l.executors_read = Some(self.inner.time.monotonic_ms());
             let changed = executors_changed(l, &leases, now);
             if !changed.is_empty() {
                 self.carry_out(holder, l, &changed).await.map_err(StoreError::from)?;
@@ -506,13 +591,13 @@ impl RedisStore {
         if self.inner.apps.room_made.swap(false, Ordering::SeqCst) && !idle {
             l.mirror_read = None;
         }
-        let age = l.mirror_read.map(|at| at.elapsed());
+        let age = l.mirror_read.map(since);
         if idle && age.is_some_and(|age| age < IDLE_LOOK) {
             return Ok(self.idle_wait(l, now));
         }
         if idle || age.is_none_or(|age| age >= self.inner.apps.refresh) {
             (l.pools, l.ledger) = self.read_mirror(&l.sched, &[]).await?;
-            l.mirror_read = Some(Instant::now());
+            l.mirror_read = Some(self.inner.time.monotonic_ms());
         }
         let gone = pools_gone(l, now);
         if !gone.is_empty() {
@@ -632,37 +717,10 @@ fn executors_changed(l: &mut Leader, leases: &[allot_store::ExecutorLease], now:
 async fn run_lease(inner: Arc<Inner>, holder: String) {
     let store = RedisStore { inner: inner.clone(), tasks: Mutex::new(Vec::new()) };
     loop {
-        let asked = Instant::now();
-        let lease = store.acquire_sched_lease(&holder, LEASE_TTL).await;
-        let mine = match lease {
-            Ok(LeaseState::Mine { fencing, .. }) => Some((fencing, asked + LEASE_TTL - LEASE_MARGIN)),
-            Ok(LeaseState::Held { holder: other, .. }) => {
-                let url = other.split_whitespace().next().unwrap_or_default().to_owned();
-                inner.apps.set_home(AppsHome::At(url));
-                None
-            }
-            Err(err) => {
-                if let Some(held_back) = LEASE_UNREACHABLE.admit() {
-                    tracing::warn!(error = %err, more_since_last = held_back, "cannot reach the scheduler's lease");
-                }
-                // Ours runs on until its time, unless renewed.
-                let kept = *inner.apps.lease.lock().unwrap_or_else(|p| p.into_inner());
-                if kept.is_none() {
-                    inner.apps.set_home(AppsHome::Unknown);
-                }
-                kept
-            }
-        };
-        let changed = {
-            let mut lease = inner.apps.lease.lock().unwrap_or_else(|p| p.into_inner());
-            let changed = lease.map(|(f, _)| f) != mine.map(|(f, _)| f);
-            *lease = mine;
-            changed
-        };
-        if changed {
-            inner.apps.wake.notify_one();
-        }
-        tokio::time::sleep(RENEW_EVERY.saturating_sub(asked.elapsed())).await;
+        let asked = inner.time.monotonic_ms();
+        store.renew_lease(&holder).await;
+        let spent = Duration::from_millis(inner.time.monotonic_ms().saturating_sub(asked));
+        tokio::time::sleep(RENEW_EVERY.saturating_sub(spent)).await;
     }
 }
 
@@ -677,40 +735,7 @@ async fn run(inner: Arc<Inner>) {
     let Some(holder) = inner.apps.holder() else { return };
     let mut shutdown = inner.shutdown.subscribe();
     loop {
-        let wait = {
-            let mut guard = inner.apps.leader.lock().await;
-            let term = inner.apps.term();
-            if guard.as_ref().map(|l| l.fencing) != term {
-                *guard = None;
-                if let Some(fencing) = term {
-                    match store.take_over(&holder, fencing).await {
-                        Ok(l) => *guard = Some(l),
-                        Err(err) => {
-                            if let Some(held_back) = TAKEOVER_FAILED.admit() {
-                                tracing::warn!(error = %err, more_since_last = held_back, "could not take the scheduling over; retrying");
-                            }
-                        }
-                    }
-                }
-            }
-            if term.is_some() {
-                inner.apps.set_home(if guard.is_some() { AppsHome::Here } else { AppsHome::Unknown });
-            }
-            match guard.as_mut() {
-                Some(l) => match store.round(&holder, l).await {
-                    Ok(wait) => wait,
-                    Err(err) => {
-                        if let Some(held_back) = ROUND_FAILED.admit() {
-                            tracing::warn!(error = %err, more_since_last = held_back, "a scheduling round failed; loading the records again");
-                        }
-                        *guard = None;
-                        RETRY_INTERVAL
-                    }
-                },
-                None if term.is_some() => RETRY_INTERVAL,
-                None => RENEW_EVERY,
-            }
-        };
+        let wait = store.scheduling_turn(&holder).await;
         let woken = tokio::select! {
             _ = inner.apps.wake.notified() => true,
             _ = tokio::time::sleep(wait) => false,

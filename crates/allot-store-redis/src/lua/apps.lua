@@ -17,8 +17,7 @@
 local P = KEYS[1]
 local op = ARGV[1]
 if op == 'write' then
-  local t = redis.call('TIME')
-  local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+  local now = now_ms()
   local l = redis.call('HMGET', P .. ':lease', 'holder', 'expires', 'fencing')
   local fencing = tonumber(l[3] or '0')
   if l[1] ~= ARGV[2] or tonumber(l[2] or '0') <= now or fencing ~= tonumber(ARGV[3]) then

@@ -6,8 +6,7 @@
 --   acquire: take the lease if it is free, lapsed or already ours (renewing it): answers
 --            { 'mine', holder, fencing, ttl } or { 'held', holder, fencing, ms left }.
 --   release: end our lease at once (a clean shutdown hands over without waiting for the TTL).
-local t = redis.call('TIME')
-local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local now = now_ms()
 local op, me, ttl = ARGV[1], ARGV[2], tonumber(ARGV[3])
 local l = redis.call('HMGET', KEYS[1], 'holder', 'expires', 'fencing', 'fencing_by')
 local holder, expires, fencing = l[1], tonumber(l[2] or '0'), tonumber(l[3] or '0')

@@ -159,3 +159,60 @@ async fn a_daemon_that_does_not_schedule_reads_a_task_as_committed() {
     other.shutdown().await;
     store.shutdown().await;
 }
+
+/// The scheduler decides by the clock it is given (`RedisConfig::time`), not the machine's: two
+/// daemons stepped by hand (`testing::schedule_once`) on one manual clock, Redis's functions on
+/// the same time. The first holds the lease and places a task a turn; once its clock passes the
+/// lease with no renewal it no longer takes the applications part's changes, and the second takes
+/// the scheduling over and places on; no real time is waited for.
+#[tokio::test]
+async fn stepped_on_a_clock_it_is_given_the_scheduler_holds_its_lease_while_that_clock_says() {
+    use std::sync::Arc;
+
+    use allot_core::clock::ManualClock;
+    use allot_store_redis::testing::{join_election, schedule_once, TestClock};
+
+    const START: u64 = 1_800_000_000_000;
+    let server = RedisServer::start();
+    let clock = ManualClock::new();
+    let on_clock = |config: RedisConfig| config.with_time(Arc::new(clock.clone()));
+    let (first, mut redis_time) = TestClock::open_configured(&server, START, on_clock).await;
+    let (second, _) = TestClock::open_configured(&server, START, on_clock).await;
+    let pool = PoolName::new("p").unwrap();
+    first.put_pool(pool.clone(), "cpu=4".parse().unwrap()).await.unwrap();
+
+    let one = join_election(&first, "http://127.0.0.1:1");
+    schedule_once(&first, &one).await;
+    assert_eq!(first.apps_home(), AppsHome::Here);
+    let two = join_election(&second, "http://127.0.0.1:2");
+    schedule_once(&second, &two).await;
+    assert_eq!(second.apps_home(), AppsHome::At("http://127.0.0.1:1".into()));
+
+    let app = AppId::new("a").unwrap();
+    support::add_app(&first, "root.q", &app).await;
+    first.add_task(app.clone(), task_spec("t1", "cpu=1")).await.unwrap();
+    let state = async |store: &RedisStore, id: &str| {
+        store.task(app.clone(), TaskId::new(id).unwrap()).await.unwrap().task.state
+    };
+    assert_eq!(state(&first, "t1").await, TaskState::Pending, "nothing is placed between turns");
+    schedule_once(&first, &one).await;
+    assert_eq!(state(&first, "t1").await, TaskState::Allocated);
+
+    // The lease runs 3 s, of which the daemon counts 2.5 as surely its own. At 2.4 s, still.
+    clock.advance(Duration::from_millis(2_400));
+    redis_time.set(&first, START + 2_400).await;
+    first.add_task(app.clone(), task_spec("t2", "cpu=1")).await.unwrap();
+    // At 3 s, with no renewal, it is not: the first daemon refuses what only the scheduler does.
+    clock.advance(Duration::from_millis(600));
+    redis_time.set(&first, START + 3_000).await;
+    let refused = first.add_task(app.clone(), task_spec("t3", "cpu=1")).await;
+    assert!(matches!(refused, Err(StoreError::Unavailable(_))), "{refused:?}");
+    // The second takes the lease Redis's clock let lapse, loads the records, and places.
+    schedule_once(&second, &two).await;
+    assert_eq!(second.apps_home(), AppsHome::Here);
+    assert_eq!(state(&second, "t1").await, TaskState::Allocated, "what the first placed holds");
+    schedule_once(&second, &two).await;
+    assert_eq!(state(&second, "t2").await, TaskState::Allocated);
+    first.shutdown().await;
+    second.shutdown().await;
+}
