@@ -1,8 +1,9 @@
 //! The applications' invariants, over what the daemon lists: no alloc holds two things (a task
 //! or placeholder is placed in one place, and an alloc is never given twice); every placement is
 //! on an alloc the pool holds; a gang is held all or nothing (reserving, nothing of it is placed;
-//! before any of its tasks is placed or ended, its placeholders are none or all); nothing is
-//! placed on a pool, or holds a seat of a namespace, its application's user may not use.
+//! before any of its tasks is placed or ended, its placeholders are none or all)
+//! ([`placed_rightly`]); nothing is placed on a pool, or holds a seat of a namespace, its
+//! application's user may not use ([`placed_where_allowed`]).
 
 use std::collections::{BTreeMap, BTreeSet};
 
@@ -33,7 +34,6 @@ pub fn placed_rightly(apps: &[(App, Vec<Task>)], live: Option<&BTreeSet<String>>
                 placed.push((placeholder.placement.uri.clone(), what));
             }
         }
-        may_be_placed(app, tasks)?;
         for (uri, what) in placed {
             if live.is_some_and(|live| !live.contains(&uri)) {
                 return Err(Violation::new(format!("{what} is placed on {uri}, which its pool does not hold")));
@@ -65,7 +65,12 @@ pub fn placed_rightly(apps: &[(App, Vec<Task>)], live: Option<&BTreeSet<String>>
     Ok(())
 }
 
-/// Everything of `app` placed is on a pool its user may use, with seats of namespaces it may use.
+/// Everything of each application placed is on a pool its user may use, with seats of namespaces
+/// it may use (the embedded simulation's teams).
+pub fn placed_where_allowed(apps: &[(App, Vec<Task>)]) -> Result<(), Violation> {
+    apps.iter().try_for_each(|(app, tasks)| may_be_placed(app, tasks))
+}
+
 fn may_be_placed(app: &App, tasks: &[Task]) -> Result<(), Violation> {
     let Some(team) = (0..2).find(|team| tenancy::user(*team) == app.user) else {
         return Err(Violation::new(format!("{} was submitted by {}, who is no simulated client", app.id, app.user)));

@@ -1,6 +1,7 @@
 //! The Redis-shaped part under failover: the real Redis store (its function library on real
 //! `redis-server` processes, a primary and an asynchronous replica) under the real server's
-//! handlers, driven through a seeded plan of grants, releases, keepalives and time, with the
+//! handlers, driven through a seeded plan of grants, releases, keepalives, allocs, sessions,
+//! applications scheduled in turns (`apps.rs`) and time, with the
 //! replication link cut and healed and the primary failed over to its replica at random. A
 //! failover after a cut loses the primary's last writes, as Redis documents; the checks say what
 //! may be lost and what never:
@@ -22,7 +23,8 @@
 //! failover's losses) that every check reads, as `check.rs` keeps the embedded simulation's.
 //!
 //! Determinism: Redis's clock is the simulation's (`TestClock`: the functions read the time from
-//! a key), calls run one at a time to their answer, and a cut or a failover first waits until the
+//! a key), and so is the daemon's (`RedisConfig::time`), whose ids are drawn from the seed
+//! (`RedisConfig::ids`); the scheduler runs only in the plan's turns; calls run one at a time to their answer, and a cut or a failover first waits until the
 //! replica holds everything the primary acknowledged, so what a failover loses is exactly what the
 //! plan did while cut. What timing may still move (when the feed copies events into its log) is
 //! not recorded in the history; errors are recorded by their code (their messages name ports).
@@ -35,9 +37,10 @@ use std::time::{Duration, Instant};
 use allot_api::{AllocateResponse, Grant, GrantList, ReleaseResponse, Status};
 use allot_core::watch::Filter;
 use allot_server::{Api, ServerState};
+use allot_store::ids::SeededIds;
 use allot_store::prelude::*;
 use allot_store::{WatchError, Watcher};
-use allot_store_redis::testing::{RedisServer, TestClock};
+use allot_store_redis::testing::{join_election, renew_lease, RedisServer, TestClock};
 use allot_store_redis::RedisStore;
 use axum::body::Body;
 use axum::http::{Method, Request, StatusCode};
@@ -46,7 +49,11 @@ use rand::{Rng, SeedableRng};
 use tower::ServiceExt as _;
 
 use crate::check::{cpus_of, parse, Violation};
+use crate::clock::SimClock;
+use crate::plan::Report;
 use crate::run::{Failure, Outcome};
+
+mod apps;
 
 /// Clients, namespaces, each namespace's quota, tokens per client.
 const CLIENTS: u8 = 3;
@@ -106,16 +113,31 @@ pub enum Step {
     Free { client: u8, alloc: u8 },
     /// `POST .../keepalive` of the client's alloc number `alloc`, asking for `interval_ms`.
     KeepAlloc { client: u8, alloc: u8, interval_ms: u32 },
+    /// `POST /v1/apps`: the client's application number `app` (of four), of `tasks` tasks of
+    /// `cpu` CPUs each on the applications' pool, a gang of all of them if `gang`.
+    Submit { client: u8, app: u8, tasks: u8, cpu: u8, gang: bool },
+    /// The daemon's turn at scheduling: its lease renewed (or taken), then one round
+    /// (`testing::schedule_once`), as its own tasks would at that time.
+    Schedule,
+    /// `POST /v1/apps/{app}/tasks/{task}/{report}` of the client's application number `app`
+    /// (modulo those it knows it has) and its task number `task` (modulo its tasks), as the
+    /// task's runner would (one that ends a task starts it first).
+    Report { client: u8, app: u8, task: u8, report: Report },
 }
 
-/// The plan of `seed`: `steps` steps of grants, time and the link, with the pool's steps and the
-/// sessions' drawn apart and put between them (about one of each for every four), so that the
-/// plans drawn before they joined are still there, step for step.
+/// The plan of `seed`: `steps` steps of grants, time and the link, with the pool's steps, the
+/// sessions' and the applications' drawn apart and put between them (about one of each for every
+/// four, of the applications one for every three), so that the plans drawn before they joined
+/// are still there, step for step.
 pub fn draw(seed: u64, steps: usize) -> Vec<Step> {
     let mut pools = StdRng::seed_from_u64(seed ^ 0x706f_6f6c);
     let mut sessions = StdRng::seed_from_u64(seed ^ 0x7365_7373);
-    let mut plan = Vec::with_capacity(steps + steps / 2);
+    let mut apps = StdRng::seed_from_u64(seed ^ 0x6170_7073);
+    let mut plan = Vec::with_capacity(steps * 2);
     for step in draw_quotas(seed, steps) {
+        if apps.gen_range(0..3) == 0 {
+            plan.push(apps::draw_step(&mut apps));
+        }
         if sessions.gen_range(0..4) == 0 {
             let (client, session) = (sessions.gen_range(0..CLIENTS), sessions.gen_range(0..4));
             plan.push(match sessions.gen_range(0..10) {
@@ -215,7 +237,7 @@ pub fn run(seed: u64, steps: &[Step]) -> Outcome {
     let history = Arc::new(std::sync::Mutex::new(Vec::new()));
     let played = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
         let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().expect("a runtime builds");
-        let mut sim = runtime.block_on(Sim::start(min_replicas_of(seed), history.clone()));
+        let mut sim = runtime.block_on(Sim::start(seed, history.clone()));
         let failure = runtime.block_on(sim.play(steps));
         runtime.block_on(sim.stop());
         failure
@@ -259,6 +281,9 @@ struct Model {
     /// The grants held in a session (by the session's index in `sessions`): a session grant's
     /// lease is its session's (`until` is `u64::MAX` in its grip), and it ends with it.
     in_session: BTreeMap<(u8, String), usize>,
+    /// The applications submitted, by id: their tasks, and what their client knows of the
+    /// submission (`units` its tasks, `until` `u64::MAX` once acknowledged).
+    apps: BTreeMap<String, Grip>,
 }
 
 impl Model {
@@ -336,10 +361,18 @@ struct Daemon {
     store: Arc<RedisStore>,
     api: Api,
     clock: TestClock,
+    /// Its name in the election of the scheduler; it takes part only in its turns
+    /// ([`Step::Schedule`]).
+    holder: String,
 }
 
 struct Sim {
+    seed: u64,
     min_replicas: u32,
+    /// The daemons' clock (`RedisConfig::time`), at `now` on Redis's.
+    clock: SimClock,
+    /// How many times a daemon was opened: each draws its ids from the seed and this.
+    starts: u64,
     pair: Pair,
     daemon: Option<Daemon>,
     now: u64,
@@ -350,10 +383,16 @@ struct Sim {
 }
 
 impl Sim {
-    async fn start(min_replicas: u32, history: Arc<std::sync::Mutex<Vec<String>>>) -> Sim {
+    async fn start(seed: u64, history: Arc<std::sync::Mutex<Vec<String>>>) -> Sim {
         let pair = Pair::start().await;
+        let clock = SimClock::new();
+        // Its wall clock reads Redis's.
+        clock.jump_wall(START_MS as i64 - allot_core::clock::TimeSource::wall_ms(&clock) as i64);
         let mut sim = Sim {
-            min_replicas,
+            seed,
+            min_replicas: min_replicas_of(seed),
+            clock,
+            starts: 0,
             pair,
             daemon: None,
             now: START_MS,
@@ -372,6 +411,7 @@ impl Sim {
         let (status, body) =
             sim.call(Method::PUT, path, Some(serde_json::json!({ "capacity": format!("cpu={CAPACITY}") }))).await;
         assert!(status.is_success(), "the pool is made: {status} {}", String::from_utf8_lossy(&body));
+        sim.start_apps().await;
         sim
     }
 
@@ -379,9 +419,14 @@ impl Sim {
     /// watcher from the last revision it was given.
     async fn open(&mut self) {
         let replicas = self.min_replicas;
-        let (store, mut clock) =
-            TestClock::open_configured(&self.pair.primary, self.now, |config| config.with_min_replicas(replicas)).await;
+        self.starts += 1;
+        let ids = SeededIds::new(self.seed.wrapping_mul(1_000_003).wrapping_add(self.starts));
+        let configure = |config: allot_store_redis::RedisConfig| {
+            config.with_min_replicas(replicas).with_time(Arc::new(self.clock.clone())).with_ids(Arc::new(ids))
+        };
+        let (store, mut clock) = TestClock::open_configured(&self.pair.primary, self.now, configure).await;
         store.set_pool_rules(POOL_RULES);
+        let holder = join_election(&store, "http://127.0.0.1:9");
         let store = Arc::new(store);
         clock.set(&store, self.now).await;
         let api = allot_server::api(ServerState::new(store.clone()));
@@ -392,7 +437,9 @@ impl Sim {
             other => other,
         };
         self.watcher = Some(watcher.expect("the watcher resumes"));
-        self.daemon = Some(Daemon { store, api, clock });
+        // It takes part in the election at once, as a daemon that starts does.
+        renew_lease(&store, &holder).await;
+        self.daemon = Some(Daemon { store, api, clock, holder });
     }
 
     async fn close(&mut self) {
@@ -510,9 +557,13 @@ impl Sim {
             }
             Step::Advance { ms } => {
                 self.now += u64::from(ms);
+                self.clock.advance(u64::from(ms));
                 let now = self.now;
                 let daemon = self.daemon.as_mut().expect("the daemon runs between steps");
                 daemon.clock.set(&daemon.store, now).await;
+                // Its election task renews the scheduler's lease on the way (at least every
+                // half second, so within every step of time the plan draws).
+                renew_lease(&daemon.store, &daemon.holder).await;
                 self.leases_lapse();
                 format!("now {now}")
             }
@@ -538,6 +589,9 @@ impl Sim {
                 let now = self.now;
                 let allocs = self.model.allocs.values_mut().map(|(_, grip)| grip);
                 let sessions = self.model.sessions.iter_mut().map(|(_, _, grip)| grip);
+                for apps in self.model.apps.values_mut() {
+                    apps.at_risk = false;
+                }
                 for grip in self.model.grips.values_mut().chain(allocs).chain(sessions) {
                     grip.at_risk = false;
                     if matches!(grip.known, Known::Held { until, .. } if until <= now) {
@@ -559,13 +613,15 @@ impl Sim {
                 }
                 // The replica is promoted; a new server becomes its replica; the dead primary goes.
                 self.now += FAILOVER_MS;
+                self.clock.advance(FAILOVER_MS);
                 let promoted = std::mem::replace(&mut self.pair.replica, RedisServer::start());
                 promoted.cli(&["REPLICAOF", "NO", "ONE"]);
                 self.pair.primary = promoted;
                 attach(&self.pair.primary, &self.pair.replica).await;
                 let allocs = self.model.allocs.values_mut().map(|(_, grip)| grip);
                 let sessions = self.model.sessions.iter_mut().map(|(_, _, grip)| grip);
-                for grip in self.model.grips.values_mut().chain(allocs).chain(sessions) {
+                let apps = self.model.apps.values_mut();
+                for grip in self.model.grips.values_mut().chain(allocs).chain(sessions).chain(apps) {
                     if std::mem::take(&mut grip.at_risk) {
                         grip.known = Known::InDoubt;
                     }
@@ -643,6 +699,9 @@ impl Sim {
                 let (status, body) = self.call(Method::POST, path, Some(body)).await;
                 self.alloc_kept(key, status, &body)?
             }
+            Step::Submit { client, app, tasks, cpu, gang } => self.submit(client, app, tasks, cpu, gang).await?,
+            Step::Schedule => self.schedule().await?,
+            Step::Report { client, app, task, report } => self.report(client, app, task, report).await,
         })
     }
 
@@ -966,6 +1025,7 @@ impl Sim {
     async fn check(&mut self) -> Result<(), Violation> {
         self.watch()?;
         self.check_pool().await?;
+        self.check_apps().await?;
         self.check_sessions().await?;
         let now = self.now;
         for ns in 0..NAMESPACES {
@@ -1228,6 +1288,8 @@ mod tests {
         assert!(plan.iter().any(|step| matches!(step, Step::Cut)), "cuts are drawn");
         assert!(plan.iter().any(|step| matches!(step, Step::Accept { .. })), "accepts are drawn");
         assert!(plan.iter().any(|step| matches!(step, Step::SessionGrant { .. })), "grants in sessions are drawn");
+        assert!(plan.iter().any(|step| matches!(step, Step::Submit { gang: true, .. })), "gangs are submitted");
+        assert!(plan.iter().any(|step| matches!(step, Step::Schedule)), "the daemon schedules");
         // The pool's steps go between the steps drawn before the pool joined, which stay as they were.
         let quotas: Vec<Step> = plan
             .into_iter()
@@ -1241,6 +1303,9 @@ mod tests {
                         | Step::SessionGrant { .. }
                         | Step::KeepSession { .. }
                         | Step::CloseSession { .. }
+                        | Step::Submit { .. }
+                        | Step::Schedule
+                        | Step::Report { .. }
                 )
             })
             .collect();

@@ -661,7 +661,8 @@ impl Sim {
         match self.apps() {
             Some(apps) => {
                 self.model.apps_hold(&apps)?;
-                apps::placed_rightly(&apps, live.as_ref())
+                apps::placed_rightly(&apps, live.as_ref())?;
+                apps::placed_where_allowed(&apps)
             }
             None => Ok(()),
         }

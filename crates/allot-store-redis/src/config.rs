@@ -5,6 +5,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use allot_core::clock::{SystemTime, TimeSource};
+use allot_store::ids::{IdSource, RandomIds};
 use allot_store::WatchConfig;
 
 /// How often, by default, the daemon that schedules reads the pools and quotas again while
@@ -40,6 +41,9 @@ pub struct RedisConfig {
     /// readings of Redis are, when a pool is next swept): the machine's clocks by default.
     /// Redis's own clock (`TIME`) decides leases' deadlines; this one relates them to now.
     pub time: Arc<dyn TimeSource>,
+    /// Where the random ids of allocs, sessions and placeholders come from: the machine's
+    /// randomness by default.
+    pub ids: Arc<dyn IdSource>,
 }
 
 /// `url` with its password (`user:password@`) replaced by `***`.
@@ -83,6 +87,7 @@ impl RedisConfig {
                 sched_refresh: DEFAULT_SCHED_REFRESH,
                 wake_poll: DEFAULT_WAKE_POLL,
                 time: Arc::new(SystemTime),
+                ids: Arc::new(RandomIds),
             });
         }
         if !(address.starts_with("redis://") || address.starts_with("rediss://")) {
@@ -98,6 +103,7 @@ impl RedisConfig {
             sched_refresh: DEFAULT_SCHED_REFRESH,
             wake_poll: DEFAULT_WAKE_POLL,
             time: Arc::new(SystemTime),
+            ids: Arc::new(RandomIds),
         })
     }
 
@@ -146,6 +152,11 @@ impl RedisConfig {
     /// Reads the time from `time` instead of the machine's clocks.
     pub fn with_time(self, time: Arc<dyn TimeSource>) -> RedisConfig {
         RedisConfig { time, ..self }
+    }
+
+    /// Draws random ids from `ids` instead of the machine's randomness.
+    pub fn with_ids(self, ids: Arc<dyn IdSource>) -> RedisConfig {
+        RedisConfig { ids, ..self }
     }
 }
 

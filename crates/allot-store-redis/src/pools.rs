@@ -345,7 +345,7 @@ async fn accept_as(inner: &Inner, pool: PoolName, request: AllocRequest) -> Resu
     let initial = rules(inner).initial_ms.to_string();
     loop {
         // Ids are drawn at random [Reflow `newID`]; a taken one is drawn again.
-        let id = AllocId(rand::random()).to_string();
+        let id = AllocId(inner.ids.next_u64()).to_string();
         let metadata = request.metadata.as_deref().unwrap_or("");
         let args = ["accept", &id, &min, &max, &request.owner, &labels, &initial, "0", "", metadata];
         match call(inner, &pool, &args, true).await {

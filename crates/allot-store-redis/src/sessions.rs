@@ -51,7 +51,7 @@ pub(crate) async fn touch(inner: &Inner, id: SessionId, namespace: &NamespaceNam
 
 pub(crate) async fn open(inner: &Inner, ttl_ms: u64, owner: Option<String>) -> Result<SessionInfo, StoreError> {
     check_session_ttl(ttl_ms)?;
-    let id = SessionId(rand::random());
+    let id = SessionId(inner.ids.next_u128());
     let (sid, ttl) = (id.to_string(), ttl_ms.to_string());
     let mut reply = call(inner, &["open", &sid, &ttl, owner.as_deref().unwrap_or("")], true).await?;
     if reply.len() != 3 {

@@ -38,6 +38,8 @@ pub(crate) struct Inner {
     pub(crate) redis_clock: Mutex<Option<(u64, Millis)>>,
     /// The daemon's clock (`RedisConfig::time`).
     pub(crate) time: Arc<dyn TimeSource>,
+    /// Where random ids come from (`RedisConfig::ids`).
+    pub(crate) ids: Arc<dyn allot_store::ids::IdSource>,
     pub(crate) conn: Conn,
     /// The change feed's own connection: its copies (which wait for the replicas with
     /// `--redis-min-replicas`) never queue ahead of a caller's change.
@@ -80,6 +82,7 @@ impl Inner {
         Inner {
             redis_clock: Mutex::new(None),
             time: config.time.clone(),
+            ids: config.ids.clone(),
             pool_rules: Mutex::new(allot_core::pools::LeaseRules::default()),
             conn,
             feed_conn,

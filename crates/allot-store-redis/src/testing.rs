@@ -80,6 +80,15 @@ pub fn join_election(store: &RedisStore, advertise: &str) -> String {
     store.enter_election(advertise)
 }
 
+/// One renewal (or taking) of the scheduler's lease by `holder`, as the daemon's election task
+/// does every half second; when that changed this daemon's term, the turn of scheduling it wakes
+/// (the new term's records loaded, or the scheduling let go).
+pub async fn renew_lease(store: &RedisStore, holder: &str) {
+    if store.renew_lease(holder).await {
+        store.scheduling_turn(holder).await;
+    }
+}
+
 /// One renewal of the scheduler's lease and one turn of scheduling by `holder` (from
 /// [`join_election`]), as the daemon's own tasks do them; the time is the store's
 /// `RedisConfig::time` and its functions' clock. Answers how long the daemon would wait before

@@ -1,6 +1,7 @@
 //! The Redis-shaped part in the normal test suite: seeds on a real primary and replica
-//! (`redis-server` on the PATH), grants, sessions and a pool's allocs under failover; the seeds that found a
-//! bug; and a seed run twice giving the same history, byte for byte.
+//! (`redis-server` on the PATH), grants, sessions, a pool's allocs and applications scheduled
+//! in turns under failover; the seeds that found a bug; and a seed run twice giving the same
+//! history, byte for byte.
 
 use allot_sim::replicated;
 
@@ -51,6 +52,8 @@ fn a_replicated_seed_gives_the_same_history_twice() {
         assert!(first.history.iter().any(|line| line.contains("\"status\":\"Granted\"")), "seed {seed}");
         assert!(first.history.iter().any(|line| line.contains(": 201 alloc ")), "seed {seed}: allocs taken");
         assert!(first.history.iter().any(|line| line.contains(": 201 session ")), "seed {seed}: sessions opened");
+        assert!(first.history.iter().any(|line| line.contains("Schedule: schedules")), "seed {seed}: scheduled");
+        assert!(first.history.iter().any(|line| line.ends_with(" Completed")), "seed {seed}: tasks completed");
         assert_eq!(first.history, second.history, "seed {seed} ran twice");
     }
 }

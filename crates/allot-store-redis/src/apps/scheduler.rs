@@ -98,14 +98,16 @@ impl RedisStore {
     /// Takes part in the election as `advertise` without starting the daemon's tasks: the
     /// caller renews the lease and runs the turns (`renew_lease`, `scheduling_turn`).
     pub(crate) fn enter_election(&self, advertise: &str) -> String {
-        let holder = format!("{advertise} {:016x}", rand::random::<u64>());
+        let holder = format!("{advertise} {:016x}", self.inner.ids.next_u64());
         *self.inner.apps.holder.lock().unwrap_or_else(|p| p.into_inner()) = Some(holder.clone());
         holder
     }
 
     /// Takes or renews the scheduler's lease once, and says who schedules. A lease is taken to
     /// run `LEASE_TTL` less `LEASE_MARGIN` from when it was asked for, on this daemon's clock.
-    pub(crate) async fn renew_lease(&self, holder: &str) {
+    /// Answers whether this daemon's term changed (taken, lost or moved on): the rounds are
+    /// woken to take the scheduling over, or to let it go.
+    pub(crate) async fn renew_lease(&self, holder: &str) -> bool {
         let inner = &self.inner;
         let asked = inner.time.monotonic_ms();
         let lease = self.acquire_sched_lease(holder, LEASE_TTL).await;
@@ -139,6 +141,7 @@ impl RedisStore {
         if changed {
             inner.apps.wake.notify_one();
         }
+        changed
     }
 
     /// One turn of scheduling as `holder`: in a new term, the records loaded first; while this
@@ -610,7 +613,9 @@ impl RedisStore {
         let tenancy = self.inner.apps.config.lock().unwrap_or_else(|p| p.into_inner()).tenancy.clone();
         l.sched.set_tenancy(tenancy);
         let (report, outcome) =
-            l.sched.schedule(now, &mut World { pools: &mut l.pools, ledger: &mut l.ledger }, &mut rand::random);
+            l.sched.schedule(now, &mut World { pools: &mut l.pools, ledger: &mut l.ledger }, &mut || {
+                self.inner.ids.next_u64()
+            });
         if report.placed + report.reserved + report.taken_over > 0 {
             tracing::debug!(?report, "scheduling cycle");
         }
