@@ -114,8 +114,9 @@ pub enum Step {
     /// `POST .../keepalive` of the client's alloc number `alloc`, asking for `interval_ms`.
     KeepAlloc { client: u8, alloc: u8, interval_ms: u32 },
     /// `POST /v1/apps`: the client's application number `app` (of four), of `tasks` tasks of
-    /// `cpu` CPUs each on the applications' pool, a gang of all of them if `gang`.
-    Submit { client: u8, app: u8, tasks: u8, cpu: u8, gang: bool },
+    /// `cpu` CPUs each on the applications' pool, a gang of all of them if `gang`, of priority
+    /// `priority` (a task of a higher one preempts one of a lower one: the queue preempts at once).
+    Submit { client: u8, app: u8, tasks: u8, cpu: u8, gang: bool, priority: u8 },
     /// The daemon's turn at scheduling: its lease renewed (or taken), then one round
     /// (`testing::schedule_once`), as its own tasks would at that time.
     Schedule,
@@ -699,7 +700,9 @@ impl Sim {
                 let (status, body) = self.call(Method::POST, path, Some(body)).await;
                 self.alloc_kept(key, status, &body)?
             }
-            Step::Submit { client, app, tasks, cpu, gang } => self.submit(client, app, tasks, cpu, gang).await?,
+            Step::Submit { client, app, tasks, cpu, gang, priority } => {
+                self.submit(client, app, (tasks, cpu, gang, priority)).await?
+            }
             Step::Schedule => self.schedule().await?,
             Step::Report { client, app, task, report } => self.report(client, app, task, report).await,
         })

@@ -44,6 +44,7 @@ pub(super) fn draw_step(rng: &mut StdRng) -> Step {
             tasks: rng.gen_range(1..=3),
             cpu: rng.gen_range(1..=2),
             gang: rng.gen_bool(0.3),
+            priority: rng.gen_range(0..=2),
         },
         3..6 => Step::Schedule,
         6..7 => Step::Report { client, app, task: rng.gen(), report: Report::Start },
@@ -78,13 +79,12 @@ impl Sim {
         assert!(status.is_success(), "the queue is made: {status} {}", String::from_utf8_lossy(&body));
     }
 
+    /// A submission of `tasks` tasks of `cpu` CPUs, a gang or not, of `priority`.
     pub(super) async fn submit(
         &mut self,
         client: u8,
         app: u8,
-        tasks: u8,
-        cpu: u8,
-        gang: bool,
+        (tasks, cpu, gang, priority): (u8, u8, bool, u8),
     ) -> Result<String, Violation> {
         let id = app_id(client, app);
         let resources = format!("cpu={cpu}");
@@ -94,7 +94,7 @@ impl Sim {
                 serde_json::json!({ "id": format!("t{t}"), "resources": resources, "group": group, "selector": apps_only() })
             })
             .collect();
-        let mut body = serde_json::json!({ "id": id, "queue": "root.sim", "tasks": specs });
+        let mut body = serde_json::json!({ "id": id, "queue": "root.sim", "tasks": specs, "priority": priority });
         if gang {
             body["policy"] = serde_json::json!({ "reserve_timeout_ms": RESERVE_TIMEOUT_MS });
             body["task_groups"] = serde_json::json!([{ "name": "gang", "min_members": tasks, "min_resources": resources, "selector": apps_only() }]);
