@@ -54,10 +54,13 @@ use crate::plan::Report;
 use crate::run::{Failure, Outcome};
 
 mod apps;
+mod waits;
 
 /// Clients, namespaces, each namespace's quota, tokens per client.
 const CLIENTS: u8 = 3;
-const NAMESPACES: u8 = 2;
+const NAMESPACES: u8 = 3;
+/// The namespaces of plain and session grants; the last one is the waiting allocates' (`waits.rs`).
+const PLAIN_NAMESPACES: u8 = 2;
 const QUOTA: u64 = 4;
 const TOKENS: u8 = 3;
 /// The pool the clients take allocs of, and its CPUs.
@@ -120,6 +123,11 @@ pub enum Step {
     /// The daemon's turn at scheduling: its lease renewed (or taken), then one round
     /// (`testing::schedule_once`), as its own tasks would at that time.
     Schedule,
+    /// `PUT` of grant `c{client}-w{token}` of `units` in the waiting allocates' namespace, with
+    /// `wait_ms`: a call that must wait goes on in the background (`waits.rs`).
+    WaitGrant { client: u8, token: u8, units: u8, wait_ms: u32 },
+    /// `DELETE` of that grant: its units go to the waiters in queue order.
+    WaitRelease { client: u8, token: u8 },
     /// `POST /v1/apps/{app}/tasks/{task}/{report}` of the client's application number `app`
     /// (modulo those it knows it has) and its task number `task` (modulo its tasks), as the
     /// task's runner would (one that ends a task starts it first).
@@ -134,8 +142,21 @@ pub fn draw(seed: u64, steps: usize) -> Vec<Step> {
     let mut pools = StdRng::seed_from_u64(seed ^ 0x706f_6f6c);
     let mut sessions = StdRng::seed_from_u64(seed ^ 0x7365_7373);
     let mut apps = StdRng::seed_from_u64(seed ^ 0x6170_7073);
+    let mut waits = StdRng::seed_from_u64(seed ^ 0x7761_6974);
     let mut plan = Vec::with_capacity(steps * 2);
     for step in draw_quotas(seed, steps) {
+        if waits.gen_range(0..5) == 0 {
+            let (client, token) = (waits.gen_range(0..CLIENTS), waits.gen_range(0..TOKENS));
+            plan.push(match waits.gen_range(0..10) {
+                0..6 => Step::WaitGrant {
+                    client,
+                    token,
+                    units: waits.gen_range(1..=3),
+                    wait_ms: waits.gen_range(1..=8) * 1_000,
+                },
+                _ => Step::WaitRelease { client, token },
+            });
+        }
         if apps.gen_range(0..3) == 0 {
             plan.push(apps::draw_step(&mut apps));
         }
@@ -145,7 +166,7 @@ pub fn draw(seed: u64, steps: usize) -> Vec<Step> {
                 0..3 => Step::OpenSession { client, ttl_ms: sessions.gen_range(2..=8) * 1_000 },
                 3..6 => Step::SessionGrant {
                     client,
-                    ns: sessions.gen_range(0..NAMESPACES),
+                    ns: sessions.gen_range(0..PLAIN_NAMESPACES),
                     token: sessions.gen_range(0..TOKENS),
                     units: sessions.gen_range(1..=2),
                     session,
@@ -176,7 +197,7 @@ fn draw_quotas(seed: u64, steps: usize) -> Vec<Step> {
     (0..steps)
         .map(|_| {
             let (client, ns, token) =
-                (rng.gen_range(0..CLIENTS), rng.gen_range(0..NAMESPACES), rng.gen_range(0..TOKENS));
+                (rng.gen_range(0..CLIENTS), rng.gen_range(0..PLAIN_NAMESPACES), rng.gen_range(0..TOKENS));
             match rng.gen_range(0..100) {
                 0..40 => {
                     Step::Grant { client, ns, token, units: rng.gen_range(1..=2), ttl_ms: rng.gen_range(1..=6) * 1_000 }
@@ -370,6 +391,12 @@ struct Daemon {
 struct Sim {
     seed: u64,
     min_replicas: u32,
+    /// The waiting allocates still waiting, in the order they started to.
+    waiting: Vec<waits::Waiter>,
+    /// Waiters whose calls answered while their leaving the queue may not have stuck (cut, or
+    /// the call failed), by namespace and token: Redis may still grant them until the sweep
+    /// drops them (their deadline and a grace, by when).
+    orphans: BTreeMap<(u8, String), u64>,
     /// The daemons' clock (`RedisConfig::time`), at `now` on Redis's.
     clock: SimClock,
     /// How many times a daemon was opened: each draws its ids from the seed and this.
@@ -392,6 +419,8 @@ impl Sim {
         let mut sim = Sim {
             seed,
             min_replicas: min_replicas_of(seed),
+            waiting: Vec::new(),
+            orphans: BTreeMap::new(),
             clock,
             starts: 0,
             pair,
@@ -423,7 +452,10 @@ impl Sim {
         self.starts += 1;
         let ids = SeededIds::new(self.seed.wrapping_mul(1_000_003).wrapping_add(self.starts));
         let configure = |config: allot_store_redis::RedisConfig| {
-            config.with_min_replicas(replicas).with_time(Arc::new(self.clock.clone())).with_ids(Arc::new(ids))
+            // Waiting calls look at their answer often: settling them is quick.
+            (config.with_min_replicas(replicas).with_time(Arc::new(self.clock.clone())))
+                .with_ids(Arc::new(ids))
+                .with_wake_poll(Duration::from_millis(2))
         };
         let (store, mut clock) = TestClock::open_configured(&self.pair.primary, self.now, configure).await;
         store.set_pool_rules(POOL_RULES);
@@ -443,15 +475,19 @@ impl Sim {
         self.daemon = Some(Daemon { store, api, clock, holder });
     }
 
-    async fn close(&mut self) {
+    /// Closes the daemon: its waiting calls go first, one by one (`waits.rs`).
+    async fn close(&mut self) -> Result<(), Violation> {
         self.watcher = None;
+        let left = if self.daemon.is_some() { self.leave_queues().await } else { Ok(()) };
         if let Some(daemon) = self.daemon.take() {
             daemon.store.shutdown().await;
         }
+        left
     }
 
     async fn stop(&mut self) {
-        self.close().await;
+        // The run is over: what its waiting calls answer now is not checked.
+        let _ = self.close().await;
         if let Some(pid) = self.pair.cut.take() {
             signal(&pid, "-CONT");
         }
@@ -483,7 +519,10 @@ impl Sim {
             let checked = match self.step(*step).await {
                 Ok(line) => {
                     self.record(format!("{index} {step:?}: {line}"));
-                    self.check().await
+                    match self.settle_waiters().await {
+                        Ok(()) => self.check().await,
+                        Err(violation) => Err(violation),
+                    }
                 }
                 Err(violation) => Err(violation),
             };
@@ -548,7 +587,12 @@ impl Sim {
                 let name = token(client, t);
                 let path = format!("/v1/namespaces/{}/grants/{name}", namespace(ns));
                 let (status, body) = self.call(Method::DELETE, path, None).await;
-                self.released(ns, &name, status, &body)?
+                let line = self.released(ns, &name, status, &body)?;
+                if self.waiting_tokens().contains(&(ns, name.clone())) {
+                    // A waiter its token left behind may still be granted after the release.
+                    self.model.grip(ns, &name).known = Known::InDoubt;
+                }
+                line
             }
             Step::Keepalive { client, ns, token: t } => {
                 let name = token(client, t);
@@ -584,6 +628,11 @@ impl Sim {
                 let Some(pid) = self.pair.cut.take() else { return Ok("not cut".into()) };
                 signal(&pid, "-CONT");
                 caught_up(&self.pair.primary, &self.pair.replica).await;
+                // What lapsed while the sweep was refused is swept now, as part of this step:
+                // the daemon's own sweeper (on the real clock) would at a moment of its own, and
+                // a waiter handed the units then would take a fencing number out of turn.
+                let (now, daemon) = (self.now, self.daemon.as_mut().expect("the daemon runs between steps"));
+                daemon.clock.set(&daemon.store, now).await;
                 // The replica holds everything now: nothing is at risk. A lease that lapsed while
                 // the sweep was refused (one replica required) may be swept from now on, by the
                 // daemon's own sweeper, whose rounds follow the real clock: in doubt until listed.
@@ -602,12 +651,13 @@ impl Sim {
                 "healed, the replica caught up".into()
             }
             Step::Failover => {
-                let cut = self.pair.cut.take();
-                let lossy = cut.is_some();
+                let lossy = self.pair.cut.is_some();
                 if !lossy {
                     caught_up(&self.pair.primary, &self.pair.replica).await;
                 }
-                self.close().await;
+                // Its waiting calls answer while the link is still cut, if it is.
+                self.close().await?;
+                let cut = self.pair.cut.take();
                 self.pair.primary.stop();
                 if let Some(pid) = cut {
                     signal(&pid, "-CONT");
@@ -642,7 +692,7 @@ impl Sim {
                     // replica: it would wait for the link to heal.
                     return Ok("not restarted: the primary lacks the replica the daemon requires".into());
                 }
-                self.close().await;
+                self.close().await?;
                 self.open().await;
                 "restarted".into()
             }
@@ -704,6 +754,18 @@ impl Sim {
                 self.submit(client, app, (tasks, cpu, gang, priority)).await?
             }
             Step::Schedule => self.schedule().await?,
+            Step::WaitGrant { client, token, units, wait_ms } => self.wait_grant(client, token, units, wait_ms).await?,
+            Step::WaitRelease { client, token } => {
+                let (ns, name) = (PLAIN_NAMESPACES, waits::waiting_token(client, token));
+                let path = format!("/v1/namespaces/{}/grants/{name}", namespace(ns));
+                let (status, body) = self.call(Method::DELETE, path, None).await;
+                let line = self.released(ns, &name, status, &body)?;
+                if self.waiting_tokens().contains(&(ns, name.clone())) {
+                    // A waiter its token left behind may still be granted after the release.
+                    self.model.grip(ns, &name).known = Known::InDoubt;
+                }
+                line
+            }
             Step::Report { client, app, task, report } => self.report(client, app, task, report).await,
         })
     }
@@ -993,7 +1055,9 @@ impl Sim {
             if matches!(grip.known, Known::Held { .. }) && !grip.at_risk {
                 return Err(Violation::new(format!("{name} was held, yet its keepalive found nothing")));
             }
-            grip.known = Known::Gone;
+            // Its session lapsed: the grant is listed until a sweep ends the session with it
+            // (one lapsed at this very ms is swept only after it), so it is in doubt till then.
+            grip.known = if code_of(body) == "session_not_found" { Known::InDoubt } else { Known::Gone };
             return Ok(format!("{} {}", status.as_u16(), code_of(body)));
         }
         if !status.is_success() {
@@ -1044,7 +1108,11 @@ impl Sim {
             }
             let listed: BTreeMap<&str, &Grant> =
                 list.grants.iter().map(|grant| (grant.token.as_str(), grant)).collect();
-            for ((n, name), grip) in self.model.grips.iter_mut().filter(|((n, _), _)| *n == ns) {
+            // A waiting call's grant stays in doubt until the call answers (`waits.rs`).
+            let waiting = self.waiting_tokens();
+            let grips =
+                self.model.grips.iter_mut().filter(|((n, name), _)| *n == ns && !waiting.contains(&(*n, name.clone())));
+            for ((n, name), grip) in grips {
                 let held = listed.get(name.as_str());
                 match (grip.known, held) {
                     (Known::Held { fencing, until, .. }, Some(grant)) => {
@@ -1293,6 +1361,7 @@ mod tests {
         assert!(plan.iter().any(|step| matches!(step, Step::SessionGrant { .. })), "grants in sessions are drawn");
         assert!(plan.iter().any(|step| matches!(step, Step::Submit { gang: true, .. })), "gangs are submitted");
         assert!(plan.iter().any(|step| matches!(step, Step::Schedule)), "the daemon schedules");
+        assert!(plan.iter().any(|step| matches!(step, Step::WaitGrant { .. })), "calls wait");
         // The pool's steps go between the steps drawn before the pool joined, which stay as they were.
         let quotas: Vec<Step> = plan
             .into_iter()
@@ -1309,6 +1378,8 @@ mod tests {
                         | Step::Submit { .. }
                         | Step::Schedule
                         | Step::Report { .. }
+                        | Step::WaitGrant { .. }
+                        | Step::WaitRelease { .. }
                 )
             })
             .collect();

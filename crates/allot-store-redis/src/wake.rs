@@ -45,7 +45,8 @@ pub(crate) async fn wait_for(
     wid: u64,
     wait: Duration,
 ) -> Result<Allocation, StoreError> {
-    let deadline = tokio::time::Instant::now() + wait;
+    // The wait ends by the daemon's clock (`RedisConfig::time`), looked at on every wake-up.
+    let deadline = inner.time.monotonic_ms().saturating_add(u64::try_from(wait.as_millis()).unwrap_or(u64::MAX));
     let notify = Arc::new(Notify::new());
     inner.waits.lock().unwrap_or_else(|p| p.into_inner()).insert((key.clone(), wid), notify.clone());
     inner.wait_started.notify_one();
@@ -61,21 +62,23 @@ pub(crate) async fn wait_for(
                     return Ok(answer);
                 }
                 Ok(None) => {}
-                // Redis is away for now: keep waiting, the next check may succeed.
-                Err(StoreError::Unavailable(_) | StoreError::OutcomeUnknown(_)) => {}
+                // Redis is away for now, or its primary short of replicas refused the claim:
+                // keep waiting, the next check may succeed (the waiter is still queued, and an
+                // answer given up here would leave its units to be granted to nobody).
+                Err(StoreError::Unavailable(_) | StoreError::OutcomeUnknown(_) | StoreError::NotEnoughReplicas(_)) => {}
                 Err(err) => {
                     guard.armed = false;
                     return Err(err);
                 }
             }
         }
-        let poll = tokio::time::Instant::now() + inner.wake_poll;
+        let left = Duration::from_millis(deadline.saturating_sub(inner.time.monotonic_ms()));
         tokio::select! {
             _ = notify.notified() => check = true,
-            _ = tokio::time::sleep_until(poll.min(deadline)) => check = true,
+            _ = tokio::time::sleep(inner.wake_poll.min(left)) => check = true,
             _ = shutdown.wait_for(|stop| *stop) => break,
         }
-        if tokio::time::Instant::now() >= deadline {
+        if inner.time.monotonic_ms() >= deadline {
             break;
         }
     }

@@ -1,6 +1,6 @@
 //! The Redis-shaped part in the normal test suite: seeds on a real primary and replica
-//! (`redis-server` on the PATH), grants, sessions, a pool's allocs and applications scheduled
-//! in turns under failover; the seeds that found a bug; and a seed run twice giving the same
+//! (`redis-server` on the PATH), grants, waiting allocates, sessions, a pool's allocs and
+//! applications scheduled in turns under failover; the seeds that found a bug; and a seed run twice giving the same
 //! history, byte for byte.
 
 use allot_sim::replicated;
@@ -53,7 +53,14 @@ fn a_replicated_seed_gives_the_same_history_twice() {
         assert!(first.history.iter().any(|line| line.contains(": 201 alloc ")), "seed {seed}: allocs taken");
         assert!(first.history.iter().any(|line| line.contains(": 201 session ")), "seed {seed}: sessions opened");
         assert!(first.history.iter().any(|line| line.contains("Schedule: schedules")), "seed {seed}: scheduled");
-        assert!(first.history.iter().any(|line| line.ends_with(" Completed")), "seed {seed}: tasks completed");
+        assert!(
+            first.history.iter().any(|line| line.ends_with(" Completed") || line.ends_with(" Failed")),
+            "seed {seed}: tasks ended"
+        );
+        assert!(
+            first.history.iter().any(|line| line.contains("WaitGrant") && line.ends_with(": waiting")),
+            "seed {seed}: calls waited"
+        );
         assert_eq!(first.history, second.history, "seed {seed} ran twice");
     }
 }
