@@ -514,3 +514,54 @@ async fn an_access_version_lost_in_a_failover_is_not_given_again() {
     assert_ne!(after, lost, "the version after the failover is the one its lost change gave");
     promoted.shutdown().await;
 }
+
+/// How many function calls the primary has run.
+fn fcalls(primary: &RedisServer) -> u64 {
+    let stats = primary.cli(&["INFO", "commandstats"]);
+    let line = stats.lines().find(|line| line.starts_with("cmdstat_fcall:")).unwrap_or_default();
+    line.split(['=', ',']).nth(1).and_then(|calls| calls.parse().ok()).unwrap_or(0)
+}
+
+/// A waiting allocate whose primary loses its replica (at `--redis-min-replicas 1`) keeps
+/// waiting while its checks for an answer are refused, and is granted once the replica is back
+/// and room is made. (It used to end with the refusal and leave its waiter in the queue, to be
+/// handed units nobody would hold: the Redis-shaped simulation's waiting allocates found it.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_waiting_allocate_keeps_waiting_while_its_primary_lacks_its_replica() {
+    use std::sync::Arc;
+
+    use allot_store::{Allocation, PageRequest};
+
+    let primary = RedisServer::start();
+    let replica = replica_of(&primary).await;
+    let config =
+        RedisConfig::parse(&primary.url()).unwrap().with_min_replicas(1).with_wake_poll(Duration::from_millis(5));
+    let store = Arc::new(RedisStore::open(&config).await.unwrap());
+    let namespace = NamespaceName::new("replicated").unwrap();
+    until("the namespace is made with its replica", async || store.put_namespace(namespace.clone(), 1).await.is_ok())
+        .await;
+    let first = store.allocate(request("replicated", "first"), Duration::ZERO).await.unwrap();
+    assert!(matches!(first, Allocation::Granted { .. }), "{first:?}");
+    let waiting = tokio::spawn({
+        let store = store.clone();
+        async move { store.allocate(request("replicated", "second"), Duration::from_secs(120)).await }
+    });
+    until("the second waits", async || {
+        store.waiters(namespace.clone(), PageRequest::first(10)).await.is_ok_and(|page| page.items.len() == 1)
+    })
+    .await;
+    // Cut: every check of the waiting call (one each 5 ms, among the daemon's other calls) is
+    // refused for lack of a replica.
+    let before = fcalls(&primary);
+    let pid = cut_replication(&primary, &replica);
+    until("the primary refused many calls since", async || fcalls(&primary) >= before + 60).await;
+    assert!(!waiting.is_finished(), "the waiting call still waits: {:?}", waiting.await);
+    signal(&pid, "-CONT");
+    until("the first is released once the replica is back", async || {
+        store.release(namespace.clone(), allot_core::Token::new("first").unwrap(), None).await.is_ok()
+    })
+    .await;
+    let second = waiting.await.unwrap().unwrap();
+    assert!(matches!(second, Allocation::Granted { .. }), "{second:?}");
+    store.shutdown().await;
+}
