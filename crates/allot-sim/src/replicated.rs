@@ -583,17 +583,7 @@ impl Sim {
                 let (status, body) = self.call(Method::PUT, path, Some(body)).await;
                 self.granted(ns, &name, u64::from(units), status, &body)?
             }
-            Step::Release { client, ns, token: t } => {
-                let name = token(client, t);
-                let path = format!("/v1/namespaces/{}/grants/{name}", namespace(ns));
-                let (status, body) = self.call(Method::DELETE, path, None).await;
-                let line = self.released(ns, &name, status, &body)?;
-                if self.waiting_tokens().contains(&(ns, name.clone())) {
-                    // A waiter its token left behind may still be granted after the release.
-                    self.model.grip(ns, &name).known = Known::InDoubt;
-                }
-                line
-            }
+            Step::Release { client, ns, token: t } => self.release(ns, &token(client, t)).await?,
             Step::Keepalive { client, ns, token: t } => {
                 let name = token(client, t);
                 let path = format!("/v1/namespaces/{}/grants/{name}/keepalive", namespace(ns));
@@ -756,18 +746,23 @@ impl Sim {
             Step::Schedule => self.schedule().await?,
             Step::WaitGrant { client, token, units, wait_ms } => self.wait_grant(client, token, units, wait_ms).await?,
             Step::WaitRelease { client, token } => {
-                let (ns, name) = (PLAIN_NAMESPACES, waits::waiting_token(client, token));
-                let path = format!("/v1/namespaces/{}/grants/{name}", namespace(ns));
-                let (status, body) = self.call(Method::DELETE, path, None).await;
-                let line = self.released(ns, &name, status, &body)?;
-                if self.waiting_tokens().contains(&(ns, name.clone())) {
+                let name = waits::waiting_token(client, token);
+                let line = self.release(PLAIN_NAMESPACES, &name).await?;
+                if self.waiting_tokens().contains(&(PLAIN_NAMESPACES, name.clone())) {
                     // A waiter its token left behind may still be granted after the release.
-                    self.model.grip(ns, &name).known = Known::InDoubt;
+                    self.model.grip(PLAIN_NAMESPACES, &name).known = Known::InDoubt;
                 }
                 line
             }
             Step::Report { client, app, task, report } => self.report(client, app, task, report).await,
         })
+    }
+
+    /// `DELETE` of grant `name` in `ns`.
+    async fn release(&mut self, ns: u8, name: &str) -> Result<String, Violation> {
+        let path = format!("/v1/namespaces/{}/grants/{name}", namespace(ns));
+        let (status, body) = self.call(Method::DELETE, path, None).await;
+        self.released(ns, name, status, &body)
     }
 
     /// Client `client`'s session number `number` (modulo those it opened): its index and id.
