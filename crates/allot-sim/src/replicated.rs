@@ -391,6 +391,8 @@ struct Daemon {
 struct Sim {
     seed: u64,
     min_replicas: u32,
+    /// The last step was a turn in which the daemon scheduled (`apps.rs`).
+    turn_scheduled: bool,
     /// The waiting allocates still waiting, in the order they started to.
     waiting: Vec<waits::Waiter>,
     /// Waiters whose calls answered while their leaving the queue may not have stuck (cut, or
@@ -419,6 +421,7 @@ impl Sim {
         let mut sim = Sim {
             seed,
             min_replicas: min_replicas_of(seed),
+            turn_scheduled: false,
             waiting: Vec::new(),
             orphans: BTreeMap::new(),
             clock,
@@ -503,15 +506,7 @@ impl Sim {
     }
 
     async fn call(&self, method: Method, path: String, body: Option<serde_json::Value>) -> (StatusCode, bytes::Bytes) {
-        let request = Request::builder()
-            .method(method)
-            .uri(path)
-            .header(axum::http::header::CONTENT_TYPE, "application/json")
-            .body(body.map_or_else(Body::empty, |json| Body::from(json.to_string())))
-            .expect("a valid request");
-        let response = self.daemon().api.clone().oneshot(request).await.unwrap_or_else(|never| match never {});
-        let status = response.status();
-        (status, axum::body::to_bytes(response.into_body(), usize::MAX).await.unwrap_or_default())
+        ask(self.daemon().api.clone(), method, path, body).await
     }
 
     async fn play(&mut self, steps: &[Step]) -> Option<Failure> {
@@ -743,7 +738,7 @@ impl Sim {
             Step::Submit { client, app, tasks, cpu, gang, priority } => {
                 self.submit(client, app, (tasks, cpu, gang, priority)).await?
             }
-            Step::Schedule => self.schedule().await?,
+            Step::Schedule => self.schedule().await,
             Step::WaitGrant { client, token, units, wait_ms } => self.wait_grant(client, token, units, wait_ms).await?,
             Step::WaitRelease { client, token } => {
                 let name = waits::waiting_token(client, token);
@@ -1263,6 +1258,19 @@ fn not_done(
         *grip = Grip { known: Known::InDoubt, at_risk: cut };
     }
     Some(Ok(format!("{} {code}", status.as_u16())))
+}
+
+/// One call through the daemon's handlers, and its answer.
+async fn ask(api: Api, method: Method, path: String, body: Option<serde_json::Value>) -> (StatusCode, bytes::Bytes) {
+    let request = Request::builder()
+        .method(method)
+        .uri(path)
+        .header(axum::http::header::CONTENT_TYPE, "application/json")
+        .body(body.map_or_else(Body::empty, |json| Body::from(json.to_string())))
+        .expect("a valid request");
+    let response = api.oneshot(request).await.unwrap_or_else(|never| match never {});
+    let status = response.status();
+    (status, axum::body::to_bytes(response.into_body(), usize::MAX).await.unwrap_or_default())
 }
 
 /// An error answer's code (its message may name ports, which differ from run to run).

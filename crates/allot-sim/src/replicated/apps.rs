@@ -73,7 +73,7 @@ impl Sim {
         let body = serde_json::json!({ "capacity": format!("cpu={APPS_CAPACITY}"), "labels": { "for": "apps" } });
         let (status, _) = self.call(Method::PUT, path, Some(body)).await;
         assert!(status.is_success(), "the applications' pool is made ({status})");
-        self.schedule().await.expect("the first turn breaks nothing");
+        self.schedule().await;
         let queue = serde_json::json!({ "preemption_delay_ms": 0 });
         let (status, body) = self.call(Method::PUT, "/v1/queues/root.sim".to_owned(), Some(queue)).await;
         assert!(status.is_success(), "the queue is made: {status} {}", String::from_utf8_lossy(&body));
@@ -120,26 +120,19 @@ impl Sim {
     }
 
     /// The daemon's turn: what it then says of where the scheduler is. A turn that scheduled
-    /// has ended every application whose tasks all ended.
-    pub(super) async fn schedule(&mut self) -> Result<String, Violation> {
+    /// has ended every application whose tasks all ended (checked with the step's listing,
+    /// `check_apps`).
+    pub(super) async fn schedule(&mut self) -> String {
         let daemon = self.daemon();
         schedule_once(&daemon.store, &daemon.holder).await;
-        Ok(match daemon.store.apps_home() {
+        match daemon.store.apps_home() {
             AppsHome::Here => {
-                for (app, tasks) in self.list_apps().await?.unwrap_or_default() {
-                    let done = !tasks.is_empty() && tasks.iter().all(|task| task_ended(&task.state));
-                    if done && !crate::apps::ended(&app.state) {
-                        return Err(Violation::new(format!(
-                            "{} is {} after a turn of the scheduler, though all its tasks ended",
-                            app.id, app.state
-                        )));
-                    }
-                }
+                self.turn_scheduled = true;
                 "schedules".to_owned()
             }
             AppsHome::At(_) => "another holds the lease".to_owned(),
             AppsHome::Unknown => "no scheduler known".to_owned(),
-        })
+        }
     }
 
     /// Every application with its tasks, or `None` when the daemon cannot list them (it does not
@@ -203,7 +196,19 @@ impl Sim {
 
     /// The applications' invariants, when the daemon can list them (it schedules now).
     pub(super) async fn check_apps(&mut self) -> Result<(), Violation> {
+        let scheduled = std::mem::take(&mut self.turn_scheduled);
         let Some(apps) = self.list_apps().await? else { return Ok(()) };
+        if scheduled {
+            for (app, tasks) in &apps {
+                let done = !tasks.is_empty() && tasks.iter().all(|task| task_ended(&task.state));
+                if done && !crate::apps::ended(&app.state) {
+                    return Err(Violation::new(format!(
+                        "{} is {} after a turn of the scheduler, though all its tasks ended",
+                        app.id, app.state
+                    )));
+                }
+            }
+        }
         let path = format!("/v1/pools/{APPS_POOL}/allocs?limit=1000");
         let (status, body) = self.call(Method::GET, path.clone(), None).await;
         if !status.is_success() {

@@ -15,10 +15,8 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
 
 use allot_api::GrantList;
-use axum::body::Body;
-use axum::http::{Method, Request, StatusCode};
+use axum::http::{Method, StatusCode};
 use tokio::task::JoinHandle;
-use tower::ServiceExt as _;
 
 use super::{code_of, namespace, Grip, Known, Sim};
 use crate::check::{parse, Violation};
@@ -69,18 +67,7 @@ impl Sim {
         }
         let path = format!("/v1/namespaces/{}/grants/{name}", namespace(ns));
         let body = serde_json::json!({ "units": units, "ttl_ms": 6_000, "wait_ms": wait_ms });
-        let request = Request::builder()
-            .method(Method::PUT)
-            .uri(path)
-            .header(axum::http::header::CONTENT_TYPE, "application/json")
-            .body(Body::from(body.to_string()))
-            .expect("a valid request");
-        let api = self.daemon().api.clone();
-        let call = tokio::spawn(async move {
-            let response = api.oneshot(request).await.unwrap_or_else(|never| match never {});
-            let status = response.status();
-            (status, axum::body::to_bytes(response.into_body(), usize::MAX).await.unwrap_or_default())
-        });
+        let call = tokio::spawn(super::ask(self.daemon().api.clone(), Method::PUT, path, Some(body)));
         // Answered at once, or queued: Redis says which (nothing else runs meanwhile).
         let started = tokio::time::Instant::now();
         loop {
