@@ -9,6 +9,11 @@ use clap::Parser;
 
 use allot_sim::{check_seed, replicated, Shape};
 
+/// mimalloc, as the daemon runs on: glibc's allocator returned the simulated disk's large buffers
+/// to the kernel and faulted them in again on every store opened (a fifth of a seed's time).
+#[global_allocator]
+static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 /// Runs seeded simulations of allot (the real store and handlers, faults at every step) and
 /// checks every invariant after every step; a failing seed is shrunk and printed with its history.
 /// Seeds run when neither a count nor a time is given.
