@@ -399,6 +399,10 @@ struct Sim {
     /// the call failed), by namespace and token: Redis may still grant them until the sweep
     /// drops them (their deadline and a grace, by when).
     orphans: BTreeMap<(u8, String), u64>,
+    /// The CPUs the pool's live allocs held at its last listing (after the step before): what
+    /// an accept may find held at most, since between two steps allocs only lapse and are
+    /// reclaimed. `None` before the first listing.
+    pool_held: Option<u64>,
     /// The daemons' clock (`RedisConfig::time`), at `now` on Redis's.
     clock: SimClock,
     /// How many times a daemon was opened: each draws its ids from the seed and this.
@@ -424,6 +428,7 @@ impl Sim {
             turn_scheduled: false,
             waiting: Vec::new(),
             orphans: BTreeMap::new(),
+            pool_held: None,
             clock,
             starts: 0,
             pair,
@@ -721,7 +726,7 @@ impl Sim {
                 let path = format!("/v1/pools/{POOL}/offers/1");
                 let body = serde_json::json!({ "min": format!("cpu={min}"), "max": format!("cpu={max}") });
                 let (status, body) = self.call(Method::POST, path, Some(body)).await;
-                self.accepted(client, status, &body)?
+                self.accepted(client, (min, max), status, &body)?
             }
             Step::Free { client, alloc } => {
                 let Some((key, id)) = self.alloc_of(client, alloc) else { return Ok("no alloc to free".into()) };
@@ -856,13 +861,28 @@ impl Sim {
         self.model.allocs.get(&key).map(|(id, _)| (key, id.clone()))
     }
 
-    /// The answer to an accept of client `client`. Its id is kept, not told in the history
-    /// (ids are drawn at random).
-    fn accepted(&mut self, client: u8, status: StatusCode, body: &[u8]) -> Result<String, Violation> {
+    /// The answer to an accept of `min` to `max` CPUs by client `client`: refused as expired
+    /// only when `min` CPUs were not certainly free. The alloc's id is kept, not told in the
+    /// history (ids are drawn at random).
+    fn accepted(
+        &mut self,
+        client: u8,
+        (min, max): (u8, u8),
+        status: StatusCode,
+        body: &[u8],
+    ) -> Result<String, Violation> {
+        let code = code_of(body);
+        let free = self.pool_held.map(|held| CAPACITY.saturating_sub(held));
+        if status == StatusCode::CONFLICT && code == "offer_expired" && free >= Some(u64::from(min)) {
+            return Err(Violation::new(format!(
+                "an accept of cpu={min} to cpu={max} was refused as {code} with {} CPUs certainly free",
+                free.unwrap_or_default()
+            )));
+        }
         if status != StatusCode::CREATED {
             // An accept whose outcome is unknown may have made an alloc nobody knows: the
             // listing tells (see `check_pool`).
-            return Ok(format!("{} {}", status.as_u16(), code_of(body)));
+            return Ok(format!("{} {code}", status.as_u16()));
         }
         let alloc: allot_api::Alloc = parse(body)?;
         let cpus = cpus_of(&alloc.resources)?;
@@ -928,6 +948,7 @@ impl Sim {
                 "{POOL} holds {total} CPUs in live allocs, over its capacity {CAPACITY}"
             )));
         }
+        self.pool_held = Some(total);
         // Learned while a failover may lose what the primary holds (cut, no replica required):
         // an alloc another's accept reclaimed meanwhile, say, may come back.
         let learned_at_risk = self.acknowledged_at_risk();
