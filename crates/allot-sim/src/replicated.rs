@@ -31,6 +31,7 @@
 
 use std::collections::BTreeMap;
 use std::future::Future as _;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -132,6 +133,10 @@ pub enum Step {
     /// (modulo those it knows it has) and its task number `task` (modulo its tasks), as the
     /// task's runner would (one that ends a task starts it first).
     Report { client: u8, app: u8, task: u8, report: Report },
+    /// The network between the clients and the daemon drops the answer to the next change a
+    /// client asks for: the call is made, and its client learns nothing of how it went (as a
+    /// `503 store_outcome_unknown`, which it must handle anyway).
+    LoseAnswer,
 }
 
 /// The plan of `seed`: `steps` steps of grants, time and the link, with the pool's steps, the
@@ -143,8 +148,12 @@ pub fn draw(seed: u64, steps: usize) -> Vec<Step> {
     let mut sessions = StdRng::seed_from_u64(seed ^ 0x7365_7373);
     let mut apps = StdRng::seed_from_u64(seed ^ 0x6170_7073);
     let mut waits = StdRng::seed_from_u64(seed ^ 0x7761_6974);
+    let mut losses = StdRng::seed_from_u64(seed ^ 0x6c6f_7374);
     let mut plan = Vec::with_capacity(steps * 2);
     for step in draw_quotas(seed, steps) {
+        if losses.gen_range(0..12) == 0 {
+            plan.push(Step::LoseAnswer);
+        }
         if waits.gen_range(0..5) == 0 {
             let (client, token) = (waits.gen_range(0..CLIENTS), waits.gen_range(0..TOKENS));
             plan.push(match waits.gen_range(0..10) {
@@ -403,6 +412,8 @@ struct Sim {
     /// an accept may find held at most, since between two steps allocs only lapse and are
     /// reclaimed. `None` before the first listing.
     pool_held: Option<u64>,
+    /// The answer to the next change a client asks for is lost ([`Step::LoseAnswer`]).
+    lose_next_answer: AtomicBool,
     /// The daemons' clock (`RedisConfig::time`), at `now` on Redis's.
     clock: SimClock,
     /// How many times a daemon was opened: each draws its ids from the seed and this.
@@ -429,6 +440,7 @@ impl Sim {
             waiting: Vec::new(),
             orphans: BTreeMap::new(),
             pool_held: None,
+            lose_next_answer: AtomicBool::new(false),
             clock,
             starts: 0,
             pair,
@@ -510,8 +522,23 @@ impl Sim {
         self.daemon.as_ref().expect("the daemon runs between steps")
     }
 
+    /// A call through the daemon's handlers; a change's answer is dropped if the plan says so
+    /// ([`Step::LoseAnswer`]): the change is made, its client told its outcome is unknown.
     async fn call(&self, method: Method, path: String, body: Option<serde_json::Value>) -> (StatusCode, bytes::Bytes) {
-        ask(self.daemon().api.clone(), method, path, body).await
+        let lose = method != Method::GET && self.lose_next_answer.swap(false, Ordering::Relaxed);
+        let answer = ask(self.daemon().api.clone(), method, path, body).await;
+        if !lose {
+            return answer;
+        }
+        let error = allot_api::ErrorBody {
+            error: allot_api::ErrorDetail {
+                code: "store_outcome_unknown".to_owned(),
+                message: "the answer was lost on the network (simulated)".to_owned(),
+                compact_revision: None,
+            },
+        };
+        let body = serde_json::to_vec(&error).expect("an error body serialises");
+        (StatusCode::SERVICE_UNAVAILABLE, body.into())
     }
 
     async fn play(&mut self, steps: &[Step]) -> Option<Failure> {
@@ -755,6 +782,10 @@ impl Sim {
                 line
             }
             Step::Report { client, app, task, report } => self.report(client, app, task, report).await,
+            Step::LoseAnswer => {
+                self.lose_next_answer.store(true, Ordering::Relaxed);
+                "the next change's answer will be lost".to_owned()
+            }
         })
     }
 
@@ -1386,6 +1417,7 @@ mod tests {
         assert!(plan.iter().any(|step| matches!(step, Step::Submit { gang: true, .. })), "gangs are submitted");
         assert!(plan.iter().any(|step| matches!(step, Step::Schedule)), "the daemon schedules");
         assert!(plan.iter().any(|step| matches!(step, Step::WaitGrant { .. })), "calls wait");
+        assert!(plan.iter().any(|step| matches!(step, Step::LoseAnswer)), "answers are lost");
         // The pool's steps go between the steps drawn before the pool joined, which stay as they were.
         let quotas: Vec<Step> = plan
             .into_iter()
@@ -1404,6 +1436,7 @@ mod tests {
                         | Step::Report { .. }
                         | Step::WaitGrant { .. }
                         | Step::WaitRelease { .. }
+                        | Step::LoseAnswer
                 )
             })
             .collect();

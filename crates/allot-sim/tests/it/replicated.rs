@@ -61,6 +61,12 @@ fn a_replicated_seed_gives_the_same_history_twice() {
             first.history.iter().any(|line| line.contains("WaitGrant") && line.ends_with(": waiting")),
             "seed {seed}: calls waited"
         );
+        // A change whose answer the network lost (the step after the loss's).
+        let lost = first
+            .history
+            .windows(2)
+            .any(|pair| pair[0].contains("LoseAnswer") && pair[1].ends_with(": 503 store_outcome_unknown"));
+        assert!(lost, "seed {seed}: answers lost");
         assert_eq!(first.history, second.history, "seed {seed} ran twice");
     }
 }
