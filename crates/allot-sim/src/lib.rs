@@ -5,7 +5,8 @@
 //! A failing seed is shrunk to the shortest plan that still fails, and printed with its history.
 //!
 //! The Redis-shaped part runs apart ([`replicated`]): the real Redis store on real `redis-server`
-//! processes, a primary and its asynchronous replica, failed over at random.
+//! processes, a primary and its asynchronous replica, failed over at random, the daemon's and
+//! Redis's clocks jumping apart.
 //!
 //! `cargo test -p allot-sim` runs 1,000 seeds; `allot-sim --seeds N` (or `--minutes M`) runs more;
 //! `allot-sim --redis` runs replicated seeds.

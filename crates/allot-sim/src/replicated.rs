@@ -19,6 +19,11 @@
 //! - a pool never holds more than its capacity in live allocs; an alloc acknowledged (and not at
 //!   risk) is held while its lease certainly runs, and one freed never comes back.
 //!
+//! Clocks: Redis's decides every lease. The daemon's wall clock jumps back and forth, Redis's
+//! steps forward alone, and a promoted primary's clock may be behind the dead one's by less than
+//! the failover took (the bound `fresh_floor` in `namespace.lua` relies on): every check above
+//! holds through them.
+//!
 //! One file for one model: grants, sessions and allocs share the link's state (cut, at risk, a
 //! failover's losses) that every check reads, as `check.rs` keeps the embedded simulation's.
 //!
@@ -98,8 +103,10 @@ pub enum Step {
     /// The replica runs again and catches up.
     Heal,
     /// The primary dies; the replica (paused or not) is promoted, the daemon restarts on it, and a
-    /// new replica of it starts.
-    Failover,
+    /// new replica of it starts. The promoted primary's clock reads `behind_ms` less than the dead
+    /// one's would (another host's clock), less than the failover took: the bound within which
+    /// fencing numbers are promised never to go back (`fresh_floor` in `namespace.lua`).
+    Failover { behind_ms: u16 },
     /// The daemon restarts on the same primary.
     Restart,
     /// `POST /v1/sessions`: a session of `client`, with a lease of `ttl_ms`.
@@ -137,6 +144,12 @@ pub enum Step {
     /// client asks for: the call is made, and its client learns nothing of how it went (as a
     /// `503 store_outcome_unknown`, which it must handle anyway).
     LoseAnswer,
+    /// The daemon's wall clock jumps by `ms` (back when negative; an operator, NTP); its
+    /// monotonic clock and Redis's do not move. Redis's clock decides every lease.
+    WallJump { ms: i32 },
+    /// Redis's clock steps forward by `ms` (NTP on its host), the daemon's clocks do not: leases
+    /// due by Redis's new time lapse, and the daemon learns the new time from its next call.
+    RedisJump { ms: u32 },
 }
 
 /// The plan of `seed`: `steps` steps of grants, time and the link, with the pool's steps, the
@@ -149,10 +162,19 @@ pub fn draw(seed: u64, steps: usize) -> Vec<Step> {
     let mut apps = StdRng::seed_from_u64(seed ^ 0x6170_7073);
     let mut waits = StdRng::seed_from_u64(seed ^ 0x7761_6974);
     let mut losses = StdRng::seed_from_u64(seed ^ 0x6c6f_7374);
+    let mut clocks = StdRng::seed_from_u64(seed ^ 0x636c_636b);
     let mut plan = Vec::with_capacity(steps * 2);
-    for step in draw_quotas(seed, steps) {
+    for mut step in draw_quotas(seed, steps) {
         if losses.gen_range(0..12) == 0 {
             plan.push(Step::LoseAnswer);
+        }
+        match clocks.gen_range(0..30) {
+            0 => plan.push(Step::WallJump { ms: clocks.gen_range(-3_600_000..=3_600_000) }),
+            1 => plan.push(Step::RedisJump { ms: clocks.gen_range(1..=20) * 500 }),
+            _ => {}
+        }
+        if let Step::Failover { behind_ms } = &mut step {
+            *behind_ms = clocks.gen_range(0..FAILOVER_MS as u16);
         }
         if waits.gen_range(0..5) == 0 {
             let (client, token) = (waits.gen_range(0..CLIENTS), waits.gen_range(0..TOKENS));
@@ -216,7 +238,7 @@ fn draw_quotas(seed: u64, steps: usize) -> Vec<Step> {
                 70..84 => Step::Advance { ms: rng.gen_range(1..=4) * 500 },
                 84..89 => Step::Cut,
                 89..94 => Step::Heal,
-                94..98 => Step::Failover,
+                94..98 => Step::Failover { behind_ms: 0 },
                 _ => Step::Restart,
             }
         })
@@ -667,7 +689,7 @@ impl Sim {
                 }
                 "healed, the replica caught up".into()
             }
-            Step::Failover => {
+            Step::Failover { behind_ms } => {
                 let lossy = self.pair.cut.is_some();
                 if !lossy {
                     caught_up(&self.pair.primary, &self.pair.replica).await;
@@ -680,7 +702,8 @@ impl Sim {
                     signal(&pid, "-CONT");
                 }
                 // The replica is promoted; a new server becomes its replica; the dead primary goes.
-                self.now += FAILOVER_MS;
+                // Its clock reads less than the dead one's would by `behind_ms`.
+                self.now += FAILOVER_MS - u64::from(behind_ms.min(FAILOVER_MS as u16 - 1));
                 self.clock.advance(FAILOVER_MS);
                 let promoted = std::mem::replace(&mut self.pair.replica, RedisServer::start());
                 promoted.cli(&["REPLICAOF", "NO", "ONE"]);
@@ -694,7 +717,7 @@ impl Sim {
                         grip.known = Known::InDoubt;
                     }
                 }
-                // The promoted primary's clock has moved on by the failover's time.
+                // The promoted primary's clock has moved on by the failover's time, less its lag.
                 self.open().await;
                 self.leases_lapse();
                 if lossy {
@@ -785,6 +808,18 @@ impl Sim {
             Step::LoseAnswer => {
                 self.lose_next_answer.store(true, Ordering::Relaxed);
                 "the next change's answer will be lost".to_owned()
+            }
+            Step::WallJump { ms } => {
+                self.clock.jump_wall(i64::from(ms));
+                "the daemon's wall clock jumped".to_owned()
+            }
+            Step::RedisJump { ms } => {
+                self.now += u64::from(ms);
+                let now = self.now;
+                let daemon = self.daemon.as_mut().expect("the daemon runs between steps");
+                daemon.clock.set(&daemon.store, now).await;
+                self.leases_lapse();
+                format!("Redis's clock jumped to {now}")
             }
         })
     }
@@ -1410,7 +1445,7 @@ mod tests {
         assert_eq!(draw(3, 50), draw(3, 50));
         assert_ne!(draw(3, 50), draw(4, 50));
         let plan = draw(11, 400);
-        assert!(plan.iter().any(|step| matches!(step, Step::Failover)), "failovers are drawn");
+        assert!(plan.iter().any(|step| matches!(step, Step::Failover { .. })), "failovers are drawn");
         assert!(plan.iter().any(|step| matches!(step, Step::Cut)), "cuts are drawn");
         assert!(plan.iter().any(|step| matches!(step, Step::Accept { .. })), "accepts are drawn");
         assert!(plan.iter().any(|step| matches!(step, Step::SessionGrant { .. })), "grants in sessions are drawn");
@@ -1418,6 +1453,12 @@ mod tests {
         assert!(plan.iter().any(|step| matches!(step, Step::Schedule)), "the daemon schedules");
         assert!(plan.iter().any(|step| matches!(step, Step::WaitGrant { .. })), "calls wait");
         assert!(plan.iter().any(|step| matches!(step, Step::LoseAnswer)), "answers are lost");
+        assert!(plan.iter().any(|step| matches!(step, Step::WallJump { .. })), "the daemon's clock jumps");
+        assert!(plan.iter().any(|step| matches!(step, Step::RedisJump { .. })), "Redis's clock jumps");
+        assert!(
+            plan.iter().any(|step| matches!(step, Step::Failover { behind_ms } if *behind_ms > 0)),
+            "a promoted primary's clock is behind"
+        );
         // The pool's steps go between the steps drawn before the pool joined, which stay as they were.
         let quotas: Vec<Step> = plan
             .into_iter()
@@ -1437,7 +1478,13 @@ mod tests {
                         | Step::WaitGrant { .. }
                         | Step::WaitRelease { .. }
                         | Step::LoseAnswer
+                        | Step::WallJump { .. }
+                        | Step::RedisJump { .. }
                 )
+            })
+            .map(|step| match step {
+                Step::Failover { .. } => Step::Failover { behind_ms: 0 },
+                step => step,
             })
             .collect();
         assert_eq!(quotas, draw_quotas(11, 400));

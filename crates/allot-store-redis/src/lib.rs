@@ -117,6 +117,12 @@ impl RedisStore {
         let sweeper = tokio::spawn(sweep::run_sweeper(inner.clone()));
         tracing::info!(urls = ?config.redacted_urls(), cluster = config.cluster, "redis store open");
         let store = RedisStore { inner, tasks: Mutex::new(vec![subscriber, sweeper, copier, reader]) };
+        // Every time this daemon decides by (the scheduler's timers, what is left of a lease) is
+        // Redis's: its own wall clock may be off by any amount.
+        while let Err(err) = store.read_redis_clock().await {
+            tracing::warn!(error = %err, "cannot read Redis's clock yet; retrying");
+            tokio::time::sleep(Duration::from_millis(500)).await;
+        }
         if let Err(err) = store.index_runs().await {
             tracing::warn!(error = %err, "cannot index the runs kept by an earlier version now; the next start will");
         }

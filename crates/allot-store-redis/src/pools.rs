@@ -137,7 +137,7 @@ pub(crate) fn rules(inner: &Inner) -> LeaseRules {
 }
 
 /// Remembers Redis's clock, so `Store::now` can relate allocs' times to now.
-fn saw_clock(inner: &Inner, now: u64) {
+pub(crate) fn saw_clock(inner: &Inner, now: u64) {
     *inner.redis_clock.lock().unwrap_or_else(|p| p.into_inner()) = Some((now, inner.time.monotonic_ms()));
 }
 

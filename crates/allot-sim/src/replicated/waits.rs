@@ -37,8 +37,11 @@ pub(super) struct Waiter {
     ns: u8,
     name: String,
     units: u64,
-    /// Until when it waits, on the simulation's clock.
+    /// Until when its call waits, on the daemon's monotonic clock (`Sim::clock`), which decides it.
     deadline: u64,
+    /// Until when it waits as Redis counts (on Redis's clock, `Sim::now`): the sweep drops a
+    /// waiter left behind from then on, and a grace.
+    redis_deadline: u64,
     /// It asked where a waiter left behind by its token still stood (`Sim::orphans`), and
     /// took that one's place in the queue.
     resumed: bool,
@@ -79,9 +82,10 @@ impl Sim {
                 // Its units may come any time from now: in doubt until its answer.
                 let at_risk = self.acknowledged_at_risk();
                 *self.model.grip(ns, &name) = Grip { known: Known::InDoubt, at_risk };
-                let deadline = self.now + u64::from(wait_ms);
+                let (deadline, redis_deadline) = (self.clock.now() + u64::from(wait_ms), self.now + u64::from(wait_ms));
                 let resumed = self.orphans.get(&(ns, name.clone())).is_some_and(|until| *until > self.now);
-                self.waiting.push(Waiter { ns, name, units: u64::from(units), deadline, resumed, call });
+                let units = u64::from(units);
+                self.waiting.push(Waiter { ns, name, units, deadline, redis_deadline, resumed, call });
                 return Ok("waiting".to_owned());
             }
             if started.elapsed() > ANSWER_WITHIN {
@@ -132,7 +136,7 @@ impl Sim {
                 tokio::time::sleep(Duration::from_millis(2)).await;
             }
             if !gone || self.pair.cut.is_some() {
-                self.orphans.insert((waiter.ns, waiter.name.clone()), waiter.deadline + ABANDONED_AFTER_MS);
+                self.orphans.insert((waiter.ns, waiter.name.clone()), waiter.redis_deadline + ABANDONED_AFTER_MS);
             }
             *self.model.grip(waiter.ns, &waiter.name) = Grip { known: Known::InDoubt, at_risk: false };
             let how = if gone { "left the queue" } else { "left behind in the queue" };
@@ -142,7 +146,7 @@ impl Sim {
     }
 
     /// Waits for the calls whose answer is decided (granted in Redis, or their wait run out on
-    /// the simulation's clock), in the order Redis granted them, and learns their answers.
+    /// the daemon's clock), in the order Redis granted them, and learns their answers.
     pub(super) async fn settle_waiters(&mut self) -> Result<(), Violation> {
         // A call that leaves the queue lets the waiters behind it in: until no more are decided.
         loop {
@@ -167,7 +171,7 @@ impl Sim {
             let list: GrantList = parse(&body)?;
             granted.extend(list.grants.into_iter().map(|grant| ((ns, grant.token), grant.fencing)));
         }
-        let now = self.now;
+        let now = self.clock.now();
         let waiting = std::mem::take(&mut self.waiting);
         let mut ahead: Vec<(u8, String)> = Vec::new();
         let mut decided = Vec::new();
@@ -205,7 +209,7 @@ impl Sim {
                 // Its leaving the queue (with units or not) may be lost by a failover (cut at no
                 // replica required), refused (cut at one), or never made (the call failed): a
                 // waiter left behind may be granted (again) until the sweep drops it.
-                self.orphans.insert((waiter.ns, waiter.name.clone()), waiter.deadline + ABANDONED_AFTER_MS);
+                self.orphans.insert((waiter.ns, waiter.name.clone()), waiter.redis_deadline + ABANDONED_AFTER_MS);
                 if !granted {
                     *self.model.grip(waiter.ns, &waiter.name) = Grip { known: Known::InDoubt, at_risk: false };
                 }

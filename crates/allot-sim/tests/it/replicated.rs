@@ -43,6 +43,7 @@ fn seeds_that_gave_a_fencing_number_twice() {
 #[test]
 fn a_replicated_seed_gives_the_same_history_twice() {
     // Seed 4 fails over losing writes, at no replica required; seed 5 at one.
+    let mut histories = Vec::new();
     for seed in [4, 5] {
         let plan = replicated::draw(seed, 120);
         let first = replicated::run(seed, &plan);
@@ -68,7 +69,13 @@ fn a_replicated_seed_gives_the_same_history_twice() {
             .any(|pair| pair[0].contains("LoseAnswer") && pair[1].ends_with(": 503 store_outcome_unknown"));
         assert!(lost, "seed {seed}: answers lost");
         assert_eq!(first.history, second.history, "seed {seed} ran twice");
+        histories.push(first.history);
     }
+    // The clocks jump apart: the daemon's wall clock, Redis's alone, a promoted primary's behind.
+    let lines = || histories.iter().flatten();
+    assert!(lines().any(|line| line.contains("the daemon's wall clock jumped")), "the daemon's clock jumps");
+    assert!(lines().any(|line| line.contains("Redis's clock jumped to")), "Redis's clock jumps");
+    assert!(lines().any(|line| line.contains("Failover { behind_ms: ") && !line.contains("behind_ms: 0 ")));
 }
 
 /// Seed 7592 (at 120 steps) failed the checker, not the store: a session closed while cut came
@@ -77,4 +84,13 @@ fn a_replicated_seed_gives_the_same_history_twice() {
 #[test]
 fn a_session_grant_brought_back_by_a_failover_ends_with_its_session() {
     seeds([7592], 120);
+}
+
+/// Seed 91 (at 120 steps) found a store bug once the clocks jumped apart: a daemon whose wall
+/// clock had jumped over an hour ahead restarted and forgot an application that had just ended,
+/// its scheduler's timers on the wall clock until its first pool call read Redis's
+/// (`apps_scheduler::a_daemon_whose_wall_clock_is_hours_ahead_keeps_an_ended_application_its_retention`).
+#[test]
+fn a_daemon_restarted_with_its_wall_clock_ahead_keeps_what_ended_by_redis_clock() {
+    seeds([91], 120);
 }

@@ -22,7 +22,8 @@ pub enum LeaseState {
 }
 
 impl RedisStore {
-    /// Takes the scheduler's lease for `holder`, or renews it; answers who holds it.
+    /// Takes the scheduler's lease for `holder`, or renews it; answers who holds it. Notes
+    /// Redis's clock, which the scheduler's timers read (`Store::now`).
     pub async fn acquire_sched_lease(&self, holder: &str, ttl: Duration) -> Result<LeaseState, StoreError> {
         let ttl_ms = ttl.as_millis().max(1).to_string();
         let mut reply =
@@ -31,11 +32,21 @@ impl RedisStore {
         let who = reply.text()?;
         let fencing = reply.uint()?;
         let ms = Duration::from_millis(reply.uint()?);
+        crate::pools::saw_clock(&self.inner, reply.uint()?);
         match kind.as_str() {
             "mine" => Ok(LeaseState::Mine { fencing, ttl: ms }),
             "held" => Ok(LeaseState::Held { holder: who, fencing, left: ms }),
             other => Err(corrupt(format!("lease answer `{other}`"))),
         }
+    }
+
+    /// Reads Redis's clock (the lease's primary's) and notes it, so that `Store::now` never
+    /// falls back to this daemon's wall clock once it has been read.
+    pub(crate) async fn read_redis_clock(&self) -> Result<(), StoreError> {
+        let mut reply = self.inner.eval(&self.inner.scripts.sched_lease, LEASE_KEY, &["clock", "", "0"], false).await?;
+        let (_kind, _holder, _fencing, _ms) = (reply.text()?, reply.text()?, reply.uint()?, reply.uint()?);
+        crate::pools::saw_clock(&self.inner, reply.uint()?);
+        Ok(())
     }
 
     /// Ends `holder`'s lease now, if it holds it (a clean shutdown hands the scheduling over).

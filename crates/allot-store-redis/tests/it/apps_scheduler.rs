@@ -216,3 +216,57 @@ async fn stepped_on_a_clock_it_is_given_the_scheduler_holds_its_lease_while_that
     first.shutdown().await;
     second.shutdown().await;
 }
+
+/// The scheduler's timers read Redis's clock from a daemon's start, never the daemon's own wall
+/// clock (found by `allot-sim --redis`, seed 91: a daemon whose wall clock had jumped more than
+/// an hour ahead restarted and forgot an application that had ended a moment before, its
+/// retention counted on the wall clock until the daemon's first pool call read Redis's).
+#[tokio::test]
+async fn a_daemon_whose_wall_clock_is_hours_ahead_keeps_an_ended_application_its_retention() {
+    use std::sync::Arc;
+
+    use allot_core::clock::{ManualClock, TimeSource};
+    use allot_store_redis::testing::{join_election, schedule_once, TestClock};
+
+    let server = RedisServer::start();
+    let clock = ManualClock::new();
+    // Redis's clock reads three hours behind the daemons' wall clock.
+    let start = clock.wall_ms() - 3 * 3_600_000;
+    let on_clock = |config: RedisConfig| config.with_time(Arc::new(clock.clone()));
+    let (first, mut redis_time) = TestClock::open_configured(&server, start, on_clock).await;
+    let pool = PoolName::new("p").unwrap();
+    first.put_pool(pool.clone(), "cpu=4".parse().unwrap()).await.unwrap();
+    let one = join_election(&first, "http://127.0.0.1:1");
+    schedule_once(&first, &one).await;
+    let (app, id) = (AppId::new("a").unwrap(), TaskId::new("t1").unwrap());
+    support::add_app(&first, "root.q", &app).await;
+    first.add_task(app.clone(), task_spec("t1", "cpu=1")).await.unwrap();
+    schedule_once(&first, &one).await;
+    first.finish_task(app.clone(), id.clone(), None).await.unwrap();
+    // It completes once its completing grace (30 s) has run on Redis's clock.
+    let ended = start + 31_000;
+    redis_time.set(&first, ended).await;
+    schedule_once(&first, &one).await;
+    schedule_once(&first, &one).await;
+    let state = first.app(app.clone()).await.unwrap().app.state;
+    assert!(state.is_terminal(), "its one task ended it: {state:?}");
+    first.shutdown().await;
+
+    // A daemon that starts (no pool call yet) schedules by Redis's clock: the application ended
+    // a moment ago, not three hours ago.
+    let (second, _) = TestClock::open_configured(&server, ended, on_clock).await;
+    let two = join_election(&second, "http://127.0.0.1:2");
+    schedule_once(&second, &two).await;
+    assert_eq!(second.apps_home(), AppsHome::Here);
+    schedule_once(&second, &two).await;
+    let kept = second.app(app.clone()).await;
+    assert!(kept.is_ok(), "an application ended a moment ago by Redis's clock was forgotten: {kept:?}");
+
+    // Its retention (an hour) runs on Redis's clock: past it, the application goes.
+    redis_time.set(&second, ended + 3_600_000 + 1_000).await;
+    schedule_once(&second, &two).await;
+    schedule_once(&second, &two).await;
+    let forgotten = second.app(app.clone()).await;
+    assert!(forgotten.is_err(), "past its retention on Redis's clock the application is forgotten: {forgotten:?}");
+    second.shutdown().await;
+}
