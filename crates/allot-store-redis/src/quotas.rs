@@ -120,6 +120,8 @@ impl QuotaStore for RedisStore {
         check_wait(wait)?;
         check_request(&request)?;
         let inner = &self.inner;
+        // The wait counts from the call, not from when its waiter was queued.
+        let deadline = inner.time.monotonic_ms().saturating_add(u64::try_from(wait.as_millis()).unwrap_or(u64::MAX));
         let key = prefix(&request.namespace);
         // A session's deadline comes from its own slot; the grant keeps a copy of it.
         let session_deadline = match request.lease {
@@ -146,7 +148,7 @@ impl QuotaStore for RedisStore {
             }
             "queued" => {
                 let wid = reply.uint()?;
-                wake::wait_for(inner, request.namespace, request.token, key, wid, wait).await
+                wake::wait_for(inner, request.namespace, request.token, key, wid, deadline).await
             }
             "err" => Err(reply::error(&request.namespace, Some(&request.token), &mut reply)?),
             other => Err(corrupt(format!("allocate reply `{other}`"))),
@@ -431,8 +433,15 @@ mod tests {
         crate::sweep::sweep(&store.inner, std::slice::from_ref(&name), &[]).await;
 
         let token = Token::new("first").unwrap();
-        let answer =
-            wake::wait_for(&store.inner, name.clone(), token, prefix(&name), first, Duration::from_secs(5)).await;
+        let answer = wake::wait_for(
+            &store.inner,
+            name.clone(),
+            token,
+            prefix(&name),
+            first,
+            store.inner.time.monotonic_ms() + 5_000,
+        )
+        .await;
         assert!(
             matches!(&answer, Err(StoreError::Quotas(LedgerError::NamespaceNotFound(n))) if *n == name),
             "the waiter is told its namespace is gone: {answer:?}"

@@ -34,19 +34,18 @@ pub(crate) const STREAM_CHANNEL: &str = "allot:feed";
 /// Where a copier says the log has new events.
 pub(crate) const LOG_CHANNEL: &str = "allot:feed:log";
 
-/// Waits up to `wait` for the answer of waiter `wid` (queued by an allocate in the namespace of
-/// prefix `key`): woken by a message on the channel, or every `wake_poll`. When the wait
-/// ends, the waiter leaves the queue, or its answer that came meanwhile is taken.
+/// Waits until `deadline` (the daemon's monotonic clock, `RedisConfig::time`, looked at on every
+/// wake-up) for the answer of waiter `wid` (queued by an allocate in the namespace of prefix
+/// `key`): woken by a message on the channel, or every `wake_poll`. When the wait ends, the
+/// waiter leaves the queue, or its answer that came meanwhile is taken.
 pub(crate) async fn wait_for(
     inner: &Arc<Inner>,
     namespace: NamespaceName,
     token: Token,
     key: String,
     wid: u64,
-    wait: Duration,
+    deadline: allot_core::Millis,
 ) -> Result<Allocation, StoreError> {
-    // The wait ends by the daemon's clock (`RedisConfig::time`), looked at on every wake-up.
-    let deadline = inner.time.monotonic_ms().saturating_add(u64::try_from(wait.as_millis()).unwrap_or(u64::MAX));
     let notify = Arc::new(Notify::new());
     inner.waits.lock().unwrap_or_else(|p| p.into_inner()).insert((key.clone(), wid), notify.clone());
     inner.wait_started.notify_one();

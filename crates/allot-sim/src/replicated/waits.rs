@@ -70,6 +70,8 @@ impl Sim {
         }
         let path = format!("/v1/namespaces/{}/grants/{name}", namespace(ns));
         let body = serde_json::json!({ "units": units, "ttl_ms": 6_000, "wait_ms": wait_ms });
+        // The daemon counts the wait from the call (`RedisStore::allocate`), as the harness does.
+        let (deadline, redis_deadline) = (self.clock.now() + u64::from(wait_ms), self.now + u64::from(wait_ms));
         let call = tokio::spawn(super::ask(self.daemon().api.clone(), Method::PUT, path, Some(body)));
         // Answered at once, or queued: Redis says which (nothing else runs meanwhile).
         let started = tokio::time::Instant::now();
@@ -82,7 +84,6 @@ impl Sim {
                 // Its units may come any time from now: in doubt until its answer.
                 let at_risk = self.acknowledged_at_risk();
                 *self.model.grip(ns, &name) = Grip { known: Known::InDoubt, at_risk };
-                let (deadline, redis_deadline) = (self.clock.now() + u64::from(wait_ms), self.now + u64::from(wait_ms));
                 let resumed = self.orphans.get(&(ns, name.clone())).is_some_and(|until| *until > self.now);
                 let units = u64::from(units);
                 self.waiting.push(Waiter { ns, name, units, deadline, redis_deadline, resumed, call });
