@@ -22,17 +22,10 @@ pub enum LeaseState {
 }
 
 impl RedisStore {
-    /// Takes the scheduler's lease for `holder`, or renews it; answers who holds it. Notes
-    /// Redis's clock, which the scheduler's timers read (`Store::now`).
+    /// Takes the scheduler's lease for `holder`, or renews it; answers who holds it.
     pub async fn acquire_sched_lease(&self, holder: &str, ttl: Duration) -> Result<LeaseState, StoreError> {
         let ttl_ms = ttl.as_millis().max(1).to_string();
-        let mut reply =
-            self.inner.eval(&self.inner.scripts.sched_lease, LEASE_KEY, &["acquire", holder, &ttl_ms], true).await?;
-        let kind = reply.text()?;
-        let who = reply.text()?;
-        let fencing = reply.uint()?;
-        let ms = Duration::from_millis(reply.uint()?);
-        crate::pools::saw_clock(&self.inner, reply.uint()?);
+        let (kind, who, fencing, ms) = self.lease_call(&["acquire", holder, &ttl_ms], true).await?;
         match kind.as_str() {
             "mine" => Ok(LeaseState::Mine { fencing, ttl: ms }),
             "held" => Ok(LeaseState::Held { holder: who, fencing, left: ms }),
@@ -40,18 +33,23 @@ impl RedisStore {
         }
     }
 
-    /// Reads Redis's clock (the lease's primary's) and notes it, so that `Store::now` never
-    /// falls back to this daemon's wall clock once it has been read.
+    /// Reads Redis's clock (the lease's primary's), changing nothing: a daemon that opens, so
+    /// that `Store::now` never falls back to its own wall clock.
     pub(crate) async fn read_redis_clock(&self) -> Result<(), StoreError> {
-        let mut reply = self.inner.eval(&self.inner.scripts.sched_lease, LEASE_KEY, &["clock", "", "0"], false).await?;
-        let (_kind, _holder, _fencing, _ms) = (reply.text()?, reply.text()?, reply.uint()?, reply.uint()?);
-        crate::pools::saw_clock(&self.inner, reply.uint()?);
-        Ok(())
+        self.lease_call(&["clock", "", "0"], false).await.map(drop)
     }
 
     /// Ends `holder`'s lease now, if it holds it (a clean shutdown hands the scheduling over).
     pub async fn release_sched_lease(&self, holder: &str) -> Result<(), StoreError> {
-        self.inner.eval(&self.inner.scripts.sched_lease, LEASE_KEY, &["release", holder, "0"], true).await?;
-        Ok(())
+        self.lease_call(&["release", holder, "0"], true).await.map(drop)
+    }
+
+    /// Calls the lease function: its answer's kind, holder, fencing number and time. Every
+    /// answer ends with Redis's clock, noted here: the scheduler's timers read it (`Store::now`).
+    async fn lease_call(&self, args: &[&str], mutating: bool) -> Result<(String, String, u64, Duration), StoreError> {
+        let mut reply = self.inner.eval(&self.inner.scripts.sched_lease, LEASE_KEY, args, mutating).await?;
+        let answer = (reply.text()?, reply.text()?, reply.uint()?, Duration::from_millis(reply.uint()?));
+        crate::pools::saw_clock(&self.inner, reply.uint()?);
+        Ok(answer)
     }
 }
