@@ -3,6 +3,7 @@
 //! Redis, one daemon serves the applications part; see `allot_store::AppsHome`).
 
 use std::collections::{HashMap, HashSet};
+use std::future::Future;
 use std::sync::{Arc, Mutex};
 
 use allot_api::ErrorCode;
@@ -273,12 +274,15 @@ impl AppsAccess {
     }
 
     /// What a run needs of its application (default if it is gone).
+    ///
+    /// Here and below, a call to another daemon is boxed: its HTTP future is kilobytes, and
+    /// unboxed it would be part of every run's driver, thousands of which wait at once.
     pub(crate) async fn app_meta(&self, app: &AppId) -> Result<AppMeta, StoreError> {
         let found: Result<AppMeta, Refusal> = match self.home()? {
             Home::Here => {
                 self.store.app(app.clone()).await.map_err(Refusal::from).map(|info| AppMeta::of(&info.app.spec))
             }
-            Home::At(client) => match client.app(app.as_str()).await {
+            Home::At(client) => match Box::pin(client.app(app.as_str())).await {
                 Ok(wire) => Ok(AppMeta {
                     queue: wire.queue,
                     user: wire.user,
@@ -299,7 +303,9 @@ impl AppsAccess {
     pub(crate) async fn start(&self, app: &AppId, task: &TaskId) -> Result<Reported, StoreError> {
         let done: Result<(), Refusal> = match self.home()? {
             Home::Here => self.store.start_task(app.clone(), task.clone()).await.map(|_| ()).map_err(Refusal::from),
-            Home::At(client) => client.start_task(app.as_str(), task.as_str()).await.map(|_| ()).map_err(Refusal::from),
+            Home::At(client) => {
+                Box::pin(client.start_task(app.as_str(), task.as_str())).await.map(|_| ()).map_err(Refusal::from)
+            }
         };
         reported(done)
     }
@@ -308,14 +314,15 @@ impl AppsAccess {
     /// went meanwhile), with its `run` as it ended stored first (in the same commit where the
     /// store keeps both). Reports made while one is being sent go together in the next call
     /// (one commit for them all, and over HTTP one request), so a busy executor reports in
-    /// batches without waiting for a batch to fill.
-    pub(crate) async fn finish(
+    /// batches without waiting for a batch to fill. The report is queued when this is called;
+    /// what it returns holds only the wait for its answer (thousands of runs wait at once).
+    pub(crate) fn finish(
         self: &Arc<Self>,
         app: &AppId,
         task: &TaskId,
         ending: TaskEnding,
         run: Option<Run>,
-    ) -> Result<Reported, StoreError> {
+    ) -> impl Future<Output = Result<Reported, StoreError>> + Send + 'static {
         let (answer, answered) = oneshot::channel();
         let send = {
             let mut ends = self.ends.lock().unwrap_or_else(|p| p.into_inner());
@@ -326,10 +333,12 @@ impl AppsAccess {
             // Its own task: the reports of others do not depend on this caller staying.
             tokio::spawn(self.clone().send_ends());
         }
-        let done = answered
-            .await
-            .unwrap_or_else(|_| Err(Refusal::Failed(StoreError::Unavailable("the report was not sent".into()))));
-        reported(done)
+        async move {
+            let done = answered
+                .await
+                .unwrap_or_else(|_| Err(Refusal::Failed(StoreError::Unavailable("the report was not sent".into()))));
+            reported(done)
+        }
     }
 
     /// Sends the pending reports, a batch at a time, until none is left.
@@ -387,7 +396,7 @@ impl AppsAccess {
                         },
                     })
                     .collect();
-                let answers = client.finish_tasks(wire).await.map_err(|e| Refusal::from(e).into_error())?;
+                let answers = Box::pin(client.finish_tasks(wire)).await.map_err(|e| Refusal::from(e).into_error())?;
                 Ok(answers
                     .into_iter()
                     .map(|answer| match answer.error {
@@ -408,13 +417,13 @@ impl AppsAccess {
             Home::Here => found = self.store.placed_on(pools).await?,
             Home::At(client) => {
                 let refused = |e: allot_client::ClientError| Refusal::from(e).into_error();
-                for app in client.apps().await.map_err(refused)?.apps {
+                for app in Box::pin(client.apps()).await.map_err(refused)?.apps {
                     let placed = ["Allocated", "Running"].iter().map(|s| app.tasks.get(*s).copied().unwrap_or(0));
                     if placed.sum::<u64>() == 0 {
                         continue;
                     }
                     let Ok(id) = AppId::new(&app.id) else { continue };
-                    for task in client.tasks(&app.id).await.map_err(refused)?.tasks {
+                    for task in Box::pin(client.tasks(&app.id)).await.map_err(refused)?.tasks {
                         if from_wire(&task)?.placed_on(pools) {
                             if let Ok(task_id) = TaskId::new(&task.id) {
                                 found.push((id.clone(), task_id));

@@ -24,6 +24,7 @@
 //! is listed every [`ExecutorConfig::scan_without_feed`].
 
 use std::collections::{HashMap, HashSet};
+use std::future::Future;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
@@ -132,6 +133,18 @@ struct Driven {
 }
 
 type Active = Arc<Mutex<HashMap<RunKey, Arc<Driven>>>>;
+
+/// Where a driver starts ([`Executor::begin`]).
+struct Begun {
+    run: Run,
+    /// The task as last read (`None`: gone).
+    last: Option<PlacedTask>,
+    /// The plugin of the run's task (none for a task gone, or one no plugin here runs).
+    plugin: Option<Arc<dyn Plugin>>,
+    /// Resumed from what the store kept (after a crash, or an error): a round whose run could
+    /// not be stored may have taken tokens the kept run does not list.
+    resumed: bool,
+}
 
 /// The parallelism of the applications whose tasks this executor runs: a semaphore per
 /// application with a `max_parallelism`, whose permits the runs past waiting to begin hold
@@ -694,20 +707,16 @@ impl Executor {
         }
     }
 
-    async fn drive_until_done(
-        &self,
-        key: &RunKey,
-        driven: &Driven,
-        shutdown: &mut watch::Receiver<bool>,
-    ) -> Result<(), StoreError> {
-        let store = &*self.store;
-        let stored = store.run(key.app.clone(), key.task.clone()).await?;
+    /// The run a driver starts from, with the task as last read and its plugin; `None` if there
+    /// is nothing to drive (the task is gone, or not placed here, and no run is kept).
+    async fn begin(&self, key: &RunKey, driven: &Driven) -> Result<Option<Begun>, StoreError> {
+        let stored = self.store.run(key.app.clone(), key.task.clone()).await?;
         // Every time it was found placed here before is in what it reads now.
         driven.found_again.store(false, Ordering::SeqCst);
         // The task as last read: a task removed from outside is still aborted and finalized by
         // its plugin, which needs its spec. Only a reading of the task this run belongs to.
         let placed = driven.placed.lock().unwrap_or_else(|p| p.into_inner()).take();
-        let mut last: Option<PlacedTask> = match placed {
+        let last: Option<PlacedTask> = match placed {
             Some(task) if stored.as_ref().is_some_and(|run| run.belongs_to(task.seq)) => Some(task),
             // A change from the feed may be old (the feed runs behind the store under load):
             // the task may have run, ended and gone since. A run starts from the task as it is.
@@ -718,11 +727,11 @@ impl Executor {
         let resumed = stored.is_some();
         // The plugin of the run's task (none for a task gone, or one no plugin here runs).
         let plugin = last.as_ref().and_then(|task| self.plugin_for(task).ok().map(|(_, plugin)| plugin));
-        let mut run = match (stored, &last) {
+        let run = match (stored, &last) {
             // Gone before it was run: nothing to do.
-            (None, None) => return Ok(()),
+            (None, None) => return Ok(None),
             // Not (or no longer) placed here: nothing to start.
-            (None, Some(task)) if !task.placed_on(&self.config.pools) => return Ok(()),
+            (None, Some(task)) if !task.placed_on(&self.config.pools) => return Ok(None),
             (Some(mut run), Some(task)) if run.belongs_to(task.seq) => {
                 // A run kept before runs were numbered is its task's from now on.
                 run.task_seq = Some(task.seq);
@@ -732,8 +741,25 @@ impl Executor {
             (Some(run), None) => run,
             (stale, Some(task)) => {
                 let store_first = plugin.as_ref().is_none_or(|plugin| plugin.properties().acts_outside);
-                self.fresh_run(key, task, stale, store_first).await?
+                Box::pin(self.fresh_run(key, task, stale, store_first)).await?
             }
+        };
+        Ok(Some(Begun { run, last, plugin, resumed }))
+    }
+
+    async fn drive_until_done(
+        &self,
+        key: &RunKey,
+        driven: &Driven,
+        shutdown: &mut watch::Receiver<bool>,
+    ) -> Result<(), StoreError> {
+        let store = &*self.store;
+        // A driver is spawned for every placed run and thousands wait at once (for their reports'
+        // commit, say): its future's size is their memory. So its first readings and its larger
+        // steps (a round, an attempt's end) are boxed, each allocated only while it runs, and a
+        // report's wait holds nothing of the report.
+        let Some(Begun { mut run, mut last, plugin, resumed }) = Box::pin(self.begin(key, driven)).await? else {
+            return Ok(());
         };
         // A run found already ended (a list or a late change found its task after the driver
         // that ended it let go): it is reported again, but its ending was counted then.
@@ -802,7 +828,8 @@ impl Executor {
                 if run.alloc.is_some() && t.preempting.is_none() && t.preemptions > run.preemptions() {
                     let reason = t.preempted_for.as_deref().unwrap_or(PREEMPTED_WITHOUT_ITS_EXECUTOR);
                     if let Next::EndAttempt { abort } = run.preempted(reason, self.policy_of(t), self.now_ms()) {
-                        self.end_attempt(key, &meta, last.as_ref(), &mut run, abort, Keep::Run, resumed).await?;
+                        Box::pin(self.end_attempt(key, &meta, last.as_ref(), &mut run, abort, Keep::Run, resumed))
+                            .await?;
                         self.stats.preempted.fetch_add(1, Ordering::Relaxed);
                         tracing::info!(run = %key, "preempted before its attempt ended: ended here now");
                     }
@@ -872,7 +899,7 @@ impl Executor {
                         }
                     }
                     let before = (run.phase, run.version);
-                    self.round(key, &meta, &task, &mut run).await?;
+                    Box::pin(self.round(key, &meta, &task, &mut run)).await?;
                     // Reported running once a round leaves it running: a task whose first round
                     // ends it goes from Allocated to its end in one report.
                     if task.state == TaskState::Allocated && run.next() == Next::Handle {
@@ -907,7 +934,8 @@ impl Executor {
                         (false, true) => Keep::Run,
                         (false, false) => Keep::WithReport,
                     };
-                    unsaved = self.end_attempt(key, &meta, last.as_ref(), &mut run, abort, keep, resumed).await?;
+                    unsaved =
+                        Box::pin(self.end_attempt(key, &meta, last.as_ref(), &mut run, abort, keep, resumed)).await?;
                     if preempted && run.next() == Next::Handle {
                         self.stats.preempted.fetch_add(1, Ordering::Relaxed);
                         return self.report(key, allot_core::apps::TaskEnding::Preempted, None).await;
@@ -938,9 +966,8 @@ impl Executor {
                             Ending::Failed(error) => Some(error.to_string()),
                             Ending::Aborted(reason) => Some(format!("aborted: {reason}")),
                         };
-                        return self
-                            .report(key, allot_core::apps::TaskEnding::of(failed), unsaved.then_some(run))
-                            .await;
+                        let ending = allot_core::apps::TaskEnding::of(failed);
+                        return self.report(key, ending, unsaved.then_some(run)).await;
                     }
                     if unsaved {
                         self.store.put_run(key.app.clone(), key.task.clone(), run).await?;
@@ -996,16 +1023,20 @@ impl Executor {
     }
 
     /// Tells the scheduler how the task's attempt ended. A task gone meanwhile (its application
-    /// removed) takes its run with it: nothing else would remove it.
-    async fn report(
-        &self,
-        key: &RunKey,
+    /// removed) takes its run with it: nothing else would remove it. The report is queued when
+    /// this is called (the future keeps no copy of the run while it waits).
+    fn report<'a>(
+        &'a self,
+        key: &'a RunKey,
         ending: allot_core::apps::TaskEnding,
         run: Option<Run>,
-    ) -> Result<(), StoreError> {
-        match self.apps.finish(&key.app, &key.task, ending, run).await? {
-            Reported::Heard => Ok(()),
-            Reported::Gone => self.forget_run(key).await,
+    ) -> impl Future<Output = Result<(), StoreError>> + Send + 'a {
+        let answered = self.apps.finish(&key.app, &key.task, ending, run);
+        async move {
+            match answered.await? {
+                Reported::Heard => Ok(()),
+                Reported::Gone => self.forget_run(key).await,
+            }
         }
     }
 
