@@ -515,14 +515,14 @@ fn index_end(
     leases: &mut BTreeSet<(Millis, PoolName, AllocId)>,
     endings: &mut BTreeSet<(Millis, PoolName, AllocId)>,
     name: &PoolName,
-    ended: &EndedAlloc,
+    ended: EndedAlloc,
     dropped: Option<EndedAlloc>,
     changes: &mut Vec<PoolChange>,
 ) {
     let id = ended.alloc.id;
     leases.remove(&(ended.alloc.expires, name.clone(), id));
     endings.insert((ended.ended_at, name.clone(), id));
-    changes.push(PoolChange::AllocEnded(ended.clone()));
+    changes.push(PoolChange::AllocEnded(ended));
     if let Some(dropped) = dropped {
         endings.remove(&(dropped.ended_at, name.clone(), dropped.alloc.id));
         changes.push(PoolChange::EndedDropped { pool: name.clone(), id: dropped.alloc.id });
@@ -853,7 +853,7 @@ impl Pools {
         let mut changes = Vec::with_capacity(victims.len() + 1);
         for victim in victims {
             if let Some((ended, dropped)) = pool.end(victim, EndReason::Reclaimed, now) {
-                index_end(leases, endings, name, &ended, dropped, &mut changes);
+                index_end(leases, endings, name, ended, dropped, &mut changes);
             }
         }
         pool.stats.accepted += 1;
@@ -940,9 +940,11 @@ impl Pools {
             Some(_) => {}
         }
         let mut changes = Vec::new();
-        let ended = self
-            .end_alloc(name, id, EndReason::Freed, now, &mut changes)
-            .ok_or_else(|| PoolError::AllocNotFound { pool: name.clone(), id })?;
+        if !self.end_alloc(name, id, EndReason::Freed, now, &mut changes) {
+            return Err(PoolError::AllocNotFound { pool: name.clone(), id });
+        }
+        let ended = self.pools.get(name).and_then(|pool| pool.ended.get(&id)).cloned();
+        let ended = ended.ok_or_else(|| PoolError::AllocNotFound { pool: name.clone(), id })?;
         Ok((ended, changes))
     }
 
@@ -1057,7 +1059,7 @@ impl Pools {
         let mut changes = Vec::new();
         for id in ids {
             if let Some((ended, dropped)) = pool.end(id, EndReason::PoolStopped, now) {
-                index_end(leases, endings, name, &ended, dropped, &mut changes);
+                index_end(leases, endings, name, ended, dropped, &mut changes);
             }
         }
         pool.stopped = true;
@@ -1171,7 +1173,7 @@ impl Pools {
         Ok(restored)
     }
 
-    /// Ends live alloc `id` of pool `name`; `None`, and nothing changes, if there is none.
+    /// Ends live alloc `id` of pool `name`; false, and nothing changes, if there is none.
     fn end_alloc(
         &mut self,
         name: &PoolName,
@@ -1179,10 +1181,12 @@ impl Pools {
         reason: EndReason,
         now: Millis,
         changes: &mut Vec<PoolChange>,
-    ) -> Option<EndedAlloc> {
-        let (ended, dropped) = self.pools.get_mut(name)?.end(id, reason, now)?;
-        index_end(&mut self.leases, &mut self.endings, name, &ended, dropped, changes);
-        Some(ended)
+    ) -> bool {
+        let Some((ended, dropped)) = self.pools.get_mut(name).and_then(|pool| pool.end(id, reason, now)) else {
+            return false;
+        };
+        index_end(&mut self.leases, &mut self.endings, name, ended, dropped, changes);
+        true
     }
 
     /// Checks the invariants in the module docs; for tests.
