@@ -136,10 +136,22 @@ pub(crate) fn rules(inner: &Inner) -> LeaseRules {
     *inner.pool_rules.lock().unwrap_or_else(|p| p.into_inner())
 }
 
-/// Remembers Redis's clock, so `Store::now` can relate allocs' times to now.
+/// Remembers Redis's clock, so `Store::now` can relate allocs' times to now. The estimate does
+/// not step back by less than [`CLOCK_STEP_FOLLOWED_MS`]: a reply read after a later one (two
+/// connections, a slow thread) tells an older time, and a time told just after a change must not
+/// put that change in the future. A larger step back is Redis's clock being set, and followed.
 pub(crate) fn saw_clock(inner: &Inner, now: u64) {
-    *inner.redis_clock.lock().unwrap_or_else(|p| p.into_inner()) = Some((now, inner.time.monotonic_ms()));
+    let mono = inner.time.monotonic_ms();
+    let mut clock = inner.redis_clock.lock().unwrap_or_else(|p| p.into_inner());
+    let estimate = clock.map(|(at, seen)| at + mono.saturating_sub(seen));
+    let raced = estimate.is_some_and(|estimate| now < estimate && estimate - now < CLOCK_STEP_FOLLOWED_MS);
+    if !raced {
+        *clock = Some((now, mono));
+    }
 }
+
+/// How far back Redis's clock must step for the estimate of it to follow.
+const CLOCK_STEP_FOLLOWED_MS: u64 = 1_000;
 
 pub(crate) fn now(inner: &Inner) -> Millis {
     match *inner.redis_clock.lock().unwrap_or_else(|p| p.into_inner()) {
@@ -584,6 +596,7 @@ impl PoolStore for RedisStore {
         };
         let (_, mut reply) = call(&self.inner, &name, &["cordon", order, &grace.to_string()], true).await?;
         let view = view_of(&name, &mut reply)?;
+        saw_clock(&self.inner, reply.uint()?);
         wake::nudge_scheduler(&self.inner).await;
         Ok(view)
     }

@@ -250,7 +250,10 @@ elseif op == 'cordon' then
     end
   end
   emit_pool()
-  return view()
+  -- Redis's clock follows the view, so the answer's times are told against it.
+  local v = view()
+  v[#v + 1] = now
+  return v
 elseif op == 'offer' then
   if redis.call('HGET', K_POOL, 'stopped') == '1' or cordoned() then return { 'offer', '' } end
   return { 'offer', format(sub(sub(usable(), held(load_allocs(), true)), spared())) }
