@@ -136,17 +136,29 @@ pub(crate) fn rules(inner: &Inner) -> LeaseRules {
     *inner.pool_rules.lock().unwrap_or_else(|p| p.into_inner())
 }
 
-/// Remembers Redis's clock, so `Store::now` can relate allocs' times to now. The estimate does
-/// not step back by less than [`CLOCK_STEP_FOLLOWED_MS`]: a reply read after a later one (two
-/// connections, a slow thread) tells an older time, and a time told just after a change must not
-/// put that change in the future. A larger step back is Redis's clock being set, and followed.
+/// Remembers Redis's clock, so `Store::now` can relate allocs' times to now.
 pub(crate) fn saw_clock(inner: &Inner, now: u64) {
     let mono = inner.time.monotonic_ms();
     let mut clock = inner.redis_clock.lock().unwrap_or_else(|p| p.into_inner());
-    let estimate = clock.map(|(at, seen)| at + mono.saturating_sub(seen));
-    let raced = estimate.is_some_and(|estimate| now < estimate && estimate - now < CLOCK_STEP_FOLLOWED_MS);
-    if !raced {
-        *clock = Some((now, mono));
+    *clock = Some(estimate_told(*clock, now, mono));
+}
+
+/// The estimate of Redis's clock, `(told, seen)` (a time Redis told, and the daemon's monotonic
+/// clock when it was read), after a reply read at `mono` told `now`. It does not step back by
+/// less than [`CLOCK_STEP_FOLLOWED_MS`]: a reply read after a later one (two connections, a slow
+/// thread) tells an older time, and a time told just after a change must not put that change in
+/// the future. A larger step back is Redis's clock being set, and is followed.
+fn estimate_told(estimate: Option<(u64, Millis)>, now: u64, mono: Millis) -> (u64, Millis) {
+    match estimate {
+        Some((told, seen)) => {
+            let current = told + mono.saturating_sub(seen);
+            if now < current && current - now < CLOCK_STEP_FOLLOWED_MS {
+                (told, seen)
+            } else {
+                (now, mono)
+            }
+        }
+        None => (now, mono),
     }
 }
 
@@ -155,7 +167,7 @@ const CLOCK_STEP_FOLLOWED_MS: u64 = 1_000;
 
 pub(crate) fn now(inner: &Inner) -> Millis {
     match *inner.redis_clock.lock().unwrap_or_else(|p| p.into_inner()) {
-        Some((at, seen)) => at + inner.time.monotonic_ms().saturating_sub(seen),
+        Some((told, seen)) => told + inner.time.monotonic_ms().saturating_sub(seen),
         None => inner.time.wall_ms(),
     }
 }
@@ -648,6 +660,23 @@ impl RedisStore {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_estimate_of_redis_clock_never_steps_back_for_a_late_reply_but_follows_a_clock_set_back() {
+        let now = |(told, seen): (u64, Millis), mono: Millis| told + (mono - seen);
+        let first = estimate_told(None, 100_000, 50);
+        assert_eq!(now(first, 53), 100_003);
+        // A reply read at 53 that told 100,001 (sent before the last one was answered): kept.
+        let raced = estimate_told(Some(first), 100_001, 53);
+        assert_eq!(now(raced, 53), 100_003);
+        // A reply that tells a later time than the estimate moves it on (the estimate lags by
+        // the flight of the reply it came from).
+        let later = estimate_told(Some(raced), 100_010, 55);
+        assert_eq!(now(later, 55), 100_010);
+        // Redis's clock set back by a minute: followed.
+        let set_back = estimate_told(Some(later), 40_010, 56);
+        assert_eq!(now(set_back, 56), 40_010);
+    }
 
     #[test]
     fn resources_travel_exactly() {
