@@ -36,6 +36,8 @@ pub enum LogEvent {
     SyncStart { segment: u64 },
     /// Segment `segment` is created (a checkpoint starts the next one).
     Created { segment: u64 },
+    /// A spare segment is ready, made ahead ([`LogFiles::prepare_spare`]).
+    SpareMade,
     /// A sync of `segment` ended: the segment's first `covers` appends, written before it started,
     /// are durable.
     SyncEnd { segment: u64, covers: u64 },
@@ -132,6 +134,13 @@ impl LogFiles for FlakyLog {
 
     fn read(&self, number: u64) -> std::io::Result<memmap2::Mmap> {
         self.inner.read(number)
+    }
+
+    fn prepare_spare(&self, bytes: u64) -> std::io::Result<()> {
+        full_disk(&self.faults)?;
+        self.inner.prepare_spare(bytes)?;
+        self.faults.record(LogEvent::SpareMade);
+        Ok(())
     }
 
     fn remove(&self, number: u64) -> std::io::Result<()> {

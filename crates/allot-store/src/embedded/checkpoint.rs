@@ -5,19 +5,30 @@ use super::open::fold_into;
 use super::recover::fail_syncs;
 use super::*;
 
-/// Writes the log into the database every [`CHECKPOINT_INTERVAL`], and once more when stopped.
+/// Writes the log into the database every [`CHECKPOINT_INTERVAL`], and once more when stopped;
+/// between, makes the spare segments the log asks for.
 pub(super) fn run_checkpointer(shared: &Shared) {
+    let mut next_checkpoint = Instant::now() + CHECKPOINT_INTERVAL;
     loop {
         let stop = {
             let stop = lock_plain(&shared.stop);
+            let wait = next_checkpoint.saturating_duration_since(Instant::now());
             let (stop, _) = shared
                 .stop_changed
-                .wait_timeout_while(stop, CHECKPOINT_INTERVAL, |stop| !*stop)
+                .wait_timeout_while(stop, wait, |stop| !*stop && !shared.spare_wanted.load(Ordering::SeqCst))
                 .unwrap_or_else(|poisoned| poisoned.into_inner());
             *stop
         };
         if stop && shared.crashed.load(Ordering::SeqCst) {
             return;
+        }
+        if shared.spare_wanted.swap(false, Ordering::SeqCst) {
+            if let Err(err) = shared.files.prepare_spare(wal::SEGMENT_BYTES) {
+                tracing::warn!(error = %err, "cannot make a spare log segment; the log makes its next one itself");
+            }
+        }
+        if !stop && Instant::now() < next_checkpoint {
+            continue;
         }
         if let Err(err) = checkpoint(shared) {
             tracing::warn!(error = %err, "checkpoint failed; the log keeps everything until the next one");
@@ -25,6 +36,7 @@ pub(super) fn run_checkpointer(shared: &Shared) {
         if stop {
             return;
         }
+        next_checkpoint = Instant::now() + CHECKPOINT_INTERVAL;
     }
 }
 

@@ -17,7 +17,8 @@
 //!    [`SYNC_SPACING`]. An operation that changed nothing, or was refused, waits the same way
 //!    for what it saw (`State::barrier`).
 //! 3. The checkpointer thread seals the log's segment every [`CHECKPOINT_INTERVAL`], writes the
-//!    sealed records into the database in one durable transaction and deletes them. At open, the
+//!    sealed records into the database in one durable transaction and deletes them (keeping a
+//!    few as spares); between, it makes a spare segment when the log's is half full. At open, the
 //!    log is replayed into the database the same way before anything is loaded.
 //! 4. If an append or a sync fails (disk full, I/O error), the log is folded into the database
 //!    and the state rebuilt from it before anyone is answered, so memory again equals what the
@@ -195,6 +196,8 @@ struct Shared {
     stop: Mutex<bool>,
     /// Set to stop them as a crash would: without the last checkpoint (tests).
     crashed: AtomicBool,
+    /// The log asks the checkpointer for a spare segment ([`State::ask_for_spare`]).
+    spare_wanted: AtomicBool,
     stop_changed: Condvar,
     /// Wakes the scheduler for a cycle: something it places, or places on, changed.
     wake_scheduler: tokio::sync::Notify,
@@ -303,12 +306,14 @@ struct LogWriter {
     next_number: u64,
     /// The frame of the record being appended: one buffer, reused.
     frame: Vec<u8>,
+    /// A spare was asked for since this segment began (see [`State::ask_for_spare`]).
+    spare_asked: bool,
 }
 
 impl LogWriter {
     /// Appends to `segment`, numbered `number`, after record `seq`.
     fn new(segment: Arc<dyn Segment>, number: u64, seq: u64) -> LogWriter {
-        LogWriter { segment, number, len: 0, seq, next_number: number + 1, frame: Vec::new() }
+        LogWriter { segment, number, len: 0, seq, next_number: number + 1, frame: Vec::new(), spare_asked: false }
     }
 
     /// Goes on in `segment`, numbered `number` (reserved from `next_number`); returns the one
@@ -316,6 +321,7 @@ impl LogWriter {
     fn switch(&mut self, number: u64, segment: Arc<dyn Segment>) -> Arc<dyn Segment> {
         self.number = number;
         self.len = 0;
+        self.spare_asked = false;
         std::mem::replace(&mut self.segment, segment)
     }
 }
@@ -550,6 +556,7 @@ impl State {
             Ok(()) => {
                 self.log.seq += 1;
                 self.log.len += written;
+                self.ask_for_spare(shared);
                 shared.clock_written.store(now, Ordering::Relaxed);
                 if shared.durability == Durability::Process {
                     shared.stats.commit(operations, started.elapsed());
@@ -581,8 +588,24 @@ impl State {
         }
     }
 
-    /// Moves to a new segment when the current one has no room for `bytes` more (rare: the
-    /// checkpointer seals the segment every second, long before it fills up).
+    /// Once the current segment is half full, asks the checkpointer for a spare, so that moving
+    /// to the next segment (here, under the lock, if the checkpointer's seal does not come
+    /// first) renames a file and writes none: under a burst the log fills a segment in a
+    /// fraction of a second, and making one (16 MB of zeros, synced) held every caller.
+    fn ask_for_spare(&mut self, shared: &Shared) {
+        if self.log.spare_asked || self.log.len < self.log.segment.capacity() / 2 {
+            return;
+        }
+        self.log.spare_asked = true;
+        // Under the checkpointer's own lock, so the wake is not lost between its check and wait.
+        let _stop = lock_plain(&shared.stop);
+        shared.spare_wanted.store(true, Ordering::SeqCst);
+        shared.stop_changed.notify_all();
+    }
+
+    /// Moves to a new segment when the current one has no room for `bytes` more: under a burst
+    /// that fills one before the checkpointer seals it (every second); made from the spare asked
+    /// for at half.
     fn room_for(&mut self, shared: &Shared, bytes: u64) -> std::io::Result<()> {
         if self.log.len + bytes <= self.log.segment.capacity() {
             return Ok(());
@@ -739,6 +762,7 @@ impl EmbeddedStore {
             sync_wanted: Condvar::new(),
             stop: Mutex::new(false),
             crashed: AtomicBool::new(false),
+            spare_wanted: AtomicBool::new(false),
             stop_changed: Condvar::new(),
             wake_scheduler: tokio::sync::Notify::new(),
             sched_waiting: AtomicBool::new(true),

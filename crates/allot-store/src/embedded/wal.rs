@@ -36,6 +36,8 @@ pub const WAL_DIR: &str = "wal";
 pub const SEGMENT_BYTES: u64 = 16 << 20;
 /// How many checkpointed segments are kept for reuse.
 const SPARES: usize = 2;
+/// A spare being made ([`LogFiles::prepare_spare`]); what a crash left of one is made again.
+const MAKING_SPARE: &str = "making.tmp";
 /// Record header: length and checksum.
 pub(crate) const HEADER: usize = 8;
 /// The zero header after the last record of a frame.
@@ -282,6 +284,11 @@ pub trait LogFiles: Send + Sync {
     fn remove(&self, number: u64) -> io::Result<()>;
     /// Makes durable what segment `number` holds (what a process that crashed wrote into it).
     fn sync(&self, number: u64) -> io::Result<()>;
+    /// Makes sure a spare of at least `bytes` is ready, so that the next [`LogFiles::create`]
+    /// only renames it: called off the state lock, ahead of a segment filling up.
+    fn prepare_spare(&self, _bytes: u64) -> io::Result<()> {
+        Ok(())
+    }
 }
 
 /// The log's files in a directory.
@@ -302,6 +309,19 @@ impl DirLog {
     fn path(&self, number: u64) -> PathBuf {
         self.dir.join(format!("{number:016x}.wal"))
     }
+}
+
+/// Writes `bytes` of zeros into `file` and makes them durable: a segment's blocks, which
+/// appends then overwrite.
+fn zero_fill(file: &File, bytes: u64) -> io::Result<()> {
+    let zeros = vec![0u8; 1 << 20];
+    let mut written = 0;
+    while written < bytes {
+        let chunk = (bytes - written).min(zeros.len() as u64) as usize;
+        file.write_all_at(&zeros[..chunk], written)?;
+        written += chunk as u64;
+    }
+    file.sync_all()
 }
 
 impl DirLog {
@@ -328,23 +348,21 @@ impl LogFiles for DirLog {
         let bytes = bytes.div_ceil(BLOCK as u64) * BLOCK as u64;
         let mut reused = false;
         for spare in self.spares()? {
-            if std::fs::metadata(&spare)?.len() >= bytes {
-                std::fs::rename(&spare, &path)?;
-                reused = true;
-                break;
+            if std::fs::metadata(&spare).is_ok_and(|meta| meta.len() >= bytes) {
+                match std::fs::rename(&spare, &path) {
+                    Ok(()) => {
+                        reused = true;
+                        break;
+                    }
+                    // Taken meanwhile by another create (a checkpoint's, beside an append's).
+                    Err(err) if err.kind() == io::ErrorKind::NotFound => continue,
+                    Err(err) => return Err(err),
+                }
             }
         }
         let file = OpenOptions::new().read(true).write(true).create(true).truncate(false).open(&path)?;
         if !reused {
-            // Zero-filled, so that later appends overwrite blocks the file already has.
-            let zeros = vec![0u8; 1 << 20];
-            let mut written = 0;
-            while written < bytes {
-                let chunk = (bytes - written).min(zeros.len() as u64) as usize;
-                file.write_all_at(&zeros[..chunk], written)?;
-                written += chunk as u64;
-            }
-            file.sync_all()?;
+            zero_fill(&file, bytes)?;
         }
         // The segment's directory entry must be durable before a record in it is acknowledged.
         self.sync_dir()?;
@@ -382,6 +400,20 @@ impl LogFiles for DirLog {
 
     fn sync(&self, number: u64) -> io::Result<()> {
         File::open(self.path(number))?.sync_data()
+    }
+
+    fn prepare_spare(&self, bytes: u64) -> io::Result<()> {
+        let bytes = bytes.div_ceil(BLOCK as u64) * BLOCK as u64;
+        let spares = self.spares()?;
+        if spares.iter().any(|spare| std::fs::metadata(spare).is_ok_and(|meta| meta.len() >= bytes)) {
+            return Ok(());
+        }
+        // Made whole under a name no reader takes, then named a spare.
+        let making = self.dir.join(MAKING_SPARE);
+        let file = OpenOptions::new().write(true).create(true).truncate(true).open(&making)?;
+        zero_fill(&file, bytes)?;
+        let name = (0..).map(|n| self.dir.join(format!("made-{n}.spare"))).find(|path| !path.exists());
+        std::fs::rename(&making, name.expect("an unused name"))
     }
 
     fn remove(&self, number: u64) -> io::Result<()> {
@@ -675,6 +707,39 @@ mod tests {
             let (read, end) = records(&log.read(20).unwrap());
             assert_eq!(end, End::Clean, "{durability}");
             assert_eq!(read.iter().map(|r| r.seq).collect::<Vec<_>>(), [21]);
+        }
+    }
+
+    /// A spare made ahead is what the next segment is made from: the same file, renamed, its
+    /// old bytes cut off; one is made only when none is ready, and a spare half made when the
+    /// process stopped is made again.
+    #[test]
+    fn a_spare_made_ahead_becomes_the_next_segment() {
+        use std::os::unix::fs::MetadataExt as _;
+        for durability in Durability::ALL {
+            let dir = tempfile::tempdir().unwrap();
+            let wal = dir.path().join(WAL_DIR);
+            let log = DirLog::open(wal.clone(), durability).unwrap();
+            std::fs::write(wal.join(MAKING_SPARE), b"cut short").unwrap();
+            log.prepare_spare(4096).unwrap();
+            log.prepare_spare(4096).unwrap();
+            let spares = log.spares().unwrap();
+            assert_eq!(spares.len(), 1, "one spare, made once: {spares:?}");
+            assert!(!wal.join(MAKING_SPARE).exists());
+            let inode = std::fs::metadata(&spares[0]).unwrap().ino();
+            std::fs::write(&spares[0], vec![7u8; 4096]).unwrap();
+            let segment = log.create(5, 4096).unwrap();
+            assert!(log.spares().unwrap().is_empty());
+            assert_eq!(std::fs::metadata(wal.join(format!("{:016x}.wal", 5))).unwrap().ino(), inode);
+            assert_eq!(records(&log.read(5).unwrap()), (Vec::new(), End::Clean), "{durability}");
+            segment.append(0, &record(6).frame()).unwrap();
+            segment.sync().unwrap();
+            let (read, end) = records(&log.read(5).unwrap());
+            assert_eq!((read.iter().map(|r| r.seq).collect::<Vec<_>>(), end), (vec![6], End::Clean));
+            // A spare smaller than asked is not taken as ready.
+            log.prepare_spare(4096).unwrap();
+            log.prepare_spare(8192).unwrap();
+            assert_eq!(log.spares().unwrap().len(), 2);
         }
     }
 
