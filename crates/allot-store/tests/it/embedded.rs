@@ -621,7 +621,7 @@ async fn a_half_full_log_segment_gets_a_spare_made_beside_it() {
         let metadata = format!(r#"{{"n":{n:>8},"x":"{}"}}"#, "y".repeat(MAX_ALLOC_METADATA_BYTES - 30));
         AllocNotes { metadata: Some(Some(metadata)), ..AllocNotes::default() }
     };
-    let made = || faults.log_events.lock().unwrap().iter().any(|event| *event == LogEvent::SpareMade);
+    let made = || faults.log_events.lock().unwrap().contains(&LogEvent::SpareMade);
     let mut written = 0;
     until("a spare log segment is made", async || {
         for _ in 0..16 {
