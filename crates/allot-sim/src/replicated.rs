@@ -2,7 +2,11 @@
 //! `redis-server` processes, a primary and an asynchronous replica) under the real server's
 //! handlers, driven through a seeded plan of grants, releases, keepalives, allocs, sessions,
 //! applications scheduled in turns (`apps.rs`) and time, with the
-//! replication link cut and healed and the primary failed over to its replica at random. A
+//! replication link cut and healed and the primary failed over to its replica at random. Two
+//! daemons share the primary, as daemons that share the work do: each client's calls go to one
+//! of them, the applications' to the one that holds the scheduler's lease; a restart restarts
+//! one (the other takes the lease it hands over), a failover both. A waiting call on one daemon
+//! is handed its units by a release on the other, through Redis. A
 //! failover after a cut loses the primary's last writes, as Redis documents; the checks say what
 //! may be lost and what never:
 //!
@@ -82,6 +86,9 @@ const START_MS: u64 = 1_795_996_800_000;
 /// `down-after-milliseconds` 30 s). The promoted primary's fencing numbers are above its
 /// predecessors' by a floor taken from its clock, so some time passes in every failover.
 const FAILOVER_MS: u64 = 1_000;
+/// How many daemons share the primary, as daemons that share the work do: a client's calls go
+/// to one of them ([`Sim::daemon_for`]), and a restart restarts one.
+const DAEMONS: usize = 2;
 /// How long the harness waits for a replica to catch up before it calls the run broken.
 const CATCH_UP: Duration = Duration::from_secs(30);
 
@@ -440,8 +447,12 @@ struct Sim {
     clock: SimClock,
     /// How many times a daemon was opened: each draws its ids from the seed and this.
     starts: u64,
+    /// How many single daemons restarted ([`Step::Restart`]): which one restarts next.
+    restarts: usize,
     pair: Pair,
-    daemon: Option<Daemon>,
+    daemons: [Option<Daemon>; DAEMONS],
+    /// The daemon the step's calls go to.
+    serving: usize,
     now: u64,
     model: Model,
     watcher: Option<Watcher>,
@@ -465,15 +476,17 @@ impl Sim {
             lose_next_answer: AtomicBool::new(false),
             clock,
             starts: 0,
+            restarts: 0,
             pair,
-            daemon: None,
+            daemons: [None, None],
+            serving: 0,
             now: START_MS,
             model: Model::default(),
             watcher: None,
             watched: 0,
             history,
         };
-        sim.open().await;
+        sim.open_all().await;
         for ns in 0..NAMESPACES {
             let path = format!("/v1/namespaces/{}", namespace(ns));
             let (status, body) = sim.call(Method::PUT, path, Some(serde_json::json!({ "quota": QUOTA }))).await;
@@ -487,9 +500,15 @@ impl Sim {
         sim
     }
 
-    /// Opens the daemon on the primary, its clock at the simulation's time, and resumes the
-    /// watcher from the last revision it was given.
-    async fn open(&mut self) {
+    async fn open_all(&mut self) {
+        for index in 0..DAEMONS {
+            self.open(index).await;
+        }
+    }
+
+    /// Opens daemon `index` on the primary, its clock at the simulation's time; the first
+    /// resumes the watcher from the last revision it was given.
+    async fn open(&mut self, index: usize) {
         let replicas = self.min_replicas;
         self.starts += 1;
         let ids = SeededIds::new(self.seed.wrapping_mul(1_000_003).wrapping_add(self.starts));
@@ -505,23 +524,38 @@ impl Sim {
         let store = Arc::new(store);
         clock.set(&store, self.now).await;
         let api = allot_server::api(ServerState::new(store.clone()));
-        let since = (self.watched > 0).then_some(self.watched);
-        let watcher = match store.watch(Filter::default(), since) {
-            // What the watcher missed is no longer kept (or was lost): it lists again.
-            Err(WatchError::Compacted { .. }) => store.watch(Filter::default(), None),
-            other => other,
-        };
-        self.watcher = Some(watcher.expect("the watcher resumes"));
+        if index == 0 {
+            let since = (self.watched > 0).then_some(self.watched);
+            let watcher = match store.watch(Filter::default(), since) {
+                // What the watcher missed is no longer kept (or was lost): it lists again.
+                Err(WatchError::Compacted { .. }) => store.watch(Filter::default(), None),
+                other => other,
+            };
+            self.watcher = Some(watcher.expect("the watcher resumes"));
+        }
         // It takes part in the election at once, as a daemon that starts does.
         renew_lease(&store, &holder).await;
-        self.daemon = Some(Daemon { store, api, clock, holder });
+        self.daemons[index] = Some(Daemon { store, api, clock, holder });
     }
 
-    /// Closes the daemon: its waiting calls go first, one by one (`waits.rs`).
+    /// Closes every daemon: the waiting calls go first, one by one (`waits.rs`).
     async fn close(&mut self) -> Result<(), Violation> {
         self.watcher = None;
-        let left = if self.daemon.is_some() { self.leave_queues().await } else { Ok(()) };
-        if let Some(daemon) = self.daemon.take() {
+        let left = if self.daemons.iter().any(Option::is_some) { self.leave_queues().await } else { Ok(()) };
+        for daemon in self.daemons.iter_mut().filter_map(Option::take) {
+            daemon.store.shutdown().await;
+        }
+        left
+    }
+
+    /// Closes daemon `index` alone. Every waiting call goes first, on either daemon (none waits
+    /// across a restart, so none is left behind by another's leaving out of queue order).
+    async fn close_one(&mut self, index: usize) -> Result<(), Violation> {
+        if index == 0 {
+            self.watcher = None;
+        }
+        let left = self.leave_queues().await;
+        if let Some(daemon) = self.daemons[index].take() {
             daemon.store.shutdown().await;
         }
         left
@@ -540,8 +574,44 @@ impl Sim {
         self.history.lock().unwrap_or_else(|poisoned| poisoned.into_inner()).push(line);
     }
 
+    /// The daemon serving the step's calls.
     fn daemon(&self) -> &Daemon {
-        self.daemon.as_ref().expect("the daemon runs between steps")
+        self.daemons[self.serving].as_ref().expect("the daemons run between steps")
+    }
+
+    /// The first daemon, which sets Redis's clock and holds the watcher.
+    fn first_mut(&mut self) -> &mut Daemon {
+        self.daemons[0].as_mut().expect("the daemons run between steps")
+    }
+
+    /// The daemon that schedules now (the first if none knows it does).
+    fn scheduling(&self) -> usize {
+        let here = |daemon: &Option<Daemon>| {
+            daemon.as_ref().is_some_and(|d| matches!(d.store.apps_home(), allot_store::AppsHome::Here))
+        };
+        self.daemons.iter().position(here).unwrap_or(0)
+    }
+
+    /// Where `step`'s calls go: a client's to its daemon (clients spread over the daemons), the
+    /// applications' to the daemon that schedules (another would forward them there), the rest
+    /// to the first.
+    fn daemon_for(&self, step: Step) -> usize {
+        match step {
+            Step::Grant { client, .. }
+            | Step::Release { client, .. }
+            | Step::Keepalive { client, .. }
+            | Step::OpenSession { client, .. }
+            | Step::SessionGrant { client, .. }
+            | Step::KeepSession { client, .. }
+            | Step::CloseSession { client, .. }
+            | Step::Accept { client, .. }
+            | Step::Free { client, .. }
+            | Step::KeepAlloc { client, .. }
+            | Step::WaitGrant { client, .. }
+            | Step::WaitRelease { client, .. } => usize::from(client) % DAEMONS,
+            Step::Submit { .. } | Step::Report { .. } => self.scheduling(),
+            _ => 0,
+        }
     }
 
     /// A call through the daemon's handlers; a change's answer is dropped if the plan says so
@@ -567,7 +637,7 @@ impl Sim {
         for (index, step) in steps.iter().enumerate() {
             let checked = match self.step(*step).await {
                 Ok(line) => {
-                    self.record(format!("{index} {step:?}: {line}"));
+                    self.record(format!("{index} {step:?} at daemon {}: {line}", self.serving));
                     match self.settle_waiters().await {
                         Ok(()) => self.check().await,
                         Err(violation) => Err(violation),
@@ -624,6 +694,7 @@ impl Sim {
     }
 
     async fn step(&mut self, step: Step) -> Result<String, Violation> {
+        self.serving = self.daemon_for(step);
         Ok(match step {
             Step::Grant { client, ns, token: t, units, ttl_ms } => {
                 let name = token(client, t);
@@ -643,11 +714,13 @@ impl Sim {
                 self.now += u64::from(ms);
                 self.clock.advance(u64::from(ms));
                 let now = self.now;
-                let daemon = self.daemon.as_mut().expect("the daemon runs between steps");
+                let daemon = self.first_mut();
                 daemon.clock.set(&daemon.store, now).await;
-                // Its election task renews the scheduler's lease on the way (at least every
+                // Their election tasks renew the scheduler's lease on the way (at least every
                 // half second, so within every step of time the plan draws).
-                renew_lease(&daemon.store, &daemon.holder).await;
+                for daemon in self.daemons.iter().flatten() {
+                    renew_lease(&daemon.store, &daemon.holder).await;
+                }
                 self.leases_lapse();
                 format!("now {now}")
             }
@@ -670,7 +743,8 @@ impl Sim {
                 // What lapsed while the sweep was refused is swept now, as part of this step:
                 // the daemon's own sweeper (on the real clock) would at a moment of its own, and
                 // a waiter handed the units then would take a fencing number out of turn.
-                let (now, daemon) = (self.now, self.daemon.as_mut().expect("the daemon runs between steps"));
+                let now = self.now;
+                let daemon = self.first_mut();
                 daemon.clock.set(&daemon.store, now).await;
                 // The replica holds everything now: nothing is at risk. A lease that lapsed while
                 // the sweep was refused (one replica required) may be swept from now on, by the
@@ -718,7 +792,7 @@ impl Sim {
                     }
                 }
                 // The promoted primary's clock has moved on by the failover's time, less its lag.
-                self.open().await;
+                self.open_all().await;
                 self.leases_lapse();
                 if lossy {
                     "failed over, losing the writes made while cut".into()
@@ -732,9 +806,16 @@ impl Sim {
                     // replica: it would wait for the link to heal.
                     return Ok("not restarted: the primary lacks the replica the daemon requires".into());
                 }
-                self.close().await?;
-                self.open().await;
-                "restarted".into()
+                let index = self.restarts % DAEMONS;
+                self.restarts += 1;
+                self.close_one(index).await?;
+                // It handed the scheduler's lease over as it stopped: the others' election tasks
+                // take it before it is back.
+                for daemon in self.daemons.iter().flatten() {
+                    renew_lease(&daemon.store, &daemon.holder).await;
+                }
+                self.open(index).await;
+                format!("daemon {index} restarted")
             }
             Step::OpenSession { client, ttl_ms } => {
                 let body = serde_json::json!({ "ttl_ms": ttl_ms });
@@ -816,7 +897,7 @@ impl Sim {
             Step::RedisJump { ms } => {
                 self.now += u64::from(ms);
                 let now = self.now;
-                let daemon = self.daemon.as_mut().expect("the daemon runs between steps");
+                let daemon = self.first_mut();
                 daemon.clock.set(&daemon.store, now).await;
                 self.leases_lapse();
                 format!("Redis's clock jumped to {now}")
@@ -1282,7 +1363,7 @@ impl Sim {
                 std::task::Poll::Ready(Err(WatchError::Behind { .. } | WatchError::Compacted { .. })) => {
                     // It lists again, then watches from now.
                     self.watcher = Some(
-                        self.daemon()
+                        (self.daemons[0].as_ref().expect("the daemons run between steps"))
                             .store
                             .watch(Filter::default(), None)
                             .map_err(|err| Violation::new(format!("the watcher cannot start again: {err}")))?,

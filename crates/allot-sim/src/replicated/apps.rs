@@ -122,17 +122,23 @@ impl Sim {
     /// The daemon's turn: what it then says of where the scheduler is. A turn that scheduled
     /// has ended every application whose tasks all ended (checked with the step's listing,
     /// `check_apps`).
+    /// Every daemon takes its turn, as their tasks would at that time; the one that holds the
+    /// lease schedules.
     pub(super) async fn schedule(&mut self) -> String {
-        let daemon = self.daemon();
-        schedule_once(&daemon.store, &daemon.holder).await;
-        match daemon.store.apps_home() {
-            AppsHome::Here => {
-                self.turn_scheduled = true;
-                "schedules".to_owned()
-            }
-            AppsHome::At(_) => "another holds the lease".to_owned(),
-            AppsHome::Unknown => "no scheduler known".to_owned(),
+        let mut said = Vec::new();
+        for (index, daemon) in self.daemons.iter().enumerate() {
+            let Some(daemon) = daemon else { continue };
+            schedule_once(&daemon.store, &daemon.holder).await;
+            said.push(match daemon.store.apps_home() {
+                AppsHome::Here => {
+                    self.turn_scheduled = true;
+                    format!("daemon {index} schedules")
+                }
+                AppsHome::At(_) => format!("daemon {index}: another holds the lease"),
+                AppsHome::Unknown => format!("daemon {index}: no scheduler known"),
+            });
         }
+        said.join(", ")
     }
 
     /// Every application with its tasks, or `None` when the daemon cannot list them (it does not
@@ -197,6 +203,8 @@ impl Sim {
     /// The applications' invariants, when the daemon can list them (it schedules now).
     pub(super) async fn check_apps(&mut self) -> Result<(), Violation> {
         let scheduled = std::mem::take(&mut self.turn_scheduled);
+        // Read from the daemon that schedules (another would forward the call there).
+        self.serving = self.scheduling();
         let Some(apps) = self.list_apps().await? else { return Ok(()) };
         if scheduled {
             for (app, tasks) in &apps {

@@ -53,7 +53,16 @@ fn a_replicated_seed_gives_the_same_history_twice() {
         assert!(first.history.iter().any(|line| line.contains("\"status\":\"Granted\"")), "seed {seed}");
         assert!(first.history.iter().any(|line| line.contains(": 201 alloc ")), "seed {seed}: allocs taken");
         assert!(first.history.iter().any(|line| line.contains(": 201 session ")), "seed {seed}: sessions opened");
-        assert!(first.history.iter().any(|line| line.contains("Schedule: schedules")), "seed {seed}: scheduled");
+        assert!(
+            first.history.iter().any(|line| line.contains("Schedule at daemon 0: daemon")),
+            "seed {seed}: scheduled"
+        );
+        // Both daemons served calls, and one restarted alone.
+        for daemon in 0..2 {
+            let served = format!("at daemon {daemon}: 20");
+            assert!(first.history.iter().any(|line| line.contains(&served)), "seed {seed}: daemon {daemon} served");
+        }
+        assert!(first.history.iter().any(|line| line.ends_with(" restarted")), "seed {seed}: a daemon restarted");
         assert!(
             first.history.iter().any(|line| line.ends_with(" Completed") || line.ends_with(" Failed")),
             "seed {seed}: tasks ended"
