@@ -199,7 +199,9 @@ pub struct Alloc {
     pub id: AllocId,
     pub resources: Resources,
     pub owner: String,
-    pub labels: BTreeMap<String, String>,
+    /// Shared: an alloc is copied into its events and records several times a placement, and
+    /// its labels change only when its owner annotates it.
+    pub labels: Arc<Labels>,
     /// Its owner's free-form metadata (JSON text), if any.
     pub metadata: Option<String>,
     pub created: Millis,
@@ -221,7 +223,7 @@ pub struct AllocNotes {
 impl AllocNotes {
     /// `alloc`'s labels and metadata with these changes made.
     pub fn apply(&self, alloc: &Alloc) -> (Labels, Option<String>) {
-        let mut labels = alloc.labels.clone();
+        let mut labels = Labels::clone(&alloc.labels);
         for (key, value) in &self.labels {
             match value {
                 Some(value) => labels.insert(key.clone(), value.clone()),
@@ -844,7 +846,7 @@ impl Pools {
             id,
             resources,
             owner: request.owner,
-            labels: request.labels,
+            labels: Arc::new(request.labels),
             metadata: request.metadata,
             created: now,
             last_keepalive: None,
@@ -903,7 +905,7 @@ impl Pools {
         }
         let (labels, metadata) = notes.apply(alloc);
         check_alloc_notes(&labels, metadata.as_deref())?;
-        alloc.labels = labels;
+        alloc.labels = Arc::new(labels);
         alloc.metadata = metadata;
         let alloc = alloc.clone();
         Ok((alloc.clone(), vec![PoolChange::AllocAnnotated(alloc)]))
@@ -913,8 +915,8 @@ impl Pools {
     /// placeholder over). Nothing for an alloc that is not held.
     pub fn relabel_held(&mut self, name: &PoolName, id: AllocId, labels: Labels) -> Vec<PoolChange> {
         match self.pools.get_mut(name).and_then(|pool| pool.allocs.get_mut(&id)) {
-            Some(alloc) if alloc.expires == HELD && alloc.labels != labels => {
-                alloc.labels = labels;
+            Some(alloc) if alloc.expires == HELD && *alloc.labels != labels => {
+                alloc.labels = Arc::new(labels);
                 vec![PoolChange::AllocAnnotated(alloc.clone())]
             }
             _ => Vec::new(),

@@ -106,7 +106,7 @@ pub(crate) fn record(pool: &PoolName, id: &str, json: &str) -> Result<AllocState
         id: AllocId::parse(id).map_err(corrupt)?,
         resources: decode(&record.r)?,
         owner: record.o,
-        labels: record.l,
+        labels: std::sync::Arc::new(record.l),
         metadata: record.m,
         created: record.c,
         last_keepalive: (record.k > 0).then_some(record.k),

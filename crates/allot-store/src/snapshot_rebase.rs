@@ -214,7 +214,7 @@ mod tests {
         AllocRecord {
             resources: vec![("cpu".into(), 2_000)],
             owner: "ada".into(),
-            labels: BTreeMap::from([("k".into(), "v".into())]),
+            labels: BTreeMap::from([("k".into(), "v".into())]).into(),
             created: 10_000,
             last_keepalive: Some(12_000),
             expires,

@@ -189,7 +189,7 @@ pub(crate) fn alloc(alloc: Alloc, ended: Option<(Millis, EndReason)>, now: Milli
         id: alloc.id.to_string(),
         resources: alloc.resources.to_string(),
         owner: alloc.owner,
-        labels: alloc.labels,
+        labels: std::sync::Arc::unwrap_or_clone(alloc.labels),
         // Stored as the edge wrote it: JSON text of an object.
         metadata: alloc.metadata.and_then(|text| serde_json::from_str(&text).ok()),
         task,

@@ -28,7 +28,7 @@ use std::time::Duration;
 
 use allot_core::apps::queues::{QueueLimits, QueuePath};
 use allot_core::apps::{Outcome, SchedConfig, SchedError, Scheduler, World};
-use allot_core::pools::{Alloc, AllocId, AllocRequest, Labels, PoolName, PoolSettings, Pools, HELD};
+use allot_core::pools::{Alloc, AllocId, AllocRequest, PoolName, PoolSettings, Pools, HELD};
 use allot_core::{Grant, Lease, Ledger, Millis, NamespaceName, Resources, Token};
 use allot_store::quiet::Quiet;
 use allot_store::{AppsHome, PageRequest, PoolStore, QuotaStore, Store, StoreError};
@@ -417,7 +417,7 @@ impl RedisStore {
                 id: p.alloc,
                 resources: p.resources.clone(),
                 owner: String::new(),
-                labels: Labels::new(),
+                labels: Default::default(),
                 metadata: None,
                 created: p.at,
                 last_keepalive: None,
@@ -441,7 +441,7 @@ impl RedisStore {
                         id: OTHERS_ALLOC,
                         resources: others,
                         owner: OTHERS.to_owned(),
-                        labels: Labels::new(),
+                        labels: Default::default(),
                         metadata: None,
                         created: 0,
                         last_keepalive: None,

@@ -43,7 +43,7 @@ pub(crate) fn steps(outcome: &Outcome) -> (Vec<Step>, Vec<Step>) {
                 id: alloc.id.to_string(),
                 resources: alloc.resources.to_string(),
                 owner: alloc.owner.clone(),
-                labels: alloc.labels.clone(),
+                labels: Labels::clone(&alloc.labels),
             }),
             PoolChange::AllocAnnotated(alloc) if alloc.expires == HELD => {
                 let (pool, id) = (alloc.pool.to_string(), alloc.id.to_string());
@@ -54,8 +54,8 @@ pub(crate) fn steps(outcome: &Outcome) -> (Vec<Step>, Vec<Step>) {
                     _ => None,
                 });
                 match made {
-                    Some(labels) => *labels = alloc.labels.clone(),
-                    None => makes.push(Step::Label { pool, id, labels: alloc.labels.clone() }),
+                    Some(labels) => *labels = Labels::clone(&alloc.labels),
+                    None => makes.push(Step::Label { pool, id, labels: Labels::clone(&alloc.labels) }),
                 }
             }
             PoolChange::AllocEnded(ended) if ended.alloc.expires == HELD => {

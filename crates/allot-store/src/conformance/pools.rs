@@ -168,7 +168,7 @@ async fn allocs_carry_their_owners_notes(store: &dyn Store) {
         metadata: Some(Some(r#"{"done":true}"#.to_owned())),
     };
     let changed = store.annotate_alloc(name.clone(), alloc.id, notes).await.unwrap();
-    assert_eq!(changed.labels, [("step".to_owned(), "2".to_owned())].into());
+    assert_eq!(*changed.labels, [("step".to_owned(), "2".to_owned())].into());
     assert_eq!(changed.metadata.as_deref(), Some(r#"{"done":true}"#));
     assert_eq!(
         (changed.expires, changed.last_keepalive),

@@ -1,6 +1,7 @@
 //! The pools' records: pools, their labels, and allocs (live, and ended ones still retained).
 
 use std::collections::BTreeMap;
+use std::sync::Arc;
 
 use allot_core::pools::{Alloc, AllocId, EndReason, EndedAlloc, PoolName};
 use allot_core::{Millis, ResourceName, Resources};
@@ -35,7 +36,8 @@ pub const POOL_FIELDS_ADDED: usize = 2;
 pub struct AllocRecord {
     pub resources: ResourcesRecord,
     pub owner: String,
-    pub labels: BTreeMap<String, String>,
+    /// Shared with the alloc it is made from (postcard writes it as the map itself).
+    pub labels: Arc<BTreeMap<String, String>>,
     pub created: Millis,
     pub last_keepalive: Option<Millis>,
     pub expires: Millis,
@@ -71,7 +73,7 @@ impl From<AllocRecordV0> for AllocRecord {
         AllocRecord {
             resources: v0.resources,
             owner: v0.owner,
-            labels: v0.labels,
+            labels: Arc::new(v0.labels),
             created: v0.created,
             last_keepalive: v0.last_keepalive,
             expires: v0.expires,
@@ -154,5 +156,35 @@ impl AllocRecord {
             )),
         };
         Ok((alloc, ended))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// An alloc's labels are shared with the alloc (`Arc`), and written as the map itself: the
+    /// bytes are those the format always had (a record of the format before metadata, then no
+    /// metadata), and they read back.
+    #[test]
+    fn an_alloc_records_shared_labels_are_written_as_the_map() {
+        let labels: BTreeMap<String, String> =
+            [("allot/app".into(), "a".into()), ("allot/task".into(), "t".into())].into();
+        let v0 = AllocRecordV0 {
+            resources: vec![("cpu".into(), 2000)],
+            owner: "me".into(),
+            labels: labels.clone(),
+            created: 5,
+            last_keepalive: Some(7),
+            expires: 9,
+            ended: None,
+        };
+        let record = AllocRecord::from(v0.clone());
+        let mut before = encode(&v0);
+        before.push(0);
+        assert_eq!(encode(&record), before);
+        let read = decode_alloc("pool/1", &before).unwrap();
+        assert_eq!(*read.labels, labels);
+        assert_eq!(read, record);
     }
 }

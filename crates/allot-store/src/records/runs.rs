@@ -266,12 +266,23 @@ fn phase_from(name: &str) -> Result<Phase, String> {
 }
 
 fn info_record(info: &PhaseInfo) -> PhaseInfoRecord {
+    info_record_of(info.phase, info.version, &info.reason, &info.logs, info.error.as_ref())
+}
+
+/// A phase info's record from its parts (an event's, copied once).
+fn info_record_of(
+    phase: Phase,
+    version: u32,
+    reason: &str,
+    logs: &[LogLink],
+    error: Option<&ExecError>,
+) -> PhaseInfoRecord {
     PhaseInfoRecord {
-        phase: info.phase.name().to_owned(),
-        version: info.version,
-        reason: info.reason.clone(),
-        logs: info.logs.iter().map(|l| (l.name.clone(), l.uri.clone())).collect(),
-        error: info.error.as_ref().map(error_record),
+        phase: phase.name().to_owned(),
+        version,
+        reason: reason.to_owned(),
+        logs: logs.iter().map(|l| (l.name.clone(), l.uri.clone())).collect(),
+        error: error.map(error_record),
     }
 }
 
@@ -319,11 +330,7 @@ impl RunRecord {
                 .iter()
                 .map(|e| EventRecord {
                     attempt: e.attempt,
-                    info: info_record(&PhaseInfo {
-                        logs: e.logs.clone(),
-                        error: e.error.clone(),
-                        ..PhaseInfo::new(e.phase, e.version, e.reason.clone())
-                    }),
+                    info: info_record_of(e.phase, e.version, &e.reason, &e.logs, e.error.as_ref()),
                     at: e.at,
                 })
                 .collect(),
