@@ -1,34 +1,24 @@
 //! The checkpointer thread: the log's sealed segments written into the database (their events
 //! into the kept events' files); and, for tests, a stop without the last checkpoint (a crash).
+//! Beside it, the thread that makes spare log segments ahead.
 
 use super::open::fold_into;
 use super::recover::fail_syncs;
 use super::*;
 
-/// Writes the log into the database every [`CHECKPOINT_INTERVAL`], and once more when stopped;
-/// between, makes the spare segments the log asks for.
+/// Writes the log into the database every [`CHECKPOINT_INTERVAL`], and once more when stopped.
 pub(super) fn run_checkpointer(shared: &Shared) {
-    let mut next_checkpoint = Instant::now() + CHECKPOINT_INTERVAL;
     loop {
         let stop = {
             let stop = lock_plain(&shared.stop);
-            let wait = next_checkpoint.saturating_duration_since(Instant::now());
             let (stop, _) = shared
                 .stop_changed
-                .wait_timeout_while(stop, wait, |stop| !*stop && !shared.spare_wanted.load(Ordering::SeqCst))
+                .wait_timeout_while(stop, CHECKPOINT_INTERVAL, |stop| !*stop)
                 .unwrap_or_else(|poisoned| poisoned.into_inner());
             *stop
         };
         if stop && shared.crashed.load(Ordering::SeqCst) {
             return;
-        }
-        if shared.spare_wanted.swap(false, Ordering::SeqCst) {
-            if let Err(err) = shared.files.prepare_spare(wal::SEGMENT_BYTES) {
-                tracing::warn!(error = %err, "cannot make a spare log segment; the log makes its next one itself");
-            }
-        }
-        if !stop && Instant::now() < next_checkpoint {
-            continue;
         }
         if let Err(err) = checkpoint(shared) {
             tracing::warn!(error = %err, "checkpoint failed; the log keeps everything until the next one");
@@ -36,7 +26,28 @@ pub(super) fn run_checkpointer(shared: &Shared) {
         if stop {
             return;
         }
-        next_checkpoint = Instant::now() + CHECKPOINT_INTERVAL;
+    }
+}
+
+/// Makes the spare log segments the log asks for ([`State::ask_for_spare`]), off the state
+/// lock, until stopped: a thread of its own, as the checkpointer may be folding a burst's log
+/// for most of a second while the log fills a segment in a fifth of one.
+pub(super) fn run_spare_maker(shared: &Shared) {
+    loop {
+        {
+            let stop = lock_plain(&shared.stop);
+            let stop = shared
+                .stop_changed
+                .wait_while(stop, |stop| !*stop && !shared.spare_wanted.load(Ordering::SeqCst))
+                .unwrap_or_else(|poisoned| poisoned.into_inner());
+            if *stop {
+                return;
+            }
+        }
+        shared.spare_wanted.store(false, Ordering::SeqCst);
+        if let Err(err) = shared.files.prepare_spare(wal::SEGMENT_BYTES) {
+            tracing::warn!(error = %err, "cannot make a spare log segment; the log makes its next one itself");
+        }
     }
 }
 

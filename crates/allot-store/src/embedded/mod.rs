@@ -18,7 +18,7 @@
 //!    for what it saw (`State::barrier`).
 //! 3. The checkpointer thread seals the log's segment every [`CHECKPOINT_INTERVAL`], writes the
 //!    sealed records into the database in one durable transaction and deletes them (keeping a
-//!    few as spares); between, it makes a spare segment when the log's is half full. At open, the
+//!    few as spares); another thread makes spares when the log's segment is half full. At open, the
 //!    log is replayed into the database the same way before anything is loaded.
 //! 4. If an append or a sync fails (disk full, I/O error), the log is folded into the database
 //!    and the state rebuilt from it before anyone is answered, so memory again equals what the
@@ -64,7 +64,7 @@ pub mod wal;
 
 use self::archive::Archive;
 pub use self::archive::EVENTS_DIR;
-use self::checkpoint::{checkpoint, run_checkpointer};
+use self::checkpoint::{checkpoint, run_checkpointer, run_spare_maker};
 use self::open::{count_downtime, open_file, Loaded, Opened};
 use self::recover::recover;
 use self::sweeper::run_sweeper;
@@ -196,7 +196,7 @@ struct Shared {
     stop: Mutex<bool>,
     /// Set to stop them as a crash would: without the last checkpoint (tests).
     crashed: AtomicBool,
-    /// The log asks the checkpointer for a spare segment ([`State::ask_for_spare`]).
+    /// The log asks for spare segments ([`State::ask_for_spare`]).
     spare_wanted: AtomicBool,
     stop_changed: Condvar,
     /// Wakes the scheduler for a cycle: something it places, or places on, changed.
@@ -588,7 +588,7 @@ impl State {
         }
     }
 
-    /// Once the current segment is half full, asks the checkpointer for a spare, so that moving
+    /// Once the current segment is half full, asks for spares (`run_spare_maker`), so that moving
     /// to the next segment (here, under the lock, if the checkpointer's seal does not come
     /// first) renames a file and writes none: under a burst the log fills a segment in a
     /// fraction of a second, and making one (16 MB of zeros, synced) held every caller.
@@ -597,7 +597,8 @@ impl State {
             return;
         }
         self.log.spare_asked = true;
-        // Under the checkpointer's own lock, so the wake is not lost between its check and wait.
+        // Under the lock the spare maker waits with, so the wake is not lost between its check
+        // and its wait.
         let _stop = lock_plain(&shared.stop);
         shared.spare_wanted.store(true, Ordering::SeqCst);
         shared.stop_changed.notify_all();
@@ -784,7 +785,11 @@ impl EmbeddedStore {
             let shared = shared.clone();
             std::thread::Builder::new().name(name.into()).spawn(move || run(&shared)).expect("spawning a thread")
         };
-        let threads = vec![spawn("allot-syncer", run_syncer), spawn("allot-checkpointer", run_checkpointer)];
+        let threads = vec![
+            spawn("allot-syncer", run_syncer),
+            spawn("allot-checkpointer", run_checkpointer),
+            spawn("allot-log-spares", run_spare_maker),
+        ];
         let sweeper = tokio::spawn(run_sweeper(shared.clone()));
         // Everything, placements included, is loaded before the scheduler's first cycle.
         let scheduler = tokio::spawn(apps::run_scheduler(shared.clone()));

@@ -34,7 +34,7 @@ use super::Durability;
 pub const WAL_DIR: &str = "wal";
 /// The size a segment is made at (a larger record gets a segment of its own size).
 pub const SEGMENT_BYTES: u64 = 16 << 20;
-/// How many checkpointed segments are kept for reuse.
+/// How many checkpointed segments are kept for reuse, and how many spares are made ahead.
 const SPARES: usize = 2;
 /// A spare being made ([`LogFiles::prepare_spare`]); what a crash left of one is made again.
 const MAKING_SPARE: &str = "making.tmp";
@@ -284,8 +284,9 @@ pub trait LogFiles: Send + Sync {
     fn remove(&self, number: u64) -> io::Result<()>;
     /// Makes durable what segment `number` holds (what a process that crashed wrote into it).
     fn sync(&self, number: u64) -> io::Result<()>;
-    /// Makes sure a spare of at least `bytes` is ready, so that the next [`LogFiles::create`]
-    /// only renames it: called off the state lock, ahead of a segment filling up.
+    /// Makes sure spares of at least `bytes` are ready (as many as a checkpoint keeps), so that
+    /// the next [`LogFiles::create`] (an append's, or a checkpoint's seal) only renames one:
+    /// called off the state lock, ahead of a segment filling up.
     fn prepare_spare(&self, _bytes: u64) -> io::Result<()> {
         Ok(())
     }
@@ -404,16 +405,19 @@ impl LogFiles for DirLog {
 
     fn prepare_spare(&self, bytes: u64) -> io::Result<()> {
         let bytes = bytes.div_ceil(BLOCK as u64) * BLOCK as u64;
-        let spares = self.spares()?;
-        if spares.iter().any(|spare| std::fs::metadata(spare).is_ok_and(|meta| meta.len() >= bytes)) {
-            return Ok(());
+        loop {
+            let spares = self.spares()?;
+            let ready = spares.iter().filter(|spare| std::fs::metadata(spare).is_ok_and(|meta| meta.len() >= bytes));
+            if ready.count() >= SPARES {
+                return Ok(());
+            }
+            // Made whole under a name no reader takes, then named a spare.
+            let making = self.dir.join(MAKING_SPARE);
+            let file = OpenOptions::new().write(true).create(true).truncate(true).open(&making)?;
+            zero_fill(&file, bytes)?;
+            let name = (0..).map(|n| self.dir.join(format!("made-{n}.spare"))).find(|path| !path.exists());
+            std::fs::rename(&making, name.expect("an unused name"))?;
         }
-        // Made whole under a name no reader takes, then named a spare.
-        let making = self.dir.join(MAKING_SPARE);
-        let file = OpenOptions::new().write(true).create(true).truncate(true).open(&making)?;
-        zero_fill(&file, bytes)?;
-        let name = (0..).map(|n| self.dir.join(format!("made-{n}.spare"))).find(|path| !path.exists());
-        std::fs::rename(&making, name.expect("an unused name"))
     }
 
     fn remove(&self, number: u64) -> io::Result<()> {
@@ -710,11 +714,11 @@ mod tests {
         }
     }
 
-    /// A spare made ahead is what the next segment is made from: the same file, renamed, its
-    /// old bytes cut off; one is made only when none is ready, and a spare half made when the
-    /// process stopped is made again.
+    /// Spares made ahead are what the next segments are made from: the same files, renamed,
+    /// their old bytes cut off; they are made only until [`SPARES`] are ready, and a spare half
+    /// made when the process stopped is made again.
     #[test]
-    fn a_spare_made_ahead_becomes_the_next_segment() {
+    fn spares_made_ahead_become_the_next_segments() {
         use std::os::unix::fs::MetadataExt as _;
         for durability in Durability::ALL {
             let dir = tempfile::tempdir().unwrap();
@@ -724,22 +728,23 @@ mod tests {
             log.prepare_spare(4096).unwrap();
             log.prepare_spare(4096).unwrap();
             let spares = log.spares().unwrap();
-            assert_eq!(spares.len(), 1, "one spare, made once: {spares:?}");
+            assert_eq!(spares.len(), SPARES, "made until {SPARES} are ready, once: {spares:?}");
             assert!(!wal.join(MAKING_SPARE).exists());
-            let inode = std::fs::metadata(&spares[0]).unwrap().ino();
-            std::fs::write(&spares[0], vec![7u8; 4096]).unwrap();
+            let inodes: Vec<u64> = spares.iter().map(|spare| std::fs::metadata(spare).unwrap().ino()).collect();
+            for spare in &spares {
+                std::fs::write(spare, vec![7u8; 4096]).unwrap();
+            }
             let segment = log.create(5, 4096).unwrap();
-            assert!(log.spares().unwrap().is_empty());
-            assert_eq!(std::fs::metadata(wal.join(format!("{:016x}.wal", 5))).unwrap().ino(), inode);
+            assert_eq!(log.spares().unwrap().len(), SPARES - 1);
+            assert!(inodes.contains(&std::fs::metadata(wal.join(format!("{:016x}.wal", 5))).unwrap().ino()));
             assert_eq!(records(&log.read(5).unwrap()), (Vec::new(), End::Clean), "{durability}");
             segment.append(0, &record(6).frame()).unwrap();
             segment.sync().unwrap();
             let (read, end) = records(&log.read(5).unwrap());
             assert_eq!((read.iter().map(|r| r.seq).collect::<Vec<_>>(), end), (vec![6], End::Clean));
-            // A spare smaller than asked is not taken as ready.
-            log.prepare_spare(4096).unwrap();
+            // Spares smaller than asked are not taken as ready.
             log.prepare_spare(8192).unwrap();
-            assert_eq!(log.spares().unwrap().len(), 2);
+            assert_eq!(log.spares().unwrap().len(), SPARES - 1 + SPARES);
         }
     }
 

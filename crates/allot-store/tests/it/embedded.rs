@@ -599,8 +599,8 @@ async fn api_tokens_and_bindings_survive_a_restart_with_or_without_a_shutdown() 
     store.shutdown().await;
 }
 
-/// A burst that fills half of the log's segment gets a spare segment made beside it (by the
-/// checkpointer, off the state lock), so that moving to the next segment renames a file instead
+/// A burst that fills half of the log's segment gets a spare segment made beside it (by a
+/// thread of the store's, off the state lock), so that moving to the next segment renames a file instead
 /// of writing and syncing 16 MB of zeros while every caller waits; what was written across the
 /// segments reads back after a restart.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
