@@ -306,14 +306,12 @@ struct LogWriter {
     next_number: u64,
     /// The frame of the record being appended: one buffer, reused.
     frame: Vec<u8>,
-    /// A spare was asked for since this segment began (see [`State::ask_for_spare`]).
-    spare_asked: bool,
 }
 
 impl LogWriter {
     /// Appends to `segment`, numbered `number`, after record `seq`.
     fn new(segment: Arc<dyn Segment>, number: u64, seq: u64) -> LogWriter {
-        LogWriter { segment, number, len: 0, seq, next_number: number + 1, frame: Vec::new(), spare_asked: false }
+        LogWriter { segment, number, len: 0, seq, next_number: number + 1, frame: Vec::new() }
     }
 
     /// Goes on in `segment`, numbered `number` (reserved from `next_number`); returns the one
@@ -321,7 +319,6 @@ impl LogWriter {
     fn switch(&mut self, number: u64, segment: Arc<dyn Segment>) -> Arc<dyn Segment> {
         self.number = number;
         self.len = 0;
-        self.spare_asked = false;
         std::mem::replace(&mut self.segment, segment)
     }
 }
@@ -556,7 +553,7 @@ impl State {
             Ok(()) => {
                 self.log.seq += 1;
                 self.log.len += written;
-                self.ask_for_spare(shared);
+                self.ask_for_spare(shared, written);
                 shared.clock_written.store(now, Ordering::Relaxed);
                 if shared.durability == Durability::Process {
                     shared.stats.commit(operations, started.elapsed());
@@ -591,12 +588,14 @@ impl State {
     /// Once the current segment is half full, asks for spares (`run_spare_maker`), so that moving
     /// to the next segment (here, under the lock, if the checkpointer's seal does not come
     /// first) renames a file and writes none: under a burst the log fills a segment in a
-    /// fraction of a second, and making one (16 MB of zeros, synced) held every caller.
-    fn ask_for_spare(&mut self, shared: &Shared) {
-        if self.log.spare_asked || self.log.len < self.log.segment.capacity() / 2 {
+    /// fraction of a second, and making one (16 MB of zeros, synced) held every caller. Asked
+    /// once a segment, by the append (of `written` bytes) that takes it past half.
+    fn ask_for_spare(&self, shared: &Shared, written: u64) {
+        let half = self.log.segment.capacity() / 2;
+        let before = self.log.len - written;
+        if before >= half || self.log.len < half {
             return;
         }
-        self.log.spare_asked = true;
         // Under the lock the spare maker waits with, so the wake is not lost between its check
         // and its wait.
         let _stop = lock_plain(&shared.stop);

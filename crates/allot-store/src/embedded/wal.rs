@@ -337,6 +337,13 @@ impl DirLog {
         Ok(spares)
     }
 
+    /// The spares of at least `bytes` (whole blocks).
+    fn spares_of(&self, bytes: u64) -> io::Result<Vec<PathBuf>> {
+        let mut spares = self.spares()?;
+        spares.retain(|spare| std::fs::metadata(spare).is_ok_and(|meta| meta.len() >= bytes));
+        Ok(spares)
+    }
+
     fn sync_dir(&self) -> io::Result<()> {
         File::open(&self.dir)?.sync_all()
     }
@@ -348,17 +355,15 @@ impl LogFiles for DirLog {
         // Whole blocks, for direct writes.
         let bytes = bytes.div_ceil(BLOCK as u64) * BLOCK as u64;
         let mut reused = false;
-        for spare in self.spares()? {
-            if std::fs::metadata(&spare).is_ok_and(|meta| meta.len() >= bytes) {
-                match std::fs::rename(&spare, &path) {
-                    Ok(()) => {
-                        reused = true;
-                        break;
-                    }
-                    // Taken meanwhile by another create (a checkpoint's, beside an append's).
-                    Err(err) if err.kind() == io::ErrorKind::NotFound => continue,
-                    Err(err) => return Err(err),
+        for spare in self.spares_of(bytes)? {
+            match std::fs::rename(&spare, &path) {
+                Ok(()) => {
+                    reused = true;
+                    break;
                 }
+                // Taken meanwhile by another create (a checkpoint's, beside an append's).
+                Err(err) if err.kind() == io::ErrorKind::NotFound => continue,
+                Err(err) => return Err(err),
             }
         }
         let file = OpenOptions::new().read(true).write(true).create(true).truncate(false).open(&path)?;
@@ -405,12 +410,7 @@ impl LogFiles for DirLog {
 
     fn prepare_spare(&self, bytes: u64) -> io::Result<()> {
         let bytes = bytes.div_ceil(BLOCK as u64) * BLOCK as u64;
-        loop {
-            let spares = self.spares()?;
-            let ready = spares.iter().filter(|spare| std::fs::metadata(spare).is_ok_and(|meta| meta.len() >= bytes));
-            if ready.count() >= SPARES {
-                return Ok(());
-            }
+        while self.spares_of(bytes)?.len() < SPARES {
             // Made whole under a name no reader takes, then named a spare.
             let making = self.dir.join(MAKING_SPARE);
             let file = OpenOptions::new().write(true).create(true).truncate(true).open(&making)?;
@@ -418,6 +418,7 @@ impl LogFiles for DirLog {
             let name = (0..).map(|n| self.dir.join(format!("made-{n}.spare"))).find(|path| !path.exists());
             std::fs::rename(&making, name.expect("an unused name"))?;
         }
+        Ok(())
     }
 
     fn remove(&self, number: u64) -> io::Result<()> {
