@@ -584,6 +584,13 @@ impl Sim {
         self.daemons[0].as_mut().expect("the daemons run between steps")
     }
 
+    /// Every daemon's election task renews (or takes) the scheduler's lease, in turn.
+    async fn renew_leases(&self) {
+        for daemon in self.daemons.iter().flatten() {
+            renew_lease(&daemon.store, &daemon.holder).await;
+        }
+    }
+
     /// The daemon that schedules now (the first if none knows it does).
     fn scheduling(&self) -> usize {
         let here = |daemon: &Option<Daemon>| {
@@ -718,9 +725,7 @@ impl Sim {
                 daemon.clock.set(&daemon.store, now).await;
                 // Their election tasks renew the scheduler's lease on the way (at least every
                 // half second, so within every step of time the plan draws).
-                for daemon in self.daemons.iter().flatten() {
-                    renew_lease(&daemon.store, &daemon.holder).await;
-                }
+                self.renew_leases().await;
                 self.leases_lapse();
                 format!("now {now}")
             }
@@ -811,9 +816,7 @@ impl Sim {
                 self.close_one(index).await?;
                 // It handed the scheduler's lease over as it stopped: the others' election tasks
                 // take it before it is back.
-                for daemon in self.daemons.iter().flatten() {
-                    renew_lease(&daemon.store, &daemon.holder).await;
-                }
+                self.renew_leases().await;
                 self.open(index).await;
                 format!("daemon {index} restarted")
             }
