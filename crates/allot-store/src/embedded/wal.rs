@@ -325,6 +325,19 @@ fn zero_fill(file: &File, bytes: u64) -> io::Result<()> {
     file.sync_all()
 }
 
+/// Reserves `bytes` for `file` without writing them (they read as zeros), and makes its size
+/// durable; writes zeros where the file system cannot reserve.
+fn reserve(file: &File, bytes: u64) -> io::Result<()> {
+    use std::os::fd::AsRawFd as _;
+    let len = libc::off_t::try_from(bytes).map_err(io::Error::other)?;
+    // SAFETY: a plain system call on an open descriptor this function borrows.
+    match unsafe { libc::posix_fallocate(file.as_raw_fd(), 0, len) } {
+        0 => file.sync_all(),
+        libc::EOPNOTSUPP | libc::EINVAL => zero_fill(file, bytes),
+        errno => Err(io::Error::from_raw_os_error(errno)),
+    }
+}
+
 impl DirLog {
     fn spares(&self) -> io::Result<Vec<PathBuf>> {
         let mut spares = Vec::new();
@@ -368,7 +381,14 @@ impl LogFiles for DirLog {
         }
         let file = OpenOptions::new().read(true).write(true).create(true).truncate(false).open(&path)?;
         if !reused {
-            zero_fill(&file, bytes)?;
+            if bytes > SEGMENT_BYTES {
+                // For one record larger than a segment (a cycle placing tens of thousands of
+                // tasks, a submission of as many), made while every caller waits: it fills the
+                // segment at once, so there are no later syncs for zeros to spare the metadata of.
+                reserve(&file, bytes)?;
+            } else {
+                zero_fill(&file, bytes)?;
+            }
         }
         // The segment's directory entry must be durable before a record in it is acknowledged.
         self.sync_dir()?;
@@ -746,6 +766,34 @@ mod tests {
             // Spares smaller than asked are not taken as ready.
             log.prepare_spare(8192).unwrap();
             assert_eq!(log.spares().unwrap().len(), SPARES - 1 + SPARES);
+        }
+    }
+
+    /// A segment for a record larger than a segment (none of the spares fits it) is reserved, not
+    /// written with zeros first: it reads as empty, then holds the one large record, at every
+    /// level.
+    #[test]
+    fn a_segment_larger_than_the_spares_is_reserved_and_holds_its_record() {
+        for durability in Durability::ALL {
+            let dir = tempfile::tempdir().unwrap();
+            let wal = dir.path().join(WAL_DIR);
+            let log = DirLog::open(wal.clone(), durability).unwrap();
+            let large = WalRecord {
+                seq: 1,
+                clock: 1,
+                ops: vec![Op::Put(Table::Pools, Key::Name("p".into()), vec![7; SEGMENT_BYTES as usize + 5000])],
+                events: None,
+            };
+            let frame = large.frame();
+            let segment = log.create(1, frame.len() as u64).unwrap();
+            let path = wal.join(format!("{:016x}.wal", 1));
+            assert!(std::fs::metadata(&path).unwrap().len() >= frame.len() as u64, "{durability}");
+            assert_eq!(records(&log.read(1).unwrap()), (Vec::new(), End::Clean), "{durability}");
+            segment.append(0, &frame).unwrap();
+            segment.sync().unwrap();
+            let (read, end) = records(&log.read(1).unwrap());
+            assert_eq!(end, End::Clean, "{durability}");
+            assert_eq!(read, vec![large.clone()], "{durability}");
         }
     }
 
