@@ -258,9 +258,16 @@ pub trait Store:
     fn durability(&self) -> &'static str;
     /// The store's clock now (ms), the time base of allocs' `created`, `expires`...
     fn now(&self) -> Millis;
-    /// The wall clock now (ms since the Unix epoch), read from the store's time source: a time of
-    /// the store's clock is shown as a timestamp by its distance from [`Store::now`].
+    /// The wall clock now (ms since the Unix epoch), read from the store's time source.
     fn wall_ms(&self) -> Millis;
+    /// [`Store::now`] and the wall clock's time of that moment (ms since the Unix epoch): a time
+    /// of the store's clock is shown as a timestamp by its distance from the first. Steady from
+    /// call to call (`allot_core::clock::WallOffset`), so that times of one millisecond are
+    /// shown in one order.
+    fn now_and_wall(&self) -> (Millis, Millis) {
+        let now = self.now();
+        (now, self.wall_ms())
+    }
 
     fn commit_stats(&self) -> CommitStats;
 

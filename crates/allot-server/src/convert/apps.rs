@@ -227,7 +227,8 @@ pub(crate) struct Times {
 
 impl Times {
     pub(crate) fn of(store: &dyn allot_store::Store) -> Times {
-        Times { now: store.now(), wall: store.wall_ms() }
+        let (now, wall) = store.now_and_wall();
+        Times { now, wall }
     }
 
     /// At `now` of the store's clock, read as milliseconds since the Unix epoch (as a watch

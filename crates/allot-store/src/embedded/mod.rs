@@ -169,11 +169,21 @@ struct Clock {
     /// The source's monotonic reading at open.
     started: Millis,
     source: Arc<dyn TimeSource>,
+    /// Where this clock stands against the wall clock, for timestamps.
+    wall: allot_core::clock::WallOffset,
 }
 
 impl Clock {
     fn now(&self) -> Millis {
         self.base + self.source.monotonic_ms().saturating_sub(self.started)
+    }
+
+    /// [`Clock::now`] and the wall clock's time of it, kept steady ([`Store::now_and_wall`]).
+    fn now_and_wall(&self) -> (Millis, Millis) {
+        let before = self.now();
+        let wall = self.source.wall_ms();
+        let now = self.now();
+        (now, self.wall.wall_of(now, wall, now - before <= 1))
     }
 }
 
@@ -766,7 +776,7 @@ impl EmbeddedStore {
             stop_changed: Condvar::new(),
             wake_scheduler: tokio::sync::Notify::new(),
             sched_waiting: AtomicBool::new(true),
-            clock: Clock { base: clock, started: time.monotonic_ms(), source: time },
+            clock: Clock { base: clock, started: time.monotonic_ms(), source: time, wall: Default::default() },
             ids: config.ids.clone(),
             clock_written: AtomicU64::new(clock),
             shutting_down: AtomicBool::new(false),
@@ -1021,6 +1031,10 @@ impl Store for EmbeddedStore {
 
     fn wall_ms(&self) -> Millis {
         self.shared.clock.source.wall_ms()
+    }
+
+    fn now_and_wall(&self) -> (Millis, Millis) {
+        self.shared.clock.now_and_wall()
     }
 
     fn commit_stats(&self) -> CommitStats {
