@@ -108,15 +108,14 @@ fn connections(pid: u32) -> usize {
         .filter_map(|to| to.to_string_lossy().strip_prefix("socket:[")?.strip_suffix(']').map(str::to_owned))
         .collect();
     const ESTABLISHED: &str = "01";
-    ["/proc/net/tcp", "/proc/net/tcp6"]
-        .iter()
-        .filter_map(|table| std::fs::read_to_string(table).ok())
-        .flat_map(|table| table.lines().skip(1).map(str::to_owned).collect::<Vec<_>>())
-        .filter(|line| {
-            let fields: Vec<&str> = line.split_whitespace().collect();
-            // sl local remote st tx:rx tr:when retrnsmt uid timeout inode
-            fields.len() > 9 && fields[3] == ESTABLISHED && inodes.contains(fields[9])
-        })
+    let tables: String =
+        ["/proc/net/tcp", "/proc/net/tcp6"].iter().filter_map(|table| std::fs::read_to_string(table).ok()).collect();
+    // Each line: sl local remote st tx:rx tr:when retrnsmt uid timeout inode (a header's `st` is
+    // not a state).
+    tables
+        .lines()
+        .map(|line| line.split_whitespace().collect::<Vec<_>>())
+        .filter(|fields| fields.len() > 9 && fields[3] == ESTABLISHED && inodes.contains(fields[9]))
         .count()
 }
 
