@@ -66,13 +66,11 @@ impl TaskInfo {
         Ok(TaskInfo { task: sched.task(app, task)?.clone(), why: sched.task_why(app, task) })
     }
 
-    /// The tasks `Scheduler::submit` answered for `app` (with whether each is new), as answered.
-    pub fn of_added(
-        sched: &Scheduler,
-        app: &AppId,
-        added: &[(Task, bool)],
-    ) -> Result<Vec<(TaskInfo, bool)>, SchedError> {
-        added.iter().map(|(task, created)| Ok((TaskInfo::of(sched, app, &task.spec.id)?, *created))).collect()
+    /// The tasks `Scheduler::submit` answered for `app` (with whether each is new), as answered:
+    /// each as the scheduler holds it, under the same lock hold (not read and copied again).
+    pub fn of_added(sched: &Scheduler, app: &AppId, added: Vec<(Task, bool)>) -> Vec<(TaskInfo, bool)> {
+        let why = |task: &Task| sched.task_why(app, &task.spec.id);
+        added.into_iter().map(|(task, created)| (TaskInfo { why: why(&task), task }, created)).collect()
     }
 }
 

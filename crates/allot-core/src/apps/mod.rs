@@ -844,6 +844,7 @@ impl Scheduler {
         }
         let app_id = app.spec.id.clone();
         let mut out = if created { self.insert_app(app) } else { Outcome::default() };
+        out.apps.reserve(checked.len());
         let mut added = Vec::with_capacity(checked.len());
         for (spec, existing) in checked {
             match existing {

@@ -311,6 +311,52 @@ pub struct TaskSpec {
     pub spec: String,
 }
 
+/// Reads the `type` of a spec that is a JSON object: a string, or none (another value, or no
+/// `type`); the last one given when given twice, as a parsed object keeps it. Anything but an
+/// object fails.
+struct TypeOfSpec;
+
+impl<'de> serde::de::Visitor<'de> for TypeOfSpec {
+    type Value = Option<String>;
+
+    fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("a JSON object")
+    }
+
+    fn visit_map<A: serde::de::MapAccess<'de>>(self, mut map: A) -> Result<Option<String>, A::Error> {
+        let mut task_type = None;
+        while let Some(IsType(is_type)) = map.next_key()? {
+            if is_type {
+                task_type = map.next_value::<serde_json::Value>()?.as_str().map(str::to_owned);
+            } else {
+                map.next_value::<serde::de::IgnoredAny>()?;
+            }
+        }
+        Ok(task_type)
+    }
+}
+
+/// A key of a spec: whether it is `type` (read without copying it).
+struct IsType(bool);
+
+impl<'de> serde::Deserialize<'de> for IsType {
+    fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<IsType, D::Error> {
+        struct Key;
+        impl serde::de::Visitor<'_> for Key {
+            type Value = IsType;
+
+            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str("a key")
+            }
+
+            fn visit_str<E: serde::de::Error>(self, key: &str) -> Result<IsType, E> {
+                Ok(IsType(key == "type"))
+            }
+        }
+        deserializer.deserialize_str(Key)
+    }
+}
+
 impl TaskSpec {
     /// The task's type: the `type` of its spec (a JSON object), which names the plugin that runs
     /// it; none for a task without one (run by whoever reports it, not by an executor).
@@ -318,8 +364,12 @@ impl TaskSpec {
         if self.spec.is_empty() {
             return None;
         }
-        let spec: serde_json::Value = serde_json::from_str(&self.spec).ok()?;
-        spec.get("type")?.as_str().map(str::to_owned)
+        // Read as it is written, without building the whole document: every task of a
+        // submission is read twice (its check and its insertion).
+        let mut reader = serde_json::Deserializer::from_str(&self.spec);
+        let task_type = serde::Deserializer::deserialize_map(&mut reader, TypeOfSpec).ok()?;
+        reader.end().ok()?;
+        task_type
     }
 
     /// The checks a task passes against its application; token needs are merged per namespace.
@@ -369,4 +419,52 @@ impl TaskSpec {
 /// The daemon-clock time `ms` after `from`, saturating.
 pub(crate) fn after(from: Millis, ms: u64) -> Millis {
     from.saturating_add(ms)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// What the type of a spec was before it was read in place: the whole document parsed.
+    fn parsed_type(spec: &str) -> Option<String> {
+        let spec: serde_json::Value = serde_json::from_str(spec).ok()?;
+        spec.get("type")?.as_str().map(str::to_owned)
+    }
+
+    #[test]
+    fn a_spec_type_read_in_place_is_the_parsed_documents() {
+        let specs = [
+            "",
+            "{}",
+            r#"{"type":"noop"}"#,
+            r#"{ "cmd": ["a", {"type": "inner"}], "type" : "shell" }"#,
+            r#"{"type":"first","type":"last"}"#,
+            r#"{"type":"sh\u0065ll","t\u0079pe2":1}"#,
+            r#"{"\u0074ype":"escaped key"}"#,
+            r#"{"type":7}"#,
+            r#"{"type":null}"#,
+            r#"{"type":{"nested":"x"}}"#,
+            r#"["noop"]"#,
+            r#""noop""#,
+            "17",
+            "null",
+            r#"{"type":"noop"} trailing"#,
+            r#"{"type":"noop""#,
+            r#"{"type":"noop",}"#,
+            "not json",
+        ];
+        for spec in specs {
+            let task = TaskSpec {
+                id: TaskId::new("t").unwrap(),
+                resources: Resources::default(),
+                tokens: Vec::new(),
+                group: None,
+                priority: Priority::default(),
+                preemptable: false,
+                selector: Labels::default(),
+                spec: spec.to_owned(),
+            };
+            assert_eq!(task.task_type(), parsed_type(spec), "spec {spec:?}");
+        }
+    }
 }

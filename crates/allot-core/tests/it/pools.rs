@@ -335,3 +335,13 @@ fn what_is_occupied_is_never_offered_and_a_pool_that_shrank_says_by_how_much() {
     assert_eq!(restored.pool(&pool(), 5).unwrap(), PoolView { stats: Default::default(), ..view });
     restored.check_invariants().unwrap();
 }
+
+proptest::proptest! {
+    /// An alloc's id is shown as sixteen lowercase hexadecimal digits and read back the same.
+    #[test]
+    fn an_alloc_id_is_shown_in_sixteen_hex_digits_and_read_back(id in proptest::prelude::any::<u64>()) {
+        let shown = AllocId(id).to_string();
+        proptest::prop_assert_eq!(&shown, &format!("{id:016x}"));
+        proptest::prop_assert_eq!(AllocId::parse(&shown).unwrap(), AllocId(id));
+    }
+}

@@ -102,7 +102,7 @@ impl AppStore for RedisStore {
         let types: Vec<String> = tasks.iter().filter_map(TaskSpec::task_type).collect();
         self.commit_sched(Fresh::All(&named, &types), |sched, world, now| {
             let (app, created, tasks, outcome) = sched.submit(spec, tasks, now, &world)?;
-            let tasks = TaskInfo::of_added(sched, &app.spec.id, &tasks)?;
+            let tasks = TaskInfo::of_added(sched, &app.spec.id, tasks);
             Ok(((AppInfo::of(sched, &app.spec.id)?, created, tasks), outcome))
         })
         .await

@@ -216,7 +216,7 @@ impl AppStore for EmbeddedStore {
     async fn submit_app(&self, spec: AppSpec, tasks: Vec<TaskSpec>) -> Result<Submitted, StoreError> {
         self.commit_sched(|sched, world, now| {
             let (app, created, tasks, outcome) = sched.submit(spec, tasks, now, &world)?;
-            let tasks = TaskInfo::of_added(sched, &app.spec.id, &tasks)?;
+            let tasks = TaskInfo::of_added(sched, &app.spec.id, tasks);
             Ok(((AppInfo::of(sched, &app.spec.id)?, created, tasks), outcome))
         })
         .await

@@ -459,7 +459,9 @@ impl State {
         now: Millis,
     ) -> Commit {
         let mut drafts = std::mem::take(&mut self.drafts);
-        let mut ops = Vec::new();
+        // About one op per change (a cycle placing 50,000 tasks makes several per task).
+        let changes = run_changes.len() + effects.changes.len() + pool_changes.len() + app_changes.len();
+        let mut ops = Vec::with_capacity(changes);
         runs::ops(run_changes.iter(), &mut ops);
         for change in run_changes {
             feed::runs(&change, &mut drafts);
