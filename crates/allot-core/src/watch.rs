@@ -132,16 +132,18 @@ pub mod keys {
         format!("queues/{path}")
     }
 
-    pub fn app(id: impl Display) -> String {
-        format!("apps/{id}")
+    /// (The keys of applications, tasks and runs are joined, not formatted: a task's run makes
+    /// several events.)
+    pub fn app(id: impl AsRef<str>) -> String {
+        ["apps/", id.as_ref()].concat()
     }
 
-    pub fn task(app: impl Display, task: impl Display) -> String {
-        format!("apps/{app}/tasks/{task}")
+    pub fn task(app: impl AsRef<str>, task: impl AsRef<str>) -> String {
+        ["apps/", app.as_ref(), "/tasks/", task.as_ref()].concat()
     }
 
-    pub fn run(app: impl Display, task: impl Display) -> String {
-        format!("apps/{app}/tasks/{task}/run")
+    pub fn run(app: impl AsRef<str>, task: impl AsRef<str>) -> String {
+        ["apps/", app.as_ref(), "/tasks/", task.as_ref(), "/run"].concat()
     }
 }
 

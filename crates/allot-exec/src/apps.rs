@@ -82,7 +82,7 @@ pub struct TaskPlacement {
 impl TaskPlacement {
     /// `pool/alloc`: the placement a run's attempt belongs to.
     pub fn uri(&self) -> String {
-        format!("{}/{}", self.pool, self.alloc)
+        [self.pool.as_str(), "/", &self.alloc].concat()
     }
 }
 

@@ -853,8 +853,8 @@ impl Scheduler {
         for need in &needs {
             world.ledger.room_for(&need.namespace, need.units).map_err(tokens_why)?;
         }
-        let owner = format!("{app_id}/{task_id}");
-        let token = format!("{app_id}:{task_id}");
+        let owner = [app_id.as_str(), "/", task_id.as_str()].concat();
+        let token = [app_id.as_str(), ":", task_id.as_str()].concat();
         let labels = pools::task_labels(app_id.as_str(), task_id.as_str());
         let placement = commit(spot, &wanted, (owner, labels), &token, &needs, world, cycle)?;
         let account = Account::of(&app.spec);

@@ -66,6 +66,12 @@ macro_rules! id_type {
                 f.write_str(&self.0)
             }
         }
+
+        impl AsRef<str> for $name {
+            fn as_ref(&self) -> &str {
+                &self.0
+            }
+        }
     };
 }
 
