@@ -11,6 +11,18 @@
 use std::fmt;
 use std::sync::Arc;
 
+/// `value` as 16 lowercase hex digits, zero-padded (what `{:016x}` writes): the form of an
+/// alloc's id and of the daemon's own request ids, written without the formatter as both are
+/// made on hot paths.
+pub fn hex_digits(value: u64) -> [u8; 16] {
+    const DIGITS: &[u8; 16] = b"0123456789abcdef";
+    let mut text = [0u8; 16];
+    for (i, digit) in text.iter_mut().enumerate() {
+        *digit = DIGITS[((value >> (60 - 4 * i)) & 0xf) as usize];
+    }
+    text
+}
+
 /// The longest name (namespace, token, project, namespace scope, pool) in characters (Unicode
 /// scalar values, as JSON Schema's `maxLength` counts them).
 pub const MAX_NAME_CHARS: usize = 255;

@@ -89,14 +89,9 @@ impl AllocId {
 }
 
 impl fmt::Display for AllocId {
-    /// Sixteen hexadecimal digits, as `{:016x}` writes them, without the formatter's padding
-    /// logic: every alloc's key and event has one.
+    /// Sixteen hexadecimal digits (every alloc's key and event has one).
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        const DIGITS: &[u8; 16] = b"0123456789abcdef";
-        let mut text = [0u8; 16];
-        for (i, digit) in text.iter_mut().enumerate() {
-            *digit = DIGITS[((self.0 >> (60 - 4 * i)) & 0xf) as usize];
-        }
+        let text = crate::names::hex_digits(self.0);
         f.write_str(std::str::from_utf8(&text).map_err(|_| fmt::Error)?)
     }
 }

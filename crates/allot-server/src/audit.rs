@@ -242,12 +242,7 @@ pub(crate) struct RequestId(u64);
 
 impl RequestId {
     pub(crate) fn hex(self) -> [u8; 16] {
-        const DIGITS: &[u8; 16] = b"0123456789abcdef";
-        let mut text = [0u8; 16];
-        for (i, digit) in text.iter_mut().enumerate() {
-            *digit = DIGITS[(self.0 >> (60 - 4 * i) & 0xf) as usize];
-        }
-        text
+        allot_core::names::hex_digits(self.0)
     }
 
     /// The id as a header's value.
