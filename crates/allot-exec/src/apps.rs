@@ -133,6 +133,8 @@ fn from_wire(task: &allot_client::Task) -> Result<PlacedTask, StoreError> {
 
 /// The most task ends reported in one call (the route takes 1,000).
 const MAX_ENDS_AT_ONCE: usize = 500;
+/// The batches of reports sent at once (each its own commit, or over HTTP its own request).
+const BATCHES_IN_FLIGHT: usize = 4;
 
 /// Where the executor reads and reports tasks.
 pub(crate) struct AppsAccess {
@@ -156,7 +158,8 @@ struct Ends {
     /// In the order they came; sent from the front, a batch at a time (a queue: thousands may
     /// wait while a batch is sent, and taking a batch moves none of them).
     pending: std::collections::VecDeque<(EndWithRun, oneshot::Sender<Result<(), Refusal>>)>,
-    /// A task is sending: it takes what is pending when its call returns.
+    /// A task is sending: it takes what is pending whenever fewer than [`BATCHES_IN_FLIGHT`]
+    /// batches are in flight.
     sending: bool,
 }
 
@@ -312,7 +315,7 @@ impl AppsAccess {
 
     /// Reports how the task ended: completed, or failed with a reason (ignored if it ended or
     /// went meanwhile), with its `run` as it ended stored first (in the same commit where the
-    /// store keeps both). Reports made while one is being sent go together in the next call
+    /// store keeps both). Reports made while others are being sent go together in a next call
     /// (one commit for them all, and over HTTP one request), so a busy executor reports in
     /// batches without waiting for a batch to fill. The report is queued when this is called;
     /// what it returns holds only the wait for its answer (thousands of runs wait at once).
@@ -341,28 +344,50 @@ impl AppsAccess {
         }
     }
 
-    /// Sends the pending reports, a batch at a time, until none is left.
+    /// Sends the pending reports, a batch at a time, until none is left. Up to
+    /// [`BATCHES_IN_FLIGHT`] batches are sent at once: the next is taken (and committed) while
+    /// those before it wait to be made durable, so a burst of reports pays for a sync per few
+    /// batches, not one per batch.
     async fn send_ends(self: Arc<Self>) {
+        let mut in_flight = tokio::task::JoinSet::new();
         loop {
-            let batch: Vec<_> = {
+            let batch: Option<Vec<_>> = {
                 let mut ends = self.ends.lock().unwrap_or_else(|p| p.into_inner());
                 if ends.pending.is_empty() {
-                    ends.sending = false;
-                    return;
+                    if in_flight.is_empty() {
+                        ends.sending = false;
+                        return;
+                    }
+                    None
+                } else {
+                    let count = ends.pending.len().min(MAX_ENDS_AT_ONCE);
+                    Some(ends.pending.drain(..count).collect())
                 }
-                let count = ends.pending.len().min(MAX_ENDS_AT_ONCE);
-                ends.pending.drain(..count).collect()
             };
-            let (reports, answers): (Vec<EndWithRun>, Vec<_>) = batch.into_iter().unzip();
-            let count = reports.len();
-            let mut results = match self.finish_all(reports).await {
-                Ok(results) => results,
-                Err(err) => (0..count).map(|_| Err(Refusal::Failed(err.clone()))).collect(),
-            };
-            results.resize_with(count, || Err(Refusal::Failed(StoreError::Unavailable("no answer".into()))));
-            for (answer, result) in answers.into_iter().zip(results) {
-                let _ = answer.send(result);
+            match batch {
+                Some(batch) => {
+                    in_flight.spawn(self.clone().send_batch(batch));
+                    if in_flight.len() >= BATCHES_IN_FLIGHT {
+                        in_flight.join_next().await;
+                    }
+                }
+                // What came meanwhile is taken once a batch in flight is answered.
+                None => drop(in_flight.join_next().await),
             }
+        }
+    }
+
+    /// Sends one batch of reports and hands each reporter its answer.
+    async fn send_batch(self: Arc<Self>, batch: Vec<(EndWithRun, oneshot::Sender<Result<(), Refusal>>)>) {
+        let (reports, answers): (Vec<EndWithRun>, Vec<_>) = batch.into_iter().unzip();
+        let count = reports.len();
+        let mut results = match self.finish_all(reports).await {
+            Ok(results) => results,
+            Err(err) => (0..count).map(|_| Err(Refusal::Failed(err.clone()))).collect(),
+        };
+        results.resize_with(count, || Err(Refusal::Failed(StoreError::Unavailable("no answer".into()))));
+        for (answer, result) in answers.into_iter().zip(results) {
+            let _ = answer.send(result);
         }
     }
 

@@ -148,6 +148,16 @@ struct Begun {
 
 /// The parallelism of the applications whose tasks this executor runs: a semaphore per
 /// application with a `max_parallelism`, whose permits the runs past waiting to begin hold
+
+/// How following the change feed ended.
+enum Followed {
+    /// The daemon shuts down.
+    Shutdown,
+    /// The watcher fell behind: it may resume after `resume` from the events the feed keeps.
+    Behind { resume: u64 },
+    /// The feed was cut otherwise (or closed): the placed tasks are listed again.
+    Cut,
+}
 /// (first come, first served).
 #[derive(Default)]
 struct Parallelism {
@@ -203,8 +213,9 @@ pub struct ExecCounts {
     pub held_back: u64,
     /// Lists taken of the tasks placed on this daemon's pools.
     pub lists: u64,
-    /// Times the change feed was cut under the executor (it fell behind, or the changes after
-    /// its list's revision were no longer kept): each followed by a list.
+    /// Times the change feed was cut under the executor: it fell behind (then it resumes from
+    /// the events the feed keeps, or lists if they are gone), or the changes after its list's
+    /// revision were no longer kept (then it lists).
     pub feed_cuts: u64,
     /// Whether it follows the store's change feed now (else it lists every
     /// [`ExecutorConfig::scan_without_feed`]).
@@ -373,7 +384,7 @@ impl Executor {
             let revision = self.store.revision();
             let watcher = match self.list(&shutdown).await {
                 false => None,
-                true => match self.store.watch(crate::feed::filter(), Some(revision)) {
+                true => match self.store.watch_inside(crate::feed::filter(), Some(revision)) {
                     Ok(watcher) => Some(watcher),
                     Err(err @ WatchError::Unsupported { .. }) => {
                         if !std::mem::replace(&mut said_no_feed, true) {
@@ -394,12 +405,27 @@ impl Executor {
                 },
             };
             match watcher {
-                Some(watcher) => {
+                Some(mut watcher) => {
                     said_no_feed = false;
-                    if self.follow(watcher, &mut shutdown).await {
-                        return;
+                    loop {
+                        match self.follow(watcher, &mut shutdown).await {
+                            Followed::Shutdown => return,
+                            // Behind a burst (one commit placing thousands of tasks gives more
+                            // events than a watcher's buffer): resumed from the events the feed
+                            // keeps, with nothing missed and no list of every placed task.
+                            Followed::Behind { resume } => {
+                                match self.store.watch_inside(crate::feed::filter(), Some(resume)) {
+                                    Ok(resumed) => watcher = resumed,
+                                    Err(err) => {
+                                        tracing::info!(reason = %err, "cannot resume the change feed: the executor lists the tasks placed here again");
+                                        break;
+                                    }
+                                }
+                            }
+                            // Cut: listed again at once.
+                            Followed::Cut => break,
+                        }
                     }
-                    // Cut: listed again at once.
                 }
                 None => {
                     tokio::select! {
@@ -414,24 +440,27 @@ impl Executor {
 
     /// Follows the change feed: drives each task placed here as its change comes, wakes the runs
     /// whose task changed otherwise or went; lists every [`ExecutorConfig::scan`] all the same (or
-    /// sooner, when asked, or after a list that failed). Returns when the feed is cut (false:
-    /// list, then follow it again) or at shutdown (true).
-    async fn follow(self: &Arc<Executor>, mut watcher: Watcher, shutdown: &mut watch::Receiver<bool>) -> bool {
+    /// sooner, when asked, or after a list that failed). Returns when the watcher fell behind,
+    /// when the feed is cut otherwise (list, then follow it again), or at shutdown.
+    async fn follow(self: &Arc<Executor>, mut watcher: Watcher, shutdown: &mut watch::Receiver<bool>) -> Followed {
         let stop = shutdown.clone();
         self.metas.follow();
         self.stats.following_feed.store(true, Ordering::Relaxed);
         tracing::debug!(revision = watcher.revision(), "the executor follows the change feed");
         let mut next_list = Instant::now() + self.config.scan;
-        let stopped = loop {
+        let followed = loop {
             tokio::select! {
                 event = watcher.next() => match event {
                     Ok(event) => self.on_event(&event, &stop),
+                    Err(WatchError::Closed) => break Followed::Cut,
                     Err(err) => {
-                        if !matches!(err, WatchError::Closed) {
-                            self.stats.feed_cuts.fetch_add(1, Ordering::Relaxed);
-                            tracing::info!(reason = %err, "the change feed was cut: the executor lists the tasks placed here again");
+                        self.stats.feed_cuts.fetch_add(1, Ordering::Relaxed);
+                        if let WatchError::Behind { resume, .. } = err {
+                            tracing::debug!(reason = %err, "the executor fell behind the change feed: it resumes from the events kept");
+                            break Followed::Behind { resume };
                         }
-                        break false;
+                        tracing::info!(reason = %err, "the change feed was cut: the executor lists the tasks placed here again");
+                        break Followed::Cut;
                     }
                 },
                 _ = self.scan.notified() => next_list = Instant::now(),
@@ -443,12 +472,12 @@ impl Executor {
                     next_list = Instant::now() + pause;
                 }
                 // Its answer borrows the channel: dropped here, as other branches await.
-                () = async { drop(shutdown.wait_for(|stop| *stop).await) } => break true,
+                () = async { drop(shutdown.wait_for(|stop| *stop).await) } => break Followed::Shutdown,
             }
         };
         self.stats.following_feed.store(false, Ordering::Relaxed);
         self.metas.unfollow();
-        stopped
+        followed
     }
 
     /// What one change asks of the executor.

@@ -97,3 +97,69 @@ async fn a_placement_the_feed_brings_after_its_task_went_runs_nothing_again() {
     assert_eq!(executor.stats().counts().succeeded, 1, "the task did not run again");
     stop.send_replace(true);
 }
+
+/// A burst of placements in one commit, more events than the executor's watcher may have
+/// waiting: it falls behind, resumes from the events the feed keeps and runs every task, with no
+/// list of the placed tasks besides the one it starts with (before, each burst cut it and it
+/// listed every task placed here, and drove those it already drove again once they ended).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_burst_of_placements_past_the_watchers_buffer_is_resumed_from_the_feed_not_listed() {
+    const TASKS: usize = 60;
+    let dir = tempfile::tempdir().unwrap();
+    let watch = allot_store::WatchConfig { buffer: 4, inside_buffer: 4, ..Default::default() };
+    let embedded = EmbeddedStore::open(&EmbeddedConfig::new(dir.path().join("data")).with_watch(watch)).unwrap();
+    let store: Arc<dyn Store> = Arc::new(embedded);
+    let pool = PoolName::new("local").unwrap();
+    store.put_pool(pool.clone(), "cpu=100".parse().unwrap()).await.unwrap();
+    store.put_queue(QueuePath::new("root.q").unwrap(), QueueLimits::default()).await.unwrap();
+    let registry = Registry::load(builtin::configured(&Default::default()), &BTreeMap::new(), |id| {
+        SetupContext::new(id, store.clone(), Secrets::default(), Waker::new(|_| {}))
+    })
+    .await
+    .unwrap();
+    let mut config = ExecutorConfig::new(HashSet::from([pool]), dir.path().join("tasks"));
+    (config.scan, config.pause) = (LONG, LONG);
+    let executor = Executor::new(store.clone(), Arc::new(registry), config);
+    executor.take_lease().await.unwrap();
+    let (stop, stopped) = watch::channel(false);
+    tokio::spawn(executor.clone().run(stopped.clone()));
+    until("the executor follows the feed", async || executor.stats().counts().following_feed).await;
+
+    let app = AppId::new("burst").unwrap();
+    let spec = AppSpec {
+        id: app.clone(),
+        queue: QueuePath::new("root.q").unwrap(),
+        user: "u".into(),
+        user_groups: Vec::new(),
+        tags: Default::default(),
+        groups: Vec::new(),
+        policy: Default::default(),
+        queue_rule: None,
+        priority: Default::default(),
+    };
+    let tasks = (0..TASKS)
+        .map(|i| TaskSpec {
+            preemptable: true,
+            id: TaskId::new(&format!("t{i}")).unwrap(),
+            resources: "cpu=1".parse().unwrap(),
+            tokens: Vec::new(),
+            group: None,
+            priority: Default::default(),
+            selector: Default::default(),
+            spec: r#"{"type":"noop"}"#.into(),
+        })
+        .collect();
+    // One submission: one scheduling cycle places them all, in one commit.
+    store.submit_app(spec, tasks).await.unwrap();
+    until("every task ran and completed", async || {
+        let page = store.tasks(app.clone(), allot_store::PageRequest::new(None, TASKS)).await.unwrap();
+        page.items.iter().filter(|t| t.task.state == TaskState::Completed).count() == TASKS
+    })
+    .await;
+    let counts = executor.stats().counts();
+    assert_eq!(counts.succeeded, TASKS as u64, "each task ran once: {counts:?}");
+    assert!(counts.feed_cuts >= 1, "the burst put the executor behind its buffer: {counts:?}");
+    assert_eq!(counts.lists, 1, "resumed from the feed, not listed again: {counts:?}");
+    assert!(counts.following_feed, "{counts:?}");
+    stop.send_replace(true);
+}

@@ -169,6 +169,10 @@ impl WatchStore for RedisStore {
         self.inner.feed.feed.subscribe(filter, since)
     }
 
+    fn watch_inside(&self, filter: Filter, since: Option<u64>) -> Result<Watcher, WatchError> {
+        self.inner.feed.feed.subscribe_inside(filter, since)
+    }
+
     /// The last revision this daemon read: a change not in the log yet is copied after it.
     fn revision(&self) -> u64 {
         self.inner.feed.feed.revision()

@@ -55,6 +55,9 @@ pub trait WatchStore: Send + Sync {
     /// How many events are kept for watchers that resume, and the oldest revision one can
     /// resume after.
     fn feed_kept(&self) -> (usize, u64);
+    /// [`WatchStore::watch`] for a part of the daemon itself (its executor): it may fall
+    /// behind by [`WatchConfig::inside_buffer`] events, not [`WatchConfig::buffer`].
+    fn watch_inside(&self, filter: Filter, since: Option<u64>) -> Result<Watcher, WatchError>;
 }
 
 /// How much of the feed is kept, and how far a watcher may fall behind.
@@ -66,11 +69,20 @@ pub struct WatchConfig {
     pub retain_for: Duration,
     /// How many events a watcher may have waiting before it is ended as too slow.
     pub buffer: usize,
+    /// The same for a watcher inside the daemon ([`WatchStore::watch_inside`]: its executor),
+    /// which would rather hold a burst (one commit placing tens of thousands of tasks) than be
+    /// cut by it and list everything again. It holds only pointers to events the feed shares.
+    pub inside_buffer: usize,
 }
 
 impl Default for WatchConfig {
     fn default() -> WatchConfig {
-        WatchConfig { retain_events: 100_000, retain_for: Duration::from_secs(3600), buffer: 4096 }
+        WatchConfig {
+            retain_events: 100_000,
+            retain_for: Duration::from_secs(3600),
+            buffer: 4096,
+            inside_buffer: 100_000,
+        }
     }
 }
 
@@ -266,6 +278,15 @@ impl Feed {
 
     /// A watcher of the events `filter` takes after revision `since` (`None`: from now).
     pub fn subscribe(&self, filter: Filter, since: Option<u64>) -> Result<Watcher, WatchError> {
+        self.subscribe_with_buffer(filter, since, self.config.buffer)
+    }
+
+    /// [`Feed::subscribe`] for a watcher inside the daemon ([`WatchConfig::inside_buffer`]).
+    pub fn subscribe_inside(&self, filter: Filter, since: Option<u64>) -> Result<Watcher, WatchError> {
+        self.subscribe_with_buffer(filter, since, self.config.inside_buffer)
+    }
+
+    fn subscribe_with_buffer(&self, filter: Filter, since: Option<u64>, buffer: usize) -> Result<Watcher, WatchError> {
         let mut kept = self.lock();
         if kept.closed {
             return Err(WatchError::Closed);
@@ -276,10 +297,10 @@ impl Feed {
         }
         // Under the lock: the backlog and the live events meet without a gap or an overlap.
         let backlog = kept.backlog(&filter, since)?;
-        let (tx, live) = mpsc::channel(self.config.buffer.max(1));
+        let (tx, live) = mpsc::channel(buffer.max(1));
         let behind = Arc::new(AtomicBool::new(false));
         kept.taps.entry(filter).or_default().push(Tap { tx, behind: behind.clone() });
-        Ok(Watcher { backlog, live, behind, last: since, buffer: self.config.buffer, feed: self.kept.clone() })
+        Ok(Watcher { backlog, live, behind, last: since, buffer, feed: self.kept.clone() })
     }
 }
 
@@ -441,7 +462,7 @@ mod tests {
     }
 
     fn config(retain_events: usize, buffer: usize) -> WatchConfig {
-        WatchConfig { retain_events, retain_for: Duration::from_secs(60), buffer }
+        WatchConfig { retain_events, retain_for: Duration::from_secs(60), buffer, inside_buffer: buffer }
     }
 
     #[tokio::test]

@@ -993,6 +993,28 @@ fn lock(shared: &Shared) -> MutexGuard<'_, State> {
 
 impl WatchStore for EmbeddedStore {
     fn watch(&self, filter: Filter, since: Option<u64>) -> Result<Watcher, WatchError> {
+        self.may_watch(since)?;
+        self.shared.feed.subscribe(filter, since)
+    }
+
+    fn watch_inside(&self, filter: Filter, since: Option<u64>) -> Result<Watcher, WatchError> {
+        self.may_watch(since)?;
+        self.shared.feed.subscribe_inside(filter, since)
+    }
+
+    fn revision(&self) -> u64 {
+        self.shared.feed.revision()
+    }
+
+    fn feed_kept(&self) -> (usize, u64) {
+        self.shared.feed.kept()
+    }
+}
+
+impl EmbeddedStore {
+    /// Whether a watch after `since` may start: the feed is served and open, and `since` is
+    /// one of this store's revisions.
+    fn may_watch(&self, since: Option<u64>) -> Result<(), WatchError> {
         if self.shared.refuses_watches.load(Ordering::SeqCst) {
             return Err(WatchError::Unsupported { backend: "embedded" });
         }
@@ -1005,15 +1027,7 @@ impl WatchStore for EmbeddedStore {
         if let Some(since) = since.filter(|since| *since > newest) {
             return Err(WatchError::Ahead { since, newest });
         }
-        self.shared.feed.subscribe(filter, since)
-    }
-
-    fn revision(&self) -> u64 {
-        self.shared.feed.revision()
-    }
-
-    fn feed_kept(&self) -> (usize, u64) {
-        self.shared.feed.kept()
+        Ok(())
     }
 }
 

@@ -560,7 +560,9 @@ fn watch_config(file: &WatchFileConfig) -> anyhow::Result<WatchConfig> {
     if buffer == 0 {
         anyhow::bail!("[watch] buffer: a watcher must be able to lag by at least 1 event");
     }
-    Ok(WatchConfig { retain_events: file.retain_events.unwrap_or(defaults.retain_events), retain_for, buffer })
+    let retain_events = file.retain_events.unwrap_or(defaults.retain_events);
+    // The executor's watcher (inside the daemon) keeps its own, larger buffer.
+    Ok(WatchConfig { retain_events, retain_for, buffer, ..defaults })
 }
 
 /// A queue's limits from the file.
