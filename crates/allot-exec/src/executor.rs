@@ -146,9 +146,6 @@ struct Begun {
     resumed: bool,
 }
 
-/// The parallelism of the applications whose tasks this executor runs: a semaphore per
-/// application with a `max_parallelism`, whose permits the runs past waiting to begin hold
-
 /// How following the change feed ended.
 enum Followed {
     /// The daemon shuts down.
@@ -158,6 +155,9 @@ enum Followed {
     /// The feed was cut otherwise (or closed): the placed tasks are listed again.
     Cut,
 }
+
+/// The parallelism of the applications whose tasks this executor runs: a semaphore per
+/// application with a `max_parallelism`, whose permits the runs past waiting to begin hold
 /// (first come, first served).
 #[derive(Default)]
 struct Parallelism {
