@@ -23,35 +23,35 @@ async fn until(what: &str, mut check: impl AsyncFnMut() -> bool) {
     allot_host::wait::until(what, async || check().await).await
 }
 
-/// A task that ran, ended and went with its application, and then its placement brought by the
-/// feed: nothing runs again, and no run is left behind (before, the task ran a second time and
-/// its run stayed in the store for good, its application forgotten).
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_placement_the_feed_brings_after_its_task_went_runs_nothing_again() {
-    let dir = tempfile::tempdir().unwrap();
-    let embedded = EmbeddedStore::open(&EmbeddedConfig::new(dir.path().join("data"))).unwrap();
+/// A store (its feed as `watch` says) with a pool `local` of `capacity` and a queue `root.q`,
+/// and an executor of that pool following its feed.
+async fn launch(
+    dir: &std::path::Path,
+    watch: allot_store::WatchConfig,
+    capacity: &str,
+) -> (Arc<dyn Store>, Arc<Executor>, watch::Sender<bool>, watch::Receiver<bool>) {
+    let embedded = EmbeddedStore::open(&EmbeddedConfig::new(dir.join("data")).with_watch(watch)).unwrap();
     let store: Arc<dyn Store> = Arc::new(embedded);
     let pool = PoolName::new("local").unwrap();
-    store.put_pool(pool.clone(), "cpu=8".parse().unwrap()).await.unwrap();
+    store.put_pool(pool.clone(), capacity.parse().unwrap()).await.unwrap();
     store.put_queue(QueuePath::new("root.q").unwrap(), QueueLimits::default()).await.unwrap();
-    // The test's own watcher keeps the changes as they came.
-    let mut late = store.watch(crate::feed::filter(), Some(store.revision())).unwrap();
-
     let registry = Registry::load(builtin::configured(&Default::default()), &BTreeMap::new(), |id| {
         SetupContext::new(id, store.clone(), Secrets::default(), Waker::new(|_| {}))
     })
     .await
     .unwrap();
-    let mut config = ExecutorConfig::new(HashSet::from([pool]), dir.path().join("tasks"));
+    let mut config = ExecutorConfig::new(HashSet::from([pool]), dir.join("tasks"));
     (config.scan, config.pause) = (LONG, LONG);
     let executor = Executor::new(store.clone(), Arc::new(registry), config);
     executor.take_lease().await.unwrap();
     let (stop, stopped) = watch::channel(false);
     tokio::spawn(executor.clone().run(stopped.clone()));
+    (store, executor, stop, stopped)
+}
 
-    let app = AppId::new("once").unwrap();
-    let task = TaskId::new("t").unwrap();
-    let spec = AppSpec {
+/// An application of queue `root.q`.
+fn app_spec(app: &AppId) -> AppSpec {
+    AppSpec {
         id: app.clone(),
         queue: QueuePath::new("root.q").unwrap(),
         user: "u".into(),
@@ -61,9 +61,12 @@ async fn a_placement_the_feed_brings_after_its_task_went_runs_nothing_again() {
         policy: Default::default(),
         queue_rule: None,
         priority: Default::default(),
-    };
-    store.add_app(spec).await.unwrap();
-    let task_spec = TaskSpec {
+    }
+}
+
+/// A `noop` task of one CPU.
+fn noop_task(task: &TaskId) -> TaskSpec {
+    TaskSpec {
         preemptable: true,
         id: task.clone(),
         resources: "cpu=1".parse().unwrap(),
@@ -72,8 +75,23 @@ async fn a_placement_the_feed_brings_after_its_task_went_runs_nothing_again() {
         priority: Default::default(),
         selector: Default::default(),
         spec: r#"{"type":"noop"}"#.into(),
-    };
-    store.add_task(app.clone(), task_spec).await.unwrap();
+    }
+}
+
+/// A task that ran, ended and went with its application, and then its placement brought by the
+/// feed: nothing runs again, and no run is left behind (before, the task ran a second time and
+/// its run stayed in the store for good, its application forgotten).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_placement_the_feed_brings_after_its_task_went_runs_nothing_again() {
+    let dir = tempfile::tempdir().unwrap();
+    let (store, executor, stop, stopped) = launch(dir.path(), Default::default(), "cpu=8").await;
+    // The test's own watcher keeps the changes as they came.
+    let mut late = store.watch(crate::feed::filter(), Some(store.revision())).unwrap();
+
+    let app = AppId::new("once").unwrap();
+    let task = TaskId::new("t").unwrap();
+    store.add_app(app_spec(&app)).await.unwrap();
+    store.add_task(app.clone(), noop_task(&task)).await.unwrap();
     until("the task ran and completed", async || {
         store.task(app.clone(), task.clone()).await.unwrap().task.state == TaskState::Completed
     })
@@ -107,50 +125,13 @@ async fn a_burst_of_placements_past_the_watchers_buffer_is_resumed_from_the_feed
     const TASKS: usize = 60;
     let dir = tempfile::tempdir().unwrap();
     let watch = allot_store::WatchConfig { buffer: 4, inside_buffer: 4, ..Default::default() };
-    let embedded = EmbeddedStore::open(&EmbeddedConfig::new(dir.path().join("data")).with_watch(watch)).unwrap();
-    let store: Arc<dyn Store> = Arc::new(embedded);
-    let pool = PoolName::new("local").unwrap();
-    store.put_pool(pool.clone(), "cpu=100".parse().unwrap()).await.unwrap();
-    store.put_queue(QueuePath::new("root.q").unwrap(), QueueLimits::default()).await.unwrap();
-    let registry = Registry::load(builtin::configured(&Default::default()), &BTreeMap::new(), |id| {
-        SetupContext::new(id, store.clone(), Secrets::default(), Waker::new(|_| {}))
-    })
-    .await
-    .unwrap();
-    let mut config = ExecutorConfig::new(HashSet::from([pool]), dir.path().join("tasks"));
-    (config.scan, config.pause) = (LONG, LONG);
-    let executor = Executor::new(store.clone(), Arc::new(registry), config);
-    executor.take_lease().await.unwrap();
-    let (stop, stopped) = watch::channel(false);
-    tokio::spawn(executor.clone().run(stopped.clone()));
+    let (store, executor, stop, _stopped) = launch(dir.path(), watch, "cpu=100").await;
     until("the executor follows the feed", async || executor.stats().counts().following_feed).await;
 
     let app = AppId::new("burst").unwrap();
-    let spec = AppSpec {
-        id: app.clone(),
-        queue: QueuePath::new("root.q").unwrap(),
-        user: "u".into(),
-        user_groups: Vec::new(),
-        tags: Default::default(),
-        groups: Vec::new(),
-        policy: Default::default(),
-        queue_rule: None,
-        priority: Default::default(),
-    };
-    let tasks = (0..TASKS)
-        .map(|i| TaskSpec {
-            preemptable: true,
-            id: TaskId::new(&format!("t{i}")).unwrap(),
-            resources: "cpu=1".parse().unwrap(),
-            tokens: Vec::new(),
-            group: None,
-            priority: Default::default(),
-            selector: Default::default(),
-            spec: r#"{"type":"noop"}"#.into(),
-        })
-        .collect();
+    let tasks = (0..TASKS).map(|i| noop_task(&TaskId::new(&format!("t{i}")).unwrap())).collect();
     // One submission: one scheduling cycle places them all, in one commit.
-    store.submit_app(spec, tasks).await.unwrap();
+    store.submit_app(app_spec(&app), tasks).await.unwrap();
     until("every task ran and completed", async || {
         let page = store.tasks(app.clone(), allot_store::PageRequest::new(None, TASKS)).await.unwrap();
         page.items.iter().filter(|t| t.task.state == TaskState::Completed).count() == TASKS
