@@ -383,8 +383,9 @@ async fn a_removed_application_takes_its_runs_on_the_embedded_store() {
 
 /// The executor follows the change feed: with its periodic list a minute apart (`[executor]
 /// scan`), the tasks of an application submitted meanwhile run and end within seconds, the first
-/// list at start the only one; and a watcher buffer of one event (`[watch] buffer`) cuts the feed
-/// under it again and again, each cut followed by a list, and no task is lost.
+/// list at start the only one, also with a watcher buffer of one event (`[watch] buffer`): that
+/// bounds the watchers of clients, not the executor's, which is the daemon's own and holds a
+/// burst (`WatchConfig::inside_buffer`; a cut under it is tested in `allot-exec`).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_executor_runs_tasks_as_the_change_feed_brings_them_not_at_its_periodic_list() {
     for buffer in [4096, 1] {
@@ -426,11 +427,7 @@ async fn the_executor_runs_tasks_as_the_change_feed_brings_them_not_at_its_perio
             line.rsplit(' ').next().and_then(|v| v.parse().ok()).unwrap_or_else(|| panic!("{name}: {metrics}"))
         };
         let (lists, cuts) = (value("allot_runs_lists_total"), value("allot_runs_feed_cuts_total"));
-        if buffer == 1 {
-            assert!(cuts > 0 && lists > 1, "cut and listed again: {lists} lists, {cuts} cuts");
-        } else {
-            assert_eq!((lists, cuts), (1, 0), "found by the feed, not by a list");
-        }
+        assert_eq!((lists, cuts), (1, 0), "buffer {buffer}: found by the feed, not by a list");
     }
 }
 
