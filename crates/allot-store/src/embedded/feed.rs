@@ -37,6 +37,10 @@ pub(super) struct Draft {
     pub(super) key: String,
     pub(super) cause: Option<String>,
     pub(super) object: EventObject,
+    /// The write of the same record (its index among the record's ops) that holds the object's
+    /// own record, for an object whose event record ends with it (a task, a run, an alloc): the
+    /// event is written around those bytes, not encoded again (`EncodedEvents::encode_with`).
+    pub(super) record: Option<usize>,
 }
 
 impl Draft {
@@ -45,8 +49,22 @@ impl Draft {
     }
 }
 
+/// Notes, in the drafts of one change, that the write `op` holds its object's own record: when
+/// the change drafted one event, of an object whose event record ends with that record (a task,
+/// a run, an alloc live or ended, each of which one write puts).
+pub(super) fn written_at(drafts: &mut [Draft], op: usize) {
+    if let [draft] = drafts {
+        if matches!(
+            draft.object,
+            EventObject::Task(_) | EventObject::Run(_) | EventObject::Alloc(_) | EventObject::EndedAlloc(_)
+        ) {
+            draft.record = Some(op);
+        }
+    }
+}
+
 fn draft(kind: EventKind, key: String, object: EventObject) -> Draft {
-    Draft { kind, key, cause: None, object }
+    Draft { kind, key, cause: None, object, record: None }
 }
 
 /// A waiter's event.
@@ -56,6 +74,7 @@ pub(super) fn waiter(kind: EventKind, namespace: &NamespaceName, token: &Token, 
         key: keys::waiter(namespace, token),
         cause: cause.map(str::to_owned),
         object: EventObject::Waiter { namespace: namespace.clone(), token: token.clone() },
+        record: None,
     }
 }
 
@@ -98,7 +117,7 @@ pub(super) fn quotas(ledger: &Ledger, changes: &[Change], now: Millis, out: &mut
                 };
                 let key = keys::grant(grant.namespace.as_str(), grant.token.as_str());
                 let object = EventObject::Grant(crate::GrantInfo { grant: grant.clone(), expires_in_ms: None });
-                Draft { kind, key, cause: Some(cause.name().to_owned()), object }
+                Draft { kind, key, cause: Some(cause.name().to_owned()), object, record: None }
             }
             Change::Session { id, opened, .. } => match ledger.session(*id) {
                 Ok(session) => {
@@ -137,6 +156,7 @@ pub(super) fn pools(pools: &Pools, changes: &[PoolChange], now: Millis, out: &mu
                 key: keys::alloc(&ended.alloc.pool, ended.alloc.id),
                 cause: Some(ended.reason.name().to_owned()),
                 object: EventObject::EndedAlloc(ended.clone()),
+                record: None,
             },
             // An ended alloc's retention running out changes nothing a watcher sees.
             PoolChange::EndedDropped { .. } => continue,
@@ -162,6 +182,7 @@ pub(super) fn apps(sched: &Scheduler, changes: &[AppChange], out: &mut Vec<Draft
                 key: keys::task(&task.app, &task.spec.id),
                 cause: task.reason.clone(),
                 object: EventObject::Task(Box::new(task.clone())),
+                record: None,
             },
             AppChange::TaskRemoved { app, task } => {
                 draft(EventKind::TaskRemoved, keys::task(app, task), EventObject::Gone)

@@ -69,6 +69,14 @@ impl Op {
         Op::Put(table, key, value)
     }
 
+    /// The record it writes, if it writes one.
+    pub(crate) fn value(&self) -> Option<&[u8]> {
+        match self {
+            Op::Put(_, _, value) | Op::Create(_, _, value) => Some(value),
+            Op::Remove(..) | Op::RemoveUnder(..) => None,
+        }
+    }
+
     pub(crate) fn name(name: &str) -> Key {
         Key::Name(name.to_owned())
     }

@@ -187,18 +187,64 @@ pub struct EncodedEvents {
     last: Option<u64>,
 }
 
+/// The variant numbers of the [`ObjectRecord`]s whose record ends with an object's own record as
+/// its table keeps it (postcard writes a variant as its number, a varint): an event of such an
+/// object is written around the bytes its change's write has already (`encode_with`).
+const TASK_VARIANT: u32 = 9;
+const ALLOC_VARIANT: u32 = 14;
+const ENDED_ALLOC_VARIANT: u32 = 15;
+const RUN_VARIANT: u32 = 16;
+
 impl EncodedEvents {
     pub fn encode(events: &[Event]) -> EncodedEvents {
+        Self::encode_with(events, |_| None)
+    }
+
+    /// [`EncodedEvents::encode`], byte for byte, given the record of some events' objects as
+    /// their tables keep it (`object(i)`, for the `i`th event: a task's `TaskRecord`, a run's
+    /// `RunRow`, an alloc's `AllocRecord`, live or ended): those are copied in, not converted and
+    /// encoded again. Another object's record is ignored.
+    pub fn encode_with<'r>(events: &[Event], object: impl Fn(usize) -> Option<&'r [u8]>) -> EncodedEvents {
         // A sequence's length as postcard writes it, a varint, as it writes a `usize`.
         let bytes = Vec::with_capacity(2 + 96 * events.len());
         let mut bytes = postcard::to_extend(&events.len(), bytes).expect("a length always encodes");
         let start = bytes.len();
         let mut ends = Vec::with_capacity(events.len());
-        for event in events {
-            bytes = postcard::to_extend(&EventRecord::of(event), bytes).expect("events always encode");
+        for (i, event) in events.iter().enumerate() {
+            let around = match object(i) {
+                Some(record) => Self::extend_around(bytes, event, record),
+                None => Err(bytes),
+            };
+            bytes = around.unwrap_or_else(|bytes| {
+                postcard::to_extend(&EventRecord::of(event), bytes).expect("events always encode")
+            });
             ends.push(bytes.len());
         }
         EncodedEvents { bytes, start, ends, last: events.last().map(|event| event.revision) }
+    }
+
+    /// `event`'s record written around its object's `record`: the fields before the object, the
+    /// object's variant and its fields before its record, then the record. `Err` (with `bytes`
+    /// as they were) for an object whose record is not its last field.
+    fn extend_around(bytes: Vec<u8>, event: &Event, record: &[u8]) -> Result<Vec<u8>, Vec<u8>> {
+        let head = (event.revision, event.kind.name(), event.key.as_str(), event.cause.as_deref(), event.at);
+        let encoded = match &event.object {
+            EventObject::Task(task) => {
+                postcard::to_extend(&(head, TASK_VARIANT, task.app.as_str(), task.spec.id.as_str()), bytes)
+            }
+            EventObject::Run(_) => postcard::to_extend(&(head, RUN_VARIANT), bytes),
+            EventObject::Alloc(alloc) => {
+                postcard::to_extend(&(head, ALLOC_VARIANT, alloc.pool.as_str(), alloc.id.0), bytes)
+            }
+            EventObject::EndedAlloc(ended) => {
+                let alloc = &ended.alloc;
+                postcard::to_extend(&(head, ENDED_ALLOC_VARIANT, alloc.pool.as_str(), alloc.id.0), bytes)
+            }
+            _ => return Err(bytes),
+        };
+        let mut bytes = encoded.expect("events always encode");
+        bytes.extend_from_slice(record);
+        Ok(bytes)
     }
 
     /// The revision of the last event, if any.
@@ -525,6 +571,29 @@ mod tests {
         }
         assert!(EncodedEvents::encode(&[]).is_empty());
         assert_eq!(kind_and_key(&[0xff]), None);
+    }
+
+    /// An event written around its object's record as its table keeps it is the event encoded
+    /// whole, byte for byte; a record given for an object that has none there is ignored. (Every
+    /// record of the embedded store checks the same in debug builds, for every kind of object.)
+    #[test]
+    fn events_written_around_their_objects_records_are_the_events_encoded_whole() {
+        let run = crate::conformance::sample_run();
+        let record = postcard::to_allocvec(&RunRow::of(&run)).unwrap();
+        let event = |revision, kind, object| Event {
+            revision,
+            kind,
+            key: "apps/a/tasks/t/run".to_owned(),
+            cause: Some("why".to_owned()),
+            at: 12,
+            object,
+        };
+        let events = vec![
+            event(1, EventKind::RunChanged, EventObject::Run(Box::new(run))),
+            event(2, EventKind::PoolRemoved, EventObject::Gone),
+        ];
+        let given = |_| Some(record.as_slice());
+        assert_eq!(EncodedEvents::encode_with(&events, given).bytes, EncodedEvents::encode(&events).bytes);
     }
 
     /// A run's event written before events had details (the `Run` object) still reads, among
