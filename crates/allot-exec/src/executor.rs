@@ -134,6 +134,23 @@ struct Driven {
 
 type Active = Arc<Mutex<HashMap<RunKey, Arc<Driven>>>>;
 
+/// What a task's spec says of how to run it, and the plugin that runs it ([`Executor::plugin_for`]).
+type Resolved = Result<(RunSpec, Arc<dyn Plugin>), ExecError>;
+
+/// A driver's task's spec, resolved once (its spec does not change under its number, `seq`),
+/// not at each round, ending and retry decision. Boxed: thousands of drivers wait at once.
+#[derive(Default)]
+struct Parsed(Option<Box<(u64, Resolved)>>);
+
+impl Parsed {
+    fn of(&mut self, executor: &Executor, task: &PlacedTask) -> &Resolved {
+        if self.0.as_ref().is_none_or(|parsed| parsed.0 != task.seq) {
+            self.0 = Some(Box::new((task.seq, executor.plugin_for(task))));
+        }
+        &self.0.as_ref().expect("resolved above").1
+    }
+}
+
 /// Where a driver starts ([`Executor::begin`]).
 struct Begun {
     run: Run,
@@ -738,7 +755,7 @@ impl Executor {
 
     /// The run a driver starts from, with the task as last read and its plugin; `None` if there
     /// is nothing to drive (the task is gone, or not placed here, and no run is kept).
-    async fn begin(&self, key: &RunKey, driven: &Driven) -> Result<Option<Begun>, StoreError> {
+    async fn begin(&self, key: &RunKey, driven: &Driven, parsed: &mut Parsed) -> Result<Option<Begun>, StoreError> {
         let stored = self.store.run(key.app.clone(), key.task.clone()).await?;
         // Every time it was found placed here before is in what it reads now.
         driven.found_again.store(false, Ordering::SeqCst);
@@ -755,7 +772,7 @@ impl Executor {
         // not be stored may have taken tokens the kept run does not list.
         let resumed = stored.is_some();
         // The plugin of the run's task (none for a task gone, or one no plugin here runs).
-        let plugin = last.as_ref().and_then(|task| self.plugin_for(task).ok().map(|(_, plugin)| plugin));
+        let plugin = last.as_ref().and_then(|task| parsed.of(self, task).as_ref().ok().map(|(_, p)| p.clone()));
         let run = match (stored, &last) {
             // Gone before it was run: nothing to do.
             (None, None) => return Ok(None),
@@ -787,7 +804,9 @@ impl Executor {
         // commit, say): its future's size is their memory. So its first readings and its larger
         // steps (a round, an attempt's end) are boxed, each allocated only while it runs, and a
         // report's wait holds nothing of the report.
-        let Some(Begun { mut run, mut last, plugin, resumed }) = Box::pin(self.begin(key, driven)).await? else {
+        let mut parsed = Parsed::default();
+        let Some(Begun { mut run, mut last, plugin, resumed }) = Box::pin(self.begin(key, driven, &mut parsed)).await?
+        else {
             return Ok(());
         };
         // A run found already ended (a list or a late change found its task after the driver
@@ -856,9 +875,12 @@ impl Executor {
                 // no report, and whatever placement the task has now starts a new attempt.
                 if run.alloc.is_some() && t.preempting.is_none() && t.preemptions > run.preemptions() {
                     let reason = t.preempted_for.as_deref().unwrap_or(PREEMPTED_WITHOUT_ITS_EXECUTOR);
-                    if let Next::EndAttempt { abort } = run.preempted(reason, self.policy_of(t), self.now_ms()) {
-                        Box::pin(self.end_attempt(key, &meta, last.as_ref(), &mut run, abort, Keep::Run, resumed))
-                            .await?;
+                    let policy = self.policy(parsed.of(self, t));
+                    if let Next::EndAttempt { abort } = run.preempted(reason, policy, self.now_ms()) {
+                        let resolved = last.as_ref().map(|last| parsed.of(self, last));
+                        let ending =
+                            self.end_attempt(key, &meta, last.as_ref(), resolved, &mut run, abort, Keep::Run, resumed);
+                        Box::pin(ending).await?;
                         self.stats.preempted.fetch_add(1, Ordering::Relaxed);
                         tracing::info!(run = %key, "preempted before its attempt ended: ended here now");
                     }
@@ -874,7 +896,7 @@ impl Executor {
                 // Noted in the run, stored with its next write: a crash before leaves the run as it
                 // was, and the same is decided again.
                 if run.alloc.as_deref() != Some(alloc.as_str())
-                    && run.placement_lost(&alloc, self.policy_of(t), self.now_ms())
+                    && run.placement_lost(&alloc, self.policy(parsed.of(self, t)), self.now_ms())
                 {
                     tracing::warn!(run = %key, "placed again after its placement was lost: a new attempt");
                 }
@@ -894,7 +916,7 @@ impl Executor {
                         return self.report(key, allot_core::apps::TaskEnding::Preempted, None).await;
                     }
                     if run.next() == Next::Handle {
-                        run.preempted(reason, self.policy_of(t), self.now_ms());
+                        run.preempted(reason, self.policy(parsed.of(self, t)), self.now_ms());
                         preempted = true;
                     }
                 }
@@ -928,7 +950,8 @@ impl Executor {
                         }
                     }
                     let before = (run.phase, run.version);
-                    Box::pin(self.round(key, &meta, &task, &mut run)).await?;
+                    let resolved = parsed.of(self, &task);
+                    Box::pin(self.round(key, &meta, &task, resolved, &mut run)).await?;
                     // Reported running once a round leaves it running: a task whose first round
                     // ends it goes from Allocated to its end in one report.
                     if task.state == TaskState::Allocated && run.next() == Next::Handle {
@@ -963,8 +986,9 @@ impl Executor {
                         (false, true) => Keep::Run,
                         (false, false) => Keep::WithReport,
                     };
-                    unsaved =
-                        Box::pin(self.end_attempt(key, &meta, last.as_ref(), &mut run, abort, keep, resumed)).await?;
+                    let resolved = last.as_ref().map(|last| parsed.of(self, last));
+                    let ending = self.end_attempt(key, &meta, last.as_ref(), resolved, &mut run, abort, keep, resumed);
+                    unsaved = Box::pin(ending).await?;
                     if preempted && run.next() == Next::Handle {
                         self.stats.preempted.fetch_add(1, Ordering::Relaxed);
                         return self.report(key, allot_core::apps::TaskEnding::Preempted, None).await;
@@ -1085,9 +1109,10 @@ impl Executor {
         self.config.data_dir.join(key.app.as_str()).join(key.task.as_str())
     }
 
-    /// The retry policy of `task`: its spec's `retries`, else the daemon's.
-    fn policy_of(&self, task: &PlacedTask) -> RetryPolicy {
-        crate::spec::parse(&task.spec).map_or(self.config.retry, |spec| spec.policy(self.config.retry))
+    /// The retry policy of a task whose spec resolved to `resolved`: its spec's `retries`, else
+    /// the daemon's (also for a spec that cannot be read).
+    fn policy(&self, resolved: &Resolved) -> RetryPolicy {
+        resolved.as_ref().map_or(self.config.retry, |(spec, _)| spec.policy(self.config.retry))
     }
 
     /// Whose catalog entries the plugin `plugin` reaches for a task of the application `meta`.
@@ -1167,7 +1192,7 @@ impl Executor {
     }
 
     /// What the task's spec says of how to run it, and the plugin that runs it.
-    fn plugin_for(&self, task: &PlacedTask) -> Result<(RunSpec, Arc<dyn Plugin>), ExecError> {
+    fn plugin_for(&self, task: &PlacedTask) -> Resolved {
         let spec = crate::spec::parse(&task.spec)?;
         let plugin = self
             .registry
@@ -1177,11 +1202,19 @@ impl Executor {
     }
 
     /// One `handle` round, stored.
-    async fn round(&self, key: &RunKey, meta: &AppMeta, task: &PlacedTask, run: &mut Run) -> Result<(), StoreError> {
+    async fn round(
+        &self,
+        key: &RunKey,
+        meta: &AppMeta,
+        task: &PlacedTask,
+        resolved: &Resolved,
+        run: &mut Run,
+    ) -> Result<(), StoreError> {
         let now = self.now_ms();
-        let (spec, plugin) = match self.plugin_for(task) {
-            Ok(found) => found,
+        let (spec, plugin) = match resolved {
+            Ok((spec, plugin)) => (spec, plugin.clone()),
             Err(error) => {
+                let error = error.clone();
                 // A task no plugin can run fails for good.
                 let failed = Transition::ephemeral(PhaseInfo::permanent(error));
                 run.after_round(Ok((failed, StateWrite::Unchanged)), self.config.retry, now);
@@ -1216,7 +1249,7 @@ impl Executor {
         let result = match run.recorded().cloned() {
             Some(recorded) => Ok((recorded, StateWrite::Unchanged)),
             None => {
-                let mut ctx = self.context(key, meta, Some(task), run, plugin.id(), &spec);
+                let mut ctx = self.context(key, meta, Some(task), run, plugin.id(), spec);
                 let answer = plugin.handle(&mut ctx).await;
                 let out = ctx.finish();
                 for reason in &out.events {
@@ -1303,12 +1336,14 @@ impl Executor {
     /// report: then `true`, not stored yet). A `resumed` run also gives back the attempt's token
     /// in every namespace of its plugin, listed or not. Until the run is stored, a crash replays
     /// the attempt's last round (as between a round and its store), which `handle` allows.
+    /// `resolved` is `task`'s spec and plugin.
     #[allow(clippy::too_many_arguments)]
     async fn end_attempt(
         &self,
         key: &RunKey,
         meta: &AppMeta,
         task: Option<&PlacedTask>,
+        resolved: Option<&Resolved>,
         run: &mut Run,
         abort: bool,
         keep: Keep,
@@ -1316,13 +1351,13 @@ impl Executor {
     ) -> Result<bool, StoreError> {
         // An attempt lost with its placement ran elsewhere: its plugin is not called here.
         let task = task.filter(|_| !run.attempt_lost());
-        if let Some((spec, plugin)) = task.and_then(|t| self.plugin_for(t).ok()) {
+        if let (Some(_), Some(Ok((spec, plugin)))) = (task, resolved) {
             // Not for a run whose task was replaced: the new task's attempts hold tokens of the
             // same names.
             if resumed && keep != Keep::Nothing {
                 self.release_unlisted(key, run.attempt, plugin.id()).await?;
             }
-            let mut ctx = self.context(key, meta, task, run, plugin.id(), &spec);
+            let mut ctx = self.context(key, meta, task, run, plugin.id(), spec);
             if abort {
                 if let Err(err) = plugin.abort(&mut ctx).await {
                     tracing::warn!(run = %key, error = %err, "abort failed; finalizing anyway");
