@@ -521,9 +521,14 @@ impl State {
         now: Millis,
     ) -> Commit {
         let (ack, rx) = oneshot::channel();
-        let records: Vec<Option<usize>> = drafts.iter().map(|draft| draft.record).collect();
+        // Which writes hold an event's object (none, and nothing allocated, on the grants' path).
+        let records: Vec<Option<usize>> = match drafts.iter().any(|draft| draft.record.is_some()) {
+            true => drafts.iter().map(|draft| draft.record).collect(),
+            false => Vec::new(),
+        };
         let events = self.stamp(drafts, now);
-        let mut encoded = EncodedEvents::encode_with(&events, |i| records[i].and_then(|op| ops[op].value()));
+        let object = |i: usize| records.get(i).copied().flatten().and_then(|op| ops[op].value());
+        let mut encoded = EncodedEvents::encode_with(&events, object);
         // Byte for byte what encoding each event whole gives (checked in every test run).
         debug_assert_eq!(encoded.bytes, EncodedEvents::encode(&events).bytes, "events written around records");
         // Events ride in a record, so they are durable with it (one of their own, if need be).
