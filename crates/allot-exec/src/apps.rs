@@ -84,6 +84,11 @@ impl TaskPlacement {
     pub fn uri(&self) -> String {
         [self.pool.as_str(), "/", &self.alloc].concat()
     }
+
+    /// Whether `uri` is its [`TaskPlacement::uri`] (without writing that out).
+    pub fn is_uri(&self, uri: &str) -> bool {
+        uri.strip_prefix(self.pool.as_str()).and_then(|rest| rest.strip_prefix('/')) == Some(self.alloc.as_str())
+    }
 }
 
 impl From<&Task> for PlacedTask {
@@ -459,5 +464,22 @@ impl AppsAccess {
             }
         }
         Ok(found)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A placement knows its own uri, and no other (another pool that starts with its pool's
+    /// name, another alloc, or either without the slash).
+    #[test]
+    fn a_placement_tells_its_uri_from_others() {
+        let placement =
+            TaskPlacement { pool: PoolName::new("p").unwrap(), alloc: "00ab".into(), resources: "cpu=1".into() };
+        assert!(placement.is_uri(&placement.uri()));
+        for other in ["p/00ac", "p2/00ab", "p00ab", "p/", "/00ab", "", "p/00ab/", "q/00ab"] {
+            assert!(!placement.is_uri(other), "{other}");
+        }
     }
 }

@@ -840,16 +840,21 @@ impl Executor {
             // The task as the scheduler has it now: removed or ended from outside stops the run.
             // It is read again after every wait; steps that follow each other at once use the
             // last reading (what happened meanwhile is seen at the next wait).
-            let task = match (&last, reread) {
-                (Some(task), false) => Some(task.clone()),
+            let (task, read) = match (&last, reread) {
+                (Some(task), false) => (Some(task.clone()), false),
                 _ => {
                     driven.found_again.store(false, Ordering::SeqCst);
-                    self.apps.task(&key.app, &key.task).await?
+                    (self.apps.task(&key.app, &key.task).await?, true)
                 }
             };
             reread = false;
             match &task {
-                Some(t) if run.belongs_to(t.seq) => last = Some(t.clone()),
+                // (A task not read again is the last reading already.)
+                Some(t) if run.belongs_to(t.seq) => {
+                    if read {
+                        last = Some(t.clone());
+                    }
+                }
                 Some(t) => {
                     replaced = true;
                     // The task now under its id is driven afresh once this run has stopped.
@@ -892,11 +897,10 @@ impl Executor {
                     tracing::info!(run = %key, "the task is not placed on this daemon's pools now: not run here");
                     return Ok(());
                 };
-                let alloc = placement.uri();
                 // Noted in the run, stored with its next write: a crash before leaves the run as it
                 // was, and the same is decided again.
-                if run.alloc.as_deref() != Some(alloc.as_str())
-                    && run.placement_lost(&alloc, self.policy(parsed.of(self, t)), self.now_ms())
+                if !run.alloc.as_deref().is_some_and(|alloc| placement.is_uri(alloc))
+                    && run.placement_lost(&placement.uri(), self.policy(parsed.of(self, t)), self.now_ms())
                 {
                     tracing::warn!(run = %key, "placed again after its placement was lost: a new attempt");
                 }
