@@ -18,6 +18,7 @@ use allot_core::pools::{PoolChange, Pools};
 use allot_core::watch::{keys, EventKind};
 use allot_core::{Change, GrantEnd, Ledger, LedgerError, Millis, NamespaceName, Token, WaiterId};
 
+use super::ops::Op;
 use super::{grant_info, session_info, Shared, State};
 use crate::runs::RunChange;
 use crate::watch::{Event, EventObject};
@@ -37,9 +38,9 @@ pub(super) struct Draft {
     pub(super) key: String,
     pub(super) cause: Option<String>,
     pub(super) object: EventObject,
-    /// The write of the same record (its index among the record's ops) that holds the object's
-    /// own record, for an object whose event record ends with it (a task, a run, an alloc): the
-    /// event is written around those bytes, not encoded again (`EncodedEvents::encode_with`).
+    /// The first write of its change (its index among the record's ops, see [`change`]): for a
+    /// task, a run or an alloc, that write holds the object's own record, and the event is
+    /// written around those bytes, not encoded again (`EncodedEvents::encode_with`).
     pub(super) record: Option<usize>,
 }
 
@@ -49,17 +50,20 @@ impl Draft {
     }
 }
 
-/// Notes, in the drafts of one change, that the write `op` holds its object's own record: when
-/// the change drafted one event, of an object whose event record ends with that record (a task,
-/// a run, an alloc live or ended, each of which one write puts).
-pub(super) fn written_at(drafts: &mut [Draft], op: usize) {
-    if let [draft] = drafts {
-        if matches!(
-            draft.object,
-            EventObject::Task(_) | EventObject::Run(_) | EventObject::Alloc(_) | EventObject::EndedAlloc(_)
-        ) {
-            draft.record = Some(op);
-        }
+/// Makes one change's writes, then its events. A change that drafts one event has its first
+/// write noted as that event's `record`: the encoder writes the event around that write's bytes
+/// when its object's record ends with them (`EncodedEvents::encode_with` knows which objects).
+pub(super) fn change(
+    ops: &mut Vec<Op>,
+    drafts: &mut Vec<Draft>,
+    write: impl FnOnce(&mut Vec<Op>),
+    draft: impl FnOnce(&mut Vec<Draft>),
+) {
+    let (op, drafted) = (ops.len(), drafts.len());
+    write(ops);
+    draft(drafts);
+    if let [one] = &mut drafts[drafted..] {
+        one.record = (op < ops.len()).then_some(op);
     }
 }
 

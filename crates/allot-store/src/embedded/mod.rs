@@ -427,11 +427,9 @@ impl State {
     /// Logs a change of the kept runs, and makes it.
     fn submit_runs(&mut self, shared: &Shared, change: RunChange) -> Commit {
         let mut ops = Vec::new();
-        runs::ops(std::iter::once(&change), &mut ops);
         let mut drafts = std::mem::take(&mut self.drafts);
-        let drafted = drafts.len();
-        feed::runs(&change, &mut drafts);
-        feed::written_at(&mut drafts[drafted..], 0);
+        let once = std::iter::once(&change);
+        feed::change(&mut ops, &mut drafts, |ops| runs::ops(once, ops), |drafts| feed::runs(&change, drafts));
         runs::apply(&mut self.runs, change);
         self.log_and_answer(shared, ops, Vec::new(), Vec::new(), drafts, shared.clock.now())
     }
@@ -465,28 +463,22 @@ impl State {
         let changes = run_changes.len() + effects.changes.len() + pool_changes.len() + app_changes.len();
         let mut ops = Vec::with_capacity(changes);
         // Change by change, the writes then the events, so that an event whose object's record
-        // a write holds is written around it (`feed::written_at`). The writes in the order of
-        // the parts: runs, ledger, pools, applications; the events likewise.
+        // a write holds is written around it (`feed::change`). The writes in the order of the
+        // parts: runs, ledger, pools, applications; the events likewise.
         for change in run_changes {
-            let (op, drafted) = (ops.len(), drafts.len());
-            runs::ops(std::iter::once(&change), &mut ops);
-            feed::runs(&change, &mut drafts);
-            feed::written_at(&mut drafts[drafted..], op);
+            let once = std::iter::once(&change);
+            feed::change(&mut ops, &mut drafts, |ops| runs::ops(once, ops), |drafts| feed::runs(&change, drafts));
             runs::apply(&mut self.runs, change);
         }
         quotas::ops(effects.changes.iter(), &mut ops);
         feed::quotas(&self.ledger, &effects.changes, now, &mut drafts);
-        for change in &pool_changes {
-            let (op, drafted) = (ops.len(), drafts.len());
-            pools::ops(std::iter::once(change), &mut ops);
-            feed::pools(&self.pools, std::slice::from_ref(change), now, &mut drafts);
-            feed::written_at(&mut drafts[drafted..], op);
+        for change in pool_changes.chunks(1) {
+            let draft = |drafts: &mut Vec<_>| feed::pools(&self.pools, change, now, drafts);
+            feed::change(&mut ops, &mut drafts, |ops| pools::ops(change.iter(), ops), draft);
         }
-        for change in &app_changes {
-            let (op, drafted) = (ops.len(), drafts.len());
-            apps::ops(std::iter::once(change), &mut ops);
-            feed::apps(&self.sched, std::slice::from_ref(change), &mut drafts);
-            feed::written_at(&mut drafts[drafted..], op);
+        for change in app_changes.chunks(1) {
+            let draft = |drafts: &mut Vec<_>| feed::apps(&self.sched, change, drafts);
+            feed::change(&mut ops, &mut drafts, |ops| apps::ops(change.iter(), ops), draft);
         }
         // The waiters an operation admitted or cancelled, after the changes that did it.
         let waiters = &mut self.waiters;
