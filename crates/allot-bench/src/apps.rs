@@ -33,7 +33,7 @@ use hyper::{Method, StatusCode};
 use serde::Serialize;
 
 use crate::children::{self, Scratch};
-use crate::cpu::{CpuShare, CpuTimes};
+use crate::cpu::{process_cpu_seconds, CpuShare, CpuTimes};
 use crate::http::{Conn, Endpoint};
 use crate::latency::Latency;
 use crate::report::{self, median, Check};
@@ -88,6 +88,8 @@ struct Round {
     add_ms: Latency,
     polls: u64,
     cpu: Option<CpuShare>,
+    /// The daemon's CPU time (every thread) from the submission to the last reading, per task.
+    daemon_cpu_us_per_task: Option<f64>,
 }
 
 pub(super) async fn run(args: AppsBenchArgs) -> anyhow::Result<()> {
@@ -121,7 +123,7 @@ pub(super) async fn run(args: AppsBenchArgs) -> anyhow::Result<()> {
                 children::spawn_daemon_with(&scratch, &more).await?
             }
         };
-        let outcome = measure(&args, &daemon.endpoint, &capacity, round, &ANYWHERE).await;
+        let outcome = measure(&args, &daemon.endpoint, daemon.pid(), &capacity, round, &ANYWHERE).await;
         daemon.stop().await;
         rounds.push(outcome?);
     }
@@ -157,9 +159,12 @@ pub(super) async fn run(args: AppsBenchArgs) -> anyhow::Result<()> {
         );
         for r in &rounds {
             let steal = r.cpu.map_or_else(|| "-".to_owned(), |c| format!("{:.1}%", c.steal_pct));
+            let busy = r.cpu.map_or_else(|| "-".to_owned(), |c| format!("{:.0}%", c.busy_pct));
+            let daemon = r.daemon_cpu_us_per_task.map_or_else(|| "-".to_owned(), |us| format!("{us:.1} µs"));
             println!(
                 "  round {}: {:>7.0} tasks/s  all done after {:.3} s (adds answered after {:.3} s, then {:.1} ms)  \
-                 add p50 {:.2} ms p99 {:.2} ms  submit {:.2} ms  {} polls  steal {steal}",
+                 add p50 {:.2} ms p99 {:.2} ms  submit {:.2} ms  {} polls  daemon CPU per task {daemon}  \
+                 machine busy {busy}  steal {steal}",
                 r.round,
                 r.tasks_per_s,
                 r.seconds,
@@ -176,6 +181,15 @@ pub(super) async fn run(args: AppsBenchArgs) -> anyhow::Result<()> {
                 true => println!("median {rate:.0} tasks/s ({:.1}x Dask)", rate / DASK_PER_S),
                 false => println!("median {rate:.0} tasks/s ({:.1}x YuniKorn)", rate / YUNIKORN_PER_S),
             }
+        }
+        // What the daemon's own CPU time allows this machine at most, were every core its and
+        // every step in parallel: a bound, not a forecast.
+        let per_task = median(rounds.iter().filter_map(|r| r.daemon_cpu_us_per_task).collect());
+        if let (Some(us), Ok(cores)) = (per_task, std::thread::available_parallelism()) {
+            println!(
+                "the daemon's CPU per task {us:.1} µs (median): at most {:.0} tasks/s on this machine's {cores} cores",
+                cores.get() as f64 * 1e6 / us
+            );
         }
         println!("targets:");
         print!("{}", report::checks(&checks));
@@ -227,7 +241,7 @@ async fn across(args: AppsBenchArgs, capacity: &str) -> anyhow::Result<()> {
         let order = if round % 2 == 1 { [&SCHEDULER, &OTHER] } else { [&OTHER, &SCHEDULER] };
         let mut outcome = Ok(());
         for side in order {
-            let measured = measure(&args, &scheduler.endpoint, capacity, round, side).await;
+            let measured = measure(&args, &scheduler.endpoint, scheduler.pid(), capacity, round, side).await;
             // The next application starts with the scheduler as this one found it.
             let measured = match measured {
                 Ok(measured) => {
@@ -325,6 +339,7 @@ async fn remove_app(endpoint: &Endpoint, app: &str) -> anyhow::Result<()> {
 async fn measure(
     args: &AppsBenchArgs,
     endpoint: &Endpoint,
+    daemon_pid: Option<u32>,
     capacity: &str,
     round: u16,
     side: &Side,
@@ -394,6 +409,7 @@ async fn measure(
     let tasks_path: Arc<str> = format!("/v1/apps/{app}/tasks").into();
 
     let cpu_before = CpuTimes::now();
+    let daemon_before = daemon_pid.and_then(process_cpu_seconds);
     let started = Instant::now();
     call(&mut setup, Method::POST, "/v1/apps", submit).await.context("cannot submit the application")?;
     let submit_ms = started.elapsed().as_secs_f64() * 1000.0;
@@ -433,6 +449,10 @@ async fn measure(
         tokio::time::sleep(args.poll).await;
     };
     let cpu = CpuTimes::now().zip(cpu_before).and_then(|(after, before)| before.share_until(&after));
+    let daemon_cpu_us_per_task = daemon_pid
+        .and_then(process_cpu_seconds)
+        .zip(daemon_before)
+        .map(|(after, before)| (after - before) * 1e6 / args.tasks as f64);
     let mut latencies = Vec::with_capacity(args.tasks);
     let mut last_added = started;
     for adder in adders {
@@ -451,5 +471,6 @@ async fn measure(
         add_ms: Latency::from_nanos(latencies),
         polls,
         cpu,
+        daemon_cpu_us_per_task,
     })
 }
