@@ -10,6 +10,10 @@
 //!
 //! YuniKorn on KWOK published 833 pods/s; the target is 4,200 tasks/s.
 //!
+//! Each round also reports the daemon's CPU time (every thread) from the submission to the last
+//! reading, per task, and how busy the machine was; the run, the rate the median of that CPU per
+//! task allows this machine's cores at most (every core the daemon's, every step in parallel).
+//!
 //! With `--one-call`, the application is submitted with all its tasks in one call, as `allot run`
 //! does (one commit for every task), and the clock starts before that call.
 //!
