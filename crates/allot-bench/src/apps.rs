@@ -74,6 +74,12 @@ struct Output {
     in_flight: usize,
     rounds: Vec<Round>,
     median_tasks_per_s: Option<f64>,
+    /// The median of the rounds' CPU time of the daemon per task, in µs.
+    daemon_cpu_us_per_task: Option<f64>,
+    /// The CPUs this process may use.
+    cores: usize,
+    /// The rate that CPU per task allows `cores` at most.
+    bound_tasks_per_s: Option<f64>,
     checks: Vec<Check>,
 }
 
@@ -137,6 +143,11 @@ pub(super) async fn run(args: AppsBenchArgs) -> anyhow::Result<()> {
     } else {
         vec![Check::at_least("tasks/s, submission to all Allocated".to_owned(), median_tasks_per_s, MIN_PER_S)]
     };
+    // What the daemon's own CPU time allows this machine at most, were every core its and every
+    // step in parallel: a bound, not a forecast.
+    let daemon_cpu_us_per_task = median(rounds.iter().filter_map(|r| r.daemon_cpu_us_per_task).collect());
+    let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+    let bound_tasks_per_s = daemon_cpu_us_per_task.filter(|us| *us > 0.0).map(|us| cores as f64 * 1e6 / us);
     if args.output.json {
         let output = Output {
             tasks: args.tasks,
@@ -144,6 +155,9 @@ pub(super) async fn run(args: AppsBenchArgs) -> anyhow::Result<()> {
             in_flight: args.in_flight,
             rounds,
             median_tasks_per_s,
+            daemon_cpu_us_per_task,
+            cores,
+            bound_tasks_per_s,
             checks: checks.clone(),
         };
         println!("{}", serde_json::to_string_pretty(&output)?);
@@ -186,14 +200,8 @@ pub(super) async fn run(args: AppsBenchArgs) -> anyhow::Result<()> {
                 false => println!("median {rate:.0} tasks/s ({:.1}x YuniKorn)", rate / YUNIKORN_PER_S),
             }
         }
-        // What the daemon's own CPU time allows this machine at most, were every core its and
-        // every step in parallel: a bound, not a forecast.
-        let per_task = median(rounds.iter().filter_map(|r| r.daemon_cpu_us_per_task).collect());
-        if let (Some(us), Ok(cores)) = (per_task, std::thread::available_parallelism()) {
-            println!(
-                "the daemon's CPU per task {us:.1} µs (median): at most {:.0} tasks/s on this machine's {cores} cores",
-                cores.get() as f64 * 1e6 / us
-            );
+        if let (Some(us), Some(bound)) = (daemon_cpu_us_per_task, bound_tasks_per_s) {
+            println!("the daemon's CPU per task {us:.1} µs (median): at most {bound:.0} tasks/s on this machine's {cores} cores");
         }
         println!("targets:");
         print!("{}", report::checks(&checks));

@@ -118,3 +118,28 @@ fn bench_waiters_queues_over_http2_and_hands_the_quota_over_in_order() {
     }
     assert_eq!(report["checks"].as_array().unwrap().len(), 3, "{report}");
 }
+
+/// `allot bench apps --run` at a small scale: every task run to Completed, and each round's CPU
+/// time of the daemon read from its process, with the rate it allows this machine's CPUs at most.
+#[test]
+fn bench_apps_runs_every_task_and_reads_the_daemons_cpu_per_task() {
+    let output = Command::new(ALLOT)
+        .args(["bench", "apps", "--run", "--one-call", "--tasks", "300", "--pools", "3", "--rounds", "1", "--json"])
+        .output()
+        .expect("run allot bench apps");
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(output.status.success(), "{stderr}");
+    let report: serde_json::Value = serde_json::from_slice(&output.stdout).expect("JSON on stdout");
+    let rounds = report["rounds"].as_array().expect("rounds");
+    assert_eq!(rounds.len(), 1, "{report:#}");
+    assert!(rounds[0]["tasks_per_s"].as_f64().unwrap() > 0.0, "{report:#}");
+    // CPU time comes in clock ticks (10 ms): a quick round may read 0, but it is read.
+    let per_task = rounds[0]["daemon_cpu_us_per_task"].as_f64().expect("the daemon's CPU per task is read");
+    assert!(per_task >= 0.0, "{report:#}");
+    assert_eq!(report["daemon_cpu_us_per_task"].as_f64(), Some(per_task), "the median of one round: {report:#}");
+    let cores = report["cores"].as_u64().expect("the CPUs counted") as f64;
+    match report["bound_tasks_per_s"].as_f64() {
+        Some(bound) => assert!((bound - cores * 1e6 / per_task).abs() < 1e-6 * bound, "{report:#}"),
+        None => assert_eq!(per_task, 0.0, "a bound is given whenever the daemon used CPU: {report:#}"),
+    }
+}
