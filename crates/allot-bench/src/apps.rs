@@ -10,9 +10,10 @@
 //!
 //! YuniKorn on KWOK published 833 pods/s; the target is 4,200 tasks/s.
 //!
-//! Each round also reports the daemon's CPU time (every thread) from the submission to the last
-//! reading, per task, and how busy the machine was; the run, the rate the median of that CPU per
-//! task allows this machine's cores at most (every core the daemon's, every step in parallel).
+//! Each round also reports the daemon's CPU time (every thread; with `--across`, both daemons')
+//! from the submission to the last reading, per task, and how busy the machine was; the run, the
+//! rate the median of that CPU per task allows this machine's cores at most (every core the
+//! daemon's, every step in parallel).
 //!
 //! With `--one-call`, the application is submitted with all its tasks in one call, as `allot run`
 //! does (one commit for every task), and the clock starts before that call.
@@ -98,7 +99,8 @@ struct Round {
     add_ms: Latency,
     polls: u64,
     cpu: Option<CpuShare>,
-    /// The daemon's CPU time (every thread) from the submission to the last reading, per task.
+    /// The daemon's CPU time (every thread; with `--across`, both daemons') from the submission
+    /// to the last reading, per task.
     daemon_cpu_us_per_task: Option<f64>,
 }
 
@@ -133,7 +135,15 @@ pub(super) async fn run(args: AppsBenchArgs) -> anyhow::Result<()> {
                 children::spawn_daemon_with(&scratch, &more).await?
             }
         };
-        let outcome = measure(&args, &daemon.endpoint, daemon.pid(), &capacity, round, &ANYWHERE).await;
+        let outcome = measure(
+            &args,
+            &daemon.endpoint,
+            &daemon.pid().into_iter().collect::<Vec<_>>(),
+            &capacity,
+            round,
+            &ANYWHERE,
+        )
+        .await;
         daemon.stop().await;
         rounds.push(outcome?);
     }
@@ -253,7 +263,8 @@ async fn across(args: AppsBenchArgs, capacity: &str) -> anyhow::Result<()> {
         let order = if round % 2 == 1 { [&SCHEDULER, &OTHER] } else { [&OTHER, &SCHEDULER] };
         let mut outcome = Ok(());
         for side in order {
-            let measured = measure(&args, &scheduler.endpoint, scheduler.pid(), capacity, round, side).await;
+            let daemons: Vec<u32> = [scheduler.pid(), follower.pid()].into_iter().flatten().collect();
+            let measured = measure(&args, &scheduler.endpoint, &daemons, capacity, round, side).await;
             // The next application starts with the scheduler as this one found it.
             let measured = match measured {
                 Ok(measured) => {
@@ -333,6 +344,12 @@ async fn across(args: AppsBenchArgs, capacity: &str) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// The CPU time the `daemons` have used together, in seconds; `None` if one cannot be read.
+fn daemons_cpu_seconds(daemons: &[u32]) -> Option<f64> {
+    (!daemons.is_empty()).then_some(())?;
+    daemons.iter().map(|pid| process_cpu_seconds(*pid)).sum()
+}
+
 /// Removes application `app` and waits until it is gone.
 async fn remove_app(endpoint: &Endpoint, app: &str) -> anyhow::Result<()> {
     let mut conn = Conn::connect(endpoint).await?;
@@ -351,7 +368,7 @@ async fn remove_app(endpoint: &Endpoint, app: &str) -> anyhow::Result<()> {
 async fn measure(
     args: &AppsBenchArgs,
     endpoint: &Endpoint,
-    daemon_pid: Option<u32>,
+    daemons: &[u32],
     capacity: &str,
     round: u16,
     side: &Side,
@@ -421,7 +438,7 @@ async fn measure(
     let tasks_path: Arc<str> = format!("/v1/apps/{app}/tasks").into();
 
     let cpu_before = CpuTimes::now();
-    let daemon_before = daemon_pid.and_then(process_cpu_seconds);
+    let daemon_before = daemons_cpu_seconds(daemons);
     let started = Instant::now();
     call(&mut setup, Method::POST, "/v1/apps", submit).await.context("cannot submit the application")?;
     let submit_ms = started.elapsed().as_secs_f64() * 1000.0;
@@ -461,8 +478,7 @@ async fn measure(
         tokio::time::sleep(args.poll).await;
     };
     let cpu = CpuTimes::now().zip(cpu_before).and_then(|(after, before)| before.share_until(&after));
-    let daemon_cpu_us_per_task = daemon_pid
-        .and_then(process_cpu_seconds)
+    let daemon_cpu_us_per_task = daemons_cpu_seconds(daemons)
         .zip(daemon_before)
         .map(|(after, before)| (after - before) * 1e6 / args.tasks as f64);
     let mut latencies = Vec::with_capacity(args.tasks);
