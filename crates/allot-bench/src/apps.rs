@@ -346,7 +346,9 @@ async fn across(args: AppsBenchArgs, capacity: &str) -> anyhow::Result<()> {
 
 /// The CPU time the `daemons` have used together, in seconds; `None` if one cannot be read.
 fn daemons_cpu_seconds(daemons: &[u32]) -> Option<f64> {
-    (!daemons.is_empty()).then_some(())?;
+    if daemons.is_empty() {
+        return None;
+    }
     daemons.iter().map(|pid| process_cpu_seconds(*pid)).sum()
 }
 
