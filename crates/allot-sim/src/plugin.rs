@@ -25,7 +25,6 @@ pub const SEATS_NAMESPACE: &str = "sim:seats";
 pub const SEATS_QUOTA: u64 = 2;
 
 /// What the plugin saw in one life of the daemon, and what broke its rules.
-#[derive(Debug)]
 pub struct Journal {
     /// Each (run, attempt) finalized in this life, and how many disk faults had happened then.
     finalized: BTreeMap<(String, u32), u64>,
@@ -34,24 +33,33 @@ pub struct Journal {
     pub violations: Vec<String>,
     /// Rounds called, in all.
     pub rounds: u64,
-    /// The disk the daemon's store is on: how many of its operations failed.
-    disk: SimDisk,
+    /// How many of the store's operations failed so far (the disk's, or the store calls').
+    faults: Faults,
 }
+
+/// Counts the faults of what the daemon's store stands on: after one, a run whose ending could
+/// not be stored replays its last round.
+pub type Faults = Box<dyn Fn() -> u64 + Send>;
 
 /// A journal the plugin writes and the simulation reads.
 pub type SharedJournal = Arc<Mutex<Journal>>;
 
 /// A new journal, for one life of the daemon whose store is on `disk`.
 pub fn journal(disk: SimDisk) -> SharedJournal {
+    journal_counting(Box::new(move || disk.faults()))
+}
+
+/// A new journal, for one life of the daemon whose store's faults `faults` counts.
+pub fn journal_counting(faults: Faults) -> SharedJournal {
     let journal =
-        Journal { finalized: BTreeMap::new(), in_round: BTreeSet::new(), violations: Vec::new(), rounds: 0, disk };
+        Journal { finalized: BTreeMap::new(), in_round: BTreeSet::new(), violations: Vec::new(), rounds: 0, faults };
     Arc::new(Mutex::new(journal))
 }
 
 impl Journal {
-    /// The disk's faults so far.
+    /// The store's faults so far.
     fn faults(&self) -> u64 {
-        self.disk.faults()
+        (self.faults)()
     }
 }
 

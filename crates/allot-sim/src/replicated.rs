@@ -64,6 +64,8 @@ use crate::plan::Report;
 use crate::run::{Failure, Outcome};
 
 mod apps;
+mod exec;
+mod exec_store;
 mod waits;
 
 /// Clients, namespaces, each namespace's quota, tokens per client.
@@ -157,6 +159,12 @@ pub enum Step {
     /// Redis's clock steps forward by `ms` (NTP on its host), the daemon's clocks do not: leases
     /// due by Redis's new time lapse, and the daemon learns the new time from its next call.
     RedisJump { ms: u32 },
+    /// `POST /v1/apps`: the client's application number `app` (of three) for the executor (`exec.rs`):
+    /// `tasks` tasks of one CPU on its pool, of the simulation's plugin as `run` says
+    /// (`RunAsks::of`, without seats), a gang of all of them if `gang`.
+    SubmitRun { client: u8, app: u8, tasks: u8, run: u8, gang: bool },
+    /// The executor's turn: it runs until it has nothing left to do.
+    Execute,
 }
 
 /// The plan of `seed`: `steps` steps of grants, time and the link, with the pool's steps, the
@@ -170,6 +178,7 @@ pub fn draw(seed: u64, steps: usize) -> Vec<Step> {
     let mut waits = StdRng::seed_from_u64(seed ^ 0x7761_6974);
     let mut losses = StdRng::seed_from_u64(seed ^ 0x6c6f_7374);
     let mut clocks = StdRng::seed_from_u64(seed ^ 0x636c_636b);
+    let mut execs = StdRng::seed_from_u64(seed ^ 0x6578_6563);
     let mut plan = Vec::with_capacity(steps * 2);
     for mut step in draw_quotas(seed, steps) {
         if losses.gen_range(0..12) == 0 {
@@ -197,6 +206,9 @@ pub fn draw(seed: u64, steps: usize) -> Vec<Step> {
         }
         if apps.gen_range(0..3) == 0 {
             plan.push(apps::draw_step(&mut apps));
+        }
+        if execs.gen_range(0..4) == 0 {
+            plan.push(exec::draw_step(&mut execs));
         }
         if sessions.gen_range(0..4) == 0 {
             let (client, session) = (sessions.gen_range(0..CLIENTS), sessions.gen_range(0..4));
@@ -451,6 +463,11 @@ struct Sim {
     restarts: usize,
     pair: Pair,
     daemons: [Option<Daemon>; DAEMONS],
+    /// The daemons' stores, as the executor finds the one that schedules.
+    stores: exec_store::Daemons,
+    /// The first daemon's executor (`exec.rs`), and where its tasks' directories are.
+    exec: Option<exec::ExecProcess>,
+    exec_dir: tempfile::TempDir,
     /// The daemon the step's calls go to.
     serving: usize,
     now: u64,
@@ -479,6 +496,9 @@ impl Sim {
             restarts: 0,
             pair,
             daemons: [None, None],
+            stores: Arc::new(std::sync::Mutex::new(vec![None; DAEMONS])),
+            exec: None,
+            exec_dir: tempfile::tempdir().expect("a directory for the executor's tasks"),
             serving: 0,
             now: START_MS,
             model: Model::default(),
@@ -535,15 +555,33 @@ impl Sim {
         }
         // It takes part in the election at once, as a daemon that starts does.
         renew_lease(&store, &holder).await;
+        self.stores.lock().unwrap_or_else(|p| p.into_inner())[index] = Some(store.clone());
+        if index == 0 {
+            let exec = exec::ExecProcess::start(store.clone(), self.stores.clone(), &self.clock, self.exec_dir.path());
+            self.exec = Some(exec.await);
+        }
         self.daemons[index] = Some(Daemon { store, api, clock, holder });
+    }
+
+    /// Daemon `index` goes: its executor first (killed where it stands), then its store.
+    async fn close_daemon(&mut self, index: usize) {
+        if index == 0 {
+            if let Some(exec) = self.exec.take() {
+                exec.kill().await;
+            }
+        }
+        self.stores.lock().unwrap_or_else(|p| p.into_inner())[index] = None;
+        if let Some(daemon) = self.daemons[index].take() {
+            daemon.store.shutdown().await;
+        }
     }
 
     /// Closes every daemon: the waiting calls go first, one by one (`waits.rs`).
     async fn close(&mut self) -> Result<(), Violation> {
         self.watcher = None;
         let left = if self.daemons.iter().any(Option::is_some) { self.leave_queues().await } else { Ok(()) };
-        for daemon in self.daemons.iter_mut().filter_map(Option::take) {
-            daemon.store.shutdown().await;
+        for index in 0..DAEMONS {
+            self.close_daemon(index).await;
         }
         left
     }
@@ -555,9 +593,7 @@ impl Sim {
             self.watcher = None;
         }
         let left = self.leave_queues().await;
-        if let Some(daemon) = self.daemons[index].take() {
-            daemon.store.shutdown().await;
-        }
+        self.close_daemon(index).await;
         left
     }
 
@@ -616,7 +652,7 @@ impl Sim {
             | Step::KeepAlloc { client, .. }
             | Step::WaitGrant { client, .. }
             | Step::WaitRelease { client, .. } => usize::from(client) % DAEMONS,
-            Step::Submit { .. } | Step::Report { .. } => self.scheduling(),
+            Step::Submit { .. } | Step::SubmitRun { .. } | Step::Report { .. } => self.scheduling(),
             _ => 0,
         }
     }
@@ -657,7 +693,16 @@ impl Sim {
                 return Some(Failure { step: index, violation });
             }
         }
-        None
+        match self.runs_end().await {
+            Ok(line) => {
+                self.record(line);
+                None
+            }
+            Err(violation) => {
+                tracing::warn!("{violation}");
+                Some(Failure { step: steps.len(), violation })
+            }
+        }
     }
 
     /// The clock moved to `now` and the primary swept: the leases due lapsed. The sweep writes:
@@ -727,7 +772,9 @@ impl Sim {
                 // half second, so within every step of time the plan draws).
                 self.renew_leases().await;
                 self.leases_lapse();
-                format!("now {now}")
+                // The executor did meanwhile what fell due.
+                let executed = self.execute(u64::from(ms)).await?;
+                format!("now {now}; {executed}")
             }
             Step::Cut => {
                 if self.pair.cut.is_some() {
@@ -897,6 +944,8 @@ impl Sim {
                 self.clock.jump_wall(i64::from(ms));
                 "the daemon's wall clock jumped".to_owned()
             }
+            Step::SubmitRun { client, app, tasks, run, gang } => self.submit_run(client, app, tasks, run, gang).await?,
+            Step::Execute => self.execute(0).await?,
             Step::RedisJump { ms } => {
                 self.now += u64::from(ms);
                 let now = self.now;
@@ -1252,6 +1301,7 @@ impl Sim {
     /// doubt.
     async fn check(&mut self) -> Result<(), Violation> {
         self.watch()?;
+        self.check_runs()?;
         self.check_pool().await?;
         self.check_apps().await?;
         self.check_sessions().await?;
@@ -1535,6 +1585,8 @@ mod tests {
         assert!(plan.iter().any(|step| matches!(step, Step::SessionGrant { .. })), "grants in sessions are drawn");
         assert!(plan.iter().any(|step| matches!(step, Step::Submit { gang: true, .. })), "gangs are submitted");
         assert!(plan.iter().any(|step| matches!(step, Step::Schedule)), "the daemon schedules");
+        assert!(plan.iter().any(|step| matches!(step, Step::SubmitRun { gang: true, .. })), "gangs are run");
+        assert!(plan.iter().any(|step| matches!(step, Step::Execute)), "the executor takes turns");
         assert!(plan.iter().any(|step| matches!(step, Step::WaitGrant { .. })), "calls wait");
         assert!(plan.iter().any(|step| matches!(step, Step::LoseAnswer)), "answers are lost");
         assert!(plan.iter().any(|step| matches!(step, Step::WallJump { .. })), "the daemon's clock jumps");
@@ -1564,6 +1616,8 @@ mod tests {
                         | Step::LoseAnswer
                         | Step::WallJump { .. }
                         | Step::RedisJump { .. }
+                        | Step::SubmitRun { .. }
+                        | Step::Execute
                 )
             })
             .map(|step| match step {

@@ -18,6 +18,7 @@ use axum::http::{Method, StatusCode};
 use rand::rngs::StdRng;
 use rand::Rng;
 
+use super::exec::{exec_only, EXEC_CAPACITY, EXEC_POOL};
 use super::{code_of, Grip, Known, Sim, Step};
 use crate::check::{cpus_of, parse, Violation};
 use crate::plan::Report;
@@ -32,7 +33,7 @@ fn apps_only() -> serde_json::Value {
 }
 
 /// How long a gang waits to be reserved before its tasks are scheduled one by one.
-const RESERVE_TIMEOUT_MS: u64 = 5_000;
+pub(super) const RESERVE_TIMEOUT_MS: u64 = 5_000;
 
 /// One step of the applications' part.
 pub(super) fn draw_step(rng: &mut StdRng) -> Step {
@@ -73,6 +74,10 @@ impl Sim {
         let body = serde_json::json!({ "capacity": format!("cpu={APPS_CAPACITY}"), "labels": { "for": "apps" } });
         let (status, _) = self.call(Method::PUT, path, Some(body)).await;
         assert!(status.is_success(), "the applications' pool is made ({status})");
+        let path = format!("/v1/pools/{EXEC_POOL}");
+        let body = serde_json::json!({ "capacity": format!("cpu={EXEC_CAPACITY}"), "labels": exec_only() });
+        let (status, _) = self.call(Method::PUT, path, Some(body)).await;
+        assert!(status.is_success(), "the executor's pool is made ({status})");
         self.schedule().await;
         let queue = serde_json::json!({ "preemption_delay_ms": 0 });
         let (status, body) = self.call(Method::PUT, "/v1/queues/root.sim".to_owned(), Some(queue)).await;
@@ -99,6 +104,11 @@ impl Sim {
             body["policy"] = serde_json::json!({ "reserve_timeout_ms": RESERVE_TIMEOUT_MS });
             body["task_groups"] = serde_json::json!([{ "name": "gang", "min_members": tasks, "min_resources": resources, "selector": apps_only() }]);
         }
+        self.submit_body(id, body).await
+    }
+
+    /// `POST /v1/apps` of application `id`: what its client learns of it.
+    pub(super) async fn submit_body(&mut self, id: String, body: serde_json::Value) -> Result<String, Violation> {
         let (status, body) = self.call(Method::POST, "/v1/apps".to_owned(), Some(body)).await;
         let at_risk = self.acknowledged_at_risk();
         let grip = self.model.apps.entry(id.clone()).or_insert(Grip { known: Known::Gone, at_risk: false });
@@ -125,6 +135,7 @@ impl Sim {
     /// Every daemon takes its turn, as their tasks would at that time; the one that holds the
     /// lease schedules.
     pub(super) async fn schedule(&mut self) -> String {
+        self.renew_executor().await;
         let mut said = Vec::new();
         for (index, daemon) in self.daemons.iter().enumerate() {
             let Some(daemon) = daemon else { continue };
@@ -143,7 +154,7 @@ impl Sim {
 
     /// Every application with its tasks, or `None` when the daemon cannot list them (it does not
     /// schedule now).
-    async fn list_apps(&self) -> Result<Option<Vec<(App, Vec<Task>)>>, Violation> {
+    pub(super) async fn list_apps(&self) -> Result<Option<Vec<(App, Vec<Task>)>>, Violation> {
         let (status, body) = self.call(Method::GET, "/v1/apps?limit=1000".to_owned(), None).await;
         if !status.is_success() {
             if status == StatusCode::SERVICE_UNAVAILABLE || status == StatusCode::BAD_GATEWAY {
@@ -217,22 +228,24 @@ impl Sim {
                 }
             }
         }
-        let path = format!("/v1/pools/{APPS_POOL}/allocs?limit=1000");
-        let (status, body) = self.call(Method::GET, path.clone(), None).await;
-        if !status.is_success() {
-            return Err(Violation::new(format!("GET {path} answered {status}: {}", code_of(&body))));
-        }
-        let allocs: AllocList = parse(&body)?;
-        let mut total = 0;
         let mut live = BTreeSet::new();
-        for alloc in allocs.allocs.into_iter().filter(|alloc| alloc.ended.is_none()) {
-            total += cpus_of(&alloc.resources)?;
-            live.insert(alloc.uri);
-        }
-        if total > APPS_CAPACITY {
-            return Err(Violation::new(format!(
-                "{APPS_POOL} holds {total} CPUs in live allocs, over its capacity {APPS_CAPACITY}"
-            )));
+        for (pool, capacity) in [(APPS_POOL, APPS_CAPACITY), (EXEC_POOL, EXEC_CAPACITY)] {
+            let path = format!("/v1/pools/{pool}/allocs?limit=1000");
+            let (status, body) = self.call(Method::GET, path.clone(), None).await;
+            if !status.is_success() {
+                return Err(Violation::new(format!("GET {path} answered {status}: {}", code_of(&body))));
+            }
+            let allocs: AllocList = parse(&body)?;
+            let mut total = 0;
+            for alloc in allocs.allocs.into_iter().filter(|alloc| alloc.ended.is_none()) {
+                total += cpus_of(&alloc.resources)?;
+                live.insert(alloc.uri);
+            }
+            if total > capacity {
+                return Err(Violation::new(format!(
+                    "{pool} holds {total} CPUs in live allocs, over its capacity {capacity}"
+                )));
+            }
         }
         crate::apps::placed_rightly(&apps, Some(&live))?;
         // Every submission acknowledged (and not at risk) is there; one in doubt, or never

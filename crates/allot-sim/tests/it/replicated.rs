@@ -1,6 +1,6 @@
 //! The Redis-shaped part in the normal test suite: seeds on a real primary and replica
-//! (`redis-server` on the PATH), grants, waiting allocates, sessions, a pool's allocs and
-//! applications scheduled in turns under failover; the seeds that found a bug; and a seed run twice giving the same
+//! (`redis-server` on the PATH), grants, waiting allocates, sessions, a pool's allocs,
+//! applications scheduled in turns and the executor running their tasks, under failover; the seeds that found a bug; and a seed run twice giving the same
 //! history, byte for byte.
 
 use allot_sim::replicated;
@@ -66,6 +66,16 @@ fn a_replicated_seed_gives_the_same_history_twice() {
         assert!(
             first.history.iter().any(|line| line.ends_with(" Completed") || line.ends_with(" Failed")),
             "seed {seed}: tasks ended"
+        );
+        // The executor ran rounds of its tasks, and every application of it ended after the plan.
+        let rounds = |line: &String| {
+            let (_, after) = line.split_once("the executor: ")?;
+            after.split_once(" rounds")?.0.parse::<u64>().ok()
+        };
+        assert!(first.history.iter().filter_map(rounds).any(|n| n > 0), "seed {seed}: the executor ran rounds");
+        assert!(
+            first.history.last().is_some_and(|line| line.contains("every application of the executor ended")),
+            "seed {seed}: the executor's applications ended"
         );
         assert!(
             first.history.iter().any(|line| line.contains("WaitGrant") && line.ends_with(": waiting")),
