@@ -924,7 +924,7 @@ impl Sim {
             Step::Submit { client, app, tasks, cpu, gang, priority } => {
                 self.submit(client, app, (tasks, cpu, gang, priority)).await?
             }
-            Step::Schedule => self.schedule().await,
+            Step::Schedule => self.schedule().await?,
             Step::WaitGrant { client, token, units, wait_ms } => self.wait_grant(client, token, units, wait_ms).await?,
             Step::WaitRelease { client, token } => {
                 let name = waits::waiting_token(client, token);

@@ -78,7 +78,7 @@ impl Sim {
         let body = serde_json::json!({ "capacity": format!("cpu={EXEC_CAPACITY}"), "labels": exec_only() });
         let (status, _) = self.call(Method::PUT, path, Some(body)).await;
         assert!(status.is_success(), "the executor's pool is made ({status})");
-        self.schedule().await;
+        self.schedule().await.expect("the first turn of scheduling");
         let queue = serde_json::json!({ "preemption_delay_ms": 0 });
         let (status, body) = self.call(Method::PUT, "/v1/queues/root.sim".to_owned(), Some(queue)).await;
         assert!(status.is_success(), "the queue is made: {status} {}", String::from_utf8_lossy(&body));
@@ -134,8 +134,8 @@ impl Sim {
     /// `check_apps`).
     /// Every daemon takes its turn, as their tasks would at that time; the one that holds the
     /// lease schedules.
-    pub(super) async fn schedule(&mut self) -> String {
-        self.renew_executor().await;
+    pub(super) async fn schedule(&mut self) -> Result<String, Violation> {
+        self.renew_executor().await?;
         let mut said = Vec::new();
         for (index, daemon) in self.daemons.iter().enumerate() {
             let Some(daemon) = daemon else { continue };
@@ -149,7 +149,7 @@ impl Sim {
                 AppsHome::Unknown => format!("daemon {index}: no scheduler known"),
             });
         }
-        said.join(", ")
+        Ok(said.join(", "))
     }
 
     /// Every application with its tasks, or `None` when the daemon cannot list them (it does not

@@ -14,8 +14,8 @@
 
 use std::collections::HashSet;
 use std::path::Path;
-use std::sync::{Arc, Mutex};
-use std::task::{Poll, Waker};
+use std::sync::Arc;
+use std::task::Poll;
 use std::time::Duration;
 
 use allot_core::pools::PoolName;
@@ -25,7 +25,7 @@ use allot_store_redis::RedisStore;
 use rand::rngs::StdRng;
 use rand::Rng;
 
-use super::exec_store::{Calls, Daemons, ExecStore};
+use super::exec_store::{Calls, Daemons, ExecStore, Idle};
 use super::Step;
 use crate::check::Violation;
 use crate::clock::SimClock;
@@ -65,26 +65,10 @@ pub(super) fn run_app_id(client: u8, app: u8) -> String {
     format!("x{client}-{}", app % RUNS_PER_CLIENT)
 }
 
-/// Whether the runtime is about to park, and who to tell.
-#[derive(Default)]
-struct Parking {
-    waker: Mutex<Option<Waker>>,
-}
-
-impl Parking {
-    /// The runtime has no task ready: the turn looks (and keeps the runtime from parking, which
-    /// would move its paused clock to the next timer).
-    fn about_to_park(&self) {
-        if let Some(waker) = self.waker.lock().unwrap_or_else(|p| p.into_inner()).take() {
-            waker.wake();
-        }
-    }
-}
-
 /// The executor's process.
 pub(super) struct ExecProcess {
     runtime: Arc<tokio::runtime::Runtime>,
-    parking: Arc<Parking>,
+    idle: Arc<Idle>,
     calls: Arc<Calls>,
     pub(super) executor: Arc<Executor>,
     /// What its plugin saw in this life.
@@ -98,15 +82,15 @@ impl ExecProcess {
     /// its clock `clock`, its tasks' directories under `dir`. It does nothing before its first
     /// turn.
     pub(super) async fn start(local: Arc<RedisStore>, daemons: Daemons, clock: &SimClock, dir: &Path) -> ExecProcess {
-        let parking = Arc::new(Parking::default());
-        let hook = parking.clone();
+        let idle = Arc::new(Idle::default());
+        let hook = idle.clone();
         let runtime = tokio::runtime::Builder::new_current_thread()
             .enable_all()
             .start_paused(true)
             .on_thread_park(move || hook.about_to_park())
             .build()
             .expect("the executor's runtime builds");
-        let store = Arc::new(ExecStore::new(local, daemons));
+        let store = Arc::new(ExecStore::new(local, daemons, idle.clone()));
         let calls = store.calls.clone();
         let counted = calls.clone();
         let journal = crate::plugin::journal_counting(Box::new(move || counted.failed()));
@@ -121,15 +105,23 @@ impl ExecProcess {
         let executor = Executor::new(store, Arc::new(registry), config);
         let (stop, stopped) = tokio::sync::watch::channel(false);
         runtime.spawn(executor.clone().run(stopped));
-        ExecProcess { runtime: Arc::new(runtime), parking, calls, executor, journal, _stop: stop }
+        ExecProcess { runtime: Arc::new(runtime), idle, calls, executor, journal, _stop: stop }
     }
 
     /// The executor's turn: it runs until it has nothing left to do.
     pub(super) async fn turn(&self) -> Result<(), Violation> {
-        let (runtime, parking, calls) = (self.runtime.clone(), self.parking.clone(), self.calls.clone());
+        let (runtime, idle, calls) = (self.runtime.clone(), self.idle.clone(), self.calls.clone());
         // Off the simulation's thread, whose runtime carries the calls to Redis meanwhile.
-        let settled = tokio::task::spawn_blocking(move || runtime.block_on(settle(&parking, &calls))).await;
+        let settled = tokio::task::spawn_blocking(move || runtime.block_on(settle(&idle, &calls))).await;
         settled.unwrap_or_else(|panic| Err(Violation::new(format!("the executor's turn panicked: {panic}"))))
+    }
+
+    /// Its lease renewed, in a turn (refused while the link is cut at one replica required: it
+    /// stays as it was).
+    async fn renew_lease(&self) -> Result<(), Violation> {
+        let executor = self.executor.clone();
+        self.runtime.spawn(async move { drop(executor.take_lease().await) });
+        self.turn().await
     }
 
     /// Its time moves on by `ms` (its timers due fire at its next turn).
@@ -137,6 +129,15 @@ impl ExecProcess {
         let runtime = self.runtime.clone();
         let advanced = move || runtime.block_on(tokio::time::advance(Duration::from_millis(ms)));
         tokio::task::spawn_blocking(advanced).await.expect("the executor's clock moves");
+    }
+
+    /// Wakes its list of the tasks placed on its pool, as a wake of a run it does not drive does.
+    fn list_now(&self) {
+        let nobody = allot_exec::RunKey {
+            app: allot_core::apps::AppId::new("sim-nobody").expect("an application's id"),
+            task: allot_core::apps::TaskId::new("t").expect("a task's id"),
+        };
+        self.executor.wake(&nobody);
     }
 
     /// Store calls made so far in this life.
@@ -154,7 +155,7 @@ impl ExecProcess {
 
 /// Runs until the executor's runtime is about to park twice in a row with no call in flight and
 /// none started since the look before.
-async fn settle(parking: &Parking, calls: &Calls) -> Result<(), Violation> {
+async fn settle(idle: &Idle, calls: &Calls) -> Result<(), Violation> {
     let began = std::time::Instant::now();
     let mut last = calls.started();
     let mut quiet_looks = 0;
@@ -171,10 +172,10 @@ async fn settle(parking: &Parking, calls: &Calls) -> Result<(), Violation> {
                 "the executor never rested in a turn ({started} calls made, {in_flight} in flight)"
             ))));
         }
-        *parking.waker.lock().unwrap_or_else(|p| p.into_inner()) = Some(cx.waker().clone());
+        idle.wake_when_about_to_park(cx.waker());
         if in_flight > 0 {
             // Redis answers on the other thread.
-            std::thread::sleep(Duration::from_micros(20));
+            std::thread::yield_now();
         }
         Poll::Pending
     })
@@ -183,11 +184,14 @@ async fn settle(parking: &Parking, calls: &Calls) -> Result<(), Violation> {
 
 impl super::Sim {
     /// The executor's time moves on by `ms` (with the daemons'), then it takes its turn: what the
-    /// history says of it.
+    /// history says of it. Without time moving, it is woken to list the tasks placed on its pool
+    /// first, as the change feed would tell it of them.
     pub(super) async fn execute(&mut self, ms: u64) -> Result<String, Violation> {
         let Some(exec) = &self.exec else { return Ok("no executor".to_owned()) };
         if ms > 0 {
             exec.advance(ms).await;
+        } else {
+            exec.list_now();
         }
         exec.turn().await?;
         let rounds = crate::plugin::lock(&exec.journal).rounds;
@@ -197,10 +201,10 @@ impl super::Sim {
     /// The executor's lease renewed, as its own task does every second: read by the scheduler's
     /// next turn, which would otherwise take its pool as lost by Redis's real clock (a lease's
     /// expiry), not the simulation's.
-    pub(super) async fn renew_executor(&self) {
-        if let Some(exec) = &self.exec {
-            // Refused while the link is cut at one replica required: it stays as it was.
-            let _ = exec.executor.take_lease().await;
+    pub(super) async fn renew_executor(&self) -> Result<(), Violation> {
+        match &self.exec {
+            Some(exec) => exec.renew_lease().await,
+            None => Ok(()),
         }
     }
 

@@ -13,6 +13,7 @@
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
+use std::task::{Poll, Waker};
 use std::time::Duration;
 
 use allot_core::apps::queues::{QueueLimits, QueuePath, Queues};
@@ -34,9 +35,42 @@ use allot_store_redis::RedisStore;
 /// The daemons' stores, as the simulation opens and closes them.
 pub(super) type Daemons = Arc<Mutex<Vec<Option<Arc<RedisStore>>>>>;
 
+/// The executor's runtime about to park (no task ready): the tasks waiting for that moment.
+#[derive(Default)]
+pub(super) struct Idle {
+    wakers: Mutex<Vec<Waker>>,
+}
+
+impl Idle {
+    /// The runtime has no task ready (its `on_thread_park` hook): every waiter is woken.
+    pub(super) fn about_to_park(&self) {
+        let wakers = std::mem::take(&mut *self.wakers.lock().unwrap_or_else(|p| p.into_inner()));
+        wakers.into_iter().for_each(Waker::wake);
+    }
+
+    /// Woken the next time the runtime is about to park.
+    pub(super) fn wake_when_about_to_park(&self, waker: &Waker) {
+        self.wakers.lock().unwrap_or_else(|p| p.into_inner()).push(waker.clone());
+    }
+
+    /// Returns the next time the runtime is about to park.
+    async fn until_about_to_park(&self) {
+        let mut waiting = false;
+        std::future::poll_fn(|cx| {
+            if std::mem::replace(&mut waiting, true) {
+                return Poll::Ready(());
+            }
+            self.wake_when_about_to_park(cx.waker());
+            Poll::Pending
+        })
+        .await
+    }
+}
+
 /// The executor's calls: one at a time, counted.
 #[derive(Default)]
 pub(super) struct Calls {
+    idle: Arc<Idle>,
     /// Held through each call: the next waits (first come, first served).
     one_at_a_time: tokio::sync::Mutex<()>,
     started: AtomicU64,
@@ -64,11 +98,16 @@ impl Calls {
         Call { calls: self, _turn: turn }
     }
 
-    fn noted<T>(&self, result: Result<T, StoreError>) -> Result<T, StoreError> {
-        if result.is_err() {
+    /// A call's answer, handed to its caller once every other task of the executor's runtime
+    /// has run as far as it can: the answer comes from another thread at a moment of the real
+    /// clock, and the runtime would otherwise run its caller before or after the others as that
+    /// moment falls.
+    async fn answered<T>(&self, answer: Result<T, StoreError>) -> Result<T, StoreError> {
+        if answer.is_err() {
             self.failed.fetch_add(1, Ordering::SeqCst);
         }
-        result
+        self.idle.until_about_to_park().await;
+        answer
     }
 
     /// Calls started so far.
@@ -96,8 +135,9 @@ pub(super) struct ExecStore {
 }
 
 impl ExecStore {
-    pub(super) fn new(local: Arc<RedisStore>, daemons: Daemons) -> ExecStore {
-        ExecStore { local, daemons, calls: Arc::default() }
+    pub(super) fn new(local: Arc<RedisStore>, daemons: Daemons, idle: Arc<Idle>) -> ExecStore {
+        let calls = Calls { idle, ..Calls::default() };
+        ExecStore { local, daemons, calls: Arc::new(calls) }
     }
 
     fn local(&self) -> Arc<RedisStore> {
@@ -126,7 +166,8 @@ macro_rules! forward {
                 async fn $name(&self $(, $arg: $ty)*) -> $ret {
                     let _call = self.calls.begin().await;
                     let store = self.$route();
-                    self.calls.noted(<RedisStore as $trait>::$name(&store $(, $arg)*).await)
+                    let answer = <RedisStore as $trait>::$name(&store $(, $arg)*).await;
+                    self.calls.answered(answer).await
                 }
             )*
             $($rest)*
@@ -287,6 +328,7 @@ impl Store for ExecStore {
     ) -> Result<Vec<Result<TaskInfo, SchedError>>, StoreError> {
         let _call = self.calls.begin().await;
         let store = self.scheduling();
-        self.calls.noted(<RedisStore as Store>::finish_runs(&store, ends).await)
+        let answer = <RedisStore as Store>::finish_runs(&store, ends).await;
+        self.calls.answered(answer).await
     }
 }

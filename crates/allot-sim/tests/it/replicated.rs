@@ -16,9 +16,21 @@ fn seeds(seeds: impl IntoIterator<Item = u64>, steps: usize) {
     }
 }
 
+// Eight seeds a test: a seed mostly waits (for Redis, for a replica), so the suite runs them
+// side by side.
 #[test]
-fn replicated_seeds_0_to_15() {
-    seeds(0..16, STEPS);
+fn replicated_seeds_0_to_7() {
+    seeds(0..8, STEPS);
+}
+
+#[test]
+fn replicated_seeds_8_to_15() {
+    seeds(8..16, STEPS);
+}
+
+#[test]
+fn replicated_seeds_16_to_22() {
+    seeds(16..23, STEPS);
 }
 
 /// Seed 23 (at 80 steps) failed twice on a loaded machine: a lease that lapsed while the sweep was
@@ -26,8 +38,8 @@ fn replicated_seeds_0_to_15() {
 /// the link healed, while the model still took it as held: first from the heal itself, then from
 /// the listing after it, which still showed the grant with no time left (now in doubt too).
 #[test]
-fn replicated_seeds_16_to_31() {
-    seeds(16..32, STEPS);
+fn replicated_seeds_23_to_31() {
+    seeds(23..32, STEPS);
 }
 
 /// Seeds that gave a fencing number twice (at 120 steps). 4, 6 and 12: a replica promoted after a
@@ -74,7 +86,7 @@ fn a_replicated_seed_gives_the_same_history_twice() {
         };
         assert!(first.history.iter().filter_map(rounds).any(|n| n > 0), "seed {seed}: the executor ran rounds");
         assert!(
-            first.history.last().is_some_and(|line| line.contains("every application of the executor ended")),
+            first.history.iter().any(|line| line.contains("every application of the executor ended")),
             "seed {seed}: the executor's applications ended"
         );
         assert!(
