@@ -245,7 +245,8 @@ impl super::Sim {
 
     /// After the plan: the link heals, and the daemons schedule and the executor runs as time
     /// moves on, until every application of the executor listed has ended (its tasks all ran
-    /// to their end), every invariant checked on the way. A simulated minute at most.
+    /// to their end, as their specs asked), every invariant checked on the way. A simulated
+    /// minute at most.
     pub(super) async fn runs_end(&mut self) -> Result<String, Violation> {
         self.step(Step::Heal).await?;
         let mut running = Vec::new();
@@ -262,7 +263,10 @@ impl super::Sim {
                     })
                     .collect();
                 if running.is_empty() {
-                    return Ok(format!("after the plan: every application of the executor ended within {second} s"));
+                    let tasks = ended_as_asked(&apps)?;
+                    return Ok(format!(
+                        "after the plan: every application of the executor ended within {second} s, its {tasks} tasks each as its spec asked"
+                    ));
                 }
             }
             self.step(Step::Advance { ms: 1_000 }).await?;
@@ -272,4 +276,28 @@ impl super::Sim {
             running.join("; ")
         )))
     }
+}
+
+/// Every task of the executor's applications ended as its spec asked: `ok` completed, `retry`
+/// (once retried) and `fail` failed. Faults, restarts and preemptions on the way change how
+/// often a task ran, never how it ends.
+fn ended_as_asked(apps: &[(allot_api::App, Vec<allot_api::Task>)]) -> Result<usize, Violation> {
+    let mut ended = 0;
+    for (app, tasks) in apps.iter().filter(|(app, _)| app.id.starts_with('x')) {
+        for task in tasks {
+            ended += 1;
+            let asked = task.spec.as_ref().and_then(|spec| spec.get("end")).and_then(|end| end.as_str());
+            let expected = if asked == Some("ok") { "Completed" } else { "Failed" };
+            if task.state != expected {
+                return Err(Violation::new(format!(
+                    "{}/{} ended {} ({}), its spec asked it to end {asked:?}",
+                    app.id,
+                    task.id,
+                    task.state,
+                    task.reason.as_deref().unwrap_or("no reason given")
+                )));
+            }
+        }
+    }
+    Ok(ended)
 }
