@@ -1,7 +1,8 @@
 //! The Redis-shaped part under failover: the real Redis store (its function library on real
 //! `redis-server` processes, a primary and an asynchronous replica) under the real server's
 //! handlers, driven through a seeded plan of grants, releases, keepalives, allocs, sessions,
-//! applications scheduled in turns (`apps.rs`) and time, with the
+//! applications scheduled in turns (`apps.rs`), the first daemon's executor running a pool's
+//! tasks in turns (`exec.rs`) and time, with the
 //! replication link cut and healed and the primary failed over to its replica at random. Two
 //! daemons share the primary, as daemons that share the work do: each client's calls go to one
 //! of them, the applications' to the one that holds the scheduler's lease; a restart restarts
