@@ -166,6 +166,10 @@ pub enum Step {
     SubmitRun { client: u8, app: u8, tasks: u8, run: u8, gang: bool },
     /// The executor's turn: it runs until it has nothing left to do.
     Execute,
+    /// `POST /v1/apps/{app}/tasks/{task}/{report}` of the client's application number `app` for
+    /// the executor (modulo those it knows it has) and its task number `task`: the task ended (or
+    /// started) from outside while the executor runs it.
+    ReportRun { client: u8, app: u8, task: u8, report: Report },
 }
 
 /// The plan of `seed`: `steps` steps of grants, time and the link, with the pool's steps, the
@@ -469,6 +473,9 @@ struct Sim {
     /// The first daemon's executor (`exec.rs`), and where its tasks' directories are.
     exec: Option<exec::ExecProcess>,
     exec_dir: tempfile::TempDir,
+    /// The tasks a client reported ended (`{app}/{task}`): they may end otherwise than their spec
+    /// asked.
+    ended_from_outside: std::collections::BTreeSet<String>,
     /// The daemon the step's calls go to.
     serving: usize,
     now: u64,
@@ -500,6 +507,7 @@ impl Sim {
             stores: Arc::new(std::sync::Mutex::new(vec![None; DAEMONS])),
             exec: None,
             exec_dir: tempfile::tempdir().expect("a directory for the executor's tasks"),
+            ended_from_outside: Default::default(),
             serving: 0,
             now: START_MS,
             model: Model::default(),
@@ -653,7 +661,9 @@ impl Sim {
             | Step::KeepAlloc { client, .. }
             | Step::WaitGrant { client, .. }
             | Step::WaitRelease { client, .. } => usize::from(client) % DAEMONS,
-            Step::Submit { .. } | Step::SubmitRun { .. } | Step::Report { .. } => self.scheduling(),
+            Step::Submit { .. } | Step::SubmitRun { .. } | Step::Report { .. } | Step::ReportRun { .. } => {
+                self.scheduling()
+            }
             _ => 0,
         }
     }
@@ -936,7 +946,10 @@ impl Sim {
                 }
                 line
             }
-            Step::Report { client, app, task, report } => self.report(client, app, task, report).await,
+            Step::Report { client, app, task, report } => self.report(format!("a{client}-"), app, task, report).await,
+            Step::ReportRun { client, app, task, report } => {
+                self.report(format!("x{client}-"), app, task, report).await
+            }
             Step::LoseAnswer => {
                 self.lose_next_answer.store(true, Ordering::Relaxed);
                 "the next change's answer will be lost".to_owned()
@@ -1588,6 +1601,7 @@ mod tests {
         assert!(plan.iter().any(|step| matches!(step, Step::Schedule)), "the daemon schedules");
         assert!(plan.iter().any(|step| matches!(step, Step::SubmitRun { gang: true, .. })), "gangs are run");
         assert!(plan.iter().any(|step| matches!(step, Step::Execute)), "the executor takes turns");
+        assert!(plan.iter().any(|step| matches!(step, Step::ReportRun { .. })), "its tasks are ended from outside");
         assert!(plan.iter().any(|step| matches!(step, Step::WaitGrant { .. })), "calls wait");
         assert!(plan.iter().any(|step| matches!(step, Step::LoseAnswer)), "answers are lost");
         assert!(plan.iter().any(|step| matches!(step, Step::WallJump { .. })), "the daemon's clock jumps");
@@ -1619,6 +1633,7 @@ mod tests {
                         | Step::RedisJump { .. }
                         | Step::SubmitRun { .. }
                         | Step::Execute
+                        | Step::ReportRun { .. }
                 )
             })
             .map(|step| match step {

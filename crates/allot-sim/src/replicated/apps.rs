@@ -177,9 +177,9 @@ impl Sim {
         Ok(Some(apps))
     }
 
-    pub(super) async fn report(&mut self, client: u8, app: u8, task: u8, report: Report) -> String {
-        // The client's application number `app`, of those it knows it has.
-        let prefix = format!("a{client}-");
+    /// A report of the client's application number `app` (of those it knows it has, of ids
+    /// starting with `prefix`) and its task number `task`.
+    pub(super) async fn report(&mut self, prefix: String, app: u8, task: u8, report: Report) -> String {
         let known: Vec<(&String, u64)> = (self.model.apps.iter())
             .filter(|(id, _)| id.starts_with(&prefix))
             .filter_map(|(id, grip)| match grip.known {
@@ -193,6 +193,9 @@ impl Sim {
             return "no application".to_owned();
         };
         let task = u64::from(task) % tasks;
+        if report != Report::Start {
+            self.ended_from_outside.insert(format!("{id}/t{task}"));
+        }
         // A runner that ends a task has started it (a task started already, or not placed,
         // refuses the start: the end then tells).
         if report != Report::Start {

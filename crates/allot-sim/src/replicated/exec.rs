@@ -29,6 +29,7 @@ use super::exec_store::{Calls, Daemons, ExecStore, Idle};
 use super::Step;
 use crate::check::Violation;
 use crate::clock::SimClock;
+use crate::plan::Report;
 use crate::plugin::SharedJournal;
 
 /// The executor's pool and its CPUs; its labels are what its tasks select.
@@ -46,15 +47,22 @@ const SETTLE_WITHIN: Duration = Duration::from_secs(60);
 /// The applications each client submits to the executor at most.
 pub(super) const RUNS_PER_CLIENT: u8 = 3;
 
-/// One step of the executor's part: a submission of tasks it runs, or a turn of it.
+/// One step of the executor's part: a submission of tasks it runs, a turn of it, or a client's
+/// report of one of its tasks (as a runner of its own would, or an operator).
 pub(super) fn draw_step(rng: &mut StdRng) -> Step {
-    match rng.gen_range(0..10) {
+    match rng.gen_range(0..12) {
         0..4 => Step::SubmitRun {
             client: rng.gen_range(0..super::CLIENTS),
             app: rng.gen_range(0..RUNS_PER_CLIENT),
             tasks: rng.gen_range(1..=3),
             run: rng.gen(),
             gang: rng.gen_bool(0.3),
+        },
+        10..11 => Step::ReportRun {
+            client: rng.gen_range(0..super::CLIENTS),
+            app: rng.gen(),
+            task: rng.gen(),
+            report: if rng.gen_bool(0.5) { Report::Complete } else { Report::Fail },
         },
         _ => Step::Execute,
     }
@@ -263,7 +271,7 @@ impl super::Sim {
                     })
                     .collect();
                 if running.is_empty() {
-                    let tasks = ended_as_asked(&apps)?;
+                    let tasks = ended_as_asked(&apps, &self.ended_from_outside)?;
                     return Ok(format!(
                         "after the plan: every application of the executor ended within {second} s, its {tasks} tasks each as its spec asked"
                     ));
@@ -278,13 +286,20 @@ impl super::Sim {
     }
 }
 
-/// Every task of the executor's applications ended as its spec asked: `ok` completed, `retry`
-/// (once retried) and `fail` failed. Faults, restarts and preemptions on the way change how
-/// often a task ran, never how it ends.
-fn ended_as_asked(apps: &[(allot_api::App, Vec<allot_api::Task>)]) -> Result<usize, Violation> {
+/// Every task of the executor's applications ended as its spec asked, unless a client ended it
+/// from outside (`ended_from_outside`): `ok` completed, `retry` (once retried) and `fail`
+/// failed. Faults, restarts and preemptions on the way change how often a task ran, never how it
+/// ends. Answers how many tasks were checked.
+fn ended_as_asked(
+    apps: &[(allot_api::App, Vec<allot_api::Task>)],
+    ended_from_outside: &std::collections::BTreeSet<String>,
+) -> Result<usize, Violation> {
     let mut ended = 0;
     for (app, tasks) in apps.iter().filter(|(app, _)| app.id.starts_with('x')) {
         for task in tasks {
+            if ended_from_outside.contains(&format!("{}/{}", app.id, task.id)) {
+                continue;
+            }
             ended += 1;
             let asked = task.spec.as_ref().and_then(|spec| spec.get("end")).and_then(|end| end.as_str());
             let expected = if asked == Some("ok") { "Completed" } else { "Failed" };
