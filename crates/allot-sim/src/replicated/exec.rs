@@ -5,12 +5,13 @@
 //! runtime dropped with every task of it) and starts another, which resumes the runs from what
 //! Redis kept.
 //!
-//! It runs in turns: after the time moves (and when the plan says), until it has nothing left to
-//! do. It has nothing left when the runtime is about to park (no task ready: the
-//! `on_thread_park` hook tells) with no call of its store in flight and none started since the
-//! last time it was about to park ([`settle`]). Its calls are made one at a time
-//! (`exec_store.rs`), so a turn runs the same way from run to run; Redis's answers come from the
-//! simulation's own runtime, which runs meanwhile on its thread.
+//! It runs in turns (after the time moves, with its lease's renewal before each scheduling turn,
+//! and when the plan says) until it has nothing left to do: its runtime about to park (no task
+//! ready: the `on_thread_park` hook tells) with no call of its store in flight and none started
+//! since the last time it was about to park ([`settle`]). Its calls are made one at a time, each
+//! answer handed back once the runtime is otherwise idle (`exec_store.rs`), so a turn runs the
+//! same way from run to run; Redis's answers come through the simulation's own runtime, which
+//! runs meanwhile on its thread.
 
 use std::collections::HashSet;
 use std::path::Path;
@@ -78,7 +79,7 @@ pub(super) struct ExecProcess {
     runtime: Arc<tokio::runtime::Runtime>,
     idle: Arc<Idle>,
     calls: Arc<Calls>,
-    pub(super) executor: Arc<Executor>,
+    executor: Arc<Executor>,
     /// What its plugin saw in this life.
     pub(super) journal: SharedJournal,
     /// Kept (never sent): the executor runs until its process is killed.
@@ -124,8 +125,8 @@ impl ExecProcess {
         settled.unwrap_or_else(|panic| Err(Violation::new(format!("the executor's turn panicked: {panic}"))))
     }
 
-    /// Its lease renewed, in a turn (refused while the link is cut at one replica required: it
-    /// stays as it was).
+    /// Its lease renewed, in a turn. While the link is cut at one replica required, the renewal
+    /// is applied on the primary and answered unreplicated after `WAIT`'s second.
     async fn renew_lease(&self) -> Result<(), Violation> {
         let executor = self.executor.clone();
         self.runtime.spawn(async move { drop(executor.take_lease().await) });
