@@ -15,6 +15,7 @@ use allot_store::{CachedOutputs, ExecutorLease, RunStore, StoreError};
 use async_trait::async_trait;
 use redis::Value;
 
+use crate::conn::WriteError;
 use crate::errors::{call_error, redis_error};
 use crate::reply::corrupt;
 use crate::store::RedisStore;
@@ -188,13 +189,22 @@ impl RunStore for RedisStore {
             task_types: Some(task_types.to_vec()),
         };
         let json = serde_json::to_string(&record).expect("records encode");
-        // The pools first, then the lease: a lease is never live without its pools.
+        // The pools first, then the lease: a lease is never live without its pools. Pools the
+        // primary applied but too few replicas had in time (`--redis-min-replicas`, a replica
+        // lagging or gone) are the primary's all the same: the lease is renewed there too, or a
+        // replica's outage would let it lapse and whoever schedules take this daemon's pools as
+        // lost. The first error is answered.
         let pools = redis::cmd("HSET").arg(EXECUTORS).arg(node).arg(json).clone();
-        self.inner.conn.write(&pools, EXECUTORS).await.map_err(|e| call_error(e, true))?;
+        let pools_written = self.inner.conn.write(&pools, EXECUTORS).await;
+        if let Err(WriteError::Redis(_)) = pools_written {
+            return pools_written.map(drop).map_err(|e| call_error(e, true));
+        }
         let ms = ttl.as_millis().clamp(1, u128::from(u64::MAX)) as u64;
         let key = executor_key(node);
         let lease = redis::cmd("SET").arg(&key).arg(1).arg("PX").arg(ms).clone();
-        self.inner.conn.write(&lease, &key).await.map_err(|e| call_error(e, true))?;
+        let lease_written = self.inner.conn.write(&lease, &key).await;
+        pools_written.map_err(|e| call_error(e, true))?;
+        lease_written.map_err(|e| call_error(e, true))?;
         Ok(())
     }
 

@@ -125,3 +125,16 @@ fn a_session_grant_brought_back_by_a_failover_ends_with_its_session() {
 fn a_daemon_restarted_with_its_wall_clock_ahead_keeps_what_ended_by_redis_clock() {
     seeds([91], 120);
 }
+
+/// Seed 20433 (at 120 steps, one replica required) found a store bug once the executor ran on
+/// Redis: a renewal of the executor's lease while the link was cut stopped at its pools' write
+/// (applied, not replicated), so the lease ran out on Redis's real clock and the scheduler failed
+/// a task as lost with its pool ("ended Failed (the daemon that runs pool `sim-xpool` (sim-exec)
+/// stopped), its spec asked it to end ok"). Its failure depended on how long the cut lasted in
+/// real time; `allot-store-redis`'s
+/// `replicas::an_executors_lease_renewed_while_its_primary_lacks_its_replica_stays_live_there`
+/// pins the cause.
+#[test]
+fn the_executors_lease_stays_live_through_a_cut_at_one_replica_required() {
+    seeds([20433], 120);
+}

@@ -565,3 +565,38 @@ async fn a_waiting_allocate_keeps_waiting_while_its_primary_lacks_its_replica() 
     assert!(matches!(second, Allocation::Granted { .. }), "{second:?}");
     store.shutdown().await;
 }
+
+/// At `--redis-min-replicas 1`, an executor's lease renewed while its primary has no replica is
+/// answered as not replicated, and renewed on the primary all the same (its pools were): a
+/// replica's outage does not let the lease lapse, which would make whoever schedules take the
+/// executor's pools as lost. (Before, the renewal stopped at its pools' write and the lease ran
+/// out: the Redis-shaped simulator's seed 20433 saw a task failed for it.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_executors_lease_renewed_while_its_primary_lacks_its_replica_stays_live_there() {
+    use allot_core::pools::PoolName;
+
+    let primary = RedisServer::start();
+    let replica = replica_of(&primary).await;
+    let config = RedisConfig::parse(&primary.url()).unwrap().with_min_replicas(1);
+    let store = RedisStore::open(&config).await.unwrap();
+    let pools = [PoolName::new("gpu").unwrap()];
+    let types = ["shell".to_owned()];
+    let key = "allot:{allot-runs}:executor:node-a";
+    until("the lease is taken with its replica", async || {
+        store.renew_executor("node-a", &pools, &types, Duration::from_secs(5)).await.is_ok()
+    })
+    .await;
+    let pid = cut_replication(&primary, &replica);
+    until("the primary lists no replica", async || {
+        primary.cli(&["INFO", "replication"]).contains("connected_slaves:0")
+    })
+    .await;
+    let renewed = store.renew_executor("node-a", &pools, &types, Duration::from_secs(600)).await;
+    assert!(matches!(renewed, Err(StoreError::OutcomeUnknown(_))), "not replicated: {renewed:?}");
+    let left_ms: i64 = primary.cli(&["PTTL", key]).trim().parse().unwrap();
+    assert!(left_ms > 5_000, "the lease was renewed on the primary for 600 s: {left_ms} ms left");
+    let leases = store.executors().await.unwrap();
+    assert!(leases.iter().any(|lease| lease.node == "node-a" && lease.live), "{leases:?}");
+    signal(&pid, "-CONT");
+    store.shutdown().await;
+}
