@@ -85,6 +85,9 @@ pub struct ExecutorConfig {
     /// Where runs read the time (their events' times, placements' expiry, the `sleep` plugin's
     /// end): the machine's clock, or a test's.
     pub clock: Arc<dyn TimeSource>,
+    /// How long the executor's lease lasts unless renewed (every second): how soon whoever
+    /// schedules takes this daemon's pools as lost once it stops. [`EXECUTOR_LEASE`] by default.
+    pub lease: Duration,
 }
 
 impl ExecutorConfig {
@@ -113,6 +116,7 @@ impl ExecutorConfig {
             token: None,
             peer_roots: None,
             clock: Arc::new(SystemTime),
+            lease: EXECUTOR_LEASE,
         }
     }
 }
@@ -681,7 +685,7 @@ impl Executor {
     /// it serves, so that what it runs is known to whoever schedules from its first request.
     pub async fn take_lease(&self) -> Result<(), StoreError> {
         let pools: Vec<PoolName> = self.config.pools.iter().cloned().collect();
-        self.store.renew_executor(&self.config.node, &pools, &self.registry.task_types(), EXECUTOR_LEASE).await
+        self.store.renew_executor(&self.config.node, &pools, &self.registry.task_types(), self.config.lease).await
     }
 
     /// Keeps this executor's lease while it runs: whoever schedules takes its pools as lost if

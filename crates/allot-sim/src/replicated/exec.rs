@@ -111,6 +111,10 @@ impl ExecProcess {
         let mut config = ExecutorConfig::new(pools, dir.to_owned());
         config.node = "sim-exec".to_owned();
         config.clock = Arc::new(clock.clone());
+        // Redis keeps the lease with `PX`, on its real clock, which the simulation does not move:
+        // a lease of seconds would lapse or not as the steps' real time fell. The executor never
+        // stops here but with its daemon, which starts another at once.
+        config.lease = Duration::from_secs(24 * 3600);
         let executor = Executor::new(store, Arc::new(registry), config);
         let (stop, stopped) = tokio::sync::watch::channel(false);
         runtime.spawn(executor.clone().run(stopped));
