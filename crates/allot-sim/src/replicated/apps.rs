@@ -33,7 +33,7 @@ fn apps_only() -> serde_json::Value {
 }
 
 /// How long a gang waits to be reserved before its tasks are scheduled one by one.
-pub(super) const RESERVE_TIMEOUT_MS: u64 = 5_000;
+const RESERVE_TIMEOUT_MS: u64 = 5_000;
 
 /// One step of the applications' part.
 pub(super) fn draw_step(rng: &mut StdRng) -> Step {

@@ -45,6 +45,10 @@ pub(super) fn exec_only() -> serde_json::Value {
 /// How long a turn may take before the run is called broken (an executor that never rests).
 const SETTLE_WITHIN: Duration = Duration::from_secs(60);
 
+/// How long a gang of the executor's waits to be reserved before its tasks are scheduled one by
+/// one (as the other applications' gangs, `apps.rs`).
+const RESERVE_TIMEOUT_MS: u64 = 5_000;
+
 /// The applications each client submits to the executor at most.
 pub(super) const RUNS_PER_CLIENT: u8 = 3;
 
@@ -248,7 +252,7 @@ impl super::Sim {
             .collect();
         let mut body = serde_json::json!({ "id": id, "queue": "root.sim", "tasks": specs, "priority": asks.priority });
         if gang {
-            body["policy"] = serde_json::json!({ "reserve_timeout_ms": super::apps::RESERVE_TIMEOUT_MS });
+            body["policy"] = serde_json::json!({ "reserve_timeout_ms": RESERVE_TIMEOUT_MS });
             body["task_groups"] = serde_json::json!([{
                 "name": "gang", "min_members": tasks, "min_resources": "cpu=1", "selector": exec_only(),
             }]);
