@@ -193,12 +193,10 @@ impl Sim {
             return "no application".to_owned();
         };
         let task = u64::from(task) % tasks;
-        if report != Report::Start {
-            self.ended_from_outside.insert(format!("{id}/t{task}"));
-        }
         // A runner that ends a task has started it (a task started already, or not placed,
         // refuses the start: the end then tells).
         if report != Report::Start {
+            self.ended_from_outside.insert(format!("{id}/t{task}"));
             self.call(Method::POST, format!("/v1/apps/{id}/tasks/t{task}/start"), None).await;
         }
         let path = format!("/v1/apps/{id}/tasks/t{task}/{}", report.as_str());
