@@ -1,6 +1,7 @@
 //! The syncer thread: operations made durable at the disk level (group commit) and answered,
 //! and the log flushed at the process level.
 
+use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -11,7 +12,8 @@ use super::recover::fail_syncs;
 use super::*;
 
 /// Makes operations durable at the disk level (group commit: one sync for every operation queued
-/// meanwhile, spaced by [`SYNC_SPACING`] under load), and flushes the log every
+/// meanwhile, spaced by [`SYNC_SPACING`] under load unless as many wait as the last sync
+/// carried), and flushes the log every
 /// [`FLUSH_INTERVAL`] at the process level.
 pub(super) fn run_syncer(shared: &Shared) {
     let mut last_sync: Option<Instant> = None;
@@ -23,13 +25,14 @@ pub(super) fn run_syncer(shared: &Shared) {
                 .sync_wanted
                 .wait_timeout_while(syncs, FLUSH_INTERVAL, |syncs| syncs.is_empty() && !*lock_plain(&shared.stop))
                 .unwrap_or_else(|poisoned| poisoned.into_inner());
-            let spacing = last_sync.map_or(Duration::ZERO, |last| SYNC_SPACING.saturating_sub(last.elapsed()));
-            // Under load (several waiting now, or in the last batch) even one waiting operation
-            // waits for the spacing: syncing it at once would start a run of small batches.
-            if (syncs.len() > 1 || last_batch > 1) && !spacing.is_zero() {
-                drop(syncs);
-                std::thread::sleep(spacing);
-                syncs = lock_plain(&shared.syncs);
+            if let Some(wait) = gather_for(syncs.len(), last_batch, last_sync.map(|at| at.elapsed())) {
+                shared.sync_full.store(last_batch, Ordering::Relaxed);
+                syncs = shared
+                    .sync_wanted
+                    .wait_timeout_while(syncs, wait, |syncs| syncs.len() < last_batch)
+                    .unwrap_or_else(|poisoned| poisoned.into_inner())
+                    .0;
+                shared.sync_full.store(0, Ordering::Relaxed);
             }
             std::mem::take(&mut *syncs)
         };
@@ -41,6 +44,17 @@ pub(super) fn run_syncer(shared: &Shared) {
             return;
         }
     }
+}
+
+/// How long the syncer lets operations gather before it syncs them, given how many wait now, how
+/// many the last sync carried and how long ago it started; `None`: at once. While fewer wait
+/// than the last sync carried, syncs start [`SYNC_SPACING`] apart: syncing each at once would
+/// start a run of small batches, a sync's CPU each. Once as many wait, the callers it answered
+/// are back (a closed loop of that many) and waiting longer would gather nobody more; a lone
+/// caller is synced at once.
+pub(super) fn gather_for(waiting: usize, last_batch: usize, since_last_sync: Option<Duration>) -> Option<Duration> {
+    let spacing = since_last_sync.map_or(Duration::ZERO, |since| SYNC_SPACING.saturating_sub(since));
+    (waiting < last_batch && !spacing.is_zero()).then_some(spacing)
 }
 
 /// Makes `batch` durable with one sync of each segment it was appended to and answers it, or
@@ -107,5 +121,33 @@ impl Answer {
         for (tx, _) in self.cancelled {
             let _ = tx.send(WaiterAnswer::Failed(err.clone()));
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const US: fn(u64) -> Duration = Duration::from_micros;
+
+    #[test]
+    fn a_lone_caller_is_synced_at_once() {
+        assert_eq!(gather_for(1, 0, None), None);
+        assert_eq!(gather_for(1, 1, Some(US(10))), None);
+    }
+
+    #[test]
+    fn under_load_a_sync_waits_out_the_spacing_from_the_last() {
+        assert_eq!(gather_for(3, 16, Some(US(100))), Some(SYNC_SPACING - US(100)));
+        assert_eq!(gather_for(1, 2, Some(Duration::ZERO)), Some(SYNC_SPACING));
+        assert_eq!(gather_for(3, 16, Some(SYNC_SPACING)), None, "the spacing is over");
+        assert_eq!(gather_for(3, 16, None), None, "no sync before");
+    }
+
+    #[test]
+    fn as_many_waiting_as_the_last_sync_carried_are_synced_at_once() {
+        assert_eq!(gather_for(16, 16, Some(US(100))), None);
+        assert_eq!(gather_for(20, 16, Some(US(100))), None);
+        assert_eq!(gather_for(15, 16, Some(US(100))), Some(SYNC_SPACING - US(100)));
     }
 }
