@@ -51,10 +51,10 @@ pub(super) fn run_syncer(shared: &Shared) {
 /// than the last sync carried, syncs start [`SYNC_SPACING`] apart: syncing each at once would
 /// start a run of small batches, a sync's CPU each. Once as many wait, the callers it answered
 /// are back (a closed loop of that many) and waiting longer would gather nobody more; a lone
-/// caller is synced at once.
+/// caller is synced at once, and an empty queue (a flush) too.
 pub(super) fn gather_for(waiting: usize, last_batch: usize, since_last_sync: Option<Duration>) -> Option<Duration> {
     let spacing = since_last_sync.map_or(Duration::ZERO, |since| SYNC_SPACING.saturating_sub(since));
-    (waiting < last_batch && !spacing.is_zero()).then_some(spacing)
+    (waiting > 0 && waiting < last_batch && !spacing.is_zero()).then_some(spacing)
 }
 
 /// Makes `batch` durable with one sync of each segment it was appended to and answers it, or
@@ -142,6 +142,7 @@ mod tests {
         assert_eq!(gather_for(1, 2, Some(Duration::ZERO)), Some(SYNC_SPACING));
         assert_eq!(gather_for(3, 16, Some(SYNC_SPACING)), None, "the spacing is over");
         assert_eq!(gather_for(3, 16, None), None, "no sync before");
+        assert_eq!(gather_for(0, 16, Some(US(100))), None, "nothing to gather: a flush");
     }
 
     #[test]
