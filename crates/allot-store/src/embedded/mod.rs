@@ -14,7 +14,7 @@
 //!    handed to the syncer thread, which makes everything appended so far durable with one direct
 //!    synchronous write (group commit), then answers every operation it covered and hands woken
 //!    waiters their grants. While more than one operation waits, syncs start at most every
-//!    [`SYNC_SPACING`], or as soon as as many wait as the last sync carried. An operation that changed nothing, or was refused, waits the same way
+//!    [`SYNC_SPACING`], or as soon as a whole batch waits (as many as the largest of the last eight syncs carried). An operation that changed nothing, or was refused, waits the same way
 //!    for what it saw (`State::barrier`).
 //! 3. The checkpointer thread seals the log's segment every [`CHECKPOINT_INTERVAL`], writes the
 //!    sealed records into the database in one durable transaction and deletes them (keeping a
@@ -109,8 +109,8 @@ pub const FLUSH_INTERVAL: Duration = Duration::from_millis(500);
 /// starts at least this long after the one before. A sync costs about 60 µs of CPU on a virtual
 /// machine, whatever it carries: spaced like this, syncing takes at most ~13 % of one CPU however
 /// many operations arrive, batches grow with the load, and an operation waits at most this much
-/// longer. A lone caller's operations are synced at once, and a batch as large as the last one
-/// without waiting out the rest (its callers are all back). (Measured in `docs/benchmarks.md`:
+/// longer. A lone caller's operations are synced at once, and a whole batch (as large as the largest
+/// of the last eight) without waiting out the rest (its callers are all back). (Measured in `docs/benchmarks.md`:
 /// without the spacing, syncs of a handful of operations each took a quarter of a CPU at 64
 /// clients; at 16 clients, 450 µs served 30 % more pairs than 600 µs, at 64 as many.)
 pub const SYNC_SPACING: Duration = Duration::from_micros(450);
@@ -203,8 +203,8 @@ struct Shared {
     /// Operations waiting for the syncer (disk level), in log order.
     syncs: Mutex<Vec<Pending>>,
     sync_wanted: Condvar,
-    /// While the syncer waits out [`SYNC_SPACING`]: the size of its last batch, at which a
-    /// commit wakes it early (0: no early wake). Read and written under `syncs`.
+    /// While the syncer waits out [`SYNC_SPACING`]: a whole batch (the largest of its last
+    /// ones), at which a commit wakes it early (0: no early wake). Read and written under `syncs`.
     sync_full: AtomicUsize,
     /// Set to stop the syncer and the checkpointer (after a last checkpoint).
     stop: Mutex<bool>,

@@ -12,24 +12,24 @@ use super::recover::fail_syncs;
 use super::*;
 
 /// Makes operations durable at the disk level (group commit: one sync for every operation queued
-/// meanwhile, spaced by [`SYNC_SPACING`] under load unless as many wait as the last sync
-/// carried), and flushes the log every
-/// [`FLUSH_INTERVAL`] at the process level.
+/// meanwhile, spaced by [`SYNC_SPACING`] under load unless as many wait as the largest of the
+/// last syncs carried), and flushes the log every [`FLUSH_INTERVAL`] at the process level.
 pub(super) fn run_syncer(shared: &Shared) {
     let mut last_sync: Option<Instant> = None;
-    let mut last_batch = 0;
+    let mut recent = RecentBatches::default();
     loop {
+        let whole = recent.largest();
         let batch = {
             let syncs = lock_plain(&shared.syncs);
             let (mut syncs, _) = shared
                 .sync_wanted
                 .wait_timeout_while(syncs, FLUSH_INTERVAL, |syncs| syncs.is_empty() && !*lock_plain(&shared.stop))
                 .unwrap_or_else(|poisoned| poisoned.into_inner());
-            if let Some(wait) = gather_for(syncs.len(), last_batch, last_sync.map(|at| at.elapsed())) {
-                shared.sync_full.store(last_batch, Ordering::Relaxed);
+            if let Some(wait) = gather_for(syncs.len(), whole, last_sync.map(|at| at.elapsed())) {
+                shared.sync_full.store(whole, Ordering::Relaxed);
                 syncs = shared
                     .sync_wanted
-                    .wait_timeout_while(syncs, wait, |syncs| syncs.len() < last_batch)
+                    .wait_timeout_while(syncs, wait, |syncs| syncs.len() < whole)
                     .unwrap_or_else(|poisoned| poisoned.into_inner())
                     .0;
                 shared.sync_full.store(0, Ordering::Relaxed);
@@ -38,7 +38,7 @@ pub(super) fn run_syncer(shared: &Shared) {
         };
         if !batch.is_empty() {
             last_sync = Some(Instant::now());
-            last_batch = batch.len();
+            recent.record(batch.len());
         }
         if !sync_batch(shared, batch) && *lock_plain(&shared.stop) {
             return;
@@ -46,15 +46,37 @@ pub(super) fn run_syncer(shared: &Shared) {
     }
 }
 
-/// How long the syncer lets operations gather before it syncs them, given how many wait now, how
-/// many the last sync carried and how long ago it started; `None`: at once. While fewer wait
-/// than the last sync carried, syncs start [`SYNC_SPACING`] apart: syncing each at once would
-/// start a run of small batches, a sync's CPU each. Once as many wait, the callers it answered
-/// are back (a closed loop of that many) and waiting longer would gather nobody more; a lone
-/// caller is synced at once, and an empty queue (a flush) too.
-pub(super) fn gather_for(waiting: usize, last_batch: usize, since_last_sync: Option<Duration>) -> Option<Duration> {
+/// How long the syncer lets operations gather before it syncs them, given how many wait now, a
+/// whole batch (the largest of the last syncs, [`RecentBatches`]) and how long ago the last sync
+/// started; `None`: at once. While fewer wait than a whole batch, syncs start [`SYNC_SPACING`]
+/// apart: syncing each at once would start a run of small batches, a sync's CPU each. Once a
+/// whole batch waits, the callers of a closed loop of that many are all back and waiting longer
+/// would gather nobody more; a lone caller is synced at once, and an empty queue (a flush) too.
+pub(super) fn gather_for(waiting: usize, whole: usize, since_last_sync: Option<Duration>) -> Option<Duration> {
     let spacing = since_last_sync.map_or(Duration::ZERO, |since| SYNC_SPACING.saturating_sub(since));
-    (waiting > 0 && waiting < last_batch && !spacing.is_zero()).then_some(spacing)
+    (waiting > 0 && waiting < whole && !spacing.is_zero()).then_some(spacing)
+}
+
+/// The sizes of the last syncs' batches. The largest is a whole batch: with callers in a closed
+/// loop, all of them (a sync that did not wait for a straggler carried one fewer). Not the last
+/// one alone: when the daemon's CPU, not the syncs, bounds how fast callers come back, a batch is
+/// what one spacing gathered, and starting a sync as soon as that many wait would only sync more
+/// often for the same load.
+#[derive(Debug, Default)]
+pub(super) struct RecentBatches {
+    sizes: [usize; 8],
+    next: usize,
+}
+
+impl RecentBatches {
+    pub(super) fn record(&mut self, size: usize) {
+        self.sizes[self.next] = size;
+        self.next = (self.next + 1) % self.sizes.len();
+    }
+
+    pub(super) fn largest(&self) -> usize {
+        self.sizes.iter().copied().max().unwrap_or(0)
+    }
 }
 
 /// Makes `batch` durable with one sync of each segment it was appended to and answers it, or
@@ -146,7 +168,20 @@ mod tests {
     }
 
     #[test]
-    fn as_many_waiting_as_the_last_sync_carried_are_synced_at_once() {
+    fn a_whole_batch_is_the_largest_of_the_last_eight() {
+        let mut recent = RecentBatches::default();
+        assert_eq!(recent.largest(), 0);
+        recent.record(16);
+        recent.record(15);
+        assert_eq!(recent.largest(), 16, "a straggler left behind does not shrink it");
+        for _ in 0..8 {
+            recent.record(3);
+        }
+        assert_eq!(recent.largest(), 3, "forgotten after eight syncs");
+    }
+
+    #[test]
+    fn as_many_waiting_as_a_whole_batch_are_synced_at_once() {
         assert_eq!(gather_for(16, 16, Some(US(100))), None);
         assert_eq!(gather_for(20, 16, Some(US(100))), None);
         assert_eq!(gather_for(15, 16, Some(US(100))), Some(SYNC_SPACING - US(100)));
