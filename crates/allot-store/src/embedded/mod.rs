@@ -14,8 +14,9 @@
 //!    handed to the syncer thread, which makes everything appended so far durable with one direct
 //!    synchronous write (group commit), then answers every operation it covered and hands woken
 //!    waiters their grants. While more than one operation waits, syncs start at most every
-//!    [`SYNC_SPACING`], or as soon as a whole batch waits (as many as the largest of the last eight syncs carried). An operation that changed nothing, or was refused, waits the same way
-//!    for what it saw (`State::barrier`).
+//!    [`SYNC_SPACING`], or as soon as a whole batch waits (as many as the largest of the last
+//!    eight syncs carried). An operation that changed nothing, or was refused, waits the same
+//!    way for what it saw (`State::barrier`).
 //! 3. The checkpointer thread seals the log's segment every [`CHECKPOINT_INTERVAL`], writes the
 //!    sealed records into the database in one durable transaction and deletes them (keeping a
 //!    few as spares); another thread makes spares when the log's segment is half full. At open, the
@@ -105,14 +106,14 @@ const CLOCK_CHECKPOINT_MS: u64 = 1000;
 pub const CHECKPOINT_INTERVAL: Duration = Duration::from_secs(1);
 /// At the process level, how often the log is flushed to disk (at most a second, as promised).
 pub const FLUSH_INTERVAL: Duration = Duration::from_millis(500);
-/// At the disk level, under load (more than one operation waiting, or in the last sync), a sync
-/// starts at least this long after the one before. A sync costs about 60 µs of CPU on a virtual
-/// machine, whatever it carries: spaced like this, syncing takes at most ~13 % of one CPU however
-/// many operations arrive, batches grow with the load, and an operation waits at most this much
-/// longer. A lone caller's operations are synced at once, and a whole batch (as large as the largest
-/// of the last eight) without waiting out the rest (its callers are all back). (Measured in `docs/benchmarks.md`:
-/// without the spacing, syncs of a handful of operations each took a quarter of a CPU at 64
-/// clients; at 16 clients, 450 µs served 30 % more pairs than 600 µs, at 64 as many.)
+/// At the disk level, while fewer operations wait than a whole batch (the largest of the last
+/// eight syncs), a sync starts at least this long after the one before. A sync costs about 60 µs
+/// of CPU on a virtual machine, whatever it carries: spaced like this, batches grow with the load
+/// instead of syncs, and an operation waits at most this much longer. A lone caller's operations
+/// are synced at once, and a whole batch without waiting out the rest (its callers are all back).
+/// (Measured in `docs/benchmarks.md`: without the spacing, syncs of a handful of operations each
+/// took a quarter of a CPU at 64 clients; at 16 clients, 450 µs served 30 % more pairs than 600
+/// µs, at 64 as many.)
 pub const SYNC_SPACING: Duration = Duration::from_micros(450);
 /// The log's frame buffer is kept for the next record up to this size.
 const FRAME_KEPT_BYTES: usize = 64 << 10;
@@ -542,7 +543,7 @@ impl State {
                     let full = syncs.len() == shared.sync_full.load(Ordering::Relaxed);
                     drop(syncs);
                     // The syncer is woken when the queue stops being empty and, while it waits
-                    // out the spacing, when the queue holds as many as its last batch: at most
+                    // out the spacing, when the queue holds a whole batch: at most
                     // two wake-ups (system calls) per batch, not one per operation.
                     if idle || full {
                         shared.sync_wanted.notify_one();
