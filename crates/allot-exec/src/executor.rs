@@ -1113,7 +1113,8 @@ impl Executor {
     }
 
     /// The task's own directory (logs, scratch, outputs), kept across attempts.
-    fn task_dir(&self, key: &RunKey) -> std::path::PathBuf {
+    /// The directory of the run's attempts on this machine (its plugins' files, its logs).
+    pub fn task_dir(&self, key: &RunKey) -> std::path::PathBuf {
         self.config.data_dir.join(key.app.as_str()).join(key.task.as_str())
     }
 

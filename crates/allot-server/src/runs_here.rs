@@ -13,6 +13,9 @@ pub trait RunsHere: Send + Sync {
     /// Whose catalog entries the plugin of the run of `task` of `app` reaches, if this daemon
     /// drives it now.
     fn catalog_scope(&self, app: &AppId, task: &TaskId) -> Option<allot_core::catalog::CatalogScope>;
+    /// The directory of the attempts of `task` of `app` on this machine: the logs route serves
+    /// only files inside it.
+    fn task_dir(&self, app: &AppId, task: &TaskId) -> std::path::PathBuf;
     /// Its counters now.
     fn counters(&self) -> RunCounters;
 }

@@ -1,10 +1,16 @@
 //! Jobs on an outside HTTP service, the pattern of Flyte's web-API plugins and agents, shared by
 //! two plugins:
-//! - `http`: the service is the task's `spec.url`; every job holds a token of the plugin's quota
-//!   `http:jobs` while it runs, so the service never sees more jobs at once than the quota;
+//! - `http`: the service is the task's `spec.url`, which must be one of the services of the
+//!   daemon's configuration (`[plugins.http.services.<name>]`) or under it; every job holds a
+//!   token of the plugin's quota `http:jobs` while it runs, so the services never see more jobs
+//!   at once than the quota;
 //! - `external` plugins (one per `[plugins.external.<id>]`): a plugin served by another process,
 //!   at a configured URL, for the task types it names, so plugins can be written in any
 //!   language; a quota is optional.
+//!
+//! Invariant: a task never chooses where its calls go beyond what the configuration allows, nor
+//! which secret they carry: the bearer token sent is the configured service's own secret (a
+//! task's `spec.secret`, if given, must name that one).
 //!
 //! The protocol (HTTP/JSON, Flyte's agent protocol: create, get, delete):
 //! - `POST {url}` with `{"task_type", "app", "task", "attempt", "inputs", "spec", "daemon"}` (the
@@ -41,13 +47,64 @@ pub const JOBS_QUOTA: &str = "jobs";
 /// The longest one call to the service may take.
 const CALL_TIMEOUT: Duration = Duration::from_secs(30);
 
+/// A service of jobs the configuration names: its URL, and the secret its calls carry.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct JobService {
+    /// The service's jobs URL (`http` or `https`).
+    pub url: String,
+    /// The name of the secret (`[secrets]`) sent to it as a bearer token, if any.
+    pub secret: Option<String>,
+}
+
 /// Where a plugin's service is.
 #[derive(Debug, Clone)]
 enum Endpoint {
-    /// The task's `spec.url`.
-    FromSpec,
+    /// The task's `spec.url`, which must be one of these services' URLs or under one.
+    FromSpec(Vec<(reqwest::Url, Option<String>)>),
     /// One URL for every task (an external plugin).
-    Fixed(String),
+    Fixed(String, Option<String>),
+}
+
+impl JobService {
+    /// Whether its URL can be called: `http` or `https`, with a path.
+    pub fn check(&self) -> Result<(), String> {
+        service_url(&self.url).map(|_| ())
+    }
+}
+
+/// A service's URL, parsed; only `http` and `https` are served.
+fn service_url(url: &str) -> Result<reqwest::Url, String> {
+    let parsed = reqwest::Url::parse(url).map_err(|e| format!("url `{url}`: {e}"))?;
+    if !matches!(parsed.scheme(), "http" | "https") {
+        return Err(format!("url `{url}`: only http and https are served"));
+    }
+    if parsed.cannot_be_a_base() {
+        return Err(format!("url `{url}` cannot take a path"));
+    }
+    Ok(parsed)
+}
+
+/// At most the first 200 bytes of a task's value, for a message.
+fn cut(value: &str) -> &str {
+    let mut end = value.len().min(200);
+    while !value.is_char_boundary(end) {
+        end -= 1;
+    }
+    &value[..end]
+}
+
+/// Whether `url` is `service` or under it: the same scheme, host, port and credentials, and a
+/// path that is the service's or goes on from it at a `/`. Both are parsed, so `..` and
+/// percent-encoded dots are resolved before the paths are compared.
+fn is_under(url: &reqwest::Url, service: &reqwest::Url) -> bool {
+    let base = service.path().trim_end_matches('/');
+    let path = url.path();
+    url.scheme() == service.scheme()
+        && url.host_str() == service.host_str()
+        && url.port_or_known_default() == service.port_or_known_default()
+        && url.username() == service.username()
+        && url.password() == service.password()
+        && (path.trim_end_matches('/') == base || path.strip_prefix(base).is_some_and(|rest| rest.starts_with('/')))
 }
 
 /// A plugin that runs jobs on a service.
@@ -61,31 +118,43 @@ struct JobPlugin {
     metrics: MetricsScope,
 }
 
-/// `http`: the service is the task's `spec.url`; its jobs hold a token of `http:jobs` (`quota`
-/// tokens: created at the first start, kept as changed since).
-pub(super) fn http_entry(quota: u64) -> PluginEntry {
-    PluginEntry::new("http", &["http"], false, move |setup: SetupContext| async move {
-        setup.register_quota(JOBS_QUOTA, quota).await.map_err(|e| e.to_string())?;
-        Ok(Arc::new(JobPlugin::new("http", Endpoint::FromSpec, true, setup.metrics())?) as Arc<dyn Plugin>)
+/// `http`: the service is the task's `spec.url`, one of `services` or under it; its jobs hold a
+/// token of `http:jobs` (`quota` tokens: created at the first start, kept as changed since).
+pub(super) fn http_entry(quota: u64, services: &[JobService]) -> PluginEntry {
+    let services = services.to_vec();
+    PluginEntry::new("http", &["http"], false, move |setup: SetupContext| {
+        let services = services.clone();
+        async move {
+            let services = services
+                .iter()
+                .map(|service| Ok((service_url(&service.url)?, service.secret.clone())))
+                .collect::<Result<Vec<_>, String>>()?;
+            setup.register_quota(JOBS_QUOTA, quota).await.map_err(|e| e.to_string())?;
+            let plugin = JobPlugin::new("http", Endpoint::FromSpec(services), true, setup.metrics())?;
+            Ok(Arc::new(plugin) as Arc<dyn Plugin>)
+        }
     })
 }
 
 /// An external plugin `id` served at `url` for `task_types`; with `quota`, its jobs hold a
 /// token of `<id>:jobs`.
-pub(super) fn external_entry(id: &str, url: &str, task_types: &[&str], quota: Option<u64>) -> PluginEntry {
+pub(super) fn external_entry(
+    id: &str,
+    url: &str,
+    secret: Option<&str>,
+    task_types: &[&str],
+    quota: Option<u64>,
+) -> PluginEntry {
     let url = url.trim_end_matches('/').to_owned();
-    let owned_id = id.to_owned();
+    let (owned_id, secret) = (id.to_owned(), secret.map(str::to_owned));
     PluginEntry::new(id, task_types, false, move |setup: SetupContext| {
-        let (id, url) = (owned_id.clone(), url.clone());
+        let (id, url, secret) = (owned_id.clone(), url.clone(), secret.clone());
         async move {
-            let parsed = reqwest::Url::parse(&url).map_err(|e| format!("url `{url}`: {e}"))?;
-            if !matches!(parsed.scheme(), "http" | "https") {
-                return Err(format!("url `{url}`: only http and https are served"));
-            }
+            service_url(&url)?;
             if let Some(quota) = quota {
                 setup.register_quota(JOBS_QUOTA, quota).await.map_err(|e| e.to_string())?;
             }
-            let plugin = JobPlugin::new(&id, Endpoint::Fixed(url), quota.is_some(), setup.metrics())?;
+            let plugin = JobPlugin::new(&id, Endpoint::Fixed(url, secret), quota.is_some(), setup.metrics())?;
             Ok(Arc::new(plugin) as Arc<dyn Plugin>)
         }
     })
@@ -192,42 +261,74 @@ fn job_url(base: &str, job: &str) -> Result<reqwest::Url, ExecError> {
 
 impl JobPlugin {
     fn new(id: &str, endpoint: Endpoint, quota: bool, metrics: MetricsScope) -> Result<JobPlugin, String> {
-        let client = reqwest::Client::builder().timeout(CALL_TIMEOUT).build().map_err(|e| e.to_string())?;
+        // No redirects: a call goes to the configured service, never where its answer points.
+        let client = reqwest::Client::builder()
+            .timeout(CALL_TIMEOUT)
+            .redirect(reqwest::redirect::Policy::none())
+            .build()
+            .map_err(|e| e.to_string())?;
         Ok(JobPlugin { id: id.to_owned(), endpoint, quota, client, metrics })
     }
 
-    fn url(&self, ctx: &TaskContext) -> Result<String, ExecError> {
-        match &self.endpoint {
-            Endpoint::Fixed(url) => Ok(url.clone()),
-            Endpoint::FromSpec => ctx
-                .spec
-                .get("url")
-                .and_then(|u| u.as_str())
-                .map(str::to_owned)
-                .ok_or_else(|| ExecError::user("bad_spec", "an http task needs a string `url`: its service's jobs")),
+    /// The task's service: its jobs URL, and the name of the secret its calls carry.
+    fn service(&self, ctx: &TaskContext) -> Result<(String, Option<String>), ExecError> {
+        let (url, secret) = match &self.endpoint {
+            Endpoint::Fixed(url, secret) => (url.clone(), secret.clone()),
+            Endpoint::FromSpec(services) => {
+                let url = ctx.spec.get("url").and_then(|u| u.as_str()).ok_or_else(|| {
+                    ExecError::user("bad_spec", "an http task needs a string `url`: its service's jobs")
+                })?;
+                let parsed = reqwest::Url::parse(url)
+                    .map_err(|e| ExecError::user("bad_spec", format!("url `{}`: {e}", cut(url))))?;
+                let Some((_, secret)) = services.iter().find(|(service, _)| is_under(&parsed, service)) else {
+                    return Err(ExecError::user(
+                        "url_not_allowed",
+                        format!(
+                            "url `{}` is not a service of this daemon's configuration: an http task calls only \
+                             the URLs of [plugins.http.services] (or under them)",
+                            cut(url)
+                        ),
+                    ));
+                };
+                (parsed.to_string(), secret.clone())
+            }
+        };
+        match (ctx.spec.get("secret").and_then(|s| s.as_str()), &secret) {
+            (Some(named), Some(configured)) if named == configured => {}
+            (None, _) => {}
+            (Some(named), _) => {
+                return Err(ExecError::user(
+                    "secret_not_allowed",
+                    format!(
+                        "the task names secret `{}`; its service is given only the secret its configuration \
+                         names ({})",
+                        cut(named),
+                        secret.as_deref().map_or_else(|| "none".to_owned(), |s| format!("`{s}`"))
+                    ),
+                ));
+            }
         }
+        Ok((url, secret))
     }
 
     fn authorize(
         &self,
         ctx: &TaskContext,
+        secret: Option<&str>,
         request: reqwest::RequestBuilder,
     ) -> Result<reqwest::RequestBuilder, ExecError> {
-        match ctx.spec.get("secret").and_then(|s| s.as_str()) {
+        match secret {
             None => Ok(request),
             Some(name) => {
                 let value = ctx.secrets.get(name).ok_or_else(|| {
-                    ExecError::user(
-                        "unknown_secret",
-                        format!("the task names secret `{name}`, which is not configured"),
-                    )
+                    ExecError::system("unknown_secret", format!("secret `{name}` is not in this daemon's [secrets]"))
                 })?;
                 Ok(request.bearer_auth(value))
             }
         }
     }
 
-    async fn create(&self, ctx: &TaskContext, url: &str) -> Result<String, ExecError> {
+    async fn create(&self, ctx: &TaskContext, url: &str, secret: Option<&str>) -> Result<String, ExecError> {
         let body = CreateBody {
             task_type: &ctx.task_type,
             app: ctx.run.app.as_str(),
@@ -239,7 +340,8 @@ impl JobPlugin {
         };
         let key = format!("{}/{}/{}", ctx.run.app, ctx.run.task, ctx.attempt);
         let request = self.client.post(url).header("Idempotency-Key", key).json(&body);
-        let response = self.authorize(ctx, request)?.send().await.map_err(|e| system("service_unreachable", e))?;
+        let response =
+            self.authorize(ctx, secret, request)?.send().await.map_err(|e| system("service_unreachable", e))?;
         let status = response.status();
         if status.is_client_error() {
             let text = response.text().await.unwrap_or_default();
@@ -252,9 +354,16 @@ impl JobPlugin {
         Ok(created.resource_meta)
     }
 
-    async fn status(&self, ctx: &TaskContext, url: &str, job: &str) -> Result<JobStatus, ExecError> {
+    async fn status(
+        &self,
+        ctx: &TaskContext,
+        url: &str,
+        secret: Option<&str>,
+        job: &str,
+    ) -> Result<JobStatus, ExecError> {
         let request = self.client.get(job_url(url, job)?);
-        let response = self.authorize(ctx, request)?.send().await.map_err(|e| system("service_unreachable", e))?;
+        let response =
+            self.authorize(ctx, secret, request)?.send().await.map_err(|e| system("service_unreachable", e))?;
         let status = response.status();
         if status == reqwest::StatusCode::NOT_FOUND {
             return Err(system("job_lost", format!("the service no longer knows job `{job}`")));
@@ -283,7 +392,8 @@ impl Plugin for JobPlugin {
     }
 
     async fn handle(&self, ctx: &mut TaskContext) -> Result<Transition, ExecError> {
-        let url = self.url(ctx)?;
+        let (url, secret) = self.service(ctx)?;
+        let secret = secret.as_deref();
         let mut state = match ctx.state_json::<State>(STATE_VERSION) {
             Some(state) => state,
             None => {
@@ -294,7 +404,7 @@ impl Plugin for JobPlugin {
                         return Ok(Transition::ephemeral(PhaseInfo::waiting_for_resources(reason)));
                     }
                 }
-                let job = self.create(ctx, &url).await?;
+                let job = self.create(ctx, &url, secret).await?;
                 self.metrics.inc("jobs_created");
                 ctx.put_state_json(STATE_VERSION, &State::created(job.clone()));
                 Self::poll_later(ctx);
@@ -303,7 +413,7 @@ impl Plugin for JobPlugin {
                 return Ok(Transition::barrier(PhaseInfo::queued(format!("job `{job}` created"))));
             }
         };
-        let status = self.status(ctx, &url, &state.job).await?;
+        let status = self.status(ctx, &url, secret, &state.job).await?;
         if state.show(&status) {
             ctx.put_state_json(STATE_VERSION, &state);
         }
@@ -342,9 +452,13 @@ impl Plugin for JobPlugin {
         let Some(state) = ctx.state_json::<State>(STATE_VERSION) else {
             return Ok(());
         };
-        let url = self.url(ctx)?;
+        let (url, secret) = self.service(ctx)?;
         let request = self.client.delete(job_url(&url, &state.job)?);
-        let response = self.authorize(ctx, request)?.send().await.map_err(|e| system("service_unreachable", e))?;
+        let response = self
+            .authorize(ctx, secret.as_deref(), request)?
+            .send()
+            .await
+            .map_err(|e| system("service_unreachable", e))?;
         let status = response.status();
         if status.is_success() || status == reqwest::StatusCode::NOT_FOUND {
             self.metrics.inc("jobs_deleted");
@@ -357,5 +471,40 @@ impl Plugin for JobPlugin {
     async fn finalize(&self, _: &mut TaskContext) -> Result<(), ExecError> {
         // The tokens the attempt took are released by the executor after this, on every path.
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn under(url: &str, service: &str) -> bool {
+        is_under(&reqwest::Url::parse(url).unwrap(), &service_url(service).unwrap())
+    }
+
+    #[test]
+    fn a_task_url_is_allowed_only_at_or_under_a_configured_service() {
+        let service = "https://jobs.example:8443/api/jobs";
+        assert!(under("https://jobs.example:8443/api/jobs", service));
+        assert!(under("https://jobs.example:8443/api/jobs/", service));
+        assert!(under("https://jobs.example:8443/api/jobs/batch?x=1", service));
+        assert!(under("https://JOBS.example:8443/api/jobs", service), "hosts compare as parsed");
+        assert!(!under("https://jobs.example:8443/api/jobsx", service), "a path goes on at a `/` only");
+        assert!(!under("https://jobs.example:8443/api/jobs/../admin", service), "`..` is resolved first");
+        assert!(!under("https://jobs.example:8443/api/jobs/%2e%2e/admin", service), "so is an encoded one");
+        assert!(!under("http://jobs.example:8443/api/jobs", service), "another scheme");
+        assert!(!under("https://jobs.example/api/jobs", service), "another port");
+        assert!(!under("https://jobs.example.evil:8443/api/jobs", service), "another host");
+        assert!(!under("https://user:pw@jobs.example:8443/api/jobs", service), "other credentials");
+        assert!(!under("http://169.254.169.254/latest/meta-data", service));
+        assert!(under("http://127.0.0.1:80/x", "http://127.0.0.1/"), "the default port is the port");
+    }
+
+    #[test]
+    fn a_service_must_be_http_or_https_with_a_path() {
+        assert!(service_url("file:///etc/passwd").is_err());
+        assert!(service_url("mailto:a@b").is_err());
+        assert!(service_url("not a url").is_err());
+        assert!(service_url("http://127.0.0.1:8000/jobs").is_ok());
     }
 }

@@ -5,7 +5,7 @@ mod noop;
 mod shell;
 mod sleep;
 
-pub use job::JOBS_QUOTA;
+pub use job::{JobService, JOBS_QUOTA};
 
 use crate::plugin::PluginEntry;
 
@@ -14,6 +14,10 @@ use crate::plugin::PluginEntry;
 pub struct BuiltinConfig {
     /// The quota of the `http` plugin's jobs (`http:jobs`), made at the first start.
     pub http_jobs: u64,
+    /// The services an `http` task may call (`[plugins.http.services.<name>]`): its `spec.url`
+    /// must be one of their URLs or under one. None configured: every http task fails
+    /// (`url_not_allowed`).
+    pub http_services: Vec<JobService>,
     /// Plugins served by other processes.
     pub external: Vec<ExternalPlugin>,
     /// Whom `shell` runs commands as (`[plugins.shell]`).
@@ -22,7 +26,7 @@ pub struct BuiltinConfig {
 
 impl Default for BuiltinConfig {
     fn default() -> BuiltinConfig {
-        BuiltinConfig { http_jobs: 10, external: Vec::new(), shell: ShellConfig::default() }
+        BuiltinConfig { http_jobs: 10, http_services: Vec::new(), external: Vec::new(), shell: ShellConfig::default() }
     }
 }
 
@@ -88,6 +92,8 @@ impl ShellConfig {
 pub struct ExternalPlugin {
     pub id: String,
     pub url: String,
+    /// The name of the secret (`[secrets]`) its calls carry as a bearer token, if any.
+    pub secret: Option<String>,
     pub task_types: Vec<String>,
     /// With a quota, each of its jobs holds a token of `<id>:jobs` while it runs.
     pub jobs_quota: Option<u64>,
@@ -100,11 +106,15 @@ pub fn entries() -> Vec<PluginEntry> {
 
 /// Every built-in plugin's entry, and one per external plugin.
 pub fn configured(config: &BuiltinConfig) -> Vec<PluginEntry> {
-    let mut entries =
-        vec![noop::entry(), shell::entry(config.shell.clone()), sleep::entry(), job::http_entry(config.http_jobs)];
+    let mut entries = vec![
+        noop::entry(),
+        shell::entry(config.shell.clone()),
+        sleep::entry(),
+        job::http_entry(config.http_jobs, &config.http_services),
+    ];
     for plugin in &config.external {
         let types: Vec<&str> = plugin.task_types.iter().map(String::as_str).collect();
-        entries.push(job::external_entry(&plugin.id, &plugin.url, &types, plugin.jobs_quota));
+        entries.push(job::external_entry(&plugin.id, &plugin.url, plugin.secret.as_deref(), &types, plugin.jobs_quota));
     }
     entries
 }

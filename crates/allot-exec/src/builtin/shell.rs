@@ -69,6 +69,10 @@ fn logs(dir: &Path) -> Vec<LogLink> {
         .collect()
 }
 
+/// The daemon's environment variables a command is given (when set): where programs are, whose
+/// home, the locale and time zone. Everything else is cleared.
+const PASSED_ON: [&str; 9] = ["PATH", "HOME", "USER", "LOGNAME", "LANG", "LC_ALL", "LC_CTYPE", "TZ", "TMPDIR"];
+
 /// Starts the command under its wrapper, in a session of its own; a task waits for it and wakes
 /// the run when it ends.
 fn spawn(ctx: &TaskContext, dir: &Path, command: &str, config: &ShellConfig) -> Result<(), ExecError> {
@@ -76,6 +80,14 @@ fn spawn(ctx: &TaskContext, dir: &Path, command: &str, config: &ShellConfig) -> 
     let wrapper = "echo $$ > pid; sh -c \"$ALLOT_COMMAND\" > stdout.log 2> stderr.log < /dev/null; \
                    echo $? > exit.tmp && mv exit.tmp exit";
     let mut cmd = tokio::process::Command::new("sh");
+    // Nothing of the daemon's environment but what locates programs and sets the locale: the
+    // daemon's tokens, its store's URL and its secrets' variables are not the task's.
+    cmd.env_clear();
+    for name in PASSED_ON {
+        if let Some(value) = std::env::var_os(name) {
+            cmd.env(name, value);
+        }
+    }
     cmd.arg("-c").arg(wrapper).current_dir(dir).env("ALLOT_COMMAND", command);
     cmd.env("ALLOT_TASK_DIR", dir).env("ALLOT_OUTPUTS", dir.join("outputs.json"));
     cmd.env("ALLOT_APP", ctx.run.app.as_str()).env("ALLOT_TASK", ctx.run.task.as_str());

@@ -182,6 +182,10 @@ async fn a_restarted_executor_resumes_a_run_where_it_was() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn shell_tasks_run_their_command_and_map_its_exit_status() {
+    assert!(
+        std::env::var_os("CARGO_PKG_NAME").is_some(),
+        "cargo sets it for the test: the check below means something"
+    );
     let s = setup().await;
     let store = &*s.store;
     let app = submit(
@@ -191,7 +195,8 @@ async fn shell_tasks_run_their_command_and_map_its_exit_status() {
             ("ok", serde_json::json!({ "type": "shell", "command": "echo hello; echo '{\"n\": 7}' > \"$ALLOT_OUTPUTS\"" })),
             ("fails", serde_json::json!({ "type": "shell", "command": "echo oops >&2; exit 3" })),
             ("missing", serde_json::json!({ "type": "shell", "command": "no-such-command-here" })),
-            ("env", serde_json::json!({ "type": "shell", "command": "test \"$ALLOT_RESOURCES\" = cpu=1 && test \"$GREETING\" = hi", "env": { "GREETING": "hi" } })),
+            // The daemon's own environment is not passed on (but for PATH and the like).
+            ("env", serde_json::json!({ "type": "shell", "command": "test \"$ALLOT_RESOURCES\" = cpu=1 && test \"$GREETING\" = hi && test -z \"${CARGO_PKG_NAME-}\" && test -n \"$PATH\"", "env": { "GREETING": "hi" } })),
         ],
     )
     .await;

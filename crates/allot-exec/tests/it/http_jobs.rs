@@ -70,20 +70,21 @@ async fn job_service(millis: u64) -> (Arc<JobService>, String) {
     (service, url)
 }
 
-/// The `http` plugin's quota configured to 3.
-async fn setup_with_http_quota() -> Setup {
+/// The `http` plugin's quota configured to 3, `url` its one service.
+async fn setup_with_http_quota(url: &str) -> Setup {
     let (dir, store) = new_store().await;
     let probe = Arc::new(Probe::default());
-    let builtin = builtin::BuiltinConfig { http_jobs: 3, ..Default::default() };
+    let service = builtin::JobService { url: url.to_owned(), secret: None };
+    let builtin = builtin::BuiltinConfig { http_jobs: 3, http_services: vec![service], ..Default::default() };
     let stop = start_with(store.clone(), dir.path(), probe.clone(), PluginCounters::default(), &builtin, |_| {}).await;
     Setup { _dir: dir, store, probe, stop }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn http_jobs_never_run_more_at_once_than_the_quota_and_leave_no_token_held() {
-    let s = setup_with_http_quota().await;
-    let store = &*s.store;
     let (service, url) = job_service(150).await;
+    let s = setup_with_http_quota(&url).await;
+    let store = &*s.store;
     let spec = serde_json::json!({ "type": "http", "url": url, "poll_seconds": 0.05 });
     let tasks: Vec<(String, serde_json::Value)> = (0..8).map(|i| (format!("j{i}"), spec.clone())).collect();
     let tasks: Vec<(&str, serde_json::Value)> = tasks.iter().map(|(t, v)| (t.as_str(), v.clone())).collect();
@@ -103,9 +104,9 @@ async fn http_jobs_never_run_more_at_once_than_the_quota_and_leave_no_token_held
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn http_jobs_of_a_removed_application_are_deleted_and_their_tokens_released() {
-    let s = setup_with_http_quota().await;
-    let store = &*s.store;
     let (service, url) = job_service(60_000).await;
+    let s = setup_with_http_quota(&url).await;
+    let store = &*s.store;
     let spec = serde_json::json!({ "type": "http", "url": url, "poll_seconds": 0.05 });
     let tasks: Vec<(String, serde_json::Value)> = (0..6).map(|i| (format!("j{i}"), spec.clone())).collect();
     let tasks: Vec<(&str, serde_json::Value)> = tasks.iter().map(|(t, v)| (t.as_str(), v.clone())).collect();
@@ -167,12 +168,12 @@ async fn told_job_service(stage: Arc<AtomicU32>, began_ms: u64) -> String {
 /// is a new version of it, so an event of its own.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_jobs_start_custom_info_and_links_are_in_its_run() {
-    let s = setup_with_http_quota().await;
-    let store = &*s.store;
     let stage = Arc::new(AtomicU32::new(0));
     let now_ms = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_millis() as u64;
     let began_ms = now_ms - 3_000;
     let url = told_job_service(stage.clone(), began_ms).await;
+    let s = setup_with_http_quota(&url).await;
+    let store = &*s.store;
     let spec = serde_json::json!({ "type": "http", "url": url, "poll_seconds": 0.05 });
     let app = submit(store, "told", &[("t", spec)]).await;
     let task = TaskId::new("t").unwrap();
@@ -199,5 +200,42 @@ async fn a_jobs_start_custom_info_and_links_are_in_its_run() {
     assert_eq!(running[1].logs[1].uri, "https://logs.example/job-7");
     let done = run.events.iter().find(|e| e.phase == Phase::Success).unwrap();
     assert_eq!((done.occurred_at, done.custom_info.as_deref()), (None, None), "nothing said, nothing kept");
+    s.stop.send_replace(true);
+}
+
+/// A task cannot send its calls anywhere but to a configured service, nor name a secret of its
+/// choosing: such a task fails for good, and the service is never called.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn http_tasks_call_only_configured_services_with_their_own_secret() {
+    let (service, url) = job_service(10).await;
+    let s = setup_with_http_quota(&url).await;
+    let store = &*s.store;
+    let elsewhere = url.replace("/jobs", "/admin");
+    let tasks = [
+        ("other-path", serde_json::json!({ "type": "http", "url": elsewhere })),
+        ("dot-dot", serde_json::json!({ "type": "http", "url": format!("{url}/../admin") })),
+        ("metadata", serde_json::json!({ "type": "http", "url": "http://169.254.169.254/latest" })),
+        ("secret", serde_json::json!({ "type": "http", "url": url, "secret": "someone-elses" })),
+    ];
+    let app = submit(store, "sneaky", &tasks).await;
+    for (task, _) in &tasks {
+        until(task, async || state(store, &app, task).await == TaskState::Failed).await;
+    }
+    for (task, code) in [
+        ("other-path", "url_not_allowed"),
+        ("dot-dot", "url_not_allowed"),
+        ("metadata", "url_not_allowed"),
+        ("secret", "secret_not_allowed"),
+    ] {
+        let run = store.run(app.clone(), TaskId::new(task).unwrap()).await.unwrap().unwrap();
+        let error = run
+            .events
+            .iter()
+            .rev()
+            .find_map(|e| e.error.as_ref())
+            .unwrap_or_else(|| panic!("{task}: {:?}", run.events));
+        assert_eq!(error.code, code, "{task}: {error:?}");
+    }
+    assert_eq!(service.created.load(Ordering::SeqCst), 0, "the service was never called");
     s.stop.send_replace(true);
 }

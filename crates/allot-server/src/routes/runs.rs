@@ -163,10 +163,13 @@ pub(crate) async fn get_task_logs(
     let Some(run) = state.store.run(app_id.clone(), task_id.clone()).await? else {
         return Err(ApiError::new(StatusCode::NOT_FOUND, "run_not_found", format!("task `{task}` has not been run")));
     };
+    if query.offset.is_some_and(|offset| offset > MAX_OFFSET) {
+        return Err(ApiError::invalid_argument(format!("offset is at most {MAX_OFFSET} (bytes into the log)")));
+    }
     // Logs are files on the machine that runs the task: another daemon's are read from it.
     if !headers.contains_key(&crate::FORWARDED) {
         if let Some(node) = runs_elsewhere(&state, &run).await? {
-            return logs_from(&state, &node, &app, &task, &query).await;
+            return logs_from(&state, &node, &app, &task, &query, &headers).await;
         }
     }
     let stream = query.stream.unwrap_or_else(|| "stdout".to_owned());
@@ -183,6 +186,15 @@ pub(crate) async fn get_task_logs(
         .and_then(|l| l.uri.strip_prefix("file://"))
         .map(std::path::PathBuf::from)
         .ok_or_else(|| not_found(format!("attempt {attempt} of task `{task}` has no `{stream}` log")))?;
+    // Only a file in the run's own directory on this machine is served: a link elsewhere (a
+    // plugin's or a service's, a symbolic link a command made) is not read.
+    let here = state.executor.as_ref().map(|executor| executor.task_dir(&app_id, &task_id));
+    let path = here.and_then(|dir| confined(&dir, &path)).ok_or_else(|| {
+        not_found(format!(
+            "the `{stream}` log of task `{task}` is not a file this daemon keeps for it: ask the daemon that runs its \
+             pool, or follow the link in the run's events"
+        ))
+    })?;
     let offset = query.offset.unwrap_or(0);
     let piece = read_piece(&path, offset).await.map_err(|e| {
         not_found(format!(
@@ -215,13 +227,24 @@ async fn runs_elsewhere(state: &ServerState, run: &allot_core::runs::Run) -> Res
 }
 
 /// The same call, answered by the daemon at `node`.
-async fn logs_from(state: &ServerState, node: &str, app: &str, task: &str, query: &LogsQuery) -> Answer<api::TaskLogs> {
+async fn logs_from(
+    state: &ServerState,
+    node: &str,
+    app: &str,
+    task: &str,
+    query: &LogsQuery,
+    headers: &axum::http::HeaderMap,
+) -> Answer<api::TaskLogs> {
     let unavailable = |why: String| ApiError::new(StatusCode::SERVICE_UNAVAILABLE, "store_unavailable", why);
     let mut url = reqwest::Url::parse(node).map_err(|e| unavailable(format!("the daemon `{node}`: {e}")))?;
     url.path_segments_mut()
         .map_err(|()| unavailable(format!("the daemon `{node}` has no usable URL")))?
         .extend(["v1", "apps", app, "tasks", task, "logs"]);
     let mut request = state.forwarder.client().get(url).header(crate::FORWARDED, "1");
+    // The caller's own credentials: the other daemon checks them again.
+    if let Some(authorization) = headers.get(axum::http::header::AUTHORIZATION) {
+        request = request.header(axum::http::header::AUTHORIZATION, authorization.clone());
+    }
     if let Some(stream) = &query.stream {
         request = request.query(&[("stream", stream)]);
     }
@@ -248,10 +271,33 @@ async fn logs_from(state: &ServerState, node: &str, app: &str, task: &str, query
     }
 }
 
+/// The furthest offset into a log a caller may ask for (a file cannot be longer: `i64::MAX`).
+const MAX_OFFSET: u64 = i64::MAX as u64;
+
+/// `path` if it names a file directly inside `dir` or a directory under it, once every symbolic
+/// link of its directories is resolved (the file itself is opened without following one).
+fn confined(dir: &std::path::Path, path: &std::path::Path) -> Option<std::path::PathBuf> {
+    let dir = std::fs::canonicalize(dir).ok()?;
+    let name = match path.file_name() {
+        Some(name) if path.components().next_back().is_some_and(|c| matches!(c, std::path::Component::Normal(_))) => {
+            name
+        }
+        _ => return None,
+    };
+    let parent = std::fs::canonicalize(path.parent()?).ok()?;
+    parent.starts_with(&dir).then(|| parent.join(name))
+}
+
 /// Up to [`LOG_PIECE`] bytes of `path` from `offset`, cut before a character split at the end.
+/// A symbolic link is not followed, nor anything but a regular file read.
 async fn read_piece(path: &std::path::Path, offset: u64) -> std::io::Result<Vec<u8>> {
     use tokio::io::{AsyncReadExt, AsyncSeekExt};
-    let mut file = tokio::fs::File::open(path).await?;
+    // Not blocking on a FIFO a command put there: only a regular file is read.
+    let mut file =
+        tokio::fs::OpenOptions::new().read(true).custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK).open(path).await?;
+    if !file.metadata().await?.is_file() {
+        return Err(std::io::Error::other("not a regular file"));
+    }
     file.seek(std::io::SeekFrom::Start(offset)).await?;
     let mut piece = Vec::new();
     file.take(LOG_PIECE).read_to_end(&mut piece).await?;

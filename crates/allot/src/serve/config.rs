@@ -114,6 +114,9 @@ pub(crate) const SERVE_AFTER_HELP: &str = r#"Configuration file (--config), with
   cache_retention = "30days"    # how long outputs kept for reuse (cache_version) stay, from when kept
   [plugins]                     # a plugin's quota is this file's value at every start
   http_jobs = 10                # the http plugin's jobs at once (its quota `http:jobs`)
+  [plugins.http.services.reports] # a service http tasks may call: their spec.url is this URL or under it
+  url = "https://jobs.example/reports"
+  secret = "reports-token"      # optional: the [secrets] entry sent to it as a bearer token
   [plugins.shell]               # whom shell commands run as
   run_as = "allot-task"         # an unprivileged user of this machine (default: the daemon's own)
   allow_root = false            # with [auth], commands that would run as root are refused unless true
@@ -123,8 +126,10 @@ pub(crate) const SERVE_AFTER_HELP: &str = r#"Configuration file (--config), with
   url = "http://127.0.0.1:8000/tasks"
   task_types = ["sql"]
   jobs_quota = 4                # optional: its jobs at once (its quota `warehouse:jobs`)
-  [secrets]                     # given to plugins: a value, or read from env: or file:
+  secret = "warehouse-token"    # optional: the [secrets] entry sent to it as a bearer token
+  [secrets]                     # what plugins' calls carry: a value, or read from env: or file:
   warehouse-token = "env:WAREHOUSE_TOKEN"
+  reports-token = "file:/etc/allot/reports-token"
   [auth]                        # API tokens and roles: with it, every call needs a token
   open_metrics = false          # serve /metrics without a token
   open_document = false         # serve /openapi.json without a token
@@ -346,11 +351,28 @@ struct PoolTable {
 #[serde(deny_unknown_fields)]
 struct PluginsConfig {
     http_jobs: Option<u64>,
+    http: Option<HttpFile>,
     shell: Option<ShellFile>,
     #[serde(default)]
     task_types: BTreeMap<String, String>,
     #[serde(default)]
     external: BTreeMap<String, ExternalConfig>,
+}
+
+/// `[plugins.http]`.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct HttpFile {
+    #[serde(default)]
+    services: BTreeMap<String, ServiceFile>,
+}
+
+/// `[plugins.http.services.<name>]`: a service http tasks may call, and the secret they carry.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct ServiceFile {
+    url: String,
+    secret: Option<String>,
 }
 
 /// `[plugins.shell]`.
@@ -367,6 +389,7 @@ struct ShellFile {
 #[serde(deny_unknown_fields)]
 struct ExternalConfig {
     url: String,
+    secret: Option<String>,
     task_types: Vec<String>,
     jobs_quota: Option<u64>,
 }
@@ -411,10 +434,23 @@ fn plugins(file: PluginsConfig, secrets: BTreeMap<String, String>, checked: bool
     if let Some(jobs) = file.http_jobs {
         builtin.http_jobs = jobs;
     }
+    let named = |what: &str, secret: &Option<String>| match secret {
+        Some(name) if !secrets.contains_key(name) => bail!("{what}: secret `{name}` is not in [secrets]"),
+        _ => Ok(()),
+    };
+    for (name, service) in file.http.unwrap_or_default().services {
+        let what = format!("[plugins.http.services.{name}]");
+        named(&what, &service.secret)?;
+        let service = allot_exec::builtin::JobService { url: service.url, secret: service.secret };
+        service.check().map_err(|err| anyhow::anyhow!("{what} {err}"))?;
+        builtin.http_services.push(service);
+    }
     for (id, external) in file.external {
+        named(&format!("[plugins.external.{id}]"), &external.secret)?;
         builtin.external.push(allot_exec::builtin::ExternalPlugin {
             id,
             url: external.url,
+            secret: external.secret,
             task_types: external.task_types,
             jobs_quota: external.jobs_quota,
         });
@@ -998,6 +1034,7 @@ mod tests {
         let rules = keys_of::<ConfigFile>("[[placement_rules]]\nname = \"user\"\n");
         let filter = keys_of::<ConfigFile>("[[placement_rules]]\nname = \"user\"\n[placement_rules.filter]\n");
         let external = keys_of::<ConfigFile>("[plugins.external.x]\nurl = \"http://a\"\ntask_types = []\n");
+        let service = keys_of::<ConfigFile>("[plugins.http.services.x]\nurl = \"http://a\"\n");
         assert!(
             top.contains(&"alloc_leases".to_owned()) && leases.contains(&"retention".to_owned()),
             "{top:?} {leases:?}"
@@ -1007,7 +1044,8 @@ mod tests {
         assert!(executor.contains(&"system_retries".to_owned()), "{executor:?}");
         assert!(watch.contains(&"retain_for".to_owned()), "{watch:?}");
         assert!(rules.contains(&"parent".to_owned()) && filter.contains(&"groups".to_owned()), "{rules:?} {filter:?}");
-        let tables = [&leases, &queue, &scheduler, &plugins, &external, &executor, &watch, &rules, &filter];
+        assert!(service.contains(&"secret".to_owned()), "{service:?}");
+        let tables = [&leases, &queue, &scheduler, &plugins, &external, &service, &executor, &watch, &rules, &filter];
         for key in top.iter().chain(tables.into_iter().flatten()) {
             let listed = SERVE_AFTER_HELP.lines().any(|line| {
                 let line = line.trim_start();
@@ -1042,6 +1080,29 @@ mod tests {
         assert_eq!(executor_times(&file.executor).unwrap(), defaults, "the help shows the defaults");
         assert_eq!(executor_times(&ExecutorFileConfig::default()).unwrap(), defaults);
         assert_eq!(watch_config(&file.watch).unwrap(), WatchConfig::default(), "the help shows the defaults");
+    }
+
+    #[test]
+    fn http_services_and_external_plugins_name_only_configured_secrets() {
+        let text = "[plugins.http.services.jobs]\nurl = \"http://127.0.0.1:9/jobs\"\nsecret = \"jobs-token\"\n";
+        let file: ConfigFile = toml::from_str(text).unwrap();
+        let secrets = BTreeMap::from([("jobs-token".to_owned(), "s3cret".to_owned())]);
+        let resolved = plugins(file.plugins, secrets, false).unwrap();
+        let expected = allot_exec::builtin::JobService {
+            url: "http://127.0.0.1:9/jobs".to_owned(),
+            secret: Some("jobs-token".to_owned()),
+        };
+        assert_eq!(resolved.builtin.http_services, [expected]);
+        let file: ConfigFile = toml::from_str(text).unwrap();
+        let err = plugins(file.plugins, BTreeMap::new(), false).unwrap_err().to_string();
+        assert_eq!(err, "[plugins.http.services.jobs]: secret `jobs-token` is not in [secrets]");
+        let file: ConfigFile = toml::from_str("[plugins.http.services.x]\nurl = \"file:///etc\"\n").unwrap();
+        let err = plugins(file.plugins, BTreeMap::new(), false).unwrap_err().to_string();
+        assert!(err.contains("only http and https"), "{err}");
+        let external = "[plugins.external.w]\nurl = \"http://a\"\ntask_types = [\"sql\"]\nsecret = \"nope\"\n";
+        let file: ConfigFile = toml::from_str(external).unwrap();
+        let err = plugins(file.plugins, BTreeMap::new(), false).unwrap_err().to_string();
+        assert_eq!(err, "[plugins.external.w]: secret `nope` is not in [secrets]");
     }
 
     #[test]

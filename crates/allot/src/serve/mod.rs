@@ -405,6 +405,10 @@ impl allot_server::RunsHere for RunsHere {
         self.0.catalog_scope(&allot_exec::RunKey { app: app.clone(), task: task.clone() })
     }
 
+    fn task_dir(&self, app: &allot_core::apps::AppId, task: &allot_core::apps::TaskId) -> std::path::PathBuf {
+        self.0.task_dir(&allot_exec::RunKey { app: app.clone(), task: task.clone() })
+    }
+
     fn counters(&self) -> allot_server::RunCounters {
         let counts = self.0.stats().counts();
         allot_server::RunCounters {

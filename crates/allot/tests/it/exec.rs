@@ -243,6 +243,50 @@ async fn task_logs_follow_a_running_shell_task_to_its_end() {
     assert!(String::from_utf8_lossy(&missing.stderr).contains("logs_not_found"));
 }
 
+/// The logs route reads only files the daemon keeps for the run: a command that swaps its log for
+/// a symbolic link to another file, or a FIFO, gets `logs_not_found`, never the file; an offset no
+/// file can reach is a 400.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn task_logs_never_read_a_file_outside_the_runs_directory() {
+    let (dir, data) = data_dir();
+    let secret = dir.path().join("secret.txt");
+    std::fs::write(&secret, "the daemon's secret\n").unwrap();
+    let daemon = Daemon::start(&data, &["--pool", "w=cpu=2", "--run-pool", "w"]);
+    let client = daemon.client();
+    client.put_queue("root.logs", &Default::default()).await.unwrap();
+    let swap =
+        format!("echo mine; rm stdout.log; ln -s {} stdout.log; rm stderr.log; mkfifo stderr.log", secret.display());
+    let app = SubmitApp {
+        priority: None,
+        priority_class: None,
+        id: "swap".to_owned(),
+        queue: Some("root.logs".to_owned()),
+        user: "me".to_owned(),
+        user_groups: Vec::new(),
+        tags: BTreeMap::new(),
+        task_groups: Vec::new(),
+        policy: Default::default(),
+        tasks: vec![task("t", serde_json::json!({ "type": "shell", "command": swap }))],
+    };
+    client.submit_app(&app).await.unwrap();
+    let ended = eventually(Duration::from_secs(20), async || {
+        client.task_run("swap", "t").await.is_ok_and(|r| r.phase == "Success")
+    })
+    .await;
+    assert!(ended, "the task ran: {:?}", client.task_run("swap", "t").await);
+    for stream in ["stdout", "stderr"] {
+        let answer = reqwest::get(format!("{}/v1/apps/swap/tasks/t/logs?stream={stream}", daemon.url)).await.unwrap();
+        let status = answer.status();
+        let body = answer.text().await.unwrap();
+        assert_eq!(status, 404, "{stream}: {body}");
+        assert!(body.contains("logs_not_found") && !body.contains("daemon's secret"), "{stream}: {body}");
+    }
+    let far =
+        reqwest::get(format!("{}/v1/apps/swap/tasks/t/logs?offset=18446744073709551615", daemon.url)).await.unwrap();
+    assert_eq!(far.status(), 400);
+    assert!(far.text().await.unwrap().contains("invalid_argument"));
+}
+
 /// A task with a type is placed only on a pool that a live executor runs with that type; one
 /// that only a pool no daemon runs would take waits, and says so; a task without a type (run by
 /// an outside worker that reads its alloc) goes there. The pools say who runs them.
