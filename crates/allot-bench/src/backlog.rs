@@ -149,9 +149,9 @@ fn measure_cycles(pending: usize, per_app: usize) -> anyhow::Result<CycleFigures
     };
     let mut now = 1;
     let fill = AppId::new("fill")?;
-    sched.put_queue(QueuePath::new("root.fill")?, QueueLimits::default());
+    sched.put_queue(QueuePath::new("root.fill")?, QueueLimits::default())?;
     for q in 0..QUEUES {
-        sched.put_queue(QueuePath::new(&format!("root.q{q}"))?, QueueLimits::default());
+        sched.put_queue(QueuePath::new(&format!("root.q{q}"))?, QueueLimits::default())?;
     }
     let mut world = World { pools: &mut pools, ledger: &mut ledger };
     sched.add_app(app_spec(&fill, "root.fill")?, now, &world)?;

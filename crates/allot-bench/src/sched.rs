@@ -409,7 +409,7 @@ fn setup(tasks: usize, pools: usize, capacity: &Resources) -> anyhow::Result<Set
     let mut apps = Vec::new();
     for (i, (queue, guaranteed)) in queues.into_iter().enumerate() {
         let limits = QueueLimits { guaranteed: guaranteed.parse()?, ..QueueLimits::default() };
-        sched.put_queue(QueuePath::new(queue)?, limits);
+        sched.put_queue(QueuePath::new(queue)?, limits)?;
         let id = AppId::new(&format!("app-{}", i + 1))?;
         let world = World { pools: &mut pool_state, ledger: &mut ledger };
         sched.add_app(app_spec(&id, queue)?, now, &world)?;
@@ -538,7 +538,7 @@ fn measure_preemption(tasks: usize, pools: usize, preempt: bool) -> anyhow::Resu
     let mut apps = Vec::new();
     for (queue, guaranteed, app) in queues {
         let limits = QueueLimits { guaranteed: capacity_for(guaranteed), ..QueueLimits::default() };
-        sched.put_queue(QueuePath::new(queue)?, limits);
+        sched.put_queue(QueuePath::new(queue)?, limits)?;
         let id = AppId::new(app)?;
         let world = World { pools: &mut pool_state, ledger: &mut ledger };
         sched.add_app(app_spec(&id, queue)?, now, &world)?;

@@ -51,7 +51,7 @@ fn setup_with(spec: String, run: bool) -> (Scheduler, Pools, Ledger) {
         [("root.a", "cpu=10000,mem=100000"), ("root.b", "cpu=10000,mem=1000000")].into_iter().enumerate()
     {
         let path = QueuePath::new(queue).unwrap();
-        sched.put_queue(path.clone(), QueueLimits { guaranteed: res(guaranteed), ..QueueLimits::default() });
+        sched.put_queue(path.clone(), QueueLimits { guaranteed: res(guaranteed), ..QueueLimits::default() }).unwrap();
         let id = AppId::new(&format!("app-{}", i + 1)).unwrap();
         let spec = AppSpec::new(id.clone(), path, "bench");
         sched.add_app(spec, 1, &World { pools: &mut pools, ledger: &mut ledger }).unwrap();

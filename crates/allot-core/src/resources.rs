@@ -232,6 +232,11 @@ impl Resources {
         self.merge(other, |m| m, |m| m, u64::checked_add)
     }
 
+    /// The per-name sum, each quantity at most `u64::MAX` milli-units.
+    pub fn saturating_add(&self, other: &Resources) -> Resources {
+        self.merge(other, |m| m, |m| m, |a, b| Some(a.saturating_add(b))).unwrap_or_default()
+    }
+
     /// The per-name difference, floored at 0.
     pub fn saturating_sub(&self, other: &Resources) -> Resources {
         self.merge(other, |m| m, |_| 0, |a, b| Some(a.saturating_sub(b))).unwrap_or_default()

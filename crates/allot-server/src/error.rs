@@ -162,6 +162,8 @@ impl From<SchedError> for ApiError {
                 ErrorCode::QueueNotALeaf
             }
             SchedError::Queue(QueueError::HasChildren { .. } | QueueError::RemoveRoot) => ErrorCode::QueueInUse,
+            // Limits that contradict themselves or the queues around them, named in the message.
+            SchedError::Queue(QueueError::Limits { .. }) => ErrorCode::InvalidArgument,
             SchedError::QueueInUse { .. } => ErrorCode::QueueInUse,
             SchedError::AppNotFound(_) => ErrorCode::AppNotFound,
             SchedError::TaskNotFound { .. } => ErrorCode::TaskNotFound,

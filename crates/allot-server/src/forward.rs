@@ -15,7 +15,7 @@ use allot_store::AppsHome;
 
 use crate::access::{Home, Needs};
 use crate::error::ApiError;
-use crate::{ServerState, FORWARDED, MAX_SUBMIT_BODY_BYTES};
+use crate::{ServerState, FORWARDED, MAX_BODY_BYTES, MAX_SUBMIT_BODY_BYTES};
 
 /// How long a forwarded snapshot may take, start to end.
 const SNAPSHOT_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(6 * 3600);
@@ -45,16 +45,53 @@ pub(crate) async fn to_scheduler(
         AppsHome::At(_) if request.headers().contains_key(&FORWARDED) => {
             unavailable("the scheduling of applications is moving between daemons; retry".to_owned())
         }
-        AppsHome::At(base) => forward(state.forwarder.client(), &base, request).await.unwrap_or_else(|message| {
-            unavailable(format!("the daemon that schedules applications ({base}) did not answer: {message}; retry"))
-        }),
+        AppsHome::At(base) => match forward(state.forwarder.client(), &base, request).await {
+            Ok(response) => response,
+            Err(Unforwarded::TooLarge(limit)) => ApiError::new(
+                StatusCode::PAYLOAD_TOO_LARGE,
+                "payload_too_large",
+                format!("the request body is too large: this route takes at most {limit} bytes"),
+            )
+            .into_response(),
+            Err(Unforwarded::NoAnswer(message)) => {
+                unavailable(format!("the daemon that schedules applications ({base}) did not answer: {message}; retry"))
+            }
+        },
     }
 }
 
-async fn forward(client: &reqwest::Client, base: &str, request: Request) -> Result<Response, String> {
+/// Why a call was not forwarded.
+enum Unforwarded {
+    /// Its body is larger than its route takes (the limit, in bytes): a 413, as the scheduler
+    /// would answer, not a 503 to retry.
+    TooLarge(usize),
+    NoAnswer(String),
+}
+
+impl From<reqwest::Error> for Unforwarded {
+    fn from(err: reqwest::Error) -> Unforwarded {
+        Unforwarded::NoAnswer(err.to_string())
+    }
+}
+
+/// The most a route's body may hold (`routes::routes` sets the same): a submission's, or any other.
+fn body_limit(method: &axum::http::Method, path: &str) -> usize {
+    match (method, path) {
+        (&axum::http::Method::POST, "/v1/apps") => MAX_SUBMIT_BODY_BYTES,
+        _ => MAX_BODY_BYTES,
+    }
+}
+
+async fn forward(client: &reqwest::Client, base: &str, request: Request) -> Result<Response, Unforwarded> {
     let (parts, body) = request.into_parts();
     let path = parts.uri.path_and_query().map_or("/", |p| p.as_str());
-    let body = axum::body::to_bytes(body, MAX_SUBMIT_BODY_BYTES).await.map_err(|e| e.to_string())?;
+    let limit = body_limit(&parts.method, parts.uri.path());
+    let body = match axum::body::to_bytes(body, limit).await {
+        Ok(body) => body,
+        // The one error reading a body in memory gives besides the connection's.
+        Err(err) if is_length_limit(&err) => return Err(Unforwarded::TooLarge(limit)),
+        Err(err) => return Err(Unforwarded::NoAnswer(err.to_string())),
+    };
     let mut outgoing = client.request(parts.method, format!("{base}{path}")).header(FORWARDED, "1").body(body);
     // The daemon that schedules authenticates and authorizes the call itself.
     for name in [header::CONTENT_TYPE, header::ACCEPT, header::AUTHORIZATION] {
@@ -66,7 +103,7 @@ async fn forward(client: &reqwest::Client, base: &str, request: Request) -> Resu
         // An archive may take long and be large: it streams through, with time for it.
         outgoing = outgoing.timeout(SNAPSHOT_TIMEOUT);
     }
-    let answer = outgoing.send().await.map_err(|e| e.to_string())?;
+    let answer = outgoing.send().await?;
     let status = answer.status();
     let mut headers = Vec::new();
     for name in [
@@ -83,17 +120,25 @@ async fn forward(client: &reqwest::Client, base: &str, request: Request) -> Resu
     let streamed = answer.headers().get(header::CONTENT_TYPE).is_some_and(|t| t == "application/octet-stream");
     // An archive is passed on as it comes (a break shows as a truncated archive, which its
     // checksum tells); every other answer is read whole, so that a break is a 503 to retry.
-    let body = if streamed {
-        Body::from_stream(answer.bytes_stream())
-    } else {
-        Body::from(answer.bytes().await.map_err(|e| e.to_string())?)
-    };
+    let body = if streamed { Body::from_stream(answer.bytes_stream()) } else { Body::from(answer.bytes().await?) };
     let mut response = Response::new(body);
     *response.status_mut() = status;
     for (name, value) in headers {
         response.headers_mut().insert(name, value);
     }
     Ok(response)
+}
+
+/// Whether reading a body failed for its length limit.
+fn is_length_limit(err: &axum::Error) -> bool {
+    let mut source: Option<&(dyn std::error::Error + 'static)> = Some(err);
+    while let Some(err) = source {
+        if err.is::<http_body_util::LengthLimitError>() {
+            return true;
+        }
+        source = err.source();
+    }
+    false
 }
 
 #[cfg(test)]

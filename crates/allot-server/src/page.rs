@@ -13,7 +13,7 @@ use allot_core::pools::{AllocId, PoolName, ALLOC_ID_PATTERN};
 use allot_core::{
     NamespaceName, SessionId, Token, MAX_NAME_CHARS, NAMESPACE_PATTERN, NAME_PATTERN, SESSION_ID_PATTERN,
 };
-use allot_store::{PageRequest, MAX_PAGE};
+use allot_store::{Page, PageRequest, StoreError, MAX_PAGE};
 use axum::http::StatusCode;
 use serde::Deserialize;
 use serde_json::{json, Value};
@@ -214,6 +214,45 @@ impl CursorKey for TaskId {
     }
     fn schema() -> (String, Option<usize>) {
         (tagged(Self::TAG, ID_PATTERN), None)
+    }
+}
+
+/// A page of what the caller may read: the store's pages from `request` on, of which `visible`
+/// keeps some, until `request.limit()` are kept or the list ends.
+///
+/// Invariant: the next cursor is the key of the last item answered, never of one the caller may
+/// not read (a cursor shows its key: a page of hidden items must not name them). A caller who
+/// may read little of a long list costs one read of it per page.
+pub(crate) async fn visible_page<T, K, F, Fut>(
+    request: PageRequest<K>,
+    mut read: F,
+    visible: impl Fn(&T) -> bool,
+    key: impl Fn(&T) -> K,
+) -> Result<Page<T, K>, StoreError>
+where
+    F: FnMut(PageRequest<K>) -> Fut,
+    Fut: std::future::Future<Output = Result<Page<T, K>, StoreError>>,
+{
+    let limit = request.limit();
+    let mut kept = Vec::new();
+    let mut request = request;
+    loop {
+        let page = read(request).await?;
+        let mut items = page.items.into_iter();
+        for item in items.by_ref() {
+            if visible(&item) {
+                kept.push(item);
+                if kept.len() == limit {
+                    break;
+                }
+            }
+        }
+        let more = items.next().is_some() || page.next.is_some();
+        if kept.len() == limit || !more {
+            let next = if more { kept.last().map(&key) } else { None };
+            return Ok(Page { items: kept, next });
+        }
+        request = PageRequest::new(page.next, limit);
     }
 }
 

@@ -50,7 +50,7 @@ use super::{
 };
 use crate::access::{Principal, Resource};
 use crate::apps::queues::{limit_at, LimitHit, QueuePath, QueueUsage, SortPolicy};
-use crate::apps::states::{AppEvent, AppState, TaskEvent};
+use crate::apps::states::{AppEvent, AppState, TaskEvent, TaskState};
 use crate::names::Token;
 use crate::pools::{self, plugins_of, selector_matches, AllocId, AllocRequest, Labels, PoolError, PoolName, Pools};
 use crate::quotas::{AllocateRequest, Constraints, Decision, LeaseRequest, Millis, TokenShortage};
@@ -1018,7 +1018,8 @@ impl Scheduler {
         // Then every token, summed per namespace.
         let mut units: BTreeMap<&crate::names::NamespaceName, u64> = BTreeMap::new();
         for need in members.iter().flat_map(|m| &m.4) {
-            *units.entry(&need.namespace).or_default() += need.units;
+            let sum = units.entry(&need.namespace).or_default();
+            *sum = sum.saturating_add(need.units);
         }
         for (namespace, units) in units {
             world.ledger.room_for(namespace, units).map_err(|shortage| match tokens_why(shortage) {
@@ -1181,7 +1182,17 @@ impl Scheduler {
             } else if app.placeholder_deadline().is_some_and(|d| d <= now) {
                 timed_out += 1;
                 self.stats.placeholder_timeouts += 1;
-                self.lose_reservation(&id, None, RESERVATION_TIMEOUT, now, world, out);
+                // [YuniKorn `timeoutPlaceholderProcessing`] An application that already runs
+                // tasks goes on without its unused placeholders, whatever its style; one that
+                // runs none yet loses its reservation (Soft goes on without, Hard fails).
+                let placed = self.tasks.get(&id).is_some_and(|tasks| {
+                    tasks.values().any(|t| matches!(t.state, TaskState::Allocated | TaskState::Running))
+                });
+                if placed {
+                    self.release_unused_placeholders(&id, now, world, out);
+                } else {
+                    self.lose_reservation(&id, None, RESERVATION_TIMEOUT, now, world, out);
+                }
             } else if app.state == AppState::Completing {
                 self.finish_completing(&id, now, out);
             } else if app.state.is_terminal() {

@@ -718,8 +718,18 @@ impl Scheduler {
     // ---- queues ----
 
     /// Creates or changes a queue (its parents are made with no limits). A changed limit counts
-    /// from the next placement; lowering one ends nothing.
-    pub fn put_queue(&mut self, path: QueuePath, limits: QueueLimits) -> (bool, Outcome) {
+    /// from the next placement; lowering one ends nothing. Refused when a queue above it holds
+    /// applications (it would stop being a leaf), or when its limits contradict themselves or
+    /// the queues around it ([`Queues::check_limits`]).
+    pub fn put_queue(&mut self, path: QueuePath, limits: QueueLimits) -> Result<(bool, Outcome), SchedError> {
+        if self.queues.get(&path).is_none() {
+            self.check_creatable(&path)?;
+        }
+        self.queues.check_limits(&path, &limits)?;
+        Ok(self.put_queue_unchecked(path, limits))
+    }
+
+    fn put_queue_unchecked(&mut self, path: QueuePath, limits: QueueLimits) -> (bool, Outcome) {
         let mut out = Outcome::default();
         for ancestor in path.up_to_root().skip(1) {
             if self.queues.get(&ancestor).is_none() {
@@ -916,7 +926,7 @@ impl Scheduler {
     fn insert_app(&mut self, app: App) -> Outcome {
         let mut out = Outcome::default();
         if self.queues.get(&app.spec.queue).is_none() {
-            out = self.put_queue(app.spec.queue.clone(), QueueLimits::default()).1;
+            out = self.put_queue_unchecked(app.spec.queue.clone(), QueueLimits::default()).1;
         }
         self.next_seq = self.next_seq.max(app.seq + 1);
         self.apps.insert(app.spec.id.clone(), app.clone());
@@ -951,7 +961,9 @@ impl Scheduler {
                 if world.ledger.room_for(&need.namespace, 0).is_err_and(|s| !s.exists) {
                     return Err(SchedError::NamespaceNotFound(need.namespace.clone()));
                 }
-                *units.entry(&need.namespace).or_default() += need.units.saturating_mul(u64::from(group.min_members));
+                let sum = units.entry(&need.namespace).or_default();
+                // Saturating: a sum past any quota never fits, and never wraps to one that does.
+                *sum = sum.saturating_add(need.units.saturating_mul(u64::from(group.min_members)));
             }
             for _ in 0..group.min_members {
                 total = total.checked_add(&group.min_resources).unwrap_or(total);
@@ -1175,6 +1187,15 @@ impl Scheduler {
         }
         self.why_app.remove(id);
         out.apps.push(AppChange::App(app));
+    }
+
+    /// At the placeholder timeout of an application that runs tasks: the placeholders no task
+    /// took over are released, and it goes on (its later members are placed as ordinary tasks).
+    fn release_unused_placeholders(&mut self, id: &AppId, now: Millis, world: &mut World<'_>, out: &mut Outcome) {
+        self.release_slots(id, true, now, world, out);
+        let Some(app) = self.apps.get_mut(id) else { return };
+        app.reason = Some("its placeholders no task took over were released at the placeholder timeout".to_owned());
+        out.apps.push(AppChange::App(app.clone()));
     }
 
     /// Releases the application's slots (all, or only those no task took over when `unused`).

@@ -40,6 +40,8 @@ pub enum QueueError {
     UnderBusyLeaf { queue: QueuePath, leaf: QueuePath },
     #[error("queue `{queue}` has child queues; remove them first")]
     HasChildren { queue: QueuePath },
+    #[error("queue `{queue}` cannot have these limits: {why}")]
+    Limits { queue: QueuePath, why: String },
     #[error("the root queue cannot be removed")]
     RemoveRoot,
 }
@@ -386,6 +388,11 @@ pub fn limit_at(
 }
 
 /// The first resource `max` names for which `used + wanted` goes over it.
+/// The first resource `limit` names of which `have` holds more.
+fn above<'a>(have: &Resources, limit: &'a Resources) -> Option<&'a str> {
+    limit.iter().find(|(name, most)| have.get_milli(name.as_str()) > *most).map(|(name, _)| name.as_str())
+}
+
 fn over(max: &Resources, used: &Resources, wanted: &Resources) -> Option<(String, u64, u64, u64)> {
     max.iter().find_map(|(name, limit)| {
         let (used, wanted) = (used.get_milli(name.as_str()), wanted.get_milli(name.as_str()));
@@ -463,6 +470,59 @@ impl Queues {
     /// Every queue, parents before children.
     pub fn iter(&self) -> impl Iterator<Item = (&QueuePath, &QueueLimits)> {
         self.queues.iter()
+    }
+
+    /// Whether `limits` may be put at `path`, against themselves and the queues around it
+    /// [YuniKorn's queue configuration checks]: a queue's guarantee is within its max; its max and
+    /// its guarantee within every max above it; its children's maxes and guarantees within its
+    /// max; and the guarantees of a queue's children add up to no more than its own guarantee,
+    /// when it has one. Each compares only the resources the limit names (a resource a max does
+    /// not name is not limited).
+    pub fn check_limits(&self, path: &QueuePath, limits: &QueueLimits) -> Result<(), QueueError> {
+        let refuse = |why: String| Err(QueueError::Limits { queue: path.clone(), why });
+        let guaranteed = &limits.guaranteed;
+        if let Some(name) = limits.max.as_ref().and_then(|max| above(guaranteed, max)) {
+            return refuse(format!("its guarantee of `{name}` is above its max"));
+        }
+        for ancestor in path.up_to_root().skip(1) {
+            let Some(ancestor_max) = self.get(&ancestor).and_then(|l| l.max.as_ref()) else { continue };
+            if let Some(name) = limits.max.as_ref().and_then(|max| above(max, ancestor_max)) {
+                return refuse(format!("its max of `{name}` is above the max of `{ancestor}`"));
+            }
+            if let Some(name) = above(guaranteed, ancestor_max) {
+                return refuse(format!("its guarantee of `{name}` is above the max of `{ancestor}`"));
+            }
+        }
+        let mut children_guaranteed = Resources::new();
+        for child in self.children(path) {
+            let Some(child_limits) = self.get(child) else { continue };
+            if let Some(max) = &limits.max {
+                if let Some(name) = child_limits.max.as_ref().and_then(|child_max| above(child_max, max)) {
+                    return refuse(format!("the max of `{child}` is above it in `{name}`"));
+                }
+                if let Some(name) = above(&child_limits.guaranteed, max) {
+                    return refuse(format!("the guarantee of `{child}` is above its max in `{name}`"));
+                }
+            }
+            children_guaranteed = children_guaranteed.saturating_add(&child_limits.guaranteed);
+        }
+        if !guaranteed.is_empty() {
+            if let Some(name) = above(&children_guaranteed, guaranteed) {
+                return refuse(format!("its children are guaranteed more `{name}` than it is ({children_guaranteed})"));
+            }
+        }
+        let Some(parent) = path.parent() else { return Ok(()) };
+        let Some(parent_limits) = self.get(&parent).filter(|l| !l.guaranteed.is_empty()) else { return Ok(()) };
+        let siblings =
+            self.children(&parent).filter(|sibling| *sibling != path).filter_map(|sibling| self.get(sibling));
+        let together = siblings.fold(guaranteed.clone(), |sum, sibling| sum.saturating_add(&sibling.guaranteed));
+        if let Some(name) = above(&together, &parent_limits.guaranteed) {
+            return refuse(format!(
+                "with its siblings it would be guaranteed more `{name}` ({together}) than `{parent}` is ({})",
+                parent_limits.guaranteed
+            ));
+        }
+        Ok(())
     }
 
     pub fn children<'a>(&'a self, path: &'a QueuePath) -> impl Iterator<Item = &'a QueuePath> + 'a {

@@ -104,7 +104,7 @@ impl Bench {
     }
 
     pub(crate) fn queue(&mut self, path: &str, limits: QueueLimits) {
-        self.sched.put_queue(QueuePath::new(path).unwrap(), limits);
+        self.sched.put_queue(QueuePath::new(path).unwrap(), limits).unwrap();
     }
 
     pub(crate) fn namespace(&mut self, name: &str, quota: u64) {
@@ -340,18 +340,50 @@ fn hard_placeholder_timeout_fails_the_application() {
         max_parallelism: None,
     };
     b.submit(spec).unwrap();
-    b.add("a", member("m0", "g", "cpu=2")).unwrap();
-    // Larger than what the placeholders leave free: it waits.
+    // Larger than what the placeholders leave free: it waits; no task of the gang is added.
     b.add("a", task("other", "cpu=5")).unwrap();
     b.cycle();
+    assert_eq!(b.pools.pool(&PoolName::new("p").unwrap(), b.now).unwrap().allocs, 2, "both placeholders");
     b.now += 5_000;
     b.cycle();
     let app = b.sched.app(&aid("a")).unwrap();
     assert_eq!(app.state, AppState::Failed);
     assert_eq!(app.reason.as_deref(), Some(RESERVATION_TIMEOUT));
     assert_eq!(b.state("a", "other"), TaskState::Failed, "unplaced tasks fail");
-    assert_eq!(b.state("a", "m0"), TaskState::Killed);
     assert_eq!(b.pools.pool(&PoolName::new("p").unwrap(), b.now).unwrap().allocs, 0);
+}
+
+/// [YuniKorn `timeoutPlaceholderProcessing`, case 1] A Hard gang whose tasks already run is not
+/// failed at the placeholder timeout: its unused placeholders are released and it goes on.
+#[test]
+fn hard_placeholder_timeout_of_a_running_application_releases_only_the_unused() {
+    let mut b = Bench::new();
+    b.pool("p", "cpu=8", &[]);
+    b.queue("root.q", QueueLimits::default());
+    let mut spec = app_spec("a", "root.q");
+    spec.groups = vec![group("g", 3, "cpu=2")];
+    spec.policy = SchedulingPolicy {
+        placeholder_timeout_ms: 5_000,
+        gang: GangStyle::Hard,
+        reserve_timeout_ms: None,
+        max_parallelism: None,
+    };
+    b.submit(spec).unwrap();
+    b.add("a", member("m0", "g", "cpu=2")).unwrap();
+    b.add("a", member("m1", "g", "cpu=2")).unwrap();
+    b.cycle();
+    assert_eq!((b.state("a", "m0"), b.state("a", "m1")), (TaskState::Allocated, TaskState::Allocated));
+    b.now += 5_000;
+    let report = b.cycle();
+    assert_eq!(report.timed_out, 1);
+    let app = b.sched.app(&aid("a")).unwrap();
+    assert_eq!(app.state, AppState::Running, "{:?}", app.reason);
+    assert_eq!((b.state("a", "m0"), b.state("a", "m1")), (TaskState::Allocated, TaskState::Allocated), "kept");
+    assert_eq!(b.pools.pool(&PoolName::new("p").unwrap(), b.now).unwrap().allocs, 2, "the unused one released");
+    b.add("a", member("m2", "g", "cpu=2")).unwrap();
+    b.cycle();
+    assert_eq!(b.state("a", "m2"), TaskState::Allocated, "placed as an ordinary task");
+    b.check();
 }
 
 #[test]
@@ -447,6 +479,66 @@ fn a_gang_with_token_needs_reserves_its_tokens_with_its_placeholders() {
     b.sched.complete_app(&aid("a"), 2_000, &mut world).unwrap();
     assert_eq!(b.ledger.namespace(&NamespaceName::new("llm").unwrap(), b.now).unwrap().granted_units, 0, "released");
     b.check();
+}
+
+/// Token sums past any quota saturate: a gang whose groups' needs add up beyond `u64` is refused,
+/// never wrapped round to a sum that fits.
+#[test]
+fn a_gang_whose_token_needs_overflow_is_refused_not_wrapped() {
+    let mut b = Bench::new();
+    b.pool("p", "cpu=64", &[]);
+    b.queue("root.q", QueueLimits::default());
+    b.namespace("ns", 5);
+    let need = |units| vec![TokenNeed { namespace: NamespaceName::new("ns").unwrap(), units }];
+    let mut spec = app_spec("a", "root.q");
+    spec.groups = vec![
+        TaskGroup { tokens: need(allot_core::quotas::MAX_UNITS), ..group("g1", 10_000, "cpu=0.001") },
+        TaskGroup { tokens: need(1), ..group("g2", 1, "cpu=0.001") },
+    ];
+    let err = b.submit(spec).unwrap_err();
+    assert!(matches!(err, SchedError::GangExceedsQuota { .. }), "{err}");
+}
+
+/// Queue limits that contradict themselves or the tree are refused, as YuniKorn refuses them,
+/// and leave the queue as it was; limits that agree are taken.
+#[test]
+fn queue_limits_that_contradict_the_tree_are_refused() {
+    let mut b = Bench::new();
+    let limits = |guaranteed: &str, max: Option<&str>| QueueLimits {
+        guaranteed: res(guaranteed),
+        max: max.map(res),
+        ..QueueLimits::default()
+    };
+    let put = |b: &mut Bench, path: &str, l: QueueLimits| b.sched.put_queue(QueuePath::new(path).unwrap(), l);
+    let refused = |result: Result<_, SchedError>| match result {
+        Err(SchedError::Queue(allot_core::apps::queues::QueueError::Limits { why, .. })) => why,
+        other => panic!("expected refused limits, got {other:?}"),
+    };
+    assert!(
+        refused(put(&mut b, "root.t", limits("cpu=8", Some("cpu=4")))).contains("guarantee of `cpu` is above its max")
+    );
+    put(&mut b, "root.t", limits("cpu=4", Some("cpu=8"))).unwrap();
+    // A child: its max and guarantee within the parent's max (memory is not limited above).
+    let why = refused(put(&mut b, "root.t.a", limits("", Some("cpu=16"))));
+    assert_eq!(why, "its max of `cpu` is above the max of `root.t`");
+    let why = refused(put(&mut b, "root.t.a", limits("cpu=9", None)));
+    assert_eq!(why, "its guarantee of `cpu` is above the max of `root.t`");
+    put(&mut b, "root.t.a", limits("cpu=3,mem=100", Some("cpu=8,mem=200"))).unwrap();
+    // Siblings' guarantees add up within the parent's (for what it guarantees).
+    let why = refused(put(&mut b, "root.t.b", limits("cpu=2", None)));
+    assert!(why.starts_with("with its siblings it would be guaranteed more `cpu` (cpu=5"), "{why}");
+    put(&mut b, "root.t.b", limits("cpu=1", None)).unwrap();
+    // The parent, changed: not below what its children hold.
+    let why = refused(put(&mut b, "root.t", limits("cpu=4", Some("cpu=6"))));
+    assert_eq!(why, "the max of `root.t.a` is above it in `cpu`");
+    let why = refused(put(&mut b, "root.t", limits("cpu=3", Some("cpu=8"))));
+    assert!(why.starts_with("its children are guaranteed more `cpu`"), "{why}");
+    let view = b.sched.queue(&QueuePath::new("root.t").unwrap()).unwrap();
+    assert_eq!((view.limits.guaranteed, view.limits.max), (res("cpu=4"), Some(res("cpu=8"))), "unchanged");
+    // A queue under a leaf that holds applications would turn it into a parent.
+    b.submit(app_spec("busy", "root.t.b")).unwrap();
+    let err = put(&mut b, "root.t.b.c", QueueLimits::default()).unwrap_err();
+    assert!(matches!(err, SchedError::Queue(allot_core::apps::queues::QueueError::UnderBusyLeaf { .. })), "{err}");
 }
 
 #[test]

@@ -81,8 +81,10 @@ impl World2 {
         let mut ledger = Ledger::new();
         ledger.put_namespace(&tokens(), 3, 0).unwrap();
         let mut sched = Scheduler::new(SchedConfig { completing_grace_ms: GRACE_MS, ..SchedConfig::default() });
-        sched.put_queue(QueuePath::new("root.a").unwrap(), QueueLimits::default());
-        sched.put_queue(QueuePath::new("root.b").unwrap(), QueueLimits { max_apps: Some(1), ..QueueLimits::default() });
+        sched.put_queue(QueuePath::new("root.a").unwrap(), QueueLimits::default()).unwrap();
+        sched
+            .put_queue(QueuePath::new("root.b").unwrap(), QueueLimits { max_apps: Some(1), ..QueueLimits::default() })
+            .unwrap();
         World2 { sched, pools, ledger, now: 1, next_id: 0 }
     }
 

@@ -151,7 +151,7 @@ proptest! {
         for name in NAMESPACES {
             w.ledger.put_namespace(&NamespaceName::new(name).unwrap(), 4, w.now).unwrap();
         }
-        w.sched.put_queue(QueuePath::new("root.q").unwrap(), QueueLimits::default());
+        w.sched.put_queue(QueuePath::new("root.q").unwrap(), QueueLimits::default()).unwrap();
         let mut policy = Arc::new(policy_of(&roles, &bindings));
         w.sched.set_tenancy(Tenancy::Enforced(policy.clone()));
         for op in ops {

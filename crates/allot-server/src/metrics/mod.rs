@@ -303,7 +303,17 @@ impl Metrics {
 
     /// Times a request into `allot_http_request_duration_seconds`. The histogram is looked up
     /// once per thread, route, method and status; after that, without a lock or an allocation.
+    /// A method outside HTTP's standard ones is counted as `OTHER`: a caller cannot add series.
     pub(crate) fn observe_request(&self, method: &Method, route: &str, status: u16, took: Duration) {
+        let other;
+        let method = match *method {
+            Method::GET | Method::HEAD | Method::POST | Method::PUT | Method::DELETE | Method::PATCH => method,
+            Method::OPTIONS | Method::CONNECT | Method::TRACE => method,
+            _ => {
+                other = Method::from_bytes(b"OTHER").expect("a valid token");
+                &other
+            }
+        };
         HISTOGRAMS.with_borrow_mut(|histograms| {
             if let Some((_, by_route)) = histograms.get_mut(&self.id) {
                 return self.observe_in(by_route, method, route, status, took);
@@ -571,5 +581,22 @@ mod tests {
         assert_eq!(cached(), 2, "the second metrics, and the last of the three made in turn");
         second.observe_request(&Method::PUT, "/v1/a", 201, took);
         assert_eq!(cached(), 2);
+    }
+
+    #[test]
+    fn methods_a_caller_makes_up_add_no_series() {
+        let metrics = Metrics::new(MetricsConfig::default());
+        let took = Duration::from_millis(1);
+        for made_up in ["FOO1", "FOO2", "BREW", "PROPFIND"] {
+            metrics.observe_request(&Method::from_bytes(made_up.as_bytes()).unwrap(), "unmatched", 405, took);
+        }
+        metrics.observe_request(&Method::GET, "unmatched", 405, took);
+        let mut text = String::new();
+        prometheus_client::encoding::text::encode(&mut text, &metrics.registry).unwrap();
+        let series: Vec<&str> =
+            text.lines().filter(|l| l.starts_with("allot_http_request_duration_seconds_count")).collect();
+        assert_eq!(series.len(), 2, "{series:?}");
+        assert!(series.iter().any(|l| l.contains("method=\"OTHER\"") && l.ends_with(" 4")), "{series:?}");
+        assert!(!text.contains("FOO1"));
     }
 }

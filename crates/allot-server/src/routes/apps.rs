@@ -16,7 +16,7 @@ use crate::convert::apps::{self as convert, app_id, queue_path, task_id, Times};
 use crate::error::ApiError;
 use crate::error::ErrorCode;
 use crate::extract::{JsonBody, QueryArgs, Segments};
-use crate::page::{cursor, PageQuery};
+use crate::page::{cursor, visible_page, PageQuery};
 use crate::ServerState;
 use allot_core::apps::admission::{self, AppAction, Caller};
 use allot_core::apps::placement::{PlacementRules, Request};
@@ -44,12 +44,16 @@ pub(crate) async fn get_queue(
 }
 
 /// Creates a queue (and its parents) or changes its limits; a changed limit counts from the next
-/// placement, and lowering one ends nothing.
+/// placement, and lowering one ends nothing. Limits that contradict themselves or the queues
+/// around the queue are refused (`invalid_argument`, naming which), as YuniKorn refuses them: a
+/// guarantee above the queue's max or a max above it, a max above a parent's, children's maxes
+/// above it, or children guaranteed more than their parent.
 #[utoipa::path(put, path = "/v1/queues/{queue}", tag = "apps",
     params(("queue" = String, Path, description = "e.g. `root.analytics.etl`")),
     request_body = Option<api::PutQueue>,
     responses((status = 201, body = api::PutQueueResponse, description = "created"), (status = 200, body = api::PutQueueResponse, description = "changed"),
-        (status = 400, body = api::ErrorBody, description = "invalid_queue, invalid_resources, invalid_argument or invalid_json"),
+        (status = 400, body = api::ErrorBody, description = "invalid_queue, invalid_resources, invalid_argument (also: limits that contradict themselves or the queues around it) or invalid_json"),
+        (status = 409, body = api::ErrorBody, description = "queue_not_a_leaf: a queue above it holds applications"),
         (status = 503, body = api::ErrorBody, description = UNAVAILABLE)))]
 pub(crate) async fn put_queue(
     State(state): State<ServerState>,
@@ -110,11 +114,14 @@ pub(crate) async fn list_apps(
     // A cursor goes on in its list's order; `sort` orders the first page.
     let request = PageQuery::new(query.limit, query.cursor).request::<(AppOrder, AppPlace)>()?;
     let order = request.after().map_or_else(|| convert::app_order(query.sort.unwrap_or_default()), |(order, _)| *order);
-    let page = state.store.apps_in_order(order, request.map(|(_, place)| place)).await?;
-    let times = Times::of(state.store.as_ref());
     let visible = |info: &allot_store::AppInfo| who.may_read(&Resource::Queue(info.app.spec.queue.to_string()));
+    let store = &state.store;
+    let read = |page| store.apps_in_order(order, page);
+    let place = |info: &allot_store::AppInfo| info.app.place(order);
+    let page = visible_page(request.map(|(_, place)| place), read, visible, place).await?;
+    let times = Times::of(state.store.as_ref());
     Ok(Json(api::AppList {
-        apps: page.items.into_iter().filter(visible).map(|info| convert::app(info, times)).collect(),
+        apps: page.items.into_iter().map(|info| convert::app(info, times)).collect(),
         next_cursor: cursor(page.next.map(|place| (order, place))),
     }))
 }

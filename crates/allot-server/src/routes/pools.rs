@@ -12,7 +12,7 @@ use super::Answer;
 use crate::convert::pools as convert;
 use crate::error::ApiError;
 use crate::extract::{JsonBody, QueryArgs, Segments};
-use crate::page::{cursor, PageQuery};
+use crate::page::{cursor, visible_page, PageQuery};
 use crate::ServerState;
 
 /// A page of the pools, ordered by name.
@@ -22,15 +22,13 @@ pub(crate) async fn list_pools(
     who: crate::access::Who,
     QueryArgs(query): QueryArgs<PageQuery>,
 ) -> Answer<api::PoolList> {
-    let page = state.store.pools(query.request()?).await?;
+    let visible =
+        |item: &allot_core::pools::PoolView| who.may_read(&allot_core::access::Resource::Pool(item.name.to_string()));
+    let store = &state.store;
+    let page = visible_page(query.request()?, |page| store.pools(page), visible, |item| item.name.clone()).await?;
     let leases = state.store.executors().await?;
     Ok(Json(api::PoolList {
-        pools: page
-            .items
-            .into_iter()
-            .filter(|item| who.may_read(&allot_core::access::Resource::Pool(item.name.to_string())))
-            .map(|view| convert::pool(view, Some(&leases), state.store.now()))
-            .collect(),
+        pools: page.items.into_iter().map(|view| convert::pool(view, Some(&leases), state.store.now())).collect(),
         next_cursor: cursor(page.next),
     }))
 }

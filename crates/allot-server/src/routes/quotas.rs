@@ -15,7 +15,7 @@ use super::Answer;
 use crate::convert::quotas as convert;
 use crate::error::ApiError;
 use crate::extract::{JsonBody, QueryArgs, Segments};
-use crate::page::{cursor, PageQuery};
+use crate::page::{cursor, visible_page, PageQuery};
 use crate::ServerState;
 
 /// A page of the namespaces, ordered by name.
@@ -26,14 +26,11 @@ pub(crate) async fn list_namespaces(
     who: crate::access::Who,
     QueryArgs(query): QueryArgs<PageQuery>,
 ) -> Answer<api::NamespaceList> {
-    let page = state.store.namespaces(query.request()?).await?;
+    let visible = |item: &allot_core::NamespaceView| who.may_read(&Resource::Namespace(item.name.to_string()));
+    let store = &state.store;
+    let page = visible_page(query.request()?, |page| store.namespaces(page), visible, |item| item.name.clone()).await?;
     Ok(Json(api::NamespaceList {
-        namespaces: page
-            .items
-            .into_iter()
-            .filter(|item| who.may_read(&allot_core::access::Resource::Namespace(item.name.to_string())))
-            .map(convert::namespace)
-            .collect(),
+        namespaces: page.items.into_iter().map(convert::namespace).collect(),
         next_cursor: cursor(page.next),
     }))
 }
@@ -289,12 +286,14 @@ pub(crate) async fn list_sessions(
     who: Who,
     QueryArgs(query): QueryArgs<PageQuery>,
 ) -> Answer<api::SessionList> {
-    let page = state.store.sessions(query.request()?).await?;
     // The caller's own sessions; an admin of the daemon sees all.
     let everyone = who.may(Permission::Admin, &Resource::Daemon);
     let visible = |info: &allot_store::SessionInfo| everyone || owns(&who, &info.session);
+    let store = &state.store;
+    let id = |info: &allot_store::SessionInfo| info.session.id;
+    let page = visible_page(query.request()?, |page| store.sessions(page), visible, id).await?;
     Ok(Json(api::SessionList {
-        sessions: page.items.into_iter().filter(visible).map(convert::session).collect(),
+        sessions: page.items.into_iter().map(convert::session).collect(),
         next_cursor: cursor(page.next),
     }))
 }

@@ -34,7 +34,7 @@ use crate::store::RedisStore;
 impl AppStore for RedisStore {
     async fn put_queue(&self, path: QueuePath, limits: QueueLimits) -> Result<(bool, QueueView), StoreError> {
         self.commit_sched(Fresh::No, |sched, _, _| {
-            let (created, outcome) = sched.put_queue(path.clone(), limits);
+            let (created, outcome) = sched.put_queue(path.clone(), limits)?;
             Ok(((created, sched.queue(&path)?), outcome))
         })
         .await
@@ -47,7 +47,7 @@ impl AppStore for RedisStore {
                 if let Ok(view) = sched.queue(&path) {
                     return Ok(((false, view), Default::default()));
                 }
-                let (created, outcome) = sched.put_queue(path.clone(), limits.clone());
+                let (created, outcome) = sched.put_queue(path.clone(), limits.clone())?;
                 Ok(((created, sched.queue(&path)?), outcome))
             })
             .await;

@@ -560,7 +560,11 @@ impl RedisStore {
         let seeds = std::mem::take(&mut *self.inner.apps.seeds.lock().unwrap_or_else(|p| p.into_inner()));
         for (path, limits) in seeds {
             if leader.sched.queue(&path).is_err() {
-                outcome.apps.extend(leader.sched.put_queue(path, limits).1.apps);
+                // A seed the tree refuses (its limits contradict what is there) is left out.
+                match leader.sched.put_queue(path.clone(), limits) {
+                    Ok((_, seeded)) => outcome.apps.extend(seeded.apps),
+                    Err(err) => tracing::warn!(queue = %path, error = %err, "a queue of the file was not made"),
+                }
             }
         }
         self.carry_out(holder, &mut leader, &outcome).await?;

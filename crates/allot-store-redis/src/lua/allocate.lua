@@ -55,6 +55,7 @@ if queued then
   redis.call('HSET', K_WREQ, wid, enc_req(w))
   redis.call('HSET', K_WTOK, r.token, wid)
   redis.call('ZADD', K_WDL, w.until_, wid)
+  if w.kind == 's' then redis.call('ZADD', K_LEASES, 'GT', w.sdl, 's\n' .. w.session) end
   return { 'queued', wid, position, units_ahead }
 end
 if not refusal and (blocked or granted + r.units > quota) then
@@ -80,6 +81,9 @@ if refusal then
   redis.call('HSET', K_WTOK, r.token, wid)
   redis.call('ZADD', K_WDL, r.until_, wid)
   redis.call('HINCRBY', K_NS, 'waiting_units', r.units)
+  -- A waiter under a session keeps the session's deadline here as a grant does: its keepalives
+  -- renew it (`session_extend`), and the sweep answers the waiter when the session expires.
+  if r.kind == 's' then redis.call('ZADD', K_LEASES, 'GT', r.sdl, 's\n' .. r.session) end
   emit('waiter.queued', r.token)
   return { 'queued', wid, position, units_ahead }
 end

@@ -390,22 +390,22 @@ local function admit(now, woken)
     local r = record and dec_req(record)
     if not r then
       redis.call('ZREM', K_QUEUE, wid)
+    elseif r.kind == 's' and (redis.call('ZSCORE', K_CLOSED, r.session)
+        or session_deadline(r.session, r.sdl) <= now) then
+      -- Its session ended: answered, and holding no one back, whether it fits or not.
+      forget_waiter(wid, r)
+      answer_waiter(wid, 'x\nsession\n' .. r.session, woken)
+      emit('waiter.gave_up', r.token, 'session_ended')
     elseif not cap_refusal(r) then
       if granted + r.units > quota then
         blocked = 1
         break
       end
       forget_waiter(wid, r)
-      if r.kind == 's' and (redis.call('ZSCORE', K_CLOSED, r.session)
-          or session_deadline(r.session, r.sdl) <= now) then
-        answer_waiter(wid, 'x\nsession\n' .. r.session, woken)
-        emit('waiter.gave_up', r.token, 'session_ended')
-      else
-        insert_grant(r, now)
-        granted = granted + r.units
-        answer_waiter(wid, 'g\n' .. r.token, woken)
-        emit('waiter.admitted', r.token)
-      end
+      insert_grant(r, now)
+      granted = granted + r.units
+      answer_waiter(wid, 'g\n' .. r.token, woken)
+      emit('waiter.admitted', r.token)
     end
   end
   redis.call('HSET', K_NS, 'blocked', blocked)

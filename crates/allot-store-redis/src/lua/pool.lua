@@ -12,8 +12,8 @@
 --   Q:leases    zset alloc id -> expires
 --   Q:ended     hash alloc id -> ended alloc (the same JSON plus ea ended at, er reason)
 --   Q:endings   zset alloc id -> ended at
--- Resources are `name units frac` items joined by `,` (frac = milli-units below one unit), so
--- every quantity stays an exact integer in Lua's doubles. Times are ms of Redis's TIME.
+-- Resources are `name units frac` items joined by `,` (frac = milli-units below one unit), read
+-- into exact two-limb integers (see `parse`). Times are ms of Redis's TIME.
 --
 -- Invariant: the resources of the live allocs (lapsed or not) never exceed the capacity less what
 -- is occupied when an alloc is made; lapsed allocs are offered and reclaimed, most-expired first,
@@ -24,12 +24,24 @@ local K_POOL, K_ALLOCS, K_LEASES, K_ENDED, K_ENDINGS = Q .. ':pool', Q .. ':allo
 local op = ARGV[1]
 local now = now_ms()
 
+-- In Lua a quantity is { high, low } milli-units: high counts LIMB (10^12) milli-units, low the
+-- rest, so every sum stays an exact integer in Lua's doubles (a quantity may reach 2^64
+-- milli-units, past the 2^53 a double holds exactly). The text keeps `units frac`.
+local LIMB = 1e12
+-- Units in the low limb: LIMB / 1000.
+local LOW_UNITS_DIGITS = 9
+
 local function parse(text)
   local r = {}
   if text == nil or text == '' then return r end
   for item in string.gmatch(text, '[^,]+') do
     local name, u, f = string.match(item, '^(%S+) (%d+) (%d+)$')
-    r[name] = { tonumber(u), tonumber(f) }
+    -- The units' digits are split as text, never read whole into a double.
+    local high, low = 0, u
+    if #u > LOW_UNITS_DIGITS then
+      high, low = tonumber(string.sub(u, 1, #u - LOW_UNITS_DIGITS)), string.sub(u, #u - LOW_UNITS_DIGITS + 1)
+    end
+    r[name] = { high, tonumber(low) * 1000 + tonumber(f) }
   end
   return r
 end
@@ -42,7 +54,11 @@ local function format(r)
   table.sort(names)
   local items = {}
   for _, name in ipairs(names) do
-    items[#items + 1] = name .. ' ' .. int(r[name][1]) .. ' ' .. int(r[name][2])
+    local high, low = r[name][1], r[name][2]
+    local units = math.floor(low / 1000)
+    local text = int(units)
+    if high > 0 then text = int(high) .. string.format('%0' .. LOW_UNITS_DIGITS .. 'd', units) end
+    items[#items + 1] = name .. ' ' .. text .. ' ' .. int(low % 1000)
   end
   return table.concat(items, ',')
 end
@@ -55,9 +71,9 @@ local function add(a, b)
   for name, v in pairs(a) do out[name] = { v[1], v[2] } end
   for name, v in pairs(b) do
     local x = get(out, name)
-    local u, f = x[1] + v[1], x[2] + v[2]
-    if f >= 1000 then u, f = u + 1, f - 1000 end
-    out[name] = { u, f }
+    local high, low = x[1] + v[1], x[2] + v[2]
+    if low >= LIMB then high, low = high + 1, low - LIMB end
+    out[name] = { high, low }
   end
   return out
 end
@@ -68,9 +84,9 @@ local function sub(a, b)
   for name, v in pairs(a) do
     local y = get(b, name)
     if less(y, v) then
-      local u, f = v[1] - y[1], v[2] - y[2]
-      if f < 0 then u, f = u - 1, f + 1000 end
-      out[name] = { u, f }
+      local high, low = v[1] - y[1], v[2] - y[2]
+      if low < 0 then high, low = high - 1, low + LIMB end
+      out[name] = { high, low }
     end
   end
   return out

@@ -9,6 +9,7 @@ if redis.call('EXISTS', K_NS) == 0 then
   return { 0, -1 }
 end
 local expired = 0
+local sessions_ended = false
 for _, member in ipairs(redis.call('ZRANGEBYSCORE', K_LEASES, '-inf', now, 'LIMIT', 0, 256)) do
   redis.call('ZREM', K_LEASES, member)
   local kind, name = string.sub(member, 1, 1), string.sub(member, 3)
@@ -20,12 +21,14 @@ for _, member in ipairs(redis.call('ZRANGEBYSCORE', K_LEASES, '-inf', now, 'LIMI
       if remove_grant(token, nil, 'session_expired') then expired = expired + 1 end
     end
     redis.call('DEL', set)
+    -- Its waiters here, answered by the admission below (the session's deadline has passed).
+    if redis.call('ZCARD', K_QUEUE) > 0 then sessions_ended = true end
   end
 end
 if expired > 0 then redis.call('HINCRBY', K_NS, 'stat_expired', expired) end
 redis.call('ZREMRANGEBYSCORE', K_CLOSED, '-inf', now)
 -- Waiters whose caller should long have claimed or cancelled them: its daemon is gone.
-local changed = expired > 0
+local changed = expired > 0 or sessions_ended
 for _, wid in ipairs(redis.call('ZRANGEBYSCORE', K_WDL, '-inf', now - GRACE_MS, 'LIMIT', 0, 256)) do
   redis.call('ZREM', K_WDL, wid)
   redis.call('HDEL', K_WOKEN, wid)

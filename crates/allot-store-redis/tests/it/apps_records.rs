@@ -42,8 +42,9 @@ async fn a_new_scheduler_loads_what_the_old_one_wrote_and_a_deposed_one_writes_n
     let mut ledger = Ledger::new();
     let mut sched = Scheduler::new(SchedConfig::default());
     let mut changes: Vec<AppChange> = Vec::new();
-    let (_, out) =
-        sched.put_queue(QueuePath::new("root.q").unwrap(), QueueLimits { max_apps: Some(3), ..Default::default() });
+    let (_, out) = sched
+        .put_queue(QueuePath::new("root.q").unwrap(), QueueLimits { max_apps: Some(3), ..Default::default() })
+        .unwrap();
     changes.extend(out.apps);
     let spec = AppSpec {
         id: AppId::new("gang").unwrap(),

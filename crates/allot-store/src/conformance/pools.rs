@@ -26,6 +26,7 @@ pub async fn run_pools(store: Arc<dyn Store>, time: &dyn Time) {
         pools_and_allocs_page_by_name_and_id(store_ref),
         cordoned_and_occupied_pools(store_ref),
         allocs_carry_their_owners_notes(store_ref),
+        quantities_past_2_pow_53_stay_exact(store_ref),
     );
     lapsed_allocs_are_offered_and_reclaimed_when_needed(store_ref, time).await;
     an_idle_pool_stops(store_ref, time).await;
@@ -58,6 +59,28 @@ async fn pools_are_created_changed_and_removed(store: &dyn Store) {
     assert_eq!(store.remove_pool(name.clone(), true).await.unwrap(), 1);
     let gone = store.pool(name.clone()).await;
     assert!(matches!(gone, Err(StoreError::Pools(PoolError::PoolNotFound(_)))), "{gone:?}");
+}
+
+/// Quantities are exact to the milli-unit up to the largest the API takes: a milli-unit more than
+/// the capacity is refused, even past 2^53 (where a double would round them together), and what
+/// an alloc leaves is offered to the milli-unit.
+async fn quantities_past_2_pow_53_stay_exact(store: &dyn Store) {
+    let name = pool_name("exact");
+    // `mem` at the largest quantity there is: u64::MAX milli-units, cut to a whole unit.
+    let capacity = "cpu=9007199254740992,mem=18446744073709551";
+    store.put_pool(name.clone(), res(capacity)).await.unwrap();
+    for above in ["cpu=9007199254740993", "cpu=9007199254740992.001"] {
+        let refused = store.accept(name.clone(), wants(above, None)).await;
+        assert!(matches!(refused, Err(StoreError::Pools(PoolError::ExceedsCapacity { .. }))), "{above}: {refused:?}");
+    }
+    let taken = "cpu=9007199254740991.999,mem=18446744073709550";
+    let alloc = store.accept(name.clone(), wants(taken, None)).await.unwrap();
+    assert_eq!(alloc.resources, res(taken));
+    let offer = store.offer(name.clone()).await.unwrap().map(|o| o.available);
+    assert_eq!(offer, Some(res("cpu=0.001,mem=1")), "what is left, to the milli-unit");
+    store.free_alloc(name.clone(), alloc.id).await.unwrap();
+    let offer = store.offer(name.clone()).await.unwrap().map(|o| o.available);
+    assert_eq!(offer, Some(res(capacity)));
 }
 
 async fn cordoned_and_occupied_pools(store: &dyn Store) {

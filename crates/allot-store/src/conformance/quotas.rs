@@ -36,6 +36,7 @@ pub async fn run(store: Arc<dyn Store>, time: &dyn Time) {
     );
     ttl_leases_are_swept(store_ref, time).await;
     sessions_hold_and_free_grants(store_ref, time).await;
+    a_sessions_waiters_live_and_end_with_it(store_ref, time).await;
 }
 
 fn ns(name: &str) -> NamespaceName {
@@ -273,6 +274,50 @@ async fn sessions_hold_and_free_grants(store: &dyn Store, time: &dyn Time) {
     assert_granted(&store.allocate(r, Duration::ZERO).await.unwrap());
     store.close_session(session.session.id).await.unwrap();
     assert_eq!(store.namespace(name.clone()).await.unwrap().granted_units, 0);
+}
+
+/// A waiter under a session follows the session's keepalives (granted after its first deadline
+/// has passed, the session kept alive), and ends with it: once the session expires its waiter is
+/// answered `session_not_found` and holds no waiter behind it back.
+async fn a_sessions_waiters_live_and_end_with_it(store: &dyn Store, time: &dyn Time) {
+    let name = ns("session-waiters");
+    store.put_namespace(name.clone(), 3).await.unwrap();
+    assert_granted(&store.allocate(request(&name, "holder", 3), Duration::ZERO).await.unwrap());
+    let kept = store.open_session(800, None).await.unwrap().session.id;
+    let mut r = request(&name, "kept", 1);
+    r.lease = LeaseRequest::Session(kept);
+    let (granted, ()) = tokio::join!(store.allocate(r, Duration::from_secs(60)), async {
+        queue_is(store, &name, &["kept"]).await;
+        for _ in 0..4 {
+            time.advance(Duration::from_millis(300)).await;
+            store.keepalive_session(kept).await.unwrap();
+        }
+        store.release(name.clone(), token("holder"), None).await.unwrap();
+    });
+    assert_granted(&granted.unwrap());
+    assert_eq!(store.session(kept).await.unwrap().session.grants.len(), 1, "the grant is the session's");
+    store.close_session(kept).await.unwrap();
+
+    // The quota is 3: 2 held. `big` (2, under a session never kept alive) does not fit and
+    // holds `small` (1, which fits) back until its session expires.
+    assert_granted(&store.allocate(request(&name, "held", 2), Duration::ZERO).await.unwrap());
+    let lapsing = store.open_session(800, None).await.unwrap().session.id;
+    let mut r = request(&name, "big", 2);
+    r.lease = LeaseRequest::Session(lapsing);
+    let (big, small, ()) = tokio::join!(
+        store.allocate(r, Duration::from_secs(60)),
+        async {
+            queue_is(store, &name, &["big"]).await;
+            store.allocate(request(&name, "small", 1), Duration::from_secs(60)).await
+        },
+        async {
+            queue_is(store, &name, &["big", "small"]).await;
+            time.advance(Duration::from_millis(900)).await;
+        }
+    );
+    assert!(matches!(big, Err(StoreError::Quotas(LedgerError::SessionNotFound(_)))), "{big:?}");
+    assert_granted(&small.unwrap());
+    assert_eq!(store.namespace(name).await.unwrap().granted_units, 3);
 }
 
 /// Waits until the namespace's queue holds exactly `tokens`, in that order.

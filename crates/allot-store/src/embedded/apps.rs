@@ -172,7 +172,7 @@ impl EmbeddedStore {
 impl AppStore for EmbeddedStore {
     async fn put_queue(&self, path: QueuePath, limits: QueueLimits) -> Result<(bool, QueueView), StoreError> {
         self.commit_sched(|sched, _, _| {
-            let (created, outcome) = sched.put_queue(path.clone(), limits);
+            let (created, outcome) = sched.put_queue(path.clone(), limits)?;
             Ok(((created, sched.queue(&path)?), outcome))
         })
         .await
@@ -183,7 +183,7 @@ impl AppStore for EmbeddedStore {
             if let Ok(view) = sched.queue(&path) {
                 return Ok(((false, view), Default::default()));
             }
-            let (created, outcome) = sched.put_queue(path.clone(), limits);
+            let (created, outcome) = sched.put_queue(path.clone(), limits)?;
             Ok(((created, sched.queue(&path)?), outcome))
         })
         .await

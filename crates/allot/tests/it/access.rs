@@ -70,6 +70,34 @@ async fn a_daemon_with_auth_serves_only_tokens_it_knows_within_their_roles() {
     assert!(!ok && err.contains("forbidden") && err.contains("`admin`"), "{err}");
     let (ok, out, _) = cli(&url, Some(&team), &["quota", "list", "--quiet"]);
     assert!(ok && out.trim() == "hive:a", "the team sees only its namespaces: {out}");
+    // Pages of one: a cursor names only what the caller may read (never `other`, which sorts
+    // after `hive:a`), and the pages end.
+    for (name, quota) in [("hive:b", "1"), ("gpu:secret", "1"), ("zz-hidden", "1")] {
+        assert!(cli(&url, Some(&admin), &["quota", "set", name, quota]).0);
+    }
+    let http = reqwest::Client::new();
+    let (mut seen, mut cursor) = (Vec::new(), None::<String>);
+    loop {
+        let mut request = http.get(format!("{url}/v1/namespaces")).bearer_auth(&team).query(&[("limit", "1")]);
+        if let Some(cursor) = &cursor {
+            request = request.query(&[("cursor", cursor)]);
+        }
+        let page: serde_json::Value = request.send().await.unwrap().json().await.unwrap();
+        for namespace in page["namespaces"].as_array().unwrap() {
+            seen.push(namespace["name"].as_str().unwrap().to_owned());
+        }
+        match page["next_cursor"].as_str() {
+            Some(next) => {
+                for hidden in ["other", "gpu", "zz-hidden"] {
+                    assert!(!next.contains(hidden), "a cursor names `{next}`");
+                }
+                cursor = Some(next.to_owned());
+            }
+            None => break,
+        }
+        assert!(seen.len() <= 2, "the pages do not end: {seen:?}");
+    }
+    assert_eq!(seen, ["hive:a", "hive:b"]);
     let (ok, out, err) = cli(&url, Some(&team), &["whoami", "use:namespace:hive:a", "admin:daemon"]);
     assert!(ok, "{err}");
     assert_eq!(out, "ada (groups hive)\nadmin:daemon: no\nuse:namespace:hive:a: yes\n");

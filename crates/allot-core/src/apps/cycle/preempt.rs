@@ -856,7 +856,8 @@ impl Scheduler {
         let members = app.gang_members();
         let mut units: std::collections::BTreeMap<&crate::names::NamespaceName, u64> = Default::default();
         for need in members.iter().flat_map(|m| &m.4) {
-            *units.entry(&need.namespace).or_default() += need.units;
+            let sum = units.entry(&need.namespace).or_default();
+            *sum = sum.saturating_add(need.units);
         }
         for (namespace, units) in units {
             if world.ledger.room_for(namespace, units).is_err() {
