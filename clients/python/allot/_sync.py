@@ -39,6 +39,10 @@ from ._util import (
 from .errors import ERRORS, AllotError, AppFailed, ConflictError, ConnectionFailed, Exhausted, NamespaceQuotaExceeded, NotGranted
 
 R = TypeVar("R")
+
+#: A watch stream that receives nothing (not even a heartbeat) for this long, in seconds, is
+#: taken as cut and opened again: three of the daemon's heartbeats (as the Rust client).
+WATCH_IDLE_TIMEOUT = 45.0
 AppSource = Union[Mapping[str, Any], str]
 
 
@@ -97,6 +101,22 @@ class Client:
     ) -> Any:
         """Sends one call, retried as the class says; answers the body's JSON (of a 410 too,
         with ``gone_is_an_answer``: the record of what ended)."""
+        answer = self._send(
+            method, path, body=body, params=params, idempotent=idempotent, gone_is_an_answer=gone_is_an_answer
+        )
+        return answer.json() if answer.content else None
+
+    def _send(
+        self,
+        method: str,
+        path: str,
+        *,
+        body: Any = None,
+        params: Union[Mapping[str, Any], Sequence[Tuple[str, Any]], None] = None,
+        idempotent: bool = True,
+        gone_is_an_answer: bool = False,
+    ) -> httpx.Response:
+        """:meth:`_call`, answering the answer itself (its headers too)."""
         pairs = params.items() if isinstance(params, Mapping) else (params or [])
         query = [(k, v) for k, v in pairs if v is not None]
         content = None if body is None else json.dumps(body).encode()
@@ -123,7 +143,7 @@ class Client:
                     continue
             if not (gone_is_an_answer and answer.status_code == 410):
                 raise_for(answer.status_code, answer.content)
-            return answer.json() if answer.content else None
+            return answer
 
     def _pages(
         self, path: str, field: str, limit: Optional[int], params: Optional[Dict[str, Any]] = None
@@ -599,7 +619,13 @@ class Client:
         reconnects: int,
         deadline: Optional[float],
     ) -> Generator[m.WatchEvent, None, None]:
-        """:meth:`watch`, raising ``TimeoutError`` once ``deadline`` (``self.clock.now()``) passes."""
+        """:meth:`watch`, raising ``TimeoutError`` once ``deadline`` (``self.clock.now()``) passes.
+
+        Where it resumes (``last``) moves with every event, every heartbeat's ``id`` (how far the
+        daemon has looked for this watcher) and the stream's ``Allot-Revision`` (where a stream
+        from now starts), so a reconnect misses nothing and repeats nothing; a ``behind``
+        message (the watcher fell behind) resumes from where it says. A stream silent for
+        :data:`WATCH_IDLE_TIMEOUT` (three heartbeats) is taken as cut and opened again."""
         last = since
         failures = 0
         while True:
@@ -608,21 +634,35 @@ class Client:
             headers = {"Accept": "text/event-stream"}
             if last is not None:
                 headers["Last-Event-ID"] = str(last)
-            timeout = httpx.Timeout(self.options.timeout, read=_left(deadline, self.clock))
+            left = _left(deadline, self.clock)
+            read = WATCH_IDLE_TIMEOUT if left is None else min(left, WATCH_IDLE_TIMEOUT)
+            timeout = httpx.Timeout(self.options.timeout, read=read)
             try:
                 with self._http.stream("GET", "/v1/watch", params=query, headers=headers, timeout=timeout) as answer:
                     if answer.status_code >= 400:
                         raise_for(answer.status_code, answer.read())
                     failures = 0
+                    start = _revision(answer.headers.get("allot-revision"))
+                    if start is not None and (last is None or start > last):
+                        last = start
                     stream = EventStream()
                     for chunk in answer.iter_bytes():
                         for message in stream.feed(chunk):
+                            if message.event == "behind" and message.data is not None:
+                                last = json.loads(message.data)["resume"]
+                                raise _Resume()
                             if message.data is None:
+                                seen = _revision(message.id)
+                                if seen is not None and (last is None or seen > last):
+                                    last = seen
                                 continue
                             event = cast(m.WatchEvent, json.loads(message.data))
                             last = event["revision"]
                             yield event
                         _left(deadline, self.clock)
+            except _Resume:
+                _left(deadline, self.clock)
+                continue
             except (httpx.TransportError, ConnectionFailed) as err:
                 _left(deadline, self.clock)
                 failures += 1
@@ -792,8 +832,7 @@ class Client:
     def _follow(self, app_id: str, deadline: Optional[float]) -> m.App:
         """Waits until the application's tasks have all ended, then ends it; or until it ends
         otherwise. Reads it, then watches it from that revision."""
-        answer = self._http.get(f"/v1/apps/{seg(app_id)}")
-        raise_for(answer.status_code, answer.content)
+        answer = self._send("GET", f"/v1/apps/{seg(app_id)}")
         current = cast(m.App, answer.json())
         revision = int(answer.headers.get("Allot-Revision", "0"))
         states = {task["id"]: task["state"] for task in self.tasks(app_id)}
@@ -809,6 +848,9 @@ class Client:
                     task = cast(Optional[m.Task], event.get("object"))
                     if task is not None:
                         states[task["id"]] = task["state"]
+                    elif event["kind"] == "task.removed":
+                        # Removed from outside: nothing of it is left to wait for.
+                        states.pop(event["key"][len(key + "/tasks/") :], None)
         finally:
             events.close()  # the stream's connection, now
         if current["state"] in APP_ENDED:
@@ -820,6 +862,17 @@ class Client:
             return self.complete_app(app_id)
         except ConflictError:  # ended meanwhile (by hand, by a timeout): as it is
             return self.app(app_id)
+
+
+class _Resume(Exception):
+    """The daemon said where the watcher is to resume: open the stream again from there."""
+
+
+def _revision(text: Optional[str]) -> Optional[int]:
+    """A revision the daemon sent (a header's or a heartbeat's ``id``), if it reads as one."""
+    if text is None or not text.strip().isdigit():
+        return None
+    return int(text.strip())
 
 
 def _left(deadline: Optional[float], clock: Clock) -> Optional[float]:

@@ -300,7 +300,7 @@ impl Feed {
         let (tx, live) = mpsc::channel(buffer.max(1));
         let behind = Arc::new(AtomicBool::new(false));
         kept.taps.entry(filter).or_default().push(Tap { tx, behind: behind.clone() });
-        Ok(Watcher { backlog, live, behind, last: since, buffer, feed: self.kept.clone() })
+        Ok(Watcher { backlog, live, behind, start: since, last: since, buffer, feed: self.kept.clone() })
     }
 }
 
@@ -310,6 +310,9 @@ pub struct Watcher {
     backlog: Backlog,
     live: mpsc::Receiver<Arc<Event>>,
     behind: Arc<AtomicBool>,
+    /// The revision it starts after: nothing at or below it is handed out (a watcher resuming on
+    /// a daemon of a shared store that has not read the log that far yet gets those events live).
+    start: u64,
     last: u64,
     buffer: usize,
     feed: Arc<Mutex<Kept>>,
@@ -421,8 +424,19 @@ impl Watcher {
         }
     }
 
-    /// The next event its filter takes; waits for one.
+    /// The next event its filter takes after its start; waits for one.
     pub async fn next(&mut self) -> Result<Arc<Event>, WatchError> {
+        loop {
+            let event = self.next_any().await?;
+            if event.revision > self.start {
+                self.last = event.revision;
+                return Ok(event);
+            }
+        }
+    }
+
+    /// The next event its filter takes.
+    async fn next_any(&mut self) -> Result<Arc<Event>, WatchError> {
         let event = match self.backlog.pop() {
             Some(Ok(event)) => Arc::new(event),
             // The feed encoded it: a record it cannot decode is a bug. The watcher is told to
@@ -439,7 +453,6 @@ impl Watcher {
                 None => return Err(WatchError::Closed),
             },
         };
-        self.last = event.revision;
         Ok(event)
     }
 }
@@ -478,6 +491,19 @@ mod tests {
         let mut from_now = feed.subscribe(Filter::default(), None).unwrap();
         feed.publish([event(8, "pools/c", 0)], 0);
         assert_eq!(from_now.next().await.unwrap().revision, 8);
+    }
+
+    /// A watcher that starts after a revision this feed has not reached (another daemon of the
+    /// store was ahead) gets nothing at or below it: no event twice, no revision going back.
+    #[tokio::test]
+    async fn a_watcher_starting_ahead_of_the_feed_skips_what_it_already_has() {
+        let feed = Feed::new(config(100, 16), 0);
+        feed.publish([event(1, "pools/a", 0), event(2, "pools/a", 0)], 0);
+        let mut watcher = feed.subscribe(Filter::default(), Some(4)).unwrap();
+        feed.publish([event(3, "pools/a", 0), event(4, "pools/b", 0), event(5, "pools/c", 0)], 0);
+        assert_eq!(watcher.next().await.unwrap().revision, 5);
+        feed.publish([event(6, "pools/d", 0)], 0);
+        assert_eq!(watcher.next().await.unwrap().revision, 6);
     }
 
     #[tokio::test]

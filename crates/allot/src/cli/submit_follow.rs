@@ -187,7 +187,7 @@ pub(crate) async fn submit_and_follow(
                 states_line(tasks.iter())
             );
         }
-        Ok::<u8, ClientError>(if failed.is_empty() { EXIT_OK } else { EXIT_ERROR })
+        Ok::<u8, ClientError>(if failed.is_empty() && state == "Completed" { EXIT_OK } else { EXIT_ERROR })
     }
     .await;
     Ok(finish(&common, outcome))
@@ -218,6 +218,12 @@ async fn follow(
         let tasks = outages.call(async || client.tasks(app).await).await?.tasks;
         progress.update(&tasks);
         if !tasks.is_empty() && tasks.iter().all(ended) {
+            progress.finish();
+            return Ok(tasks);
+        }
+        // With no task yet it waits for some to be added, unless the application itself ended
+        // (failed or completed by hand): nothing more will run.
+        if tasks.is_empty() && app_ended(&outages.call(async || client.app(app).await).await?.state) {
             progress.finish();
             return Ok(tasks);
         }

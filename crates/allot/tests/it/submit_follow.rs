@@ -259,3 +259,21 @@ async fn submit_follow_shows_a_failed_tasks_stderr_and_failed_once_its_retries_a
     assert!(reason.contains("its stderr: `allot task logs fails missing --stream stderr`"), "{reason}");
     assert!(!reason.contains("stderr.log"), "{reason}");
 }
+
+/// An application submitted with no task waits for tasks to be added; failed by hand meanwhile,
+/// the follow ends, with an error status (it did not complete).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn submit_follow_of_an_application_without_tasks_ends_when_it_is_ended_by_hand() {
+    let (dir, data) = data_dir();
+    let daemon = Daemon::start(&data, &["--pool", "worker=cpu=1", "--run-pool", "worker"]);
+    let client = daemon.client();
+    client.put_queue("root.empty", &Default::default()).await.unwrap();
+    let file = dir.path().join("empty.yaml");
+    std::fs::write(&file, "id: empty\nqueue: root.empty\nuser: me\ntasks: []\n").unwrap();
+    let following = Following::start(&[file.to_str().unwrap(), "--server", &daemon.url, "--poll", "100ms"]);
+    assert!(following.says("submitted app empty", Duration::from_secs(20)).await, "{}", following.stderr());
+    client.fail_app("empty", Some("given up by hand")).await.unwrap();
+    let (status, stdout, stderr) = following.end(Duration::from_secs(30)).await;
+    assert_eq!(status.and_then(|s| s.code()), Some(1), "{stdout}\n{stderr}");
+    assert!(stdout.contains("app empty: Failed"), "{stdout}\n{stderr}");
+}
