@@ -180,7 +180,12 @@ impl Feed {
         let mut kept = self.lock();
         let kept = &mut *kept;
         for (event, record) in events.into_iter().zip(encoded.records()) {
-            debug_assert!(event.revision > kept.last, "events are published in revision order");
+            // Published already: a rebuild after a failed write publishes the events of records a
+            // sync had taken but not answered yet, which that sync then delivers. Never twice,
+            // never a revision going back.
+            if event.revision <= kept.last {
+                continue;
+            }
             kept.keep(&event, record);
             // Shared with the watchers it is for, if any; else dropped here, still in the cache.
             let mut owned = Some(event);
@@ -491,6 +496,19 @@ mod tests {
         let mut from_now = feed.subscribe(Filter::default(), None).unwrap();
         feed.publish([event(8, "pools/c", 0)], 0);
         assert_eq!(from_now.next().await.unwrap().revision, 8);
+    }
+
+    /// Events published again (a rebuild published them, then their sync delivered them) are
+    /// not kept nor sent twice.
+    #[tokio::test]
+    async fn events_published_twice_are_kept_and_sent_once() {
+        let feed = Feed::new(config(100, 16), 0);
+        let mut watcher = feed.subscribe(Filter::default(), None).unwrap();
+        feed.publish([event(1, "pools/a", 0), event(2, "pools/b", 0)], 0);
+        feed.publish([event(1, "pools/a", 0), event(2, "pools/b", 0), event(3, "pools/c", 0)], 0);
+        let revisions = [watcher.next().await.unwrap().revision, watcher.next().await.unwrap().revision];
+        assert_eq!((revisions, watcher.next().await.unwrap().revision), ([1, 2], 3));
+        assert_eq!(feed.kept(), (3, 0));
     }
 
     /// A watcher that starts after a revision this feed has not reached (another daemon of the
