@@ -378,6 +378,10 @@ class Grant(TypedDict):
     """Milliseconds until the lease ends without a keepalive; absent when the grant has no lease."""
     fencing: int
     """Increases with every grant of the namespace; pass it on to the protected resource."""
+    held_by: NotRequired[Optional[str]]
+    """`scheduler` for a grant of a task's placement (its token begins with `@`: `@<app>:<task>`):
+    it has no lease, lives until the task ends, and no client may release it.
+    """
     namespace: str
     scope: NotRequired[Optional[Scope]]
     session: NotRequired[Optional[str]]

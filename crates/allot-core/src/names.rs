@@ -119,10 +119,29 @@ impl fmt::Display for NamespaceName {
 #[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct Token(Arc<str>);
 
+/// What begins the tokens of the scheduler's grants: a task's placement holds
+/// `@<app>:<task>` (a gang placeholder `@<app>:<group>#<member>`). No client may allocate, release
+/// or keep alive such a token: the grant ends with its task, and its name is never a client's.
+pub const SCHEDULER_TOKEN_PREFIX: char = '@';
+
 impl Token {
     pub fn new(token: &str) -> Result<Token, NameError> {
         check("token", token)?;
         Ok(Token(Arc::from(token)))
+    }
+
+    /// The token of the grants a task's placement (or a gang placeholder's, `what` being
+    /// `<group>#<member>`) holds in each namespace it needs.
+    pub fn of_placement(app: &str, what: &str) -> Result<Token, NameError> {
+        let mut token = String::with_capacity(2 + app.len() + what.len());
+        token.push(SCHEDULER_TOKEN_PREFIX);
+        token.extend([app, ":", what]);
+        Token::new(&token)
+    }
+
+    /// Whether the token is one of the scheduler's ([`SCHEDULER_TOKEN_PREFIX`]).
+    pub fn is_scheduler_held(&self) -> bool {
+        self.0.starts_with(SCHEDULER_TOKEN_PREFIX)
     }
 
     pub fn as_str(&self) -> &str {

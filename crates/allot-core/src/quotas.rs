@@ -277,6 +277,18 @@ pub enum LedgerError {
     OutOfRange { what: &'static str, value: u64, min: u64, max: u64 },
     #[error("caps need a scope: give the holder's project and namespace scope")]
     CapsWithoutScope,
+    /// A client asked for a token of the scheduler's form ([`Token::is_scheduler_held`]).
+    #[error(
+        "token `{0}` begins with `@`, which only the scheduler's tokens do (the grants of a task's placement): \
+         use a token that does not"
+    )]
+    SchedulerToken(Token),
+    /// A client tried to release or keep alive a grant the scheduler holds for a task.
+    #[error(
+        "token `{token}` of namespace `{namespace}` is the scheduler's, held for a task's placement: it is released \
+         when the task ends (end the task or its application instead)"
+    )]
+    HeldByScheduler { namespace: NamespaceName, token: Token },
 }
 
 /// How a token conflict names what the token has: granted, or waiting.
@@ -649,9 +661,26 @@ fn check_fencing(grant: &Grant, fencing: Option<u64>) -> Result<(), LedgerError>
     }
 }
 
-/// Checks what an allocate request says by itself: units, caps and TTL in range, and a scope
-/// wherever there are caps. Every backend checks this before it looks at any state.
+/// Checks what a client's allocate request says by itself: not a token of the scheduler's form,
+/// units, caps and TTL in range, and a scope wherever there are caps. Every backend checks this
+/// before it looks at any state.
 pub fn check_request(request: &AllocateRequest) -> Result<(), LedgerError> {
+    if request.token.is_scheduler_held() {
+        return Err(LedgerError::SchedulerToken(request.token.clone()));
+    }
+    check_fields(request)
+}
+
+/// Refuses a client's release or keepalive of a token of the scheduler's form: whether or not it
+/// is granted now, only the scheduler ends it. Every backend checks this first.
+pub fn check_client_token(namespace: &NamespaceName, token: &Token) -> Result<(), LedgerError> {
+    if token.is_scheduler_held() {
+        return Err(LedgerError::HeldByScheduler { namespace: namespace.clone(), token: token.clone() });
+    }
+    Ok(())
+}
+
+fn check_fields(request: &AllocateRequest) -> Result<(), LedgerError> {
     check_range("units", request.units, 1, MAX_UNITS)?;
     if let Some(cap) = request.constraints.project {
         check_range("project cap", cap, 0, MAX_UNITS)?;
@@ -884,6 +913,18 @@ impl Ledger {
         wait: bool,
     ) -> Result<(Decision, Effects), LedgerError> {
         check_request(&request)?;
+        self.decide(request, now, wait)
+    }
+
+    /// Allocates a grant of a task's placement, for the scheduler: under a token of its own
+    /// ([`Token::of_placement`]), now or not at all (never queued). Allocating it again returns
+    /// the same grant.
+    pub fn allocate_held(&mut self, request: AllocateRequest, now: Millis) -> Result<(Decision, Effects), LedgerError> {
+        check_fields(&request)?;
+        self.decide(request, now, false)
+    }
+
+    fn decide(&mut self, request: AllocateRequest, now: Millis, wait: bool) -> Result<(Decision, Effects), LedgerError> {
         if let LeaseRequest::Session(id) = request.lease {
             if !self.sessions.contains_key(&id) {
                 return Err(LedgerError::SessionNotFound(id));
@@ -1002,8 +1043,30 @@ impl Ledger {
     }
 
     /// Releases a token [Flyte `ReleaseResource`]. Idempotent: returns the released grant, or
-    /// `None` if the token was not granted. A stale fencing number is refused.
+    /// `None` if the token was not granted. A stale fencing number is refused, and so is a token
+    /// of the scheduler's ([`check_client_token`]).
     pub fn release(
+        &mut self,
+        namespace: &NamespaceName,
+        token: &Token,
+        fencing: Option<u64>,
+        now: Millis,
+    ) -> Result<(Option<Grant>, Effects), LedgerError> {
+        check_client_token(namespace, token)?;
+        self.release_any(namespace, token, fencing, now)
+    }
+
+    /// Releases a grant of a task's placement, for the scheduler when the task ends. Idempotent.
+    pub fn release_held(
+        &mut self,
+        namespace: &NamespaceName,
+        token: &Token,
+        now: Millis,
+    ) -> Result<(Option<Grant>, Effects), LedgerError> {
+        self.release_any(namespace, token, None, now)
+    }
+
+    fn release_any(
         &mut self,
         namespace: &NamespaceName,
         token: &Token,
@@ -1031,6 +1094,7 @@ impl Ledger {
         fencing: Option<u64>,
         now: Millis,
     ) -> Result<(Grant, Effects), LedgerError> {
+        check_client_token(namespace, token)?;
         let Some(state) = self.namespaces.get_mut(namespace) else {
             return Err(LedgerError::NamespaceNotFound(namespace.clone()));
         };

@@ -120,6 +120,8 @@ impl From<LedgerError> for ApiError {
             LedgerError::NamespaceInUse { .. } => ErrorCode::NamespaceInUse,
             LedgerError::OutOfRange { .. } => ErrorCode::InvalidArgument,
             LedgerError::CapsWithoutScope => ErrorCode::CapsWithoutScope,
+            LedgerError::SchedulerToken(_) => ErrorCode::InvalidArgument,
+            LedgerError::HeldByScheduler { .. } => ErrorCode::HeldByScheduler,
         };
         ApiError::of(code, err.to_string())
     }

@@ -6,7 +6,7 @@
 use std::time::Duration;
 
 use allot_core::{
-    check_request, AllocateRequest, LeaseRequest, LedgerError, NamespaceName, NamespaceView, QueuePlace, SessionId,
+    check_client_token, check_request, AllocateRequest, LeaseRequest, LedgerError, NamespaceName, NamespaceView, QueuePlace, SessionId,
     Token, WaiterId, WaiterView,
 };
 use allot_store::{check_wait, Allocation, GrantInfo, Page, PageRequest, QuotaStore, SessionInfo, StoreError};
@@ -162,6 +162,7 @@ impl QuotaStore for RedisStore {
         fencing: Option<u64>,
     ) -> Result<Option<GrantInfo>, StoreError> {
         self.live()?;
+        check_client_token(&namespace, &token)?;
         let inner = &self.inner;
         let fencing = fencing.map(|f| f.to_string()).unwrap_or_default();
         let mut reply =
@@ -184,6 +185,7 @@ impl QuotaStore for RedisStore {
         fencing: Option<u64>,
     ) -> Result<GrantInfo, StoreError> {
         self.live()?;
+        check_client_token(&namespace, &token)?;
         let inner = &self.inner;
         let fencing = fencing.map(|f| f.to_string()).unwrap_or_default();
         let mut reply =

@@ -854,9 +854,9 @@ impl Scheduler {
             world.ledger.room_for(&need.namespace, need.units).map_err(tokens_why)?;
         }
         let owner = [app_id.as_str(), "/", task_id.as_str()].concat();
-        let token = [app_id.as_str(), ":", task_id.as_str()].concat();
         let labels = pools::task_labels(app_id.as_str(), task_id.as_str());
-        let placement = commit(spot, &wanted, (owner, labels), &token, &needs, world, cycle)?;
+        let token = (app_id.as_str(), task_id.as_str());
+        let placement = commit(spot, &wanted, (owner, labels), token, &needs, world, cycle)?;
         let account = Account::of(&app.spec);
         self.charge(&account, &placement.resources, true);
         let Some(app) = self.apps.get_mut(app_id) else {
@@ -1031,9 +1031,9 @@ impl Scheduler {
         let mut slots: Vec<Slot> = Vec::with_capacity(members.len());
         for ((group, member, wanted, _, needs), spot) in members.into_iter().zip(spots.iter().copied()) {
             let owner = format!("{app_id}/{group}#{member}");
-            let token = format!("{app_id}:{group}#{member}");
+            let member_name = format!("{group}#{member}");
             let labels = pools::placeholder_labels(app_id.as_str(), group.as_str(), member);
-            match commit(spot, &wanted, (owner, labels), &token, &needs, world, cycle) {
+            match commit(spot, &wanted, (owner, labels), (app_id.as_str(), &member_name), &needs, world, cycle) {
                 Ok(placement) => slots.push(Slot { group, member, placement, task: None }),
                 Err(why) => {
                     // Not expected (everything was checked): undo what was taken.
@@ -1270,19 +1270,20 @@ fn tokens_why(shortage: TokenShortage) -> Why {
     }
 }
 
-/// Takes an alloc of `wanted` on `spot` and a grant of every need under `token`, or nothing.
+/// Takes an alloc of `wanted` on `spot` and a grant of every need under the token of the
+/// placement of `(app, what)` ([`Token::of_placement`]: no client's), or nothing.
 fn commit(
     spot: usize,
     wanted: &Resources,
     (owner, labels): (String, Labels),
-    token: &str,
+    (app, what): (&str, &str),
     needs: &[TokenNeed],
     world: &mut World<'_>,
     cycle: &mut Cycle<'_>,
 ) -> Result<Placement, Why> {
     // Application and task ids always make a valid token; checked before anything is taken.
-    let Ok(token) = Token::new(token) else {
-        cycle.out.broken.push(format!("`{token}` is not a valid token for a placement's grants"));
+    let Ok(token) = Token::of_placement(app, what) else {
+        cycle.out.broken.push(format!("`{app}:{what}` does not make a valid token for a placement's grants"));
         return Err(Why::NoRoom { wanted: wanted.clone(), closest: None });
     };
     let pool = cycle.room.spots[spot].name.clone();
@@ -1309,7 +1310,7 @@ fn commit(
             constraints: Constraints::default(),
             lease: LeaseRequest::None,
         };
-        match world.ledger.allocate(request, cycle.now, false) {
+        match world.ledger.allocate_held(request, cycle.now) {
             Ok((Decision::Granted { grant, .. }, effects)) => {
                 cycle.out.ledger(effects);
                 placement.grants.push(HeldTokens {

@@ -1862,7 +1862,7 @@ fn apply(sum: &mut Resources, resources: &Resources, add: bool) {
 fn release(placement: &Placement, now: Millis, world: &mut World<'_>, out: &mut Outcome) {
     out.pools.extend(world.pools.end_held(&placement.pool, placement.alloc, now));
     for held in &placement.grants {
-        if let Ok((_, effects)) = world.ledger.release(&held.namespace, &held.token, None, now) {
+        if let Ok((_, effects)) = world.ledger.release_held(&held.namespace, &held.token, now) {
             out.ledger(effects);
         }
     }

@@ -16,7 +16,7 @@ use crate::MAX_UNITS;
 use super::SchedError;
 
 /// What an application, task or task group id matches (as in a Kubernetes label value): it is
-/// part of token names (`<app>:<task>`), so it has no `:`.
+/// part of token names (`@<app>:<task>`), so it has no `:`.
 pub const ID_PATTERN: &str = "^[A-Za-z0-9][A-Za-z0-9._-]{0,99}$";
 /// The longest id.
 pub const MAX_ID_CHARS: usize = 100;

@@ -12,7 +12,9 @@ use allot_core::apps::{
     TaskGroup, TaskId, TaskSpec, TokenNeed, Why, World, RESERVATION_TIMEOUT,
 };
 use allot_core::pools::{LeaseRules, PoolName, Pools};
-use allot_core::{Ledger, Millis, NamespaceName, Resources};
+use allot_core::{
+    AllocateRequest, Constraints, Decision, LeaseRequest, Ledger, LedgerError, Millis, NamespaceName, Resources, Token,
+};
 
 pub(crate) struct Bench {
     pub(crate) sched: Scheduler,
@@ -228,7 +230,56 @@ fn a_task_with_token_needs_holds_nothing_until_both_can_be_had() {
     b.cycle();
     assert_eq!(b.state("a", "t2"), TaskState::Allocated);
     let held = &b.sched.task(&aid("a"), &tid("t2")).unwrap().placement.as_ref().unwrap().grants;
-    assert_eq!(held[0].token.as_str(), "a:t2");
+    assert_eq!(held[0].token.as_str(), "@a:t2");
+}
+
+#[test]
+fn a_placements_grants_are_the_schedulers_alone() {
+    let mut b = Bench::new();
+    b.pool("p", "cpu=8", &[]);
+    b.queue("root.q", QueueLimits::default());
+    b.namespace("openai", 2);
+    let openai = NamespaceName::new("openai").unwrap();
+    b.submit(app_spec("a", "root.q")).unwrap();
+    // A client's token named as the scheduler's were before `@` does not stand in the way.
+    let client = |token: &str| AllocateRequest {
+        namespace: openai.clone(),
+        token: Token::new(token).unwrap(),
+        units: 1,
+        scope: None,
+        constraints: Constraints::default(),
+        lease: LeaseRequest::None,
+    };
+    let (decision, _) = b.ledger.allocate(client("a:t1"), b.now, false).unwrap();
+    assert!(matches!(decision, Decision::Granted { .. }), "{decision:?}");
+    b.add("a", TaskSpec { tokens: vec![TokenNeed { namespace: openai.clone(), units: 1 }], ..task("t1", "cpu=1") })
+        .unwrap();
+    b.cycle();
+    assert_eq!(b.state("a", "t1"), TaskState::Allocated);
+    let mine = Token::new("@a:t1").unwrap();
+    assert_eq!(b.ledger.grant(&openai, &mine).unwrap().units, 1);
+    assert_eq!(b.ledger.namespace(&openai, b.now).unwrap().granted_units, 2);
+
+    // No client takes, ends or renews it, nor takes a name of that form before the scheduler.
+    let now = b.now;
+    assert!(matches!(b.ledger.allocate(client("@a:t1"), now, false), Err(LedgerError::SchedulerToken(_))));
+    assert!(matches!(b.ledger.allocate(client("@a:t9"), now, true), Err(LedgerError::SchedulerToken(_))));
+    for fencing in [None, Some(1)] {
+        assert!(matches!(
+            b.ledger.release(&openai, &mine, fencing, now),
+            Err(LedgerError::HeldByScheduler { .. })
+        ));
+        assert!(matches!(
+            b.ledger.keepalive_grant(&openai, &mine, fencing, now),
+            Err(LedgerError::HeldByScheduler { .. })
+        ));
+    }
+    assert_eq!(b.ledger.namespace(&openai, now).unwrap().granted_units, 2, "nothing was released");
+
+    // The task's end releases it, and only it: the client's grant stays.
+    b.complete("a", "t1");
+    assert!(b.ledger.grant(&openai, &mine).is_err());
+    assert_eq!(b.ledger.grant(&openai, &Token::new("a:t1").unwrap()).unwrap().units, 1);
 }
 
 #[test]

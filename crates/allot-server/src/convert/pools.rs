@@ -172,7 +172,7 @@ pub(crate) fn offer(offer: Offer) -> allot_api::Offer {
 }
 
 /// Who holds an alloc made for a task: it has no lease.
-const HELD_BY_SCHEDULER: &str = "scheduler";
+pub(crate) const HELD_BY_SCHEDULER: &str = "scheduler";
 
 /// An alloc as the wire shows it, with times relative to `now`.
 pub(crate) fn alloc(alloc: Alloc, ended: Option<(Millis, EndReason)>, now: Millis) -> allot_api::Alloc {

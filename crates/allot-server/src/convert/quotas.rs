@@ -126,6 +126,7 @@ pub(crate) fn grant(info: GrantInfo) -> allot_api::Grant {
         ttl_ms,
         session,
         expires_in_ms: info.expires_in_ms,
+        held_by: grant.token.is_scheduler_held().then(|| super::pools::HELD_BY_SCHEDULER.to_owned()),
     }
 }
 

@@ -79,6 +79,45 @@ async fn queues_applications_and_tasks_over_the_api() {
     assert_eq!(status, StatusCode::OK);
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_tasks_grants_are_the_schedulers_and_no_client_releases_them() {
+    let h = Harness::new();
+    h.call(Method::PUT, "/v1/pools/p", r#"{"capacity": "cpu=4"}"#).await;
+    h.call(Method::PUT, "/v1/queues/root.q", "{}").await;
+    h.call(Method::PUT, "/v1/namespaces/seats", r#"{"quota": 2}"#).await;
+    // A client's token with the name the scheduler's had before `@` is no one else's.
+    let (status, _) = h.call(Method::PUT, "/v1/namespaces/seats/grants/a:t", r#"{"units": 1}"#).await;
+    assert_eq!(status, StatusCode::OK);
+    let app = r#"{"id": "a", "queue": "root.q", "tasks": [{"id": "t", "resources": "cpu=1", "tokens": [{"namespace": "seats", "units": 1}]}]}"#;
+    assert_eq!(h.call(Method::POST, "/v1/apps", app).await.0, StatusCode::CREATED);
+    until(&h, "/v1/apps/a/tasks/t", |b| b["state"] == "Allocated").await;
+    let (status, grant) = h.call(Method::GET, "/v1/namespaces/seats/grants/@a:t", "").await;
+    assert_eq!((status, grant["held_by"].clone()), (StatusCode::OK, json!("scheduler")), "{grant}");
+    assert!(grant["ttl_ms"].is_null() && grant["expires_in_ms"].is_null(), "{grant}");
+    let (_, client) = h.call(Method::GET, "/v1/namespaces/seats/grants/a:t", "").await;
+    assert!(client["held_by"].is_null(), "{client}");
+    let fencing = grant["fencing"].as_u64().unwrap();
+    for (method, uri, body, want, code) in [
+        (Method::DELETE, "/v1/namespaces/seats/grants/@a:t".to_owned(), "", StatusCode::CONFLICT, "held_by_scheduler"),
+        (Method::DELETE, format!("/v1/namespaces/seats/grants/@a:t?fencing={fencing}"), "", StatusCode::CONFLICT, "held_by_scheduler"),
+        (Method::DELETE, "/v1/namespaces/seats/grants/%40a:t".to_owned(), "", StatusCode::CONFLICT, "held_by_scheduler"),
+        (Method::POST, "/v1/namespaces/seats/grants/@a:t/keepalive".to_owned(), "{}", StatusCode::CONFLICT, "held_by_scheduler"),
+        (Method::PUT, "/v1/namespaces/seats/grants/@a:t".to_owned(), r#"{"units": 1}"#, StatusCode::BAD_REQUEST, "invalid_argument"),
+        (Method::PUT, "/v1/namespaces/seats/grants/@b:t".to_owned(), r#"{"units": 1, "wait_ms": 100}"#, StatusCode::BAD_REQUEST, "invalid_argument"),
+    ] {
+        let (status, answer) = h.call(method.clone(), &uri, body).await;
+        assert_eq!((status, answer["error"]["code"].as_str()), (want, Some(code)), "{method} {uri}: {answer}");
+    }
+    let (_, namespace) = h.call(Method::GET, "/v1/namespaces/seats", "").await;
+    assert_eq!(namespace["granted_units"], 2, "nothing was released: {namespace}");
+    // The task's end releases its grant, and only it.
+    h.call(Method::POST, "/v1/apps/a/tasks/t/complete", "").await;
+    let (status, _) = h.call(Method::GET, "/v1/namespaces/seats/grants/@a:t", "").await;
+    assert_eq!(status, StatusCode::NOT_FOUND);
+    let (status, _) = h.call(Method::GET, "/v1/namespaces/seats/grants/a:t", "").await;
+    assert_eq!(status, StatusCode::OK);
+}
+
 #[tokio::test]
 async fn bad_applications_get_a_code_and_change_nothing() {
     let h = Harness::new();

@@ -85,7 +85,7 @@ pub(crate) fn steps(outcome: &Outcome) -> (Vec<Step>, Vec<Step>) {
 }
 
 /// The mirror's one grant per namespace, and one alloc per pool, for what others hold there (no
-/// scheduler token has this name: theirs are `<app>:<task>`).
+/// scheduler token has this name: theirs begin with `@`).
 pub(crate) const OTHERS: &str = "others";
 pub(crate) const OTHERS_ALLOC: AllocId = AllocId(0);
 

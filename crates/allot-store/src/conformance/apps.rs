@@ -13,7 +13,7 @@ use allot_core::apps::{
     TaskSpec, TokenNeed,
 };
 use allot_core::pools::{AllocState, PoolError, PoolName};
-use allot_core::{NamespaceName, Resources};
+use allot_core::{AllocateRequest, Constraints, LeaseRequest, LedgerError, NamespaceName, Resources, Token};
 
 use super::{eventually, Time};
 use crate::{Store, StoreError, TaskInfo};
@@ -291,7 +291,28 @@ async fn a_task_holds_its_alloc_and_tokens_together_or_nothing(store: &dyn Store
     assert_eq!(store.pool(p.clone()).await.unwrap().allocs, 1, "the waiting task holds no alloc");
     let grants = store.grants(namespace.clone(), crate::PageRequest::first(10)).await.unwrap().items;
     assert_eq!(grants.len(), 1);
-    assert_eq!(grants[0].grant.token.as_str(), format!("{id}:t1"));
+    let held = grants[0].grant.token.clone();
+    assert_eq!(held.as_str(), format!("@{id}:t1"));
+    // The grant is the scheduler's: no client ends it, renews it, or takes a token of its form.
+    for fencing in [None, Some(grants[0].grant.fencing)] {
+        let released = store.release(namespace.clone(), held.clone(), fencing).await;
+        assert!(matches!(released, Err(StoreError::Quotas(LedgerError::HeldByScheduler { .. }))), "{released:?}");
+        let renewed = store.keepalive_grant(namespace.clone(), held.clone(), fencing).await;
+        assert!(matches!(renewed, Err(StoreError::Quotas(LedgerError::HeldByScheduler { .. }))), "{renewed:?}");
+    }
+    for token in [held.as_str(), "@someone-else"] {
+        let request = AllocateRequest {
+            namespace: namespace.clone(),
+            token: Token::new(token).unwrap(),
+            units: 1,
+            scope: None,
+            constraints: Constraints::default(),
+            lease: LeaseRequest::None,
+        };
+        let taken = store.allocate(request, Duration::from_millis(50)).await;
+        assert!(matches!(taken, Err(StoreError::Quotas(LedgerError::SchedulerToken(_)))), "{taken:?}");
+    }
+    assert_eq!(store.namespace(namespace.clone()).await.unwrap().granted_units, 1, "nothing was released");
     store.finish_task(id.clone(), TaskId::new("t1").unwrap(), Some("boom".into())).await.unwrap();
     eventually("the token goes to the other task", || async {
         task_state(store, &id, "t2").await.task.state == TaskState::Allocated

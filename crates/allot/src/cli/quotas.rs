@@ -676,6 +676,7 @@ fn grant_details(grant: &Grant) -> String {
         ("ttl", grant.ttl_ms.map_or_else(|| "-".to_owned(), format_ms)),
         ("session", grant.session.as_deref().map_or_else(|| "-".to_owned(), show)),
         ("expires in", grant.expires_in_ms.map_or_else(|| "never".to_owned(), format_ms)),
+        ("held by", grant.held_by.as_deref().map_or_else(|| "-".to_owned(), show)),
     ])
 }
 
@@ -749,6 +750,7 @@ mod tests {
             ttl_ms: Some(30_000),
             session: None,
             expires_in_ms: Some(30_000),
+            held_by: None,
         };
         let granted =
             AllocateResponse { status: Status::Granted, grant: Some(grant), existing: false, cap: None, queue: None };

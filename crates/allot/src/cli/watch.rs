@@ -169,6 +169,7 @@ mod tests {
             ttl_ms: Some(60_000),
             session: None,
             expires_in_ms: None,
+            held_by: None,
         };
         let mut event = WatchEvent {
             revision: 7,
