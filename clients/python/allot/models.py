@@ -379,8 +379,9 @@ class Grant(TypedDict):
     fencing: int
     """Increases with every grant of the namespace; pass it on to the protected resource."""
     held_by: NotRequired[Optional[str]]
-    """`scheduler` for a grant of a task's placement (its token begins with `@`: `@<app>:<task>`):
-    it has no lease, lives until the task ends, and no client may release it.
+    """`scheduler` for a grant allot holds for a task (its token begins with `@`: its placement's
+    `@<app>:<task>`, its run's `@<app>:<task>:<attempt>`): it has no lease, lives until the task
+    or run ends, and no client may release it.
     """
     namespace: str
     scope: NotRequired[Optional[Scope]]

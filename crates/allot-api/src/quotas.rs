@@ -135,8 +135,9 @@ pub struct Grant {
     /// Milliseconds until the lease ends without a keepalive; absent when the grant has no lease.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub expires_in_ms: Option<u64>,
-    /// `scheduler` for a grant of a task's placement (its token begins with `@`: `@<app>:<task>`):
-    /// it has no lease, lives until the task ends, and no client may release it.
+    /// `scheduler` for a grant allot holds for a task (its token begins with `@`: its placement's
+    /// `@<app>:<task>`, its run's `@<app>:<task>:<attempt>`): it has no lease, lives until the
+    /// task or run ends, and no client may release it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub held_by: Option<String>,
 }

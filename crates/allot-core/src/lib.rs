@@ -37,7 +37,7 @@ pub use names::{
     SESSION_ID_PATTERN,
 };
 pub use quotas::{
-    check_client_token, check_request, check_session_ttl, grant_conflict, waiter_conflict, AllocateRequest, CapLevel, Change, Conflict,
+    check_client_token, check_held_request, check_request, check_session_ttl, grant_conflict, waiter_conflict, AllocateRequest, CapLevel, Change, Conflict,
     Constraints, Decision, Effects, Grant, GrantEnd, Lease, LeaseRequest, Ledger, LedgerError, Millis, NamespaceStats,
     NamespaceView, QueuePlace, Refusal, RestoreError, Restoring, Session, TokenShortage, WaiterId, WaiterView, Woken,
     FENCING_BLOCK, MAX_TTL_MS, MAX_UNITS,

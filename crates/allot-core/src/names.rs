@@ -119,9 +119,10 @@ impl fmt::Display for NamespaceName {
 #[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct Token(Arc<str>);
 
-/// What begins the tokens of the scheduler's grants: a task's placement holds
-/// `@<app>:<task>` (a gang placeholder `@<app>:<group>#<member>`). No client may allocate, release
-/// or keep alive such a token: the grant ends with its task, and its name is never a client's.
+/// What begins the tokens of allot's own grants: a task's placement holds `@<app>:<task>` (a gang
+/// placeholder `@<app>:<group>#<member>`), attempt `n` of a task's run `@<app>:<task>:<n>` in its
+/// plugin's quotas. No client may allocate, release or keep alive such a token: the grant ends
+/// with its task or run, and its name is never a client's.
 pub const SCHEDULER_TOKEN_PREFIX: char = '@';
 
 impl Token {
@@ -139,7 +140,12 @@ impl Token {
         Token::new(&token)
     }
 
-    /// Whether the token is one of the scheduler's ([`SCHEDULER_TOKEN_PREFIX`]).
+    /// The token attempt `attempt` of a task's run holds in each of its plugin's quotas.
+    pub fn of_run(app: &str, task: &str, attempt: u32) -> Result<Token, NameError> {
+        Token::new(&format!("{SCHEDULER_TOKEN_PREFIX}{app}:{task}:{attempt}"))
+    }
+
+    /// Whether the token is one of allot's own ([`SCHEDULER_TOKEN_PREFIX`]).
     pub fn is_scheduler_held(&self) -> bool {
         self.0.starts_with(SCHEDULER_TOKEN_PREFIX)
     }

@@ -671,8 +671,15 @@ pub fn check_request(request: &AllocateRequest) -> Result<(), LedgerError> {
     check_fields(request)
 }
 
+/// Checks what an allocate request of allot's own says by itself (a task's placement or run, under
+/// a token beginning with `@`): as [`check_request`], but for the token's form.
+pub fn check_held_request(request: &AllocateRequest) -> Result<(), LedgerError> {
+    check_fields(request)
+}
+
 /// Refuses a client's release or keepalive of a token of the scheduler's form: whether or not it
-/// is granted now, only the scheduler ends it. Every backend checks this first.
+/// is granted now, only allot ends it (when its task or run does). Every backend checks this
+/// first.
 pub fn check_client_token(namespace: &NamespaceName, token: &Token) -> Result<(), LedgerError> {
     if token.is_scheduler_held() {
         return Err(LedgerError::HeldByScheduler { namespace: namespace.clone(), token: token.clone() });
@@ -916,12 +923,17 @@ impl Ledger {
         self.decide(request, now, wait)
     }
 
-    /// Allocates a grant of a task's placement, for the scheduler: under a token of its own
-    /// ([`Token::of_placement`]), now or not at all (never queued). Allocating it again returns
-    /// the same grant.
-    pub fn allocate_held(&mut self, request: AllocateRequest, now: Millis) -> Result<(Decision, Effects), LedgerError> {
-        check_fields(&request)?;
-        self.decide(request, now, false)
+    /// Allocates a grant of allot's own, under a token beginning with `@` that no client may
+    /// name: a task's placement ([`Token::of_placement`], never waiting), or the plugin quota of
+    /// a task's run (which may wait). Otherwise as [`Ledger::allocate`].
+    pub fn allocate_held(
+        &mut self,
+        request: AllocateRequest,
+        now: Millis,
+        wait: bool,
+    ) -> Result<(Decision, Effects), LedgerError> {
+        check_held_request(&request)?;
+        self.decide(request, now, wait)
     }
 
     fn decide(&mut self, request: AllocateRequest, now: Millis, wait: bool) -> Result<(Decision, Effects), LedgerError> {
@@ -1056,7 +1068,8 @@ impl Ledger {
         self.release_any(namespace, token, fencing, now)
     }
 
-    /// Releases a grant of a task's placement, for the scheduler when the task ends. Idempotent.
+    /// Releases a grant of allot's own (a task's placement or run), when the task or run ends.
+    /// Idempotent.
     pub fn release_held(
         &mut self,
         namespace: &NamespaceName,

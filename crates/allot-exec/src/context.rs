@@ -242,7 +242,7 @@ impl TokenWaits {
             None => {}
         }
         // Without waiting first: granted at once if there is room and no one waits ahead.
-        let refusal = match store.allocate(request.clone(), Duration::ZERO).await.map_err(ledger_error)? {
+        let refusal = match store.allocate_held(request.clone(), Duration::ZERO).await.map_err(ledger_error)? {
             Allocation::Granted { .. } => {
                 self.lock().insert(key, Ask::Granted);
                 return Ok(TokenStatus::Granted);
@@ -253,7 +253,7 @@ impl TokenWaits {
         let (asks, store) = (self.clone(), store.clone());
         tokio::spawn(async move {
             let answer = loop {
-                match store.allocate(request.clone(), allot_store::MAX_WAIT).await {
+                match store.allocate_held(request.clone(), allot_store::MAX_WAIT).await {
                     Ok(Allocation::Granted { .. }) => break Ask::Granted,
                     // The wait ended without a grant: wait again (the token keeps its place).
                     Ok(Allocation::Refused { .. }) => {}
@@ -281,7 +281,7 @@ impl TokenWaits {
                 waker.wake(&run);
             } else if granted {
                 // Its run ended while it waited: nobody holds it.
-                let _ = store.release(key.0, key.1, None).await;
+                let _ = store.release_held(key.0, key.1).await;
             }
         });
         Ok(TokenStatus::Waiting(refusal))
@@ -389,7 +389,7 @@ impl Tokens {
 
 /// The token attempt `attempt` of `run` holds in each of its plugin's namespaces.
 pub(crate) fn attempt_token(run: &RunKey, attempt: u32) -> Result<Token, ExecError> {
-    Token::new(&format!("{}:{}:{}", run.app, run.task, attempt))
+    Token::of_run(run.app.as_str(), run.task.as_str(), attempt)
         .map_err(|e| ExecError::system("bad_token", e.to_string()))
 }
 
@@ -401,7 +401,7 @@ pub(crate) async fn release(
     token: &Token,
 ) -> Result<(), ExecError> {
     waits.forget(namespace, token);
-    match store.release(namespace.clone(), token.clone(), None).await {
+    match store.release_held(namespace.clone(), token.clone()).await {
         Ok(_) => Ok(()),
         Err(StoreError::Quotas(allot_core::LedgerError::NamespaceNotFound(_))) => Ok(()),
         Err(err) => Err(store_error(err)),

@@ -6,7 +6,7 @@
 use std::time::Duration;
 
 use allot_core::{
-    check_client_token, check_request, AllocateRequest, LeaseRequest, LedgerError, NamespaceName, NamespaceView, QueuePlace, SessionId,
+    check_client_token, check_held_request, check_request, AllocateRequest, LeaseRequest, LedgerError, NamespaceName, NamespaceView, QueuePlace, SessionId,
     Token, WaiterId, WaiterView,
 };
 use allot_store::{check_wait, Allocation, GrantInfo, Page, PageRequest, QuotaStore, SessionInfo, StoreError};
@@ -116,43 +116,17 @@ impl QuotaStore for RedisStore {
     }
 
     async fn allocate(&self, request: AllocateRequest, wait: Duration) -> Result<Allocation, StoreError> {
-        self.live()?;
-        check_wait(wait)?;
         check_request(&request)?;
-        let inner = &self.inner;
-        // The wait counts from the call, not from when its waiter was queued.
-        let deadline = inner.time.monotonic_ms().saturating_add(u64::try_from(wait.as_millis()).unwrap_or(u64::MAX));
-        let key = prefix(&request.namespace);
-        // A session's deadline comes from its own slot; the grant keeps a copy of it.
-        let session_deadline = match request.lease {
-            LeaseRequest::Session(id) => sessions::touch(inner, id, &request.namespace).await?,
-            _ => 0,
-        };
-        let fields = RequestArgs::new(&request, session_deadline);
-        let wait_ms = (wait.as_millis() as u64).to_string();
-        let mut args: Vec<&str> = fields.0.iter().map(String::as_str).collect();
-        args.push(&wait_ms);
-        let mut reply = inner.eval(&inner.scripts.allocate, &key, &args, true).await?;
-        match reply.text()?.as_str() {
-            "granted" => {
-                let existing = reply.int()? == 1;
-                let grant = reply::grant_info(&mut reply, &request.namespace, request.token.as_str())?;
-                Ok(Allocation::Granted { grant, existing })
-            }
-            "refused" => {
-                let refusal = reply::refusal(&mut reply)?;
-                let position = reply.uint()? as usize;
-                let units_ahead = reply.uint()?;
-                let place = (position > 0).then_some(QueuePlace { position, units_ahead });
-                Ok(Allocation::Refused { refusal, place })
-            }
-            "queued" => {
-                let wid = reply.uint()?;
-                wake::wait_for(inner, request.namespace, request.token, key, wid, deadline).await
-            }
-            "err" => Err(reply::error(&request.namespace, Some(&request.token), &mut reply)?),
-            other => Err(corrupt(format!("allocate reply `{other}`"))),
-        }
+        self.allocate_checked(request, wait).await
+    }
+
+    async fn allocate_held(&self, request: AllocateRequest, wait: Duration) -> Result<Allocation, StoreError> {
+        check_held_request(&request)?;
+        self.allocate_checked(request, wait).await
+    }
+
+    async fn release_held(&self, namespace: NamespaceName, token: Token) -> Result<Option<GrantInfo>, StoreError> {
+        self.release_checked(namespace, token, None).await
     }
 
     async fn release(
@@ -161,21 +135,8 @@ impl QuotaStore for RedisStore {
         token: Token,
         fencing: Option<u64>,
     ) -> Result<Option<GrantInfo>, StoreError> {
-        self.live()?;
         check_client_token(&namespace, &token)?;
-        let inner = &self.inner;
-        let fencing = fencing.map(|f| f.to_string()).unwrap_or_default();
-        let mut reply =
-            inner.eval(&inner.scripts.release, &prefix(&namespace), &[token.as_str(), &fencing], true).await?;
-        match reply.text()?.as_str() {
-            "released" => {
-                let grant = reply::grant(&namespace, token.as_str(), &reply.text()?)?;
-                Ok(Some(GrantInfo { grant, expires_in_ms: None }))
-            }
-            "none" => Ok(None),
-            "err" => Err(reply::error(&namespace, Some(&token), &mut reply)?),
-            other => Err(corrupt(format!("release reply `{other}`"))),
-        }
+        self.release_checked(namespace, token, fencing).await
     }
 
     async fn keepalive_grant(
@@ -295,6 +256,67 @@ impl QuotaStore for RedisStore {
 }
 
 impl RedisStore {
+    async fn allocate_checked(&self, request: AllocateRequest, wait: Duration) -> Result<Allocation, StoreError> {
+        self.live()?;
+        check_wait(wait)?;
+        let inner = &self.inner;
+        // The wait counts from the call, not from when its waiter was queued.
+        let deadline = inner.time.monotonic_ms().saturating_add(u64::try_from(wait.as_millis()).unwrap_or(u64::MAX));
+        let key = prefix(&request.namespace);
+        // A session's deadline comes from its own slot; the grant keeps a copy of it.
+        let session_deadline = match request.lease {
+            LeaseRequest::Session(id) => sessions::touch(inner, id, &request.namespace).await?,
+            _ => 0,
+        };
+        let fields = RequestArgs::new(&request, session_deadline);
+        let wait_ms = (wait.as_millis() as u64).to_string();
+        let mut args: Vec<&str> = fields.0.iter().map(String::as_str).collect();
+        args.push(&wait_ms);
+        let mut reply = inner.eval(&inner.scripts.allocate, &key, &args, true).await?;
+        match reply.text()?.as_str() {
+            "granted" => {
+                let existing = reply.int()? == 1;
+                let grant = reply::grant_info(&mut reply, &request.namespace, request.token.as_str())?;
+                Ok(Allocation::Granted { grant, existing })
+            }
+            "refused" => {
+                let refusal = reply::refusal(&mut reply)?;
+                let position = reply.uint()? as usize;
+                let units_ahead = reply.uint()?;
+                let place = (position > 0).then_some(QueuePlace { position, units_ahead });
+                Ok(Allocation::Refused { refusal, place })
+            }
+            "queued" => {
+                let wid = reply.uint()?;
+                wake::wait_for(inner, request.namespace, request.token, key, wid, deadline).await
+            }
+            "err" => Err(reply::error(&request.namespace, Some(&request.token), &mut reply)?),
+            other => Err(corrupt(format!("allocate reply `{other}`"))),
+        }
+    }
+
+    async fn release_checked(
+        &self,
+        namespace: NamespaceName,
+        token: Token,
+        fencing: Option<u64>,
+    ) -> Result<Option<GrantInfo>, StoreError> {
+        self.live()?;
+        let inner = &self.inner;
+        let fencing = fencing.map(|f| f.to_string()).unwrap_or_default();
+        let mut reply =
+            inner.eval(&inner.scripts.release, &prefix(&namespace), &[token.as_str(), &fencing], true).await?;
+        match reply.text()?.as_str() {
+            "released" => {
+                let grant = reply::grant(&namespace, token.as_str(), &reply.text()?)?;
+                Ok(Some(GrantInfo { grant, expires_in_ms: None }))
+            }
+            "none" => Ok(None),
+            "err" => Err(reply::error(&namespace, Some(&token), &mut reply)?),
+            other => Err(corrupt(format!("release reply `{other}`"))),
+        }
+    }
+
     async fn put(
         &self,
         name: NamespaceName,

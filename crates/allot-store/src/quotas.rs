@@ -70,6 +70,12 @@ pub trait QuotaStore: Send + Sync {
         token: Token,
         fencing: Option<u64>,
     ) -> Result<GrantInfo, StoreError>;
+    /// Allocates a token of allot's own (beginning with `@`, for a task's run), which
+    /// [`QuotaStore::allocate`] refuses to clients; otherwise the same.
+    async fn allocate_held(&self, request: AllocateRequest, wait: Duration) -> Result<Allocation, StoreError>;
+    /// Releases a token of allot's own (idempotent), which [`QuotaStore::release`] refuses to
+    /// clients.
+    async fn release_held(&self, namespace: NamespaceName, token: Token) -> Result<Option<GrantInfo>, StoreError>;
     /// A page of a namespace's grants, ordered by token.
     async fn grants(
         &self,

@@ -1310,7 +1310,7 @@ fn commit(
             constraints: Constraints::default(),
             lease: LeaseRequest::None,
         };
-        match world.ledger.allocate_held(request, cycle.now) {
+        match world.ledger.allocate_held(request, cycle.now, false) {
             Ok((Decision::Granted { grant, .. }, effects)) => {
                 cycle.out.ledger(effects);
                 placement.grants.push(HeldTokens {

@@ -731,6 +731,13 @@ async fn a_plugins_tokens_carry_the_tasks_scope_and_its_caps() {
     scopes.sort();
     let scope = |p: &str, n: &str| Some((p.to_owned(), n.to_owned()));
     assert_eq!(scopes, [None, scope("alpha", "dev"), scope("beta", "prod")]);
+    // They are allot's own: no client ends one while its run holds it.
+    let held = grants.iter().find(|g| g.grant.token.as_str() == "@beta-1:desk:1").expect("beta's run's token");
+    let released = store.release(desks.clone(), held.grant.token.clone(), None).await;
+    assert!(
+        matches!(released, Err(allot_store::StoreError::Quotas(allot_core::LedgerError::HeldByScheduler { .. }))),
+        "{released:?}"
+    );
     // The project's desk freed, its second task takes one, in the project's default domain.
     store.remove_app(first).await.unwrap();
     until("alpha's second holds a desk", async || phase(&second).await == Some(Phase::Running)).await;

@@ -184,6 +184,8 @@ forward!(QuotaStore {
     local: fn allocate(&self, request: AllocateRequest, wait: Duration) -> Result<Allocation, StoreError>;
     local: fn release(&self, namespace: NamespaceName, token: Token, fencing: Option<u64>) -> Result<Option<GrantInfo>, StoreError>;
     local: fn keepalive_grant(&self, namespace: NamespaceName, token: Token, fencing: Option<u64>) -> Result<GrantInfo, StoreError>;
+    local: fn allocate_held(&self, request: AllocateRequest, wait: Duration) -> Result<Allocation, StoreError>;
+    local: fn release_held(&self, namespace: NamespaceName, token: Token) -> Result<Option<GrantInfo>, StoreError>;
     local: fn grants(&self, namespace: NamespaceName, page: PageRequest<Token>) -> Result<Page<GrantInfo, Token>, StoreError>;
     local: fn grant(&self, namespace: NamespaceName, token: Token) -> Result<GrantInfo, StoreError>;
     local: fn waiters(&self, namespace: NamespaceName, page: PageRequest<u64>) -> Result<Page<WaiterView, u64>, StoreError>;

@@ -23,6 +23,7 @@ pub async fn run(store: Arc<dyn Store>, time: &dyn Time) {
         a_quota_of_zero_pauses_and_a_lowered_quota_keeps_waiters(store_ref),
         a_retry_must_match_the_lease(store_ref),
         allocate_and_release_are_idempotent(store_ref),
+        tokens_of_allots_own_are_out_of_clients_reach(store_ref),
         caps_match_scopes_exactly(store_ref),
         stale_fencing_is_refused(store_ref),
         waiters_are_woken_in_order(store_ref),
@@ -183,6 +184,35 @@ async fn allocate_and_release_are_idempotent(store: &dyn Store) {
     assert!(store.release(name.clone(), token("a"), None).await.unwrap().is_none());
     assert!(store.release(name.clone(), token("never"), None).await.unwrap().is_none());
     assert_eq!(store.namespace(name.clone()).await.unwrap().granted_units, 0);
+}
+
+/// Tokens that begin with `@` are allot's own (a task's placement or run): only `allocate_held`
+/// and `release_held` reach them, with the queue as any other's.
+async fn tokens_of_allots_own_are_out_of_clients_reach(store: &dyn Store) {
+    let name = ns("held");
+    store.put_namespace(name.clone(), 1).await.unwrap();
+    let refused = store.allocate(request(&name, "@a:t:1", 1), Duration::ZERO).await;
+    assert!(matches!(refused, Err(StoreError::Quotas(LedgerError::SchedulerToken(_)))), "{refused:?}");
+    assert_granted(&store.allocate_held(request(&name, "@a:t:1", 1), Duration::ZERO).await.unwrap());
+    let again = store.allocate_held(request(&name, "@a:t:1", 1), Duration::ZERO).await.unwrap();
+    assert!(matches!(again, Allocation::Granted { existing: true, .. }), "{again:?}");
+    for fencing in [None, Some(1)] {
+        let released = store.release(name.clone(), token("@a:t:1"), fencing).await;
+        assert!(matches!(released, Err(StoreError::Quotas(LedgerError::HeldByScheduler { .. }))), "{released:?}");
+        let renewed = store.keepalive_grant(name.clone(), token("@a:t:1"), fencing).await;
+        assert!(matches!(renewed, Err(StoreError::Quotas(LedgerError::HeldByScheduler { .. }))), "{renewed:?}");
+    }
+    // One of allot's own waits in the queue like a client's, and is granted when room comes.
+    let waiting = store.allocate_held(request(&name, "@a:t2:1", 1), Duration::from_secs(30));
+    let freeing = async {
+        eventually("the second waits", || async { store.namespace(name.clone()).await.unwrap().waiters == 1 }).await;
+        assert!(store.release_held(name.clone(), token("@a:t:1")).await.unwrap().is_some());
+    };
+    let (granted, ()) = tokio::join!(waiting, freeing);
+    assert_granted(&granted.unwrap());
+    assert!(store.release_held(name.clone(), token("@a:t2:1")).await.unwrap().is_some());
+    assert!(store.release_held(name.clone(), token("@a:t2:1")).await.unwrap().is_none(), "idempotent");
+    assert_eq!(store.namespace(name).await.unwrap().granted_units, 0);
 }
 
 async fn caps_match_scopes_exactly(store: &dyn Store) {

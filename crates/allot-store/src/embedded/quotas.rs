@@ -110,21 +110,19 @@ impl QuotaStore for EmbeddedStore {
         'life0: 'async_trait,
         Self: 'async_trait,
     {
-        match self.decide_allocate(request, wait) {
-            Err(err) => Box::pin(std::future::ready(Err(err))),
-            Ok(Then::Commit { rx, mut info, existing, at }) => Box::pin(async move {
-                durable(rx).await?;
-                // The time the commit took counts against the lease.
-                let waited = self.shared.clock.now().saturating_sub(at);
-                info.expires_in_ms = info.expires_in_ms.map(|left| left.saturating_sub(waited));
-                Ok(Allocation::Granted { grant: info, existing })
-            }),
-            Ok(Then::Refuse { rx, answer }) => Box::pin(async move {
-                durable(rx).await?;
-                answer
-            }),
-            Ok(Then::Wait { namespace, waiter, answer }) => Box::pin(self.wait_for(namespace, waiter, answer, wait)),
-        }
+        self.allocate_as(request, wait, false)
+    }
+
+    async fn allocate_held(&self, request: AllocateRequest, wait: Duration) -> Result<Allocation, StoreError> {
+        self.allocate_as(request, wait, true).await
+    }
+
+    async fn release_held(&self, namespace: NamespaceName, token: Token) -> Result<Option<GrantInfo>, StoreError> {
+        self.mutate(|ledger, now| {
+            let (grant, effects) = ledger.release_held(&namespace, &token, now)?;
+            Ok((grant.map(|g| grant_info(ledger, g, now)), effects))
+        })
+        .await
     }
 
     async fn release(
@@ -233,14 +231,43 @@ enum Then {
 }
 
 impl EmbeddedStore {
+    /// An allocate call: a client's, or (`held`) one of allot's own tokens for a task's run.
+    fn allocate_as(
+        &self,
+        request: AllocateRequest,
+        wait: Duration,
+        held: bool,
+    ) -> Pin<Box<dyn Future<Output = Result<Allocation, StoreError>> + Send + '_>> {
+        match self.decide_allocate(request, wait, held) {
+            Err(err) => Box::pin(std::future::ready(Err(err))),
+            Ok(Then::Commit { rx, mut info, existing, at }) => Box::pin(async move {
+                durable(rx).await?;
+                // The time the commit took counts against the lease.
+                let waited = self.shared.clock.now().saturating_sub(at);
+                info.expires_in_ms = info.expires_in_ms.map(|left| left.saturating_sub(waited));
+                Ok(Allocation::Granted { grant: info, existing })
+            }),
+            Ok(Then::Refuse { rx, answer }) => Box::pin(async move {
+                durable(rx).await?;
+                answer
+            }),
+            Ok(Then::Wait { namespace, waiter, answer }) => Box::pin(self.wait_for(namespace, waiter, answer, wait)),
+        }
+    }
+
     /// The ledger's decision on an allocate call, under the lock: granted, refused or queued.
-    fn decide_allocate(&self, request: AllocateRequest, wait: Duration) -> Result<Then, StoreError> {
+    fn decide_allocate(&self, request: AllocateRequest, wait: Duration, held: bool) -> Result<Then, StoreError> {
         check_wait(wait)?;
         let mut state = self.lock();
         state.usable(&self.shared)?;
         let now = self.shared.clock.now();
         let (namespace, token) = (request.namespace.clone(), request.token.clone());
-        Ok(match state.ledger.allocate(request, now, !wait.is_zero()) {
+        let decided = if held {
+            state.ledger.allocate_held(request, now, !wait.is_zero())
+        } else {
+            state.ledger.allocate(request, now, !wait.is_zero())
+        };
+        Ok(match decided {
             Err(err) => Then::Refuse { rx: state.barrier(&self.shared, now), answer: Err(err.into()) },
             Ok((decision, effects)) => match decision {
                 Decision::Granted { grant, existing } => {
