@@ -13,18 +13,24 @@
 //!   are peeked at, not read: an HTTP/1.1 connection is served by hyper's HTTP/1 builder as if
 //!   nothing had looked.
 //!
+//! - **Idle connections end**: an HTTP/1.1 connection that sends no request's headers within the
+//!   idle timeout of opening or of its last answer is closed (hyper's header read timeout), and
+//!   so is one that has not said what it speaks by then. A request in flight (a long poll, a
+//!   watch) is never idle.
+//!
 //! Invariant: every request carries its connection's [`Peer`] as `ConnectInfo<Peer>`, as
 //! `axum::serve` with connect info would set it.
 
 use std::future::Future;
 use std::io;
+use std::time::Duration;
 
 use axum::body::Body;
 use axum::extract::ConnectInfo;
 use axum::serve::Listener;
 use hyper::body::Incoming;
 use hyper::server::conn::{http1, http2};
-use hyper_util::rt::{TokioExecutor, TokioIo};
+use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use hyper_util::server::graceful::GracefulShutdown;
 use hyper_util::service::TowerToHyperService;
 use tokio_util::either::Either;
@@ -37,7 +43,12 @@ use crate::Api;
 /// Serves the connections `listener` accepts with `api` until `shutdown` completes; then stops
 /// accepting, asks every open connection to close once its request is answered, and returns when
 /// all have.
-pub(crate) async fn serve<L>(mut listener: L, api: Api, shutdown: impl Future<Output = ()>) -> io::Result<()>
+pub(crate) async fn serve<L>(
+    mut listener: L,
+    api: Api,
+    idle_timeout: Duration,
+    shutdown: impl Future<Output = ()>,
+) -> io::Result<()>
 where
     L: Listener<Io = Conn, Addr = Peer>,
 {
@@ -59,11 +70,18 @@ where
                 tokio::spawn(async move {
                     let protocol = tokio::select! {
                         () = stopping.cancelled() => return,
-                        protocol = protocol_of(&io) => protocol,
+                        protocol = tokio::time::timeout(idle_timeout, protocol_of(&io)) => match protocol {
+                            Ok(protocol) => protocol,
+                            Err(_) => return,
+                        },
                     };
                     let ended = match protocol {
                         Protocol::Http1 => {
-                            watcher.watch(http1::Builder::new().serve_connection(TokioIo::new(io), service)).await
+                            let http1 = http1::Builder::new()
+                                .timer(TokioTimer::new())
+                                .header_read_timeout(idle_timeout)
+                                .serve_connection(TokioIo::new(io), service);
+                            watcher.watch(http1).await
                         }
                         Protocol::Http2 => watcher.watch(http2_builder().serve_connection(TokioIo::new(io), service)).await,
                     };

@@ -75,6 +75,13 @@ pub(crate) const FORWARDED: axum::http::HeaderName = axum::http::HeaderName::fro
 /// idle timeouts of common proxies (60 s).
 pub const DEFAULT_HEARTBEAT: Duration = Duration::from_secs(15);
 
+/// How long an HTTP/1.1 connection may take to send a request's headers, counted from when the
+/// connection opens or its last answer was sent: an idle keep-alive connection is closed after
+/// it, as is one that sends its headers slowly (Slowloris). Longer than the 90 s most clients keep
+/// an idle connection for (reqwest, Go), so that a client never sends on a connection the daemon
+/// is closing.
+pub const DEFAULT_IDLE_TIMEOUT: Duration = Duration::from_secs(120);
+
 /// What every handler shares: one reference-counted [`Shared`], so that the clones axum makes
 /// for every request (the route's service, each middleware's state, the handler's) count one
 /// reference, not one per field.
@@ -94,6 +101,8 @@ pub struct Shared {
     pub executor: Option<Arc<dyn RunsHere>>,
     /// How long a watch stream may stay silent: then it sends a heartbeat (an SSE comment).
     pub heartbeat: Duration,
+    /// How long a connection may wait for its next request's headers ([`DEFAULT_IDLE_TIMEOUT`]).
+    pub idle_timeout: Duration,
     /// The change feed's events encoded as Server-Sent Events, once for every watch stream.
     pub(crate) frames: Arc<frames::Frames>,
     /// Who may do what; `None`: every caller may do everything (the daemon then listens only on
@@ -143,6 +152,7 @@ impl ServerState {
             forwarder,
             executor: None,
             heartbeat: DEFAULT_HEARTBEAT,
+            idle_timeout: DEFAULT_IDLE_TIMEOUT,
             frames: Arc::default(),
             access: None,
             audit: None,
@@ -211,6 +221,12 @@ impl ServerState {
     #[must_use]
     pub fn with_heartbeat(self, heartbeat: Duration) -> ServerState {
         self.with(|shared| shared.heartbeat = heartbeat)
+    }
+
+    /// The same, with connections closed after `idle_timeout` without a request's headers.
+    #[must_use]
+    pub fn with_idle_timeout(self, idle_timeout: Duration) -> ServerState {
+        self.with(|shared| shared.idle_timeout = idle_timeout)
     }
 
     /// The same, with series of their own at `/metrics` for what `config` selects.
@@ -381,10 +397,10 @@ async fn serve(
             let _ = closing_tx.send(closing);
         }
     };
-    let tls = state.tls.clone();
+    let (tls, idle) = (state.tls.clone(), state.idle_timeout);
     let served = match threads.count {
-        0 => connections::serve(Accepting::new(listener, tls), api(state), graceful).await,
-        _ => threads::serve(listener, || api(state.for_one_thread()), tls, threads, graceful).await,
+        0 => connections::serve(Accepting::new(listener, tls), api(state), idle, graceful).await,
+        _ => threads::serve(listener, || api(state.for_one_thread()), tls, idle, threads, graceful).await,
     };
     match closing_rx.await {
         Ok(closing) => {

@@ -47,6 +47,7 @@ pub(crate) async fn serve<L>(
     mut listener: L,
     api: impl Fn() -> Api,
     tls: Option<Arc<Tls>>,
+    idle_timeout: std::time::Duration,
     threads: ServingThreads,
     shutdown: impl Future<Output = ()>,
 ) -> io::Result<()>
@@ -86,7 +87,7 @@ where
                     let _ = stop.wait_for(|stop| *stop).await;
                 };
                 // Handshakes (with TLS) run on this thread too.
-                crate::connections::serve(Accepting::new(Handed { rx, local }, tls), api, stopped).await
+                crate::connections::serve(Accepting::new(Handed { rx, local }, tls), api, idle_timeout, stopped).await
             })
         })?;
         hand_to.push(tx);

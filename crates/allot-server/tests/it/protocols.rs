@@ -28,9 +28,13 @@ struct Served {
 }
 
 async fn serve(tls: Option<Arc<Tls>>) -> Served {
+    serve_with(tls, |state| state).await
+}
+
+async fn serve_with(tls: Option<Arc<Tls>>, configure: impl FnOnce(ServerState) -> ServerState) -> Served {
     let dir = tempfile::tempdir().unwrap();
     let store: Arc<dyn Store> = Arc::new(EmbeddedStore::open(&EmbeddedConfig::new(dir.path().join("data"))).unwrap());
-    let mut state = ServerState::new(store);
+    let mut state = configure(ServerState::new(store));
     if let Some(tls) = tls {
         state = state.with_tls(tls);
     }
@@ -169,5 +173,46 @@ async fn http2_is_chosen_by_alpn_over_tls() {
     let port = served.addr.port();
     let health = client.get(format!("https://localhost:{port}/healthz")).send().await.unwrap();
     assert_eq!((health.status(), health.version()), (reqwest::StatusCode::OK, reqwest::Version::HTTP_11));
+    served.shut_down().await;
+}
+
+/// A connection that sends no request's headers within the idle timeout of opening or of its
+/// last answer is closed: one that says nothing, one that sends half its headers (Slowloris), an
+/// idle keep-alive one. A request in flight, a watch here, is never idle.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn connections_without_a_request_are_closed_after_the_idle_timeout() {
+    use tokio::io::AsyncReadExt;
+    let idle = Duration::from_secs(1);
+    let served =
+        serve_with(None, |state| state.with_idle_timeout(idle).with_heartbeat(Duration::from_millis(100))).await;
+    let open = || TcpStream::connect(served.addr);
+    let silent = open().await.unwrap();
+    let mut slow = open().await.unwrap();
+    slow.write_all(b"GET /healthz HTTP/1.1\r\nhost: localhost\r\n").await.unwrap();
+    let mut kept = open().await.unwrap();
+    kept.write_all(b"GET /healthz HTTP/1.1\r\nhost: localhost\r\n\r\n").await.unwrap();
+    let mut watch = open().await.unwrap();
+    watch.write_all(b"GET /v1/watch HTTP/1.1\r\nhost: localhost\r\n\r\n").await.unwrap();
+    let started = std::time::Instant::now();
+    // Each is closed by the daemon: the read ends (generously bounded: a slow machine is slow).
+    for (what, mut stream) in [("silent", silent), ("slow", slow), ("kept alive", kept)] {
+        let mut answered = Vec::new();
+        tokio::time::timeout(Duration::from_secs(60), stream.read_to_end(&mut answered))
+            .await
+            .unwrap_or_else(|_| panic!("the {what} connection was not closed"))
+            .unwrap();
+        let answered = String::from_utf8_lossy(&answered);
+        let answers = answered.matches("HTTP/1.1 200").count();
+        assert_eq!(answers, usize::from(what == "kept alive"), "{what}: {answered}");
+    }
+    // The watch lives on well past the idle timeout, sending heartbeats.
+    let mut seen = Vec::new();
+    let mut chunk = [0u8; 4096];
+    while started.elapsed() < 3 * idle || !String::from_utf8_lossy(&seen).contains(": heartbeat") {
+        let read = tokio::time::timeout(Duration::from_secs(60), watch.read(&mut chunk)).await.unwrap().unwrap();
+        assert!(read > 0, "the watch was closed after {:?}: {}", started.elapsed(), String::from_utf8_lossy(&seen));
+        seen.extend_from_slice(&chunk[..read]);
+    }
+    drop(watch);
     served.shut_down().await;
 }

@@ -42,6 +42,7 @@ pub(crate) const SERVE_AFTER_HELP: &str = r#"Configuration file (--config), with
   local_pool = "local"          # --local-pool (its tasks are run here)
   run_pools = ["worker-1"]      # --run-pool: run the tasks placed on these pools here
   max_wait = "5m"               # --max-wait: the longest an allocate may wait (at most 5m)
+  idle_timeout = "2m"           # --idle-timeout: a connection without a request this long is closed
   metrics_namespaces = ["hive"] # --metrics-namespaces: series of their own at /metrics
   metrics_pools = ["worker-*"]  # --metrics-pools: the same for pools (else totals only)
   apps_dir = "apps"             # --apps-dir: application files the daemon watches
@@ -190,6 +191,8 @@ struct ConfigFile {
     alloc_leases: AllocLeases,
     /// The longest an allocate may wait, e.g. `60s` (default and most `5m`).
     max_wait: Option<String>,
+    /// How long a connection may go without a request's headers, e.g. `2m` (the default).
+    idle_timeout: Option<String>,
     /// Namespaces and pools with series of their own at /metrics (patterns, see the flags).
     #[serde(default)]
     metrics_namespaces: Vec<String>,
@@ -680,6 +683,7 @@ pub(super) struct Config {
     pub(super) pool_plugins: Vec<(PoolName, Vec<String>)>,
     pub(super) pool_rules: LeaseRules,
     pub(super) max_wait: std::time::Duration,
+    pub(super) idle_timeout: std::time::Duration,
     pub(super) metrics: MetricsConfig,
     pub(super) queues: Vec<(QueuePath, QueueLimits)>,
     pub(super) placement: allot_core::apps::placement::PlacementRules,
@@ -867,6 +871,11 @@ pub(super) fn resolve(args: &ServeArgs) -> anyhow::Result<Config> {
     if max_wait > allot_store::MAX_WAIT {
         bail!("--max-wait (max_wait) is {max_wait:?}; the most is 5m");
     }
+    let idle_timeout = flag_or_file(args.idle_timeout, &file.idle_timeout, "idle_timeout")?
+        .unwrap_or(allot_server::DEFAULT_IDLE_TIMEOUT);
+    if idle_timeout < std::time::Duration::from_secs(1) {
+        bail!("--idle-timeout (idle_timeout) is {idle_timeout:?}; the least is 1s");
+    }
     let pick = |flags: &[String], file: Vec<String>| if flags.is_empty() { file } else { flags.to_vec() };
     let metrics = MetricsConfig {
         namespaces: pick(&args.metrics_namespaces, file.metrics_namespaces),
@@ -958,6 +967,7 @@ pub(super) fn resolve(args: &ServeArgs) -> anyhow::Result<Config> {
         pool_plugins,
         pool_rules,
         max_wait,
+        idle_timeout,
         metrics,
         listen,
         data_dir,

@@ -260,6 +260,7 @@ pub(crate) async fn run(args: ServeArgs, sources: Vec<SourceMaker>) -> anyhow::R
     println!("allot listening on {scheme}://{address}");
     let mut state = allot_server::ServerState::new(store.clone())
         .with_max_wait(config.max_wait)
+        .with_idle_timeout(config.idle_timeout)
         .with_metrics(config.metrics.clone())
         .with_placement(config.placement.clone());
     let mut daemon_token = None;
