@@ -33,14 +33,14 @@ pub mod testing;
 pub mod watch;
 
 pub use names::{
-    NameError, NamespaceName, Scope, SessionId, Token, MAX_NAME_CHARS, SCHEDULER_TOKEN_PREFIX, NAMESPACE_PATTERN, NAME_PATTERN,
-    SESSION_ID_PATTERN,
+    NameError, NamespaceName, Scope, SessionId, Token, MAX_NAME_CHARS, NAMESPACE_PATTERN, NAME_PATTERN,
+    SCHEDULER_TOKEN_PREFIX, SESSION_ID_PATTERN,
 };
 pub use quotas::{
-    check_client_token, check_held_request, check_request, check_session_ttl, grant_conflict, waiter_conflict, AllocateRequest, CapLevel, Change, Conflict,
-    Constraints, Decision, Effects, Grant, GrantEnd, Lease, LeaseRequest, Ledger, LedgerError, Millis, NamespaceStats,
-    NamespaceView, QueuePlace, Refusal, RestoreError, Restoring, Session, TokenShortage, WaiterId, WaiterView, Woken,
-    FENCING_BLOCK, MAX_TTL_MS, MAX_UNITS,
+    check_client_token, check_held_request, check_request, check_session_ttl, grant_conflict, waiter_conflict,
+    AllocateRequest, CapLevel, Change, Conflict, Constraints, Decision, Effects, Grant, GrantEnd, Lease, LeaseRequest,
+    Ledger, LedgerError, Millis, NamespaceStats, NamespaceView, QueuePlace, Refusal, RestoreError, Restoring, Session,
+    TokenShortage, WaiterId, WaiterView, Woken, FENCING_BLOCK, MAX_TTL_MS, MAX_UNITS,
 };
 pub use resources::{ResourceName, Resources, ResourcesError, SizeWeights};
 

@@ -936,7 +936,12 @@ impl Ledger {
         self.decide(request, now, wait)
     }
 
-    fn decide(&mut self, request: AllocateRequest, now: Millis, wait: bool) -> Result<(Decision, Effects), LedgerError> {
+    fn decide(
+        &mut self,
+        request: AllocateRequest,
+        now: Millis,
+        wait: bool,
+    ) -> Result<(Decision, Effects), LedgerError> {
         if let LeaseRequest::Session(id) = request.lease {
             if !self.sessions.contains_key(&id) {
                 return Err(LedgerError::SessionNotFound(id));

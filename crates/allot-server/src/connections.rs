@@ -13,16 +13,23 @@
 //!   are peeked at, not read: an HTTP/1.1 connection is served by hyper's HTTP/1 builder as if
 //!   nothing had looked.
 //!
-//! - **Idle connections end**: an HTTP/1.1 connection that sends no request's headers within the
-//!   idle timeout of opening or of its last answer is closed (hyper's header read timeout), and
-//!   so is one that has not said what it speaks by then. A request in flight (a long poll, a
-//!   watch) is never idle.
+//! - **Idle connections end**: a connection with no request in flight that neither starts a
+//!   request nor writes a byte for the idle timeout (checked every half of it: closed after one
+//!   to one and a half timeouts) is closed: one that says nothing, one that sends its headers a
+//!   byte at a time (Slowloris), an idle keep-alive connection. A long poll is in flight; a watch
+//!   writes its heartbeats. Not hyper's header read timeout: that registers a timer for every
+//!   request, about a microsecond of CPU per pair on this path (docs/benchmarks.md); this costs
+//!   a few atomic additions a request, and a timer a connection.
 //!
 //! Invariant: every request carries its connection's [`Peer`] as `ConnectInfo<Peer>`, as
 //! `axum::serve` with connect info would set it.
 
 use std::future::Future;
 use std::io;
+use std::pin::Pin;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::task::{Context, Poll};
 use std::time::Duration;
 
 use axum::body::Body;
@@ -30,9 +37,10 @@ use axum::extract::ConnectInfo;
 use axum::serve::Listener;
 use hyper::body::Incoming;
 use hyper::server::conn::{http1, http2};
-use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
+use hyper_util::rt::{TokioExecutor, TokioIo};
 use hyper_util::server::graceful::GracefulShutdown;
 use hyper_util::service::TowerToHyperService;
+use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio_util::either::Either;
 use tokio_util::sync::CancellationToken;
 use tower::ServiceExt as _;
@@ -60,30 +68,35 @@ where
         tokio::select! {
             () = &mut shutdown => break,
             (io, peer) = listener.accept() => {
+                let activity = Arc::new(Activity::default());
+                let requests = activity.clone();
                 let service = api.clone().map_request(move |request: hyper::Request<Incoming>| {
                     let mut request = request.map(Body::new);
                     request.extensions_mut().insert(ConnectInfo(peer.clone()));
                     request
                 });
-                let service = TowerToHyperService::new(service);
+                let service = TowerToHyperService::new(CountRequests { inner: service, activity: requests });
                 let (watcher, stopping) = (graceful.watcher(), stopping.clone());
                 tokio::spawn(async move {
+                    let mut idle = std::pin::pin!(activity.idle_for(idle_timeout));
                     let protocol = tokio::select! {
                         () = stopping.cancelled() => return,
-                        protocol = tokio::time::timeout(idle_timeout, protocol_of(&io)) => match protocol {
-                            Ok(protocol) => protocol,
-                            Err(_) => return,
-                        },
+                        () = &mut idle => return,
+                        protocol = protocol_of(&io) => protocol,
                     };
-                    let ended = match protocol {
-                        Protocol::Http1 => {
-                            let http1 = http1::Builder::new()
-                                .timer(TokioTimer::new())
-                                .header_read_timeout(idle_timeout)
-                                .serve_connection(TokioIo::new(io), service);
-                            watcher.watch(http1).await
+                    let io = TokioIo::new(Counted { io, activity: activity.clone() });
+                    let serving = async {
+                        match protocol {
+                            Protocol::Http1 => watcher.watch(http1::Builder::new().serve_connection(io, service)).await,
+                            Protocol::Http2 => watcher.watch(http2_builder().serve_connection(io, service)).await,
                         }
-                        Protocol::Http2 => watcher.watch(http2_builder().serve_connection(TokioIo::new(io), service)).await,
+                    };
+                    let ended = tokio::select! {
+                        ended = serving => ended,
+                        () = &mut idle => {
+                            tracing::trace!("an idle connection closed");
+                            return;
+                        }
                     };
                     if let Err(err) = ended {
                         tracing::trace!(error = %err, "connection ended with an error");
@@ -96,6 +109,144 @@ where
     stopping.cancel();
     graceful.shutdown().await;
     Ok(())
+}
+
+/// What a connection has done, for its idle watchdog ([`Activity::idle_for`]).
+#[derive(Debug, Default)]
+struct Activity {
+    /// Requests whose handlers have not answered yet (a long poll waits in its handler).
+    in_flight: AtomicUsize,
+    /// Counts requests begun and ended, and writes: a change is progress.
+    progress: AtomicU64,
+}
+
+impl Activity {
+    /// Ends once the connection has had no request in flight and made no progress for
+    /// `timeout`, seen at two looks `timeout / 2` apart: between one and one and a half
+    /// timeouts after its last progress.
+    async fn idle_for(&self, timeout: Duration) {
+        let look_every = timeout / 2;
+        let mut seen = self.progress.load(Ordering::Relaxed);
+        let mut quiet_looks = 0;
+        loop {
+            tokio::time::sleep(look_every).await;
+            let progress = self.progress.load(Ordering::Relaxed);
+            if progress != seen || self.in_flight.load(Ordering::Relaxed) > 0 {
+                (seen, quiet_looks) = (progress, 0);
+                continue;
+            }
+            quiet_looks += 1;
+            if quiet_looks == 2 {
+                return;
+            }
+        }
+    }
+}
+
+/// A request's handler at work, counted in its connection's [`Activity`] until dropped.
+struct InFlight(Arc<Activity>);
+
+impl InFlight {
+    fn begin(activity: &Arc<Activity>) -> InFlight {
+        activity.in_flight.fetch_add(1, Ordering::Relaxed);
+        activity.progress.fetch_add(1, Ordering::Relaxed);
+        InFlight(activity.clone())
+    }
+}
+
+impl Drop for InFlight {
+    fn drop(&mut self) {
+        self.0.in_flight.fetch_sub(1, Ordering::Relaxed);
+        self.0.progress.fetch_add(1, Ordering::Relaxed);
+    }
+}
+
+/// Counts every request of `inner` in flight in its connection's [`Activity`].
+#[derive(Clone)]
+struct CountRequests<S> {
+    inner: S,
+    activity: Arc<Activity>,
+}
+
+impl<S: tower::Service<R>, R> tower::Service<R> for CountRequests<S> {
+    type Response = S::Response;
+    type Error = S::Error;
+    type Future = Counting<S::Future>;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), S::Error>> {
+        self.inner.poll_ready(cx)
+    }
+
+    fn call(&mut self, request: R) -> Counting<S::Future> {
+        Counting { answer: self.inner.call(request), _in_flight: InFlight::begin(&self.activity) }
+    }
+}
+
+pin_project_lite::pin_project! {
+    /// A request's answer, counted in flight until it is ready (or dropped).
+    struct Counting<F> {
+        #[pin]
+        answer: F,
+        _in_flight: InFlight,
+    }
+}
+
+impl<F: Future> Future for Counting<F> {
+    type Output = F::Output;
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<F::Output> {
+        self.project().answer.poll(cx)
+    }
+}
+
+/// A connection's stream, counting its writes as progress (a watch's heartbeats, a body).
+struct Counted {
+    io: Conn,
+    activity: Arc<Activity>,
+}
+
+impl Counted {
+    fn wrote(&self, written: &Poll<io::Result<usize>>) {
+        if matches!(written, Poll::Ready(Ok(n)) if *n > 0) {
+            self.activity.progress.fetch_add(1, Ordering::Relaxed);
+        }
+    }
+}
+
+impl AsyncRead for Counted {
+    fn poll_read(mut self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &mut ReadBuf<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.io).poll_read(cx, buf)
+    }
+}
+
+impl AsyncWrite for Counted {
+    fn poll_write(mut self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &[u8]) -> Poll<io::Result<usize>> {
+        let written = Pin::new(&mut self.io).poll_write(cx, buf);
+        self.wrote(&written);
+        written
+    }
+
+    fn poll_write_vectored(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        bufs: &[io::IoSlice<'_>],
+    ) -> Poll<io::Result<usize>> {
+        let written = Pin::new(&mut self.io).poll_write_vectored(cx, bufs);
+        self.wrote(&written);
+        written
+    }
+
+    fn is_write_vectored(&self) -> bool {
+        self.io.is_write_vectored()
+    }
+
+    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.io).poll_flush(cx)
+    }
+
+    fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.io).poll_shutdown(cx)
+    }
 }
 
 /// The most streams (requests: waiters, watches) one HTTP/2 connection may have open at once.

@@ -75,11 +75,11 @@ pub(crate) const FORWARDED: axum::http::HeaderName = axum::http::HeaderName::fro
 /// idle timeouts of common proxies (60 s).
 pub const DEFAULT_HEARTBEAT: Duration = Duration::from_secs(15);
 
-/// How long an HTTP/1.1 connection may take to send a request's headers, counted from when the
-/// connection opens or its last answer was sent: an idle keep-alive connection is closed after
-/// it, as is one that sends its headers slowly (Slowloris). Longer than the 90 s most clients keep
-/// an idle connection for (reqwest, Go), so that a client never sends on a connection the daemon
-/// is closing.
+/// How long a connection may go with no request in flight, no request begun and nothing sent to
+/// it before it is closed (within half as long again): an idle keep-alive connection, or one that
+/// sends its headers a byte at a time (Slowloris). Longer than the 90 s most clients keep an idle
+/// connection for (reqwest, Go), so that a client never sends on a connection the daemon is
+/// closing.
 pub const DEFAULT_IDLE_TIMEOUT: Duration = Duration::from_secs(120);
 
 /// What every handler shares: one reference-counted [`Shared`], so that the clones axum makes
@@ -223,7 +223,8 @@ impl ServerState {
         self.with(|shared| shared.heartbeat = heartbeat)
     }
 
-    /// The same, with connections closed after `idle_timeout` without a request's headers.
+    /// The same, with idle connections closed after `idle_timeout` ([`DEFAULT_IDLE_TIMEOUT`]).
+    /// Keep the heartbeat of watches well below half of it: a watch is kept open by what it sends.
     #[must_use]
     pub fn with_idle_timeout(self, idle_timeout: Duration) -> ServerState {
         self.with(|shared| shared.idle_timeout = idle_timeout)

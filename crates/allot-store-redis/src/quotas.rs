@@ -6,8 +6,8 @@
 use std::time::Duration;
 
 use allot_core::{
-    check_client_token, check_held_request, check_request, AllocateRequest, LeaseRequest, LedgerError, NamespaceName, NamespaceView, QueuePlace, SessionId,
-    Token, WaiterId, WaiterView,
+    check_client_token, check_held_request, check_request, AllocateRequest, LeaseRequest, LedgerError, NamespaceName,
+    NamespaceView, QueuePlace, SessionId, Token, WaiterId, WaiterView,
 };
 use allot_store::{check_wait, Allocation, GrantInfo, Page, PageRequest, QuotaStore, SessionInfo, StoreError};
 use async_trait::async_trait;

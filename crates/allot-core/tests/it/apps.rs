@@ -265,10 +265,7 @@ fn a_placements_grants_are_the_schedulers_alone() {
     assert!(matches!(b.ledger.allocate(client("@a:t1"), now, false), Err(LedgerError::SchedulerToken(_))));
     assert!(matches!(b.ledger.allocate(client("@a:t9"), now, true), Err(LedgerError::SchedulerToken(_))));
     for fencing in [None, Some(1)] {
-        assert!(matches!(
-            b.ledger.release(&openai, &mine, fencing, now),
-            Err(LedgerError::HeldByScheduler { .. })
-        ));
+        assert!(matches!(b.ledger.release(&openai, &mine, fencing, now), Err(LedgerError::HeldByScheduler { .. })));
         assert!(matches!(
             b.ledger.keepalive_grant(&openai, &mine, fencing, now),
             Err(LedgerError::HeldByScheduler { .. })

@@ -99,11 +99,41 @@ async fn a_tasks_grants_are_the_schedulers_and_no_client_releases_them() {
     let fencing = grant["fencing"].as_u64().unwrap();
     for (method, uri, body, want, code) in [
         (Method::DELETE, "/v1/namespaces/seats/grants/@a:t".to_owned(), "", StatusCode::CONFLICT, "held_by_scheduler"),
-        (Method::DELETE, format!("/v1/namespaces/seats/grants/@a:t?fencing={fencing}"), "", StatusCode::CONFLICT, "held_by_scheduler"),
-        (Method::DELETE, "/v1/namespaces/seats/grants/%40a:t".to_owned(), "", StatusCode::CONFLICT, "held_by_scheduler"),
-        (Method::POST, "/v1/namespaces/seats/grants/@a:t/keepalive".to_owned(), "{}", StatusCode::CONFLICT, "held_by_scheduler"),
-        (Method::PUT, "/v1/namespaces/seats/grants/@a:t".to_owned(), r#"{"units": 1}"#, StatusCode::BAD_REQUEST, "invalid_argument"),
-        (Method::PUT, "/v1/namespaces/seats/grants/@b:t".to_owned(), r#"{"units": 1, "wait_ms": 100}"#, StatusCode::BAD_REQUEST, "invalid_argument"),
+        (
+            Method::DELETE,
+            format!("/v1/namespaces/seats/grants/@a:t?fencing={fencing}"),
+            "",
+            StatusCode::CONFLICT,
+            "held_by_scheduler",
+        ),
+        (
+            Method::DELETE,
+            "/v1/namespaces/seats/grants/%40a:t".to_owned(),
+            "",
+            StatusCode::CONFLICT,
+            "held_by_scheduler",
+        ),
+        (
+            Method::POST,
+            "/v1/namespaces/seats/grants/@a:t/keepalive".to_owned(),
+            "{}",
+            StatusCode::CONFLICT,
+            "held_by_scheduler",
+        ),
+        (
+            Method::PUT,
+            "/v1/namespaces/seats/grants/@a:t".to_owned(),
+            r#"{"units": 1}"#,
+            StatusCode::BAD_REQUEST,
+            "invalid_argument",
+        ),
+        (
+            Method::PUT,
+            "/v1/namespaces/seats/grants/@b:t".to_owned(),
+            r#"{"units": 1, "wait_ms": 100}"#,
+            StatusCode::BAD_REQUEST,
+            "invalid_argument",
+        ),
     ] {
         let (status, answer) = h.call(method.clone(), &uri, body).await;
         assert_eq!((status, answer["error"]["code"].as_str()), (want, Some(code)), "{method} {uri}: {answer}");

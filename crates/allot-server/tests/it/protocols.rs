@@ -191,9 +191,42 @@ async fn connections_without_a_request_are_closed_after_the_idle_timeout() {
     slow.write_all(b"GET /healthz HTTP/1.1\r\nhost: localhost\r\n").await.unwrap();
     let mut kept = open().await.unwrap();
     kept.write_all(b"GET /healthz HTTP/1.1\r\nhost: localhost\r\n\r\n").await.unwrap();
+    // One that sends its headers a byte at a time, never ending them.
+    let trickle = open().await.unwrap();
+    let (mut trickle_read, mut trickle_write) = trickle.into_split();
+    let trickling = tokio::spawn(async move {
+        for byte in b"GET /healthz HTTP/1.1\r\nhost: localhost\r\n".iter().cycle() {
+            if trickle_write.write_all(&[*byte]).await.is_err() {
+                return;
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    });
     let mut watch = open().await.unwrap();
     watch.write_all(b"GET /v1/watch HTTP/1.1\r\nhost: localhost\r\n\r\n").await.unwrap();
+    // A long poll, waiting three times the idle timeout for a unit that never comes.
+    let one = |method: &str, path: &str, body: &str| {
+        format!("{method} {path} HTTP/1.1\r\nhost: localhost\r\ncontent-type: application/json\r\ncontent-length: {}\r\n\r\n{body}", body.len())
+    };
+    let mut setup = open().await.unwrap();
+    setup.write_all(one("PUT", "/v1/namespaces/full", r#"{"quota": 1}"#).as_bytes()).await.unwrap();
+    setup.write_all(one("PUT", "/v1/namespaces/full/grants/a", "{}").as_bytes()).await.unwrap();
+    let (mut answers, mut chunk) = (Vec::new(), [0u8; 4096]);
+    while String::from_utf8_lossy(&answers).matches("Granted").count() == 0 {
+        let read = tokio::time::timeout(Duration::from_secs(60), setup.read(&mut chunk)).await.unwrap().unwrap();
+        assert!(read > 0, "{}", String::from_utf8_lossy(&answers));
+        answers.extend_from_slice(&chunk[..read]);
+    }
+    let mut polling = open().await.unwrap();
+    polling.write_all(one("PUT", "/v1/namespaces/full/grants/b", r#"{"wait_ms": 3000}"#).as_bytes()).await.unwrap();
     let started = std::time::Instant::now();
+    let mut trickled = Vec::new();
+    tokio::time::timeout(Duration::from_secs(60), trickle_read.read_to_end(&mut trickled))
+        .await
+        .expect("the trickling connection was not closed")
+        .unwrap();
+    assert!(!String::from_utf8_lossy(&trickled).contains("HTTP/1.1 200"));
+    trickling.await.unwrap();
     // Each is closed by the daemon: the read ends (generously bounded: a slow machine is slow).
     for (what, mut stream) in [("silent", silent), ("slow", slow), ("kept alive", kept)] {
         let mut answered = Vec::new();
@@ -207,12 +240,20 @@ async fn connections_without_a_request_are_closed_after_the_idle_timeout() {
     }
     // The watch lives on well past the idle timeout, sending heartbeats.
     let mut seen = Vec::new();
-    let mut chunk = [0u8; 4096];
     while started.elapsed() < 3 * idle || !String::from_utf8_lossy(&seen).contains(": heartbeat") {
         let read = tokio::time::timeout(Duration::from_secs(60), watch.read(&mut chunk)).await.unwrap().unwrap();
         assert!(read > 0, "the watch was closed after {:?}: {}", started.elapsed(), String::from_utf8_lossy(&seen));
         seen.extend_from_slice(&chunk[..read]);
     }
     drop(watch);
+    // The long poll is answered, Exhausted after its wait, on the connection it came on.
+    let mut answer = Vec::new();
+    while !String::from_utf8_lossy(&answer).contains("Exhausted") {
+        let read = tokio::time::timeout(Duration::from_secs(60), polling.read(&mut chunk)).await.unwrap().unwrap();
+        assert!(read > 0, "the long poll was closed: {}", String::from_utf8_lossy(&answer));
+        answer.extend_from_slice(&chunk[..read]);
+    }
+    assert!(started.elapsed() >= 2 * idle, "it waited its 3 s");
+    drop(setup);
     served.shut_down().await;
 }

@@ -13,7 +13,7 @@ use allot_core::apps::{
     TaskSpec, TokenNeed,
 };
 use allot_core::pools::{AllocState, PoolError, PoolName};
-use allot_core::{AllocateRequest, Constraints, LeaseRequest, LedgerError, NamespaceName, Resources, Token};
+use allot_core::{LedgerError, NamespaceName, Resources};
 
 use super::{eventually, Time};
 use crate::{Store, StoreError, TaskInfo};
@@ -301,15 +301,7 @@ async fn a_task_holds_its_alloc_and_tokens_together_or_nothing(store: &dyn Store
         assert!(matches!(renewed, Err(StoreError::Quotas(LedgerError::HeldByScheduler { .. }))), "{renewed:?}");
     }
     for token in [held.as_str(), "@someone-else"] {
-        let request = AllocateRequest {
-            namespace: namespace.clone(),
-            token: Token::new(token).unwrap(),
-            units: 1,
-            scope: None,
-            constraints: Constraints::default(),
-            lease: LeaseRequest::None,
-        };
-        let taken = store.allocate(request, Duration::from_millis(50)).await;
+        let taken = store.allocate(super::quotas::request(&namespace, token, 1), Duration::from_millis(50)).await;
         assert!(matches!(taken, Err(StoreError::Quotas(LedgerError::SchedulerToken(_)))), "{taken:?}");
     }
     assert_eq!(store.namespace(namespace.clone()).await.unwrap().granted_units, 1, "nothing was released");

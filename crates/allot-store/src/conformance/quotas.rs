@@ -48,7 +48,7 @@ fn token(name: &str) -> Token {
     Token::new(name).unwrap()
 }
 
-fn request(namespace: &NamespaceName, name: &str, units: u64) -> AllocateRequest {
+pub(super) fn request(namespace: &NamespaceName, name: &str, units: u64) -> AllocateRequest {
     AllocateRequest {
         namespace: namespace.clone(),
         token: token(name),

@@ -99,9 +99,10 @@ pub(crate) struct ServeArgs {
     /// timeout of any proxy in front of the daemon [default: 5m].
     #[arg(long, value_name = "DURATION", env = "ALLOT_MAX_WAIT", value_parser = allot_bench::duration::parse)]
     pub(super) max_wait: Option<std::time::Duration>,
-    /// Close a connection that sends no request's headers within this long of opening or of its
-    /// last answer (an idle keep-alive connection, or one sending its headers slowly); a request
-    /// in flight, such as a watch, is never idle. At least 1s [default: 2m].
+    /// Close a connection with no request in flight that neither starts a request nor is sent a
+    /// byte for this long (closed within half as long again): an idle keep-alive connection, one
+    /// that says nothing, one sending its headers a byte at a time. A long poll is in flight; a
+    /// watch is sent its heartbeats. At least 1s [default: 2m].
     #[arg(long, value_name = "DURATION", env = "ALLOT_IDLE_TIMEOUT", value_parser = allot_bench::duration::parse)]
     pub(super) idle_timeout: Option<std::time::Duration>,
     /// Give these namespaces series of their own at /metrics (every namespace counts in the
