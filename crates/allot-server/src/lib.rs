@@ -101,7 +101,7 @@ pub struct Shared {
     pub executor: Option<Arc<dyn RunsHere>>,
     /// How long a watch stream may stay silent: then it sends a heartbeat (an SSE comment).
     pub heartbeat: Duration,
-    /// How long a connection may wait for its next request's headers ([`DEFAULT_IDLE_TIMEOUT`]).
+    /// How long a connection may stay idle before it is closed ([`DEFAULT_IDLE_TIMEOUT`]).
     pub idle_timeout: Duration,
     /// The change feed's events encoded as Server-Sent Events, once for every watch stream.
     pub(crate) frames: Arc<frames::Frames>,
