@@ -1,6 +1,7 @@
 //! The scheduler: placements on pools and tokens, gangs all or nothing, timeouts, queue limits,
 //! fair share, selectors, and why things wait. Every step checks the invariants of the pools,
-//! the ledger and the scheduler.
+//! the ledger and the scheduler. At length, as one thing: every check drives the one `Bench`
+//! below (a scheduler over real pools and a real ledger), and splitting them would only move it.
 
 use allot_core::apps::priority::Priority;
 use std::collections::BTreeMap;
