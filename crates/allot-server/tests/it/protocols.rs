@@ -199,6 +199,7 @@ async fn connections_without_a_request_are_closed_after_the_idle_timeout() {
             if trickle_write.write_all(&[*byte]).await.is_err() {
                 return;
             }
+            // Time must really pass between the bytes: what is checked is a timeout of the daemon's.
             tokio::time::sleep(Duration::from_millis(50)).await;
         }
     });
