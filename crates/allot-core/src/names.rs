@@ -142,7 +142,7 @@ impl Token {
 
     /// The token attempt `attempt` of a task's run holds in each of its plugin's quotas.
     pub fn of_run(app: &str, task: &str, attempt: u32) -> Result<Token, NameError> {
-        Token::new(&format!("{SCHEDULER_TOKEN_PREFIX}{app}:{task}:{attempt}"))
+        Token::of_placement(app, &format!("{task}:{attempt}"))
     }
 
     /// Whether the token is one of allot's own ([`SCHEDULER_TOKEN_PREFIX`]).

@@ -277,16 +277,16 @@ pub enum LedgerError {
     OutOfRange { what: &'static str, value: u64, min: u64, max: u64 },
     #[error("caps need a scope: give the holder's project and namespace scope")]
     CapsWithoutScope,
-    /// A client asked for a token of the scheduler's form ([`Token::is_scheduler_held`]).
+    /// A client asked for a token of allot's own form ([`Token::is_scheduler_held`]).
     #[error(
-        "token `{0}` begins with `@`, which only the scheduler's tokens do (the grants of a task's placement): \
-         use a token that does not"
+        "token `{0}` begins with `@`, which only allot's own tokens do (the grants a task's placement or run \
+         holds): use a token that does not"
     )]
     SchedulerToken(Token),
-    /// A client tried to release or keep alive a grant the scheduler holds for a task.
+    /// A client tried to release or keep alive a grant allot holds for a task.
     #[error(
-        "token `{token}` of namespace `{namespace}` is the scheduler's, held for a task's placement: it is released \
-         when the task ends (end the task or its application instead)"
+        "token `{token}` of namespace `{namespace}` is allot's own, held for a task's placement or run: it is \
+         released when the task or run ends (end the task or its application instead)"
     )]
     HeldByScheduler { namespace: NamespaceName, token: Token },
 }
@@ -661,23 +661,17 @@ fn check_fencing(grant: &Grant, fencing: Option<u64>) -> Result<(), LedgerError>
     }
 }
 
-/// Checks what a client's allocate request says by itself: not a token of the scheduler's form,
+/// Checks what a client's allocate request says by itself: not a token of allot's own form,
 /// units, caps and TTL in range, and a scope wherever there are caps. Every backend checks this
 /// before it looks at any state.
 pub fn check_request(request: &AllocateRequest) -> Result<(), LedgerError> {
     if request.token.is_scheduler_held() {
         return Err(LedgerError::SchedulerToken(request.token.clone()));
     }
-    check_fields(request)
+    check_held_request(request)
 }
 
-/// Checks what an allocate request of allot's own says by itself (a task's placement or run, under
-/// a token beginning with `@`): as [`check_request`], but for the token's form.
-pub fn check_held_request(request: &AllocateRequest) -> Result<(), LedgerError> {
-    check_fields(request)
-}
-
-/// Refuses a client's release or keepalive of a token of the scheduler's form: whether or not it
+/// Refuses a client's release or keepalive of a token of allot's own form: whether or not it
 /// is granted now, only allot ends it (when its task or run does). Every backend checks this
 /// first.
 pub fn check_client_token(namespace: &NamespaceName, token: &Token) -> Result<(), LedgerError> {
@@ -687,7 +681,9 @@ pub fn check_client_token(namespace: &NamespaceName, token: &Token) -> Result<()
     Ok(())
 }
 
-fn check_fields(request: &AllocateRequest) -> Result<(), LedgerError> {
+/// Checks what an allocate request of allot's own says by itself (a task's placement or run, under
+/// a token beginning with `@`): as [`check_request`], but for the token's form.
+pub fn check_held_request(request: &AllocateRequest) -> Result<(), LedgerError> {
     check_range("units", request.units, 1, MAX_UNITS)?;
     if let Some(cap) = request.constraints.project {
         check_range("project cap", cap, 0, MAX_UNITS)?;
@@ -1061,7 +1057,7 @@ impl Ledger {
 
     /// Releases a token [Flyte `ReleaseResource`]. Idempotent: returns the released grant, or
     /// `None` if the token was not granted. A stale fencing number is refused, and so is a token
-    /// of the scheduler's ([`check_client_token`]).
+    /// of allot's own ([`check_client_token`]).
     pub fn release(
         &mut self,
         namespace: &NamespaceName,
