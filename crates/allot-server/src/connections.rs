@@ -13,13 +13,14 @@
 //!   are peeked at, not read: an HTTP/1.1 connection is served by hyper's HTTP/1 builder as if
 //!   nothing had looked.
 //!
-//! - **Idle connections end**: a connection with no request in flight that neither starts a
-//!   request nor writes a byte for the idle timeout (checked every half of it: closed after one
-//!   to one and a half timeouts) is closed: one that says nothing, one that sends its headers a
-//!   byte at a time (Slowloris), an idle keep-alive connection. A long poll is in flight; a watch
-//!   writes its heartbeats. Not hyper's header read timeout: that registers a timer for every
-//!   request, about a microsecond of CPU per pair on this path (docs/benchmarks.md); this costs
-//!   a few atomic additions a request, and a timer a connection.
+//! - **Idle connections end**: a connection with no handler at work (one waiting for the rest of
+//!   its request's body is not) that neither starts or ends a request nor writes a byte for the
+//!   idle timeout (checked every half of it: closed after one to one and a half timeouts) is
+//!   closed: one that says nothing, one that sends its headers or its body a byte at a time
+//!   (Slowloris), an idle keep-alive connection. A long poll is at work; a watch writes its
+//!   heartbeats. Not hyper's header read timeout: that registers a timer for every request, about
+//!   a microsecond of CPU per pair on this path (docs/benchmarks.md); this costs a few atomic
+//!   additions a request, and a timer a connection.
 //!
 //! Invariant: every request carries its connection's [`Peer`] as `ConnectInfo<Peer>`, as
 //! `axum::serve` with connect info would set it.
@@ -70,8 +71,9 @@ where
             (io, peer) = listener.accept() => {
                 let activity = Arc::new(Activity::default());
                 let requests = activity.clone();
+                let bodies = activity.clone();
                 let service = api.clone().map_request(move |request: hyper::Request<Incoming>| {
-                    let mut request = request.map(Body::new);
+                    let mut request = request.map(|body| Body::new(Reading::of(body, &bodies)));
                     request.extensions_mut().insert(ConnectInfo(peer.clone()));
                     request
                 });
@@ -116,6 +118,10 @@ where
 struct Activity {
     /// Requests whose handlers have not answered yet (a long poll waits in its handler).
     in_flight: AtomicUsize,
+    /// Request bodies not all come yet. A handler waiting for the rest of its body is not at work:
+    /// it counts in `in_flight` and here, and the bytes it reads are no progress, so a body sent a
+    /// byte at a time is cut off as headers sent so are.
+    bodies_pending: AtomicUsize,
     /// Counts requests begun and ended, and writes: a change is progress.
     progress: AtomicU64,
 }
@@ -131,7 +137,7 @@ impl Activity {
         loop {
             tokio::time::sleep(look_every).await;
             let progress = self.progress.load(Ordering::Relaxed);
-            if progress != seen || self.in_flight.load(Ordering::Relaxed) > 0 {
+            if progress != seen || self.at_work() {
                 (seen, quiet_looks) = (progress, 0);
                 continue;
             }
@@ -140,6 +146,67 @@ impl Activity {
                 return;
             }
         }
+    }
+}
+
+impl Activity {
+    /// True while some handler is at work: in flight, and not waiting for the rest of its body.
+    fn at_work(&self) -> bool {
+        // Read in this order, a body that ends between the two reads shows as work: never a
+        // handler at work missed.
+        let in_flight = self.in_flight.load(Ordering::Relaxed);
+        in_flight > self.bodies_pending.load(Ordering::Relaxed)
+    }
+}
+
+/// A request's body, counted in its connection's [`Activity`] as pending until it has all come
+/// (its end, an error, or the body dropped unread).
+struct Reading {
+    body: Incoming,
+    pending: Option<BodyPending>,
+}
+
+impl Reading {
+    fn of(body: Incoming, activity: &Arc<Activity>) -> Reading {
+        use hyper::body::Body as _;
+        let pending = (!body.is_end_stream()).then(|| {
+            activity.bodies_pending.fetch_add(1, Ordering::Relaxed);
+            BodyPending(activity.clone())
+        });
+        Reading { body, pending }
+    }
+}
+
+impl hyper::body::Body for Reading {
+    type Data = bytes::Bytes;
+    type Error = hyper::Error;
+
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<hyper::body::Frame<bytes::Bytes>, hyper::Error>>> {
+        let frame = Pin::new(&mut self.body).poll_frame(cx);
+        if matches!(frame, Poll::Ready(None | Some(Err(_)))) || self.body.is_end_stream() {
+            self.pending = None;
+        }
+        frame
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.body.is_end_stream()
+    }
+
+    fn size_hint(&self) -> hyper::body::SizeHint {
+        self.body.size_hint()
+    }
+}
+
+/// A body not all come yet, counted in [`Activity::bodies_pending`] until dropped.
+struct BodyPending(Arc<Activity>);
+
+impl Drop for BodyPending {
+    fn drop(&mut self) {
+        self.0.bodies_pending.fetch_sub(1, Ordering::Relaxed);
     }
 }
 

@@ -191,6 +191,12 @@ async fn connections_without_a_request_are_closed_after_the_idle_timeout() {
     slow.write_all(b"GET /healthz HTTP/1.1\r\nhost: localhost\r\n").await.unwrap();
     let mut kept = open().await.unwrap();
     kept.write_all(b"GET /healthz HTTP/1.1\r\nhost: localhost\r\n\r\n").await.unwrap();
+    // Whole headers, then half the body they announce: its handler waits for the rest, not at work.
+    let mut half_body = open().await.unwrap();
+    half_body
+        .write_all(b"PUT /v1/namespaces/half HTTP/1.1\r\nhost: localhost\r\ncontent-length: 14\r\n\r\n{\"quota\"")
+        .await
+        .unwrap();
     // One that sends its headers a byte at a time, never ending them.
     let trickle = open().await.unwrap();
     let (mut trickle_read, mut trickle_write) = trickle.into_split();
@@ -229,7 +235,7 @@ async fn connections_without_a_request_are_closed_after_the_idle_timeout() {
     assert!(!String::from_utf8_lossy(&trickled).contains("HTTP/1.1 200"));
     trickling.await.unwrap();
     // Each is closed by the daemon: the read ends (generously bounded: a slow machine is slow).
-    for (what, mut stream) in [("silent", silent), ("slow", slow), ("kept alive", kept)] {
+    for (what, mut stream) in [("silent", silent), ("slow", slow), ("half a body", half_body), ("kept alive", kept)] {
         let mut answered = Vec::new();
         tokio::time::timeout(Duration::from_secs(60), stream.read_to_end(&mut answered))
             .await
@@ -255,6 +261,15 @@ async fn connections_without_a_request_are_closed_after_the_idle_timeout() {
         answer.extend_from_slice(&chunk[..read]);
     }
     assert!(started.elapsed() >= 2 * idle, "it waited its 3 s");
+    // The half-sent body made nothing (asked on a new connection: the others were idle too long).
+    let mut asking = open().await.unwrap();
+    asking.write_all(b"GET /v1/namespaces/half HTTP/1.1\r\nhost: localhost\r\n\r\n").await.unwrap();
+    let mut answer = Vec::new();
+    while !String::from_utf8_lossy(&answer).contains("not_found") {
+        let read = tokio::time::timeout(Duration::from_secs(60), asking.read(&mut chunk)).await.unwrap().unwrap();
+        assert!(read > 0, "{}", String::from_utf8_lossy(&answer));
+        answer.extend_from_slice(&chunk[..read]);
+    }
     drop(setup);
     served.shut_down().await;
 }
