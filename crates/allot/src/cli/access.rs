@@ -11,7 +11,7 @@ use allot_client::{
 use allot_core::access::hash_token;
 use allot_server::access::make_token;
 
-use super::{client, dispatch, emit, ids, Common, EXIT_CODES};
+use super::{client, dispatch, emit, emit_ids, ids, Common, EXIT_CODES};
 
 #[derive(Debug, clap::Subcommand)]
 pub(crate) enum ApiTokenCommand {
@@ -151,7 +151,7 @@ fn binding_line(binding: &Binding) -> String {
 /// `allot api-token ...` through the API.
 pub(crate) async fn api_token(command: ApiTokenCommand, before: &Common) -> anyhow::Result<ExitCode> {
     match command {
-        ApiTokenCommand::Make(args) => Ok(run(ApiTokenCommand::Make(args))),
+        ApiTokenCommand::Make(args) => Ok(make(args, before)),
         command => dispatch(command, before, token_common, run_api_token).await,
     }
 }
@@ -231,30 +231,53 @@ pub(crate) struct MakeArgs {
     /// A name for the token in lists and the audit trail [default: the user].
     #[arg(long)]
     name: Option<String>,
+    /// Print the token, its hash and the configuration entry as JSON, for scripts.
+    #[arg(long)]
+    json: bool,
+    /// Print only the token.
+    #[arg(short, long, conflicts_with = "json")]
+    quiet: bool,
 }
 
-fn run(command: ApiTokenCommand) -> ExitCode {
-    match command {
-        ApiTokenCommand::Make(args) => {
-            if args.user.trim().is_empty() {
-                return super::usage_error("--user must not be empty");
-            }
-            let token = make_token();
-            let quoted = |text: &str| toml_string(text);
-            let groups: Vec<String> = args.groups.iter().map(|g| quoted(g)).collect();
-            println!("token: {token}");
-            println!("hash: {}", hash_token(&token));
-            println!();
-            println!("# The daemon's configuration file keeps only the hash:");
-            println!("[[auth.tokens]]");
-            println!("name = {}", quoted(args.name.as_deref().unwrap_or(&args.user)));
-            println!("user = {}", quoted(&args.user));
-            println!("groups = [{}]", groups.join(", "));
-            println!("hash = \"{}\"", hash_token(&token));
-            ExitCode::SUCCESS
-        }
-        _ => unreachable!("only `make` runs without a daemon"),
+/// What `api-token make --json` prints.
+#[derive(Debug, serde::Serialize)]
+struct MadeToken {
+    token: String,
+    hash: String,
+    name: String,
+    user: String,
+    groups: Vec<String>,
+    /// The `[[auth.tokens]]` entry for the daemon's configuration file, as TOML.
+    config: String,
+}
+
+/// `allot api-token make`: a new token, made here.
+fn make(args: MakeArgs, before: &Common) -> ExitCode {
+    let output = match Common::offline("api-token make", before, args.json, args.quiet) {
+        Ok(output) => output,
+        Err(usage) => return super::usage_error(&usage),
+    };
+    if args.user.trim().is_empty() {
+        return super::usage_error("--user must not be empty");
     }
+    let token = make_token();
+    let hash = hash_token(&token);
+    let name = args.name.unwrap_or_else(|| args.user.clone());
+    let groups: Vec<String> = args.groups.iter().map(|g| toml_string(g)).collect();
+    let config = format!(
+        "[[auth.tokens]]\nname = {}\nuser = {}\ngroups = [{}]\nhash = \"{hash}\"\n",
+        toml_string(&name),
+        toml_string(&args.user),
+        groups.join(", "),
+    );
+    let made = MadeToken { token: token.clone(), hash, name, user: args.user, groups: args.groups, config };
+    let _ = emit_ids(&output, &made, vec![token], |made| {
+        format!(
+            "token: {}\nhash: {}\n\n# The daemon's configuration file keeps only the hash:\n{}",
+            made.token, made.hash, made.config
+        )
+    });
+    ExitCode::SUCCESS
 }
 
 /// `text` as a TOML basic string.

@@ -314,7 +314,9 @@ pub(crate) enum TaskCommand {
         common: Common,
     },
     /// Print a task's log (stdout by default), read on the daemon that runs it; `--follow`
-    /// goes on printing what is written until the attempt ends.
+    /// goes on printing what is written until the attempt ends. With `--json`, each piece read is
+    /// one line of JSON (attempt, stream, offset, next_offset, text, ended), the last always
+    /// read after the rest; `--quiet` prints the log as without it (it names no ids).
     #[command(after_help = EXIT_CODES)]
     Logs {
         /// The application's id.
@@ -618,7 +620,7 @@ async fn run_task(command: &TaskCommand) -> Result<u8, ClientError> {
             emit(common, &answer, run_timeline)
         }
         TaskCommand::Logs { app, task, stream, attempt, follow, common } => {
-            follow_logs(&client(common)?, app, task, stream, *attempt, *follow).await?;
+            follow_logs(&client(common)?, app, task, stream, *attempt, *follow, common.json).await?;
             Ok(0)
         }
         TaskCommand::Start { app, task, common } => {
@@ -644,7 +646,8 @@ async fn run_task(command: &TaskCommand) -> Result<u8, ClientError> {
 const FOLLOW_EVERY: std::time::Duration = std::time::Duration::from_millis(250);
 
 /// Prints a task's log as it is read; with `follow`, until its attempt ends (the attempt is
-/// fixed at the first read, so a retry's log is not mixed in).
+/// fixed at the first read, so a retry's log is not mixed in). With `json`, each piece with text
+/// is a line of JSON, and so is the last piece read, with or without text.
 async fn follow_logs(
     client: &allot_client::Client,
     app: &str,
@@ -652,21 +655,29 @@ async fn follow_logs(
     stream: &str,
     mut attempt: Option<u32>,
     follow: bool,
+    json: bool,
 ) -> Result<(), allot_client::ClientError> {
     use std::io::Write;
     let mut offset = 0;
     loop {
         let piece = client.task_logs(app, task, Some(stream), attempt, offset).await?;
         attempt = Some(piece.attempt);
-        let mut out = std::io::stdout().lock();
-        let _ = out.write_all(piece.text.as_bytes());
-        let _ = out.flush();
         let more = piece.next_offset > offset;
+        let last = !more && (!follow || piece.ended);
+        let mut out = std::io::stdout().lock();
+        if !json {
+            let _ = out.write_all(piece.text.as_bytes());
+        } else if more || last {
+            let line =
+                serde_json::to_string(&piece).map_err(|err| allot_client::ClientError::Decode(err.to_string()))?;
+            let _ = writeln!(out, "{line}");
+        }
+        let _ = out.flush();
         offset = piece.next_offset;
         if more {
             continue;
         }
-        if !follow || piece.ended {
+        if last {
             return Ok(());
         }
         tokio::time::sleep(FOLLOW_EVERY).await;

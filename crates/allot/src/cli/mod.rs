@@ -105,6 +105,25 @@ impl Common {
         Ok(())
     }
 
+    /// The output options of a command that needs no daemon (`snapshot status`, `snapshot
+    /// restore`, `api-token make`): its own --json and --quiet with those given before it. An
+    /// option naming a daemon given before it is a usage error: it would do nothing.
+    pub(crate) fn offline(command: &str, before: &Common, json: bool, quiet: bool) -> Result<Common, String> {
+        let names_a_daemon = before.server.is_some()
+            || before.api_token.is_some()
+            || before.ca_cert.is_some()
+            || before.client_cert.is_some()
+            || before.client_key.is_some();
+        if names_a_daemon {
+            return Err(format!(
+                "`allot {command}` needs no daemon: --server, --token, --ca-cert, --client-cert and --client-key do nothing here"
+            ));
+        }
+        let mut common = Common { json, quiet, ..Common::default() };
+        common.merge(before)?;
+        Ok(common)
+    }
+
     /// True when any option was given.
     pub(crate) fn is_given(&self) -> bool {
         self.server.is_some()

@@ -76,6 +76,9 @@ pub(crate) enum SnapshotCommand {
         /// Print it as JSON, for scripts.
         #[arg(long)]
         json: bool,
+        /// Print only the archive's path when it is whole.
+        #[arg(short, long, conflicts_with = "json")]
+        quiet: bool,
     },
     /// Make a new data directory for the embedded store, or fill an empty Redis, from an archive.
     #[command(after_help = RESTORE_AFTER_HELP)]
@@ -106,6 +109,9 @@ pub(crate) enum SnapshotCommand {
         /// Print the outcome as JSON, for scripts.
         #[arg(long)]
         json: bool,
+        /// Print only the data directory made (or the Redis filled).
+        #[arg(short, long, conflicts_with = "json")]
+        quiet: bool,
     },
 }
 
@@ -197,8 +203,18 @@ pub(crate) async fn snapshot(command: SnapshotCommand, before: &Common) -> anyho
                 }
             })
         }
-        SnapshotCommand::Status { file, json } => Ok(offline(json, status(&file))),
-        SnapshotCommand::Restore { file, data_dir, store, replace, leases, bump_revision, json } => {
+        SnapshotCommand::Status { file, json, quiet } => {
+            let output = match Common::offline("snapshot status", before, json, quiet) {
+                Ok(output) => output,
+                Err(usage) => return Ok(usage_error(&usage)),
+            };
+            Ok(offline(&output, status(&file)))
+        }
+        SnapshotCommand::Restore { file, data_dir, store, replace, leases, bump_revision, json, quiet } => {
+            let output = match Common::offline("snapshot restore", before, json, quiet) {
+                Ok(output) => output,
+                Err(usage) => return Ok(usage_error(&usage)),
+            };
             let leases = match leases {
                 Leases::Resume => LeaseTime::Resume,
                 Leases::Expire => LeaseTime::Expire,
@@ -212,17 +228,22 @@ pub(crate) async fn snapshot(command: SnapshotCommand, before: &Common) -> anyho
                 (None, Some(address)) => restore_into_redis(&file, &address, &options, replace).await,
                 (None, None) => unreachable!("clap requires one of --data-dir and --store"),
             };
-            Ok(offline(json, outcome))
+            Ok(offline(&output, outcome))
         }
     }
 }
 
 /// Prints the outcome of a command that needs no daemon.
-fn offline(json: bool, outcome: anyhow::Result<Described>) -> ExitCode {
+fn offline(output: &Common, outcome: anyhow::Result<Described>) -> ExitCode {
     match outcome {
         Ok(described) => {
-            let common = Common { json, ..Common::default() };
-            let _ = emit_ids(&common, &described, vec![described.file.clone()], Described::human);
+            // What it names: the data directory made or the Redis filled, else the archive.
+            let id = described
+                .data_dir
+                .clone()
+                .or_else(|| described.store.clone())
+                .unwrap_or_else(|| described.file.clone());
+            let _ = emit_ids(output, &described, vec![id], Described::human);
             ExitCode::from(EXIT_OK)
         }
         Err(err) => {

@@ -687,3 +687,31 @@ async fn the_run_in_an_alloc_is_read_only_by_who_may_read_its_application() {
     let changed = call(&bob, reqwest::Method::PATCH, &path, Some(notes)).send().await.unwrap();
     assert_eq!(changed.status(), 403, "changing an alloc needs `use` on its pool");
 }
+
+/// `allot api-token make` takes the CLI's output options, before or after it: `--json` for
+/// scripts, `-q` for the token alone. An option naming a daemon is refused: it needs none.
+#[test]
+fn api_token_make_prints_json_or_the_token_alone() {
+    let run = |args: &[&str]| Command::new(ALLOT).args(args).env_remove("ALLOT_SERVER").output().unwrap();
+    for args in [
+        &["--json", "api-token", "make", "--user", "ann", "--group", "ops"][..],
+        &["api-token", "make", "--user", "ann", "--group", "ops", "--json"][..],
+    ] {
+        let made = run(args);
+        assert!(made.status.success(), "{}", String::from_utf8_lossy(&made.stderr));
+        let made: serde_json::Value = serde_json::from_slice(&made.stdout).unwrap();
+        let token = made["token"].as_str().unwrap();
+        assert_eq!(made["hash"].as_str(), Some(allot_core::access::hash_token(token).as_str()), "{made}");
+        assert_eq!((made["name"].as_str(), made["user"].as_str()), (Some("ann"), Some("ann")), "{made}");
+        assert_eq!(made["groups"], serde_json::json!(["ops"]), "{made}");
+        let config = made["config"].as_str().unwrap();
+        assert!(config.starts_with("[[auth.tokens]]\n") && !config.contains(token), "{config}");
+        assert!(config.contains(&format!("hash = \"{}\"", made["hash"].as_str().unwrap())), "{config}");
+    }
+    let quiet = run(&["-q", "api-token", "make", "--user", "ann"]);
+    let token = String::from_utf8(quiet.stdout).unwrap();
+    assert!(quiet.status.success() && token.lines().count() == 1 && !token.contains(' '), "{token}");
+    let elsewhere = run(&["--server", "http://127.0.0.1:1", "api-token", "make", "--user", "ann"]);
+    assert_eq!(elsewhere.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&elsewhere.stderr).contains("needs no daemon"));
+}

@@ -238,6 +238,19 @@ async fn task_logs_follow_a_running_shell_task_to_its_end() {
     assert_ne!(run.phase, "Running", "--follow stopped while the task still ran");
     let stderr = logs(&["--stream", "stderr"]);
     assert_eq!(String::from_utf8_lossy(&stderr.stdout), "oops\n");
+    // With --json, a line of JSON per piece read, the last saying the attempt ended.
+    let json = logs(&["--json"]);
+    assert!(json.status.success(), "{}", String::from_utf8_lossy(&json.stderr));
+    let pieces: Vec<serde_json::Value> =
+        String::from_utf8_lossy(&json.stdout).lines().map(|line| serde_json::from_str(line).unwrap()).collect();
+    let text: String = pieces.iter().map(|piece| piece["text"].as_str().unwrap()).collect();
+    assert_eq!(text, "line 1\nline 2\nline 3\nline 4\nline 5\n", "{pieces:?}");
+    let last = pieces.last().unwrap();
+    assert_eq!(
+        (last["ended"].as_bool(), last["stream"].as_str(), last["attempt"].as_u64()),
+        (Some(true), Some("stdout"), Some(1))
+    );
+    assert_eq!(last["next_offset"].as_u64(), Some(text.len() as u64), "{last}");
     let missing = logs(&["--stream", "nope"]);
     assert!(!missing.status.success());
     assert!(String::from_utf8_lossy(&missing.stderr).contains("logs_not_found"));

@@ -128,11 +128,23 @@ async fn save_under_writes_and_restore(redis: Option<&str>) {
     assert!(status.status.success(), "{}", text(&status));
     assert!(text(&status).contains(&format!("revision {revision}")), "{}", text(&status));
     assert!(text(&status).contains("pools 1") && text(&status).contains("sessions 1"), "{}", text(&status));
+    // The CLI's output options count before the command as after it; a daemon's are refused (the
+    // command needs none).
+    let path = archive.to_str().unwrap();
+    let json = cli(&["--json", "snapshot", "status", path], None, None);
+    assert!(json.status.success(), "{}", text(&json));
+    let json: serde_json::Value = serde_json::from_slice(&json.stdout).unwrap();
+    assert_eq!(json["revision"].as_u64(), Some(revision), "{json}");
+    let quiet = cli(&["-q", "snapshot", "status", path], None, None);
+    assert_eq!(String::from_utf8_lossy(&quiet.stdout), format!("{path}\n"), "{}", text(&quiet));
+    let elsewhere = cli(&["--server", "http://127.0.0.1:1", "snapshot", "status", path], None, None);
+    assert_eq!(elsewhere.status.code(), Some(2), "{}", text(&elsewhere));
+    assert!(text(&elsewhere).contains("needs no daemon"), "{}", text(&elsewhere));
 
     // Restored into a new data directory, and served.
     let restored_dir = dir.path().join("restored");
     let restore = cli(
-        &["snapshot", "restore", archive.to_str().unwrap(), "--data-dir", restored_dir.to_str().unwrap(), "--json"],
+        &["--json", "snapshot", "restore", archive.to_str().unwrap(), "--data-dir", restored_dir.to_str().unwrap()],
         None,
         None,
     );
