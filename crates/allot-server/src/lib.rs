@@ -53,6 +53,7 @@ use utoipa::OpenApi;
 
 pub use access::{Access, Caller, Credential, OpenRoutes};
 pub use audit::{Audit, AuditSink};
+pub use connections::{default_max_connections, raise_open_files_limit};
 pub use error::ApiError;
 pub use hot::Api;
 pub use metrics::{Metrics, MetricsConfig};
@@ -103,6 +104,9 @@ pub struct Shared {
     pub heartbeat: Duration,
     /// How long a connection may stay idle before it is closed ([`DEFAULT_IDLE_TIMEOUT`]).
     pub idle_timeout: Duration,
+    /// The most connections open at once ([`default_max_connections`]): past it, no more are
+    /// accepted until one ends.
+    pub max_connections: usize,
     /// The change feed's events encoded as Server-Sent Events, once for every watch stream.
     pub(crate) frames: Arc<frames::Frames>,
     /// Who may do what; `None`: every caller may do everything (the daemon then listens only on
@@ -153,6 +157,7 @@ impl ServerState {
             executor: None,
             heartbeat: DEFAULT_HEARTBEAT,
             idle_timeout: DEFAULT_IDLE_TIMEOUT,
+            max_connections: default_max_connections(),
             frames: Arc::default(),
             access: None,
             audit: None,
@@ -228,6 +233,13 @@ impl ServerState {
     #[must_use]
     pub fn with_idle_timeout(self, idle_timeout: Duration) -> ServerState {
         self.with(|shared| shared.idle_timeout = idle_timeout)
+    }
+
+    /// The same, with at most `max_connections` connections open at once (at least 1): past it,
+    /// new ones wait in the listen backlog until one ends.
+    #[must_use]
+    pub fn with_max_connections(self, max_connections: usize) -> ServerState {
+        self.with(|shared| shared.max_connections = max_connections.max(1))
     }
 
     /// The same, with series of their own at `/metrics` for what `config` selects.
@@ -399,6 +411,7 @@ async fn serve(
         }
     };
     let (tls, idle) = (state.tls.clone(), state.idle_timeout);
+    let listener = connections::Capped::new(listener, state.max_connections);
     let served = match threads.count {
         0 => connections::serve(Accepting::new(listener, tls), api(state), idle, graceful).await,
         _ => threads::serve(listener, || api(state.for_one_thread()), tls, idle, threads, graceful).await,

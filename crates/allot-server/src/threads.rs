@@ -22,6 +22,7 @@ use axum::serve::Listener;
 use tokio::net::TcpStream;
 use tokio::sync::{mpsc, watch};
 
+use crate::connections::{Admitted, Slot};
 use crate::tls::{Accepting, Tls};
 use allot_host::affinity;
 
@@ -52,7 +53,7 @@ pub(crate) async fn serve<L>(
     shutdown: impl Future<Output = ()>,
 ) -> io::Result<()>
 where
-    L: Listener<Io = TcpStream, Addr = SocketAddr>,
+    L: Listener<Io = TcpStream, Addr = Admitted>,
 {
     // Thread `i` is pinned to `cpus[i]`; no thread is pinned if there are too few CPUs.
     let mut cpus = if threads.pin { affinity::allowed_cpus() } else { Vec::new() };
@@ -65,7 +66,7 @@ where
         cpus.clear();
     }
     let threads = threads.count.max(1);
-    let local = listener.local_addr()?;
+    let local = listener.local_addr()?.addr;
     let (stop_tx, stop_rx) = watch::channel(false);
     let mut hand_to = Vec::with_capacity(threads);
     let mut joins = Vec::with_capacity(threads);
@@ -99,17 +100,17 @@ where
     loop {
         tokio::select! {
             () = &mut shutdown => break,
-            (stream, peer) = listener.accept() => {
-                // Handed over as a standard socket: it is registered again with the runtime of
-                // the thread that serves it.
+            (stream, admitted) = listener.accept() => {
+                // Handed over as a standard socket, with its slot: it is registered again with
+                // the runtime of the thread that serves it.
                 match stream.into_std() {
                     Ok(stream) => {
                         // A send fails only if that thread has ended, which it does only once
                         // told to stop.
-                        let _ = hand_to[next].send(stream);
+                        let _ = hand_to[next].send((stream, admitted.slot));
                         next = (next + 1) % threads;
                     }
-                    Err(err) => tracing::debug!(error = %err, %peer, "cannot hand over a connection"),
+                    Err(err) => tracing::debug!(error = %err, peer = %admitted.addr, "cannot hand over a connection"),
                 }
             }
         }
@@ -131,31 +132,31 @@ where
 
 /// The connections handed to one serving thread, as a listener.
 struct Handed {
-    rx: mpsc::UnboundedReceiver<std::net::TcpStream>,
+    rx: mpsc::UnboundedReceiver<(std::net::TcpStream, Option<Slot>)>,
     local: SocketAddr,
 }
 
 impl Listener for Handed {
     type Io = TcpStream;
-    type Addr = SocketAddr;
+    type Addr = Admitted;
 
-    async fn accept(&mut self) -> (TcpStream, SocketAddr) {
+    async fn accept(&mut self) -> (TcpStream, Admitted) {
         loop {
-            let Some(stream) = self.rx.recv().await else {
+            let Some((stream, slot)) = self.rx.recv().await else {
                 // The acceptor has stopped: so has this thread's server, which stops accepting.
                 return std::future::pending().await;
             };
             match TcpStream::from_std(stream) {
                 Ok(stream) => {
-                    let peer = stream.peer_addr().unwrap_or(self.local);
-                    return (stream, peer);
+                    let addr = stream.peer_addr().unwrap_or(self.local);
+                    return (stream, Admitted { addr, slot });
                 }
                 Err(err) => tracing::debug!(error = %err, "cannot serve a handed-over connection"),
             }
         }
     }
 
-    fn local_addr(&self) -> io::Result<SocketAddr> {
-        Ok(self.local)
+    fn local_addr(&self) -> io::Result<Admitted> {
+        Ok(Admitted::from(self.local))
     }
 }

@@ -22,6 +22,8 @@ use rustls::{DistinguishedName, RootCertStore, ServerConfig, SignatureScheme};
 use tokio::net::TcpStream;
 use tokio::sync::mpsc;
 
+use crate::connections::{Admitted, Slot};
+
 /// The longest a TLS handshake may take.
 const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
 /// How often the certificate's files are looked at for a change.
@@ -239,11 +241,14 @@ impl ClientCertVerifier for Lenient {
 }
 
 /// Where a connection comes from, set on each of its requests (`ConnectInfo<Peer>`).
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone)]
 pub struct Peer {
     pub addr: SocketAddr,
     /// The client certificate's word on who it is (with mutual TLS).
     pub client: Option<ClientCert>,
+    /// The connection's slot among those allowed open: the server takes it out of the peer and
+    /// holds it while it serves the connection; a request's copy has none.
+    pub(crate) slot: Option<Arc<Slot>>,
 }
 
 /// A connection, plain or over TLS.
@@ -271,7 +276,8 @@ impl<L> Accepting<L> {
 
 impl<L> Listener for Accepting<L>
 where
-    L: Listener<Io = TcpStream, Addr = SocketAddr>,
+    L: Listener<Io = TcpStream>,
+    L::Addr: Into<Admitted>,
 {
     type Io = Conn;
     type Addr = Peer;
@@ -279,13 +285,15 @@ where
     async fn accept(&mut self) -> (Conn, Peer) {
         loop {
             tokio::select! {
-                (stream, addr) = self.inner.accept() => {
+                (stream, admitted) = self.inner.accept() => {
+                    let Admitted { addr, slot } = admitted.into();
+                    let slot = slot.map(Arc::new);
                     // Answers are small and each one ends a request: send them at once.
                     if let Err(err) = stream.set_nodelay(true) {
                         tracing::debug!(error = %err, "cannot set TCP_NODELAY");
                     }
                     let Some(tls) = self.tls.clone() else {
-                        return (Conn::Left(stream), Peer { addr, client: None });
+                        return (Conn::Left(stream), Peer { addr, client: None, slot });
                     };
                     let handshaken = self.handshaken.clone();
                     tokio::spawn(async move {
@@ -293,7 +301,7 @@ where
                         match tokio::time::timeout(HANDSHAKE_TIMEOUT, acceptor.accept(stream)).await {
                             Ok(Ok(stream)) => {
                                 let client = tls.client_cert(stream.get_ref().1.peer_certificates());
-                                let _ = handshaken.send((Conn::Right(Box::new(stream)), Peer { addr, client }));
+                                let _ = handshaken.send((Conn::Right(Box::new(stream)), Peer { addr, client, slot }));
                             }
                             Ok(Err(err)) => tracing::debug!(error = %err, %addr, "TLS handshake failed"),
                             Err(_) => tracing::debug!(%addr, "TLS handshake timed out"),
@@ -306,6 +314,6 @@ where
     }
 
     fn local_addr(&self) -> io::Result<Peer> {
-        Ok(Peer { addr: self.inner.local_addr()?, client: None })
+        Ok(Peer { addr: self.inner.local_addr()?.into().addr, client: None, slot: None })
     }
 }

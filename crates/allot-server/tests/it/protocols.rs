@@ -6,7 +6,7 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
-use allot_server::{run, ServerState, Tls, TlsFiles};
+use allot_server::{run_with_threads, ServerState, ServingThreads, Tls, TlsFiles};
 use allot_store::{EmbeddedConfig, EmbeddedStore, Store};
 use http_body_util::{BodyExt, Full};
 use hyper::body::Bytes;
@@ -32,6 +32,15 @@ async fn serve(tls: Option<Arc<Tls>>) -> Served {
 }
 
 async fn serve_with(tls: Option<Arc<Tls>>, configure: impl FnOnce(ServerState) -> ServerState) -> Served {
+    serve_on(ServingThreads { count: 0, pin: false }, tls, configure).await
+}
+
+/// [`serve_with`], on serving threads of its own (`threads.count` > 0).
+async fn serve_on(
+    threads: ServingThreads,
+    tls: Option<Arc<Tls>>,
+    configure: impl FnOnce(ServerState) -> ServerState,
+) -> Served {
     let dir = tempfile::tempdir().unwrap();
     let store: Arc<dyn Store> = Arc::new(EmbeddedStore::open(&EmbeddedConfig::new(dir.path().join("data"))).unwrap());
     let mut state = configure(ServerState::new(store));
@@ -41,9 +50,14 @@ async fn serve_with(tls: Option<Arc<Tls>>, configure: impl FnOnce(ServerState) -
     let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
     let (stop, stopped) = oneshot::channel::<()>();
-    let done = tokio::spawn(run(listener, state, async move {
-        let _ = stopped.await;
-    }));
+    let done = tokio::spawn(run_with_threads(
+        listener,
+        state,
+        async move {
+            let _ = stopped.await;
+        },
+        threads,
+    ));
     Served { addr, stop, done, _dir: dir }
 }
 
@@ -272,4 +286,52 @@ async fn connections_without_a_request_are_closed_after_the_idle_timeout() {
     }
     drop(setup);
     served.shut_down().await;
+}
+
+/// At most `max_connections` are open at once: one past it waits to be accepted and is served once
+/// one ends, on the caller's runtime and on serving threads alike; every place comes back.
+#[tokio::test]
+async fn connections_past_the_limit_wait_until_one_ends() {
+    use tokio::io::AsyncReadExt;
+    for count in [0, 2] {
+        let served = serve_on(ServingThreads { count, pin: false }, None, |state| state.with_max_connections(2)).await;
+        let open = || TcpStream::connect(served.addr);
+        // Sends a request and reads its answer's head.
+        async fn answered(stream: &mut TcpStream) -> String {
+            stream.write_all(b"GET /healthz HTTP/1.1\r\nhost: localhost\r\n\r\n").await.unwrap();
+            read_answer(stream).await
+        }
+        async fn read_answer(stream: &mut TcpStream) -> String {
+            let (mut seen, mut chunk) = (Vec::new(), [0u8; 1024]);
+            while !String::from_utf8_lossy(&seen).contains("\"status\"") {
+                let read =
+                    tokio::time::timeout(Duration::from_secs(60), stream.read(&mut chunk)).await.unwrap().unwrap();
+                assert!(read > 0, "closed: {}", String::from_utf8_lossy(&seen));
+                seen.extend_from_slice(&chunk[..read]);
+            }
+            String::from_utf8_lossy(&seen).into_owned()
+        }
+        let mut first = open().await.unwrap();
+        let mut second = open().await.unwrap();
+        assert!(answered(&mut first).await.starts_with("HTTP/1.1 200"));
+        assert!(answered(&mut second).await.starts_with("HTTP/1.1 200"));
+        // A third: the kernel's backlog takes it, the daemon does not serve it while both are open
+        // (looked at for half a second: a slow machine only makes an answer later).
+        let mut third = open().await.unwrap();
+        third.write_all(b"GET /healthz HTTP/1.1\r\nhost: localhost\r\n\r\n").await.unwrap();
+        let mut chunk = [0u8; 1024];
+        let early = tokio::time::timeout(Duration::from_millis(500), third.read(&mut chunk)).await;
+        assert!(early.is_err(), "threads {count}: the third connection was served past the limit: {early:?}");
+        drop(first);
+        assert!(read_answer(&mut third).await.starts_with("HTTP/1.1 200"), "threads {count}");
+        // Every place comes back: with two held, connections one after another are each served.
+        drop((second, third));
+        for _ in 0..10 {
+            let mut next = open().await.unwrap();
+            let mut also = open().await.unwrap();
+            assert!(answered(&mut next).await.starts_with("HTTP/1.1 200"), "threads {count}");
+            assert!(answered(&mut also).await.starts_with("HTTP/1.1 200"), "threads {count}");
+        }
+        served.shut_down().await;
+    }
 }

@@ -43,6 +43,7 @@ pub(crate) const SERVE_AFTER_HELP: &str = r#"Configuration file (--config), with
   run_pools = ["worker-1"]      # --run-pool: run the tasks placed on these pools here
   max_wait = "5m"               # --max-wait: the longest an allocate may wait (at most 5m)
   idle_timeout = "2m"           # --idle-timeout: a connection idle this long is closed
+  max_connections = 10000       # --max-connections: the most open at once (default: from the open-files limit)
   metrics_namespaces = ["hive"] # --metrics-namespaces: series of their own at /metrics
   metrics_pools = ["worker-*"]  # --metrics-pools: the same for pools (else totals only)
   apps_dir = "apps"             # --apps-dir: application files the daemon watches
@@ -193,6 +194,8 @@ struct ConfigFile {
     max_wait: Option<String>,
     /// How long a connection may go without a request's headers, e.g. `2m` (the default).
     idle_timeout: Option<String>,
+    /// The most connections open at once (default: from the open-files limit).
+    max_connections: Option<u32>,
     /// Namespaces and pools with series of their own at /metrics (patterns, see the flags).
     #[serde(default)]
     metrics_namespaces: Vec<String>,
@@ -684,6 +687,8 @@ pub(super) struct Config {
     pub(super) pool_rules: LeaseRules,
     pub(super) max_wait: std::time::Duration,
     pub(super) idle_timeout: std::time::Duration,
+    /// `None`: [`allot_server::default_max_connections`], once the open-files limit is raised.
+    pub(super) max_connections: Option<usize>,
     pub(super) metrics: MetricsConfig,
     pub(super) queues: Vec<(QueuePath, QueueLimits)>,
     pub(super) placement: allot_core::apps::placement::PlacementRules,
@@ -876,6 +881,10 @@ pub(super) fn resolve(args: &ServeArgs) -> anyhow::Result<Config> {
     if idle_timeout < std::time::Duration::from_secs(1) {
         bail!("--idle-timeout (idle_timeout) is {idle_timeout:?}; the least is 1s");
     }
+    let max_connections = match args.max_connections.or(file.max_connections) {
+        Some(0) => bail!("max_connections is 0; the least is 1"),
+        given => given.map(|n| n as usize),
+    };
     let pick = |flags: &[String], file: Vec<String>| if flags.is_empty() { file } else { flags.to_vec() };
     let metrics = MetricsConfig {
         namespaces: pick(&args.metrics_namespaces, file.metrics_namespaces),
@@ -968,6 +977,7 @@ pub(super) fn resolve(args: &ServeArgs) -> anyhow::Result<Config> {
         pool_rules,
         max_wait,
         idle_timeout,
+        max_connections,
         metrics,
         listen,
         data_dir,

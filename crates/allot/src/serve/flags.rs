@@ -99,12 +99,17 @@ pub(crate) struct ServeArgs {
     /// timeout of any proxy in front of the daemon [default: 5m].
     #[arg(long, value_name = "DURATION", env = "ALLOT_MAX_WAIT", value_parser = allot_bench::duration::parse)]
     pub(super) max_wait: Option<std::time::Duration>,
-    /// Close a connection with no request in flight that neither starts a request nor is sent a
+    /// Close a connection with no request at work that neither starts a request nor is sent a
     /// byte for this long (closed within half as long again): an idle keep-alive connection, one
-    /// that says nothing, one sending its headers a byte at a time. A long poll is in flight; a
-    /// watch is sent its heartbeats. At least 1s [default: 2m].
+    /// that says nothing, one sending its headers or its body a byte at a time. A long poll is at
+    /// work; a watch is sent its heartbeats. At least 1s [default: 2m].
     #[arg(long, value_name = "DURATION", env = "ALLOT_IDLE_TIMEOUT", value_parser = allot_bench::duration::parse)]
     pub(super) idle_timeout: Option<std::time::Duration>,
+    /// The most connections open at once; past it, new ones wait to be accepted until one ends
+    /// [default: the open-files limit less an eighth of it, at least 256, kept for the store,
+    /// the runs' logs and the daemon's own connections].
+    #[arg(long, value_name = "N", env = "ALLOT_MAX_CONNECTIONS", value_parser = clap::value_parser!(u32).range(1..))]
+    pub(super) max_connections: Option<u32>,
     /// Give these namespaces series of their own at /metrics (every namespace counts in the
     /// totals): `NAME` selects NAME and the namespaces under it (`NAME:...`), `PREFIX*` every name
     /// that starts with PREFIX, `*` all. Repeatable; replaces the file's `metrics_namespaces`.

@@ -132,6 +132,10 @@ pub(crate) async fn run(args: ServeArgs, sources: Vec<SourceMaker>) -> anyhow::R
     init_logging(args.log_format);
     let shutdown = ShutdownSignal::listen();
     let mut config = resolve(&args)?;
+    match allot_server::raise_open_files_limit() {
+        Ok(files) => tracing::debug!(files, "open files allowed"),
+        Err(err) => tracing::warn!(error = %err, "cannot raise the open-files limit; it stays as it was"),
+    }
     // Listening first: on Redis, the other daemons reach this one at its address if it schedules.
     let listener = tokio::net::TcpListener::bind(config.listen)
         .await
@@ -258,9 +262,12 @@ pub(crate) async fn run(args: ServeArgs, sources: Vec<SourceMaker>) -> anyhow::R
     tracing::info!("the dashboard: {advertise}/ui");
     // The one line on stdout: scripts and tests read the address from it.
     println!("allot listening on {scheme}://{address}");
+    let max_connections = config.max_connections.unwrap_or_else(allot_server::default_max_connections);
+    tracing::debug!(max_connections, "connections allowed open at once");
     let mut state = allot_server::ServerState::new(store.clone())
         .with_max_wait(config.max_wait)
         .with_idle_timeout(config.idle_timeout)
+        .with_max_connections(max_connections)
         .with_metrics(config.metrics.clone())
         .with_placement(config.placement.clone());
     let mut daemon_token = None;
