@@ -19,6 +19,7 @@
 //! Architecture invariant: this crate and `allot-api` are the only ones that know HTTP and JSON.
 
 pub mod access;
+mod admission;
 pub mod audit;
 mod connections;
 mod convert;
@@ -52,8 +53,8 @@ use tokio::net::TcpListener;
 use utoipa::OpenApi;
 
 pub use access::{Access, Caller, Credential, OpenRoutes};
+pub use admission::{default_max_connections, raise_open_files_limit};
 pub use audit::{Audit, AuditSink};
-pub use connections::{default_max_connections, raise_open_files_limit};
 pub use error::ApiError;
 pub use hot::Api;
 pub use metrics::{Metrics, MetricsConfig};
@@ -411,7 +412,7 @@ async fn serve(
         }
     };
     let (tls, idle) = (state.tls.clone(), state.idle_timeout);
-    let listener = connections::Capped::new(listener, state.max_connections);
+    let listener = admission::Capped::new(listener, state.max_connections);
     let served = match threads.count {
         0 => connections::serve(Accepting::new(listener, tls), api(state), idle, graceful).await,
         _ => threads::serve(listener, || api(state.for_one_thread()), tls, idle, threads, graceful).await,
