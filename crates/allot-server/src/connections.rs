@@ -22,7 +22,7 @@
 //!   a microsecond of CPU per pair on this path (docs/benchmarks.md); this costs a few atomic
 //!   additions a request, and a timer a connection.
 //!
-//! - **At most `--max-connections` open at once**: the listener is [`crate::admission::Capped`];
+//! - **At most `--max-connections` open at once**: the listener is [`crate::connection_limit::Capped`];
 //!   a connection's slot is held by its task here while it is served.
 //!
 //! Invariant: every request carries its connection's [`Peer`] as `ConnectInfo<Peer>`, as

@@ -19,8 +19,8 @@
 //! Architecture invariant: this crate and `allot-api` are the only ones that know HTTP and JSON.
 
 pub mod access;
-mod admission;
 pub mod audit;
+mod connection_limit;
 mod connections;
 mod convert;
 mod document;
@@ -53,8 +53,8 @@ use tokio::net::TcpListener;
 use utoipa::OpenApi;
 
 pub use access::{Access, Caller, Credential, OpenRoutes};
-pub use admission::{default_max_connections, raise_open_files_limit};
 pub use audit::{Audit, AuditSink};
+pub use connection_limit::{default_max_connections, raise_open_files_limit};
 pub use error::ApiError;
 pub use hot::Api;
 pub use metrics::{Metrics, MetricsConfig};
@@ -412,7 +412,7 @@ async fn serve(
         }
     };
     let (tls, idle) = (state.tls.clone(), state.idle_timeout);
-    let listener = admission::Capped::new(listener, state.max_connections);
+    let listener = connection_limit::Capped::new(listener, state.max_connections);
     let served = match threads.count {
         0 => connections::serve(Accepting::new(listener, tls), api(state), idle, graceful).await,
         _ => threads::serve(listener, || api(state.for_one_thread()), tls, idle, threads, graceful).await,

@@ -22,7 +22,7 @@ use axum::serve::Listener;
 use tokio::net::TcpStream;
 use tokio::sync::{mpsc, watch};
 
-use crate::admission::{Admitted, Slot};
+use crate::connection_limit::{Admitted, Slot};
 use crate::tls::{Accepting, Tls};
 use allot_host::affinity;
 

@@ -22,7 +22,7 @@ use rustls::{DistinguishedName, RootCertStore, ServerConfig, SignatureScheme};
 use tokio::net::TcpStream;
 use tokio::sync::mpsc;
 
-use crate::admission::{Admitted, Slot};
+use crate::connection_limit::{Admitted, Slot};
 
 /// The longest a TLS handshake may take.
 const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
