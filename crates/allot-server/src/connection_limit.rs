@@ -9,6 +9,9 @@ use std::io;
 use std::sync::Arc;
 
 use axum::serve::Listener;
+use prometheus_client::metrics::gauge::Gauge;
+
+use crate::metrics::ConnectionGauges;
 
 /// The most connections open at once by default: the open-files limit (`RLIMIT_NOFILE`, as
 /// [`raise_open_files_limit`] left it) less an eighth of it, at least 256, kept for everything
@@ -45,9 +48,19 @@ pub fn raise_open_files_limit() -> std::io::Result<u64> {
     Ok(limit.rlim_cur)
 }
 
-/// A connection's slot among the open connections allowed ([`Capped`]), held until it ends.
+/// A connection's slot among the open connections allowed ([`Capped`]), held until it ends;
+/// counted in `allot_connections_open` meanwhile.
 #[derive(Debug)]
-pub(crate) struct Slot(#[allow(dead_code)] tokio::sync::OwnedSemaphorePermit);
+pub(crate) struct Slot {
+    _permit: tokio::sync::OwnedSemaphorePermit,
+    open: Gauge,
+}
+
+impl Drop for Slot {
+    fn drop(&mut self) {
+        self.open.dec();
+    }
+}
 
 /// Where an accepted connection comes from, with its slot.
 #[derive(Debug)]
@@ -67,14 +80,16 @@ pub(crate) struct Capped<L> {
     inner: L,
     slots: Arc<tokio::sync::Semaphore>,
     max: usize,
+    gauges: ConnectionGauges,
     /// Said in the log when the limit was last reached, until a connection is accepted at once.
     at_limit: bool,
 }
 
 impl<L> Capped<L> {
-    pub(crate) fn new(inner: L, max: usize) -> Capped<L> {
+    pub(crate) fn new(inner: L, max: usize, gauges: ConnectionGauges) -> Capped<L> {
         let max = max.clamp(1, tokio::sync::Semaphore::MAX_PERMITS);
-        Capped { inner, slots: Arc::new(tokio::sync::Semaphore::new(max)), max, at_limit: false }
+        gauges.max.set(i64::try_from(max).unwrap_or(i64::MAX));
+        Capped { inner, slots: Arc::new(tokio::sync::Semaphore::new(max)), max, gauges, at_limit: false }
     }
 }
 
@@ -92,6 +107,7 @@ where
                 slot
             }
             Err(_) => {
+                self.gauges.waited.inc();
                 if !self.at_limit {
                     self.at_limit = true;
                     tracing::warn!(
@@ -103,7 +119,8 @@ where
             }
         };
         let (io, addr) = self.inner.accept().await;
-        (io, Admitted { addr, slot: Some(Slot(slot)) })
+        self.gauges.open.inc();
+        (io, Admitted { addr, slot: Some(Slot { _permit: slot, open: self.gauges.open.clone() }) })
     }
 
     fn local_addr(&self) -> io::Result<Admitted> {

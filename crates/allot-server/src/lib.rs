@@ -412,7 +412,7 @@ async fn serve(
         }
     };
     let (tls, idle) = (state.tls.clone(), state.idle_timeout);
-    let listener = connection_limit::Capped::new(listener, state.max_connections);
+    let listener = connection_limit::Capped::new(listener, state.max_connections, state.metrics.connections());
     let served = match threads.count {
         0 => connections::serve(Accepting::new(listener, tls), api(state), idle, graceful).await,
         _ => threads::serve(listener, || api(state.for_one_thread()), tls, idle, threads, graceful).await,

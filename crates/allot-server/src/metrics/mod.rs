@@ -33,7 +33,8 @@
 //!   `_commit_seconds_total`, `_commit_failures_total`, `_commit_duration_seconds` (a
 //!   histogram), `_commit_max_seconds`, `_durability` (label `level`: `disk`, `process`,
 //!   `redis`); `allot_http_request_duration_seconds` (labels `method`, `route`, `status`);
-//!   `allot_audit_events_total` (label `outcome`); the change feed's `allot_watch_watchers`
+//!   `allot_audit_events_total` (label `outcome`); `allot_connections_open`, `_max` and
+//!   `_waited_total` (connections that waited for a place, `--max-connections`); the change feed's `allot_watch_watchers`
 //!   (streams open on this daemon), `_events_kept` and `_oldest_revision` (what the store keeps
 //!   for watchers that resume).
 //!
@@ -186,6 +187,8 @@ pub struct Metrics {
     snapshot: Arc<Mutex<Snapshot>>,
     /// Watch streams open on this daemon.
     watchers: Gauge,
+    /// Connections open, the most allowed, and those that waited for a place.
+    connections: ConnectionGauges,
     /// Audited calls, by outcome: `ok`, `refused`, `failed` (made at the start, so that a call
     /// counts without a look-up in the family).
     audited: [Counter; 3],
@@ -215,6 +218,14 @@ struct Snapshot {
     exec: Option<RunCounters>,
     /// What the change feed keeps: events, and the oldest revision a watch can start after.
     feed: (usize, u64),
+}
+
+/// The connections' series (`connection_limit::Capped` keeps them).
+#[derive(Debug, Clone, Default)]
+pub(crate) struct ConnectionGauges {
+    pub(crate) open: Gauge,
+    pub(crate) max: Gauge,
+    pub(crate) waited: Counter,
 }
 
 type FloatGauge = Gauge<f64, std::sync::atomic::AtomicU64>;
@@ -249,6 +260,18 @@ impl Metrics {
             requests.clone(),
         );
         let watchers = register_watchers(&mut registry);
+        let connections = ConnectionGauges::default();
+        registry.register("allot_connections_open", "Connections open on this daemon", connections.open.clone());
+        registry.register(
+            "allot_connections_max",
+            "The most connections open at once (--max-connections)",
+            connections.max.clone(),
+        );
+        registry.register(
+            "allot_connections_waited",
+            "Connections that waited to be accepted: the most were open",
+            connections.waited.clone(),
+        );
         let audited = Family::<OutcomeLabels, Counter>::default();
         registry.register(
             "allot_audit_events",
@@ -274,7 +297,24 @@ impl Metrics {
         static NEXT_ID: AtomicU64 = AtomicU64::new(0);
         let id = NEXT_ID.fetch_add(1, Ordering::Relaxed);
         let alive = Arc::new(());
-        Metrics { id, alive, config, registry, requests, snapshot, watchers, audited, backups, backup_success }
+        Metrics {
+            id,
+            alive,
+            config,
+            registry,
+            requests,
+            snapshot,
+            watchers,
+            connections,
+            audited,
+            backups,
+            backup_success,
+        }
+    }
+
+    /// The connections' series, for the listener that counts them.
+    pub(crate) fn connections(&self) -> ConnectionGauges {
+        self.connections.clone()
     }
 
     /// Counts a call written to the audit trail.

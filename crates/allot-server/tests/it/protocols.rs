@@ -332,6 +332,16 @@ async fn connections_past_the_limit_wait_until_one_ends() {
             assert!(answered(&mut next).await.starts_with("HTTP/1.1 200"), "threads {count}");
             assert!(answered(&mut also).await.starts_with("HTTP/1.1 200"), "threads {count}");
         }
+        // The metrics tell the limit, how many are open, and that one waited.
+        let metrics = reqwest::get(format!("http://{}/metrics", served.addr)).await.unwrap().text().await.unwrap();
+        let value = |name: &str| -> f64 {
+            let line =
+                metrics.lines().find(|line| line.starts_with(&format!("{name} "))).unwrap_or_else(|| panic!("{name}"));
+            line[name.len() + 1..].trim().parse().unwrap()
+        };
+        assert_eq!(value("allot_connections_max"), 2.0, "threads {count}");
+        assert!(value("allot_connections_waited_total") >= 1.0, "threads {count}");
+        assert!((1.0..=2.0).contains(&value("allot_connections_open")), "threads {count}");
         served.shut_down().await;
     }
 }
