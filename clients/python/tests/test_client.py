@@ -5,7 +5,7 @@ from __future__ import annotations
 import threading
 import time
 from pathlib import Path
-from typing import Iterator, List
+from typing import Iterator, List, Tuple
 
 import pytest
 
@@ -447,3 +447,46 @@ def test_save_snapshot_writes_a_whole_archive_or_nothing(client: Client, tmp_pat
         with pytest.raises(allot.AllotError) as refused:
             check_snapshot(copy)
         assert refused.value.code == "snapshot_damaged", refused.value
+
+
+def test_a_watcher_that_falls_behind_resumes_where_the_daemon_says(data_root: Path) -> None:
+    """A daemon that lets a watcher lag by one event only (``[watch] buffer = 1``) ends the
+    stream with ``event: behind`` at the first commit of several events; the client watches again
+    from the revision it names, so every event comes once, in order."""
+    from .conftest import new_daemon
+
+    d = new_daemon(data_root, config="\n[watch]\nbuffer = 1\n")
+    try:
+        seen: List[Tuple[int, str, str]] = []
+        done = threading.Event()
+
+        def follow() -> None:
+            with Client(d.url, backoff=0.05) as watcher:
+                for event in watcher.watch(prefix="apps"):
+                    seen.append((event["revision"], event["kind"], event["key"]))
+                    if sum(1 for _, kind, _ in seen if kind == "task.changed") == 3:
+                        done.set()
+                        return
+
+        with Client(d.url) as client:
+            client.put_queue("root.behind")
+            thread = threading.Thread(target=follow, daemon=True)
+            thread.start()
+            # The watch has started once it sees an event (an application alone, one event).
+            alone = iter(range(1_000_000))
+
+            def started() -> bool:
+                client.submit_app({"id": f"alone-{next(alone)}", "queue": "root.behind"})
+                return bool(seen)
+
+            until("the watch sees an application", started)
+            # One commit, four events (the application and its three tasks): more than the buffer.
+            tasks = [{"id": f"t{i}", "resources": "cpu=1"} for i in range(1, 4)]
+            client.submit_app({"id": "behind-1", "queue": "root.behind", "tasks": tasks})
+            assert done.wait(15), seen
+        revisions = [revision for revision, _, _ in seen]
+        assert revisions == sorted(set(revisions)), f"every event once, in order: {seen}"
+        keys = [key for _, kind, key in seen if kind == "task.changed"]
+        assert keys == ["apps/behind-1/tasks/t1", "apps/behind-1/tasks/t2", "apps/behind-1/tasks/t3"], seen
+    finally:
+        d.stop()
