@@ -104,7 +104,14 @@ pub(super) struct Conn {
     /// What was read and not yet consumed.
     input: BytesMut,
     timeout: Duration,
+    /// When its last exchange ended: a connection idle for [`REOPEN_AFTER`] is opened again
+    /// before its next request, as an HTTP client's pool drops idle connections (the daemon
+    /// closes one idle for its `--idle-timeout`, 2 minutes by default).
+    used: std::time::Instant,
 }
+
+/// How long a connection may stay idle before it is opened again for its next request.
+const REOPEN_AFTER: Duration = Duration::from_secs(30);
 
 /// A connection, plain or over TLS.
 pub(super) type Stream = tokio_util::either::Either<TcpStream, Box<tokio_rustls::client::TlsStream<TcpStream>>>;
@@ -153,6 +160,7 @@ impl Conn {
             out: Vec::with_capacity(512),
             input: BytesMut::with_capacity(8192),
             timeout: DEFAULT_TIMEOUT,
+            used: std::time::Instant::now(),
         })
     }
 
@@ -170,10 +178,15 @@ impl Conn {
         body: Bytes,
     ) -> anyhow::Result<(StatusCode, Bytes)> {
         let timeout = self.timeout;
+        if self.stream.is_some() && self.used.elapsed() >= REOPEN_AFTER {
+            self.input.clear();
+            self.stream = Some(open_stream(&self.endpoint).await.with_context(|| format!("{method} {path}"))?);
+        }
         let answer = match tokio::time::timeout(timeout, self.exchange(&method, path, &body)).await {
             Ok(answer) => answer,
             Err(_) => Err(anyhow::anyhow!("no answer within {timeout:?}")),
         };
+        self.used = std::time::Instant::now();
         answer.map_err(|err| {
             self.stream = None;
             err.context(format!("{method} {path}"))
