@@ -9,9 +9,17 @@ use std::io;
 use std::sync::Arc;
 
 use axum::serve::Listener;
+use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::gauge::Gauge;
 
-use crate::metrics::ConnectionGauges;
+/// The connections' series: open now, the most allowed, and those that waited for a place
+/// (registered by `Metrics`, kept up here).
+#[derive(Debug, Clone, Default)]
+pub(crate) struct ConnectionGauges {
+    pub(crate) open: Gauge,
+    pub(crate) max: Gauge,
+    pub(crate) waited: Counter,
+}
 
 /// The most connections open at once by default: the open-files limit (`RLIMIT_NOFILE`, as
 /// [`raise_open_files_limit`] left it) less an eighth of it, at least 256, kept for everything

@@ -52,6 +52,7 @@ use allot_core::pools::PoolView;
 use allot_core::{NamespaceView, Resources};
 use allot_store::{for_each_page, CommitStats, Store, StoreError};
 
+use crate::connection_limit::ConnectionGauges;
 use crate::runs_here::RunCounters;
 use axum::extract::{MatchedPath, Request, State};
 use axum::http::header::CONTENT_TYPE;
@@ -218,14 +219,6 @@ struct Snapshot {
     exec: Option<RunCounters>,
     /// What the change feed keeps: events, and the oldest revision a watch can start after.
     feed: (usize, u64),
-}
-
-/// The connections' series (`connection_limit::Capped` keeps them).
-#[derive(Debug, Clone, Default)]
-pub(crate) struct ConnectionGauges {
-    pub(crate) open: Gauge,
-    pub(crate) max: Gauge,
-    pub(crate) waited: Counter,
 }
 
 type FloatGauge = Gauge<f64, std::sync::atomic::AtomicU64>;
