@@ -15,7 +15,7 @@ use prometheus_client::metrics::gauge::Gauge;
 /// The connections' series: open now, the most allowed, and those that waited for a place
 /// (registered by `Metrics`, kept up here).
 #[derive(Debug, Clone, Default)]
-pub(crate) struct ConnectionGauges {
+pub(crate) struct ConnectionMetrics {
     pub(crate) open: Gauge,
     pub(crate) max: Gauge,
     pub(crate) waited: Counter,
@@ -88,16 +88,16 @@ pub(crate) struct Capped<L> {
     inner: L,
     slots: Arc<tokio::sync::Semaphore>,
     max: usize,
-    gauges: ConnectionGauges,
+    metrics: ConnectionMetrics,
     /// Said in the log when the limit was last reached, until a connection is accepted at once.
     at_limit: bool,
 }
 
 impl<L> Capped<L> {
-    pub(crate) fn new(inner: L, max: usize, gauges: ConnectionGauges) -> Capped<L> {
+    pub(crate) fn new(inner: L, max: usize, metrics: ConnectionMetrics) -> Capped<L> {
         let max = max.clamp(1, tokio::sync::Semaphore::MAX_PERMITS);
-        gauges.max.set(i64::try_from(max).unwrap_or(i64::MAX));
-        Capped { inner, slots: Arc::new(tokio::sync::Semaphore::new(max)), max, gauges, at_limit: false }
+        metrics.max.set(i64::try_from(max).unwrap_or(i64::MAX));
+        Capped { inner, slots: Arc::new(tokio::sync::Semaphore::new(max)), max, metrics, at_limit: false }
     }
 }
 
@@ -115,7 +115,7 @@ where
                 slot
             }
             Err(_) => {
-                self.gauges.waited.inc();
+                self.metrics.waited.inc();
                 if !self.at_limit {
                     self.at_limit = true;
                     tracing::warn!(
@@ -127,8 +127,8 @@ where
             }
         };
         let (io, addr) = self.inner.accept().await;
-        self.gauges.open.inc();
-        (io, Admitted { addr, slot: Some(Slot { _permit: slot, open: self.gauges.open.clone() }) })
+        self.metrics.open.inc();
+        (io, Admitted { addr, slot: Some(Slot { _permit: slot, open: self.metrics.open.clone() }) })
     }
 
     fn local_addr(&self) -> io::Result<Admitted> {

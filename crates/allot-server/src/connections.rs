@@ -153,9 +153,7 @@ impl Activity {
             }
         }
     }
-}
 
-impl Activity {
     /// True while some handler is at work: in flight, and not waiting for the rest of its body.
     fn at_work(&self) -> bool {
         // Read in this order, a body that ends between the two reads shows as work: never a

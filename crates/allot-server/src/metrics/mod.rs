@@ -52,7 +52,7 @@ use allot_core::pools::PoolView;
 use allot_core::{NamespaceView, Resources};
 use allot_store::{for_each_page, CommitStats, Store, StoreError};
 
-use crate::connection_limit::ConnectionGauges;
+use crate::connection_limit::ConnectionMetrics;
 use crate::runs_here::RunCounters;
 use axum::extract::{MatchedPath, Request, State};
 use axum::http::header::CONTENT_TYPE;
@@ -189,7 +189,7 @@ pub struct Metrics {
     /// Watch streams open on this daemon.
     watchers: Gauge,
     /// Connections open, the most allowed, and those that waited for a place.
-    connections: ConnectionGauges,
+    connections: ConnectionMetrics,
     /// Audited calls, by outcome: `ok`, `refused`, `failed` (made at the start, so that a call
     /// counts without a look-up in the family).
     audited: [Counter; 3],
@@ -253,7 +253,7 @@ impl Metrics {
             requests.clone(),
         );
         let watchers = register_watchers(&mut registry);
-        let connections = ConnectionGauges::default();
+        let connections = ConnectionMetrics::default();
         registry.register("allot_connections_open", "Connections open on this daemon", connections.open.clone());
         registry.register(
             "allot_connections_max",
@@ -306,7 +306,7 @@ impl Metrics {
     }
 
     /// The connections' series, for the listener that counts them.
-    pub(crate) fn connections(&self) -> ConnectionGauges {
+    pub(crate) fn connections(&self) -> ConnectionMetrics {
         self.connections.clone()
     }
 

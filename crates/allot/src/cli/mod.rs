@@ -109,12 +109,7 @@ impl Common {
     /// restore`, `api-token make`): its own --json and --quiet with those given before it. An
     /// option naming a daemon given before it is a usage error: it would do nothing.
     pub(crate) fn offline(command: &str, before: &Common, json: bool, quiet: bool) -> Result<Common, String> {
-        let names_a_daemon = before.server.is_some()
-            || before.api_token.is_some()
-            || before.ca_cert.is_some()
-            || before.client_cert.is_some()
-            || before.client_key.is_some();
-        if names_a_daemon {
+        if before.names_a_daemon() {
             return Err(format!(
                 "`allot {command}` needs no daemon: --server, --token, --ca-cert, --client-cert and --client-key do nothing here"
             ));
@@ -126,13 +121,16 @@ impl Common {
 
     /// True when any option was given.
     pub(crate) fn is_given(&self) -> bool {
+        self.names_a_daemon() || self.json || self.quiet
+    }
+
+    /// True when an option naming the daemon or how to reach it was given.
+    fn names_a_daemon(&self) -> bool {
         self.server.is_some()
             || self.api_token.is_some()
             || self.ca_cert.is_some()
             || self.client_cert.is_some()
             || self.client_key.is_some()
-            || self.json
-            || self.quiet
     }
 
     /// The daemon's URL: --server, else ALLOT_SERVER (when not empty), else the default.

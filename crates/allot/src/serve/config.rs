@@ -687,7 +687,7 @@ pub(super) struct Config {
     pub(super) pool_rules: LeaseRules,
     pub(super) max_wait: std::time::Duration,
     pub(super) idle_timeout: std::time::Duration,
-    /// `None`: [`allot_server::default_max_connections`], once the open-files limit is raised.
+    /// `None`: the server's default ([`allot_server::default_max_connections`]).
     pub(super) max_connections: Option<usize>,
     pub(super) metrics: MetricsConfig,
     pub(super) queues: Vec<(QueuePath, QueueLimits)>,

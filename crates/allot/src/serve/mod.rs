@@ -262,14 +262,16 @@ pub(crate) async fn run(args: ServeArgs, sources: Vec<SourceMaker>) -> anyhow::R
     tracing::info!("the dashboard: {advertise}/ui");
     // The one line on stdout: scripts and tests read the address from it.
     println!("allot listening on {scheme}://{address}");
-    let max_connections = config.max_connections.unwrap_or_else(allot_server::default_max_connections);
-    tracing::debug!(max_connections, "connections allowed open at once");
+    // Without --max-connections, the state's default, from the open-files limit raised above.
     let mut state = allot_server::ServerState::new(store.clone())
         .with_max_wait(config.max_wait)
         .with_idle_timeout(config.idle_timeout)
-        .with_max_connections(max_connections)
         .with_metrics(config.metrics.clone())
         .with_placement(config.placement.clone());
+    if let Some(max) = config.max_connections {
+        state = state.with_max_connections(max);
+    }
+    tracing::debug!(max_connections = state.max_connections, "connections allowed open at once");
     let mut daemon_token = None;
     if let Some(auth) = config.auth.take() {
         state = state.with_access(auth.access);
