@@ -29,7 +29,7 @@
 //! the failover took (the bound `fresh_floor` in `namespace.lua` relies on): every check above
 //! holds through them.
 //!
-//! One file for one model: grants, sessions and allocs share the link's state (cut, at risk, a
+//! At length, as one thing: one model. Grants, sessions and allocs share the link's state (cut, at risk, a
 //! failover's losses) that every check reads, as `check.rs` keeps the embedded simulation's.
 //!
 //! Determinism: Redis's clock is the simulation's (`TestClock`: the functions read the time from
