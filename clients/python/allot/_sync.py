@@ -217,7 +217,8 @@ class Client:
             yield item
 
     def remove_namespace(self, namespace: str, *, force: bool = False) -> m.RemovedNamespace:
-        """Removes a namespace; with ``force``, also while it holds grants (they end)."""
+        """Removes a namespace; with ``force``, also while clients hold grants in it (they end). Never
+        while allot holds grants there for tasks (``HeldByScheduler``)."""
         path = f"/v1/namespaces/{seg(namespace)}"
         return cast(m.RemovedNamespace, self._call("DELETE", path, params={"force": str(force).lower()}))
 

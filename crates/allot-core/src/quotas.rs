@@ -273,6 +273,12 @@ pub enum LedgerError {
     TokenConflict { token: Token, waiting: bool, field: &'static str, held: String, asked: String },
     #[error("namespace `{namespace}` still has {grants} grants; release them or remove it with force")]
     NamespaceInUse { namespace: NamespaceName, grants: usize },
+    /// A namespace where tasks' placements or runs hold grants is not removed, with force or not.
+    #[error(
+        "namespace `{namespace}` has {grants} grants that allot holds for tasks' placements or runs (such as \
+         `{token}`); they end when their tasks end: end those tasks or their applications, then remove it"
+    )]
+    NamespaceHeldByScheduler { namespace: NamespaceName, grants: usize, token: Token },
     #[error("{what} must be between {min} and {max}, got {value}")]
     OutOfRange { what: &'static str, value: u64, min: u64, max: u64 },
     #[error("caps need a scope: give the holder's project and namespace scope")]
@@ -868,8 +874,16 @@ impl Ledger {
         let btree_map::Entry::Occupied(entry) = self.namespaces.entry(name.clone()) else {
             return Err(LedgerError::NamespaceNotFound(name.clone()));
         };
-        if !entry.get().grants.is_empty() && !force {
-            return Err(LedgerError::NamespaceInUse { namespace: name.clone(), grants: entry.get().grants.len() });
+        // allot's own grants end with their tasks and runs, never with a client's call: not even
+        // with force (the tasks would run on, uncounted, in a namespace made again).
+        let grants = &entry.get().grants;
+        let held: Vec<&Token> = grants.values().map(|g| &g.token).filter(|t| t.is_scheduler_held()).collect();
+        if let Some(token) = held.first() {
+            let (token, grants) = ((*token).clone(), held.len());
+            return Err(LedgerError::NamespaceHeldByScheduler { namespace: name.clone(), grants, token });
+        }
+        if !grants.is_empty() && !force {
+            return Err(LedgerError::NamespaceInUse { namespace: name.clone(), grants: grants.len() });
         }
         let state = entry.remove();
         let mut effects = Effects::default();

@@ -122,6 +122,7 @@ impl From<LedgerError> for ApiError {
             LedgerError::CapsWithoutScope => ErrorCode::CapsWithoutScope,
             LedgerError::SchedulerToken(_) => ErrorCode::InvalidArgument,
             LedgerError::HeldByScheduler { .. } => ErrorCode::HeldByScheduler,
+            LedgerError::NamespaceHeldByScheduler { .. } => ErrorCode::HeldByScheduler,
         };
         ApiError::of(code, err.to_string())
     }

@@ -179,6 +179,11 @@ pub(crate) fn error(
         "namespace_in_use" => {
             LedgerError::NamespaceInUse { namespace: namespace.clone(), grants: reply.uint()? as usize }
         }
+        "held_by_scheduler" => LedgerError::NamespaceHeldByScheduler {
+            namespace: namespace.clone(),
+            grants: reply.uint()? as usize,
+            token: Token::new(&reply.text()?).map_err(corrupt)?,
+        },
         "session_not_found" | "session" => {
             LedgerError::SessionNotFound(SessionId::parse(&reply.text()?).map_err(corrupt)?)
         }

@@ -241,6 +241,23 @@ fn stale_fencing_numbers_are_refused() {
 }
 
 #[test]
+fn a_namespace_where_allot_holds_a_grant_is_not_removed_even_with_force() {
+    let mut ledger = ledger_with("hive", 3);
+    ledger.allocate(req("hive", "client", 1), 0, false).unwrap();
+    ledger.allocate_held(req("hive", "@app:task", 1), 0, false).unwrap();
+    for force in [false, true] {
+        let refused = ledger.remove_namespace(&ns("hive"), force);
+        let Err(LedgerError::NamespaceHeldByScheduler { grants: 1, token, .. }) = &refused else {
+            panic!("force {force}: {refused:?}");
+        };
+        assert_eq!(token.as_str(), "@app:task");
+    }
+    assert_eq!(ledger.namespace(&ns("hive"), 0).unwrap().granted_units, 2, "nothing was ended");
+    ledger.release_held(&ns("hive"), &Token::new("@app:task").unwrap(), 0).unwrap();
+    assert_eq!(ledger.remove_namespace(&ns("hive"), true).unwrap().0, 1, "the client's grant ends with force");
+}
+
+#[test]
 fn fencing_keeps_increasing_when_a_namespace_is_recreated() {
     let mut ledger = ledger_with("hive", 1);
     ledger.allocate(req("hive", "a", 1), 0, false).unwrap();

@@ -66,7 +66,8 @@ pub(crate) async fn put_namespace(
 #[into_params(parameter_in = Query)]
 #[serde(deny_unknown_fields)]
 pub(crate) struct RemoveQuery {
-    /// Remove the namespace even if it has grants (they end with it).
+    /// Remove the namespace even if clients hold grants in it (they end with it). Grants allot
+    /// holds for tasks' placements or runs are never ended this way (`held_by_scheduler`).
     #[serde(default)]
     force: bool,
 }
@@ -74,7 +75,7 @@ pub(crate) struct RemoveQuery {
 #[utoipa::path(delete, path = "/v1/namespaces/{namespace}", tag = "namespaces",
     params(("namespace" = String, Path), RemoveQuery),
     responses((status = 503, body = api::ErrorBody, description = "store_unavailable or shutting_down"), (status = 400, body = api::ErrorBody, description = "invalid input"), (status = 200, body = api::RemovedNamespace), (status = 404, body = api::ErrorBody),
-        (status = 409, body = api::ErrorBody, description = "namespace_in_use")))]
+        (status = 409, body = api::ErrorBody, description = "namespace_in_use (clients hold grants; remove it with force), or held_by_scheduler (tasks hold grants, with force or not)")))]
 pub(crate) async fn remove_namespace(
     State(state): State<ServerState>,
     Segments(name): Segments<String>,

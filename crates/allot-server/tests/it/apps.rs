@@ -134,6 +134,9 @@ async fn a_tasks_grants_are_the_schedulers_and_no_client_releases_them() {
             StatusCode::BAD_REQUEST,
             "invalid_argument",
         ),
+        // Nor is the namespace removed under the task, with force or not.
+        (Method::DELETE, "/v1/namespaces/seats".to_owned(), "", StatusCode::CONFLICT, "held_by_scheduler"),
+        (Method::DELETE, "/v1/namespaces/seats?force=true".to_owned(), "", StatusCode::CONFLICT, "held_by_scheduler"),
     ] {
         let (status, answer) = h.call(method.clone(), &uri, body).await;
         assert_eq!((status, answer["error"]["code"].as_str()), (want, Some(code)), "{method} {uri}: {answer}");
@@ -146,6 +149,12 @@ async fn a_tasks_grants_are_the_schedulers_and_no_client_releases_them() {
     assert_eq!(status, StatusCode::NOT_FOUND);
     let (status, _) = h.call(Method::GET, "/v1/namespaces/seats/grants/a:t", "").await;
     assert_eq!(status, StatusCode::OK);
+    let (status, removed) = h.call(Method::DELETE, "/v1/namespaces/seats?force=true", "").await;
+    assert_eq!(
+        (status, removed["grants_ended"].clone()),
+        (StatusCode::OK, json!(1)),
+        "the client's grant ends: {removed}"
+    );
 }
 
 #[tokio::test]

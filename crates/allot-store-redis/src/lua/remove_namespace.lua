@@ -1,8 +1,20 @@
--- remove_namespace(force): removes a namespace, its grants (only with force) and its waiters
+-- remove_namespace(force): removes a namespace, its grants (only with force, and never while
+-- allot holds one for a task) and its waiters
 -- (they are answered namespace_not_found). The fencing counter stays, so a re-created namespace
 -- keeps counting up. Replies {'removed', grants} | {'err', ...}.
 if redis.call('EXISTS', K_NS) == 0 then return NOT_FOUND end
 local grants = redis.call('HLEN', K_GRANTS)
+-- allot's own grants (tokens that begin with `@`) end with their tasks and runs, never here.
+if grants > 0 then
+  local held, first = 0, nil
+  for _, token in ipairs(redis.call('HKEYS', K_GRANTS)) do
+    if string.sub(token, 1, 1) == '@' then
+      held = held + 1
+      first = first or token
+    end
+  end
+  if held > 0 then return { 'err', 'held_by_scheduler', held, first } end
+end
 if grants > 0 and ARGV[1] ~= '1' then return { 'err', 'namespace_in_use', grants } end
 local woken = {}
 for _, wid in ipairs(redis.call('ZRANGE', K_QUEUE, 0, -1)) do

@@ -305,13 +305,24 @@ async fn a_task_holds_its_alloc_and_tokens_together_or_nothing(store: &dyn Store
         assert!(matches!(taken, Err(StoreError::Quotas(LedgerError::SchedulerToken(_)))), "{taken:?}");
     }
     assert_eq!(store.namespace(namespace.clone()).await.unwrap().granted_units, 1, "nothing was released");
+    // Nor is the namespace removed under the task, with force or not: the task would run on,
+    // uncounted, in a namespace made again.
+    for force in [false, true] {
+        let removed = store.remove_namespace(namespace.clone(), force).await;
+        let Err(StoreError::Quotas(LedgerError::NamespaceHeldByScheduler { grants: 1, token, .. })) = &removed else {
+            panic!("removing the namespace (force {force}): {removed:?}");
+        };
+        assert_eq!(token, &held, "the refusal names the task's grant");
+    }
+    assert_eq!(store.namespace(namespace.clone()).await.unwrap().granted_units, 1, "the namespace is kept whole");
     store.finish_task(id.clone(), TaskId::new("t1").unwrap(), Some("boom".into())).await.unwrap();
     eventually("the token goes to the other task", || async {
         task_state(store, &id, "t2").await.task.state == TaskState::Allocated
     })
     .await;
     store.remove_app(id).await.unwrap();
-    assert_eq!(store.namespace(namespace).await.unwrap().granted_units, 0);
+    assert_eq!(store.namespace(namespace.clone()).await.unwrap().granted_units, 0);
+    store.remove_namespace(namespace, false).await.expect("with its tasks ended, the namespace goes");
 }
 
 async fn a_gang_reserves_all_its_placeholders_or_none(store: &dyn Store) {

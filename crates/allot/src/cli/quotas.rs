@@ -65,7 +65,8 @@ pub(crate) enum QuotaCommand {
     Rm {
         /// The namespace.
         namespace: String,
-        /// Remove it even if it has grants or waiters: they end with it.
+        /// Remove it even if clients hold grants or wait in it: they end with it. Grants allot
+        /// holds there for tasks never end this way: those tasks end first.
         #[arg(long)]
         force: bool,
         #[command(flatten)]
