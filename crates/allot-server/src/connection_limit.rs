@@ -99,6 +99,11 @@ impl<L> Capped<L> {
         metrics.max.set(i64::try_from(max).unwrap_or(i64::MAX));
         Capped { inner, slots: Arc::new(tokio::sync::Semaphore::new(max)), max, metrics, at_limit: false }
     }
+
+    /// The listener, given back.
+    pub(crate) fn into_inner(self) -> L {
+        self.inner
+    }
 }
 
 impl<L> Listener for Capped<L>

@@ -7,10 +7,15 @@
 //! Invariant: each answer closes its connection (an HTTP/2 one once the requests it brought are
 //! answered), so a client's next call opens a new one, which
 //! the daemon's server accepts once [`Starting::ready`] handed it the listener.
+//!
+//! Bounded as the daemon's server is: at most `max_connections` open at once (the others wait in
+//! the listen backlog), and a connection that has not had its answer within the idle timeout
+//! (one that says nothing, or says it a byte at a time) is closed, also after the daemon is
+//! ready.
 
 use std::io;
 use std::sync::Arc;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use allot_api as api;
 use axum::body::Body;
@@ -23,6 +28,7 @@ use tokio::net::TcpListener;
 use tokio::sync::oneshot;
 use tokio::task::JoinHandle;
 
+use crate::connection_limit::{Capped, ConnectionMetrics};
 use crate::connections::{http2_builder, protocol_of, Protocol};
 use crate::error::ErrorCode;
 use crate::tls::{Accepting, Tls};
@@ -33,24 +39,34 @@ pub struct Starting {
     accepting: JoinHandle<TcpListener>,
 }
 
-/// Answers on `listener` (over TLS if `tls` is given) while the daemon starts; `backend` names the
-/// store being opened (`embedded`, `redis`).
-pub fn starting(listener: TcpListener, tls: Option<Arc<Tls>>, backend: &'static str) -> Starting {
+/// Answers on `listener` (over TLS if `tls` is given) while the daemon starts, at most
+/// `max_connections` at once, each closed after `idle_timeout` if not answered by then;
+/// `backend` names the store being opened (`embedded`, `redis`).
+pub fn starting(
+    listener: TcpListener,
+    tls: Option<Arc<Tls>>,
+    backend: &'static str,
+    max_connections: usize,
+    idle_timeout: Duration,
+) -> Starting {
     let (stop, stopped) = oneshot::channel();
     let since = Instant::now();
     let accepting = tokio::spawn(async move {
-        let mut accepting = Accepting::new(listener, tls);
+        let capped = Capped::new(listener, max_connections, ConnectionMetrics::default());
+        let mut accepting = Accepting::new(capped, tls);
         let mut stopped = std::pin::pin!(stopped);
         loop {
             tokio::select! {
                 biased;
                 _ = &mut stopped => break,
-                (io, _peer) = accepting.accept() => {
+                (io, peer) = accepting.accept() => {
                     let service = hyper::service::service_fn(move |request: Request<Incoming>| async move {
                         Ok::<_, std::convert::Infallible>(answer(request.uri().path(), backend, since))
                     });
                     tokio::spawn(async move {
-                        let ended = match protocol_of(&io).await {
+                        // The slot is given back when the connection ends, or is cut off.
+                        let _slot = peer.slot;
+                        let served = async move { match protocol_of(&io).await {
                             Protocol::Http1 => {
                                 http1::Builder::new().keep_alive(false).serve_connection(TokioIo::new(io), service).await
                             }
@@ -62,15 +78,17 @@ pub fn starting(listener: TcpListener, tls: Option<Arc<Tls>>, backend: &'static 
                                 connection.as_mut().graceful_shutdown();
                                 connection.await
                             }
-                        };
-                        if let Err(err) = ended {
-                            tracing::trace!(error = %err, "a connection ended with an error while starting");
+                        } };
+                        match tokio::time::timeout(idle_timeout, served).await {
+                            Ok(Ok(())) => {}
+                            Ok(Err(err)) => tracing::trace!(error = %err, "a connection ended with an error while starting"),
+                            Err(_) => tracing::debug!(addr = %peer.addr, "a connection had no answer in time while starting: closed"),
                         }
                     });
                 }
             }
         }
-        accepting.into_inner()
+        accepting.into_inner().into_inner()
     });
     Starting { stop, accepting }
 }

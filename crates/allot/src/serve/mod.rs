@@ -162,7 +162,8 @@ pub(crate) async fn run(args: ServeArgs, sources: Vec<SourceMaker>) -> anyhow::R
         StoreChoice::Embedded => "embedded",
         StoreChoice::Redis(_) => "redis",
     };
-    let starting = allot_server::starting(listener, tls.clone(), backend);
+    let max_connections = config.max_connections.unwrap_or_else(allot_server::default_max_connections);
+    let starting = allot_server::starting(listener, tls.clone(), backend, max_connections, config.idle_timeout);
     tracing::info!(%address, backend, "listening; answering 503 `starting` until the store is open");
     let store: Arc<dyn Store> = match &config.store {
         StoreChoice::Embedded => {

@@ -108,33 +108,8 @@ async fn on_redis_a_daemon_is_ready_while_it_reaches_the_scheduler_and_clients_r
 /// alive; a client with retries waits, and gets its answer once the store opens.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_daemon_answers_starting_until_its_store_opens() {
-    let mut redis = RedisServer::start();
-    let store = redis.url();
-    redis.stop();
-    let (_dir, data) = data_dir();
-    let log_path = data.with_extension("log");
-    let log = std::fs::File::create(&log_path).unwrap();
-    let child = std::process::Command::new(crate::support::ALLOT)
-        .args(["serve", "--listen", "127.0.0.1:0", "--data-dir"])
-        .arg(&data)
-        .args(["--store", store.as_str(), "--quota", "hive:a=3"])
-        .stdout(std::process::Stdio::piped())
-        .stderr(log)
-        .spawn()
-        .unwrap();
-    let _daemon = Reaper(child);
-    let address = |log: &str| {
-        let line = log.lines().find(|l| l.contains("answering 503 `starting`"))?;
-        let at = line.split("address=").nth(1)?;
-        Some(at.split_whitespace().next()?.to_owned())
-    };
-    let listening = crate::support::eventually(crate::support::PATIENCE, async || {
-        address(&std::fs::read_to_string(&log_path).unwrap_or_default()).is_some()
-    })
-    .await;
-    let log = std::fs::read_to_string(&log_path).unwrap();
-    assert!(listening, "the daemon says it listens while starting: {log}");
-    let url = format!("http://{}", address(&log).unwrap());
+    let mut starting = Starting::start(&["--quota", "hive:a=3"]).await;
+    let (redis, url) = (&mut starting.redis, starting.url.clone());
 
     let http = reqwest::Client::new();
     let answer = http.get(format!("{url}/v1/namespaces")).send().await.unwrap();
@@ -167,6 +142,82 @@ async fn a_daemon_answers_starting_until_its_store_opens() {
     });
     assert!(ready.await, "{:?}", client.ready().await);
     assert_eq!(client.health().await.unwrap().status, "ok");
+}
+
+/// While it starts, the daemon takes no more connections than `--max-connections`, and closes
+/// one that sends nothing after the idle timeout: a flood of silent connections neither runs it
+/// out of file descriptors nor keeps out, for longer than that, the clients that wait.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_starting_daemon_takes_at_most_its_connections_and_closes_silent_ones() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let starting = Starting::start(&["--max-connections", "2", "--idle-timeout", "3s"]).await;
+    let address = starting.url.trim_start_matches("http://").to_owned();
+    let mut silent = Vec::new();
+    for _ in 0..2 {
+        silent.push(tokio::net::TcpStream::connect(&address).await.unwrap());
+    }
+    let mut third = tokio::net::TcpStream::connect(&address).await.unwrap();
+    third.write_all(b"GET /v1/namespaces HTTP/1.1\r\nhost: allot\r\n\r\n").await.unwrap();
+    let mut answer = Vec::new();
+    // The silent two hold both places for the idle timeout (3 s): no answer before then. A slow
+    // machine only delays an answer.
+    let early = tokio::time::timeout(Duration::from_millis(500), third.read_buf(&mut answer)).await;
+    assert!(early.is_err(), "the third connection was answered past the limit: {answer:?}");
+    // Then the silent ones are closed, and the third is answered.
+    for (i, conn) in silent.iter_mut().enumerate() {
+        let mut byte = [0u8; 1];
+        let read = tokio::time::timeout(crate::support::PATIENCE, conn.read(&mut byte)).await;
+        assert!(matches!(read, Ok(Ok(0)) | Ok(Err(_))), "silent connection {i} was not closed: {read:?}");
+    }
+    let answered = tokio::time::timeout(crate::support::PATIENCE, async {
+        while !String::from_utf8_lossy(&answer).contains("\"starting\"") {
+            assert!(third.read_buf(&mut answer).await.unwrap() > 0, "closed unanswered: {answer:?}");
+        }
+    });
+    assert!(answered.await.is_ok(), "the third connection was never answered: {}", String::from_utf8_lossy(&answer));
+    assert!(String::from_utf8_lossy(&answer).starts_with("HTTP/1.1 503"), "{}", String::from_utf8_lossy(&answer));
+}
+
+/// A daemon on a Redis that is down, so it stays starting; `redis.restart()` lets it open.
+struct Starting {
+    redis: RedisServer,
+    url: String,
+    _daemon: Reaper,
+    _dir: tempfile::TempDir,
+}
+
+impl Starting {
+    async fn start(args: &[&str]) -> Starting {
+        let mut redis = RedisServer::start();
+        let store = redis.url();
+        redis.stop();
+        let (dir, data) = data_dir();
+        let log_path = data.with_extension("log");
+        let log = std::fs::File::create(&log_path).unwrap();
+        let child = std::process::Command::new(crate::support::ALLOT)
+            .args(["serve", "--listen", "127.0.0.1:0", "--data-dir"])
+            .arg(&data)
+            .args(["--store", store.as_str()])
+            .args(args)
+            .stdout(std::process::Stdio::piped())
+            .stderr(log)
+            .spawn()
+            .unwrap();
+        let daemon = Reaper(child);
+        let address = |log: &str| {
+            let line = log.lines().find(|l| l.contains("answering 503 `starting`"))?;
+            let at = line.split("address=").nth(1)?;
+            Some(at.split_whitespace().next()?.to_owned())
+        };
+        let listening = crate::support::eventually(crate::support::PATIENCE, async || {
+            address(&std::fs::read_to_string(&log_path).unwrap_or_default()).is_some()
+        })
+        .await;
+        let log = std::fs::read_to_string(&log_path).unwrap();
+        assert!(listening, "the daemon says it listens while starting: {log}");
+        let url = format!("http://{}", address(&log).unwrap());
+        Starting { redis, url, _daemon: daemon, _dir: dir }
+    }
 }
 
 /// Kills a daemon process when the test ends, whatever happened.
