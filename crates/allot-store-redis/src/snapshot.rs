@@ -49,6 +49,7 @@ use allot_store::snapshot_rebase::{rebase, RebaseError};
 use allot_store::StoreError;
 use redis::Value;
 
+use crate::apps::lease::LeaseState;
 use crate::apps::records::APPS_PREFIX;
 use crate::cluster::ClusterLink;
 use crate::errors::redis_error;
@@ -66,6 +67,8 @@ const BATCH: usize = 500;
 const BATCH_BYTES: usize = 8 << 20;
 /// The expiry `lua/pool.lua` gives an alloc the scheduler holds (its `HELD`).
 const HELD_EXPIRY: u64 = 99_999_999_999_999;
+/// How long the restore's hold of the scheduler's lease runs unless renewed (every sixth of it).
+const RESTORE_LEASE_TTL: std::time::Duration = std::time::Duration::from_secs(6);
 /// Set while a restore writes (what it restores, and since when): a daemon does not start on a
 /// Redis that holds it, and only a restore with `--replace` goes on from it.
 const RESTORING_KEY: &str = "allot:{allot-registry}:restoring";
@@ -81,7 +84,7 @@ pub enum RestoreError {
     Read { path: PathBuf, source: std::io::Error },
     #[error("this Redis already holds allot's state ({what}): a restore fills an empty one (pass --replace to remove what it holds first)")]
     NotEmpty { what: String },
-    #[error("a daemon ({holder}) is using this Redis (it holds the scheduler's lease for {left_ms} ms more): stop every daemon that uses it, then restore")]
+    #[error("a daemon ({holder}) is using this Redis (it holds or asks for the scheduler's lease; it counts as gone {left_ms} ms after it last asked): stop every daemon that uses it, then restore")]
     InUse { holder: String, left_ms: u64 },
     #[error(
         "the restore stopped part way, and this Redis holds part of the archive (restore again with --replace): {0}"
@@ -310,7 +313,6 @@ impl RedisStore {
         replace: bool,
     ) -> Result<Restored, RestoreError> {
         self.live()?;
-        let inner = &self.inner;
         let open = || File::open(path).map_err(|source| RestoreError::Read { path: path.to_owned(), source });
         // Whole, and every record reads, before anything is written (a damaged archive is told
         // as such, not by the first record it broke).
@@ -325,9 +327,43 @@ impl RedisStore {
             return Err(err.into());
         }
         let header = reader.header().clone();
-        if let Some((holder, left_ms)) = scheduler_running(inner).await? {
-            return Err(RestoreError::InUse { holder, left_ms });
+        // Held while the restore writes, so that no daemon schedules over a half-written state;
+        // taken only if no daemon uses this Redis (every running one asks for it).
+        let holder =
+            format!("{}{}@{}", crate::apps::lease::RESTORE_HOLDER, std::process::id(), self.inner.ids.next_u64());
+        if let LeaseState::Held { holder, left, .. } =
+            self.take_sched_lease_for_restore(&holder, RESTORE_LEASE_TTL).await?
+        {
+            return Err(RestoreError::InUse { holder, left_ms: left.as_millis() as u64 });
         }
+        let renewing = async {
+            loop {
+                tokio::time::sleep(RESTORE_LEASE_TTL / 6).await;
+                if let Err(err) = self.acquire_sched_lease(&holder, RESTORE_LEASE_TTL).await {
+                    tracing::warn!(error = %err, "cannot renew the restore's hold of the scheduler's lease");
+                }
+            }
+        };
+        let restored = tokio::select! {
+            restored = self.restore_holding_the_lease(path, options, replace, header) => restored,
+            never = renewing => never,
+        };
+        if let Err(err) = self.release_sched_lease(&holder).await {
+            tracing::warn!(error = %err, "cannot let go of the scheduler's lease after the restore (it lapses by itself)");
+        }
+        restored
+    }
+
+    /// The restore's writes, once it holds the scheduler's lease.
+    async fn restore_holding_the_lease(
+        &self,
+        path: &Path,
+        options: &RestoreOptions,
+        replace: bool,
+        header: SnapshotHeader,
+    ) -> Result<Restored, RestoreError> {
+        let inner = &self.inner;
+        let open = || File::open(path).map_err(|source| RestoreError::Read { path: path.to_owned(), source });
         let held = held_state(inner).await?;
         if let (Some(what), false) = (&held, replace) {
             return Err(RestoreError::NotEmpty { what: what.clone() });
@@ -646,27 +682,6 @@ async fn query(inner: &Inner, command: &redis::Cmd) -> Result<Value, StoreError>
     inner.conn.query(command).await.map_err(|e| redis_error(e, false))
 }
 
-/// The daemon holding the scheduler's lease, and for how long more, if one does: every daemon
-/// on a Redis takes or renews that lease, so a running one means the Redis is in use.
-async fn scheduler_running(inner: &Inner) -> Result<Option<(String, u64)>, StoreError> {
-    let now = call(inner, FEED_SLOT, &["now"], false).await?.uint()?;
-    let lease =
-        query(inner, redis::cmd("HMGET").arg(crate::apps::lease::LEASE_KEY).arg("holder").arg("expires")).await?;
-    let fields = match lease {
-        Value::Array(fields) => fields,
-        other => return Err(corrupt(format!("the scheduler's lease read as {other:?}"))),
-    };
-    let text = |value: Option<&Value>| match value {
-        Some(Value::Nil) | None => Ok(None),
-        Some(value) => {
-            into_text(value.clone()).map(Some).map_err(|v| corrupt(format!("the scheduler's lease read as {v:?}")))
-        }
-    };
-    let (holder, expires) = (text(fields.first())?, text(fields.get(1))?);
-    let expires = expires.map(|e| number(&e)).transpose()?.unwrap_or(0);
-    Ok(holder.filter(|_| expires > now).map(|holder| (holder, expires - now)))
-}
-
 /// The first allot state found, named, if this Redis holds any.
 async fn held_state(inner: &Inner) -> Result<Option<String>, StoreError> {
     if let Value::Int(1) = query(inner, redis::cmd("EXISTS").arg(RESTORING_KEY)).await? {
@@ -698,7 +713,8 @@ async fn held_state(inner: &Inner) -> Result<Option<String>, StoreError> {
 /// `UNLINK` of many keys by slot), but the change feed's revision (which never goes back) and
 /// the mark of the restore under way.
 async fn remove_everything(inner: &Inner) -> Result<(), StoreError> {
-    let keep = [format!("{FEED_SLOT}:meta"), RESTORING_KEY.to_owned()];
+    let [lease, daemons] = crate::apps::lease::lease_keys();
+    let keep = [format!("{FEED_SLOT}:meta"), RESTORING_KEY.to_owned(), lease, daemons];
     let mut keys = scan(inner, "allot:{*").await?;
     keys.extend(scan(inner, "allot:pool:*").await?);
     keys.retain(|key| !keep.contains(key));

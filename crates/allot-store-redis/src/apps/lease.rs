@@ -12,6 +12,15 @@ use crate::store::RedisStore;
 /// The lease's key: in the applications' hash slot.
 pub const LEASE_KEY: &str = "allot:{allot-apps}:lease";
 
+/// How the holder of the lease a restore takes begins: a daemon that finds it held so has no
+/// scheduler to send applications' calls to.
+pub const RESTORE_HOLDER: &str = "restore ";
+
+/// The keys of the lease (and of the daemons that ask for it) that a restore keeps.
+pub(crate) fn lease_keys() -> [String; 2] {
+    [LEASE_KEY.to_owned(), format!("{LEASE_KEY}:daemons")]
+}
+
 /// What an acquire found.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum LeaseState {
@@ -26,6 +35,23 @@ impl RedisStore {
     pub async fn acquire_sched_lease(&self, holder: &str, ttl: Duration) -> Result<LeaseState, StoreError> {
         let ttl_ms = ttl.as_millis().max(1).to_string();
         let (kind, who, fencing, ms) = self.lease_call(&["acquire", holder, &ttl_ms], true).await?;
+        match kind.as_str() {
+            "mine" => Ok(LeaseState::Mine { fencing, ttl: ms }),
+            "held" => Ok(LeaseState::Held { holder: who, fencing, left: ms }),
+            other => Err(corrupt(format!("lease answer `{other}`"))),
+        }
+    }
+
+    /// Takes the scheduler's lease for a restore (`holder` begins with [`RESTORE_HOLDER`]), only
+    /// if no daemon holds it or asked for it within its TTL: every running daemon asks every
+    /// half second, so `Held` names a daemon that uses this Redis.
+    pub(crate) async fn take_sched_lease_for_restore(
+        &self,
+        holder: &str,
+        ttl: Duration,
+    ) -> Result<LeaseState, StoreError> {
+        let ttl_ms = ttl.as_millis().max(1).to_string();
+        let (kind, who, fencing, ms) = self.lease_call(&["restore", holder, &ttl_ms], true).await?;
         match kind.as_str() {
             "mine" => Ok(LeaseState::Mine { fencing, ttl: ms }),
             "held" => Ok(LeaseState::Held { holder: who, fencing, left: ms }),

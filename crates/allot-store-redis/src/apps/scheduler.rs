@@ -115,6 +115,11 @@ impl RedisStore {
             Ok(LeaseState::Mine { fencing, .. }) => {
                 Some((fencing, asked + (LEASE_TTL - LEASE_MARGIN).as_millis() as Millis))
             }
+            // A restore under way: no daemon schedules meanwhile.
+            Ok(LeaseState::Held { holder: other, .. }) if other.starts_with(super::lease::RESTORE_HOLDER) => {
+                inner.apps.set_home(AppsHome::Unknown);
+                None
+            }
             Ok(LeaseState::Held { holder: other, .. }) => {
                 let url = other.split_whitespace().next().unwrap_or_default().to_owned();
                 inner.apps.set_home(AppsHome::At(url));

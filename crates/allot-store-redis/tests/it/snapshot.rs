@@ -21,6 +21,7 @@ use allot_store::runs::CachedOutputs;
 use allot_store::snapshot::{SnapshotHeader, SnapshotReader, Table};
 use allot_store::snapshot_rebase::rebase;
 use allot_store::{read_all, Allocation, EmbeddedConfig, EmbeddedStore, Store, WatchError};
+use allot_store_redis::apps::lease::LeaseState;
 use allot_store_redis::snapshot::RestoreError;
 use allot_store_redis::testing::{RedisCluster, RedisServer, TestClock};
 
@@ -373,11 +374,26 @@ async fn a_restore_stopped_part_way_is_marked_and_one_into_a_redis_in_use_refuse
     let grants = read_all(|page| redis.grants(ns("hive"), page)).await.unwrap();
     assert_eq!(grants.len(), 20_000);
 
-    redis.acquire_sched_lease("daemon-a", Duration::from_secs(60)).await.unwrap();
+    let first_term = match redis.acquire_sched_lease("daemon-a", Duration::from_secs(60)).await.unwrap() {
+        LeaseState::Mine { fencing, .. } => fencing,
+        other => panic!("{other:?}"),
+    };
     let in_use = redis.restore(&file, &options, true).await;
     assert!(matches!(&in_use, Err(RestoreError::InUse { holder, .. }) if holder == "daemon-a"), "{in_use:?}");
+    // A daemon that does not schedule uses the Redis too: it asked for the lease, within its TTL.
+    let held = redis.acquire_sched_lease("daemon-b", Duration::from_secs(60)).await.unwrap();
+    assert!(matches!(&held, LeaseState::Held { holder, .. } if holder == "daemon-a"), "{held:?}");
     redis.release_sched_lease("daemon-a").await.unwrap();
+    let in_use = redis.restore(&file, &options, true).await;
+    assert!(matches!(&in_use, Err(RestoreError::InUse { holder, .. }) if holder == "daemon-b"), "{in_use:?}");
+    redis.release_sched_lease("daemon-b").await.unwrap();
     redis.restore(&file, &options, true).await.unwrap();
+    // The restore held the lease while it wrote and let it go; its terms count on, through the
+    // removal of everything else.
+    match redis.acquire_sched_lease("daemon-c", Duration::from_secs(60)).await.unwrap() {
+        LeaseState::Mine { fencing, .. } => assert!(fencing > first_term + 1, "{fencing} after {first_term}"),
+        other => panic!("the lease is free after a restore: {other:?}"),
+    }
     redis.shutdown().await;
 }
 
