@@ -33,13 +33,7 @@ pub enum LeaseState {
 impl RedisStore {
     /// Takes the scheduler's lease for `holder`, or renews it; answers who holds it.
     pub async fn acquire_sched_lease(&self, holder: &str, ttl: Duration) -> Result<LeaseState, StoreError> {
-        let ttl_ms = ttl.as_millis().max(1).to_string();
-        let (kind, who, fencing, ms) = self.lease_call(&["acquire", holder, &ttl_ms], true).await?;
-        match kind.as_str() {
-            "mine" => Ok(LeaseState::Mine { fencing, ttl: ms }),
-            "held" => Ok(LeaseState::Held { holder: who, fencing, left: ms }),
-            other => Err(corrupt(format!("lease answer `{other}`"))),
-        }
+        self.take_lease("acquire", holder, ttl).await
     }
 
     /// Takes the scheduler's lease for a restore (`holder` begins with [`RESTORE_HOLDER`]), only
@@ -50,8 +44,13 @@ impl RedisStore {
         holder: &str,
         ttl: Duration,
     ) -> Result<LeaseState, StoreError> {
+        self.take_lease("restore", holder, ttl).await
+    }
+
+    /// Calls the lease function's `op` (`acquire` or `restore`) and reads its answer.
+    async fn take_lease(&self, op: &str, holder: &str, ttl: Duration) -> Result<LeaseState, StoreError> {
         let ttl_ms = ttl.as_millis().max(1).to_string();
-        let (kind, who, fencing, ms) = self.lease_call(&["restore", holder, &ttl_ms], true).await?;
+        let (kind, who, fencing, ms) = self.lease_call(&[op, holder, &ttl_ms], true).await?;
         match kind.as_str() {
             "mine" => Ok(LeaseState::Mine { fencing, ttl: ms }),
             "held" => Ok(LeaseState::Held { holder: who, fencing, left: ms }),
