@@ -138,6 +138,13 @@ async fn a_task_removed_from_outside_is_aborted_finalized_and_its_tokens_release
     assert_eq!(store.namespace(seats.clone()).await.unwrap().granted_units, 1);
     let (holder, waiter) =
         if phase("first").await == Some(Phase::Running) { ("first", "second") } else { ("second", "first") };
+    // The plugin's quota is not removed under the run that holds a seat, with force or not.
+    let refused = store.remove_namespace(seats.clone(), true).await;
+    let Err(StoreError::Quotas(allot_core::LedgerError::NamespaceHeldByScheduler { token, .. })) = &refused else {
+        panic!("the plugin's quota was removed under its run: {refused:?}");
+    };
+    assert_eq!(token.as_str(), format!("@{app}:{holder}:1"), "the run's attempt holds it");
+    assert_eq!(store.namespace(seats.clone()).await.unwrap().granted_units, 1, "nothing was ended");
     store.remove_task(app.clone(), TaskId::new(holder).unwrap()).await.unwrap();
     // The holder's attempt is aborted and finalized and its seat released; the waiter is woken
     // by the release and takes it.
