@@ -160,6 +160,39 @@ async fn a_task_removed_from_outside_is_aborted_finalized_and_its_tokens_release
     s.stop.send_replace(true);
 }
 
+/// A run waiting for a seat in its plugin's quota when that quota is removed (with force: a
+/// client held the seat) is not left waiting for a namespace that is gone: its attempt fails,
+/// and says why.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_run_waiting_in_a_quota_that_is_removed_fails_and_says_why() {
+    let s = setup().await;
+    let store = &*s.store;
+    let seats = allot_core::NamespaceName::new("probe:seats").unwrap();
+    let request = allot_core::AllocateRequest {
+        namespace: seats.clone(),
+        token: allot_core::Token::new("a-client").unwrap(),
+        units: 1,
+        scope: None,
+        constraints: Default::default(),
+        lease: allot_core::LeaseRequest::None,
+    };
+    store.allocate(request, Duration::ZERO).await.unwrap();
+    let app = submit(store, "w", &[("waiter", serde_json::json!({ "type": "probe", "mode": "hold" }))]).await;
+    let waiter = TaskId::new("waiter").unwrap();
+    until("the run waits for the seat", async || {
+        store.run(app.clone(), waiter.clone()).await.unwrap().is_some_and(|r| r.phase == Phase::WaitingForResources)
+    })
+    .await;
+    assert_eq!(store.remove_namespace(seats.clone(), true).await.unwrap(), 1, "the client's grant ends");
+    until("the task fails", async || state(store, &app, "waiter").await.is_terminal()).await;
+    let task = store.task(app.clone(), waiter.clone()).await.unwrap();
+    assert_eq!(task.task.state, TaskState::Failed, "{task:?}");
+    let reason = task.task.reason.unwrap_or_default();
+    assert!(reason.contains("probe:seats"), "the reason names the quota: {reason}");
+    store.remove_app(app).await.unwrap();
+    s.stop.send_replace(true);
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_restarted_executor_resumes_a_run_where_it_was() {
     let (dir, store) = new_store().await;
