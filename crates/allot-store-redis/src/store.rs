@@ -67,6 +67,10 @@ pub(crate) struct Inner {
     /// The namespaces and pools listed, as the sweeper last read them (the feed's copier looks
     /// at their streams too).
     pub(crate) listed: Mutex<Listed>,
+    /// Set for good when this daemon finds a restore holding the scheduler's lease: a restore
+    /// writes into its Redis while it runs, so what it holds in memory is not what Redis will
+    /// hold. It refuses every call until it is restarted.
+    pub(crate) restore_seen: Mutex<Option<String>>,
 }
 
 /// The namespaces and pools of the registries.
@@ -98,6 +102,7 @@ impl Inner {
             feed: FeedState::new(config.watch),
             pool_sweeps: Mutex::default(),
             listed: Mutex::default(),
+            restore_seen: Mutex::new(None),
         }
     }
 
@@ -139,6 +144,12 @@ impl RedisStore {
     pub(crate) fn live(&self) -> Result<(), StoreError> {
         if *self.inner.shutdown.borrow() {
             return Err(StoreError::ShuttingDown);
+        }
+        if let Some(restore) = &*self.inner.restore_seen.lock().unwrap_or_else(|p| p.into_inner()) {
+            return Err(StoreError::Unavailable(format!(
+                "a restore ({restore}) is writing into this daemon's Redis while it runs: what this daemon read \
+                 before is not the restored state; restart it once the restore is done"
+            )));
         }
         Ok(())
     }

@@ -115,9 +115,16 @@ impl RedisStore {
             Ok(LeaseState::Mine { fencing, .. }) => {
                 Some((fencing, asked + (LEASE_TTL - LEASE_MARGIN).as_millis() as Millis))
             }
-            // A restore under way: no daemon schedules meanwhile.
+            // A restore under way (it started while this daemon's first ask was on its way): no
+            // daemon schedules meanwhile, and this one, whose reads came before it, refuses
+            // every call until it is restarted.
             Ok(LeaseState::Held { holder: other, .. }) if other.starts_with(super::lease::RESTORE_HOLDER) => {
                 inner.apps.set_home(AppsHome::Unknown);
+                let mut seen = inner.restore_seen.lock().unwrap_or_else(|p| p.into_inner());
+                if seen.is_none() {
+                    tracing::error!(restore = %other, "a restore is writing into this Redis while this daemon runs: it refuses every call; restart it once the restore is done");
+                    *seen = Some(other);
+                }
                 None
             }
             Ok(LeaseState::Held { holder: other, .. }) => {

@@ -428,3 +428,27 @@ async fn a_removed_namespaces_fencing_counter_is_state_a_restore_keeps() {
     assert_eq!(listed.iter().map(|n| n.name.as_str()).collect::<Vec<_>>(), ["hive"]);
     redis.shutdown().await;
 }
+
+/// A daemon that finds a restore holding the scheduler's lease (it started while the restore
+/// began, past the mark's check) refuses every call from then on, and says why: what it read
+/// before is not what the restore writes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_daemon_that_finds_a_restore_under_way_refuses_every_call() {
+    let server = RedisServer::start();
+    let restoring = crate::support::open(&server.url()).await;
+    let held = restoring.acquire_sched_lease("restore 1@test", Duration::from_secs(60)).await.unwrap();
+    assert!(matches!(held, LeaseState::Mine { .. }), "{held:?}");
+    let daemon = crate::support::open(&server.url()).await;
+    daemon.put_namespace(ns("hive"), 1).await.expect("served before its first ask for the lease");
+    daemon.start_scheduling("http://127.0.0.1:9");
+    until("the daemon refuses calls", async || daemon.put_namespace(ns("hive"), 2).await.is_err()).await;
+    let refused = daemon.allocate(grant("hive", "t", LeaseRequest::None, None), Duration::ZERO).await;
+    let Err(allot_store::StoreError::Unavailable(why)) = &refused else { panic!("{refused:?}") };
+    assert!(why.contains("restore 1@test") && why.contains("restart"), "{why}");
+    assert!(daemon.check_ready().await.is_err(), "not ready either");
+    // The restore ending does not make the daemon's state the restored one: it still refuses.
+    restoring.release_sched_lease("restore 1@test").await.unwrap();
+    assert!(daemon.put_namespace(ns("hive"), 3).await.is_err());
+    daemon.shutdown().await;
+    restoring.shutdown().await;
+}
