@@ -135,7 +135,7 @@ pub(crate) struct ServeArgs {
     /// On a Redis store, the base URL at which the other daemons reach this one while it
     /// schedules applications (they forward the applications part to it) [default:
     /// http://ADDRESS with the address it listens on; give it when listening on 0.0.0.0].
-    #[arg(long, value_name = "URL", env = "ALLOT_ADVERTISE")]
+    #[arg(long, value_name = "URL", env = "ALLOT_ADVERTISE", value_parser = advertised_url)]
     pub(super) advertise: Option<String>,
     /// Log format on stderr.
     #[arg(long, env = "ALLOT_LOG_FORMAT", value_enum, default_value = "text")]
@@ -198,4 +198,15 @@ pub(super) fn serving_threads(args: &ServeArgs) -> allot_server::ServingThreads 
 pub(super) enum LogFormat {
     Text,
     Json,
+}
+
+/// `--advertise`: an `http://` or `https://` URL with a host, as the other daemons call it.
+fn advertised_url(text: &str) -> Result<String, String> {
+    let example = "give one such as http://10.0.0.5:7070";
+    let uri: axum::http::Uri = text.parse().map_err(|err| format!("`{text}` is not a URL ({err}); {example}"))?;
+    let web = matches!(uri.scheme_str(), Some("http" | "https"));
+    if !web || uri.host().is_none_or(str::is_empty) {
+        return Err(format!("`{text}` is not an http:// or https:// URL with a host; {example}"));
+    }
+    Ok(text.to_owned())
 }

@@ -53,6 +53,24 @@ async fn a_bad_config_file_is_a_clear_error() {
     assert!(stderr.contains("empty segment"), "{stderr}");
 }
 
+/// `--advertise` names this daemon to the others (and in the scheduler's lease): anything but an
+/// http(s) URL with a host is refused before the daemon starts, with the usage exit code.
+#[test]
+fn an_advertised_address_that_is_not_a_url_is_refused() {
+    let (_dir, data) = data_dir();
+    for bad in ["restore me", "ftp://host:1", "http://", "10.0.0.5:7070"] {
+        let output = std::process::Command::new(crate::support::ALLOT)
+            .args(["serve", "--listen", "127.0.0.1:0", "--advertise", bad, "--data-dir"])
+            .arg(&data)
+            .output()
+            .unwrap();
+        let stderr = String::from_utf8_lossy(&output.stderr);
+        assert_eq!(output.status.code(), Some(2), "{bad}: {stderr}");
+        assert!(stderr.contains("--advertise") && stderr.contains("http://10.0.0.5:7070"), "{bad}: {stderr}");
+    }
+    assert!(!data.exists(), "nothing was made");
+}
+
 #[tokio::test]
 async fn a_release_wakes_the_waiter_and_sigterm_answers_waiters() {
     let (_dir, data) = data_dir();
