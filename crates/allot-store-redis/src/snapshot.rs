@@ -84,7 +84,7 @@ pub enum RestoreError {
     Read { path: PathBuf, source: std::io::Error },
     #[error("this Redis already holds allot's state ({what}): a restore fills an empty one (pass --replace to remove what it holds first)")]
     NotEmpty { what: String },
-    #[error("a daemon ({holder}) is using this Redis (it holds or asks for the scheduler's lease; it counts as gone {left_ms} ms after it last asked): stop every daemon that uses it, then restore")]
+    #[error("`{holder}` is using this Redis (a daemon that holds or asks for the scheduler's lease, or a restore that holds it; it counts as gone {left_ms} ms from now unless it asks again): stop every daemon that uses it, then restore")]
     InUse { holder: String, left_ms: u64 },
     #[error(
         "the restore stopped part way, and this Redis holds part of the archive (restore again with --replace): {0}"
