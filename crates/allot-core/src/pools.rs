@@ -603,6 +603,16 @@ impl PoolState {
         !self.stopped && self.cordon.is_none()
     }
 
+    /// What is free for new allocs: the room less what allocs with a running lease hold
+    /// (`lapsed`: what those whose lease lapsed hold).
+    fn free_of(&self, lapsed: Option<&Resources>) -> Resources {
+        let live = match lapsed {
+            Some(lapsed) => self.held_sum.saturating_sub(lapsed),
+            None => self.held_sum.clone(),
+        };
+        self.usable.saturating_sub(&live)
+    }
+
     /// Split of the held resources into (running leases, lapsed leases).
     fn held_by_state(&self, now: Millis) -> (Resources, Resources) {
         let (mut live, mut lapsed) = (Resources::new(), Resources::new());
@@ -615,7 +625,7 @@ impl PoolState {
 }
 
 /// Every pool, and the decisions over them.
-#[derive(Debug, Default)]
+#[derive(Debug)]
 pub struct Pools {
     rules: LeaseRules,
     pools: BTreeMap<PoolName, PoolState>,
@@ -623,11 +633,86 @@ pub struct Pools {
     leases: BTreeSet<(Millis, PoolName, AllocId)>,
     /// Ended allocs by end time, for retention.
     endings: BTreeSet<(Millis, PoolName, AllocId)>,
+    /// What changed since the scheduler last asked ([`Pools::take_changed`]).
+    changed: PoolsChanged,
+}
+
+/// The pools changed since the last [`Pools::take_changed`]: what a scheduling cycle reads again
+/// of the room it kept from the cycle before (`Pools::spots` of the named pools only).
+///
+/// Invariant: every operation that may change what `Pools::spots` gives for a pool (its allocs,
+/// their leases, its capacity or occupied room) names the pool; one that may change which pools
+/// it gives or their labels (a pool put, removed, cordoned, labelled or stopped) sets `all`.
+/// A lease lapsing as time passes changes nothing here: the reader asks
+/// [`Pools::lapsing_between`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PoolsChanged {
+    /// The `Pools` these are changes of (each has its own number): changes of another say
+    /// nothing of this one.
+    pub of: u64,
+    /// Read every pool again.
+    pub all: bool,
+    /// The pools to read again (a pool may be named more than once); empty when `all`.
+    pub names: Vec<PoolName>,
+}
+
+/// The most pools [`PoolsChanged`] names before it says `all` instead (when nobody asks).
+const MAX_NAMED_CHANGES: usize = 4096;
+
+impl PoolsChanged {
+    fn new() -> PoolsChanged {
+        static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
+        PoolsChanged { of: NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed), all: true, names: Vec::new() }
+    }
+
+    fn pool(&mut self, name: &PoolName) {
+        if self.all {
+            return;
+        }
+        if self.names.len() >= MAX_NAMED_CHANGES {
+            self.every();
+        } else {
+            self.names.push(name.clone());
+        }
+    }
+
+    fn every(&mut self) {
+        self.all = true;
+        self.names = Vec::new();
+    }
+}
+
+impl Default for Pools {
+    fn default() -> Pools {
+        Pools {
+            rules: LeaseRules::default(),
+            pools: BTreeMap::new(),
+            leases: BTreeSet::new(),
+            endings: BTreeSet::new(),
+            changed: PoolsChanged::new(),
+        }
+    }
 }
 
 impl Pools {
     pub fn new(rules: LeaseRules) -> Pools {
         Pools { rules, ..Pools::default() }
+    }
+
+    /// What changed since the last call (the first time: everything), and forgets it. For the
+    /// one scheduler that places on these pools: it keeps the room of its last cycle and reads
+    /// again only these.
+    pub fn take_changed(&mut self) -> PoolsChanged {
+        let of = self.changed.of;
+        std::mem::replace(&mut self.changed, PoolsChanged { of, all: false, names: Vec::new() })
+    }
+
+    /// The pools with a live alloc whose lease lapsed after `after` and by `now`.
+    pub fn lapsing_between(&self, after: Millis, now: Millis) -> impl Iterator<Item = &PoolName> + '_ {
+        let from = (after.saturating_add(1), PoolName(Arc::from("")), AllocId(0));
+        let to = (now.saturating_add(1), PoolName(Arc::from("")), AllocId(0));
+        let range = if from < to { Some(self.leases.range(from..to)) } else { None };
+        range.into_iter().flatten().map(|(_, name, _)| name)
     }
 
     pub fn rules(&self) -> LeaseRules {
@@ -642,6 +727,8 @@ impl Pools {
     /// Creates a pool or changes its capacity; a stopped pool starts again. Lowering the capacity
     /// ends no alloc; it only stops new ones. Returns true if it was created.
     pub fn put_pool(&mut self, name: &PoolName, capacity: Resources) -> (bool, Vec<PoolChange>) {
+        // It may start again, or be new.
+        self.changed.every();
         let created = !self.pools.contains_key(name);
         let pool = self.pools.entry(name.clone()).or_default();
         let occupied = pool.occupied.clone();
@@ -659,6 +746,7 @@ impl Pools {
         now: Millis,
     ) -> Result<(PoolView, Vec<PoolChange>), PoolError> {
         let pool = self.pools.get_mut(name).ok_or_else(|| PoolError::PoolNotFound(name.clone()))?;
+        self.changed.pool(name);
         let capacity = pool.capacity.clone();
         pool.set_room(capacity, occupied);
         let change = pool.change(name);
@@ -673,6 +761,7 @@ impl Pools {
         now: Millis,
     ) -> Result<(PoolView, Vec<PoolChange>), PoolError> {
         let pool = self.pools.get_mut(name).ok_or_else(|| PoolError::PoolNotFound(name.clone()))?;
+        self.changed.every();
         let since = pool.cordon.map_or(now, |c| c.since);
         let drain_at = pool.cordon.and_then(|c| c.drain_at);
         pool.cordon = match order {
@@ -695,6 +784,7 @@ impl Pools {
         now: Millis,
     ) -> Result<(PoolView, Vec<PoolChange>), PoolError> {
         let pool = self.pools.get_mut(name).ok_or_else(|| PoolError::PoolNotFound(name.clone()))?;
+        self.changed.every();
         pool.labels = labels;
         let change = pool.change(name);
         Ok((view_of(name, pool, now), vec![change]))
@@ -715,6 +805,7 @@ impl Pools {
             return Err(PoolError::PoolInUse { pool: name.clone(), allocs: entry.get().allocs.len() });
         }
         let pool = entry.remove();
+        self.changed.every();
         for alloc in pool.allocs.values() {
             self.leases.remove(&(alloc.expires, name.clone(), alloc.id));
         }
@@ -803,6 +894,7 @@ impl Pools {
         spared: &Resources,
     ) -> Result<(Alloc, Vec<PoolChange>), PoolError> {
         request.check()?;
+        self.changed.pool(name);
         let Pools { pools, leases, endings, .. } = self;
         let pool = pools.get_mut(name).ok_or_else(|| PoolError::PoolNotFound(name.clone()))?;
         if pool.stopped {
@@ -884,6 +976,7 @@ impl Pools {
             // The scheduler holds it until its task ends: a keepalive changes nothing.
             return Ok((granted, alloc.clone(), Vec::new()));
         }
+        self.changed.pool(name);
         self.leases.remove(&(alloc.expires, name.clone(), id));
         alloc.expires = now + granted;
         alloc.last_keepalive = Some(now);
@@ -966,6 +1059,23 @@ impl Pools {
     /// O(pools + lapsed allocs): what allocs hold is kept as a sum, and the lapsed ones are read
     /// from the lease index, so a cycle of the scheduler does not walk every alloc.
     pub fn spots(&self, now: Millis) -> impl Iterator<Item = (&PoolName, Resources, &Resources, &Labels)> + '_ {
+        let lapsed = self.lapsed_by_pool(now);
+        self.pools
+            .iter()
+            .filter(|(_, pool)| pool.takes_allocs())
+            .map(move |(name, pool)| (name, pool.free_of(lapsed.get(name)), &pool.capacity, &pool.labels))
+    }
+
+    /// What [`Pools::spots`] gives as free in pool `name`, `None` if it gives nothing of it;
+    /// `lapsed` is [`Pools::lapsed_by_pool`] at the same time.
+    pub fn spot_free(&self, name: &PoolName, lapsed: &HashMap<&PoolName, Resources>) -> Option<Resources> {
+        let pool = self.pools.get(name).filter(|pool| pool.takes_allocs())?;
+        Some(pool.free_of(lapsed.get(name)))
+    }
+
+    /// What the allocs whose lease has lapsed by `now` hold, by pool (those with none left out).
+    /// O(lapsed allocs), read from the lease index.
+    pub fn lapsed_by_pool(&self, now: Millis) -> HashMap<&PoolName, Resources> {
         let mut lapsed: HashMap<&PoolName, Resources> = HashMap::new();
         for (_, name, id) in self.leases.range(..(now.saturating_add(1), PoolName(Arc::from("")), AllocId(0))) {
             if let Some(alloc) = self.pools.get(name).and_then(|pool| pool.allocs.get(id)) {
@@ -973,13 +1083,7 @@ impl Pools {
                 *sum = sum.checked_add(&alloc.resources).unwrap_or_else(|| sum.clone());
             }
         }
-        self.pools.iter().filter(|(_, pool)| pool.takes_allocs()).map(move |(name, pool)| {
-            let live = match lapsed.get(name) {
-                Some(lapsed) => pool.held_sum.saturating_sub(lapsed),
-                None => pool.held_sum.clone(),
-            };
-            (name, pool.usable.saturating_sub(&live), &pool.capacity, &pool.labels)
-        })
+        lapsed
     }
 
     /// The pools the scheduler must take tasks from: each drained one whose drain is due (every
@@ -1068,6 +1172,7 @@ impl Pools {
         }
         pool.stopped = true;
         changes.push(pool.change(name));
+        self.changed.every();
         Ok((true, 0, changes))
     }
 
@@ -1189,6 +1294,7 @@ impl Pools {
         let Some((ended, dropped)) = self.pools.get_mut(name).and_then(|pool| pool.end(id, reason, now)) else {
             return false;
         };
+        self.changed.pool(name);
         index_end(&mut self.leases, &mut self.endings, name, ended, dropped, changes);
         true
     }

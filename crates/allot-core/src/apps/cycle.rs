@@ -70,7 +70,7 @@ pub struct CycleReport {
 }
 
 /// One pool as the cycle sees it.
-#[derive(Clone)]
+#[derive(Clone, PartialEq)]
 struct Spot {
     name: PoolName,
     free: Resources,
@@ -116,6 +116,44 @@ struct Room {
     /// Each spot by its pool's name, made when first asked (a cycle that places tasks with room
     /// held for them asks; most cycles never do).
     by_name: std::cell::OnceCell<HashMap<PoolName, usize>>,
+    /// The spots whose `free` changed since it was made or caught up (`set_free`): a kept room
+    /// reads them again, as it does the pools changed since.
+    touched: Vec<usize>,
+}
+
+/// The room and filters of the last cycle, kept for the next (`Scheduler::room_at`). Valid while
+/// the scheduler's own inputs to them stay as they were: its weights, tenancy, the pools down
+/// and what the executors run (each change drops it), and no queue holds guarantees free (with
+/// `total`, the room is made anew every cycle). Never cloned: a copy of the scheduler starts
+/// without one (the changes it would read next are this one's).
+#[derive(Default)]
+pub(crate) struct KeptRoom(Option<Kept>);
+
+struct Kept {
+    room: Room,
+    filters: Filters,
+    /// The cycle's time, and the `Pools` whose room it is ([`PoolsChanged::of`]).
+    at: Millis,
+    of: u64,
+}
+
+impl Clone for KeptRoom {
+    fn clone(&self) -> KeptRoom {
+        KeptRoom(None)
+    }
+}
+
+impl std::fmt::Debug for KeptRoom {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(if self.0.is_some() { "KeptRoom(kept)" } else { "KeptRoom(none)" })
+    }
+}
+
+impl KeptRoom {
+    /// Forgets the kept room: the next cycle makes its room anew.
+    pub(crate) fn drop_kept(&mut self) {
+        self.0 = None;
+    }
 }
 
 /// Sizes are non-negative, so their bit patterns sort like the numbers.
@@ -152,7 +190,60 @@ impl Room {
         let total =
             totals.then(|| spots.iter().fold(Resources::new(), |sum, spot| sum.checked_add(&spot.free).unwrap_or(sum)));
         let cordoned = pools.cordoned().map(|(name, labels)| (name.clone(), labels.clone())).collect();
-        Room { spots, index, weights: weights.clone(), typed, limited, total, cordoned, by_name: Default::default() }
+        Room {
+            spots,
+            index,
+            weights: weights.clone(),
+            typed,
+            limited,
+            total,
+            cordoned,
+            by_name: Default::default(),
+            touched: Vec::new(),
+        }
+    }
+
+    /// Brings the room of a cycle at `since` to `now`: reads again what is free in each pool
+    /// `changed` names, each whose lease lapsed in between and each spot the last cycle
+    /// touched. False when the set of pools in the room would change (it must be made anew).
+    fn catch_up(
+        &mut self,
+        pools: &Pools,
+        since: Millis,
+        now: Millis,
+        changed: &[PoolName],
+        down: &BTreeSet<PoolName>,
+    ) -> bool {
+        let lapsed = pools.lapsed_by_pool(now);
+        let mut again = std::mem::take(&mut self.touched);
+        for name in changed.iter().chain(pools.lapsing_between(since, now)) {
+            match self.spot_of(name) {
+                Some(i) => again.push(i),
+                // A pool that is not in the room, and now would be.
+                None if !down.contains(name) && pools.spot_free(name, &lapsed).is_some() => return false,
+                None => {}
+            }
+        }
+        again.sort_unstable();
+        again.dedup();
+        for i in again {
+            let Some(free) = pools.spot_free(&self.spots[i].name, &lapsed) else { return false };
+            if free != self.spots[i].free {
+                self.set_free(i, |_| free);
+            }
+        }
+        self.touched.clear();
+        true
+    }
+
+    /// The same room as `other` (a kept room caught up against one made anew; for debug builds).
+    fn same_as(&self, other: &Room) -> bool {
+        self.spots == other.spots
+            && self.index == other.index
+            && self.typed == other.typed
+            && self.limited == other.limited
+            && self.total == other.total
+            && self.cordoned == other.cordoned
     }
 
     /// The spot of pool `name`, if it is in the room.
@@ -292,6 +383,7 @@ impl Room {
             *total = rest.checked_add(&spot.free).unwrap_or(rest);
         }
         self.index.insert((size_key(&spot.free, &self.weights), i));
+        self.touched.push(i);
     }
 }
 
@@ -449,22 +541,16 @@ impl Scheduler {
             return (CycleReport { timed_out, ..CycleReport::default() }, out);
         }
         let held_room = self.held_room();
+        let (room, filters, pools_of) = self.room_at(now, world.pools);
         let mut cycle = Cycle {
             now,
-            room: Room::new(
-                world.pools,
-                now,
-                &self.config.weights,
-                &self.down,
-                &self.runners,
-                self.queues.any_lend_limit(),
-            ),
+            room,
             cursors: HashMap::new(),
             no_room: NoRoom::default(),
             ids,
             out,
             report: CycleReport { timed_out, ..CycleReport::default() },
-            filters: Filters::default(),
+            filters,
             never_fits_before,
             held: HashMap::new(),
             arriving: self.arriving(),
@@ -533,7 +619,28 @@ impl Scheduler {
             }
         }
         self.preempt(world, &mut cycle);
+        self.kept_room.0 = Some(Kept { room: cycle.room, filters: cycle.filters, at: now, of: pools_of });
         (cycle.report, cycle.out)
+    }
+
+    /// The room of every pool for a cycle at `now`, with what the cycle learns of the pools
+    /// each user and task type may take, and the number of `pools`: the last cycle's, caught up
+    /// with the pools changed since (so a cycle costs what changed, not every pool); made anew
+    /// the first time, after `Pools` says everything changed, or when the kept one is dropped.
+    fn room_at(&mut self, now: Millis, pools: &mut Pools) -> (Room, Filters, u64) {
+        let totals = self.queues.any_lend_limit();
+        let changed = pools.take_changed();
+        let kept = self.kept_room.0.take().filter(|kept| {
+            !totals && kept.room.total.is_none() && !changed.all && kept.of == changed.of && kept.at <= now
+        });
+        let caught_up = kept.and_then(|kept| {
+            let mut room = kept.room;
+            room.catch_up(pools, kept.at, now, &changed.names, &self.down).then_some((room, kept.filters))
+        });
+        let made = || Room::new(pools, now, &self.config.weights, &self.down, &self.runners, totals);
+        let (room, filters) = caught_up.unwrap_or_else(|| (made(), Filters::default()));
+        debug_assert!(room.same_as(&made()), "the kept room, caught up, is the room made anew");
+        (room, filters, changed.of)
     }
 
     /// The leaf queues with applications that have work, each in its sort order.

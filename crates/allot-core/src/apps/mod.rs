@@ -489,6 +489,9 @@ pub struct Scheduler {
     down: BTreeSet<PoolName>,
     /// Which pools live executors run, with which task types. Not recorded, as `down`.
     runners: Runners,
+    /// The last cycle's room, for the next: dropped whenever `config`, `down` or `runners`
+    /// change. Not recorded.
+    kept_room: cycle::KeptRoom,
     /// Each task's type, read from its spec once (at insert or restore), not at every placement.
     task_types: HashMap<AppId, HashMap<TaskId, Option<String>>>,
     /// Applications with a task that can never fit, since when (the last cycle that looked at
@@ -656,11 +659,13 @@ impl Scheduler {
 
     pub fn set_config(&mut self, config: SchedConfig) {
         self.config = config;
+        self.kept_room.drop_kept();
     }
 
     /// What applications may be given from now on (the next cycle places by it).
     pub fn set_tenancy(&mut self, tenancy: Tenancy) {
         self.config.tenancy = tenancy;
+        self.kept_room.drop_kept();
     }
 
     pub fn runners(&self) -> &Runners {
@@ -670,7 +675,10 @@ impl Scheduler {
     /// What the executors' leases say now. True if it changed (what waits may fit now).
     pub fn set_runners(&mut self, runners: Runners) -> bool {
         let changed = self.runners != runners;
-        self.runners = runners;
+        if changed {
+            self.runners = runners;
+            self.kept_room.drop_kept();
+        }
         changed
     }
 
@@ -1639,6 +1647,7 @@ impl Scheduler {
     pub fn pool_lost(&mut self, pool: &PoolName, reason: &str, now: Millis, world: &mut World<'_>) -> Outcome {
         let mut out = Outcome::default();
         self.down.insert(pool.clone());
+        self.kept_room.drop_kept();
         let placed: Vec<(AppId, TaskId, bool)> = self
             .tasks
             .values()
@@ -1661,6 +1670,7 @@ impl Scheduler {
 
     /// An executor runs `pool`'s tasks again: it takes placements again.
     pub fn pool_back(&mut self, pool: &PoolName) -> bool {
+        self.kept_room.drop_kept();
         self.down.remove(pool)
     }
 

@@ -1149,3 +1149,39 @@ fn a_task_that_can_no_longer_fit_fails_its_application_after_the_grace() {
     assert_eq!(b.app_state("back"), AppState::Running);
     b.check();
 }
+
+/// A cycle keeps the room of the cycle before and reads again only the pools changed since: a
+/// lease that lapses meanwhile changes no pool, yet its room is free from then on; a keepalive
+/// that revives it takes the room back.
+#[test]
+fn a_cycle_sees_the_room_of_leases_that_lapsed_or_came_back_since_the_last() {
+    use allot_core::pools::{AllocId, AllocRequest};
+    let mut b = Bench::new();
+    b.pool("p", "cpu=4", &[]);
+    b.pool("r", "cpu=8", &[]);
+    b.queue("root.q", QueueLimits::default());
+    b.submit(app_spec("a", "root.q")).unwrap();
+    let worker = |min: &str| AllocRequest {
+        min: res(min),
+        max: None,
+        owner: "worker".to_owned(),
+        labels: BTreeMap::new(),
+        metadata: None,
+    };
+    let (p, r) = (PoolName::new("p").unwrap(), PoolName::new("r").unwrap());
+    let (held, _) = b.pools.accept(&p, worker("cpu=4"), AllocId(1_000_001), b.now).unwrap();
+    b.pools.accept(&r, worker("cpu=8"), AllocId(1_000_002), b.now).unwrap();
+    b.add("a", task("t1", "cpu=2")).unwrap();
+    b.cycle();
+    assert_eq!(b.state("a", "t1"), TaskState::Pending, "every pool is held by a worker's alloc");
+    // Both leases lapse (not reclaimed yet); nothing is done to either pool.
+    b.now = held.expires + 1;
+    b.cycle();
+    assert_eq!(b.state("a", "t1"), TaskState::Allocated, "the lapsed lease's room is free");
+    assert_eq!(b.pool_of("a", "t1"), "p");
+    // The worker on `r` comes back: its alloc holds its room again.
+    b.pools.keepalive(&r, AllocId(1_000_002), 60_000, b.now).unwrap();
+    b.add("a", task("t2", "cpu=6")).unwrap();
+    b.cycle();
+    assert_eq!(b.state("a", "t2"), TaskState::Pending, "r is held again by its revived alloc");
+}
