@@ -29,7 +29,6 @@ use std::collections::hash_map::DefaultHasher;
 use std::collections::{BTreeMap, BTreeSet, BinaryHeap};
 use std::hash::{Hash, Hasher};
 use std::ops::Bound;
-use std::rc::Rc;
 use std::sync::Arc;
 
 use foldhash::{HashMap, HashMapExt};
@@ -421,12 +420,12 @@ struct Allowed {
     user: Option<String>,
     task_type: Option<String>,
     /// By the user's permissions; `None`: every pool.
-    permitted: Option<Rc<[bool]>>,
+    permitted: Option<Arc<[bool]>>,
     /// By the task's type; `None`: every pool.
-    running: Option<Rc<[bool]>>,
+    running: Option<Arc<[bool]>>,
     /// For a gang with no type, the side it is placed on: pools run by a live executor (`true`)
     /// or not; `None`: both.
-    side: Option<(bool, Rc<[bool]>)>,
+    side: Option<(bool, Arc<[bool]>)>,
 }
 
 impl Allowed {
@@ -450,10 +449,10 @@ impl Allowed {
 /// What a cycle learns once of the pools each user may use and each task type runs on.
 #[derive(Default)]
 struct Filters {
-    permitted: HashMap<Principal, Rc<[bool]>>,
-    running: HashMap<Option<String>, Rc<[bool]>>,
+    permitted: HashMap<Principal, Arc<[bool]>>,
+    running: HashMap<Option<String>, Arc<[bool]>>,
     /// By spot: whether a live executor runs it (or not, by side).
-    sides: HashMap<bool, Rc<[bool]>>,
+    sides: HashMap<bool, Arc<[bool]>>,
     classes: HashMap<ClassKey, u32>,
 }
 
@@ -1195,7 +1194,7 @@ impl Scheduler {
         let permitted = user.as_ref().map(|user| match filters.permitted.get(user) {
             Some(by_spot) => by_spot.clone(),
             None => {
-                let by_spot: Rc<[bool]> =
+                let by_spot: Arc<[bool]> =
                     spots.iter().map(|spot| tenancy.may_use(user, &Resource::Pool(spot.name.to_string()))).collect();
                 filters.permitted.insert(user.clone(), by_spot.clone());
                 by_spot
@@ -1211,7 +1210,7 @@ impl Scheduler {
         let running = cycle.room.typed.then(|| match filters.running.get(&key) {
             Some(by_spot) => by_spot.clone(),
             None => {
-                let by_spot: Rc<[bool]> =
+                let by_spot: Arc<[bool]> =
                     spots.iter().map(|spot| types.iter().all(|t| spot.runs(t.as_deref()))).collect();
                 filters.running.insert(key.clone(), by_spot.clone());
                 by_spot
