@@ -114,7 +114,7 @@ struct Room {
     cordoned: Vec<(PoolName, Labels)>,
     /// Each spot by its pool's name, made when first asked (a cycle that places tasks with room
     /// held for them asks; most cycles never do).
-    by_name: std::cell::OnceCell<HashMap<PoolName, usize>>,
+    by_name: std::sync::OnceLock<HashMap<PoolName, usize>>,
     /// The spots whose `free` changed since it was made or caught up (`set_free`): a kept room
     /// reads them again, as it does the pools changed since.
     touched: Vec<usize>,
