@@ -635,6 +635,12 @@ pub struct Pools {
     endings: BTreeSet<(Millis, PoolName, AllocId)>,
     /// What changed since the scheduler last asked ([`Pools::take_changed`]).
     changed: PoolsChanged,
+    /// Every pool's drain, by when it is due: a cycle finds the drains due and the next one
+    /// without a walk of every pool.
+    drains: BTreeSet<(Millis, PoolName)>,
+    /// Every pool whose allocs may hold more than it may hold now (its capacity lowered, or more
+    /// occupied), and maybe some that no longer do: only these are looked at for it.
+    over: BTreeSet<PoolName>,
 }
 
 /// The pools changed since the last [`Pools::take_changed`]: what a scheduling cycle reads again
@@ -690,6 +696,8 @@ impl Default for Pools {
             leases: BTreeSet::new(),
             endings: BTreeSet::new(),
             changed: PoolsChanged::new(),
+            drains: BTreeSet::new(),
+            over: BTreeSet::new(),
         }
     }
 }
@@ -734,7 +742,9 @@ impl Pools {
         let occupied = pool.occupied.clone();
         pool.set_room(capacity, occupied);
         pool.stopped = false;
-        (created, vec![pool.change(name)])
+        let change = pool.change(name);
+        self.note_room(name);
+        (created, vec![change])
     }
 
     /// Sets what things allot does not manage hold in a pool: it is never offered, and the
@@ -750,7 +760,9 @@ impl Pools {
         let capacity = pool.capacity.clone();
         pool.set_room(capacity, occupied);
         let change = pool.change(name);
-        Ok((view_of(name, pool, now), vec![change]))
+        let view = view_of(name, pool, now);
+        self.note_room(name);
+        Ok((view, vec![change]))
     }
 
     /// Cordons, drains or uncordons a pool.
@@ -764,6 +776,9 @@ impl Pools {
         self.changed.every();
         let since = pool.cordon.map_or(now, |c| c.since);
         let drain_at = pool.cordon.and_then(|c| c.drain_at);
+        if let Some(at) = drain_at {
+            self.drains.remove(&(at, name.clone()));
+        }
         pool.cordon = match order {
             CordonOrder::Cordon => Some(Cordon { since, drain_at }),
             CordonOrder::Drain { grace_ms } => {
@@ -772,6 +787,9 @@ impl Pools {
             }
             CordonOrder::Uncordon => None,
         };
+        if let Some(at) = pool.cordon.and_then(|c| c.drain_at) {
+            self.drains.insert((at, name.clone()));
+        }
         let change = pool.change(name);
         Ok((view_of(name, pool, now), vec![change]))
     }
@@ -806,6 +824,10 @@ impl Pools {
         }
         let pool = entry.remove();
         self.changed.every();
+        self.over.remove(name);
+        if let Some(at) = pool.cordon.and_then(|c| c.drain_at) {
+            self.drains.remove(&(at, name.clone()));
+        }
         for alloc in pool.allocs.values() {
             self.leases.remove(&(alloc.expires, name.clone(), alloc.id));
         }
@@ -1092,7 +1114,10 @@ impl Pools {
     /// are counted only in a pool found over.
     pub fn strained(&self, now: Millis) -> Vec<Strain> {
         let mut strained = Vec::new();
-        for (name, pool) in &self.pools {
+        // Only the pools whose drain is due or that may hold too much, in the order of names.
+        let due = self.drains.iter().take_while(|(at, _)| *at <= now).map(|(_, name)| name);
+        let looked_at: BTreeSet<&PoolName> = due.chain(&self.over).collect();
+        for (name, pool) in looked_at.into_iter().filter_map(|name| Some((name, self.pools.get(name)?))) {
             let drained = pool.cordon.and_then(|c| c.drain_at).is_some_and(|at| at <= now);
             // Most pools hold what they may: a comparison, no walk of the allocs.
             let over = match pool.usable.fits(&pool.held_sum) {
@@ -1116,7 +1141,20 @@ impl Pools {
 
     /// The earliest drain not due yet.
     pub fn next_drain(&self, now: Millis) -> Option<Millis> {
-        self.pools.values().filter_map(|pool| pool.cordon.and_then(|c| c.drain_at)).filter(|at| *at > now).min()
+        let after = now.checked_add(1)?;
+        self.drains.range((after, PoolName(Arc::from("")))..).next().map(|(at, _)| *at)
+    }
+
+    /// Keeps `over` in step with what pool `name`'s allocs hold and what it may hold.
+    fn note_room(&mut self, name: &PoolName) {
+        match self.pools.get(name) {
+            Some(pool) if !pool.usable.fits(&pool.held_sum) => {
+                self.over.insert(name.clone());
+            }
+            _ => {
+                self.over.remove(name);
+            }
+        }
     }
 
     /// Whether some pool that is not stopped has the labels of `selector`. A cordoned pool
@@ -1173,6 +1211,7 @@ impl Pools {
         pool.stopped = true;
         changes.push(pool.change(name));
         self.changed.every();
+        self.note_room(name);
         Ok((true, 0, changes))
     }
 
@@ -1264,8 +1303,14 @@ impl Pools {
             restored.leases.insert((alloc.expires, alloc.pool.clone(), alloc.id));
             pool.insert_alloc(alloc);
         }
-        for pool in restored.pools.values_mut() {
+        for (name, pool) in restored.pools.iter_mut() {
             pool.capacity_lowered = !pool.usable.fits(&pool.held_sum);
+            if pool.capacity_lowered {
+                restored.over.insert(name.clone());
+            }
+            if let Some(at) = pool.cordon.and_then(|c| c.drain_at) {
+                restored.drains.insert((at, name.clone()));
+            }
         }
         // Oldest first: the most ended allocs a pool keeps drops the oldest.
         let mut ended = ended;
@@ -1296,6 +1341,9 @@ impl Pools {
         };
         self.changed.pool(name);
         index_end(&mut self.leases, &mut self.endings, name, ended, dropped, changes);
+        if self.over.contains(name) {
+            self.note_room(name);
+        }
         true
     }
 
@@ -1315,6 +1363,14 @@ impl Pools {
             if pool.usable != pool.capacity.saturating_sub(&pool.occupied) {
                 return Err(format!("{name}: usable {} is not capacity less occupied", pool.usable));
             }
+            if !pool.usable.fits(&pool.held_sum) && !self.over.contains(name) {
+                return Err(format!("{name}: holds more than it may, and is not in the index of such pools"));
+            }
+            if let Some(at) = pool.cordon.and_then(|c| c.drain_at) {
+                if !self.drains.contains(&(at, name.clone())) {
+                    return Err(format!("{name}: its drain at {at} is not in the index of drains"));
+                }
+            }
             for (id, alloc) in &pool.allocs {
                 if !self.leases.contains(&(alloc.expires, name.clone(), *id)) {
                     return Err(format!("{name}/{id}: no lease entry"));
@@ -1327,6 +1383,10 @@ impl Pools {
         }
         if leases != self.leases.len() {
             return Err(format!("{} lease entries for {leases} allocs", self.leases.len()));
+        }
+        let drains = self.pools.values().filter(|pool| pool.cordon.and_then(|c| c.drain_at).is_some()).count();
+        if drains != self.drains.len() {
+            return Err(format!("{} drains indexed for {drains} pools draining", self.drains.len()));
         }
         Ok(())
     }
