@@ -603,6 +603,11 @@ impl PoolState {
         !self.stopped && self.cordon.is_none()
     }
 
+    /// When its drain is due, if it is drained.
+    fn drain_at(&self) -> Option<Millis> {
+        self.cordon.and_then(|c| c.drain_at)
+    }
+
     /// What is free for new allocs: the room less what allocs with a running lease hold
     /// (`lapsed`: what those whose lease lapsed hold).
     fn free_of(&self, lapsed: Option<&Resources>) -> Resources {
@@ -775,7 +780,7 @@ impl Pools {
         let pool = self.pools.get_mut(name).ok_or_else(|| PoolError::PoolNotFound(name.clone()))?;
         self.changed.every();
         let since = pool.cordon.map_or(now, |c| c.since);
-        let drain_at = pool.cordon.and_then(|c| c.drain_at);
+        let drain_at = pool.drain_at();
         if let Some(at) = drain_at {
             self.drains.remove(&(at, name.clone()));
         }
@@ -787,7 +792,7 @@ impl Pools {
             }
             CordonOrder::Uncordon => None,
         };
-        if let Some(at) = pool.cordon.and_then(|c| c.drain_at) {
+        if let Some(at) = pool.drain_at() {
             self.drains.insert((at, name.clone()));
         }
         let change = pool.change(name);
@@ -825,7 +830,7 @@ impl Pools {
         let pool = entry.remove();
         self.changed.every();
         self.over.remove(name);
-        if let Some(at) = pool.cordon.and_then(|c| c.drain_at) {
+        if let Some(at) = pool.drain_at() {
             self.drains.remove(&(at, name.clone()));
         }
         for alloc in pool.allocs.values() {
@@ -1118,7 +1123,7 @@ impl Pools {
         let due = self.drains.iter().take_while(|(at, _)| *at <= now).map(|(_, name)| name);
         let looked_at: BTreeSet<&PoolName> = due.chain(&self.over).collect();
         for (name, pool) in looked_at.into_iter().filter_map(|name| Some((name, self.pools.get(name)?))) {
-            let drained = pool.cordon.and_then(|c| c.drain_at).is_some_and(|at| at <= now);
+            let drained = pool.drain_at().is_some_and(|at| at <= now);
             // Most pools hold what they may: a comparison, no walk of the allocs.
             let over = match pool.usable.fits(&pool.held_sum) {
                 true => Resources::new(),
@@ -1308,7 +1313,7 @@ impl Pools {
             if pool.capacity_lowered {
                 restored.over.insert(name.clone());
             }
-            if let Some(at) = pool.cordon.and_then(|c| c.drain_at) {
+            if let Some(at) = pool.drain_at() {
                 restored.drains.insert((at, name.clone()));
             }
         }
@@ -1366,7 +1371,7 @@ impl Pools {
             if !pool.usable.fits(&pool.held_sum) && !self.over.contains(name) {
                 return Err(format!("{name}: holds more than it may, and is not in the index of such pools"));
             }
-            if let Some(at) = pool.cordon.and_then(|c| c.drain_at) {
+            if let Some(at) = pool.drain_at() {
                 if !self.drains.contains(&(at, name.clone())) {
                     return Err(format!("{name}: its drain at {at} is not in the index of drains"));
                 }
@@ -1384,7 +1389,7 @@ impl Pools {
         if leases != self.leases.len() {
             return Err(format!("{} lease entries for {leases} allocs", self.leases.len()));
         }
-        let drains = self.pools.values().filter(|pool| pool.cordon.and_then(|c| c.drain_at).is_some()).count();
+        let drains = self.pools.values().filter(|pool| pool.drain_at().is_some()).count();
         if drains != self.drains.len() {
             return Err(format!("{} drains indexed for {drains} pools draining", self.drains.len()));
         }

@@ -1670,8 +1670,11 @@ impl Scheduler {
 
     /// An executor runs `pool`'s tasks again: it takes placements again.
     pub fn pool_back(&mut self, pool: &PoolName) -> bool {
-        self.kept_room.drop_kept();
-        self.down.remove(pool)
+        let back = self.down.remove(pool);
+        if back {
+            self.kept_room.drop_kept();
+        }
+        back
     }
 
     /// A placed task goes back to waiting (its placement lost, or taken back), holding nothing,
