@@ -28,6 +28,7 @@
 //! other's, whose executor learns of its tasks from the change feed, in alternating order, each
 //! removed before the next starts; the ratio of the second rate to the first is the target (0.8).
 
+use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -38,7 +39,7 @@ use hyper::{Method, StatusCode};
 use serde::Serialize;
 
 use crate::children::{self, Scratch};
-use crate::cpu::{process_cpu_seconds, CpuShare, CpuTimes};
+use crate::cpu::{process_cpu_seconds, thread_cpu_seconds, CpuShare, CpuTimes};
 use crate::http::{Conn, Endpoint};
 use crate::latency::Latency;
 use crate::report::{self, median, Check};
@@ -77,6 +78,8 @@ struct Output {
     median_tasks_per_s: Option<f64>,
     /// The median of the rounds' CPU time of the daemon per task, in µs.
     daemon_cpu_us_per_task: Option<f64>,
+    /// The median over the rounds of each thread's CPU time per task, in µs.
+    daemon_cpu_us_per_task_by_thread: BTreeMap<String, f64>,
     /// The CPUs this process may use.
     cores: usize,
     /// The rate that CPU per task allows `cores` at most.
@@ -102,7 +105,17 @@ struct Round {
     /// The daemon's CPU time (every thread; with `--across`, both daemons') from the submission
     /// to the last reading, per task.
     daemon_cpu_us_per_task: Option<f64>,
+    /// The same by thread, named as the daemon names them (less an index; see [`THREADS`]).
+    daemon_cpu_us_per_task_by_thread: BTreeMap<String, f64>,
 }
+
+/// What each of the daemon's threads does, as the text output explains them.
+const THREADS: &[(&str, &str)] = &[
+    ("allot-serve", "the serving threads: the HTTP requests (the submission, the adds, the readings)"),
+    ("tokio-rt-worker", "the runtime: the scheduler's cycles and commits, the executor's runs and reports"),
+    ("allot-checkpoin", "the checkpointer: the log folded into the database"),
+    ("allot-syncer", "the syncer: the log made durable, the events published to the feed"),
+];
 
 pub(super) async fn run(args: AppsBenchArgs) -> anyhow::Result<()> {
     if args.tasks == 0 || args.pools == 0 || args.in_flight == 0 {
@@ -158,6 +171,7 @@ pub(super) async fn run(args: AppsBenchArgs) -> anyhow::Result<()> {
     let daemon_cpu_us_per_task = median(rounds.iter().filter_map(|r| r.daemon_cpu_us_per_task).collect());
     let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
     let bound_tasks_per_s = daemon_cpu_us_per_task.filter(|us| *us > 0.0).map(|us| cores as f64 * 1e6 / us);
+    let daemon_cpu_us_per_task_by_thread = by_thread_medians(&rounds);
     if args.output.json {
         let output = Output {
             tasks: args.tasks,
@@ -166,6 +180,7 @@ pub(super) async fn run(args: AppsBenchArgs) -> anyhow::Result<()> {
             rounds,
             median_tasks_per_s,
             daemon_cpu_us_per_task,
+            daemon_cpu_us_per_task_by_thread,
             cores,
             bound_tasks_per_s,
             checks: checks.clone(),
@@ -212,6 +227,13 @@ pub(super) async fn run(args: AppsBenchArgs) -> anyhow::Result<()> {
         }
         if let (Some(us), Some(bound)) = (daemon_cpu_us_per_task, bound_tasks_per_s) {
             println!("the daemon's CPU per task {us:.1} µs (median): at most {bound:.0} tasks/s on this machine's {cores} cores");
+        }
+        if !daemon_cpu_us_per_task_by_thread.is_empty() {
+            println!("of it, by thread (medians, µs per task):");
+            for (name, us) in &daemon_cpu_us_per_task_by_thread {
+                let what = THREADS.iter().find(|(n, _)| n == name).map_or("", |(_, what)| what);
+                println!("  {name:<16} {us:>6.1}  {what}");
+            }
         }
         println!("targets:");
         print!("{}", report::checks(&checks));
@@ -352,6 +374,31 @@ fn daemons_cpu_seconds(daemons: &[u32]) -> Option<f64> {
     daemons.iter().map(|pid| process_cpu_seconds(*pid)).sum()
 }
 
+/// The CPU time of the `daemons`' threads together, in seconds, by thread name (empty if
+/// `/proc` cannot be read).
+fn daemons_thread_cpu_seconds(daemons: &[u32]) -> BTreeMap<String, f64> {
+    let mut total = BTreeMap::new();
+    for threads in daemons.iter().filter_map(|pid| thread_cpu_seconds(*pid)) {
+        for (name, seconds) in threads {
+            *total.entry(name).or_insert(0.0) += seconds;
+        }
+    }
+    total
+}
+
+/// The median over `rounds` of each thread's CPU time per task, in µs.
+fn by_thread_medians(rounds: &[Round]) -> BTreeMap<String, f64> {
+    let names: std::collections::BTreeSet<&String> =
+        rounds.iter().flat_map(|r| r.daemon_cpu_us_per_task_by_thread.keys()).collect();
+    names
+        .into_iter()
+        .filter_map(|name| {
+            let values = rounds.iter().map(|r| r.daemon_cpu_us_per_task_by_thread.get(name).copied().unwrap_or(0.0));
+            median(values.collect()).map(|us| (name.clone(), us))
+        })
+        .collect()
+}
+
 /// Removes application `app` and waits until it is gone.
 async fn remove_app(endpoint: &Endpoint, app: &str) -> anyhow::Result<()> {
     let mut conn = Conn::connect(endpoint).await?;
@@ -441,6 +488,7 @@ async fn measure(
 
     let cpu_before = CpuTimes::now();
     let daemon_before = daemons_cpu_seconds(daemons);
+    let threads_before = daemons_thread_cpu_seconds(daemons);
     let started = Instant::now();
     call(&mut setup, Method::POST, "/v1/apps", submit).await.context("cannot submit the application")?;
     let submit_ms = started.elapsed().as_secs_f64() * 1000.0;
@@ -483,6 +531,14 @@ async fn measure(
     let daemon_cpu_us_per_task = daemons_cpu_seconds(daemons)
         .zip(daemon_before)
         .map(|(after, before)| (after - before) * 1e6 / args.tasks as f64);
+    let daemon_cpu_us_per_task_by_thread = daemons_thread_cpu_seconds(daemons)
+        .into_iter()
+        .map(|(name, after)| {
+            let before = threads_before.get(&name).copied().unwrap_or(0.0);
+            (name, (after - before).max(0.0) * 1e6 / args.tasks as f64)
+        })
+        .filter(|(_, us)| *us > 0.0)
+        .collect();
     let mut latencies = Vec::with_capacity(args.tasks);
     let mut last_added = started;
     for adder in adders {
@@ -502,5 +558,6 @@ async fn measure(
         polls,
         cpu,
         daemon_cpu_us_per_task,
+        daemon_cpu_us_per_task_by_thread,
     })
 }

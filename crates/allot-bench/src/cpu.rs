@@ -68,6 +68,36 @@ pub(super) fn process_cpu_seconds(pid: u32) -> Option<f64> {
     Some((utime + stime) as f64 / 100.0)
 }
 
+/// The CPU time of process `pid`'s threads, in seconds, summed by what each thread does (its
+/// name less a trailing index: `allot-serve-0` and `allot-serve-1` are `allot-serve`), from
+/// `/proc/<pid>/task/<tid>/stat`. A thread that ends between two readings takes its time with
+/// it: the process's own total ([`process_cpu_seconds`]) keeps it. `None` where `/proc` cannot
+/// be read.
+pub(super) fn thread_cpu_seconds(pid: u32) -> Option<std::collections::BTreeMap<String, f64>> {
+    let mut by_name = std::collections::BTreeMap::new();
+    for thread in std::fs::read_dir(format!("/proc/{pid}/task")).ok()?.flatten() {
+        // A thread that ended since the listing is skipped.
+        let Ok(stat) = std::fs::read_to_string(thread.path().join("stat")) else { continue };
+        let Some((name, seconds)) = parse_thread_stat(&stat) else { continue };
+        *by_name.entry(name).or_insert(0.0) += seconds;
+    }
+    Some(by_name)
+}
+
+/// A thread's name (less a trailing `-<index>`) and CPU time in seconds, from its `stat` line.
+fn parse_thread_stat(stat: &str) -> Option<(String, f64)> {
+    let name = &stat[stat.find('(')? + 1..stat.rfind(')')?];
+    let name = match name.rsplit_once('-') {
+        Some((head, index)) if !index.is_empty() && index.bytes().all(|b| b.is_ascii_digit()) => head,
+        _ => name,
+    };
+    let rest = &stat[stat.rfind(')')? + 2..];
+    let fields: Vec<&str> = rest.split_whitespace().collect();
+    let utime: u64 = fields.get(11)?.parse().ok()?;
+    let stime: u64 = fields.get(12)?.parse().ok()?;
+    Some((name.to_owned(), (utime + stime) as f64 / 100.0))
+}
+
 /// How long the servers took to fall quiet before a target was measured.
 pub(super) struct Settled {
     pub(super) waited: Duration,
@@ -139,9 +169,25 @@ mod tests {
     }
 
     #[test]
+    fn a_thread_is_counted_under_its_name_less_its_index() {
+        let stat = "4242 (allot-serve-1) S 1 2 3 4 5 6 7 8 9 10 150 25 0 0 20 0 1";
+        assert_eq!(parse_thread_stat(stat), Some(("allot-serve".to_owned(), 1.75)));
+        let stat = "7 (tokio-rt-worker) R 1 2 3 4 5 6 7 8 9 10 3 4 0 0";
+        assert_eq!(parse_thread_stat(stat), Some(("tokio-rt-worker".to_owned(), 0.07)));
+        // A name with a dash and no index, a name with a parenthesis and spaces.
+        let stat = "7 (allot-log-spare) S 1 2 3 4 5 6 7 8 9 10 0 100 0 0";
+        assert_eq!(parse_thread_stat(stat), Some(("allot-log-spare".to_owned(), 1.0)));
+        let stat = "7 (a (b) c-) S 1 2 3 4 5 6 7 8 9 10 1 0 0 0";
+        assert_eq!(parse_thread_stat(stat), Some(("a (b) c-".to_owned(), 0.01)));
+        assert_eq!(parse_thread_stat("7 (x) S 1 2"), None);
+    }
+
+    #[test]
     fn this_machine_can_be_read() {
         if cfg!(target_os = "linux") {
             assert!(CpuTimes::now().is_some());
+            let threads = thread_cpu_seconds(std::process::id()).unwrap();
+            assert!(!threads.is_empty() && threads.values().all(|s| *s >= 0.0), "{threads:?}");
         }
     }
 }
