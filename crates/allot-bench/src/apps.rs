@@ -114,6 +114,9 @@ struct Round {
     daemon_cpu_us_per_task: Option<f64>,
     /// The same by thread, named as the daemon names them (less an index; see [`THREADS`]).
     daemon_cpu_us_per_task_by_thread: BTreeMap<String, f64>,
+    /// How many threads the daemons had at the start (each thread's time is read in ticks of
+    /// its own: the split may exceed the total by up to two ticks a thread).
+    daemon_threads: usize,
 }
 
 /// What each of the daemon's threads does, as the text output explains them.
@@ -382,16 +385,15 @@ fn daemons_cpu_seconds(daemons: &[u32]) -> Option<f64> {
     daemons.iter().map(|pid| process_cpu_seconds(*pid)).sum()
 }
 
-/// The CPU time of the `daemons`' threads together, in seconds, by thread name (empty if
-/// `/proc` cannot be read).
-fn daemons_thread_cpu_seconds(daemons: &[u32]) -> BTreeMap<String, f64> {
-    let mut total = BTreeMap::new();
-    for threads in daemons.iter().filter_map(|pid| thread_cpu_seconds(*pid)) {
-        for (name, seconds) in threads {
-            *total.entry(name).or_insert(0.0) += seconds;
-        }
+/// The CPU time of the `daemons`' threads together, in seconds, by thread name, and how many
+/// threads were read (nothing if `/proc` cannot be read).
+fn daemons_thread_cpu_seconds(daemons: &[u32]) -> (BTreeMap<String, f64>, usize) {
+    let (mut total, mut threads) = (BTreeMap::new(), 0);
+    for (name, seconds) in daemons.iter().filter_map(|pid| thread_cpu_seconds(*pid)).flatten() {
+        *total.entry(name).or_insert(0.0) += seconds;
+        threads += 1;
     }
-    total
+    (total, threads)
 }
 
 /// The median over `rounds` of each thread's CPU time per task, in µs.
@@ -497,7 +499,7 @@ async fn measure(
 
     let cpu_before = CpuTimes::now();
     let daemon_before = daemons_cpu_seconds(daemons);
-    let threads_before = daemons_thread_cpu_seconds(daemons);
+    let (threads_before, daemon_threads) = daemons_thread_cpu_seconds(daemons);
     let started = Instant::now();
     call(&mut setup, Method::POST, "/v1/apps", submit).await.context("cannot submit the application")?;
     let submit_ms = started.elapsed().as_secs_f64() * 1000.0;
@@ -541,6 +543,7 @@ async fn measure(
         .zip(daemon_before)
         .map(|(after, before)| (after - before) * 1e6 / args.tasks as f64);
     let daemon_cpu_us_per_task_by_thread = daemons_thread_cpu_seconds(daemons)
+        .0
         .into_iter()
         .map(|(name, after)| {
             let before = threads_before.get(&name).copied().unwrap_or(0.0);
@@ -568,5 +571,6 @@ async fn measure(
         cpu,
         daemon_cpu_us_per_task,
         daemon_cpu_us_per_task_by_thread,
+        daemon_threads,
     })
 }

@@ -57,31 +57,24 @@ impl CpuTimes {
 }
 
 /// The CPU time (user and system, all threads) process `pid` has used, in seconds, from
-/// `/proc/<pid>/stat` (fields 14 and 15, in clock ticks of 1/100 s: Linux's USER_HZ).
+/// `/proc/<pid>/stat`.
 pub(super) fn process_cpu_seconds(pid: u32) -> Option<f64> {
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
-    // The command name (field 2) is in parentheses and may hold spaces: count after it.
-    let rest = &stat[stat.rfind(')')? + 2..];
-    let fields: Vec<&str> = rest.split_whitespace().collect();
-    let utime: u64 = fields.get(11)?.parse().ok()?;
-    let stime: u64 = fields.get(12)?.parse().ok()?;
-    Some((utime + stime) as f64 / 100.0)
+    stat_cpu_seconds(&std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?)
 }
 
-/// The CPU time of process `pid`'s threads, in seconds, summed by what each thread does (its
-/// name less a trailing index: `allot-serve-0` and `allot-serve-1` are `allot-serve`), from
+/// The CPU time of each of process `pid`'s threads, in seconds, with the thread's name less a
+/// trailing index (`allot-serve-0` and `allot-serve-1` are both `allot-serve`), from
 /// `/proc/<pid>/task/<tid>/stat`. A thread that ends between two readings takes its time with
 /// it: the process's own total ([`process_cpu_seconds`]) keeps it. `None` where `/proc` cannot
 /// be read.
-pub(super) fn thread_cpu_seconds(pid: u32) -> Option<std::collections::BTreeMap<String, f64>> {
-    let mut by_name = std::collections::BTreeMap::new();
+pub(super) fn thread_cpu_seconds(pid: u32) -> Option<Vec<(String, f64)>> {
+    let mut threads = Vec::new();
     for thread in std::fs::read_dir(format!("/proc/{pid}/task")).ok()?.flatten() {
         // A thread that ended since the listing is skipped.
         let Ok(stat) = std::fs::read_to_string(thread.path().join("stat")) else { continue };
-        let Some((name, seconds)) = parse_thread_stat(&stat) else { continue };
-        *by_name.entry(name).or_insert(0.0) += seconds;
+        threads.extend(parse_thread_stat(&stat));
     }
-    Some(by_name)
+    Some(threads)
 }
 
 /// A thread's name (less a trailing `-<index>`) and CPU time in seconds, from its `stat` line.
@@ -91,11 +84,18 @@ fn parse_thread_stat(stat: &str) -> Option<(String, f64)> {
         Some((head, index)) if !index.is_empty() && index.bytes().all(|b| b.is_ascii_digit()) => head,
         _ => name,
     };
+    Some((name.to_owned(), stat_cpu_seconds(stat)?))
+}
+
+/// The user and system time of a `stat` line (of a process or a thread), in seconds: fields 14
+/// and 15, in clock ticks of 1/100 s (Linux's USER_HZ).
+fn stat_cpu_seconds(stat: &str) -> Option<f64> {
+    // The command name (field 2) is in parentheses and may hold spaces: count after it.
     let rest = &stat[stat.rfind(')')? + 2..];
     let fields: Vec<&str> = rest.split_whitespace().collect();
     let utime: u64 = fields.get(11)?.parse().ok()?;
     let stime: u64 = fields.get(12)?.parse().ok()?;
-    Some((name.to_owned(), (utime + stime) as f64 / 100.0))
+    Some((utime + stime) as f64 / 100.0)
 }
 
 /// How long the servers took to fall quiet before a target was measured.
@@ -187,7 +187,7 @@ mod tests {
         if cfg!(target_os = "linux") {
             assert!(CpuTimes::now().is_some());
             let threads = thread_cpu_seconds(std::process::id()).unwrap();
-            assert!(!threads.is_empty() && threads.values().all(|s| *s >= 0.0), "{threads:?}");
+            assert!(!threads.is_empty() && threads.iter().all(|(_, s)| *s >= 0.0), "{threads:?}");
         }
     }
 }

@@ -513,6 +513,12 @@ struct PoolState {
     stats: PoolStats,
 }
 
+/// The least key of the lease index for a lease lapsing after `at`: the leases lapsed by `at`
+/// are those before it.
+fn first_lease_after(at: Millis) -> (Millis, PoolName, AllocId) {
+    (at.saturating_add(1), PoolName(Arc::from("")), AllocId(0))
+}
+
 /// What ending an alloc of pool `name` changes outside the pool: the lease and retention indexes
 /// (`dropped`: the oldest ended alloc, which the pool no longer keeps), and the changes to record.
 fn index_end(
@@ -722,8 +728,7 @@ impl Pools {
 
     /// The pools with a live alloc whose lease lapsed after `after` and by `now`.
     pub fn lapsing_between(&self, after: Millis, now: Millis) -> impl Iterator<Item = &PoolName> + '_ {
-        let from = (after.saturating_add(1), PoolName(Arc::from("")), AllocId(0));
-        let to = (now.saturating_add(1), PoolName(Arc::from("")), AllocId(0));
+        let (from, to) = (first_lease_after(after), first_lease_after(now));
         let range = if from < to { Some(self.leases.range(from..to)) } else { None };
         range.into_iter().flatten().map(|(_, name, _)| name)
     }
@@ -1104,7 +1109,7 @@ impl Pools {
     /// O(lapsed allocs), read from the lease index.
     pub fn lapsed_by_pool(&self, now: Millis) -> HashMap<&PoolName, Resources> {
         let mut lapsed: HashMap<&PoolName, Resources> = HashMap::new();
-        for (_, name, id) in self.leases.range(..(now.saturating_add(1), PoolName(Arc::from("")), AllocId(0))) {
+        for (_, name, id) in self.leases.range(..first_lease_after(now)) {
             if let Some(alloc) = self.pools.get(name).and_then(|pool| pool.allocs.get(id)) {
                 let sum = lapsed.entry(name).or_default();
                 *sum = sum.checked_add(&alloc.resources).unwrap_or_else(|| sum.clone());
