@@ -129,9 +129,9 @@ struct Driven {
     /// Set when its task is found placed here (by a list or the feed) while it is driven: the
     /// run may have read its task before and be on its way out, so its end looks again.
     found_again: AtomicBool,
-    /// The task as the change that placed it here carried it: the run's first reading, instead
-    /// of asking the scheduling daemon (a later change wakes it to read again).
-    placed: Mutex<Option<PlacedTask>>,
+    /// The change that placed it here, with the task as it left it: the run's first reading,
+    /// instead of asking the scheduling daemon (a later change wakes it to read again).
+    placed: Mutex<Option<Arc<Event>>>,
     /// Whose catalog entries its plugin reaches (its plugin, its queue), set as it is driven.
     scope: Mutex<Option<CatalogScope>>,
 }
@@ -502,9 +502,9 @@ impl Executor {
     }
 
     /// What one change asks of the executor.
-    fn on_event(self: &Arc<Executor>, event: &Event, shutdown: &watch::Receiver<bool>) {
+    fn on_event(self: &Arc<Executor>, event: &Arc<Event>, shutdown: &watch::Receiver<bool>) {
         match crate::feed::step(event, &self.config.pools) {
-            Step::Drive(key, task) => self.start_driving_placed(key, Some(task), shutdown),
+            Step::Drive(key, placed) => self.start_driving_placed(key, Some(placed), shutdown),
             Step::Wake(key) => {
                 self.wake_driven(&key);
             }
@@ -563,11 +563,11 @@ impl Executor {
         self.start_driving_placed(key, None, shutdown)
     }
 
-    /// [`Executor::start_driving`], with the task as the change that placed it carried it.
+    /// [`Executor::start_driving`], with the change that placed it here.
     fn start_driving_placed(
         self: &Arc<Executor>,
         key: RunKey,
-        placed: Option<PlacedTask>,
+        placed: Option<Arc<Event>>,
         shutdown: &watch::Receiver<bool>,
     ) {
         let driven = Arc::new(Driven { placed: Mutex::new(placed), ..Driven::default() });
@@ -766,8 +766,8 @@ impl Executor {
         // The task as last read: a task removed from outside is still aborted and finalized by
         // its plugin, which needs its spec. Only a reading of the task this run belongs to.
         let placed = driven.placed.lock().unwrap_or_else(|p| p.into_inner()).take();
-        let last: Option<PlacedTask> = match placed {
-            Some(task) if stored.as_ref().is_some_and(|run| run.belongs_to(task.seq)) => Some(task),
+        let last: Option<PlacedTask> = match placed.as_deref().and_then(crate::feed::placed_task) {
+            Some(task) if stored.as_ref().is_some_and(|run| run.belongs_to(task.seq)) => Some(PlacedTask::from(task)),
             // A change from the feed may be old (the feed runs behind the store under load):
             // the task may have run, ended and gone since. A run starts from the task as it is.
             _ => self.apps.task(&key.app, &key.task).await?,
@@ -1115,7 +1115,14 @@ impl Executor {
     /// The task's own directory (logs, scratch, outputs), kept across attempts.
     /// The directory of the run's attempts on this machine (its plugins' files, its logs).
     pub fn task_dir(&self, key: &RunKey) -> std::path::PathBuf {
-        self.config.data_dir.join(key.app.as_str()).join(key.task.as_str())
+        // One allocation (a round's context names it, every round of every run).
+        let (app, task) = (key.app.as_str(), key.task.as_str());
+        let mut dir =
+            std::path::PathBuf::with_capacity(self.config.data_dir.as_os_str().len() + app.len() + task.len() + 2);
+        dir.push(&self.config.data_dir);
+        dir.push(app);
+        dir.push(task);
+        dir
     }
 
     /// The retry policy of a task whose spec resolved to `resolved`: its spec's `retries`, else

@@ -7,14 +7,14 @@
 //! cut, from the revision read before the list, so nothing falls between the two.
 
 use std::collections::{HashMap, HashSet};
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 
-use allot_core::apps::{App, AppId, TaskId};
+use allot_core::apps::{App, AppId, Task, TaskId};
 use allot_core::pools::PoolName;
 use allot_core::watch::{EventKind, Filter};
 use allot_store::{Event, EventObject};
 
-use crate::apps::{placed_on, AppMeta, PlacedTask};
+use crate::apps::{placed_on, AppMeta};
 use crate::context::RunKey;
 
 /// The changes the executor watches: tasks and applications, changed or removed.
@@ -29,8 +29,8 @@ pub(crate) fn filter() -> Filter {
 #[derive(Debug, PartialEq, Eq)]
 pub(crate) enum Step<'a> {
     /// The task is placed (Allocated or Running) on one of its pools: drive it, unless it is
-    /// (the task as the change left it).
-    Drive(RunKey, PlacedTask),
+    /// (with the change, whose task is the run's first reading: [`placed_task`]).
+    Drive(RunKey, Arc<Event>),
     /// The task changed otherwise (ended, waits again, placed elsewhere) or went: its run, if
     /// driven here, reads it again at once.
     Wake(RunKey),
@@ -43,12 +43,13 @@ pub(crate) enum Step<'a> {
 }
 
 /// What `event` asks of the executor of `pools`.
-pub(crate) fn step<'a>(event: &'a Event, pools: &HashSet<PoolName>) -> Step<'a> {
+pub(crate) fn step<'a>(event: &'a Arc<Event>, pools: &HashSet<PoolName>) -> Step<'a> {
     match (event.kind, &event.object) {
         (EventKind::TaskChanged, EventObject::Task(task)) => {
             let key = RunKey { app: task.app.clone(), task: task.spec.id.clone() };
             if placed_on(task.state, task.placement.as_ref().map(|p| &p.pool), pools) {
-                Step::Drive(key, PlacedTask::from(&**task))
+                // Kept whole (shared, not copied): most runs start from the task read again.
+                Step::Drive(key, event.clone())
             } else {
                 Step::Wake(key)
             }
@@ -57,6 +58,14 @@ pub(crate) fn step<'a>(event: &'a Event, pools: &HashSet<PoolName>) -> Step<'a> 
         (EventKind::AppChanged, EventObject::App(app)) => Step::AppChanged(app),
         (EventKind::AppRemoved, _) => app_of(&event.key).map_or(Step::Nothing, Step::AppRemoved),
         _ => Step::Nothing,
+    }
+}
+
+/// The task a change carries, if it carries one.
+pub(crate) fn placed_task(event: &Event) -> Option<&Task> {
+    match &event.object {
+        EventObject::Task(task) => Some(task),
+        _ => None,
     }
 }
 

@@ -130,6 +130,14 @@ async fn tasks_are_placed_on_pools_and_release_on_completion(store: &dyn Store) 
     // t2 waits, and says why.
     eventually("t2 says why it waits", || async { task_state(store, &id, "t2").await.why.is_some() }).await;
     assert_eq!(task_state(store, &id, "t2").await.task.state, TaskState::Pending);
+    // What an executor reads of a task: the task as the store answers it, without why.
+    for name in ["t1", "t2"] {
+        let stored = store.stored_task(id.clone(), TaskId::new(name).unwrap()).await.unwrap();
+        assert_eq!(stored.as_ref(), Some(&task_state(store, &id, name).await.task), "{name}");
+    }
+    assert_eq!(store.stored_task(id.clone(), TaskId::new("t3").unwrap()).await.unwrap(), None, "no such task");
+    let nowhere = AppId::new("place-nowhere").unwrap();
+    assert_eq!(store.stored_task(nowhere, TaskId::new("t1").unwrap()).await.unwrap(), None, "no such application");
     store.start_task(id.clone(), TaskId::new("t1").unwrap()).await.unwrap();
     store.finish_task(id.clone(), TaskId::new("t1").unwrap(), None).await.unwrap();
     assert!(matches!(store.inspect_alloc(p.clone(), placement.alloc).await.unwrap(), AllocState::Ended(_)));
@@ -149,6 +157,7 @@ async fn tasks_are_placed_on_pools_and_release_on_completion(store: &dyn Store) 
     assert_eq!(released.tasks_killed, vec![TaskId::new("t2").unwrap()]);
     assert_eq!(released.placements.iter().map(|p| p.alloc).collect::<Vec<_>>(), vec![t2.placement.unwrap().alloc]);
     assert_eq!(store.pool(p).await.unwrap().allocs, 0, "removing the application freed its alloc");
+    assert_eq!(store.stored_task(id.clone(), TaskId::new("t2").unwrap()).await.unwrap(), None, "gone with its app");
     assert!(matches!(store.app(id).await, Err(StoreError::Apps(SchedError::AppNotFound(_)))));
 }
 

@@ -77,6 +77,22 @@ impl Op {
         }
     }
 
+    /// About what it takes in a log record (to reserve a frame's room): its value, its key's
+    /// text, and up to 32 bytes of tags, lengths and numbers (varints).
+    pub(crate) fn framed_bytes(&self) -> usize {
+        let key = |key: &Key| match key {
+            Key::Name(name) => name.len(),
+            Key::Pair(first, second) => first.len() + second.len(),
+            Key::Id(_) => 0,
+            Key::Numbered(first, _) => first.len(),
+        };
+        32 + match self {
+            Op::Put(_, k, value) | Op::Create(_, k, value) => key(k) + value.len(),
+            Op::Remove(_, k) => key(k),
+            Op::RemoveUnder(_, first) => first.len(),
+        }
+    }
+
     pub(crate) fn name(name: &str) -> Key {
         Key::Name(name.to_owned())
     }

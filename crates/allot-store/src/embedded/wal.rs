@@ -131,11 +131,17 @@ impl WalRecord {
         bytes
     }
 
+    /// At least the length of its frame: its ops' and events' bytes, and room for the rest.
+    fn framed_bytes(&self) -> usize {
+        let events = self.events.as_ref().map_or(0, |events| events.bytes.len());
+        HEADER + 64 + self.ops.iter().map(Op::framed_bytes).sum::<usize>() + events + TRAILER
+    }
+
     /// [`WalRecord::frame`] into `bytes` (cleared first), to reuse a buffer.
     pub(crate) fn frame_into(&self, bytes: &mut Vec<u8>) {
-        let events = self.events.as_ref().map_or(0, |events| events.bytes.len());
         bytes.clear();
-        bytes.reserve(HEADER + 64 + 64 * self.ops.len() + events + TRAILER);
+        // Reserved whole, so a record of thousands of changes is not copied as the buffer grows.
+        bytes.reserve(self.framed_bytes());
         bytes.resize(HEADER, 0);
         *bytes = postcard::to_extend(self, std::mem::take(bytes)).expect("records always encode");
         let len = (bytes.len() - HEADER) as u32;
@@ -594,6 +600,35 @@ mod tests {
             clock: seq * 10,
             ops: vec![Op::Put(Table::Pools, Key::Name(format!("p{seq}")), vec![1, 2])],
             events: seq.is_multiple_of(2).then(|| Events { last: seq << 20 | 1, bytes: vec![seq as u8; 3] }),
+        }
+    }
+
+    /// The room a frame reserves holds the whole record, whatever the shape of its ops and the
+    /// size of their numbers and lengths: framing never grows (copies) the buffer.
+    #[test]
+    fn a_frame_reserves_room_for_the_whole_record() {
+        let long = "x".repeat(200_000);
+        let ops = [
+            Op::Put(Table::Tasks, Key::Pair(long.clone(), long.clone()), vec![7; 300_000]),
+            Op::Create(Table::Grants, Key::Pair("ns".into(), "t".into()), Vec::new()),
+            Op::Put(Table::Sessions, Key::Id(u128::MAX), vec![1; 200]),
+            Op::Put(Table::Allocs, Key::Numbered(long.clone(), u64::MAX), vec![2; 70_000]),
+            Op::Remove(Table::Runs, Key::Pair(String::new(), long.clone())),
+            Op::Remove(Table::Sessions, Key::Id(u128::MAX)),
+            Op::RemoveUnder(Table::Access, long),
+        ];
+        let events = Some(Events { last: u64::MAX, bytes: vec![3; 100_000] });
+        for count in [0, 1, ops.len()] {
+            let record =
+                WalRecord { seq: u64::MAX, clock: u64::MAX, ops: ops[..count].to_vec(), events: events.clone() };
+            let (framed, reserved) = (record.frame().len(), record.framed_bytes());
+            assert!(framed <= reserved, "{count} ops: {framed} bytes framed, {reserved} reserved");
+            // One op at a time, each within its own estimate.
+            for op in &ops[..count] {
+                let alone = WalRecord { seq: 0, clock: 0, ops: vec![op.clone()], events: None }.frame();
+                let bare = WalRecord { seq: 0, clock: 0, ops: Vec::new(), events: None }.frame();
+                assert!(alone.len() - bare.len() <= op.framed_bytes(), "{op:?}");
+            }
         }
     }
 

@@ -622,12 +622,19 @@ async fn a_half_full_log_segment_gets_a_spare_made_beside_it() {
         AllocNotes { metadata: Some(Some(metadata)), ..AllocNotes::default() }
     };
     let made = || faults.log_events.lock().unwrap().contains(&LogEvent::SpareMade);
+    let store = Arc::new(store);
     let mut written = 0;
     until("a spare log segment is made", async || {
-        for _ in 0..16 {
-            store.annotate_alloc(pool.clone(), alloc.id, note(written)).await.unwrap();
+        // Many at once, so that the group commit takes them in a few syncs: half a segment
+        // fills within a checkpoint's second however slow the disk's syncs are (one note per
+        // sync took more than a second on a slow machine, and never got there).
+        let mut notes = tokio::task::JoinSet::new();
+        for _ in 0..64 {
+            let (store, pool, note) = (store.clone(), pool.clone(), note(written));
+            notes.spawn(async move { store.annotate_alloc(pool, alloc.id, note).await.unwrap() });
             written += 1;
         }
+        notes.join_all().await;
         made()
     })
     .await;
