@@ -1,6 +1,9 @@
 //! The write-ahead log of the embedded store: numbered segment files in `<data dir>/wal/`, each a
 //! sequence of records `[length u32 LE][crc32 u32 LE][postcard WalRecord]`.
 //!
+//! At length, as one thing: the record format, its framing and its reading in place, and the
+//! segment files, which only make sense together; a third of the file is their tests.
+//!
 //! Segments are made at their full size ([`SEGMENT_BYTES`], zero-filled) and reused once
 //! checkpointed, so an append overwrites blocks the file already has: syncing it flushes data
 //! only, never the file system's journal (which would also wait for the database's writes). A
