@@ -124,11 +124,7 @@ pub trait AppStore: Send + Sync {
     /// application, is gone): what an executor reads of the tasks it runs. On a Redis store a
     /// daemon that does not schedule reads the task's record, instead of asking the one that does.
     async fn stored_task(&self, app: AppId, task: TaskId) -> Result<Option<Task>, StoreError> {
-        match self.task(app, task).await {
-            Ok(info) => Ok(Some(info.task)),
-            Err(StoreError::Apps(SchedError::TaskNotFound { .. } | SchedError::AppNotFound(_))) => Ok(None),
-            Err(err) => Err(err),
-        }
+        unless_gone(self.task(app, task).await.map(|info| info.task))
     }
     /// The tasks placed (Allocated or Running) on one of `pools`: what their executors run.
     async fn placed_on(
@@ -174,4 +170,13 @@ pub enum AppsHome {
     At(String),
     /// No daemon schedules right now (one is taking over): retry shortly.
     Unknown,
+}
+
+/// A task read, or `None` where it (or its application) is not there; other errors as they are.
+pub(crate) fn unless_gone(found: Result<Task, StoreError>) -> Result<Option<Task>, StoreError> {
+    match found {
+        Ok(task) => Ok(Some(task)),
+        Err(StoreError::Apps(SchedError::TaskNotFound { .. } | SchedError::AppNotFound(_))) => Ok(None),
+        Err(err) => Err(err),
+    }
 }

@@ -281,11 +281,7 @@ impl AppStore for EmbeddedStore {
     /// The task alone: what an executor reads of every task it runs, without why it waits (which
     /// [`AppStore::task`] works out, and a placed task does not).
     async fn stored_task(&self, app: AppId, task: TaskId) -> Result<Option<Task>, StoreError> {
-        self.read_sched(|sched| match sched.task(&app, &task) {
-            Ok(task) => Ok(Some(task.clone())),
-            Err(SchedError::TaskNotFound { .. } | SchedError::AppNotFound(_)) => Ok(None),
-            Err(err) => Err(err),
-        })
+        crate::apps::unless_gone(self.read_sched(|sched| Ok(sched.task(&app, &task)?.clone())))
     }
 
     async fn placed_on(
